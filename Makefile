@@ -1,0 +1,45 @@
+# Everything a fresh machine needs: `make demo` and `make test`. Nothing global is installed.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test unit integration e2e lint typecheck bench venv clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/sendledger demo
+
+# The whole suite, then the static checks. Under CI=true the PostgreSQL tests must run.
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider tests
+	$(MAKE) --no-print-directory lint typecheck
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest -q tests/integration
+
+e2e: $(STAMP)
+	$(BIN)/python -m pytest -q tests/e2e
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict src
+
+bench: $(STAMP)
+	$(BIN)/python bench/intake.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build src/*.egg-info

@@ -1,0 +1,1 @@
+"""The runtime: settings, providers, dispatcher, sweeper, CLI."""

@@ -1,0 +1,73 @@
+"""The `sendledger` command line.
+
+Exit codes (stable): 0 ok; 1 unexpected failure; 2 bad input (usage, job, config, policy);
+3 conflict (a key reused with other content); 4 unknown job. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from daemon import output
+from daemon.errors import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_FAILURE, EXIT_UNKNOWN_JOB, CliError
+from daemon.settings import ConfigError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # Usage errors are bad input: exit 2 with one line, like every other refusal.
+        self.exit(EXIT_BAD_INPUT, f"sendledger: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from daemon import commands
+
+    parser = _Parser(prog="sendledger", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--config", help="config file (else $SENDLEDGER_CONFIG, ./sendledger.toml)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.register(sub)
+    for extra in _optional_registrars():
+        extra(sub)
+    return parser
+
+
+def _optional_registrars() -> list[Callable[[Any], None]]:
+    registrars: list[Callable[[Any], None]] = []
+    try:
+        from daemon.emulator import cli as emulator_cli
+    except ImportError:  # pragma: no cover - the emulator ships with the package
+        return registrars
+    registrars.append(emulator_cli.register)
+    return registrars
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Handler | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return func(args)
+    except CliError as exc:
+        output.error(str(exc))
+        return exc.code
+    except ConfigError as exc:
+        output.error(str(exc))
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:
+        output.error(f"unexpected failure: {type(exc).__name__}: {exc}")
+        return EXIT_FAILURE
+
+
+__all__ = ["EXIT_CONFLICT", "EXIT_UNKNOWN_JOB", "build_parser", "main"]

@@ -1,0 +1,61 @@
+"""Printing for humans and for machines (--json)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+
+def error(message: str) -> None:
+    print(f"sendledger: {message}", file=sys.stderr, flush=True)
+
+
+def _default(value: object) -> object:
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, default=_default, ensure_ascii=False)
+
+
+def print_json(value: object) -> None:
+    print(json.dumps(value, default=_default, ensure_ascii=False, indent=2))
+
+
+def iso(value: datetime | float | None) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        value = datetime.fromtimestamp(value, UTC)
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return iso(value) or "-"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def key_values(pairs: Iterable[tuple[str, object]]) -> str:
+    items = [(k, _cell(v)) for k, v in pairs]
+    width = max((len(k) for k, _ in items), default=0)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in items)

@@ -1,0 +1,66 @@
+"""The provider port: the three things the daemon asks of a mail provider.
+
+A provider never touches the store. It returns values; the daemon turns them into events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+
+class SendKind(str, Enum):
+    CONFIRMED = "confirmed"  # 2xx with the provider's message id
+    UNKNOWN = "unknown"  # the request may have been accepted; nobody can tell from here
+    REJECTED = "rejected"  # the provider definitely did not accept it
+
+
+@dataclass(frozen=True)
+class SendOutcome:
+    kind: SendKind
+    reason: str
+    provider_message_id: str | None = None
+    transient: bool = False  # only for REJECTED: may be retried after a backoff
+    retry_after: float | None = None  # seconds, from Retry-After when the provider gave one
+    status: int | None = None  # HTTP status when there was one
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    provider_message_id: str
+    message_id_header: str
+    labels: tuple[str, ...] = field(default_factory=tuple)
+
+
+class ProviderError(Exception):
+    """A search or read could not be completed (network, 5xx, quota).
+
+    The caller must treat it as "no information", never as "no hits".
+    """
+
+    def __init__(self, reason: str, *, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class Provider(Protocol):
+    name: str
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        """Send one complete RFC 5322 message exactly once. Never raises for
+        outcomes of the call itself: every failure is classified into the outcome."""
+        ...
+
+    def search(self, message_id: str) -> list[SearchHit]:
+        """Every SENT copy (spam and trash included) whose Message-ID header is
+        exactly `message_id`. Raises ProviderError when the answer is not known."""
+        ...
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        """The Message-ID header of a stored copy (None if it has none).
+        Raises ProviderError when the answer is not known."""
+        ...
+
+    def close(self) -> None: ...

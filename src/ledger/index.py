@@ -1,0 +1,261 @@
+"""The job index: one row per job beside the events, written in the same transaction.
+
+Ticks, `status`, `review list` and audits read this table instead of replaying history,
+so their cost grows with the jobs that match, not with everything ever stored. The row
+is a pure function of the aggregate (`index_row`), which is what lets
+`admin rebuild-index` recreate it from the events and tests compare the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from eventsourcing.persistence import StoredEvent
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
+from psycopg.sql import SQL
+
+from ledger.job import SendJob
+
+INDEX_TABLE = "sendledger_jobs"
+INDEX_ROWS_KWARG = "sendledger_index_rows"
+COLUMNS = (
+    "key",
+    "job_id",
+    "channel",
+    "state",
+    "message_id",
+    "due_at",
+    "created_at",
+    "updated_at",
+    "version",
+    "attempts",
+    "reason",
+)
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    key: str
+    job_id: str
+    channel: str
+    state: str
+    message_id: str
+    due_at: float | None  # epoch seconds, UTC
+    created_at: float
+    updated_at: float
+    version: int
+    attempts: int
+    reason: str | None
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, column) for column in COLUMNS)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def due(self) -> datetime | None:
+        return None if self.due_at is None else datetime.fromtimestamp(self.due_at, UTC)
+
+
+def index_row(job: SendJob) -> IndexRow:
+    return IndexRow(
+        key=job.key,
+        job_id=job.id.hex,
+        channel=job.channel,
+        state=job.state.value,
+        message_id=job.message_id,
+        due_at=None if job.due_at is None else job.due_at.timestamp(),
+        created_at=job.created_on.timestamp(),
+        updated_at=job.modified_on.timestamp(),
+        version=job.version,
+        attempts=job.attempts,
+        reason=job.reason,
+    )
+
+
+def _row(values: Sequence[Any]) -> IndexRow:
+    return IndexRow(*values)
+
+
+_CREATE = [
+    "CREATE TABLE IF NOT EXISTS {t} ("
+    "key TEXT PRIMARY KEY, job_id TEXT NOT NULL, channel TEXT NOT NULL, "
+    "state TEXT NOT NULL, message_id TEXT NOT NULL, due_at {real}, "
+    "created_at {real} NOT NULL, updated_at {real} NOT NULL, version INTEGER NOT NULL, "
+    "attempts INTEGER NOT NULL, reason TEXT)",
+    "CREATE INDEX IF NOT EXISTS {n}_state_due ON {t} (state, due_at)",
+    "CREATE INDEX IF NOT EXISTS {n}_message_id ON {t} (message_id)",
+    "CREATE INDEX IF NOT EXISTS {n}_channel_state ON {t} (channel, state)",
+    "CREATE INDEX IF NOT EXISTS {n}_updated ON {t} (updated_at)",
+]
+
+# Only a newer version may overwrite a row: the event insert's optimistic concurrency
+# already refuses a stale writer, this keeps a rebuild from racing a live daemon.
+_UPSERT = (
+    "INSERT INTO {t} ("
+    + ", ".join(COLUMNS)
+    + ") VALUES ("
+    + ", ".join(["{p}"] * len(COLUMNS))
+    + ") ON CONFLICT (key) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c != "key")
+    + " WHERE excluded.version > {t}.version"
+)
+_SELECT = "SELECT " + ", ".join(COLUMNS) + " FROM {t} "
+
+
+class JobIndexQueries:
+    """Index reads shared by both backends; subclasses supply `_fetch` and `_p`."""
+
+    _p = "?"
+    _table = INDEX_TABLE
+
+    def _sql(self, template: str) -> str:
+        return (
+            template.replace("{t}", self._table).replace("{n}", INDEX_TABLE).replace("{p}", self._p)
+        )
+
+    def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _execute(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
+        raise NotImplementedError
+
+    def job_by_key(self, key: str) -> IndexRow | None:
+        rows = self._fetch(self._sql(_SELECT + "WHERE key = {p}"), [key])
+        return _row(rows[0]) if rows else None
+
+    def job_by_message_id(self, message_id: str) -> IndexRow | None:
+        rows = self._fetch(self._sql(_SELECT + "WHERE message_id = {p}"), [message_id])
+        return _row(rows[0]) if rows else None
+
+    def jobs_due(self, state: str, now: float, limit: int) -> list[IndexRow]:
+        rows = self._fetch(
+            self._sql(
+                _SELECT + "WHERE state = {p} AND due_at IS NOT NULL AND due_at <= {p} "
+                "ORDER BY due_at LIMIT {p}"
+            ),
+            [state, now, limit],
+        )
+        return [_row(r) for r in rows]
+
+    def jobs_in_state(
+        self, state: str, *, limit: int = 1000, after_key: str | None = None
+    ) -> list[IndexRow]:
+        sql = _SELECT + "WHERE state = {p} "
+        params: list[Any] = [state]
+        if after_key is not None:
+            sql += "AND key > {p} "
+            params.append(after_key)
+        rows = self._fetch(self._sql(sql + "ORDER BY key LIMIT {p}"), [*params, limit])
+        return [_row(r) for r in rows]
+
+    def next_due(self, states: Sequence[str]) -> float | None:
+        placeholders = ", ".join(["{p}"] * len(states))
+        rows = self._fetch(
+            self._sql(f"SELECT MIN(due_at) FROM {{t}} WHERE state IN ({placeholders})"),
+            list(states),
+        )
+        value = rows[0][0] if rows else None
+        return None if value is None else float(value)
+
+    def count_by_state(self) -> dict[str, int]:
+        rows = self._fetch(self._sql("SELECT state, COUNT(*) FROM {t} GROUP BY state"), [])
+        return {str(state): int(count) for state, count in rows}
+
+    def all_rows(self, *, limit: int = 1000, after_key: str | None = None) -> list[IndexRow]:
+        sql = _SELECT
+        params: list[Any] = []
+        if after_key is not None:
+            sql += "WHERE key > {p} "
+            params.append(after_key)
+        rows = self._fetch(self._sql(sql + "ORDER BY key LIMIT {p}"), [*params, limit])
+        return [_row(r) for r in rows]
+
+    def replace_all(self, rows: Iterable[IndexRow]) -> None:
+        """Used by rebuild: clear, then write every row (in batches)."""
+        self._execute(self._sql("DELETE FROM {t}"), [[]])
+        batch: list[tuple[Any, ...]] = []
+        for row in rows:
+            batch.append(row.as_tuple())
+            if len(batch) >= 500:
+                self._execute(self._sql(_UPSERT), batch)
+                batch = []
+        if batch:
+            self._execute(self._sql(_UPSERT), batch)
+
+
+def _rows_from(kwargs: dict[str, Any]) -> list[IndexRow]:
+    rows = kwargs.get(INDEX_ROWS_KWARG) or []
+    return list(rows)
+
+
+class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, JobIndexQueries):
+    _p = "?"
+
+    def construct_create_table_statements(self) -> list[str]:
+        statements = super().construct_create_table_statements()
+        statements.extend(self._sql(s.replace("{real}", "REAL")) for s in _CREATE)
+        return statements
+
+    def _insert_events(
+        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        notification_ids = super()._insert_events(c, stored_events, **kwargs)
+        rows = _rows_from(kwargs)
+        if rows:
+            c.executemany(self._sql(_UPSERT), [r.as_tuple() for r in rows])
+        return notification_ids
+
+    def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(sql, list(params))
+            return [tuple(r) for r in c.fetchall()]
+
+    def _execute(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
+        with self.datastore.transaction(commit=True) as c:
+            c.executemany(sql, [list(p) for p in params])
+
+
+class PostgresJobIndexRecorder(PostgresApplicationRecorder, JobIndexQueries):
+    _p = "%s"
+
+    def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"):
+        super().__init__(datastore, events_table_name=events_table_name)
+        schema = datastore.schema.replace('"', '""')
+        self._table = f'"{schema}".{INDEX_TABLE}'
+        for statement in _CREATE:
+            sql = self._sql(statement.replace("{real}", "DOUBLE PRECISION"))
+            self.sql_create_statements.append(SQL(sql).format())
+
+    def _insert_events(
+        self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> None:
+        super()._insert_events(curs, stored_events, **kwargs)
+        rows = _rows_from(kwargs)
+        if rows:
+            curs.executemany(self._sql(_UPSERT), [r.as_tuple() for r in rows])
+
+    def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        with self.datastore.transaction(commit=False) as curs:
+            curs.execute(sql, list(params))
+            return [tuple(r.values()) for r in curs.fetchall()]
+
+    def _execute(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
+        with self.datastore.transaction(commit=True) as curs:
+            curs.executemany(sql, [list(p) for p in params])
+
+
+__all__ = [
+    "INDEX_ROWS_KWARG",
+    "IndexRow",
+    "JobIndexQueries",
+    "PostgresJobIndexRecorder",
+    "SQLiteDatastore",
+    "SQLiteJobIndexRecorder",
+    "index_row",
+]

@@ -1,0 +1,90 @@
+"""Store URLs: sqlite:///relative.sqlite, sqlite:////absolute.sqlite, postgresql://..."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+
+class StoreUrlError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SqliteStore:
+    path: Path
+
+    def describe(self) -> str:
+        return f"sqlite:{self.path}"
+
+
+@dataclass(frozen=True)
+class PostgresStore:
+    dbname: str
+    host: str
+    port: int
+    user: str
+    password: str
+    schema: str
+
+    def describe(self) -> str:
+        # Never print the password.
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.dbname}"
+
+
+StoreSpec = SqliteStore | PostgresStore
+
+
+def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
+    """Parse a store URL; relative SQLite paths are relative to `base_dir`
+    (the config file's folder), else the working directory."""
+    if not isinstance(url, str) or not url.strip():
+        raise StoreUrlError("store.url: must not be empty")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise StoreUrlError(f"store.url: not a URL: {url!r} (sqlite:///file or postgresql://...)")
+    scheme = scheme.lower()
+    if scheme == "sqlite":
+        if not rest.startswith("/") or rest == "/":
+            raise StoreUrlError(
+                f"store.url: {url!r}: use sqlite:///relative/path or sqlite:////absolute/path"
+            )
+        raw = unquote(rest[1:])
+        if raw == ":memory:":
+            raise StoreUrlError("store.url: an in-memory SQLite store would lose every job")
+        path = Path(raw)
+        if not path.is_absolute():
+            path = (base_dir or Path.cwd()) / path
+        return SqliteStore(path=path)
+    if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        parts = urlsplit("postgresql://" + rest)
+        query = parse_qs(parts.query)
+        dbname = unquote(parts.path.lstrip("/"))
+        if not dbname:
+            raise StoreUrlError(f"store.url: {_safe(url)}: the database name is missing")
+        host = parts.hostname or (query.get("host") or [""])[0] or "/var/run/postgresql"
+        try:
+            port = parts.port or 5432
+        except ValueError as exc:
+            raise StoreUrlError(f"store.url: {_safe(url)}: bad port") from exc
+        unknown = sorted(set(query) - {"host", "schema"})
+        if unknown:
+            raise StoreUrlError(f"store.url: unknown parameter {unknown[0]!r}")
+        return PostgresStore(
+            dbname=dbname,
+            host=host,
+            port=port,
+            user=unquote(parts.username or "") or "postgres",
+            password=unquote(parts.password or ""),
+            schema=(query.get("schema") or ["public"])[0],
+        )
+    raise StoreUrlError(f"store.url: unsupported scheme {scheme!r} (sqlite or postgresql)")
+
+
+def _safe(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@")
+    return url

@@ -1,0 +1,200 @@
+"""What to do next with a job, decided by its channel's policy. Pure: no I/O, no clock.
+
+The caller passes the time (``now``, timezone-aware) and, for jitter, a random source; the
+functions only read the policy and the facts given. Each returns a :class:`Decision`
+carrying the policy's name and fingerprint, which the ledger records with the event.
+
+Why the rules are what they are:
+
+* An unknown outcome is never answered by a resend. The provider may have sent the mail
+  and then failed to say so (a dropped response, a 500 after the send), so the daemon first
+  asks the sender's mailbox, by Message-ID.
+* It asks only after ``search_after``: the provider's search index lags behind sends by
+  seconds to minutes, and a search made too early finds nothing for a mail that was sent.
+* For the same reason one empty search is not evidence. A miss is believed only after
+  ``confirm_misses`` empty searches, ``search_interval`` apart.
+* One hit proves the send; two or more prove a duplicate, which goes to a human and is
+  never followed by another send (invariant 4).
+* Only channels with ``on_unknown = "retry"`` ever resend on their own, and never an
+  ``irreversible`` one (invariant 5), even if such a policy were built around validation.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from policies.model import ChannelPolicy
+
+__all__ = [
+    "MAX_RETRY_AFTER",
+    "Action",
+    "Decision",
+    "ReviewReason",
+    "after_permanent_rejection",
+    "after_search",
+    "after_transient_rejection",
+    "after_unknown",
+    "backoff_ceiling",
+    "before_attempt",
+    "no_policy",
+]
+
+Action = Literal["send", "search", "retry", "review", "confirm", "duplicate", "miss"]
+ReviewReason = Literal[
+    "unknown-outcome", "duplicate", "max-attempts", "rejected", "handle-unreliable", "no-policy"
+]
+
+#: A provider's Retry-After longer than this is capped: a week is long enough for any quota
+#: window, and a job does not disappear into a far future because of one odd header.
+MAX_RETRY_AFTER = 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    policy: str
+    fingerprint: str
+    due_at: datetime | None = None
+    reason: ReviewReason | None = None
+
+
+def _decision(
+    policy: ChannelPolicy,
+    action: Action,
+    *,
+    due_at: datetime | None = None,
+    reason: ReviewReason | None = None,
+) -> Decision:
+    return Decision(action, policy.name, policy.fingerprint, due_at=due_at, reason=reason)
+
+
+def _review(policy: ChannelPolicy, reason: ReviewReason) -> Decision:
+    return _decision(policy, "review", reason=reason)
+
+
+def _utc(now: datetime) -> datetime:
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError("now must be a timezone-aware datetime (UTC)")
+    return now.astimezone(UTC)
+
+
+def _non_negative(name: str, value: int) -> None:
+    if isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
+def _may_resend(policy: ChannelPolicy) -> bool:
+    """Whether the policy lets the daemon resend after believed misses, without a human.
+
+    Checked here as well as at load time: invariant 5 must hold even for a policy that was
+    built with ``model_construct`` or otherwise around validation."""
+    return policy.on_unknown == "retry" and policy.irreversible is not True
+
+
+def no_policy(channel: str) -> Decision:
+    """A job whose channel has no policy (removed, or never loaded): a human decides."""
+    return Decision("review", channel, "", reason="no-policy")
+
+
+def before_attempt(policy: ChannelPolicy, *, attempts_made: int) -> Decision:
+    """Before a provider call: ``send``, unless ``max_attempts`` calls were already made.
+
+    Every call counts, whatever its outcome, because any of them may have sent the mail.
+    """
+    _non_negative("attempts_made", attempts_made)
+    if attempts_made >= policy.max_attempts:
+        return _review(policy, "max-attempts")
+    return _decision(policy, "send")
+
+
+def after_unknown(
+    policy: ChannelPolicy, *, now: datetime, handle_reliable: bool = True
+) -> Decision:
+    """After a call whose outcome cannot be known (timeout, reset, 5xx, missing id).
+
+    ``on_unknown = "review"`` sends it straight to a human. If the provider is known to
+    replace our Message-ID (``handle_reliable`` false), a search would miss every sent copy
+    and a resend would then duplicate, so it goes to a human too. Otherwise: search, but
+    only after ``search_after``, when the search index has had time to catch up.
+    """
+    now = _utc(now)
+    if policy.on_unknown == "review":
+        return _review(policy, "unknown-outcome")
+    if not handle_reliable:
+        return _review(policy, "handle-unreliable")
+    return _decision(policy, "search", due_at=now + timedelta(seconds=policy.search_after))
+
+
+def after_search(
+    policy: ChannelPolicy, *, hits: int, misses_before: int, now: datetime
+) -> Decision:
+    """After a search of the sender's mailbox for the job's Message-ID.
+
+    * one hit: the mail was sent once: ``confirm``.
+    * two or more: it was sent more than once: ``duplicate`` (reason ``duplicate``); a human
+      looks at it and nothing is ever sent again automatically.
+    * none: the first empty searches are not evidence, because the index lags: ``miss``,
+      search again after ``search_interval``. Once ``confirm_misses`` searches in a row came
+      back empty, the miss is believed: ``retry`` (due now) for a channel whose policy is
+      ``retry`` and which is not irreversible, otherwise ``review`` (``unknown-outcome``).
+
+    ``misses_before`` counts the empty searches already recorded since the Unknown.
+    """
+    _non_negative("hits", hits)
+    _non_negative("misses_before", misses_before)
+    now = _utc(now)
+    if hits == 1:
+        return _decision(policy, "confirm")
+    if hits >= 2:
+        return _decision(policy, "duplicate", reason="duplicate")
+    misses = misses_before + 1
+    if misses < policy.confirm_misses:
+        interval = policy.effective_search_interval
+        return _decision(policy, "miss", due_at=now + timedelta(seconds=interval))
+    if _may_resend(policy):
+        return _decision(policy, "retry", due_at=now)
+    return _review(policy, "unknown-outcome")
+
+
+def backoff_ceiling(policy: ChannelPolicy, attempts_made: int) -> float:
+    """``retry_backoff * 2**(attempts_made - 1)``, capped at ``retry_backoff_max``."""
+    exponent = min(max(attempts_made - 1, 0), 1000)  # 2.0**1000 is still a finite float
+    return min(policy.retry_backoff * 2.0**exponent, policy.retry_backoff_max)
+
+
+def after_transient_rejection(
+    policy: ChannelPolicy,
+    *,
+    attempts_made: int,
+    now: datetime,
+    retry_after: float | None,
+    rng: random.Random,
+) -> Decision:
+    """After the provider definitely refused a call for now (no connection, 429, quota).
+
+    Nothing was sent, so trying again is safe; it waits an exponential backoff, jittered
+    into ``[backoff / 2, backoff]`` so that many jobs refused together do not return
+    together, and never less than the provider's ``Retry-After``. After ``max_attempts``
+    calls a human decides.
+    """
+    _non_negative("attempts_made", attempts_made)
+    now = _utc(now)
+    if attempts_made >= policy.max_attempts:
+        return _review(policy, "max-attempts")
+    ceiling = backoff_ceiling(policy, attempts_made)
+    delay = rng.uniform(ceiling / 2, ceiling)
+    floor = 0.0
+    if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
+        floor = min(float(retry_after), MAX_RETRY_AFTER)
+    wait = max(floor, delay)
+    return _decision(policy, "retry", due_at=now + timedelta(seconds=wait))
+
+
+def after_permanent_rejection(policy: ChannelPolicy) -> Decision:
+    """After the provider refused the mail for good (400 and other 4xx): not sent, and
+    sending it again would be refused again, so a human decides."""
+    return _review(policy, "rejected")

@@ -1,0 +1,43 @@
+"""Durations as operators write them: "250ms", "30s", "5m", "1h", "1d" or plain seconds."""
+
+from __future__ import annotations
+
+import math
+import re
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+
+
+class DurationError(ValueError):
+    pass
+
+
+def parse_duration(value: object) -> float:
+    """Seconds as a float. Raises DurationError with a message fit for one line of output."""
+    if isinstance(value, bool):
+        raise DurationError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _PATTERN.match(value)
+        if match is None:
+            raise DurationError(
+                f"not a duration: {value!r} (use e.g. 250ms, 30s, 5m, 1h, 1d or seconds)"
+            )
+        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    else:
+        raise DurationError(f"not a duration: {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise DurationError(f"duration must be a finite number >= 0: {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    for unit in ("d", "h", "m"):
+        size = _UNITS[unit]
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

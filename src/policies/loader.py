@@ -1,0 +1,217 @@
+"""Loading a folder of policy files, one TOML file per channel.
+
+Every problem in every file is collected before anything is refused, so an operator sees
+the whole list at once (``file:field: reason``, one per line), not one error per attempt.
+A folder either loads completely or not at all: the daemon keeps its last good set.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import ValidationError
+
+from policies.model import ChannelPolicy
+
+__all__ = [
+    "PolicyLoadError",
+    "PolicyProblem",
+    "PolicySet",
+    "load_policy_dir",
+    "load_policy_file",
+]
+
+WHOLE_FILE = "-"
+
+_FIELDS: tuple[str, ...] = tuple(
+    (info.alias or name) for name, info in ChannelPolicy.model_fields.items()
+)
+
+
+@dataclass(frozen=True)
+class PolicyProblem:
+    """One reason a policy file was refused. ``field`` is the key as written in the file
+    (``from``, not ``from_``), or ``"-"`` for the whole file."""
+
+    file: Path
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.field}: {self.reason}"
+
+
+class PolicyLoadError(Exception):
+    """Policies were refused; :attr:`problems` lists every reason, across all files."""
+
+    def __init__(self, problems: list[PolicyProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems) or "policies refused")
+
+
+class PolicySet(Mapping[str, ChannelPolicy]):
+    """An immutable mapping of channel name to policy, with the file each came from."""
+
+    __slots__ = ("_policies", "_sources")
+
+    def __init__(
+        self,
+        policies: Mapping[str, ChannelPolicy] | None = None,
+        sources: Mapping[str, Path] | None = None,
+    ) -> None:
+        self._policies: Mapping[str, ChannelPolicy] = MappingProxyType(dict(policies or {}))
+        self._sources: Mapping[str, Path] = MappingProxyType(dict(sources or {}))
+
+    @property
+    def sources(self) -> Mapping[str, Path]:
+        return self._sources
+
+    def __getitem__(self, channel: str) -> ChannelPolicy:
+        return self._policies[channel]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._policies)
+
+    def __len__(self) -> int:
+        return len(self._policies)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={p.fingerprint}" for name, p in self._policies.items())
+        return f"PolicySet({inner})"
+
+    def fingerprints(self) -> dict[str, str]:
+        return {name: policy.fingerprint for name, policy in self._policies.items()}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _field_of(loc: tuple[int | str, ...]) -> str:
+    if not loc:
+        return WHOLE_FILE
+    return ".".join(str(part) for part in loc)
+
+
+def _reason_of(error: Mapping[str, Any]) -> str:
+    kind = error.get("type")
+    loc = error.get("loc", ())
+    if kind == "extra_forbidden":
+        key = str(loc[-1]) if loc else ""
+        close = difflib.get_close_matches(key, _FIELDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown setting{hint}; known settings: {', '.join(_FIELDS)}"
+    if kind == "missing":
+        return "required"
+    message = str(error.get("msg", "invalid"))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    if kind in {"int_type", "string_type", "bool_type", "float_type", "int_from_float"}:
+        message = f"{message}, got {error.get('input')!r}"
+    return _one_line(message)
+
+
+def _parse(path: Path) -> tuple[dict[str, Any] | None, list[PolicyProblem]]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, [PolicyProblem(path, WHOLE_FILE, f"cannot read: {exc.strerror or exc}")]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, [PolicyProblem(path, WHOLE_FILE, f"not UTF-8 text (byte {exc.start})")]
+    try:
+        return tomllib.loads(text), []
+    except tomllib.TOMLDecodeError as exc:
+        return None, [PolicyProblem(path, WHOLE_FILE, _one_line(f"TOML syntax error: {exc}"))]
+
+
+def _load(path: Path) -> tuple[ChannelPolicy | None, list[PolicyProblem]]:
+    data, problems = _parse(path)
+    if data is None:
+        return None, problems
+    data.setdefault("channel", path.stem)
+    try:
+        return ChannelPolicy.model_validate(data), []
+    except ValidationError as exc:
+        return None, [
+            PolicyProblem(path, _field_of(err["loc"]), _reason_of(err)) for err in exc.errors()
+        ]
+
+
+def load_policy_file(path: Path) -> ChannelPolicy:
+    """Load and validate one policy file; ``channel`` defaults to the file's stem.
+
+    Raises PolicyLoadError listing every problem in the file.
+    """
+    policy, problems = _load(Path(path))
+    if policy is None:
+        raise PolicyLoadError(problems)
+    return policy
+
+
+def _policy_files(directory: Path) -> list[Path]:
+    # Dotfiles are skipped: editors leave ".#name.toml" lock links and the like behind.
+    return sorted(
+        entry
+        for entry in directory.iterdir()
+        if entry.name.endswith(".toml") and not entry.name.startswith(".") and entry.is_file()
+    )
+
+
+def load_policy_dir(
+    directory: Path, *, known_providers: Collection[str] | None = None
+) -> PolicySet:
+    """Load every ``*.toml`` file of ``directory`` (other files are ignored).
+
+    All-or-nothing: any problem in any file raises PolicyLoadError with all problems of all
+    files, including channels declared by two files and, when ``known_providers`` is given,
+    providers that the configuration does not define.
+    """
+    directory = Path(directory)
+    if not directory.exists():
+        raise PolicyLoadError([PolicyProblem(directory, WHOLE_FILE, "no such directory")])
+    if not directory.is_dir():
+        raise PolicyLoadError([PolicyProblem(directory, WHOLE_FILE, "not a directory")])
+    try:
+        files = _policy_files(directory)
+    except OSError as exc:
+        raise PolicyLoadError(
+            [PolicyProblem(directory, WHOLE_FILE, f"cannot list: {exc.strerror or exc}")]
+        ) from None
+
+    problems: list[PolicyProblem] = []
+    policies: dict[str, ChannelPolicy] = {}
+    sources: dict[str, Path] = {}
+    known = None if known_providers is None else set(known_providers)
+    for path in files:
+        policy, file_problems = _load(path)
+        problems.extend(file_problems)
+        if policy is None:
+            continue
+        if known is not None and policy.provider not in known:
+            listed = ", ".join(sorted(known)) or "none configured"
+            problems.append(
+                PolicyProblem(
+                    path, "provider", f"unknown provider {policy.provider!r} (known: {listed})"
+                )
+            )
+        if policy.channel in policies:
+            first = sources[policy.channel]
+            problems.append(
+                PolicyProblem(
+                    path, "channel", f"channel {policy.channel!r} is also declared by {first}"
+                )
+            )
+            continue
+        policies[policy.channel] = policy
+        sources[policy.channel] = path
+    if problems:
+        raise PolicyLoadError(problems)
+    return PolicySet(policies, sources)

@@ -1,0 +1,240 @@
+"""The channel policy: one TOML file per channel, validated strictly, fingerprinted.
+
+A policy answers one question for its channel: when a send's outcome is unknown, may the
+daemon ever send again on its own (``on_unknown = "retry"``), or does a human decide? The
+timing fields say how long to wait for the provider's search index before a miss is believed.
+
+Every decision recorded in the ledger carries the policy's name and :attr:`fingerprint`, so
+an audit can tell which exact version of a policy made it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from email.headerregistry import Address
+from email.policy import default as _default_email_policy
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from ledger.message_id import MessageIdError, validate_domain
+from policies.durations import DurationError, format_duration, parse_duration
+
+__all__ = [
+    "MAX_DURATION",
+    "MIN_DURATION",
+    "ChannelPolicy",
+    "OnUnknown",
+    "parse_from_address",
+]
+
+OnUnknown = Literal["retry", "search-then-review", "review"]
+
+#: The smallest window a policy may set (tests use "50ms"; zero would mean "search at once",
+#: which is exactly what the search index's lag forbids).
+MIN_DURATION = 0.001
+#: The largest: a year keeps every due time computable (and any longer window is a typo).
+MAX_DURATION = 366 * 86400.0
+
+_CHANNEL = re.compile(r"^[A-Za-z0-9._-]+$")
+_CHANNEL_MAX = 128
+
+
+def _error(reason: str) -> PydanticCustomError:
+    # The reason goes through the context so that braces in user input are not templates.
+    return PydanticCustomError("policy", "{reason}", {"reason": reason})
+
+
+def _to_seconds(value: object) -> object:
+    """Durations as operators write them ("250ms", "30s", "5m", "1h", "1d") or seconds."""
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except DurationError as exc:
+        raise _error(str(exc)) from None
+    if seconds < MIN_DURATION:
+        raise _error(f"must be at least 1ms, got {value!r}")
+    if seconds > MAX_DURATION:
+        raise _error(f"must be at most 366d, got {value!r}")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(_to_seconds), Field(strict=True)]
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+
+
+def parse_from_address(value: str) -> Address:
+    """Parse a ``From`` value: exactly one mailbox with a domain, display name allowed.
+
+    Raises ValueError with a one-line reason. CR and LF are refused outright (header
+    injection), as are groups, lists, parser defects, domain literals and non-ASCII
+    addr-specs (the display name may be any Unicode; it is RFC 2047-encoded when sent).
+    """
+    if "\r" in value or "\n" in value:
+        raise ValueError("must not contain CR or LF")
+    if not value.strip():
+        raise ValueError("must not be empty")
+    try:
+        header = _default_email_policy.header_factory("from", value)
+        groups = header.groups
+        addresses = header.addresses
+        defects = header.defects
+    except Exception as exc:  # the stdlib parser can raise IndexError and friends
+        raise ValueError(f"not a parseable address: {value!r}") from exc
+    if len(addresses) != 1 or len(groups) != 1:
+        raise ValueError(f"must be exactly one address, got {len(addresses)}: {value!r}")
+    if groups[0].display_name is not None:
+        raise ValueError(f"must be one address, not a group: {value!r}")
+    invalid = [d for d in defects if type(d).__name__ != "ObsoleteHeaderDefect"]
+    if invalid:
+        raise ValueError(f"not a parseable address ({invalid[0]}): {value!r}")
+    address: Address = addresses[0]
+    if not address.username or not address.domain:
+        raise ValueError(f"must be an address with a domain, like name@example.com: {value!r}")
+    if not address.addr_spec.isascii():
+        raise ValueError(f"the address must be ASCII (the display name may not be): {value!r}")
+    try:
+        validate_domain(address.domain)
+    except MessageIdError:
+        raise ValueError(f"not a valid domain {address.domain!r} in {value!r}") from None
+    return address
+
+
+class ChannelPolicy(BaseModel):
+    """One channel's policy, as written in ``policies_dir/<channel>.toml``.
+
+    Durations are stored in seconds. After validation ``search_interval`` is never None: it
+    defaults to ``search_after``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    channel: StrictStr
+    provider: StrictStr
+    from_: StrictStr = Field(alias="from")
+    message_id_domain: StrictStr
+    # ``irreversible`` is declared before ``on_unknown`` so that the check that refuses
+    # "retry" on an irreversible channel can be reported against ``on_unknown``.
+    irreversible: StrictBool = False
+    on_unknown: OnUnknown = "search-then-review"
+    search_after: Duration = 300.0
+    search_interval: Duration | None = Field(default=None, validate_default=True)
+    confirm_misses: PositiveInt = 2
+    max_attempts: PositiveInt = 3
+    retry_backoff: Duration = 30.0
+    retry_backoff_max: Duration = Field(default=3600.0, validate_default=True)
+
+    @field_validator("channel")
+    @classmethod
+    def _check_channel(cls, value: str) -> str:
+        if not value:
+            raise _error("must not be empty")
+        if len(value) > _CHANNEL_MAX:
+            raise _error(f"must be at most {_CHANNEL_MAX} characters")
+        if not _CHANNEL.match(value):
+            raise _error(f"may contain only letters, digits, '.', '_' and '-': {value!r}")
+        return value
+
+    @field_validator("provider")
+    @classmethod
+    def _check_provider(cls, value: str) -> str:
+        if not value.strip():
+            raise _error("must not be empty")
+        if value != value.strip() or any(not ch.isprintable() for ch in value):
+            raise _error(f"must be a provider name without spaces around it: {value!r}")
+        return value
+
+    @field_validator("from_")
+    @classmethod
+    def _check_from(cls, value: str) -> str:
+        try:
+            parse_from_address(value)
+        except ValueError as exc:
+            raise _error(str(exc)) from None
+        return value.strip()
+
+    @field_validator("message_id_domain")
+    @classmethod
+    def _check_domain(cls, value: str) -> str:
+        try:
+            return validate_domain(value)
+        except MessageIdError as exc:
+            raise _error(f"{exc} (a host name like mail.example.com)") from None
+
+    @field_validator("on_unknown")
+    @classmethod
+    def _check_on_unknown(cls, value: OnUnknown, info: ValidationInfo) -> OnUnknown:
+        if value == "retry" and info.data.get("irreversible") is True:
+            raise _error(
+                '"retry" is refused because irreversible = true: '
+                "irreversible channels never resend without a human"
+            )
+        return value
+
+    @field_validator("search_interval")
+    @classmethod
+    def _default_search_interval(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is None:
+            after = info.data.get("search_after")
+            return after if isinstance(after, float) else None
+        return value
+
+    @field_validator("retry_backoff_max")
+    @classmethod
+    def _check_backoff_max(cls, value: float, info: ValidationInfo) -> float:
+        backoff = info.data.get("retry_backoff")
+        if isinstance(backoff, float) and backoff > value:
+            raise _error(
+                f"must be at least retry_backoff ({format_duration(backoff)}), "
+                f"got {format_duration(value)}"
+            )
+        return value
+
+    # -- derived views ---------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.channel
+
+    @property
+    def from_address(self) -> str:
+        """The bare addr-spec of ``from`` (``support@example.com``)."""
+        return parse_from_address(self.from_).addr_spec
+
+    @property
+    def effective_search_interval(self) -> float:
+        return self.search_after if self.search_interval is None else self.search_interval
+
+    def normalized(self) -> dict[str, Any]:
+        """Field values as the TOML names them, normalized: durations in seconds, the default
+        search interval filled in, ``from`` re-rendered from its parsed parts."""
+        address = parse_from_address(self.from_)
+        values = self.model_dump(by_alias=True)
+        values["from"] = str(Address(address.display_name, addr_spec=address.addr_spec))
+        values["search_interval"] = self.effective_search_interval
+        return values
+
+    @property
+    def fingerprint(self) -> str:
+        """First 16 hex digits of sha256 over the canonical JSON of :meth:`normalized`.
+
+        Identical content gives an identical fingerprint whatever the TOML formatting, key
+        order or duration spelling ("5m" == 300); any change of a value changes it.
+        """
+        canonical = json.dumps(
+            self.normalized(), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+        )
+        return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
