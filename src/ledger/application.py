@@ -27,6 +27,7 @@ from ledger.index import (
 )
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
+from ledger.provider_handle import ProviderHandle, handle_id_for
 from ledger.store_url import SqliteStore, StoreSpec, parse_store_url
 
 Clock = Callable[[], datetime]
@@ -223,6 +224,37 @@ class Ledger(Application[UUID]):
         self.save_job(job)
         return job, result
 
+    # -- provider handles --------------------------------------------------------------
+
+    def handle(self, provider: str) -> ProviderHandle | None:
+        try:
+            handle: object = self._retry_locked(
+                lambda: self.repository.get(handle_id_for(provider))
+            )
+        except AggregateNotFoundError:
+            return None
+        assert isinstance(handle, ProviderHandle)
+        return handle
+
+    def handle_reliable(self, provider: str) -> bool:
+        handle = self.handle(provider)
+        return handle is None or handle.reliable
+
+    def mark_handle(
+        self, provider: str, change: Callable[[ProviderHandle], None], *, attempts: int = 5
+    ) -> ProviderHandle:
+        """Apply `change` to the provider's handle record (created on first use)."""
+        for attempt in range(attempts):
+            handle = self.handle(provider) or ProviderHandle.register(provider, at=self.clock())
+            change(handle)
+            try:
+                self._retry_locked(lambda h=handle: self.save(h))  # type: ignore[misc]
+                return handle
+            except IntegrityError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
     # -- index ------------------------------------------------------------------------
 
     def all_job_ids(self) -> Iterator[UUID]:
@@ -243,9 +275,12 @@ class Ledger(Application[UUID]):
             start = notifications[-1].id + 1
 
     def projected_rows(self, progress: Callable[[int], None] | None = None) -> Iterator[IndexRow]:
-        for count, job_id in enumerate(self.all_job_ids(), start=1):
-            job: object = self.repository.get(job_id)
-            assert isinstance(job, SendJob)
+        count = 0
+        for aggregate_id in self.all_job_ids():
+            job: object = self.repository.get(aggregate_id)
+            if not isinstance(job, SendJob):
+                continue  # e.g. a ProviderHandle: not a job, not indexed
+            count += 1
             yield index_row(job)
             if progress is not None and count % 1000 == 0:
                 progress(count)

@@ -1,0 +1,198 @@
+"""`sendledger run`: the long-lived service around the engine.
+
+APScheduler (3.11, BackgroundScheduler, UTC) fires the tick every `daemon.tick`. The main
+thread only waits: for signals (SIGTERM drains and exits 0, SIGHUP reloads policies) and
+to feed systemd's watchdog while ticks keep completing.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import FrameType
+
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from daemon.engine import Engine, PolicyHolder, TickReport
+from daemon.providers.base import Provider
+from daemon.settings import Settings
+from daemon.systemd import Notifier, watchdog_interval
+from ledger.application import Ledger
+from policies.loader import PolicySet
+
+log = logging.getLogger("sendledger.daemon")
+
+
+def build_providers(settings: Settings) -> dict[str, Provider]:
+    from daemon.providers.gmail import GmailProvider
+
+    providers: dict[str, Provider] = {}
+    for name, config in settings.providers.items():
+        providers[name] = GmailProvider(
+            name,
+            credentials_file=settings.credentials_file(name),
+            user=config.user,
+            api_endpoint=config.api_endpoint,
+            token_uri=config.token_uri,
+            timeout=config.timeout,
+            quota_units_per_second=config.quota_units_per_second,
+        )
+    return providers
+
+
+def build_engine(
+    settings: Settings,
+    ledger: Ledger,
+    policy_loader: Callable[[], PolicySet],
+    providers: Mapping[str, Provider] | None = None,
+    *,
+    clock: Callable[[], datetime] | None = None,
+) -> Engine:
+    return Engine(
+        ledger,
+        PolicyHolder(policy_loader),
+        providers if providers is not None else build_providers(settings),
+        provider_timeouts={name: p.timeout for name, p in settings.providers.items()},
+        clock=clock,
+        concurrency=settings.daemon.concurrency,
+        batch_size=settings.daemon.batch_size,
+        deadline_grace=settings.daemon.deadline_grace,
+    )
+
+
+@dataclass
+class _Health:
+    last_tick_end: float = field(default_factory=time.monotonic)
+    last_error: str | None = None
+    ticks: int = 0
+    totals: TickReport = field(default_factory=TickReport)
+
+
+class Daemon:
+    def __init__(self, engine: Engine, tick: float, *, notifier: Notifier | None = None) -> None:
+        self.engine = engine
+        self.tick_seconds = tick
+        self.notifier = notifier or Notifier()
+        self.health = _Health()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._tick_lock = threading.Lock()
+        self.scheduler = BackgroundScheduler(
+            timezone="UTC",
+            job_defaults={
+                # One tick at a time: overlapping ticks would only race each other
+                # for the same due jobs.
+                "max_instances": 1,
+                # A late tick is still worth running once, but never as a burst.
+                "coalesce": True,
+                "misfire_grace_time": max(int(tick * 10), 1),
+            },
+        )
+
+    # -- one tick ---------------------------------------------------------------------
+
+    def tick(self) -> TickReport:
+        with self._tick_lock:
+            report = self.engine.tick()
+        self.health.ticks += 1
+        self.health.totals.add(report)
+        self.health.last_tick_end = time.monotonic()
+        return report
+
+    def _on_job_event(self, event: JobExecutionEvent) -> None:
+        if event.exception is not None:
+            self.health.last_error = f"{type(event.exception).__name__}: {event.exception}"
+            log.error("tick failed: %s", self.health.last_error)
+
+    # -- signals ----------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop.set()
+
+    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        self._reload.set()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    # -- the service ------------------------------------------------------------------
+
+    def status_line(self) -> str:
+        counts = self.engine.ledger.index.count_by_state()
+        parts = [f"{state} {counts.get(state, 0)}" for state in _STATUS_STATES]
+        line = "jobs: " + ", ".join(parts)
+        unreliable = [p for p in self.engine.providers if not self.engine.ledger.handle_reliable(p)]
+        if unreliable:
+            line += f"; HANDLE UNRELIABLE: {', '.join(unreliable)}"
+        if self.engine.policies.last_error:
+            line += f"; policy reload failed: {self.engine.policies.last_error}"
+        return line
+
+    def serve(self) -> int:
+        self.scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_EXECUTED)
+        self.scheduler.add_job(
+            self.tick, "interval", seconds=self.tick_seconds, id="tick", next_run_time=_now()
+        )
+        self.scheduler.start()
+        self.notifier.ready(self.status_line())
+        log.info("sendledger running: tick %.3gs; %s", self.tick_seconds, self.status_line())
+        watchdog = watchdog_interval()
+        wait = min(watchdog or 1.0, 1.0)
+        last_status = 0.0
+        while not self._stop.wait(wait):
+            if self._reload.is_set():
+                self._reload.clear()
+                self.engine.policies.reload()
+            if watchdog is not None and self._healthy():
+                self.notifier.watchdog()
+            if time.monotonic() - last_status >= 5:
+                last_status = time.monotonic()
+                self.notifier.status(self.status_line())
+        return self.shutdown()
+
+    def _healthy(self) -> bool:
+        # A tick that has not completed for many intervals means the scheduler or the
+        # store is stuck: stop feeding the watchdog and let systemd restart us.
+        allowed = max(self.tick_seconds * 10, 60.0)
+        return time.monotonic() - self.health.last_tick_end < allowed
+
+    def shutdown(self) -> int:
+        self.notifier.stopping("draining in-flight sends")
+        log.info("stopping: finishing in-flight provider calls and their events")
+        # wait=True: the running tick (its provider calls and their events) completes.
+        self.scheduler.shutdown(wait=True)
+        self.engine.close()
+        log.info("stopped; %s", _summary(self.health.totals))
+        return 0
+
+
+_STATUS_STATES = ("requested", "attempted", "unknown", "review", "confirmed", "abandoned")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _summary(report: TickReport) -> str:
+    return ", ".join(f"{k} {v}" for k, v in vars(report).items() if v) or "nothing done"
+
+
+def run_once(engine: Engine) -> TickReport:
+    try:
+        return engine.tick()
+    finally:
+        engine.close()
+
+
+__all__ = ["Daemon", "build_engine", "build_providers", "run_once"]

@@ -1,0 +1,174 @@
+"""Commands that run the service or act for a human: run, review."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+from typing import Any
+
+from daemon import output
+from daemon.commands import job_status
+from daemon.context import load_policies, open_ledger, settings_for
+from daemon.errors import EXIT_OK, EXIT_UNKNOWN_JOB, CliError, bad_input
+from daemon.logs import setup_logging
+from daemon.providers.base import ProviderError
+from daemon.runtime import Daemon, build_engine, build_providers, run_once
+from ledger.application import UnknownJob
+from ledger.job import JobState, TransitionError
+
+log = logging.getLogger("sendledger")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="the daemon (systemd Type=notify)")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.set_defaults(func=cmd_run)
+
+    review = sub.add_parser("review", help="jobs that need a human").add_subparsers(
+        dest="review_command", metavar="COMMAND"
+    )
+    p = review.add_parser("list", help="jobs in review")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_review_list)
+
+    p = review.add_parser("resolve", help="record a human's decision")
+    p.add_argument("key")
+    p.add_argument("--as", dest="decision", required=True, choices=["sent", "resend", "abandon"])
+    p.add_argument("--note", default="")
+    p.add_argument("--by", default="", help="who decided (default: the OS user)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_review_resolve)
+
+    p = review.add_parser("check", help="search the mailbox now and show the hits")
+    p.add_argument("key")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_review_check)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    settings = settings_for(args.config)
+    setup_logging(settings.daemon.log_level)
+    load_policies(settings)  # refuse to start on a broken policy folder (exit 2)
+    ledger = open_ledger(settings)
+    try:
+        engine = build_engine(settings, ledger, lambda: load_policies(settings))
+    except (ValueError, OSError) as exc:
+        raise bad_input(f"providers: {exc}") from None
+    if args.once:
+        report = run_once(engine)
+        log.info(
+            "one pass done: %s",
+            ", ".join(f"{k} {v}" for k, v in vars(report).items() if v) or "nothing due",
+        )
+        ledger.close()
+        return EXIT_OK
+    daemon = Daemon(engine, settings.daemon.tick)
+    daemon.install_signal_handlers()
+    try:
+        return daemon.serve()
+    finally:
+        ledger.close()
+
+
+def cmd_review_list(args: argparse.Namespace) -> int:
+    ledger = open_ledger(settings_for(args.config))
+    rows: list[dict[str, Any]] = []
+    after: str | None = None
+    try:
+        while True:
+            page = ledger.index.jobs_in_state(JobState.REVIEW.value, limit=1000, after_key=after)
+            if not page:
+                break
+            rows.extend(
+                {
+                    "key": r.key,
+                    "channel": r.channel,
+                    "reason": r.reason,
+                    "since": output.iso(r.updated_at),
+                    "message_id": r.message_id,
+                }
+                for r in page
+            )
+            after = page[-1].key
+    finally:
+        ledger.close()
+    if args.json:
+        print(output.dumps(rows))
+    elif rows:
+        print(output.table(rows, ["key", "channel", "reason", "since", "message_id"]))
+    else:
+        print("no jobs in review")
+    return EXIT_OK
+
+
+def cmd_review_resolve(args: argparse.Namespace) -> int:
+    ledger = open_ledger(settings_for(args.config))
+    by = args.by or getpass.getuser()
+    try:
+        job, _ = ledger.update(
+            args.key,
+            lambda j: j.resolve(decision=args.decision, note=args.note, by=by, at=ledger.clock()),
+        )
+    except UnknownJob as exc:
+        raise CliError(str(exc), EXIT_UNKNOWN_JOB) from None
+    except TransitionError as exc:
+        raise bad_input(str(exc)) from None
+    finally:
+        ledger.close()
+    status = job_status(job)
+    if args.json:
+        print(output.dumps(status))
+    else:
+        print(f"{job.key}: resolved as {args.decision} by {by}; now {job.state.value}")
+    return EXIT_OK
+
+
+def cmd_review_check(args: argparse.Namespace) -> int:
+    settings = settings_for(args.config)
+    ledger = open_ledger(settings)
+    try:
+        job = ledger.get_job(args.key)
+    except UnknownJob as exc:
+        raise CliError(str(exc), EXIT_UNKNOWN_JOB) from None
+    finally:
+        ledger.close()
+    policies = load_policies(settings)
+    policy = policies.get(job.channel)
+    provider_name = policy.provider if policy else job.last_provider
+    if provider_name is None or provider_name not in settings.providers:
+        raise bad_input(f"job {job.key!r}: no provider to search (channel {job.channel!r})")
+    provider = build_providers(settings)[provider_name]
+    try:
+        hits = provider.search(job.message_id)
+    except ProviderError as exc:
+        raise CliError(f"search failed: {exc.reason}") from None
+    finally:
+        provider.close()
+    result = {
+        "key": job.key,
+        "state": job.state.value,
+        "message_id": job.message_id,
+        "query": f"rfc822msgid:{job.message_id}",
+        "hits": [
+            {
+                "provider_message_id": h.provider_message_id,
+                "message_id": h.message_id_header,
+                "labels": list(h.labels),
+            }
+            for h in hits
+        ],
+    }
+    if args.json:
+        print(output.dumps(result))
+        return EXIT_OK
+    print(f"{job.key}  {job.state.value}  {job.message_id}")
+    print(f"{len(hits)} SENT cop{'y' if len(hits) == 1 else 'ies'} found")
+    for hit in hits:
+        print(f"  {hit.provider_message_id}  {hit.message_id_header}  {','.join(hit.labels)}")
+    advice = {
+        0: "none found: if the search index has caught up, `--as resend` is safe",
+        1: "one copy: `review resolve KEY --as sent`",
+    }
+    print(advice.get(len(hits), "duplicate: resolve as sent (or abandon); never resend"))
+    return EXIT_OK

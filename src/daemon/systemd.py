@@ -1,0 +1,64 @@
+"""sd_notify without libsystemd: one datagram per state change to $NOTIFY_SOCKET."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+class Notifier:
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address if address is not None else os.environ.get("NOTIFY_SOCKET", "")
+        self._socket: socket.socket | None = None
+        if self.address:
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    @property
+    def enabled(self) -> bool:
+        return self._socket is not None
+
+    def notify(self, *lines: str) -> bool:
+        if self._socket is None:
+            return False
+        address = self.address
+        if address.startswith("@"):  # abstract namespace socket
+            address = "\0" + address[1:]
+        try:
+            self._socket.sendto("\n".join(lines).encode("utf-8"), address)
+        except OSError:
+            # systemd going away must never take the daemon down with it.
+            return False
+        return True
+
+    def ready(self, status: str) -> bool:
+        return self.notify("READY=1", f"STATUS={status}", f"MAINPID={os.getpid()}")
+
+    def status(self, status: str) -> bool:
+        return self.notify(f"STATUS={status}")
+
+    def watchdog(self) -> bool:
+        return self.notify("WATCHDOG=1")
+
+    def stopping(self, status: str = "stopping") -> bool:
+        return self.notify("STOPPING=1", f"STATUS={status}")
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
+def watchdog_interval() -> float | None:
+    """Half of WATCHDOG_USEC (as sd_watchdog_enabled advises), in seconds, or None."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return max(int(usec) / 2_000_000, 0.05)
+    except ValueError:
+        return None
+
+
+def under_systemd() -> bool:
+    return bool(os.environ.get("INVOCATION_ID") or os.environ.get("JOURNAL_STREAM"))
