@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from daemon.crashpoints import crash_point
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
 from ledger.job import JobState, SendJob, TransitionError
@@ -182,9 +183,11 @@ class Engine:
         job.attempt(provider=policy.provider, deadline=deadline, at=now)
         # The claim is durable before the call; a conflict here means no call is made.
         self.ledger.save_job(job)
+        crash_point("after-claim")
         raw = render(job)
         counter.bump("sent")
         outcome = provider.send_raw(raw)
+        crash_point("after-send")
         self._record_outcome(job, policy, provider, outcome, counter)
 
     def _record_outcome(
@@ -356,6 +359,7 @@ class Engine:
             log.warning("job %s: search failed (%s), again in %.1fs", key, exc.reason, wait)
             counter.bump("errors")
             return
+        crash_point("after-search")
         self._search_not_before.pop(key, None)
         counter.bump("searched")
         now = self.clock()

@@ -39,5 +39,7 @@ def setup_logging(level: str = "info", *, journal: bool | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # APScheduler logs every run at INFO; keep its warnings and errors only.
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # A tick longer than the interval makes it warn about every skipped run; the daemon
+    # reports stuck ticks itself (watchdog, STATUS=), so keep only its errors.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     logging.getLogger("googleapiclient.discovery_cache").setLevel(logging.ERROR)

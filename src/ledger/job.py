@@ -225,6 +225,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.state = JobState.CONFIRMED
+            job.reason = None
             job.provider_message_ids = list(self.provider_message_ids)
             job.due_at = None
             job.awaiting = None

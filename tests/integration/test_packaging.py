@@ -1,0 +1,47 @@
+"""The systemd unit verifies cleanly, pointing at this installation's console script."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+UNIT = Path(__file__).resolve().parents[2] / "packaging" / "sendledger.service"
+
+
+def test_unit_file_declares_notify_and_hardening() -> None:
+    text = UNIT.read_text(encoding="utf-8")
+    for line in (
+        "Type=notify",
+        "WatchdogSec=",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "TimeoutStopSec=30",
+    ):
+        assert line in text
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_analyze_verify_is_clean(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "sendledger"
+    assert script.exists(), "the console script is installed next to the interpreter"
+    unit = tmp_path / "sendledger.service"
+    unit.write_text(
+        UNIT.read_text(encoding="utf-8").replace(
+            "/opt/sendledger/.venv/bin/sendledger", str(script)
+        ),
+        encoding="utf-8",
+    )
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    problems = [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if "sendledger.service" in line
+    ]
+    assert result.returncode == 0 and not problems, result.stdout + result.stderr
