@@ -117,7 +117,11 @@ class Engine:
         # Searches that failed (provider down, quota) wait here instead of hammering the
         # provider every tick; nothing about the job changes, so nothing is recorded.
         self._search_not_before: dict[str, datetime] = {}
-        self._unreliable_logged: set[str] = set()
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Start no new provider call; the ones in flight finish and are recorded."""
+        self._stopping.set()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -143,6 +147,8 @@ class Engine:
             future.result()
 
     def _guarded(self, step: Callable[[str, _Counter], None], key: str, counter: _Counter) -> None:
+        if self._stopping.is_set():
+            return
         try:
             step(key, counter)
         except (ConcurrentUpdate, TransitionError) as exc:
@@ -177,6 +183,8 @@ class Engine:
         if provider is None:
             log.error("job %s: provider %r is not configured", key, policy.provider)
             counter.bump("errors")
+            return
+        if self._stopping.is_set():
             return
         timeout = self.provider_timeouts.get(policy.provider, 30.0)
         deadline = now + timedelta(seconds=timeout + self.deadline_grace)

@@ -170,7 +170,9 @@ class Daemon:
     def shutdown(self) -> int:
         self.notifier.stopping("draining in-flight sends")
         log.info("stopping: finishing in-flight provider calls and their events")
-        # wait=True: the running tick (its provider calls and their events) completes.
+        # No new provider calls; wait=True lets the running tick's calls finish and
+        # their outcome events be written.
+        self.engine.stop()
         self.scheduler.shutdown(wait=True)
         self.engine.close()
         log.info("stopped; %s", _summary(self.health.totals))

@@ -134,14 +134,14 @@ class Ledger(Application[UUID]):
         self.clock = clock
         # Several processes may create the schema at once; CREATE ... IF NOT EXISTS
         # can still collide in PostgreSQL's catalog, so try again briefly.
-        for attempt in range(5):
+        for attempt in range(10):
             try:
                 super().__init__(env=store_env(spec))
                 break
             except Exception as exc:  # psycopg UniqueViolation, sqlite lock
-                if attempt == 4 or not _retryable_setup(exc):
+                if attempt == 9 or not _retryable_setup(exc):
                     raise
-                time.sleep(0.1 * (attempt + 1))
+                time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
 
     @property
     def index(self) -> JobIndexQueries:
@@ -317,7 +317,9 @@ class Ledger(Application[UUID]):
 
 def _retryable_setup(exc: BaseException) -> bool:
     text = f"{type(exc).__name__} {exc}".lower()
-    return any(word in text for word in ("unique", "duplicate", "locked", "busy", "exists"))
+    # "tuple concurrently updated": two processes ran CREATE OR REPLACE FUNCTION at once.
+    words = ("unique", "duplicate", "locked", "busy", "exists", "concurrently")
+    return any(word in text for word in words)
 
 
 __all__ = [

@@ -93,6 +93,10 @@ class SendJob(Aggregate):
     class Event(Aggregate.Event):
         TOPIC = "sendledger:SendJob.Event"
 
+    # eventsourcing would otherwise define SendJob.Created itself, inheriting Event's topic.
+    class Created(Event, Aggregate.Created):
+        TOPIC = "sendledger:SendJob.Created"
+
     class Requested(Aggregate.Created):
         TOPIC = "sendledger:SendJob.Requested"
         key: str
@@ -225,7 +229,8 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.state = JobState.CONFIRMED
-            job.reason = None
+            if self.via != "operator":  # an operator's "resolved: sent" stays visible
+                job.reason = None
             job.provider_message_ids = list(self.provider_message_ids)
             job.due_at = None
             job.awaiting = None
@@ -373,6 +378,8 @@ class SendJob(Aggregate):
     ) -> None:
         self._require("SearchedMiss", JobState.UNKNOWN)
         self._require_search_due(at, "SearchedMiss")
+        if next_search_at is not None and next_search_at < at:
+            raise self._refuse("SearchedMiss", "the next search cannot be due before this one")
         self.trigger_event(
             self.SearchedMiss,
             timestamp=at,
@@ -431,6 +438,8 @@ class SendJob(Aggregate):
         self._require("Rejected", JobState.ATTEMPTED)
         if not transient and retry_at is not None:
             raise self._refuse("Rejected", "a permanent rejection is never retried")
+        if retry_at is not None and retry_at < at:
+            raise self._refuse("Rejected", "a retry cannot be due before the rejection")
         self.trigger_event(
             self.Rejected,
             timestamp=at,
@@ -498,7 +507,7 @@ class SendJob(Aggregate):
         self._require(
             "Escalated", JobState.REQUESTED, JobState.ATTEMPTED, JobState.UNKNOWN, JobState.REVIEW
         )
-        if self.state is JobState.REVIEW and not self.duplicate:
+        if self.state is JobState.REVIEW and self.awaiting != "Escalated":
             raise self._refuse("Escalated", "already in review")
         self.trigger_event(
             self.Escalated,

@@ -33,6 +33,9 @@ class ProviderHandle(Aggregate):
     class Event(Aggregate.Event):
         TOPIC = "sendledger:ProviderHandle.Event"
 
+    class Created(Event, Aggregate.Created):
+        TOPIC = "sendledger:ProviderHandle.Created"
+
     class Registered(Aggregate.Created):
         TOPIC = "sendledger:ProviderHandle.Registered"
         provider: str

@@ -1,0 +1,227 @@
+"""`sendledger emulator gmail` and `sendledger relay`: the test doubles as processes."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from daemon.emulator.credentials import write_service_account
+from daemon.emulator.gmail import GmailEmulator
+from daemon.emulator.relay import MODES, FaultPlan, FaultRelay, Mode, check_mode
+from policies.durations import DurationError, parse_duration
+
+
+class _BadOption(Exception):
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"{option}: {message}")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    emulator = subparsers.add_parser("emulator", help="run a provider emulator")
+    kinds = emulator.add_subparsers(dest="emulator_kind", metavar="KIND", required=True)
+    gmail = kinds.add_parser(
+        "gmail",
+        help="the Gmail API and Google's OAuth token endpoint on one port",
+        description="Serve /token and the Gmail API paths until SIGINT or SIGTERM. Prints "
+        "its URL on one line.",
+    )
+    gmail.add_argument("--host", default="127.0.0.1")
+    gmail.add_argument("--port", default="0", help="0 picks a free port (default)")
+    gmail.add_argument("--lag", default="0", help="search index lag, e.g. 30s (default 0)")
+    gmail.add_argument("--accept-log", metavar="PATH", help="append accepted messages as JSON")
+    gmail.add_argument("--no-auth", action="store_true", help="accept requests without a token")
+    gmail.add_argument(
+        "--rewrite-message-id",
+        action="store_true",
+        help="replace each sent Message-ID (simulates the reported Gmail behaviour)",
+    )
+    gmail.add_argument(
+        "--write-service-account",
+        metavar="PATH",
+        help="write a service-account JSON whose token_uri is this emulator's",
+    )
+    gmail.set_defaults(func=run_gmail)
+
+    relay = subparsers.add_parser(
+        "relay",
+        help="a fault-injecting HTTP relay in front of a provider",
+        description="Forward to --upstream, breaking chosen requests. A single mode applies "
+        "to every request of its kind; a comma-separated list is used one request at a "
+        f"time, then --default applies. Modes: {', '.join(MODES)}.",
+    )
+    relay.add_argument("--upstream", required=True, metavar="URL")
+    relay.add_argument("--host", default="127.0.0.1")
+    relay.add_argument("--port", default="0")
+    relay.add_argument("--send", metavar="MODE[,MODE...]")
+    relay.add_argument("--search", metavar="MODE[,MODE...]")
+    relay.add_argument("--token", metavar="MODE[,MODE...]")
+    relay.add_argument("--other", metavar="MODE[,MODE...]")
+    relay.add_argument("--default", default="pass", metavar="MODE")
+    relay.add_argument("--seed", help="with --send-mix: seeded random modes")
+    relay.add_argument("--send-mix", metavar="MODE=WEIGHT,...")
+    relay.add_argument("--search-mix", metavar="MODE=WEIGHT,...")
+    relay.add_argument("--hang", default="30s", help="how long hang modes hold (default 30s)")
+    relay.add_argument(
+        "--retry-after", default="1s", help="Retry-After on 429/503/403 faults, or 'none'"
+    )
+    relay.add_argument("--reset", action="store_true", help="drop connections with a TCP RST")
+    relay.set_defaults(func=run_relay)
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError as exc:
+        raise _BadOption("--port", f"not a port number: {value!r}") from exc
+    if not 0 <= port <= 65535:
+        raise _BadOption("--port", f"out of range: {port}")
+    return port
+
+
+def _duration(option: str, value: str) -> float:
+    try:
+        return parse_duration(value)
+    except DurationError as exc:
+        raise _BadOption(option, str(exc)) from exc
+
+
+def _modes(option: str, value: str) -> Mode | list[Mode]:
+    try:
+        modes = [check_mode(item.strip()) for item in value.split(",")]
+    except ValueError as exc:
+        raise _BadOption(option, str(exc)) from exc
+    return modes[0] if len(modes) == 1 else modes
+
+
+def _weights(option: str, value: str) -> dict[Mode, float]:
+    weights: dict[Mode, float] = {}
+    for item in value.split(","):
+        name, sep, number = item.partition("=")
+        try:
+            mode = check_mode(name.strip())
+            weight = float(number)
+        except ValueError as exc:
+            raise _BadOption(option, f"expected MODE=WEIGHT, got {item!r} ({exc})") from exc
+        if not sep or weight < 0:
+            raise _BadOption(option, f"expected MODE=WEIGHT with WEIGHT >= 0, got {item!r}")
+        weights[mode] = weight
+    if not any(weights.values()):
+        raise _BadOption(option, "at least one weight must be positive")
+    return weights
+
+
+def _build_plan(args: argparse.Namespace) -> FaultPlan:
+    if args.send_mix is None and args.search_mix is None:
+        if args.seed is not None:
+            raise _BadOption("--seed", "only meaningful with --send-mix")
+        kwargs: dict[str, Mode | list[Mode]] = {}
+        for kind in ("send", "search", "token", "other"):
+            value = getattr(args, kind)
+            if value is not None:
+                kwargs[kind] = _modes(f"--{kind}", value)
+        default = _modes("--default", args.default)
+        if isinstance(default, list):
+            raise _BadOption("--default", "takes one mode")
+        return FaultPlan(**kwargs, default=default)
+    if args.send_mix is None:
+        raise _BadOption("--search-mix", "needs --send-mix")
+    if args.seed is None:
+        raise _BadOption("--send-mix", "needs --seed N (runs must be reproducible)")
+    if args.send is not None or args.search is not None:
+        raise _BadOption("--send-mix", "cannot be combined with --send or --search")
+    try:
+        seed = int(args.seed)
+    except ValueError as exc:
+        raise _BadOption("--seed", f"not an integer: {args.seed!r}") from exc
+    search = _weights("--search-mix", args.search_mix) if args.search_mix else None
+    return FaultPlan.random(seed, _weights("--send-mix", args.send_mix), search)
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # A timed wait keeps the main thread responsive to signals on every platform.
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _guarded(body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return body(args)
+        except _BadOption as exc:
+            print(f"sendledger: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"sendledger: cannot listen: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _run_gmail(args: argparse.Namespace) -> int:
+    port = _port(args.port)
+    lag = _duration("--lag", args.lag)
+    emulator = GmailEmulator(
+        host=args.host,
+        port=port,
+        lag=lag,
+        acceptance_log=Path(args.accept_log) if args.accept_log else None,
+        require_auth=not args.no_auth,
+        rewrite_message_id=args.rewrite_message_id,
+    ).start()
+    try:
+        if args.write_service_account:
+            write_service_account(Path(args.write_service_account), token_uri=emulator.token_uri)
+        print(emulator.url, flush=True)
+        _wait_for_signal()
+    finally:
+        emulator.stop()
+    return 0
+
+
+def _run_relay(args: argparse.Namespace) -> int:
+    port = _port(args.port)
+    hang = _duration("--hang", args.hang)
+    retry_after = (
+        None
+        if args.retry_after.strip().lower() == "none"
+        else _duration("--retry-after", args.retry_after)
+    )
+    plan = _build_plan(args)
+    try:
+        relay = FaultRelay(
+            args.upstream,
+            host=args.host,
+            port=port,
+            plan=plan,
+            hang_seconds=hang,
+            retry_after=retry_after,
+            reset=args.reset,
+        )
+    except ValueError as exc:
+        raise _BadOption("--upstream", str(exc)) from exc
+    relay.start()
+    try:
+        print(relay.url, flush=True)
+        _wait_for_signal()
+    finally:
+        relay.stop()
+    return 0
+
+
+run_gmail = _guarded(_run_gmail)
+run_relay = _guarded(_run_relay)

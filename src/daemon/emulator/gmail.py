@@ -1,0 +1,765 @@
+"""A Gmail API emulator: Google's OAuth token endpoint and the Gmail paths sendledger uses.
+
+It serves, on one port, `/token` (as oauth2.googleapis.com does) and the Gmail API under
+`/gmail/v1/users/{userId}/...` and `/upload/gmail/v1/...`, so unmodified
+google-api-python-client and google-auth code can talk to it. Every accepted message is
+written to an acceptance log, which is where tests count effects.
+
+Behaviour kept from Gmail because the daemon's correctness depends on it:
+- the caller's Message-ID header is kept (unless `rewrite_message_id`, which simulates the
+  reported misbehaviour); a message without one gets a Gmail-style one;
+- `q=` searches see a message only after the index lag (fixed at acceptance), while
+  messages.get and label-only listing see it at once;
+- `rfc822msgid:` matches ignoring case, quotes and angle brackets, so the daemon must
+  still compare the header it reads back exactly;
+- SPAM and TRASH are hidden unless `includeSpamTrash` (or in:anywhere / an explicit label);
+- the gmail.metadata scope refuses `q` and format=full/raw; a service-account token without
+  a subject (no domain-wide delegation) gets "Precondition check failed"; a delegated token
+  used for another user's mailbox gets "Delegation denied".
+
+Terms in `q` other than rfc822msgid:, in: and label: are refused with 400 rather than
+matched loosely: a test that relies on full-text search should fail loudly here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http import HTTPStatus
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from daemon.emulator import mime
+from daemon.emulator._http import (
+    BackgroundServer,
+    BodyError,
+    QuietHandler,
+    TrackingHTTPServer,
+    google_error,
+)
+
+JWT_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+DEFAULT_USER = "me"
+TOKEN_LIFETIME = 3600
+_SCOPE = "https://www.googleapis.com/auth/"
+FULL_SCOPE = "https://mail.google.com/"
+SEND_SCOPES = frozenset(
+    {FULL_SCOPE, _SCOPE + "gmail.modify", _SCOPE + "gmail.compose", _SCOPE + "gmail.send"}
+)
+READ_SCOPES = frozenset({FULL_SCOPE, _SCOPE + "gmail.modify", _SCOPE + "gmail.readonly"})
+METADATA_SCOPE = _SCOPE + "gmail.metadata"
+HIDDEN_LABELS = frozenset({"SPAM", "TRASH"})
+MAX_PAGE = 500
+DEFAULT_PAGE = 100
+
+_ID = re.compile(r"^[0-9a-f]{1,32}$")
+_QUERY_TERM = re.compile(r'(?:[^\s"]+|"[^"]*")+')
+_JSON = "application/json; charset=UTF-8"
+
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("POST", re.compile(r"^/gmail/v1/users/([^/]+)/messages/send$"), "send"),
+    ("POST", re.compile(r"^/upload/gmail/v1/users/([^/]+)/messages/send$"), "upload"),
+    ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/messages$"), "list"),
+    ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/messages/([^/]+)$"), "get"),
+    ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/profile$"), "profile"),
+]
+
+Response = tuple[int, list[tuple[str, str]], bytes]
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        reason: str,
+        *,
+        domain: str = "global",
+        headers: list[tuple[str, str]] | None = None,
+        **detail: str,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.headers = headers or []
+        self.body = google_error(
+            code, message, reason, _STATUS_NAMES.get(code, "UNKNOWN"), domain=domain, **detail
+        )
+
+
+_STATUS_NAMES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+}
+
+
+@dataclass
+class _Token:
+    grant: str
+    subject: str | None
+    scopes: frozenset[str] | None  # None: the grant did not say (refresh without scope)
+    expires_at: float
+
+
+@dataclass
+class _Stored:
+    seq: int
+    id: str
+    thread_id: str
+    user: str
+    labels: list[str]
+    raw: bytes
+    message_id: str | None
+    internal_ms: int
+    visible_at: float
+    history_id: int
+    parsed: Any = field(repr=False, default=None)
+
+
+@dataclass(frozen=True)
+class _Query:
+    message_ids: tuple[str, ...]
+    labels: tuple[str, ...]
+    include_hidden: bool
+
+
+def _json_response(
+    status: int, body: Any, headers: list[tuple[str, str]] | None = None
+) -> Response:
+    data = json.dumps(body, indent=2).encode("utf-8")
+    return status, [("Content-Type", _JSON), *(headers or [])], data
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class GmailEmulator:
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        lag: float = 0.0,
+        acceptance_log: Path | None = None,
+        require_auth: bool = True,
+        rewrite_message_id: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._lag = float(lag)
+        self._acceptance_log = acceptance_log
+        self.require_auth = require_auth
+        self.rewrite_message_id = rewrite_message_id
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._server: BackgroundServer | None = None
+        self._tokens: dict[str, _Token] = {}
+        self._mailboxes: dict[str, list[_Stored]] = {}
+        self._by_id: dict[str, _Stored] = {}
+        self._accepted: list[dict[str, Any]] = []
+        self._seq = 0
+        self._history = 1000
+        self.token_requests: list[dict[str, Any]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the emulator is not started")
+        return self._server.url
+
+    @property
+    def token_uri(self) -> str:
+        return self.url + "/token"
+
+    def start(self) -> GmailEmulator:
+        if self._server is not None:
+            return self
+        emulator = self
+
+        class Handler(_GmailHandler):
+            pass
+
+        Handler.emulator = emulator
+        self._server = BackgroundServer(TrackingHTTPServer((self._host, self._port), Handler))
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+    def __enter__(self) -> GmailEmulator:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- test controls -----------------------------------------------------------------
+
+    def set_lag(self, seconds: float) -> None:
+        """Applies to messages accepted from now on; earlier ones keep their index time."""
+        with self._lock:
+            self._lag = float(seconds)
+
+    def accepted(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(entry) for entry in self._accepted]
+
+    def copies(self, message_id: str) -> int:
+        """Accepted copies (inject included) whose stored Message-ID equals message_id."""
+        with self._lock:
+            return sum(1 for entry in self._accepted if entry["message_id"] == message_id)
+
+    def inject(self, raw: bytes, *, labels: Sequence[str] = ("SENT",), user: str = "me") -> str:
+        """Store a message as if it had arrived some other way; rewrite_message_id does not
+        apply (tests inject exactly the headers they want to see)."""
+        stored = self._accept(
+            self._mailbox_key(user, None), raw, list(labels), None, via="inject", rewrite=False
+        )
+        return stored.id
+
+    def expire_tokens(self) -> None:
+        with self._lock:
+            for token in self._tokens.values():
+                token.expires_at = float("-inf")
+
+    # -- the mailbox -------------------------------------------------------------------
+
+    def _mailbox_key(self, user_id: str, token: _Token | None) -> str:
+        if user_id == "me":
+            if token is not None and token.subject:
+                return token.subject.lower()
+            return DEFAULT_USER
+        return user_id.lower()
+
+    def _new_id(self) -> str:
+        while True:
+            candidate = secrets.token_hex(8)
+            if candidate not in self._by_id:
+                return candidate
+
+    def _accept(
+        self,
+        user: str,
+        raw: bytes,
+        labels: list[str],
+        thread_id: str | None,
+        *,
+        via: str,
+        rewrite: bool,
+    ) -> _Stored:
+        parsed = mime.parse(raw)
+        stored_raw = raw
+        if rewrite:
+            stored_raw = mime.replace_message_id(raw, f"<{secrets.token_hex(16)}@mail.gmail.com>")
+        elif via != "inject" and mime.header(parsed, "Message-ID") is None:
+            # Gmail gives every sent message a Message-ID when the client did not.
+            stored_raw = mime.replace_message_id(
+                raw, f"<CA{secrets.token_urlsafe(24)}@mail.gmail.com>"
+            )
+        if stored_raw is not raw:
+            parsed = mime.parse(stored_raw)
+        with self._lock:
+            now = self._clock()
+            self._seq += 1
+            self._history += 1
+            message_id_value = self._new_id()
+            mailbox = self._mailboxes.setdefault(user, [])
+            known_threads = {m.thread_id for m in mailbox}
+            stored = _Stored(
+                seq=self._seq,
+                id=message_id_value,
+                thread_id=thread_id if thread_id in known_threads else message_id_value,
+                user=user,
+                labels=list(dict.fromkeys(labels)),
+                raw=stored_raw,
+                message_id=mime.header(parsed, "Message-ID"),
+                internal_ms=int(now * 1000),
+                visible_at=now + self._lag,
+                history_id=self._history,
+                parsed=parsed,
+            )
+            mailbox.append(stored)
+            self._by_id[stored.id] = stored
+            entry: dict[str, Any] = {
+                "at": _iso(now),
+                "user": user,
+                "id": stored.id,
+                "threadId": stored.thread_id,
+                "message_id": stored.message_id,
+                "from": self._joined(parsed, "From"),
+                "to": self._joined(parsed, "To"),
+                "subject": self._joined(parsed, "Subject"),
+                "raw_sha256": hashlib.sha256(raw).hexdigest(),
+                "via": via,
+            }
+            self._accepted.append(entry)
+            if self._acceptance_log is not None:
+                with self._acceptance_log.open("a", encoding="utf-8") as handle:
+                    handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+                    handle.flush()
+            return stored
+
+    @staticmethod
+    def _joined(parsed: Any, name: str) -> str | None:
+        values = parsed.get_all(name)
+        if not values:
+            return None
+        return ", ".join(mime.decoded(value) for value in values)
+
+    # -- HTTP dispatch -----------------------------------------------------------------
+
+    def handle(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Response:
+        """One request in, one response out; `headers` has lower-cased names."""
+        split = urlsplit(target)
+        path = split.path
+        params = parse_qs(split.query, keep_blank_values=True)
+        try:
+            if path == "/token":
+                if method != "POST":
+                    raise ApiError(405, "Method Not Allowed", "methodNotAllowed")
+                return self._token(headers, body)
+            if path.startswith(("/gmail/", "/upload/gmail/")):
+                token = self._authenticate(headers)
+                for route_method, pattern, name in _ROUTES:
+                    match = pattern.match(path)
+                    if match is None:
+                        continue
+                    if method != route_method:
+                        raise ApiError(405, "Method Not Allowed", "methodNotAllowed")
+                    user = self._authorize_user(unquote(match.group(1)), token)
+                    if name == "send":
+                        return self._send_json(user, token, headers, body)
+                    if name == "upload":
+                        return self._send_upload(user, token, headers, body, params)
+                    if name == "list":
+                        return self._list(user, token, params)
+                    if name == "get":
+                        return self._get(user, token, unquote(match.group(2)), params)
+                    return self._profile(user, token)
+            raise ApiError(404, f"Not Found: {path}", "notFound")
+        except ApiError as exc:
+            return _json_response(exc.code, exc.body, exc.headers)
+
+    # -- OAuth -------------------------------------------------------------------------
+
+    def _token(self, headers: dict[str, str], body: bytes) -> Response:
+        record: dict[str, Any] = {"at": _iso(self._clock())}
+        try:
+            form = self._form(headers, body)
+            grant = form.get("grant_type", "")
+            record["grant_type"] = grant
+            if grant == JWT_GRANT:
+                claims = _jwt_claims(form.get("assertion", ""))
+                for claim in ("iss", "sub", "scope", "aud"):
+                    if claim in claims:
+                        record[claim] = claims[claim]
+                if not isinstance(claims.get("iss"), str) or not claims["iss"]:
+                    raise _GrantError("invalid_grant", "assertion has no issuer")
+                scope = claims.get("scope")
+                if not isinstance(scope, str) or not scope.strip():
+                    raise _GrantError(
+                        "invalid_scope", "Invalid OAuth scope or ID token audience provided."
+                    )
+                subject = claims.get("sub")
+                token = _Token(
+                    grant="jwt",
+                    subject=subject if isinstance(subject, str) and subject else None,
+                    scopes=frozenset(scope.split()),
+                    expires_at=0.0,
+                )
+            elif grant == "refresh_token":
+                for name in ("client_id", "client_secret", "refresh_token", "scope"):
+                    if name in form:
+                        record[name] = form[name] if name != "client_secret" else "***"
+                if not form.get("refresh_token") or not form.get("client_id"):
+                    raise _GrantError("invalid_grant", "refresh_token and client_id required")
+                scope_text = form.get("scope", "").strip()
+                token = _Token(
+                    grant="refresh",
+                    subject=None,
+                    scopes=frozenset(scope_text.split()) if scope_text else None,
+                    expires_at=0.0,
+                )
+            else:
+                raise _GrantError("unsupported_grant_type", f"grant_type {grant!r}")
+        except _GrantError as exc:
+            record["status"] = 400
+            record["error"] = exc.error
+            with self._lock:
+                self.token_requests.append(record)
+            return _json_response(400, {"error": exc.error, "error_description": exc.detail})
+        access = "ya29.emu-" + secrets.token_urlsafe(32)
+        with self._lock:
+            token.expires_at = self._clock() + TOKEN_LIFETIME
+            self._tokens[access] = token
+            record["status"] = 200
+            self.token_requests.append(record)
+        answer: dict[str, Any] = {
+            "access_token": access,
+            "expires_in": TOKEN_LIFETIME,
+            "token_type": "Bearer",
+        }
+        if token.scopes is not None:
+            answer["scope"] = " ".join(sorted(token.scopes))
+        return _json_response(200, answer, [("Cache-Control", "no-store")])
+
+    @staticmethod
+    def _form(headers: dict[str, str], body: bytes) -> dict[str, str]:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _GrantError("invalid_request", "body is not UTF-8") from exc
+        if headers.get("content-type", "").startswith("application/json"):
+            try:
+                data = json.loads(text)
+            except ValueError as exc:
+                raise _GrantError("invalid_request", "body is not JSON") from exc
+            if not isinstance(data, dict):
+                raise _GrantError("invalid_request", "body is not a JSON object")
+            return {str(k): str(v) for k, v in data.items()}
+        return {k: v[-1] for k, v in parse_qs(text, keep_blank_values=True).items()}
+
+    def _authenticate(self, headers: dict[str, str]) -> _Token | None:
+        value = headers.get("authorization", "")
+        scheme, _, credential = value.partition(" ")
+        with self._lock:
+            token = self._tokens.get(credential.strip()) if scheme.lower() == "bearer" else None
+            valid = token is not None and token.expires_at > self._clock()
+        if valid:
+            return token
+        if not self.require_auth:
+            return None
+        raise ApiError(
+            401,
+            "Request had invalid authentication credentials. Expected OAuth 2 access token,"
+            " login cookie or other valid authentication credential. See"
+            " https://developers.google.com/identity/sign-in/web/devconsole-project.",
+            "authError",
+            headers=[
+                ("WWW-Authenticate", 'Bearer realm="https://accounts.google.com/"'),
+            ],
+            location="Authorization",
+            locationType="header",
+        )
+
+    def _authorize_user(self, user_id: str, token: _Token | None) -> str:
+        if token is not None and token.grant == "jwt" and token.subject is None:
+            raise ApiError(400, "Precondition check failed.", "failedPrecondition")
+        if (
+            token is not None
+            and token.subject is not None
+            and user_id != "me"
+            and user_id.lower() != token.subject.lower()
+        ):
+            raise ApiError(403, f"Delegation denied for {token.subject}", "forbidden")
+        return self._mailbox_key(user_id, token)
+
+    @staticmethod
+    def _require_scope(token: _Token | None, allowed: frozenset[str]) -> None:
+        if token is None or token.scopes is None or token.scopes & allowed:
+            return
+        raise ApiError(
+            403,
+            "Request had insufficient authentication scopes.",
+            "insufficientPermissions",
+        )
+
+    # -- messages.send -----------------------------------------------------------------
+
+    def _send_json(
+        self, user: str, token: _Token | None, headers: dict[str, str], body: bytes
+    ) -> Response:
+        self._require_scope(token, SEND_SCOPES)
+        metadata = _json_object(body)
+        raw_text = metadata.get("raw")
+        if not isinstance(raw_text, str) or not raw_text:
+            raise ApiError(
+                400,
+                "'raw' RFC822 payload message string or uploading message via /upload/* URL"
+                " required",
+                "invalidArgument",
+            )
+        try:
+            raw = mime.decode_b64url(raw_text)
+        except ValueError as exc:
+            raise ApiError(400, "Invalid value for ByteString: raw", "invalidArgument") from exc
+        return self._deliver(user, raw, metadata, via="send")
+
+    def _send_upload(
+        self,
+        user: str,
+        token: _Token | None,
+        headers: dict[str, str],
+        body: bytes,
+        params: dict[str, list[str]],
+    ) -> Response:
+        self._require_scope(token, SEND_SCOPES)
+        upload_type = (params.get("uploadType") or [""])[-1]
+        metadata: dict[str, Any] = {}
+        if upload_type == "media":
+            raw = body
+        elif upload_type == "multipart":
+            try:
+                parts = mime.split_related(body, headers.get("content-type", ""))
+            except ValueError as exc:
+                raise ApiError(400, str(exc), "badContent") from exc
+            raw_part: bytes | None = None
+            for part_headers, content in parts:
+                if part_headers.get("content-type", "").startswith("application/json"):
+                    metadata = _json_object(content)
+                else:
+                    raw_part = content
+            if raw_part is None:
+                raise ApiError(400, "Media part missing from multipart upload", "badContent")
+            raw = raw_part
+        else:
+            raise ApiError(
+                400, f"Invalid or unsupported uploadType {upload_type!r}", "invalidArgument"
+            )
+        return self._deliver(user, raw, metadata, via="upload")
+
+    def _deliver(self, user: str, raw: bytes, metadata: dict[str, Any], *, via: str) -> Response:
+        parsed = mime.parse(raw)
+        if not any(parsed.get_all(name) for name in ("To", "Cc", "Bcc")):
+            raise ApiError(400, "Recipient address required", "invalidArgument")
+        thread_id = metadata.get("threadId")
+        stored = self._accept(
+            user,
+            raw,
+            ["SENT"],
+            thread_id if isinstance(thread_id, str) else None,
+            via=via,
+            rewrite=self.rewrite_message_id,
+        )
+        return _json_response(
+            200, {"id": stored.id, "threadId": stored.thread_id, "labelIds": stored.labels}
+        )
+
+    # -- messages.list / get -------------------------------------------------------------
+
+    def _list(self, user: str, token: _Token | None, params: dict[str, list[str]]) -> Response:
+        self._require_scope(token, READ_SCOPES | {METADATA_SCOPE})
+        q = (params.get("q") or [""])[-1].strip()
+        if q and token is not None and token.scopes is not None and not token.scopes & READ_SCOPES:
+            raise ApiError(403, "Metadata scope does not support 'q' parameter", "forbidden")
+        query = _parse_query(q, params)
+        max_results = _int_param(params, "maxResults", DEFAULT_PAGE)
+        if max_results < 1:
+            raise ApiError(400, "Invalid maxResults", "invalidArgument")
+        max_results = min(max_results, MAX_PAGE)
+        page_token = (params.get("pageToken") or [""])[-1]
+        before: int | None = None
+        if page_token:
+            try:
+                before = int(page_token)
+            except ValueError as exc:
+                raise ApiError(400, "Invalid pageToken", "invalidArgument") from exc
+        with self._lock:
+            now = self._clock()
+            matches = [
+                stored
+                for stored in reversed(self._mailboxes.get(user, []))
+                if _matches(stored, query) and (not q or stored.visible_at <= now)
+            ]
+        total = len(matches)
+        if before is not None:
+            matches = [stored for stored in matches if stored.seq < before]
+        page = matches[:max_results]
+        result: dict[str, Any] = {}
+        if page:
+            result["messages"] = [{"id": m.id, "threadId": m.thread_id} for m in page]
+        if len(matches) > max_results:
+            result["nextPageToken"] = str(page[-1].seq)
+        result["resultSizeEstimate"] = total
+        return _json_response(200, result)
+
+    def _get(
+        self, user: str, token: _Token | None, message_id: str, params: dict[str, list[str]]
+    ) -> Response:
+        self._require_scope(token, READ_SCOPES | {METADATA_SCOPE})
+        fmt = (params.get("format") or ["full"])[-1].lower()
+        if fmt not in ("minimal", "metadata", "full", "raw"):
+            raise ApiError(400, f"Invalid value at 'format' ({fmt})", "invalidArgument")
+        metadata_only = (
+            token is not None and token.scopes is not None and not token.scopes & READ_SCOPES
+        )
+        if metadata_only and fmt in ("full", "raw"):
+            raise ApiError(403, f"Metadata scope doesn't allow format {fmt.upper()}", "forbidden")
+        if not _ID.match(message_id):
+            raise ApiError(400, "Invalid id value", "invalidArgument")
+        with self._lock:
+            stored = self._by_id.get(message_id)
+        if stored is None or stored.user != user:
+            raise ApiError(404, "Requested entity was not found.", "notFound")
+        parsed = stored.parsed
+        result: dict[str, Any] = {
+            "id": stored.id,
+            "threadId": stored.thread_id,
+            "labelIds": list(stored.labels),
+            "snippet": mime.snippet(parsed),
+        }
+        if fmt == "metadata":
+            wanted = {h.lower() for h in params.get("metadataHeaders", []) if h}
+            result["payload"] = {
+                "mimeType": parsed.get_content_type(),
+                "headers": mime.headers_json(parsed, wanted or None),
+            }
+        elif fmt == "full":
+            result["payload"] = mime.payload_json(parsed)
+        result["sizeEstimate"] = len(stored.raw)
+        if fmt == "raw":
+            result["raw"] = mime.b64url(stored.raw)
+        result["historyId"] = str(stored.history_id)
+        result["internalDate"] = str(stored.internal_ms)
+        return _json_response(200, result)
+
+    def _profile(self, user: str, token: _Token | None) -> Response:
+        self._require_scope(token, READ_SCOPES | {METADATA_SCOPE})
+        with self._lock:
+            mailbox = self._mailboxes.get(user, [])
+            body = {
+                "emailAddress": user if "@" in user else "me@emulator.invalid",
+                "messagesTotal": len(mailbox),
+                "threadsTotal": len({m.thread_id for m in mailbox}),
+                "historyId": str(self._history),
+            }
+        return _json_response(200, body)
+
+
+class _GrantError(Exception):
+    def __init__(self, error: str, detail: str) -> None:
+        super().__init__(detail)
+        self.error = error
+        self.detail = detail
+
+
+def _jwt_claims(assertion: str) -> dict[str, Any]:
+    pieces = assertion.split(".")
+    if len(pieces) != 3:
+        raise _GrantError("invalid_grant", "assertion is not a JWT")
+    try:
+        claims = json.loads(mime.decode_b64url(pieces[1]))
+    except ValueError as exc:
+        raise _GrantError("invalid_grant", "assertion payload is not JSON") from exc
+    if not isinstance(claims, dict):
+        raise _GrantError("invalid_grant", "assertion payload is not an object")
+    return claims
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise ApiError(400, "Invalid JSON payload received.", "parseError") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "Invalid JSON payload received.", "parseError")
+    return data
+
+
+def _int_param(params: dict[str, list[str]], name: str, default: int) -> int:
+    values = params.get(name)
+    if not values:
+        return default
+    try:
+        return int(values[-1])
+    except ValueError as exc:
+        raise ApiError(400, f"Invalid value for {name}", "invalidArgument") from exc
+
+
+def _truthy(params: dict[str, list[str]], name: str) -> bool:
+    return (params.get(name) or ["false"])[-1].lower() in ("true", "1")
+
+
+def _parse_query(q: str, params: dict[str, list[str]]) -> _Query:
+    message_ids: list[str] = []
+    labels = [label for label in params.get("labelIds", []) if label]
+    include_hidden = _truthy(params, "includeSpamTrash")
+    for term in _QUERY_TERM.findall(q):
+        operator, sep, value = term.partition(":")
+        operator = operator.lower()
+        value = value.strip('"')
+        if not sep or not value:
+            raise ApiError(400, f"emulator: unsupported search term {term!r}", "invalidArgument")
+        if operator == "rfc822msgid":
+            message_ids.append(mime.normalize_message_id(value))
+        elif operator == "in" and value.lower() == "anywhere":
+            include_hidden = True
+        elif operator in ("in", "label"):
+            labels.append(value.upper() if operator == "in" else value)
+        else:
+            raise ApiError(400, f"emulator: unsupported search term {term!r}", "invalidArgument")
+    if any(label in HIDDEN_LABELS for label in labels):
+        include_hidden = True
+    return _Query(tuple(message_ids), tuple(labels), include_hidden)
+
+
+def _matches(stored: _Stored, query: _Query) -> bool:
+    if not query.include_hidden and HIDDEN_LABELS & set(stored.labels):
+        return False
+    if any(label not in stored.labels for label in query.labels):
+        return False
+    if query.message_ids:
+        if stored.message_id is None:
+            return False
+        own = mime.normalize_message_id(stored.message_id)
+        return all(own == wanted for wanted in query.message_ids)
+    return True
+
+
+class _GmailHandler(QuietHandler):
+    emulator: GmailEmulator
+
+    def _serve(self) -> None:
+        try:
+            body = self.read_body()
+        except BodyError as exc:
+            self.close_connection = True
+            error = google_error(400, str(exc), "badRequest", "INVALID_ARGUMENT")
+            self.send_body(400, json.dumps(error).encode(), [("Content-Type", _JSON)])
+            return
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        try:
+            status, response_headers, data = self.emulator.handle(
+                self.command, self.path, headers, body
+            )
+        except Exception:
+            # A bug in the emulator answers like Gmail's own failures do (a 5xx), loudly,
+            # rather than as a dropped connection that a test would read as a network fault.
+            traceback.print_exc()
+            status, response_headers, data = _json_response(
+                500, google_error(500, "Internal error encountered.", "backendError", "INTERNAL")
+            )
+        self.send_body(status, data, response_headers, reason=HTTPStatus(status).phrase)
+
+    do_GET = _serve
+    do_POST = _serve
+    do_PUT = _serve
+    do_PATCH = _serve
+    do_DELETE = _serve
