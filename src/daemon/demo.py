@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from daemon import output
 from daemon.emulator.credentials import write_service_account
 from daemon.emulator.gmail import GmailEmulator
-from daemon.emulator.relay import FaultPlan, FaultRelay
+from daemon.emulator.relay import FaultPlan, FaultRelay, Mode
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon, build_engine
 from daemon.settings import load_settings
@@ -77,7 +77,7 @@ timeout = "{timeout}"
 """
 
 # What the relay does to each send, in order; then every request passes.
-SEND_FAULTS = [
+SEND_FAULTS: list[Mode] = [
     "pass",
     "drop-response",
     "fail-before-forward",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sqlite3
 import time
@@ -19,6 +20,7 @@ from eventsourcing.utils import get_topic
 from ledger.content import JobContent
 from ledger.index import (
     INDEX_ROWS_KWARG,
+    INDEX_TABLE,
     IndexRow,
     JobIndexQueries,
     PostgresJobIndexRecorder,
@@ -134,9 +136,14 @@ class Ledger(Application[UUID]):
         self.clock = clock
         # Several processes may create the schema at once; CREATE ... IF NOT EXISTS
         # can still collide in PostgreSQL's catalog, so try again briefly.
+        env = store_env(spec)
+        if _schema_exists(spec):
+            # Opening an existing store must not run DDL: concurrent CREATE OR REPLACE
+            # FUNCTION in PostgreSQL fails with "tuple concurrently updated".
+            env["CREATE_TABLE"] = "n"
         for attempt in range(10):
             try:
-                super().__init__(env=store_env(spec))
+                super().__init__(env=env)
                 break
             except Exception as exc:  # psycopg UniqueViolation, sqlite lock
                 if attempt == 9 or not _retryable_setup(exc):
@@ -313,6 +320,36 @@ class Ledger(Application[UUID]):
                     raise
                 time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
         raise AssertionError("unreachable")
+
+
+def _schema_exists(spec: StoreSpec) -> bool:
+    """True when the job index table (created last) is already there."""
+    try:
+        if isinstance(spec, SqliteStore):
+            if not spec.path.exists():
+                return False
+            with contextlib.closing(sqlite3.connect(spec.path, timeout=30)) as conn:
+                row = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (INDEX_TABLE,)
+                ).fetchone()
+                return row is not None
+        import psycopg
+
+        with psycopg.connect(
+            dbname=spec.dbname,
+            host=spec.host,
+            port=spec.port,
+            user=spec.user,
+            password=spec.password or None,
+            connect_timeout=10,
+        ) as conn:
+            found = conn.execute(
+                "SELECT to_regclass(%s)", (f'"{spec.schema}".{INDEX_TABLE}',)
+            ).fetchone()
+            return found is not None and found[0] is not None
+    except Exception:
+        # Unknown: let the normal set-up (with its retries) find out.
+        return False
 
 
 def _retryable_setup(exc: BaseException) -> bool:

@@ -6,11 +6,11 @@ A provider never touches the store. It returns values; the daemon turns them int
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 
-class SendKind(str, Enum):
+class SendKind(StrEnum):
     CONFIRMED = "confirmed"  # 2xx with the provider's message id
     UNKNOWN = "unknown"  # the request may have been accepted; nobody can tell from here
     REJECTED = "rejected"  # the provider definitely did not accept it

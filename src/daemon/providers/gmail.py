@@ -1,0 +1,350 @@
+"""The Gmail provider: users.messages.send with raw MIME, search by `rfc822msgid:`.
+
+Built on google-api-python-client and google-auth, with the HTTP stack pinned down so that
+nothing below `send_raw` re-sends a request on its own (DESIGN.md, the no-resend paragraph):
+
+* `execute(num_retries=0)` always - googleapiclient's `_retry_request` then makes one
+  attempt and retries neither exceptions nor 5xx/429 answers;
+* `SingleShotHttp` (transport.py) replaces httplib2's `_conn_request`, which would repeat a
+  request after a dropped response, and turns off redirects and the cache;
+* google-auth-httplib2's replay after refreshing a token on 401 stays: a 401 was not
+  accepted, so the replay is the first delivery, never a second one;
+* no requests/urllib3 session is involved for Gmail calls, so no urllib3 `Retry` adapter;
+  google-auth's token endpoint helper may repeat a *token* request on a retryable error,
+  which cannot send mail.
+
+The API surface comes from the discovery document bundled with googleapiclient
+(static_discovery): building the service never touches the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import google_auth_httplib2
+from google.auth.credentials import Credentials as AuthCredentials
+from google.oauth2 import credentials as user_credentials
+from google.oauth2 import service_account
+from googleapiclient.discovery import build
+from googleapiclient.errors import HttpError
+
+from daemon.providers.base import ProviderError, SearchHit, SendOutcome
+from daemon.providers.classify import (
+    classify_send_exception,
+    classify_send_response,
+    provider_error_for_exception,
+    provider_error_for_response,
+)
+from daemon.providers.quota import (
+    GMAIL_GET_UNITS,
+    GMAIL_LIST_UNITS,
+    GMAIL_SEND_UNITS,
+    TokenBucket,
+)
+from daemon.providers.transport import SingleShotHttp
+from ledger.message_id import same_message_id
+
+# gmail.send for messages.send; gmail.readonly because `q=` is refused under gmail.metadata.
+SCOPES = [
+    "https://www.googleapis.com/auth/gmail.send",
+    "https://www.googleapis.com/auth/gmail.readonly",
+]
+SENT_LABEL = "SENT"
+MAX_PAGE_SIZE = 500  # Gmail's ceiling for messages.list maxResults
+
+Response = tuple[int, dict[str, str], bytes]
+
+
+def load_credentials(credentials_file: Path, *, user: str, token_uri: str = "") -> AuthCredentials:
+    """google-auth credentials from a service-account (domain-wide delegation, acting as
+    `user`) or authorized-user JSON file. `token_uri`, when set, replaces the file's; an
+    authorized-user file's own token_uri is ignored by google-auth (always Google's).
+
+    Raises ValueError naming the file when it cannot be read or is of an unknown type.
+    """
+    path = Path(credentials_file)
+    try:
+        info: Any = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read credentials file: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"{path}: credentials file is not valid JSON: {exc}") from exc
+    if not isinstance(info, dict):
+        raise ValueError(f"{path}: credentials file is not a JSON object")
+    if token_uri:
+        info["token_uri"] = token_uri
+    kind = info.get("type")
+    try:
+        if kind == "service_account":
+            if not user or user == "me" or "@" not in user:
+                raise ValueError(
+                    "a service account acts for a mailbox through domain-wide delegation:"
+                    f" user must be that mailbox's address, not {user!r}"
+                )
+            sa = service_account.Credentials
+            creds: AuthCredentials = sa.from_service_account_info(  # type: ignore[no-untyped-call]
+                info, scopes=SCOPES, subject=user
+            )
+            return creds
+        if kind == "authorized_user":
+            au = user_credentials.Credentials
+            info_fn = au.from_authorized_user_info
+            user_creds: user_credentials.Credentials = info_fn(info, scopes=SCOPES)  # type: ignore[no-untyped-call]
+            if token_uri:
+                # google-auth ignores an authorized-user file's token_uri on purpose (a
+                # file must not be able to send a refresh token elsewhere); only the
+                # configured override may.
+                user_creds = user_creds.with_token_uri(token_uri)
+            return user_creds
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    raise ValueError(
+        f"{path}: unsupported credentials type {kind!r}"
+        " (expected 'service_account' or 'authorized_user')"
+    )
+
+
+def build_gmail_service(http: Any, *, api_endpoint: str = "") -> Any:
+    """The gmail v1 Resource, from the bundled discovery document (no network).
+
+    The document's rootUrl is "https://gmail.googleapis.com/" with an empty servicePath and
+    method paths such as "gmail/v1/users/{userId}/messages/send"; an `api_endpoint`
+    replaces rootUrl + servicePath, so "http://127.0.0.1:PORT" gives
+    "http://127.0.0.1:PORT/gmail/v1/users/...", the emulator's layout.
+    """
+    client_options = {"api_endpoint": api_endpoint.rstrip("/") + "/"} if api_endpoint else None
+    return build(
+        "gmail",
+        "v1",
+        http=http,
+        static_discovery=True,
+        cache_discovery=False,
+        client_options=client_options,
+    )
+
+
+def _headers(resp: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in resp.items()}
+
+
+def _raw_response(resp: Any, content: Any) -> tuple[Any, Any]:
+    # Replaces googleapiclient's JSON postproc: classification wants status and bytes,
+    # and a 2xx whose body is not JSON must become "unknown", not an exception.
+    return resp, content
+
+
+class GmailProvider:
+    """The provider port on the Gmail API. Thread-safe: each thread gets its own HTTP
+    object (httplib2 is not thread-safe); credentials and the quota bucket are shared."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        credentials_file: Path,
+        user: str,
+        api_endpoint: str = "",
+        token_uri: str = "",
+        timeout: float = 30.0,
+        quota_units_per_second: float = 250.0,
+        page_size: int = 100,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page_size must be within 1..{MAX_PAGE_SIZE}, got {page_size!r}")
+        self.name = name
+        self.user = user or "me"
+        self.api_endpoint = api_endpoint
+        self.timeout = float(timeout)
+        self.page_size = page_size
+        self._credentials = load_credentials(
+            Path(credentials_file), user=self.user, token_uri=token_uri
+        )
+        # Capacity at least one send, or a send could never be afforded at low rates.
+        self._bucket = TokenBucket(
+            quota_units_per_second,
+            max(float(quota_units_per_second), GMAIL_SEND_UNITS),
+            clock=clock,
+            sleep=sleep,
+        )
+        self._local = threading.local()
+        # Weak: a thread's HTTP object goes away with the thread.
+        self._https: weakref.WeakSet[google_auth_httplib2.AuthorizedHttp] = weakref.WeakSet()
+        self._https_lock = threading.Lock()
+        self._closed = False
+        self._service = build_gmail_service(self._http(), api_endpoint=api_endpoint)
+        self._messages = self._service.users().messages()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _http(self) -> google_auth_httplib2.AuthorizedHttp:
+        authed: google_auth_httplib2.AuthorizedHttp | None = getattr(self._local, "http", None)
+        if authed is None:
+            authed = google_auth_httplib2.AuthorizedHttp(
+                self._credentials, http=SingleShotHttp(timeout=self.timeout)
+            )
+            self._local.http = authed
+            with self._https_lock:
+                self._https.add(authed)
+        return authed
+
+    def _prepare(self, request: Any, units: float) -> None:
+        """Everything that happens before a request may leave: checks and quota pacing.
+        Failures here are not call outcomes, so they raise."""
+        if self._closed:
+            raise RuntimeError(f"provider {self.name!r} is closed")
+        request.postproc = _raw_response
+        self._bucket.acquire(units)
+
+    def _execute(self, request: Any) -> Response:
+        """One attempt of one API call: (status, lower-cased headers, body bytes) for any
+        complete HTTP answer; exceptions for everything else. num_retries=0: see above."""
+        try:
+            resp, content = request.execute(http=self._http(), num_retries=0)
+        except HttpError as exc:
+            return int(exc.resp.status), _headers(exc.resp), bytes(exc.content)
+        body = content if isinstance(content, bytes) else str(content).encode("utf-8")
+        return int(resp.status), _headers(resp), body
+
+    def _read_json(self, what: str, request: Any, units: float) -> dict[str, Any]:
+        self._prepare(request, units)
+        try:
+            status, headers, body = self._execute(request)
+        except Exception as exc:
+            raise provider_error_for_exception(what, exc) from exc
+        if not 200 <= status < 300:
+            raise provider_error_for_response(what, status, headers, body)
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise ProviderError(f"{what}: HTTP {status} with an unreadable body") from exc
+        if not isinstance(data, dict):
+            raise ProviderError(f"{what}: HTTP {status} with an unexpected body")
+        return data
+
+    # -- the port ----------------------------------------------------------------------
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        """One users.messages.send call with the message as `raw` (so Gmail keeps our
+        Message-ID). Never raises for the call's outcome; raises (before any network
+        activity) only when the provider is closed."""
+        encoded = base64.urlsafe_b64encode(raw).decode("ascii")
+        request = self._messages.send(userId=self.user, body={"raw": encoded})
+        self._prepare(request, GMAIL_SEND_UNITS)
+        try:
+            status, headers, body = self._execute(request)
+        except Exception as exc:
+            return classify_send_exception(exc)
+        return classify_send_response(status, headers, body)
+
+    def search(self, message_id: str) -> list[SearchHit]:
+        """Every SENT copy (spam and trash included) whose Message-ID header is ours.
+
+        Lists through every page, then reads each hit's header, because Gmail's
+        `rfc822msgid:` match is looser than the exact comparison the ledger needs.
+        """
+        query = f"rfc822msgid:{_search_term(message_id)}"
+        ids: list[str] = []  # in the order Gmail listed them, each once
+        listed: set[str] = set()
+        page_token: str | None = None
+        seen_tokens: set[str] = set()
+        while True:
+            params: dict[str, Any] = {
+                "userId": self.user,
+                "q": query,
+                "labelIds": [SENT_LABEL],
+                "includeSpamTrash": True,
+                "maxResults": self.page_size,
+            }
+            if page_token:
+                params["pageToken"] = page_token
+            page = self._read_json(
+                f"search {query}", self._messages.list(**params), GMAIL_LIST_UNITS
+            )
+            for item in page.get("messages") or []:
+                if isinstance(item, dict) and isinstance(item.get("id"), str):
+                    if item["id"] not in listed:
+                        listed.add(item["id"])
+                        ids.append(item["id"])
+                else:
+                    raise ProviderError(f"search {query}: malformed list entry {item!r}")
+            next_token = page.get("nextPageToken")
+            if not next_token:
+                break
+            if not isinstance(next_token, str) or next_token in seen_tokens:
+                # A repeating token would loop forever; an answer we cannot finish is none.
+                raise ProviderError(f"search {query}: paging did not advance")
+            seen_tokens.add(next_token)
+            page_token = next_token
+        hits: list[SearchHit] = []
+        for provider_id in ids:
+            data = self._get_metadata(provider_id)
+            header = _message_id_header(data)
+            labels = tuple(str(x) for x in data.get("labelIds") or ())
+            if "labelIds" in data and SENT_LABEL not in labels:
+                # The list asked for SENT; a copy relabelled in between is no longer one.
+                continue
+            if header is not None and same_message_id(header, message_id):
+                hits.append(SearchHit(provider_id, header, labels))
+        return hits
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        return _message_id_header(self._get_metadata(provider_message_id))
+
+    def close(self) -> None:
+        self._closed = True
+        with self._https_lock:
+            https = list(self._https)
+            self._https.clear()
+        # SingleShotHttp closes every connection after its request; this is for a
+        # request cut short by an exception in another thread.
+        for authed in https:
+            for conn in list(authed.http.connections.values()):
+                conn.close()
+
+    def _get_metadata(self, provider_message_id: str) -> dict[str, Any]:
+        request = self._messages.get(
+            userId=self.user,
+            id=provider_message_id,
+            format="metadata",
+            metadataHeaders=["Message-ID"],
+        )
+        return self._read_json(f"get {provider_message_id}", request, GMAIL_GET_UNITS)
+
+    def __repr__(self) -> str:
+        return f"GmailProvider({self.name!r}, user={self.user!r})"
+
+
+def _search_term(message_id: str) -> str:
+    """The Message-ID as Gmail documents the operator: `rfc822msgid:local@domain`, without
+    angle brackets. Refuses values that would change the meaning of the query."""
+    value = message_id.strip()
+    if value.startswith("<") and value.endswith(">"):
+        value = value[1:-1].strip()
+    if not value or any(c.isspace() or c in '"(){}' for c in value):
+        raise ProviderError(f"cannot search for Message-ID {message_id!r}")
+    return value
+
+
+def _message_id_header(message: Mapping[str, Any]) -> str | None:
+    payload = message.get("payload")
+    if not isinstance(payload, dict):
+        return None
+    for header in payload.get("headers") or ():
+        if (
+            isinstance(header, dict)
+            and str(header.get("name", "")).lower() == "message-id"
+            and isinstance(header.get("value"), str)
+        ):
+            return str(header["value"])
+    return None

@@ -1,0 +1,638 @@
+"""GmailProvider on the real client stack -> FaultRelay -> GmailEmulator.
+
+Effects are counted where they happen: in the emulator's acceptance log (the JSON-lines
+file, and `emulator.copies`). Requests that reached the relay are counted in `relay.log`,
+so a re-send by any layer of the client stack shows up even when the relay answers itself
+without forwarding. These are emulator results, not a Gmail guarantee.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httplib2
+import pytest
+
+from daemon.emulator.gmail import GmailEmulator
+from daemon.emulator.relay import FaultPlan, FaultRelay
+from daemon.providers.base import ProviderError, SendKind
+from daemon.providers.gmail import SCOPES, GmailProvider
+
+GmailProviderFactory = Callable[..., GmailProvider]
+RawFactory = Callable[..., bytes]
+
+# The service account's delegation subject, as in conftest.py's `gmail_provider`.
+MAILBOX = "support@example.com"
+MID = "<job-0123456789abcdef0123456789abcdef@mail.example.com>"
+
+
+def logged_copies(acceptance_log: Path, message_id: str = MID) -> int:
+    """Copies in the acceptance log file (what the seed says to assert on)."""
+    if not acceptance_log.exists():
+        return 0
+    lines = acceptance_log.read_text(encoding="utf-8").splitlines()
+    return sum(1 for line in lines if json.loads(line)["message_id"] == message_id)
+
+
+def sends_at_relay(relay: FaultRelay) -> int:
+    """Send requests that reached the relay, forwarded or not: one per attempt."""
+    return sum(1 for entry in relay.log if entry["kind"] == "send")
+
+
+# -- the seed's three modes ------------------------------------------------------------------
+
+
+def test_pass_is_confirmed_with_the_logged_provider_id(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    acceptance_log: Path,
+    make_raw: RawFactory,
+) -> None:
+    outcome = gmail_provider().send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.CONFIRMED
+    assert outcome.status == 200
+    [entry] = emulator.accepted()
+    assert outcome.provider_message_id == entry["id"]
+    assert entry["message_id"] == MID  # Gmail (emulated) kept our handle
+    assert entry["user"] == MAILBOX
+    assert logged_copies(acceptance_log) == 1
+
+
+def test_fail_before_forward_is_unknown_and_nothing_arrives(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    acceptance_log: Path,
+    make_raw: RawFactory,
+) -> None:
+    relay.set_plan(FaultPlan(send="fail-before-forward"))
+    outcome = gmail_provider().send_raw(make_raw(MID))
+    # The client cannot tell this from a dropped response: the request was written.
+    assert outcome.kind is SendKind.UNKNOWN
+    assert logged_copies(acceptance_log) == 0
+    assert emulator.copies(MID) == 0
+    assert sends_at_relay(relay) == 1
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
+def test_drop_response_is_unknown_with_exactly_one_copy(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    acceptance_log: Path,
+    make_raw: RawFactory,
+    reset: bool,
+) -> None:
+    with FaultRelay(
+        emulator.url, plan=FaultPlan(send="drop-response"), hang_seconds=1.5, reset=reset
+    ) as relay:
+        outcome = gmail_provider(relay.url).send_raw(make_raw(MID))
+        assert outcome.kind is SendKind.UNKNOWN, outcome
+        assert "sent" in outcome.reason
+        assert logged_copies(acceptance_log) == 1  # not success, not a second copy
+        assert emulator.copies(MID) == 1
+        assert sends_at_relay(relay) == 1
+
+
+def test_stock_httplib2_would_send_twice(
+    emulator: GmailEmulator, monkeypatch: pytest.MonkeyPatch, make_raw: RawFactory
+) -> None:
+    """The canary for the test above: the hazard is real, and RETRIES = 1 is not enough.
+
+    httplib2's `_conn_request` retries once "regardless of the number of RETRIES set" when
+    the first read raises BadStatusLine, and RemoteDisconnected is a BadStatusLine.
+    """
+    emulator.require_auth = False
+    monkeypatch.setattr(httplib2, "RETRIES", 1)
+    body = json.dumps({"raw": base64.urlsafe_b64encode(make_raw(MID)).decode()})
+    with FaultRelay(emulator.url, plan=FaultPlan(send="drop-response")) as relay:
+        with pytest.raises(Exception):  # noqa: B017 - whatever the second failure is
+            httplib2.Http(timeout=2).request(
+                relay.url + "/gmail/v1/users/me/messages/send",
+                "POST",
+                body=body,
+                headers={"content-type": "application/json"},
+            )
+        assert emulator.copies(MID) == 2
+        assert sends_at_relay(relay) == 2
+
+
+# -- the rest of the classification table ----------------------------------------------------
+
+
+def test_hang_after_forward_is_unknown_with_one_copy(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+) -> None:
+    relay.set_plan(FaultPlan(send="hang"))
+    started = time.monotonic()
+    outcome = gmail_provider().send_raw(make_raw(MID))
+    elapsed = time.monotonic() - started
+    assert outcome.kind is SendKind.UNKNOWN
+    assert "timed out" in outcome.reason
+    assert elapsed < 1.4  # the client's 0.5 s timeout ended it, not the relay's 1.5 s hang
+    assert emulator.copies(MID) == 1
+    assert sends_at_relay(relay) == 1
+
+
+def test_hang_before_forward_is_unknown_with_no_copy(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+) -> None:
+    relay.set_plan(FaultPlan(send="hang-before-forward"))
+    outcome = gmail_provider().send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.UNKNOWN
+    assert emulator.copies(MID) == 0
+    assert sends_at_relay(relay) == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "copies"),
+    [("500-after-forward", 500, 1), ("503", 503, 0)],
+)
+def test_5xx_is_unknown(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+    mode: str,
+    status: int,
+    copies: int,
+) -> None:
+    # Per the table a 5xx is unknown even when (as with 503 here) nothing was forwarded:
+    # the client cannot know that, and Gmail has sent mail before answering 500.
+    relay.set_plan(FaultPlan(send=mode))  # type: ignore[arg-type]
+    outcome = gmail_provider().send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.UNKNOWN
+    assert outcome.status == status
+    assert emulator.copies(MID) == copies
+    assert sends_at_relay(relay) == 1  # googleapiclient did not retry the 5xx
+
+
+@pytest.mark.parametrize(("mode", "status"), [("429", 429), ("403-rate-limit", 403)])
+def test_rate_limits_are_transient_rejections_with_retry_after(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+    mode: str,
+    status: int,
+) -> None:
+    relay.set_plan(FaultPlan(send=mode))  # type: ignore[arg-type]
+    outcome = gmail_provider().send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.REJECTED
+    assert outcome.transient
+    assert outcome.retry_after == 1.0
+    assert outcome.status == status
+    assert emulator.copies(MID) == 0
+    assert sends_at_relay(relay) == 1
+
+
+def test_connection_refused_is_a_transient_rejection(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    dead_url: str,
+    make_raw: RawFactory,
+) -> None:
+    outcome = gmail_provider(dead_url).send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.REJECTED
+    assert outcome.transient
+    assert "connection refused" in outcome.reason
+    assert emulator.accepted() == []
+
+
+def test_connect_timeout_is_a_transient_rejection(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    unanswered_url: str,
+    make_raw: RawFactory,
+) -> None:
+    # A connect timeout and a read timeout are both socket timeouts; SingleShotHttp
+    # connects as a separate step, so only this one may say "not sent".
+    outcome = gmail_provider(unanswered_url).send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.REJECTED
+    assert outcome.transient
+    assert "timed out" in outcome.reason
+    assert emulator.accepted() == []
+
+
+def test_tls_handshake_failure_is_a_transient_rejection(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    # https to a plain-http port: the handshake fails before any request byte is sent.
+    https_url = emulator.url.replace("http://", "https://")
+    outcome = gmail_provider(https_url).send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.REJECTED
+    assert outcome.transient
+    assert outcome.reason.startswith("not sent")
+    assert emulator.accepted() == []
+
+
+def test_token_endpoint_unreachable_is_a_transient_rejection(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    dead_url: str,
+    make_raw: RawFactory,
+) -> None:
+    outcome = gmail_provider(token_uri=dead_url + "/token").send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.REJECTED
+    assert outcome.transient
+    assert "token" in outcome.reason
+    assert emulator.accepted() == []
+    assert sends_at_relay(relay) == 0
+
+
+def test_token_response_lost_is_still_not_sent(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+) -> None:
+    # Losing the token exchange loses a token, not a message: the send never started.
+    relay.set_plan(FaultPlan(token="drop-response"))
+    provider = gmail_provider(token_uri=relay.url + "/token")
+    outcome = provider.send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.REJECTED
+    assert outcome.transient
+    assert emulator.accepted() == []
+    assert sends_at_relay(relay) == 0
+
+
+def test_bad_request_is_a_permanent_rejection(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+) -> None:
+    outcome = gmail_provider().send_raw(make_raw(MID, to=None))  # no recipient: Gmail's 400
+    assert outcome.kind is SendKind.REJECTED
+    assert not outcome.transient
+    assert outcome.status == 400
+    assert "Recipient address required" in outcome.reason
+    assert emulator.accepted() == []
+    assert sends_at_relay(relay) == 1
+
+
+def test_expired_token_is_refreshed_and_the_send_lands_once(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+) -> None:
+    provider = gmail_provider()
+    first = provider.send_raw(make_raw(MID))
+    assert first.kind is SendKind.CONFIRMED
+    assert len(emulator.token_requests) == 1
+    emulator.expire_tokens()
+    second_mid = "<job-second@mail.example.com>"
+    second = provider.send_raw(make_raw(second_mid))
+    assert second.kind is SendKind.CONFIRMED
+    assert len(emulator.token_requests) == 2
+    # The 401'd request was replayed after the refresh: two attempts, one effect.
+    assert sends_at_relay(relay) == 3
+    assert [e["upstream_status"] for e in relay.log if e["kind"] == "send"] == [200, 401, 200]
+    assert emulator.copies(second_mid) == 1
+    assert emulator.copies(MID) == 1
+
+
+def test_no_requests_or_urllib3_transport_is_used(
+    gmail_provider: GmailProviderFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    make_raw: RawFactory,
+) -> None:
+    # So no urllib3 Retry adapter can be in play: make that stack explode if touched.
+    import requests.adapters
+    import urllib3.connectionpool
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("requests/urllib3 used")
+
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", boom)
+    monkeypatch.setattr(urllib3.connectionpool.HTTPConnectionPool, "urlopen", boom)
+    provider = gmail_provider()
+    assert provider.send_raw(make_raw(MID)).kind is SendKind.CONFIRMED
+    assert len(provider.search(MID)) == 1
+
+
+# -- credentials and token flows --------------------------------------------------------------
+
+
+def test_service_account_uses_a_jwt_grant_for_the_mailbox(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    assert gmail_provider().send_raw(make_raw(MID)).kind is SendKind.CONFIRMED
+    [grant] = emulator.token_requests
+    assert grant["grant_type"] == "urn:ietf:params:oauth:grant-type:jwt-bearer"
+    assert grant["sub"] == MAILBOX
+    assert set(grant["scope"].split()) == set(SCOPES)
+    assert grant["status"] == 200
+
+
+def test_authorized_user_uses_a_refresh_token_grant(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    authorized_user_file: Path,
+    make_raw: RawFactory,
+) -> None:
+    # google-auth ignores the file's token_uri for authorized users: the config sets it.
+    provider = gmail_provider(
+        credentials_file=authorized_user_file, user="me", token_uri=emulator.token_uri
+    )
+    outcome = provider.send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.CONFIRMED
+    [grant] = emulator.token_requests
+    assert grant["grant_type"] == "refresh_token"
+    assert set(grant["scope"].split()) == set(SCOPES)
+    assert emulator.accepted()[0]["user"] == "me"
+    assert [h.provider_message_id for h in provider.search(MID)] == [outcome.provider_message_id]
+
+
+def test_token_uri_override_replaces_the_files(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    tmp_path: Path,
+    make_raw: RawFactory,
+) -> None:
+    from daemon.emulator.credentials import write_service_account
+
+    elsewhere = write_service_account(
+        tmp_path / "google.json", token_uri="https://oauth2.googleapis.com/token"
+    )
+    provider = gmail_provider(credentials_file=elsewhere, token_uri=emulator.token_uri)
+    assert provider.send_raw(make_raw(MID)).kind is SendKind.CONFIRMED
+    assert len(emulator.token_requests) == 1
+
+
+# -- search ----------------------------------------------------------------------------------
+
+
+def test_search_sees_a_message_only_after_the_index_lag(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    emulator.set_lag(0.4)
+    provider = gmail_provider()
+    sent = provider.send_raw(make_raw(MID))
+    assert sent.kind is SendKind.CONFIRMED
+    assert provider.search(MID) == []  # a miss inside the lag window proves nothing
+    time.sleep(0.5)
+    [hit] = provider.search(MID)
+    assert hit.provider_message_id == sent.provider_message_id
+    assert hit.message_id_header == MID
+    assert "SENT" in hit.labels
+
+
+def test_search_counts_every_copy(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    provider = gmail_provider()
+    provider.send_raw(make_raw(MID))
+    emulator.inject(make_raw(MID), user=MAILBOX)
+    hits = provider.search(MID)
+    assert len(hits) == 2
+    assert len({h.provider_message_id for h in hits}) == 2
+
+
+def test_search_reads_every_page(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+) -> None:
+    injected = {emulator.inject(make_raw(MID), user=MAILBOX) for _ in range(7)}
+    provider = gmail_provider(page_size=3)
+    hits = provider.search(MID)
+    assert {h.provider_message_id for h in hits} == injected
+    lists = [e for e in relay.log if e["kind"] == "search" and "/messages?" in e["path"]]
+    assert len(lists) == 3  # 3 + 3 + 1
+
+
+def test_search_keeps_sent_copies_only_spam_and_trash_included(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    emulator.inject(make_raw(MID), labels=("INBOX",), user=MAILBOX)
+    emulator.inject(make_raw(MID), labels=("DRAFT",), user=MAILBOX)
+    trashed = emulator.inject(make_raw(MID), labels=("SENT", "TRASH"), user=MAILBOX)
+    sent = emulator.inject(make_raw(MID), labels=("SENT",), user=MAILBOX)
+    hits = gmail_provider().search(MID)
+    assert {h.provider_message_id for h in hits} == {trashed, sent}
+
+
+@pytest.mark.parametrize(
+    ("stored", "counted"),
+    [
+        ("<job-0123456789abcdef0123456789abcdef@MAIL.Example.COM>", True),  # domain case
+        ("job-0123456789abcdef0123456789abcdef@mail.example.com", True),  # no brackets
+        ("<JOB-0123456789abcdef0123456789abcdef@mail.example.com>", False),  # local part case
+        ("<job-0123456789ABCDEF0123456789abcdef@mail.example.com>", False),
+    ],
+)
+def test_search_compares_the_header_exactly(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+    stored: str,
+    counted: bool,
+) -> None:
+    # The emulator's rfc822msgid: match ignores case (as Gmail's may); our check must not.
+    emulator.inject(make_raw(stored), user=MAILBOX)
+    hits = gmail_provider().search(MID)
+    assert len(hits) == (1 if counted else 0)
+    if counted:
+        assert hits[0].message_id_header.strip() == stored
+
+
+def test_search_ignores_other_mailboxes(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    emulator.inject(make_raw(MID), user="someone-else@example.com")
+    assert gmail_provider().search(MID) == []
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        FaultPlan(search="503"),
+        FaultPlan(search="500-after-forward"),
+        FaultPlan(search="drop-response"),
+        FaultPlan(search="hang"),
+        FaultPlan(search=["pass", "503"]),  # the list answers, the header read fails
+        FaultPlan(search=["pass", "pass", "drop-response"]),  # second page of 3 is lost
+    ],
+    ids=["503", "500", "drop", "hang", "get-503", "page2-drop"],
+)
+def test_search_failure_is_an_error_never_no_hits(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+    plan: FaultPlan,
+) -> None:
+    for _ in range(4):
+        emulator.inject(make_raw(MID), user=MAILBOX)
+    relay.set_plan(plan)
+    with pytest.raises(ProviderError):
+        gmail_provider(page_size=3).search(MID)
+
+
+@pytest.mark.parametrize("mode", ["429", "403-rate-limit"])
+def test_search_rate_limit_carries_retry_after(
+    gmail_provider: GmailProviderFactory, relay: FaultRelay, mode: str
+) -> None:
+    relay.set_plan(FaultPlan(search=mode))  # type: ignore[arg-type]
+    with pytest.raises(ProviderError) as caught:
+        gmail_provider().search(MID)
+    assert caught.value.retry_after == 1.0
+
+
+def test_search_on_a_dead_endpoint_is_an_error(
+    gmail_provider: GmailProviderFactory, dead_url: str
+) -> None:
+    with pytest.raises(ProviderError, match="connection refused"):
+        gmail_provider(dead_url).search(MID)
+
+
+# -- read_message_id ---------------------------------------------------------------------------
+
+
+def test_read_message_id_returns_our_header(
+    gmail_provider: GmailProviderFactory, make_raw: RawFactory
+) -> None:
+    provider = gmail_provider()
+    sent = provider.send_raw(make_raw(MID))
+    assert sent.provider_message_id is not None
+    assert provider.read_message_id(sent.provider_message_id) == MID
+
+
+def test_read_message_id_shows_a_rewritten_handle(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    emulator.rewrite_message_id = True
+    provider = gmail_provider()
+    sent = provider.send_raw(make_raw(MID))
+    assert sent.kind is SendKind.CONFIRMED
+    assert sent.provider_message_id is not None
+    read = provider.read_message_id(sent.provider_message_id)
+    assert read is not None and read != MID
+    assert provider.search(MID) == []  # why the daemon must check: every search would miss
+
+
+def test_read_message_id_of_a_missing_message_is_an_error(
+    gmail_provider: GmailProviderFactory,
+) -> None:
+    with pytest.raises(ProviderError, match="404"):
+        gmail_provider().read_message_id("0123456789abcdef")
+
+
+def test_read_message_id_without_a_header_is_none(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    provider_id = emulator.inject(make_raw(None), user=MAILBOX)
+    assert gmail_provider().read_message_id(provider_id) is None
+
+
+# -- quota and configuration -------------------------------------------------------------------
+
+
+def test_quota_paces_calls_before_they_are_made(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    now = [100.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    provider = gmail_provider(quota_units_per_second=250.0, clock=lambda: now[0], sleep=sleep)
+    for _ in range(3):  # 300 units against a full bucket of 250
+        assert provider.send_raw(make_raw(MID)).kind is SendKind.CONFIRMED
+    assert sleeps == [pytest.approx(0.2)]
+    provider.search(MID)  # list 5 + 3 gets x 5 = 20 units at 250/s
+    assert sum(sleeps) == pytest.approx(0.2 + 20 / 250)
+
+
+def test_default_endpoint_is_googles(service_account_file: Path) -> None:
+    provider = GmailProvider("google", credentials_file=service_account_file, user=MAILBOX)
+    try:
+        uri = provider._messages.list(userId=MAILBOX, q="x").uri
+        assert uri.startswith("https://gmail.googleapis.com/gmail/v1/users/")
+        send = provider._messages.send(userId=MAILBOX, body={"raw": "eA"}).uri
+        assert send.startswith("https://gmail.googleapis.com/gmail/v1/users/")
+    finally:
+        provider.close()
+
+
+@pytest.mark.parametrize("suffix", ["", "/"])
+def test_endpoint_override_with_or_without_slash(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+    suffix: str,
+) -> None:
+    provider = gmail_provider(emulator.url + suffix)
+    assert provider.send_raw(make_raw(MID)).kind is SendKind.CONFIRMED
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (None, "cannot read"),
+        ("not json", "not valid JSON"),
+        ("[]", "not a JSON object"),
+        ('{"type": "external_account"}', "unsupported credentials type"),
+        ('{"type": "authorized_user"}', "authorized-user.json"),
+    ],
+)
+def test_bad_credentials_files_name_the_file(
+    tmp_path: Path, content: str | None, match: str
+) -> None:
+    path = tmp_path / "authorized-user.json"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=match) as caught:
+        GmailProvider("x", credentials_file=path, user="me")
+    assert str(path) in str(caught.value)
+
+
+def test_service_account_needs_a_mailbox(service_account_file: Path) -> None:
+    with pytest.raises(ValueError, match="domain-wide delegation"):
+        GmailProvider("x", credentials_file=service_account_file, user="me")
+
+
+def test_threads_share_one_provider(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    provider = gmail_provider()
+    ids = [f"<job-thread-{i}@mail.example.com>" for i in range(12)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        outcomes = list(pool.map(lambda mid: provider.send_raw(make_raw(mid)), ids))
+        hits = list(pool.map(provider.search, ids))
+    assert all(o.kind is SendKind.CONFIRMED for o in outcomes)
+    assert [len(h) for h in hits] == [1] * len(ids)
+    assert all(emulator.copies(mid) == 1 for mid in ids)
+
+
+def test_a_closed_provider_refuses_before_any_request(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+) -> None:
+    provider = gmail_provider()
+    provider.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        provider.send_raw(make_raw(MID))
+    with pytest.raises(RuntimeError, match="closed"):
+        provider.search(MID)
+    assert relay.log == []
+    assert emulator.token_requests == []
