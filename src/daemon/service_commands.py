@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
+import signal
+import sys
 from typing import Any
 
 from daemon import output
@@ -47,6 +49,11 @@ def register(sub: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if not args.once:
+        # Until the daemon's own handlers are in place: a stop request during start-up
+        # has nothing in flight to finish, and a reload is moot (policies load next).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     settings = settings_for(args.config)
     setup_logging(settings.daemon.log_level)
     load_policies(settings)  # refuse to start on a broken policy folder (exit 2)

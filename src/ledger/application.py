@@ -23,7 +23,6 @@ from ledger.index import (
     INDEX_TABLE,
     IndexRow,
     JobIndexQueries,
-    PostgresJobIndexRecorder,
     SQLiteJobIndexRecorder,
     index_row,
 )
@@ -108,7 +107,8 @@ def store_env(spec: StoreSpec) -> dict[str, str]:
         "POSTGRES_POOL_SIZE": "4",
         "POSTGRES_MAX_OVERFLOW": "4",
         "POSTGRES_CONNECT_TIMEOUT": "10",
-        "APPLICATION_RECORDER_TOPIC": get_topic(PostgresJobIndexRecorder),
+        # A topic string, so that SQLite users never import psycopg.
+        "APPLICATION_RECORDER_TOPIC": "ledger.index_postgres:PostgresJobIndexRecorder",
     }
 
 

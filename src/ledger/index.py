@@ -14,9 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eventsourcing.persistence import StoredEvent
-from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
-from psycopg.sql import SQL
 
 from ledger.job import SendJob
 
@@ -82,7 +80,7 @@ def _row(values: Sequence[Any]) -> IndexRow:
     return IndexRow(*values)
 
 
-_CREATE = [
+CREATE_STATEMENTS = [
     "CREATE TABLE IF NOT EXISTS {t} ("
     "key TEXT PRIMARY KEY, job_id TEXT NOT NULL, channel TEXT NOT NULL, "
     "state TEXT NOT NULL, message_id TEXT NOT NULL, due_at {real}, "
@@ -96,7 +94,7 @@ _CREATE = [
 
 # Only a newer version may overwrite a row: the event insert's optimistic concurrency
 # already refuses a stale writer, this keeps a rebuild from racing a live daemon.
-_UPSERT = (
+UPSERT = (
     "INSERT INTO {t} ("
     + ", ".join(COLUMNS)
     + ") VALUES ("
@@ -183,13 +181,13 @@ class JobIndexQueries:
         for row in rows:
             batch.append(row.as_tuple())
             if len(batch) >= 500:
-                self._execute(self._sql(_UPSERT), batch)
+                self._execute(self._sql(UPSERT), batch)
                 batch = []
         if batch:
-            self._execute(self._sql(_UPSERT), batch)
+            self._execute(self._sql(UPSERT), batch)
 
 
-def _rows_from(kwargs: dict[str, Any]) -> list[IndexRow]:
+def rows_from(kwargs: dict[str, Any]) -> list[IndexRow]:
     rows = kwargs.get(INDEX_ROWS_KWARG) or []
     return list(rows)
 
@@ -199,16 +197,16 @@ class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, JobIndexQueries):
 
     def construct_create_table_statements(self) -> list[str]:
         statements = super().construct_create_table_statements()
-        statements.extend(self._sql(s.replace("{real}", "REAL")) for s in _CREATE)
+        statements.extend(self._sql(s.replace("{real}", "REAL")) for s in CREATE_STATEMENTS)
         return statements
 
     def _insert_events(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
         notification_ids = super()._insert_events(c, stored_events, **kwargs)
-        rows = _rows_from(kwargs)
+        rows = rows_from(kwargs)
         if rows:
-            c.executemany(self._sql(_UPSERT), [r.as_tuple() for r in rows])
+            c.executemany(self._sql(UPSERT), [r.as_tuple() for r in rows])
         return notification_ids
 
     def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -221,40 +219,10 @@ class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, JobIndexQueries):
             c.executemany(sql, [list(p) for p in params])
 
 
-class PostgresJobIndexRecorder(PostgresApplicationRecorder, JobIndexQueries):
-    _p = "%s"
-
-    def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"):
-        super().__init__(datastore, events_table_name=events_table_name)
-        schema = datastore.schema.replace('"', '""')
-        self._table = f'"{schema}".{INDEX_TABLE}'
-        for statement in _CREATE:
-            sql = self._sql(statement.replace("{real}", "DOUBLE PRECISION"))
-            self.sql_create_statements.append(SQL(sql).format())
-
-    def _insert_events(
-        self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
-    ) -> None:
-        super()._insert_events(curs, stored_events, **kwargs)
-        rows = _rows_from(kwargs)
-        if rows:
-            curs.executemany(self._sql(_UPSERT), [r.as_tuple() for r in rows])
-
-    def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        with self.datastore.transaction(commit=False) as curs:
-            curs.execute(sql, list(params))
-            return [tuple(r.values()) for r in curs.fetchall()]
-
-    def _execute(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
-        with self.datastore.transaction(commit=True) as curs:
-            curs.executemany(sql, [list(p) for p in params])
-
-
 __all__ = [
     "INDEX_ROWS_KWARG",
     "IndexRow",
     "JobIndexQueries",
-    "PostgresJobIndexRecorder",
     "SQLiteDatastore",
     "SQLiteJobIndexRecorder",
     "index_row",

@@ -1,0 +1,230 @@
+"""Intake throughput: `Ledger.submit` against the raw eventsourcing save rate.
+
+For each backend (a SQLite file; PostgreSQL when reachable) this measures, in one run:
+
+  raw     a plain eventsourcing Application saving a trivial aggregate, one event per save()
+  intake  Ledger.submit of new jobs (a read for idempotency, one Requested event, the index row)
+
+Runs are interleaved (raw, intake, raw, intake, ...) on fresh stores and the median of
+--rounds is reported, because the machine is noisy. The goal is intake >= 0.7x raw.
+It is a measurement: the exit code is always 0.
+
+    .venv/bin/python bench/intake.py [--n 2000] [--rounds 3] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from eventsourcing.application import Application
+from eventsourcing.domain import Aggregate
+
+from ledger.application import Ledger, Sender, store_env
+from ledger.content import JobContent
+from ledger.store_url import PostgresStore, SqliteStore, parse_store_url
+
+GOAL = 0.7
+PG_URL = os.environ.get(
+    "SENDLEDGER_TEST_PG_URL", "postgresql://sendledger:sendledger@127.0.0.1:5432/sendledger_test"
+)
+SENDER = Sender("Support <support@example.com>", "mail.example.com", "receipts", "f" * 16)
+
+
+class Thing(Aggregate):
+    """The trivial aggregate of the raw baseline: one Created event."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+class Raw(Application[Any]):
+    name = "rawbench"
+    env = {"AGGREGATE_CACHE_MAXSIZE": "", "IS_SNAPSHOTTING_ENABLED": "n"}
+
+
+def raw_env(spec: SqliteStore | PostgresStore) -> dict[str, str]:
+    """The same store settings as the ledger, with eventsourcing's own recorder."""
+    env = store_env(spec)
+    env.pop("APPLICATION_RECORDER_TOPIC", None)
+    return env
+
+
+# -- stores ------------------------------------------------------------------------------
+
+
+@contextmanager
+def sqlite_store() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="sendledger-bench-") as folder:
+        yield f"sqlite:///{Path(folder) / 'bench.sqlite'}"
+
+
+@contextmanager
+def pg_store() -> Iterator[str]:
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield f"{PG_URL}?schema={schema}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def pg_reachable() -> str | None:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except Exception as exc:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
+
+
+# -- the two measured loops --------------------------------------------------------------
+
+
+def run_raw(url: str, n: int) -> float:
+    app = Raw(env=raw_env(parse_store_url(url)))
+    try:
+        start = time.perf_counter()
+        for i in range(n):
+            app.save(Thing(i))
+        return n / (time.perf_counter() - start)
+    finally:
+        app.close()
+
+
+def contents(n: int) -> list[JobContent]:
+    return [
+        JobContent(
+            channel="receipts",
+            key=f"order-{i:07d}",
+            to=("Alice <alice@example.com>",),
+            subject="Your receipt",
+            body=f"Thanks for order {i}.",
+        )
+        for i in range(n)
+    ]
+
+
+def run_intake(url: str, n: int, profiler: cProfile.Profile | None = None) -> float:
+    jobs = contents(n)  # validation is not what is measured here
+    ledger = Ledger(url)
+    try:
+        if profiler is not None:
+            profiler.enable()
+        start = time.perf_counter()
+        for content in jobs:
+            ledger.submit(content, SENDER)
+        elapsed = time.perf_counter() - start
+        if profiler is not None:
+            profiler.disable()
+        return n / elapsed
+    finally:
+        ledger.close()
+
+
+# -- driver ------------------------------------------------------------------------------
+
+
+def measure(
+    name: str, store: Callable[[], Any], n: int, rounds: int
+) -> tuple[float, float, list[float], list[float]]:
+    raw_rates: list[float] = []
+    intake_rates: list[float] = []
+    for round_no in range(1, rounds + 1):
+        with store() as url:
+            raw_rates.append(run_raw(url, n))
+        with store() as url:
+            intake_rates.append(run_intake(url, n))
+        print(
+            f"  {name} round {round_no}: raw {raw_rates[-1]:8.0f} saves/s   "
+            f"intake {intake_rates[-1]:8.0f} jobs/s",
+            flush=True,
+        )
+    return (
+        statistics.median(raw_rates),
+        statistics.median(intake_rates),
+        raw_rates,
+        intake_rates,
+    )
+
+
+def profile_intake(name: str, store: Callable[[], Any], n: int, top: int) -> None:
+    profiler = cProfile.Profile()
+    with store() as url:
+        run_intake(url, n, profiler)
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats(top)
+    print(f"\n--- cProfile of intake on {name} (n={n}), top {top} by cumulative time ---")
+    print("\n".join(line for line in out.getvalue().splitlines() if line.strip()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2000, help="saves / jobs per run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile intake where it misses the goal"
+    )
+    parser.add_argument("--top", type=int, default=30, help="profile lines to print")
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args(argv)
+
+    backends: list[tuple[str, Callable[[], Any]]] = [("sqlite", sqlite_store)]
+    if not args.no_postgres:
+        reason = pg_reachable()
+        if reason is None:
+            backends.append(("postgresql", pg_store))
+        else:
+            print(f"postgresql: skipped, not reachable at {PG_URL.split('@')[-1]}: {reason}")
+
+    print(
+        f"intake benchmark: n={args.n} per run, {args.rounds} interleaved rounds, "
+        f"median reported; goal intake >= {GOAL}x raw"
+    )
+    summary = []
+    for name, store in backends:
+        try:
+            raw, intake, _, _ = measure(name, store, args.n, args.rounds)
+        except Exception as exc:
+            print(f"{name}: failed: {type(exc).__name__}: {exc}")
+            continue
+        summary.append((name, raw, intake))
+
+    print()
+    print(f"{'backend':<11} {'raw saves/s':>12} {'intake jobs/s':>14} {'ratio':>7}  goal")
+    for name, raw, intake in summary:
+        ratio = intake / raw if raw else 0.0
+        verdict = "MEETS" if ratio >= GOAL else "MISSES"
+        print(f"{name:<11} {raw:12.0f} {intake:14.0f} {ratio:7.2f}  {verdict} (>= {GOAL}x)")
+
+    if args.profile:
+        for name, raw, intake in summary:
+            if intake / raw < GOAL:
+                store = dict(backends)[name]
+                profile_intake(name, store, min(args.n, 1000), args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

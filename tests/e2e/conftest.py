@@ -1,0 +1,113 @@
+"""The `sendledger` console script as a subprocess, against a temporary config folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+POLICY = """\
+provider = "support"
+from = "Support <support@example.com>"
+message_id_domain = "mail.example.com"
+"""
+
+
+def sendledger_command() -> list[str]:
+    """The installed console script next to the interpreter, else `python -m daemon`."""
+    script = Path(sys.executable).with_name("sendledger")
+    if script.is_file():
+        return [str(script)]
+    return [sys.executable, "-m", "daemon"]
+
+
+def config_text(store_url: str = "sqlite:///ledger.sqlite") -> str:
+    return f"""\
+[store]
+url = "{store_url}"
+
+[daemon]
+policies_dir = "policies"
+
+[providers.support]
+credentials_file = "x.json"
+user = "support@example.com"
+"""
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    @property
+    def error_lines(self) -> list[str]:
+        return self.stderr.splitlines()
+
+
+@dataclass
+class CliEnv:
+    """A config folder (sendledger.toml, policies/receipts.toml) and a way to run the CLI."""
+
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def config(self) -> Path:
+        return self.root / "sendledger.toml"
+
+    @property
+    def policies(self) -> Path:
+        return self.root / "policies"
+
+    def write_config(self, store_url: str = "sqlite:///ledger.sqlite") -> None:
+        self.config.write_text(config_text(store_url), encoding="utf-8")
+
+    def run(
+        self,
+        *args: str,
+        stdin: str | None = None,
+        config: bool = True,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        argv: Sequence[str] = [*sendledger_command()]
+        if config:
+            argv = [*argv, "--config", str(self.config)]
+        proc = subprocess.run(
+            [*argv, *args],
+            input=stdin if stdin is not None else "",
+            capture_output=True,
+            text=True,
+            cwd=cwd or self.root,
+            env={**self.env, **(env or {})},
+            timeout=60,
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def submit(self, job: Mapping[str, Any], **kwargs: Any) -> Result:
+        return self.run("submit", "--json", "-", stdin=json.dumps(job), **kwargs)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> CliEnv:
+    root = tmp_path / "site"
+    (root / "policies").mkdir(parents=True)
+    (root / "policies" / "receipts.toml").write_text(POLICY, encoding="utf-8")
+    # A clean environment: no SENDLEDGER_* settings leak in from the caller's shell.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    cli_env = CliEnv(root=root, env=env)
+    cli_env.write_config()
+    return cli_env

@@ -1,0 +1,514 @@
+"""Helpers for the daemon's end-to-end tests.
+
+A `Rig` is one complete setup in a temporary folder, as `sendledger demo` builds it but with
+the daemon as a separate PROCESS: the Gmail emulator (in the test process, with search index
+lag and an acceptance log), the fault relay in front of it, a service-account JSON whose
+token_uri is the emulator's /token, a sendledger.toml and a policies folder. Jobs are
+submitted with the `sendledger submit` CLI; the daemon is `sendledger run`, started with
+subprocess.Popen and stopped with SIGTERM.
+
+Effects are counted ONLY in the emulator's acceptance log (`Rig.copies`), never in the
+daemon's records; the ledger is only read (job states and histories) to see what the daemon
+decided. Every wait is bounded and fails with the tail of the daemon's stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+
+from daemon.commands import event_record
+from daemon.emulator.credentials import write_service_account
+from daemon.emulator.gmail import ApiError, GmailEmulator
+from daemon.emulator.relay import FaultPlan, FaultRelay
+from ledger.application import Ledger
+from ledger.index import IndexRow
+
+VENV_BIN = Path(sys.executable).parent
+SENDLEDGER = str(VENV_BIN / "sendledger")
+MAILBOX = "shop@shop.example"
+SETTLED = frozenset({"confirmed", "review", "abandoned"})
+WAIT = 30.0
+
+# Environment that would change how the daemon behaves if inherited from the test runner.
+_SCRUB_PREFIXES = ("SENDLEDGER_",)
+_SCRUB = frozenset(
+    {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID", "JOURNAL_STREAM"}
+)
+
+#: The matrix's channel: windows longer than the emulator's 0.3 s index lag.
+RETRY_POLICY: dict[str, Any] = {
+    "provider": "gmail",
+    "from": "Shop Receipts <receipts@shop.example>",
+    "message_id_domain": "mail.shop.example",
+    "on_unknown": "retry",
+    "search_after": "800ms",
+    "search_interval": "400ms",
+    "confirm_misses": 2,
+    "max_attempts": 4,
+    "retry_backoff": "200ms",
+    "retry_backoff_max": "1s",
+}
+
+
+class RefusingGmailEmulator(GmailEmulator):
+    """The emulator, refusing sends to chosen recipients with 400 as Gmail does for a bad
+    To header ("Invalid To header"). The relay modes cover 429/5xx/network faults but no
+    permanent 4xx; this is the one way to get a definite refusal for a single job."""
+
+    def __init__(self, *, refuse_to: Iterable[str] = (), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.refuse_to = frozenset(address.lower() for address in refuse_to)
+        self.refused: list[str] = []
+
+    def _deliver(self, user: str, raw: bytes, metadata: dict[str, Any], *, via: str) -> Any:
+        text = raw.decode("utf-8", "replace").lower()
+        for address in self.refuse_to:
+            if address in text:
+                self.refused.append(address)
+                raise ApiError(400, "Invalid To header", "invalidArgument")
+        return super()._deliver(user, raw, metadata, via=via)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def policy_text(fields: Mapping[str, Any]) -> str:
+    return "".join(f"{name} = {_toml_value(value)}\n" for name, value in fields.items())
+
+
+class DaemonProcess:
+    """`sendledger --config X run` as a child process; stderr goes to a file."""
+
+    def __init__(self, rig: Rig, name: str, env: Mapping[str, str] | None = None) -> None:
+        self.rig = rig
+        self.name = name
+        self.stderr_path = rig.dir / f"{name}.stderr.log"
+        self._stderr = self.stderr_path.open("wb")
+        self.proc = subprocess.Popen(
+            [SENDLEDGER, "--config", str(rig.config), "run"],
+            cwd=rig.dir,
+            env=rig.child_env(env),
+            stdin=subprocess.DEVNULL,
+            stdout=self._stderr,
+            stderr=self._stderr,
+        )
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stderr_text(self) -> str:
+        self._stderr.flush()
+        try:
+            return self.stderr_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.stderr_text().splitlines()[-lines:]
+        return f"--- {self.name} stderr (last {len(text)} lines) ---\n" + "\n".join(text)
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, signum)
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; fails the test (with stderr) if it does not exit in time."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{self.name} did not exit within {timeout:g}s\n{self.tail()}")
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill9(self) -> int:
+        self.signal(signal.SIGKILL)
+        return self.wait(10.0)
+
+    def close(self) -> None:
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._stderr.close()
+
+
+class Rig:
+    """Emulator + relay + config + policies in `folder`; daemons as processes."""
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        lag: float = 0.3,
+        plan: FaultPlan | None = None,
+        hang_seconds: float = 3.0,
+        retry_after: float | None = 0.3,
+        timeout: str = "1s",
+        tick: str = "100ms",
+        deadline_grace: str = "500ms",
+        concurrency: int = 1,
+        quota: float = 100_000.0,
+        emulator: GmailEmulator | None = None,
+        policies: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.dir = folder
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.acceptance_log = folder / "acceptance.jsonl"
+        self.emulator = emulator or GmailEmulator(lag=lag, acceptance_log=self.acceptance_log)
+        self.emulator.start()
+        self.relay = FaultRelay(
+            self.emulator.url,
+            plan=plan or FaultPlan(),
+            hang_seconds=hang_seconds,
+            retry_after=retry_after,
+        ).start()
+        self.daemons: list[DaemonProcess] = []
+        self._ledger: Ledger | None = None
+        self.policies_dir = folder / "policies"
+        self.policies_dir.mkdir(exist_ok=True)
+        write_service_account(folder / "service-account.json", token_uri=self.emulator.token_uri)
+        self.config = folder / "sendledger.toml"
+        self.config.write_text(
+            "[store]\n"
+            'url = "sqlite:///ledger.sqlite"\n\n'
+            "[daemon]\n"
+            f'tick = "{tick}"\n'
+            'policies_dir = "policies"\n'
+            f"concurrency = {concurrency}\n"
+            f'deadline_grace = "{deadline_grace}"\n\n'
+            "[providers.gmail]\n"
+            'kind = "gmail"\n'
+            'credentials_file = "service-account.json"\n'
+            f'user = "{MAILBOX}"\n'
+            f'api_endpoint = "{self.relay.url}"\n'
+            f'token_uri = "{self.emulator.token_uri}"\n'
+            f'timeout = "{timeout}"\n'
+            f"quota_units_per_second = {quota}\n",
+            encoding="utf-8",
+        )
+        for channel, fields in (policies or {"receipts": RETRY_POLICY}).items():
+            self.write_policy(channel, fields)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def __enter__(self) -> Rig:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for daemon in self.daemons:
+            daemon.close()
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+        self.relay.stop()
+        self.emulator.stop()
+
+    def child_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)
+        }
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra or {})
+        return env
+
+    # -- policies and the CLI ---------------------------------------------------------
+
+    def write_policy(self, channel: str, fields: Mapping[str, Any], *, name: str = "") -> Path:
+        path = self.policies_dir / f"{name or channel}.toml"
+        path.write_text(policy_text({"channel": channel, **fields}), encoding="utf-8")
+        return path
+
+    def cli(
+        self,
+        *args: str,
+        stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
+        check: bool = True,
+        timeout: float = 60.0,
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [SENDLEDGER, "--config", str(self.config), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            cwd=self.dir,
+            env=self.child_env(env),
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            pytest.fail(
+                f"sendledger {' '.join(args)} exited {result.returncode}\n"
+                f"stdout: {result.stdout}\nstderr: {result.stderr}"
+            )
+        return result
+
+    def cli_parallel(self, *commands: Sequence[str], timeout: float = 60.0) -> None:
+        """Independent CLI commands at once (each interpreter start costs seconds)."""
+        procs = [
+            subprocess.Popen(
+                [SENDLEDGER, "--config", str(self.config), *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=self.dir,
+                env=self.child_env(),
+            )
+            for args in commands
+        ]
+        failures = []
+        for args, proc in zip(commands, procs, strict=True):
+            _out, err = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                failures.append(f"sendledger {' '.join(args)} exited {proc.returncode}: {err}")
+        if failures:
+            pytest.fail("\n".join(failures))
+
+    def cli_json(self, *args: str, env: Mapping[str, str] | None = None) -> Any:
+        return json.loads(self.cli(*args, "--json", env=env).stdout)
+
+    def submit(
+        self, jobs: Sequence[Mapping[str, Any]], env: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """One `sendledger submit --json -` call for all the jobs (a JSON list)."""
+        out = self.cli("submit", "--json", "-", stdin=json.dumps(list(jobs)), env=env).stdout
+        result = json.loads(out)
+        return result if isinstance(result, list) else [result]
+
+    # -- the daemon -------------------------------------------------------------------
+
+    def start_daemon(self, env: Mapping[str, str] | None = None) -> DaemonProcess:
+        daemon = DaemonProcess(self, f"daemon{len(self.daemons) + 1}", env)
+        self.daemons.append(daemon)
+        return daemon
+
+    @property
+    def daemon(self) -> DaemonProcess | None:
+        return self.daemons[-1] if self.daemons else None
+
+    # -- reading the ledger (never writing) -------------------------------------------
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(f"sqlite:///{self.dir / 'ledger.sqlite'}")
+        return self._ledger
+
+    def row(self, key: str) -> IndexRow | None:
+        return self.ledger.index.job_by_key(key)
+
+    def state(self, key: str) -> str | None:
+        row = self.row(key)
+        return row.state if row else None
+
+    def rows(self) -> list[IndexRow]:
+        return self.ledger.index_rows()
+
+    def history(self, key: str) -> list[dict[str, Any]]:
+        """The job's events as `sendledger history --json` prints them."""
+        return [event_record(event) for event in self.ledger.history(key)]
+
+    def types(self, key: str) -> list[str]:
+        return [record["type"] for record in self.history(key)]
+
+    def message_id(self, key: str) -> str:
+        row = self.row(key)
+        assert row is not None, f"no job {key!r}"
+        return row.message_id
+
+    # -- effects: the emulator's acceptance log ---------------------------------------
+
+    def copies(self, key: str) -> int:
+        return self.emulator.copies(self.message_id(key))
+
+    def copies_in_log_file(self, message_id: str) -> int:
+        if not self.acceptance_log.exists():
+            return 0
+        with self.acceptance_log.open(encoding="utf-8") as handle:
+            return sum(1 for line in handle if json.loads(line)["message_id"] == message_id)
+
+    def searches_for(self, key: str) -> list[dict[str, Any]]:
+        """Relay log entries of `rfc822msgid:` searches for this job's Message-ID."""
+        wanted = self.message_id(key).strip("<>").lower()
+        return [
+            entry
+            for entry in list(self.relay.log)
+            if entry["kind"] == "search"
+            and "rfc822msgid" in unquote(entry["path"]).lower()
+            and wanted in unquote(entry["path"]).lower()
+        ]
+
+    def sends(self, *, forwarded: bool | None = None) -> list[dict[str, Any]]:
+        return [
+            entry
+            for entry in list(self.relay.log)
+            if entry["kind"] == "send" and (forwarded is None or entry["forwarded"] == forwarded)
+        ]
+
+    # -- bounded waits ----------------------------------------------------------------
+
+    def diagnostics(self) -> str:
+        parts = []
+        try:
+            parts.append(
+                "jobs: " + ", ".join(f"{r.key}={r.state}({r.reason})" for r in self.rows()[:30])
+            )
+        except Exception as exc:  # the store may not exist yet
+            parts.append(f"jobs: unreadable ({exc})")
+        parts.append(f"relay: {[(e['kind'], e['mode'], e['forwarded']) for e in self.relay.log]}")
+        if self.daemon is not None:
+            parts.append(self.daemon.tail())
+        return "\n".join(parts)
+
+    def wait_for(
+        self,
+        predicate: Callable[[], bool],
+        what: str,
+        *,
+        timeout: float = WAIT,
+        interval: float = 0.1,
+        daemon_must_live: bool = True,
+    ) -> float:
+        """Poll until `predicate()`; returns the seconds it took. Fails (with the daemon's
+        stderr) on timeout, or at once if the daemon died meanwhile."""
+        start = time.monotonic()
+        while True:
+            if predicate():
+                return time.monotonic() - start
+            daemon = self.daemon
+            if daemon_must_live and daemon is not None and not daemon.alive():
+                if predicate():
+                    return time.monotonic() - start
+                pytest.fail(
+                    f"the daemon exited ({daemon.proc.returncode}) while waiting for {what}\n"
+                    + self.diagnostics()
+                )
+            if time.monotonic() - start > timeout:
+                pytest.fail(
+                    f"timed out after {timeout:g}s waiting for {what}\n" + self.diagnostics()
+                )
+            time.sleep(interval)
+
+    def wait_state(self, key: str, *states: str, timeout: float = WAIT) -> float:
+        return self.wait_for(
+            lambda: self.state(key) in states, f"{key} in {'/'.join(states)}", timeout=timeout
+        )
+
+    def wait_settled(self, keys: Iterable[str], *, timeout: float = WAIT) -> float:
+        wanted = list(keys)
+        return self.wait_for(
+            lambda: all(self.state(key) in SETTLED for key in wanted),
+            f"{len(wanted)} jobs to settle",
+            timeout=timeout,
+        )
+
+
+class NotifyListener:
+    """A unix datagram socket standing in for systemd's $NOTIFY_SOCKET: collects every
+    datagram the daemon sends (each is newline-separated KEY=VALUE lines)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.messages: list[list[str]] = []
+        self._lock = threading.Lock()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(str(path))
+        self._sock.settimeout(0.1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="notify", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self.messages.append(data.decode("utf-8").split("\n"))
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            return [line for message in self.messages for line in message]
+
+    def count(self, prefix: str) -> int:
+        return sum(1 for line in self.lines() if line.startswith(prefix))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sock.close()
+
+
+def job(
+    key: str,
+    *,
+    channel: str = "receipts",
+    to: str = "customer@example.com",
+    subject: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "channel": channel,
+        "key": key,
+        "to": to,
+        "subject": subject or f"Your receipt {key}",
+        "body": f"Hello,\n\nthis is {key}.\n",
+    }
+
+
+def events_of(history: Sequence[Mapping[str, Any]], kind: str) -> list[Mapping[str, Any]]:
+    return [record for record in history if record["type"] == kind]
+
+
+__all__ = [
+    "MAILBOX",
+    "RETRY_POLICY",
+    "SETTLED",
+    "DaemonProcess",
+    "NotifyListener",
+    "RefusingGmailEmulator",
+    "Rig",
+    "events_of",
+    "job",
+    "policy_text",
+]
