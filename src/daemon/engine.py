@@ -169,20 +169,14 @@ class Engine:
         now = self.clock()
         if job.state is not JobState.REQUESTED or (job.due_at and job.due_at > now):
             return
-        policy = self.policies.current.get(job.channel)
-        if policy is None:
-            self._escalate(job, decisions.no_policy(job.channel), "no policy for the channel")
-            counter.bump("escalated")
+        found = self._policy_and_provider(job, counter)
+        if found is None:
             return
+        policy, provider = found
         decision = decisions.before_attempt(policy, attempts_made=job.round_attempts)
         if decision.action == "review":
             self._escalate(job, decision, f"{job.round_attempts} provider calls made")
             counter.bump("escalated")
-            return
-        provider = self.providers.get(policy.provider)
-        if provider is None:
-            log.error("job %s: provider %r is not configured", key, policy.provider)
-            counter.bump("errors")
             return
         if self._stopping.is_set():
             return
@@ -342,22 +336,16 @@ class Engine:
         job = self.ledger.get_job(key)
         if job.state is not JobState.UNKNOWN or job.due_at is None or job.due_at > now:
             return
-        policy = self.policies.current.get(job.channel)
-        if policy is None:
-            self._escalate(job, decisions.no_policy(job.channel), "no policy for the channel")
-            counter.bump("escalated")
+        found = self._policy_and_provider(job, counter)
+        if found is None:
             return
+        policy, provider = found
         if not self.ledger.handle_reliable(policy.provider):
             decision = Decision(
                 "review", policy.name, policy.fingerprint, reason="handle-unreliable"
             )
             self._escalate(job, decision, f"provider {policy.provider} replaces Message-IDs")
             counter.bump("escalated")
-            return
-        provider = self.providers.get(policy.provider)
-        if provider is None:
-            log.error("job %s: provider %r is not configured", key, policy.provider)
-            counter.bump("errors")
             return
         try:
             hits = provider.search(job.message_id)
@@ -418,6 +406,22 @@ class Engine:
         self.ledger.save_job(job)
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _policy_and_provider(
+        self, job: SendJob, counter: _Counter
+    ) -> tuple[ChannelPolicy, Provider] | None:
+        """The job's policy and provider; a job without a policy goes to review."""
+        policy = self.policies.current.get(job.channel)
+        if policy is None:
+            self._escalate(job, decisions.no_policy(job.channel), "no policy for the channel")
+            counter.bump("escalated")
+            return None
+        provider = self.providers.get(policy.provider)
+        if provider is None:
+            log.error("job %s: provider %r is not configured", job.key, policy.provider)
+            counter.bump("errors")
+            return None
+        return policy, provider
 
     def _escalate(
         self, job: SendJob, decision: Decision, detail: str, *, save: bool = True
