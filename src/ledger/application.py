@@ -192,10 +192,10 @@ class Ledger(Application[UUID]):
             raise ConcurrentUpdate(f"job {job.key!r} was changed by another writer") from exc
 
     def submit(self, content: JobContent, sender: Sender) -> SubmitResult:
-        """Idempotent on the key: same content is a no-op, other content a conflict."""
-        existing = self.find_job(content.key)
-        if existing is not None:
-            return self._same_or_conflict(existing, content)
+        """Idempotent on the key: same content is a no-op, other content a conflict.
+
+        New keys are the common case, so the Requested event is written without a read
+        first; the store's uniqueness on (job id, version 1) tells a known key apart."""
         job = SendJob.request(
             key=content.key,
             channel=content.channel,
@@ -215,7 +215,7 @@ class Ledger(Application[UUID]):
         try:
             self.save_job(job)
         except ConcurrentUpdate:
-            # Another process created it between our read and our write.
+            # Known key (submitted earlier, or just now by another process).
             return self._same_or_conflict(self.get_job(content.key), content)
         return SubmitResult(job.key, job.message_id, job.state.value, created=True)
 

@@ -21,7 +21,9 @@ class PostgresJobIndexRecorder(PostgresApplicationRecorder, JobIndexQueries):
         schema = datastore.schema.replace('"', '""')
         self._table = f'"{schema}".{INDEX_TABLE}'
         for statement in CREATE_STATEMENTS:
-            sql = self._sql(statement.replace("{real}", "DOUBLE PRECISION"))
+            sql = self._sql(
+                statement.replace("{real}", "DOUBLE PRECISION").replace("{options}", "")
+            )
             self.sql_create_statements.append(SQL(sql).format())
 
     def _insert_events(
