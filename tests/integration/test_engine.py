@@ -1,0 +1,793 @@
+"""The engine in-process, on a real store, through the real Gmail client stack.
+
+Each test builds an `Engine` directly (dispatch -> recover -> sweep per tick) on a
+`Ledger` over SQLite or PostgreSQL, with the GmailProvider talking to the GmailEmulator
+through the FaultRelay. Time is injected: the engine, the ledger and the emulator's index
+lag all read one FakeClock, so windows of minutes (search_after, search_interval, lag,
+backoff) pass by `clock.advance(...)` and the tests never sleep for them.
+
+Effects are counted where the design says: sends in the relay's log (every request the
+client stack made), copies in the emulator's acceptance log.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.conftest import FakeClock
+
+from daemon.emulator.gmail import GmailEmulator
+from daemon.emulator.relay import FaultPlan, FaultRelay
+from daemon.engine import Engine, PolicyHolder, TickReport, render
+from daemon.providers.gmail import GmailProvider
+from ledger.application import Ledger, Sender
+from ledger.content import parse_job
+from ledger.job import JobState, TransitionError
+from policies.loader import PolicySet, load_policy_dir
+from policies.model import ChannelPolicy
+
+MAILBOX = "support@example.com"  # the mailbox the service account acts as
+TIMEOUT = 0.5  # the engine's provider_timeouts: with GRACE, an Attempted's deadline
+GRACE = 1.0
+# The client's own timeout. No fault mode used here hangs, so it only matters under load
+# (eight concurrent sends in the race test); fake time does not move during a call.
+CLIENT_TIMEOUT = 5.0
+DEADLINE = TIMEOUT + GRACE  # an Attempted's deadline, after its start
+CRASH_REASON = "no outcome recorded by the attempt's deadline (crash or kill?)"
+
+BASE_POLICY: dict[str, Any] = {
+    "provider": "gmail",
+    "from": f"Support <{MAILBOX}>",
+    "message_id_domain": "mail.example.com",
+}
+
+
+# -- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def emulator(acceptance_log: Path, clock: FakeClock) -> Iterator[GmailEmulator]:
+    """Overrides the shared emulator: its index lag (and token expiry) run on the test's
+    FakeClock, so a lag of minutes passes with the engine's injected time."""
+    with GmailEmulator(
+        lag=0.0, acceptance_log=acceptance_log, clock=lambda: clock().timestamp()
+    ) as emu:
+        yield emu
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value)  # a TOML basic string for the plain values used here
+
+
+def write_policy(directory: Path, channel: str, **fields: object) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    values = {**BASE_POLICY, "channel": channel, **fields}
+    path = directory / f"{channel}.toml"
+    path.write_text(
+        "".join(f"{name} = {_toml_value(value)}\n" for name, value in values.items()),
+        encoding="utf-8",
+    )
+    return path
+
+
+class Rig:
+    """One engine on one ledger, with helpers to submit, tick and count."""
+
+    def __init__(
+        self,
+        store_url: str,
+        clock: FakeClock,
+        relay: FaultRelay,
+        emulator: GmailEmulator,
+        provider: GmailProvider,
+        loader: Callable[[], PolicySet],
+        rng: random.Random | None = None,
+    ) -> None:
+        self.clock = clock
+        self.relay = relay
+        self.emulator = emulator
+        self.provider = provider
+        self.ledger = Ledger(store_url, clock=clock)
+        self.holder = PolicyHolder(loader)
+        self.engine = Engine(
+            self.ledger,
+            self.holder,
+            {"gmail": provider},
+            provider_timeouts={"gmail": TIMEOUT},
+            clock=clock,
+            concurrency=4,
+            deadline_grace=GRACE,
+            rng=rng,
+        )
+
+    def close(self) -> None:
+        self.engine.close()
+        self.ledger.close()
+
+    # -- acting -----------------------------------------------------------------------
+
+    def submit(self, channel: str, key: str) -> str:
+        policy = self.holder.current[channel]
+        sender = Sender(policy.from_, policy.message_id_domain, policy.name, policy.fingerprint)
+        job = parse_job(
+            {
+                "channel": channel,
+                "key": key,
+                "to": "customer@example.net",
+                "subject": f"Receipt {key}",
+                "body": f"Thank you ({key}).\n",
+            }
+        )
+        result = self.ledger.submit(job, sender)
+        assert result.created
+        return result.message_id
+
+    def tick(self) -> TickReport:
+        report = self.engine.tick()
+        assert report.errors == 0, report
+        return report
+
+    def advance_and_tick(self, seconds: float) -> TickReport:
+        self.clock.advance(seconds)
+        return self.tick()
+
+    def crash_claim(self, key: str) -> None:
+        """The Attempted event as the engine writes it, then a "crash": no provider call."""
+        now = self.clock()
+        self.ledger.update(
+            key,
+            lambda job: job.attempt(
+                provider="gmail", deadline=now + timedelta(seconds=DEADLINE), at=now
+            ),
+        )
+
+    # -- observing --------------------------------------------------------------------
+
+    def state(self, key: str) -> JobState:
+        return self.ledger.get_job(key).state
+
+    def events(self, key: str) -> list[Any]:
+        return self.ledger.history(key)
+
+    def names(self, key: str) -> list[str]:
+        return [type(event).__name__ for event in self.events(key)]
+
+    def of(self, key: str, name: str) -> list[Any]:
+        return [event for event in self.events(key) if type(event).__name__ == name]
+
+    def sends(self) -> int:
+        return sum(1 for entry in self.relay.log if entry["kind"] == "send")
+
+    def searches(self) -> int:
+        """messages.list calls (a search); the read-back after a send is a messages.get."""
+        return sum(
+            1
+            for entry in self.relay.log
+            if entry["kind"] == "search" and entry["path"].split("?")[0].endswith("/messages")
+        )
+
+
+RigFactory = Callable[..., Rig]
+
+
+@pytest.fixture
+def make_rig(
+    store_url: str,
+    clock: FakeClock,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    gmail_provider: Callable[..., GmailProvider],
+    tmp_path: Path,
+) -> Iterator[RigFactory]:
+    """`make_rig(policies={"channel": {field: value}}, policy_set=..., rng=...)`: a Rig whose
+    policies load from TOML files in tmp_path/policies (or the given PolicySet)."""
+    rigs: list[Rig] = []
+    policy_dir = tmp_path / "policies"
+
+    def make(
+        policies: dict[str, dict[str, object]] | None = None,
+        *,
+        policy_set: PolicySet | None = None,
+        rng: random.Random | None = None,
+    ) -> Rig:
+        policy_dir.mkdir(exist_ok=True)
+        for channel, fields in (policies or {}).items():
+            write_policy(policy_dir, channel, **fields)
+        if policy_set is not None:
+            fixed = policy_set
+
+            def loader() -> PolicySet:
+                return fixed
+
+        else:
+
+            def loader() -> PolicySet:
+                return load_policy_dir(policy_dir, known_providers={"gmail"})
+
+        provider = gmail_provider(name="gmail", timeout=CLIENT_TIMEOUT)
+        rig = Rig(store_url, clock, relay, emulator, provider, loader, rng)
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.close()
+
+
+RETRY_5M = {
+    "on_unknown": "retry",
+    "search_after": "5m",
+    "search_interval": "5m",
+    "confirm_misses": 2,
+    "max_attempts": 3,
+}
+
+
+# -- invariant 2: timing of searches and resends after an Unknown ------------------------
+
+
+def test_unknown_searches_on_schedule_and_resends_only_after_the_misses(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    """fail-before-forward: nothing was sent. No search before search_after; the next ones
+    search_interval apart; a Requeued (then a new Attempted) only after confirm_misses."""
+    rig = make_rig(
+        {
+            "receipts": {
+                "on_unknown": "retry",
+                "search_after": "5m",
+                "search_interval": "10m",
+                "confirm_misses": 3,
+                "max_attempts": 3,
+            }
+        }
+    )
+    relay.set_plan(FaultPlan(send=["fail-before-forward"]))  # then "pass"
+    message_id = rig.submit("receipts", "inv2-a")
+    t0 = clock()
+
+    rig.tick()
+    assert rig.state("inv2-a") is JobState.UNKNOWN
+    assert rig.sends() == 1 and emulator.copies(message_id) == 0
+    [unknown] = rig.of("inv2-a", "Unknown")
+    assert unknown.search_due_at == t0 + timedelta(minutes=5)
+
+    # Before search_after: not a single search request leaves, however often we tick.
+    for seconds in (0, 1, 150, 148):
+        rig.advance_and_tick(seconds)
+    assert clock() == t0 + timedelta(seconds=299)
+    assert rig.searches() == 0
+    assert rig.names("inv2-a")[-1] == "Unknown"
+
+    # At search_after: the first search.
+    rig.advance_and_tick(1)
+    assert rig.searches() == 1
+    misses = rig.of("inv2-a", "SearchedMiss")
+    assert [m.search for m in misses] == [1]
+    assert misses[0].timestamp == t0 + timedelta(minutes=5)
+    assert misses[0].next_search_at == t0 + timedelta(minutes=15)
+
+    # The next search not before search_interval (10m), although search_after (5m) passed.
+    for seconds in (300, 299):
+        rig.advance_and_tick(seconds)
+    assert rig.searches() == 1
+    rig.advance_and_tick(1)
+    assert rig.searches() == 2
+    assert len(rig.of("inv2-a", "SearchedMiss")) == 2
+    # Two misses of three: still no resend.
+    assert "Requeued" not in rig.names("inv2-a")
+    assert len(rig.of("inv2-a", "Attempted")) == 1
+
+    rig.advance_and_tick(599)
+    assert rig.searches() == 2
+    assert "Requeued" not in rig.names("inv2-a")
+    rig.advance_and_tick(1)  # the third miss: now believed; requeued in the sweep
+    assert rig.searches() == 3
+    misses = rig.of("inv2-a", "SearchedMiss")
+    assert [m.timestamp - t0 for m in misses] == [timedelta(minutes=m) for m in (5, 15, 25)]
+    assert rig.names("inv2-a")[-2:] == ["SearchedMiss", "Requeued"]
+    assert len(rig.of("inv2-a", "Attempted")) == 1
+    assert rig.sends() == 1
+
+    # The next tick resends (same Message-ID), which passes: one copy in the end.
+    rig.tick()
+    assert rig.state("inv2-a") is JobState.CONFIRMED
+    attempts = rig.of("inv2-a", "Attempted")
+    assert [a.attempt for a in attempts] == [1, 2]
+    assert rig.sends() == 2
+    assert emulator.copies(message_id) == 1
+    assert len(emulator.accepted()) == 1
+
+
+@pytest.mark.parametrize(
+    ("lag", "misses"),
+    [pytest.param(120.0, 0, id="lag-120s"), pytest.param(400.0, 1, id="lag-400s")],
+)
+def test_dropped_response_is_confirmed_by_search_after_the_index_lag(
+    make_rig: RigFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    clock: FakeClock,
+    lag: float,
+    misses: int,
+) -> None:
+    """drop-response: the mail was sent, the reply lost. With lag 120s < search_after 300s
+    the first search finds it; with lag 400s the first search misses and, confirm_misses
+    being 2, the second (at 600s) finds it. Either way: no resend, one copy."""
+    rig = make_rig({"receipts": RETRY_5M})
+    emulator.set_lag(lag)
+    relay.set_plan(FaultPlan(send=["drop-response"]))
+    message_id = rig.submit("receipts", "inv2-lag")
+    t0 = clock()
+
+    rig.tick()
+    assert rig.state("inv2-lag") is JobState.UNKNOWN
+    assert emulator.copies(message_id) == 1
+
+    rig.advance_and_tick(299)
+    assert rig.searches() == 0
+    rig.advance_and_tick(1)
+    assert rig.searches() == 1
+    if misses:
+        assert rig.state("inv2-lag") is JobState.UNKNOWN
+        assert len(rig.of("inv2-lag", "SearchedMiss")) == 1
+        rig.advance_and_tick(299)
+        assert rig.searches() == 1
+        rig.advance_and_tick(1)
+        assert rig.searches() == 2
+
+    assert rig.state("inv2-lag") is JobState.CONFIRMED
+    [confirmed] = rig.of("inv2-lag", "Confirmed")
+    assert confirmed.via == "search"
+    assert confirmed.timestamp == t0 + timedelta(seconds=300 * (misses + 1))
+    assert len(rig.of("inv2-lag", "SearchedMiss")) == misses
+    assert "Requeued" not in rig.names("inv2-lag")
+
+    for _ in range(3):
+        rig.advance_and_tick(600)
+    assert len(rig.of("inv2-lag", "Attempted")) == 1
+    assert rig.sends() == 1
+    assert emulator.copies(message_id) == 1
+
+
+def test_failed_search_is_no_miss(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    """A search that gets no answer (503, dropped reply) is "no information", never "no
+    hits": with confirm_misses = 1, counting it as a miss would resend a sent mail."""
+    rig = make_rig({"receipts": {**RETRY_5M, "confirm_misses": 1}})
+    relay.set_plan(FaultPlan(send=["drop-response"], search=["503", "drop-response"]))
+    message_id = rig.submit("receipts", "blind")
+    t0 = clock()
+    rig.tick()
+
+    def failing_tick(seconds: float) -> int:
+        clock.advance(seconds)
+        return rig.engine.tick().errors  # a failed search is reported as an error
+
+    assert failing_tick(300) == 1  # 503 (Retry-After 1s)
+    assert failing_tick(0.5) == 0  # not asked again before the Retry-After
+    assert rig.searches() == 1
+    assert failing_tick(0.5) == 1  # reply dropped
+    assert rig.searches() == 2
+    assert rig.names("blind")[-1] == "Unknown"
+    rig.advance_and_tick(1)  # answered: the copy is there
+    assert rig.searches() == 3
+    assert rig.state("blind") is JobState.CONFIRMED
+    [confirmed] = rig.of("blind", "Confirmed")
+    assert confirmed.via == "search" and confirmed.timestamp == t0 + timedelta(seconds=302)
+    assert rig.of("blind", "SearchedMiss") == []
+    assert rig.sends() == 1
+    assert emulator.copies(message_id) == 1
+
+
+# -- invariant 1: two engines racing over the same due jobs ------------------------------
+
+
+def test_two_engines_racing_make_one_call_per_job(
+    store_url: str,
+    clock: FakeClock,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    gmail_provider: Callable[..., GmailProvider],
+    make_rig: RigFactory,
+) -> None:
+    jobs = 40
+    first = make_rig({"receipts": {"on_unknown": "retry"}})
+    # A second daemon: its own Ledger on the same store, its own provider object.
+    second = make_rig()
+    keys = [f"race-{i:02d}" for i in range(jobs)]
+    message_ids = {key: first.submit("receipts", key) for key in keys}
+    assert len(first.ledger.index.jobs_due("requested", clock().timestamp(), 1000)) == jobs
+
+    barrier = threading.Barrier(2)
+    reports: dict[str, TickReport] = {}
+    failures: list[BaseException] = []
+
+    def run(name: str, rig: Rig) -> None:
+        try:
+            barrier.wait(timeout=30)
+            reports[name] = rig.engine.tick()
+        except BaseException as exc:  # surfaced below
+            failures.append(exc)
+
+    threads = [
+        threading.Thread(target=run, args=(name, rig))
+        for name, rig in (("first", first), ("second", second))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures, failures
+    assert all(report.errors == 0 for report in reports.values()), reports
+    # Every job was claimed by exactly one of them: the engines' own counts agree.
+    assert sum(report.sent for report in reports.values()) == jobs, reports
+    # They really raced: claims lost to the other engine's (optimistic concurrency).
+    assert sum(report.skipped for report in reports.values()) > 0, reports
+
+    # Nothing is left for either of them.
+    assert first.tick().sent == 0 and second.tick().sent == 0
+
+    assert first.sends() == jobs
+    accepted = emulator.accepted()
+    assert len(accepted) == jobs
+    for key in keys:
+        assert len(first.of(key, "Attempted")) == 1, first.names(key)
+        assert first.state(key) is JobState.CONFIRMED
+        assert emulator.copies(message_ids[key]) == 1
+
+
+# -- invariant 6: an Attempted without an outcome after its deadline ---------------------
+
+
+class Crash(BaseException):
+    """Raised at an engine crash point: not an Exception, so the engine's per-job guard
+    does not catch it and the tick stops right there, as a killed process would."""
+
+
+@pytest.fixture
+def crash_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str | None], None]:
+    """`crash_at("after-claim")` arms one of the engine's named crash points (in-process,
+    instead of the SIGKILL the e2e tests use); `crash_at(None)` disarms it."""
+
+    def arm(point: str | None) -> None:
+        def crash_point(name: str) -> None:
+            if name == point:
+                raise Crash(name)
+
+        monkeypatch.setattr("daemon.engine.crash_point", crash_point)
+
+    return arm
+
+
+@pytest.mark.parametrize("crash", ["claim-by-hand", "after-claim", "after-send"])
+def test_attempt_without_outcome_becomes_unknown_after_its_deadline(
+    make_rig: RigFactory,
+    emulator: GmailEmulator,
+    clock: FakeClock,
+    crash_at: Callable[[str | None], None],
+    crash: str,
+) -> None:
+    """The claim is durable, then the daemon "dies": before calling the provider, or
+    after the provider accepted the mail but before the outcome was written. A restarted
+    daemon (a new Ledger and Engine on the same store) leaves the job alone until the
+    Attempted's deadline, then records it as Unknown and takes the sweep path."""
+    crashed = make_rig({"receipts": {**RETRY_5M, "confirm_misses": 1}})
+    message_id = crashed.submit("receipts", "inv6")
+    t0 = clock()
+    if crash == "claim-by-hand":
+        crashed.crash_claim("inv6")
+    else:
+        crash_at(crash)
+        with pytest.raises(Crash):
+            crashed.engine.tick()
+        crash_at(None)
+    [attempted] = crashed.of("inv6", "Attempted")
+    assert attempted.deadline == t0 + timedelta(seconds=DEADLINE)
+    assert crashed.sends() == (1 if crash == "after-send" else 0)
+    assert emulator.copies(message_id) == (1 if crash == "after-send" else 0)
+    rig = make_rig()  # the restarted daemon
+    sends_before = rig.sends()
+    version = rig.ledger.get_job("inv6").version
+
+    # Before the deadline the job is left alone: no event, no provider call.
+    for seconds in (0, 0.5, 0.99):
+        rig.advance_and_tick(seconds)
+    assert clock() < t0 + timedelta(seconds=DEADLINE)
+    assert rig.ledger.get_job("inv6").version == version
+    assert rig.state("inv6") is JobState.ATTEMPTED
+    assert rig.sends() == sends_before and rig.searches() == 0
+
+    # At the deadline: Unknown with the crash reason; a search is scheduled, not a resend.
+    clock.now = t0 + timedelta(seconds=DEADLINE)
+    report = rig.tick()
+    assert report.recovered == 1
+    assert rig.state("inv6") is JobState.UNKNOWN
+    [unknown] = rig.of("inv6", "Unknown")
+    assert unknown.reason == CRASH_REASON
+    assert unknown.attempt == 1
+    assert unknown.search_due_at == clock() + timedelta(minutes=5)
+    assert rig.sends() == sends_before and rig.searches() == 0
+
+    # Then the sweep path: no search before search_after, one at it.
+    rig.advance_and_tick(299)
+    assert rig.searches() == 0
+    rig.advance_and_tick(1)
+    assert rig.searches() == 1
+    if crash == "after-send":
+        # Found the crashed attempt's copy: confirmed, never resent.
+        assert rig.names("inv6")[-1] == "Confirmed"
+        assert rig.of("inv6", "Confirmed")[0].via == "search"
+    else:
+        # One miss is believed (confirm_misses = 1): requeued, and the next tick resends.
+        assert rig.names("inv6")[-2:] == ["SearchedMiss", "Requeued"]
+        rig.tick()
+        assert [a.attempt for a in rig.of("inv6", "Attempted")] == [1, 2]
+    assert rig.state("inv6") is JobState.CONFIRMED
+    assert rig.sends() == 1
+    assert emulator.copies(message_id) == 1
+
+
+# -- invariants 4 and 5: duplicates and irreversible channels ----------------------------
+
+
+def test_duplicate_goes_to_review_and_is_never_resent(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    rig = make_rig({"receipts": {**RETRY_5M, "confirm_misses": 1}})
+    relay.set_plan(FaultPlan(send=["drop-response"]))
+    message_id = rig.submit("receipts", "inv4")
+    rig.tick()
+    assert rig.state("inv4") is JobState.UNKNOWN
+    # A second copy with our Message-ID in the same mailbox (e.g. another system resent).
+    emulator.inject(render(rig.ledger.get_job("inv4")), user=MAILBOX)
+    assert emulator.copies(message_id) == 2
+
+    rig.advance_and_tick(300)
+    assert rig.state("inv4") is JobState.REVIEW
+    assert rig.names("inv4")[-2:] == ["Duplicate", "Escalated"]
+    [duplicate] = rig.of("inv4", "Duplicate")
+    assert duplicate.hits == 2 and len(set(duplicate.provider_message_ids)) == 2
+    [escalated] = rig.of("inv4", "Escalated")
+    assert escalated.reason == "duplicate"
+    assert escalated.policy == "receipts"
+    assert escalated.fingerprint == rig.holder.current["receipts"].fingerprint
+
+    # A human's "resend" is refused: two copies already exist.
+    with pytest.raises(TransitionError):
+        rig.ledger.update(
+            "inv4", lambda job: job.resolve(decision="resend", note="", by="test", at=clock())
+        )
+    for _ in range(4):
+        rig.advance_and_tick(900)
+    assert rig.state("inv4") is JobState.REVIEW
+    assert len(rig.of("inv4", "Attempted")) == 1
+    assert "Requeued" not in rig.names("inv4")
+    assert rig.sends() == 1
+    assert emulator.copies(message_id) == 2
+
+
+def _irreversible_validated() -> dict[str, object]:
+    return {**RETRY_5M, "on_unknown": "search-then-review", "irreversible": True}
+
+
+def _irreversible_around_validation() -> PolicySet:
+    # "retry" with irreversible = true is refused at load; built around validation it
+    # must still never resend (decisions check it too).
+    policy = ChannelPolicy.model_construct(
+        channel="payouts",
+        provider="gmail",
+        from_=BASE_POLICY["from"],
+        message_id_domain=BASE_POLICY["message_id_domain"],
+        irreversible=True,
+        on_unknown="retry",
+        search_after=300.0,
+        search_interval=300.0,
+        confirm_misses=2,
+        max_attempts=3,
+        retry_backoff=30.0,
+        retry_backoff_max=3600.0,
+    )
+    return PolicySet({"payouts": policy})
+
+
+@pytest.mark.parametrize("built", ["validated", "around-validation"])
+def test_irreversible_channel_never_requeues(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, built: str
+) -> None:
+    if built == "validated":
+        rig = make_rig({"payouts": _irreversible_validated()})
+    else:
+        rig = make_rig(policy_set=_irreversible_around_validation())
+    relay.set_plan(FaultPlan(send=["fail-before-forward"]))
+    rig.submit("payouts", "inv5")
+    rig.tick()
+    assert rig.state("inv5") is JobState.UNKNOWN
+    rig.advance_and_tick(300)
+    assert rig.state("inv5") is JobState.UNKNOWN
+    rig.advance_and_tick(300)
+    assert rig.state("inv5") is JobState.REVIEW
+    assert rig.searches() == 2
+    assert rig.of("inv5", "Escalated")[0].reason == "unknown-outcome"
+    for _ in range(4):
+        rig.advance_and_tick(900)
+    assert "Requeued" not in rig.names("inv5")
+    assert len(rig.of("inv5", "Attempted")) == 1
+    assert rig.sends() == 1
+    assert emulator.accepted() == []
+
+
+# -- a provider that replaces our Message-ID ---------------------------------------------
+
+
+@pytest.mark.parametrize("unknown", ["after-the-mark", "before-the-mark"])
+def test_replaced_message_id_marks_the_handle_unreliable(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, unknown: str
+) -> None:
+    """A pass send confirmed by response; the read-back sees another Message-ID, so the
+    handle is unreliable, and an Unknown goes to review without a search: at the Unknown
+    (after the mark) or at its sweep (when the Unknown came first)."""
+    rig = make_rig({"receipts": RETRY_5M})
+    emulator.rewrite_message_id = True
+
+    def confirm_and_mark() -> None:
+        relay.set_plan(FaultPlan(send="pass"))
+        rig.submit("receipts", "rewritten")
+        rig.tick()
+        assert rig.state("rewritten") is JobState.CONFIRMED
+        assert rig.of("rewritten", "Confirmed")[0].via == "response"
+        assert rig.ledger.handle_reliable("gmail") is False
+
+    def drop() -> None:
+        relay.set_plan(FaultPlan(send="drop-response"))
+        rig.submit("receipts", "ambiguous")
+        rig.tick()
+
+    assert rig.ledger.handle_reliable("gmail") is True
+    if unknown == "after-the-mark":
+        confirm_and_mark()
+        drop()
+        # Straight to review in the same tick: no search was even scheduled.
+        [event] = rig.of("ambiguous", "Unknown")
+        assert event.search_due_at is None
+    else:
+        drop()
+        assert rig.state("ambiguous") is JobState.UNKNOWN
+        confirm_and_mark()
+        rig.advance_and_tick(300)
+    assert rig.state("ambiguous") is JobState.REVIEW
+    assert rig.of("ambiguous", "Escalated")[0].reason == "handle-unreliable"
+    for _ in range(3):
+        rig.advance_and_tick(600)
+    assert rig.searches() == 0
+    assert len(rig.of("ambiguous", "Attempted")) == 1
+    assert rig.sends() == 2
+
+
+# -- max_attempts under transient rejections ---------------------------------------------
+
+
+def test_transient_rejections_back_off_then_escalate_at_max_attempts(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    max_attempts, backoff, retry_after = 4, 30.0, 45.0
+    rig = make_rig(
+        {
+            "receipts": {
+                "on_unknown": "retry",
+                "max_attempts": max_attempts,
+                "retry_backoff": "30s",
+                "retry_backoff_max": "1h",
+            }
+        },
+        rng=random.Random(20260101),
+    )
+    relay.set_plan(FaultPlan(send="429"))
+    relay.retry_after = retry_after
+    rig.submit("receipts", "throttled")
+
+    for attempt in range(1, max_attempts + 1):
+        rig.tick()
+        assert rig.sends() == attempt
+        rejected = rig.of("throttled", "Rejected")
+        assert len(rejected) == attempt
+        event = rejected[-1]
+        assert event.transient and event.status == 429 and event.attempt == attempt
+        if attempt == max_attempts:
+            assert event.retry_at is None
+            break
+        wait = (event.retry_at - event.timestamp).total_seconds()
+        ceiling = min(backoff * 2 ** (attempt - 1), 3600.0)
+        # Jittered into [ceiling/2, ceiling], never below the provider's Retry-After.
+        assert max(ceiling / 2, retry_after) <= wait <= max(ceiling, retry_after), (attempt, wait)
+        if attempt == 1:
+            assert wait == retry_after  # 30s backoff < Retry-After 45s: the floor wins
+        # Not a call before retry_at.
+        clock.now = event.retry_at - timedelta(seconds=1)
+        rig.tick()
+        assert rig.sends() == attempt
+        clock.now = event.retry_at
+
+    assert rig.state("throttled") is JobState.REVIEW
+    assert rig.names("throttled")[-2:] == ["Rejected", "Escalated"]
+    assert rig.of("throttled", "Escalated")[0].reason == "max-attempts"
+    for _ in range(3):
+        rig.advance_and_tick(600)
+    assert rig.sends() == max_attempts
+    assert len(rig.of("throttled", "Attempted")) == max_attempts
+    assert emulator.accepted() == []
+
+
+def test_unknowns_resent_by_policy_stop_at_max_attempts(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator
+) -> None:
+    """Every call counts, whatever its outcome: after max_attempts Unknown-miss-resend
+    rounds the next dispatch escalates (max-attempts) instead of calling again."""
+    rig = make_rig({"receipts": {**RETRY_5M, "confirm_misses": 1, "max_attempts": 2}})
+    relay.set_plan(FaultPlan(send="fail-before-forward"))
+    rig.submit("receipts", "lost")
+    rig.tick()  # call 1: Unknown
+    rig.advance_and_tick(300)  # miss, believed: Requeued
+    rig.tick()  # call 2: Unknown
+    assert rig.sends() == 2
+    rig.advance_and_tick(300)  # miss: Requeued
+    assert rig.names("lost")[-1] == "Requeued"
+    rig.tick()  # no call 3
+    assert rig.state("lost") is JobState.REVIEW
+    assert rig.names("lost")[-2:] == ["Requeued", "Escalated"]
+    assert rig.of("lost", "Escalated")[0].reason == "max-attempts"
+    for _ in range(3):
+        rig.advance_and_tick(600)
+    assert rig.sends() == 2
+    assert len(rig.of("lost", "Attempted")) == 2
+    assert emulator.accepted() == []
+
+
+# -- a channel whose policy disappears ---------------------------------------------------
+
+
+@pytest.mark.parametrize("step", ["dispatch", "recover", "sweep"])
+def test_job_without_policy_goes_to_review(
+    make_rig: RigFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    tmp_path: Path,
+    step: str,
+) -> None:
+    rig = make_rig({"receipts": RETRY_5M, "other": RETRY_5M})
+    if step == "sweep":
+        relay.set_plan(FaultPlan(send=["drop-response"]))
+    rig.submit("receipts", "orphan")
+    if step == "recover":
+        rig.crash_claim("orphan")
+    elif step == "sweep":
+        rig.tick()
+        assert rig.state("orphan") is JobState.UNKNOWN
+    sends = rig.sends()
+
+    (tmp_path / "policies" / "receipts.toml").unlink()
+    assert rig.holder.reload() is True
+    assert "receipts" not in rig.holder.current and "other" in rig.holder.current
+
+    rig.advance_and_tick(300)
+    assert rig.state("orphan") is JobState.REVIEW
+    assert rig.of("orphan", "Escalated")[0].reason == "no-policy"
+    if step == "recover":
+        assert rig.of("orphan", "Unknown")[0].reason == CRASH_REASON
+    for _ in range(3):
+        rig.advance_and_tick(600)
+    assert rig.sends() == sends  # no call once the policy is gone
+    assert rig.searches() == 0
+    assert len(rig.of("orphan", "Attempted")) == (0 if step == "dispatch" else 1)
