@@ -1,0 +1,120 @@
+"""The test kit as a user runs it: `sendledger emulator gmail`, `sendledger relay` and
+`sendledger demo` as processes, with the real Gmail client going through them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from daemon.providers.base import SendKind
+from daemon.providers.gmail import GmailProvider
+from ledger.mime import build_message
+
+SENDLEDGER = str(Path(sys.executable).parent / "sendledger")
+
+
+def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [SENDLEDGER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.stderr else url
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen[str]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.fixture
+def kit(tmp_path: Path) -> Iterator[tuple[str, str, Path, Path]]:
+    """(emulator URL, relay URL dropping the first send's response, service account, log)."""
+    log = tmp_path / "accepted.jsonl"
+    sa = tmp_path / "sa.json"
+    emulator, emulator_url = _start(
+        [
+            "emulator",
+            "gmail",
+            "--port",
+            "0",
+            "--lag",
+            "0",
+            "--accept-log",
+            str(log),
+            "--write-service-account",
+            str(sa),
+        ]
+    )
+    relay, relay_url = _start(
+        ["relay", "--upstream", emulator_url, "--port", "0", "--send", "drop-response"]
+    )
+    try:
+        yield emulator_url, relay_url, sa, log
+    finally:
+        assert _stop(relay) == 0
+        assert _stop(emulator) == 0
+
+
+def test_a_dropped_response_through_the_cli_relay_is_one_copy_and_unknown(
+    kit: tuple[str, str, Path, Path],
+) -> None:
+    from datetime import UTC, datetime
+
+    emulator_url, relay_url, sa, log = kit
+    provider = GmailProvider(
+        "gmail",
+        credentials_file=sa,
+        user="support@example.com",
+        api_endpoint=relay_url,
+        token_uri=emulator_url + "/token",
+        timeout=5.0,
+    )
+    raw = build_message(
+        from_addr="Support <support@example.com>",
+        to=["bob@example.com"],
+        subject="Your receipt",
+        body="Thanks.",
+        message_id="<job-cli-kit@mail.example.com>",
+        date=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    try:
+        first = provider.send_raw(raw)
+        hits = provider.search("<job-cli-kit@mail.example.com>")
+    finally:
+        provider.close()
+    assert first.kind is SendKind.UNKNOWN
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["message_id"] for line in lines] == ["<job-cli-kit@mail.example.com>"]
+    assert [hit.provider_message_id for hit in hits] == [lines[0]["id"]]
+
+
+def test_demo_settles_every_job_with_at_most_one_copy(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [SENDLEDGER, "demo", "--lag", "1s", "--json", "--dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout[result.stdout.index("\n{") + 1 :])
+    assert "emulator" in summary["against"]
+    jobs = summary["jobs"]
+    assert len(jobs) == 12
+    assert all(job["verdict"] == "ok" for job in jobs), jobs
+    assert all(job["state"] in ("confirmed", "review") for job in jobs)
+    assert all(job["copies"] == 1 for job in jobs if job["state"] == "confirmed")
+    # The irreversible channel never resends on its own.
+    assert all(job["attempts"] == 1 for job in jobs if job["channel"] == "payouts")
