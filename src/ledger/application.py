@@ -323,7 +323,8 @@ class Ledger(Application[UUID]):
 
 
 def _schema_exists(spec: StoreSpec) -> bool:
-    """True when the job index table (created last) is already there."""
+    """True when the job index table (created last) is already there. For PostgreSQL,
+    a missing schema is created (the tables are created by the caller)."""
     try:
         if isinstance(spec, SqliteStore):
             if not spec.path.exists():
@@ -346,7 +347,13 @@ def _schema_exists(spec: StoreSpec) -> bool:
             found = conn.execute(
                 "SELECT to_regclass(%s)", (f'"{spec.schema}".{INDEX_TABLE}',)
             ).fetchone()
-            return found is not None and found[0] is not None
+            if found is not None and found[0] is not None:
+                return True
+            # A new store in a schema of its own: create the schema, then the tables.
+            quoted = spec.schema.replace('"', '""')
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{quoted}"')
+            conn.commit()
+            return False
     except Exception:
         # Unknown: let the normal set-up (with its retries) find out.
         return False

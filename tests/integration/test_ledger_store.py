@@ -553,3 +553,22 @@ def test_index_rows_pages_past_a_thousand(ledger: Ledger, clock: FakeClock) -> N
     # The index is only a projection: a rebuild from the (empty) event store clears it.
     assert ledger.rebuild_index() == 0
     assert ledger.index_rows() == []
+
+
+def test_a_missing_postgres_schema_is_created() -> None:
+    import uuid as _uuid
+
+    import psycopg
+    from tests.conftest import PG_URL, require_postgres
+
+    require_postgres()
+    schema = f"new_{_uuid.uuid4().hex[:10]}"
+    try:
+        ledger = Ledger(f"{PG_URL}?schema={schema}")
+        try:
+            assert ledger.index.count_by_state() == {}
+        finally:
+            ledger.close()
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
