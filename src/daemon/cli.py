@@ -25,13 +25,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from daemon import commands, demo, service_commands
+    from daemon import audit, commands, demo, service_commands
 
     parser = _Parser(prog="sendledger", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--config", help="config file (else $SENDLEDGER_CONFIG, ./sendledger.toml)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.register(sub)
     service_commands.register(sub)
+    audit.register(sub)
     demo.register(sub)
     for extra in _optional_registrars():
         extra(sub)

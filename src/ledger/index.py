@@ -141,16 +141,43 @@ class JobIndexQueries:
         )
         return [_row(r) for r in rows]
 
+    def find(
+        self,
+        *,
+        state: str | None = None,
+        channel: str | None = None,
+        updated_from: float | None = None,
+        updated_to: float | None = None,
+        job_ids: Sequence[str] | None = None,
+        after_key: str | None = None,
+        limit: int = 1000,
+    ) -> list[IndexRow]:
+        """One page of rows in key order; page on with `after_key` = the last key."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for clause, value in (
+            ("state = {p}", state),
+            ("channel = {p}", channel),
+            ("updated_at >= {p}", updated_from),
+            ("updated_at < {p}", updated_to),
+            ("key > {p}", after_key),
+        ):
+            if value is not None:
+                clauses.append(clause)
+                params.append(value)
+        if job_ids is not None:
+            if not job_ids:
+                return []
+            clauses.append("job_id IN (" + ", ".join(["{p}"] * len(job_ids)) + ")")
+            params.extend(job_ids)
+        where = ("WHERE " + " AND ".join(clauses) + " ") if clauses else ""
+        rows = self._fetch(self._sql(_SELECT + where + "ORDER BY key LIMIT {p}"), [*params, limit])
+        return [_row(r) for r in rows]
+
     def jobs_in_state(
         self, state: str, *, limit: int = 1000, after_key: str | None = None
     ) -> list[IndexRow]:
-        sql = _SELECT + "WHERE state = {p} "
-        params: list[Any] = [state]
-        if after_key is not None:
-            sql += "AND key > {p} "
-            params.append(after_key)
-        rows = self._fetch(self._sql(sql + "ORDER BY key LIMIT {p}"), [*params, limit])
-        return [_row(r) for r in rows]
+        return self.find(state=state, limit=limit, after_key=after_key)
 
     def next_due(self, states: Sequence[str]) -> float | None:
         placeholders = ", ".join(["{p}"] * len(states))
@@ -166,13 +193,7 @@ class JobIndexQueries:
         return {str(state): int(count) for state, count in rows}
 
     def all_rows(self, *, limit: int = 1000, after_key: str | None = None) -> list[IndexRow]:
-        sql = _SELECT
-        params: list[Any] = []
-        if after_key is not None:
-            sql += "WHERE key > {p} "
-            params.append(after_key)
-        rows = self._fetch(self._sql(sql + "ORDER BY key LIMIT {p}"), [*params, limit])
-        return [_row(r) for r in rows]
+        return self.find(limit=limit, after_key=after_key)
 
     def replace_all(self, rows: Iterable[IndexRow]) -> None:
         """Used by rebuild: clear, then write every row (in batches)."""

@@ -1,0 +1,185 @@
+"""`sendledger audit`: jobs (or their events) matching filters, streamed as JSON lines,
+CSV or a table.
+
+Job filters read the job index page by page (key order), so memory stays flat however
+many jobs match. `--event TYPE` reads the event log for that event type only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from daemon import output
+from daemon.context import open_ledger, settings_for
+from daemon.errors import EXIT_OK, bad_input
+from ledger.application import Ledger
+from ledger.index import IndexRow
+from ledger.job import JobState, SendJob
+from policies.durations import DurationError, parse_duration
+
+JOB_COLUMNS = [
+    "key",
+    "channel",
+    "state",
+    "attempts",
+    "reason",
+    "message_id",
+    "created",
+    "updated",
+]
+EVENT_COLUMNS = ["at", "event", "version", "key", "channel", "state", "message_id"]
+EVENT_TYPES = sorted(
+    name
+    for name, value in vars(SendJob).items()
+    if isinstance(value, type) and hasattr(value, "TOPIC") and name not in ("Event", "Created")
+)
+PAGE = 500
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("audit", help="jobs or events matching filters, for audits")
+    p.add_argument("--state", choices=[s.value for s in JobState])
+    p.add_argument("--channel")
+    p.add_argument("--event", choices=EVENT_TYPES, help="list events of this type instead")
+    p.add_argument("--since", help="ISO 8601 time or date (UTC), or a duration ago: 24h, 7d")
+    p.add_argument("--until", help="same forms as --since; exclusive")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.set_defaults(func=cmd_audit)
+
+
+def parse_when(option: str, value: str | None, now: datetime) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return now - timedelta(seconds=parse_duration(value))
+    except DurationError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise bad_input(
+            f"{option}: not a time: {value!r} (e.g. 2026-11-01, 2026-11-01T12:00Z or 24h)"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    now = datetime.now(UTC)
+    since = parse_when("--since", args.since, now)
+    until = parse_when("--until", args.until, now)
+    if since and until and since >= until:
+        raise bad_input("--since: must be before --until")
+    ledger = open_ledger(settings_for(args.config))
+    try:
+        if args.event:
+            columns = EVENT_COLUMNS
+            records = _events(ledger, args.event, args.state, args.channel, since, until)
+        else:
+            columns = JOB_COLUMNS
+            records = _jobs(ledger, args.state, args.channel, since, until)
+        _emit(records, columns, args.format)
+    finally:
+        ledger.close()
+    return EXIT_OK
+
+
+def _job_record(row: IndexRow) -> dict[str, Any]:
+    return {
+        "key": row.key,
+        "channel": row.channel,
+        "state": row.state,
+        "attempts": row.attempts,
+        "reason": row.reason,
+        "message_id": row.message_id,
+        "created": output.iso(row.created_at),
+        "updated": output.iso(row.updated_at),
+    }
+
+
+def _jobs(
+    ledger: Ledger,
+    state: str | None,
+    channel: str | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> Iterator[dict[str, Any]]:
+    after: str | None = None
+    while True:
+        page = ledger.index.find(
+            state=state,
+            channel=channel,
+            updated_from=since.timestamp() if since else None,
+            updated_to=until.timestamp() if until else None,
+            after_key=after,
+            limit=PAGE,
+        )
+        if not page:
+            return
+        yield from (_job_record(row) for row in page)
+        after = page[-1].key
+
+
+def _events(
+    ledger: Ledger,
+    event_type: str,
+    state: str | None,
+    channel: str | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> Iterator[dict[str, Any]]:
+    topic = getattr(SendJob, event_type).TOPIC
+    start = 1
+    while True:
+        notifications = ledger.recorder.select_notifications(
+            start=start, limit=PAGE, topics=[topic]
+        )
+        if not notifications:
+            return
+        events: list[Any] = [ledger.mapper.to_domain_event(n) for n in notifications]
+        wanted = [
+            e
+            for e in events
+            if (since is None or e.timestamp >= since) and (until is None or e.timestamp < until)
+        ]
+        ids = sorted({e.originator_id.hex for e in wanted})
+        rows = {
+            r.job_id: r
+            for r in ledger.index.find(
+                job_ids=ids, state=state, channel=channel, limit=len(ids) or 1
+            )
+        }
+        for event in wanted:
+            row = rows.get(event.originator_id.hex)
+            if row is None:
+                continue
+            yield {
+                "at": output.iso(event.timestamp),
+                "event": event_type,
+                "version": event.originator_version,
+                "key": row.key,
+                "channel": row.channel,
+                "state": row.state,
+                "message_id": row.message_id,
+            }
+        start = notifications[-1].id + 1
+
+
+def _emit(records: Iterator[dict[str, Any]], columns: list[str], fmt: str) -> None:
+    if fmt == "json":
+        # JSON lines, one record each, written as they are read.
+        for record in records:
+            sys.stdout.write(output.dumps(record) + "\n")
+        return
+    if fmt == "csv":
+        writer = csv.DictWriter(sys.stdout, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        for record in records:
+            writer.writerow(record)
+        return
+    rows = list(records)
+    print(output.table(rows, columns) if rows else "no matching jobs")

@@ -1,0 +1,107 @@
+"""`sendledger audit` and `review list/resolve` through the console script."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from ledger.application import Ledger
+
+
+def submit_three(cli: Any) -> None:
+    jobs = [
+        {
+            "channel": "receipts",
+            "key": f"audit-{i}",
+            "to": "a@example.com",
+            "subject": "s",
+            "body": f"b{i}",
+        }
+        for i in range(3)
+    ]
+    result = cli.run("submit", "--json", "-", stdin=json.dumps(jobs))
+    assert result.code == 0, result.stderr
+
+
+def escalate(cli: Any, key: str) -> None:
+    ledger = Ledger(f"sqlite:///{cli.root / 'ledger.sqlite'}")
+    try:
+        ledger.update(
+            key,
+            lambda j: j.escalate(
+                reason="unknown-outcome",
+                detail="test",
+                policy="receipts",
+                fingerprint="f",
+                at=ledger.clock(),
+            ),
+        )
+    finally:
+        ledger.close()
+
+
+def test_audit_filters_and_formats(cli: Any) -> None:
+    submit_three(cli)
+    escalate(cli, "audit-1")
+
+    lines = cli.run("audit", "--format", "json", "--state", "requested").stdout.splitlines()
+    assert [json.loads(line)["key"] for line in lines] == ["audit-0", "audit-2"]
+
+    table = cli.run("audit").stdout
+    assert all(f"audit-{i}" in table for i in range(3))
+
+    rows = list(csv.DictReader(io.StringIO(cli.run("audit", "--format", "csv").stdout)))
+    assert [r["state"] for r in rows] == ["requested", "review", "requested"]
+
+    assert cli.run("audit", "--format", "json", "--channel", "other").stdout == ""
+    assert cli.run("audit", "--format", "json", "--since", "1h").stdout.count("\n") == 3
+    assert cli.run("audit", "--format", "json", "--until", "2000-01-01").stdout == ""
+
+    events = cli.run("audit", "--event", "Escalated", "--format", "json").stdout.splitlines()
+    assert [json.loads(e)["key"] for e in events] == ["audit-1"]
+    requested = cli.run("audit", "--event", "Requested", "--format", "json", "--state", "review")
+    assert [json.loads(e)["key"] for e in requested.stdout.splitlines()] == ["audit-1"]
+
+
+def test_audit_refuses_bad_times_with_one_line(cli: Any) -> None:
+    submit_three(cli)
+    bad = cli.run("audit", "--since", "yesterday")
+    assert bad.code == 2 and len(bad.error_lines) == 1 and "--since" in bad.stderr
+    backwards = cli.run("audit", "--since", "2026-02-01", "--until", "2026-01-01")
+    assert backwards.code == 2 and "--since" in backwards.stderr
+
+
+def test_review_list_and_resolve(cli: Any) -> None:
+    submit_three(cli)
+    escalate(cli, "audit-1")
+    listed = cli.run("review", "list", "--json").json()
+    assert [(r["key"], r["reason"]) for r in listed] == [("audit-1", "unknown-outcome")]
+
+    resolved = cli.run(
+        "review",
+        "resolve",
+        "audit-1",
+        "--as",
+        "abandon",
+        "--note",
+        "dup order",
+        "--by",
+        "ana",
+        "--json",
+    )
+    assert resolved.code == 0, resolved.stderr
+    assert resolved.json()["state"] == "abandoned"
+    history = cli.run("history", "audit-1", "--json").json()
+    assert history[-1]["type"] == "Resolved"
+    assert (history[-1]["decision"], history[-1]["by"], history[-1]["note"]) == (
+        "abandon",
+        "ana",
+        "dup order",
+    )
+    assert cli.run("review", "list", "--json").json() == []
+
+    again = cli.run("review", "resolve", "audit-1", "--as", "resend")
+    assert again.code == 2 and len(again.error_lines) == 1
+    assert cli.run("review", "resolve", "nope", "--as", "sent").code == 4
