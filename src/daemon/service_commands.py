@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from daemon import output
-from daemon.commands import job_status
+from daemon.commands import event_record, job_status
 from daemon.context import load_policies, open_ledger, settings_for
 from daemon.errors import EXIT_OK, EXIT_UNKNOWN_JOB, CliError, bad_input
 from daemon.logs import setup_logging
@@ -33,6 +33,11 @@ def register(sub: Any) -> None:
     p = review.add_parser("list", help="jobs in review")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_review_list)
+
+    p = review.add_parser("show", help="a job in review: its state, history and handle")
+    p.add_argument("key")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_review_show)
 
     p = review.add_parser("resolve", help="record a human's decision")
     p.add_argument("key")
@@ -106,6 +111,31 @@ def cmd_review_list(args: argparse.Namespace) -> int:
         print(output.table(rows, ["key", "channel", "reason", "since", "message_id"]))
     else:
         print("no jobs in review")
+    return EXIT_OK
+
+
+def cmd_review_show(args: argparse.Namespace) -> int:
+    ledger = open_ledger(settings_for(args.config))
+    try:
+        job = ledger.get_job(args.key)
+        events = [event_record(e) for e in ledger.history(args.key)]
+    except UnknownJob as exc:
+        raise CliError(str(exc), EXIT_UNKNOWN_JOB) from None
+    finally:
+        ledger.close()
+    status = job_status(job)
+    if args.json:
+        print(output.dumps({"status": status, "history": events}))
+        return EXIT_OK
+    print(output.key_values(status.items()))
+    print("\nhistory:")
+    for record in events:
+        print(f"  {record['version']:>3}  {record['at']}  {record['type']}")
+    if job.state is JobState.REVIEW:
+        print(
+            f"\nsearch the mailbox for {job.message_id}: sendledger review check {job.key}\n"
+            f"then: sendledger review resolve {job.key} --as sent|resend|abandon --note ..."
+        )
     return EXIT_OK
 
 

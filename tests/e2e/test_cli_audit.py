@@ -105,3 +105,14 @@ def test_review_list_and_resolve(cli: Any) -> None:
     again = cli.run("review", "resolve", "audit-1", "--as", "resend")
     assert again.code == 2 and len(again.error_lines) == 1
     assert cli.run("review", "resolve", "nope", "--as", "sent").code == 4
+
+
+def test_review_show(cli: Any) -> None:
+    submit_three(cli)
+    escalate(cli, "audit-2")
+    shown = cli.run("review", "show", "audit-2", "--json").json()
+    assert shown["status"]["state"] == "review"
+    assert [e["type"] for e in shown["history"]] == ["Requested", "Escalated"]
+    human = cli.run("review", "show", "audit-2").stdout
+    assert "sendledger review check audit-2" in human
+    assert cli.run("review", "show", "nope").code == 4
