@@ -12,7 +12,8 @@ import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 # Bodies bigger than Gmail's own upload limit (35 MB, a little more for base64) are refused
 # instead of being read into memory.
@@ -197,3 +198,57 @@ def google_error(
     item: dict[str, Any] = {"message": message, "domain": domain, "reason": reason}
     item.update(detail)
     return {"error": {"code": code, "message": message, "errors": [item], "status": status}}
+
+
+class LoopbackService:
+    """The lifecycle the emulator and the relay share: serve `_handler()` on loopback in a
+    background thread; start() is idempotent, stop() cuts open connections."""
+
+    _what = "service"
+
+    def __init__(self, host: str, port: int) -> None:
+        self._host = host
+        self._port = port
+        self._server: BackgroundServer | None = None
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError(f"the {self._what} is not started")
+        return self._server.url
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        raise NotImplementedError
+
+    def _before_start(self) -> None:
+        """Hook for subclasses."""
+
+    def _before_stop(self) -> None:
+        """Hook for subclasses."""
+
+    def start(self) -> Self:
+        if self._server is not None:
+            return self
+        self._before_start()
+        self._server = BackgroundServer(
+            TrackingHTTPServer((self._host, self._port), self._handler())
+        )
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._before_stop()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -35,16 +35,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from daemon.emulator import mime
 from daemon.emulator._http import (
-    BackgroundServer,
     BodyError,
+    LoopbackService,
     QuietHandler,
-    TrackingHTTPServer,
     google_error,
 )
 
@@ -150,7 +148,9 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-class GmailEmulator:
+class GmailEmulator(LoopbackService):
+    _what = "emulator"
+
     def __init__(
         self,
         *,
@@ -162,15 +162,13 @@ class GmailEmulator:
         rewrite_message_id: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._host = host
-        self._port = port
+        super().__init__(host, port)
         self._lag = float(lag)
         self._acceptance_log = acceptance_log
         self.require_auth = require_auth
         self.rewrite_message_id = rewrite_message_id
         self._clock = clock
         self._lock = threading.RLock()
-        self._server: BackgroundServer | None = None
         self._tokens: dict[str, _Token] = {}
         self._mailboxes: dict[str, list[_Stored]] = {}
         self._by_id: dict[str, _Stored] = {}
@@ -182,43 +180,15 @@ class GmailEmulator:
     # -- lifecycle ---------------------------------------------------------------------
 
     @property
-    def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("the emulator is not started")
-        return self._server.url
-
-    @property
     def token_uri(self) -> str:
         return self.url + "/token"
 
-    def start(self) -> GmailEmulator:
-        if self._server is not None:
-            return self
-        emulator = self
-
+    def _handler(self) -> type[_GmailHandler]:
         class Handler(_GmailHandler):
             pass
 
-        Handler.emulator = emulator
-        self._server = BackgroundServer(TrackingHTTPServer((self._host, self._port), Handler))
-        self._server.start()
-        return self
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
-
-    def __enter__(self) -> GmailEmulator:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        Handler.emulator = self
+        return Handler
 
     # -- test controls -----------------------------------------------------------------
 

@@ -27,16 +27,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from daemon.emulator._http import (
     HOP_BY_HOP,
-    BackgroundServer,
     BodyError,
+    LoopbackService,
     QuietHandler,
-    TrackingHTTPServer,
     google_error,
 )
 
@@ -154,7 +152,7 @@ class FaultPlan:
             return self._fixed.get(kind, self.default)
 
 
-class FaultRelay:
+class FaultRelay(LoopbackService):
     def __init__(
         self,
         upstream: str,
@@ -176,8 +174,7 @@ class FaultRelay:
         self._upstream_port = parts.port
         self._host_header = parts.netloc.rsplit("@", 1)[-1]
         self._prefix = parts.path.rstrip("/")
-        self._host = host
-        self._port = port
+        super().__init__(host, port)
         self._plan = plan or FaultPlan()
         self.hang_seconds = hang_seconds
         self.retry_after = retry_after
@@ -185,14 +182,7 @@ class FaultRelay:
         self.upstream_timeout = upstream_timeout
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._server: BackgroundServer | None = None
         self.log: list[dict[str, Any]] = []
-
-    @property
-    def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("the relay is not started")
-        return self._server.url
 
     @property
     def plan(self) -> FaultPlan:
@@ -203,36 +193,21 @@ class FaultRelay:
         with self._lock:
             self._plan = plan
 
-    def start(self) -> FaultRelay:
-        if self._server is not None:
-            return self
-        self._stopping.clear()
+    _what = "relay"
 
+    def _handler(self) -> type[_RelayHandler]:
         class Handler(_RelayHandler):
             pass
 
         Handler.relay = self
-        self._server = BackgroundServer(TrackingHTTPServer((self._host, self._port), Handler))
-        self._server.start()
-        return self
+        return Handler
 
-    def stop(self) -> None:
+    def _before_start(self) -> None:
+        self._stopping.clear()
+
+    def _before_stop(self) -> None:
         # Release held connections first so their threads do not outlive the relay.
         self._stopping.set()
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
-
-    def __enter__(self) -> FaultRelay:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def forwarded(self, kind: str | None = None) -> int:
         """How many requests (of a kind) reached the upstream."""
