@@ -10,6 +10,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from email.errors import HeaderParseError
 from email.headerregistry import Address
 from email.utils import getaddresses, parseaddr
 from typing import Any
@@ -79,7 +80,7 @@ def validate_address(field: str, value: str) -> str:
         raise JobInputError(field, f"not a valid email address: {value!r}")
     try:
         rendered = Address(display_name=name, addr_spec=addr)
-    except (ValueError, IndexError) as exc:
+    except (ValueError, IndexError, HeaderParseError) as exc:
         raise JobInputError(field, f"not a valid email address: {value!r}") from exc
     if rendered.domain != domain or " " in addr:
         raise JobInputError(field, f"not a valid email address: {value!r}")

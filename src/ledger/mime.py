@@ -7,6 +7,7 @@ not from a clock), so a resend is the same message with the same Message-ID.
 from __future__ import annotations
 
 import email.policy
+import hashlib
 from datetime import datetime
 from email.message import EmailMessage
 from email.utils import format_datetime
@@ -53,13 +54,14 @@ def build_message(
     message.set_content(body, subtype="plain", charset="utf-8", cte=_cte(body))
     if html is not None:
         message.add_alternative(html, subtype="html", charset="utf-8", cte=_cte(html))
+        # The default boundary is random; a resend must be the same bytes.
+        digest = hashlib.sha256(message_id.encode("utf-8")).hexdigest()[:32]
+        message.set_boundary(f"=_sendledger_{digest}")
     return message.as_bytes(policy=_POLICY)
 
 
 def _cte(text: str) -> str:
-    # 8bit needs an 8BITMIME path end to end; quoted-printable and base64 survive any relay.
-    return (
-        "7bit"
-        if text.isascii() and all(len(line) <= 998 for line in text.splitlines())
-        else "base64"
-    )
+    # 8bit needs an 8BITMIME path end to end; base64 survives any relay. Lines are what
+    # SMTP counts: CR and LF only (str.splitlines would also split on \x0b, \x0c, ...).
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return "7bit" if text.isascii() and all(len(line) <= 998 for line in lines) else "base64"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -25,8 +25,8 @@ class PostgresStore:
     host: str
     port: int
     user: str
-    password: str
-    schema: str
+    password: str = field(repr=False)  # never in logs or tracebacks
+    schema: str = "public"
 
     def describe(self) -> str:
         # Never print the password.

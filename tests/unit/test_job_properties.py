@@ -14,6 +14,7 @@ from one copy or a human's 'sent', settled jobs stay settled.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -241,13 +242,19 @@ class SendJobMachine(RuleBasedStateMachine):
         return []
 
     def guided(self, data: st.DataObject) -> None:
-        # Guided steps wait for the job to be due, as the daemon's sweeper does.
-        if self.job.due_at is not None and self.clock.now < self.job.due_at:
+        # Usually wait for the job to be due, as the daemon's sweeper does; sometimes
+        # act early, which the job must refuse (a search inside the lag window, a
+        # retry before its backoff).
+        early = self.job.due_at is not None and self.clock.now < self.job.due_at
+        if early and data.draw(st.booleans()):
+            assert self.job.due_at is not None
             self.clock.now = self.job.due_at
+            early = False
         moves = self.valid_moves(data)
         if moves:
             move = data.draw(st.sampled_from(moves))
-            assert self.run(move()), "a valid move was refused"
+            accepted = self.run(move())
+            assert accepted or early, "a valid move was refused"
 
     @rule(data=st.data())
     def guided_step(self, data: st.DataObject) -> None:
@@ -281,7 +288,7 @@ class SendJobMachine(RuleBasedStateMachine):
         draw = data.draw
         which = draw(st.sampled_from(self.COMMANDS))
         offset = valid_offset if plausible else any_offset
-        ids = st.just(["m1"]) if plausible else id_lists
+        ids = st.sampled_from([["m1"], ["m1", "m2"]]) if plausible else id_lists
         if which == "attempt":
             return self.cmd_attempt(30 if plausible else draw(st.integers(-5, 120)))
         if which == "unknown":
@@ -317,6 +324,48 @@ class SendJobMachine(RuleBasedStateMachine):
     def probe_command(self, data: st.DataObject) -> None:
         self.run(self.any_command(data, plausible=True))
 
+    # -- every command from the state reached ----------------------------------------
+
+    def probes(self) -> list[Command]:
+        return [
+            self.cmd_attempt(30),
+            self.cmd_unknown(300),
+            self.cmd_unknown(None),
+            self.cmd_miss(300),
+            self.cmd_miss(None),
+            self.cmd_requeue(1, 0),
+            self.cmd_requeue(2, 0),
+            self.cmd_reject(True, 60),
+            self.cmd_reject(True, None),
+            self.cmd_reject(False, None),
+            *(
+                self.cmd_confirm(via, ids)
+                for via in ("response", "search", "operator")
+                for ids in (["m1"], ["m1", "m2"])
+            ),
+            self.cmd_duplicate(["m1", "m2"]),
+            *(self.cmd_escalate(reason) for reason in sorted(ESCALATION_REASONS)),
+            *(self.cmd_resolve(decision) for decision in ("sent", "resend", "abandon")),
+        ]
+
+    @rule()
+    def every_command_here(self) -> None:
+        """Try every well-formed command on a copy of the job: each is refused
+        (leaving the copy unchanged) or extends the history validly."""
+        live = self.job
+        try:
+            for command in self.probes():  # each refers to self.job when it runs
+                self.job = copy.deepcopy(live)
+                before = snapshot(self.job)
+                try:
+                    command()
+                except (TransitionError, ValueError):
+                    assert snapshot(self.job) == before
+                    continue
+                check_history([*self.events, *self.job.collect_events()])
+        finally:
+            self.job = live
+
     # -- invariants -------------------------------------------------------------------
 
     @invariant()
@@ -349,129 +398,154 @@ class SendJobMachine(RuleBasedStateMachine):
         assert self.job.version == self.final_version, "an event after the job was final"
 
     @invariant()
-    def one_claim_per_outcome(self) -> None:
-        # Between two Attempted events: an outcome (Unknown, Rejected) or a human's resend.
-        open_claim = False
-        for event in self.events:
-            kind = name(event)
-            if kind == "Attempted":
-                assert not open_claim, "two Attempted without an outcome between them"
-                open_claim = True
-            elif kind in ("Unknown", "Rejected") or (
-                kind == "Resolved" and event.decision == "resend"
-            ):
-                open_claim = False
+    def history_is_valid(self) -> None:
+        check_history(self.events)
 
-    @invariant()
-    def attempts_are_numbered_and_due(self) -> None:
-        due: datetime | None = self.events[0].timestamp
-        number = 0
-        for event in self.events:
-            kind = name(event)
-            if kind == "Attempted":
-                number += 1
-                assert event.attempt == number
-                assert due is not None and event.timestamp >= due, "attempted before due"
-                assert event.deadline > event.timestamp
-                due = None
-            elif kind == "Rejected" and event.retry_at is not None:
-                due = event.retry_at
-            elif kind == "Requeued":
-                due = event.due_at
-            elif kind == "Resolved" and event.decision == "resend":
-                due = event.timestamp
 
-    @invariant()
-    def resend_after_unknown_only_after_misses_or_a_human(self) -> None:
-        # Invariant 2: after an Unknown, a new Attempted needs confirm_misses
-        # SearchedMiss events then Requeued, or a human's resend.
-        misses = 0
-        after_unknown = False
-        allowed = True
-        for event in self.events:
-            kind = name(event)
-            if kind == "Unknown":
-                after_unknown, allowed, misses = True, False, 0
-            elif kind == "SearchedMiss":
-                misses += 1
-            elif kind == "Requeued":
-                assert after_unknown
-                assert event.misses_required >= 1
-                assert misses >= event.misses_required
-                allowed = True
-            elif kind == "Resolved" and event.decision == "resend":
-                allowed = True
-            elif kind == "Attempted":
-                assert allowed or not after_unknown, "resent after Unknown without misses"
-                after_unknown, allowed = False, True
+# -- properties of a history (a list of events, oldest first) ---------------------------
 
-    @invariant()
-    def searches_never_inside_the_lag_window(self) -> None:
-        search_due: datetime | None = None
-        for event in self.events:
-            kind = name(event)
-            if kind == "Unknown":
-                search_due = event.search_due_at
-            elif kind == "SearchedMiss" or (kind == "Confirmed" and event.via == "search"):
-                assert search_due is not None, "searched without a scheduled search"
-                assert event.timestamp >= search_due, "searched before the index caught up"
-                if kind == "SearchedMiss":
-                    search_due = event.next_search_at
 
-    @invariant()
-    def nothing_resent_after_a_duplicate(self) -> None:
-        seen_duplicate = False
-        for event in self.events:
-            kind = name(event)
-            if kind == "Duplicate":
-                seen_duplicate = True
-                assert event.hits == len(event.provider_message_ids) >= 2
-            elif seen_duplicate:
-                assert kind not in ("Attempted", "Requeued")
-                assert not (kind == "Resolved" and event.decision == "resend")
+def check_history(events: list[Any]) -> None:
+    nothing_after_final(events)
+    one_claim_per_outcome(events)
+    attempts_are_numbered_and_due(events)
+    resend_after_unknown_only_after_misses_or_a_human(events)
+    searches_never_inside_the_lag_window(events)
+    nothing_resent_after_a_duplicate(events)
+    awaited_escalation_comes_next(events)
+    confirmed_only_from_one_copy_or_a_human(events)
+    decisions_carry_the_policy(events)
 
-    @invariant()
-    def duplicate_is_followed_by_escalation(self) -> None:
-        for before, after in zip(self.events, self.events[1:], strict=False):
-            if name(before) == "Duplicate":
-                assert name(after) == "Escalated"
-            if name(before) == "Rejected" and before.retry_at is None:
-                assert name(after) == "Escalated"
 
-    @invariant()
-    def confirmed_only_from_one_copy_or_a_human(self) -> None:
-        confirmations = [i for i, e in enumerate(self.events) if name(e) == "Confirmed"]
-        assert len(confirmations) <= 1
-        for index in confirmations:
-            event = self.events[index]
-            previous = self.events[index - 1]
-            assert event.via in ("response", "search", "operator")
-            if event.via == "response":
-                assert len(event.provider_message_ids) == 1
-                assert name(previous) == "Attempted"
-            elif event.via == "search":
-                assert len(event.provider_message_ids) == 1
-                last_claim_or_outcome = [
-                    name(e) for e in self.events[:index] if name(e) in ("Attempted", "Unknown")
-                ][-1]
-                assert last_claim_or_outcome == "Unknown"
-            else:
-                assert name(previous) == "Resolved" and previous.decision == "sent"
+def nothing_after_final(events: list[Any]) -> None:
+    for index, event in enumerate(events):
+        final = name(event) == "Confirmed" or (
+            name(event) == "Resolved" and event.decision == "abandon"
+        )
+        if final:
+            assert index == len(events) - 1, f"{name(events[index + 1])} after a final event"
 
-    @invariant()
-    def decisions_carry_the_policy(self) -> None:
-        for event in self.events:
-            if name(event) in (
-                "Requested",
-                "Unknown",
-                "SearchedMiss",
-                "Requeued",
-                "Rejected",
-                "Confirmed",
-                "Duplicate",
-                "Escalated",
-            ):
-                assert event.policy and event.fingerprint
+
+def one_claim_per_outcome(events: list[Any]) -> None:
+    # Between two Attempted events: an outcome (Unknown, Rejected) or a human's resend.
+    open_claim = False
+    for event in events:
+        kind = name(event)
+        if kind == "Attempted":
+            assert not open_claim, "two Attempted without an outcome between them"
+            open_claim = True
+        elif kind in ("Unknown", "Rejected") or (kind == "Resolved" and event.decision == "resend"):
+            open_claim = False
+
+
+def attempts_are_numbered_and_due(events: list[Any]) -> None:
+    due: datetime | None = events[0].timestamp
+    number = 0
+    for event in events:
+        kind = name(event)
+        if kind == "Attempted":
+            number += 1
+            assert event.attempt == number
+            assert due is not None and event.timestamp >= due, "attempted before due"
+            assert event.deadline > event.timestamp
+            due = None
+        elif kind == "Rejected" and event.retry_at is not None:
+            due = event.retry_at
+        elif kind == "Requeued":
+            due = event.due_at
+        elif kind == "Resolved" and event.decision == "resend":
+            due = event.timestamp
+
+
+def resend_after_unknown_only_after_misses_or_a_human(events: list[Any]) -> None:
+    # Invariant 2: after an Unknown, a new Attempted needs confirm_misses SearchedMiss
+    # events then Requeued, or a human's resend.
+    misses = 0
+    after_unknown = False
+    allowed = True
+    for event in events:
+        kind = name(event)
+        if kind == "Unknown":
+            after_unknown, allowed, misses = True, False, 0
+        elif kind == "SearchedMiss":
+            misses += 1
+        elif kind == "Requeued":
+            assert after_unknown, "requeued without an Unknown"
+            assert 1 <= event.misses_required <= misses, "requeued before enough misses"
+            allowed = True
+        elif kind == "Resolved" and event.decision == "resend":
+            allowed = True
+        elif kind == "Attempted":
+            assert allowed or not after_unknown, "resent after Unknown without misses"
+            after_unknown, allowed = False, True
+
+
+def searches_never_inside_the_lag_window(events: list[Any]) -> None:
+    search_due: datetime | None = None
+    for event in events:
+        kind = name(event)
+        if kind == "Unknown":
+            search_due = event.search_due_at
+        elif kind == "SearchedMiss" or (kind == "Confirmed" and event.via == "search"):
+            assert search_due is not None, "searched without a scheduled search"
+            assert event.timestamp >= search_due, "searched before the index caught up"
+            if kind == "SearchedMiss":
+                search_due = event.next_search_at
+
+
+def nothing_resent_after_a_duplicate(events: list[Any]) -> None:
+    seen_duplicate = False
+    for event in events:
+        kind = name(event)
+        if kind == "Duplicate":
+            seen_duplicate = True
+            assert event.hits == len(event.provider_message_ids) >= 2
+        elif seen_duplicate:
+            assert kind not in ("Attempted", "Requeued"), f"{kind} after a Duplicate"
+            assert not (kind == "Resolved" and event.decision == "resend"), "resend after dup"
+
+
+def awaited_escalation_comes_next(events: list[Any]) -> None:
+    for before, after in itertools.pairwise(events):
+        awaits = (
+            name(before) == "Duplicate"
+            or (name(before) == "Rejected" and before.retry_at is None)
+            or (name(before) == "Unknown" and before.search_due_at is None)
+        )
+        if awaits:
+            assert name(after) == "Escalated", f"{name(after)} after {name(before)}"
+
+
+def confirmed_only_from_one_copy_or_a_human(events: list[Any]) -> None:
+    confirmations = [i for i, e in enumerate(events) if name(e) == "Confirmed"]
+    assert len(confirmations) <= 1
+    for index in confirmations:
+        event, previous = events[index], events[index - 1]
+        assert event.via in ("response", "search", "operator")
+        if event.via == "response":
+            assert len(event.provider_message_ids) == 1, "confirmed without exactly one copy"
+            assert name(previous) == "Attempted"
+        elif event.via == "search":
+            assert len(event.provider_message_ids) == 1, "confirmed without exactly one copy"
+            last = [name(e) for e in events[:index] if name(e) in ("Attempted", "Unknown")]
+            assert last[-1] == "Unknown"
+        else:
+            assert name(previous) == "Resolved" and previous.decision == "sent"
+
+
+def decisions_carry_the_policy(events: list[Any]) -> None:
+    for event in events:
+        if name(event) in (
+            "Requested",
+            "Unknown",
+            "SearchedMiss",
+            "Requeued",
+            "Rejected",
+            "Confirmed",
+            "Duplicate",
+            "Escalated",
+        ):
+            assert event.policy and event.fingerprint
 
 
 SendJobMachine.TestCase.settings = settings(
