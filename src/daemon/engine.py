@@ -178,6 +178,14 @@ class Engine:
             self._escalate(job, decision, f"{job.round_attempts} provider calls made")
             counter.bump("escalated")
             return
+        try:
+            # Rendered before the claim: a message that cannot be built is never claimed.
+            raw = render(job)
+        except ValueError as exc:
+            review = Decision("review", policy.name, policy.fingerprint, reason="rejected")
+            self._escalate(job, review, f"cannot build the message: {exc}")
+            counter.bump("escalated")
+            return
         if self._stopping.is_set():
             return
         timeout = self.provider_timeouts.get(policy.provider, 30.0)
@@ -186,7 +194,6 @@ class Engine:
         # The claim is durable before the call; a conflict here means no call is made.
         self.ledger.save_job(job)
         crash_point("after-claim")
-        raw = render(job)
         counter.bump("sent")
         outcome = provider.send_raw(raw)
         crash_point("after-send")

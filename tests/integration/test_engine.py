@@ -791,3 +791,27 @@ def test_job_without_policy_goes_to_review(
     assert rig.sends() == sends  # no call once the policy is gone
     assert rig.searches() == 0
     assert len(rig.of("orphan", "Attempted")) == (0 if step == "dispatch" else 1)
+
+
+def test_a_message_that_cannot_be_built_goes_to_review_unclaimed(make_rig: RigFactory) -> None:
+    rig = make_rig({"receipts": RETRY_5M})
+    policy = rig.holder.current["receipts"]
+    # A sender the policy model would refuse, stored by an older version, say.
+    broken = Sender("not an address", policy.message_id_domain, policy.name, policy.fingerprint)
+    rig.ledger.submit(
+        parse_job(
+            {
+                "channel": "receipts",
+                "key": "unbuildable",
+                "to": "a@example.net",
+                "subject": "s",
+                "body": "b",
+            }
+        ),
+        broken,
+    )
+    rig.tick()
+    assert rig.state("unbuildable") is JobState.REVIEW
+    assert rig.of("unbuildable", "Escalated")[0].reason == "rejected"
+    assert rig.names("unbuildable") == ["Requested", "Escalated"]  # never claimed
+    assert rig.sends() == 0
