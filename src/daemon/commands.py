@@ -146,6 +146,7 @@ def job_status(job: SendJob) -> dict[str, Any]:
             "searches": job.searches,
             "misses": job.misses,
             "duplicate": job.duplicate,
+            "verifying": job.verifying,
             "provider_message_ids": list(job.provider_message_ids),
             "to": list(job.to),
             "subject": job.subject,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from daemon.crashpoints import crash_point
-from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
+from daemon.providers.base import Provider, ProviderError, SearchHit, SendKind, SendOutcome
 from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
 from ledger.job import JobState, SendJob, TransitionError
 from ledger.message_id import same_message_id
@@ -133,6 +133,7 @@ class Engine:
         self._run_due(JobState.REQUESTED, self._dispatch_one, counter)
         self._run_due(JobState.ATTEMPTED, self._recover_one, counter)
         self._run_due(JobState.UNKNOWN, self._sweep_one, counter)
+        self._run_due(JobState.CONFIRMED, self._verify_one, counter)
         return counter.report
 
     def _run_due(
@@ -215,6 +216,7 @@ class Engine:
                 policy=policy.name,
                 fingerprint=policy.fingerprint,
                 at=now,
+                verify_at=decisions.after_confirmation(policy, resent=job.resent, now=now),
             )
             self.ledger.save_job(job)
             counter.bump("confirmed")
@@ -335,10 +337,31 @@ class Engine:
 
     # -- sweep --------------------------------------------------------------------------
 
+    def _search(
+        self, job: SendJob, provider: Provider, counter: _Counter, now: datetime
+    ) -> list[SearchHit] | None:
+        """The mailbox's copies of the job, or None when the search failed: a failed
+        search is no information, never "no copies"."""
+        try:
+            hits = provider.search(job.message_id)
+        except ProviderError as exc:
+            wait = max(exc.retry_after or 0.0, 1.0)
+            self._search_not_before[job.key] = now + timedelta(seconds=wait)
+            log.warning("job %s: search failed (%s), again in %.1fs", job.key, exc.reason, wait)
+            counter.bump("errors")
+            return None
+        crash_point("after-search")
+        self._search_not_before.pop(job.key, None)
+        counter.bump("searched")
+        return hits
+
+    def _search_held_back(self, key: str, now: datetime) -> bool:
+        not_before = self._search_not_before.get(key)
+        return not_before is not None and now < not_before
+
     def _sweep_one(self, key: str, counter: _Counter) -> None:
         now = self.clock()
-        not_before = self._search_not_before.get(key)
-        if not_before is not None and now < not_before:
+        if self._search_held_back(key, now):
             return
         job = self.ledger.get_job(key)
         if job.state is not JobState.UNKNOWN or job.due_at is None or job.due_at > now:
@@ -354,17 +377,9 @@ class Engine:
             self._escalate(job, decision, f"provider {policy.provider} replaces Message-IDs")
             counter.bump("escalated")
             return
-        try:
-            hits = provider.search(job.message_id)
-        except ProviderError as exc:
-            wait = max(exc.retry_after or 0.0, 1.0)
-            self._search_not_before[key] = now + timedelta(seconds=wait)
-            log.warning("job %s: search failed (%s), again in %.1fs", key, exc.reason, wait)
-            counter.bump("errors")
+        hits = self._search(job, provider, counter, now)
+        if hits is None:
             return
-        crash_point("after-search")
-        self._search_not_before.pop(key, None)
-        counter.bump("searched")
         now = self.clock()
         decision = decisions.after_search(policy, hits=len(hits), misses_before=job.misses, now=now)
         ids = [hit.provider_message_id for hit in hits]
@@ -372,7 +387,12 @@ class Engine:
         name, fingerprint = policy.name, policy.fingerprint
         if decision.action == "confirm":
             job.confirm(
-                via="search", provider_message_ids=ids, policy=name, fingerprint=fingerprint, at=now
+                via="search",
+                provider_message_ids=ids,
+                policy=name,
+                fingerprint=fingerprint,
+                at=now,
+                verify_at=decisions.after_confirmation(policy, resent=job.resent, now=now),
             )
             counter.bump("confirmed")
             log.info("job %s confirmed by search: one copy (%s)", key, ids[0])
@@ -410,6 +430,55 @@ class Engine:
             else:
                 self._escalate(job, decision, f"{job.misses} empty searches", save=False)
                 counter.bump("escalated")
+        self.ledger.save_job(job)
+
+    # -- verify -------------------------------------------------------------------------
+
+    def _verify_one(self, key: str, counter: _Counter) -> None:
+        """Count a resent job's copies once the index has caught up (policy verify_after)."""
+        now = self.clock()
+        if self._search_held_back(key, now):
+            return
+        job = self.ledger.get_job(key)
+        if not job.verifying or job.due_at is None or job.due_at > now:
+            return
+        policy = self.policies.current.get(job.channel)
+        provider = self.providers.get(policy.provider) if policy else None
+        if policy is None or provider is None:
+            # No way to search: the job stays confirmed; a human can `review check` it.
+            job.record_verification(hits=0, next_verify_at=None, policy="", fingerprint="", at=now)
+            self.ledger.save_job(job)
+            return
+        hits = self._search(job, provider, counter, now)
+        if hits is None:
+            return
+        now = self.clock()
+        decision = decisions.after_verification(
+            policy, hits=len(hits), verifications_before=job.verifications, now=now
+        )
+        name, fingerprint = policy.name, policy.fingerprint
+        if decision.action == "duplicate":
+            ids = [hit.provider_message_id for hit in hits]
+            job.record_duplicate(
+                provider_message_ids=ids, policy=name, fingerprint=fingerprint, at=now
+            )
+            self._escalate(
+                job, decision, f"{len(ids)} copies after a resend: {', '.join(ids)}", save=False
+            )
+            counter.bump("escalated")
+            log.error(
+                "job %s: DUPLICATE after a resend, %d copies; flagged for review", key, len(ids)
+            )
+        else:
+            job.record_verification(
+                hits=len(hits),
+                next_verify_at=decision.due_at,
+                policy=name,
+                fingerprint=fingerprint,
+                at=now,
+            )
+            if decision.action == "confirm":
+                log.info("job %s verified: one copy", key)
         self.ledger.save_job(job)
 
     # -- helpers ------------------------------------------------------------------------

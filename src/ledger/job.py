@@ -85,6 +85,9 @@ class SendJob(Aggregate):
     duplicate: bool
     awaiting: str | None  # an event that must come next ("Escalated", "Confirmed")
     last_provider: str | None
+    resent: bool  # sent again without proof the earlier attempt failed
+    verifying: bool  # confirmed, and its copies are to be counted once more
+    verifications: int
 
     def __init__(self) -> None:
         # State is set by the Requested event's apply(), so replay and creation agree.
@@ -136,6 +139,9 @@ class SendJob(Aggregate):
             job.duplicate = False
             job.awaiting = None
             job.last_provider = None
+            job.resent = False
+            job.verifying = False
+            job.verifications = 0
 
     class Attempted(Event):
         TOPIC = "sendledger:SendJob.Attempted"
@@ -199,6 +205,7 @@ class SendJob(Aggregate):
             job.searches = 0
             job.misses = 0
             job.awaiting = None
+            job.resent = True
 
     class Rejected(Event):
         TOPIC = "sendledger:SendJob.Rejected"
@@ -226,14 +233,32 @@ class SendJob(Aggregate):
         provider_message_ids: list[str]
         policy: str
         fingerprint: str
+        verify_at: datetime | None = None  # count the copies again then (after a resend)
 
         def apply(self, job: Any) -> None:
             job.state = JobState.CONFIRMED
             if self.via != "operator":  # an operator's "resolved: sent" stays visible
                 job.reason = None
             job.provider_message_ids = list(self.provider_message_ids)
-            job.due_at = None
+            job.due_at = self.verify_at
+            job.verifying = self.verify_at is not None
+            job.verifications = 0
             job.awaiting = None
+
+    class Verified(Event):
+        """A confirmed job's copies counted once more: one (done), or none yet."""
+
+        TOPIC = "sendledger:SendJob.Verified"
+        search: int
+        hits: int
+        next_verify_at: datetime | None
+        policy: str
+        fingerprint: str
+
+        def apply(self, job: Any) -> None:
+            job.verifications = self.search
+            job.due_at = self.next_verify_at
+            job.verifying = self.next_verify_at is not None
 
     class Duplicate(Event):
         TOPIC = "sendledger:SendJob.Duplicate"
@@ -246,6 +271,7 @@ class SendJob(Aggregate):
             job.duplicate = True
             job.provider_message_ids = list(self.provider_message_ids)
             job.due_at = None
+            job.verifying = False
             job.awaiting = "Escalated"
 
     class Escalated(Event):
@@ -271,6 +297,7 @@ class SendJob(Aggregate):
             job.reason = f"resolved: {self.decision}"
             if self.decision == "resend":
                 job.state = JobState.REQUESTED
+                job.resent = True
                 job.due_at = self.timestamp
                 job.round_attempts = 0
                 job.searches = 0
@@ -460,6 +487,7 @@ class SendJob(Aggregate):
         policy: str,
         fingerprint: str,
         at: datetime,
+        verify_at: datetime | None = None,
     ) -> None:
         if via not in CONFIRM_VIA:
             raise ValueError(f"unknown confirmation source: {via!r}")
@@ -475,6 +503,8 @@ class SendJob(Aggregate):
             self._require_search_due(at, "Confirmed")
         if via == "operator" and self.awaiting != "Confirmed":
             raise self._refuse("Confirmed", "an operator's 'sent' decision must come first")
+        if verify_at is not None and verify_at < at:
+            raise self._refuse("Confirmed", "a verification cannot be due before the confirmation")
         self.trigger_event(
             self.Confirmed,
             timestamp=at,
@@ -482,12 +512,49 @@ class SendJob(Aggregate):
             provider_message_ids=list(provider_message_ids),
             policy=policy,
             fingerprint=fingerprint,
+            verify_at=verify_at,
+        )
+
+    def record_verification(
+        self,
+        *,
+        hits: int,
+        next_verify_at: datetime | None,
+        policy: str,
+        fingerprint: str,
+        at: datetime,
+    ) -> None:
+        """One copy (done) or none yet (again at `next_verify_at`, or give up: None).
+        Two or more copies are a Duplicate, not a verification."""
+        self._require("Verified", JobState.CONFIRMED)
+        if not self.verifying:
+            raise self._refuse("Verified", "no verification is pending")
+        self._require_search_due(at, "Verified")
+        if hits not in (0, 1):
+            raise self._refuse("Verified", "two or more copies are a Duplicate")
+        if hits == 1 and next_verify_at is not None:
+            raise self._refuse("Verified", "one copy ends the verification")
+        if next_verify_at is not None and next_verify_at < at:
+            raise self._refuse("Verified", "the next verification cannot be due before this one")
+        self.trigger_event(
+            self.Verified,
+            timestamp=at,
+            search=self.verifications + 1,
+            hits=hits,
+            next_verify_at=next_verify_at,
+            policy=policy,
+            fingerprint=fingerprint,
         )
 
     def record_duplicate(
         self, *, provider_message_ids: list[str], policy: str, fingerprint: str, at: datetime
     ) -> None:
-        self._require("Duplicate", JobState.UNKNOWN, JobState.REVIEW)
+        self._require("Duplicate", JobState.UNKNOWN, JobState.REVIEW, JobState.CONFIRMED)
+        if self.state is JobState.CONFIRMED:
+            # Only the copy count after a resend may reopen a confirmed job.
+            if not self.verifying:
+                raise self._refuse("Duplicate", "no verification is pending")
+            self._require_search_due(at, "Duplicate")
         if len(provider_message_ids) < 2:
             raise self._refuse("Duplicate", "two or more copies are required")
         self.trigger_event(
@@ -505,10 +572,17 @@ class SendJob(Aggregate):
         if reason not in ESCALATION_REASONS:
             raise ValueError(f"unknown escalation reason: {reason!r}")
         self._require(
-            "Escalated", JobState.REQUESTED, JobState.ATTEMPTED, JobState.UNKNOWN, JobState.REVIEW
+            "Escalated",
+            JobState.REQUESTED,
+            JobState.ATTEMPTED,
+            JobState.UNKNOWN,
+            JobState.REVIEW,
+            JobState.CONFIRMED,
         )
         if self.state is JobState.REVIEW and self.awaiting != "Escalated":
             raise self._refuse("Escalated", "already in review")
+        if self.state is JobState.CONFIRMED and self.awaiting != "Escalated":
+            raise self._refuse("Escalated", "a confirmed job goes to review only as a duplicate")
         self.trigger_event(
             self.Escalated,
             timestamp=at,

@@ -26,6 +26,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "max_attempts",
     "retry_backoff",
     "retry_backoff_max",
+    "verify_after",
     "fingerprint",
     "file",
 )
@@ -62,6 +63,7 @@ def summary_rows(policies: PolicySet) -> list[dict[str, object]]:
                 "max_attempts": policy.max_attempts,
                 "retry_backoff": format_duration(policy.retry_backoff),
                 "retry_backoff_max": format_duration(policy.retry_backoff_max),
+                "verify_after": format_duration(policy.verify_after),
                 "fingerprint": policy.fingerprint,
                 "file": str(source) if source is not None else "",
             }

@@ -194,6 +194,43 @@ def after_transient_rejection(
     return _decision(policy, "retry", due_at=now + timedelta(seconds=wait))
 
 
+def after_confirmation(policy: ChannelPolicy, *, resent: bool, now: datetime) -> datetime | None:
+    """When to count the copies of a just-confirmed job once more, or None.
+
+    Only a job that was sent again without proof that the earlier attempt failed (a miss
+    believed after ``confirm_misses`` searches, or a human's resend) can have a second copy;
+    if the provider's index lagged longer than the search windows, the earlier copy was
+    invisible then. ``verify_after`` later the index has caught up, and a search counts.
+    """
+    if not resent:
+        return None
+    return _utc(now) + timedelta(seconds=policy.verify_after)
+
+
+def after_verification(
+    policy: ChannelPolicy, *, hits: int, verifications_before: int, now: datetime
+) -> Decision:
+    """After a verification search of a confirmed job.
+
+    * one hit: verified, nothing more to do (``confirm``).
+    * two or more: a duplicate, for review (``duplicate``).
+    * none: our confirmed copy is not indexed yet; look again after ``search_interval``,
+      up to ``confirm_misses`` times (``miss`` with a due time), then give up (``miss``
+      without one): the copy was confirmed by the provider, a missing index entry is not a
+      second copy.
+    """
+    _non_negative("hits", hits)
+    now = _utc(now)
+    if hits == 1:
+        return _decision(policy, "confirm")
+    if hits >= 2:
+        return _decision(policy, "duplicate", reason="duplicate")
+    if verifications_before + 1 < policy.confirm_misses:
+        interval = policy.effective_search_interval
+        return _decision(policy, "miss", due_at=now + timedelta(seconds=interval))
+    return _decision(policy, "miss")
+
+
 def after_permanent_rejection(policy: ChannelPolicy) -> Decision:
     """After the provider refused the mail for good (400 and other 4xx): not sent, and
     sending it again would be refused again, so a human decides."""

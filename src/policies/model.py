@@ -136,6 +136,10 @@ class ChannelPolicy(BaseModel):
     max_attempts: PositiveInt = 3
     retry_backoff: Duration = 30.0
     retry_backoff_max: Duration = Field(default=3600.0, validate_default=True)
+    # After a job that was resent (a believed miss, or a human's resend) is confirmed,
+    # count its copies once more this long later: an index lag longer than the search
+    # windows would otherwise hide a duplicate.
+    verify_after: Duration = 3600.0
 
     @field_validator("channel")
     @classmethod

@@ -204,26 +204,35 @@ def test_lag_longer_than_the_first_search_still_one_copy(tmp_path: Any) -> None:
         assert rig.copies("lag-1") == 1
 
 
-def test_windows_shorter_than_the_lag_cause_a_duplicate(tmp_path: Any) -> None:
-    """DOCUMENTS the failure the policy windows exist to prevent.
+def test_windows_shorter_than_the_lag_cause_a_duplicate_which_is_caught(tmp_path: Any) -> None:
+    """DOCUMENTS the failure the policy windows exist to prevent, and the net under it.
 
     The index lags 2s, but the channel believes a miss after two searches 0.2s apart (0.4s
     in all) and its policy is `on_unknown = "retry"`. A dropped response (Gmail HAS the mail)
     is then searched too early, both searches miss, the daemon concludes "not sent" and
-    resends the same Message-ID: the acceptance log shows TWO copies. The resend's response
-    confirms the job (via response), so no later search happens and the duplicate is NOT
-    caught by the daemon: the job reads `confirmed`, with no Duplicate event. Only a search
-    after the lag (`sendledger review check KEY`) shows both copies.
+    resends the same Message-ID: the acceptance log shows TWO copies, and the resend's
+    response confirms the job.
+
+    Because the job was resent without proof, the daemon counts its copies once more
+    `verify_after` (here 3s, longer than the lag) after the confirmation: the search now
+    sees both copies, records Duplicate and Escalated(duplicate), and the job goes to
+    review. The duplicate mail went out all the same.
 
     Hence: search_after + (confirm_misses - 1) * search_interval must exceed the provider's
-    index lag, with a margin, on every channel that may resend.
+    index lag, with a margin, on every channel that may resend; verify_after only tells.
     """
     with _lag_rig(
-        tmp_path, lag=2.0, search_after="200ms", search_interval="200ms", confirm_misses=2
+        tmp_path,
+        lag=2.0,
+        search_after="200ms",
+        search_interval="200ms",
+        confirm_misses=2,
+        verify_after="3s",
     ) as rig:
         rig.submit([job("short-1")])
         daemon = rig.start_daemon()
-        rig.wait_settled(["short-1"])
+        rig.wait_state("short-1", "review", timeout=60)
+        assert daemon.terminate() == 0, daemon.tail()
         history = rig.history("short-1")
         types = [r["type"] for r in history]
         assert types == [
@@ -235,26 +244,41 @@ def test_windows_shorter_than_the_lag_cause_a_duplicate(tmp_path: Any) -> None:
             "Requeued",
             "Attempted",
             "Confirmed",
+            "Duplicate",
+            "Escalated",
         ], types
         assert _confirmations(history) == ["response"]
-        assert "Duplicate" not in types
-        # The effect that matters, counted where it happens: two copies.
+        confirmed = next(r for r in history if r["type"] == "Confirmed")
+        duplicate = next(r for r in history if r["type"] == "Duplicate")
+        assert confirmed["verify_at"] is not None
+        assert duplicate["at"] >= confirmed["verify_at"]
+        assert duplicate["hits"] == 2
+        assert history[-1]["reason"] == "duplicate"
+        # The effect that matters, counted where it happens: two copies, and no third.
         assert rig.copies("short-1") == 2
-        # Once the index has caught up with the second copy, a search sees both.
-        last = max(e["at"] for e in rig.emulator.accepted())
-        _sleep_until_index_has(last, lag=2.0)
         check = rig.cli_json("review", "check", "short-1")
-        assert check["state"] == "confirmed"
         assert len(check["hits"]) == 2, check
-        assert {h["message_id"] for h in check["hits"]} == {rig.message_id("short-1")}
+
+
+def test_a_resent_job_with_one_copy_is_verified_and_stays_confirmed(tmp_path: Any) -> None:
+    """fail-before-forward: nothing reached the provider, the resend is the only copy.
+    The verification after the resend counts one copy: Verified, still confirmed."""
+    with Rig(
+        tmp_path,
+        lag=0.3,
+        plan=FaultPlan(send=["fail-before-forward"]),
+        policies={"receipts": {**RETRY_POLICY, "verify_after": "1s"}},
+    ) as rig:
+        rig.submit([job("verify-1")])
+        daemon = rig.start_daemon()
+        rig.wait_for(lambda: "Verified" in rig.types("verify-1"), "the verification", timeout=30)
         assert daemon.terminate() == 0, daemon.tail()
-        # Still not caught: the daemon never searches a confirmed job again.
-        assert "Duplicate" not in rig.types("short-1")
-
-
-def _sleep_until_index_has(accepted_at: str, *, lag: float) -> None:
-    visible = datetime.fromisoformat(accepted_at.replace("Z", "+00:00")).timestamp() + lag
-    time.sleep(max(0.0, visible - time.time() + 0.2))
+        history = rig.history("verify-1")
+        types = [r["type"] for r in history]
+        assert types[-2:] == ["Confirmed", "Verified"], types
+        assert history[-1]["hits"] == 1
+        assert rig.state("verify-1") == "confirmed"
+        assert rig.copies("verify-1") == 1
 
 
 # -- channels that never resend on their own ---------------------------------------------

@@ -815,3 +815,84 @@ def test_a_message_that_cannot_be_built_goes_to_review_unclaimed(make_rig: RigFa
     assert rig.of("unbuildable", "Escalated")[0].reason == "rejected"
     assert rig.names("unbuildable") == ["Requested", "Escalated"]  # never claimed
     assert rig.sends() == 0
+
+
+# -- the copy count after a resend (policy verify_after) ---------------------------------
+
+SHORT_WINDOWS = {
+    "on_unknown": "retry",
+    "search_after": "60s",
+    "search_interval": "60s",
+    "confirm_misses": 2,
+    "verify_after": "10m",
+}
+
+
+def test_a_duplicate_hidden_by_the_index_lag_is_caught_after_verify_after(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator
+) -> None:
+    """Windows (60s + 60s) shorter than the lag (400s): the dropped response's copy is
+    invisible to both searches, the job is resent and confirmed by the resend's response.
+    verify_after (10m) later the index shows both copies: Duplicate, Escalated, review."""
+    rig = make_rig({"receipts": SHORT_WINDOWS})
+    emulator.set_lag(400)
+    relay.set_plan(FaultPlan(send=["drop-response"]))
+    message_id = rig.submit("receipts", "hidden-dup")
+    rig.tick()
+    rig.advance_and_tick(60)
+    rig.advance_and_tick(60)  # second miss believed: requeued
+    rig.tick()  # the resend, confirmed by its response
+    assert rig.state("hidden-dup") is JobState.CONFIRMED
+    assert emulator.copies(message_id) == 2
+    [confirmed] = rig.of("hidden-dup", "Confirmed")
+    assert confirmed.verify_at == confirmed.timestamp + timedelta(minutes=10)
+    searches = rig.searches()
+
+    rig.advance_and_tick(599)
+    assert rig.searches() == searches  # not before verify_after
+    assert rig.state("hidden-dup") is JobState.CONFIRMED
+    rig.advance_and_tick(1)
+    assert rig.state("hidden-dup") is JobState.REVIEW
+    assert rig.names("hidden-dup")[-2:] == ["Duplicate", "Escalated"]
+    assert rig.of("hidden-dup", "Escalated")[0].reason == "duplicate"
+    for _ in range(3):
+        rig.advance_and_tick(600)
+    assert rig.sends() == 2  # never a third
+
+
+def test_a_job_confirmed_without_a_resend_is_not_verified(
+    make_rig: RigFactory, emulator: GmailEmulator
+) -> None:
+    rig = make_rig({"receipts": SHORT_WINDOWS})
+    rig.submit("receipts", "plain")
+    rig.tick()
+    [confirmed] = rig.of("plain", "Confirmed")
+    assert confirmed.verify_at is None
+    rig.advance_and_tick(3600)
+    assert rig.searches() == 0
+    assert rig.names("plain")[-1] == "Confirmed"
+
+
+def test_a_verification_that_finds_no_copy_yet_looks_again_then_stops(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator
+) -> None:
+    """fail-before-forward, then the resend's copy is still not indexed at verify_after
+    (lag 20m): the verification looks again after search_interval, confirm_misses times
+    in all, then stops; the job stays confirmed (the provider confirmed the copy)."""
+    rig = make_rig({"receipts": SHORT_WINDOWS})
+    relay.set_plan(FaultPlan(send=["fail-before-forward"]))
+    rig.submit("receipts", "slow-index")
+    rig.tick()
+    rig.advance_and_tick(60)
+    rig.advance_and_tick(60)
+    emulator.set_lag(1200)  # the resend's copy is indexed only 20 minutes later
+    rig.tick()
+    assert rig.state("slow-index") is JobState.CONFIRMED
+    rig.advance_and_tick(600)
+    rig.advance_and_tick(60)
+    verified = rig.of("slow-index", "Verified")
+    assert [(v.hits, v.next_verify_at is None) for v in verified] == [(0, False), (0, True)]
+    assert rig.state("slow-index") is JobState.CONFIRMED
+    searches = rig.searches()
+    rig.advance_and_tick(3600)
+    assert rig.searches() == searches
