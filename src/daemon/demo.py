@@ -43,6 +43,8 @@ confirm_misses = 2
 max_attempts = 4
 retry_backoff = "500ms"
 retry_backoff_max = "3s"
+# A resent receipt's copies are counted once more when the index has surely caught up.
+verify_after = "{verify_after}"
 """,
     "payouts": """\
 # Payout notices: irreversible -> an unknown outcome goes to a human, never resent.
@@ -145,7 +147,12 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
         (folder / "policies").mkdir(exist_ok=True)
         for name, text in POLICIES.items():
             (folder / "policies" / f"{name}.toml").write_text(
-                text.format(search_after=search_after, search_interval="1s"), encoding="utf-8"
+                text.format(
+                    search_after=search_after,
+                    search_interval="1s",
+                    verify_after=f"{int((lag + 1.5) * 1000)}ms",
+                ),
+                encoding="utf-8",
             )
         (folder / "sendledger.toml").write_text(
             CONFIG.format(relay=relay.url, emulator=emulator.url, timeout="1500ms"),
@@ -205,6 +212,7 @@ def _rows(ledger: Ledger) -> list[dict[str, Any]]:
                 "state": job.state.value,
                 "attempts": job.attempts,
                 "searches": job.searches,
+                "verifying": job.verifying,
                 "reason": (job.reason or "")[:58],
             }
         )
@@ -227,11 +235,13 @@ def _watch(out: TextIO, ledger: Ledger, limit: float) -> bool:
         else:
             for row in rows:
                 state = f"{row['state']} (attempts {row['attempts']}, searches {row['searches']})"
+                if row["verifying"]:
+                    state += ", copies to be counted again"
                 if seen.get(row["key"]) != state:
                     seen[row["key"]] = state
                     note = f"  {row['reason']}" if row["reason"] else ""
                     print(f"  t={elapsed:5.1f}s  {row['key']:<20} {state}{note}", file=out)
-        if all(JobState(r["state"]) in _SETTLED for r in rows):
+        if all(JobState(r["state"]) in _SETTLED and not r["verifying"] for r in rows):
             if tty:
                 print(file=out)
             return True
