@@ -152,10 +152,23 @@ class SendJobMachine(RuleBasedStateMachine):
             at=now,
         )
 
-    def cmd_confirm(self, via: str, ids: list[str]) -> Command:
+    def cmd_confirm(self, via: str, ids: list[str], verify: int | None = None) -> Command:
         now = self.clock.now
+        verify_at = self.at(verify)
         return lambda: self.job.confirm(
-            via=via, provider_message_ids=ids, policy=POLICY, fingerprint=FINGERPRINT, at=now
+            via=via,
+            provider_message_ids=ids,
+            policy=POLICY,
+            fingerprint=FINGERPRINT,
+            at=now,
+            verify_at=verify_at,
+        )
+
+    def cmd_verify(self, hits: int, next_verify: int | None) -> Command:
+        now = self.clock.now
+        next_at = self.at(next_verify)
+        return lambda: self.job.record_verification(
+            hits=hits, next_verify_at=next_at, policy=POLICY, fingerprint=FINGERPRINT, at=now
         )
 
     def cmd_duplicate(self, ids: list[str]) -> Command:
@@ -207,11 +220,19 @@ class SendJobMachine(RuleBasedStateMachine):
             transient = draw(st.booleans())
             return self.cmd_reject(transient, draw(valid_offset) if transient else None)
 
+        def verify_offset() -> int | None:
+            # As the daemon does: a resent job's copies are counted again later.
+            return draw(future_offset) if job.resent else None
+
         def confirm_response() -> Command:
-            return self.cmd_confirm("response", ["m1"])
+            return self.cmd_confirm("response", ["m1"], verify_offset())
 
         def confirm_search() -> Command:
-            return self.cmd_confirm("search", ["m1"])
+            return self.cmd_confirm("search", ["m1"], verify_offset())
+
+        def verify() -> Command:
+            hits = draw(st.integers(0, 1))
+            return self.cmd_verify(hits, draw(valid_offset) if hits == 0 else None)
 
         def miss() -> Command:
             return self.cmd_miss(draw(valid_offset))
@@ -239,6 +260,8 @@ class SendJobMachine(RuleBasedStateMachine):
             return ([requeue] if job.misses else []) + searches
         if job.state is JobState.REVIEW:
             return [resolve] if job.duplicate else [resolve, resolve, duplicate]
+        if job.state is JobState.CONFIRMED and job.verifying:
+            return [verify, verify, duplicate]
         return []
 
     def guided(self, data: st.DataObject) -> None:
@@ -277,6 +300,7 @@ class SendJobMachine(RuleBasedStateMachine):
         "requeue",
         "reject",
         "confirm",
+        "verify",
         "duplicate",
         "escalate",
         "resolve",
@@ -303,7 +327,9 @@ class SendJobMachine(RuleBasedStateMachine):
         if which == "confirm":
             vias = ["response", "search", "operator"]
             via = draw(st.sampled_from(vias if plausible else [*vias, "carrier-pigeon"]))
-            return self.cmd_confirm(via, draw(ids))
+            return self.cmd_confirm(via, draw(ids), draw(offset))
+        if which == "verify":
+            return self.cmd_verify(draw(st.integers(0, 3)), draw(offset))
         if which == "duplicate":
             return self.cmd_duplicate(["m1", "m2"] if plausible else draw(id_lists))
         if which == "escalate":
@@ -339,10 +365,14 @@ class SendJobMachine(RuleBasedStateMachine):
             self.cmd_reject(True, None),
             self.cmd_reject(False, None),
             *(
-                self.cmd_confirm(via, ids)
+                self.cmd_confirm(via, ids, verify)
                 for via in ("response", "search", "operator")
                 for ids in (["m1"], ["m1", "m2"])
+                for verify in (None, 600)
             ),
+            self.cmd_verify(1, None),
+            self.cmd_verify(0, 300),
+            self.cmd_verify(0, None),
             self.cmd_duplicate(["m1", "m2"]),
             *(self.cmd_escalate(reason) for reason in sorted(ESCALATION_REASONS)),
             *(self.cmd_resolve(decision) for decision in ("sent", "resend", "abandon")),
@@ -390,7 +420,10 @@ class SendJobMachine(RuleBasedStateMachine):
     @invariant()
     def settled_jobs_stay_settled(self) -> None:
         if self.final is None:
-            if self.job.state in FINAL_STATES:
+            # A confirmed job whose copies are still to be counted may yet turn out a
+            # duplicate; it is final once that count is done (or was never due).
+            done = not self.job.verifying and self.job.awaiting is None
+            if self.job.state in FINAL_STATES and done:
                 self.final = self.job.state
                 self.final_version = self.job.version
             return
@@ -413,17 +446,42 @@ def check_history(events: list[Any]) -> None:
     searches_never_inside_the_lag_window(events)
     nothing_resent_after_a_duplicate(events)
     awaited_escalation_comes_next(events)
+    only_verification_reopens_a_confirmed_job(events)
     confirmed_only_from_one_copy_or_a_human(events)
     decisions_carry_the_policy(events)
 
 
 def nothing_after_final(events: list[Any]) -> None:
     for index, event in enumerate(events):
-        final = name(event) == "Confirmed" or (
-            name(event) == "Resolved" and event.decision == "abandon"
+        final = (
+            (name(event) == "Confirmed" and event.verify_at is None)
+            or (name(event) == "Verified" and event.next_verify_at is None)
+            or (name(event) == "Resolved" and event.decision == "abandon")
         )
         if final:
             assert index == len(events) - 1, f"{name(events[index + 1])} after a final event"
+
+
+def only_verification_reopens_a_confirmed_job(events: list[Any]) -> None:
+    # After a Confirmed: only Verified (hits 0 or 1) or a Duplicate, and only when the
+    # confirmation scheduled a count (after a resend), no sooner than it was due.
+    due = None
+    for event in events:
+        kind = name(event)
+        if kind == "Confirmed":
+            due = event.verify_at
+            if due is not None:
+                assert event.via in ("response", "search")
+            continue
+        if due is None:
+            continue
+        assert kind in ("Verified", "Duplicate"), f"{kind} after a confirmation"
+        assert event.timestamp >= due, "copies counted before verify_after"
+        if kind == "Duplicate":
+            due = None
+        else:
+            assert event.hits in (0, 1)
+            due = event.next_verify_at
 
 
 def one_claim_per_outcome(events: list[Any]) -> None:
@@ -518,7 +576,11 @@ def awaited_escalation_comes_next(events: list[Any]) -> None:
 
 def confirmed_only_from_one_copy_or_a_human(events: list[Any]) -> None:
     confirmations = [i for i, e in enumerate(events) if name(e) == "Confirmed"]
-    assert len(confirmations) <= 1
+    # A second confirmation only by a human, after a verification found a duplicate.
+    assert len(confirmations) <= 2
+    if len(confirmations) == 2:
+        assert events[confirmations[1]].via == "operator"
+        assert "Duplicate" in [name(e) for e in events[confirmations[0] : confirmations[1]]]
     for index in confirmations:
         event, previous = events[index], events[index - 1]
         assert event.via in ("response", "search", "operator")
@@ -542,6 +604,7 @@ def decisions_carry_the_policy(events: list[Any]) -> None:
             "Requeued",
             "Rejected",
             "Confirmed",
+            "Verified",
             "Duplicate",
             "Escalated",
         ):
