@@ -27,7 +27,14 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from daemon import audit, commands, demo, service_commands
 
-    parser = _Parser(prog="sendledger", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(
+        prog="sendledger",
+        description="Email sends that are safe to retry when the provider has no idempotency "
+        "key: a Message-ID derived from the job's key, reconciliation by searching the "
+        "sender's mailbox, and every step recorded as an event.",
+        epilog="Exit codes: 0 ok, 1 unexpected failure, 2 bad input, 3 key conflict, "
+        "4 unknown job.",
+    )
     parser.add_argument("--config", help="config file (else $SENDLEDGER_CONFIG, ./sendledger.toml)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.register(sub)

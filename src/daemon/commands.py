@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_history)
 
     policy = sub.add_parser("policy", help="channel policies").add_subparsers(
-        dest="policy_command", metavar="COMMAND"
+        dest="policy_command", metavar="COMMAND", required=True
     )
     p = policy.add_parser("check", help="validate a folder of policy files")
     p.add_argument("dir", nargs="?", help="policies folder (default: daemon.policies_dir)")
@@ -52,7 +52,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_policy_check)
 
     admin = sub.add_parser("admin", help="maintenance").add_subparsers(
-        dest="admin_command", metavar="COMMAND"
+        dest="admin_command", metavar="COMMAND", required=True
     )
     p = admin.add_parser("rebuild-index", help="recreate the job index from the events")
     p.add_argument("--json", action="store_true")

@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_run)
 
     review = sub.add_parser("review", help="jobs that need a human").add_subparsers(
-        dest="review_command", metavar="COMMAND"
+        dest="review_command", metavar="COMMAND", required=True
     )
     p = review.add_parser("list", help="jobs in review")
     p.add_argument("--json", action="store_true")
