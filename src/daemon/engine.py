@@ -118,6 +118,8 @@ class Engine:
         # provider every tick; nothing about the job changes, so nothing is recorded.
         self._search_not_before: dict[str, datetime] = {}
         self._stopping = threading.Event()
+        # Whether each provider keeps our Message-ID: read once per tick, not per job.
+        self._reliable: dict[str, bool] = {}
 
     def stop(self) -> None:
         """Start no new provider call; the ones in flight finish and are recorded."""
@@ -128,8 +130,15 @@ class Engine:
 
     # -- the tick ---------------------------------------------------------------------
 
+    def unreliable_providers(self) -> list[str]:
+        return sorted(name for name, reliable in self._reliable.items() if not reliable)
+
+    def _handle_reliable(self, provider: str) -> bool:
+        return self._reliable.get(provider, True)
+
     def tick(self) -> TickReport:
         counter = _Counter()
+        self._reliable = {name: self.ledger.handle_reliable(name) for name in self.providers}
         self._run_due(JobState.REQUESTED, self._dispatch_one, counter)
         self._run_due(JobState.ATTEMPTED, self._recover_one, counter)
         self._run_due(JobState.UNKNOWN, self._sweep_one, counter)
@@ -268,7 +277,7 @@ class Engine:
     def _record_unknown(
         self, job: SendJob, policy: ChannelPolicy, reason: str, now: datetime
     ) -> None:
-        reliable = self.ledger.handle_reliable(policy.provider)
+        reliable = self._handle_reliable(policy.provider)
         decision = decisions.after_unknown(policy, now=now, handle_reliable=reliable)
         search_due = decision.due_at if decision.action == "search" else None
         job.record_unknown(
@@ -306,6 +315,7 @@ class Engine:
             job.message_id,
             stored,
         )
+        self._reliable[provider_name] = False
         self.ledger.mark_handle(
             provider_name,
             lambda handle: handle.mark_unreliable(
@@ -370,7 +380,7 @@ class Engine:
         if found is None:
             return
         policy, provider = found
-        if not self.ledger.handle_reliable(policy.provider):
+        if not self._handle_reliable(policy.provider):
             decision = Decision(
                 "review", policy.name, policy.fingerprint, reason="handle-unreliable"
             )

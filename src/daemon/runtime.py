@@ -129,10 +129,9 @@ class Daemon:
     # -- the service ------------------------------------------------------------------
 
     def status_line(self) -> str:
-        counts = self.engine.ledger.index.count_by_state()
-        parts = [f"{state} {counts.get(state, 0)}" for state in _STATUS_STATES]
-        line = "jobs: " + ", ".join(parts)
-        unreliable = [p for p in self.engine.providers if not self.engine.ledger.handle_reliable(p)]
+        counts = self.engine.ledger.index.count_in_states(_STATUS_STATES)
+        line = "jobs: " + ", ".join(f"{state} {counts[state]}" for state in _STATUS_STATES)
+        unreliable = self.engine.unreliable_providers()
         if unreliable:
             line += f"; HANDLE UNRELIABLE: {', '.join(unreliable)}"
         if self.engine.policies.last_error:
@@ -179,7 +178,8 @@ class Daemon:
         return 0
 
 
-_STATUS_STATES = ("requested", "attempted", "unknown", "review", "confirmed", "abandoned")
+# Open work only: counting confirmed and abandoned jobs would grow with the history.
+_STATUS_STATES = ("requested", "attempted", "unknown", "review")
 
 
 def _now() -> datetime:

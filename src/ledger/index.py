@@ -188,6 +188,20 @@ class JobIndexQueries:
         value = rows[0][0] if rows else None
         return None if value is None else float(value)
 
+    def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
+        """Counts for the given states: a range of the (state, due_at) index each, so
+        asking for the open states costs what is open, not what was ever stored."""
+        placeholders = ", ".join(["{p}"] * len(states))
+        rows = self._fetch(
+            self._sql(
+                f"SELECT state, COUNT(*) FROM {{t}} WHERE state IN ({placeholders}) GROUP BY state"
+            ),
+            list(states),
+        )
+        counts = dict.fromkeys(states, 0)
+        counts.update({str(state): int(count) for state, count in rows})
+        return counts
+
     def count_by_state(self) -> dict[str, int]:
         rows = self._fetch(self._sql("SELECT state, COUNT(*) FROM {t} GROUP BY state"), [])
         return {str(state): int(count) for state, count in rows}

@@ -572,3 +572,14 @@ def test_a_missing_postgres_schema_is_created() -> None:
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_count_in_states_reports_zero_for_empty_states(store_url: str) -> None:
+    ledger = Ledger(store_url)
+    try:
+        assert ledger.index.count_in_states(["requested", "review"]) == {
+            "requested": 0,
+            "review": 0,
+        }
+    finally:
+        ledger.close()
