@@ -146,25 +146,23 @@ def _events(
             for e in events
             if (since is None or e.timestamp >= since) and (until is None or e.timestamp < until)
         ]
-        ids = sorted({e.originator_id.hex for e in wanted})
-        rows = {
-            r.job_id: r
-            for r in ledger.index.find(
-                job_ids=ids, state=state, channel=channel, limit=len(ids) or 1
-            )
-        }
+        # The job of each event, loaded by its id (an index lookup in the events table);
+        # the job index has no job_id index, and a scan per page would grow with history.
+        jobs: dict[Any, SendJob] = {}
         for event in wanted:
-            row = rows.get(event.originator_id.hex)
-            if row is None:
+            job = jobs.get(event.originator_id)
+            if job is None:
+                job = jobs[event.originator_id] = ledger.repository.get(event.originator_id)
+            if (state and job.state.value != state) or (channel and job.channel != channel):
                 continue
             yield {
                 "at": output.iso(event.timestamp),
                 "event": event_type,
                 "version": event.originator_version,
-                "key": row.key,
-                "channel": row.channel,
-                "state": row.state,
-                "message_id": row.message_id,
+                "key": job.key,
+                "channel": job.channel,
+                "state": job.state.value,
+                "message_id": job.message_id,
             }
         start = notifications[-1].id + 1
 

@@ -148,7 +148,6 @@ class JobIndexQueries:
         channel: str | None = None,
         updated_from: float | None = None,
         updated_to: float | None = None,
-        job_ids: Sequence[str] | None = None,
         after_key: str | None = None,
         limit: int = 1000,
     ) -> list[IndexRow]:
@@ -165,11 +164,6 @@ class JobIndexQueries:
             if value is not None:
                 clauses.append(clause)
                 params.append(value)
-        if job_ids is not None:
-            if not job_ids:
-                return []
-            clauses.append("job_id IN (" + ", ".join(["{p}"] * len(job_ids)) + ")")
-            params.extend(job_ids)
         where = ("WHERE " + " AND ".join(clauses) + " ") if clauses else ""
         rows = self._fetch(self._sql(_SELECT + where + "ORDER BY key LIMIT {p}"), [*params, limit])
         return [_row(r) for r in rows]
