@@ -27,9 +27,9 @@ POLICY = ChannelPolicy.model_validate(
 P = {"policy": "receipts", "fingerprint": "f"}
 
 
-def resent_and_confirmed(clock: FakeClock, *, verify: bool = True) -> SendJob:
+def attempted(clock: FakeClock, key: str) -> SendJob:
     job = SendJob.request(
-        key="k",
+        key=key,
         channel="receipts",
         to=["a@example.com"],
         cc=[],
@@ -38,12 +38,17 @@ def resent_and_confirmed(clock: FakeClock, *, verify: bool = True) -> SendJob:
         subject="s",
         body="b",
         html=None,
-        message_id="<job-k@mail.example.com>",
+        message_id=f"<job-{key}@mail.example.com>",
         content_hash="h",
         at=clock(),
         **P,
     )
     job.attempt(provider="support", deadline=clock() + timedelta(seconds=30), at=clock())
+    return job
+
+
+def resent_and_confirmed(clock: FakeClock, *, verify: bool = True) -> SendJob:
+    job = attempted(clock, "k")
     job.record_unknown(reason="timeout", search_due_at=clock(), at=clock(), **P)
     job.record_miss(query="q", next_search_at=clock(), at=clock(), **P)
     job.record_miss(query="q", next_search_at=None, at=clock(), **P)
@@ -123,22 +128,7 @@ def test_verification_refuses_odd_inputs(clock: FakeClock) -> None:
 
 
 def test_a_verification_cannot_be_due_before_the_confirmation(clock: FakeClock) -> None:
-    job = SendJob.request(
-        key="k2",
-        channel="receipts",
-        to=["a@example.com"],
-        cc=[],
-        reply_to=None,
-        from_addr="s@example.com",
-        subject="s",
-        body="b",
-        html=None,
-        message_id="<job-k2@mail.example.com>",
-        content_hash="h",
-        at=clock(),
-        **P,
-    )
-    job.attempt(provider="support", deadline=clock() + timedelta(seconds=30), at=clock())
+    job = attempted(clock, "k2")
     with pytest.raises(TransitionError, match="before the confirmation"):
         job.confirm(
             via="response",
