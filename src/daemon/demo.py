@@ -175,7 +175,7 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
             )
             sender = Sender(policy.from_, policy.message_id_domain, policy.name, policy.fingerprint)
             ledger.submit(content, sender)
-        engine = build_engine(settings, ledger, lambda: policies)
+        engine = build_engine(settings, ledger, lambda: policies, policies=policies)
         daemon = Daemon(engine, settings.daemon.tick)
         runner = threading.Thread(target=daemon.serve, name="daemon", daemon=True)
         runner.start()

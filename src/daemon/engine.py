@@ -66,10 +66,10 @@ class _Counter:
 class PolicyHolder:
     """The policies in force. A reload that fails keeps the last good set running."""
 
-    def __init__(self, loader: Callable[[], PolicySet]) -> None:
+    def __init__(self, loader: Callable[[], PolicySet], initial: PolicySet | None = None) -> None:
         self._loader = loader
         self._lock = threading.Lock()
-        self._policies = loader()
+        self._policies = initial if initial is not None else loader()
         self.last_error: str | None = None
 
     @property

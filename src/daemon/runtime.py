@@ -29,21 +29,23 @@ from policies.loader import PolicySet
 log = logging.getLogger("sendledger.daemon")
 
 
-def build_providers(settings: Settings) -> dict[str, Provider]:
+def build_provider(settings: Settings, name: str) -> Provider:
     from daemon.providers.gmail import GmailProvider
 
-    providers: dict[str, Provider] = {}
-    for name, config in settings.providers.items():
-        providers[name] = GmailProvider(
-            name,
-            credentials_file=settings.credentials_file(name),
-            user=config.user,
-            api_endpoint=config.api_endpoint,
-            token_uri=config.token_uri,
-            timeout=config.timeout,
-            quota_units_per_second=config.quota_units_per_second,
-        )
-    return providers
+    config = settings.providers[name]
+    return GmailProvider(
+        name,
+        credentials_file=settings.credentials_file(name),
+        user=config.user,
+        api_endpoint=config.api_endpoint,
+        token_uri=config.token_uri,
+        timeout=config.timeout,
+        quota_units_per_second=config.quota_units_per_second,
+    )
+
+
+def build_providers(settings: Settings) -> dict[str, Provider]:
+    return {name: build_provider(settings, name) for name in settings.providers}
 
 
 def build_engine(
@@ -53,10 +55,12 @@ def build_engine(
     providers: Mapping[str, Provider] | None = None,
     *,
     clock: Callable[[], datetime] | None = None,
+    policies: PolicySet | None = None,
 ) -> Engine:
+    """`policies`, when the caller has just loaded them, saves loading them again."""
     return Engine(
         ledger,
-        PolicyHolder(policy_loader),
+        PolicyHolder(policy_loader, policies),
         providers if providers is not None else build_providers(settings),
         provider_timeouts={name: p.timeout for name, p in settings.providers.items()},
         clock=clock,
@@ -197,4 +201,4 @@ def run_once(engine: Engine) -> TickReport:
         engine.close()
 
 
-__all__ = ["Daemon", "build_engine", "build_providers", "run_once"]
+__all__ = ["Daemon", "build_engine", "build_provider", "build_providers", "run_once"]

@@ -15,7 +15,7 @@ from daemon.context import load_policies, open_ledger, settings_for
 from daemon.errors import EXIT_OK, EXIT_UNKNOWN_JOB, CliError, bad_input
 from daemon.logs import setup_logging
 from daemon.providers.base import ProviderError
-from daemon.runtime import Daemon, build_engine, build_providers, run_once
+from daemon.runtime import Daemon, build_engine, build_provider, run_once
 from ledger.application import UnknownJob
 from ledger.job import JobState, TransitionError
 
@@ -61,10 +61,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     settings = settings_for(args.config)
     setup_logging(settings.daemon.log_level)
-    load_policies(settings)  # refuse to start on a broken policy folder (exit 2)
+    policies = load_policies(settings)  # refuse to start on a broken policy folder (exit 2)
     ledger = open_ledger(settings)
     try:
-        engine = build_engine(settings, ledger, lambda: load_policies(settings))
+        engine = build_engine(settings, ledger, lambda: load_policies(settings), policies=policies)
     except (ValueError, OSError) as exc:
         raise bad_input(f"providers: {exc}") from None
     if args.once:
@@ -175,7 +175,7 @@ def cmd_review_check(args: argparse.Namespace) -> int:
     provider_name = policy.provider if policy else job.last_provider
     if provider_name is None or provider_name not in settings.providers:
         raise bad_input(f"job {job.key!r}: no provider to search (channel {job.channel!r})")
-    provider = build_providers(settings)[provider_name]
+    provider = build_provider(settings, provider_name)
     try:
         hits = provider.search(job.message_id)
     except ProviderError as exc:
