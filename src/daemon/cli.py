@@ -14,6 +14,10 @@ from typing import Any, NoReturn
 from daemon import output
 from daemon.errors import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_FAILURE, EXIT_UNKNOWN_JOB, CliError
 from daemon.settings import ConfigError
+from ledger.application import KeyConflict, UnknownJob
+from ledger.content import JobInputError
+from ledger.job import TransitionError
+from ledger.message_id import MessageIdError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -68,6 +72,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         output.error(str(exc))
         return exc.code
+    # The ledger's refusals, one exit code each, for every command.
+    except KeyConflict as exc:
+        output.error(str(exc))
+        return EXIT_CONFLICT
+    except UnknownJob as exc:
+        output.error(str(exc))
+        return EXIT_UNKNOWN_JOB
+    except (TransitionError, JobInputError, MessageIdError) as exc:
+        output.error(str(exc))
+        return EXIT_BAD_INPUT
     except ConfigError as exc:
         output.error(str(exc))
         return EXIT_BAD_INPUT

@@ -13,16 +13,12 @@ from daemon import output
 from daemon.context import load_policies, open_ledger, settings_for
 from daemon.errors import (
     EXIT_BAD_INPUT,
-    EXIT_CONFLICT,
     EXIT_OK,
-    EXIT_UNKNOWN_JOB,
-    CliError,
     bad_input,
 )
-from ledger.application import KeyConflict, Ledger, Sender, UnknownJob
+from ledger.application import Sender
 from ledger.content import JobContent, JobInputError, parse_job
 from ledger.job import SendJob
-from ledger.message_id import MessageIdError
 from policies.check import check_policies, render_table, summary_rows
 from policies.loader import PolicySet
 
@@ -109,10 +105,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         for job, sender in zip(jobs, senders, strict=True):
             results.append(ledger.submit(job, sender).as_dict())
-    except KeyConflict as exc:
-        raise CliError(str(exc), EXIT_CONFLICT) from None
-    except (JobInputError, MessageIdError) as exc:
-        raise bad_input(str(exc)) from None
     finally:
         ledger.close()
     if args.json:
@@ -155,17 +147,10 @@ def job_status(job: SendJob) -> dict[str, Any]:
     return status
 
 
-def _get(ledger: Ledger, key: str) -> SendJob:
-    try:
-        return ledger.get_job(key)
-    except UnknownJob as exc:
-        raise CliError(str(exc), EXIT_UNKNOWN_JOB) from None
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     ledger = open_ledger(settings_for(args.config))
     try:
-        status = job_status(_get(ledger, args.key))
+        status = job_status(ledger.get_job(args.key))
     finally:
         ledger.close()
     if args.json:
@@ -195,8 +180,6 @@ def cmd_history(args: argparse.Namespace) -> int:
     ledger = open_ledger(settings_for(args.config))
     try:
         records = [event_record(e) for e in ledger.history(args.key)]
-    except UnknownJob as exc:
-        raise CliError(str(exc), EXIT_UNKNOWN_JOB) from None
     finally:
         ledger.close()
     if args.json:

@@ -12,12 +12,11 @@ from typing import Any
 from daemon import output
 from daemon.commands import event_record, job_status
 from daemon.context import load_policies, open_ledger, settings_for
-from daemon.errors import EXIT_OK, EXIT_UNKNOWN_JOB, CliError, bad_input
+from daemon.errors import EXIT_OK, CliError, bad_input
 from daemon.logs import setup_logging
 from daemon.providers.base import ProviderError
 from daemon.runtime import Daemon, build_engine, build_provider, run_once
-from ledger.application import UnknownJob
-from ledger.job import JobState, TransitionError
+from ledger.job import JobState
 
 log = logging.getLogger("sendledger")
 
@@ -119,8 +118,6 @@ def cmd_review_show(args: argparse.Namespace) -> int:
     try:
         job = ledger.get_job(args.key)
         events = [event_record(e) for e in ledger.history(args.key)]
-    except UnknownJob as exc:
-        raise CliError(str(exc), EXIT_UNKNOWN_JOB) from None
     finally:
         ledger.close()
     status = job_status(job)
@@ -147,10 +144,6 @@ def cmd_review_resolve(args: argparse.Namespace) -> int:
             args.key,
             lambda j: j.resolve(decision=args.decision, note=args.note, by=by, at=ledger.clock()),
         )
-    except UnknownJob as exc:
-        raise CliError(str(exc), EXIT_UNKNOWN_JOB) from None
-    except TransitionError as exc:
-        raise bad_input(str(exc)) from None
     finally:
         ledger.close()
     status = job_status(job)
@@ -166,8 +159,6 @@ def cmd_review_check(args: argparse.Namespace) -> int:
     ledger = open_ledger(settings)
     try:
         job = ledger.get_job(args.key)
-    except UnknownJob as exc:
-        raise CliError(str(exc), EXIT_UNKNOWN_JOB) from None
     finally:
         ledger.close()
     policies = load_policies(settings)
