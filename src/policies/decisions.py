@@ -129,6 +129,24 @@ def after_unknown(
     return _decision(policy, "search", due_at=now + timedelta(seconds=policy.search_after))
 
 
+def _count_copies(
+    policy: ChannelPolicy, *, hits: int, searches_before: int, now: datetime
+) -> Decision | None:
+    """What one search's hit count decides, shared by the sweep and the verification:
+    one copy confirms, two or more are a duplicate, none means search again while fewer
+    than ``confirm_misses`` searches came back empty. None: the misses are believed."""
+    _non_negative("hits", hits)
+    now = _utc(now)
+    if hits == 1:
+        return _decision(policy, "confirm")
+    if hits >= 2:
+        return _decision(policy, "duplicate", reason="duplicate")
+    if searches_before + 1 < policy.confirm_misses:
+        interval = policy.effective_search_interval
+        return _decision(policy, "miss", due_at=now + timedelta(seconds=interval))
+    return None
+
+
 def after_search(
     policy: ChannelPolicy, *, hits: int, misses_before: int, now: datetime
 ) -> Decision:
@@ -144,17 +162,11 @@ def after_search(
 
     ``misses_before`` counts the empty searches already recorded since the Unknown.
     """
-    _non_negative("hits", hits)
     _non_negative("misses_before", misses_before)
     now = _utc(now)
-    if hits == 1:
-        return _decision(policy, "confirm")
-    if hits >= 2:
-        return _decision(policy, "duplicate", reason="duplicate")
-    misses = misses_before + 1
-    if misses < policy.confirm_misses:
-        interval = policy.effective_search_interval
-        return _decision(policy, "miss", due_at=now + timedelta(seconds=interval))
+    counted = _count_copies(policy, hits=hits, searches_before=misses_before, now=now)
+    if counted is not None:
+        return counted
     if _may_resend(policy):
         return _decision(policy, "retry", due_at=now)
     return _review(policy, "unknown-outcome")
@@ -219,15 +231,9 @@ def after_verification(
       without one): the copy was confirmed by the provider, a missing index entry is not a
       second copy.
     """
-    _non_negative("hits", hits)
-    now = _utc(now)
-    if hits == 1:
-        return _decision(policy, "confirm")
-    if hits >= 2:
-        return _decision(policy, "duplicate", reason="duplicate")
-    if verifications_before + 1 < policy.confirm_misses:
-        interval = policy.effective_search_interval
-        return _decision(policy, "miss", due_at=now + timedelta(seconds=interval))
+    counted = _count_copies(policy, hits=hits, searches_before=verifications_before, now=now)
+    if counted is not None:
+        return counted
     return _decision(policy, "miss")
 
 
