@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from daemon import output
 from daemon.errors import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_FAILURE, EXIT_UNKNOWN_JOB, CliError
@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from daemon import audit, commands, demo, service_commands
+    from daemon import audit, commands, demo, service_commands, testkit_commands
 
     parser = _Parser(
         prog="sendledger",
@@ -45,19 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     service_commands.register(sub)
     audit.register(sub)
     demo.register(sub)
-    for extra in _optional_registrars():
-        extra(sub)
+    testkit_commands.register(sub)
     return parser
-
-
-def _optional_registrars() -> list[Callable[[Any], None]]:
-    registrars: list[Callable[[Any], None]] = []
-    try:
-        from daemon.emulator import cli as emulator_cli
-    except ImportError:  # pragma: no cover - the emulator ships with the package
-        return registrars
-    registrars.append(emulator_cli.register)
-    return registrars
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import httplib2
 import pytest
 
-from daemon.emulator.gmail import GmailEmulator
-from daemon.emulator.relay import FaultPlan, FaultRelay, Mode
+from testkit.gmail import GmailEmulator
+from testkit.relay import FaultPlan, FaultRelay, Mode
 
 MESSAGE_ID = "<job-relay@mail.example.com>"
 RAW = (

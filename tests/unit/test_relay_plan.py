@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from daemon.emulator.relay import MODES, FaultPlan, Mode, classify
+from testkit.relay import MODES, FaultPlan, Mode, classify
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,13 @@ It serves, on one port, `/token` (as oauth2.googleapis.com does) and the Gmail A
 google-api-python-client and google-auth code can talk to it. Every accepted message is
 written to an acceptance log, which is where tests count effects.
 
-Behaviour kept from Gmail because the daemon's correctness depends on it:
+Behaviour kept from Gmail because a client that reconciles by searching for its own
+Message-ID (as sendledger's daemon does) depends on it:
 - the caller's Message-ID header is kept (unless `rewrite_message_id`, which simulates the
   reported misbehaviour); a message without one gets a Gmail-style one;
 - `q=` searches see a message only after the index lag (fixed at acceptance), while
   messages.get and label-only listing see it at once;
-- `rfc822msgid:` matches ignoring case, quotes and angle brackets, so the daemon must
+- `rfc822msgid:` matches ignoring case, quotes and angle brackets, so a client must
   still compare the header it reads back exactly;
 - SPAM and TRASH are hidden unless `includeSpamTrash` (or in:anywhere / an explicit label);
 - the gmail.metadata scope refuses `q` and format=full/raw; a service-account token without
@@ -38,8 +39,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from daemon.emulator import mime
-from daemon.emulator._http import (
+from testkit import mime
+from testkit._http import (
     BodyError,
     LoopbackService,
     QuietHandler,

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from daemon.emulator._http import (
+from testkit._http import (
     HOP_BY_HOP,
     BodyError,
     LoopbackService,

@@ -1,4 +1,8 @@
-"""`sendledger emulator gmail` and `sendledger relay`: the test doubles as processes."""
+"""`sendledger emulator gmail` and `sendledger relay`: the test kit's doubles as processes.
+
+The doubles themselves live in the standalone `testkit` package; this module is only their
+command line (flags, duration parsing, signal handling), which is why it belongs to the daemon.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from daemon.emulator.credentials import write_service_account
-from daemon.emulator.gmail import GmailEmulator
-from daemon.emulator.relay import MODES, FaultPlan, FaultRelay, Mode, check_mode
 from policies.durations import DurationError, parse_duration
+from testkit import MODES, FaultPlan, FaultRelay, GmailEmulator, Mode, check_mode
+from testkit.credentials import write_service_account
 
 
 class _BadOption(Exception):
@@ -21,7 +25,7 @@ class _BadOption(Exception):
         super().__init__(f"{option}: {message}")
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     emulator = subparsers.add_parser("emulator", help="run a provider emulator")
     kinds = emulator.add_subparsers(dest="emulator_kind", metavar="KIND", required=True)
     gmail = kinds.add_parser(

@@ -1,0 +1,34 @@
+"""sendledger's test kit: test doubles for code that sends mail through the Gmail API.
+
+- `GmailEmulator`: Google's OAuth token endpoint and the Gmail API paths a sender uses
+  (messages.send, list/search, get, profile) on one loopback port, with search index lag
+  and an acceptance log where tests count the copies actually accepted;
+- `FaultRelay` and `FaultPlan`: an HTTP relay in front of the emulator (or Google) that
+  breaks chosen requests before or after the upstream acts on them (see `MODES`);
+- `write_service_account` / `write_authorized_user`: credential files google-auth accepts,
+  pointing at the emulator's token endpoint.
+
+The package stands alone: it imports nothing from the daemon, the ledger or the policies,
+so your own tests can use it without starting sendledger.
+"""
+
+from __future__ import annotations
+
+from testkit.credentials import write_authorized_user, write_service_account
+from testkit.gmail import ApiError, GmailEmulator
+from testkit.relay import KINDS, MODES, FaultPlan, FaultRelay, Kind, Mode, check_mode, classify
+
+__all__ = [
+    "KINDS",
+    "MODES",
+    "ApiError",
+    "FaultPlan",
+    "FaultRelay",
+    "GmailEmulator",
+    "Kind",
+    "Mode",
+    "check_mode",
+    "classify",
+    "write_authorized_user",
+    "write_service_account",
+]
