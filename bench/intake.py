@@ -36,15 +36,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate
 
-from ledger.application import Ledger, Sender, store_env
+from ledger.application import Ledger, Sender
 from ledger.content import JobContent
-from ledger.store_url import PostgresStore, SqliteStore, parse_store_url
+from ledger.stores import StoreSpec, backend_for, parse_store_url
+from ledger.vocabulary import PolicyRef
 
 GOAL = 0.7
 PG_URL = os.environ.get(
     "SENDLEDGER_TEST_PG_URL", "postgresql://sendledger:sendledger@127.0.0.1:5432/sendledger_test"
 )
-SENDER = Sender("Support <support@example.com>", "mail.example.com", "receipts", "f" * 16)
+SENDER = Sender(
+    "Support <support@example.com>", "mail.example.com", PolicyRef("receipts", "f" * 16)
+)
 
 
 class Thing(Aggregate):
@@ -59,9 +62,9 @@ class Raw(Application[Any]):
     env = {"AGGREGATE_CACHE_MAXSIZE": "", "IS_SNAPSHOTTING_ENABLED": "n"}
 
 
-def raw_env(spec: SqliteStore | PostgresStore) -> dict[str, str]:
+def raw_env(spec: StoreSpec) -> dict[str, str]:
     """The same store settings as the ledger, with eventsourcing's own recorder."""
-    env = store_env(spec)
+    env = dict(backend_for(spec).env)
     env.pop("APPLICATION_RECORDER_TOPIC", None)
     return env
 

@@ -1,8 +1,9 @@
 """`sendledger audit`: jobs (or their events) matching filters, streamed as JSON lines,
 CSV or a table.
 
-Job filters read the job index page by page (key order), so memory stays flat however
-many jobs match. `--event TYPE` reads the event log for that event type only.
+Job filters read the job index page by page (key order, `Ledger.jobs`), so memory stays
+flat however many jobs match. `--event TYPE` reads the event log for that event type only
+(`Ledger.job_events`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from daemon import output
 from daemon.context import open_ledger, settings_for
 from daemon.errors import EXIT_OK, bad_input
 from ledger.application import Ledger
-from ledger.index import IndexRow
 from ledger.job import JobState, SendJob
+from ledger.stores.index import IndexRow
 from policies.durations import DurationError, parse_duration
 
 JOB_COLUMNS = [
@@ -38,7 +39,6 @@ EVENT_TYPES = sorted(
     for name, value in vars(SendJob).items()
     if isinstance(value, type) and hasattr(value, "TOPIC") and name not in ("Event", "Created")
 )
-PAGE = 500
 
 
 def register(sub: Any) -> None:
@@ -74,8 +74,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     until = parse_when("--until", args.until, now)
     if since and until and since >= until:
         raise bad_input("--since: must be before --until")
-    ledger = open_ledger(settings_for(args.config))
-    try:
+    with open_ledger(settings_for(args.config)) as ledger:
         if args.event:
             columns = EVENT_COLUMNS
             records = _events(ledger, args.event, args.state, args.channel, since, until)
@@ -83,8 +82,6 @@ def cmd_audit(args: argparse.Namespace) -> int:
             columns = JOB_COLUMNS
             records = _jobs(ledger, args.state, args.channel, since, until)
         _emit(records, columns, args.format)
-    finally:
-        ledger.close()
     return EXIT_OK
 
 
@@ -108,20 +105,8 @@ def _jobs(
     since: datetime | None,
     until: datetime | None,
 ) -> Iterator[dict[str, Any]]:
-    after: str | None = None
-    while True:
-        page = ledger.index.find(
-            state=state,
-            channel=channel,
-            updated_from=since.timestamp() if since else None,
-            updated_to=until.timestamp() if until else None,
-            after_key=after,
-            limit=PAGE,
-        )
-        if not page:
-            return
-        yield from (_job_record(row) for row in page)
-        after = page[-1].key
+    for row in ledger.jobs(state=state, channel=channel, since=since, until=until):
+        yield _job_record(row)
 
 
 def _events(
@@ -132,39 +117,27 @@ def _events(
     since: datetime | None,
     until: datetime | None,
 ) -> Iterator[dict[str, Any]]:
-    topic = getattr(SendJob, event_type).TOPIC
-    start = 1
-    while True:
-        notifications = ledger.recorder.select_notifications(
-            start=start, limit=PAGE, topics=[topic]
-        )
-        if not notifications:
-            return
-        events: list[Any] = [ledger.mapper.to_domain_event(n) for n in notifications]
-        wanted = [
-            e
-            for e in events
-            if (since is None or e.timestamp >= since) and (until is None or e.timestamp < until)
-        ]
-        # The job of each event, loaded by its id (an index lookup in the events table);
-        # the job index has no job_id index, and a scan per page would grow with history.
-        jobs: dict[Any, SendJob] = {}
-        for event in wanted:
-            job = jobs.get(event.originator_id)
-            if job is None:
-                job = jobs[event.originator_id] = ledger.repository.get(event.originator_id)
-            if (state and job.state.value != state) or (channel and job.channel != channel):
-                continue
-            yield {
-                "at": output.iso(event.timestamp),
-                "event": event_type,
-                "version": event.originator_version,
-                "key": job.key,
-                "channel": job.channel,
-                "state": job.state.value,
-                "message_id": job.message_id,
-            }
-        start = notifications[-1].id + 1
+    # The job of each event, loaded by its id (an index lookup in the events table);
+    # the job index has no job_id index, and a scan per event would grow with history.
+    # Cached for a page's worth of events, so memory stays flat.
+    jobs: dict[Any, SendJob] = {}
+    for event in ledger.job_events(types=[event_type], since=since, until=until):
+        job = jobs.get(event.originator_id)
+        if job is None:
+            if len(jobs) >= ledger.page_size:
+                jobs.clear()
+            job = jobs[event.originator_id] = ledger.repository.get(event.originator_id)
+        if (state and job.state.value != state) or (channel and job.channel != channel):
+            continue
+        yield {
+            "at": output.iso(event.timestamp),
+            "event": event_type,
+            "version": event.originator_version,
+            "key": job.key,
+            "channel": job.channel,
+            "state": job.state.value,
+            "message_id": job.message_id,
+        }
 
 
 def _emit(records: Iterator[dict[str, Any]], columns: list[str], fmt: str) -> None:

@@ -16,6 +16,7 @@ from daemon.errors import (
     EXIT_OK,
     bad_input,
 )
+from daemon.parsers import add_command
 from ledger.application import Sender
 from ledger.content import JobContent, JobInputError, parse_job
 from ledger.job import SendJob
@@ -29,30 +30,19 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("status", help="a job's current state")
-    p.add_argument("key")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_status)
-
-    p = sub.add_parser("history", help="a job's events, oldest first")
-    p.add_argument("key")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_history)
+    add_command(sub, "status", cmd_status, "a job's current state", key=True)
+    add_command(sub, "history", cmd_history, "a job's events, oldest first", key=True)
 
     policy = sub.add_parser("policy", help="channel policies").add_subparsers(
         dest="policy_command", metavar="COMMAND", required=True
     )
-    p = policy.add_parser("check", help="validate a folder of policy files")
+    p = add_command(policy, "check", cmd_policy_check, "validate a folder of policy files")
     p.add_argument("dir", nargs="?", help="policies folder (default: daemon.policies_dir)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_policy_check)
 
     admin = sub.add_parser("admin", help="maintenance").add_subparsers(
         dest="admin_command", metavar="COMMAND", required=True
     )
-    p = admin.add_parser("rebuild-index", help="recreate the job index from the events")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_rebuild_index)
+    add_command(admin, "rebuild-index", cmd_rebuild_index, "recreate the job index from the events")
 
 
 # -- submit -------------------------------------------------------------------------
@@ -87,12 +77,7 @@ def sender_for(policies: PolicySet, channel: str) -> Sender:
     policy = policies.get(channel)
     if policy is None:
         raise bad_input(f"channel: no policy file for channel {channel!r}")
-    return Sender(
-        from_addr=policy.from_,
-        message_id_domain=policy.message_id_domain,
-        policy=policy.name,
-        fingerprint=policy.fingerprint,
-    )
+    return policy.sender
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -100,13 +85,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     settings = settings_for(args.config)
     policies = load_policies(settings)
     senders = [sender_for(policies, job.channel) for job in jobs]
-    ledger = open_ledger(settings)
-    results = []
-    try:
-        for job, sender in zip(jobs, senders, strict=True):
-            results.append(ledger.submit(job, sender).as_dict())
-    finally:
-        ledger.close()
+    with open_ledger(settings) as ledger:
+        results = [
+            ledger.submit(job, sender).as_dict() for job, sender in zip(jobs, senders, strict=True)
+        ]
     if args.json:
         print(output.dumps(results if len(results) > 1 else results[0]))
     else:
@@ -140,19 +122,16 @@ def job_status(job: SendJob) -> dict[str, Any]:
             "duplicate": job.duplicate,
             "verifying": job.verifying,
             "provider_message_ids": list(job.provider_message_ids),
-            "to": list(job.to),
-            "subject": job.subject,
+            "to": list(job.content.to),
+            "subject": job.content.subject,
         }
     )
     return status
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    ledger = open_ledger(settings_for(args.config))
-    try:
+    with open_ledger(settings_for(args.config)) as ledger:
         status = job_status(ledger.get_job(args.key))
-    finally:
-        ledger.close()
     if args.json:
         print(output.dumps(status))
     else:
@@ -177,11 +156,8 @@ def event_record(event: Any) -> dict[str, Any]:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    ledger = open_ledger(settings_for(args.config))
-    try:
+    with open_ledger(settings_for(args.config)) as ledger:
         records = [event_record(e) for e in ledger.history(args.key)]
-    finally:
-        ledger.close()
     if args.json:
         print(output.dumps(records))
         return EXIT_OK
@@ -234,16 +210,12 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild_index(args: argparse.Namespace) -> int:
-    ledger = open_ledger(settings_for(args.config))
-
     def progress(count: int) -> None:
         if not args.json:
             print(f"... {count} jobs", file=sys.stderr, flush=True)
 
-    try:
+    with open_ledger(settings_for(args.config)) as ledger:
         count = ledger.rebuild_index(progress)
-    finally:
-        ledger.close()
     if args.json:
         print(output.dumps({"jobs": count}))
     else:

@@ -7,7 +7,7 @@ from pathlib import Path
 from daemon.errors import CliError, bad_input
 from daemon.settings import Settings, load_settings
 from ledger.application import Ledger
-from ledger.store_url import StoreUrlError
+from ledger.stores.url import MemoryStore, StoreUrlError, parse_store_url
 from policies.loader import PolicyLoadError, PolicySet, load_policy_dir
 
 
@@ -16,8 +16,16 @@ def settings_for(config: str | None) -> Settings:
 
 
 def open_ledger(settings: Settings) -> Ledger:
+    """The configured store's ledger, to be used as `with open_ledger(settings) as ledger:`."""
     try:
-        return Ledger(settings.store.url, base_dir=settings.base_dir)
+        spec = parse_store_url(settings.store.url, base_dir=settings.base_dir)
+        if isinstance(spec, MemoryStore):
+            # A command's process ends with the command: its jobs would end with it.
+            raise StoreUrlError(
+                f"store.url: {spec.describe()} keeps jobs only while one process runs "
+                "(sqlite or postgresql)"
+            )
+        return Ledger(spec)
     except StoreUrlError as exc:
         raise bad_input(f"{settings.config_path}: {exc}") from None
     except Exception as exc:

@@ -19,16 +19,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from daemon import output
-from daemon.emulator.credentials import write_service_account
-from daemon.emulator.gmail import GmailEmulator
-from daemon.emulator.relay import FaultPlan, FaultRelay, Mode
+from daemon.bootstrap import bootstrap
 from daemon.logs import setup_logging
-from daemon.runtime import Daemon, build_engine
+from daemon.runtime import Daemon
 from daemon.settings import load_settings
-from ledger.application import Ledger, Sender
+from ledger.application import Ledger
 from ledger.content import parse_job
 from ledger.job import JobState
 from policies.loader import load_policy_dir
+from testkit import FaultPlan, FaultRelay, GmailEmulator, Mode, write_service_account
 
 POLICIES = {
     "receipts": """\
@@ -173,10 +172,12 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
                     "body": f"Hello,\n\n{subject}.\n\n-- sent by the sendledger demo\n",
                 }
             )
-            sender = Sender(policy.from_, policy.message_id_domain, policy.name, policy.fingerprint)
+            sender = policy.sender
             ledger.submit(content, sender)
-        engine = build_engine(settings, ledger, lambda: policies, policies=policies)
-        daemon = Daemon(engine, settings.daemon.tick)
+        service = bootstrap(
+            settings, ledger=ledger, policy_loader=lambda: policies, policies=policies
+        )
+        daemon = Daemon(service, settings.daemon.tick)
         runner = threading.Thread(target=daemon.serve, name="daemon", daemon=True)
         runner.start()
         settled = _watch(out, ledger, limit)

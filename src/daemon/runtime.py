@@ -11,7 +11,6 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -19,55 +18,11 @@ from types import FrameType
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from daemon.engine import Engine, PolicyHolder, TickReport
-from daemon.providers.base import Provider
-from daemon.settings import Settings
+from daemon.bootstrap import Service
+from daemon.engine import TickReport
 from daemon.systemd import Notifier, watchdog_interval
-from ledger.application import Ledger
-from policies.loader import PolicySet
 
 log = logging.getLogger("sendledger.daemon")
-
-
-def build_provider(settings: Settings, name: str) -> Provider:
-    from daemon.providers.gmail import GmailProvider
-
-    config = settings.providers[name]
-    return GmailProvider(
-        name,
-        credentials_file=settings.credentials_file(name),
-        user=config.user,
-        api_endpoint=config.api_endpoint,
-        token_uri=config.token_uri,
-        timeout=config.timeout,
-        quota_units_per_second=config.quota_units_per_second,
-    )
-
-
-def build_providers(settings: Settings) -> dict[str, Provider]:
-    return {name: build_provider(settings, name) for name in settings.providers}
-
-
-def build_engine(
-    settings: Settings,
-    ledger: Ledger,
-    policy_loader: Callable[[], PolicySet],
-    providers: Mapping[str, Provider] | None = None,
-    *,
-    clock: Callable[[], datetime] | None = None,
-    policies: PolicySet | None = None,
-) -> Engine:
-    """`policies`, when the caller has just loaded them, saves loading them again."""
-    return Engine(
-        ledger,
-        PolicyHolder(policy_loader, policies),
-        providers if providers is not None else build_providers(settings),
-        provider_timeouts={name: p.timeout for name, p in settings.providers.items()},
-        clock=clock,
-        concurrency=settings.daemon.concurrency,
-        batch_size=settings.daemon.batch_size,
-        deadline_grace=settings.daemon.deadline_grace,
-    )
 
 
 @dataclass
@@ -79,8 +34,9 @@ class _Health:
 
 
 class Daemon:
-    def __init__(self, engine: Engine, tick: float, *, notifier: Notifier | None = None) -> None:
-        self.engine = engine
+    def __init__(self, service: Service, tick: float, *, notifier: Notifier | None = None) -> None:
+        self.service = service
+        self.engine = service.engine
         self.tick_seconds = tick
         self.notifier = notifier or Notifier()
         self.health = _Health()
@@ -133,8 +89,9 @@ class Daemon:
     # -- the service ------------------------------------------------------------------
 
     def status_line(self) -> str:
-        counts = self.engine.ledger.index.count_in_states(_STATUS_STATES)
-        line = "jobs: " + ", ".join(f"{state} {counts[state]}" for state in _STATUS_STATES)
+        # Open work only: counting confirmed and abandoned jobs would grow with the history.
+        counts = self.engine.ledger.open_counts()
+        line = "jobs: " + ", ".join(f"{state} {count}" for state, count in counts.items())
         unreliable = self.engine.unreliable_providers()
         if unreliable:
             line += f"; HANDLE UNRELIABLE: {', '.join(unreliable)}"
@@ -177,13 +134,9 @@ class Daemon:
         # their outcome events be written.
         self.engine.stop()
         self.scheduler.shutdown(wait=True)
-        self.engine.close()
+        self.service.close()
         log.info("stopped; %s", _summary(self.health.totals))
         return 0
-
-
-# Open work only: counting confirmed and abandoned jobs would grow with the history.
-_STATUS_STATES = ("requested", "attempted", "unknown", "review")
 
 
 def _now() -> datetime:
@@ -194,11 +147,11 @@ def _summary(report: TickReport) -> str:
     return ", ".join(f"{k} {v}" for k, v in vars(report).items() if v) or "nothing done"
 
 
-def run_once(engine: Engine) -> TickReport:
+def run_once(service: Service) -> TickReport:
     try:
-        return engine.tick()
+        return service.engine.tick()
     finally:
-        engine.close()
+        service.close()
 
 
-__all__ = ["Daemon", "build_engine", "build_provider", "build_providers", "run_once"]
+__all__ = ["Daemon", "run_once"]

@@ -10,13 +10,16 @@ import sys
 from typing import Any
 
 from daemon import output
+from daemon.bootstrap import bootstrap, build_provider
 from daemon.commands import event_record, job_status
 from daemon.context import load_policies, open_ledger, settings_for
 from daemon.errors import EXIT_OK, CliError, bad_input
 from daemon.logs import setup_logging
+from daemon.parsers import add_command
 from daemon.providers.base import ProviderError
-from daemon.runtime import Daemon, build_engine, build_provider, run_once
+from daemon.runtime import Daemon, run_once
 from ledger.job import JobState
+from ledger.vocabulary import Resolution
 
 log = logging.getLogger("sendledger")
 
@@ -29,27 +32,17 @@ def register(sub: Any) -> None:
     review = sub.add_parser("review", help="jobs that need a human").add_subparsers(
         dest="review_command", metavar="COMMAND", required=True
     )
-    p = review.add_parser("list", help="jobs in review")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_review_list)
-
-    p = review.add_parser("show", help="a job in review: its state, history and handle")
-    p.add_argument("key")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_review_show)
-
-    p = review.add_parser("resolve", help="record a human's decision")
-    p.add_argument("key")
-    p.add_argument("--as", dest="decision", required=True, choices=["sent", "resend", "abandon"])
+    add_command(review, "list", cmd_review_list, "jobs in review")
+    add_command(
+        review, "show", cmd_review_show, "a job in review: its state, history and handle", key=True
+    )
+    p = add_command(review, "resolve", cmd_review_resolve, "record a human's decision", key=True)
+    p.add_argument("--as", dest="decision", required=True, choices=[r.value for r in Resolution])
     p.add_argument("--note", default="")
     p.add_argument("--by", default="", help="who decided (default: the OS user)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_review_resolve)
-
-    p = review.add_parser("check", help="search the mailbox now and show the hits")
-    p.add_argument("key")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_review_check)
+    add_command(
+        review, "check", cmd_review_check, "search the mailbox now and show the hits", key=True
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -61,49 +54,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings_for(args.config)
     setup_logging(settings.daemon.log_level)
     policies = load_policies(settings)  # refuse to start on a broken policy folder (exit 2)
-    ledger = open_ledger(settings)
-    try:
-        engine = build_engine(settings, ledger, lambda: load_policies(settings), policies=policies)
-    except (ValueError, OSError) as exc:
-        raise bad_input(f"providers: {exc}") from None
-    if args.once:
-        report = run_once(engine)
-        log.info(
-            "one pass done: %s",
-            ", ".join(f"{k} {v}" for k, v in vars(report).items() if v) or "nothing due",
-        )
-        ledger.close()
-        return EXIT_OK
-    daemon = Daemon(engine, settings.daemon.tick)
-    daemon.install_signal_handlers()
-    try:
+    with open_ledger(settings) as ledger:
+        try:
+            service = bootstrap(
+                settings,
+                ledger=ledger,
+                policy_loader=lambda: load_policies(settings),
+                policies=policies,
+            )
+        except (ValueError, OSError) as exc:
+            raise bad_input(f"providers: {exc}") from None
+        if args.once:
+            report = run_once(service)
+            log.info(
+                "one pass done: %s",
+                ", ".join(f"{k} {v}" for k, v in vars(report).items() if v) or "nothing due",
+            )
+            return EXIT_OK
+        daemon = Daemon(service, settings.daemon.tick)
+        daemon.install_signal_handlers()
         return daemon.serve()
-    finally:
-        ledger.close()
 
 
 def cmd_review_list(args: argparse.Namespace) -> int:
-    ledger = open_ledger(settings_for(args.config))
-    rows: list[dict[str, Any]] = []
-    after: str | None = None
-    try:
-        while True:
-            page = ledger.index.jobs_in_state(JobState.REVIEW.value, limit=1000, after_key=after)
-            if not page:
-                break
-            rows.extend(
-                {
-                    "key": r.key,
-                    "channel": r.channel,
-                    "reason": r.reason,
-                    "since": output.iso(r.updated_at),
-                    "message_id": r.message_id,
-                }
-                for r in page
-            )
-            after = page[-1].key
-    finally:
-        ledger.close()
+    with open_ledger(settings_for(args.config)) as ledger:
+        rows: list[dict[str, Any]] = [
+            {
+                "key": r.key,
+                "channel": r.channel,
+                "reason": r.reason,
+                "since": output.iso(r.updated_at),
+                "message_id": r.message_id,
+            }
+            for r in ledger.jobs(state=JobState.REVIEW)
+        ]
     if args.json:
         print(output.dumps(rows))
     elif rows:
@@ -114,12 +98,9 @@ def cmd_review_list(args: argparse.Namespace) -> int:
 
 
 def cmd_review_show(args: argparse.Namespace) -> int:
-    ledger = open_ledger(settings_for(args.config))
-    try:
+    with open_ledger(settings_for(args.config)) as ledger:
         job = ledger.get_job(args.key)
         events = [event_record(e) for e in ledger.history(args.key)]
-    finally:
-        ledger.close()
     status = job_status(job)
     if args.json:
         print(output.dumps({"status": status, "history": events}))
@@ -137,15 +118,14 @@ def cmd_review_show(args: argparse.Namespace) -> int:
 
 
 def cmd_review_resolve(args: argparse.Namespace) -> int:
-    ledger = open_ledger(settings_for(args.config))
-    by = args.by or getpass.getuser()
-    try:
+    with open_ledger(settings_for(args.config)) as ledger:
+        by = args.by or getpass.getuser()
         job, _ = ledger.update(
             args.key,
-            lambda j: j.resolve(decision=args.decision, note=args.note, by=by, at=ledger.clock()),
+            lambda j: j.resolve(
+                Resolution(args.decision), note=args.note, by=by, at=ledger.clock()
+            ),
         )
-    finally:
-        ledger.close()
     status = job_status(job)
     if args.json:
         print(output.dumps(status))
@@ -156,11 +136,8 @@ def cmd_review_resolve(args: argparse.Namespace) -> int:
 
 def cmd_review_check(args: argparse.Namespace) -> int:
     settings = settings_for(args.config)
-    ledger = open_ledger(settings)
-    try:
+    with open_ledger(settings) as ledger:
         job = ledger.get_job(args.key)
-    finally:
-        ledger.close()
     policies = load_policies(settings)
     policy = policies.get(job.channel)
     provider_name = policy.provider if policy else job.last_provider
@@ -168,16 +145,17 @@ def cmd_review_check(args: argparse.Namespace) -> int:
         raise bad_input(f"job {job.key!r}: no provider to search (channel {job.channel!r})")
     provider = build_provider(settings, provider_name)
     try:
-        hits = provider.search(job.message_id)
+        found = provider.search(job.message_id)
     except ProviderError as exc:
         raise CliError(f"search failed: {exc.reason}") from None
     finally:
         provider.close()
+    hits = found.hits
     result = {
         "key": job.key,
         "state": job.state.value,
         "message_id": job.message_id,
-        "query": f"rfc822msgid:{job.message_id}",
+        "query": found.query,
         "hits": [
             {
                 "provider_message_id": h.provider_message_id,

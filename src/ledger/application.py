@@ -1,35 +1,33 @@
-"""The Ledger application: send jobs stored as events, with the job index beside them."""
+"""The Ledger application: send jobs stored as events, with the job index beside them.
+
+`Ledger` is the store port the daemon uses. It holds no SQL and no driver: the backend
+of its store URL (`ledger.stores`: SQLite, PostgreSQL or memory) supplies the recorder
+that writes each job's index row with its events, and says which errors are transient.
+Reads of many jobs or events are iterators that page internally.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import random
-import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import IntegrityError, OperationalError
-from eventsourcing.utils import get_topic
+from eventsourcing.persistence import IntegrityError
 
 from ledger.content import JobContent
-from ledger.index import (
-    INDEX_ROWS_KWARG,
-    INDEX_TABLE,
-    IndexRow,
-    JobIndexQueries,
-    SQLiteJobIndexRecorder,
-    index_row,
-)
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
 from ledger.provider_handle import ProviderHandle, handle_id_for
-from ledger.store_url import SqliteStore, StoreSpec, parse_store_url
+from ledger.stores import StoreBackend, backend_for
+from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
+from ledger.stores.url import StoreSpec, parse_store_url
+from ledger.vocabulary import OPEN_STATES, JobState, Sender
 
 Clock = Callable[[], datetime]
 T = TypeVar("T")
@@ -76,51 +74,19 @@ class SubmitResult:
         }
 
 
-@dataclass(frozen=True)
-class Sender:
-    """What the channel's policy contributes to a new job."""
-
-    from_addr: str
-    message_id_domain: str
-    policy: str
-    fingerprint: str
-
-
-def store_env(spec: StoreSpec) -> dict[str, str]:
-    if isinstance(spec, SqliteStore):
-        return {
-            "PERSISTENCE_MODULE": "eventsourcing.sqlite",
-            "SQLITE_DBNAME": str(spec.path),
-            # Seconds the sqlite3 busy handler waits for a writer: several processes
-            # share the file, and "database is locked" must never reach a caller.
-            "SQLITE_LOCK_TIMEOUT": "30",
-            "APPLICATION_RECORDER_TOPIC": get_topic(SQLiteJobIndexRecorder),
-        }
-    return {
-        "PERSISTENCE_MODULE": "eventsourcing.postgres",
-        "POSTGRES_DBNAME": spec.dbname,
-        "POSTGRES_HOST": spec.host,
-        "POSTGRES_PORT": str(spec.port),
-        "POSTGRES_USER": spec.user,
-        "POSTGRES_PASSWORD": spec.password,
-        "POSTGRES_SCHEMA": spec.schema,
-        "POSTGRES_POOL_SIZE": "4",
-        "POSTGRES_MAX_OVERFLOW": "4",
-        "POSTGRES_CONNECT_TIMEOUT": "10",
-        # A topic string, so that SQLite users never import psycopg.
-        "APPLICATION_RECORDER_TOPIC": "ledger.index_postgres:PostgresJobIndexRecorder",
-    }
-
-
-def _is_lock_error(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
-
-
 class Ledger(Application[UUID]):
+    """The send jobs of one store. A context manager: `with Ledger(url) as ledger:`
+    closes it on the way out.
+
+    Times given to and returned by the index reads are aware datetimes (UTC) or, where
+    said, epoch seconds; states are `JobState` members or their plain strings.
+    """
+
     name = "sendledger"
     # The ledger must see other daemons' writes: no aggregate cache.
     env = {"AGGREGATE_CACHE_MAXSIZE": "", "IS_SNAPSHOTTING_ENABLED": "n"}
+    #: Rows or events read per query by the iterators (`jobs`, `job_events`, `job_ids`).
+    page_size = 500
 
     def __init__(
         self,
@@ -130,31 +96,26 @@ class Ledger(Application[UUID]):
         clock: Clock = utcnow,
     ) -> None:
         spec = parse_store_url(store, base_dir=base_dir) if isinstance(store, str) else store
-        if isinstance(spec, SqliteStore):
-            spec.path.parent.mkdir(parents=True, exist_ok=True)
         self.store = spec
         self.clock = clock
-        # Several processes may create the schema at once; CREATE ... IF NOT EXISTS
-        # can still collide in PostgreSQL's catalog, so try again briefly.
-        env = store_env(spec)
-        if _schema_exists(spec):
-            # Opening an existing store must not run DDL: concurrent CREATE OR REPLACE
-            # FUNCTION in PostgreSQL fails with "tuple concurrently updated".
-            env["CREATE_TABLE"] = "n"
+        self._backend: StoreBackend = backend_for(spec)
+        env = dict(self._backend.env)
+        if self._backend.prepare():
+            env["CREATE_TABLE"] = "n"  # the tables exist: opening runs no DDL
+        # Several processes may create the tables at once; what collides is tried again.
         for attempt in range(10):
             try:
                 super().__init__(env=env)
                 break
-            except Exception as exc:  # psycopg UniqueViolation, sqlite lock
-                if attempt == 9 or not _retryable_setup(exc):
+            except Exception as exc:
+                if attempt == 9 or not self._backend.is_setup_race(exc):
                     raise
                 time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
 
     @property
-    def index(self) -> JobIndexQueries:
-        recorder = self.recorder
-        assert isinstance(recorder, JobIndexQueries)
-        return recorder
+    def _index(self) -> JobIndex:
+        # Each backend's recorder answers the index queries beside the events.
+        return cast(JobIndex, self.recorder)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -197,19 +158,10 @@ class Ledger(Application[UUID]):
         New keys are the common case, so the Requested event is written without a read
         first; the store's uniqueness on (job id, version 1) tells a known key apart."""
         job = SendJob.request(
-            key=content.key,
-            channel=content.channel,
-            to=list(content.to),
-            cc=list(content.cc),
-            reply_to=content.reply_to,
+            content,
             from_addr=sender.from_addr,
-            subject=content.subject,
-            body=content.body,
-            html=content.html,
             message_id=message_id_for(content.key, sender.message_id_domain),
-            content_hash=content.content_hash,
             policy=sender.policy,
-            fingerprint=sender.fingerprint,
             at=self.clock(),
         )
         try:
@@ -262,108 +214,157 @@ class Ledger(Application[UUID]):
                     raise
         raise AssertionError("unreachable")
 
-    # -- index ------------------------------------------------------------------------
+    # -- the job index ------------------------------------------------------------------
 
-    def all_job_ids(self) -> Iterator[UUID]:
-        seen: set[UUID] = set()
-        start = 1
+    def row(self, key: str) -> IndexRow | None:
+        return self._retry_locked(lambda: self._index.job_by_key(key))
+
+    def row_by_message_id(self, message_id: str) -> IndexRow | None:
+        return self._retry_locked(lambda: self._index.job_by_message_id(message_id))
+
+    def due(self, state: JobState | str, now: datetime | float, limit: int) -> list[IndexRow]:
+        """Up to `limit` jobs in `state` whose due time is at or before `now` (an aware
+        datetime or epoch seconds), soonest first: what a tick works on."""
+        at = _epoch(now)
+        return self._retry_locked(lambda: self._index.jobs_due(str(state), at, limit))
+
+    def next_due(self, states: Iterable[JobState | str]) -> datetime | None:
+        """The soonest due time of the jobs in `states`, or None."""
+        names = [str(s) for s in states]
+        value = self._retry_locked(lambda: self._index.next_due(names))
+        return None if value is None else datetime.fromtimestamp(value, UTC)
+
+    def counts(self, states: Iterable[JobState | str] | None = None) -> dict[str, int]:
+        """Jobs per state: for each of `states` (0 for none), else for every state
+        that has jobs (a scan of the whole index)."""
+        if states is None:
+            return self._retry_locked(self._index.count_by_state)
+        names = [str(s) for s in states]
+        return self._retry_locked(lambda: self._index.count_in_states(names))
+
+    def open_counts(self) -> dict[str, int]:
+        """Jobs per open state (requested, attempted, unknown, review, in that order):
+        what is open, whatever the history holds."""
+        return self.counts(OPEN_STATES)
+
+    def jobs(
+        self,
+        state: JobState | str | None = None,
+        channel: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> Iterator[IndexRow]:
+        """Index rows in key order, read a page at a time: those in `state`, of
+        `channel`, last changed at or after `since` and before `until`."""
+        where = JobFilter(
+            state=None if state is None else str(state),
+            channel=channel,
+            updated_from=None if since is None else _epoch(since),
+            updated_to=None if until is None else _epoch(until),
+        )
+        after: str | None = None
         while True:
-            notifications = self._retry_locked(
-                lambda s=start: self.recorder.select_notifications(start=s, limit=1000)  # type: ignore[misc]
+            page = self._retry_locked(
+                lambda a=after: self._index.find(  # type: ignore[misc]
+                    where, after_key=a, limit=self.page_size
+                )
             )
-            if not notifications:
+            yield from page
+            if len(page) < self.page_size:
                 return
-            for notification in notifications:
-                originator = notification.originator_id
-                oid = originator if isinstance(originator, UUID) else UUID(str(originator))
-                if oid not in seen:
-                    seen.add(oid)
-                    yield oid
-            start = notifications[-1].id + 1
+            after = page[-1].key
 
-    def projected_rows(self, progress: Callable[[int], None] | None = None) -> Iterator[IndexRow]:
+    def job_events(
+        self,
+        types: Iterable[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> Iterator[Any]:
+        """The stored events of every job, oldest first, read a page at a time: those
+        of the given SendJob event types (class names, e.g. "Escalated"), recorded at or
+        after `since` and before `until`.
+
+        (Not `events`: that is eventsourcing's event store, `Application.events`.)"""
+        topics = [] if types is None else [_event_topic(name) for name in types]
+        prefix = SendJob.TOPIC + "."
+        for notification in self._notifications(topics):
+            if not notification.topic.startswith(prefix):
+                continue  # e.g. a ProviderHandle's events
+            event: Any = self.mapper.to_domain_event(notification)
+            if (since is None or event.timestamp >= since) and (
+                until is None or event.timestamp < until
+            ):
+                yield event
+
+    def job_ids(self) -> Iterator[UUID]:
+        """The id of every stored job, each once, in the order they were created."""
+        prefix = SendJob.TOPIC + "."
+        for notification in self._notifications([]):
+            # A job's first event (version 1) names it once, whatever its topic.
+            if notification.originator_version == 1 and notification.topic.startswith(prefix):
+                originator = notification.originator_id
+                yield originator if isinstance(originator, UUID) else UUID(str(originator))
+
+    def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
+        """Recreate the job index from the events; `progress` hears every 1000 jobs."""
+        rows = sorted(self._projected_rows(progress), key=lambda r: r.key)
+        self._retry_locked(lambda: self._index.replace_all(rows))
+        return len(rows)
+
+    def _projected_rows(self, progress: Callable[[int], None] | None) -> Iterator[IndexRow]:
         count = 0
-        for aggregate_id in self.all_job_ids():
-            job: object = self.repository.get(aggregate_id)
+        for aggregate_id in self.job_ids():
+            job: object = self._retry_locked(lambda a=aggregate_id: self.repository.get(a))  # type: ignore[misc]
             if not isinstance(job, SendJob):
-                continue  # e.g. a ProviderHandle: not a job, not indexed
+                continue
             count += 1
             yield index_row(job)
             if progress is not None and count % 1000 == 0:
                 progress(count)
 
-    def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
-        rows = sorted(self.projected_rows(progress), key=lambda r: r.key)
-        self._retry_locked(lambda: self.index.replace_all(rows))
-        return len(rows)
-
-    def index_rows(self) -> list[IndexRow]:
-        rows: list[IndexRow] = []
-        after: str | None = None
-        while True:
-            page = self.index.all_rows(limit=1000, after_key=after)
-            if not page:
-                return rows
-            rows.extend(page)
-            after = page[-1].key
-
     # -- helpers ----------------------------------------------------------------------
+
+    def _notifications(self, topics: list[str]) -> Iterator[Any]:
+        start = 1
+        while True:
+            page = self._retry_locked(
+                lambda s=start: self.recorder.select_notifications(  # type: ignore[misc]
+                    start=s, limit=self.page_size, topics=topics
+                )
+            )
+            yield from page
+            if not page:
+                return
+            start = page[-1].id + 1
 
     def _retry_locked(self, action: Callable[[], T], attempts: int = 20) -> T:
         """SQLite: the busy handler waits for writers, but a WAL snapshot conflict is
-        reported at once. Back off and try again instead of surfacing it."""
+        reported at once. What the backend calls transient is tried again after a
+        pause instead of surfacing."""
         for attempt in range(attempts):
             try:
                 return action()
-            except (OperationalError, sqlite3.OperationalError) as exc:
-                if attempt == attempts - 1 or not _is_lock_error(exc):
+            except Exception as exc:
+                if attempt == attempts - 1 or not self._backend.is_retryable(exc):
                     raise
                 time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
         raise AssertionError("unreachable")
 
 
-def _schema_exists(spec: StoreSpec) -> bool:
-    """True when the job index table (created last) is already there. For PostgreSQL,
-    a missing schema is created (the tables are created by the caller)."""
-    try:
-        if isinstance(spec, SqliteStore):
-            if not spec.path.exists():
-                return False
-            with contextlib.closing(sqlite3.connect(spec.path, timeout=30)) as conn:
-                row = conn.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (INDEX_TABLE,)
-                ).fetchone()
-                return row is not None
-        import psycopg
-
-        with psycopg.connect(
-            dbname=spec.dbname,
-            host=spec.host,
-            port=spec.port,
-            user=spec.user,
-            password=spec.password or None,
-            connect_timeout=10,
-        ) as conn:
-            found = conn.execute(
-                "SELECT to_regclass(%s)", (f'"{spec.schema}".{INDEX_TABLE}',)
-            ).fetchone()
-            if found is not None and found[0] is not None:
-                return True
-            # A new store in a schema of its own: create the schema, then the tables.
-            quoted = spec.schema.replace('"', '""')
-            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{quoted}"')
-            conn.commit()
-            return False
-    except Exception:
-        # Unknown: let the normal set-up (with its retries) find out.
-        return False
+def _epoch(moment: datetime | float) -> float:
+    if isinstance(moment, datetime):
+        if moment.tzinfo is None:
+            raise ValueError(f"a naive datetime is ambiguous: {moment!r} (give a time zone)")
+        return moment.timestamp()
+    return float(moment)
 
 
-def _retryable_setup(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__} {exc}".lower()
-    # "tuple concurrently updated": two processes ran CREATE OR REPLACE FUNCTION at once.
-    words = ("unique", "duplicate", "locked", "busy", "exists", "concurrently")
-    return any(word in text for word in words)
+def _event_topic(name: str) -> str:
+    event = getattr(SendJob, name, None)
+    topic = getattr(event, "TOPIC", None)
+    if not isinstance(event, type) or not isinstance(topic, str):
+        raise ValueError(f"not a SendJob event type: {name!r}")
+    return topic
 
 
 __all__ = [

@@ -52,6 +52,20 @@ class JobContent:
             "html": self.html,
         }
 
+    @classmethod
+    def from_canonical(cls, fields: Mapping[str, Any]) -> JobContent:
+        """The inverse of :meth:`canonical` (extra names in ``fields`` are ignored)."""
+        return cls(
+            channel=fields["channel"],
+            key=fields["key"],
+            to=tuple(fields["to"]),
+            cc=tuple(fields["cc"]),
+            reply_to=fields["reply_to"],
+            subject=fields["subject"],
+            body=fields["body"],
+            html=fields["html"],
+        )
+
     @property
     def content_hash(self) -> str:
         encoded = json.dumps(

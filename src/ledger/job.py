@@ -1,51 +1,52 @@
 """The SendJob aggregate: one send job's whole life as events.
 
 Event topics are explicit ("sendledger:SendJob.Requested", ...) so that moving or renaming
-this module never orphans stored history. Every transition is checked here, so a daemon
-bug cannot record an impossible history (for example a second Attempted before the first
-one has an outcome, or a resend after a duplicate).
+this module never orphans stored history, and the stored shape of every event is the one
+the first release wrote (``tests/fixtures/store-v1`` proves old stores load).
+
+Commands are named after facts: a claim before a provider call, the call's outcome, a
+search's result, a human's resolution. Each takes the policy's typed decision
+(:mod:`ledger.decisions`) and records every event that decision implies in one step, so a
+job is never saved half-way through a transition. Every rule about what may happen when is
+checked here, once: a daemon bug cannot record an impossible history (a second Attempted
+before the first has an outcome, a search before the index lag has passed, a resend after a
+duplicate). The numbered invariants are in ``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from eventsourcing.domain import Aggregate
+
+from ledger import decisions as decide
+from ledger.content import JobContent
+from ledger.vocabulary import (
+    SETTLED_STATES,
+    ConfirmedVia,
+    EscalationReason,
+    JobState,
+    PolicyRef,
+    Resolution,
+)
+
+_SEARCH_DECISIONS = (
+    decide.Confirm,
+    decide.Duplicate,
+    decide.SearchAgainAt,
+    decide.ResendAt,
+    decide.Review,
+    decide.StopVerifying,
+)
 
 JOB_NAMESPACE = uuid.UUID("6b0f6a52-3a8e-5d55-9b7e-5e4d1e0a7c11")
 
 
 def job_id_for(key: str) -> uuid.UUID:
     return uuid.uuid5(JOB_NAMESPACE, key)
-
-
-class JobState(StrEnum):
-    REQUESTED = "requested"
-    ATTEMPTED = "attempted"
-    UNKNOWN = "unknown"
-    CONFIRMED = "confirmed"
-    REVIEW = "review"
-    ABANDONED = "abandoned"
-
-
-SETTLED_STATES = frozenset({JobState.CONFIRMED, JobState.REVIEW, JobState.ABANDONED})
-FINAL_STATES = frozenset({JobState.CONFIRMED, JobState.ABANDONED})
-
-ESCALATION_REASONS = frozenset(
-    {
-        "unknown-outcome",
-        "duplicate",
-        "max-attempts",
-        "rejected",
-        "handle-unreliable",
-        "no-policy",
-    }
-)
-CONFIRM_VIA = frozenset({"response", "search", "operator"})
-RESOLUTIONS = frozenset({"sent", "resend", "abandon"})
 
 
 class TransitionError(Exception):
@@ -65,13 +66,8 @@ class SendJob(Aggregate):
     # -- state (set only by events) -------------------------------------------------
     key: str
     channel: str
-    to: list[str]
-    cc: list[str]
-    reply_to: str | None
+    content: JobContent
     from_addr: str
-    subject: str
-    body: str
-    html: str | None
     message_id: str
     content_hash: str
     state: JobState
@@ -83,7 +79,6 @@ class SendJob(Aggregate):
     reason: str | None
     provider_message_ids: list[str]
     duplicate: bool
-    awaiting: str | None  # an event that must come next ("Escalated", "Confirmed")
     last_provider: str | None
     resent: bool  # sent again without proof the earlier attempt failed
     verifying: bool  # confirmed, and its copies are to be counted once more
@@ -102,30 +97,27 @@ class SendJob(Aggregate):
 
     class Requested(Aggregate.Created):
         TOPIC = "sendledger:SendJob.Requested"
+        # The job's content, flat as the first release stored it (JobContent.canonical()).
         key: str
         channel: str
         to: list[str]
         cc: list[str]
         reply_to: str | None
-        from_addr: str
         subject: str
         body: str
         html: str | None
+        # What the channel's policy added.
+        from_addr: str
         message_id: str
         content_hash: str
         policy: str
         fingerprint: str
 
         def apply(self, job: Any) -> None:
+            job.content = JobContent.from_canonical(vars(self))
             job.key = self.key
             job.channel = self.channel
-            job.to = list(self.to)
-            job.cc = list(self.cc)
-            job.reply_to = self.reply_to
             job.from_addr = self.from_addr
-            job.subject = self.subject
-            job.body = self.body
-            job.html = self.html
             job.message_id = self.message_id
             job.content_hash = self.content_hash
             job.state = JobState.REQUESTED
@@ -137,7 +129,6 @@ class SendJob(Aggregate):
             job.reason = None
             job.provider_message_ids = []
             job.duplicate = False
-            job.awaiting = None
             job.last_provider = None
             job.resent = False
             job.verifying = False
@@ -171,12 +162,11 @@ class SendJob(Aggregate):
             job.misses = 0
             job.reason = self.reason
             job.due_at = self.search_due_at
-            job.awaiting = None if self.search_due_at is not None else "Escalated"
 
     class SearchedMiss(Event):
         TOPIC = "sendledger:SendJob.SearchedMiss"
         search: int
-        query: str
+        query: str  # the query the provider was sent
         next_search_at: datetime | None  # None: misses are believed; a decision follows
         policy: str
         fingerprint: str
@@ -185,11 +175,10 @@ class SendJob(Aggregate):
             job.searches = self.search
             job.misses += 1
             job.due_at = self.next_search_at
-            job.awaiting = None if self.next_search_at is not None else "Requeued|Escalated"
 
     class Requeued(Event):
-        """Back to `requested` with the same Message-ID: the policy (after enough
-        misses or a transient rejection) or a human decided on a resend."""
+        """Back to `requested` with the same Message-ID: enough empty searches were
+        believed and the policy resends."""
 
         TOPIC = "sendledger:SendJob.Requeued"
         reason: str
@@ -204,7 +193,6 @@ class SendJob(Aggregate):
             job.reason = self.reason
             job.searches = 0
             job.misses = 0
-            job.awaiting = None
             job.resent = True
 
     class Rejected(Event):
@@ -222,10 +210,8 @@ class SendJob(Aggregate):
             if self.retry_at is not None:
                 job.state = JobState.REQUESTED
                 job.due_at = self.retry_at
-                job.awaiting = None
             else:
                 job.due_at = None
-                job.awaiting = "Escalated"
 
     class Confirmed(Event):
         TOPIC = "sendledger:SendJob.Confirmed"
@@ -237,13 +223,12 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.state = JobState.CONFIRMED
-            if self.via != "operator":  # an operator's "resolved: sent" stays visible
+            if self.via != ConfirmedVia.OPERATOR:  # "resolved: sent" stays visible
                 job.reason = None
             job.provider_message_ids = list(self.provider_message_ids)
             job.due_at = self.verify_at
             job.verifying = self.verify_at is not None
             job.verifications = 0
-            job.awaiting = None
 
     class Verified(Event):
         """A confirmed job's copies counted once more: one (done), or none yet."""
@@ -272,7 +257,6 @@ class SendJob(Aggregate):
             job.provider_message_ids = list(self.provider_message_ids)
             job.due_at = None
             job.verifying = False
-            job.awaiting = "Escalated"
 
     class Escalated(Event):
         TOPIC = "sendledger:SendJob.Escalated"
@@ -285,7 +269,6 @@ class SendJob(Aggregate):
             job.state = JobState.REVIEW
             job.reason = self.reason
             job.due_at = None
-            job.awaiting = None
 
     class Resolved(Event):
         TOPIC = "sendledger:SendJob.Resolved"
@@ -295,75 +278,45 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.reason = f"resolved: {self.decision}"
-            if self.decision == "resend":
+            if self.decision == Resolution.RESEND:
                 job.state = JobState.REQUESTED
                 job.resent = True
                 job.due_at = self.timestamp
                 job.round_attempts = 0
                 job.searches = 0
                 job.misses = 0
-                job.awaiting = None
-            elif self.decision == "abandon":
+            elif self.decision == Resolution.ABANDON:
                 job.state = JobState.ABANDONED
                 job.due_at = None
-                job.awaiting = None
-            else:
-                job.awaiting = "Confirmed"
+            # "sent": the Confirmed event recorded with it moves the job on.
 
     # -- commands -------------------------------------------------------------------
 
     @classmethod
     def request(
         cls,
+        content: JobContent,
         *,
-        key: str,
-        channel: str,
-        to: list[str],
-        cc: list[str],
-        reply_to: str | None,
         from_addr: str,
-        subject: str,
-        body: str,
-        html: str | None,
         message_id: str,
-        content_hash: str,
-        policy: str,
-        fingerprint: str,
+        policy: PolicyRef,
         at: datetime,
     ) -> SendJob:
         return cls._create(
             cls.Requested,
-            id=job_id_for(key),
+            id=job_id_for(content.key),
             timestamp=at,
-            key=key,
-            channel=channel,
-            to=list(to),
-            cc=list(cc),
-            reply_to=reply_to,
+            **content.canonical(),
             from_addr=from_addr,
-            subject=subject,
-            body=body,
-            html=html,
             message_id=message_id,
-            content_hash=content_hash,
-            policy=policy,
-            fingerprint=fingerprint,
+            content_hash=content.content_hash,
+            **policy.event_fields(),
         )
 
-    def _refuse(self, action: str, why: str = "") -> TransitionError:
-        return TransitionError(self.key, self.state.value, action, why)
-
-    def _require(self, action: str, *states: JobState) -> None:
-        if self.awaiting is not None and not _awaits(self.awaiting, action):
-            raise self._refuse(action, f"{self.awaiting} must come first")
-        if self.state not in states:
-            raise self._refuse(action)
-
-    def attempt(self, *, provider: str, deadline: datetime, at: datetime) -> int:
-        """The write-ahead claim: durable before the provider is called."""
+    def claim(self, *, provider: str, deadline: datetime, at: datetime) -> int:
+        """The write-ahead claim (Attempted): durable before the provider is called."""
         self._require("Attempted", JobState.REQUESTED)
-        if self.due_at is not None and at < self.due_at:
-            raise self._refuse("Attempted", f"not due before {self.due_at.isoformat()}")
+        self._require_due(at, "Attempted", "not due")
         if deadline <= at:
             raise self._refuse("Attempted", "deadline must be after the attempt")
         number = self.attempts + 1
@@ -372,98 +325,49 @@ class SendJob(Aggregate):
         )
         return number
 
-    def record_unknown(
-        self,
-        *,
-        reason: str,
-        search_due_at: datetime | None,
-        policy: str,
-        fingerprint: str,
-        at: datetime,
+    def record_response(
+        self, *, provider_message_id: str, decision: decide.Confirm, at: datetime
     ) -> None:
+        """The provider answered 2xx with its id for the message: one copy exists."""
+        self._require("Confirmed", JobState.ATTEMPTED)
+        self._require_decision("Confirmed", decision, decide.Confirm)
+        if not provider_message_id:
+            raise self._refuse("Confirmed", "a response without the provider's id proves nothing")
+        self._confirm(ConfirmedVia.RESPONSE, [provider_message_id], decision, at)
+
+    def record_unknown(self, *, reason: str, decision: decide.AfterUnknown, at: datetime) -> None:
+        """The call's outcome cannot be known (timeout, reset, 5xx, crash): Unknown, then a
+        search when the index has caught up, or review."""
         self._require("Unknown", JobState.ATTEMPTED)
-        if search_due_at is not None and search_due_at < at:
+        self._require_decision("Unknown", decision, decide.SearchAt, decide.Review)
+        search_at = decision.at if isinstance(decision, decide.SearchAt) else None
+        if search_at is not None and search_at < at:
             raise self._refuse("Unknown", "a search cannot be due before the outcome")
         self.trigger_event(
             self.Unknown,
             timestamp=at,
             attempt=self.attempts,
             reason=reason,
-            search_due_at=search_due_at,
-            policy=policy,
-            fingerprint=fingerprint,
+            search_due_at=search_at,
+            **decision.policy.event_fields(),
         )
+        if isinstance(decision, decide.Review):
+            self._escalate(decision, reason, at)
 
-    def record_miss(
-        self,
-        *,
-        query: str,
-        next_search_at: datetime | None,
-        policy: str,
-        fingerprint: str,
-        at: datetime,
-    ) -> None:
-        self._require("SearchedMiss", JobState.UNKNOWN)
-        self._require_search_due(at, "SearchedMiss")
-        if next_search_at is not None and next_search_at < at:
-            raise self._refuse("SearchedMiss", "the next search cannot be due before this one")
-        self.trigger_event(
-            self.SearchedMiss,
-            timestamp=at,
-            search=self.searches + 1,
-            query=query,
-            next_search_at=next_search_at,
-            policy=policy,
-            fingerprint=fingerprint,
-        )
-
-    def _require_search_due(self, at: datetime, action: str) -> None:
-        # A search before its due time would read a lagging index and could be
-        # mistaken for proof that nothing was sent (the seed's first caveat).
-        if self.due_at is not None and at < self.due_at:
-            raise self._refuse(action, f"search not due before {self.due_at.isoformat()}")
-
-    def requeue(
-        self,
-        *,
-        reason: str,
-        due_at: datetime,
-        misses_required: int,
-        policy: str,
-        fingerprint: str,
-        at: datetime,
-    ) -> None:
-        """After enough misses the policy may resend (same Message-ID)."""
-        self._require("Requeued", JobState.UNKNOWN)
-        if self.duplicate:
-            raise self._refuse("Requeued", "a duplicate is never resent automatically")
-        if misses_required < 1 or self.misses < misses_required:
-            raise self._refuse(
-                "Requeued", f"{self.misses} empty searches, {max(misses_required, 1)} required"
-            )
-        self.trigger_event(
-            self.Requeued,
-            timestamp=at,
-            reason=reason,
-            due_at=max(due_at, at),
-            misses_required=misses_required,
-            policy=policy,
-            fingerprint=fingerprint,
-        )
-
-    def reject(
+    def record_rejection(
         self,
         *,
         transient: bool,
         reason: str,
         status: int | None,
-        retry_at: datetime | None,
-        policy: str,
-        fingerprint: str,
+        decision: decide.AfterRejection,
         at: datetime,
     ) -> None:
+        """The provider definitely did not accept the message: nothing was sent."""
         self._require("Rejected", JobState.ATTEMPTED)
-        if not transient and retry_at is not None:
+        self._require_decision("Rejected", decision, decide.RetryAt, decide.Review)
+        retry_at = decision.at if isinstance(decision, decide.RetryAt) else None
+        if retry_at is not None and not transient:
             raise self._refuse("Rejected", "a permanent rejection is never retried")
         if retry_at is not None and retry_at < at:
             raise self._refuse("Rejected", "a retry cannot be due before the rejection")
@@ -475,65 +379,160 @@ class SendJob(Aggregate):
             reason=reason,
             status=status,
             retry_at=retry_at,
-            policy=policy,
-            fingerprint=fingerprint,
+            **decision.policy.event_fields(),
         )
+        if isinstance(decision, decide.Review):
+            self._escalate(decision, reason, at)
 
-    def confirm(
+    def record_search(
         self,
         *,
-        via: str,
-        provider_message_ids: list[str],
-        policy: str,
-        fingerprint: str,
+        query: str,
+        copies: Sequence[str],
+        decision: decide.AfterSearch | decide.AfterVerification,
         at: datetime,
-        verify_at: datetime | None = None,
     ) -> None:
-        if via not in CONFIRM_VIA:
-            raise ValueError(f"unknown confirmation source: {via!r}")
-        allowed = {
-            "response": (JobState.ATTEMPTED,),
-            "search": (JobState.UNKNOWN,),
-            "operator": (JobState.REVIEW,),
-        }[via]
-        self._require("Confirmed", *allowed)
-        if via != "operator" and len(provider_message_ids) != 1:
+        """What one search of the sender's mailbox found, by provider message id.
+
+        This is the one place where a search result becomes events: while the outcome is
+        unknown (SearchedMiss, Confirmed, Duplicate, Requeued, Escalated), or when a resent
+        job's copies are counted again after it was confirmed (Verified, Duplicate).
+        """
+        action = type(decision).__name__
+        self._require_decision(action, decision, *_SEARCH_DECISIONS)
+        if self.state is JobState.CONFIRMED and self.verifying:
+            self._require_due(at, action, "search not due")
+            self._record_count(list(copies), decision, at)
+            return
+        self._require(action, JobState.UNKNOWN)
+        # A search before its due time would read a lagging index and could be mistaken
+        # for proof that nothing was sent.
+        self._require_due(at, action, "search not due")
+        self._require_copies(action, decision, len(copies))
+        if isinstance(decision, decide.Confirm):
+            self._confirm(ConfirmedVia.SEARCH, list(copies), decision, at)
+        elif isinstance(decision, decide.Duplicate):
+            self._record_duplicate(list(copies), decision, "", at)
+        elif isinstance(decision, decide.SearchAgainAt):
+            self._record_miss(query, decision.at, decision.policy, at)
+        elif isinstance(decision, decide.ResendAt):
+            self._resend(query, decision, at)
+        elif isinstance(decision, decide.Review):
+            self._record_miss(query, None, decision.policy, at)
+            self._escalate(decision, f"{self.misses} empty searches", at)
+        else:
+            raise self._refuse(action, "the outcome is unknown, nothing to verify")
+
+    def stop_verifying(self, decision: decide.StopVerifying, *, at: datetime) -> None:
+        """Give up counting a confirmed job's copies without a search (no policy or no
+        provider to search with): the job stays confirmed; a human can check it."""
+        self._require("Verified", JobState.CONFIRMED)
+        self._require_decision("Verified", decision, decide.StopVerifying)
+        if not self.verifying:
+            raise self._refuse("Verified", "no verification is pending")
+        self._require_due(at, "Verified", "verification not due")
+        self._verified(0, None, decision.policy, at)
+
+    def escalate(self, decision: decide.Review, *, detail: str, at: datetime) -> None:
+        """Straight to review before a call or a search (max attempts, no policy, a
+        message that cannot be built, a provider that replaces Message-IDs)."""
+        self._require("Escalated", JobState.REQUESTED, JobState.UNKNOWN)
+        self._require_decision("Escalated", decision, decide.Review)
+        self._escalate(decision, detail, at)
+
+    def resolve(self, resolution: Resolution, *, note: str, by: str, at: datetime) -> None:
+        """A human's decision on a job in review."""
+        resolution = Resolution(resolution)
+        self._require("Resolved", JobState.REVIEW)
+        if resolution is Resolution.RESEND and self.duplicate:
+            raise self._refuse(
+                "Resolved", "two copies already exist; resolve as 'sent' or 'abandon'"
+            )
+        self.trigger_event(self.Resolved, timestamp=at, decision=resolution, note=note, by=by)
+        if resolution is Resolution.SENT:
+            self._confirm(
+                ConfirmedVia.OPERATOR,
+                list(self.provider_message_ids),
+                decide.Confirm(PolicyRef.operator(by)),
+                at,
+            )
+
+    # -- the events each decision implies -------------------------------------------
+
+    def _confirm(
+        self,
+        via: ConfirmedVia,
+        provider_message_ids: list[str],
+        decision: decide.Confirm,
+        at: datetime,
+    ) -> None:
+        if via is not ConfirmedVia.OPERATOR and len(provider_message_ids) != 1:
             raise self._refuse("Confirmed", "exactly one copy is required")
-        if via == "search":
-            self._require_search_due(at, "Confirmed")
-        if via == "operator" and self.awaiting != "Confirmed":
-            raise self._refuse("Confirmed", "an operator's 'sent' decision must come first")
-        if verify_at is not None and verify_at < at:
+        if decision.verify_at is not None and decision.verify_at < at:
             raise self._refuse("Confirmed", "a verification cannot be due before the confirmation")
         self.trigger_event(
             self.Confirmed,
             timestamp=at,
             via=via,
-            provider_message_ids=list(provider_message_ids),
-            policy=policy,
-            fingerprint=fingerprint,
-            verify_at=verify_at,
+            provider_message_ids=provider_message_ids,
+            verify_at=decision.verify_at,
+            **decision.policy.event_fields(),
         )
 
-    def record_verification(
+    def _record_miss(
+        self, query: str, next_search_at: datetime | None, policy: PolicyRef, at: datetime
+    ) -> None:
+        if next_search_at is not None and next_search_at < at:
+            raise self._refuse("SearchedMiss", "the next search cannot be due before this one")
+        self.trigger_event(
+            self.SearchedMiss,
+            timestamp=at,
+            search=self.searches + 1,
+            query=query,
+            next_search_at=next_search_at,
+            **policy.event_fields(),
+        )
+
+    def _resend(self, query: str, decision: decide.ResendAt, at: datetime) -> None:
+        if self.duplicate:
+            raise self._refuse("Requeued", "a duplicate is never resent automatically")
+        misses = self.misses + 1  # counting this search
+        if decision.misses_required < 1 or misses < decision.misses_required:
+            required = max(decision.misses_required, 1)
+            raise self._refuse("Requeued", f"{misses} empty searches, {required} required")
+        self._record_miss(query, None, decision.policy, at)
+        self.trigger_event(
+            self.Requeued,
+            timestamp=at,
+            reason=f"{misses} empty searches: not sent",
+            due_at=max(decision.at, at),
+            misses_required=decision.misses_required,
+            **decision.policy.event_fields(),
+        )
+
+    def _record_count(
         self,
-        *,
-        hits: int,
-        next_verify_at: datetime | None,
-        policy: str,
-        fingerprint: str,
+        copies: list[str],
+        decision: decide.AfterSearch | decide.AfterVerification,
         at: datetime,
     ) -> None:
-        """One copy (done) or none yet (again at `next_verify_at`, or give up: None).
-        Two or more copies are a Duplicate, not a verification."""
-        self._require("Verified", JobState.CONFIRMED)
-        if not self.verifying:
-            raise self._refuse("Verified", "no verification is pending")
-        self._require_search_due(at, "Verified")
-        if hits not in (0, 1):
-            raise self._refuse("Verified", "two or more copies are a Duplicate")
-        if hits == 1 and next_verify_at is not None:
-            raise self._refuse("Verified", "one copy ends the verification")
+        """A resent job's copies counted again after its confirmation."""
+        action = type(decision).__name__
+        self._require_copies(action, decision, len(copies))
+        if isinstance(decision, decide.Duplicate):
+            self._record_duplicate(copies, decision, " after a resend", at)
+        elif isinstance(decision, decide.Confirm):
+            self._verified(1, None, decision.policy, at)
+        elif isinstance(decision, decide.SearchAgainAt):
+            self._verified(0, decision.at, decision.policy, at)
+        elif isinstance(decision, decide.StopVerifying):
+            self._verified(0, None, decision.policy, at)
+        else:
+            raise self._refuse(action, "a confirmed job is only verified")
+
+    def _verified(
+        self, hits: int, next_verify_at: datetime | None, policy: PolicyRef, at: datetime
+    ) -> None:
         if next_verify_at is not None and next_verify_at < at:
             raise self._refuse("Verified", "the next verification cannot be due before this one")
         self.trigger_event(
@@ -542,73 +541,64 @@ class SendJob(Aggregate):
             search=self.verifications + 1,
             hits=hits,
             next_verify_at=next_verify_at,
-            policy=policy,
-            fingerprint=fingerprint,
+            **policy.event_fields(),
         )
 
-    def record_duplicate(
-        self, *, provider_message_ids: list[str], policy: str, fingerprint: str, at: datetime
+    def _record_duplicate(
+        self, copies: list[str], decision: decide.Duplicate, when: str, at: datetime
     ) -> None:
-        self._require("Duplicate", JobState.UNKNOWN, JobState.REVIEW, JobState.CONFIRMED)
-        if self.state is JobState.CONFIRMED:
-            # Only the copy count after a resend may reopen a confirmed job.
-            if not self.verifying:
-                raise self._refuse("Duplicate", "no verification is pending")
-            self._require_search_due(at, "Duplicate")
-        if len(provider_message_ids) < 2:
-            raise self._refuse("Duplicate", "two or more copies are required")
         self.trigger_event(
             self.Duplicate,
             timestamp=at,
-            hits=len(provider_message_ids),
-            provider_message_ids=list(provider_message_ids),
-            policy=policy,
-            fingerprint=fingerprint,
+            hits=len(copies),
+            provider_message_ids=copies,
+            **decision.policy.event_fields(),
         )
+        detail = f"{len(copies)} copies{when}: {', '.join(copies)}"
+        self._escalate(decide.Review(decision.policy, EscalationReason.DUPLICATE), detail, at)
 
-    def escalate(
-        self, *, reason: str, detail: str, policy: str, fingerprint: str, at: datetime
-    ) -> None:
-        if reason not in ESCALATION_REASONS:
-            raise ValueError(f"unknown escalation reason: {reason!r}")
-        self._require(
-            "Escalated",
-            JobState.REQUESTED,
-            JobState.ATTEMPTED,
-            JobState.UNKNOWN,
-            JobState.REVIEW,
-            JobState.CONFIRMED,
-        )
-        if self.state is JobState.REVIEW and self.awaiting != "Escalated":
-            raise self._refuse("Escalated", "already in review")
-        if self.state is JobState.CONFIRMED and self.awaiting != "Escalated":
-            raise self._refuse("Escalated", "a confirmed job goes to review only as a duplicate")
+    def _escalate(self, decision: decide.Review, detail: str, at: datetime) -> None:
         self.trigger_event(
             self.Escalated,
             timestamp=at,
-            reason=reason,
+            reason=EscalationReason(decision.reason),
             detail=detail,
-            policy=policy,
-            fingerprint=fingerprint,
+            **decision.policy.event_fields(),
         )
 
-    def resolve(self, *, decision: str, note: str, by: str, at: datetime) -> None:
-        if decision not in RESOLUTIONS:
-            raise ValueError(f"unknown decision: {decision!r} (sent, resend or abandon)")
-        self._require("Resolved", JobState.REVIEW)
-        if decision == "resend" and self.duplicate:
-            raise self._refuse(
-                "Resolved", "two copies already exist; resolve as 'sent' or 'abandon'"
-            )
-        self.trigger_event(self.Resolved, timestamp=at, decision=decision, note=note, by=by)
-        if decision == "sent":
-            self.confirm(
-                via="operator",
-                provider_message_ids=list(self.provider_message_ids),
-                policy="operator",
-                fingerprint=by,
-                at=at,
-            )
+    # -- checks ---------------------------------------------------------------------
+
+    def _refuse(self, action: str, why: str = "") -> TransitionError:
+        return TransitionError(self.key, self.state.value, action, why)
+
+    def _require(self, action: str, *states: JobState) -> None:
+        if self.state not in states:
+            raise self._refuse(action)
+
+    def _require_due(self, at: datetime, action: str, what: str) -> None:
+        if self.due_at is not None and at < self.due_at:
+            raise self._refuse(action, f"{what} before {self.due_at.isoformat()}")
+
+    def _require_decision(self, action: str, decision: object, *allowed: type) -> None:
+        """Refused before anything is recorded: a decision of another kind
+        (TransitionError), or a review for a reason that does not exist (ValueError)."""
+        if not isinstance(decision, allowed):
+            raise self._refuse(action, f"{type(decision).__name__} does not decide this")
+        if isinstance(decision, decide.Review):
+            try:
+                EscalationReason(decision.reason)
+            except ValueError:
+                raise ValueError(f"unknown escalation reason: {decision.reason!r}") from None
+
+    def _require_copies(self, action: str, decision: object, copies: int) -> None:
+        if isinstance(decision, decide.Confirm):
+            fits, expected = copies == 1, "exactly one"
+        elif isinstance(decision, decide.Duplicate):
+            fits, expected = copies >= 2, "two or more"
+        else:
+            fits, expected = copies == 0, "none"
+        if not fits:
+            raise self._refuse(action, f"{copies} copies found, {expected} expected")
 
     # -- derived --------------------------------------------------------------------
 
@@ -617,5 +607,4 @@ class SendJob(Aggregate):
         return self.state in SETTLED_STATES
 
 
-def _awaits(awaiting: str, action: str) -> bool:
-    return action in awaiting.split("|")
+__all__ = ["JobState", "SendJob", "TransitionError", "job_id_for"]

@@ -1,8 +1,9 @@
 """What to do next with a job, decided by its channel's policy. Pure: no I/O, no clock.
 
 The caller passes the time (``now``, timezone-aware) and, for jitter, a random source; the
-functions only read the policy and the facts given. Each returns a :class:`Decision`
-carrying the policy's name and fingerprint, which the ledger records with the event.
+functions only read the policy and the facts given. Each returns one of the closed set of
+typed decisions in :mod:`ledger.decisions`, carrying the policy's name and fingerprint; the
+job aggregate turns it into events.
 
 Why the rules are what they are:
 
@@ -14,66 +15,56 @@ Why the rules are what they are:
 * For the same reason one empty search is not evidence. A miss is believed only after
   ``confirm_misses`` empty searches, ``search_interval`` apart.
 * One hit proves the send; two or more prove a duplicate, which goes to a human and is
-  never followed by another send (invariant 4).
+  never followed by another send (invariant 4 in ``docs/architecture.md``).
 * Only channels with ``on_unknown = "retry"`` ever resend on their own, and never an
-  ``irreversible`` one (invariant 5), even if such a policy were built around validation.
+  ``irreversible`` one (invariant 5 in ``docs/architecture.md``), even if such a policy
+  were built around validation.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal
 
+from ledger.decisions import (
+    AfterRejection,
+    AfterSearch,
+    AfterUnknown,
+    AfterVerification,
+    Confirm,
+    Decision,
+    Duplicate,
+    ResendAt,
+    RetryAt,
+    Review,
+    SearchAgainAt,
+    SearchAt,
+    Send,
+    StopVerifying,
+)
+from ledger.vocabulary import EscalationReason, PolicyRef
 from policies.model import ChannelPolicy
 
 __all__ = [
     "MAX_RETRY_AFTER",
-    "Action",
     "Decision",
-    "ReviewReason",
     "after_permanent_rejection",
+    "after_response",
     "after_search",
     "after_transient_rejection",
     "after_unknown",
+    "after_verification",
     "backoff_ceiling",
     "before_attempt",
+    "before_search",
+    "cannot_build",
     "no_policy",
-]
-
-Action = Literal["send", "search", "retry", "review", "confirm", "duplicate", "miss"]
-ReviewReason = Literal[
-    "unknown-outcome", "duplicate", "max-attempts", "rejected", "handle-unreliable", "no-policy"
 ]
 
 #: A provider's Retry-After longer than this is capped: a week is long enough for any quota
 #: window, and a job does not disappear into a far future because of one odd header.
 MAX_RETRY_AFTER = 7 * 86400.0
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: Action
-    policy: str
-    fingerprint: str
-    due_at: datetime | None = None
-    reason: ReviewReason | None = None
-
-
-def _decision(
-    policy: ChannelPolicy,
-    action: Action,
-    *,
-    due_at: datetime | None = None,
-    reason: ReviewReason | None = None,
-) -> Decision:
-    return Decision(action, policy.name, policy.fingerprint, due_at=due_at, reason=reason)
-
-
-def _review(policy: ChannelPolicy, reason: ReviewReason) -> Decision:
-    return _decision(policy, "review", reason=reason)
 
 
 def _utc(now: datetime) -> datetime:
@@ -95,25 +86,35 @@ def _may_resend(policy: ChannelPolicy) -> bool:
     return policy.on_unknown == "retry" and policy.irreversible is not True
 
 
-def no_policy(channel: str) -> Decision:
+def no_policy(channel: str) -> Review:
     """A job whose channel has no policy (removed, or never loaded): a human decides."""
-    return Decision("review", channel, "", reason="no-policy")
+    return Review(PolicyRef.missing(channel), EscalationReason.NO_POLICY)
 
 
-def before_attempt(policy: ChannelPolicy, *, attempts_made: int) -> Decision:
-    """Before a provider call: ``send``, unless ``max_attempts`` calls were already made.
+def cannot_build(policy: ChannelPolicy) -> Review:
+    """A message that cannot be built is never claimed or sent: a human decides."""
+    return Review(policy.ref, EscalationReason.REJECTED)
+
+
+def before_attempt(policy: ChannelPolicy, *, attempts_made: int) -> Send | Review:
+    """Before a provider call: send, unless ``max_attempts`` calls were already made.
 
     Every call counts, whatever its outcome, because any of them may have sent the mail.
     """
     _non_negative("attempts_made", attempts_made)
     if attempts_made >= policy.max_attempts:
-        return _review(policy, "max-attempts")
-    return _decision(policy, "send")
+        return Review(policy.ref, EscalationReason.MAX_ATTEMPTS)
+    return Send(policy.ref)
+
+
+def after_response(policy: ChannelPolicy, *, resent: bool, now: datetime) -> Confirm:
+    """The provider answered with its id for the message: one copy exists."""
+    return Confirm(policy.ref, verify_at=_verify_at(policy, resent=resent, now=now))
 
 
 def after_unknown(
     policy: ChannelPolicy, *, now: datetime, handle_reliable: bool = True
-) -> Decision:
+) -> AfterUnknown:
     """After a call whose outcome cannot be known (timeout, reset, 5xx, missing id).
 
     ``on_unknown = "review"`` sends it straight to a human. If the provider is known to
@@ -123,53 +124,78 @@ def after_unknown(
     """
     now = _utc(now)
     if policy.on_unknown == "review":
-        return _review(policy, "unknown-outcome")
+        return Review(policy.ref, EscalationReason.UNKNOWN_OUTCOME)
+    return before_search(policy, handle_reliable=handle_reliable) or SearchAt(
+        policy.ref, now + timedelta(seconds=policy.search_after)
+    )
+
+
+def before_search(policy: ChannelPolicy, *, handle_reliable: bool) -> Review | None:
+    """A search is worth making only if the provider keeps our Message-ID."""
     if not handle_reliable:
-        return _review(policy, "handle-unreliable")
-    return _decision(policy, "search", due_at=now + timedelta(seconds=policy.search_after))
+        return Review(policy.ref, EscalationReason.HANDLE_UNRELIABLE)
+    return None
 
 
 def _count_copies(
     policy: ChannelPolicy, *, hits: int, searches_before: int, now: datetime
-) -> Decision | None:
+) -> Confirm | Duplicate | SearchAgainAt | None:
     """What one search's hit count decides, shared by the sweep and the verification:
     one copy confirms, two or more are a duplicate, none means search again while fewer
     than ``confirm_misses`` searches came back empty. None: the misses are believed."""
     _non_negative("hits", hits)
-    now = _utc(now)
     if hits == 1:
-        return _decision(policy, "confirm")
+        return Confirm(policy.ref)
     if hits >= 2:
-        return _decision(policy, "duplicate", reason="duplicate")
+        return Duplicate(policy.ref)
     if searches_before + 1 < policy.confirm_misses:
-        interval = policy.effective_search_interval
-        return _decision(policy, "miss", due_at=now + timedelta(seconds=interval))
+        return SearchAgainAt(policy.ref, now + timedelta(seconds=policy.effective_search_interval))
     return None
 
 
 def after_search(
-    policy: ChannelPolicy, *, hits: int, misses_before: int, now: datetime
-) -> Decision:
+    policy: ChannelPolicy, *, hits: int, misses_before: int, resent: bool, now: datetime
+) -> AfterSearch:
     """After a search of the sender's mailbox for the job's Message-ID.
 
-    * one hit: the mail was sent once: ``confirm``.
-    * two or more: it was sent more than once: ``duplicate`` (reason ``duplicate``); a human
-      looks at it and nothing is ever sent again automatically.
-    * none: the first empty searches are not evidence, because the index lags: ``miss``,
-      search again after ``search_interval``. Once ``confirm_misses`` searches in a row came
-      back empty, the miss is believed: ``retry`` (due now) for a channel whose policy is
-      ``retry`` and which is not irreversible, otherwise ``review`` (``unknown-outcome``).
+    * one hit: the mail was sent once: confirm (and, for a job sent again without proof
+      that the earlier attempt failed, count its copies once more ``verify_after`` later).
+    * two or more: it was sent more than once: a duplicate; a human looks at it and
+      nothing is ever sent again automatically.
+    * none: the first empty searches are not evidence, because the index lags: search
+      again after ``search_interval``. Once ``confirm_misses`` searches in a row came back
+      empty, the miss is believed: resend (due now) on a channel whose policy is ``retry``
+      and which is not irreversible, otherwise review (``unknown-outcome``).
 
     ``misses_before`` counts the empty searches already recorded since the Unknown.
     """
     _non_negative("misses_before", misses_before)
     now = _utc(now)
     counted = _count_copies(policy, hits=hits, searches_before=misses_before, now=now)
+    if isinstance(counted, Confirm):
+        return after_response(policy, resent=resent, now=now)
     if counted is not None:
         return counted
     if _may_resend(policy):
-        return _decision(policy, "retry", due_at=now)
-    return _review(policy, "unknown-outcome")
+        return ResendAt(policy.ref, now, misses_required=policy.confirm_misses)
+    return Review(policy.ref, EscalationReason.UNKNOWN_OUTCOME)
+
+
+def after_verification(
+    policy: ChannelPolicy, *, hits: int, verifications_before: int, now: datetime
+) -> AfterVerification:
+    """After a verification search of a confirmed job.
+
+    * one hit: verified, nothing more to do (confirm).
+    * two or more: a duplicate, for review.
+    * none: our confirmed copy is not indexed yet; look again after ``search_interval``, up
+      to ``confirm_misses`` times, then stop: the copy was confirmed by the provider, a
+      missing index entry is not a second copy.
+    """
+    _non_negative("verifications_before", verifications_before)
+    now = _utc(now)
+    counted = _count_copies(policy, hits=hits, searches_before=verifications_before, now=now)
+    return counted if counted is not None else StopVerifying(policy.ref)
 
 
 def backoff_ceiling(policy: ChannelPolicy, attempts_made: int) -> float:
@@ -185,7 +211,7 @@ def after_transient_rejection(
     now: datetime,
     retry_after: float | None,
     rng: random.Random,
-) -> Decision:
+) -> AfterRejection:
     """After the provider definitely refused a call for now (no connection, 429, quota).
 
     Nothing was sent, so trying again is safe; it waits an exponential backoff, jittered
@@ -196,17 +222,22 @@ def after_transient_rejection(
     _non_negative("attempts_made", attempts_made)
     now = _utc(now)
     if attempts_made >= policy.max_attempts:
-        return _review(policy, "max-attempts")
+        return Review(policy.ref, EscalationReason.MAX_ATTEMPTS)
     ceiling = backoff_ceiling(policy, attempts_made)
     delay = rng.uniform(ceiling / 2, ceiling)
     floor = 0.0
     if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
         floor = min(float(retry_after), MAX_RETRY_AFTER)
-    wait = max(floor, delay)
-    return _decision(policy, "retry", due_at=now + timedelta(seconds=wait))
+    return RetryAt(policy.ref, now + timedelta(seconds=max(floor, delay)))
 
 
-def after_confirmation(policy: ChannelPolicy, *, resent: bool, now: datetime) -> datetime | None:
+def after_permanent_rejection(policy: ChannelPolicy) -> Review:
+    """After the provider refused the mail for good (400 and other 4xx): not sent, and
+    sending it again would be refused again, so a human decides."""
+    return Review(policy.ref, EscalationReason.REJECTED)
+
+
+def _verify_at(policy: ChannelPolicy, *, resent: bool, now: datetime) -> datetime | None:
     """When to count the copies of a just-confirmed job once more, or None.
 
     Only a job that was sent again without proof that the earlier attempt failed (a miss
@@ -214,30 +245,7 @@ def after_confirmation(policy: ChannelPolicy, *, resent: bool, now: datetime) ->
     if the provider's index lagged longer than the search windows, the earlier copy was
     invisible then. ``verify_after`` later the index has caught up, and a search counts.
     """
+    now = _utc(now)
     if not resent:
         return None
-    return _utc(now) + timedelta(seconds=policy.verify_after)
-
-
-def after_verification(
-    policy: ChannelPolicy, *, hits: int, verifications_before: int, now: datetime
-) -> Decision:
-    """After a verification search of a confirmed job.
-
-    * one hit: verified, nothing more to do (``confirm``).
-    * two or more: a duplicate, for review (``duplicate``).
-    * none: our confirmed copy is not indexed yet; look again after ``search_interval``,
-      up to ``confirm_misses`` times (``miss`` with a due time), then give up (``miss``
-      without one): the copy was confirmed by the provider, a missing index entry is not a
-      second copy.
-    """
-    counted = _count_copies(policy, hits=hits, searches_before=verifications_before, now=now)
-    if counted is not None:
-        return counted
-    return _decision(policy, "miss")
-
-
-def after_permanent_rejection(policy: ChannelPolicy) -> Decision:
-    """After the provider refused the mail for good (400 and other 4xx): not sent, and
-    sending it again would be refused again, so a human decides."""
-    return _review(policy, "rejected")
+    return now + timedelta(seconds=policy.verify_after)

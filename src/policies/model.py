@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ledger.message_id import MessageIdError, validate_domain
+from ledger.vocabulary import PolicyRef, Sender
 from policies.durations import DurationError, format_duration, parse_duration
 
 __all__ = [
@@ -212,6 +213,16 @@ class ChannelPolicy(BaseModel):
     @property
     def name(self) -> str:
         return self.channel
+
+    @property
+    def ref(self) -> PolicyRef:
+        """What a decision event records of this policy: its name and fingerprint."""
+        return PolicyRef(self.name, self.fingerprint)
+
+    @property
+    def sender(self) -> Sender:
+        """What this policy contributes to each new job of its channel."""
+        return Sender(self.from_, self.message_id_domain, self.ref)
 
     @property
     def from_address(self) -> str:

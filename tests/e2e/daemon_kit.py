@@ -31,11 +31,11 @@ from urllib.parse import unquote
 import pytest
 
 from daemon.commands import event_record
-from daemon.emulator.credentials import write_service_account
-from daemon.emulator.gmail import ApiError, GmailEmulator
-from daemon.emulator.relay import FaultPlan, FaultRelay
 from ledger.application import Ledger
-from ledger.index import IndexRow
+from ledger.stores.index import IndexRow
+from testkit.credentials import write_service_account
+from testkit.gmail import ApiError, GmailEmulator
+from testkit.relay import FaultPlan, FaultRelay
 
 VENV_BIN = Path(sys.executable).parent
 SENDLEDGER = str(VENV_BIN / "sendledger")
@@ -333,14 +333,14 @@ class Rig:
         return self._ledger
 
     def row(self, key: str) -> IndexRow | None:
-        return self.ledger.index.job_by_key(key)
+        return self.ledger.row(key)
 
     def state(self, key: str) -> str | None:
         row = self.row(key)
         return row.state if row else None
 
     def rows(self) -> list[IndexRow]:
-        return self.ledger.index_rows()
+        return list(self.ledger.jobs())
 
     def history(self, key: str) -> list[dict[str, Any]]:
         """The job's events as `sendledger history --json` prints them."""

@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 from ledger.application import Ledger
+from ledger.decisions import Review
+from ledger.vocabulary import EscalationReason, PolicyRef
 
 
 def submit_three(cli: Any) -> None:
@@ -26,20 +28,9 @@ def submit_three(cli: Any) -> None:
 
 
 def escalate(cli: Any, key: str) -> None:
-    ledger = Ledger(f"sqlite:///{cli.root / 'ledger.sqlite'}")
-    try:
-        ledger.update(
-            key,
-            lambda j: j.escalate(
-                reason="unknown-outcome",
-                detail="test",
-                policy="receipts",
-                fingerprint="f",
-                at=ledger.clock(),
-            ),
-        )
-    finally:
-        ledger.close()
+    review = Review(PolicyRef("receipts", "f"), EscalationReason.UNKNOWN_OUTCOME)
+    with Ledger(f"sqlite:///{cli.root / 'ledger.sqlite'}") as ledger:
+        ledger.update(key, lambda j: j.escalate(review, detail="test", at=ledger.clock()))
 
 
 def test_audit_filters_and_formats(cli: Any) -> None:

@@ -220,6 +220,16 @@ def test_bad_environment_override_is_exit_2(cli: Any) -> None:
     one_error_line(result, "daemon.tick")
 
 
+@pytest.mark.parametrize("url", ["memory://", "memory://shared", "sqlite:///:memory:"])
+def test_a_store_that_ends_with_the_process_is_refused(cli: Any, url: str) -> None:
+    # A command's jobs would be gone when it exits: exit 2 naming store.url, nothing written.
+    cli.write_config(url)
+    result = cli.submit(job())
+    assert result.code == 2
+    one_error_line(result, "store.url", str(cli.config))
+    assert result.stdout == ""
+
+
 # -- policy check / admin --------------------------------------------------------------
 
 

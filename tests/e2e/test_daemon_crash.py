@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.e2e.daemon_kit import Rig, events_of, job
 
 from daemon.crashpoints import ENV as CRASH_ENV
-from daemon.emulator.relay import FaultPlan
+from testkit.relay import FaultPlan
 
 RECOVERED = "no outcome recorded by the attempt's deadline"
 

@@ -21,7 +21,7 @@ from tests.e2e.daemon_kit import (
     job,
 )
 
-from daemon.emulator.relay import FaultPlan, Mode
+from testkit.relay import FaultPlan, Mode
 
 # One job per fault; the daemon dispatches them in submission order (concurrency 1), so the
 # relay's send queue gives each job's FIRST send its fault. Every later send passes.

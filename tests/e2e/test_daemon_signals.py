@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tests.e2e.daemon_kit import RETRY_POLICY, NotifyListener, Rig, events_of, job
 
-from daemon.emulator.relay import FaultPlan
+from testkit.relay import FaultPlan
 
 # packaging's unit gives the daemon TimeoutStopSec=30s; a drain must fit well inside it.
 STOP_LIMIT = 10.0

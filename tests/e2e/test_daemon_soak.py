@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tests.e2e.daemon_kit import RETRY_POLICY, Rig, events_of, job
 
-from daemon.emulator.relay import FaultPlan, Mode
+from testkit.relay import FaultPlan, Mode
 
 SEED = 20260101
 JOBS = 200
@@ -63,10 +63,7 @@ def test_soak_random_faults_every_job_settles_with_one_copy(tmp_path: Path) -> N
         started = time.monotonic()
         daemon = rig.start_daemon()
         rig.wait_for(
-            lambda: (
-                sum(rig.ledger.index.count_by_state().get(s, 0) for s in ("confirmed", "review"))
-                == JOBS
-            ),
+            lambda: sum(rig.ledger.counts(("confirmed", "review")).values()) == JOBS,
             f"all {JOBS} jobs to settle",
             timeout=SETTLE_LIMIT,
             interval=0.25,

@@ -92,13 +92,14 @@ def test_a_dropped_response_through_the_cli_relay_is_one_copy_and_unknown(
     )
     try:
         first = provider.send_raw(raw)
-        hits = provider.search("<job-cli-kit@mail.example.com>")
+        found = provider.search("<job-cli-kit@mail.example.com>")
     finally:
         provider.close()
     assert first.kind is SendKind.UNKNOWN
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["message_id"] for line in lines] == ["<job-cli-kit@mail.example.com>"]
-    assert [hit.provider_message_id for hit in hits] == [lines[0]["id"]]
+    assert found.copies == [lines[0]["id"]]
+    assert found.query == "rfc822msgid:job-cli-kit@mail.example.com"
 
 
 def test_demo_settles_every_job_with_at_most_one_copy(tmp_path: Path) -> None:

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from daemon.emulator.credentials import write_authorized_user, write_service_account
-from daemon.emulator.gmail import GmailEmulator
-from daemon.emulator.relay import FaultPlan, FaultRelay
 from daemon.providers.gmail import GmailProvider
+from testkit.credentials import write_authorized_user, write_service_account
+from testkit.gmail import GmailEmulator
+from testkit.relay import FaultPlan, FaultRelay
 
 # The mailbox a service account acts for (domain-wide delegation subject).
 MAILBOX = "support@example.com"

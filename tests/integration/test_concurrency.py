@@ -1,9 +1,10 @@
 """Several processes submitting the same keys into one store at once.
 
 Eight worker processes each submit the same 200 keys (each in its own order) into one
-SQLite file, and separately into one PostgreSQL schema. Intake is idempotent on the key,
-so exactly 200 jobs must exist, exactly 200 submissions across all workers must report
-created=True, and no worker may see an exception ("database is locked" least of all).
+SQLite file, and separately into one PostgreSQL schema; eight threads do the same into one
+memory store. Intake is idempotent on the key, so exactly 200 jobs must exist, exactly 200
+submissions across all workers must report created=True, and no worker may see an
+exception ("database is locked" least of all).
 """
 
 from __future__ import annotations
@@ -14,14 +15,19 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ledger.application import Ledger
-from ledger.store_url import PostgresStore, SqliteStore
+from ledger.application import Ledger, Sender
+from ledger.content import JobContent
+from ledger.stores.memory import discard_memory_store
+from ledger.stores.url import PostgresStore, SqliteStore
+from ledger.vocabulary import PolicyRef
 
 WORKERS = 8
 KEYS = 200
@@ -31,12 +37,14 @@ WORKER = textwrap.dedent(
     import json, os, random, sys, time
     from ledger.application import Ledger, Sender
     from ledger.content import JobContent
+    from ledger.vocabulary import PolicyRef
 
     url, seed, barrier = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     keys = [f"key-{i:04d}" for i in range(int(sys.argv[4]))]
     open_tries = int(sys.argv[5])
     random.Random(seed).shuffle(keys)
-    sender = Sender("Support <support@example.com>", "mail.example.com", "receipts", "f" * 16)
+    policy = PolicyRef("receipts", "f" * 16)
+    sender = Sender("Support <support@example.com>", "mail.example.com", policy)
     created, errors, open_errors = [], [], []
 
 
@@ -121,8 +129,8 @@ def check(results: list[dict[str, Any]], app: Ledger, distinct_events: int, requ
     assert len(created) == KEYS
     assert sorted(created) == sorted(f"key-{i:04d}" for i in range(KEYS))
 
-    assert app.index.count_by_state() == {"requested": KEYS}
-    rows = app.index_rows()
+    assert app.counts() == {"requested": KEYS}
+    rows = list(app.jobs())
     assert len(rows) == KEYS
     assert len({r.job_id for r in rows}) == KEYS
     assert all(r.version == 1 for r in rows)
@@ -131,7 +139,7 @@ def check(results: list[dict[str, Any]], app: Ledger, distinct_events: int, requ
     for row in rows[:: KEYS // 10]:
         job = app.get_job(row.key)
         assert job.version == 1
-        assert job.body == row.key
+        assert job.content.body == row.key
 
 
 def test_eight_processes_one_sqlite_file(tmp_path: Path) -> None:
@@ -207,3 +215,49 @@ def test_concurrent_opens_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
     results = run_workers(url, tmp_path, keys=0, open_tries=1)
     assert [e for r in results for e in r["open_errors"]] == []
+
+
+def test_eight_threads_one_memory_store() -> None:
+    """The memory backend's lock plays the part of the database's: one winner per key."""
+    import random
+
+    name = f"threads-{uuid.uuid4().hex[:8]}"
+    url = f"memory://{name}"
+    sender = Sender(
+        "Support <support@example.com>", "mail.example.com", PolicyRef("receipts", "f" * 16)
+    )
+    barrier = threading.Barrier(WORKERS)
+    results: list[dict[str, Any]] = [{} for _ in range(WORKERS)]
+
+    def worker(seed: int) -> None:
+        keys = [f"key-{i:04d}" for i in range(KEYS)]
+        random.Random(seed).shuffle(keys)
+        created: list[str] = []
+        errors: list[str] = []
+        with Ledger(url) as ledger:  # a Ledger of its own, as each process has
+            barrier.wait(timeout=30)
+            for key in keys:
+                job = JobContent(
+                    channel="receipts", key=key, to=("a@example.com",), subject="s", body=key
+                )
+                try:
+                    if ledger.submit(job, sender).created:
+                        created.append(key)
+                except Exception as exc:
+                    errors.append(f"{key}: {type(exc).__name__}: {exc}")
+        results[seed] = {"created": created, "errors": errors}
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(WORKERS)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        with Ledger(url) as app:
+            notifications = app.recorder.select_notifications(start=1, limit=10 * KEYS)
+            distinct = len({n.originator_id for n in notifications})
+            requested = sum(n.topic == "sendledger:SendJob.Requested" for n in notifications)
+            assert len(notifications) == KEYS
+            check(results, app, distinct, requested)
+    finally:
+        discard_memory_store(name)

@@ -23,15 +23,16 @@ from typing import Any
 import pytest
 from tests.conftest import FakeClock
 
-from daemon.emulator.gmail import GmailEmulator
-from daemon.emulator.relay import FaultPlan, FaultRelay
 from daemon.engine import Engine, PolicyHolder, TickReport, render
 from daemon.providers.gmail import GmailProvider
 from ledger.application import Ledger, Sender
 from ledger.content import parse_job
 from ledger.job import JobState, TransitionError
+from ledger.vocabulary import Resolution
 from policies.loader import PolicySet, load_policy_dir
 from policies.model import ChannelPolicy
+from testkit.gmail import GmailEmulator
+from testkit.relay import FaultPlan, FaultRelay
 
 MAILBOX = "support@example.com"  # the mailbox the service account acts as
 TIMEOUT = 0.5  # the engine's provider_timeouts: with GRACE, an Attempted's deadline
@@ -119,7 +120,7 @@ class Rig:
 
     def submit(self, channel: str, key: str) -> str:
         policy = self.holder.current[channel]
-        sender = Sender(policy.from_, policy.message_id_domain, policy.name, policy.fingerprint)
+        sender = policy.sender
         job = parse_job(
             {
                 "channel": channel,
@@ -147,7 +148,7 @@ class Rig:
         now = self.clock()
         self.ledger.update(
             key,
-            lambda job: job.attempt(
+            lambda job: job.claim(
                 provider="gmail", deadline=now + timedelta(seconds=DEADLINE), at=now
             ),
         )
@@ -277,6 +278,8 @@ def test_unknown_searches_on_schedule_and_resends_only_after_the_misses(
     assert [m.search for m in misses] == [1]
     assert misses[0].timestamp == t0 + timedelta(minutes=5)
     assert misses[0].next_search_at == t0 + timedelta(minutes=15)
+    # The query recorded is the one Gmail was sent: the Message-ID without angle brackets.
+    assert misses[0].query == "rfc822msgid:" + message_id.strip("<>")
 
     # The next search not before search_interval (10m), although search_after (5m) passed.
     for seconds in (300, 299):
@@ -409,7 +412,7 @@ def test_two_engines_racing_make_one_call_per_job(
     second = make_rig()
     keys = [f"race-{i:02d}" for i in range(jobs)]
     message_ids = {key: first.submit("receipts", key) for key in keys}
-    assert len(first.ledger.index.jobs_due("requested", clock().timestamp(), 1000)) == jobs
+    assert len(first.ledger.due("requested", clock(), 1000)) == jobs
 
     barrier = threading.Barrier(2)
     reports: dict[str, TickReport] = {}
@@ -452,6 +455,10 @@ def test_two_engines_racing_make_one_call_per_job(
 # -- invariant 6: an Attempted without an outcome after its deadline ---------------------
 
 
+#: The engine modules that call `crash_point` (each holds its own reference to it).
+CRASH_POINT_MODULES = ("daemon.engine.dispatch", "daemon.engine.search")
+
+
 class Crash(BaseException):
     """Raised at an engine crash point: not an Exception, so the engine's per-job guard
     does not catch it and the tick stops right there, as a killed process would."""
@@ -460,14 +467,17 @@ class Crash(BaseException):
 @pytest.fixture
 def crash_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str | None], None]:
     """`crash_at("after-claim")` arms one of the engine's named crash points (in-process,
-    instead of the SIGKILL the e2e tests use); `crash_at(None)` disarms it."""
+    instead of the SIGKILL the e2e tests use); `crash_at(None)` disarms it. The points are
+    called in the engine's dispatch (after-claim, after-send) and search (after-search)
+    modules, each of which imported `crash_point` for itself."""
 
     def arm(point: str | None) -> None:
         def crash_point(name: str) -> None:
             if name == point:
                 raise Crash(name)
 
-        monkeypatch.setattr("daemon.engine.crash_point", crash_point)
+        for module in CRASH_POINT_MODULES:
+            monkeypatch.setattr(f"{module}.crash_point", crash_point)
 
     return arm
 
@@ -568,7 +578,7 @@ def test_duplicate_goes_to_review_and_is_never_resent(
     # A human's "resend" is refused: two copies already exist.
     with pytest.raises(TransitionError):
         rig.ledger.update(
-            "inv4", lambda job: job.resolve(decision="resend", note="", by="test", at=clock())
+            "inv4", lambda job: job.resolve(Resolution.RESEND, note="", by="test", at=clock())
         )
     for _ in range(4):
         rig.advance_and_tick(900)
@@ -797,7 +807,7 @@ def test_a_message_that_cannot_be_built_goes_to_review_unclaimed(make_rig: RigFa
     rig = make_rig({"receipts": RETRY_5M})
     policy = rig.holder.current["receipts"]
     # A sender the policy model would refuse, stored by an older version, say.
-    broken = Sender("not an address", policy.message_id_domain, policy.name, policy.fingerprint)
+    broken = Sender("not an address", policy.message_id_domain, policy.ref)
     rig.ledger.submit(
         parse_job(
             {

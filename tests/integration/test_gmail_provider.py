@@ -15,14 +15,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httplib2
 import pytest
 
-from daemon.emulator.gmail import GmailEmulator
-from daemon.emulator.relay import FaultPlan, FaultRelay
 from daemon.providers.base import ProviderError, SendKind
 from daemon.providers.gmail import SCOPES, GmailProvider
+from testkit.gmail import GmailEmulator
+from testkit.relay import FaultPlan, FaultRelay
 
 GmailProviderFactory = Callable[..., GmailProvider]
 RawFactory = Callable[..., bytes]
@@ -30,6 +31,8 @@ RawFactory = Callable[..., bytes]
 # The service account's delegation subject, as in conftest.py's `gmail_provider`.
 MAILBOX = "support@example.com"
 MID = "<job-0123456789abcdef0123456789abcdef@mail.example.com>"
+# What Gmail is asked for MID: the rfc822msgid: operator, the id without angle brackets.
+QUERY = "rfc822msgid:job-0123456789abcdef0123456789abcdef@mail.example.com"
 
 
 def logged_copies(acceptance_log: Path, message_id: str = MID) -> int:
@@ -43,6 +46,15 @@ def logged_copies(acceptance_log: Path, message_id: str = MID) -> int:
 def sends_at_relay(relay: FaultRelay) -> int:
     """Send requests that reached the relay, forwarded or not: one per attempt."""
     return sum(1 for entry in relay.log if entry["kind"] == "send")
+
+
+def queries_at_relay(relay: FaultRelay) -> list[str]:
+    """The `q` of every messages.list request that reached the relay, in order."""
+    return [
+        parse_qs(urlsplit(entry["path"]).query)["q"][-1]
+        for entry in relay.log
+        if entry["kind"] == "search" and urlsplit(entry["path"]).path.endswith("/messages")
+    ]
 
 
 # -- the seed's three modes ------------------------------------------------------------------
@@ -321,7 +333,7 @@ def test_no_requests_or_urllib3_transport_is_used(
     monkeypatch.setattr(urllib3.connectionpool.HTTPConnectionPool, "urlopen", boom)
     provider = gmail_provider()
     assert provider.send_raw(make_raw(MID)).kind is SendKind.CONFIRMED
-    assert len(provider.search(MID)) == 1
+    assert len(provider.search(MID).hits) == 1
 
 
 # -- credentials and token flows --------------------------------------------------------------
@@ -354,7 +366,7 @@ def test_authorized_user_uses_a_refresh_token_grant(
     assert grant["grant_type"] == "refresh_token"
     assert set(grant["scope"].split()) == set(SCOPES)
     assert emulator.accepted()[0]["user"] == "me"
-    assert [h.provider_message_id for h in provider.search(MID)] == [outcome.provider_message_id]
+    assert provider.search(MID).copies == [outcome.provider_message_id]
 
 
 def test_token_uri_override_replaces_the_files(
@@ -363,7 +375,7 @@ def test_token_uri_override_replaces_the_files(
     tmp_path: Path,
     make_raw: RawFactory,
 ) -> None:
-    from daemon.emulator.credentials import write_service_account
+    from testkit.credentials import write_service_account
 
     elsewhere = write_service_account(
         tmp_path / "google.json", token_uri="https://oauth2.googleapis.com/token"
@@ -377,29 +389,60 @@ def test_token_uri_override_replaces_the_files(
 
 
 def test_search_sees_a_message_only_after_the_index_lag(
-    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
 ) -> None:
     emulator.set_lag(0.4)
     provider = gmail_provider()
     sent = provider.send_raw(make_raw(MID))
     assert sent.kind is SendKind.CONFIRMED
-    assert provider.search(MID) == []  # a miss inside the lag window proves nothing
+    miss = provider.search(MID)
+    assert miss.hits == () and miss.copies == []  # a miss inside the lag proves nothing
+    assert miss.query == QUERY  # a miss still says what was asked
     time.sleep(0.5)
-    [hit] = provider.search(MID)
+    found = provider.search(MID)
+    [hit] = found.hits
     assert hit.provider_message_id == sent.provider_message_id
     assert hit.message_id_header == MID
     assert "SENT" in hit.labels
+    assert found.copies == [sent.provider_message_id]
+    assert found.query == QUERY
+    assert queries_at_relay(relay) == [QUERY, QUERY]  # exactly what Gmail was sent
+
+
+@pytest.mark.parametrize(
+    "message_id",
+    [MID, MID.strip("<>"), f"  {MID} "],
+    ids=["brackets", "bare", "padded"],
+)
+def test_search_result_carries_the_query_sent(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+    message_id: str,
+) -> None:
+    """The query recorded for an audit is the one the provider was sent: `rfc822msgid:`
+    and the Message-ID without angle brackets, however the id was given."""
+    sent = gmail_provider().send_raw(make_raw(MID))
+    result = gmail_provider().search(message_id)
+    assert result.query == QUERY
+    assert queries_at_relay(relay) == [result.query]
+    assert result.copies == [sent.provider_message_id]
 
 
 def test_search_counts_every_copy(
     gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
 ) -> None:
     provider = gmail_provider()
-    provider.send_raw(make_raw(MID))
-    emulator.inject(make_raw(MID), user=MAILBOX)
-    hits = provider.search(MID)
-    assert len(hits) == 2
-    assert len({h.provider_message_id for h in hits}) == 2
+    sent = provider.send_raw(make_raw(MID))
+    injected = emulator.inject(make_raw(MID), user=MAILBOX)
+    result = provider.search(MID)
+    assert len(result.hits) == 2
+    assert result.copies == [h.provider_message_id for h in result.hits]
+    assert set(result.copies) == {sent.provider_message_id, injected}
 
 
 def test_search_reads_every_page(
@@ -410,10 +453,12 @@ def test_search_reads_every_page(
 ) -> None:
     injected = {emulator.inject(make_raw(MID), user=MAILBOX) for _ in range(7)}
     provider = gmail_provider(page_size=3)
-    hits = provider.search(MID)
-    assert {h.provider_message_id for h in hits} == injected
+    result = provider.search(MID)
+    assert set(result.copies) == injected and len(result.copies) == 7
     lists = [e for e in relay.log if e["kind"] == "search" and "/messages?" in e["path"]]
     assert len(lists) == 3  # 3 + 3 + 1
+    assert queries_at_relay(relay) == [result.query] * 3  # the same query on every page
+    assert result.query == QUERY
 
 
 def test_search_keeps_sent_copies_only_spam_and_trash_included(
@@ -423,8 +468,8 @@ def test_search_keeps_sent_copies_only_spam_and_trash_included(
     emulator.inject(make_raw(MID), labels=("DRAFT",), user=MAILBOX)
     trashed = emulator.inject(make_raw(MID), labels=("SENT", "TRASH"), user=MAILBOX)
     sent = emulator.inject(make_raw(MID), labels=("SENT",), user=MAILBOX)
-    hits = gmail_provider().search(MID)
-    assert {h.provider_message_id for h in hits} == {trashed, sent}
+    result = gmail_provider().search(MID)
+    assert set(result.copies) == {trashed, sent} and len(result.copies) == 2
 
 
 @pytest.mark.parametrize(
@@ -445,7 +490,7 @@ def test_search_compares_the_header_exactly(
 ) -> None:
     # The emulator's rfc822msgid: match ignores case (as Gmail's may); our check must not.
     emulator.inject(make_raw(stored), user=MAILBOX)
-    hits = gmail_provider().search(MID)
+    hits = gmail_provider().search(MID).hits
     assert len(hits) == (1 if counted else 0)
     if counted:
         assert hits[0].message_id_header.strip() == stored
@@ -455,7 +500,7 @@ def test_search_ignores_other_mailboxes(
     gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
 ) -> None:
     emulator.inject(make_raw(MID), user="someone-else@example.com")
-    assert gmail_provider().search(MID) == []
+    assert gmail_provider().search(MID).hits == ()
 
 
 @pytest.mark.parametrize(
@@ -523,7 +568,7 @@ def test_read_message_id_shows_a_rewritten_handle(
     assert sent.provider_message_id is not None
     read = provider.read_message_id(sent.provider_message_id)
     assert read is not None and read != MID
-    assert provider.search(MID) == []  # why the daemon must check: every search would miss
+    assert provider.search(MID).hits == ()  # why the daemon must check: every search misses
 
 
 def test_read_message_id_of_a_missing_message_is_an_error(
@@ -616,9 +661,11 @@ def test_threads_share_one_provider(
     ids = [f"<job-thread-{i}@mail.example.com>" for i in range(12)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         outcomes = list(pool.map(lambda mid: provider.send_raw(make_raw(mid)), ids))
-        hits = list(pool.map(provider.search, ids))
+        results = list(pool.map(provider.search, ids))
     assert all(o.kind is SendKind.CONFIRMED for o in outcomes)
-    assert [len(h) for h in hits] == [1] * len(ids)
+    # Each thread's result is its own: its query, its one copy.
+    assert [r.query for r in results] == [f"rfc822msgid:{mid.strip('<>')}" for mid in ids]
+    assert [r.copies for r in results] == [[o.provider_message_id] for o in outcomes]
     assert all(emulator.copies(mid) == 1 for mid in ids)
 
 

@@ -1,14 +1,21 @@
-"""The Ledger against a real store (SQLite file, PostgreSQL schema).
+"""The Ledger against each store backend (memory, SQLite file, PostgreSQL schema).
 
 Covers idempotent intake, the job index staying in step with the events, the index
 queries, optimistic concurrency (invariant 1) and rebuilding the index from the events.
+Every test taking `store_url` runs on all three backends: the memory backend is held to
+the same contract as the SQL ones.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
+import textwrap
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,24 +29,29 @@ from ledger.application import (
     UnknownJob,
 )
 from ledger.content import JobContent
-from ledger.index import IndexRow, index_row
-from ledger.job import SendJob, TransitionError
+from ledger.decisions import Confirm, ResendAt, RetryAt, Review, SearchAgainAt, SearchAt
+from ledger.job import JobState, SendJob, TransitionError
 from ledger.message_id import message_id_for
-from ledger.store_url import PostgresStore, SqliteStore
+from ledger.stores.index import IndexRow, index_row
+from ledger.stores.memory import discard_memory_store
+from ledger.stores.url import MemoryStore, PostgresStore, SqliteStore
+from ledger.vocabulary import EscalationReason, PolicyRef, Resolution
 
 DOMAIN = "mail.example.com"
+POLICY = PolicyRef("receipts", "0123456789abcdef")
 SENDER = Sender(
     from_addr="Support <support@example.com>",
     message_id_domain=DOMAIN,
-    policy="receipts",
-    fingerprint="0123456789abcdef",
+    policy=POLICY,
 )
-POLICY = {"policy": "receipts", "fingerprint": "0123456789abcdef"}
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def content(key: str, *, subject: str = "Your receipt", body: str = "Thanks") -> JobContent:
+def content(
+    key: str, *, subject: str = "Your receipt", body: str = "Thanks", channel: str = "receipts"
+) -> JobContent:
     return JobContent(
-        channel="receipts",
+        channel=channel,
         key=key,
         to=("Alice <alice@example.com>",),
         subject=subject,
@@ -47,13 +59,23 @@ def content(key: str, *, subject: str = "Your receipt", body: str = "Thanks") ->
     )
 
 
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """One store per test on each backend; two Ledgers on the URL share the store."""
+    if request.param == "memory":
+        name = f"test-{uuid.uuid4().hex[:12]}"
+        yield f"memory://{name}"
+        discard_memory_store(name)
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    else:
+        yield str(request.getfixturevalue("pg_url"))
+
+
 @pytest.fixture
 def ledger(store_url: str, clock: FakeClock) -> Iterator[Ledger]:
-    app = Ledger(store_url, clock=clock)
-    try:
+    with Ledger(store_url, clock=clock) as app:
         yield app
-    finally:
-        app.close()
 
 
 def raw_query(app: Ledger, sql_sqlite: str, sql_pg: str) -> list[tuple[Any, ...]]:
@@ -80,6 +102,9 @@ def raw_query(app: Ledger, sql_sqlite: str, sql_pg: str) -> list[tuple[Any, ...]
 
 
 def stored_topics(app: Ledger) -> list[str]:
+    if isinstance(app.store, MemoryStore):
+        # No connection of its own to a memory store: eventsourcing's POPO recorder.
+        return [n.topic for n in app.recorder.select_notifications(start=1, limit=10**6)]
     rows = raw_query(
         app,
         "SELECT topic FROM stored_events ORDER BY rowid",
@@ -94,10 +119,10 @@ def event_types(app: Ledger, key: str) -> list[str]:
 
 def assert_index_in_step(app: Ledger, key: str) -> IndexRow:
     job = app.get_job(key)
-    row = app.index.job_by_key(key)
+    row = app.row(key)
     assert row is not None
     assert row == index_row(job)
-    assert app.index.job_by_message_id(job.message_id) == row
+    assert app.row_by_message_id(job.message_id) == row
     return row
 
 
@@ -114,9 +139,13 @@ def test_submit_creates_a_job(ledger: Ledger, clock: FakeClock) -> None:
     job = ledger.get_job("order-1")
     assert job.state.value == "requested"
     assert job.version == 1
-    assert job.to == ["Alice <alice@example.com>"]
+    assert job.content.to == ("Alice <alice@example.com>",)
+    assert job.content == content("order-1")
     assert job.content_hash == content("order-1").content_hash
     assert event_types(ledger, "order-1") == ["Requested"]
+    # The channel's policy that accepted the job is recorded with it.
+    [requested] = ledger.history("order-1")
+    assert (requested.policy, requested.fingerprint) == (POLICY.name, POLICY.fingerprint)
 
     row = assert_index_in_step(ledger, "order-1")
     assert row.state == "requested"
@@ -156,22 +185,22 @@ def test_same_key_other_content_conflicts_and_leaves_the_job(
 
     job = ledger.get_job("order-1")
     assert job.version == 1
-    assert job.body == "Thanks"
+    assert job.content.body == "Thanks"
     after_events = [(type(e).__name__, e.originator_version) for e in ledger.history("order-1")]
     assert after_events == before_events
-    assert ledger.index.job_by_key("order-1") == before_row
+    assert ledger.row("order-1") == before_row
     assert len(stored_topics(ledger)) == 1
 
 
 def test_conflict_after_progress_leaves_the_job_as_it_was(ledger: Ledger, clock: FakeClock) -> None:
     ledger.submit(content("order-1"), SENDER)
-    ledger.update("order-1", lambda j: j.attempt(**attempt_args(clock)))
+    ledger.update("order-1", lambda j: j.claim(**attempt_args(clock)))
     before = assert_index_in_step(ledger, "order-1")
     with pytest.raises(KeyConflict):
         ledger.submit(content("order-1", subject="Changed"), SENDER)
     assert ledger.get_job("order-1").version == 2
     assert event_types(ledger, "order-1") == ["Requested", "Attempted"]
-    assert ledger.index.job_by_key("order-1") == before
+    assert ledger.row("order-1") == before
     # The same content is still a no-op, and reports the job's current state.
     result = ledger.submit(content("order-1"), SENDER)
     assert (result.created, result.state) == (False, "attempted")
@@ -183,16 +212,16 @@ def test_unknown_job(ledger: Ledger) -> None:
     with pytest.raises(UnknownJob):
         ledger.history("nope")
     assert ledger.find_job("nope") is None
-    assert ledger.index.job_by_key("nope") is None
-    assert ledger.index.job_by_message_id(message_id_for("nope", DOMAIN)) is None
+    assert ledger.row("nope") is None
+    assert ledger.row_by_message_id(message_id_for("nope", DOMAIN)) is None
 
 
 def test_events_are_stored_with_explicit_topics(ledger: Ledger, clock: FakeClock) -> None:
     ledger.submit(content("order-1"), SENDER)
-    ledger.update("order-1", lambda j: j.attempt(**attempt_args(clock)))
+    ledger.update("order-1", lambda j: j.claim(**attempt_args(clock)))
     ledger.update(
         "order-1",
-        lambda j: j.confirm(via="response", provider_message_ids=["p1"], at=clock(), **POLICY),
+        lambda j: j.record_response(provider_message_id="p1", decision=Confirm(POLICY), at=clock()),
     )
     assert stored_topics(ledger) == [
         "sendledger:SendJob.Requested",
@@ -217,26 +246,34 @@ def attempt_args(clock: FakeClock, timeout: float = 30) -> dict[str, Any]:
 def test_history_is_oldest_first(ledger: Ledger, clock: FakeClock) -> None:
     ledger.submit(content("order-1"), SENDER)
     clock.advance(1)
-    ledger.update("order-1", lambda j: j.attempt(**attempt_args(clock)))
+    ledger.update("order-1", lambda j: j.claim(**attempt_args(clock)))
     clock.advance(1)
+    # The policy's review decision: Unknown and Escalated, recorded in one step.
     ledger.update(
         "order-1",
-        lambda j: j.record_unknown(reason="timeout", search_due_at=None, at=clock(), **POLICY),
+        lambda j: j.record_unknown(
+            reason="timeout",
+            decision=Review(POLICY, EscalationReason.UNKNOWN_OUTCOME),
+            at=clock(),
+        ),
     )
     events = ledger.history("order-1")
-    assert [type(e).__name__ for e in events] == ["Requested", "Attempted", "Unknown"]
-    assert [e.originator_version for e in events] == [1, 2, 3]
+    assert [type(e).__name__ for e in events] == ["Requested", "Attempted", "Unknown", "Escalated"]
+    assert [e.originator_version for e in events] == [1, 2, 3, 4]
     stamps = [e.timestamp for e in events]
     assert stamps == sorted(stamps)
 
 
 def test_a_jobs_life_keeps_the_index_row_in_step(ledger: Ledger, clock: FakeClock) -> None:
+    """Every command, saved, leaves the index row equal to the job's projection. A
+    decision that implies several events records them in one step: one save, all of them
+    (same time, consecutive versions), never the job half-way through a transition."""
     key = "order-life"
     ledger.submit(content(key), SENDER)
-    steps: list[tuple[Callable[[SendJob], Any], dict[str, Any]]] = []
+    steps: list[tuple[Callable[[SendJob], Any], list[str], dict[str, Any]]] = []
 
-    def step(command: Callable[[SendJob], Any], **expected: Any) -> None:
-        steps.append((command, expected))
+    def step(command: Callable[[SendJob], Any], events: list[str], **expected: Any) -> None:
+        steps.append((command, events, expected))
 
     t0 = clock()
 
@@ -244,111 +281,127 @@ def test_a_jobs_life_keeps_the_index_row_in_step(ledger: Ledger, clock: FakeCloc
         return t0 + timedelta(seconds=seconds)
 
     step(
-        lambda j: j.attempt(provider="support", deadline=at(30), at=at(0)),
+        lambda j: j.claim(provider="support", deadline=at(30), at=at(0)),
+        ["Attempted"],
         state="attempted",
         due_at=at(30),
         attempts=1,
         reason=None,
     )
     step(
-        lambda j: j.record_unknown(reason="timeout", search_due_at=at(300), at=at(31), **POLICY),
+        lambda j: j.record_unknown(reason="timeout", decision=SearchAt(POLICY, at(300)), at=at(31)),
+        ["Unknown"],
         state="unknown",
         due_at=at(300),
         attempts=1,
         reason="timeout",
     )
     step(
-        lambda j: j.record_miss(query="q", next_search_at=at(600), at=at(300), **POLICY),
+        lambda j: j.record_search(
+            query="q", copies=[], decision=SearchAgainAt(POLICY, at(600)), at=at(300)
+        ),
+        ["SearchedMiss"],
         state="unknown",
         due_at=at(600),
         reason="timeout",
     )
+    # The second miss is believed and the policy resends: the miss and the requeue are
+    # one decision (ResendAt), so they are recorded together.
     step(
-        lambda j: j.record_miss(query="q", next_search_at=None, at=at(600), **POLICY),
-        state="unknown",
-        due_at=None,
-    )
-    step(
-        lambda j: j.requeue(
-            reason="misses", due_at=at(600), misses_required=2, at=at(600), **POLICY
+        lambda j: j.record_search(
+            query="q", copies=[], decision=ResendAt(POLICY, at(600), misses_required=2), at=at(600)
         ),
+        ["SearchedMiss", "Requeued"],
         state="requested",
         due_at=at(600),
-        reason="misses",
+        reason="2 empty searches: not sent",
         attempts=1,
     )
     step(
-        lambda j: j.attempt(provider="support", deadline=at(630), at=at(601)),
+        lambda j: j.claim(provider="support", deadline=at(630), at=at(601)),
+        ["Attempted"],
         state="attempted",
         due_at=at(630),
         attempts=2,
         reason=None,
     )
     step(
-        lambda j: j.reject(
+        lambda j: j.record_rejection(
             transient=True,
             reason="rate-limited",
             status=429,
-            retry_at=at(700),
+            decision=RetryAt(POLICY, at(700)),
             at=at(602),
-            **POLICY,
         ),
+        ["Rejected"],
         state="requested",
         due_at=at(700),
         reason="rate-limited",
         attempts=2,
     )
     step(
-        lambda j: j.attempt(provider="support", deadline=at(730), at=at(700)),
+        lambda j: j.claim(provider="support", deadline=at(730), at=at(700)),
+        ["Attempted"],
         state="attempted",
         due_at=at(730),
         attempts=3,
     )
+    # The policy sends an unknown outcome to review: Unknown and Escalated together.
     step(
-        lambda j: j.record_unknown(reason="5xx", search_due_at=None, at=at(701), **POLICY),
-        state="unknown",
-        due_at=None,
-        reason="5xx",
-    )
-    step(
-        lambda j: j.escalate(
-            reason="unknown-outcome", detail="review policy", at=at(702), **POLICY
+        lambda j: j.record_unknown(
+            reason="5xx", decision=Review(POLICY, EscalationReason.UNKNOWN_OUTCOME), at=at(701)
         ),
+        ["Unknown", "Escalated"],
         state="review",
         due_at=None,
         reason="unknown-outcome",
         attempts=3,
     )
+    # A human's "sent": Resolved and Confirmed together.
     step(
-        lambda j: j.resolve(decision="sent", note="found it", by="ops", at=at(800)),
+        lambda j: j.resolve(Resolution.SENT, note="found it", by="ops", at=at(800)),
+        ["Resolved", "Confirmed"],
         state="confirmed",
         due_at=None,
         reason="resolved: sent",
     )
 
-    for version, (command, expected) in enumerate(steps, start=2):
+    version = 1
+    for command, events, expected in steps:
         ledger.update(key, command)
         row = assert_index_in_step(ledger, key)
-        # `resolve(sent)` appends two events (Resolved, Confirmed).
-        assert row.version == ledger.get_job(key).version >= version
+        history = ledger.history(key)
+        new = history[version:]
+        assert [type(e).__name__ for e in new] == events
+        assert [e.originator_version for e in new] == list(
+            range(version + 1, version + len(events) + 1)
+        )
+        assert len({e.timestamp for e in new}) == 1, new  # one step, one time
+        version += len(events)
+        assert row.version == ledger.get_job(key).version == version
         for field, value in expected.items():
             if field == "due_at":
                 value = None if value is None else value.timestamp()
             assert getattr(row, field) == value, (field, row)
     assert event_types(ledger, key)[-2:] == ["Resolved", "Confirmed"]
-    assert ledger.index.count_by_state() == {"confirmed": 1}
+    assert ledger.counts() == {"confirmed": 1}
 
 
 def test_refused_command_stores_nothing(ledger: Ledger, clock: FakeClock) -> None:
     ledger.submit(content("order-1"), SENDER)
     before = assert_index_in_step(ledger, "order-1")
+    # Not attempted: no outcome to record, neither of the decision's two events is stored.
     with pytest.raises(TransitionError):
         ledger.update(
             "order-1",
-            lambda j: j.record_unknown(reason="timeout", search_due_at=None, at=clock(), **POLICY),
+            lambda j: j.record_unknown(
+                reason="timeout",
+                decision=Review(POLICY, EscalationReason.UNKNOWN_OUTCOME),
+                at=clock(),
+            ),
         )
     assert event_types(ledger, "order-1") == ["Requested"]
-    assert ledger.index.job_by_key("order-1") == before
+    assert ledger.row("order-1") == before
 
 
 # -- index queries ---------------------------------------------------------------------
@@ -364,43 +417,110 @@ def test_jobs_due_returns_only_due_jobs_in_the_state_ordered(
         ledger.submit(content(key), SENDER)
     # Move "d" into attempted with a deadline: it leaves the requested set.
     clock.now = t0 + timedelta(seconds=41)
-    ledger.update("d", lambda j: j.attempt(**attempt_args(clock, timeout=100)))
+    ledger.update("d", lambda j: j.claim(**attempt_args(clock, timeout=100)))
 
-    now = (t0 + timedelta(seconds=25)).timestamp()
-    due = ledger.index.jobs_due("requested", now, 100)
+    now = t0 + timedelta(seconds=25)
+    due = ledger.due(JobState.REQUESTED, now, 100)
     assert [r.key for r in due] == ["a", "b"]
+    # A plain state name and epoch seconds ask the same.
+    assert ledger.due("requested", now.timestamp(), 100) == due
 
-    later = (t0 + timedelta(seconds=1000)).timestamp()
-    assert [r.key for r in ledger.index.jobs_due("requested", later, 100)] == ["a", "b", "c"]
-    assert [r.key for r in ledger.index.jobs_due("requested", later, 2)] == ["a", "b"]
-    assert [r.key for r in ledger.index.jobs_due("attempted", now, 100)] == []
-    assert [r.key for r in ledger.index.jobs_due("attempted", later, 100)] == ["d"]
-    assert ledger.index.jobs_due("unknown", later, 100) == []
+    later = t0 + timedelta(seconds=1000)
+    assert [r.key for r in ledger.due("requested", later, 100)] == ["a", "b", "c"]
+    assert [r.key for r in ledger.due("requested", later, 2)] == ["a", "b"]
+    assert [r.key for r in ledger.due("attempted", now, 100)] == []
+    assert [r.key for r in ledger.due("attempted", later, 100)] == ["d"]
+    assert ledger.due(JobState.UNKNOWN, later, 100) == []
 
-    assert ledger.index.next_due(["requested"]) == (t0 + timedelta(seconds=10)).timestamp()
-    assert ledger.index.next_due(["attempted"]) == (t0 + timedelta(seconds=141)).timestamp()
-    assert ledger.index.next_due(["review"]) is None
+    assert ledger.next_due(["requested"]) == t0 + timedelta(seconds=10)
+    assert ledger.next_due([JobState.ATTEMPTED, "review"]) == t0 + timedelta(seconds=141)
+    assert ledger.next_due(["review"]) is None
+    assert ledger.next_due([]) is None
 
 
-def test_jobs_in_state_pages_and_count_by_state(ledger: Ledger, clock: FakeClock) -> None:
+def test_due_refuses_a_naive_datetime(ledger: Ledger) -> None:
+    with pytest.raises(ValueError, match="naive"):
+        ledger.due("requested", datetime(2026, 1, 1, 12, 0), 10)
+
+
+def test_jobs_in_a_state_page_by_page_and_counts(ledger: Ledger, clock: FakeClock) -> None:
     keys = [f"job-{i:02d}" for i in range(7)]
     for key in reversed(keys):
         ledger.submit(content(key), SENDER)
     for key in keys[:2]:
-        ledger.update(key, lambda j: j.attempt(**attempt_args(clock)))
+        ledger.update(key, lambda j: j.claim(**attempt_args(clock)))
 
-    pages: list[list[str]] = []
-    after: str | None = None
-    while True:
-        page = ledger.index.jobs_in_state("requested", limit=2, after_key=after)
-        if not page:
-            break
-        pages.append([r.key for r in page])
-        after = page[-1].key
-    assert pages == [keys[2:4], keys[4:6], keys[6:7]]
-    assert [r.key for r in ledger.index.jobs_in_state("attempted")] == keys[:2]
-    assert ledger.index.jobs_in_state("review") == []
-    assert ledger.index.count_by_state() == {"requested": 5, "attempted": 2}
+    for page_size in (2, 5, 1000):  # full last page, short last page, one page
+        ledger.page_size = page_size
+        assert [r.key for r in ledger.jobs(state="requested")] == keys[2:]
+        assert [r.key for r in ledger.jobs()] == keys
+    assert [r.key for r in ledger.jobs(state=JobState.ATTEMPTED)] == keys[:2]
+    assert list(ledger.jobs(state="review")) == []
+    assert ledger.counts() == {"requested": 5, "attempted": 2}
+    assert ledger.counts(["requested", JobState.REVIEW]) == {"requested": 5, "review": 0}
+    assert ledger.open_counts() == {"requested": 5, "attempted": 2, "unknown": 0, "review": 0}
+    assert list(ledger.open_counts()) == ["requested", "attempted", "unknown", "review"]
+
+
+def test_jobs_filter_by_channel_and_time_window(ledger: Ledger, clock: FakeClock) -> None:
+    """`since` is inclusive and `until` exclusive, on the row's last change (updated_at),
+    as `sendledger audit` has them."""
+    t0 = clock()
+    for offset, key, channel in [(0, "a", "receipts"), (10, "b", "payouts"), (20, "c", "receipts")]:
+        clock.now = t0 + timedelta(seconds=offset)
+        ledger.submit(content(key, channel=channel), SENDER)
+    clock.now = t0 + timedelta(seconds=30)
+    ledger.update("a", lambda j: j.claim(**attempt_args(clock)))  # a changes at t0+30
+
+    def keys(**filters: Any) -> list[str]:
+        return [r.key for r in ledger.jobs(**filters)]
+
+    assert keys(channel="receipts") == ["a", "c"]
+    assert keys(channel="payouts", state="requested") == ["b"]
+    assert keys(channel="other") == []
+    assert keys(since=t0 + timedelta(seconds=10)) == ["a", "b", "c"]
+    assert keys(since=t0 + timedelta(seconds=11)) == ["a", "c"]
+    assert keys(until=t0 + timedelta(seconds=20)) == ["b"]
+    assert keys(since=t0 + timedelta(seconds=10), until=t0 + timedelta(seconds=30)) == ["b", "c"]
+    assert keys(state="requested", since=t0 + timedelta(seconds=20)) == ["c"]
+    assert keys(until=t0) == []
+
+
+def test_job_events_by_type_and_time(ledger: Ledger, clock: FakeClock) -> None:
+    t0 = clock()
+    ledger.submit(content("a"), SENDER)
+    clock.advance(10)
+    ledger.submit(content("b"), SENDER)
+    clock.advance(10)
+    ledger.update("a", lambda j: j.claim(**attempt_args(clock)))
+    # A provider handle's events are in the same log, but are not job events.
+    ledger.mark_handle("support", lambda h: None)
+
+    def seen(**filters: Any) -> list[tuple[str, str]]:
+        return [(type(e).__name__, str(e.originator_id)) for e in ledger.job_events(**filters)]
+
+    a, b = str(ledger.get_job("a").id), str(ledger.get_job("b").id)
+    assert seen() == [("Requested", a), ("Requested", b), ("Attempted", a)]
+    assert seen(types=["Attempted"]) == [("Attempted", a)]
+    assert seen(types=["Requested", "Attempted"], since=t0 + timedelta(seconds=10)) == [
+        ("Requested", b),
+        ("Attempted", a),
+    ]
+    assert seen(until=t0 + timedelta(seconds=10)) == [("Requested", a)]
+    assert seen(types=["Escalated"]) == []
+    ledger.page_size = 1
+    assert seen(types=["Requested"]) == [("Requested", a), ("Requested", b)]
+    with pytest.raises(ValueError, match="not a SendJob event type"):
+        list(ledger.job_events(types=["NoSuchEvent"]))
+
+
+def test_job_ids_name_each_job_once(ledger: Ledger, clock: FakeClock) -> None:
+    for key in ("x", "y"):
+        ledger.submit(content(key), SENDER)
+        ledger.update(key, lambda j: j.claim(**attempt_args(clock)))
+    ledger.mark_handle("support", lambda h: None)  # not a job
+    ledger.page_size = 1
+    assert list(ledger.job_ids()) == [ledger.get_job("x").id, ledger.get_job("y").id]
 
 
 # -- optimistic concurrency (invariant 1) ----------------------------------------------
@@ -412,8 +532,8 @@ def test_two_writers_racing_for_one_attempt_only_one_wins(store_url: str, clock:
         first.submit(content("order-1"), SENDER)
         job_a = first.get_job("order-1")
         job_b = second.get_job("order-1")
-        assert job_a.attempt(**attempt_args(clock, timeout=30)) == 1
-        assert job_b.attempt(**attempt_args(clock, timeout=99)) == 1
+        assert job_a.claim(**attempt_args(clock, timeout=30)) == 1
+        assert job_b.claim(**attempt_args(clock, timeout=99)) == 1
 
         first.save_job(job_a)
         with pytest.raises(ConcurrentUpdate):
@@ -439,12 +559,12 @@ def test_update_with_a_stale_job_raises_concurrent_update(store_url: str, clock:
     try:
         first.submit(content("order-1"), SENDER)
         stale = second.get_job("order-1")
-        first.update("order-1", lambda j: j.attempt(**attempt_args(clock)))
-        stale.escalate(reason="rejected", detail="x", at=clock(), **POLICY)
+        first.update("order-1", lambda j: j.claim(**attempt_args(clock)))
+        stale.escalate(Review(POLICY, EscalationReason.REJECTED), detail="x", at=clock())
         with pytest.raises(ConcurrentUpdate):
             second.save_job(stale)
         assert event_types(first, "order-1") == ["Requested", "Attempted"]
-        assert first.index.job_by_key("order-1") == index_row(first.get_job("order-1"))
+        assert first.row("order-1") == index_row(first.get_job("order-1"))
     finally:
         first.close()
         second.close()
@@ -454,7 +574,7 @@ def test_update_with_a_stale_job_raises_concurrent_update(store_url: str, clock:
 
 
 def delete_index_rows(app: Ledger) -> None:
-    app.index._execute(app.index._sql("DELETE FROM {t}"), [[]])
+    app._index.replace_all([])
 
 
 def make_mixed_jobs(app: Ledger, clock: FakeClock, count: int = 50) -> None:
@@ -465,42 +585,43 @@ def make_mixed_jobs(app: Ledger, clock: FakeClock, count: int = 50) -> None:
         kind = i % 6
         if kind == 0:
             continue  # requested
-        app.update(key, lambda j: j.attempt(**attempt_args(clock)))
+        app.update(key, lambda j: j.claim(**attempt_args(clock)))
         if kind == 1:
             continue  # attempted
         if kind == 2:
             app.update(
                 key,
-                lambda j: j.confirm(
-                    via="response", provider_message_ids=[f"p-{j.key}"], at=clock(), **POLICY
+                lambda j: j.record_response(
+                    provider_message_id=f"p-{j.key}", decision=Confirm(POLICY), at=clock()
                 ),
             )
             continue
         app.update(
             key,
             lambda j: j.record_unknown(
-                reason="timeout", search_due_at=clock() + timedelta(minutes=5), at=clock(), **POLICY
+                reason="timeout",
+                decision=SearchAt(POLICY, clock() + timedelta(minutes=5)),
+                at=clock(),
             ),
         )
         if kind == 3:
             continue  # unknown
-        if kind == 4:
-            app.update(
-                key,
-                lambda j: j.escalate(reason="unknown-outcome", detail="", at=clock(), **POLICY),
-            )
-            continue
         app.update(
-            key, lambda j: j.escalate(reason="unknown-outcome", detail="", at=clock(), **POLICY)
+            key,
+            lambda j: j.escalate(
+                Review(POLICY, EscalationReason.UNKNOWN_OUTCOME), detail="", at=clock()
+            ),
         )
-        app.update(key, lambda j: j.resolve(decision="abandon", note="n", by="ops", at=clock()))
+        if kind == 4:
+            continue  # review
+        app.update(key, lambda j: j.resolve(Resolution.ABANDON, note="n", by="ops", at=clock()))
 
 
 def test_rebuild_index_equals_the_live_index(ledger: Ledger, clock: FakeClock) -> None:
     make_mixed_jobs(ledger, clock)
-    live = ledger.index_rows()
+    live = list(ledger.jobs())
     assert len(live) == 50
-    assert ledger.index.count_by_state() == {
+    assert ledger.counts() == {
         "requested": 9,
         "attempted": 9,
         "confirmed": 8,
@@ -509,29 +630,29 @@ def test_rebuild_index_equals_the_live_index(ledger: Ledger, clock: FakeClock) -
         "abandoned": 8,
     }
     assert ledger.rebuild_index() == 50
-    assert ledger.index_rows() == live
+    assert list(ledger.jobs()) == live
 
 
 def test_rebuild_index_after_the_rows_were_deleted(ledger: Ledger, clock: FakeClock) -> None:
     make_mixed_jobs(ledger, clock, count=12)
-    live = ledger.index_rows()
+    live = list(ledger.jobs())
     delete_index_rows(ledger)
-    assert ledger.index_rows() == []
-    assert ledger.index.job_by_key("mix-000") is None
+    assert list(ledger.jobs()) == []
+    assert ledger.row("mix-000") is None
     assert ledger.rebuild_index() == 12
-    assert ledger.index_rows() == live
+    assert list(ledger.jobs()) == live
     # And the rebuilt rows are used by later writes as usual.
-    ledger.update("mix-000", lambda j: j.attempt(**attempt_args(clock)))
+    ledger.update("mix-000", lambda j: j.claim(**attempt_args(clock)))
     assert_index_in_step(ledger, "mix-000")
 
 
 def test_rebuild_index_of_an_empty_store(ledger: Ledger) -> None:
     assert ledger.rebuild_index() == 0
-    assert ledger.index_rows() == []
+    assert list(ledger.jobs()) == []
 
 
-def test_index_rows_pages_past_a_thousand(ledger: Ledger, clock: FakeClock) -> None:
-    # index_rows pages by 1000; make sure the page boundary loses nothing.
+def test_jobs_pages_past_a_thousand(ledger: Ledger, clock: FakeClock) -> None:
+    # jobs() pages by page_size (500); make sure the page boundaries lose nothing.
     rows = [
         IndexRow(
             key=f"k{i:05d}",
@@ -548,38 +669,206 @@ def test_index_rows_pages_past_a_thousand(ledger: Ledger, clock: FakeClock) -> N
         )
         for i in range(1001)
     ]
-    ledger.index.replace_all(rows)
-    assert ledger.index_rows() == rows
+    ledger._index.replace_all(rows)
+    assert list(ledger.jobs()) == rows
     # The index is only a projection: a rebuild from the (empty) event store clears it.
     assert ledger.rebuild_index() == 0
-    assert ledger.index_rows() == []
+    assert list(ledger.jobs()) == []
 
 
 def test_a_missing_postgres_schema_is_created() -> None:
-    import uuid as _uuid
-
     import psycopg
     from tests.conftest import PG_URL, require_postgres
 
     require_postgres()
-    schema = f"new_{_uuid.uuid4().hex[:10]}"
+    schema = f"new_{uuid.uuid4().hex[:10]}"
     try:
-        ledger = Ledger(f"{PG_URL}?schema={schema}")
-        try:
-            assert ledger.index.count_by_state() == {}
-        finally:
-            ledger.close()
+        with Ledger(f"{PG_URL}?schema={schema}") as ledger:
+            assert ledger.counts() == {}
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def test_count_in_states_reports_zero_for_empty_states(store_url: str) -> None:
-    ledger = Ledger(store_url)
+def test_counts_report_zero_for_empty_states(store_url: str) -> None:
+    with Ledger(store_url) as ledger:
+        assert ledger.counts(["requested", "review"]) == {"requested": 0, "review": 0}
+        assert ledger.open_counts() == dict.fromkeys(
+            ["requested", "attempted", "unknown", "review"], 0
+        )
+        assert ledger.counts() == {}
+        assert ledger.counts([]) == {}
+
+
+# -- the Ledger as a context manager; what each backend imports ---------------------------
+
+
+def test_with_closes_the_ledger(store_url: str, clock: FakeClock) -> None:
+    with Ledger(store_url, clock=clock) as ledger:
+        assert isinstance(ledger, Ledger)
+        ledger.submit(content("order-1"), SENDER)
+        assert not ledger.closing.is_set()
+    assert ledger.closing.is_set()
+    if not isinstance(ledger.store, MemoryStore) or ledger.store.name:
+        # What was written is there for the next ledger on the same store.
+        with Ledger(store_url, clock=clock) as again:
+            assert again.get_job("order-1").version == 1
+
+
+def test_with_closes_the_ledger_when_the_block_raises(sqlite_url: str) -> None:
+    with pytest.raises(UnknownJob), Ledger(sqlite_url) as ledger:
+        ledger.get_job("nope")
+    assert ledger.closing.is_set()
+
+
+@pytest.mark.parametrize("url", ["sqlite:///{tmp}/ledger.sqlite", "memory://", "memory://x"])
+def test_sqlite_and_memory_users_never_import_psycopg(url: str, tmp_path: Path) -> None:
+    # A process of its own: this one has imported psycopg for the PostgreSQL tests.
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from ledger.application import Ledger, Sender
+        from ledger.content import JobContent
+        from ledger.vocabulary import PolicyRef
+        sender = Sender("s@example.com", "mail.example.com", PolicyRef("receipts", "f" * 16))
+        with Ledger({url.format(tmp=tmp_path)!r}) as ledger:
+            ledger.submit(JobContent(channel="receipts", key="k", to=("a@example.com",),
+                                     subject="s", body="b"), sender)
+            assert [r.key for r in ledger.jobs()] == ["k"]
+            ledger.rebuild_index()
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] == "psycopg"
+                        or m in ("eventsourcing.postgres", "ledger.stores.postgres"))
+        print(loaded)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+# -- transient errors: decided by the backend, by error code ------------------------------
+
+
+def locked_error(path: Path) -> sqlite3.OperationalError:
+    """A real "database is locked": another connection holds a write transaction."""
+    holder = sqlite3.connect(path, isolation_level=None)
+    other = sqlite3.connect(path, timeout=0)
     try:
-        assert ledger.index.count_in_states(["requested", "review"]) == {
-            "requested": 0,
-            "review": 0,
-        }
+        holder.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("INSERT INTO t VALUES (1)")
+        with pytest.raises(sqlite3.OperationalError) as info:
+            other.execute("INSERT INTO t VALUES (2)")
+        return info.value
     finally:
-        ledger.close()
+        holder.execute("ROLLBACK")
+        holder.close()
+        other.close()
+
+
+def test_sqlite_lock_errors_are_told_by_their_code(tmp_path: Path) -> None:
+    from eventsourcing.persistence import IntegrityError, OperationalError
+
+    from ledger.stores.sqlite import is_lock_error
+
+    error = locked_error(tmp_path / "locked.sqlite")
+    assert "locked" in str(error)
+    assert error.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+    assert is_lock_error(error)
+
+    # As eventsourcing re-raises it (`raise OperationalError(e) from e`) ...
+    try:
+        raise OperationalError(error) from error
+    except OperationalError as wrapped:
+        assert is_lock_error(wrapped)
+    # ... and when it is only the context of what was raised.
+    try:
+        try:
+            raise error
+        except sqlite3.OperationalError:
+            raise RuntimeError("while reading") from None
+    except RuntimeError as plain:
+        assert plain.__cause__ is None and not is_lock_error(plain)  # `from None` hides it
+    try:
+        try:
+            raise error
+        except sqlite3.OperationalError:
+            raise RuntimeError("while reading")  # noqa: B904
+    except RuntimeError as chained:
+        assert is_lock_error(chained)
+
+    # Not a lock: other codes, and text that only looks like one.
+    conn = sqlite3.connect(tmp_path / "other.sqlite")
+    try:
+        conn.execute("CREATE TABLE u (x INTEGER PRIMARY KEY)")
+        conn.execute("INSERT INTO u VALUES (1)")
+        with pytest.raises(sqlite3.IntegrityError) as constraint:
+            conn.execute("INSERT INTO u VALUES (1)")
+        with pytest.raises(sqlite3.OperationalError) as missing:
+            conn.execute("SELECT * FROM locked_busy_table")
+    finally:
+        conn.close()
+    assert not is_lock_error(constraint.value)
+    assert not is_lock_error(IntegrityError(constraint.value))
+    assert "locked_busy" in str(missing.value) and not is_lock_error(missing.value)
+    assert not is_lock_error(sqlite3.OperationalError("database is locked"))  # no code
+    assert not is_lock_error(OperationalError("database is busy"))
+
+
+def test_the_ledger_tries_a_locked_read_again(tmp_path: Path) -> None:
+    error = locked_error(tmp_path / "locked.sqlite")
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
+        failures = [error, error]
+
+        def flaky() -> str:
+            if failures:
+                raise failures.pop()
+            return "read"
+
+        assert ledger._retry_locked(flaky) == "read"
+        assert failures == []
+
+        def refused() -> str:
+            failures.append(sqlite3.OperationalError("no such table: x"))
+            raise failures[-1]
+
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+            ledger._retry_locked(refused)
+        assert len(failures) == 1  # not tried again
+
+
+def test_postgres_errors_are_told_by_their_sqlstate() -> None:
+    import psycopg.errors as pg
+    from eventsourcing.persistence import IntegrityError, InternalError, OperationalError
+
+    from ledger.stores.postgres import PostgresBackend
+    from ledger.stores.url import parse_store_url
+
+    spec = parse_store_url("postgresql://u@h/db")
+    assert isinstance(spec, PostgresStore)
+    backend = PostgresBackend(spec)
+
+    def wrapped(wrapper: type[Exception], error: Exception) -> Exception:
+        try:
+            raise wrapper(str(error)) from error
+        except wrapper as exc:
+            return exc
+
+    deadlock = wrapped(OperationalError, pg.DeadlockDetected("deadlock detected"))
+    assert backend.is_retryable(deadlock) and backend.is_setup_race(deadlock)
+    assert backend.is_retryable(pg.LockNotAvailable("lock timeout"))
+    conflict = wrapped(IntegrityError, pg.UniqueViolation("duplicate key"))
+    assert not backend.is_retryable(conflict)  # a version conflict is not transient
+    assert backend.is_setup_race(conflict)  # but in the catalog, at set-up, it is a race
+    raced = wrapped(InternalError, pg.InternalError_("tuple concurrently updated"))
+    assert backend.is_setup_race(raced) and not backend.is_retryable(raced)
+    assert backend.is_setup_race(pg.DuplicateTable("exists"))
+    assert not backend.is_setup_race(wrapped(OperationalError, pg.InvalidPassword("no")))
+    assert not backend.is_retryable(OperationalError("database is locked"))  # text alone

@@ -1,21 +1,26 @@
-"""Properties of SendJob under any sequence of commands, valid or not.
+"""Properties of SendJob under any sequence of commands and decisions, valid or not.
 
-A hypothesis state machine drives one job with an injected clock that only moves
-forward. Two kinds of steps: guided ones pick a command the state allows (so deep
-histories with searches, requeues, duplicates and resolutions get explored), random
-ones try any command with any arguments. A refusal (TransitionError, ValueError) must
-leave the aggregate exactly as it was; an accepted command appends events. After every
-step the collected history must replay to the live aggregate and satisfy the design's
-invariants: one claim per outcome, resend after an Unknown only after enough misses or
-a human, no search inside the lag window, no resend after a duplicate, confirmation only
-from one copy or a human's 'sent', settled jobs stay settled.
+A hypothesis state machine drives one job with an injected clock that only moves forward.
+Guided steps take the command the state allows with a decision a policy could make (so
+deep histories with searches, resends, duplicates, counts and resolutions get explored),
+usually once the job is due; random steps try any command with any decision of the kinds
+it takes and any arguments. Decisions carry one of several policy references, as a policy
+reloaded between steps would.
+
+A refusal (TransitionError, or ValueError for an unknown resolution) must leave the
+aggregate exactly as it was. An accepted command must have been allowed from the state it
+found, and must record in one step exactly the events its decision implies, each carrying
+the decision's policy. After every step the whole history must reload to the live job and
+satisfy the design's invariants: one claim per outcome, no search or count before it is
+due, a resend after an Unknown only after enough empty searches or a human's decision,
+nothing resent after a duplicate, confirmation only from one copy or a human's 'sent',
+never a job left half-way through a transition, settled jobs stay settled.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,169 +28,231 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from tests.conftest import FakeClock
+from tests.unit.jobs import CHANNEL, POLICY, QUERY, fields_of, reload, replay, requested_job
 
-from ledger.index import index_row
-from ledger.job import ESCALATION_REASONS, FINAL_STATES, JobState, SendJob, TransitionError
+from ledger.decisions import (
+    Confirm,
+    Duplicate,
+    ResendAt,
+    RetryAt,
+    Review,
+    SearchAgainAt,
+    SearchAt,
+    StopVerifying,
+)
+from ledger.job import JobState, SendJob, TransitionError
+from ledger.vocabulary import FINAL_STATES, EscalationReason, PolicyRef, Resolution
 
-POLICY = "receipts"
-FINGERPRINT = "sha256:feedface"
-
-Command = Callable[[], object]
-
-# Seconds from "now". Negative values make invalid arguments; None means "no time".
-any_offset = st.none() | st.integers(min_value=-30, max_value=900)
-valid_offset = st.sampled_from([None, 0, 60, 300, 600])
-future_offset = st.sampled_from([0, 60, 300, 600])
-id_lists = st.integers(min_value=0, max_value=3).map(lambda n: [f"m{i}" for i in range(n)])
-
-
-def fields_of(job: SendJob) -> dict[str, Any]:
-    return {k: v for k, v in vars(job).items() if k != "_pending_events"}
-
-
-def snapshot(job: SendJob) -> dict[str, Any]:
-    """The aggregate's state, lists copied (the only mutable values it holds)."""
-    return {k: list(v) if isinstance(v, list) else v for k, v in fields_of(job).items()}
+REFS = [POLICY, PolicyRef(CHANNEL, "sha256:reloaded"), PolicyRef.missing(CHANNEL)]
+refs = st.sampled_from(REFS)
+reasons = st.sampled_from(list(EscalationReason))
+# Seconds from "now". Negative values make invalid times.
+any_offset = st.integers(min_value=-30, max_value=900)
+valid_offset = st.sampled_from([0, 60, 300, 600])
+copies_of = st.integers(min_value=0, max_value=3).map(lambda n: tuple(f"m{i}" for i in range(n)))
 
 
-def replay(events: list[Any]) -> SendJob:
-    """A fresh aggregate from copies of the collected events."""
-    first, *rest = [copy.copy(e) for e in events]
-    job = first.mutate(None)
-    for event in rest:
-        job = event.mutate(job)
-    assert isinstance(job, SendJob)
-    return job
+# -- steps: a command with its arguments, kept for the oracle -----------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    command: str
+    at: datetime
+    run: Callable[[SendJob], object]
+    decision: Any = None
+    copies: tuple[str, ...] = ()
+    resolution: Any = None
+
+
+def claim_step(at: datetime, deadline: int) -> Step:
+    def run(job: SendJob) -> None:
+        job.claim(provider="support", deadline=at + timedelta(seconds=deadline), at=at)
+
+    return Step("claim", at, run)
+
+
+def response_step(at: datetime, msg_id: str, decision: Confirm) -> Step:
+    def run(job: SendJob) -> None:
+        job.record_response(provider_message_id=msg_id, decision=decision, at=at)
+
+    return Step("response", at, run, decision, (msg_id,))
+
+
+def unknown_step(at: datetime, decision: SearchAt | Review) -> Step:
+    def run(job: SendJob) -> None:
+        job.record_unknown(reason="timeout", decision=decision, at=at)
+
+    return Step("unknown", at, run, decision)
+
+
+def rejection_step(at: datetime, transient: bool, decision: RetryAt | Review) -> Step:
+    def run(job: SendJob) -> None:
+        job.record_rejection(
+            transient=transient,
+            reason="429" if transient else "400",
+            status=429 if transient else 400,
+            decision=decision,
+            at=at,
+        )
+
+    return Step("rejection", at, run, decision)
+
+
+def search_step(at: datetime, copies: tuple[str, ...], decision: Any) -> Step:
+    def run(job: SendJob) -> None:
+        job.record_search(query=QUERY, copies=list(copies), decision=decision, at=at)
+
+    return Step("search", at, run, decision, copies)
+
+
+def stop_step(at: datetime, decision: StopVerifying) -> Step:
+    def run(job: SendJob) -> None:
+        job.stop_verifying(decision, at=at)
+
+    return Step("stop", at, run, decision)
+
+
+def escalate_step(at: datetime, decision: Review) -> Step:
+    def run(job: SendJob) -> None:
+        job.escalate(decision, detail="d", at=at)
+
+    return Step("escalate", at, run, decision)
+
+
+def resolve_step(at: datetime, resolution: Any) -> Step:
+    def run(job: SendJob) -> None:
+        job.resolve(resolution, note="n", by="alice", at=at)
+
+    return Step("resolve", at, run, resolution=resolution)
+
+
+# -- what an accepted step must have recorded ---------------------------------------------
 
 
 def name(event: Any) -> str:
     return type(event).__name__
 
 
+def ref_of(event: Any) -> PolicyRef | None:
+    policy = getattr(event, "policy", None)
+    return None if policy is None else PolicyRef(policy, event.fingerprint)
+
+
+def implied(step: Step, before: dict[str, Any]) -> list[tuple[str, PolicyRef | None]]:
+    """The events (and the policy each carries) the step's decision implies."""
+    d = step.decision
+    ref = None if d is None else d.policy
+    if step.command == "claim":
+        return [("Attempted", None)]
+    if step.command == "response":
+        return [("Confirmed", ref)]
+    if step.command in ("unknown", "rejection"):
+        first = "Unknown" if step.command == "unknown" else "Rejected"
+        return [(first, ref), ("Escalated", ref)] if isinstance(d, Review) else [(first, ref)]
+    if step.command == "search" and before["state"] is JobState.CONFIRMED:
+        if isinstance(d, Duplicate):
+            return [("Duplicate", ref), ("Escalated", ref)]
+        return [("Verified", ref)]
+    if step.command == "search":
+        kinds = {
+            Confirm: ["Confirmed"],
+            Duplicate: ["Duplicate", "Escalated"],
+            SearchAgainAt: ["SearchedMiss"],
+            ResendAt: ["SearchedMiss", "Requeued"],
+            Review: ["SearchedMiss", "Escalated"],
+        }[type(d)]
+        return [(kind, ref) for kind in kinds]
+    if step.command == "stop":
+        return [("Verified", ref)]
+    if step.command == "escalate":
+        return [("Escalated", ref)]
+    assert step.command == "resolve"
+    if step.resolution == Resolution.SENT:
+        return [("Resolved", None), ("Confirmed", PolicyRef.operator("alice"))]
+    return [("Resolved", None)]
+
+
+ALLOWED_FROM = {
+    "claim": {JobState.REQUESTED},
+    "response": {JobState.ATTEMPTED},
+    "unknown": {JobState.ATTEMPTED},
+    "rejection": {JobState.ATTEMPTED},
+    "search": {JobState.UNKNOWN, JobState.CONFIRMED},
+    "stop": {JobState.CONFIRMED},
+    "escalate": {JobState.REQUESTED, JobState.UNKNOWN},
+    "resolve": {JobState.REVIEW},
+}
+
+
+def check_step(step: Step, before: dict[str, Any], new: list[Any]) -> None:
+    """An accepted step: allowed from the state it found, and it recorded exactly what its
+    decision implies, at the step's time."""
+    state, due = before["state"], before["due_at"]
+    assert state in ALLOWED_FROM[step.command], f"{step.command} accepted while {state}"
+    if state is JobState.CONFIRMED:
+        assert before["verifying"], f"{step.command} on a confirmed job with no count pending"
+    if step.command in ("claim", "search", "stop"):
+        assert due is not None and step.at >= due, f"{step.command} before it was due"
+    got = [(name(e), ref_of(e)) for e in new]
+    assert got == implied(step, before), f"{step.command} {step.decision} recorded {got}"
+    assert all(e.timestamp == step.at for e in new), "a step's events at another time"
+    copies, d = list(step.copies), step.decision
+    for event in new:
+        kind = name(event)
+        if kind == "Attempted":
+            assert event.attempt == before["attempts"] + 1
+        elif kind == "Confirmed" and event.via == "operator":
+            assert event.provider_message_ids == before["provider_message_ids"]
+        elif kind == "Confirmed":
+            assert event.provider_message_ids == copies and len(copies) == 1
+            assert event.verify_at == d.verify_at
+        elif kind == "Duplicate":
+            assert event.provider_message_ids == copies and event.hits == len(copies) >= 2
+        elif kind == "Verified":
+            assert event.hits == (1 if isinstance(d, Confirm) else 0) == len(copies)
+        elif kind == "SearchedMiss":
+            assert copies == [] and event.search == before["searches"] + 1
+        elif kind == "Requeued":
+            assert not before["duplicate"], "resent after a duplicate"
+            assert event.misses_required == d.misses_required
+            assert 1 <= event.misses_required <= before["misses"] + 1
+            assert event.due_at == max(d.at, step.at)
+        elif kind == "Escalated":
+            expected = EscalationReason.DUPLICATE if isinstance(d, Duplicate) else d.reason
+            assert event.reason == expected
+        elif kind == "Resolved":
+            assert event.decision == step.resolution
+            assert not (event.decision == Resolution.RESEND and before["duplicate"])
+
+
+# -- the machine ----------------------------------------------------------------------------
+
+
 class SendJobMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
-        self.job = SendJob.request(
-            key="order-42",
-            channel="receipts",
-            to=["bob@example.com"],
-            cc=[],
-            reply_to=None,
-            from_addr="support@example.com",
-            subject="Receipt",
-            body="Thanks",
-            html=None,
-            message_id="<job-abc@mail.example.com>",
-            content_hash="sha256:1",
-            policy=POLICY,
-            fingerprint=FINGERPRINT,
-            at=self.clock.now,
-        )
-        # Our own copy of the whole history: every pending event, in order.
-        self.events: list[Any] = list(self.job.collect_events())
+        # The job keeps its whole history as pending events: nothing collects them.
+        self.job = requested_job(self.clock)
         self.final: JobState | None = None
         self.final_version = 0
+        self.most_attempts = 0
 
-    # -- plumbing ---------------------------------------------------------------------
+    def at(self, offset: int) -> datetime:
+        return self.clock.now + timedelta(seconds=offset)
 
-    def at(self, offset: int | None) -> datetime | None:
-        return None if offset is None else self.clock.now + timedelta(seconds=offset)
-
-    def run(self, command: Command) -> bool:
-        before = snapshot(self.job)
+    def run(self, step: Step, job: SendJob | None = None) -> bool:
+        job = job or self.job
+        before, start = fields_of(job), len(job.pending_events)
         try:
-            command()
+            step.run(job)
         except (TransitionError, ValueError):
-            assert snapshot(self.job) == before, "a refused command changed the job"
-            assert list(self.job.collect_events()) == [], "a refused command left events"
+            assert fields_of(job) == before, f"a refused {step.command} changed the job"
+            assert len(job.pending_events) == start, f"a refused {step.command} left events"
             return False
-        new = list(self.job.collect_events())
-        assert new, "an accepted command appended no event"
-        self.events.extend(new)
+        check_step(step, before, list(job.pending_events[start:]))
         return True
-
-    # Each command, with arguments drawn by `args` (valid ones for guided steps).
-
-    def cmd_attempt(self, deadline: int) -> Command:
-        now = self.clock.now
-        return lambda: self.job.attempt(
-            provider="support", deadline=now + timedelta(seconds=deadline), at=now
-        )
-
-    def cmd_unknown(self, search_due: int | None) -> Command:
-        now, due = self.clock.now, self.at(search_due)
-        return lambda: self.job.record_unknown(
-            reason="timeout", search_due_at=due, policy=POLICY, fingerprint=FINGERPRINT, at=now
-        )
-
-    def cmd_miss(self, next_search: int | None) -> Command:
-        now, nxt = self.clock.now, self.at(next_search)
-        return lambda: self.job.record_miss(
-            query="rfc822msgid:<job-abc@mail.example.com>",
-            next_search_at=nxt,
-            policy=POLICY,
-            fingerprint=FINGERPRINT,
-            at=now,
-        )
-
-    def cmd_requeue(self, misses_required: int, due: int) -> Command:
-        now = self.clock.now
-        return lambda: self.job.requeue(
-            reason="misses believed",
-            due_at=now + timedelta(seconds=due),
-            misses_required=misses_required,
-            policy=POLICY,
-            fingerprint=FINGERPRINT,
-            at=now,
-        )
-
-    def cmd_reject(self, transient: bool, retry: int | None) -> Command:
-        now, retry_at = self.clock.now, self.at(retry)
-        return lambda: self.job.reject(
-            transient=transient,
-            reason="429" if transient else "400",
-            status=429 if transient else 400,
-            retry_at=retry_at,
-            policy=POLICY,
-            fingerprint=FINGERPRINT,
-            at=now,
-        )
-
-    def cmd_confirm(self, via: str, ids: list[str], verify: int | None = None) -> Command:
-        now = self.clock.now
-        verify_at = self.at(verify)
-        return lambda: self.job.confirm(
-            via=via,
-            provider_message_ids=ids,
-            policy=POLICY,
-            fingerprint=FINGERPRINT,
-            at=now,
-            verify_at=verify_at,
-        )
-
-    def cmd_verify(self, hits: int, next_verify: int | None) -> Command:
-        now = self.clock.now
-        next_at = self.at(next_verify)
-        return lambda: self.job.record_verification(
-            hits=hits, next_verify_at=next_at, policy=POLICY, fingerprint=FINGERPRINT, at=now
-        )
-
-    def cmd_duplicate(self, ids: list[str]) -> Command:
-        now = self.clock.now
-        return lambda: self.job.record_duplicate(
-            provider_message_ids=ids, policy=POLICY, fingerprint=FINGERPRINT, at=now
-        )
-
-    def cmd_escalate(self, reason: str) -> Command:
-        now = self.clock.now
-        return lambda: self.job.escalate(
-            reason=reason, detail="d", policy=POLICY, fingerprint=FINGERPRINT, at=now
-        )
-
-    def cmd_resolve(self, decision: str) -> Command:
-        now = self.clock.now
-        return lambda: self.job.resolve(decision=decision, note="n", by="alice", at=now)
 
     # -- time -------------------------------------------------------------------------
 
@@ -198,86 +265,104 @@ class SendJobMachine(RuleBasedStateMachine):
     def advance_to_due(self) -> None:
         due = self.job.due_at
         assert due is not None
-        if due > self.clock.now:
-            self.clock.now = due
+        self.clock.now = max(self.clock.now, due)
 
-    # -- guided steps -----------------------------------------------------------------
+    # -- guided steps: what the daemon (or a human) would do in this state -------------
 
-    def valid_moves(self, data: st.DataObject) -> list[Callable[[], Command]]:
-        job, draw = self.job, data.draw
+    def valid_moves(self, draw: Callable[[Any], Any]) -> list[Callable[[], Step]]:
+        job, now = self.job, self.clock.now
 
-        def escalate() -> Command:
-            reasons = ["duplicate"] if job.duplicate else ["max-attempts", "unknown-outcome"]
-            return self.cmd_escalate(draw(st.sampled_from(reasons)))
+        def claim() -> Step:
+            return claim_step(now, 30)
 
-        def attempt() -> Command:
-            return self.cmd_attempt(30)
+        def escalate_requested() -> Step:
+            reason = draw(st.sampled_from([EscalationReason.MAX_ATTEMPTS, "no-policy"]))
+            return escalate_step(now, Review(draw(refs), EscalationReason(reason)))
 
-        def unknown() -> Command:
-            return self.cmd_unknown(draw(valid_offset))
+        def confirm() -> Confirm:
+            # As the policy does: a resent job's copies are counted again later.
+            verify = self.at(draw(valid_offset)) if job.resent else None
+            return Confirm(draw(refs), verify)
 
-        def reject() -> Command:
-            transient = draw(st.booleans())
-            return self.cmd_reject(transient, draw(valid_offset) if transient else None)
+        def response() -> Step:
+            return response_step(now, "r1", confirm())
 
-        def verify_offset() -> int | None:
-            # As the daemon does: a resent job's copies are counted again later.
-            return draw(future_offset) if job.resent else None
+        def unknown() -> Step:
+            if draw(st.integers(0, 2)):
+                return unknown_step(now, SearchAt(draw(refs), self.at(draw(valid_offset))))
+            return unknown_step(now, Review(draw(refs), EscalationReason.UNKNOWN_OUTCOME))
 
-        def confirm_response() -> Command:
-            return self.cmd_confirm("response", ["m1"], verify_offset())
+        def rejection() -> Step:
+            if not draw(st.booleans()):
+                return rejection_step(now, False, Review(draw(refs), EscalationReason.REJECTED))
+            if draw(st.booleans()):
+                return rejection_step(now, True, RetryAt(draw(refs), self.at(draw(valid_offset))))
+            return rejection_step(now, True, Review(draw(refs), EscalationReason.MAX_ATTEMPTS))
 
-        def confirm_search() -> Command:
-            return self.cmd_confirm("search", ["m1"], verify_offset())
+        def search() -> Step:
+            copies = draw(st.sampled_from([(), (), (), ("m1",), ("m1", "m2"), ("m1", "m2", "m3")]))
+            if len(copies) == 1:
+                return search_step(now, copies, confirm())
+            if copies:
+                return search_step(now, copies, Duplicate(draw(refs)))
+            ref, kind = (
+                draw(refs),
+                draw(st.sampled_from(["again"] * 3 + ["resend"] * 2 + ["review"])),
+            )
+            if kind == "again":
+                return search_step(now, (), SearchAgainAt(ref, self.at(draw(valid_offset))))
+            if kind == "resend":
+                required = draw(st.integers(1, job.misses + 1))
+                return search_step(now, (), ResendAt(ref, self.at(draw(valid_offset)), required))
+            return search_step(now, (), Review(ref, EscalationReason.UNKNOWN_OUTCOME))
 
-        def verify() -> Command:
-            hits = draw(st.integers(0, 1))
-            return self.cmd_verify(hits, draw(valid_offset) if hits == 0 else None)
+        def unreliable_handle() -> Step:
+            return escalate_step(now, Review(draw(refs), EscalationReason.HANDLE_UNRELIABLE))
 
-        def miss() -> Command:
-            return self.cmd_miss(draw(valid_offset))
+        def count() -> Step:
+            copies, ref = draw(copies_of), draw(refs)
+            if len(copies) == 1:
+                return search_step(now, copies, Confirm(ref))
+            if copies:
+                return search_step(now, copies, Duplicate(ref))
+            again = SearchAgainAt(ref, self.at(draw(valid_offset)))
+            return search_step(now, (), draw(st.sampled_from([again, StopVerifying(ref)])))
 
-        def duplicate() -> Command:
-            return self.cmd_duplicate(["m1", "m2", "m3"][: draw(st.integers(2, 3))])
+        def stop() -> Step:
+            return stop_step(now, StopVerifying(PolicyRef.missing(CHANNEL)))
 
-        def requeue() -> Command:
-            return self.cmd_requeue(draw(st.integers(1, max(job.misses, 1))), draw(future_offset))
+        def resolve() -> Step:
+            allowed = [Resolution.SENT, Resolution.ABANDON]
+            if not job.duplicate:
+                allowed += [Resolution.RESEND] * 3
+            return resolve_step(now, draw(st.sampled_from(allowed)))
 
-        def resolve() -> Command:
-            decisions = ["sent", "abandon"] if job.duplicate else ["sent", "resend", "abandon"]
-            return self.cmd_resolve(draw(st.sampled_from(decisions)))
-
-        if job.awaiting == "Escalated":
-            return [escalate]
-        if job.awaiting == "Requeued|Escalated":
-            return [requeue, requeue, escalate]
+        # Weighted towards the steps that keep the job open, so histories get deep.
         if job.state is JobState.REQUESTED:
-            return [attempt]
+            return [claim] * 5 + [escalate_requested]
         if job.state is JobState.ATTEMPTED:
-            return [unknown, unknown, reject, confirm_response]
+            return [response] + [unknown] * 3 + [rejection] * 2
         if job.state is JobState.UNKNOWN:
-            searches = [miss, miss, miss, confirm_search, duplicate]
-            return ([requeue] if job.misses else []) + searches
+            return [search] * 6 + [unreliable_handle]
         if job.state is JobState.REVIEW:
-            return [resolve] if job.duplicate else [resolve, resolve, duplicate]
+            return [resolve]
         if job.state is JobState.CONFIRMED and job.verifying:
-            return [verify, verify, duplicate]
+            return [count, count, count, stop]
         return []
 
     def guided(self, data: st.DataObject) -> None:
-        # Usually wait for the job to be due, as the daemon's sweeper does; sometimes
-        # act early, which the job must refuse (a search inside the lag window, a
-        # retry before its backoff).
-        early = self.job.due_at is not None and self.clock.now < self.job.due_at
-        if early and data.draw(st.booleans()):
-            assert self.job.due_at is not None
-            self.clock.now = self.job.due_at
-            early = False
-        moves = self.valid_moves(data)
+        # Usually wait for the job to be due, as the daemon's tick does; sometimes act
+        # early, which the job must refuse for a claim, a search or a count.
+        due = self.job.due_at
+        if due is not None and self.clock.now < due and data.draw(st.booleans()):
+            self.clock.now = due
+        early = due is not None and self.clock.now < due
+        moves = self.valid_moves(data.draw)
         if moves:
-            move = data.draw(st.sampled_from(moves))
-            accepted = self.run(move())
-            assert accepted or early, "a valid move was refused"
+            step = data.draw(st.sampled_from(moves))()
+            accepted = self.run(step)
+            needs_due = step.command in ("claim", "search", "stop")
+            assert accepted or (early and needs_due), f"a valid {step.command} was refused"
 
     @rule(data=st.data())
     def guided_step(self, data: st.DataObject) -> None:
@@ -287,152 +372,168 @@ class SendJobMachine(RuleBasedStateMachine):
     def another_guided_step(self, data: st.DataObject) -> None:
         self.guided(data)
 
-    @rule(data=st.data())
-    def third_guided_step(self, data: st.DataObject) -> None:
-        self.guided(data)
+    @rule(data=st.data(), steps=st.integers(min_value=2, max_value=12))
+    def guided_run(self, data: st.DataObject, steps: int) -> None:
+        """Several guided steps, each once the job is due, with every invariant checked
+        after each: the deep histories (misses, resends, counts, resolutions)."""
+        for _ in range(steps):
+            self.clock.now = max(self.clock.now, self.job.due_at or self.clock.now)
+            self.guided(data)
+            self.check_everything()
+            if data.draw(st.booleans()):
+                self.every_command_here()
 
-    # -- random steps: any command, without waiting for the job to be due ---------------
+    # -- random steps: any command, any decision of the kinds it takes, any time -------
 
-    COMMANDS = (
-        "attempt",
-        "unknown",
-        "miss",
-        "requeue",
-        "reject",
-        "confirm",
-        "verify",
-        "duplicate",
-        "escalate",
-        "resolve",
-    )
+    def any_step(self, data: st.DataObject) -> Step:
+        draw, now = data.draw, self.clock.now
 
-    def any_command(self, data: st.DataObject, *, plausible: bool) -> Command:
-        """A command with arguments that are plausible (well-formed, so only the
-        state decides) or arbitrary (possibly malformed)."""
-        draw = data.draw
-        which = draw(st.sampled_from(self.COMMANDS))
-        offset = valid_offset if plausible else any_offset
-        ids = st.sampled_from([["m1"], ["m1", "m2"]]) if plausible else id_lists
-        if which == "attempt":
-            return self.cmd_attempt(30 if plausible else draw(st.integers(-5, 120)))
+        def later() -> datetime:
+            return self.at(draw(any_offset))
+
+        ref = draw(refs)
+        review = Review(ref, draw(reasons))
+        which = draw(st.sampled_from(sorted(ALLOWED_FROM)))
+        if which == "claim":
+            return claim_step(now, draw(st.integers(-5, 120)))
+        if which == "response":
+            verify = draw(st.none() | any_offset)
+            msg_id = draw(st.sampled_from(["r1", ""]))
+            return response_step(now, msg_id, Confirm(ref, None if verify is None else later()))
         if which == "unknown":
-            return self.cmd_unknown(draw(offset))
-        if which == "miss":
-            return self.cmd_miss(draw(offset))
-        if which == "requeue":
-            required = draw(st.integers(1, 2) if plausible else st.integers(0, 3))
-            return self.cmd_requeue(required, draw(st.integers(-30, 900)))
-        if which == "reject":
-            return self.cmd_reject(draw(st.booleans()), draw(offset))
-        if which == "confirm":
-            vias = ["response", "search", "operator"]
-            via = draw(st.sampled_from(vias if plausible else [*vias, "carrier-pigeon"]))
-            return self.cmd_confirm(via, draw(ids), draw(offset))
-        if which == "verify":
-            return self.cmd_verify(draw(st.integers(0, 3)), draw(offset))
-        if which == "duplicate":
-            return self.cmd_duplicate(["m1", "m2"] if plausible else draw(id_lists))
-        if which == "escalate":
-            reasons = sorted(ESCALATION_REASONS)
-            return self.cmd_escalate(
-                draw(st.sampled_from(reasons if plausible else [*reasons, "?"]))
+            after_unknown: list[SearchAt | Review] = [SearchAt(ref, later()), review]
+            return unknown_step(now, draw(st.sampled_from(after_unknown)))
+        if which == "rejection":
+            after_rejection: list[RetryAt | Review] = [RetryAt(ref, later()), review]
+            return rejection_step(now, draw(st.booleans()), draw(st.sampled_from(after_rejection)))
+        if which == "search":
+            verify = draw(st.none() | any_offset)
+            decision = draw(
+                st.sampled_from(
+                    [
+                        Confirm(ref, None if verify is None else later()),
+                        Duplicate(ref),
+                        SearchAgainAt(ref, later()),
+                        ResendAt(ref, later(), draw(st.integers(-1, 3))),
+                        review,
+                        StopVerifying(ref),
+                    ]
+                )
             )
-        decisions = ["sent", "resend", "abandon"]
-        return self.cmd_resolve(
-            draw(st.sampled_from(decisions if plausible else [*decisions, "?"]))
-        )
+            return search_step(now, draw(copies_of), decision)
+        if which == "stop":
+            return stop_step(now, StopVerifying(ref))
+        if which == "escalate":
+            return escalate_step(now, review)
+        return resolve_step(now, draw(st.sampled_from([*Resolution, "maybe"])))
 
     @rule(data=st.data())
-    def random_command(self, data: st.DataObject) -> None:
-        self.run(self.any_command(data, plausible=False))
+    def random_step(self, data: st.DataObject) -> None:
+        self.run(self.any_step(data))
 
-    @rule(data=st.data())
-    def probe_command(self, data: st.DataObject) -> None:
-        self.run(self.any_command(data, plausible=True))
+    # -- every plausible command from the state reached --------------------------------
 
-    # -- every command from the state reached ----------------------------------------
-
-    def probes(self) -> list[Command]:
+    @staticmethod
+    def probes(now: datetime) -> list[Step]:
+        later = now + timedelta(seconds=300)
+        review = Review(POLICY, EscalationReason.UNKNOWN_OUTCOME)
+        search_decisions = [
+            Confirm(POLICY),
+            Confirm(POLICY, later),
+            Duplicate(POLICY),
+            SearchAgainAt(POLICY, later),
+            *(ResendAt(POLICY, now, n) for n in (0, 1, 2, 3)),
+            review,
+            StopVerifying(POLICY),
+        ]
         return [
-            self.cmd_attempt(30),
-            self.cmd_unknown(300),
-            self.cmd_unknown(None),
-            self.cmd_miss(300),
-            self.cmd_miss(None),
-            self.cmd_requeue(1, 0),
-            self.cmd_requeue(2, 0),
-            self.cmd_reject(True, 60),
-            self.cmd_reject(True, None),
-            self.cmd_reject(False, None),
+            claim_step(now, 30),
+            response_step(now, "r1", Confirm(POLICY)),
+            response_step(now, "r1", Confirm(POLICY, later)),
+            unknown_step(now, SearchAt(POLICY, later)),
+            unknown_step(now, review),
+            rejection_step(now, True, RetryAt(POLICY, later)),
+            rejection_step(now, True, review),
+            rejection_step(now, False, review),
+            rejection_step(now, False, RetryAt(POLICY, later)),
             *(
-                self.cmd_confirm(via, ids, verify)
-                for via in ("response", "search", "operator")
-                for ids in (["m1"], ["m1", "m2"])
-                for verify in (None, 600)
+                search_step(now, copies, decision)
+                for decision in search_decisions
+                for copies in [(), ("m1",), ("m1", "m2")]
             ),
-            self.cmd_verify(1, None),
-            self.cmd_verify(0, 300),
-            self.cmd_verify(0, None),
-            self.cmd_duplicate(["m1", "m2"]),
-            *(self.cmd_escalate(reason) for reason in sorted(ESCALATION_REASONS)),
-            *(self.cmd_resolve(decision) for decision in ("sent", "resend", "abandon")),
+            stop_step(now, StopVerifying(POLICY)),
+            *(escalate_step(now, Review(POLICY, reason)) for reason in EscalationReason),
+            *(resolve_step(now, resolution) for resolution in Resolution),
         ]
 
     @rule()
     def every_command_here(self) -> None:
-        """Try every well-formed command on a copy of the job: each is refused
-        (leaving the copy unchanged) or extends the history validly."""
-        live = self.job
-        try:
-            for command in self.probes():  # each refers to self.job when it runs
-                self.job = copy.deepcopy(live)
-                before = snapshot(self.job)
-                try:
-                    command()
-                except (TransitionError, ValueError):
-                    assert snapshot(self.job) == before
-                    continue
-                check_history([*self.events, *self.job.collect_events()])
-        finally:
-            self.job = live
+        """Each plausible command, on a twin of the job, now and once the job is due:
+        refused (leaving the twin as it was) or recording what its decision implies and
+        a valid history."""
+        history = list(self.job.pending_events)
+        times = {self.clock.now, max(self.clock.now, self.job.due_at or self.clock.now)}
+        for at in sorted(times):
+            for step in self.probes(at):
+                twin = replay(history)
+                if self.run(step, twin):
+                    check_history([*history, *twin.pending_events])
 
     # -- invariants -------------------------------------------------------------------
 
-    @invariant()
-    def replay_equals_live(self) -> None:
-        replayed = replay(self.events)
-        assert fields_of(replayed) == fields_of(self.job)
-        assert index_row(replayed) == index_row(self.job)
-        assert self.job.version == len(self.events)
+    def check_everything(self) -> None:
+        self.replay_equals_live()
+        self.counters_never_go_back()
+        self.never_half_way()
+        self.settled_jobs_stay_settled()
+        self.history_is_valid()
 
     @invariant()
-    def state_is_one_of_six(self) -> None:
-        assert isinstance(self.job.state, JobState)
-        assert self.job.state.value in {
-            "requested",
-            "attempted",
-            "unknown",
-            "confirmed",
-            "review",
-            "abandoned",
-        }
+    def replay_equals_live(self) -> None:
+        assert fields_of(reload(self.job.pending_events)) == fields_of(self.job)
+        assert self.job.version == len(self.job.pending_events)
+
+    @invariant()
+    def counters_never_go_back(self) -> None:
+        job = self.job
+        assert job.attempts >= self.most_attempts, "attempts decreased"
+        self.most_attempts = job.attempts
+        assert 0 <= job.round_attempts <= job.attempts
+        assert 0 <= job.misses <= job.searches
+
+    @invariant()
+    def never_half_way(self) -> None:
+        """Each state has what its next step needs: nothing waits for an event that only
+        a second command would record."""
+        job = self.job
+        assert isinstance(job.state, JobState)
+        if job.state in (JobState.REQUESTED, JobState.ATTEMPTED, JobState.UNKNOWN):
+            assert job.due_at is not None, f"{job.state} with nothing due"
+        if job.state is JobState.CONFIRMED:
+            assert (job.due_at is not None) == job.verifying
+        else:
+            assert not job.verifying
+        if job.state in (JobState.REVIEW, JobState.ABANDONED):
+            assert job.due_at is None
+        if job.duplicate:
+            assert job.state in (JobState.REVIEW, JobState.CONFIRMED, JobState.ABANDONED)
+            assert len(job.provider_message_ids) >= 2
 
     @invariant()
     def settled_jobs_stay_settled(self) -> None:
+        job = self.job
         if self.final is None:
             # A confirmed job whose copies are still to be counted may yet turn out a
             # duplicate; it is final once that count is done (or was never due).
-            done = not self.job.verifying and self.job.awaiting is None
-            if self.job.state in FINAL_STATES and done:
-                self.final = self.job.state
-                self.final_version = self.job.version
+            if job.state in FINAL_STATES and not job.verifying:
+                self.final, self.final_version = job.state, job.version
             return
-        assert self.job.state is self.final
-        assert self.job.version == self.final_version, "an event after the job was final"
+        assert job.state is self.final
+        assert job.version == self.final_version, "an event after the job was final"
 
     @invariant()
     def history_is_valid(self) -> None:
-        check_history(self.events)
+        check_history(self.job.pending_events)
 
 
 # -- properties of a history (a list of events, oldest first) ---------------------------
@@ -443,10 +544,10 @@ def check_history(events: list[Any]) -> None:
     one_claim_per_outcome(events)
     attempts_are_numbered_and_due(events)
     resend_after_unknown_only_after_misses_or_a_human(events)
-    searches_never_inside_the_lag_window(events)
+    searches_never_before_due(events)
     nothing_resent_after_a_duplicate(events)
-    awaited_escalation_comes_next(events)
-    only_verification_reopens_a_confirmed_job(events)
+    decisions_are_recorded_whole(events)
+    only_a_count_reopens_a_confirmed_job(events)
     confirmed_only_from_one_copy_or_a_human(events)
     decisions_carry_the_policy(events)
 
@@ -462,38 +563,14 @@ def nothing_after_final(events: list[Any]) -> None:
             assert index == len(events) - 1, f"{name(events[index + 1])} after a final event"
 
 
-def only_verification_reopens_a_confirmed_job(events: list[Any]) -> None:
-    # After a Confirmed: only Verified (hits 0 or 1) or a Duplicate, and only when the
-    # confirmation scheduled a count (after a resend), no sooner than it was due.
-    due = None
-    for event in events:
-        kind = name(event)
-        if kind == "Confirmed":
-            due = event.verify_at
-            if due is not None:
-                assert event.via in ("response", "search")
-            continue
-        if due is None:
-            continue
-        assert kind in ("Verified", "Duplicate"), f"{kind} after a confirmation"
-        assert event.timestamp >= due, "copies counted before verify_after"
-        if kind == "Duplicate":
-            due = None
-        else:
-            assert event.hits in (0, 1)
-            due = event.next_verify_at
-
-
 def one_claim_per_outcome(events: list[Any]) -> None:
-    # Between two Attempted events: an outcome (Unknown, Rejected) or a human's resend.
-    open_claim = False
-    for event in events:
-        kind = name(event)
-        if kind == "Attempted":
-            assert not open_claim, "two Attempted without an outcome between them"
-            open_claim = True
-        elif kind in ("Unknown", "Rejected") or (kind == "Resolved" and event.decision == "resend"):
-            open_claim = False
+    # An Attempted is followed by its outcome, and only one claim is open at a time.
+    for index, event in enumerate(events[:-1]):
+        if name(event) == "Attempted":
+            after = events[index + 1]
+            assert name(after) in ("Confirmed", "Unknown", "Rejected"), f"{name(after)} next"
+            if name(after) == "Confirmed":
+                assert after.via == "response"
 
 
 def attempts_are_numbered_and_due(events: list[Any]) -> None:
@@ -507,8 +584,11 @@ def attempts_are_numbered_and_due(events: list[Any]) -> None:
             assert due is not None and event.timestamp >= due, "attempted before due"
             assert event.deadline > event.timestamp
             due = None
-        elif kind == "Rejected" and event.retry_at is not None:
-            due = event.retry_at
+        elif kind in ("Unknown", "Rejected"):
+            assert event.attempt == number, f"{kind} for another attempt"
+            if kind == "Rejected" and event.retry_at is not None:
+                assert event.transient, "a permanent rejection retried"
+                due = event.retry_at
         elif kind == "Requeued":
             due = event.due_at
         elif kind == "Resolved" and event.decision == "resend":
@@ -516,8 +596,8 @@ def attempts_are_numbered_and_due(events: list[Any]) -> None:
 
 
 def resend_after_unknown_only_after_misses_or_a_human(events: list[Any]) -> None:
-    # Invariant 2: after an Unknown, a new Attempted needs confirm_misses SearchedMiss
-    # events then Requeued, or a human's resend.
+    # Invariant 2: after an Unknown, a new Attempted needs enough SearchedMiss events then
+    # Requeued, or a human's resend.
     misses = 0
     after_unknown = False
     allowed = True
@@ -538,17 +618,26 @@ def resend_after_unknown_only_after_misses_or_a_human(events: list[Any]) -> None
             after_unknown, allowed = False, True
 
 
-def searches_never_inside_the_lag_window(events: list[Any]) -> None:
-    search_due: datetime | None = None
+def searches_never_before_due(events: list[Any]) -> None:
+    # A search inside the index lag (or a count before verify_after) proves nothing.
+    due: datetime | None = None
     for event in events:
         kind = name(event)
+        searched = kind in ("SearchedMiss", "Duplicate") or (
+            kind == "Confirmed" and event.via == "search"
+        )
+        if searched or kind == "Verified":
+            assert due is not None, f"{kind} without a scheduled search"
+            assert event.timestamp >= due, f"{kind} before its search was due"
         if kind == "Unknown":
-            search_due = event.search_due_at
-        elif kind == "SearchedMiss" or (kind == "Confirmed" and event.via == "search"):
-            assert search_due is not None, "searched without a scheduled search"
-            assert event.timestamp >= search_due, "searched before the index caught up"
-            if kind == "SearchedMiss":
-                search_due = event.next_search_at
+            due = event.search_due_at
+        elif kind == "SearchedMiss":
+            assert event.query == QUERY
+            due = event.next_search_at
+        elif kind == "Confirmed":
+            due = event.verify_at
+        elif kind == "Verified":
+            due = event.next_verify_at
 
 
 def nothing_resent_after_a_duplicate(events: list[Any]) -> None:
@@ -559,24 +648,57 @@ def nothing_resent_after_a_duplicate(events: list[Any]) -> None:
             seen_duplicate = True
             assert event.hits == len(event.provider_message_ids) >= 2
         elif seen_duplicate:
-            assert kind not in ("Attempted", "Requeued"), f"{kind} after a Duplicate"
+            # A duplicate job can only be resolved as sent or abandoned.
+            assert kind in ("Escalated", "Resolved", "Confirmed"), f"{kind} after a Duplicate"
             assert not (kind == "Resolved" and event.decision == "resend"), "resend after dup"
 
 
-def awaited_escalation_comes_next(events: list[Any]) -> None:
-    for before, after in itertools.pairwise(events):
-        awaits = (
-            name(before) == "Duplicate"
-            or (name(before) == "Rejected" and before.retry_at is None)
-            or (name(before) == "Unknown" and before.search_due_at is None)
-        )
-        if awaits:
-            assert name(after) == "Escalated", f"{name(after)} after {name(before)}"
+def decisions_are_recorded_whole(events: list[Any]) -> None:
+    """What one decision implies is recorded together: nothing waits for a second step."""
+    for index, event in enumerate(events):
+        kind = name(event)
+        after: Any = events[index + 1] if index + 1 < len(events) else None
+        then = None if after is None else name(after)
+        if kind == "Duplicate":
+            assert then == "Escalated" and after.reason == "duplicate", "Duplicate unescalated"
+        elif (kind == "Unknown" and event.search_due_at is None) or (
+            kind == "Rejected" and event.retry_at is None
+        ):
+            assert then == "Escalated", f"{kind} without a follow-up, then {then}"
+        elif kind == "SearchedMiss" and event.next_search_at is None:
+            assert then in ("Requeued", "Escalated"), f"believed misses, then {then}"
+        elif kind == "Resolved" and event.decision == "sent":
+            assert then == "Confirmed" and after.via == "operator"
+        if kind == "Requeued":
+            previous = events[index - 1]
+            assert name(previous) == "SearchedMiss" and previous.next_search_at is None
+
+
+def only_a_count_reopens_a_confirmed_job(events: list[Any]) -> None:
+    # After a Confirmed: only Verified (hits 0 or 1) or a Duplicate, and only when the
+    # confirmation scheduled a count (after a resend).
+    due = None
+    for event in events:
+        kind = name(event)
+        if kind == "Confirmed":
+            due = event.verify_at
+            if due is not None:
+                assert event.via in ("response", "search")
+            continue
+        if due is None:
+            continue
+        assert kind in ("Verified", "Duplicate"), f"{kind} after a confirmation"
+        if kind == "Duplicate":
+            due = None
+        else:
+            assert event.hits in (0, 1)
+            assert event.hits == 0 or event.next_verify_at is None, "one copy ends the count"
+            due = event.next_verify_at
 
 
 def confirmed_only_from_one_copy_or_a_human(events: list[Any]) -> None:
     confirmations = [i for i, e in enumerate(events) if name(e) == "Confirmed"]
-    # A second confirmation only by a human, after a verification found a duplicate.
+    # A second confirmation only by a human, after a count found a duplicate.
     assert len(confirmations) <= 2
     if len(confirmations) == 2:
         assert events[confirmations[1]].via == "operator"
@@ -584,31 +706,26 @@ def confirmed_only_from_one_copy_or_a_human(events: list[Any]) -> None:
     for index in confirmations:
         event, previous = events[index], events[index - 1]
         assert event.via in ("response", "search", "operator")
+        if event.via == "operator":
+            assert name(previous) == "Resolved" and previous.decision == "sent"
+            continue
+        assert len(event.provider_message_ids) == 1, "confirmed without exactly one copy"
         if event.via == "response":
-            assert len(event.provider_message_ids) == 1, "confirmed without exactly one copy"
             assert name(previous) == "Attempted"
-        elif event.via == "search":
-            assert len(event.provider_message_ids) == 1, "confirmed without exactly one copy"
+        else:
             last = [name(e) for e in events[:index] if name(e) in ("Attempted", "Unknown")]
             assert last[-1] == "Unknown"
-        else:
-            assert name(previous) == "Resolved" and previous.decision == "sent"
 
 
 def decisions_carry_the_policy(events: list[Any]) -> None:
     for event in events:
-        if name(event) in (
-            "Requested",
-            "Unknown",
-            "SearchedMiss",
-            "Requeued",
-            "Rejected",
-            "Confirmed",
-            "Verified",
-            "Duplicate",
-            "Escalated",
-        ):
-            assert event.policy and event.fingerprint
+        ref = ref_of(event)
+        if name(event) in ("Attempted", "Resolved"):
+            assert ref is None
+            continue
+        assert ref is not None and ref.name, f"{name(event)} without a policy"
+        # An empty fingerprint only where no policy was loaded (the channel stands in).
+        assert ref.fingerprint or ref == PolicyRef.missing(CHANNEL)
 
 
 SendJobMachine.TestCase.settings = settings(

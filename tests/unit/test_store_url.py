@@ -1,4 +1,5 @@
-"""Store URLs: SQLite relative/absolute paths, PostgreSQL, and clear errors naming store.url."""
+"""Store URLs: SQLite relative/absolute paths, PostgreSQL, memory, and clear errors naming
+store.url."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from ledger.store_url import PostgresStore, SqliteStore, StoreUrlError, parse_store_url
+from ledger.stores.url import (
+    MemoryStore,
+    PostgresStore,
+    SqliteStore,
+    StoreUrlError,
+    parse_store_url,
+)
 
 
 def test_sqlite_three_slashes_is_relative_to_base_dir(tmp_path: Path) -> None:
@@ -138,3 +145,31 @@ def test_repr_never_shows_the_password() -> None:
     spec = parse_store_url("postgresql://ledger:s3cret@db.internal:5433/sendledger")
     assert "s3cret" not in repr(spec)
     assert "s3cret" not in str(spec)
+
+
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        ("memory://", None),
+        ("memory:///", None),
+        ("MEMORY://", None),
+        ("memory://tests", "tests"),
+        ("  memory://tests \n", "tests"),
+        ("memory://a%20b", "a b"),
+    ],
+)
+def test_memory_urls(url: str, name: str | None) -> None:
+    spec = parse_store_url(url)
+    assert spec == MemoryStore(name=name)
+    assert spec.describe() == f"memory://{name or ''}"
+
+
+def test_memory_is_not_a_sqlite_path() -> None:
+    # SQLite's own in-memory database is still refused: it would lose every job; the
+    # memory backend is asked for by name.
+    with pytest.raises(StoreUrlError, match="in-memory SQLite store would lose every job"):
+        parse_store_url("sqlite:///:memory:")
+    with pytest.raises(StoreUrlError, match="in-memory SQLite store would lose every job"):
+        parse_store_url("sqlite:///%3Amemory%3A")
+    with pytest.raises(StoreUrlError, match="not a URL"):
+        parse_store_url("memory")

@@ -33,6 +33,20 @@ class SearchHit:
     labels: tuple[str, ...] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True)
+class SearchResult:
+    """The copies a search found, and the query exactly as the provider was sent it
+    (that is what the ledger records for an audit)."""
+
+    query: str
+    hits: tuple[SearchHit, ...] = ()
+
+    @property
+    def copies(self) -> list[str]:
+        """The provider's ids of the copies, in the order found."""
+        return [hit.provider_message_id for hit in self.hits]
+
+
 class ProviderError(Exception):
     """A search or read could not be completed (network, 5xx, quota).
 
@@ -53,9 +67,10 @@ class Provider(Protocol):
         outcomes of the call itself: every failure is classified into the outcome."""
         ...
 
-    def search(self, message_id: str) -> list[SearchHit]:
+    def search(self, message_id: str) -> SearchResult:
         """Every SENT copy (spam and trash included) whose Message-ID header is
-        exactly `message_id`. Raises ProviderError when the answer is not known."""
+        exactly `message_id`, with the query sent. Raises ProviderError when the answer
+        is not known."""
         ...
 
     def read_message_id(self, provider_message_id: str) -> str | None:

@@ -1,4 +1,4 @@
-"""What a send's result means, per DESIGN.md "Outcome classification for a send".
+"""What a send's result means ("Outcome classification" in docs/architecture.md).
 
 Pure functions (no network): the Gmail adapter hands them what it saw - an HTTP status with
 headers and body, or the exception that ended the call - and gets a `SendOutcome` or a

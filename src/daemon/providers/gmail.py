@@ -1,7 +1,8 @@
 """The Gmail provider: users.messages.send with raw MIME, search by `rfc822msgid:`.
 
 Built on google-api-python-client and google-auth, with the HTTP stack pinned down so that
-nothing below `send_raw` re-sends a request on its own (DESIGN.md, the no-resend paragraph):
+nothing below `send_raw` re-sends a request on its own ("No silent re-send" in
+docs/architecture.md):
 
 * `execute(num_retries=0)` always - googleapiclient's `_retry_request` then makes one
   attempt and retries neither exceptions nor 5xx/429 answers;
@@ -35,7 +36,7 @@ from google.oauth2 import service_account
 from googleapiclient.discovery import build
 from googleapiclient.errors import HttpError
 
-from daemon.providers.base import ProviderError, SearchHit, SendOutcome
+from daemon.providers.base import ProviderError, SearchHit, SearchResult, SendOutcome
 from daemon.providers.classify import (
     classify_send_exception,
     classify_send_response,
@@ -247,7 +248,7 @@ class GmailProvider:
             return classify_send_exception(exc)
         return classify_send_response(status, headers, body)
 
-    def search(self, message_id: str) -> list[SearchHit]:
+    def search(self, message_id: str) -> SearchResult:
         """Every SENT copy (spam and trash included) whose Message-ID header is ours.
 
         Lists through every page, then reads each hit's header, because Gmail's
@@ -296,7 +297,7 @@ class GmailProvider:
                 continue
             if header is not None and same_message_id(header, message_id):
                 hits.append(SearchHit(provider_id, header, labels))
-        return hits
+        return SearchResult(query=query, hits=tuple(hits))
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         return _message_id_header(self._get_metadata(provider_message_id))

@@ -4,21 +4,24 @@ Ticks, `status`, `review list` and audits read this table instead of replaying h
 so their cost grows with the jobs that match, not with everything ever stored. The row
 is a pure function of the aggregate (`index_row`), which is what lets
 `admin rebuild-index` recreate it from the events and tests compare the two.
+
+This module is backend-neutral: the row, the queries every backend answers (`JobIndex`),
+and the SQL shared by the SQLite and PostgreSQL recorders (`SqlJobIndex`). The memory
+backend answers the same queries from a dict.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-from eventsourcing.persistence import StoredEvent
-from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
+from typing import Any, Protocol
 
 from ledger.job import SendJob
 
 INDEX_TABLE = "sendledger_jobs"
+#: The keyword argument of `Application.save` (and so of the recorder's insert) that
+#: carries the index rows to write with the events.
 INDEX_ROWS_KWARG = "sendledger_index_rows"
 COLUMNS = (
     "key",
@@ -60,6 +63,28 @@ class IndexRow:
         return None if self.due_at is None else datetime.fromtimestamp(self.due_at, UTC)
 
 
+@dataclass(frozen=True)
+class JobFilter:
+    """Which index rows a listing wants (None: any); `updated_from` inclusive,
+    `updated_to` exclusive, both epoch seconds."""
+
+    state: str | None = None
+    channel: str | None = None
+    updated_from: float | None = None
+    updated_to: float | None = None
+
+    def matches(self, row: IndexRow) -> bool:
+        return (
+            (self.state is None or row.state == self.state)
+            and (self.channel is None or row.channel == self.channel)
+            and (self.updated_from is None or row.updated_at >= self.updated_from)
+            and (self.updated_to is None or row.updated_at < self.updated_to)
+        )
+
+
+ALL_JOBS = JobFilter()
+
+
 def index_row(job: SendJob) -> IndexRow:
     return IndexRow(
         key=job.key,
@@ -74,6 +99,42 @@ def index_row(job: SendJob) -> IndexRow:
         attempts=job.attempts,
         reason=job.reason,
     )
+
+
+def rows_from(kwargs: Mapping[str, Any]) -> list[IndexRow]:
+    """The index rows passed to the recorder's insert beside the events."""
+    rows = kwargs.get(INDEX_ROWS_KWARG) or []
+    return list(rows)
+
+
+class JobIndex(Protocol):
+    """The index queries every backend's recorder answers (states as plain strings,
+    times as epoch seconds). `Ledger` is their only caller."""
+
+    def job_by_key(self, key: str) -> IndexRow | None: ...
+
+    def job_by_message_id(self, message_id: str) -> IndexRow | None: ...
+
+    def jobs_due(self, state: str, now: float, limit: int) -> list[IndexRow]:
+        """Rows in `state` with due_at <= now, soonest first, at most `limit`."""
+        ...
+
+    def find(
+        self, where: JobFilter = ..., *, after_key: str | None = None, limit: int = 1000
+    ) -> list[IndexRow]:
+        """One page of rows matching `where`, in key order; page on with `after_key` =
+        the last key."""
+        ...
+
+    def next_due(self, states: Sequence[str]) -> float | None: ...
+
+    def count_in_states(self, states: Sequence[str]) -> dict[str, int]: ...
+
+    def count_by_state(self) -> dict[str, int]: ...
+
+    def replace_all(self, rows: Iterable[IndexRow]) -> None:
+        """Used by rebuild: clear, then write every row."""
+        ...
 
 
 def _row(values: Sequence[Any]) -> IndexRow:
@@ -106,8 +167,9 @@ UPSERT = (
 _SELECT = "SELECT " + ", ".join(COLUMNS) + " FROM {t} "
 
 
-class JobIndexQueries:
-    """Index reads shared by both backends; subclasses supply `_fetch` and `_p`."""
+class SqlJobIndex:
+    """`JobIndex` in SQL, shared by the SQLite and PostgreSQL recorders; they supply
+    `_fetch`, `_execute`, the placeholder `_p` and the (schema-qualified) `_table`."""
 
     _p = "?"
     _table = INDEX_TABLE
@@ -142,38 +204,27 @@ class JobIndexQueries:
         return [_row(r) for r in rows]
 
     def find(
-        self,
-        *,
-        state: str | None = None,
-        channel: str | None = None,
-        updated_from: float | None = None,
-        updated_to: float | None = None,
-        after_key: str | None = None,
-        limit: int = 1000,
+        self, where: JobFilter = ALL_JOBS, *, after_key: str | None = None, limit: int = 1000
     ) -> list[IndexRow]:
-        """One page of rows in key order; page on with `after_key` = the last key."""
         clauses: list[str] = []
         params: list[Any] = []
         for clause, value in (
-            ("state = {p}", state),
-            ("channel = {p}", channel),
-            ("updated_at >= {p}", updated_from),
-            ("updated_at < {p}", updated_to),
+            ("state = {p}", where.state),
+            ("channel = {p}", where.channel),
+            ("updated_at >= {p}", where.updated_from),
+            ("updated_at < {p}", where.updated_to),
             ("key > {p}", after_key),
         ):
             if value is not None:
                 clauses.append(clause)
                 params.append(value)
-        where = ("WHERE " + " AND ".join(clauses) + " ") if clauses else ""
-        rows = self._fetch(self._sql(_SELECT + where + "ORDER BY key LIMIT {p}"), [*params, limit])
+        sql = ("WHERE " + " AND ".join(clauses) + " ") if clauses else ""
+        rows = self._fetch(self._sql(_SELECT + sql + "ORDER BY key LIMIT {p}"), [*params, limit])
         return [_row(r) for r in rows]
 
-    def jobs_in_state(
-        self, state: str, *, limit: int = 1000, after_key: str | None = None
-    ) -> list[IndexRow]:
-        return self.find(state=state, limit=limit, after_key=after_key)
-
     def next_due(self, states: Sequence[str]) -> float | None:
+        if not states:
+            return None
         placeholders = ", ".join(["{p}"] * len(states))
         rows = self._fetch(
             self._sql(f"SELECT MIN(due_at) FROM {{t}} WHERE state IN ({placeholders})"),
@@ -185,6 +236,8 @@ class JobIndexQueries:
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
         """Counts for the given states: a range of the (state, due_at) index each, so
         asking for the open states costs what is open, not what was ever stored."""
+        if not states:
+            return {}
         placeholders = ", ".join(["{p}"] * len(states))
         rows = self._fetch(
             self._sql(
@@ -200,11 +253,7 @@ class JobIndexQueries:
         rows = self._fetch(self._sql("SELECT state, COUNT(*) FROM {t} GROUP BY state"), [])
         return {str(state): int(count) for state, count in rows}
 
-    def all_rows(self, *, limit: int = 1000, after_key: str | None = None) -> list[IndexRow]:
-        return self.find(limit=limit, after_key=after_key)
-
     def replace_all(self, rows: Iterable[IndexRow]) -> None:
-        """Used by rebuild: clear, then write every row (in batches)."""
         self._execute(self._sql("DELETE FROM {t}"), [[]])
         batch: list[tuple[Any, ...]] = []
         for row in rows:
@@ -216,47 +265,15 @@ class JobIndexQueries:
             self._execute(self._sql(UPSERT), batch)
 
 
-def rows_from(kwargs: dict[str, Any]) -> list[IndexRow]:
-    rows = kwargs.get(INDEX_ROWS_KWARG) or []
-    return list(rows)
-
-
-class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, JobIndexQueries):
-    _p = "?"
-
-    def construct_create_table_statements(self) -> list[str]:
-        statements = super().construct_create_table_statements()
-        # WITHOUT ROWID: the table is its primary key's b-tree, one less b-tree per write.
-        statements.extend(
-            self._sql(s.replace("{real}", "REAL").replace("{options}", " WITHOUT ROWID"))
-            for s in CREATE_STATEMENTS
-        )
-        return statements
-
-    def _insert_events(
-        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
-    ) -> Sequence[int] | None:
-        notification_ids = super()._insert_events(c, stored_events, **kwargs)
-        rows = rows_from(kwargs)
-        if rows:
-            c.executemany(self._sql(UPSERT), [r.as_tuple() for r in rows])
-        return notification_ids
-
-    def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        with self.datastore.transaction(commit=False) as c:
-            c.execute(sql, list(params))
-            return [tuple(r) for r in c.fetchall()]
-
-    def _execute(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
-        with self.datastore.transaction(commit=True) as c:
-            c.executemany(sql, [list(p) for p in params])
-
-
 __all__ = [
+    "COLUMNS",
+    "CREATE_STATEMENTS",
     "INDEX_ROWS_KWARG",
+    "INDEX_TABLE",
+    "UPSERT",
     "IndexRow",
-    "JobIndexQueries",
-    "SQLiteDatastore",
-    "SQLiteJobIndexRecorder",
+    "JobIndex",
+    "SqlJobIndex",
     "index_row",
+    "rows_from",
 ]

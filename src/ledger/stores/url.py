@@ -1,4 +1,8 @@
-"""Store URLs: sqlite:///relative.sqlite, sqlite:////absolute.sqlite, postgresql://..."""
+"""Store URLs: sqlite:///relative.sqlite, sqlite:////absolute.sqlite, postgresql://...,
+memory:// and memory://name.
+
+Parsing only: which backend serves a spec is `ledger.stores.backend_for`.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +37,20 @@ class PostgresStore:
         return f"postgresql://{self.user}@{self.host}:{self.port}/{self.dbname}"
 
 
-StoreSpec = SqliteStore | PostgresStore
+@dataclass(frozen=True)
+class MemoryStore:
+    """Events and index in this process's memory, gone when it exits (tests, embedding).
+
+    Ledgers opened on the same `name` in one process share one store, as processes
+    share a SQLite file; with no name, each Ledger has a store of its own."""
+
+    name: str | None = None
+
+    def describe(self) -> str:
+        return f"memory://{self.name or ''}"
+
+
+StoreSpec = SqliteStore | PostgresStore | MemoryStore
 
 
 def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
@@ -80,6 +97,8 @@ def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
             password=unquote(parts.password or ""),
             schema=(query.get("schema") or ["public"])[0],
         )
+    if scheme == "memory":
+        return MemoryStore(name=unquote(rest).strip("/") or None)
     raise StoreUrlError(f"store.url: unsupported scheme {scheme!r} (sqlite or postgresql)")
 
 
@@ -88,3 +107,13 @@ def _safe(url: str) -> str:
     if parts.password:
         return url.replace(f":{parts.password}@", ":***@")
     return url
+
+
+__all__ = [
+    "MemoryStore",
+    "PostgresStore",
+    "SqliteStore",
+    "StoreSpec",
+    "StoreUrlError",
+    "parse_store_url",
+]

@@ -1,0 +1,51 @@
+"""What one tick did, counted across the worker threads."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Literal
+
+Count = Literal[
+    "sent",
+    "confirmed",
+    "unknown",
+    "rejected",
+    "searched",
+    "escalated",
+    "recovered",
+    "skipped",
+    "errors",
+]
+
+
+@dataclass
+class TickReport:
+    sent: int = 0
+    confirmed: int = 0
+    unknown: int = 0
+    rejected: int = 0
+    searched: int = 0
+    escalated: int = 0
+    recovered: int = 0
+    skipped: int = 0
+    errors: int = 0
+
+    def add(self, other: TickReport) -> None:
+        for name in vars(self):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def busy(self) -> bool:
+        return any(vars(self).values())
+
+
+@dataclass
+class Counter:
+    """A TickReport that several worker threads bump at once."""
+
+    report: TickReport = field(default_factory=TickReport)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def bump(self, name: Count, by: int = 1) -> None:
+        with self.lock:
+            setattr(self.report, name, getattr(self.report, name) + by)

@@ -1,0 +1,128 @@
+"""The step runner: what every engine step does around its own decision.
+
+Load the job, check it is still due for the step (the index row that found it may be a
+tick old), find its policy and provider, let the step record its events, save them with
+optimistic concurrency, count. A version conflict or a refused transition means another
+daemon or an operator moved the job first: the step is skipped, never retried blindly, and
+the job's next due step is found by a later tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from daemon.engine.clock import Clock
+from daemon.engine.policy_holder import PolicyHolder
+from daemon.engine.report import Count, Counter
+from daemon.providers.base import Provider
+from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
+from ledger.decisions import Review
+from ledger.job import SendJob, TransitionError
+from ledger.vocabulary import JobState
+from policies import decisions
+from policies.model import ChannelPolicy
+
+log = logging.getLogger("sendledger.engine")
+
+
+@dataclass
+class Work:
+    """One loaded job and what a step needs to act on it."""
+
+    job: SendJob
+    policy: ChannelPolicy | None
+    provider: Provider | None
+    now: datetime
+    ledger: Ledger
+    counter: Counter
+    _saved_state: JobState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._saved_state = self.job.state
+
+    def count(self, name: Count) -> None:
+        self.counter.bump(name)
+
+    def save(self) -> None:
+        """Append the events the step recorded (ConcurrentUpdate: another writer won)."""
+        before = self._saved_state
+        self.ledger.save_job(self.job)
+        self._saved_state = self.job.state
+        if self.job.state is JobState.REVIEW and before is not JobState.REVIEW:
+            self.count("escalated")
+            log.warning("job %s to review: %s", self.job.key, self.job.reason)
+        elif self.job.state is JobState.CONFIRMED and before is not JobState.CONFIRMED:
+            self.count("confirmed")
+            log.info(
+                "job %s confirmed (%s)", self.job.key, ", ".join(self.job.provider_message_ids)
+            )
+
+    def to_review(self, decision: Review, detail: str) -> None:
+        self.job.escalate(decision, detail=detail, at=self.now)
+        self.save()
+
+    def policy_and_provider(self) -> tuple[ChannelPolicy, Provider] | None:
+        """Both, or None: a job whose channel has no policy goes to review; a policy that
+        names a provider this daemon does not have is a configuration error."""
+        if self.policy is None:
+            self.to_review(decisions.no_policy(self.job.channel), "no policy for the channel")
+            return None
+        if self.provider is None:
+            log.error("job %s: provider %r is not configured", self.job.key, self.policy.provider)
+            self.count("errors")
+            return None
+        return self.policy, self.provider
+
+
+class Step(Protocol):
+    """One kind of work a tick does on the jobs of one state."""
+
+    @property
+    def state(self) -> JobState: ...
+
+    def is_due(self, job: SendJob, now: datetime) -> bool: ...
+
+    def run(self, work: Work) -> None: ...
+
+
+def due(job: SendJob, now: datetime) -> bool:
+    return job.due_at is not None and job.due_at <= now
+
+
+class StepRunner:
+    def __init__(
+        self,
+        ledger: Ledger,
+        policies: PolicyHolder,
+        providers: Mapping[str, Provider],
+        clock: Clock,
+        stopping: threading.Event,
+    ) -> None:
+        self._ledger = ledger
+        self._policies = policies
+        self._providers = providers
+        self._clock = clock
+        self._stopping = stopping
+
+    def run(self, step: Step, key: str, counter: Counter) -> None:
+        if self._stopping.is_set():
+            return
+        try:
+            job = self._ledger.get_job(key)
+            now = self._clock()
+            if job.state is not step.state or not step.is_due(job, now):
+                return
+            policy = self._policies.current.get(job.channel)
+            provider = None if policy is None else self._providers.get(policy.provider)
+            step.run(Work(job, policy, provider, now, self._ledger, counter))
+        except (ConcurrentUpdate, TransitionError, UnknownJob) as exc:
+            log.debug("job %s skipped: %s", key, exc)
+            counter.bump("skipped")
+        except Exception:
+            log.exception("job %s: unexpected failure in %s", key, type(step).__name__)
+            counter.bump("errors")

@@ -1,0 +1,126 @@
+"""Sweep and verify: search the sender's mailbox for a job's Message-ID and count copies.
+
+Sweep: a job whose send outcome is unknown, once the index lag (``search_after``) has
+passed. Verify: a job that was sent again without proof that the earlier attempt failed,
+``verify_after`` its confirmation, when an earlier copy hidden by a long index lag would
+have surfaced. Both hand the search result and the policy's decision to the aggregate's
+``record_search``, the one place where a search result becomes events.
+
+A search that fails (provider down, quota) is no information, never "no copies": nothing
+is recorded, and the job's searches wait a little instead of hammering the provider.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta
+
+from daemon.crashpoints import crash_point
+from daemon.engine.clock import Clock
+from daemon.engine.health import ProviderHealth
+from daemon.engine.runner import Work, due
+from daemon.providers.base import Provider, ProviderError, SearchResult
+from ledger.decisions import StopVerifying
+from ledger.job import SendJob
+from ledger.vocabulary import JobState, PolicyRef
+from policies import decisions
+
+log = logging.getLogger("sendledger.engine")
+
+
+class SearchBackoff:
+    """Jobs whose last search failed, and when they may be searched again (in memory:
+    nothing about the job changed, so nothing is recorded)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._not_before: dict[str, datetime] = {}
+
+    def held(self, key: str, now: datetime) -> bool:
+        with self._lock:
+            not_before = self._not_before.get(key)
+        return not_before is not None and now < not_before
+
+    def search(self, work: Work, provider: Provider) -> SearchResult | None:
+        key = work.job.key
+        try:
+            result = provider.search(work.job.message_id)
+        except ProviderError as exc:
+            wait = max(exc.retry_after or 0.0, 1.0)
+            with self._lock:
+                self._not_before[key] = work.now + timedelta(seconds=wait)
+            log.warning("job %s: search failed (%s), again in %.1fs", key, exc.reason, wait)
+            work.count("errors")
+            return None
+        crash_point("after-search")
+        with self._lock:
+            self._not_before.pop(key, None)
+        work.count("searched")
+        return result
+
+
+class Sweep:
+    state = JobState.UNKNOWN
+
+    def __init__(self, health: ProviderHealth, backoff: SearchBackoff, clock: Clock) -> None:
+        self._health = health
+        self._backoff = backoff
+        self._clock = clock
+
+    def is_due(self, job: SendJob, now: datetime) -> bool:
+        return due(job, now) and not self._backoff.held(job.key, now)
+
+    def run(self, work: Work) -> None:
+        found = work.policy_and_provider()
+        if found is None:
+            return
+        policy, provider = found
+        refused = decisions.before_search(
+            policy, handle_reliable=self._health.reliable(policy.provider)
+        )
+        if refused is not None:
+            work.to_review(refused, f"provider {policy.provider} replaces Message-IDs")
+            return
+        result = self._backoff.search(work, provider)
+        if result is None:
+            return
+        job, work.now = work.job, self._clock()
+        decision = decisions.after_search(
+            policy, hits=len(result.hits), misses_before=job.misses, resent=job.resent, now=work.now
+        )
+        job.record_search(query=result.query, copies=result.copies, decision=decision, at=work.now)
+        work.save()
+        log.info("job %s: search found %d copies: %s", job.key, len(result.hits), decision)
+
+
+class Verify:
+    state = JobState.CONFIRMED
+
+    def __init__(self, backoff: SearchBackoff, clock: Clock) -> None:
+        self._backoff = backoff
+        self._clock = clock
+
+    def is_due(self, job: SendJob, now: datetime) -> bool:
+        return job.verifying and due(job, now) and not self._backoff.held(job.key, now)
+
+    def run(self, work: Work) -> None:
+        job = work.job
+        if work.policy is None or work.provider is None:
+            # No way to search: the job stays confirmed; a human can `review check` it.
+            job.stop_verifying(StopVerifying(PolicyRef.missing(job.channel)), at=work.now)
+            work.save()
+            return
+        result = self._backoff.search(work, work.provider)
+        if result is None:
+            return
+        work.now = self._clock()
+        decision = decisions.after_verification(
+            work.policy,
+            hits=len(result.hits),
+            verifications_before=job.verifications,
+            now=work.now,
+        )
+        job.record_search(query=result.query, copies=result.copies, decision=decision, at=work.now)
+        work.save()
+        log.info("job %s: verification found %d copies", job.key, len(result.hits))

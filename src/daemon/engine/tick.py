@@ -1,0 +1,84 @@
+"""The engine: one tick runs four steps over the jobs that are due.
+
+dispatch (requested) -> recover (attempted past its deadline) -> sweep (unknown, search
+due) -> verify (confirmed after a resend, count due). Each step reads the job index for
+its due jobs only, so a tick's work grows with what is due, not with the history; the
+jobs of a step run on a small thread pool because provider calls wait on the network.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from daemon.engine.clock import Clock
+from daemon.engine.dispatch import Dispatch
+from daemon.engine.health import ProviderHealth
+from daemon.engine.policy_holder import PolicyHolder
+from daemon.engine.recover import Recover
+from daemon.engine.report import Counter, TickReport
+from daemon.engine.runner import Step, StepRunner
+from daemon.engine.search import SearchBackoff, Sweep, Verify
+from daemon.providers.base import Provider
+from ledger.application import Ledger
+
+
+class Engine:
+    def __init__(
+        self,
+        ledger: Ledger,
+        policies: PolicyHolder,
+        providers: Mapping[str, Provider],
+        *,
+        provider_timeouts: Mapping[str, float],
+        clock: Clock | None = None,
+        concurrency: int = 4,
+        batch_size: int = 200,
+        deadline_grace: float = 30.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.policies = policies
+        self.providers = providers
+        self.clock: Clock = clock or ledger.clock
+        self.batch_size = batch_size
+        self.health = ProviderHealth(ledger, self.clock)
+        self._stopping = threading.Event()
+        self._runner = StepRunner(ledger, policies, providers, self.clock, self._stopping)
+        backoff = SearchBackoff()
+        self._steps: tuple[Step, ...] = (
+            Dispatch(
+                self.health,
+                self.clock,
+                provider_timeouts=provider_timeouts,
+                deadline_grace=deadline_grace,
+                rng=rng or random.Random(),
+                stopping=self._stopping,
+            ),
+            Recover(self.health),
+            Sweep(self.health, backoff, self.clock),
+            Verify(backoff, self.clock),
+        )
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="send")
+
+    def stop(self) -> None:
+        """Start no new provider call; the ones in flight finish and are recorded."""
+        self._stopping.set()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def unreliable_providers(self) -> list[str]:
+        return self.health.unreliable()
+
+    def tick(self) -> TickReport:
+        counter = Counter()
+        self.health.refresh(self.providers)
+        for step in self._steps:
+            rows = self.ledger.due(step.state, self.clock(), self.batch_size)
+            futures = [self._pool.submit(self._runner.run, step, row.key, counter) for row in rows]
+            for future in futures:
+                future.result()
+        return counter.report

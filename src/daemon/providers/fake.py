@@ -1,0 +1,187 @@
+"""A provider in memory, for tests and benchmarks of everything above the provider port.
+
+It keeps a mailbox of sent copies and answers searches from it, with an index lag measured
+on an injected clock, so the engine's timing rules can be exercised without a socket:
+thousands of simulated ticks per second. Outcomes are scripted per send: a dropped response
+(the copy is stored, the caller hears nothing), a failure before the provider accepted
+anything, a transient or permanent rejection; with no script a send is confirmed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from email.parser import BytesHeaderParser
+
+from daemon.providers.base import (
+    ProviderError,
+    SearchHit,
+    SearchResult,
+    SendKind,
+    SendOutcome,
+)
+
+
+class SimulatedCrash(Exception):
+    """The sending process died during the call (what kill -9 does to a real daemon)."""
+
+
+@dataclass(frozen=True)
+class Scripted:
+    """One send's fate: what the caller hears and whether a copy was stored."""
+
+    outcome: SendOutcome
+    stored: bool
+    answers_id: bool = True  # a confirmed outcome carries the stored copy's id
+    crashes: bool = False  # the caller dies before it hears anything
+
+    @classmethod
+    def confirmed(cls) -> Scripted:
+        return cls(SendOutcome(SendKind.CONFIRMED, "200"), stored=True)
+
+    @classmethod
+    def dropped_response(cls) -> Scripted:
+        """Sent, but the response never arrived: the ambiguity sendledger exists for."""
+        return cls(SendOutcome(SendKind.UNKNOWN, "response lost"), stored=True)
+
+    @classmethod
+    def lost_request(cls) -> Scripted:
+        """Unknown to the caller, but nothing reached the provider."""
+        return cls(SendOutcome(SendKind.UNKNOWN, "timeout"), stored=False)
+
+    @classmethod
+    def server_error_after_send(cls) -> Scripted:
+        return cls(SendOutcome(SendKind.UNKNOWN, "HTTP 500", status=500), stored=True)
+
+    @classmethod
+    def rejected(cls, *, transient: bool, retry_after: float | None = None) -> Scripted:
+        status = 429 if transient else 400
+        outcome = SendOutcome(
+            SendKind.REJECTED,
+            f"HTTP {status}",
+            transient=transient,
+            retry_after=retry_after,
+            status=status,
+        )
+        return cls(outcome, stored=False)
+
+    @classmethod
+    def crash_during_call(cls, *, stored: bool) -> Scripted:
+        """The caller dies mid-call: raises SimulatedCrash after the provider did (or did
+        not) store the copy, so nothing after the claim is recorded."""
+        return cls(SendOutcome(SendKind.UNKNOWN, "crashed"), stored=stored, crashes=True)
+
+    @classmethod
+    def confirmed_without_id(cls) -> Scripted:
+        return cls(
+            SendOutcome(SendKind.CONFIRMED, "200 without an id"), stored=True, answers_id=False
+        )
+
+
+@dataclass(frozen=True)
+class Copy:
+    provider_message_id: str
+    message_id: str
+    stored_at: datetime
+
+
+class FakeProvider:
+    def __init__(
+        self,
+        name: str = "fake",
+        *,
+        clock: Callable[[], datetime],
+        index_lag: float = 0.0,
+        replaces_message_id: bool = False,
+    ) -> None:
+        self.name = name
+        self.clock = clock
+        self.index_lag = index_lag
+        self.replaces_message_id = replaces_message_id
+        self.copies: list[Copy] = []
+        self.sends = 0
+        self.sends_by_message_id: Counter[str] = Counter()
+        self.searches = 0
+        self._script: deque[Scripted] = deque()
+        self._failing_searches = 0
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    # -- scripting ----------------------------------------------------------------------
+
+    def script(self, *fates: Scripted) -> None:
+        """The next sends' fates, in order; after them, sends are confirmed."""
+        with self._lock:
+            self._script.extend(fates)
+
+    def fail_searches(self, count: int) -> None:
+        with self._lock:
+            self._failing_searches += count
+
+    def copies_of(self, message_id: str) -> int:
+        with self._lock:
+            return sum(1 for copy in self.copies if copy.message_id == message_id)
+
+    def store_copy(self, message_id: str) -> str:
+        """A copy the provider holds without a send through us (a second sender)."""
+        with self._lock:
+            return self._store(message_id)
+
+    # -- the provider port ----------------------------------------------------------------
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
+        with self._lock:
+            self.sends += 1
+            self.sends_by_message_id[message_id] += 1
+            fate = self._script.popleft() if self._script else Scripted.confirmed()
+            provider_id = self._store(message_id) if fate.stored else None
+        if fate.crashes:
+            raise SimulatedCrash(f"crashed while sending {message_id}")
+        outcome = fate.outcome
+        if outcome.kind is SendKind.CONFIRMED and provider_id and fate.answers_id:
+            return SendOutcome(SendKind.CONFIRMED, outcome.reason, provider_message_id=provider_id)
+        return outcome
+
+    def search(self, message_id: str) -> SearchResult:
+        query = f"rfc822msgid:{message_id.strip('<>')}"
+        with self._lock:
+            self.searches += 1
+            if self._failing_searches:
+                self._failing_searches -= 1
+                raise ProviderError("search failed (scripted)", retry_after=1.0)
+            visible_before = self.clock() - timedelta(seconds=self.index_lag)
+            hits = tuple(
+                SearchHit(copy.provider_message_id, copy.message_id, ("SENT",))
+                for copy in self._visible(message_id, visible_before)
+            )
+        return SearchResult(query=query, hits=hits)
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        with self._lock:
+            for copy in self.copies:
+                if copy.provider_message_id == provider_message_id:
+                    return copy.message_id
+        raise ProviderError(f"no message {provider_message_id}")
+
+    def close(self) -> None:
+        pass
+
+    # -- inside ---------------------------------------------------------------------------
+
+    def _store(self, message_id: str) -> str:
+        provider_id = f"fake-{next(self._ids):06d}"
+        stored = f"<replaced-{provider_id}@fake>" if self.replaces_message_id else message_id
+        self.copies.append(Copy(provider_id, stored, self.clock()))
+        return provider_id
+
+    def _visible(self, message_id: str, visible_before: datetime) -> Iterable[Copy]:
+        return (
+            copy
+            for copy in self.copies
+            if copy.message_id == message_id and copy.stored_at <= visible_before
+        )

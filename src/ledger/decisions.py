@@ -1,0 +1,109 @@
+"""What a policy can decide about a job: a closed set of small frozen types.
+
+The policy functions (``policies.decisions``) return these; the aggregate
+(:class:`ledger.job.SendJob`) has one command per fact that takes the decision and records
+every event it implies in one step. Each decision carries the :class:`PolicyRef` that made
+it, which every decision event records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from ledger.vocabulary import EscalationReason, PolicyRef
+
+
+@dataclass(frozen=True)
+class _Decided:
+    policy: PolicyRef
+
+
+@dataclass(frozen=True)
+class _DecidedFor(_Decided):
+    at: datetime
+
+
+class Send(_Decided):
+    """Call the provider now."""
+
+
+class SearchAt(_DecidedFor):
+    """The outcome is unknown: search the sender's mailbox at ``at`` (after the index lag)."""
+
+
+@dataclass(frozen=True)
+class Confirm(_Decided):
+    """Exactly one copy exists. ``verify_at``: count the copies once more then (a job that
+    was sent again without proof that the earlier attempt failed may have a hidden twin)."""
+
+    verify_at: datetime | None = None
+
+
+class Duplicate(_Decided):
+    """Two or more copies exist: a human looks, and nothing is ever sent again on its own."""
+
+
+class SearchAgainAt(_DecidedFor):
+    """No copy found yet; one empty search is no evidence while the index may lag."""
+
+
+@dataclass(frozen=True)
+class ResendAt(_DecidedFor):
+    """``misses_required`` empty searches are believed: send again (same Message-ID)."""
+
+    misses_required: int
+
+
+class RetryAt(_DecidedFor):
+    """The provider refused for now (nothing was sent): try again at ``at``."""
+
+
+@dataclass(frozen=True)
+class Review(_Decided):
+    """A human decides."""
+
+    reason: EscalationReason
+
+
+class StopVerifying(_Decided):
+    """A confirmed job's copy did not show up in the index again: the provider confirmed it,
+    and a missing index entry is not a second copy. Nothing more to do."""
+
+
+Decision = (
+    Send
+    | SearchAt
+    | Confirm
+    | Duplicate
+    | SearchAgainAt
+    | ResendAt
+    | RetryAt
+    | Review
+    | StopVerifying
+)
+#: What may follow a provider call whose outcome is unknown.
+AfterUnknown = SearchAt | Review
+#: What may follow a definite refusal.
+AfterRejection = RetryAt | Review
+#: What may follow a search of the mailbox while the outcome is unknown.
+AfterSearch = Confirm | Duplicate | SearchAgainAt | ResendAt | Review
+#: What may follow a count of a confirmed (resent) job's copies.
+AfterVerification = Confirm | Duplicate | SearchAgainAt | StopVerifying
+
+__all__ = [
+    "AfterRejection",
+    "AfterSearch",
+    "AfterUnknown",
+    "AfterVerification",
+    "Confirm",
+    "Decision",
+    "Duplicate",
+    "ResendAt",
+    "RetryAt",
+    "Review",
+    "SearchAgainAt",
+    "SearchAt",
+    "Send",
+    "StopVerifying",
+]

@@ -1,0 +1,98 @@
+"""Where the ledger's events and job index are kept: one module per backend, laid out as
+eventsourcing lays out its own persistence (eventsourcing.sqlite, eventsourcing.postgres,
+eventsourcing.popo).
+
+- `url`: store URLs and the specs they parse into;
+- `index`: the job index row and the queries every backend answers;
+- `sqlite`, `postgres`, `memory`: each a recorder that writes the index in the same
+  transaction (or under the same lock) as the events, and a `StoreBackend`.
+
+`backend_for` picks the backend of a spec. The PostgreSQL module (and so psycopg) is
+imported only for a PostgreSQL spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from ledger.stores.url import (
+    MemoryStore,
+    PostgresStore,
+    SqliteStore,
+    StoreSpec,
+    StoreUrlError,
+    parse_store_url,
+)
+
+
+class StoreBackend(Protocol):
+    """What the `Ledger` application needs from a backend, and nothing about SQL."""
+
+    @property
+    def spec(self) -> StoreSpec: ...
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """The eventsourcing environment that opens the application on this store
+        (persistence module, connection settings, the index-writing recorder)."""
+        ...
+
+    def prepare(self) -> bool:
+        """Run before the application opens: create what the tables need around them
+        (a folder, a PostgreSQL schema). True when the tables exist already, so that
+        opening must not run DDL."""
+        ...
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """A transient lock error: the same read or write may simply be tried again."""
+        ...
+
+    def is_setup_race(self, exc: BaseException) -> bool:
+        """An error from opening the store while another process creates the same
+        tables: opening again will find them."""
+        ...
+
+
+def backend_for(spec: StoreSpec) -> StoreBackend:
+    if isinstance(spec, SqliteStore):
+        from ledger.stores.sqlite import SQLiteBackend
+
+        return SQLiteBackend(spec)
+    if isinstance(spec, MemoryStore):
+        from ledger.stores.memory import MemoryBackend
+
+        return MemoryBackend(spec)
+    from ledger.stores.postgres import PostgresBackend
+
+    return PostgresBackend(spec)
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and what it wraps, outermost first, as a traceback walks it: `__cause__`,
+    else `__context__` unless suppressed (`raise ... from None`). eventsourcing re-raises
+    driver errors as its own, `from` the original."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and not any(current is seen for seen in chain):
+        chain.append(current)
+        if current.__cause__ is not None:
+            current = current.__cause__
+        elif current.__suppress_context__:
+            current = None
+        else:
+            current = current.__context__
+    return chain
+
+
+__all__ = [
+    "MemoryStore",
+    "PostgresStore",
+    "SqliteStore",
+    "StoreBackend",
+    "StoreSpec",
+    "StoreUrlError",
+    "backend_for",
+    "exception_chain",
+    "parse_store_url",
+]

@@ -1,0 +1,167 @@
+"""The memory backend: eventsourcing's POPO recorder with the job index in a dict.
+
+The index is updated under the recorder's own lock, in the same insert as the events and
+after their uniqueness check: a version conflict raises eventsourcing's IntegrityError
+(so `Ledger.save_job` raises ConcurrentUpdate, as with SQL) and leaves both unchanged.
+The queries answer what the SQL ones answer (`ledger.stores.index.JobIndex`).
+
+Ledgers opened on `memory://name` in one process share that store until
+`discard_memory_store(name)`; each `memory://` Ledger has a store of its own. Nothing
+here touches a file or a socket.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eventsourcing.persistence import ApplicationRecorder, StoredEvent
+from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
+from eventsourcing.utils import get_topic
+
+from ledger.stores.index import ALL_JOBS, IndexRow, JobFilter, rows_from
+from ledger.stores.url import MemoryStore
+
+#: The environment key naming the shared store ("" for a store of its own).
+MEMORY_STORE_NAME = "MEMORY_STORE_NAME"
+
+
+class MemoryJobIndexRecorder(POPOApplicationRecorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self._rows: dict[str, IndexRow] = {}
+
+    def _update_table(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        # Called by _insert_events under self._database_lock, after _assert_uniqueness.
+        notification_ids = super()._update_table(stored_events, **kwargs)
+        for row in rows_from(kwargs):
+            self._upsert(row)
+        return notification_ids
+
+    def _upsert(self, row: IndexRow) -> None:
+        # As the SQL upsert: only a newer version replaces a row.
+        current = self._rows.get(row.key)
+        if current is None or row.version > current.version:
+            self._rows[row.key] = row
+
+    # -- JobIndex ----------------------------------------------------------------------
+
+    def job_by_key(self, key: str) -> IndexRow | None:
+        with self._database_lock:
+            return self._rows.get(key)
+
+    def job_by_message_id(self, message_id: str) -> IndexRow | None:
+        with self._database_lock:
+            return next((r for r in self._rows.values() if r.message_id == message_id), None)
+
+    def jobs_due(self, state: str, now: float, limit: int) -> list[IndexRow]:
+        with self._database_lock:
+            due = [
+                r
+                for r in self._rows.values()
+                if r.state == state and r.due_at is not None and r.due_at <= now
+            ]
+        due.sort(key=lambda r: (r.due_at, r.key))
+        return due[: max(limit, 0)]
+
+    def find(
+        self, where: JobFilter = ALL_JOBS, *, after_key: str | None = None, limit: int = 1000
+    ) -> list[IndexRow]:
+        with self._database_lock:
+            rows = [
+                r
+                for r in self._rows.values()
+                if where.matches(r) and (after_key is None or r.key > after_key)
+            ]
+        rows.sort(key=lambda r: r.key)
+        return rows[: max(limit, 0)]
+
+    def next_due(self, states: Sequence[str]) -> float | None:
+        wanted = set(states)
+        with self._database_lock:
+            due = [
+                r.due_at for r in self._rows.values() if r.state in wanted and r.due_at is not None
+            ]
+        return min(due) if due else None
+
+    def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
+        counts = dict.fromkeys(states, 0)
+        with self._database_lock:
+            for row in self._rows.values():
+                if row.state in counts:
+                    counts[row.state] += 1
+        return counts
+
+    def count_by_state(self) -> dict[str, int]:
+        with self._database_lock:
+            return dict(Counter(row.state for row in self._rows.values()))
+
+    def replace_all(self, rows: Iterable[IndexRow]) -> None:
+        with self._database_lock:
+            self._rows = {}
+            for row in rows:
+                self._upsert(row)
+
+
+_stores: dict[str, MemoryJobIndexRecorder] = {}
+_stores_lock = threading.Lock()
+
+
+def shared_recorder(name: str) -> MemoryJobIndexRecorder:
+    """The recorder of the named store, created on first use."""
+    with _stores_lock:
+        recorder = _stores.get(name)
+        if recorder is None:
+            recorder = _stores[name] = MemoryJobIndexRecorder()
+        return recorder
+
+
+def discard_memory_store(name: str) -> None:
+    """Forget a named store (Ledgers still open on it keep their recorder)."""
+    with _stores_lock:
+        _stores.pop(name, None)
+
+
+class MemoryFactory(POPOFactory):
+    """POPOFactory, but its application recorder keeps the job index (POPOFactory does
+    not read APPLICATION_RECORDER_TOPIC) and may be shared by name."""
+
+    def application_recorder(self) -> ApplicationRecorder:
+        name = self.env.get(MEMORY_STORE_NAME) or ""
+        return shared_recorder(name) if name else MemoryJobIndexRecorder()
+
+
+@dataclass(frozen=True)
+class MemoryBackend:
+    spec: MemoryStore
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "PERSISTENCE_MODULE": get_topic(MemoryFactory),
+            MEMORY_STORE_NAME: self.spec.name or "",
+        }
+
+    def prepare(self) -> bool:
+        with _stores_lock:
+            return self.spec.name is not None and self.spec.name in _stores
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return False  # one lock, held for each whole read or write: nothing to wait out
+
+    def is_setup_race(self, exc: BaseException) -> bool:
+        return False
+
+
+__all__ = [
+    "MemoryBackend",
+    "MemoryFactory",
+    "MemoryJobIndexRecorder",
+    "discard_memory_store",
+    "shared_recorder",
+]

@@ -1,0 +1,84 @@
+"""The words every layer shares: job states, escalation reasons, resolutions, and the
+reference to the policy that made a decision.
+
+They are StrEnums so that the stored events, the index and the command line keep the
+plain strings they always had ("review", "max-attempts", ...), while the code names them
+once, here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    REQUESTED = "requested"
+    ATTEMPTED = "attempted"
+    UNKNOWN = "unknown"
+    CONFIRMED = "confirmed"
+    REVIEW = "review"
+    ABANDONED = "abandoned"
+
+
+#: States in which the daemon has nothing more to do on its own.
+SETTLED_STATES = frozenset({JobState.CONFIRMED, JobState.REVIEW, JobState.ABANDONED})
+#: States that end a job's life (review waits for a human).
+FINAL_STATES = frozenset({JobState.CONFIRMED, JobState.ABANDONED})
+#: States a tick or an operator still has to act on.
+OPEN_STATES = tuple(state for state in JobState if state not in FINAL_STATES)
+
+
+class EscalationReason(StrEnum):
+    """Why a job waits in review for a human."""
+
+    UNKNOWN_OUTCOME = "unknown-outcome"
+    DUPLICATE = "duplicate"
+    MAX_ATTEMPTS = "max-attempts"
+    REJECTED = "rejected"
+    HANDLE_UNRELIABLE = "handle-unreliable"
+    NO_POLICY = "no-policy"
+
+
+class Resolution(StrEnum):
+    """A human's decision on a job in review."""
+
+    SENT = "sent"
+    RESEND = "resend"
+    ABANDON = "abandon"
+
+
+class ConfirmedVia(StrEnum):
+    RESPONSE = "response"
+    SEARCH = "search"
+    OPERATOR = "operator"
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """The policy that made a decision, as recorded on the decision's events."""
+
+    name: str
+    fingerprint: str
+
+    def event_fields(self) -> dict[str, str]:
+        return {"policy": self.name, "fingerprint": self.fingerprint}
+
+    @classmethod
+    def missing(cls, channel: str) -> PolicyRef:
+        """No policy is loaded for the channel: the channel stands in for its name."""
+        return cls(channel, "")
+
+    @classmethod
+    def operator(cls, by: str) -> PolicyRef:
+        """A human's decision: recorded as the policy "operator" with who made it."""
+        return cls("operator", by)
+
+
+@dataclass(frozen=True)
+class Sender:
+    """What the channel's policy contributes to a new job."""
+
+    from_addr: str
+    message_id_domain: str
+    policy: PolicyRef

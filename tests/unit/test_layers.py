@@ -1,0 +1,73 @@
+"""The import rules of docs/architecture.md ("Layers and what each may import")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+IO_MODULES = ("sqlite3", "psycopg", "socket", "http", "urllib", "httplib2", "googleapiclient")
+STORAGE = ("eventsourcing.sqlite", "eventsourcing.postgres", "eventsourcing.popo")
+
+
+def imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def under(names: set[str], *prefixes: str) -> list[str]:
+    return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes))
+
+
+def modules(package: str) -> list[Path]:
+    return sorted((SRC / package).rglob("*.py"))
+
+
+def domain_modules() -> list[Path]:
+    ledger = SRC / "ledger"
+    return [
+        path
+        for path in modules("ledger")
+        if path.name != "application.py" and "stores" not in path.relative_to(ledger).parts
+    ]
+
+
+@pytest.mark.parametrize("path", domain_modules(), ids=lambda p: p.name)
+def test_the_domain_does_no_io_and_imports_no_outer_layer(path: Path) -> None:
+    found = imports(path)
+    assert not under(found, *IO_MODULES, *STORAGE), path
+    assert not under(found, "policies", "daemon", "testkit"), path
+
+
+@pytest.mark.parametrize("path", modules("ledger"), ids=lambda p: p.name)
+def test_the_ledger_imports_neither_policies_nor_daemon(path: Path) -> None:
+    assert not under(imports(path), "policies", "daemon", "testkit"), path
+
+
+@pytest.mark.parametrize("path", modules("policies"), ids=lambda p: p.name)
+def test_policies_import_no_runtime(path: Path) -> None:
+    found = imports(path)
+    assert not under(found, "daemon", "testkit", *IO_MODULES, *STORAGE), path
+    assert not under(found, "ledger.application", "ledger.stores"), path
+
+
+@pytest.mark.parametrize("path", modules("testkit"), ids=lambda p: p.name)
+def test_the_testkit_stands_alone(path: Path) -> None:
+    assert not under(imports(path), "ledger", "policies", "daemon"), path
+
+
+def test_only_demo_and_the_testkit_commands_use_the_testkit() -> None:
+    users = {p.name for p in modules("daemon") if under(imports(p), "testkit")}
+    assert users <= {"demo.py", "testkit_commands.py"}, users
+
+
+def test_providers_never_touch_the_store() -> None:
+    for path in sorted((SRC / "daemon" / "providers").glob("*.py")):
+        assert not under(imports(path), "ledger.application", "ledger.stores"), path
