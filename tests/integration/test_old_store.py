@@ -1,0 +1,141 @@
+"""Stored events keep loading: a store written before the engine redesign.
+
+tests/fixtures/store-v1/ holds a SQLite store written by the code at commit c19fa83 and
+what that code read back from it (expected.json); its README lists the jobs. Each test
+opens a copy: opening a store switches it to WAL mode, so the committed file is never
+opened in place.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.conftest import FakeClock
+
+from daemon.engine import Engine, PolicyHolder
+from daemon.providers.fake import FakeProvider
+from ledger.application import Ledger
+from ledger.vocabulary import JobState
+from policies.loader import load_policy_dir
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "store-v1"
+EXPECTED: dict[str, Any] = json.loads((FIXTURE / "expected.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def old_store(tmp_path: Path) -> Iterator[Ledger]:
+    path = tmp_path / "ledger.sqlite"
+    shutil.copyfile(FIXTURE / "ledger.sqlite", path)
+    app = Ledger("sqlite:///" + str(path))
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+def _time(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+@pytest.mark.parametrize("key", list(EXPECTED["jobs"]))
+def test_job_loads_as_written(old_store: Ledger, key: str) -> None:
+    want = EXPECTED["jobs"][key]
+    job = old_store.get_job(key)
+    got = {
+        "channel": job.channel,
+        "state": str(job.state),
+        "version": job.version,
+        "attempts": job.attempts,
+        "reason": job.reason,
+        "due_at": job.due_at,
+        "message_id": job.message_id,
+        "content_hash": job.content_hash,
+    }
+    assert got == {
+        "channel": want["channel"],
+        "state": want["state"],
+        "version": want["version"],
+        "attempts": want["attempts"],
+        "reason": want["reason"],
+        "due_at": _time(want["due_at"]),
+        "message_id": want["message_id"],
+        "content_hash": want["content_hash"],
+    }
+    history = old_store.history(key)
+    assert [type(event).__name__ for event in history] == want["events"]
+    # The flat content of the old Requested event loads into today's JobContent whole:
+    # hashing it again gives the hash stored with it.
+    assert job.content.key == key and job.content.channel == want["channel"]
+    assert job.content.content_hash == want["content_hash"]
+    # The policy that accepted the job, as the old code recorded it.
+    requested = history[0]
+    assert (requested.policy, requested.fingerprint) == (
+        want["channel"],
+        EXPECTED["policies"][want["channel"]],
+    )
+
+
+def _rows(app: Ledger) -> list[dict[str, Any]]:
+    return sorted((row.as_dict() for row in app.jobs()), key=lambda row: row["key"])
+
+
+def test_index_rows_survive_a_rebuild(old_store: Ledger) -> None:
+    expected = sorted(EXPECTED["index_rows"], key=lambda row: row["key"])
+    assert _rows(old_store) == expected  # the rows as stored
+    assert old_store.rebuild_index() == len(expected)
+    assert _rows(old_store) == expected  # the rows projected again from the events
+
+
+def test_provider_handles_load(old_store: Ledger) -> None:
+    for provider, want in EXPECTED["handles"].items():
+        handle = old_store.handle(provider)
+        assert handle is not None, provider
+        assert (handle.reliable, handle.version) == (want["reliable"], want["version"])
+        assert handle.detail == want["detail"]
+        assert old_store.handle_reliable(provider) is want["reliable"]
+
+
+def test_open_jobs_continue_to_the_end_with_todays_engine(old_store: Ledger) -> None:
+    """Today's engine picks up every open job of the old store where it stopped: the
+    crashed attempt is recovered, the searches go on, the resends and retries are sent,
+    the pending verification is made; every job settles, and the index stays equal to a
+    rebuild from the events."""
+    clock = FakeClock(datetime(2026, 11, 1, 12, 21, 15, tzinfo=UTC))
+    provider = FakeProvider("gmail", clock=clock)
+    # The copy the old provider holds for the job whose search found nothing yet.
+    provider.store_copy(EXPECTED["jobs"]["one-miss"]["message_id"])
+    policies = load_policy_dir(FIXTURE / "policies", known_providers={"gmail"})
+    engine = Engine(
+        old_store,
+        PolicyHolder(lambda: policies),
+        {"gmail": provider},
+        provider_timeouts={"gmail": 30.0},
+        clock=clock,
+        rng=random.Random(1),
+    )
+    try:
+        for _ in range(40):
+            report = engine.tick()
+            assert report.errors == 0, report
+            clock.advance(600)
+    finally:
+        engine.close()
+    for key, want in EXPECTED["jobs"].items():
+        job = old_store.get_job(key)
+        assert job.settled and not job.verifying, (key, job.state)
+        assert job.version >= want["version"]
+        history = [type(event).__name__ for event in old_store.history(key)]
+        assert history[: len(want["events"])] == want["events"], key
+    assert old_store.get_job("one-miss").state is JobState.CONFIRMED
+    assert provider.copies_of(EXPECTED["jobs"]["one-miss"]["message_id"]) == 1
+    assert old_store.get_job("new").state is JobState.CONFIRMED
+    live = _rows(old_store)
+    old_store.rebuild_index()
+    assert _rows(old_store) == live
