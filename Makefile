@@ -4,7 +4,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e lint typecheck bench venv clean
+.PHONY: demo test unit integration e2e lint typecheck bench venv clean test-packages
+
+# Debian packages the real-server tests need; installed by `make test` when run as root
+# (CI is), and only those missing. Without them (not root) those tests skip, except under
+# CI=true, where nothing may skip.
+TEST_PACKAGES :=
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +22,12 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/sendledger demo
 
+test-packages:
+	@if [ -n "$(strip $(TEST_PACKAGES))" ] && [ "$$(id -u)" = 0 ]; then \
+		bash scripts/install-test-packages.sh $(TEST_PACKAGES); fi
+
 # The whole suite, then the static checks. Under CI=true the PostgreSQL tests must run.
-test: $(STAMP)
+test: $(STAMP) test-packages
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider tests
 	$(MAKE) --no-print-directory lint typecheck
 
