@@ -91,7 +91,9 @@ class Sweep:
         )
         job.record_search(query=result.query, copies=result.copies, decision=decision, at=work.now)
         work.save()
-        log.info("job %s: search found %d copies: %s", job.key, len(result.hits), decision)
+        log.info(
+            "job %s: search found %d copies: %s", job.key, len(result.hits), type(decision).__name__
+        )
 
 
 class Verify:
