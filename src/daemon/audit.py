@@ -59,13 +59,23 @@ def parse_when(option: str, value: str | None, now: datetime) -> datetime | None
         return now - timedelta(seconds=parse_duration(value))
     except DurationError:
         pass
+    except OverflowError:
+        # "100000000d" ago is before the first representable time.
+        raise bad_input(f"{option}: too far in the past: {value!r}") from None
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise bad_input(
             f"{option}: not a time: {value!r} (e.g. 2026-11-01, 2026-11-01T12:00Z or 24h)"
         ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    try:
+        # The index compares epoch seconds; a time that has none is out of range.
+        moment.timestamp()
+        moment.astimezone(UTC)
+    except (OverflowError, ValueError, OSError):
+        raise bad_input(f"{option}: out of range: {value!r}") from None
+    return moment
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -74,7 +84,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     until = parse_when("--until", args.until, now)
     if since and until and since >= until:
         raise bad_input("--since: must be before --until")
-    with open_ledger(settings_for(args.config)) as ledger:
+    with open_ledger(settings_for(args.config), create=False) as ledger:
         if args.event:
             columns = EVENT_COLUMNS
             records = _events(ledger, args.event, args.state, args.channel, since, until)

@@ -11,14 +11,15 @@ from typing import Any
 
 from daemon import output
 from daemon.bootstrap import bootstrap, build_provider
-from daemon.commands import event_record, job_status
+from daemon.commands import event_record, job_status, review_rows
 from daemon.context import load_policies, open_ledger, settings_for
-from daemon.errors import EXIT_OK, CliError, bad_input
+from daemon.errors import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
 from daemon.logs import setup_logging
 from daemon.parsers import add_command
 from daemon.providers.base import ProviderError
 from daemon.runtime import Daemon, run_once
-from ledger.job import JobState
+from ledger.application import ConcurrentUpdate
+from ledger.job import JobState, SendJob, TransitionError
 from ledger.vocabulary import Resolution
 
 log = logging.getLogger("sendledger")
@@ -77,17 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_review_list(args: argparse.Namespace) -> int:
-    with open_ledger(settings_for(args.config)) as ledger:
-        rows: list[dict[str, Any]] = [
-            {
-                "key": r.key,
-                "channel": r.channel,
-                "reason": r.reason,
-                "since": output.iso(r.updated_at),
-                "message_id": r.message_id,
-            }
-            for r in ledger.jobs(state=JobState.REVIEW)
-        ]
+    with open_ledger(settings_for(args.config), create=False) as ledger:
+        rows = review_rows(ledger)
     if args.json:
         print(output.dumps(rows))
     elif rows:
@@ -98,7 +90,7 @@ def cmd_review_list(args: argparse.Namespace) -> int:
 
 
 def cmd_review_show(args: argparse.Namespace) -> int:
-    with open_ledger(settings_for(args.config)) as ledger:
+    with open_ledger(settings_for(args.config), create=False) as ledger:
         job = ledger.get_job(args.key)
         events = [event_record(e) for e in ledger.history(args.key)]
     status = job_status(job)
@@ -118,14 +110,21 @@ def cmd_review_show(args: argparse.Namespace) -> int:
 
 
 def cmd_review_resolve(args: argparse.Namespace) -> int:
-    with open_ledger(settings_for(args.config)) as ledger:
+    decision = Resolution(args.decision)
+    with open_ledger(settings_for(args.config), create=False) as ledger:
         by = args.by or getpass.getuser()
-        job, _ = ledger.update(
-            args.key,
-            lambda j: j.resolve(
-                Resolution(args.decision), note=args.note, by=by, at=ledger.clock()
-            ),
-        )
+        _require_resolvable(ledger.get_job(args.key), decision)
+        try:
+            job, _ = ledger.update(
+                args.key,
+                lambda j: j.resolve(decision, note=args.note, by=by, at=ledger.clock()),
+            )
+        except (TransitionError, ConcurrentUpdate):
+            raise CliError(
+                f"job {args.key!r} changed while it was being resolved; "
+                f"look again with `sendledger review show {args.key}`",
+                EXIT_CONFLICT,
+            ) from None
     status = job_status(job)
     if args.json:
         print(output.dumps(status))
@@ -134,9 +133,25 @@ def cmd_review_resolve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _require_resolvable(job: SendJob, decision: Resolution) -> None:
+    """A decision that conflicts with the job's state is exit 3, said as a sentence."""
+    if job.state is not JobState.REVIEW:
+        raise CliError(
+            f"job {job.key!r} is {job.state.value}, not in review: only a job in review "
+            "can be resolved",
+            EXIT_CONFLICT,
+        )
+    if decision is Resolution.RESEND and job.duplicate:
+        raise CliError(
+            f"job {job.key!r} has two or more copies already: resolve it as sent or "
+            "abandon, never resend",
+            EXIT_CONFLICT,
+        )
+
+
 def cmd_review_check(args: argparse.Namespace) -> int:
     settings = settings_for(args.config)
-    with open_ledger(settings) as ledger:
+    with open_ledger(settings, create=False) as ledger:
         job = ledger.get_job(args.key)
     policies = load_policies(settings)
     policy = policies.get(job.channel)
@@ -172,9 +187,17 @@ def cmd_review_check(args: argparse.Namespace) -> int:
     print(f"{len(hits)} SENT cop{'y' if len(hits) == 1 else 'ies'} found")
     for hit in hits:
         print(f"  {hit.provider_message_id}  {hit.message_id_header}  {','.join(hit.labels)}")
-    advice = {
-        0: "none found: if the search index has caught up, `--as resend` is safe",
-        1: "one copy: `review resolve KEY --as sent`",
-    }
-    print(advice.get(len(hits), "duplicate: resolve as sent (or abandon); never resend"))
+    print(_check_advice(job, len(hits)))
     return EXIT_OK
+
+
+def _check_advice(job: SendJob, copies: int) -> str:
+    """What to do next; a resolve command only for a job that can be resolved."""
+    if job.state is not JobState.REVIEW:
+        return f"the job is {job.state.value}, not in review: there is nothing to resolve"
+    resolve = f"sendledger review resolve {job.key}"
+    if copies == 0:
+        return f"none found: if the search index has caught up, `{resolve} --as resend` is safe"
+    if copies == 1:
+        return f"one copy: `{resolve} --as sent`"
+    return f"duplicate: `{resolve} --as sent` (or abandon); never resend"

@@ -93,8 +93,10 @@ def test_review_list_and_resolve(cli: Any) -> None:
     )
     assert cli.run("review", "list", "--json").json() == []
 
+    # Resolving a job that is no longer in review conflicts with its state: exit 3.
     again = cli.run("review", "resolve", "audit-1", "--as", "resend")
-    assert again.code == 2 and len(again.error_lines) == 1
+    assert again.code == 3 and len(again.error_lines) == 1
+    assert "abandoned, not in review" in again.stderr
     assert cli.run("review", "resolve", "nope", "--as", "sent").code == 4
 
 

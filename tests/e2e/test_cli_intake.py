@@ -112,7 +112,9 @@ def test_a_bad_job_in_a_batch_writes_nothing(cli: Any) -> None:
     result = cli.run("submit", "--json", "-", stdin=json.dumps(batch))
     assert result.code == 2
     one_error_line(result, "job[1].to")
-    assert cli.run("status", "batch-1").code == 4
+    # Nothing written, not even an empty store.
+    assert cli.run("status", "batch-1").code == 2
+    assert not (cli.root / "ledger.sqlite").exists()
 
 
 # -- status / history ------------------------------------------------------------------
@@ -147,6 +149,7 @@ def test_status_and_history(cli: Any) -> None:
 
 
 def test_unknown_job_is_exit_4(cli: Any) -> None:
+    assert cli.submit(job()).code == 0
     for command in ("status", "history"):
         result = cli.run(command, "--json", "no-such-key")
         assert result.code == 4, (command, result.stderr)
@@ -210,8 +213,9 @@ def test_environment_override_redirects_the_store(cli: Any, tmp_path: Path) -> N
     assert result.code == 0, result.stderr
     assert other.is_file()
     assert cli.run("status", "redirected", env=env).code == 0
-    # The file's own store never saw it.
-    assert cli.run("status", "redirected").code == 4
+    # The file's own store was never even created.
+    assert cli.run("status", "redirected").code == 2
+    assert not (cli.root / "ledger.sqlite").exists()
 
 
 def test_bad_environment_override_is_exit_2(cli: Any) -> None:

@@ -1,0 +1,189 @@
+"""The one strict address validator, used for every address field (to, cc, reply_to) and
+for a policy's ``from``: what a caller types either becomes exactly one mailbox that the
+message can carry unchanged, or it is refused with a reason. Nothing is dropped or
+repaired (a space inside a domain once sent mail to another recipient).
+
+Accepted: ``local@domain`` or ``Display Name <local@domain>`` (the display name may be
+quoted, and may be any Unicode except the characters :func:`unsafe_character` names).
+The local part is an RFC 5322 dot-atom in ASCII; the domain is a host name (letters,
+digits, hyphens, at least two labels, no label starting or ending with a hyphen, not all
+digits at the end). An internationalized domain is converted to its IDNA A-label form
+(``bücher.de`` -> ``xn--bcher-kva.de``), so the wire carries plain ASCII. Refused: domain
+literals (``[1.2.3.4]``), quoted or non-ASCII local parts, comments, groups, lists, and any
+display name that would need guessing (unquoted specials such as ``,`` or ``@``).
+See README, "Message fields and validation".
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from email.headerregistry import Address
+from email.policy import default as _default_email_policy
+
+import idna
+
+__all__ = ["AddressError", "Mailbox", "parse_mailbox", "unsafe_character"]
+
+MAX_LOCAL = 64
+MAX_DOMAIN = 253
+MAX_ADDRESS = 254
+
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_LOCAL = re.compile(rf"^{_ATEXT}(?:\.{_ATEXT})*$")
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+# RFC 5322 specials: in an unquoted display name each would change how the header parses
+# ("." is the exception: "J. Smith" is common, and it is quoted when rendered).
+_SPECIALS = set('()<>[]:;@\\,"')
+
+#: Explicit direction overrides, embeddings and isolates: they reorder what a reader sees
+#: ("Trojan Source"), so a display name or subject could show one thing and say another.
+#: Left-to-right and right-to-left marks (U+200E, U+200F) stay allowed: mixed-direction
+#: text needs nothing more, and a mark cannot reorder a run.
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+class AddressError(ValueError):
+    """Why a value is not one acceptable mailbox (one line, without the field name)."""
+
+
+@dataclass(frozen=True)
+class Mailbox:
+    display_name: str
+    local: str
+    domain: str  # ASCII: an internationalized domain is stored in its A-label form
+
+    @property
+    def addr_spec(self) -> str:
+        return f"{self.local}@{self.domain}"
+
+    @property
+    def address(self) -> Address:
+        return Address(display_name=self.display_name, addr_spec=self.addr_spec)
+
+    def __str__(self) -> str:
+        """Canonical text: what the job stores and the message's header carries."""
+        return str(self.address)
+
+
+def unsafe_character(value: str) -> str | None:
+    """A description of the first character that may not appear in a header value (a
+    subject, a display name), or None. Refused: control characters (NUL, TAB, VT, FF,
+    NEL, ...: the C0 and C1 sets and DEL), the Unicode line and paragraph separators
+    (U+2028, U+2029: some mail software breaks lines there), bidi controls
+    (:data:`BIDI_CONTROLS`) and lone surrogates (they cannot be encoded)."""
+    for char in value:
+        category = unicodedata.category(char)
+        if category == "Cc":
+            return f"a control character (U+{ord(char):04X})"
+        if category in ("Zl", "Zp"):
+            return f"a line separator (U+{ord(char):04X})"
+        if char in BIDI_CONTROLS:
+            return f"a bidi control character (U+{ord(char):04X})"
+        if category == "Cs":
+            return f"a lone surrogate (U+{ord(char):04X})"
+    return None
+
+
+def parse_mailbox(value: object) -> Mailbox:
+    """Exactly one mailbox, strictly; raises AddressError with a one-line reason."""
+    if not isinstance(value, str) or not value.strip():
+        raise AddressError("must be a non-empty email address")
+    if "\r" in value or "\n" in value:
+        raise AddressError("must not contain CR or LF")
+    bad = unsafe_character(value)
+    if bad:
+        raise AddressError(f"must not contain {bad}: {value!r}")
+    text = value.strip(" ")
+    if text.endswith(">"):
+        start = text.rfind("<")
+        if start < 0:
+            raise AddressError(f"not a valid email address: {value!r}")
+        display = _display_name(text[:start].strip(" "), value)
+        spec = text[start + 1 : -1]
+    else:
+        display, spec = "", text
+    local, domain = _addr_spec(spec, value)
+    mailbox = Mailbox(display, local, domain)
+    _check_round_trip(mailbox, value)
+    return mailbox
+
+
+def _display_name(raw: str, value: str) -> str:
+    if raw.startswith('"'):
+        if len(raw) < 2 or not raw.endswith('"'):
+            raise AddressError(f"unterminated quoted display name: {value!r}")
+        inner = raw[1:-1]
+        name, escaped = [], False
+        for char in inner:
+            if escaped:
+                name.append(char)
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                raise AddressError(f"a quote inside a quoted display name: {value!r}")
+            else:
+                name.append(char)
+        if escaped:
+            raise AddressError(f"unterminated quoted display name: {value!r}")
+        return "".join(name).strip()
+    special = next((c for c in raw if c in _SPECIALS), None)
+    if special is not None:
+        raise AddressError(
+            f"the display name contains {special!r}: put it in double quotes: {value!r}"
+        )
+    # Runs of spaces in an unquoted phrase carry no meaning (RFC 5322 folding).
+    return " ".join(raw.split())
+
+
+def _addr_spec(spec: str, value: str) -> tuple[str, str]:
+    local, at, domain = spec.rpartition("@")
+    if not at or not local or not domain:
+        raise AddressError(f"not a valid email address: {value!r}")
+    if not local.isascii():
+        raise AddressError(f"the part before @ must be ASCII: {value!r}")
+    if len(local) > MAX_LOCAL or not _LOCAL.match(local):
+        raise AddressError(f"not a valid email address (the part before @): {value!r}")
+    ascii_domain = _ascii_domain(domain, value)
+    if len(local) + 1 + len(ascii_domain) > MAX_ADDRESS:
+        raise AddressError(f"longer than {MAX_ADDRESS} characters: {value!r}")
+    return local, ascii_domain
+
+
+def _ascii_domain(domain: str, value: str) -> str:
+    if domain.startswith("["):
+        raise AddressError(f"domain literals are not accepted: {value!r}")
+    if not domain.isascii() or any(label.lower().startswith("xn--") for label in domain.split(".")):
+        try:
+            # UTS 46 mapping (case, width) then IDNA 2008: what browsers and MTAs do.
+            domain = idna.encode(domain, uts46=True).decode("ascii")
+        except (idna.IDNAError, UnicodeError) as exc:
+            raise AddressError(f"not a valid internationalized domain ({exc}): {value!r}") from None
+    labels = domain.split(".")
+    if (
+        len(domain) > MAX_DOMAIN
+        or len(labels) < 2
+        or not all(_LABEL.match(label) for label in labels)
+        or labels[-1].isdigit()
+    ):
+        raise AddressError(f"not a valid domain {domain!r}: {value!r}")
+    return domain
+
+
+def _check_round_trip(mailbox: Mailbox, value: str) -> None:
+    # What we will write must parse back, with the standard library's strict header
+    # parser, to exactly this one mailbox: nothing may be lost or added on the way.
+    try:
+        rendered = str(mailbox)
+        header = _default_email_policy.header_factory("to", rendered)
+        addresses = header.addresses
+    except Exception as exc:  # the stdlib parser can raise IndexError and friends
+        raise AddressError(f"not a valid email address: {value!r}") from exc
+    if (
+        len(addresses) != 1
+        or addresses[0].addr_spec != mailbox.addr_spec
+        or addresses[0].display_name != mailbox.display_name
+    ):
+        raise AddressError(f"not a valid email address: {value!r}")

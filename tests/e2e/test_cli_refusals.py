@@ -1,0 +1,120 @@
+"""Issue 8, intake and the command line, as a user types it: each refusal is one line
+naming what to fix, with the documented exit code, and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.e2e.test_cli_intake import job, one_error_line
+
+
+def test_a_batch_with_a_conflict_part_way_writes_nothing(cli: Any) -> None:
+    assert cli.submit(job("stored")).code == 0
+    batch = [job("new-1"), job("stored", body="other"), job("new-2")]
+    result = cli.run("submit", "--json", "-", stdin=json.dumps(batch))
+    assert result.code == 3
+    one_error_line(result, "stored", "other content")
+    assert cli.run("status", "new-1").code == 4
+    assert cli.run("status", "new-2").code == 4
+
+
+def test_the_same_key_twice_in_a_batch_with_other_content_is_a_conflict(cli: Any) -> None:
+    batch = [job("twice"), job("twice", subject="changed")]
+    result = cli.run("submit", "--json", "-", stdin=json.dumps(batch))
+    assert result.code == 3
+    one_error_line(result, "twice")
+    assert not (cli.root / "ledger.sqlite").exists() or cli.run("status", "twice").code == 4
+    same = cli.run("submit", "--json", "-", stdin=json.dumps([job("twice"), job("twice")]))
+    assert same.code == 0, same.stderr
+    assert [r["created"] for r in same.json()] == [True, False]
+
+
+def test_output_shape_follows_input_shape(cli: Any) -> None:
+    listed = cli.run("submit", "--json", "-", stdin=json.dumps([job("one")]))
+    assert listed.code == 0, listed.stderr
+    assert isinstance(listed.json(), list) and len(listed.json()) == 1
+    single = cli.submit(job("two"))
+    assert isinstance(single.json(), dict)
+
+
+def test_limits_of_the_provider_are_checked_at_intake(cli: Any) -> None:
+    env = {
+        "SENDLEDGER_PROVIDERS__SUPPORT__MAX_MESSAGE_BYTES": "2000",
+        "SENDLEDGER_PROVIDERS__SUPPORT__MAX_RECIPIENTS": "3",
+    }
+    big = cli.submit(job("big", body="x" * 3000), env=env)
+    assert big.code == 2
+    one_error_line(big, "job.body", "providers.support.max_message_bytes")
+    many = [f"r{i}@example.com" for i in range(4)]
+    crowd = cli.submit(job("crowd", to=many), env=env)
+    assert crowd.code == 2
+    one_error_line(crowd, "job.to", "providers.support.max_recipients")
+    # The defaults are Gmail's: 500 recipients per message.
+    crowd = cli.submit(job("crowd", to=[f"r{i}@example.com" for i in range(501)]))
+    assert crowd.code == 2
+    one_error_line(crowd, "max_recipients (500)")
+
+
+def test_what_cannot_be_built_is_refused_at_policy_check_and_intake(cli: Any) -> None:
+    (cli.policies / "receipts.toml").write_text(
+        'provider = "support"\nfrom = "Sup\\u000bport <support@example.com>"\n'
+        'message_id_domain = "mail.example.com"\n',
+        encoding="utf-8",
+    )
+    check = cli.run("policy", "check")
+    assert check.code == 2
+    one_error_line(check, "receipts.toml:from:", "control character")
+    assert cli.submit(job()).code == 2
+
+
+def test_config_and_environment_errors_are_exit_2_naming_the_source(cli: Any) -> None:
+    cli.config.write_bytes(b"\xff\xfe[store]\n")
+    bad = cli.run("status", "x")
+    assert bad.code == 2
+    one_error_line(bad, str(cli.config), "UTF-8")
+    cli.write_config()
+    for name, value, needle in [
+        ("SENDLEDGER_STOR__URL", "sqlite:///x.sqlite", "SENDLEDGER_STOR__URL"),
+        ("SENDLEDGER_STORE_URL", "sqlite:///x.sqlite", "SENDLEDGER_STORE_URL"),
+        ("SENDLEDGER_PROVIDERS", "{not json", "SENDLEDGER_PROVIDERS"),
+        ("SENDLEDGER_DAEMON__TICK", "soon", "SENDLEDGER_DAEMON__TICK"),
+    ]:
+        result = cli.run("status", "x", env={name: value})
+        assert result.code == 2, (name, result.stderr)
+        line = one_error_line(result, needle)
+        assert str(cli.config) not in line
+
+
+def test_config_is_accepted_after_the_command(cli: Any) -> None:
+    assert cli.submit(job("after")).code == 0
+    result = cli.run("status", "--json", "after", "--config", str(cli.config), config=False)
+    assert result.code == 0, result.stderr
+    assert result.json()["key"] == "after"
+
+
+def test_read_only_commands_create_no_store(cli: Any) -> None:
+    for argv in (
+        ["status", "x"],
+        ["history", "x"],
+        ["review", "list"],
+        ["review", "show", "x"],
+        ["audit"],
+        ["admin", "rebuild-index"],
+    ):
+        result = cli.run(*argv)
+        assert result.code == 2, (argv, result.stderr)
+        one_error_line(result, "no store at", str(cli.root / "ledger.sqlite"))
+    assert not (cli.root / "ledger.sqlite").exists()
+
+
+def test_out_of_range_times_and_bad_demo_options_are_exit_2(cli: Any) -> None:
+    assert cli.submit(job()).code == 0
+    for value in ("100000000d", "0001-01-01T00:00+14:00"):
+        result = cli.run("audit", "--since", value)
+        assert result.code == 2, result.stderr
+        one_error_line(result, "--since")
+    for lag in ("soon", "99999d"):
+        result = cli.run("demo", "--lag", lag, config=False)
+        assert result.code == 2, result.stderr
+        one_error_line(result, "--lag")

@@ -1,0 +1,184 @@
+"""The one strict address validator (ledger/addresses.py): every address field and a
+policy's `from` either become exactly one mailbox the message carries unchanged, or are
+refused naming the field. Nothing a sender types can change where mail goes."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daemon.engine.dispatch import render
+from ledger.addresses import AddressError, parse_mailbox
+from ledger.content import JobInputError, parse_job
+from ledger.job import SendJob
+from ledger.message_id import message_id_for
+from ledger.mime import build_message
+from ledger.vocabulary import PolicyRef
+from policies.model import parse_from_address
+
+
+def job(**overrides: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "channel": "receipts",
+        "key": "k",
+        "to": "bob@example.com",
+        "subject": "s",
+        "body": "b",
+    }
+    data.update(overrides)
+    return data
+
+
+# Each was accepted before (issue 8), some rewritten into another recipient.
+REFUSED = [
+    "a@exa mple.org",  # was sent to a@example.org
+    "a@exa\tmple.org",
+    "a@[192.0.2.1]",  # a domain literal
+    "a@-example.org",
+    "a@example-.org",
+    "a@1.2.3.4",
+    "a(comment)@example.org",  # the comment became the display name
+    '"a b"@example.org',
+    "Bo\x00b <a@example.org>",  # NUL reached the wire
+    "Bo\x0bb <a@example.org>",  # VT
+    "Bo\x0cb <a@example.org>",  # FF
+    "Bob\x85 <a@example.org>",  # NEL
+    "Bob\u2028 <a@example.org>",
+    "Bob\u2029 <a@example.org>",
+    "\u202eBob <a@example.org>",  # a bidi override
+    "Bob\u2066 <a@example.org>",
+    "Doe, John <j@example.org>",  # two addresses, or one? unquoted: refused
+    "a@bü cher.de",
+    "a@xn--zz.de",  # not valid punycode
+    "ü@example.org",  # non-ASCII local part needs SMTPUTF8
+    "a@" + "x" * 64 + ".org",
+]
+
+
+@pytest.mark.parametrize("address", REFUSED)
+def test_refused_in_every_address_field(address: str) -> None:
+    for field, value, named in [
+        ("to", address, "to"),
+        ("to", ["ok@example.com", address], "to[1]"),
+        ("cc", [address], "cc[0]"),
+        ("reply_to", address, "reply_to"),
+    ]:
+        with pytest.raises(JobInputError) as info:
+            parse_job(job(**{field: value}))
+        assert info.value.field == named
+    with pytest.raises(ValueError):
+        parse_from_address(address)
+
+
+def test_internationalized_domains_become_a_labels() -> None:
+    content = parse_job(job(to="Zoë <zoe@Bücher.de>"))
+    assert content.to == ("Zoë <zoe@xn--bcher-kva.de>",)
+    assert parse_job(job(to="zoe@xn--bcher-kva.de")).to == ("zoe@xn--bcher-kva.de",)
+    # The header carries the A-label, never an encoded word inside the address.
+    raw = build_message(
+        from_addr="Shop <shop@bücher.de>",
+        to=content.to,
+        subject="s",
+        body="b",
+        message_id=message_id_for("k", "mail.example.com"),
+        date=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    headers = raw.split(b"\r\n\r\n")[0]
+    assert b"<zoe@xn--bcher-kva.de>" in headers
+    assert b"<shop@xn--bcher-kva.de>" in headers
+    assert parse_from_address("Shop <shop@bücher.de>").addr_spec == "shop@xn--bcher-kva.de"
+
+
+@pytest.mark.parametrize("subject", ["\u202eevil", "a\x00b", "a\x0bb", "a\u2028b", "a\x85b"])
+def test_unsafe_subjects_are_refused(subject: str) -> None:
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(subject=subject))
+    assert info.value.field == "subject"
+
+
+def test_lone_surrogates_are_refused_in_every_text_field() -> None:
+    for field in ("subject", "body", "html", "key", "channel"):
+        with pytest.raises(JobInputError) as info:
+            parse_job(job(**{field: "a\ud800b"}))
+        assert info.value.field == field
+
+
+def test_marks_and_emoji_sequences_stay() -> None:
+    # LRM/RLM and ZWJ are not reordering controls: mixed scripts and emoji need them.
+    assert parse_job(job(subject="שלום\u200e order 12 👨\u200d👩\u200d👧")).subject
+
+
+# -- properties ---------------------------------------------------------------------------
+
+ADDRESS_ALPHABET = st.sampled_from(
+    [*"abcXYZ019.-_+@<>\"', ()[]:;\\ \t\x00\x0b\x85\u2028\u202e", "ü", "é", "中", "\ud800"]
+)
+LOOKS_LIKE_ADDRESS = st.one_of(
+    st.text(ADDRESS_ALPHABET, max_size=30),
+    st.builds(
+        lambda name, local, domain: f"{name} <{local}@{domain}>",
+        st.text(ADDRESS_ALPHABET, max_size=8),
+        st.text(ADDRESS_ALPHABET, min_size=1, max_size=8),
+        st.text(ADDRESS_ALPHABET, min_size=1, max_size=12),
+    ),
+    st.text(max_size=30),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(LOOKS_LIKE_ADDRESS)
+def test_an_address_is_refused_or_carried_exactly(value: str) -> None:
+    try:
+        mailbox = parse_mailbox(value)
+    except AddressError as exc:
+        assert "\n" not in str(exc)
+        return
+    # Canonical text parses back to itself.
+    assert parse_mailbox(str(mailbox)) == mailbox
+    # Nothing dropped: an ASCII domain appears in the input exactly as it is sent.
+    if value.isascii():
+        assert mailbox.addr_spec in value
+    # The built message's To header holds exactly this one recipient.
+    raw = build_message(
+        from_addr="s@example.com",
+        to=[str(mailbox)],
+        subject="s",
+        body="b",
+        message_id=message_id_for("k", "mail.example.com"),
+        date=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    to = parsed["To"].addresses  # type: ignore[union-attr]
+    assert [a.addr_spec for a in to] == [mailbox.addr_spec]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["channel", "key", "to", "cc", "reply_to", "subject", "body", "html", "x"]),
+        st.one_of(
+            st.none(), st.integers(), LOOKS_LIKE_ADDRESS, st.lists(LOOKS_LIKE_ADDRESS, max_size=3)
+        ),
+    )
+)
+def test_job_json_is_accepted_buildable_or_refused_naming_a_field(data: dict[str, Any]) -> None:
+    try:
+        content = parse_job(data)
+    except JobInputError as exc:
+        assert exc.field and "\n" not in str(exc)
+        return
+    # Whatever intake accepts can be built, by the function the daemon sends with.
+    job = SendJob.request(
+        content,
+        from_addr="s@example.com",
+        message_id=message_id_for(content.key, "mail.example.com"),
+        policy=PolicyRef("receipts", "0" * 16),
+        at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    render(job)
