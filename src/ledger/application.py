@@ -8,9 +8,10 @@ Reads of many jobs or events are iterators that page internally.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +25,8 @@ from ledger.content import JobContent
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
 from ledger.provider_handle import ProviderHandle, handle_id_for
-from ledger.stores import StoreBackend, backend_for
+from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
+from ledger.stores.cipher import cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
@@ -94,12 +96,16 @@ class Ledger(Application[UUID]):
         *,
         base_dir: Path | None = None,
         clock: Clock = utcnow,
+        encryption_keys: Sequence[str] = (),
     ) -> None:
+        """`encryption_keys`: event state is compressed and encrypted with the first,
+        read with any of them (`ledger.stores.cipher`); none: stored as plain JSON."""
         spec = parse_store_url(store, base_dir=base_dir) if isinstance(store, str) else store
         self.store = spec
         self.clock = clock
         self._backend: StoreBackend = backend_for(spec)
         env = dict(self._backend.env)
+        env.update(cipher_env(encryption_keys))
         if self._backend.prepare():
             env["CREATE_TABLE"] = "n"  # the tables exist: opening runs no DDL
         # Several processes may create the tables at once; what collides is tried again.
@@ -157,19 +163,69 @@ class Ledger(Application[UUID]):
 
         New keys are the common case, so the Requested event is written without a read
         first; the store's uniqueness on (job id, version 1) tells a known key apart."""
-        job = SendJob.request(
-            content,
-            from_addr=sender.from_addr,
-            message_id=message_id_for(content.key, sender.message_id_domain),
-            policy=sender.policy,
-            at=self.clock(),
-        )
+        job = self._request(content, sender)
         try:
             self.save_job(job)
         except ConcurrentUpdate:
             # Known key (submitted earlier, or just now by another process).
             return self._same_or_conflict(self.get_job(content.key), content)
         return SubmitResult(job.key, job.message_id, job.state.value, created=True)
+
+    def submit_many(self, jobs: Sequence[tuple[JobContent, Sender]]) -> list[SubmitResult]:
+        """A batch, all or nothing, one result per item in order: a key given twice with
+        other content, or known with other content, raises KeyConflict before anything is
+        written; the new jobs are then written in one transaction. A writer that stores
+        one of the keys in between fails that transaction whole, and the batch is checked
+        again."""
+        for _ in range(10):
+            firsts: dict[str, JobContent] = {}
+            for content, _sender in jobs:
+                first = firsts.setdefault(content.key, content)
+                if first.content_hash != content.content_hash:
+                    raise KeyConflict(content.key, first.content_hash, content.content_hash)
+            results: dict[str, SubmitResult] = {}
+            new: list[SendJob] = []
+            for content, sender in jobs:
+                if content.key in results:
+                    continue
+                stored = self.find_job(content.key)
+                if stored is not None:
+                    results[content.key] = self._same_or_conflict(stored, content)
+                    continue
+                job = self._request(content, sender)
+                new.append(job)
+                results[content.key] = SubmitResult(
+                    job.key, job.message_id, job.state.value, created=True
+                )
+            try:
+                if new:
+                    self._save_new(new)
+            except IntegrityError:
+                continue
+            # A key given twice with the same content: the second is "already there".
+            seen: set[str] = set()
+            ordered = []
+            for content, _sender in jobs:
+                result = results[content.key]
+                if content.key in seen:
+                    result = dataclasses.replace(result, created=False)
+                seen.add(content.key)
+                ordered.append(result)
+            return ordered
+        raise ConcurrentUpdate("the batch kept meeting other writers; nothing was written")
+
+    def _save_new(self, jobs: list[SendJob]) -> None:
+        rows = [index_row(job) for job in jobs]
+        self._retry_locked(lambda: self.save(*jobs, **{INDEX_ROWS_KWARG: rows}))
+
+    def _request(self, content: JobContent, sender: Sender) -> SendJob:
+        return SendJob.request(
+            content,
+            from_addr=sender.from_addr,
+            message_id=message_id_for(content.key, sender.message_id_domain),
+            policy=sender.policy,
+            at=self.clock(),
+        )
 
     def _same_or_conflict(self, job: SendJob, content: JobContent) -> SubmitResult:
         if job.content_hash != content.content_hash:
@@ -182,6 +238,13 @@ class Ledger(Application[UUID]):
         result = command(job)
         self.save_job(job)
         return job, result
+
+    # -- the daemon's identity -----------------------------------------------------------
+
+    def hold_identity(self, name: str) -> IdentityLock:
+        """Hold the daemon name `name` on this store until `release()` or the process
+        ends (a kill -9 too). IdentityTaken when another live daemon holds it."""
+        return self._backend.identity_lock(name)
 
     # -- provider handles --------------------------------------------------------------
 
@@ -306,9 +369,12 @@ class Ledger(Application[UUID]):
                 yield originator if isinstance(originator, UUID) else UUID(str(originator))
 
     def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
-        """Recreate the job index from the events; `progress` hears every 1000 jobs."""
+        """Recreate the job index from the events; `progress` hears every 1000 jobs.
+
+        Safe beside live daemons: the rows are written in one transaction, and a row a
+        daemon wrote after its job was read here is newer and stays (`JobIndex.rebuild`)."""
         rows = sorted(self._projected_rows(progress), key=lambda r: r.key)
-        self._retry_locked(lambda: self._index.replace_all(rows))
+        self._retry_locked(lambda: self._index.rebuild(rows))
         return len(rows)
 
     def _projected_rows(self, progress: Callable[[int], None] | None) -> Iterator[IndexRow]:
@@ -369,6 +435,7 @@ def _event_topic(name: str) -> str:
 
 __all__ = [
     "ConcurrentUpdate",
+    "IdentityTaken",
     "KeyConflict",
     "Ledger",
     "Sender",

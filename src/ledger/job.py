@@ -80,6 +80,7 @@ class SendJob(Aggregate):
     provider_message_ids: list[str]
     duplicate: bool
     last_provider: str | None
+    claimed_by: str  # the daemon of the latest Attempted ("" before v2 or none)
     resent: bool  # sent again without proof the earlier attempt failed
     verifying: bool  # confirmed, and its copies are to be counted once more
     verifications: int
@@ -130,15 +131,24 @@ class SendJob(Aggregate):
             job.provider_message_ids = []
             job.duplicate = False
             job.last_provider = None
+            job.claimed_by = ""
             job.resent = False
             job.verifying = False
             job.verifications = 0
 
     class Attempted(Event):
         TOPIC = "sendledger:SendJob.Attempted"
+        # v2 names the daemon that claimed (`daemon.name`): at start-up a daemon recovers
+        # its own claims at once, others' at their deadline.
+        class_version = 2
         attempt: int
         provider: str
         deadline: datetime
+        daemon: str
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["daemon"] = ""  # claims of the first release name no daemon
 
         def apply(self, job: Any) -> None:
             job.state = JobState.ATTEMPTED
@@ -146,6 +156,7 @@ class SendJob(Aggregate):
             job.round_attempts += 1
             job.due_at = self.deadline
             job.last_provider = self.provider
+            job.claimed_by = self.daemon
             job.reason = None
 
     class Unknown(Event):
@@ -313,15 +324,21 @@ class SendJob(Aggregate):
             **policy.event_fields(),
         )
 
-    def claim(self, *, provider: str, deadline: datetime, at: datetime) -> int:
-        """The write-ahead claim (Attempted): durable before the provider is called."""
+    def claim(self, *, provider: str, deadline: datetime, at: datetime, daemon: str = "") -> int:
+        """The write-ahead claim (Attempted) by the daemon named `daemon`: durable before
+        the provider is called."""
         self._require("Attempted", JobState.REQUESTED)
         self._require_due(at, "Attempted", "not due")
         if deadline <= at:
             raise self._refuse("Attempted", "deadline must be after the attempt")
         number = self.attempts + 1
         self.trigger_event(
-            self.Attempted, timestamp=at, attempt=number, provider=provider, deadline=deadline
+            self.Attempted,
+            timestamp=at,
+            attempt=number,
+            provider=provider,
+            deadline=deadline,
+            daemon=daemon,
         )
         return number
 
@@ -497,8 +514,10 @@ class SendJob(Aggregate):
         if self.duplicate:
             raise self._refuse("Requeued", "a duplicate is never resent automatically")
         misses = self.misses + 1  # counting this search
-        if decision.misses_required < 1 or misses < decision.misses_required:
-            required = max(decision.misses_required, 1)
+        if decision.misses_required < 1:
+            raise self._refuse("Requeued", "at least one empty search is required")
+        if misses < decision.misses_required:
+            required = decision.misses_required
             raise self._refuse("Requeued", f"{misses} empty searches, {required} required")
         self._record_miss(query, None, decision.policy, at)
         self.trigger_event(

@@ -139,3 +139,13 @@ def test_open_jobs_continue_to_the_end_with_todays_engine(old_store: Ledger) -> 
     live = _rows(old_store)
     old_store.rebuild_index()
     assert _rows(old_store) == live
+
+
+def test_v1_claims_name_no_daemon_and_wait_for_their_deadline(old_store: Ledger) -> None:
+    """Attempted v1 (before daemon.name) upcasts to daemon="": no restarted daemon takes
+    such a claim for its own; the deadline recovers it as before."""
+    job = old_store.get_job("crashed")
+    assert job.state is JobState.ATTEMPTED and job.claimed_by == ""
+    attempted = [e for e in old_store.history("crashed") if type(e).__name__ == "Attempted"]
+    assert [e.daemon for e in attempted] == [""]
+    assert type(attempted[0]).class_version == 2

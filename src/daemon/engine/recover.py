@@ -4,6 +4,11 @@ A daemon killed between its claim and the outcome (kill -9, power cut) leaves an
 event and nothing after it. Whether the provider got the message cannot be known, so it is
 treated exactly like a timeout (invariant 6 in ``docs/architecture.md``): searched later, or
 sent to review, by the channel's policy.
+
+Another daemon's claim may still be in flight, so it waits for its deadline (`Recover`).
+A daemon's own claims found at its start-up cannot be: the store's identity lock lets one
+live daemon hold a name (`Ledger.hold_identity`), so whoever claimed them is dead, and
+`RecoverOwnClaims` treats them as Unknown at once.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from policies import decisions
 log = logging.getLogger("sendledger.engine")
 
 REASON = "no outcome recorded by the attempt's deadline (crash or kill?)"
+OWN_REASON = "no outcome recorded before this daemon restarted (crash or kill?)"
 
 
 class Recover:
@@ -29,6 +35,8 @@ class Recover:
     def __init__(self, health: ProviderHealth) -> None:
         self._health = health
 
+    reason = REASON
+
     def is_due(self, job: SendJob, now: datetime) -> bool:
         return due(job, now)
 
@@ -36,10 +44,23 @@ class Recover:
         job = work.job
         if work.policy is None:
             job.record_unknown(
-                reason=REASON, decision=decisions.no_policy(job.channel), at=work.now
+                reason=self.reason, decision=decisions.no_policy(job.channel), at=work.now
             )
             work.save()
         else:
-            record_unknown(work, work.policy, self._health, REASON)
+            record_unknown(work, work.policy, self._health, self.reason)
         work.count("recovered")
-        log.warning("job %s: attempt %d had no outcome by its deadline", job.key, job.attempts)
+        log.warning("job %s: attempt %d: %s", job.key, job.attempts, self.reason)
+
+
+class RecoverOwnClaims(Recover):
+    """At start-up: this daemon's own claims, whatever their deadline."""
+
+    reason = OWN_REASON
+
+    def __init__(self, health: ProviderHealth, daemon: str) -> None:
+        super().__init__(health)
+        self._daemon = daemon
+
+    def is_due(self, job: SendJob, now: datetime) -> bool:
+        return bool(self._daemon) and job.claimed_by == self._daemon

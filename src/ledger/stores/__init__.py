@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from ledger.stores.identity import IdentityLock, IdentityTaken
 from ledger.stores.url import (
     MemoryStore,
     PostgresStore,
@@ -42,6 +43,11 @@ class StoreBackend(Protocol):
         """Run before the application opens: create what the tables need around them
         (a folder, a PostgreSQL schema). True when the tables exist already, so that
         opening must not run DDL."""
+        ...
+
+    def identity_lock(self, name: str) -> IdentityLock:
+        """Hold `name` for this process as long as it lives (`ledger.stores.identity`);
+        IdentityTaken when another live process holds it."""
         ...
 
     def is_retryable(self, exc: BaseException) -> bool:
@@ -86,6 +92,8 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
 
 
 __all__ = [
+    "IdentityLock",
+    "IdentityTaken",
     "MemoryStore",
     "PostgresStore",
     "SqliteStore",

@@ -12,7 +12,8 @@ backend answers the same queries from a dict.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -133,7 +134,16 @@ class JobIndex(Protocol):
     def count_by_state(self) -> dict[str, int]: ...
 
     def replace_all(self, rows: Iterable[IndexRow]) -> None:
-        """Used by rebuild: clear, then write every row."""
+        """Clear, then write every row: for tests that set up an index by hand. (A
+        rebuild uses `rebuild`, which never clears.)"""
+        ...
+
+    def rebuild(self, rows: Sequence[IndexRow]) -> None:
+        """In one transaction: write each projected row unless the stored row is of a
+        newer version (a live daemon wrote it after the projection was read), and delete
+        the rows of keys not projected whose job has no events (a job created after the
+        projection was read keeps its row).
+        Readers see the old index or the new one, never an empty or partial one."""
         ...
 
 
@@ -164,12 +174,16 @@ UPSERT = (
     + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c != "key")
     + " WHERE excluded.version > {t}.version"
 )
+# A rebuild's row replaces one of the same version too (the events are the truth, the row
+# may be damaged) but never a newer one written by a live daemon meanwhile.
+REBUILD_UPSERT = UPSERT.replace("excluded.version > {t}.version", "excluded.version >= {t}.version")
 _SELECT = "SELECT " + ", ".join(COLUMNS) + " FROM {t} "
 
 
 class SqlJobIndex:
     """`JobIndex` in SQL, shared by the SQLite and PostgreSQL recorders; they supply
-    `_fetch`, `_execute`, the placeholder `_p` and the (schema-qualified) `_table`."""
+    `_transaction` (a cursor in a transaction of the recorder's datastore), `_tuples`, the
+    placeholder `_p` and the (schema-qualified) `_table`."""
 
     _p = "?"
     _table = INDEX_TABLE
@@ -179,11 +193,20 @@ class SqlJobIndex:
             template.replace("{t}", self._table).replace("{n}", INDEX_TABLE).replace("{p}", self._p)
         )
 
-    def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def _transaction(self, *, commit: bool) -> AbstractContextManager[Any]:
         raise NotImplementedError
 
-    def _execute(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
+    def _tuples(self, cursor: Any) -> list[tuple[Any, ...]]:
         raise NotImplementedError
+
+    def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        with self._transaction(commit=False) as cursor:
+            cursor.execute(sql, list(params))
+            return self._tuples(cursor)
+
+    def _execute(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
+        with self._transaction(commit=True) as cursor:
+            cursor.executemany(sql, [list(p) for p in params])
 
     def job_by_key(self, key: str) -> IndexRow | None:
         rows = self._fetch(self._sql(_SELECT + "WHERE key = {p}"), [key])
@@ -264,12 +287,41 @@ class SqlJobIndex:
         if batch:
             self._execute(self._sql(UPSERT), batch)
 
+    def _has_events_sql(self) -> tuple[str, Callable[[str], Any]]:
+        """A query `[param] -> a row when the job has events`, and the job_id -> param
+        conversion (the events table's originator_id type differs by backend)."""
+        raise NotImplementedError
+
+    def rebuild(self, rows: Sequence[IndexRow]) -> None:
+        projected = {row.key for row in rows}
+        has_events, param = self._has_events_sql()
+        with self._transaction(commit=True) as cursor:
+            for batch in _batches(rows, 500):
+                cursor.executemany(self._sql(REBUILD_UPSERT), [r.as_tuple() for r in batch])
+            cursor.execute(self._sql("SELECT key, job_id FROM {t}"), [])
+            orphans: list[str] = []
+            for key, job_id in self._tuples(cursor):
+                if key not in projected:
+                    cursor.execute(has_events, [param(job_id)])
+                    if not self._tuples(cursor):
+                        orphans.append(key)
+            for batch in _batches(orphans, 500):
+                cursor.executemany(
+                    self._sql("DELETE FROM {t} WHERE key = {p}"), [[k] for k in batch]
+                )
+
+
+def _batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
 
 __all__ = [
     "COLUMNS",
     "CREATE_STATEMENTS",
     "INDEX_ROWS_KWARG",
     "INDEX_TABLE",
+    "REBUILD_UPSERT",
     "UPSERT",
     "IndexRow",
     "JobIndex",

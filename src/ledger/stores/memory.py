@@ -17,11 +17,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from eventsourcing.persistence import ApplicationRecorder, StoredEvent
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 from eventsourcing.utils import get_topic
 
+from ledger.stores.identity import MemoryIdentityLock
 from ledger.stores.index import ALL_JOBS, IndexRow, JobFilter, rows_from
 from ledger.stores.url import MemoryStore
 
@@ -107,6 +109,20 @@ class MemoryJobIndexRecorder(POPOApplicationRecorder):
             for row in rows:
                 self._upsert(row)
 
+    def rebuild(self, rows: Sequence[IndexRow]) -> None:
+        # As SqlJobIndex.rebuild, under the one lock.
+        with self._database_lock:
+            for row in rows:
+                current = self._rows.get(row.key)
+                if current is None or row.version >= current.version:
+                    self._rows[row.key] = row
+            projected = {row.key for row in rows}
+            for key, row in list(self._rows.items()):
+                if key not in projected and not self._stored_events_index.get(
+                    str(UUID(row.job_id))
+                ):
+                    del self._rows[key]
+
 
 _stores: dict[str, MemoryJobIndexRecorder] = {}
 _stores_lock = threading.Lock()
@@ -150,6 +166,10 @@ class MemoryBackend:
     def prepare(self) -> bool:
         with _stores_lock:
             return self.spec.name is not None and self.spec.name in _stores
+
+    def identity_lock(self, name: str) -> MemoryIdentityLock:
+        # An unnamed store is this backend's own: the lock is scoped to it.
+        return MemoryIdentityLock(self.spec.name or f"unnamed-{id(self)}", name)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return False  # one lock, held for each whole read or write: nothing to wait out

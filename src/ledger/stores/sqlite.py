@@ -4,16 +4,21 @@ same transaction as the events, and SQLite's own notion of a transient lock erro
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
 from eventsourcing.utils import get_topic
 
 from ledger.stores import exception_chain
+from ledger.stores.identity import FileIdentityLock
 from ledger.stores.index import CREATE_STATEMENTS, INDEX_TABLE, UPSERT, SqlJobIndex, rows_from
 from ledger.stores.url import SqliteStore
 
@@ -43,14 +48,15 @@ class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, SqlJobIndex):
             c.executemany(self._sql(UPSERT), [r.as_tuple() for r in rows])
         return notification_ids
 
-    def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        with self.datastore.transaction(commit=False) as c:
-            c.execute(sql, list(params))
-            return [tuple(r) for r in c.fetchall()]
+    def _transaction(self, *, commit: bool) -> AbstractContextManager[Any]:
+        return self.datastore.transaction(commit=commit)
 
-    def _execute(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
-        with self.datastore.transaction(commit=True) as c:
-            c.executemany(sql, [list(p) for p in params])
+    def _tuples(self, cursor: Any) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in cursor.fetchall()]
+
+    def _has_events_sql(self) -> tuple[str, Callable[[str], Any]]:
+        sql = f"SELECT 1 FROM {self.events_table_name} WHERE originator_id = ? LIMIT 1"
+        return sql, lambda job_id: str(UUID(job_id))
 
 
 def is_lock_error(exc: BaseException) -> bool:
@@ -64,6 +70,25 @@ def is_lock_error(exc: BaseException) -> bool:
             if isinstance(code, int) and code & 0xFF in _LOCK_CODES:
                 return True
     return False
+
+
+def create_private(path: Path) -> None:
+    """Create the store's missing folders 0700 and the file 0600, whatever the umask:
+    the file holds bodies and addresses. SQLite gives its -wal and -shm files the main
+    file's mode. What exists already is left as it is."""
+    missing = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            folder.mkdir(mode=0o700)
+            os.chmod(folder, 0o700)  # a umask can only remove bits; make them exact
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 def schema_exists(store: SqliteStore) -> bool:
@@ -97,8 +122,11 @@ class SQLiteBackend:
         }
 
     def prepare(self) -> bool:
-        self.spec.path.parent.mkdir(parents=True, exist_ok=True)
+        create_private(self.spec.path)
         return schema_exists(self.spec)
+
+    def identity_lock(self, name: str) -> FileIdentityLock:
+        return FileIdentityLock(self.spec.path, name)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return is_lock_error(exc)
@@ -108,4 +136,10 @@ class SQLiteBackend:
         return is_lock_error(exc)
 
 
-__all__ = ["SQLiteBackend", "SQLiteJobIndexRecorder", "is_lock_error", "schema_exists"]
+__all__ = [
+    "SQLiteBackend",
+    "SQLiteJobIndexRecorder",
+    "create_private",
+    "is_lock_error",
+    "schema_exists",
+]

@@ -1,0 +1,111 @@
+"""The files that hold secrets: their permissions, the store's encryption keys, and
+`sendledger admin new-key`.
+
+Every `*_file` setting names a secret (service-account JSON, a password, API tokens, the
+store key). As ssh does with a private key, the daemon says at start-up when one of them
+can be read by other users; it does not refuse, because a container's mounted secret is
+often 0644 inside a private namespace. README: "Encryption at rest".
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from daemon import output
+from daemon.errors import EXIT_OK
+from daemon.settings import ConfigError, Settings
+from ledger.stores.cipher import check_key, new_key
+
+log = logging.getLogger("sendledger")
+
+
+def secret_files(settings: Settings) -> Iterator[tuple[str, Path]]:
+    """(setting name, resolved path) of every `*_file` setting that is set."""
+    sections: list[tuple[str, BaseModel]] = []
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if isinstance(value, BaseModel):
+            sections.append((name, value))
+        elif isinstance(value, dict):
+            sections.extend(
+                (f"{name}.{key}", v) for key, v in value.items() if isinstance(v, BaseModel)
+            )
+    for prefix, section in sections:
+        for field in type(section).model_fields:
+            value = getattr(section, field)
+            if field.endswith("_file") and isinstance(value, Path):
+                yield f"{prefix}.{field}", settings.resolve(value)
+
+
+def exposed(path: Path) -> bool:
+    """Readable or writable by group or others."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False  # a missing file is reported by whoever reads it
+    return bool(mode & (stat.S_IRWXG | stat.S_IRWXO))
+
+
+def warn_exposed_secrets(settings: Settings) -> list[Path]:
+    """Log one warning per secret file other users can read; the files warned about."""
+    warned = []
+    for setting, path in secret_files(settings):
+        if exposed(path):
+            mode = stat.S_IMODE(path.stat().st_mode)
+            log.warning(
+                "%s: %s is accessible by others (mode %04o); chmod 600 %s",
+                setting,
+                path,
+                mode,
+                path,
+            )
+            warned.append(path)
+    return warned
+
+
+def encryption_keys(settings: Settings) -> list[str]:
+    """The keys of `store.encryption_key_file` (first encrypts, all decrypt); none
+    when it is not set. ConfigError names the setting and the line."""
+    configured = settings.store.encryption_key_file
+    if configured is None:
+        return []
+    path = settings.resolve(configured)
+    where = f"store.encryption_key_file ({path})"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not UTF-8") from None
+    keys = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            keys.append(check_key(line))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: line {number}: {exc}") from None
+    if not keys:
+        raise ConfigError(f"{where}: no key in the file (`sendledger admin new-key`)")
+    return keys
+
+
+def cmd_new_key(args: argparse.Namespace) -> int:
+    key = new_key()
+    print(output.dumps({"key": key}) if args.json else key)
+    return EXIT_OK
+
+
+__all__ = [
+    "cmd_new_key",
+    "encryption_keys",
+    "exposed",
+    "secret_files",
+    "warn_exposed_secrets",
+]
