@@ -33,11 +33,18 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 
 
 def check_policies(
-    directory: Path, known_providers: Collection[str] | None
+    directory: Path,
+    known_providers: Collection[str] | None,
+    client_copy_providers: Collection[str] = (),
 ) -> tuple[PolicySet | None, list[PolicyProblem]]:
     """``(policies, [])`` when the folder loads, ``(None, problems)`` when it does not."""
     try:
-        return load_policy_dir(directory, known_providers=known_providers), []
+        policies = load_policy_dir(
+            directory,
+            known_providers=known_providers,
+            client_copy_providers=client_copy_providers,
+        )
+        return policies, []
     except PolicyLoadError as exc:
         return None, exc.problems
 

@@ -166,13 +166,18 @@ def _policy_files(directory: Path) -> list[Path]:
 
 
 def load_policy_dir(
-    directory: Path, *, known_providers: Collection[str] | None = None
+    directory: Path,
+    *,
+    known_providers: Collection[str] | None = None,
+    client_copy_providers: Collection[str] = (),
 ) -> PolicySet:
     """Load every ``*.toml`` file of ``directory`` (other files are ignored).
 
     All-or-nothing: any problem in any file raises PolicyLoadError with all problems of all
     files, including channels declared by two files and, when ``known_providers`` is given,
-    providers that the configuration does not define.
+    providers that the configuration does not define, and ``on_unknown = "retry"`` on a
+    provider in ``client_copy_providers`` (it files its own sent copy after the send, so a
+    crash in between leaves none, and a search miss proves nothing: README "Providers").
     """
     directory = Path(directory)
     if not directory.exists():
@@ -200,6 +205,16 @@ def load_policy_dir(
             problems.append(
                 PolicyProblem(
                     path, "provider", f"unknown provider {policy.provider!r} (known: {listed})"
+                )
+            )
+        if policy.on_unknown == "retry" and policy.provider in client_copy_providers:
+            problems.append(
+                PolicyProblem(
+                    path,
+                    "on_unknown",
+                    f'"retry" is refused: provider {policy.provider!r} has sent_copy = "client"'
+                    " (the daemon files the sent copy after the send, so a search miss"
+                    " proves nothing); use search-then-review or review",
                 )
             )
         if policy.channel in policies:

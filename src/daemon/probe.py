@@ -1,0 +1,240 @@
+"""``sendledger probe``: the method checked against the user's own mailbox (README
+"Providers").
+
+It sends ONE real, clearly labelled message through a built-in relay that drops the
+provider's reply to the send (the exact ambiguity the daemon exists for), then searches the
+real mailbox until the copy shows up, and reports whether the provider kept our Message-ID,
+the index lag it observed (time until the search first found the copy) and the
+`search_after` it recommends. It sends real mail, so it refuses to run without `--yes` or
+an interactive "yes".
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from daemon import output
+from daemon.bootstrap import build_provider
+from daemon.context import settings_for
+from daemon.errors import EXIT_FAILURE, EXIT_OK, bad_input
+from daemon.providers.base import Provider, ProviderError, SearchResult
+from daemon.settings import GmailProviderSettings, Settings, SmtpImapProviderSettings
+from ledger.content import JobInputError, validate_address
+from ledger.mime import build_message
+from policies.durations import DurationError, format_duration, parse_duration
+from testkit.relay import FaultPlan, FaultRelay
+from testkit.smtp_relay import SmtpFaultRelay
+
+GMAIL_API = "https://gmail.googleapis.com"
+#: The recommendation never goes below this: one observation is not the worst case.
+MIN_SEARCH_AFTER = 60.0
+LAG_FACTOR = 3.0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "probe", help="send one labelled real message with its reply dropped, then reconcile it"
+    )
+    p.add_argument("--provider", required=True, help="a [providers.NAME] of the config")
+    p.add_argument("--to", required=True, help="the recipient of the probe message")
+    p.add_argument("--from", dest="from_addr", help="From (default: the provider's mailbox)")
+    p.add_argument("--yes", action="store_true", help="send without asking (it is real mail)")
+    p.add_argument("--max-wait", default="10m", help="give up searching after this long")
+    p.add_argument("--interval", default="2s", help="between searches")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_probe)
+
+
+def _duration(option: str, value: str) -> float:
+    try:
+        return parse_duration(value)
+    except (DurationError, ValueError) as exc:
+        raise bad_input(f"{option}: {exc}") from None
+
+
+def recommend_search_after(lag: float) -> float:
+    """A few times the observed lag, rounded up to a whole minute, at least a minute."""
+    return max(MIN_SEARCH_AFTER, math.ceil(lag * LAG_FACTOR / 60.0) * 60.0)
+
+
+def _confirmed(args: argparse.Namespace, name: str) -> bool:
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        return False
+    answer = input(
+        f"probe sends one real message to {args.to} through provider {name!r}. Send? [y/N] "
+    )
+    return answer.strip().lower() in ("y", "yes")
+
+
+@contextmanager
+def _through_relay(settings: Settings, name: str) -> Iterator[Provider]:
+    """The configured provider, its sends through a relay that drops the first reply."""
+    config = settings.providers[name]
+    if isinstance(config, SmtpImapProviderSettings):
+        with SmtpFaultRelay(
+            config.smtp_host,
+            config.smtp_port,
+            modes=["drop-response"],
+            upstream_security=config.smtp_security,
+            timeout=config.timeout,
+            hang_seconds=0.0,
+        ) as smtp_relay:
+            local = config.model_copy(
+                update={
+                    "smtp_host": "127.0.0.1",
+                    "smtp_port": smtp_relay.port,
+                    "smtp_security": "none",
+                }
+            )
+            yield _built(settings, name, local)
+        return
+    upstream = config.api_endpoint or GMAIL_API
+    with FaultRelay(upstream, plan=FaultPlan(send=["drop-response"])) as http_relay:
+        yield _built(settings, name, config.model_copy(update={"api_endpoint": http_relay.url}))
+
+
+def _built(
+    settings: Settings, name: str, config: GmailProviderSettings | SmtpImapProviderSettings
+) -> Provider:
+    patched = settings.model_copy(update={"providers": {**settings.providers, name: config}})
+    return build_provider(patched, name)
+
+
+def _sender(args: argparse.Namespace, settings: Settings, name: str) -> str:
+    config = settings.providers[name]
+    default = config.username if isinstance(config, SmtpImapProviderSettings) else config.user
+    value = args.from_addr or default
+    try:
+        return validate_address("from", value)
+    except JobInputError:
+        raise bad_input(f"--from: the provider's mailbox is {value!r}: give an address") from None
+
+
+def run_probe(
+    provider: Provider,
+    *,
+    sender: str,
+    to: str,
+    max_wait: float,
+    interval: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Send the probe with its reply dropped, then search until the copy shows up."""
+    domain = sender.rpartition("@")[2].rstrip(">") or "sendledger.invalid"
+    token = uuid.uuid4().hex
+    message_id = f"<sendledger-probe-{token}@{domain}>"
+    raw = build_message(
+        from_addr=sender,
+        to=[to],
+        subject=f"sendledger probe {token[:8]}: a test message, please ignore",
+        body=(
+            "This message was sent by `sendledger probe` to check that the provider keeps\n"
+            "the Message-ID it was given and to measure its search index lag.\n"
+            "It needs no answer.\n"
+        ),
+        message_id=message_id,
+        date=datetime.now(UTC),
+    )
+    started = clock()
+    outcome = provider.send_raw(raw)
+    result: dict[str, Any] = {
+        "message_id": message_id,
+        "send_outcome": outcome.kind.value,
+        "send_reason": outcome.reason,
+        "searches": 0,
+        "search_errors": 0,
+        "found": False,
+        "copies": 0,
+        "kept_message_id": None,
+        "index_lag_seconds": None,
+        "recommended_search_after": None,
+        "query": None,
+    }
+    last: SearchResult | None = None
+    while True:
+        try:
+            last = provider.search(message_id)
+            result["searches"] += 1
+            result["query"] = last.query
+        except ProviderError as exc:
+            result["search_errors"] += 1
+            result["last_error"] = exc.reason
+        elapsed = clock() - started
+        if last is not None and last.hits:
+            lag = round(elapsed, 3)
+            result.update(
+                found=True,
+                copies=len(last.hits),
+                kept_message_id=True,
+                index_lag_seconds=lag,
+                recommended_search_after=format_duration(recommend_search_after(lag)),
+            )
+            return result
+        if elapsed >= max_wait:
+            # Never found: the Message-ID was replaced, or the index lags beyond max_wait
+            # (or the send was really lost). Either way no search_after can be trusted.
+            return result
+        sleep(min(interval, max(0.0, max_wait - elapsed)))
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    settings = settings_for(args.config)
+    name = args.provider
+    if name not in settings.providers:
+        known = ", ".join(sorted(settings.providers)) or "none configured"
+        raise bad_input(f"--provider: unknown provider {name!r} (known: {known})")
+    try:
+        to = validate_address("to", args.to)
+    except JobInputError as exc:
+        raise bad_input(f"--to: {exc}") from None
+    max_wait = _duration("--max-wait", args.max_wait)
+    interval = _duration("--interval", args.interval)
+    sender = _sender(args, settings, name)
+    if not _confirmed(args, name):
+        raise bad_input("probe sends a real message: confirm with --yes (or answer y)")
+    with _through_relay(settings, name) as provider:
+        try:
+            result = run_probe(provider, sender=sender, to=to, max_wait=max_wait, interval=interval)
+        finally:
+            provider.close()
+    result = {"provider": name, "kind": settings.providers[name].kind, "to": to, **result}
+    if args.json:
+        print(output.dumps(result))
+    else:
+        print(_report(result, max_wait))
+    return EXIT_OK if result["found"] else EXIT_FAILURE
+
+
+def _report(result: dict[str, Any], max_wait: float) -> str:
+    lines = [
+        f"provider {result['provider']} ({result['kind']}): probe sent to {result['to']}",
+        f"  Message-ID:       {result['message_id']}",
+        f"  send (reply dropped by the relay): {result['send_outcome']} ({result['send_reason']})",
+    ]
+    if result["found"]:
+        lines += [
+            f"  found by search:  {result['copies']} copy(ies),"
+            f" after {result['searches']} search(es)",
+            "  Message-ID kept:  yes (the stored copy's header is exactly ours)",
+            f"  index lag:        {result['index_lag_seconds']}s (send to first hit)",
+            f'  recommended:      search_after = "{result["recommended_search_after"]}"'
+            f" (at least {LAG_FACTOR:g} x the lag, at least {format_duration(MIN_SEARCH_AFTER)})",
+        ]
+    else:
+        lines += [
+            f"  NOT FOUND within {format_duration(max_wait)} ({result['searches']} searches,"
+            f" {result['search_errors']} failed): the provider may replace the Message-ID, or"
+            ' its index lags longer; do not use on_unknown = "retry" with it',
+        ]
+    return "\n".join(lines)

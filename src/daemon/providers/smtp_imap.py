@@ -1,0 +1,342 @@
+"""The SMTP + IMAP provider: submission with smtplib, reconciliation by IMAP search of the
+sent folder (README "Providers"; "Adding a provider" in docs/architecture.md).
+
+* One SMTP dialogue per send, driven step by step (EHLO, STARTTLS, AUTH, MAIL, RCPT, DATA,
+  the content, the final `.`) so the classification knows exactly where it ended
+  (`smtp_classify.py`). smtplib has no retry of its own, and `sendmail` is not used: a
+  partly refused recipient list is refused as a whole, and DATA is written once.
+* Search: `UID SEARCH HEADER Message-ID <id>` in the sent folder (default: the folder
+  flagged `\\Sent`, RFC 6154), then each hit's header fetched and compared exactly, because
+  servers match HEADER searches by substring (Dovecot does).
+* `sent_copy = "client"`: after a 250 the provider APPENDs the copy to the sent folder
+  itself. A crash between the two leaves no copy, so a miss proves nothing for such a
+  provider: the policy check refuses `on_unknown = "retry"` with it.
+
+Hit ids are `UIDVALIDITY:UID` of the sent folder, which `read_message_id` reads back.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import smtplib
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from email.parser import BytesHeaderParser
+from email.utils import getaddresses
+from pathlib import Path
+from typing import Any, Literal
+
+from imapclient import IMAPClient  # type: ignore[import-untyped]
+
+from daemon.providers.base import ProviderError, SearchHit, SearchResult, SendKind, SendOutcome
+from daemon.providers.smtp_classify import Stage, classify_smtp
+from ledger.message_id import same_message_id
+
+log = logging.getLogger("sendledger.providers.smtp")
+
+Security = Literal["tls", "starttls", "none"]
+SentCopy = Literal["server", "client"]
+
+_CRLF = b"\r\n"
+_EOLS = re.compile(rb"\r\n|\r|\n")
+_LEADING_DOT = re.compile(rb"(?m)^\.")
+_HEADER_END = re.compile(rb"\r?\n\r?\n")
+# A Bcc header with its folded continuation lines.
+_BCC = re.compile(rb"(?im)^bcc:[^\r\n]*(?:\r?\n[ \t][^\r\n]*)*\r?\n")
+_MESSAGE_ID_FIELD = "BODY[HEADER.FIELDS (MESSAGE-ID)]"
+
+
+class Envelope:
+    """The SMTP envelope of a raw message: recipients from To, Cc and Bcc; the data
+    without its Bcc header (Bcc recipients must not see each other)."""
+
+    def __init__(self, raw: bytes) -> None:
+        match = _HEADER_END.search(raw)
+        head, body = (raw[: match.end()], raw[match.end() :]) if match else (raw, b"")
+        headers = BytesHeaderParser().parsebytes(head)
+        fields = [str(v) for name in ("to", "cc", "bcc") for v in headers.get_all(name) or ()]
+        self.recipients = [addr for _, addr in getaddresses(fields) if addr]
+        self.message_id = str(headers.get("Message-ID") or "").strip()
+        self.data = _BCC.sub(b"", head) + body
+
+    def wire_data(self) -> bytes:
+        """DATA's payload: CRLF line ends, leading dots doubled, then CRLF . CRLF."""
+        data = _LEADING_DOT.sub(b"..", _EOLS.sub(_CRLF, self.data))
+        if not data.endswith(_CRLF):
+            data += _CRLF
+        return data + b"." + _CRLF
+
+
+def _text(value: bytes | str) -> str:
+    raw = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return " ".join(raw.split())
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class SmtpImapProvider:
+    """The provider port on SMTP submission + IMAP. Thread-safe: every call opens its own
+    connection (no shared socket between the engine's threads)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        smtp_host: str,
+        smtp_port: int,
+        smtp_security: Security,
+        imap_host: str,
+        imap_port: int,
+        imap_security: Security,
+        username: str,
+        password: str,
+        sent_folder: str = "",
+        sent_copy: SentCopy = "server",
+        timeout: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        self.name = name
+        self.smtp_host, self.smtp_port, self.smtp_security = smtp_host, smtp_port, smtp_security
+        self.imap_host, self.imap_port, self.imap_security = imap_host, imap_port, imap_security
+        self.username = username
+        self._password = password
+        self.sent_copy = sent_copy
+        self.timeout = float(timeout)
+        self._ssl = ssl_context or ssl.create_default_context()
+        self._configured_folder = sent_folder
+        self._folder: str | None = sent_folder or None
+        self._folder_lock = threading.Lock()
+        self._closed = False
+
+    # -- SMTP ---------------------------------------------------------------------------
+
+    def _smtp(self) -> smtplib.SMTP:
+        if self.smtp_security == "tls":
+            return smtplib.SMTP_SSL(
+                self.smtp_host, self.smtp_port, timeout=self.timeout, context=self._ssl
+            )
+        return smtplib.SMTP(self.smtp_host, self.smtp_port, timeout=self.timeout)
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        """One SMTP dialogue, the message written once. Never raises for the call's own
+        outcome; raises (before any network activity) only when the provider is closed."""
+        if self._closed:
+            raise RuntimeError(f"provider {self.name!r} is closed")
+        envelope = Envelope(raw)
+        if not envelope.recipients:
+            return SendOutcome(SendKind.REJECTED, "not sent: the message has no recipients")
+        outcome = self._submit(envelope)
+        if outcome.kind is SendKind.CONFIRMED and self.sent_copy == "client":
+            self._append_copy(envelope.data)
+        return outcome
+
+    def _submit(self, envelope: Envelope) -> SendOutcome:
+        stage = Stage.CONNECT
+        smtp: smtplib.SMTP | None = None
+
+        def refused(code: int, text: bytes | str) -> SendOutcome:
+            return classify_smtp(stage, code, _text(text), message_id=envelope.message_id)
+
+        try:
+            smtp = self._smtp()
+            stage = Stage.HELLO
+            code, text = smtp.ehlo()
+            if code != 250:
+                code, text = smtp.helo()
+                if code != 250:
+                    return refused(code, text)
+            if self.smtp_security == "starttls":
+                # starttls() raises unless the server says 220, and re-runs no command.
+                smtp.starttls(context=self._ssl)
+                code, text = smtp.ehlo()
+                if code != 250:
+                    return refused(code, text)
+            stage = Stage.AUTH
+            smtp.login(self.username, self._password)
+            stage = Stage.MAIL
+            options = (
+                ["BODY=8BITMIME"] if _eight_bit(envelope.data) and smtp.has_extn("8bitmime") else []
+            )
+            code, text = smtp.mail(self.username, options)
+            if code != 250:
+                return refused(code, text)
+            stage = Stage.RCPT
+            for recipient in envelope.recipients:
+                code, text = smtp.rcpt(recipient)
+                if code not in (250, 251):
+                    # All or nothing: a partial delivery is not the job that was asked for.
+                    return refused(code, text)
+            stage = Stage.DATA
+            code, text = smtp.docmd("DATA")
+            if code != 354:
+                return refused(code, text)
+            stage = Stage.CONTENT
+            smtp.send(envelope.wire_data())  # one sendall: raises before the "." is written
+            stage = Stage.END_OF_DATA
+            code, text = smtp.getreply()
+            return refused(code, text)
+        except smtplib.SMTPResponseException as exc:
+            return refused(exc.smtp_code, exc.smtp_error)
+        except (OSError, smtplib.SMTPException, ValueError) as exc:
+            return classify_smtp(stage, None, _describe(exc), message_id=envelope.message_id)
+        finally:
+            if smtp is not None:
+                _quit(smtp)
+
+    def _append_copy(self, data: bytes) -> None:
+        """File the sent copy ourselves (`sent_copy = "client"`). The send stays confirmed
+        whatever happens here; a missing copy is logged, searches will not find it."""
+        try:
+            with self._imap() as client:
+                client.append(self._sent_folder(client), data, flags=[b"\\Seen"])
+        except Exception as exc:
+            log.warning("%s: sent, but the APPEND of the sent copy failed: %s", self.name, exc)
+
+    # -- IMAP ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _imap(self) -> Iterator[Any]:
+        if self._closed:
+            raise RuntimeError(f"provider {self.name!r} is closed")
+        try:
+            client = IMAPClient(
+                self.imap_host,
+                port=self.imap_port,
+                ssl=self.imap_security == "tls",
+                ssl_context=self._ssl,
+                timeout=self.timeout,
+            )
+        except Exception as exc:
+            raise ProviderError(
+                f"IMAP connect {self.imap_host}:{self.imap_port}: {_describe(exc)}"
+            ) from exc
+        try:
+            if self.imap_security == "starttls":
+                client.starttls(self._ssl)
+            client.login(self.username, self._password)
+            yield client
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise ProviderError(
+                f"IMAP {self.imap_host}:{self.imap_port}: {_describe(exc)}"
+            ) from exc
+        finally:
+            try:
+                client.logout()
+            except Exception:
+                client.shutdown()
+
+    def _sent_folder(self, client: Any) -> str:
+        with self._folder_lock:
+            if self._folder is not None:
+                return self._folder
+        for flags, _delimiter, name in client.list_folders():
+            if any(_text(flag).lower() == "\\sent" for flag in flags):
+                with self._folder_lock:
+                    self._folder = str(name)
+                return str(name)
+        raise ProviderError(
+            f"IMAP {self.imap_host}: no folder is flagged \\Sent;"
+            f" set sent_folder for provider {self.name!r}"
+        )
+
+    def search(self, message_id: str) -> SearchResult:
+        """Every copy in the sent folder whose Message-ID header is exactly ours."""
+        if not message_id or any(c in message_id for c in '"\\\r\n'):
+            raise ProviderError(f"cannot search for Message-ID {message_id!r}")
+        with self._imap() as client:
+            folder = self._sent_folder(client)
+            selected = client.select_folder(folder, readonly=True)
+            validity = int(selected[b"UIDVALIDITY"])
+            query = f'{folder}: UID SEARCH HEADER Message-ID "{message_id}"'
+            uids = sorted(int(uid) for uid in client.search(["HEADER", "Message-ID", message_id]))
+            headers = _message_ids(client, uids) if uids else {}
+        hits = tuple(
+            SearchHit(f"{validity}:{uid}", header)
+            for uid, header in sorted(headers.items())
+            if header is not None and same_message_id(header, message_id)
+        )
+        return SearchResult(query=query, hits=hits)
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        """The Message-ID header of the sent-folder copy `UIDVALIDITY:UID` (a search hit).
+
+        A 250 names no stored copy (a queue id, or our own Message-ID), so there is nothing
+        to read back for it: ProviderError, which the engine logs and ignores. `sendledger
+        probe` checks that a provider keeps the Message-ID.
+        """
+        validity_text, colon, uid_text = provider_message_id.partition(":")
+        if not (colon and validity_text.isdigit() and uid_text.isdigit()):
+            raise ProviderError(
+                f"{provider_message_id!r} is an SMTP reply's id, not a stored copy:"
+                " nothing to read back"
+            )
+        with self._imap() as client:
+            selected = client.select_folder(self._sent_folder(client), readonly=True)
+            if int(selected[b"UIDVALIDITY"]) != int(validity_text):
+                raise ProviderError(f"{provider_message_id}: the sent folder's UIDVALIDITY changed")
+            headers = _message_ids(client, [int(uid_text)])
+        if int(uid_text) not in headers:
+            raise ProviderError(f"{provider_message_id}: no such message in the sent folder")
+        return headers[int(uid_text)]
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __repr__(self) -> str:
+        return (
+            f"SmtpImapProvider({self.name!r}, user={self.username!r}, sent_copy={self.sent_copy!r})"
+        )
+
+
+def read_password_file(path: Path) -> str:
+    """The password: the file's first line, without its line end. ValueError names why not."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    password = text.splitlines()[0] if text else ""
+    if not password:
+        raise ValueError(f"{path}: empty (the password is its first line)")
+    return password
+
+
+def _message_ids(client: Any, uids: list[int]) -> dict[int, str | None]:
+    """UID -> the Message-ID header (None when absent) of each message that still exists."""
+    fetched = client.fetch(uids, ["BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)]"])
+    parser = BytesHeaderParser()
+    result: dict[int, str | None] = {}
+    for uid, data in fetched.items():
+        raw = data.get(_MESSAGE_ID_FIELD.encode()) or data.get(
+            b'BODY[HEADER.FIELDS ("MESSAGE-ID")]'
+        )
+        if raw is None:
+            raw = next((v for k, v in data.items() if k.upper().startswith(b"BODY[HEADER")), b"")
+        header = parser.parsebytes(bytes(raw)).get("Message-ID")
+        result[int(uid)] = str(header).strip() if header is not None else None
+    return result
+
+
+def _eight_bit(data: bytes) -> bool:
+    return any(byte > 127 for byte in data)
+
+
+def _quit(smtp: smtplib.SMTP) -> None:
+    # After the outcome is known: a failed QUIT changes nothing about it.
+    try:
+        smtp.quit()
+    except Exception:
+        smtp.close()
+
+
+__all__ = ["Envelope", "SmtpImapProvider", "read_password_file"]

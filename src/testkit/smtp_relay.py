@@ -1,0 +1,246 @@
+"""A fault-injecting SMTP relay: the crash boundary of an SMTP submission, on demand.
+
+It sits between an SMTP client and a submission server and relays the dialogue one command
+and one reply at a time. At the end of each message's DATA (the final `.`) it applies the
+next planned mode:
+
+- ``pass``: forward the data and the server's reply;
+- ``drop-response``: forward the data, read the server's reply, then close the client's
+  connection without it (RFC 1047's case: the message is queued, the client cannot know);
+- ``fail-before-forward``: close both connections before the final data reaches the
+  server (nothing queued; the client sees exactly what it sees for drop-response);
+- ``hang``: forward the data, hold the reply for ``hang_seconds``, then close.
+
+The relay forwards each command once and never re-sends, so the server's mailbox counts
+exactly what the client sent. The client talks plain SMTP to the relay (the relay must read
+the dialogue); towards the server the relay can use implicit TLS or STARTTLS itself, so it
+also works in front of a real provider. A client's own STARTTLS is refused (454).
+
+It imports nothing from the daemon, the ledger or the policies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import threading
+from collections import deque
+from collections.abc import Iterable
+from typing import Literal, get_args
+
+SmtpMode = Literal["pass", "drop-response", "fail-before-forward", "hang"]
+SMTP_MODES: tuple[SmtpMode, ...] = get_args(SmtpMode)
+UpstreamSecurity = Literal["none", "tls", "starttls"]
+
+_END_OF_DATA = b"\r\n.\r\n"
+_MAX_LINE = 1 << 16
+
+
+def check_smtp_mode(value: str) -> SmtpMode:
+    if value not in SMTP_MODES:
+        raise ValueError(f"unknown SMTP fault mode {value!r} (one of: {', '.join(SMTP_MODES)})")
+    return value
+
+
+class _Stream:
+    """Line and reply reading over a socket, with the bytes read ahead kept."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def _fill(self) -> bool:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            return False
+        self.buffer += chunk
+        return True
+
+    def read_until(self, marker: bytes, *, start: int = 0) -> bytes | None:
+        """Everything up to and including `marker` (searched from `start`), or None at EOF."""
+        while True:
+            index = self.buffer.find(marker, start)
+            if index >= 0:
+                end = index + len(marker)
+                data, self.buffer = self.buffer[:end], self.buffer[end:]
+                return data
+            if len(self.buffer) > _MAX_LINE and marker == b"\r\n":
+                return None
+            start = max(0, len(self.buffer) - len(marker) + 1)
+            if not self._fill():
+                return None
+
+    def read_reply(self) -> bytes | None:
+        """One complete SMTP reply (every line of a multi-line one), or None at EOF."""
+        reply = b""
+        while True:
+            line = self.read_until(b"\r\n")
+            if line is None:
+                return None
+            reply += line
+            if len(line) < 6 or line[3:4] != b"-":
+                return reply
+
+    def read_data(self) -> bytes | None:
+        """The message after a 354, up to and including the final CRLF . CRLF."""
+        # The data may be only ".\r\n" (an empty message) right after the 354.
+        while len(self.buffer) < 3 and self._fill():
+            pass
+        if self.buffer.startswith(b".\r\n"):
+            data, self.buffer = self.buffer[:3], self.buffer[3:]
+            return data
+        return self.read_until(_END_OF_DATA)
+
+
+class SmtpFaultRelay:
+    """See the module docstring. Use as a context manager; `port` is where clients connect."""
+
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        *,
+        modes: Iterable[SmtpMode] = (),
+        upstream_security: UpstreamSecurity = "none",
+        ssl_context: ssl.SSLContext | None = None,
+        hang_seconds: float = 5.0,
+        timeout: float = 30.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.upstream_security = upstream_security
+        self.hang_seconds = hang_seconds
+        self.timeout = timeout
+        self._ssl = ssl_context or ssl.create_default_context()
+        self._lock = threading.Lock()
+        self._modes: deque[SmtpMode] = deque(check_smtp_mode(m) for m in modes)
+        #: The mode applied at each end of data, in order.
+        self.applied: list[SmtpMode] = []
+        #: The server's replies to ends of data that the client never got.
+        self.dropped_replies: list[str] = []
+        self._stop = threading.Event()
+        self._listener = socket.create_server((host, port))
+        self._listener.settimeout(0.2)
+        self.host = host
+        self.port: int = self._listener.getsockname()[1]
+        self._threads: list[threading.Thread] = []
+        self._accept = threading.Thread(target=self._serve, name="smtp-relay", daemon=True)
+
+    def set_modes(self, modes: Iterable[SmtpMode]) -> None:
+        """The modes for the next messages, in order; `pass` once they are used up."""
+        with self._lock:
+            self._modes = deque(check_smtp_mode(m) for m in modes)
+
+    def _next_mode(self) -> SmtpMode:
+        with self._lock:
+            mode: SmtpMode = self._modes.popleft() if self._modes else "pass"
+            self.applied.append(mode)
+            return mode
+
+    def __enter__(self) -> SmtpFaultRelay:
+        self._accept.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._accept.is_alive():
+            self._accept.join(timeout=5)
+        self._listener.close()
+        for thread in self._threads:
+            thread.join(timeout=self.hang_seconds + 5)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            thread = threading.Thread(target=self._session, args=(client,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _open_upstream(self) -> _Stream:
+        sock: socket.socket = socket.create_connection(self.upstream, timeout=self.timeout)
+        host = self.upstream[0]
+        if self.upstream_security == "tls":
+            sock = self._ssl.wrap_socket(sock, server_hostname=host)
+        stream = _Stream(sock)
+        if self.upstream_security == "starttls":
+            greeting = stream.read_reply()
+            for command in (b"EHLO sendledger-relay\r\n", b"STARTTLS\r\n"):
+                sock.sendall(command)
+                if stream.read_reply() is None:
+                    raise ConnectionError("upstream closed during STARTTLS")
+            stream = _Stream(self._ssl.wrap_socket(sock, server_hostname=host))
+            # The client reads the server's greeting as if nothing had happened.
+            stream.buffer = greeting or b""
+        return stream
+
+    def _session(self, client_sock: socket.socket) -> None:
+        client_sock.settimeout(self.timeout)
+        client = _Stream(client_sock)
+        upstream: _Stream | None = None
+        try:
+            upstream = self._open_upstream()
+            greeting = upstream.read_reply()
+            if greeting is None:
+                return
+            client_sock.sendall(greeting)
+            while not self._stop.is_set():
+                command = client.read_until(b"\r\n")
+                if command is None:
+                    return
+                verb = command.strip().split(b" ", 1)[0].upper()
+                if verb == b"STARTTLS":
+                    client_sock.sendall(b"454 4.7.0 TLS is not available through the relay\r\n")
+                    continue
+                upstream.sock.sendall(command)
+                reply = upstream.read_reply()
+                if reply is None:
+                    return
+                client_sock.sendall(reply)
+                data_next = verb == b"DATA" and reply.startswith(b"354")
+                if data_next and not self._relay_data(client, upstream):
+                    return
+        except OSError:
+            return
+        finally:
+            for stream in (client, upstream):
+                if stream is not None:
+                    _close(stream.sock)
+
+    def _relay_data(self, client: _Stream, upstream: _Stream) -> bool:
+        """One message's data and the reply to its end; False when the session ends."""
+        data = client.read_data()
+        if data is None:
+            return False
+        mode = self._next_mode()
+        if mode == "fail-before-forward":
+            return False
+        upstream.sock.sendall(data)
+        reply = upstream.read_reply()
+        if reply is None:
+            return False
+        if mode == "pass":
+            client.sock.sendall(reply)
+            return True
+        with self._lock:
+            self.dropped_replies.append(reply.decode("utf-8", "replace").strip())
+        if mode == "hang":
+            self._stop.wait(self.hang_seconds)
+        return False
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+__all__ = ["SMTP_MODES", "SmtpFaultRelay", "SmtpMode", "check_smtp_mode"]
