@@ -6,20 +6,31 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from daemon import output
-from daemon.context import load_policies, open_ledger, settings_for
+from daemon.context import load_policies, message_limits, open_ledger, settings_for
 from daemon.errors import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     bad_input,
 )
+from daemon.intake import (
+    IntakeError,
+    channel_sender,
+    check_messages,
+    parse_jobs,
+    senders_for,
+    submit_jobs,
+)
 from daemon.parsers import add_command
-from ledger.application import Sender
-from ledger.content import JobContent, JobInputError, parse_job
+from daemon.secret_files import cmd_new_key
+from ledger.application import Ledger, Sender, utcnow
+from ledger.content import JobContent
 from ledger.job import SendJob
+from ledger.vocabulary import JobState
 from policies.check import check_policies, render_table, summary_rows
 from policies.loader import PolicySet
 
@@ -43,12 +54,14 @@ def register(sub: Any) -> None:
         dest="admin_command", metavar="COMMAND", required=True
     )
     add_command(admin, "rebuild-index", cmd_rebuild_index, "recreate the job index from the events")
+    add_command(admin, "new-key", cmd_new_key, "print a fresh store encryption key")
 
 
 # -- submit -------------------------------------------------------------------------
 
 
-def _read_jobs(source: str) -> list[JobContent]:
+def _read_jobs(source: str) -> tuple[list[JobContent], bool]:
+    """The jobs, and whether they came as a list (the answer then is a list too)."""
     try:
         text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
     except OSError as exc:
@@ -59,38 +72,43 @@ def _read_jobs(source: str) -> list[JobContent]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise bad_input(f"job: not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    items = data if isinstance(data, list) else [data]
-    if not items:
-        raise bad_input("job: an empty list")
-    jobs = []
-    # Validate every job before writing any: a bad batch leaves nothing half-written.
-    for index, item in enumerate(items):
-        try:
-            jobs.append(parse_job(item))
-        except JobInputError as exc:
-            where = f"job[{index}]." if isinstance(data, list) else "job."
-            raise bad_input(f"{where}{exc}") from None
-    return jobs
+    except (ValueError, RecursionError) as exc:
+        # An integer too long to convert, or nesting deeper than the parser goes.
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise bad_input(f"job: not valid JSON: {reason}") from None
+    try:
+        return parse_jobs(data), isinstance(data, list)
+    except IntakeError as exc:
+        raise bad_input(str(exc)) from None
 
 
 def sender_for(policies: PolicySet, channel: str) -> Sender:
-    policy = policies.get(channel)
-    if policy is None:
-        raise bad_input(f"channel: no policy file for channel {channel!r}")
-    return policy.sender
+    return _senders(lambda: [channel_sender(policies, channel)])[0]
+
+
+def _senders(find: Callable[[], list[Sender]]) -> list[Sender]:
+    try:
+        return find()
+    except IntakeError as exc:
+        # The CLI has always named only the field here ("channel: ...").
+        problem = exc.problems[0]
+        raise bad_input(f"{problem.field}: {problem.reason}") from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    jobs = _read_jobs(args.file)
+    jobs, batch = _read_jobs(args.file)
     settings = settings_for(args.config)
     policies = load_policies(settings)
-    senders = [sender_for(policies, job.channel) for job in jobs]
+    senders = _senders(lambda: senders_for(policies, jobs, batch=False))
+    try:
+        check_messages(policies, jobs, senders, message_limits(settings), batch=batch, at=utcnow())
+    except IntakeError as exc:
+        raise bad_input(str(exc)) from None
     with open_ledger(settings) as ledger:
-        results = [
-            ledger.submit(job, sender).as_dict() for job, sender in zip(jobs, senders, strict=True)
-        ]
+        results = [result.as_dict() for result in submit_jobs(ledger, jobs, senders)]
     if args.json:
-        print(output.dumps(results if len(results) > 1 else results[0]))
+        # The answer has the shape of the question: a list (even of one) gives a list.
+        print(output.dumps(results if batch else results[0]))
     else:
         for result in results:
             verb = "created" if result["created"] else "exists "
@@ -130,13 +148,27 @@ def job_status(job: SendJob) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with open_ledger(settings_for(args.config)) as ledger:
+    with open_ledger(settings_for(args.config), create=False) as ledger:
         status = job_status(ledger.get_job(args.key))
     if args.json:
         print(output.dumps(status))
     else:
         print(output.key_values(status.items()))
     return EXIT_OK
+
+
+def review_rows(ledger: Ledger) -> list[dict[str, Any]]:
+    """The jobs in review, as `review list --json` and `GET /v1/review` show them."""
+    return [
+        {
+            "key": r.key,
+            "channel": r.channel,
+            "reason": r.reason,
+            "since": output.iso(r.updated_at),
+            "message_id": r.message_id,
+        }
+        for r in ledger.jobs(state=JobState.REVIEW)
+    ]
 
 
 _EVENT_BASE_FIELDS = {"originator_id", "originator_version", "timestamp", "originator_topic"}
@@ -156,7 +188,7 @@ def event_record(event: Any) -> dict[str, Any]:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    with open_ledger(settings_for(args.config)) as ledger:
+    with open_ledger(settings_for(args.config), create=False) as ledger:
         records = [event_record(e) for e in ledger.history(args.key)]
     if args.json:
         print(output.dumps(records))
@@ -181,18 +213,21 @@ def _short(value: object) -> str:
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
     known: set[str] | None = None
+    client_copy: set[str] = set()
     directory: Path
     if args.dir:
         directory = Path(args.dir)
         try:
-            known = set(settings_for(args.config).providers)
+            loaded = settings_for(args.config)
+            known, client_copy = set(loaded.providers), loaded.client_copy_providers()
         except Exception:
             # Checking a folder must work without a config; provider names then go unchecked.
             known = None
     else:
         settings = settings_for(args.config)
         directory, known = settings.policies_dir, set(settings.providers)
-    policies, problems = check_policies(directory, known)
+        client_copy = settings.client_copy_providers()
+    policies, problems = check_policies(directory, known, client_copy)
     if problems:
         for problem in problems:
             print(str(problem), file=sys.stderr)
@@ -214,7 +249,7 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"... {count} jobs", file=sys.stderr, flush=True)
 
-    with open_ledger(settings_for(args.config)) as ledger:
+    with open_ledger(settings_for(args.config), create=False) as ledger:
         count = ledger.rebuild_index(progress)
     if args.json:
         print(output.dumps({"jobs": count}))
@@ -223,4 +258,4 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-__all__ = ["event_record", "job_status", "register", "sender_for"]
+__all__ = ["event_record", "job_status", "register", "review_rows", "sender_for"]

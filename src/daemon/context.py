@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from daemon.errors import CliError, bad_input
+from daemon.secret_files import encryption_keys
 from daemon.settings import Settings, load_settings
 from ledger.application import Ledger
-from ledger.stores.url import MemoryStore, StoreUrlError, parse_store_url
+from ledger.mime import MessageLimits
+from ledger.stores.sqlite import schema_exists
+from ledger.stores.url import MemoryStore, SqliteStore, StoreUrlError, parse_store_url
 from policies.loader import PolicyLoadError, PolicySet, load_policy_dir
 
 
@@ -15,19 +18,42 @@ def settings_for(config: str | None) -> Settings:
     return load_settings(config)
 
 
-def open_ledger(settings: Settings) -> Ledger:
-    """The configured store's ledger, to be used as `with open_ledger(settings) as ledger:`."""
+def message_limits(settings: Settings) -> dict[str, MessageLimits]:
+    """Each configured provider's per-message limits, checked at intake."""
+    limits = {}
+    for name, provider in settings.providers.items():
+        max_bytes = getattr(provider, "max_message_bytes", None)
+        max_recipients = getattr(provider, "max_recipients", None)
+        if isinstance(max_bytes, int) and isinstance(max_recipients, int):
+            limits[name] = MessageLimits(max_bytes, max_recipients, f"providers.{name}")
+    return limits
+
+
+def open_ledger(settings: Settings, *, create: bool = True) -> Ledger:
+    """The configured store's ledger, to be used as `with open_ledger(settings) as ledger:`.
+
+    Read-only commands pass ``create=False``: a SQLite store that is not there is then
+    bad input (exit 2, "no store at PATH"), never a new empty file; a misspelled path
+    would otherwise look like a store without jobs."""
+    keys = encryption_keys(settings)  # a bad key file is bad input (ConfigError)
     try:
         spec = parse_store_url(settings.store.url, base_dir=settings.base_dir)
+        if not create and isinstance(spec, SqliteStore) and not schema_exists(spec):
+            raise bad_input(
+                f"no store at {spec.path} (store.url of {settings.config_path}); "
+                "`sendledger submit` creates it"
+            )
         if isinstance(spec, MemoryStore):
             # A command's process ends with the command: its jobs would end with it.
             raise StoreUrlError(
                 f"store.url: {spec.describe()} keeps jobs only while one process runs "
                 "(sqlite or postgresql)"
             )
-        return Ledger(spec)
+        return Ledger(spec, encryption_keys=keys)
     except StoreUrlError as exc:
         raise bad_input(f"{settings.config_path}: {exc}") from None
+    except CliError:
+        raise
     except Exception as exc:
         raise CliError(f"cannot open store {settings.store.url.split('@')[-1]}: {exc}") from exc
 
@@ -36,7 +62,9 @@ def load_policies(settings: Settings, directory: Path | None = None) -> PolicySe
     """All channel policies; any problem is bad input with its file, field and reason."""
     try:
         return load_policy_dir(
-            directory or settings.policies_dir, known_providers=set(settings.providers)
+            directory or settings.policies_dir,
+            known_providers=set(settings.providers),
+            client_copy_providers=settings.client_copy_providers(),
         )
     except PolicyLoadError as exc:
         first = exc.problems[0]

@@ -1,0 +1,81 @@
+"""Building the API for a process: the daemon (beside its engine) or `sendledger api`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from daemon.api.app import create_app
+from daemon.api.auth import TokenBook, TokenFileError
+from daemon.api.context import ApiContext
+from daemon.api.health import HealthSources
+from daemon.api.metrics import Metrics, Sources
+from daemon.api.server import ApiServer
+from daemon.context import message_limits
+from daemon.engine import PolicyHolder
+from daemon.settings import ConfigError, Settings
+from ledger.application import Ledger
+
+
+def load_tokens(settings: Settings) -> TokenBook:
+    if settings.api.token_file is None:
+        raise ConfigError(f"{settings.config_path}: api.token_file: required with api.listen")
+    try:
+        return TokenBook.from_file(settings.resolve(settings.api.token_file))
+    except TokenFileError as exc:
+        raise ConfigError(f"{settings.config_path}: {exc}") from None
+
+
+def tick_limit(tick_seconds: float) -> float:
+    """A tick older than this means the scheduler or the store is stuck (as the watchdog)."""
+    return max(tick_seconds * 10, 60.0)
+
+
+def api_context(
+    settings: Settings,
+    ledger: Ledger,
+    policies: PolicyHolder,
+    providers: Mapping[str, object],
+    *,
+    metrics: Metrics | None = None,
+    unreliable: Callable[[], list[str]] | None = None,
+    tick_age: Callable[[], float] | None = None,
+) -> ApiContext:
+    """The API's view of this process. Without `unreliable` (no engine here) the handles'
+    reliability is read from the store."""
+    tokens = load_tokens(settings)
+    if unreliable is None:
+        names = sorted(providers)
+
+        def unreliable() -> list[str]:
+            return [name for name in names if not ledger.handle_reliable(name)]
+
+    if metrics is None:
+        metrics = Metrics(Sources(ledger, providers))
+    metrics.sources.unreliable = unreliable
+    metrics.sources.tick_age = tick_age
+    health = HealthSources(
+        ledger=ledger,
+        policies=lambda: policies.current,
+        policy_error=lambda: policies.last_error,
+        providers=sorted(providers),
+        unreliable=unreliable,
+        tick_age=tick_age,
+        tick_limit=tick_limit(settings.daemon.tick),
+    )
+    return ApiContext(
+        ledger=ledger,
+        policies=lambda: policies.current,
+        tokens=tokens,
+        max_body=settings.api.max_body,
+        health=health,
+        metrics=metrics,
+        limits=message_limits(settings),
+    )
+
+
+def server_for(settings: Settings, ctx: ApiContext) -> ApiServer:
+    host, port = settings.api.host_port
+    return ApiServer(create_app(ctx), host, port)
+
+
+__all__ = ["api_context", "load_tokens", "server_for", "tick_limit"]

@@ -1,0 +1,33 @@
+"""What the API's routes share: the ledger, policies, tokens, sessions, metrics, health."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from daemon.api.auth import Sessions, TokenBook
+from daemon.api.health import HealthSources
+from daemon.api.metrics import Metrics
+from ledger.application import Ledger
+from ledger.mime import MessageLimits
+from policies.loader import PolicySet
+
+
+@dataclass
+class ApiContext:
+    ledger: Ledger
+    policies: Callable[[], PolicySet]
+    tokens: TokenBook
+    max_body: int
+    health: HealthSources
+    metrics: Metrics
+    # Each provider's per-message limits, held against every job at intake.
+    limits: Mapping[str, MessageLimits] = field(default_factory=dict)
+    sessions: Sessions = field(default_factory=Sessions)
+
+
+def context_of(request: Request) -> ApiContext:
+    ctx: ApiContext = request.app.state.ctx
+    return ctx

@@ -1,0 +1,62 @@
+"""The API's error answers: one JSON shape, `{"error": "..."}`, plus per-field errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from daemon.api.models import Invalid, Problem
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+def unauthorized() -> ApiError:
+    return ApiError(401, "a valid API token is required", {"WWW-Authenticate": "Bearer"})
+
+
+def problem(status: int, about: str) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": Problem, "description": about}}
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route can give, for its OpenAPI `responses`."""
+    about = {
+        401: "no valid API token",
+        404: "no job with that key",
+        409: "conflict: the key is known with other content, or the job is not in review",
+        413: "the request body is larger than api.max_body",
+    }
+    responses: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        if status == 422:
+            responses[422] = {"model": Invalid, "description": "invalid input, per field"}
+        else:
+            responses.update(problem(status, about[status]))
+    return responses
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {
+                "index": None,
+                "field": ".".join(str(part) for part in error["loc"][1:]) or "body",
+                "reason": error["msg"],
+            }
+            for error in exc.errors()
+        ]
+        return JSONResponse({"error": "invalid request", "errors": errors}, 422)

@@ -1,0 +1,60 @@
+"""`/healthz`: is this process able to do its work? (README "HTTP API").
+
+Checks the store (one index query), the scheduler (age of the last completed tick, in the
+daemon only), the channel policies (loaded, and whether the last reload failed) and each
+provider handle's reliability. Any failing check makes the answer 503 with its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ledger.application import Ledger
+from ledger.vocabulary import JobState
+from policies.loader import PolicySet
+
+
+@dataclass
+class HealthSources:
+    ledger: Ledger
+    policies: Callable[[], PolicySet]
+    policy_error: Callable[[], str | None]
+    providers: list[str]
+    unreliable: Callable[[], list[str]] | None = None
+    tick_age: Callable[[], float] | None = None  # None: no scheduler in this process
+    tick_limit: float = 60.0  # a tick older than this means the scheduler is stuck
+
+
+def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any]]:
+    reasons: list[str] = []
+    checks: dict[str, Any] = {}
+    try:
+        review = sources.ledger.counts([JobState.REVIEW])[JobState.REVIEW]
+        checks["store"] = {"ok": True, "review": review}
+    except Exception as exc:
+        reason = f"store unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
+        checks["store"] = {"ok": False, "error": reason}
+        reasons.append(reason)
+    if sources.tick_age is None:
+        checks["scheduler"] = {"ok": True, "running": False}
+    else:
+        age = sources.tick_age()
+        ticking = age < sources.tick_limit
+        checks["scheduler"] = {"ok": ticking, "running": True, "last_tick_age": round(age, 3)}
+        if not ticking:
+            reasons.append(f"scheduler: no tick for {age:.0f}s (limit {sources.tick_limit:.0f}s)")
+    error = sources.policy_error()
+    channels = sorted(sources.policies())
+    checks["policies"] = {"ok": error is None, "channels": channels, "last_reload_error": error}
+    if error is not None:
+        reasons.append(f"policies: the last reload failed: {error}")
+    unreliable = set(sources.unreliable() if sources.unreliable else [])
+    checks["providers"] = {
+        name: {"ok": name not in unreliable, "handle_reliable": name not in unreliable}
+        for name in sources.providers
+    }
+    for name in sorted(unreliable):
+        reasons.append(f"provider {name}: handle unreliable (its Message-IDs were replaced)")
+    return not reasons, reasons, checks

@@ -1,0 +1,167 @@
+"""Prometheus metrics (README "Metrics"): an engine observer plus gauges read at scrape.
+
+Counters move where the engine already counts (`EngineObserver.saved` after each save,
+`tick_done`, `provider_call`); the job and quota gauges are read from the store and the
+providers when Prometheus scrapes. Each app has its own registry, so several can live in
+one process (tests).
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from daemon.engine.report import TickReport
+from ledger.application import Ledger
+from ledger.job import SendJob
+from ledger.vocabulary import OPEN_STATES, ConfirmedVia
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Seconds from a send to the first search that found it: Gmail's index lags seconds to minutes.
+LAG_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+@dataclass
+class Sources:
+    """What the scrape-time gauges read; the parts a process lacks are None."""
+
+    ledger: Ledger
+    providers: Mapping[str, object]  # quota levels are read from those that have one
+    unreliable: Callable[[], list[str]] | None = None
+    tick_age: Callable[[], float] | None = None  # seconds since the last tick ended
+
+
+class Metrics:
+    """The registry of one app, and the engine observer that feeds it."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sends = Counter(
+            "sendledger_sends", "Provider sends by outcome", ["provider", "outcome"], registry=r
+        )
+        self.searches = Counter(
+            "sendledger_searches", "Mailbox searches by result", ["result"], registry=r
+        )
+        self.duplicates = Counter(
+            "sendledger_duplicates", "Jobs found sent two or more times", registry=r
+        )
+        self.escalations = Counter(
+            "sendledger_escalations", "Jobs sent to review, by reason", ["reason"], registry=r
+        )
+        self.index_lag = Histogram(
+            "sendledger_index_lag_seconds",
+            "From a send to the first search that found its copy",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
+        self.tick_duration = Histogram(
+            "sendledger_tick_duration_seconds", "Duration of one engine tick", registry=r
+        )
+        self.provider_latency = Histogram(
+            "sendledger_provider_call_duration_seconds",
+            "Provider call latency",
+            ["provider", "operation"],
+            registry=r,
+        )
+        r.register(_StoreGauges(sources))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- the engine observer ---------------------------------------------------------
+
+    def saved(self, job: SendJob, events: Sequence[object]) -> None:
+        provider = job.last_provider or ""
+        for event in events:
+            kind = type(event).__name__
+            if kind == "Confirmed":
+                via = getattr(event, "via", "")
+                if via == ConfirmedVia.RESPONSE:
+                    self.sends.labels(provider, "confirmed").inc()
+                elif via == ConfirmedVia.SEARCH:
+                    self.searches.labels("hit").inc()
+                    self._observe_lag(job, event)
+            elif kind == "Unknown":
+                self.sends.labels(provider, "unknown").inc()
+            elif kind == "Rejected":
+                transient = getattr(event, "transient", False)
+                outcome = "rejected-transient" if transient else "rejected-permanent"
+                self.sends.labels(provider, outcome).inc()
+            elif kind == "SearchedMiss":
+                self.searches.labels("miss").inc()
+            elif kind == "Verified":
+                self.searches.labels("hit" if getattr(event, "hits", 0) else "miss").inc()
+            elif kind == "Duplicate":
+                self.searches.labels("duplicate").inc()
+                self.duplicates.inc()
+            elif kind == "Escalated":
+                self.escalations.labels(getattr(event, "reason", "")).inc()
+
+    def _observe_lag(self, job: SendJob, confirmed: object) -> None:
+        # The job keeps no attempt times; the history has them (read only on a search hit).
+        history = self.sources.ledger.history(job.key)
+        attempts = [e for e in history if type(e).__name__ == "Attempted"]
+        found_at = getattr(confirmed, "timestamp", None)
+        if attempts and found_at is not None:
+            lag = (found_at - attempts[-1].timestamp).total_seconds()
+            self.index_lag.observe(max(lag, 0.0))
+
+    def tick_done(self, seconds: float, report: TickReport) -> None:
+        self.tick_duration.observe(seconds)
+
+    def provider_call(self, provider: str, operation: str, seconds: float) -> None:
+        self.provider_latency.labels(provider, operation).observe(seconds)
+
+
+class _StoreGauges(Collector):
+    """Gauges read when Prometheus scrapes: jobs, handles, quota buckets, the last tick."""
+
+    def __init__(self, sources: Sources) -> None:
+        self._sources = sources
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        ledger = self._sources.ledger
+        jobs = GaugeMetricFamily("sendledger_jobs", "Jobs by state", labels=["state"])
+        for state, count in sorted(ledger.counts().items()):
+            jobs.add_metric([state], count)
+        yield jobs
+        # Open work only by channel: settled jobs grow with the history.
+        open_jobs = GaugeMetricFamily(
+            "sendledger_open_jobs", "Open jobs by state and channel", labels=["state", "channel"]
+        )
+        for state in OPEN_STATES:
+            tally = Tally(row.channel for row in ledger.jobs(state=state))
+            for channel, count in sorted(tally.items()):
+                open_jobs.add_metric([str(state), channel], count)
+        yield open_jobs
+        unreliable = set(self._sources.unreliable() if self._sources.unreliable else [])
+        reliable = GaugeMetricFamily(
+            "sendledger_provider_handle_reliable",
+            "1 while the provider keeps our Message-IDs, 0 once it was seen replacing one",
+            labels=["provider"],
+        )
+        quota = GaugeMetricFamily(
+            "sendledger_quota_available_units",
+            "Quota units available in the provider's bucket",
+            labels=["provider"],
+        )
+        for name, provider in sorted(self._sources.providers.items()):
+            reliable.add_metric([name], 0 if name in unreliable else 1)
+            level = getattr(provider, "quota_available", None)
+            if callable(level):
+                quota.add_metric([name], float(level()))
+        yield reliable
+        yield quota
+        if self._sources.tick_age is not None:
+            age = GaugeMetricFamily(
+                "sendledger_last_tick_age_seconds", "Seconds since the last tick ended"
+            )
+            age.add_metric([], self._sources.tick_age())
+            yield age

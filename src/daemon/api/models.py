@@ -1,0 +1,109 @@
+"""The request and response models of the HTTP API: they make the OpenAPI document.
+
+`JobIn` documents the job JSON of `submit`; intake itself is validated by
+`ledger.content.parse_job` (through `daemon/intake.py`), the one validation both doors use.
+`JobIn` is built from parse_job's own field lists, so a field added there appears here;
+`tests/integration/test_api_schema.py` checks with hypothesis that the two agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from ledger.content import OPTIONAL_FIELDS, REQUIRED_FIELDS
+from ledger.vocabulary import Resolution
+
+Addresses = str | list[str]
+
+# The shape of each field parse_job knows; a field it gains later is documented as "any
+# JSON" until it is described here (the agreement test still covers it).
+_FIELD_TYPES: dict[str, tuple[Any, str]] = {
+    "channel": (str, "the channel: a policy file in policies_dir"),
+    "key": (str, "idempotency key, from the source event (at most 1000 characters)"),
+    "to": (Addresses, "one address or a list"),
+    "subject": (str, "no CR or LF"),
+    "body": (str, "the text/plain part"),
+    "html": (str | None, "an optional text/html part"),
+    "cc": (Addresses | None, "one address or a list"),
+    "reply_to": (str | None, "one address"),
+}
+
+
+def _job_in() -> type[BaseModel]:
+    fields: dict[str, Any] = {}
+    for name in (*REQUIRED_FIELDS, *OPTIONAL_FIELDS):
+        kind, about = _FIELD_TYPES.get(name, (Any, "see README"))
+        default = ... if name in REQUIRED_FIELDS else None
+        fields[name] = (kind, Field(default, description=about))
+    model: type[BaseModel] = create_model(
+        "JobIn", __config__=ConfigDict(extra="forbid", strict=True), **fields
+    )
+    return model
+
+
+JobIn = _job_in()
+
+
+class JobOut(BaseModel):
+    key: str
+    message_id: str
+    state: str
+    created: bool
+
+
+class JobStatus(BaseModel):
+    """`sendledger status KEY --json`."""
+
+    model_config = ConfigDict(extra="allow")
+    key: str
+    channel: str
+    state: str
+    message_id: str
+    attempts: int
+    reason: str | None = None
+
+
+class EventOut(BaseModel):
+    """One event of `sendledger history KEY --json`; the other fields depend on `type`."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    version: int
+    at: str
+
+
+class ReviewItem(BaseModel):
+    key: str
+    channel: str
+    reason: str | None
+    since: str | None
+    message_id: str
+
+
+class ResolveIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    decision: Resolution = Field(alias="as")
+    note: str = Field(default="", max_length=10_000)
+
+
+class Problem(BaseModel):
+    error: str
+
+
+class FieldError(BaseModel):
+    index: int | None = Field(description="the job's place in a submitted list")
+    field: str
+    reason: str
+
+
+class Invalid(BaseModel):
+    error: str
+    errors: list[FieldError]
+
+
+class Health(BaseModel):
+    ok: bool
+    reasons: list[str]
+    checks: dict[str, Any]

@@ -1,0 +1,40 @@
+"""`sendledger api`: the HTTP API alone (intake, job state, review; no sending), for hosts
+that share a PostgreSQL store with the sending daemons (README "HTTP API")."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from daemon.context import load_policies, open_ledger, settings_for
+from daemon.engine import PolicyHolder
+from daemon.errors import EXIT_OK, bad_input
+from daemon.logs import setup_logging
+
+log = logging.getLogger("sendledger")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("api", help="serve the HTTP API and review page alone (no sending)")
+    p.add_argument("--listen", help="HOST:PORT (default: api.listen)")
+    p.set_defaults(func=cmd_api)
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    settings = settings_for(args.config)
+    if args.listen:
+        api = settings.api.model_validate({**settings.api.model_dump(), "listen": args.listen})
+        settings = settings.model_copy(update={"api": api})
+    if not settings.api.listen:
+        raise bad_input(f"{settings.config_path}: api.listen: not set (or pass --listen)")
+    setup_logging(settings.daemon.log_level)
+    policies = PolicyHolder(lambda: load_policies(settings))  # exit 2 on a broken folder
+    from daemon.api.build import api_context, server_for
+
+    with open_ledger(settings) as ledger:
+        ctx = api_context(settings, ledger, policies, dict.fromkeys(settings.providers))
+        server = server_for(settings, ctx)
+        log.info("sendledger api on http://%s (intake and review only)", settings.api.listen)
+        server.run()
+    return EXIT_OK

@@ -1,0 +1,89 @@
+"""A hook for whoever watches the engine (the metrics of `daemon/api/metrics.py`).
+
+The engine calls an observer where it already counts: after each save of a step's events
+(`runner.Work.save`), after each tick, and around each provider call. It imports nothing
+of the watcher; an observer must be fast and must not raise (a failure is logged and
+ignored, so watching never changes what the engine does).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+from daemon.engine.report import TickReport
+from daemon.providers.base import Provider, SearchResult, SendOutcome
+from ledger.job import SendJob
+
+log = logging.getLogger("sendledger.engine")
+T = TypeVar("T")
+
+
+class EngineObserver(Protocol):
+    def saved(self, job: SendJob, events: Sequence[object]) -> None:
+        """`events` of `job` were just made durable."""
+
+    def tick_done(self, seconds: float, report: TickReport) -> None:
+        """A tick ended after `seconds`."""
+
+    def provider_call(self, provider: str, operation: str, seconds: float) -> None:
+        """One provider call (`send`, `search`, `read_message_id`) took `seconds`."""
+
+
+class NullObserver:
+    def saved(self, job: SendJob, events: Sequence[object]) -> None:
+        pass
+
+    def tick_done(self, seconds: float, report: TickReport) -> None:
+        pass
+
+    def provider_call(self, provider: str, operation: str, seconds: float) -> None:
+        pass
+
+
+def notify(action: Callable[[], None]) -> None:
+    """Run one observer call; a broken observer is logged, never the engine's problem."""
+    try:
+        action()
+    except Exception:
+        log.exception("engine observer failed")
+
+
+class ObservedProvider:
+    """A provider whose calls are timed for the observer; everything else passes through."""
+
+    def __init__(self, inner: Provider, observer: EngineObserver) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._observer = observer
+
+    def __getattr__(self, name: str) -> object:
+        # Anything the port does not define (timeouts, quota levels) is the inner one's.
+        return getattr(self.inner, name)
+
+    def _timed(self, operation: str, call: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        try:
+            return call()
+        finally:
+            elapsed = time.perf_counter() - started
+            notify(lambda: self._observer.provider_call(self.name, operation, elapsed))
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        return self._timed("send", lambda: self.inner.send_raw(raw))
+
+    def search(self, message_id: str) -> SearchResult:
+        return self._timed("search", lambda: self.inner.search(message_id))
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        return self._timed(
+            "read_message_id", lambda: self.inner.read_message_id(provider_message_id)
+        )
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+__all__ = ["EngineObserver", "NullObserver", "ObservedProvider", "notify"]

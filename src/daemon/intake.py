@@ -1,0 +1,147 @@
+"""Intake: from decoded job JSON to Requested events, for `submit` and `POST /v1/jobs`.
+
+One path for both doors (docs/architecture.md, "The life of one job", step 1): the job
+JSON is validated by `ledger.content.parse_job`, the channel's policy gives the `Sender`,
+and `Ledger.submit` records each job. A batch is all or nothing: every job is validated
+and every key checked for a conflict before any job is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from daemon.engine.dispatch import render
+from ledger.application import Ledger, SubmitResult
+from ledger.content import JobContent, JobInputError, parse_job
+from ledger.job import SendJob
+from ledger.message_id import message_id_for
+from ledger.mime import MessageLimits, check_recipients, check_size
+from ledger.vocabulary import Sender
+from policies.loader import PolicySet
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    """One refused field: `index` is the job's place in a list (None for one job)."""
+
+    index: int | None
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        where = "job." if self.index is None else f"job[{self.index}]."
+        return f"{where}{self.field}: {self.reason}"
+
+
+class IntakeError(ValueError):
+    """The submitted jobs were refused; nothing was written. `problems` lists one
+    problem per refused job (the first of each), in order."""
+
+    def __init__(self, problems: Sequence[FieldProblem]) -> None:
+        super().__init__(str(problems[0]))
+        self.problems = list(problems)
+
+
+def parse_jobs(data: object) -> list[JobContent]:
+    """One job (an object) or several (a list). Every job is validated before the
+    caller writes any, so a bad batch leaves nothing half-written."""
+    items = data if isinstance(data, list) else [data]
+    batch = isinstance(data, list)
+    if not items:
+        raise IntakeError([FieldProblem(None, "job", "an empty list")])
+    jobs: list[JobContent] = []
+    problems: list[FieldProblem] = []
+    for index, item in enumerate(items):
+        try:
+            jobs.append(parse_job(item))
+        except JobInputError as exc:
+            problems.append(FieldProblem(index if batch else None, exc.field, exc.reason))
+    if problems:
+        raise IntakeError(problems)
+    return jobs
+
+
+def channel_sender(policies: PolicySet, channel: str, index: int | None = None) -> Sender:
+    """The Sender of the channel's policy; a channel without a policy is refused."""
+    policy = policies.get(channel)
+    if policy is None:
+        reason = f"no policy file for channel {channel!r}"
+        raise IntakeError([FieldProblem(index, "channel", reason)])
+    return policy.sender
+
+
+def senders_for(policies: PolicySet, jobs: Sequence[JobContent], *, batch: bool) -> list[Sender]:
+    """Each job's Sender from its channel's policy; every job without one is listed."""
+    senders: list[Sender] = []
+    problems: list[FieldProblem] = []
+    for index, job in enumerate(jobs):
+        try:
+            senders.append(channel_sender(policies, job.channel, index if batch else None))
+        except IntakeError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise IntakeError(problems)
+    return senders
+
+
+def submit_jobs(
+    ledger: Ledger, jobs: Sequence[JobContent], senders: Sequence[Sender]
+) -> list[SubmitResult]:
+    """Record every job, or none when any key is known with other content.
+
+    One job is written without a read first (`Ledger.submit`); a batch goes through
+    `Ledger.submit_many`: every key is checked (given twice with other content, or
+    known with other content) before anything is written, and the new jobs are written
+    in one transaction, so a racing writer cannot leave half a batch behind."""
+    if len(jobs) == 1:
+        return [ledger.submit(jobs[0], senders[0])]
+    return ledger.submit_many(list(zip(jobs, senders, strict=True)))
+
+
+def check_messages(
+    policies: PolicySet,
+    jobs: Sequence[JobContent],
+    senders: Sequence[Sender],
+    limits: Mapping[str, MessageLimits],
+    *,
+    batch: bool,
+    at: datetime,
+) -> None:
+    """Whatever cannot be built is refused here, not at send time (where the job would
+    land in review): each job's message is built once with the very function the daemon
+    sends with (`daemon/engine/dispatch.py: render`), and held against its provider's
+    `limits` (by provider name). Every refused job is listed."""
+    problems: list[FieldProblem] = []
+    for index, (content, sender) in enumerate(zip(jobs, senders, strict=True)):
+        policy = policies[content.channel]
+        try:
+            job = SendJob.request(
+                content,
+                from_addr=sender.from_addr,
+                message_id=message_id_for(content.key, sender.message_id_domain),
+                policy=sender.policy,
+                at=at,
+            )
+            limit = limits.get(policy.provider)
+            if limit is not None:
+                check_recipients(content.to, content.cc, limit)
+            raw = render(job)
+            if limit is not None:
+                check_size(raw, limit)
+        except JobInputError as exc:
+            problems.append(FieldProblem(index if batch else None, exc.field, exc.reason))
+    if problems:
+        raise IntakeError(problems)
+
+
+__all__ = [
+    "FieldProblem",
+    "IntakeError",
+    "channel_sender",
+    "check_messages",
+    "parse_jobs",
+    "senders_for",
+    "submit_jobs",
+]

@@ -1,0 +1,58 @@
+"""The metrics observer counts what the engine does (fake provider, memory store, injected
+clock): sends by outcome, searches by result, escalations, the index lag, tick and call
+durations."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
+
+from daemon.api.metrics import Metrics, Sources
+from daemon.engine import Engine
+from daemon.providers.fake import Scripted
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = metrics.render().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_the_observer_counts_sends_searches_escalations_and_the_lag() -> None:
+    rig = EngineRig(policy("receipts", on_unknown="search-then-review"))
+    metrics = Metrics(Sources(rig.ledger, {"fake": rig.provider}))
+    rig.engine.close()
+    rig.engine = Engine(
+        rig.ledger,
+        rig.holder,
+        {"fake": rig.provider},
+        provider_timeouts={"fake": TIMEOUT},
+        clock=rig.clock,
+        deadline_grace=GRACE,
+        observer=metrics,
+    )
+    try:
+        rig.provider.script(Scripted.confirmed(), Scripted.dropped_response())
+        rig.submit("receipts", "a")
+        rig.tick()
+        rig.submit("receipts", "b")
+        rig.tick()
+        rig.advance_and_tick(3600)  # past search_after: the search finds b's one copy
+        found = samples(metrics)
+    finally:
+        rig.close()
+    assert found[("sendledger_sends_total", (("outcome", "confirmed"), ("provider", "fake")))] == 1
+    assert found[("sendledger_sends_total", (("outcome", "unknown"), ("provider", "fake")))] == 1
+    assert found[("sendledger_searches_total", (("result", "hit"),))] == 1
+    assert found[("sendledger_index_lag_seconds_count", ())] == 1
+    assert found[("sendledger_index_lag_seconds_sum", ())] >= 3600
+    assert found[("sendledger_tick_duration_seconds_count", ())] == 3
+    calls = (
+        "sendledger_provider_call_duration_seconds_count",
+        (("operation", "send"), ("provider", "fake")),
+    )
+    assert found[calls] == 2
+    assert found[("sendledger_jobs", (("state", "confirmed"),))] == 2
