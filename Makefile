@@ -4,12 +4,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e lint typecheck bench venv clean test-packages
+.PHONY: demo test unit integration e2e lint typecheck bench soak venv clean test-packages
 
 # Debian packages the real-server tests need; installed by `make test` when run as root
 # (CI is), and only those missing. Without them (not root) those tests skip, except under
 # CI=true, where nothing may skip.
-TEST_PACKAGES :=
+TEST_PACKAGES := chromium fonts-liberation postfix dovecot-imapd dovecot-lmtpd
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/intake.py
+	$(BIN)/python bench/pipeline.py
+
+# Not part of `make test`: 10,000 jobs, 20% faults, two daemons on PostgreSQL, one killed
+# -9 every 20 s, until all settle (bench/soak.py; SOAK_ARGS="--jobs 1000" for a short one).
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build src/*.egg-info

@@ -103,6 +103,18 @@ def pg_reachable() -> str | None:
     return None
 
 
+def available_backends(*, no_postgres: bool) -> list[tuple[str, Callable[[], Any]]]:
+    """SQLite always; PostgreSQL when asked for and reachable (else says why not)."""
+    backends: list[tuple[str, Callable[[], Any]]] = [("sqlite", sqlite_store)]
+    if not no_postgres:
+        reason = pg_reachable()
+        if reason is None:
+            backends.append(("postgresql", pg_store))
+        else:
+            print(f"postgresql: skipped, not reachable at {PG_URL.split('@')[-1]}: {reason}")
+    return backends
+
+
 # -- the two measured loops --------------------------------------------------------------
 
 
@@ -206,13 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-postgres", action="store_true")
     args = parser.parse_args(argv)
 
-    backends: list[tuple[str, Callable[[], Any]]] = [("sqlite", sqlite_store)]
-    if not args.no_postgres:
-        reason = pg_reachable()
-        if reason is None:
-            backends.append(("postgresql", pg_store))
-        else:
-            print(f"postgresql: skipped, not reachable at {PG_URL.split('@')[-1]}: {reason}")
+    backends = available_backends(no_postgres=args.no_postgres)
 
     print(
         f"intake benchmark: n={args.n} per round, chunks of {args.chunk} interleaved, "

@@ -11,17 +11,41 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from daemon.engine import Engine, PolicyHolder
+from daemon.engine.observer import EngineObserver
 from daemon.providers.base import Provider
-from daemon.settings import Settings
+from daemon.settings import ConfigError, Settings, SmtpImapProviderSettings
 from ledger.application import Ledger
 from policies.loader import PolicySet
 
 
 def build_provider(settings: Settings, name: str) -> Provider:
-    """The provider `[providers.NAME]` configures (the Gmail client is imported only here)."""
+    """The provider `[providers.NAME]` configures, by its kind (each client library is
+    imported only here)."""
+    config = settings.providers[name]
+    if isinstance(config, SmtpImapProviderSettings):
+        from daemon.providers.smtp_imap import SmtpImapProvider, read_password_file
+
+        path = settings.resolve(config.password_file)
+        try:
+            password = read_password_file(path)
+        except ValueError as exc:
+            raise ConfigError(f"providers.{name}.password_file: {exc}") from None
+        return SmtpImapProvider(
+            name,
+            smtp_host=config.smtp_host,
+            smtp_port=config.smtp_port,
+            smtp_security=config.smtp_security,
+            imap_host=config.imap_host,
+            imap_port=config.imap_port,
+            imap_security=config.imap_security,
+            username=config.username,
+            password=password,
+            sent_folder=config.sent_folder,
+            sent_copy=config.sent_copy,
+            timeout=config.timeout,
+        )
     from daemon.providers.gmail import GmailProvider
 
-    config = settings.providers[name]
     return GmailProvider(
         name,
         credentials_file=settings.credentials_file(name),
@@ -30,6 +54,8 @@ def build_provider(settings: Settings, name: str) -> Provider:
         token_uri=config.token_uri,
         timeout=config.timeout,
         quota_units_per_second=config.quota_units_per_second,
+        readback_first=config.readback_first,
+        readback_rate=config.readback_rate,
     )
 
 
@@ -43,6 +69,8 @@ class Service:
     policies: PolicyHolder
     providers: Mapping[str, Provider]
     engine: Engine
+    # Set when the daemon serves the HTTP API: its metrics watch the engine.
+    observer: EngineObserver | None = None
 
     def close(self) -> None:
         self.engine.close()
@@ -59,12 +87,18 @@ def bootstrap(
     providers: Mapping[str, Provider] | None = None,
     clock: Callable[[], datetime] | None = None,
     rng: random.Random | None = None,
+    observer: EngineObserver | None = None,
 ) -> Service:
     """Wire a daemon. ``policies``, when the caller has just loaded them, saves loading
     them again; ``providers`` replaces the configured ones (a fake in tests)."""
     if providers is None:
         providers = {name: build_provider(settings, name) for name in settings.providers}
     holder = PolicyHolder(policy_loader, policies)
+    if observer is None and settings.api.listen:
+        # The daemon serves the API: its metrics count what the engine does.
+        from daemon.api.metrics import Metrics, Sources
+
+        observer = Metrics(Sources(ledger, providers))
     engine = Engine(
         ledger,
         holder,
@@ -75,5 +109,7 @@ def bootstrap(
         batch_size=settings.daemon.batch_size,
         deadline_grace=settings.daemon.deadline_grace,
         rng=rng,
+        observer=observer,
+        daemon_name=settings.daemon.name,
     )
-    return Service(settings, ledger, holder, providers, engine)
+    return Service(settings, ledger, holder, providers, engine, observer)

@@ -14,7 +14,7 @@ from typing import NoReturn
 from daemon import output
 from daemon.errors import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_FAILURE, EXIT_UNKNOWN_JOB, CliError
 from daemon.settings import ConfigError
-from ledger.application import KeyConflict, UnknownJob
+from ledger.application import IdentityTaken, KeyConflict, UnknownJob
 from ledger.content import JobInputError
 from ledger.job import TransitionError
 from ledger.message_id import MessageIdError
@@ -29,7 +29,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from daemon import audit, commands, demo, service_commands, testkit_commands
+    from daemon import (
+        api_commands,
+        audit,
+        commands,
+        demo,
+        probe,
+        service_commands,
+        testkit_commands,
+    )
 
     parser = _Parser(
         prog="sendledger",
@@ -45,8 +53,24 @@ def build_parser() -> argparse.ArgumentParser:
     service_commands.register(sub)
     audit.register(sub)
     demo.register(sub)
+    probe.register(sub)
     testkit_commands.register(sub)
+    api_commands.register(sub)
+    _config_anywhere(parser)
     return parser
+
+
+def _config_anywhere(parser: argparse.ArgumentParser) -> None:
+    """`--config` after the command too (`sendledger status KEY --config F`), as users type
+    it: every subcommand accepts it, and its default leaves the top level's value alone."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                if "--config" not in child._option_string_actions:
+                    child.add_argument(
+                        "--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+                    )
+                _config_anywhere(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         output.error(str(exc))
         return exc.code
     # The ledger's refusals, one exit code each, for every command.
-    except KeyConflict as exc:
+    except (KeyConflict, IdentityTaken) as exc:
         output.error(str(exc))
         return EXIT_CONFLICT
     except UnknownJob as exc:

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from daemon import output
 from daemon.bootstrap import bootstrap
+from daemon.errors import bad_input
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon
 from daemon.settings import load_settings
@@ -119,20 +120,35 @@ def register(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from policies.durations import parse_duration
-
-    lag = parse_duration(args.lag)
-    limit = parse_duration(args.timeout)
+    lag = _seconds("--lag", args.lag, 0.0, 600.0)
+    limit = _seconds("--timeout", args.timeout, 1.0, 86400.0)
     if args.dir:
         folder = Path(args.dir)
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise bad_input(f"--dir: cannot create {folder}: {exc.strerror}") from None
         return _demo(folder, lag, limit, args.json)
     with tempfile.TemporaryDirectory(prefix="sendledger-demo-") as tmp:
         return _demo(Path(tmp), lag, limit, args.json)
 
 
+def _seconds(option: str, value: str, low: float, high: float) -> float:
+    from policies.durations import DurationError, parse_duration
+
+    try:
+        seconds = parse_duration(value)
+    except DurationError as exc:
+        raise bad_input(f"{option}: {exc}") from None
+    if not low <= seconds <= high:
+        raise bad_input(f"{option}: must be between {low:g}s and {high:g}s, got {value!r}")
+    return seconds
+
+
 def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
-    out = sys.stdout
+    # With --json, stdout carries the summary and nothing else; the running commentary
+    # goes to stderr.
+    out = sys.stderr if as_json else sys.stdout
     setup_logging("warning", journal=False)
     accept_log = folder / "acceptance.jsonl"
     emulator = GmailEmulator(lag=lag, acceptance_log=accept_log).start()
@@ -188,7 +204,7 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
     finally:
         relay.stop()
         emulator.stop()
-    _print_summary(out, summary, settled, as_json)
+    _print_summary(sys.stdout, summary, settled, as_json)
     problems = [row for row in summary["jobs"] if row["verdict"] != "ok"]
     return 0 if settled and not problems else 1
 

@@ -14,13 +14,19 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from daemon.bootstrap import Service
 from daemon.engine import TickReport
+from daemon.secret_files import warn_exposed_secrets
 from daemon.systemd import Notifier, watchdog_interval
+from ledger.stores import IdentityLock
+
+if TYPE_CHECKING:
+    from daemon.api.server import ApiServer
 
 log = logging.getLogger("sendledger.daemon")
 
@@ -43,6 +49,8 @@ class Daemon:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._tick_lock = threading.Lock()
+        self._identity: IdentityLock | None = None
+        self._api: ApiServer | None = None
         self.scheduler = BackgroundScheduler(
             timezone="UTC",
             job_defaults={
@@ -100,6 +108,8 @@ class Daemon:
         return line
 
     def serve(self) -> int:
+        self._identity = start_up(self.service)
+        self._api = self._start_api()
         self.scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_EXECUTED)
         self.scheduler.add_job(
             self.tick, "interval", seconds=self.tick_seconds, id="tick", next_run_time=_now()
@@ -127,6 +137,32 @@ class Daemon:
         allowed = max(self.tick_seconds * 10, 60.0)
         return time.monotonic() - self.health.last_tick_end < allowed
 
+    def tick_age(self) -> float:
+        """Seconds since the last tick completed (since start-up before the first)."""
+        return time.monotonic() - self.health.last_tick_end
+
+    def _start_api(self) -> ApiServer | None:
+        """The HTTP API beside the scheduler, when `[api] listen` is set (README "HTTP API")."""
+        settings = self.service.settings
+        if not settings.api.listen:
+            return None
+        from daemon.api.build import api_context, server_for
+        from daemon.api.metrics import Metrics
+
+        observer = self.service.observer
+        ctx = api_context(
+            settings,
+            self.service.ledger,
+            self.service.policies,
+            self.service.providers,
+            metrics=observer if isinstance(observer, Metrics) else None,
+            unreliable=self.engine.unreliable_providers,
+            tick_age=self.tick_age,
+        )
+        server = server_for(settings, ctx)
+        server.start()
+        return server
+
     def shutdown(self) -> int:
         self.notifier.stopping("draining in-flight sends")
         log.info("stopping: finishing in-flight provider calls and their events")
@@ -134,7 +170,11 @@ class Daemon:
         # their outcome events be written.
         self.engine.stop()
         self.scheduler.shutdown(wait=True)
+        if self._api is not None:
+            self._api.stop()
         self.service.close()
+        if self._identity is not None:
+            self._identity.release()
         log.info("stopped; %s", _summary(self.health.totals))
         return 0
 
@@ -147,11 +187,35 @@ def _summary(report: TickReport) -> str:
     return ", ".join(f"{k} {v}" for k, v in vars(report).items() if v) or "nothing done"
 
 
-def run_once(service: Service) -> TickReport:
+def start_up(service: Service) -> IdentityLock | None:
+    """Before the first tick: say which secret files others can read, hold this daemon's
+    name in the store (IdentityTaken when a live daemon holds it), and recover this
+    name's earlier claims at once (``daemon/engine/recover.py``). The lock is held until
+    released, or until the process dies."""
+    warn_exposed_secrets(service.settings)
+    name = service.engine.daemon_name
+    if not name:
+        return None
+    identity = service.ledger.hold_identity(name)
     try:
+        report = service.engine.recover_own_claims()
+    except BaseException:
+        identity.release()
+        raise
+    if report.recovered:
+        log.warning("daemon %r: %d claims of an earlier run recovered", name, report.recovered)
+    return identity
+
+
+def run_once(service: Service) -> TickReport:
+    identity = None
+    try:
+        identity = start_up(service)
         return service.engine.tick()
     finally:
         service.close()
+        if identity is not None:
+            identity.release()
 
 
-__all__ = ["Daemon", "run_once"]
+__all__ = ["Daemon", "run_once", "start_up"]

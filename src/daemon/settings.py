@@ -2,18 +2,35 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
+from daemon import environment
+from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
+from daemon.sizes import parse_size
 from policies.durations import parse_duration
 
 CONFIG_ENV = "SENDLEDGER_CONFIG"
@@ -32,6 +49,17 @@ class _Section(BaseModel):
 
 class StoreSettings(_Section):
     url: str = "sqlite:///ledger.sqlite"
+    # Event state compressed and encrypted (README "Encryption at rest"): one base64
+    # key a line, the first encrypts, all decrypt. Unset: stored as plain JSON.
+    encryption_key_file: Path | None = None
+
+
+def _daemon_name(value: Any) -> Any:
+    if isinstance(value, str) and (
+        not value.strip() or len(value) > 200 or not value.isprintable()
+    ):
+        raise ValueError("1 to 200 printable characters expected")
+    return value
 
 
 class DaemonSettings(_Section):
@@ -45,9 +73,12 @@ class DaemonSettings(_Section):
     # attempt with no outcome (a crash, kill -9) is treated as Unknown.
     deadline_grace: Duration = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Recorded on this daemon's claims; one live daemon per name (a lock in the store),
+    # and at start-up it recovers its own earlier claims at once.
+    name: Annotated[str, BeforeValidator(_daemon_name)] = Field(default_factory=socket.gethostname)
 
 
-class ProviderSettings(_Section):
+class GmailProviderSettings(_Section):
     kind: Literal["gmail"] = "gmail"
     credentials_file: Path
     user: str = "me"
@@ -55,6 +86,103 @@ class ProviderSettings(_Section):
     token_uri: str = ""
     timeout: Duration = 30.0
     quota_units_per_second: float = Field(default=250.0, gt=0)
+    # The Message-ID read-back after confirmed sends: the first N after start, then this
+    # share of the rest (a provider that replaces our Message-IDs is still caught).
+    readback_first: int = Field(default=DEFAULT_READBACK_FIRST, ge=1, le=1_000_000)
+    readback_rate: float = Field(default=DEFAULT_READBACK_RATE, ge=0.0, le=1.0)
+    # Checked at intake, so a job the provider would refuse is never accepted: Gmail sends
+    # at most 25 MB per message (after encoding) and 500 recipients per message.
+    max_message_bytes: Annotated[int, BeforeValidator(parse_size)] = 25_000_000
+    max_recipients: int = Field(default=500, ge=1)
+
+
+MailSecurity = Literal["tls", "starttls", "none"]
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class SmtpImapProviderSettings(_Section):
+    """SMTP submission + IMAP search of the sent folder (README "Providers")."""
+
+    kind: Literal["smtp-imap"]
+    smtp_host: str = Field(min_length=1)
+    smtp_port: int = Field(default=587, ge=1, le=65535)
+    smtp_security: MailSecurity = "starttls"
+    imap_host: str = Field(min_length=1)
+    imap_port: int = Field(default=993, ge=1, le=65535)
+    imap_security: MailSecurity = "tls"
+    # The login for both, and the envelope sender (server-side sent copies key on it).
+    username: str = Field(min_length=1)
+    password_file: Path
+    # Empty: the folder flagged \Sent (RFC 6154).
+    sent_folder: str = ""
+    # "server": the submission server files the copy; "client": the daemon APPENDs it
+    # after the 250, so a miss proves nothing and on_unknown = "retry" is refused.
+    sent_copy: Literal["server", "client"] = "server"
+    timeout: Duration = Field(default=30.0, gt=0)
+    # Checked at intake; RFC 5321 servers take at least 100 recipients per message.
+    max_message_bytes: Annotated[int, BeforeValidator(parse_size)] = 25_000_000
+    max_recipients: int = Field(default=100, ge=1)
+
+    @field_validator("smtp_security", "imap_security")
+    @classmethod
+    def _plaintext_on_loopback_only(cls, value: str, info: ValidationInfo) -> str:
+        host = info.data.get(f"{(info.field_name or '').split('_')[0]}_host")
+        if value == "none" and isinstance(host, str) and not _is_loopback(host):
+            raise PydanticCustomError(
+                "plaintext",
+                '"none" sends the password in clear text: loopback hosts only, not {host}',
+                {"host": host},
+            )
+        return value
+
+
+def _provider_kind(value: Any) -> str:
+    # A table without `kind` is a Gmail provider (the only kind before smtp-imap).
+    kind = value.get("kind", "gmail") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind if kind in ("gmail", "smtp-imap") else "unknown kind"
+
+
+ProviderSettings = Annotated[
+    Annotated[GmailProviderSettings, Tag("gmail")]
+    | Annotated[SmtpImapProviderSettings, Tag("smtp-imap")],
+    Discriminator(
+        _provider_kind,
+        custom_error_type="provider_kind",
+        custom_error_message='kind: expected "gmail" or "smtp-imap"',
+    ),
+]
+_PROVIDER_TAGS = ("gmail", "smtp-imap")
+
+
+class ApiSettings(_Section):
+    # Off unless set: "127.0.0.1:8025" (HOST:PORT; [::1]:8025 for IPv6).
+    listen: str = ""
+    # One token a line, optionally "name:token"; the name is recorded as who acted.
+    token_file: Path | None = None
+    # Request bodies above this are refused (413); just above Gmail's 35 MB message limit.
+    max_body: Annotated[int, BeforeValidator(parse_size)] = 40_000_000
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        if value:
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"HOST:PORT expected, e.g. 127.0.0.1:8025, got {value!r}")
+        return value
 
 
 class Settings(BaseSettings):
@@ -68,6 +196,7 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     daemon: DaemonSettings = DaemonSettings()
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
+    api: ApiSettings = ApiSettings()
 
     # Where the config came from; relative paths in it are relative to its folder.
     config_path: Path | None = Field(default=None, exclude=True)
@@ -84,7 +213,18 @@ class Settings(BaseSettings):
         return self.resolve(self.daemon.policies_dir)
 
     def credentials_file(self, provider: str) -> Path:
-        return self.resolve(self.providers[provider].credentials_file)
+        config = self.providers[provider]
+        if not isinstance(config, GmailProviderSettings):
+            raise ConfigError(f"providers.{provider}: kind {config.kind!r} has no credentials_file")
+        return self.resolve(config.credentials_file)
+
+    def client_copy_providers(self) -> set[str]:
+        """Providers whose sent copy the daemon files itself (`sent_copy = "client"`)."""
+        return {
+            name
+            for name, config in self.providers.items()
+            if isinstance(config, SmtpImapProviderSettings) and config.sent_copy == "client"
+        }
 
 
 class _TomlSource(PydanticBaseSettingsSource):
@@ -117,6 +257,8 @@ def load_settings(explicit: str | Path | None = None) -> Settings:
             data = tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     return settings_from_dict(data, config_path=path)
@@ -126,6 +268,12 @@ def settings_from_dict(data: dict[str, Any], *, config_path: Path | None = None)
     label = str(config_path) if config_path else "config"
     if "config_path" in data:
         raise ConfigError(f"{label}: config_path: unknown key")
+    unknown = environment.unknown_variable(os.environ, Settings)
+    if unknown:
+        raise ConfigError(
+            f"{unknown}: unknown variable (SENDLEDGER_<SECTION>__<KEY> names a setting; "
+            "a misspelled one would be ignored)"
+        )
 
     class _FileSettings(Settings):
         @classmethod
@@ -144,7 +292,18 @@ def settings_from_dict(data: dict[str, Any], *, config_path: Path | None = None)
         loaded = _FileSettings(config_path=config_path)
     except ValidationError as exc:
         error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
+        # A provider's kind tag is part of pydantic's location, not of the user's file.
+        loc = error["loc"]
+        if len(loc) > 2 and loc[0] == "providers" and loc[2] in _PROVIDER_TAGS:
+            loc = (*loc[:2], *loc[3:])
+        where = ".".join(str(part) for part in loc)
         message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-        raise ConfigError(f"{label}: {where}: {message}") from None
+        # A value from the environment is named by its variable, not by the file.
+        source = environment.variable_for(loc, os.environ) or label
+        raise ConfigError(f"{source}: {where}: {message}") from None
+    except SettingsError as exc:
+        # pydantic-settings: a variable holding malformed JSON for a section.
+        field = str(exc).partition('field "')[2].partition('"')[0]
+        variable = environment.malformed_json_variable(field, os.environ)
+        raise ConfigError(f"{variable or 'environment'}: {field}: not valid JSON") from None
     return loaded

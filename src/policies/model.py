@@ -10,11 +10,11 @@ an audit can tell which exact version of a policy made it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 from email.headerregistry import Address
-from email.policy import default as _default_email_policy
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ledger.addresses import AddressError, parse_mailbox
 from ledger.message_id import MessageIdError, validate_domain
 from ledger.vocabulary import PolicyRef, Sender
 from policies.durations import DurationError, format_duration, parse_duration
@@ -78,40 +79,13 @@ PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 
 
 def parse_from_address(value: str) -> Address:
-    """Parse a ``From`` value: exactly one mailbox with a domain, display name allowed.
-
-    Raises ValueError with a one-line reason. CR and LF are refused outright (header
-    injection), as are groups, lists, parser defects, domain literals and non-ASCII
-    addr-specs (the display name may be any Unicode; it is RFC 2047-encoded when sent).
-    """
-    if "\r" in value or "\n" in value:
-        raise ValueError("must not contain CR or LF")
-    if not value.strip():
-        raise ValueError("must not be empty")
+    """Parse a ``From`` value with the one address validator every address field uses
+    (``ledger/addresses.py``): exactly one mailbox, display name allowed. Raises
+    ValueError with a one-line reason."""
     try:
-        header = _default_email_policy.header_factory("from", value)
-        groups = header.groups
-        addresses = header.addresses
-        defects = header.defects
-    except Exception as exc:  # the stdlib parser can raise IndexError and friends
-        raise ValueError(f"not a parseable address: {value!r}") from exc
-    if len(addresses) != 1 or len(groups) != 1:
-        raise ValueError(f"must be exactly one address, got {len(addresses)}: {value!r}")
-    if groups[0].display_name is not None:
-        raise ValueError(f"must be one address, not a group: {value!r}")
-    invalid = [d for d in defects if type(d).__name__ != "ObsoleteHeaderDefect"]
-    if invalid:
-        raise ValueError(f"not a parseable address ({invalid[0]}): {value!r}")
-    address: Address = addresses[0]
-    if not address.username or not address.domain:
-        raise ValueError(f"must be an address with a domain, like name@example.com: {value!r}")
-    if not address.addr_spec.isascii():
-        raise ValueError(f"the address must be ASCII (the display name may not be): {value!r}")
-    try:
-        validate_domain(address.domain)
-    except MessageIdError:
-        raise ValueError(f"not a valid domain {address.domain!r} in {value!r}") from None
-    return address
+        return parse_mailbox(value).address
+    except AddressError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class ChannelPolicy(BaseModel):
@@ -248,8 +222,16 @@ class ChannelPolicy(BaseModel):
 
         Identical content gives an identical fingerprint whatever the TOML formatting, key
         order or duration spelling ("5m" == 300); any change of a value changes it.
+        Every recorded decision carries it, so it is computed once per distinct policy.
         """
-        canonical = json.dumps(
-            self.normalized(), sort_keys=True, separators=(",", ":"), ensure_ascii=True
-        )
-        return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
+        return _fingerprint(self)
+
+
+@functools.lru_cache(maxsize=1024)
+def _fingerprint(policy: ChannelPolicy) -> str:
+    # Keyed by the frozen model itself (hash and equality over its field values), not
+    # cached on the instance: a copy with other values can never inherit a stale one.
+    canonical = json.dumps(
+        policy.normalized(), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+    )
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]

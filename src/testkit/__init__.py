@@ -17,16 +17,20 @@ from __future__ import annotations
 from testkit.credentials import write_authorized_user, write_service_account
 from testkit.gmail import ApiError, GmailEmulator
 from testkit.relay import KINDS, MODES, FaultPlan, FaultRelay, Kind, Mode, check_mode, classify
+from testkit.smtp_relay import SMTP_MODES, SmtpFaultRelay, SmtpMode
 
 __all__ = [
     "KINDS",
     "MODES",
+    "SMTP_MODES",
     "ApiError",
     "FaultPlan",
     "FaultRelay",
     "GmailEmulator",
     "Kind",
     "Mode",
+    "SmtpFaultRelay",
+    "SmtpMode",
     "check_mode",
     "classify",
     "write_authorized_user",

@@ -13,6 +13,9 @@ Message-ID (as sendledger's daemon does) depends on it:
   messages.get and label-only listing see it at once;
 - `rfc822msgid:` matches ignoring case, quotes and angle brackets, so a client must
   still compare the header it reads back exactly;
+- every Gmail API request (not /token) can be answered `latency` seconds late, to stand in
+  for the network and Gmail's own time; with `tls` the emulator serves HTTPS with a
+  certificate from a throw-away CA (`testkit.tls`), so clients pay real handshakes;
 - SPAM and TRASH are hidden unless `includeSpamTrash` (or in:anywhere / an explicit label);
 - the gmail.metadata scope refuses `q` and format=full/raw; a service-account token without
   a subject (no domain-wide delegation) gets "Precondition check failed"; a delegated token
@@ -24,10 +27,12 @@ matched loosely: a test that relies on full-text search should fail loudly here.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import secrets
+import socket
 import threading
 import time
 import traceback
@@ -46,6 +51,7 @@ from testkit._http import (
     QuietHandler,
     google_error,
 )
+from testkit.tls import TlsFiles
 
 JWT_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 DEFAULT_USER = "me"
@@ -162,9 +168,18 @@ class GmailEmulator(LoopbackService):
         require_auth: bool = True,
         rewrite_message_id: bool = False,
         clock: Callable[[], float] = time.time,
+        latency: float = 0.0,
+        tls: TlsFiles | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
         super().__init__(host, port)
         self._lag = float(lag)
+        self._latency = _check_latency(latency)
+        self.tls = tls
+        # Seconds a keep-alive connection may sit idle before the server closes it
+        # (None: QuietHandler's default), to exercise clients that reuse connections.
+        self.idle_timeout = idle_timeout
+        self._ssl_context = tls.server_context() if tls is not None else None
         self._acceptance_log = acceptance_log
         self.require_auth = require_auth
         self.rewrite_message_id = rewrite_message_id
@@ -172,6 +187,8 @@ class GmailEmulator(LoopbackService):
         self._lock = threading.RLock()
         self._tokens: dict[str, _Token] = {}
         self._mailboxes: dict[str, list[_Stored]] = {}
+        # Thread ids per mailbox, so accepting a message stays O(1) in a big mailbox.
+        self._threads: dict[str, set[str]] = {}
         self._by_id: dict[str, _Stored] = {}
         self._accepted: list[dict[str, Any]] = []
         self._seq = 0
@@ -179,6 +196,11 @@ class GmailEmulator(LoopbackService):
         self.token_requests: list[dict[str, Any]] = []
 
     # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        plain = super().url
+        return "https://" + plain.removeprefix("http://") if self.tls is not None else plain
 
     @property
     def token_uri(self) -> str:
@@ -189,6 +211,8 @@ class GmailEmulator(LoopbackService):
             pass
 
         Handler.emulator = self
+        if self.idle_timeout is not None:
+            Handler.timeout = self.idle_timeout  # type: ignore[assignment]  # int in QuietHandler
         return Handler
 
     # -- test controls -----------------------------------------------------------------
@@ -197,6 +221,12 @@ class GmailEmulator(LoopbackService):
         """Applies to messages accepted from now on; earlier ones keep their index time."""
         with self._lock:
             self._lag = float(seconds)
+
+    def set_latency(self, seconds: float) -> None:
+        """Delay before answering each Gmail API request from now on (not /token)."""
+        value = _check_latency(seconds)
+        with self._lock:
+            self._latency = value
 
     def accepted(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -262,7 +292,7 @@ class GmailEmulator(LoopbackService):
             self._history += 1
             message_id_value = self._new_id()
             mailbox = self._mailboxes.setdefault(user, [])
-            known_threads = {m.thread_id for m in mailbox}
+            known_threads = self._threads.setdefault(user, set())
             stored = _Stored(
                 seq=self._seq,
                 id=message_id_value,
@@ -277,6 +307,7 @@ class GmailEmulator(LoopbackService):
                 parsed=parsed,
             )
             mailbox.append(stored)
+            known_threads.add(stored.thread_id)
             self._by_id[stored.id] = stored
             entry: dict[str, Any] = {
                 "at": _iso(now),
@@ -317,6 +348,12 @@ class GmailEmulator(LoopbackService):
                     raise ApiError(405, "Method Not Allowed", "methodNotAllowed")
                 return self._token(headers, body)
             if path.startswith(("/gmail/", "/upload/gmail/")):
+                with self._lock:
+                    latency = self._latency
+                if latency > 0:
+                    # Sleeps in this request's own thread: concurrent requests overlap,
+                    # as they do against a real server.
+                    time.sleep(latency)
                 token = self._authenticate(headers)
                 for route_method, pattern, name in _ROUTES:
                     match = pattern.match(path)
@@ -631,6 +668,13 @@ class _GrantError(Exception):
         self.detail = detail
 
 
+def _check_latency(seconds: float) -> float:
+    value = float(seconds)
+    if not 0 <= value < 3600:
+        raise ValueError(f"latency must be within 0..3600 seconds, got {seconds!r}")
+    return value
+
+
 def _jwt_claims(assertion: str) -> dict[str, Any]:
     pieces = assertion.split(".")
     if len(pieces) != 3:
@@ -706,6 +750,26 @@ def _matches(stored: _Stored, query: _Query) -> bool:
 
 class _GmailHandler(QuietHandler):
     emulator: GmailEmulator
+
+    def setup(self) -> None:
+        context = self.emulator._ssl_context
+        if context is not None:
+            # The handshake runs in this connection's thread, not the accept loop, so a
+            # slow or broken client holds up nobody else.
+            self.request.settimeout(self.timeout)
+            with contextlib.suppress(OSError):
+                self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.request = context.wrap_socket(self.request, server_side=True)
+        super().setup()
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            if self.emulator._ssl_context is not None:
+                # The server closes the socket it accepted, which wrap_socket detached.
+                with contextlib.suppress(OSError):
+                    self.request.close()
 
     def _serve(self) -> None:
         try:

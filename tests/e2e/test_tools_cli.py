@@ -110,12 +110,16 @@ def test_demo_settles_every_job_with_at_most_one_copy(tmp_path: Path) -> None:
         timeout=180,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    summary = json.loads(result.stdout[result.stdout.index("\n{") + 1 :])
+    # --json: stdout is the JSON summary and nothing else (the commentary is on stderr).
+    summary = json.loads(result.stdout)
     assert "emulator" in summary["against"]
     jobs = summary["jobs"]
     assert len(jobs) == 12
     assert all(job["verdict"] == "ok" for job in jobs), jobs
     assert all(job["state"] in ("confirmed", "review") for job in jobs)
     assert all(job["copies"] == 1 for job in jobs if job["state"] == "confirmed")
-    # The irreversible channel never resends on its own.
-    assert all(job["attempts"] == 1 for job in jobs if job["channel"] == "payouts")
+    # The irreversible channel never resends on its own: at most one copy each. (A second
+    # attempt is allowed only after a definite refusal such as a 429, when nothing was sent;
+    # which job meets which of the relay's faults depends on the order of concurrent sends.)
+    payouts = [job for job in jobs if job["channel"] == "payouts"]
+    assert all(job["copies"] <= 1 and job["attempts"] <= 2 for job in payouts), payouts

@@ -22,8 +22,10 @@ import pytest
 
 from daemon.providers.base import ProviderError, SendKind
 from daemon.providers.gmail import SCOPES, GmailProvider
+from testkit.credentials import write_service_account
 from testkit.gmail import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
+from testkit.tls import make_loopback_tls
 
 GmailProviderFactory = Callable[..., GmailProvider]
 RawFactory = Callable[..., bytes]
@@ -683,3 +685,114 @@ def test_a_closed_provider_refuses_before_any_request(
         provider.search(MID)
     assert relay.log == []
     assert emulator.token_requests == []
+
+
+# -- connection reuse ------------------------------------------------------------------------
+
+MID2 = "<job-fedcba9876543210fedcba9876543210@mail.example.com>"
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
+def test_dropped_response_on_a_reused_connection_is_unknown_with_exactly_one_copy(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    acceptance_log: Path,
+    make_raw: RawFactory,
+    reset: bool,
+) -> None:
+    plan = FaultPlan(send=["pass", "drop-response"])
+    with FaultRelay(emulator.url, plan=plan, hang_seconds=1.5, reset=reset) as relay:
+        provider = gmail_provider(relay.url)
+        first = provider.send_raw(make_raw(MID))
+        assert first.kind is SendKind.CONFIRMED
+        second = provider.send_raw(make_raw(MID2))
+        # Written on the kept connection, answered by nothing: Unknown, reconciled by
+        # search, and never written again by any layer below send_raw.
+        assert second.kind is SendKind.UNKNOWN, second
+        stats = provider.transport_stats.snapshot()
+        assert stats["reused"] >= 1  # the second send went out on a reused connection
+        assert stats["reused_lost"] == 1
+        assert logged_copies(acceptance_log, MID2) == 1
+        assert emulator.copies(MID2) == 1
+        assert sends_at_relay(relay) == 2
+        assert relay.forwarded("send") == 2
+        # The search that reconciles it finds exactly that copy.
+        assert [hit.message_id_header for hit in provider.search(MID2).hits] == [MID2]
+
+
+def test_sends_share_one_kept_connection(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    provider = gmail_provider(emulator.url)
+    for i in range(5):
+        mid = f"<job-{i:032x}@mail.example.com>"
+        assert provider.send_raw(make_raw(mid)).kind is SendKind.CONFIRMED
+    stats = provider.transport_stats.snapshot()
+    # One connection: the token request opened it, six requests in all.
+    assert stats == {"fresh": 1, "reused": 5, "fresh_lost": 0, "reused_lost": 0, "retired": 0}
+
+
+def test_https_emulator_with_a_trusted_ca(
+    tmp_path: Path, service_account_file: Path, make_raw: RawFactory
+) -> None:
+    tls = make_loopback_tls(tmp_path / "tls")
+    with GmailEmulator(tls=tls) as secure:
+        assert secure.url.startswith("https://")
+        sa = write_service_account(tmp_path / "sa-tls.json", token_uri=secure.token_uri)
+        trusted = GmailProvider(
+            "tls",
+            credentials_file=sa,
+            user=MAILBOX,
+            api_endpoint=secure.url,
+            timeout=2.0,
+            ca_certs=str(tls.ca_file),
+        )
+        untrusted = GmailProvider(
+            "tls2", credentials_file=sa, user=MAILBOX, api_endpoint=secure.url, timeout=2.0
+        )
+        try:
+            for i in range(3):
+                mid = f"<job-{i:032x}@mail.example.com>"
+                assert trusted.send_raw(make_raw(mid)).kind is SendKind.CONFIRMED
+            assert trusted.transport_stats.snapshot()["fresh"] == 1  # one handshake
+            # A certificate the client does not trust fails the handshake: not sent.
+            refused = untrusted.send_raw(make_raw(MID))
+            assert refused.kind is SendKind.REJECTED
+            assert refused.transient
+            assert secure.copies(MID) == 0
+        finally:
+            trusted.close()
+            untrusted.close()
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_before_the_send(
+    tmp_path: Path, make_raw: RawFactory
+) -> None:
+    with GmailEmulator(idle_timeout=0.05) as closing:
+        sa = write_service_account(tmp_path / "sa-idle.json", token_uri=closing.token_uri)
+        provider = GmailProvider(
+            "idle", credentials_file=sa, user=MAILBOX, api_endpoint=closing.url, timeout=2.0
+        )
+        try:
+            assert provider.send_raw(make_raw(MID)).kind is SendKind.CONFIRMED
+            time.sleep(0.3)  # the server drops the idle connection (real time, 0.3 s)
+            assert provider.send_raw(make_raw(MID2)).kind is SendKind.CONFIRMED
+            stats = provider.transport_stats.snapshot()
+            assert stats["retired"] == 1
+            assert stats["reused_lost"] == 0
+            assert closing.copies(MID) == closing.copies(MID2) == 1
+        finally:
+            provider.close()
+
+
+def test_emulator_latency_delays_each_api_call(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    provider = gmail_provider(emulator.url)
+    provider.send_raw(make_raw(MID))  # token fetched, connection open
+    emulator.set_latency(0.2)
+    started = time.monotonic()
+    assert provider.send_raw(make_raw(MID2)).kind is SendKind.CONFIRMED
+    assert time.monotonic() - started >= 0.2
+    with pytest.raises(ValueError, match="latency"):
+        emulator.set_latency(-1)

@@ -1,7 +1,9 @@
-"""SingleShotHttp: one attempt per request, and which phase failed.
+"""SingleShotHttp: one attempt per request, which phase failed, and connection reuse
+that never re-sends.
 
-Fake connections drive `_conn_request` directly; two loopback sockets (a port with a full
-accept queue, a server that redirects) check the real socket paths. Loopback only.
+Fake connections drive `_conn_request` directly; loopback sockets (a port with a full
+accept queue, a server that redirects, a keep-alive server that closes idle connections)
+check the real socket paths. Loopback only.
 """
 
 from __future__ import annotations
@@ -14,18 +16,36 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from daemon.providers.transport import NotSentError, ResponseLostError, SingleShotHttp
+from daemon.providers.transport import (
+    NotSentError,
+    ResponseLostError,
+    SingleShotHttp,
+    TransportStats,
+)
 
 
 class FakeSock:
-    pass
+    """An idle connected socket: nothing to read until the peer writes or closes."""
+
+    def __init__(self) -> None:
+        self.ours, self.peer = socket.socketpair()
+
+    def fileno(self) -> int:
+        return self.ours.fileno()
+
+    def close(self) -> None:
+        self.ours.close()
+        self.peer.close()
 
 
 class FakeResponse:
     status = 200
     reason = "OK"
     version = 11
+    will_close = False
 
     def __init__(self, body: bytes = b'{"id": "x"}') -> None:
         self._body = body
@@ -75,14 +95,26 @@ class FakeConn:
 
     def close(self) -> None:
         self.calls.append("close")
+        if isinstance(self.sock, FakeSock | socket.socket):
+            self.sock.close()
         self.sock = None
 
 
-def run(conn: FakeConn) -> tuple[Any, bytes]:
-    http = SingleShotHttp(timeout=1.0)
+def run(conn: FakeConn, http: SingleShotHttp | None = None) -> tuple[Any, bytes]:
+    http = http or SingleShotHttp(timeout=1.0)
     fake: Any = conn
     result: tuple[Any, bytes] = http._conn_request(fake, "/x", "POST", b"{}", {})
     return result
+
+
+class Ticks:
+    """Injected monotonic time."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @pytest.mark.parametrize(
@@ -124,14 +156,106 @@ def test_failure_after_connect_is_response_lost_after_one_attempt(
     assert conn.calls.count("request") == 1
     assert conn.calls.count("connect") == 1
     assert conn.calls[-1] == "close"
+    assert not caught.value.reused
 
 
-def test_a_reused_connection_is_closed_before_connecting_afresh() -> None:
+def test_an_open_connection_of_unknown_age_is_replaced_before_anything_is_written() -> None:
     conn = FakeConn(sock=FakeSock())
-    response, content = run(conn)
-    assert conn.calls == ["close", "connect", "request", "getresponse", "close"]
+    http = SingleShotHttp(timeout=1.0)
+    response, content = run(conn, http)
+    assert conn.calls == ["close", "connect", "request", "getresponse"]
     assert response.status == 200
     assert content == b'{"id": "x"}'
+    assert http.stats.snapshot()["retired"] == 1
+
+
+def test_without_reuse_every_request_gets_its_own_connection() -> None:
+    http = SingleShotHttp(timeout=1.0, reuse=False)
+    conn = FakeConn()
+    run(conn, http)
+    run(conn, http)
+    assert conn.calls.count("connect") == 2
+    assert conn.calls[-1] == "close"
+    assert http.stats.snapshot()["fresh"] == 2
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        http.client.RemoteDisconnected("closed"),
+        ConnectionResetError(104, "reset"),
+        BrokenPipeError(32, "Broken pipe"),
+        TimeoutError("timed out"),
+    ],
+)
+def test_a_reused_connection_that_dies_is_response_lost_never_a_second_write(
+    error: BaseException,
+) -> None:
+    ticks = Ticks()
+    stats = TransportStats()
+    http = SingleShotHttp(timeout=1.0, stats=stats, clock=ticks, max_idle=5.0)
+    conn = FakeConn()
+    run(conn, http)  # fresh, kept open
+    conn.calls.clear()
+    ticks.now += 1.0
+    conn._response = error
+    with pytest.raises(ResponseLostError) as caught:
+        run(conn, http)
+    # Written once on the reused connection; no reconnect, no second request.
+    assert conn.calls == ["request", "getresponse", "close"]
+    assert caught.value.reused
+    assert "reused connection" in caught.value.message
+    assert stats.snapshot() == {
+        "fresh": 1,
+        "reused": 1,
+        "fresh_lost": 0,
+        "reused_lost": 1,
+        "retired": 0,
+    }
+    # The next request starts on a fresh connection, where "not sent" is provable again.
+    conn._response = None
+    conn.calls.clear()
+    run(conn, http)
+    assert conn.calls[0] == "connect"
+
+
+def test_a_connection_idle_too_long_is_replaced_before_writing() -> None:
+    ticks = Ticks()
+    http = SingleShotHttp(timeout=1.0, clock=ticks, max_idle=2.0)
+    conn = FakeConn()
+    run(conn, http)
+    ticks.now += 1.5
+    conn.calls.clear()
+    run(conn, http)
+    assert conn.calls == ["request", "getresponse"]  # within max_idle: reused
+    ticks.now += 2.5
+    conn.calls.clear()
+    run(conn, http)
+    assert conn.calls == ["close", "connect", "request", "getresponse"]
+    assert http.stats.snapshot()["retired"] == 1
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_before_writing() -> None:
+    conn = FakeConn()
+    http = SingleShotHttp(timeout=1.0, clock=Ticks())
+    run(conn, http)
+    conn.sock.peer.close()  # the server's FIN arrives while we sit idle
+    conn.calls.clear()
+    run(conn, http)
+    assert conn.calls == ["close", "connect", "request", "getresponse"]
+    assert http.stats.snapshot()["retired"] == 1
+    conn.close()
+
+
+def test_a_response_that_closes_the_connection_is_not_kept() -> None:
+    conn = FakeConn()
+    http = SingleShotHttp(timeout=1.0)
+    FakeResponse.will_close = True
+    try:
+        run(conn, http)
+    finally:
+        FakeResponse.will_close = False
+    assert conn.calls[-1] == "close"
 
 
 def test_timeout_is_required() -> None:
@@ -206,3 +330,55 @@ def test_redirects_are_not_followed() -> None:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+# -- property: whatever happens between calls, each call writes the request at most once -----
+
+Fate = str  # "ok", "connect-fails", "response-lost", "peer-closes"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(min_value=0, max_value=6, allow_nan=False),
+            st.sampled_from(["ok", "connect-fails", "response-lost", "peer-closes"]),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_every_call_writes_at_most_once_and_reuse_is_reported(
+    steps: list[tuple[float, Fate]],
+) -> None:
+    ticks = Ticks()
+    http = SingleShotHttp(timeout=1.0, clock=ticks, max_idle=3.0)
+    conn = FakeConn()
+    kept = False  # the previous call left an open, answered connection behind
+    try:
+        for gap, fate in steps:
+            ticks.now += gap
+            if fate == "peer-closes" and isinstance(conn.sock, FakeSock):
+                conn.sock.peer.close()
+            reusable = kept and gap <= 3.0 and fate != "peer-closes"
+            conn._connect = OSError(111, "refused") if fate == "connect-fails" else None
+            conn._response = TimeoutError("timed out") if fate == "response-lost" else None
+            before = conn.calls.count("request")
+            try:
+                run(conn, http)
+                kept = True
+            except NotSentError:
+                assert not reusable  # "not sent" is only ever said of a fresh connection
+                assert conn.calls.count("request") == before
+                kept = False
+            except ResponseLostError as exc:
+                assert exc.reused == reusable
+                kept = False
+            if fate == "connect-fails" and reusable:
+                # A reused connection never connects, so the refusal never happens.
+                assert conn.calls.count("request") == before + 1
+            assert conn.calls.count("request") - before <= 1
+        stats = http.stats.snapshot()
+        assert stats["fresh"] + stats["reused"] == conn.calls.count("request")
+    finally:
+        conn.close()

@@ -56,7 +56,9 @@ class Dispatch:
         deadline_grace: float,
         rng: random.Random,
         stopping: threading.Event,
+        daemon: str = "",
     ) -> None:
+        self._daemon = daemon  # recorded on each claim (recover.py: RecoverOwnClaims)
         self._health = health
         self._clock = clock
         self._timeouts = provider_timeouts
@@ -90,6 +92,7 @@ class Dispatch:
             provider=policy.provider,
             deadline=work.now + timedelta(seconds=timeout + self._grace),
             at=work.now,
+            daemon=self._daemon,
         )
         work.save()  # a conflict here means no call is made
         crash_point("after-claim")
@@ -110,7 +113,8 @@ class Dispatch:
                 at=now,
             )
             work.save()
-            self._health.read_back(job, policy.provider, provider, outcome.provider_message_id)
+            if self._health.should_read_back(policy.provider, provider):
+                self._health.read_back(job, policy.provider, provider, outcome.provider_message_id)
         elif outcome.kind is SendKind.REJECTED:
             work.count("rejected")
             job.record_rejection(

@@ -5,6 +5,14 @@ we set. A provider that replaces it makes every search miss and every retry a du
 So after a send confirmed by response the stored copy's Message-ID is read back; a
 mismatch marks the provider's handle unreliable in the store (for every daemon), and from
 then on its unknown outcomes go to review instead of being searched.
+
+Not after every send: a read-back is a second API call (and, on Gmail, 5 quota units) per
+send, and a provider that replaces IDs does so for every message of an account, not for
+one in a thousand. So each provider's first `readback_first` confirmed sends after the
+daemon starts are read back, then a steady `readback_rate` share of the rest (every
+1/rate-th, by a running credit, so the share is exact and tests need no randomness).
+A provider declares both as attributes (the Gmail provider from its settings); one that
+does not gets the defaults below.
 """
 
 from __future__ import annotations
@@ -12,14 +20,40 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from daemon.engine.clock import Clock
 from daemon.providers.base import Provider, ProviderError
+from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.message_id import same_message_id
 
 log = logging.getLogger("sendledger.engine")
+
+
+@dataclass
+class _Sampler:
+    first: int
+    rate: float
+    seen: int = 0
+    credit: float = 0.0
+
+    def take(self) -> bool:
+        self.seen += 1
+        if self.seen <= self.first:
+            return True
+        self.credit += self.rate
+        if self.credit >= 1.0 - 1e-9:
+            self.credit -= 1.0
+            return True
+        return False
+
+
+def _sampler_for(provider: Provider) -> _Sampler:
+    first = getattr(provider, "readback_first", DEFAULT_READBACK_FIRST)
+    rate = getattr(provider, "readback_rate", DEFAULT_READBACK_RATE)
+    return _Sampler(max(int(first), 1), min(max(float(rate), 0.0), 1.0))
 
 
 class ProviderHealth:
@@ -30,6 +64,8 @@ class ProviderHealth:
         self._clock = clock
         self._lock = threading.Lock()
         self._reliable: dict[str, bool] = {}
+        self._samplers: dict[str, _Sampler] = {}
+        self.readbacks = 0
 
     def refresh(self, providers: Iterable[str]) -> None:
         fresh = {name: self._ledger.handle_reliable(name) for name in providers}
@@ -44,10 +80,20 @@ class ProviderHealth:
         with self._lock:
             return sorted(name for name, ok in self._reliable.items() if not ok)
 
+    def should_read_back(self, name: str, provider: Provider) -> bool:
+        """Whether this confirmed send of provider `name` is one to read back."""
+        with self._lock:
+            sampler = self._samplers.get(name)
+            if sampler is None:
+                sampler = self._samplers[name] = _sampler_for(provider)
+            return sampler.take()
+
     def read_back(
         self, job: SendJob, name: str, provider: Provider, provider_message_id: str
     ) -> None:
         """Compare the stored copy's Message-ID with ours; a failed read proves nothing."""
+        with self._lock:
+            self.readbacks += 1
         try:
             stored = provider.read_message_id(provider_message_id)
         except ProviderError as exc:

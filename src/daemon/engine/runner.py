@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Protocol
 
 from daemon.engine.clock import Clock
+from daemon.engine.observer import EngineObserver, NullObserver, notify
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import Count, Counter
 from daemon.providers.base import Provider
@@ -40,6 +41,7 @@ class Work:
     now: datetime
     ledger: Ledger
     counter: Counter
+    observer: EngineObserver = field(default_factory=NullObserver)
     _saved_state: JobState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -51,8 +53,10 @@ class Work:
     def save(self) -> None:
         """Append the events the step recorded (ConcurrentUpdate: another writer won)."""
         before = self._saved_state
+        events = list(self.job.pending_events)
         self.ledger.save_job(self.job)
         self._saved_state = self.job.state
+        notify(lambda: self.observer.saved(self.job, events))
         if self.job.state is JobState.REVIEW and before is not JobState.REVIEW:
             self.count("escalated")
             log.warning("job %s to review: %s", self.job.key, self.job.reason)
@@ -102,8 +106,10 @@ class StepRunner:
         providers: Mapping[str, Provider],
         clock: Clock,
         stopping: threading.Event,
+        observer: EngineObserver | None = None,
     ) -> None:
         self._ledger = ledger
+        self._observer: EngineObserver = observer or NullObserver()
         self._policies = policies
         self._providers = providers
         self._clock = clock
@@ -119,7 +125,7 @@ class StepRunner:
                 return
             policy = self._policies.current.get(job.channel)
             provider = None if policy is None else self._providers.get(policy.provider)
-            step.run(Work(job, policy, provider, now, self._ledger, counter))
+            step.run(Work(job, policy, provider, now, self._ledger, counter, self._observer))
         except (ConcurrentUpdate, TransitionError, UnknownJob) as exc:
             log.debug("job %s skipped: %s", key, exc)
             counter.bump("skipped")

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from daemon.engine.clock import Clock
 from daemon.engine.dispatch import Dispatch
 from daemon.engine.health import ProviderHealth
+from daemon.engine.observer import EngineObserver, NullObserver, ObservedProvider, notify
 from daemon.engine.policy_holder import PolicyHolder
-from daemon.engine.recover import Recover
+from daemon.engine.recover import Recover, RecoverOwnClaims
 from daemon.engine.report import Counter, TickReport
 from daemon.engine.runner import Step, StepRunner
 from daemon.engine.search import SearchBackoff, Sweep, Verify
@@ -38,15 +40,27 @@ class Engine:
         batch_size: int = 200,
         deadline_grace: float = 30.0,
         rng: random.Random | None = None,
+        observer: EngineObserver | None = None,
+        daemon_name: str = "",
     ) -> None:
         self.ledger = ledger
+        self.daemon_name = daemon_name
         self.policies = policies
         self.providers = providers
         self.clock: Clock = clock or ledger.clock
         self.batch_size = batch_size
         self.health = ProviderHealth(ledger, self.clock)
         self._stopping = threading.Event()
-        self._runner = StepRunner(ledger, policies, providers, self.clock, self._stopping)
+        self.observer: EngineObserver = observer or NullObserver()
+        # Only the steps' calls are timed: `providers` stays what the caller gave.
+        called: Mapping[str, Provider] = (
+            providers
+            if observer is None
+            else {name: ObservedProvider(p, observer) for name, p in providers.items()}
+        )
+        self._runner = StepRunner(
+            ledger, policies, called, self.clock, self._stopping, self.observer
+        )
         backoff = SearchBackoff()
         self._steps: tuple[Step, ...] = (
             Dispatch(
@@ -56,6 +70,7 @@ class Engine:
                 deadline_grace=deadline_grace,
                 rng=rng or random.Random(),
                 stopping=self._stopping,
+                daemon=daemon_name,
             ),
             Recover(self.health),
             Sweep(self.health, backoff, self.clock),
@@ -73,7 +88,18 @@ class Engine:
     def unreliable_providers(self) -> list[str]:
         return self.health.unreliable()
 
+    def recover_own_claims(self) -> TickReport:
+        """At start-up, with this daemon's name held (`Ledger.hold_identity`): its own
+        claims left by an earlier process have no call in flight; Unknown now."""
+        counter = Counter()
+        self.health.refresh(self.providers)
+        step = RecoverOwnClaims(self.health, self.daemon_name)
+        for row in self.ledger.jobs(state=step.state):
+            self._runner.run(step, row.key, counter)
+        return counter.report
+
     def tick(self) -> TickReport:
+        started = time.perf_counter()
         counter = Counter()
         self.health.refresh(self.providers)
         for step in self._steps:
@@ -81,4 +107,6 @@ class Engine:
             futures = [self._pool.submit(self._runner.run, step, row.key, counter) for row in rows]
             for future in futures:
                 future.result()
+        elapsed = time.perf_counter() - started
+        notify(lambda: self.observer.tick_done(elapsed, counter.report))
         return counter.report

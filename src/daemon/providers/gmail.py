@@ -49,7 +49,8 @@ from daemon.providers.quota import (
     GMAIL_SEND_UNITS,
     TokenBucket,
 )
-from daemon.providers.transport import SingleShotHttp
+from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
+from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
 from ledger.message_id import same_message_id
 
 # gmail.send for messages.send; gmail.readonly because `q=` is refused under gmail.metadata.
@@ -156,6 +157,11 @@ class GmailProvider:
         timeout: float = 30.0,
         quota_units_per_second: float = 250.0,
         page_size: int = 100,
+        readback_first: int = DEFAULT_READBACK_FIRST,
+        readback_rate: float = DEFAULT_READBACK_RATE,
+        reuse_connections: bool = True,
+        max_idle: float = DEFAULT_MAX_IDLE,
+        ca_certs: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -163,8 +169,21 @@ class GmailProvider:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be within 1..{MAX_PAGE_SIZE}, got {page_size!r}")
+        if readback_first < 1:
+            raise ValueError(f"readback_first must be at least 1, got {readback_first!r}")
+        if not 0.0 <= readback_rate <= 1.0:
+            raise ValueError(f"readback_rate must be within 0..1, got {readback_rate!r}")
         self.name = name
         self.user = user or "me"
+        # Read by the engine's Message-ID read-back sampling (daemon/engine/health.py).
+        self.readback_first = readback_first
+        self.readback_rate = float(readback_rate)
+        self.reuse_connections = reuse_connections
+        self.max_idle = float(max_idle)
+        # A CA bundle to trust instead of httplib2's (the emulator's throw-away CA).
+        self.ca_certs = ca_certs
+        # Shared by every thread's transport: how often a reused connection died.
+        self.transport_stats = TransportStats()
         self.api_endpoint = api_endpoint
         self.timeout = float(timeout)
         self.page_size = page_size
@@ -192,7 +211,14 @@ class GmailProvider:
         authed: google_auth_httplib2.AuthorizedHttp | None = getattr(self._local, "http", None)
         if authed is None:
             authed = google_auth_httplib2.AuthorizedHttp(
-                self._credentials, http=SingleShotHttp(timeout=self.timeout)
+                self._credentials,
+                http=SingleShotHttp(
+                    timeout=self.timeout,
+                    reuse=self.reuse_connections,
+                    max_idle=self.max_idle,
+                    stats=self.transport_stats,
+                    ca_certs=self.ca_certs,
+                ),
             )
             self._local.http = authed
             with self._https_lock:
@@ -307,8 +333,7 @@ class GmailProvider:
         with self._https_lock:
             https = list(self._https)
             self._https.clear()
-        # SingleShotHttp closes every connection after its request; this is for a
-        # request cut short by an exception in another thread.
+        # Kept-alive connections of every thread (and any request cut short in another).
         for authed in https:
             for conn in list(authed.http.connections.values()):
                 conn.close()

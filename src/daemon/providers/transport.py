@@ -11,17 +11,25 @@ For `users.messages.send` either repeat is a second email. So `SingleShotHttp` r
 `_conn_request` with one attempt, and splits it into two phases so the caller can tell
 "not sent" from "maybe sent":
 
-1. connect (DNS, TCP, TLS handshake; through a proxy: the tunnel) on a FRESH connection.
-   No byte of the request has left yet, so a failure here proves nothing was sent:
-   `NotSentError`.
+1. connect (DNS, TCP, TLS handshake; through a proxy: the tunnel) when there is no open
+   connection to reuse. No byte of the request has left yet, so a failure here proves
+   nothing was sent: `NotSentError`.
 2. write the request and read the whole response. From the first byte written on, a
    failure (timeout, reset, closed without a response, unreadable body) leaves the
    outcome unknown: `ResponseLostError`.
 
-A fresh connection per request is what makes phase 1 a proof: on a reused keep-alive
-connection a stale socket would only show up while writing, in phase 2, where it cannot
-be told apart from a server that took the request and died. The price is one handshake
-per call, small next to Gmail's quota (a send costs 100 of a user's 250 units/s).
+Keep-alive connections are reused (a fresh TCP + TLS handshake per call was the largest
+cost of a send over HTTPS; see README "Performance and scaling"), and reuse changes no
+outcome rule: a request written on a reused connection that dies unanswered is a
+`ResponseLostError` like any other - an Unknown, reconciled by searching for the
+Message-ID - and is never written again. What reuse costs is that a connection the server
+closed while it sat idle shows up only while writing, where it cannot be told apart from a
+server that took the request and died; such a job waits for its search instead of being
+retried at once. Two checks keep that rare without ever re-sending: a connection idle
+longer than `max_idle` (below the keep-alive timeouts servers use) is closed and replaced
+before anything is written, and so is one whose socket already reports the server's close
+(readable at rest means EOF or junk: a response nobody asked for). `TransportStats`
+counts requests on fresh and reused connections and how many of each died unanswered.
 
 Also switched off: redirects (httplib2 re-POSTs on 308; Gmail does not redirect API calls,
 so a 3xx is surfaced as a response and classified as unknown), the cache and httplib2's
@@ -37,10 +45,49 @@ httplib2's own errors; the original stays reachable through `__cause__`/`args`.
 from __future__ import annotations
 
 import http.client
+import select
 import socket
+import ssl
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httplib2
+
+#: Seconds a connection may sit idle and still be reused. Google's front ends keep idle
+#: connections for minutes and common servers for 5 s or more; staying under that makes a
+#: server-side close during our write (an avoidable Unknown) rare.
+DEFAULT_MAX_IDLE = 4.0
+
+
+@dataclass
+class TransportStats:
+    """Requests by connection kind, and those that died unanswered (thread-safe)."""
+
+    fresh: int = 0
+    reused: int = 0
+    fresh_lost: int = 0
+    reused_lost: int = 0
+    # Idle or closed by the server: replaced before anything was written.
+    retired: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def bump(self, name: str) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "fresh": self.fresh,
+                "reused": self.reused,
+                "fresh_lost": self.fresh_lost,
+                "reused_lost": self.reused_lost,
+                "retired": self.retired,
+            }
 
 
 class TransportFailure(httplib2.HttpLib2Error):  # type: ignore[misc]
@@ -58,7 +105,14 @@ class NotSentError(TransportFailure):
 
 
 class ResponseLostError(TransportFailure):
-    """The request was (or may have been) written, and no complete response came back."""
+    """The request was (or may have been) written, and no complete response came back.
+    `reused`: it went out on a kept-alive connection rather than a fresh one."""
+
+    def __init__(
+        self, message: str, *, host: str, cause: BaseException, reused: bool = False
+    ) -> None:
+        super().__init__(message, host=host, cause=cause)
+        self.reused = reused
 
 
 def describe(exc: BaseException) -> str:
@@ -81,18 +135,58 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
-    """`httplib2.Http` that never repeats a request and never reuses a connection."""
+def _closed_by_peer(sock: Any) -> bool:
+    """True when an idle connection's socket has something to read: the server's FIN, a
+    reset, or bytes nobody asked for. Either way it must not carry a request."""
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
-    def __init__(self, *, timeout: float, **kwargs: Any) -> None:
+
+class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
+    """`httplib2.Http` that never repeats a request; it reuses idle keep-alive connections
+    (`reuse=False`: a fresh connection per request)."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        reuse: bool = True,
+        max_idle: float = DEFAULT_MAX_IDLE,
+        stats: TransportStats | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        **kwargs: Any,
+    ) -> None:
         if timeout is None or timeout <= 0:
             # httplib2 treats None as "no timeout": a hung server would hang us forever.
             raise ValueError(f"a positive timeout is required, got {timeout!r}")
+        if max_idle < 0:
+            raise ValueError(f"max_idle must not be negative, got {max_idle!r}")
         super().__init__(timeout=timeout, **kwargs)
         self.follow_redirects = False
         self.follow_all_redirects = False
         self.redirect_codes: frozenset[int] = frozenset()
         self.cache = None
+        self.reuse = reuse
+        self.max_idle = float(max_idle)
+        self.stats = stats if stats is not None else TransportStats()
+        self._clock = clock
+        # When each kept connection finished its last exchange.
+        self._idle_since: weakref.WeakKeyDictionary[http.client.HTTPConnection, float] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _reusable(self, conn: http.client.HTTPConnection) -> bool:
+        if not self.reuse or conn.sock is None:
+            return False
+        since = self._idle_since.get(conn)
+        if since is None or self._clock() - since > self.max_idle:
+            return False
+        return not _closed_by_peer(conn.sock)
 
     def _conn_request(
         self,
@@ -103,17 +197,22 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         headers: dict[str, str],
     ) -> tuple[httplib2.Response, bytes]:
         host = f"{conn.host}:{conn.port}"
-        # Phase 1: connect, always afresh (see the module docstring).
-        if conn.sock is not None:
-            conn.close()
-        try:
-            conn.connect()
-        except Exception as exc:
-            conn.close()
-            raise NotSentError(
-                f"no connection to {host}: {describe(exc)}", host=host, cause=exc
-            ) from exc
-        # Phase 2: from here on the server may have the request.
+        reused = self._reusable(conn)
+        self._idle_since.pop(conn, None)
+        if not reused:
+            # Phase 1 on a fresh connection (see the module docstring).
+            if conn.sock is not None:
+                self.stats.bump("retired")
+                conn.close()
+            try:
+                conn.connect()
+            except Exception as exc:
+                conn.close()
+                raise NotSentError(
+                    f"no connection to {host}: {describe(exc)}", host=host, cause=exc
+                ) from exc
+        self.stats.bump("reused" if reused else "fresh")
+        # Phase 2: from here on the server may have the request, reused connection or not.
         try:
             conn.request(method, request_uri, body, headers)
             raw = conn.getresponse()
@@ -122,10 +221,18 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
             if method != "HEAD":
                 content = httplib2._decompressContent(response, content, self.limit_kwargs)
         except Exception as exc:
+            # Nothing is left for a later call to trip on; the next one connects afresh.
+            conn.close()
+            self.stats.bump("reused_lost" if reused else "fresh_lost")
+            target = f"a reused connection to {host}" if reused else host
             raise ResponseLostError(
-                f"{method} sent to {host}, then {describe(exc)}", host=host, cause=exc
+                f"{method} sent to {target}, then {describe(exc)}",
+                host=host,
+                cause=exc,
+                reused=reused,
             ) from exc
-        finally:
-            # One request per connection: nothing is left for a later call to trip on.
+        if self.reuse and not raw.will_close and method != "HEAD" and conn.sock is not None:
+            self._idle_since[conn] = self._clock()
+        else:
             conn.close()
         return response, content

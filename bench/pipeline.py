@@ -1,0 +1,505 @@
+"""Pipeline throughput: the daemon's own cost next to a bare client loop, in one run.
+
+For each backend (a SQLite file; PostgreSQL when reachable):
+
+  (a) cpu      N jobs (default 2,000), the Gmail emulator with zero latency, quota lifted,
+               no faults: jobs/s from submitted to confirmed (the engine ticking back to
+               back), next to a bare serial loop of google-api-python-client sends of the
+               same messages to the same emulator; CPU ms per job for both. Goal >= 0.5.
+  (b) latency  200 ms per Gmail API call, concurrency 16 and 64: jobs/s against the ideal
+               concurrency / 0.2 s. Goal >= 0.8.
+  (c) https    (a) with the emulator serving HTTPS from a throw-away CA the clients trust.
+  (d) idle     how often a reused connection dies: a server that closes idle connections
+               after 100 ms, sends at random gaps around that; no send may make two copies.
+
+The emulator runs in its own process, so the CPU time measured here is the daemon's (or
+the bare loop's) alone; every run counts the copies at the emulator (each job exactly
+one). Connection counters of the daemon's transport (fresh / reused / died unanswered)
+are printed per run. `--variant` repeats (a) with parts of the pipeline switched back to
+their old behaviour, to show what each change did. It is a measurement: exit code 0
+unless a job did not end with exactly one copy.
+
+    .venv/bin/python bench/pipeline.py [--n 2000] [--no-postgres] [--only cpu,latency,https,idle]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import multiprocessing
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import google_auth_httplib2
+import httplib2
+from intake import available_backends
+
+from daemon.bootstrap import bootstrap
+from daemon.engine import Engine
+from daemon.providers.gmail import GmailProvider, build_gmail_service, load_credentials
+from daemon.settings import settings_from_dict
+from ledger.application import Ledger
+from ledger.content import parse_job
+from ledger.message_id import message_id_for
+from ledger.mime import build_message
+from policies import model as policy_model
+from policies.loader import PolicySet
+from policies.model import ChannelPolicy
+from testkit import GmailEmulator, write_service_account
+from testkit.tls import make_loopback_tls
+
+CPU_GOAL = 0.5
+LATENCY_GOAL = 0.8
+LATENCY = 0.2
+USER = "support@example.com"
+UNLIMITED_QUOTA = 1e9
+POLICY = ChannelPolicy.model_validate(
+    {
+        "channel": "receipts",
+        "provider": "gmail",
+        "from": "Support <support@example.com>",
+        "message_id_domain": "mail.example.com",
+        "search_after": "30s",
+    }
+)
+
+
+# -- the emulator, in its own process ----------------------------------------------------
+
+
+def _serve(
+    conn: Connection, latency: float, tls_dir: str | None, idle_timeout: float | None
+) -> None:
+    tls = make_loopback_tls(Path(tls_dir)) if tls_dir else None
+    emulator = GmailEmulator(latency=latency, tls=tls, idle_timeout=idle_timeout).start()
+    conn.send((emulator.url, str(tls.ca_file) if tls else None))
+    while True:
+        command, arg = conn.recv()
+        if command == "stop":
+            emulator.stop()
+            conn.send(None)
+            return
+        if command == "latency":
+            emulator.set_latency(arg)
+            conn.send(None)
+        elif command == "copies":
+            # {message_id: copies} of the ids asked for.
+            wanted = set(arg)
+            counts: dict[str, int] = dict.fromkeys(wanted, 0)
+            for entry in emulator.accepted():
+                if entry["message_id"] in wanted:
+                    counts[entry["message_id"]] += 1
+            conn.send(counts)
+
+
+@dataclass
+class Emulator:
+    url: str
+    ca_file: str | None
+    _conn: Connection
+    _process: Any
+
+    def call(self, command: str, arg: Any = None) -> Any:
+        self._conn.send((command, arg))
+        return self._conn.recv()
+
+
+@contextmanager
+def emulator_process(
+    latency: float = 0.0, *, https: bool = False, idle_timeout: float | None = None
+) -> Iterator[Emulator]:
+    with tempfile.TemporaryDirectory(prefix="sendledger-bench-tls-") as folder:
+        parent, child = multiprocessing.Pipe()
+        process = multiprocessing.get_context("spawn").Process(
+            target=_serve,
+            args=(child, latency, folder if https else None, idle_timeout),
+            daemon=True,
+        )
+        process.start()
+        url, ca_file = parent.recv()
+        emulator = Emulator(url, ca_file, parent, process)
+        try:
+            yield emulator
+        finally:
+            emulator.call("stop")
+            process.join(timeout=10)
+
+
+# -- the messages ------------------------------------------------------------------------
+
+
+def job_document(i: int, prefix: str) -> dict[str, Any]:
+    return {
+        "channel": "receipts",
+        "key": f"{prefix}-{i:07d}",
+        "to": "Alice <alice@example.com>",
+        "subject": f"Your receipt {i}",
+        "body": f"Thanks for order {i}.\n",
+    }
+
+
+def bare_raw(i: int, prefix: str) -> tuple[str, bytes]:
+    """What the daemon would send for job i: same headers, same body, our Message-ID."""
+    document = job_document(i, prefix)
+    message_id = message_id_for(document["key"], POLICY.message_id_domain)
+    raw = build_message(
+        from_addr=POLICY.from_,
+        to=[document["to"]],
+        subject=document["subject"],
+        body=document["body"],
+        message_id=message_id,
+        date=datetime.now(UTC),
+    )
+    return message_id, raw
+
+
+# -- one measured run --------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    jobs: int
+    seconds: float
+    cpu: float
+    copies_ok: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.cpu * 1000 / self.jobs
+
+
+def bare_loop(emulator: Emulator, creds: Path, n: int) -> Run:
+    """A serial loop of client sends: no ledger, stock httplib2 (keep-alive), no retries."""
+    messages = [bare_raw(i, f"bare{time.monotonic_ns()}") for i in range(n)]
+    http = httplib2.Http(timeout=30, ca_certs=emulator.ca_file)
+    credentials = load_credentials(creds, user=USER, token_uri=emulator.url + "/token")
+    authed = google_auth_httplib2.AuthorizedHttp(credentials, http=http)
+    api = build_gmail_service(authed, api_endpoint=emulator.url).users().messages()
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _message_id, raw in messages:
+        encoded = base64.urlsafe_b64encode(raw).decode("ascii")
+        api.send(userId=USER, body={"raw": encoded}).execute(num_retries=0)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    counts = emulator.call("copies", [mid for mid, _ in messages])
+    return Run(n, wall, cpu, all(c == 1 for c in counts.values()))
+
+
+def emulator_provider(emulator: Emulator, creds: Path, **options: Any) -> GmailProvider:
+    """The daemon's Gmail provider on the emulator, quota lifted, trusting its CA."""
+    return GmailProvider(
+        "gmail",
+        credentials_file=creds,
+        user=USER,
+        api_endpoint=emulator.url,
+        token_uri=emulator.url + "/token",
+        timeout=30.0,
+        quota_units_per_second=UNLIMITED_QUOTA,
+        ca_certs=emulator.ca_file,
+        **options,
+    )
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How the daemon is set up for a run; the defaults are today's behaviour."""
+
+    name: str = "daemon"
+    reuse_connections: bool = True
+    readback_first: int = 10
+    readback_rate: float = 0.01
+    fingerprint_cache: bool = True
+
+
+def daemon_run(
+    emulator: Emulator,
+    creds: Path,
+    store_url: str,
+    n: int,
+    *,
+    concurrency: int,
+    batch_size: int,
+    variant: Variant = Variant(),
+    hook: Callable[[Engine], Any] | None = None,
+) -> Run:
+    """Submit n jobs, then tick the engine back to back until every one is confirmed."""
+    settings = settings_from_dict(
+        {
+            "store": {"url": store_url},
+            "daemon": {"concurrency": concurrency, "batch_size": batch_size},
+            "providers": {
+                "gmail": {
+                    "credentials_file": str(creds),
+                    "api_endpoint": emulator.url,
+                    "token_uri": emulator.url + "/token",
+                    "timeout": "30s",
+                    "quota_units_per_second": UNLIMITED_QUOTA,
+                }
+            },
+        }
+    )
+    policies = PolicySet({"receipts": POLICY})
+    ledger = Ledger(store_url)
+    prefix = f"job{time.monotonic_ns()}"
+    message_ids = []
+    for i in range(n):
+        result = ledger.submit(parse_job(job_document(i, prefix)), POLICY.sender)
+        message_ids.append(result.message_id)
+    provider = emulator_provider(
+        emulator,
+        creds,
+        readback_first=variant.readback_first,
+        readback_rate=variant.readback_rate,
+        reuse_connections=variant.reuse_connections,
+    )
+    service = bootstrap(
+        settings,
+        ledger=ledger,
+        policy_loader=lambda: policies,
+        policies=policies,
+        providers={"gmail": provider},
+    )
+    if hook is not None:
+        hook(service.engine)
+    confirmed = ticks = idle = 0
+    cached = policy_model._fingerprint
+    if not variant.fingerprint_cache:
+        policy_model._fingerprint = cached.__wrapped__  # type: ignore[assignment]
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        while confirmed < n and idle < 50:
+            report = service.engine.tick()
+            ticks += 1
+            confirmed += report.confirmed
+            idle = 0 if report.busy() else idle + 1
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        policy_model._fingerprint = cached
+        service.close()
+        ledger.close()
+    counts = emulator.call("copies", message_ids)
+    ok = confirmed == n and all(c == 1 for c in counts.values())
+    stats = provider.transport_stats.snapshot()
+    return Run(n, wall, cpu, ok, {"ticks": ticks, **stats})
+
+
+# -- the three measurements --------------------------------------------------------------
+
+
+def connection_line(run: Run) -> str:
+    e = run.extra
+    requests = e["fresh"] + e["reused"]
+    died = e["reused_lost"]
+    share = f"{died / e['reused']:.2%}" if e["reused"] else "n/a"
+    return (
+        f"{requests} requests: {e['fresh']} fresh connections, {e['reused']} reused "
+        f"({died} reused died unanswered: {share}); {e['retired']} retired idle/closed"
+    )
+
+
+def measure_cpu(
+    name: str,
+    store: Callable[[], Any],
+    creds: Path,
+    n: int,
+    *,
+    https: bool,
+    concurrency: int,
+    rounds: int,
+    variants: list[Variant],
+) -> list[tuple[str, float, float, float, float, float]]:
+    """Median over rounds of (bare jobs/s, daemon jobs/s, ratio, bare cpu ms, daemon cpu ms)
+    for each variant; the bare loop and the daemon alternate within a round."""
+    rows = []
+    with emulator_process(0.0, https=https) as emulator:
+        for variant in variants:
+            results: list[tuple[Run, Run]] = []
+            for _ in range(rounds):
+                bare = bare_loop(emulator, creds, n)
+                with store() as url:
+                    daemon = daemon_run(
+                        emulator,
+                        creds,
+                        url,
+                        n,
+                        concurrency=concurrency,
+                        batch_size=200,
+                        variant=variant,
+                    )
+                if not (bare.copies_ok and daemon.copies_ok):
+                    raise SystemExit(f"{name}: a job did not end with exactly one copy")
+                results.append((bare, daemon))
+                print(
+                    f"  {name:<10} {'https' if https else 'http':<5} {variant.name:<22} "
+                    f"bare {bare.rate:7.0f}/s {bare.cpu_ms:5.2f} cpu-ms   "
+                    f"daemon {daemon.rate:7.0f}/s {daemon.cpu_ms:5.2f} cpu-ms   "
+                    f"ratio {daemon.rate / bare.rate:5.2f}   {connection_line(daemon)}",
+                    flush=True,
+                )
+            rows.append(
+                (
+                    variant.name,
+                    statistics.median(b.rate for b, _ in results),
+                    statistics.median(d.rate for _, d in results),
+                    statistics.median(d.rate / b.rate for b, d in results),
+                    statistics.median(b.cpu_ms for b, _ in results),
+                    statistics.median(d.cpu_ms for _, d in results),
+                )
+            )
+    return rows
+
+
+def batch_for(concurrency: int) -> int:
+    """About 200 due jobs a tick, in whole waves: a tick waits for its last call, so a
+    last wave of 8 calls on 64 threads would leave 56 idle for one call's time."""
+    return concurrency * max(1, round(200 / concurrency))
+
+
+def measure_latency(
+    name: str, store: Callable[[], Any], creds: Path, concurrency: int, n: int
+) -> tuple[float, float]:
+    with emulator_process(LATENCY) as emulator, store() as url:
+        run = daemon_run(
+            emulator, creds, url, n, concurrency=concurrency, batch_size=batch_for(concurrency)
+        )
+    if not run.copies_ok:
+        raise SystemExit(f"{name}: a job did not end with exactly one copy")
+    ideal = concurrency / LATENCY
+    print(
+        f"  {name:<10} concurrency {concurrency:<3} {run.rate:7.1f} jobs/s of {ideal:.0f} "
+        f"ideal: {run.rate / ideal:.2f}   {connection_line(run)}",
+        flush=True,
+    )
+    return run.rate, run.rate / ideal
+
+
+def measure_idle_reuse(creds: Path, sends: int, server_idle: float) -> str:
+    """(d) How often a reused connection dies: the server closes connections idle for
+    `server_idle` s, and sends come at random gaps around it (the client's own max_idle is
+    longer, so only the closed-socket check stands between a stale connection and a
+    write). Every send must still end with exactly one copy, or none when the request
+    was lost before the server read it - never two."""
+    rng = random.Random(7)
+    prefix = f"idle{time.monotonic_ns()}"
+    with emulator_process(0.0, idle_timeout=server_idle) as emulator:
+        provider = emulator_provider(emulator, creds)
+        outcomes: dict[str, str] = {}
+        try:
+            for i in range(sends):
+                message_id, raw = bare_raw(i, prefix)
+                outcomes[message_id] = provider.send_raw(raw).kind.value
+                time.sleep(rng.uniform(0.5, 1.5) * server_idle)
+        finally:
+            provider.close()
+        counts = emulator.call("copies", list(outcomes))
+    stats = provider.transport_stats.snapshot()
+    doubled = sum(1 for c in counts.values() if c > 1)
+    unknown = sum(1 for kind in outcomes.values() if kind != "confirmed")
+    if doubled:
+        raise SystemExit(f"(d): {doubled} sends made two copies")
+    return (
+        f"(d) idle   server closes after {server_idle * 1000:.0f} ms idle, {sends} sends at "
+        f"random gaps of 0.5-1.5x that: {stats['reused']} on reused connections, "
+        f"{stats['retired']} stale connections replaced before writing, "
+        f"{stats['reused_lost']} reused died unanswered ({unknown} unknown outcomes), "
+        f"0 sends with two copies"
+    )
+
+
+VARIANTS = {
+    "old": Variant("old: all three off", False, 1, 1.0, False),
+    "no-fingerprint-cache": Variant("fingerprint per decision", fingerprint_cache=False),
+    "no-reuse": Variant("no connection reuse", False),
+    "readback-all": Variant("read back every send", True, 1, 1.0),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2000, help="jobs per (a)/(c) run")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of (a)/(c) (median)")
+    parser.add_argument("--concurrency", type=int, default=4, help="daemon concurrency in (a)")
+    parser.add_argument(
+        "--only", default="cpu,latency,https,idle", help="which measurements (comma-separated)"
+    )
+    parser.add_argument("--idle-sends", type=int, default=200, help="sends in (d)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        choices=sorted(VARIANTS),
+        help="also run (a) with this part switched back to the old behaviour",
+    )
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(","))
+
+    backends = available_backends(no_postgres=args.no_postgres)
+    variants = [Variant(), *(VARIANTS[v] for v in args.variant)]
+    print(
+        f"pipeline benchmark: n={args.n}, daemon concurrency {args.concurrency} in (a)/(c), "
+        f"{os.cpu_count()} CPUs; emulator in its own process"
+    )
+    summary: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="sendledger-bench-") as folder:
+        creds = write_service_account(Path(folder) / "sa.json", token_uri="http://unused/token")
+        for name, store in backends:
+            for https in (False, True):
+                if ("https" if https else "cpu") not in only:
+                    continue
+                label = "(c) https" if https else "(a) cpu"
+                rows = measure_cpu(
+                    name,
+                    store,
+                    creds,
+                    args.n,
+                    https=https,
+                    concurrency=args.concurrency,
+                    rounds=args.rounds,
+                    variants=variants,
+                )
+                for vname, bare, daemon, ratio, bare_ms, daemon_ms in rows:
+                    verdict = "MEETS" if ratio >= CPU_GOAL else "MISSES"
+                    summary.append(
+                        f"{label:<10} {name:<10} {vname:<26} bare {bare:6.0f}/s "
+                        f"({bare_ms:4.2f} cpu-ms/job)  daemon {daemon:6.0f}/s "
+                        f"({daemon_ms:4.2f} cpu-ms/job)  ratio {ratio:4.2f}  "
+                        f"{verdict} (>= {CPU_GOAL})"
+                    )
+            if "latency" in only:
+                for concurrency in (16, 64):
+                    n = int(concurrency / LATENCY * 8)  # about 8 s of ideal sending
+                    rate, ratio = measure_latency(name, store, creds, concurrency, n)
+                    verdict = "MEETS" if ratio >= LATENCY_GOAL else "MISSES"
+                    summary.append(
+                        f"(b) 200ms  {name:<10} concurrency {concurrency:<14} "
+                        f"{rate:6.1f} jobs/s of {concurrency / LATENCY:.0f}  ratio {ratio:4.2f}"
+                        f"  {verdict} (>= {LATENCY_GOAL})"
+                    )
+        if "idle" in only:
+            summary.append(measure_idle_reuse(creds, args.idle_sends, 0.1))
+    print()
+    print("\n".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""cProfile of the daemon in the CPU-bound pipeline run ((a) of bench/pipeline.py).
+
+cProfile sees one thread; the engine's work runs on its worker pool. So every worker's
+step runs under that thread's own profiler, the tick's own work (the due-job reads) under
+the main thread's, and the statistics are merged. Prints the top functions by own time
+and by cumulative time.
+
+    .venv/bin/python bench/profile_pipeline.py [--n 1000] [--store sqlite|postgresql]
+        [--variant old|no-reuse|readback-all] [--concurrency 4] [--top 30] [--callers RE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from intake import pg_store, sqlite_store
+from pipeline import VARIANTS, Variant, daemon_run, emulator_process
+
+from daemon.engine import Engine, dispatch
+from testkit import write_service_account
+
+
+class Breakdown:
+    """CPU time (time.thread_time, so each thread's own) spent inside wrapped calls."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cpu: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def wrap(self, name: str, function: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent = time.thread_time() - started
+                with self._lock:
+                    self.cpu[name] = self.cpu.get(name, 0.0) + spent
+                    self.calls[name] = self.calls.get(name, 0) + 1
+
+        return timed
+
+
+class ThreadProfiles:
+    """One cProfile.Profile per thread that runs a wrapped call."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.profiles: list[cProfile.Profile] = []
+
+    def profiler(self) -> cProfile.Profile:
+        found: cProfile.Profile | None = getattr(self._local, "profile", None)
+        if found is None:
+            found = cProfile.Profile()
+            self._local.profile = found
+            with self._lock:
+                self.profiles.append(found)
+        return found
+
+    def wrap(self, function: Any) -> Any:
+        def profiled(*args: Any, **kwargs: Any) -> Any:
+            profiler = self.profiler()
+            profiler.enable()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                profiler.disable()
+
+        return profiled
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--variant", choices=sorted(VARIANTS))
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--https", action="store_true")
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--callers", help="also print who calls functions matching this")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="no cProfile: CPU ms per job in loading, rendering, saving and the provider call",
+    )
+    args = parser.parse_args(argv)
+    variant = VARIANTS[args.variant] if args.variant else Variant()
+    profiles = ThreadProfiles()
+
+    breakdown = Breakdown()
+
+    def split(engine: Engine) -> None:
+        ledger: Any = engine.ledger
+        ledger.get_job = breakdown.wrap("load the job (get_job)", ledger.get_job)
+        ledger.save_job = breakdown.wrap("save events + index (save_job)", ledger.save_job)
+        ledger.due = breakdown.wrap("read due jobs (due)", ledger.due)
+        provider: Any = engine.providers["gmail"]
+        provider.send_raw = breakdown.wrap("provider send_raw", provider.send_raw)
+        provider.read_message_id = breakdown.wrap("provider read-back", provider.read_message_id)
+        runner: Any = engine._runner
+        runner.run = breakdown.wrap("whole step (runner.run)", runner.run)
+        dispatch.render = breakdown.wrap("render MIME (dispatch.render)", dispatch.render)
+
+    def instrument(engine: Engine) -> None:
+        runner: Any = engine._runner
+        runner.run = profiles.wrap(runner.run)
+        ledger: Any = engine.ledger
+        ledger.due = profiles.wrap(ledger.due)
+
+    store = sqlite_store if args.store == "sqlite" else pg_store
+    with tempfile.TemporaryDirectory(prefix="sendledger-profile-") as folder:
+        creds = write_service_account(Path(folder) / "sa.json", token_uri="http://unused/token")
+        with emulator_process(0.0, https=args.https) as emulator, store() as url:
+            run = daemon_run(
+                emulator,
+                creds,
+                url,
+                args.n,
+                concurrency=args.concurrency,
+                batch_size=200,
+                variant=variant,
+                hook=split if args.breakdown else instrument,
+            )
+    print(
+        f"{args.store} {variant.name}: {run.rate:.0f} jobs/s, {run.cpu_ms:.2f} cpu-ms/job, "
+        f"ok={run.copies_ok}"
+    )
+    if args.breakdown:
+        for name, spent in sorted(breakdown.cpu.items(), key=lambda item: -item[1]):
+            print(
+                f"  {name:<34} {spent * 1000 / args.n:6.3f} cpu-ms/job "
+                f"({breakdown.calls[name]} calls)"
+            )
+        return 0
+    stats = pstats.Stats(*profiles.profiles, stream=(out := io.StringIO()))
+    for order in ("tottime", "cumulative"):
+        stats.sort_stats(order).print_stats(args.top)
+    if args.callers:
+        stats.print_callers(args.callers)
+    print("\n".join(line for line in out.getvalue().splitlines() if line.strip()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The Message-ID read-back after confirmed sends: every one of the first `readback_first`
+after start, then a `readback_rate` share; a provider that replaces IDs is still caught.
+
+Engine runs use the fake provider on a memory store with injected time (engine_rig.py);
+read-backs are counted by the engine's health record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.unit.engine_rig import EngineRig, policy
+
+from daemon.engine.health import _Sampler
+from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
+from daemon.settings import ConfigError, settings_from_dict
+
+
+def run_jobs(rig: EngineRig, count: int, start: int = 0) -> None:
+    for i in range(start, start + count):
+        rig.submit("receipts", f"job-{i:05d}")
+    rig.tick()
+
+
+RigFactory = Callable[..., EngineRig]
+
+
+@pytest.fixture
+def rig_with() -> Iterator[RigFactory]:
+    """Engine rigs whose fake provider declares its sampling (None: declares nothing, as
+    a provider without the settings); closed at teardown."""
+    rigs: list[EngineRig] = []
+
+    def make(first: int | None, rate: float = 0.0, *, replaces: bool = False) -> EngineRig:
+        rig = EngineRig(policy("receipts"))
+        rigs.append(rig)
+        rig.provider.replaces_message_id = replaces
+        if first is not None:
+            # The Gmail provider takes both from its settings.
+            rig.provider.readback_first = first  # type: ignore[attr-defined]
+            rig.provider.readback_rate = rate  # type: ignore[attr-defined]
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.close()
+
+
+def test_first_sends_then_a_share_of_the_rest(rig_with: RigFactory) -> None:
+    rig = rig_with(3, 0.25)
+    run_jobs(rig, 23)
+    assert rig.provider.sends == 23
+    assert rig.engine.health.readbacks == 3 + 5
+
+
+def test_a_provider_that_replaces_ids_is_caught_on_its_first_send(rig_with: RigFactory) -> None:
+    rig = rig_with(1, 0.0, replaces=True)
+    run_jobs(rig, 1)
+    assert rig.engine.unreliable_providers() == ["fake"]
+    assert not rig.ledger.handle_reliable("fake")
+
+
+def test_a_provider_that_starts_replacing_later_is_caught_by_the_sample(
+    rig_with: RigFactory,
+) -> None:
+    rig = rig_with(2, 0.5)
+    run_jobs(rig, 10)
+    assert rig.engine.unreliable_providers() == []
+    rig.provider.replaces_message_id = True
+    run_jobs(rig, 2, start=10)  # at rate 0.5, one of any two sends is read back
+    assert rig.engine.unreliable_providers() == ["fake"]
+
+
+def test_a_restart_reads_back_the_first_sends_again(rig_with: RigFactory) -> None:
+    rig = rig_with(2, 0.0)
+    run_jobs(rig, 5)
+    assert rig.engine.health.readbacks == 2
+    rig.restart()
+    run_jobs(rig, 5, start=5)
+    assert rig.engine.health.readbacks == 2
+
+
+def test_a_provider_without_settings_gets_the_defaults(rig_with: RigFactory) -> None:
+    rig = rig_with(None)
+    run_jobs(rig, DEFAULT_READBACK_FIRST + 5)
+    assert rig.engine.health.readbacks == DEFAULT_READBACK_FIRST
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    first=st.integers(min_value=1, max_value=50),
+    rate=st.floats(min_value=0.0, max_value=1.0, allow_nan=False),
+    sends=st.integers(min_value=0, max_value=600),
+)
+def test_sampler_reads_the_first_sends_and_the_rate_of_the_rest(
+    first: int, rate: float, sends: int
+) -> None:
+    sampler = _Sampler(first, rate)
+    taken = [sampler.take() for _ in range(sends)]
+    assert all(taken[:first])
+    rest = max(sends - first, 0)
+    sampled = sum(taken[first:])
+    assert math.floor(rest * rate) - 1 <= sampled <= math.ceil(rest * rate) + 1
+    if rate == 1.0:
+        assert sampled == rest
+    if rate == 0.0:
+        assert sampled == 0
+
+
+# -- settings -----------------------------------------------------------------------------
+
+
+def provider_config(**fields: object) -> dict[str, object]:
+    return {"providers": {"gmail": {"credentials_file": "sa.json", **fields}}}
+
+
+def test_settings_default_to_the_shared_defaults() -> None:
+    loaded = settings_from_dict(provider_config(), config_path=Path("/etc/sendledger.toml"))
+    gmail = loaded.providers["gmail"]
+    assert gmail.readback_first == DEFAULT_READBACK_FIRST
+    assert gmail.readback_rate == DEFAULT_READBACK_RATE
+
+
+@given(st.integers(min_value=1, max_value=1_000_000), st.floats(min_value=0, max_value=1))
+def test_settings_accept_every_valid_value(first: int, rate: float) -> None:
+    loaded = settings_from_dict(provider_config(readback_first=first, readback_rate=rate))
+    assert loaded.providers["gmail"].readback_first == first
+    assert loaded.providers["gmail"].readback_rate == rate
+
+
+@given(
+    st.one_of(
+        st.tuples(st.just("readback_first"), st.integers(max_value=0)),
+        st.tuples(st.just("readback_first"), st.integers(min_value=1_000_001)),
+        st.tuples(st.just("readback_first"), st.text(alphabet="abc-xyz ", max_size=5)),
+        st.tuples(
+            st.just("readback_rate"),
+            st.floats(allow_nan=True).filter(lambda x: not 0 <= x <= 1),
+        ),
+        st.tuples(st.just("readback_rate"), st.text(alphabet="abc-xyz ", max_size=5)),
+    )
+)
+def test_settings_refuse_bad_values_naming_the_key(bad: tuple[str, object]) -> None:
+    key, value = bad
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict(provider_config(**{key: value}))
+    message = str(caught.value)
+    assert f"providers.gmail.{key}" in message
+    assert "\n" not in message
