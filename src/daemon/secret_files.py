@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from daemon import output
 from daemon.errors import EXIT_OK
+from daemon.secret_text import content_lines, read_secret_text
 from daemon.settings import ConfigError, Settings
 from ledger.stores.cipher import check_key, new_key
 
@@ -78,15 +79,11 @@ def encryption_keys(settings: Settings) -> list[str]:
     path = settings.resolve(configured)
     where = f"store.encryption_key_file ({path})"
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: not UTF-8") from None
+        text = read_secret_text(path)
+    except ValueError as exc:
+        raise ConfigError(f"store.encryption_key_file: {exc}") from None
     keys = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
+    for number, line in content_lines(text):
         try:
             keys.append(check_key(line))
         except ValueError as exc:

@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from daemon.secret_text import content_lines, read_secret_text
+
 SESSION_COOKIE = "sendledger_session"
 SESSION_SECONDS = 8 * 3600
 
@@ -34,16 +36,11 @@ class TokenBook:
     @classmethod
     def from_file(cls, path: Path) -> TokenBook:
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise TokenFileError(f"api.token_file: cannot read {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise TokenFileError(f"api.token_file: {path}: not UTF-8") from None
+            text = read_secret_text(path)
+        except ValueError as exc:
+            raise TokenFileError(f"api.token_file: {exc}") from None
         tokens: dict[str, str] = {}
-        for number, raw in enumerate(text.splitlines(), start=1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
+        for number, line in content_lines(text):
             name, sep, token = line.partition(":")
             if not sep:
                 name, token = f"token-{number}", line

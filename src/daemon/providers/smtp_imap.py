@@ -33,6 +33,7 @@ from imapclient import IMAPClient  # type: ignore[import-untyped]
 
 from daemon.providers.base import ProviderError, SearchHit, SearchResult, SendKind, SendOutcome
 from daemon.providers.smtp_classify import Stage, classify_smtp
+from daemon.secret_text import read_secret_text
 from ledger.message_id import same_message_id
 
 log = logging.getLogger("sendledger.providers.smtp")
@@ -299,12 +300,7 @@ class SmtpImapProvider:
 
 def read_password_file(path: Path) -> str:
     """The password: the file's first line, without its line end. ValueError names why not."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text") from None
+    text = read_secret_text(path)
     password = text.splitlines()[0] if text else ""
     if not password:
         raise ValueError(f"{path}: empty (the password is its first line)")
