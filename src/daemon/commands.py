@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import getpass
 import json
 import sys
 from collections.abc import Callable
@@ -105,7 +106,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except IntakeError as exc:
         raise bad_input(str(exc)) from None
     with open_ledger(settings) as ledger:
-        results = [result.as_dict() for result in submit_jobs(ledger, jobs, senders)]
+        by = getpass.getuser()
+        results = [result.as_dict() for result in submit_jobs(ledger, jobs, senders, by=by)]
     if args.json:
         # The answer has the shape of the question: a list (even of one) gives a list.
         print(output.dumps(results if batch else results[0]))
@@ -140,6 +142,7 @@ def job_status(job: SendJob) -> dict[str, Any]:
             "duplicate": job.duplicate,
             "verifying": job.verifying,
             "provider_message_ids": list(job.provider_message_ids),
+            "submitted_by": job.submitted_by,
             "to": list(job.content.to),
             "subject": job.content.subject,
         }

@@ -87,17 +87,18 @@ def senders_for(policies: PolicySet, jobs: Sequence[JobContent], *, batch: bool)
 
 
 def submit_jobs(
-    ledger: Ledger, jobs: Sequence[JobContent], senders: Sequence[Sender]
+    ledger: Ledger, jobs: Sequence[JobContent], senders: Sequence[Sender], *, by: str = ""
 ) -> list[SubmitResult]:
     """Record every job, or none when any key is known with other content.
 
     One job is written without a read first (`Ledger.submit`); a batch goes through
     `Ledger.submit_many`: every key is checked (given twice with other content, or
     known with other content) before anything is written, and the new jobs are written
-    in one transaction, so a racing writer cannot leave half a batch behind."""
+    in one transaction, so a racing writer cannot leave half a batch behind. `by`, who
+    submitted, is recorded on each Requested event."""
     if len(jobs) == 1:
-        return [ledger.submit(jobs[0], senders[0])]
-    return ledger.submit_many(list(zip(jobs, senders, strict=True)))
+        return [ledger.submit(jobs[0], senders[0], by=by)]
+    return ledger.submit_many(list(zip(jobs, senders, strict=True)), by=by)
 
 
 def check_messages(

@@ -158,12 +158,12 @@ class Ledger(Application[UUID]):
         except IntegrityError as exc:
             raise ConcurrentUpdate(f"job {job.key!r} was changed by another writer") from exc
 
-    def submit(self, content: JobContent, sender: Sender) -> SubmitResult:
+    def submit(self, content: JobContent, sender: Sender, *, by: str = "") -> SubmitResult:
         """Idempotent on the key: same content is a no-op, other content a conflict.
 
         New keys are the common case, so the Requested event is written without a read
         first; the store's uniqueness on (job id, version 1) tells a known key apart."""
-        job = self._request(content, sender)
+        job = self._request(content, sender, by)
         try:
             self.save_job(job)
         except ConcurrentUpdate:
@@ -171,7 +171,9 @@ class Ledger(Application[UUID]):
             return self._same_or_conflict(self.get_job(content.key), content)
         return SubmitResult(job.key, job.message_id, job.state.value, created=True)
 
-    def submit_many(self, jobs: Sequence[tuple[JobContent, Sender]]) -> list[SubmitResult]:
+    def submit_many(
+        self, jobs: Sequence[tuple[JobContent, Sender]], *, by: str = ""
+    ) -> list[SubmitResult]:
         """A batch, all or nothing, one result per item in order: a key given twice with
         other content, or known with other content, raises KeyConflict before anything is
         written; the new jobs are then written in one transaction. A writer that stores
@@ -192,7 +194,7 @@ class Ledger(Application[UUID]):
                 if stored is not None:
                     results[content.key] = self._same_or_conflict(stored, content)
                     continue
-                job = self._request(content, sender)
+                job = self._request(content, sender, by)
                 new.append(job)
                 results[content.key] = SubmitResult(
                     job.key, job.message_id, job.state.value, created=True
@@ -218,13 +220,14 @@ class Ledger(Application[UUID]):
         rows = [index_row(job) for job in jobs]
         self._retry_locked(lambda: self.save(*jobs, **{INDEX_ROWS_KWARG: rows}))
 
-    def _request(self, content: JobContent, sender: Sender) -> SendJob:
+    def _request(self, content: JobContent, sender: Sender, by: str = "") -> SendJob:
         return SendJob.request(
             content,
             from_addr=sender.from_addr,
             message_id=message_id_for(content.key, sender.message_id_domain),
             policy=sender.policy,
             at=self.clock(),
+            by=by,
         )
 
     def _same_or_conflict(self, job: SendJob, content: JobContent) -> SubmitResult:

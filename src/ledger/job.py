@@ -67,6 +67,7 @@ class SendJob(Aggregate):
     key: str
     channel: str
     content: JobContent
+    submitted_by: str  # "" for jobs stored before it was recorded
     from_addr: str
     message_id: str
     content_hash: str
@@ -98,6 +99,8 @@ class SendJob(Aggregate):
 
     class Requested(Aggregate.Created):
         TOPIC = "sendledger:SendJob.Requested"
+        # v2 records who submitted the job (an API token's name, the CLI's OS user).
+        class_version = 2
         # The job's content, flat as the first release stored it (JobContent.canonical()).
         key: str
         channel: str
@@ -113,9 +116,15 @@ class SendJob(Aggregate):
         content_hash: str
         policy: str
         fingerprint: str
+        submitted_by: str
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["submitted_by"] = ""  # the first release did not record it
 
         def apply(self, job: Any) -> None:
             job.content = JobContent.from_canonical(vars(self))
+            job.submitted_by = self.submitted_by
             job.key = self.key
             job.channel = self.channel
             job.from_addr = self.from_addr
@@ -312,6 +321,7 @@ class SendJob(Aggregate):
         message_id: str,
         policy: PolicyRef,
         at: datetime,
+        by: str = "",
     ) -> SendJob:
         return cls._create(
             cls.Requested,
@@ -322,6 +332,7 @@ class SendJob(Aggregate):
             message_id=message_id,
             content_hash=content.content_hash,
             **policy.event_fields(),
+            submitted_by=by,
         )
 
     def claim(self, *, provider: str, deadline: datetime, at: datetime, daemon: str = "") -> int:

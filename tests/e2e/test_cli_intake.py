@@ -6,6 +6,7 @@ error is exactly one line on stderr.
 
 from __future__ import annotations
 
+import getpass
 import json
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ def test_submit_is_idempotent_and_refuses_other_content(cli: Any) -> None:
     data = status.json()
     assert data["state"] == "requested"
     assert data["version"] == 1
+    assert data["submitted_by"] == getpass.getuser()  # who ran `submit`
     history = cli.run("history", "--json", "order-1001")
     assert [e["type"] for e in history.json()] == ["Requested"]
     assert history.json()[0]["body"] == "Thanks for your order."

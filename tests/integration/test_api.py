@@ -143,6 +143,9 @@ def test_status_events_404_and_review_resolve(api: Api) -> None:
     assert done.json()["state"] == "abandoned"
     resolved = api.ledger.history(key)[-1]
     assert (type(resolved).__name__, resolved.by, resolved.note) == ("Resolved", "alice", "dup")
+    # Who submitted is recorded too: the name of the token the job came with.
+    requested = api.ledger.history(key)[0]
+    assert (type(requested).__name__, requested.submitted_by) == ("Requested", "alice")
     assert api.ledger.get_job(key).state is JobState.ABANDONED
 
 

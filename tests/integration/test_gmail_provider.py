@@ -606,6 +606,10 @@ def test_quota_paces_calls_before_they_are_made(
     assert sleeps == [pytest.approx(0.2)]
     provider.search(MID)  # list 5 + 3 gets x 5 = 20 units at 250/s
     assert sum(sleeps) == pytest.approx(0.2 + 20 / 250)
+    # What the metrics gauge reads: the bucket spent down to nothing, refilled by time.
+    assert provider.quota_available() == pytest.approx(0.0, abs=1e-6)
+    now[0] += 0.5
+    assert provider.quota_available() == pytest.approx(125.0)
 
 
 def test_default_endpoint_is_googles(service_account_file: Path) -> None:

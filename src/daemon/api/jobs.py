@@ -94,7 +94,7 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
     except IntakeError as exc:
         return _problems(exc.problems)
     try:
-        results = await run_in_threadpool(submit_jobs, ctx.ledger, jobs, senders)
+        results = await run_in_threadpool(submit_jobs, ctx.ledger, jobs, senders, by=who)
     except KeyConflict as exc:
         raise ApiError(409, str(exc)) from None
     created = any(result.created for result in results)

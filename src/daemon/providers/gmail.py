@@ -328,6 +328,10 @@ class GmailProvider:
     def read_message_id(self, provider_message_id: str) -> str | None:
         return _message_id_header(self._get_metadata(provider_message_id))
 
+    def quota_available(self) -> float:
+        """Quota units left in this mailbox's bucket now (the metrics gauge reads it)."""
+        return self._bucket.available
+
     def close(self) -> None:
         self._closed = True
         with self._https_lock:
