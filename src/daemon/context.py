@@ -9,8 +9,8 @@ from daemon.secret_files import encryption_keys
 from daemon.settings import Settings, load_settings
 from ledger.application import Ledger
 from ledger.mime import MessageLimits
-from ledger.stores.sqlite import schema_exists
-from ledger.stores.url import MemoryStore, SqliteStore, StoreUrlError, parse_store_url
+from ledger.stores import store_exists
+from ledger.stores.url import MemoryStore, StoreUrlError, parse_store_url
 from policies.loader import PolicyLoadError, PolicySet, load_policy_dir
 
 
@@ -38,9 +38,9 @@ def open_ledger(settings: Settings, *, create: bool = True) -> Ledger:
     keys = encryption_keys(settings)  # a bad key file is bad input (ConfigError)
     try:
         spec = parse_store_url(settings.store.url, base_dir=settings.base_dir)
-        if not create and isinstance(spec, SqliteStore) and not schema_exists(spec):
+        if not create and not isinstance(spec, MemoryStore) and not store_exists(spec):
             raise bad_input(
-                f"no store at {spec.path} (store.url of {settings.config_path}); "
+                f"no store at {spec.describe()} (store.url of {settings.config_path}); "
                 "`sendledger submit` creates it"
             )
         if isinstance(spec, MemoryStore):

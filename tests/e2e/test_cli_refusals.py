@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from tests.e2e.test_cli_intake import job, one_error_line
 
 
@@ -118,3 +119,22 @@ def test_out_of_range_times_and_bad_demo_options_are_exit_2(cli: Any) -> None:
         result = cli.run("demo", "--lag", lag, config=False)
         assert result.code == 2, result.stderr
         one_error_line(result, "--lag")
+
+
+@pytest.mark.postgres
+def test_read_only_commands_create_no_tables_in_postgresql(cli: Any, pg_url: str) -> None:
+    import psycopg
+
+    cli.write_config(pg_url)
+    for argv in (["status", "x"], ["review", "list"], ["audit"]):
+        result = cli.run(*argv)
+        assert result.code == 2, (argv, result.stderr)
+        one_error_line(result, "no store at postgresql://")
+    schema = pg_url.rsplit("schema=", 1)[1]
+    with psycopg.connect(pg_url.split("?")[0]) as conn:
+        tables = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (schema,)
+        ).fetchone()
+    assert tables == (0,)
+    assert cli.submit(job()).code == 0  # a writing command creates the store
+    assert cli.run("status", "order-1001").code == 0

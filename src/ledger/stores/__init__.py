@@ -74,6 +74,20 @@ def backend_for(spec: StoreSpec) -> StoreBackend:
     return PostgresBackend(spec)
 
 
+def store_exists(spec: StoreSpec) -> bool:
+    """Whether the store at `spec` holds sendledger's tables, asked without creating
+    anything (a memory store exists only inside its process: never)."""
+    if isinstance(spec, SqliteStore):
+        from ledger.stores.sqlite import schema_exists
+
+        return schema_exists(spec)
+    if isinstance(spec, PostgresStore):
+        from ledger.stores.postgres import schema_exists as postgres_schema_exists
+
+        return postgres_schema_exists(spec)
+    return False
+
+
 def exception_chain(exc: BaseException) -> list[BaseException]:
     """`exc` and what it wraps, outermost first, as a traceback walks it: `__cause__`,
     else `__context__` unless suppressed (`raise ... from None`). eventsourcing re-raises

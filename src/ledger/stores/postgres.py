@@ -109,6 +109,16 @@ def _sqlstates(exc: BaseException) -> set[str]:
     }
 
 
+def schema_exists(store: PostgresStore) -> bool:
+    """True when the job index table (created last) is in the store's schema. Creates
+    nothing: read-only commands ask this before they open a store."""
+    with psycopg.connect(**_connect_args(store)) as conn:
+        found = conn.execute(
+            "SELECT to_regclass(%s)", (f'"{store.schema}".{INDEX_TABLE}',)
+        ).fetchone()
+        return found is not None and found[0] is not None
+
+
 def prepare_schema(store: PostgresStore) -> bool:
     """True when the job index table (created last) is already in the store's schema;
     else create the schema if it is missing (the application creates the tables)."""
