@@ -65,6 +65,15 @@ def test_a_provider_that_replaces_ids_is_caught_on_its_first_send(rig_with: RigF
     assert not rig.ledger.handle_reliable("fake")
 
 
+def test_no_read_back_when_a_response_id_names_no_stored_copy(rig_with: RigFactory) -> None:
+    """An SMTP 250 names a queue entry: reading it back would only fail and warn."""
+    rig = rig_with(5, 1.0)
+    rig.provider.response_ids_readable = False
+    run_jobs(rig, 4)
+    assert rig.provider.sends == 4 and rig.engine.health.readbacks == 0
+    assert rig.engine.unreliable_providers() == []
+
+
 def test_a_provider_that_starts_replacing_later_is_caught_by_the_sample(
     rig_with: RigFactory,
 ) -> None:

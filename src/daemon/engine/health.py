@@ -82,6 +82,8 @@ class ProviderHealth:
 
     def should_read_back(self, name: str, provider: Provider) -> bool:
         """Whether this confirmed send of provider `name` is one to read back."""
+        if not provider.response_ids_readable:
+            return False
         with self._lock:
             sampler = self._samplers.get(name)
             if sampler is None:

@@ -57,6 +57,7 @@ class ObservedProvider:
     def __init__(self, inner: Provider, observer: EngineObserver) -> None:
         self.inner = inner
         self.name = inner.name
+        self.response_ids_readable = inner.response_ids_readable
         self._observer = observer
 
     def __getattr__(self, name: str) -> object:

@@ -61,6 +61,9 @@ class ProviderError(Exception):
 
 class Provider(Protocol):
     name: str
+    #: Whether the id a confirmed send returns names a stored copy that `read_message_id`
+    #: can read (Gmail's message id does; an SMTP 250 names only a queue entry).
+    response_ids_readable: bool
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         """Send one complete RFC 5322 message exactly once. Never raises for

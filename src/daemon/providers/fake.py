@@ -90,6 +90,8 @@ class Copy:
 
 
 class FakeProvider:
+    response_ids_readable = True
+
     def __init__(
         self,
         name: str = "fake",

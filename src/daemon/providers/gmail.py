@@ -146,6 +146,8 @@ class GmailProvider:
     """The provider port on the Gmail API. Thread-safe: each thread gets its own HTTP
     object (httplib2 is not thread-safe); credentials and the quota bucket are shared."""
 
+    response_ids_readable = True
+
     def __init__(
         self,
         name: str,

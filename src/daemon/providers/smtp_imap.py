@@ -84,6 +84,10 @@ class SmtpImapProvider:
     """The provider port on SMTP submission + IMAP. Thread-safe: every call opens its own
     connection (no shared socket between the engine's threads)."""
 
+    # A 250 names a queue entry, not a stored copy: the Message-ID is checked by `probe`
+    # and by the exact header comparison of every search instead.
+    response_ids_readable = False
+
     def __init__(
         self,
         name: str,
