@@ -98,6 +98,17 @@ def variable_for(loc: Iterable[object], environ: Mapping[str, str]) -> str | Non
     return None
 
 
+def missing_variable(loc: Iterable[object], environ: Mapping[str, str]) -> str | None:
+    """For a required setting that is missing from a section the environment defines
+    (say ``SENDLEDGER_PROVIDERS__X__KIND`` without the rest): the variable that would set
+    it, since that is where the user wrote the section. None when no variable touches it."""
+    parts = [str(part).upper() for part in loc]
+    section = PREFIX + DELIMITER.join(parts[:-1]) + DELIMITER
+    if len(parts) > 1 and any(name.upper().startswith(section) for name in environ):
+        return PREFIX + DELIMITER.join(parts)
+    return None
+
+
 def malformed_json_variable(field: str, environ: Mapping[str, str]) -> str | None:
     """The variable under ``field`` whose value looks like JSON and does not parse."""
     wanted = PREFIX + field.upper()

@@ -299,7 +299,10 @@ def settings_from_dict(data: dict[str, Any], *, config_path: Path | None = None)
         where = ".".join(str(part) for part in loc)
         message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
         # A value from the environment is named by its variable, not by the file.
-        source = environment.variable_for(loc, os.environ) or label
+        source = environment.variable_for(loc, os.environ)
+        if source is None and error["type"] == "missing":
+            source = environment.missing_variable(loc, os.environ)
+        source = source or label
         raise ConfigError(f"{source}: {where}: {message}") from None
     except SettingsError as exc:
         # pydantic-settings: a variable holding malformed JSON for a section.

@@ -99,3 +99,16 @@ def test_a_bad_environment_override_is_named(
 def test_missing_config_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape(str(tmp_path / "nope.toml"))):
         load_settings(tmp_path / "nope.toml")
+
+
+def test_a_required_key_missing_from_a_section_the_environment_defines_names_its_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "sendledger.toml"
+    config.write_text('[store]\nurl = "sqlite:///l.sqlite"\n', encoding="utf-8")
+    monkeypatch.setenv("SENDLEDGER_PROVIDERS__X__KIND", "gmail")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert str(caught.value).startswith(
+        "SENDLEDGER_PROVIDERS__X__CREDENTIALS_FILE: providers.x.credentials_file:"
+    )
