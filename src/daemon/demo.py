@@ -4,6 +4,11 @@ Everything runs on loopback in this process's threads: the emulator (with search
 lag), the fault relay in front of it, and the real daemon (APScheduler ticks, the real
 google-api-python-client). The copies per job are counted in the emulator's acceptance
 log, where the effects happen, not in the daemon.
+
+`--provider smtp-imap` runs the same jobs on the smtp-imap provider against private Postfix
+and Dovecot instances (`testkit.mailservers`), behind the SMTP fault relay; the copies are
+counted in the sender's real Sent folder (Maildir files). Without the servers it exits 2
+saying what is missing and how to install it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,12 +36,15 @@ from ledger.content import parse_job
 from ledger.job import JobState
 from policies.loader import load_policy_dir
 from testkit import FaultPlan, FaultRelay, GmailEmulator, Mode, write_service_account
+from testkit.mailservers import PASSWORD, RECIPIENT, SENDER, MailServers, mail_servers
+from testkit.mailservers import missing_reason as mailservers_missing
+from testkit.smtp_relay import SmtpFaultRelay, SmtpMode
 
 POLICIES = {
     "receipts": """\
 # Customer receipts: a missing mail is worse than a rare duplicate -> retry after misses.
-provider = "gmail"
-from = "Shop Receipts <receipts@shop.example>"
+provider = "{provider}"
+from = "Shop Receipts <{receipts_from}>"
 message_id_domain = "mail.shop.example"
 on_unknown = "retry"
 search_after = "{search_after}"
@@ -48,8 +58,8 @@ verify_after = "{verify_after}"
 """,
     "payouts": """\
 # Payout notices: irreversible -> an unknown outcome goes to a human, never resent.
-provider = "gmail"
-from = "Payouts <payouts@shop.example>"
+provider = "{provider}"
+from = "Payouts <{payouts_from}>"
 message_id_domain = "mail.shop.example"
 on_unknown = "review"
 irreversible = true
@@ -59,7 +69,8 @@ retry_backoff_max = "3s"
 """,
 }
 
-CONFIG = """\
+# The store and daemon both demos run with; each adds its one provider table.
+BASE_CONFIG = """\
 [store]
 url = "sqlite:///ledger.sqlite"
 
@@ -69,6 +80,11 @@ policies_dir = "policies"
 concurrency = 4
 deadline_grace = "1s"
 
+"""
+
+CONFIG = (
+    BASE_CONFIG
+    + """\
 [providers.gmail]
 kind = "gmail"
 credentials_file = "service-account.json"
@@ -77,6 +93,23 @@ api_endpoint = "{relay}"
 token_uri = "{emulator}/token"
 timeout = "{timeout}"
 """
+)
+
+# What the SMTP relay does at each end of DATA, in order; then every message passes.
+SMTP_FAULTS: list[SmtpMode] = [
+    "pass",
+    "drop-response",
+    "fail-before-forward",
+    "pass",
+    "hang",
+    "drop-response",
+    "pass",
+    "fail-before-forward",
+    "drop-response",
+    "pass",
+    "fail-before-forward",
+    "drop-response",
+]
 
 # What the relay does to each send, in order; then every request passes.
 SEND_FAULTS: list[Mode] = [
@@ -110,9 +143,46 @@ JOBS = [
 ]
 
 
+@dataclass(frozen=True)
+class _Wording:
+    """What the summary says about where the copies were counted."""
+
+    heading: str
+    total: str
+    closing: str
+
+
+GMAIL_WORDING = _Wording(
+    heading="Copies per job, counted in the emulator's acceptance log:",
+    total="messages accepted in all",
+    closing=(
+        "\nThis ran against the bundled Gmail emulator, not Gmail: a green demo is not a "
+        "Gmail guarantee.\nWatch a real ambiguous send reconcile against your own mailbox "
+        "before trusting it."
+    ),
+)
+
+SMTP_WORDING = _Wording(
+    heading="Copies per job, counted in the Maildir files of the sender's Sent folder:",
+    total="copies in the Sent folder in all",
+    closing=(
+        "\nThis ran against local Postfix + Dovecot, which file every submitted message in "
+        'Sent (sent_copy = "server").\nYour provider may not: run `sendledger probe` '
+        "against your own mailbox before trusting it."
+    ),
+)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="the daemon against the bundled Gmail emulator, with faults")
-    p.add_argument("--lag", default="2s", help="the emulator's search index lag")
+    p.add_argument(
+        "--provider",
+        choices=("gmail", "smtp-imap"),
+        default="gmail",
+        help="gmail: the bundled emulator; smtp-imap: private Postfix + Dovecot on loopback "
+        "(installed, run as root)",
+    )
+    p.add_argument("--lag", help="the emulator's search index lag (gmail only; default 2s)")
     p.add_argument("--timeout", default="90s", help="give up waiting for jobs to settle")
     p.add_argument("--dir", help="work folder (default: a new temporary folder)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
@@ -120,17 +190,29 @@ def register(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    lag = _seconds("--lag", args.lag, 0.0, 600.0)
     limit = _seconds("--timeout", args.timeout, 1.0, 86400.0)
+    run: Callable[[Path], int]
+    if args.provider == "smtp-imap":
+        if args.lag is not None:
+            raise bad_input("--lag: only with --provider gmail (Dovecot's search has no lag)")
+        missing = mailservers_missing()
+        if missing is not None:
+            raise bad_input(
+                f"--provider smtp-imap: local Postfix + Dovecot cannot run here: {missing}"
+            )
+        run = lambda folder: _demo_smtp(folder, limit, args.json)  # noqa: E731
+    else:
+        lag = _seconds("--lag", args.lag or "2s", 0.0, 600.0)
+        run = lambda folder: _demo(folder, lag, limit, args.json)  # noqa: E731
     if args.dir:
         folder = Path(args.dir)
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise bad_input(f"--dir: cannot create {folder}: {exc.strerror}") from None
-        return _demo(folder, lag, limit, args.json)
+        return run(folder)
     with tempfile.TemporaryDirectory(prefix="sendledger-demo-") as tmp:
-        return _demo(Path(tmp), lag, limit, args.json)
+        return run(Path(tmp))
 
 
 def _seconds(option: str, value: str, low: float, high: float) -> float:
@@ -158,53 +240,114 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
     try:
         write_service_account(folder / "service-account.json", token_uri=f"{emulator.url}/token")
         # Searches wait out the index lag with a margin; two empty ones are believed.
-        search_after = f"{int((lag + 1.0) * 1000)}ms"
-        (folder / "policies").mkdir(exist_ok=True)
-        for name, text in POLICIES.items():
-            (folder / "policies" / f"{name}.toml").write_text(
-                text.format(
-                    search_after=search_after,
-                    search_interval="1s",
-                    verify_after=f"{int((lag + 1.5) * 1000)}ms",
-                ),
-                encoding="utf-8",
-            )
+        _write_policies(
+            folder,
+            provider="gmail",
+            receipts_from="receipts@shop.example",
+            payouts_from="payouts@shop.example",
+            search_after=f"{int((lag + 1.0) * 1000)}ms",
+            search_interval="1s",
+            verify_after=f"{int((lag + 1.5) * 1000)}ms",
+        )
         (folder / "sendledger.toml").write_text(
             CONFIG.format(relay=relay.url, emulator=emulator.url, timeout="1500ms"),
             encoding="utf-8",
         )
-        settings = load_settings(folder / "sendledger.toml")
-        policies = load_policy_dir(settings.policies_dir, known_providers=settings.providers)
-        ledger = Ledger(settings.store.url, base_dir=settings.base_dir)
         _intro(out, folder, emulator.url, relay.url, lag)
-        for channel, key, to, subject in JOBS:
-            policy = policies[channel]
-            content = parse_job(
-                {
-                    "channel": channel,
-                    "key": key,
-                    "to": to,
-                    "subject": subject,
-                    "body": f"Hello,\n\n{subject}.\n\n-- sent by the sendledger demo\n",
-                }
-            )
-            sender = policy.sender
-            ledger.submit(content, sender)
-        service = bootstrap(
-            settings, ledger=ledger, policy_loader=lambda: policies, policies=policies
-        )
-        daemon = Daemon(service, settings.daemon.tick)
-        runner = threading.Thread(target=daemon.serve, name="daemon", daemon=True)
-        runner.start()
-        settled = _watch(out, ledger, limit)
-        daemon.request_stop()
-        runner.join(timeout=30)
-        summary = _summary(ledger, emulator)
-        ledger.close()
+        settled, ledger = _run_jobs(out, folder, limit, JOBS)
+        try:
+            copies = Counter(entry.get("message_id") for entry in emulator.accepted())
+            summary = _summary(ledger, copies, "bundled Gmail emulator (not Gmail)")
+        finally:
+            ledger.close()
     finally:
         relay.stop()
         emulator.stop()
-    _print_summary(sys.stdout, summary, settled, as_json)
+    return _finish(summary, settled, as_json, GMAIL_WORDING)
+
+
+def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
+    out = sys.stderr if as_json else sys.stdout
+    setup_logging("warning", journal=False)
+    with (
+        mail_servers() as servers,
+        SmtpFaultRelay(
+            "127.0.0.1", servers.smtp_port, modes=SMTP_FAULTS, hang_seconds=4.0
+        ) as relay,
+    ):
+        # Dovecot indexes at delivery: the searches only wait for Postfix to file the copy.
+        _write_policies(
+            folder,
+            provider="mail",
+            receipts_from=SENDER,
+            payouts_from=SENDER,
+            search_after="1s",
+            search_interval="500ms",
+            verify_after="1500ms",
+        )
+        secret = folder / "mail-password"
+        secret.touch(mode=0o600)  # never readable by others, not even for a moment
+        secret.write_text(PASSWORD + "\n", encoding="utf-8")
+        table = servers.config(Path("mail-password"), smtp_port=relay.port, timeout="1500ms")
+        lines = [f"{key} = {json.dumps(value)}" for key, value in table.items()]
+        (folder / "sendledger.toml").write_text(
+            BASE_CONFIG + "[providers.mail]\n" + "\n".join(lines) + "\n", encoding="utf-8"
+        )
+        _intro_smtp(out, folder, servers, relay.port)
+        # The servers deliver only to their own domain: every job goes to its one mailbox.
+        jobs = [(c, k, _to_local(to), subject) for c, k, to, subject in JOBS]
+        settled, ledger = _run_jobs(out, folder, limit, jobs)
+        try:
+            servers.settle()  # a copy Postfix still has queued counts too
+            summary = _summary(
+                ledger, servers.message_ids(), "local Postfix + Dovecot (private instances)"
+            )
+        finally:
+            ledger.close()
+    return _finish(summary, settled, as_json, SMTP_WORDING)
+
+
+def _to_local(to: str) -> str:
+    name, _, _address = to.rpartition("<")
+    return f"{name}<{RECIPIENT}>" if name else RECIPIENT
+
+
+def _write_policies(folder: Path, **fields: str) -> None:
+    (folder / "policies").mkdir(exist_ok=True)
+    for name, text in POLICIES.items():
+        (folder / "policies" / f"{name}.toml").write_text(text.format(**fields), encoding="utf-8")
+
+
+def _run_jobs(
+    out: TextIO, folder: Path, limit: float, jobs: list[tuple[str, str, str, str]]
+) -> tuple[bool, Ledger]:
+    """Submit `jobs`, run the daemon until they settle (or `limit`); the open ledger."""
+    settings = load_settings(folder / "sendledger.toml")
+    policies = load_policy_dir(settings.policies_dir, known_providers=settings.providers)
+    ledger = Ledger(settings.store.url, base_dir=settings.base_dir)
+    for channel, key, to, subject in jobs:
+        content = parse_job(
+            {
+                "channel": channel,
+                "key": key,
+                "to": to,
+                "subject": subject,
+                "body": f"Hello,\n\n{subject}.\n\n-- sent by the sendledger demo\n",
+            }
+        )
+        ledger.submit(content, policies[channel].sender)
+    service = bootstrap(settings, ledger=ledger, policy_loader=lambda: policies, policies=policies)
+    daemon = Daemon(service, settings.daemon.tick)
+    runner = threading.Thread(target=daemon.serve, name="daemon", daemon=True)
+    runner.start()
+    settled = _watch(out, ledger, limit)
+    daemon.request_stop()
+    runner.join(timeout=30)
+    return settled, ledger
+
+
+def _finish(summary: dict[str, Any], settled: bool, as_json: bool, wording: _Wording) -> int:
+    _print_summary(sys.stdout, summary, settled, as_json, wording)
     problems = [row for row in summary["jobs"] if row["verdict"] != "ok"]
     return 0 if settled and not problems else 1
 
@@ -216,6 +359,23 @@ def _intro(out: TextIO, folder: Path, emulator: str, relay: str, lag: float) -> 
     print(f"  fault relay   {relay}  (send faults, in order: {', '.join(SEND_FAULTS)})", file=out)
     print("  channels      receipts: on_unknown=retry   payouts: irreversible, review", file=out)
     print(f"  {len(JOBS)} jobs submitted; the daemon reconciles each one:\n", file=out)
+
+
+def _intro_smtp(out: TextIO, folder: Path, servers: MailServers, relay_port: int) -> None:
+    print("sendledger demo — against LOCAL POSTFIX + DOVECOT (private instances)", file=out)
+    print(f"  work folder   {folder}", file=out)
+    print(
+        f"  servers       Postfix submission 127.0.0.1:{servers.smtp_port}, "
+        f"Dovecot IMAP 127.0.0.1:{servers.imap_port}, files in {servers.root}",
+        file=out,
+    )
+    print(
+        f"  fault relay   127.0.0.1:{relay_port}  (SMTP faults at the end of DATA, in order: "
+        f"{', '.join(SMTP_FAULTS)})",
+        file=out,
+    )
+    print("  channels      receipts: on_unknown=retry   payouts: irreversible, review", file=out)
+    print(f"  {len(JOBS)} jobs submitted as {SENDER}; the daemon reconciles each one:\n", file=out)
 
 
 def _rows(ledger: Ledger) -> list[dict[str, Any]]:
@@ -271,8 +431,8 @@ def _watch(out: TextIO, ledger: Ledger, limit: float) -> bool:
 _SETTLED = {JobState.CONFIRMED, JobState.REVIEW, JobState.ABANDONED}
 
 
-def _summary(ledger: Ledger, emulator: GmailEmulator) -> dict[str, Any]:
-    copies = Counter(entry.get("message_id") for entry in emulator.accepted())
+def _summary(ledger: Ledger, copies: Counter[Any], against: str) -> dict[str, Any]:
+    """Each job's state against the copies counted where the effects happen."""
     jobs = []
     for channel, key, _to, _subject in JOBS:
         job = ledger.get_job(key)
@@ -297,17 +457,19 @@ def _summary(ledger: Ledger, emulator: GmailEmulator) -> dict[str, Any]:
             }
         )
     return {
-        "against": "bundled Gmail emulator (not Gmail)",
+        "against": against,
         "accepted_total": sum(copies.values()),
         "jobs": jobs,
     }
 
 
-def _print_summary(out: TextIO, summary: dict[str, Any], settled: bool, as_json: bool) -> None:
+def _print_summary(
+    out: TextIO, summary: dict[str, Any], settled: bool, as_json: bool, wording: _Wording
+) -> None:
     if as_json:
         print(json.dumps(summary, ensure_ascii=False, indent=2), file=out)
         return
-    print("\nCopies per job, counted in the emulator's acceptance log:", file=out)
+    print(f"\n{wording.heading}", file=out)
     print(
         output.table(summary["jobs"], ["key", "channel", "state", "attempts", "copies", "verdict"]),
         file=out,
@@ -316,7 +478,7 @@ def _print_summary(out: TextIO, summary: dict[str, Any], settled: bool, as_json:
     review = [j for j in summary["jobs"] if j["state"] == "review"]
     print(
         f"\n{confirmed} confirmed, {len(review)} in review, "
-        f"{summary['accepted_total']} messages accepted in all.",
+        f"{summary['accepted_total']} {wording.total}.",
         file=out,
     )
     for job in review:
@@ -325,11 +487,6 @@ def _print_summary(out: TextIO, summary: dict[str, Any], settled: bool, as_json:
             f"a human runs `sendledger review check {job['key']}`",
             file=out,
         )
-    print(
-        "\nThis ran against the bundled Gmail emulator, not Gmail: a green demo is not a "
-        "Gmail guarantee.\nWatch a real ambiguous send reconcile against your own mailbox "
-        "before trusting it.",
-        file=out,
-    )
+    print(wording.closing, file=out)
     if not settled:
         print("Some jobs did not settle in time.", file=out)

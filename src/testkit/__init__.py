@@ -7,6 +7,9 @@
   breaks chosen requests before or after the upstream acts on them (see `MODES`);
 - `write_service_account` / `write_authorized_user`: credential files google-auth accepts,
   pointing at the emulator's token endpoint.
+- `SmtpFaultRelay` (`testkit.smtp_relay`): the same faults at an SMTP submission's end of DATA;
+- `testkit.mailservers`: private Postfix + Dovecot instances on loopback (Linux, root), with
+  `missing_reason()` saying in one line why they cannot run.
 
 The package stands alone: it imports nothing from the daemon, the ledger or the policies,
 so your own tests can use it without starting sendledger.

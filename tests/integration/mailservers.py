@@ -1,61 +1,43 @@
-"""Private Postfix + Dovecot instances for the SMTP + IMAP tests.
-
-Every config, queue, maildir, socket and log lives in one short folder under /tmp (Unix
-socket paths are capped at 107 bytes, pytest's tmp paths are longer); listeners are on
-127.0.0.1 ports the OS picked. Facts this relies on are measured in the workplace notes
-(README "Providers" describes the server behaviour under test):
-
-* Postfix submission on a loopback port, AUTH through Dovecot's auth socket, no TLS;
-* every submitted message also goes to ``sender+Sent@`` (``sender_bcc_maps`` on the envelope
-  sender), and Dovecot LMTP with ``lmtp_save_to_detail_mailbox`` files it in ``Sent``: the
-  ``sent_copy = "server"`` behaviour of Gmail or Microsoft 365, by real servers;
-* end-of-data answers chosen by recipient: ``defer@`` gets 451 and ``reject@`` gets 554
-  after the final dot; ``unknown@`` is refused at RCPT (550).
-
-Copies are counted in the Maildir files, never through the provider under test.
+"""The real-server helpers of the SMTP + IMAP tests: `testkit.mailservers` (one copy of the
+code that starts Postfix + Dovecot), plus the skip rule every real-server test shares.
 """
 
 from __future__ import annotations
 
-import grp
-import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from email.parser import BytesHeaderParser
-from pathlib import Path
 
 import pytest
 from tests.conftest import IN_CI
 
-DOMAIN = "example.test"
-SENDER = f"sender@{DOMAIN}"
-RECIPIENT = f"rcpt@{DOMAIN}"
-DEFER_RECIPIENT = f"defer@{DOMAIN}"
-REJECT_RECIPIENT = f"reject@{DOMAIN}"
-UNKNOWN_RECIPIENT = f"unknown@{DOMAIN}"
-PASSWORD = "s3cret-test-password"
-MAIL_USER = "nobody"
-POSTFIX_MASTER = Path("/usr/lib/postfix/sbin/master")
-DOVECOT = Path("/usr/sbin/dovecot")
-_USERS = ("sender", "rcpt", "defer", "reject")
+from testkit.mailservers import (
+    DEFER_RECIPIENT,
+    DOMAIN,
+    PASSWORD,
+    RECIPIENT,
+    REJECT_RECIPIENT,
+    SENDER,
+    UNKNOWN_RECIPIENT,
+    MailServers,
+    free_port,
+    missing_reason,
+)
+from testkit.mailservers import mail_servers as _start_mail_servers
 
-
-def missing_reason() -> str | None:
-    """Why the real servers cannot run here, or None."""
-    if not POSTFIX_MASTER.exists() or shutil.which("postfix") is None:
-        return "postfix is not installed (make test installs it as root)"
-    if not DOVECOT.exists() or not Path("/usr/lib/dovecot/lmtp").exists():
-        return "dovecot-imapd / dovecot-lmtpd are not installed (make test installs them as root)"
-    if os.geteuid() != 0:
-        return "private Postfix instances need root (queue ownership)"
-    return None
+__all__ = [
+    "DEFER_RECIPIENT",
+    "DOMAIN",
+    "PASSWORD",
+    "RECIPIENT",
+    "REJECT_RECIPIENT",
+    "SENDER",
+    "UNKNOWN_RECIPIENT",
+    "MailServers",
+    "free_port",
+    "mail_servers",
+    "missing_reason",
+    "require_mailservers",
+]
 
 
 def require_mailservers() -> None:
@@ -68,312 +50,9 @@ def require_mailservers() -> None:
     pytest.skip(reason)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _wait_listening(port: int, what: str, log: Path, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.02)
-    tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
-    raise RuntimeError(f"{what} did not listen on {port} within {timeout}s:\n{tail}")
-
-
-@dataclass
-class MailServers:
-    """A running Postfix + Dovecot pair; see the module docstring."""
-
-    root: Path
-    smtp_port: int
-    imap_port: int
-    lmtp_port: int
-
-    @property
-    def maildir_root(self) -> Path:
-        return self.root / "mail"
-
-    def folder_files(self, user: str, folder: str) -> list[Path]:
-        """The message files of one Maildir folder (INBOX or a subfolder)."""
-        base = self.maildir_root / user / "Maildir"
-        if folder.upper() != "INBOX":
-            base = base / f".{folder}"
-        return [
-            p for sub in ("new", "cur") if (base / sub).is_dir() for p in (base / sub).iterdir()
-        ]
-
-    def copies(self, message_id: str, *, user: str = "sender", folder: str = "Sent") -> int:
-        """Messages in `user`'s `folder` whose Message-ID header is exactly `message_id`."""
-        parser = BytesHeaderParser()
-        count = 0
-        for path in self.folder_files(user, folder):
-            with path.open("rb") as handle:
-                headers = parser.parse(handle)
-            if (headers.get("Message-ID") or "").strip() == message_id:
-                count += 1
-        return count
-
-    def wait_copies(
-        self, message_id: str, expected: int, *, user: str = "sender", folder: str = "Sent"
-    ) -> int:
-        """The count once it reaches `expected` (delivery takes ~20 ms), or after 5 s."""
-        deadline = time.monotonic() + 5.0
-        while True:
-            found = self.copies(message_id, user=user, folder=folder)
-            if found >= expected or time.monotonic() > deadline:
-                return found
-            time.sleep(0.02)
-
-    def settle(self, seconds: float = 0.3) -> None:
-        """Give Postfix time to deliver anything still queued, so a count is final."""
-        time.sleep(seconds)
-
-    def config(self, password_file: Path, **overrides: object) -> dict[str, object]:
-        """A `[providers.NAME]` table for these servers."""
-        table: dict[str, object] = {
-            "kind": "smtp-imap",
-            "smtp_host": "127.0.0.1",
-            "smtp_port": self.smtp_port,
-            "smtp_security": "none",
-            "imap_host": "127.0.0.1",
-            "imap_port": self.imap_port,
-            "imap_security": "none",
-            "username": SENDER,
-            "password_file": str(password_file),
-            "sent_copy": "server",
-            "timeout": "2s",
-        }
-        table.update(overrides)
-        return table
-
-
-def _chown(path: Path, user: str, group: str | None = None) -> None:
-    uid = pwd.getpwnam(user).pw_uid
-    gid = grp.getgrnam(group).gr_gid if group else -1
-    os.chown(path, uid, gid)
-
-
-def _write_dovecot(root: Path, imap_port: int, lmtp_port: int) -> Path:
-    users = root / "users"
-    users.write_text("".join(f"{u}@{DOMAIN}:{{PLAIN}}{PASSWORD}\n" for u in _USERS))
-    conf = root / "dovecot.conf"
-    conf.write_text(
-        f"""
-base_dir = {root}/d
-state_dir = {root}/ds
-instance_name = {root.name}
-protocols = imap lmtp
-listen = 127.0.0.1
-log_path = {root}/dovecot.log
-ssl = no
-disable_plaintext_auth = no
-auth_mechanisms = plain login
-auth_failure_delay = 0
-recipient_delimiter = +
-lmtp_save_to_detail_mailbox = yes
-mail_location = maildir:~/Maildir
-mail_uid = {MAIL_USER}
-mail_gid = {grp.getgrgid(pwd.getpwnam(MAIL_USER).pw_gid).gr_name}
-first_valid_uid = {pwd.getpwnam(MAIL_USER).pw_uid}
-passdb {{
-  driver = passwd-file
-  args = scheme=PLAIN username_format=%u {users}
-}}
-userdb {{
-  driver = static
-  args = uid={MAIL_USER} gid={pwd.getpwnam(MAIL_USER).pw_gid} home={root}/mail/%n
-}}
-namespace inbox {{
-  inbox = yes
-  separator = /
-  mailbox Sent {{
-    special_use = \\Sent
-    auto = subscribe
-  }}
-  mailbox Drafts {{
-    special_use = \\Drafts
-    auto = create
-  }}
-}}
-service imap-login {{
-  inet_listener imap {{
-    address = 127.0.0.1
-    port = {imap_port}
-  }}
-  inet_listener imaps {{
-    port = 0
-  }}
-}}
-service lmtp {{
-  inet_listener lmtp {{
-    address = 127.0.0.1
-    port = {lmtp_port}
-  }}
-}}
-service auth {{
-  unix_listener {root}/auth {{
-    mode = 0666
-  }}
-}}
-"""
-    )
-    return conf
-
-
-def _write_postfix(root: Path, smtp_port: int, lmtp_port: int) -> Path:
-    etc = root / "postfix"
-    etc.mkdir()
-    queue = root / "queue"
-    queue.mkdir()
-    os.chmod(queue, 0o755)
-    for name, owner, group, mode in (
-        ("active", "postfix", None, 0o700),
-        ("bounce", "postfix", None, 0o700),
-        ("corrupt", "postfix", None, 0o700),
-        ("defer", "postfix", None, 0o700),
-        ("deferred", "postfix", None, 0o700),
-        ("flush", "postfix", None, 0o700),
-        ("hold", "postfix", None, 0o700),
-        ("incoming", "postfix", None, 0o700),
-        ("private", "postfix", None, 0o700),
-        ("maildrop", "postfix", "postdrop", 0o730),
-        ("public", "postfix", "postdrop", 0o710),
-        ("pid", "root", None, 0o755),
-        ("saved", "postfix", None, 0o700),
-        ("trace", "postfix", None, 0o700),
-    ):
-        path = queue / name
-        path.mkdir()
-        _chown(path, owner, group)
-        os.chmod(path, mode)
-    data = root / "pfdata"
-    data.mkdir()
-    _chown(data, "postfix")
-    recipients = ", ".join(f"{u}@{DOMAIN}=ok" for u in _USERS)
-    (etc / "main.cf").write_text(
-        f"""
-compatibility_level = 3.6
-queue_directory = {queue}
-data_directory = {data}
-mail_owner = postfix
-setgid_group = postdrop
-myhostname = mail.{DOMAIN}
-mydomain = {DOMAIN}
-myorigin = {DOMAIN}
-mydestination =
-inet_interfaces = 127.0.0.1
-inet_protocols = ipv4
-mynetworks = 127.0.0.0/8
-maillog_file = {root}/postfix.log
-maillog_file_prefixes = /var, /dev/stdout, /tmp
-smtputf8_enable = no
-biff = no
-recipient_delimiter = +
-virtual_mailbox_domains = {DOMAIN}
-virtual_mailbox_maps = inline:{{ {recipients} }}
-virtual_transport = lmtp:inet:127.0.0.1:{lmtp_port}
-sender_bcc_maps = inline:{{ {SENDER}=sender+Sent@{DOMAIN} }}
-smtpd_sasl_auth_enable = yes
-smtpd_sasl_type = dovecot
-smtpd_sasl_path = {root}/auth
-smtpd_relay_restrictions = permit_sasl_authenticated, reject_unauth_destination
-smtpd_end_of_data_restrictions = check_recipient_access inline:{{
-    {{ {DEFER_RECIPIENT} = 451 4.3.0 deferred by the test server }},
-    {{ {REJECT_RECIPIENT} = 554 5.7.1 rejected by the test server }} }}
-smtpd_tls_security_level = none
-smtpd_error_sleep_time = 0
-smtp_tls_security_level = none
-lmtp_tls_security_level = none
-alias_maps =
-alias_database =
-local_recipient_maps =
-shlib_directory = /usr/lib/postfix
-"""
-    )
-    (etc / "master.cf").write_text(
-        f"""
-127.0.0.1:{smtp_port} inet n - n - - smtpd
-pickup    unix  n       -       n       60      1       pickup
-cleanup   unix  n       -       n       -       0       cleanup
-qmgr      unix  n       -       n       300     1       qmgr
-tlsmgr    unix  -       -       n       1000?   1       tlsmgr
-rewrite   unix  -       -       n       -       -       trivial-rewrite
-bounce    unix  -       -       n       -       0       bounce
-defer     unix  -       -       n       -       0       bounce
-trace     unix  -       -       n       -       0       bounce
-verify    unix  -       -       n       -       1       verify
-flush     unix  n       -       n       1000?   0       flush
-proxymap  unix  -       -       n       -       -       proxymap
-smtp      unix  -       -       n       -       -       smtp
-relay     unix  -       -       n       -       -       smtp
-showq     unix  n       -       n       -       -       showq
-error     unix  -       -       n       -       -       error
-retry     unix  -       -       n       -       -       error
-discard   unix  -       -       n       -       -       discard
-lmtp      unix  -       -       n       -       -       lmtp
-anvil     unix  -       -       n       -       1       anvil
-scache    unix  -       -       n       -       1       scache
-postlog   unix-dgram n  -       n       -       1       postlogd
-"""
-    )
-    # Postfix re-reads a main.cf younger than ~2 s at start (300 ms per try): back-date.
-    old = time.time() - 60
-    for path in (etc / "main.cf", etc / "master.cf"):
-        os.utime(path, (old, old))
-    return etc
-
-
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
-
-
 @contextmanager
 def mail_servers() -> Iterator[MailServers]:
-    """Start a private Postfix + Dovecot pair; stop both and remove every file after."""
+    """`testkit.mailservers.mail_servers`, skipping (or failing under CI) when missing."""
     require_mailservers()
-    root = Path(tempfile.mkdtemp(prefix="slm-", dir="/tmp"))
-    os.chmod(root, 0o755)  # unprivileged daemons (nobody, postfix, dovenull) walk into it
-    mail = root / "mail"
-    mail.mkdir()
-    _chown(mail, MAIL_USER)
-    servers = MailServers(root, free_port(), free_port(), free_port())
-    dovecot: subprocess.Popen[bytes] | None = None
-    postfix: subprocess.Popen[bytes] | None = None
-    try:
-        conf = _write_dovecot(root, servers.imap_port, servers.lmtp_port)
-        etc = _write_postfix(root, servers.smtp_port, servers.lmtp_port)
-        # Daemons inherit stdout/stderr: capturing them would hang; send them to files.
-        with (root / "dovecot.out").open("wb") as out:
-            dovecot = subprocess.Popen(
-                [str(DOVECOT), "-F", "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT
-            )
-        with (root / "postfix.out").open("wb") as out:
-            postfix = subprocess.Popen(
-                [str(POSTFIX_MASTER), "-d", "-c", str(etc)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "MAIL_CONFIG": str(etc)},
-            )
-        _wait_listening(servers.imap_port, "dovecot imap", root / "dovecot.log")
-        _wait_listening(servers.lmtp_port, "dovecot lmtp", root / "dovecot.log")
-        _wait_listening(servers.smtp_port, "postfix smtpd", root / "postfix.out")
+    with _start_mail_servers() as servers:
         yield servers
-    finally:
-        _stop(postfix)
-        _stop(dovecot)
-        if not os.environ.get("SLM_KEEP"):
-            shutil.rmtree(root, ignore_errors=True)
