@@ -127,10 +127,11 @@ def check_messages(
             )
             limit = limits.get(policy.provider)
             if limit is not None:
-                check_recipients(content.to, content.cc, limit)
+                check_recipients(content.to, content.cc, limit, content.bcc)
             raw = render(job)
             if limit is not None:
-                check_size(raw, limit)
+                # With files attached, they are what made it large.
+                check_size(raw, limit, "attachments" if content.attachments else "body")
         except JobInputError as exc:
             problems.append(FieldProblem(index if batch else None, exc.field, exc.reason))
     if problems:

@@ -10,12 +10,41 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ledger.addresses import AddressError, parse_mailbox, unsafe_character
+from ledger.attachments import Attachment, AttachmentError, from_stored, parse_attachment
+from ledger.extra_headers import (
+    ASCII_ONLY,
+    MAX_WORD,
+    canonical_message_id,
+    header_name_problem,
+)
 
 REQUIRED_FIELDS = ("channel", "key", "to", "subject", "body")
-OPTIONAL_FIELDS = ("html", "cc", "reply_to")
+OPTIONAL_FIELDS = (
+    "html",
+    "cc",
+    "reply_to",
+    "bcc",
+    "headers",
+    "in_reply_to",
+    "references",
+    "send_at",
+    "attachments",
+)
+#: Fields added after the first release, with their empty values: the content hash holds
+#: one only when it is set, so every job stored before keeps its hash (README, "Message
+#: fields").
+LATER_FIELDS: dict[str, Any] = {
+    "bcc": [],
+    "headers": {},
+    "in_reply_to": None,
+    "references": [],
+    "send_at": None,
+    "attachments": [],
+}
 MAX_KEY_LENGTH = 1000
 
 
@@ -38,8 +67,40 @@ class JobContent:
     html: str | None = None
     cc: tuple[str, ...] = ()
     reply_to: str | None = None
+    bcc: tuple[str, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()  # (name, value), sorted by name
+    in_reply_to: str | None = None
+    references: tuple[str, ...] = ()
+    send_at: str | None = None  # ISO 8601 in UTC: not dispatched before it
+    attachments: tuple[Attachment, ...] = ()
+
+    @property
+    def send_at_time(self) -> datetime | None:
+        return None if self.send_at is None else datetime.fromisoformat(self.send_at)
+
+    def stored(self) -> dict[str, Any]:
+        """Every field, the unset ones with their empty values: what the Requested event
+        stores (`ledger/job.py`)."""
+        return {
+            **self._first_fields(),
+            "bcc": list(self.bcc),
+            "headers": dict(self.headers),
+            "in_reply_to": self.in_reply_to,
+            "references": list(self.references),
+            "send_at": self.send_at,
+            "attachments": [attachment.canonical() for attachment in self.attachments],
+        }
 
     def canonical(self) -> dict[str, Any]:
+        """What the content hash is taken of: the first release's fields, and each later
+        field only when it is set."""
+        return {
+            name: value
+            for name, value in self.stored().items()
+            if name not in LATER_FIELDS or value != LATER_FIELDS[name]
+        }
+
+    def _first_fields(self) -> dict[str, Any]:
         return {
             "channel": self.channel,
             "key": self.key,
@@ -53,8 +114,16 @@ class JobContent:
 
     @classmethod
     def from_canonical(cls, fields: Mapping[str, Any]) -> JobContent:
-        """The inverse of :meth:`canonical` (extra names in ``fields`` are ignored)."""
+        """The inverse of :meth:`canonical` and :meth:`stored` (extra names in ``fields``
+        are ignored)."""
+        later = {name: fields.get(name, empty) for name, empty in LATER_FIELDS.items()}
         return cls(
+            bcc=tuple(later["bcc"] or ()),
+            headers=tuple(sorted((later["headers"] or {}).items())),
+            in_reply_to=later["in_reply_to"],
+            references=tuple(later["references"] or ()),
+            send_at=later["send_at"],
+            attachments=from_stored(later["attachments"] or []),
             channel=fields["channel"],
             key=fields["key"],
             to=tuple(fields["to"]),
@@ -138,6 +207,86 @@ def _subject(value: object) -> str:
     return subject
 
 
+def _headers(value: object) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise JobInputError("headers", "must be an object of header names and values")
+    seen: dict[str, str] = {}
+    for name, text in value.items():
+        field = f"headers.{name}"
+        problem = header_name_problem(name)
+        if problem:
+            raise JobInputError(field, problem)
+        if name.lower() in seen:
+            raise JobInputError(field, f"given twice (also as {seen[name.lower()]})")
+        seen[name.lower()] = name
+        header_value = _text(field, text, header=True)
+        reject_unsafe_header_text(field, header_value)
+        if not header_value.strip():
+            raise JobInputError(field, "must not be empty")
+        if header_value != header_value.strip(" "):
+            # A parser drops them: the recipient would read another value than the job's.
+            raise JobInputError(field, "must not start or end with a space")
+        if name.lower() in ASCII_ONLY and not header_value.isascii():
+            raise JobInputError(field, "must be ASCII (percent-encode a URL)")
+        if any(len(word) > MAX_WORD for word in header_value.split(" ")):
+            raise JobInputError(
+                field, f"has a run of more than {MAX_WORD} characters without a space"
+            )
+    return tuple(sorted(value.items()))
+
+
+def _message_id(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise JobInputError(field, "must be a message id string")
+    canonical = canonical_message_id(value)
+    if canonical is None:
+        raise JobInputError(field, f"not a message id like <local@domain>: {value!r}")
+    return canonical
+
+
+def _references(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise JobInputError("references", "must be a list of message ids")
+    return tuple(_message_id(f"references[{i}]", item) for i, item in enumerate(value))
+
+
+def _send_at(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise JobInputError("send_at", "must be an ISO 8601 time string")
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise JobInputError("send_at", f"not an ISO 8601 time: {value!r}") from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise JobInputError("send_at", f"needs a time zone (Z or +01:00): {value!r}")
+    try:
+        # One spelling per instant: "10:00+01:00" and "09:00Z" are the same job.
+        return moment.astimezone(UTC).isoformat()
+    except OverflowError:
+        raise JobInputError("send_at", f"out of range: {value!r}") from None
+
+
+def _attachments(value: object) -> tuple[Attachment, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise JobInputError("attachments", "must be a list of attachment objects")
+    result = []
+    for index, item in enumerate(value):
+        try:
+            result.append(parse_attachment(item))
+        except AttachmentError as exc:
+            where = f"attachments[{index}]" + (f".{exc.field}" if exc.field else "")
+            raise JobInputError(where, exc.reason) from None
+    return tuple(result)
+
+
 def parse_job(data: object) -> JobContent:
     """Validate a submitted job (already decoded from JSON)."""
     if not isinstance(data, Mapping):
@@ -157,6 +306,7 @@ def parse_job(data: object) -> JobContent:
     if len(key) > MAX_KEY_LENGTH:
         raise JobInputError("key", f"longer than {MAX_KEY_LENGTH} characters")
     html_value = data.get("html")
+    in_reply_to = data.get("in_reply_to")
     reply_to = data.get("reply_to")
     if reply_to is not None and not isinstance(reply_to, str):
         raise JobInputError("reply_to", "must be one address")
@@ -169,4 +319,10 @@ def parse_job(data: object) -> JobContent:
         html=None if html_value is None else _text("html", html_value, header=False),
         cc=_addresses("cc", data.get("cc"), required=False),
         reply_to=None if reply_to is None else validate_address("reply_to", reply_to),
+        bcc=_addresses("bcc", data.get("bcc"), required=False),
+        headers=_headers(data.get("headers")),
+        in_reply_to=None if in_reply_to is None else _message_id("in_reply_to", in_reply_to),
+        references=_references(data.get("references")),
+        send_at=_send_at(data.get("send_at")),
+        attachments=_attachments(data.get("attachments")),
     )

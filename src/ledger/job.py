@@ -15,6 +15,7 @@ duplicate). The numbered invariants are in ``docs/architecture.md``.
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -23,7 +24,7 @@ from typing import Any
 from eventsourcing.domain import Aggregate
 
 from ledger import decisions as decide
-from ledger.content import JobContent
+from ledger.content import LATER_FIELDS, JobContent
 from ledger.vocabulary import (
     SETTLED_STATES,
     ConfirmedVia,
@@ -99,9 +100,11 @@ class SendJob(Aggregate):
 
     class Requested(Aggregate.Created):
         TOPIC = "sendledger:SendJob.Requested"
-        # v2 records who submitted the job (an API token's name, the CLI's OS user).
-        class_version = 2
-        # The job's content, flat as the first release stored it (JobContent.canonical()).
+        # v2 records who submitted the job (an API token's name, the CLI's OS user); v3
+        # the later message fields (bcc, headers, in_reply_to, references, send_at,
+        # attachments).
+        class_version = 3
+        # The job's content, flat as the first release stored it (JobContent.stored()).
         key: str
         channel: str
         to: list[str]
@@ -110,6 +113,12 @@ class SendJob(Aggregate):
         subject: str
         body: str
         html: str | None
+        bcc: list[str]
+        headers: dict[str, str]
+        in_reply_to: str | None
+        references: list[str]
+        send_at: str | None
+        attachments: list[dict[str, str]]
         # What the channel's policy added.
         from_addr: str
         message_id: str
@@ -122,6 +131,12 @@ class SendJob(Aggregate):
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             state["submitted_by"] = ""  # the first release did not record it
 
+        @staticmethod
+        def upcast_v2_v3(state: dict[str, Any]) -> None:
+            # Jobs stored before these fields existed had none of them.
+            for name, empty in LATER_FIELDS.items():
+                state[name] = copy.deepcopy(empty)
+
         def apply(self, job: Any) -> None:
             job.content = JobContent.from_canonical(vars(self))
             job.submitted_by = self.submitted_by
@@ -131,7 +146,9 @@ class SendJob(Aggregate):
             job.message_id = self.message_id
             job.content_hash = self.content_hash
             job.state = JobState.REQUESTED
-            job.due_at = self.timestamp
+            # A job with a send_at is first due then (never before it was requested).
+            send_at = job.content.send_at_time
+            job.due_at = self.timestamp if send_at is None else max(self.timestamp, send_at)
             job.attempts = 0
             job.round_attempts = 0
             job.searches = 0
@@ -327,7 +344,7 @@ class SendJob(Aggregate):
             cls.Requested,
             id=job_id_for(content.key),
             timestamp=at,
-            **content.canonical(),
+            **content.stored(),
             from_addr=from_addr,
             message_id=message_id,
             content_hash=content.content_hash,

@@ -93,7 +93,26 @@ def test_submit_from_a_file_and_plain_output(cli: Any, tmp_path: Path) -> None:
         pytest.param(job(to="not an address"), ["to"], id="bad-address"),
         pytest.param(job(to=["ok@example.com", "bad@"]), ["to[1]"], id="bad-address-in-list"),
         pytest.param({"channel": "receipts", "key": "k"}, ["to", "required"], id="missing"),
-        pytest.param(job(bcc="x@example.com"), ["bcc", "unknown field"], id="unknown-field"),
+        pytest.param(job(color="red"), ["color", "unknown field"], id="unknown-field"),
+        pytest.param(
+            job(headers={"Message-ID": "<x@example.com>"}),
+            ["headers.Message-ID", "written by sendledger"],
+            id="owned-header",
+        ),
+        pytest.param(
+            job(
+                attachments=[
+                    {
+                        "filename": "a.pdf",
+                        "content_type": "application/pdf",
+                        "content_base64": "not base64!",
+                    }
+                ]
+            ),
+            ["attachments[0].content_base64", "decode"],
+            id="bad-base64",
+        ),
+        pytest.param(job(send_at="tomorrow 9am"), ["send_at", "ISO 8601"], id="send-at"),
     ],
 )
 def test_submit_refuses_bad_jobs(cli: Any, payload: dict[str, Any], needles: list[str]) -> None:

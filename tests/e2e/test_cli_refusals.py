@@ -47,6 +47,11 @@ def test_limits_of_the_provider_are_checked_at_intake(cli: Any) -> None:
     big = cli.submit(job("big", body="x" * 3000), env=env)
     assert big.code == 2
     one_error_line(big, "job.body", "providers.support.max_message_bytes")
+    # Attachments count once base64-encoded: 1800 bytes are about 2400 on the wire.
+    pdf = {"filename": "a.pdf", "content_type": "application/pdf", "content_base64": "A" * 2400}
+    attached = cli.submit(job("attached", attachments=[pdf]), env=env)
+    assert attached.code == 2
+    one_error_line(attached, "job.attachments", "providers.support.max_message_bytes")
     many = [f"r{i}@example.com" for i in range(4)]
     crowd = cli.submit(job("crowd", to=many), env=env)
     assert crowd.code == 2

@@ -71,6 +71,7 @@ def test_a_batch_is_all_or_nothing(api: Api) -> None:
         (json.dumps({**job(), "color": "red"}).encode(), "color"),
         (json.dumps(job(subject="a\r\nBcc: x@example.com")).encode(), "subject"),
         (json.dumps(job(channel="nope")).encode(), "channel"),
+        (json.dumps(job(headers={"From": "eve@example.com"})).encode(), "headers.From"),
         (b"\xff\xfe", "job"),
     ],
 )

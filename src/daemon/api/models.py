@@ -28,6 +28,18 @@ _FIELD_TYPES: dict[str, tuple[Any, str]] = {
     "html": (str | None, "an optional text/html part"),
     "cc": (Addresses | None, "one address or a list"),
     "reply_to": (str | None, "one address"),
+    "bcc": (Addresses | None, "one address or a list; never in what recipients see"),
+    "headers": (
+        dict[str, str] | None,
+        "extra headers by name: List-Unsubscribe, List-Unsubscribe-Post, X-*",
+    ),
+    "in_reply_to": (str | None, "one message id, <local@domain>"),
+    "references": (list[str] | None, "message ids, oldest first"),
+    "send_at": (str | None, "ISO 8601 time with a time zone: not sent before it"),
+    "attachments": (
+        list[dict[str, str]] | None,
+        "[{filename, content_type, content_base64}]: parts of a multipart/mixed message",
+    ),
 }
 
 

@@ -39,6 +39,11 @@ def render(job: SendJob) -> bytes:
         subject=content.subject,
         body=content.body,
         html=content.html,
+        bcc=content.bcc,
+        headers=content.headers,
+        in_reply_to=content.in_reply_to,
+        references=content.references,
+        attachments=content.attachments,
         message_id=job.message_id,
         date=job.created_on.astimezone(UTC),
     )
