@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from tests.conftest import FakeClock
+from tests.unit.engine_rig import receipt
 
 from daemon.engine import Engine, PolicyHolder, TickReport, render
 from daemon.providers.gmail import GmailProvider
@@ -121,15 +122,7 @@ class Rig:
     def submit(self, channel: str, key: str) -> str:
         policy = self.holder.current[channel]
         sender = policy.sender
-        job = parse_job(
-            {
-                "channel": channel,
-                "key": key,
-                "to": "customer@example.net",
-                "subject": f"Receipt {key}",
-                "body": f"Thank you ({key}).\n",
-            }
-        )
+        job = receipt(channel, key)
         result = self.ledger.submit(job, sender)
         assert result.created
         return result.message_id

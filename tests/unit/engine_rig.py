@@ -10,7 +10,7 @@ from typing import Any
 from daemon.engine import Engine, PolicyHolder, TickReport
 from daemon.providers.fake import FakeProvider
 from ledger.application import Ledger
-from ledger.content import parse_job
+from ledger.content import JobContent, parse_job
 from ledger.job import SendJob
 from policies.loader import PolicySet
 from policies.model import ChannelPolicy
@@ -48,6 +48,19 @@ def policy(channel: str, **fields: Any) -> ChannelPolicy:
     return ChannelPolicy.model_validate({**BASE_POLICY, "channel": channel, **fields})
 
 
+def receipt(channel: str, key: str) -> JobContent:
+    """The job every engine test submits: one recipient, a short text body."""
+    return parse_job(
+        {
+            "channel": channel,
+            "key": key,
+            "to": "customer@example.net",
+            "subject": f"Receipt {key}",
+            "body": f"Thank you ({key}).\n",
+        }
+    )
+
+
 class EngineRig:
     def __init__(self, *policies: ChannelPolicy, index_lag: float = 0.0, seed: int = 0) -> None:
         self.clock = Clock()
@@ -83,16 +96,7 @@ class EngineRig:
         found = self.policies.get(channel)
         ref = found or policy(channel)
         sender = ref.sender
-        content = parse_job(
-            {
-                "channel": channel,
-                "key": key,
-                "to": "customer@example.net",
-                "subject": f"Receipt {key}",
-                "body": f"Thank you ({key}).\n",
-            }
-        )
-        return self.ledger.submit(content, sender).message_id
+        return self.ledger.submit(receipt(channel, key), sender).message_id
 
     def tick(self, *, errors: int = 0) -> TickReport:
         report = self.engine.tick()
