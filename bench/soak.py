@@ -76,6 +76,35 @@ def toml_value(value: Any) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value).lower()
 
 
+def write_setup(
+    folder: Path,
+    store: str,
+    policies: dict[str, dict[str, Any]],
+    emulator: GmailEmulator,
+    relay: FaultRelay,
+) -> Path:
+    """The service account, one policy file per channel and a sendledger.toml sending
+    through the relay, in `folder`; returns the config's path (bench/daemons.py too)."""
+    write_service_account(folder / "service-account.json", token_uri=emulator.token_uri)
+    (folder / "policies").mkdir()
+    for channel, fields in policies.items():
+        text = "".join(
+            f"{k} = {toml_value(v)}\n" for k, v in {"channel": channel, **fields}.items()
+        )
+        (folder / "policies" / f"{channel}.toml").write_text(text)
+    config = folder / "sendledger.toml"
+    config.write_text(
+        f'[store]\nurl = "{store}"\n\n'
+        '[daemon]\ntick = "200ms"\npolicies_dir = "policies"\nconcurrency = 8\n'
+        'batch_size = 400\ndeadline_grace = "5s"\n\n'
+        '[providers.gmail]\nkind = "gmail"\ncredentials_file = "service-account.json"\n'
+        f'user = "{MAILBOX}"\napi_endpoint = "{relay.url}"\n'
+        f'token_uri = "{emulator.token_uri}"\ntimeout = "1s"\n'
+        "quota_units_per_second = 1000000\n"
+    )
+    return config
+
+
 class Daemon:
     def __init__(self, folder: Path, config: Path, name: str, generation: int) -> None:
         self.name = name
@@ -113,23 +142,7 @@ def main() -> int:
         hang_seconds=1.5,
         retry_after=0.3,
     ).start()
-    write_service_account(folder / "service-account.json", token_uri=emulator.token_uri)
-    (folder / "policies").mkdir()
-    for channel, fields in POLICIES.items():
-        text = "".join(
-            f"{k} = {toml_value(v)}\n" for k, v in {"channel": channel, **fields}.items()
-        )
-        (folder / "policies" / f"{channel}.toml").write_text(text)
-    config = folder / "sendledger.toml"
-    config.write_text(
-        f'[store]\nurl = "{store}"\n\n'
-        '[daemon]\ntick = "200ms"\npolicies_dir = "policies"\nconcurrency = 8\n'
-        'batch_size = 400\ndeadline_grace = "5s"\n\n'
-        '[providers.gmail]\nkind = "gmail"\ncredentials_file = "service-account.json"\n'
-        f'user = "{MAILBOX}"\napi_endpoint = "{relay.url}"\n'
-        f'token_uri = "{emulator.token_uri}"\ntimeout = "1s"\n'
-        "quota_units_per_second = 1000000\n"
-    )
+    config = write_setup(folder, store, POLICIES, emulator, relay)
     daemons: dict[str, Daemon] = {}
     ok = False
     try:

@@ -99,8 +99,24 @@ class TestSqliteApplicationRecorder(_Sqlite, ApplicationRecorderTestCase):
 
 @pytest.mark.postgres
 class TestPostgresApplicationRecorder(_Postgres, ApplicationRecorderTestCase):
+    """eventsourcing's default insert path (LOCK TABLE, then INSERT): sendledger turns
+    POSTGRES_ENABLE_DB_FUNCTIONS on unless the environment says n."""
+
+    functions = "n"
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._patch = pytest.MonkeyPatch()
+        self._patch.setenv("POSTGRES_ENABLE_DB_FUNCTIONS", self.functions)
+        self._undo.insert(0, self._patch.undo)
+
     def test_recorder_is_ours(self) -> None:
         assert isinstance(self.create_recorder(), PostgresJobIndexRecorder)
+
+    def test_insert_mode_is_the_one_asked_for(self) -> None:
+        recorder = self.create_recorder()
+        assert isinstance(recorder, PostgresJobIndexRecorder)
+        assert recorder.datastore.enable_db_functions is (self.functions == "y")
 
     test_concurrent_no_conflicts = None  # type: ignore[assignment]  # STRESS
 
@@ -109,11 +125,7 @@ class TestPostgresApplicationRecorder(_Postgres, ApplicationRecorderTestCase):
 class TestPostgresApplicationRecorderWithDbFunctions(TestPostgresApplicationRecorder):
     """The same cases with POSTGRES_ENABLE_DB_FUNCTIONS=y (our insert_events override)."""
 
-    def setUp(self) -> None:
-        super().setUp()
-        self._patch = pytest.MonkeyPatch()
-        self._patch.setenv("POSTGRES_ENABLE_DB_FUNCTIONS", "y")
-        self._undo.insert(0, self._patch.undo)
+    functions = "y"
 
 
 class TestMemoryApplicationRecorder(_Memory, ApplicationRecorderTestCase):

@@ -8,7 +8,8 @@ server drops when the holder dies, so a kill -9 never leaves a name locked:
 - SQLite: an exclusive `flock` on a file beside the store (released with the process's
   open files);
 - PostgreSQL: a session advisory lock on a connection of its own (released when the
-  server sees the connection close; TCP keepalives notice a vanished host);
+  server sees the connection close; TCP keepalives notice a vanished host). A database
+  restart drops it under a live daemon: `check`, before every tick, takes it again;
 - memory: a set of names in the process.
 """
 
@@ -35,6 +36,12 @@ class IdentityTaken(Exception):
 
 
 class IdentityLock(Protocol):
+    def check(self) -> None:
+        """Raise IdentityTaken when the name is no longer this process's. A lock that
+        can be dropped under a live process (a PostgreSQL session that a database restart
+        ended) is taken again here."""
+        ...
+
     def release(self) -> None: ...
 
 
@@ -57,6 +64,9 @@ class FileIdentityLock:
         os.write(fd, f"{os.getpid()} {name}\n".encode())
         self._fd: int | None = fd
 
+    def check(self) -> None:
+        """An flock lives as long as the open file: nothing can drop it under us."""
+
     def release(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
@@ -75,6 +85,9 @@ class MemoryIdentityLock:
                 raise IdentityTaken(name, store)
             _memory_names.add((store, name))
         self._held: tuple[str, str] | None = (store, name)
+
+    def check(self) -> None:
+        """Held until released: nothing else removes a name from the set."""
 
     def release(self) -> None:
         with _memory_lock:

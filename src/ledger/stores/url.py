@@ -23,6 +23,15 @@ class SqliteStore:
         return f"sqlite:{self.path}"
 
 
+#: A daemon's threads hold a connection only while they read or write the store, never
+#: across a provider call: its `concurrency` send threads and the tick thread fit in five,
+#: overflow covers the HTTP API and the status line (README "Performance and scaling").
+DEFAULT_POOL_SIZE = 5
+DEFAULT_MAX_OVERFLOW = 5
+#: Seconds a write waits for the events table's lock before it fails and is tried again.
+DEFAULT_LOCK_TIMEOUT = 5
+
+
 @dataclass(frozen=True)
 class PostgresStore:
     dbname: str
@@ -31,6 +40,10 @@ class PostgresStore:
     user: str
     password: str = field(repr=False)  # never in logs or tracebacks
     schema: str = "public"
+    # Not part of the URL: `[store]` settings, applied by the daemon's configuration.
+    pool_size: int = DEFAULT_POOL_SIZE
+    max_overflow: int = DEFAULT_MAX_OVERFLOW
+    lock_timeout: int = DEFAULT_LOCK_TIMEOUT
 
     def describe(self) -> str:
         # Never print the password.
@@ -110,6 +123,9 @@ def _safe(url: str) -> str:
 
 
 __all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_MAX_OVERFLOW",
+    "DEFAULT_POOL_SIZE",
     "MemoryStore",
     "PostgresStore",
     "SqliteStore",

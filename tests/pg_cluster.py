@@ -1,0 +1,133 @@
+"""A private PostgreSQL 15 cluster for one test: initdb into a temporary folder, a loopback
+port, started and stopped with pg_ctl.
+
+Tests that stop or restart the database must never touch the shared cluster on 5432 that
+other tests use in parallel. As root, the server runs as the `postgres` OS user (PostgreSQL
+refuses to run as root); otherwise as the current user. `unavailable()` says why a cluster
+cannot be made here (no binaries, no such user); `require_private_cluster` skips with it
+outside CI and fails under CI=true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+import pytest
+
+BIN = Path(os.environ.get("SENDLEDGER_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+USER = "sendledger"
+
+
+def _as_server_user() -> list[str]:
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+def unavailable() -> str | None:
+    """Why no private cluster can run here, or None."""
+    for tool in ("initdb", "pg_ctl"):
+        if not (BIN / tool).is_file():
+            return f"no {BIN / tool} (PostgreSQL 15 server binaries)"
+    if os.geteuid() == 0:
+        if shutil.which("runuser") is None:
+            return "running as root without runuser to start PostgreSQL as another user"
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "running as root and there is no `postgres` OS user to run the server"
+    return None
+
+
+def require_private_cluster() -> None:
+    """Skip with the reason when no private cluster can run here; under CI=true a skip
+    is a failure."""
+    reason = unavailable()
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+        pytest.fail(f"CI is set, the PostgreSQL restart tests must run: {reason}")
+    pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivateCluster:
+    """`with PrivateCluster() as pg:` initdb + start; `pg.url`; `pg.stop()`, `pg.start()`."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="sendledger-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.port = _free_port()
+        self.url = f"postgresql://{USER}@127.0.0.1:{self.port}/postgres"
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam("postgres")
+            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+        self._run(
+            BIN / "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            USER,
+            "--auth=trust",  # loopback only, a throw-away cluster
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
+
+    def _run(self, *args: str | Path) -> None:
+        result = subprocess.run(
+            [*_as_server_user(), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=self.root,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"{Path(str(args[0])).name} failed ({result.returncode}): "
+                f"{result.stderr.strip() or result.stdout.strip()}"
+            )
+
+    def start(self) -> None:
+        # fsync off: only an operating-system crash would lose data, and the tests stop
+        # the server, not the machine. synchronous_commit stays on: with it off, a commit
+        # acknowledged before an immediate stop can vanish, which no client can guard against.
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
+            "-c fsync=off -c full_page_writes=off"
+        )
+        self._run(BIN / "pg_ctl", "-D", self.data, "-l", self.log, "-o", options, "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """`fast`: the server ends every session (clients see 57P01) and shuts down;
+        `immediate`: as a crash, no shutdown checkpoint."""
+        self._run(BIN / "pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            self.stop("immediate")  # fails when it is not running
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> PrivateCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

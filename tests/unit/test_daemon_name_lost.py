@@ -1,0 +1,89 @@
+"""The daemon checks its name before every tick (a PostgreSQL restart drops the lock that
+holds it): lost to another process, it stops claiming and `run` ends as a name taken at
+start-up does (IdentityTaken, exit 3); while the check cannot be made, no tick runs."""
+
+from __future__ import annotations
+
+import threading
+
+from daemon.bootstrap import bootstrap
+from daemon.providers.fake import FakeProvider
+from daemon.runtime import Daemon
+from daemon.settings import settings_from_dict
+from ledger.application import Ledger
+from ledger.stores.identity import IdentityTaken
+from policies.loader import PolicySet
+
+
+class FlakyName:
+    """Held at start-up; then `failures` checks fail with `error`."""
+
+    def __init__(self, error: Exception, failures: int) -> None:
+        self.error = error
+        self.failures = failures
+        self.checks = 0
+        self.released = False
+
+    def check(self) -> None:
+        self.checks += 1
+        if self.checks <= self.failures:
+            raise self.error
+
+    def release(self) -> None:
+        self.released = True
+
+
+def _daemon(ledger: Ledger, lock: FlakyName) -> Daemon:
+    settings = settings_from_dict(
+        {"store": {"url": "memory://"}, "daemon": {"tick": "20ms", "name": "n1"}}
+    )
+    ledger.hold_identity = lambda name: lock  # type: ignore[method-assign]
+    service = bootstrap(
+        settings,
+        ledger=ledger,
+        policy_loader=PolicySet,
+        providers={"fake": FakeProvider("fake", clock=ledger.clock)},
+    )
+    return Daemon(service, settings.daemon.tick)
+
+
+def test_a_lost_name_stops_the_daemon_with_identity_taken() -> None:
+    lock = FlakyName(IdentityTaken("n1", "db"), failures=1_000)
+    with Ledger("memory://") as ledger:
+        daemon = _daemon(ledger, lock)
+        outcome: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                daemon.serve()
+            except BaseException as exc:
+                outcome.append(exc)
+
+        runner = threading.Thread(target=serve)
+        runner.start()
+        runner.join(timeout=20)
+        assert not runner.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], IdentityTaken)
+        assert daemon.health.ticks == 0  # no tick ran without the name
+        assert lock.released
+
+
+def test_a_check_that_cannot_be_made_skips_the_tick() -> None:
+    lock = FlakyName(OSError("database unreachable"), failures=3)
+    with Ledger("memory://") as ledger:
+        daemon = _daemon(ledger, lock)
+        runner = threading.Thread(target=daemon.serve)
+        runner.start()
+        try:
+            for _ in range(500):
+                if daemon.health.ticks:
+                    break
+                threading.Event().wait(0.01)
+            # The three failed checks ran no tick; the fourth check let one run.
+            assert daemon.health.ticks >= 1
+            assert lock.checks >= 4
+            assert daemon.health.last_error == "OSError: database unreachable"
+        finally:
+            daemon.request_stop()
+            runner.join(timeout=20)
+        assert not runner.is_alive()

@@ -1,0 +1,112 @@
+"""`[store]` pool_size, max_overflow, lock_timeout: validated, PostgreSQL only, passed to
+eventsourcing's PostgreSQL environment (README "Performance and scaling")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from tests.unit.test_settings import clean_env
+
+from daemon.context import store_spec
+from daemon.settings import ConfigError, settings_from_dict
+from ledger.stores.postgres import PostgresBackend
+from ledger.stores.url import (
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_MAX_OVERFLOW,
+    DEFAULT_POOL_SIZE,
+    PostgresStore,
+    StoreUrlError,
+)
+
+# No SENDLEDGER_* variable of the caller's shell leaks in (an autouse fixture).
+assert clean_env
+
+PG = "postgresql://u:pw@db.example.com:5432/mail?schema=s"
+
+
+def _env(store: dict[str, object]) -> dict[str, str]:
+    spec = store_spec(settings_from_dict({"store": store}, config_path=Path("/c/x.toml")))
+    assert isinstance(spec, PostgresStore)
+    return dict(PostgresBackend(spec).env)
+
+
+def test_defaults_reach_the_postgres_environment() -> None:
+    env = _env({"url": PG})
+    assert env["POSTGRES_POOL_SIZE"] == str(DEFAULT_POOL_SIZE)
+    assert env["POSTGRES_MAX_OVERFLOW"] == str(DEFAULT_MAX_OVERFLOW)
+    assert env["POSTGRES_LOCK_TIMEOUT"] == str(DEFAULT_LOCK_TIMEOUT)
+
+
+def test_configured_values_reach_the_postgres_environment() -> None:
+    env = _env({"url": PG, "pool_size": 9, "max_overflow": 0, "lock_timeout": "2m"})
+    assert (env["POSTGRES_POOL_SIZE"], env["POSTGRES_MAX_OVERFLOW"]) == ("9", "0")
+    assert env["POSTGRES_LOCK_TIMEOUT"] == "120"
+
+
+def test_an_environment_variable_sets_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SENDLEDGER_STORE__POOL_SIZE", "12")
+    assert _env({"url": PG})["POSTGRES_POOL_SIZE"] == "12"
+
+
+@pytest.mark.parametrize("key", ["pool_size", "max_overflow", "lock_timeout"])
+def test_refused_for_sqlite_naming_the_key(key: str) -> None:
+    value = "3s" if key == "lock_timeout" else 3
+    settings = settings_from_dict({"store": {"url": "sqlite:///l.sqlite", key: value}})
+    with pytest.raises(StoreUrlError, match=rf"^store\.{key}: only a postgresql:// store"):
+        store_spec(settings)
+
+
+def test_sqlite_without_them_is_fine() -> None:
+    settings = settings_from_dict({"store": {"url": "sqlite:///l.sqlite"}})
+    assert store_spec(settings).describe().startswith("sqlite:")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("pool_size", 0),
+        ("pool_size", 1001),
+        ("pool_size", "five"),
+        ("max_overflow", -1),
+        ("lock_timeout", "500ms"),
+        ("lock_timeout", "1.5s"),
+        ("lock_timeout", "0s"),
+        ("lock_timeout", "2h"),
+        ("lock_timeout", "soon"),
+    ],
+)
+def test_bad_values_are_one_line_naming_the_field(key: str, value: object) -> None:
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict({"store": {"url": PG, key: value}}, config_path=Path("/c/x.toml"))
+    message = str(caught.value)
+    assert message.startswith(f"/c/x.toml: store.{key}: "), message
+    assert "\n" not in message
+
+
+@given(st.integers(min_value=1, max_value=3600))
+def test_every_whole_second_duration_is_accepted(seconds: int) -> None:
+    for text in (f"{seconds}s", str(seconds)):
+        store = settings_from_dict({"store": {"url": PG, "lock_timeout": text}}).store
+        assert store.lock_timeout == seconds
+
+
+@given(st.text(max_size=12))
+def test_any_lock_timeout_text_is_a_value_or_a_config_error(text: str) -> None:
+    try:
+        store = settings_from_dict({"store": {"url": PG, "lock_timeout": text}}).store
+    except ConfigError as exc:
+        assert str(exc).startswith("config: store.lock_timeout: ")
+    else:
+        assert isinstance(store.lock_timeout, int) and 1 <= store.lock_timeout <= 3600
+
+
+def test_db_functions_are_on_unless_the_environment_says_n(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("POSTGRES_ENABLE_DB_FUNCTIONS", raising=False)
+    assert _env({"url": PG})["POSTGRES_ENABLE_DB_FUNCTIONS"] == "y"
+    monkeypatch.setenv("POSTGRES_ENABLE_DB_FUNCTIONS", "n")
+    assert _env({"url": PG})["POSTGRES_ENABLE_DB_FUNCTIONS"] == "n"
