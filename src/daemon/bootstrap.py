@@ -44,19 +44,22 @@ def build_provider(settings: Settings, name: str) -> Provider:
             sent_copy=config.sent_copy,
             timeout=config.timeout,
         )
-    from daemon.providers.gmail import GmailProvider
+    from daemon.providers.gmail import DelegationRequired, GmailProvider
 
-    return GmailProvider(
-        name,
-        credentials_file=settings.credentials_file(name),
-        user=config.user,
-        api_endpoint=config.api_endpoint,
-        token_uri=config.token_uri,
-        timeout=config.timeout,
-        quota_units_per_second=config.quota_units_per_second,
-        readback_first=config.readback_first,
-        readback_rate=config.readback_rate,
-    )
+    try:
+        return GmailProvider(
+            name,
+            credentials_file=settings.credentials_file(name),
+            user=config.user,
+            api_endpoint=config.api_endpoint,
+            token_uri=config.token_uri,
+            timeout=config.timeout,
+            quota_units_per_second=config.quota_units_per_second,
+            readback_first=config.readback_first,
+            readback_rate=config.readback_rate,
+        )
+    except DelegationRequired as exc:
+        raise ConfigError(f"providers.{name}.user: {exc}") from None
 
 
 @dataclass

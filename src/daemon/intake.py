@@ -8,7 +8,7 @@ and every key checked for a conflict before any job is written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,6 +20,7 @@ from ledger.message_id import message_id_for
 from ledger.mime import MessageLimits, check_recipients, check_size
 from ledger.vocabulary import Sender
 from policies.loader import PolicySet
+from policies.senders import SenderRefused
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,30 @@ def channel_sender(policies: PolicySet, channel: str, index: int | None = None) 
     return policy.sender
 
 
-def senders_for(policies: PolicySet, jobs: Sequence[JobContent], *, batch: bool) -> list[Sender]:
-    """Each job's Sender from its channel's policy; every job without one is listed."""
+def senders_for(
+    policies: PolicySet,
+    jobs: Sequence[JobContent],
+    *,
+    batch: bool,
+    thread_providers: Collection[str] = (),
+) -> list[Sender]:
+    """Each job's Sender from its channel's policy (with the job's own `from` when the
+    policy's `allowed_from` allows it); every job without one is listed. A `thread_id`
+    is refused unless the channel's provider is in `thread_providers` (the gmail ones):
+    no other provider has a thread to put the message in."""
     senders: list[Sender] = []
     problems: list[FieldProblem] = []
     for index, job in enumerate(jobs):
+        where = index if batch else None
         try:
-            senders.append(channel_sender(policies, job.channel, index if batch else None))
+            channel_sender(policies, job.channel, where)  # refuses a channel without policy
+            policy = policies[job.channel]
+            if job.thread_id is not None and policy.provider not in thread_providers:
+                reason = f"provider {policy.provider!r} of this channel is not a gmail provider"
+                raise IntakeError([FieldProblem(where, "thread_id", reason)])
+            senders.append(policy.sender_for(job.sender))
+        except SenderRefused as exc:
+            problems.append(FieldProblem(where, exc.field, exc.reason))
         except IntakeError as exc:
             problems.extend(exc.problems)
     if problems:

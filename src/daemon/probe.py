@@ -25,7 +25,7 @@ from daemon import output
 from daemon.bootstrap import build_provider
 from daemon.context import settings_for
 from daemon.errors import EXIT_FAILURE, EXIT_OK, bad_input
-from daemon.providers.base import Provider, ProviderError, SearchResult
+from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.settings import GmailProviderSettings, Settings, SmtpImapProviderSettings
 from ledger.content import JobInputError, validate_address
 from ledger.mime import build_message
@@ -146,6 +146,8 @@ def run_probe(
         message_id=message_id,
         date=datetime.now(UTC),
     )
+    # As the sender's mailbox (a gmail provider with user = "{from}" acts per mailbox).
+    provider = for_job(provider, sender, None)
     started = clock()
     outcome = provider.send_raw(raw)
     result: dict[str, Any] = {

@@ -33,6 +33,7 @@ from ledger.addresses import AddressError, parse_mailbox
 from ledger.message_id import MessageIdError, validate_domain
 from ledger.vocabulary import PolicyRef, Sender
 from policies.durations import DurationError, format_duration, parse_duration
+from policies.senders import MAX_PATTERNS, job_sender, pattern_problem
 
 __all__ = [
     "MAX_DURATION",
@@ -115,6 +116,9 @@ class ChannelPolicy(BaseModel):
     # count its copies once more this long later: an index lag longer than the search
     # windows would otherwise hide a duplicate.
     verify_after: Duration = 3600.0
+    # Patterns of the mailboxes a job may name as its own `from` (policies/senders.py);
+    # empty: every job is sent as `from`.
+    allowed_from: tuple[StrictStr, ...] = ()
 
     @field_validator("channel")
     @classmethod
@@ -144,6 +148,21 @@ class ChannelPolicy(BaseModel):
         except ValueError as exc:
             raise _error(str(exc)) from None
         return value.strip()
+
+    @field_validator("allowed_from", mode="before")
+    @classmethod
+    def _check_allowed_from(cls, value: object) -> object:
+        if not isinstance(value, list | tuple):
+            raise _error('must be a list of address patterns like ["*@example.com"]')
+        if len(value) > MAX_PATTERNS:
+            raise _error(f"at most {MAX_PATTERNS} patterns")
+        for index, pattern in enumerate(value):
+            if not isinstance(pattern, str):
+                raise _error(f"[{index}] must be a string")
+            problem = pattern_problem(pattern)
+            if problem:
+                raise _error(f"[{index}] {problem}")
+        return tuple(value)
 
     @field_validator("message_id_domain")
     @classmethod
@@ -198,6 +217,11 @@ class ChannelPolicy(BaseModel):
         """What this policy contributes to each new job of its channel."""
         return Sender(self.from_, self.message_id_domain, self.ref)
 
+    def sender_for(self, job_from: str | None) -> Sender:
+        """The Sender of one job that names its own `from` (None: the policy's own).
+        Raises policies.senders.SenderRefused when `allowed_from` does not allow it."""
+        return job_sender(self.sender, self.allowed_from, job_from)
+
     @property
     def from_address(self) -> str:
         """The bare addr-spec of ``from`` (``support@example.com``)."""
@@ -214,6 +238,11 @@ class ChannelPolicy(BaseModel):
         values = self.model_dump(by_alias=True)
         values["from"] = str(Address(address.display_name, addr_spec=address.addr_spec))
         values["search_interval"] = self.effective_search_interval
+        if not self.allowed_from:
+            # Absent, as before the field existed: unchanged policies keep their fingerprint.
+            del values["allowed_from"]
+        else:
+            values["allowed_from"] = list(self.allowed_from)
         return values
 
     @property

@@ -19,7 +19,11 @@ Message-ID (as sendledger's daemon does) depends on it:
 - SPAM and TRASH are hidden unless `includeSpamTrash` (or in:anywhere / an explicit label);
 - the gmail.metadata scope refuses `q` and format=full/raw; a service-account token without
   a subject (no domain-wide delegation) gets "Precondition check failed"; a delegated token
-  used for another user's mailbox gets "Delegation denied".
+  used for another user's mailbox gets "Delegation denied";
+- with `user_quota` (units per second, Gmail's is 250) each mailbox has its own per-user
+  quota as a token bucket holding one second's worth (Gmail's "moving average, short
+  bursts allowed"): send 100 units, list and get 5; a request over it is answered 429
+  userRateLimitExceeded and does nothing. `usage()` says what each mailbox spent.
 
 Terms in `q` other than rfc822msgid:, in: and label: are refused with 400 rather than
 matched loosely: a test that relies on full-text search should fail loudly here.
@@ -80,6 +84,28 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 ]
 
 Response = tuple[int, list[tuple[str, str]], bytes]
+
+
+# Gmail API quota units per call (developers.google.com/gmail/api/reference/quota).
+_ROUTE_UNITS = {"send": 100.0, "upload": 100.0, "list": 5.0, "get": 5.0, "profile": 1.0}
+
+
+@dataclass(frozen=True)
+class UserUsage:
+    units: float
+    max_units_per_second: float  # in any one whole second of the emulator's clock
+    max_mean_units_per_second: float  # over any `window` consecutive whole seconds
+
+
+def _peak_mean(per_second: dict[int, float], window: int) -> float:
+    """The highest mean rate over `window` consecutive whole seconds."""
+    if not per_second:
+        return 0.0
+    first, last = min(per_second), max(per_second)
+    return max(
+        sum(per_second.get(second, 0.0) for second in range(start, start + window)) / window
+        for start in range(first, max(first, last - window + 1) + 1)
+    )
 
 
 class ApiError(Exception):
@@ -171,8 +197,16 @@ class GmailEmulator(LoopbackService):
         latency: float = 0.0,
         tls: TlsFiles | None = None,
         idle_timeout: float | None = None,
+        user_quota: float | None = None,
     ) -> None:
         super().__init__(host, port)
+        if user_quota is not None and user_quota <= 0:
+            raise ValueError(f"user_quota must be positive, got {user_quota!r}")
+        self.user_quota = user_quota
+        # Per mailbox: [units left, at time]; and what it spent, per whole second.
+        self._quota_left: dict[str, list[float]] = {}
+        self._spent: dict[str, dict[int, float]] = {}
+        self.quota_refusals = 0
         self._lag = float(lag)
         self._latency = _check_latency(latency)
         self.tls = tls
@@ -244,6 +278,41 @@ class GmailEmulator(LoopbackService):
             self._mailbox_key(user, None), raw, list(labels), None, via="inject", rewrite=False
         )
         return stored.id
+
+    def usage(self, window: int = 5) -> dict[str, UserUsage]:
+        """What each mailbox spent of its quota: units accepted, the most in any one
+        whole second of the emulator's clock, and the highest mean over `window` seconds
+        (Gmail meters a moving average, so one second may hold a burst)."""
+        with self._lock:
+            return {
+                user: UserUsage(
+                    units=sum(seconds.values()),
+                    max_units_per_second=max(seconds.values(), default=0.0),
+                    max_mean_units_per_second=_peak_mean(seconds, window),
+                )
+                for user, seconds in self._spent.items()
+            }
+
+    def _charge(self, user: str, route: str) -> None:
+        """Spend `route`'s units of `user`'s quota, or refuse the request (429)."""
+        units = _ROUTE_UNITS[route]
+        with self._lock:
+            now = self._clock()
+            if self.user_quota is not None:
+                rate = self.user_quota
+                left, stamp = self._quota_left.setdefault(user, [rate, now])
+                left = min(rate, left + max(0.0, now - stamp) * rate)
+                if left + 1e-9 < units:
+                    self._quota_left[user] = [left, max(stamp, now)]
+                    self.quota_refusals += 1
+                    raise ApiError(
+                        429,
+                        "User-rate limit exceeded. Retry after a second.",
+                        "userRateLimitExceeded",
+                    )
+                self._quota_left[user] = [left - units, max(stamp, now)]
+            spent = self._spent.setdefault(user, {})
+            spent[int(now)] = spent.get(int(now), 0.0) + units
 
     def expire_tokens(self) -> None:
         with self._lock:
@@ -362,6 +431,7 @@ class GmailEmulator(LoopbackService):
                     if method != route_method:
                         raise ApiError(405, "Method Not Allowed", "methodNotAllowed")
                     user = self._authorize_user(unquote(match.group(1)), token)
+                    self._charge(user, name)
                     if name == "send":
                         return self._send_json(user, token, headers, body)
                     if name == "upload":

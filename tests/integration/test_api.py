@@ -72,6 +72,8 @@ def test_a_batch_is_all_or_nothing(api: Api) -> None:
         (json.dumps(job(subject="a\r\nBcc: x@example.com")).encode(), "subject"),
         (json.dumps(job(channel="nope")).encode(), "channel"),
         (json.dumps(job(headers={"From": "eve@example.com"})).encode(), "headers.From"),
+        (json.dumps({**job(), "from": "eve@example.com"}).encode(), "from"),
+        (json.dumps({**job(), "thread_id": "a b"}).encode(), "thread_id"),
         (b"\xff\xfe", "job"),
     ],
 )

@@ -10,7 +10,7 @@ from daemon.api.context import ApiContext
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics, Sources
 from daemon.api.server import ApiServer
-from daemon.context import message_limits
+from daemon.context import message_limits, thread_providers
 from daemon.engine import PolicyHolder
 from daemon.settings import ConfigError, Settings
 from ledger.application import Ledger
@@ -70,6 +70,7 @@ def api_context(
         health=health,
         metrics=metrics,
         limits=message_limits(settings),
+        thread_providers=thread_providers(settings),
     )
 
 

@@ -25,6 +25,8 @@ class ApiContext:
     metrics: Metrics
     # Each provider's per-message limits, held against every job at intake.
     limits: Mapping[str, MessageLimits] = field(default_factory=dict)
+    # The providers a job's thread_id may go to (the gmail ones).
+    thread_providers: frozenset[str] = frozenset()
     sessions: Sessions = field(default_factory=Sessions)
 
 

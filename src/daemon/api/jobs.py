@@ -86,7 +86,7 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
     try:
         jobs = parse_jobs(data)
         policies, batch = ctx.policies(), isinstance(data, list)
-        senders = senders_for(policies, jobs, batch=batch)
+        senders = senders_for(policies, jobs, batch=batch, thread_providers=ctx.thread_providers)
         # The message each job would be, built and held against its provider's limits.
         await run_in_threadpool(
             check_messages, policies, jobs, senders, ctx.limits, batch=batch, at=utcnow()

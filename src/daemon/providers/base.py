@@ -5,6 +5,8 @@ A provider never touches the store. It returns values; the daemon turns them int
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -82,3 +84,19 @@ class Provider(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def for_job(provider: Provider, from_addr: str, thread_id: str | None) -> Provider:
+    """The provider as one job sees it. A provider that acts per mailbox or per thread
+    (Gmail with `user = "{from}"`, or a job's `thread_id`) offers `for_job`; any other is
+    the same for every job."""
+    scope: Callable[[str, str | None], Provider] | None = getattr(provider, "for_job", None)
+    return provider if scope is None else scope(from_addr, thread_id)
+
+
+def send_gate(provider: Provider) -> AbstractContextManager[bool]:
+    """Whether a send may start now: False when the provider's mailbox is out of quota and
+    another worker already waits for it (the job then stays due and the worker serves
+    other mailboxes). Providers without `send_gate` always say True."""
+    gate: Callable[[], AbstractContextManager[bool]] | None = getattr(provider, "send_gate", None)
+    return nullcontext(True) if gate is None else gate()

@@ -21,11 +21,13 @@ The API surface comes from the discovery document bundled with googleapiclient
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,13 @@ from google.oauth2 import service_account
 from googleapiclient.discovery import build
 from googleapiclient.errors import HttpError
 
-from daemon.providers.base import ProviderError, SearchHit, SearchResult, SendOutcome
+from daemon.providers.base import (
+    Provider,
+    ProviderError,
+    SearchHit,
+    SearchResult,
+    SendOutcome,
+)
 from daemon.providers.classify import (
     classify_send_exception,
     classify_send_response,
@@ -51,6 +59,7 @@ from daemon.providers.quota import (
 )
 from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
+from ledger.addresses import parse_mailbox
 from ledger.message_id import same_message_id
 
 # gmail.send for messages.send; gmail.readonly because `q=` is refused under gmail.metadata.
@@ -62,6 +71,12 @@ SENT_LABEL = "SENT"
 MAX_PAGE_SIZE = 500  # Gmail's ceiling for messages.list maxResults
 
 Response = tuple[int, dict[str, str], bytes]
+#: `user = "{from}"`: act as each job's From mailbox (domain-wide delegation).
+FROM_PLACEHOLDER = "{from}"
+
+
+class DelegationRequired(ValueError):
+    """`user = "{from}"` with credentials that cannot act as other mailboxes."""
 
 
 def load_credentials(credentials_file: Path, *, user: str, token_uri: str = "") -> AuthCredentials:
@@ -83,7 +98,19 @@ def load_credentials(credentials_file: Path, *, user: str, token_uri: str = "") 
     if token_uri:
         info["token_uri"] = token_uri
     kind = info.get("type")
+    if user == FROM_PLACEHOLDER and kind != "service_account":
+        raise DelegationRequired(
+            f'"{FROM_PLACEHOLDER}" acts as each job\'s From mailbox through domain-wide'
+            f" delegation: {path} must hold service_account credentials, not {kind!r}"
+        )
     try:
+        if kind == "service_account" and user == FROM_PLACEHOLDER:
+            # No subject yet: each mailbox gets its own copy (`with_subject`).
+            base = service_account.Credentials
+            delegating: AuthCredentials = base.from_service_account_info(  # type: ignore[no-untyped-call]
+                info, scopes=SCOPES
+            )
+            return delegating
         if kind == "service_account":
             if not user or user == "me" or "@" not in user:
                 raise ValueError(
@@ -142,9 +169,40 @@ def _raw_response(resp: Any, content: Any) -> tuple[Any, Any]:
     return resp, content
 
 
+class _Mailbox:
+    """One mailbox the provider acts as: its credentials (one token) and its quota bucket.
+    With `user = "{from}"` there is one per From address, made on first use and kept."""
+
+    def __init__(self, user: str, credentials: AuthCredentials, bucket: TokenBucket) -> None:
+        self.user = user
+        self.credentials = credentials
+        self.bucket = bucket
+        # Held by the one dispatcher that may wait for this mailbox's quota (send_gate).
+        self._waiter = threading.Lock()
+
+    @contextlib.contextmanager
+    def send_gate(self) -> Iterator[bool]:
+        """True: go ahead (claim and send; the bucket wait, if any, is short). False: this
+        mailbox is out of quota and another dispatcher already waits for it, so the caller
+        leaves the job due and serves another mailbox instead of stalling a worker."""
+        if self.bucket.available + 1e-9 >= GMAIL_SEND_UNITS:
+            yield True
+            return
+        if not self._waiter.acquire(blocking=False):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._waiter.release()
+
+
 class GmailProvider:
     """The provider port on the Gmail API. Thread-safe: each thread gets its own HTTP
-    object (httplib2 is not thread-safe); credentials and the quota bucket are shared."""
+    object (httplib2 is not thread-safe); credentials and the quota buckets are shared.
+
+    With `user = "{from}"` (domain-wide delegation) it acts as each job's From mailbox:
+    `for_job` gives the view the engine calls for one job (README, "Providers")."""
 
     response_ids_readable = True
 
@@ -177,6 +235,7 @@ class GmailProvider:
             raise ValueError(f"readback_rate must be within 0..1, got {readback_rate!r}")
         self.name = name
         self.user = user or "me"
+        self.per_mailbox = self.user == FROM_PLACEHOLDER
         # Read by the engine's Message-ID read-back sampling (daemon/engine/health.py).
         self.readback_first = readback_first
         self.readback_rate = float(readback_rate)
@@ -189,66 +248,120 @@ class GmailProvider:
         self.api_endpoint = api_endpoint
         self.timeout = float(timeout)
         self.page_size = page_size
+        self._quota_rate = float(quota_units_per_second)
+        self._clock = clock
+        self._sleep = sleep
         self._credentials = load_credentials(
             Path(credentials_file), user=self.user, token_uri=token_uri
         )
-        # Capacity at least one send, or a send could never be afforded at low rates.
-        self._bucket = TokenBucket(
-            quota_units_per_second,
-            max(float(quota_units_per_second), GMAIL_SEND_UNITS),
-            clock=clock,
-            sleep=sleep,
+        self._mailboxes: dict[str, _Mailbox] = {}  # by lower-cased address
+        self._by_from: dict[str, _Mailbox] = {}  # by From as the jobs spell it
+        self._mailboxes_lock = threading.Lock()
+        self._default = (
+            None if self.per_mailbox else self._new_mailbox(self.user, self._credentials)
         )
         self._local = threading.local()
         # Weak: a thread's HTTP object goes away with the thread.
-        self._https: weakref.WeakSet[google_auth_httplib2.AuthorizedHttp] = weakref.WeakSet()
+        self._transports: weakref.WeakSet[SingleShotHttp] = weakref.WeakSet()
         self._https_lock = threading.Lock()
         self._closed = False
-        self._service = build_gmail_service(self._http(), api_endpoint=api_endpoint)
+        self._service = build_gmail_service(self._transport(), api_endpoint=api_endpoint)
         self._messages = self._service.users().messages()
+
+    # -- mailboxes ---------------------------------------------------------------------
+
+    def _new_mailbox(self, user: str, credentials: AuthCredentials) -> _Mailbox:
+        # Capacity at least one send, or a send could never be afforded at low rates. With
+        # "{from}" one send less than a second's worth: many mailboxes run at their quota
+        # at once, and Gmail meters each request when it arrives, so a send delayed on
+        # the way (up to 0.4 s at 250/s) must not meet the next one over the quota.
+        capacity = self._quota_rate - GMAIL_SEND_UNITS if self.per_mailbox else self._quota_rate
+        bucket = TokenBucket(
+            self._quota_rate,
+            max(capacity, GMAIL_SEND_UNITS),
+            clock=self._clock,
+            sleep=self._sleep,
+        )
+        return _Mailbox(user, credentials, bucket)
+
+    def mailbox(self, from_addr: str) -> _Mailbox:
+        """The mailbox a job from `from_addr` is sent as: the configured user, or with
+        "{from}" that address's own (one token, one quota bucket), made once and kept."""
+        if self._default is not None:
+            return self._default
+        # Every job of a mailbox spells its From the same way: parse each spelling once.
+        known = self._by_from.get(from_addr)
+        if known is not None:
+            return known
+        address = parse_mailbox(from_addr).address.addr_spec
+        key = address.lower()
+        with self._mailboxes_lock:
+            found = self._mailboxes.get(key)
+            if found is None:
+                delegate = self._credentials.with_subject(address)  # type: ignore[attr-defined]
+                found = self._mailboxes[key] = self._new_mailbox(address, delegate)
+            self._by_from[from_addr] = found
+            return found
+
+    def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
+        """The provider as one job sees it: acting as its From mailbox (with "{from}")
+        and sending into its Gmail thread. Without either, the provider itself."""
+        if self._default is not None and thread_id is None:
+            return self
+        return GmailMailboxView(self, self.mailbox(from_addr), thread_id)
 
     # -- plumbing ----------------------------------------------------------------------
 
-    def _http(self) -> google_auth_httplib2.AuthorizedHttp:
-        authed: google_auth_httplib2.AuthorizedHttp | None = getattr(self._local, "http", None)
-        if authed is None:
-            authed = google_auth_httplib2.AuthorizedHttp(
-                self._credentials,
-                http=SingleShotHttp(
-                    timeout=self.timeout,
-                    reuse=self.reuse_connections,
-                    max_idle=self.max_idle,
-                    stats=self.transport_stats,
-                    ca_certs=self.ca_certs,
-                ),
+    def _transport(self) -> SingleShotHttp:
+        transport: SingleShotHttp | None = getattr(self._local, "transport", None)
+        if transport is None:
+            transport = SingleShotHttp(
+                timeout=self.timeout,
+                reuse=self.reuse_connections,
+                max_idle=self.max_idle,
+                stats=self.transport_stats,
+                ca_certs=self.ca_certs,
             )
-            self._local.http = authed
+            self._local.transport = transport
+            self._local.authed = {}
             with self._https_lock:
-                self._https.add(authed)
+                self._transports.add(transport)
+        return transport
+
+    def _http(self, mailbox: _Mailbox) -> google_auth_httplib2.AuthorizedHttp:
+        # One connection pool per thread, shared by every mailbox the thread acts as.
+        transport = self._transport()
+        authed_by_user: dict[str, google_auth_httplib2.AuthorizedHttp] = self._local.authed
+        authed = authed_by_user.get(mailbox.user)
+        if authed is None:
+            authed = google_auth_httplib2.AuthorizedHttp(mailbox.credentials, http=transport)
+            authed_by_user[mailbox.user] = authed
         return authed
 
-    def _prepare(self, request: Any, units: float) -> None:
+    def _prepare(self, request: Any, units: float, mailbox: _Mailbox) -> None:
         """Everything that happens before a request may leave: checks and quota pacing.
         Failures here are not call outcomes, so they raise."""
         if self._closed:
             raise RuntimeError(f"provider {self.name!r} is closed")
         request.postproc = _raw_response
-        self._bucket.acquire(units)
+        mailbox.bucket.acquire(units)
 
-    def _execute(self, request: Any) -> Response:
+    def _execute(self, request: Any, mailbox: _Mailbox) -> Response:
         """One attempt of one API call: (status, lower-cased headers, body bytes) for any
         complete HTTP answer; exceptions for everything else. num_retries=0: see above."""
         try:
-            resp, content = request.execute(http=self._http(), num_retries=0)
+            resp, content = request.execute(http=self._http(mailbox), num_retries=0)
         except HttpError as exc:
             return int(exc.resp.status), _headers(exc.resp), bytes(exc.content)
         body = content if isinstance(content, bytes) else str(content).encode("utf-8")
         return int(resp.status), _headers(resp), body
 
-    def _read_json(self, what: str, request: Any, units: float) -> dict[str, Any]:
-        self._prepare(request, units)
+    def _read_json(
+        self, what: str, request: Any, units: float, mailbox: _Mailbox
+    ) -> dict[str, Any]:
+        self._prepare(request, units, mailbox)
         try:
-            status, headers, body = self._execute(request)
+            status, headers, body = self._execute(request, mailbox)
         except Exception as exc:
             raise provider_error_for_exception(what, exc) from exc
         if not 200 <= status < 300:
@@ -261,22 +374,44 @@ class GmailProvider:
             raise ProviderError(f"{what}: HTTP {status} with an unexpected body")
         return data
 
+    def _unscoped(self) -> _Mailbox:
+        if self._default is None:
+            raise ProviderError(
+                f'provider {self.name!r} has user = "{FROM_PLACEHOLDER}": say which mailbox'
+            )
+        return self._default
+
     # -- the port ----------------------------------------------------------------------
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         """One users.messages.send call with the message as `raw` (so Gmail keeps our
         Message-ID). Never raises for the call's outcome; raises (before any network
-        activity) only when the provider is closed."""
+        activity) only when the provider is closed. With "{from}" it acts as the
+        message's From mailbox."""
+        if self._default is not None:
+            return self.send_as(self._default, raw, None)
+        sender = BytesHeaderParser().parsebytes(raw).get("From")
+        if sender is None:
+            raise ValueError(f'provider {self.name!r}: "{FROM_PLACEHOLDER}" needs a From header')
+        return self.send_as(self.mailbox(str(sender)), raw, None)
+
+    def send_as(self, mailbox: _Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
         encoded = base64.urlsafe_b64encode(raw).decode("ascii")
-        request = self._messages.send(userId=self.user, body={"raw": encoded})
-        self._prepare(request, GMAIL_SEND_UNITS)
+        body: dict[str, str] = {"raw": encoded}
+        if thread_id is not None:
+            body["threadId"] = thread_id
+        request = self._messages.send(userId=mailbox.user, body=body)
+        self._prepare(request, GMAIL_SEND_UNITS, mailbox)
         try:
-            status, headers, body = self._execute(request)
+            status, headers, response = self._execute(request, mailbox)
         except Exception as exc:
             return classify_send_exception(exc)
-        return classify_send_response(status, headers, body)
+        return classify_send_response(status, headers, response)
 
     def search(self, message_id: str) -> SearchResult:
+        return self.search_in(self._unscoped(), message_id)
+
+    def search_in(self, mailbox: _Mailbox, message_id: str) -> SearchResult:
         """Every SENT copy (spam and trash included) whose Message-ID header is ours.
 
         Lists through every page, then reads each hit's header, because Gmail's
@@ -289,7 +424,7 @@ class GmailProvider:
         seen_tokens: set[str] = set()
         while True:
             params: dict[str, Any] = {
-                "userId": self.user,
+                "userId": mailbox.user,
                 "q": query,
                 "labelIds": [SENT_LABEL],
                 "includeSpamTrash": True,
@@ -298,7 +433,7 @@ class GmailProvider:
             if page_token:
                 params["pageToken"] = page_token
             page = self._read_json(
-                f"search {query}", self._messages.list(**params), GMAIL_LIST_UNITS
+                f"search {query}", self._messages.list(**params), GMAIL_LIST_UNITS, mailbox
             )
             for item in page.get("messages") or []:
                 if isinstance(item, dict) and isinstance(item.get("id"), str):
@@ -317,7 +452,7 @@ class GmailProvider:
             page_token = next_token
         hits: list[SearchHit] = []
         for provider_id in ids:
-            data = self._get_metadata(provider_id)
+            data = self._get_metadata(mailbox, provider_id)
             header = _message_id_header(data)
             labels = tuple(str(x) for x in data.get("labelIds") or ())
             if "labelIds" in data and SENT_LABEL not in labels:
@@ -328,33 +463,79 @@ class GmailProvider:
         return SearchResult(query=query, hits=tuple(hits))
 
     def read_message_id(self, provider_message_id: str) -> str | None:
-        return _message_id_header(self._get_metadata(provider_message_id))
+        return self.read_message_id_in(self._unscoped(), provider_message_id)
+
+    def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
+        return _message_id_header(self._get_metadata(mailbox, provider_message_id))
 
     def quota_available(self) -> float:
-        """Quota units left in this mailbox's bucket now (the metrics gauge reads it)."""
-        return self._bucket.available
+        """Quota units left now (the metrics gauge reads it): the mailbox's, or with
+        "{from}" the lowest of any mailbox used so far."""
+        if self._default is not None:
+            return self._default.bucket.available
+        with self._mailboxes_lock:
+            buckets = [mailbox.bucket for mailbox in self._mailboxes.values()]
+        return min((bucket.available for bucket in buckets), default=self._quota_rate)
 
     def close(self) -> None:
         self._closed = True
         with self._https_lock:
-            https = list(self._https)
-            self._https.clear()
+            transports = list(self._transports)
+            self._transports.clear()
         # Kept-alive connections of every thread (and any request cut short in another).
-        for authed in https:
-            for conn in list(authed.http.connections.values()):
+        for transport in transports:
+            for conn in list(transport.connections.values()):
                 conn.close()
 
-    def _get_metadata(self, provider_message_id: str) -> dict[str, Any]:
+    def _get_metadata(self, mailbox: _Mailbox, provider_message_id: str) -> dict[str, Any]:
         request = self._messages.get(
-            userId=self.user,
+            userId=mailbox.user,
             id=provider_message_id,
             format="metadata",
             metadataHeaders=["Message-ID"],
         )
-        return self._read_json(f"get {provider_message_id}", request, GMAIL_GET_UNITS)
+        return self._read_json(f"get {provider_message_id}", request, GMAIL_GET_UNITS, mailbox)
 
     def __repr__(self) -> str:
         return f"GmailProvider({self.name!r}, user={self.user!r})"
+
+
+class GmailMailboxView:
+    """The Gmail provider for one job: its calls act as the job's mailbox, and its send
+    goes into the job's thread. Closing it closes nothing (the provider owns the
+    connections)."""
+
+    response_ids_readable = True
+
+    def __init__(self, provider: GmailProvider, mailbox: _Mailbox, thread_id: str | None) -> None:
+        self.provider = provider
+        self.mailbox = mailbox
+        self.thread_id = thread_id
+        self.name = provider.name
+        self.readback_first = provider.readback_first
+        self.readback_rate = provider.readback_rate
+        self.timeout = provider.timeout
+
+    def send_gate(self) -> contextlib.AbstractContextManager[bool]:
+        return self.mailbox.send_gate()
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        return self.provider.send_as(self.mailbox, raw, self.thread_id)
+
+    def search(self, message_id: str) -> SearchResult:
+        return self.provider.search_in(self.mailbox, message_id)
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        return self.provider.read_message_id_in(self.mailbox, provider_message_id)
+
+    def quota_available(self) -> float:
+        return self.mailbox.bucket.available
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"GmailMailboxView({self.name!r}, user={self.mailbox.user!r})"
 
 
 def _search_term(message_id: str) -> str:
