@@ -1,12 +1,13 @@
 """cProfile of the daemon in the CPU-bound pipeline run ((a) of bench/pipeline.py).
 
 cProfile sees one thread; the engine's work runs on its worker pool. So every worker's
-step runs under that thread's own profiler, the tick's own work (the due-job reads) under
-the main thread's, and the statistics are merged. Prints the top functions by own time
-and by cumulative time.
+step runs under that thread's own profiler, the tick's own work (the due-job reads, a
+dispatch wave's claims and saves) under the main thread's, and the statistics are
+merged. Prints the top functions by own time and by cumulative time.
 
     .venv/bin/python bench/profile_pipeline.py [--n 1000] [--store sqlite|postgresql]
-        [--variant old|no-reuse|readback-all] [--concurrency 4] [--top 30] [--callers RE]
+        [--variant NAME (bench/pipeline.py: VARIANTS)] [--concurrency 4] [--top 30]
+        [--callers RE]
 """
 
 from __future__ import annotations
@@ -105,18 +106,28 @@ def main(argv: list[str] | None = None) -> int:
     def split(engine: Engine) -> None:
         ledger: Any = engine.ledger
         ledger.get_job = breakdown.wrap("load the job (get_job)", ledger.get_job)
+        ledger.get_jobs = breakdown.wrap("load a wave (get_jobs)", ledger.get_jobs)
         ledger.save_job = breakdown.wrap("save events + index (save_job)", ledger.save_job)
+        ledger.save_jobs = breakdown.wrap("save a wave (save_jobs)", ledger.save_jobs)
         ledger.due = breakdown.wrap("read due jobs (due)", ledger.due)
         provider: Any = engine.providers["gmail"]
         provider.send_raw = breakdown.wrap("provider send_raw", provider.send_raw)
         provider.read_message_id = breakdown.wrap("provider read-back", provider.read_message_id)
         runner: Any = engine._runner
         runner.run = breakdown.wrap("whole step (runner.run)", runner.run)
+        waves: Any = engine._waves
+        waves.run = breakdown.wrap("dispatch waves, tick thread (run)", waves.run)
         dispatch.render = breakdown.wrap("render MIME (dispatch.render)", dispatch.render)
 
     def instrument(engine: Engine) -> None:
         runner: Any = engine._runner
         runner.run = profiles.wrap(runner.run)
+        # Dispatch runs in waves: the tick's thread claims and saves, workers load and send
+        # (the tick thread's waits for its workers show as lock acquires).
+        runner.load = profiles.wrap(runner.load)
+        waves: Any = engine._waves
+        waves.run = profiles.wrap(waves.run)
+        waves._send = profiles.wrap(waves._send)
         ledger: Any = engine.ledger
         ledger.due = profiles.wrap(ledger.due)
 

@@ -61,6 +61,14 @@ def receipt(channel: str, key: str) -> JobContent:
     )
 
 
+def claimed_by(ledger: Ledger, key: str, daemon: str) -> SendJob:
+    """The job with a claim by `daemon` recorded (not saved): what a dispatch writes."""
+    job = ledger.get_job(key)
+    now = ledger.clock()
+    job.claim(provider="fake", deadline=now + timedelta(seconds=60), at=now, daemon=daemon)
+    return job
+
+
 class EngineRig:
     def __init__(self, *policies: ChannelPolicy, index_lag: float = 0.0, seed: int = 0) -> None:
         self.clock = Clock()

@@ -11,13 +11,15 @@ import logging
 import random
 import threading
 from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from daemon.crashpoints import crash_point
 from daemon.engine.clock import Clock
 from daemon.engine.health import ProviderHealth
 from daemon.engine.runner import Work
-from daemon.providers.base import Provider, SendKind, SendOutcome
+from daemon.providers.base import Provider, SendKind, SendOutcome, send_gate
 from ledger.decisions import AfterRejection, Review
 from ledger.job import SendJob
 from ledger.mime import build_message
@@ -49,6 +51,24 @@ def render(job: SendJob) -> bytes:
     )
 
 
+@dataclass(eq=False)  # compared by identity
+class Claimed:
+    """A job claimed in memory, between its claim and its recorded outcome."""
+
+    work: Work
+    policy: ChannelPolicy
+    provider: Provider
+    raw: bytes
+    gate: ExitStack  # the provider's send gate, held until the call returns
+    outcome: SendOutcome | None = None
+
+
+def _unknown_reason(outcome: SendOutcome) -> str:
+    if outcome.kind is SendKind.CONFIRMED:
+        return "2xx without a readable message id"
+    return outcome.reason or "outcome unknown"
+
+
 class Dispatch:
     state = JobState.REQUESTED
 
@@ -75,41 +95,86 @@ class Dispatch:
         return job.due_at is None or job.due_at <= now
 
     def run(self, work: Work) -> None:
+        """One job on its own: claim, save, send, record, save (`DispatchWave` runs the
+        same phases for several jobs with one save per phase)."""
+        claimed = self.claim(work)
+        if claimed is None:
+            return
+        with claimed.gate:
+            work.save()  # a conflict here means no call is made
+            self.send(claimed)
+        self.record(claimed)
+        work.save()
+        self.recorded(claimed)
+
+    def claim(self, work: Work) -> Claimed | None:
+        """Decide and render, then record the claim on the job in memory (not saved), with
+        the provider's send gate entered; None when the job is not to be sent now (to
+        review, saved; or left due)."""
         found = work.policy_and_provider()
         if found is None:
-            return
+            return None
         policy, provider = found
         job = work.job
         decision = decisions.before_attempt(policy, attempts_made=job.round_attempts)
         if isinstance(decision, Review):
             work.to_review(decision, f"{job.round_attempts} provider calls made")
-            return
+            return None
         try:
             # Rendered before the claim: a message that cannot be built is never claimed.
             raw = render(job)
         except ValueError as exc:
             work.to_review(decisions.cannot_build(policy), f"cannot build the message: {exc}")
-            return
+            return None
         if self._stopping.is_set():
-            return
-        timeout = self._timeouts.get(policy.provider, 30.0)
-        job.claim(
-            provider=policy.provider,
-            deadline=work.now + timedelta(seconds=timeout + self._grace),
-            at=work.now,
-            daemon=self._daemon,
-        )
-        work.save()  # a conflict here means no call is made
+            return None
+        gate = ExitStack()
+        if not gate.enter_context(send_gate(provider)):
+            gate.close()
+            # Its mailbox is out of quota and another worker waits for it: left due,
+            # so this worker serves other mailboxes (README, "Providers").
+            work.count("skipped")
+            return None
+        try:
+            timeout = self._timeouts.get(policy.provider, 30.0)
+            job.claim(
+                provider=policy.provider,
+                deadline=work.now + timedelta(seconds=timeout + self._grace),
+                at=work.now,
+                daemon=self._daemon,
+            )
+        except BaseException:
+            gate.close()
+            raise
+        return Claimed(work, policy, provider, raw, gate)
+
+    def send(self, claimed: Claimed) -> None:
+        """The one provider call of a saved claim (invariant 1: only after the save)."""
+        work = claimed.work
         crash_point("after-claim")
         work.count("sent")
-        outcome = provider.send_raw(raw)
+        claimed.outcome = claimed.provider.send_raw(claimed.raw)
         crash_point("after-send")
         work.now = self._clock()
-        self._record(work, policy, provider, outcome)
+        self._read_back_sample(claimed)
 
-    def _record(
-        self, work: Work, policy: ChannelPolicy, provider: Provider, outcome: SendOutcome
-    ) -> None:
+    def _read_back_sample(self, claimed: Claimed) -> None:
+        # In the calling worker, like the send: a read-back is a provider call, and the
+        # thread that saves and refills must never wait for one (`wave.py`).
+        outcome, policy = claimed.outcome, claimed.policy
+        if outcome is None or outcome.kind is not SendKind.CONFIRMED:
+            return
+        if outcome.provider_message_id and self._health.should_read_back(
+            policy.provider, claimed.provider
+        ):
+            self._health.read_back(
+                claimed.work.job, policy.provider, claimed.provider, outcome.provider_message_id
+            )
+
+    def record(self, claimed: Claimed) -> None:
+        """The call's outcome as events on the job in memory (saved by the caller)."""
+        work, policy, outcome = claimed.work, claimed.policy, claimed.outcome
+        assert outcome is not None, "record() follows send()"
         job, now = work.job, work.now
         if outcome.kind is SendKind.CONFIRMED and outcome.provider_message_id:
             job.record_response(
@@ -117,11 +182,7 @@ class Dispatch:
                 decision=decisions.after_response(policy, resent=job.resent, now=now),
                 at=now,
             )
-            work.save()
-            if self._health.should_read_back(policy.provider, provider):
-                self._health.read_back(job, policy.provider, provider, outcome.provider_message_id)
         elif outcome.kind is SendKind.REJECTED:
-            work.count("rejected")
             job.record_rejection(
                 transient=outcome.transient,
                 reason=outcome.reason,
@@ -129,14 +190,20 @@ class Dispatch:
                 decision=self._after_rejection(policy, job, outcome, now),
                 at=now,
             )
-            work.save()
-            log.info("job %s rejected (%s)", job.key, outcome.reason)
         else:
+            _unknown(work, policy, self._health, _unknown_reason(outcome))
+
+    def recorded(self, claimed: Claimed) -> None:
+        """What follows a saved outcome: counts and logs."""
+        work, outcome = claimed.work, claimed.outcome
+        assert outcome is not None, "recorded() follows record()"
+        job = work.job
+        if outcome.kind is SendKind.REJECTED:
+            work.count("rejected")
+            log.info("job %s rejected (%s)", job.key, outcome.reason)
+        elif outcome.kind is not SendKind.CONFIRMED:  # confirmed: counted with its save
             work.count("unknown")
-            reason = outcome.reason or "outcome unknown"
-            if outcome.kind is SendKind.CONFIRMED:
-                reason = "2xx without a readable message id"
-            record_unknown(work, policy, self._health, reason)
+            log.info("job %s outcome unknown (%s)", job.key, _unknown_reason(outcome))
 
     def _after_rejection(
         self, policy: ChannelPolicy, job: SendJob, outcome: SendOutcome, now: datetime
@@ -154,9 +221,13 @@ class Dispatch:
 
 def record_unknown(work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str) -> None:
     """An attempt whose outcome cannot be known: search later, or review."""
+    _unknown(work, policy, health, reason)
+    work.save()
+    log.info("job %s outcome unknown (%s)", work.job.key, reason)
+
+
+def _unknown(work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str) -> None:
     decision = decisions.after_unknown(
         policy, now=work.now, handle_reliable=health.reliable(policy.provider)
     )
     work.job.record_unknown(reason=reason, decision=decision, at=work.now)
-    work.save()
-    log.info("job %s outcome unknown (%s)", work.job.key, reason)

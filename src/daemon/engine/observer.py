@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from daemon.engine.report import TickReport
-from daemon.providers.base import Provider, SearchResult, SendOutcome
+from daemon.providers.base import Provider, SearchResult, SendOutcome, for_job
 from ledger.job import SendJob
 
 log = logging.getLogger("sendledger.engine")
@@ -82,6 +82,11 @@ class ObservedProvider:
         return self._timed(
             "read_message_id", lambda: self.inner.read_message_id(provider_message_id)
         )
+
+    def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
+        # The job's view of the provider (its mailbox), timed like the provider itself.
+        scoped = for_job(self.inner, from_addr, thread_id)
+        return self if scoped is self.inner else ObservedProvider(scoped, self._observer)
 
     def close(self) -> None:
         self.inner.close()

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from daemon.engine.clock import Clock
 from daemon.engine.observer import EngineObserver, NullObserver, notify
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import Count, Counter
-from daemon.providers.base import Provider
+from daemon.providers.base import Provider, for_job
 from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
 from ledger.decisions import Review
 from ledger.job import SendJob, TransitionError
@@ -29,6 +29,7 @@ from policies import decisions
 from policies.model import ChannelPolicy
 
 log = logging.getLogger("sendledger.engine")
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,9 +53,13 @@ class Work:
 
     def save(self) -> None:
         """Append the events the step recorded (ConcurrentUpdate: another writer won)."""
-        before = self._saved_state
         events = list(self.job.pending_events)
         self.ledger.save_job(self.job)
+        self.saved(events)
+
+    def saved(self, events: list[Any]) -> None:
+        """Count and report what a save made durable (this job's own, or a wave's)."""
+        before = self._saved_state
         self._saved_state = self.job.state
         notify(lambda: self.observer.saved(self.job, events))
         if self.job.state is JobState.REVIEW and before is not JobState.REVIEW:
@@ -116,19 +121,43 @@ class StepRunner:
         self._stopping = stopping
 
     def run(self, step: Step, key: str, counter: Counter) -> None:
+        work = self.load(step, key, counter)
+        if work is not None:
+            self.guard(step, key, counter, lambda: step.run(work))
+
+    def load(
+        self, step: Step, key: str, counter: Counter, job: SendJob | None = None
+    ) -> Work | None:
+        """The job (read now, or as `job` was just read), if it is still due for the
+        step, with its policy and provider."""
         if self._stopping.is_set():
-            return
-        try:
-            job = self._ledger.get_job(key)
+            return None
+
+        def load() -> Work | None:
+            nonlocal job
+            if job is None:
+                job = self._ledger.get_job(key)
             now = self._clock()
             if job.state is not step.state or not step.is_due(job, now):
-                return
+                return None
             policy = self._policies.current.get(job.channel)
             provider = None if policy is None else self._providers.get(policy.provider)
-            step.run(Work(job, policy, provider, now, self._ledger, counter, self._observer))
+            if provider is not None:
+                # The job's own mailbox and thread (Gmail with user = "{from}").
+                provider = for_job(provider, job.from_addr, job.content.thread_id)
+            return Work(job, policy, provider, now, self._ledger, counter, self._observer)
+
+        return self.guard(step, key, counter, load)
+
+    def guard(self, step: Step, key: str, counter: Counter, action: Callable[[], T]) -> T | None:
+        """`action()`, or None when it failed: a conflict or refused transition is a
+        skip, anything else an error; neither stops the tick."""
+        try:
+            return action()
         except (ConcurrentUpdate, TransitionError, UnknownJob) as exc:
             log.debug("job %s skipped: %s", key, exc)
             counter.bump("skipped")
         except Exception:
             log.exception("job %s: unexpected failure in %s", key, type(step).__name__)
             counter.bump("errors")
+        return None

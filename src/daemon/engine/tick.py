@@ -4,6 +4,8 @@ dispatch (requested) -> recover (attempted past its deadline) -> sweep (unknown,
 due) -> verify (confirmed after a resend, count due). Each step reads the job index for
 its due jobs only, so a tick's work grows with what is due, not with the history; the
 jobs of a step run on a small thread pool because provider calls wait on the network.
+Dispatch uses group commit (`wave.py`): the claims that refill the free workers and the
+outcomes of the calls that returned are saved in one transaction.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from daemon.engine.recover import Recover, RecoverOwnClaims
 from daemon.engine.report import Counter, TickReport
 from daemon.engine.runner import Step, StepRunner
 from daemon.engine.search import SearchBackoff, Sweep, Verify
+from daemon.engine.wave import DispatchWave
 from daemon.providers.base import Provider
 from ledger.application import Ledger
 
@@ -62,21 +65,24 @@ class Engine:
             ledger, policies, called, self.clock, self._stopping, self.observer
         )
         backoff = SearchBackoff()
+        self._dispatch = Dispatch(
+            self.health,
+            self.clock,
+            provider_timeouts=provider_timeouts,
+            deadline_grace=deadline_grace,
+            rng=rng or random.Random(),
+            stopping=self._stopping,
+            daemon=daemon_name,
+        )
         self._steps: tuple[Step, ...] = (
-            Dispatch(
-                self.health,
-                self.clock,
-                provider_timeouts=provider_timeouts,
-                deadline_grace=deadline_grace,
-                rng=rng or random.Random(),
-                stopping=self._stopping,
-                daemon=daemon_name,
-            ),
+            self._dispatch,
             Recover(self.health),
             Sweep(self.health, backoff, self.clock),
             Verify(backoff, self.clock),
         )
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="send")
+        # At most `concurrency` claims out: every claimed job has a worker at once.
+        self._waves = DispatchWave(ledger, self._runner, self._dispatch, self._pool, concurrency)
 
     def stop(self) -> None:
         """Start no new provider call; the ones in flight finish and are recorded."""
@@ -104,6 +110,9 @@ class Engine:
         self.health.refresh(self.providers)
         for step in self._steps:
             rows = self.ledger.due(step.state, self.clock(), self.batch_size)
+            if step is self._dispatch:
+                self._waves.run(rows, counter)
+                continue
             futures = [self._pool.submit(self._runner.run, step, row.key, counter) for row in rows]
             for future in futures:
                 future.result()
