@@ -50,6 +50,9 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/intake.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/mailboxes.py
+	$(BIN)/python bench/daemons.py
+	$(BIN)/python bench/history.py $(HISTORY_ARGS)
 
 # Not part of `make test`: 10,000 jobs, 20% faults, two daemons on PostgreSQL, one killed
 # -9 every 20 s, until all settle (bench/soak.py; SOAK_ARGS="--jobs 1000" for a short one).

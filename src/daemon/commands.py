@@ -11,8 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from daemon import output
-from daemon.context import load_policies, message_limits, open_ledger, settings_for
+from daemon import output, retention
+from daemon.context import (
+    load_policies,
+    message_limits,
+    open_ledger,
+    settings_for,
+    thread_providers,
+)
 from daemon.errors import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -56,6 +62,7 @@ def register(sub: Any) -> None:
     )
     add_command(admin, "rebuild-index", cmd_rebuild_index, "recreate the job index from the events")
     add_command(admin, "new-key", cmd_new_key, "print a fresh store encryption key")
+    retention.register(admin)
 
 
 # -- submit -------------------------------------------------------------------------
@@ -100,7 +107,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     jobs, batch = _read_jobs(args.file)
     settings = settings_for(args.config)
     policies = load_policies(settings)
-    senders = _senders(lambda: senders_for(policies, jobs, batch=False))
+    threads = thread_providers(settings)
+    senders = _senders(lambda: senders_for(policies, jobs, batch=False, thread_providers=threads))
     try:
         check_messages(policies, jobs, senders, message_limits(settings), batch=batch, at=utcnow())
     except IntakeError as exc:
@@ -147,6 +155,12 @@ def job_status(job: SendJob) -> dict[str, Any]:
             "subject": job.content.subject,
         }
     )
+    if job.content.send_at is not None:
+        status["send_at"] = job.content.send_at
+    if job.purged_at is not None:
+        # Its content is gone (README "Retention"): say so rather than show it empty.
+        status["purged"] = {"at": output.iso(job.purged_at), "by": job.purged_by}
+        del status["to"], status["subject"]
     return status
 
 
@@ -161,17 +175,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def review_rows(ledger: Ledger) -> list[dict[str, Any]]:
-    """The jobs in review, as `review list --json` and `GET /v1/review` show them."""
-    return [
-        {
+    """The jobs in review, as `review list --json` and `GET /v1/review` show them; a job
+    that was to be sent at a given time says when (`send_at`)."""
+    rows = []
+    for r in ledger.jobs(state=JobState.REVIEW):
+        row: dict[str, Any] = {
             "key": r.key,
             "channel": r.channel,
             "reason": r.reason,
             "since": output.iso(r.updated_at),
             "message_id": r.message_id,
         }
-        for r in ledger.jobs(state=JobState.REVIEW)
-    ]
+        send_at = ledger.get_job(r.key).content.send_at
+        if send_at is not None:
+            row["send_at"] = send_at
+        rows.append(row)
+    return rows
 
 
 _EVENT_BASE_FIELDS = {"originator_id", "originator_version", "timestamp", "originator_topic"}

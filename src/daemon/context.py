@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from daemon.errors import CliError, bad_input
@@ -10,7 +11,13 @@ from daemon.settings import Settings, load_settings
 from ledger.application import Ledger
 from ledger.mime import MessageLimits
 from ledger.stores import store_exists
-from ledger.stores.url import MemoryStore, StoreUrlError, parse_store_url
+from ledger.stores.url import (
+    MemoryStore,
+    PostgresStore,
+    StoreSpec,
+    StoreUrlError,
+    parse_store_url,
+)
 from policies.loader import PolicyLoadError, PolicySet, load_policy_dir
 
 
@@ -29,6 +36,13 @@ def message_limits(settings: Settings) -> dict[str, MessageLimits]:
     return limits
 
 
+def thread_providers(settings: Settings) -> frozenset[str]:
+    """The providers a job's `thread_id` can go to: the gmail ones."""
+    return frozenset(
+        name for name, provider in settings.providers.items() if provider.kind == "gmail"
+    )
+
+
 def open_ledger(settings: Settings, *, create: bool = True) -> Ledger:
     """The configured store's ledger, to be used as `with open_ledger(settings) as ledger:`.
 
@@ -37,7 +51,7 @@ def open_ledger(settings: Settings, *, create: bool = True) -> Ledger:
     would otherwise look like a store without jobs."""
     keys = encryption_keys(settings)  # a bad key file is bad input (ConfigError)
     try:
-        spec = parse_store_url(settings.store.url, base_dir=settings.base_dir)
+        spec = store_spec(settings)
         if not create and not isinstance(spec, MemoryStore) and not store_exists(spec):
             raise bad_input(
                 f"no store at {spec.describe()} (store.url of {settings.config_path}); "
@@ -56,6 +70,26 @@ def open_ledger(settings: Settings, *, create: bool = True) -> Ledger:
         raise
     except Exception as exc:
         raise CliError(f"cannot open store {settings.store.url.split('@')[-1]}: {exc}") from exc
+
+
+def store_spec(settings: Settings) -> StoreSpec:
+    """`store.url` with the `[store]` connection settings applied. The PostgreSQL-only
+    keys set for another store are refused (README "Performance and scaling")."""
+    store = settings.store
+    spec = parse_store_url(store.url, base_dir=settings.base_dir)
+    if isinstance(spec, PostgresStore):
+        return dataclasses.replace(
+            spec,
+            pool_size=store.pool_size,
+            max_overflow=store.max_overflow,
+            lock_timeout=store.lock_timeout,
+        )
+    if store.postgres_only:
+        raise StoreUrlError(
+            f"store.{store.postgres_only[0]}: only a postgresql:// store has a connection "
+            f"pool and lock waits, not {spec.describe()}"
+        )
+    return spec
 
 
 def load_policies(settings: Settings, directory: Path | None = None) -> PolicySet:

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -21,9 +21,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from daemon.bootstrap import Service
 from daemon.engine import TickReport
+from daemon.retention import RetentionJob
 from daemon.secret_files import warn_exposed_secrets
 from daemon.systemd import Notifier, watchdog_interval
-from ledger.stores import IdentityLock
+from ledger.stores import IdentityLock, IdentityTaken
 
 if TYPE_CHECKING:
     from daemon.api.server import ApiServer
@@ -50,6 +51,7 @@ class Daemon:
         self._reload = threading.Event()
         self._tick_lock = threading.Lock()
         self._identity: IdentityLock | None = None
+        self._name_lost: IdentityTaken | None = None
         self._api: ApiServer | None = None
         self.scheduler = BackgroundScheduler(
             timezone="UTC",
@@ -67,16 +69,36 @@ class Daemon:
 
     def tick(self) -> TickReport:
         with self._tick_lock:
+            self._check_identity()
             report = self.engine.tick()
         self.health.ticks += 1
         self.health.totals.add(report)
         self.health.last_tick_end = time.monotonic()
         return report
 
+    def _check_identity(self) -> None:
+        """Claim nothing unless this daemon's name is held: a database restart drops the
+        PostgreSQL lock, so it is taken again here (an error while the database is down
+        fails this tick, and the next one tries again). Taken by another process in
+        between: stop, as a second daemon with this name would have been refused."""
+        if self._identity is None:
+            return
+        try:
+            self._identity.check()
+        except IdentityTaken as exc:
+            self._name_lost = exc
+            log.error("stopping: %s", exc)
+            self.engine.stop()
+            self.request_stop()
+            raise
+
     def _on_job_event(self, event: JobExecutionEvent) -> None:
-        if event.exception is not None:
-            self.health.last_error = f"{type(event.exception).__name__}: {event.exception}"
-            log.error("tick failed: %s", self.health.last_error)
+        if event.exception is None:
+            return
+        error = f"{type(event.exception).__name__}: {event.exception}"
+        if event.job_id == "tick":
+            self.health.last_error = error
+        log.error("%s failed: %s", event.job_id, error)
 
     # -- signals ----------------------------------------------------------------------
 
@@ -98,8 +120,13 @@ class Daemon:
 
     def status_line(self) -> str:
         # Open work only: counting confirmed and abandoned jobs would grow with the history.
-        counts = self.engine.ledger.open_counts()
-        line = "jobs: " + ", ".join(f"{state} {count}" for state, count in counts.items())
+        try:
+            counts = self.engine.ledger.open_counts()
+            line = "jobs: " + ", ".join(f"{state} {count}" for state, count in counts.items())
+        except Exception as exc:
+            # The store is unreachable (a database restart): the daemon waits it out, the
+            # main thread must not die of a status line.
+            line = f"jobs: unknown, store unreachable ({type(exc).__name__})"
         unreliable = self.engine.unreliable_providers()
         if unreliable:
             line += f"; HANDLE UNRELIABLE: {', '.join(unreliable)}"
@@ -114,6 +141,7 @@ class Daemon:
         self.scheduler.add_job(
             self.tick, "interval", seconds=self.tick_seconds, id="tick", next_run_time=_now()
         )
+        self._schedule_retention()
         self.scheduler.start()
         self.notifier.ready(self.status_line())
         log.info("sendledger running: tick %.3gs; %s", self.tick_seconds, self.status_line())
@@ -129,7 +157,33 @@ class Daemon:
             if time.monotonic() - last_status >= 5:
                 last_status = time.monotonic()
                 self.notifier.status(self.status_line())
-        return self.shutdown()
+        code = self.shutdown()
+        if self._name_lost is not None:
+            raise self._name_lost  # exit 3, as when the name is taken at start-up
+        return code
+
+    def _schedule_retention(self) -> None:
+        """`[retention] purge_after`: purge every `every`, the first time a minute after
+        start-up (sooner when `every` is shorter), so that a daemon restarted daily
+        still purges."""
+        retention = self.service.settings.retention
+        if retention.purge_after is None:
+            return
+        job = RetentionJob(
+            self.service.ledger,
+            retention.purge_after,
+            daemon_name=self.engine.daemon_name,
+            stop=self._stop.is_set,
+        )
+        first = _now() + timedelta(seconds=min(retention.every, 60.0))
+        self.scheduler.add_job(
+            job.run,
+            "interval",
+            seconds=retention.every,
+            id="retention",
+            next_run_time=first,
+            misfire_grace_time=None,  # a late purge still runs
+        )
 
     def _healthy(self) -> bool:
         # A tick that has not completed for many intervals means the scheduler or the

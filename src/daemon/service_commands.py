@@ -16,7 +16,7 @@ from daemon.context import load_policies, open_ledger, settings_for
 from daemon.errors import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
 from daemon.logs import setup_logging
 from daemon.parsers import add_command
-from daemon.providers.base import ProviderError
+from daemon.providers.base import ProviderError, for_job
 from daemon.runtime import Daemon, run_once
 from ledger.application import ConcurrentUpdate
 from ledger.job import JobState, SendJob, TransitionError
@@ -83,7 +83,10 @@ def cmd_review_list(args: argparse.Namespace) -> int:
     if args.json:
         print(output.dumps(rows))
     elif rows:
-        print(output.table(rows, ["key", "channel", "reason", "since", "message_id"]))
+        columns = ["key", "channel", "reason", "since", "message_id"]
+        if any("send_at" in row for row in rows):
+            columns.insert(4, "send_at")
+        print(output.table(rows, columns))
     else:
         print("no jobs in review")
     return EXIT_OK
@@ -160,7 +163,7 @@ def cmd_review_check(args: argparse.Namespace) -> int:
         raise bad_input(f"job {job.key!r}: no provider to search (channel {job.channel!r})")
     provider = build_provider(settings, provider_name)
     try:
-        found = provider.search(job.message_id)
+        found = for_job(provider, job.from_addr, None).search(job.message_id)
     except ProviderError as exc:
         raise CliError(f"search failed: {exc.reason}") from None
     finally:

@@ -31,6 +31,7 @@ from pydantic_settings import (
 from daemon import environment
 from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.sizes import parse_size
+from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE
 from policies.durations import parse_duration
 
 CONFIG_ENV = "SENDLEDGER_CONFIG"
@@ -47,11 +48,34 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _whole_seconds(value: Any) -> int:
+    # eventsourcing sets PostgreSQL's lock_timeout in whole seconds.
+    seconds = parse_duration(value)
+    if seconds != int(seconds) or not 1 <= seconds <= 3600:
+        raise PydanticCustomError(
+            "whole_seconds",
+            "whole seconds from 1s to 1h expected, got {value}",
+            {"value": repr(value)},
+        )
+    return int(seconds)
+
+
 class StoreSettings(_Section):
     url: str = "sqlite:///ledger.sqlite"
     # Event state compressed and encrypted (README "Encryption at rest"): one base64
     # key a line, the first encrypts, all decrypt. Unset: stored as plain JSON.
     encryption_key_file: Path | None = None
+    # PostgreSQL only (README "Performance and scaling"); set with a sqlite:// store they
+    # are refused, so that a setting that does nothing is never believed.
+    pool_size: int = Field(default=DEFAULT_POOL_SIZE, ge=1, le=1000)
+    max_overflow: int = Field(default=DEFAULT_MAX_OVERFLOW, ge=0, le=1000)
+    lock_timeout: Annotated[int, BeforeValidator(_whole_seconds)] = DEFAULT_LOCK_TIMEOUT
+
+    @property
+    def postgres_only(self) -> list[str]:
+        """The PostgreSQL-only keys this configuration sets."""
+        keys = ("pool_size", "max_overflow", "lock_timeout")
+        return [key for key in keys if key in self.model_fields_set]
 
 
 def _daemon_name(value: Any) -> Any:
@@ -162,6 +186,15 @@ ProviderSettings = Annotated[
 _PROVIDER_TAGS = ("gmail", "smtp-imap")
 
 
+class RetentionSettings(_Section):
+    # Off unless set: jobs settled for good (confirmed, abandoned) longer ago than this
+    # lose their content and keep their trail (README "Retention").
+    purge_after: Duration | None = None
+    # How often the daemon purges (first run a minute after start-up, or sooner if this
+    # is shorter).
+    every: Duration = Field(default=86400.0, gt=0)
+
+
 class ApiSettings(_Section):
     # Off unless set: "127.0.0.1:8025" (HOST:PORT; [::1]:8025 for IPv6).
     listen: str = ""
@@ -197,6 +230,7 @@ class Settings(BaseSettings):
     daemon: DaemonSettings = DaemonSettings()
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     api: ApiSettings = ApiSettings()
+    retention: RetentionSettings = RetentionSettings()
 
     # Where the config came from; relative paths in it are relative to its folder.
     config_path: Path | None = Field(default=None, exclude=True)

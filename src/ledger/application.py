@@ -18,16 +18,23 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.application import (
+    AggregateNotFoundError,
+    Application,
+    ProcessingEvent,
+    project_aggregate,
+)
 from eventsourcing.persistence import IntegrityError
 
 from ledger.content import JobContent
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
 from ledger.provider_handle import ProviderHandle, handle_id_for
+from ledger.retention import redact_event
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
+from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
 
@@ -58,6 +65,13 @@ class UnknownJob(Exception):
 
 class ConcurrentUpdate(Exception):
     """Another writer appended to the job first (optimistic concurrency)."""
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    purged: int
+    skipped: int  # changed while the purge ran: left for the next one
+    scrubbed: bool  # the backend's files were scrubbed (False: at the next purge)
 
 
 @dataclass(frozen=True)
@@ -133,6 +147,26 @@ class Ledger(Application[UUID]):
         assert isinstance(job, SendJob)
         return job
 
+    def get_jobs(self, keys: Sequence[str]) -> dict[str, SendJob]:
+        """The jobs of `keys` that exist, by key: read in one query where the backend's
+        recorder offers it (`events_of`, the SQL stores), else one by one."""
+        events_of: Callable[[list[str]], list[Any]] | None = getattr(
+            self.recorder, "events_of", None
+        )
+        if events_of is None:
+            return {key: job for key in keys if (job := self.find_job(key)) is not None}
+        by_id = {job_id_for(key): key for key in keys}
+        stored = self._retry_locked(lambda: events_of([job_id.hex for job_id in by_id]))
+        histories: dict[UUID, list[Any]] = {}
+        for event in stored:
+            histories.setdefault(event.originator_id, []).append(self.mapper.to_domain_event(event))
+        jobs = {}
+        for job_id, events in histories.items():
+            projected: object = project_aggregate(None, events)
+            if isinstance(projected, SendJob):
+                jobs[by_id[job_id]] = projected
+        return jobs
+
     def find_job(self, key: str) -> SendJob | None:
         try:
             return self.get_job(key)
@@ -152,11 +186,35 @@ class Ledger(Application[UUID]):
 
         Raises ConcurrentUpdate when another writer got there first: the caller's
         command did not happen and must not be acted on (e.g. no provider call)."""
-        row = index_row(job)
         try:
-            self._retry_locked(lambda: self.save(job, **{INDEX_ROWS_KWARG: [row]}))
+            self._save_retrying([job])
         except IntegrityError as exc:
             raise ConcurrentUpdate(f"job {job.key!r} was changed by another writer") from exc
+
+    def save_jobs(self, jobs: Sequence[SendJob]) -> None:
+        """`save_job` for several jobs in one transaction: all their events and index
+        rows, or nothing. ConcurrentUpdate when another writer appended to any of them
+        first; then none is saved and every job keeps its pending events, so each can be
+        saved again alone (`daemon/engine/wave.py`)."""
+        try:
+            self._save_retrying(jobs)
+        except IntegrityError as exc:
+            raise ConcurrentUpdate("one of the jobs was changed by another writer") from exc
+
+    def _save_retrying(self, jobs: Sequence[SendJob]) -> None:
+        # The events are collected once and only their recording is tried again: a save
+        # tried again whole would find them already collected and write nothing (and the
+        # caller would go on to send with no claim stored). The events, not the jobs, are
+        # collected: a failed save leaves them pending on their jobs.
+        events = [event for job in jobs for event in job.pending_events]
+        self._save_collected(*events, **{INDEX_ROWS_KWARG: [index_row(j) for j in jobs]})
+        for job in jobs:
+            job.collect_events()  # written: no longer pending
+
+    def _save_collected(self, *objs: Any, **kwargs: Any) -> None:
+        processing: ProcessingEvent[UUID] = ProcessingEvent()
+        processing.collect_events(*objs, **kwargs)
+        self._notify(self._retry_locked(lambda: self._record(processing)))
 
     def submit(self, content: JobContent, sender: Sender, *, by: str = "") -> SubmitResult:
         """Idempotent on the key: same content is a no-op, other content a conflict.
@@ -217,8 +275,7 @@ class Ledger(Application[UUID]):
         raise ConcurrentUpdate("the batch kept meeting other writers; nothing was written")
 
     def _save_new(self, jobs: list[SendJob]) -> None:
-        rows = [index_row(job) for job in jobs]
-        self._retry_locked(lambda: self.save(*jobs, **{INDEX_ROWS_KWARG: rows}))
+        self._save_retrying(jobs)
 
     def _request(self, content: JobContent, sender: Sender, by: str = "") -> SendJob:
         return SendJob.request(
@@ -241,6 +298,76 @@ class Ledger(Application[UUID]):
         result = command(job)
         self.save_job(job)
         return job, result
+
+    # -- retention ----------------------------------------------------------------------
+
+    def purge(self, key: str, *, by: str, rule: str) -> SendJob:
+        """Forget a settled job's content and keep its trail (`ledger.retention`): its
+        stored events are rewritten redacted in the transaction that appends Purged and
+        updates its index row, so it is purged whole or not at all.
+
+        TransitionError when the job is not settled for good (confirmed or abandoned,
+        nothing due) or was purged already; ConcurrentUpdate when another writer changed
+        it meanwhile (nothing was written)."""
+        events = self.history(key)
+        original: Any = project_aggregate(None, events)
+        content = original.content
+        original.purge(by=by, rule=rule, at=self.clock())  # refused before anything is built
+        redacted = [redact_event(event, content) for event in events]
+        job: Any = project_aggregate(None, redacted)
+        job.purge(by=by, rule=rule, at=self.clock())
+        rewrites = [self.mapper.to_stored_event(event) for event in redacted]
+        try:
+            self._save_collected(
+                *job.pending_events,
+                **{INDEX_ROWS_KWARG: [index_row(job)], REWRITES_KWARG: rewrites},
+            )
+        except IntegrityError as exc:
+            raise ConcurrentUpdate(f"job {key!r} was changed by another writer") from exc
+        job.collect_events()  # written: no longer pending
+        assert isinstance(job, SendJob)
+        return job
+
+    def purgeable(self, before: datetime) -> Iterator[IndexRow]:
+        """The jobs a purge of what settled before `before` takes, in key order, read a
+        page at a time (one pass over the index)."""
+        at = _epoch(before)
+        return self._key_pages(
+            lambda after: self._index.purgeable(at, after_key=after, limit=self.page_size)
+        )
+
+    def purge_settled(
+        self,
+        before: datetime,
+        *,
+        by: str,
+        rule: str,
+        progress: Callable[[int], None] | None = None,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> PurgeResult:
+        """Purge every job settled for good before `before`, each in its own transaction
+        (a crash leaves each job purged or intact); `progress` hears every 1000 jobs;
+        `stop()` ends it early. A job that changed meanwhile is left for the next run.
+        Afterwards the backend scrubs its files (`StoreBackend.scrub`)."""
+        purged = skipped = 0
+        for row in self.purgeable(before):
+            if stop():
+                break
+            try:
+                self.purge(row.key, by=by, rule=rule)
+            except (ConcurrentUpdate, TransitionError):
+                skipped += 1
+                continue
+            purged += 1
+            if progress is not None and purged % 1000 == 0:
+                progress(purged)
+        scrubbed = self.scrub() if purged else True
+        return PurgeResult(purged=purged, skipped=skipped, scrubbed=scrubbed)
+
+    def scrub(self) -> bool:
+        """After purges: make what they rewrote unreachable in the store's files as far as
+        the backend can (`StoreBackend.scrub`). False when it could not finish now."""
+        return self._backend.scrub()
 
     # -- the daemon's identity -----------------------------------------------------------
 
@@ -273,7 +400,7 @@ class Ledger(Application[UUID]):
             handle = self.handle(provider) or ProviderHandle.register(provider, at=self.clock())
             change(handle)
             try:
-                self._retry_locked(lambda h=handle: self.save(h))  # type: ignore[misc]
+                self._save_collected(handle)
                 return handle
             except IntegrityError:
                 if attempt == attempts - 1:
@@ -328,13 +455,15 @@ class Ledger(Application[UUID]):
             updated_from=None if since is None else _epoch(since),
             updated_to=None if until is None else _epoch(until),
         )
+        return self._key_pages(
+            lambda after: self._index.find(where, after_key=after, limit=self.page_size)
+        )
+
+    def _key_pages(self, page_after: Callable[[str | None], list[IndexRow]]) -> Iterator[IndexRow]:
+        """Index rows a page at a time in key order: `page_after(last key)` reads the next."""
         after: str | None = None
         while True:
-            page = self._retry_locked(
-                lambda a=after: self._index.find(  # type: ignore[misc]
-                    where, after_key=a, limit=self.page_size
-                )
-            )
+            page = self._retry_locked(lambda a=after: page_after(a))  # type: ignore[misc]
             yield from page
             if len(page) < self.page_size:
                 return
@@ -441,6 +570,7 @@ __all__ = [
     "IdentityTaken",
     "KeyConflict",
     "Ledger",
+    "PurgeResult",
     "Sender",
     "SubmitResult",
     "TransitionError",

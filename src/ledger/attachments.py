@@ -86,6 +86,10 @@ def _filename(value: str) -> str:
     bad = unsafe_character(value)
     if bad:
         raise AttachmentError("filename", f"must not contain {bad}")
+    # Mail readers unquote a parameter wrapped so (Python's email.utils.unquote among them):
+    # "<a>" and '"a"' would reach the recipient as "a", not as the name that was sent.
+    if len(value) >= 2 and (value[0], value[-1]) in (("<", ">"), ('"', '"')):
+        raise AttachmentError("filename", "must not be wrapped in <> or double quotes")
     return value
 
 

@@ -33,6 +33,8 @@ OPTIONAL_FIELDS = (
     "references",
     "send_at",
     "attachments",
+    "from",
+    "thread_id",
 )
 #: Fields added after the first release, with their empty values: the content hash holds
 #: one only when it is set, so every job stored before keeps its hash (README, "Message
@@ -44,8 +46,12 @@ LATER_FIELDS: dict[str, Any] = {
     "references": [],
     "send_at": None,
     "attachments": [],
+    # The job's own From (JSON "from"; the policy's when None) and Gmail thread id.
+    "sender": None,
+    "thread_id": None,
 }
 MAX_KEY_LENGTH = 1000
+MAX_THREAD_ID_LENGTH = 200
 
 
 class JobInputError(ValueError):
@@ -73,6 +79,8 @@ class JobContent:
     references: tuple[str, ...] = ()
     send_at: str | None = None  # ISO 8601 in UTC: not dispatched before it
     attachments: tuple[Attachment, ...] = ()
+    sender: str | None = None  # JSON "from": the mailbox the job is sent as
+    thread_id: str | None = None  # Gmail's thread id (gmail providers only)
 
     @property
     def send_at_time(self) -> datetime | None:
@@ -89,7 +97,17 @@ class JobContent:
             "references": list(self.references),
             "send_at": self.send_at,
             "attachments": [attachment.canonical() for attachment in self.attachments],
+            "sender": self.sender,
+            "thread_id": self.thread_id,
         }
+
+    def redacted(self) -> JobContent:
+        """What a purged job still holds of its content (ledger/retention.py): what
+        names the job and when it was due; every other field (the customer's) is left at
+        its empty default."""
+        return JobContent(
+            channel=self.channel, key=self.key, to=(), subject="", body="", send_at=self.send_at
+        )
 
     def canonical(self) -> dict[str, Any]:
         """What the content hash is taken of: the first release's fields, and each later
@@ -124,6 +142,8 @@ class JobContent:
             references=tuple(later["references"] or ()),
             send_at=later["send_at"],
             attachments=from_stored(later["attachments"] or []),
+            sender=later["sender"],
+            thread_id=later["thread_id"],
             channel=fields["channel"],
             key=fields["key"],
             to=tuple(fields["to"]),
@@ -287,6 +307,28 @@ def _attachments(value: object) -> tuple[Attachment, ...]:
     return tuple(result)
 
 
+def _thread_id(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise JobInputError("thread_id", "must be a string (Gmail's thread id)")
+    # Gmail's thread ids are hex; anything URL- and JSON-safe is accepted, nothing else.
+    if not value or len(value) > MAX_THREAD_ID_LENGTH:
+        raise JobInputError("thread_id", f"must be 1..{MAX_THREAD_ID_LENGTH} characters")
+    if not all(ch.isascii() and (ch.isalnum() or ch in "-_") for ch in value):
+        reason = f"may contain only letters, digits, '-' and '_': {value!r}"
+        raise JobInputError("thread_id", reason)
+    return value
+
+
+def _sender(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise JobInputError("from", "must be one address")
+    return validate_address("from", value)
+
+
 def parse_job(data: object) -> JobContent:
     """Validate a submitted job (already decoded from JSON)."""
     if not isinstance(data, Mapping):
@@ -325,4 +367,6 @@ def parse_job(data: object) -> JobContent:
         references=_references(data.get("references")),
         send_at=_send_at(data.get("send_at")),
         attachments=_attachments(data.get("attachments")),
+        sender=_sender(data.get("from")),
+        thread_id=_thread_id(data.get("thread_id")),
     )

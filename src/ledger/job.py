@@ -26,6 +26,7 @@ from eventsourcing.domain import Aggregate
 from ledger import decisions as decide
 from ledger.content import LATER_FIELDS, JobContent
 from ledger.vocabulary import (
+    FINAL_STATES,
     SETTLED_STATES,
     ConfirmedVia,
     EscalationReason,
@@ -86,6 +87,8 @@ class SendJob(Aggregate):
     resent: bool  # sent again without proof the earlier attempt failed
     verifying: bool  # confirmed, and its copies are to be counted once more
     verifications: int
+    purged_at: datetime | None  # its content was purged then (ledger/retention.py)
+    purged_by: str
 
     def __init__(self) -> None:
         # State is set by the Requested event's apply(), so replay and creation agree.
@@ -102,8 +105,8 @@ class SendJob(Aggregate):
         TOPIC = "sendledger:SendJob.Requested"
         # v2 records who submitted the job (an API token's name, the CLI's OS user); v3
         # the later message fields (bcc, headers, in_reply_to, references, send_at,
-        # attachments).
-        class_version = 3
+        # attachments); v4 the job's own From (`sender`) and Gmail `thread_id`.
+        class_version = 4
         # The job's content, flat as the first release stored it (JobContent.stored()).
         key: str
         channel: str
@@ -119,6 +122,8 @@ class SendJob(Aggregate):
         references: list[str]
         send_at: str | None
         attachments: list[dict[str, str]]
+        sender: str | None
+        thread_id: str | None
         # What the channel's policy added.
         from_addr: str
         message_id: str
@@ -136,6 +141,12 @@ class SendJob(Aggregate):
             # Jobs stored before these fields existed had none of them.
             for name, empty in LATER_FIELDS.items():
                 state[name] = copy.deepcopy(empty)
+
+        @staticmethod
+        def upcast_v3_v4(state: dict[str, Any]) -> None:
+            # Jobs stored before the job's own From and thread id were sent as the policy's.
+            state["sender"] = None
+            state["thread_id"] = None
 
         def apply(self, job: Any) -> None:
             job.content = JobContent.from_canonical(vars(self))
@@ -161,6 +172,8 @@ class SendJob(Aggregate):
             job.resent = False
             job.verifying = False
             job.verifications = 0
+            job.purged_at = None
+            job.purged_by = ""
 
     class Attempted(Event):
         TOPIC = "sendledger:SendJob.Attempted"
@@ -326,6 +339,19 @@ class SendJob(Aggregate):
                 job.state = JobState.ABANDONED
                 job.due_at = None
             # "sent": the Confirmed event recorded with it moves the job on.
+
+    class Purged(Event):
+        """The job's content was made unreadable in the store (``ledger/retention.py``):
+        its trail stays, its recipients, subject, bodies, attachments and headers do not."""
+
+        TOPIC = "sendledger:SendJob.Purged"
+        by: str
+        rule: str  # why: "purge_after = 90d", "admin purge --older-than 30d", ...
+
+        def apply(self, job: Any) -> None:
+            job.purged_at = self.timestamp
+            job.purged_by = self.by
+            job.content = job.content.redacted()
 
     # -- commands -------------------------------------------------------------------
 
@@ -502,6 +528,24 @@ class SendJob(Aggregate):
                 at,
             )
 
+    def purge(self, *, by: str, rule: str, at: datetime) -> None:
+        """Retention: forget the content of a job that is settled for good (confirmed or
+        abandoned, nothing left to verify). The store rewrites its earlier events in the
+        same transaction (``Ledger.purge``)."""
+        self._require("Purged", *FINAL_STATES)
+        if self.due_at is not None:
+            raise self._refuse("Purged", "a verification is still due")
+        self.trigger_event(self.Purged, timestamp=at, by=by, rule=rule)
+
+    @property
+    def purged(self) -> bool:
+        return self.purged_at is not None
+
+    @property
+    def purgeable(self) -> bool:
+        """Settled for good (confirmed or abandoned), nothing due, not purged yet."""
+        return not self.purged and self.state in FINAL_STATES and self.due_at is None
+
     # -- the events each decision implies -------------------------------------------
 
     def _confirm(
@@ -619,6 +663,9 @@ class SendJob(Aggregate):
         return TransitionError(self.key, self.state.value, action, why)
 
     def _require(self, action: str, *states: JobState) -> None:
+        # A purged job has no content left to send, resend or decide on.
+        if self.purged:
+            raise self._refuse(action, f"its content was purged {self.purged_at:%Y-%m-%d}")
         if self.state not in states:
             raise self._refuse(action)
 

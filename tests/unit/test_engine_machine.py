@@ -112,6 +112,11 @@ class EngineMachine(RuleBasedStateMachine):
         except TransitionError:
             assert resolution is Resolution.RESEND and self.r.job(key).duplicate
 
+    @rule()
+    def retention_purges(self) -> None:
+        # Whatever is settled for good by now loses its content (ledger/retention.py).
+        self.r.ledger.purge_settled(self.r.clock(), by="retention", rule="machine")
+
     # -- what must always hold ------------------------------------------------------------
 
     @invariant()
@@ -180,8 +185,14 @@ def check_history(job: SendJob, events: list[Any], *, sends: int) -> None:
     misses_since_unknown = 0
     resend_allowed = True
     after_duplicate = False
+    purged = False
     for event in events:
-        if isinstance(event, SendJob.Unknown):
+        # A purge is the last thing that ever happens to a job.
+        assert not purged, (job.key, "an event after the purge", type(event).__name__)
+        if isinstance(event, SendJob.Purged):
+            purged = True
+            assert job.content == job.content.redacted() and not job.content.to
+        elif isinstance(event, SendJob.Unknown):
             unknown_at, misses_since_unknown, resend_allowed = event.timestamp, 0, False
         elif isinstance(event, SendJob.SearchedMiss):
             assert unknown_at is not None and policy is not None

@@ -344,6 +344,8 @@ def attachment(**overrides: Any) -> dict[str, Any]:
         (attachment(filename="../etc/passwd"), "attachments[0].filename", "not a path"),
         (attachment(filename="a\r\nb.pdf"), "attachments[0].filename", "control"),
         (attachment(filename=""), "attachments[0].filename", "empty"),
+        (attachment(filename="<>"), "attachments[0].filename", "wrapped"),
+        (attachment(filename='"invoice.pdf"'), "attachments[0].filename", "wrapped"),
         (attachment(size=3), "attachments[0].size", "unknown field"),
     ],
 )

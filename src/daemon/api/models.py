@@ -40,6 +40,8 @@ _FIELD_TYPES: dict[str, tuple[Any, str]] = {
         list[dict[str, str]] | None,
         "[{filename, content_type, content_base64}]: parts of a multipart/mixed message",
     ),
+    "from": (str | None, "one address the channel policy's allowed_from allows (else its from)"),
+    "thread_id": (str | None, "Gmail's thread id (gmail providers only)"),
 }
 
 
@@ -65,6 +67,11 @@ class JobOut(BaseModel):
     created: bool
 
 
+class Purged(BaseModel):
+    at: str
+    by: str
+
+
 class JobStatus(BaseModel):
     """`sendledger status KEY --json`."""
 
@@ -75,6 +82,10 @@ class JobStatus(BaseModel):
     message_id: str
     attempts: int
     reason: str | None = None
+    send_at: str | None = Field(default=None, description="not sent before this time")
+    purged: Purged | None = Field(
+        default=None, description="its content was purged (README 'Retention'): when, by whom"
+    )
 
 
 class EventOut(BaseModel):
@@ -92,6 +103,7 @@ class ReviewItem(BaseModel):
     reason: str | None
     since: str | None
     message_id: str
+    send_at: str | None = None
 
 
 class ResolveIn(BaseModel):

@@ -58,11 +58,14 @@ class Scripted:
         return cls(SendOutcome(SendKind.UNKNOWN, "HTTP 500", status=500), stored=True)
 
     @classmethod
-    def rejected(cls, *, transient: bool, retry_after: float | None = None) -> Scripted:
+    def rejected(
+        cls, *, transient: bool, retry_after: float | None = None, reason: str = ""
+    ) -> Scripted:
+        """`reason`: the provider's words (an SMTP reply often names the recipient)."""
         status = 429 if transient else 400
         outcome = SendOutcome(
             SendKind.REJECTED,
-            f"HTTP {status}",
+            reason or f"HTTP {status}",
             transient=transient,
             retry_after=retry_after,
             status=status,

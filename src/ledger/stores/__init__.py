@@ -50,6 +50,12 @@ class StoreBackend(Protocol):
         IdentityTaken when another live process holds it."""
         ...
 
+    def scrub(self) -> bool:
+        """After purges: make what they rewrote unreachable in the store's files as far
+        as the backend can (SQLite: checkpoint and truncate the WAL; PostgreSQL: VACUUM).
+        False when it could not finish now (it is tried again after the next purge)."""
+        ...
+
     def is_retryable(self, exc: BaseException) -> bool:
         """A transient lock error: the same read or write may simply be tried again."""
         ...

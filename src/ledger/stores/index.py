@@ -17,8 +17,13 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
+from uuid import UUID
+
+from eventsourcing.persistence import StoredEvent
 
 from ledger.job import SendJob
+from ledger.stores.purge import RewriteFailed, rewrites_from
+from ledger.vocabulary import JobState
 
 INDEX_TABLE = "sendledger_jobs"
 #: The keyword argument of `Application.save` (and so of the recorder's insert) that
@@ -36,7 +41,11 @@ COLUMNS = (
     "version",
     "attempts",
     "reason",
+    "purged_at",
 )
+#: Columns added after the first release: (name, SQL type template). Opening a store
+#: that lacks one adds it (`missing_columns`), so old stores keep working.
+ADDED_COLUMNS = (("purged_at", "{real}"),)
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class IndexRow:
     version: int
     attempts: int
     reason: str | None
+    purged_at: float | None = None  # epoch seconds: its content was purged then
 
     def as_tuple(self) -> tuple[Any, ...]:
         return tuple(getattr(self, column) for column in COLUMNS)
@@ -99,6 +109,7 @@ def index_row(job: SendJob) -> IndexRow:
         version=job.version,
         attempts=job.attempts,
         reason=job.reason,
+        purged_at=None if job.purged_at is None else job.purged_at.timestamp(),
     )
 
 
@@ -129,6 +140,12 @@ class JobIndex(Protocol):
 
     def next_due(self, states: Sequence[str]) -> float | None: ...
 
+    def purgeable(self, before: float, *, after_key: str | None, limit: int) -> list[IndexRow]:
+        """One page, in key order, of the jobs a purge may take: settled for good
+        (confirmed or abandoned), nothing due, not purged, last changed before `before`.
+        Paged on the primary key: a whole pass reads the index once."""
+        ...
+
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]: ...
 
     def count_by_state(self) -> dict[str, int]: ...
@@ -147,9 +164,24 @@ class JobIndex(Protocol):
         ...
 
 
+#: The states a purge may take a job from: settled for good.
+PURGEABLE_STATES = (JobState.CONFIRMED.value, JobState.ABANDONED.value)
+
+
 def _row(values: Sequence[Any]) -> IndexRow:
     return IndexRow(*values)
 
+
+#: Secondary indexes added after the first release, (name, statement): opening a store
+#: that lacks one creates it (`missing_indexes`). (state, updated_at) serves "in state S,
+#: changed since T" (`audit --state confirmed --since 1h`), which the (state, due_at)
+#: index could only answer by reading every job ever settled in that state.
+ADDED_INDEXES = (
+    (
+        INDEX_TABLE + "_state_updated",
+        "CREATE INDEX IF NOT EXISTS {n}_state_updated ON {t} (state, updated_at)",
+    ),
+)
 
 # Each secondary index costs every write: only the lookups a tick or a command makes.
 # (state, due_at) serves "due now" and "in state S"; message_id serves reconciliation.
@@ -158,10 +190,19 @@ CREATE_STATEMENTS = [
     "key TEXT PRIMARY KEY, job_id TEXT NOT NULL, channel TEXT NOT NULL, "
     "state TEXT NOT NULL, message_id TEXT NOT NULL, due_at {real}, "
     "created_at {real} NOT NULL, updated_at {real} NOT NULL, version INTEGER NOT NULL, "
-    "attempts INTEGER NOT NULL, reason TEXT){options}",
+    "attempts INTEGER NOT NULL, reason TEXT, purged_at {real}){options}",
     "CREATE INDEX IF NOT EXISTS {n}_state_due ON {t} (state, due_at)",
     "CREATE INDEX IF NOT EXISTS {n}_message_id ON {t} (message_id)",
+    *(statement for _name, statement in ADDED_INDEXES),
 ]
+
+
+def missing_indexes(present: Iterable[str]) -> list[str]:
+    """The statements (templates, as in CREATE_STATEMENTS) of the `ADDED_INDEXES` not in
+    `present` (the index names a store has)."""
+    have = set(present)
+    return [statement for name, statement in ADDED_INDEXES if name not in have]
+
 
 # Only a newer version may overwrite a row: the event insert's optimistic concurrency
 # already refuses a stale writer, this keeps a rebuild from racing a live daemon.
@@ -241,6 +282,12 @@ class SqlJobIndex:
             if value is not None:
                 clauses.append(clause)
                 params.append(value)
+        if where.state is None and where.updated_from is not None:
+            # Every state, spelled out: "changed since T" is then a range of the
+            # (state, updated_at) index per state, not a scan of every job ever stored.
+            states = [state.value for state in JobState]
+            clauses.append(f"state IN ({', '.join(['{p}'] * len(states))})")
+            params.extend(states)
         sql = ("WHERE " + " AND ".join(clauses) + " ") if clauses else ""
         rows = self._fetch(self._sql(_SELECT + sql + "ORDER BY key LIMIT {p}"), [*params, limit])
         return [_row(r) for r in rows]
@@ -255,6 +302,16 @@ class SqlJobIndex:
         )
         value = rows[0][0] if rows else None
         return None if value is None else float(value)
+
+    def purgeable(self, before: float, *, after_key: str | None, limit: int) -> list[IndexRow]:
+        rows = self._fetch(
+            self._sql(
+                _SELECT + "WHERE key > {p} AND state IN ({p}, {p}) AND due_at IS NULL "
+                "AND purged_at IS NULL AND updated_at < {p} ORDER BY key LIMIT {p}"
+            ),
+            [after_key or "", *PURGEABLE_STATES, before, limit],
+        )
+        return [_row(r) for r in rows]
 
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
         """Counts for the given states: a range of the (state, due_at) index each, so
@@ -292,6 +349,47 @@ class SqlJobIndex:
         conversion (the events table's originator_id type differs by backend)."""
         raise NotImplementedError
 
+    def _rewrite_sql(self) -> tuple[str, Callable[[Any], Any]]:
+        """`UPDATE events SET state WHERE (originator_id, originator_version)` with the
+        backend's placeholders, and the originator id -> param conversion."""
+        raise NotImplementedError
+
+    def _changed(self, cursor: Any) -> int:
+        """Rows the cursor's last statement changed."""
+        raise NotImplementedError
+
+    def _events_of_query(self, job_ids: Sequence[str]) -> tuple[str, list[Any]]:
+        """`SELECT originator_id, originator_version, topic, state` of the events of
+        these jobs (ids as hex), in (job, version) order, with its parameters."""
+        raise NotImplementedError
+
+    def events_of(self, job_ids: Sequence[str]) -> list[StoredEvent]:
+        """Every stored event of these jobs in one query (a dispatch wave's loads: one
+        round trip instead of one per job), in (job, version) order."""
+        if not job_ids:
+            return []
+        sql, params = self._events_of_query(job_ids)
+        return [
+            StoredEvent(
+                originator_id=UUID(str(originator)),
+                originator_version=version,
+                topic=topic,
+                state=bytes(state),
+            )
+            for originator, version, topic, state in self._fetch(sql, params)
+        ]
+
+    def _rewrite_events(self, cursor: Any, kwargs: Mapping[str, Any]) -> None:
+        """The purge's rewrites (`ledger.stores.purge`), in the caller's transaction."""
+        rewrites = rewrites_from(kwargs)
+        if not rewrites:
+            return
+        sql, param = self._rewrite_sql()
+        for event in rewrites:
+            cursor.execute(sql, [event.state, param(event.originator_id), event.originator_version])
+            if self._changed(cursor) != 1:
+                raise RewriteFailed(event.originator_id, event.originator_version)
+
     def rebuild(self, rows: Sequence[IndexRow]) -> None:
         projected = {row.key for row in rows}
         has_events, param = self._has_events_sql()
@@ -317,15 +415,19 @@ def _batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 
 __all__ = [
+    "ADDED_COLUMNS",
+    "ADDED_INDEXES",
     "COLUMNS",
     "CREATE_STATEMENTS",
     "INDEX_ROWS_KWARG",
     "INDEX_TABLE",
+    "PURGEABLE_STATES",
     "REBUILD_UPSERT",
     "UPSERT",
     "IndexRow",
     "JobIndex",
     "SqlJobIndex",
     "index_row",
+    "missing_indexes",
     "rows_from",
 ]

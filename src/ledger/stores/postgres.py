@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+import psycopg_pool
 from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import get_topic, retry
@@ -23,11 +25,28 @@ from psycopg.sql import SQL
 
 from ledger.stores import exception_chain
 from ledger.stores.identity import IdentityTaken
-from ledger.stores.index import CREATE_STATEMENTS, INDEX_TABLE, UPSERT, SqlJobIndex, rows_from
+from ledger.stores.index import (
+    ADDED_COLUMNS,
+    CREATE_STATEMENTS,
+    INDEX_TABLE,
+    UPSERT,
+    SqlJobIndex,
+    missing_indexes,
+    rows_from,
+)
 from ledger.stores.url import PostgresStore
 
+DB_FUNCTIONS = "POSTGRES_ENABLE_DB_FUNCTIONS"
 # SQLSTATEs of a transaction that lost a lock race and was rolled back: try it again.
 _TRANSIENT = frozenset({"40001", "40P01", "55P03"})  # serialization, deadlock, lock timeout
+# The session is gone (a database restart, a failover, the network): the same statement on
+# another pooled connection may succeed. Class 08 is "connection exception"; 57P01-57P03
+# are an administrator's or a crash's shutdown and a server still starting; a connection
+# that simply closed reports no SQLSTATE at all.
+_CONNECTION_LOST = frozenset({"57P01", "57P02", "57P03"})
+# Errors of the pool itself: no connection came within connect_timeout (the database is
+# still down: that wait was the retry), or the store is being closed.
+_POOL_ERRORS = (psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed, psycopg_pool.TooManyRequests)
 # Two processes creating the same tables, types and functions at once.
 _SETUP_RACE = _TRANSIENT | {
     "23505",  # unique_violation (in the catalog)
@@ -37,6 +56,11 @@ _SETUP_RACE = _TRANSIENT | {
     "42723",  # duplicate_function
     "XX000",  # "tuple concurrently updated": CREATE OR REPLACE FUNCTION raced
 }
+
+
+#: eventsourcing's PostgreSQL factory names the events table after the application
+#: (`Ledger.name`).
+EVENTS_TABLE = "sendledger_events"
 
 
 class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex):
@@ -51,6 +75,9 @@ class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex):
                 statement.replace("{real}", "DOUBLE PRECISION").replace("{options}", "")
             )
             self.sql_create_statements.append(SQL(sql).format())
+        self._set_lock_timeout = SQL("SET LOCAL lock_timeout = '{0}s'").format(
+            datastore.lock_timeout
+        )
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(
@@ -59,10 +86,10 @@ class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex):
         if not self.datastore.enable_db_functions:
             ids: Sequence[int] | None = super().insert_events(stored_events, **kwargs)
             return ids
-        # POSTGRES_ENABLE_DB_FUNCTIONS=y (read from the process environment too): the
-        # library calls its insert function and skips `_insert_events`, so the index
-        # rows would be lost. Call the same function, then write the rows, in one
-        # transaction.
+        # POSTGRES_ENABLE_DB_FUNCTIONS=y (sendledger's default; =n in the environment
+        # turns it off): the library calls its insert function and skips
+        # `_insert_events`, so the index rows would be lost. Call the same function, then
+        # write the rows, in one transaction.
         pg_events = [
             self.construct_pg_stored_event(e.originator_id, e.originator_version, e.topic, e.state)
             for e in stored_events
@@ -74,6 +101,10 @@ class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex):
         ):
             curs.execute(self.sql_invoke_pg_function_insert_events, (pg_events,), prepare=True)
             ids = [int(r[self.pg_function_name_insert_events]) for r in curs.fetchall()]
+            # The function set the lock_timeout of whoever created the store; the rest of
+            # the transaction waits by this one's (`[store] lock_timeout`).
+            curs.execute(self._set_lock_timeout)
+            self._rewrite_events(curs, kwargs)
             self._upsert_rows(curs, **kwargs)
         return ids
 
@@ -81,6 +112,7 @@ class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex):
         self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> None:
         super()._insert_events(curs, stored_events, **kwargs)
+        self._rewrite_events(curs, kwargs)
         self._upsert_rows(curs, **kwargs)
 
     def _upsert_rows(self, curs: Any, **kwargs: Any) -> None:
@@ -93,6 +125,31 @@ class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex):
 
     def _tuples(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r.values()) for r in cursor.fetchall()]
+
+    def _rewrite_sql(self) -> tuple[str, Callable[[Any], Any]]:
+        sql = (
+            f"UPDATE {self._events_table()} SET state = %s "
+            "WHERE originator_id = %s AND originator_version = %s RETURNING 1"
+        )
+        return sql, lambda originator_id: UUID(str(originator_id))
+
+    def _changed(self, cursor: Any) -> int:
+        # The library inserts in pipeline mode, where rowcount is not known until a sync:
+        # fetching the RETURNING rows waits for this statement's result.
+        return len(cursor.fetchall())
+
+    def _events_table(self) -> str:
+        schema = self.datastore.schema.replace('"', '""')
+        table = self.events_table_name.replace('"', '""')
+        return f'"{schema}"."{table}"'
+
+    def _events_of_query(self, job_ids: Sequence[str]) -> tuple[str, list[Any]]:
+        sql = (
+            "SELECT originator_id, originator_version, topic, state FROM "
+            f"{self._events_table()} WHERE originator_id = ANY(%s) "
+            "ORDER BY originator_id, originator_version"
+        )
+        return sql, [[UUID(job_id) for job_id in job_ids]]
 
     def _has_events_sql(self) -> tuple[str, Callable[[str], Any]]:
         schema = self.datastore.schema.replace('"', '""')
@@ -107,6 +164,19 @@ def _sqlstates(exc: BaseException) -> set[str]:
         for error in exception_chain(exc)
         if isinstance(error, psycopg.Error) and error.sqlstate
     }
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """True when `exc` (or what it wraps) says the connection died under the statement,
+    not that the statement was wrong. After a database restart every pooled connection
+    fails so once; psycopg's pool drops each one as it fails."""
+    for error in exception_chain(exc):
+        if isinstance(error, _POOL_ERRORS):
+            return False
+        if isinstance(error, psycopg.OperationalError):
+            state = error.sqlstate
+            return state is None or state.startswith("08") or state in _CONNECTION_LOST
+    return False
 
 
 def schema_exists(store: PostgresStore) -> bool:
@@ -128,6 +198,8 @@ def prepare_schema(store: PostgresStore) -> bool:
                 "SELECT to_regclass(%s)", (f'"{store.schema}".{INDEX_TABLE}',)
             ).fetchone()
             if found is not None and found[0] is not None:
+                _add_missing_columns(conn, store)
+                _add_missing_indexes(conn, store)
                 return True
             quoted = store.schema.replace('"', '""')
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{quoted}"')
@@ -138,14 +210,77 @@ def prepare_schema(store: PostgresStore) -> bool:
         return False
 
 
+def _add_missing_columns(conn: psycopg.Connection[Any], store: PostgresStore) -> None:
+    """Add the index columns a store from an earlier release lacks (`ADDED_COLUMNS`);
+    DDL only when one is missing, so that opening a current store takes no lock."""
+    present = {
+        row[0]
+        for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s",
+            (store.schema, INDEX_TABLE),
+        ).fetchall()
+    }
+    quoted = store.schema.replace('"', '""')
+    for name, kind in ADDED_COLUMNS:
+        if name not in present:
+            sql = f'ALTER TABLE "{quoted}".{INDEX_TABLE} ADD COLUMN IF NOT EXISTS {name} {kind}'
+            conn.execute(sql.replace("{real}", "DOUBLE PRECISION"))
+    conn.commit()
+
+
+def _add_missing_indexes(conn: psycopg.Connection[Any], store: PostgresStore) -> None:
+    """Create the index-table indexes a store from an earlier release lacks
+    (`ADDED_INDEXES`): once, a pass over the table; DDL only when one is missing."""
+    present = [
+        row[0]
+        for row in conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = %s",
+            (store.schema, INDEX_TABLE),
+        ).fetchall()
+    ]
+    quoted = store.schema.replace('"', '""')
+    for statement in missing_indexes(present):
+        sql = statement.replace("{t}", f'"{quoted}".{INDEX_TABLE}').replace("{n}", INDEX_TABLE)
+        try:
+            conn.execute(sql)
+            conn.commit()
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+            conn.rollback()  # another process created it at the same moment
+
+
+def vacuum(store: PostgresStore) -> bool:
+    """VACUUM the events and index tables after a purge, so that the row versions it
+    replaced are pruned from the tables (README "Retention" says what this does and does
+    not erase). True when it ran."""
+    quoted = store.schema.replace('"', '""')
+    tables = ", ".join(f'"{quoted}".{name}' for name in (EVENTS_TABLE, INDEX_TABLE))
+    try:
+        with psycopg.connect(**_connect_args(store), autocommit=True) as conn:
+            conn.execute(f"VACUUM {tables}")
+        return True
+    except psycopg.Error:
+        return False
+
+
 class AdvisoryIdentityLock:
-    """`ledger.stores.identity`: a session advisory lock on a connection of its own."""
+    """`ledger.stores.identity`: a session advisory lock on a connection of its own.
+
+    A database restart ends the session and the lock with it. `check` (before every
+    tick) notices and takes the name again; when another process took it meanwhile it
+    raises IdentityTaken and the daemon stops (README "Performance and scaling")."""
 
     def __init__(self, store: PostgresStore, name: str) -> None:
         digest = hashlib.sha256(f"sendledger:{store.schema}:{name}".encode()).digest()
-        key = int.from_bytes(digest[:8], "big", signed=True)
-        self._conn: psycopg.Connection[Any] | None = psycopg.connect(
-            **_connect_args(store),
+        self._key = int.from_bytes(digest[:8], "big", signed=True)
+        self._store = store
+        self._name = name
+        self._conn: psycopg.Connection[Any] | None = None
+        self._take()
+
+    def _take(self) -> None:
+        self._conn = psycopg.connect(
+            **_connect_args(self._store),
             autocommit=True,
             # A daemon's host that vanishes (no FIN) must not hold its name for hours.
             keepalives=1,
@@ -153,10 +288,24 @@ class AdvisoryIdentityLock:
             keepalives_interval=5,
             keepalives_count=3,
         )
-        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
         if row is None or not row[0]:
             self.release()
-            raise IdentityTaken(name, f"{store.host}:{store.port}/{store.dbname}")
+            store = self._store
+            raise IdentityTaken(self._name, f"{store.host}:{store.port}/{store.dbname}")
+
+    def check(self) -> None:
+        """Still held, or held again. psycopg.Error while the database is unreachable:
+        the caller must not claim work until a later check passes."""
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            try:
+                conn.execute("SELECT 1")
+                return  # the session lives: a session lock is only dropped with it
+            except psycopg.Error:
+                pass  # the session ended (server restart, network): the lock is gone
+        self.release()
+        self._take()
 
     def release(self) -> None:
         if self._conn is not None:
@@ -191,8 +340,13 @@ class PostgresBackend:
             "POSTGRES_USER": spec.user,
             "POSTGRES_PASSWORD": spec.password,
             "POSTGRES_SCHEMA": spec.schema,
-            "POSTGRES_POOL_SIZE": "4",
-            "POSTGRES_MAX_OVERFLOW": "4",
+            "POSTGRES_POOL_SIZE": str(spec.pool_size),
+            "POSTGRES_MAX_OVERFLOW": str(spec.max_overflow),
+            "POSTGRES_LOCK_TIMEOUT": str(spec.lock_timeout),
+            # On unless the environment says otherwise (README "Performance and scaling"):
+            # the library's insert function takes no EXCLUSIVE lock on the events table, so
+            # writers of different jobs, in one daemon or several, no longer queue for it.
+            DB_FUNCTIONS: os.environ.get(DB_FUNCTIONS) or "y",
             "POSTGRES_CONNECT_TIMEOUT": "10",
             "APPLICATION_RECORDER_TOPIC": get_topic(PostgresJobIndexRecorder),
         }
@@ -205,8 +359,15 @@ class PostgresBackend:
     def identity_lock(self, name: str) -> AdvisoryIdentityLock:
         return AdvisoryIdentityLock(self.spec, name)
 
+    def scrub(self) -> bool:
+        return vacuum(self.spec)
+
     def is_retryable(self, exc: BaseException) -> bool:
-        return bool(_sqlstates(exc) & _TRANSIENT)
+        # A lost connection is retried like a lost lock race. A write whose commit went
+        # through before its acknowledgement was lost then meets its own row: the store's
+        # uniqueness refuses it, and it reads as another writer's (ConcurrentUpdate):
+        # never a second event, and a claim so refused makes no provider call.
+        return bool(_sqlstates(exc) & _TRANSIENT) or connection_lost(exc)
 
     def is_setup_race(self, exc: BaseException) -> bool:
         return bool(_sqlstates(exc) & _SETUP_RACE)
@@ -216,5 +377,6 @@ __all__ = [
     "AdvisoryIdentityLock",
     "PostgresBackend",
     "PostgresJobIndexRecorder",
+    "connection_lost",
     "prepare_schema",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -19,7 +20,16 @@ from eventsourcing.utils import get_topic
 
 from ledger.stores import exception_chain
 from ledger.stores.identity import FileIdentityLock
-from ledger.stores.index import CREATE_STATEMENTS, INDEX_TABLE, UPSERT, SqlJobIndex, rows_from
+from ledger.stores.index import (
+    ADDED_COLUMNS,
+    CREATE_STATEMENTS,
+    INDEX_TABLE,
+    UPSERT,
+    SqlJobIndex,
+    missing_indexes,
+    rows_from,
+)
+from ledger.stores.purge import rewrites_from
 from ledger.stores.url import SqliteStore
 
 # Primary result codes; extended codes (e.g. SQLITE_BUSY_SNAPSHOT, 517) keep them in
@@ -43,10 +53,24 @@ class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, SqlJobIndex):
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
         notification_ids = super()._insert_events(c, stored_events, **kwargs)
+        if rewrites_from(kwargs):
+            # What the rewrite frees is overwritten with zeros, not left in free space.
+            c.execute("PRAGMA secure_delete = ON")
+            self._rewrite_events(c, kwargs)
         rows = rows_from(kwargs)
         if rows:
             c.executemany(self._sql(UPSERT), [r.as_tuple() for r in rows])
         return notification_ids
+
+    def _rewrite_sql(self) -> tuple[str, Callable[[Any], Any]]:
+        sql = (
+            f"UPDATE {self.events_table_name} SET state = ? "
+            "WHERE originator_id = ? AND originator_version = ?"
+        )
+        return sql, _stored_id
+
+    def _changed(self, cursor: Any) -> int:
+        return int(cursor.sqlite_cursor.rowcount)
 
     def _transaction(self, *, commit: bool) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=commit)
@@ -54,9 +78,24 @@ class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, SqlJobIndex):
     def _tuples(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in cursor.fetchall()]
 
+    def _events_of_query(self, job_ids: Sequence[str]) -> tuple[str, list[Any]]:
+        # The library stores a UUID originator id as its 32 hex digits.
+        marks = ", ".join("?" * len(job_ids))
+        sql = (
+            f"SELECT originator_id, originator_version, topic, state FROM "
+            f"{self.events_table_name} WHERE originator_id IN ({marks}) "
+            "ORDER BY originator_id, originator_version"
+        )
+        return sql, [UUID(job_id).hex for job_id in job_ids]
+
     def _has_events_sql(self) -> tuple[str, Callable[[str], Any]]:
         sql = f"SELECT 1 FROM {self.events_table_name} WHERE originator_id = ? LIMIT 1"
-        return sql, lambda job_id: str(UUID(job_id))
+        return sql, _stored_id
+
+
+def _stored_id(originator_id: object) -> str:
+    # eventsourcing's SQLite recorder stores a UUID originator id as 32 hex digits.
+    return UUID(str(originator_id)).hex
 
 
 def is_lock_error(exc: BaseException) -> bool:
@@ -91,6 +130,54 @@ def create_private(path: Path) -> None:
         os.close(fd)
 
 
+def add_missing_columns(store: SqliteStore) -> None:
+    """Add the index columns a store from an earlier release lacks (`ADDED_COLUMNS`)."""
+    with contextlib.closing(sqlite3.connect(store.path, timeout=30)) as conn:
+        present = {row[1] for row in conn.execute(f"PRAGMA table_info({INDEX_TABLE})")}
+        for name, kind in ADDED_COLUMNS:
+            if name in present:
+                continue
+            try:
+                conn.execute(
+                    f"ALTER TABLE {INDEX_TABLE} ADD COLUMN {name} {kind.format(real='REAL')}"
+                )
+                conn.commit()
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):  # another process added it first
+                    raise
+
+
+def add_missing_indexes(store: SqliteStore) -> None:
+    """Create the index-table indexes a store from an earlier release lacks
+    (`ADDED_INDEXES`): once, a pass over the table; DDL only when one is missing."""
+    with contextlib.closing(sqlite3.connect(store.path, timeout=30)) as conn:
+        present = [
+            row[0]
+            for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
+                (INDEX_TABLE,),
+            )
+        ]
+        for statement in missing_indexes(present):
+            # IF NOT EXISTS: another process may have created it meanwhile.
+            conn.execute(statement.replace("{t}", INDEX_TABLE).replace("{n}", INDEX_TABLE))
+            conn.commit()
+
+
+def checkpoint(store: SqliteStore, attempts: int = 50) -> bool:
+    """Copy the WAL into the file and truncate it to nothing, so that the page images a
+    purge replaced are gone from both; a reader holding an old snapshot can delay it.
+    True when the WAL is empty."""
+    with contextlib.closing(sqlite3.connect(store.path, timeout=30)) as conn:
+        conn.execute("PRAGMA secure_delete = ON")
+        for _ in range(attempts):
+            busy, _log, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy:
+                return True
+            time.sleep(0.1)
+        return False
+
+
 def schema_exists(store: SqliteStore) -> bool:
     """True when the job index table (created last) is already in the file."""
     if not store.path.exists():
@@ -123,7 +210,14 @@ class SQLiteBackend:
 
     def prepare(self) -> bool:
         create_private(self.spec.path)
-        return schema_exists(self.spec)
+        exists = schema_exists(self.spec)
+        if exists:
+            add_missing_columns(self.spec)
+            add_missing_indexes(self.spec)
+        return exists
+
+    def scrub(self) -> bool:
+        return checkpoint(self.spec)
 
     def identity_lock(self, name: str) -> FileIdentityLock:
         return FileIdentityLock(self.spec.path, name)

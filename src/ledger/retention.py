@@ -1,0 +1,115 @@
+"""Retention: what a purge does to a settled job's events (the argument for doing it this
+way is in docs/architecture.md, "Retention").
+
+A purge keeps the job's trail (key, channel, Message-ID, content hash, every event with
+its time and who decided what) and makes its content unreadable: the Requested event's
+recipients, subject, bodies, attachments and extra headers are emptied, and wherever the
+job's addresses or subject were quoted in another event's text (a provider's rejection
+naming a recipient, an operator's note) they are replaced by `REDACTED`. The store
+rewrites the job's stored events with these redacted copies in the transaction that
+records the Purged event (`Ledger.purge`), so a job is purged whole or not at all.
+
+Pure functions of domain events: no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from ledger.addresses import AddressError, parse_mailbox
+from ledger.content import JobContent
+
+#: What a purged text reads where the job's content was quoted.
+REDACTED = "[purged]"
+
+#: Event fields that are the trail: never scrubbed, even if a customer's address happens
+#: to be quoted in them (a key is kept whole: keys should not carry personal data).
+TRAIL_FIELDS = frozenset(
+    {
+        "originator_id",
+        "originator_version",
+        "originator_topic",
+        "timestamp",
+        "key",
+        "channel",
+        "message_id",
+        "content_hash",
+        "from_addr",
+        "policy",
+        "fingerprint",
+        "provider",
+        "daemon",
+        "submitted_by",
+        "by",
+        "rule",
+        "send_at",
+        "query",
+        "provider_message_ids",
+    }
+)
+
+#: Texts shorter than this are not searched for in other fields (a subject "Hi" would
+#: blank every "Hi" in a provider's error text and hide nothing).
+MIN_QUOTED_LENGTH = 4
+
+E = TypeVar("E")
+
+
+def quoted_texts(content: JobContent) -> list[str]:
+    """What of `content` another event's text could quote: every address as written and
+    as a bare addr-spec, display names, the subject. Longest first, so that a full
+    "Name <a@b>" is replaced before its parts."""
+    texts: set[str] = set()
+    addresses = [*content.to, *content.cc, *content.bcc]
+    if content.reply_to:
+        addresses.append(content.reply_to)
+    for written in addresses:
+        texts.add(written)
+        try:
+            mailbox = parse_mailbox(written)
+        except AddressError:
+            continue
+        texts.add(mailbox.addr_spec)
+        if mailbox.display_name:
+            texts.add(mailbox.display_name)
+    texts.add(content.subject)
+    return sorted((t for t in texts if len(t) >= MIN_QUOTED_LENGTH), key=len, reverse=True)
+
+
+def scrubber(texts: Iterable[str]) -> re.Pattern[str] | None:
+    """One case-insensitive pattern for all of `texts` (None: nothing to look for)."""
+    alternatives = [re.escape(t) for t in texts]
+    return re.compile("|".join(alternatives), re.IGNORECASE) if alternatives else None
+
+
+def redact_event(event: E, content: JobContent) -> E:
+    """A copy of one of the job's events as a purge leaves it: the Requested event with its
+    content emptied (`JobContent.redacted`), and in every event the job's quoted texts
+    replaced in each field that is not part of the trail. The original is not changed."""
+    pattern = scrubber(quoted_texts(content))
+    state: dict[str, Any] = {}
+    for name, value in vars(event).items():
+        if name not in TRAIL_FIELDS and pattern is not None:
+            state[name] = _scrub(value, pattern)
+    if "content_hash" in vars(event):  # the Requested event: the content itself
+        state.update(content.redacted().stored())
+    redacted = copy.copy(event)
+    # Events are frozen dataclasses; the copy is ours to fill before anyone sees it.
+    vars(redacted).update(state)
+    return redacted
+
+
+def _scrub(value: Any, pattern: re.Pattern[str]) -> Any:
+    if isinstance(value, str):
+        return pattern.sub(REDACTED, value)
+    if isinstance(value, list):
+        return [_scrub(item, pattern) for item in value]
+    if isinstance(value, dict):
+        return {key: _scrub(item, pattern) for key, item in value.items()}
+    return value
+
+
+__all__ = ["MIN_QUOTED_LENGTH", "REDACTED", "TRAIL_FIELDS", "quoted_texts", "redact_event"]
