@@ -59,11 +59,13 @@ class DispatchWave:
         in_flight: dict[Future[None], Claimed] = {}
         try:
             while taken < len(keys) or in_flight:
-                free = self._size - len(in_flight)
+                # A returned call's worker is free: its outcome and the claim that refills
+                # it go in the same commit.
+                returned = [future for future in in_flight if future.done()]
+                free = self._size - len(in_flight) + len(returned)
                 batch = keys[taken : taken + free]
                 taken += len(batch)
                 claims = self._claim(batch, counter) if batch else []
-                returned = [future for future in in_flight if future.done()]
                 if not claims and not returned:
                     if batch:
                         continue  # none of these could be claimed: try the next ones
