@@ -151,16 +151,15 @@ def job_status(job: SendJob) -> dict[str, Any]:
             "verifying": job.verifying,
             "provider_message_ids": list(job.provider_message_ids),
             "submitted_by": job.submitted_by,
-            "to": list(job.content.to),
-            "subject": job.content.subject,
         }
     )
-    if job.content.send_at is not None:
-        status["send_at"] = job.content.send_at
-    if job.purged_at is not None:
+    if job.purged_at is None:
+        status.update(to=list(job.content.to), subject=job.content.subject)
+    else:
         # Its content is gone (README "Retention"): say so rather than show it empty.
         status["purged"] = {"at": output.iso(job.purged_at), "by": job.purged_by}
-        del status["to"], status["subject"]
+    if job.content.send_at is not None:
+        status["send_at"] = job.content.send_at
     return status
 
 

@@ -30,7 +30,7 @@ from ledger.content import JobContent
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
 from ledger.provider_handle import ProviderHandle, handle_id_for
-from ledger.retention import redact_event
+from ledger.retention import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
@@ -313,7 +313,7 @@ class Ledger(Application[UUID]):
         original: Any = project_aggregate(None, events)
         content = original.content
         original.purge(by=by, rule=rule, at=self.clock())  # refused before anything is built
-        redacted = [redact_event(event, content) for event in events]
+        redacted = redact_events(events, content)
         job: Any = project_aggregate(None, redacted)
         job.purge(by=by, rule=rule, at=self.clock())
         rewrites = [self.mapper.to_stored_event(event) for event in redacted]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from ledger.addresses import AddressError, parse_mailbox
@@ -85,11 +85,18 @@ def scrubber(texts: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(alternatives), re.IGNORECASE) if alternatives else None
 
 
-def redact_event(event: E, content: JobContent) -> E:
-    """A copy of one of the job's events as a purge leaves it: the Requested event with its
-    content emptied (`JobContent.redacted`), and in every event the job's quoted texts
-    replaced in each field that is not part of the trail. The original is not changed."""
+def redact_events(events: Sequence[E], content: JobContent) -> list[E]:
+    """The job's events as a purge leaves them (`redact_event`), its texts looked for with
+    one pattern."""
     pattern = scrubber(quoted_texts(content))
+    return [redact_event(event, content, pattern) for event in events]
+
+
+def redact_event(event: E, content: JobContent, pattern: re.Pattern[str] | None) -> E:
+    """A copy of one of the job's events as a purge leaves it: the Requested event with its
+    content emptied (`JobContent.redacted`), and in every event what `pattern` finds (the
+    job's quoted texts, `scrubber`) replaced in each field that is not part of the trail.
+    The original is not changed."""
     state: dict[str, Any] = {}
     for name, value in vars(event).items():
         if name not in TRAIL_FIELDS and pattern is not None:
@@ -112,4 +119,12 @@ def _scrub(value: Any, pattern: re.Pattern[str]) -> Any:
     return value
 
 
-__all__ = ["MIN_QUOTED_LENGTH", "REDACTED", "TRAIL_FIELDS", "quoted_texts", "redact_event"]
+__all__ = [
+    "MIN_QUOTED_LENGTH",
+    "REDACTED",
+    "TRAIL_FIELDS",
+    "quoted_texts",
+    "redact_event",
+    "redact_events",
+    "scrubber",
+]

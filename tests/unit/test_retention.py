@@ -16,7 +16,7 @@ from daemon.providers.fake import Scripted
 from ledger.application import ConcurrentUpdate, KeyConflict
 from ledger.content import JobContent, parse_job
 from ledger.job import SendJob, TransitionError
-from ledger.retention import REDACTED, TRAIL_FIELDS, quoted_texts, redact_event
+from ledger.retention import REDACTED, TRAIL_FIELDS, quoted_texts, redact_events
 from ledger.stores.index import index_row
 from ledger.vocabulary import JobState, Resolution
 
@@ -233,7 +233,7 @@ def test_no_quoted_text_survives_outside_the_trail(
         rig.provider.script(Scripted.rejected(transient=False, reason=f"refused: {quoted}"))
         rig.tick()
         events = rig.ledger.history(key)
-        redacted = [redact_event(event, content) for event in events]
+        redacted = redact_events(events, content)
         texts = quoted_texts(content)
         for original, event in zip(events, redacted, strict=True):
             assert type(event) is type(original)

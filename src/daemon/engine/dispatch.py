@@ -149,7 +149,8 @@ class Dispatch:
         return Claimed(work, policy, provider, raw, gate)
 
     def send(self, claimed: Claimed) -> None:
-        """The one provider call of a saved claim (invariant 1: only after the save)."""
+        """The one provider call of a saved claim (invariant 1: only after the save), then
+        the sampled read-back of a confirmed send, in the same worker."""
         work = claimed.work
         crash_point("after-claim")
         work.count("sent")

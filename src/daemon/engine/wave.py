@@ -90,7 +90,7 @@ class DispatchWave:
 
     def _claim(self, keys: list[str], counter: Counter) -> list[Claimed]:
         """Load (one query), decide, render and claim in memory, in this thread: the
-        workers may still be busy with the wave before."""
+        workers may still be busy with earlier calls."""
         runner, dispatch = self._runner, self._dispatch
         jobs = runner.guard(dispatch, keys[0], counter, lambda: self._ledger.get_jobs(keys))
         if jobs is None:
@@ -99,7 +99,7 @@ class DispatchWave:
         for key in keys:
             job = jobs.get(key)
             if job is None:
-                counter.bump("skipped")  # gone meanwhile (purged)
+                counter.bump("skipped")  # an index row without events: nothing to send
                 continue
             work = runner.load(dispatch, key, counter, job)
             if work is not None:
