@@ -44,7 +44,7 @@ COLUMNS = (
     "purged_at",
 )
 #: Columns added after the first release: (name, SQL type template). Opening a store
-#: that lacks one adds it (`missing_columns`), so old stores keep working.
+#: that lacks one adds it (each backend's `prepare`), so old stores keep working.
 ADDED_COLUMNS = (("purged_at", "{real}"),)
 
 

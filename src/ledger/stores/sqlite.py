@@ -130,38 +130,41 @@ def create_private(path: Path) -> None:
         os.close(fd)
 
 
-def add_missing_columns(store: SqliteStore) -> None:
-    """Add the index columns a store from an earlier release lacks (`ADDED_COLUMNS`)."""
+def upgrade_index(store: SqliteStore) -> None:
+    """What a store from an earlier release lacks in its job index, added on one
+    connection: DDL only when something is missing."""
     with contextlib.closing(sqlite3.connect(store.path, timeout=30)) as conn:
-        present = {row[1] for row in conn.execute(f"PRAGMA table_info({INDEX_TABLE})")}
-        for name, kind in ADDED_COLUMNS:
-            if name in present:
-                continue
-            try:
-                conn.execute(
-                    f"ALTER TABLE {INDEX_TABLE} ADD COLUMN {name} {kind.format(real='REAL')}"
-                )
-                conn.commit()
-            except sqlite3.OperationalError as exc:
-                if "duplicate column" not in str(exc):  # another process added it first
-                    raise
+        _add_missing_columns(conn)
+        _add_missing_indexes(conn)
 
 
-def add_missing_indexes(store: SqliteStore) -> None:
-    """Create the index-table indexes a store from an earlier release lacks
-    (`ADDED_INDEXES`): once, a pass over the table; DDL only when one is missing."""
-    with contextlib.closing(sqlite3.connect(store.path, timeout=30)) as conn:
-        present = [
-            row[0]
-            for row in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
-                (INDEX_TABLE,),
-            )
-        ]
-        for statement in missing_indexes(present):
-            # IF NOT EXISTS: another process may have created it meanwhile.
-            conn.execute(statement.replace("{t}", INDEX_TABLE).replace("{n}", INDEX_TABLE))
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """`ADDED_COLUMNS`."""
+    present = {row[1] for row in conn.execute(f"PRAGMA table_info({INDEX_TABLE})")}
+    for name, kind in ADDED_COLUMNS:
+        if name in present:
+            continue
+        try:
+            conn.execute(f"ALTER TABLE {INDEX_TABLE} ADD COLUMN {name} {kind.format(real='REAL')}")
             conn.commit()
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):  # another process added it first
+                raise
+
+
+def _add_missing_indexes(conn: sqlite3.Connection) -> None:
+    """`ADDED_INDEXES`: once, a pass over the table."""
+    present = [
+        row[0]
+        for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
+            (INDEX_TABLE,),
+        )
+    ]
+    for statement in missing_indexes(present):
+        # IF NOT EXISTS: another process may have created it meanwhile.
+        conn.execute(statement.replace("{t}", INDEX_TABLE).replace("{n}", INDEX_TABLE))
+        conn.commit()
 
 
 def checkpoint(store: SqliteStore, attempts: int = 50) -> bool:
@@ -212,8 +215,7 @@ class SQLiteBackend:
         create_private(self.spec.path)
         exists = schema_exists(self.spec)
         if exists:
-            add_missing_columns(self.spec)
-            add_missing_indexes(self.spec)
+            upgrade_index(self.spec)
         return exists
 
     def scrub(self) -> bool:
