@@ -1,0 +1,47 @@
+"""Text on its way to a terminal, a log, a web page or a shell: nothing in it acts.
+
+A job's key, note or subject is a caller's text. Printed raw it can move a terminal's
+cursor (ESC), ring it (BEL), reverse what a reader sees (bidi controls) or, pasted as a
+command, run another one. Every place that shows such text or suggests a command goes
+through these two functions (README "Message fields and validation", "Keys").
+"""
+
+from __future__ import annotations
+
+import shlex
+import unicodedata
+
+from ledger.addresses import BIDI_CONTROLS
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """`text` with every control character (C0, DEL, C1), line or paragraph separator,
+    bidi control and lone surrogate written as a backslash escape; a backslash that
+    could be read as the start of one is doubled. Linear in the text's length."""
+    out: list[str] = []
+    for char in text:
+        if char == "\\":
+            out.append("\\\\")
+            continue
+        category = unicodedata.category(char)
+        if category in ("Cc", "Zl", "Zp", "Cs") or char in BIDI_CONTROLS:
+            out.append(_escaped(char))
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def command_line(*argv: str) -> str:
+    """A command for a human to paste: every argument shell-quoted, then made printable
+    (a key written before keys refused control characters still shows as an escape,
+    never as the character itself)."""
+    return " ".join(printable(shlex.quote(arg)) for arg in argv)
