@@ -8,6 +8,7 @@ Reads of many jobs or events are iterators that page internally.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -350,17 +351,25 @@ class Ledger(Application[UUID]):
         `stop()` ends it early. A job that changed meanwhile is left for the next run.
         Afterwards the backend scrubs its files (`StoreBackend.scrub`)."""
         purged = skipped = 0
-        for row in self.purgeable(before):
-            if stop():
-                break
-            try:
-                self.purge(row.key, by=by, rule=rule)
-            except (ConcurrentUpdate, TransitionError):
-                skipped += 1
-                continue
-            purged += 1
-            if progress is not None and purged % 1000 == 0:
-                progress(purged)
+        try:
+            for row in self.purgeable(before):
+                if stop():
+                    break
+                try:
+                    self.purge(row.key, by=by, rule=rule)
+                except (ConcurrentUpdate, TransitionError):
+                    skipped += 1
+                    continue
+                purged += 1
+                if progress is not None and purged % 1000 == 0:
+                    progress(purged)
+        except BaseException:
+            # What was purged before the error is scrubbed all the same; the error is
+            # what the caller hears.
+            if purged:
+                with contextlib.suppress(Exception):
+                    self.scrub()
+            raise
         scrubbed = self.scrub() if purged else True
         return PurgeResult(purged=purged, skipped=skipped, scrubbed=scrubbed)
 
