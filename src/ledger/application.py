@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ from eventsourcing.application import (
     project_aggregate,
 )
 from eventsourcing.persistence import IntegrityError
+from eventsourcing.utils import Environment, EnvType
 
 from ledger.content import JobContent
 from ledger.job import SendJob, TransitionError, job_id_for
@@ -35,6 +37,7 @@ from ledger.retention import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
+from ledger.stores.library_env import refuse_library_variables
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
@@ -112,9 +115,14 @@ class Ledger(Application[UUID]):
         base_dir: Path | None = None,
         clock: Clock = utcnow,
         encryption_keys: Sequence[str] = (),
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         """`encryption_keys`: event state is compressed and encrypted with the first,
-        read with any of them (`ledger.stores.cipher`); none: stored as plain JSON."""
+        read with any of them (`ledger.stores.cipher`); none: stored as plain JSON.
+
+        LibraryVariableSet when `environ` (default: the process's) sets one of
+        eventsourcing's own variables (`ledger.stores.library_env`)."""
+        refuse_library_variables(os.environ if environ is None else environ)
         spec = parse_store_url(store, base_dir=base_dir) if isinstance(store, str) else store
         self.store = spec
         self.clock = clock
@@ -132,6 +140,13 @@ class Ledger(Application[UUID]):
                 if attempt == 9 or not self._backend.is_setup_race(exc):
                     raise
                 time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
+
+    def construct_env(self, name: str, env: EnvType | None = None) -> Environment:
+        """The class's settings and `env`, never the process environment: eventsourcing's
+        own would merge `os.environ` under them (`ledger.stores.library_env`)."""
+        settings = dict(type(self).env)
+        settings.update(env or {})
+        return Environment(name, settings)
 
     @property
     def _index(self) -> JobIndex:
