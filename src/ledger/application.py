@@ -35,8 +35,9 @@ from ledger.message_id import message_id_for
 from ledger.provider_handle import ProviderHandle, handle_id_for
 from ledger.retention import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
-from ledger.stores.cipher import cipher_env
+from ledger.stores.cipher import KeyRingCipher, cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
+from ledger.stores.keycheck import KeyChecks, judge_store_key
 from ledger.stores.library_env import refuse_library_variables
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
@@ -140,6 +141,63 @@ class Ledger(Application[UUID]):
                 if attempt == 9 or not self._backend.is_setup_race(exc):
                     raise
                 time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
+        try:
+            self._check_store_key()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the store's key (ledger.stores.keycheck) ---------------------------------------
+
+    def _check_store_key(self) -> None:
+        """StoreKeyRefused, before anything is written, when the configured keys do not
+        fit the store; else the store's key checks are completed (a new store's, an old
+        store's first, a new first key's)."""
+        checks = cast(KeyChecks, self.recorder)
+        cipher = self.mapper.cipher if isinstance(self.mapper.cipher, KeyRingCipher) else None
+        for _ in range(3):
+            found = self._retry_locked(checks.key_checks)
+            add = judge_store_key(
+                found,
+                cipher,
+                where=self.store.describe(),
+                sample=self._sample_states,
+                readable=self._readable,
+                now=time.time(),
+            )
+            if add is None:
+                return
+            self._retry_locked(
+                lambda check=add: checks.add_key_check(check),  # type: ignore[misc]
+                setup=True,
+            )
+            # Judged again: another process may have written the store's check first.
+        raise ConcurrentUpdate("the store's key checks kept changing while it was opened")
+
+    def _sample_states(self) -> list[bytes]:
+        """Stored states spread over the event log: the first, the last and seven between
+        (a store from before key checks proves its configuration on them)."""
+        last = self._retry_locked(self.recorder.max_notification_id) or 0
+        states: list[bytes] = []
+        for start in sorted({1, last, *(1 + (last - 1) * i // 8 for i in range(1, 8))}):
+            if start < 1:
+                continue
+            page = self._retry_locked(
+                lambda s=start: self.recorder.select_notifications(start=s, limit=1)  # type: ignore[misc]
+            )
+            states.extend(n.state for n in page)
+        return states
+
+    def _readable(self, state: bytes) -> bool:
+        """Whether this ledger's cipher, compressor and transcoder read a stored state."""
+        mapper = self.mapper
+        try:
+            data = mapper.cipher.decrypt(state) if mapper.cipher else state
+            data = mapper.compressor.decompress(data) if mapper.compressor else data
+            mapper.transcoder.decode(data)
+        except Exception:
+            return False
+        return True
 
     def construct_env(self, name: str, env: EnvType | None = None) -> Environment:
         """The class's settings and `env`, never the process environment: eventsourcing's
@@ -559,15 +617,21 @@ class Ledger(Application[UUID]):
                 return
             start = page[-1].id + 1
 
-    def _retry_locked(self, action: Callable[[], T], attempts: int = 20) -> T:
+    def _retry_locked(
+        self, action: Callable[[], T], attempts: int = 20, *, setup: bool = False
+    ) -> T:
         """SQLite: the busy handler waits for writers, but a WAL snapshot conflict is
         reported at once. What the backend calls transient is tried again after a
-        pause instead of surfacing."""
+        pause instead of surfacing; with `setup`, so is meeting another process's
+        creation of the same table."""
         for attempt in range(attempts):
             try:
                 return action()
             except Exception as exc:
-                if attempt == attempts - 1 or not self._backend.is_retryable(exc):
+                transient = self._backend.is_retryable(exc) or (
+                    setup and self._backend.is_setup_race(exc)
+                )
+                if attempt == attempts - 1 or not transient:
                     raise
                 time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
         raise AssertionError("unreachable")

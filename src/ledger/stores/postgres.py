@@ -34,6 +34,7 @@ from ledger.stores.index import (
     missing_indexes,
     rows_from,
 )
+from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.url import PostgresStore
 
 DB_FUNCTIONS = "POSTGRES_ENABLE_DB_FUNCTIONS"
@@ -63,13 +64,16 @@ _SETUP_RACE = _TRANSIENT | {
 EVENTS_TABLE = "sendledger_events"
 
 
-class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex):
+class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex, SqlKeyChecks):
     _p = "%s"
+    _blob = "BYTEA"
+    _real = "DOUBLE PRECISION"
 
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"):
         super().__init__(datastore, events_table_name=events_table_name)
         schema = datastore.schema.replace('"', '""')
         self._table = f'"{schema}".{INDEX_TABLE}'
+        self._key_table = f'"{schema}".{KEY_TABLE}'
         for statement in CREATE_STATEMENTS:
             sql = self._sql(
                 statement.replace("{real}", "DOUBLE PRECISION").replace("{options}", "")
@@ -156,6 +160,11 @@ class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex):
         table = self.events_table_name.replace('"', '""')
         sql = f'SELECT 1 FROM "{schema}"."{table}" WHERE originator_id = %s LIMIT 1'
         return sql, UUID
+
+    def _key_table_exists(self, cursor: Any) -> bool:
+        cursor.execute("SELECT to_regclass(%s) AS found", (self._key_table,))
+        row = cursor.fetchone()
+        return row is not None and row["found"] is not None
 
 
 def _sqlstates(exc: BaseException) -> set[str]:
