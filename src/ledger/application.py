@@ -130,7 +130,8 @@ class Ledger(Application[UUID]):
         self._backend: StoreBackend = backend_for(spec)
         env = dict(self._backend.env)
         env.update(cipher_env(encryption_keys))
-        if self._backend.prepare():
+        exists = self._backend.prepare()
+        if exists:
             env["CREATE_TABLE"] = "n"  # the tables exist: opening runs no DDL
         # Several processes may create the tables at once; what collides is tried again.
         for attempt in range(10):
@@ -143,6 +144,8 @@ class Ledger(Application[UUID]):
                 time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
         try:
             self._check_store_key()
+            if exists:
+                self._backend.upgrade()  # only a store whose key fits is changed
         except BaseException:
             self.close()
             raise

@@ -41,18 +41,40 @@ def event_count(url: str, keys: list[str]) -> int:
         return ledger.recorder.max_notification_id() or 0
 
 
-def drop_key_table(url: str) -> None:
-    """What a store written before key checks looks like."""
+def drop_key_table(url: str, *, purged_at: bool = False) -> None:
+    """What a store written before key checks looks like (and, with `purged_at`,
+    before the index's purge column)."""
+    statements = [f"DROP TABLE IF EXISTS {{s}}{KEY_TABLE}"]
+    if purged_at:
+        statements.append("ALTER TABLE {s}sendledger_jobs DROP COLUMN purged_at")
     if url.startswith("sqlite"):
         with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {KEY_TABLE}")
+            for statement in statements:
+                conn.execute(statement.format(s=""))
             conn.commit()
         return
     import psycopg
 
     base, schema = url.split("?schema=")
     with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'DROP TABLE IF EXISTS "{schema}".{KEY_TABLE}')
+        for statement in statements:
+            conn.execute(statement.format(s=f'"{schema}".'))
+
+
+def index_columns(url: str) -> set[str]:
+    if url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+            return {row[1] for row in conn.execute("PRAGMA table_info(sendledger_jobs)")}
+    import psycopg
+
+    base, schema = url.split("?schema=")
+    with psycopg.connect(base) as conn:
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = 'sendledger_jobs'",
+            (schema,),
+        ).fetchall()
+        return {row[0] for row in rows}
 
 
 def key_table_exists(url: str) -> bool:
@@ -126,16 +148,19 @@ def test_a_store_from_before_key_checks_is_proved_on_its_events(
     with Ledger(store_url, clock=clock, encryption_keys=keys) as ledger:
         for i in range(12):
             ledger.submit(content(f"old-{i}"), SENDER)
-    drop_key_table(store_url)
+    drop_key_table(store_url, purged_at=True)
     refused_with = [] if encrypted else [new_key()]
     with pytest.raises(StoreKeyRefused, match=SETTING):
         Ledger(store_url, clock=clock, encryption_keys=refused_with)
     if encrypted:
         with pytest.raises(StoreKeyRefused, match=SETTING):
             Ledger(store_url, clock=clock, encryption_keys=[new_key()])
-    assert not key_table_exists(store_url)  # refused: nothing written, not even the table
+    # Refused: nothing written, not the check table, not the index's upgrade.
+    assert not key_table_exists(store_url)
+    assert "purged_at" not in index_columns(store_url)
     with Ledger(store_url, clock=clock, encryption_keys=keys) as ledger:
         assert ledger.get_job("old-7").key == "old-7"
+    assert "purged_at" in index_columns(store_url)
     assert [c.kind for c in checks(store_url, keys)] == [AES_256_GCM if encrypted else PLAINTEXT]
     with pytest.raises(StoreKeyRefused, match=SETTING):  # now from the check row
         Ledger(store_url, clock=clock, encryption_keys=refused_with)

@@ -201,6 +201,9 @@ class MemoryBackend:
         with _stores_lock:
             return self.spec.name is not None and self.spec.name in _stores
 
+    def upgrade(self) -> None:
+        """A memory store is always of this release: nothing to add."""
+
     def identity_lock(self, name: str) -> MemoryIdentityLock:
         # An unnamed store is this backend's own: the lock is scoped to it.
         return MemoryIdentityLock(self.spec.name or f"unnamed-{id(self)}", name)

@@ -207,8 +207,6 @@ def prepare_schema(store: PostgresStore) -> bool:
                 "SELECT to_regclass(%s)", (f'"{store.schema}".{INDEX_TABLE}',)
             ).fetchone()
             if found is not None and found[0] is not None:
-                _add_missing_columns(conn, store)
-                _add_missing_indexes(conn, store)
                 return True
             quoted = store.schema.replace('"', '""')
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{quoted}"')
@@ -217,6 +215,14 @@ def prepare_schema(store: PostgresStore) -> bool:
     except psycopg.Error:
         # Unknown: let the normal set-up (with its retries) find out.
         return False
+
+
+def upgrade_schema(store: PostgresStore) -> None:
+    """What a store from an earlier release lacks in its job index, added on one
+    connection: DDL only when something is missing."""
+    with psycopg.connect(**_connect_args(store)) as conn:
+        _add_missing_columns(conn, store)
+        _add_missing_indexes(conn, store)
 
 
 def _add_missing_columns(conn: psycopg.Connection[Any], store: PostgresStore) -> None:
@@ -364,6 +370,9 @@ class PostgresBackend:
         # Opening an existing store must not run DDL: concurrent CREATE OR REPLACE
         # FUNCTION fails with "tuple concurrently updated".
         return prepare_schema(self.spec)
+
+    def upgrade(self) -> None:
+        upgrade_schema(self.spec)
 
     def identity_lock(self, name: str) -> AdvisoryIdentityLock:
         return AdvisoryIdentityLock(self.spec, name)

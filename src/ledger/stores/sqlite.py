@@ -220,10 +220,10 @@ class SQLiteBackend:
 
     def prepare(self) -> bool:
         create_private(self.spec.path)
-        exists = schema_exists(self.spec)
-        if exists:
-            upgrade_index(self.spec)
-        return exists
+        return schema_exists(self.spec)
+
+    def upgrade(self) -> None:
+        upgrade_index(self.spec)
 
     def scrub(self) -> bool:
         return checkpoint(self.spec)
