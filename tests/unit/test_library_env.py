@@ -11,14 +11,18 @@ import eventsourcing
 import pytest
 from eventsourcing.compressor import ZlibCompressor
 from eventsourcing.utils import get_topic
+from tests.unit.engine_rig import policy
 
 from ledger.application import Ledger
+from ledger.content import parse_job
+from ledger.stores.cipher import KeyRingCipher, new_key
 from ledger.stores.library_env import (
     LIBRARY_VARIABLES,
     READ_BY_SENDLEDGER,
     LibraryVariableSet,
     library_variables_in,
 )
+from ledger.stores.memory import discard_memory_store
 
 LIBRARY = Path(eventsourcing.__file__).parent
 #: Read by the library but unrelated to what is stored.
@@ -74,3 +78,25 @@ def test_the_process_environment_never_reaches_eventsourcing(
         assert "COMPRESSOR_TOPIC" not in ledger.env
     with pytest.raises(LibraryVariableSet, match="AGGREGATE_CACHE_MAXSIZE"):
         Ledger("memory://")
+
+
+def test_jobs_written_beside_library_variables_read_without_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+
+    sender = policy("receipts").sender
+    job = parse_job(
+        {"channel": "receipts", "key": "k", "to": "a@x.org", "subject": "s", "body": "b"}
+    )
+    monkeypatch.setenv("COMPRESSOR_TOPIC", get_topic(ZlibCompressor))
+    monkeypatch.setenv("CIPHER_TOPIC", get_topic(KeyRingCipher))
+    monkeypatch.setenv("CIPHER_KEY", new_key())
+    try:
+        with Ledger("memory://library-env", environ={}) as writer:
+            writer.submit(job, sender)
+        for name in ("COMPRESSOR_TOPIC", "CIPHER_TOPIC", "CIPHER_KEY"):
+            monkeypatch.delenv(name)
+        with Ledger("memory://library-env") as reader:
+            assert reader.get_job("k").content.subject == "s"
+    finally:
+        discard_memory_store("library-env")
