@@ -73,7 +73,9 @@ class FileIdentityLock:
         self._fds: list[int] = []
         try:
             if _OFD_LOCKS:
-                self._fds.append(_lock_inode(store_path, name, where))
+                inode_fd = _lock_inode(store_path, name, where)
+                if inode_fd is not None:
+                    self._fds.append(inode_fd)
             real = Path(os.path.realpath(store_path))
             for path in dict.fromkeys([store_path, real]):
                 self._fds.append(_lock_beside(path, name, where))
@@ -117,8 +119,13 @@ def _lock_beside(store_path: Path, name: str, where: str) -> int:
     return fd
 
 
-def _lock_inode(store_path: Path, name: str, where: str) -> int:
-    """An exclusive OFD lock on the store file's byte for `name`; its descriptor."""
+#: A file system without record locks (some network and FUSE ones): the flocks remain.
+_NO_RECORD_LOCKS = frozenset({errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
+def _lock_inode(store_path: Path, name: str, where: str) -> int | None:
+    """An exclusive OFD lock on the store file's byte for `name`; its descriptor, or
+    None where the file system has no record locks."""
     offset = _NAME_BYTES + int(name_digest(name)[:12], 16)
     # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padded
     # to the C struct's size.
@@ -132,6 +139,8 @@ def _lock_inode(store_path: Path, name: str, where: str) -> int:
         os.close(fd)
         if exc.errno in (errno.EAGAIN, errno.EACCES):
             raise IdentityTaken(name, where) from None
+        if exc.errno in _NO_RECORD_LOCKS:
+            return None
         raise
     return fd
 
