@@ -14,6 +14,7 @@ from ledger.stores import store_exists
 from ledger.stores.url import (
     MemoryStore,
     PostgresStore,
+    StoreRefused,
     StoreSpec,
     StoreUrlError,
     parse_store_url,
@@ -66,6 +67,8 @@ def open_ledger(settings: Settings, *, create: bool = True) -> Ledger:
         return Ledger(spec, encryption_keys=keys)
     except StoreUrlError as exc:
         raise bad_input(f"{settings.config_path}: {exc}") from None
+    except StoreRefused as exc:  # a store key or environment that does not fit the store
+        raise bad_input(str(exc)) from None
     except CliError:
         raise
     except Exception as exc:

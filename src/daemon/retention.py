@@ -118,7 +118,10 @@ def cmd_admin_purge(args: argparse.Namespace) -> int:
 
 
 def _purge_keys(ledger: Ledger, args: argparse.Namespace, by: str) -> int:
-    jobs = [ledger.get_job(key) for key in args.key]  # UnknownJob: exit 4, nothing purged
+    # A key given twice is one erasure request, not a second purge that finds the first
+    # one's work and fails (which used to leave the purged text in the WAL).
+    keys = list(dict.fromkeys(args.key))
+    jobs = [ledger.get_job(key) for key in keys]  # UnknownJob: exit 4, nothing purged
     for job in jobs:
         if job.purged:
             raise CliError(f"job {job.key!r} was purged already", EXIT_CONFLICT)
@@ -132,13 +135,23 @@ def _purge_keys(ledger: Ledger, args: argparse.Namespace, by: str) -> int:
     if args.dry_run:
         _report_dry_run(args, [job.key for job in jobs], None)
         return EXIT_OK
+    purged = 0
+    failure: CliError | None = None
     for job in jobs:
         try:
             ledger.purge(job.key, by=by, rule="admin purge --key")
         except (TransitionError, ConcurrentUpdate) as exc:
-            raise CliError(f"job {job.key!r} changed meanwhile: {exc}", EXIT_CONFLICT) from None
-    scrubbed = ledger.scrub()
-    _report(args, PurgeResult(purged=len(jobs), skipped=0, scrubbed=scrubbed), None)
+            failure = CliError(f"job {job.key!r} changed meanwhile: {exc}", EXIT_CONFLICT)
+            break
+        purged += 1
+    # Whatever happened to a later key, what the earlier ones rewrote is scrubbed now.
+    scrubbed = ledger.scrub() if purged else True
+    result = PurgeResult(purged=purged, skipped=len(jobs) - purged, scrubbed=scrubbed)
+    if failure is not None:
+        if purged:
+            _report(args, result, None)
+        raise failure
+    _report(args, result, None)
     return EXIT_OK
 
 

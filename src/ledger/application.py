@@ -8,10 +8,12 @@ Reads of many jobs or events are iterators that page internally.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +27,7 @@ from eventsourcing.application import (
     project_aggregate,
 )
 from eventsourcing.persistence import IntegrityError
+from eventsourcing.utils import Environment, EnvType
 
 from ledger.content import JobContent
 from ledger.job import SendJob, TransitionError, job_id_for
@@ -32,8 +35,10 @@ from ledger.message_id import message_id_for
 from ledger.provider_handle import ProviderHandle, handle_id_for
 from ledger.retention import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
-from ledger.stores.cipher import cipher_env
+from ledger.stores.cipher import KeyRingCipher, cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
+from ledger.stores.keycheck import KeyChecks, judge_store_key
+from ledger.stores.library_env import refuse_library_variables
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
@@ -111,16 +116,22 @@ class Ledger(Application[UUID]):
         base_dir: Path | None = None,
         clock: Clock = utcnow,
         encryption_keys: Sequence[str] = (),
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         """`encryption_keys`: event state is compressed and encrypted with the first,
-        read with any of them (`ledger.stores.cipher`); none: stored as plain JSON."""
+        read with any of them (`ledger.stores.cipher`); none: stored as plain JSON.
+
+        LibraryVariableSet when `environ` (default: the process's) sets one of
+        eventsourcing's own variables (`ledger.stores.library_env`)."""
+        refuse_library_variables(os.environ if environ is None else environ)
         spec = parse_store_url(store, base_dir=base_dir) if isinstance(store, str) else store
         self.store = spec
         self.clock = clock
         self._backend: StoreBackend = backend_for(spec)
         env = dict(self._backend.env)
         env.update(cipher_env(encryption_keys))
-        if self._backend.prepare():
+        exists = self._backend.prepare()
+        if exists:
             env["CREATE_TABLE"] = "n"  # the tables exist: opening runs no DDL
         # Several processes may create the tables at once; what collides is tried again.
         for attempt in range(10):
@@ -131,6 +142,72 @@ class Ledger(Application[UUID]):
                 if attempt == 9 or not self._backend.is_setup_race(exc):
                     raise
                 time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
+        try:
+            self._check_store_key()
+            if exists:
+                self._backend.upgrade()  # only a store whose key fits is changed
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the store's key (ledger.stores.keycheck) ---------------------------------------
+
+    def _check_store_key(self) -> None:
+        """StoreKeyRefused, before anything is written, when the configured keys do not
+        fit the store; else the store's key checks are completed (a new store's, an old
+        store's first, a new first key's)."""
+        checks = cast(KeyChecks, self.recorder)
+        cipher = self.mapper.cipher if isinstance(self.mapper.cipher, KeyRingCipher) else None
+        for _ in range(3):
+            found = self._retry_locked(checks.key_checks)
+            add = judge_store_key(
+                found,
+                cipher,
+                where=self.store.describe(),
+                sample=self._sample_states,
+                readable=self._readable,
+                now=time.time(),
+            )
+            if add is None:
+                return
+            self._retry_locked(
+                lambda check=add: checks.add_key_check(check),  # type: ignore[misc]
+                setup=True,
+            )
+            # Judged again: another process may have written the store's check first.
+        raise ConcurrentUpdate("the store's key checks kept changing while it was opened")
+
+    def _sample_states(self) -> list[bytes]:
+        """Stored states spread over the event log: the first, the last and seven between
+        (a store from before key checks proves its configuration on them)."""
+        last = self._retry_locked(self.recorder.max_notification_id) or 0
+        states: list[bytes] = []
+        for start in sorted({1, last, *(1 + (last - 1) * i // 8 for i in range(1, 8))}):
+            if start < 1:
+                continue
+            page = self._retry_locked(
+                lambda s=start: self.recorder.select_notifications(start=s, limit=1)  # type: ignore[misc]
+            )
+            states.extend(n.state for n in page)
+        return states
+
+    def _readable(self, state: bytes) -> bool:
+        """Whether this ledger's cipher, compressor and transcoder read a stored state."""
+        mapper = self.mapper
+        try:
+            data = mapper.cipher.decrypt(state) if mapper.cipher else state
+            data = mapper.compressor.decompress(data) if mapper.compressor else data
+            mapper.transcoder.decode(data)
+        except Exception:
+            return False
+        return True
+
+    def construct_env(self, name: str, env: EnvType | None = None) -> Environment:
+        """The class's settings and `env`, never the process environment: eventsourcing's
+        own would merge `os.environ` under them (`ledger.stores.library_env`)."""
+        settings = dict(type(self).env)
+        settings.update(env or {})
+        return Environment(name, settings)
 
     @property
     def _index(self) -> JobIndex:
@@ -350,17 +427,25 @@ class Ledger(Application[UUID]):
         `stop()` ends it early. A job that changed meanwhile is left for the next run.
         Afterwards the backend scrubs its files (`StoreBackend.scrub`)."""
         purged = skipped = 0
-        for row in self.purgeable(before):
-            if stop():
-                break
-            try:
-                self.purge(row.key, by=by, rule=rule)
-            except (ConcurrentUpdate, TransitionError):
-                skipped += 1
-                continue
-            purged += 1
-            if progress is not None and purged % 1000 == 0:
-                progress(purged)
+        try:
+            for row in self.purgeable(before):
+                if stop():
+                    break
+                try:
+                    self.purge(row.key, by=by, rule=rule)
+                except (ConcurrentUpdate, TransitionError):
+                    skipped += 1
+                    continue
+                purged += 1
+                if progress is not None and purged % 1000 == 0:
+                    progress(purged)
+        except BaseException:
+            # What was purged before the error is scrubbed all the same; the error is
+            # what the caller hears.
+            if purged:
+                with contextlib.suppress(Exception):
+                    self.scrub()
+            raise
         scrubbed = self.scrub() if purged else True
         return PurgeResult(purged=purged, skipped=skipped, scrubbed=scrubbed)
 
@@ -535,15 +620,21 @@ class Ledger(Application[UUID]):
                 return
             start = page[-1].id + 1
 
-    def _retry_locked(self, action: Callable[[], T], attempts: int = 20) -> T:
+    def _retry_locked(
+        self, action: Callable[[], T], attempts: int = 20, *, setup: bool = False
+    ) -> T:
         """SQLite: the busy handler waits for writers, but a WAL snapshot conflict is
         reported at once. What the backend calls transient is tried again after a
-        pause instead of surfacing."""
+        pause instead of surfacing; with `setup`, so is meeting another process's
+        creation of the same table."""
         for attempt in range(attempts):
             try:
                 return action()
             except Exception as exc:
-                if attempt == attempts - 1 or not self._backend.is_retryable(exc):
+                transient = self._backend.is_retryable(exc) or (
+                    setup and self._backend.is_setup_race(exc)
+                )
+                if attempt == attempts - 1 or not transient:
                     raise
                 time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
         raise AssertionError("unreachable")

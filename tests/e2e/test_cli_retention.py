@@ -211,3 +211,24 @@ def _check_whole_or_intact(ledger: Ledger, key: str) -> bool:
 def _wal(store: Path) -> bytes:
     wal = store.with_name(store.name + "-wal")
     return wal.read_bytes() if wal.exists() else b""
+
+
+def test_a_key_given_twice_is_purged_once_and_the_wal_is_scrubbed(cli: Any) -> None:
+    """`--key K --key K` used to purge K, fail on the second K (exit 3) and leave the
+    purged text in the WAL. A reader holds the store open, so the WAL is not removed
+    when the command's connections close: only the purge's own scrub can empty it."""
+    store = cli.root / "ledger.sqlite"
+    settled_jobs(store, 3)
+    with Ledger(f"sqlite:///{store}") as reader:
+        assert reader.row("r-0000") is not None
+        done = cli.run(
+            "admin", "purge", "--key", "r-0000", "--key", "r-0001", "--key", "r-0000", "--json"
+        )
+        assert done.code == 0, done.stderr
+        assert done.json()["purged"] == 2 and done.json()["scrubbed"] is True
+        raw = store.read_bytes() + _wal(store)
+        assert [i for i in (0, 1) if customer(i).encode() in raw] == []
+        assert customer(2).encode() in raw  # not named: kept
+        assert [e["type"] for e in cli.run("history", "r-0000", "--json").json()].count(
+            "Purged"
+        ) == 1

@@ -358,20 +358,12 @@ HOLDER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(
-    "store", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
-)
-def test_a_killed_holder_does_not_keep_its_name(
-    store: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    url = (
-        f"sqlite:///{tmp_path / 'l.sqlite'}"
-        if store == "sqlite"
-        else request.getfixturevalue("pg_url")
-    )
-    Ledger(url).close()  # the tables, before two processes race to create them
+def refused_while_held_free_once_killed(holder_url: str, url: str) -> None:
+    """A process holds "host-k" on `holder_url`: a ledger on `url` is refused the name
+    until the holder is killed -9, then takes it within 10 s (the lock goes with the dead
+    process's files or session)."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER.format(src=str(SRC), url=url)],
+        [sys.executable, "-c", HOLDER.format(src=str(SRC), url=holder_url)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -386,7 +378,7 @@ def test_a_killed_holder_does_not_keep_its_name(
             while True:
                 try:
                     ledger.hold_identity("host-k").release()
-                    break
+                    return
                 except IdentityTaken:
                     assert time.monotonic() < deadline, "the name stayed locked"
                     time.sleep(0.05)
@@ -394,6 +386,21 @@ def test_a_killed_holder_does_not_keep_its_name(
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+@pytest.mark.parametrize(
+    "store", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
+def test_a_killed_holder_does_not_keep_its_name(
+    store: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    url = (
+        f"sqlite:///{tmp_path / 'l.sqlite'}"
+        if store == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    Ledger(url).close()  # the tables, before two processes race to create them
+    refused_while_held_free_once_killed(url, url)
 
 
 # -- a daemon's own claims at start-up ---------------------------------------------------

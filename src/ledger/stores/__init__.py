@@ -45,6 +45,13 @@ class StoreBackend(Protocol):
         opening must not run DDL."""
         ...
 
+    def upgrade(self) -> None:
+        """Add what an existing store from an earlier release lacks in its job index
+        (`ADDED_COLUMNS`, `ADDED_INDEXES`): DDL only when something is missing. Run once
+        the store's key checks passed (`ledger.stores.keycheck`), so that a store
+        refused at open is left as it was."""
+        ...
+
     def identity_lock(self, name: str) -> IdentityLock:
         """Hold `name` for this process as long as it lives (`ledger.stores.identity`);
         IdentityTaken when another live process holds it."""

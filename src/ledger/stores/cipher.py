@@ -18,6 +18,8 @@ from eventsourcing.utils import Environment, get_topic
 
 #: Separates the keys of the ring in the `CIPHER_KEY` environment value.
 KEY_SEPARATOR = " "
+#: AES-256 (README "Encryption at rest"): the library would take 16 or 24 bytes too.
+KEY_BYTES = 32
 
 
 def check_key(key: str) -> str:
@@ -27,14 +29,17 @@ def check_key(key: str) -> str:
         raw = b64decode(text.encode("ascii"), validate=True)
     except (ValueError, UnicodeEncodeError):
         raise ValueError("not a base64 key (make one with `sendledger admin new-key`)") from None
-    if len(raw) not in AESCipher.KEY_SIZES:
-        raise ValueError(f"a key of {len(raw)} bytes (AES needs 16, 24 or 32)")
+    if len(raw) != KEY_BYTES:
+        raise ValueError(
+            f"a key of {len(raw)} bytes: AES-256 needs {KEY_BYTES} "
+            "(make one with `sendledger admin new-key`)"
+        )
     return text
 
 
 def new_key() -> str:
     """A fresh 256-bit key, base64."""
-    return AESCipher.create_key(32)
+    return AESCipher.create_key(KEY_BYTES)
 
 
 def cipher_env(keys: Sequence[str]) -> dict[str, str]:
@@ -60,6 +65,17 @@ class KeyRingCipher(AESCipher):
             raise OSError(f"'{self.CIPHER_KEY}' not in env")
         self.key = self._ring[0].key
 
+    def key_index(self, ciphertext: bytes, plaintext: bytes) -> int | None:
+        """The place in the ring of the key that encrypted `plaintext` into
+        `ciphertext`, or None when no key of the ring did (`ledger.stores.keycheck`)."""
+        for index, cipher in enumerate(self._ring):
+            try:
+                if cipher.decrypt(ciphertext) == plaintext:
+                    return index
+            except ValueError:
+                continue
+        return None
+
     def decrypt(self, ciphertext: bytes) -> bytes:
         # AES-GCM authenticates: a wrong key fails its tag check, it never yields garbage.
         for cipher in self._ring[:-1]:
@@ -71,4 +87,4 @@ class KeyRingCipher(AESCipher):
         return self._ring[-1].decrypt(ciphertext)
 
 
-__all__ = ["KeyRingCipher", "check_key", "cipher_env", "new_key"]
+__all__ = ["KEY_BYTES", "KeyRingCipher", "check_key", "cipher_env", "new_key"]

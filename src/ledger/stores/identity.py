@@ -5,8 +5,9 @@ A daemon recovers its own earlier claims at start-up without waiting for their d
 claims under the same name. Each backend holds a lock that the operating system or the
 server drops when the holder dies, so a kill -9 never leaves a name locked:
 
-- SQLite: an exclusive `flock` on a file beside the store (released with the process's
-  open files);
+- SQLite: an exclusive lock on a byte of the store file itself, so that every path to
+  the file (a symlink, a hard link) meets it, and `flock`s on files beside it (released
+  with the process's open files): `FileIdentityLock`;
 - PostgreSQL: a session advisory lock on a connection of its own (released when the
   server sees the connection close; TCP keepalives notice a vanished host). A database
   restart drops it under a live daemon: `check`, before every tick, takes it again;
@@ -16,9 +17,12 @@ server drops when the holder dies, so a kill -9 never leaves a name locked:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
+import struct
+import sys
 import threading
 from pathlib import Path
 from typing import Protocol
@@ -51,27 +55,94 @@ def name_digest(name: str) -> str:
 
 
 class FileIdentityLock:
+    """`name` held on a SQLite store, whichever path reaches the file.
+
+    The lock that counts is keyed on the file itself (its device and inode): an open
+    file description lock (Linux `F_OFD_SETLK`) on one byte of the store file, far
+    beyond any byte SQLite locks, at an offset derived from the name. A symlink or a hard
+    link reaches the same inode, so a second daemon of the same name through one is
+    refused like one on the same path. Unlike a POSIX record lock it is not dropped when
+    SQLite closes another descriptor of the file in this process, and it conflicts
+    between descriptors of one process too. Beside it, `flock`s on
+    `STORE.daemon-<hash>.lock` next to the configured and the real path: what earlier
+    releases lock (a daemon of one meets this one's lock), the holder's pid for an
+    operator, and the only lock where OFD locks do not exist."""
+
     def __init__(self, store_path: Path, name: str) -> None:
-        self.path = store_path.with_name(f"{store_path.name}.daemon-{name_digest(name)}.lock")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        where = str(store_path)
+        self._fds: list[int] = []
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise IdentityTaken(name, str(store_path)) from None
-        # For an operator who wonders who holds it; the lock itself is the flock.
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} {name}\n".encode())
-        self._fd: int | None = fd
+            if _OFD_LOCKS:
+                inode_fd = _lock_inode(store_path, name, where)
+                if inode_fd is not None:
+                    self._fds.append(inode_fd)
+            real = Path(os.path.realpath(store_path))
+            for path in dict.fromkeys([store_path, real]):
+                self._fds.append(_lock_beside(path, name, where))
+        except BaseException:
+            self.release()
+            raise
+        self.path = _lock_file(store_path, name)
 
     def check(self) -> None:
-        """An flock lives as long as the open file: nothing can drop it under us."""
+        """These locks live as long as their open files: nothing can drop them under us."""
 
     def release(self) -> None:
-        if self._fd is not None:
+        while self._fds:
             with contextlib.suppress(OSError):
-                os.close(self._fd)  # closing drops the flock
-            self._fd = None
+                os.close(self._fds.pop())  # closing drops the lock
+
+
+_OFD_LOCKS = hasattr(fcntl, "F_OFD_SETLK") and sys.platform == "linux"
+#: Where the names' bytes start: far past the largest SQLite file and the bytes SQLite
+#: locks (at 1 GiB), inside a signed 64-bit offset.
+_NAME_BYTES = 1 << 62
+
+
+def _lock_file(store_path: Path, name: str) -> Path:
+    return store_path.with_name(f"{store_path.name}.daemon-{name_digest(name)}.lock")
+
+
+def _lock_beside(store_path: Path, name: str, where: str) -> int:
+    fd = os.open(_lock_file(store_path, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # For an operator who wonders who holds it.
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {name}\n".encode())
+    except BlockingIOError:
+        os.close(fd)
+        raise IdentityTaken(name, where) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+#: A file system without record locks (some network and FUSE ones): the flocks remain.
+_NO_RECORD_LOCKS = frozenset({errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
+def _lock_inode(store_path: Path, name: str, where: str) -> int | None:
+    """An exclusive OFD lock on the store file's byte for `name`; its descriptor, or
+    None where the file system has no record locks."""
+    offset = _NAME_BYTES + int(name_digest(name)[:12], 16)
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padded
+    # to the C struct's size.
+    request = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    request += bytes(32 - len(request))
+    # Opened for writing, which an exclusive record lock needs; nothing is written.
+    fd = os.open(store_path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            raise IdentityTaken(name, where) from None
+        if exc.errno in _NO_RECORD_LOCKS:
+            return None
+        raise
+    return fd
 
 
 _memory_names: set[tuple[str, str]] = set()

@@ -25,6 +25,7 @@ from eventsourcing.utils import get_topic
 
 from ledger.stores.identity import MemoryIdentityLock
 from ledger.stores.index import ALL_JOBS, PURGEABLE_STATES, IndexRow, JobFilter, rows_from
+from ledger.stores.keycheck import KeyCheck
 from ledger.stores.purge import RewriteFailed, rewrites_from
 from ledger.stores.url import MemoryStore
 
@@ -36,6 +37,17 @@ class MemoryJobIndexRecorder(POPOApplicationRecorder):
     def __init__(self) -> None:
         super().__init__()
         self._rows: dict[str, IndexRow] = {}
+        self._key_checks: dict[str, KeyCheck] = {}
+
+    # -- KeyChecks (ledger.stores.keycheck) ----------------------------------------------
+
+    def key_checks(self) -> list[KeyCheck]:
+        with self._database_lock:
+            return list(self._key_checks.values())
+
+    def add_key_check(self, check: KeyCheck) -> None:
+        with self._database_lock:
+            self._key_checks.setdefault(check.check_id, check)
 
     def _update_table(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -188,6 +200,9 @@ class MemoryBackend:
     def prepare(self) -> bool:
         with _stores_lock:
             return self.spec.name is not None and self.spec.name in _stores
+
+    def upgrade(self) -> None:
+        """A memory store is always of this release: nothing to add."""
 
     def identity_lock(self, name: str) -> MemoryIdentityLock:
         # An unnamed store is this backend's own: the lock is scoped to it.

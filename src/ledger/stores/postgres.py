@@ -34,6 +34,7 @@ from ledger.stores.index import (
     missing_indexes,
     rows_from,
 )
+from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.url import PostgresStore
 
 DB_FUNCTIONS = "POSTGRES_ENABLE_DB_FUNCTIONS"
@@ -63,13 +64,16 @@ _SETUP_RACE = _TRANSIENT | {
 EVENTS_TABLE = "sendledger_events"
 
 
-class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex):
+class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex, SqlKeyChecks):
     _p = "%s"
+    _blob = "BYTEA"
+    _real = "DOUBLE PRECISION"
 
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"):
         super().__init__(datastore, events_table_name=events_table_name)
         schema = datastore.schema.replace('"', '""')
         self._table = f'"{schema}".{INDEX_TABLE}'
+        self._key_table = f'"{schema}".{KEY_TABLE}'
         for statement in CREATE_STATEMENTS:
             sql = self._sql(
                 statement.replace("{real}", "DOUBLE PRECISION").replace("{options}", "")
@@ -157,6 +161,11 @@ class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex):
         sql = f'SELECT 1 FROM "{schema}"."{table}" WHERE originator_id = %s LIMIT 1'
         return sql, UUID
 
+    def _key_table_exists(self, cursor: Any) -> bool:
+        cursor.execute("SELECT to_regclass(%s) AS found", (self._key_table,))
+        row = cursor.fetchone()
+        return row is not None and row["found"] is not None
+
 
 def _sqlstates(exc: BaseException) -> set[str]:
     return {
@@ -198,8 +207,6 @@ def prepare_schema(store: PostgresStore) -> bool:
                 "SELECT to_regclass(%s)", (f'"{store.schema}".{INDEX_TABLE}',)
             ).fetchone()
             if found is not None and found[0] is not None:
-                _add_missing_columns(conn, store)
-                _add_missing_indexes(conn, store)
                 return True
             quoted = store.schema.replace('"', '""')
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{quoted}"')
@@ -208,6 +215,14 @@ def prepare_schema(store: PostgresStore) -> bool:
     except psycopg.Error:
         # Unknown: let the normal set-up (with its retries) find out.
         return False
+
+
+def upgrade_schema(store: PostgresStore) -> None:
+    """What a store from an earlier release lacks in its job index, added on one
+    connection: DDL only when something is missing."""
+    with psycopg.connect(**_connect_args(store)) as conn:
+        _add_missing_columns(conn, store)
+        _add_missing_indexes(conn, store)
 
 
 def _add_missing_columns(conn: psycopg.Connection[Any], store: PostgresStore) -> None:
@@ -355,6 +370,9 @@ class PostgresBackend:
         # Opening an existing store must not run DDL: concurrent CREATE OR REPLACE
         # FUNCTION fails with "tuple concurrently updated".
         return prepare_schema(self.spec)
+
+    def upgrade(self) -> None:
+        upgrade_schema(self.spec)
 
     def identity_lock(self, name: str) -> AdvisoryIdentityLock:
         return AdvisoryIdentityLock(self.spec, name)

@@ -29,6 +29,7 @@ from ledger.stores.index import (
     missing_indexes,
     rows_from,
 )
+from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.purge import rewrites_from
 from ledger.stores.url import SqliteStore
 
@@ -37,7 +38,7 @@ from ledger.stores.url import SqliteStore
 _LOCK_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 
-class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, SqlJobIndex):
+class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, SqlJobIndex, SqlKeyChecks):
     _p = "?"
 
     def construct_create_table_statements(self) -> list[str]:
@@ -91,6 +92,12 @@ class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, SqlJobIndex):
     def _has_events_sql(self) -> tuple[str, Callable[[str], Any]]:
         sql = f"SELECT 1 FROM {self.events_table_name} WHERE originator_id = ? LIMIT 1"
         return sql, _stored_id
+
+    def _key_table_exists(self, cursor: Any) -> bool:
+        cursor.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (KEY_TABLE,)
+        )
+        return cursor.fetchone() is not None
 
 
 def _stored_id(originator_id: object) -> str:
@@ -213,10 +220,10 @@ class SQLiteBackend:
 
     def prepare(self) -> bool:
         create_private(self.spec.path)
-        exists = schema_exists(self.spec)
-        if exists:
-            upgrade_index(self.spec)
-        return exists
+        return schema_exists(self.spec)
+
+    def upgrade(self) -> None:
+        upgrade_index(self.spec)
 
     def scrub(self) -> bool:
         return checkpoint(self.spec)

@@ -11,7 +11,12 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 
-class StoreUrlError(ValueError):
+class StoreRefused(ValueError):
+    """The store cannot be opened as configured: bad input, named in the message, and
+    nothing was written (the CLI's exit 2)."""
+
+
+class StoreUrlError(StoreRefused):
     pass
 
 
@@ -129,6 +134,7 @@ __all__ = [
     "MemoryStore",
     "PostgresStore",
     "SqliteStore",
+    "StoreRefused",
     "StoreSpec",
     "StoreUrlError",
     "parse_store_url",

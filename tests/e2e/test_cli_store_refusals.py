@@ -1,0 +1,107 @@
+"""A store is opened only as its settings say (README "Stored mail: file modes,
+encryption, daemon names"): eventsourcing's own environment variables are refused by
+name, and a key file that does not fit the store is refused naming
+`store.encryption_key_file`; both exit 2 with one line, before anything is written."""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+import pytest
+from eventsourcing.compressor import ZlibCompressor
+from eventsourcing.utils import get_topic
+from tests.e2e.conftest import config_text
+
+from ledger.stores.cipher import KeyRingCipher, new_key
+
+JOB = {"channel": "receipts", "key": "k-1", "to": "a@example.com", "subject": "s", "body": "b"}
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"COMPRESSOR_TOPIC": get_topic(ZlibCompressor)},
+        {"CIPHER_TOPIC": get_topic(KeyRingCipher), "CIPHER_KEY": new_key()},
+        {"PERSISTENCE_MODULE": "eventsourcing.popo"},
+        {"SQLITE_DBNAME": "/tmp/elsewhere.sqlite"},
+        {"AGGREGATE_CACHE_MAXSIZE": "1000"},
+    ],
+    ids=lambda env: "+".join(env),
+)
+def test_eventsourcing_variables_are_refused_by_name_and_nothing_is_written(
+    cli: Any, env: dict[str, str]
+) -> None:
+    store = cli.root / "ledger.sqlite"
+    refused = cli.submit(JOB, env=env)
+    assert refused.code == 2, refused.stderr
+    assert len(refused.error_lines) == 1 and sorted(env)[0] in refused.stderr
+    assert not store.exists()
+    # Without them the job is written, and read back by a process that has none of them.
+    assert cli.submit(JOB).code == 0
+    assert cli.run("status", "k-1", "--json", env=env).code == 2
+    status = cli.run("status", "k-1", "--json")
+    assert status.code == 0 and status.json()["state"] == "requested"
+
+
+def _with_key_file(cli: Any, key_text: str | None) -> None:
+    """The config names store.key (holding `key_text`), or no key file when None."""
+    text = config_text()
+    if key_text is not None:
+        (cli.root / "store.key").write_text(key_text)
+        (cli.root / "store.key").chmod(0o600)
+        text = text.replace("[store]\n", '[store]\nencryption_key_file = "store.key"\n')
+    cli.config.write_text(text)
+
+
+def _refused(result: Any, *names: str) -> None:
+    assert result.code == 2, result.stderr
+    assert len(result.error_lines) == 1, result.stderr
+    assert "store.encryption_key_file" in result.stderr
+    assert all(name in result.stderr for name in names), result.stderr
+
+
+def test_a_key_added_to_a_plain_store_is_refused_and_writes_nothing(cli: Any) -> None:
+    assert cli.submit(JOB).code == 0
+    _with_key_file(cli, new_key() + "\n")
+    _refused(cli.run("status", "k-1"), "without encryption")
+    _refused(cli.submit({**JOB, "key": "k-2"}))
+    _with_key_file(cli, None)
+    assert cli.run("status", "k-1").code == 0
+    assert cli.run("status", "k-2").code == 4  # never written
+
+
+def test_a_wrong_or_missing_key_is_refused_and_the_right_one_still_reads(cli: Any) -> None:
+    right = new_key()
+    _with_key_file(cli, right + "\n")
+    assert cli.submit(JOB).code == 0
+    _with_key_file(cli, new_key() + "\n")
+    _refused(cli.run("status", "k-1"), "no key in the file")
+    _refused(cli.submit({**JOB, "key": "k-2"}))
+    _with_key_file(cli, None)
+    _refused(cli.run("status", "k-1"), "is not set")
+    _with_key_file(cli, f"{new_key()}\n{right}\n")  # a rotation: the store's key kept
+    assert cli.submit({**JOB, "key": "k-3"}).code == 0
+    _with_key_file(cli, right + "\n")  # back to the old key alone: still one of its keys
+    assert cli.run("status", "k-1", "--json").json()["state"] == "requested"
+    assert cli.run("status", "k-2").code == 4
+
+
+@pytest.mark.parametrize("size", [16, 24, 31, 33, 64])
+def test_a_key_that_is_not_32_bytes_is_refused_naming_the_file(cli: Any, size: int) -> None:
+    _with_key_file(cli, base64.b64encode(os.urandom(size)).decode() + "\n")
+    result = cli.submit(JOB)
+    assert result.code == 2 and len(result.error_lines) == 1, result.stderr
+    assert "store.encryption_key_file" in result.stderr and "store.key" in result.stderr
+    assert f"a key of {size} bytes" in result.stderr and "AES-256 needs 32" in result.stderr
+    assert not (cli.root / "ledger.sqlite").exists()
+
+
+def test_new_key_prints_a_32_byte_key_the_store_takes(cli: Any) -> None:
+    made = cli.run("admin", "new-key", "--json")
+    assert made.code == 0
+    key = made.json()["key"]
+    assert len(base64.b64decode(key, validate=True)) == 32
+    _with_key_file(cli, key + "\n")
+    assert cli.submit(JOB).code == 0

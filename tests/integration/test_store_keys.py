@@ -1,0 +1,230 @@
+"""A store remembers how it is encrypted (`ledger.stores.keycheck`, README "Stored mail:
+file modes, encryption, daemon names"): a wrong or missing key, or a key added to a plain
+store, is refused at open naming `store.encryption_key_file`, before anything is written;
+key rotation keeps opening; stores from before key checks are proved on their events and
+then remembered. SQLite and PostgreSQL (`store_url`), and the memory store."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+from tests.conftest import FakeClock
+from tests.integration.test_ledger_store import SENDER, content
+
+from ledger.application import Ledger
+from ledger.stores.cipher import new_key
+from ledger.stores.keycheck import (
+    AES_256_GCM,
+    KEY_TABLE,
+    PLAINTEXT,
+    STORE_CHECK,
+    KeyCheck,
+    StoreKeyRefused,
+)
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "store-v1"
+SETTING = r"store\.encryption_key_file"
+
+
+def checks(url: str, keys: list[str]) -> list[KeyCheck]:
+    with Ledger(url, encryption_keys=keys) as ledger:
+        return sorted(ledger.recorder.key_checks(), key=lambda c: c.created_at)  # type: ignore[attr-defined]
+
+
+def event_count(url: str, keys: list[str]) -> int:
+    with Ledger(url, encryption_keys=keys) as ledger:
+        return ledger.recorder.max_notification_id() or 0
+
+
+def drop_key_table(url: str, *, purged_at: bool = False) -> None:
+    """What a store written before key checks looks like (and, with `purged_at`,
+    before the index's purge column)."""
+    statements = [f"DROP TABLE IF EXISTS {{s}}{KEY_TABLE}"]
+    if purged_at:
+        statements.append("ALTER TABLE {s}sendledger_jobs DROP COLUMN purged_at")
+    if url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+            for statement in statements:
+                conn.execute(statement.format(s=""))
+            conn.commit()
+        return
+    import psycopg
+
+    base, schema = url.split("?schema=")
+    with psycopg.connect(base, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement.format(s=f'"{schema}".'))
+
+
+def index_columns(url: str) -> set[str]:
+    if url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+            return {row[1] for row in conn.execute("PRAGMA table_info(sendledger_jobs)")}
+    import psycopg
+
+    base, schema = url.split("?schema=")
+    with psycopg.connect(base) as conn:
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = 'sendledger_jobs'",
+            (schema,),
+        ).fetchall()
+        return {row[0] for row in rows}
+
+
+def key_table_exists(url: str) -> bool:
+    if url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = ?", (KEY_TABLE,)
+            ).fetchone()
+            return found is not None
+    import psycopg
+
+    base, schema = url.split("?schema=")
+    with psycopg.connect(base) as conn:
+        row = conn.execute("SELECT to_regclass(%s)", (f'"{schema}".{KEY_TABLE}',)).fetchone()
+        return row is not None and row[0] is not None
+
+
+def test_a_plain_store_refuses_a_key_and_stays_plain(store_url: str, clock: FakeClock) -> None:
+    with Ledger(store_url, clock=clock) as ledger:
+        ledger.submit(content("p-1"), SENDER)
+    assert [(c.check_id, c.kind) for c in checks(store_url, [])] == [(STORE_CHECK, PLAINTEXT)]
+    with pytest.raises(StoreKeyRefused, match=rf"^{SETTING} is set, but .* without encryption"):
+        Ledger(store_url, clock=clock, encryption_keys=[new_key()])
+    assert event_count(store_url, []) == 1 and len(checks(store_url, [])) == 1
+    with Ledger(store_url, clock=clock) as ledger:
+        assert ledger.get_job("p-1").content.subject == content("p-1").subject
+
+
+def test_an_encrypted_store_refuses_another_key_and_no_key(
+    store_url: str, clock: FakeClock
+) -> None:
+    right, wrong = new_key(), new_key()
+    with Ledger(store_url, clock=clock, encryption_keys=[right]) as ledger:
+        ledger.submit(content("e-1"), SENDER)
+    with pytest.raises(StoreKeyRefused, match=rf"^{SETTING}: no key in the file is a key of"):
+        Ledger(store_url, clock=clock, encryption_keys=[wrong])
+    with pytest.raises(StoreKeyRefused, match=rf"^{SETTING} is not set, but .* is encrypted"):
+        Ledger(store_url, clock=clock)
+    # Nothing was written by the refused opens: the right key reads everything still.
+    assert event_count(store_url, [right]) == 1
+    assert [c.kind for c in checks(store_url, [right])] == [AES_256_GCM]
+    with Ledger(store_url, clock=clock, encryption_keys=[right]) as ledger:
+        ledger.submit(content("e-2"), SENDER)
+        assert ledger.get_job("e-1").content.body == content("e-1").body
+
+
+def test_rotation_remembers_the_new_first_key_once(store_url: str, clock: FakeClock) -> None:
+    old, new = new_key(), new_key()
+    with Ledger(store_url, clock=clock, encryption_keys=[old]) as ledger:
+        ledger.submit(content("r-1"), SENDER)
+    # Step 1: the new key appended on every host: nothing to remember.
+    assert len(checks(store_url, [old, new])) == 1
+    # Step 2: the new key first: it is remembered, once, whichever host opens next.
+    assert len(checks(store_url, [new, old])) == 2
+    assert len(checks(store_url, [new, old])) == 2
+    assert len(checks(store_url, [old, new])) == 2  # a host not yet restarted: no flip-flop
+    # Step 3: the old key dropped: the store still opens with the new one alone...
+    with Ledger(store_url, clock=clock, encryption_keys=[new]) as ledger:
+        ledger.submit(content("r-2"), SENDER)
+    # ...and a ring without any of its keys is still refused.
+    with pytest.raises(StoreKeyRefused, match=SETTING):
+        Ledger(store_url, clock=clock, encryption_keys=[new_key(), new_key()])
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_a_store_from_before_key_checks_is_proved_on_its_events(
+    store_url: str, clock: FakeClock, encrypted: bool
+) -> None:
+    key = new_key()
+    keys = [key] if encrypted else []
+    with Ledger(store_url, clock=clock, encryption_keys=keys) as ledger:
+        for i in range(12):
+            ledger.submit(content(f"old-{i}"), SENDER)
+    drop_key_table(store_url, purged_at=True)
+    refused_with = [] if encrypted else [new_key()]
+    with pytest.raises(StoreKeyRefused, match=SETTING):
+        Ledger(store_url, clock=clock, encryption_keys=refused_with)
+    if encrypted:
+        with pytest.raises(StoreKeyRefused, match=SETTING):
+            Ledger(store_url, clock=clock, encryption_keys=[new_key()])
+    # Refused: nothing written, not the check table, not the index's upgrade.
+    assert not key_table_exists(store_url)
+    assert "purged_at" not in index_columns(store_url)
+    with Ledger(store_url, clock=clock, encryption_keys=keys) as ledger:
+        assert ledger.get_job("old-7").key == "old-7"
+    assert "purged_at" in index_columns(store_url)
+    assert [c.kind for c in checks(store_url, keys)] == [AES_256_GCM if encrypted else PLAINTEXT]
+    with pytest.raises(StoreKeyRefused, match=SETTING):  # now from the check row
+        Ledger(store_url, clock=clock, encryption_keys=refused_with)
+
+
+def test_an_old_store_without_events_takes_the_configuration_it_is_opened_with(
+    store_url: str,
+) -> None:
+    Ledger(store_url).close()
+    drop_key_table(store_url)
+    key = new_key()
+    assert [c.kind for c in checks(store_url, [key])] == [AES_256_GCM]
+    with pytest.raises(StoreKeyRefused, match=SETTING):
+        Ledger(store_url)
+
+
+def test_the_first_release_store_is_plain_and_refuses_a_key(tmp_path: Path) -> None:
+    shutil.copy(FIXTURE / "ledger.sqlite", tmp_path / "ledger.sqlite")
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with pytest.raises(StoreKeyRefused, match=SETTING):
+        Ledger(url, encryption_keys=[new_key()])
+    assert not key_table_exists(url)
+    assert [c.kind for c in checks(url, [])] == [PLAINTEXT]
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["new-store", "old-store"])
+def test_two_processes_creating_one_store_with_other_keys_cannot_both_open_it(
+    store_url: str, fresh: bool
+) -> None:
+    """They race for the store's check row (and its table, and for a new store every
+    table); the loser is judged against the winner's row."""
+    if not fresh:
+        Ledger(store_url).close()
+        drop_key_table(store_url)  # tables, but no check yet: the race is for the row
+    start = threading.Barrier(2)
+    rings: list[list[str]] = [[new_key()], []]
+    opened: list[list[str]] = []
+    refused: list[list[str]] = []
+
+    def open_with(keys: list[str]) -> None:
+        start.wait()
+        try:
+            Ledger(store_url, encryption_keys=keys).close()
+            opened.append(keys)
+        except StoreKeyRefused:
+            refused.append(keys)
+
+    threads = [threading.Thread(target=open_with, args=(keys,)) for keys in rings]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(opened) == 1 and len(refused) == 1
+    assert len(checks(store_url, opened[0])) == 1
+
+
+def test_a_shared_memory_store_checks_its_key_too() -> None:
+    from ledger.stores.memory import discard_memory_store
+
+    try:
+        with Ledger("memory://keys-shared", encryption_keys=[new_key()]):
+            with pytest.raises(StoreKeyRefused, match=SETTING):
+                Ledger("memory://keys-shared", encryption_keys=[new_key()])
+            with pytest.raises(StoreKeyRefused, match=SETTING):
+                Ledger("memory://keys-shared")
+    finally:
+        discard_memory_store("keys-shared")
