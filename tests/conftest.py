@@ -1,5 +1,5 @@
-"""Fixtures shared by every tier: stores (SQLite file, PostgreSQL schema), clocks, and the
-session's PostgreSQL.
+"""Fixtures shared by every tier: stores (SQLite file, PostgreSQL schema), clocks, the
+Hypothesis profile, and the session's PostgreSQL.
 
 PostgreSQL: the tests use the server at SENDLEDGER_TEST_PG_URL (every test makes its own
 schema). When none answers there, the session starts a private PostgreSQL 15 cluster in a
@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.pg_cluster import SessionCluster, unavailable
 
@@ -24,6 +25,26 @@ PG_URL = os.environ.get(
     "SENDLEDGER_TEST_PG_URL", "postgresql://sendledger:sendledger@127.0.0.1:5432/sendledger_test"
 )
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+# One Hypothesis profile for every property test, loaded before any test module is imported
+# (so every `@given` and every `@settings` inherits it): no per-example deadline, since two
+# cores shared by many runs make any wall-clock limit a coin toss, and the too_slow health
+# check off for the same reason; derandomized, so a failure in one run is the same failure in
+# the next, on any machine, and printed with its reproduction blob. A `@settings` may change
+# the example count, never bring a deadline back. HYPOTHESIS_PROFILE=explore draws fresh
+# random examples (still no deadline) for a local bug hunt.
+settings.register_profile(
+    "sendledger",
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "explore", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "sendledger"))
 
 
 def _pg_unavailable_reason(url: str | None = None) -> str | None:
