@@ -10,8 +10,10 @@ STAMP  := $(VENV)/.installed-stamp
 # (CI is), and only those missing. Without them (not root) those tests skip, except under
 # CI=true, where nothing may skip. postgresql-15: when nothing answers at
 # SENDLEDGER_TEST_PG_URL the test session starts a private cluster from its binaries
-# (tests/conftest.py); its own service is kept from starting.
-TEST_PACKAGES := chromium fonts-liberation postfix dovecot-imapd dovecot-lmtpd postgresql-15
+# (tests/conftest.py); its own service is kept from starting. systemd: `systemd-analyze
+# verify` on the shipped unit and on the one `sendledger init` writes.
+TEST_PACKAGES := chromium fonts-liberation postfix dovecot-imapd dovecot-lmtpd postgresql-15 \
+	systemd
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
