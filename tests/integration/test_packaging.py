@@ -1,4 +1,5 @@
-"""The systemd unit verifies cleanly, pointing at this installation's console script."""
+"""The systemd unit verifies cleanly, pointing at this installation's console script; the
+package metadata builds without warnings."""
 
 from __future__ import annotations
 
@@ -50,3 +51,14 @@ def test_systemd_analyze_verify_is_clean(tmp_path: Path) -> None:
         if "sendledger.service" in line
     ]
     assert result.returncode == 0 and not problems, result.stdout + result.stderr
+
+
+def test_license_is_an_spdx_expression_with_a_backend_that_reads_it() -> None:
+    """A `license = {text = ...}` table makes setuptools >= 77 (what pip's build isolation
+    installs) warn on every install; the SPDX string needs setuptools >= 77."""
+    import tomllib
+
+    with (UNIT.parents[1] / "pyproject.toml").open("rb") as handle:
+        project = tomllib.load(handle)
+    assert project["project"]["license"] == "Apache-2.0"
+    assert "setuptools>=77" in project["build-system"]["requires"]
