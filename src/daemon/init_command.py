@@ -102,11 +102,16 @@ def cmd_init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def installation(folder: Path) -> Installation:
-    # The venv's bin folder as the interpreter was started from it: resolving the symlink
-    # would name the system python, outside the venv.
+def console_command() -> list[str]:
+    """How to run this installation's sendledger: the console script next to the running
+    interpreter, else `python -m daemon`. The venv's bin folder as the interpreter was
+    started from it: resolving the symlink would name the system python, outside the venv."""
     script = Path(os.path.abspath(sys.executable)).with_name("sendledger")
-    command = [str(script)] if os.access(script, os.X_OK) else [sys.executable, "-m", "daemon"]
+    return [str(script)] if os.access(script, os.X_OK) else [sys.executable, "-m", "daemon"]
+
+
+def installation(folder: Path) -> Installation:
+    command = console_command()
     uid, gid = os.geteuid(), os.getegid()
     try:
         user = pwd.getpwuid(uid).pw_name

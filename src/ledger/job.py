@@ -490,7 +490,7 @@ class SendJob(Aggregate):
             self._resend(query, decision, at)
         elif isinstance(decision, decide.Review):
             self._record_miss(query, None, decision.policy, at)
-            self._escalate(decision, f"{self.misses} empty searches", at)
+            self._escalate(decision, f"no copy found in {self.misses} searches", at)
         else:
             raise self._refuse(action, "the outcome is unknown, nothing to verify")
 
@@ -595,7 +595,8 @@ class SendJob(Aggregate):
         self.trigger_event(
             self.Requeued,
             timestamp=at,
-            reason=f"{misses} empty searches: not sent",
+            # What was observed, not what it is taken to mean: the policy believes the miss.
+            reason=f"no copy found in {misses} searches: sending again (same Message-ID)",
             due_at=max(decision.at, at),
             misses_required=decision.misses_required,
             **decision.policy.event_fields(),
