@@ -11,6 +11,7 @@ starts its workers, which inherit the variable: one cluster per session however 
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -169,3 +170,31 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def full_backlog_port() -> Iterator[int]:
+    """A loopback port whose listen queue is full, so a new SYN gets no answer and
+    connect() times out (Linux): a connect timeout, the one failure that looks like a read
+    timeout. Skips where the kernel accepts connections beyond the backlog."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers: list[socket.socket] = []
+    try:
+        for _ in range(4):
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            probe.settimeout(0.2)
+            fillers.append(probe)
+            try:
+                probe.connect(("127.0.0.1", port))
+            except TimeoutError:
+                break
+        else:
+            pytest.skip("this kernel accepts connections beyond the listen backlog")
+        yield port
+    finally:
+        for sock in fillers:
+            sock.close()
+        server.close()

@@ -1,8 +1,10 @@
 """The SendJob aggregate: one send job's whole life as events.
 
 Event topics are explicit ("sendledger:SendJob.Requested", ...) so that moving or renaming
-this module never orphans stored history, and the stored shape of every event is the one
-the first release wrote (``tests/fixtures/store-v1`` proves old stores load).
+this module never orphans stored history. An event whose stored shape changed carries a
+``class_version`` and an ``upcast_vN_vM`` per change (Requested is at version 4, Attempted
+at 2), so every event any release wrote still loads (``tests/fixtures/store-v1`` proves a
+first-release store does).
 
 Commands are named after facts: a claim before a provider call, the call's outcome, a
 search's result, a human's resolution. Each takes the policy's typed decision
