@@ -13,6 +13,7 @@ nothing half-written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import grp
 import json
 import os
@@ -92,6 +93,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     here = installation(folder)
     plan = planned_files(args.provider, mailbox, here)
     existing = [p.path for p in plan if (folder / p.path).exists()]
+    for item in plan:
+        for parent in (folder / item.path).parents:
+            if parent.exists() and not parent.is_dir():
+                raise bad_input(f"init: {parent} is not a folder; nothing was written")
     if existing:
         raise bad_input(
             f"init: {folder} already has {', '.join(existing)}; nothing was written "
@@ -125,12 +130,15 @@ def installation(folder: Path) -> Installation:
 
 
 def write_all(folder: Path, plan: list[Planned]) -> None:
-    """Create every file exclusively; on any failure remove the ones this call created."""
+    """Create every file exclusively; on any failure remove the files and folders this
+    call created."""
     created: list[Path] = []
     try:
         for item in plan:
             path = folder / item.path
+            missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
             path.parent.mkdir(parents=True, exist_ok=True)
+            created.extend(reversed(missing))  # removed in reverse: files, then folders
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, item.mode)
             created.append(path)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -145,8 +153,13 @@ def write_all(folder: Path, plan: list[Planned]) -> None:
 
 
 def _remove(paths: list[Path]) -> None:
+    """Files first, then folders, each folder only if it is empty."""
     for path in reversed(paths):
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            if path.is_dir():
+                path.rmdir()
+            else:
+                path.unlink(missing_ok=True)
 
 
 def planned_files(provider: str, mailbox: Mailbox, here: Installation) -> list[Planned]:

@@ -156,3 +156,27 @@ def test_the_written_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
         line for line in (result.stdout + result.stderr).splitlines() if "sendledger" in line
     ]
     assert result.returncode == 0 and not problems, result.stdout + result.stderr
+
+
+def test_a_write_that_fails_midway_leaves_nothing(tmp_path: Path) -> None:
+    from daemon.errors import CliError
+    from daemon.init_command import Planned, write_all
+
+    site = tmp_path / "new" / "site"
+    plan = [
+        Planned("sendledger.toml", "x\n", 0o644, ""),
+        Planned("policies/deep/a.toml", "x\n", 0o644, ""),
+        Planned("policies/" + "n" * 300, "x\n", 0o644, ""),  # ENAMETOOLONG
+    ]
+    with pytest.raises(CliError, match="cannot write"):
+        write_all(site, plan)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_where_a_folder_goes_is_refused(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "policies").write_text("", encoding="utf-8")
+    done = init(str(site), cwd=tmp_path)
+    assert done.returncode == 2 and "not a folder" in done.stderr
+    assert sorted(p.name for p in site.iterdir()) == ["policies"]
