@@ -8,8 +8,12 @@ STAMP  := $(VENV)/.installed-stamp
 
 # Debian packages the real-server tests need; installed by `make test` when run as root
 # (CI is), and only those missing. Without them (not root) those tests skip, except under
-# CI=true, where nothing may skip.
-TEST_PACKAGES := chromium fonts-liberation postfix dovecot-imapd dovecot-lmtpd
+# CI=true, where nothing may skip. postgresql-15: when nothing answers at
+# SENDLEDGER_TEST_PG_URL the test session starts a private cluster from its binaries
+# (tests/conftest.py); its own service is kept from starting. systemd: `systemd-analyze
+# verify` on the shipped unit and on the one `sendledger init` writes.
+TEST_PACKAGES := chromium fonts-liberation postfix dovecot-imapd dovecot-lmtpd postgresql-15 \
+	systemd
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +30,9 @@ test-packages:
 	@if [ -n "$(strip $(TEST_PACKAGES))" ] && [ "$$(id -u)" = 0 ]; then \
 		bash scripts/install-test-packages.sh $(TEST_PACKAGES); fi
 
-# The whole suite, then the static checks. Under CI=true the PostgreSQL tests must run.
+# The whole suite, then the static checks. Under CI=true the PostgreSQL tests must run: they
+# use SENDLEDGER_TEST_PG_URL when a server answers there, else one private cluster for the
+# session.
 test: $(STAMP) test-packages
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider tests
 	$(MAKE) --no-print-directory lint typecheck

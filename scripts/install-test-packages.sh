@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The Debian packages that the real-server tests use (Postfix, Dovecot, Chromium), installed
-# only when missing. Run as root by `make test`; elsewhere those tests skip with the reason.
+# The Debian packages that the real-server tests use (Postfix, Dovecot, Chromium, the
+# PostgreSQL 15 server binaries), installed only when missing. Run as root by `make test`;
+# elsewhere those tests skip with the reason.
 # The packages' own services are kept from starting: test fixtures run private instances on
 # loopback ports with configs in a temp folder.
 set -euo pipefail

@@ -1,14 +1,27 @@
-"""Fixtures shared by every tier: stores (SQLite file, PostgreSQL schema), clocks."""
+"""Fixtures shared by every tier: stores (SQLite file, PostgreSQL schema), clocks, the
+Hypothesis profile, and the session's PostgreSQL.
+
+PostgreSQL: the tests use the server at SENDLEDGER_TEST_PG_URL (every test makes its own
+schema). When none answers there, the session starts a private PostgreSQL 15 cluster in a
+temporary folder (tests/pg_cluster.py), points SENDLEDGER_TEST_PG_URL at it and stops it at
+the end. It is started in `pytest_configure` of the controlling process, before pytest-xdist
+starts its workers, which inherit the variable: one cluster per session however many workers.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+from tests.pg_cluster import SessionCluster, unavailable
 
 PG_URL = os.environ.get(
     "SENDLEDGER_TEST_PG_URL", "postgresql://sendledger:sendledger@127.0.0.1:5432/sendledger_test"
@@ -16,17 +29,86 @@ PG_URL = os.environ.get(
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 
-def _pg_unavailable_reason() -> str | None:
+# One Hypothesis profile for every property test, loaded before any test module is imported
+# (so every `@given` and every `@settings` inherits it): no per-example deadline, since two
+# cores shared by many runs make any wall-clock limit a coin toss, and the too_slow health
+# check off for the same reason; derandomized, so a failure in one run is the same failure in
+# the next, on any machine, and printed with its reproduction blob. A `@settings` may change
+# the example count, never bring a deadline back. HYPOTHESIS_PROFILE=explore draws fresh
+# random examples (still no deadline) for a local bug hunt.
+settings.register_profile(
+    "sendledger",
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "explore", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "sendledger"))
+
+
+def _pg_unavailable_reason(url: str | None = None) -> str | None:
+    url = url or PG_URL
     try:
         import psycopg
     except ImportError:  # pragma: no cover
         return "psycopg is not installed"
     try:
-        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
+        with psycopg.connect(url, connect_timeout=3) as conn:
             conn.execute("SELECT 1")
     except Exception as exc:
-        return f"PostgreSQL not reachable at {PG_URL.split('@')[-1]}: {exc}".splitlines()[0]
+        return f"PostgreSQL not reachable at {url.split('@')[-1]}: {exc}".splitlines()[0]
     return None
+
+
+_SESSION_CLUSTER = pytest.StashKey[SessionCluster]()
+# Why neither SENDLEDGER_TEST_PG_URL nor a private cluster can serve, as the controller found
+# it; passed to xdist workers in the environment.
+_FAILURE_VARIABLE = "PYTEST_SENDLEDGER_PG_FAILURE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controlling process only (an xdist worker has `workerinput`): when nothing
+    answers at PG_URL, start the session's private cluster and point PG_URL at it."""
+    global PG_URL
+    if hasattr(config, "workerinput") or config.option.help or config.option.collectonly:
+        return
+    os.environ.pop(_FAILURE_VARIABLE, None)
+    reason = _pg_unavailable_reason()
+    if reason is None:
+        return
+    why_not = unavailable()
+    if why_not is None:
+        try:
+            cluster = SessionCluster()
+            try:
+                cluster.start()
+            except BaseException:
+                cluster.close()
+                raise
+        except Exception as exc:  # reported by require_postgres, test by test
+            why_not = f"a private cluster did not start: {exc}".splitlines()[0]
+        else:
+            config.stash[_SESSION_CLUSTER] = cluster
+            PG_URL = cluster.url
+            os.environ["SENDLEDGER_TEST_PG_URL"] = cluster.url
+            return
+    os.environ[_FAILURE_VARIABLE] = f"{reason}; {why_not}"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cluster = config.stash.get(_SESSION_CLUSTER, None)
+    if cluster is not None:
+        cluster.close()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    cluster = config.stash.get(_SESSION_CLUSTER, None)
+    if cluster is not None:
+        return f"postgresql: private session cluster at {cluster.url} ({cluster.root})"
+    return f"postgresql: {PG_URL.split('@')[-1]}"
 
 
 _PG_REASON: list[str | None] = []
@@ -35,7 +117,7 @@ _PG_REASON: list[str | None] = []
 def require_postgres() -> None:
     """Skip without PostgreSQL, with the reason; under CI a skip is a failure."""
     if not _PG_REASON:
-        _PG_REASON.append(_pg_unavailable_reason())
+        _PG_REASON.append(os.environ.get(_FAILURE_VARIABLE) or _pg_unavailable_reason())
     reason = _PG_REASON[0]
     if reason is None:
         return
@@ -89,3 +171,50 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+class FakeTime:
+    """Injected monotonic seconds and sleep, for what paces itself (quota buckets): a
+    sleep moves the time at once and is recorded. Thread-safe, as workers share a bucket."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.sleeps: list[float] = []
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.now
+
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self.sleeps.append(seconds)
+            self.now += seconds
+
+
+@pytest.fixture
+def full_backlog_port() -> Iterator[int]:
+    """A loopback port whose listen queue is full, so a new SYN gets no answer and
+    connect() times out (Linux): a connect timeout, the one failure that looks like a read
+    timeout. Skips where the kernel accepts connections beyond the backlog."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers: list[socket.socket] = []
+    try:
+        for _ in range(4):
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            probe.settimeout(0.2)
+            fillers.append(probe)
+            try:
+                probe.connect(("127.0.0.1", port))
+            except TimeoutError:
+                break
+        else:
+            pytest.skip("this kernel accepts connections beyond the listen backlog")
+        yield port
+    finally:
+        for sock in fillers:
+            sock.close()
+        server.close()

@@ -5,7 +5,8 @@ Tests that stop or restart the database must never touch the shared cluster on 5
 other tests use in parallel. As root, the server runs as the `postgres` OS user (PostgreSQL
 refuses to run as root); otherwise as the current user. `unavailable()` says why a cluster
 cannot be made here (no binaries, no such user); `require_private_cluster` skips with it
-outside CI and fails under CI=true.
+outside CI and fails under CI=true. `SessionCluster` is the one the whole test session uses
+when no PostgreSQL answers at SENDLEDGER_TEST_PG_URL (see tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def _free_port() -> int:
 class PrivateCluster:
     """`with PrivateCluster() as pg:` initdb + start; `pg.url`; `pg.stop()`, `pg.start()`."""
 
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="sendledger-pg-"))
+    def __init__(self, prefix: str = "sendledger-pg-") -> None:
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self.port = _free_port()
@@ -131,3 +132,27 @@ class PrivateCluster:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class SessionCluster(PrivateCluster):
+    """A private cluster standing in for the shared one: started once per test session
+    (by the pytest controller, before any xdist worker starts), with the database the
+    shared cluster's URL names, `sendledger_test`, owned by the superuser `sendledger`."""
+
+    DATABASE = "sendledger_test"
+
+    def __init__(self) -> None:
+        super().__init__(prefix="sendledger-pg-session-")
+        self.url = f"postgresql://{USER}@127.0.0.1:{self.port}/{self.DATABASE}"
+
+    def start(self) -> None:
+        super().start()
+        import psycopg
+
+        admin = f"postgresql://{USER}@127.0.0.1:{self.port}/postgres"
+        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (self.DATABASE,)
+            ).fetchone()
+            if exists is None:
+                conn.execute(f'CREATE DATABASE "{self.DATABASE}"')

@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         audit,
         commands,
         demo,
+        init_command,
         probe,
         service_commands,
         testkit_commands,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     service_commands.register(sub)
     audit.register(sub)
     demo.register(sub)
+    init_command.register(sub)
     probe.register(sub)
     testkit_commands.register(sub)
     api_commands.register(sub)

@@ -14,7 +14,11 @@ saying what is missing and how to install it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
+import shlex
 import sys
 import tempfile
 import threading
@@ -66,6 +70,8 @@ irreversible = true
 max_attempts = 2
 retry_backoff = "500ms"
 retry_backoff_max = "3s"
+# A payout a human resent is counted once more when the index has surely caught up.
+verify_after = "{verify_after}"
 """,
 }
 
@@ -184,7 +190,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--lag", help="the emulator's search index lag (gmail only; default 2s)")
     p.add_argument("--timeout", default="90s", help="give up waiting for jobs to settle")
-    p.add_argument("--dir", help="work folder (default: a new temporary folder)")
+    p.add_argument(
+        "--keep",
+        "--dir",
+        dest="keep",
+        metavar="DIR",
+        help="the work folder, kept afterwards with its store and config so the commands the "
+        "demo suggests can be run (default: a new folder in the temporary folder, kept too)",
+    )
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     p.set_defaults(func=cmd_demo)
 
@@ -204,15 +217,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         lag = _seconds("--lag", args.lag or "2s", 0.0, 600.0)
         run = lambda folder: _demo(folder, lag, limit, args.json)  # noqa: E731
-    if args.dir:
-        folder = Path(args.dir)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise bad_input(f"--dir: cannot create {folder}: {exc.strerror}") from None
-        return run(folder)
-    with tempfile.TemporaryDirectory(prefix="sendledger-demo-") as tmp:
-        return run(Path(tmp))
+    return run(_work_folder(args.keep))
+
+
+def _work_folder(keep: str | None) -> Path:
+    """The folder the demo writes and leaves behind: `--keep DIR`, else a new one."""
+    if keep is None:
+        return Path(tempfile.mkdtemp(prefix="sendledger-demo-"))
+    folder = Path(os.path.abspath(keep))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise bad_input(f"--keep: cannot create {folder}: {exc.strerror}") from None
+    for name in ("sendledger.toml", "ledger.sqlite"):
+        if (folder / name).exists():
+            # A second run would meet the first run's jobs (same keys) and show nothing.
+            raise bad_input(f"--keep: {folder} already holds a demo ({name}); choose a new folder")
+    return folder
 
 
 def _seconds(option: str, value: str, low: float, high: float) -> float:
@@ -254,16 +275,16 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
             encoding="utf-8",
         )
         _intro(out, folder, emulator.url, relay.url, lag)
-        settled, ledger = _run_jobs(out, folder, limit, JOBS)
+        settled, ledger, operator = _run_jobs(out, folder, limit, JOBS, index_wait=lag + 1.0)
         try:
             copies = Counter(entry.get("message_id") for entry in emulator.accepted())
-            summary = _summary(ledger, copies, "bundled Gmail emulator (not Gmail)")
+            summary = _summary(ledger, copies, "bundled Gmail emulator (not Gmail)", operator)
         finally:
             ledger.close()
     finally:
         relay.stop()
         emulator.stop()
-    return _finish(summary, settled, as_json, GMAIL_WORDING)
+    return _finish(summary, settled, as_json, GMAIL_WORDING, folder, operator)
 
 
 def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
@@ -296,15 +317,18 @@ def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
         _intro_smtp(out, folder, servers, relay.port)
         # The servers deliver only to their own domain: every job goes to its one mailbox.
         jobs = [(c, k, _to_local(to), subject) for c, k, to, subject in JOBS]
-        settled, ledger = _run_jobs(out, folder, limit, jobs)
+        settled, ledger, operator = _run_jobs(out, folder, limit, jobs, index_wait=1.0)
         try:
             servers.settle()  # a copy Postfix still has queued counts too
             summary = _summary(
-                ledger, servers.message_ids(), "local Postfix + Dovecot (private instances)"
+                ledger,
+                servers.message_ids(),
+                "local Postfix + Dovecot (private instances)",
+                operator,
             )
         finally:
             ledger.close()
-    return _finish(summary, settled, as_json, SMTP_WORDING)
+    return _finish(summary, settled, as_json, SMTP_WORDING, folder, operator)
 
 
 def _to_local(to: str) -> str:
@@ -319,9 +343,17 @@ def _write_policies(folder: Path, **fields: str) -> None:
 
 
 def _run_jobs(
-    out: TextIO, folder: Path, limit: float, jobs: list[tuple[str, str, str, str]]
-) -> tuple[bool, Ledger]:
-    """Submit `jobs`, run the daemon until they settle (or `limit`); the open ledger."""
+    out: TextIO,
+    folder: Path,
+    limit: float,
+    jobs: list[tuple[str, str, str, str]],
+    *,
+    index_wait: float,
+) -> tuple[bool, Ledger, dict[str, Any] | None]:
+    """Submit `jobs`, run the daemon until they settle (or `limit`), let the operator
+    handle one job in review while the daemon still runs (searching no sooner than
+    `index_wait` after the job's last step, as a policy's search_after would), and wait for
+    the jobs to settle again; the open ledger and what the operator did."""
     settings = load_settings(folder / "sendledger.toml")
     policies = load_policy_dir(settings.policies_dir, known_providers=settings.providers)
     ledger = Ledger(settings.store.url, base_dir=settings.base_dir)
@@ -340,13 +372,84 @@ def _run_jobs(
     daemon = Daemon(service, settings.daemon.tick)
     runner = threading.Thread(target=daemon.serve, name="daemon", daemon=True)
     runner.start()
-    settled = _watch(out, ledger, limit)
+    started = time.monotonic()
+    seen: dict[str, str] = {}
+    settled = _watch(out, ledger, limit, seen)
+    operator = _operator_step(out, folder, ledger, index_wait) if settled else None
+    if operator is not None and operator["decision"] == "resend":
+        left = max(1.0, limit - (time.monotonic() - started))
+        settled = _watch(out, ledger, left, {} if out.isatty() else seen)
     daemon.request_stop()
     runner.join(timeout=30)
-    return settled, ledger
+    return settled, ledger, operator
 
 
-def _finish(summary: dict[str, Any], settled: bool, as_json: bool, wording: _Wording) -> int:
+OPERATOR = "demo-operator"
+
+
+def _cli(folder: Path, *args: str) -> tuple[int, str]:
+    """One `sendledger` command on the demo's config, in this process: its exit code and
+    what it printed (stdout and its one-line errors)."""
+    from daemon.cli import main
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        code = main(["--config", str(folder / "sendledger.toml"), *args])
+    return code, buffer.getvalue()
+
+
+def _operator_step(
+    out: TextIO, folder: Path, ledger: Ledger, index_wait: float
+) -> dict[str, Any] | None:
+    """What a human does with the first job in review: `review check` (a search of the
+    sender's mailbox now), then `review resolve` by what the search found: one copy is
+    `sent`, none (the index has long caught up) is `resend`, two or more are left for a
+    closer look. None when no job is in review."""
+    keys = [key for _c, key, _t, _s in JOBS if ledger.get_job(key).state is JobState.REVIEW]
+    if not keys:
+        return None
+    key = keys[0]
+    # An empty search before the index has caught up proves nothing: wait as long as the
+    # daemon's own searches would.
+    last_step = ledger.history(key)[-1].timestamp
+    time.sleep(max(0.0, index_wait - (ledger.clock() - last_step).total_seconds()))
+    print(f"\nA human takes {key} out of review ({ledger.get_job(key).reason}):", file=out)
+    print(f"  $ sendledger review check {key}", file=out)
+    code, text = _cli(folder, "review", "check", key, "--json")
+    if code != 0:
+        print(f"    {text.strip()}", file=out)
+        return {"key": key, "check": None, "decision": None}
+    hits = json.loads(text)["hits"]
+    print(
+        f"    {len(hits)} SENT cop{'y' if len(hits) == 1 else 'ies'} found for "
+        f"{json.loads(text)['message_id']}",
+        file=out,
+    )
+    for hit in hits:
+        print(f"    {hit['provider_message_id']}  {','.join(hit['labels'])}", file=out)
+    if len(hits) > 1:
+        print("    two or more: a duplicate, left in review for a closer look", file=out)
+        return {"key": key, "check": len(hits), "decision": None}
+    decision = "sent" if hits else "resend"
+    note = f"review check found {len(hits)} cop{'y' if len(hits) == 1 else 'ies'}"
+    resolve = ["review", "resolve", key, "--as", decision, "--note", note, "--by", OPERATOR]
+    print(f"  $ sendledger {shlex.join(resolve)}", file=out)
+    code, text = _cli(folder, *resolve)
+    print(f"    {text.strip()}", file=out)
+    return {"key": key, "check": len(hits), "decision": decision if code == 0 else None}
+
+
+def _finish(
+    summary: dict[str, Any],
+    settled: bool,
+    as_json: bool,
+    wording: _Wording,
+    folder: Path,
+    operator: dict[str, Any] | None,
+) -> int:
+    summary["folder"] = str(folder)
+    summary["operator"] = operator
+    summary["commands"] = _suggestions(folder, summary["jobs"])
     _print_summary(sys.stdout, summary, settled, as_json, wording)
     problems = [row for row in summary["jobs"] if row["verdict"] != "ok"]
     return 0 if settled and not problems else 1
@@ -390,25 +493,55 @@ def _rows(ledger: Ledger) -> list[dict[str, Any]]:
                 "attempts": job.attempts,
                 "searches": job.searches,
                 "verifying": job.verifying,
-                "reason": (job.reason or "")[:58],
+                "reason": _observed(job),
             }
         )
     return rows
 
 
-def _watch(out: TextIO, ledger: Ledger, limit: float) -> bool:
+def _observed(job: Any) -> str:
+    """What the job's latest step observed, in words; a review says it waits for a human."""
+    reason = job.reason or ""
+    if job.state is JobState.REVIEW:
+        return f"waiting for a human: {reason}"
+    return reason
+
+
+def clip_words(text: str, width: int) -> str:
+    """`text` in at most `width` characters, cut at a word boundary, never inside a word;
+    a first word longer than `width` is kept whole (the column grows)."""
+    if len(text) <= width:
+        return text
+    head = text[: width - 1]
+    if text[width - 1] == " ":
+        cut = head
+    elif " " in head:
+        cut = head.rsplit(" ", 1)[0]
+    else:
+        cut = text.split(" ", 1)[0]
+    cut = cut.rstrip(" ,;:")
+    return text if cut == text else f"{cut}…"
+
+
+# The live table's reason column, in a terminal: the rest of the line is taken.
+_REASON_WIDTH = 58
+
+
+def _watch(out: TextIO, ledger: Ledger, limit: float, seen: dict[str, str]) -> bool:
+    """Show each job's progress until all settle (True) or `limit` passes (False); `seen`
+    holds what was shown already, so a second watch only prints what changed."""
     tty = out.isatty()
     started = time.monotonic()
-    seen: dict[str, str] = {}
     columns = ["key", "channel", "state", "attempts", "searches", "reason"]
     while True:
         rows = _rows(ledger)
         elapsed = time.monotonic() - started
         if tty:
+            shown = [{**r, "reason": clip_words(r["reason"], _REASON_WIDTH)} for r in rows]
             out.write("\x1b[s" if not seen else "\x1b[u\x1b[J")
-            out.write(output.table(rows, columns) + f"\n\n  t={elapsed:5.1f}s\n")
+            out.write(output.table(shown, columns) + f"\n\n  t={elapsed:5.1f}s\n")
             out.flush()
-            seen = {r["key"]: r["state"] for r in rows}
+            seen.update({r["key"]: r["state"] for r in rows})
         else:
             for row in rows:
                 state = f"{row['state']} (attempts {row['attempts']}, searches {row['searches']})"
@@ -431,19 +564,29 @@ def _watch(out: TextIO, ledger: Ledger, limit: float) -> bool:
 _SETTLED = {JobState.CONFIRMED, JobState.REVIEW, JobState.ABANDONED}
 
 
-def _summary(ledger: Ledger, copies: Counter[Any], against: str) -> dict[str, Any]:
-    """Each job's state against the copies counted where the effects happen."""
+def _summary(
+    ledger: Ledger, copies: Counter[Any], against: str, operator: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Each job's state against the copies counted where the effects happen, and who
+    settled it: the daemon, or the daemon after a human's decision."""
     jobs = []
+    human = {operator["key"]: operator["decision"]} if operator and operator["decision"] else {}
     for channel, key, _to, _subject in JOBS:
         job = ledger.get_job(key)
         count = copies.get(job.message_id, 0)
         if job.state is JobState.CONFIRMED:
             verdict = "ok" if count == 1 else f"WRONG: {count} copies"
+            outcome = {
+                "sent": "confirmed by a human",
+                "resend": "confirmed, resent by a human",
+            }.get(human.get(key, ""), "confirmed")
         elif job.state is JobState.REVIEW:
             # A human gets the Message-ID; the daemon must not have sent it twice.
             verdict = "ok" if count <= 1 else f"WRONG: {count} copies"
+            outcome = "WAITING FOR A HUMAN"
         else:
             verdict = "ok" if count == 0 else f"{count} copies"
+            outcome = job.state.value
         jobs.append(
             {
                 "key": key,
@@ -453,6 +596,7 @@ def _summary(ledger: Ledger, copies: Counter[Any], against: str) -> dict[str, An
                 "attempts": job.attempts,
                 "reason": job.reason,
                 "message_id": job.message_id,
+                "outcome": outcome,
                 "verdict": verdict,
             }
         )
@@ -463,6 +607,23 @@ def _summary(ledger: Ledger, copies: Counter[Any], against: str) -> dict[str, An
     }
 
 
+def _suggestions(folder: Path, jobs: list[dict[str, Any]]) -> list[str]:
+    """Commands that work on the kept folder after the demo has exited: they read or
+    change the store only (a `review check` searches the mailbox, and the demo's provider
+    stops with the demo)."""
+    from daemon.init_command import console_command
+
+    base = shlex.join([*console_command(), "--config", str(folder / "sendledger.toml")])
+    waiting = [j["key"] for j in jobs if j["state"] == "review"]
+    resent = [j["key"] for j in jobs if j["state"] == "confirmed" and j["attempts"] > 1]
+    commands = [f"{base} review list", f"{base} audit --format table"]
+    if resent:
+        commands.append(f"{base} history {shlex.quote(resent[0])}")
+    # `review show` prints the job's history and the commands a human would run next.
+    commands += [f"{base} review show {shlex.quote(key)}" for key in waiting[:1]]
+    return commands
+
+
 def _print_summary(
     out: TextIO, summary: dict[str, Any], settled: bool, as_json: bool, wording: _Wording
 ) -> None:
@@ -471,22 +632,34 @@ def _print_summary(
         return
     print(f"\n{wording.heading}", file=out)
     print(
-        output.table(summary["jobs"], ["key", "channel", "state", "attempts", "copies", "verdict"]),
+        output.table(
+            summary["jobs"], ["key", "channel", "state", "attempts", "copies", "outcome", "verdict"]
+        ),
         file=out,
     )
-    confirmed = sum(1 for j in summary["jobs"] if j["state"] == "confirmed")
-    review = [j for j in summary["jobs"] if j["state"] == "review"]
+    outcomes = Counter(j["outcome"] for j in summary["jobs"])
+    by_human = outcomes["confirmed by a human"] + outcomes["confirmed, resent by a human"]
     print(
-        f"\n{confirmed} confirmed, {len(review)} in review, "
-        f"{summary['accepted_total']} {wording.total}.",
+        f"\n{outcomes['confirmed']} confirmed by the daemon alone, {by_human} after a "
+        f"human's decision, {outcomes['WAITING FOR A HUMAN']} waiting for a human; "
+        f"{summary['accepted_total']} {wording.total}.\nVERDICT ok: the copies counted agree "
+        "with the state (one for a confirmed job, at most one for a job in review).",
         file=out,
     )
-    for job in review:
-        print(
-            f"  review: {job['key']} ({job['reason']}); handle {job['message_id']}; "
-            f"a human runs `sendledger review check {job['key']}`",
-            file=out,
-        )
+    for job in summary["jobs"]:
+        if job["state"] == "review":
+            print(
+                f"  waiting: {job['key']} ({job['reason']}), Message-ID {job['message_id']}",
+                file=out,
+            )
     print(wording.closing, file=out)
     if not settled:
         print("Some jobs did not settle in time.", file=out)
+    print(
+        f"\nThe work folder is kept: {summary['folder']}\n(the store ledger.sqlite, the "
+        "config sendledger.toml, policies/). These commands read what the demo left\n"
+        "(`review check` searches the mailbox: its provider stopped with the demo):",
+        file=out,
+    )
+    for command in summary["commands"]:
+        print(f"  {command}", file=out)

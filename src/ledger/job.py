@@ -1,8 +1,10 @@
 """The SendJob aggregate: one send job's whole life as events.
 
 Event topics are explicit ("sendledger:SendJob.Requested", ...) so that moving or renaming
-this module never orphans stored history, and the stored shape of every event is the one
-the first release wrote (``tests/fixtures/store-v1`` proves old stores load).
+this module never orphans stored history. An event whose stored shape changed carries a
+``class_version`` and an ``upcast_vN_vM`` per change (Requested is at version 4, Attempted
+at 2), so every event any release wrote still loads (``tests/fixtures/store-v1`` proves a
+first-release store does).
 
 Commands are named after facts: a claim before a provider call, the call's outcome, a
 search's result, a human's resolution. Each takes the policy's typed decision
@@ -490,7 +492,7 @@ class SendJob(Aggregate):
             self._resend(query, decision, at)
         elif isinstance(decision, decide.Review):
             self._record_miss(query, None, decision.policy, at)
-            self._escalate(decision, f"{self.misses} empty searches", at)
+            self._escalate(decision, f"no copy found in {self.misses} searches", at)
         else:
             raise self._refuse(action, "the outcome is unknown, nothing to verify")
 
@@ -595,7 +597,8 @@ class SendJob(Aggregate):
         self.trigger_event(
             self.Requeued,
             timestamp=at,
-            reason=f"{misses} empty searches: not sent",
+            # What was observed, not what it is taken to mean: the policy believes the miss.
+            reason=f"no copy found in {misses} searches: sending again (same Message-ID)",
             due_at=max(decision.at, at),
             misses_required=decision.misses_required,
             **decision.policy.event_fields(),

@@ -1,10 +1,13 @@
 """Running `sendledger demo --json` as a process and checking what every demo promises,
 whatever the provider: every job settled with its verdict ok, one copy per confirmed job,
-and the irreversible payouts never sent twice."""
+the irreversible payouts never sent twice, a job in review shown as waiting for a human, one
+taken out of review by the scripted operator, and a kept folder on which every command the
+demo suggests runs."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +31,41 @@ def run_demo(*args: str, timeout: float) -> tuple[dict[str, Any], subprocess.Com
     assert all(job["copies"] == 1 for job in jobs if job["state"] == "confirmed"), jobs
     # The irreversible channel never resends on its own: at most one copy each. (A second
     # attempt is allowed only after a definite refusal such as a 429, when nothing was sent;
-    # which job meets which of the relay's faults depends on the order of concurrent sends.)
+    # which job meets which of the relay's faults depends on the order of concurrent sends;
+    # the one a human resent may have one attempt more.)
+    resent = summary["operator"]["key"] if summary["operator"] else None
     payouts = [job for job in jobs if job["channel"] == "payouts"]
-    assert all(job["copies"] <= 1 and job["attempts"] <= 2 for job in payouts), payouts
+    for job in payouts:
+        assert job["copies"] <= 1, payouts
+        assert job["attempts"] <= (3 if job["key"] == resent else 2), payouts
+    _check_humans(jobs, summary["operator"])
+    _check_kept_folder(Path(summary["folder"]), summary["commands"])
     return summary, result
+
+
+def _check_humans(jobs: list[dict[str, Any]], operator: dict[str, Any] | None) -> None:
+    """Waiting for a human is never shown as done; the operator's job shows who settled it."""
+    for job in jobs:
+        if job["state"] == "review":
+            assert job["outcome"] == "WAITING FOR A HUMAN", job
+        else:
+            assert job["outcome"].startswith("confirmed"), job
+    if operator is None:  # only when no job needed a human this run
+        assert not any(job["state"] == "review" for job in jobs), jobs
+        return
+    assert operator["check"] in (0, 1) and operator["decision"] in ("sent", "resend"), operator
+    resolved = next(job for job in jobs if job["key"] == operator["key"])
+    assert resolved["state"] == "confirmed" and resolved["copies"] == 1, resolved
+    expected = {"sent": "confirmed by a human", "resend": "confirmed, resent by a human"}
+    assert resolved["outcome"] == expected[operator["decision"]], resolved
+
+
+def _check_kept_folder(folder: Path, commands: list[str]) -> None:
+    """The store and config are left behind, and every suggested command runs on them."""
+    assert (folder / "ledger.sqlite").is_file() and (folder / "sendledger.toml").is_file()
+    assert commands
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == SENDLEDGER, command
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"{command}: {done.stderr}"

@@ -69,30 +69,9 @@ def dead_url() -> str:
 
 
 @pytest.fixture
-def unanswered_url() -> Iterator[str]:
-    """An http URL whose connect() times out: a listening socket with a full accept
-    queue, so new SYNs get no answer (Linux). Skips where the kernel behaves otherwise."""
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen(0)
-    port = server.getsockname()[1]
-    fillers: list[socket.socket] = []
-    try:
-        for _ in range(4):
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            probe.settimeout(0.2)
-            fillers.append(probe)
-            try:
-                probe.connect(("127.0.0.1", port))
-            except TimeoutError:
-                break
-        else:
-            pytest.skip("this kernel accepts connections beyond the listen backlog")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        for sock in fillers:
-            sock.close()
-        server.close()
+def unanswered_url(full_backlog_port: int) -> str:
+    """An http URL whose connect() times out (`full_backlog_port`, tests/conftest.py)."""
+    return f"http://127.0.0.1:{full_backlog_port}"
 
 
 GmailProviderFactory = Callable[..., GmailProvider]

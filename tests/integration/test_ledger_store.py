@@ -314,7 +314,7 @@ def test_a_jobs_life_keeps_the_index_row_in_step(ledger: Ledger, clock: FakeCloc
         ["SearchedMiss", "Requeued"],
         state="requested",
         due_at=at(600),
-        reason="2 empty searches: not sent",
+        reason="no copy found in 2 searches: sending again (same Message-ID)",
         attempts=1,
     )
     step(

@@ -864,7 +864,7 @@ def test_believed_misses_resend_with_the_same_message_id(clock: FakeClock) -> No
     assert kinds(events) == [SendJob.SearchedMiss, SendJob.Requeued]
     missed, requeued = events
     assert (missed.search, missed.next_search_at, missed.query) == (2, None, QUERY)
-    assert requeued.reason == "2 empty searches: not sent"
+    assert requeued.reason == "no copy found in 2 searches: sending again (same Message-ID)"
     assert (requeued.due_at, requeued.misses_required) == (resend_at, 2)
     assert ref(missed) == ref(requeued) == RELOADED
     assert job.state is JobState.REQUESTED
@@ -872,7 +872,7 @@ def test_believed_misses_resend_with_the_same_message_id(clock: FakeClock) -> No
     assert (job.searches, job.misses) == (0, 0)
     assert job.resent
     assert job.message_id == MESSAGE_ID
-    assert job.reason == "2 empty searches: not sent"
+    assert job.reason == "no copy found in 2 searches: sending again (same Message-ID)"
     refused(job, lambda: claim(job, clock), "not due before")
     clock.advance(5)
     assert claim(job, clock) == 2
@@ -913,7 +913,10 @@ def test_believed_misses_for_review(clock: FakeClock) -> None:
     assert kinds(events) == [SendJob.SearchedMiss, SendJob.Escalated]
     missed, escalated = events
     assert (missed.search, missed.next_search_at) == (2, None)
-    assert (escalated.reason, escalated.detail) == ("unknown-outcome", "2 empty searches")
+    assert (escalated.reason, escalated.detail) == (
+        "unknown-outcome",
+        "no copy found in 2 searches",
+    )
     assert ref(missed) == ref(escalated) == RELOADED
     assert job.state is JobState.REVIEW
     assert not job.resent

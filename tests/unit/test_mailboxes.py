@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.conftest import FakeTime
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.engine import Engine
@@ -95,17 +96,6 @@ def test_bad_pattern_names_allowed_from() -> None:
         policy("receipts", allowed_from=["sales@[ab].com"])
     with pytest.raises(SenderRefused):
         policy("receipts").sender_for("x@example.com")
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def test_one_bucket_per_mailbox_and_a_throttled_one_holds_one_worker(tmp_path: Path) -> None:

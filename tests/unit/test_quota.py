@@ -5,29 +5,14 @@ from __future__ import annotations
 import threading
 
 import pytest
+from tests.conftest import FakeTime
 
 from daemon.providers.quota import TokenBucket
 
 
-class FakeTime:
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-        self.sleeps: list[float] = []
-        self._lock = threading.Lock()
-
-    def clock(self) -> float:
-        with self._lock:
-            return self.now
-
-    def sleep(self, seconds: float) -> None:
-        with self._lock:
-            self.sleeps.append(seconds)
-            self.now += seconds
-
-
 def bucket(rate: float = 250.0, capacity: float | None = None) -> tuple[TokenBucket, FakeTime]:
     t = FakeTime()
-    return TokenBucket(rate, capacity, clock=t.clock, sleep=t.sleep), t
+    return TokenBucket(rate, capacity, clock=t, sleep=t.sleep), t
 
 
 def test_starts_full_and_does_not_sleep_within_capacity() -> None:

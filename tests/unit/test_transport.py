@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
@@ -264,33 +263,6 @@ def test_timeout_is_required() -> None:
 
 
 # -- real sockets on loopback ------------------------------------------------------------------
-
-
-@pytest.fixture
-def full_backlog_port() -> Iterator[int]:
-    """A listening port whose accept queue is full: a new SYN gets no answer, so connect()
-    times out - a connect timeout, the one failure that looks like a read timeout."""
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen(0)
-    port = server.getsockname()[1]
-    fillers: list[socket.socket] = []
-    try:
-        for _ in range(4):
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            probe.settimeout(0.2)
-            fillers.append(probe)
-            try:
-                probe.connect(("127.0.0.1", port))
-            except TimeoutError:
-                break
-        else:
-            pytest.skip("this kernel accepts connections beyond the backlog")
-        yield port
-    finally:
-        for sock in fillers:
-            sock.close()
-        server.close()
 
 
 def test_real_connect_timeout_is_not_sent(full_backlog_port: int) -> None:

@@ -1,0 +1,467 @@
+"""`sendledger init [DIR] [--provider gmail|smtp-imap|graph] [--mailbox ADDRESS]`: a working
+starting point in DIR (README "Quick start").
+
+It writes a commented config with only the keys a first run needs, two channel policies (one
+that resends after an unknown outcome is ruled out, one that hands every unknown outcome to
+a human), an API token file readable by its owner only, a first job to submit, and a systemd
+unit whose paths are this installation's (the console script next to the running
+interpreter, DIR). It never overwrites: every path is checked before the first is written,
+and a file is created only if it does not exist (O_EXCL), so a refused or failed init leaves
+nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import grp
+import json
+import os
+import pwd
+import secrets
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from daemon.errors import EXIT_OK, bad_input
+from ledger.addresses import AddressError, Mailbox, parse_mailbox
+
+PROVIDERS = ("gmail", "smtp-imap", "graph")
+# The [providers.NAME] each kind gets; the policies name it.
+PROVIDER_NAMES = {"gmail": "gmail", "smtp-imap": "mail", "graph": "m365"}
+RETRY_CHANNEL = "receipts"
+REVIEW_CHANNEL = "notices"
+FIRST_KEY = "first-job-1"
+TOKEN_NAME = "admin"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One file init writes: where (relative to DIR), what, its mode, and what it is for."""
+
+    path: str
+    text: str
+    mode: int
+    about: str
+
+
+@dataclass(frozen=True)
+class Installation:
+    """What the written files point at."""
+
+    folder: Path  # DIR, absolute
+    command: list[str]  # how to run sendledger here
+    user: str
+    group: str
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "init",
+        help="write a starting config, two channel policies, an API token and a systemd unit",
+        description="Write a working starting point into DIR (default: the current folder): "
+        "sendledger.toml, policies/, api-tokens (0600), first-job.json and sendledger.service. "
+        "Refuses (exit 2) if any of those files exists; nothing is overwritten.",
+    )
+    p.add_argument("dir", nargs="?", default=".", metavar="DIR", help="folder (created if missing)")
+    p.add_argument("--provider", choices=PROVIDERS, default="gmail", help="default: gmail")
+    p.add_argument(
+        "--mailbox",
+        default="support@example.com",
+        help="the mailbox that sends: the provider's user and the policies' From "
+        "(default: support@example.com, to edit later)",
+    )
+    p.set_defaults(func=cmd_init)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    try:
+        mailbox = parse_mailbox(args.mailbox)
+    except AddressError as exc:
+        raise bad_input(f"--mailbox: {exc}") from None
+    if mailbox.display_name:
+        raise bad_input("--mailbox: an address without a display name (support@example.com)")
+    folder = Path(os.path.abspath(args.dir))
+    if folder.exists() and not folder.is_dir():
+        raise bad_input(f"DIR: {folder} exists and is not a folder")
+    unsafe = _unit_unsafe(str(folder))
+    if unsafe:
+        raise bad_input(f"DIR: {folder}: {unsafe}, which a systemd unit cannot name")
+    here = installation(folder)
+    plan = planned_files(args.provider, mailbox, here)
+    existing = [p.path for p in plan if (folder / p.path).exists()]
+    for item in plan:
+        for parent in (folder / item.path).parents:
+            if parent.exists() and not parent.is_dir():
+                raise bad_input(f"init: {parent} is not a folder; nothing was written")
+    if existing:
+        raise bad_input(
+            f"init: {folder} already has {', '.join(existing)}; nothing was written "
+            "(move them away or choose another DIR)"
+        )
+    write_all(folder, plan)
+    print(summary(args.provider, mailbox, here, plan))
+    return EXIT_OK
+
+
+def console_command() -> list[str]:
+    """How to run this installation's sendledger: the console script next to the running
+    interpreter, else `python -m daemon`. The venv's bin folder as the interpreter was
+    started from it: resolving the symlink would name the system python, outside the venv."""
+    script = Path(os.path.abspath(sys.executable)).with_name("sendledger")
+    return [str(script)] if os.access(script, os.X_OK) else [sys.executable, "-m", "daemon"]
+
+
+def installation(folder: Path) -> Installation:
+    command = console_command()
+    uid, gid = os.geteuid(), os.getegid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    try:
+        group = grp.getgrgid(gid).gr_name
+    except KeyError:
+        group = str(gid)
+    return Installation(folder, command, user, group)
+
+
+def write_all(folder: Path, plan: list[Planned]) -> None:
+    """Create every file exclusively; on any failure remove the files and folders this
+    call created."""
+    created: list[Path] = []
+    try:
+        for item in plan:
+            path = folder / item.path
+            missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            created.extend(reversed(missing))  # removed in reverse: files, then folders
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, item.mode)
+            created.append(path)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(item.text)
+            os.chmod(path, item.mode)  # the umask may have taken bits the file needs
+    except FileExistsError as exc:
+        _remove(created)
+        raise bad_input(f"init: {exc.filename} appeared while writing; nothing was kept") from None
+    except OSError as exc:
+        _remove(created)
+        raise bad_input(f"init: cannot write {exc.filename}: {exc.strerror}") from None
+
+
+def _remove(paths: list[Path]) -> None:
+    """Files first, then folders, each folder only if it is empty."""
+    for path in reversed(paths):
+        with contextlib.suppress(OSError):
+            if path.is_dir():
+                path.rmdir()
+            else:
+                path.unlink(missing_ok=True)
+
+
+def planned_files(provider: str, mailbox: Mailbox, here: Installation) -> list[Planned]:
+    name = PROVIDER_NAMES[provider]
+    return [
+        Planned("sendledger.toml", config_text(provider, mailbox), 0o644, "the config"),
+        Planned(
+            f"policies/{RETRY_CHANNEL}.toml",
+            retry_policy(name, mailbox),
+            0o644,
+            f'channel "{RETRY_CHANNEL}": on_unknown = "retry"',
+        ),
+        Planned(
+            f"policies/{REVIEW_CHANNEL}.toml",
+            review_policy(name, mailbox),
+            0o644,
+            f'channel "{REVIEW_CHANNEL}": on_unknown = "review"',
+        ),
+        Planned(
+            "api-tokens",
+            f"{TOKEN_NAME}:{secrets.token_urlsafe(32)}\n",
+            0o600,
+            f'the API token "{TOKEN_NAME}" (mode 0600)',
+        ),
+        Planned("first-job.json", first_job(mailbox), 0o644, "a job to submit"),
+        Planned("sendledger.service", unit_text(here), 0o644, "a systemd unit for this install"),
+    ]
+
+
+# -- the files ------------------------------------------------------------------------------
+
+_CONFIG_HEAD = """\
+# sendledger configuration, written by `sendledger init`: only what a first run needs.
+# Every other setting, commented, is in config.example.toml (README "Configuration").
+# Relative paths are relative to this file's folder. Any key can be overridden from the
+# environment: SENDLEDGER_<SECTION>__<KEY>, e.g. SENDLEDGER_STORE__URL.
+
+[store]
+# One SQLite file next to this config. Several daemons sharing the work: a
+# postgresql://user@host:5432/db URL (README "Performance and scaling").
+url = "sqlite:///ledger.sqlite"
+
+[daemon]
+# One TOML file per channel; `sendledger policy check` validates them, SIGHUP reloads.
+policies_dir = "policies"
+
+[api]
+# The HTTP API, /healthz, /metrics and the review page /ui/ (README "HTTP API"), served by
+# `sendledger run`. Loopback only: put a TLS proxy in front to reach it from elsewhere.
+listen = "127.0.0.1:8025"
+# One "name:token" a line; the name is recorded as who resolved a review.
+token_file = "api-tokens"
+
+"""
+
+_PROVIDER_SECTIONS: dict[str, Callable[[Mailbox], str]] = {
+    "gmail": lambda m: (
+        f"""\
+[providers.gmail]
+kind = "gmail"
+# EDIT: a service-account JSON with domain-wide delegation for `user` (scopes gmail.send
+# and gmail.readonly), or an authorized_user JSON with user = "me". README "Gmail setup".
+credentials_file = "gmail-service-account.json"
+# EDIT: the mailbox that sends; the policies' `from` must be this address.
+user = "{m.addr_spec}"
+# Every call to Gmail (send, search, read-back) gives up after this long.
+timeout = "30s"
+"""
+    ),
+    "smtp-imap": lambda m: (
+        f"""\
+[providers.mail]
+kind = "smtp-imap"
+# EDIT: your provider's submission and IMAP servers (README "Providers").
+smtp_host = "smtp.{m.domain}"
+smtp_port = 587
+smtp_security = "starttls"           # "tls" (implicit, usually 465), "starttls" (587)
+imap_host = "imap.{m.domain}"
+imap_port = 993
+imap_security = "tls"
+# EDIT: the login for both; also the envelope sender.
+username = "{m.addr_spec}"
+# The password is this file's first line (chmod 600).
+password_file = "mail-password"
+# "server": the submission server files the sent copy (Gmail, Microsoft 365, most hosts);
+# the search of the sent folder depends on it.
+sent_copy = "server"
+timeout = "30s"
+"""
+    ),
+    "graph": lambda m: (
+        f"""\
+[providers.m365]
+kind = "graph"
+# EDIT: the Entra ID (Azure AD) tenant and the app registration with the application
+# permission Mail.Send and Mail.Read for `user` (README "Providers").
+tenant_id = "00000000-0000-0000-0000-000000000000"
+client_id = "00000000-0000-0000-0000-000000000000"
+# The client secret is this file's first line (chmod 600).
+client_secret_file = "graph-secret"
+# EDIT: the mailbox that sends; the policies' `from` must be this address.
+user = "{m.addr_spec}"
+timeout = "30s"
+"""
+    ),
+}
+
+_SECRETS = {
+    "gmail": "gmail-service-account.json",
+    "smtp-imap": "mail-password",
+    "graph": "graph-secret",
+}
+
+
+def config_text(provider: str, mailbox: Mailbox) -> str:
+    return _CONFIG_HEAD + _PROVIDER_SECTIONS[provider](mailbox)
+
+
+def _policy_head(provider_name: str, mailbox: Mailbox) -> str:
+    return (
+        f'provider = "{provider_name}"\n'
+        f'from = "Support <{mailbox.addr_spec}>"\n'
+        "# Every job's Message-ID ends in @this domain; keep it once jobs exist.\n"
+        f'message_id_domain = "mail.{mailbox.domain}"\n'
+    )
+
+
+def retry_policy(provider_name: str, mailbox: Mailbox) -> str:
+    return (
+        '# A channel where a second copy would be a nuisance, not a harm (README "Channel\n'
+        '# policies"). After an unknown outcome the daemon waits, searches the sent mail,\n'
+        "# confirms one copy, and resends (same Message-ID) only after `confirm_misses`\n"
+        "# searches found none.\n" + _policy_head(provider_name, mailbox) + 'on_unknown = "retry"\n'
+        'search_after = "5m"                  # the search index lags behind the send\n'
+        "confirm_misses = 2\n"
+        "max_attempts = 3\n"
+    )
+
+
+def review_policy(provider_name: str, mailbox: Mailbox) -> str:
+    return (
+        "# A channel where a second copy would do harm: every unknown outcome goes to a\n"
+        "# human, who runs `sendledger review check KEY` (a search now) and then\n"
+        "# `sendledger review resolve KEY --as sent|resend|abandon`.\n"
+        + _policy_head(provider_name, mailbox)
+        + 'on_unknown = "review"\n'
+        "irreversible = true                  # never resend without a human\n"
+    )
+
+
+def first_job(mailbox: Mailbox) -> str:
+    job = {
+        "channel": RETRY_CHANNEL,
+        "key": FIRST_KEY,
+        "to": mailbox.addr_spec,
+        "subject": "sendledger works",
+        "body": "This message was sent by sendledger, to the mailbox it sends from.\n",
+    }
+    return json.dumps(job, indent=2) + "\n"
+
+
+_HARDENING = """\
+NoNewPrivileges=yes
+ProtectSystem=strict
+PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+ProtectProc=invisible
+ProcSubset=pid
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+RemoveIPC=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallFilter=~@privileged @resources
+CapabilityBoundingSet=
+AmbientCapabilities=
+UMask=0077
+"""
+
+_HOMES = ("/home", "/root", "/run/user")
+
+
+def _under(path: str, tops: tuple[str, ...]) -> bool:
+    return any(path == top or path.startswith(top + "/") for top in tops)
+
+
+def _under_home(path: str) -> bool:
+    return _under(path, _HOMES)
+
+
+def _unit_unsafe(value: str) -> str | None:
+    """Why a path cannot be written into a unit file (None: it can)."""
+    for char in value:
+        if char in "\n\r\"'\\" or not char.isprintable():
+            return f"it contains {char!r}"
+    return None
+
+
+def _specifiers_escaped(value: str) -> str:
+    """`%` doubled: systemd reads `%x` as a specifier."""
+    return value.replace("%", "%%")
+
+
+def _unit_word(value: str) -> str:
+    """One argument of a unit's command line or path list, quoted when it holds a space."""
+    value = _specifiers_escaped(value)
+    return f'"{value}"' if " " in value else value
+
+
+def unit_text(here: Installation) -> str:
+    folder = str(here.folder)
+    config = str(here.folder / "sendledger.toml")
+    exec_start = " ".join(_unit_word(w) for w in [*here.command, "--config", config, "run"])
+    # ProtectHome=yes hides every home folder; when this installation lives in one, the
+    # daemon still needs to read it (and write DIR, which ReadWritePaths grants).
+    homes = "read-only" if _under_home(folder) or _under_home(here.command[0]) else "yes"
+    # PrivateTmp=yes would mount an empty /tmp over a DIR kept there.
+    private_tmp = "no" if _under(folder, ("/tmp", "/var/tmp")) else "yes"
+    root_note = (
+        "# As written it runs as root. Better: a user of its own, e.g.\n"
+        f"#   useradd --system --home {folder} sendledger && chown -R sendledger {folder}\n"
+        "# then User=sendledger and Group=sendledger below.\n"
+        if here.user == "root"
+        else ""
+    )
+    return f"""\
+# sendledger, written by `sendledger init` for this installation (README "Running under
+# systemd"). Install and start it:
+#   sudo cp {_unit_word(str(here.folder / "sendledger.service"))} /etc/systemd/system/
+#   sudo systemctl daemon-reload && sudo systemctl enable --now sendledger
+{root_note}
+[Unit]
+Description=sendledger email send ledger and reconciler
+# The commented config this unit runs with; it names the README sections for the rest.
+Documentation={_specifiers_escaped((here.folder / "sendledger.toml").as_uri())}
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={exec_start}
+ExecReload=/bin/kill -HUP $MAINPID
+# SIGTERM lets in-flight provider calls finish and record their outcome.
+KillSignal=SIGTERM
+TimeoutStopSec=30
+WatchdogSec=60
+Restart=on-failure
+RestartSec=5
+User={here.user}
+Group={here.group}
+WorkingDirectory={_specifiers_escaped(folder)}
+Environment=PYTHONUNBUFFERED=1
+
+# Hardening: the daemon needs its folder (config, policies, store), its secrets and
+# outbound HTTPS, SMTP or IMAP.
+ReadWritePaths={_unit_word(folder)}
+ProtectHome={homes}
+PrivateTmp={private_tmp}
+{_HARDENING}
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+# -- what to do next -----------------------------------------------------------------------
+
+
+def summary(provider: str, mailbox: Mailbox, here: Installation, plan: list[Planned]) -> str:
+    folder = here.folder
+    cli = " ".join(shlex.quote(w) for w in here.command)
+    config = shlex.quote(str(folder / "sendledger.toml"))
+    width = max(len(p.path) for p in plan)
+    lines = [f"sendledger init: wrote {folder}/"]
+    lines += [f"  {p.path.ljust(width)}  {p.about}" for p in plan]
+    secret = _SECRETS[provider]
+    lines += [
+        "",
+        "Before the first run:",
+        f"  put the provider's secret in {folder / secret} (chmod 600),",
+        f"  and check the lines marked EDIT in {folder / 'sendledger.toml'}"
+        + (" (user: the mailbox that sends)." if provider != "smtp-imap" else "."),
+    ]
+    if mailbox.addr_spec == "support@example.com":
+        lines.append(
+            "  The mailbox is the placeholder support@example.com: `init --mailbox "
+            "ADDRESS` writes yours everywhere."
+        )
+    lines += [
+        "",
+        "Then (the daemon in one terminal, the rest in another):",
+        f"  {cli} --config {config} run",
+        f"  {cli} --config {config} submit {shlex.quote(str(folder / 'first-job.json'))}",
+        f"  {cli} --config {config} status {FIRST_KEY}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,51 @@
+"""`make test` needs no PostgreSQL by hand: with nothing answering at SENDLEDGER_TEST_PG_URL,
+a pytest session (two xdist workers) starts one private cluster, runs its PostgreSQL tests on
+it with nothing skipped, and removes it at the end (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.pg_cluster import require_private_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+DEAD_URL = "postgresql://sendledger:sendledger@127.0.0.1:1/x"
+
+
+def test_a_session_without_postgres_starts_one_private_cluster_and_removes_it() -> None:
+    require_private_cluster()
+    env = {**os.environ, "SENDLEDGER_TEST_PG_URL": DEAD_URL, "CI": "true"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "-p",
+            "no:cacheprovider",
+            "-v",
+            "-rs",
+            "tests/integration/test_ledger_store.py",
+            "-k",
+            "postgres and (submit_creates or noop or conflicts)",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    passed = re.search(r"(\d+) passed", out)
+    assert passed is not None and int(passed.group(1)) >= 3, out
+    assert "skipped" not in out, out
+    # The controller's report header names the one cluster; workers start none.
+    started = re.findall(r"private session cluster at \S+ \((\S+)\)", out)
+    assert len(started) == 1, out
+    assert not Path(started[0]).exists(), "the session cluster's folder was left"
