@@ -24,7 +24,8 @@ from typing import Any
 from eventsourcing.domain import Aggregate
 
 from ledger import decisions as decide
-from ledger.content import LATER_FIELDS, JobContent
+from ledger.content import LATER_FIELDS, JobContent, JobInputError
+from ledger.keys import MAX_NAME_LENGTH, identifier_problem, note_problem
 from ledger.vocabulary import (
     FINAL_STATES,
     SETTLED_STATES,
@@ -512,7 +513,14 @@ class SendJob(Aggregate):
         self._escalate(decision, detail, at)
 
     def resolve(self, resolution: Resolution, *, note: str, by: str, at: datetime) -> None:
-        """A human's decision on a job in review."""
+        """A human's decision on a job in review. A `by` or `note` that
+        `ledger.keys` refuses is JobInputError (README "Keys"), before anything else."""
+        if problem := identifier_problem(by):
+            raise JobInputError("by", problem)
+        if len(by) > MAX_NAME_LENGTH:
+            raise JobInputError("by", f"longer than {MAX_NAME_LENGTH} characters")
+        if problem := note_problem(note):
+            raise JobInputError("note", problem)
         resolution = Resolution(resolution)
         self._require("Resolved", JobState.REVIEW)
         if resolution is Resolution.RESEND and self.duplicate:
