@@ -515,10 +515,7 @@ class SendJob(Aggregate):
     def resolve(self, resolution: Resolution, *, note: str, by: str, at: datetime) -> None:
         """A human's decision on a job in review. A `by` or `note` that
         `ledger.keys` refuses is JobInputError (README "Keys"), before anything else."""
-        if problem := identifier_problem(by):
-            raise JobInputError("by", problem)
-        if len(by) > MAX_NAME_LENGTH:
-            raise JobInputError("by", f"longer than {MAX_NAME_LENGTH} characters")
+        _check_name(by)
         if problem := note_problem(note):
             raise JobInputError("note", problem)
         resolution = Resolution(resolution)
@@ -539,7 +536,9 @@ class SendJob(Aggregate):
     def purge(self, *, by: str, rule: str, at: datetime) -> None:
         """Retention: forget the content of a job that is settled for good (confirmed or
         abandoned, nothing left to verify). The store rewrites its earlier events in the
-        same transaction (``Ledger.purge``)."""
+        same transaction (``Ledger.purge``). A `by` that `ledger.keys` refuses is
+        JobInputError."""
+        _check_name(by)
         self._require("Purged", *FINAL_STATES)
         if self.due_at is not None:
             raise self._refuse("Purged", "a verification is still due")
@@ -707,6 +706,14 @@ class SendJob(Aggregate):
     @property
     def settled(self) -> bool:
         return self.state in SETTLED_STATES
+
+
+def _check_name(by: str) -> None:
+    """Who decided, as a person reads it in a history (README "Keys")."""
+    if problem := identifier_problem(by):
+        raise JobInputError("by", problem)
+    if len(by) > MAX_NAME_LENGTH:
+        raise JobInputError("by", f"longer than {MAX_NAME_LENGTH} characters")
 
 
 __all__ = ["JobState", "SendJob", "TransitionError", "job_id_for"]
