@@ -74,6 +74,7 @@ def _config_anywhere(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    output.guard_streams()  # nothing a caller typed acts on the terminal (README "Keys")
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Handler | None = getattr(args, "func", None)

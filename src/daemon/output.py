@@ -5,6 +5,9 @@ Whatever reaches a terminal goes through here, and nothing in it acts on the ter
 (`ledger.display.printable`); JSON escapes, besides what `json` itself escapes (C0), DEL,
 the C1 controls, the line and paragraph separators, the bidi controls and lone surrogates
 as `\\uXXXX`, so `--json` output decodes to the same values and shows nothing raw.
+And as a net under every other `print` of the command line (a history line, a suggested
+command), :func:`guard_streams` makes stdout and stderr escape any such character that
+still reaches them (line breaks and tabs pass).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 from ledger.addresses import BIDI_CONTROLS
 from ledger.display import printable
@@ -24,6 +27,34 @@ from ledger.display import printable
 _RAW_IN_JSON = re.compile(
     "[\x7f-\x9f\u2028\u2029\ud800-\udfff" + "".join(sorted(BIDI_CONTROLS)) + "]"
 )
+
+
+#: What the guarded streams escape: every character `printable` escapes but LF and TAB.
+_UNSAFE_ON_A_TERMINAL = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff" + "".join(sorted(BIDI_CONTROLS)) + "]"
+)
+
+
+class _PrintableStream:
+    """A text stream that writes what `printable` would escape as its escape."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        self._inner.write(_UNSAFE_ON_A_TERMINAL.sub(lambda m: printable(m.group()), text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def guard_streams() -> None:
+    """Route sys.stdout and sys.stderr through :class:`_PrintableStream` (once)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _PrintableStream):
+            setattr(sys, name, _PrintableStream(stream))
 
 
 def _json_printable(text: str) -> str:
