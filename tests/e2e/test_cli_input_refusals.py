@@ -65,10 +65,10 @@ def test_a_key_stored_before_the_rule_is_read_and_shown_escaped(cli: Any) -> Non
     settings = load_settings(cli.config)
     sender = Sender("support@example.com", "mail.example.com", PolicyRef("receipts", "f" * 16))
     with open_ledger(settings) as ledger:
-        ledger.submit(
-            JobContent(channel="receipts", key=OLD_KEY, to=("b@example.com",), subject="s", body="b"),
-            sender,
-        )  # fmt: skip
+        content = JobContent(
+            channel="receipts", key=OLD_KEY, to=("b@example.com",), subject="s", body="b"
+        )
+        ledger.submit(content, sender)
     for argv in (["status", OLD_KEY], ["history", OLD_KEY], ["audit"]):
         result = cli.run(*argv)
         assert result.code == 0, (argv, result.stderr)
