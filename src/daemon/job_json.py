@@ -39,8 +39,18 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def loads(text: str | bytes) -> Any:
     """`json.loads`, with every object that names a key twice marked for
-    :func:`duplicate_field`. Raises what `json.loads` raises."""
-    return json.loads(text, object_pairs_hook=_pairs)
+    :func:`duplicate_field`. Raises json.JSONDecodeError for whatever is not a JSON
+    document it can decode (nesting deeper than the parser goes and integers longer than
+    Python converts included, so a caller handles one exception), UnicodeDecodeError for
+    bytes that are not UTF-8."""
+    try:
+        return json.loads(text, object_pairs_hook=_pairs)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None
+    except ValueError as exc:
+        raise json.JSONDecodeError(str(exc), "", 0) from None
 
 
 def duplicate_field(value: object) -> str | None:

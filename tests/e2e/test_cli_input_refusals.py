@@ -174,3 +174,26 @@ def test_a_policy_entry_that_is_not_a_regular_file_is_refused_naming_it(
     assert result.code == 2, result.stderr
     one_error_line(result, "payouts.toml", "cannot read")
     no_store(cli)
+
+
+def test_arguments_that_are_not_utf8_are_exit_2_naming_them(cli: Any) -> None:
+    assert cli.submit(job("k")).code == 0
+    for argv, name in (
+        (["status", "\udcff"], "key"),
+        (["history", "k\udcff"], "key"),
+        (["review", "resolve", "k", "--as", "sent", "--note", "\udcfe"], "note"),
+        (["review", "resolve", "k", "--as", "sent", "--by", "\udcfe"], "by"),
+        (["admin", "purge", "--key", "k", "--key", "\udcff"], "key"),
+        (["audit", "--channel", "\udcff"], "channel"),
+    ):
+        result = cli.run(*argv)  # the bytes 0xff / 0xfe, as a shell passes them
+        assert result.code == 2, (argv, result.stderr)
+        one_error_line(result, f"{name}: not UTF-8 text (byte 0x")
+    assert cli.run("status", "--json", "k").json()["state"] == "requested"
+
+
+def test_api_refuses_a_listen_address_that_does_not_parse(cli: Any) -> None:
+    result = cli.run("api", "--listen", "::1:8025")
+    assert result.code == 2, result.stderr
+    one_error_line(result, "--listen", "HOST:PORT")
+    no_store(cli)

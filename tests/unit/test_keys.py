@@ -250,3 +250,11 @@ def test_without_duplicates_decoding_is_json_loads() -> None:
     text = json.dumps([job("a", headers={"X-Tag": "t"}), job("b")])
     assert decode_jobs(text) == json.loads(text)
     assert [j.key for j in parse_jobs(decode_jobs(text))] == ["a", "b"]
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, "1" * 5000, '{"key": ' + "9" * 5000 + "}"])
+def test_what_json_cannot_decode_is_one_decode_error(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        decode_jobs(text)
+    with pytest.raises(UnicodeDecodeError):
+        decode_jobs(b"\xff")
