@@ -46,7 +46,7 @@ CENTURY = 36525 * DAY
 
 
 def _bounded(low: float, high: float) -> BeforeValidator:
-    """A duration from `low` to `high` seconds (README "Configuration", bounds): a value
+    """A duration from `low` to `high` seconds (README "Bounds, URLs, addresses and files"): a value
     past them is refused at load, never a later failure or a job that waits forever."""
     span = f"from {format_duration(low)} to {format_duration(high)}"
 

@@ -81,7 +81,8 @@ class DelegationRequired(ValueError):
 
 
 class CredentialsFileUnreadable(ValueError):
-    """The credentials file is not a readable regular file (README "Configuration")."""
+    """The credentials file is not a readable regular file (README "Bounds, URLs,
+    addresses and files")."""
 
 
 def load_credentials(credentials_file: Path, *, user: str, token_uri: str = "") -> AuthCredentials:
