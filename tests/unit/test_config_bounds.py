@@ -313,3 +313,17 @@ def test_a_policy_entry_that_is_not_a_regular_file_is_a_load_error_naming_it(
         else:
             entry.unlink()
     assert list(load_policy_dir(folder)) == ["receipts"]
+
+
+def test_a_running_daemon_keeps_its_policies_when_an_entry_becomes_a_fifo(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from daemon.engine import PolicyHolder
+
+    (tmp_path / "receipts.toml").write_text(GOOD, encoding="utf-8")
+    holder = PolicyHolder(lambda: load_policy_dir(tmp_path))
+    assert list(holder.current) == ["receipts"]
+    os.mkfifo(tmp_path / "payouts.toml")
+    assert within(5, holder.reload) is False
+    assert list(holder.current) == ["receipts"]
+    assert "payouts.toml" in caplog.text and "named pipe" in caplog.text
