@@ -34,7 +34,7 @@ from daemon import environment
 from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.sizes import parse_size
 from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE
-from policies.durations import DurationError, format_duration, parse_duration
+from policies.durations import DurationError, parse_duration, parse_duration_within
 
 CONFIG_ENV = "SENDLEDGER_CONFIG"
 DEFAULT_CONFIG = Path("sendledger.toml")
@@ -46,22 +46,15 @@ CENTURY = 36525 * DAY
 
 
 def _bounded(low: float, high: float) -> BeforeValidator:
-    """A duration from `low` to `high` seconds (README "Bounds, URLs, addresses and files"): a value
-    past them is refused at load, never a later failure or a job that waits forever."""
-    span = f"from {format_duration(low)} to {format_duration(high)}"
+    """A duration from `low` to `high` seconds (README "Bounds, URLs, addresses and
+    files"): a value past them is refused at load, never a later failure or a job that
+    waits forever."""
 
     def check(value: Any) -> float:
         try:
-            seconds = parse_duration(value)
+            return parse_duration_within(value, low, high)
         except DurationError as exc:
             raise PydanticCustomError("duration", "{reason}", {"reason": str(exc)}) from None
-        if not low <= seconds <= high:
-            raise PydanticCustomError(
-                "duration_bounds",
-                "{span} expected, got {value}",
-                {"span": span, "value": repr(value)},
-            )
-        return seconds
 
     return BeforeValidator(check)
 

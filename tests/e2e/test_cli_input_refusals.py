@@ -197,3 +197,17 @@ def test_api_refuses_a_listen_address_that_does_not_parse(cli: Any) -> None:
     assert result.code == 2, result.stderr
     one_error_line(result, "--listen", "HOST:PORT")
     no_store(cli)
+
+
+def test_durations_on_the_command_line_have_bounds_too(cli: Any) -> None:
+    assert cli.submit(job()).code == 0
+    for argv, option in (
+        (["admin", "purge", "--older-than", "999999d", "--dry-run"], "--older-than"),
+        (["admin", "purge", "--older-than", "99999999999999d", "--dry-run"], "--older-than"),
+        (["probe", "--provider", "support", "--to", "a@example.com", "--interval", "2d"],
+         "--interval"),
+        (["emulator", "gmail", "--port", "0", "--lag", "99999999d"], "--lag"),
+    ):  # fmt: skip
+        result = cli.run(*argv)
+        assert result.code == 2, (argv, result.stderr)
+        one_error_line(result, option, "expected")
