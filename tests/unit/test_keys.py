@@ -258,3 +258,15 @@ def test_what_json_cannot_decode_is_one_decode_error(text: str) -> None:
         decode_jobs(text)
     with pytest.raises(UnicodeDecodeError):
         decode_jobs(b"\xff")
+
+
+@pytest.mark.parametrize("name", ["ops\x1b[2J", "ops\u202e", "o\u200bps", "x" * 201])
+def test_a_token_name_is_checked_like_a_key(tmp_path: Any, name: str) -> None:
+    from daemon.api.auth import TokenBook, TokenFileError
+
+    path = tmp_path / "tokens"
+    path.write_text(f"{name}:0123456789abcdef0123\n", encoding="utf-8")
+    with pytest.raises(TokenFileError) as info:
+        TokenBook.from_file(path)
+    assert ":1: the name " in str(info.value)
+    assert "0123456789abcdef" not in str(info.value)
