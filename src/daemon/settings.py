@@ -35,8 +35,10 @@ from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_R
 from daemon.sizes import parse_size
 from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE
 from policies.durations import DurationError, parse_duration, parse_duration_within
+from policies.files import FileProblem, read_regular_file
 
 CONFIG_ENV = "SENDLEDGER_CONFIG"
+MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_CONFIG = Path("sendledger.toml")
 
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
@@ -384,17 +386,17 @@ def config_path_from(explicit: str | Path | None) -> Path:
 
 def load_settings(explicit: str | Path | None = None) -> Settings:
     path = config_path_from(explicit).absolute()
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise ConfigError(f"config file not found: {path}")
     try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
+        # A regular file, read without blocking (a FIFO named as the config must not hang).
+        data = tomllib.loads(read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8"))
+    except FileProblem as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.reason}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     return settings_from_dict(data, config_path=path)
 
 

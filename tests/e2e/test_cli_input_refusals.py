@@ -211,3 +211,15 @@ def test_durations_on_the_command_line_have_bounds_too(cli: Any) -> None:
         result = cli.run(*argv)
         assert result.code == 2, (argv, result.stderr)
         one_error_line(result, option, "expected")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dangling", "directory"])
+def test_a_config_that_is_not_a_regular_file_is_refused_without_hanging(
+    cli: Any, kind: str
+) -> None:
+    cli.config.unlink(missing_ok=True)
+    make_special(cli.config, kind)
+    result = cli.submit(job())
+    assert result.code == 2, result.stderr
+    one_error_line(result, str(cli.config), "cannot read")
+    no_store(cli)
