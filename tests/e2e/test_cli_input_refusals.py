@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from tests.e2e.test_cli_intake import job, one_error_line
 from daemon.context import open_ledger
 from daemon.settings import load_settings
 from ledger.content import JobContent
-from ledger.vocabulary import PolicyRef, Sender
+from ledger.decisions import Review
+from ledger.vocabulary import EscalationReason, PolicyRef, Sender
 
 OLD_KEY = "old\x1b[2J\u202eexe.pdf\x07"
 SHOWN = "old\\x1b[2J\\u202eexe.pdf\\x07"
@@ -87,6 +89,20 @@ def test_a_key_stored_before_the_rule_is_read_and_shown_escaped(cli: Any) -> Non
     assert table.code == 0, table.stderr
     keys = sorted(row["key"] for row in csv.DictReader(io.StringIO(table.stdout)))
     assert keys == ['\'=HYPERLINK("http://evil.example","x")', SHOWN]
+    # In review, the old key is listed, shown and resolved like any other.
+    review = Review(PolicyRef("receipts", "f" * 16), EscalationReason.UNKNOWN_OUTCOME)
+    with open_ledger(settings) as ledger:
+        ledger.update(OLD_KEY, lambda j: j.escalate(review, detail="t", at=datetime.now(UTC)))
+    for argv in (
+        ["review", "list"],
+        ["review", "show", OLD_KEY],
+        ["review", "resolve", OLD_KEY, "--as", "abandon", "--note", "looked\x1b twice"],
+    ):
+        result = cli.run(*argv)
+        assert result.code == 0, (argv, result.stderr)
+        assert SHOWN in result.stdout, result.stdout
+        assert all(char not in result.stdout for char in "\x1b\u202e\x07")
+    assert cli.run("status", "--json", OLD_KEY).json()["state"] == "abandoned"
 
 
 BAD_SETTINGS = [
