@@ -11,6 +11,7 @@ from daemon.context import load_policies, open_ledger, settings_for
 from daemon.engine import PolicyHolder
 from daemon.errors import EXIT_OK, bad_input
 from daemon.logs import setup_logging
+from daemon.settings import parse_listen
 
 log = logging.getLogger("sendledger")
 
@@ -24,14 +25,19 @@ def register(sub: Any) -> None:
 def cmd_api(args: argparse.Namespace) -> int:
     settings = settings_for(args.config)
     if args.listen:
+        if parse_listen(args.listen) is None:
+            raise bad_input(
+                f"--listen: HOST:PORT expected (127.0.0.1:8025, [::1]:8025), got {args.listen!r}"
+            )
         api = settings.api.model_validate({**settings.api.model_dump(), "listen": args.listen})
         settings = settings.model_copy(update={"api": api})
     if not settings.api.listen:
         raise bad_input(f"{settings.config_path}: api.listen: not set (or pass --listen)")
     setup_logging(settings.daemon.log_level)
     policies = PolicyHolder(lambda: load_policies(settings))  # exit 2 on a broken folder
-    from daemon.api.build import api_context, server_for
+    from daemon.api.build import api_context, load_tokens, server_for
 
+    load_tokens(settings)  # a bad token file is refused before the store is created
     with open_ledger(settings) as ledger:
         ctx = api_context(settings, ledger, policies, dict.fromkeys(settings.providers))
         server = server_for(settings, ctx)

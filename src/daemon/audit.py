@@ -4,6 +4,11 @@ CSV or a table.
 Job filters read the job index page by page (key order, `Ledger.jobs`), so memory stays
 flat however many jobs match. `--event TYPE` reads the event log for that event type only
 (`Ledger.job_events`).
+
+CSV is opened by spreadsheets, which run a cell that starts with `=`, `+`, `-` or `@` as a
+formula (`=HYPERLINK(...)` in a key) and treat a leading TAB or CR the same way; each such
+cell is written with a `'` in front (OWASP "CSV Injection"). Cells are made printable as
+the table's are (README "Audit output"); `--format json` gives every value exactly.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from daemon import output
 from daemon.context import open_ledger, settings_for
 from daemon.errors import EXIT_OK, bad_input
 from ledger.application import Ledger
+from ledger.display import printable
 from ledger.job import JobState, SendJob
 from ledger.stores.index import IndexRow
 from policies.durations import DurationError, parse_duration
@@ -34,6 +40,9 @@ JOB_COLUMNS = [
     "updated",
 ]
 EVENT_COLUMNS = ["at", "event", "version", "key", "channel", "state", "message_id"]
+#: A cell starting with one of these is a formula to a spreadsheet (OWASP "CSV Injection").
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
 EVENT_TYPES = sorted(
     name
     for name, value in vars(SendJob).items()
@@ -150,6 +159,13 @@ def _events(
         }
 
 
+def csv_cell(value: object) -> str:
+    """One CSV cell: printable, and never a formula (a `'` before a formula's start)."""
+    raw = "" if value is None else str(value)
+    # Judged on the value itself: a leading TAB or CR is also shown escaped (`\x09`).
+    return ("'" if raw.startswith(FORMULA_STARTS) else "") + printable(raw)
+
+
 def _emit(records: Iterator[dict[str, Any]], columns: list[str], fmt: str) -> None:
     if fmt == "json":
         # JSON lines, one record each, written as they are read.
@@ -160,7 +176,7 @@ def _emit(records: Iterator[dict[str, Any]], columns: list[str], fmt: str) -> No
         writer = csv.DictWriter(sys.stdout, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for record in records:
-            writer.writerow(record)
+            writer.writerow({name: csv_cell(value) for name, value in record.items()})
         return
     rows = list(records)
     print(output.table(rows, columns) if rows else "no matching jobs")

@@ -47,7 +47,7 @@ def build_provider(settings: Settings, name: str) -> Provider:
             sent_copy=config.sent_copy,
             timeout=config.timeout,
         )
-    from daemon.providers.gmail import DelegationRequired, GmailProvider
+    from daemon.providers.gmail import CredentialsFileUnreadable, DelegationRequired, GmailProvider
 
     try:
         return GmailProvider(
@@ -63,6 +63,8 @@ def build_provider(settings: Settings, name: str) -> Provider:
         )
     except DelegationRequired as exc:
         raise ConfigError(f"providers.{name}.user: {exc}") from None
+    except CredentialsFileUnreadable as exc:
+        raise ConfigError(f"providers.{name}.credentials_file: {exc}") from None
 
 
 @dataclass

@@ -75,9 +75,35 @@ def _config_anywhere(parser: argparse.ArgumentParser) -> None:
                 _config_anywhere(child)
 
 
+#: Arguments that name files: a file name need not be UTF-8 on Linux.
+_PATH_ARGUMENTS = frozenset({"config", "file", "dir", "accept_log"})
+
+
+def _not_text(args: argparse.Namespace) -> str | None:
+    """A key, note or name given as bytes that are not UTF-8 arrives as lone surrogates
+    (Python's surrogateescape) and could be neither looked up nor stored: one line naming
+    the argument (exit 2), not an encoding failure later (exit 1). README "Keys"."""
+    for name, value in vars(args).items():
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if name in _PATH_ARGUMENTS or not isinstance(item, str):
+                continue
+            bad = next((c for c in item if 0xD800 <= ord(c) <= 0xDFFF), None)
+            if bad is not None:
+                byte = ord(bad) - 0xDC00 if 0xDC80 <= ord(bad) <= 0xDCFF else None
+                where = f" (byte 0x{byte:02x})" if byte is not None else ""
+                return f"{name}: not UTF-8 text{where}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    output.guard_streams()  # nothing a caller typed acts on the terminal (README "Keys")
     parser = build_parser()
     args = parser.parse_args(argv)
+    problem = _not_text(args)
+    if problem:
+        output.error(problem)
+        return EXIT_BAD_INPUT
     func: Handler | None = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

@@ -28,6 +28,7 @@ from daemon.intake import (
     IntakeError,
     channel_sender,
     check_messages,
+    decode_jobs,
     parse_jobs,
     senders_for,
     submit_jobs,
@@ -77,7 +78,7 @@ def _read_jobs(source: str) -> tuple[list[JobContent], bool]:
     except UnicodeDecodeError:
         raise bad_input(f"{source}: not UTF-8") from None
     try:
-        data = json.loads(text)
+        data = decode_jobs(text)
     except json.JSONDecodeError as exc:
         raise bad_input(f"job: not valid JSON: {exc.msg} at line {exc.lineno}") from None
     except (ValueError, RecursionError) as exc:

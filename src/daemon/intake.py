@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from daemon.engine.dispatch import render
+from daemon.job_json import DUPLICATE_REASON, duplicate_field
+from daemon.job_json import loads as decode_jobs
 from ledger.application import Ledger, SubmitResult
 from ledger.content import JobContent, JobInputError, parse_job
 from ledger.job import SendJob
@@ -46,8 +48,9 @@ class IntakeError(ValueError):
 
 
 def parse_jobs(data: object) -> list[JobContent]:
-    """One job (an object) or several (a list). Every job is validated before the
-    caller writes any, so a bad batch leaves nothing half-written."""
+    """One job (an object) or several (a list), as `daemon.job_json.loads` decoded them
+    (a name given twice in an object is refused naming it). Every job is validated
+    before the caller writes any, so a bad batch leaves nothing half-written."""
     items = data if isinstance(data, list) else [data]
     batch = isinstance(data, list)
     if not items:
@@ -55,10 +58,16 @@ def parse_jobs(data: object) -> list[JobContent]:
     jobs: list[JobContent] = []
     problems: list[FieldProblem] = []
     for index, item in enumerate(items):
+        where = index if batch else None
+        duplicate = duplicate_field(item)
+        if duplicate is not None:
+            # Decoded by `daemon.job_json.loads`: a name given twice is never read.
+            problems.append(FieldProblem(where, duplicate, DUPLICATE_REASON))
+            continue
         try:
             jobs.append(parse_job(item))
         except JobInputError as exc:
-            problems.append(FieldProblem(index if batch else None, exc.field, exc.reason))
+            problems.append(FieldProblem(where, exc.field, exc.reason))
     if problems:
         raise IntakeError(problems)
     return jobs
@@ -161,6 +170,7 @@ __all__ = [
     "IntakeError",
     "channel_sender",
     "check_messages",
+    "decode_jobs",
     "parse_jobs",
     "senders_for",
     "submit_jobs",

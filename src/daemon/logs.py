@@ -1,11 +1,22 @@
-"""Logging for a terminal, and for journald (sd-daemon level prefixes, no timestamps)."""
+"""Logging for a terminal, and for journald (sd-daemon level prefixes, no timestamps).
+
+Every line is printable (README "Keys"): a log message carries caller-supplied values (a
+key, a subject, a provider's answer), and each control or bidi character in them is
+written as an escape (`ledger.display.printable`), so a log line cannot move the cursor
+of the terminal showing it, forge a second line, or read backwards. A traceback keeps its
+own lines, each made printable.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from types import TracebackType
 
 from daemon.systemd import under_systemd
+from ledger.display import printable
+
+_ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
 _SD_PREFIX = {
     logging.CRITICAL: "<2>",
@@ -16,7 +27,25 @@ _SD_PREFIX = {
 }
 
 
-class JournalFormatter(logging.Formatter):
+class PrintableFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # `format` sets record.message afresh for every handler, so escaping it here
+        # leaves nothing behind for another handler.
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: _ExcInfo) -> str:
+        return _printable_lines(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _printable_lines(super().formatStack(stack_info))
+
+
+def _printable_lines(text: str) -> str:
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+class JournalFormatter(PrintableFormatter):
     def format(self, record: logging.LogRecord) -> str:
         # journald stamps each line itself; the prefix carries the priority.
         prefix = _SD_PREFIX.get(record.levelno, "<6>")
@@ -31,7 +60,7 @@ def setup_logging(level: str = "info", *, journal: bool | None = None) -> None:
         handler.setFormatter(JournalFormatter("%(levelname)s %(name)s: %(message)s"))
     else:
         handler.setFormatter(
-            logging.Formatter(
+            PrintableFormatter(
                 "%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"
             )
         )

@@ -1,16 +1,68 @@
-"""Printing for humans and for machines (--json)."""
+"""Printing for humans and for machines (--json).
+
+Whatever reaches a terminal goes through here, and nothing in it acts on the terminal
+(README "Keys"): table cells, key/value lines and error lines are made printable
+(`ledger.display.printable`); JSON escapes, besides what `json` itself escapes (C0), DEL,
+the C1 controls, the line and paragraph separators, the bidi controls and lone surrogates
+as `\\uXXXX`, so `--json` output decodes to the same values and shows nothing raw.
+And as a net under every other `print` of the command line (a history line, a suggested
+command), :func:`guard_streams` makes stdout and stderr escape any such character that
+still reaches them (line breaks and tabs pass).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
+
+from ledger.addresses import BIDI_CONTROLS
+from ledger.display import printable
+
+#: What `printable` escapes and `json.dumps(ensure_ascii=False)` leaves raw. JSON text has
+#: these characters only inside strings, where `\\uXXXX` is the same character.
+_RAW_IN_JSON = re.compile(
+    "[\x7f-\x9f\u2028\u2029\ud800-\udfff" + "".join(sorted(BIDI_CONTROLS)) + "]"
+)
+
+
+#: What the guarded streams escape: every character `printable` escapes but LF and TAB.
+_UNSAFE_ON_A_TERMINAL = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff" + "".join(sorted(BIDI_CONTROLS)) + "]"
+)
+
+
+class _PrintableStream:
+    """A text stream that writes what `printable` would escape as its escape."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        self._inner.write(_UNSAFE_ON_A_TERMINAL.sub(lambda m: printable(m.group()), text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def guard_streams() -> None:
+    """Route sys.stdout and sys.stderr through :class:`_PrintableStream` (once)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _PrintableStream):
+            setattr(sys, name, _PrintableStream(stream))
+
+
+def _json_printable(text: str) -> str:
+    return _RAW_IN_JSON.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
 def error(message: str) -> None:
-    print(f"sendledger: {message}", file=sys.stderr, flush=True)
+    print(f"sendledger: {printable(message)}", file=sys.stderr, flush=True)
 
 
 def _default(value: object) -> object:
@@ -22,11 +74,11 @@ def _default(value: object) -> object:
 
 
 def dumps(value: object) -> str:
-    return json.dumps(value, default=_default, ensure_ascii=False)
+    return _json_printable(json.dumps(value, default=_default, ensure_ascii=False))
 
 
 def print_json(value: object) -> None:
-    print(json.dumps(value, default=_default, ensure_ascii=False, indent=2))
+    print(_json_printable(json.dumps(value, default=_default, ensure_ascii=False, indent=2)))
 
 
 def iso(value: datetime | float | None) -> str | None:
@@ -51,8 +103,8 @@ def _cell(value: object) -> str:
     if isinstance(value, datetime):
         return iso(value) or "-"
     if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value) or "-"
-    return str(value)
+        return printable(",".join(str(v) for v in value)) or "-"
+    return printable(str(value))
 
 
 def key_values(pairs: Iterable[tuple[str, object]]) -> str:

@@ -29,7 +29,7 @@ from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.settings import GmailProviderSettings, Settings, SmtpImapProviderSettings
 from ledger.content import JobInputError, validate_address
 from ledger.mime import build_message
-from policies.durations import DurationError, format_duration, parse_duration
+from policies.durations import DurationError, format_duration, parse_duration_within
 from testkit.relay import FaultPlan, FaultRelay
 from testkit.smtp_relay import SmtpFaultRelay
 
@@ -53,9 +53,9 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_probe)
 
 
-def _duration(option: str, value: str) -> float:
+def _duration(option: str, value: str, high: float) -> float:
     try:
-        return parse_duration(value)
+        return parse_duration_within(value, 0.001, high)
     except (DurationError, ValueError) as exc:
         raise bad_input(f"{option}: {exc}") from None
 
@@ -200,8 +200,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         to = validate_address("to", args.to)
     except JobInputError as exc:
         raise bad_input(f"--to: {exc}") from None
-    max_wait = _duration("--max-wait", args.max_wait)
-    interval = _duration("--interval", args.interval)
+    max_wait = _duration("--max-wait", args.max_wait, 86400.0)
+    interval = _duration("--interval", args.interval, 3600.0)
     sender = _sender(args, settings, name)
     if not _confirmed(args, name):
         raise bad_input("probe sends a real message: confirm with --yes (or answer y)")

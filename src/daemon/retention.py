@@ -17,7 +17,7 @@ from daemon.errors import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
 from daemon.parsers import add_command
 from ledger.application import ConcurrentUpdate, Ledger, PurgeResult
 from ledger.job import TransitionError
-from policies.durations import DurationError, format_duration, parse_duration
+from policies.durations import DurationError, format_duration, parse_duration_within
 
 log = logging.getLogger("sendledger.retention")
 
@@ -95,7 +95,8 @@ def cmd_admin_purge(args: argparse.Namespace) -> int:
     older_than = None
     if args.older_than is not None:
         try:
-            older_than = parse_duration(args.older_than)
+            # As retention.purge_after: at most 100 years, so the cut-off is a real date.
+            older_than = parse_duration_within(args.older_than, 0.0, 36525 * 86400.0)
         except DurationError as exc:
             raise bad_input(f"--older-than: {exc}") from None
     by = args.by or getpass.getuser()

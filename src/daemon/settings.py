@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -32,12 +34,42 @@ from daemon import environment
 from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.sizes import parse_size
 from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE
-from policies.durations import parse_duration
+from policies.durations import DurationError, parse_duration, parse_duration_within
+from policies.files import FileProblem, read_regular_file
 
 CONFIG_ENV = "SENDLEDGER_CONFIG"
+MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_CONFIG = Path("sendledger.toml")
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
+#: "100 years": a retention longer than this is a typo, and any shorter one keeps every
+#: cut-off time a date that exists.
+CENTURY = 36525 * DAY
+
+
+def _bounded(low: float, high: float) -> BeforeValidator:
+    """A duration from `low` to `high` seconds (README "Bounds, URLs, addresses and
+    files"): a value past them is refused at load, never a later failure or a job that
+    waits forever."""
+
+    def check(value: Any) -> float:
+        try:
+            return parse_duration_within(value, low, high)
+        except DurationError as exc:
+            raise PydanticCustomError("duration", "{reason}", {"reason": str(exc)}) from None
+
+    return BeforeValidator(check)
+
+
+Tick = Annotated[float, _bounded(0.001, HOUR)]
+Timeout = Annotated[float, _bounded(0.001, HOUR)]
+Grace = Annotated[float, _bounded(0.0, DAY)]
+Retention = Annotated[float, _bounded(0.0, CENTURY)]
+Every = Annotated[float, _bounded(0.001, 366 * DAY)]
+
+
+#: More recipients than any provider takes in one message.
+MAX_RECIPIENTS = 100_000
 
 
 class ConfigError(Exception):
@@ -87,7 +119,7 @@ def _daemon_name(value: Any) -> Any:
 
 
 class DaemonSettings(_Section):
-    tick: Duration = 1.0
+    tick: Tick = 1.0
     policies_dir: Path = Path("policies")
     # Provider calls of different jobs in flight at once (each within its provider's quota).
     concurrency: int = Field(default=4, ge=1, le=256)
@@ -95,21 +127,59 @@ class DaemonSettings(_Section):
     batch_size: int = Field(default=200, ge=1, le=100_000)
     # Added to the provider timeout to form an attempt's deadline: past it, an
     # attempt with no outcome (a crash, kill -9) is treated as Unknown.
-    deadline_grace: Duration = 30.0
+    deadline_grace: Grace = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Recorded on this daemon's claims; one live daemon per name (a lock in the store),
     # and at start-up it recovers its own earlier claims at once.
     name: Annotated[str, BeforeValidator(_daemon_name)] = Field(default_factory=socket.gethostname)
 
 
+def _http_url(value: Any) -> Any:
+    """Empty (the default), or an http(s) URL with a host: what the Google client and
+    google-auth are pointed at. Anything else (`file:///etc/passwd`, a bare host, a URL
+    with spaces or a password in it) is refused at load."""
+    if not isinstance(value, str) or not value:
+        return value
+    problem = _url_problem(value)
+    if problem:
+        raise PydanticCustomError(
+            "http_url",
+            "an http(s) URL expected ({problem}), got {value}",
+            {"problem": problem, "value": repr(value)},
+        )
+    return value
+
+
+def _url_problem(value: str) -> str | None:
+    if any(char.isspace() or not char.isprintable() or not char.isascii() for char in value):
+        return "spaces, controls and non-ASCII characters are percent-encoded"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (a port that is not a number raises here)
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return f"scheme {parts.scheme or 'missing'!r}: http or https only"
+    if not parts.hostname:
+        return "no host"
+    if parts.username is not None or parts.password is not None:
+        return "no user or password in it"
+    if parts.query or parts.fragment:
+        return "no query or fragment"
+    return None
+
+
+HttpUrl = Annotated[str, BeforeValidator(_http_url)]
+
+
 class GmailProviderSettings(_Section):
     kind: Literal["gmail"] = "gmail"
     credentials_file: Path
     user: str = "me"
-    api_endpoint: str = ""
-    token_uri: str = ""
-    timeout: Duration = 30.0
-    quota_units_per_second: float = Field(default=250.0, gt=0)
+    api_endpoint: HttpUrl = ""
+    token_uri: HttpUrl = ""
+    timeout: Timeout = 30.0
+    quota_units_per_second: float = Field(default=250.0, gt=0, le=1_000_000)
     # The Message-ID read-back after confirmed sends: the first N after start, then this
     # share of the rest (a provider that replaces our Message-IDs is still caught).
     readback_first: int = Field(default=DEFAULT_READBACK_FIRST, ge=1, le=1_000_000)
@@ -117,7 +187,7 @@ class GmailProviderSettings(_Section):
     # Checked at intake, so a job the provider would refuse is never accepted: Gmail sends
     # at most 25 MB per message (after encoding) and 500 recipients per message.
     max_message_bytes: Annotated[int, BeforeValidator(parse_size)] = 25_000_000
-    max_recipients: int = Field(default=500, ge=1)
+    max_recipients: int = Field(default=500, ge=1, le=MAX_RECIPIENTS)
 
 
 MailSecurity = Literal["tls", "starttls", "none"]
@@ -150,10 +220,10 @@ class SmtpImapProviderSettings(_Section):
     # "server": the submission server files the copy; "client": the daemon APPENDs it
     # after the 250, so a miss proves nothing and on_unknown = "retry" is refused.
     sent_copy: Literal["server", "client"] = "server"
-    timeout: Duration = Field(default=30.0, gt=0)
+    timeout: Timeout = 30.0
     # Checked at intake; RFC 5321 servers take at least 100 recipients per message.
     max_message_bytes: Annotated[int, BeforeValidator(parse_size)] = 25_000_000
-    max_recipients: int = Field(default=100, ge=1)
+    max_recipients: int = Field(default=100, ge=1, le=MAX_RECIPIENTS)
 
     @field_validator("smtp_security", "imap_security")
     @classmethod
@@ -189,10 +259,10 @@ _PROVIDER_TAGS = ("gmail", "smtp-imap")
 class RetentionSettings(_Section):
     # Off unless set: jobs settled for good (confirmed, abandoned) longer ago than this
     # lose their content and keep their trail (README "Retention").
-    purge_after: Duration | None = None
+    purge_after: Retention | None = None
     # How often the daemon purges (first run a minute after start-up, or sooner if this
     # is shorter).
-    every: Duration = Field(default=86400.0, gt=0)
+    every: Every = DAY
 
 
 class ApiSettings(_Section):
@@ -205,17 +275,49 @@ class ApiSettings(_Section):
 
     @property
     def host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
-        return host.strip("[]"), int(port)
+        listen = parse_listen(self.listen)
+        if listen is None:
+            raise ValueError(f"api.listen: not an address: {self.listen!r}")
+        return listen
 
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
-        if value:
-            host, sep, port = value.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"HOST:PORT expected, e.g. 127.0.0.1:8025, got {value!r}")
+        if value and parse_listen(value) is None:
+            raise PydanticCustomError(
+                "listen",
+                "HOST:PORT expected (127.0.0.1:8025, [::1]:8025, localhost:8025; "
+                "port 1 to 65535), got {value}",
+                {"value": repr(value)},
+            )
         return value
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def parse_listen(value: str) -> tuple[str, int] | None:
+    """(host, port) of an `api.listen` value, or None when it is not one: an IPv4
+    address, a host name or a bracketed IPv6 address, a colon, and a port from 1 to
+    65535 in ASCII digits."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            return str(ipaddress.IPv6Address(host[1:-1])), int(port)
+        except ValueError:
+            return None
+    try:
+        return str(ipaddress.IPv4Address(host)), int(port)
+    except ValueError:
+        pass
+    labels = host.split(".")
+    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return None
+    if labels[-1].isdigit():
+        return None  # "1.2.3.999" is a mistyped address, not a host name
+    return host, int(port)
 
 
 class Settings(BaseSettings):
@@ -284,17 +386,17 @@ def config_path_from(explicit: str | Path | None) -> Path:
 
 def load_settings(explicit: str | Path | None = None) -> Settings:
     path = config_path_from(explicit).absolute()
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise ConfigError(f"config file not found: {path}")
     try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
+        # A regular file, read without blocking (a FIFO named as the config must not hang).
+        data = tomllib.loads(read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8"))
+    except FileProblem as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.reason}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     return settings_from_dict(data, config_path=path)
 
 

@@ -1,4 +1,4 @@
-"""Sizes in settings: "40MB", "512KiB", "1000" (bytes)."""
+"""Sizes in settings: "40MB", "512KiB", "1000" (bytes), from 1 byte to :data:`MAX_SIZE`."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ _UNITS = {
     "mib": 1024**2,
     "gib": 1024**3,
 }
+#: The largest size any setting takes (README "Bounds, URLs, addresses and files"): no message or
+#: request body sendledger handles comes near it, and a bigger value is a typo.
+MAX_SIZE = 1_000_000_000
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
 
 
 def parse_size(value: object) -> int:
     """Bytes from an int or a string with an optional unit (B, KB, MB, GB: powers of
-    1000; KiB, MiB, GiB: powers of 1024)."""
+    1000; KiB, MiB, GiB: powers of 1024), at most :data:`MAX_SIZE`."""
     if isinstance(value, bool):
         raise ValueError("a size: a number of bytes or e.g. '40MB'")
     if isinstance(value, int):
@@ -33,4 +36,6 @@ def parse_size(value: object) -> int:
         raise ValueError(f"not a size: {value!r} (a number of bytes or e.g. '40MB')")
     if amount < 1:
         raise ValueError("a size must be at least 1 byte")
+    if amount > MAX_SIZE:
+        raise ValueError(f"a size must be at most 1GB, got {value!r}")
     return int(amount)

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from policies.durations import DurationError, parse_duration
+from policies.durations import DurationError, parse_duration_within
 from testkit import MODES, FaultPlan, FaultRelay, GmailEmulator, Mode, check_mode
 from testkit.credentials import write_service_account
 
@@ -89,7 +89,7 @@ def _port(value: str) -> int:
 
 def _duration(option: str, value: str) -> float:
     try:
-        return parse_duration(value)
+        return parse_duration_within(value, 0.0, 86400.0)  # a test's lag or hang: <= 1d
     except DurationError as exc:
         raise _BadOption(option, str(exc)) from exc
 

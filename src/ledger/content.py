@@ -21,6 +21,7 @@ from ledger.extra_headers import (
     canonical_message_id,
     header_name_problem,
 )
+from ledger.keys import identifier_problem
 
 REQUIRED_FIELDS = ("channel", "key", "to", "subject", "body")
 OPTIONAL_FIELDS = (
@@ -347,6 +348,8 @@ def parse_job(data: object) -> JobContent:
         raise JobInputError("key", "must not be empty")
     if len(key) > MAX_KEY_LENGTH:
         raise JobInputError("key", f"longer than {MAX_KEY_LENGTH} characters")
+    if problem := identifier_problem(key):
+        raise JobInputError("key", problem)
     html_value = data.get("html")
     in_reply_to = data.get("in_reply_to")
     reply_to = data.get("reply_to")

@@ -26,7 +26,8 @@ from typing import Any
 from eventsourcing.domain import Aggregate
 
 from ledger import decisions as decide
-from ledger.content import LATER_FIELDS, JobContent
+from ledger.content import LATER_FIELDS, JobContent, JobInputError
+from ledger.keys import MAX_NAME_LENGTH, identifier_problem, note_problem
 from ledger.vocabulary import (
     FINAL_STATES,
     SETTLED_STATES,
@@ -514,7 +515,11 @@ class SendJob(Aggregate):
         self._escalate(decision, detail, at)
 
     def resolve(self, resolution: Resolution, *, note: str, by: str, at: datetime) -> None:
-        """A human's decision on a job in review."""
+        """A human's decision on a job in review. A `by` or `note` that
+        `ledger.keys` refuses is JobInputError (README "Keys"), before anything else."""
+        _check_name(by)
+        if problem := note_problem(note):
+            raise JobInputError("note", problem)
         resolution = Resolution(resolution)
         self._require("Resolved", JobState.REVIEW)
         if resolution is Resolution.RESEND and self.duplicate:
@@ -533,7 +538,9 @@ class SendJob(Aggregate):
     def purge(self, *, by: str, rule: str, at: datetime) -> None:
         """Retention: forget the content of a job that is settled for good (confirmed or
         abandoned, nothing left to verify). The store rewrites its earlier events in the
-        same transaction (``Ledger.purge``)."""
+        same transaction (``Ledger.purge``). A `by` that `ledger.keys` refuses is
+        JobInputError."""
+        _check_name(by)
         self._require("Purged", *FINAL_STATES)
         if self.due_at is not None:
             raise self._refuse("Purged", "a verification is still due")
@@ -702,6 +709,14 @@ class SendJob(Aggregate):
     @property
     def settled(self) -> bool:
         return self.state in SETTLED_STATES
+
+
+def _check_name(by: str) -> None:
+    """Who decided, as a person reads it in a history (README "Keys")."""
+    if problem := identifier_problem(by):
+        raise JobInputError("by", problem)
+    if len(by) > MAX_NAME_LENGTH:
+        raise JobInputError("by", f"longer than {MAX_NAME_LENGTH} characters")
 
 
 __all__ = ["JobState", "SendJob", "TransitionError", "job_id_for"]

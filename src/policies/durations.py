@@ -33,6 +33,18 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
+def parse_duration_within(value: object, low: float, high: float) -> float:
+    """:func:`parse_duration`, and from `low` to `high` seconds: every duration an operator
+    sets has a range (README "Bounds, URLs, addresses and files"), so that a typo such as
+    "99999999999999d" is refused where it is written, not an overflow or a wait forever
+    later. Raises DurationError."""
+    seconds = parse_duration(value)
+    if not low <= seconds <= high:
+        span = f"from {format_duration(low)} to {format_duration(high)}"
+        raise DurationError(f"{span} expected, got {value!r}")
+    return seconds
+
+
 def format_duration(seconds: float) -> str:
     if seconds < 1:
         return f"{round(seconds * 1000)}ms"

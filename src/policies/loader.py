@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from policies.files import FileProblem, read_regular_file
 from policies.model import ChannelPolicy
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 WHOLE_FILE = "-"
+#: A policy is a few lines of TOML; a bigger file is not one.
+MAX_POLICY_BYTES = 1024 * 1024
 
 _FIELDS: tuple[str, ...] = tuple(
     (info.alias or name) for name, info in ChannelPolicy.model_fields.items()
@@ -119,9 +122,9 @@ def _reason_of(error: Mapping[str, Any]) -> str:
 
 def _parse(path: Path) -> tuple[dict[str, Any] | None, list[PolicyProblem]]:
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        return None, [PolicyProblem(path, WHOLE_FILE, f"cannot read: {exc.strerror or exc}")]
+        raw = read_regular_file(path, limit=MAX_POLICY_BYTES)
+    except FileProblem as exc:
+        return None, [PolicyProblem(path, WHOLE_FILE, f"cannot read: {exc.reason}")]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -158,10 +161,13 @@ def load_policy_file(path: Path) -> ChannelPolicy:
 
 def _policy_files(directory: Path) -> list[Path]:
     # Dotfiles are skipped: editors leave ".#name.toml" lock links and the like behind.
+    # Every other entry named *.toml is a policy: one that is not a readable regular file
+    # (a dangling link, a FIFO, a directory) is a load error naming it, never skipped, or
+    # its channel would silently disappear.
     return sorted(
         entry
         for entry in directory.iterdir()
-        if entry.name.endswith(".toml") and not entry.name.startswith(".") and entry.is_file()
+        if entry.name.endswith(".toml") and not entry.name.startswith(".")
     )
 
 

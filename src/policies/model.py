@@ -36,7 +36,10 @@ from policies.durations import DurationError, format_duration, parse_duration
 from policies.senders import MAX_PATTERNS, job_sender, pattern_problem
 
 __all__ = [
+    "MAX_ATTEMPTS",
+    "MAX_COUNT",
     "MAX_DURATION",
+    "MAX_DURATIONS",
     "MIN_DURATION",
     "ChannelPolicy",
     "OnUnknown",
@@ -48,8 +51,22 @@ OnUnknown = Literal["retry", "search-then-review", "review"]
 #: The smallest window a policy may set (tests use "50ms"; zero would mean "search at once",
 #: which is exactly what the search index's lag forbids).
 MIN_DURATION = 0.001
-#: The largest: a year keeps every due time computable (and any longer window is a typo).
-MAX_DURATION = 366 * 86400.0
+_DAY = 86400.0
+#: The largest window each duration may set (README "Channel policies", bounds). A search index
+#: lags minutes, not weeks, and a backoff past a day is an outage for a human; a longer
+#: value is a typo that would leave jobs waiting where nobody looks.
+MAX_DURATIONS: dict[str, float] = {
+    "search_after": 7 * _DAY,
+    "search_interval": 7 * _DAY,
+    "retry_backoff": _DAY,
+    "retry_backoff_max": 7 * _DAY,
+    "verify_after": 30 * _DAY,
+}
+MAX_DURATION = max(MAX_DURATIONS.values())
+#: Counts past these would keep a job searching (confirm_misses) or retrying
+#: (max_attempts) for longer than any window: years, unseen.
+MAX_COUNT = 100
+MAX_ATTEMPTS = 1000
 
 _CHANNEL = re.compile(r"^[A-Za-z0-9._-]+$")
 _CHANNEL_MAX = 128
@@ -60,8 +77,9 @@ def _error(reason: str) -> PydanticCustomError:
     return PydanticCustomError("policy", "{reason}", {"reason": reason})
 
 
-def _to_seconds(value: object) -> object:
-    """Durations as operators write them ("250ms", "30s", "5m", "1h", "1d") or seconds."""
+def _to_seconds(value: object, info: ValidationInfo) -> object:
+    """Durations as operators write them ("250ms", "30s", "5m", "1h", "1d") or seconds,
+    from 1ms to the field's :data:`MAX_DURATIONS`."""
     if value is None:
         return None
     try:
@@ -70,13 +88,14 @@ def _to_seconds(value: object) -> object:
         raise _error(str(exc)) from None
     if seconds < MIN_DURATION:
         raise _error(f"must be at least 1ms, got {value!r}")
-    if seconds > MAX_DURATION:
-        raise _error(f"must be at most 366d, got {value!r}")
+    most = MAX_DURATIONS.get(info.field_name or "", MAX_DURATION)
+    if seconds > most:
+        raise _error(f"must be at most {format_duration(most)}, got {value!r}")
     return seconds
 
 
 Duration = Annotated[float, BeforeValidator(_to_seconds), Field(strict=True)]
-PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+PositiveInt = Annotated[int, Field(strict=True, ge=1, le=MAX_COUNT)]
 
 
 def parse_from_address(value: str) -> Address:
@@ -109,7 +128,7 @@ class ChannelPolicy(BaseModel):
     search_after: Duration = 300.0
     search_interval: Duration | None = Field(default=None, validate_default=True)
     confirm_misses: PositiveInt = 2
-    max_attempts: PositiveInt = 3
+    max_attempts: Annotated[int, Field(strict=True, ge=1, le=MAX_ATTEMPTS)] = 3
     retry_backoff: Duration = 30.0
     retry_backoff_max: Duration = Field(default=3600.0, validate_default=True)
     # After a job that was resent (a believed miss, or a human's resend) is confirmed,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,7 +204,6 @@ def test_folder_loads_into_an_immutable_mapping(tmp_path: Path) -> None:
     b = write(tmp_path, "payouts.toml", GOOD + 'on_unknown = "review"\nirreversible = true\n')
     write(tmp_path, "README.md", "not a policy")
     write(tmp_path, "receipts.toml.bak", "garbage = = =")
-    (tmp_path / "sub.toml").mkdir()
     write(tmp_path, ".#receipts.toml", "editor lock")
     policies = load_policy_dir(tmp_path)
     assert isinstance(policies, PolicySet)
@@ -287,14 +287,19 @@ def test_unreadable_file_is_a_problem_and_others_still_checked(
 ) -> None:
     locked = write(tmp_path, "locked.toml", GOOD)
     other = write(tmp_path, "other.toml", GOOD + "confirm_misses = 0\n")
-    real_read_bytes = Path.read_bytes
+    import os
 
-    def read_bytes(self: Path) -> bytes:
-        if self == locked:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_read_bytes(self)
+    from policies import files
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    real_open = os.open
+
+    def open_(path: Any, flags: int, *args: Any) -> int:
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    # Tests run as root, where chmod 000 locks nothing.
+    monkeypatch.setattr(files.os, "open", open_)
     problems = problems_of(tmp_path)
     assert {(p.file, p.field) for p in problems} == {(locked, "-"), (other, "confirm_misses")}
     assert f"{locked}:-: cannot read: Permission denied" in [str(p) for p in problems]

@@ -127,7 +127,7 @@ def test_duration_forms(field: str, written: object, seconds: float) -> None:
     if field == "retry_backoff_max":
         extra["retry_backoff"] = "1ms"
     if field == "retry_backoff":
-        extra["retry_backoff_max"] = "366d"
+        extra["retry_backoff_max"] = "7d"
     p = make(**extra)
     assert getattr(p, field) == pytest.approx(seconds)
 
@@ -149,8 +149,8 @@ def test_duration_forms(field: str, written: object, seconds: float) -> None:
         ([5], "not a duration"),
         (float("inf"), ">= 0"),
         (float("nan"), ">= 0"),
-        ("400d", "at most 366d"),
-        (10**12, "at most 366d"),
+        ("400d", "at most "),
+        (10**12, "at most "),
     ],
 )
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from daemon.secret_text import content_lines, read_secret_text
+from ledger.keys import MAX_NAME_LENGTH, identifier_problem
 
 SESSION_COOKIE = "sendledger_session"
 SESSION_SECONDS = 8 * 3600
@@ -50,6 +51,12 @@ class TokenBook:
                     f"api.token_file: {path}:{number}: a token of at least 16 characters "
                     "without spaces expected (optionally name:token)"
                 )
+            problem = identifier_problem(name) or (
+                f"longer than {MAX_NAME_LENGTH} characters" if len(name) > MAX_NAME_LENGTH else None
+            )
+            if problem:
+                # The name is recorded as who submitted or decided (README "Keys").
+                raise TokenFileError(f"api.token_file: {path}:{number}: the name {problem}")
             tokens[token] = name
         if not tokens:
             raise TokenFileError(f"api.token_file: {path}: no tokens")

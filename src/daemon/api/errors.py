@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from daemon.api.models import Invalid, Problem
+from ledger.content import JobInputError
 
 
 class ApiError(Exception):
@@ -48,6 +49,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse({"error": exc.message}, exc.status, headers=exc.headers)
+
+    @app.exception_handler(JobInputError)
+    async def _refused_field(request: Request, exc: JobInputError) -> JSONResponse:
+        # The domain's refusal of one field, wherever a route passes it on (a resolve's
+        # note or `by`: README "Keys"): 422 naming it, never a 500.
+        errors = [{"index": None, "field": exc.field, "reason": exc.reason}]
+        return JSONResponse({"error": str(exc), "errors": errors}, 422)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -18,6 +18,7 @@ from daemon.intake import (
     FieldProblem,
     IntakeError,
     check_messages,
+    decode_jobs,
     parse_jobs,
     senders_for,
     submit_jobs,
@@ -79,7 +80,7 @@ _SUBMITTED = {
 async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
     raw = await request.body()
     try:
-        data = json.loads(raw)
+        data = decode_jobs(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
         return _problems([FieldProblem(None, "job", f"not valid JSON: {reason}")])

@@ -59,6 +59,7 @@ from daemon.providers.quota import (
 )
 from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
+from daemon.secret_text import read_secret_text
 from ledger.addresses import parse_mailbox
 from ledger.message_id import same_message_id
 
@@ -79,6 +80,11 @@ class DelegationRequired(ValueError):
     """`user = "{from}"` with credentials that cannot act as other mailboxes."""
 
 
+class CredentialsFileUnreadable(ValueError):
+    """The credentials file is not a readable regular file (README "Bounds, URLs,
+    addresses and files")."""
+
+
 def load_credentials(credentials_file: Path, *, user: str, token_uri: str = "") -> AuthCredentials:
     """google-auth credentials from a service-account (domain-wide delegation, acting as
     `user`) or authorized-user JSON file. `token_uri`, when set, replaces the file's; an
@@ -88,9 +94,11 @@ def load_credentials(credentials_file: Path, *, user: str, token_uri: str = "") 
     """
     path = Path(credentials_file)
     try:
-        info: Any = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read credentials file: {exc.strerror or exc}") from exc
+        text = read_secret_text(path)  # a regular file: a FIFO must not hang the daemon
+    except ValueError as exc:
+        raise CredentialsFileUnreadable(str(exc)) from None
+    try:
+        info: Any = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"{path}: credentials file is not valid JSON: {exc}") from exc
     if not isinstance(info, dict):

@@ -1,0 +1,59 @@
+"""What a job key, an operator's name and an operator's note may contain (README "Keys").
+
+A key names a job on terminals, in logs, on the review page and in suggested commands; a
+name (`--by`) names who decided. Both are identifiers a person reads and compares, so a
+character that moves a cursor, rings a bell, reorders what is shown or shows nothing at
+all has no place in them: two keys that look the same must be the same key.
+
+Refused in a new key or name: the control characters (Unicode category Cc: C0, DEL, C1),
+the format characters (Cf: the bidi controls U+202A..U+202E and U+2066..U+2069, and also
+the bidi marks U+200E, U+200F and U+061C, zero-width spaces and joiners, the byte order
+mark, the soft hyphen: each is invisible, so it makes two different keys look alike), the
+line and paragraph separators (Zl, Zp) and lone surrogates (Cs: not text; a command line
+that is not UTF-8 gives them). The rule is for what is *created*: a key stored before it
+existed is still read, shown escaped (`ledger.display.printable`).
+
+A note is free text: it is stored as typed (line breaks and tabs included) and escaped
+wherever it is shown; only what cannot be stored as text is refused (NUL, lone
+surrogates), and its length is bounded.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+__all__ = ["MAX_NAME_LENGTH", "MAX_NOTE_LENGTH", "identifier_problem", "note_problem"]
+
+#: Unicode categories an identifier (a key, a name) may not contain.
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_KINDS = {
+    "Cc": "a control character",
+    "Cf": "an invisible format character (bidi control or mark, zero-width character)",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+    "Cs": "a lone surrogate (not UTF-8 text)",
+}
+MAX_NAME_LENGTH = 200
+MAX_NOTE_LENGTH = 10_000
+
+
+def identifier_problem(value: str) -> str | None:
+    """Why `value` may not be a new key or name (one line, without the field name), or
+    None. Linear in its length."""
+    for char in value:
+        category = unicodedata.category(char)
+        if category in REFUSED_CATEGORIES:
+            return f"must not contain {_KINDS[category]} (U+{ord(char):04X})"
+    return None
+
+
+def note_problem(value: str) -> str | None:
+    """Why `value` may not be stored as a note, or None."""
+    if len(value) > MAX_NOTE_LENGTH:
+        return f"longer than {MAX_NOTE_LENGTH} characters"
+    if "\x00" in value:
+        return "must not contain NUL characters"
+    for char in value:
+        if 0xD800 <= ord(char) <= 0xDFFF:
+            return f"must not contain a lone surrogate (U+{ord(char):04X}: not UTF-8 text)"
+    return None

@@ -1,0 +1,83 @@
+"""Reading the operator's small files (policy files, and the daemon's secret files) without
+ever blocking: what is read must be a regular file (README "Bounds, URLs, addresses and files").
+
+`open()` on a FIFO waits for a writer that may never come, so a secret file or a policy
+replaced by a named pipe once hung the command; a directory, a socket, a device or a
+symbolic link to nothing is refused the same way, with a reason that says which it is.
+The type is checked before the file is opened (`os.stat` follows symbolic links: a linked
+secret, as a container mounts one, is read), the file is opened non-blocking, and the
+type is checked again on what was opened, so a swap in between blocks nothing either.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+__all__ = ["FileProblem", "read_regular_file"]
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+class FileProblem(ValueError):
+    """Why a file cannot be read as a regular file: one line that names it (`reason`
+    says why, without the path)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"cannot read {path}: {reason}")
+        self.reason = reason
+
+
+def _kind(mode: int) -> str | None:
+    """What a non-regular file is, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+def read_regular_file(path: Path, *, limit: int) -> bytes:
+    """The bytes of the regular file at `path` (at most `limit` of them). FileProblem
+    for anything else: missing, a dangling symbolic link, a FIFO, a directory, ..."""
+    try:
+        kind = _kind(os.stat(path).st_mode)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise FileProblem(path, f"a symbolic link to nothing ({os.readlink(path)})") from None
+        raise FileProblem(path, "No such file or directory") from None
+    except OSError as exc:
+        raise FileProblem(path, f"{exc.strerror or exc}") from None
+    if kind is not None:
+        raise FileProblem(path, f"{kind}, not a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise FileProblem(path, f"{exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        kind = _kind(info.st_mode)
+        if kind is not None:
+            raise FileProblem(path, f"{kind}, not a regular file")
+        if info.st_size > limit:
+            raise FileProblem(path, f"larger than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise FileProblem(path, f"larger than {limit} bytes")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise FileProblem(path, f"{exc.strerror or exc}") from None
+    finally:
+        os.close(fd)

@@ -1,0 +1,329 @@
+"""Issue 16, "Config and files": every duration and size has an upper bound, URLs and the
+listen address parse, and the files sendledger reads are regular files (README
+"Configuration", bounds and files; "Policies", bounds)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.unit.test_policy_loader import GOOD
+
+from daemon.secret_text import MAX_SECRET_BYTES, read_secret_text
+from daemon.settings import CENTURY, DAY, HOUR, ConfigError, parse_listen, settings_from_dict
+from daemon.sizes import MAX_SIZE, parse_size
+from policies.files import FileProblem, read_regular_file
+from policies.loader import PolicyLoadError, load_policy_dir
+from policies.model import MAX_DURATIONS, ChannelPolicy
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("SENDLEDGER_"):
+            monkeypatch.delenv(name)
+
+
+def gmail(**values: Any) -> dict[str, Any]:
+    return {"providers": {"g": {"credentials_file": "sa.json", **values}}}
+
+
+def smtp(**values: Any) -> dict[str, Any]:
+    base = {
+        "kind": "smtp-imap",
+        "smtp_host": "smtp.example.com",
+        "imap_host": "imap.example.com",
+        "username": "u@example.com",
+        "password_file": "pw",
+    }
+    return {"providers": {"m": {**base, **values}}}
+
+
+def refused(data: dict[str, Any], where: str, *needles: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        settings_from_dict(data)
+    message = str(info.value)
+    assert f": {where}: " in message, message
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+# -- durations --------------------------------------------------------------------------
+
+#: (where, the data that sets it, its bound)
+DURATIONS = [
+    ("daemon.tick", lambda v: {"daemon": {"tick": v}}, HOUR),
+    ("daemon.deadline_grace", lambda v: {"daemon": {"deadline_grace": v}}, DAY),
+    ("providers.g.timeout", lambda v: gmail(timeout=v), HOUR),
+    ("providers.m.timeout", lambda v: smtp(timeout=v), HOUR),
+    ("retention.purge_after", lambda v: {"retention": {"purge_after": v}}, CENTURY),
+    ("retention.every", lambda v: {"retention": {"every": v}}, 366 * DAY),
+]
+
+
+@pytest.mark.parametrize(("where", "make", "bound"), DURATIONS)
+@pytest.mark.parametrize("value", [1e300, "99999999999999d", float("inf"), 10**30, "1e3"])
+def test_a_duration_past_its_bound_is_refused_at_load(
+    where: str, make: Any, bound: float, value: object
+) -> None:
+    refused(make(value), where)
+
+
+@pytest.mark.parametrize(("where", "make", "bound"), DURATIONS)
+def test_a_duration_at_its_bound_is_accepted(where: str, make: Any, bound: float) -> None:
+    loaded = settings_from_dict(make(bound))
+    section, *rest = where.split(".")
+    value: Any = getattr(loaded, section)
+    for part in rest:
+        value = value[part] if isinstance(value, dict) else getattr(value, part)
+    assert value == bound
+    refused(make(bound + 1), where, "expected")
+
+
+def test_the_example_values_of_the_issue_are_refused_naming_the_key() -> None:
+    refused({"daemon": {"tick": 1e300}}, "daemon.tick", "from 1ms to 1h")
+    refused(gmail(timeout=1e300), "providers.g.timeout", "to 1h")
+    refused({"daemon": {"deadline_grace": 1e300}}, "daemon.deadline_grace", "to 1d")
+    refused({"retention": {"purge_after": "99999999999999d"}}, "retention.purge_after", "36525d")
+    refused({"daemon": {"tick": 0}}, "daemon.tick", "from 1ms")
+
+
+@settings(deadline=None, max_examples=200)
+@given(seconds=st.floats(min_value=0, max_value=1e20, allow_nan=False))
+def test_duration_bounds_hold_for_any_value(seconds: float) -> None:
+    for where, make, bound in DURATIONS:
+        low = 0.0 if where in ("daemon.deadline_grace", "retention.purge_after") else 0.001
+        try:
+            loaded = settings_from_dict(make(seconds))
+        except ConfigError as exc:
+            assert where in str(exc)
+            assert not low <= seconds <= bound
+        else:
+            assert low <= seconds <= bound
+            assert loaded is not None
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    field=st.sampled_from(sorted(MAX_DURATIONS)),
+    seconds=st.floats(min_value=0.001, max_value=1e15, allow_nan=False),
+)
+def test_policy_duration_bounds_hold_for_any_value(field: str, seconds: float) -> None:
+    data = {
+        "channel": "c",
+        "provider": "p",
+        "from": "a@example.com",
+        "message_id_domain": "mail.example.com",
+        field: seconds,
+    }
+    if field == "retry_backoff":
+        data["retry_backoff_max"] = seconds
+    if field == "retry_backoff_max":
+        data["retry_backoff"] = 0.001
+    try:
+        policy = ChannelPolicy.model_validate(data)
+    except ValueError as exc:
+        assert field in str(exc)
+        assert seconds > MAX_DURATIONS[field]
+    else:
+        assert getattr(policy, field) == seconds <= MAX_DURATIONS[field]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("confirm_misses", 101), ("max_attempts", 1001), ("search_after", "8d"),
+     ("verify_after", "31d"), ("retry_backoff", "2d")],
+)  # fmt: skip
+def test_policy_counts_and_durations_have_maxima(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        ChannelPolicy.model_validate(
+            {"channel": "c", "provider": "p", "from": "a@example.com",
+             "message_id_domain": "mail.example.com", field: value}
+        )  # fmt: skip
+
+
+# -- sizes and counts -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({"api": {"max_body": "2GB"}}, "api.max_body"),
+        ({"api": {"max_body": "1" * 400}}, "api.max_body"),
+        ({"api": {"max_body": 10**30}}, "api.max_body"),
+        (gmail(max_message_bytes="99999GB"), "providers.g.max_message_bytes"),
+        (smtp(max_message_bytes="1.5GB"), "providers.m.max_message_bytes"),
+        (gmail(max_recipients=10**9), "providers.g.max_recipients"),
+        (smtp(max_recipients=10**9), "providers.m.max_recipients"),
+        (gmail(quota_units_per_second=float("inf")), "providers.g.quota_units_per_second"),
+    ],
+)
+def test_sizes_and_counts_have_upper_bounds(data: dict[str, Any], where: str) -> None:
+    refused(data, where)
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.integers(min_value=-10, max_value=10**12))
+def test_parse_size_bounds(amount: int) -> None:
+    try:
+        assert parse_size(amount) == amount
+    except ValueError:
+        assert not 1 <= amount <= MAX_SIZE
+
+
+# -- URLs and the listen address ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["api_endpoint", "token_uri"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "file:///etc/passwd",
+        "gopher://example.com/",
+        "example.com",
+        "http://",
+        "https://user:secret@example.com/",
+        "http://exa mple.com/",
+        "http://example.com/\x1b",
+        "http://example.com:99999/",
+        "http://example.com:x/",
+        "https://example.com/?q=1",
+    ],
+)
+def test_provider_urls_are_http_urls(field: str, url: str) -> None:
+    refused(gmail(**{field: url}), f"providers.g.{field}", "http(s) URL")
+
+
+@pytest.mark.parametrize(
+    "url", ["", "http://127.0.0.1:8026", "https://gmail.googleapis.com/", "http://[::1]:1/t"]
+)
+def test_good_provider_urls_load(url: str) -> None:
+    loaded = settings_from_dict(gmail(api_endpoint=url, token_uri=url))
+    assert loaded.providers["g"].api_endpoint == url  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("listen", "parsed"),
+    [
+        ("127.0.0.1:8025", ("127.0.0.1", 8025)),
+        ("[::1]:8025", ("::1", 8025)),
+        ("localhost:1", ("localhost", 1)),
+        ("mail-ops.example.com:65535", ("mail-ops.example.com", 65535)),
+        ("0.0.0.0:80", ("0.0.0.0", 80)),
+    ],
+)
+def test_listen_addresses_that_parse(listen: str, parsed: tuple[str, int]) -> None:
+    assert parse_listen(listen) == parsed
+    assert settings_from_dict({"api": {"listen": listen}}).api.host_port == parsed
+
+
+@pytest.mark.parametrize(
+    "listen",
+    [":8025", "8025", "::1:8025", "[::1]", "[nope]:80", "host:0", "host:65536", "host:٨٠",
+     "a b:80", "-x.example:80", "1.2.3.999:80", "host:80:80", "[::1]:", "http://h:80"],
+)  # fmt: skip
+def test_listen_addresses_that_do_not_parse_are_refused(listen: str) -> None:
+    assert parse_listen(listen) is None
+    refused({"api": {"listen": listen}}, "api.listen", "HOST:PORT")
+
+
+# -- files ------------------------------------------------------------------------------
+
+
+def special_files(tmp_path: Path) -> dict[str, Path]:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "gone")
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    return {
+        "a named pipe (FIFO)": fifo,
+        "a symbolic link to nothing": dangling,
+        "a directory": directory,
+        "a character device": Path("/dev/zero"),
+    }
+
+
+def within(seconds: float, action: Any) -> Any:
+    """`action()`, failing (not hanging) when it does not return in time."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(_outcome(action)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert result, "blocked"
+    return result[0]
+
+
+def _outcome(action: Any) -> Any:
+    try:
+        return action()
+    except Exception as exc:
+        return exc
+
+
+def test_a_secret_file_must_be_a_regular_file_and_a_fifo_never_blocks(tmp_path: Path) -> None:
+    for kind, path in special_files(tmp_path).items():
+        outcome = within(5, lambda p=path: read_secret_text(p))
+        assert isinstance(outcome, FileProblem), (kind, outcome)
+        assert kind in str(outcome) and str(path) in str(outcome)
+
+
+def test_a_linked_secret_is_read_and_a_huge_one_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.write_text("s3cret\n", encoding="utf-8")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert read_secret_text(link) == "s3cret\n"
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (MAX_SECRET_BYTES + 1))
+    with pytest.raises(FileProblem, match="larger than"):
+        read_secret_text(big)
+    assert read_regular_file(real, limit=7) == b"s3cret\n"
+
+
+def test_a_policy_entry_that_is_not_a_regular_file_is_a_load_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / "receipts.toml").write_text(GOOD, encoding="utf-8")
+    side = tmp_path / "side"
+    side.mkdir()
+    for kind, path in special_files(side).items():
+        entry = folder / f"{path.name}.toml"
+        if path.parent == side:
+            path.rename(entry)
+        else:
+            entry.symlink_to(path)  # /dev/zero, through a link
+        outcome = within(5, lambda: load_policy_dir(folder))
+        assert isinstance(outcome, PolicyLoadError), (kind, outcome)
+        (problem,) = outcome.problems
+        assert problem.file == entry and problem.field == "-"
+        assert kind in problem.reason
+        if entry.is_dir() and not entry.is_symlink():
+            entry.rmdir()
+        else:
+            entry.unlink()
+    assert list(load_policy_dir(folder)) == ["receipts"]
+
+
+def test_a_running_daemon_keeps_its_policies_when_an_entry_becomes_a_fifo(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from daemon.engine import PolicyHolder
+
+    (tmp_path / "receipts.toml").write_text(GOOD, encoding="utf-8")
+    holder = PolicyHolder(lambda: load_policy_dir(tmp_path))
+    assert list(holder.current) == ["receipts"]
+    os.mkfifo(tmp_path / "payouts.toml")
+    assert within(5, holder.reload) is False
+    assert list(holder.current) == ["receipts"]
+    assert "payouts.toml" in caplog.text and "named pipe" in caplog.text
