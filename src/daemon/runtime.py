@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from daemon.engine import TickReport
 from daemon.retention import RetentionJob
 from daemon.secret_files import warn_exposed_secrets
 from daemon.systemd import Notifier, watchdog_interval
+from daemon.webhooks.runner import WebhookThreads, start_webhooks
 from ledger.stores import IdentityLock, IdentityTaken
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ class Daemon:
         self._identity: IdentityLock | None = None
         self._name_lost: IdentityTaken | None = None
         self._api: ApiServer | None = None
+        self._webhooks: WebhookThreads | None = None
         self.scheduler = BackgroundScheduler(
             timezone="UTC",
             job_defaults={
@@ -136,6 +139,12 @@ class Daemon:
 
     def serve(self) -> int:
         self._identity = start_up(self.service)
+        self._webhooks = start_webhooks(
+            self.service.settings,
+            self.service.ledger,
+            owner=self.engine.daemon_name or socket.gethostname(),
+            observer=self.service.observer,
+        )
         self._api = self._start_api()
         self.scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_EXECUTED)
         self.scheduler.add_job(
@@ -224,6 +233,8 @@ class Daemon:
         # their outcome events be written.
         self.engine.stop()
         self.scheduler.shutdown(wait=True)
+        if self._webhooks is not None:
+            self._webhooks.stop()
         if self._api is not None:
             self._api.stop()
         self.service.close()

@@ -34,6 +34,7 @@ from ledger.retention import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
+from ledger.stores.positions import PositionStore, positions_for
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
@@ -519,6 +520,31 @@ class Ledger(Application[UUID]):
             yield index_row(job)
             if progress is not None and count % 1000 == 0:
                 progress(count)
+
+    # -- the event log, for webhooks (README "Webhooks") ---------------------------------
+
+    def positions(self) -> PositionStore:
+        """Where each webhook has got to in the log (`ledger.stores.positions`)."""
+        return positions_for(self.recorder)
+
+    def log_after(self, position: int, stop: int, limit: int, topics: Sequence[str]) -> list[Any]:
+        """Up to `limit` notifications with ids in (position, stop] of these topics, in
+        log order."""
+        if stop <= position:
+            return []
+        return list(
+            self._retry_locked(
+                lambda: self.recorder.select_notifications(
+                    start=position + 1, stop=stop, limit=limit, topics=list(topics)
+                )
+            )
+        )
+
+    def job_at(self, job_id: UUID, version: int) -> SendJob:
+        """The job as it was right after its event `version`."""
+        job: object = self._retry_locked(lambda: self.repository.get(job_id, version=version))
+        assert isinstance(job, SendJob)
+        return job
 
     # -- helpers ----------------------------------------------------------------------
 

@@ -70,6 +70,19 @@ class Metrics:
             ["provider", "operation"],
             registry=r,
         )
+        # README "Webhooks": deliveries that got a 2xx, and attempts that did not.
+        self.webhook_deliveries = Counter(
+            "sendledger_webhook_deliveries",
+            "Webhook deliveries answered 2xx",
+            ["webhook"],
+            registry=r,
+        )
+        self.webhook_failures = Counter(
+            "sendledger_webhook_failures",
+            "Webhook attempts that failed",
+            ["webhook"],
+            registry=r,
+        )
         r.register(_StoreGauges(sources))
 
     def render(self) -> bytes:
@@ -118,6 +131,14 @@ class Metrics:
 
     def provider_call(self, provider: str, operation: str, seconds: float) -> None:
         self.provider_latency.labels(provider, operation).observe(seconds)
+
+    # -- the webhook deliveries (`daemon.webhooks.worker.DeliveryObserver`) -------------
+
+    def webhook_delivered(self, name: str) -> None:
+        self.webhook_deliveries.labels(name).inc()
+
+    def webhook_failed(self, name: str) -> None:
+        self.webhook_failures.labels(name).inc()
 
 
 class _StoreGauges(Collector):
