@@ -157,7 +157,7 @@ class Deliverer:
     def _failed(self, outcome: Outcome, notification_id: int, failures: int, at: float) -> None:
         if self.observer is not None:
             self.observer.webhook_failed(self.hook.name)
-        when = datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+        when = datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")
         log.warning(
             "webhook %s: event %d not delivered (attempt %d): %s; next attempt at %s",
             self.hook.name,
