@@ -477,3 +477,19 @@ def test_the_body_is_compact_json_signed_as_sent(rig: Rig) -> None:
     drain(Deliverer(rig.ledger, hook, owner="a", poster=poster, clock=rig.now))
     assert len(bodies) == 1 and b": " not in bodies[0]
     assert json.loads(bodies[0])["key"] == "j-1"
+
+
+def test_metrics_count_deliveries_and_failures_per_webhook(rig: Rig) -> None:
+    from daemon.api.metrics import Metrics, Sources
+
+    metrics = Metrics(Sources(rig.ledger, {}))
+    rig.confirmed("m-1", "m-2")
+    receiver = Receiver(refuse=1)
+    deliverer = rig.deliverer(receiver)
+    deliverer.observer = metrics
+    deliverer.pass_once()
+    rig.clock.advance(60)
+    drain(deliverer)
+    text = metrics.render().decode()
+    assert 'sendledger_webhook_deliveries_total{webhook="ops"} 2.0' in text
+    assert 'sendledger_webhook_failures_total{webhook="ops"} 1.0' in text
