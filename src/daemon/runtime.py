@@ -25,7 +25,7 @@ from daemon.engine import TickReport
 from daemon.retention import RetentionJob
 from daemon.secret_files import warn_exposed_secrets
 from daemon.systemd import Notifier, watchdog_interval
-from daemon.webhooks.runner import WebhookThreads, start_webhooks
+from daemon.webhooks.runner import WebhookThreads, deliver_once, hooks_from, start_webhooks
 from ledger.stores import IdentityLock, IdentityTaken
 
 if TYPE_CHECKING:
@@ -138,11 +138,13 @@ class Daemon:
         return line
 
     def serve(self) -> int:
+        hooks = hooks_from(self.service.settings)  # a bad secret file: exit 2 before anything
         self._identity = start_up(self.service)
         self._webhooks = start_webhooks(
-            self.service.settings,
+            hooks,
             self.service.ledger,
             owner=self.engine.daemon_name or socket.gethostname(),
+            poll=min(max(self.tick_seconds, 0.05), 1.0),
             observer=self.service.observer,
         )
         self._api = self._start_api()
@@ -275,8 +277,16 @@ def start_up(service: Service) -> IdentityLock | None:
 def run_once(service: Service) -> TickReport:
     identity = None
     try:
+        hooks = hooks_from(service.settings)
         identity = start_up(service)
-        return service.engine.tick()
+        report = service.engine.tick()
+        deliver_once(
+            hooks,
+            service.ledger,
+            owner=service.engine.daemon_name or socket.gethostname(),
+            observer=service.observer,
+        )
+        return report
     finally:
         service.close()
         if identity is not None:

@@ -184,11 +184,11 @@ def test_every_event_reaches_a_flaky_receiver_across_a_kill9(tmp_path: Path) -> 
     assert all(p["channel"] == "receipts" and p["message_id"] for p in accepted)
 
 
-def test_status_and_secret_commands(tmp_path: Path) -> None:
+def test_status_skip_and_secret_commands(tmp_path: Path) -> None:
     with Rig(tmp_path) as rig:
         with rig.config.open("a") as config:
             config.write(
-                '\n[webhooks.ops]\nurl = "https://hooks.example.com/x"\n'
+                '\n[webhooks.ops]\nurl = "http://127.0.0.1:9/nobody-listens"\n'
                 'secret_file = "webhook-secret"\nevents = ["confirmed", "review"]\n'
             )
         missing = rig.cli("webhooks", "status", check=False)
@@ -210,7 +210,27 @@ def test_status_and_secret_commands(tmp_path: Path) -> None:
             daemon.stderr_text()
         )
         assert "hunter2" not in daemon.stderr_text()
+        assert rig.types("st-1") == ["Requested"]  # refused before anything was done
 
         secret = rig.cli("webhooks", "new-secret").stdout.strip()
         assert secret.startswith("whsec_") and len(secret) == len("whsec_") + 44
         assert rig.cli_json("webhooks", "new-secret")["secret"] != secret
+        (tmp_path / "webhook-secret").write_text(secret + "\n")
+
+        # `run --once` sends the job and tries its webhook once: nobody listens.
+        rig.cli("run", "--once")
+        assert rig.state("st-1") == "confirmed"
+        [status] = rig.cli_json("webhooks", "status")
+        assert status["behind"] == 1 and status["failures"] == 1
+        assert "refused" in status["last_error"]
+
+        # The operator gives up on that event: skipped, nothing behind.
+        skipped = rig.cli_json("webhooks", "skip", "ops")
+        assert skipped["skipped"] == 1 and skipped["position"] > skipped["from"]
+        assert skipped["event_ids"][0].startswith("evt_")
+        [status] = rig.cli_json("webhooks", "status")
+        assert (status["behind"], status["failures"]) == (0, 0)
+        again = rig.cli("webhooks", "skip", "ops").stdout
+        assert "nothing undelivered to skip" in again
+        unknown = rig.cli("webhooks", "skip", "nope", check=False)
+        assert unknown.returncode == 2 and "no [webhooks.nope]" in unknown.stderr

@@ -493,3 +493,18 @@ def test_metrics_count_deliveries_and_failures_per_webhook(rig: Rig) -> None:
     text = metrics.render().decode()
     assert 'sendledger_webhook_deliveries_total{webhook="ops"} 2.0' in text
     assert 'sendledger_webhook_failures_total{webhook="ops"} 1.0' in text
+
+
+def test_an_operator_skip_moves_a_running_webhook_on(rig: Rig) -> None:
+    rig.confirmed("x-1")
+    rig.confirmed("x-2")
+    receiver = Receiver(down=True)
+    deliverer = rig.deliverer(receiver)
+    deliverer.pass_once()
+    [stuck] = rig.ledger.positions().read_all()
+    first = next(iter(rig.ledger.log_after(0, 10_000, 100, deliverer.hook.topics)))
+    rig.ledger.positions().force("ops", first.id, rig.now())  # `webhooks skip ops`
+    receiver.down = False
+    drain(deliverer)  # no wait for the backoff: the failures went with the event
+    assert [p["key"] for p in receiver.got] == log_order(rig, "Confirmed")[1:]
+    assert stuck.failures == 1 and rig.ledger.positions().read_all()[0].failures == 0

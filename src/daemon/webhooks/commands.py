@@ -1,4 +1,4 @@
-"""`sendledger webhooks status` and `sendledger webhooks new-secret` (README "Webhooks")."""
+"""`sendledger webhooks status|skip|new-secret` (README "Webhooks")."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Any
 
 from daemon import output
 from daemon.context import open_ledger, settings_for
-from daemon.errors import EXIT_OK
+from daemon.errors import EXIT_OK, bad_input
 from daemon.parsers import add_command
+from daemon.webhooks.events import event_id_for
 from daemon.webhooks.signing import new_secret
-from daemon.webhooks.status import webhook_status
+from daemon.webhooks.status import COUNT_LIMIT, undelivered, webhook_status
 
 
 def register(sub: Any) -> None:
@@ -20,6 +21,14 @@ def register(sub: Any) -> None:
     )
     add_command(webhooks, "status", cmd_status, "each webhook's position, lag and last error")
     add_command(webhooks, "new-secret", cmd_new_secret, "print a fresh whsec_ secret")
+    p = add_command(
+        webhooks,
+        "skip",
+        cmd_skip,
+        "move a webhook past its next undelivered event (or --to end: past all of them)",
+    )
+    p.add_argument("name")
+    p.add_argument("--to", choices=["next", "end"], default="next")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -45,6 +54,51 @@ def cmd_status(args: argparse.Namespace) -> int:
     ]
     columns = ["name", "position", "behind", "lag", "failures", "next_attempt_at", "last_error"]
     print(output.table(rows, columns))
+    return EXIT_OK
+
+
+def cmd_skip(args: argparse.Namespace) -> int:
+    """An operator's way past an event the receiver will never take (it holds back the
+    webhook's later events), or past the history a new webhook would be sent. The skipped
+    events are not delivered; `webhooks status` shows the new position."""
+    settings = settings_for(args.config)
+    config = settings.webhooks.get(args.name)
+    if config is None:
+        raise bad_input(f"{settings.config_path}: no [webhooks.{args.name}] in the config")
+    with open_ledger(settings, create=False) as ledger:
+        positions = ledger.positions()
+        rows = {row.name: row for row in positions.read_all()}
+        position = rows[args.name].position if args.name in rows else 0
+        end = positions.horizon(position)
+        pending = undelivered(ledger, position, end, list(config.events))
+        skipped: list[str] = []  # their ids, the first COUNT_LIMIT of them
+        target = position
+        for note, _event in pending:
+            skipped.append(event_id_for(note.originator_id, note.originator_version))
+            target = note.id
+            if args.to == "next" or len(skipped) >= COUNT_LIMIT:
+                break
+        if args.to == "end":
+            target = end
+        if target != position:
+            positions.force(args.name, target, time.time())
+    capped = args.to == "end" and len(skipped) >= COUNT_LIMIT
+    result = {
+        "name": args.name,
+        "from": position,
+        "position": target,
+        "skipped": len(skipped),
+        "skipped_capped": capped,
+        "event_ids": skipped[:100],
+    }
+    if args.json:
+        print(output.dumps(result))
+    elif not skipped:
+        print(f"{args.name}: nothing undelivered to skip (position {target})")
+    else:
+        count = f"{len(skipped)}{'+' if capped else ''} events"
+        shown = skipped[0] if len(skipped) == 1 else count
+        print(f"{args.name}: skipped {shown}; position {position} -> {target}")
     return EXIT_OK
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
+from typing import cast
 
 from daemon.secret_text import read_secret_text
 from daemon.settings import ConfigError, Settings
@@ -78,12 +80,18 @@ class WebhookThreads:
         return self
 
     def _run(self, deliverer: Deliverer) -> None:
+        last_error, logged_at = "", 0.0
         while not self._stop.is_set():
             try:
                 more = deliverer.pass_once()
+                last_error = ""
             except Exception as exc:
-                # The store is unreachable (a database restart): wait and try again.
-                log.error("webhook %s: %s: %s", deliverer.hook.name, type(exc).__name__, exc)
+                # The store is unreachable (a database restart): wait and try again,
+                # saying so once a minute rather than every poll.
+                error = f"{type(exc).__name__}: {exc}"
+                if error != last_error or time.monotonic() - logged_at > 60:
+                    log.error("webhook %s: %s", deliverer.hook.name, error)
+                    last_error, logged_at = error, time.monotonic()
                 more = False
             if not more:
                 self._stop.wait(self._poll)
@@ -92,24 +100,43 @@ class WebhookThreads:
         except Exception as exc:
             log.warning("webhook %s: lease not released: %s", deliverer.hook.name, exc)
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop every thread, waiting at most `timeout` in all: an attempt still in
+        flight then is sent again by the next daemon (at least once)."""
         self._stop.set()
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(max(deadline - time.monotonic(), 0.0))
+
+
+def deliver_once(
+    hooks: Sequence[Hook], ledger: Ledger, *, owner: str, observer: object = None
+) -> None:
+    """`run --once`: each webhook delivers what it can now, until it is caught up or
+    an attempt fails (the next run retries it)."""
+    for hook in hooks:
+        deliverer = Deliverer(ledger, hook, owner=owner, observer=_watcher(observer))
+        try:
+            while deliverer.pass_once():
+                pass
+        finally:
+            deliverer.release()
 
 
 def start_webhooks(
-    settings: Settings, ledger: Ledger, *, owner: str, observer: object = None
+    hooks: Sequence[Hook], ledger: Ledger, *, owner: str, poll: float, observer: object = None
 ) -> WebhookThreads | None:
     """The daemon's delivery threads, started; None when no webhook is configured."""
-    hooks = hooks_from(settings)
     if not hooks:
         return None
-    watcher = observer if hasattr(observer, "webhook_delivered") else None
-    poll = min(max(settings.daemon.tick, 0.05), 1.0)
-    threads = WebhookThreads(ledger, hooks, owner=owner, poll=poll, observer=watcher)  # type: ignore[arg-type]
+    threads = WebhookThreads(ledger, hooks, owner=owner, poll=poll, observer=_watcher(observer))
     log.info("webhooks: %s", ", ".join(hook.name for hook in hooks))
     return threads.start()
 
 
-__all__ = ["WebhookThreads", "hooks_from", "start_webhooks"]
+def _watcher(observer: object) -> DeliveryObserver | None:
+    """The daemon's metrics when it keeps them (`daemon.api.metrics.Metrics`)."""
+    return cast(DeliveryObserver, observer) if hasattr(observer, "webhook_delivered") else None
+
+
+__all__ = ["WebhookThreads", "deliver_once", "hooks_from", "start_webhooks"]

@@ -4,13 +4,14 @@ the position table shows every configured webhook at the beginning."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from daemon.output import iso
 from daemon.webhooks.events import WEBHOOK_TYPES, topics_for, type_of
 from ledger.application import Ledger
 
+PAGE = 500
 #: Undelivered events counted at most (a larger backlog shows as this, with "+").
 COUNT_LIMIT = 10_000
 
@@ -55,21 +56,32 @@ def _backlog(
 ) -> tuple[int, float | None]:
     """(events of these types after `position`, up to COUNT_LIMIT; the time of the
     oldest, epoch seconds)."""
-    topics = topics_for(types)
-    count, oldest, after = 0, None, position
-    while count < COUNT_LIMIT:
-        page = ledger.log_after(after, end, 500, topics)
-        for note in page:
-            event: Any = ledger.mapper.to_domain_event(note)
-            if type_of(event, types) is None:
-                continue
-            count += 1
-            if oldest is None:
-                oldest = event.timestamp.timestamp()
-        if len(page) < 500:
+    count, oldest = 0, None
+    for _note, event in undelivered(ledger, position, end, types):
+        count += 1
+        if oldest is None:
+            oldest = event.timestamp.timestamp()
+        if count >= COUNT_LIMIT:
             break
-        after = page[-1].id
     return count, oldest
 
 
-__all__ = ["COUNT_LIMIT", "webhook_status"]
+def undelivered(
+    ledger: Ledger, position: int, end: int, types: Sequence[str]
+) -> Iterator[tuple[Any, Any]]:
+    """(notification, event) of every event of these types in (position, end], in log
+    order: what a webhook at `position` has still to deliver."""
+    topics = topics_for(types)
+    after = position
+    while True:
+        page = ledger.log_after(after, end, PAGE, topics)
+        for note in page:
+            event: Any = ledger.mapper.to_domain_event(note)
+            if type_of(event, types) is not None:
+                yield note, event
+        if len(page) < PAGE:
+            return
+        after = page[-1].id
+
+
+__all__ = ["COUNT_LIMIT", "undelivered", "webhook_status"]

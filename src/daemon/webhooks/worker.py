@@ -103,9 +103,8 @@ class Deliverer:
         self.positions.ensure()
 
     def pass_once(self) -> bool:
-        """One pass; True when more events may be waiting right now (a full page was
-        delivered), False when the webhook is caught up, waiting to retry, or another
-        daemon's."""
+        """One pass; True when more events may be waiting right now, False when the
+        webhook is caught up, waiting to retry, or another daemon's."""
         hook, positions = self.hook, self.positions
         now = self.clock()
         row = positions.claim(hook.name, self.owner, now, hook.lease)
@@ -134,12 +133,15 @@ class Deliverer:
             current, failures = note.id, 0
             if self.observer is not None:
                 self.observer.webhook_delivered(hook.name)
-        full = len(notes) >= self.page
-        end = notes[-1].id if full else horizon
-        if end > current:
-            # What the page held after the last delivery was not this webhook's.
-            positions.advance(hook.name, self.owner, current, end, 0, self.clock(), hook.lease)
-        return full
+        end = notes[-1].id if len(notes) >= self.page else horizon
+        if end > current and not positions.advance(
+            hook.name, self.owner, current, end, 0, self.clock(), hook.lease
+        ):
+            return False
+        # More at once when this pass got somewhere and the log goes on (a full page,
+        # or a horizon that stopped at the end of one scan); none while stuck at a gap.
+        log_end = int(self.ledger.recorder.max_notification_id() or 0)
+        return end > row.position and end < log_end
 
     def release(self) -> None:
         self.positions.release(self.hook.name, self.owner)

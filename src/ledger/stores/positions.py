@@ -27,6 +27,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from ledger.stores import exception_chain
+
 POSITIONS_TABLE = "sendledger_webhook_positions"
 COLUMNS = (
     "name",
@@ -49,6 +51,8 @@ CREATE = (
 )
 #: Ids scanned at once when PostgreSQL looks for a gap (`PostgresPositions.horizon`).
 GAP_SCAN = 1000
+#: How long PostgreSQL's gap check waits for inserts in flight (milliseconds).
+LOCK_WAIT_MS = 250
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,12 @@ class PositionStore(Protocol):
         lease: float,
     ) -> bool:
         """Record a failed attempt of the event after `expected`; False as for `advance`."""
+        ...
+
+    def force(self, name: str, position: int, now: float) -> None:
+        """An operator's move (`sendledger webhooks skip`): the position set to
+        `position` whoever holds the lease, failures cleared. A daemon delivering
+        meanwhile finds the position moved and starts again from it."""
         ...
 
     def release(self, name: str, owner: str) -> None:
@@ -221,6 +231,13 @@ class MemoryPositions:
             self._rows[name] = change(row)
             return True
 
+    def force(self, name: str, position: int, now: float) -> None:
+        with self._lock:
+            row = self._rows.get(name) or _fresh(name, now)
+            self._rows[name] = replace(
+                row, position=position, failures=0, next_at=None, updated_at=now
+            )
+
     def release(self, name: str, owner: str) -> None:
         with self._lock:
             row = self._rows.get(name)
@@ -255,6 +272,9 @@ _FAIL = (
     "WHERE name = {p} AND owner = {p} AND position = {p} RETURNING position"
 )
 _RELEASE = "UPDATE {t} SET lease_until = 0 WHERE name = {p} AND owner = {p}"
+_FORCE = (
+    "UPDATE {t} SET position = {p}, failures = 0, next_at = NULL, updated_at = {p} WHERE name = {p}"
+)
 
 
 class SqlPositions:
@@ -355,6 +375,12 @@ class SqlPositions:
             cursor.execute(self._sql(template), params)
             return bool(self._rows(cursor))
 
+    def force(self, name: str, position: int, now: float) -> None:
+        self.ensure()
+        with self._transaction(commit=True) as cursor:
+            cursor.execute(self._sql(_CLAIM_INSERT), list(_fresh(name, now).as_dict().values()))
+            cursor.execute(self._sql(_FORCE), [position, now, name])
+
     def release(self, name: str, owner: str) -> None:
         with self._transaction(commit=True) as cursor:
             cursor.execute(self._sql(_RELEASE), [name, owner])
@@ -428,18 +454,23 @@ class PostgresPositions(SqlPositions):
     def _settled_max(self) -> int:
         """The highest id once every inserting transaction has ended: the SHARE lock
         waits for them (they hold ROW EXCLUSIVE until they commit or roll back) and
-        lets none start until it is released, a moment later. 0 when it cannot be had
-        within two seconds: the caller delivers up to the gap and asks again."""
+        lets none start until it is released, a moment later. Writers queue behind the
+        request while it waits, so it waits briefly (LOCK_WAIT); 0 when that was not
+        enough (a long transaction): the caller delivers up to the gap and asks again."""
         try:
             with self._transaction(commit=False) as cursor:
-                cursor.execute("SET LOCAL lock_timeout = '2s'")
+                cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'")
                 cursor.execute(f"LOCK TABLE {self._events()} IN SHARE MODE")
                 cursor.execute(f"SELECT COALESCE(MAX(notification_id), 0) FROM {self._events()}")
                 return int(self._rows(cursor)[0][0])
         except Exception as exc:
-            if "lock" in str(exc).lower():
+            if _lock_not_available(exc):
                 return 0
             raise
+
+
+def _lock_not_available(exc: BaseException) -> bool:
+    return any(getattr(error, "sqlstate", None) == "55P03" for error in exception_chain(exc))
 
 
 def positions_for(recorder: Any) -> PositionStore:
