@@ -406,6 +406,10 @@ class PostgresPositions(SqlPositions):
     _p = "%s"
     _real = "DOUBLE PRECISION"
 
+    def __init__(self, recorder: Any) -> None:
+        super().__init__(recorder)
+        self._final = 0  # every id up to it is committed or never will be
+
     def _schema(self) -> str:
         return str(self._recorder.datastore.schema).replace('"', '""')
 
@@ -435,21 +439,25 @@ class PostgresPositions(SqlPositions):
             self._ensured = True
 
     def horizon(self, after: int) -> int:
+        # Below `_final` the log was found final earlier (finality never ends): scan on
+        # from there, so a gap once settled costs no second lock.
+        start = max(after, self._final)
         with self._transaction(commit=False) as cursor:
             cursor.execute(
                 f"SELECT notification_id FROM {self._events()} WHERE notification_id > %s "
                 "ORDER BY notification_id LIMIT %s",
-                [after, GAP_SCAN],
+                [start, GAP_SCAN],
             )
             ids = [int(row[0]) for row in self._rows(cursor)]
-        contiguous = after
+        contiguous = start
         for notification_id in ids:
             if notification_id != contiguous + 1:
                 break
             contiguous = notification_id
-        if contiguous == (ids[-1] if ids else after):
-            return contiguous  # no gap below what is visible
-        return max(contiguous, self._settled_max())
+        if contiguous != (ids[-1] if ids else start):
+            contiguous = max(contiguous, self._settled_max())  # a gap below newer ids
+        self._final = contiguous
+        return contiguous
 
     def _settled_max(self) -> int:
         """The highest id once every inserting transaction has ended: the SHARE lock
