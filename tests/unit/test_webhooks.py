@@ -508,3 +508,19 @@ def test_an_operator_skip_moves_a_running_webhook_on(rig: Rig) -> None:
     drain(deliverer)  # no wait for the backoff: the failures went with the event
     assert [p["key"] for p in receiver.got] == log_order(rig, "Confirmed")[1:]
     assert stuck.failures == 1 and rig.ledger.positions().read_all()[0].failures == 0
+
+
+def test_the_failing_gauge_follows_the_next_event(rig: Rig) -> None:
+    from daemon.api.metrics import Metrics, Sources
+
+    metrics = Metrics(Sources(rig.ledger, {}))
+    rig.confirmed("g-1")
+    receiver = Receiver(refuse=2)
+    deliverer = rig.deliverer(receiver)
+    for _ in range(2):
+        deliverer.pass_once()
+        rig.clock.advance(60)
+    gauge = 'sendledger_webhook_consecutive_failures{webhook="ops"}'
+    assert f"{gauge} 2.0" in metrics.render().decode()
+    drain(deliverer)
+    assert f"{gauge} 0.0" in metrics.render().decode()

@@ -186,3 +186,17 @@ class _StoreGauges(Collector):
             )
             age.add_metric([], self._sources.tick_age())
             yield age
+        yield _webhook_failures(ledger)
+
+
+def _webhook_failures(ledger: Ledger) -> GaugeMetricFamily:
+    """README "Webhooks": failed attempts of each webhook's next event (0 once it is
+    taken): one small read of the position rows."""
+    gauge = GaugeMetricFamily(
+        "sendledger_webhook_consecutive_failures",
+        "Failed attempts of the webhook's next event since it last delivered",
+        labels=["webhook"],
+    )
+    for row in ledger.positions().read_all():
+        gauge.add_metric([row.name], row.failures)
+    return gauge
