@@ -524,3 +524,16 @@ def test_the_failing_gauge_follows_the_next_event(rig: Rig) -> None:
     assert f"{gauge} 2.0" in metrics.render().decode()
     drain(deliverer)
     assert f"{gauge} 0.0" in metrics.render().decode()
+
+
+def test_an_event_that_cannot_be_sent_is_a_failed_attempt(rig: Rig) -> None:
+    rig.confirmed("e-1")
+
+    def broken(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
+        raise RuntimeError("no route")
+
+    hook = Hook("ops", "https://a/", SECRET, frozenset(WEBHOOK_TYPES))
+    assert not Deliverer(rig.ledger, hook, owner="a", poster=broken, clock=rig.now).pass_once()
+    [row] = rig.ledger.positions().read_all()
+    assert (row.position, row.failures) == (0, 1)
+    assert row.last_error == "cannot deliver: RuntimeError: no route"

@@ -32,6 +32,7 @@ from daemon.webhooks.delivery import Outcome, Poster, post
 from daemon.webhooks.events import event_id_for, payload, topics_for, type_of
 from daemon.webhooks.signing import signed_headers
 from ledger.application import Ledger
+from ledger.display import printable
 
 log = logging.getLogger("sendledger.webhooks")
 
@@ -114,11 +115,18 @@ class Deliverer:
         notes = self.ledger.log_after(row.position, horizon, self.page, hook.topics)
         current, failures = row.position, row.failures
         for note in notes:
-            event: Any = self.ledger.mapper.to_domain_event(note)
-            kind = type_of(event, hook.types)
-            if kind is None:
-                continue  # e.g. a Resolved that is not an abandon
-            outcome = self._send(kind, note, event)
+            try:
+                event: Any = self.ledger.mapper.to_domain_event(note)
+                kind = type_of(event, hook.types)
+                if kind is None:
+                    continue  # e.g. a Resolved that is not an abandon
+                outcome = self._send(kind, note, event)
+            except Exception as exc:
+                # An event that cannot be read or sent (a store key since removed, say)
+                # is a failed attempt like any other: retried, and shown by
+                # `webhooks status`, where an operator can skip it.
+                error = printable(f"cannot deliver: {type(exc).__name__}: {exc}")[:300]
+                outcome = Outcome(False, None, error)
             now = self.clock()
             if not outcome.ok:
                 failures += 1
