@@ -537,3 +537,15 @@ def test_an_event_that_cannot_be_sent_is_a_failed_attempt(rig: Rig) -> None:
     [row] = rig.ledger.positions().read_all()
     assert (row.position, row.failures) == (0, 1)
     assert row.last_error == "cannot deliver: RuntimeError: no route"
+
+
+def test_a_readable_secret_file_is_warned_about(tmp_path: Path) -> None:
+    from daemon.secret_files import warn_exposed_secrets
+
+    secret = tmp_path / "s"
+    secret.write_text(new_secret())
+    secret.chmod(0o644)
+    config = settings_from_dict(_webhook_config(), config_path=tmp_path / "c.toml")
+    assert warn_exposed_secrets(config) == [secret]
+    secret.chmod(0o600)
+    assert warn_exposed_secrets(config) == []
