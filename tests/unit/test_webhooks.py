@@ -381,6 +381,7 @@ def test_a_receiver_down_for_an_hour_then_gets_everything_in_order(rig: Rig) -> 
     status = webhook_status(rig.ledger, {"ops": list(WEBHOOK_TYPES)}, rig.now())[0]
     assert status["behind"] == 12 and status["lag_seconds"] >= 3600
     assert "refused" in status["last_error"]
+    assert status["next_event_id"] == receiver.attempts[-1]
     receiver.down = False
     rig.clock.advance(61)
     drain(deliverer)

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from daemon.output import iso
-from daemon.webhooks.events import WEBHOOK_TYPES, topics_for, type_of
+from daemon.webhooks.events import WEBHOOK_TYPES, event_id_for, topics_for, type_of
 from ledger.application import Ledger
 
 PAGE = 500
@@ -27,7 +27,7 @@ def webhook_status(
         row = rows.get(name)
         position = row.position if row is not None else 0
         types = configured.get(name, WEBHOOK_TYPES)
-        behind, oldest = _backlog(ledger, position, end, types)
+        behind, oldest, head = _backlog(ledger, position, end, types)
         records.append(
             {
                 "name": name,
@@ -36,6 +36,7 @@ def webhook_status(
                 "log_end": end,
                 "behind": behind,
                 "behind_capped": behind >= COUNT_LIMIT,
+                "next_event_id": head,
                 "oldest_undelivered_at": iso(oldest),
                 "lag_seconds": None if oldest is None else round(max(now - oldest, 0.0), 3),
                 "failures": row.failures if row else 0,
@@ -53,17 +54,18 @@ def webhook_status(
 
 def _backlog(
     ledger: Ledger, position: int, end: int, types: Sequence[str]
-) -> tuple[int, float | None]:
+) -> tuple[int, float | None, str | None]:
     """(events of these types after `position`, up to COUNT_LIMIT; the time of the
-    oldest, epoch seconds)."""
-    count, oldest = 0, None
-    for _note, event in undelivered(ledger, position, end, types):
+    oldest, epoch seconds; its `webhook-id`)."""
+    count, oldest, head = 0, None, None
+    for note, event in undelivered(ledger, position, end, types):
         count += 1
         if oldest is None:
             oldest = event.timestamp.timestamp()
+            head = event_id_for(note.originator_id, note.originator_version)
         if count >= COUNT_LIMIT:
             break
-    return count, oldest
+    return count, oldest, head
 
 
 def undelivered(
