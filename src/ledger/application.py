@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from uuid import UUID
 
 from eventsourcing.application import (
@@ -34,10 +34,12 @@ from ledger.retention import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
-from ledger.stores.positions import PositionStore, positions_for
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
+
+if TYPE_CHECKING:
+    from ledger.stores.positions import PositionStore
 
 Clock = Callable[[], datetime]
 T = TypeVar("T")
@@ -525,6 +527,8 @@ class Ledger(Application[UUID]):
 
     def positions(self) -> PositionStore:
         """Where each webhook has got to in the log (`ledger.stores.positions`)."""
+        from ledger.stores.positions import positions_for
+
         return positions_for(self.recorder)
 
     def log_after(self, position: int, stop: int, limit: int, topics: Sequence[str]) -> list[Any]:
