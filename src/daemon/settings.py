@@ -258,9 +258,10 @@ class WebhookSettings(_Section):
                 "credentials in the URL are not supported (the signature is the credential)"
             )
         try:
-            parts.port  # noqa: B018 - raises on a port that is not a number
+            if parts.port == 0:
+                raise ValueError
         except ValueError:
-            raise ValueError(f"the port of {value!r} is not a number") from None
+            raise ValueError(f"the port of {value!r} is not a number from 1 to 65535") from None
         return value
 
     @model_validator(mode="after")

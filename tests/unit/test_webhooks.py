@@ -550,3 +550,31 @@ def test_a_readable_secret_file_is_warned_about(tmp_path: Path) -> None:
     assert warn_exposed_secrets(config) == [secret]
     secret.chmod(0o600)
     assert warn_exposed_secrets(config) == []
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    url=st.one_of(
+        st.text(max_size=60),
+        st.builds(
+            lambda scheme, host, port, path: f"{scheme}://{host}{port}/{path}",
+            st.sampled_from(["http", "https", "ftp", "HTTP", ""]),
+            st.sampled_from(["127.0.0.1", "localhost", "[::1]", "n8n", "a.example", "", "u@h"]),
+            st.sampled_from(["", ":8080", ":0", ":x", ":99999"]),
+            st.text(max_size=10),
+        ),
+    )
+)
+def test_any_url_is_taken_or_refused_naming_the_field(url: str) -> None:
+    try:
+        hook = settings_from_dict(_webhook_config(url=url)).webhooks["ops"]
+    except ConfigError as exc:
+        message = str(exc)
+        assert message.startswith("config: webhooks.ops") and "\n" not in message
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(hook.url)
+    assert parts.scheme in ("http", "https") and parts.hostname
+    if parts.scheme == "http":
+        assert parts.hostname in ("127.0.0.1", "localhost", "::1")
