@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 from uuid import UUID
 
-from ledger.job import SendJob
 from ledger.vocabulary import Resolution
+
+if TYPE_CHECKING:
+    from ledger.job import SendJob
 
 WebhookType = Literal["confirmed", "review", "duplicate", "abandoned", "cancelled", "rejected"]
 WEBHOOK_TYPES: tuple[str, ...] = get_args(WebhookType)
@@ -32,7 +34,10 @@ class WebhookEvent:
     @property
     def topic(self) -> str:
         # Spelled from the name, so a type whose event does not exist yet (a newer
-        # release's) matches nothing instead of failing.
+        # release's) matches nothing instead of failing. Imported here: the settings
+        # import this module and must not load the aggregate (and eventsourcing).
+        from ledger.job import SendJob
+
         return f"{SendJob.TOPIC}.{self.event}"
 
 
