@@ -190,38 +190,6 @@ ProviderSettings = Annotated[
 _PROVIDER_TAGS = ("gmail", "smtp-imap")
 
 
-class RetentionSettings(_Section):
-    # Off unless set: jobs settled for good (confirmed, abandoned) longer ago than this
-    # lose their content and keep their trail (README "Retention").
-    purge_after: Duration | None = None
-    # How often the daemon purges (first run a minute after start-up, or sooner if this
-    # is shorter).
-    every: Duration = Field(default=86400.0, gt=0)
-
-
-class ApiSettings(_Section):
-    # Off unless set: "127.0.0.1:8025" (HOST:PORT; [::1]:8025 for IPv6).
-    listen: str = ""
-    # One token a line, optionally "name:token"; the name is recorded as who acted.
-    token_file: Path | None = None
-    # Request bodies above this are refused (413); just above Gmail's 35 MB message limit.
-    max_body: Annotated[int, BeforeValidator(parse_size)] = 40_000_000
-
-    @property
-    def host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
-        return host.strip("[]"), int(port)
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, value: str) -> str:
-        if value:
-            host, sep, port = value.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"HOST:PORT expected, e.g. 127.0.0.1:8025, got {value!r}")
-        return value
-
-
 def _webhook_events(value: Any) -> Any:
     if isinstance(value, list) and len(set(map(str, value))) != len(value):
         raise ValueError("an event is named twice")
@@ -286,6 +254,38 @@ class WebhookSettings(_Section):
 
 
 WebhookName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class RetentionSettings(_Section):
+    # Off unless set: jobs settled for good (confirmed, abandoned) longer ago than this
+    # lose their content and keep their trail (README "Retention").
+    purge_after: Duration | None = None
+    # How often the daemon purges (first run a minute after start-up, or sooner if this
+    # is shorter).
+    every: Duration = Field(default=86400.0, gt=0)
+
+
+class ApiSettings(_Section):
+    # Off unless set: "127.0.0.1:8025" (HOST:PORT; [::1]:8025 for IPv6).
+    listen: str = ""
+    # One token a line, optionally "name:token"; the name is recorded as who acted.
+    token_file: Path | None = None
+    # Request bodies above this are refused (413); just above Gmail's 35 MB message limit.
+    max_body: Annotated[int, BeforeValidator(parse_size)] = 40_000_000
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        if value:
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"HOST:PORT expected, e.g. 127.0.0.1:8025, got {value!r}")
+        return value
 
 
 class Settings(BaseSettings):
