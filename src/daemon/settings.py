@@ -196,6 +196,22 @@ def _webhook_events(value: Any) -> Any:
     return value
 
 
+def _webhook_wait(value: Any) -> float:
+    # Bounded: "1e400s" or "-1s" would make a backoff that never ends or never waits.
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise PydanticCustomError("duration", "{reason}", {"reason": str(exc)}) from None
+    if not 0.001 <= seconds <= 86400:
+        raise PydanticCustomError(
+            "duration", "a duration from 1ms to 1d expected, got {value}", {"value": repr(value)}
+        )
+    return seconds
+
+
+WebhookWait = Annotated[float, BeforeValidator(_webhook_wait)]
+
+
 class WebhookSettings(_Section):
     """`[webhooks.NAME]` (README "Webhooks")."""
 
@@ -206,11 +222,11 @@ class WebhookSettings(_Section):
         default_factory=lambda: list(WEBHOOK_TYPES),  # type: ignore[arg-type]
         min_length=1,
     )
-    timeout: Duration = Field(default=10.0, gt=0, le=300)
+    timeout: WebhookWait = Field(default=10.0, le=300)
     # After a failed attempt: doubling from retry_backoff up to retry_backoff_max, for as
     # long as it takes (nothing is given up).
-    retry_backoff: Duration = Field(default=1.0, gt=0)
-    retry_backoff_max: Duration = Field(default=300.0, gt=0)
+    retry_backoff: WebhookWait = 1.0
+    retry_backoff_max: WebhookWait = 300.0
     # http:// to a host that is not loopback sends the payload in clear text (the
     # signature still proves where it came from): refused unless this says so.
     allow_http: bool = False
