@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         service_commands,
         testkit_commands,
     )
+    from daemon.webhooks import commands as webhook_commands
 
     parser = _Parser(
         prog="sendledger",
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.register(sub)
     testkit_commands.register(sub)
     api_commands.register(sub)
+    webhook_commands.register(sub)
     _config_anywhere(parser)
     return parser
 

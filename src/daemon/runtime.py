@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from daemon.engine import TickReport
 from daemon.retention import RetentionJob
 from daemon.secret_files import warn_exposed_secrets
 from daemon.systemd import Notifier, watchdog_interval
+from daemon.webhooks.runner import WebhookThreads, deliver_once, hooks_from, start_webhooks
 from ledger.stores import IdentityLock, IdentityTaken
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ class Daemon:
         self._identity: IdentityLock | None = None
         self._name_lost: IdentityTaken | None = None
         self._api: ApiServer | None = None
+        self._webhooks: WebhookThreads | None = None
         self.scheduler = BackgroundScheduler(
             timezone="UTC",
             job_defaults={
@@ -135,7 +138,15 @@ class Daemon:
         return line
 
     def serve(self) -> int:
+        hooks = hooks_from(self.service.settings)  # a bad secret file: exit 2 before anything
         self._identity = start_up(self.service)
+        self._webhooks = start_webhooks(
+            hooks,
+            self.service.ledger,
+            owner=self.engine.daemon_name or socket.gethostname(),
+            poll=min(max(self.tick_seconds, 0.05), 1.0),
+            observer=self.service.observer,
+        )
         self._api = self._start_api()
         self.scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_EXECUTED)
         self.scheduler.add_job(
@@ -224,6 +235,8 @@ class Daemon:
         # their outcome events be written.
         self.engine.stop()
         self.scheduler.shutdown(wait=True)
+        if self._webhooks is not None:
+            self._webhooks.stop()
         if self._api is not None:
             self._api.stop()
         self.service.close()
@@ -264,8 +277,16 @@ def start_up(service: Service) -> IdentityLock | None:
 def run_once(service: Service) -> TickReport:
     identity = None
     try:
+        hooks = hooks_from(service.settings)
         identity = start_up(service)
-        return service.engine.tick()
+        report = service.engine.tick()
+        deliver_once(
+            hooks,
+            service.ledger,
+            owner=service.engine.daemon_name or socket.gethostname(),
+            observer=service.observer,
+        )
+        return report
     finally:
         service.close()
         if identity is not None:

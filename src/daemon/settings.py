@@ -17,10 +17,12 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StringConstraints,
     Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 from pydantic_settings import (
@@ -33,6 +35,7 @@ from pydantic_settings import (
 from daemon import environment
 from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.sizes import parse_size
+from daemon.webhooks.events import WEBHOOK_TYPES, WebhookType
 from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE
 from policies.durations import DurationError, parse_duration, parse_duration_within
 from policies.files import FileProblem, read_regular_file
@@ -256,6 +259,88 @@ ProviderSettings = Annotated[
 _PROVIDER_TAGS = ("gmail", "smtp-imap")
 
 
+def _webhook_events(value: Any) -> Any:
+    if isinstance(value, list) and len(set(map(str, value))) != len(value):
+        raise ValueError("an event is named twice")
+    return value
+
+
+def _webhook_wait(value: Any) -> float:
+    # Bounded: "1e400s" or "-1s" would make a backoff that never ends or never waits.
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise PydanticCustomError("duration", "{reason}", {"reason": str(exc)}) from None
+    if not 0.001 <= seconds <= 86400:
+        raise PydanticCustomError(
+            "duration", "a duration from 1ms to 1d expected, got {value}", {"value": repr(value)}
+        )
+    return seconds
+
+
+WebhookWait = Annotated[float, BeforeValidator(_webhook_wait)]
+
+
+class WebhookSettings(_Section):
+    """`[webhooks.NAME]` (README "Webhooks")."""
+
+    url: str
+    # One line, "whsec_<base64>" (`sendledger webhooks new-secret` makes one).
+    secret_file: Path
+    events: Annotated[list[WebhookType], BeforeValidator(_webhook_events)] = Field(
+        default_factory=lambda: list(WEBHOOK_TYPES),  # type: ignore[arg-type]
+        min_length=1,
+    )
+    timeout: WebhookWait = Field(default=10.0, le=300)
+    # After a failed attempt: doubling from retry_backoff up to retry_backoff_max, for as
+    # long as it takes (nothing is given up).
+    retry_backoff: WebhookWait = 1.0
+    retry_backoff_max: WebhookWait = 300.0
+    # http:// to a host that is not loopback sends the payload in clear text (the
+    # signature still proves where it came from): refused unless this says so.
+    allow_http: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"an http:// or https:// URL expected, got {value!r}")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(
+                "credentials in the URL are not supported (the signature is the credential)"
+            )
+        try:
+            if parts.port == 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"the port of {value!r} is not a number from 1 to 65535") from None
+        return value
+
+    @model_validator(mode="after")
+    def _plaintext_on_loopback_only(self) -> WebhookSettings:
+        parts = urlsplit(self.url)
+        if (
+            parts.scheme == "http"
+            and not self.allow_http
+            and not _is_loopback(parts.hostname or "")
+        ):
+            raise PydanticCustomError(
+                "plaintext",
+                "url: http:// to {host} sends the payload in clear text: use https://, "
+                "or set allow_http = true",
+                {"host": parts.hostname},
+            )
+        if self.retry_backoff_max < self.retry_backoff:
+            raise PydanticCustomError(
+                "backoff", "retry_backoff_max is shorter than retry_backoff", {}
+            )
+        return self
+
+
+WebhookName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
 class RetentionSettings(_Section):
     # Off unless set: jobs settled for good (confirmed, abandoned) longer ago than this
     # lose their content and keep their trail (README "Retention").
@@ -333,6 +418,7 @@ class Settings(BaseSettings):
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     api: ApiSettings = ApiSettings()
     retention: RetentionSettings = RetentionSettings()
+    webhooks: dict[WebhookName, WebhookSettings] = Field(default_factory=dict)
 
     # Where the config came from; relative paths in it are relative to its folder.
     config_path: Path | None = Field(default=None, exclude=True)

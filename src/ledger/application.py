@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from uuid import UUID
 
 from eventsourcing.application import (
@@ -42,6 +42,9 @@ from ledger.stores.library_env import refuse_library_variables
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
+
+if TYPE_CHECKING:
+    from ledger.stores.positions import PositionStore
 
 Clock = Callable[[], datetime]
 T = TypeVar("T")
@@ -604,6 +607,33 @@ class Ledger(Application[UUID]):
             yield index_row(job)
             if progress is not None and count % 1000 == 0:
                 progress(count)
+
+    # -- the event log, for webhooks (README "Webhooks") ---------------------------------
+
+    def positions(self) -> PositionStore:
+        """Where each webhook has got to in the log (`ledger.stores.positions`)."""
+        from ledger.stores.positions import positions_for
+
+        return positions_for(self.recorder)
+
+    def log_after(self, position: int, stop: int, limit: int, topics: Sequence[str]) -> list[Any]:
+        """Up to `limit` notifications with ids in (position, stop] of these topics, in
+        log order."""
+        if stop <= position:
+            return []
+        return list(
+            self._retry_locked(
+                lambda: self.recorder.select_notifications(
+                    start=position + 1, stop=stop, limit=limit, topics=list(topics)
+                )
+            )
+        )
+
+    def job_at(self, job_id: UUID, version: int) -> SendJob:
+        """The job as it was right after its event `version`."""
+        job: object = self._retry_locked(lambda: self.repository.get(job_id, version=version))
+        assert isinstance(job, SendJob)
+        return job
 
     # -- helpers ----------------------------------------------------------------------
 

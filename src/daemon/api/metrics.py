@@ -70,6 +70,19 @@ class Metrics:
             ["provider", "operation"],
             registry=r,
         )
+        # README "Webhooks": deliveries that got a 2xx, and attempts that did not.
+        self.webhook_deliveries = Counter(
+            "sendledger_webhook_deliveries",
+            "Webhook deliveries answered 2xx",
+            ["webhook"],
+            registry=r,
+        )
+        self.webhook_failures = Counter(
+            "sendledger_webhook_failures",
+            "Webhook attempts that failed",
+            ["webhook"],
+            registry=r,
+        )
         r.register(_StoreGauges(sources))
 
     def render(self) -> bytes:
@@ -119,6 +132,14 @@ class Metrics:
     def provider_call(self, provider: str, operation: str, seconds: float) -> None:
         self.provider_latency.labels(provider, operation).observe(seconds)
 
+    # -- the webhook deliveries (`daemon.webhooks.worker.DeliveryObserver`) -------------
+
+    def webhook_delivered(self, name: str) -> None:
+        self.webhook_deliveries.labels(name).inc()
+
+    def webhook_failed(self, name: str) -> None:
+        self.webhook_failures.labels(name).inc()
+
 
 class _StoreGauges(Collector):
     """Gauges read when Prometheus scrapes: jobs, handles, quota buckets, the last tick."""
@@ -165,3 +186,17 @@ class _StoreGauges(Collector):
             )
             age.add_metric([], self._sources.tick_age())
             yield age
+        yield _webhook_failures(ledger)
+
+
+def _webhook_failures(ledger: Ledger) -> GaugeMetricFamily:
+    """README "Webhooks": failed attempts of each webhook's next event (0 once it is
+    taken): one small read of the position rows."""
+    gauge = GaugeMetricFamily(
+        "sendledger_webhook_consecutive_failures",
+        "Failed attempts of the webhook's next event since it last delivered",
+        labels=["webhook"],
+    )
+    for row in ledger.positions().read_all():
+        gauge.add_metric([row.name], row.failures)
+    return gauge

@@ -1,0 +1,90 @@
+"""One webhook delivery: an HTTP POST with the standard library (README "Webhooks").
+
+No redirect is followed (a 3xx is a failure: a receiver that moved says so in its
+config, and a redirect must not carry a signed payload elsewhere), no proxy from the
+environment is used, and the whole attempt (connection, request, answer) ends after
+`timeout`. Only a 2xx counts as delivered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import ssl
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from ledger.display import printable
+
+#: Bytes of a refusal's body kept for `webhooks status`.
+ERROR_BODY = 200
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    status: int | None = None  # the HTTP status, None when no response came
+    error: str = ""  # why it failed, one printable line
+
+
+class Poster(Protocol):
+    def __call__(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout: float
+    ) -> Outcome: ...
+
+
+def post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
+    """POST `body`; the whole attempt ends within about `timeout`, however slowly the
+    receiver drips its answer (a timer shuts the socket down at the deadline)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connection: http.client.HTTPConnection
+    if parts.scheme == "https":
+        connection = http.client.HTTPSConnection(
+            host, parts.port, timeout=timeout, context=ssl.create_default_context()
+        )
+    else:
+        connection = http.client.HTTPConnection(host, parts.port, timeout=timeout)
+    sent = {
+        "Content-Type": "application/json",
+        "User-Agent": "sendledger-webhooks",
+        **headers,
+    }
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        sock = connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(timeout, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        connection.request("POST", path, body=body, headers=sent)
+        response = connection.getresponse()
+        detail = response.read(ERROR_BODY)
+        status = response.status
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set() or isinstance(exc, TimeoutError):
+            return Outcome(False, None, f"no answer within {timeout:g}s")
+        return Outcome(False, None, printable(f"{type(exc).__name__}: {exc}")[:300])
+    finally:
+        timer.cancel()
+        connection.close()
+    if expired.is_set():
+        return Outcome(False, None, f"no answer within {timeout:g}s")
+    if 200 <= status < 300:
+        return Outcome(True, status)
+    text = printable(detail.decode("utf-8", "replace")).strip()
+    return Outcome(False, status, f"HTTP {status}" + (f": {text}" if text else ""))
+
+
+__all__ = ["Outcome", "Poster", "post"]

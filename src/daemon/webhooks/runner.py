@@ -1,0 +1,142 @@
+"""The webhook deliveries inside `sendledger run`: one thread per webhook, beside the
+scheduler's tick and never on its thread (README "Webhooks").
+
+A thread per webhook, so that a receiver that hangs until its timeout delays only its
+own deliveries. Each thread passes over its webhook, and waits `poll` seconds whenever
+the webhook is caught up or waiting to retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import cast
+
+from daemon.secret_text import read_secret_text
+from daemon.settings import ConfigError, Settings
+from daemon.webhooks.signing import parse_secret
+from daemon.webhooks.worker import Deliverer, DeliveryObserver, Hook
+from ledger.application import Ledger
+
+log = logging.getLogger("sendledger.webhooks")
+
+
+def hooks_from(settings: Settings) -> list[Hook]:
+    """Every `[webhooks.NAME]`, its secret read; ConfigError names the setting."""
+    hooks = []
+    for name, config in sorted(settings.webhooks.items()):
+        path = settings.resolve(config.secret_file)
+        try:
+            secret = parse_secret(read_secret_text(path))
+        except ValueError as exc:
+            raise ConfigError(f"webhooks.{name}.secret_file: {exc}") from None
+        hooks.append(
+            Hook(
+                name=name,
+                url=config.url,
+                secret=secret,
+                types=frozenset(config.events),
+                timeout=config.timeout,
+                retry_backoff=config.retry_backoff,
+                retry_backoff_max=config.retry_backoff_max,
+            )
+        )
+    return hooks
+
+
+class WebhookThreads:
+    """The delivery threads of one daemon; `stop` lets each finish its attempt, then
+    gives its lease up so that another daemon can take over at once."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        hooks: Sequence[Hook],
+        *,
+        owner: str,
+        poll: float = 1.0,
+        observer: DeliveryObserver | None = None,
+    ) -> None:
+        self._stop = threading.Event()
+        self._poll = poll
+        self._deliverers = [
+            Deliverer(ledger, hook, owner=owner, observer=observer) for hook in hooks
+        ]
+        self._threads = [
+            threading.Thread(
+                target=self._run,
+                args=(deliverer,),
+                name=f"webhook-{deliverer.hook.name}",
+                daemon=True,
+            )
+            for deliverer in self._deliverers
+        ]
+
+    def start(self) -> WebhookThreads:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def _run(self, deliverer: Deliverer) -> None:
+        last_error, logged_at = "", 0.0
+        while not self._stop.is_set():
+            try:
+                more = deliverer.pass_once()
+                last_error = ""
+            except Exception as exc:
+                # The store is unreachable (a database restart): wait and try again,
+                # saying so once a minute rather than every poll.
+                error = f"{type(exc).__name__}: {exc}"
+                if error != last_error or time.monotonic() - logged_at > 60:
+                    log.error("webhook %s: %s", deliverer.hook.name, error)
+                    last_error, logged_at = error, time.monotonic()
+                more = False
+            if not more:
+                self._stop.wait(self._poll)
+        try:
+            deliverer.release()
+        except Exception as exc:
+            log.warning("webhook %s: lease not released: %s", deliverer.hook.name, exc)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop every thread, waiting at most `timeout` in all: an attempt still in
+        flight then is sent again by the next daemon (at least once)."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+
+
+def deliver_once(
+    hooks: Sequence[Hook], ledger: Ledger, *, owner: str, observer: object = None
+) -> None:
+    """`run --once`: each webhook delivers what it can now, until it is caught up or
+    an attempt fails (the next run retries it)."""
+    for hook in hooks:
+        deliverer = Deliverer(ledger, hook, owner=owner, observer=_watcher(observer))
+        try:
+            while deliverer.pass_once():
+                pass
+        finally:
+            deliverer.release()
+
+
+def start_webhooks(
+    hooks: Sequence[Hook], ledger: Ledger, *, owner: str, poll: float, observer: object = None
+) -> WebhookThreads | None:
+    """The daemon's delivery threads, started; None when no webhook is configured."""
+    if not hooks:
+        return None
+    threads = WebhookThreads(ledger, hooks, owner=owner, poll=poll, observer=_watcher(observer))
+    log.info("webhooks: %s", ", ".join(hook.name for hook in hooks))
+    return threads.start()
+
+
+def _watcher(observer: object) -> DeliveryObserver | None:
+    """The daemon's metrics when it keeps them (`daemon.api.metrics.Metrics`)."""
+    return cast(DeliveryObserver, observer) if hasattr(observer, "webhook_delivered") else None
+
+
+__all__ = ["WebhookThreads", "deliver_once", "hooks_from", "start_webhooks"]

@@ -1,0 +1,505 @@
+"""Where each webhook has got to in the event log: one row per webhook beside the events
+(README "Webhooks", docs/architecture.md "Webhooks").
+
+A row says: every notification id up to `position` is handled for this webhook (delivered,
+or not one of its events); the next event is retried no sooner than `next_at` after
+`failures` failed attempts. Several daemons on one store share the rows: a daemon works on
+a webhook only while it holds the row's lease (`owner`, `lease_until`), and every change is
+a compare-and-set on `position`, so a daemon whose lease ran out can at worst deliver an
+event again, never move the position past one that was not delivered.
+
+`horizon` answers the one question the notification log alone cannot: up to which id is
+the log final? SQLite has one writer at a time and the memory store one lock, so every id
+below the highest visible one is committed or gone for good. PostgreSQL hands out ids
+from a sequence to concurrent transactions (sendledger's insert function takes no table
+lock), so id 11 can be visible while 10 is still being written: a gap below the highest
+id is waited out with a SHARE lock on the events table, which is granted once every
+transaction that was inserting has ended (README "Webhooks" says what that costs).
+
+Creating the table is left to the first daemon that has a webhook (`ensure`), so stores
+without webhooks never carry it and opening a store runs no new DDL.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from ledger.stores import exception_chain
+
+POSITIONS_TABLE = "sendledger_webhook_positions"
+COLUMNS = (
+    "name",
+    "position",
+    "failures",
+    "next_at",
+    "last_error",
+    "last_error_at",
+    "delivered",
+    "failed",
+    "owner",
+    "lease_until",
+    "updated_at",
+)
+CREATE = (
+    "CREATE TABLE IF NOT EXISTS {t} (name TEXT PRIMARY KEY, position BIGINT NOT NULL, "
+    "failures INTEGER NOT NULL, next_at {real}, last_error TEXT, last_error_at {real}, "
+    "delivered BIGINT NOT NULL, failed BIGINT NOT NULL, owner TEXT NOT NULL, "
+    "lease_until {real} NOT NULL, updated_at {real} NOT NULL)"
+)
+#: Ids scanned at once when PostgreSQL looks for a gap (`PostgresPositions.horizon`).
+GAP_SCAN = 1000
+#: How long PostgreSQL's gap check waits for inserts in flight (milliseconds).
+LOCK_WAIT_MS = 250
+
+
+@dataclass(frozen=True)
+class Position:
+    name: str
+    position: int  # every notification id <= position is handled
+    failures: int  # failed attempts of the event after `position`, since it last moved
+    next_at: float | None  # epoch seconds: no attempt before
+    last_error: str | None
+    last_error_at: float | None
+    delivered: int  # deliveries that got a 2xx, ever
+    failed: int  # attempts that did not, ever
+    owner: str  # the daemon holding the lease ("" before anyone took it)
+    lease_until: float
+    updated_at: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {c: getattr(self, c) for c in COLUMNS}
+
+
+def _fresh(name: str, now: float) -> Position:
+    return Position(name, 0, 0, None, None, None, 0, 0, "", 0.0, now)
+
+
+class PositionStore(Protocol):
+    """The position rows of one store. Times are epoch seconds from the caller's clock."""
+
+    def ensure(self) -> None:
+        """Create the table if the store lacks it (safe to race other daemons)."""
+        ...
+
+    def read_all(self) -> list[Position]:
+        """Every row, by name; none when the table does not exist (nothing is created)."""
+        ...
+
+    def claim(self, name: str, owner: str, now: float, lease: float) -> Position | None:
+        """Take the lease on `name` until now + lease (renewed once half of it is gone)
+        and return the row; None while another owner's lease runs. A webhook seen for the
+        first time starts at the beginning of the log."""
+        ...
+
+    def advance(
+        self,
+        name: str,
+        owner: str,
+        expected: int,
+        new: int,
+        delivered: int,
+        now: float,
+        lease: float,
+    ) -> bool:
+        """Move from `expected` to `new` (failures cleared, `delivered` added, the lease
+        renewed); False when the row is no longer ours at `expected` (nothing changed)."""
+        ...
+
+    def fail(
+        self,
+        name: str,
+        owner: str,
+        expected: int,
+        error: str,
+        next_at: float,
+        now: float,
+        lease: float,
+    ) -> bool:
+        """Record a failed attempt of the event after `expected`; False as for `advance`."""
+        ...
+
+    def force(self, name: str, position: int, now: float) -> None:
+        """An operator's move (`sendledger webhooks skip`): the position set to
+        `position` whoever holds the lease, failures cleared. A daemon delivering
+        meanwhile finds the position moved and starts again from it."""
+        ...
+
+    def release(self, name: str, owner: str) -> None:
+        """Give the lease up (a stopping daemon), so that another takes over at once."""
+        ...
+
+    def horizon(self, after: int) -> int:
+        """An id up to which the log is final: every id <= it is committed or never will
+        be. At least `after` (the caller's position)."""
+        ...
+
+
+# One lock for the rows of every memory store: their writes are dictionary updates.
+_memory_lock = threading.Lock()
+
+
+class MemoryPositions:
+    """The memory store's rows, shared by every Ledger on the same recorder."""
+
+    def __init__(self, recorder: Any) -> None:
+        self._recorder = recorder
+        self._lock = _memory_lock
+        with _memory_lock:
+            rows: dict[str, Position] | None = getattr(recorder, "_sendledger_positions", None)
+            if rows is None:
+                rows = {}
+                recorder._sendledger_positions = rows
+        self._rows = rows
+
+    def ensure(self) -> None:
+        pass
+
+    def read_all(self) -> list[Position]:
+        with self._lock:
+            return [self._rows[name] for name in sorted(self._rows)]
+
+    def claim(self, name: str, owner: str, now: float, lease: float) -> Position | None:
+        with self._lock:
+            row = self._rows.get(name) or _fresh(name, now)
+            if row.owner not in ("", owner) and row.lease_until >= now:
+                self._rows[name] = row
+                return None
+            if row.owner != owner or row.lease_until < now + lease / 2:
+                row = replace(row, owner=owner, lease_until=now + lease)
+            self._rows[name] = row
+            return row
+
+    def advance(
+        self,
+        name: str,
+        owner: str,
+        expected: int,
+        new: int,
+        delivered: int,
+        now: float,
+        lease: float,
+    ) -> bool:
+        return self._change(
+            name,
+            owner,
+            expected,
+            lambda row: replace(
+                row,
+                position=new,
+                failures=0,
+                next_at=None,
+                delivered=row.delivered + delivered,
+                lease_until=now + lease,
+                updated_at=now,
+            ),
+        )
+
+    def fail(
+        self,
+        name: str,
+        owner: str,
+        expected: int,
+        error: str,
+        next_at: float,
+        now: float,
+        lease: float,
+    ) -> bool:
+        return self._change(
+            name,
+            owner,
+            expected,
+            lambda row: replace(
+                row,
+                failures=row.failures + 1,
+                next_at=next_at,
+                last_error=error,
+                last_error_at=now,
+                failed=row.failed + 1,
+                lease_until=now + lease,
+                updated_at=now,
+            ),
+        )
+
+    def _change(self, name: str, owner: str, expected: int, change: Any) -> bool:
+        with self._lock:
+            row = self._rows.get(name)
+            if row is None or row.owner != owner or row.position != expected:
+                return False
+            self._rows[name] = change(row)
+            return True
+
+    def force(self, name: str, position: int, now: float) -> None:
+        with self._lock:
+            row = self._rows.get(name) or _fresh(name, now)
+            self._rows[name] = replace(
+                row, position=position, failures=0, next_at=None, updated_at=now
+            )
+
+    def release(self, name: str, owner: str) -> None:
+        with self._lock:
+            row = self._rows.get(name)
+            if row is not None and row.owner == owner:
+                self._rows[name] = replace(row, lease_until=0.0)
+
+    def horizon(self, after: int) -> int:
+        # One lock around every insert: what is visible is final.
+        return max(after, int(self._recorder.max_notification_id() or 0))
+
+
+_CLAIM_INSERT = (
+    "INSERT INTO {t} ("
+    + ", ".join(COLUMNS)
+    + ") VALUES ("
+    + ", ".join(["{p}"] * len(COLUMNS))
+    + ") ON CONFLICT (name) DO NOTHING"
+)
+_CLAIM_UPDATE = (
+    "UPDATE {t} SET owner = {p}, lease_until = {p} "
+    "WHERE name = {p} AND (owner = {p} OR owner = '' OR lease_until < {p})"
+)
+_SELECT = "SELECT " + ", ".join(COLUMNS) + " FROM {t}"
+_ADVANCE = (
+    "UPDATE {t} SET position = {p}, failures = 0, next_at = NULL, "
+    "delivered = delivered + {p}, lease_until = {p}, updated_at = {p} "
+    "WHERE name = {p} AND owner = {p} AND position = {p} RETURNING position"
+)
+_FAIL = (
+    "UPDATE {t} SET failures = failures + 1, next_at = {p}, last_error = {p}, "
+    "last_error_at = {p}, failed = failed + 1, lease_until = {p}, updated_at = {p} "
+    "WHERE name = {p} AND owner = {p} AND position = {p} RETURNING position"
+)
+_RELEASE = "UPDATE {t} SET lease_until = 0 WHERE name = {p} AND owner = {p}"
+_FORCE = (
+    "UPDATE {t} SET position = {p}, failures = 0, next_at = NULL, updated_at = {p} WHERE name = {p}"
+)
+
+
+class SqlPositions:
+    """The rows in SQL, on the recorder's own datastore (its pool, its transactions).
+    Subclasses give the placeholder, the qualified table name, the REAL type and how a
+    cursor's rows read."""
+
+    _p = "?"
+    _real = "REAL"
+
+    def __init__(self, recorder: Any) -> None:
+        self._recorder = recorder
+        self._ensured = False
+
+    # -- what a backend supplies ---------------------------------------------------
+
+    def _table(self) -> str:
+        return POSITIONS_TABLE
+
+    def _exists(self) -> bool:
+        raise NotImplementedError
+
+    def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _transaction(self, *, commit: bool) -> AbstractContextManager[Any]:
+        result: AbstractContextManager[Any] = self._recorder.datastore.transaction(commit=commit)
+        return result
+
+    # -- the queries ----------------------------------------------------------------
+
+    def _sql(self, template: str) -> str:
+        return template.replace("{t}", self._table()).replace("{p}", self._p)
+
+    def ensure(self) -> None:
+        if self._ensured:
+            return
+        with self._transaction(commit=True) as cursor:
+            cursor.execute(self._sql(CREATE).replace("{real}", self._real))
+        self._ensured = True
+
+    def read_all(self) -> list[Position]:
+        if not self._ensured and not self._exists():
+            return []
+        with self._transaction(commit=False) as cursor:
+            cursor.execute(self._sql(_SELECT + " ORDER BY name"))
+            return [Position(*row) for row in self._rows(cursor)]
+
+    def claim(self, name: str, owner: str, now: float, lease: float) -> Position | None:
+        self.ensure()
+        # Most passes find their own lease still fresh, or another daemon's running:
+        # a read, no write.
+        with self._transaction(commit=False) as cursor:
+            cursor.execute(self._sql(_SELECT + " WHERE name = {p}"), [name])
+            rows = self._rows(cursor)
+        if rows:
+            row = Position(*rows[0])
+            if row.owner == owner and row.lease_until >= now + lease / 2:
+                return row
+            if row.owner not in ("", owner) and row.lease_until >= now:
+                return None
+        with self._transaction(commit=True) as cursor:
+            cursor.execute(self._sql(_CLAIM_INSERT), list(_fresh(name, now).as_dict().values()))
+            cursor.execute(self._sql(_CLAIM_UPDATE), [owner, now + lease, name, owner, now])
+            cursor.execute(self._sql(_SELECT + " WHERE name = {p}"), [name])
+            rows = self._rows(cursor)
+        claimed = Position(*rows[0]) if rows else None
+        return claimed if claimed is not None and claimed.owner == owner else None
+
+    def advance(
+        self,
+        name: str,
+        owner: str,
+        expected: int,
+        new: int,
+        delivered: int,
+        now: float,
+        lease: float,
+    ) -> bool:
+        params = [new, delivered, now + lease, now, name, owner, expected]
+        return self._changed(_ADVANCE, params)
+
+    def fail(
+        self,
+        name: str,
+        owner: str,
+        expected: int,
+        error: str,
+        next_at: float,
+        now: float,
+        lease: float,
+    ) -> bool:
+        params = [next_at, error, now, now + lease, now, name, owner, expected]
+        return self._changed(_FAIL, params)
+
+    def _changed(self, template: str, params: list[Any]) -> bool:
+        with self._transaction(commit=True) as cursor:
+            cursor.execute(self._sql(template), params)
+            return bool(self._rows(cursor))
+
+    def force(self, name: str, position: int, now: float) -> None:
+        self.ensure()
+        with self._transaction(commit=True) as cursor:
+            cursor.execute(self._sql(_CLAIM_INSERT), list(_fresh(name, now).as_dict().values()))
+            cursor.execute(self._sql(_FORCE), [position, now, name])
+
+    def release(self, name: str, owner: str) -> None:
+        with self._transaction(commit=True) as cursor:
+            cursor.execute(self._sql(_RELEASE), [name, owner])
+
+    def horizon(self, after: int) -> int:
+        # SQLite: one writer at a time, so what is visible is final.
+        return max(after, int(self._recorder.max_notification_id() or 0))
+
+
+class SqlitePositions(SqlPositions):
+    def _exists(self) -> bool:
+        with self._transaction(commit=False) as cursor:
+            cursor.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [POSITIONS_TABLE]
+            )
+            return bool(cursor.fetchall())
+
+    def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in cursor.fetchall()]
+
+
+class PostgresPositions(SqlPositions):
+    _p = "%s"
+    _real = "DOUBLE PRECISION"
+
+    def __init__(self, recorder: Any) -> None:
+        super().__init__(recorder)
+        self._final = 0  # every id up to it is committed or never will be
+
+    def _schema(self) -> str:
+        return str(self._recorder.datastore.schema).replace('"', '""')
+
+    def _table(self) -> str:
+        return f'"{self._schema()}".{POSITIONS_TABLE}'
+
+    def _events(self) -> str:
+        table = str(self._recorder.events_table_name).replace('"', '""')
+        return f'"{self._schema()}"."{table}"'
+
+    def _exists(self) -> bool:
+        with self._transaction(commit=False) as cursor:
+            cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS found", [self._table()])
+            return bool(self._rows(cursor)[0][0])
+
+    def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
+        return [tuple(r.values()) for r in cursor.fetchall()]
+
+    def ensure(self) -> None:
+        # Two daemons creating the table at once: one of them meets the other's
+        # catalog row (unique_violation); the table is then there.
+        try:
+            super().ensure()
+        except Exception:
+            if not self._exists():
+                raise
+            self._ensured = True
+
+    def horizon(self, after: int) -> int:
+        # Below `_final` the log was found final earlier (finality never ends): scan on
+        # from there, so a gap once settled costs no second lock.
+        start = max(after, self._final)
+        with self._transaction(commit=False) as cursor:
+            cursor.execute(
+                f"SELECT notification_id FROM {self._events()} WHERE notification_id > %s "
+                "ORDER BY notification_id LIMIT %s",
+                [start, GAP_SCAN],
+            )
+            ids = [int(row[0]) for row in self._rows(cursor)]
+        contiguous = start
+        for notification_id in ids:
+            if notification_id != contiguous + 1:
+                break
+            contiguous = notification_id
+        if contiguous != (ids[-1] if ids else start):
+            contiguous = max(contiguous, self._settled_max())  # a gap below newer ids
+        self._final = contiguous
+        return contiguous
+
+    def _settled_max(self) -> int:
+        """The highest id once every inserting transaction has ended: the SHARE lock
+        waits for them (they hold ROW EXCLUSIVE until they commit or roll back) and
+        lets none start until it is released, a moment later. Writers queue behind the
+        request while it waits, so it waits briefly (LOCK_WAIT); 0 when that was not
+        enough (a long transaction): the caller delivers up to the gap and asks again."""
+        try:
+            with self._transaction(commit=False) as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'")
+                cursor.execute(f"LOCK TABLE {self._events()} IN SHARE MODE")
+                cursor.execute(f"SELECT COALESCE(MAX(notification_id), 0) FROM {self._events()}")
+                return int(self._rows(cursor)[0][0])
+        except Exception as exc:
+            if _lock_not_available(exc):
+                return 0
+            raise
+
+
+def _lock_not_available(exc: BaseException) -> bool:
+    return any(getattr(error, "sqlstate", None) == "55P03" for error in exception_chain(exc))
+
+
+def positions_for(recorder: Any) -> PositionStore:
+    """The position rows of the store `recorder` (a Ledger's) writes to."""
+    # By the eventsourcing module the recorder's class comes from: importing the
+    # PostgreSQL one (and so psycopg) only to ask would slow every SQLite command.
+    modules = {cls.__module__ for cls in type(recorder).__mro__}
+    if "eventsourcing.postgres" in modules:
+        return PostgresPositions(recorder)
+    if "eventsourcing.sqlite" in modules:
+        return SqlitePositions(recorder)
+    return MemoryPositions(recorder)
+
+
+__all__ = [
+    "POSITIONS_TABLE",
+    "MemoryPositions",
+    "Position",
+    "PositionStore",
+    "PostgresPositions",
+    "SqlPositions",
+    "SqlitePositions",
+    "positions_for",
+]

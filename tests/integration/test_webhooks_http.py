@@ -1,0 +1,136 @@
+"""One webhook POST against real sockets on 127.0.0.1 (README "Webhooks"): only a 2xx
+counts, a redirect is not followed, and the attempt ends at its timeout whether the
+receiver never answers or drips its answer a byte at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from daemon.webhooks.delivery import post
+
+Handler = Callable[[socket.socket], None]
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Handler], str]]:
+    """A one-connection-at-a-time server running `handler` on each accepted socket."""
+    listeners: list[socket.socket] = []
+
+    def start(handler: Handler) -> str:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listeners.append(listener)
+
+        def loop() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn, contextlib.suppress(OSError):
+                    handler(conn)
+
+        threading.Thread(target=loop, daemon=True).start()
+        return f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+
+    yield start
+    for listener in listeners:
+        listener.close()
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(
+        next(
+            line.split(b":")[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+    )
+    while len(rest) < length:
+        rest += conn.recv(65536)
+    return head + b"\r\n\r\n" + rest
+
+
+def answer(status: str, body: bytes = b"", extra: str = "") -> Handler:
+    def handler(conn: socket.socket) -> None:
+        _read_request(conn)
+        head = f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{extra}"
+        conn.sendall(head.encode() + b"Connection: close\r\n\r\n" + body)
+
+    return handler
+
+
+HEADERS = {"webhook-id": "evt_1", "webhook-timestamp": "1", "webhook-signature": "v1,x"}
+
+
+def test_a_2xx_is_delivered_and_carries_the_headers(serve: Callable[[Handler], str]) -> None:
+    seen: list[bytes] = []
+
+    def handler(conn: socket.socket) -> None:
+        seen.append(_read_request(conn))
+        conn.sendall(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+
+    outcome = post(serve(handler) + "?x=1", b'{"a":1}', HEADERS, 2.0)
+    assert outcome.ok and outcome.status == 204
+    request = seen[0].decode()
+    assert request.startswith("POST /hook?x=1 HTTP/1.1\r\n")
+    assert "webhook-id: evt_1" in request and "Content-Type: application/json" in request
+    assert request.endswith('{"a":1}')
+
+
+def test_an_error_status_fails_with_its_body_made_printable(
+    serve: Callable[[Handler], str],
+) -> None:
+    outcome = post(serve(answer("503 Busy", b"down \x1b[31m" + b"x" * 1000)), b"{}", HEADERS, 2.0)
+    assert not outcome.ok and outcome.status == 503
+    assert outcome.error.startswith("HTTP 503: down \\x1b[31m") and len(outcome.error) < 260
+
+
+def test_a_redirect_is_a_failure_and_is_not_followed(serve: Callable[[Handler], str]) -> None:
+    followed: list[bytes] = []
+    target = serve(lambda conn: followed.append(_read_request(conn)))
+    outcome = post(serve(answer("307 Moved", extra=f"Location: {target}\r\n")), b"{}", HEADERS, 2.0)
+    assert not outcome.ok and outcome.status == 307
+    time.sleep(0.2)
+    assert followed == []
+
+
+def test_a_receiver_that_never_answers_times_out(serve: Callable[[Handler], str]) -> None:
+    url = serve(lambda conn: (_read_request(conn), time.sleep(5)))
+    started = time.monotonic()
+    outcome = post(url, b"{}", HEADERS, 0.5)
+    assert not outcome.ok and outcome.error == "no answer within 0.5s"
+    assert time.monotonic() - started < 2
+
+
+def test_a_receiver_dripping_its_answer_is_cut_at_the_timeout(
+    serve: Callable[[Handler], str],
+) -> None:
+    def drip(conn: socket.socket) -> None:
+        _read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(50):  # a header byte every 0.1 s: no single read ever times out
+            conn.sendall(b"X")
+            time.sleep(0.1)
+
+    started = time.monotonic()
+    outcome = post(serve(drip), b"{}", HEADERS, 0.6)
+    assert not outcome.ok and outcome.error == "no answer within 0.6s"
+    assert time.monotonic() - started < 2
+
+
+def test_no_listener_is_a_failure_naming_the_error() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    outcome = post(f"http://127.0.0.1:{port}/", b"{}", HEADERS, 1.0)
+    assert not outcome.ok and outcome.status is None
+    assert "ConnectionRefusedError" in outcome.error

@@ -1,0 +1,236 @@
+"""Webhook positions and deliveries on the real stores (SQLite and PostgreSQL; README
+"Webhooks"): a position survives a reopened store, reading the status creates nothing,
+and on PostgreSQL two delivery workers deliver each event at least once and never skip
+one, however the writers' notification ids interleave."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from tests.unit.engine_rig import policy, receipt
+
+from daemon.engine import Engine, PolicyHolder
+from daemon.providers.fake import FakeProvider
+from daemon.webhooks.delivery import Outcome
+from daemon.webhooks.events import WEBHOOK_TYPES
+from daemon.webhooks.signing import new_secret
+from daemon.webhooks.status import webhook_status
+from daemon.webhooks.worker import Deliverer, Hook
+from ledger.application import Ledger
+from ledger.job import job_id_for
+from ledger.stores.positions import POSITIONS_TABLE
+from policies.loader import PolicySet
+
+SECRET = new_secret()
+HOOK = Hook("ops", "https://hooks.example.com/x", SECRET, frozenset(WEBHOOK_TYPES), timeout=5.0)
+POLICY = policy("receipts")
+
+
+class Receiver:
+    """Thread-safe: every delivery, in arrival order."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.got: list[dict[str, Any]] = []
+
+    def __call__(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout: float
+    ) -> Outcome:
+        import json
+
+        with self.lock:
+            self.got.append(json.loads(body))
+        return Outcome(True, 200)
+
+    def ids(self) -> list[str]:
+        with self.lock:
+            return [p["event_id"] for p in self.got]
+
+
+def engine_on(ledger: Ledger) -> Engine:
+    provider = FakeProvider("fake", clock=lambda: datetime.now(UTC))
+    return Engine(
+        ledger,
+        PolicyHolder(lambda: PolicySet({"receipts": POLICY})),
+        {"fake": provider},
+        provider_timeouts={"fake": 5.0},
+        concurrency=2,
+        rng=random.Random(1),
+    )
+
+
+def confirm(ledger: Ledger, engine: Engine, keys: list[str]) -> None:
+    for key in keys:
+        ledger.submit(receipt("receipts", key), POLICY.sender)
+    engine.tick()
+
+
+def confirmed_ids(ledger: Ledger) -> list[str]:
+    """The event ids of every Confirmed event, in log order."""
+    return [
+        f"evt_{e.originator_id.hex}_{e.originator_version}"
+        for e in ledger.job_events(types=["Confirmed"])
+    ]
+
+
+@pytest.fixture
+def ledger(store_url: str) -> Iterator[Ledger]:
+    with Ledger(store_url) as opened:
+        yield opened
+
+
+def test_a_position_survives_reopening_the_store(store_url: str) -> None:
+    receiver = Receiver()
+    with Ledger(store_url) as ledger:
+        engine = engine_on(ledger)
+        confirm(ledger, engine, ["s-1", "s-2"])
+        Deliverer(ledger, HOOK, owner="a", poster=receiver).pass_once()
+        engine.close()
+    assert len(receiver.got) == 2
+    with Ledger(store_url) as ledger:
+        engine = engine_on(ledger)
+        confirm(ledger, engine, ["s-3"])
+        row = ledger.positions().read_all()[0]
+        assert row.position > 0 and row.delivered == 2 and row.owner == "a"
+        Deliverer(ledger, HOOK, owner="a", poster=receiver).pass_once()
+        assert receiver.ids() == confirmed_ids(ledger)
+        status = webhook_status(ledger, {"ops": list(WEBHOOK_TYPES)}, time.time())
+        assert status[0]["behind"] == 0 and status[0]["delivered"] == 3
+        engine.close()
+
+
+def test_status_on_a_store_without_webhooks_creates_nothing(store_url: str) -> None:
+    with Ledger(store_url) as ledger:
+        engine = engine_on(ledger)
+        confirm(ledger, engine, ["n-1"])
+        engine.close()
+        status = webhook_status(ledger, {"ops": ["confirmed"]}, time.time())
+        assert status[0]["position"] == 0 and status[0]["behind"] == 1
+        assert ledger.positions().read_all() == []
+        assert not _table_exists(ledger)
+
+
+def _table_exists(ledger: Ledger) -> bool:
+    recorder: Any = ledger.recorder
+    with recorder.datastore.transaction(commit=False) as cursor:
+        if store_is_postgres(ledger):
+            cursor.execute(
+                "SELECT to_regclass(%s) IS NOT NULL AS found",
+                [f'"{recorder.datastore.schema}".{POSITIONS_TABLE}'],
+            )
+            return bool(next(iter(cursor.fetchall()[0].values())))
+        cursor.execute("SELECT 1 FROM sqlite_master WHERE name = ?", [POSITIONS_TABLE])
+        return bool(cursor.fetchall())
+
+
+def store_is_postgres(ledger: Ledger) -> bool:
+    return type(ledger.store).__name__ == "PostgresStore"
+
+
+# -- PostgreSQL: gaps and two workers ------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_horizon_waits_for_an_insert_that_has_not_committed(pg_url: str) -> None:
+    import psycopg
+
+    with Ledger(pg_url) as ledger:
+        engine = engine_on(ledger)
+        confirm(ledger, engine, ["g-1"])
+        positions = ledger.positions()
+        before = positions.horizon(0)
+        recorder: Any = ledger.recorder
+        table = f'"{recorder.datastore.schema}"."{recorder.events_table_name}"'
+        # An insert that took its notification id and has not committed ...
+        with psycopg.connect(pg_url.split("?")[0]) as slow:
+            slow.execute(
+                f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+                "VALUES (%s, 1, 'test:Other', '\\x7b7d')",
+                [job_id_for("gap-holder")],
+            )
+            # ... while a later one commits.
+            confirm(ledger, engine, ["g-2"])
+            assert recorder.max_notification_id() > before + 1
+            started = time.monotonic()
+            assert positions.horizon(before) == before  # the gap is not passed over
+            assert time.monotonic() - started < 5
+            receiver = Receiver()
+            Deliverer(ledger, HOOK, owner="a", poster=receiver).pass_once()
+            assert [p["key"] for p in receiver.got] == ["g-1"]
+            slow.rollback()  # the id is never used: a gap for good
+        assert positions.horizon(before) == recorder.max_notification_id()
+        Deliverer(ledger, HOOK, owner="a", poster=receiver).pass_once()
+        assert [p["key"] for p in receiver.got] == ["g-1", "g-2"]
+        engine.close()
+
+
+@pytest.mark.postgres
+def test_two_workers_on_one_postgres_store_deliver_each_event_and_skip_none(
+    pg_url: str,
+) -> None:
+    """Writers in threads (each key submitted twice at once, so that ids are taken and
+    rolled back), two delivery workers on their own Ledgers; half-way the worker holding
+    the lease dies without giving it up and the other takes over once it runs out (its
+    clock is moved on past the lease)."""
+    receiver = Receiver()
+    stop = threading.Event()
+    skew = {"a": 0.0, "b": 0.0}
+    dead: set[str] = set()
+
+    def work(owner: str) -> None:
+        with Ledger(pg_url) as mine:
+            deliverer = Deliverer(
+                mine, HOOK, owner=owner, poster=receiver, clock=lambda: time.time() + skew[owner]
+            )
+            while not stop.is_set():
+                if owner in dead:
+                    return  # killed: no release
+                if not deliverer.pass_once():
+                    time.sleep(0.01)
+
+    with Ledger(pg_url) as writer:
+        engine = engine_on(writer)
+        Deliverer(writer, HOOK, owner="setup", poster=receiver).positions.ensure()
+        with ThreadPoolExecutor(2) as workers:
+            futures = [workers.submit(work, "a"), workers.submit(work, "b")]
+            with ThreadPoolExecutor(4) as submitters:
+                for batch in range(8):
+                    keys = [f"p-{batch}-{n}" for n in range(10)]
+                    # Each key twice at once: the loser's insert takes ids and rolls back.
+                    list(
+                        submitters.map(
+                            lambda key: writer.submit(receipt("receipts", key), POLICY.sender),
+                            keys + keys,
+                        )
+                    )
+                    engine.tick()
+                    if batch == 3:
+                        time.sleep(0.5)
+                        holder = writer.positions().read_all()[0].owner
+                        dead.add(holder)
+                        other = "b" if holder == "a" else "a"
+                        skew[other] = 61.0  # the dead worker's lease has run out
+            expected = confirmed_ids(writer)
+            deadline = time.monotonic() + 30
+            while set(receiver.ids()) != set(expected) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            stop.set()
+            for future in futures:
+                future.result()
+        engine.close()
+    got = receiver.ids()
+    assert len(expected) == 80
+    assert set(got) == set(expected)  # every event at least once
+    # Never out of log order: only a redelivery goes back, never a skip ahead.
+    first_seen = list(dict.fromkeys(got))
+    assert first_seen == expected
+    repeats = sum(count - 1 for count in Counter(got).values())
+    assert repeats <= 1  # at most the one in flight when the holder died
