@@ -13,7 +13,12 @@ from datetime import datetime
 from daemon.engine import Engine, PolicyHolder
 from daemon.engine.observer import EngineObserver
 from daemon.providers.base import Provider
-from daemon.settings import ConfigError, Settings, SmtpImapProviderSettings
+from daemon.settings import (
+    ConfigError,
+    GraphProviderSettings,
+    Settings,
+    SmtpImapProviderSettings,
+)
 from ledger.application import Ledger
 from policies.loader import PolicySet
 
@@ -44,6 +49,8 @@ def build_provider(settings: Settings, name: str) -> Provider:
             sent_copy=config.sent_copy,
             timeout=config.timeout,
         )
+    if isinstance(config, GraphProviderSettings):
+        return _graph_provider(settings, name, config)
     from daemon.providers.gmail import DelegationRequired, GmailProvider
 
     try:
@@ -60,6 +67,40 @@ def build_provider(settings: Settings, name: str) -> Provider:
         )
     except DelegationRequired as exc:
         raise ConfigError(f"providers.{name}.user: {exc}") from None
+
+
+def _graph_provider(settings: Settings, name: str, config: GraphProviderSettings) -> Provider:
+    from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
+    from daemon.providers.graph_credentials import read_certificate, read_client_secret
+
+    credential: str | dict[str, str]
+    try:
+        if config.client_secret_file is not None:
+            field = "client_secret_file"
+            credential = read_client_secret(settings.resolve(config.client_secret_file))
+        else:
+            assert config.certificate_file is not None  # the settings allow one of both
+            field = "certificate_file"
+            credential = read_certificate(settings.resolve(config.certificate_file))
+    except ValueError as exc:
+        raise ConfigError(f"providers.{name}.{field}: {exc}") from None
+    tokens = GraphTokens(
+        authority=config.authority,
+        tenant_id=config.tenant_id,
+        client_id=config.client_id,
+        credential=credential,
+        timeout=config.timeout,
+    )
+    return GraphProvider(
+        name,
+        tokens=tokens,
+        user=config.user,
+        api_endpoint=config.api_endpoint,
+        timeout=config.timeout,
+        max_concurrent=config.max_concurrent,
+        confirm_wait=config.confirm_wait,
+        ca_certs=trusted_ca_bundle(),
+    )
 
 
 @dataclass

@@ -31,28 +31,24 @@ matched loosely: a test that relies on full-text search should fail loudly here.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
 import secrets
-import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from testkit import mime
 from testkit._http import (
-    BodyError,
+    AnsweringHandler,
     LoopbackService,
-    QuietHandler,
+    Response,
     google_error,
 )
 from testkit.tls import TlsFiles
@@ -82,8 +78,6 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/messages/([^/]+)$"), "get"),
     ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/profile$"), "profile"),
 ]
-
-Response = tuple[int, list[tuple[str, str]], bytes]
 
 
 # Gmail API quota units per call (developers.google.com/gmail/api/reference/quota).
@@ -199,7 +193,7 @@ class GmailEmulator(LoopbackService):
         idle_timeout: float | None = None,
         user_quota: float | None = None,
     ) -> None:
-        super().__init__(host, port)
+        super().__init__(host, port, tls)
         if user_quota is not None and user_quota <= 0:
             raise ValueError(f"user_quota must be positive, got {user_quota!r}")
         self.user_quota = user_quota
@@ -209,11 +203,9 @@ class GmailEmulator(LoopbackService):
         self.quota_refusals = 0
         self._lag = float(lag)
         self._latency = _check_latency(latency)
-        self.tls = tls
         # Seconds a keep-alive connection may sit idle before the server closes it
         # (None: QuietHandler's default), to exercise clients that reuse connections.
         self.idle_timeout = idle_timeout
-        self._ssl_context = tls.server_context() if tls is not None else None
         self._acceptance_log = acceptance_log
         self.require_auth = require_auth
         self.rewrite_message_id = rewrite_message_id
@@ -230,11 +222,6 @@ class GmailEmulator(LoopbackService):
         self.token_requests: list[dict[str, Any]] = []
 
     # -- lifecycle ---------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        plain = super().url
-        return "https://" + plain.removeprefix("http://") if self.tls is not None else plain
 
     @property
     def token_uri(self) -> str:
@@ -818,53 +805,15 @@ def _matches(stored: _Stored, query: _Query) -> bool:
     return True
 
 
-class _GmailHandler(QuietHandler):
+class _GmailHandler(AnsweringHandler):
     emulator: GmailEmulator
 
-    def setup(self) -> None:
-        context = self.emulator._ssl_context
-        if context is not None:
-            # The handshake runs in this connection's thread, not the accept loop, so a
-            # slow or broken client holds up nobody else.
-            self.request.settimeout(self.timeout)
-            with contextlib.suppress(OSError):
-                self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.request = context.wrap_socket(self.request, server_side=True)
-        super().setup()
+    def answer(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Response:
+        return self.emulator.handle(method, target, headers, body)
 
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            if self.emulator._ssl_context is not None:
-                # The server closes the socket it accepted, which wrap_socket detached.
-                with contextlib.suppress(OSError):
-                    self.request.close()
-
-    def _serve(self) -> None:
-        try:
-            body = self.read_body()
-        except BodyError as exc:
-            self.close_connection = True
-            error = google_error(400, str(exc), "badRequest", "INVALID_ARGUMENT")
-            self.send_body(400, json.dumps(error).encode(), [("Content-Type", _JSON)])
-            return
-        headers = {name.lower(): value for name, value in self.headers.items()}
-        try:
-            status, response_headers, data = self.emulator.handle(
-                self.command, self.path, headers, body
-            )
-        except Exception:
-            # A bug in the emulator answers like Gmail's own failures do (a 5xx), loudly,
-            # rather than as a dropped connection that a test would read as a network fault.
-            traceback.print_exc()
-            status, response_headers, data = _json_response(
-                500, google_error(500, "Internal error encountered.", "backendError", "INTERNAL")
-            )
-        self.send_body(status, data, response_headers, reason=HTTPStatus(status).phrase)
-
-    do_GET = _serve
-    do_POST = _serve
-    do_PUT = _serve
-    do_PATCH = _serve
-    do_DELETE = _serve
+    def failure(self, status: int, message: str) -> Response:
+        if status == 400:
+            return _json_response(400, google_error(400, message, "badRequest", "INVALID_ARGUMENT"))
+        return _json_response(
+            status, google_error(status, "Internal error encountered.", "backendError", "INTERNAL")
+        )
