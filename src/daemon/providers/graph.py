@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from email.parser import BytesHeaderParser
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from daemon.providers.answers import json_object
 from daemon.providers.base import (
@@ -506,11 +506,17 @@ class GraphProvider:
             next_link = page.get("@odata.nextLink")
             if not next_link:
                 return found
-            if not isinstance(next_link, str) or not next_link.startswith(self.api_endpoint):
-                # Following a link elsewhere would hand our token to another host.
-                raise ProviderError(f"{what}: next page link outside {self.api_endpoint}")
-            url = next_link
+            url = self._own_link(what, next_link)
         raise ProviderError(f"{what}: more than {MAX_PAGES} pages")
+
+    def _own_link(self, what: str, link: Any) -> str:
+        """A next-page link, always on our own api_endpoint: the token goes to no other
+        host, and a link that names the upstream of a proxy still works."""
+        base = urlsplit(self.api_endpoint)
+        parts = urlsplit(link) if isinstance(link, str) else None
+        if parts is None or not parts.path.startswith(base.path.rstrip("/") + "/"):
+            raise ProviderError(f"{what}: next page link outside {self.api_endpoint}: {link!r}")
+        return urlunsplit((base.scheme, base.netloc, parts.path, parts.query, ""))
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.read_message_id_in(self._unscoped(), provider_message_id)
