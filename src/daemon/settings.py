@@ -185,8 +185,9 @@ class GraphProviderSettings(_Section):
     api_endpoint: str = "https://graph.microsoft.com/v1.0"
     # The token endpoint is {authority}/{tenant_id}/oauth2/v2.0/token; msal takes https only.
     authority: str = "https://login.microsoftonline.com"
-    # Each request's; a send is up to three (create, send, read-back) plus confirm_wait.
-    timeout: Duration = Field(default=20.0, gt=0)
+    # Each request's; a send is up to three (create, send, read-back) plus confirm_wait,
+    # which daemon.deadline_grace should cover: 2 x timeout + confirm_wait.
+    timeout: Duration = Field(default=10.0, gt=0)
     # Requests in flight at once per mailbox (Graph's limit is 4 per app and mailbox).
     max_concurrent: int = Field(default=4, ge=1, le=64)
     # After a 202, how long the send reads the draft's id back for the filed copy

@@ -212,7 +212,7 @@ class GraphProvider:
         tokens: GraphTokens,
         user: str,
         api_endpoint: str = GRAPH_API,
-        timeout: float = 20.0,
+        timeout: float = 10.0,
         max_concurrent: int = 4,
         confirm_wait: float = 3.0,
         ca_certs: str | None = None,
