@@ -21,15 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.daemon_kit import RETRY_POLICY, SENDLEDGER, Rig, events_of, job
-from tests.e2e.test_crash_matrix import POLICY, ForkedDaemon
+from tests.e2e.daemon_kit import RETRY_POLICY, SENDLEDGER, Rig, job
+from tests.e2e.test_crash_matrix import POLICY, matrix_row
 
-from daemon.crashpoints import ENV as CRASH_ENV
-from daemon.engine.recover import OWN_REASON
-from ledger.content import parse_job
-from policies.loader import load_policy_dir
 from testkit.graph import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
-from testkit.relay import FaultPlan, FaultRelay, Mode
+from testkit.relay import FaultRelay, Mode
 from testkit.tls import make_loopback_tls
 
 POINTS = ("after-claim", "after-send", "after-search")
@@ -46,7 +42,6 @@ MODES: tuple[Mode, ...] = (
 # leave the send's outcome unknown and lead to a search.
 UNKNOWN_OUTCOME = {"drop-response", "fail-before-forward", "500-after-forward", "hang"}
 GRAPH_POLICY: dict[str, Any] = {**POLICY, "provider": "graph"}
-CELL_LIMIT = 25.0
 SECRET = "e2e-graph-secret"
 
 
@@ -143,67 +138,12 @@ def results() -> Iterator[dict[tuple[str, str], str]]:
             print(f"  {point:<13} {mode:<20} {cell}")
 
 
-def _run_cell(rig: GraphRig, point: str, mode: Mode) -> dict[str, Any]:
-    key = f"{point}-{mode}"
-    rig.relay.set_plan(FaultPlan(send=[mode]))  # this job's first send; later sends pass
-    sender = load_policy_dir(rig.policies_dir).get("receipts")
-    assert sender is not None
-    rig.ledger.submit(parse_job(job(key)), sender.sender)
-    env = {"SENDLEDGER_DAEMON__NAME": "graph-matrix", **rig.trust}
-    first = ForkedDaemon(rig, rig.dir / f"{key}.1.log", {**env, CRASH_ENV: point})
-    daemons = [first]
-    try:
-        end = time.monotonic() + CELL_LIMIT
-        while first.poll() is None and rig.state(key) not in ("confirmed", "review"):
-            assert time.monotonic() < end, f"{key}: neither crashed nor settled\n{first.tail()}"
-            time.sleep(0.05)
-        crashed = first.poll() == -signal.SIGKILL
-        if not crashed:
-            assert first.terminate() == 0, first.tail()
-        else:
-            second = ForkedDaemon(rig, rig.dir / f"{key}.2.log", env)
-            daemons.append(second)
-            while rig.state(key) not in ("confirmed", "review"):
-                assert time.monotonic() < end, f"{key}: not settled\n{second.tail()}"
-                time.sleep(0.05)
-            assert second.terminate() == 0, second.tail()
-    finally:
-        for daemon in daemons:
-            if daemon.poll() is None:
-                os.kill(daemon.pid, signal.SIGKILL)
-                daemon.poll()
-    return {
-        "key": key,
-        "crashed": crashed,
-        "state": rig.state(key),
-        "copies": rig.copies_in_log_file(rig.message_id(key)),
-        "history": rig.history(key),
-    }
-
-
 @pytest.mark.parametrize("point", POINTS)
 def test_graph_crash_point_by_relay_mode(
     point: str, tmp_path: Path, results: dict[tuple[str, str], str]
 ) -> None:
     with GraphRig(tmp_path) as rig:
-        wrong: list[str] = []
-        for mode in MODES:
-            cell = _run_cell(rig, point, mode)
-            types = [r["type"] for r in cell["history"]]
-            via = [str(e["via"]) for e in events_of(cell["history"], "Confirmed")]
-            results[(point, mode)] = (
-                f"{cell['copies']} copy, {cell['state']} via {'/'.join(via)}, "
-                f"{types.count('Attempted')} attempts"
-                f"{' (crashed)' if cell['crashed'] else ' (point not reached)'}"
-            )
-            expect_crash = point != "after-search" or mode in UNKNOWN_OUTCOME
-            if cell["state"] != "confirmed" or cell["copies"] != 1:
-                wrong.append(f"{cell['key']}: {cell['state']}, {cell['copies']} copies {types}")
-            if cell["crashed"] != expect_crash:
-                wrong.append(f"{cell['key']}: crashed={cell['crashed']} {types}")
-            unknowns = [str(e["reason"]) for e in events_of(cell["history"], "Unknown")]
-            if cell["crashed"] and point != "after-search" and OWN_REASON not in unknowns:
-                wrong.append(f"{cell['key']}: own claim not recovered at start-up: {unknowns}")
+        wrong = matrix_row(rig, point, MODES, UNKNOWN_OUTCOME, results, env=rig.trust)
         assert wrong == [], "\n".join(wrong)
 
 
