@@ -257,10 +257,10 @@ class GraphEmulator(LoopbackService):
             parsed = mime.parse(raw)
         with self._lock:
             now = self._clock()
-            ident = self._new_id()
             item = _Item(
-                immutable_id=ident,
-                rest_id=ident,
+                # Graph's two id kinds differ; only the immutable one survives a move.
+                immutable_id=self._new_id(),
+                rest_id=self._new_id(),
                 user=user,
                 raw=raw,
                 message_id=mime.header(parsed, "Message-ID"),
@@ -307,7 +307,7 @@ class GraphEmulator(LoopbackService):
         for item in self._items:
             if item.user != user:
                 continue
-            if item.immutable_id == ident or (not immutable and item.rest_id == ident):
+            if (item.immutable_id if immutable else item.rest_id) == ident:
                 return item
         return None
 
@@ -556,7 +556,6 @@ class GraphEmulator(LoopbackService):
     def _send_mail(self, user: str, headers: dict[str, str], body: bytes) -> Response:
         raw = self._mime(headers, body)
         item = self._store_draft(user, raw)
-        item.immutable_id = item.rest_id = self._new_id()
         self._dispatch(item, "sendMail", raw)
         return 202, [], b""
 
