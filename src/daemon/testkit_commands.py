@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     gmail.add_argument(
         "--rewrite-message-id",
         action="store_true",
-        help="replace each sent Message-ID (simulates the reported Gmail behaviour)",
+        help="replace the Message-ID of each message sent, by messages.send and by"
+        " drafts.send (simulates the reported Gmail behaviour)",
     )
     gmail.add_argument(
         "--write-service-account",

@@ -56,8 +56,8 @@ Kind = Literal["send", "search", "token", "other"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
 _FORWARDING: frozenset[Mode] = frozenset({"pass", "drop-response", "hang", "500-after-forward"})
-# Gmail's messages.send; Graph's send of a draft and sendMail.
-_SEND = re.compile(r"/users/[^/]+/(?:messages/send|messages/[^/]+/send|sendMail)/?$")
+# Gmail's messages.send and drafts.send; Graph's send of a draft and sendMail.
+_SEND = re.compile(r"/users/[^/]+/(?:messages/send|drafts/send|messages/[^/]+/send|sendMail)/?$")
 # Gmail's messages.list/get; Graph's message list (in a folder or not) and get.
 _SEARCH = re.compile(r"/users/[^/]+/(?:mailFolders/[^/]+/)?messages(?:/[^/]+)?/?$")
 _JSON = "application/json; charset=UTF-8"
