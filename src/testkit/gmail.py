@@ -362,22 +362,10 @@ class GmailEmulator(LoopbackService):
         *,
         via: str,
         rewrite: bool,
+        logged: bool = True,
     ) -> _Stored:
-        """Store a message that was sent (or injected) and log its acceptance."""
-        stored = self._store(user, raw, labels, thread_id, via=via, rewrite=rewrite)
-        self._log_accepted(stored, raw, via)
-        return stored
-
-    def _store(
-        self,
-        user: str,
-        raw: bytes,
-        labels: list[str],
-        thread_id: str | None,
-        *,
-        via: str,
-        rewrite: bool,
-    ) -> _Stored:
+        """Store a message; `logged`: it was sent (or injected), so it is in the acceptance
+        log too (a draft is stored, not sent)."""
         parsed = mime.parse(raw)
         stored_raw = raw
         if rewrite:
@@ -412,7 +400,9 @@ class GmailEmulator(LoopbackService):
             mailbox.append(stored)
             known_threads.add(stored.thread_id)
             self._by_id[stored.id] = stored
-            return stored
+        if logged:
+            self._log_accepted(stored, raw, via)
+        return stored
 
     def _log_accepted(self, stored: _Stored, raw: bytes, via: str) -> None:
         """One line in the acceptance log: a message actually sent (or injected)."""
@@ -844,13 +834,14 @@ class GmailEmulator(LoopbackService):
             message = _json_object(body).get("message")
             raw = self._raw_of(message if isinstance(message, dict) else {})
         thread_id = message.get("threadId") if isinstance(message, dict) else None
-        stored = self._store(
+        stored = self._accept(
             user,
             raw,
             [DRAFT_LABEL],
             thread_id if isinstance(thread_id, str) else None,
             via="drafts.create",
             rewrite=False,  # a draft keeps the client's Message-ID; sending may replace it
+            logged=False,
         )
         with self._lock:
             draft_id = self._new_draft_id()
