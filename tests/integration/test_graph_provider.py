@@ -376,3 +376,19 @@ def unused_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+def test_remembered_drafts_are_bounded_and_dropped_once_confirmed(
+    provider: ProviderFactory, graph: GraphEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph_provider = provider(confirm_wait=1.0)
+    mailbox = graph_provider.mailbox(MAILBOX)
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    assert mailbox.drafts(MID) == []
+    monkeypatch.setattr(graph_module, "REMEMBERED_DRAFTS", 1)
+    graph.set_file_delay(30)
+    unknown = provider(confirm_wait=0.0)
+    for message_id in ("<u1@x>", "<u2@x>"):
+        assert unknown.send_raw(raw_message(message_id)).kind is SendKind.UNKNOWN
+    box = unknown.mailbox(MAILBOX)
+    assert box.drafts("<u1@x>") == [] and len(box.drafts("<u2@x>")) == 1

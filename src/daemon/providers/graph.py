@@ -21,6 +21,7 @@ import base64
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from email.parser import BytesHeaderParser
 from typing import Any
@@ -69,6 +70,8 @@ MAX_PAGES = 50
 _SELECT = "id,internetMessageId,isDraft,parentFolderId"
 #: Seconds between reads of a sent draft's id while waiting for its copy.
 POLL_INTERVAL = 0.2
+#: Message-IDs per mailbox whose unconfirmed drafts this process remembers.
+REMEMBERED_DRAFTS = 10_000
 
 Response = tuple[int, dict[str, str], bytes]
 
@@ -158,12 +161,18 @@ class _Mailbox:
         self.path = "/users/" + quote(user, safe="@")
         self.slots = threading.BoundedSemaphore(max_concurrent)
         self._lock = threading.Lock()
-        self._drafts: dict[str, list[str]] = {}
+        # Oldest first; bounded, because forgetting one only loses the fast path (the
+        # $filter still finds the copy) while keeping all would grow without end.
+        self._drafts: OrderedDict[str, list[str]] = OrderedDict()
 
     def remember(self, message_id: str | None, draft_id: str) -> None:
         if message_id is not None:
             with self._lock:
-                self._drafts.setdefault(_key(message_id), []).append(draft_id)
+                key = _key(message_id)
+                self._drafts.setdefault(key, []).append(draft_id)
+                self._drafts.move_to_end(key)
+                while len(self._drafts) > REMEMBERED_DRAFTS:
+                    self._drafts.popitem(last=False)
 
     def drafts(self, message_id: str) -> list[str]:
         with self._lock:
@@ -395,7 +404,10 @@ class GraphProvider:
         else:
             outcome = classify_send_response(status, headers, body)
             if 200 <= status < 300:
-                return self._await_copy(mailbox, draft_id, outcome)
+                outcome = self._await_copy(mailbox, draft_id, outcome)
+                if outcome.kind is SendKind.CONFIRMED:
+                    mailbox.forget(message_id, draft_id)  # settled: no search will need it
+                return outcome
         if outcome.kind is SendKind.REJECTED:
             deleted = self._delete(mailbox, draft_id)
             if deleted is not None and (200 <= deleted < 300 or deleted == 404):
