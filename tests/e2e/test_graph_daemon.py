@@ -230,3 +230,48 @@ def test_emulator_graph_command_serves_a_daemon(tmp_path: Path) -> None:
     finally:
         emulator.send_signal(signal.SIGTERM)
         assert emulator.wait(timeout=10) == 0
+
+
+def test_probe_on_a_graph_provider(tmp_path: Path) -> None:
+    """`sendledger probe` through its drop-response relay, against the Graph emulator: the
+    reply to the send is lost, the search finds the one copy, the Message-ID was kept."""
+    tls = make_loopback_tls(tmp_path / "tls")
+    log = tmp_path / "accepted.jsonl"
+    with GraphEmulator(
+        tls=tls, acceptance_log=log, clients={DEFAULT_CLIENT_ID: SECRET}, file_delay=0.3, lag=1.0
+    ) as emulator:
+        (tmp_path / "client-secret").write_text(SECRET + "\n", encoding="utf-8")
+        (tmp_path / "policies").mkdir()
+        config = tmp_path / "sendledger.toml"
+        config.write_text(
+            graph_config(
+                authority=emulator.authority,
+                api_endpoint=emulator.api_endpoint,
+                user="probe@example.com",
+            ),
+            encoding="utf-8",
+        )
+        # The probe's relay checks the emulator's certificate with the default trust,
+        # which SSL_CERT_FILE replaces; msal and the Graph calls read REQUESTS_CA_BUNDLE.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")} | {
+            "REQUESTS_CA_BUNDLE": str(tls.ca_file),
+            "SSL_CERT_FILE": str(tls.ca_file),
+        }
+        probe = subprocess.run(
+            [
+                *(SENDLEDGER, "--config", str(config), "probe", "--provider", "graph"),
+                *("--to", "you@example.net", "--yes", "--max-wait", "20s"),
+                *("--interval", "200ms", "--json"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=90,
+        )
+        assert probe.returncode == 0, probe.stderr
+        report = json.loads(probe.stdout)
+        assert (report["kind"], report["send_outcome"]) == ("graph", "unknown")
+        assert (report["found"], report["copies"], report["kept_message_id"]) == (True, 1, True)
+        assert "internetMessageId eq" in report["query"]
+        assert emulator.copies(report["message_id"]) == 1
