@@ -23,7 +23,9 @@ on it:
   draft is at most one message;
 - `rewrite_message_id` replaces the Message-ID of each message sent (both paths), to test
   a client's defence against a provider that does;
-- `throttle(n)` answers the next n API requests 429 with Retry-After, doing nothing.
+- `throttle(n)` answers the next n API requests 429 with Retry-After, doing nothing; so
+  does a request over `mailbox_concurrency` (Graph's 4 in flight per app and mailbox),
+  each taking `latency` seconds.
 
 Every message actually sent is written to the acceptance log (JSON lines), which is where
 tests count effects. Filters other than `internetMessageId eq '...'` are refused with 400
@@ -34,13 +36,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -145,6 +148,8 @@ class GraphEmulator(LoopbackService):
         acceptance_log: Path | None = None,
         rewrite_message_id: bool = False,
         mailboxes: Iterable[str] | None = None,
+        mailbox_concurrency: int | None = 4,
+        latency: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(host, port, tls)
@@ -159,6 +164,13 @@ class GraphEmulator(LoopbackService):
         self.rewrite_message_id = rewrite_message_id
         # An application access policy: None lets the app reach every mailbox.
         self.mailboxes = None if mailboxes is None else {m.lower() for m in mailboxes}
+        # Graph allows 4 requests in flight per app and mailbox; more are answered 429.
+        self.mailbox_concurrency = mailbox_concurrency
+        # Seconds each API request takes (while it counts as in flight).
+        self.latency = float(latency)
+        self._running: dict[str, int] = {}
+        self.peak_in_flight: dict[str, int] = {}
+        self.concurrency_refusals = 0
         self._clock = clock
         self._lock = threading.RLock()
         self._tokens: dict[str, float] = {}  # access token -> expiry
@@ -498,7 +510,43 @@ class GraphEmulator(LoopbackService):
         user = parts[1].lower()
         if self.mailboxes is not None and user not in self.mailboxes:
             raise GraphError(403, "ErrorAccessDenied", "Access is denied. Check credentials.")
-        rest = parts[2:]
+        with self._in_flight(user):
+            return self._mail(method, user, parts[2:], params, headers, body)
+
+    @contextlib.contextmanager
+    def _in_flight(self, user: str) -> Iterator[None]:
+        """Count the request against its mailbox's concurrency limit for as long as it
+        runs (`latency` included); over the limit it is answered 429 and does nothing."""
+        with self._lock:
+            running = self._running.get(user, 0) + 1
+            if self.mailbox_concurrency is not None and running > self.mailbox_concurrency:
+                self.concurrency_refusals += 1
+                raise GraphError(
+                    429,
+                    "ApplicationThrottled",
+                    "Application is over its MailboxConcurrency limit.",
+                    [("Retry-After", "1")],
+                )
+            self._running[user] = running
+            self.peak_in_flight[user] = max(self.peak_in_flight.get(user, 0), running)
+            latency = self.latency
+        try:
+            if latency > 0:
+                time.sleep(latency)  # in this request's thread: requests overlap
+            yield
+        finally:
+            with self._lock:
+                self._running[user] -= 1
+
+    def _mail(
+        self,
+        method: str,
+        user: str,
+        rest: list[str],
+        params: dict[str, list[str]],
+        headers: dict[str, str],
+        body: bytes,
+    ) -> Response:
         immutable = bool(IMMUTABLE.search(headers.get("prefer", "")))
         with self._lock:
             self._settle()
@@ -520,7 +568,7 @@ class GraphEmulator(LoopbackService):
                 if method != "GET":
                     raise GraphError(405, "MethodNotAllowed", "GET expected")
                 return self._list(user, rest[1].lower(), params, immutable)
-        raise GraphError(400, "BadRequest", f"Resource not found for the segment {path!r}.")
+        raise GraphError(400, "BadRequest", f"Resource not found for the segment {rest!r}.")
 
     @staticmethod
     def _mime(headers: dict[str, str], body: bytes) -> bytes:

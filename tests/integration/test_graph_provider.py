@@ -9,6 +9,7 @@ emulator results, not a Microsoft guarantee.
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import json
 import socket
@@ -392,3 +393,27 @@ def test_remembered_drafts_are_bounded_and_dropped_once_confirmed(
         assert unknown.send_raw(raw_message(message_id)).kind is SendKind.UNKNOWN
     box = unknown.mailbox(MAILBOX)
     assert box.drafts("<u1@x>") == [] and len(box.drafts("<u2@x>")) == 1
+
+
+@pytest.mark.parametrize(("limit", "refused"), [(4, False), (8, True)])
+def test_max_concurrent_keeps_a_mailbox_within_graphs_limit(
+    provider: ProviderFactory, graph: GraphEmulator, accept_log: Path, limit: int, refused: bool
+) -> None:
+    """Graph answers a fifth request in flight for one mailbox 429 (MailboxConcurrency):
+    `max_concurrent = 4` never gets one; 8 does, and each such send is a transient
+    rejection, never a copy."""
+    graph.latency = 0.15
+    graph_provider = provider(max_concurrent=limit, confirm_wait=2.0)
+    ids = [f"<c{n}@x>" for n in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        outcomes = list(pool.map(lambda m: graph_provider.send_raw(raw_message(m)), ids))
+    kinds = {outcome.kind for outcome in outcomes}
+    assert graph.peak_in_flight[MAILBOX] <= 4
+    if refused:
+        assert graph.concurrency_refusals > 0 and SendKind.REJECTED in kinds
+        assert all(o.transient for o in outcomes if o.kind is SendKind.REJECTED)
+    else:
+        assert graph.concurrency_refusals == 0 and kinds == {SendKind.CONFIRMED}
+    confirmed = {m for m, o in zip(ids, outcomes, strict=True) if o.kind is SendKind.CONFIRMED}
+    assert {m for m in ids if logged_copies(accept_log, m) == 1} >= confirmed
+    assert all(logged_copies(accept_log, m) <= 1 for m in ids)
