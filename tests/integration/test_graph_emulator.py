@@ -3,6 +3,7 @@ requests: what a Graph client can rely on, and what the provider tests build on.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from urllib.parse import quote
 import pytest
 import requests
 
+from daemon.testkit_commands import register
 from testkit.graph import (
     DEFAULT_CLIENT_ID,
     DEFAULT_CLIENT_SECRET,
@@ -262,3 +264,26 @@ def test_access_policy(client: Client, emulator: GraphEmulator) -> None:
     emulator.mailboxes = {"other@example.com"}
     answer = client.call("GET", "/messages")
     assert (answer.status_code, answer.json()["error"]["code"]) == (403, "ErrorAccessDenied")
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["emulator", "graph", "--lag", "soon"], "--lag"),
+        (["emulator", "graph", "--port", "99999"], "--port"),
+        (["emulator", "graph", "--file-delay", "-1"], "--file-delay"),
+        (
+            ["emulator", "graph", "--client-secret-file", "/nonexistent/secret"],
+            "--client-secret-file",
+        ),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(
+    argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser(prog="sendledger")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and option in err
