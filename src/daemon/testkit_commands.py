@@ -114,6 +114,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--retry-after", default="1s", help="Retry-After on 429/503/403 faults, or 'none'"
     )
     relay.add_argument("--reset", action="store_true", help="drop connections with a TCP RST")
+    relay.add_argument(
+        "--upstream-ca",
+        metavar="FILE",
+        help="CA file an https upstream is checked against (e.g. emulator graph's ca_file)",
+    )
     relay.set_defaults(func=run_relay)
 
 
@@ -303,9 +308,12 @@ def _run_relay(args: argparse.Namespace) -> int:
             hang_seconds=hang,
             retry_after=retry_after,
             reset=args.reset,
+            upstream_ca=args.upstream_ca,
         )
     except ValueError as exc:
         raise _BadOption("--upstream", str(exc)) from exc
+    except OSError as exc:  # an unreadable CA file: before anything listens
+        raise _BadOption("--upstream-ca", f"cannot load {args.upstream_ca}: {exc}") from exc
     relay.start()
     try:
         print(relay.url, flush=True)

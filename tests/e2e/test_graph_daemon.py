@@ -148,10 +148,12 @@ def test_graph_crash_point_by_relay_mode(
 
 
 def test_emulator_graph_command_serves_a_daemon(tmp_path: Path) -> None:
-    """`sendledger emulator graph` as a process, its printed facts wired into a config, a
-    daemon process sending through it: one job confirmed by the copy read back, one line
-    in the acceptance log."""
+    """`sendledger emulator graph` and `sendledger relay --upstream-ca` as processes, the
+    emulator's printed facts wired into a config, a daemon process sending through the
+    relay, which drops the reply to the first send: the job is confirmed by the search, one
+    line in the acceptance log."""
     log = tmp_path / "accepted.jsonl"
+    relay: subprocess.Popen[str] | None = None
     emulator = subprocess.Popen(
         [SENDLEDGER, "emulator", "graph", "--accept-log", str(log), "--tls-dir", "tls"],
         cwd=tmp_path,
@@ -163,6 +165,17 @@ def test_emulator_graph_command_serves_a_daemon(tmp_path: Path) -> None:
         assert emulator.stdout is not None
         facts = json.loads(emulator.stdout.readline())
         assert facts["api_endpoint"] == facts["url"] + "/v1.0"
+        relay = subprocess.Popen(
+            [
+                *(SENDLEDGER, "relay", "--upstream", facts["url"]),
+                *("--upstream-ca", facts["ca_file"], "--port", "0", "--send", "drop-response"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert relay.stdout is not None
+        relay_url = relay.stdout.readline().strip()
         (tmp_path / "policies").mkdir()
         (tmp_path / "policies" / "receipts.toml").write_text(
             'channel = "receipts"\n'
@@ -175,7 +188,7 @@ def test_emulator_graph_command_serves_a_daemon(tmp_path: Path) -> None:
         config.write_text(
             graph_config(
                 authority=facts["authority"],
-                api_endpoint=facts["api_endpoint"],
+                api_endpoint=relay_url + "/v1.0",
                 user="receipts@shop.example",
                 timeout="5s",
                 tenant_id=facts["tenant_id"],
@@ -225,9 +238,27 @@ def test_emulator_graph_command_serves_a_daemon(tmp_path: Path) -> None:
             daemon.send_signal(signal.SIGTERM)
             _, daemon_err = daemon.communicate(timeout=20)
         assert state == "confirmed", daemon_err[-3000:]
+        history = subprocess.run(
+            [SENDLEDGER, "--config", str(config), "history", "cli-1", "--json"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+        )
+        records = json.loads(history.stdout)
+        assert [r["type"] for r in records if r["type"] in ("Unknown", "Confirmed")] == [
+            "Unknown",
+            "Confirmed",
+        ]
+        assert [r["via"] for r in records if r["type"] == "Confirmed"] == ["search"]
         lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
         assert [(e["user"], e["via"]) for e in lines] == [("receipts@shop.example", "send")]
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=10) == 0
     finally:
+        if relay is not None and relay.poll() is None:
+            relay.kill()
         emulator.send_signal(signal.SIGTERM)
         assert emulator.wait(timeout=10) == 0
 
