@@ -54,8 +54,8 @@ class GraphRig(Rig):
         folder: Path,
         *,
         lag: float = 0.2,
-        hang_seconds: float = 1.5,
-        timeout: str = "1s",
+        hang_seconds: float = 3.0,  # past `timeout`: the daemon gives up first
+        timeout: str = "2s",  # generous: TLS handshakes on a loaded machine
         deadline_grace: str = "60s",
         user: str = "{from}",
         policies: Mapping[str, Mapping[str, Any]] | None = None,
@@ -110,7 +110,7 @@ def graph_config(
     authority: str,
     api_endpoint: str,
     user: str,
-    timeout: str = "1s",
+    timeout: str = "2s",
     deadline_grace: str = "60s",
     tenant_id: str = DEFAULT_TENANT,
     client_id: str = DEFAULT_CLIENT_ID,

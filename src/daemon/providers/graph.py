@@ -376,6 +376,8 @@ class GraphProvider:
         """Create the draft, send it, and read its copy back (see the module docstring and
         `graph_classify.py` for what each answer means). Never raises for the outcome."""
         message_id = BytesHeaderParser().parsebytes(raw).get("Message-ID")
+        if message_id is not None:
+            self._tidy(mailbox, str(message_id))
         try:
             status, headers, body = self._request(
                 mailbox,
@@ -414,6 +416,19 @@ class GraphProvider:
                 mailbox.forget(message_id, draft_id)
             return after_draft_delete(outcome, deleted)
         return outcome
+
+    def _tidy(self, mailbox: _Mailbox, message_id: str) -> None:
+        """Before another attempt of the same message: delete the drafts of earlier ones
+        that are still drafts (a rejected send whose draft could not be deleted then), so
+        they do not pile up in Drafts. Best effort: a failure here changes nothing about
+        the new attempt, and the next search fences what is left."""
+        for draft_id in mailbox.drafts(message_id):
+            try:
+                found = self._message(mailbox, draft_id)
+                if found is not None and found.get("isDraft") is True:
+                    self._fence(mailbox, message_id, draft_id)
+            except ProviderError:
+                continue  # the next search fences it
 
     def _await_copy(self, mailbox: _Mailbox, draft_id: str, accepted: SendOutcome) -> SendOutcome:
         """After a 202: read the draft's immutable id until Graph has filed the sent copy
