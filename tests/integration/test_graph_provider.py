@@ -433,3 +433,14 @@ def test_a_draft_left_by_a_rejected_send_is_tidied_by_the_next_attempt(
     assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
     assert graph.folder(MAILBOX, "drafts") == []
     assert logged_copies(accept_log) == 1
+
+
+@pytest.mark.parametrize(("mode", "copies"), [("drop-response", 1), ("fail-before-forward", 0)])
+def test_a_reset_instead_of_a_close_is_still_unknown(
+    provider: ProviderFactory, relay: FaultRelay, accept_log: Path, mode: Mode, copies: int
+) -> None:
+    relay.reset = True  # ECONNRESET rather than end-of-stream
+    relay.set_plan(FaultPlan(send=[mode]))
+    outcome = provider().send_raw(raw_message())
+    assert outcome.kind is SendKind.UNKNOWN, outcome
+    assert relay_sends(relay) == 1 and logged_copies(accept_log) == copies
