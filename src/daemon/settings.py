@@ -169,6 +169,11 @@ class SmtpImapProviderSettings(_Section):
         return value
 
 
+# Its own duration type (bounds on each field), so this section does not depend on how the
+# other sections spell theirs.
+_GraphSeconds = Annotated[float, BeforeValidator(parse_duration)]
+
+
 class GraphProviderSettings(_Section):
     """Microsoft Graph with application permissions (README "Providers", "Microsoft
     Graph setup")."""
@@ -187,16 +192,16 @@ class GraphProviderSettings(_Section):
     authority: str = "https://login.microsoftonline.com"
     # Each request's; a send is up to three (create, send, read-back) plus confirm_wait,
     # which daemon.deadline_grace should cover: 2 x timeout + confirm_wait.
-    timeout: Duration = Field(default=10.0, gt=0)
+    timeout: _GraphSeconds = Field(default=10.0, gt=0, le=3600)
     # Requests in flight at once per mailbox (Graph's limit is 4 per app and mailbox).
     max_concurrent: int = Field(default=4, ge=1, le=64)
     # After a 202, how long the send reads the draft's id back for the filed copy
     # (Confirmed at once); 0 or past it: Unknown, settled by the search.
-    confirm_wait: Duration = Field(default=3.0, ge=0, le=60)
+    confirm_wait: _GraphSeconds = Field(default=3.0, ge=0, le=60)
     # Checked at intake: a MIME create is one request of at most 4 MB, base64 included;
     # Exchange Online takes 500 recipients per message.
     max_message_bytes: Annotated[int, BeforeValidator(parse_size)] = 3_000_000
-    max_recipients: int = Field(default=500, ge=1)
+    max_recipients: int = Field(default=500, ge=1, le=100_000)
 
     @field_validator("authority")
     @classmethod
