@@ -27,6 +27,8 @@ def build_provider(settings: Settings, name: str) -> Provider:
     """The provider `[providers.NAME]` configures, by its kind (each client library is
     imported only here)."""
     config = settings.providers[name]
+    if isinstance(config, GraphProviderSettings):
+        return _graph_provider(settings, name, config)
     if isinstance(config, SmtpImapProviderSettings):
         from daemon.providers.smtp_imap import SmtpImapProvider, read_password_file
 
@@ -49,8 +51,6 @@ def build_provider(settings: Settings, name: str) -> Provider:
             sent_copy=config.sent_copy,
             timeout=config.timeout,
         )
-    if isinstance(config, GraphProviderSettings):
-        return _graph_provider(settings, name, config)
     from daemon.providers.gmail import DelegationRequired, GmailProvider
 
     try:

@@ -51,6 +51,7 @@ from daemon.providers.classify import (
     provider_error_for_exception,
     provider_error_for_response,
 )
+from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
     GMAIL_LIST_UNITS,
@@ -58,12 +59,7 @@ from daemon.providers.quota import (
     TokenBucket,
 )
 from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
-from daemon.providers.transport import (
-    DEFAULT_MAX_IDLE,
-    PerThreadHttp,
-    SingleShotHttp,
-    TransportStats,
-)
+from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
 from ledger.addresses import parse_mailbox
 from ledger.message_id import same_message_id
 

@@ -47,9 +47,9 @@ from daemon.providers.graph_classify import (
     read_error,
     token_error,
 )
+from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.transport import (
     DEFAULT_MAX_IDLE,
-    PerThreadHttp,
     SingleShotHttp,
     TransportStats,
     describe,

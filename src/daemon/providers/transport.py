@@ -236,32 +236,3 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         else:
             conn.close()
         return response, content
-
-
-class PerThreadHttp:
-    """One `SingleShotHttp` per thread (httplib2 is not thread-safe), made on first use by
-    `make`, and a `close` that closes the kept-alive connections of every thread."""
-
-    def __init__(self, make: Callable[[], SingleShotHttp]) -> None:
-        self._make = make
-        self._local = threading.local()
-        # Weak: a thread's HTTP object goes away with the thread.
-        self._all: weakref.WeakSet[SingleShotHttp] = weakref.WeakSet()
-        self._lock = threading.Lock()
-
-    def get(self) -> SingleShotHttp:
-        transport: SingleShotHttp | None = getattr(self._local, "transport", None)
-        if transport is None:
-            transport = self._local.transport = self._make()
-            with self._lock:
-                self._all.add(transport)
-        return transport
-
-    def close(self) -> None:
-        with self._lock:
-            transports = list(self._all)
-            self._all.clear()
-        # Kept-alive connections of every thread (and any request cut short in another).
-        for transport in transports:
-            for conn in list(transport.connections.values()):
-                conn.close()
