@@ -90,6 +90,7 @@ def _graph_provider(settings: Settings, name: str, config: GraphProviderSettings
         client_id=config.client_id,
         credential=credential,
         timeout=config.timeout,
+        ca_bundle=trusted_ca_bundle(),
     )
     return GraphProvider(
         name,

@@ -444,3 +444,31 @@ def test_a_reset_instead_of_a_close_is_still_unknown(
     outcome = provider().send_raw(raw_message())
     assert outcome.kind is SendKind.UNKNOWN, outcome
     assert relay_sends(relay) == 1 and logged_copies(accept_log) == copies
+
+
+def test_ssl_cert_file_alone_is_trusted_by_msal_and_the_graph_calls(
+    relay: FaultRelay, tls: TlsFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests would prefer these
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls.ca_file))
+    tokens = GraphTokens(
+        authority=relay.url,
+        tenant_id=DEFAULT_TENANT,
+        client_id=DEFAULT_CLIENT_ID,
+        credential=DEFAULT_CLIENT_SECRET,
+        timeout=5.0,
+        ca_bundle=trusted_ca_bundle(),
+    )
+    graph_provider = GraphProvider(
+        "graph",
+        tokens=tokens,
+        user=MAILBOX,
+        api_endpoint=relay.url + "/v1.0",
+        ca_certs=trusted_ca_bundle(),
+        timeout=TIMEOUT,
+    )
+    try:
+        assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    finally:
+        graph_provider.close()

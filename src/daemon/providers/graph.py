@@ -77,8 +77,9 @@ Response = tuple[int, dict[str, str], bytes]
 
 
 def trusted_ca_bundle(environ: Mapping[str, str] = os.environ) -> str | None:
-    """The CA bundle the process is told to trust (as requests, and so msal, read it):
-    REQUESTS_CA_BUNDLE, else SSL_CERT_FILE; None: the default bundle."""
+    """The CA bundle the process is told to trust: REQUESTS_CA_BUNDLE, else SSL_CERT_FILE;
+    None: the default bundle. Both the Graph calls and msal are given it (requests itself
+    would still prefer REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE when one is set)."""
     return environ.get("REQUESTS_CA_BUNDLE") or environ.get("SSL_CERT_FILE") or None
 
 
@@ -97,11 +98,14 @@ class GraphTokens:
         client_id: str,
         credential: str | dict[str, str],
         timeout: float,
+        ca_bundle: str | None = None,
     ) -> None:
         self.authority_url = f"{authority.rstrip('/')}/{tenant_id}"
         self.client_id = client_id
         self._credential = credential
         self._timeout = timeout
+        # None: requests' own trust (certifi, or REQUESTS_CA_BUNDLE when set).
+        self._verify: str | bool = ca_bundle or True
         self._lock = threading.Lock()
         self._app: Any = None
 
@@ -119,6 +123,7 @@ class GraphTokens:
                         # national cloud's, the emulator's) would be refused without this.
                         instance_discovery=False,
                         timeout=self._timeout,
+                        verify=self._verify,
                     )
                 except ValueError as exc:
                     # msal's tenant discovery got a 4xx (unknown tenant) or a bad key.
