@@ -22,24 +22,15 @@ from typing import Any
 
 import pytest
 from tests.e2e.daemon_kit import RETRY_POLICY, SENDLEDGER, Rig, job
-from tests.e2e.test_crash_matrix import POLICY, matrix_row
+from tests.e2e.test_crash_matrix import MODES, POINTS, POLICY, matrix_row
 
 from testkit.graph import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
-from testkit.relay import FaultRelay, Mode
+from testkit.relay import FaultRelay
 from testkit.tls import make_loopback_tls
 
-POINTS = ("after-claim", "after-send", "after-search")
-MODES: tuple[Mode, ...] = (
-    "pass",
-    "drop-response",
-    "fail-before-forward",
-    "500-after-forward",
-    "503",
-    "429",
-    "hang",
-)
-# For Graph a 503 with Retry-After (the relay gives one) is "not sent, wait": only these
-# leave the send's outcome unknown and lead to a search.
+# The same crash points and relay modes as the Gmail matrix. For Graph a 503 with
+# Retry-After (the relay gives one) is "not sent, wait": only these modes leave the send's
+# outcome unknown and lead to a search.
 UNKNOWN_OUTCOME = {"drop-response", "fail-before-forward", "500-after-forward", "hang"}
 GRAPH_POLICY: dict[str, Any] = {**POLICY, "provider": "graph"}
 SECRET = "e2e-graph-secret"
