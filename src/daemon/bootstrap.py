@@ -16,7 +16,12 @@ from datetime import datetime
 from daemon.engine import Engine, PolicyHolder
 from daemon.engine.observer import EngineObserver
 from daemon.providers.base import Provider
-from daemon.settings import ConfigError, Settings, SmtpImapProviderSettings
+from daemon.settings import (
+    ConfigError,
+    GraphProviderSettings,
+    Settings,
+    SmtpImapProviderSettings,
+)
 from ledger.application import Ledger
 from policies.loader import PolicySet
 
@@ -25,6 +30,8 @@ def build_provider(settings: Settings, name: str) -> Provider:
     """The provider `[providers.NAME]` configures, by its kind (each client library is
     imported only here)."""
     config = settings.providers[name]
+    if isinstance(config, GraphProviderSettings):
+        return _graph_provider(settings, name, config)
     if isinstance(config, SmtpImapProviderSettings):
         from daemon.providers.smtp_imap import SmtpImapProvider, read_password_file
 
@@ -65,6 +72,41 @@ def build_provider(settings: Settings, name: str) -> Provider:
         raise ConfigError(f"providers.{name}.user: {exc}") from None
     except CredentialsFileUnreadable as exc:
         raise ConfigError(f"providers.{name}.credentials_file: {exc}") from None
+
+
+def _graph_provider(settings: Settings, name: str, config: GraphProviderSettings) -> Provider:
+    from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
+    from daemon.providers.graph_credentials import read_certificate, read_client_secret
+
+    credential: str | dict[str, str]
+    try:
+        if config.client_secret_file is not None:
+            field = "client_secret_file"
+            credential = read_client_secret(settings.resolve(config.client_secret_file))
+        else:
+            assert config.certificate_file is not None  # the settings allow one of both
+            field = "certificate_file"
+            credential = read_certificate(settings.resolve(config.certificate_file))
+    except ValueError as exc:
+        raise ConfigError(f"providers.{name}.{field}: {exc}") from None
+    tokens = GraphTokens(
+        authority=config.authority,
+        tenant_id=config.tenant_id,
+        client_id=config.client_id,
+        credential=credential,
+        timeout=config.timeout,
+        ca_bundle=trusted_ca_bundle(),
+    )
+    return GraphProvider(
+        name,
+        tokens=tokens,
+        user=config.user,
+        api_endpoint=config.api_endpoint,
+        timeout=config.timeout,
+        max_concurrent=config.max_concurrent,
+        confirm_wait=config.confirm_wait,
+        ca_certs=trusted_ca_bundle(),
+    )
 
 
 @dataclass

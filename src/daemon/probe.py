@@ -26,7 +26,7 @@ from daemon.bootstrap import build_provider
 from daemon.context import settings_for
 from daemon.errors import EXIT_FAILURE, EXIT_OK, bad_input
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
-from daemon.settings import GmailProviderSettings, Settings, SmtpImapProviderSettings
+from daemon.settings import ProviderSettings, Settings, SmtpImapProviderSettings
 from ledger.content import JobInputError, validate_address
 from ledger.mime import build_message
 from policies.durations import DurationError, format_duration, parse_duration_within
@@ -103,9 +103,7 @@ def _through_relay(settings: Settings, name: str) -> Iterator[Provider]:
         yield _built(settings, name, config.model_copy(update={"api_endpoint": http_relay.url}))
 
 
-def _built(
-    settings: Settings, name: str, config: GmailProviderSettings | SmtpImapProviderSettings
-) -> Provider:
+def _built(settings: Settings, name: str, config: ProviderSettings) -> Provider:
     patched = settings.model_copy(update={"providers": {**settings.providers, name: config}})
     return build_provider(patched, name)
 

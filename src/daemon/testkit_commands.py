@@ -1,4 +1,4 @@
-"""`sendledger emulator gmail` and `sendledger relay`: the test kit's doubles as processes.
+"""`sendledger emulator gmail|graph` and `sendledger relay`: the test kit's doubles as processes.
 
 The doubles themselves live in the standalone `testkit` package; this module is only their
 command line (flags, duration parsing, signal handling), which is why it belongs to the daemon.
@@ -7,8 +7,11 @@ command line (flags, duration parsing, signal handling), which is why it belongs
 from __future__ import annotations
 
 import argparse
+import json
+import secrets
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +21,10 @@ from typing import Any
 from policies.durations import DurationError, parse_duration_within
 from testkit import MODES, FaultPlan, FaultRelay, GmailEmulator, Mode, check_mode
 from testkit.credentials import write_service_account
+from testkit.graph import DEFAULT_CLIENT_ID as GRAPH_CLIENT_ID
+from testkit.graph import DEFAULT_TENANT as GRAPH_TENANT
+from testkit.graph import GraphEmulator
+from testkit.tls import make_loopback_tls
 
 
 class _BadOption(Exception):
@@ -42,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     gmail.add_argument(
         "--rewrite-message-id",
         action="store_true",
-        help="replace each sent Message-ID (simulates the reported Gmail behaviour)",
+        help="replace the Message-ID of each message sent, by messages.send and by"
+        " drafts.send (simulates the reported Gmail behaviour)",
     )
     gmail.add_argument(
         "--write-service-account",
@@ -50,6 +58,38 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="write a service-account JSON whose token_uri is this emulator's",
     )
     gmail.set_defaults(func=run_gmail)
+
+    graph = kinds.add_parser(
+        "graph",
+        help="Microsoft Graph mail and the identity platform's token endpoint on one port",
+        description="Serve msal's tenant discovery, /{tenant}/oauth2/v2.0/token and the Graph "
+        "mail paths over HTTPS (a throw-away CA; msal takes https only) until SIGINT or "
+        "SIGTERM. Prints one JSON line: url, authority, api_endpoint, tenant_id, client_id, "
+        "ca_file; trust ca_file through REQUESTS_CA_BUNDLE.",
+    )
+    graph.add_argument("--host", default="127.0.0.1")
+    graph.add_argument("--port", default="0", help="0 picks a free port (default)")
+    graph.add_argument("--lag", default="0", help="$filter search lag, e.g. 30s (default 0)")
+    graph.add_argument(
+        "--file-delay", default="0", help="202 to the copy in Sent Items, e.g. 2s (default 0)"
+    )
+    graph.add_argument("--accept-log", metavar="PATH", help="append sent messages as JSON")
+    graph.add_argument("--tenant-id", default=GRAPH_TENANT)
+    graph.add_argument("--client-id", default=GRAPH_CLIENT_ID)
+    graph.add_argument(
+        "--client-secret-file",
+        metavar="PATH",
+        help="the client secret is this file's first line (default: written to --tls-dir)",
+    )
+    graph.add_argument(
+        "--tls-dir", metavar="DIR", help="where the CA and certificate go (default: a temp dir)"
+    )
+    graph.add_argument(
+        "--rewrite-message-id",
+        action="store_true",
+        help="replace each sent Message-ID (a provider that does not keep ours)",
+    )
+    graph.set_defaults(func=run_graph)
 
     relay = subparsers.add_parser(
         "relay",
@@ -74,6 +114,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--retry-after", default="1s", help="Retry-After on 429/503/403 faults, or 'none'"
     )
     relay.add_argument("--reset", action="store_true", help="drop connections with a TCP RST")
+    relay.add_argument(
+        "--upstream-ca",
+        metavar="FILE",
+        help="CA file an https upstream is checked against (e.g. emulator graph's ca_file)",
+    )
     relay.set_defaults(func=run_relay)
 
 
@@ -197,6 +242,54 @@ def _run_gmail(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_graph(args: argparse.Namespace) -> int:
+    port = _port(args.port)
+    lag = _duration("--lag", args.lag)
+    file_delay = _duration("--file-delay", args.file_delay)
+    with tempfile.TemporaryDirectory(prefix="sendledger-graph-") as scratch:
+        folder = Path(args.tls_dir) if args.tls_dir else Path(scratch)
+        if args.client_secret_file:
+            try:
+                secret = Path(args.client_secret_file).read_text("utf-8").splitlines()[0]
+            except (OSError, UnicodeDecodeError, IndexError) as exc:
+                raise _BadOption(
+                    "--client-secret-file", f"cannot read a first line: {exc}"
+                ) from exc
+            secret_file = Path(args.client_secret_file)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            secret, secret_file = secrets.token_urlsafe(24), folder / "client-secret"
+            secret_file.write_text(secret + "\n", encoding="utf-8")
+            secret_file.chmod(0o600)
+        emulator = GraphEmulator(
+            host=args.host,
+            port=port,
+            tls=make_loopback_tls(folder),
+            tenant_id=args.tenant_id,
+            clients={args.client_id: secret},
+            lag=lag,
+            file_delay=file_delay,
+            acceptance_log=Path(args.accept_log) if args.accept_log else None,
+            rewrite_message_id=args.rewrite_message_id,
+        ).start()
+        try:
+            assert emulator.tls is not None
+            facts = {
+                "url": emulator.url,
+                "authority": emulator.authority,
+                "api_endpoint": emulator.api_endpoint,
+                "tenant_id": args.tenant_id,
+                "client_id": args.client_id,
+                "client_secret_file": str(secret_file.absolute()),
+                "ca_file": str(emulator.tls.ca_file.absolute()),
+            }
+            print(json.dumps(facts), flush=True)
+            _wait_for_signal()
+        finally:
+            emulator.stop()
+    return 0
+
+
 def _run_relay(args: argparse.Namespace) -> int:
     port = _port(args.port)
     hang = _duration("--hang", args.hang)
@@ -215,9 +308,12 @@ def _run_relay(args: argparse.Namespace) -> int:
             hang_seconds=hang,
             retry_after=retry_after,
             reset=args.reset,
+            upstream_ca=args.upstream_ca,
         )
     except ValueError as exc:
         raise _BadOption("--upstream", str(exc)) from exc
+    except OSError as exc:  # an unreadable CA file: before anything listens
+        raise _BadOption("--upstream-ca", f"cannot load {args.upstream_ca}: {exc}") from exc
     relay.start()
     try:
         print(relay.url, flush=True)
@@ -229,3 +325,4 @@ def _run_relay(args: argparse.Namespace) -> int:
 
 run_gmail = _guarded(_run_gmail)
 run_relay = _guarded(_run_relay)
+run_graph = _guarded(_run_graph)

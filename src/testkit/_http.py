@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import sys
 import threading
+import traceback
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
+
+from testkit.tls import TlsFiles
 
 # Bodies bigger than Gmail's own upload limit (35 MB, a little more for base64) are refused
 # instead of being read into memory.
@@ -185,6 +190,69 @@ class QuietHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+class TlsQuietHandler(QuietHandler):
+    """QuietHandler that, when its class has an `ssl_context`, serves HTTPS: the handshake
+    runs in this connection's thread, not the accept loop, so a slow or broken client
+    holds up nobody else."""
+
+    ssl_context: ssl.SSLContext | None = None
+
+    def setup(self) -> None:
+        if self.ssl_context is not None:
+            self.request.settimeout(self.timeout)
+            with contextlib.suppress(OSError):
+                self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.request = self.ssl_context.wrap_socket(self.request, server_side=True)
+        super().setup()
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            if self.ssl_context is not None:
+                # The server closes the socket it accepted, which wrap_socket detached.
+                with contextlib.suppress(OSError):
+                    self.request.close()
+
+
+Response = tuple[int, list[tuple[str, str]], bytes]
+
+
+class AnsweringHandler(TlsQuietHandler):
+    """Reads each request's body, hands the request to `answer` and writes what it
+    returns. An unreadable body and a bug in `answer` are answered through `failure` in the
+    emulated API's own error shape (a 5xx for a bug, loudly on stderr), never as a dropped
+    connection that a test would read as a network fault."""
+
+    def answer(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Response:
+        raise NotImplementedError
+
+    def failure(self, status: int, message: str) -> Response:
+        raise NotImplementedError
+
+    def _serve(self) -> None:
+        try:
+            body = self.read_body()
+        except BodyError as exc:
+            self.close_connection = True
+            status, response_headers, data = self.failure(400, str(exc))
+            self.send_body(status, data, response_headers)
+            return
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        try:
+            status, response_headers, data = self.answer(self.command, self.path, headers, body)
+        except Exception:
+            traceback.print_exc()
+            status, response_headers, data = self.failure(500, "emulator failure")
+        self.send_body(status, data, response_headers, reason=HTTPStatus(status).phrase)
+
+    do_GET = _serve
+    do_POST = _serve
+    do_PUT = _serve
+    do_PATCH = _serve
+    do_DELETE = _serve
+
+
 def google_error(
     code: int,
     message: str,
@@ -206,16 +274,21 @@ class LoopbackService:
 
     _what = "service"
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls: TlsFiles | None = None) -> None:
         self._host = host
         self._port = port
         self._server: BackgroundServer | None = None
+        # With `tls` the service speaks HTTPS with a throw-away CA's certificate
+        # (`testkit.tls`); handlers built on TlsQuietHandler take `_ssl_context`.
+        self.tls = tls
+        self._ssl_context = tls.server_context() if tls is not None else None
 
     @property
     def url(self) -> str:
         if self._server is None:
             raise RuntimeError(f"the {self._what} is not started")
-        return self._server.url
+        plain = self._server.url
+        return "https://" + plain.removeprefix("http://") if self.tls is not None else plain
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         raise NotImplementedError
@@ -230,9 +303,10 @@ class LoopbackService:
         if self._server is not None:
             return self
         self._before_start()
-        self._server = BackgroundServer(
-            TrackingHTTPServer((self._host, self._port), self._handler())
-        )
+        handler = self._handler()
+        if issubclass(handler, TlsQuietHandler):
+            handler.ssl_context = self._ssl_context
+        self._server = BackgroundServer(TrackingHTTPServer((self._host, self._port), handler))
         self._server.start()
         return self
 

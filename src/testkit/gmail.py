@@ -25,34 +25,38 @@ Message-ID (as sendledger's daemon does) depends on it:
   bursts allowed"): send 100 units, list and get 5; a request over it is answered 429
   userRateLimitExceeded and does nothing. `usage()` says what each mailbox spent.
 
+Drafts (issue 20: a draft id is a key Gmail itself enforces): drafts.create (JSON `raw`
+or /upload/, gmail.compose or broader scope) stores a DRAFT-labelled message and logs
+nothing; drafts.send turns that same message id into SENT (searchable after the lag from
+the send), logs one acceptance and removes the draft, so a second drafts.send, drafts.get
+or drafts.delete of the id is 404; drafts.list takes the same `q` terms; a draft without
+recipients is refused at send and stays. `rewrite_message_id` replaces the Message-ID on
+both paths, at the send (a draft shows the client's until then).
+
 Terms in `q` other than rfc822msgid:, in: and label: are refused with 400 rather than
 matched loosely: a test that relies on full-text search should fail loudly here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
 import secrets
-import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from testkit import mime
 from testkit._http import (
-    BodyError,
+    AnsweringHandler,
     LoopbackService,
-    QuietHandler,
+    Response,
     google_error,
 )
 from testkit.tls import TlsFiles
@@ -81,13 +85,33 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/messages$"), "list"),
     ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/messages/([^/]+)$"), "get"),
     ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/profile$"), "profile"),
+    ("POST", re.compile(r"^/gmail/v1/users/([^/]+)/drafts/send$"), "drafts.send"),
+    ("POST", re.compile(r"^/upload/gmail/v1/users/([^/]+)/drafts/send$"), "drafts.send"),
+    ("POST", re.compile(r"^/gmail/v1/users/([^/]+)/drafts$"), "drafts.create"),
+    ("POST", re.compile(r"^/upload/gmail/v1/users/([^/]+)/drafts$"), "drafts.upload"),
+    ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/drafts$"), "drafts.list"),
+    ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/drafts/([^/]+)$"), "drafts.get"),
+    ("DELETE", re.compile(r"^/gmail/v1/users/([^/]+)/drafts/([^/]+)$"), "drafts.delete"),
 ]
-
-Response = tuple[int, list[tuple[str, str]], bytes]
 
 
 # Gmail API quota units per call (developers.google.com/gmail/api/reference/quota).
-_ROUTE_UNITS = {"send": 100.0, "upload": 100.0, "list": 5.0, "get": 5.0, "profile": 1.0}
+_ROUTE_UNITS = {
+    "send": 100.0,
+    "upload": 100.0,
+    "list": 5.0,
+    "get": 5.0,
+    "profile": 1.0,
+    "drafts.create": 10.0,
+    "drafts.upload": 10.0,
+    "drafts.get": 5.0,
+    "drafts.list": 5.0,
+    "drafts.delete": 10.0,
+    "drafts.send": 100.0,
+}
+# drafts.* need a scope that may compose: gmail.send alone does not.
+COMPOSE_SCOPES = frozenset({FULL_SCOPE, _SCOPE + "gmail.modify", _SCOPE + "gmail.compose"})
+DRAFT_LABEL = "DRAFT"
 
 
 @dataclass(frozen=True)
@@ -199,7 +223,7 @@ class GmailEmulator(LoopbackService):
         idle_timeout: float | None = None,
         user_quota: float | None = None,
     ) -> None:
-        super().__init__(host, port)
+        super().__init__(host, port, tls)
         if user_quota is not None and user_quota <= 0:
             raise ValueError(f"user_quota must be positive, got {user_quota!r}")
         self.user_quota = user_quota
@@ -209,11 +233,9 @@ class GmailEmulator(LoopbackService):
         self.quota_refusals = 0
         self._lag = float(lag)
         self._latency = _check_latency(latency)
-        self.tls = tls
         # Seconds a keep-alive connection may sit idle before the server closes it
         # (None: QuietHandler's default), to exercise clients that reuse connections.
         self.idle_timeout = idle_timeout
-        self._ssl_context = tls.server_context() if tls is not None else None
         self._acceptance_log = acceptance_log
         self.require_auth = require_auth
         self.rewrite_message_id = rewrite_message_id
@@ -224,17 +246,14 @@ class GmailEmulator(LoopbackService):
         # Thread ids per mailbox, so accepting a message stays O(1) in a big mailbox.
         self._threads: dict[str, set[str]] = {}
         self._by_id: dict[str, _Stored] = {}
+        # Draft id -> its message (labelled DRAFT); drafts.send and drafts.delete remove it.
+        self._drafts: dict[str, _Stored] = {}
         self._accepted: list[dict[str, Any]] = []
         self._seq = 0
         self._history = 1000
         self.token_requests: list[dict[str, Any]] = []
 
     # -- lifecycle ---------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        plain = super().url
-        return "https://" + plain.removeprefix("http://") if self.tls is not None else plain
 
     @property
     def token_uri(self) -> str:
@@ -343,11 +362,14 @@ class GmailEmulator(LoopbackService):
         *,
         via: str,
         rewrite: bool,
+        logged: bool = True,
     ) -> _Stored:
+        """Store a message; `logged`: it was sent (or injected), so it is in the acceptance
+        log too (a draft is stored, not sent)."""
         parsed = mime.parse(raw)
         stored_raw = raw
         if rewrite:
-            stored_raw = mime.replace_message_id(raw, f"<{secrets.token_hex(16)}@mail.gmail.com>")
+            stored_raw = mime.replace_message_id(raw, _gmail_message_id())
         elif via != "inject" and mime.header(parsed, "Message-ID") is None:
             # Gmail gives every sent message a Message-ID when the client did not.
             stored_raw = mime.replace_message_id(
@@ -378,15 +400,22 @@ class GmailEmulator(LoopbackService):
             mailbox.append(stored)
             known_threads.add(stored.thread_id)
             self._by_id[stored.id] = stored
+        if logged:
+            self._log_accepted(stored, raw, via)
+        return stored
+
+    def _log_accepted(self, stored: _Stored, raw: bytes, via: str) -> None:
+        """One line in the acceptance log: a message actually sent (or injected)."""
+        with self._lock:
             entry: dict[str, Any] = {
-                "at": _iso(now),
-                "user": user,
+                "at": _iso(self._clock()),
+                "user": stored.user,
                 "id": stored.id,
                 "threadId": stored.thread_id,
                 "message_id": stored.message_id,
-                "from": self._joined(parsed, "From"),
-                "to": self._joined(parsed, "To"),
-                "subject": self._joined(parsed, "Subject"),
+                "from": self._joined(stored.parsed, "From"),
+                "to": self._joined(stored.parsed, "To"),
+                "subject": self._joined(stored.parsed, "Subject"),
                 "raw_sha256": hashlib.sha256(raw).hexdigest(),
                 "via": via,
             }
@@ -395,7 +424,6 @@ class GmailEmulator(LoopbackService):
                 with self._acceptance_log.open("a", encoding="utf-8") as handle:
                     handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
                     handle.flush()
-            return stored
 
     @staticmethod
     def _joined(parsed: Any, name: str) -> str | None:
@@ -424,14 +452,15 @@ class GmailEmulator(LoopbackService):
                     # as they do against a real server.
                     time.sleep(latency)
                 token = self._authenticate(headers)
-                for route_method, pattern, name in _ROUTES:
-                    match = pattern.match(path)
-                    if match is None:
-                        continue
+                matched = [(m, p.match(path), n) for m, p, n in _ROUTES if p.match(path)]
+                for route_method, match, name in matched:
                     if method != route_method:
-                        raise ApiError(405, "Method Not Allowed", "methodNotAllowed")
+                        continue
+                    assert match is not None
                     user = self._authorize_user(unquote(match.group(1)), token)
                     self._charge(user, name)
+                    if name.startswith("drafts."):
+                        return self._draft_call(name, user, token, match, headers, body, params)
                     if name == "send":
                         return self._send_json(user, token, headers, body)
                     if name == "upload":
@@ -441,6 +470,8 @@ class GmailEmulator(LoopbackService):
                     if name == "get":
                         return self._get(user, token, unquote(match.group(2)), params)
                     return self._profile(user, token)
+                if matched:
+                    raise ApiError(405, "Method Not Allowed", "methodNotAllowed")
             raise ApiError(404, f"Not Found: {path}", "notFound")
         except ApiError as exc:
             return _json_response(exc.code, exc.body, exc.headers)
@@ -576,19 +607,7 @@ class GmailEmulator(LoopbackService):
     ) -> Response:
         self._require_scope(token, SEND_SCOPES)
         metadata = _json_object(body)
-        raw_text = metadata.get("raw")
-        if not isinstance(raw_text, str) or not raw_text:
-            raise ApiError(
-                400,
-                "'raw' RFC822 payload message string or uploading message via /upload/* URL"
-                " required",
-                "invalidArgument",
-            )
-        try:
-            raw = mime.decode_b64url(raw_text)
-        except ValueError as exc:
-            raise ApiError(400, "Invalid value for ByteString: raw", "invalidArgument") from exc
-        return self._deliver(user, raw, metadata, via="send")
+        return self._deliver(user, self._raw_of(metadata), metadata, via="send")
 
     def _send_upload(
         self,
@@ -599,29 +618,52 @@ class GmailEmulator(LoopbackService):
         params: dict[str, list[str]],
     ) -> Response:
         self._require_scope(token, SEND_SCOPES)
+        raw, metadata = self._upload(headers, body, params)
+        return self._deliver(user, raw, metadata, via="upload")
+
+    @staticmethod
+    def _raw_of(message: dict[str, Any]) -> bytes:
+        """The MIME bytes of a Message resource's `raw` (messages.send, drafts.create)."""
+        raw_text = message.get("raw")
+        if not isinstance(raw_text, str) or not raw_text:
+            raise ApiError(
+                400,
+                "'raw' RFC822 payload message string or uploading message via /upload/* URL"
+                " required",
+                "invalidArgument",
+            )
+        try:
+            return mime.decode_b64url(raw_text)
+        except ValueError as exc:
+            raise ApiError(400, "Invalid value for ByteString: raw", "invalidArgument") from exc
+
+    @staticmethod
+    def _upload(
+        headers: dict[str, str], body: bytes, params: dict[str, list[str]]
+    ) -> tuple[bytes, dict[str, Any]]:
+        """An /upload/ request's message bytes and JSON metadata (uploadType media or
+        multipart)."""
         upload_type = (params.get("uploadType") or [""])[-1]
         metadata: dict[str, Any] = {}
         if upload_type == "media":
-            raw = body
-        elif upload_type == "multipart":
-            try:
-                parts = mime.split_related(body, headers.get("content-type", ""))
-            except ValueError as exc:
-                raise ApiError(400, str(exc), "badContent") from exc
-            raw_part: bytes | None = None
-            for part_headers, content in parts:
-                if part_headers.get("content-type", "").startswith("application/json"):
-                    metadata = _json_object(content)
-                else:
-                    raw_part = content
-            if raw_part is None:
-                raise ApiError(400, "Media part missing from multipart upload", "badContent")
-            raw = raw_part
-        else:
+            return body, metadata
+        if upload_type != "multipart":
             raise ApiError(
                 400, f"Invalid or unsupported uploadType {upload_type!r}", "invalidArgument"
             )
-        return self._deliver(user, raw, metadata, via="upload")
+        try:
+            parts = mime.split_related(body, headers.get("content-type", ""))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "badContent") from exc
+        raw_part: bytes | None = None
+        for part_headers, content in parts:
+            if part_headers.get("content-type", "").startswith("application/json"):
+                metadata = _json_object(content)
+            else:
+                raw_part = content
+        if raw_part is None:
+            raise ApiError(400, "Media part missing from multipart upload", "badContent")
+        return raw_part, metadata
 
     def _deliver(self, user: str, raw: bytes, metadata: dict[str, Any], *, via: str) -> Response:
         parsed = mime.parse(raw)
@@ -682,6 +724,17 @@ class GmailEmulator(LoopbackService):
         self, user: str, token: _Token | None, message_id: str, params: dict[str, list[str]]
     ) -> Response:
         self._require_scope(token, READ_SCOPES | {METADATA_SCOPE})
+        fmt = self._format(token, params)
+        if not _ID.match(message_id):
+            raise ApiError(400, "Invalid id value", "invalidArgument")
+        with self._lock:
+            stored = self._by_id.get(message_id)
+        if stored is None or stored.user != user:
+            raise ApiError(404, "Requested entity was not found.", "notFound")
+        return _json_response(200, self._message_resource(stored, fmt, params))
+
+    @staticmethod
+    def _format(token: _Token | None, params: dict[str, list[str]]) -> str:
         fmt = (params.get("format") or ["full"])[-1].lower()
         if fmt not in ("minimal", "metadata", "full", "raw"):
             raise ApiError(400, f"Invalid value at 'format' ({fmt})", "invalidArgument")
@@ -690,12 +743,12 @@ class GmailEmulator(LoopbackService):
         )
         if metadata_only and fmt in ("full", "raw"):
             raise ApiError(403, f"Metadata scope doesn't allow format {fmt.upper()}", "forbidden")
-        if not _ID.match(message_id):
-            raise ApiError(400, "Invalid id value", "invalidArgument")
-        with self._lock:
-            stored = self._by_id.get(message_id)
-        if stored is None or stored.user != user:
-            raise ApiError(404, "Requested entity was not found.", "notFound")
+        return fmt
+
+    @staticmethod
+    def _message_resource(
+        stored: _Stored, fmt: str, params: dict[str, list[str]]
+    ) -> dict[str, Any]:
         parsed = stored.parsed
         result: dict[str, Any] = {
             "id": stored.id,
@@ -716,6 +769,155 @@ class GmailEmulator(LoopbackService):
             result["raw"] = mime.b64url(stored.raw)
         result["historyId"] = str(stored.history_id)
         result["internalDate"] = str(stored.internal_ms)
+        return result
+
+    # -- drafts ----------------------------------------------------------------------------
+
+    def drafts(self, user: str = DEFAULT_USER) -> dict[str, str]:
+        """Draft id -> its message id, for `user`'s mailbox as it is now."""
+        with self._lock:
+            return {d: m.id for d, m in self._drafts.items() if m.user == user.lower()}
+
+    def _draft_call(
+        self,
+        name: str,
+        user: str,
+        token: _Token | None,
+        match: re.Match[str],
+        headers: dict[str, str],
+        body: bytes,
+        params: dict[str, list[str]],
+    ) -> Response:
+        if name in ("drafts.create", "drafts.upload"):
+            self._require_scope(token, COMPOSE_SCOPES)
+            return self._draft_create(user, name, headers, body, params)
+        if name == "drafts.send":
+            self._require_scope(token, COMPOSE_SCOPES)
+            return self._draft_send(user, body)
+        if name == "drafts.delete":
+            self._require_scope(token, COMPOSE_SCOPES)
+            with self._lock:
+                stored = self._own_draft(user, unquote(match.group(2)))
+                del self._drafts[unquote(match.group(2))]
+                self._mailboxes[user].remove(stored)
+                del self._by_id[stored.id]
+            return 204, [], b""
+        self._require_scope(token, COMPOSE_SCOPES | READ_SCOPES)
+        if name == "drafts.get":
+            fmt = self._format(token, params)
+            draft_id = unquote(match.group(2))
+            with self._lock:
+                stored = self._own_draft(user, draft_id)
+            return _json_response(
+                200, {"id": draft_id, "message": self._message_resource(stored, fmt, params)}
+            )
+        return self._draft_list(user, params)
+
+    def _own_draft(self, user: str, draft_id: str) -> _Stored:
+        stored = self._drafts.get(draft_id)
+        if stored is None or stored.user != user:
+            raise ApiError(404, "Requested entity was not found.", "notFound")
+        return stored
+
+    def _draft_create(
+        self,
+        user: str,
+        name: str,
+        headers: dict[str, str],
+        body: bytes,
+        params: dict[str, list[str]],
+    ) -> Response:
+        if name == "drafts.upload":
+            raw, metadata = self._upload(headers, body, params)
+            message = metadata.get("message")
+        else:
+            message = _json_object(body).get("message")
+            raw = self._raw_of(message if isinstance(message, dict) else {})
+        thread_id = message.get("threadId") if isinstance(message, dict) else None
+        stored = self._accept(
+            user,
+            raw,
+            [DRAFT_LABEL],
+            thread_id if isinstance(thread_id, str) else None,
+            via="drafts.create",
+            rewrite=False,  # a draft keeps the client's Message-ID; sending may replace it
+            logged=False,
+        )
+        with self._lock:
+            draft_id = self._new_draft_id()
+            self._drafts[draft_id] = stored
+        return _json_response(
+            200,
+            {
+                "id": draft_id,
+                "message": {
+                    "id": stored.id,
+                    "threadId": stored.thread_id,
+                    "labelIds": list(stored.labels),
+                },
+            },
+        )
+
+    def _new_draft_id(self) -> str:
+        while True:
+            candidate = f"r{secrets.randbelow(10**19):019d}"
+            if candidate not in self._drafts:
+                return candidate
+
+    def _draft_send(self, user: str, body: bytes) -> Response:
+        """Send a draft: its message becomes SENT (same message id) and the draft is gone,
+        so a second drafts.send of the same id finds nothing to send (404)."""
+        draft_id = _json_object(body).get("id")
+        if not isinstance(draft_id, str) or not draft_id:
+            raise ApiError(400, "Invalid draft", "invalidArgument")
+        with self._lock:
+            stored = self._own_draft(user, draft_id)
+            if not any(stored.parsed.get_all(n) for n in ("To", "Cc", "Bcc")):
+                raise ApiError(400, "Recipient address required", "invalidArgument")
+            del self._drafts[draft_id]
+            request_raw = stored.raw
+            if self.rewrite_message_id:
+                stored.raw = mime.replace_message_id(stored.raw, _gmail_message_id())
+                stored.parsed = mime.parse(stored.raw)
+                stored.message_id = mime.header(stored.parsed, "Message-ID")
+            now = self._clock()
+            self._history += 1
+            stored.labels = ["SENT"]
+            stored.visible_at = now + self._lag
+            stored.internal_ms = int(now * 1000)
+            stored.history_id = self._history
+            self._log_accepted(stored, request_raw, "drafts.send")
+        return _json_response(
+            200, {"id": stored.id, "threadId": stored.thread_id, "labelIds": stored.labels}
+        )
+
+    def _draft_list(self, user: str, params: dict[str, list[str]]) -> Response:
+        q = (params.get("q") or [""])[-1].strip()
+        query = _parse_query(q, {"includeSpamTrash": params.get("includeSpamTrash", [])})
+        max_results = min(max(_int_param(params, "maxResults", DEFAULT_PAGE), 1), MAX_PAGE)
+        before = _int_param(params, "pageToken", 0) or None
+        with self._lock:
+            now = self._clock()
+            found = sorted(
+                (
+                    (stored.seq, draft_id, stored)
+                    for draft_id, stored in self._drafts.items()
+                    if stored.user == user
+                    and _matches(stored, query)
+                    and (not q or stored.visible_at <= now)
+                    and (before is None or stored.seq < before)
+                ),
+                reverse=True,
+            )
+        page = found[:max_results]
+        result: dict[str, Any] = {"resultSizeEstimate": len(found)}
+        if page:
+            result["drafts"] = [
+                {"id": draft_id, "message": {"id": m.id, "threadId": m.thread_id}}
+                for _, draft_id, m in page
+            ]
+        if len(found) > max_results:
+            result["nextPageToken"] = str(page[-1][0])
         return _json_response(200, result)
 
     def _profile(self, user: str, token: _Token | None) -> Response:
@@ -736,6 +938,11 @@ class _GrantError(Exception):
         super().__init__(detail)
         self.error = error
         self.detail = detail
+
+
+def _gmail_message_id() -> str:
+    """A Message-ID of the shape Gmail gives a message whose own it replaces."""
+    return f"<{secrets.token_hex(16)}@mail.gmail.com>"
 
 
 def _check_latency(seconds: float) -> float:
@@ -818,53 +1025,15 @@ def _matches(stored: _Stored, query: _Query) -> bool:
     return True
 
 
-class _GmailHandler(QuietHandler):
+class _GmailHandler(AnsweringHandler):
     emulator: GmailEmulator
 
-    def setup(self) -> None:
-        context = self.emulator._ssl_context
-        if context is not None:
-            # The handshake runs in this connection's thread, not the accept loop, so a
-            # slow or broken client holds up nobody else.
-            self.request.settimeout(self.timeout)
-            with contextlib.suppress(OSError):
-                self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.request = context.wrap_socket(self.request, server_side=True)
-        super().setup()
+    def answer(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Response:
+        return self.emulator.handle(method, target, headers, body)
 
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            if self.emulator._ssl_context is not None:
-                # The server closes the socket it accepted, which wrap_socket detached.
-                with contextlib.suppress(OSError):
-                    self.request.close()
-
-    def _serve(self) -> None:
-        try:
-            body = self.read_body()
-        except BodyError as exc:
-            self.close_connection = True
-            error = google_error(400, str(exc), "badRequest", "INVALID_ARGUMENT")
-            self.send_body(400, json.dumps(error).encode(), [("Content-Type", _JSON)])
-            return
-        headers = {name.lower(): value for name, value in self.headers.items()}
-        try:
-            status, response_headers, data = self.emulator.handle(
-                self.command, self.path, headers, body
-            )
-        except Exception:
-            # A bug in the emulator answers like Gmail's own failures do (a 5xx), loudly,
-            # rather than as a dropped connection that a test would read as a network fault.
-            traceback.print_exc()
-            status, response_headers, data = _json_response(
-                500, google_error(500, "Internal error encountered.", "backendError", "INTERNAL")
-            )
-        self.send_body(status, data, response_headers, reason=HTTPStatus(status).phrase)
-
-    do_GET = _serve
-    do_POST = _serve
-    do_PUT = _serve
-    do_PATCH = _serve
-    do_DELETE = _serve
+    def failure(self, status: int, message: str) -> Response:
+        if status == 400:
+            return _json_response(400, google_error(400, message, "badRequest", "INVALID_ARGUMENT"))
+        return _json_response(
+            status, google_error(status, "Internal error encountered.", "backendError", "INTERNAL")
+        )

@@ -22,6 +22,7 @@ import json
 import random
 import re
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -34,9 +35,10 @@ from testkit._http import (
     HOP_BY_HOP,
     BodyError,
     LoopbackService,
-    QuietHandler,
+    TlsQuietHandler,
     google_error,
 )
+from testkit.tls import TlsFiles
 
 Mode = Literal[
     "pass",
@@ -54,8 +56,10 @@ Kind = Literal["send", "search", "token", "other"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
 _FORWARDING: frozenset[Mode] = frozenset({"pass", "drop-response", "hang", "500-after-forward"})
-_SEND = re.compile(r"/users/[^/]+/messages/send/?$")
-_SEARCH = re.compile(r"/users/[^/]+/messages(?:/[^/]+)?/?$")
+# Gmail's messages.send and drafts.send; Graph's send of a draft and sendMail.
+_SEND = re.compile(r"/users/[^/]+/(?:messages/send|drafts/send|messages/[^/]+/send|sendMail)/?$")
+# Gmail's messages.list/get; Graph's message list (in a folder or not) and get.
+_SEARCH = re.compile(r"/users/[^/]+/(?:mailFolders/[^/]+/)?messages(?:/[^/]+)?/?$")
 _JSON = "application/json; charset=UTF-8"
 
 
@@ -164,6 +168,8 @@ class FaultRelay(LoopbackService):
         retry_after: float | None = 1.0,
         reset: bool = False,
         upstream_timeout: float = 120.0,
+        tls: TlsFiles | None = None,
+        upstream_ca: str | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -174,12 +180,18 @@ class FaultRelay(LoopbackService):
         self._upstream_port = parts.port
         self._host_header = parts.netloc.rsplit("@", 1)[-1]
         self._prefix = parts.path.rstrip("/")
-        super().__init__(host, port)
+        super().__init__(host, port, tls)
         self._plan = plan or FaultPlan()
         self.hang_seconds = hang_seconds
         self.retry_after = retry_after
         self.reset = reset
         self.upstream_timeout = upstream_timeout
+        # With `tls` the relay itself serves HTTPS (a client that insists on https, such
+        # as msal, can be put behind it); `upstream_ca` is the CA file an https upstream
+        # is checked against (None: the default trust, which SSL_CERT_FILE changes).
+        self._upstream_context = (
+            ssl.create_default_context(cafile=upstream_ca) if upstream_ca is not None else None
+        )
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.log: list[dict[str, Any]] = []
@@ -285,7 +297,10 @@ class FaultRelay(LoopbackService):
         connection: http.client.HTTPConnection
         if self._scheme == "https":
             connection = http.client.HTTPSConnection(
-                self._upstream_host, self._upstream_port, timeout=self.upstream_timeout
+                self._upstream_host,
+                self._upstream_port,
+                timeout=self.upstream_timeout,
+                context=self._upstream_context,
             )
         else:
             connection = http.client.HTTPConnection(
@@ -388,7 +403,7 @@ def _fault_body(kind: str, mode: str) -> tuple[int, dict[str, Any]]:
     )
 
 
-class _RelayHandler(QuietHandler):
+class _RelayHandler(TlsQuietHandler):
     relay: FaultRelay
 
     def _serve(self) -> None:

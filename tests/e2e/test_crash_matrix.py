@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -116,14 +116,18 @@ def results() -> Iterator[dict[tuple[str, str], str]]:
             print(f"  {point:<13} {mode:<20} {cell}")
 
 
-def _run_cell(rig: Rig, point: str, mode: Mode) -> dict[str, Any]:
+def run_cell(
+    rig: Rig, point: str, mode: Mode, *, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """One job through one crash point and one relay mode; `env` is added to the
+    daemons' environment (a provider's own variables)."""
     key = f"{point}-{mode}"
     rig.relay.set_plan(FaultPlan(send=[mode]))  # this job's first send; later sends pass
     policies = load_policy_dir(rig.policies_dir)
     sender = policies.get("receipts")
     assert sender is not None
     rig.ledger.submit(parse_job(job(key)), sender.sender)
-    name = {"SENDLEDGER_DAEMON__NAME": "matrix"}
+    name = {"SENDLEDGER_DAEMON__NAME": "matrix", **(env or {})}
     first = ForkedDaemon(rig, rig.dir / f"{key}.1.log", {**name, CRASH_ENV: point})
     daemons = [first]
     try:
@@ -168,22 +172,39 @@ def test_crash_point_by_relay_mode(
         deadline_grace="60s",  # recovery must not wait for a deadline
         policies={"receipts": POLICY},
     ) as rig:
-        wrong: list[str] = []
-        for mode in MODES:
-            cell = _run_cell(rig, point, mode)
-            types = [r["type"] for r in cell["history"]]
-            via = [str(e["via"]) for e in events_of(cell["history"], "Confirmed")]
-            results[(point, mode)] = (
-                f"{cell['copies']} copy, {cell['state']} via {'/'.join(via)}, "
-                f"{types.count('Attempted')} attempts"
-                f"{' (crashed)' if cell['crashed'] else ' (point not reached)'}"
-            )
-            expect_crash = point != "after-search" or mode in UNKNOWN_OUTCOME
-            if cell["state"] != "confirmed" or cell["copies"] != 1:
-                wrong.append(f"{cell['key']}: {cell['state']}, {cell['copies']} copies {types}")
-            if cell["crashed"] != expect_crash:
-                wrong.append(f"{cell['key']}: crashed={cell['crashed']} {types}")
-            unknowns = [str(e["reason"]) for e in events_of(cell["history"], "Unknown")]
-            if cell["crashed"] and point != "after-search" and OWN_REASON not in unknowns:
-                wrong.append(f"{cell['key']}: own claim not recovered at start-up: {unknowns}")
+        wrong = matrix_row(rig, point, MODES, UNKNOWN_OUTCOME, results)
         assert wrong == [], "\n".join(wrong)
+
+
+def matrix_row(
+    rig: Rig,
+    point: str,
+    modes: Iterable[Mode],
+    unknown_outcome: Collection[str],
+    results: dict[tuple[str, str], str],
+    *,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Every mode's cell at one crash point: what went wrong, one line each (none: each
+    job confirmed with one copy, crashed exactly where the point is reached, and a crashed
+    daemon's own claim recovered at start-up). `unknown_outcome`: the modes after which the
+    provider cannot tell the send's outcome (only they reach after-search)."""
+    wrong: list[str] = []
+    for mode in modes:
+        cell = run_cell(rig, point, mode, env=env)
+        types = [r["type"] for r in cell["history"]]
+        via = [str(e["via"]) for e in events_of(cell["history"], "Confirmed")]
+        results[(point, mode)] = (
+            f"{cell['copies']} copy, {cell['state']} via {'/'.join(via)}, "
+            f"{types.count('Attempted')} attempts"
+            f"{' (crashed)' if cell['crashed'] else ' (point not reached)'}"
+        )
+        expect_crash = point != "after-search" or mode in unknown_outcome
+        if cell["state"] != "confirmed" or cell["copies"] != 1:
+            wrong.append(f"{cell['key']}: {cell['state']}, {cell['copies']} copies {types}")
+        if cell["crashed"] != expect_crash:
+            wrong.append(f"{cell['key']}: crashed={cell['crashed']} {types}")
+        unknowns = [str(e["reason"]) for e in events_of(cell["history"], "Unknown")]
+        if cell["crashed"] and point != "after-search" and OWN_REASON not in unknowns:
+            wrong.append(f"{cell['key']}: own claim not recovered at start-up: {unknowns}")
+    return wrong

@@ -25,7 +25,6 @@ import contextlib
 import json
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from email.parser import BytesHeaderParser
 from pathlib import Path
@@ -38,6 +37,7 @@ from google.oauth2 import service_account
 from googleapiclient.discovery import build
 from googleapiclient.errors import HttpError
 
+from daemon.providers.answers import json_object
 from daemon.providers.base import (
     Provider,
     ProviderError,
@@ -51,6 +51,7 @@ from daemon.providers.classify import (
     provider_error_for_exception,
     provider_error_for_response,
 )
+from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
     GMAIL_LIST_UNITS,
@@ -268,10 +269,8 @@ class GmailProvider:
         self._default = (
             None if self.per_mailbox else self._new_mailbox(self.user, self._credentials)
         )
-        self._local = threading.local()
-        # Weak: a thread's HTTP object goes away with the thread.
-        self._transports: weakref.WeakSet[SingleShotHttp] = weakref.WeakSet()
-        self._https_lock = threading.Lock()
+        self._local = threading.local()  # each thread's AuthorizedHttp objects, by user
+        self._transports = PerThreadHttp(self._new_transport)
         self._closed = False
         self._service = build_gmail_service(self._transport(), api_endpoint=api_endpoint)
         self._messages = self._service.users().messages()
@@ -320,26 +319,26 @@ class GmailProvider:
 
     # -- plumbing ----------------------------------------------------------------------
 
+    def _new_transport(self) -> SingleShotHttp:
+        return SingleShotHttp(
+            timeout=self.timeout,
+            reuse=self.reuse_connections,
+            max_idle=self.max_idle,
+            stats=self.transport_stats,
+            ca_certs=self.ca_certs,
+        )
+
     def _transport(self) -> SingleShotHttp:
-        transport: SingleShotHttp | None = getattr(self._local, "transport", None)
-        if transport is None:
-            transport = SingleShotHttp(
-                timeout=self.timeout,
-                reuse=self.reuse_connections,
-                max_idle=self.max_idle,
-                stats=self.transport_stats,
-                ca_certs=self.ca_certs,
-            )
-            self._local.transport = transport
-            self._local.authed = {}
-            with self._https_lock:
-                self._transports.add(transport)
-        return transport
+        return self._transports.get()
 
     def _http(self, mailbox: _Mailbox) -> google_auth_httplib2.AuthorizedHttp:
         # One connection pool per thread, shared by every mailbox the thread acts as.
         transport = self._transport()
-        authed_by_user: dict[str, google_auth_httplib2.AuthorizedHttp] = self._local.authed
+        authed_by_user: dict[str, google_auth_httplib2.AuthorizedHttp] | None = getattr(
+            self._local, "authed", None
+        )
+        if authed_by_user is None:
+            authed_by_user = self._local.authed = {}
         authed = authed_by_user.get(mailbox.user)
         if authed is None:
             authed = google_auth_httplib2.AuthorizedHttp(mailbox.credentials, http=transport)
@@ -374,13 +373,7 @@ class GmailProvider:
             raise provider_error_for_exception(what, exc) from exc
         if not 200 <= status < 300:
             raise provider_error_for_response(what, status, headers, body)
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise ProviderError(f"{what}: HTTP {status} with an unreadable body") from exc
-        if not isinstance(data, dict):
-            raise ProviderError(f"{what}: HTTP {status} with an unexpected body")
-        return data
+        return json_object(what, status, body)
 
     def _unscoped(self) -> _Mailbox:
         if self._default is None:
@@ -487,13 +480,7 @@ class GmailProvider:
 
     def close(self) -> None:
         self._closed = True
-        with self._https_lock:
-            transports = list(self._transports)
-            self._transports.clear()
-        # Kept-alive connections of every thread (and any request cut short in another).
-        for transport in transports:
-            for conn in list(transport.connections.values()):
-                conn.close()
+        self._transports.close()
 
     def _get_metadata(self, mailbox: _Mailbox, provider_message_id: str) -> dict[str, Any]:
         request = self._messages.get(

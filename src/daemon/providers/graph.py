@@ -1,0 +1,596 @@
+"""The Microsoft Graph provider: raw MIME created as a draft, then sent; reconciled by the
+draft's immutable id and by `$filter=internetMessageId eq '...'` on Sent Items.
+
+README "Microsoft Graph setup" says what to register; "Outcome classification" in
+docs/architecture.md (and `graph_classify.py`) what each answer means. Why two steps and
+not `sendMail`: `sendMail` answers 202 with no id at all, so a lost answer leaves only the
+search; a draft has an immutable id (`Prefer: IdType="ImmutableId"`) from before anything
+is sent, it can be sent at most once, and the id stays the same when Graph files the sent
+copy in Sent Items, so the copy can be read back by id, with no search index in between.
+
+Nothing below `send_raw` sends a request twice ("No silent re-send" in
+docs/architecture.md): every Graph call goes through `SingleShotHttp`
+(`daemon/providers/transport.py`: one attempt, redirects off, "not sent" only from a failed
+connect). Tokens come from msal (client credentials); msal may repeat a *token* request,
+which cannot send mail.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from email.parser import BytesHeaderParser
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from daemon.providers.answers import json_object
+from daemon.providers.base import (
+    Provider,
+    ProviderError,
+    SearchHit,
+    SearchResult,
+    SendKind,
+    SendOutcome,
+)
+from daemon.providers.graph_classify import (
+    TokenError,
+    after_draft_delete,
+    classify_create_exception,
+    classify_create_response,
+    classify_send_exception,
+    classify_send_response,
+    classify_token_failure,
+    read_error,
+    token_error,
+)
+from daemon.providers.per_thread import PerThreadHttp
+from daemon.providers.transport import (
+    DEFAULT_MAX_IDLE,
+    SingleShotHttp,
+    TransportStats,
+    describe,
+)
+from ledger.addresses import parse_mailbox
+from ledger.message_id import same_message_id
+
+GRAPH_API = "https://graph.microsoft.com/v1.0"
+AUTHORITY = "https://login.microsoftonline.com"
+GRAPH_SCOPE = "https://graph.microsoft.com/.default"
+IMMUTABLE_IDS = 'IdType="ImmutableId"'
+#: `user = "{from}"`: act as each job's From mailbox (application permissions).
+FROM_PLACEHOLDER = "{from}"
+SENT_ITEMS = "sentitems"
+DRAFTS = "drafts"
+PAGE_SIZE = 100
+MAX_PAGES = 50
+_SELECT = "id,internetMessageId,isDraft,parentFolderId"
+#: Seconds between reads of a sent draft's id while waiting for its copy.
+POLL_INTERVAL = 0.2
+#: Message-IDs per mailbox whose unconfirmed drafts this process remembers.
+REMEMBERED_DRAFTS = 10_000
+
+Response = tuple[int, dict[str, str], bytes]
+
+
+def trusted_ca_bundle(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The CA bundle the process is told to trust: REQUESTS_CA_BUNDLE, else SSL_CERT_FILE;
+    None: the default bundle. Both the Graph calls and msal are given it (requests itself
+    would still prefer REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE when one is set)."""
+    return environ.get("REQUESTS_CA_BUNDLE") or environ.get("SSL_CERT_FILE") or None
+
+
+class GraphTokens:
+    """Application tokens from msal's ConfidentialClientApplication (client credentials).
+
+    The msal application is made on first use, not at start-up: making it runs msal's
+    tenant discovery (an HTTP request), and a daemon must start while the identity
+    platform is unreachable. msal caches the token until shortly before it expires."""
+
+    def __init__(
+        self,
+        *,
+        authority: str,
+        tenant_id: str,
+        client_id: str,
+        credential: str | dict[str, str],
+        timeout: float,
+        ca_bundle: str | None = None,
+    ) -> None:
+        self.authority_url = f"{authority.rstrip('/')}/{tenant_id}"
+        self.client_id = client_id
+        self._credential = credential
+        self._timeout = timeout
+        # None: requests' own trust (certifi, or REQUESTS_CA_BUNDLE when set).
+        self._verify: str | bool = ca_bundle or True
+        self._lock = threading.Lock()
+        self._app: Any = None
+
+    def _application(self) -> Any:
+        import msal
+
+        with self._lock:
+            if self._app is None:
+                try:
+                    self._app = msal.ConfidentialClientApplication(
+                        self.client_id,
+                        client_credential=self._credential,
+                        authority=self.authority_url,
+                        # Graph's own authority is known to msal; any other host (a
+                        # national cloud's, the emulator's) would be refused without this.
+                        instance_discovery=False,
+                        timeout=self._timeout,
+                        verify=self._verify,
+                    )
+                except ValueError as exc:
+                    # msal's tenant discovery got a 4xx (unknown tenant) or a bad key.
+                    raise TokenError(
+                        f"authority {self.authority_url}: {exc}", transient=False
+                    ) from exc
+                except Exception as exc:
+                    raise TokenError(
+                        f"authority {self.authority_url} unreachable: {describe(exc)}",
+                        transient=True,
+                    ) from exc
+            return self._app
+
+    def token(self) -> str:
+        app = self._application()
+        try:
+            answer = app.acquire_token_for_client(scopes=[GRAPH_SCOPE])
+        except Exception as exc:
+            raise TokenError(f"token endpoint: {describe(exc)}", transient=True) from exc
+        if not isinstance(answer, dict):
+            raise TokenError("token endpoint: no answer", transient=True)
+        if "access_token" not in answer:
+            raise token_error(answer)
+        return str(answer["access_token"])
+
+    def invalidate(self) -> None:
+        """Forget the cached token (Graph refused it: 401)."""
+        with self._lock:
+            app = self._app
+        if app is not None:
+            app.remove_tokens_for_client()
+
+
+class _Mailbox:
+    """One mailbox the provider acts as: its request limit (Graph allows 4 concurrent
+    requests per mailbox and app) and the drafts this process created, by Message-ID."""
+
+    def __init__(self, user: str, max_concurrent: int) -> None:
+        self.user = user
+        self.path = "/users/" + quote(user, safe="@")
+        self.slots = threading.BoundedSemaphore(max_concurrent)
+        self._lock = threading.Lock()
+        # Oldest first; bounded, because forgetting one only loses the fast path (the
+        # $filter still finds the copy) while keeping all would grow without end.
+        self._drafts: OrderedDict[str, list[str]] = OrderedDict()
+
+    def remember(self, message_id: str | None, draft_id: str) -> None:
+        if message_id is not None:
+            with self._lock:
+                key = _key(message_id)
+                self._drafts.setdefault(key, []).append(draft_id)
+                self._drafts.move_to_end(key)
+                while len(self._drafts) > REMEMBERED_DRAFTS:
+                    self._drafts.popitem(last=False)
+
+    def drafts(self, message_id: str) -> list[str]:
+        with self._lock:
+            return list(self._drafts.get(_key(message_id), ()))
+
+    def forget(self, message_id: str | None, draft_id: str) -> None:
+        if message_id is None:
+            return
+        with self._lock:
+            ids = self._drafts.get(_key(message_id), [])
+            if draft_id in ids:
+                ids.remove(draft_id)
+            if not ids:
+                self._drafts.pop(_key(message_id), None)
+
+
+def _key(message_id: str) -> str:
+    return message_id.strip().strip("<>").lower()
+
+
+def filter_value(message_id: str) -> str:
+    """The internetMessageId Graph stores (angle brackets included) as an OData literal.
+    Refuses values that could change the filter's meaning."""
+    value = message_id.strip()
+    if not (value.startswith("<") and value.endswith(">")):
+        value = f"<{value.strip('<>')}>"
+    if len(value) < 3 or any(c.isspace() or ord(c) < 32 for c in value):
+        raise ProviderError(f"cannot search for Message-ID {message_id!r}")
+    return "'" + value.replace("'", "''") + "'"
+
+
+class GraphProvider:
+    """The provider port on Microsoft Graph. Thread-safe: each thread has its own HTTP
+    connection pool (httplib2 is not thread-safe); the token is shared.
+
+    With `user = "{from}"` it acts as each job's From mailbox (application permissions
+    reach every mailbox the application access policy allows): `for_job` gives the view
+    the engine calls for one job (README "Providers")."""
+
+    response_ids_readable = True
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        tokens: GraphTokens,
+        user: str,
+        api_endpoint: str = GRAPH_API,
+        timeout: float = 10.0,
+        max_concurrent: int = 4,
+        confirm_wait: float = 3.0,
+        ca_certs: str | None = None,
+        reuse_connections: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent!r}")
+        if confirm_wait < 0:
+            raise ValueError(f"confirm_wait must not be negative, got {confirm_wait!r}")
+        if not user:
+            raise ValueError('user must be a mailbox address or "{from}"')
+        self.name = name
+        self.user = user
+        self.per_mailbox = user == FROM_PLACEHOLDER
+        self.api_endpoint = api_endpoint.rstrip("/")
+        self.timeout = float(timeout)
+        self.max_concurrent = max_concurrent
+        self.confirm_wait = float(confirm_wait)
+        self.ca_certs = ca_certs
+        self.reuse_connections = reuse_connections
+        self.transport_stats = TransportStats()
+        self._tokens = tokens
+        self._clock = clock
+        self._sleep = sleep
+        self._mailboxes: dict[str, _Mailbox] = {}
+        self._by_from: dict[str, _Mailbox] = {}
+        self._mailboxes_lock = threading.Lock()
+        self._default = None if self.per_mailbox else _Mailbox(user, max_concurrent)
+        self._transports = PerThreadHttp(self._new_transport)
+        self._closed = False
+
+    # -- mailboxes ---------------------------------------------------------------------
+
+    def mailbox(self, from_addr: str) -> _Mailbox:
+        """The configured mailbox, or with "{from}" the From address's own (made once)."""
+        if self._default is not None:
+            return self._default
+        known = self._by_from.get(from_addr)
+        if known is not None:
+            return known
+        address = parse_mailbox(from_addr).address.addr_spec
+        with self._mailboxes_lock:
+            found = self._mailboxes.get(address.lower())
+            if found is None:
+                found = self._mailboxes[address.lower()] = _Mailbox(address, self.max_concurrent)
+            self._by_from[from_addr] = found
+            return found
+
+    def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
+        """The provider as one job sees it: with "{from}", acting as its From mailbox."""
+        if self._default is not None:
+            return self
+        return GraphMailboxView(self, self.mailbox(from_addr))
+
+    def _unscoped(self) -> _Mailbox:
+        if self._default is None:
+            raise ProviderError(
+                f'provider {self.name!r} has user = "{FROM_PLACEHOLDER}": say which mailbox'
+            )
+        return self._default
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _new_transport(self) -> SingleShotHttp:
+        return SingleShotHttp(
+            timeout=self.timeout,
+            reuse=self.reuse_connections,
+            max_idle=DEFAULT_MAX_IDLE,
+            stats=self.transport_stats,
+            ca_certs=self.ca_certs,
+        )
+
+    def _request(
+        self,
+        mailbox: _Mailbox,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        url: str | None = None,
+    ) -> Response:
+        """One attempt of one Graph call as `mailbox`: (status, lower-cased headers, body).
+        Raises TokenError (nothing left), NotSentError or ResponseLostError."""
+        if self._closed:
+            raise RuntimeError(f"provider {self.name!r} is closed")
+        token = self._tokens.token()
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Prefer": IMMUTABLE_IDS,
+            "Accept": "application/json",
+        }
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        target = url or f"{self.api_endpoint}{mailbox.path}{path}"
+        with mailbox.slots:
+            response, content = self._transports.get().request(
+                target, method, body=body if body is not None else "", headers=headers
+            )
+        status = int(response.status)
+        if status == 401:
+            self._tokens.invalidate()
+        return status, {str(k).lower(): str(v) for k, v in response.items()}, bytes(content)
+
+    def _get_json(
+        self, what: str, mailbox: _Mailbox, path: str, *, url: str | None = None
+    ) -> dict[str, Any] | None:
+        """A GET's JSON object, or None on 404. Raises ProviderError when the answer is not
+        known (no answer, another non-2xx, an unreadable body)."""
+        try:
+            status, headers, body = self._request(mailbox, "GET", path, url=url)
+        except TokenError as exc:
+            raise ProviderError(f"{what}: {exc.reason}") from exc
+        except Exception as exc:
+            detail = getattr(exc, "message", None) or describe(exc)
+            raise ProviderError(f"{what}: {detail}") from exc
+        if status == 404:
+            return None
+        if not 200 <= status < 300:
+            raise read_error(what, status, headers, body)
+        return json_object(what, status, body)
+
+    def _message(self, mailbox: _Mailbox, provider_id: str) -> dict[str, Any] | None:
+        """The message under an immutable id, or None when Graph answers 404 (deleted, or
+        sent and not filed yet)."""
+        path = f"/messages/{quote(provider_id, safe='')}?$select={_SELECT}"
+        return self._get_json(f"get {provider_id}", mailbox, path)
+
+    def _delete(self, mailbox: _Mailbox, draft_id: str) -> int | None:
+        """DELETE a draft: its HTTP status, or None when no answer came."""
+        try:
+            status, _, _ = self._request(mailbox, "DELETE", f"/messages/{quote(draft_id, safe='')}")
+        except Exception:
+            return None
+        return status
+
+    # -- the port ----------------------------------------------------------------------
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        if self._default is not None:
+            return self.send_as(self._default, raw)
+        sender = BytesHeaderParser().parsebytes(raw).get("From")
+        if sender is None:
+            raise ValueError(f'provider {self.name!r}: "{FROM_PLACEHOLDER}" needs a From header')
+        return self.send_as(self.mailbox(str(sender)), raw)
+
+    def send_as(self, mailbox: _Mailbox, raw: bytes) -> SendOutcome:
+        """Create the draft, send it, and read its copy back (see the module docstring and
+        `graph_classify.py` for what each answer means). Never raises for the outcome."""
+        message_id = BytesHeaderParser().parsebytes(raw).get("Message-ID")
+        if message_id is not None:
+            self._tidy(mailbox, str(message_id))
+        try:
+            status, headers, body = self._request(
+                mailbox,
+                "POST",
+                "/messages",
+                body=base64.b64encode(raw),
+                content_type="text/plain",
+            )
+        except TokenError as exc:
+            return classify_token_failure(exc)
+        except Exception as exc:
+            return classify_create_exception(exc)
+        created = classify_create_response(status, headers, body)
+        if isinstance(created, SendOutcome):
+            return created
+        draft_id = created
+        mailbox.remember(message_id, draft_id)
+        try:
+            status, headers, body = self._request(
+                mailbox, "POST", f"/messages/{quote(draft_id, safe='')}/send"
+            )
+        except TokenError as exc:
+            outcome = classify_token_failure(exc)
+        except Exception as exc:
+            outcome = classify_send_exception(exc)
+        else:
+            outcome = classify_send_response(status, headers, body)
+            if 200 <= status < 300:
+                outcome = self._await_copy(mailbox, draft_id, outcome)
+                if outcome.kind is SendKind.CONFIRMED:
+                    mailbox.forget(message_id, draft_id)  # settled: no search will need it
+                return outcome
+        if outcome.kind is SendKind.REJECTED:
+            deleted = self._delete(mailbox, draft_id)
+            if deleted is not None and (200 <= deleted < 300 or deleted == 404):
+                mailbox.forget(message_id, draft_id)
+            return after_draft_delete(outcome, deleted)
+        return outcome
+
+    def _tidy(self, mailbox: _Mailbox, message_id: str) -> None:
+        """Before another attempt of the same message: delete the drafts of earlier ones
+        that are still drafts (a rejected send whose draft could not be deleted then), so
+        they do not pile up in Drafts. Best effort: a failure here changes nothing about
+        the new attempt, and the next search fences what is left."""
+        for draft_id in mailbox.drafts(message_id):
+            try:
+                found = self._message(mailbox, draft_id)
+                if found is not None and found.get("isDraft") is True:
+                    self._fence(mailbox, message_id, draft_id)
+            except ProviderError:
+                continue  # the next search fences it
+
+    def _await_copy(self, mailbox: _Mailbox, draft_id: str, accepted: SendOutcome) -> SendOutcome:
+        """After a 202: read the draft's immutable id until Graph has filed the sent copy
+        (Confirmed with that id) or `confirm_wait` has passed (Unknown: the search will
+        settle it)."""
+        end = self._clock() + self.confirm_wait
+        while True:
+            try:
+                found = self._message(mailbox, draft_id)
+            except ProviderError as exc:
+                return SendOutcome(
+                    SendKind.UNKNOWN, f"{accepted.reason}; read-back failed: {exc.reason}"
+                )
+            if found is not None and found.get("isDraft") is False:
+                return SendOutcome(
+                    SendKind.CONFIRMED,
+                    f"{accepted.reason.removesuffix(', sent copy not seen yet')}; copy filed",
+                    provider_message_id=str(found.get("id") or draft_id),
+                    status=accepted.status,
+                )
+            left = end - self._clock()
+            if left <= 0:
+                return SendOutcome(
+                    SendKind.UNKNOWN,
+                    f"{accepted.reason} within {self.confirm_wait:g}s",
+                    status=accepted.status,
+                )
+            self._sleep(min(POLL_INTERVAL, left))
+
+    def search(self, message_id: str) -> SearchResult:
+        return self.search_in(self._unscoped(), message_id)
+
+    def search_in(self, mailbox: _Mailbox, message_id: str) -> SearchResult:
+        """Every sent copy whose Message-ID header is `message_id`.
+
+        First the drafts of this Message-ID are fenced: each one still a draft (this
+        process's, read by immutable id, and any in Drafts) is deleted, so it can never be
+        sent; a draft that is no draft any more is a sent copy. Then Sent Items is searched
+        by `$filter=internetMessageId eq '...'` through every page, and the hits joined
+        with those read by id. The recorded query says how many unsent drafts were deleted.
+        """
+        literal = filter_value(message_id)
+        hits: dict[str, SearchHit] = {}
+        deleted = 0
+        for draft_id in mailbox.drafts(message_id):
+            found = self._message(mailbox, draft_id)
+            if found is None:
+                continue  # in transit (or deleted): the filter below, now or later
+            if found.get("isDraft") is True:
+                deleted += self._fence(mailbox, message_id, draft_id)
+            else:
+                self._add_hit(hits, found, message_id)
+        for found in self._filtered(mailbox, DRAFTS, literal):
+            if found.get("isDraft") is True and isinstance(found.get("id"), str):
+                deleted += self._fence(mailbox, message_id, found["id"])
+        query = f"mailFolders/{SENT_ITEMS}/messages?$filter=internetMessageId eq {literal}"
+        for found in self._filtered(mailbox, SENT_ITEMS, literal):
+            if found.get("isDraft") is not True:
+                self._add_hit(hits, found, message_id)
+        if deleted:
+            query += f" (and {deleted} unsent draft{'s' if deleted > 1 else ''} deleted)"
+        return SearchResult(query=query, hits=tuple(hits.values()))
+
+    def _fence(self, mailbox: _Mailbox, message_id: str, draft_id: str) -> int:
+        status = self._delete(mailbox, draft_id)
+        if status is not None and (200 <= status < 300 or status == 404):
+            mailbox.forget(message_id, draft_id)
+            return 1 if status != 404 else 0
+        raise ProviderError(
+            f"delete unsent draft {draft_id}: "
+            + ("no answer" if status is None else f"HTTP {status}")
+        )
+
+    @staticmethod
+    def _add_hit(hits: dict[str, SearchHit], found: dict[str, Any], message_id: str) -> None:
+        provider_id, header = found.get("id"), found.get("internetMessageId")
+        if not isinstance(provider_id, str) or not isinstance(header, str):
+            raise ProviderError(f"search: malformed message entry {found!r}")
+        if same_message_id(header, message_id):
+            folder = found.get("parentFolderId")
+            hits.setdefault(
+                provider_id, SearchHit(provider_id, header, (str(folder),) if folder else ())
+            )
+
+    def _filtered(self, mailbox: _Mailbox, folder: str, literal: str) -> list[dict[str, Any]]:
+        what = f"search {folder} for {literal}"
+        path = (
+            f"/mailFolders/{folder}/messages?$filter="
+            + quote(f"internetMessageId eq {literal}", safe="")
+            + f"&$select={_SELECT}&$top={PAGE_SIZE}"
+        )
+        found: list[dict[str, Any]] = []
+        url: str | None = None
+        for _ in range(MAX_PAGES):
+            page = self._get_json(what, mailbox, path, url=url)
+            if page is None:
+                raise ProviderError(f"{what}: HTTP 404 (no such mailbox or folder)")
+            items = page.get("value")
+            if not isinstance(items, list):
+                raise ProviderError(f"{what}: answer without a value list")
+            found.extend(item for item in items if isinstance(item, dict))
+            next_link = page.get("@odata.nextLink")
+            if not next_link:
+                return found
+            url = self._own_link(what, next_link)
+        raise ProviderError(f"{what}: more than {MAX_PAGES} pages")
+
+    def _own_link(self, what: str, link: Any) -> str:
+        """A next-page link, always on our own api_endpoint: the token goes to no other
+        host, and a link that names the upstream of a proxy still works."""
+        base = urlsplit(self.api_endpoint)
+        parts = urlsplit(link) if isinstance(link, str) else None
+        if parts is None or not parts.path.startswith(base.path.rstrip("/") + "/"):
+            raise ProviderError(f"{what}: next page link outside {self.api_endpoint}: {link!r}")
+        return urlunsplit((base.scheme, base.netloc, parts.path, parts.query, ""))
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        return self.read_message_id_in(self._unscoped(), provider_message_id)
+
+    def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
+        found = self._message(mailbox, provider_message_id)
+        if found is None:
+            raise ProviderError(f"get {provider_message_id}: not found")
+        value = found.get("internetMessageId")
+        return value if isinstance(value, str) else None
+
+    def close(self) -> None:
+        self._closed = True
+        self._transports.close()
+
+    def __repr__(self) -> str:
+        return f"GraphProvider({self.name!r}, user={self.user!r})"
+
+
+class GraphMailboxView:
+    """The Graph provider for one job's From mailbox (`user = "{from}"`). Closing it
+    closes nothing (the provider owns the connections)."""
+
+    response_ids_readable = True
+
+    def __init__(self, provider: GraphProvider, mailbox: _Mailbox) -> None:
+        self.provider = provider
+        self.mailbox = mailbox
+        self.name = provider.name
+        self.timeout = provider.timeout
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        return self.provider.send_as(self.mailbox, raw)
+
+    def search(self, message_id: str) -> SearchResult:
+        return self.provider.search_in(self.mailbox, message_id)
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        return self.provider.read_message_id_in(self.mailbox, provider_message_id)
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"GraphMailboxView({self.name!r}, user={self.mailbox.user!r})"

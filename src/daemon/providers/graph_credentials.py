@@ -1,0 +1,41 @@
+"""Reading a Graph application's credential: a client secret or a certificate
+(README "Microsoft Graph setup")."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from daemon.secret_text import read_secret_text
+
+_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.DOTALL)
+_PRIVATE_KEY = re.compile(
+    r"-----BEGIN (?:RSA |EC |ENCRYPTED )?PRIVATE KEY-----\s.*?"
+    r"-----END (?:RSA |EC |ENCRYPTED )?PRIVATE KEY-----",
+    re.DOTALL,
+)
+
+
+def read_client_secret(path: Path) -> str:
+    """The secret: the file's first line. ValueError names why not."""
+    text = read_secret_text(path)
+    secret = text.splitlines()[0].strip() if text else ""
+    if not secret:
+        raise ValueError(f"{path}: empty (the client secret is its first line)")
+    return secret
+
+
+def read_certificate(path: Path) -> dict[str, str]:
+    """msal's certificate credential from one PEM file holding the private key and the
+    certificate registered with the application (msal derives the SHA-256 thumbprint
+    from the certificate). ValueError names what is missing."""
+    text = read_secret_text(path)
+    key = _PRIVATE_KEY.search(text)
+    certificate = _CERTIFICATE.search(text)
+    if key is None:
+        raise ValueError(f"{path}: no PEM private key in it")
+    if certificate is None:
+        raise ValueError(f"{path}: no PEM certificate in it (the one registered with the app)")
+    if "ENCRYPTED" in key.group(0):
+        raise ValueError(f"{path}: the private key is encrypted; store it unencrypted, mode 0600")
+    return {"private_key": key.group(0), "public_certificate": certificate.group(0)}

@@ -1,0 +1,299 @@
+"""The daemon as a process with a Microsoft Graph provider: real msal and httplib2 in the
+daemon, the TLS fault relay in front of the Graph emulator, the throw-away CA trusted
+through REQUESTS_CA_BUNDLE as an operator would.
+
+The crash matrix of tests/e2e/test_crash_matrix.py, for Graph: each crash point x each relay
+mode, one job; the daemon is killed with SIGKILL at the point, a daemon of the same name
+starts again, and the job must end confirmed with exactly one copy in the emulator's
+acceptance log. Plus `sendledger emulator graph` as a process driving a daemon.
+Emulator results, not Microsoft's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.e2e.daemon_kit import RETRY_POLICY, SENDLEDGER, Rig, job
+from tests.e2e.test_crash_matrix import MODES, POINTS, POLICY, matrix_row
+
+from testkit.graph import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
+from testkit.relay import FaultRelay
+from testkit.tls import make_loopback_tls
+
+# The same crash points and relay modes as the Gmail matrix. For Graph a 503 with
+# Retry-After (the relay gives one) is "not sent, wait": only these modes leave the send's
+# outcome unknown and lead to a search.
+UNKNOWN_OUTCOME = {"drop-response", "fail-before-forward", "500-after-forward", "hang"}
+GRAPH_POLICY: dict[str, Any] = {**POLICY, "provider": "graph"}
+SECRET = "e2e-graph-secret"
+
+
+class GraphRig(Rig):
+    """Rig's folder, store, policies and ledger readers, with the Graph emulator (TLS)
+    and a TLS relay in front of it instead of Gmail's."""
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        lag: float = 0.2,
+        hang_seconds: float = 3.0,  # past `timeout`: the daemon gives up first
+        timeout: str = "2s",  # generous: TLS handshakes on a loaded machine
+        deadline_grace: str = "60s",
+        user: str = "{from}",
+        policies: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.dir = folder
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.acceptance_log = folder / "acceptance.jsonl"
+        self.tls = make_loopback_tls(folder / "tls")
+        self.emulator = GraphEmulator(  # type: ignore[assignment]
+            tls=self.tls,
+            lag=lag,
+            acceptance_log=self.acceptance_log,
+            clients={DEFAULT_CLIENT_ID: SECRET},
+        ).start()
+        self.relay = FaultRelay(
+            self.emulator.url,
+            tls=self.tls,
+            upstream_ca=str(self.tls.ca_file),
+            hang_seconds=hang_seconds,
+            retry_after=0.3,
+        ).start()
+        self.daemons = []
+        self._ledger = None
+        self.policies_dir = folder / "policies"
+        self.policies_dir.mkdir(exist_ok=True)
+        (folder / "client-secret").write_text(SECRET + "\n", encoding="utf-8")
+        (folder / "client-secret").chmod(0o600)
+        self.config = folder / "sendledger.toml"
+        self.config.write_text(
+            graph_config(
+                authority=self.relay.url,
+                api_endpoint=self.relay.url + "/v1.0",
+                user=user,
+                timeout=timeout,
+                deadline_grace=deadline_grace,
+            ),
+            encoding="utf-8",
+        )
+        for channel, fields in (policies or {"receipts": GRAPH_POLICY}).items():
+            self.write_policy(channel, fields)
+
+    @property
+    def trust(self) -> dict[str, str]:
+        return {"REQUESTS_CA_BUNDLE": str(self.tls.ca_file)}
+
+    def child_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        return super().child_env({**self.trust, **(extra or {})})
+
+
+def graph_config(
+    *,
+    authority: str,
+    api_endpoint: str,
+    user: str,
+    timeout: str = "2s",
+    deadline_grace: str = "60s",
+    tenant_id: str = DEFAULT_TENANT,
+    client_id: str = DEFAULT_CLIENT_ID,
+    secret_file: str = "client-secret",
+) -> str:
+    return (
+        '[store]\nurl = "sqlite:///ledger.sqlite"\n\n'
+        '[daemon]\ntick = "100ms"\npolicies_dir = "policies"\nconcurrency = 1\n'
+        f'deadline_grace = "{deadline_grace}"\n\n'
+        '[providers.graph]\nkind = "graph"\n'
+        f'tenant_id = "{tenant_id}"\nclient_id = "{client_id}"\n'
+        f'client_secret_file = "{secret_file}"\n'
+        f'user = "{user}"\nauthority = "{authority}"\napi_endpoint = "{api_endpoint}"\n'
+        f'timeout = "{timeout}"\nconfirm_wait = "1s"\n'
+    )
+
+
+@pytest.fixture(scope="module")
+def results() -> Iterator[dict[tuple[str, str], str]]:
+    table: dict[tuple[str, str], str] = {}
+    yield table
+    if table:
+        print("\nGraph: crash point x relay mode -> copies, final state (crashed?)")
+        for (point, mode), cell in sorted(table.items()):
+            print(f"  {point:<13} {mode:<20} {cell}")
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_graph_crash_point_by_relay_mode(
+    point: str, tmp_path: Path, results: dict[tuple[str, str], str]
+) -> None:
+    with GraphRig(tmp_path) as rig:
+        wrong = matrix_row(rig, point, MODES, UNKNOWN_OUTCOME, results, env=rig.trust)
+        assert wrong == [], "\n".join(wrong)
+
+
+def test_emulator_graph_command_serves_a_daemon(tmp_path: Path) -> None:
+    """`sendledger emulator graph` and `sendledger relay --upstream-ca` as processes, the
+    emulator's printed facts wired into a config, a daemon process sending through the
+    relay, which drops the reply to the first send: the job is confirmed by the search, one
+    line in the acceptance log."""
+    log = tmp_path / "accepted.jsonl"
+    relay: subprocess.Popen[str] | None = None
+    emulator = subprocess.Popen(
+        [SENDLEDGER, "emulator", "graph", "--accept-log", str(log), "--tls-dir", "tls"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert emulator.stdout is not None
+        facts = json.loads(emulator.stdout.readline())
+        assert facts["api_endpoint"] == facts["url"] + "/v1.0"
+        relay = subprocess.Popen(
+            [
+                *(SENDLEDGER, "relay", "--upstream", facts["url"]),
+                *("--upstream-ca", facts["ca_file"], "--port", "0", "--send", "drop-response"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert relay.stdout is not None
+        relay_url = relay.stdout.readline().strip()
+        (tmp_path / "policies").mkdir()
+        (tmp_path / "policies" / "receipts.toml").write_text(
+            'channel = "receipts"\n'
+            + "".join(
+                f"{k} = {json.dumps(v)}\n" for k, v in {**RETRY_POLICY, "provider": "graph"}.items()
+            ),
+            encoding="utf-8",
+        )
+        config = tmp_path / "sendledger.toml"
+        config.write_text(
+            graph_config(
+                authority=facts["authority"],
+                api_endpoint=relay_url + "/v1.0",
+                user="receipts@shop.example",
+                timeout="5s",
+                tenant_id=facts["tenant_id"],
+                client_id=facts["client_id"],
+                secret_file=facts["client_secret_file"],
+            ),
+            encoding="utf-8",
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")} | {
+            "REQUESTS_CA_BUNDLE": facts["ca_file"]
+        }
+        submit = subprocess.run(
+            [SENDLEDGER, "--config", str(config), "submit", "--json", "-"],
+            input=json.dumps(job("cli-1")),
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+        )
+        assert submit.returncode == 0, submit.stderr
+        daemon = subprocess.Popen(
+            [SENDLEDGER, "--config", str(config), "run"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            end = time.monotonic() + 30
+            state = None
+            while time.monotonic() < end:
+                show = subprocess.run(
+                    [SENDLEDGER, "--config", str(config), "status", "cli-1", "--json"],
+                    capture_output=True,
+                    text=True,
+                    cwd=tmp_path,
+                    env=env,
+                    timeout=60,
+                )
+                state = json.loads(show.stdout).get("state") if show.returncode == 0 else None
+                if state == "confirmed":
+                    break
+                time.sleep(0.3)
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            _, daemon_err = daemon.communicate(timeout=20)
+        assert state == "confirmed", daemon_err[-3000:]
+        history = subprocess.run(
+            [SENDLEDGER, "--config", str(config), "history", "cli-1", "--json"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+        )
+        records = json.loads(history.stdout)
+        assert [r["type"] for r in records if r["type"] in ("Unknown", "Confirmed")] == [
+            "Unknown",
+            "Confirmed",
+        ]
+        assert [r["via"] for r in records if r["type"] == "Confirmed"] == ["search"]
+        lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+        assert [(e["user"], e["via"]) for e in lines] == [("receipts@shop.example", "send")]
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=10) == 0
+    finally:
+        if relay is not None and relay.poll() is None:
+            relay.kill()
+        emulator.send_signal(signal.SIGTERM)
+        assert emulator.wait(timeout=10) == 0
+
+
+def test_probe_on_a_graph_provider(tmp_path: Path) -> None:
+    """`sendledger probe` through its drop-response relay, against the Graph emulator: the
+    reply to the send is lost, the search finds the one copy, the Message-ID was kept."""
+    tls = make_loopback_tls(tmp_path / "tls")
+    log = tmp_path / "accepted.jsonl"
+    with GraphEmulator(
+        tls=tls, acceptance_log=log, clients={DEFAULT_CLIENT_ID: SECRET}, file_delay=0.3, lag=1.0
+    ) as emulator:
+        (tmp_path / "client-secret").write_text(SECRET + "\n", encoding="utf-8")
+        (tmp_path / "policies").mkdir()
+        config = tmp_path / "sendledger.toml"
+        config.write_text(
+            graph_config(
+                authority=emulator.authority,
+                api_endpoint=emulator.api_endpoint,
+                user="probe@example.com",
+            ),
+            encoding="utf-8",
+        )
+        # The probe's relay checks the emulator's certificate with the default trust,
+        # which SSL_CERT_FILE replaces; msal and the Graph calls read REQUESTS_CA_BUNDLE.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")} | {
+            "REQUESTS_CA_BUNDLE": str(tls.ca_file),
+            "SSL_CERT_FILE": str(tls.ca_file),
+        }
+        probe = subprocess.run(
+            [
+                *(SENDLEDGER, "--config", str(config), "probe", "--provider", "graph"),
+                *("--to", "you@example.net", "--yes", "--max-wait", "20s"),
+                *("--interval", "200ms", "--json"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=90,
+        )
+        assert probe.returncode == 0, probe.stderr
+        report = json.loads(probe.stdout)
+        assert (report["kind"], report["send_outcome"]) == ("graph", "unknown")
+        assert (report["found"], report["copies"], report["kept_message_id"]) == (True, 1, True)
+        assert "internetMessageId eq" in report["query"]
+        assert emulator.copies(report["message_id"]) == 1

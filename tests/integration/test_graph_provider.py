@@ -1,0 +1,474 @@
+"""GraphProvider on the real client stack (msal + httplib2) -> FaultRelay (TLS) ->
+GraphEmulator (TLS, throw-away CA trusted through REQUESTS_CA_BUNDLE).
+
+Effects are counted where they happen: in the emulator's acceptance log (one JSON line per
+message actually sent). Requests that reached the relay are counted in `relay.log`, so a
+re-send by any layer shows up even when the relay answers without forwarding. These are
+emulator results, not a Microsoft guarantee.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import json
+import socket
+import time
+from collections.abc import Callable, Iterator
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+
+import daemon.providers.graph as graph_module
+from daemon.providers.base import SendKind, for_job
+from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
+from daemon.providers.graph_credentials import read_certificate
+from testkit.graph import DEFAULT_CLIENT_ID, DEFAULT_CLIENT_SECRET, DEFAULT_TENANT, GraphEmulator
+from testkit.relay import FaultPlan, FaultRelay, Mode
+from testkit.tls import TlsFiles, make_loopback_tls
+
+MAILBOX = "support@example.com"
+MID = "<job-00112233445566778899aabbccddeeff@mail.example.com>"
+TIMEOUT = 2.0  # generous: TLS handshakes on a loaded machine
+HANG = 3.0  # past TIMEOUT: the client gives up first
+
+ProviderFactory = Callable[..., GraphProvider]
+
+
+def raw_message(message_id: str = MID, sender: str = MAILBOX) -> bytes:
+    msg = EmailMessage()
+    msg["From"] = sender
+    msg["To"] = "customer@example.net"
+    msg["Subject"] = "Your receipt"
+    msg["Message-ID"] = message_id
+    msg.set_content("Thanks.")
+    return msg.as_bytes()
+
+
+def logged_copies(log: Path, message_id: str = MID) -> int:
+    if not log.exists():
+        return 0
+    lines = log.read_text(encoding="utf-8").splitlines()
+    return sum(1 for line in lines if json.loads(line)["message_id"] == message_id)
+
+
+def relay_sends(relay: FaultRelay) -> int:
+    return sum(1 for entry in relay.log if entry["kind"] == "send")
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    return make_loopback_tls(tmp_path_factory.mktemp("graph-tls"))
+
+
+@pytest.fixture(autouse=True)
+def trust_ca(tls: TlsFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    # How an operator trusts a private CA: requests (so msal) reads REQUESTS_CA_BUNDLE.
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca_file))
+
+
+@pytest.fixture
+def accept_log(tmp_path: Path) -> Path:
+    return tmp_path / "graph-accepted.jsonl"
+
+
+@pytest.fixture
+def graph(tls: TlsFiles, accept_log: Path) -> Iterator[GraphEmulator]:
+    with GraphEmulator(tls=tls, acceptance_log=accept_log) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def relay(graph: GraphEmulator, tls: TlsFiles) -> Iterator[FaultRelay]:
+    with FaultRelay(
+        graph.url,
+        tls=tls,
+        upstream_ca=str(tls.ca_file),
+        hang_seconds=HANG,
+        retry_after=1.0,
+    ) as rel:
+        yield rel
+
+
+@pytest.fixture
+def provider(relay: FaultRelay) -> Iterator[ProviderFactory]:
+    made: list[GraphProvider] = []
+
+    def make(
+        *,
+        user: str = MAILBOX,
+        secret: str | dict[str, str] = DEFAULT_CLIENT_SECRET,
+        authority: str | None = None,
+        api: str | None = None,
+        **overrides: Any,
+    ) -> GraphProvider:
+        tokens = GraphTokens(
+            authority=authority or relay.url,
+            tenant_id=DEFAULT_TENANT,
+            client_id=DEFAULT_CLIENT_ID,
+            credential=secret,
+            timeout=5.0,
+        )
+        options: dict[str, Any] = {"timeout": TIMEOUT, "confirm_wait": 1.0, **overrides}
+        made.append(
+            GraphProvider(
+                "graph",
+                tokens=tokens,
+                user=user,
+                api_endpoint=api or relay.url + "/v1.0",
+                ca_certs=trusted_ca_bundle(),
+                **options,
+            )
+        )
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.close()
+
+
+# -- the seed's crash-boundary matrix, counted at the emulator ------------------------------
+
+# mode -> (outcome kind of the send, copies sent)
+MATRIX: dict[Mode, tuple[SendKind, int]] = {
+    "pass": (SendKind.CONFIRMED, 1),
+    "fail-before-forward": (SendKind.UNKNOWN, 0),  # indistinguishable from a lost reply
+    "drop-response": (SendKind.UNKNOWN, 1),
+    "hang": (SendKind.UNKNOWN, 1),
+    "500-after-forward": (SendKind.UNKNOWN, 1),
+    "429": (SendKind.REJECTED, 0),
+    "503": (SendKind.REJECTED, 0),  # with Retry-After: Graph's "not sent, wait"
+}
+
+
+@pytest.mark.parametrize("mode", list(MATRIX))
+def test_send_matrix_one_request_and_the_search_tells_the_truth(
+    mode: Mode,
+    provider: ProviderFactory,
+    relay: FaultRelay,
+    graph: GraphEmulator,
+    accept_log: Path,
+) -> None:
+    kind, copies = MATRIX[mode]
+    graph_provider = provider()
+    relay.set_plan(FaultPlan(send=[mode]))
+    outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is kind, outcome
+    assert relay_sends(relay) == 1  # no layer sent the request again
+    assert logged_copies(accept_log) == copies
+    if kind is SendKind.REJECTED:
+        assert outcome.transient and outcome.retry_after == 1.0
+        assert graph.folder(MAILBOX, "drafts") == []  # the draft was deleted: never sendable
+    # What reconciliation sees, from this process and from a restarted one.
+    for searcher in (graph_provider, provider()):
+        result = searcher.search(MID)
+        assert len(result.hits) == copies, result
+    assert graph.folder(MAILBOX, "drafts") == []  # any unsent draft is fenced off
+    assert logged_copies(accept_log) == copies
+
+
+def test_fail_before_forward_then_resend_is_one_copy(
+    provider: ProviderFactory, relay: FaultRelay, accept_log: Path
+) -> None:
+    graph_provider = provider()
+    relay.set_plan(FaultPlan(send=["fail-before-forward"]))
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.UNKNOWN
+    result = graph_provider.search(MID)
+    assert result.hits == () and "1 unsent draft deleted" in result.query
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    assert logged_copies(accept_log) == 1
+    assert len(graph_provider.search(MID).hits) == 1
+
+
+def test_a_dropped_response_on_a_reused_connection_is_one_copy(
+    provider: ProviderFactory, relay: FaultRelay, accept_log: Path
+) -> None:
+    graph_provider = provider()
+    assert graph_provider.send_raw(raw_message("<warm@x>")).kind is SendKind.CONFIRMED
+    relay.set_plan(FaultPlan(send=["drop-response"]))
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.UNKNOWN
+    assert logged_copies(accept_log) == 1
+    assert relay_sends(relay) == 2
+
+
+def test_create_faults_are_never_sent(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
+) -> None:
+    graph_provider = provider()
+    graph_provider.search("<warm-up@x>")  # token and discovery first: "other" is the create
+    for mode in ("drop-response", "500-after-forward", "fail-before-forward", "429"):
+        relay.set_plan(FaultPlan(other=[mode]))
+        outcome = graph_provider.send_raw(raw_message())
+        assert outcome.kind is SendKind.REJECTED and outcome.transient, (mode, outcome)
+    assert relay_sends(relay) == 0
+    assert logged_copies(accept_log) == 0
+    # A draft the server made before the answer was lost is found and fenced.
+    result = provider().search(MID)
+    assert result.hits == () and "unsent drafts deleted" in result.query
+    assert graph.folder(MAILBOX, "drafts") == []
+
+
+def test_nothing_listening_is_not_sent(provider: ProviderFactory, unused_url: str) -> None:
+    outcome = provider(api=unused_url + "/v1.0").send_raw(raw_message())
+    assert outcome.kind is SendKind.REJECTED and outcome.transient
+
+
+# -- 202 is not yet a copy ----------------------------------------------------------------
+
+
+def test_a_late_filed_copy_is_unknown_then_found_by_id_before_the_index(
+    provider: ProviderFactory, graph: GraphEmulator, accept_log: Path
+) -> None:
+    graph.set_file_delay(0.6)
+    graph.set_lag(30.0)
+    graph_provider = provider(confirm_wait=0.1)
+    outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is SendKind.UNKNOWN and "not seen" in outcome.reason
+    assert graph_provider.search(MID).hits == ()  # in transit: no copy anywhere yet
+    time.sleep(0.7)
+    # Filed: the immutable id finds it at once; the $filter index does not yet.
+    [hit] = graph_provider.search(MID).hits
+    assert hit.labels == ("sentitems",)
+    assert provider().search(MID).hits == ()
+    assert logged_copies(accept_log) == 1
+
+
+def test_confirm_wait_covers_the_filing_delay(
+    provider: ProviderFactory, graph: GraphEmulator
+) -> None:
+    graph.set_file_delay(0.3)
+    outcome = provider(confirm_wait=2.0).send_raw(raw_message())
+    assert outcome.kind is SendKind.CONFIRMED
+    [copy] = graph.folder(MAILBOX, "sentitems")
+    assert outcome.provider_message_id == copy["id"]
+
+
+def test_the_search_counts_every_copy(provider: ProviderFactory, graph: GraphEmulator) -> None:
+    graph_provider = provider()
+    for _ in range(2):
+        assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    graph_provider.send_raw(raw_message("<other@x>"))
+    result = provider().search(MID)  # a fresh process: the $filter alone
+    assert len(result.hits) == 2
+    assert "internetMessageId eq '" + MID + "'" in result.query
+
+
+def test_search_follows_pages(
+    provider: ProviderFactory, relay: FaultRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph_provider = provider()
+    for _ in range(3):
+        graph_provider.send_raw(raw_message())
+    monkeypatch.setattr(graph_module, "PAGE_SIZE", 2)
+    assert len(provider().search(MID).hits) == 3
+    pages = [e for e in relay.log if "sentitems" in e["path"] and e["method"] == "GET"]
+    assert len(pages) == 2
+
+
+# -- ids, Message-IDs, mailboxes --------------------------------------------------------
+
+
+def test_read_back_sees_a_rewritten_message_id(
+    provider: ProviderFactory, graph: GraphEmulator
+) -> None:
+    graph.rewrite_message_id = True
+    graph_provider = provider()
+    outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is SendKind.CONFIRMED and outcome.provider_message_id
+    stored = graph_provider.read_message_id(outcome.provider_message_id)
+    assert stored is not None and stored != MID  # the engine marks the handle unreliable
+    assert graph_provider.read_message_id(outcome.provider_message_id) == stored
+
+
+def test_from_placeholder_sends_as_each_jobs_mailbox(
+    provider: ProviderFactory, graph: GraphEmulator
+) -> None:
+    graph_provider = provider(user="{from}")
+    for sender in ("a@example.com", "B@Example.com"):
+        view = for_job(graph_provider, f"Shop <{sender}>", None)
+        outcome = view.send_raw(raw_message(f"<m-{sender.lower()}>", sender))
+        assert outcome.kind is SendKind.CONFIRMED
+        assert len(view.search(f"<m-{sender.lower()}>").hits) == 1
+    assert [entry["user"] for entry in graph.accepted()] == ["a@example.com", "b@example.com"]
+
+
+def test_access_policy_refusal_is_permanent(
+    provider: ProviderFactory, graph: GraphEmulator
+) -> None:
+    graph.mailboxes = {"other@example.com"}
+    outcome = provider().send_raw(raw_message())
+    assert outcome.kind is SendKind.REJECTED and not outcome.transient
+    assert "ErrorAccessDenied" in outcome.reason
+
+
+# -- tokens ---------------------------------------------------------------------------------
+
+
+def test_a_wrong_secret_is_a_permanent_refusal_and_nothing_is_asked_of_graph(
+    provider: ProviderFactory, graph: GraphEmulator
+) -> None:
+    outcome = provider(secret="wrong").send_raw(raw_message())
+    assert outcome.kind is SendKind.REJECTED and not outcome.transient
+    assert "invalid_client" in outcome.reason
+    assert graph.requests == []
+
+
+def test_an_unreachable_authority_is_transient(
+    provider: ProviderFactory, graph: GraphEmulator, unused_url: str
+) -> None:
+    authority = unused_url.replace("http://", "https://")
+    outcome = provider(authority=authority).send_raw(raw_message())
+    assert outcome.kind is SendKind.REJECTED and outcome.transient
+    assert graph.requests == []
+
+
+def test_a_refused_token_is_dropped_and_the_next_send_gets_a_new_one(
+    provider: ProviderFactory, graph: GraphEmulator, accept_log: Path
+) -> None:
+    graph_provider = provider()
+    assert graph_provider.send_raw(raw_message("<first@x>")).kind is SendKind.CONFIRMED
+    graph.expire_tokens()
+    outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is SendKind.REJECTED and outcome.transient and outcome.status == 401
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    assert logged_copies(accept_log) == 1
+    assert [r["status"] for r in graph.token_requests] == [200, 200]
+
+
+def test_a_certificate_credential_gets_a_token(
+    provider: ProviderFactory, graph: GraphEmulator, tmp_path: Path
+) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sendledger test app")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    pem = tmp_path / "app.pem"
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        + cert.public_bytes(serialization.Encoding.PEM)
+    )
+    outcome = provider(secret=read_certificate(pem)).send_raw(raw_message())
+    assert outcome.kind is SendKind.CONFIRMED
+    assert [r.get("credential") for r in graph.token_requests] == ["assertion"]
+
+
+@pytest.fixture
+def unused_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_remembered_drafts_are_bounded_and_dropped_once_confirmed(
+    provider: ProviderFactory, graph: GraphEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph_provider = provider(confirm_wait=1.0)
+    mailbox = graph_provider.mailbox(MAILBOX)
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    assert mailbox.drafts(MID) == []
+    monkeypatch.setattr(graph_module, "REMEMBERED_DRAFTS", 1)
+    graph.set_file_delay(30)
+    unknown = provider(confirm_wait=0.0)
+    for message_id in ("<u1@x>", "<u2@x>"):
+        assert unknown.send_raw(raw_message(message_id)).kind is SendKind.UNKNOWN
+    box = unknown.mailbox(MAILBOX)
+    assert box.drafts("<u1@x>") == [] and len(box.drafts("<u2@x>")) == 1
+
+
+@pytest.mark.parametrize(("limit", "refused"), [(4, False), (8, True)])
+def test_max_concurrent_keeps_a_mailbox_within_graphs_limit(
+    provider: ProviderFactory, graph: GraphEmulator, accept_log: Path, limit: int, refused: bool
+) -> None:
+    """Graph answers a fifth request in flight for one mailbox 429 (MailboxConcurrency):
+    `max_concurrent = 4` never gets one; 8 does, and each such send is a transient
+    rejection, never a copy."""
+    graph.latency = 0.15
+    graph_provider = provider(max_concurrent=limit, confirm_wait=2.0)
+    ids = [f"<c{n}@x>" for n in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        outcomes = list(pool.map(lambda m: graph_provider.send_raw(raw_message(m)), ids))
+    kinds = {outcome.kind for outcome in outcomes}
+    assert graph.peak_in_flight[MAILBOX] <= 4
+    if refused:
+        assert graph.concurrency_refusals > 0 and SendKind.REJECTED in kinds
+        assert all(o.transient for o in outcomes if o.kind is SendKind.REJECTED)
+    else:
+        assert graph.concurrency_refusals == 0 and kinds == {SendKind.CONFIRMED}
+    confirmed = {m for m, o in zip(ids, outcomes, strict=True) if o.kind is SendKind.CONFIRMED}
+    assert {m for m in ids if logged_copies(accept_log, m) == 1} >= confirmed
+    assert all(logged_copies(accept_log, m) <= 1 for m in ids)
+
+
+def test_a_draft_left_by_a_rejected_send_is_tidied_by_the_next_attempt(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
+) -> None:
+    graph_provider = provider()
+    graph_provider.search("<warm-up@x>")  # discovery and token first: "other" is ours now
+    # The send is throttled and deleting its draft fails: the draft stays behind.
+    relay.set_plan(FaultPlan(send=["429"], other=["pass", "fail-before-forward"]))
+    outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is SendKind.REJECTED and outcome.transient
+    assert len(graph.folder(MAILBOX, "drafts")) == 1
+    relay.set_plan(FaultPlan())
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    assert graph.folder(MAILBOX, "drafts") == []
+    assert logged_copies(accept_log) == 1
+
+
+@pytest.mark.parametrize(("mode", "copies"), [("drop-response", 1), ("fail-before-forward", 0)])
+def test_a_reset_instead_of_a_close_is_still_unknown(
+    provider: ProviderFactory, relay: FaultRelay, accept_log: Path, mode: Mode, copies: int
+) -> None:
+    relay.reset = True  # ECONNRESET rather than end-of-stream
+    relay.set_plan(FaultPlan(send=[mode]))
+    outcome = provider().send_raw(raw_message())
+    assert outcome.kind is SendKind.UNKNOWN, outcome
+    assert relay_sends(relay) == 1 and logged_copies(accept_log) == copies
+
+
+def test_ssl_cert_file_alone_is_trusted_by_msal_and_the_graph_calls(
+    relay: FaultRelay, tls: TlsFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests would prefer these
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls.ca_file))
+    tokens = GraphTokens(
+        authority=relay.url,
+        tenant_id=DEFAULT_TENANT,
+        client_id=DEFAULT_CLIENT_ID,
+        credential=DEFAULT_CLIENT_SECRET,
+        timeout=5.0,
+        ca_bundle=trusted_ca_bundle(),
+    )
+    graph_provider = GraphProvider(
+        "graph",
+        tokens=tokens,
+        user=MAILBOX,
+        api_endpoint=relay.url + "/v1.0",
+        ca_certs=trusted_ca_bundle(),
+        timeout=TIMEOUT,
+    )
+    try:
+        assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    finally:
+        graph_provider.close()
