@@ -24,7 +24,7 @@ from email.policy import default as _default_email_policy
 
 import idna
 
-__all__ = ["AddressError", "Mailbox", "parse_mailbox", "unsafe_character"]
+__all__ = ["AddressError", "Mailbox", "parse_mailbox", "unquote", "unsafe_character"]
 
 MAX_LOCAL = 64
 MAX_DOMAIN = 253
@@ -110,25 +110,33 @@ def parse_mailbox(value: object) -> Mailbox:
     return mailbox
 
 
+def unquote(raw: str) -> str | None:
+    """The content of `raw` when it is exactly one RFC 5322 quoted string (its escapes
+    undone), or None. The one reading of a quoted display name: at intake here, and in
+    the proof of the rendered message (`ledger/wire_check.py`)."""
+    if len(raw) < 2 or raw[0] != '"' or raw[-1] != '"':
+        return None
+    name: list[str] = []
+    escaped = False
+    for char in raw[1:-1]:
+        if escaped:
+            name.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            return None
+        else:
+            name.append(char)
+    return None if escaped else "".join(name)
+
+
 def _display_name(raw: str, value: str) -> str:
     if raw.startswith('"'):
-        if len(raw) < 2 or not raw.endswith('"'):
-            raise AddressError(f"unterminated quoted display name: {value!r}")
-        inner = raw[1:-1]
-        name, escaped = [], False
-        for char in inner:
-            if escaped:
-                name.append(char)
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                raise AddressError(f"a quote inside a quoted display name: {value!r}")
-            else:
-                name.append(char)
-        if escaped:
-            raise AddressError(f"unterminated quoted display name: {value!r}")
-        return "".join(name).strip()
+        inner = unquote(raw)
+        if inner is None:
+            raise AddressError(f"not one quoted display name (a quote inside it?): {value!r}")
+        return inner.strip()
     special = next((c for c in raw if c in _SPECIALS), None)
     if special is not None:
         raise AddressError(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger.addresses import AddressError, parse_mailbox, unsafe_character
+from ledger.addresses import AddressError, Mailbox, parse_mailbox, unsafe_character
 from ledger.attachments import Attachment, AttachmentError, from_stored, parse_attachment
 from ledger.extra_headers import (
     ASCII_ONLY,
@@ -52,6 +52,15 @@ LATER_FIELDS: dict[str, Any] = {
 }
 MAX_KEY_LENGTH = 1000
 MAX_THREAD_ID_LENGTH = 200
+#: Longest subject, in characters (README "Message fields and validation", "Limits").
+MAX_SUBJECT = 2000
+#: Longest value of one extra header, in characters.
+MAX_HEADER_VALUE = 2000
+#: Most extra headers and most references in one job.
+MAX_EXTRA_HEADERS = 50
+MAX_REFERENCES = 100
+#: Longest address as typed (display name included), in characters.
+MAX_ADDRESS_TEXT = 500
 
 
 class JobInputError(ValueError):
@@ -169,13 +178,20 @@ def reject_line_breaks(field: str, value: str) -> None:
         raise JobInputError(field, "must not contain CR or LF")
 
 
-def validate_address(field: str, value: str) -> str:
-    """One mailbox ("Name <a@b.c>" or "a@b.c"), strictly (``ledger/addresses.py``);
-    returns it re-rendered canonically."""
+def mailbox_of(field: str, value: str) -> Mailbox:
+    """One mailbox ("Name <a@b.c>" or "a@b.c"), strictly (``ledger/addresses.py``), at
+    most :data:`MAX_ADDRESS_TEXT` characters as typed."""
+    if isinstance(value, str) and len(value) > MAX_ADDRESS_TEXT:
+        raise JobInputError(field, f"longer than {MAX_ADDRESS_TEXT} characters")
     try:
-        return str(parse_mailbox(value))
+        return parse_mailbox(value)
     except AddressError as exc:
         raise JobInputError(field, str(exc)) from None
+
+
+def validate_address(field: str, value: str) -> str:
+    """One mailbox (see :func:`mailbox_of`), re-rendered canonically."""
+    return str(mailbox_of(field, value))
 
 
 def _addresses(field: str, value: object, *, required: bool) -> tuple[str, ...]:
@@ -223,6 +239,8 @@ def _text(field: str, value: object, *, header: bool, required: bool = True) -> 
 
 def _subject(value: object) -> str:
     subject = _text("subject", value, header=True)
+    if len(subject) > MAX_SUBJECT:
+        raise JobInputError("subject", f"longer than {MAX_SUBJECT} characters")
     reject_unsafe_header_text("subject", subject)
     return subject
 
@@ -232,6 +250,8 @@ def _headers(value: object) -> tuple[tuple[str, str], ...]:
         return ()
     if not isinstance(value, Mapping):
         raise JobInputError("headers", "must be an object of header names and values")
+    if len(value) > MAX_EXTRA_HEADERS:
+        raise JobInputError("headers", f"more than {MAX_EXTRA_HEADERS} headers")
     seen: dict[str, str] = {}
     for name, text in value.items():
         field = f"headers.{name}"
@@ -242,6 +262,8 @@ def _headers(value: object) -> tuple[tuple[str, str], ...]:
             raise JobInputError(field, f"given twice (also as {seen[name.lower()]})")
         seen[name.lower()] = name
         header_value = _text(field, text, header=True)
+        if len(header_value) > MAX_HEADER_VALUE:
+            raise JobInputError(field, f"longer than {MAX_HEADER_VALUE} characters")
         reject_unsafe_header_text(field, header_value)
         if not header_value.strip():
             raise JobInputError(field, "must not be empty")
@@ -250,6 +272,9 @@ def _headers(value: object) -> tuple[tuple[str, str], ...]:
             raise JobInputError(field, "must not start or end with a space")
         if name.lower() in ASCII_ONLY and not header_value.isascii():
             raise JobInputError(field, "must be ASCII (percent-encode a URL)")
+        if name.lower() in ASCII_ONLY and "=?" in header_value:
+            # Written as typed (a URL or token cannot be encoded): a client would decode it.
+            raise JobInputError(field, "must not contain '=?' (percent-encode a URL)")
         if any(len(word) > MAX_WORD for word in header_value.split(" ")):
             raise JobInputError(
                 field, f"has a run of more than {MAX_WORD} characters without a space"
@@ -271,6 +296,8 @@ def _references(value: object) -> tuple[str, ...]:
         return ()
     if not isinstance(value, list):
         raise JobInputError("references", "must be a list of message ids")
+    if len(value) > MAX_REFERENCES:
+        raise JobInputError("references", f"more than {MAX_REFERENCES} message ids")
     return tuple(_message_id(f"references[{i}]", item) for i, item in enumerate(value))
 
 
