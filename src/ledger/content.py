@@ -275,7 +275,11 @@ def _headers(value: object) -> tuple[tuple[str, str], ...]:
         if name.lower() in ASCII_ONLY and "=?" in header_value:
             # Written as typed (a URL or token cannot be encoded): a client would decode it.
             raise JobInputError(field, "must not contain '=?' (percent-encode a URL)")
-        if any(len(word) > MAX_WORD for word in header_value.split(" ")):
+        # Written as typed (only an encoded value folds anywhere): a line can only be
+        # folded at a space, and a folded line must stay within SMTP's 998 octets.
+        if name.lower() in ASCII_ONLY and any(
+            len(word) > MAX_WORD for word in header_value.split(" ")
+        ):
             raise JobInputError(
                 field, f"has a run of more than {MAX_WORD} characters without a space"
             )

@@ -24,7 +24,7 @@ from email.utils import format_datetime
 
 from ledger.addresses import Mailbox
 from ledger.attachments import Attachment, filename_problem
-from ledger.content import JobInputError, mailbox_of, reject_unsafe_header_text
+from ledger.content import JobContent, JobInputError, mailbox_of, reject_unsafe_header_text
 from ledger.extra_headers import ASCII_ONLY, canonical_message_id, header_name_problem
 from ledger.header_encoding import LINE, fold, parameter, phrase, plain, unstructured
 
@@ -50,6 +50,28 @@ class MessageFields:
     in_reply_to: str | None = None
     references: tuple[str, ...] = ()
     attachments: tuple[Attachment, ...] = ()
+
+    @classmethod
+    def of(
+        cls, content: JobContent, *, from_addr: str, message_id: str, date: datetime
+    ) -> MessageFields:
+        """A job's message: its content, sent as `from_addr` with its Message-ID and Date."""
+        return cls(
+            from_addr=from_addr,
+            to=content.to,
+            cc=content.cc,
+            reply_to=content.reply_to,
+            subject=content.subject,
+            body=content.body,
+            html=content.html,
+            bcc=content.bcc,
+            headers=content.headers,
+            in_reply_to=content.in_reply_to,
+            references=content.references,
+            attachments=content.attachments,
+            message_id=message_id,
+            date=date,
+        )
 
 
 def build_message(

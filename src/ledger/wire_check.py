@@ -115,7 +115,7 @@ def _entity(data: bytes, where: str) -> tuple[list[tuple[str, str]], bytes]:
     head = data[:end]
     if not head.isascii():
         raise _Bad(where, "a header holds a byte that is not ASCII")
-    fields: list[tuple[str, str]] = []
+    fields: list[tuple[str, list[str]]] = []  # each value's lines, joined once at the end
     for line in head.decode("ascii").split("\r\n"):
         if not line.isprintable():
             raise _Bad(where, f"a header line holds a control character: {line[:60]!r}")
@@ -124,14 +124,13 @@ def _entity(data: bytes, where: str) -> tuple[list[tuple[str, str]], bytes]:
         if line.startswith(" "):
             if not fields or not line.strip():
                 raise _Bad(where, "a header line starts with a space")
-            name, value = fields[-1]
-            fields[-1] = (name, value + line)
+            fields[-1][1].append(line)
             continue
         name, colon, value = line.partition(":")
         if not colon or not _FIELD_NAME.fullmatch(name) or not value.startswith(" "):
             raise _Bad(where, f"not a header line: {line[:60]!r}")
-        fields.append((name, value))
-    return [(name, value[1:]) for name, value in fields], data[end + 4 :]
+        fields.append((name, [value[1:]]))
+    return [(name, "".join(lines)) for name, lines in fields], data[end + 4 :]
 
 
 def _field_of(name: str) -> str:

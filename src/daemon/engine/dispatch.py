@@ -44,20 +44,9 @@ def render_checked(job: SendJob) -> bytes:
     and the SMTP envelope those bytes give (`providers/smtp_imap.py: Envelope`, the other
     parser of them) held to the job's to, cc and bcc. RenderMismatch naming the field
     when the proof fails (intake: a refusal; dispatch: review, `render-mismatch`)."""
-    content = job.content
-    fields = MessageFields(
+    fields = MessageFields.of(
+        job.content,
         from_addr=job.from_addr,
-        to=content.to,
-        cc=content.cc,
-        reply_to=content.reply_to,
-        subject=content.subject,
-        body=content.body,
-        html=content.html,
-        bcc=content.bcc,
-        headers=content.headers,
-        in_reply_to=content.in_reply_to,
-        references=content.references,
-        attachments=content.attachments,
         message_id=job.message_id,
         date=job.created_on.astimezone(UTC),
     )
