@@ -163,7 +163,7 @@ def assert_reads_as_the_job(raw: bytes, content: JobContent) -> None:
     for leaf, text in zip(leaves, texts, strict=False):
         payload = leaf.get_payload(decode=True)
         assert isinstance(payload, bytes)
-        assert payload.decode("utf-8") == wire_text(text)
+        assert payload.decode("utf-8") == wire_text(text)  # line ends as CR LF
     for leaf, attachment in zip(leaves[len(texts) :], content.attachments, strict=True):
         assert leaf.get_filename() == attachment.filename
         assert leaf.get_payload(decode=True) == attachment.data
