@@ -14,10 +14,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from email.message import Message
 from email.utils import getaddresses
+from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.conftest import FakeClock
+from tests.integration.api_kit import Api, running_api, write_config
+from tests.integration.api_kit import job as api_job
 from tests.integration.mailservers import PASSWORD, RECIPIENT, SENDER, MailServers, mail_servers
 from tests.integration.test_engine import (  # noqa: F401  (fixtures used by name)
     BASE_POLICY,
@@ -26,13 +29,14 @@ from tests.integration.test_engine import (  # noqa: F401  (fixtures used by nam
     make_rig,
 )
 
+import ledger.wire_check as wire_check
 from daemon.engine.dispatch import render
 from daemon.providers.base import SendKind
 from daemon.providers.smtp_imap import SmtpImapProvider
-from ledger.content import JobContent, JobInputError, parse_job
+from ledger.content import MAX_HEADER_VALUE, MAX_SUBJECT, JobContent, JobInputError, parse_job
 from ledger.job import JobState, SendJob
 from ledger.message_id import message_id_for
-from ledger.mime import boundary
+from ledger.mime import MessageFields, boundary, render_message
 from ledger.vocabulary import PolicyRef
 from testkit.gmail import GmailEmulator
 from testkit.mime import decoded
@@ -186,3 +190,68 @@ def test_a_hostile_job_reaches_postfix_once_with_no_hidden_recipient(
     assert_is_the_job(delivered.read_bytes(), content, mid)
     found = provider.search(mid)
     assert len(found.copies) == 1 and provider.read_message_id(found.copies[0]) == mid
+
+
+# -- intake over HTTP: refused naming the field (422), or stored as typed -------------------
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    settings = write_config(tmp_path, f"sqlite:///{tmp_path / 'ledger.sqlite'}", max_body="64KB")
+    with running_api(settings) as running:
+        yield running
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"subject": "s" * (MAX_SUBJECT + 1)}, "subject"),
+        ({"headers": {"X-Tag": "v" * (MAX_HEADER_VALUE + 1)}}, "headers.X-Tag"),
+        (
+            {"headers": {"List-Unsubscribe": "<https://x.example/?=?utf-8?q?a?=>"}},
+            "headers.List-Unsubscribe",
+        ),
+        (
+            {
+                "attachments": [
+                    {
+                        "filename": "=?utf-8?q?=2E=2E=2F.bashrc?=",
+                        "content_type": "text/plain",
+                        "content_base64": "aGk=",
+                    }
+                ]
+            },
+            "attachments[0].filename",
+        ),
+    ],
+)
+def test_intake_refuses_naming_the_field_and_writes_nothing(
+    api: Api, changes: dict[str, Any], field: str
+) -> None:
+    answer = api.client.post("/v1/jobs", json=api_job(**changes), headers=api.auth())
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"][0]["field"] == field
+    assert list(api.ledger.jobs()) == []
+
+
+def test_a_typed_encoded_word_is_accepted_and_kept_as_typed(api: Api) -> None:
+    subject = "=?utf-8?q?Your_receipt=0D=0ABcc:_evil@attacker.example?="
+    answer = api.client.post("/v1/jobs", json=api_job(subject=subject), headers=api.auth())
+    assert answer.status_code == 201, answer.text
+    job = api.ledger.get_job("order-1")
+    assert job.content.subject == subject and job.content.bcc == ()
+    assert b"Bcc:" not in render(job).split(b"\r\n\r\n", 1)[0]
+
+
+def test_a_render_mismatch_at_intake_is_422_naming_the_field(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def adds_a_bcc(fields: MessageFields) -> bytes:
+        raw = render_message(fields)
+        return raw.replace(b"\r\nSubject:", b"\r\nBcc: evil@attacker.example\r\nSubject:", 1)
+
+    monkeypatch.setattr(wire_check, "render_message", adds_a_bcc)
+    answer = api.client.post("/v1/jobs", json=api_job(), headers=api.auth())
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"][0]["field"] == "bcc"
+    assert list(api.ledger.jobs()) == []
