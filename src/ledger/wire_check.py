@@ -126,7 +126,8 @@ def _entity(data: bytes, where: str) -> tuple[list[tuple[str, str]], bytes]:
             fields[-1][1].append(line)
             continue
         name, colon, value = line.partition(":")
-        if not colon or not _FIELD_NAME.fullmatch(name) or not value.startswith(" "):
+        # "Name: value", or "Name:" alone for an empty value (an empty subject).
+        if not colon or not _FIELD_NAME.fullmatch(name) or value[:1] not in ("", " "):
             raise _Bad(where, f"not a header line: {line[:60]!r}")
         fields.append((name, [value[1:]]))
     return [(name, "".join(lines)) for name, lines in fields], data[end + 4 :]

@@ -175,6 +175,7 @@ def assert_reads_as_the_job(raw: bytes, content: JobContent) -> None:
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs())
+@example({"channel": "receipts", "key": KEY, "to": "a@example.com", "subject": "", "body": ""})
 @example(
     {
         "channel": "receipts",

@@ -186,8 +186,14 @@ def test_rendering_a_long_subject_is_linear(subject: str) -> None:
         fields = replace(FIELDS, subject=(subject * n).strip())
         return lambda: checked_message(fields)
 
-    small, large = best_of(3, render(25_000)), best_of(3, render(100_000))
-    assert large / small < 8, (small, large)
+    # Measured up to three times: a loaded machine can slow one run; quadratic stays ~16.
+    ratios = []
+    for _ in range(3):
+        small, large = best_of(3, render(25_000)), best_of(3, render(100_000))
+        ratios.append(large / small)
+        if ratios[-1] < 8:
+            break
+    assert min(ratios) < 8, ratios
 
 
 def test_a_one_megabyte_subject_renders_fast_but_is_refused_at_intake() -> None:
@@ -337,6 +343,11 @@ def test_a_mismatch_is_a_job_input_error_naming_the_field(monkeypatch: pytest.Mo
     with pytest.raises(RenderMismatch) as info:
         checked_message(FIELDS)
     assert isinstance(info.value, JobInputError) and info.value.field == "bcc"
+
+
+def test_an_empty_subject_is_written_as_before_and_proved() -> None:
+    raw = checked_message(replace(FIELDS, subject=""))
+    assert b"\r\nSubject:\r\n" in raw
 
 
 def test_carries_message_id_needs_exactly_ours_in_the_header_block() -> None:
