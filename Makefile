@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/mailboxes.py
 	$(BIN)/python bench/daemons.py
 	$(BIN)/python bench/history.py $(HISTORY_ARGS)
+	$(BIN)/python bench/render.py
 
 # Not part of `make test`: 10,000 jobs, 20% faults, two daemons on PostgreSQL, one killed
 # -9 every 20 s, until all settle (bench/soak.py; SOAK_ARGS="--jobs 1000" for a short one).
