@@ -299,6 +299,9 @@ def _message_id(field: str, value: object) -> str:
     canonical = canonical_message_id(value)
     if canonical is None:
         raise JobInputError(field, f"not a message id like <local@domain>: {value!r}")
+    if "=?" in canonical:
+        # Written as typed (a message id cannot be encoded): a reader could decode it.
+        raise JobInputError(field, "must not contain '=?' (an encoded word)")
     return canonical
 
 

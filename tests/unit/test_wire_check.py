@@ -102,6 +102,14 @@ def test_list_unsubscribe_which_is_written_as_typed_refuses_an_encoded_word() ->
     assert info.value.field == "headers.List-Unsubscribe"
 
 
+@pytest.mark.parametrize("field", ["in_reply_to", "references"])
+def test_a_message_id_which_is_written_as_typed_refuses_an_encoded_word(field: str) -> None:
+    value = "<=?utf-8?q?=0D=0A?=@example.com>"
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(**{field: value if field == "in_reply_to" else [value]}))
+    assert info.value.field in (field, f"{field}[0]") and "'=?'" in info.value.reason
+
+
 # -- finding 2: the header block cannot end early -------------------------------------------
 
 
