@@ -32,6 +32,8 @@ from ledger.header_encoding import MAX_LINE, client_view, parameter_value
 from ledger.mime import MessageFields, mailboxes, render_message, wire_text
 
 _FIELD_NAME = re.compile(r"[!-9;-~]+")
+_WORD = r"=\?utf-8\?b\?[A-Za-z0-9+/]*={0,2}\?="
+_OUR_WORDS = re.compile(rf"{_WORD}(?: {_WORD})*")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`{|}~0-9A-Za-z-]+")
 _ADDR_SPEC = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9.-]+")
 # Header name (lower case) -> the job field it carries.
@@ -194,7 +196,15 @@ def _equal(field: str, found: str, expected: str) -> None:
         raise _Bad(field, f"carries {found[:80]!r}, the job {expected[:80]!r}")
 
 
+def _one_form(field: str, raw: str) -> None:
+    # Either no "=?" at all or nothing but our encoded words: then every client, however
+    # it finds and decodes encoded words, shows the same text.
+    if "=?" in raw and not _OUR_WORDS.fullmatch(raw):
+        raise _Bad(field, f"encoded words mixed with other text: {raw[:80]!r}")
+
+
 def _text_equal(field: str, found: str, expected: str) -> None:
+    _one_form(field, found)
     shown = client_view(found)
     if shown != expected:
         raise _Bad(field, f"a client shows {shown[:80]!r}, the job says {expected[:80]!r}")
@@ -268,6 +278,7 @@ def _display(field: str, text: str) -> str:
         return client_view(_unquoted(field, text))
     if any(char in text for char in '"<>@'):
         raise _Bad(field, f"a display name with a special character: {text[:80]!r}")
+    _one_form(field, text)
     return client_view(text)
 
 
@@ -275,6 +286,8 @@ def _unquoted(field: str, text: str) -> str:
     inner = unquote(text)
     if inner is None:
         raise _Bad(field, f"a display name that is not one quoted string: {text[:80]!r}")
+    if "=?" in inner:
+        raise _Bad(field, f"an encoded word inside a quoted display name: {text[:80]!r}")
     return inner
 
 
@@ -381,6 +394,8 @@ def _check_tree(headers: list[tuple[str, str]], body: bytes, node: _Node, field:
     if disposition is None:
         raise _Bad(f"{where}.filename", "no Content-Disposition header")
     how, file_params = _params(f"{where}.filename", disposition)
+    if any("=?" in value for value in file_params.values()):
+        raise _Bad(f"{where}.filename", "an encoded word in the file name's parameters")
     shown = parameter_value(file_params, "filename")
     if how != "attachment" or shown is None or shown != attachment.filename:
         raise _Bad(f"{where}.filename", f"a client shows {shown!r}, the job has the name")

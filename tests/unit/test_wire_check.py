@@ -294,6 +294,9 @@ TAMPERED = [
     (swap(b"bob@example.com", b"bob@example.com (evil@attacker.example)"), "to"),
     (swap(b"Alice <alice", b"Alice\xe2\x80\xae <alice"), "body"),
     (swap(b"Alice <alice", b"=?utf-8?q?=E2=80=AE?= <alice"), "to"),
+    (swap(b"Alice <alice", b"Al=?utf-8?b?aWNl?= <alice"), "to"),
+    (swap(b"Alice <alice", b'"=?utf-8?b?QWxpY2U=?=" <alice'), "to"),
+    (swap(b"X-Campaign: spring", b"X-Campaign: =?utf-8?b?c3ByaW5n?=x"), "headers.X-Campaign"),
     (
         swap(b"\r\nMessage-ID: " + MID.encode(), b"\r\nMessage-ID: <other@example.com>"),
         "message_id",
