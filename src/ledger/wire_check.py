@@ -185,8 +185,10 @@ def _check_headers(headers: list[tuple[str, str]], fields: MessageFields) -> Non
     _equal("body", seen["mime-version"], "1.0")
     if fields.in_reply_to is not None:
         _equal("in_reply_to", seen["in-reply-to"], fields.in_reply_to)
+        _one_form("in_reply_to", seen["in-reply-to"])  # a message id is never encoded
     if fields.references:
         _equal("references", seen["references"], " ".join(fields.references))
+        _one_form("references", seen["references"])
     for name, _ in fields.headers:
         _text_equal(f"headers.{name}", seen[name.lower()], extra[name.lower()])
 

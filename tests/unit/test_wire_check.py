@@ -361,6 +361,12 @@ def test_an_empty_subject_is_written_as_before_and_proved() -> None:
     assert b"\r\nSubject:\r\n" in raw
 
 
+def test_a_stored_message_id_with_an_encoded_word_is_a_mismatch() -> None:
+    fields = replace(FIELDS, in_reply_to="<=?utf-8?b?QQ==?=@example.com>")
+    found = find_mismatch(render_message(fields), fields)
+    assert found is not None and found.field == "in_reply_to"
+
+
 def test_carries_message_id_needs_exactly_ours_in_the_header_block() -> None:
     raw = render_message(FIELDS)
     assert carries_message_id(raw, MID)
