@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,6 @@ from intake import available_backends
 
 from daemon.bootstrap import bootstrap
 from daemon.engine import Engine
-from daemon.engine import dispatch as dispatch_module
 from daemon.providers.gmail import GmailProvider, build_gmail_service, load_credentials
 from daemon.settings import settings_from_dict
 from ledger.application import Ledger
@@ -256,7 +254,6 @@ class Variant:
     readback_first: int = 10
     readback_rate: float = 0.01
     fingerprint_cache: bool = True
-    direct_mime: bool = True  # False: every message built by the email package
     waves: bool = True  # False: each job's claim and outcome saved in its own transaction
 
 
@@ -331,9 +328,6 @@ def daemon_run(
     cached = policy_model._fingerprint
     if not variant.fingerprint_cache:
         policy_model._fingerprint = cached.__wrapped__  # type: ignore[assignment]
-    builder = dispatch_module.build_message
-    if not variant.direct_mime:
-        dispatch_module.build_message = partial(builder, direct=False)  # type: ignore[assignment]
     try:
         wall, cpu = time.perf_counter(), time.process_time()
         progress = time.monotonic()
@@ -349,7 +343,6 @@ def daemon_run(
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     finally:
         policy_model._fingerprint = cached
-        dispatch_module.build_message = builder  # type: ignore[assignment]
         service.close()
         ledger.close()
     counts = emulator.call("copies", message_ids)
@@ -494,9 +487,7 @@ VARIANTS = {
     "no-fingerprint-cache": Variant("fingerprint per decision", fingerprint_cache=False),
     "no-reuse": Variant("no connection reuse", False),
     "readback-all": Variant("read back every send", True, 1, 1.0),
-    "email-package-mime": Variant("MIME by the email package", direct_mime=False),
     "no-waves": Variant("one save per claim/outcome", waves=False),
-    "before-pipeline": Variant("both of the above", direct_mime=False, waves=False),
 }
 
 

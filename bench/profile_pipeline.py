@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         runner.run = breakdown.wrap("whole step (runner.run)", runner.run)
         waves: Any = engine._waves
         waves.run = breakdown.wrap("dispatch waves, tick thread (run)", waves.run)
-        dispatch.render = breakdown.wrap("render MIME (dispatch.render)", dispatch.render)
+        dispatch.render_checked = breakdown.wrap(
+            "render + prove MIME (dispatch.render_checked)", dispatch.render_checked
+        )
 
     def instrument(engine: Engine) -> None:
         runner: Any = engine._runner

@@ -38,6 +38,8 @@ class EscalationReason(StrEnum):
     REJECTED = "rejected"
     HANDLE_UNRELIABLE = "handle-unreliable"
     NO_POLICY = "no-policy"
+    #: The rendered bytes do not say what the job says (`ledger/wire_check.py`): never sent.
+    RENDER_MISMATCH = "render-mismatch"
 
 
 class Resolution(StrEnum):

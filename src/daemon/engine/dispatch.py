@@ -20,10 +20,12 @@ from daemon.engine.clock import Clock
 from daemon.engine.health import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, SendKind, SendOutcome, send_gate
+from daemon.providers.smtp_imap import Envelope
 from ledger.decisions import AfterRejection, Review
 from ledger.job import SendJob
-from ledger.mime import build_message
-from ledger.vocabulary import JobState
+from ledger.mime import MessageFields, mailboxes
+from ledger.vocabulary import EscalationReason, JobState
+from ledger.wire_check import Mismatch, RenderMismatch, checked_message
 from policies import decisions
 from policies.model import ChannelPolicy
 
@@ -31,24 +33,34 @@ log = logging.getLogger("sendledger.engine")
 
 
 def render(job: SendJob) -> bytes:
-    """The job's raw message; identical bytes for every attempt of the job."""
-    content = job.content
-    return build_message(
+    """The job's raw message, rendered and proved (`render_checked`); identical bytes for
+    every attempt of the job."""
+    return render_checked(job)
+
+
+def render_checked(job: SendJob) -> bytes:
+    """The one place a job becomes bytes, at intake and before the claim: rendered by
+    `ledger/mime.py`, proved by `ledger/wire_check.py` to say exactly what the job says,
+    and the SMTP envelope those bytes give (`providers/smtp_imap.py: Envelope`, the other
+    parser of them) held to the job's to, cc and bcc. RenderMismatch naming the field
+    when the proof fails (intake: a refusal; dispatch: review, `render-mismatch`)."""
+    fields = MessageFields.of(
+        job.content,
         from_addr=job.from_addr,
-        to=content.to,
-        cc=content.cc,
-        reply_to=content.reply_to,
-        subject=content.subject,
-        body=content.body,
-        html=content.html,
-        bcc=content.bcc,
-        headers=content.headers,
-        in_reply_to=content.in_reply_to,
-        references=content.references,
-        attachments=content.attachments,
         message_id=job.message_id,
         date=job.created_on.astimezone(UTC),
     )
+    raw = checked_message(fields)
+    recipients = [
+        box.addr_spec
+        for field, addresses in (("to", fields.to), ("cc", fields.cc), ("bcc", fields.bcc))
+        for box in mailboxes(field, addresses)
+    ]
+    envelope = Envelope(raw)
+    if envelope.recipients != recipients or envelope.message_id != fields.message_id:
+        reason = f"the SMTP envelope would be {envelope.recipients}, the job's {recipients}"
+        raise RenderMismatch(Mismatch("to", reason))
+    return raw
 
 
 @dataclass(eq=False)  # compared by identity
@@ -121,8 +133,14 @@ class Dispatch:
             work.to_review(decision, f"{job.round_attempts} provider calls made")
             return None
         try:
-            # Rendered before the claim: a message that cannot be built is never claimed.
-            raw = render(job)
+            # Rendered and proved before the claim: a message that cannot be built, or
+            # does not say what the job says, is never claimed.
+            raw = render_checked(job)
+        except RenderMismatch as exc:
+            work.to_review(
+                Review(policy.ref, EscalationReason.RENDER_MISMATCH), f"render mismatch: {exc}"
+            )
+            return None
         except ValueError as exc:
             work.to_review(decisions.cannot_build(policy), f"cannot build the message: {exc}")
             return None
@@ -169,7 +187,11 @@ class Dispatch:
             policy.provider, claimed.provider
         ):
             self._health.read_back(
-                claimed.work.job, policy.provider, claimed.provider, outcome.provider_message_id
+                claimed.work.job,
+                policy.provider,
+                claimed.provider,
+                outcome.provider_message_id,
+                raw=claimed.raw,
             )
 
     def record(self, claimed: Claimed) -> None:

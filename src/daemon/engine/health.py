@@ -28,6 +28,7 @@ from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_R
 from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.message_id import same_message_id
+from ledger.wire_check import carries_message_id
 
 log = logging.getLogger("sendledger.engine")
 
@@ -91,9 +92,12 @@ class ProviderHealth:
             return sampler.take()
 
     def read_back(
-        self, job: SendJob, name: str, provider: Provider, provider_message_id: str
+        self, job: SendJob, name: str, provider: Provider, provider_message_id: str, *, raw: bytes
     ) -> None:
-        """Compare the stored copy's Message-ID with ours; a failed read proves nothing."""
+        """Compare the stored copy's Message-ID with ours; a failed read proves nothing.
+        `raw` is what was sent: another Message-ID marks the handle unreliable only when
+        those bytes are proved to carry ours in their one header block (a message that
+        lost it on the way out says nothing about the provider)."""
         with self._lock:
             self.readbacks += 1
         try:
@@ -102,6 +106,14 @@ class ProviderHealth:
             log.warning("job %s: Message-ID read-back failed: %s", job.key, exc.reason)
             return
         if stored is not None and same_message_id(stored, job.message_id):
+            return
+        if not carries_message_id(raw, job.message_id):
+            log.error(
+                "job %s: the stored copy carries Message-ID %s, but the bytes sent do not"
+                " carry ours in their header block: the handle is not marked unreliable",
+                job.key,
+                stored,
+            )
             return
         log.critical(
             "PROVIDER %s REPLACED OUR MESSAGE-ID: sent %s, stored %s. Searches cannot find "
