@@ -17,7 +17,7 @@ from daemon.context import message_limits, thread_providers
 from daemon.errors import bad_input
 from daemon.providers.base import Provider
 from daemon.services import ChannelPolicies, Intake, ProviderSource, Services
-from daemon.settings import Settings
+from daemon.settings import ConfigError, Settings
 from ledger.application import Ledger, utcnow
 from policies.loader import PolicyLoadError, PolicySet, load_policy_dir_partial
 
@@ -98,7 +98,10 @@ def built_providers(settings: Settings) -> ProviderSource:
     def source(name: str) -> Iterator[Provider]:
         if name not in settings.providers:
             raise KeyError(f"provider {name!r} is not configured")
-        provider = build_provider(settings, name)
+        try:
+            provider = build_provider(settings, name)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         try:
             yield provider
         finally:

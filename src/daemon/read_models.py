@@ -90,11 +90,14 @@ def event_record(event: Any) -> dict[str, Any]:
 
 
 def timeline_details(record: dict[str, Any]) -> list[tuple[str, str]]:
-    """An event's fields for a human: each value as JSON, the bulky ones left out and
-    attachments named by file name, type and size, never their content."""
+    """An event's fields for a human: each value as JSON, the bulky and the empty ones
+    (null, "", [], {}) left out, attachments named by file name, type and size, never
+    their content."""
     details = []
     for name, value in record.items():
         if name in ("type", "version", "at") or name in BULKY_FIELDS:
+            continue
+        if value is None or value == "" or value == [] or value == {}:
             continue
         if name == "attachments" and isinstance(value, list):
             value = [attachment_summary(item) for item in value if isinstance(item, dict)]

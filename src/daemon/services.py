@@ -399,7 +399,10 @@ class Services:
             raise ServiceError(
                 Refusal.UNAVAILABLE, f"the mailbox could not be searched: {exc.reason}"
             ) from None
-        except (KeyError, ValueError, OSError) as exc:
+        except Exception as exc:
+            # Whatever else a provider raises (a credential refused, a socket error) is
+            # still "no answer", never a decision and never a crash of the door.
+            log.warning("search for %s failed: %s: %s", job.message_id, type(exc).__name__, exc)
             raise ServiceError(
                 Refusal.UNAVAILABLE, f"provider {name!r} cannot be used: {exc}"
             ) from None

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 
 from daemon.api.auth import SESSION_COOKIE, SESSION_SECONDS, bearer
 from daemon.api.context import ApiContext, context_of
@@ -39,7 +40,10 @@ Ctx = Annotated[ApiContext, Depends(context_of)]
 
 def _finalize(value: Any) -> Any:
     # Every printed value: a caller's text shows its control characters as escapes.
-    return printable(value) if isinstance(value, str) else value
+    # (Markup is the templates' own HTML, a macro's output: already made of such values.)
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return printable(value)
+    return value
 
 
 _templates = Environment(
