@@ -32,6 +32,7 @@ from daemon.read_models import (
     event_record,
     job_status,
     review_index,
+    review_rows,
     with_content,
 )
 from ledger.application import (
@@ -322,9 +323,7 @@ class Services:
         self, *, channel: str | None = None, reason: str | None = None
     ) -> list[dict[str, Any]]:
         """Every job in review, in key order (`review list`, `GET /v1/review`)."""
-        rows = list(review_index(self.ledger, channel=channel, reason=reason))
-        return [item for start in range(0, len(rows), 500)
-                for item in with_content(self.ledger, rows[start : start + 500])]  # fmt: skip
+        return review_rows(self.ledger, channel=channel, reason=reason)
 
     def review_queue(
         self,
@@ -402,7 +401,7 @@ class Services:
         except Exception as exc:
             # Whatever else a provider raises (a credential refused, a socket error) is
             # still "no answer", never a decision and never a crash of the door.
-            log.warning("search for %s failed: %s: %s", job.message_id, type(exc).__name__, exc)
+            log.info("search for %s failed: %s: %s", job.message_id, type(exc).__name__, exc)
             raise ServiceError(
                 Refusal.UNAVAILABLE, f"provider {name!r} cannot be used: {exc}"
             ) from None
