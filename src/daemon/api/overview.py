@@ -47,7 +47,9 @@ def hourly_chart(ledger: Ledger, *, until: datetime, hours: int = 24) -> Chart:
     slots = [start + timedelta(hours=i) for i in range(hours)]
     counts = {name: [0] * hours for name, _, _ in SERIES}
     by_event = {event: name for name, event, _ in SERIES}
-    for event in ledger.job_events(types=list(by_event), since=start, until=until):
+    first = ledger.recent_start(start)
+    # Up to now included: the last slot is the current hour (later events are not counted).
+    for event in ledger.job_events(types=list(by_event), since=start, first=first):
         slot = int((event.timestamp - start).total_seconds() // 3600)
         if 0 <= slot < hours:
             counts[by_event[type(event).__name__]][slot] += 1
