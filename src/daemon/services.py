@@ -104,6 +104,8 @@ class CheckAnswer:
     query: str
     copies: list[Copy]
     recorded: bool  # written to the job's history (not while a send is in flight)
+    # The search's hits in the shape `review check --json` had before `copies`.
+    hits: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -119,6 +121,7 @@ class CheckAnswer:
             "copies": [c.as_dict() for c in self.copies],
             "recorded": self.recorded,
             "advice": check_advice(self.key, self.state, self.count),
+            "hits": self.hits,
         }
 
 
@@ -598,7 +601,17 @@ def _require_review(job: SendJob, what: str) -> None:
 
 def _answer(job: SendJob, found: SearchResult, recorded: bool) -> CheckAnswer:
     copies = [Copy(h.provider_message_id, h.date, h.to, h.subject) for h in found.hits]
-    return CheckAnswer(job.key, job.state.value, job.message_id, found.query, copies, recorded)
+    hits = [
+        {
+            "provider_message_id": h.provider_message_id,
+            "message_id": h.message_id_header,
+            "labels": list(h.labels),
+        }
+        for h in found.hits
+    ]
+    return CheckAnswer(
+        job.key, job.state.value, job.message_id, found.query, copies, recorded, hits
+    )
 
 
 __all__ = [

@@ -146,6 +146,11 @@ class CheckOut(BaseModel):
     copies: list[CopyOut]
     recorded: bool
     advice: str
+    hits: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the same copies as the first releases showed them: "
+        "{provider_message_id, message_id, labels}",
+    )
 
 
 class TriageItemOut(BaseModel):
