@@ -501,8 +501,8 @@ class Services:
 
         try:
             return self._write(key, decide)
-        except TransitionError as exc:
-            raise ServiceError(Refusal.CONFLICT, f"job {key!r} was not resolved: {exc}") from None
+        except TransitionError:
+            raise self._moved_on(key, "resolved") from None
 
     def cancel(self, key: str, *, note: str, by: str) -> SendJob:
         """Withdraw a job no provider was called for yet; any later state is refused."""
@@ -519,8 +519,19 @@ class Services:
 
         try:
             return self._write(key, cancel)
-        except TransitionError as exc:
-            raise ServiceError(Refusal.CONFLICT, f"job {key!r} was not cancelled: {exc}") from None
+        except TransitionError:
+            raise self._moved_on(key, "cancelled") from None
+
+    def _moved_on(self, key: str, what: str) -> ServiceError:
+        """The domain refused a command the checks here allowed: the job changed in
+        between (another writer). Said as a sentence, with what to do."""
+        state = self.job(key).state.value
+        show = command_line("sendledger", "review", "show", key)
+        return ServiceError(
+            Refusal.CONFLICT,
+            f"job {key!r} changed meanwhile and is now {state}; it was not {what}: "
+            f"look again ({show})",
+        )
 
     def triage(
         self,
