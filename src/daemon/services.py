@@ -333,7 +333,7 @@ class Services:
         *,
         channel: str | None = None,
         reason: str | None = None,
-        sort: str = "-since",
+        sort: str = "since",
         page: int = 1,
         per_page: int = 50,
     ) -> QueuePage:

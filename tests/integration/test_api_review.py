@@ -194,3 +194,32 @@ def test_queue_filters_sorts_pages_and_search_finds(rig: Rig) -> None:
     assert "<svg" in overview and "reviews (3)" in overview
     triage = rig.get("/ui/triage").text
     assert "Dry run" in triage
+
+
+def test_odd_requests_never_answer_500(rig: Rig) -> None:
+    rig.in_review("k1", copies=0)
+    auth = rig.api.auth()
+    client = rig.api.client
+    odd = [
+        ("get", "/ui/?page=-5&sort=nonsense&channel=%00"),
+        ("get", "/ui/?page=999999"),
+        ("get", "/ui/?page=abc"),
+        ("get", "/ui/search?q=" + "x" * 5000),
+        ("get", "/ui/search?q=%3C%3E"),
+        ("get", "/ui/jobs/nope"),
+        ("post", "/v1/review/triage"),
+        ("post", "/v1/review/triage", "[]"),
+        ("post", "/v1/review/triage", '{"dry_run": true, "extra": 1}'),
+        ("post", "/v1/jobs/k1/cancel", "null"),
+        ("post", "/v1/jobs/k1/cancel", '{"note": 5}'),
+        ("post", "/v1/jobs/k1/cancel", "{not json"),
+        ("post", "/v1/review/k1/check", "ignored"),
+        ("post", "/ui/jobs/k1/resolve"),
+        ("post", "/ui/triage"),
+    ]
+    for method, path, *body in odd:
+        content = body[0] if body else None
+        headers = {**auth, "Content-Type": "application/json"} if content else auth
+        answer = client.request(method, path, content=content, headers=headers)
+        assert answer.status_code < 500, (method, path, answer.status_code, answer.text[:200])
+    assert rig.get("/v1/jobs/k1").json()["state"] == "review"

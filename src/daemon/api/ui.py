@@ -144,7 +144,7 @@ def queue(
     seen: Seen,
     channel: str = "",
     reason: str = "",
-    sort: str = "-since",
+    sort: str = "since",
     page: int = 1,
 ) -> Response:
     if seen.name is None:
@@ -153,7 +153,7 @@ def queue(
         found = ctx.services.review_queue(
             channel=channel or None,
             reason=reason or None,
-            sort=sort if sort in SORTS else "-since",
+            sort=sort if sort in SORTS else "since",
             page=page,
         )
     except ServiceError as exc:
