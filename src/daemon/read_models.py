@@ -151,7 +151,7 @@ def review_rows(
     ledger: Ledger, *, channel: str | None = None, reason: str | None = None
 ) -> list[dict[str, Any]]:
     """Every job in review (of `channel`, for `reason`), in key order: index rows, their
-    content loaded a page at a time."""
+    content loaded `CONTENT_PAGE` jobs a query."""
     return [
         item
         for page in _pages(review_index(ledger, channel=channel, reason=reason))
@@ -167,7 +167,12 @@ def review_index(
             yield row
 
 
-def _pages(rows: Iterable[IndexRow], size: int = 500) -> Iterator[list[IndexRow]]:
+#: Jobs loaded per query for their content: a job's events carry its attachments, so a
+#: page stays small enough to hold in memory with large files attached.
+CONTENT_PAGE = 50
+
+
+def _pages(rows: Iterable[IndexRow], size: int = CONTENT_PAGE) -> Iterator[list[IndexRow]]:
     page: list[IndexRow] = []
     for row in rows:
         page.append(row)
@@ -180,6 +185,7 @@ def _pages(rows: Iterable[IndexRow], size: int = 500) -> Iterator[list[IndexRow]
 
 __all__ = [
     "BULKY_FIELDS",
+    "CONTENT_PAGE",
     "attachment_summary",
     "attachments_of",
     "event_record",

@@ -28,6 +28,7 @@ from daemon.intake import (
 )
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.read_models import (
+    CONTENT_PAGE,
     attachments_of,
     event_record,
     job_status,
@@ -357,7 +358,7 @@ class Services:
             "key": lambda r: r.key,
         }[name]
         rows.sort(key=keyed, reverse=sort.startswith("-"))
-        per_page = max(1, min(per_page, 500))
+        per_page = max(1, min(per_page, CONTENT_PAGE * 4))
         page = max(1, page)
         shown = rows[(page - 1) * per_page : page * per_page]
         return QueuePage(
@@ -379,8 +380,8 @@ class Services:
         needle = text.lower()
         recent = sorted(self.ledger.jobs(), key=lambda r: r.updated_at, reverse=True)[:scan]
         found: list[dict[str, Any]] = []
-        for start in range(0, len(recent), 500):
-            for item in with_content(self.ledger, recent[start : start + 500]):
+        for start in range(0, len(recent), CONTENT_PAGE):
+            for item in with_content(self.ledger, recent[start : start + CONTENT_PAGE]):
                 if any(needle in address.lower() for address in item.get("to", [])):
                     found.append(item)
                     if len(found) >= limit:
