@@ -33,6 +33,7 @@ from daemon.runtime import Daemon
 from daemon.settings import load_settings
 from ledger.application import Ledger
 from ledger.content import parse_job
+from ledger.display import command_line, printable
 from ledger.job import JobState
 from policies.loader import load_policy_dir
 from testkit import FaultPlan, FaultRelay, GmailEmulator, Mode, write_service_account
@@ -483,8 +484,8 @@ def _print_summary(
     )
     for job in review:
         print(
-            f"  review: {job['key']} ({job['reason']}); handle {job['message_id']}; "
-            f"a human runs `sendledger review check {job['key']}`",
+            f"  review: {printable(job['key'])} ({job['reason']}); handle {job['message_id']}; "
+            f"a human runs `{command_line('sendledger', 'review', 'check', job['key'])}`",
             file=out,
         )
     print(wording.closing, file=out)
