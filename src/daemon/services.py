@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -26,6 +26,7 @@ from daemon.intake import (
     senders_for,
     submit_jobs,
 )
+from daemon.output import iso as output_time
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.read_models import (
     CONTENT_PAGE,
@@ -475,6 +476,7 @@ class Services:
                     f"job {key!r} has two or more copies already: resolve it as sent or "
                     "abandon it, never resend",
                 )
+            self._require_index_caught_up(job)
             try:
                 found = self.search(job)
             except ServiceError as exc:
@@ -504,6 +506,24 @@ class Services:
             return self._write(key, decide)
         except TransitionError:
             raise self._moved_on(key, "resolved") from None
+
+    def _require_index_caught_up(self, job: SendJob) -> None:
+        """A search sooner than the channel's `search_after` after the last attempt may
+        read a lagging index and miss a copy that exists: a resend then waits."""
+        policy = self.policies().policies.get(job.channel)
+        attempts = [e for e in self.ledger.history(job.key) if type(e).__name__ == "Attempted"]
+        if policy is None or not attempts:
+            return
+        ready = attempts[-1].timestamp + timedelta(seconds=policy.search_after)
+        now = self.ledger.clock()
+        if now < ready:
+            raise ServiceError(
+                Refusal.CONFLICT,
+                f"job {job.key!r} was not resent: its last attempt was "
+                f"{int((now - attempts[-1].timestamp).total_seconds())} s ago and the mailbox "
+                f"index may not show its copy yet (search_after of channel {job.channel!r}); "
+                f"check again and resend after {output_time(ready)}",
+            )
 
     def cancel(self, key: str, *, note: str, by: str) -> SendJob:
         """Withdraw a job no provider was called for yet; any later state is refused."""

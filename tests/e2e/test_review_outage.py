@@ -11,6 +11,7 @@ emulator's acceptance log only.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ LEGAL: dict[str, Any] = {
     "on_unknown": "review",
     "irreversible": True,
     "max_attempts": 2,
+    "search_after": "200ms",  # a resend searches no sooner than this after the attempt
 }
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -87,6 +89,7 @@ def test_a_job_whose_copy_exists_cannot_be_resent_by_page_api_or_cli(
     rig.wait_state(key, "review")
     assert rig.copies(key) == 1  # the first send (answer dropped) arrived
     path = quote(key, safe="")
+    time.sleep(0.3)  # past search_after: a resend's search is believed now
 
     api = httpx.post(f"{url}/v1/review/{path}/resolve", json={"as": "resend"}, headers=AUTH)
     assert api.status_code == 409 and "1 copy found: resolve as sent" in api.json()["error"]

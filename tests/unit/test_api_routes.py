@@ -57,6 +57,7 @@ def in_review(rig: EngineRig, client: TestClient, key: str, *, copy: bool) -> No
     assert client.post("/v1/jobs", json=job(key), headers=AUTH).status_code == 201
     rig.provider.script(Scripted.dropped_response() if copy else Scripted.lost_request())
     rig.tick()
+    rig.clock.advance(61)  # past search_after: a resend may search
 
 
 def test_intake_statuses_and_the_broken_channel(client: TestClient) -> None:

@@ -62,6 +62,7 @@ def in_review(rig: EngineRig, key: str, *, copies: int) -> None:
     assert rig.job(key).state is JobState.REVIEW
     for _ in range(copies - 1):
         rig.provider.store_copy(rig.job(key).message_id)
+    rig.clock.advance(61)  # past the channel's search_after: a search now is believed
 
 
 def refused(call: Any, kind: Refusal) -> str:
@@ -174,6 +175,22 @@ def test_a_resend_with_no_copy_found_is_requeued_with_its_search(rig: EngineRig)
     assert rig.events("k1")[-2:] == ["Checked", "Resolved"]
     rig.tick()
     assert rig.copies("k1") == 1
+
+
+def test_a_resend_waits_for_the_index_after_the_last_attempt(rig: EngineRig) -> None:
+    rig.submit("legal", "k1")
+    rig.provider.script(Scripted.dropped_response())
+    rig.provider.index_lag = 30.0  # the copy exists, the search cannot see it yet
+    rig.tick()
+    rig.clock.advance(20)
+    s = services(rig)
+    message = refused(lambda: s.resolve("k1", Resolution.RESEND, note="", by="b"), Refusal.CONFLICT)
+    assert "last attempt was 20 s ago" in message and "search_after" in message
+    assert rig.provider.searches == 0 and rig.job("k1").state is JobState.REVIEW
+    rig.clock.advance(41)
+    message = refused(lambda: s.resolve("k1", Resolution.RESEND, note="", by="b"), Refusal.CONFLICT)
+    assert "1 copy found" in message
+    assert rig.provider.sends == 1
 
 
 def test_a_resend_is_refused_when_the_search_fails(rig: EngineRig) -> None:
