@@ -118,3 +118,16 @@ def test_pages_render_and_act(rig: EngineRig, client: TestClient) -> None:
     assert client.get("/ui/jobs/nope", headers=AUTH).status_code == 404
     # Without a token: the sign-in form, nothing of a job.
     assert "found" not in client.get("/ui/jobs/found").text
+
+
+def test_every_template_escapes_and_shows_controls_as_escapes(client: TestClient) -> None:
+    from daemon.api import ui
+
+    templates = ui._templates
+    for name in templates.list_templates():
+        assert templates.get_template(name).render  # loads
+    assert templates.autoescape is True or templates.autoescape("x.html")
+    hostile = "<img src=x onerror=alert(1)>\x1b[31m"
+    rendered = templates.get_template("message.html").render(title="t", message=hostile)
+    assert "<img" not in rendered and "&lt;img" in rendered
+    assert "\x1b" not in rendered and "\\x1b[31m" in rendered
