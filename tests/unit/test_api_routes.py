@@ -109,6 +109,10 @@ def test_pages_render_and_act(rig: EngineRig, client: TestClient) -> None:
         "/ui/jobs/found/resolve", data={"as": "sent"}, headers=AUTH, follow_redirects=False
     )
     assert done.status_code == 303
+    notice = client.get(done.headers["location"], headers=AUTH).text
+    assert "Done: resolved as sent." in notice
+    crafted = client.get("/ui/jobs/found?done=call+555-0100+now", headers=AUTH).text
+    assert "555-0100" not in crafted
     assert client.get("/v1/jobs/found", headers=AUTH).json()["state"] == "confirmed"
     triage = client.post("/ui/triage", data={"mode": "dry-run"}, headers=AUTH)
     assert triage.status_code == 200 and "Dry run: nothing recorded" in triage.text

@@ -118,6 +118,10 @@ async def _job_action(
     return RedirectResponse(job_href(key) + "?done=" + quote(done), status_code=303)
 
 
+#: What `?done=` may say after a form (the page's own redirects).
+NOTICES = frozenset({*(f"resolved as {r.value}" for r in Resolution), "cancelled"})
+
+
 def job_href(key: str) -> str:
     return "/ui/jobs/" + quote(key, safe="")
 
@@ -149,15 +153,11 @@ def queue(
 ) -> Response:
     if seen.name is None:
         return _sign_in(code=200)
-    try:
-        found = ctx.services.review_queue(
-            channel=channel or None,
-            reason=reason or None,
-            sort=sort if sort in SORTS else "since",
-            page=page,
-        )
-    except ServiceError as exc:
-        return _page("message.html", 422, title="Refused", message=exc.message)
+    # An unknown sort (a hand-edited link) is the default one, not an error page.
+    sort = sort if sort in SORTS else "since"
+    found = ctx.services.review_queue(
+        channel=channel or None, reason=reason or None, sort=sort, page=page
+    )
     now = ctx.ledger.clock().timestamp()
     rows = []
     for row in found.rows:
@@ -263,7 +263,8 @@ def _job_page(
 def job_page(key: str, ctx: Ctx, seen: Seen, done: str = "") -> Response:
     if seen.name is None:
         return _sign_in()
-    return _job_page(ctx, seen, key, done=done)
+    # Only the page's own notices: a crafted link cannot make the page say anything else.
+    return _job_page(ctx, seen, key, done=done if done in NOTICES else "")
 
 
 @router.post("/jobs/{key:path}/check")
