@@ -44,7 +44,7 @@ from ledger.application import (
     SubmitResult,
     UnknownJob,
 )
-from ledger.content import JobContent
+from ledger.content import JobContent, JobInputError
 from ledger.display import command_line
 from ledger.job import SendJob, TransitionError, copies_found
 from ledger.mime import MessageLimits
@@ -452,6 +452,10 @@ class Services:
                 return job
             except UnknownJob as exc:
                 raise ServiceError(Refusal.NOT_FOUND, str(exc)) from None
+            except JobInputError as exc:
+                # A field of the decision itself refused by the domain (a note, a name).
+                problem = FieldProblem(None, exc.field, exc.reason)
+                raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem]) from None
             except ConcurrentUpdate:
                 if attempt == _WRITE_TRIES - 1:
                     raise ServiceError(

@@ -369,3 +369,19 @@ def test_the_job_view_lists_attachments_without_content(rig: EngineRig) -> None:
 def test_safe_decisions_out_of_review_are_none(rig: EngineRig) -> None:
     rig.submit("legal", "k1")
     assert safe_decisions(rig.job("k1"), None) == []
+
+
+def test_a_field_the_domain_refuses_is_bad_input(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledger.content import JobInputError
+    from ledger.job import SendJob
+
+    def refuse(self: SendJob, **_: Any) -> None:
+        raise JobInputError("note", "must not contain a control character")
+
+    s = services(rig)
+    s.submit(job("k1"), by="a")
+    monkeypatch.setattr(SendJob, "cancel", refuse)
+    message = refused(lambda: s.cancel("k1", note="\x1b", by="b"), Refusal.BAD_INPUT)
+    assert message == "job.note: must not contain a control character"
