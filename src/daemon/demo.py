@@ -37,6 +37,7 @@ from daemon.runtime import Daemon
 from daemon.settings import load_settings
 from ledger.application import Ledger
 from ledger.content import parse_job
+from ledger.display import command_line, printable
 from ledger.job import JobState
 from policies.loader import load_policy_dir
 from testkit import FaultPlan, FaultRelay, GmailEmulator, Mode, write_service_account
@@ -649,7 +650,7 @@ def _print_summary(
     for job in summary["jobs"]:
         if job["state"] == "review":
             print(
-                f"  waiting: {job['key']} ({job['reason']}), Message-ID {job['message_id']}",
+                f"  waiting: {printable(job['key'])} ({job['reason']}), Message-ID {job['message_id']}",
                 file=out,
             )
     print(wording.closing, file=out)

@@ -65,6 +65,11 @@ class TransitionError(Exception):
         self.action = action
 
 
+def copies_found(count: int) -> str:
+    """ "1 copy found", "3 copies found": how every door says what a search found."""
+    return f"{count} {'copy' if count == 1 else 'copies'} found"
+
+
 class SendJob(Aggregate):
     TOPIC = "sendledger:SendJob"
 
@@ -343,6 +348,32 @@ class SendJob(Aggregate):
                 job.due_at = None
             # "sent": the Confirmed event recorded with it moves the job on.
 
+    class Checked(Event):
+        """A human (or triage) searched the sender's mailbox for the job's Message-ID:
+        who asked, why, the query sent and the copies found. It changes no state; it is
+        the trail of what the human saw before deciding (README "Review")."""
+
+        TOPIC = "sendledger:SendJob.Checked"
+        by: str
+        purpose: str  # "check", "resend" (the search before one), "triage"
+        query: str
+        provider_message_ids: list[str]
+
+        def apply(self, job: Any) -> None:
+            pass
+
+    class Cancelled(Event):
+        """Withdrawn before any provider call: the job is never sent."""
+
+        TOPIC = "sendledger:SendJob.Cancelled"
+        by: str
+        note: str
+
+        def apply(self, job: Any) -> None:
+            job.state = JobState.CANCELLED
+            job.reason = "cancelled"
+            job.due_at = None
+
     class Purged(Event):
         """The job's content was made unreadable in the store (``ledger/retention.py``):
         its trail stays, its recipients, subject, bodies, attachments and headers do not."""
@@ -514,9 +545,20 @@ class SendJob(Aggregate):
         self._require_decision("Escalated", decision, decide.Review)
         self._escalate(decision, detail, at)
 
-    def resolve(self, resolution: Resolution, *, note: str, by: str, at: datetime) -> None:
-        """A human's decision on a job in review. A `by` or `note` that
-        `ledger.keys` refuses is JobInputError (README "Keys"), before anything else."""
+    def resolve(
+        self,
+        resolution: Resolution,
+        *,
+        note: str,
+        by: str,
+        at: datetime,
+        found: Sequence[str] | None = None,
+    ) -> None:
+        """A human's decision on a job in review. A `by` or `note` that `ledger.keys`
+        refuses is JobInputError (README "Keys"), before anything else. `found`: the
+        copies a search made just before it found (README "Review": a resend is searched
+        for first); a copy found refuses a resend, and a job resolved as sent keeps the
+        copies found."""
         _check_name(by)
         if problem := note_problem(note):
             raise JobInputError("note", problem)
@@ -526,14 +568,46 @@ class SendJob(Aggregate):
             raise self._refuse(
                 "Resolved", "two copies already exist; resolve as 'sent' or 'abandon'"
             )
+        if resolution is Resolution.RESEND and found:
+            raise self._refuse("Resolved", f"{copies_found(len(found))}: resolve as sent")
         self.trigger_event(self.Resolved, timestamp=at, decision=resolution, note=note, by=by)
         if resolution is Resolution.SENT:
             self._confirm(
                 ConfirmedVia.OPERATOR,
-                list(self.provider_message_ids),
+                list(found) if found else list(self.provider_message_ids),
                 decide.Confirm(PolicyRef.operator(by)),
                 at,
             )
+
+    def record_check(
+        self, *, by: str, purpose: str, query: str, copies: Sequence[str], at: datetime
+    ) -> None:
+        """What a search a human asked for found. Refused while a provider call is in
+        flight (attempted): the daemon's outcome is about to be written and must not meet
+        another writer. A `by` that `ledger.keys` refuses is JobInputError."""
+        _check_name(by)
+        if self.state is JobState.ATTEMPTED:
+            raise self._refuse("Checked", "a send is in flight")
+        self.trigger_event(
+            self.Checked,
+            timestamp=at,
+            by=by,
+            purpose=purpose,
+            query=query,
+            provider_message_ids=list(copies),
+        )
+
+    def cancel(self, *, by: str, note: str, at: datetime) -> None:
+        """Withdraw a job no provider was ever called for (requested, never attempted,
+        with or without `send_at`). A `by` or `note` that `ledger.keys` refuses is
+        JobInputError."""
+        _check_name(by)
+        if problem := note_problem(note):
+            raise JobInputError("note", problem)
+        self._require("Cancelled", JobState.REQUESTED)
+        if self.attempts:
+            raise self._refuse("Cancelled", f"{self.attempts} attempts were made")
+        self.trigger_event(self.Cancelled, timestamp=at, by=by, note=note)
 
     def purge(self, *, by: str, rule: str, at: datetime) -> None:
         """Retention: forget the content of a job that is settled for good (confirmed or
@@ -719,4 +793,4 @@ def _check_name(by: str) -> None:
         raise JobInputError("by", f"longer than {MAX_NAME_LENGTH} characters")
 
 
-__all__ = ["JobState", "SendJob", "TransitionError", "job_id_for"]
+__all__ = ["JobState", "SendJob", "TransitionError", "copies_found", "job_id_for"]

@@ -277,10 +277,12 @@ def test_policy_check(cli: Any) -> None:
     line = one_error_line(result)
     assert line.startswith(f"{broken}:max_attempts: "), line
 
-    # submit refuses to run on a broken policy folder, naming the file and field too.
-    refused = cli.submit(job())
+    # The broken file's channel refuses new jobs, naming the file and field; the other
+    # channels keep accepting (the same rule as POST /v1/jobs).
+    refused = cli.submit(job("order-alerts", channel="alerts"))
     assert refused.code == 2
-    one_error_line(refused, f"{broken}:max_attempts:")
+    one_error_line(refused, "job.channel", f"{broken}:max_attempts:")
+    assert cli.submit(job()).code == 0
 
 
 def test_admin_rebuild_index(cli: Any) -> None:

@@ -198,6 +198,7 @@ def test_openapi_documents_every_route_and_status(api: Api) -> None:
         "409",
         "413",
         "422",
+        "503",
     ]
     assert statuses[("/v1/jobs/{key}", "get")] == ["200", "401", "404"]
     assert statuses[("/healthz", "get")] == ["200", "503"]

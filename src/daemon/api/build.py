@@ -11,6 +11,7 @@ from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics, Sources
 from daemon.api.server import ApiServer
 from daemon.context import message_limits, thread_providers
+from daemon.doors import PolicyWatch, built_providers, lent_providers
 from daemon.engine import PolicyHolder
 from daemon.settings import ConfigError, Settings
 from ledger.application import Ledger
@@ -71,6 +72,8 @@ def api_context(
         metrics=metrics,
         limits=message_limits(settings),
         thread_providers=thread_providers(settings),
+        intake_policies=PolicyWatch(settings, lambda: policies.current),
+        providers=lent_providers(providers, built_providers(settings)),
     )
 
 

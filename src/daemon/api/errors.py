@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from daemon.api.models import Invalid, Problem
+from daemon.services import Refusal, ServiceError
 from ledger.content import JobInputError
+
+T = TypeVar("T")
 
 
 class ApiError(Exception):
@@ -18,6 +22,27 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.headers = headers
+
+
+_STATUS = {
+    Refusal.BAD_INPUT: 422,
+    Refusal.NOT_FOUND: 404,
+    Refusal.CONFLICT: 409,
+    Refusal.UNAVAILABLE: 503,
+}
+
+
+def api_error(exc: ServiceError) -> ApiError:
+    """A service's refusal as the API's status and `{"error": sentence}`."""
+    return ApiError(_STATUS[exc.kind], exc.message)
+
+
+def served(call: Callable[[], T]) -> T:
+    """`call()`, its refusal raised as the API's error."""
+    try:
+        return call()
+    except ServiceError as exc:
+        raise api_error(exc) from None
 
 
 def unauthorized() -> ApiError:
@@ -33,8 +58,10 @@ def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     about = {
         401: "no valid API token",
         404: "no job with that key",
-        409: "conflict: the key is known with other content, or the job is not in review",
+        409: "conflict: the key is known with other content, or the job's state does "
+        "not allow it (the message says why)",
         413: "the request body is larger than api.max_body",
+        503: "the mailbox could not be searched now (nothing was decided)",
     }
     responses: dict[int | str, dict[str, Any]] = {}
     for status in statuses:

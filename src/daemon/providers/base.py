@@ -33,6 +33,11 @@ class SearchHit:
     provider_message_id: str
     message_id_header: str
     labels: tuple[str, ...] = field(default_factory=tuple)
+    # What a human checking the copy wants to see (as the provider stored them; "" when
+    # the provider did not say): README "Review".
+    date: str = ""
+    to: str = ""
+    subject: str = ""
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,8 @@ class Copy:
     provider_message_id: str
     message_id: str
     stored_at: datetime
+    to: str = ""
+    subject: str = ""
 
 
 class FakeProvider:
@@ -139,12 +141,14 @@ class FakeProvider:
     # -- the provider port ----------------------------------------------------------------
 
     def send_raw(self, raw: bytes) -> SendOutcome:
-        message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
+        headers = BytesHeaderParser().parsebytes(raw)
+        message_id = str(headers.get("Message-ID", "")).strip()
+        shown = (str(headers.get("To", "")), str(headers.get("Subject", "")))
         with self._lock:
             self.sends += 1
             self.sends_by_message_id[message_id] += 1
             fate = self._script.popleft() if self._script else Scripted.confirmed()
-            provider_id = self._store(message_id) if fate.stored else None
+            provider_id = self._store(message_id, *shown) if fate.stored else None
         if fate.crashes:
             raise SimulatedCrash(f"crashed while sending {message_id}")
         outcome = fate.outcome
@@ -161,7 +165,14 @@ class FakeProvider:
                 raise ProviderError("search failed (scripted)", retry_after=1.0)
             visible_before = self.clock() - timedelta(seconds=self.index_lag)
             hits = tuple(
-                SearchHit(copy.provider_message_id, copy.message_id, ("SENT",))
+                SearchHit(
+                    copy.provider_message_id,
+                    copy.message_id,
+                    ("SENT",),
+                    date=copy.stored_at.isoformat(),
+                    to=copy.to,
+                    subject=copy.subject,
+                )
                 for copy in self._visible(message_id, visible_before)
             )
         return SearchResult(query=query, hits=hits)
@@ -178,10 +189,10 @@ class FakeProvider:
 
     # -- inside ---------------------------------------------------------------------------
 
-    def _store(self, message_id: str) -> str:
+    def _store(self, message_id: str, to: str = "", subject: str = "") -> str:
         provider_id = f"fake-{next(self._ids):06d}"
         stored = f"<replaced-{provider_id}@fake>" if self.replaces_message_id else message_id
-        self.copies.append(Copy(provider_id, stored, self.clock()))
+        self.copies.append(Copy(provider_id, stored, self.clock(), to, subject))
         return provider_id
 
     def _visible(self, message_id: str, visible_before: datetime) -> Iterable[Copy]:
