@@ -18,7 +18,6 @@ import contextlib
 import io
 import json
 import os
-import shlex
 import sys
 import tempfile
 import threading
@@ -434,7 +433,7 @@ def _operator_step(
     decision = "sent" if hits else "resend"
     note = f"review check found {len(hits)} cop{'y' if len(hits) == 1 else 'ies'}"
     resolve = ["review", "resolve", key, "--as", decision, "--note", note, "--by", OPERATOR]
-    print(f"  $ sendledger {shlex.join(resolve)}", file=out)
+    print(f"  $ {command_line('sendledger', *resolve)}", file=out)
     code, text = _cli(folder, *resolve)
     print(f"    {text.strip()}", file=out)
     return {"key": key, "check": len(hits), "decision": decision if code == 0 else None}
@@ -614,14 +613,14 @@ def _suggestions(folder: Path, jobs: list[dict[str, Any]]) -> list[str]:
     stops with the demo)."""
     from daemon.init_command import console_command
 
-    base = shlex.join([*console_command(), "--config", str(folder / "sendledger.toml")])
+    base = command_line(*console_command(), "--config", str(folder / "sendledger.toml"))
     waiting = [j["key"] for j in jobs if j["state"] == "review"]
     resent = [j["key"] for j in jobs if j["state"] == "confirmed" and j["attempts"] > 1]
     commands = [f"{base} review list", f"{base} audit --format table"]
     if resent:
-        commands.append(f"{base} history {shlex.quote(resent[0])}")
+        commands.append(f"{base} {command_line('history', resent[0])}")
     # `review show` prints the job's history and the commands a human would run next.
-    commands += [f"{base} review show {shlex.quote(key)}" for key in waiting[:1]]
+    commands += [f"{base} {command_line('review', 'show', key)}" for key in waiting[:1]]
     return commands
 
 
@@ -650,7 +649,8 @@ def _print_summary(
     for job in summary["jobs"]:
         if job["state"] == "review":
             print(
-                f"  waiting: {printable(job['key'])} ({job['reason']}), Message-ID {job['message_id']}",
+                f"  waiting: {printable(job['key'])} ({job['reason']}), "
+                f"Message-ID {job['message_id']}",
                 file=out,
             )
     print(wording.closing, file=out)
