@@ -30,10 +30,11 @@ test-packages:
 	@if [ -n "$(strip $(TEST_PACKAGES))" ] && [ "$$(id -u)" = 0 ]; then \
 		bash scripts/install-test-packages.sh $(TEST_PACKAGES); fi
 
-# The whole suite, then the static checks. Under CI=true the PostgreSQL tests must run: they
-# use SENDLEDGER_TEST_PG_URL when a server answers there, else one private cluster for the
-# session.
+# The message writer's pure tests on Python 3.13 (when installed), then the whole suite, then
+# the static checks. Under CI=true the PostgreSQL tests must run: they use
+# SENDLEDGER_TEST_PG_URL when a server answers there, else one private cluster for the session.
 test: $(STAMP) test-packages
+	$(MAKE) --no-print-directory test-py313
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider tests
 	$(MAKE) --no-print-directory lint typecheck
 
@@ -46,8 +47,9 @@ integration: $(STAMP)
 e2e: $(STAMP)
 	$(BIN)/python -m pytest -q tests/e2e
 
-# The message writer's pure tests on Python 3.13 too, when it is installed (not part of
-# `make test`): a throw-away venv outside the repo, the sources on PYTHONPATH.
+# The message writer's pure tests on Python 3.13 too, when it is installed (`make test` runs
+# it first): a throw-away venv outside the repo, the sources on PYTHONPATH. The standard
+# library's email package differs between 3.11.7 and 3.13; our writer must not.
 PY313     ?= /root/.pyenv/versions/3.13.0/bin/python3
 PY313_ENV ?= /tmp/sendledger-py313
 MIME_TESTS := tests/unit/test_hostile_text.py tests/unit/test_wire_check.py \
