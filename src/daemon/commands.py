@@ -129,17 +129,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(output.dumps(status))
     else:
-        print(output.key_values((k, shown(v)) for k, v in status.items()))
+        print(output.key_values(status.items()))
     return EXIT_OK
 
-
-def shown(value: object) -> object:
-    """A caller's text on a terminal: control and bidi characters as escapes."""
-    if isinstance(value, str):
-        return printable(value)
-    if isinstance(value, list):
-        return [shown(v) for v in value]
-    return value
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -207,4 +199,4 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-__all__ = ["cli_error", "register", "served", "shown"]
+__all__ = ["cli_error", "register", "served"]

@@ -67,6 +67,8 @@ from = "Payouts <{payouts_from}>"
 message_id_domain = "mail.shop.example"
 on_unknown = "review"
 irreversible = true
+# How long a human's resend waits after the last attempt, for the index to show a copy.
+search_after = "{search_after}"
 max_attempts = 2
 retry_backoff = "500ms"
 retry_backoff_max = "3s"
@@ -436,6 +438,15 @@ def _operator_step(
     print(f"  $ {command_line('sendledger', *resolve)}", file=out)
     code, text = _cli(folder, *resolve)
     print(f"    {text.strip()}", file=out)
+    if code == 3 and decision == "resend" and "resolve as sent" in text:
+        # The resend searched again first and found the copy the check had not seen yet
+        # (README "Review"): nothing was sent; the human resolves it as sent.
+        decision = "sent"
+        resolve = ["review", "resolve", key, "--as", "sent", "--note",
+                   "the resend's own search found the copy", "--by", OPERATOR]  # fmt: skip
+        print(f"  $ {command_line('sendledger', *resolve)}", file=out)
+        code, text = _cli(folder, *resolve)
+        print(f"    {text.strip()}", file=out)
     return {"key": key, "check": len(hits), "decision": decision if code == 0 else None}
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from daemon import output
 from daemon.bootstrap import bootstrap
-from daemon.commands import served, shown
+from daemon.commands import served
 from daemon.context import load_policies, open_ledger, settings_for
 from daemon.errors import EXIT_OK, bad_input
 from daemon.logs import setup_logging
@@ -99,7 +99,7 @@ def cmd_review_list(args: argparse.Namespace) -> int:
         columns = ["key", "channel", "reason", "since", "to", "subject"]
         if any("send_at" in row for row in rows):
             columns.insert(4, "send_at")
-        print(output.table([{k: shown(v) for k, v in row.items()} for row in rows], columns))
+        print(output.table(rows, columns))
     else:
         print("no jobs in review")
     return EXIT_OK
@@ -110,7 +110,7 @@ def cmd_review_show(args: argparse.Namespace) -> int:
     if args.json:
         print(output.dumps({"status": view.status, "history": view.history}))
         return EXIT_OK
-    print(output.key_values((k, shown(v)) for k, v in view.status.items()))
+    print(output.key_values(view.status.items()))
     print("\nhistory:")
     for record in view.history:
         print(f"  {record['version']:>3}  {record['at']}  {record['type']}")

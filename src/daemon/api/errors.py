@@ -17,11 +17,18 @@ T = TypeVar("T")
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        errors: list[dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
+        self.errors = errors
 
 
 _STATUS = {
@@ -34,7 +41,11 @@ _STATUS = {
 
 def api_error(exc: ServiceError) -> ApiError:
     """A service's refusal as the API's status and `{"error": sentence}`."""
-    return ApiError(_STATUS[exc.kind], exc.message)
+    # The fields a refusal names travel with it, as a 422 of intake lists them.
+    errors = [
+        {"index": p.index, "field": p.field, "reason": p.reason} for p in exc.problems
+    ] or None
+    return ApiError(_STATUS[exc.kind], exc.message, errors=errors)
 
 
 def served(call: Callable[[], T]) -> T:
@@ -75,7 +86,10 @@ def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, exc.status, headers=exc.headers)
+        body: dict[str, Any] = {"error": exc.message}
+        if exc.errors:
+            body["errors"] = exc.errors
+        return JSONResponse(body, exc.status, headers=exc.headers)
 
     @app.exception_handler(JobInputError)
     async def _refused_field(request: Request, exc: JobInputError) -> JSONResponse:
