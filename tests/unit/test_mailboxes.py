@@ -4,7 +4,6 @@ per-mailbox quota gate of the Gmail provider with `user = "{from}"` (README, "Pr
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.engine import Engine
 from daemon.intake import IntakeError, parse_jobs, senders_for
-from daemon.providers.base import Provider, SearchResult, SendOutcome
+from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
 from daemon.providers.fake import FakeProvider
 from daemon.providers.gmail import GmailProvider
 from ledger.content import JobInputError, parse_job
@@ -108,7 +107,7 @@ class FakeTime:
         self.now += seconds
 
 
-def test_one_bucket_per_mailbox_and_a_throttled_one_holds_one_worker(tmp_path: Path) -> None:
+def test_one_bucket_per_mailbox_and_a_reservation_never_waits(tmp_path: Path) -> None:
     clock = FakeTime()
     sa = write_service_account(tmp_path / "sa.json", token_uri="http://127.0.0.1:9/token")
     provider = GmailProvider(
@@ -128,19 +127,22 @@ def test_one_bucket_per_mailbox_and_a_throttled_one_holds_one_worker(tmp_path: P
     assert alice is again and alice is not bob
     assert alice.credentials is not bob.credentials
     alice.bucket.acquire(alice.bucket.capacity)  # alice is out of quota, bob is not
-    with alice.send_gate() as first, alice.send_gate() as second, bob.send_gate() as other:
-        assert (first, second, other) == (True, False, True)
-    with alice.send_gate() as again_first:
-        assert again_first  # the waiter left: the next one may wait
-    clock.now += 1.0
-    with alice.send_gate() as a, alice.send_gate() as b:
-        assert a and b  # refilled: no waiting, no limit
+    wait = alice.reserve_send()
+    assert 0.0 < wait <= 100.0 / 250.0 + 1e-9 and bob.reserve_send() == 0.0
+    assert alice.bucket.available < 100.0  # nothing taken by the refused reservation
+    clock.now += wait
+    assert alice.reserve_send() == 0.0  # refilled: taken, and the send will not wait
+    before = clock.now
+    alice.pay_send()
+    assert clock.now == before  # paid by the reservation
+    alice.pay_send()
+    assert clock.now > before  # no reservation left: it waited for the quota
     provider.close()
 
 
-class PerMailboxFake:
+class PerMailboxFake(ProviderBase):
     """The fake provider acting per mailbox, as Gmail with user = "{from}" does: each
-    job's calls go through `for_job`; one mailbox is out of quota with a waiter."""
+    job's calls go through `for_job`; one mailbox is out of quota."""
 
     def __init__(self, inner: FakeProvider, blocked: str) -> None:
         self.inner = inner
@@ -165,14 +167,17 @@ class PerMailboxFake:
         self.inner.close()
 
 
-class MailboxView:
+class MailboxView(ProviderBase):
     def __init__(self, owner: PerMailboxFake, from_addr: str, thread_id: str | None) -> None:
         self.owner, self.from_addr, self.thread_id = owner, from_addr, thread_id
         self.name = owner.name
         self.response_ids_readable = owner.response_ids_readable
 
-    def send_gate(self) -> contextlib.AbstractContextManager[bool]:
-        return contextlib.nullcontext(self.owner.blocked not in self.from_addr)
+    def scope(self) -> str:
+        return f"{self.name}/{self.from_addr}"
+
+    def reserve_send(self) -> float:
+        return 1.0 if self.owner.blocked in self.from_addr else 0.0
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         self.owner.sent_as.append((self.from_addr, self.thread_id))

@@ -12,6 +12,7 @@ from daemon.api.metrics import Metrics, Sources
 from daemon.api.server import ApiServer
 from daemon.context import message_limits, thread_providers
 from daemon.engine import PolicyHolder
+from daemon.providers.base import Provider
 from daemon.settings import ConfigError, Settings
 from ledger.application import Ledger
 
@@ -34,7 +35,7 @@ def api_context(
     settings: Settings,
     ledger: Ledger,
     policies: PolicyHolder,
-    providers: Mapping[str, object],
+    providers: Mapping[str, Provider | None],
     *,
     metrics: Metrics | None = None,
     unreliable: Callable[[], list[str]] | None = None,

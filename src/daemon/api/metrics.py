@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from daemon.engine.report import TickReport
+from daemon.providers.base import Provider
 from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.vocabulary import OPEN_STATES, ConfirmedVia
@@ -31,7 +32,7 @@ class Sources:
     """What the scrape-time gauges read; the parts a process lacks are None."""
 
     ledger: Ledger
-    providers: Mapping[str, object]  # quota levels are read from those that have one
+    providers: Mapping[str, Provider | None]  # quota levels: of those that have one
     unreliable: Callable[[], list[str]] | None = None
     tick_age: Callable[[], float] | None = None  # seconds since the last tick ended
 
@@ -154,9 +155,9 @@ class _StoreGauges(Collector):
         )
         for name, provider in sorted(self._sources.providers.items()):
             reliable.add_metric([name], 0 if name in unreliable else 1)
-            level = getattr(provider, "quota_available", None)
-            if callable(level):
-                quota.add_metric([name], float(level()))
+            level = None if provider is None else provider.quota_available()
+            if level is not None:
+                quota.add_metric([name], float(level))
         yield reliable
         yield quota
         if self._sources.tick_age is not None:

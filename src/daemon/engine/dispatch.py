@@ -19,7 +19,7 @@ from daemon.crashpoints import crash_point
 from daemon.engine.clock import Clock
 from daemon.engine.health import ProviderHealth
 from daemon.engine.runner import Work
-from daemon.providers.base import Provider, SendKind, SendOutcome, send_gate
+from daemon.providers.base import Provider, SendKind, SendOutcome
 from ledger.decisions import AfterRejection, Review
 from ledger.job import SendJob
 from ledger.mime import build_message
@@ -129,10 +129,9 @@ class Dispatch:
         if self._stopping.is_set():
             return None
         gate = ExitStack()
-        if not gate.enter_context(send_gate(provider)):
-            gate.close()
-            # Its mailbox is out of quota and another worker waits for it: left due,
-            # so this worker serves other mailboxes (README, "Providers").
+        if provider.reserve_send() > 0.0:
+            # Its mailbox is out of quota: left due, so this worker serves other
+            # mailboxes (README, "Providers").
             work.count("skipped")
             return None
         try:

@@ -20,7 +20,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.observer import EngineObserver, NullObserver, notify
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import Count, Counter
-from daemon.providers.base import Provider, for_job
+from daemon.providers.base import Provider
 from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
 from ledger.decisions import Review
 from ledger.job import SendJob, TransitionError
@@ -144,7 +144,7 @@ class StepRunner:
             provider = None if policy is None else self._providers.get(policy.provider)
             if provider is not None:
                 # The job's own mailbox and thread (Gmail with user = "{from}").
-                provider = for_job(provider, job.from_addr, job.content.thread_id)
+                provider = provider.for_job(job.from_addr, job.content.thread_id)
             return Work(job, policy, provider, now, self._ledger, counter, self._observer)
 
         return self.guard(step, key, counter, load)

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from email.parser import BytesHeaderParser
 
 from daemon.providers.base import (
+    ProviderBase,
     ProviderError,
     SearchHit,
     SearchResult,
@@ -92,7 +93,7 @@ class Copy:
     stored_at: datetime
 
 
-class FakeProvider:
+class FakeProvider(ProviderBase):
     response_ids_readable = True
 
     def __init__(
