@@ -38,6 +38,9 @@ class EscalationReason(StrEnum):
     REJECTED = "rejected"
     HANDLE_UNRELIABLE = "handle-unreliable"
     NO_POLICY = "no-policy"
+    #: The provider stayed unavailable (nothing sent) longer than the channel's
+    #: `give_up_after`.
+    PROVIDER_UNAVAILABLE = "provider-unavailable"
 
 
 class Resolution(StrEnum):

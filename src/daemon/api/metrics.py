@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from daemon.engine.circuit import OpenCircuit
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
 from ledger.application import Ledger
@@ -35,6 +36,7 @@ class Sources:
     providers: Mapping[str, Provider | None]  # quota levels: of those that have one
     unreliable: Callable[[], list[str]] | None = None
     tick_age: Callable[[], float] | None = None  # seconds since the last tick ended
+    circuits: Callable[[], list[OpenCircuit]] | None = None  # the open ones
 
 
 class Metrics:
@@ -160,9 +162,37 @@ class _StoreGauges(Collector):
                 quota.add_metric([name], float(level))
         yield reliable
         yield quota
+        if self._sources.circuits is not None:
+            yield from _circuit_gauges(self._sources.circuits())
         if self._sources.tick_age is not None:
             age = GaugeMetricFamily(
                 "sendledger_last_tick_age_seconds", "Seconds since the last tick ended"
             )
             age.add_metric([], self._sources.tick_age())
             yield age
+
+
+def _circuit_gauges(circuits: list[OpenCircuit]) -> Iterator[GaugeMetricFamily]:
+    """One series per open circuit (none while every provider answers)."""
+    opened = GaugeMetricFamily(
+        "sendledger_circuit_open",
+        "1 while a provider scope's dispatch is paused: it proved unavailable",
+        labels=["scope"],
+    )
+    since = GaugeMetricFamily(
+        "sendledger_circuit_open_since_seconds",
+        "When the circuit opened (Unix time)",
+        labels=["scope"],
+    )
+    failures = GaugeMetricFamily(
+        "sendledger_circuit_failures",
+        "Unavailable outcomes in a row of an open circuit",
+        labels=["scope"],
+    )
+    for circuit in circuits:
+        opened.add_metric([circuit.scope], 1)
+        since.add_metric([circuit.scope], circuit.since.timestamp())
+        failures.add_metric([circuit.scope], circuit.failures)
+    yield opened
+    yield since
+    yield failures
