@@ -256,8 +256,8 @@ def after_unavailable(
     """After a call that provably sent nothing because the provider is unavailable
     (refused connection, DNS, connect timeout, TLS handshake, 429 or quota, SMTP 421
     before DATA): waited out, so it does not count against ``max_attempts``. Due again
-    after ``wait`` (the provider's circuit backoff) or the provider's ``Retry-After``,
-    whichever is longer; review only once ``give_up_after`` has passed."""
+    after ``wait`` or the provider's ``Retry-After``, whichever is longer (but not after
+    its give-up time); review only once ``give_up_after`` has passed."""
     now = _utc(now)
     late = waited_too_long(policy, waiting_since=waiting_since, now=now)
     if late is not None:
@@ -265,7 +265,11 @@ def after_unavailable(
     floor = 0.0
     if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
         floor = min(float(retry_after), MAX_RETRY_AFTER)
-    return RetryAt(policy.ref, now + timedelta(seconds=max(floor, wait, 0.0)))
+    at = now + timedelta(seconds=max(floor, wait, 0.0))
+    if policy.give_up_after is not None:
+        # Never due after its give-up time, so a long Retry-After cannot hide it past it.
+        at = max(now, min(at, _utc(waiting_since) + timedelta(seconds=policy.give_up_after)))
+    return RetryAt(policy.ref, at)
 
 
 def after_permanent_rejection(policy: ChannelPolicy) -> Review:

@@ -88,15 +88,6 @@ class Circuits:
                 return None
             return state.probe_at
 
-    def wait(self, scope: str) -> float:
-        """Seconds a job refused by an unavailable provider waits before it is due again:
-        the circuit's current backoff, or the first one while it is closed."""
-        with self._lock:
-            state = self._states.get(scope)
-            if state is None or state.opened_at is None:
-                return self.settings.probe_after
-            return state.backoff
-
     def unavailable(self, scope: str, now: datetime, retry_after: float | None = None) -> None:
         """A call of `scope` proved the provider unavailable."""
         settings = self.settings

@@ -239,7 +239,9 @@ class Dispatch:
                 policy,
                 waiting_since=job.unavailable_since or now,
                 now=now,
-                wait=self._circuits.wait(claimed.provider.scope()),
+                # Due again soon: while the circuit is open the job waits in memory,
+                # where `give_up_after` is checked, not in the store.
+                wait=self._circuits.settings.probe_after,
                 retry_after=outcome.retry_after,
             )
         return decisions.after_transient_rejection(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -107,12 +108,16 @@ class SendWorkers:
             self._changed()
         return added
 
-    def drain(self, busy: int = 0, timeout: float | None = None) -> bool:
-        """Wait until no worker has anything it could do now, with at most `busy` calls
+    def drain(self, busy: Callable[[], int] = lambda: 0, timeout: float | None = None) -> bool:
+        """Wait until no worker has anything it could do now, with at most `busy()` calls
         still running (those hanging on purpose in tests). False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._changed()  # time may have moved on: every worker looks again
-            settled = self._cond.wait_for(lambda: self._settled(busy), timeout)
+            while not (settled := self._settled(busy())):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                self._cond.wait(0.05)  # `busy()` can change without a notification
             crashed, self._crashed = self._crashed, None
         if crashed is not None:
             raise crashed
@@ -129,9 +134,10 @@ class SendWorkers:
     # -- the workers --------------------------------------------------------------------
 
     def _settled(self, busy: int) -> bool:
+        # A worker that found nothing to do since the last change would have taken any
+        # offered key; keys are left only when every worker is busy (hung, in tests).
         return (
-            not self._intake
-            and not self._loading
+            not self._loading
             and not self._refilling
             and self._running <= busy
             and len(self._idle) + self._running >= len(self._threads)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 
@@ -196,8 +196,8 @@ class Engine:
             self._checks.drain()
         return self._done(started)
 
-    def settle(self, busy: int = 0, timeout: float | None = None) -> bool:
-        """Wait until the workers have nothing they could do now, with at most `busy`
+    def settle(self, busy: Callable[[], int] = lambda: 0, timeout: float | None = None) -> bool:
+        """Wait until the workers have nothing they could do now, with at most `busy()`
         send calls still running (tests that hang calls on purpose)."""
         settled = self._sends.drain(busy, timeout)
         self._checks.drain()
