@@ -229,3 +229,36 @@ def test_engine_sends_as_each_jobs_mailbox_and_skips_a_gated_one() -> None:
     finally:
         engine.close()
         rig.close()
+
+
+def test_mailboxes_are_served_in_turn_and_a_quota_wait_holds_no_worker() -> None:
+    """One worker; a big backlog of one mailbox submitted first, then a few jobs of two
+    others, one of which is out of quota: the others' jobs go out interleaved with the big
+    one's (no starvation), and the throttled one's wait for its quota holds no worker."""
+    rig = EngineRig(policy("receipts", allowed_from=["*@example.com"]))
+    routed = PerMailboxFake(rig.provider, blocked="throttled@example.com")
+    engine = Engine(
+        rig.ledger,
+        rig.holder,
+        {"fake": routed},
+        provider_timeouts={"fake": 10.0},
+        clock=rig.clock,
+        concurrency=1,
+    )
+    try:
+        senders = ["big@example.com"] * 20 + ["small@example.com"] * 3
+        senders += ["throttled@example.com"] * 2
+        for n, sender in enumerate(senders):
+            content = parse_job({**BASE, "key": f"k{n}", "from": sender})
+            rig.ledger.submit(content, rig.policies["receipts"].sender_for(content.sender))
+        report = engine.tick()
+        assert report.sent == 23, report
+        order = [sender for sender, _thread in routed.sent_as]
+        assert [n for n, sender in enumerate(order) if sender == "small@example.com"] == [1, 3, 5]
+        assert "throttled@example.com" not in order  # parked, never claimed
+        assert all(rig.job(f"k{n}").state.value == "requested" for n in (23, 24))
+        routed.blocked = "nobody"
+        assert engine.tick().sent == 2
+    finally:
+        engine.close()
+        rig.close()
