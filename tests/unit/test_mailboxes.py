@@ -193,17 +193,25 @@ class MailboxView(ProviderBase):
         pass
 
 
-def test_engine_sends_as_each_jobs_mailbox_and_skips_a_gated_one() -> None:
+def per_mailbox_engine(
+    *, blocked: str, concurrency: int
+) -> tuple[EngineRig, PerMailboxFake, Engine]:
+    """An engine whose provider acts per mailbox; `blocked`'s mailbox is out of quota."""
     rig = EngineRig(policy("receipts", allowed_from=["*@example.com"]))
-    routed = PerMailboxFake(rig.provider, blocked="slow@example.com")
+    routed = PerMailboxFake(rig.provider, blocked=blocked)
     engine = Engine(
         rig.ledger,
         rig.holder,
         {"fake": routed},
         provider_timeouts={"fake": 10.0},
         clock=rig.clock,
-        concurrency=2,
+        concurrency=concurrency,
     )
+    return rig, routed, engine
+
+
+def test_engine_sends_as_each_jobs_mailbox_and_skips_a_gated_one() -> None:
+    rig, routed, engine = per_mailbox_engine(blocked="slow@example.com", concurrency=2)
     try:
         for key, sender, thread in [
             ("a", "Shop <fast@example.com>", "t1"),
@@ -235,16 +243,7 @@ def test_mailboxes_are_served_in_turn_and_a_quota_wait_holds_no_worker() -> None
     """One worker; a big backlog of one mailbox submitted first, then a few jobs of two
     others, one of which is out of quota: the others' jobs go out interleaved with the big
     one's (no starvation), and the throttled one's wait for its quota holds no worker."""
-    rig = EngineRig(policy("receipts", allowed_from=["*@example.com"]))
-    routed = PerMailboxFake(rig.provider, blocked="throttled@example.com")
-    engine = Engine(
-        rig.ledger,
-        rig.holder,
-        {"fake": routed},
-        provider_timeouts={"fake": 10.0},
-        clock=rig.clock,
-        concurrency=1,
-    )
+    rig, routed, engine = per_mailbox_engine(blocked="throttled@example.com", concurrency=1)
     try:
         senders = ["big@example.com"] * 20 + ["small@example.com"] * 3
         senders += ["throttled@example.com"] * 2
