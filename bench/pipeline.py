@@ -254,22 +254,13 @@ class Variant:
     readback_first: int = 10
     readback_rate: float = 0.01
     fingerprint_cache: bool = True
-    waves: bool = True  # False: each job's claim and outcome saved in its own transaction
+    group_commit: bool = True  # False: every save its own transaction
 
 
-def one_job_at_a_time(engine: Engine) -> None:
-    """Dispatch as before the waves: each worker loads, claims, saves, sends, records and
-    saves one job on its own."""
+def one_commit_per_save(engine: Engine) -> None:
+    """Saves as before the group commit: each claim and each outcome its own transaction."""
     runner: Any = engine._runner
-    dispatch: Any = engine._dispatch
-    pool: Any = engine._pool
-
-    def run(rows: list[Any], counter: Any) -> None:
-        for future in [pool.submit(runner.run, dispatch, row.key, counter) for row in rows]:
-            future.result()
-
-    waves: Any = engine._waves
-    waves.run = run
+    runner._commit = None  # Work.save then calls Ledger.save_job itself
 
 
 def daemon_run(
@@ -322,8 +313,8 @@ def daemon_run(
     )
     if hook is not None:
         hook(service.engine)
-    if not variant.waves:
-        one_job_at_a_time(service.engine)
+    if not variant.group_commit:
+        one_commit_per_save(service.engine)
     confirmed = ticks = 0
     cached = policy_model._fingerprint
     if not variant.fingerprint_cache:
@@ -423,9 +414,8 @@ def measure_cpu(
 
 
 def batch_for(concurrency: int) -> int:
-    """About 200 due jobs a tick, in whole waves: a tick waits for its last call, so a
-    last wave of 8 calls on 64 threads would leave 56 idle for one call's time."""
-    return concurrency * max(1, round(200 / concurrency))
+    """About 200 due jobs read at a time, and never fewer than the workers."""
+    return max(200, concurrency * 2)
 
 
 def measure_latency(
@@ -487,7 +477,7 @@ VARIANTS = {
     "no-fingerprint-cache": Variant("fingerprint per decision", fingerprint_cache=False),
     "no-reuse": Variant("no connection reuse", False),
     "readback-all": Variant("read back every send", True, 1, 1.0),
-    "no-waves": Variant("one save per claim/outcome", waves=False),
+    "no-group-commit": Variant("one commit per save", group_commit=False),
 }
 
 

@@ -133,7 +133,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-
 def cmd_history(args: argparse.Namespace) -> int:
     records = served(args, lambda s: s.history(args.key))
     if args.json:

@@ -126,6 +126,15 @@ class DaemonSettings(_Section):
     policies_dir: Path = Path("policies")
     # Provider calls of different jobs in flight at once (each within its provider's quota).
     concurrency: int = Field(default=4, ge=1, le=256)
+    # Searches, verifications and recoveries in flight at once (their own workers, so a
+    # backlog of sends never delays a due search); default: `concurrency`.
+    search_concurrency: int | None = Field(default=None, ge=1, le=256)
+    # A provider scope's circuit opens after this many "unavailable" sends in a row
+    # (nothing sent: refused, DNS, quota...); one probe then after `circuit_probe_after`,
+    # doubling up to `circuit_probe_max` (README, "Outages and quotas").
+    circuit_failures: int = Field(default=3, ge=1, le=1000)
+    circuit_probe_after: Timeout = 1.0
+    circuit_probe_max: Timeout = 60.0
     # Jobs taken per state per tick; the rest wait for the next tick.
     batch_size: int = Field(default=200, ge=1, le=100_000)
     # Added to the provider timeout to form an attempt's deadline: past it, an

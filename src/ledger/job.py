@@ -97,6 +97,9 @@ class SendJob(Aggregate):
     verifications: int
     purged_at: datetime | None  # its content was purged then (ledger/retention.py)
     purged_by: str
+    # Since when its provider has been unavailable to it (the first of the unavailable
+    # rejections in a row), for the channel's `give_up_after`; None otherwise.
+    unavailable_since: datetime | None
 
     def __init__(self) -> None:
         # State is set by the Requested event's apply(), so replay and creation agree.
@@ -182,6 +185,7 @@ class SendJob(Aggregate):
             job.verifications = 0
             job.purged_at = None
             job.purged_by = ""
+            job.unavailable_since = None
 
     class Attempted(Event):
         TOPIC = "sendledger:SendJob.Attempted"
@@ -216,6 +220,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.state = JobState.UNKNOWN
+            job.unavailable_since = None
             job.searches = 0
             job.misses = 0
             job.reason = self.reason
@@ -262,9 +267,17 @@ class SendJob(Aggregate):
         retry_at: datetime | None  # None: no retry (permanent, or attempts exhausted)
         policy: str
         fingerprint: str
+        # Nothing sent and the provider unavailable: the call does not count against
+        # `max_attempts` (absent from events stored before it existed).
+        unavailable: bool = False
 
         def apply(self, job: Any) -> None:
             job.reason = self.reason
+            if self.unavailable:
+                job.round_attempts -= 1
+                job.unavailable_since = job.unavailable_since or self.timestamp
+            else:
+                job.unavailable_since = None
             if self.retry_at is not None:
                 job.state = JobState.REQUESTED
                 job.due_at = self.retry_at
@@ -281,6 +294,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.state = JobState.CONFIRMED
+            job.unavailable_since = None
             if self.via != ConfirmedVia.OPERATOR:  # "resolved: sent" stays visible
                 job.reason = None
             job.provider_message_ids = list(self.provider_message_ids)
@@ -325,6 +339,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.state = JobState.REVIEW
+            job.unavailable_since = None
             job.reason = self.reason
             job.due_at = None
 
@@ -336,6 +351,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.reason = f"resolved: {self.decision}"
+            job.unavailable_since = None
             if self.decision == Resolution.RESEND:
                 job.state = JobState.REQUESTED
                 job.resent = True
@@ -467,13 +483,18 @@ class SendJob(Aggregate):
         status: int | None,
         decision: decide.AfterRejection,
         at: datetime,
+        unavailable: bool = False,
     ) -> None:
-        """The provider definitely did not accept the message: nothing was sent."""
+        """The provider definitely did not accept the message: nothing was sent.
+        `unavailable` (transient only): because the provider was unavailable; the call
+        then does not count against `max_attempts`."""
         self._require("Rejected", JobState.ATTEMPTED)
         self._require_decision("Rejected", decision, decide.RetryAt, decide.Review)
         retry_at = decision.at if isinstance(decision, decide.RetryAt) else None
         if retry_at is not None and not transient:
             raise self._refuse("Rejected", "a permanent rejection is never retried")
+        if unavailable and not transient:
+            raise self._refuse("Rejected", "an unavailable provider is a transient refusal")
         if retry_at is not None and retry_at < at:
             raise self._refuse("Rejected", "a retry cannot be due before the rejection")
         self.trigger_event(
@@ -485,6 +506,7 @@ class SendJob(Aggregate):
             status=status,
             retry_at=retry_at,
             **decision.policy.event_fields(),
+            unavailable=unavailable,
         )
         if isinstance(decision, decide.Review):
             self._escalate(decision, reason, at)

@@ -44,6 +44,9 @@ class EscalationReason(StrEnum):
     NO_POLICY = "no-policy"
     #: The rendered bytes do not say what the job says (`ledger/wire_check.py`): never sent.
     RENDER_MISMATCH = "render-mismatch"
+    #: The provider stayed unavailable (nothing sent) longer than the channel's
+    #: `give_up_after`.
+    PROVIDER_UNAVAILABLE = "provider-unavailable"
 
 
 class Resolution(StrEnum):

@@ -138,6 +138,9 @@ class ChannelPolicy(BaseModel):
     # Patterns of the mailboxes a job may name as its own `from` (policies/senders.py);
     # empty: every job is sent as `from`.
     allowed_from: tuple[StrictStr, ...] = ()
+    # How long a job may wait for an unavailable provider (refused connections, quota
+    # errors: nothing sent) before a human decides; None: it waits for as long as it takes.
+    give_up_after: Duration | None = None
 
     @field_validator("channel")
     @classmethod
@@ -262,6 +265,8 @@ class ChannelPolicy(BaseModel):
             del values["allowed_from"]
         else:
             values["allowed_from"] = list(self.allowed_from)
+        if self.give_up_after is None:
+            del values["give_up_after"]  # unchanged policies keep their fingerprint
         return values
 
     @property

@@ -13,6 +13,8 @@ from daemon.api.server import ApiServer
 from daemon.context import message_limits, thread_providers
 from daemon.doors import PolicyWatch, built_providers, lent_providers
 from daemon.engine import PolicyHolder
+from daemon.engine.circuit import OpenCircuit
+from daemon.providers.base import Provider
 from daemon.settings import ConfigError, Settings
 from ledger.application import Ledger
 
@@ -35,11 +37,12 @@ def api_context(
     settings: Settings,
     ledger: Ledger,
     policies: PolicyHolder,
-    providers: Mapping[str, object],
+    providers: Mapping[str, Provider | None],
     *,
     metrics: Metrics | None = None,
     unreliable: Callable[[], list[str]] | None = None,
     tick_age: Callable[[], float] | None = None,
+    circuits: Callable[[], list[OpenCircuit]] | None = None,
 ) -> ApiContext:
     """The API's view of this process. Without `unreliable` (no engine here) the handles'
     reliability is read from the store."""
@@ -54,6 +57,7 @@ def api_context(
         metrics = Metrics(Sources(ledger, providers))
     metrics.sources.unreliable = unreliable
     metrics.sources.tick_age = tick_age
+    metrics.sources.circuits = circuits
     health = HealthSources(
         ledger=ledger,
         policies=lambda: policies.current,
@@ -62,6 +66,7 @@ def api_context(
         unreliable=unreliable,
         tick_age=tick_age,
         tick_limit=tick_limit(settings.daemon.tick),
+        circuits=circuits,
     )
     return ApiContext(
         ledger=ledger,

@@ -11,8 +11,8 @@ send, and a provider that replaces IDs does so for every message of an account, 
 one in a thousand. So each provider's first `readback_first` confirmed sends after the
 daemon starts are read back, then a steady `readback_rate` share of the rest (every
 1/rate-th, by a running credit, so the share is exact and tests need no randomness).
-A provider declares both as attributes (the Gmail provider from its settings); one that
-does not gets the defaults below.
+Both are capabilities of the provider port (`daemon/providers/base.py`; the Gmail
+provider sets them from its settings, others keep `ProviderBase`'s defaults).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 from daemon.engine.clock import Clock
 from daemon.providers.base import Provider, ProviderError
-from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.message_id import same_message_id
@@ -52,8 +51,7 @@ class _Sampler:
 
 
 def _sampler_for(provider: Provider) -> _Sampler:
-    first = getattr(provider, "readback_first", DEFAULT_READBACK_FIRST)
-    rate = getattr(provider, "readback_rate", DEFAULT_READBACK_RATE)
+    first, rate = provider.readback_first, provider.readback_rate
     return _Sampler(max(int(first), 1), min(max(float(rate), 0.0), 1.0))
 
 

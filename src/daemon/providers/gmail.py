@@ -21,11 +21,10 @@ The API surface comes from the discovery document bundled with googleapiclient
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from googleapiclient.errors import HttpError
 from daemon.providers.answers import json_object
 from daemon.providers.base import (
     Provider,
+    ProviderBase,
     ProviderError,
     SearchHit,
     SearchResult,
@@ -186,27 +186,29 @@ class _Mailbox:
         self.user = user
         self.credentials = credentials
         self.bucket = bucket
-        # Held by the one dispatcher that may wait for this mailbox's quota (send_gate).
-        self._waiter = threading.Lock()
+        # Sends whose quota the engine already took (`reserve_send`): they do not wait.
+        self._prepaid = 0
+        self._lock = threading.Lock()
 
-    @contextlib.contextmanager
-    def send_gate(self) -> Iterator[bool]:
-        """True: go ahead (claim and send; the bucket wait, if any, is short). False: this
-        mailbox is out of quota and another dispatcher already waits for it, so the caller
-        leaves the job due and serves another mailbox instead of stalling a worker."""
-        if self.bucket.available + 1e-9 >= GMAIL_SEND_UNITS:
-            yield True
-            return
-        if not self._waiter.acquire(blocking=False):
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            self._waiter.release()
+    def reserve_send(self) -> float:
+        """The quota of one send taken now (0.0), or the seconds until it could be."""
+        with self._lock:
+            if self.bucket.try_acquire(GMAIL_SEND_UNITS):
+                self._prepaid += 1
+                return 0.0
+        # Never 0.0 when nothing was taken: the caller would spin.
+        return max(self.bucket.wait_for(GMAIL_SEND_UNITS), 0.001)
+
+    def pay_send(self) -> None:
+        """A send's quota: the one reserved for it, else waited for now."""
+        with self._lock:
+            if self._prepaid:
+                self._prepaid -= 1
+                return
+        self.bucket.acquire(GMAIL_SEND_UNITS)
 
 
-class GmailProvider:
+class GmailProvider(ProviderBase):
     """The provider port on the Gmail API. Thread-safe: each thread gets its own HTTP
     object (httplib2 is not thread-safe); credentials and the quota buckets are shared.
 
@@ -345,13 +347,17 @@ class GmailProvider:
             authed_by_user[mailbox.user] = authed
         return authed
 
-    def _prepare(self, request: Any, units: float, mailbox: _Mailbox) -> None:
-        """Everything that happens before a request may leave: checks and quota pacing.
-        Failures here are not call outcomes, so they raise."""
+    def _prepare(self, request: Any, units: float | None, mailbox: _Mailbox) -> None:
+        """Everything that happens before a request may leave: checks and quota pacing
+        (`units` None: a send, paid by its reservation when it has one). Failures here
+        are not call outcomes, so they raise."""
         if self._closed:
             raise RuntimeError(f"provider {self.name!r} is closed")
         request.postproc = _raw_response
-        mailbox.bucket.acquire(units)
+        if units is None:
+            mailbox.pay_send()
+        else:
+            mailbox.bucket.acquire(units)
 
     def _execute(self, request: Any, mailbox: _Mailbox) -> Response:
         """One attempt of one API call: (status, lower-cased headers, body bytes) for any
@@ -402,7 +408,7 @@ class GmailProvider:
         if thread_id is not None:
             body["threadId"] = thread_id
         request = self._messages.send(userId=mailbox.user, body=body)
-        self._prepare(request, GMAIL_SEND_UNITS, mailbox)
+        self._prepare(request, None, mailbox)
         try:
             status, headers, response = self._execute(request, mailbox)
         except Exception as exc:
@@ -478,6 +484,13 @@ class GmailProvider:
     def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
         return _message_id_header(self._get_metadata(mailbox, provider_message_id))
 
+    def scope(self) -> str:
+        return self.name
+
+    def reserve_send(self) -> float:
+        # Unscoped, as send_raw is: with "{from}" the engine reserves through for_job.
+        return self._default.reserve_send() if self._default is not None else 0.0
+
     def quota_available(self) -> float:
         """Quota units left now (the metrics gauge reads it): the mailbox's, or with
         "{from}" the lowest of any mailbox used so far."""
@@ -506,7 +519,7 @@ class GmailProvider:
         return f"GmailProvider({self.name!r}, user={self.user!r})"
 
 
-class GmailMailboxView:
+class GmailMailboxView(ProviderBase):
     """The Gmail provider for one job: its calls act as the job's mailbox, and its send
     goes into the job's thread. Closing it closes nothing (the provider owns the
     connections)."""
@@ -522,8 +535,14 @@ class GmailMailboxView:
         self.readback_rate = provider.readback_rate
         self.timeout = provider.timeout
 
-    def send_gate(self) -> contextlib.AbstractContextManager[bool]:
-        return self.mailbox.send_gate()
+    def scope(self) -> str:
+        # One circuit and one queue per mailbox where the quota is per mailbox.
+        if self.provider.per_mailbox:
+            return f"{self.name}/{self.mailbox.user}"
+        return self.name
+
+    def reserve_send(self) -> float:
+        return self.mailbox.reserve_send()
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         return self.provider.send_as(self.mailbox, raw, self.thread_id)

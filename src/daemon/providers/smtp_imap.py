@@ -32,7 +32,14 @@ from typing import Any, Literal
 
 from imapclient import IMAPClient  # type: ignore[import-untyped]
 
-from daemon.providers.base import ProviderError, SearchHit, SearchResult, SendKind, SendOutcome
+from daemon.providers.base import (
+    ProviderBase,
+    ProviderError,
+    SearchHit,
+    SearchResult,
+    SendKind,
+    SendOutcome,
+)
 from daemon.providers.smtp_classify import Stage, classify_smtp
 from daemon.secret_text import read_secret_text
 from ledger.message_id import same_message_id
@@ -80,7 +87,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-class SmtpImapProvider:
+class SmtpImapProvider(ProviderBase):
     """The provider port on SMTP submission + IMAP. Thread-safe: every call opens its own
     connection (no shared socket between the engine's threads)."""
 
