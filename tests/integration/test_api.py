@@ -155,7 +155,13 @@ def test_status_events_404_and_review_resolve(api: Api) -> None:
 def test_healthz_and_metrics_need_no_token(api: Api) -> None:
     health = api.client.get("/healthz")
     assert health.status_code == 200, health.text
-    assert health.json()["checks"]["policies"]["channels"] == ["receipts"]
+    # Without a token: pass or fail per check, nothing else.
+    assert health.json() == {
+        "ok": True,
+        "checks": {"store": True, "scheduler": True, "policies": True, "providers": True},
+    }
+    detailed = api.client.get("/healthz", headers=api.auth())
+    assert detailed.json()["checks"]["policies"]["channels"] == ["receipts"]
     api.client.post("/v1/jobs", json=job(), headers=api.auth())
     metrics = api.client.get("/metrics")
     assert metrics.status_code == 200
@@ -176,11 +182,17 @@ def test_healthz_is_503_with_the_reason_when_a_handle_is_unreliable(api: Api) ->
             at=datetime.now(UTC),
         ),
     )
-    health = api.client.get("/healthz")
+    health = api.client.get("/healthz", headers=api.auth())
     assert health.status_code == 503
     assert health.json()["reasons"] == [
         "provider support: handle unreliable (its Message-IDs were replaced)"
     ]
+    brief = api.client.get("/healthz")
+    assert brief.status_code == 503
+    assert brief.json() == {
+        "ok": False,
+        "checks": {"store": True, "scheduler": True, "policies": True, "providers": False},
+    }
 
 
 def test_openapi_documents_every_route_and_status(api: Api) -> None:
@@ -190,9 +202,10 @@ def test_openapi_documents_every_route_and_status(api: Api) -> None:
         for path, item in doc["paths"].items()
         for method, op in item.items()
     }
-    assert statuses[("/v1/jobs", "post")] == ["200", "201", "401", "409", "413", "422"]
+    assert statuses[("/v1/jobs", "post")] == ["200", "201", "400", "401", "409", "413", "422"]
     assert statuses[("/v1/review/{key}/resolve", "post")] == [
         "200",
+        "400",
         "401",
         "404",
         "409",
@@ -200,8 +213,8 @@ def test_openapi_documents_every_route_and_status(api: Api) -> None:
         "422",
         "503",
     ]
-    assert statuses[("/v1/jobs/{key}", "get")] == ["200", "401", "404"]
-    assert statuses[("/healthz", "get")] == ["200", "503"]
+    assert statuses[("/v1/jobs/{key}", "get")] == ["200", "400", "401", "404"]
+    assert statuses[("/healthz", "get")] == ["200", "400", "503"]
     body = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"]["anyOf"][0]["required"] == ["channel", "key", "to", "subject", "body"]
 
@@ -241,8 +254,9 @@ def test_the_daemon_serves_the_api_and_stops_it_on_shutdown(tmp_path: Path) -> N
                 except httpx.TransportError:
                     threading.Event().wait(0.05)
             assert health.status_code == 200, health.text
-            assert health.json()["checks"]["scheduler"]["running"] is True
             auth = {"Authorization": f"Bearer {TOKEN}"}
+            health = httpx.get(url + "/healthz", headers=auth)
+            assert health.json()["checks"]["scheduler"]["running"] is True
             assert httpx.post(url + "/v1/jobs", json=job(), headers=auth).status_code == 201
             for _ in range(100):  # the daemon sends it: the engine's counters move
                 metrics = httpx.get(url + "/metrics").text

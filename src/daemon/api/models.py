@@ -177,10 +177,20 @@ class FieldError(BaseModel):
 
 class Invalid(BaseModel):
     error: str
-    errors: list[FieldError]
+    errors: list[FieldError] = Field(description="at most 100, in order")
+    count: int = Field(description="how many errors there were in all")
 
 
 class Health(BaseModel):
+    """`/healthz` with a valid token: every check's details, and why any failed."""
+
     ok: bool
     reasons: list[str]
     checks: dict[str, Any]
+
+
+class HealthBrief(BaseModel):
+    """`/healthz` without a token: each check's pass or fail, no detail."""
+
+    ok: bool
+    checks: dict[str, bool]
