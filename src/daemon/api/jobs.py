@@ -77,7 +77,8 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
     try:
         data = await decode_jobs_off_loop(raw)
     except json.JSONDecodeError as exc:
-        return invalid([FieldProblem(None, "job", f"not valid JSON: {exc.msg}")])
+        reason = f"not valid JSON: {exc.msg}"
+        return invalid([FieldProblem(None, "job", reason)], sentence=f"job: {reason}")
     try:
         submitted = await run_in_threadpool(ctx.services.submit, data, by=who)
     except ServiceError as exc:

@@ -28,8 +28,10 @@ FAMILIES: dict[bytes, dict[str, tuple[bytes, ...]]] = {
 
 
 def key_segment(key: str) -> str:
-    """A key as one path segment (the form every link and client should use)."""
-    return quote(key, safe="")
+    """A key as one path segment (the form every link and client should use). A key `.`
+    or `..` has its dots encoded too: clients remove such segments (RFC 3986 5.2.4)."""
+    segment = quote(key, safe="")
+    return segment.replace(".", "%2E") if segment in (".", "..") else segment
 
 
 def canonical_path(raw: bytes, method: str) -> str | None:

@@ -115,8 +115,9 @@ def _page(template: str, code: int = 200, **values: Any) -> HTMLResponse:
 
 
 def _sign_in(ctx: ApiContext, seen: Visitor, message: str = "", code: int = 401) -> HTMLResponse:
-    """The sign-in form, with a fresh CSRF value in its cookie and its token in the form."""
-    nonce = secrets.token_urlsafe(32)
+    """The sign-in form, with a CSRF value in its cookie (kept when the browser has one,
+    so two open forms both work) and that value's token in the form."""
+    nonce = seen.request.cookies.get(SIGN_IN_COOKIE) or secrets.token_urlsafe(32)
     page = _page("signin.html", code, message=message, csrf=ctx.sessions.csrf_token(nonce))
     _set_cookie(ctx, seen.request, page, SIGN_IN_COOKIE, nonce, SESSION_SECONDS)
     return page
