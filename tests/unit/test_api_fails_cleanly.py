@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from contextlib import nullcontext
 from typing import Any
 from urllib.parse import quote
 
@@ -17,13 +16,9 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
-from tests.unit.test_api_routes import AUTH, TOKEN, job
+from tests.unit.test_api_routes import AUTH, TOKEN, api_context, job
 
 from daemon.api.app import create_app
-from daemon.api.auth import TokenBook
-from daemon.api.context import ApiContext
-from daemon.api.health import HealthSources
-from daemon.api.metrics import Metrics, Sources
 from daemon.api.paths import canonical_path, key_segment
 from daemon.api.signin_limit import FAILURES, WINDOW, SignInLimit
 from daemon.intake import MAX_LISTED, FieldProblem, IntakeError
@@ -46,18 +41,7 @@ def rig() -> Iterator[EngineRig]:
 
 
 def make_client(rig: EngineRig, **changes: Any) -> TestClient:
-    policy_error = changes.pop("policy_error", None)
-    ctx = ApiContext(
-        ledger=rig.ledger,
-        policies=lambda: rig.policies,
-        tokens=TokenBook({TOKEN: "alice"}),
-        max_body=20_000_000,
-        health=HealthSources(rig.ledger, lambda: rig.policies, lambda: policy_error, ["fake"]),
-        metrics=Metrics(Sources(rig.ledger, {"fake": rig.provider})),
-        providers=lambda name: nullcontext(rig.provider),
-        **changes,
-    )
-    return TestClient(create_app(ctx))
+    return TestClient(create_app(api_context(rig, max_body=20_000_000, **changes)))
 
 
 @pytest.fixture
