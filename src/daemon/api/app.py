@@ -61,7 +61,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
                 "model": Health | HealthBrief,
                 "description": "a check failed; with a valid token, reasons say which",
             },
-            **errors.documented(400),
         },
         summary="Store, scheduler, policies, provider handles (details need a token)",
     )
@@ -78,7 +77,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
         response_class=Response,
         responses={
             200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text"},
-            **errors.documented(400),
         },
         summary="Prometheus metrics (no token: bind the API to a trusted network)",
     )
@@ -98,18 +96,11 @@ def create_app(ctx: ApiContext) -> FastAPI:
                         operation = schema["paths"].get(route.path_format, {})
                         operation.get(method.lower(), {}).get("responses", {}).pop("422", None)
             for item in schema["paths"].values():
-                for operation in item.values():
-                    operation["responses"].setdefault(
-                        "400",
-                        {
-                            "description": "the Host header is not one of api.trusted_hosts",
-                            "content": {
-                                "application/json": {
-                                    "schema": {"$ref": "#/components/schemas/Problem"}
-                                }
-                            },
-                        },
-                    )
+                for method, operation in item.items():
+                    # Any request may name a Host not trusted; any body may be too large.
+                    statuses = [400] if method in ("get", "head") else [400, 413]
+                    for status, answer in errors.documented(*statuses).items():
+                        operation["responses"].setdefault(str(status), _problem_doc(answer))
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -138,6 +129,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return RedirectResponse("/ui/", status_code=308)
 
     return app
+
+
+def _problem_doc(answer: dict[str, Any]) -> dict[str, Any]:
+    schema = {"$ref": "#/components/schemas/Problem"}
+    return {"description": answer["description"],
+            "content": {"application/json": {"schema": schema}}}  # fmt: skip
 
 
 def brief(checks: dict[str, Any]) -> dict[str, bool]:
