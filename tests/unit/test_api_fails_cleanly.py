@@ -22,6 +22,7 @@ from daemon.api.app import create_app
 from daemon.api.paths import canonical_path, key_segment
 from daemon.api.signin_limit import FAILURES, WINDOW, SignInLimit
 from daemon.intake import MAX_LISTED, FieldProblem, IntakeError
+from daemon.settings import ConfigError, settings_from_dict
 from ledger.keys import identifier_problem
 
 
@@ -279,3 +280,24 @@ def test_the_docs_page_loads_nothing_from_another_host(client: TestClient) -> No
     for asset in re.findall(r'(?:src|href)="([^"]+)"', page.text):
         assert asset.startswith("/v1/"), asset
         assert client.get(asset).status_code == 200, asset
+
+
+# -- the two [api] settings ---------------------------------------------------------------
+
+
+def _api_settings(**api: Any) -> Any:
+    return settings_from_dict({"store": {"url": "sqlite:///x.sqlite"}, "api": api}).api
+
+
+def test_trusted_hosts_and_public_url_settings() -> None:
+    api = _api_settings(
+        trusted_hosts=["mail.example.com", "*.internal"], public_url="https://m.example.com/"
+    )
+    assert api.trusted_hosts == ["mail.example.com", "*.internal"]
+    assert api.public_url == "https://m.example.com"
+    assert _api_settings().trusted_hosts == [] and _api_settings().public_url == ""
+    for bad in [{"trusted_hosts": ["evil example"]}, {"trusted_hosts": [""]},
+                {"public_url": "ftp://x"}, {"public_url": "mail.example.com"}]:  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            _api_settings(**bad)
+        assert f"api.{next(iter(bad))}" in str(refused.value)
