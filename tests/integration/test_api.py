@@ -213,8 +213,8 @@ def test_openapi_documents_every_route_and_status(api: Api) -> None:
         "422",
         "503",
     ]
-    assert statuses[("/v1/jobs/{key}", "get")] == ["200", "400", "401", "404"]
-    assert statuses[("/healthz", "get")] == ["200", "400", "503"]
+    assert statuses[("/v1/jobs/{key}", "get")] == ["200", "400", "401", "404", "422"]
+    assert statuses[("/healthz", "get")] == ["200", "400", "422", "503"]
     body = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"]["anyOf"][0]["required"] == ["channel", "key", "to", "subject", "body"]
 

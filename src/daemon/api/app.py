@@ -10,13 +10,12 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
 from daemon.api import errors, jobs, review, ui
 from daemon.api.auth import bearer
 from daemon.api.context import ApiContext
-from daemon.api.guards import HeadAsGet, TrustedHosts
+from daemon.api.guards import HeadAsGet, NoNulInQuery, TrustedHosts
 from daemon.api.health import check_health
 from daemon.api.limits import BodyLimit
 from daemon.api.metrics import CONTENT_TYPE
@@ -49,6 +48,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     # Outermost last: the Host check, HEAD as GET, keyed paths, then the body limit.
     app.add_middleware(BodyLimit, max_body=ctx.max_body)
     app.add_middleware(KeyPaths)
+    app.add_middleware(NoNulInQuery)
     app.add_middleware(HeadAsGet)
     app.add_middleware(TrustedHosts, trusted=ctx.trusted_hosts)
 
@@ -85,22 +85,20 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return Response(text, media_type=CONTENT_TYPE)
 
     def openapi() -> dict[str, Any]:
-        # FastAPI documents a 422 for every route with parameters; a route whose inputs
-        # cannot be invalid (a path key) never answers it, so only declared ones stay.
-        # Every route may answer 400 (api.trusted_hosts) and 404/405 (`{"error"}`).
+        # Every route may answer 400 (api.trusted_hosts) and 422 (a NUL in its query);
+        # every route with a body 413 (api.max_body).
         if app.openapi_schema is None:
             schema = FastAPI.openapi(app)
-            for route in [*jobs.router.routes, *review.router.routes]:
-                if isinstance(route, APIRoute) and 422 not in route.responses:
-                    for method in route.methods or ():
-                        operation = schema["paths"].get(route.path_format, {})
-                        operation.get(method.lower(), {}).get("responses", {}).pop("422", None)
             for item in schema["paths"].values():
                 for method, operation in item.items():
-                    # Any request may name a Host not trusted; any body may be too large.
-                    statuses = [400] if method in ("get", "head") else [400, 413]
+                    statuses = [400, 422] if method in ("get", "head") else [400, 413, 422]
                     for status, answer in errors.documented(*statuses).items():
-                        operation["responses"].setdefault(str(status), _problem_doc(answer))
+                        model = "Invalid" if status == 422 else "Problem"
+                        found = operation["responses"].get(str(status))
+                        if found is None or "HTTPValidationError" in str(found):
+                            # FastAPI's own 422 is `{"detail"}`, which this API never answers.
+                            doc = _answer_doc(answer["description"], model)
+                            operation["responses"][str(status)] = doc
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -131,10 +129,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     return app
 
 
-def _problem_doc(answer: dict[str, Any]) -> dict[str, Any]:
-    schema = {"$ref": "#/components/schemas/Problem"}
-    return {"description": answer["description"],
-            "content": {"application/json": {"schema": schema}}}  # fmt: skip
+def _answer_doc(description: str, model: str) -> dict[str, Any]:
+    schema = {"$ref": f"#/components/schemas/{model}"}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def brief(checks: dict[str, Any]) -> dict[str, bool]:

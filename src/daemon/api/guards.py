@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -33,7 +34,7 @@ def host_allowed(name: str, trusted: Sequence[str]) -> bool:
     return False
 
 
-async def answer_json(send: Send, status: int, body: dict[str, str]) -> None:
+async def answer_json(send: Send, status: int, body: dict[str, Any]) -> None:
     payload = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -56,6 +57,24 @@ class TrustedHosts:
         await self.app(scope, receive, send)
 
 
+class NoNulInQuery:
+    """Pure ASGI middleware: a query with a NUL character (`%00`) is 422 before any route
+    reads it. No stored text holds one, and PostgreSQL refuses it in a query (a filter
+    with it would be a 500)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and b"%00" in scope.get("query_string", b"").lower():
+            reason = "a NUL character (%00) is not allowed"
+            error = {"index": None, "field": "query", "reason": reason}
+            body = {"error": f"query: {reason}", "errors": [error], "count": 1}
+            await answer_json(send, 422, body)
+            return
+        await self.app(scope, receive, send)
+
+
 class HeadAsGet:
     """Pure ASGI middleware: HEAD is answered as GET, headers only (RFC 9110 9.3.2)."""
 
@@ -75,4 +94,4 @@ class HeadAsGet:
         await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
-__all__ = ["HeadAsGet", "TrustedHosts", "answer_json", "host_allowed", "host_name"]
+__all__ = ["HeadAsGet", "NoNulInQuery", "TrustedHosts", "answer_json", "host_allowed", "host_name"]

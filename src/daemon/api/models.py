@@ -121,10 +121,14 @@ class CancelIn(BaseModel):
     note: str = Field(default="", max_length=10_000)
 
 
+#: No stored channel or reason holds a NUL (and PostgreSQL refuses one in a query).
+NO_NUL = r"^[^\x00]*$"
+
+
 class TriageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    channel: str | None = None
-    reason: str | None = None
+    channel: str | None = Field(default=None, pattern=NO_NUL)
+    reason: str | None = Field(default=None, pattern=NO_NUL)
     dry_run: bool = False
 
 

@@ -383,6 +383,8 @@ async def triage_form(
     by = _signer(ctx, seen, csrf)
     if isinstance(by, Response):
         return by
+    if "\x00" in channel + reason:  # no channel or reason holds one (PostgreSQL refuses it)
+        return _page("message.html", 422, title="Refused", message="No such channel or reason.")
     dry_run = mode != "resolve"
     items: list[TriageItem] = await run_in_threadpool(
         lambda: ctx.services.triage(
