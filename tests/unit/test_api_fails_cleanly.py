@@ -209,6 +209,8 @@ def _sign_in_form(client: TestClient) -> str:
 def test_sign_in_needs_the_forms_csrf_token(client: TestClient) -> None:
     csrf = _sign_in_form(client)
     assert client.post("/ui/sign-in", data={"token": TOKEN}).status_code == 403
+    # Not ASCII: refused, not a TypeError from compare_digest (a 500).
+    assert client.post("/ui/sign-in", data={"token": TOKEN, "csrf": "é"}).status_code == 403
     other = TestClient(client.app)  # another site's form: no sign-in cookie of ours
     forged = other.post("/ui/sign-in", data={"token": TOKEN, "csrf": csrf})
     assert forged.status_code == 403
@@ -301,3 +303,55 @@ def test_trusted_hosts_and_public_url_settings() -> None:
         with pytest.raises(ConfigError) as refused:
             _api_settings(**bad)
         assert f"api.{next(iter(bad))}" in str(refused.value)
+
+
+# -- the pages never answer 5xx ------------------------------------------------------------
+
+page_text = st.text(max_size=12) | st.sampled_from(["\x00", "9" * 30, "-1", "resolve", "sent"])
+PAGE_STATUSES = {200, 303, 401, 403, 404, 409, 422, 429, 503}
+
+
+@given(
+    route=st.sampled_from(
+        [
+            ("GET", "/ui/", ["channel", "reason", "sort", "page"]),
+            ("GET", "/ui/search", ["q"]),
+            ("GET", "/ui/jobs/{key}", ["done"]),
+            ("GET", "/ui/triage", []),
+            ("GET", "/ui/overview", []),
+            ("POST", "/ui/jobs/{key}/resolve", ["as", "note", "csrf"]),
+            ("POST", "/ui/jobs/{key}/check", ["csrf"]),
+            ("POST", "/ui/jobs/{key}/cancel", ["note", "csrf"]),
+            ("POST", "/ui/triage", ["channel", "reason", "mode", "csrf"]),
+            ("POST", "/ui/sign-in", ["token", "csrf"]),
+            ("POST", "/ui/sign-out", ["csrf"]),
+        ]
+    ),
+    key=keys | st.sampled_from(["k1", "k1/events", "%", ".."]),
+    values=st.dictionaries(
+        st.sampled_from(
+            ["channel", "q", "page", "as", "note", "mode", "csrf", "token", "done", "sort"]
+        ),
+        page_text,
+    ),
+    signed=st.booleans(),
+)
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_pages_answer_only_page_statuses(
+    client: TestClient,
+    route: tuple[str, str, list[str]],
+    key: str,
+    values: dict[str, str],
+    signed: bool,
+) -> None:
+    client.post("/v1/jobs", json=job("k1"), headers=AUTH)  # a job to act on (then 200)
+    method, path, _ = route
+    url = path.replace("{key}", key_segment(key))
+    headers = AUTH if signed else {}
+    if method == "GET":
+        answer = client.get(url, params=values, headers=headers, follow_redirects=False)
+    else:
+        answer = client.post(url, data=values, headers=headers, follow_redirects=False)
+    assert answer.status_code in PAGE_STATUSES, (method, url, values, answer.text[:300])

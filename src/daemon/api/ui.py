@@ -123,6 +123,11 @@ def _sign_in(ctx: ApiContext, seen: Visitor, message: str = "", code: int = 401)
     return page
 
 
+def _csrf_ok(ctx: ApiContext, value: str | None, token: str) -> bool:
+    # A form field may hold any text; compare_digest takes only ASCII str (else TypeError).
+    return token.isascii() and ctx.sessions.csrf_ok(value, token)
+
+
 def _csrf(ctx: ApiContext, seen: Visitor) -> str:
     return ctx.sessions.csrf_token(seen.session) if seen.session else ""
 
@@ -132,7 +137,7 @@ def _signer(ctx: ApiContext, seen: Visitor, csrf: str) -> str | Response:
     if seen.name is None:
         return _sign_in(ctx, seen)
     # A header-signed caller is not a browser carrying an ambient cookie: no CSRF risk.
-    if seen.session is not None and not ctx.sessions.csrf_ok(seen.session, csrf):
+    if seen.session is not None and not _csrf_ok(ctx, seen.session, csrf):
         return _page("message.html", 403, title="Refused", message="The form has expired.")
     return seen.name
 
@@ -249,7 +254,7 @@ def sign_in(
                      message=f"Too many failed sign-ins: try again in {ceil(wait)} s.")  # fmt: skip
         page.headers["Retry-After"] = str(ceil(wait))
         return page
-    if not ctx.sessions.csrf_ok(seen.request.cookies.get(SIGN_IN_COOKIE), csrf):
+    if not _csrf_ok(ctx, seen.request.cookies.get(SIGN_IN_COOKIE), csrf):
         return _sign_in(ctx, seen, "The sign-in form had expired: sign in again.", 403)
     name = ctx.tokens.who(token.strip())
     if name is None:
@@ -265,7 +270,7 @@ def sign_in(
 
 @router.post("/sign-out")
 def sign_out(ctx: Ctx, seen: Seen, csrf: Annotated[str, Form()] = "") -> Response:
-    if seen.session and ctx.sessions.csrf_ok(seen.session, csrf):
+    if seen.session and _csrf_ok(ctx, seen.session, csrf):
         ctx.sessions.close(seen.session)
     response = RedirectResponse("/ui/", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/ui")
