@@ -4,6 +4,7 @@ README "HTTP API" lists, nothing written on any error, the token's name recorded
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -270,3 +271,18 @@ def test_the_daemon_serves_the_api_and_stops_it_on_shutdown(tmp_path: Path) -> N
         assert not runner.is_alive()
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/healthz")
+
+
+def test_trusted_hosts_and_public_url_reach_the_served_api(tmp_path: Path) -> None:
+    settings = write_config(tmp_path, f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    api_settings = settings.api.model_copy(
+        update={"trusted_hosts": ["127.0.0.1"], "public_url": "https://mail.example.com"}
+    )
+    settings = settings.model_copy(update={"api": api_settings})
+    with running_api(settings) as api:
+        assert api.client.get("/healthz", headers={"host": "evil.example"}).status_code == 400
+        assert api.client.head("/healthz").status_code == 200
+        form = api.client.get("/ui/")
+        assert "Secure" in form.headers["set-cookie"]  # public_url is https
+        found = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert found is not None
