@@ -1,9 +1,11 @@
 """`/ui/`: the review page (README "Review page").
 
 Server-rendered HTML, no JavaScript. Signing in with an API token sets an HttpOnly,
-SameSite=Strict session cookie; an `Authorization: Bearer` header works too (scripts,
-proxies). Every form carries a CSRF token derived from the session. A visitor without
-either sees the sign-in form and nothing of any job.
+SameSite=Strict session cookie (Secure over HTTPS or with an https `[api] public_url`);
+an `Authorization: Bearer` header works too (scripts, proxies). Every form carries a CSRF
+token derived from the session, the sign-in form one derived from its own cookie, and
+failed sign-ins are limited per client address (429; `daemon/api/signin_limit.py`). A
+visitor without either sees the sign-in form and nothing of any job.
 
 Every page reads and acts through the service layer (`daemon/services.py`), as the CLI
 and the API do. Text that is a caller's (keys, subjects, notes) is HTML-escaped by Jinja
