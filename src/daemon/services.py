@@ -68,11 +68,19 @@ class Refusal(StrEnum):
 
 
 class ServiceError(Exception):
-    def __init__(self, kind: Refusal, message: str, problems: Sequence[FieldProblem] = ()) -> None:
+    def __init__(
+        self,
+        kind: Refusal,
+        message: str,
+        problems: Sequence[FieldProblem] = (),
+        total: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.problems = list(problems)
+        # How many problems there were: `problems` lists at most intake.MAX_LISTED.
+        self.total = max(total or 0, len(self.problems))
 
 
 @dataclass(frozen=True)
@@ -237,7 +245,7 @@ class Intake:
                 current.policies, jobs, senders, self.limits, batch=batch, at=self.clock()
             )
         except IntakeError as exc:
-            raise ServiceError(Refusal.BAD_INPUT, str(exc), exc.problems) from None
+            raise ServiceError(Refusal.BAD_INPUT, str(exc), exc.problems, exc.total) from None
         return ValidJobs(jobs, senders, batch)
 
 

@@ -431,6 +431,12 @@ class ApiSettings(_Section):
     token_file: Path | None = None
     # Request bodies above this are refused (413); just above Gmail's 35 MB message limit.
     max_body: Annotated[int, BeforeValidator(parse_size)] = 40_000_000
+    # Host names a request's Host header must be one of ("*.example.com" for subdomains);
+    # empty: any Host is accepted (it is never reflected: redirects are paths).
+    trusted_hosts: list[str] = []
+    # The address users reach the API at, when a TLS proxy is in front
+    # ("https://mail.example.com"): an https one marks the session cookie Secure.
+    public_url: str = ""
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -438,6 +444,34 @@ class ApiSettings(_Section):
         if listen is None:
             raise ValueError(f"api.listen: not an address: {self.listen!r}")
         return listen
+
+    @field_validator("trusted_hosts")
+    @classmethod
+    def _trusted_hosts(cls, value: list[str]) -> list[str]:
+        for host in value:
+            name = host.removeprefix("*.")
+            if host != "*" and (
+                not name or not all(_HOST_LABEL.fullmatch(p) for p in name.split("."))
+            ):
+                raise PydanticCustomError(
+                    "trusted_hosts",
+                    "a host name expected (mail.example.com, *.example.com, localhost), "
+                    "got {value}",
+                    {"value": repr(host)},
+                )
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if value and (parts.scheme not in ("http", "https") or not parts.hostname):
+            raise PydanticCustomError(
+                "public_url",
+                "an http:// or https:// URL expected (https://mail.example.com), got {value}",
+                {"value": repr(value)},
+            )
+        return value.rstrip("/")
 
     @field_validator("listen")
     @classmethod

@@ -31,18 +31,24 @@ def rig() -> Iterator[EngineRig]:
     rig.close()
 
 
-@pytest.fixture
-def client(rig: EngineRig) -> Iterator[TestClient]:
-    ctx = ApiContext(
+def api_context(rig: EngineRig, policy_error: str | None = None, **changes: Any) -> ApiContext:
+    """The API over the rig's ledger and fake provider (`changes`: other ApiContext fields)."""
+    return ApiContext(
         ledger=rig.ledger,
         policies=lambda: rig.policies,
         tokens=TokenBook({TOKEN: "alice"}),
-        max_body=1_000_000,
-        health=HealthSources(rig.ledger, lambda: rig.policies, lambda: None, ["fake"]),
+        max_body=changes.pop("max_body", 1_000_000),
+        health=HealthSources(rig.ledger, lambda: rig.policies, lambda: policy_error, ["fake"]),
         metrics=Metrics(Sources(rig.ledger, {"fake": rig.provider})),
-        intake_policies=lambda: ChannelPolicies(rig.policies, {"other": "other.toml:-: broken"}),
         providers=lambda name: nullcontext(rig.provider),
+        **changes,
     )
+
+
+@pytest.fixture
+def client(rig: EngineRig) -> Iterator[TestClient]:
+    broken = {"other": "other.toml:-: broken"}
+    ctx = api_context(rig, intake_policies=lambda: ChannelPolicies(rig.policies, broken))
     with TestClient(create_app(ctx)) as client:
         yield client
 

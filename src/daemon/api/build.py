@@ -79,6 +79,8 @@ def api_context(
         thread_providers=thread_providers(settings),
         intake_policies=PolicyWatch(settings, lambda: policies.current),
         providers=lent_providers(providers, built_providers(settings)),
+        trusted_hosts=settings.api.trusted_hosts,
+        public_url=settings.api.public_url,
     )
 
 

@@ -10,6 +10,7 @@ from fastapi import Request
 from daemon.api.auth import Sessions, TokenBook
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics
+from daemon.api.signin_limit import SignInLimit
 from daemon.services import ChannelPolicies, ProviderSource, Services
 from ledger.application import Ledger
 from ledger.mime import MessageLimits
@@ -33,6 +34,10 @@ class ApiContext:
     # may search with; without them, the policies in force and no search.
     intake_policies: Callable[[], ChannelPolicies] | None = None
     providers: ProviderSource | None = None
+    # `[api] trusted_hosts` and `public_url` (README "HTTP API"); sign-in attempts.
+    trusted_hosts: list[str] = field(default_factory=list)
+    public_url: str = ""
+    signin_limit: SignInLimit = field(default_factory=SignInLimit)
     services: Services = field(init=False)
 
     def __post_init__(self) -> None:

@@ -10,16 +10,18 @@ from fastapi import APIRouter, Body, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
+from daemon.api.bodies import StrictJsonRoute, decode_jobs_off_loop
 from daemon.api.context import ApiContext, context_of
-from daemon.api.errors import api_error, documented, served, unauthorized
+from daemon.api.errors import api_error, documented, invalid, served, unauthorized
 from daemon.api.models import CancelIn, EventOut, JobIn, JobOut, JobStatus
-from daemon.intake import FieldProblem, decode_jobs
+from daemon.intake import FieldProblem
 from daemon.read_models import job_status
 from daemon.services import ServiceError
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 Ctx = Annotated[ApiContext, Depends(context_of)]
 
 
@@ -73,15 +75,15 @@ _SUBMITTED = {
 async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
     raw = await request.body()
     try:
-        data = decode_jobs(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-        return _problems([FieldProblem(None, "job", f"not valid JSON: {reason}")])
+        data = await decode_jobs_off_loop(raw)
+    except json.JSONDecodeError as exc:
+        reason = f"not valid JSON: {exc.msg}"
+        return invalid([FieldProblem(None, "job", reason)], sentence=f"job: {reason}")
     try:
         submitted = await run_in_threadpool(ctx.services.submit, data, by=who)
     except ServiceError as exc:
         if exc.problems:
-            return _problems(exc.problems)
+            return invalid(exc.problems, exc.total)
         raise api_error(exc) from None
     if submitted.created:
         created = ", ".join(printable(r.key) for r in submitted.results if r.created)
@@ -89,13 +91,8 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
     return JSONResponse(submitted.body(), status_code=201 if submitted.created else 200)
 
 
-def _problems(problems: list[FieldProblem]) -> JSONResponse:
-    errors = [{"index": p.index, "field": p.field, "reason": p.reason} for p in problems]
-    return JSONResponse({"error": str(problems[0]), "errors": errors}, status_code=422)
-
-
 @router.get(
-    "/jobs/{key:path}/events",
+    "/jobs/{key:key}/events",
     response_model=list[EventOut],
     responses=documented(401, 404),
     summary="A job's events, oldest first (as `history --json`)",
@@ -105,7 +102,7 @@ def events(key: str, ctx: Ctx, who: Caller) -> list[dict[str, Any]]:
 
 
 @router.post(
-    "/jobs/{key:path}/cancel",
+    "/jobs/{key:key}/cancel",
     response_model=JobStatus,
     responses=documented(401, 404, 409, 413, 422),
     summary="Cancel a job not yet attempted (409 naming its state otherwise)",
@@ -120,7 +117,7 @@ def cancel(
 
 
 @router.get(
-    "/jobs/{key:path}",
+    "/jobs/{key:key}",
     response_model=JobStatus,
     responses=documented(401, 404),
     summary="A job's state (as `status --json`)",

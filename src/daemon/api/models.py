@@ -121,10 +121,14 @@ class CancelIn(BaseModel):
     note: str = Field(default="", max_length=10_000)
 
 
+#: No stored channel or reason holds a NUL (and PostgreSQL refuses one in a query).
+NO_NUL = r"^[^\x00]*$"
+
+
 class TriageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    channel: str | None = None
-    reason: str | None = None
+    channel: str | None = Field(default=None, pattern=NO_NUL)
+    reason: str | None = Field(default=None, pattern=NO_NUL)
     dry_run: bool = False
 
 
@@ -177,10 +181,20 @@ class FieldError(BaseModel):
 
 class Invalid(BaseModel):
     error: str
-    errors: list[FieldError]
+    errors: list[FieldError] = Field(description="at most 100, in order")
+    count: int = Field(description="how many errors there were in all")
 
 
 class Health(BaseModel):
+    """`/healthz` with a valid token: every check's details, and why any failed."""
+
     ok: bool
     reasons: list[str]
     checks: dict[str, Any]
+
+
+class HealthBrief(BaseModel):
+    """`/healthz` without a token: each check's pass or fail, no detail."""
+
+    ok: bool
+    checks: dict[str, bool]

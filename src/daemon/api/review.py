@@ -9,6 +9,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body
 from fastapi.concurrency import run_in_threadpool
 
+import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
+from daemon.api.bodies import StrictJsonRoute
 from daemon.api.errors import documented, served
 from daemon.api.jobs import Caller, Ctx
 from daemon.api.models import CheckOut, JobStatus, ResolveIn, ReviewItem, TriageIn, TriageItemOut
@@ -16,7 +18,7 @@ from daemon.read_models import job_status
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 
 
 @router.get(
@@ -55,7 +57,7 @@ async def review_triage(
 
 
 @router.post(
-    "/review/{key:path}/check",
+    "/review/{key:key}/check",
     response_model=CheckOut,
     responses=documented(401, 404, 503),
     summary="Search the mailbox for the job's Message-ID now; recorded in its history",
@@ -66,7 +68,7 @@ async def review_check(key: str, ctx: Ctx, who: Caller) -> dict[str, Any]:
 
 
 @router.post(
-    "/review/{key:path}/resolve",
+    "/review/{key:key}/resolve",
     response_model=JobStatus,
     responses=documented(401, 404, 409, 413, 422, 503),
     summary="Record a human's decision on a job in review (a resend is searched first)",

@@ -1,9 +1,11 @@
 """`/ui/`: the review page (README "Review page").
 
 Server-rendered HTML, no JavaScript. Signing in with an API token sets an HttpOnly,
-SameSite=Strict session cookie; an `Authorization: Bearer` header works too (scripts,
-proxies). Every form carries a CSRF token derived from the session. A visitor without
-either sees the sign-in form and nothing of any job.
+SameSite=Strict session cookie (Secure over HTTPS or with an https `[api] public_url`);
+an `Authorization: Bearer` header works too (scripts, proxies). Every form carries a CSRF
+token derived from the session, the sign-in form one derived from its own cookie, and
+failed sign-ins are limited per client address (429; `daemon/api/signin_limit.py`). A
+visitor without either sees the sign-in form and nothing of any job.
 
 Every page reads and acts through the service layer (`daemon/services.py`), as the CLI
 and the API do. Text that is a caller's (keys, subjects, notes) is HTML-escaped by Jinja
@@ -13,8 +15,10 @@ bidi characters shown as escapes), for every value a template prints.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from math import ceil
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
@@ -29,6 +33,7 @@ from daemon.api.auth import SESSION_COOKIE, SESSION_SECONDS, bearer
 from daemon.api.context import ApiContext, context_of
 from daemon.api.errors import api_error
 from daemon.api.overview import hourly_chart
+from daemon.api.paths import key_segment
 from daemon.read_models import timeline_details
 from daemon.services import SORTS, CheckAnswer, ServiceError, TriageItem
 from ledger.display import command_line, printable
@@ -53,21 +58,47 @@ _templates = Environment(
 )
 
 
+#: Before sign-in: a random value in a cookie, whose CSRF token the sign-in form carries
+#: (double submit), so another site cannot sign a browser in with its own token.
+SIGN_IN_COOKIE = "sendledger_sign_in"
+
+
 class Visitor:
     """Who is looking, and how: by session cookie (forms need its CSRF token) or header."""
 
-    def __init__(self, name: str | None, session: str | None) -> None:
+    def __init__(self, name: str | None, session: str | None, request: Request) -> None:
         self.name = name
         self.session = session
+        self.request = request
 
 
 def visitor(request: Request) -> Visitor:
     ctx = context_of(request)
     by_header = ctx.tokens.who(bearer(request.headers.get("authorization")))
     if by_header is not None:
-        return Visitor(by_header, None)
+        return Visitor(by_header, None, request)
     session = request.cookies.get(SESSION_COOKIE)
-    return Visitor(ctx.sessions.who(session), session)
+    return Visitor(ctx.sessions.who(session), session, request)
+
+
+def secure_cookies(ctx: ApiContext, request: Request) -> bool:
+    """Cookies are `Secure` when the request came over HTTPS (uvicorn reads a trusted
+    proxy's X-Forwarded-Proto) or `[api] public_url` is an https one."""
+    return request.url.scheme == "https" or ctx.public_url.startswith("https://")
+
+
+def _set_cookie(
+    ctx: ApiContext, request: Request, response: Response, name: str, value: str, age: int
+) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=age,
+        path="/ui",
+        httponly=True,
+        samesite="strict",
+        secure=secure_cookies(ctx, request),
+    )
 
 
 Seen = Annotated[Visitor, Depends(visitor)]
@@ -85,8 +116,18 @@ def _page(template: str, code: int = 200, **values: Any) -> HTMLResponse:
     return HTMLResponse(html, status_code=code, headers=headers)
 
 
-def _sign_in(message: str = "", code: int = 401) -> HTMLResponse:
-    return _page("signin.html", code, message=message)
+def _sign_in(ctx: ApiContext, seen: Visitor, message: str = "", code: int = 401) -> HTMLResponse:
+    """The sign-in form, with a CSRF value in its cookie (kept when the browser has one,
+    so two open forms both work) and that value's token in the form."""
+    nonce = seen.request.cookies.get(SIGN_IN_COOKIE) or secrets.token_urlsafe(32)
+    page = _page("signin.html", code, message=message, csrf=ctx.sessions.csrf_token(nonce))
+    _set_cookie(ctx, seen.request, page, SIGN_IN_COOKIE, nonce, SESSION_SECONDS)
+    return page
+
+
+def _csrf_ok(ctx: ApiContext, value: str | None, token: str) -> bool:
+    # A form field may hold any text; compare_digest takes only ASCII str (else TypeError).
+    return token.isascii() and ctx.sessions.csrf_ok(value, token)
 
 
 def _csrf(ctx: ApiContext, seen: Visitor) -> str:
@@ -96,9 +137,9 @@ def _csrf(ctx: ApiContext, seen: Visitor) -> str:
 def _signer(ctx: ApiContext, seen: Visitor, csrf: str) -> str | Response:
     """Who sends the form, or the answer to a form that must not be acted on."""
     if seen.name is None:
-        return _sign_in()
+        return _sign_in(ctx, seen)
     # A header-signed caller is not a browser carrying an ambient cookie: no CSRF risk.
-    if seen.session is not None and not ctx.sessions.csrf_ok(seen.session, csrf):
+    if seen.session is not None and not _csrf_ok(ctx, seen.session, csrf):
         return _page("message.html", 403, title="Refused", message="The form has expired.")
     return seen.name
 
@@ -123,7 +164,7 @@ NOTICES = frozenset({*(f"resolved as {r.value}" for r in Resolution), "cancelled
 
 
 def job_href(key: str) -> str:
-    return "/ui/jobs/" + quote(key, safe="")
+    return "/ui/jobs/" + key_segment(key)
 
 
 def age(seconds: float) -> str:
@@ -152,7 +193,7 @@ def queue(
     page: int = 1,
 ) -> Response:
     if seen.name is None:
-        return _sign_in(code=200)
+        return _sign_in(ctx, seen, code=200)
     # An unknown sort (a hand-edited link) is the default one, not an error page.
     sort = sort if sort in SORTS else "since"
     found = ctx.services.review_queue(
@@ -192,7 +233,7 @@ def row_time(iso: object) -> float | None:
 @router.get("/search")
 def search(ctx: Ctx, seen: Seen, q: str = "") -> Response:
     if seen.name is None:
-        return _sign_in()
+        return _sign_in(ctx, seen)
     rows = ctx.services.find_jobs(q) if q.strip() else []
     for row in rows:
         row["href"] = job_href(row["key"])
@@ -200,25 +241,38 @@ def search(ctx: Ctx, seen: Seen, q: str = "") -> Response:
 
 
 @router.post("/sign-in")
-def sign_in(ctx: Ctx, token: Annotated[str, Form()] = "") -> Response:
+def sign_in(
+    ctx: Ctx,
+    seen: Seen,
+    token: Annotated[str, Form()] = "",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    # Per client address (behind a proxy: the proxy's, unless uvicorn is told to trust
+    # its X-Forwarded-For): README "Review page".
+    address = seen.request.client.host if seen.request.client else "-"
+    wait = ctx.signin_limit.wait(address)
+    if wait:
+        page = _page("message.html", 429, title="Too many attempts",
+                     message=f"Too many failed sign-ins: try again in {ceil(wait)} s.")  # fmt: skip
+        page.headers["Retry-After"] = str(ceil(wait))
+        return page
+    if not _csrf_ok(ctx, seen.request.cookies.get(SIGN_IN_COOKIE), csrf):
+        return _sign_in(ctx, seen, "The sign-in form had expired: sign in again.", 403)
     name = ctx.tokens.who(token.strip())
     if name is None:
-        return _sign_in("That token is not valid.")
+        ctx.signin_limit.failed(address)
+        return _sign_in(ctx, seen, "That token is not valid.")
+    ctx.signin_limit.succeeded(address)
     response = RedirectResponse("/ui/", status_code=303)
-    response.set_cookie(
-        SESSION_COOKIE,
-        ctx.sessions.open(name),
-        max_age=SESSION_SECONDS,
-        path="/ui",
-        httponly=True,
-        samesite="strict",
-    )
+    _set_cookie(ctx, seen.request, response, SESSION_COOKIE, ctx.sessions.open(name),
+                SESSION_SECONDS)  # fmt: skip
+    response.delete_cookie(SIGN_IN_COOKIE, path="/ui")
     return response
 
 
 @router.post("/sign-out")
 def sign_out(ctx: Ctx, seen: Seen, csrf: Annotated[str, Form()] = "") -> Response:
-    if seen.session and ctx.sessions.csrf_ok(seen.session, csrf):
+    if seen.session and _csrf_ok(ctx, seen.session, csrf):
         ctx.sessions.close(seen.session)
     response = RedirectResponse("/ui/", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/ui")
@@ -259,15 +313,15 @@ def _job_page(
     )
 
 
-@router.get("/jobs/{key:path}")
+@router.get("/jobs/{key:key}")
 def job_page(key: str, ctx: Ctx, seen: Seen, done: str = "") -> Response:
     if seen.name is None:
-        return _sign_in()
+        return _sign_in(ctx, seen)
     # Only the page's own notices: a crafted link cannot make the page say anything else.
     return _job_page(ctx, seen, key, done=done if done in NOTICES else "")
 
 
-@router.post("/jobs/{key:path}/check")
+@router.post("/jobs/{key:key}/check")
 async def check_form(key: str, ctx: Ctx, seen: Seen, csrf: Annotated[str, Form()] = "") -> Response:
     who = _signer(ctx, seen, csrf)
     if isinstance(who, Response):
@@ -279,7 +333,7 @@ async def check_form(key: str, ctx: Ctx, seen: Seen, csrf: Annotated[str, Form()
     return _job_page(ctx, seen, key, check=answer)
 
 
-@router.post("/jobs/{key:path}/resolve")
+@router.post("/jobs/{key:key}/resolve")
 async def resolve_form(
     key: str,
     ctx: Ctx,
@@ -302,7 +356,7 @@ async def resolve_form(
     )
 
 
-@router.post("/jobs/{key:path}/cancel")
+@router.post("/jobs/{key:key}/cancel")
 async def cancel_form(
     key: str,
     ctx: Ctx,
@@ -318,7 +372,7 @@ async def cancel_form(
 @router.get("/triage")
 def triage_page(ctx: Ctx, seen: Seen) -> Response:
     if seen.name is None:
-        return _sign_in()
+        return _sign_in(ctx, seen)
     queue = ctx.services.review_queue(per_page=1)
     return _page("triage.html", **_common(ctx, seen), queue=queue, items=None, channel="",
                  reason="", dry_run=True)  # fmt: skip
@@ -336,6 +390,8 @@ async def triage_form(
     by = _signer(ctx, seen, csrf)
     if isinstance(by, Response):
         return by
+    if "\x00" in channel + reason:  # no channel or reason holds one (PostgreSQL refuses it)
+        return _page("message.html", 422, title="Refused", message="No such channel or reason.")
     dry_run = mode != "resolve"
     items: list[TriageItem] = await run_in_threadpool(
         lambda: ctx.services.triage(
@@ -351,7 +407,7 @@ async def triage_form(
 @router.get("/overview")
 def overview(ctx: Ctx, seen: Seen) -> Response:
     if seen.name is None:
-        return _sign_in()
+        return _sign_in(ctx, seen)
     now = ctx.ledger.clock()
     counts = ctx.ledger.open_counts()
     chart = hourly_chart(ctx.ledger, until=now, hours=24)
