@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from daemon.api.context import ApiContext, context_of
 from daemon.api.errors import api_error, documented, served, unauthorized
-from daemon.api.models import CancelIn, EventOut, JobIn, JobOut, JobStatus
+from daemon.api.models import CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus
 from daemon.intake import FieldProblem, decode_jobs
 from daemon.read_models import job_status
 from daemon.services import ServiceError
@@ -92,6 +92,33 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
 def _problems(problems: list[FieldProblem]) -> JSONResponse:
     errors = [{"index": p.index, "field": p.field, "reason": p.reason} for p in problems]
     return JSONResponse({"error": str(problems[0]), "errors": errors}, status_code=422)
+
+
+@router.get(
+    "/jobs",
+    response_model=JobList,
+    responses=documented(401, 422),
+    summary="Jobs from the index, least recently changed first, a page at a time",
+)
+def list_jobs(
+    ctx: Ctx,
+    who: Caller,
+    state: str | None = None,
+    channel: str | None = None,
+    since: str | None = None,
+    limit: str | None = None,
+    cursor: str | None = None,
+) -> Any:
+    # Every parameter arrives as text: the service names each bad one (`daemon/listing.py`).
+    try:
+        page = ctx.services.list_jobs(
+            state=state, channel=channel, since=since, limit=limit, cursor=cursor
+        )
+    except ServiceError as exc:
+        if exc.problems:
+            return _problems(exc.problems)
+        raise api_error(exc) from None
+    return page.body()
 
 
 @router.get(
