@@ -11,26 +11,23 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from daemon.api.context import ApiContext, context_of
-from daemon.api.errors import api_error, documented, served, unauthorized
+from daemon.api.errors import api_error, documented, served
 from daemon.api.models import CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus
+from daemon.api.roles import GuardedRoute, caller_identity
 from daemon.intake import FieldProblem, decode_jobs
 from daemon.read_models import job_status
 from daemon.services import ServiceError
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=GuardedRoute)
 Ctx = Annotated[ApiContext, Depends(context_of)]
 
 
 def caller(request: Request) -> str:
-    """The token's name (Authorization: Bearer TOKEN), else 401."""
-    from daemon.api.auth import bearer
-
-    name = context_of(request).tokens.who(bearer(request.headers.get("authorization")))
-    if name is None:
-        raise unauthorized()
-    return name
+    """The token's name: its token and role were checked before the route ran (401, 403:
+    `daemon.api.roles`)."""
+    return caller_identity(request).name
 
 
 Caller = Annotated[str, Depends(caller)]

@@ -12,11 +12,12 @@ from fastapi.concurrency import run_in_threadpool
 from daemon.api.errors import documented, served
 from daemon.api.jobs import Caller, Ctx
 from daemon.api.models import CheckOut, JobStatus, ResolveIn, ReviewItem, TriageIn, TriageItemOut
+from daemon.api.roles import GuardedRoute
 from daemon.read_models import job_status
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=GuardedRoute)
 
 
 @router.get(

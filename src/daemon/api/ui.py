@@ -29,6 +29,7 @@ from daemon.api.auth import SESSION_COOKIE, SESSION_SECONDS, bearer
 from daemon.api.context import ApiContext, context_of
 from daemon.api.errors import api_error
 from daemon.api.overview import hourly_chart
+from daemon.api.roles import PAGE_ROLE, forbidden
 from daemon.read_models import timeline_details
 from daemon.services import SORTS, CheckAnswer, ServiceError, TriageItem
 from ledger.display import command_line, printable
@@ -63,9 +64,12 @@ class Visitor:
 
 def visitor(request: Request) -> Visitor:
     ctx = context_of(request)
-    by_header = ctx.tokens.who(bearer(request.headers.get("authorization")))
+    by_header = ctx.tokens.identity(bearer(request.headers.get("authorization")))
     if by_header is not None:
-        return Visitor(by_header, None)
+        if not by_header.may(PAGE_ROLE):
+            raise forbidden(by_header, PAGE_ROLE)
+        return Visitor(by_header.name, None)
+    # A session was opened only for a token with the page's role (`sign_in`).
     session = request.cookies.get(SESSION_COOKIE)
     return Visitor(ctx.sessions.who(session), session)
 
@@ -201,9 +205,12 @@ def search(ctx: Ctx, seen: Seen, q: str = "") -> Response:
 
 @router.post("/sign-in")
 def sign_in(ctx: Ctx, token: Annotated[str, Form()] = "") -> Response:
-    name = ctx.tokens.who(token.strip())
-    if name is None:
+    identity = ctx.tokens.identity(token.strip())
+    if identity is None:
         return _sign_in("That token is not valid.")
+    if not identity.may(PAGE_ROLE):
+        return _sign_in(f"That token lacks the {PAGE_ROLE.value} role the page needs.", 403)
+    name = identity.name
     response = RedirectResponse("/ui/", status_code=303)
     response.set_cookie(
         SESSION_COOKIE,
