@@ -32,6 +32,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from email.message import Message
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -230,11 +231,14 @@ class Client:
         *,
         state: str | None = None,
         channel: str | None = None,
-        since: str | None = None,
+        since: str | datetime | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        """One page of `GET /v1/jobs`: `{"jobs": [...], "next_cursor"}`."""
+        """One page of `GET /v1/jobs`: `{"jobs": [...], "next_cursor"}`. `since` is an
+        ISO 8601 time (a naive datetime is taken as UTC) or a duration ago ("24h")."""
+        if isinstance(since, datetime):
+            since = since.isoformat()
         query = {"state": state, "channel": channel, "since": since, "limit": limit,
                  "cursor": cursor}  # fmt: skip
         answer: dict[str, Any] = self._call("GET", "/v1/jobs", query=query)
@@ -245,7 +249,7 @@ class Client:
         *,
         state: str | None = None,
         channel: str | None = None,
-        since: str | None = None,
+        since: str | datetime | None = None,
         page_size: int = 100,
     ) -> Iterator[dict[str, Any]]:
         """Every job matching the filters, least recently changed first, read a page at a

@@ -12,10 +12,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.conftest import require_postgres
-from tests.integration.api_kit import Api, job, running_api, write_config
+from tests.integration.api_kit import TOKEN, Api, job, running_api, write_config
 from tests.integration.test_index_plans import captured_sql
 
 from daemon.listing import decode_cursor, encode_cursor
@@ -23,10 +23,14 @@ from ledger.application import Ledger
 from ledger.stores.index import INDEX_TABLE
 from ledger.vocabulary import JobState
 
+SUBMITTER = "submitter-token-0123456789ab"
+
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[Api]:
     settings = write_config(tmp_path, f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    with (tmp_path / "api-tokens").open("a") as tokens:
+        tokens.write(f"shop:{SUBMITTER}:submit\n")
     with running_api(settings) as running:
         yield running
 
@@ -120,6 +124,34 @@ def test_listing_needs_a_token(api: Api) -> None:
     assert api.client.get("/v1/jobs").status_code == 401
 
 
+params = st.dictionaries(
+    st.sampled_from(["state", "channel", "since", "limit", "cursor", "other"]),
+    st.one_of(
+        st.text(max_size=12),
+        st.sampled_from(["review", "requested", "1", "1000", "24h", "2026-11-01", "-1"]),
+        st.builds(encode_cursor, st.floats(allow_nan=True, allow_infinity=True), st.text()),
+    ),
+)
+
+
+@settings(
+    deadline=None, max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(query=params, token=st.sampled_from([None, TOKEN, SUBMITTER, "wrong-token-0123456789"]))
+def test_listing_answers_only_documented_statuses(
+    api: Api, query: dict[str, str], token: str | None
+) -> None:
+    doc = api.client.get("/v1/openapi.json").json()
+    documented = {int(status) for status in doc["paths"]["/v1/jobs"]["get"]["responses"]}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answer = api.client.get("/v1/jobs", params=query, headers=headers)
+    assert answer.status_code in documented and answer.status_code < 500, answer.text
+    expected = {None: 401, SUBMITTER: 403, "wrong-token-0123456789": 401}.get(token)
+    if expected is not None:
+        assert answer.status_code == expected  # before any parameter is looked at
+    assert "error" in answer.json() or "jobs" in answer.json()
+
+
 @settings(deadline=None, max_examples=200)
 @given(st.text(max_size=60))
 def test_any_text_is_a_position_or_none_never_an_error(text: str) -> None:
@@ -174,3 +206,41 @@ def test_postgres_listing_uses_an_index(pg_url: str, name: str) -> None:
         for sql, params in statements:
             plan = " ".join(row[0] for row in conn.execute("EXPLAIN " + sql, params).fetchall())
             assert f"{INDEX_TABLE}_" in plan and "Seq Scan" not in plan, plan
+
+
+@pytest.mark.parametrize(
+    "backend", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_changed_pages_by_time_then_key_on_every_backend(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Jobs written at the same instant are ordered by key; the position after the last
+    row read leaves out exactly the rows already read, in memory, SQLite and PostgreSQL."""
+    from tests.conftest import FakeClock
+    from tests.unit.engine_rig import receipt
+
+    from ledger.vocabulary import PolicyRef, Sender
+
+    url = {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path / 'l.sqlite'}"}.get(backend)
+    url = url or str(request.getfixturevalue("pg_url"))
+    clock = FakeClock(NOW)
+    sender = Sender("s@example.com", "mail.example.com", PolicyRef("receipts", "f" * 16))
+    with Ledger(url, clock=clock) as ledger:
+        for key in ("c", "a", "b"):
+            ledger.submit(receipt("receipts", key), sender)
+        clock.advance(1)
+        ledger.submit(receipt("receipts", "0-later"), sender)
+        walked: list[str] = []
+        after = None
+        while True:
+            page = ledger.changed_jobs(after=after, limit=2)
+            walked += [row.key for row in page]
+            if len(page) < 2:
+                break
+            after = (page[-1].updated_at, page[-1].key)
+        assert walked == ["a", "b", "c", "0-later"]
+        since = ledger.changed_jobs(since=NOW + timedelta(seconds=1))
+        assert [row.key for row in since] == ["0-later"]
+        assert [
+            r.key for r in ledger.changed_jobs(state="requested", after=(NOW.timestamp(), "a"))
+        ] == ["b", "c", "0-later"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,9 @@ def test_list_walks_every_page(client: Client) -> None:
     assert sorted(row["key"] for row in client.list(page_size=2)) == [f"k{i}" for i in range(7)]
     assert [row["key"] for row in client.list(state="cancelled")] == ["k3"]
     assert client.page(limit=3)["next_cursor"]
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    assert len(list(client.list(since=hour_ago))) == 7
+    assert list(client.list(since=datetime.now(UTC) + timedelta(hours=1))) == []
 
 
 def test_cancel_resolve_check_triage(api: Api, client: Client) -> None:
