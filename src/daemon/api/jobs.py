@@ -6,7 +6,7 @@ import json
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
@@ -100,11 +100,13 @@ def _problems(problems: list[FieldProblem]) -> JSONResponse:
 def list_jobs(
     ctx: Ctx,
     who: Caller,
-    state: str | None = None,
-    channel: str | None = None,
-    since: str | None = None,
-    limit: str | None = None,
-    cursor: str | None = None,
+    state: Annotated[str | None, Query(description="one job state, e.g. review")] = None,
+    channel: Annotated[str | None, Query(description="one channel")] = None,
+    since: Annotated[
+        str | None, Query(description="changed at or after: ISO 8601 (UTC), or ago: 24h, 7d")
+    ] = None,
+    limit: Annotated[str | None, Query(description="jobs per page, 1 to 1000 (100)")] = None,
+    cursor: Annotated[str | None, Query(description="the last page's next_cursor")] = None,
 ) -> Any:
     # Every parameter arrives as text: the service names each bad one (`daemon/listing.py`).
     try:

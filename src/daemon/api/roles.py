@@ -10,6 +10,7 @@ routes equal.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -20,6 +21,9 @@ from daemon.api.auth import Identity, Role, bearer
 from daemon.api.context import context_of
 from daemon.api.errors import ApiError, unauthorized
 from daemon.api.models import Problem
+from ledger.display import printable
+
+log = logging.getLogger("sendledger.api")
 
 #: (method, path as the OpenAPI document writes it) -> the role it needs. HEAD is GET's.
 ROUTE_ROLES: dict[tuple[str, str], Role] = {
@@ -53,6 +57,9 @@ def authorize(request: Request, path: str) -> Identity:
         raise unauthorized()
     role = role_for(request.method, path)
     if not identity.may(role):
+        # For the operator: which token tried what (never the token).
+        log.info("refused %s %s: the token of %s lacks the %s role", request.method, path,
+                 printable(identity.name), role.value)  # fmt: skip
         raise forbidden(identity, role)
     return identity
 
