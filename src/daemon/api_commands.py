@@ -11,6 +11,7 @@ from daemon.context import load_policies, open_ledger, settings_for
 from daemon.engine import PolicyHolder
 from daemon.errors import EXIT_OK, bad_input
 from daemon.logs import setup_logging
+from daemon.secret_files import warn_exposed_secrets
 from daemon.settings import parse_listen
 
 log = logging.getLogger("sendledger")
@@ -34,6 +35,8 @@ def cmd_api(args: argparse.Namespace) -> int:
     if not settings.api.listen:
         raise bad_input(f"{settings.config_path}: api.listen: not set (or pass --listen)")
     setup_logging(settings.daemon.log_level)
+    # As `run` does: a token file (or any secret) others can read is said at start-up.
+    warn_exposed_secrets(settings)
     policies = PolicyHolder(lambda: load_policies(settings))  # exit 2 on a broken folder
     from daemon.api.build import api_context, load_tokens, server_for
 

@@ -17,17 +17,17 @@ import argparse
 import csv
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from daemon import output
 from daemon.context import open_ledger, settings_for
 from daemon.errors import EXIT_OK, bad_input
+from daemon.moments import parse_moment
 from ledger.application import Ledger
 from ledger.display import printable
 from ledger.job import JobState, SendJob
 from ledger.stores.index import IndexRow
-from policies.durations import DurationError, parse_duration
 
 JOB_COLUMNS = [
     "key",
@@ -65,26 +65,9 @@ def parse_when(option: str, value: str | None, now: datetime) -> datetime | None
     if value is None:
         return None
     try:
-        return now - timedelta(seconds=parse_duration(value))
-    except DurationError:
-        pass
-    except OverflowError:
-        # "100000000d" ago is before the first representable time.
-        raise bad_input(f"{option}: too far in the past: {value!r}") from None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise bad_input(
-            f"{option}: not a time: {value!r} (e.g. 2026-11-01, 2026-11-01T12:00Z or 24h)"
-        ) from None
-    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-    try:
-        # The index compares epoch seconds; a time that has none is out of range.
-        moment.timestamp()
-        moment.astimezone(UTC)
-    except (OverflowError, ValueError, OSError):
-        raise bad_input(f"{option}: out of range: {value!r}") from None
-    return moment
+        return parse_moment(value, now)
+    except ValueError as exc:
+        raise bad_input(f"{option}: {exc}") from None
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

@@ -141,6 +141,24 @@ def review_row(row: IndexRow, job: SendJob | None) -> dict[str, Any]:
     return item
 
 
+def listed_job(row: IndexRow) -> dict[str, Any]:
+    """One job of `GET /v1/jobs`: its index row only (no content is loaded for a list);
+    `GET /v1/jobs/{key}` gives the rest."""
+    return {
+        "key": row.key,
+        "channel": row.channel,
+        "state": row.state,
+        "reason": row.reason,
+        "message_id": row.message_id,
+        "attempts": row.attempts,
+        "due_at": None if row.due_at is None else output.iso(row.due_at),
+        "created": output.iso(row.created_at),
+        "updated": output.iso(row.updated_at),
+        "version": row.version,
+        "purged": row.purged_at is not None,
+    }
+
+
 def with_content(ledger: Ledger, rows: Sequence[IndexRow]) -> list[dict[str, Any]]:
     """The rows as `review_row`s, their jobs loaded in one query."""
     jobs = ledger.get_jobs([row.key for row in rows])
@@ -190,6 +208,7 @@ __all__ = [
     "attachments_of",
     "event_record",
     "job_status",
+    "listed_job",
     "plain",
     "review_index",
     "review_row",

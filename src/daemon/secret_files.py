@@ -50,6 +50,8 @@ def exposed(path: Path) -> bool:
         mode = path.stat().st_mode
     except OSError:
         return False  # a missing file is reported by whoever reads it
+    if not stat.S_ISREG(mode):
+        return False  # nor is a FIFO or a directory: its reader refuses it, in one line
     return bool(mode & (stat.S_IRWXG | stat.S_IRWXO))
 
 

@@ -26,6 +26,7 @@ from daemon.intake import (
     senders_for,
     submit_jobs,
 )
+from daemon.listing import encode_cursor, parse_query
 from daemon.output import iso as output_time
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.read_models import (
@@ -33,6 +34,7 @@ from daemon.read_models import (
     attachments_of,
     event_record,
     job_status,
+    listed_job,
     review_index,
     review_rows,
     with_content,
@@ -198,6 +200,17 @@ class QueuePage:
         return max(1, -(-self.total // self.per_page))
 
 
+@dataclass(frozen=True)
+class JobPage:
+    """One page of `GET /v1/jobs`; `next_cursor` None: nothing after it now."""
+
+    jobs: list[dict[str, Any]]
+    next_cursor: str | None
+
+    def body(self) -> dict[str, Any]:
+        return {"jobs": self.jobs, "next_cursor": self.next_cursor}
+
+
 SORTS = ("since", "-since", "channel", "reason", "key")
 
 
@@ -316,6 +329,33 @@ class Services:
             return [event_record(e) for e in self.ledger.history(key)]
         except UnknownJob as exc:
             raise ServiceError(Refusal.NOT_FOUND, str(exc)) from None
+
+    def list_jobs(
+        self,
+        *,
+        state: str | None = None,
+        channel: str | None = None,
+        since: str | None = None,
+        limit: str | int | None = None,
+        cursor: str | None = None,
+    ) -> JobPage:
+        """A page of jobs from the index in (updated, key) order, as a door was asked for
+        them (`daemon/listing.py`); every bad parameter named in one refusal."""
+        query, problems = parse_query(
+            state=state, channel=channel, since=since, limit=limit, cursor=cursor,
+            now=self.ledger.clock(),
+        )  # fmt: skip
+        if query is None:
+            raise ServiceError(Refusal.BAD_INPUT, str(problems[0]), problems)
+        rows = self.ledger.changed_jobs(
+            state=query.state, channel=query.channel, since=query.since, after=query.after,
+            limit=query.limit + 1,
+        )  # fmt: skip
+        shown = rows[: query.limit]
+        more = len(rows) > query.limit
+        last = shown[-1] if shown else None
+        next_cursor = encode_cursor(last.updated_at, last.key) if more and last else None
+        return JobPage([listed_job(row) for row in shown], next_cursor)
 
     def job_view(self, key: str) -> JobView:
         job = self.job(key)
@@ -665,6 +705,7 @@ __all__ = [
     "CheckAnswer",
     "Copy",
     "Intake",
+    "JobPage",
     "JobView",
     "ProviderSource",
     "QueuePage",

@@ -547,6 +547,26 @@ class Ledger(Application[UUID]):
             lambda after: self._index.find(where, after_key=after, limit=self.page_size)
         )
 
+    def changed_jobs(
+        self,
+        *,
+        state: JobState | str | None = None,
+        channel: str | None = None,
+        since: datetime | None = None,
+        after: tuple[float, str] | None = None,
+        limit: int = 100,
+    ) -> list[IndexRow]:
+        """One page of index rows in (updated_at, key) order: those in `state`, of
+        `channel`, changed at or after `since`, after the position `after` (the last row
+        seen's (updated_at, key)). A job inserted or changed meanwhile sorts after every
+        row already read, so paging on misses no row and repeats none it had not changed."""
+        where = JobFilter(
+            state=None if state is None else str(state),
+            channel=channel,
+            updated_from=None if since is None else _epoch(since),
+        )
+        return self._retry_locked(lambda: self._index.changed(where, after=after, limit=limit))
+
     def _key_pages(self, page_after: Callable[[str | None], list[IndexRow]]) -> Iterator[IndexRow]:
         """Index rows a page at a time in key order: `page_after(last key)` reads the next."""
         after: str | None = None

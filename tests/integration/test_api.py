@@ -203,18 +203,29 @@ def test_openapi_documents_every_route_and_status(api: Api) -> None:
         for path, item in doc["paths"].items()
         for method, op in item.items()
     }
-    assert statuses[("/v1/jobs", "post")] == ["200", "201", "400", "401", "409", "413", "422"]
+    assert statuses[("/v1/jobs", "post")] == [
+        "200",
+        "201",
+        "400",
+        "401",
+        "403",
+        "409",
+        "413",
+        "422",
+    ]
     assert statuses[("/v1/review/{key}/resolve", "post")] == [
         "200",
         "400",
         "401",
+        "403",
         "404",
         "409",
         "413",
         "422",
         "503",
     ]
-    assert statuses[("/v1/jobs/{key}", "get")] == ["200", "400", "401", "404", "422"]
+    assert statuses[("/v1/jobs/{key}", "get")] == ["200", "400", "401", "403", "404", "422"]
+    assert statuses[("/v1/jobs", "get")] == ["200", "400", "401", "403", "422"]
     assert statuses[("/healthz", "get")] == ["200", "400", "422", "503"]
     body = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"]["anyOf"][0]["required"] == ["channel", "key", "to", "subject", "body"]

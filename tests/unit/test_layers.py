@@ -72,3 +72,13 @@ def test_only_demo_and_the_testkit_commands_use_the_testkit() -> None:
 def test_providers_never_touch_the_store() -> None:
     for path in sorted((SRC / "daemon" / "providers").glob("*.py")):
         assert not under(imports(path), "ledger.application", "ledger.stores"), path
+
+
+@pytest.mark.parametrize("path", modules("sendledger"), ids=lambda p: p.name)
+def test_the_client_imports_only_the_standard_library(path: Path) -> None:
+    # A door from outside the process (README "Python client"): a user's program imports
+    # it without the daemon's packages, so nothing of ours and nothing installed.
+    import sys
+
+    outside = {name.split(".")[0] for name in imports(path)} - {"sendledger", "__future__"}
+    assert outside <= set(sys.stdlib_module_names), (path, outside - sys.stdlib_module_names)

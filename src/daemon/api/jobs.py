@@ -6,33 +6,30 @@ import json
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
-from daemon.api.bodies import StrictJsonRoute, decode_jobs_off_loop
+from daemon.api.bodies import decode_jobs_off_loop
 from daemon.api.context import ApiContext, context_of
-from daemon.api.errors import api_error, documented, invalid, served, unauthorized
-from daemon.api.models import CancelIn, EventOut, JobIn, JobOut, JobStatus
+from daemon.api.errors import api_error, documented, invalid, served
+from daemon.api.models import CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus
+from daemon.api.roles import V1Route, caller_identity
 from daemon.intake import FieldProblem
 from daemon.read_models import job_status
 from daemon.services import ServiceError
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")
-router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
+router = APIRouter(prefix="/v1", route_class=V1Route)
 Ctx = Annotated[ApiContext, Depends(context_of)]
 
 
 def caller(request: Request) -> str:
-    """The token's name (Authorization: Bearer TOKEN), else 401."""
-    from daemon.api.auth import bearer
-
-    name = context_of(request).tokens.who(bearer(request.headers.get("authorization")))
-    if name is None:
-        raise unauthorized()
-    return name
+    """The token's name: its token and role were checked before the route ran (401, 403:
+    `daemon.api.roles`)."""
+    return caller_identity(request).name
 
 
 Caller = Annotated[str, Depends(caller)]
@@ -89,6 +86,35 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
         created = ", ".join(printable(r.key) for r in submitted.results if r.created)
         log.info("submitted by %s: %s", printable(who), created)
     return JSONResponse(submitted.body(), status_code=201 if submitted.created else 200)
+
+
+@router.get(
+    "/jobs",
+    response_model=JobList,
+    responses=documented(401, 422),
+    summary="Jobs from the index, least recently changed first, a page at a time",
+)
+def list_jobs(
+    ctx: Ctx,
+    who: Caller,
+    state: Annotated[str | None, Query(description="one job state, e.g. review")] = None,
+    channel: Annotated[str | None, Query(description="one channel")] = None,
+    since: Annotated[
+        str | None, Query(description="changed at or after: ISO 8601 (UTC), or ago: 24h, 7d")
+    ] = None,
+    limit: Annotated[str | None, Query(description="jobs per page, 1 to 1000 (100)")] = None,
+    cursor: Annotated[str | None, Query(description="the last page's next_cursor")] = None,
+) -> Any:
+    # Every parameter arrives as text: the service names each bad one (`daemon/listing.py`).
+    try:
+        page = ctx.services.list_jobs(
+            state=state, channel=channel, since=since, limit=limit, cursor=cursor
+        )
+    except ServiceError as exc:
+        if exc.problems:
+            return invalid(exc.problems, exc.total, exc.message)
+        raise api_error(exc) from None
+    return page.body()
 
 
 @router.get(

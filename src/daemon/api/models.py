@@ -110,6 +110,27 @@ class ReviewItem(BaseModel):
     duplicate: bool = False
 
 
+class ListedJob(BaseModel):
+    key: str
+    channel: str
+    state: str
+    reason: str | None
+    message_id: str
+    attempts: int
+    due_at: str | None
+    created: str
+    updated: str
+    version: int
+    purged: bool
+
+
+class JobList(BaseModel):
+    jobs: list[ListedJob]
+    next_cursor: str | None = Field(
+        description="pass as ?cursor= for the next page; null: no more jobs now"
+    )
+
+
 class ResolveIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     decision: Resolution = Field(alias="as")

@@ -10,15 +10,15 @@ from fastapi import APIRouter, Body
 from fastapi.concurrency import run_in_threadpool
 
 import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
-from daemon.api.bodies import StrictJsonRoute
 from daemon.api.errors import documented, served
 from daemon.api.jobs import Caller, Ctx
 from daemon.api.models import CheckOut, JobStatus, ResolveIn, ReviewItem, TriageIn, TriageItemOut
+from daemon.api.roles import V1Route
 from daemon.read_models import job_status
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")
-router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
+router = APIRouter(prefix="/v1", route_class=V1Route)
 
 
 @router.get(

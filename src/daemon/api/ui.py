@@ -34,6 +34,7 @@ from daemon.api.context import ApiContext, context_of
 from daemon.api.errors import api_error
 from daemon.api.overview import hourly_chart
 from daemon.api.paths import key_segment
+from daemon.api.roles import PAGE_ROLE, forbidden
 from daemon.read_models import timeline_details
 from daemon.services import SORTS, CheckAnswer, ServiceError, TriageItem
 from ledger.display import command_line, printable
@@ -74,9 +75,12 @@ class Visitor:
 
 def visitor(request: Request) -> Visitor:
     ctx = context_of(request)
-    by_header = ctx.tokens.who(bearer(request.headers.get("authorization")))
+    by_header = ctx.tokens.identity(bearer(request.headers.get("authorization")))
     if by_header is not None:
-        return Visitor(by_header, None, request)
+        if not by_header.may(PAGE_ROLE):
+            raise forbidden(by_header, PAGE_ROLE)
+        return Visitor(by_header.name, None, request)
+    # A session was opened only for a token with the page's role (`sign_in`).
     session = request.cookies.get(SESSION_COOKIE)
     return Visitor(ctx.sessions.who(session), session, request)
 
@@ -258,11 +262,15 @@ def sign_in(
         return page
     if not _csrf_ok(ctx, seen.request.cookies.get(SIGN_IN_COOKIE), csrf):
         return _sign_in(ctx, seen, "The sign-in form had expired: sign in again.", 403)
-    name = ctx.tokens.who(token.strip())
-    if name is None:
+    identity = ctx.tokens.identity(token.strip())
+    if identity is None:
         ctx.signin_limit.failed(address)
         return _sign_in(ctx, seen, "That token is not valid.")
     ctx.signin_limit.succeeded(address)
+    if not identity.may(PAGE_ROLE):
+        msg = f"That token lacks the {PAGE_ROLE.value} role the page needs."
+        return _sign_in(ctx, seen, msg, 403)
+    name = identity.name
     response = RedirectResponse("/ui/", status_code=303)
     _set_cookie(ctx, seen.request, response, SESSION_COOKIE, ctx.sessions.open(name),
                 SESSION_SECONDS)  # fmt: skip

@@ -138,6 +138,13 @@ class JobIndex(Protocol):
         the last key."""
         ...
 
+    def changed(
+        self, where: JobFilter = ..., *, after: tuple[float, str] | None = None, limit: int = 100
+    ) -> list[IndexRow]:
+        """One page of rows matching `where` in (updated_at, key) order, after the
+        position `after` (the last row's (updated_at, key)): `GET /v1/jobs`."""
+        ...
+
     def next_due(self, states: Sequence[str]) -> float | None: ...
 
     def purgeable(self, before: float, *, after_key: str | None, limit: int) -> list[IndexRow]:
@@ -182,6 +189,12 @@ ADDED_INDEXES = (
     (
         INDEX_TABLE + "_state_updated",
         "CREATE INDEX IF NOT EXISTS {n}_state_updated ON {t} (state, updated_at)",
+    ),
+    # (updated_at, key) serves the listing `GET /v1/jobs` pages in its own order: a page
+    # of any state is a range of it read up to the page's size, never a sort of all.
+    (
+        INDEX_TABLE + "_updated_key",
+        "CREATE INDEX IF NOT EXISTS {n}_updated_key ON {t} (updated_at, key)",
     ),
 )
 
@@ -272,18 +285,10 @@ class SqlJobIndex:
     def find(
         self, where: JobFilter = ALL_JOBS, *, after_key: str | None = None, limit: int = 1000
     ) -> list[IndexRow]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        for clause, value in (
-            ("state = {p}", where.state),
-            ("channel = {p}", where.channel),
-            ("updated_at >= {p}", where.updated_from),
-            ("updated_at < {p}", where.updated_to),
-            ("key > {p}", after_key),
-        ):
-            if value is not None:
-                clauses.append(clause)
-                params.append(value)
+        clauses, params = _filter_sql(where)
+        if after_key is not None:
+            clauses.append("key > {p}")
+            params.append(after_key)
         if where.state is None and where.updated_from is not None:
             # Every state, spelled out: "changed since T" is then a range of the
             # (state, updated_at) index per state, not a scan of every job ever stored.
@@ -292,6 +297,25 @@ class SqlJobIndex:
             params.extend(states)
         sql = ("WHERE " + " AND ".join(clauses) + " ") if clauses else ""
         rows = self._fetch(self._sql(_SELECT + sql + "ORDER BY key LIMIT {p}"), [*params, limit])
+        return [_row(r) for r in rows]
+
+    def changed(
+        self,
+        where: JobFilter = ALL_JOBS,
+        *,
+        after: tuple[float, str] | None = None,
+        limit: int = 100,
+    ) -> list[IndexRow]:
+        clauses, params = _filter_sql(where)
+        if after is not None:
+            # Spelled as a range then a tie-break (not a row-value comparison), so that
+            # both backends bound the index search by the range.
+            clauses.append("updated_at >= {p} AND (updated_at > {p} OR key > {p})")
+            params.extend([after[0], after[0], after[1]])
+        sql = ("WHERE " + " AND ".join(clauses) + " ") if clauses else ""
+        rows = self._fetch(
+            self._sql(_SELECT + sql + "ORDER BY updated_at, key LIMIT {p}"), [*params, limit]
+        )
         return [_row(r) for r in rows]
 
     def next_due(self, states: Sequence[str]) -> float | None:
@@ -412,6 +436,22 @@ class SqlJobIndex:
                 cursor.executemany(
                     self._sql("DELETE FROM {t} WHERE key = {p}"), [[k] for k in batch]
                 )
+
+
+def _filter_sql(where: JobFilter) -> tuple[list[str], list[Any]]:
+    """The WHERE clauses (placeholders as {p}) and parameters of a filter."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    for clause, value in (
+        ("state = {p}", where.state),
+        ("channel = {p}", where.channel),
+        ("updated_at >= {p}", where.updated_from),
+        ("updated_at < {p}", where.updated_to),
+    ):
+        if value is not None:
+            clauses.append(clause)
+            params.append(value)
+    return clauses, params
 
 
 def _batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

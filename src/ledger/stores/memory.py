@@ -103,6 +103,22 @@ class MemoryJobIndexRecorder(POPOApplicationRecorder):
         rows.sort(key=lambda r: r.key)
         return rows[: max(limit, 0)]
 
+    def changed(
+        self,
+        where: JobFilter = ALL_JOBS,
+        *,
+        after: tuple[float, str] | None = None,
+        limit: int = 100,
+    ) -> list[IndexRow]:
+        with self._database_lock:
+            rows = [
+                r
+                for r in self._rows.values()
+                if where.matches(r) and (after is None or (r.updated_at, r.key) > after)
+            ]
+        rows.sort(key=lambda r: (r.updated_at, r.key))
+        return rows[: max(limit, 0)]
+
     def next_due(self, states: Sequence[str]) -> float | None:
         wanted = set(states)
         with self._database_lock:

@@ -1,0 +1,7 @@
+"""sendledger's Python client for programs that talk to its HTTP API (README "Python
+client"): `from sendledger.client import Client`. It imports nothing of the daemon, only
+the standard library, so a program can use it without the daemon's dependencies."""
+
+from sendledger.client import Client
+
+__all__ = ["Client"]

@@ -1,0 +1,477 @@
+"""A client of sendledger's HTTP API, on the standard library alone (README "Python
+client", docs/architecture.md "Doors").
+
+`urllib` rather than httpx: a program that only submits jobs should not need another
+package, and the client must import nothing of the daemon (it is a door from outside the
+process). Every call retries where a repeat cannot do harm:
+
+- `submit` on any connection error, 5xx or 429: the job key is the idempotency key, so a
+  repeat of a job the server already stored answers 200 (`created: false`), never a copy;
+- reads (`status`, `events`, `list`, `review`) on the same;
+- `check` and `triage` too: a repeated search records one more check, and a job triage
+  resolved has left review, so a repeat passes it by;
+- `cancel` likewise; a repeat that finds the job cancelled (by the lost first try) returns
+  its status rather than 409;
+- `resolve` only when the request surely did not reach the server (connection refused)
+  or the server said it did nothing (429, 503): a decision whose answer was lost raises
+  `ConnectionLost`: look at the job (`status`) before deciding again.
+
+A refusal is one exception class per status (`Unauthorized` 401, `Forbidden` 403,
+`NotFound` 404, `Conflict` 409, `TooLarge` 413, `Invalid` 422 with its field list), each
+with the server's `error` sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from email.message import Message
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+__all__ = [
+    "ApiError",
+    "Client",
+    "ClientError",
+    "Conflict",
+    "ConnectionLost",
+    "FieldError",
+    "Forbidden",
+    "Invalid",
+    "NotFound",
+    "RateLimited",
+    "ServerError",
+    "TooLarge",
+    "Unauthorized",
+]
+
+USER_AGENT = "sendledger-client/1"
+# `Client.list` hides the builtin inside the class: its signatures use these.
+Records = list[dict[str, Any]]
+
+
+class ClientError(Exception):
+    """Anything this client raises."""
+
+
+class ConnectionLost(ClientError):
+    """No answer came back (after the retries this call allows); `sent` says whether the
+    request may have reached the server."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class ApiError(ClientError):
+    """The server answered with an error status; `error` is its sentence."""
+
+    status = 0
+
+    def __init__(self, status: int, error: str, body: Any = None) -> None:
+        super().__init__(f"{status}: {error}")
+        self.status = status
+        self.error = error
+        self.body = body
+
+
+class Unauthorized(ApiError):
+    """401: no valid token."""
+
+
+class Forbidden(ApiError):
+    """403: the token lacks the role this needs (README "Roles")."""
+
+
+class NotFound(ApiError):
+    """404: no job with that key."""
+
+
+class Conflict(ApiError):
+    """409: the key is known with other content, or the job's state does not allow it."""
+
+
+class TooLarge(ApiError):
+    """413: the request body is larger than the server's api.max_body."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    index: int | None  # the job's place in a list; None for one job or a parameter
+    field: str
+    reason: str
+
+
+class Invalid(ApiError):
+    """422: invalid input; `errors` names each field (`total`: how many there were, when
+    the server listed only the first ones)."""
+
+    def __init__(self, status: int, error: str, body: Any = None) -> None:
+        super().__init__(status, error, body)
+        items = body.get("errors", []) if isinstance(body, dict) else []
+        self.errors = [
+            FieldError(item.get("index"), str(item.get("field", "")), str(item.get("reason", "")))
+            for item in items
+            if isinstance(item, dict)
+        ]
+        total = body.get("total") if isinstance(body, dict) else None
+        self.total = total if isinstance(total, int) else len(self.errors)
+
+
+class RateLimited(ApiError):
+    """429, still after the retries."""
+
+
+class ServerError(ApiError):
+    """5xx, still after the retries (or at once, for a call that may not repeat)."""
+
+
+_CLASSES: dict[int, type[ApiError]] = {
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: TooLarge,
+    422: Invalid,
+    429: RateLimited,
+}
+
+
+@dataclass(frozen=True)
+class _Retry:
+    """When a call may be sent again."""
+
+    on_lost_answer: bool  # the request went out, no answer came back
+    statuses: frozenset[int]  # answers that mean "try again"
+
+
+_ANY_FAILURE = _Retry(True, frozenset({429, 500, 502, 503, 504}))
+_NOTHING_DONE = _Retry(False, frozenset({429, 503}))
+
+
+class Client:
+    """sendledger's HTTP API at `url` (e.g. "http://127.0.0.1:8025") with one API token.
+
+    `timeout` bounds each attempt's connect and each read, in seconds; `retries` is how
+    many more attempts a call may make, waiting `backoff` seconds doubled each time (with
+    jitter, at most `max_backoff`; a 429's Retry-After is honoured up to it).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        retries: int = 4,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"url: http(s)://HOST:PORT expected, got {url!r}")
+        if not token or any(c.isspace() for c in token):
+            raise ValueError("token: an API token without spaces expected")
+        if timeout <= 0 or retries < 0 or backoff < 0 or max_backoff < 0:
+            raise ValueError("timeout must be positive; retries and backoffs not negative")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._token = token
+        self._sleep = sleep
+        handlers: list[urllib.request.BaseHandler] = [_NoRedirects()]
+        if ssl_context is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=ssl_context))
+        self._opener = urllib.request.build_opener(*handlers)
+        self._random = random.Random()
+
+    def __repr__(self) -> str:  # never the token
+        return f"Client({self.url!r})"
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    def submit(self, job: Mapping[str, Any]) -> dict[str, Any]:
+        """Submit one job (the job JSON of `sendledger submit`): `{"key", "message_id",
+        "state", "created"}`; `created` is False when the key was known with the same
+        content (nothing written)."""
+        answer: dict[str, Any] = self._call("POST", "/v1/jobs", body=dict(job))
+        return answer
+
+    def submit_many(self, jobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Submit a list of jobs, all or nothing: one answer per job, in order."""
+        answer: list[dict[str, Any]] = self._call(
+            "POST", "/v1/jobs", body=[dict(job) for job in jobs]
+        )
+        return answer
+
+    def status(self, key: str) -> dict[str, Any]:
+        """The job's state (as `sendledger status --json`)."""
+        answer: dict[str, Any] = self._call("GET", _job_path(key))
+        return answer
+
+    def events(self, key: str) -> list[dict[str, Any]]:
+        """The job's events, oldest first (as `sendledger history --json`)."""
+        answer: list[dict[str, Any]] = self._call("GET", _job_path(key) + "/events")
+        return answer
+
+    def page(
+        self,
+        *,
+        state: str | None = None,
+        channel: str | None = None,
+        since: str | datetime | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of `GET /v1/jobs`: `{"jobs": [...], "next_cursor"}`. `since` is an
+        ISO 8601 time (a naive datetime is taken as UTC) or a duration ago ("24h")."""
+        if isinstance(since, datetime):
+            since = since.isoformat()
+        query = {"state": state, "channel": channel, "since": since, "limit": limit,
+                 "cursor": cursor}  # fmt: skip
+        answer: dict[str, Any] = self._call("GET", "/v1/jobs", query=query)
+        return answer
+
+    def list(
+        self,
+        *,
+        state: str | None = None,
+        channel: str | None = None,
+        since: str | datetime | None = None,
+        page_size: int = 100,
+    ) -> Iterator[dict[str, Any]]:
+        """Every job matching the filters, least recently changed first, read a page at a
+        time (a job that changes meanwhile may show up again later in the walk)."""
+        cursor: str | None = None
+        while True:
+            found = self.page(
+                state=state, channel=channel, since=since, limit=page_size, cursor=cursor
+            )
+            yield from found["jobs"]
+            cursor = found.get("next_cursor")
+            if not cursor:
+                return
+
+    def cancel(self, key: str, note: str = "") -> dict[str, Any]:
+        """Withdraw a job not yet attempted: its status (`cancelled`)."""
+        try:
+            answer: dict[str, Any] = self._call(
+                "POST", _job_path(key) + "/cancel", body={"note": note}
+            )
+        except _RepeatRefused:
+            # A try whose answer was lost cancelled it; the repeat was refused for that.
+            status = self.status(key)
+            if status.get("state") == "cancelled":
+                return status
+            raise
+        return answer
+
+    # -- review ---------------------------------------------------------------------------
+
+    def review(self, *, channel: str | None = None, reason: str | None = None) -> Records:
+        """The jobs in review (as `sendledger review list --json`)."""
+        answer: Records = self._call(
+            "GET", "/v1/review", query={"channel": channel, "reason": reason}
+        )
+        return answer
+
+    def check(self, key: str) -> dict[str, Any]:
+        """Search the mailbox for the job's Message-ID now (recorded on the job)."""
+        answer: dict[str, Any] = self._call("POST", _review_path(key) + "/check")
+        return answer
+
+    def resolve(self, key: str, decision: str, note: str = "") -> dict[str, Any]:
+        """A human's decision on a job in review: "sent", "resend" or "abandon"."""
+        answer: dict[str, Any] = self._call(
+            "POST",
+            _review_path(key) + "/resolve",
+            body={"as": decision, "note": note},
+            retry=_NOTHING_DONE,
+        )
+        return answer
+
+    def triage(
+        self, *, channel: str | None = None, reason: str | None = None, dry_run: bool = False
+    ) -> Records:
+        """Search every matching job in review; one copy found -> resolved as sent."""
+        body: dict[str, Any] = {"dry_run": dry_run}
+        if channel is not None:
+            body["channel"] = channel
+        if reason is not None:
+            body["reason"] = reason
+        answer: list[dict[str, Any]] = self._call("POST", "/v1/review/triage", body=body)
+        return answer
+
+    # -- one call -------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        retry: _Retry = _ANY_FAILURE,
+    ) -> Any:
+        url = self.url + path
+        given = {k: str(v) for k, v in (query or {}).items() if v is not None}
+        if given:
+            url += "?" + urlencode(given)
+        data = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "Accept": "application/json",
+            "User-Agent": USER_AGENT,
+        }
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                status, text, retry_after = self._exchange(method, url, data, headers)
+            except _NotSent as exc:
+                if last:
+                    raise ConnectionLost(f"{method} {path}: {exc.reason}", sent=False) from None
+                self._wait(attempt, None)
+                continue
+            except _AnswerLost as exc:
+                if last or not retry.on_lost_answer:
+                    raise ConnectionLost(
+                        f"{method} {path}: the request was sent but no answer came back "
+                        f"({exc.reason})",
+                        sent=True,
+                    ) from None
+                self._wait(attempt, None)
+                continue
+            if status < 400:
+                return _json(text)
+            if status in retry.statuses and not last:
+                self._wait(attempt, retry_after)
+                continue
+            if status == 409 and attempt > 0 and retry.on_lost_answer:
+                raise _RepeatRefused(status, _error_text(text), _json_or_none(text))
+            raise _error(status, text)
+        raise AssertionError("unreachable")
+
+    def _exchange(
+        self, method: str, url: str, data: bytes | None, headers: Mapping[str, str]
+    ) -> tuple[int, str, float | None]:
+        request = urllib.request.Request(url, data=data, headers=dict(headers), method=method)
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                return response.status, _read(response), None
+        except urllib.error.HTTPError as exc:
+            with exc:
+                try:
+                    text = _read(exc)
+                except (OSError, ValueError):
+                    text = ""
+                return exc.code, text, _retry_after(exc.headers)
+        except urllib.error.URLError as exc:
+            # Raised while connecting or sending: refused, unresolvable, a timeout, TLS.
+            reason = exc.reason
+            refused = isinstance(reason, ConnectionRefusedError | socket.gaierror)
+            if refused:
+                raise _NotSent(str(reason)) from None
+            raise _AnswerLost(str(reason)) from None
+        except (OSError, ValueError) as exc:
+            # Raised while reading the answer (http.client.RemoteDisconnected, a reset, a
+            # read timeout, a malformed status line): the request had gone out.
+            raise _AnswerLost(f"{type(exc).__name__}: {exc}") from None
+
+    def _wait(self, attempt: int, retry_after: float | None) -> None:
+        delay = min(self.max_backoff, self.backoff * 2**attempt) * self._random.uniform(0.5, 1)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.max_backoff))
+        if delay > 0:
+            self._sleep(delay)
+
+
+class _NotSent(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class _AnswerLost(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class _RepeatRefused(Conflict):
+    """A 409 to a repeated try: the lost first try may have done it (`cancel` looks)."""
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """The API never redirects: an answer that does is shown as it is, and the token is
+    never sent to another address."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _job_path(key: str) -> str:
+    return "/v1/jobs/" + _key(key)
+
+
+def _review_path(key: str) -> str:
+    return "/v1/review/" + _key(key)
+
+
+def _key(key: str) -> str:
+    if not key:
+        raise ValueError("key: empty")
+    # Every character that means something in a path is escaped, `/` included.
+    return quote(key, safe="")
+
+
+def _read(response: Any) -> str:
+    raw: bytes = response.read()
+    return raw.decode("utf-8", "replace")
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        raise ClientError(f"the server's answer is not JSON: {text[:200]!r}") from None
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _error_text(text: str) -> str:
+    body = _json_or_none(text)
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return str(body["error"])
+    if isinstance(body, dict) and isinstance(body.get("detail"), str):
+        return str(body["detail"])
+    return text.strip()[:200] or "no error text"
+
+
+def _error(status: int, text: str) -> ApiError:
+    kind = _CLASSES.get(status, ServerError if status >= 500 else ApiError)
+    return kind(status, _error_text(text), _json_or_none(text))
+
+
+def _retry_after(headers: Message | None) -> float | None:
+    value = headers.get("Retry-After") if headers is not None else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None

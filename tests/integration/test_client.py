@@ -1,0 +1,165 @@
+"""`sendledger.client.Client` against the real server (uvicorn on loopback, SQLite store),
+directly and through the fault relay: each call's answer, one exception class per refusal,
+and the retries the job key makes safe (README "Python client")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from tests.integration.api_kit import Api, free_port, job, running_api, write_config
+from tests.integration.test_api import to_review
+
+from sendledger.client import (
+    Client,
+    Conflict,
+    ConnectionLost,
+    Forbidden,
+    Invalid,
+    NotFound,
+    ServerError,
+    TooLarge,
+    Unauthorized,
+)
+from testkit.relay import FaultPlan, FaultRelay
+
+TOKEN = "alice-token-0123456789abcdef"
+READER = "reader-token-0123456789abcdef"
+NO_WAIT: dict[str, float] = {"backoff": 0.0, "max_backoff": 0.0}
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    settings = write_config(tmp_path, f"sqlite:///{tmp_path / 'ledger.sqlite'}", max_body="8KB")
+    with (tmp_path / "api-tokens").open("a") as tokens:
+        tokens.write(f"reader:{READER}:read\n")
+    with running_api(settings) as running:
+        yield running
+
+
+@pytest.fixture
+def client(api: Api) -> Client:
+    return Client(api.url, TOKEN, timeout=5, **NO_WAIT)
+
+
+def test_submit_status_events_and_the_same_key_again(api: Api, client: Client) -> None:
+    key = "shop/order 7?#%"  # every character that means something in a URL
+    first = client.submit(job(key))
+    assert (first["key"], first["created"], first["state"]) == (key, True, "requested")
+    assert client.submit(job(key))["created"] is False
+    with pytest.raises(Conflict) as conflict:
+        client.submit(job(key, subject="Other"))
+    assert conflict.value.status == 409 and "other content" in conflict.value.error
+    assert client.status(key)["subject"] == "Your receipt"
+    assert [e["type"] for e in client.events(key)] == ["Requested"]
+    many = client.submit_many([job("m1"), job("m2")])
+    assert [(r["key"], r["created"]) for r in many] == [("m1", True), ("m2", True)]
+    with pytest.raises(NotFound):
+        client.status("nope")
+
+
+def test_invalid_input_lists_each_field(client: Client) -> None:
+    with pytest.raises(Invalid) as invalid:
+        client.submit_many([job("a"), job("b", to="not an address"), job("c", channel="")])
+    assert [(e.index, e.field) for e in invalid.value.errors][:1] == [(1, "to")]
+    assert invalid.value.total >= 1 and invalid.value.status == 422
+    with pytest.raises(Invalid) as bad_query:
+        client.page(state="lost", limit=0)
+    assert [e.field for e in bad_query.value.errors] == ["state", "limit"]
+
+
+def test_list_walks_every_page(client: Client) -> None:
+    client.submit_many([job(f"k{i}") for i in range(7)])
+    client.cancel("k3")
+    assert sorted(row["key"] for row in client.list(page_size=2)) == [f"k{i}" for i in range(7)]
+    assert [row["key"] for row in client.list(state="cancelled")] == ["k3"]
+    assert client.page(limit=3)["next_cursor"]
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    assert len(list(client.list(since=hour_ago))) == 7
+    assert list(client.list(since=datetime.now(UTC) + timedelta(hours=1))) == []
+
+
+def test_cancel_resolve_check_triage(api: Api, client: Client) -> None:
+    client.submit(job("c1"))
+    assert client.cancel("c1", note="not needed")["state"] == "cancelled"
+    with pytest.raises(Conflict):
+        client.cancel("c1")
+    client.submit(job("r1"))
+    to_review(api, "r1")
+    assert [item["key"] for item in client.review()] == ["r1"]
+    # No mailbox can be searched from this test server: 503, retried, then ServerError.
+    with pytest.raises(ServerError) as unavailable:
+        Client(api.url, TOKEN, retries=1, **NO_WAIT).check("r1")
+    assert unavailable.value.status == 503
+    triaged = client.triage(dry_run=True)
+    assert [(t["key"], t["action"]) for t in triaged] == [("r1", "search-failed")]
+    assert client.resolve("r1", "abandon", note="duplicate order")["state"] == "abandoned"
+    with pytest.raises(Conflict):
+        client.resolve("r1", "abandon")
+
+
+def test_tokens_roles_and_size(api: Api, client: Client) -> None:
+    with pytest.raises(Unauthorized):
+        Client(api.url, "wrong-token-0123456789").status("x")
+    reader = Client(api.url, READER)
+    with pytest.raises(Forbidden) as forbidden:
+        reader.submit(job("x"))
+    assert "submit role" in forbidden.value.error
+    with pytest.raises(NotFound):
+        reader.status("x")
+    with pytest.raises(TooLarge):
+        client.submit(job("big", body="x" * 9000))
+    assert list(client.list()) == []
+
+
+def test_lost_answers_are_retried_where_a_repeat_is_safe(api: Api) -> None:
+    plan = FaultPlan(other=["drop-response", "500-after-forward", "503", "429"])
+    slept: list[float] = []
+    with FaultRelay(api.url, plan=plan, retry_after=0.01) as relay:
+        client = Client(relay.url, TOKEN, timeout=5, backoff=0.001, sleep=slept.append)
+        answer = client.submit(job("retried"))
+        # Stored by the first try; the repeats found the same content: 200, one job.
+        assert answer["created"] is False
+        assert relay.forwarded() == 3 and len(relay.log) == 5
+        assert [row.key for row in api.ledger.jobs()] == ["retried"]
+        assert len(slept) == 4
+        # A cancel whose answer was lost: the repeat's 409 is its own success.
+        relay.set_plan(FaultPlan(other=["drop-response"]))
+        assert client.cancel("retried")["state"] == "cancelled"
+        # A decision whose answer was lost is not sent again.
+        api.client.post("/v1/jobs", json=job("decided"), headers=api.auth())
+        to_review(api, "decided")
+        relay.set_plan(FaultPlan(other=["drop-response"]))
+        before = relay.forwarded()
+        with pytest.raises(ConnectionLost) as lost:
+            client.resolve("decided", "abandon")
+        assert lost.value.sent is True and relay.forwarded() == before + 1
+        assert api.ledger.get_job("decided").state.value == "abandoned"
+
+
+def test_timeouts_and_refused_connections(api: Api) -> None:
+    with FaultRelay(api.url, plan=FaultPlan(other=["hang"]), hang_seconds=3) as relay:
+        client = Client(relay.url, TOKEN, timeout=0.3, retries=0)
+        with pytest.raises(ConnectionLost) as hung:
+            client.status("x")
+        assert hung.value.sent is True
+    slept: list[float] = []
+    nowhere = Client(f"http://127.0.0.1:{free_port()}", TOKEN, retries=2, sleep=slept.append)
+    with pytest.raises(ConnectionLost) as refused:
+        nowhere.resolve("x", "sent")  # nothing reached a server: safe to try again
+    assert refused.value.sent is False and len(slept) == 2
+
+
+def test_the_client_imports_nothing_of_the_daemon() -> None:
+    code = (
+        "import sys, sendledger.client\n"
+        "inner = {'daemon', 'ledger', 'policies', 'testkit', 'httpx', 'pydantic', 'fastapi'}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & inner))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert "token" not in repr(Client("http://h:1", TOKEN)).lower()
