@@ -27,6 +27,8 @@ from testkit.mailservers import free_port
 from testkit.relay import FaultPlan, FaultRelay
 
 TICK = 0.2
+# /healthz shows its details (last_tick_age, circuits) to a valid token only.
+AUTH = {"Authorization": "Bearer e2e-token-0123456789abcdef"}
 
 
 class HealthPoller:
@@ -41,7 +43,7 @@ class HealthPoller:
         self._thread.start()
 
     def _run(self) -> None:
-        with httpx.Client(timeout=2.0) as client:
+        with httpx.Client(timeout=2.0, headers=AUTH) as client:
             while not self._stop.wait(0.05):
                 try:
                     body = client.get(self.url + "/healthz").json()
@@ -152,7 +154,7 @@ def test_refused_connections_are_waited_out_and_every_job_sent_once(tmp_path: Pa
             text = httpx.get(url + "/metrics", timeout=2).text
             if 'sendledger_circuit_open{scope="gmail"} 1.0' in text:
                 assert "sendledger_circuit_open_since_seconds" in text
-                health = httpx.get(url + "/healthz", timeout=2).json()
+                health = httpx.get(url + "/healthz", timeout=2, headers=AUTH).json()
                 assert health["checks"]["circuits"]["gmail"]["open"] is True
                 seen_open = True
             time.sleep(0.2)
