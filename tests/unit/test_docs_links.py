@@ -7,7 +7,7 @@ API's `listen` and the emulators' or relays' `--port`), so the examples can run 
 import re
 from pathlib import Path
 
-from daemon.init_command import config_text
+from daemon.init_command import FIRST_KEY, config_text, installation, planned_files
 from ledger.addresses import parse_mailbox
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,3 +131,53 @@ def test_example_ports_do_not_clash() -> None:
     assert api and emulators and relays
     assert api.isdisjoint(emulators | relays)
     assert emulators.isdisjoint(relays)
+
+
+def edited_keys(config: str) -> list[str]:
+    """The key set on the first line that is not a comment after each `# EDIT` comment."""
+    keys, marked = [], False
+    for line in config.splitlines():
+        if line.startswith("# EDIT"):
+            marked = True
+        elif marked and not line.startswith("#"):
+            keys.append(line.split("=")[0].strip())
+            marked = False
+    return keys
+
+
+def test_the_quick_start_matches_what_init_writes_and_prints() -> None:
+    """The README's quick start names the files `init` writes, the keys its config marks EDIT,
+    and the key of the job it writes (tests/e2e/test_init.py runs that job to `confirmed`)."""
+    text = README.read_text(encoding="utf-8")
+    block = text.split("## Quick start", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    config = config_text("gmail", parse_mailbox("you@example.com"))
+    edited = edited_keys(config)
+    assert edited == ["credentials_file", "user"]
+    assert "the two values marked EDIT: credentials_file and user" in block
+    [credentials] = re.findall(r'credentials_file = "([^"]+)"', config)
+    assert f"chmod 600 mail/{credentials}" in block
+    assert 'user = "you@example.com"' in config
+    assert "submit mail/first-job.json" in block and f"status {FIRST_KEY} " in block
+    assert [w for w in re.findall(r"sendledger (?:--config \S+ )?(\w+)", block)] == [
+        "init",
+        "run",
+        "submit",
+        "status",
+    ]
+
+
+def test_the_systemd_steps_name_what_init_writes(tmp_path: Path) -> None:
+    """docs/operations.md "Running under systemd": `init` writes the config, the policies, the
+    API token file (0600) and the unit; the steps add only the provider's credentials file, the
+    one the config names, with `install -m 600`."""
+    section = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = section.split("## Running under systemd", 1)[1].split("\n## ", 1)[0]
+    mailbox = parse_mailbox("you@example.com")
+    written = {p.path: p for p in planned_files("gmail", mailbox, installation(tmp_path))}
+    assert {"sendledger.toml", "api-tokens", "sendledger.service"} <= set(written)
+    assert any(path.startswith("policies/") for path in written)
+    assert written["api-tokens"].mode == 0o600
+    assert "# config, policies/, api-tokens (0600), sendledger.service" in section
+    [credentials] = re.findall(r'credentials_file = "([^"]+)"', written["sendledger.toml"].text)
+    assert credentials not in written
+    assert f"sudo install -m 600 {credentials} /var/lib/sendledger/" in section
