@@ -5,7 +5,7 @@ writer of such a message must do), so the ratio does not depend on the machine.
 
 Three shapes per size: a plain text body (7bit), a non-ASCII body (base64), and the
 body as an attachment; then the headers alone: a subject of 1 KB .. 1 MB (the old writer
-took 40 s for 1 MB; intake refuses more than 2,000 characters, see README "Limits").
+took 40 s for 1 MB; intake refuses more than 2,000 characters, see docs/cli.md "Limits").
 Linear means the ratio stays flat as the size grows. Best of a few runs each; under a
 minute in all.
 

@@ -1,5 +1,5 @@
 """`sendledger api`: the HTTP API alone (intake, job state, review; no sending), for hosts
-that share a PostgreSQL store with the sending daemons (README "HTTP API")."""
+that share a PostgreSQL store with the sending daemons (docs/http-api.md "HTTP API")."""
 
 from __future__ import annotations
 

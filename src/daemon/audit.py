@@ -8,7 +8,7 @@ flat however many jobs match. `--event TYPE` reads the event log for that event 
 CSV is opened by spreadsheets, which run a cell that starts with `=`, `+`, `-` or `@` as a
 formula (`=HYPERLINK(...)` in a key) and treat a leading TAB or CR the same way; each such
 cell is written with a `'` in front (OWASP "CSV Injection"). Cells are made printable as
-the table's are (README "Audit output"); `--format json` gives every value exactly.
+the table's are (docs/cli.md "Audit output"); `--format json` gives every value exactly.
 """
 
 from __future__ import annotations

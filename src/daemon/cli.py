@@ -84,7 +84,7 @@ _PATH_ARGUMENTS = frozenset({"config", "file", "dir", "accept_log"})
 def _not_text(args: argparse.Namespace) -> str | None:
     """A key, note or name given as bytes that are not UTF-8 arrives as lone surrogates
     (Python's surrogateescape) and could be neither looked up nor stored: one line naming
-    the argument (exit 2), not an encoding failure later (exit 1). README "Keys"."""
+    the argument (exit 2), not an encoding failure later (exit 1). docs/cli.md "Keys"."""
     for name, value in vars(args).items():
         values = value if isinstance(value, list) else [value]
         for item in values:
@@ -99,7 +99,7 @@ def _not_text(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    output.guard_streams()  # nothing a caller typed acts on the terminal (README "Keys")
+    output.guard_streams()  # nothing a caller typed acts on the terminal (docs/cli.md "Keys")
     parser = build_parser()
     args = parser.parse_args(argv)
     problem = _not_text(args)

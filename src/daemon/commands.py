@@ -79,7 +79,7 @@ T = TypeVar("T")
 
 
 def cli_error(exc: ServiceError) -> CliError:
-    """A service's refusal as the CLI's exit code (README "Exit codes")."""
+    """A service's refusal as the CLI's exit code (docs/cli.md "Exit codes")."""
     return CliError(exc.message, _EXIT_CODES[exc.kind])
 
 

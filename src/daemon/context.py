@@ -77,7 +77,7 @@ def open_ledger(settings: Settings, *, create: bool = True) -> Ledger:
 
 def store_spec(settings: Settings) -> StoreSpec:
     """`store.url` with the `[store]` connection settings applied. The PostgreSQL-only
-    keys set for another store are refused (README "Performance and scaling")."""
+    keys set for another store are refused (docs/performance.md "Performance and scaling")."""
     store = settings.store
     spec = parse_store_url(store.url, base_dir=settings.base_dir)
     if isinstance(spec, PostgresStore):

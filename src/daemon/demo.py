@@ -440,7 +440,7 @@ def _operator_step(
     print(f"    {text.strip()}", file=out)
     if code == 3 and decision == "resend" and "resolve as sent" in text:
         # The resend searched again first and found the copy the check had not seen yet
-        # (README "Review"): nothing was sent; the human resolves it as sent.
+        # (docs/review.md "Review"): nothing was sent; the human resolves it as sent.
         decision = "sent"
         resolve = ["review", "resolve", key, "--as", "sent", "--note",
                    "the resend's own search found the copy", "--by", OPERATOR]  # fmt: skip

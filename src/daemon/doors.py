@@ -2,7 +2,7 @@
 search may use, for a command, for `sendledger api` and for the daemon's API.
 
 One rule for every door: a channel whose policy file is broken refuses new jobs; the
-others keep accepting (README "Channel policies").
+others keep accepting (docs/policies.md "Channel policies").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A misspelled override (``SENDLEDGER_STOR__URL``) used to be ignored, and the use
 to the store they thought they had left. Every ``SENDLEDGER_*`` name must therefore be
 one the settings model reads (``SENDLEDGER_<SECTION>``, ``SENDLEDGER_<SECTION>__<KEY>``,
 ``SENDLEDGER_PROVIDERS__<NAME>[__<KEY>]``: derived from the model, so new sections and
-keys are valid as soon as they exist) or one of :data:`OTHER_VARIABLES`. README,
+keys are valid as soon as they exist) or one of :data:`OTHER_VARIABLES`. docs/configuration.md,
 "Configuration".
 """
 

@@ -193,13 +193,13 @@ def planned_files(provider: str, mailbox: Mailbox, here: Installation) -> list[P
 
 _CONFIG_HEAD = """\
 # sendledger configuration, written by `sendledger init`: only what a first run needs.
-# Every other setting, commented, is in config.example.toml (README "Configuration").
+# Every other setting, commented, is in config.example.toml (docs/configuration.md "Configuration").
 # Relative paths are relative to this file's folder. Any key can be overridden from the
 # environment: SENDLEDGER_<SECTION>__<KEY>, e.g. SENDLEDGER_STORE__URL.
 
 [store]
 # One SQLite file next to this config. Several daemons sharing the work: a
-# postgresql://user@host:5432/db URL (README "Performance and scaling").
+# postgresql://user@host:5432/db URL (docs/performance.md "Performance and scaling").
 url = "sqlite:///ledger.sqlite"
 
 [daemon]
@@ -207,7 +207,7 @@ url = "sqlite:///ledger.sqlite"
 policies_dir = "policies"
 
 [api]
-# The HTTP API, /healthz, /metrics and the review page /ui/ (README "HTTP API"), served by
+# The HTTP API, /healthz, /metrics and the review page /ui/ (docs/http-api.md "HTTP API"), served by
 # `sendledger run`. Loopback only: put a TLS proxy in front to reach it from elsewhere.
 listen = "127.0.0.1:8025"
 # One "name:token" a line; the name is recorded as who resolved a review.
@@ -221,7 +221,7 @@ _PROVIDER_SECTIONS: dict[str, Callable[[Mailbox], str]] = {
 [providers.gmail]
 kind = "gmail"
 # EDIT: a service-account JSON with domain-wide delegation for `user` (scopes gmail.send
-# and gmail.readonly), or an authorized_user JSON with user = "me". README "Gmail setup".
+# and gmail.readonly), or an authorized_user JSON with user = "me". docs/providers.md "Gmail setup".
 credentials_file = "gmail-service-account.json"
 # EDIT: the mailbox that sends; the policies' `from` must be this address.
 user = "{m.addr_spec}"
@@ -233,7 +233,7 @@ timeout = "30s"
         f"""\
 [providers.mail]
 kind = "smtp-imap"
-# EDIT: your provider's submission and IMAP servers (README "Providers").
+# EDIT: your provider's submission and IMAP servers (docs/providers.md "Providers").
 smtp_host = "smtp.{m.domain}"
 smtp_port = 587
 smtp_security = "starttls"           # "tls" (implicit, usually 465), "starttls" (587)
@@ -255,7 +255,7 @@ timeout = "30s"
 [providers.m365]
 kind = "graph"
 # EDIT: the Entra ID (Azure AD) tenant and the app registration with the application
-# permission Mail.Send and Mail.Read for `user` (README "Providers").
+# permission Mail.Send and Mail.Read for `user` (docs/providers.md "Providers").
 tenant_id = "00000000-0000-0000-0000-000000000000"
 client_id = "00000000-0000-0000-0000-000000000000"
 # The client secret is this file's first line (chmod 600).
@@ -289,10 +289,12 @@ def _policy_head(provider_name: str, mailbox: Mailbox) -> str:
 
 def retry_policy(provider_name: str, mailbox: Mailbox) -> str:
     return (
-        '# A channel where a second copy would be a nuisance, not a harm (README "Channel\n'
-        '# policies"). After an unknown outcome the daemon waits, searches the sent mail,\n'
-        "# confirms one copy, and resends (same Message-ID) only after `confirm_misses`\n"
-        "# searches found none.\n" + _policy_head(provider_name, mailbox) + 'on_unknown = "retry"\n'
+        "# A channel where a second copy would be a nuisance, not a harm (docs/policies.md\n"
+        '# "Channel policies"). After an unknown outcome the daemon waits, searches the\n'
+        "# sent mail, confirms one copy, and resends (same Message-ID) only after\n"
+        "# `confirm_misses` searches found none.\n"
+        + _policy_head(provider_name, mailbox)
+        + 'on_unknown = "retry"\n'
         'search_after = "5m"                  # the search index lags behind the send\n'
         "confirm_misses = 2\n"
         "max_attempts = 3\n"
@@ -395,14 +397,14 @@ def unit_text(here: Installation) -> str:
         else ""
     )
     return f"""\
-# sendledger, written by `sendledger init` for this installation (README "Running under
+# sendledger, written by `sendledger init` for this installation (docs/operations.md "Running under
 # systemd"). Install and start it:
 #   sudo cp {_unit_word(str(here.folder / "sendledger.service"))} /etc/systemd/system/
 #   sudo systemctl daemon-reload && sudo systemctl enable --now sendledger
 {root_note}
 [Unit]
 Description=sendledger email send ledger and reconciler
-# The commented config this unit runs with; it names the README sections for the rest.
+# The commented config this unit runs with; it names the docs/ pages for the rest.
 Documentation={_specifiers_escaped((here.folder / "sendledger.toml").as_uri())}
 After=network-online.target
 Wants=network-online.target

@@ -39,7 +39,7 @@ class FieldProblem:
 
 
 #: At most this many problems are kept (and listed by a 422), whatever the batch's size:
-#: an 8 MB list of `{}` must not make a response many times its size (README "HTTP API").
+#: an 8 MB list of `{}` must not make a response many times its size (docs/http-api.md "HTTP API").
 MAX_LISTED = 100
 
 

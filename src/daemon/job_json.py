@@ -1,5 +1,5 @@
 """Decoding job JSON for `submit` and `POST /v1/jobs`: a name given twice in one object is
-refused, never "last one wins" (README "Message fields and validation").
+refused, never "last one wins" (docs/cli.md "Message fields and validation").
 
 JSON allows an object to name a key twice and `json.loads` keeps the last value, but a
 proxy, a log or a policy check in front of sendledger may read the first: it would see one

@@ -1,4 +1,4 @@
-"""Listing jobs from the job index a page at a time (`GET /v1/jobs`, README "HTTP API").
+"""Listing jobs from the job index a page at a time (`GET /v1/jobs`, docs/http-api.md "HTTP API").
 
 A page is in (updated_at, key) order and its cursor is the last row's position, so paging
 on is stable under inserts: a job created or changed while a caller pages sorts after

@@ -1,6 +1,6 @@
 """Logging for a terminal, and for journald (sd-daemon level prefixes, no timestamps).
 
-Every line is printable (README "Keys"): a log message carries caller-supplied values (a
+Every line is printable (docs/cli.md "Keys"): a log message carries caller-supplied values (a
 key, a subject, a provider's answer), and each control or bidi character in them is
 written as an escape (`ledger.display.printable`), so a log line cannot move the cursor
 of the terminal showing it, forge a second line, or read backwards. A traceback keeps its

@@ -1,6 +1,6 @@
 """A moment a user writes: an ISO 8601 time or date (UTC when it names no zone), or a
 duration ago (`24h`, `7d`). `audit --since/--until` and `GET /v1/jobs?since=` read it
-the same way (README "Command line", "HTTP API")."""
+the same way (docs/cli.md "Command line", docs/http-api.md "HTTP API")."""
 
 from __future__ import annotations
 

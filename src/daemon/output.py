@@ -1,7 +1,7 @@
 """Printing for humans and for machines (--json).
 
 Whatever reaches a terminal goes through here, and nothing in it acts on the terminal
-(README "Keys"): table cells, key/value lines and error lines are made printable
+(docs/cli.md "Keys"): table cells, key/value lines and error lines are made printable
 (`ledger.display.printable`); JSON escapes, besides what `json` itself escapes (C0), DEL,
 the C1 controls, the line and paragraph separators, the bidi controls and lone surrogates
 as `\\uXXXX`, so `--json` output decodes to the same values and shows nothing raw.

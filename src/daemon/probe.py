@@ -1,4 +1,4 @@
-"""``sendledger probe``: the method checked against the user's own mailbox (README
+"""``sendledger probe``: the method checked against the user's own mailbox (docs/providers.md
 "Providers").
 
 It sends ONE real, clearly labelled message through a built-in relay that drops the

@@ -1,7 +1,7 @@
 """What every door shows of a job: its status, its events, the review queue.
 
 The CLI (`status`, `history`, `review list/show`), the HTTP API and the review page read
-these, so a job reads the same whichever door a human uses (README "Review",
+these, so a job reads the same whichever door a human uses (docs/review.md "Review",
 docs/architecture.md "One service layer"). Lists read the job index; the content a row
 shows (To, Subject, `send_at`) is loaded for a page of rows in one query
 (`Ledger.get_jobs`), never job by job.
@@ -55,7 +55,7 @@ def job_status(job: SendJob) -> dict[str, Any]:
     if job.purged_at is None:
         status.update(to=list(job.content.to), subject=job.content.subject)
     else:
-        # Its content is gone (README "Retention"): say so rather than show it empty.
+        # Its content is gone (docs/configuration.md "Retention"): say so rather than show it empty.
         status["purged"] = {"at": output.iso(job.purged_at), "by": job.purged_by}
     if job.content.send_at is not None:
         status["send_at"] = job.content.send_at

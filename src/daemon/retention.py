@@ -1,4 +1,4 @@
-"""Retention (README "Retention"): the daemon's periodic purge (`[retention]`) and
+"""Retention (docs/configuration.md "Retention"): the daemon's periodic purge (`[retention]`) and
 `sendledger admin purge`. What a purge does to a job is `Ledger.purge`
 (`ledger/retention.py`); this module decides which jobs, when, and says what it did."""
 
@@ -67,7 +67,7 @@ def register(admin: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         admin,
         "purge",
         cmd_admin_purge,
-        "forget the content of settled jobs, keep their trail (README 'Retention')",
+        "forget the content of settled jobs, keep their trail (docs/configuration.md 'Retention')",
     )
     p.add_argument(
         "--older-than",

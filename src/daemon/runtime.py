@@ -209,7 +209,8 @@ class Daemon:
         return time.monotonic() - self.health.last_tick_end
 
     def _start_api(self) -> ApiServer | None:
-        """The HTTP API beside the scheduler, when `[api] listen` is set (README "HTTP API")."""
+        """The HTTP API beside the scheduler, when `[api] listen` is set (docs/http-api.md "HTTP
+        API")."""
         settings = self.service.settings
         if not settings.api.listen:
             return None

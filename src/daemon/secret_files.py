@@ -4,7 +4,7 @@
 Every `*_file` setting names a secret (service-account JSON, a password, API tokens, the
 store key). As ssh does with a private key, the daemon says at start-up when one of them
 can be read by other users; it does not refuse, because a container's mounted secret is
-often 0644 inside a private namespace. README: "Encryption at rest".
+often 0644 inside a private namespace. docs/configuration.md: "Encryption at rest".
 """
 
 from __future__ import annotations

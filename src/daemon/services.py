@@ -216,7 +216,7 @@ SORTS = ("since", "-since", "channel", "reason", "key")
 
 def check_advice(key: str, state: str, copies: int) -> str:
     """What to do next after a check; a resolve command only for a job in review, with
-    its arguments quoted (README "Review")."""
+    its arguments quoted (docs/review.md "Review")."""
     if state != JobState.REVIEW:
         return f"the job is {state}, not in review: there is nothing to resolve"
     sent = _resolve_command(key, "sent")

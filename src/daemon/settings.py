@@ -51,7 +51,7 @@ CENTURY = 36525 * DAY
 
 
 def _bounded(low: float, high: float) -> BeforeValidator:
-    """A duration from `low` to `high` seconds (README "Bounds, URLs, addresses and
+    """A duration from `low` to `high` seconds (docs/configuration.md "Bounds, URLs, addresses and
     files"): a value past them is refused at load, never a later failure or a job that
     waits forever."""
 
@@ -97,11 +97,11 @@ def _whole_seconds(value: Any) -> int:
 
 class StoreSettings(_Section):
     url: str = "sqlite:///ledger.sqlite"
-    # Event state compressed and encrypted (README "Encryption at rest"): one base64
+    # Event state compressed and encrypted (docs/configuration.md "Encryption at rest"): one base64
     # key a line, the first encrypts, all decrypt. Unset: stored as plain JSON.
     encryption_key_file: Path | None = None
-    # PostgreSQL only (README "Performance and scaling"); set with a sqlite:// store they
-    # are refused, so that a setting that does nothing is never believed.
+    # PostgreSQL only (docs/performance.md "Performance and scaling"); set with a sqlite:// store
+    # they are refused, so that a setting that does nothing is never believed.
     pool_size: int = Field(default=DEFAULT_POOL_SIZE, ge=1, le=1000)
     max_overflow: int = Field(default=DEFAULT_MAX_OVERFLOW, ge=0, le=1000)
     lock_timeout: Annotated[int, BeforeValidator(_whole_seconds)] = DEFAULT_LOCK_TIMEOUT
@@ -131,7 +131,7 @@ class DaemonSettings(_Section):
     search_concurrency: int | None = Field(default=None, ge=1, le=256)
     # A provider scope's circuit opens after this many "unavailable" sends in a row
     # (nothing sent: refused, DNS, quota...); one probe then after `circuit_probe_after`,
-    # doubling up to `circuit_probe_max` (README, "Outages and quotas").
+    # doubling up to `circuit_probe_max` (docs/operations.md, "Outages and quotas").
     circuit_failures: int = Field(default=3, ge=1, le=1000)
     circuit_probe_after: Timeout = 1.0
     circuit_probe_max: Timeout = 60.0
@@ -215,7 +215,7 @@ def _is_loopback(host: str) -> bool:
 
 
 class SmtpImapProviderSettings(_Section):
-    """SMTP submission + IMAP search of the sent folder (README "Providers")."""
+    """SMTP submission + IMAP search of the sent folder (docs/providers.md "Providers")."""
 
     kind: Literal["smtp-imap"]
     smtp_host: str = Field(min_length=1)
@@ -256,7 +256,7 @@ _GraphSeconds = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class GraphProviderSettings(_Section):
-    """Microsoft Graph with application permissions (README "Providers", "Microsoft
+    """Microsoft Graph with application permissions (docs/providers.md "Providers", "Microsoft
     Graph setup")."""
 
     kind: Literal["graph"]
@@ -356,7 +356,7 @@ WebhookWait = Annotated[float, BeforeValidator(_webhook_wait)]
 
 
 class WebhookSettings(_Section):
-    """`[webhooks.NAME]` (README "Webhooks")."""
+    """`[webhooks.NAME]` (docs/http-api.md "Webhooks")."""
 
     url: str
     # One line, "whsec_<base64>" (`sendledger webhooks new-secret` makes one).
@@ -417,7 +417,7 @@ WebhookName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$"
 
 class RetentionSettings(_Section):
     # Off unless set: jobs settled for good (confirmed, abandoned) longer ago than this
-    # lose their content and keep their trail (README "Retention").
+    # lose their content and keep their trail (docs/configuration.md "Retention").
     purge_after: Retention | None = None
     # How often the daemon purges (first run a minute after start-up, or sooner if this
     # is shorter).

@@ -14,8 +14,8 @@ _UNITS = {
     "mib": 1024**2,
     "gib": 1024**3,
 }
-#: The largest size any setting takes (README "Bounds, URLs, addresses and files"): no message or
-#: request body sendledger handles comes near it, and a bigger value is a typo.
+#: The largest size any setting takes (docs/configuration.md "Bounds, URLs, addresses and files"):
+#: no message or request body sendledger handles comes near it, and a bigger value is a typo.
 MAX_SIZE = 1_000_000_000
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
 

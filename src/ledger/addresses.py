@@ -11,7 +11,7 @@ digits at the end). An internationalized domain is converted to its IDNA A-label
 (``bücher.de`` -> ``xn--bcher-kva.de``), so the wire carries plain ASCII. Refused: domain
 literals (``[1.2.3.4]``), quoted or non-ASCII local parts, comments, groups, lists, and any
 display name that would need guessing (unquoted specials such as ``,`` or ``@``).
-See README, "Message fields and validation".
+See docs/cli.md, "Message fields and validation".
 """
 
 from __future__ import annotations

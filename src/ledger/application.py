@@ -655,7 +655,7 @@ class Ledger(Application[UUID]):
             if progress is not None and count % 1000 == 0:
                 progress(count)
 
-    # -- the event log, for webhooks (README "Webhooks") ---------------------------------
+    # -- the event log, for webhooks (docs/http-api.md "Webhooks") ---------------------------------
 
     def positions(self) -> PositionStore:
         """Where each webhook has got to in the log (`ledger.stores.positions`)."""

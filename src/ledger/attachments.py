@@ -1,5 +1,5 @@
 """Attachments of a job: `[{"filename", "content_type", "content_base64"}]`, validated at
-intake (README, "Message fields"). The message carries them as parts of a
+intake (docs/cli.md, "Message fields"). The message carries them as parts of a
 multipart/mixed message with RFC 2231 file names (`ledger/mime.py`)."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ OPTIONAL_FIELDS = (
     "thread_id",
 )
 #: Fields added after the first release, with their empty values: the content hash holds
-#: one only when it is set, so every job stored before keeps its hash (README, "Message
+#: one only when it is set, so every job stored before keeps its hash (docs/cli.md, "Message
 #: fields").
 LATER_FIELDS: dict[str, Any] = {
     "bcc": [],
@@ -53,7 +53,7 @@ LATER_FIELDS: dict[str, Any] = {
 }
 MAX_KEY_LENGTH = 1000
 MAX_THREAD_ID_LENGTH = 200
-#: Longest subject, in characters (README "Message fields and validation", "Limits").
+#: Longest subject, in characters (docs/cli.md "Message fields and validation", "Limits").
 MAX_SUBJECT = 2000
 #: Longest value of one extra header, in characters.
 MAX_HEADER_VALUE = 2000

@@ -3,7 +3,7 @@
 A job's key, note or subject is a caller's text. Printed raw it can move a terminal's
 cursor (ESC), ring it (BEL), reverse what a reader sees (bidi controls) or, pasted as a
 command, run another one. Every place that shows such text or suggests a command goes
-through these two functions (README "Message fields and validation", "Keys").
+through these two functions (docs/cli.md "Message fields and validation", "Keys").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The message fields a caller may add beyond the basics: extra headers by name from an
-allow-list, and the threading headers (In-Reply-To, References). See README, "Message
+allow-list, and the threading headers (In-Reply-To, References). See docs/cli.md, "Message
 fields".
 
 The headers that sendledger writes itself are never the caller's: a second Message-ID

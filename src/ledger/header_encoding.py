@@ -1,5 +1,5 @@
 """Header text written by sendledger's own code, and read back the way a mail client
-reads it (README "Message fields and validation", docs/architecture.md "The message").
+reads it (docs/cli.md "Message fields and validation", docs/architecture.md "The message").
 
 A caller's text (a subject, a display name, an ``X-*`` value, a file name) reaches the
 wire in one of two forms, chosen by :func:`plain`:

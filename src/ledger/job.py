@@ -367,7 +367,7 @@ class SendJob(Aggregate):
     class Checked(Event):
         """A human (or triage) searched the sender's mailbox for the job's Message-ID:
         who asked, why, the query sent and the copies found. It changes no state; it is
-        the trail of what the human saw before deciding (README "Review")."""
+        the trail of what the human saw before deciding (docs/review.md "Review")."""
 
         TOPIC = "sendledger:SendJob.Checked"
         by: str
@@ -577,8 +577,8 @@ class SendJob(Aggregate):
         found: Sequence[str] | None = None,
     ) -> None:
         """A human's decision on a job in review. A `by` or `note` that `ledger.keys`
-        refuses is JobInputError (README "Keys"), before anything else. `found`: the
-        copies a search made just before it found (README "Review": a resend is searched
+        refuses is JobInputError (docs/cli.md "Keys"), before anything else. `found`: the
+        copies a search made just before it found (docs/review.md "Review": a resend is searched
         for first); a copy found refuses a resend, and a job resolved as sent keeps the
         copies found."""
         _check_name(by)
@@ -808,7 +808,7 @@ class SendJob(Aggregate):
 
 
 def _check_name(by: str) -> None:
-    """Who decided, as a person reads it in a history (README "Keys")."""
+    """Who decided, as a person reads it in a history (docs/cli.md "Keys")."""
     if problem := identifier_problem(by):
         raise JobInputError("by", problem)
     if len(by) > MAX_NAME_LENGTH:

@@ -1,4 +1,4 @@
-"""What a job key, an operator's name and an operator's note may contain (README "Keys").
+"""What a job key, an operator's name and an operator's note may contain (docs/cli.md "Keys").
 
 A key names a job on terminals, in logs, on the review page and in suggested commands; a
 name (`--by`) names who decided. Both are identifiers a person reads and compares, so a

@@ -1,4 +1,4 @@
-"""The raw message, written by sendledger's own code (README "Message fields and
+"""The raw message, written by sendledger's own code (docs/cli.md "Message fields and
 validation", docs/architecture.md "The message").
 
 One writer for every message: headers through `ledger/header_encoding.py` (the caller's

@@ -1,4 +1,4 @@
-"""The proof that a rendered message says exactly what its job says (README "Message
+"""The proof that a rendered message says exactly what its job says (docs/cli.md "Message
 fields and validation", docs/architecture.md "The message").
 
 `ledger/mime.py` writes the bytes; this module reads them back with a strict parser of

@@ -35,8 +35,8 @@ def parse_duration(value: object) -> float:
 
 def parse_duration_within(value: object, low: float, high: float) -> float:
     """:func:`parse_duration`, and from `low` to `high` seconds: every duration an operator
-    sets has a range (README "Bounds, URLs, addresses and files"), so that a typo such as
-    "99999999999999d" is refused where it is written, not an overflow or a wait forever
+    sets has a range (docs/configuration.md "Bounds, URLs, addresses and files"), so that a typo
+    such as "99999999999999d" is refused where it is written, not an overflow or a wait forever
     later. Raises DurationError."""
     seconds = parse_duration(value)
     if not low <= seconds <= high:

@@ -1,5 +1,6 @@
 """Reading the operator's small files (policy files, and the daemon's secret files) without
-ever blocking: what is read must be a regular file (README "Bounds, URLs, addresses and files").
+ever blocking: what is read must be a regular file (docs/configuration.md "Bounds, URLs, addresses
+and files").
 
 `open()` on a FIFO waits for a writer that may never come, so a secret file or a policy
 replaced by a named pipe once hung the command; a directory, a socket, a device or a

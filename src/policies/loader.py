@@ -191,7 +191,7 @@ def _listed(directory: Path) -> list[Path]:
 class PartialPolicies:
     """A folder read file by file: the channels whose policy is sound, and for every
     channel whose file has a problem, its problems (`broken`). Intake refuses the broken
-    channels only (README "Channel policies"); the daemon still loads all or nothing."""
+    channels only (docs/policies.md "Channel policies"); the daemon still loads all or nothing."""
 
     policies: PolicySet
     broken: Mapping[str, list[PolicyProblem]]
@@ -281,7 +281,7 @@ def load_policy_dir(
     files, including channels declared by two files and, when ``known_providers`` is given,
     providers that the configuration does not define, and ``on_unknown = "retry"`` on a
     provider in ``client_copy_providers`` (it files its own sent copy after the send, so a
-    crash in between leaves none, and a search miss proves nothing: README "Providers").
+    crash in between leaves none, and a search miss proves nothing: docs/providers.md "Providers").
     """
     files = _listed(Path(directory))
     partial = _scan(files, known_providers, client_copy_providers)

@@ -1,4 +1,4 @@
-"""A client of sendledger's HTTP API, on the standard library alone (README "Python
+"""A client of sendledger's HTTP API, on the standard library alone (docs/http-api.md "Python
 client", docs/architecture.md "Doors").
 
 `urllib` rather than httpx: a program that only submits jobs should not need another
@@ -88,7 +88,7 @@ class Unauthorized(ApiError):
 
 
 class Forbidden(ApiError):
-    """403: the token lacks the role this needs (README "Roles")."""
+    """403: the token lacks the role this needs (docs/http-api.md "Roles")."""
 
 
 class NotFound(ApiError):

@@ -4,7 +4,7 @@ tests and `sendledger demo --provider smtp-imap`.
 Every config, queue, maildir, socket and log lives in one short folder under /tmp (Unix
 socket paths are capped at 107 bytes, pytest's tmp paths are longer); listeners are on
 127.0.0.1 ports the OS picked. Facts this relies on are measured in the workplace notes
-(README "Providers" describes the server behaviour under test):
+(docs/providers.md "Providers" describes the server behaviour under test):
 
 * Postfix submission on a loopback port, AUTH through Dovecot's auth socket, no TLS;
 * every submitted message also goes to ``sender+Sent@`` (``sender_bcc_maps`` on the envelope

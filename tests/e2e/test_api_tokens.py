@@ -1,4 +1,4 @@
-"""`sendledger api` reads its token file as the daemon does (README "Roles"): a file
+"""`sendledger api` reads its token file as the daemon does (docs/http-api.md "Roles"): a file
 others can read is warned about at start-up, a bad one refused naming the line(s), exit
 2, before the store is created."""
 

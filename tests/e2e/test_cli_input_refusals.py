@@ -2,7 +2,7 @@
 JSON, out-of-bounds settings, URLs and listen addresses, and secret or policy files that
 are not regular files are each one line naming the field, exit 2, nothing written, and
 nothing hangs. A key stored before the key rule is still read and shown escaped
-(README "Keys", "Configuration")."""
+(docs/cli.md "Keys", docs/configuration.md "Configuration")."""
 
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ def test_a_policy_entry_that_is_not_a_regular_file_is_refused_naming_it(
     check = cli.run("policy", "check")
     assert check.code == 2, check.stderr
     assert str(entry) in check.stderr and "cannot read" in check.stderr
-    # That channel refuses new jobs; the others keep accepting (README "Review").
+    # That channel refuses new jobs; the others keep accepting (docs/review.md "Review").
     result = cli.submit(job(channel="payouts"))
     assert result.code == 2, result.stderr
     one_error_line(result, "payouts.toml", "cannot read")

@@ -139,7 +139,7 @@ def test_a_bad_job_in_a_batch_writes_nothing(cli: Any) -> None:
 
 
 def test_batch_errors_name_the_job_as_http_does(cli: Any) -> None:
-    # `job[1].channel: ...` (README "HTTP API", "Errors and statuses"), and how many more.
+    # `job[1].channel: ...` (docs/http-api.md "HTTP API", "Errors and statuses"), and how many more.
     batch = [job("b-1"), job("b-2", channel="nope"), job("b-3", channel="nope2")]
     result = cli.run("submit", "-", stdin=json.dumps(batch))
     assert result.code == 2

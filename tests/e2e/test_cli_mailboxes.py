@@ -1,5 +1,5 @@
 """`submit` with a job's own `from`: refused (exit 2, naming the field, nothing written)
-when the channel's policy allows no other mailbox (README, "Message fields")."""
+when the channel's policy allows no other mailbox (docs/cli.md, "Message fields")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sendledger submit` of hostile message text as a process (README "Message fields and
+"""`sendledger submit` of hostile message text as a process (docs/cli.md "Message fields and
 validation"): beyond a limit or unshowable, exit 2 with one line naming the field and
 nothing written; a typed encoded word is accepted as text."""
 

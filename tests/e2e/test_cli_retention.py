@@ -1,5 +1,5 @@
-"""Retention through the console script and the daemon (README "Retention"): `admin purge`
-with its refusals, a purge killed with SIGKILL half-way (every job purged whole or left
+"""Retention through the console script and the daemon (docs/configuration.md "Retention"): `admin
+purge` with its refusals, a purge killed with SIGKILL half-way (every job purged whole or left
 intact), and the daemon's `[retention] purge_after`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A store is opened only as its settings say (README "Stored mail: file modes,
+"""A store is opened only as its settings say (docs/configuration.md "Stored mail: file modes,
 encryption, daemon names"): eventsourcing's own environment variables are refused by
 name, and a key file that does not fit the store is refused naming
 `store.encryption_key_file`; both exit 2 with one line, before anything is written."""

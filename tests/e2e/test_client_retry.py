@@ -1,4 +1,4 @@
-"""The Python client against the daemon as a process (README "Python client"): a submit
+"""The Python client against the daemon as a process (docs/http-api.md "Python client"): a submit
 whose answer the fault relay drops is sent again, the job key makes the repeat harmless,
 and the daemon sends one job, one copy, counted in the emulator's acceptance log."""
 

@@ -1,7 +1,7 @@
 """A second daemon of the same `daemon.name` that reaches the SQLite store through a
 symlink or a hard link is refused (exit 3, one line) like one on the same path, and
-the first daemon's claims are left alone (README "Stored mail: file modes, encryption,
-daemon names"); the daemon refuses a key file that does not fit its store."""
+the first daemon's claims are left alone (docs/configuration.md "Stored mail: file modes,
+encryption, daemon names"); the daemon refuses a key file that does not fit its store."""
 
 from __future__ import annotations
 

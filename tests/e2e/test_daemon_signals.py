@@ -76,7 +76,7 @@ def test_sighup_keeps_last_good_policies_then_picks_up_the_fixed_folder(
         assert "alerts.toml" in error_lines[0], error_lines
         assert daemon.alive()
 
-        # Intake refuses the broken file's channel and keeps accepting the others (README
+        # Intake refuses the broken file's channel and keeps accepting the others (docs/review.md
         # "Review": one rule in every door).
         refused = rig.cli(
             "submit", "-", stdin=json.dumps(job("hup-refused", channel="alerts")), check=False

@@ -1,5 +1,5 @@
-"""Nothing stalls the daemon (README "Performance and scaling", "Outages and quotas"): the
-daemon as a process, the Gmail emulator behind the fault relay.
+"""Nothing stalls the daemon (docs/performance.md "Performance and scaling", docs/operations.md
+"Outages and quotas"): the daemon as a process, the Gmail emulator behind the fault relay.
 
 * A send that hangs for its whole timeout holds one worker: jobs submitted during the hang
   are all confirmed before it ends, a search that falls due during it runs within about a

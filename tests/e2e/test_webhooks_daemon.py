@@ -1,4 +1,4 @@
-"""Webhooks from the daemon as a process (README "Webhooks"): a receiver on 127.0.0.1
+"""Webhooks from the daemon as a process (docs/http-api.md "Webhooks"): a receiver on 127.0.0.1
 that verifies every signature with the Standard Webhooks reference library, refuses the
 first deliveries, is down for a while; the daemon is killed -9 half-way and restarted. In
 the end every event was delivered at least once, under the same id on every attempt, in

@@ -1,5 +1,5 @@
 """The HTTP API through the real server (uvicorn on loopback, SQLite store): every status
-README "HTTP API" lists, nothing written on any error, the token's name recorded."""
+docs/http-api.md "HTTP API" lists, nothing written on any error, the token's name recorded."""
 
 from __future__ import annotations
 

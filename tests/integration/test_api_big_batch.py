@@ -1,4 +1,4 @@
-"""An 8 MB list of `{}` against the real server (README "HTTP API", "Errors and
+"""An 8 MB list of `{}` against the real server (docs/http-api.md "HTTP API", "Errors and
 statuses"): the 422 lists 100 errors and the total, a few KB instead of one error per
 item (155 MB before), and `/healthz` keeps answering while the body is decoded and
 checked off the event loop."""

@@ -1,7 +1,7 @@
 """Issue 16 over HTTP: a new key with a control, bidi or invisible character is a 422
 naming `key`; a job key stored before that rule is still read; a JSON name given twice is
 a 422 naming its path; a resolve's note that cannot be stored is a 422 naming `note`.
-Nothing is written on any refusal (README "Keys", "HTTP API")."""
+Nothing is written on any refusal (docs/cli.md "Keys", docs/http-api.md "HTTP API")."""
 
 from __future__ import annotations
 

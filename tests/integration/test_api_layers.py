@@ -1,5 +1,5 @@
 """The web libraries stay inside `daemon/api`: the CLI, the engine and the domain never
-import FastAPI, uvicorn, Starlette, prometheus_client or Jinja2 (README "HTTP API")."""
+import FastAPI, uvicorn, Starlette, prometheus_client or Jinja2 (docs/http-api.md "HTTP API")."""
 
 from __future__ import annotations
 

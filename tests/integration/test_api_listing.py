@@ -1,6 +1,6 @@
 """`GET /v1/jobs` through the real server: pages in (updated, key) order, a cursor stable
 under inserts and changes, filters, every bad parameter named in one 422; and the index
-query behind it bounded by an index on SQLite and PostgreSQL (README "HTTP API")."""
+query behind it bounded by an index on SQLite and PostgreSQL (docs/http-api.md "HTTP API")."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def test_listing_answers_only_documented_statuses(
     expected = {None: 401, SUBMITTER: 403, "wrong-token-0123456789": 401}.get(token)
     if any("\x00" in value for value in query.values()):
         # A NUL in the query is refused by the transport guard, before any route or token
-        # (README "Errors and statuses"): it names no job either.
+        # (docs/http-api.md "Errors and statuses"): it names no job either.
         expected = 422
     if expected is not None:
         assert answer.status_code == expected  # before any parameter is looked at

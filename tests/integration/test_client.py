@@ -1,6 +1,6 @@
 """`sendledger.client.Client` against the real server (uvicorn on loopback, SQLite store),
 directly and through the fault relay: each call's answer, one exception class per refusal,
-and the retries the job key makes safe (README "Python client")."""
+and the retries the job key makes safe (docs/http-api.md "Python client")."""
 
 from __future__ import annotations
 

@@ -688,7 +688,7 @@ def test_quota_refusals_are_waited_out_past_max_attempts_then_sent_once(
     """429 proves nothing was sent and the provider is over quota: each refusal waits at
     least its Retry-After, none counts against max_attempts, the circuit opens after three
     (then only its probe is let through), and once Gmail takes the message again it is sent
-    exactly once, never to review (README, "Outages and quotas")."""
+    exactly once, never to review (docs/operations.md, "Outages and quotas")."""
     max_attempts, retry_after = 2, 45.0
     rig = make_rig(
         {"receipts": {"on_unknown": "retry", "max_attempts": max_attempts}},

@@ -1,6 +1,6 @@
 """Gmail with `user = "{from}"` (domain-wide delegation) against the emulator, with the
 real google-api-python-client and google-auth: each job acts as its own From mailbox,
-counted in the emulator's per-user mailboxes (README, "Providers")."""
+counted in the emulator's per-user mailboxes (docs/providers.md, "Providers")."""
 
 from __future__ import annotations
 

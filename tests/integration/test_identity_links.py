@@ -1,8 +1,7 @@
-"""The daemon-name lock is the SQLite store file's, not its path's (README "Stored mail:
-file modes, encryption, daemon names"): a second holder of the same `daemon.name` that
-reaches the file through a symlink or a hard link is refused like one on the same path,
-in another process too, and the lock lives through SQLite's own opening and closing of
-the file."""
+"""The daemon-name lock is the SQLite store file's, not its path's (docs/configuration.md "Stored
+mail: file modes, encryption, daemon names"): a second holder of the same `daemon.name` that reaches
+the file through a symlink or a hard link is refused like one on the same path, in another process
+too, and the lock lives through SQLite's own opening and closing of the file."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Each read the daemon or a command makes through `Ledger` is captured as the SQL the
 recorder actually runs, and the database's plan for it is checked: a search of an index
 bounded by the query's filters, never a scan of the job index. This is what keeps them
-flat as settled jobs pile up (README "Performance and scaling", bench/history.py).
+flat as settled jobs pile up (docs/performance.md "Performance and scaling", bench/history.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`admin purge --key` scrubs the store's files whatever happens to a later key
-(README "Retention"): a purge that fails half-way still leaves no purged text in the
+(docs/configuration.md "Retention"): a purge that fails half-way still leaves no purged text in the
 SQLite file or its WAL."""
 
 from __future__ import annotations

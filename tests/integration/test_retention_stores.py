@@ -1,8 +1,8 @@
-"""Retention on the real stores (README "Retention"): after a purge, the raw SQLite file and
-its WAL, and every row of the PostgreSQL tables, hold none of the purged jobs' addresses,
-subjects, bodies, attachments or headers, with and without `store.encryption_key_file`;
-the jobs still open keep theirs; the trail still answers; a store written by the first
-release is purged just as well.
+"""Retention on the real stores (docs/configuration.md "Retention"): after a purge, the raw SQLite
+file and its WAL, and every row of the PostgreSQL tables, hold none of the purged jobs' addresses,
+subjects, bodies, attachments or headers, with and without `store.encryption_key_file`; the jobs
+still open keep theirs; the trail still answers; a store written by the first release is purged just
+as well.
 """
 
 from __future__ import annotations

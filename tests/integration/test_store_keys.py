@@ -1,8 +1,8 @@
-"""A store remembers how it is encrypted (`ledger.stores.keycheck`, README "Stored mail:
-file modes, encryption, daemon names"): a wrong or missing key, or a key added to a plain
-store, is refused at open naming `store.encryption_key_file`, before anything is written;
-key rotation keeps opening; stores from before key checks are proved on their events and
-then remembered. SQLite and PostgreSQL (`store_url`), and the memory store."""
+"""A store remembers how it is encrypted (`ledger.stores.keycheck`, docs/configuration.md "Stored
+mail: file modes, encryption, daemon names"): a wrong or missing key, or a key added to a plain
+store, is refused at open naming `store.encryption_key_file`, before anything is written; key
+rotation keeps opening; stores from before key checks are proved on their events and then
+remembered. SQLite and PostgreSQL (`store_url`), and the memory store."""
 
 from __future__ import annotations
 

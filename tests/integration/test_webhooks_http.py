@@ -1,4 +1,4 @@
-"""One webhook POST against real sockets on 127.0.0.1 (README "Webhooks"): only a 2xx
+"""One webhook POST against real sockets on 127.0.0.1 (docs/http-api.md "Webhooks"): only a 2xx
 counts, a redirect is not followed, and the attempt ends at its timeout whether the
 receiver never answers or drips its answer a byte at a time."""
 

@@ -1,4 +1,4 @@
-"""The receiver snippets of README "Webhooks", run as printed: the standard-library Python
+"""The receiver snippets of docs/http-api.md "Webhooks", run as printed: the standard-library Python
 one, and the n8n Code node (JavaScript, under Node.js with n8n's `$input`, `$env` and
 `this.helpers` stood in for). Both must accept what the daemon signs and refuse a body
 that was changed."""
@@ -19,12 +19,12 @@ from tests.conftest import IN_CI
 
 from daemon.webhooks.signing import new_secret, signed_headers
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "http-api.md"
 BODY = '{"type":"confirmed","key":"order-1","channel":"receipts","state":"confirmed","reason":null}'
 
 
 def webhooks_blocks(language: str) -> list[str]:
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     section = text.split("\n## Webhooks\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(rf"```{language}\n(.*?)```", section, re.S)
 

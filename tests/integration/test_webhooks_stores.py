@@ -1,4 +1,4 @@
-"""Webhook positions and deliveries on the real stores (SQLite and PostgreSQL; README
+"""Webhook positions and deliveries on the real stores (SQLite and PostgreSQL; docs/http-api.md
 "Webhooks"): a position survives a reopened store, reading the status creates nothing,
 and on PostgreSQL two delivery workers deliver each event at least once and never skip
 one, however the writers' notification ids interleave."""

@@ -1,4 +1,4 @@
-"""The HTTP layer fails cleanly (README "HTTP API", "Errors and statuses"): every error
+"""The HTTP layer fails cleanly (docs/http-api.md "HTTP API", "Errors and statuses"): every error
 is `{"error"}` with a documented status, bodies are decoded off the loop with limits, a
 422 lists at most 100 errors, redirects never use the Host header, HEAD works where GET
 does, every key is addressable, /healthz shows details only with a token, the sign-in

@@ -1,4 +1,4 @@
-"""Least privilege (README "Roles"): the token file's `name:token:ROLES` lines, what is
+"""Least privilege (docs/http-api.md "Roles"): the token file's `name:token:ROLES` lines, what is
 refused at load, the one route -> role table, and, for every route of the OpenAPI
 document and every set of roles, 403 `{"error"}` without the route's role, before
 anything of the request is read or written."""
@@ -235,8 +235,8 @@ def test_the_page_needs_the_review_role(client: TestClient) -> None:
 
 
 def test_the_readme_table_is_the_table() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Roles", 1)[1].split("\n## ", 1)[0]
+    page = Path(__file__).parents[2] / "docs" / "http-api.md"
+    section = page.read_text(encoding="utf-8").split("### Roles", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         cells = [cell.strip().strip("`") for cell in line.strip("|").split("|")]

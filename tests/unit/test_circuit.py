@@ -1,5 +1,5 @@
 """The circuit per provider scope (daemon/engine/circuit.py) and what the engine does with
-it: an outage is waited out, not escalated (README, "Outages and quotas")."""
+it: an outage is waited out, not escalated (docs/operations.md, "Outages and quotas")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Issue 16, "Config and files": every duration and size has an upper bound, URLs and the
-listen address parse, and the files sendledger reads are regular files (README
+listen address parse, and the files sendledger reads are regular files (docs/configuration.md
 "Configuration", bounds and files; "Policies", bounds)."""
 
 from __future__ import annotations

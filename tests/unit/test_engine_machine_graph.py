@@ -2,7 +2,7 @@
 is answered 202 with no id (Unknown: Graph's `send` and `sendMail` name no copy) unless a
 fate is scripted, and the copy is filed late (the index lag, up to past both searches).
 The same invariants hold after every step, and at the end every job settles with the
-copies its policy allows (README "Providers", Microsoft Graph column)."""
+copies its policy allows (docs/providers.md "Providers", Microsoft Graph column)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Graph outcome table (daemon/providers/graph_classify.py; README "Providers",
+"""The Graph outcome table (daemon/providers/graph_classify.py; docs/providers.md "Providers",
 docs/architecture.md "Outcome classification"), row by row, plus its invariants."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Issue 16, "Keys and notes": what a new key, an operator's name and a note may hold
-(README "Keys"), and that a key stored before the rule is still read and shown escaped."""
+(docs/cli.md "Keys"), and that a key stored before the rule is still read and shown escaped."""
 
 from __future__ import annotations
 

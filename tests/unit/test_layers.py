@@ -76,7 +76,7 @@ def test_providers_never_touch_the_store() -> None:
 
 @pytest.mark.parametrize("path", modules("sendledger"), ids=lambda p: p.name)
 def test_the_client_imports_only_the_standard_library(path: Path) -> None:
-    # A door from outside the process (README "Python client"): a user's program imports
+    # A door from outside the process (docs/http-api.md "Python client"): a user's program imports
     # it without the daemon's packages, so nothing of ours and nothing installed.
     import sys
 

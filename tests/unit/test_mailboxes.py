@@ -1,6 +1,6 @@
 """A job's own `from` (allowed by the policy's `allowed_from`), its `thread_id`, and the
-per-mailbox quota gate of the Gmail provider with `user = "{from}"` (README, "Providers",
-"Message fields")."""
+per-mailbox quota gate of the Gmail provider with `user = "{from}"` (docs/providers.md, "Providers",
+docs/cli.md "Message fields")."""
 
 from __future__ import annotations
 

@@ -175,7 +175,7 @@ def test_headers_are_accepted_whole_or_refused_by_name(headers: dict[str, str]) 
 
 
 _atom = st.text(st.sampled_from("abcXYZ019!#$%&'*+/=?^_`{|}~-"), min_size=1, max_size=12)
-# "=?" is refused in a message id (README "Message fields and validation"): it is written as
+# "=?" is refused in a message id (docs/cli.md "Message fields and validation"): it is written as
 # typed, and a reader could take it for an encoded word.
 _message_id = st.builds(lambda a, b, c: f"<{a}.{b}@{c}.example>", _atom, _atom, _atom).filter(
     lambda value: "=?" not in value

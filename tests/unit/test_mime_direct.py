@@ -2,7 +2,7 @@
 library's email package wrote before it (so messages stored and compared before keep
 their bytes); the reference below is that email package code path, kept only here.
 
-Outside the plain case the writer differs on purpose (README "Message fields and
+Outside the plain case the writer differs on purpose (docs/cli.md "Message fields and
 validation"): what is not plain ASCII is written as our own encoded words, never by the
 email package.
 """

@@ -1,4 +1,4 @@
-"""A broken policy file refuses its own channel only (README "Channel policies"):
+"""A broken policy file refuses its own channel only (docs/policies.md "Channel policies"):
 `load_policy_dir_partial`, and the servers' `PolicyWatch` that notices a file change."""
 
 from __future__ import annotations

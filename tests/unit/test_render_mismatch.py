@@ -1,7 +1,7 @@
 """A rendered message that does not say what its job says is never sent: refused at intake
 naming the field, sent to review (`render-mismatch`) before the claim at dispatch; and a
 read-back marks the provider's handle unreliable only for bytes proved to carry our
-Message-ID (README "Message fields and validation", docs/architecture.md "The message")."""
+Message-ID (docs/cli.md "Message fields and validation", docs/architecture.md "The message")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Retention on the memory store: what a purge keeps and what it makes unreadable, which
-jobs it may take, and that a purged job can never be sent again (README "Retention")."""
+jobs it may take, and that a purged job can never be sent again (docs/configuration.md
+"Retention")."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ provider's answers scripted, time passes, and operators check, resolve (resend i
 triage and cancel through the service layer at any moment.
 
 With an index lag shorter than the channels' `search_after`, what a search finds is the
-truth, and then (README "Review"):
+truth, and then (docs/review.md "Review"):
 - a human's decision never makes a second copy: no message is ever stored twice;
 - a cancelled job is never attempted;
 - every human resend follows a search, recorded in the same step, that found nothing;

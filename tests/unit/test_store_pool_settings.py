@@ -1,5 +1,5 @@
 """`[store]` pool_size, max_overflow, lock_timeout: validated, PostgreSQL only, passed to
-eventsourcing's PostgreSQL environment (README "Performance and scaling")."""
+eventsourcing's PostgreSQL environment (docs/performance.md "Performance and scaling")."""
 
 from __future__ import annotations
 

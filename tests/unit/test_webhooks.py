@@ -1,4 +1,4 @@
-"""Webhooks on a memory store with injected time (README "Webhooks"): the signature
+"""Webhooks on a memory store with injected time (docs/http-api.md "Webhooks"): the signature
 against the reference scheme, the payload mapping, and a webhook's position, retries,
 backoff and lease."""
 

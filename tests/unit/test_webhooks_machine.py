@@ -1,4 +1,4 @@
-"""A state machine over webhook delivery (README "Webhooks"): jobs confirmed, a receiver
+"""A state machine over webhook delivery (docs/http-api.md "Webhooks"): jobs confirmed, a receiver
 that is up, down or refusing, two daemons passing, time moving, a daemon killed (its
 deliverer replaced without giving its lease up), an operator's release. After every step
 the events the receiver took, in the order it first saw each, are a prefix of the log's:

@@ -1,7 +1,7 @@
 """Who is calling: API tokens from `api.token_file`, review-page sessions, CSRF tokens.
 
 A token file holds one token a line, optionally `name:token` (every right) or
-`name:token:ROLES` (a comma list of the roles of `Role`: README "Roles"); the name is
+`name:token:ROLES` (a comma list of the roles of `Role`: docs/http-api.md "Roles"); the name is
 recorded as who submitted or resolved. A token is printable ASCII without `:` (what a
 browser's form and an HTTP header carry unchanged), each token once in the file.
 Tokens are compared in constant time. A signed-in browser holds a
@@ -119,7 +119,7 @@ class TokenBook:
                 f"longer than {MAX_NAME_LENGTH} characters" if len(name) > MAX_NAME_LENGTH else None
             )
             if problem:
-                # The name is recorded as who submitted or decided (README "Keys").
+                # The name is recorded as who submitted or decided (docs/cli.md "Keys").
                 raise TokenFileError(f"{where}: the name {problem}")
             roles = parse_roles(parts[2]) if len(parts) == 3 else ALL_ROLES
             if isinstance(roles, str):

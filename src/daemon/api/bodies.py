@@ -1,6 +1,6 @@
 """Request bodies are decoded off the event loop by the strict decoder of job JSON
 (`daemon.job_json`: a name given twice refused, nesting and integer size bounded), for
-every route, so no body can block `/healthz` or answer 500 (README "HTTP API").
+every route, so no body can block `/healthz` or answer 500 (docs/http-api.md "HTTP API").
 
 FastAPI decodes a route's JSON body with `Request.json()`: :class:`StrictJsonRoute` hands
 its routes a request whose `json()` is :func:`decode_body` in a worker thread. A body the

@@ -34,7 +34,7 @@ class ApiContext:
     # may search with; without them, the policies in force and no search.
     intake_policies: Callable[[], ChannelPolicies] | None = None
     providers: ProviderSource | None = None
-    # `[api] trusted_hosts` and `public_url` (README "HTTP API"); sign-in attempts.
+    # `[api] trusted_hosts` and `public_url` (docs/http-api.md "HTTP API"); sign-in attempts.
     trusted_hosts: list[str] = field(default_factory=list)
     public_url: str = ""
     signin_limit: SignInLimit = field(default_factory=SignInLimit)

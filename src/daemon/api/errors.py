@@ -1,5 +1,5 @@
 """The API's error answers: one JSON shape, `{"error": "..."}`, plus per-field errors
-(README "HTTP API", "Errors and statuses").
+(docs/http-api.md "HTTP API", "Errors and statuses").
 
 Whatever a client sends, the answer is one of the documented statuses with that shape:
 Starlette's own answers (unknown route 404, 405) are re-worded, a body that is not JSON
@@ -143,7 +143,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(JobInputError)
     async def _refused_field(request: Request, exc: JobInputError) -> JSONResponse:
         # The domain's refusal of one field, wherever a route passes it on (a resolve's
-        # note or `by`: README "Keys"): 422 naming it, never a 500.
+        # note or `by`: docs/cli.md "Keys"): 422 naming it, never a 500.
         return invalid([FieldProblem(None, exc.field, exc.reason)], sentence=str(exc))
 
     @app.exception_handler(RequestValidationError)

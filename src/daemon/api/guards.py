@@ -1,5 +1,5 @@
 """What every request passes before a route: the Host check (`[api] trusted_hosts`) and
-HEAD answered wherever GET is (README "HTTP API").
+HEAD answered wherever GET is (docs/http-api.md "HTTP API").
 
 Redirects never carry the Host header: the app's own redirects are paths (`/ui/`), and
 slash redirects are off (`redirect_slashes=False`), so a forged Host cannot send a

@@ -1,4 +1,4 @@
-"""`/healthz`: is this process able to do its work? (README "HTTP API").
+"""`/healthz`: is this process able to do its work? (docs/http-api.md "HTTP API").
 
 Checks the store (one index query), the scheduler (age of the last completed tick, in the
 daemon only), the channel policies (loaded, and whether the last reload failed) and each
@@ -61,7 +61,7 @@ def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any
         reasons.append(f"provider {name}: handle unreliable (its Message-IDs were replaced)")
     if sources.circuits is not None:
         # An open circuit is an outage being waited out, not a fault of this process:
-        # shown, but the answer stays 200 (README, "Outages and quotas").
+        # shown, but the answer stays 200 (docs/operations.md, "Outages and quotas").
         checks["circuits"] = {
             c.scope: {
                 "open": True,

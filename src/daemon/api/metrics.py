@@ -1,4 +1,4 @@
-"""Prometheus metrics (README "Metrics"): an engine observer plus gauges read at scrape.
+"""Prometheus metrics (docs/http-api.md "Metrics"): an engine observer plus gauges read at scrape.
 
 Counters move where the engine already counts (`EngineObserver.saved` after each save,
 `tick_done`, `provider_call`); the job and quota gauges are read from the store and the
@@ -73,7 +73,7 @@ class Metrics:
             ["provider", "operation"],
             registry=r,
         )
-        # README "Webhooks": deliveries that got a 2xx, and attempts that did not.
+        # docs/http-api.md "Webhooks": deliveries that got a 2xx, and attempts that did not.
         self.webhook_deliveries = Counter(
             "sendledger_webhook_deliveries",
             "Webhook deliveries answered 2xx",
@@ -195,7 +195,7 @@ class _StoreGauges(Collector):
 
 
 def _webhook_failures(ledger: Ledger) -> GaugeMetricFamily:
-    """README "Webhooks": failed attempts of each webhook's next event (0 once it is
+    """docs/http-api.md "Webhooks": failed attempts of each webhook's next event (0 once it is
     taken): one small read of the position rows."""
     gauge = GaugeMetricFamily(
         "sendledger_webhook_consecutive_failures",

@@ -48,7 +48,7 @@ _FIELD_TYPES: dict[str, tuple[Any, str]] = {
 def _job_in() -> type[BaseModel]:
     fields: dict[str, Any] = {}
     for name in (*REQUIRED_FIELDS, *OPTIONAL_FIELDS):
-        kind, about = _FIELD_TYPES.get(name, (Any, "see README"))
+        kind, about = _FIELD_TYPES.get(name, (Any, "see docs/cli.md"))
         default = ... if name in REQUIRED_FIELDS else None
         fields[name] = (kind, Field(default, description=about))
     model: type[BaseModel] = create_model(
@@ -84,7 +84,8 @@ class JobStatus(BaseModel):
     reason: str | None = None
     send_at: str | None = Field(default=None, description="not sent before this time")
     purged: Purged | None = Field(
-        default=None, description="its content was purged (README 'Retention'): when, by whom"
+        default=None,
+        description="its content was purged (docs/configuration.md 'Retention'): when, by whom",
     )
 
 

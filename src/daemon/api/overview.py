@@ -1,5 +1,5 @@
 """The overview page's chart: sends, unknowns, duplicates and reviews per hour over the
-last day, counted from the event log (README "Review page")."""
+last day, counted from the event log (docs/review.md "Review page")."""
 
 from __future__ import annotations
 

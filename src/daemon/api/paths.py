@@ -1,4 +1,4 @@
-"""Every job key is addressable in a path (README "HTTP API", "Keys in paths").
+"""Every job key is addressable in a path (docs/http-api.md "HTTP API", "Keys in paths").
 
 The rule: a key is one path segment, percent-encoded (`quote(key, safe="")`: `/` as
 `%2F`, `%` as `%25`). The routes that act on a key end in a literal action segment

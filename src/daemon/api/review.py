@@ -1,5 +1,5 @@
 """`/v1/review`: the jobs waiting for a human, a search of the mailbox, a human's
-decision on one, and triage after an outage (README "Review")."""
+decision on one, and triage after an outage (docs/review.md "Review")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which role each route needs: the one table (README "Roles"), and the route class that
+"""Which role each route needs: the one table (docs/http-api.md "Roles"), and the route class that
 holds every `/v1` route to it.
 
 The check runs before anything of the request is read (its body, its parameters): a

@@ -1,4 +1,4 @@
-"""Sign-in attempts limited per client address (README "Review page", "Sign-in").
+"""Sign-in attempts limited per client address (docs/review.md "Review page", "Sign-in").
 
 After `failures` failed sign-ins from one address within `window` seconds, that address is
 answered 429 (with Retry-After) until the oldest of those failures leaves the window; a

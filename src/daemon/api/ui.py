@@ -1,4 +1,4 @@
-"""`/ui/`: the review page (README "Review page").
+"""`/ui/`: the review page (docs/review.md "Review page").
 
 Server-rendered HTML, no JavaScript. Signing in with an API token sets an HttpOnly,
 SameSite=Strict session cookie (Secure over HTTPS or with an https `[api] public_url`);
@@ -252,7 +252,7 @@ def sign_in(
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
     # Per client address (behind a proxy: the proxy's, unless uvicorn is told to trust
-    # its X-Forwarded-For): README "Review page".
+    # its X-Forwarded-For): docs/review.md "Review page".
     address = seen.request.client.host if seen.request.client else "-"
     wait = ctx.signin_limit.wait(address)
     if wait:

@@ -9,8 +9,8 @@ its jobs stay `requested` and none is taken, except one probe at a backoff (doub
 confirmation, a definite refusal, an unknown outcome) closes it. A scope is the provider's
 name, or its name and mailbox where the quota is per mailbox (`Provider.scope`).
 
-In memory: a restarted daemon finds out again within `failures` calls. README, "Outages and
-quotas".
+In memory: a restarted daemon finds out again within `failures` calls. docs/operations.md, "Outages
+and quotas".
 """
 
 from __future__ import annotations

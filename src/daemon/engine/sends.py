@@ -11,7 +11,7 @@ down, holds no worker: the workers serve the other scopes, and a worker whose ca
 holds only itself, until the provider's timeout. A worker that runs out of offered keys
 asks for more itself (`refill`) instead of waiting for the next tick.
 
-README "Performance and scaling" and "Outages and quotas"; ``docs/architecture.md``
+docs/performance.md "Performance and scaling" and "Outages and quotas"; ``docs/architecture.md``
 "Dispatch".
 """
 

@@ -29,7 +29,7 @@ class SendOutcome:
     #: Only for REJECTED and transient: nothing was sent AND the provider (or the mailbox's
     #: quota) is unavailable (connection refused, DNS, connect timeout, TLS handshake, 429
     #: and quota errors, SMTP 421 before DATA). Waited out: it does not count against
-    #: `max_attempts`, and a few in a row open the scope's circuit (README, "Outages and
+    #: `max_attempts`, and a few in a row open the scope's circuit (docs/operations.md, "Outages and
     #: quotas").
     unavailable: bool = False
 
@@ -40,7 +40,7 @@ class SearchHit:
     message_id_header: str
     labels: tuple[str, ...] = field(default_factory=tuple)
     # What a human checking the copy wants to see (as the provider stored them; "" when
-    # the provider did not say): README "Review".
+    # the provider did not say): docs/review.md "Review".
     date: str = ""
     to: str = ""
     subject: str = ""
@@ -121,7 +121,7 @@ class Provider(Protocol):
     def scope(self) -> str:
         """Whose quota and availability this provider's calls spend: its name, or its name
         and mailbox where the quota is per mailbox. The engine keeps one circuit and one
-        queue of due sends per scope (README, "Outages and quotas")."""
+        queue of due sends per scope (docs/operations.md, "Outages and quotas")."""
         ...
 
     def reserve_send(self) -> float:

@@ -4,7 +4,7 @@ Pure functions (no network): the Gmail adapter hands them what it saw - an HTTP 
 headers and body, or the exception that ended the call - and gets a `SendOutcome` or a
 `ProviderError` back. The rule everywhere: "not sent" needs proof; when in doubt, UNKNOWN.
 "Unavailable" is a transient rejection that also says the provider cannot be reached or
-is over its quota: waited out, not counted against `max_attempts` (README, "Outages and
+is over its quota: waited out, not counted against `max_attempts` (docs/operations.md, "Outages and
 quotas").
 
 | what happened                                                   | outcome               |

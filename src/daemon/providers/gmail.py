@@ -82,7 +82,7 @@ class DelegationRequired(ValueError):
 
 
 class CredentialsFileUnreadable(ValueError):
-    """The credentials file is not a readable regular file (README "Bounds, URLs,
+    """The credentials file is not a readable regular file (docs/configuration.md "Bounds, URLs,
     addresses and files")."""
 
 
@@ -213,7 +213,7 @@ class GmailProvider(ProviderBase):
     object (httplib2 is not thread-safe); credentials and the quota buckets are shared.
 
     With `user = "{from}"` (domain-wide delegation) it acts as each job's From mailbox:
-    `for_job` gives the view the engine calls for one job (README, "Providers")."""
+    `for_job` gives the view the engine calls for one job (docs/providers.md, "Providers")."""
 
     response_ids_readable = True
 
@@ -509,7 +509,7 @@ class GmailProvider(ProviderBase):
             userId=mailbox.user,
             id=provider_message_id,
             format="metadata",
-            # Date, To and Subject are what a human checking a copy looks at (README
+            # Date, To and Subject are what a human checking a copy looks at (docs/review.md
             # "Review"); the same request, so no extra quota.
             metadataHeaders=["Message-ID", "Date", "To", "Subject"],
         )

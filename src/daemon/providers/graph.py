@@ -1,7 +1,7 @@
 """The Microsoft Graph provider: raw MIME created as a draft, then sent; reconciled by the
 draft's immutable id and by `$filter=internetMessageId eq '...'` on Sent Items.
 
-README "Microsoft Graph setup" says what to register; "Outcome classification" in
+docs/providers.md "Microsoft Graph setup" says what to register; "Outcome classification" in
 docs/architecture.md (and `graph_classify.py`) what each answer means. Why two steps and
 not `sendMail`: `sendMail` answers 202 with no id at all, so a lost answer leaves only the
 search; a draft has an immutable id (`Prefer: IdType="ImmutableId"`) from before anything
@@ -216,7 +216,7 @@ class GraphProvider(ProviderBase):
 
     With `user = "{from}"` it acts as each job's From mailbox (application permissions
     reach every mailbox the application access policy allows): `for_job` gives the view
-    the engine calls for one job (README "Providers")."""
+    the engine calls for one job (docs/providers.md "Providers")."""
 
     response_ids_readable = True
 

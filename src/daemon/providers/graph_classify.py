@@ -89,7 +89,7 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 def classify_token_failure(exc: TokenError) -> SendOutcome:
     # A token endpoint that cannot be reached or asks us to wait: unavailable, waited out
-    # behind the circuit (README "Outages and quotas"); a refused credential is not.
+    # behind the circuit (docs/operations.md "Outages and quotas"); a refused credential is not.
     return SendOutcome(
         SendKind.REJECTED,
         f"{exc.reason}; not sent",
@@ -106,7 +106,7 @@ def classify_create_exception(exc: BaseException) -> SendOutcome:
         SendKind.REJECTED,
         f"create draft failed, not sent: {detail}",
         transient=True,
-        # No connection made: the provider is unavailable (README "Outages and quotas").
+        # No connection made: the provider is unavailable (docs/operations.md "Outages and quotas").
         unavailable=isinstance(exc, NotSentError),
     )
 

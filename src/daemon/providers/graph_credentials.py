@@ -1,5 +1,5 @@
 """Reading a Graph application's credential: a client secret or a certificate
-(README "Microsoft Graph setup")."""
+(docs/providers.md "Microsoft Graph setup")."""
 
 from __future__ import annotations
 

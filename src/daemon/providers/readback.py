@@ -2,7 +2,7 @@
 
 The engine reads back every one of a provider's first `readback_first` confirmed sends after
 the daemon starts, then a `readback_rate` share of the rest (daemon/engine/health.py); a
-provider's settings may change both (README, "Performance and scaling").
+provider's settings may change both (docs/performance.md, "Performance and scaling").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Outcome classification of one SMTP submission ("Outcome classification" in
-docs/architecture.md, the SMTP rows in the README's "Providers" section).
+docs/architecture.md, the SMTP rows in the docs/providers.md's "Providers" section).
 
 Pure: the provider records how far the dialogue got (`Stage`) and the reply it ended on
 (a code and text, or none when the connection failed or timed out), and this module says

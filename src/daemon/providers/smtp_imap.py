@@ -1,5 +1,5 @@
 """The SMTP + IMAP provider: submission with smtplib, reconciliation by IMAP search of the
-sent folder (README "Providers"; "Adding a provider" in docs/architecture.md).
+sent folder (docs/providers.md "Providers"; "Adding a provider" in docs/architecture.md).
 
 * One SMTP dialogue per send, driven step by step (EHLO, STARTTLS, AUTH, MAIL, RCPT, DATA,
   the content, the final `.`) so the classification knows exactly where it ended
@@ -334,7 +334,7 @@ def _message_ids(client: Any, uids: list[int]) -> dict[int, str | None]:
     return result
 
 
-#: What a human checking a copy sees of it (README "Review"), with the Message-ID.
+#: What a human checking a copy sees of it (docs/review.md "Review"), with the Message-ID.
 _SHOWN_FIELDS = ("MESSAGE-ID", "DATE", "TO", "SUBJECT")
 
 

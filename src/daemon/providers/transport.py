@@ -19,7 +19,7 @@ For `users.messages.send` either repeat is a second email. So `SingleShotHttp` r
    outcome unknown: `ResponseLostError`.
 
 Keep-alive connections are reused (a fresh TCP + TLS handshake per call was the largest
-cost of a send over HTTPS; see README "Performance and scaling"), and reuse changes no
+cost of a send over HTTPS; see docs/performance.md "Performance and scaling"), and reuse changes no
 outcome rule: a request written on a reused connection that dies unanswered is a
 `ResponseLostError` like any other - an Unknown, reconciled by searching for the
 Message-ID - and is never written again. What reuse costs is that a connection the server

@@ -1,5 +1,5 @@
 """Webhooks: the outcomes of jobs POSTed to the programs that asked, from the event log
-(README "Webhooks", docs/architecture.md "Webhooks").
+(docs/http-api.md "Webhooks", docs/architecture.md "Webhooks").
 
 - `events`: which job events a webhook hears, by one table;
 - `signing`: the Standard Webhooks signature and the `whsec_` secret;

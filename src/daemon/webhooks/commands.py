@@ -1,4 +1,4 @@
-"""`sendledger webhooks status|skip|new-secret` (README "Webhooks")."""
+"""`sendledger webhooks status|skip|new-secret` (docs/http-api.md "Webhooks")."""
 
 from __future__ import annotations
 

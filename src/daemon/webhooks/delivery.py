@@ -1,4 +1,4 @@
-"""One webhook delivery: an HTTP POST with the standard library (README "Webhooks").
+"""One webhook delivery: an HTTP POST with the standard library (docs/http-api.md "Webhooks").
 
 No redirect is followed (a 3xx is a failure: a receiver that moved says so in its
 config, and a redirect must not carry a signed payload elsewhere), no proxy from the

@@ -1,4 +1,4 @@
-"""Which job events a webhook hears, and what it is sent for each (README "Webhooks").
+"""Which job events a webhook hears, and what it is sent for each (docs/http-api.md "Webhooks").
 
 `WEBHOOK_EVENTS` is the one table from job events to webhook types: a new kind of
 outcome is one line here (and its name in `WebhookType`).

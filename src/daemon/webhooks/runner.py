@@ -1,5 +1,5 @@
 """The webhook deliveries inside `sendledger run`: one thread per webhook, beside the
-scheduler's tick and never on its thread (README "Webhooks").
+scheduler's tick and never on its thread (docs/http-api.md "Webhooks").
 
 A thread per webhook, so that a receiver that hangs until its timeout delays only its
 own deliveries. Each thread passes over its webhook, and waits `poll` seconds whenever

@@ -1,4 +1,4 @@
-"""The Standard Webhooks signature (https://www.standardwebhooks.com, README "Webhooks").
+"""The Standard Webhooks signature (https://www.standardwebhooks.com, docs/http-api.md "Webhooks").
 
 Signed with the `standardwebhooks` package, the specification's own reference library,
 so that a receiver verifying with it (or with any library that follows it) agrees with

@@ -1,4 +1,4 @@
-"""Where each webhook stands (`sendledger webhooks status`, README "Webhooks"): its
+"""Where each webhook stands (`sendledger webhooks status`, docs/http-api.md "Webhooks"): its
 position, how far behind the log it is, and its last error. Read only: a store without
 the position table shows every configured webhook at the beginning."""
 

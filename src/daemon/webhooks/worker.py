@@ -1,4 +1,4 @@
-"""One webhook's deliveries, from its position in the event log (README "Webhooks",
+"""One webhook's deliveries, from its position in the event log (docs/http-api.md "Webhooks",
 docs/architecture.md "Webhooks").
 
 A pass takes the webhook's lease, reads the events after its position up to the log's

@@ -3,7 +3,7 @@
 eventsourcing encrypts each event's state with one key (`CIPHER_KEY`). Keys must be
 rotatable without rewriting an append-only history, so `KeyRingCipher` reads a list: the
 first key encrypts what is written from now on, every key is tried when reading. The
-rotation procedure is in README ("Encryption at rest").
+rotation procedure is in docs/configuration.md ("Encryption at rest").
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from eventsourcing.utils import Environment, get_topic
 
 #: Separates the keys of the ring in the `CIPHER_KEY` environment value.
 KEY_SEPARATOR = " "
-#: AES-256 (README "Encryption at rest"): the library would take 16 or 24 bytes too.
+#: AES-256 (docs/configuration.md "Encryption at rest"): the library would take 16 or 24 bytes too.
 KEY_BYTES = 32
 
 

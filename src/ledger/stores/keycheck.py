@@ -17,7 +17,8 @@ old key leaves the ring. A store written by an earlier release has no rows: its 
 open proves the configuration right on a sample of its stored events (first, last and
 spread between) and then writes the `store` row; a store with no events simply gets it.
 Two processes creating a store at once insert the same `store` row id: one wins, and the
-other is judged against it. README "Stored mail: file modes, encryption, daemon names".
+other is judged against it. docs/configuration.md "Stored mail: file modes, encryption, daemon
+names".
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ change how sendledger writes its store, and what it wrote no other process could
 sendledger configures eventsourcing from its own settings only (`Ledger.construct_env`
 passes the backend's and the cipher's values, nothing from `os.environ`), and refuses to
 open a store while one of these names is set, naming it: a variable silently ignored
-would leave its author believing it applied. README "Stored mail: file modes,
+would leave its author believing it applied. docs/configuration.md "Stored mail: file modes,
 encryption, daemon names".
 """
 
@@ -63,7 +63,7 @@ LIBRARY_VARIABLES = frozenset(
     }
 )
 #: Read by sendledger itself and passed on explicitly (`PostgresBackend.env`): it picks
-#: one of two insert paths that write the same rows (README "How it works").
+#: one of two insert paths that write the same rows (docs/how-it-works.md "How it works").
 READ_BY_SENDLEDGER = frozenset({"POSTGRES_ENABLE_DB_FUNCTIONS"})
 #: eventsourcing also looks each name up prefixed with the application's name first.
 APPLICATION_PREFIX = "SENDLEDGER_"

@@ -1,5 +1,5 @@
 """Where each webhook has got to in the event log: one row per webhook beside the events
-(README "Webhooks", docs/architecture.md "Webhooks").
+(docs/http-api.md "Webhooks", docs/architecture.md "Webhooks").
 
 A row says: every notification id up to `position` is handled for this webhook (delivered,
 or not one of its events); the next event is retried no sooner than `next_at` after
@@ -14,7 +14,7 @@ below the highest visible one is committed or gone for good. PostgreSQL hands ou
 from a sequence to concurrent transactions (sendledger's insert function takes no table
 lock), so id 11 can be visible while 10 is still being written: a gap below the highest
 id is waited out with a SHARE lock on the events table, which is granted once every
-transaction that was inserting has ended (README "Webhooks" says what that costs).
+transaction that was inserting has ended (docs/http-api.md "Webhooks" says what that costs).
 
 Creating the table is left to the first daemon that has a webhook (`ensure`), so stores
 without webhooks never carry it and opening a store runs no new DDL.

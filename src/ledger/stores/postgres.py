@@ -266,8 +266,8 @@ def _add_missing_indexes(conn: psycopg.Connection[Any], store: PostgresStore) ->
 
 def vacuum(store: PostgresStore) -> bool:
     """VACUUM the events and index tables after a purge, so that the row versions it
-    replaced are pruned from the tables (README "Retention" says what this does and does
-    not erase). True when it ran."""
+    replaced are pruned from the tables (docs/configuration.md "Retention" says what this does and
+    does not erase). True when it ran."""
     quoted = store.schema.replace('"', '""')
     tables = ", ".join(f'"{quoted}".{name}' for name in (EVENTS_TABLE, INDEX_TABLE))
     try:
@@ -283,7 +283,7 @@ class AdvisoryIdentityLock:
 
     A database restart ends the session and the lock with it. `check` (before every
     tick) notices and takes the name again; when another process took it meanwhile it
-    raises IdentityTaken and the daemon stops (README "Performance and scaling")."""
+    raises IdentityTaken and the daemon stops (docs/performance.md "Performance and scaling")."""
 
     def __init__(self, store: PostgresStore, name: str) -> None:
         digest = hashlib.sha256(f"sendledger:{store.schema}:{name}".encode()).digest()
@@ -358,9 +358,9 @@ class PostgresBackend:
             "POSTGRES_POOL_SIZE": str(spec.pool_size),
             "POSTGRES_MAX_OVERFLOW": str(spec.max_overflow),
             "POSTGRES_LOCK_TIMEOUT": str(spec.lock_timeout),
-            # On unless the environment says otherwise (README "Performance and scaling"):
-            # the library's insert function takes no EXCLUSIVE lock on the events table, so
-            # writers of different jobs, in one daemon or several, no longer queue for it.
+            # On unless the environment says otherwise (docs/performance.md "Performance and
+            # scaling"): the library's insert function takes no EXCLUSIVE lock on the events table,
+            # so writers of different jobs, in one daemon or several, no longer queue for it.
             DB_FUNCTIONS: os.environ.get(DB_FUNCTIONS) or "y",
             "POSTGRES_CONNECT_TIMEOUT": "10",
             "APPLICATION_RECORDER_TOPIC": get_topic(PostgresJobIndexRecorder),

@@ -30,7 +30,7 @@ class SqliteStore:
 
 #: A daemon's threads hold a connection only while they read or write the store, never
 #: across a provider call: its `concurrency` send threads and the tick thread fit in five,
-#: overflow covers the HTTP API and the status line (README "Performance and scaling").
+#: overflow covers the HTTP API and the status line (docs/performance.md "Performance and scaling").
 DEFAULT_POOL_SIZE = 5
 DEFAULT_MAX_OVERFLOW = 5
 #: Seconds a write waits for the events table's lock before it fails and is tried again.
