@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from daemon.providers.base import ProviderError, SendOutcome
+from daemon.providers.base import Provider, ProviderError, SendOutcome
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class DraftRefused(ProviderError):
     limit): nothing exists, and asking again the same way will not help."""
 
 
+@runtime_checkable
 class DraftsProvider(Protocol):
     """What `send_via = "drafts"` asks of a provider, besides the provider port."""
 
@@ -72,3 +73,8 @@ class DraftsProvider(Protocol):
     def delete_draft(self, draft_id: str) -> bool:
         """Delete an unsent draft; False when it was already gone."""
         ...
+
+
+def drafts_of(provider: Provider) -> DraftsProvider | None:
+    """The provider's drafts calls when it has them (Gmail), else None."""
+    return provider if isinstance(provider, DraftsProvider) else None
