@@ -52,6 +52,8 @@ class ConfirmedVia(StrEnum):
     RESPONSE = "response"
     SEARCH = "search"
     OPERATOR = "operator"
+    # The job's draft was consumed and its message is SENT (README "Gmail setup").
+    DRAFT = "draft"
 
 
 @dataclass(frozen=True)
