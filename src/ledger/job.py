@@ -239,6 +239,22 @@ class SendJob(Aggregate):
             job.searches = 0
             job.misses = 0
 
+    class DraftGone(Event):
+        """The job's draft is gone and no SENT message has its id (someone deleted one of
+        them): the draft is forgotten (a resend makes a new one) and the Message-ID search
+        decides, or a human."""
+
+        TOPIC = "sendledger:SendJob.DraftGone"
+        draft_id: str
+        search_due_at: datetime | None  # None: review
+        policy: str
+        fingerprint: str
+
+        def apply(self, job: Any) -> None:
+            job.draft_id = None
+            job.draft_message_id = None
+            job.due_at = self.search_due_at
+
     class Unknown(Event):
         TOPIC = "sendledger:SendJob.Unknown"
         attempt: int
@@ -482,6 +498,25 @@ class SendJob(Aggregate):
         )
         if isinstance(decision, decide.Review):
             self._escalate(decision, f"draft {self.draft_id} still unsent", at)
+
+    def record_draft_gone(self, *, decision: decide.AfterUnknown, at: datetime) -> None:
+        """The job's draft is gone and its message is not SENT: the Message-ID search at
+        the decision's time, or review."""
+        self._require("DraftGone", JobState.UNKNOWN)
+        self._require_decision("DraftGone", decision, decide.SearchAt, decide.Review)
+        if self.draft_id is None:
+            raise self._refuse("DraftGone", "no draft is recorded")
+        draft_id = self.draft_id
+        search_at = decision.at if isinstance(decision, decide.SearchAt) else None
+        self.trigger_event(
+            self.DraftGone,
+            timestamp=at,
+            draft_id=draft_id,
+            search_due_at=search_at,
+            **decision.policy.event_fields(),
+        )
+        if isinstance(decision, decide.Review):
+            self._escalate(decision, f"draft {draft_id} gone and no sent copy has its id", at)
 
     def record_response(
         self, *, provider_message_id: str, decision: decide.Confirm, at: datetime

@@ -32,7 +32,7 @@ def claimed(clock: FakeClock) -> SendJob:
     return job
 
 
-@pytest.mark.parametrize("cls", [SendJob.DraftCreated, SendJob.DraftPending])
+@pytest.mark.parametrize("cls", [SendJob.DraftCreated, SendJob.DraftPending, SendJob.DraftGone])
 def test_draft_events_have_explicit_topics(cls: type[SendJob.Event]) -> None:
     assert f"sendledger:SendJob.{cls.__name__}" == cls.TOPIC
     assert resolve_topic(get_topic(cls)) is cls
@@ -117,3 +117,24 @@ def test_a_stored_job_from_before_drafts_loads_without_a_draft(clock: FakeClock)
         loaded = MAPPER.to_domain_event(item).mutate(loaded)  # type: ignore[attr-defined]
     assert isinstance(loaded, SendJob)
     assert (loaded.draft_id, loaded.draft_message_id) == (None, None)
+
+
+def test_a_gone_draft_is_forgotten_and_the_search_decides(clock: FakeClock) -> None:
+    job = claimed(clock)
+    unknown_at = clock.now
+    job.record_unknown(reason="reply lost", decision=SearchAt(POLICY, clock.now), at=clock.now)
+    later = unknown_at + timedelta(minutes=5)
+    job.record_draft_gone(decision=SearchAt(POLICY, later), at=clock.now)
+    assert (job.state, job.due_at, job.draft_id) == (JobState.UNKNOWN, later, None)
+    assert_reloads(job)
+
+
+def test_a_gone_draft_on_a_review_channel_goes_to_review(clock: FakeClock) -> None:
+    job = claimed(clock)
+    job.record_unknown(reason="reply lost", decision=SearchAt(POLICY, clock.now), at=clock.now)
+    job.record_draft_gone(decision=Review(POLICY, EscalationReason.UNKNOWN_OUTCOME), at=clock.now)
+    assert job.state is JobState.REVIEW
+    escalated = job.pending_events[-1]
+    assert isinstance(escalated, SendJob.Escalated) and DRAFT in escalated.detail
+    with pytest.raises(TransitionError):
+        claimed(clock).record_draft_gone(decision=SearchAt(POLICY, clock.now), at=clock.now)
