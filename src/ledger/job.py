@@ -470,7 +470,7 @@ class SendJob(Aggregate):
     ) -> None:
         """The job's draft is consumed and its message is SENT: one copy, whatever became of
         the attempt's answer and whether the provider kept our Message-ID."""
-        self._require("Confirmed", JobState.ATTEMPTED, JobState.UNKNOWN)
+        self._require("Confirmed", JobState.REQUESTED, JobState.ATTEMPTED, JobState.UNKNOWN)
         self._require_decision("Confirmed", decision, decide.Confirm)
         if self.draft_id is None:
             raise self._refuse("Confirmed", "no draft is recorded")
