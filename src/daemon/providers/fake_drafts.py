@@ -41,6 +41,10 @@ class FakeDraftsProvider(FakeProvider):
         self._draft_ids = itertools.count(1)
         self._failing_creates = 0
         self._failing_checks = 0
+        self._crash_on_create = 0
+        # Every draft ever made -> its Message-ID (kept after the draft is consumed), so
+        # every drafts.send call counts against its job, a 404 included (invariant 1).
+        self._made: dict[str, str] = {}
 
     # -- scripting ----------------------------------------------------------------------
 
@@ -51,6 +55,12 @@ class FakeDraftsProvider(FakeProvider):
     def fail_checks(self, count: int) -> None:
         with self._lock:
             self._failing_checks += count
+
+    def crash_on_create(self, count: int = 1) -> None:
+        """The next creates store their draft, then the caller dies before it hears the
+        answer (a crash between create and the save that would record it)."""
+        with self._lock:
+            self._crash_on_create += count
 
     def delete_by_person(self, draft_id: str) -> None:
         """Someone deletes the draft in the mailbox (the GONE case)."""
@@ -68,17 +78,23 @@ class FakeDraftsProvider(FakeProvider):
             self.drafts_created += 1
             draft = Draft(f"r{next(self._draft_ids):06d}", f"fake-{next(self._ids):06d}")
             self.drafts[draft.draft_id] = (message_id, draft.provider_message_id)
+            self._made[draft.draft_id] = message_id
+            crash = self._crash_on_create > 0
+            if crash:
+                self._crash_on_create -= 1
+        if crash:
+            raise SimulatedCrash(f"crashed after creating draft {draft.draft_id}")
         return draft
 
     def send_draft(self, draft: Draft) -> SendOutcome:
         with self._lock:
             self.draft_sends += 1
+            self.sends += 1
+            self.sends_by_message_id[self._made.get(draft.draft_id, "")] += 1
             held = self.drafts.get(draft.draft_id)
             if held is None:
                 return SendOutcome(SendKind.UNKNOWN, f"draft {draft.draft_id} is gone", status=404)
             message_id, provider_id = held
-            self.sends += 1
-            self.sends_by_message_id[message_id] += 1
             fate = self._script.popleft() if self._script else Scripted.confirmed()
             if fate.stored:
                 del self.drafts[draft.draft_id]
