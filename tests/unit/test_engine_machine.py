@@ -210,8 +210,8 @@ def check_history(job: SendJob, events: list[Any], *, sends: int) -> None:
             if event.decision == Resolution.RESEND:
                 assert not after_duplicate
                 resend_allowed = True
-        elif isinstance(event, SendJob.Rejected):
-            resend_allowed = True  # not sent: trying again is safe
+        elif isinstance(event, SendJob.Rejected | SendJob.DraftPending):
+            resend_allowed = True  # not sent (the draft is still there): trying again is safe
         elif isinstance(event, SendJob.Attempted):
             assert resend_allowed, (job.key, "an attempt after an unknown without a resend")
             # Invariant 4: nothing is ever sent again after a duplicate.

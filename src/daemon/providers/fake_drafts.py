@@ -45,6 +45,7 @@ class FakeDraftsProvider(FakeProvider):
         # Every draft ever made -> its Message-ID (kept after the draft is consumed), so
         # every drafts.send call counts against its job, a 404 included (invariant 1).
         self._made: dict[str, str] = {}
+        self._originals: dict[str, str] = {}  # copy's provider id -> the Message-ID we gave
 
     # -- scripting ----------------------------------------------------------------------
 
@@ -61,6 +62,16 @@ class FakeDraftsProvider(FakeProvider):
         answer (a crash between create and the save that would record it)."""
         with self._lock:
             self._crash_on_create += count
+
+    def copies_of(self, message_id: str) -> int:
+        """Copies sent for `message_id`, counted by the Message-ID we gave (a replaced one
+        too), as the e2e tests count by the job's subject."""
+        with self._lock:
+            return sum(
+                1
+                for copy in self.copies
+                if self._originals.get(copy.provider_message_id, copy.message_id) == message_id
+            )
 
     def delete_by_person(self, draft_id: str) -> None:
         """Someone deletes the draft in the mailbox (the GONE case)."""
@@ -102,6 +113,7 @@ class FakeDraftsProvider(FakeProvider):
                     f"<replaced-{provider_id}@fake>" if self.replaces_message_id else message_id
                 )
                 self.copies.append(Copy(provider_id, stored, self.clock()))
+                self._originals[provider_id] = message_id
         if fate.crashes:
             raise SimulatedCrash(f"crashed while sending draft {draft.draft_id}")
         outcome = fate.outcome
