@@ -22,7 +22,7 @@ import logging
 from datetime import datetime
 
 from daemon.providers.base import Provider, ProviderError
-from daemon.providers.drafts import Draft, DraftsProvider, DraftStatus, drafts_of
+from daemon.providers.drafts import Draft, DraftCheck, DraftsProvider, DraftStatus, drafts_of
 from ledger.decisions import AfterUnknown
 from ledger.job import SendJob
 from policies import decisions
@@ -81,6 +81,48 @@ def unknown_decision(
     return decisions.after_unknown(policy, now=now, handle_reliable=handle_reliable)
 
 
+def ask_draft(job: SendJob, drafts: DraftsProvider) -> DraftCheck | None:
+    """The job's recorded draft's answer; None when the provider could not say."""
+    draft = recorded_draft(job)
+    assert draft is not None, "ask_draft needs a recorded draft"
+    try:
+        return drafts.check_draft(draft)
+    except ProviderError as exc:
+        log.warning("job %s: draft check failed (%s)", job.key, exc.reason)
+        return None
+
+
+def record_draft_check(
+    job: SendJob,
+    check: DraftCheck,
+    policy: ChannelPolicy,
+    *,
+    now: datetime,
+    unknown_at: datetime,
+    handle_reliable: bool,
+) -> None:
+    """What the draft answered, as events on the job in memory (the caller saves)."""
+    draft = recorded_draft(job)
+    assert draft is not None, "record_draft_check needs a recorded draft"
+    if check.status is DraftStatus.SENT:
+        confirm_recorded(job, policy, draft, now)
+    elif check.status is DraftStatus.PENDING:
+        job.record_draft_pending(
+            decision=decisions.after_draft_pending(
+                policy, attempts_made=job.round_attempts, now=now
+            ),
+            at=now,
+        )
+    else:
+        # The search waits out the index lag counted from the unknown outcome.
+        job.record_draft_gone(
+            decision=decisions.after_unknown(
+                policy, now=unknown_at, handle_reliable=handle_reliable
+            ),
+            at=now,
+        )
+
+
 def settle_by_draft(
     job: SendJob,
     drafts: DraftsProvider,
@@ -92,34 +134,12 @@ def settle_by_draft(
 ) -> bool:
     """Ask the job's draft and record what it answers (in memory; the caller saves).
     False when the check failed: nothing recorded, the job stays as it was."""
-    draft = recorded_draft(job)
-    assert draft is not None, "settle_by_draft needs a recorded draft"
-    try:
-        check = drafts.check_draft(draft)
-    except ProviderError as exc:
-        log.warning("job %s: draft check failed (%s)", job.key, exc.reason)
+    check = ask_draft(job, drafts)
+    if check is None:
         return False
-    if check.status is DraftStatus.SENT:
-        job.record_draft_sent(
-            provider_message_id=draft.provider_message_id,
-            decision=decisions.after_response(policy, resent=job.resent, now=now),
-            at=now,
-        )
-    elif check.status is DraftStatus.PENDING:
-        job.record_draft_pending(
-            decision=decisions.after_draft_pending(
-                policy, attempts_made=job.round_attempts, now=now
-            ),
-            at=now,
-        )
-    else:
-        job.record_draft_gone(
-            # The search waits out the index lag counted from the unknown outcome.
-            decision=decisions.after_unknown(
-                policy, now=unknown_at, handle_reliable=handle_reliable
-            ),
-            at=now,
-        )
+    record_draft_check(
+        job, check, policy, now=now, unknown_at=unknown_at, handle_reliable=handle_reliable
+    )
     return True
 
 
