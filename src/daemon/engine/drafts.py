@@ -14,6 +14,9 @@ sends it again or reviews); gone and its message SENT -> Confirmed via draft; go
 SENT message -> DraftGone: the Message-ID search after `search_after` when the handle is
 reliable, else review. A check that fails is no information: the job stays unknown with
 the check due, and the sweep asks again.
+
+Not yet called by the dispatch and sweep steps: they are being rewritten (worker pools,
+one function per job), and the calls go into that structure once it is in place.
 """
 
 from __future__ import annotations
