@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,6 @@ from intake import available_backends
 
 from daemon.bootstrap import bootstrap
 from daemon.engine import Engine
-from daemon.engine import dispatch as dispatch_module
 from daemon.providers.gmail import GmailProvider, build_gmail_service, load_credentials
 from daemon.settings import settings_from_dict
 from ledger.application import Ledger
@@ -256,23 +254,13 @@ class Variant:
     readback_first: int = 10
     readback_rate: float = 0.01
     fingerprint_cache: bool = True
-    direct_mime: bool = True  # False: every message built by the email package
-    waves: bool = True  # False: each job's claim and outcome saved in its own transaction
+    group_commit: bool = True  # False: every save its own transaction
 
 
-def one_job_at_a_time(engine: Engine) -> None:
-    """Dispatch as before the waves: each worker loads, claims, saves, sends, records and
-    saves one job on its own."""
+def one_commit_per_save(engine: Engine) -> None:
+    """Saves as before the group commit: each claim and each outcome its own transaction."""
     runner: Any = engine._runner
-    dispatch: Any = engine._dispatch
-    pool: Any = engine._pool
-
-    def run(rows: list[Any], counter: Any) -> None:
-        for future in [pool.submit(runner.run, dispatch, row.key, counter) for row in rows]:
-            future.result()
-
-    waves: Any = engine._waves
-    waves.run = run
+    runner._commit = None  # Work.save then calls Ledger.save_job itself
 
 
 def daemon_run(
@@ -325,15 +313,12 @@ def daemon_run(
     )
     if hook is not None:
         hook(service.engine)
-    if not variant.waves:
-        one_job_at_a_time(service.engine)
+    if not variant.group_commit:
+        one_commit_per_save(service.engine)
     confirmed = ticks = 0
     cached = policy_model._fingerprint
     if not variant.fingerprint_cache:
         policy_model._fingerprint = cached.__wrapped__  # type: ignore[assignment]
-    builder = dispatch_module.build_message
-    if not variant.direct_mime:
-        dispatch_module.build_message = partial(builder, direct=False)  # type: ignore[assignment]
     try:
         wall, cpu = time.perf_counter(), time.process_time()
         progress = time.monotonic()
@@ -349,7 +334,6 @@ def daemon_run(
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     finally:
         policy_model._fingerprint = cached
-        dispatch_module.build_message = builder  # type: ignore[assignment]
         service.close()
         ledger.close()
     counts = emulator.call("copies", message_ids)
@@ -430,9 +414,8 @@ def measure_cpu(
 
 
 def batch_for(concurrency: int) -> int:
-    """About 200 due jobs a tick, in whole waves: a tick waits for its last call, so a
-    last wave of 8 calls on 64 threads would leave 56 idle for one call's time."""
-    return concurrency * max(1, round(200 / concurrency))
+    """About 200 due jobs read at a time, and never fewer than the workers."""
+    return max(200, concurrency * 2)
 
 
 def measure_latency(
@@ -494,9 +477,7 @@ VARIANTS = {
     "no-fingerprint-cache": Variant("fingerprint per decision", fingerprint_cache=False),
     "no-reuse": Variant("no connection reuse", False),
     "readback-all": Variant("read back every send", True, 1, 1.0),
-    "email-package-mime": Variant("MIME by the email package", direct_mime=False),
-    "no-waves": Variant("one save per claim/outcome", waves=False),
-    "before-pipeline": Variant("both of the above", direct_mime=False, waves=False),
+    "no-group-commit": Variant("one commit per save", group_commit=False),
 }
 
 

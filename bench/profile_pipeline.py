@@ -106,28 +106,33 @@ def main(argv: list[str] | None = None) -> int:
     def split(engine: Engine) -> None:
         ledger: Any = engine.ledger
         ledger.get_job = breakdown.wrap("load the job (get_job)", ledger.get_job)
-        ledger.get_jobs = breakdown.wrap("load a wave (get_jobs)", ledger.get_jobs)
+        ledger.get_jobs = breakdown.wrap("load a batch (get_jobs)", ledger.get_jobs)
         ledger.save_job = breakdown.wrap("save events + index (save_job)", ledger.save_job)
-        ledger.save_jobs = breakdown.wrap("save a wave (save_jobs)", ledger.save_jobs)
+        ledger.save_jobs = breakdown.wrap("save a group (save_jobs)", ledger.save_jobs)
         ledger.due = breakdown.wrap("read due jobs (due)", ledger.due)
         provider: Any = engine.providers["gmail"]
         provider.send_raw = breakdown.wrap("provider send_raw", provider.send_raw)
         provider.read_message_id = breakdown.wrap("provider read-back", provider.read_message_id)
         runner: Any = engine._runner
         runner.run = breakdown.wrap("whole step (runner.run)", runner.run)
-        waves: Any = engine._waves
-        waves.run = breakdown.wrap("dispatch waves, tick thread (run)", waves.run)
-        dispatch.render = breakdown.wrap("render MIME (dispatch.render)", dispatch.render)
+        one: Any = engine._dispatch
+        one.dispatch = breakdown.wrap("one job, claim to saved outcome (dispatch)", one.dispatch)
+        sends: Any = engine._sends
+        sends._load = breakdown.wrap("load and queue due jobs (send workers)", sends._load)
+        dispatch.render_checked = breakdown.wrap(
+            "render + prove MIME (dispatch.render_checked)", dispatch.render_checked
+        )
 
     def instrument(engine: Engine) -> None:
         runner: Any = engine._runner
         runner.run = profiles.wrap(runner.run)
-        # Dispatch runs in waves: the tick's thread claims and saves, workers load and send
-        # (the tick thread's waits for its workers show as lock acquires).
+        # Each send worker loads a batch of due jobs, then runs one job from its claim to
+        # its saved outcome (a wait for a group commit shows as a lock acquire).
         runner.load = profiles.wrap(runner.load)
-        waves: Any = engine._waves
-        waves.run = profiles.wrap(waves.run)
-        waves._send = profiles.wrap(waves._send)
+        one: Any = engine._dispatch
+        one.dispatch = profiles.wrap(one.dispatch)
+        sends: Any = engine._sends
+        sends._load = profiles.wrap(sends._load)
         ledger: Any = engine.ledger
         ledger.due = profiles.wrap(ledger.due)
 

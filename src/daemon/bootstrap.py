@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from daemon.engine import Engine, PolicyHolder
+from daemon.engine.circuit import CircuitSettings
 from daemon.engine.observer import EngineObserver
 from daemon.providers.base import Provider
 from daemon.settings import (
@@ -157,10 +158,16 @@ def bootstrap(
         provider_timeouts={name: p.timeout for name, p in settings.providers.items()},
         clock=clock,
         concurrency=settings.daemon.concurrency,
+        search_concurrency=settings.daemon.search_concurrency,
         batch_size=settings.daemon.batch_size,
         deadline_grace=settings.daemon.deadline_grace,
         rng=rng,
         observer=observer,
         daemon_name=settings.daemon.name,
+        circuit=CircuitSettings(
+            failures=settings.daemon.circuit_failures,
+            probe_after=settings.daemon.circuit_probe_after,
+            probe_max=max(settings.daemon.circuit_probe_max, settings.daemon.circuit_probe_after),
+        ),
     )
     return Service(settings, ledger, holder, providers, engine, observer)

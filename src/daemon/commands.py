@@ -3,44 +3,32 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import getpass
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from daemon import output, retention
-from daemon.context import (
-    load_policies,
-    message_limits,
-    open_ledger,
-    settings_for,
-    thread_providers,
-)
+from daemon.context import open_ledger, settings_for
+from daemon.doors import command_intake, command_services
 from daemon.errors import (
     EXIT_BAD_INPUT,
+    EXIT_CONFLICT,
+    EXIT_FAILURE,
     EXIT_OK,
+    EXIT_UNKNOWN_JOB,
+    CliError,
     bad_input,
 )
-from daemon.intake import (
-    IntakeError,
-    channel_sender,
-    check_messages,
-    decode_jobs,
-    parse_jobs,
-    senders_for,
-    submit_jobs,
-)
+from daemon.intake import decode_jobs
 from daemon.parsers import add_command
+from daemon.read_models import timeline_details
 from daemon.secret_files import cmd_new_key
-from ledger.application import Ledger, Sender, utcnow
-from ledger.content import JobContent
-from ledger.job import SendJob
-from ledger.vocabulary import JobState
+from daemon.services import Refusal, ServiceError, Services
+from ledger.display import printable
 from policies.check import check_policies, render_table, summary_rows
-from policies.loader import PolicySet
 
 
 def register(sub: Any) -> None:
@@ -69,8 +57,8 @@ def register(sub: Any) -> None:
 # -- submit -------------------------------------------------------------------------
 
 
-def _read_jobs(source: str) -> tuple[list[JobContent], bool]:
-    """The jobs, and whether they came as a list (the answer then is a list too)."""
+def _read_jobs(source: str) -> object:
+    """The decoded job JSON of a file or stdin."""
     try:
         text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
     except OSError as exc:
@@ -78,95 +66,66 @@ def _read_jobs(source: str) -> tuple[list[JobContent], bool]:
     except UnicodeDecodeError:
         raise bad_input(f"{source}: not UTF-8") from None
     try:
-        data = decode_jobs(text)
+        return decode_jobs(text)
     except json.JSONDecodeError as exc:
         raise bad_input(f"job: not valid JSON: {exc.msg} at line {exc.lineno}") from None
     except (ValueError, RecursionError) as exc:
         # An integer too long to convert, or nesting deeper than the parser goes.
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise bad_input(f"job: not valid JSON: {reason}") from None
-    try:
-        return parse_jobs(data), isinstance(data, list)
-    except IntakeError as exc:
-        raise bad_input(str(exc)) from None
 
 
-def sender_for(policies: PolicySet, channel: str) -> Sender:
-    return _senders(lambda: [channel_sender(policies, channel)])[0]
+T = TypeVar("T")
 
 
-def _senders(find: Callable[[], list[Sender]]) -> list[Sender]:
-    try:
-        return find()
-    except IntakeError as exc:
-        # The CLI has always named only the field here ("channel: ...").
-        problem = exc.problems[0]
-        raise bad_input(f"{problem.field}: {problem.reason}") from None
+def cli_error(exc: ServiceError) -> CliError:
+    """A service's refusal as the CLI's exit code (README "Exit codes")."""
+    return CliError(exc.message, _EXIT_CODES[exc.kind])
+
+
+_EXIT_CODES = {
+    Refusal.BAD_INPUT: EXIT_BAD_INPUT,
+    Refusal.NOT_FOUND: EXIT_UNKNOWN_JOB,
+    Refusal.CONFLICT: EXIT_CONFLICT,
+    Refusal.UNAVAILABLE: EXIT_FAILURE,
+}
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    jobs, batch = _read_jobs(args.file)
+    data = _read_jobs(args.file)
     settings = settings_for(args.config)
-    policies = load_policies(settings)
-    threads = thread_providers(settings)
-    senders = _senders(lambda: senders_for(policies, jobs, batch=False, thread_providers=threads))
     try:
-        check_messages(policies, jobs, senders, message_limits(settings), batch=batch, at=utcnow())
-    except IntakeError as exc:
-        raise bad_input(str(exc)) from None
-    with open_ledger(settings) as ledger:
-        by = getpass.getuser()
-        results = [result.as_dict() for result in submit_jobs(ledger, jobs, senders, by=by)]
+        # Refused jobs never open (or create) the store.
+        valid = command_intake(settings).validate(data)
+    except ServiceError as exc:
+        raise cli_error(exc) from None
+    submitted = served(args, lambda s: s.record(valid, by=getpass.getuser()), create=True)
     if args.json:
         # The answer has the shape of the question: a list (even of one) gives a list.
-        print(output.dumps(results if batch else results[0]))
+        print(output.dumps(submitted.body()))
     else:
-        for result in results:
-            verb = "created" if result["created"] else "exists "
-            print(f"{verb} {result['key']}  {result['message_id']}  {result['state']}")
+        for result in submitted.results:
+            verb = "created" if result.created else "exists "
+            print(f"{verb} {printable(result.key)}  {result.message_id}  {result.state}")
     return EXIT_OK
 
 
 # -- status / history ----------------------------------------------------------------
 
 
-def job_status(job: SendJob) -> dict[str, Any]:
-    status: dict[str, Any] = {
-        "key": job.key,
-        "channel": job.channel,
-        "state": job.state.value,
-        "message_id": job.message_id,
-        "attempts": job.attempts,
-    }
-    if job.reason:
-        status["reason"] = job.reason
-    status.update(
-        {
-            "due_at": output.iso(job.due_at),
-            "created": output.iso(job.created_on),
-            "updated": output.iso(job.modified_on),
-            "version": job.version,
-            "searches": job.searches,
-            "misses": job.misses,
-            "duplicate": job.duplicate,
-            "verifying": job.verifying,
-            "provider_message_ids": list(job.provider_message_ids),
-            "submitted_by": job.submitted_by,
-        }
-    )
-    if job.purged_at is None:
-        status.update(to=list(job.content.to), subject=job.content.subject)
-    else:
-        # Its content is gone (README "Retention"): say so rather than show it empty.
-        status["purged"] = {"at": output.iso(job.purged_at), "by": job.purged_by}
-    if job.content.send_at is not None:
-        status["send_at"] = job.content.send_at
-    return status
+def served(args: argparse.Namespace, call: Callable[[Services], T], *, create: bool = False) -> T:
+    """`call` on the services of the command's config and store; a refusal is the CLI's
+    exit code and sentence. `create`: a missing SQLite store is created (submit)."""
+    settings = settings_for(args.config)
+    with open_ledger(settings, create=create) as ledger:
+        try:
+            return call(command_services(settings, ledger))
+        except ServiceError as exc:
+            raise cli_error(exc) from None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with open_ledger(settings_for(args.config), create=False) as ledger:
-        status = job_status(ledger.get_job(args.key))
+    status = served(args, lambda s: s.status(args.key))
     if args.json:
         print(output.dumps(status))
     else:
@@ -174,59 +133,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def review_rows(ledger: Ledger) -> list[dict[str, Any]]:
-    """The jobs in review, as `review list --json` and `GET /v1/review` show them; a job
-    that was to be sent at a given time says when (`send_at`)."""
-    rows = []
-    for r in ledger.jobs(state=JobState.REVIEW):
-        row: dict[str, Any] = {
-            "key": r.key,
-            "channel": r.channel,
-            "reason": r.reason,
-            "since": output.iso(r.updated_at),
-            "message_id": r.message_id,
-        }
-        send_at = ledger.get_job(r.key).content.send_at
-        if send_at is not None:
-            row["send_at"] = send_at
-        rows.append(row)
-    return rows
-
-
-_EVENT_BASE_FIELDS = {"originator_id", "originator_version", "timestamp", "originator_topic"}
-
-
-def event_record(event: Any) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "type": type(event).__name__,
-        "version": event.originator_version,
-        "at": output.iso(event.timestamp),
-    }
-    for field in dataclasses.fields(event):
-        if field.name not in _EVENT_BASE_FIELDS:
-            value = getattr(event, field.name)
-            record[field.name] = output.iso(value) if hasattr(value, "astimezone") else value
-    return record
-
-
 def cmd_history(args: argparse.Namespace) -> int:
-    with open_ledger(settings_for(args.config), create=False) as ledger:
-        records = [event_record(e) for e in ledger.history(args.key)]
+    records = served(args, lambda s: s.history(args.key))
     if args.json:
         print(output.dumps(records))
         return EXIT_OK
     for record in records:
-        details = {k: v for k, v in record.items() if k not in ("type", "version", "at")}
-        shown = ", ".join(f"{k}={_short(v)}" for k, v in details.items() if k not in _BULKY)
-        print(f"{record['version']:>3}  {record['at']}  {record['type']:<12}  {shown}")
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in timeline_details(record))
+        print(f"{record['version']:>3}  {record['at']}  {record['type']:<12}  {printable(shown)}")
     return EXIT_OK
 
 
-_BULKY = {"body", "html", "content_hash", "fingerprint"}
-
-
-def _short(value: object) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+def _short(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -280,4 +198,4 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-__all__ = ["event_record", "job_status", "register", "review_rows", "sender_for"]
+__all__ = ["cli_error", "register", "served"]

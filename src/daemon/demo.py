@@ -24,7 +24,6 @@ import contextlib
 import io
 import json
 import os
-import shlex
 import sys
 import tempfile
 import threading
@@ -43,6 +42,7 @@ from daemon.runtime import Daemon
 from daemon.settings import load_settings
 from ledger.application import Ledger
 from ledger.content import parse_job
+from ledger.display import command_line, printable
 from ledger.job import JobState
 from policies.loader import load_policy_dir
 from testkit import FaultPlan, FaultRelay, GmailEmulator, Mode, write_service_account
@@ -75,6 +75,8 @@ from = "Payouts <{payouts_from}>"
 message_id_domain = "mail.shop.example"
 on_unknown = "review"
 irreversible = true
+# How long a human's resend waits after the last attempt, for the index to show a copy.
+search_after = "{search_after}"
 max_attempts = 2
 retry_backoff = "500ms"
 retry_backoff_max = "3s"
@@ -536,9 +538,18 @@ def _operator_step(
     decision = "sent" if hits else "resend"
     note = f"review check found {len(hits)} cop{'y' if len(hits) == 1 else 'ies'}"
     resolve = ["review", "resolve", key, "--as", decision, "--note", note, "--by", OPERATOR]
-    print(f"  $ sendledger {shlex.join(resolve)}", file=out)
+    print(f"  $ {command_line('sendledger', *resolve)}", file=out)
     code, text = _cli(folder, *resolve)
     print(f"    {text.strip()}", file=out)
+    if code == 3 and decision == "resend" and "resolve as sent" in text:
+        # The resend searched again first and found the copy the check had not seen yet
+        # (README "Review"): nothing was sent; the human resolves it as sent.
+        decision = "sent"
+        resolve = ["review", "resolve", key, "--as", "sent", "--note",
+                   "the resend's own search found the copy", "--by", OPERATOR]  # fmt: skip
+        print(f"  $ {command_line('sendledger', *resolve)}", file=out)
+        code, text = _cli(folder, *resolve)
+        print(f"    {text.strip()}", file=out)
     return {"key": key, "check": len(hits), "decision": decision if code == 0 else None}
 
 
@@ -716,14 +727,14 @@ def _suggestions(folder: Path, jobs: list[dict[str, Any]]) -> list[str]:
     stops with the demo)."""
     from daemon.init_command import console_command
 
-    base = shlex.join([*console_command(), "--config", str(folder / "sendledger.toml")])
+    base = command_line(*console_command(), "--config", str(folder / "sendledger.toml"))
     waiting = [j["key"] for j in jobs if j["state"] == "review"]
     resent = [j["key"] for j in jobs if j["state"] == "confirmed" and j["attempts"] > 1]
     commands = [f"{base} review list", f"{base} audit --format table"]
     if resent:
-        commands.append(f"{base} history {shlex.quote(resent[0])}")
+        commands.append(f"{base} {command_line('history', resent[0])}")
     # `review show` prints the job's history and the commands a human would run next.
-    commands += [f"{base} review show {shlex.quote(key)}" for key in waiting[:1]]
+    commands += [f"{base} {command_line('review', 'show', key)}" for key in waiting[:1]]
     return commands
 
 
@@ -752,7 +763,8 @@ def _print_summary(
     for job in summary["jobs"]:
         if job["state"] == "review":
             print(
-                f"  waiting: {job['key']} ({job['reason']}), Message-ID {job['message_id']}",
+                f"  waiting: {printable(job['key'])} ({job['reason']}), "
+                f"Message-ID {job['message_id']}",
                 file=out,
             )
     print(wording.closing, file=out)

@@ -38,13 +38,44 @@ class FieldProblem:
         return f"{where}{self.field}: {self.reason}"
 
 
+#: At most this many problems are kept (and listed by a 422), whatever the batch's size:
+#: an 8 MB list of `{}` must not make a response many times its size (README "HTTP API").
+MAX_LISTED = 100
+
+
 class IntakeError(ValueError):
     """The submitted jobs were refused; nothing was written. `problems` lists one
-    problem per refused job (the first of each), in order."""
+    problem per refused job (the first of each), in order, at most MAX_LISTED of them;
+    `total` counts them all. The sentence names the first and says how many more."""
 
-    def __init__(self, problems: Sequence[FieldProblem]) -> None:
-        super().__init__(str(problems[0]))
-        self.problems = list(problems)
+    def __init__(self, problems: Sequence[FieldProblem], total: int | None = None) -> None:
+        self.problems = list(problems[:MAX_LISTED])
+        self.total = max(total or 0, len(problems))
+        more = f" (and {self.total - 1} more)" if self.total > 1 else ""
+        super().__init__(f"{self.problems[0]}{more}")
+
+
+class Problems:
+    """Problems found one job at a time: the first MAX_LISTED kept, all counted."""
+
+    def __init__(self) -> None:
+        self.listed: list[FieldProblem] = []
+        self.total = 0
+
+    def add(self, problem: FieldProblem) -> None:
+        self.total += 1
+        if len(self.listed) < MAX_LISTED:
+            self.listed.append(problem)
+
+    def extend(self, error: IntakeError) -> None:
+        for problem in error.problems:
+            self.add(problem)
+        self.total += error.total - len(error.problems)
+
+    def refuse(self) -> None:
+        """Raise IntakeError when any problem was found."""
+        if self.total:
+            raise IntakeError(self.listed, self.total)
 
 
 def parse_jobs(data: object) -> list[JobContent]:
@@ -56,20 +87,19 @@ def parse_jobs(data: object) -> list[JobContent]:
     if not items:
         raise IntakeError([FieldProblem(None, "job", "an empty list")])
     jobs: list[JobContent] = []
-    problems: list[FieldProblem] = []
+    problems = Problems()
     for index, item in enumerate(items):
         where = index if batch else None
         duplicate = duplicate_field(item)
         if duplicate is not None:
             # Decoded by `daemon.job_json.loads`: a name given twice is never read.
-            problems.append(FieldProblem(where, duplicate, DUPLICATE_REASON))
+            problems.add(FieldProblem(where, duplicate, DUPLICATE_REASON))
             continue
         try:
             jobs.append(parse_job(item))
         except JobInputError as exc:
-            problems.append(FieldProblem(where, exc.field, exc.reason))
-    if problems:
-        raise IntakeError(problems)
+            problems.add(FieldProblem(where, exc.field, exc.reason))
+    problems.refuse()
     return jobs
 
 
@@ -94,7 +124,7 @@ def senders_for(
     is refused unless the channel's provider is in `thread_providers` (the gmail ones):
     no other provider has a thread to put the message in."""
     senders: list[Sender] = []
-    problems: list[FieldProblem] = []
+    problems = Problems()
     for index, job in enumerate(jobs):
         where = index if batch else None
         try:
@@ -105,11 +135,10 @@ def senders_for(
                 raise IntakeError([FieldProblem(where, "thread_id", reason)])
             senders.append(policy.sender_for(job.sender))
         except SenderRefused as exc:
-            problems.append(FieldProblem(where, exc.field, exc.reason))
+            problems.add(FieldProblem(where, exc.field, exc.reason))
         except IntakeError as exc:
-            problems.extend(exc.problems)
-    if problems:
-        raise IntakeError(problems)
+            problems.extend(exc)
+    problems.refuse()
     return senders
 
 
@@ -141,7 +170,7 @@ def check_messages(
     land in review): each job's message is built once with the very function the daemon
     sends with (`daemon/engine/dispatch.py: render`), and held against its provider's
     `limits` (by provider name). Every refused job is listed."""
-    problems: list[FieldProblem] = []
+    problems = Problems()
     for index, (content, sender) in enumerate(zip(jobs, senders, strict=True)):
         policy = policies[content.channel]
         try:
@@ -160,14 +189,15 @@ def check_messages(
                 # With files attached, they are what made it large.
                 check_size(raw, limit, "attachments" if content.attachments else "body")
         except JobInputError as exc:
-            problems.append(FieldProblem(index if batch else None, exc.field, exc.reason))
-    if problems:
-        raise IntakeError(problems)
+            problems.add(FieldProblem(index if batch else None, exc.field, exc.reason))
+    problems.refuse()
 
 
 __all__ = [
+    "MAX_LISTED",
     "FieldProblem",
     "IntakeError",
+    "Problems",
     "channel_sender",
     "check_messages",
     "decode_jobs",

@@ -10,16 +10,17 @@ import sys
 from typing import Any
 
 from daemon import output
-from daemon.bootstrap import bootstrap, build_provider
-from daemon.commands import event_record, job_status, review_rows
+from daemon.bootstrap import bootstrap
+from daemon.commands import served
 from daemon.context import load_policies, open_ledger, settings_for
-from daemon.errors import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
+from daemon.errors import EXIT_OK, bad_input
 from daemon.logs import setup_logging
 from daemon.parsers import add_command
-from daemon.providers.base import ProviderError, for_job
+from daemon.read_models import job_status
 from daemon.runtime import Daemon, run_once
-from ledger.application import ConcurrentUpdate
-from ledger.job import JobState, SendJob, TransitionError
+from daemon.services import check_advice
+from ledger.display import command_line, printable
+from ledger.job import copies_found
 from ledger.vocabulary import Resolution
 
 log = logging.getLogger("sendledger")
@@ -33,7 +34,9 @@ def register(sub: Any) -> None:
     review = sub.add_parser("review", help="jobs that need a human").add_subparsers(
         dest="review_command", metavar="COMMAND", required=True
     )
-    add_command(review, "list", cmd_review_list, "jobs in review")
+    p = add_command(review, "list", cmd_review_list, "jobs in review")
+    p.add_argument("--channel", help="only this channel's jobs")
+    p.add_argument("--reason", help="only jobs in review for this reason")
     add_command(
         review, "show", cmd_review_show, "a job in review: its state, history and handle", key=True
     )
@@ -41,9 +44,20 @@ def register(sub: Any) -> None:
     p.add_argument("--as", dest="decision", required=True, choices=[r.value for r in Resolution])
     p.add_argument("--note", default="")
     p.add_argument("--by", default="", help="who decided (default: the OS user)")
-    add_command(
-        review, "check", cmd_review_check, "search the mailbox now and show the hits", key=True
+    p = add_command(
+        review, "check", cmd_review_check, "search the mailbox now and record the hits", key=True
     )
+    p.add_argument("--by", default="", help="who asked (default: the OS user)")
+    p = add_command(
+        review, "triage", cmd_review_triage, "search every job in review; one copy: sent"
+    )
+    p.add_argument("--channel", help="only this channel's jobs")
+    p.add_argument("--reason", help="only jobs in review for this reason")
+    p.add_argument("--dry-run", action="store_true", help="search, record nothing")
+    p.add_argument("--by", default="", help="who decided (default: the OS user)")
+    p = add_command(sub, "cancel", cmd_cancel, "withdraw a job not yet attempted", key=True)
+    p.add_argument("--note", default="")
+    p.add_argument("--by", default="", help="who cancelled (default: the OS user)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -78,12 +92,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_review_list(args: argparse.Namespace) -> int:
-    with open_ledger(settings_for(args.config), create=False) as ledger:
-        rows = review_rows(ledger)
+    rows = served(args, lambda s: s.review_list(channel=args.channel, reason=args.reason))
     if args.json:
         print(output.dumps(rows))
     elif rows:
-        columns = ["key", "channel", "reason", "since", "message_id"]
+        columns = ["key", "channel", "reason", "since", "to", "subject"]
         if any("send_at" in row for row in rows):
             columns.insert(4, "send_at")
         print(output.table(rows, columns))
@@ -93,114 +106,84 @@ def cmd_review_list(args: argparse.Namespace) -> int:
 
 
 def cmd_review_show(args: argparse.Namespace) -> int:
-    with open_ledger(settings_for(args.config), create=False) as ledger:
-        job = ledger.get_job(args.key)
-        events = [event_record(e) for e in ledger.history(args.key)]
-    status = job_status(job)
+    view = served(args, lambda s: s.job_view(args.key))
     if args.json:
-        print(output.dumps({"status": status, "history": events}))
+        print(output.dumps({"status": view.status, "history": view.history}))
         return EXIT_OK
-    print(output.key_values(status.items()))
+    print(output.key_values(view.status.items()))
     print("\nhistory:")
-    for record in events:
+    for record in view.history:
         print(f"  {record['version']:>3}  {record['at']}  {record['type']}")
-    if job.state is JobState.REVIEW:
+    if view.decisions:
+        key = view.job.key
+        check = command_line("sendledger", "review", "check", key)
+        resolve = command_line("sendledger", "review", "resolve", key, "--as")
+        choices = "|".join(d.value for d in view.decisions)
         print(
-            f"\nsearch the mailbox for {job.message_id}: sendledger review check {job.key}\n"
-            f"then: sendledger review resolve {job.key} --as sent|resend|abandon --note ..."
+            f"\nsearch the mailbox for {view.job.message_id}: {check}\n"
+            f"then: {resolve} {choices} --note ..."
         )
     return EXIT_OK
 
 
 def cmd_review_resolve(args: argparse.Namespace) -> int:
     decision = Resolution(args.decision)
-    with open_ledger(settings_for(args.config), create=False) as ledger:
-        by = args.by or getpass.getuser()
-        _require_resolvable(ledger.get_job(args.key), decision)
-        try:
-            job, _ = ledger.update(
-                args.key,
-                lambda j: j.resolve(decision, note=args.note, by=by, at=ledger.clock()),
-            )
-        except (TransitionError, ConcurrentUpdate):
-            raise CliError(
-                f"job {args.key!r} changed while it was being resolved; "
-                f"look again with `sendledger review show {args.key}`",
-                EXIT_CONFLICT,
-            ) from None
-    status = job_status(job)
+    by = args.by or getpass.getuser()
+    job = served(args, lambda s: s.resolve(args.key, decision, note=args.note, by=by))
     if args.json:
-        print(output.dumps(status))
+        print(output.dumps(job_status(job)))
     else:
-        print(f"{job.key}: resolved as {args.decision} by {by}; now {job.state.value}")
+        print(f"{printable(job.key)}: resolved as {args.decision} by {printable(by)}; "
+              f"now {job.state.value}")  # fmt: skip
     return EXIT_OK
-
-
-def _require_resolvable(job: SendJob, decision: Resolution) -> None:
-    """A decision that conflicts with the job's state is exit 3, said as a sentence."""
-    if job.state is not JobState.REVIEW:
-        raise CliError(
-            f"job {job.key!r} is {job.state.value}, not in review: only a job in review "
-            "can be resolved",
-            EXIT_CONFLICT,
-        )
-    if decision is Resolution.RESEND and job.duplicate:
-        raise CliError(
-            f"job {job.key!r} has two or more copies already: resolve it as sent or "
-            "abandon, never resend",
-            EXIT_CONFLICT,
-        )
 
 
 def cmd_review_check(args: argparse.Namespace) -> int:
-    settings = settings_for(args.config)
-    with open_ledger(settings, create=False) as ledger:
-        job = ledger.get_job(args.key)
-    policies = load_policies(settings)
-    policy = policies.get(job.channel)
-    provider_name = policy.provider if policy else job.last_provider
-    if provider_name is None or provider_name not in settings.providers:
-        raise bad_input(f"job {job.key!r}: no provider to search (channel {job.channel!r})")
-    provider = build_provider(settings, provider_name)
-    try:
-        found = for_job(provider, job.from_addr, None).search(job.message_id)
-    except ProviderError as exc:
-        raise CliError(f"search failed: {exc.reason}") from None
-    finally:
-        provider.close()
-    hits = found.hits
-    result = {
-        "key": job.key,
-        "state": job.state.value,
-        "message_id": job.message_id,
-        "query": found.query,
-        "hits": [
-            {
-                "provider_message_id": h.provider_message_id,
-                "message_id": h.message_id_header,
-                "labels": list(h.labels),
-            }
-            for h in hits
-        ],
-    }
+    by = args.by or getpass.getuser()
+    answer = served(args, lambda s: s.check(args.key, by=by))
     if args.json:
-        print(output.dumps(result))
+        print(output.dumps(answer.as_dict()))
         return EXIT_OK
-    print(f"{job.key}  {job.state.value}  {job.message_id}")
-    print(f"{len(hits)} SENT cop{'y' if len(hits) == 1 else 'ies'} found")
-    for hit in hits:
-        print(f"  {hit.provider_message_id}  {hit.message_id_header}  {','.join(hit.labels)}")
-    print(_check_advice(job, len(hits)))
+    print(f"{printable(answer.key)}  {answer.state}  {answer.message_id}")
+    print(f"{copies_found(answer.count)} (query {printable(answer.query)})")
+    for copy in answer.copies:
+        print(printable(f"  {copy.provider_id}  {copy.date}  {copy.to}  {copy.subject}"))
+    if not answer.recorded:
+        print("(not recorded in the job's history: a send is in flight)")
+    print(check_advice(answer.key, answer.state, answer.count))
     return EXIT_OK
 
 
-def _check_advice(job: SendJob, copies: int) -> str:
-    """What to do next; a resolve command only for a job that can be resolved."""
-    if job.state is not JobState.REVIEW:
-        return f"the job is {job.state.value}, not in review: there is nothing to resolve"
-    resolve = f"sendledger review resolve {job.key}"
-    if copies == 0:
-        return f"none found: if the search index has caught up, `{resolve} --as resend` is safe"
-    if copies == 1:
-        return f"one copy: `{resolve} --as sent`"
-    return f"duplicate: `{resolve} --as sent` (or abandon); never resend"
+def cmd_review_triage(args: argparse.Namespace) -> int:
+    by = args.by or getpass.getuser()
+    items = served(
+        args,
+        lambda s: s.triage(by=by, channel=args.channel, reason=args.reason, dry_run=args.dry_run),
+    )
+    if args.json:
+        print(output.dumps([item.as_dict() for item in items]))
+        return EXIT_OK
+    if not items:
+        print("no jobs in review match")
+        return EXIT_OK
+    for item in items:
+        print(printable(f"{item.key}  {item.channel}  {item.action}  {item.detail}"))
+    done = sum(1 for item in items if item.action == "resolved-sent")
+    would = sum(1 for item in items if item.action == "would-resolve-sent")
+    left = len(items) - done - would
+    if args.dry_run:
+        print(f"dry run: {would} would be resolved as sent, {left} left in review; "
+              "nothing was recorded")  # fmt: skip
+    else:
+        print(f"{done} resolved as sent, {left} left in review")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    by = args.by or getpass.getuser()
+    job = served(args, lambda s: s.cancel(args.key, note=args.note, by=by))
+    if args.json:
+        print(output.dumps(job_status(job)))
+    else:
+        print(f"{printable(job.key)}: cancelled by {printable(by)}; it will not be sent")
+    return EXIT_OK

@@ -126,6 +126,15 @@ class DaemonSettings(_Section):
     policies_dir: Path = Path("policies")
     # Provider calls of different jobs in flight at once (each within its provider's quota).
     concurrency: int = Field(default=4, ge=1, le=256)
+    # Searches, verifications and recoveries in flight at once (their own workers, so a
+    # backlog of sends never delays a due search); default: `concurrency`.
+    search_concurrency: int | None = Field(default=None, ge=1, le=256)
+    # A provider scope's circuit opens after this many "unavailable" sends in a row
+    # (nothing sent: refused, DNS, quota...); one probe then after `circuit_probe_after`,
+    # doubling up to `circuit_probe_max` (README, "Outages and quotas").
+    circuit_failures: int = Field(default=3, ge=1, le=1000)
+    circuit_probe_after: Timeout = 1.0
+    circuit_probe_max: Timeout = 60.0
     # Jobs taken per state per tick; the rest wait for the next tick.
     batch_size: int = Field(default=200, ge=1, le=100_000)
     # Added to the provider timeout to form an attempt's deadline: past it, an
@@ -425,6 +434,12 @@ class ApiSettings(_Section):
     token_file: Path | None = None
     # Request bodies above this are refused (413); just above Gmail's 35 MB message limit.
     max_body: Annotated[int, BeforeValidator(parse_size)] = 40_000_000
+    # Host names a request's Host header must be one of ("*.example.com" for subdomains);
+    # empty: any Host is accepted (it is never reflected: redirects are paths).
+    trusted_hosts: list[str] = []
+    # The address users reach the API at, when a TLS proxy is in front
+    # ("https://mail.example.com"): an https one marks the session cookie Secure.
+    public_url: str = ""
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -432,6 +447,34 @@ class ApiSettings(_Section):
         if listen is None:
             raise ValueError(f"api.listen: not an address: {self.listen!r}")
         return listen
+
+    @field_validator("trusted_hosts")
+    @classmethod
+    def _trusted_hosts(cls, value: list[str]) -> list[str]:
+        for host in value:
+            name = host.removeprefix("*.")
+            if host != "*" and (
+                not name or not all(_HOST_LABEL.fullmatch(p) for p in name.split("."))
+            ):
+                raise PydanticCustomError(
+                    "trusted_hosts",
+                    "a host name expected (mail.example.com, *.example.com, localhost), "
+                    "got {value}",
+                    {"value": repr(host)},
+                )
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if value and (parts.scheme not in ("http", "https") or not parts.hostname):
+            raise PydanticCustomError(
+                "public_url",
+                "an http:// or https:// URL expected (https://mail.example.com), got {value}",
+                {"value": repr(value)},
+            )
+        return value.rstrip("/")
 
     @field_validator("listen")
     @classmethod

@@ -562,15 +562,19 @@ class Ledger(Application[UUID]):
         types: Iterable[str] | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        *,
+        first: int = 1,
     ) -> Iterator[Any]:
         """The stored events of every job, oldest first, read a page at a time: those
         of the given SendJob event types (class names, e.g. "Escalated"), recorded at or
         after `since` and before `until`.
 
+        `first`: the notification id to start reading at (`recent_start`).
+
         (Not `events`: that is eventsourcing's event store, `Application.events`.)"""
         topics = [] if types is None else [_event_topic(name) for name in types]
         prefix = SendJob.TOPIC + "."
-        for notification in self._notifications(topics):
+        for notification in self._notifications(topics, start=first):
             if not notification.topic.startswith(prefix):
                 continue  # e.g. a ProviderHandle's events
             event: Any = self.mapper.to_domain_event(notification)
@@ -578,6 +582,29 @@ class Ledger(Application[UUID]):
                 until is None or event.timestamp < until
             ):
                 yield event
+
+    def recent_start(self, since: datetime, slack: float = 600.0) -> int:
+        """A notification id to read recent events from (`job_events(first=...)`): the
+        first one recorded at or after `since` less `slack` seconds, found by bisecting
+        the ids (they follow the order of recording; the slack covers writers whose clocks
+        differ a little). A window of the last day then reads that day, not all history."""
+        max_id = self._retry_locked(self.recorder.max_notification_id)
+        low, high = 1, (max_id or 0) + 1
+        edge = since.timestamp() - slack
+        while low < high:
+            middle = (low + high) // 2
+            page = self._retry_locked(
+                lambda m=middle: self.recorder.select_notifications(start=m, limit=1)  # type: ignore[misc]
+            )
+            if not page:
+                high = middle
+                continue
+            event: Any = self.mapper.to_domain_event(page[0])
+            if event.timestamp.timestamp() < edge:
+                low = page[0].id + 1
+            else:
+                high = middle
+        return low
 
     def job_ids(self) -> Iterator[UUID]:
         """The id of every stored job, each once, in the order they were created."""
@@ -637,8 +664,7 @@ class Ledger(Application[UUID]):
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _notifications(self, topics: list[str]) -> Iterator[Any]:
-        start = 1
+    def _notifications(self, topics: list[str], start: int = 1) -> Iterator[Any]:
         while True:
             page = self._retry_locked(
                 lambda s=start: self.recorder.select_notifications(  # type: ignore[misc]

@@ -75,21 +75,36 @@ def parse_attachment(item: object) -> Attachment:
     )
 
 
-def _filename(value: str) -> str:
+def filename_problem(value: str) -> str | None:
+    """Why `value` may not be an attachment's file name, or None. The mail writer
+    (`ledger/mime.py`) writes an accepted name so that a client shows exactly these
+    characters (RFC 2231, never an encoded word), so the rules below hold for what the
+    reader sees, and `ledger/wire_check.py` checks them again on the decoded name."""
     if not value.strip() or value != value.strip():
-        raise AttachmentError("filename", "must not be empty or start or end with a space")
+        return "must not be empty or start or end with a space"
     if len(value) > MAX_FILENAME:
-        raise AttachmentError("filename", f"longer than {MAX_FILENAME} characters")
+        return f"longer than {MAX_FILENAME} characters"
     # A path would be a question to the recipient's mail program of where to write it.
-    if "/" in value or "\\" in value:
-        raise AttachmentError("filename", "must be a file name, not a path")
+    if "/" in value or "\\" in value or value.strip(".") == "":
+        return "must be a file name, not a path"
     bad = unsafe_character(value)
     if bad:
-        raise AttachmentError("filename", f"must not contain {bad}")
+        return f"must not contain {bad}"
     # Mail readers unquote a parameter wrapped so (Python's email.utils.unquote among them):
     # "<a>" and '"a"' would reach the recipient as "a", not as the name that was sent.
     if len(value) >= 2 and (value[0], value[-1]) in (("<", ">"), ('"', '"')):
-        raise AttachmentError("filename", "must not be wrapped in <> or double quotes")
+        return "must not be wrapped in <> or double quotes"
+    # Many clients decode an encoded word in a file name, against RFC 2231, whatever its
+    # form: "=?utf-8?q?=2E=2E=2F.bashrc?=" would be saved as "../.bashrc".
+    if "=?" in value:
+        return "must not contain '=?' (an encoded word)"
+    return None
+
+
+def _filename(value: str) -> str:
+    problem = filename_problem(value)
+    if problem:
+        raise AttachmentError("filename", problem)
     return value
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger.addresses import AddressError, parse_mailbox, unsafe_character
+from ledger.addresses import AddressError, Mailbox, parse_mailbox, unsafe_character
 from ledger.attachments import Attachment, AttachmentError, from_stored, parse_attachment
 from ledger.extra_headers import (
     ASCII_ONLY,
@@ -53,6 +53,15 @@ LATER_FIELDS: dict[str, Any] = {
 }
 MAX_KEY_LENGTH = 1000
 MAX_THREAD_ID_LENGTH = 200
+#: Longest subject, in characters (README "Message fields and validation", "Limits").
+MAX_SUBJECT = 2000
+#: Longest value of one extra header, in characters.
+MAX_HEADER_VALUE = 2000
+#: Most extra headers and most references in one job.
+MAX_EXTRA_HEADERS = 50
+MAX_REFERENCES = 100
+#: Longest address as typed (display name included), in characters.
+MAX_ADDRESS_TEXT = 500
 
 
 class JobInputError(ValueError):
@@ -170,13 +179,27 @@ def reject_line_breaks(field: str, value: str) -> None:
         raise JobInputError(field, "must not contain CR or LF")
 
 
-def validate_address(field: str, value: str) -> str:
-    """One mailbox ("Name <a@b.c>" or "a@b.c"), strictly (``ledger/addresses.py``);
-    returns it re-rendered canonically."""
+def mailbox_of(field: str, value: str) -> Mailbox:
+    """One mailbox ("Name <a@b.c>" or "a@b.c"), strictly (``ledger/addresses.py``), at
+    most :data:`MAX_ADDRESS_TEXT` characters as typed."""
+    if isinstance(value, str) and len(value) > MAX_ADDRESS_TEXT:
+        raise JobInputError(field, f"longer than {MAX_ADDRESS_TEXT} characters")
+    if (
+        isinstance(value, str)
+        and value.rstrip().endswith(">")
+        and "=?" in value[: value.rfind("<")]
+    ):
+        # A reader (the validator's own round trip among them) would decode it.
+        raise JobInputError(field, "a display name must not contain '=?' (an encoded word)")
     try:
-        return str(parse_mailbox(value))
+        return parse_mailbox(value)
     except AddressError as exc:
         raise JobInputError(field, str(exc)) from None
+
+
+def validate_address(field: str, value: str) -> str:
+    """One mailbox (see :func:`mailbox_of`), re-rendered canonically."""
+    return str(mailbox_of(field, value))
 
 
 def _addresses(field: str, value: object, *, required: bool) -> tuple[str, ...]:
@@ -224,6 +247,8 @@ def _text(field: str, value: object, *, header: bool, required: bool = True) -> 
 
 def _subject(value: object) -> str:
     subject = _text("subject", value, header=True)
+    if len(subject) > MAX_SUBJECT:
+        raise JobInputError("subject", f"longer than {MAX_SUBJECT} characters")
     reject_unsafe_header_text("subject", subject)
     return subject
 
@@ -233,6 +258,8 @@ def _headers(value: object) -> tuple[tuple[str, str], ...]:
         return ()
     if not isinstance(value, Mapping):
         raise JobInputError("headers", "must be an object of header names and values")
+    if len(value) > MAX_EXTRA_HEADERS:
+        raise JobInputError("headers", f"more than {MAX_EXTRA_HEADERS} headers")
     seen: dict[str, str] = {}
     for name, text in value.items():
         field = f"headers.{name}"
@@ -243,6 +270,8 @@ def _headers(value: object) -> tuple[tuple[str, str], ...]:
             raise JobInputError(field, f"given twice (also as {seen[name.lower()]})")
         seen[name.lower()] = name
         header_value = _text(field, text, header=True)
+        if len(header_value) > MAX_HEADER_VALUE:
+            raise JobInputError(field, f"longer than {MAX_HEADER_VALUE} characters")
         reject_unsafe_header_text(field, header_value)
         if not header_value.strip():
             raise JobInputError(field, "must not be empty")
@@ -251,7 +280,14 @@ def _headers(value: object) -> tuple[tuple[str, str], ...]:
             raise JobInputError(field, "must not start or end with a space")
         if name.lower() in ASCII_ONLY and not header_value.isascii():
             raise JobInputError(field, "must be ASCII (percent-encode a URL)")
-        if any(len(word) > MAX_WORD for word in header_value.split(" ")):
+        if name.lower() in ASCII_ONLY and "=?" in header_value:
+            # Written as typed (a URL or token cannot be encoded): a client would decode it.
+            raise JobInputError(field, "must not contain '=?' (percent-encode a URL)")
+        # Written as typed (only an encoded value folds anywhere): a line can only be
+        # folded at a space, and a folded line must stay within SMTP's 998 octets.
+        if name.lower() in ASCII_ONLY and any(
+            len(word) > MAX_WORD for word in header_value.split(" ")
+        ):
             raise JobInputError(
                 field, f"has a run of more than {MAX_WORD} characters without a space"
             )
@@ -264,6 +300,9 @@ def _message_id(field: str, value: object) -> str:
     canonical = canonical_message_id(value)
     if canonical is None:
         raise JobInputError(field, f"not a message id like <local@domain>: {value!r}")
+    if "=?" in canonical:
+        # Written as typed (a message id cannot be encoded): a reader could decode it.
+        raise JobInputError(field, "must not contain '=?' (an encoded word)")
     return canonical
 
 
@@ -272,6 +311,8 @@ def _references(value: object) -> tuple[str, ...]:
         return ()
     if not isinstance(value, list):
         raise JobInputError("references", "must be a list of message ids")
+    if len(value) > MAX_REFERENCES:
+        raise JobInputError("references", f"more than {MAX_REFERENCES} message ids")
     return tuple(_message_id(f"references[{i}]", item) for i, item in enumerate(value))
 
 

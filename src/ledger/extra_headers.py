@@ -47,12 +47,16 @@ MAX_MESSAGE_ID = 250
 #: Longest run without a space in a header value: a line can only be folded at a space,
 #: and a folded line must stay within SMTP's 998 octets.
 MAX_WORD = 900
+#: Longest extra header name: the name and its first word must fit one line.
+MAX_HEADER_NAME = 76
 
 
 def header_name_problem(name: str) -> str | None:
     """Why `name` may not be an extra header, or None when it may."""
     if not _FIELD_NAME.match(name):
         return "not a header name (printable ASCII without ':' or spaces)"
+    if len(name) > MAX_HEADER_NAME:
+        return f"a header name longer than {MAX_HEADER_NAME} characters"
     lower = name.lower()
     if lower in OWNED_HEADERS or lower.startswith("content-"):
         return f"{name} is written by sendledger and cannot be set"
@@ -68,23 +72,3 @@ def canonical_message_id(value: str) -> str | None:
     if len(text) > MAX_MESSAGE_ID or not _MSG_ID.match(text):
         return None
     return text
-
-
-def fold(name: str, value: str, width: int = 78) -> str:
-    """`value` folded for a header named `name`, breaking only before a space, so that
-    unfolding gives back exactly `value`; a run without a space is never broken (the
-    email package would turn it into encoded words, and a URL or message id would stop
-    being one)."""
-    lines: list[str] = []
-    current = ""
-    used = len(name) + 2
-    for index, word in enumerate(value.split(" ")):
-        chunk = word if index == 0 else " " + word
-        if current.strip() and word and used + len(chunk) > width:
-            lines.append(current)
-            current, used = chunk, len(chunk)
-        else:
-            current += chunk
-            used += len(chunk)
-    lines.append(current)
-    return "\r\n".join(lines)

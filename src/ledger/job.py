@@ -65,6 +65,11 @@ class TransitionError(Exception):
         self.action = action
 
 
+def copies_found(count: int) -> str:
+    """ "1 copy found", "3 copies found": how every door says what a search found."""
+    return f"{count} {'copy' if count == 1 else 'copies'} found"
+
+
 class SendJob(Aggregate):
     TOPIC = "sendledger:SendJob"
 
@@ -95,6 +100,9 @@ class SendJob(Aggregate):
     # send_via = "drafts": the provider's draft made for this job (None: none recorded).
     draft_id: str | None
     draft_message_id: str | None
+    # Since when its provider has been unavailable to it (the first of the unavailable
+    # rejections in a row), for the channel's `give_up_after`; None otherwise.
+    unavailable_since: datetime | None
 
     def __init__(self) -> None:
         # State is set by the Requested event's apply(), so replay and creation agree.
@@ -182,6 +190,7 @@ class SendJob(Aggregate):
             job.purged_by = ""
             job.draft_id = None
             job.draft_message_id = None
+            job.unavailable_since = None
 
     class Attempted(Event):
         TOPIC = "sendledger:SendJob.Attempted"
@@ -265,6 +274,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.state = JobState.UNKNOWN
+            job.unavailable_since = None
             job.searches = 0
             job.misses = 0
             job.reason = self.reason
@@ -311,9 +321,17 @@ class SendJob(Aggregate):
         retry_at: datetime | None  # None: no retry (permanent, or attempts exhausted)
         policy: str
         fingerprint: str
+        # Nothing sent and the provider unavailable: the call does not count against
+        # `max_attempts` (absent from events stored before it existed).
+        unavailable: bool = False
 
         def apply(self, job: Any) -> None:
             job.reason = self.reason
+            if self.unavailable:
+                job.round_attempts -= 1
+                job.unavailable_since = job.unavailable_since or self.timestamp
+            else:
+                job.unavailable_since = None
             if self.retry_at is not None:
                 job.state = JobState.REQUESTED
                 job.due_at = self.retry_at
@@ -330,6 +348,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.state = JobState.CONFIRMED
+            job.unavailable_since = None
             if self.via != ConfirmedVia.OPERATOR:  # "resolved: sent" stays visible
                 job.reason = None
             job.provider_message_ids = list(self.provider_message_ids)
@@ -374,6 +393,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.state = JobState.REVIEW
+            job.unavailable_since = None
             job.reason = self.reason
             job.due_at = None
 
@@ -385,6 +405,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.reason = f"resolved: {self.decision}"
+            job.unavailable_since = None
             if self.decision == Resolution.RESEND:
                 job.state = JobState.REQUESTED
                 job.resent = True
@@ -396,6 +417,32 @@ class SendJob(Aggregate):
                 job.state = JobState.ABANDONED
                 job.due_at = None
             # "sent": the Confirmed event recorded with it moves the job on.
+
+    class Checked(Event):
+        """A human (or triage) searched the sender's mailbox for the job's Message-ID:
+        who asked, why, the query sent and the copies found. It changes no state; it is
+        the trail of what the human saw before deciding (README "Review")."""
+
+        TOPIC = "sendledger:SendJob.Checked"
+        by: str
+        purpose: str  # "check", "resend" (the search before one), "triage"
+        query: str
+        provider_message_ids: list[str]
+
+        def apply(self, job: Any) -> None:
+            pass
+
+    class Cancelled(Event):
+        """Withdrawn before any provider call: the job is never sent."""
+
+        TOPIC = "sendledger:SendJob.Cancelled"
+        by: str
+        note: str
+
+        def apply(self, job: Any) -> None:
+            job.state = JobState.CANCELLED
+            job.reason = "cancelled"
+            job.due_at = None
 
     class Purged(Event):
         """The job's content was made unreadable in the store (``ledger/retention.py``):
@@ -555,13 +602,18 @@ class SendJob(Aggregate):
         status: int | None,
         decision: decide.AfterRejection,
         at: datetime,
+        unavailable: bool = False,
     ) -> None:
-        """The provider definitely did not accept the message: nothing was sent."""
+        """The provider definitely did not accept the message: nothing was sent.
+        `unavailable` (transient only): because the provider was unavailable; the call
+        then does not count against `max_attempts`."""
         self._require("Rejected", JobState.ATTEMPTED)
         self._require_decision("Rejected", decision, decide.RetryAt, decide.Review)
         retry_at = decision.at if isinstance(decision, decide.RetryAt) else None
         if retry_at is not None and not transient:
             raise self._refuse("Rejected", "a permanent rejection is never retried")
+        if unavailable and not transient:
+            raise self._refuse("Rejected", "an unavailable provider is a transient refusal")
         if retry_at is not None and retry_at < at:
             raise self._refuse("Rejected", "a retry cannot be due before the rejection")
         self.trigger_event(
@@ -573,6 +625,7 @@ class SendJob(Aggregate):
             status=status,
             retry_at=retry_at,
             **decision.policy.event_fields(),
+            unavailable=unavailable,
         )
         if isinstance(decision, decide.Review):
             self._escalate(decision, reason, at)
@@ -633,9 +686,20 @@ class SendJob(Aggregate):
         self._require_decision("Escalated", decision, decide.Review)
         self._escalate(decision, detail, at)
 
-    def resolve(self, resolution: Resolution, *, note: str, by: str, at: datetime) -> None:
-        """A human's decision on a job in review. A `by` or `note` that
-        `ledger.keys` refuses is JobInputError (README "Keys"), before anything else."""
+    def resolve(
+        self,
+        resolution: Resolution,
+        *,
+        note: str,
+        by: str,
+        at: datetime,
+        found: Sequence[str] | None = None,
+    ) -> None:
+        """A human's decision on a job in review. A `by` or `note` that `ledger.keys`
+        refuses is JobInputError (README "Keys"), before anything else. `found`: the
+        copies a search made just before it found (README "Review": a resend is searched
+        for first); a copy found refuses a resend, and a job resolved as sent keeps the
+        copies found."""
         _check_name(by)
         if problem := note_problem(note):
             raise JobInputError("note", problem)
@@ -645,14 +709,46 @@ class SendJob(Aggregate):
             raise self._refuse(
                 "Resolved", "two copies already exist; resolve as 'sent' or 'abandon'"
             )
+        if resolution is Resolution.RESEND and found:
+            raise self._refuse("Resolved", f"{copies_found(len(found))}: resolve as sent")
         self.trigger_event(self.Resolved, timestamp=at, decision=resolution, note=note, by=by)
         if resolution is Resolution.SENT:
             self._confirm(
                 ConfirmedVia.OPERATOR,
-                list(self.provider_message_ids),
+                list(found) if found else list(self.provider_message_ids),
                 decide.Confirm(PolicyRef.operator(by)),
                 at,
             )
+
+    def record_check(
+        self, *, by: str, purpose: str, query: str, copies: Sequence[str], at: datetime
+    ) -> None:
+        """What a search a human asked for found. Refused while a provider call is in
+        flight (attempted): the daemon's outcome is about to be written and must not meet
+        another writer. A `by` that `ledger.keys` refuses is JobInputError."""
+        _check_name(by)
+        if self.state is JobState.ATTEMPTED:
+            raise self._refuse("Checked", "a send is in flight")
+        self.trigger_event(
+            self.Checked,
+            timestamp=at,
+            by=by,
+            purpose=purpose,
+            query=query,
+            provider_message_ids=list(copies),
+        )
+
+    def cancel(self, *, by: str, note: str, at: datetime) -> None:
+        """Withdraw a job no provider was ever called for (requested, never attempted,
+        with or without `send_at`). A `by` or `note` that `ledger.keys` refuses is
+        JobInputError."""
+        _check_name(by)
+        if problem := note_problem(note):
+            raise JobInputError("note", problem)
+        self._require("Cancelled", JobState.REQUESTED)
+        if self.attempts:
+            raise self._refuse("Cancelled", f"{self.attempts} attempts were made")
+        self.trigger_event(self.Cancelled, timestamp=at, by=by, note=note)
 
     def purge(self, *, by: str, rule: str, at: datetime) -> None:
         """Retention: forget the content of a job that is settled for good (confirmed or
@@ -838,4 +934,4 @@ def _check_name(by: str) -> None:
         raise JobInputError("by", f"longer than {MAX_NAME_LENGTH} characters")
 
 
-__all__ = ["JobState", "SendJob", "TransitionError", "job_id_for"]
+__all__ = ["JobState", "SendJob", "TransitionError", "copies_found", "job_id_for"]

@@ -1,33 +1,76 @@
-"""The raw message, built with the standard library's email package.
+"""The raw message, written by sendledger's own code (README "Message fields and
+validation", docs/architecture.md "The message").
+
+One writer for every message: headers through `ledger/header_encoding.py` (the caller's
+text as typed when it is plain ASCII, else RFC 2047 encoded words; file names in RFC 2231
+form), bodies as 7bit or base64, multipart boundaries that occur in no part. Nothing is
+handed to the standard library's ``email`` package, so no encoded word a caller typed is
+decoded on the way out, the bytes are the same on every Python version, and the time is
+linear in the message's size.
 
 The same job always renders to the same bytes (the Date comes from the job's creation,
-not from a clock), so a resend is the same message with the same Message-ID.
+not from a clock, and the boundaries from its Message-ID), so a resend is the same message
+with the same Message-ID. `ledger/wire_check.py` proves the bytes say what the job says.
 """
 
 from __future__ import annotations
 
-import binascii
-import email.policy
+import base64
 import hashlib
-import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from email.message import EmailMessage
 from email.utils import format_datetime
 
-from ledger.attachments import Attachment
-from ledger.content import (
-    JobInputError,
-    reject_line_breaks,
-    reject_unsafe_header_text,
-    validate_address,
-)
-from ledger.extra_headers import fold
+from ledger.addresses import Mailbox
+from ledger.attachments import Attachment, filename_problem
+from ledger.content import JobContent, JobInputError, mailbox_of, reject_unsafe_header_text
+from ledger.extra_headers import ASCII_ONLY, canonical_message_id, header_name_problem
+from ledger.header_encoding import LINE, fold, parameter, phrase, plain, unstructured
 
-# SMTP policy: CRLF line endings and RFC 2047 encoded words for non-ASCII headers.
-# refold_source="none": headers stored already folded (`_set_folded`) are written as they
-# are; every other header is folded by the email package as before.
-_POLICY = email.policy.SMTP.clone(max_line_length=78, refold_source="none")
+_CRLF = "\r\n"
+
+
+@dataclass(frozen=True)
+class MessageFields:
+    """What one message says: the job's fields as the writer and the proof take them."""
+
+    from_addr: str
+    to: tuple[str, ...]
+    subject: str
+    body: str
+    message_id: str
+    date: datetime
+    cc: tuple[str, ...] = ()
+    reply_to: str | None = None
+    html: str | None = None
+    bcc: tuple[str, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    in_reply_to: str | None = None
+    references: tuple[str, ...] = ()
+    attachments: tuple[Attachment, ...] = ()
+
+    @classmethod
+    def of(
+        cls, content: JobContent, *, from_addr: str, message_id: str, date: datetime
+    ) -> MessageFields:
+        """A job's message: its content, sent as `from_addr` with its Message-ID and Date."""
+        return cls(
+            from_addr=from_addr,
+            to=content.to,
+            cc=content.cc,
+            reply_to=content.reply_to,
+            subject=content.subject,
+            body=content.body,
+            html=content.html,
+            bcc=content.bcc,
+            headers=content.headers,
+            in_reply_to=content.in_reply_to,
+            references=content.references,
+            attachments=content.attachments,
+            message_id=message_id,
+            date=date,
+        )
 
 
 def build_message(
@@ -46,216 +89,203 @@ def build_message(
     in_reply_to: str | None = None,
     references: list[str] | tuple[str, ...] = (),
     attachments: tuple[Attachment, ...] = (),
-    direct: bool = True,
 ) -> bytes:
-    """The raw message. `bcc` becomes a Bcc header: the Gmail API takes its recipients
-    from it and strips it on delivery; the SMTP provider takes it into the envelope and
-    removes it from the data (`daemon/providers/smtp_imap.py: Envelope`). `headers` are
-    the caller's extra headers (already checked by `ledger.content.parse_job`); with
-    `attachments` the message is multipart/mixed, each file name in RFC 2231 form when it
-    needs one.
-
-    The common message (plain text, every header ASCII and one line) is written
-    directly: the email package spends about a millisecond per message parsing back the
-    headers it is given, once a third of the daemon's CPU per job. The direct path takes
-    only what it can prove it writes byte for byte as the email package does
-    (tests/unit/test_mime_direct.py compares the two, `direct=False` forcing the email
-    package, on generated messages); anything else, and every input the email package
-    would refuse, goes to the email package."""
-    if direct and html is None and not attachments:
-        raw = _direct_plain(
-            from_addr, to, cc, reply_to, bcc, subject, body, message_id, date, headers,
-            in_reply_to, references,
-        )  # fmt: skip
-        if raw is not None:
-            return raw
-    # Headers carry the validator's canonical forms (an internationalized domain as its
-    # A-label), never the text as typed.
-    sender = validate_address("from", from_addr)
-    recipients = [validate_address(f"to[{i}]", address) for i, address in enumerate(to)]
-    copies = [validate_address(f"cc[{i}]", address) for i, address in enumerate(cc)]
-    answer_to = None if reply_to is None else validate_address("reply_to", reply_to)
-    blind = [validate_address(f"bcc[{i}]", address) for i, address in enumerate(bcc)]
-    reject_unsafe_header_text("subject", subject)
-    reject_line_breaks("message_id", message_id)
-
-    message = EmailMessage(policy=_POLICY)
-    message["From"] = sender
-    message["To"] = ", ".join(recipients)
-    if copies:
-        message["Cc"] = ", ".join(copies)
-    if answer_to:
-        message["Reply-To"] = answer_to
-    message["Subject"] = subject
-    message["Date"] = format_datetime(date)
-    message["Message-ID"] = message_id
-    if in_reply_to is not None:
-        _set_folded(message, "In-Reply-To", in_reply_to)
-    if references:
-        _set_folded(message, "References", " ".join(references))
-    if blind:
-        message["Bcc"] = ", ".join(blind)
-    for name, value in headers:
-        reject_unsafe_header_text(f"headers.{name}", value)
-        if value.isascii():
-            _set_folded(message, name, value)
-        else:
-            message[name] = value  # RFC 2047 encoded words, as for the subject
-    message["MIME-Version"] = "1.0"
-    message.set_content(body, subtype="plain", charset="utf-8", cte=_cte(body))
-    if html is not None:
-        message.add_alternative(html, subtype="html", charset="utf-8", cte=_cte(html))
-        # The default boundary is random; a resend must be the same bytes.
-        message.set_boundary(_boundary(message_id))
-    for attachment in attachments:
-        message.add_attachment(
-            attachment.data,
-            maintype=attachment.maintype,
-            subtype=attachment.subtype,
-            filename=attachment.filename,
+    """The raw message (see :func:`render_message`)."""
+    return render_message(
+        MessageFields(
+            from_addr=from_addr,
+            to=tuple(to),
+            subject=subject,
+            body=body,
+            message_id=message_id,
+            date=date,
+            cc=tuple(cc),
+            reply_to=reply_to,
+            html=html,
+            bcc=tuple(bcc),
+            headers=tuple(headers),
+            in_reply_to=in_reply_to,
+            references=tuple(references),
+            attachments=tuple(attachments),
         )
-    if attachments:
-        message.set_boundary(_boundary(message_id, "mixed"))
-    return message.as_bytes(policy=_POLICY)
-
-
-# -- the direct path ----------------------------------------------------------------------
-
-# A mailbox the strict validator (ledger/addresses.py) returns unchanged and the email
-# package writes unchanged: a display name of plain words (no RFC 5322 specials, no "=?"
-# that its parser would decode as an encoded word), an ASCII dot-atom local part and a
-# host name. Lengths, all-digit top labels and A-labels ("xn--", which the validator
-# checks with IDNA) are left to the email package.
-_WORD = r"[A-Za-z0-9'_-]+"
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_SPEC = rf"[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*@{_LABEL}(?:\.{_LABEL})+"
-_SIMPLE_MAILBOX = re.compile(rf"(?:{_WORD}(?: {_WORD})* <({_SPEC})>|({_SPEC}))")
-_SIMPLE_MESSAGE_ID = re.compile(r"<[A-Za-z0-9._+-]+@[A-Za-z0-9.-]+>")
-_SIMPLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*")  # a header name
-_MAX_LINE = 78  # _POLICY.max_line_length: a longer header line would be folded
-_CRLF = "\r\n"
-
-
-def _simple_mailbox(value: str) -> bool:
-    match = _SIMPLE_MAILBOX.fullmatch(value)
-    if match is None:
-        return False
-    local, _, domain = (match.group(1) or match.group(2)).rpartition("@")
-    labels = domain.lower().split(".")
-    return (
-        len(local) <= 64
-        and len(domain) <= 253
-        and len(local) + len(domain) < 254
-        and not labels[-1].isdigit()
-        and not any(label.startswith("xn--") for label in labels)
     )
 
 
-def _simple_text(value: str) -> bool:
-    # Printable ASCII (so no control character, CR or LF), words separated by single
-    # spaces, nothing the email package would read as an encoded word.
-    return (
-        value.isascii()
-        and value.isprintable()
-        and value == value.strip(" ")
-        and "  " not in value
-        and "=?" not in value
-        and value != ""
-    )
+def render_message(fields: MessageFields) -> bytes:
+    """The raw message: CRLF line ends, ASCII headers, no line over 998 octets. `bcc`
+    becomes a Bcc header: the Gmail API takes its recipients from it and strips it on
+    delivery; the SMTP provider takes it into the envelope and removes it from the data
+    (`daemon/providers/smtp_imap.py: Envelope`). With `html` the text is
+    multipart/alternative; with `attachments` the message is multipart/mixed.
+
+    Raises JobInputError naming the field for what cannot be written as it says (a
+    control character, a message id that is not one, ...); parse_job refuses all of it
+    first, so only a job stored before a rule existed meets it here."""
+    lines = _header_lines(fields)
+    entity = _content(fields)
+    head = _CRLF.join([*lines, "MIME-Version: 1.0", *entity[0]])
+    return b"".join((head.encode("ascii"), b"\r\n\r\n", entity[1]))
 
 
-def _address_line(name: str, addresses: list[str] | tuple[str, ...]) -> str | None:
-    if not all(_simple_mailbox(address) for address in addresses):
-        return None
-    return _one_line(f"{name}: {', '.join(addresses)}")
+def mailboxes(field: str, addresses: Iterable[str]) -> list[Mailbox]:
+    """Each address as its Mailbox, `field[i]` naming a bad one."""
+    return [mailbox_of(f"{field}[{i}]", address) for i, address in enumerate(addresses)]
 
 
-def _one_line(line: str) -> str | None:
-    return line if len(line) <= _MAX_LINE else None
+def message_id(field: str, value: str) -> str:
+    """`value` when it is one canonical ``<left@right>`` message id; JobInputError else."""
+    if canonical_message_id(value) != value:
+        raise JobInputError(field, f"not a message id like <local@domain>: {value!r}")
+    return value
 
 
-def _direct_plain(
-    from_addr: str,
-    to: list[str] | tuple[str, ...],
-    cc: list[str] | tuple[str, ...],
-    reply_to: str | None,
-    bcc: list[str] | tuple[str, ...],
-    subject: str,
-    body: str,
-    message_id: str,
-    date: datetime,
-    headers: tuple[tuple[str, str], ...],
-    in_reply_to: str | None,
-    references: list[str] | tuple[str, ...],
-) -> bytes | None:
-    """The plain-text message written directly, in the email package's header order,
-    or None when any part needs the email package."""
-    lines: list[str | None] = [_address_line("From", [from_addr]), _address_line("To", to)]
-    if cc:
-        lines.append(_address_line("Cc", cc))
-    if reply_to is not None:
-        lines.append(_address_line("Reply-To", [reply_to]))
-    lines.append(_one_line(f"Subject: {subject}") if _simple_text(subject) else None)
-    lines.append(f"Date: {format_datetime(date)}")
-    simple_id = _SIMPLE_MESSAGE_ID.fullmatch(message_id)
-    lines.append(_one_line(f"Message-ID: {message_id}") if simple_id else None)
-    if in_reply_to is not None:
-        lines.append(_folded_line("In-Reply-To", in_reply_to))
-    if references:
-        lines.append(_folded_line("References", " ".join(references)))
-    if bcc:
-        lines.append(_address_line("Bcc", bcc))
-    for name, value in headers:
-        lines.append(_folded_line(name, value))
-    if None in lines:
-        return None
-    if not body.isascii() and any("\ud800" <= char <= "\udfff" for char in body):
-        return None  # a lone surrogate cannot be encoded: the email package says so
-    cte = _cte(body)
-    encoded = body.encode("utf-8").splitlines()
-    if cte == "7bit":
-        payload = _CRLF.join(line.decode("ascii") for line in encoded) + _CRLF
-    else:
-        data = b"\r\n".join(encoded) + b"\r\n"
-        step = _MAX_LINE // 4 * 3
-        payload = "".join(
-            binascii.b2a_base64(data[i : i + step]).decode("ascii")
-            for i in range(0, len(data), step)
-        ).replace("\n", _CRLF)
-    head = _CRLF.join(line for line in lines if line is not None)
-    return (
-        f"{head}{_CRLF}MIME-Version: 1.0{_CRLF}"
-        f'Content-Type: text/plain; charset="utf-8"{_CRLF}'
-        f"Content-Transfer-Encoding: {cte}{_CRLF}{_CRLF}{payload}"
-    ).encode("ascii")
+def _header_lines(fields: MessageFields) -> list[str]:
+    lines = [
+        _address_line("From", [mailbox_of("from", fields.from_addr)]),
+        _address_line("To", mailboxes("to", fields.to)),
+    ]
+    if fields.cc:
+        lines.append(_address_line("Cc", mailboxes("cc", fields.cc)))
+    if fields.reply_to is not None:
+        lines.append(_address_line("Reply-To", [mailbox_of("reply_to", fields.reply_to)]))
+    reject_unsafe_header_text("subject", fields.subject)
+    lines.append(unstructured("Subject", fields.subject))
+    lines.append(f"Date: {format_datetime(fields.date)}")
+    lines.append(f"Message-ID: {message_id('message_id', fields.message_id)}")
+    if fields.in_reply_to is not None:
+        lines.append(fold("In-Reply-To", [message_id("in_reply_to", fields.in_reply_to)]))
+    if fields.references:
+        ids = [message_id(f"references[{i}]", ref) for i, ref in enumerate(fields.references)]
+        lines.append(fold("References", ids))
+    if fields.bcc:
+        lines.append(_address_line("Bcc", mailboxes("bcc", fields.bcc)))
+    for name, value in fields.headers:
+        lines.append(_extra_header(name, value))
+    return lines
 
 
-def _folded_line(name: str, value: str) -> str | None:
-    # What `_set_folded` stores and the generator writes as it is (refold_source="none").
-    if not _simple_text(value) or not _SIMPLE_NAME.fullmatch(name):
-        return None
-    return f"{name}: {fold(name, value)}"
+def _address_line(name: str, boxes: list[Mailbox]) -> str:
+    tokens: list[str] = []
+    room = LINE - len(name) - 2
+    for index, box in enumerate(boxes):
+        words = [*phrase(box.display_name, room), f"<{box.addr_spec}>"]
+        if not box.display_name:
+            words = [box.addr_spec]
+        if index < len(boxes) - 1:
+            words[-1] += ","
+        whole = " ".join(words)
+        # One mailbox to a line where it fits: folded between mailboxes, not inside one.
+        tokens.extend([whole] if len(whole) < LINE else words)
+    return fold(name, tokens)
 
 
-def _boundary(message_id: str, kind: str = "") -> str:
-    # Derived from the Message-ID: no boundary may be random (a resend is the same bytes),
-    # and the multipart/alternative nested inside multipart/mixed needs another one.
-    digest = hashlib.sha256((message_id + kind).encode("utf-8")).hexdigest()[:32]
-    return f"=_sendledger_{kind}{digest}" if kind else f"=_sendledger_{digest}"
+def _extra_header(name: str, value: str) -> str:
+    field = f"headers.{name}"
+    problem = header_name_problem(name)
+    if problem:
+        raise JobInputError(field, problem)
+    reject_unsafe_header_text(field, value)
+    if name.lower() in ASCII_ONLY:
+        if not plain(value):
+            raise JobInputError(
+                field, "must be printable ASCII without '=?' (percent-encode a URL)"
+            )
+        return fold(name, value.split(" "))
+    return unstructured(name, value)
 
 
-def _set_folded(message: EmailMessage, name: str, value: str) -> None:
-    # A URL or message id longer than a line must stay one token: the email package
-    # would fold it into encoded words, and it would no longer be a URL or message id.
-    reject_line_breaks(name, value)
-    message.set_raw(name, fold(name, value))
+# -- bodies -------------------------------------------------------------------------------
+
+Entity = tuple[list[str], bytes]  # header lines, and the body (ending in CRLF, or empty)
 
 
-def _cte(text: str) -> str:
-    # 8bit needs an 8BITMIME path end to end; base64 survives any relay. Lines are what
-    # SMTP counts: CR and LF only (str.splitlines would also split on \x0b, \x0c, ...).
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    return "7bit" if text.isascii() and all(len(line) <= 998 for line in lines) else "base64"
+def _content(fields: MessageFields) -> Entity:
+    text = _text_part(fields.body, "plain", "body")
+    if fields.html is not None:
+        html = _text_part(fields.html, "html", "html")
+        text = _multipart("alternative", [text, html], fields.message_id, "")
+    if not fields.attachments:
+        return text
+    parts = [text]
+    for index, attachment in enumerate(fields.attachments):
+        parts.append(_attachment_part(attachment, f"attachments[{index}]"))
+    return _multipart("mixed", parts, fields.message_id, "mixed")
+
+
+def wire_text(text: str, field: str = "body") -> tuple[str, bytes]:
+    """`text` as a text part carries it, and its transfer encoding: UTF-8, every line
+    ending (CR, LF or CR LF) a CR LF, a final one (an empty text is one empty line); 7bit
+    when that is ASCII with no line over SMTP's 998 octets, else base64 (8bit would need
+    an 8BITMIME path end to end; base64 survives any relay). Lines end at CR and LF only
+    (str.splitlines would also split on \x0b, \x0c, ...). One pass over the bytes each
+    step, no Python loop per line or character: a text may be 25 MB."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise JobInputError(field, "must not contain a lone surrogate (invalid Unicode)") from None
+    data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    seven_bit = data.isascii() and max(map(len, data.split(b"\n"))) <= 998
+    return ("7bit" if seven_bit else "base64"), data.replace(b"\n", b"\r\n")
+
+
+def _base64_lines(data: bytes) -> bytes:
+    # 57 bytes (76 characters) a line, as binascii.b2a_base64 per line would write them.
+    return base64.encodebytes(data).replace(b"\n", b"\r\n")
+
+
+def _text_part(text: str, subtype: str, field: str) -> Entity:
+    cte, data = wire_text(text, field)
+    body = data if cte == "7bit" else _base64_lines(data)
+    headers = [
+        f'Content-Type: text/{subtype}; charset="utf-8"',
+        f"Content-Transfer-Encoding: {cte}",
+    ]
+    return headers, body
+
+
+def _attachment_part(attachment: Attachment, field: str) -> Entity:
+    problem = filename_problem(attachment.filename)
+    if problem:
+        raise JobInputError(f"{field}.filename", problem)
+    params = parameter("filename", attachment.filename)
+    tokens = ["attachment;", *[p + ";" for p in params[:-1]], params[-1]]
+    headers = [
+        f"Content-Type: {attachment.content_type}",
+        "Content-Transfer-Encoding: base64",
+        fold("Content-Disposition", tokens),
+    ]
+    return headers, _base64_lines(attachment.data)
+
+
+def entity_bytes(entity: Entity) -> bytes:
+    return _CRLF.join(entity[0]).encode("ascii") + b"\r\n\r\n" + entity[1]
+
+
+def boundary(message_id: str, kind: str, attempt: int = 0) -> str:
+    """The `attempt`-th boundary candidate of a multipart `kind`: derived from the
+    Message-ID (a resend must be the same bytes, so nothing random), another for the
+    multipart/alternative nested in multipart/mixed."""
+    seed = message_id + kind + (f"#{attempt}" if attempt else "")
+    digest = hashlib.sha256(seed.encode("utf-8")).hexdigest()[:32]
+    return f"=_sendledger_{kind}{digest}"
+
+
+def _multipart(subtype: str, parts: list[Entity], message_id: str, kind: str) -> Entity:
+    encoded = [entity_bytes(part) for part in parts]
+    attempt = 0
+    # A text part may hold any line, and the Message-ID (so the boundary) is derived from
+    # the key: a caller can compute it. The first candidate that occurs in no part is used.
+    while True:
+        mark = boundary(message_id, kind, attempt)
+        delimiter = b"--" + mark.encode("ascii")
+        if not any(delimiter in part for part in encoded):
+            break
+        attempt += 1
+    body = b"".join(delimiter + b"\r\n" + part + b"\r\n" for part in encoded)
+    headers = [fold("Content-Type", [f"multipart/{subtype};", f'boundary="{mark}"'])]
+    return headers, body + delimiter + b"--\r\n"
 
 
 @dataclass(frozen=True)
@@ -290,3 +320,14 @@ def check_size(raw: bytes, limits: MessageLimits, field: str = "body") -> None:
             f"the message is {len(raw)} bytes once encoded, more than "
             f"{limits.where}.max_message_bytes ({limits.max_bytes})",
         )
+
+
+__all__ = [
+    "MessageFields",
+    "MessageLimits",
+    "boundary",
+    "build_message",
+    "check_recipients",
+    "check_size",
+    "render_message",
+]

@@ -19,12 +19,16 @@ class JobState(StrEnum):
     CONFIRMED = "confirmed"
     REVIEW = "review"
     ABANDONED = "abandoned"
+    CANCELLED = "cancelled"  # withdrawn before any attempt: never sent
 
 
 #: States in which the daemon has nothing more to do on its own.
-SETTLED_STATES = frozenset({JobState.CONFIRMED, JobState.REVIEW, JobState.ABANDONED})
+SETTLED_STATES = frozenset(
+    {JobState.CONFIRMED, JobState.REVIEW, JobState.ABANDONED, JobState.CANCELLED}
+)
 #: States that end a job's life (review waits for a human).
-FINAL_STATES = frozenset({JobState.CONFIRMED, JobState.ABANDONED})
+FINAL_STATES = frozenset({JobState.CONFIRMED, JobState.ABANDONED, JobState.CANCELLED})
+
 #: States a tick or an operator still has to act on.
 OPEN_STATES = tuple(state for state in JobState if state not in FINAL_STATES)
 
@@ -38,6 +42,11 @@ class EscalationReason(StrEnum):
     REJECTED = "rejected"
     HANDLE_UNRELIABLE = "handle-unreliable"
     NO_POLICY = "no-policy"
+    #: The rendered bytes do not say what the job says (`ledger/wire_check.py`): never sent.
+    RENDER_MISMATCH = "render-mismatch"
+    #: The provider stayed unavailable (nothing sent) longer than the channel's
+    #: `give_up_after`.
+    PROVIDER_UNAVAILABLE = "provider-unavailable"
 
 
 class Resolution(StrEnum):

@@ -54,6 +54,7 @@ __all__ = [
     "after_response",
     "after_search",
     "after_transient_rejection",
+    "after_unavailable",
     "after_unknown",
     "after_verification",
     "backoff_ceiling",
@@ -61,6 +62,7 @@ __all__ = [
     "before_search",
     "cannot_build",
     "no_policy",
+    "waited_too_long",
 ]
 
 #: A provider's Retry-After longer than this is capped: a week is long enough for any quota
@@ -252,6 +254,45 @@ def after_transient_rejection(
     if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
         floor = min(float(retry_after), MAX_RETRY_AFTER)
     return RetryAt(policy.ref, now + timedelta(seconds=max(floor, delay)))
+
+
+def waited_too_long(
+    policy: ChannelPolicy, *, waiting_since: datetime, now: datetime
+) -> Review | None:
+    """A job that has waited for an unavailable provider longer than ``give_up_after``
+    goes to a human (``provider-unavailable``); without ``give_up_after`` it never does."""
+    if policy.give_up_after is None:
+        return None
+    if (_utc(now) - _utc(waiting_since)).total_seconds() <= policy.give_up_after:
+        return None
+    return Review(policy.ref, EscalationReason.PROVIDER_UNAVAILABLE)
+
+
+def after_unavailable(
+    policy: ChannelPolicy,
+    *,
+    waiting_since: datetime,
+    now: datetime,
+    wait: float,
+    retry_after: float | None,
+) -> AfterRejection:
+    """After a call that provably sent nothing because the provider is unavailable
+    (refused connection, DNS, connect timeout, TLS handshake, 429 or quota, SMTP 421
+    before DATA): waited out, so it does not count against ``max_attempts``. Due again
+    after ``wait`` or the provider's ``Retry-After``, whichever is longer (but not after
+    its give-up time); review only once ``give_up_after`` has passed."""
+    now = _utc(now)
+    late = waited_too_long(policy, waiting_since=waiting_since, now=now)
+    if late is not None:
+        return late
+    floor = 0.0
+    if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
+        floor = min(float(retry_after), MAX_RETRY_AFTER)
+    at = now + timedelta(seconds=max(floor, wait, 0.0))
+    if policy.give_up_after is not None:
+        # Never due after its give-up time, so a long Retry-After cannot hide it past it.
+        at = max(now, min(at, _utc(waiting_since) + timedelta(seconds=policy.give_up_after)))
+    return RetryAt(policy.ref, at)
 
 
 def after_permanent_rejection(policy: ChannelPolicy) -> Review:

@@ -21,10 +21,12 @@ from policies.files import FileProblem, read_regular_file
 from policies.model import ChannelPolicy
 
 __all__ = [
+    "PartialPolicies",
     "PolicyLoadError",
     "PolicyProblem",
     "PolicySet",
     "load_policy_dir",
+    "load_policy_dir_partial",
     "load_policy_file",
 ]
 
@@ -171,41 +173,66 @@ def _policy_files(directory: Path) -> list[Path]:
     )
 
 
-def load_policy_dir(
-    directory: Path,
-    *,
-    known_providers: Collection[str] | None = None,
-    client_copy_providers: Collection[str] = (),
-) -> PolicySet:
-    """Load every ``*.toml`` file of ``directory`` (other files are ignored).
-
-    All-or-nothing: any problem in any file raises PolicyLoadError with all problems of all
-    files, including channels declared by two files and, when ``known_providers`` is given,
-    providers that the configuration does not define, and ``on_unknown = "retry"`` on a
-    provider in ``client_copy_providers`` (it files its own sent copy after the send, so a
-    crash in between leaves none, and a search miss proves nothing: README "Providers").
-    """
-    directory = Path(directory)
+def _listed(directory: Path) -> list[Path]:
+    """The folder's policy files; PolicyLoadError when the folder itself cannot be read."""
     if not directory.exists():
         raise PolicyLoadError([PolicyProblem(directory, WHOLE_FILE, "no such directory")])
     if not directory.is_dir():
         raise PolicyLoadError([PolicyProblem(directory, WHOLE_FILE, "not a directory")])
     try:
-        files = _policy_files(directory)
+        return _policy_files(directory)
     except OSError as exc:
         raise PolicyLoadError(
             [PolicyProblem(directory, WHOLE_FILE, f"cannot list: {exc.strerror or exc}")]
         ) from None
 
+
+@dataclass(frozen=True)
+class PartialPolicies:
+    """A folder read file by file: the channels whose policy is sound, and for every
+    channel whose file has a problem, its problems (`broken`). Intake refuses the broken
+    channels only (README "Channel policies"); the daemon still loads all or nothing."""
+
+    policies: PolicySet
+    broken: Mapping[str, list[PolicyProblem]]
+    problems: list[PolicyProblem]
+
+
+def load_policy_dir_partial(
+    directory: Path,
+    *,
+    known_providers: Collection[str] | None = None,
+    client_copy_providers: Collection[str] = (),
+) -> PartialPolicies:
+    """As `load_policy_dir`, but a problem refuses only the channel of its file (named by
+    the file's `channel`, else its stem). A folder that cannot be read raises
+    PolicyLoadError."""
+    return _scan(_listed(Path(directory)), known_providers, client_copy_providers)
+
+
+def _declared_channel(path: Path) -> str:
+    data, _ = _parse(path)
+    channel = data.get("channel") if data is not None else None
+    return channel if isinstance(channel, str) and channel else path.stem
+
+
+def _scan(
+    files: list[Path],
+    known_providers: Collection[str] | None,
+    client_copy_providers: Collection[str],
+) -> PartialPolicies:
     problems: list[PolicyProblem] = []
     policies: dict[str, ChannelPolicy] = {}
     sources: dict[str, Path] = {}
+    broken: dict[str, list[PolicyProblem]] = {}
     known = None if known_providers is None else set(known_providers)
     for path in files:
         policy, file_problems = _load(path)
         problems.extend(file_problems)
         if policy is None:
+            broken.setdefault(_declared_channel(path), []).extend(file_problems)
             continue
+        before = len(problems)
         if known is not None and policy.provider not in known:
             listed = ", ".join(sorted(known)) or "none configured"
             problems.append(
@@ -230,9 +257,34 @@ def load_policy_dir(
                     path, "channel", f"channel {policy.channel!r} is also declared by {first}"
                 )
             )
+        if len(problems) > before:
+            broken.setdefault(policy.channel, []).extend(problems[before:])
             continue
         policies[policy.channel] = policy
         sources[policy.channel] = path
-    if problems:
-        raise PolicyLoadError(problems)
-    return PolicySet(policies, sources)
+    for channel in broken:
+        # A channel declared by a sound file and a broken one is broken.
+        policies.pop(channel, None)
+        sources.pop(channel, None)
+    return PartialPolicies(PolicySet(policies, sources), broken, problems)
+
+
+def load_policy_dir(
+    directory: Path,
+    *,
+    known_providers: Collection[str] | None = None,
+    client_copy_providers: Collection[str] = (),
+) -> PolicySet:
+    """Load every ``*.toml`` file of ``directory`` (other files are ignored).
+
+    All-or-nothing: any problem in any file raises PolicyLoadError with all problems of all
+    files, including channels declared by two files and, when ``known_providers`` is given,
+    providers that the configuration does not define, and ``on_unknown = "retry"`` on a
+    provider in ``client_copy_providers`` (it files its own sent copy after the send, so a
+    crash in between leaves none, and a search miss proves nothing: README "Providers").
+    """
+    files = _listed(Path(directory))
+    partial = _scan(files, known_providers, client_copy_providers)
+    if partial.problems:
+        raise PolicyLoadError(partial.problems)
+    return partial.policies

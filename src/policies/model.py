@@ -145,6 +145,9 @@ class ChannelPolicy(BaseModel):
     # "send" sends the same draft again (even on a review or irreversible channel: the
     # provider makes at most one message of a draft); "review" leaves it to a human.
     pending_draft: PendingDraft = "send"
+    # How long a job may wait for an unavailable provider (refused connections, quota
+    # errors: nothing sent) before a human decides; None: it waits for as long as it takes.
+    give_up_after: Duration | None = None
 
     @field_validator("channel")
     @classmethod
@@ -271,6 +274,8 @@ class ChannelPolicy(BaseModel):
             values["allowed_from"] = list(self.allowed_from)
         if self.pending_draft == "send":
             del values["pending_draft"]  # the default keeps the fingerprint it had before
+        if self.give_up_after is None:
+            del values["give_up_after"]  # unchanged policies keep their fingerprint
         return values
 
     @property

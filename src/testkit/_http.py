@@ -45,6 +45,9 @@ class BodyError(ValueError):
 
 class TrackingHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog of 5 resets connections when many clients connect
+    # at once (64 send workers starting together), which a real API front end never does.
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         self._connections: set[socket.socket] = set()

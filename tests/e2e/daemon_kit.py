@@ -30,7 +30,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from daemon.commands import event_record
+from daemon.read_models import event_record
 from ledger.application import Ledger
 from ledger.stores.index import IndexRow
 from testkit.credentials import write_service_account
@@ -179,6 +179,8 @@ class Rig:
         quota: float = 100_000.0,
         emulator: GmailEmulator | None = None,
         policies: Mapping[str, Mapping[str, Any]] | None = None,
+        daemon_extra: str = "",
+        api_port: int | None = None,
     ) -> None:
         self.dir = folder
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -212,9 +214,18 @@ class Rig:
             f'api_endpoint = "{self.relay.url}"\n'
             f'token_uri = "{self.emulator.token_uri}"\n'
             f'timeout = "{timeout}"\n'
-            f"quota_units_per_second = {quota}\n",
+            f"quota_units_per_second = {quota}\n"
+            + (
+                ""
+                if api_port is None
+                else f'\n[api]\nlisten = "127.0.0.1:{api_port}"\ntoken_file = "api-tokens"\n'
+            ),
             encoding="utf-8",
         )
+        self.api_url = None if api_port is None else f"http://127.0.0.1:{api_port}"
+        tokens = folder / "api-tokens"
+        tokens.write_text("e2e:e2e-token-0123456789abcdef\n", encoding="utf-8")
+        tokens.chmod(0o600)
         for channel, fields in (policies or {"receipts": RETRY_POLICY}).items():
             self.write_policy(channel, fields)
 

@@ -138,6 +138,15 @@ def test_a_bad_job_in_a_batch_writes_nothing(cli: Any) -> None:
     assert not (cli.root / "ledger.sqlite").exists()
 
 
+def test_batch_errors_name_the_job_as_http_does(cli: Any) -> None:
+    # `job[1].channel: ...` (README "HTTP API", "Errors and statuses"), and how many more.
+    batch = [job("b-1"), job("b-2", channel="nope"), job("b-3", channel="nope2")]
+    result = cli.run("submit", "-", stdin=json.dumps(batch))
+    assert result.code == 2
+    line = one_error_line(result, "job[1].channel: no policy file for channel 'nope'")
+    assert line.endswith("(and 1 more)")
+
+
 # -- status / history ------------------------------------------------------------------
 
 
@@ -277,10 +286,12 @@ def test_policy_check(cli: Any) -> None:
     line = one_error_line(result)
     assert line.startswith(f"{broken}:max_attempts: "), line
 
-    # submit refuses to run on a broken policy folder, naming the file and field too.
-    refused = cli.submit(job())
+    # The broken file's channel refuses new jobs, naming the file and field; the other
+    # channels keep accepting (the same rule as POST /v1/jobs).
+    refused = cli.submit(job("order-alerts", channel="alerts"))
     assert refused.code == 2
-    one_error_line(refused, f"{broken}:max_attempts:")
+    one_error_line(refused, "job.channel", f"{broken}:max_attempts:")
+    assert cli.submit(job()).code == 0
 
 
 def test_admin_rebuild_index(cli: Any) -> None:

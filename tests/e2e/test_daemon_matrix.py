@@ -366,7 +366,10 @@ def test_review_and_irreversible_channels_never_resend_on_their_own(tmp_path: An
         for key in ("rv-fail", "irr-fail"):
             history = rig.history(key)
             types = [r["type"] for r in history]
-            assert types[-4:] == ["Escalated", "Resolved", "Attempted", "Confirmed"], types
+            # A resend searches first, now, and records what it found: nothing.
+            assert types[-5:] == ["Escalated", "Checked", "Resolved", "Attempted", "Confirmed"]
+            checked = events_of(history, "Checked")[0]
+            assert (checked["by"], checked["provider_message_ids"]) == ("tester", [])
             assert types.count("Attempted") == 2
             assert events_of(history, "Resolved")[0]["decision"] == "resend"
             assert _confirmations(history) == ["response"]

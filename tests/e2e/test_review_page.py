@@ -5,6 +5,7 @@ job in review, resolves it, and checks the job's state changed in the store."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -21,6 +22,8 @@ from tests.integration.api_kit import TOKEN, free_port, job
 from ledger.application import Ledger
 from ledger.decisions import Review
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
+from testkit.credentials import write_service_account
+from testkit.gmail import GmailEmulator
 
 CHROMIUM = os.environ.get("TEST_CHROMIUM", "/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[2]
@@ -42,19 +45,34 @@ def _require_browser() -> None:
     pytest.skip(reason)
 
 
+MAILBOX = "shop@shop.example"
+SHOTS = {
+    "queue": "review-queue.png",
+    "job": "review-job.png",
+    "triage": "review-triage.png",
+    "overview": "review-overview.png",
+}
+
+
 @pytest.fixture
-def api_process(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def api_process(tmp_path: Path) -> Iterator[tuple[str, Path, GmailEmulator]]:
+    """`sendledger api` as a process; its provider is the Gmail emulator, so the page's
+    check button searches a real (emulated) mailbox."""
     port = free_port()
+    emulator = GmailEmulator()
+    emulator.start()
+    write_service_account(tmp_path / "sa.json", token_uri=emulator.token_uri)
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "receipts.toml").write_text(
         'provider = "support"\nfrom = "Support <support@example.com>"\n'
         'message_id_domain = "mail.example.com"\non_unknown = "review"\n'
     )
     (tmp_path / "api-tokens").write_text(f"alice:{TOKEN}\n")
-    (tmp_path / "sa.json").write_text("{}")
     (tmp_path / "sendledger.toml").write_text(
         '[store]\nurl = "sqlite:///ledger.sqlite"\n[daemon]\npolicies_dir = "policies"\n'
-        '[providers.support]\ncredentials_file = "sa.json"\n'
+        '[providers.support]\nkind = "gmail"\ncredentials_file = "sa.json"\n'
+        f'user = "{MAILBOX}"\napi_endpoint = "{emulator.url}"\n'
+        f'token_uri = "{emulator.token_uri}"\n'
         f'[api]\nlisten = "127.0.0.1:{port}"\ntoken_file = "api-tokens"\n'
     )
     log = (tmp_path / "api.log").open("wb")
@@ -75,29 +93,51 @@ def api_process(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             assert process.poll() is None, (tmp_path / "api.log").read_text()
             assert time.monotonic() < deadline, "sendledger api did not start"
             time.sleep(0.05)
-        yield url, tmp_path
+        yield url, tmp_path, emulator
     finally:
         process.terminate()
         assert process.wait(timeout=15) == 0
         log.close()
+        emulator.stop()
 
 
-def test_sign_in_open_a_job_in_review_and_resolve_it(
-    api_process: tuple[str, Path], tmp_path: Path
-) -> None:
-    _require_browser()
-    from playwright.sync_api import sync_playwright
-
-    url, folder = api_process
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    key = "order-4711"
-    submitted = httpx.post(url + "/v1/jobs", json=job(key), headers=auth)
-    assert submitted.status_code == 201
+def _to_review(folder: Path, *keys: str) -> None:
     with Ledger(f"sqlite:///{folder / 'ledger.sqlite'}") as ledger:
         review = Review(
             policy=PolicyRef("receipts", "f" * 16), reason=EscalationReason.UNKNOWN_OUTCOME
         )
-        ledger.update(key, lambda j: j.escalate(review, detail="test", at=datetime.now(UTC)))
+        for key in keys:
+            ledger.update(key, lambda j: j.escalate(review, detail="test", at=datetime.now(UTC)))
+
+
+def _copy(message_id: str, to: str, subject: str) -> bytes:
+    return (
+        f"From: Support <support@example.com>\r\nTo: {to}\r\nSubject: {subject}\r\n"
+        f"Date: Tue, 01 Dec 2026 09:00:00 +0000\r\nMessage-ID: {message_id}\r\n\r\nThanks.\r\n"
+    ).encode()
+
+
+def test_sign_in_check_resolve_triage_and_cancel(
+    api_process: tuple[str, Path, GmailEmulator], tmp_path: Path
+) -> None:
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    url, folder, emulator = api_process
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    key, other, later = "order-4711", "order-4712", "later-1"
+    message_ids = {}
+    for name, extra in ((key, {}), (other, {}), (later, {"send_at": "2099-01-01T09:00:00Z"})):
+        submitted = httpx.post(url + "/v1/jobs", json=job(name, **extra), headers=auth)
+        assert submitted.status_code == 201
+        message_ids[name] = submitted.json()["message_id"]
+    _to_review(folder, key, other)
+    # The first send of order-4711 did arrive: its copy is in the sender's Sent folder.
+    emulator.inject(
+        _copy(message_ids[key], "Customer <customer@example.org>", "Your receipt"), user=MAILBOX
+    )
+    shots = tmp_path / "shots"
+    shots.mkdir()
 
     with sync_playwright() as p:
         browser = p.chromium.launch(
@@ -115,21 +155,68 @@ def test_sign_in_open_a_job_in_review_and_resolve_it(
             page.click("button[type=submit]")
             cookie = next(c for c in page.context.cookies() if c["name"] == "sendledger_session")
             assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+            queue = page.inner_text("#queue")
+            assert "customer@example.org" in queue and "Your receipt" in queue
+            assert "unknown-outcome" in queue and re.search(r"\t\d+ (s|min)\t", queue), queue
+            page.screenshot(path=str(shots / SHOTS["queue"]), full_page=True)
+
+            # Check: the copy is found and shown; resend is no longer offered.
             page.click(f"text={key}")
             assert page.inner_text("#state") == "review"
+            page.click("#check button[type=submit]")
+            assert "1 copy found" in page.inner_text("#check-result")
+            assert "Your receipt" in page.inner_text("#copies")
+            assert page.locator("input[name=as][value=resend]").count() == 0
             page.check("input[name=as][value=sent]")
-            page.fill("textarea[name=note]", "one copy found in Sent")
-            page.screenshot(path=str(tmp_path / "review-page-before.png"), full_page=True)
-            page.click("form.box button[type=submit]")
+            page.fill("#resolve textarea[name=note]", "one copy found in Sent")
+            page.screenshot(path=str(shots / SHOTS["job"]), full_page=True)
+            page.click("#resolve button[type=submit]")
             assert page.inner_text("#state") == "confirmed"
-            page.screenshot(path=str(tmp_path / "review-page.png"), full_page=True)
+            assert "Checked" in page.inner_text("#timeline")
+
+            # Triage, dry run first: the other job has no copy and would be left.
+            page.click("nav >> text=Triage")
+            page.click("#triage button[value=dry-run]")
+            results = page.inner_text("#triage-results")
+            assert other in results and "none found: left in review" in results
+            page.screenshot(path=str(shots / SHOTS["triage"]), full_page=True)
+
+            # Find the scheduled job by its key and cancel it.
+            page.goto(url + "/ui/")
+            page.fill("input[name=q]", later)
+            page.click("form[role=search] button")
+            page.click(f"text={later}")
+            page.fill("#cancel textarea[name=note]", "customer withdrew")
+            page.click("#cancel button[type=submit]")
+            assert page.inner_text("#state") == "cancelled"
+
+            page.click("nav >> text=Overview")
+            assert page.locator("#chart").count() == 1
+            assert "review\n" in page.inner_text("#open-counts").lower()
+            page.screenshot(path=str(shots / SHOTS["overview"]), full_page=True)
+
+            # Readable at 390 px: nothing runs off the screen (measured with a script in a
+            # second page; the pages themselves need none).
+            narrow = browser.new_page(viewport={"width": 390, "height": 844})
+            narrow.context.add_cookies(page.context.cookies())
+            for path in ("/ui/", f"/ui/jobs/{key}", "/ui/triage", "/ui/overview"):
+                narrow.goto(url + path)
+                width = narrow.evaluate("document.documentElement.scrollWidth")
+                assert width <= 390, (path, width)
             if os.environ.get("UPDATE_REVIEW_SCREENSHOT"):
-                shutil.copy(tmp_path / "review-page-before.png", REPO / "docs" / "review-page.png")
+                for name in SHOTS.values():
+                    shutil.copy(shots / name, REPO / "docs" / name)
+                narrow.goto(url + "/ui/")
+                narrow.screenshot(path=str(REPO / "docs" / "review-queue-390.png"), full_page=True)
         finally:
             browser.close()
 
-    status = httpx.get(f"{url}/v1/jobs/{key}", headers=auth).json()
-    assert status["state"] == JobState.CONFIRMED
+    assert httpx.get(f"{url}/v1/jobs/{key}", headers=auth).json()["state"] == JobState.CONFIRMED
     events = httpx.get(f"{url}/v1/jobs/{key}/events", headers=auth).json()
+    checked = [e for e in events if e["type"] == "Checked"]
+    assert checked[0]["by"] == "alice" and len(checked[0]["provider_message_ids"]) == 1
     resolved = [e for e in events if e["type"] == "Resolved"]
     assert resolved[0]["by"] == "alice" and resolved[0]["note"] == "one copy found in Sent"
+    assert httpx.get(f"{url}/v1/jobs/{later}", headers=auth).json()["state"] == "cancelled"
+    assert httpx.get(f"{url}/v1/jobs/{other}", headers=auth).json()["state"] == "review"
+    assert emulator.copies(message_ids[key]) == 1 and emulator.copies(message_ids[later]) == 0

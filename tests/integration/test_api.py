@@ -4,6 +4,7 @@ README "HTTP API" lists, nothing written on any error, the token's name recorded
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -155,7 +156,13 @@ def test_status_events_404_and_review_resolve(api: Api) -> None:
 def test_healthz_and_metrics_need_no_token(api: Api) -> None:
     health = api.client.get("/healthz")
     assert health.status_code == 200, health.text
-    assert health.json()["checks"]["policies"]["channels"] == ["receipts"]
+    # Without a token: pass or fail per check, nothing else.
+    assert health.json() == {
+        "ok": True,
+        "checks": {"store": True, "scheduler": True, "policies": True, "providers": True},
+    }
+    detailed = api.client.get("/healthz", headers=api.auth())
+    assert detailed.json()["checks"]["policies"]["channels"] == ["receipts"]
     api.client.post("/v1/jobs", json=job(), headers=api.auth())
     metrics = api.client.get("/metrics")
     assert metrics.status_code == 200
@@ -176,11 +183,17 @@ def test_healthz_is_503_with_the_reason_when_a_handle_is_unreliable(api: Api) ->
             at=datetime.now(UTC),
         ),
     )
-    health = api.client.get("/healthz")
+    health = api.client.get("/healthz", headers=api.auth())
     assert health.status_code == 503
     assert health.json()["reasons"] == [
         "provider support: handle unreliable (its Message-IDs were replaced)"
     ]
+    brief = api.client.get("/healthz")
+    assert brief.status_code == 503
+    assert brief.json() == {
+        "ok": False,
+        "checks": {"store": True, "scheduler": True, "policies": True, "providers": False},
+    }
 
 
 def test_openapi_documents_every_route_and_status(api: Api) -> None:
@@ -190,17 +203,19 @@ def test_openapi_documents_every_route_and_status(api: Api) -> None:
         for path, item in doc["paths"].items()
         for method, op in item.items()
     }
-    assert statuses[("/v1/jobs", "post")] == ["200", "201", "401", "409", "413", "422"]
+    assert statuses[("/v1/jobs", "post")] == ["200", "201", "400", "401", "409", "413", "422"]
     assert statuses[("/v1/review/{key}/resolve", "post")] == [
         "200",
+        "400",
         "401",
         "404",
         "409",
         "413",
         "422",
+        "503",
     ]
-    assert statuses[("/v1/jobs/{key}", "get")] == ["200", "401", "404"]
-    assert statuses[("/healthz", "get")] == ["200", "503"]
+    assert statuses[("/v1/jobs/{key}", "get")] == ["200", "400", "401", "404", "422"]
+    assert statuses[("/healthz", "get")] == ["200", "400", "422", "503"]
     body = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"]["anyOf"][0]["required"] == ["channel", "key", "to", "subject", "body"]
 
@@ -240,8 +255,9 @@ def test_the_daemon_serves_the_api_and_stops_it_on_shutdown(tmp_path: Path) -> N
                 except httpx.TransportError:
                     threading.Event().wait(0.05)
             assert health.status_code == 200, health.text
-            assert health.json()["checks"]["scheduler"]["running"] is True
             auth = {"Authorization": f"Bearer {TOKEN}"}
+            health = httpx.get(url + "/healthz", headers=auth)
+            assert health.json()["checks"]["scheduler"]["running"] is True
             assert httpx.post(url + "/v1/jobs", json=job(), headers=auth).status_code == 201
             for _ in range(100):  # the daemon sends it: the engine's counters move
                 metrics = httpx.get(url + "/metrics").text
@@ -255,3 +271,18 @@ def test_the_daemon_serves_the_api_and_stops_it_on_shutdown(tmp_path: Path) -> N
         assert not runner.is_alive()
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/healthz")
+
+
+def test_trusted_hosts_and_public_url_reach_the_served_api(tmp_path: Path) -> None:
+    settings = write_config(tmp_path, f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    api_settings = settings.api.model_copy(
+        update={"trusted_hosts": ["127.0.0.1"], "public_url": "https://mail.example.com"}
+    )
+    settings = settings.model_copy(update={"api": api_settings})
+    with running_api(settings) as api:
+        assert api.client.get("/healthz", headers={"host": "evil.example"}).status_code == 400
+        assert api.client.head("/healthz").status_code == 200
+        form = api.client.get("/ui/")
+        assert "Secure" in form.headers["set-cookie"]  # public_url is https
+        found = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert found is not None

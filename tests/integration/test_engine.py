@@ -682,55 +682,46 @@ def test_replaced_message_id_marks_the_handle_unreliable(
 # -- max_attempts under transient rejections ---------------------------------------------
 
 
-def test_transient_rejections_back_off_then_escalate_at_max_attempts(
+def test_quota_refusals_are_waited_out_past_max_attempts_then_sent_once(
     make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
 ) -> None:
-    max_attempts, backoff, retry_after = 4, 30.0, 45.0
+    """429 proves nothing was sent and the provider is over quota: each refusal waits at
+    least its Retry-After, none counts against max_attempts, the circuit opens after three
+    (then only its probe is let through), and once Gmail takes the message again it is sent
+    exactly once, never to review (README, "Outages and quotas")."""
+    max_attempts, retry_after = 2, 45.0
     rig = make_rig(
-        {
-            "receipts": {
-                "on_unknown": "retry",
-                "max_attempts": max_attempts,
-                "retry_backoff": "30s",
-                "retry_backoff_max": "1h",
-            }
-        },
+        {"receipts": {"on_unknown": "retry", "max_attempts": max_attempts}},
         rng=random.Random(20260101),
     )
     relay.set_plan(FaultPlan(send="429"))
     relay.retry_after = retry_after
-    rig.submit("receipts", "throttled")
+    message_id = rig.submit("receipts", "throttled")
 
-    for attempt in range(1, max_attempts + 1):
+    refusals = max_attempts + 4
+    for attempt in range(1, refusals + 1):
         rig.tick()
         assert rig.sends() == attempt
         rejected = rig.of("throttled", "Rejected")
-        assert len(rejected) == attempt
         event = rejected[-1]
-        assert event.transient and event.status == 429 and event.attempt == attempt
-        if attempt == max_attempts:
-            assert event.retry_at is None
-            break
-        wait = (event.retry_at - event.timestamp).total_seconds()
-        ceiling = min(backoff * 2 ** (attempt - 1), 3600.0)
-        # Jittered into [ceiling/2, ceiling], never below the provider's Retry-After.
-        assert max(ceiling / 2, retry_after) <= wait <= max(ceiling, retry_after), (attempt, wait)
-        if attempt == 1:
-            assert wait == retry_after  # 30s backoff < Retry-After 45s: the floor wins
-        # Not a call before retry_at.
+        assert len(rejected) == attempt and event.unavailable and event.status == 429
+        assert (event.retry_at - event.timestamp).total_seconds() == retry_after
+        assert rig.state("throttled") is JobState.REQUESTED
+        # Not a call before retry_at (nor before the circuit's probe).
         clock.now = event.retry_at - timedelta(seconds=1)
         rig.tick()
         assert rig.sends() == attempt
         clock.now = event.retry_at
+        if attempt >= 3:
+            [circuit] = rig.engine.open_circuits()
+            assert circuit.scope == "gmail" and circuit.failures == attempt
 
-    assert rig.state("throttled") is JobState.REVIEW
-    assert rig.names("throttled")[-2:] == ["Rejected", "Escalated"]
-    assert rig.of("throttled", "Escalated")[0].reason == "max-attempts"
-    for _ in range(3):
-        rig.advance_and_tick(600)
-    assert rig.sends() == max_attempts
-    assert len(rig.of("throttled", "Attempted")) == max_attempts
-    assert emulator.accepted() == []
+    relay.set_plan(FaultPlan())
+    rig.tick()
+    assert rig.state("throttled") is JobState.CONFIRMED
+    assert rig.engine.open_circuits() == []
+    assert "Escalated" not in rig.names("throttled")
+    assert emulator.copies(message_id) == 1 and len(emulator.accepted()) == 1
 
 
 def test_unknowns_resent_by_policy_stop_at_max_attempts(

@@ -409,6 +409,8 @@ def test_search_sees_a_message_only_after_the_index_lag(
     assert hit.provider_message_id == sent.provider_message_id
     assert hit.message_id_header == MID
     assert "SENT" in hit.labels
+    # What a human checking the copy sees, from the same metadata read (README "Review").
+    assert (hit.to, hit.subject) == ("customer@example.net", "Your receipt")
     assert found.copies == [sent.provider_message_id]
     assert found.query == QUERY
     assert queries_at_relay(relay) == [QUERY, QUERY]  # exactly what Gmail was sent

@@ -98,6 +98,9 @@ def test_dropped_reply_after_the_final_dot_is_one_copy_unknown_then_found(
     result = provider.search(mid)
     assert len(result.copies) == 1
     assert mid in result.query and "UID SEARCH HEADER Message-ID" in result.query
+    # What a human checking the copy sees of it (README "Review").
+    hit = result.hits[0]
+    assert (hit.to, hit.subject) == (RECIPIENT, "sendledger test") and hit.date
     assert provider.read_message_id(result.copies[0]) == mid
 
 

@@ -70,13 +70,20 @@ def claimed_by(ledger: Ledger, key: str, daemon: str) -> SendJob:
 
 
 class EngineRig:
-    def __init__(self, *policies: ChannelPolicy, index_lag: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *policies: ChannelPolicy,
+        index_lag: float = 0.0,
+        seed: int = 0,
+        concurrency: int = 2,
+    ) -> None:
         self.clock = Clock()
         self.ledger = Ledger("memory://", clock=self.clock)
         self.provider = FakeProvider("fake", clock=self.clock, index_lag=index_lag)
         self.policies = PolicySet({p.channel: p for p in policies})
         self.holder = PolicyHolder(lambda: self.policies)
         self.seed = seed
+        self.concurrency = concurrency
         self.engine = self.new_engine()
 
     def new_engine(self) -> Engine:
@@ -86,7 +93,7 @@ class EngineRig:
             {"fake": self.provider},
             provider_timeouts={"fake": TIMEOUT},
             clock=self.clock,
-            concurrency=2,
+            concurrency=self.concurrency,
             deadline_grace=GRACE,
             rng=random.Random(self.seed),
         )

@@ -314,3 +314,63 @@ def test_provider_error_for_exception() -> None:
     assert "timed out" in provider_error_for_exception("get x", TimeoutError()).reason
     same = ProviderError("already", retry_after=2.0)
     assert provider_error_for_exception("get x", same) is same
+
+
+# -- "unavailable": nothing sent, and the provider cannot take it now ---------------------
+
+_HOST = "gmail.googleapis.com:443"
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionRefusedError(111, "Connection refused"),
+        socket.gaierror(-2, "Name or service not known"),
+        NotSentError("no connection", host=_HOST, cause=TimeoutError("timed out")),
+        NotSentError("no connection", host=_HOST, cause=ssl.SSLError("handshake failure")),
+        ssl.SSLCertVerificationError("certificate verify failed"),
+    ],
+    ids=["refused", "dns", "connect-timeout", "tls-handshake", "tls-certificate"],
+)
+def test_no_connection_is_unavailable_and_not_counted(exc: BaseException) -> None:
+    outcome = classify_send_exception(exc)
+    assert outcome.kind is SendKind.REJECTED and outcome.transient and outcome.unavailable
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (429, google_error(429, "rateLimitExceeded")),
+        (403, google_error(403, "userRateLimitExceeded")),
+        (403, google_error(403, "dailyLimitExceeded")),
+    ],
+)
+def test_quota_answers_are_unavailable(status: int, body: bytes) -> None:
+    outcome = classify_send_response(status, {"Retry-After": "7"}, body)
+    assert outcome.kind is SendKind.REJECTED and outcome.unavailable
+    assert outcome.retry_after == 7.0
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404])
+def test_a_definite_refusal_is_not_unavailable(status: int) -> None:
+    outcome = classify_send_response(status, {}, google_error(status, "invalidArgument"))
+    assert outcome.kind is SendKind.REJECTED and not outcome.unavailable
+
+
+def test_an_ambiguous_outcome_is_never_unavailable() -> None:
+    lost = ResponseLostError("sent, then reset", host=_HOST, cause=ConnectionResetError())
+    for outcome in (
+        classify_send_exception(lost),
+        classify_send_exception(TimeoutError("timed out")),
+        classify_send_response(503, {}, google_error(503, "backendError")),
+    ):
+        assert outcome.kind is SendKind.UNKNOWN and not outcome.unavailable
+
+
+def test_a_search_refused_for_quota_or_without_connection_says_unavailable() -> None:
+    quota = provider_error_for_response("search", 429, {}, google_error(429, "rateLimitExceeded"))
+    down = provider_error_for_exception(
+        "search", NotSentError("no connection", host=_HOST, cause=ConnectionRefusedError())
+    )
+    server = provider_error_for_response("search", 500, {}, b"")
+    assert quota.unavailable and down.unavailable and not server.unavailable

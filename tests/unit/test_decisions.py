@@ -32,6 +32,7 @@ from ledger.decisions import (
     StopVerifying,
 )
 from ledger.vocabulary import EscalationReason, PolicyRef
+from policies import decisions
 from policies.decisions import (
     MAX_RETRY_AFTER,
     after_permanent_rejection,
@@ -672,3 +673,44 @@ def test_reviews_without_inputs_properties(p: ChannelPolicy, channel: str) -> No
     for d in (after_permanent_rejection(p), cannot_build(p)):
         assert d == Review(p.ref, EscalationReason.REJECTED)
     assert no_policy(channel) == Review(PolicyRef(channel, ""), EscalationReason.NO_POLICY)
+
+
+# -- an unavailable provider: waited out, reviewed only after give_up_after --------------
+
+
+def test_an_unavailable_provider_is_waited_out_whatever_the_attempts() -> None:
+    start = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    now = start + timedelta(days=3)
+    decision = decisions.after_unavailable(
+        policy(max_attempts=1), waiting_since=start, now=now, wait=1.0, retry_after=None
+    )
+    assert isinstance(decision, RetryAt) and decision.at == now + timedelta(seconds=1)
+    later = decisions.after_unavailable(
+        policy(), waiting_since=start, now=now, wait=1.0, retry_after=45.0
+    )
+    assert isinstance(later, RetryAt) and later.at == now + timedelta(seconds=45)
+
+
+@settings(deadline=None)
+@given(waited=st.integers(0, 1000), limit=st.integers(1, 500), retry_after=st.floats(0, 2000))
+def test_give_up_after_bounds_the_wait(waited: int, limit: int, retry_after: float) -> None:
+    start = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    now = start + timedelta(seconds=waited)
+    chosen = policy(give_up_after=limit)
+    decision = decisions.after_unavailable(
+        chosen, waiting_since=start, now=now, wait=1.0, retry_after=retry_after
+    )
+    if waited > limit:
+        assert isinstance(decision, Review)
+        assert decision.reason == EscalationReason.PROVIDER_UNAVAILABLE
+    else:
+        # Due again, never after the give-up time (unless that is now).
+        assert isinstance(decision, RetryAt)
+        assert now <= decision.at <= max(now, start + timedelta(seconds=limit))
+    assert decisions.waited_too_long(policy(), waiting_since=start, now=now) is None
+
+
+def test_give_up_after_keeps_old_fingerprints_and_parses_durations() -> None:
+    assert policy().fingerprint == policy(give_up_after=None).fingerprint
+    assert policy(give_up_after="10m").give_up_after == 600.0
+    assert policy(give_up_after="10m").fingerprint != policy().fingerprint

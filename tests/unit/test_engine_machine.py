@@ -1,8 +1,10 @@
-"""The engine as a hypothesis state machine: submit, tick, let time pass, script the
-provider's answers and its index lag, crash the daemon mid-call or between ticks, and let
-an operator resolve jobs in review. The invariants of ``docs/architecture.md`` are checked
-against every job's history after every step, and at the end every job must settle with
-the copies its policy allows.
+"""The engine as a hypothesis state machine: submit, tick (as a one-shot run does, or as
+the daemon does: hand out and wait for nothing), let time pass, script the provider's
+answers and its index lag, hang calls and release them later, take the provider down for
+a few calls (nothing sent: waited out behind the circuit), crash the daemon mid-call or
+between ticks, and let an operator resolve jobs in review. The invariants of
+``docs/architecture.md`` are checked against every job's history after every step, and at
+the end every job must settle with the copies its policy allows.
 
 Everything runs on the memory store and the fake provider with injected time, so each
 example runs hundreds of ticks in well under a second.
@@ -10,6 +12,7 @@ example runs hundreds of ticks in well under a second.
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -46,6 +49,8 @@ FATES = (
     Scripted.confirmed_without_id(),
     Scripted.crash_during_call(stored=True),
     Scripted.crash_during_call(stored=False),
+    Scripted.unavailable(),
+    Scripted.unavailable(retry_after=45.0),
 )
 # Lags below search_after (60s) keep every search truthful; 200s hides a copy from both
 # searches (60s + 30s) but not from the verification 600s after a resend.
@@ -59,6 +64,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.rig: EngineRig | None = None
         self.keys: list[str] = []
         self.ticks = 0
+        self.hangs: list[threading.Event] = []  # scripted hangs not yet released
 
     @initialize(lag=st.sampled_from(LAGS), seed=st.integers(0, 3))
     def start(self, lag: float, seed: int) -> None:
@@ -81,10 +87,44 @@ class EngineMachine(RuleBasedStateMachine):
     def script(self, fate: Scripted) -> None:
         self.r.provider.script(fate)
 
+    @precondition(lambda self: not self.hangs)  # a one-shot tick waits for every call
     @rule()
     def tick(self) -> None:
         self.r.engine.tick()
         self.ticks += 1
+
+    @rule()
+    def daemon_tick(self) -> None:
+        """The daemon's tick: hand out, and (for the test) wait until every worker is done
+        except those whose calls hang; a hung call holds only its own worker."""
+        engine = self.r.engine
+        engine.hand_out()
+        assert engine.settle(busy=lambda: self.r.provider.hanging, timeout=30), "stalled"
+        self.ticks += 1
+
+    @precondition(lambda self: len(self.hangs) < self.r.concurrency)
+    @rule()
+    def hang_next_call(self) -> None:
+        release = threading.Event()
+        self.hangs.append(release)
+        self.r.provider.script(Scripted.hang(release))
+
+    @precondition(lambda self: bool(self.hangs))
+    @rule()
+    def release_hung_calls(self) -> None:
+        self.release()
+
+    @rule(calls=st.integers(1, 6))
+    def outage(self, calls: int) -> None:
+        """The provider unreachable for the next `calls` sends."""
+        self.r.provider.script(*[Scripted.unavailable() for _ in range(calls)])
+
+    def release(self) -> None:
+        for event in self.hangs:
+            event.set()
+        self.hangs.clear()
+        # Their calls return and are recorded; nothing else is due at this instant.
+        self.r.engine.settle(timeout=30)
 
     @rule(seconds=st.sampled_from(STEPS))
     def advance(self, seconds: float) -> None:
@@ -92,6 +132,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
+        self.release()  # a stopping daemon lets its calls finish (and records them)
         self.r.restart()
 
     @rule(count=st.integers(1, 3))
@@ -139,8 +180,10 @@ class EngineMachine(RuleBasedStateMachine):
         if self.rig is None:
             return
         try:
+            self.release()
             self.settle_everything()
         finally:
+            self.release()
             self.r.close()
 
     def settle_everything(self) -> None:
@@ -182,6 +225,7 @@ def check_history(job: SendJob, events: list[Any], *, sends: int) -> None:
     # Invariant 1: every provider call had a durable claim before it, and one claim per call.
     assert len(attempted) == sends, (job.key, len(attempted), sends)
     unknown_at = None
+    counted = 0  # calls since the job was (re)opened, less those refused as unavailable
     misses_since_unknown = 0
     resend_allowed = True
     after_duplicate = False
@@ -210,9 +254,20 @@ def check_history(job: SendJob, events: list[Any], *, sends: int) -> None:
             if event.decision == Resolution.RESEND:
                 assert not after_duplicate
                 resend_allowed = True
-        elif isinstance(event, SendJob.Rejected | SendJob.DraftPending):
-            resend_allowed = True  # not sent (the draft is still there): trying again is safe
+                counted = 0
+        elif isinstance(event, SendJob.Rejected):
+            resend_allowed = True  # not sent: trying again is safe
+            if event.unavailable:
+                # An outage is waited out: it never counts against max_attempts.
+                assert event.transient and event.retry_at is not None, job.key
+                counted -= 1
+        elif isinstance(event, SendJob.Escalated):
+            if event.reason == "max-attempts":
+                assert policy is not None and counted >= policy.max_attempts, (job.key, counted)
+        elif isinstance(event, SendJob.DraftPending):
+            resend_allowed = True  # the draft is still there: nothing was sent
         elif isinstance(event, SendJob.Attempted):
+            counted += 1
             assert resend_allowed, (job.key, "an attempt after an unknown without a resend")
             # Invariant 4: nothing is ever sent again after a duplicate.
             assert not after_duplicate, job.key

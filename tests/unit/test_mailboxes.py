@@ -4,7 +4,6 @@ per-mailbox quota gate of the Gmail provider with `user = "{from}"` (README, "Pr
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.engine import Engine
 from daemon.intake import IntakeError, parse_jobs, senders_for
-from daemon.providers.base import Provider, SearchResult, SendOutcome
+from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
 from daemon.providers.fake import FakeProvider
 from daemon.providers.gmail import GmailProvider
 from ledger.content import JobInputError, parse_job
@@ -98,8 +97,8 @@ def test_bad_pattern_names_allowed_from() -> None:
         policy("receipts").sender_for("x@example.com")
 
 
-def test_one_bucket_per_mailbox_and_a_throttled_one_holds_one_worker(tmp_path: Path) -> None:
-    clock = FakeTime()
+def test_one_bucket_per_mailbox_and_a_reservation_never_waits(tmp_path: Path) -> None:
+    clock = FakeTime(0.0)  # exact sums: the refill lands on the reservation's wait
     sa = write_service_account(tmp_path / "sa.json", token_uri="http://127.0.0.1:9/token")
     provider = GmailProvider(
         "gmail",
@@ -118,19 +117,22 @@ def test_one_bucket_per_mailbox_and_a_throttled_one_holds_one_worker(tmp_path: P
     assert alice is again and alice is not bob
     assert alice.credentials is not bob.credentials
     alice.bucket.acquire(alice.bucket.capacity)  # alice is out of quota, bob is not
-    with alice.send_gate() as first, alice.send_gate() as second, bob.send_gate() as other:
-        assert (first, second, other) == (True, False, True)
-    with alice.send_gate() as again_first:
-        assert again_first  # the waiter left: the next one may wait
-    clock.now += 1.0
-    with alice.send_gate() as a, alice.send_gate() as b:
-        assert a and b  # refilled: no waiting, no limit
+    wait = alice.reserve_send()
+    assert 0.0 < wait <= 100.0 / 250.0 + 1e-9 and bob.reserve_send() == 0.0
+    assert alice.bucket.available < 100.0  # nothing taken by the refused reservation
+    clock.now += wait
+    assert alice.reserve_send() == 0.0  # refilled: taken, and the send will not wait
+    before = clock.now
+    alice.pay_send()
+    assert clock.now == before  # paid by the reservation
+    alice.pay_send()
+    assert clock.now > before  # no reservation left: it waited for the quota
     provider.close()
 
 
-class PerMailboxFake:
+class PerMailboxFake(ProviderBase):
     """The fake provider acting per mailbox, as Gmail with user = "{from}" does: each
-    job's calls go through `for_job`; one mailbox is out of quota with a waiter."""
+    job's calls go through `for_job`; one mailbox is out of quota."""
 
     def __init__(self, inner: FakeProvider, blocked: str) -> None:
         self.inner = inner
@@ -155,14 +157,17 @@ class PerMailboxFake:
         self.inner.close()
 
 
-class MailboxView:
+class MailboxView(ProviderBase):
     def __init__(self, owner: PerMailboxFake, from_addr: str, thread_id: str | None) -> None:
         self.owner, self.from_addr, self.thread_id = owner, from_addr, thread_id
         self.name = owner.name
         self.response_ids_readable = owner.response_ids_readable
 
-    def send_gate(self) -> contextlib.AbstractContextManager[bool]:
-        return contextlib.nullcontext(self.owner.blocked not in self.from_addr)
+    def scope(self) -> str:
+        return f"{self.name}/{self.from_addr}"
+
+    def reserve_send(self) -> float:
+        return 1.0 if self.owner.blocked in self.from_addr else 0.0
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         self.owner.sent_as.append((self.from_addr, self.thread_id))
@@ -178,17 +183,25 @@ class MailboxView:
         pass
 
 
-def test_engine_sends_as_each_jobs_mailbox_and_skips_a_gated_one() -> None:
+def per_mailbox_engine(
+    *, blocked: str, concurrency: int
+) -> tuple[EngineRig, PerMailboxFake, Engine]:
+    """An engine whose provider acts per mailbox; `blocked`'s mailbox is out of quota."""
     rig = EngineRig(policy("receipts", allowed_from=["*@example.com"]))
-    routed = PerMailboxFake(rig.provider, blocked="slow@example.com")
+    routed = PerMailboxFake(rig.provider, blocked=blocked)
     engine = Engine(
         rig.ledger,
         rig.holder,
         {"fake": routed},
         provider_timeouts={"fake": 10.0},
         clock=rig.clock,
-        concurrency=2,
+        concurrency=concurrency,
     )
+    return rig, routed, engine
+
+
+def test_engine_sends_as_each_jobs_mailbox_and_skips_a_gated_one() -> None:
+    rig, routed, engine = per_mailbox_engine(blocked="slow@example.com", concurrency=2)
     try:
         for key, sender, thread in [
             ("a", "Shop <fast@example.com>", "t1"),
@@ -201,7 +214,7 @@ def test_engine_sends_as_each_jobs_mailbox_and_skips_a_gated_one() -> None:
             content = parse_job(document)
             rig.ledger.submit(content, rig.policies["receipts"].sender_for(content.sender))
         report = engine.tick()
-        assert report.sent == 2 and report.skipped >= 1, report
+        assert report.sent == 2, report
         assert sorted(routed.sent_as, key=str) == sorted(
             [("Shop <fast@example.com>", "t1"), ("Support <support@example.com>", None)],
             key=str,
@@ -211,6 +224,30 @@ def test_engine_sends_as_each_jobs_mailbox_and_skips_a_gated_one() -> None:
         routed.blocked = "nobody"
         assert engine.tick().sent == 1
         assert routed.sent_as[-1] == ("slow@example.com", None)
+    finally:
+        engine.close()
+        rig.close()
+
+
+def test_mailboxes_are_served_in_turn_and_a_quota_wait_holds_no_worker() -> None:
+    """One worker; a big backlog of one mailbox submitted first, then a few jobs of two
+    others, one of which is out of quota: the others' jobs go out interleaved with the big
+    one's (no starvation), and the throttled one's wait for its quota holds no worker."""
+    rig, routed, engine = per_mailbox_engine(blocked="throttled@example.com", concurrency=1)
+    try:
+        senders = ["big@example.com"] * 20 + ["small@example.com"] * 3
+        senders += ["throttled@example.com"] * 2
+        for n, sender in enumerate(senders):
+            content = parse_job({**BASE, "key": f"k{n}", "from": sender})
+            rig.ledger.submit(content, rig.policies["receipts"].sender_for(content.sender))
+        report = engine.tick()
+        assert report.sent == 23, report
+        order = [sender for sender, _thread in routed.sent_as]
+        assert [n for n, sender in enumerate(order) if sender == "small@example.com"] == [1, 3, 5]
+        assert "throttled@example.com" not in order  # parked, never claimed
+        assert all(rig.job(f"k{n}").state.value == "requested" for n in (23, 24))
+        routed.blocked = "nobody"
+        assert engine.tick().sent == 2
     finally:
         engine.close()
         rig.close()

@@ -17,7 +17,8 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.providers.smtp_imap import Envelope
 from ledger.content import JobContent, JobInputError, parse_job
-from ledger.extra_headers import OWNED_HEADERS, fold
+from ledger.extra_headers import OWNED_HEADERS
+from ledger.header_encoding import fold
 from ledger.message_id import message_id_for
 from ledger.mime import MessageLimits, build_message, check_recipients, check_size
 
@@ -123,7 +124,12 @@ def test_owned_headers_are_refused(name: str) -> None:
         ({"headers": {"X-A": 3}}, "headers.X-A", "must be a string"),
         ({"headers": {"X-A": " "}}, "headers.X-A", "must not be empty"),
         ({"headers": {"X-A": " a"}}, "headers.X-A", "start or end with a space"),
-        ({"headers": {"X-A": "a" * 901}}, "headers.X-A", "without a space"),
+        # Written as typed, so folded only at a space (an X-* value is encoded instead).
+        (
+            {"headers": {"List-Unsubscribe": "a" * 901}},
+            "headers.List-Unsubscribe",
+            "without a space",
+        ),
         ({"headers": {"X-A": "1", "x-a": "2"}}, "headers.x-a", "given twice"),
         (
             {"headers": {"List-Unsubscribe": "<https://ä.example/>"}},
@@ -169,7 +175,11 @@ def test_headers_are_accepted_whole_or_refused_by_name(headers: dict[str, str]) 
 
 
 _atom = st.text(st.sampled_from("abcXYZ019!#$%&'*+/=?^_`{|}~-"), min_size=1, max_size=12)
-_message_id = st.builds(lambda a, b, c: f"<{a}.{b}@{c}.example>", _atom, _atom, _atom)
+# "=?" is refused in a message id (README "Message fields and validation"): it is written as
+# typed, and a reader could take it for an encoded word.
+_message_id = st.builds(lambda a, b, c: f"<{a}.{b}@{c}.example>", _atom, _atom, _atom).filter(
+    lambda value: "=?" not in value
+)
 
 
 @given(in_reply_to=_message_id, references=st.lists(_message_id, max_size=8))
@@ -193,8 +203,8 @@ def test_any_text_as_a_message_id_is_a_message_id_or_refused(value: str) -> None
 @given(st.lists(st.text(st.sampled_from("ab <>@.x"), max_size=30), max_size=6))
 def test_fold_unfolds_to_the_value_and_never_splits_a_word(words: list[str]) -> None:
     value = " ".join(words)
-    folded = fold("References", value)
-    assert folded.replace("\r\n", "") == value
+    folded = fold("References", value.split(" "))
+    assert folded.replace("\r\n", "") == f"References: {value}"
     for line in folded.split("\r\n")[1:]:
         assert line.startswith(" ") and line.strip()
 

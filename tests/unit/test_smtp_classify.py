@@ -118,3 +118,25 @@ def test_retry_is_refused_for_a_client_copy_provider(tmp_path: Path) -> None:
         load_policy_dir(tmp_path, client_copy_providers={"mail"})
     problem = str(info.value.problems[0])
     assert "receipts.toml" in problem and "on_unknown" in problem and "sent_copy" in problem
+
+
+@pytest.mark.parametrize(
+    ("stage", "code", "unavailable"),
+    [
+        (Stage.CONNECT, None, True),  # refused, DNS, connect timeout, TLS
+        (Stage.HELLO, None, True),  # STARTTLS handshake failed
+        (Stage.CONNECT, 421, True),  # greeting: "service not available"
+        (Stage.MAIL, 421, True),  # 421 before DATA
+        (Stage.RCPT, 421, True),
+        (Stage.AUTH, None, False),  # a session that broke later: not sent, still counted
+        (Stage.RCPT, 450, False),  # a definite refusal for now behaves as before
+        (Stage.RCPT, 550, False),
+        (Stage.END_OF_DATA, 421, False),  # after the data: transient, counted
+    ],
+)
+def test_unavailable_only_before_data_and_without_a_session(
+    stage: Stage, code: int | None, unavailable: bool
+) -> None:
+    outcome = classify_smtp(stage, code, "text", message_id="<m@x>")
+    assert outcome.kind is SendKind.REJECTED and outcome.unavailable is unavailable
+    assert outcome.transient or code == 550

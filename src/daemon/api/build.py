@@ -11,7 +11,10 @@ from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics, Sources
 from daemon.api.server import ApiServer
 from daemon.context import message_limits, thread_providers
+from daemon.doors import PolicyWatch, built_providers, lent_providers
 from daemon.engine import PolicyHolder
+from daemon.engine.circuit import OpenCircuit
+from daemon.providers.base import Provider
 from daemon.settings import ConfigError, Settings
 from ledger.application import Ledger
 
@@ -34,11 +37,12 @@ def api_context(
     settings: Settings,
     ledger: Ledger,
     policies: PolicyHolder,
-    providers: Mapping[str, object],
+    providers: Mapping[str, Provider | None],
     *,
     metrics: Metrics | None = None,
     unreliable: Callable[[], list[str]] | None = None,
     tick_age: Callable[[], float] | None = None,
+    circuits: Callable[[], list[OpenCircuit]] | None = None,
 ) -> ApiContext:
     """The API's view of this process. Without `unreliable` (no engine here) the handles'
     reliability is read from the store."""
@@ -53,6 +57,7 @@ def api_context(
         metrics = Metrics(Sources(ledger, providers))
     metrics.sources.unreliable = unreliable
     metrics.sources.tick_age = tick_age
+    metrics.sources.circuits = circuits
     health = HealthSources(
         ledger=ledger,
         policies=lambda: policies.current,
@@ -61,6 +66,7 @@ def api_context(
         unreliable=unreliable,
         tick_age=tick_age,
         tick_limit=tick_limit(settings.daemon.tick),
+        circuits=circuits,
     )
     return ApiContext(
         ledger=ledger,
@@ -71,6 +77,10 @@ def api_context(
         metrics=metrics,
         limits=message_limits(settings),
         thread_providers=thread_providers(settings),
+        intake_policies=PolicyWatch(settings, lambda: policies.current),
+        providers=lent_providers(providers, built_providers(settings)),
+        trusted_hosts=settings.api.trusted_hosts,
+        public_url=settings.api.public_url,
     )
 
 

@@ -1,4 +1,4 @@
-"""What the API's routes share: the ledger, policies, tokens, sessions, metrics, health."""
+"""What the API's routes share: the services, tokens, sessions, metrics, health."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from fastapi import Request
 from daemon.api.auth import Sessions, TokenBook
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics
+from daemon.api.signin_limit import SignInLimit
+from daemon.services import ChannelPolicies, ProviderSource, Services
 from ledger.application import Ledger
 from ledger.mime import MessageLimits
 from policies.loader import PolicySet
@@ -28,6 +30,25 @@ class ApiContext:
     # The providers a job's thread_id may go to (the gmail ones).
     thread_providers: frozenset[str] = frozenset()
     sessions: Sessions = field(default_factory=Sessions)
+    # Intake's view of the policies (broken channels refuse), and the providers a check
+    # may search with; without them, the policies in force and no search.
+    intake_policies: Callable[[], ChannelPolicies] | None = None
+    providers: ProviderSource | None = None
+    # `[api] trusted_hosts` and `public_url` (README "HTTP API"); sign-in attempts.
+    trusted_hosts: list[str] = field(default_factory=list)
+    public_url: str = ""
+    signin_limit: SignInLimit = field(default_factory=SignInLimit)
+    services: Services = field(init=False)
+
+    def __post_init__(self) -> None:
+        policies = self.intake_policies or (lambda: ChannelPolicies(self.policies()))
+        self.services = Services(
+            self.ledger,
+            policies,
+            providers=self.providers,
+            limits=self.limits,
+            thread_providers=self.thread_providers,
+        )
 
 
 def context_of(request: Request) -> ApiContext:

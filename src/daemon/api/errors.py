@@ -1,23 +1,69 @@
-"""The API's error answers: one JSON shape, `{"error": "..."}`, plus per-field errors."""
+"""The API's error answers: one JSON shape, `{"error": "..."}`, plus per-field errors
+(README "HTTP API", "Errors and statuses").
+
+Whatever a client sends, the answer is one of the documented statuses with that shape:
+Starlette's own answers (unknown route 404, 405) are re-worded, a body that is not JSON
+or nests too deeply is the 422 of an invalid field, and a 422 lists at most
+:data:`MAX_LISTED` errors with their total count, so the answer's size does not grow with
+the request's.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from daemon.api.models import Invalid, Problem
+from daemon.intake import MAX_LISTED, FieldProblem
+from daemon.services import Refusal, ServiceError
 from ledger.content import JobInputError
+
+T = TypeVar("T")
+log = logging.getLogger("sendledger.api")
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        problems: Sequence[FieldProblem] = (),
+        total: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
+        self.problems = list(problems)  # a 422's refused fields
+        self.total = total
+
+
+_STATUS = {
+    Refusal.BAD_INPUT: 422,
+    Refusal.NOT_FOUND: 404,
+    Refusal.CONFLICT: 409,
+    Refusal.UNAVAILABLE: 503,
+}
+
+
+def api_error(exc: ServiceError) -> ApiError:
+    """A service's refusal as the API's status and `{"error": sentence}`."""
+    return ApiError(_STATUS[exc.kind], exc.message, problems=exc.problems, total=exc.total)
+
+
+def served(call: Callable[[], T]) -> T:
+    """`call()`, its refusal raised as the API's error."""
+    try:
+        return call()
+    except ServiceError as exc:
+        raise api_error(exc) from None
 
 
 def unauthorized() -> ApiError:
@@ -31,40 +77,86 @@ def problem(status: int, about: str) -> dict[int | str, dict[str, Any]]:
 def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The error answers a route can give, for its OpenAPI `responses`."""
     about = {
+        400: "the Host header is not one of api.trusted_hosts",
         401: "no valid API token",
         404: "no job with that key",
-        409: "conflict: the key is known with other content, or the job is not in review",
+        409: "conflict: the key is known with other content, or the job's state does "
+        "not allow it (the message says why)",
         413: "the request body is larger than api.max_body",
+        503: "the mailbox could not be searched now (nothing was decided)",
     }
     responses: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
         if status == 422:
-            responses[422] = {"model": Invalid, "description": "invalid input, per field"}
+            responses[422] = {
+                "model": Invalid,
+                "description": f"invalid input, per field (at most {MAX_LISTED} listed; "
+                "`count` is the total)",
+            }
         else:
             responses.update(problem(status, about[status]))
     return responses
 
 
+def invalid(
+    problems: Sequence[FieldProblem], total: int | None = None, sentence: str | None = None
+) -> JSONResponse:
+    """The 422 of refused fields: the first as the sentence (unless given), at most
+    MAX_LISTED listed, `count` the total."""
+    listed = list(problems[:MAX_LISTED])
+    errors = [{"index": p.index, "field": p.field, "reason": p.reason} for p in listed]
+    count = max(total or 0, len(problems))
+    error = sentence or str(listed[0])
+    return JSONResponse({"error": error, "errors": errors, "count": count}, 422)
+
+
+def _field(loc: Sequence[object]) -> str:
+    # ("body", "note") -> "note"; ("query", "page") -> "page"; ("body", 12) (the place in
+    # the document where JSON decoding failed) -> "body".
+    names = [str(part) for part in loc[1:] if not isinstance(part, int)]
+    return ".".join(names) or "body"
+
+
+def _reason(error: Mapping[str, Any]) -> str:
+    if error.get("type") == "json_invalid":
+        return f"not valid JSON: {error.get('ctx', {}).get('error', 'decode error')}"
+    return str(error["msg"])
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if exc.status == 422 and exc.problems:
+            return invalid(exc.problems, exc.total, exc.message)
         return JSONResponse({"error": exc.message}, exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own answers (no such route, a method the route does not take).
+        message = {404: "no such route", 405: "method not allowed"}.get(exc.status_code)
+        return JSONResponse(
+            {"error": message or str(exc.detail)},
+            exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(JobInputError)
     async def _refused_field(request: Request, exc: JobInputError) -> JSONResponse:
         # The domain's refusal of one field, wherever a route passes it on (a resolve's
         # note or `by`: README "Keys"): 422 naming it, never a 500.
-        errors = [{"index": None, "field": exc.field, "reason": exc.reason}]
-        return JSONResponse({"error": str(exc), "errors": errors}, 422)
+        return invalid([FieldProblem(None, exc.field, exc.reason)], sentence=str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {
-                "index": None,
-                "field": ".".join(str(part) for part in error["loc"][1:]) or "body",
-                "reason": error["msg"],
-            }
-            for error in exc.errors()
+        found = exc.errors()
+        problems = [
+            FieldProblem(None, _field(error["loc"]), _reason(error)) for error in found[:MAX_LISTED]
         ]
-        return JSONResponse({"error": "invalid request", "errors": errors}, 422)
+        first = problems[0] if problems else FieldProblem(None, "body", "invalid")
+        return invalid(problems or [first], len(found), f"{first.field}: {first.reason}")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not an input: logged with its traceback; the client gets the shape.
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse({"error": "internal error (logged)"}, 500)

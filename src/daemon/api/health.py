@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from daemon.engine.circuit import OpenCircuit
 from ledger.application import Ledger
 from ledger.vocabulary import JobState
 from policies.loader import PolicySet
@@ -25,6 +26,7 @@ class HealthSources:
     unreliable: Callable[[], list[str]] | None = None
     tick_age: Callable[[], float] | None = None  # None: no scheduler in this process
     tick_limit: float = 60.0  # a tick older than this means the scheduler is stuck
+    circuits: Callable[[], list[OpenCircuit]] | None = None  # None: no engine here
 
 
 def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any]]:
@@ -57,4 +59,17 @@ def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any
     }
     for name in sorted(unreliable):
         reasons.append(f"provider {name}: handle unreliable (its Message-IDs were replaced)")
+    if sources.circuits is not None:
+        # An open circuit is an outage being waited out, not a fault of this process:
+        # shown, but the answer stays 200 (README, "Outages and quotas").
+        checks["circuits"] = {
+            c.scope: {
+                "open": True,
+                "since": c.since.isoformat(),
+                "failures": c.failures,
+                "next_probe": c.next_probe.isoformat(),
+                "probing": c.probing,
+            }
+            for c in sources.circuits()
+        }
     return not reasons, reasons, checks

@@ -6,27 +6,22 @@ import json
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
+from daemon.api.bodies import StrictJsonRoute, decode_jobs_off_loop
 from daemon.api.context import ApiContext, context_of
-from daemon.api.errors import ApiError, documented, unauthorized
-from daemon.api.models import EventOut, JobIn, JobOut, JobStatus
-from daemon.commands import event_record, job_status
-from daemon.intake import (
-    FieldProblem,
-    IntakeError,
-    check_messages,
-    decode_jobs,
-    parse_jobs,
-    senders_for,
-    submit_jobs,
-)
-from ledger.application import KeyConflict, UnknownJob, utcnow
+from daemon.api.errors import api_error, documented, invalid, served, unauthorized
+from daemon.api.models import CancelIn, EventOut, JobIn, JobOut, JobStatus
+from daemon.intake import FieldProblem
+from daemon.read_models import job_status
+from daemon.services import ServiceError
+from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 Ctx = Annotated[ApiContext, Depends(context_of)]
 
 
@@ -80,61 +75,52 @@ _SUBMITTED = {
 async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
     raw = await request.body()
     try:
-        data = decode_jobs(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-        return _problems([FieldProblem(None, "job", f"not valid JSON: {reason}")])
+        data = await decode_jobs_off_loop(raw)
+    except json.JSONDecodeError as exc:
+        reason = f"not valid JSON: {exc.msg}"
+        return invalid([FieldProblem(None, "job", reason)], sentence=f"job: {reason}")
     try:
-        jobs = parse_jobs(data)
-        policies, batch = ctx.policies(), isinstance(data, list)
-        senders = senders_for(policies, jobs, batch=batch, thread_providers=ctx.thread_providers)
-        # The message each job would be, built and held against its provider's limits.
-        await run_in_threadpool(
-            check_messages, policies, jobs, senders, ctx.limits, batch=batch, at=utcnow()
-        )
-    except IntakeError as exc:
-        return _problems(exc.problems)
-    try:
-        results = await run_in_threadpool(submit_jobs, ctx.ledger, jobs, senders, by=who)
-    except KeyConflict as exc:
-        raise ApiError(409, str(exc)) from None
-    created = any(result.created for result in results)
-    if created:
-        log.info("submitted by %s: %s", who, ", ".join(r.key for r in results if r.created))
-    body: Any = [r.as_dict() for r in results] if isinstance(data, list) else results[0].as_dict()
-    return JSONResponse(body, status_code=201 if created else 200)
-
-
-def _problems(problems: list[FieldProblem]) -> JSONResponse:
-    errors = [{"index": p.index, "field": p.field, "reason": p.reason} for p in problems]
-    return JSONResponse({"error": str(problems[0]), "errors": errors}, status_code=422)
-
-
-def load_job(ctx: ApiContext, key: str) -> Any:
-    try:
-        return ctx.ledger.get_job(key)
-    except UnknownJob as exc:
-        raise ApiError(404, str(exc)) from None
+        submitted = await run_in_threadpool(ctx.services.submit, data, by=who)
+    except ServiceError as exc:
+        if exc.problems:
+            return invalid(exc.problems, exc.total)
+        raise api_error(exc) from None
+    if submitted.created:
+        created = ", ".join(printable(r.key) for r in submitted.results if r.created)
+        log.info("submitted by %s: %s", printable(who), created)
+    return JSONResponse(submitted.body(), status_code=201 if submitted.created else 200)
 
 
 @router.get(
-    "/jobs/{key:path}/events",
+    "/jobs/{key:key}/events",
     response_model=list[EventOut],
     responses=documented(401, 404),
     summary="A job's events, oldest first (as `history --json`)",
 )
 def events(key: str, ctx: Ctx, who: Caller) -> list[dict[str, Any]]:
-    try:
-        return [event_record(e) for e in ctx.ledger.history(key)]
-    except UnknownJob as exc:
-        raise ApiError(404, str(exc)) from None
+    return served(lambda: ctx.services.history(key))
+
+
+@router.post(
+    "/jobs/{key:key}/cancel",
+    response_model=JobStatus,
+    responses=documented(401, 404, 409, 413, 422),
+    summary="Cancel a job not yet attempted (409 naming its state otherwise)",
+)
+def cancel(
+    key: str, ctx: Ctx, who: Caller, body: Annotated[CancelIn | None, Body()] = None
+) -> dict[str, Any]:
+    note = body.note if body is not None else ""
+    job = served(lambda: ctx.services.cancel(key, note=note, by=who))
+    log.info("cancelled by %s: %s", printable(who), printable(key))
+    return job_status(job)
 
 
 @router.get(
-    "/jobs/{key:path}",
+    "/jobs/{key:key}",
     response_model=JobStatus,
     responses=documented(401, 404),
     summary="A job's state (as `status --json`)",
 )
 def status(key: str, ctx: Ctx, who: Caller) -> dict[str, Any]:
-    return job_status(load_job(ctx, key))
+    return served(lambda: ctx.services.status(key))

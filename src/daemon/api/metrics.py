@@ -16,7 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from daemon.engine.circuit import OpenCircuit
 from daemon.engine.report import TickReport
+from daemon.providers.base import Provider
 from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.vocabulary import OPEN_STATES, ConfirmedVia
@@ -31,9 +33,10 @@ class Sources:
     """What the scrape-time gauges read; the parts a process lacks are None."""
 
     ledger: Ledger
-    providers: Mapping[str, object]  # quota levels are read from those that have one
+    providers: Mapping[str, Provider | None]  # quota levels: of those that have one
     unreliable: Callable[[], list[str]] | None = None
     tick_age: Callable[[], float] | None = None  # seconds since the last tick ended
+    circuits: Callable[[], list[OpenCircuit]] | None = None  # the open ones
 
 
 class Metrics:
@@ -175,11 +178,13 @@ class _StoreGauges(Collector):
         )
         for name, provider in sorted(self._sources.providers.items()):
             reliable.add_metric([name], 0 if name in unreliable else 1)
-            level = getattr(provider, "quota_available", None)
-            if callable(level):
-                quota.add_metric([name], float(level()))
+            level = None if provider is None else provider.quota_available()
+            if level is not None:
+                quota.add_metric([name], float(level))
         yield reliable
         yield quota
+        if self._sources.circuits is not None:
+            yield from _circuit_gauges(self._sources.circuits())
         if self._sources.tick_age is not None:
             age = GaugeMetricFamily(
                 "sendledger_last_tick_age_seconds", "Seconds since the last tick ended"
@@ -200,3 +205,29 @@ def _webhook_failures(ledger: Ledger) -> GaugeMetricFamily:
     for row in ledger.positions().read_all():
         gauge.add_metric([row.name], row.failures)
     return gauge
+
+
+def _circuit_gauges(circuits: list[OpenCircuit]) -> Iterator[GaugeMetricFamily]:
+    """One series per open circuit (none while every provider answers)."""
+    opened = GaugeMetricFamily(
+        "sendledger_circuit_open",
+        "1 while a provider scope's dispatch is paused: it proved unavailable",
+        labels=["scope"],
+    )
+    since = GaugeMetricFamily(
+        "sendledger_circuit_open_since_seconds",
+        "When the circuit opened (Unix time)",
+        labels=["scope"],
+    )
+    failures = GaugeMetricFamily(
+        "sendledger_circuit_failures",
+        "Unavailable outcomes in a row of an open circuit",
+        labels=["scope"],
+    )
+    for circuit in circuits:
+        opened.add_metric([circuit.scope], 1)
+        since.add_metric([circuit.scope], circuit.since.timestamp())
+        failures.add_metric([circuit.scope], circuit.failures)
+    yield opened
+    yield since
+    yield failures

@@ -100,16 +100,73 @@ class EventOut(BaseModel):
 class ReviewItem(BaseModel):
     key: str
     channel: str
+    state: str
     reason: str | None
     since: str | None
     message_id: str
     send_at: str | None = None
+    to: list[str] | None = Field(default=None, description="absent once purged")
+    subject: str | None = None
+    duplicate: bool = False
 
 
 class ResolveIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     decision: Resolution = Field(alias="as")
     note: str = Field(default="", max_length=10_000)
+
+
+class CancelIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    note: str = Field(default="", max_length=10_000)
+
+
+#: No stored channel or reason holds a NUL (and PostgreSQL refuses one in a query).
+NO_NUL = r"^[^\x00]*$"
+
+
+class TriageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    channel: str | None = Field(default=None, pattern=NO_NUL)
+    reason: str | None = Field(default=None, pattern=NO_NUL)
+    dry_run: bool = False
+
+
+class CopyOut(BaseModel):
+    provider_id: str
+    date: str
+    to: str
+    subject: str
+
+
+class CheckOut(BaseModel):
+    """`review check --json`: what the search found now (and whether it was recorded)."""
+
+    key: str
+    state: str
+    message_id: str
+    count: int
+    query: str
+    copies: list[CopyOut]
+    recorded: bool
+    advice: str
+    hits: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the same copies as the first releases showed them: "
+        "{provider_message_id, message_id, labels}",
+    )
+
+
+class TriageItemOut(BaseModel):
+    key: str
+    channel: str
+    reason: str | None
+    count: int | None = Field(description="copies found; null when the search failed")
+    copies: list[str]
+    action: str = Field(
+        description="resolved-sent, would-resolve-sent (dry run), left or search-failed"
+    )
+    detail: str
 
 
 class Problem(BaseModel):
@@ -124,10 +181,20 @@ class FieldError(BaseModel):
 
 class Invalid(BaseModel):
     error: str
-    errors: list[FieldError]
+    errors: list[FieldError] = Field(description="at most 100, in order")
+    count: int = Field(description="how many errors there were in all")
 
 
 class Health(BaseModel):
+    """`/healthz` with a valid token: every check's details, and why any failed."""
+
     ok: bool
     reasons: list[str]
     checks: dict[str, Any]
+
+
+class HealthBrief(BaseModel):
+    """`/healthz` without a token: each check's pass or fail, no detail."""
+
+    ok: bool
+    checks: dict[str, bool]

@@ -1,52 +1,81 @@
-"""`/v1/review`: the jobs waiting for a human, and a human's decision on one."""
+"""`/v1/review`: the jobs waiting for a human, a search of the mailbox, a human's
+decision on one, and triage after an outage (README "Review")."""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Body
 from fastapi.concurrency import run_in_threadpool
 
-from daemon.api.errors import ApiError, documented
+import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
+from daemon.api.bodies import StrictJsonRoute
+from daemon.api.errors import documented, served
 from daemon.api.jobs import Caller, Ctx
-from daemon.api.models import JobStatus, ResolveIn, ReviewItem
-from daemon.commands import job_status, review_rows
-from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
-from ledger.job import SendJob, TransitionError
-from ledger.vocabulary import Resolution
+from daemon.api.models import CheckOut, JobStatus, ResolveIn, ReviewItem, TriageIn, TriageItemOut
+from daemon.read_models import job_status
+from ledger.display import printable
 
-router = APIRouter(prefix="/v1")
-
-
-def resolve(ledger: Ledger, key: str, decision: Resolution, note: str, by: str) -> SendJob:
-    """A human's decision, as `review resolve`. ApiError 404 / 409 for what cannot be."""
-    try:
-        job, _ = ledger.update(
-            key, lambda j: j.resolve(decision, note=note, by=by, at=ledger.clock())
-        )
-    except UnknownJob as exc:
-        raise ApiError(404, str(exc)) from None
-    except (TransitionError, ConcurrentUpdate) as exc:
-        raise ApiError(409, f"job {key!r} cannot be resolved: {exc}") from None
-    return job
+log = logging.getLogger("sendledger.api")
+router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 
 
 @router.get(
     "/review",
     response_model=list[ReviewItem],
     responses=documented(401),
-    summary="Jobs in review (as `review list --json`)",
+    summary="Jobs in review (as `review list --json`), of a channel or for a reason",
 )
-def review_list(ctx: Ctx, who: Caller) -> list[dict[str, Any]]:
-    return review_rows(ctx.ledger)
+def review_list(
+    ctx: Ctx, who: Caller, channel: str | None = None, reason: str | None = None
+) -> list[dict[str, Any]]:
+    return ctx.services.review_list(channel=channel, reason=reason)
 
 
 @router.post(
-    "/review/{key:path}/resolve",
+    "/review/triage",
+    response_model=list[TriageItemOut],
+    responses=documented(401, 413, 422),
+    summary="Search every matching job in review: one copy -> resolved as sent, else left",
+)
+async def review_triage(
+    ctx: Ctx, who: Caller, body: Annotated[TriageIn | None, Body()] = None
+) -> list[dict[str, Any]]:
+    body = body or TriageIn()
+    items = await run_in_threadpool(
+        ctx.services.triage,
+        by=who,
+        channel=body.channel,
+        reason=body.reason,
+        dry_run=body.dry_run,
+    )
+    done = sum(1 for item in items if item.action == "resolved-sent")
+    log.info("triage by %s: %d jobs searched, %d resolved as sent%s", printable(who),
+             len(items), done, " (dry run)" if body.dry_run else "")  # fmt: skip
+    return [item.as_dict() for item in items]
+
+
+@router.post(
+    "/review/{key:key}/check",
+    response_model=CheckOut,
+    responses=documented(401, 404, 503),
+    summary="Search the mailbox for the job's Message-ID now; recorded in its history",
+)
+async def review_check(key: str, ctx: Ctx, who: Caller) -> dict[str, Any]:
+    answer = await run_in_threadpool(served, lambda: ctx.services.check(key, by=who))
+    return answer.as_dict()
+
+
+@router.post(
+    "/review/{key:key}/resolve",
     response_model=JobStatus,
-    responses=documented(401, 404, 409, 413, 422),
-    summary="Record a human's decision on a job in review (409 when it is not in review)",
+    responses=documented(401, 404, 409, 413, 422, 503),
+    summary="Record a human's decision on a job in review (a resend is searched first)",
 )
 async def review_resolve(key: str, decision: ResolveIn, ctx: Ctx, who: Caller) -> dict[str, Any]:
-    job = await run_in_threadpool(resolve, ctx.ledger, key, decision.decision, decision.note, who)
+    job = await run_in_threadpool(
+        served,
+        lambda: ctx.services.resolve(key, decision.decision, note=decision.note, by=who),
+    )
     return job_status(job)

@@ -1,53 +1,104 @@
 """`/ui/`: the review page (README "Review page").
 
 Server-rendered HTML, no JavaScript. Signing in with an API token sets an HttpOnly,
-SameSite=Strict session cookie; an `Authorization: Bearer` header works too (scripts,
-proxies). Every form carries a CSRF token derived from the session. A visitor without
-either sees the sign-in form and nothing of any job.
+SameSite=Strict session cookie (Secure over HTTPS or with an https `[api] public_url`);
+an `Authorization: Bearer` header works too (scripts, proxies). Every form carries a CSRF
+token derived from the session, the sign-in form one derived from its own cookie, and
+failed sign-ins are limited per client address (429; `daemon/api/signin_limit.py`). A
+visitor without either sees the sign-in form and nothing of any job.
+
+Every page reads and acts through the service layer (`daemon/services.py`), as the CLI
+and the API do. Text that is a caller's (keys, subjects, notes) is HTML-escaped by Jinja
+(autoescape) and, before that, made printable (`ledger.display.printable`: control and
+bidi characters shown as escapes), for every value a template prints.
 """
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from math import ceil
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 
 from daemon.api.auth import SESSION_COOKIE, SESSION_SECONDS, bearer
 from daemon.api.context import ApiContext, context_of
-from daemon.api.errors import ApiError
-from daemon.api.review import resolve
-from daemon.commands import event_record, job_status, review_rows
-from ledger.application import UnknownJob
-from ledger.vocabulary import JobState, Resolution
+from daemon.api.errors import api_error
+from daemon.api.overview import hourly_chart
+from daemon.api.paths import key_segment
+from daemon.read_models import timeline_details
+from daemon.services import SORTS, CheckAnswer, ServiceError, TriageItem
+from ledger.display import command_line, printable
+from ledger.vocabulary import OPEN_STATES, Resolution
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 Ctx = Annotated[ApiContext, Depends(context_of)]
+
+
+def _finalize(value: Any) -> Any:
+    # Every printed value: a caller's text shows its control characters as escapes.
+    # (Markup is the templates' own HTML, a macro's output: already made of such values.)
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return printable(value)
+    return value
+
+
 _templates = Environment(
     loader=FileSystemLoader(Path(__file__).with_name("templates")),
-    autoescape=select_autoescape(default=True),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    finalize=_finalize,
 )
+
+
+#: Before sign-in: a random value in a cookie, whose CSRF token the sign-in form carries
+#: (double submit), so another site cannot sign a browser in with its own token.
+SIGN_IN_COOKIE = "sendledger_sign_in"
 
 
 class Visitor:
     """Who is looking, and how: by session cookie (forms need its CSRF token) or header."""
 
-    def __init__(self, name: str | None, session: str | None) -> None:
+    def __init__(self, name: str | None, session: str | None, request: Request) -> None:
         self.name = name
         self.session = session
+        self.request = request
 
 
 def visitor(request: Request) -> Visitor:
     ctx = context_of(request)
     by_header = ctx.tokens.who(bearer(request.headers.get("authorization")))
     if by_header is not None:
-        return Visitor(by_header, None)
+        return Visitor(by_header, None, request)
     session = request.cookies.get(SESSION_COOKIE)
-    return Visitor(ctx.sessions.who(session), session)
+    return Visitor(ctx.sessions.who(session), session, request)
+
+
+def secure_cookies(ctx: ApiContext, request: Request) -> bool:
+    """Cookies are `Secure` when the request came over HTTPS (uvicorn reads a trusted
+    proxy's X-Forwarded-Proto) or `[api] public_url` is an https one."""
+    return request.url.scheme == "https" or ctx.public_url.startswith("https://")
+
+
+def _set_cookie(
+    ctx: ApiContext, request: Request, response: Response, name: str, value: str, age: int
+) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=age,
+        path="/ui",
+        httponly=True,
+        samesite="strict",
+        secure=secure_cookies(ctx, request),
+    )
 
 
 Seen = Annotated[Visitor, Depends(visitor)]
@@ -58,80 +109,231 @@ def _page(template: str, code: int = 200, **values: Any) -> HTMLResponse:
     headers = {
         "Cache-Control": "no-store",
         "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
-        "form-action 'self'; frame-ancestors 'none'",
+        "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'",
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
     }
     return HTMLResponse(html, status_code=code, headers=headers)
 
 
-def _sign_in(message: str = "", code: int = 401) -> HTMLResponse:
-    return _page("signin.html", code, message=message)
+def _sign_in(ctx: ApiContext, seen: Visitor, message: str = "", code: int = 401) -> HTMLResponse:
+    """The sign-in form, with a CSRF value in its cookie (kept when the browser has one,
+    so two open forms both work) and that value's token in the form."""
+    nonce = seen.request.cookies.get(SIGN_IN_COOKIE) or secrets.token_urlsafe(32)
+    page = _page("signin.html", code, message=message, csrf=ctx.sessions.csrf_token(nonce))
+    _set_cookie(ctx, seen.request, page, SIGN_IN_COOKIE, nonce, SESSION_SECONDS)
+    return page
+
+
+def _csrf_ok(ctx: ApiContext, value: str | None, token: str) -> bool:
+    # A form field may hold any text; compare_digest takes only ASCII str (else TypeError).
+    return token.isascii() and ctx.sessions.csrf_ok(value, token)
 
 
 def _csrf(ctx: ApiContext, seen: Visitor) -> str:
     return ctx.sessions.csrf_token(seen.session) if seen.session else ""
 
 
-@router.get("/")
-def queue(ctx: Ctx, seen: Seen) -> Response:
+def _signer(ctx: ApiContext, seen: Visitor, csrf: str) -> str | Response:
+    """Who sends the form, or the answer to a form that must not be acted on."""
     if seen.name is None:
-        return _sign_in(code=200)
-    rows = review_rows(ctx.ledger)
+        return _sign_in(ctx, seen)
+    # A header-signed caller is not a browser carrying an ambient cookie: no CSRF risk.
+    if seen.session is not None and not _csrf_ok(ctx, seen.session, csrf):
+        return _page("message.html", 403, title="Refused", message="The form has expired.")
+    return seen.name
+
+
+async def _job_action(
+    ctx: ApiContext, seen: Visitor, key: str, csrf: str, act: Callable[[str], object], done: str
+) -> Response:
+    """A decision from a job's page: done, back to the page (303); refused, the page with
+    the refusal's sentence."""
+    who = _signer(ctx, seen, csrf)
+    if isinstance(who, Response):
+        return who
+    try:
+        await run_in_threadpool(act, who)
+    except ServiceError as exc:
+        return _job_page(ctx, seen, key, problem=exc.message, code=api_error(exc).status)
+    return RedirectResponse(job_href(key) + "?done=" + quote(done), status_code=303)
+
+
+#: What `?done=` may say after a form (the page's own redirects).
+NOTICES = frozenset({*(f"resolved as {r.value}" for r in Resolution), "cancelled"})
+
+
+def job_href(key: str) -> str:
+    return "/ui/jobs/" + key_segment(key)
+
+
+def age(seconds: float) -> str:
+    """A short age for a queue row: "40 s", "12 min", "3 h", "2 d"."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{int(seconds)} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)} h"
+    return f"{int(seconds // 86400)} d"
+
+
+def _common(ctx: ApiContext, seen: Visitor, **values: Any) -> dict[str, Any]:
+    return {"who": seen.name, "csrf": _csrf(ctx, seen), **values}
+
+
+@router.get("/")
+def queue(
+    ctx: Ctx,
+    seen: Seen,
+    channel: str = "",
+    reason: str = "",
+    sort: str = "since",
+    page: int = 1,
+) -> Response:
+    if seen.name is None:
+        return _sign_in(ctx, seen, code=200)
+    # An unknown sort (a hand-edited link) is the default one, not an error page.
+    sort = sort if sort in SORTS else "since"
+    found = ctx.services.review_queue(
+        channel=channel or None, reason=reason or None, sort=sort, page=page
+    )
+    now = ctx.ledger.clock().timestamp()
+    rows = []
+    for row in found.rows:
+        since = row_time(row.get("since"))
+        rows.append({**row, "href": job_href(row["key"]),
+                     "age": age(now - since) if since is not None else "-"})  # fmt: skip
+
+    def link(**change: Any) -> str:
+        query = {"channel": channel, "reason": reason, "sort": sort, "page": page, **change}
+        return "/ui/?" + urlencode({k: v for k, v in query.items() if v not in ("", None)})
+
+    return _page(
+        "queue.html",
+        **_common(ctx, seen),
+        rows=rows,
+        found=found,
+        channel=channel,
+        reason=reason,
+        sort=sort,
+        sorts={name: link(sort=name, page=1) for name in SORTS},
+        previous=link(page=found.page - 1) if found.page > 1 else "",
+        next=link(page=found.page + 1) if found.page < found.pages else "",
+    )
+
+
+def row_time(iso: object) -> float | None:
+    if not isinstance(iso, str):
+        return None
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+@router.get("/search")
+def search(ctx: Ctx, seen: Seen, q: str = "") -> Response:
+    if seen.name is None:
+        return _sign_in(ctx, seen)
+    rows = ctx.services.find_jobs(q) if q.strip() else []
     for row in rows:
-        row["href"] = "/ui/jobs/" + quote(row["key"], safe="")
-    return _page("queue.html", rows=rows, who=seen.name, csrf=_csrf(ctx, seen))
+        row["href"] = job_href(row["key"])
+    return _page("search.html", **_common(ctx, seen), q=q, rows=rows)
 
 
 @router.post("/sign-in")
-def sign_in(ctx: Ctx, token: Annotated[str, Form()] = "") -> Response:
+def sign_in(
+    ctx: Ctx,
+    seen: Seen,
+    token: Annotated[str, Form()] = "",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    # Per client address (behind a proxy: the proxy's, unless uvicorn is told to trust
+    # its X-Forwarded-For): README "Review page".
+    address = seen.request.client.host if seen.request.client else "-"
+    wait = ctx.signin_limit.wait(address)
+    if wait:
+        page = _page("message.html", 429, title="Too many attempts",
+                     message=f"Too many failed sign-ins: try again in {ceil(wait)} s.")  # fmt: skip
+        page.headers["Retry-After"] = str(ceil(wait))
+        return page
+    if not _csrf_ok(ctx, seen.request.cookies.get(SIGN_IN_COOKIE), csrf):
+        return _sign_in(ctx, seen, "The sign-in form had expired: sign in again.", 403)
     name = ctx.tokens.who(token.strip())
     if name is None:
-        return _sign_in("That token is not valid.")
+        ctx.signin_limit.failed(address)
+        return _sign_in(ctx, seen, "That token is not valid.")
+    ctx.signin_limit.succeeded(address)
     response = RedirectResponse("/ui/", status_code=303)
-    response.set_cookie(
-        SESSION_COOKIE,
-        ctx.sessions.open(name),
-        max_age=SESSION_SECONDS,
-        path="/ui",
-        httponly=True,
-        samesite="strict",
-    )
+    _set_cookie(ctx, seen.request, response, SESSION_COOKIE, ctx.sessions.open(name),
+                SESSION_SECONDS)  # fmt: skip
+    response.delete_cookie(SIGN_IN_COOKIE, path="/ui")
     return response
 
 
 @router.post("/sign-out")
 def sign_out(ctx: Ctx, seen: Seen, csrf: Annotated[str, Form()] = "") -> Response:
-    if seen.session and ctx.sessions.csrf_ok(seen.session, csrf):
+    if seen.session and _csrf_ok(ctx, seen.session, csrf):
         ctx.sessions.close(seen.session)
     response = RedirectResponse("/ui/", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/ui")
     return response
 
 
-@router.get("/jobs/{key:path}")
-def job_page(key: str, ctx: Ctx, seen: Seen, done: str = "") -> Response:
-    if seen.name is None:
-        return _sign_in()
+def _job_page(
+    ctx: ApiContext,
+    seen: Visitor,
+    key: str,
+    *,
+    done: str = "",
+    check: CheckAnswer | None = None,
+    problem: str = "",
+    code: int = 200,
+) -> Response:
     try:
-        job = ctx.ledger.get_job(key)
-        events = [event_record(e) for e in ctx.ledger.history(key)]
-    except UnknownJob:
-        return _page("message.html", 404, title="No such job", message=f"No job {key!r}.")
+        view = ctx.services.job_view(key)
+    except ServiceError as exc:
+        return _page("message.html", api_error(exc).status, title="No such job",
+                     message=exc.message)  # fmt: skip
+    href = job_href(key)
+    timeline = [{**record, "details": timeline_details(record)} for record in view.history]
     return _page(
         "job.html",
-        status=job_status(job),
-        events=events,
-        in_review=job.state is JobState.REVIEW,
-        resolutions=[r.value for r in Resolution],
-        action="/ui/jobs/" + quote(key, safe="") + "/resolve",
+        code,
+        **_common(ctx, seen),
+        view=view,
+        status=view.status,
+        timeline=timeline,
+        decisions=[d.value for d in view.decisions],
+        resend_withheld=bool(view.decisions) and Resolution.RESEND not in view.decisions,
+        href=href,
         done=done,
-        who=seen.name,
-        csrf=_csrf(ctx, seen),
+        check=check,
+        problem=problem,
+        check_command=command_line("sendledger", "review", "check", key),
     )
 
 
-@router.post("/jobs/{key:path}/resolve")
+@router.get("/jobs/{key:key}")
+def job_page(key: str, ctx: Ctx, seen: Seen, done: str = "") -> Response:
+    if seen.name is None:
+        return _sign_in(ctx, seen)
+    # Only the page's own notices: a crafted link cannot make the page say anything else.
+    return _job_page(ctx, seen, key, done=done if done in NOTICES else "")
+
+
+@router.post("/jobs/{key:key}/check")
+async def check_form(key: str, ctx: Ctx, seen: Seen, csrf: Annotated[str, Form()] = "") -> Response:
+    who = _signer(ctx, seen, csrf)
+    if isinstance(who, Response):
+        return who
+    try:
+        answer = await run_in_threadpool(lambda: ctx.services.check(key, by=who))
+    except ServiceError as exc:
+        return _job_page(ctx, seen, key, problem=exc.message, code=api_error(exc).status)
+    return _job_page(ctx, seen, key, check=answer)
+
+
+@router.post("/jobs/{key:key}/resolve")
 async def resolve_form(
     key: str,
     ctx: Ctx,
@@ -140,19 +342,82 @@ async def resolve_form(
     note: Annotated[str, Form()] = "",
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
-    if seen.name is None:
-        return _sign_in()
-    # A header-signed caller is not a browser carrying an ambient cookie: no CSRF risk.
-    if seen.session is not None and not ctx.sessions.csrf_ok(seen.session, csrf):
-        return _page("message.html", 403, title="Refused", message="The form has expired.")
     if decision not in {r.value for r in Resolution}:
         return _page(
             "message.html", 422, title="Refused", message="Choose sent, resend or abandon."
         )
-    try:
-        await run_in_threadpool(resolve, ctx.ledger, key, Resolution(decision), note, seen.name)
-    except ApiError as exc:
-        return _page("message.html", exc.status, title="Not resolved", message=exc.message)
-    return RedirectResponse(
-        "/ui/jobs/" + quote(key, safe="") + "?done=" + quote(decision), status_code=303
+    return await _job_action(
+        ctx,
+        seen,
+        key,
+        csrf,
+        lambda by: ctx.services.resolve(key, Resolution(decision), note=note, by=by),
+        f"resolved as {decision}",
     )
+
+
+@router.post("/jobs/{key:key}/cancel")
+async def cancel_form(
+    key: str,
+    ctx: Ctx,
+    seen: Seen,
+    note: Annotated[str, Form()] = "",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    return await _job_action(
+        ctx, seen, key, csrf, lambda by: ctx.services.cancel(key, note=note, by=by), "cancelled"
+    )
+
+
+@router.get("/triage")
+def triage_page(ctx: Ctx, seen: Seen) -> Response:
+    if seen.name is None:
+        return _sign_in(ctx, seen)
+    queue = ctx.services.review_queue(per_page=1)
+    return _page("triage.html", **_common(ctx, seen), queue=queue, items=None, channel="",
+                 reason="", dry_run=True)  # fmt: skip
+
+
+@router.post("/triage")
+async def triage_form(
+    ctx: Ctx,
+    seen: Seen,
+    channel: Annotated[str, Form()] = "",
+    reason: Annotated[str, Form()] = "",
+    mode: Annotated[str, Form()] = "dry-run",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    by = _signer(ctx, seen, csrf)
+    if isinstance(by, Response):
+        return by
+    if "\x00" in channel + reason:  # no channel or reason holds one (PostgreSQL refuses it)
+        return _page("message.html", 422, title="Refused", message="No such channel or reason.")
+    dry_run = mode != "resolve"
+    items: list[TriageItem] = await run_in_threadpool(
+        lambda: ctx.services.triage(
+            by=by, channel=channel or None, reason=reason or None, dry_run=dry_run
+        )
+    )
+    queue = ctx.services.review_queue(per_page=1)
+    return _page("triage.html", **_common(ctx, seen), queue=queue, channel=channel,
+                 reason=reason, dry_run=dry_run,
+                 items=[{**i.as_dict(), "href": job_href(i.key)} for i in items])  # fmt: skip
+
+
+@router.get("/overview")
+def overview(ctx: Ctx, seen: Seen) -> Response:
+    if seen.name is None:
+        return _sign_in(ctx, seen)
+    now = ctx.ledger.clock()
+    counts = ctx.ledger.open_counts()
+    chart = hourly_chart(ctx.ledger, until=now, hours=24)
+    return _page(
+        "overview.html",
+        **_common(ctx, seen),
+        counts=[(str(state), counts.get(str(state), 0)) for state in OPEN_STATES],
+        chart=chart,
+        since=now - timedelta(hours=24),
+    )
+
+
+__all__: list[str] = ["age", "job_href", "router"]

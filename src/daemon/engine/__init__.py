@@ -1,10 +1,12 @@
-"""The engine that moves send jobs forward, one tick at a time.
+"""The engine that moves send jobs forward: a tick hands due jobs to its workers.
 
-Public: :class:`Engine` (``tick``, ``stop``, ``close``), :class:`TickReport`,
+Public: :class:`Engine` (``hand_out``, ``tick``, ``stop``, ``close``), :class:`TickReport`,
 :class:`PolicyHolder` and :func:`render`. The steps live in their own modules: ``dispatch``
-(claim, call, record the outcome), ``recover`` (attempts past their deadline), ``search``
-(sweep unknown outcomes, verify resent jobs), around one ``runner``; ``health`` holds the
-Message-ID read-back. ``docs/architecture.md`` follows one job through them.
+(one job from its claim to its saved outcome), ``recover`` (attempts past their deadline),
+``search`` (sweep unknown outcomes, verify resent jobs), around one ``runner``; ``sends``
+(the send workers: a queue per scope, taken in turn), ``circuit`` (an outage waited out),
+``commit`` (group commit); ``health`` holds the Message-ID read-back.
+``docs/architecture.md`` follows one job through them.
 """
 
 from daemon.engine.dispatch import render

@@ -1,8 +1,11 @@
-"""Dispatch: send a due job, with the claim written before the provider is called.
+"""Dispatch: send one due job, with the claim written before the provider is called.
 
 Invariant 1 (``docs/architecture.md``): the Attempted event is durable before the call
 starts, and only the writer whose claim was stored makes the call; a conflict on the claim
-means another daemon sends it, and this one does not.
+means another daemon sends it, and this one does not. `Dispatch.dispatch` is the whole
+sequence for one job, in one send worker; the batching around it is elsewhere: which jobs
+a worker takes (`sends.py`: per scope, in turn, quota reserved, circuit closed) and how its
+two saves share commits with other workers' (`commit.py`).
 """
 
 from __future__ import annotations
@@ -11,19 +14,21 @@ import logging
 import random
 import threading
 from collections.abc import Mapping
-from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from daemon.crashpoints import crash_point
+from daemon.engine.circuit import Circuits
 from daemon.engine.clock import Clock
 from daemon.engine.health import ProviderHealth
 from daemon.engine.runner import Work
-from daemon.providers.base import Provider, SendKind, SendOutcome, send_gate
+from daemon.providers.base import Provider, SendKind, SendOutcome
+from daemon.providers.smtp_imap import Envelope
 from ledger.decisions import AfterRejection, Review
 from ledger.job import SendJob
-from ledger.mime import build_message
-from ledger.vocabulary import JobState
+from ledger.mime import MessageFields, mailboxes
+from ledger.vocabulary import EscalationReason, JobState
+from ledger.wire_check import Mismatch, RenderMismatch, checked_message
 from policies import decisions
 from policies.model import ChannelPolicy
 
@@ -31,24 +36,34 @@ log = logging.getLogger("sendledger.engine")
 
 
 def render(job: SendJob) -> bytes:
-    """The job's raw message; identical bytes for every attempt of the job."""
-    content = job.content
-    return build_message(
+    """The job's raw message, rendered and proved (`render_checked`); identical bytes for
+    every attempt of the job."""
+    return render_checked(job)
+
+
+def render_checked(job: SendJob) -> bytes:
+    """The one place a job becomes bytes, at intake and before the claim: rendered by
+    `ledger/mime.py`, proved by `ledger/wire_check.py` to say exactly what the job says,
+    and the SMTP envelope those bytes give (`providers/smtp_imap.py: Envelope`, the other
+    parser of them) held to the job's to, cc and bcc. RenderMismatch naming the field
+    when the proof fails (intake: a refusal; dispatch: review, `render-mismatch`)."""
+    fields = MessageFields.of(
+        job.content,
         from_addr=job.from_addr,
-        to=content.to,
-        cc=content.cc,
-        reply_to=content.reply_to,
-        subject=content.subject,
-        body=content.body,
-        html=content.html,
-        bcc=content.bcc,
-        headers=content.headers,
-        in_reply_to=content.in_reply_to,
-        references=content.references,
-        attachments=content.attachments,
         message_id=job.message_id,
         date=job.created_on.astimezone(UTC),
     )
+    raw = checked_message(fields)
+    recipients = [
+        box.addr_spec
+        for field, addresses in (("to", fields.to), ("cc", fields.cc), ("bcc", fields.bcc))
+        for box in mailboxes(field, addresses)
+    ]
+    envelope = Envelope(raw)
+    if envelope.recipients != recipients or envelope.message_id != fields.message_id:
+        reason = f"the SMTP envelope would be {envelope.recipients}, the job's {recipients}"
+        raise RenderMismatch(Mismatch("to", reason))
+    return raw
 
 
 @dataclass(eq=False)  # compared by identity
@@ -59,7 +74,6 @@ class Claimed:
     policy: ChannelPolicy
     provider: Provider
     raw: bytes
-    gate: ExitStack  # the provider's send gate, held until the call returns
     outcome: SendOutcome | None = None
 
 
@@ -76,6 +90,7 @@ class Dispatch:
         self,
         health: ProviderHealth,
         clock: Clock,
+        circuits: Circuits,
         *,
         provider_timeouts: Mapping[str, float],
         deadline_grace: float,
@@ -86,6 +101,7 @@ class Dispatch:
         self._daemon = daemon  # recorded on each claim (recover.py: RecoverOwnClaims)
         self._health = health
         self._clock = clock
+        self._circuits = circuits
         self._timeouts = provider_timeouts
         self._grace = deadline_grace
         self._rng = rng
@@ -95,22 +111,31 @@ class Dispatch:
         return job.due_at is None or job.due_at <= now
 
     def run(self, work: Work) -> None:
-        """One job on its own: claim, save, send, record, save (`DispatchWave` runs the
-        same phases for several jobs with one save per phase)."""
+        self.dispatch(work)
+
+    def dispatch(self, work: Work, *, probe: bool = False) -> bool:
+        """Invariant 1 for one job: claim, save, send, record, save. Whether the provider
+        was called. `probe`: the one job an open circuit lets through."""
+        work.now = self._clock()
         claimed = self.claim(work)
-        if claimed is None:
-            return
-        with claimed.gate:
-            work.save()  # a conflict here means no call is made
+        called = False
+        try:
+            if claimed is None:
+                return False
+            work.save()  # the claim, durable; a conflict here means no call is made
             self.send(claimed)
-        self.record(claimed)
-        work.save()
-        self.recorded(claimed)
+            called = True
+        finally:
+            if probe and not called:
+                self._circuits.probe_returned(_scope(work))
+        self.outcome_to_events(claimed)
+        work.save()  # the outcome, durable; if it fails, recovered at the deadline
+        self.count_outcome(claimed)
+        return True
 
     def claim(self, work: Work) -> Claimed | None:
-        """Decide and render, then record the claim on the job in memory (not saved), with
-        the provider's send gate entered; None when the job is not to be sent now (to
-        review, saved; or left due)."""
+        """Decide and render, then record the claim on the job in memory (not saved);
+        None when the job is not to be sent now (to review, saved; or left due)."""
         found = work.policy_and_provider()
         if found is None:
             return None
@@ -121,32 +146,27 @@ class Dispatch:
             work.to_review(decision, f"{job.round_attempts} provider calls made")
             return None
         try:
-            # Rendered before the claim: a message that cannot be built is never claimed.
-            raw = render(job)
+            # Rendered and proved before the claim: a message that cannot be built, or
+            # does not say what the job says, is never claimed.
+            raw = render_checked(job)
+        except RenderMismatch as exc:
+            work.to_review(
+                Review(policy.ref, EscalationReason.RENDER_MISMATCH), f"render mismatch: {exc}"
+            )
+            return None
         except ValueError as exc:
             work.to_review(decisions.cannot_build(policy), f"cannot build the message: {exc}")
             return None
         if self._stopping.is_set():
             return None
-        gate = ExitStack()
-        if not gate.enter_context(send_gate(provider)):
-            gate.close()
-            # Its mailbox is out of quota and another worker waits for it: left due,
-            # so this worker serves other mailboxes (README, "Providers").
-            work.count("skipped")
-            return None
-        try:
-            timeout = self._timeouts.get(policy.provider, 30.0)
-            job.claim(
-                provider=policy.provider,
-                deadline=work.now + timedelta(seconds=timeout + self._grace),
-                at=work.now,
-                daemon=self._daemon,
-            )
-        except BaseException:
-            gate.close()
-            raise
-        return Claimed(work, policy, provider, raw, gate)
+        timeout = self._timeouts.get(policy.provider, provider.timeout)
+        job.claim(
+            provider=policy.provider,
+            deadline=work.now + timedelta(seconds=timeout + self._grace),
+            at=work.now,
+            daemon=self._daemon,
+        )
+        return Claimed(work, policy, provider, raw)
 
     def send(self, claimed: Claimed) -> None:
         """The one provider call of a saved claim (invariant 1: only after the save), then
@@ -154,14 +174,17 @@ class Dispatch:
         work = claimed.work
         crash_point("after-claim")
         work.count("sent")
-        claimed.outcome = claimed.provider.send_raw(claimed.raw)
+        outcome = claimed.outcome = claimed.provider.send_raw(claimed.raw)
         crash_point("after-send")
         work.now = self._clock()
+        scope = claimed.provider.scope()
+        if outcome.kind is SendKind.REJECTED and outcome.unavailable:
+            self._circuits.unavailable(scope, work.now, outcome.retry_after)
+        else:
+            self._circuits.answered(scope)
         self._read_back_sample(claimed)
 
     def _read_back_sample(self, claimed: Claimed) -> None:
-        # In the calling worker, like the send: a read-back is a provider call, and the
-        # thread that saves and refills must never wait for one (`wave.py`).
         outcome, policy = claimed.outcome, claimed.policy
         if outcome is None or outcome.kind is not SendKind.CONFIRMED:
             return
@@ -169,13 +192,17 @@ class Dispatch:
             policy.provider, claimed.provider
         ):
             self._health.read_back(
-                claimed.work.job, policy.provider, claimed.provider, outcome.provider_message_id
+                claimed.work.job,
+                policy.provider,
+                claimed.provider,
+                outcome.provider_message_id,
+                raw=claimed.raw,
             )
 
-    def record(self, claimed: Claimed) -> None:
+    def outcome_to_events(self, claimed: Claimed) -> None:
         """The call's outcome as events on the job in memory (saved by the caller)."""
         work, policy, outcome = claimed.work, claimed.policy, claimed.outcome
-        assert outcome is not None, "record() follows send()"
+        assert outcome is not None, "outcome_to_events() follows send()"
         job, now = work.job, work.now
         if outcome.kind is SendKind.CONFIRMED and outcome.provider_message_id:
             job.record_response(
@@ -184,33 +211,61 @@ class Dispatch:
                 at=now,
             )
         elif outcome.kind is SendKind.REJECTED:
+            unavailable = outcome.unavailable and outcome.transient
             job.record_rejection(
                 transient=outcome.transient,
                 reason=outcome.reason,
                 status=outcome.status,
-                decision=self._after_rejection(policy, job, outcome, now),
+                decision=self._after_rejection(claimed, unavailable),
                 at=now,
+                unavailable=unavailable,
             )
         else:
-            _unknown(work, policy, self._health, _unknown_reason(outcome))
+            unknown_to_events(work, policy, self._health, _unknown_reason(outcome))
 
-    def recorded(self, claimed: Claimed) -> None:
-        """What follows a saved outcome: counts and logs."""
+    def count_outcome(self, claimed: Claimed) -> None:
+        """What follows a saved outcome: counts and logs (a confirmation is counted by
+        the save that made it durable)."""
         work, outcome = claimed.work, claimed.outcome
-        assert outcome is not None, "recorded() follows record()"
+        assert outcome is not None, "count_outcome() follows outcome_to_events()"
         job = work.job
         if outcome.kind is SendKind.REJECTED:
             work.count("rejected")
+            if outcome.unavailable:
+                work.count("unavailable")
             log.info("job %s rejected (%s)", job.key, outcome.reason)
-        elif outcome.kind is not SendKind.CONFIRMED:  # confirmed: counted with its save
+        elif outcome.kind is not SendKind.CONFIRMED:
             work.count("unknown")
             log.info("job %s outcome unknown (%s)", job.key, _unknown_reason(outcome))
 
-    def _after_rejection(
-        self, policy: ChannelPolicy, job: SendJob, outcome: SendOutcome, now: datetime
-    ) -> AfterRejection:
+    def give_up(self, work: Work) -> None:
+        """A job held by its provider's open circuit for longer than its channel's
+        `give_up_after`: to review (`provider-unavailable`), never claimed."""
+        work.now = self._clock()
+        policy, job = work.policy, work.job
+        if policy is None:
+            return
+        since = job.unavailable_since or job.due_at or work.now
+        decision = decisions.waited_too_long(policy, waiting_since=since, now=work.now)
+        if decision is not None:
+            work.to_review(decision, f"provider {_scope(work)} unavailable since {since:%c} UTC")
+
+    def _after_rejection(self, claimed: Claimed, unavailable: bool) -> AfterRejection:
+        policy, job, outcome = claimed.policy, claimed.work.job, claimed.outcome
+        now = claimed.work.now
+        assert outcome is not None
         if not outcome.transient:
             return decisions.after_permanent_rejection(policy)
+        if unavailable:
+            return decisions.after_unavailable(
+                policy,
+                waiting_since=job.unavailable_since or now,
+                now=now,
+                # Due again soon: while the circuit is open the job waits in memory,
+                # where `give_up_after` is checked, not in the store.
+                wait=self._circuits.settings.probe_after,
+                retry_after=outcome.retry_after,
+            )
         return decisions.after_transient_rejection(
             policy,
             attempts_made=job.round_attempts,
@@ -220,14 +275,24 @@ class Dispatch:
         )
 
 
-def record_unknown(work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str) -> None:
-    """An attempt whose outcome cannot be known: search later, or review."""
-    _unknown(work, policy, health, reason)
+def _scope(work: Work) -> str:
+    """The scope (circuit, queue) of a job's provider; "" for a job without one."""
+    return "" if work.provider is None else work.provider.scope()
+
+
+def save_unknown_outcome(
+    work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str
+) -> None:
+    """An attempt whose outcome cannot be known, saved: search later, or review."""
+    unknown_to_events(work, policy, health, reason)
     work.save()
     log.info("job %s outcome unknown (%s)", work.job.key, reason)
 
 
-def _unknown(work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str) -> None:
+def unknown_to_events(
+    work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str
+) -> None:
+    """An unknown outcome as events on the job in memory (not saved)."""
     decision = decisions.after_unknown(
         policy, now=work.now, handle_reliable=health.reliable(policy.provider)
     )

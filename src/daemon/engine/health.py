@@ -11,8 +11,8 @@ send, and a provider that replaces IDs does so for every message of an account, 
 one in a thousand. So each provider's first `readback_first` confirmed sends after the
 daemon starts are read back, then a steady `readback_rate` share of the rest (every
 1/rate-th, by a running credit, so the share is exact and tests need no randomness).
-A provider declares both as attributes (the Gmail provider from its settings); one that
-does not gets the defaults below.
+Both are capabilities of the provider port (`daemon/providers/base.py`; the Gmail
+provider sets them from its settings, others keep `ProviderBase`'s defaults).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from daemon.engine.clock import Clock
 from daemon.providers.base import Provider, ProviderError
-from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.message_id import same_message_id
+from ledger.wire_check import carries_message_id
 
 log = logging.getLogger("sendledger.engine")
 
@@ -51,8 +51,7 @@ class _Sampler:
 
 
 def _sampler_for(provider: Provider) -> _Sampler:
-    first = getattr(provider, "readback_first", DEFAULT_READBACK_FIRST)
-    rate = getattr(provider, "readback_rate", DEFAULT_READBACK_RATE)
+    first, rate = provider.readback_first, provider.readback_rate
     return _Sampler(max(int(first), 1), min(max(float(rate), 0.0), 1.0))
 
 
@@ -91,9 +90,12 @@ class ProviderHealth:
             return sampler.take()
 
     def read_back(
-        self, job: SendJob, name: str, provider: Provider, provider_message_id: str
+        self, job: SendJob, name: str, provider: Provider, provider_message_id: str, *, raw: bytes
     ) -> None:
-        """Compare the stored copy's Message-ID with ours; a failed read proves nothing."""
+        """Compare the stored copy's Message-ID with ours; a failed read proves nothing.
+        `raw` is what was sent: another Message-ID marks the handle unreliable only when
+        those bytes are proved to carry ours in their one header block (a message that
+        lost it on the way out says nothing about the provider)."""
         with self._lock:
             self.readbacks += 1
         try:
@@ -102,6 +104,14 @@ class ProviderHealth:
             log.warning("job %s: Message-ID read-back failed: %s", job.key, exc.reason)
             return
         if stored is not None and same_message_id(stored, job.message_id):
+            return
+        if not carries_message_id(raw, job.message_id):
+            log.error(
+                "job %s: the stored copy carries Message-ID %s, but the bytes sent do not"
+                " carry ours in their header block: the handle is not marked unreliable",
+                job.key,
+                stored,
+            )
             return
         log.critical(
             "PROVIDER %s REPLACED OUR MESSAGE-ID: sent %s, stored %s. Searches cannot find "

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from daemon.engine.report import TickReport
-from daemon.providers.base import Provider, SearchResult, SendOutcome, for_job
+from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
 from ledger.job import SendJob
 
 log = logging.getLogger("sendledger.engine")
@@ -51,18 +51,18 @@ def notify(action: Callable[[], None]) -> None:
         log.exception("engine observer failed")
 
 
-class ObservedProvider:
-    """A provider whose calls are timed for the observer; everything else passes through."""
+class ObservedProvider(ProviderBase):
+    """A provider whose calls are timed for the observer; every capability is the inner
+    provider's."""
 
     def __init__(self, inner: Provider, observer: EngineObserver) -> None:
         self.inner = inner
         self.name = inner.name
         self.response_ids_readable = inner.response_ids_readable
+        self.timeout = inner.timeout
+        self.readback_first = inner.readback_first
+        self.readback_rate = inner.readback_rate
         self._observer = observer
-
-    def __getattr__(self, name: str) -> object:
-        # Anything the port does not define (timeouts, quota levels) is the inner one's.
-        return getattr(self.inner, name)
 
     def _timed(self, operation: str, call: Callable[[], T]) -> T:
         started = time.perf_counter()
@@ -85,8 +85,17 @@ class ObservedProvider:
 
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         # The job's view of the provider (its mailbox), timed like the provider itself.
-        scoped = for_job(self.inner, from_addr, thread_id)
+        scoped = self.inner.for_job(from_addr, thread_id)
         return self if scoped is self.inner else ObservedProvider(scoped, self._observer)
+
+    def scope(self) -> str:
+        return self.inner.scope()
+
+    def reserve_send(self) -> float:
+        return self.inner.reserve_send()
+
+    def quota_available(self) -> float | None:
+        return self.inner.quota_available()
 
     def close(self) -> None:
         self.inner.close()

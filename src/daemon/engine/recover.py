@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from daemon.engine.dispatch import record_unknown
+from daemon.engine.dispatch import save_unknown_outcome
 from daemon.engine.health import ProviderHealth
 from daemon.engine.runner import Work, due
 from ledger.job import SendJob
@@ -48,7 +48,7 @@ class Recover:
             )
             work.save()
         else:
-            record_unknown(work, work.policy, self._health, self.reason)
+            save_unknown_outcome(work, work.policy, self._health, self.reason)
         work.count("recovered")
         log.warning("job %s: attempt %d: %s", job.key, job.attempts, self.reason)
 

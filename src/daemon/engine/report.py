@@ -11,6 +11,7 @@ Count = Literal[
     "confirmed",
     "unknown",
     "rejected",
+    "unavailable",
     "searched",
     "escalated",
     "recovered",
@@ -25,6 +26,7 @@ class TickReport:
     confirmed: int = 0
     unknown: int = 0
     rejected: int = 0
+    unavailable: int = 0  # rejections that proved the provider unavailable (not counted)
     searched: int = 0
     escalated: int = 0
     recovered: int = 0
@@ -49,3 +51,9 @@ class Counter:
     def bump(self, name: Count, by: int = 1) -> None:
         with self.lock:
             setattr(self.report, name, getattr(self.report, name) + by)
+
+    def take(self) -> TickReport:
+        """What was counted since the last take, and a fresh count from here."""
+        with self.lock:
+            report, self.report = self.report, TickReport()
+        return report

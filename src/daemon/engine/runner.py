@@ -20,7 +20,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.observer import EngineObserver, NullObserver, notify
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import Count, Counter
-from daemon.providers.base import Provider, for_job
+from daemon.providers.base import Provider
 from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
 from ledger.decisions import Review
 from ledger.job import SendJob, TransitionError
@@ -43,6 +43,8 @@ class Work:
     ledger: Ledger
     counter: Counter
     observer: EngineObserver = field(default_factory=NullObserver)
+    #: How a save is made: `Ledger.save_job`, or the engine's group commit (`commit.py`).
+    commit: Callable[[SendJob], None] | None = None
     _saved_state: JobState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -54,11 +56,11 @@ class Work:
     def save(self) -> None:
         """Append the events the step recorded (ConcurrentUpdate: another writer won)."""
         events = list(self.job.pending_events)
-        self.ledger.save_job(self.job)
-        self.saved(events)
+        (self.commit or self.ledger.save_job)(self.job)
+        self.report_saved(events)
 
-    def saved(self, events: list[Any]) -> None:
-        """Count and report what a save made durable (this job's own, or a wave's)."""
+    def report_saved(self, events: list[Any]) -> None:
+        """Count and report what a save made durable."""
         before = self._saved_state
         self._saved_state = self.job.state
         notify(lambda: self.observer.saved(self.job, events))
@@ -112,8 +114,10 @@ class StepRunner:
         clock: Clock,
         stopping: threading.Event,
         observer: EngineObserver | None = None,
+        commit: Callable[[SendJob], None] | None = None,
     ) -> None:
         self._ledger = ledger
+        self._commit = commit
         self._observer: EngineObserver = observer or NullObserver()
         self._policies = policies
         self._providers = providers
@@ -144,8 +148,10 @@ class StepRunner:
             provider = None if policy is None else self._providers.get(policy.provider)
             if provider is not None:
                 # The job's own mailbox and thread (Gmail with user = "{from}").
-                provider = for_job(provider, job.from_addr, job.content.thread_id)
-            return Work(job, policy, provider, now, self._ledger, counter, self._observer)
+                provider = provider.for_job(job.from_addr, job.content.thread_id)
+            return Work(
+                job, policy, provider, now, self._ledger, counter, self._observer, self._commit
+            )
 
         return self.guard(step, key, counter, load)
 

@@ -1,11 +1,13 @@
-"""The engine: one tick runs four steps over the jobs that are due.
+"""The engine: a tick hands the due jobs of four steps to two worker budgets and returns.
 
 dispatch (requested) -> recover (attempted past its deadline) -> sweep (unknown, search
 due) -> verify (confirmed after a resend, count due). Each step reads the job index for
-its due jobs only, so a tick's work grows with what is due, not with the history; the
-jobs of a step run on a small thread pool because provider calls wait on the network.
-Dispatch uses group commit (`wave.py`): the claims that refill the free workers and the
-outcomes of the calls that returned are saved in one transaction.
+its due jobs only, so a tick's work grows with what is due, not with the history. Sends
+run on the send workers (`sends.py`, `concurrency` of them), everything else on the check
+workers (`search_concurrency`): a backlog of sends never delays a due search, and the
+other way round. The daemon's tick (`hand_out`) waits for neither, so a hung call holds
+one worker and nothing else; `tick` waits for what it handed out (one-shot runs, tests).
+Every save goes through one group commit (`commit.py`).
 """
 
 from __future__ import annotations
@@ -13,21 +15,66 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
 
+from daemon.engine.circuit import Circuits, CircuitSettings, OpenCircuit
 from daemon.engine.clock import Clock
+from daemon.engine.commit import GroupCommit
 from daemon.engine.dispatch import Dispatch
 from daemon.engine.health import ProviderHealth
 from daemon.engine.observer import EngineObserver, NullObserver, ObservedProvider, notify
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.recover import Recover, RecoverOwnClaims
 from daemon.engine.report import Counter, TickReport
-from daemon.engine.runner import Step, StepRunner
+from daemon.engine.runner import Step, StepRunner, Work
 from daemon.engine.search import SearchBackoff, Sweep, Verify
-from daemon.engine.wave import DispatchWave
+from daemon.engine.sends import SendWorkers
 from daemon.providers.base import Provider
 from ledger.application import Ledger
+from ledger.vocabulary import JobState
+
+
+class CheckWorkers:
+    """Recover, sweep and verify on their own workers; a job is handed out once at a time."""
+
+    def __init__(self, runner: StepRunner, counter: Counter, workers: int) -> None:
+        self._runner = runner
+        self._counter = counter
+        self._size = max(workers, 1)
+        self._pool = ThreadPoolExecutor(max_workers=self._size, thread_name_prefix="check")
+        # Reentrant: a future already done runs its callback (`_done`) in `submit`.
+        self._lock = threading.RLock()
+        self._running: dict[str, Future[None]] = {}
+
+    def free(self) -> int:
+        with self._lock:
+            return self._size - len(self._running)
+
+    def submit(self, step: Step, keys: list[str]) -> None:
+        with self._lock:
+            for key in keys:
+                if len(self._running) >= self._size:
+                    break  # the rest are found again by a later tick
+                if key not in self._running:
+                    future = self._pool.submit(self._runner.run, step, key, self._counter)
+                    self._running[key] = future
+                    future.add_done_callback(partial(self._done, key))
+
+    def _done(self, key: str, _future: Future[None]) -> None:
+        with self._lock:
+            self._running.pop(key, None)
+
+    def drain(self) -> None:
+        with self._lock:
+            futures = list(self._running.values())
+        wait(futures)
+        for future in futures:
+            future.result()  # a simulated crash (tests) is raised in the caller
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 class Engine:
@@ -40,11 +87,13 @@ class Engine:
         provider_timeouts: Mapping[str, float],
         clock: Clock | None = None,
         concurrency: int = 4,
+        search_concurrency: int | None = None,
         batch_size: int = 200,
         deadline_grace: float = 30.0,
         rng: random.Random | None = None,
         observer: EngineObserver | None = None,
         daemon_name: str = "",
+        circuit: CircuitSettings | None = None,
     ) -> None:
         self.ledger = ledger
         self.daemon_name = daemon_name
@@ -53,7 +102,10 @@ class Engine:
         self.clock: Clock = clock or ledger.clock
         self.batch_size = batch_size
         self.health = ProviderHealth(ledger, self.clock)
+        self.circuits = Circuits(circuit)
+        self.commits = GroupCommit(ledger)
         self._stopping = threading.Event()
+        self._counter = Counter()
         self.observer: EngineObserver = observer or NullObserver()
         # Only the steps' calls are timed: `providers` stays what the caller gave.
         called: Mapping[str, Provider] = (
@@ -62,37 +114,55 @@ class Engine:
             else {name: ObservedProvider(p, observer) for name, p in providers.items()}
         )
         self._runner = StepRunner(
-            ledger, policies, called, self.clock, self._stopping, self.observer
+            ledger,
+            policies,
+            called,
+            self.clock,
+            self._stopping,
+            self.observer,
+            commit=self.commits.save,
         )
         backoff = SearchBackoff()
         self._dispatch = Dispatch(
             self.health,
             self.clock,
+            self.circuits,
             provider_timeouts=provider_timeouts,
             deadline_grace=deadline_grace,
             rng=rng or random.Random(),
             stopping=self._stopping,
             daemon=daemon_name,
         )
-        self._steps: tuple[Step, ...] = (
-            self._dispatch,
+        self._checks_steps: tuple[Step, ...] = (
             Recover(self.health),
             Sweep(self.health, backoff, self.clock),
             Verify(backoff, self.clock),
         )
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="send")
-        # At most `concurrency` claims out: every claimed job has a worker at once.
-        self._waves = DispatchWave(ledger, self._runner, self._dispatch, self._pool, concurrency)
+        self._sends = SendWorkers(
+            workers=concurrency,
+            load=self._load_due,
+            dispatch=self._send_one,
+            give_up=self._give_up,
+            refill=self._offer_sends,
+            circuits=self.circuits,
+            clock=self.clock,
+            max_queued=max(batch_size * 10, concurrency * 4),
+        )
+        self._checks = CheckWorkers(self._runner, self._counter, search_concurrency or concurrency)
 
     def stop(self) -> None:
         """Start no new provider call; the ones in flight finish and are recorded."""
         self._stopping.set()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._sends.close()
+        self._checks.close()
 
     def unreliable_providers(self) -> list[str]:
         return self.health.unreliable()
+
+    def open_circuits(self) -> list[OpenCircuit]:
+        return self.circuits.open()
 
     def recover_own_claims(self) -> TickReport:
         """At start-up, with this daemon's name held (`Ledger.hold_identity`): its own
@@ -104,18 +174,72 @@ class Engine:
             self._runner.run(step, row.key, counter)
         return counter.report
 
-    def tick(self) -> TickReport:
+    def hand_out(self) -> TickReport:
+        """The daemon's tick: the due jobs handed to the workers, waiting for none of them.
+        What the workers did since the previous tick."""
         started = time.perf_counter()
-        counter = Counter()
         self.health.refresh(self.providers)
-        for step in self._steps:
-            rows = self.ledger.due(step.state, self.clock(), self.batch_size)
-            if step is self._dispatch:
-                self._waves.run(rows, counter)
-                continue
-            futures = [self._pool.submit(self._runner.run, step, row.key, counter) for row in rows]
-            for future in futures:
-                future.result()
+        self._offer_sends()
+        for step in self._checks_steps:
+            self._offer_checks(step)
+        return self._done(started)
+
+    def tick(self) -> TickReport:
+        """One tick to completion: each step's due jobs handed out and waited for, in
+        order (a one-shot run, tests)."""
+        started = time.perf_counter()
+        self.health.refresh(self.providers)
+        self._offer_sends()
+        self._sends.drain()
+        for step in self._checks_steps:
+            self._offer_checks(step)
+            self._checks.drain()
+        return self._done(started)
+
+    def settle(self, busy: Callable[[], int] = lambda: 0, timeout: float | None = None) -> bool:
+        """Wait until the workers have nothing they could do now, with at most `busy()`
+        send calls still running (tests that hang calls on purpose)."""
+        settled = self._sends.drain(busy, timeout)
+        self._checks.drain()
+        return settled
+
+    def _done(self, started: float) -> TickReport:
+        report = self._counter.take()
         elapsed = time.perf_counter() - started
-        notify(lambda: self.observer.tick_done(elapsed, counter.report))
-        return counter.report
+        notify(lambda: self.observer.tick_done(elapsed, report))
+        return report
+
+    def _offer_sends(self) -> None:
+        limit = self.batch_size + self._sends.known()
+        rows = self.ledger.due(JobState.REQUESTED, self.clock(), limit)
+        self._sends.offer((row.key for row in rows), more=len(rows) >= limit)
+
+    def _offer_checks(self, step: Step) -> None:
+        free = self._checks.free()
+        if free > 0:
+            rows = self.ledger.due(step.state, self.clock(), min(free * 2, self.batch_size))
+            self._checks.submit(step, [row.key for row in rows])
+
+    def _load_due(self, keys: list[str]) -> list[Work]:
+        """Due jobs read in one query, each with its policy and provider."""
+        jobs = self.ledger.get_jobs(keys)
+        works = []
+        for key in keys:
+            job = jobs.get(key)
+            if job is None:
+                self._counter.bump("skipped")  # an index row without events
+                continue
+            work = self._runner.load(self._dispatch, key, self._counter, job)
+            if work is not None:
+                works.append(work)
+        return works
+
+    def _send_one(self, work: Work, probe: bool) -> object:
+        key = work.job.key
+        return self._runner.guard(
+            self._dispatch, key, self._counter, lambda: self._dispatch.dispatch(work, probe=probe)
+        )
+
+    def _give_up(self, work: Work) -> None:
+        key = work.job.key
+        self._runner.guard(self._dispatch, key, self._counter, lambda: self._dispatch.give_up(work))

@@ -1,15 +1,15 @@
-"""The provider port: the three things the daemon asks of a mail provider.
+"""The provider port: what the daemon asks of a mail provider, every capability declared.
 
 A provider never touches the store. It returns values; the daemon turns them into events.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
+
+from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 
 
 class SendKind(StrEnum):
@@ -26,6 +26,12 @@ class SendOutcome:
     transient: bool = False  # only for REJECTED: may be retried after a backoff
     retry_after: float | None = None  # seconds, from Retry-After when the provider gave one
     status: int | None = None  # HTTP status when there was one
+    #: Only for REJECTED and transient: nothing was sent AND the provider (or the mailbox's
+    #: quota) is unavailable (connection refused, DNS, connect timeout, TLS handshake, 429
+    #: and quota errors, SMTP 421 before DATA). Waited out: it does not count against
+    #: `max_attempts`, and a few in a row open the scope's circuit (README, "Outages and
+    #: quotas").
+    unavailable: bool = False
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,11 @@ class SearchHit:
     provider_message_id: str
     message_id_header: str
     labels: tuple[str, ...] = field(default_factory=tuple)
+    # What a human checking the copy wants to see (as the provider stored them; "" when
+    # the provider did not say): README "Review".
+    date: str = ""
+    to: str = ""
+    subject: str = ""
 
 
 @dataclass(frozen=True)
@@ -55,17 +66,33 @@ class ProviderError(Exception):
     The caller must treat it as "no information", never as "no hits".
     """
 
-    def __init__(self, reason: str, *, retry_after: float | None = None) -> None:
+    def __init__(
+        self, reason: str, *, retry_after: float | None = None, unavailable: bool = False
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+        #: The provider did not answer at all or said "over quota" (as SendOutcome's).
+        self.unavailable = unavailable
 
 
 class Provider(Protocol):
+    """What the engine asks of a mail provider: four calls, and the capabilities below
+    them. A provider class subclasses :class:`ProviderBase`, which gives every capability
+    its default, and writes only the four calls and what it does differently
+    (``docs/architecture.md``, "Adding a provider")."""
+
     name: str
     #: Whether the id a confirmed send returns names a stored copy that `read_message_id`
     #: can read (Gmail's message id does; an SMTP 250 names only a queue entry).
     response_ids_readable: bool
+    #: Seconds one call may take before it is abandoned (the claim's deadline adds the
+    #: daemon's grace to it).
+    timeout: float
+    #: The Message-ID read-back after confirmed sends (``daemon/engine/health.py``): every
+    #: one of the first `readback_first` after start-up, then a `readback_rate` share.
+    readback_first: int
+    readback_rate: float
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         """Send one complete RFC 5322 message exactly once. Never raises for
@@ -85,18 +112,55 @@ class Provider(Protocol):
 
     def close(self) -> None: ...
 
+    def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
+        """The provider as one job sees it: a provider that acts per mailbox or per thread
+        (Gmail with `user = "{from}"`, a job's `thread_id`) returns a view acting as the
+        job's From mailbox; any other returns itself."""
+        ...
+
+    def scope(self) -> str:
+        """Whose quota and availability this provider's calls spend: its name, or its name
+        and mailbox where the quota is per mailbox. The engine keeps one circuit and one
+        queue of due sends per scope (README, "Outages and quotas")."""
+        ...
+
+    def reserve_send(self) -> float:
+        """Take the quota one send needs, without waiting: 0.0 when it was taken (the
+        next `send_raw` of this scope spends it and does not wait), else the seconds until
+        it could be (nothing taken). The engine takes a job only once its scope's send is
+        reserved, so waiting for a quota never holds a worker."""
+        ...
+
+    def quota_available(self) -> float | None:
+        """Quota units left now (the metrics gauge), or None for a provider without a
+        metered quota."""
+        ...
+
+
+class ProviderBase:
+    """The defaults of every capability of :class:`Provider`; a provider subclasses it
+    and overrides what it does differently."""
+
+    name: str = ""
+    response_ids_readable: bool = False
+    timeout: float = 30.0
+    readback_first: int = DEFAULT_READBACK_FIRST
+    readback_rate: float = DEFAULT_READBACK_RATE
+
+    def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
+        # Typed as Provider: a subclass that omits one of the four calls fails mypy here.
+        return self  # type: ignore[return-value]
+
+    def scope(self) -> str:
+        return self.name
+
+    def reserve_send(self) -> float:
+        return 0.0
+
+    def quota_available(self) -> float | None:
+        return None
+
 
 def for_job(provider: Provider, from_addr: str, thread_id: str | None) -> Provider:
-    """The provider as one job sees it. A provider that acts per mailbox or per thread
-    (Gmail with `user = "{from}"`, or a job's `thread_id`) offers `for_job`; any other is
-    the same for every job."""
-    scope: Callable[[str, str | None], Provider] | None = getattr(provider, "for_job", None)
-    return provider if scope is None else scope(from_addr, thread_id)
-
-
-def send_gate(provider: Provider) -> AbstractContextManager[bool]:
-    """Whether a send may start now: False when the provider's mailbox is out of quota and
-    another worker already waits for it (the job then stays due and the worker serves
-    other mailboxes). Providers without `send_gate` always say True."""
-    gate: Callable[[], AbstractContextManager[bool]] | None = getattr(provider, "send_gate", None)
-    return nullcontext(True) if gate is None else gate()
+    """`provider.for_job(...)`: the provider as one job sees it."""
+    return provider.for_job(from_addr, thread_id)

@@ -3,15 +3,18 @@
 Pure functions (no network): the Gmail adapter hands them what it saw - an HTTP status with
 headers and body, or the exception that ended the call - and gets a `SendOutcome` or a
 `ProviderError` back. The rule everywhere: "not sent" needs proof; when in doubt, UNKNOWN.
+"Unavailable" is a transient rejection that also says the provider cannot be reached or
+is over its quota: waited out, not counted against `max_attempts` (README, "Outages and
+quotas").
 
 | what happened                                                   | outcome               |
 |-----------------------------------------------------------------|-----------------------|
-| no connection made (refused, DNS, connect timeout, TLS)         | REJECTED, transient   |
+| no connection made (refused, DNS, connect timeout, TLS)         | REJECTED, unavailable |
 | request sent, then timeout / reset / closed without response    | UNKNOWN               |
 | 2xx with a message id                                           | CONFIRMED             |
 | 2xx without a readable id                                       | UNKNOWN               |
 | 5xx                                                             | UNKNOWN               |
-| 429; 403 rateLimitExceeded / userRateLimitExceeded / daily...   | REJECTED, transient   |
+| 429; 403 rateLimitExceeded / userRateLimitExceeded / daily...   | REJECTED, unavailable |
 | 400 and other 4xx (also 401 once a token refresh has failed)    | REJECTED, permanent   |
 """
 
@@ -190,6 +193,7 @@ def classify_send_response(
             transient=True,
             retry_after=parse_retry_after(_header(headers, "retry-after"), now=now),
             status=status,
+            unavailable=True,
         )
     if 400 <= status < 500:
         return SendOutcome(SendKind.REJECTED, _summary(status, body), status=status)
@@ -212,6 +216,11 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
+def _unavailable(reason: str) -> SendOutcome:
+    """Nothing left this host and the provider could not be reached."""
+    return SendOutcome(SendKind.REJECTED, reason, transient=True, unavailable=True)
+
+
 def classify_send_exception(exc: BaseException) -> SendOutcome:
     """A send that ended in an exception instead of a complete response."""
     # google-auth failed to get a token: before the send (no token yet) or after a 401
@@ -227,26 +236,29 @@ def classify_send_exception(exc: BaseException) -> SendOutcome:
         inner = next((e for e in _chain(exc) if isinstance(e, TransportFailure)), None)
         detail = inner.message if inner is not None else str(exc)
         return SendOutcome(
-            SendKind.REJECTED, f"token endpoint unreachable, not sent: {detail}", transient=True
+            SendKind.REJECTED,
+            f"token endpoint unreachable, not sent: {detail}",
+            transient=True,
+            unavailable=True,
         )
     if isinstance(exc, auth_exceptions.GoogleAuthError):
         return SendOutcome(SendKind.REJECTED, f"credentials failed, not sent: {exc}")
     if isinstance(exc, NotSentError):
-        return SendOutcome(SendKind.REJECTED, f"not sent: {exc.message}", transient=True)
+        return _unavailable(f"not sent: {exc.message}")
     if isinstance(exc, ResponseLostError):
         return SendOutcome(SendKind.UNKNOWN, exc.message)
     # Below: what a stack without SingleShotHttp would raise. Only errors that can happen
     # solely before a request is written count as "not sent".
     if isinstance(exc, socket.gaierror):
-        return SendOutcome(SendKind.REJECTED, f"not sent: {describe(exc)}", transient=True)
+        return _unavailable(f"not sent: {describe(exc)}")
     if isinstance(exc, ConnectionRefusedError):
         # ECONNREFUSED is an answer to the TCP SYN: no connection, no request.
-        return SendOutcome(SendKind.REJECTED, "not sent: connection refused", transient=True)
+        return _unavailable("not sent: connection refused")
     if isinstance(exc, ssl.SSLCertVerificationError):
         # Certificate checks happen in the handshake, before any application data.
-        return SendOutcome(SendKind.REJECTED, f"not sent: {describe(exc)}", transient=True)
+        return _unavailable(f"not sent: {describe(exc)}")
     if type(exc).__name__ == "ServerNotFoundError":  # httplib2's DNS failure
-        return SendOutcome(SendKind.REJECTED, f"not sent: {exc}", transient=True)
+        return _unavailable(f"not sent: {exc}")
     if isinstance(exc, OSError | http.client.HTTPException):
         return SendOutcome(SendKind.UNKNOWN, f"transport failed: {describe(exc)}")
     return SendOutcome(SendKind.UNKNOWN, f"unexpected failure: {describe(exc)}")
@@ -262,14 +274,20 @@ def provider_error_for_response(
 ) -> ProviderError:
     """A search/read that got a non-2xx answer: no information, with a wait when known."""
     retry_after = parse_retry_after(_header(headers, "retry-after"), now=now)
-    return ProviderError(f"{what}: {_summary(status, body)}", retry_after=retry_after)
+    return ProviderError(
+        f"{what}: {_summary(status, body)}",
+        retry_after=retry_after,
+        unavailable=is_rate_limited(status, body),
+    )
 
 
 def provider_error_for_exception(what: str, exc: BaseException) -> ProviderError:
     """A search/read that ended in an exception: no information."""
     if isinstance(exc, ProviderError):
         return exc
-    if isinstance(exc, NotSentError | ResponseLostError):
+    if isinstance(exc, NotSentError):
+        return ProviderError(f"{what}: {exc.message}", unavailable=True)
+    if isinstance(exc, ResponseLostError):
         detail = exc.message
     elif isinstance(exc, auth_exceptions.GoogleAuthError):
         detail = f"credentials: {exc}"

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from email.parser import BytesHeaderParser
 
 from daemon.providers.base import (
+    ProviderBase,
     ProviderError,
     SearchHit,
     SearchResult,
@@ -38,6 +39,7 @@ class Scripted:
     stored: bool
     answers_id: bool = True  # a confirmed outcome carries the stored copy's id
     crashes: bool = False  # the caller dies before it hears anything
+    hangs_until: threading.Event | None = None  # the call returns only once this is set
 
     @classmethod
     def confirmed(cls) -> Scripted:
@@ -73,6 +75,23 @@ class Scripted:
         return cls(outcome, stored=False)
 
     @classmethod
+    def unavailable(cls, *, retry_after: float | None = None) -> Scripted:
+        """Nothing sent, the provider unreachable (refused, DNS, 429): waited out."""
+        outcome = SendOutcome(
+            SendKind.REJECTED,
+            "not sent: connection refused",
+            transient=True,
+            retry_after=retry_after,
+            unavailable=True,
+        )
+        return cls(outcome, stored=False)
+
+    @classmethod
+    def hang(cls, release: threading.Event) -> Scripted:
+        """A call that hangs (its worker blocked) until `release` is set, then confirmed."""
+        return cls(SendOutcome(SendKind.CONFIRMED, "200"), stored=True, hangs_until=release)
+
+    @classmethod
     def crash_during_call(cls, *, stored: bool) -> Scripted:
         """The caller dies mid-call: raises SimulatedCrash after the provider did (or did
         not) store the copy, so nothing after the claim is recorded."""
@@ -90,9 +109,11 @@ class Copy:
     provider_message_id: str
     message_id: str
     stored_at: datetime
+    to: str = ""
+    subject: str = ""
 
 
-class FakeProvider:
+class FakeProvider(ProviderBase):
     response_ids_readable = True
 
     def __init__(
@@ -111,6 +132,7 @@ class FakeProvider:
         self.sends = 0
         self.sends_by_message_id: Counter[str] = Counter()
         self.searches = 0
+        self.hanging = 0  # calls blocked in a scripted hang right now
         self._script: deque[Scripted] = deque()
         self._failing_searches = 0
         self._ids = itertools.count(1)
@@ -139,12 +161,20 @@ class FakeProvider:
     # -- the provider port ----------------------------------------------------------------
 
     def send_raw(self, raw: bytes) -> SendOutcome:
-        message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
+        headers = BytesHeaderParser().parsebytes(raw)
+        message_id = str(headers.get("Message-ID", "")).strip()
+        shown = (str(headers.get("To", "")), str(headers.get("Subject", "")))
         with self._lock:
             self.sends += 1
             self.sends_by_message_id[message_id] += 1
             fate = self._script.popleft() if self._script else Scripted.confirmed()
-            provider_id = self._store(message_id) if fate.stored else None
+            provider_id = self._store(message_id, *shown) if fate.stored else None
+        if fate.hangs_until is not None:
+            with self._lock:
+                self.hanging += 1
+            fate.hangs_until.wait()
+            with self._lock:
+                self.hanging -= 1
         if fate.crashes:
             raise SimulatedCrash(f"crashed while sending {message_id}")
         outcome = fate.outcome
@@ -161,7 +191,14 @@ class FakeProvider:
                 raise ProviderError("search failed (scripted)", retry_after=1.0)
             visible_before = self.clock() - timedelta(seconds=self.index_lag)
             hits = tuple(
-                SearchHit(copy.provider_message_id, copy.message_id, ("SENT",))
+                SearchHit(
+                    copy.provider_message_id,
+                    copy.message_id,
+                    ("SENT",),
+                    date=copy.stored_at.isoformat(),
+                    to=copy.to,
+                    subject=copy.subject,
+                )
                 for copy in self._visible(message_id, visible_before)
             )
         return SearchResult(query=query, hits=hits)
@@ -178,10 +215,10 @@ class FakeProvider:
 
     # -- inside ---------------------------------------------------------------------------
 
-    def _store(self, message_id: str) -> str:
+    def _store(self, message_id: str, to: str = "", subject: str = "") -> str:
         provider_id = f"fake-{next(self._ids):06d}"
         stored = f"<replaced-{provider_id}@fake>" if self.replaces_message_id else message_id
-        self.copies.append(Copy(provider_id, stored, self.clock()))
+        self.copies.append(Copy(provider_id, stored, self.clock(), to, subject))
         return provider_id
 
     def _visible(self, message_id: str, visible_before: datetime) -> Iterable[Copy]:

@@ -21,7 +21,6 @@ The API surface comes from the discovery document bundled with googleapiclient
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import threading
 import time
@@ -41,6 +40,7 @@ from googleapiclient.errors import HttpError
 from daemon.providers.answers import json_object
 from daemon.providers.base import (
     Provider,
+    ProviderBase,
     ProviderError,
     SearchHit,
     SearchResult,
@@ -210,27 +210,29 @@ class _Mailbox:
         self.user = user
         self.credentials = credentials
         self.bucket = bucket
-        # Held by the one dispatcher that may wait for this mailbox's quota (send_gate).
-        self._waiter = threading.Lock()
+        # Sends whose quota the engine already took (`reserve_send`): they do not wait.
+        self._prepaid = 0
+        self._lock = threading.Lock()
 
-    @contextlib.contextmanager
-    def send_gate(self) -> Iterator[bool]:
-        """True: go ahead (claim and send; the bucket wait, if any, is short). False: this
-        mailbox is out of quota and another dispatcher already waits for it, so the caller
-        leaves the job due and serves another mailbox instead of stalling a worker."""
-        if self.bucket.available + 1e-9 >= GMAIL_SEND_UNITS:
-            yield True
-            return
-        if not self._waiter.acquire(blocking=False):
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            self._waiter.release()
+    def reserve_send(self) -> float:
+        """The quota of one send taken now (0.0), or the seconds until it could be."""
+        with self._lock:
+            if self.bucket.try_acquire(GMAIL_SEND_UNITS):
+                self._prepaid += 1
+                return 0.0
+        # Never 0.0 when nothing was taken: the caller would spin.
+        return max(self.bucket.wait_for(GMAIL_SEND_UNITS), 0.001)
+
+    def pay_send(self) -> None:
+        """A send's quota: the one reserved for it, else waited for now."""
+        with self._lock:
+            if self._prepaid:
+                self._prepaid -= 1
+                return
+        self.bucket.acquire(GMAIL_SEND_UNITS)
 
 
-class GmailProvider:
+class GmailProvider(ProviderBase):
     """The provider port on the Gmail API. Thread-safe: each thread gets its own HTTP
     object (httplib2 is not thread-safe); credentials and the quota buckets are shared.
 
@@ -377,13 +379,17 @@ class GmailProvider:
             authed_by_user[mailbox.user] = authed
         return authed
 
-    def prepare(self, request: Any, units: float, mailbox: _Mailbox) -> None:
-        """Everything that happens before a request may leave: checks and quota pacing.
-        Failures here are not call outcomes, so they raise."""
+    def prepare(self, request: Any, units: float | None, mailbox: _Mailbox) -> None:
+        """Everything that happens before a request may leave: checks and quota pacing
+        (`units` None: a send, paid by its reservation when it has one). Failures here
+        are not call outcomes, so they raise."""
         if self._closed:
             raise RuntimeError(f"provider {self.name!r} is closed")
         request.postproc = _raw_response
-        mailbox.bucket.acquire(units)
+        if units is None:
+            mailbox.pay_send()
+        else:
+            mailbox.bucket.acquire(units)
 
     def execute(self, request: Any, mailbox: _Mailbox) -> Response:
         """One attempt of one API call: (status, lower-cased headers, body bytes) for any
@@ -461,7 +467,7 @@ class GmailProvider:
         if thread_id is not None:
             body["threadId"] = thread_id
         request = self._messages.send(userId=mailbox.user, body=body)
-        self.prepare(request, GMAIL_SEND_UNITS, mailbox)
+        self.prepare(request, None, mailbox)
         try:
             status, headers, response = self.execute(request, mailbox)
         except Exception as exc:
@@ -482,6 +488,7 @@ class GmailProvider:
                 f"not sent: {exc.reason}",
                 transient=True,
                 retry_after=exc.retry_after,
+                unavailable=exc.unavailable,
             )
         return self.drafts.send(mailbox, draft)
 
@@ -578,7 +585,16 @@ class GmailProvider:
                 # The list asked for SENT; a copy relabelled in between is no longer one.
                 continue
             if header is not None and same_message_id(header, message_id):
-                hits.append(SearchHit(provider_id, header, labels))
+                hits.append(
+                    SearchHit(
+                        provider_id,
+                        header,
+                        labels,
+                        date=_header(data, "date") or "",
+                        to=_header(data, "to") or "",
+                        subject=_header(data, "subject") or "",
+                    )
+                )
         return SearchResult(query=query, hits=tuple(hits))
 
     def read_message_id(self, provider_message_id: str) -> str | None:
@@ -586,6 +602,13 @@ class GmailProvider:
 
     def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
         return message_id_header(self._get_metadata(mailbox, provider_message_id))
+
+    def scope(self) -> str:
+        return self.name
+
+    def reserve_send(self) -> float:
+        # Unscoped, as send_raw is: with "{from}" the engine reserves through for_job.
+        return self._default.reserve_send() if self._default is not None else 0.0
 
     def quota_available(self) -> float:
         """Quota units left now (the metrics gauge reads it): the mailbox's, or with
@@ -605,7 +628,9 @@ class GmailProvider:
             userId=mailbox.user,
             id=provider_message_id,
             format="metadata",
-            metadataHeaders=["Message-ID"],
+            # Date, To and Subject are what a human checking a copy looks at (README
+            # "Review"); the same request, so no extra quota.
+            metadataHeaders=["Message-ID", "Date", "To", "Subject"],
         )
         return self.read_json(f"get {provider_message_id}", request, GMAIL_GET_UNITS, mailbox)
 
@@ -613,7 +638,7 @@ class GmailProvider:
         return f"GmailProvider({self.name!r}, user={self.user!r})"
 
 
-class GmailMailboxView:
+class GmailMailboxView(ProviderBase):
     """The Gmail provider for one job: its calls act as the job's mailbox, and its send
     goes into the job's thread. Closing it closes nothing (the provider owns the
     connections)."""
@@ -630,8 +655,14 @@ class GmailMailboxView:
         self.readback_rate = provider.readback_rate
         self.timeout = provider.timeout
 
-    def send_gate(self) -> contextlib.AbstractContextManager[bool]:
-        return self.mailbox.send_gate()
+    def scope(self) -> str:
+        # One circuit and one queue per mailbox where the quota is per mailbox.
+        if self.provider.per_mailbox:
+            return f"{self.name}/{self.mailbox.user}"
+        return self.name
+
+    def reserve_send(self) -> float:
+        return self.mailbox.reserve_send()
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         return self.provider.send_as(self.mailbox, raw, self.thread_id)
@@ -679,13 +710,18 @@ def search_term(message_id: str) -> str:
 
 
 def message_id_header(message: Mapping[str, Any]) -> str | None:
+    return _header(message, "message-id")
+
+
+def _header(message: Mapping[str, Any], name: str) -> str | None:
+    """The first `name` header (lower case) of a metadata answer, or None."""
     payload = message.get("payload")
     if not isinstance(payload, dict):
         return None
     for header in payload.get("headers") or ():
         if (
             isinstance(header, dict)
-            and str(header.get("name", "")).lower() == "message-id"
+            and str(header.get("name", "")).lower() == name
             and isinstance(header.get("value"), str)
         ):
             return str(header["value"])

@@ -36,7 +36,7 @@ from daemon.providers.classify import (
     provider_error_for_response,
 )
 from daemon.providers.drafts import Draft, DraftCheck, DraftRefused, DraftStatus
-from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_SEND_UNITS
+from daemon.providers.quota import GMAIL_GET_UNITS
 
 if TYPE_CHECKING:
     from daemon.providers.gmail import GmailProvider, _Mailbox
@@ -93,7 +93,8 @@ class GmailDrafts:
 
     def send(self, mailbox: _Mailbox, draft: Draft) -> SendOutcome:
         request = self._drafts.send(userId=mailbox.user, body={"id": draft.draft_id})
-        self.provider.prepare(request, GMAIL_SEND_UNITS, mailbox)
+        # A send: paid by the engine's reservation when it has one (quota.py).
+        self.provider.prepare(request, None, mailbox)
         try:
             status, headers, body = self.provider.execute(request, mailbox)
         except Exception as exc:

@@ -30,6 +30,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from daemon.providers.answers import json_object
 from daemon.providers.base import (
     Provider,
+    ProviderBase,
     ProviderError,
     SearchHit,
     SearchResult,
@@ -209,7 +210,7 @@ def filter_value(message_id: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-class GraphProvider:
+class GraphProvider(ProviderBase):
     """The provider port on Microsoft Graph. Thread-safe: each thread has its own HTTP
     connection pool (httplib2 is not thread-safe); the token is shared.
 
@@ -568,7 +569,7 @@ class GraphProvider:
         return f"GraphProvider({self.name!r}, user={self.user!r})"
 
 
-class GraphMailboxView:
+class GraphMailboxView(ProviderBase):
     """The Graph provider for one job's From mailbox (`user = "{from}"`). Closing it
     closes nothing (the provider owns the connections)."""
 
@@ -579,6 +580,10 @@ class GraphMailboxView:
         self.mailbox = mailbox
         self.name = provider.name
         self.timeout = provider.timeout
+
+    def scope(self) -> str:
+        # Graph limits requests per mailbox: one circuit and one queue of sends each.
+        return f"{self.name}/{self.mailbox.user}"
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         return self.provider.send_as(self.mailbox, raw)

@@ -88,7 +88,14 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 
 def classify_token_failure(exc: TokenError) -> SendOutcome:
-    return SendOutcome(SendKind.REJECTED, f"{exc.reason}; not sent", transient=exc.transient)
+    # A token endpoint that cannot be reached or asks us to wait: unavailable, waited out
+    # behind the circuit (README "Outages and quotas"); a refused credential is not.
+    return SendOutcome(
+        SendKind.REJECTED,
+        f"{exc.reason}; not sent",
+        transient=exc.transient,
+        unavailable=exc.transient,
+    )
 
 
 def classify_create_exception(exc: BaseException) -> SendOutcome:
@@ -96,7 +103,11 @@ def classify_create_exception(exc: BaseException) -> SendOutcome:
     server made anyway is never sent, and a search deletes it)."""
     detail = exc.message if isinstance(exc, NotSentError | ResponseLostError) else describe(exc)
     return SendOutcome(
-        SendKind.REJECTED, f"create draft failed, not sent: {detail}", transient=True
+        SendKind.REJECTED,
+        f"create draft failed, not sent: {detail}",
+        transient=True,
+        # No connection made: the provider is unavailable (README "Outages and quotas").
+        unavailable=isinstance(exc, NotSentError),
     )
 
 
@@ -120,19 +131,23 @@ def classify_create_response(
         )
     reason = _summary("create draft", status, body) + ", not sent"
     transient = status >= 500 or status in (401, 408, 429) or status < 400
+    retry_after = parse_retry_after(_header(headers, "retry-after"), now=now)
     return SendOutcome(
         SendKind.REJECTED,
         reason,
         transient=transient,
-        retry_after=parse_retry_after(_header(headers, "retry-after"), now=now),
+        retry_after=retry_after,
         status=status,
+        unavailable=status == 429 or (status == 503 and retry_after is not None),
     )
 
 
 def classify_send_exception(exc: BaseException) -> SendOutcome:
     """The send request ended in an exception instead of a complete response."""
     if isinstance(exc, NotSentError):
-        return SendOutcome(SendKind.REJECTED, f"send: {exc.message}, not sent", transient=True)
+        return SendOutcome(
+            SendKind.REJECTED, f"send: {exc.message}, not sent", transient=True, unavailable=True
+        )
     if isinstance(exc, ResponseLostError):
         return SendOutcome(SendKind.UNKNOWN, f"send: {exc.message}")
     return SendOutcome(SendKind.UNKNOWN, f"send: unexpected failure: {describe(exc)}")
@@ -160,6 +175,7 @@ def classify_send_response(
             transient=True,
             retry_after=retry_after,
             status=status,
+            unavailable=True,
         )
     if status >= 500:
         return SendOutcome(SendKind.UNKNOWN, summary, status=status)

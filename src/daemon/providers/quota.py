@@ -84,6 +84,13 @@ class TokenBucket:
                 return True
             return False
 
+    def wait_for(self, units: float) -> float:
+        """Seconds until `units` could be taken (0.0: now); nothing is taken."""
+        self._check(units)
+        with self._lock:
+            self._refill()
+            return max(0.0, (units - self._tokens - _EPSILON) / self.rate)
+
     def acquire(self, units: float) -> None:
         """Take `units`, sleeping until enough have accrued."""
         self._check(units)

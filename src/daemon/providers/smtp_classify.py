@@ -68,6 +68,8 @@ def classify_smtp(
 
     | stage | reply | outcome |
     |---|---|---|
+    | connect or hello (TCP, TLS, greeting, STARTTLS) | none | Rejected, unavailable |
+    | before the final `.` | 421 | Rejected, unavailable |
     | before the final `.` | none | Rejected, transient: not sent |
     | before the final `.` | 4xx | Rejected, transient |
     | before the final `.` | 5xx or anything else | Rejected, permanent |
@@ -81,9 +83,18 @@ def classify_smtp(
         # The server never held a complete message: whatever happened, it was not sent.
         if code is None:
             return SendOutcome(
-                SendKind.REJECTED, f"not sent ({stage}): {text or 'no reply'}", transient=True
+                SendKind.REJECTED,
+                f"not sent ({stage}): {text or 'no reply'}",
+                transient=True,
+                # No session was ever established: the server is down or unreachable.
+                unavailable=stage in (Stage.CONNECT, Stage.HELLO),
             )
         where = f"refused at {stage}: {_reply(code, text)}"
+        if code == 421:
+            # "Service not available, closing transmission channel" (RFC 5321 4.2.3).
+            return SendOutcome(
+                SendKind.REJECTED, where, transient=True, status=code, unavailable=True
+            )
         if 400 <= code < 500:
             return SendOutcome(SendKind.REJECTED, where, transient=True, status=code)
         return SendOutcome(SendKind.REJECTED, where, status=code)

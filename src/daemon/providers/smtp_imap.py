@@ -22,8 +22,9 @@ import re
 import smtplib
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from email.message import Message
 from email.parser import BytesHeaderParser
 from email.utils import getaddresses
 from pathlib import Path
@@ -31,7 +32,14 @@ from typing import Any, Literal
 
 from imapclient import IMAPClient  # type: ignore[import-untyped]
 
-from daemon.providers.base import ProviderError, SearchHit, SearchResult, SendKind, SendOutcome
+from daemon.providers.base import (
+    ProviderBase,
+    ProviderError,
+    SearchHit,
+    SearchResult,
+    SendKind,
+    SendOutcome,
+)
 from daemon.providers.smtp_classify import Stage, classify_smtp
 from daemon.secret_text import read_secret_text
 from ledger.message_id import same_message_id
@@ -47,7 +55,6 @@ _LEADING_DOT = re.compile(rb"(?m)^\.")
 _HEADER_END = re.compile(rb"\r?\n\r?\n")
 # A Bcc header with its folded continuation lines.
 _BCC = re.compile(rb"(?im)^bcc:[^\r\n]*(?:\r?\n[ \t][^\r\n]*)*\r?\n")
-_MESSAGE_ID_FIELD = "BODY[HEADER.FIELDS (MESSAGE-ID)]"
 
 
 class Envelope:
@@ -80,7 +87,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-class SmtpImapProvider:
+class SmtpImapProvider(ProviderBase):
     """The provider port on SMTP submission + IMAP. Thread-safe: every call opens its own
     connection (no shared socket between the engine's threads)."""
 
@@ -263,11 +270,18 @@ class SmtpImapProvider:
             validity = int(selected[b"UIDVALIDITY"])
             query = f'{folder}: UID SEARCH HEADER Message-ID "{message_id}"'
             uids = sorted(int(uid) for uid in client.search(["HEADER", "Message-ID", message_id]))
-            headers = _message_ids(client, uids) if uids else {}
+            headers = _headers(client, uids, _SHOWN_FIELDS) if uids else {}
         hits = tuple(
-            SearchHit(f"{validity}:{uid}", header)
-            for uid, header in sorted(headers.items())
-            if header is not None and same_message_id(header, message_id)
+            SearchHit(
+                f"{validity}:{uid}",
+                str(fields["Message-ID"]).strip(),
+                date=str(fields.get("Date", "")),
+                to=str(fields.get("To", "")),
+                subject=str(fields.get("Subject", "")),
+            )
+            for uid, fields in sorted(headers.items())
+            if fields.get("Message-ID") is not None
+            and same_message_id(str(fields["Message-ID"]).strip(), message_id)
         )
         return SearchResult(query=query, hits=hits)
 
@@ -313,17 +327,27 @@ def read_password_file(path: Path) -> str:
 
 def _message_ids(client: Any, uids: list[int]) -> dict[int, str | None]:
     """UID -> the Message-ID header (None when absent) of each message that still exists."""
-    fetched = client.fetch(uids, ["BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)]"])
-    parser = BytesHeaderParser()
     result: dict[int, str | None] = {}
+    for uid, fields in _headers(client, uids, ("MESSAGE-ID",)).items():
+        header = fields.get("Message-ID")
+        result[uid] = str(header).strip() if header is not None else None
+    return result
+
+
+#: What a human checking a copy sees of it (README "Review"), with the Message-ID.
+_SHOWN_FIELDS = ("MESSAGE-ID", "DATE", "TO", "SUBJECT")
+
+
+def _headers(client: Any, uids: list[int], names: Sequence[str]) -> dict[int, Message]:
+    """UID -> the named header fields of each message that still exists (read, never
+    marked seen)."""
+    wanted = " ".join(names)
+    fetched = client.fetch(uids, [f"BODY.PEEK[HEADER.FIELDS ({wanted})]"])
+    parser = BytesHeaderParser()
+    result: dict[int, Message] = {}
     for uid, data in fetched.items():
-        raw = data.get(_MESSAGE_ID_FIELD.encode()) or data.get(
-            b'BODY[HEADER.FIELDS ("MESSAGE-ID")]'
-        )
-        if raw is None:
-            raw = next((v for k, v in data.items() if k.upper().startswith(b"BODY[HEADER")), b"")
-        header = parser.parsebytes(bytes(raw)).get("Message-ID")
-        result[int(uid)] = str(header).strip() if header is not None else None
+        raw = next((v for k, v in data.items() if k.upper().startswith(b"BODY[HEADER")), b"")
+        result[int(uid)] = parser.parsebytes(bytes(raw))
     return result
 
 

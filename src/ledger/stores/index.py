@@ -165,7 +165,9 @@ class JobIndex(Protocol):
 
 
 #: The states a purge may take a job from: settled for good.
-PURGEABLE_STATES = (JobState.CONFIRMED.value, JobState.ABANDONED.value)
+PURGEABLE_STATES = tuple(
+    state.value for state in (JobState.CONFIRMED, JobState.ABANDONED, JobState.CANCELLED)
+)
 
 
 def _row(values: Sequence[Any]) -> IndexRow:
@@ -306,7 +308,10 @@ class SqlJobIndex:
     def purgeable(self, before: float, *, after_key: str | None, limit: int) -> list[IndexRow]:
         rows = self._fetch(
             self._sql(
-                _SELECT + "WHERE key > {p} AND state IN ({p}, {p}) AND due_at IS NULL "
+                _SELECT
+                + "WHERE key > {p} AND state IN ("
+                + ", ".join(["{p}"] * len(PURGEABLE_STATES))
+                + ") AND due_at IS NULL "
                 "AND purged_at IS NULL AND updated_at < {p} ORDER BY key LIMIT {p}"
             ),
             [after_key or "", *PURGEABLE_STATES, before, limit],

@@ -1,0 +1,156 @@
+"""How each door gets its `Services`: the policies intake sees and the providers a
+search may use, for a command, for `sendledger api` and for the daemon's API.
+
+One rule for every door: a channel whose policy file is broken refuses new jobs; the
+others keep accepting (README "Channel policies").
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+
+from daemon.context import message_limits, thread_providers
+from daemon.errors import bad_input
+from daemon.providers.base import Provider
+from daemon.services import ChannelPolicies, Intake, ProviderSource, Services
+from daemon.settings import ConfigError, Settings
+from ledger.application import Ledger, utcnow
+from policies.loader import PolicyLoadError, PolicySet, load_policy_dir_partial
+
+
+def scan_policies(settings: Settings) -> tuple[PolicySet, dict[str, str]]:
+    """The sound policies of the folder and the broken channels with their first problem.
+    PolicyLoadError when the folder itself cannot be read."""
+    partial = load_policy_dir_partial(
+        settings.policies_dir,
+        known_providers=set(settings.providers),
+        client_copy_providers=settings.client_copy_providers(),
+    )
+    broken = {channel: str(problems[0]) for channel, problems in partial.broken.items()}
+    return partial.policies, broken
+
+
+def command_policies(settings: Settings) -> ChannelPolicies:
+    """A command's view, read once: a folder that cannot be read is bad input (exit 2)."""
+    try:
+        policies, broken = scan_policies(settings)
+    except PolicyLoadError as exc:
+        raise bad_input(f"policy {exc.problems[0]}") from None
+    return ChannelPolicies(policies, broken)
+
+
+class PolicyWatch:
+    """A server's view: the policies in force (`current`, what the engine sends with)
+    and the channels broken in the folder now, read again only when a file changed."""
+
+    def __init__(self, settings: Settings, current: Callable[[], PolicySet]) -> None:
+        self._settings = settings
+        self._current = current
+        self._lock = threading.Lock()
+        self._seen: tuple[object, ...] | None = None
+        self._broken: dict[str, str] = {}
+        self._unreadable: str | None = None
+
+    def __call__(self) -> ChannelPolicies:
+        current = self._current()
+        signature = _signature(self._settings.policies_dir)
+        with self._lock:
+            if signature != self._seen:
+                try:
+                    _, self._broken = scan_policies(self._settings)
+                    self._unreadable = None
+                except PolicyLoadError as exc:
+                    self._broken, self._unreadable = {}, str(exc.problems[0])
+                self._seen = signature
+            broken = dict(self._broken)
+            if self._unreadable is not None:
+                broken.update(dict.fromkeys(current, self._unreadable))
+        return ChannelPolicies(current, broken)
+
+
+def _signature(directory: Path) -> tuple[object, ...]:
+    """What changes when a policy file does: names, sizes, modification times."""
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError as exc:
+        return ("unreadable", str(exc))
+    signature: list[object] = []
+    for entry in entries:
+        try:
+            stat = entry.stat()
+        except OSError:
+            signature.append((entry.name, None))
+            continue
+        signature.append((entry.name, stat.st_size, stat.st_mtime_ns))
+    return tuple(signature)
+
+
+def built_providers(settings: Settings) -> ProviderSource:
+    """Each search builds the named provider and closes it after (a command, or
+    `sendledger api`, which sends nothing)."""
+    from daemon.bootstrap import build_provider
+
+    @contextmanager
+    def source(name: str) -> Iterator[Provider]:
+        if name not in settings.providers:
+            raise KeyError(f"provider {name!r} is not configured")
+        try:
+            provider = build_provider(settings, name)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        try:
+            yield provider
+        finally:
+            provider.close()
+
+    return source
+
+
+def lent_providers(providers: Mapping[str, object], fallback: ProviderSource) -> ProviderSource:
+    """The daemon's own providers (shared with the engine, never closed here); a name
+    without a live one is built by `fallback`."""
+
+    def source(name: str) -> AbstractContextManager[Provider]:
+        provider = providers.get(name)
+        if provider is not None and hasattr(provider, "search"):
+            return nullcontext(provider)  # type: ignore[arg-type]
+        return fallback(name)
+
+    return source
+
+
+def command_intake(settings: Settings) -> Intake:
+    """A command's intake: the policy folder is read when first needed (a read command
+    never needs it), once."""
+    return Intake(
+        functools.cache(lambda: command_policies(settings)),
+        message_limits(settings),
+        thread_providers(settings),
+        utcnow,
+    )
+
+
+def command_services(settings: Settings, ledger: Ledger) -> Services:
+    intake = command_intake(settings)
+    return Services(
+        ledger,
+        intake.policies,
+        providers=built_providers(settings),
+        limits=intake.limits,
+        thread_providers=intake.thread_providers,
+    )
+
+
+__all__ = [
+    "PolicyWatch",
+    "built_providers",
+    "command_intake",
+    "command_policies",
+    "command_services",
+    "lent_providers",
+    "scan_policies",
+]

@@ -1,0 +1,129 @@
+"""A circuit per provider scope: an outage is waited out, not escalated.
+
+A send that provably left nothing because the provider is unavailable (connection refused,
+DNS, connect timeout, TLS handshake, 429 and quota errors, SMTP 421 before DATA; the
+`unavailable` outcomes of ``daemon/providers/classify.py``) says nothing about the job and
+everything about the provider. After `failures` of them in a row the scope's circuit opens:
+its jobs stay `requested` and none is taken, except one probe at a backoff (doubling up to
+`probe_max`, never sooner than the provider's Retry-After). Any other answer (a
+confirmation, a definite refusal, an unknown outcome) closes it. A scope is the provider's
+name, or its name and mailbox where the quota is per mailbox (`Provider.scope`).
+
+In memory: a restarted daemon finds out again within `failures` calls. README, "Outages and
+quotas".
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+
+
+@dataclass(frozen=True)
+class CircuitSettings:
+    failures: int = 3  # unavailable outcomes in a row that open a circuit
+    probe_after: float = 1.0  # seconds before the first probe of an open circuit
+    probe_max: float = 60.0  # the longest wait between probes
+
+    def __post_init__(self) -> None:
+        if self.failures < 1:
+            raise ValueError(f"failures must be at least 1, got {self.failures!r}")
+        if not 0 < self.probe_after <= self.probe_max:
+            raise ValueError("need 0 < probe_after <= probe_max")
+
+
+class Admit(Enum):
+    GO = "go"  # closed: send
+    PROBE = "probe"  # open, and this one job is the probe
+    HOLD = "hold"  # open: leave the job due
+
+
+@dataclass(frozen=True)
+class OpenCircuit:
+    """What `/healthz` and `/metrics` show of an open circuit."""
+
+    scope: str
+    since: datetime
+    failures: int
+    next_probe: datetime
+    probing: bool
+
+
+@dataclass
+class _State:
+    failures: int = 0
+    opened_at: datetime | None = None
+    probe_at: datetime | None = None
+    backoff: float = 0.0
+    probing: bool = False
+
+
+class Circuits:
+    """Thread-safe; time is given by the caller (the engine's injected clock)."""
+
+    def __init__(self, settings: CircuitSettings | None = None) -> None:
+        self.settings = settings or CircuitSettings()
+        self._lock = threading.Lock()
+        self._states: dict[str, _State] = {}
+
+    def admit(self, scope: str, now: datetime) -> Admit:
+        """Whether a job of `scope` may be sent now; PROBE hands out the one probe."""
+        with self._lock:
+            state = self._states.get(scope)
+            if state is None or state.opened_at is None:
+                return Admit.GO
+            if state.probing or state.probe_at is None or now < state.probe_at:
+                return Admit.HOLD
+            state.probing = True
+            return Admit.PROBE
+
+    def next_probe(self, scope: str) -> datetime | None:
+        """When an open circuit of `scope` admits its next probe (None: closed, or its
+        probe is out)."""
+        with self._lock:
+            state = self._states.get(scope)
+            if state is None or state.opened_at is None or state.probing:
+                return None
+            return state.probe_at
+
+    def unavailable(self, scope: str, now: datetime, retry_after: float | None = None) -> None:
+        """A call of `scope` proved the provider unavailable."""
+        settings = self.settings
+        with self._lock:
+            state = self._states.setdefault(scope, _State())
+            state.failures += 1
+            if state.opened_at is not None:
+                if not state.probing:
+                    return  # a call that started before it opened: the probe decides
+                state.backoff = min(state.backoff * 2, settings.probe_max)
+            elif state.failures >= settings.failures:
+                state.opened_at = now
+                state.backoff = settings.probe_after
+            else:
+                return
+            state.probing = False
+            wait = max(state.backoff, retry_after or 0.0)
+            state.probe_at = now + timedelta(seconds=wait)
+
+    def answered(self, scope: str) -> None:
+        """A call of `scope` got an answer that is not "unavailable": closed."""
+        with self._lock:
+            self._states.pop(scope, None)
+
+    def probe_returned(self, scope: str) -> None:
+        """The probe was handed out but no call was made (its claim failed, the daemon is
+        stopping): the next job may probe."""
+        with self._lock:
+            state = self._states.get(scope)
+            if state is not None:
+                state.probing = False
+
+    def open(self) -> list[OpenCircuit]:
+        with self._lock:
+            return [
+                OpenCircuit(scope, s.opened_at, s.failures, s.probe_at, s.probing)
+                for scope, s in sorted(self._states.items())
+                if s.opened_at is not None and s.probe_at is not None
+            ]

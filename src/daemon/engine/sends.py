@@ -1,0 +1,282 @@
+"""The send workers: due jobs, taken by scope in turn, each by one worker from its claim to
+its saved outcome (`Dispatch.dispatch`).
+
+A tick only offers the keys of due jobs (`offer`) and returns. The workers load them (in
+batches, one query), queue them per scope (a provider, or one mailbox of it where the quota
+is per mailbox: `Provider.scope`) and take them in turn, one scope after the other, so no
+scope's backlog starves another's. A job is taken only when its scope may send now: its
+circuit is closed (or this job is its one probe, `circuit.py`) and the quota of its send
+was reserved (`Provider.reserve_send`). So a mailbox out of quota, or a provider that is
+down, holds no worker: the workers serve the other scopes, and a worker whose call hangs
+holds only itself, until the provider's timeout. A worker that runs out of offered keys
+asks for more itself (`refill`) instead of waiting for the next tick.
+
+README "Performance and scaling" and "Outages and quotas"; ``docs/architecture.md``
+"Dispatch".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from daemon.engine.circuit import Admit, Circuits
+from daemon.engine.clock import Clock
+from daemon.engine.runner import Work
+from policies import decisions
+
+log = logging.getLogger("sendledger.engine")
+
+#: Keys one worker loads in one query.
+LOAD_BATCH = 32
+#: The longest a worker with nothing to do sleeps before it looks again.
+IDLE_WAIT = 0.5
+
+
+@dataclass(eq=False)
+class _Task:
+    work: Work
+    scope: str
+    admit: Admit | None  # None: give up (waited longer than give_up_after)
+
+
+class SendWorkers:
+    def __init__(
+        self,
+        *,
+        workers: int,
+        load: Callable[[list[str]], list[Work]],
+        dispatch: Callable[[Work, bool], object],
+        give_up: Callable[[Work], None],
+        refill: Callable[[], None],
+        circuits: Circuits,
+        clock: Clock,
+        max_queued: int,
+    ) -> None:
+        self._load = load
+        self._dispatch = dispatch
+        self._give_up = give_up
+        self._refill = refill
+        self._circuits = circuits
+        self._clock = clock
+        self._max_queued = max_queued
+        self._cond = threading.Condition()
+        self._intake: deque[str] = deque()
+        self._known: set[str] = set()  # offered, queued or running
+        self._queues: dict[str, deque[Work]] = {}
+        self._turns: deque[str] = deque()  # scopes in the order they are served
+        self._loading = 0
+        self._running = 0
+        self._idle: dict[int, int] = {}  # worker -> the generation it found nothing in
+        self._generation = 0
+        self._more = False  # the last offer was cut short: more may be due
+        self._refilling = False
+        self._closing = False
+        self._crashed: BaseException | None = None
+        self._threads = [
+            threading.Thread(target=self._serve, args=(n,), name=f"send-{n}", daemon=True)
+            for n in range(max(workers, 1))
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- what the tick does -------------------------------------------------------------
+
+    def known(self) -> int:
+        with self._cond:
+            return len(self._known)
+
+    def offer(self, keys: Iterable[str], *, more: bool = False) -> int:
+        """Keys of due jobs (soonest first); those already known are skipped. `more`:
+        the store has more due than were read. How many were new."""
+        added = 0
+        with self._cond:
+            for key in keys:
+                if len(self._known) >= self._max_queued:
+                    more = False  # enough in memory: the rest wait for a later offer
+                    break
+                if key not in self._known:
+                    self._known.add(key)
+                    self._intake.append(key)
+                    added += 1
+            self._more = more and added > 0
+            self._changed()
+        return added
+
+    def drain(self, busy: Callable[[], int] = lambda: 0, timeout: float | None = None) -> bool:
+        """Wait until no worker has anything it could do now, with at most `busy()` calls
+        still running (those hanging on purpose in tests). False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._changed()  # time may have moved on: every worker looks again
+            while not (settled := self._settled(busy())):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                self._cond.wait(0.05)  # `busy()` can change without a notification
+            crashed, self._crashed = self._crashed, None
+        if crashed is not None:
+            raise crashed
+        return settled
+
+    def close(self) -> None:
+        """Let the running jobs finish (their calls and saves), take no more, stop."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join()
+
+    # -- the workers --------------------------------------------------------------------
+
+    def _settled(self, busy: int) -> bool:
+        # A worker that found nothing to do since the last change would have taken any
+        # offered key; keys are left only when every worker is busy (hung, in tests).
+        return (
+            not self._loading
+            and not self._refilling
+            and self._running <= busy
+            and len(self._idle) + self._running >= len(self._threads)
+            and all(seen == self._generation for seen in self._idle.values())
+        )
+
+    def _changed(self) -> None:
+        # Caller holds the lock.
+        self._generation += 1
+        self._cond.notify_all()
+
+    def _serve(self, me: int) -> None:
+        while True:
+            with self._cond:
+                step = self._next(me)
+            if step is None:
+                return
+            if isinstance(step, list):
+                self._queue(step)
+            elif isinstance(step, _Task):
+                self._run(step)
+            else:
+                self._refill_now()
+
+    def _next(self, me: int) -> list[str] | _Task | bool | None:
+        """What this worker does next (lock held): keys to load, a job, True to refill,
+        None to stop. Sleeps while there is nothing."""
+        while not self._closing:
+            if self._intake:
+                self._idle.pop(me, None)
+                count = min(LOAD_BATCH, max(1, len(self._intake) // len(self._threads)))
+                self._loading += 1
+                return [self._intake.popleft() for _ in range(min(count, len(self._intake)))]
+            task, wait = self._pick()
+            if task is not None:
+                self._idle.pop(me, None)
+                self._running += 1
+                return task
+            if self._more and not self._refilling:
+                self._idle.pop(me, None)
+                self._refilling = True
+                self._more = False
+                return True
+            self._idle[me] = self._generation
+            self._cond.notify_all()  # a drain may be waiting for this
+            self._cond.wait(min(wait, IDLE_WAIT))
+        return None
+
+    def _pick(self) -> tuple[_Task | None, float]:
+        """The next job of the first scope in turn that may send now (lock held), and
+        otherwise how long until one might."""
+        now = self._clock()
+        wait = IDLE_WAIT
+        for _ in range(len(self._turns)):
+            scope = self._turns[0]
+            self._turns.rotate(-1)
+            queue = self._queues.get(scope)
+            if not queue:
+                self._turns.remove(scope)
+                self._queues.pop(scope, None)
+                continue
+            work = queue[0]
+            provider = work.provider
+            if provider is None:  # no provider: dispatch says why (review, or an error)
+                queue.popleft()
+                return _Task(work, scope, Admit.GO), 0.0
+            admit = self._circuits.admit(scope, now)
+            if admit is Admit.HOLD:
+                if _waited_too_long(work, now):
+                    queue.popleft()
+                    return _Task(work, scope, None), 0.0
+                probe_at = self._circuits.next_probe(scope)
+                if probe_at is not None:
+                    wait = min(wait, max((probe_at - now).total_seconds(), 0.001))
+                continue
+            reserved = provider.reserve_send()
+            if reserved > 0.0:
+                if admit is Admit.PROBE:
+                    self._circuits.probe_returned(scope)
+                wait = min(wait, reserved)
+                continue
+            queue.popleft()
+            return _Task(work, scope, admit), 0.0
+        return None, wait
+
+    def _queue(self, keys: list[str]) -> None:
+        try:
+            works = self._load(keys)
+        except Exception:
+            log.exception("could not load %d due jobs", len(keys))
+            works = []
+        scoped = [(w, "" if w.provider is None else w.provider.scope()) for w in works]
+        with self._cond:
+            self._loading -= 1
+            loaded = {w.job.key for w, _ in scoped}
+            self._known.difference_update(k for k in keys if k not in loaded)
+            for work, scope in scoped:
+                queue = self._queues.get(scope)
+                if queue is None:
+                    queue = self._queues[scope] = deque()
+                    self._turns.append(scope)
+                queue.append(work)
+            self._changed()
+
+    def _run(self, task: _Task) -> None:
+        try:
+            if task.admit is None:
+                self._give_up(task.work)
+            else:
+                self._dispatch(task.work, task.admit is Admit.PROBE)
+        except Exception:  # the dispatch guards its own; this keeps the worker alive
+            log.exception("job %s: send worker failed", task.work.job.key)
+        except BaseException as exc:
+            # A simulated crash (tests) or an interpreter exit: the job's claim is left to
+            # recovery, as after a real one, and `drain` raises it in the caller.
+            with self._cond:
+                self._crashed = exc
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._known.discard(task.work.job.key)
+                self._changed()
+
+    def _refill_now(self) -> None:
+        try:
+            self._refill()
+        except Exception:
+            log.exception("could not read the due jobs")
+        finally:
+            with self._cond:
+                self._refilling = False
+                self._changed()
+
+
+def _waited_too_long(work: Work, now: datetime) -> bool:
+    policy, job = work.policy, work.job
+    if policy is None or policy.give_up_after is None:
+        return False
+    since = job.unavailable_since or job.due_at
+    if since is None:
+        return False
+    return decisions.waited_too_long(policy, waiting_since=since, now=now) is not None

@@ -1,0 +1,679 @@
+"""The one service layer under every door: submit, resolve, check, triage, cancel, the
+review queue and the job view (docs/architecture.md "One service layer").
+
+The CLI (`commands.py`, `service_commands.py`), the HTTP API (`api/jobs.py`,
+`api/review.py`) and the review page (`api/ui.py`) parse their input into these calls and
+format the answers; every rule lives here once. A refusal is a `ServiceError` whose
+`kind` each door maps to its own code (exit 2/3/4/1, HTTP 422/409/404/503) and whose
+message is a sentence a human can act on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from daemon.intake import (
+    FieldProblem,
+    IntakeError,
+    check_messages,
+    parse_jobs,
+    senders_for,
+    submit_jobs,
+)
+from daemon.output import iso as output_time
+from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
+from daemon.read_models import (
+    CONTENT_PAGE,
+    attachments_of,
+    event_record,
+    job_status,
+    review_index,
+    review_rows,
+    with_content,
+)
+from ledger.application import (
+    ConcurrentUpdate,
+    KeyConflict,
+    Ledger,
+    SubmitResult,
+    UnknownJob,
+)
+from ledger.content import JobContent, JobInputError
+from ledger.display import command_line
+from ledger.job import SendJob, TransitionError, copies_found
+from ledger.mime import MessageLimits
+from ledger.vocabulary import JobState, Resolution, Sender
+from policies.loader import PolicySet
+
+log = logging.getLogger("sendledger.services")
+
+#: A provider by its configured name, for one search: the daemon lends its own (shared,
+#: not closed), a command builds one and closes it after.
+ProviderSource = Callable[[str], AbstractContextManager[Provider]]
+TRIAGE_NOTE = "triage: one copy found"
+_WRITE_TRIES = 5
+
+
+class Refusal(StrEnum):
+    BAD_INPUT = "bad-input"  # exit 2, HTTP 422
+    NOT_FOUND = "not-found"  # exit 4, HTTP 404
+    CONFLICT = "conflict"  # exit 3, HTTP 409
+    UNAVAILABLE = "unavailable"  # exit 1, HTTP 503: a search could not be made
+
+
+class ServiceError(Exception):
+    def __init__(
+        self,
+        kind: Refusal,
+        message: str,
+        problems: Sequence[FieldProblem] = (),
+        total: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.problems = list(problems)
+        # How many problems there were: `problems` lists at most intake.MAX_LISTED.
+        self.total = max(total or 0, len(self.problems))
+
+
+@dataclass(frozen=True)
+class ChannelPolicies:
+    """The policies intake uses, and the channels whose policy file is broken now (each
+    with its first problem): those refuse new jobs in every door, the others accept."""
+
+    policies: PolicySet
+    broken: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Copy:
+    provider_id: str
+    date: str
+    to: str
+    subject: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"provider_id": self.provider_id, "date": self.date, "to": self.to,
+                "subject": self.subject}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CheckAnswer:
+    """What a search found now: `POST /v1/review/{key}/check`, `review check --json`."""
+
+    key: str
+    state: str
+    message_id: str
+    query: str
+    copies: list[Copy]
+    recorded: bool  # written to the job's history (not while a send is in flight)
+    # The search's hits in the shape `review check --json` had before `copies`.
+    hits: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.copies)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "state": self.state,
+            "message_id": self.message_id,
+            "count": self.count,
+            "query": self.query,
+            "copies": [c.as_dict() for c in self.copies],
+            "recorded": self.recorded,
+            "advice": check_advice(self.key, self.state, self.count),
+            "hits": self.hits,
+        }
+
+
+@dataclass(frozen=True)
+class TriageItem:
+    key: str
+    channel: str
+    reason: str | None
+    count: int | None  # None: the search failed
+    copies: list[str]
+    action: str  # "resolved-sent", "would-resolve-sent", "left", "search-failed"
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "channel": self.channel,
+            "reason": self.reason,
+            "count": self.count,
+            "copies": self.copies,
+            "action": self.action,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class Submitted:
+    results: list[SubmitResult]
+    batch: bool  # the jobs came as a list: the answer is a list too
+
+    @property
+    def created(self) -> bool:
+        return any(r.created for r in self.results)
+
+    def body(self) -> Any:
+        answers = [r.as_dict() for r in self.results]
+        return answers if self.batch else answers[0]
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as the page and `review show` present it."""
+
+    job: SendJob
+    status: dict[str, Any]
+    history: list[dict[str, Any]]
+    attachments: list[dict[str, Any]]
+    decisions: list[Resolution]  # the decisions safe for this job now (none: not in review)
+    cancellable: bool
+    last_check: dict[str, Any] | None  # the latest Checked event's record
+
+
+@dataclass(frozen=True)
+class QueuePage:
+    rows: list[dict[str, Any]]
+    total: int
+    page: int
+    per_page: int
+    channels: list[str]
+    reasons: list[str]
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.per_page))
+
+
+SORTS = ("since", "-since", "channel", "reason", "key")
+
+
+def check_advice(key: str, state: str, copies: int) -> str:
+    """What to do next after a check; a resolve command only for a job in review, with
+    its arguments quoted (README "Review")."""
+    if state != JobState.REVIEW:
+        return f"the job is {state}, not in review: there is nothing to resolve"
+    sent = _resolve_command(key, "sent")
+    if copies == 0:
+        resend = _resolve_command(key, "resend")
+        return f"none found: if the search index has caught up, `{resend}` is safe"
+    if copies == 1:
+        return f"one copy: `{sent}`"
+    return f"{copies} copies (a duplicate): `{sent}` (or abandon); never resend"
+
+
+@dataclass(frozen=True)
+class ValidJobs:
+    jobs: list[JobContent]
+    senders: list[Sender]
+    batch: bool
+
+
+@dataclass(frozen=True)
+class Intake:
+    """Validation of submitted jobs, before any store is touched: the job JSON, the
+    channel's policy (a broken one refuses), the message each job would be."""
+
+    policies: Callable[[], ChannelPolicies]
+    limits: Mapping[str, MessageLimits]
+    thread_providers: frozenset[str]
+    clock: Callable[[], datetime]
+
+    def validate(self, data: object) -> ValidJobs:
+        batch = isinstance(data, list)
+        try:
+            jobs = parse_jobs(data)
+            current = self.policies()
+            _refuse_broken(current, [job.channel for job in jobs], batch)
+            senders = senders_for(
+                current.policies, jobs, batch=batch, thread_providers=self.thread_providers
+            )
+            check_messages(
+                current.policies, jobs, senders, self.limits, batch=batch, at=self.clock()
+            )
+        except IntakeError as exc:
+            raise ServiceError(Refusal.BAD_INPUT, str(exc), exc.problems, exc.total) from None
+        return ValidJobs(jobs, senders, batch)
+
+
+def _refuse_broken(current: ChannelPolicies, channels: Sequence[str], batch: bool) -> None:
+    problems = [
+        FieldProblem(
+            index if batch else None,
+            "channel",
+            f"the policy file of channel {channel!r} is broken ({current.broken[channel]});"
+            " no job is taken for it until it is fixed",
+        )
+        for index, channel in enumerate(channels)
+        if channel in current.broken
+    ]
+    if problems:
+        raise IntakeError(problems)
+
+
+class Services:
+    """Every door's operations on one ledger."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        policies: Callable[[], ChannelPolicies],
+        *,
+        providers: ProviderSource | None = None,
+        limits: Mapping[str, MessageLimits] | None = None,
+        thread_providers: frozenset[str] = frozenset(),
+    ) -> None:
+        self.ledger = ledger
+        self.policies = policies
+        self.providers = providers
+        self.limits = dict(limits or {})
+        self.thread_providers = thread_providers
+
+    # -- submit -------------------------------------------------------------------------
+
+    @property
+    def intake(self) -> Intake:
+        return Intake(self.policies, self.limits, self.thread_providers, self.ledger.clock)
+
+    def submit(self, data: object, *, by: str) -> Submitted:
+        """Decoded job JSON (one object or a list), all or nothing."""
+        return self.record(self.intake.validate(data), by=by)
+
+    def record(self, valid: ValidJobs, *, by: str) -> Submitted:
+        """Jobs `Intake.validate` accepted, written all or nothing."""
+        try:
+            results = submit_jobs(self.ledger, valid.jobs, valid.senders, by=by)
+        except KeyConflict as exc:
+            raise ServiceError(Refusal.CONFLICT, str(exc)) from None
+        return Submitted(results, valid.batch)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def job(self, key: str) -> SendJob:
+        try:
+            return self.ledger.get_job(key)
+        except UnknownJob as exc:
+            raise ServiceError(Refusal.NOT_FOUND, str(exc)) from None
+
+    def status(self, key: str) -> dict[str, Any]:
+        return job_status(self.job(key))
+
+    def history(self, key: str) -> list[dict[str, Any]]:
+        try:
+            return [event_record(e) for e in self.ledger.history(key)]
+        except UnknownJob as exc:
+            raise ServiceError(Refusal.NOT_FOUND, str(exc)) from None
+
+    def job_view(self, key: str) -> JobView:
+        job = self.job(key)
+        history = self.history(key)
+        checks = [r for r in history if r["type"] == "Checked"]
+        last_check = checks[-1] if checks else None
+        return JobView(
+            job=job,
+            status=job_status(job),
+            history=history,
+            attachments=attachments_of(job) if job.purged_at is None else [],
+            decisions=safe_decisions(job, last_check),
+            cancellable=job.state is JobState.REQUESTED and job.attempts == 0,
+            last_check=last_check,
+        )
+
+    def review_list(
+        self, *, channel: str | None = None, reason: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every job in review, in key order (`review list`, `GET /v1/review`)."""
+        return review_rows(self.ledger, channel=channel, reason=reason)
+
+    def review_queue(
+        self,
+        *,
+        channel: str | None = None,
+        reason: str | None = None,
+        sort: str = "since",
+        page: int = 1,
+        per_page: int = 50,
+    ) -> QueuePage:
+        """One page of the review queue, sorted and filtered from the index rows; only the
+        page's jobs are loaded (one query)."""
+        if sort not in SORTS:
+            raise ServiceError(Refusal.BAD_INPUT, f"sort: one of {', '.join(SORTS)}")
+        everything = list(review_index(self.ledger))
+        channels = sorted({r.channel for r in everything})
+        reasons = sorted({r.reason or "" for r in everything} - {""})
+        rows = [
+            r
+            for r in everything
+            if (channel is None or r.channel == channel) and (reason is None or r.reason == reason)
+        ]
+        name = sort.lstrip("-")
+        keyed: Callable[[Any], Any] = {
+            "since": lambda r: r.updated_at,
+            "channel": lambda r: (r.channel, r.updated_at),
+            "reason": lambda r: (r.reason or "", r.updated_at),
+            "key": lambda r: r.key,
+        }[name]
+        rows.sort(key=keyed, reverse=sort.startswith("-"))
+        per_page = max(1, min(per_page, CONTENT_PAGE * 4))
+        page = max(1, page)
+        shown = rows[(page - 1) * per_page : page * per_page]
+        return QueuePage(
+            with_content(self.ledger, shown), len(rows), page, per_page, channels, reasons
+        )
+
+    def find_jobs(self, text: str, *, limit: int = 50, scan: int = 5000) -> list[dict[str, Any]]:
+        """Jobs by exact key, by Message-ID (with or without <>), else by a recipient
+        address containing `text` among the `scan` most recently changed jobs."""
+        text = text.strip()
+        if not text:
+            return []
+        row = self.ledger.row(text)
+        if row is None:
+            wanted = text if text.startswith("<") else f"<{text}>"
+            row = self.ledger.row_by_message_id(wanted)
+        if row is not None:
+            return with_content(self.ledger, [row])
+        needle = text.lower()
+        recent = sorted(self.ledger.jobs(), key=lambda r: r.updated_at, reverse=True)[:scan]
+        found: list[dict[str, Any]] = []
+        for start in range(0, len(recent), CONTENT_PAGE):
+            for item in with_content(self.ledger, recent[start : start + CONTENT_PAGE]):
+                if any(needle in address.lower() for address in item.get("to", [])):
+                    found.append(item)
+                    if len(found) >= limit:
+                        return found
+        return found
+
+    # -- searching ----------------------------------------------------------------------
+
+    def search(self, job: SendJob) -> SearchResult:
+        """The job's Message-ID searched in its sender's mailbox now."""
+        name = self._provider_name(job)
+        if self.providers is None:
+            raise ServiceError(Refusal.UNAVAILABLE, "no provider can be reached from here")
+        try:
+            with self.providers(name) as provider:
+                return for_job(provider, job.from_addr, None).search(job.message_id)
+        except ProviderError as exc:
+            raise ServiceError(
+                Refusal.UNAVAILABLE, f"the mailbox could not be searched: {exc.reason}"
+            ) from None
+        except Exception as exc:
+            # Whatever else a provider raises (a credential refused, a socket error) is
+            # still "no answer", never a decision and never a crash of the door.
+            log.info("search for %s failed: %s: %s", job.message_id, type(exc).__name__, exc)
+            raise ServiceError(
+                Refusal.UNAVAILABLE, f"provider {name!r} cannot be used: {exc}"
+            ) from None
+
+    def _provider_name(self, job: SendJob) -> str:
+        policy = self.policies().policies.get(job.channel)
+        name = policy.provider if policy is not None else job.last_provider
+        if name is None:
+            raise ServiceError(
+                Refusal.UNAVAILABLE,
+                f"job {job.key!r}: no provider to search (channel {job.channel!r} has no policy)",
+            )
+        return name
+
+    def check(self, key: str, *, by: str) -> CheckAnswer:
+        """Search now and record what was found on the job (who asked, the query, the
+        copies), so its trail shows what the human saw."""
+        job = self.job(key)
+        found = self.search(job)
+        recorded = self._record_check(key, found, by=by, purpose="check")
+        job = self.job(key) if recorded else job
+        return _answer(job, found, recorded)
+
+    def _record_check(self, key: str, found: SearchResult, *, by: str, purpose: str) -> bool:
+        def record(job: SendJob) -> None:
+            job.record_check(
+                by=by, purpose=purpose, query=found.query, copies=found.copies,
+                at=self.ledger.clock(),
+            )  # fmt: skip
+
+        try:
+            self._write(key, record)
+        except TransitionError:
+            return False  # a send in flight: shown, not recorded
+        return True
+
+    def _write(self, key: str, command: Callable[[SendJob], None]) -> SendJob:
+        """One command on the job, tried again when another writer got there first (the
+        command then sees the job as that writer left it)."""
+        for attempt in range(_WRITE_TRIES):
+            try:
+                job, _ = self.ledger.update(key, command)
+                return job
+            except UnknownJob as exc:
+                raise ServiceError(Refusal.NOT_FOUND, str(exc)) from None
+            except JobInputError as exc:
+                # A field of the decision itself refused by the domain (a note, a name).
+                problem = FieldProblem(None, exc.field, exc.reason)
+                raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem]) from None
+            except ConcurrentUpdate:
+                if attempt == _WRITE_TRIES - 1:
+                    raise ServiceError(
+                        Refusal.CONFLICT,
+                        f"job {key!r} kept changing while it was written; look again",
+                    ) from None
+        raise AssertionError("unreachable")
+
+    # -- decisions ----------------------------------------------------------------------
+
+    def resolve(self, key: str, decision: Resolution, *, note: str, by: str) -> SendJob:
+        """A human's decision on a job in review. A resend is searched for first, now:
+        one copy or more refuses it (recorded, nothing sent)."""
+        decision = Resolution(decision)
+        job = self.job(key)
+        _require_review(job, "resolved")
+        found: SearchResult | None = None
+        if decision is Resolution.RESEND:
+            if job.duplicate:
+                raise ServiceError(
+                    Refusal.CONFLICT,
+                    f"job {key!r} has two or more copies already: resolve it as sent or "
+                    "abandon it, never resend",
+                )
+            self._require_index_caught_up(job)
+            try:
+                found = self.search(job)
+            except ServiceError as exc:
+                raise ServiceError(
+                    exc.kind, f"job {key!r} was not resent: {exc.message}; nothing was sent"
+                ) from None
+            if found.hits:
+                self._record_check(key, found, by=by, purpose="resend")
+                raise ServiceError(
+                    Refusal.CONFLICT,
+                    f"job {key!r} was not resent: {copies_found(len(found.hits))}: "
+                    f"resolve as sent ({_resolve_command(key, 'sent')})",
+                )
+        searched = found
+
+        def decide(job: SendJob) -> None:
+            _require_review(job, "resolved")
+            at = self.ledger.clock()
+            if searched is not None:
+                job.record_check(
+                    by=by, purpose="resend", query=searched.query, copies=searched.copies, at=at
+                )
+            job.resolve(decision, note=note, by=by, at=at,
+                        found=None if searched is None else searched.copies)  # fmt: skip
+
+        try:
+            return self._write(key, decide)
+        except TransitionError:
+            raise self._moved_on(key, "resolved") from None
+
+    def _require_index_caught_up(self, job: SendJob) -> None:
+        """A search sooner than the channel's `search_after` after the last attempt may
+        read a lagging index and miss a copy that exists: a resend then waits."""
+        policy = self.policies().policies.get(job.channel)
+        attempts = [e for e in self.ledger.history(job.key) if type(e).__name__ == "Attempted"]
+        if policy is None or not attempts:
+            return
+        ready = attempts[-1].timestamp + timedelta(seconds=policy.search_after)
+        now = self.ledger.clock()
+        if now < ready:
+            raise ServiceError(
+                Refusal.CONFLICT,
+                f"job {job.key!r} was not resent: its last attempt was "
+                f"{int((now - attempts[-1].timestamp).total_seconds())} s ago and the mailbox "
+                f"index may not show its copy yet (search_after of channel {job.channel!r}); "
+                f"check again and resend after {output_time(ready)}",
+            )
+
+    def cancel(self, key: str, *, note: str, by: str) -> SendJob:
+        """Withdraw a job no provider was called for yet; any later state is refused."""
+
+        def cancel(job: SendJob) -> None:
+            if job.state is not JobState.REQUESTED or job.attempts:
+                after = f" after {job.attempts} attempts" if job.attempts else ""
+                raise ServiceError(
+                    Refusal.CONFLICT,
+                    f"job {key!r} is {job.state.value}{after}: only a job not yet attempted "
+                    "can be cancelled",
+                )
+            job.cancel(by=by, note=note, at=self.ledger.clock())
+
+        try:
+            return self._write(key, cancel)
+        except TransitionError:
+            raise self._moved_on(key, "cancelled") from None
+
+    def _moved_on(self, key: str, what: str) -> ServiceError:
+        """The domain refused a command the checks here allowed: the job changed in
+        between (another writer). Said as a sentence, with what to do."""
+        state = self.job(key).state.value
+        show = command_line("sendledger", "review", "show", key)
+        return ServiceError(
+            Refusal.CONFLICT,
+            f"job {key!r} changed meanwhile and is now {state}; it was not {what}: "
+            f"look again ({show})",
+        )
+
+    def triage(
+        self,
+        *,
+        by: str,
+        channel: str | None = None,
+        reason: str | None = None,
+        dry_run: bool = False,
+    ) -> list[TriageItem]:
+        """Every matching job in review searched now: exactly one copy -> resolved as sent
+        (note "triage: one copy found"); none, or two and more -> left in review with the
+        search recorded. A dry run searches and records nothing."""
+        return list(self._triage(by, channel, reason, dry_run))
+
+    def _triage(
+        self, by: str, channel: str | None, reason: str | None, dry_run: bool
+    ) -> Iterator[TriageItem]:
+        for row in list(review_index(self.ledger, channel=channel, reason=reason)):
+            job = self.ledger.find_job(row.key)
+            if job is None or job.state is not JobState.REVIEW:
+                continue
+            try:
+                found = self.search(job)
+            except ServiceError as exc:
+                yield TriageItem(row.key, row.channel, row.reason, None, [], "search-failed",
+                                 exc.message)  # fmt: skip
+                continue
+            count, copies = len(found.hits), found.copies
+            if count == 1 and dry_run:
+                action, detail = "would-resolve-sent", "one copy found: would resolve as sent"
+            elif count == 1:
+                action, detail = self._triage_sent(row.key, found, by)
+            else:
+                what = "none found" if count == 0 else f"{count} copies found (a duplicate)"
+                action, detail = "left", f"{what}: left in review"
+                if not dry_run:
+                    self._record_check(row.key, found, by=by, purpose="triage")
+            yield TriageItem(row.key, row.channel, row.reason, count, copies, action, detail)
+
+    def _triage_sent(self, key: str, found: SearchResult, by: str) -> tuple[str, str]:
+        def sent(job: SendJob) -> None:
+            _require_review(job, "resolved")
+            at = self.ledger.clock()
+            job.record_check(by=by, purpose="triage", query=found.query, copies=found.copies, at=at)
+            job.resolve(Resolution.SENT, note=TRIAGE_NOTE, by=by, at=at, found=found.copies)
+
+        try:
+            self._write(key, sent)
+        except (ServiceError, TransitionError) as exc:
+            return "left", f"one copy found, not resolved: {exc}"
+        log.info("triage by %s: %s resolved as sent (one copy found)", by, key)
+        return "resolved-sent", "one copy found: resolved as sent"
+
+
+def safe_decisions(job: SendJob, last_check: dict[str, Any] | None) -> list[Resolution]:
+    """The decisions a page may offer: none out of review; never resend a duplicate, nor
+    a job whose latest check found a copy."""
+    if job.state is not JobState.REVIEW or job.purged:
+        return []
+    found = bool(last_check and last_check.get("provider_message_ids"))
+    if job.duplicate or found:
+        return [Resolution.SENT, Resolution.ABANDON]
+    return [Resolution.SENT, Resolution.RESEND, Resolution.ABANDON]
+
+
+def _resolve_command(key: str, decision: str) -> str:
+    return command_line("sendledger", "review", "resolve", key, "--as", decision)
+
+
+def _require_review(job: SendJob, what: str) -> None:
+    if job.state is not JobState.REVIEW:
+        raise ServiceError(
+            Refusal.CONFLICT,
+            f"job {job.key!r} is {job.state.value}, not in review: only a job in review "
+            f"can be {what}",
+        )
+
+
+def _answer(job: SendJob, found: SearchResult, recorded: bool) -> CheckAnswer:
+    copies = [Copy(h.provider_message_id, h.date, h.to, h.subject) for h in found.hits]
+    hits = [
+        {
+            "provider_message_id": h.provider_message_id,
+            "message_id": h.message_id_header,
+            "labels": list(h.labels),
+        }
+        for h in found.hits
+    ]
+    return CheckAnswer(
+        job.key, job.state.value, job.message_id, found.query, copies, recorded, hits
+    )
+
+
+__all__ = [
+    "SORTS",
+    "TRIAGE_NOTE",
+    "ChannelPolicies",
+    "CheckAnswer",
+    "Copy",
+    "Intake",
+    "JobView",
+    "ProviderSource",
+    "QueuePage",
+    "Refusal",
+    "ServiceError",
+    "Services",
+    "Submitted",
+    "TriageItem",
+    "ValidJobs",
+    "check_advice",
+    "safe_decisions",
+]

@@ -1,0 +1,357 @@
+"""The HTTP layer fails cleanly (README "HTTP API", "Errors and statuses"): every error
+is `{"error"}` with a documented status, bodies are decoded off the loop with limits, a
+422 lists at most 100 errors, redirects never use the Host header, HEAD works where GET
+does, every key is addressable, /healthz shows details only with a token, the sign-in
+form has a CSRF token and a rate limit, and the docs page loads nothing from elsewhere."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.test_api_routes import AUTH, TOKEN, api_context, job
+
+from daemon.api.app import create_app
+from daemon.api.paths import canonical_path, key_segment
+from daemon.api.signin_limit import FAILURES, WINDOW, SignInLimit
+from daemon.intake import MAX_LISTED, FieldProblem, IntakeError
+from daemon.settings import ConfigError, settings_from_dict
+from ledger.keys import identifier_problem
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def rig() -> Iterator[EngineRig]:
+    rig = EngineRig(policy("legal", on_unknown="review"))
+    yield rig
+    rig.close()
+
+
+def make_client(rig: EngineRig, **changes: Any) -> TestClient:
+    return TestClient(create_app(api_context(rig, max_body=20_000_000, **changes)))
+
+
+@pytest.fixture
+def client(rig: EngineRig) -> Iterator[TestClient]:
+    with make_client(rig) as client:
+        yield client
+
+
+def test_unknown_routes_and_methods_answer_error_not_detail(client: TestClient) -> None:
+    for method, path, status in [
+        ("GET", "/nope", 404),
+        ("GET", "/v1/jobs/", 404),
+        ("DELETE", "/v1/jobs", 405),
+        ("PUT", "/healthz", 405),
+    ]:
+        answer = client.request(method, path, headers=AUTH)
+        assert answer.status_code == status, (method, path, answer.text)
+        assert list(answer.json()) == ["error"], answer.text
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+HUGE_INT = b'{"as": "sent", "note": ' + b"9" * 5000 + b"}"
+
+
+@pytest.mark.parametrize("body", [b"{", DEEP, HUGE_INT, b'{"as": "sent", "as": "abandon"}'])
+def test_a_bad_resolve_body_is_422_error_never_400_or_500(client: TestClient, body: bytes) -> None:
+    client.post("/v1/jobs", json=job("k1"), headers=AUTH)
+    headers = {**AUTH, "content-type": "application/json"}
+    answer = client.post("/v1/review/k1/resolve", content=body, headers=headers)
+    assert answer.status_code == 422, answer.text
+    assert set(answer.json()) == {"error", "errors", "count"}
+    assert answer.json()["errors"][0]["field"] == "body"
+
+
+@pytest.mark.parametrize("body", [DEEP, b'{"key": ' + b"1" * 5000 + b"}", b"\xff"])
+def test_a_submit_that_is_not_json_is_422(client: TestClient, body: bytes) -> None:
+    answer = client.post("/v1/jobs", content=body, headers=AUTH)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"].startswith("job: not valid JSON")
+
+
+def test_a_422_lists_at_most_100_errors_each_naming_its_job(client: TestClient) -> None:
+    answer = client.post("/v1/jobs", json=[{}] * 2500, headers=AUTH)
+    assert answer.status_code == 422
+    body = answer.json()
+    assert body["count"] == 2500
+    assert len(body["errors"]) == MAX_LISTED
+    assert [e["index"] for e in body["errors"]] == list(range(MAX_LISTED))
+    assert body["error"] == "job[0].channel: is required"
+    assert len(answer.content) < 20_000  # was one error per item: 155 MB for 8 MB
+
+
+def test_the_cli_sentence_names_the_job_and_counts_the_rest() -> None:
+    error = IntakeError([FieldProblem(1, "channel", "required"), FieldProblem(3, "to", "bad")])
+    assert str(error) == "job[1].channel: required (and 1 more)"
+    many = IntakeError([FieldProblem(i, "key", "x") for i in range(300)])
+    assert (len(many.problems), many.total) == (MAX_LISTED, 300)
+
+
+def test_redirects_never_use_the_host_header(client: TestClient) -> None:
+    evil = {"host": "evil.example"}
+    for path in ["/ui//", "/v1/review/", "/v1/jobs/", "/ui"]:
+        answer = client.get(path, headers=evil, follow_redirects=False)
+        assert "evil.example" not in answer.headers.get("location", ""), path
+    assert client.get("/ui", follow_redirects=False).headers["location"] == "/ui/"
+
+
+def test_trusted_hosts_refuse_another_host(rig: EngineRig) -> None:
+    with make_client(rig, trusted_hosts=["api.example.com", "*.internal"]) as client:
+        refused = client.get("/healthz", headers={"host": "evil.example"})
+        assert refused.status_code == 400
+        assert refused.json() == {"error": "Host not in api.trusted_hosts"}
+        for host in ["api.example.com:8025", "API.example.com", "box.internal"]:
+            assert client.get("/healthz", headers={"host": host}).status_code == 200, host
+
+
+def test_head_works_where_get_does(client: TestClient) -> None:
+    client.post("/v1/jobs", json=job("k1"), headers=AUTH)
+    for path in ["/healthz", "/metrics", "/ui/", "/v1/jobs/k1", "/v1/docs", "/v1/openapi.json"]:
+        get = client.get(path, headers=AUTH)
+        head = client.head(path, headers=AUTH)
+        assert head.status_code == get.status_code == 200, path
+        assert head.content == b""
+        assert head.headers["content-type"] == get.headers["content-type"]
+
+
+def test_healthz_details_need_a_token(rig: EngineRig) -> None:
+    secret = "/etc/sendledger/policies/legal.toml: from: 'ops@example.com' not allowed"
+    with make_client(rig, policy_error=secret) as client:
+        brief = client.get("/healthz")
+        assert brief.status_code == 503
+        assert brief.json() == {
+            "ok": False,
+            "checks": {"store": True, "scheduler": True, "policies": False, "providers": True},
+        }
+        assert "example.com" not in brief.text and "/etc" not in brief.text
+        detailed = client.get("/healthz", headers=AUTH)
+        assert detailed.json()["checks"]["policies"]["last_reload_error"] == secret
+
+
+# -- every key addressable ---------------------------------------------------------------
+
+key_text = st.lists(
+    st.sampled_from([*"ab.-_ %~?#&+é日", "/", "%2F", "/events", "/cancel", "events", ".."]),
+    min_size=1,
+    max_size=6,
+).map("".join)
+keys = key_text.filter(lambda key: identifier_problem(key) is None and key.strip() == key)
+
+
+@given(key=keys)
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_every_key_reaches_its_own_job_and_events(client: TestClient, key: str) -> None:
+    answer = client.post("/v1/jobs", json=job(key), headers=AUTH)
+    assert answer.status_code in (200, 201), (key, answer.text)
+    path = key_segment(key)
+    assert path == quote(key, safe="") or key in (".", "..")
+    status = client.get(f"/v1/jobs/{path}", headers=AUTH)
+    assert status.status_code == 200, (key, status.text)
+    assert status.json()["key"] == key
+    events = client.get(f"/v1/jobs/{path}/events", headers=AUTH)
+    assert events.status_code == 200, (key, events.text)
+    assert events.json()[0]["type"] == "Requested"
+    assert events.json()[0]["key"] == key
+
+
+def test_a_key_ending_in_events_is_its_own_job(client: TestClient) -> None:
+    for key in ["amb", "amb/events", "solo/events"]:
+        assert client.post("/v1/jobs", json=job(key), headers=AUTH).status_code == 201
+    # The documented form keeps working for keys that do not end in /events.
+    assert client.get("/v1/jobs/amb/events", headers=AUTH).json()[0]["key"] == "amb"
+    assert client.get("/v1/jobs/amb%2Fevents", headers=AUTH).json()["key"] == "amb/events"
+    assert client.get("/v1/jobs/solo%2Fevents", headers=AUTH).json()["key"] == "solo/events"
+    events = client.get("/v1/jobs/solo%2Fevents/events", headers=AUTH).json()
+    assert events[0]["key"] == "solo/events"
+    # A literal slash still reads a key where it cannot be an action.
+    assert client.get("/v1/jobs/amb/events%2F", headers=AUTH).status_code == 404
+    page = client.get("/ui/jobs/solo%2Fevents", headers=AUTH)
+    assert page.status_code == 200 and "solo/events" in page.text
+
+
+def test_canonical_paths() -> None:
+    assert canonical_path(b"/v1/jobs/a%2Fb/events", "GET") == "/v1/jobs/a%2Fb/events"
+    assert canonical_path(b"/v1/jobs/a/b", "GET") == "/v1/jobs/a%2Fb"
+    assert canonical_path(b"/v1/jobs/a/cancel", "GET") == "/v1/jobs/a%2Fcancel"
+    assert canonical_path(b"/v1/jobs/a/cancel", "POST") == "/v1/jobs/a/cancel"
+    assert canonical_path(b"/v1/review/triage", "POST") == "/v1/review/triage"
+    assert canonical_path(b"/v1/jobs/", "GET") is None
+    assert canonical_path(b"/healthz", "GET") is None
+
+
+# -- the sign-in form ---------------------------------------------------------------------
+
+
+def _sign_in_form(client: TestClient) -> str:
+    page = client.get("/ui/")
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found, page.text
+    return found.group(1)
+
+
+def test_sign_in_needs_the_forms_csrf_token(client: TestClient) -> None:
+    csrf = _sign_in_form(client)
+    assert client.post("/ui/sign-in", data={"token": TOKEN}).status_code == 403
+    # Not ASCII: refused, not a TypeError from compare_digest (a 500).
+    assert client.post("/ui/sign-in", data={"token": TOKEN, "csrf": "é"}).status_code == 403
+    other = TestClient(client.app)  # another site's form: no sign-in cookie of ours
+    forged = other.post("/ui/sign-in", data={"token": TOKEN, "csrf": csrf})
+    assert forged.status_code == 403
+    signed = client.post("/ui/sign-in", data={"token": TOKEN, "csrf": csrf}, follow_redirects=False)
+    assert signed.status_code == 303
+    cookie = [v for k, v in signed.headers.multi_items() if k == "set-cookie" and "session" in v]
+    assert cookie and "HttpOnly" in cookie[0] and "SameSite=strict" in cookie[0]
+    assert "Secure" not in cookie[0]  # plain http, no https public_url
+
+
+HTTPS_WAYS = [("https://testserver", ""), ("http://testserver", "https://mail.example.com")]
+
+
+@pytest.mark.parametrize(("base", "public_url"), HTTPS_WAYS)
+def test_the_session_cookie_is_secure_over_https(
+    rig: EngineRig, base: str, public_url: str
+) -> None:
+    with make_client(rig, public_url=public_url) as client:
+        client.base_url = client.base_url.copy_with(scheme=base.split(":")[0])
+        csrf = _sign_in_form(client)
+        nonce = client.cookies["sendledger_sign_in"]
+        client.cookies.clear()  # a Secure cookie is not sent over plain http: sent by hand
+        signed = client.post(
+            "/ui/sign-in",
+            data={"token": TOKEN, "csrf": csrf},
+            headers={"cookie": f"sendledger_sign_in={nonce}"},
+            follow_redirects=False,
+        )
+        assert signed.status_code == 303
+        assert "Secure" in signed.headers["set-cookie"]
+
+
+def test_sign_in_is_limited_per_address(rig: EngineRig) -> None:
+    clock = Clock()
+    with make_client(rig, signin_limit=SignInLimit(clock=clock)) as client:
+        for _ in range(FAILURES):
+            csrf = _sign_in_form(client)
+            wrong = client.post("/ui/sign-in", data={"token": "x" * 20, "csrf": csrf})
+            assert wrong.status_code == 401
+        csrf = _sign_in_form(client)
+        limited = client.post("/ui/sign-in", data={"token": TOKEN, "csrf": csrf})
+        assert limited.status_code == 429
+        assert int(limited.headers["retry-after"]) == int(WINDOW)
+        clock.now += WINDOW + 1
+        allowed = client.post(
+            "/ui/sign-in", data={"token": TOKEN, "csrf": csrf}, follow_redirects=False
+        )
+        assert allowed.status_code == 303
+
+
+def test_page_forms_that_change_state_carry_the_csrf_token(client: TestClient) -> None:
+    client.post("/v1/jobs", json=job("k1"), headers=AUTH)
+    csrf = _sign_in_form(client)
+    client.post("/ui/sign-in", data={"token": TOKEN, "csrf": csrf})
+    page = client.get("/ui/jobs/k1")
+    assert 'name="csrf"' in page.text
+    refused = client.post("/ui/jobs/k1/cancel", data={"csrf": "forged"})
+    assert refused.status_code == 403
+    assert client.get("/v1/jobs/k1", headers=AUTH).json()["state"] == "requested"
+
+
+# -- the docs page ------------------------------------------------------------------------
+
+
+def test_the_docs_page_loads_nothing_from_another_host(client: TestClient) -> None:
+    page = client.get("/v1/docs")
+    assert page.status_code == 200
+    assert not re.search(r"(https?:)?//[a-z]", page.text.replace("://testserver", "")), page.text
+    for asset in re.findall(r'(?:src|href)="([^"]+)"', page.text):
+        assert asset.startswith("/v1/"), asset
+        assert client.get(asset).status_code == 200, asset
+
+
+# -- the two [api] settings ---------------------------------------------------------------
+
+
+def _api_settings(**api: Any) -> Any:
+    return settings_from_dict({"store": {"url": "sqlite:///x.sqlite"}, "api": api}).api
+
+
+def test_trusted_hosts_and_public_url_settings() -> None:
+    api = _api_settings(
+        trusted_hosts=["mail.example.com", "*.internal"], public_url="https://m.example.com/"
+    )
+    assert api.trusted_hosts == ["mail.example.com", "*.internal"]
+    assert api.public_url == "https://m.example.com"
+    assert _api_settings().trusted_hosts == [] and _api_settings().public_url == ""
+    for bad in [{"trusted_hosts": ["evil example"]}, {"trusted_hosts": [""]},
+                {"public_url": "ftp://x"}, {"public_url": "mail.example.com"}]:  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            _api_settings(**bad)
+        assert f"api.{next(iter(bad))}" in str(refused.value)
+
+
+# -- the pages never answer 5xx ------------------------------------------------------------
+
+page_text = st.text(max_size=12) | st.sampled_from(["\x00", "9" * 30, "-1", "resolve", "sent"])
+PAGE_STATUSES = {200, 303, 401, 403, 404, 409, 422, 429, 503}
+
+
+@given(
+    route=st.sampled_from(
+        [
+            ("GET", "/ui/", ["channel", "reason", "sort", "page"]),
+            ("GET", "/ui/search", ["q"]),
+            ("GET", "/ui/jobs/{key}", ["done"]),
+            ("GET", "/ui/triage", []),
+            ("GET", "/ui/overview", []),
+            ("POST", "/ui/jobs/{key}/resolve", ["as", "note", "csrf"]),
+            ("POST", "/ui/jobs/{key}/check", ["csrf"]),
+            ("POST", "/ui/jobs/{key}/cancel", ["note", "csrf"]),
+            ("POST", "/ui/triage", ["channel", "reason", "mode", "csrf"]),
+            ("POST", "/ui/sign-in", ["token", "csrf"]),
+            ("POST", "/ui/sign-out", ["csrf"]),
+        ]
+    ),
+    key=keys | st.sampled_from(["k1", "k1/events", "%", ".."]),
+    values=st.dictionaries(
+        st.sampled_from(
+            ["channel", "q", "page", "as", "note", "mode", "csrf", "token", "done", "sort"]
+        ),
+        page_text,
+    ),
+    signed=st.booleans(),
+)
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_pages_answer_only_page_statuses(
+    client: TestClient,
+    route: tuple[str, str, list[str]],
+    key: str,
+    values: dict[str, str],
+    signed: bool,
+) -> None:
+    client.post("/v1/jobs", json=job("k1"), headers=AUTH)  # a job to act on (then 200)
+    method, path, _ = route
+    url = path.replace("{key}", key_segment(key))
+    headers = AUTH if signed else {}
+    if method == "GET":
+        answer = client.get(url, params=values, headers=headers, follow_redirects=False)
+    else:
+        answer = client.post(url, data=values, headers=headers, follow_redirects=False)
+    assert answer.status_code in PAGE_STATUSES, (method, url, values, answer.text[:300])

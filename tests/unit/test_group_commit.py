@@ -1,0 +1,221 @@
+"""Group commit (daemon/engine/commit.py): the saves of several workers in one
+transaction, and per job exactly what a save of its own would have done.
+
+Another writer is made to act at the worst moment - after the engine loaded its jobs and
+before a commit - by wrapping `Ledger.save_jobs` and `Ledger.save_job`; copies are counted
+in the fake provider's mailbox.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.unit.engine_rig import EngineRig, claimed_by, policy
+
+from daemon.engine.commit import GroupCommit, _Save
+from ledger.application import ConcurrentUpdate, Ledger
+from ledger.job import SendJob
+from ledger.vocabulary import JobState
+
+RETRY = policy("receipts", on_unknown="retry")
+
+
+@pytest.fixture
+def rig() -> Iterator[EngineRig]:
+    rig = EngineRig(RETRY)
+    yield rig
+    rig.close()
+
+
+def other_daemon_claims(ledger: Ledger, key: str) -> None:
+    """What another daemon's dispatch writes: its claim, with no call of ours."""
+    ledger.save_job(claimed_by(ledger, key, "other"))
+
+
+class SaveHook:
+    """Wraps `ledger.save_jobs` and `ledger.save_job` (the engine's commits): counts the
+    commits and their sizes and, before commit number `at`, lets `act` write as another
+    writer would."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        at: int,
+        act: Callable[[list[SendJob]], None],
+        *,
+        pause: threading.Event | None = None,
+    ) -> None:
+        self.calls: list[int] = []
+        self._lock = threading.Lock()
+        self._save_jobs, self._save_job = ledger.save_jobs, ledger.save_job
+        self._at = at
+        self._act = act
+        self._pause = pause
+        ledger.save_jobs = self  # type: ignore[method-assign]
+        ledger.save_job = lambda job: self([job])  # type: ignore[method-assign]
+
+    def __call__(self, jobs: list[SendJob]) -> None:
+        with self._lock:
+            self.calls.append(len(jobs))
+            number = len(self.calls)
+        if number == self._at:
+            self._act(jobs)
+        if number == 1 and self._pause is not None:
+            self._pause.wait(5)  # the first commit is slow: the others queue behind it
+        if len(jobs) == 1:
+            self._save_job(jobs[0])
+        else:
+            self._save_jobs(jobs)
+
+
+def test_saves_that_arrive_during_a_commit_share_the_next_one(rig: EngineRig) -> None:
+    for n in range(6):
+        rig.submit("receipts", f"k{n}")
+    jobs = [claimed_by(rig.ledger, f"k{n}", "me") for n in range(6)]
+    release = threading.Event()
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None, pause=release)
+    commits = GroupCommit(rig.ledger)
+    threads = [threading.Thread(target=commits.save, args=(job,)) for job in jobs]
+    threads[0].start()
+    while not hook.calls:
+        time.sleep(0.001)
+    for thread in threads[1:]:
+        thread.start()
+    while len(commits._waiting) < 5:
+        time.sleep(0.001)
+    release.set()
+    for thread in threads:
+        thread.join()
+    assert hook.calls == [1, 5]  # the first alone, the five that waited behind it in one
+    assert all(rig.job(job.key).state is JobState.ATTEMPTED for job in jobs)
+
+
+def test_a_commit_that_meets_another_writer_fails_only_that_job(rig: EngineRig) -> None:
+    rig.submit("receipts", "k0")
+    rig.submit("receipts", "k1")
+    mine = [claimed_by(rig.ledger, "k0", "me"), claimed_by(rig.ledger, "k1", "me")]
+    other_daemon_claims(rig.ledger, "k1")
+    commits = GroupCommit(rig.ledger)
+    batch = [_Save(job) for job in mine]
+    commits._commit(batch)
+    assert batch[0].error is None and isinstance(batch[1].error, ConcurrentUpdate)
+    assert rig.job("k0").claimed_by == "me" and rig.job("k1").claimed_by == "other"
+
+
+def test_a_claim_that_meets_another_writer_is_not_sent(rig: EngineRig) -> None:
+    rig.submit("receipts", "k0")
+    rig.submit("receipts", "k1")
+    SaveHook(rig.ledger, 1, lambda jobs: [other_daemon_claims(rig.ledger, j.key) for j in jobs])
+    report = rig.tick()
+    # The first commit held one claim (k0 or k1): the other writer took it first.
+    assert rig.provider.sends == 1 and report.sent == 1 and report.skipped == 1
+    states = sorted((rig.job(k).claimed_by, rig.job(k).state.value) for k in ("k0", "k1"))
+    assert states == [("", "confirmed"), ("other", "attempted")]
+
+
+def test_an_outcome_that_meets_another_writer_leaves_the_other_writers_events(
+    rig: EngineRig,
+) -> None:
+    rig.submit("receipts", "k0")
+
+    def recovered_elsewhere(jobs: list[SendJob]) -> None:
+        # Another daemon's recovery (its deadline passed, say) records Unknown first.
+        job = rig.ledger.get_job("k0")
+        job.record_unknown(
+            reason="recovered elsewhere",
+            decision=retry_search(rig),
+            at=rig.clock(),
+        )
+        rig.ledger.save_job(job)
+
+    SaveHook(rig.ledger, 2, recovered_elsewhere)  # commit 1: the claim; 2: the outcome
+    report = rig.tick()
+    assert rig.provider.sends == 1 and report.sent == 1 and report.skipped == 1
+    # The response lost to the other writer: its Unknown stands, a search will count
+    # the one copy our call made.
+    assert rig.job("k0").state is JobState.UNKNOWN and rig.copies("k0") == 1
+
+
+def retry_search(rig: EngineRig) -> Any:
+    from policies import decisions
+
+    return decisions.after_unknown(RETRY, now=rig.clock(), handle_reliable=True)
+
+
+def test_a_store_failure_on_the_claim_save_sends_nothing(rig: EngineRig) -> None:
+    rig.submit("receipts", "k0")
+    rig.submit("receipts", "k1")
+    failed: list[int] = []
+
+    def fail(jobs: list[SendJob]) -> None:
+        failed.append(len(jobs))
+        raise OSError("disk full")
+
+    hook = SaveHook(rig.ledger, 1, fail)
+    report = rig.engine.tick()
+    assert report.errors == failed[0]  # every claim of the failed commit
+    assert rig.provider.sends == 2 - failed[0] and len(hook.calls) >= 1
+    # The next tick sends the rest (the failure wrote nothing).
+    rig.tick()
+    assert rig.provider.sends == 2
+    assert all(rig.job(k).state is JobState.CONFIRMED for k in ("k0", "k1"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    jobs=st.integers(1, 9),
+    concurrency=st.integers(1, 4),
+    taken=st.sets(st.integers(0, 8)),
+    commit=st.integers(1, 6),
+)
+def test_jobs_another_writer_claims_before_a_commit_are_never_sent_by_it(
+    jobs: int, concurrency: int, taken: set[int], commit: int
+) -> None:
+    """Whichever jobs another writer claims just before commit number `commit` (those of
+    the commit and others): none of them is sent by this engine, every other job is sent
+    exactly once, and each job has as many Attempted events as calls were made for it plus
+    the other writer's claims."""
+    rig = EngineRig(RETRY, concurrency=concurrency)
+    try:
+        keys = [f"k{n}" for n in range(jobs)]
+        for key in keys:
+            rig.submit("receipts", key)
+        wanted = sorted(keys[n] for n in taken if n < jobs)
+        stolen: set[str] = set()
+
+        def steal(_jobs: list[SendJob]) -> None:
+            for key in wanted:
+                if rig.ledger.get_job(key).state is JobState.REQUESTED:  # not ours already
+                    other_daemon_claims(rig.ledger, key)
+                    stolen.add(key)
+
+        SaveHook(rig.ledger, commit, steal)
+        rig.tick()
+        for key in keys:
+            attempted = rig.events(key).count("Attempted")
+            ours = rig.provider.sends_by_message_id[rig.job(key).message_id]
+            if key in stolen:
+                assert ours == 0 and attempted == 1 and rig.job(key).claimed_by == "other"
+            else:
+                assert ours == 1 == attempted and rig.job(key).state is JobState.CONFIRMED
+    finally:
+        rig.close()
+
+
+def test_save_jobs_is_all_or_nothing_and_keeps_pending_events(rig: EngineRig) -> None:
+    rig.submit("receipts", "k0")
+    rig.submit("receipts", "k1")
+    mine = [claimed_by(rig.ledger, "k0", "me"), claimed_by(rig.ledger, "k1", "me")]
+    other_daemon_claims(rig.ledger, "k1")
+    with pytest.raises(ConcurrentUpdate):
+        rig.ledger.save_jobs(mine)
+    assert rig.job("k0").state is JobState.REQUESTED  # nothing of the batch was written
+    assert [len(job.pending_events) for job in mine] == [1, 1]
+    rig.ledger.save_job(mine[0])  # alone, the one nobody else touched is written
+    assert rig.job("k0").claimed_by == "me" and mine[0].pending_events == []

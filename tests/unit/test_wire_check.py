@@ -1,0 +1,398 @@
+"""Issue 16's findings, one test each (the example given and the class around it), and
+the proof (`ledger/wire_check.py`) catching every way the bytes could differ from the job.
+"""
+
+from __future__ import annotations
+
+import base64
+import email
+import email.policy
+import time
+import unicodedata
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from daemon.providers.smtp_imap import Envelope
+from ledger.addresses import BIDI_CONTROLS, unsafe_character
+from ledger.attachments import parse_attachment
+from ledger.content import (
+    MAX_ADDRESS_TEXT,
+    MAX_EXTRA_HEADERS,
+    MAX_HEADER_VALUE,
+    MAX_REFERENCES,
+    MAX_SUBJECT,
+    JobInputError,
+    parse_job,
+)
+from ledger.header_encoding import client_view, encoded_words
+from ledger.message_id import message_id_for
+from ledger.mime import MessageFields, boundary, render_message
+from ledger.wire_check import RenderMismatch, carries_message_id, checked_message, find_mismatch
+from testkit.mime import decoded
+
+MID = message_id_for("order-42", "mail.example.com")
+DATE = datetime(2026, 1, 1, 12, tzinfo=UTC)
+RECEIPT_BCC = "=?utf-8?q?Your_receipt=0D=0ABcc:_evil@attacker.example?="
+END_OF_HEADERS = "=?utf-8?q?Hi=0D=0A=0D=0AMessage-ID:_<evil@attacker.example>?="
+FIELDS = MessageFields(
+    from_addr="Support <support@example.com>",
+    to=("alice@example.com",),
+    subject="Your receipt",
+    body="Thanks.\n",
+    message_id=MID,
+    date=DATE,
+)
+
+
+def job(**fields: Any) -> dict[str, Any]:
+    return {
+        "channel": "receipts",
+        "key": "order-42",
+        "to": "alice@example.com",
+        "subject": "Your receipt",
+        "body": "Thanks.\n",
+        **fields,
+    }
+
+
+def message(raw: bytes) -> email.message.Message:
+    return email.message_from_bytes(raw, policy=email.policy.compat32)
+
+
+def head(raw: bytes) -> bytes:
+    return raw.split(b"\r\n\r\n", 1)[0]
+
+
+# -- finding 1: encoded words are not decoded on the way out -------------------------------
+
+
+@pytest.mark.parametrize("subject", [RECEIPT_BCC, RECEIPT_BCC.upper(), RECEIPT_BCC.lower()])
+def test_a_typed_encoded_word_subject_reaches_the_reader_as_typed(subject: str) -> None:
+    raw = checked_message(replace(FIELDS, subject=parse_job(job(subject=subject)).subject))
+    assert b"Bcc" not in head(raw) and b"evil@attacker.example" not in raw
+    assert decoded(message(raw)["Subject"]) == subject  # shown literally, not decoded
+    assert Envelope(raw).recipients == ["alice@example.com"]
+
+
+def test_the_same_through_an_x_header_and_a_file_name_and_a_display_name() -> None:
+    pdf = base64.b64encode(b"%PDF").decode()
+    content = parse_job(job(headers={"X-Campaign": "Grüße " + RECEIPT_BCC}))
+    raw = checked_message(replace(FIELDS, headers=content.headers))
+    assert b"Bcc" not in head(raw)
+    assert decoded(message(raw)["X-Campaign"]) == "Grüße " + RECEIPT_BCC
+    assert Envelope(raw).recipients == ["alice@example.com"]
+    # A file name that holds an encoded word is refused: clients decode them there.
+    attachment = {"filename": RECEIPT_BCC + ".pdf", "content_type": "application/pdf"}
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(attachments=[{**attachment, "content_base64": pdf}]))
+    assert info.value.field == "attachments[0].filename"
+    # So is a display name (the address validator reads it back as a client would).
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(cc=[f'"{RECEIPT_BCC}" <alice@example.com>']))
+    assert info.value.field == "cc[0]" and "'=?'" in info.value.reason
+
+
+def test_list_unsubscribe_which_is_written_as_typed_refuses_an_encoded_word() -> None:
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(headers={"List-Unsubscribe": f"<https://x.example/u?{RECEIPT_BCC}>"}))
+    assert info.value.field == "headers.List-Unsubscribe"
+
+
+@pytest.mark.parametrize("field", ["in_reply_to", "references"])
+def test_a_message_id_which_is_written_as_typed_refuses_an_encoded_word(field: str) -> None:
+    value = "<=?utf-8?q?=0D=0A?=@example.com>"
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(**{field: value if field == "in_reply_to" else [value]}))
+    assert info.value.field in (field, f"{field}[0]") and "'=?'" in info.value.reason
+
+
+# -- finding 2: the header block cannot end early -------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["subject", "x"])
+def test_text_decoding_to_crlf_crlf_cannot_end_the_header_block(where: str) -> None:
+    fields = {
+        "subject": replace(FIELDS, subject=END_OF_HEADERS),
+        "x": replace(FIELDS, headers=(("X-Tag", "é " + END_OF_HEADERS),)),
+    }[where]
+    raw = checked_message(fields)
+    assert carries_message_id(raw, MID)
+    assert message(raw).get_all("Message-ID") == [MID]
+    assert b"evil@attacker.example" not in head(raw)
+
+
+# -- finding 3: the display rules hold for what the client shows ----------------------------
+
+
+@pytest.mark.parametrize(
+    "word",
+    [
+        "=?utf-8?q?invoice=E2=80=AEfdp.exe?=",
+        "=?UTF-8?B?" + base64.b64encode("invoice\u202efdp.exe".encode()).decode() + "?=",
+    ],
+)
+def test_an_encoded_bidi_control_is_shown_as_the_characters_typed(word: str) -> None:
+    raw = checked_message(replace(FIELDS, subject=word))
+    shown = decoded(message(raw)["Subject"])
+    assert shown == word and "\u202e" not in shown
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "=?utf-8?q?invoice=E2=80=AEfdp.exe?=",
+        "=?utf-8?q?=2E=2E=2F=2E=2E=2F.bashrc?=",
+        "=?utf-8?b?Li4vLi4vLmJhc2hyYw==?=",
+        "../../.bashrc",
+        "..\\..\\.bashrc",
+        "..",
+        "invoice\u202efdp.exe",
+    ],
+)
+def test_a_file_name_a_client_would_show_as_a_path_or_reversed_is_refused(name: str) -> None:
+    item = {"filename": name, "content_type": "text/plain", "content_base64": "aGk="}
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(attachments=[item]))
+    assert info.value.field == "attachments[0].filename"
+
+
+def test_the_proof_applies_the_display_rules_to_the_decoded_name() -> None:
+    # A writer that put an encoded word into the file name would be caught by the proof.
+    attachment = parse_attachment(
+        {"filename": "invoice.pdf", "content_type": "application/pdf", "content_base64": "aGk="}
+    )
+    fields = replace(FIELDS, attachments=(attachment,))
+    raw = render_message(fields).replace(
+        b'filename="invoice.pdf"', b'filename="=?utf-8?q?..=2F..=2F.bashrc?="'
+    )
+    found = find_mismatch(raw, fields)
+    assert found is not None and found.field == "attachments[0].filename"
+
+
+# -- finding 4: rendering is linear ---------------------------------------------------------
+
+
+def best_of(runs: int, action: Callable[[], object]) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@pytest.mark.parametrize("subject", ["a" * 9 + " ", "é" * 9 + " ", "x" * 10])
+def test_rendering_a_long_subject_is_linear(subject: str) -> None:
+    """A 1 MB subject once took 40 s (quadratic). Four times the text must take about four
+    times as long (under 8: quadratic would be 16), whatever the machine's speed."""
+
+    def render(n: int) -> Callable[[], object]:
+        fields = replace(FIELDS, subject=(subject * n).strip())
+        return lambda: checked_message(fields)
+
+    # Measured up to three times: a loaded machine can slow one run; quadratic stays ~16.
+    ratios = []
+    for _ in range(3):
+        small, large = best_of(3, render(25_000)), best_of(3, render(100_000))
+        ratios.append(large / small)
+        if ratios[-1] < 8:
+            break
+    assert min(ratios) < 8, ratios
+
+
+def test_a_one_megabyte_subject_renders_fast_but_is_refused_at_intake() -> None:
+    fields = replace(FIELDS, subject="x " * 500_000)
+    assert best_of(1, lambda: checked_message(replace(fields, subject="x " * 500_000 + "y"))) < 5
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(subject="x" * (MAX_SUBJECT + 1)))
+    assert info.value.field == "subject"
+
+
+# -- limits ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"subject": "s" * (MAX_SUBJECT + 1)}, "subject"),
+        ({"headers": {"X-A": "v" * (MAX_HEADER_VALUE + 1)}}, "headers.X-A"),
+        ({"headers": {f"X-{i}": "v" for i in range(MAX_EXTRA_HEADERS + 1)}}, "headers"),
+        ({"headers": {"X-" + "n" * 80: "v"}}, "headers.X-" + "n" * 80),
+        ({"references": ["<a@b.example>"] * (MAX_REFERENCES + 1)}, "references"),
+        ({"to": '"' + "n" * MAX_ADDRESS_TEXT + '" <a@example.com>'}, "to"),
+        ({"cc": ["n" * MAX_ADDRESS_TEXT + " <a@example.com>"]}, "cc[0]"),
+    ],
+)
+def test_limits_are_refused_naming_the_field(fields: dict[str, Any], field: str) -> None:
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(**fields))
+    assert info.value.field == field
+
+
+def test_the_limits_themselves_are_accepted_and_render_within_milliseconds() -> None:
+    subject = parse_job(job(subject="é" * MAX_SUBJECT)).subject
+    assert best_of(3, lambda: checked_message(replace(FIELDS, subject=subject))) < 0.05
+    content = parse_job(
+        job(
+            subject="é" * MAX_SUBJECT,
+            headers={f"X-{i}": "ü" * MAX_HEADER_VALUE for i in range(MAX_EXTRA_HEADERS)},
+            to='"' + "名" * (MAX_ADDRESS_TEXT - 30) + '" <alice@example.com>',
+        )
+    )
+    fields = replace(FIELDS, subject=content.subject, headers=content.headers, to=content.to)
+    assert best_of(3, lambda: checked_message(fields)) < 0.25  # every field at its limit
+
+
+def test_unsafe_character_is_the_category_rule_for_every_code_point() -> None:
+    def by_category(char: str) -> bool:
+        category = unicodedata.category(char)
+        return category in ("Cc", "Zl", "Zp", "Cs") or char in BIDI_CONTROLS
+
+    assert all(
+        (unsafe_character(chr(code)) is not None) == by_category(chr(code))
+        for code in range(0x110000)
+    )
+
+
+# -- the proof catches every difference ------------------------------------------------------
+
+
+def full() -> MessageFields:
+    attachment = parse_attachment(
+        {"filename": "Grüße.pdf", "content_type": "application/pdf", "content_base64": "aGk="}
+    )
+    return replace(
+        FIELDS,
+        to=("Alice <alice@example.com>", "bob@example.com"),
+        cc=("carol@example.com",),
+        bcc=("audit@example.com",),
+        reply_to="help@example.com",
+        html="<p>Thanks.</p>\n",
+        headers=(("X-Campaign", "spring"),),
+        in_reply_to="<parent@example.com>",
+        references=("<root@example.com>", "<parent@example.com>"),
+        attachments=(attachment,),
+    )
+
+
+def swap(old: bytes, new: bytes) -> Callable[[bytes], bytes]:
+    def change(raw: bytes) -> bytes:
+        assert old in raw
+        return raw.replace(old, new, 1)
+
+    return change
+
+
+TAMPERED = [
+    (swap(b"\r\nSubject:", b"\r\nBcc: evil@attacker.example\r\nSubject:"), "bcc"),
+    (swap(b"\r\nBcc: audit@example.com", b"\r\nBcc: evil@attacker.example"), "bcc"),
+    (swap(b"bob@example.com", b"bob@example.com, evil@attacker.example"), "to"),
+    (swap(b"bob@example.com", b"bob@example.com (evil@attacker.example)"), "to"),
+    (swap(b"Alice <alice", b"Alice\xe2\x80\xae <alice"), "body"),
+    (swap(b"Alice <alice", b"=?utf-8?q?=E2=80=AE?= <alice"), "to"),
+    (swap(b"Alice <alice", b"Al=?utf-8?b?aWNl?= <alice"), "to"),
+    (swap(b"Alice <alice", b'"=?utf-8?b?QWxpY2U=?=" <alice'), "to"),
+    (swap(b"X-Campaign: spring", b"X-Campaign: =?utf-8?b?c3ByaW5n?=x"), "headers.X-Campaign"),
+    (
+        swap(b"\r\nMessage-ID: " + MID.encode(), b"\r\nMessage-ID: <other@example.com>"),
+        "message_id",
+    ),
+    (swap(b"\r\nMessage-ID:", b"\r\n\r\nMessage-ID:"), "message_id"),
+    (swap(b"\r\nMessage-ID:", b"\nMessage-ID:"), "body"),
+    (swap(b"\r\nDate:", b"\r\nX-Null: \x00\r\nDate:"), "body"),
+    (swap(b"Subject: Your receipt", b"Subject: =?utf-8?q?Your_receipt=0D=0Ax?="), "subject"),
+    (swap(b"Subject: Your receipt", b"Subject: Your =?utf-8?b?4oCu?=receipt"), "subject"),
+    (swap(b"Subject: Your receipt", b"Subject: Your receipt\r\nSubject: Other"), "subject"),
+    (swap(b"X-Campaign: spring", b"X-Campaign: spring\r\nX-Other: 1"), "headers.X-Other"),
+    (swap(b"Thanks.\r\n\r\n--", b"Thanks.\r\n--=_sendledger_x\r\n\r\n--"), "body"),
+    (swap(b"Gr%C3%BC%C3%9Fe.pdf", b"Gr%C3%BC%C3%9Fe.exe"), "attachments[0].filename"),
+    (swap(b"aGk=", b"aGo="), "attachments[0]"),
+    (swap(b"text/html", b"text/plain"), "html"),
+    (swap(b"<root@example.com>", b"<other@example.com>"), "references"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), TAMPERED)
+def test_the_proof_names_the_field_that_differs(
+    change: Callable[[bytes], bytes], field: str
+) -> None:
+    fields = full()
+    raw = render_message(fields)
+    assert find_mismatch(raw, fields) is None
+    found = find_mismatch(change(raw), fields)
+    assert found is not None and found.field == field, found
+
+
+def test_a_body_line_that_is_the_boundary_gets_another_boundary() -> None:
+    """The Message-ID comes from the key, so the boundary can be computed: a body holding
+    it must not create a part."""
+    lines = [f"--{boundary(MID, kind)}" for kind in ("", "mixed")]
+    body = "\n".join([*lines, *(line + "--" for line in lines)]) + "\n"
+    fields = replace(full(), body=body, html=body)
+    raw = checked_message(fields)
+    parsed = message(raw)
+    leaves = [part for part in parsed.walk() if not part.is_multipart()]
+    assert [leaf.get_content_type() for leaf in leaves] == [
+        "text/plain",
+        "text/html",
+        "application/pdf",
+    ]
+    assert boundary(MID, "mixed") not in parsed.get_boundary("")
+
+
+def test_a_mismatch_is_a_job_input_error_naming_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ledger.wire_check as wire_check
+
+    def evil(fields: MessageFields) -> bytes:
+        return render_message(fields).replace(b"\r\nSubject:", b"\r\nBcc: e@x.example\r\nSubject:")
+
+    monkeypatch.setattr(wire_check, "render_message", evil)
+    with pytest.raises(RenderMismatch) as info:
+        checked_message(FIELDS)
+    assert isinstance(info.value, JobInputError) and info.value.field == "bcc"
+
+
+def test_an_empty_subject_is_written_as_before_and_proved() -> None:
+    raw = checked_message(replace(FIELDS, subject=""))
+    assert b"\r\nSubject:\r\n" in raw
+
+
+def test_a_stored_message_id_with_an_encoded_word_is_a_mismatch() -> None:
+    fields = replace(FIELDS, in_reply_to="<=?utf-8?b?QQ==?=@example.com>")
+    found = find_mismatch(render_message(fields), fields)
+    assert found is not None and found.field == "in_reply_to"
+
+
+def test_carries_message_id_needs_exactly_ours_in_the_header_block() -> None:
+    raw = render_message(FIELDS)
+    assert carries_message_id(raw, MID)
+    assert not carries_message_id(raw, "<other@example.com>")
+    assert not carries_message_id(raw.replace(b"\r\nMessage-ID:", b"\r\n\r\nMessage-ID:"), MID)
+
+
+# -- the encoder and the client's view -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("=?utf-8?q?a?= =?utf-8?q?b?=", "ab"),
+        ("=?UTF-8?B?YQ==?=  =?utf-8?Q?b_c?=", "ab c"),
+        ("x=?utf-8?q?=0D=0A?=y", "x\r\ny"),
+        ("=?no-such-charset?q?a?=", "=?no-such-charset?q?a?="),
+        ("plain", "plain"),
+    ],
+)
+def test_the_client_view_decodes_as_lenient_clients_do(text: str, shown: str) -> None:
+    assert client_view(text) == shown
+
+
+@pytest.mark.parametrize("text", ["", "é", "🎉" * 40, "a" * 200, "订单 " * 50, " lead", "=?"])
+def test_encoded_words_decode_to_the_text_and_fit_a_line(text: str) -> None:
+    words = encoded_words(text, 60)
+    assert client_view(" ".join(words)) == text
+    assert all(len(word) <= 75 for word in words)
