@@ -15,8 +15,8 @@ SENT message -> DraftGone: the Message-ID search after `search_after` when the h
 reliable, else review. A check that fails is no information: the job stays unknown with
 the check due, and the sweep asks again.
 
-Not yet called by the dispatch and sweep steps: they are being rewritten (worker pools,
-one function per job), and the calls go into that structure once it is in place.
+Called by `dispatch.py` (before the claim, and in the send worker right after an unknown
+outcome) and by `search.py`'s sweep (a recovered claim of a job with a recorded draft).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ log = logging.getLogger("sendledger.engine")
 
 def drafts_mode(provider: Provider) -> DraftsProvider | None:
     """The provider's drafts calls when it sends through drafts (`send_via = "drafts"`)."""
-    drafts = drafts_of(provider)
-    return drafts if drafts is not None and getattr(provider, "send_via", "") == "drafts" else None
+    inner = getattr(provider, "inner", provider)  # under the engine's timing wrapper
+    drafts = drafts_of(inner)
+    return drafts if drafts is not None and getattr(inner, "send_via", "") == "drafts" else None
 
 
 def recorded_draft(job: SendJob) -> Draft | None:
