@@ -68,6 +68,7 @@ def build_provider(settings: Settings, name: str) -> Provider:
             quota_units_per_second=config.quota_units_per_second,
             readback_first=config.readback_first,
             readback_rate=config.readback_rate,
+            send_via=config.send_via,
         )
     except DelegationRequired as exc:
         raise ConfigError(f"providers.{name}.user: {exc}") from None

@@ -9,6 +9,12 @@ log, where the effects happen, not in the daemon.
 and Dovecot instances (`testkit.mailservers`), behind the SMTP fault relay; the copies are
 counted in the sender's real Sent folder (Maildir files). Without the servers it exits 2
 saying what is missing and how to install it.
+
+`--provider graph` runs them on the Microsoft Graph provider against the bundled Graph
+emulator, served over TLS from a throw-away CA (`testkit.tls`) that this process trusts
+through REQUESTS_CA_BUNDLE (as an operator's would), with the TLS fault relay in front of
+both the token endpoint and the API; the copies are counted in the emulator's acceptance
+log (docs/providers.md "Providers").
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -40,9 +46,11 @@ from ledger.display import command_line, printable
 from ledger.job import JobState
 from policies.loader import load_policy_dir
 from testkit import FaultPlan, FaultRelay, GmailEmulator, Mode, write_service_account
+from testkit.graph import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
 from testkit.mailservers import PASSWORD, RECIPIENT, SENDER, MailServers, mail_servers
 from testkit.mailservers import missing_reason as mailservers_missing
 from testkit.smtp_relay import SmtpFaultRelay, SmtpMode
+from testkit.tls import make_loopback_tls
 
 POLICIES = {
     "receipts": """\
@@ -100,6 +108,22 @@ user = "shop@shop.example"
 api_endpoint = "{relay}"
 token_uri = "{emulator}/token"
 timeout = "{timeout}"
+"""
+)
+
+GRAPH_CONFIG = (
+    BASE_CONFIG
+    + """\
+[providers.m365]
+kind = "graph"
+tenant_id = "{tenant}"
+client_id = "{client}"
+client_secret_file = "graph-client-secret"
+user = "{{from}}"
+authority = "{relay}"
+api_endpoint = "{relay}/v1.0"
+timeout = "{timeout}"
+confirm_wait = "1s"
 """
 )
 
@@ -170,6 +194,16 @@ GMAIL_WORDING = _Wording(
     ),
 )
 
+GRAPH_WORDING = _Wording(
+    heading="Copies per job, counted in the Graph emulator's acceptance log:",
+    total="messages accepted in all",
+    closing=(
+        "\nThis ran against the bundled Microsoft Graph emulator, not Microsoft 365: a green "
+        "demo is not a Microsoft guarantee.\nRun `sendledger probe` against your own mailbox "
+        "before trusting it."
+    ),
+)
+
 SMTP_WORDING = _Wording(
     heading="Copies per job, counted in the Maildir files of the sender's Sent folder:",
     total="copies in the Sent folder in all",
@@ -185,12 +219,12 @@ def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="the daemon against the bundled Gmail emulator, with faults")
     p.add_argument(
         "--provider",
-        choices=("gmail", "smtp-imap"),
+        choices=("gmail", "smtp-imap", "graph"),
         default="gmail",
         help="gmail: the bundled emulator; smtp-imap: private Postfix + Dovecot on loopback "
-        "(installed, run as root)",
+        "(installed, run as root); graph: the bundled Microsoft Graph emulator over TLS",
     )
-    p.add_argument("--lag", help="the emulator's search index lag (gmail only; default 2s)")
+    p.add_argument("--lag", help="the emulator's search index lag (gmail and graph; default 2s)")
     p.add_argument("--timeout", default="90s", help="give up waiting for jobs to settle")
     p.add_argument(
         "--keep",
@@ -216,6 +250,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 f"--provider smtp-imap: local Postfix + Dovecot cannot run here: {missing}"
             )
         run = lambda folder: _demo_smtp(folder, limit, args.json)  # noqa: E731
+    elif args.provider == "graph":
+        lag = _seconds("--lag", args.lag or "2s", 0.0, 600.0)
+        run = lambda folder: _demo_graph(folder, lag, limit, args.json)  # noqa: E731
     else:
         lag = _seconds("--lag", args.lag or "2s", 0.0, 600.0)
         run = lambda folder: _demo(folder, lag, limit, args.json)  # noqa: E731
@@ -262,21 +299,12 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
     ).start()
     try:
         write_service_account(folder / "service-account.json", token_uri=f"{emulator.url}/token")
-        # Searches wait out the index lag with a margin; two empty ones are believed.
-        _write_policies(
-            folder,
-            provider="gmail",
-            receipts_from="receipts@shop.example",
-            payouts_from="payouts@shop.example",
-            search_after=f"{int((lag + 1.0) * 1000)}ms",
-            search_interval="1s",
-            verify_after=f"{int((lag + 1.5) * 1000)}ms",
-        )
+        _write_emulator_policies(folder, "gmail", lag)
         (folder / "sendledger.toml").write_text(
             CONFIG.format(relay=relay.url, emulator=emulator.url, timeout="1500ms"),
             encoding="utf-8",
         )
-        _intro(out, folder, emulator.url, relay.url, lag)
+        _intro(out, folder, emulator.url, relay.url, lag, "GMAIL EMULATOR, not Gmail")
         settled, ledger, operator = _run_jobs(out, folder, limit, JOBS, index_wait=lag + 1.0)
         try:
             copies = Counter(entry.get("message_id") for entry in emulator.accepted())
@@ -333,9 +361,84 @@ def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
     return _finish(summary, settled, as_json, SMTP_WORDING, folder, operator)
 
 
+def _demo_graph(folder: Path, lag: float, limit: float, as_json: bool) -> int:
+    out = sys.stderr if as_json else sys.stdout
+    setup_logging("warning", journal=False)
+    secret = "demo-" + os.urandom(12).hex()
+    tls = make_loopback_tls(folder / "tls")
+    with (
+        _trusting(str(tls.ca_file)),
+        GraphEmulator(
+            tls=tls,
+            lag=lag,
+            file_delay=0.3,  # Graph files the copy in Sent Items after its 202
+            acceptance_log=folder / "acceptance.jsonl",
+            clients={DEFAULT_CLIENT_ID: secret},
+        ) as emulator,
+        FaultRelay(
+            emulator.url,
+            tls=tls,
+            upstream_ca=str(tls.ca_file),
+            plan=FaultPlan(send=SEND_FAULTS),
+            hang_seconds=4.0,
+            retry_after=0.5,
+        ) as relay,
+    ):
+        secret_file = folder / "graph-client-secret"
+        secret_file.touch(mode=0o600)  # never readable by others, not even for a moment
+        secret_file.write_text(secret + "\n", encoding="utf-8")
+        _write_emulator_policies(folder, "m365", lag)
+        (folder / "sendledger.toml").write_text(
+            GRAPH_CONFIG.format(
+                tenant=DEFAULT_TENANT, client=DEFAULT_CLIENT_ID, relay=relay.url, timeout="2s"
+            ),
+            encoding="utf-8",
+        )
+        _intro(out, folder, emulator.url, relay.url, lag, "MICROSOFT GRAPH EMULATOR (TLS)")
+        settled, ledger, operator = _run_jobs(out, folder, limit, JOBS, index_wait=lag + 1.0)
+        try:
+            ids = [ledger.get_job(key).message_id for _c, key, _t, _s in JOBS]
+            copies = Counter({mid: emulator.copies(mid) for mid in ids})
+            summary = _summary(
+                ledger, copies, "bundled Microsoft Graph emulator (not Microsoft 365)", operator
+            )
+        finally:
+            ledger.close()
+    return _finish(summary, settled, as_json, GRAPH_WORDING, folder, operator)
+
+
+@contextlib.contextmanager
+def _trusting(ca_file: str) -> Iterator[None]:
+    """The daemon in this process trusts the demo's throw-away CA as an operator's would:
+    through REQUESTS_CA_BUNDLE (msal and the Graph calls read it), for the demo only."""
+    before = os.environ.get("REQUESTS_CA_BUNDLE")
+    os.environ["REQUESTS_CA_BUNDLE"] = ca_file
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("REQUESTS_CA_BUNDLE", None)
+        else:
+            os.environ["REQUESTS_CA_BUNDLE"] = before
+
+
 def _to_local(to: str) -> str:
     name, _, _address = to.rpartition("<")
     return f"{name}<{RECIPIENT}>" if name else RECIPIENT
+
+
+def _write_emulator_policies(folder: Path, provider: str, lag: float) -> None:
+    """The channels on an emulator with search lag `lag`: searches wait out the lag with a
+    margin; two empty ones are believed."""
+    _write_policies(
+        folder,
+        provider=provider,
+        receipts_from="receipts@shop.example",
+        payouts_from="payouts@shop.example",
+        search_after=f"{int((lag + 1.0) * 1000)}ms",
+        search_interval="1s",
+        verify_after=f"{int((lag + 1.5) * 1000)}ms",
+    )
 
 
 def _write_policies(folder: Path, **fields: str) -> None:
@@ -466,8 +569,8 @@ def _finish(
     return 0 if settled and not problems else 1
 
 
-def _intro(out: TextIO, folder: Path, emulator: str, relay: str, lag: float) -> None:
-    print("sendledger demo — against the BUNDLED GMAIL EMULATOR, not Gmail", file=out)
+def _intro(out: TextIO, folder: Path, emulator: str, relay: str, lag: float, what: str) -> None:
+    print(f"sendledger demo — against the BUNDLED {what}", file=out)
     print(f"  work folder   {folder}", file=out)
     print(f"  emulator      {emulator}  (search index lag {lag:g}s)", file=out)
     print(f"  fault relay   {relay}  (send faults, in order: {', '.join(SEND_FAULTS)})", file=out)

@@ -227,6 +227,9 @@ credentials_file = "gmail-service-account.json"
 user = "{m.addr_spec}"
 # Every call to Gmail (send, search, read-back) gives up after this long.
 timeout = "30s"
+# "drafts": send through a draft (a handle Gmail enforces; needs the gmail.compose scope
+# too). Run `sendledger probe` to see which path your mailbox keeps honest.
+send_via = "messages"
 """
     ),
     "smtp-imap": lambda m: (

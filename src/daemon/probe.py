@@ -25,8 +25,17 @@ from daemon import output
 from daemon.bootstrap import build_provider
 from daemon.context import settings_for
 from daemon.errors import EXIT_FAILURE, EXIT_OK, bad_input
+from daemon.probe_drafts import drafts_handle_works, recommend, run_drafts_probe
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
-from daemon.settings import ProviderSettings, Settings, SmtpImapProviderSettings
+from daemon.providers.drafts import drafts_of
+from daemon.runtime import check_provider_access
+from daemon.settings import (
+    ConfigError,
+    GmailProviderSettings,
+    ProviderSettings,
+    Settings,
+    SmtpImapProviderSettings,
+)
 from ledger.content import JobInputError, validate_address
 from ledger.mime import build_message
 from policies.durations import DurationError, format_duration, parse_duration_within
@@ -77,9 +86,12 @@ def _confirmed(args: argparse.Namespace, name: str) -> bool:
 
 
 @contextmanager
-def _through_relay(settings: Settings, name: str) -> Iterator[Provider]:
-    """The configured provider, its sends through a relay that drops the first reply."""
+def _through_relay(settings: Settings, name: str, *, send_via: str = "") -> Iterator[Provider]:
+    """The configured provider, its sends through a relay that drops the first reply
+    (a gmail provider with `send_via` replaced when given)."""
     config = settings.providers[name]
+    if send_via and isinstance(config, GmailProviderSettings):
+        config = config.model_copy(update={"send_via": send_via})
     if isinstance(config, SmtpImapProviderSettings):
         with SmtpFaultRelay(
             config.smtp_host,
@@ -118,6 +130,64 @@ def _sender(args: argparse.Namespace, settings: Settings, name: str) -> str:
         raise bad_input(f"--from: the provider's mailbox is {value!r}: give an address") from None
 
 
+def probe_message(sender: str, to: str, *, path: str = "") -> tuple[str, bytes]:
+    """A fresh probe message (Message-ID, raw MIME), labelled as a test in its subject."""
+    domain = sender.rpartition("@")[2].rstrip(">") or "sendledger.invalid"
+    token = uuid.uuid4().hex
+    message_id = f"<sendledger-probe-{token}@{domain}>"
+    via = f" ({path})" if path else ""
+    raw = build_message(
+        from_addr=sender,
+        to=[to],
+        subject=f"sendledger probe {token[:8]}{via}: a test message, please ignore",
+        body=(
+            "This message was sent by `sendledger probe` to check that the provider keeps\n"
+            "the Message-ID it was given and to measure its search index lag.\n"
+            "It needs no answer.\n"
+        ),
+        message_id=message_id,
+        date=datetime.now(UTC),
+    )
+    return message_id, raw
+
+
+def search_until(
+    provider: Provider,
+    message_id: str,
+    started: float,
+    *,
+    max_wait: float,
+    interval: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Search until the copy shows up or `max_wait` after `started` has passed."""
+    result: dict[str, Any] = {
+        "searches": 0,
+        "search_errors": 0,
+        "found": False,
+        "copies": 0,
+        "index_lag_seconds": None,
+        "query": None,
+    }
+    while True:
+        last: SearchResult | None = None
+        try:
+            last = provider.search(message_id)
+            result["searches"] += 1
+            result["query"] = last.query
+        except ProviderError as exc:
+            result["search_errors"] += 1
+            result["last_error"] = exc.reason
+        elapsed = clock() - started
+        if last is not None and last.hits:
+            result.update(found=True, copies=len(last.hits), index_lag_seconds=round(elapsed, 3))
+            return result
+        if elapsed >= max_wait:
+            return result
+        sleep(min(interval, max(0.0, max_wait - elapsed)))
+
+
 def run_probe(
     provider: Provider,
     *,
@@ -129,21 +199,7 @@ def run_probe(
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
     """Send the probe with its reply dropped, then search until the copy shows up."""
-    domain = sender.rpartition("@")[2].rstrip(">") or "sendledger.invalid"
-    token = uuid.uuid4().hex
-    message_id = f"<sendledger-probe-{token}@{domain}>"
-    raw = build_message(
-        from_addr=sender,
-        to=[to],
-        subject=f"sendledger probe {token[:8]}: a test message, please ignore",
-        body=(
-            "This message was sent by `sendledger probe` to check that the provider keeps\n"
-            "the Message-ID it was given and to measure its search index lag.\n"
-            "It needs no answer.\n"
-        ),
-        message_id=message_id,
-        date=datetime.now(UTC),
-    )
+    message_id, raw = probe_message(sender, to)
     # As the sender's mailbox (a gmail provider with user = "{from}" acts per mailbox).
     provider = for_job(provider, sender, None)
     started = clock()
@@ -152,40 +208,54 @@ def run_probe(
         "message_id": message_id,
         "send_outcome": outcome.kind.value,
         "send_reason": outcome.reason,
-        "searches": 0,
-        "search_errors": 0,
-        "found": False,
-        "copies": 0,
         "kept_message_id": None,
-        "index_lag_seconds": None,
         "recommended_search_after": None,
-        "query": None,
     }
-    last: SearchResult | None = None
-    while True:
-        try:
-            last = provider.search(message_id)
-            result["searches"] += 1
-            result["query"] = last.query
-        except ProviderError as exc:
-            result["search_errors"] += 1
-            result["last_error"] = exc.reason
-        elapsed = clock() - started
-        if last is not None and last.hits:
-            lag = round(elapsed, 3)
-            result.update(
-                found=True,
-                copies=len(last.hits),
-                kept_message_id=True,
-                index_lag_seconds=lag,
-                recommended_search_after=format_duration(recommend_search_after(lag)),
-            )
-            return result
-        if elapsed >= max_wait:
-            # Never found: the Message-ID was replaced, or the index lags beyond max_wait
-            # (or the send was really lost). Either way no search_after can be trusted.
-            return result
-        sleep(min(interval, max(0.0, max_wait - elapsed)))
+    searched = search_until(
+        provider,
+        message_id,
+        started,
+        max_wait=max_wait,
+        interval=interval,
+        clock=clock,
+        sleep=sleep,
+    )
+    result.update(searched)
+    if searched["found"]:
+        lag = searched["index_lag_seconds"]
+        result.update(
+            kept_message_id=True,
+            recommended_search_after=format_duration(recommend_search_after(lag)),
+        )
+    # Never found: the Message-ID was replaced, or the index lags beyond max_wait (or the
+    # send was really lost). Either way no search_after can be trusted.
+    return result
+
+
+def run_gmail_drafts_probe(
+    provider: Provider,
+    *,
+    sender: str,
+    to: str,
+    max_wait: float,
+    interval: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """The drafts path (daemon/probe_drafts.py) on a provider built with send_via =
+    "drafts", as the sender's mailbox."""
+    scoped = for_job(provider, sender, None)
+    drafts = drafts_of(scoped)
+    if drafts is None:
+        return {"error": f"provider {provider.name!r} has no drafts"}
+    message_id, raw = probe_message(sender, to, path="drafts")
+
+    def searched(mid: str, started: float) -> dict[str, Any]:
+        return search_until(
+            scoped, mid, started, max_wait=max_wait, interval=interval, clock=clock, sleep=sleep
+        )
+
+    return run_drafts_probe(drafts, raw, message_id, search_until=searched, clock=clock)
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -203,17 +273,40 @@ def cmd_probe(args: argparse.Namespace) -> int:
     sender = _sender(args, settings, name)
     if not _confirmed(args, name):
         raise bad_input("probe sends a real message: confirm with --yes (or answer y)")
-    with _through_relay(settings, name) as provider:
+    probe_args: dict[str, Any] = {
+        "sender": sender,
+        "to": to,
+        "max_wait": max_wait,
+        "interval": interval,
+    }
+    # On Gmail the first message goes by messages.send whatever send_via says.
+    with _through_relay(settings, name, send_via="messages") as provider:
         try:
-            result = run_probe(provider, sender=sender, to=to, max_wait=max_wait, interval=interval)
+            result = run_probe(provider, **probe_args)
         finally:
             provider.close()
     result = {"provider": name, "kind": settings.providers[name].kind, "to": to, **result}
+    config = settings.providers[name]
+    ok = bool(result["found"])
+    if isinstance(config, GmailProviderSettings):
+        try:
+            with _through_relay(settings, name, send_via="drafts") as provider:
+                try:
+                    check_provider_access({name: provider})  # names a missing gmail.compose
+                    drafts = run_gmail_drafts_probe(provider, **probe_args)
+                finally:
+                    provider.close()
+        except ConfigError as exc:
+            drafts = {"error": str(exc)}
+        result["send_via_now"] = config.send_via
+        result["drafts"] = drafts
+        result["recommended"] = recommend(result, drafts)
+        ok = ok or drafts_handle_works(drafts)
     if args.json:
         print(output.dumps(result))
     else:
         print(_report(result, max_wait))
-    return EXIT_OK if result["found"] else EXIT_FAILURE
+    return EXIT_OK if ok else EXIT_FAILURE
 
 
 def _report(result: dict[str, Any], max_wait: float) -> str:
@@ -237,4 +330,44 @@ def _report(result: dict[str, Any], max_wait: float) -> str:
             f" {result['search_errors']} failed): the provider may replace the Message-ID, or"
             ' its index lags longer; do not use on_unknown = "retry" with it',
         ]
+    if "drafts" in result:
+        lines += _drafts_report(result["drafts"], result["recommended"], result["send_via_now"])
     return "\n".join(lines)
+
+
+def _yes_no(value: object) -> str:
+    if value is None:
+        return "not known"
+    return "yes" if value else "NO"
+
+
+def _drafts_report(drafts: dict[str, Any], recommended: dict[str, Any], now: str) -> list[str]:
+    lines = ["drafts path (drafts.create, then drafts.send with its reply dropped):"]
+    if "message_id" in drafts:
+        lines.append(f"  Message-ID:       {drafts['message_id']}")
+    if drafts.get("send_outcome") is not None:
+        lines.append(f"  send:             {drafts['send_outcome']} ({drafts['send_reason']})")
+    if drafts.get("error"):
+        lines.append(f"  FAILED:           {drafts['error']}")
+    if drafts.get("draft_created"):
+        lag = drafts.get("index_lag_seconds")
+        lines += [
+            f"  consumed draft answered as gone:         {_yes_no(drafts['gone_after_send'])}",
+            f"  sent message found under its message id: {_yes_no(drafts['found_by_message_id'])}",
+            f"  Message-ID kept on drafts.send:          {_yes_no(drafts['kept_message_id'])}",
+            f"  index lag:        {'not measured' if lag is None else f'{lag}s'}",
+        ]
+    choice = recommended["send_via"]
+    lines.append(
+        f'recommended: send_via = "{choice}" (now "{now}"): {recommended["why"]}'
+        if choice
+        else f"recommended: {recommended['why']}"
+    )
+    if recommended.get("search_after"):
+        lines.append(
+            f'             search_after = "{recommended["search_after"]}"'
+            f" ({recommended['search_note']})"
+        )
+    elif recommended.get("search_note"):
+        lines.append(f"             {recommended['search_note']}")
+    return lines

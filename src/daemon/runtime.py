@@ -14,6 +14,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import FrameType
@@ -24,8 +25,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from daemon.bootstrap import Service
 from daemon.engine import TickReport
+from daemon.providers.base import Provider
 from daemon.retention import RetentionJob
 from daemon.secret_files import warn_exposed_secrets
+from daemon.settings import ConfigError
 from daemon.systemd import Notifier, watchdog_interval
 from daemon.webhooks.runner import WebhookThreads, deliver_once, hooks_from, start_webhooks
 from ledger.stores import IdentityLock, IdentityTaken
@@ -258,12 +261,26 @@ def _summary(report: TickReport) -> str:
     return ", ".join(f"{k} {v}" for k, v in vars(report).items() if v) or "nothing done"
 
 
+def check_provider_access(providers: Mapping[str, Provider]) -> None:
+    """Refuse to start (ConfigError, exit 2) when a provider's credentials lack a scope its
+    send path needs, naming it (docs/providers.md "Gmail setup": gmail.compose for drafts)."""
+    from daemon.providers.gmail import GmailProvider, MissingScope
+
+    for name, provider in providers.items():
+        if isinstance(provider, GmailProvider):
+            try:
+                provider.check_access()
+            except MissingScope as exc:
+                raise ConfigError(f"providers.{name}.credentials_file: {exc}") from None
+
+
 def start_up(service: Service) -> IdentityLock | None:
     """Before the first tick: say which secret files others can read, hold this daemon's
     name in the store (IdentityTaken when a live daemon holds it), and recover this
     name's earlier claims at once (``daemon/engine/recover.py``). The lock is held until
     released, or until the process dies."""
     warn_exposed_secrets(service.settings)
+    check_provider_access(service.providers)
     name = service.engine.daemon_name
     if not name:
         return None

@@ -191,6 +191,9 @@ class GmailProviderSettings(_Section):
     api_endpoint: HttpUrl = ""
     token_uri: HttpUrl = ""
     timeout: Timeout = 30.0
+    # "messages": users.messages.send; "drafts": drafts.create then drafts.send, a handle
+    # Gmail itself enforces (needs gmail.compose; docs/providers.md "Gmail setup").
+    send_via: Literal["messages", "drafts"] = "messages"
     quota_units_per_second: float = Field(default=250.0, gt=0, le=1_000_000)
     # The Message-ID read-back after confirmed sends: the first N after start, then this
     # share of the rest (a provider that replaces our Message-IDs is still caught).

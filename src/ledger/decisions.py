@@ -86,12 +86,16 @@ Decision = (
 AfterUnknown = SearchAt | Review
 #: What may follow a definite refusal.
 AfterRejection = RetryAt | Review
+#: What may follow a check that finds the job's draft still unsent (docs/providers.md
+#: "Gmail setup").
+AfterDraftPending = RetryAt | Review
 #: What may follow a search of the mailbox while the outcome is unknown.
 AfterSearch = Confirm | Duplicate | SearchAgainAt | ResendAt | Review
 #: What may follow a count of a confirmed (resent) job's copies.
 AfterVerification = Confirm | Duplicate | SearchAgainAt | StopVerifying
 
 __all__ = [
+    "AfterDraftPending",
     "AfterRejection",
     "AfterSearch",
     "AfterUnknown",

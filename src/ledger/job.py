@@ -97,6 +97,9 @@ class SendJob(Aggregate):
     verifications: int
     purged_at: datetime | None  # its content was purged then (ledger/retention.py)
     purged_by: str
+    # send_via = "drafts": the provider's draft made for this job (None: none recorded).
+    draft_id: str | None
+    draft_message_id: str | None
     # Since when its provider has been unavailable to it (the first of the unavailable
     # rejections in a row), for the channel's `give_up_after`; None otherwise.
     unavailable_since: datetime | None
@@ -185,6 +188,8 @@ class SendJob(Aggregate):
             job.verifications = 0
             job.purged_at = None
             job.purged_by = ""
+            job.draft_id = None
+            job.draft_message_id = None
             job.unavailable_since = None
 
     class Attempted(Event):
@@ -209,6 +214,55 @@ class SendJob(Aggregate):
             job.last_provider = self.provider
             job.claimed_by = self.daemon
             job.reason = None
+
+    class DraftCreated(Event):
+        """The provider stored the job's message as a draft (nothing sent): written before
+        the claim, so the claim's send names this draft (docs/providers.md "Gmail setup")."""
+
+        TOPIC = "sendledger:SendJob.DraftCreated"
+        draft_id: str
+        provider_message_id: str  # the draft's message id at the provider
+
+        def apply(self, job: Any) -> None:
+            job.draft_id = self.draft_id
+            job.draft_message_id = self.provider_message_id
+
+    class DraftPending(Event):
+        """The job's draft still exists after an attempt whose outcome was unknown: the
+        attempt sent nothing. The same draft is sent again (due `retry_at`) or a human
+        decides."""
+
+        TOPIC = "sendledger:SendJob.DraftPending"
+        draft_id: str
+        retry_at: datetime | None  # None: review
+        policy: str
+        fingerprint: str
+
+        def apply(self, job: Any) -> None:
+            job.reason = f"draft {self.draft_id} still unsent: not sent"
+            if self.retry_at is not None:
+                job.state = JobState.REQUESTED
+                job.due_at = self.retry_at
+            else:
+                job.due_at = None
+            job.searches = 0
+            job.misses = 0
+
+    class DraftGone(Event):
+        """The job's draft is gone and no SENT message has its id (someone deleted one of
+        them): the draft is forgotten (a resend makes a new one) and the Message-ID search
+        decides, or a human."""
+
+        TOPIC = "sendledger:SendJob.DraftGone"
+        draft_id: str
+        search_due_at: datetime | None  # None: review
+        policy: str
+        fingerprint: str
+
+        def apply(self, job: Any) -> None:
+            job.draft_id = None
+            job.draft_message_id = None
+            job.due_at = self.search_due_at
 
     class Unknown(Event):
         TOPIC = "sendledger:SendJob.Unknown"
@@ -445,6 +499,71 @@ class SendJob(Aggregate):
             daemon=daemon,
         )
         return number
+
+    def record_draft(self, *, draft_id: str, provider_message_id: str, at: datetime) -> None:
+        """The job's message stored as a draft at the provider, before the claim."""
+        self._require("DraftCreated", JobState.REQUESTED)
+        if not draft_id or not provider_message_id:
+            raise self._refuse("DraftCreated", "a draft needs its id and its message id")
+        self.trigger_event(
+            self.DraftCreated,
+            timestamp=at,
+            draft_id=draft_id,
+            provider_message_id=provider_message_id,
+        )
+
+    def record_draft_sent(
+        self, *, provider_message_id: str, decision: decide.Confirm, at: datetime
+    ) -> None:
+        """The job's draft is consumed and its message is SENT: one copy, whatever became of
+        the attempt's answer and whether the provider kept our Message-ID."""
+        self._require("Confirmed", JobState.REQUESTED, JobState.ATTEMPTED, JobState.UNKNOWN)
+        self._require_decision("Confirmed", decision, decide.Confirm)
+        if self.draft_id is None:
+            raise self._refuse("Confirmed", "no draft is recorded")
+        if provider_message_id != self.draft_message_id:
+            raise self._refuse("Confirmed", "the sent copy is not the draft's message")
+        self._confirm(ConfirmedVia.DRAFT, [provider_message_id], decision, at)
+
+    def record_draft_pending(self, *, decision: decide.AfterDraftPending, at: datetime) -> None:
+        """The job's draft still exists after an attempt (its outcome unknown, or a crash):
+        that attempt sent nothing, so sending the same draft again is no resend of a message
+        (the provider makes at most one message of a draft)."""
+        self._require("DraftPending", JobState.ATTEMPTED, JobState.UNKNOWN)
+        self._require_decision("DraftPending", decision, decide.RetryAt, decide.Review)
+        if self.draft_id is None:
+            raise self._refuse("DraftPending", "no draft is recorded")
+        retry_at = decision.at if isinstance(decision, decide.RetryAt) else None
+        if retry_at is not None and retry_at < at:
+            raise self._refuse("DraftPending", "a retry cannot be due before the check")
+        self.trigger_event(
+            self.DraftPending,
+            timestamp=at,
+            draft_id=self.draft_id,
+            retry_at=retry_at,
+            **decision.policy.event_fields(),
+        )
+        if isinstance(decision, decide.Review):
+            self._escalate(decision, f"draft {self.draft_id} still unsent", at)
+
+    def record_draft_gone(self, *, decision: decide.AfterUnknown, at: datetime) -> None:
+        """The job's draft is gone and its message is not SENT: the Message-ID search at
+        the decision's time, or review."""
+        self._require("DraftGone", JobState.UNKNOWN)
+        self._require_decision("DraftGone", decision, decide.SearchAt, decide.Review)
+        if self.draft_id is None:
+            raise self._refuse("DraftGone", "no draft is recorded")
+        draft_id = self.draft_id
+        search_at = decision.at if isinstance(decision, decide.SearchAt) else None
+        self.trigger_event(
+            self.DraftGone,
+            timestamp=at,
+            draft_id=draft_id,
+            search_due_at=search_at,
+            **decision.policy.event_fields(),
+        )
+        if isinstance(decision, decide.Review):
+            self._escalate(decision, f"draft {draft_id} gone and no sent copy has its id", at)
 
     def record_response(
         self, *, provider_message_id: str, decision: decide.Confirm, at: datetime

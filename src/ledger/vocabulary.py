@@ -61,6 +61,8 @@ class ConfirmedVia(StrEnum):
     RESPONSE = "response"
     SEARCH = "search"
     OPERATOR = "operator"
+    # The job's draft was consumed and its message is SENT (docs/providers.md "Gmail setup").
+    DRAFT = "draft"
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from ledger.decisions import (
+    AfterDraftPending,
     AfterRejection,
     AfterSearch,
     AfterUnknown,
@@ -198,6 +199,28 @@ def after_verification(
     now = _utc(now)
     counted = _count_copies(policy, hits=hits, searches_before=verifications_before, now=now)
     return counted if counted is not None else StopVerifying(policy.ref)
+
+
+def after_unknown_draft(policy: ChannelPolicy, *, now: datetime) -> SearchAt:
+    """After an unknown outcome on a job whose draft is recorded (send_via = "drafts"):
+    ask the draft at once. No index lies between a draft and its answer, so there is no
+    `search_after` to wait, and on every channel, `review` too: the answer is a fact, not a
+    guess (docs/providers.md "Gmail setup")."""
+    return SearchAt(policy.ref, _utc(now))
+
+
+def after_draft_pending(
+    policy: ChannelPolicy, *, attempts_made: int, now: datetime
+) -> AfterDraftPending:
+    """The job's draft is still unsent after an attempt: that attempt sent nothing, and the
+    provider makes at most one message of the draft, so sending it again cannot duplicate.
+    The policy's `pending_draft` chooses; `max_attempts` still bounds the calls."""
+    _non_negative("attempts_made", attempts_made)
+    if policy.pending_draft == "review":
+        return Review(policy.ref, EscalationReason.UNKNOWN_OUTCOME)
+    if attempts_made >= policy.max_attempts:
+        return Review(policy.ref, EscalationReason.MAX_ATTEMPTS)
+    return RetryAt(policy.ref, _utc(now))
 
 
 def backoff_ceiling(policy: ChannelPolicy, attempts_made: int) -> float:

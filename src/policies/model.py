@@ -47,6 +47,9 @@ __all__ = [
 ]
 
 OnUnknown = Literal["retry", "search-then-review", "review"]
+#: What a job on a `send_via = "drafts"` provider does when its attempt's outcome was
+#: unknown and its draft is found still unsent (docs/policies.md "Channel policies").
+PendingDraft = Literal["send", "review"]
 
 #: The smallest window a policy may set (tests use "50ms"; zero would mean "search at once",
 #: which is exactly what the search index's lag forbids).
@@ -138,6 +141,10 @@ class ChannelPolicy(BaseModel):
     # Patterns of the mailboxes a job may name as its own `from` (policies/senders.py);
     # empty: every job is sent as `from`.
     allowed_from: tuple[StrictStr, ...] = ()
+    # A draft found still unsent after an unknown outcome proves that attempt sent nothing:
+    # "send" sends the same draft again (even on a review or irreversible channel: the
+    # provider makes at most one message of a draft); "review" leaves it to a human.
+    pending_draft: PendingDraft = "send"
     # How long a job may wait for an unavailable provider (refused connections, quota
     # errors: nothing sent) before a human decides; None: it waits for as long as it takes.
     give_up_after: Duration | None = None
@@ -265,6 +272,8 @@ class ChannelPolicy(BaseModel):
             del values["allowed_from"]
         else:
             values["allowed_from"] = list(self.allowed_from)
+        if self.pending_draft == "send":
+            del values["pending_draft"]  # the default keeps the fingerprint it had before
         if self.give_up_after is None:
             del values["give_up_after"]  # unchanged policies keep their fingerprint
         return values

@@ -222,8 +222,12 @@ class GmailEmulator(LoopbackService):
         tls: TlsFiles | None = None,
         idle_timeout: float | None = None,
         user_quota: float | None = None,
+        grantable_scopes: Sequence[str] | None = None,
     ) -> None:
         super().__init__(host, port, tls)
+        # The scopes a token may be granted (domain-wide delegation's list in the admin
+        # console; an authorized user's consent); None: whatever is asked for.
+        self.grantable_scopes = None if grantable_scopes is None else frozenset(grantable_scopes)
         if user_quota is not None and user_quota <= 0:
             raise ValueError(f"user_quota must be positive, got {user_quota!r}")
         self.user_quota = user_quota
@@ -496,6 +500,7 @@ class GmailEmulator(LoopbackService):
                     raise _GrantError(
                         "invalid_scope", "Invalid OAuth scope or ID token audience provided."
                     )
+                self._check_grantable(scope, "unauthorized_client")
                 subject = claims.get("sub")
                 token = _Token(
                     grant="jwt",
@@ -510,6 +515,7 @@ class GmailEmulator(LoopbackService):
                 if not form.get("refresh_token") or not form.get("client_id"):
                     raise _GrantError("invalid_grant", "refresh_token and client_id required")
                 scope_text = form.get("scope", "").strip()
+                self._check_grantable(scope_text, "invalid_scope")
                 token = _Token(
                     grant="refresh",
                     subject=None,
@@ -538,6 +544,16 @@ class GmailEmulator(LoopbackService):
         if token.scopes is not None:
             answer["scope"] = " ".join(sorted(token.scopes))
         return _json_response(200, answer, [("Cache-Control", "no-store")])
+
+    def _check_grantable(self, scope_text: str, error: str) -> None:
+        # Google refuses the whole token when one scope asked for is not granted.
+        if self.grantable_scopes is None or set(scope_text.split()) <= self.grantable_scopes:
+            return
+        raise _GrantError(
+            error,
+            "Client is unauthorized to retrieve access tokens using this method, or client"
+            " not authorized for any of the scopes requested.",
+        )
 
     @staticmethod
     def _form(headers: dict[str, str], body: bytes) -> dict[str, str]:

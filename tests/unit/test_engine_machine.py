@@ -264,6 +264,8 @@ def check_history(job: SendJob, events: list[Any], *, sends: int) -> None:
         elif isinstance(event, SendJob.Escalated):
             if event.reason == "max-attempts":
                 assert policy is not None and counted >= policy.max_attempts, (job.key, counted)
+        elif isinstance(event, SendJob.DraftPending):
+            resend_allowed = True  # the draft is still there: nothing was sent
         elif isinstance(event, SendJob.Attempted):
             counted += 1
             assert resend_allowed, (job.key, "an attempt after an unknown without a resend")

@@ -112,3 +112,12 @@ def test_a_required_key_missing_from_a_section_the_environment_defines_names_its
     assert str(caught.value).startswith(
         "SENDLEDGER_PROVIDERS__X__CREDENTIALS_FILE: providers.x.credentials_file:"
     )
+
+
+def test_send_via_defaults_to_messages_and_takes_drafts(tmp_path: Path) -> None:
+    assert load_settings(write(tmp_path)).providers["support"].send_via == "messages"
+    drafts = CONFIG.replace('timeout = "5s"', 'timeout = "5s"\nsend_via = "drafts"')
+    assert load_settings(write(tmp_path, drafts)).providers["support"].send_via == "drafts"
+    bad = CONFIG.replace('timeout = "5s"', 'timeout = "5s"\nsend_via = "draft"')
+    with pytest.raises(ConfigError, match=re.escape("providers.support.send_via")):
+        load_settings(write(tmp_path, bad))

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from daemon.crashpoints import crash_point
+from daemon.engine import drafts as drafts_flow
 from daemon.engine.circuit import Circuits
 from daemon.engine.clock import Clock
 from daemon.engine.health import ProviderHealth
 from daemon.engine.runner import Work
-from daemon.providers.base import Provider, SendKind, SendOutcome
+from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
+from daemon.providers.drafts import Draft, DraftCheck
 from daemon.providers.smtp_imap import Envelope
 from ledger.decisions import AfterRejection, Review
 from ledger.job import SendJob
@@ -75,6 +77,8 @@ class Claimed:
     provider: Provider
     raw: bytes
     outcome: SendOutcome | None = None
+    draft: Draft | None = None  # send_via = "drafts": the recorded draft the call sends
+    check: DraftCheck | None = None  # the draft's answer right after an unknown outcome
 
 
 def _unknown_reason(outcome: SendOutcome) -> str:
@@ -159,6 +163,20 @@ class Dispatch:
             return None
         if self._stopping.is_set():
             return None
+        draft = None
+        drafts = drafts_flow.drafts_mode(provider)
+        if drafts is not None:
+            try:
+                draft = drafts_flow.prepare_draft(job, drafts, raw, work.now)
+            except drafts_flow.DraftAlreadySent as sent:
+                drafts_flow.confirm_recorded(job, policy, sent.draft, work.now)
+                work.save()
+                return None
+            except ProviderError as exc:
+                # No draft, no claim: nothing can have been sent; the job stays due.
+                log.warning("job %s: no draft (%s)", job.key, exc.reason)
+                work.count("errors")
+                return None
         timeout = self._timeouts.get(policy.provider, provider.timeout)
         job.claim(
             provider=policy.provider,
@@ -166,7 +184,7 @@ class Dispatch:
             at=work.now,
             daemon=self._daemon,
         )
-        return Claimed(work, policy, provider, raw)
+        return Claimed(work, policy, provider, raw, draft=draft)
 
     def send(self, claimed: Claimed) -> None:
         """The one provider call of a saved claim (invariant 1: only after the save), then
@@ -174,9 +192,18 @@ class Dispatch:
         work = claimed.work
         crash_point("after-claim")
         work.count("sent")
-        outcome = claimed.outcome = claimed.provider.send_raw(claimed.raw)
+        drafts = drafts_flow.drafts_mode(claimed.provider)
+        if claimed.draft is not None and drafts is not None:
+            outcome = claimed.outcome = drafts.send_draft(claimed.draft)
+        else:
+            outcome = claimed.outcome = claimed.provider.send_raw(claimed.raw)
         crash_point("after-send")
         work.now = self._clock()
+        if outcome.kind is SendKind.UNKNOWN and claimed.draft is not None and drafts is not None:
+            # Asked at once, in this worker: no index lies between a draft and its answer.
+            claimed.check = drafts_flow.ask_draft(work.job, drafts)
+            crash_point("after-search")
+            work.now = self._clock()
         scope = claimed.provider.scope()
         if outcome.kind is SendKind.REJECTED and outcome.unavailable:
             self._circuits.unavailable(scope, work.now, outcome.retry_after)
@@ -222,6 +249,15 @@ class Dispatch:
             )
         else:
             unknown_to_events(work, policy, self._health, _unknown_reason(outcome))
+            if claimed.check is not None:
+                drafts_flow.record_draft_check(
+                    job,
+                    claimed.check,
+                    policy,
+                    now=now,
+                    unknown_at=now,
+                    handle_reliable=self._health.reliable(policy.provider),
+                )
 
     def count_outcome(self, claimed: Claimed) -> None:
         """What follows a saved outcome: counts and logs (a confirmation is counted by
@@ -293,7 +329,7 @@ def unknown_to_events(
     work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str
 ) -> None:
     """An unknown outcome as events on the job in memory (not saved)."""
-    decision = decisions.after_unknown(
-        policy, now=work.now, handle_reliable=health.reliable(policy.provider)
+    decision = drafts_flow.unknown_decision(
+        work.job, policy, now=work.now, handle_reliable=health.reliable(policy.provider)
     )
     work.job.record_unknown(reason=reason, decision=decision, at=work.now)

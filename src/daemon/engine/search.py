@@ -18,13 +18,16 @@ from datetime import datetime, timedelta
 
 from daemon.crashpoints import crash_point
 from daemon.engine.clock import Clock
+from daemon.engine.drafts import ask_draft, drafts_mode, record_draft_check, recorded_draft
 from daemon.engine.health import ProviderHealth
 from daemon.engine.runner import Work, due
 from daemon.providers.base import Provider, ProviderError, SearchResult
+from daemon.providers.drafts import DraftCheck, DraftsProvider
 from ledger.decisions import StopVerifying
 from ledger.job import SendJob
 from ledger.vocabulary import JobState, PolicyRef
 from policies import decisions
+from policies.model import ChannelPolicy
 
 log = logging.getLogger("sendledger.engine")
 
@@ -41,6 +44,20 @@ class SearchBackoff:
         with self._lock:
             not_before = self._not_before.get(key)
         return not_before is not None and now < not_before
+
+    def ask(self, work: Work, drafts: DraftsProvider) -> DraftCheck | None:
+        """The job's draft's answer, with the same backoff as a failed search."""
+        check = ask_draft(work.job, drafts)
+        if check is None:
+            with self._lock:
+                self._not_before[work.job.key] = work.now + timedelta(seconds=1.0)
+            work.count("errors")
+            return None
+        crash_point("after-search")
+        with self._lock:
+            self._not_before.pop(work.job.key, None)
+        work.count("searched")
+        return check
 
     def search(self, work: Work, provider: Provider) -> SearchResult | None:
         key = work.job.key
@@ -76,6 +93,10 @@ class Sweep:
         if found is None:
             return
         policy, provider = found
+        drafts = drafts_mode(provider)
+        if drafts is not None and recorded_draft(work.job) is not None:
+            self._ask_draft(work, drafts, policy)
+            return
         refused = decisions.before_search(
             policy, handle_reliable=self._health.reliable(policy.provider)
         )
@@ -94,6 +115,24 @@ class Sweep:
         log.info(
             "job %s: search found %d copies: %s", job.key, len(result.hits), type(decision).__name__
         )
+
+    def _ask_draft(self, work: Work, drafts: DraftsProvider, policy: ChannelPolicy) -> None:
+        """A job whose draft is recorded is settled by the draft, not by a search."""
+        job = work.job
+        check = self._backoff.ask(work, drafts)
+        if check is None:
+            return
+        work.now = self._clock()
+        record_draft_check(
+            job,
+            check,
+            policy,
+            now=work.now,
+            unknown_at=work.now,
+            handle_reliable=self._health.reliable(policy.provider),
+        )
+        work.save()
+        log.info("job %s: its draft is %s", job.key, check.status.value)
 
 
 class Verify:

@@ -24,12 +24,13 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
 
 import google_auth_httplib2
+from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import Credentials as AuthCredentials
 from google.oauth2 import credentials as user_credentials
 from google.oauth2 import service_account
@@ -43,6 +44,7 @@ from daemon.providers.base import (
     ProviderError,
     SearchHit,
     SearchResult,
+    SendKind,
     SendOutcome,
 )
 from daemon.providers.classify import (
@@ -51,6 +53,8 @@ from daemon.providers.classify import (
     provider_error_for_exception,
     provider_error_for_response,
 )
+from daemon.providers.drafts import Draft, DraftCheck, DraftRefused
+from daemon.providers.gmail_drafts import COMPOSE_SCOPE, GmailDrafts
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
@@ -69,12 +73,25 @@ SCOPES = [
     "https://www.googleapis.com/auth/gmail.send",
     "https://www.googleapis.com/auth/gmail.readonly",
 ]
+# send_via = "drafts" also creates, sends and deletes drafts: gmail.compose.
+DRAFT_SCOPES = [*SCOPES, COMPOSE_SCOPE]
+SEND_VIA = ("messages", "drafts")
 SENT_LABEL = "SENT"
 MAX_PAGE_SIZE = 500  # Gmail's ceiling for messages.list maxResults
 
 Response = tuple[int, dict[str, str], bytes]
 #: `user = "{from}"`: act as each job's From mailbox (domain-wide delegation).
 FROM_PLACEHOLDER = "{from}"
+
+
+# Scopes that include composing drafts (gmail.modify and full access do).
+COMPOSE_CAPABLE = frozenset(
+    {COMPOSE_SCOPE, "https://www.googleapis.com/auth/gmail.modify", "https://mail.google.com/"}
+)
+
+
+class MissingScope(ValueError):
+    """The credentials are not granted a scope the configured send path needs."""
 
 
 class DelegationRequired(ValueError):
@@ -86,13 +103,20 @@ class CredentialsFileUnreadable(ValueError):
     addresses and files")."""
 
 
-def load_credentials(credentials_file: Path, *, user: str, token_uri: str = "") -> AuthCredentials:
+def load_credentials(
+    credentials_file: Path,
+    *,
+    user: str,
+    token_uri: str = "",
+    scopes: list[str] | None = None,
+) -> AuthCredentials:
     """google-auth credentials from a service-account (domain-wide delegation, acting as
     `user`) or authorized-user JSON file. `token_uri`, when set, replaces the file's; an
     authorized-user file's own token_uri is ignored by google-auth (always Google's).
 
     Raises ValueError naming the file when it cannot be read or is of an unknown type.
     """
+    scopes = SCOPES if scopes is None else scopes
     path = Path(credentials_file)
     try:
         text = read_secret_text(path)  # a regular file: a FIFO must not hang the daemon
@@ -117,7 +141,7 @@ def load_credentials(credentials_file: Path, *, user: str, token_uri: str = "") 
             # No subject yet: each mailbox gets its own copy (`with_subject`).
             base = service_account.Credentials
             delegating: AuthCredentials = base.from_service_account_info(  # type: ignore[no-untyped-call]
-                info, scopes=SCOPES
+                info, scopes=scopes
             )
             return delegating
         if kind == "service_account":
@@ -128,13 +152,13 @@ def load_credentials(credentials_file: Path, *, user: str, token_uri: str = "") 
                 )
             sa = service_account.Credentials
             creds: AuthCredentials = sa.from_service_account_info(  # type: ignore[no-untyped-call]
-                info, scopes=SCOPES, subject=user
+                info, scopes=scopes, subject=user
             )
             return creds
         if kind == "authorized_user":
             au = user_credentials.Credentials
             info_fn = au.from_authorized_user_info
-            user_creds: user_credentials.Credentials = info_fn(info, scopes=SCOPES)  # type: ignore[no-untyped-call]
+            user_creds: user_credentials.Credentials = info_fn(info, scopes=scopes)  # type: ignore[no-untyped-call]
             if token_uri:
                 # google-auth ignores an authorized-user file's token_uri on purpose (a
                 # file must not be able to send a refresh token elsewhere); only the
@@ -233,6 +257,7 @@ class GmailProvider(ProviderBase):
         reuse_connections: bool = True,
         max_idle: float = DEFAULT_MAX_IDLE,
         ca_certs: str | None = None,
+        send_via: str = "messages",
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -244,7 +269,10 @@ class GmailProvider(ProviderBase):
             raise ValueError(f"readback_first must be at least 1, got {readback_first!r}")
         if not 0.0 <= readback_rate <= 1.0:
             raise ValueError(f"readback_rate must be within 0..1, got {readback_rate!r}")
+        if send_via not in SEND_VIA:
+            raise ValueError(f"send_via must be one of {', '.join(SEND_VIA)}, got {send_via!r}")
         self.name = name
+        self.send_via = send_via
         self.user = user or "me"
         self.per_mailbox = self.user == FROM_PLACEHOLDER
         # Read by the engine's Message-ID read-back sampling (daemon/engine/health.py).
@@ -262,8 +290,11 @@ class GmailProvider(ProviderBase):
         self._quota_rate = float(quota_units_per_second)
         self._clock = clock
         self._sleep = sleep
+        self._credentials_file = Path(credentials_file)
+        self._token_uri = token_uri
+        self.scopes = DRAFT_SCOPES if send_via == "drafts" else SCOPES
         self._credentials = load_credentials(
-            Path(credentials_file), user=self.user, token_uri=token_uri
+            self._credentials_file, user=self.user, token_uri=token_uri, scopes=self.scopes
         )
         self._mailboxes: dict[str, _Mailbox] = {}  # by lower-cased address
         self._by_from: dict[str, _Mailbox] = {}  # by From as the jobs spell it
@@ -274,8 +305,9 @@ class GmailProvider(ProviderBase):
         self._local = threading.local()  # each thread's AuthorizedHttp objects, by user
         self._transports = PerThreadHttp(self._new_transport)
         self._closed = False
-        self._service = build_gmail_service(self._transport(), api_endpoint=api_endpoint)
-        self._messages = self._service.users().messages()
+        self.service = build_gmail_service(self._transport(), api_endpoint=api_endpoint)
+        self._messages = self.service.users().messages()
+        self.drafts = GmailDrafts(self)
 
     # -- mailboxes ---------------------------------------------------------------------
 
@@ -347,7 +379,7 @@ class GmailProvider(ProviderBase):
             authed_by_user[mailbox.user] = authed
         return authed
 
-    def _prepare(self, request: Any, units: float | None, mailbox: _Mailbox) -> None:
+    def prepare(self, request: Any, units: float | None, mailbox: _Mailbox) -> None:
         """Everything that happens before a request may leave: checks and quota pacing
         (`units` None: a send, paid by its reservation when it has one). Failures here
         are not call outcomes, so they raise."""
@@ -359,7 +391,7 @@ class GmailProvider(ProviderBase):
         else:
             mailbox.bucket.acquire(units)
 
-    def _execute(self, request: Any, mailbox: _Mailbox) -> Response:
+    def execute(self, request: Any, mailbox: _Mailbox) -> Response:
         """One attempt of one API call: (status, lower-cased headers, body bytes) for any
         complete HTTP answer; exceptions for everything else. num_retries=0: see above."""
         try:
@@ -369,17 +401,42 @@ class GmailProvider(ProviderBase):
         body = content if isinstance(content, bytes) else str(content).encode("utf-8")
         return int(resp.status), _headers(resp), body
 
-    def _read_json(
-        self, what: str, request: Any, units: float, mailbox: _Mailbox
-    ) -> dict[str, Any]:
-        self._prepare(request, units, mailbox)
+    def answer(self, what: str, request: Any, units: float, mailbox: _Mailbox) -> Response:
+        """One read or draft call's complete HTTP answer; ProviderError when none came."""
+        self.prepare(request, units, mailbox)
         try:
-            status, headers, body = self._execute(request, mailbox)
+            return self.execute(request, mailbox)
         except Exception as exc:
             raise provider_error_for_exception(what, exc) from exc
+
+    def read_json(self, what: str, request: Any, units: float, mailbox: _Mailbox) -> dict[str, Any]:
+        status, headers, body = self.answer(what, request, units, mailbox)
         if not 200 <= status < 300:
             raise provider_error_for_response(what, status, headers, body)
         return json_object(what, status, body)
+
+    def pages(
+        self,
+        what: str,
+        method: Callable[..., Any],
+        params: dict[str, Any],
+        mailbox: _Mailbox,
+    ) -> Iterator[dict[str, Any]]:
+        """Every page of a list call, following nextPageToken. A token that repeats would
+        loop forever: an answer we cannot finish is no answer (ProviderError)."""
+        page_token: str | None = None
+        seen_tokens: set[str] = set()
+        while True:
+            request = method(**params, **({"pageToken": page_token} if page_token else {}))
+            page = self.read_json(what, request, GMAIL_LIST_UNITS, mailbox)
+            yield page
+            next_token = page.get("nextPageToken")
+            if not next_token:
+                return
+            if not isinstance(next_token, str) or next_token in seen_tokens:
+                raise ProviderError(f"{what}: paging did not advance")
+            seen_tokens.add(next_token)
+            page_token = next_token
 
     def _unscoped(self) -> _Mailbox:
         if self._default is None:
@@ -403,17 +460,94 @@ class GmailProvider(ProviderBase):
         return self.send_as(self.mailbox(str(sender)), raw, None)
 
     def send_as(self, mailbox: _Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
+        if self.send_via == "drafts":
+            return self.send_by_draft(mailbox, raw, thread_id)
         encoded = base64.urlsafe_b64encode(raw).decode("ascii")
         body: dict[str, str] = {"raw": encoded}
         if thread_id is not None:
             body["threadId"] = thread_id
         request = self._messages.send(userId=mailbox.user, body=body)
-        self._prepare(request, None, mailbox)
+        self.prepare(request, None, mailbox)
         try:
-            status, headers, response = self._execute(request, mailbox)
+            status, headers, response = self.execute(request, mailbox)
         except Exception as exc:
             return classify_send_exception(exc)
         return classify_send_response(status, headers, response)
+
+    def send_by_draft(self, mailbox: _Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
+        """Create the draft, then send it: one call of the port for an engine that does
+        not keep the draft in the job's history. A draft that could not be created sent
+        nothing (an orphan a lost answer left is never sent: `find_drafts`)."""
+        try:
+            draft = self.drafts.create(mailbox, raw, thread_id)
+        except DraftRefused as exc:
+            return SendOutcome(SendKind.REJECTED, f"not sent: {exc.reason}")
+        except ProviderError as exc:
+            return SendOutcome(
+                SendKind.REJECTED,
+                f"not sent: {exc.reason}",
+                transient=True,
+                retry_after=exc.retry_after,
+                unavailable=exc.unavailable,
+            )
+        return self.drafts.send(mailbox, draft)
+
+    # -- drafts (send_via = "drafts"; daemon/providers/drafts.py) ------------------------
+
+    def create_draft(self, raw: bytes) -> Draft:
+        return self.drafts.create(self._unscoped(), raw, None)
+
+    def send_draft(self, draft: Draft) -> SendOutcome:
+        return self.drafts.send(self._unscoped(), draft)
+
+    def check_draft(self, draft: Draft) -> DraftCheck:
+        return self.drafts.check(self._unscoped(), draft)
+
+    def find_drafts(self, message_id: str) -> list[Draft]:
+        return self.drafts.find(self._unscoped(), message_id)
+
+    def delete_draft(self, draft_id: str) -> bool:
+        return self.drafts.delete(self._unscoped(), draft_id)
+
+    def check_access(self) -> None:
+        """The start-up check: with send_via = "drafts", that the credentials are granted
+        gmail.compose. Raises MissingScope naming it when Google refuses the scope or the
+        grant lacks it; any other failure (network, token endpoint down) is left to the
+        first real call, which classifies it."""
+        if self.send_via != "drafts" or self._default is None:
+            return
+        granted = self._refresh_scopes(self._default.credentials)
+        if granted == "refused":
+            # Refused with compose: is compose the one? Ask again without it.
+            plain = load_credentials(
+                self._credentials_file, user=self.user, token_uri=self._token_uri, scopes=SCOPES
+            )
+            if not isinstance(self._refresh_scopes(plain), frozenset):
+                return  # not about compose (or no answer): the first call will say
+            raise MissingScope(
+                f'send_via = "drafts" needs the {COMPOSE_SCOPE} scope: the credentials'
+                f" are granted {', '.join(SCOPES)} but refused it"
+            )
+        if isinstance(granted, frozenset) and granted and not granted & COMPOSE_CAPABLE:
+            raise MissingScope(
+                f'send_via = "drafts" needs the {COMPOSE_SCOPE} scope; the token grants'
+                f" {', '.join(sorted(granted))}"
+            )
+
+    def _refresh_scopes(self, credentials: AuthCredentials) -> frozenset[str] | str:
+        """A fresh token's granted scopes (empty when the answer does not say), "refused"
+        when the token endpoint refused the scopes asked for, "failed" otherwise."""
+        request = google_auth_httplib2.Request(self._transport())
+        try:
+            credentials.refresh(request)  # type: ignore[no-untyped-call]
+        except auth_exceptions.RefreshError as exc:
+            text = str(exc)
+            if any(code in text for code in ("unauthorized_client", "invalid_scope")):
+                return "refused"
+            return "failed"
+        except Exception:
+            return "failed"
+        return frozenset(getattr(credentials, "granted_scopes", None) or ())
 
     def search(self, message_id: str) -> SearchResult:
         return self.search_in(self._unscoped(), message_id)
@@ -424,24 +558,17 @@ class GmailProvider(ProviderBase):
         Lists through every page, then reads each hit's header, because Gmail's
         `rfc822msgid:` match is looser than the exact comparison the ledger needs.
         """
-        query = f"rfc822msgid:{_search_term(message_id)}"
+        query = f"rfc822msgid:{search_term(message_id)}"
         ids: list[str] = []  # in the order Gmail listed them, each once
         listed: set[str] = set()
-        page_token: str | None = None
-        seen_tokens: set[str] = set()
-        while True:
-            params: dict[str, Any] = {
-                "userId": mailbox.user,
-                "q": query,
-                "labelIds": [SENT_LABEL],
-                "includeSpamTrash": True,
-                "maxResults": self.page_size,
-            }
-            if page_token:
-                params["pageToken"] = page_token
-            page = self._read_json(
-                f"search {query}", self._messages.list(**params), GMAIL_LIST_UNITS, mailbox
-            )
+        params: dict[str, Any] = {
+            "userId": mailbox.user,
+            "q": query,
+            "labelIds": [SENT_LABEL],
+            "includeSpamTrash": True,
+            "maxResults": self.page_size,
+        }
+        for page in self.pages(f"search {query}", self._messages.list, params, mailbox):
             for item in page.get("messages") or []:
                 if isinstance(item, dict) and isinstance(item.get("id"), str):
                     if item["id"] not in listed:
@@ -449,18 +576,10 @@ class GmailProvider(ProviderBase):
                         ids.append(item["id"])
                 else:
                     raise ProviderError(f"search {query}: malformed list entry {item!r}")
-            next_token = page.get("nextPageToken")
-            if not next_token:
-                break
-            if not isinstance(next_token, str) or next_token in seen_tokens:
-                # A repeating token would loop forever; an answer we cannot finish is none.
-                raise ProviderError(f"search {query}: paging did not advance")
-            seen_tokens.add(next_token)
-            page_token = next_token
         hits: list[SearchHit] = []
         for provider_id in ids:
             data = self._get_metadata(mailbox, provider_id)
-            header = _message_id_header(data)
+            header = message_id_header(data)
             labels = tuple(str(x) for x in data.get("labelIds") or ())
             if "labelIds" in data and SENT_LABEL not in labels:
                 # The list asked for SENT; a copy relabelled in between is no longer one.
@@ -482,7 +601,7 @@ class GmailProvider(ProviderBase):
         return self.read_message_id_in(self._unscoped(), provider_message_id)
 
     def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
-        return _message_id_header(self._get_metadata(mailbox, provider_message_id))
+        return message_id_header(self._get_metadata(mailbox, provider_message_id))
 
     def scope(self) -> str:
         return self.name
@@ -513,7 +632,7 @@ class GmailProvider(ProviderBase):
             # "Review"); the same request, so no extra quota.
             metadataHeaders=["Message-ID", "Date", "To", "Subject"],
         )
-        return self._read_json(f"get {provider_message_id}", request, GMAIL_GET_UNITS, mailbox)
+        return self.read_json(f"get {provider_message_id}", request, GMAIL_GET_UNITS, mailbox)
 
     def __repr__(self) -> str:
         return f"GmailProvider({self.name!r}, user={self.user!r})"
@@ -531,6 +650,7 @@ class GmailMailboxView(ProviderBase):
         self.mailbox = mailbox
         self.thread_id = thread_id
         self.name = provider.name
+        self.send_via = provider.send_via
         self.readback_first = provider.readback_first
         self.readback_rate = provider.readback_rate
         self.timeout = provider.timeout
@@ -550,6 +670,21 @@ class GmailMailboxView(ProviderBase):
     def search(self, message_id: str) -> SearchResult:
         return self.provider.search_in(self.mailbox, message_id)
 
+    def create_draft(self, raw: bytes) -> Draft:
+        return self.provider.drafts.create(self.mailbox, raw, self.thread_id)
+
+    def send_draft(self, draft: Draft) -> SendOutcome:
+        return self.provider.drafts.send(self.mailbox, draft)
+
+    def check_draft(self, draft: Draft) -> DraftCheck:
+        return self.provider.drafts.check(self.mailbox, draft)
+
+    def find_drafts(self, message_id: str) -> list[Draft]:
+        return self.provider.drafts.find(self.mailbox, message_id)
+
+    def delete_draft(self, draft_id: str) -> bool:
+        return self.provider.drafts.delete(self.mailbox, draft_id)
+
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.provider.read_message_id_in(self.mailbox, provider_message_id)
 
@@ -563,7 +698,7 @@ class GmailMailboxView(ProviderBase):
         return f"GmailMailboxView({self.name!r}, user={self.mailbox.user!r})"
 
 
-def _search_term(message_id: str) -> str:
+def search_term(message_id: str) -> str:
     """The Message-ID as Gmail documents the operator: `rfc822msgid:local@domain`, without
     angle brackets. Refuses values that would change the meaning of the query."""
     value = message_id.strip()
@@ -574,7 +709,7 @@ def _search_term(message_id: str) -> str:
     return value
 
 
-def _message_id_header(message: Mapping[str, Any]) -> str | None:
+def message_id_header(message: Mapping[str, Any]) -> str | None:
     return _header(message, "message-id")
 
 

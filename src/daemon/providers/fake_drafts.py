@@ -1,0 +1,150 @@
+"""The in-memory provider with drafts (`send_via = "drafts"`), for engine tests: Gmail's
+draft semantics without a socket (docs/providers.md "Gmail setup").
+
+A draft is stored with its message id and sends nothing; sending it consumes it (the copy
+keeps the draft's message id), so a second send of the same draft finds nothing (Unknown:
+"gone", as Gmail's 404); `check_draft` answers from the drafts and the copies at once, with
+no index lag. Sends are scripted as for FakeProvider (`Scripted`): a fate that stores
+nothing leaves the draft in place. `replaces_message_id` replaces the Message-ID at the
+send, as Gmail is reported to.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import datetime
+from email.parser import BytesHeaderParser
+
+from daemon.providers.base import ProviderError, SendKind, SendOutcome
+from daemon.providers.drafts import Draft, DraftCheck, DraftStatus
+from daemon.providers.fake import Copy, FakeProvider, Scripted, SimulatedCrash
+
+
+class FakeDraftsProvider(FakeProvider):
+    send_via = "drafts"
+
+    def __init__(
+        self,
+        name: str = "fake-drafts",
+        *,
+        clock: Callable[[], datetime],
+        index_lag: float = 0.0,
+        replaces_message_id: bool = False,
+    ) -> None:
+        super().__init__(
+            name, clock=clock, index_lag=index_lag, replaces_message_id=replaces_message_id
+        )
+        self.drafts: dict[str, tuple[str, str]] = {}  # draft id -> (Message-ID, message id)
+        self.drafts_created = 0
+        self.draft_sends = 0
+        self._draft_ids = itertools.count(1)
+        self._failing_creates = 0
+        self._failing_checks = 0
+        self._crash_on_create = 0
+        # Every draft ever made -> its Message-ID (kept after the draft is consumed), so
+        # every drafts.send call counts against its job, a 404 included (invariant 1).
+        self._made: dict[str, str] = {}
+        self._originals: dict[str, str] = {}  # copy's provider id -> the Message-ID we gave
+
+    # -- scripting ----------------------------------------------------------------------
+
+    def fail_creates(self, count: int) -> None:
+        with self._lock:
+            self._failing_creates += count
+
+    def fail_checks(self, count: int) -> None:
+        with self._lock:
+            self._failing_checks += count
+
+    def crash_on_create(self, count: int = 1) -> None:
+        """The next creates store their draft, then the caller dies before it hears the
+        answer (a crash between create and the save that would record it)."""
+        with self._lock:
+            self._crash_on_create += count
+
+    def copies_of(self, message_id: str) -> int:
+        """Copies sent for `message_id`, counted by the Message-ID we gave (a replaced one
+        too), as the e2e tests count by the job's subject."""
+        with self._lock:
+            return sum(
+                1
+                for copy in self.copies
+                if self._originals.get(copy.provider_message_id, copy.message_id) == message_id
+            )
+
+    def delete_by_person(self, draft_id: str) -> None:
+        """Someone deletes the draft in the mailbox (the GONE case)."""
+        with self._lock:
+            self.drafts.pop(draft_id, None)
+
+    # -- drafts ---------------------------------------------------------------------------
+
+    def create_draft(self, raw: bytes) -> Draft:
+        message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
+        with self._lock:
+            if self._failing_creates:
+                self._failing_creates -= 1
+                raise ProviderError("drafts.create failed (scripted)")
+            self.drafts_created += 1
+            draft = Draft(f"r{next(self._draft_ids):06d}", f"fake-{next(self._ids):06d}")
+            self.drafts[draft.draft_id] = (message_id, draft.provider_message_id)
+            self._made[draft.draft_id] = message_id
+            crash = self._crash_on_create > 0
+            if crash:
+                self._crash_on_create -= 1
+        if crash:
+            raise SimulatedCrash(f"crashed after creating draft {draft.draft_id}")
+        return draft
+
+    def send_draft(self, draft: Draft) -> SendOutcome:
+        with self._lock:
+            self.draft_sends += 1
+            self.sends += 1
+            self.sends_by_message_id[self._made.get(draft.draft_id, "")] += 1
+            held = self.drafts.get(draft.draft_id)
+            if held is None:
+                return SendOutcome(SendKind.UNKNOWN, f"draft {draft.draft_id} is gone", status=404)
+            message_id, provider_id = held
+            fate = self._script.popleft() if self._script else Scripted.confirmed()
+            if fate.stored:
+                del self.drafts[draft.draft_id]
+                stored = (
+                    f"<replaced-{provider_id}@fake>" if self.replaces_message_id else message_id
+                )
+                self.copies.append(Copy(provider_id, stored, self.clock()))
+                self._originals[provider_id] = message_id
+        if fate.crashes:
+            raise SimulatedCrash(f"crashed while sending draft {draft.draft_id}")
+        outcome = fate.outcome
+        if outcome.kind is SendKind.CONFIRMED and fate.stored and fate.answers_id:
+            return SendOutcome(SendKind.CONFIRMED, outcome.reason, provider_message_id=provider_id)
+        return outcome
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        """Create and send in one call (an engine that records no draft)."""
+        return self.send_draft(self.create_draft(raw))
+
+    def check_draft(self, draft: Draft) -> DraftCheck:
+        with self._lock:
+            if self._failing_checks:
+                self._failing_checks -= 1
+                raise ProviderError("drafts.get failed (scripted)")
+            if draft.draft_id in self.drafts:
+                return DraftCheck(DraftStatus.PENDING)
+            for copy in self.copies:
+                if copy.provider_message_id == draft.provider_message_id:
+                    return DraftCheck(DraftStatus.SENT, copy.provider_message_id, copy.message_id)
+        return DraftCheck(DraftStatus.GONE)
+
+    def find_drafts(self, message_id: str) -> list[Draft]:
+        with self._lock:
+            return [
+                Draft(draft_id, provider_id)
+                for draft_id, (held, provider_id) in self.drafts.items()
+                if held == message_id
+            ]
+
+    def delete_draft(self, draft_id: str) -> bool:
+        with self._lock:
+            return self.drafts.pop(draft_id, None) is not None

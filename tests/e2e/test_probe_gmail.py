@@ -1,0 +1,114 @@
+"""`sendledger probe` on a Gmail provider tries both paths: messages.send and a draft, each
+with the reply to its send dropped by the probe's relay, against the Gmail emulator with
+and without `--rewrite-message-id`. Emulator results, not Google's: the probe exists to
+check the same against the user's own mailbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from tests.e2e.daemon_kit import SENDLEDGER
+
+from testkit.credentials import write_service_account
+from testkit.gmail import GmailEmulator
+
+MAILBOX = "probe@example.com"
+LAG = 0.3
+
+
+def probe(tmp_path: Path, emulator: GmailEmulator, *extra: str) -> subprocess.CompletedProcess[str]:
+    write_service_account(tmp_path / "sa.json", token_uri=emulator.token_uri)
+    (tmp_path / "policies").mkdir(exist_ok=True)
+    config = tmp_path / "sendledger.toml"
+    config.write_text(
+        f"""[store]
+url = "sqlite:///ledger.sqlite"
+
+[daemon]
+policies_dir = "policies"
+
+[providers.support]
+kind = "gmail"
+credentials_file = "sa.json"
+user = "{MAILBOX}"
+api_endpoint = "{emulator.url}"
+timeout = "2s"
+""",
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
+    return subprocess.run(
+        [
+            *(SENDLEDGER, "--config", str(config), "probe", "--provider", "support"),
+            *("--to", "you@example.net", "--yes", "--max-wait", "3s", "--interval", "100ms"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["kept", "rewritten"])
+def test_probe_tries_both_paths_and_recommends_send_via(tmp_path: Path, rewrite: bool) -> None:
+    log = tmp_path / "accepted.jsonl"
+    with GmailEmulator(lag=LAG, acceptance_log=log, rewrite_message_id=rewrite) as emulator:
+        done = probe(tmp_path, emulator, "--json")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        # One message per path, each sent exactly once although both replies were lost.
+        assert [entry["via"] for entry in emulator.accepted()] == ["send", "drafts.send"]
+        assert emulator.drafts(MAILBOX) == {}
+    assert report["kind"] == "gmail" and report["send_outcome"] == "unknown"
+    drafts = report["drafts"]
+    assert drafts["send_outcome"] == "unknown"
+    assert drafts["pending_before_send"] is True
+    assert drafts["gone_after_send"] is True
+    assert drafts["found_by_message_id"] is True
+    assert report["recommended"]["send_via"] == "drafts"
+    if rewrite:
+        assert (report["found"], report["kept_message_id"]) == (False, None)
+        assert drafts["kept_message_id"] is False
+        assert drafts["index_lag_seconds"] is None
+        assert report["recommended"]["search_after"] is None
+    else:
+        assert (report["found"], report["kept_message_id"]) == (True, True)
+        assert drafts["kept_message_id"] is True
+        assert LAG <= drafts["index_lag_seconds"] < 3
+        assert LAG <= report["index_lag_seconds"] < 3
+        assert report["recommended"]["search_after"] == "1m"
+
+
+def test_probe_text_report_names_every_finding(tmp_path: Path) -> None:
+    with GmailEmulator(lag=LAG, rewrite_message_id=True) as emulator:
+        done = probe(tmp_path, emulator)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    for line in (
+        "drafts path",
+        "consumed draft answered as gone:         yes",
+        "sent message found under its message id: yes",
+        "Message-ID kept on drafts.send:          NO",
+        'recommended: send_via = "drafts" (now "messages")',
+    ):
+        assert line in text, text
+    print(text)  # the report quotes it (pytest -s)
+
+
+def test_probe_without_the_compose_scope_says_so_and_keeps_messages(tmp_path: Path) -> None:
+    from daemon.providers.gmail import SCOPES
+
+    with GmailEmulator(lag=LAG, grantable_scopes=SCOPES) as emulator:
+        done = probe(tmp_path, emulator, "--json")
+        assert [entry["via"] for entry in emulator.accepted()] == ["send"]
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert "gmail.compose" in report["drafts"]["error"]
+    assert report["recommended"]["send_via"] == "messages"

@@ -1,0 +1,296 @@
+"""GmailProvider's drafts handle (`send_via = "drafts"`) on the real client stack ->
+FaultRelay -> GmailEmulator.
+
+Effects are counted in the emulator's acceptance log (one line per message sent, nothing
+for a draft created); requests that reached the relay in `relay.log`. Emulator results,
+not a Gmail guarantee: `sendledger probe` checks the same against a real mailbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from daemon.providers.base import SendKind
+from daemon.providers.drafts import DraftRefused, DraftStatus
+from daemon.providers.gmail import DRAFT_SCOPES, SCOPES, GmailProvider, MissingScope
+from testkit.credentials import write_authorized_user, write_service_account
+from testkit.gmail import GmailEmulator
+from testkit.relay import FaultPlan, FaultRelay
+
+GmailProviderFactory = Callable[..., GmailProvider]
+RawFactory = Callable[..., bytes]
+MAILBOX = "support@example.com"
+MID = "<job-0123456789abcdef0123456789abcdef@mail.example.com>"
+OTHER = "<job-ffffffffffffffffffffffffffffffff@mail.example.com>"
+
+
+def sent_lines(acceptance_log: Path) -> int:
+    """Messages sent (acceptance log lines), whatever Message-ID they ended up with."""
+    if not acceptance_log.exists():
+        return 0
+    return len(acceptance_log.read_text(encoding="utf-8").splitlines())
+
+
+def sends_at_relay(relay: FaultRelay) -> int:
+    return sum(1 for entry in relay.log if entry["kind"] == "send")
+
+
+@pytest.fixture
+def drafts_provider(gmail_provider: GmailProviderFactory) -> GmailProviderFactory:
+    def make(url: str | None = None, **overrides: object) -> GmailProvider:
+        return gmail_provider(url, send_via="drafts", **overrides)
+
+    return make
+
+
+def test_a_draft_sends_nothing_until_sent_and_then_is_gone(
+    drafts_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    acceptance_log: Path,
+    make_raw: RawFactory,
+) -> None:
+    provider = drafts_provider()
+    draft = provider.create_draft(make_raw(MID))
+    assert emulator.drafts(MAILBOX) == {draft.draft_id: draft.provider_message_id}
+    assert sent_lines(acceptance_log) == 0
+    assert provider.check_draft(draft).status is DraftStatus.PENDING
+
+    outcome = provider.send_draft(draft)
+    assert outcome.kind is SendKind.CONFIRMED
+    assert outcome.provider_message_id == draft.provider_message_id
+    assert sent_lines(acceptance_log) == 1
+    check = provider.check_draft(draft)
+    assert check.status is DraftStatus.SENT
+    assert check.message_id_header == MID
+
+    # The provider itself refuses a second send of the same draft.
+    again = provider.send_draft(draft)
+    assert again.kind is SendKind.UNKNOWN and "gone" in again.reason
+    assert sent_lines(acceptance_log) == 1
+    assert emulator.drafts(MAILBOX) == {}
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["kept", "rewritten"])
+def test_drop_response_on_drafts_send_leaves_the_draft_gone_and_the_message_sent(
+    tmp_path: Path, make_raw: RawFactory, rewrite: bool
+) -> None:
+    log = tmp_path / "accepted.jsonl"
+    with (
+        GmailEmulator(acceptance_log=log, rewrite_message_id=rewrite) as emulator,
+        FaultRelay(emulator.url, plan=FaultPlan(send="drop-response"), hang_seconds=1.5) as relay,
+    ):
+        sa = write_service_account(tmp_path / "sa.json", token_uri=emulator.token_uri)
+        provider = GmailProvider(
+            "test",
+            credentials_file=sa,
+            user=MAILBOX,
+            api_endpoint=relay.url,
+            timeout=0.5,
+            send_via="drafts",
+        )
+        try:
+            draft = provider.create_draft(make_raw(MID))
+            outcome = provider.send_draft(draft)
+            assert outcome.kind is SendKind.UNKNOWN
+            assert sent_lines(log) == 1  # the send happened; only its answer was lost
+            assert sends_at_relay(relay) == 1
+            check = provider.check_draft(draft)  # at once: no index in between
+            assert check.status is DraftStatus.SENT
+            assert check.provider_message_id == draft.provider_message_id
+            # Whether Gmail kept our Message-ID or not, the draft settles the question.
+            assert (check.message_id_header == MID) is not rewrite
+            assert emulator.copies(MID) == (0 if rewrite else 1)
+        finally:
+            provider.close()
+
+
+def test_fail_before_forward_leaves_the_draft_to_send_again(
+    drafts_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    acceptance_log: Path,
+    make_raw: RawFactory,
+) -> None:
+    provider = drafts_provider()
+    draft = provider.create_draft(make_raw(MID))
+    relay.set_plan(FaultPlan(send="fail-before-forward"))
+    outcome = provider.send_draft(draft)
+    assert outcome.kind is SendKind.UNKNOWN  # the client cannot tell it from a lost answer
+    assert sent_lines(acceptance_log) == 0
+    assert sends_at_relay(relay) == 1
+    assert provider.check_draft(draft).status is DraftStatus.PENDING  # provably not sent
+    relay.set_plan(FaultPlan())
+    assert provider.send_draft(draft).kind is SendKind.CONFIRMED
+    assert sent_lines(acceptance_log) == 1
+
+
+def test_a_rate_limited_drafts_send_is_transient_and_the_draft_stays(
+    drafts_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    acceptance_log: Path,
+    make_raw: RawFactory,
+) -> None:
+    provider = drafts_provider()
+    draft = provider.create_draft(make_raw(MID))
+    relay.set_plan(FaultPlan(send="429"))
+    outcome = provider.send_draft(draft)
+    assert outcome.kind is SendKind.REJECTED and outcome.transient
+    assert outcome.retry_after == 1.0
+    assert provider.check_draft(draft).status is DraftStatus.PENDING
+    assert sent_lines(acceptance_log) == 0
+
+
+def test_a_deleted_draft_is_gone_not_sent(
+    drafts_provider: GmailProviderFactory, acceptance_log: Path, make_raw: RawFactory
+) -> None:
+    provider = drafts_provider()
+    draft = provider.create_draft(make_raw(MID))
+    assert provider.delete_draft(draft.draft_id) is True
+    assert provider.delete_draft(draft.draft_id) is False
+    assert provider.check_draft(draft).status is DraftStatus.GONE
+    assert provider.send_draft(draft).kind is SendKind.UNKNOWN
+    assert sent_lines(acceptance_log) == 0
+
+
+def test_find_drafts_names_exactly_the_drafts_of_one_message_id(
+    drafts_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    provider = drafts_provider(page_size=1)  # paging is followed
+    first = provider.create_draft(make_raw(MID))
+    second = provider.create_draft(make_raw(MID))
+    provider.create_draft(make_raw(OTHER))
+    sent = provider.create_draft(make_raw(MID))
+    provider.send_draft(sent)
+    found = provider.find_drafts(MID)
+    assert sorted(d.draft_id for d in found) == sorted([first.draft_id, second.draft_id])
+    for draft in found:
+        assert provider.delete_draft(draft.draft_id)
+    assert provider.find_drafts(MID) == []
+    assert len(emulator.drafts(MAILBOX)) == 1  # OTHER's is left alone
+
+
+def test_send_raw_on_a_drafts_provider_sends_one_copy_through_a_draft(
+    drafts_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    acceptance_log: Path,
+    make_raw: RawFactory,
+) -> None:
+    outcome = drafts_provider().send_raw(make_raw(MID))
+    assert outcome.kind is SendKind.CONFIRMED
+    [entry] = emulator.accepted()
+    assert entry["via"] == "drafts.send"
+    assert entry["id"] == outcome.provider_message_id
+    assert emulator.drafts(MAILBOX) == {}
+
+
+def test_drafts_send_through_the_relay_is_one_request_even_when_the_answer_hangs(
+    drafts_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    acceptance_log: Path,
+    make_raw: RawFactory,
+) -> None:
+    provider = drafts_provider()
+    draft = provider.create_draft(make_raw(MID))
+    relay.set_plan(FaultPlan(send="hang"))
+    assert provider.send_draft(draft).kind is SendKind.UNKNOWN
+    assert sends_at_relay(relay) == 1
+    assert provider.check_draft(draft).status is DraftStatus.SENT
+    assert sent_lines(acceptance_log) == 1
+
+
+# -- the gmail.compose scope --------------------------------------------------------------
+
+
+@pytest.fixture
+def no_compose(tmp_path: Path) -> Iterator[GmailEmulator]:
+    with GmailEmulator(grantable_scopes=SCOPES, acceptance_log=tmp_path / "a.jsonl") as emu:
+        yield emu
+
+
+@pytest.mark.parametrize("kind", ["service_account", "authorized_user"])
+def test_the_start_up_check_names_a_missing_compose_scope(
+    tmp_path: Path, no_compose: GmailEmulator, kind: str, make_raw: RawFactory
+) -> None:
+    writer = write_service_account if kind == "service_account" else write_authorized_user
+    credentials = writer(tmp_path / "creds.json", token_uri=no_compose.token_uri)
+    user = MAILBOX if kind == "service_account" else "me"
+    provider = GmailProvider(
+        "test",
+        credentials_file=credentials,
+        user=user,
+        api_endpoint=no_compose.url,
+        token_uri=no_compose.token_uri,
+        send_via="drafts",
+    )
+    try:
+        with pytest.raises(MissingScope, match=r"gmail\.compose"):
+            provider.check_access()
+    finally:
+        provider.close()
+    # The same credentials are fine for messages.send, which asks for no compose scope.
+    plain = GmailProvider(
+        "test",
+        credentials_file=credentials,
+        user=user,
+        api_endpoint=no_compose.url,
+        token_uri=no_compose.token_uri,
+    )
+    try:
+        plain.check_access()
+        assert plain.send_raw(make_raw(MID)).kind is SendKind.CONFIRMED
+    finally:
+        plain.close()
+
+
+def test_the_start_up_check_passes_when_compose_is_granted(
+    tmp_path: Path, make_raw: RawFactory
+) -> None:
+    with GmailEmulator(grantable_scopes=DRAFT_SCOPES) as emulator:
+        sa = write_service_account(tmp_path / "sa.json", token_uri=emulator.token_uri)
+        provider = GmailProvider(
+            "test",
+            credentials_file=sa,
+            user=MAILBOX,
+            api_endpoint=emulator.url,
+            send_via="drafts",
+        )
+        try:
+            provider.check_access()
+            assert provider.send_raw(make_raw(MID)).kind is SendKind.CONFIRMED
+        finally:
+            provider.close()
+
+
+def test_a_draft_without_the_compose_scope_is_refused_naming_it(
+    gmail_provider: GmailProviderFactory, acceptance_log: Path, make_raw: RawFactory
+) -> None:
+    provider = gmail_provider()  # send_via = "messages": no compose scope asked for
+    with pytest.raises(DraftRefused, match=r"gmail\.compose"):
+        provider.create_draft(make_raw(MID))
+    assert sent_lines(acceptance_log) == 0
+
+
+def test_the_daemon_refuses_to_start_naming_the_provider_and_the_scope(
+    tmp_path: Path, no_compose: GmailEmulator
+) -> None:
+    from daemon.runtime import check_provider_access
+    from daemon.settings import ConfigError
+
+    sa = write_service_account(tmp_path / "sa.json", token_uri=no_compose.token_uri)
+    provider = GmailProvider(
+        "support",
+        credentials_file=sa,
+        user=MAILBOX,
+        api_endpoint=no_compose.url,
+        send_via="drafts",
+    )
+    try:
+        with pytest.raises(ConfigError) as caught:
+            check_provider_access({"support": provider})
+    finally:
+        provider.close()
+    message = str(caught.value)
+    assert message.startswith("providers.support.credentials_file: ")
+    assert "gmail.compose" in message and "\n" not in message

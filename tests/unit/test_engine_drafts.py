@@ -1,0 +1,178 @@
+"""The engine's drafts functions (daemon/engine/drafts.py) on a SendJob and the in-memory
+drafts provider: the draft before the claim (recorded, reused after a crash, new), and
+the draft's answer after an unknown outcome, on every channel, whether the provider
+keeps our Message-ID or not."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from tests.conftest import FakeClock
+from tests.unit.jobs import DEADLINE, MESSAGE_ID, PROVIDER, requested_job
+
+from daemon.engine.drafts import (
+    DraftAlreadySent,
+    drafts_mode,
+    prepare_draft,
+    settle_by_draft,
+    unknown_decision,
+)
+from daemon.providers.fake import FakeProvider, Scripted
+from daemon.providers.fake_drafts import FakeDraftsProvider
+from ledger.decisions import Review, SearchAt
+from ledger.job import SendJob
+from ledger.vocabulary import ConfirmedVia, JobState
+from policies.model import ChannelPolicy
+
+RAW = f"Message-ID: {MESSAGE_ID}\r\nTo: b@example.com\r\n\r\nhi\r\n".encode()
+
+
+def policy(**overrides: Any) -> ChannelPolicy:
+    return ChannelPolicy.model_validate(
+        {
+            "channel": "receipts",
+            "provider": PROVIDER,
+            "from": "Support <support@example.com>",
+            "message_id_domain": "mail.example.com",
+            "search_after": "5m",
+            **overrides,
+        }
+    )
+
+
+def sent_once_unknown(
+    clock: FakeClock, provider: FakeDraftsProvider, chosen: ChannelPolicy, fate: Scripted
+) -> SendJob:
+    """A job whose draft was claimed and sent with `fate`, recorded Unknown."""
+    job = requested_job(clock)
+    draft = prepare_draft(job, provider, RAW, clock.now)
+    job.claim(provider=PROVIDER, deadline=clock.now + DEADLINE, at=clock.now)
+    provider.script(fate)
+    provider.send_draft(draft)
+    decision = unknown_decision(job, chosen, now=clock.now, handle_reliable=True)
+    job.record_unknown(reason="reply lost", decision=decision, at=clock.now)
+    return job
+
+
+def test_only_a_drafts_provider_in_drafts_mode_counts(clock: FakeClock) -> None:
+    assert drafts_mode(FakeDraftsProvider(clock=clock)) is not None
+    assert drafts_mode(FakeProvider(clock=clock)) is None
+
+
+def test_the_draft_is_recorded_before_the_claim_and_reused_while_unsent(clock: FakeClock) -> None:
+    provider = FakeDraftsProvider(clock=clock)
+    job = requested_job(clock)
+    first = prepare_draft(job, provider, RAW, clock.now)
+    assert (job.draft_id, provider.drafts_created) == (first.draft_id, 1)
+    assert prepare_draft(job, provider, RAW, clock.now) == first  # still pending: reused
+    assert provider.drafts_created == 1
+
+
+def test_a_draft_left_by_a_crash_before_its_save_is_found_and_reused(clock: FakeClock) -> None:
+    provider = FakeDraftsProvider(clock=clock)
+    orphan = provider.create_draft(RAW)  # created, then the daemon died before saving
+    job = requested_job(clock)
+    assert prepare_draft(job, provider, RAW, clock.now) == orphan
+    assert provider.drafts_created == 1 and job.draft_id == orphan.draft_id
+
+
+def test_a_recorded_draft_already_sent_is_never_sent_again(clock: FakeClock) -> None:
+    provider = FakeDraftsProvider(clock=clock)
+    job = requested_job(clock)
+    draft = prepare_draft(job, provider, RAW, clock.now)
+    provider.send_draft(draft)  # sent by a claim whose save never happened
+    with pytest.raises(DraftAlreadySent):
+        prepare_draft(job, provider, RAW, clock.now)
+
+
+@pytest.mark.parametrize("on_unknown", ["retry", "search-then-review", "review"])
+@pytest.mark.parametrize("replaced", [False, True], ids=["kept", "rewritten"])
+def test_an_unknown_send_whose_draft_is_sent_confirms_at_once(
+    clock: FakeClock, on_unknown: str, replaced: bool
+) -> None:
+    provider = FakeDraftsProvider(clock=clock, replaces_message_id=replaced)
+    chosen = policy(on_unknown=on_unknown)
+    job = sent_once_unknown(clock, provider, chosen, Scripted.dropped_response())
+    assert job.due_at == clock.now  # no search_after to wait
+    assert settle_by_draft(
+        job, provider, chosen, now=clock.now, unknown_at=clock.now, handle_reliable=True
+    )
+    assert job.state is JobState.CONFIRMED
+    confirmed = job.pending_events[-1]
+    assert isinstance(confirmed, SendJob.Confirmed) and confirmed.via == ConfirmedVia.DRAFT
+    assert provider.copies[0].provider_message_id == job.provider_message_ids[0]
+
+
+@pytest.mark.parametrize("on_unknown", ["search-then-review", "review"])
+def test_an_unknown_send_whose_draft_is_pending_is_sent_again(
+    clock: FakeClock, on_unknown: str
+) -> None:
+    provider = FakeDraftsProvider(clock=clock)
+    chosen = policy(on_unknown=on_unknown, irreversible=True)
+    job = sent_once_unknown(clock, provider, chosen, Scripted.lost_request())
+    settle_by_draft(
+        job, provider, chosen, now=clock.now, unknown_at=clock.now, handle_reliable=True
+    )
+    assert (job.state, job.due_at) == (JobState.REQUESTED, clock.now)
+    assert prepare_draft(job, provider, RAW, clock.now).draft_id == job.draft_id
+    assert provider.copies_of(MESSAGE_ID) == 0
+
+
+def test_pending_draft_review_sends_it_to_a_human(clock: FakeClock) -> None:
+    provider = FakeDraftsProvider(clock=clock)
+    chosen = policy(pending_draft="review")
+    job = sent_once_unknown(clock, provider, chosen, Scripted.lost_request())
+    settle_by_draft(
+        job, provider, chosen, now=clock.now, unknown_at=clock.now, handle_reliable=True
+    )
+    assert job.state is JobState.REVIEW
+
+
+@pytest.mark.parametrize(
+    ("on_unknown", "reliable", "searched"),
+    [("retry", True, True), ("retry", False, False), ("review", True, False)],
+)
+def test_a_gone_draft_hands_over_to_the_search_or_review(
+    clock: FakeClock, on_unknown: str, reliable: bool, searched: bool
+) -> None:
+    provider = FakeDraftsProvider(clock=clock)
+    chosen = policy(on_unknown=on_unknown)
+    job = sent_once_unknown(clock, provider, chosen, Scripted.lost_request())
+    assert job.draft_id is not None
+    provider.delete_by_person(job.draft_id)
+    unknown_at = clock.now
+    clock.advance(2)
+    settle_by_draft(
+        job, provider, chosen, now=clock.now, unknown_at=unknown_at, handle_reliable=reliable
+    )
+    assert job.draft_id is None
+    if searched:
+        assert job.state is JobState.UNKNOWN
+        assert job.due_at == unknown_at + timedelta(minutes=5)
+    else:
+        assert job.state is JobState.REVIEW
+
+
+def test_a_failed_check_records_nothing(clock: FakeClock) -> None:
+    provider = FakeDraftsProvider(clock=clock)
+    chosen = policy()
+    job = sent_once_unknown(clock, provider, chosen, Scripted.dropped_response())
+    provider.fail_checks(1)
+    before = len(job.pending_events)
+    assert not settle_by_draft(
+        job, provider, chosen, now=clock.now, unknown_at=clock.now, handle_reliable=True
+    )
+    assert len(job.pending_events) == before and job.state is JobState.UNKNOWN
+
+
+def test_without_a_draft_the_unknown_rule_is_the_policys(clock: FakeClock) -> None:
+    job = requested_job(clock)
+    decision = unknown_decision(
+        job, policy(on_unknown="review"), now=clock.now, handle_reliable=True
+    )
+    assert isinstance(decision, Review)
+    job2 = requested_job(clock)
+    later = unknown_decision(job2, policy(), now=clock.now, handle_reliable=True)
+    assert isinstance(later, SearchAt) and later.at == clock.now + timedelta(minutes=5)
