@@ -514,6 +514,7 @@ VARIANTS = {
     "no-group-commit": Variant("one commit per save", group_commit=False),
     "no-address-cache": Variant("addresses parsed anew", address_cache=False),
     "protocol-checks": Variant("library collect/projection", protocol_checks=True),
+    "no-cpu-levers": Variant("both of the above", address_cache=False, protocol_checks=True),
 }
 
 
