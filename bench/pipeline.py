@@ -47,16 +47,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import google_auth_httplib2
 import httplib2
+from eventsourcing.application import project_aggregate
 from intake import available_backends
 
 from daemon.bootstrap import bootstrap
 from daemon.engine import Engine
 from daemon.providers.gmail import GmailProvider, build_gmail_service, load_credentials
 from daemon.settings import settings_from_dict
+from ledger import addresses
+from ledger import application as ledger_application
 from ledger.application import Ledger
 from ledger.content import parse_job
 from ledger.message_id import message_id_for
 from ledger.mime import build_message
+from ledger.stores.index import INDEX_ROWS_KWARG, index_row
 from policies import model as policy_model
 from policies.loader import PolicySet
 from policies.model import ChannelPolicy
@@ -67,7 +71,7 @@ CPU_GOAL = 0.5
 LATENCY_GOAL = 0.8
 LATENCY = 0.2
 USER = "support@example.com"
-UNLIMITED_QUOTA = 1e9
+UNLIMITED_QUOTA = 1_000_000  # settings cap; far above what (a) sends (100 units each)
 POLICY = ChannelPolicy.model_validate(
     {
         "channel": "receipts",
@@ -255,6 +259,29 @@ class Variant:
     readback_rate: float = 0.01
     fingerprint_cache: bool = True
     group_commit: bool = True  # False: every save its own transaction
+    address_cache: bool = True  # False: every address parsed (and round-tripped) anew
+    protocol_checks: bool = False  # True: eventsourcing's collect and projection, as before
+
+
+def library_protocol_checks() -> Callable[[], None]:
+    """Saves and loads through eventsourcing's `collect_events` and `project_aggregate`
+    again (a runtime Protocol isinstance per event); returns the undo."""
+    saved, projector = Ledger._save_retrying, ledger_application.project_events
+
+    def save_retrying(self: Ledger, jobs: Any) -> None:
+        events = [event for job in jobs for event in job.pending_events]
+        self._save_collected(*events, **{INDEX_ROWS_KWARG: [index_row(j) for j in jobs]})
+        for job in jobs:
+            job.collect_events()
+
+    Ledger._save_retrying = save_retrying  # type: ignore[method-assign]
+    ledger_application.project_events = project_aggregate
+
+    def undo() -> None:
+        Ledger._save_retrying = saved  # type: ignore[method-assign]
+        ledger_application.project_events = projector
+
+    return undo
 
 
 def one_commit_per_save(engine: Engine) -> None:
@@ -319,6 +346,10 @@ def daemon_run(
     cached = policy_model._fingerprint
     if not variant.fingerprint_cache:
         policy_model._fingerprint = cached.__wrapped__  # type: ignore[assignment]
+    parse_text = addresses._parse_text
+    if not variant.address_cache:
+        addresses._parse_text = parse_text.__wrapped__  # type: ignore[assignment]
+    undo_checks = library_protocol_checks() if variant.protocol_checks else None
     try:
         wall, cpu = time.perf_counter(), time.process_time()
         progress = time.monotonic()
@@ -334,6 +365,9 @@ def daemon_run(
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     finally:
         policy_model._fingerprint = cached
+        addresses._parse_text = parse_text
+        if undo_checks is not None:
+            undo_checks()
         service.close()
         ledger.close()
     counts = emulator.call("copies", message_ids)
@@ -478,6 +512,9 @@ VARIANTS = {
     "no-reuse": Variant("no connection reuse", False),
     "readback-all": Variant("read back every send", True, 1, 1.0),
     "no-group-commit": Variant("one commit per save", group_commit=False),
+    "no-address-cache": Variant("addresses parsed anew", address_cache=False),
+    "protocol-checks": Variant("library collect/projection", protocol_checks=True),
+    "no-cpu-levers": Variant("both of the above", address_cache=False, protocol_checks=True),
 }
 
 

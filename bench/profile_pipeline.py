@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import sys
 import tempfile
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     stats = pstats.Stats(*profiles.profiles, stream=(out := io.StringIO()))
+    if os.environ.get("PERF_DUMP"):
+        stats.dump_stats(os.environ["PERF_DUMP"])
     for order in ("tottime", "cumulative"):
         stats.sort_stats(order).print_stats(args.top)
     if args.callers:

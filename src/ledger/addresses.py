@@ -16,6 +16,7 @@ See docs/cli.md, "Message fields and validation".
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -97,7 +98,19 @@ def unsafe_character(value: str) -> str | None:
 
 def parse_mailbox(value: object) -> Mailbox:
     """Exactly one mailbox, strictly; raises AddressError with a one-line reason."""
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str):
+        raise AddressError("must be a non-empty email address")
+    return _parse_text(value)
+
+
+# A job's addresses are parsed at intake, by the writer and by the proof of its bytes
+# (`ledger/wire_check.py`), and again at every dispatch; the stdlib round trip below cost
+# about a third of the daemon's CPU per job (README "Performance and scaling"). The result
+# is a pure function of the text and a frozen Mailbox, so it is shared; a refusal is not
+# cached (lru_cache keeps no exceptions) and is worked out again each time.
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Mailbox:
+    if not value.strip():
         raise AddressError("must be a non-empty email address")
     if "\r" in value or "\n" in value:
         raise AddressError("must not contain CR or LF")
