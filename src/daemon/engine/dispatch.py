@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from daemon.crashpoints import crash_point
 from daemon.engine.circuit import Circuits
 from daemon.engine.clock import Clock
-from daemon.engine.health import ProviderHealth
+from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, SendKind, SendOutcome
 from daemon.providers.smtp_imap import Envelope

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from daemon.crashpoints import crash_point
 from daemon.engine.clock import Clock
-from daemon.engine.health import ProviderHealth
+from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work, due
 from daemon.providers.base import Provider, ProviderError, SearchResult
 from ledger.decisions import StopVerifying

@@ -38,6 +38,8 @@ from googleapiclient.errors import HttpError
 
 from daemon.providers.answers import json_object
 from daemon.providers.base import (
+    DEFAULT_READBACK_FIRST,
+    DEFAULT_READBACK_RATE,
     Provider,
     ProviderBase,
     ProviderError,
@@ -58,7 +60,6 @@ from daemon.providers.quota import (
     GMAIL_SEND_UNITS,
     TokenBucket,
 )
-from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
 from daemon.secret_text import read_secret_text
 from ledger.addresses import parse_mailbox
