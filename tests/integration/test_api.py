@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.integration.api_kit import Api, job, running_api, write_config
 
-from ledger.decisions import Review
+from ledger.decision_types import Review
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
 
 

@@ -19,7 +19,7 @@ from daemon.context import load_policies
 from daemon.engine import PolicyHolder
 from daemon.providers.fake import FakeProvider
 from ledger.application import Ledger
-from ledger.decisions import Review
+from ledger.decision_types import Review
 from ledger.vocabulary import EscalationReason, PolicyRef
 
 

@@ -24,7 +24,7 @@ from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, SendKind, SendOutcome
 from daemon.providers.smtp_imap import Envelope
-from ledger.decisions import AfterRejection, Review
+from ledger.decision_types import AfterRejection, Review
 from ledger.job import SendJob
 from ledger.mime import MessageFields, mailboxes
 from ledger.vocabulary import EscalationReason, JobState

@@ -21,7 +21,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work, due
 from daemon.providers.base import Provider, ProviderError, SearchResult
-from ledger.decisions import StopVerifying
+from ledger.decision_types import StopVerifying
 from ledger.job import SendJob
 from ledger.vocabulary import JobState, PolicyRef
 from policies import decisions
