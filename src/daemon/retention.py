@@ -1,6 +1,6 @@
 """Retention (README "Retention"): the daemon's periodic purge (`[retention]`) and
 `sendledger admin purge`. What a purge does to a job is `Ledger.purge`
-(`ledger/retention.py`); this module decides which jobs, when, and says what it did."""
+(`ledger/redaction.py`); this module decides which jobs, when, and says what it did."""
 
 from __future__ import annotations
 

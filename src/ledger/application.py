@@ -33,7 +33,7 @@ from ledger.content import JobContent
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
 from ledger.provider_handle import ProviderHandle, handle_id_for
-from ledger.retention import redact_events
+from ledger.redaction import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import KeyRingCipher, cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
@@ -382,7 +382,7 @@ class Ledger(Application[UUID]):
     # -- retention ----------------------------------------------------------------------
 
     def purge(self, key: str, *, by: str, rule: str) -> SendJob:
-        """Forget a settled job's content and keep its trail (`ledger.retention`): its
+        """Forget a settled job's content and keep its trail (`ledger.redaction`): its
         stored events are rewritten redacted in the transaction that appends Purged and
         updates its index row, so it is purged whole or not at all.
 

@@ -95,7 +95,7 @@ class SendJob(Aggregate):
     resent: bool  # sent again without proof the earlier attempt failed
     verifying: bool  # confirmed, and its copies are to be counted once more
     verifications: int
-    purged_at: datetime | None  # its content was purged then (ledger/retention.py)
+    purged_at: datetime | None  # its content was purged then (ledger/redaction.py)
     purged_by: str
     # Since when its provider has been unavailable to it (the first of the unavailable
     # rejections in a row), for the channel's `give_up_after`; None otherwise.
@@ -391,7 +391,7 @@ class SendJob(Aggregate):
             job.due_at = None
 
     class Purged(Event):
-        """The job's content was made unreadable in the store (``ledger/retention.py``):
+        """The job's content was made unreadable in the store (``ledger/redaction.py``):
         its trail stays, its recipients, subject, bodies, attachments and headers do not."""
 
         TOPIC = "sendledger:SendJob.Purged"
