@@ -22,7 +22,7 @@ from typing import Any
 
 from daemon import output
 from daemon.context import open_ledger, settings_for
-from daemon.errors import EXIT_OK, bad_input
+from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.moments import parse_moment
 from ledger.application import Ledger
 from ledger.display import printable

@@ -12,7 +12,13 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from daemon import output
-from daemon.errors import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_FAILURE, EXIT_UNKNOWN_JOB, CliError
+from daemon.exit_codes import (
+    EXIT_BAD_INPUT,
+    EXIT_CONFLICT,
+    EXIT_FAILURE,
+    EXIT_UNKNOWN_JOB,
+    CliError,
+)
 from daemon.settings import ConfigError
 from ledger.application import IdentityTaken, KeyConflict, UnknownJob
 from ledger.content import JobInputError

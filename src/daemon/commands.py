@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from daemon import output, retention
 from daemon.context import open_ledger, settings_for
 from daemon.doors import command_intake, command_services
-from daemon.errors import (
+from daemon.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_CONFLICT,
     EXIT_FAILURE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from daemon.errors import CliError, bad_input
+from daemon.exit_codes import CliError, bad_input
 from daemon.secret_files import encryption_keys
 from daemon.settings import Settings, load_settings
 from ledger.application import Ledger

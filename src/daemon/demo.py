@@ -30,7 +30,7 @@ from typing import Any, TextIO
 
 from daemon import output
 from daemon.bootstrap import bootstrap
-from daemon.errors import bad_input
+from daemon.exit_codes import bad_input
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon
 from daemon.settings import load_settings

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from daemon import output
 from daemon.context import open_ledger, settings_for
-from daemon.errors import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
+from daemon.exit_codes import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
 from daemon.parsers import add_command
 from ledger.application import ConcurrentUpdate, Ledger, PurgeResult
 from ledger.job import TransitionError
