@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from daemon import output, retention
-from daemon.context import open_ledger, settings_for
 from daemon.doors import command_intake, command_services
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
@@ -22,6 +21,7 @@ from daemon.exit_codes import (
     CliError,
     bad_input,
 )
+from daemon.from_settings import open_ledger, settings_for
 from daemon.intake import decode_jobs
 from daemon.parsers import add_command
 from daemon.read_models import timeline_details

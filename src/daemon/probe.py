@@ -23,8 +23,8 @@ from typing import Any
 
 from daemon import output
 from daemon.bootstrap import build_provider
-from daemon.context import settings_for
 from daemon.exit_codes import EXIT_FAILURE, EXIT_OK, bad_input
+from daemon.from_settings import settings_for
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.settings import ProviderSettings, Settings, SmtpImapProviderSettings
 from ledger.content import JobInputError, validate_address

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from daemon import output
-from daemon.context import open_ledger, settings_for
 from daemon.exit_codes import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
+from daemon.from_settings import open_ledger, settings_for
 from daemon.parsers import add_command
 from ledger.application import ConcurrentUpdate, Ledger, PurgeResult
 from ledger.job import TransitionError

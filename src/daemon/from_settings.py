@@ -1,4 +1,4 @@
-"""What a command needs: settings, the ledger, the channel policies."""
+"""What a command or the API opens from the settings: the ledger, its store, the policies."""
 
 from __future__ import annotations
 
