@@ -622,7 +622,7 @@ def _suggestions(folder: Path, jobs: list[dict[str, Any]]) -> list[str]:
     """Commands that work on the kept folder after the demo has exited: they read or
     change the store only (a `review check` searches the mailbox, and the demo's provider
     stops with the demo)."""
-    from daemon.init_command import console_command
+    from daemon.cli.init_command import console_command
 
     base = command_line(*console_command(), "--config", str(folder / "sendledger.toml"))
     waiting = [j["key"] for j in jobs if j["state"] == "review"]
