@@ -7,6 +7,8 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from tests.conftest import FakeClock
+
 from daemon.engine import Engine, PolicyHolder, TickReport
 from daemon.providers.fake import FakeProvider
 from ledger.application import Ledger
@@ -29,19 +31,6 @@ BASE_POLICY: dict[str, Any] = {
     "retry_backoff_max": "1m",
     "verify_after": "10m",
 }
-
-
-class Clock:
-    """Injected time: tests move it instead of sleeping."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 def policy(channel: str, **fields: Any) -> ChannelPolicy:
@@ -77,7 +66,7 @@ class EngineRig:
         seed: int = 0,
         concurrency: int = 2,
     ) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock(datetime(2026, 11, 1, 9, 0, tzinfo=UTC))
         self.ledger = Ledger("memory://", clock=self.clock)
         self.provider = FakeProvider("fake", clock=self.clock, index_lag=index_lag)
         self.policies = PolicySet({p.channel: p for p in policies})
