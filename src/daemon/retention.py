@@ -1,6 +1,6 @@
 """Retention (README "Retention"): the daemon's periodic purge (`[retention]`). What a purge
 does to a job is `Ledger.purge` (`ledger/redaction.py`); `sendledger admin purge` is
-`daemon/cli/purge.py`. This module decides which jobs, when, and says what it did."""
+`daemon/cli/admin_purge.py`. This module decides which jobs, when, and says what it did."""
 
 from __future__ import annotations
 

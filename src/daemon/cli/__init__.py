@@ -40,11 +40,11 @@ class _Parser(argparse.ArgumentParser):
 #: HTTP stack, none of which `submit` or `status` needs (docs/architecture.md, "Layers").
 #: tests/unit/test_cli_lazy.py checks this table against what the modules register.
 COMMANDS: dict[str, str] = {
-    "submit": "daemon.cli.jobs",
-    "status": "daemon.cli.jobs",
-    "history": "daemon.cli.jobs",
-    "policy": "daemon.cli.jobs",
-    "admin": "daemon.cli.jobs",
+    "submit": "daemon.cli.job_commands",
+    "status": "daemon.cli.job_commands",
+    "history": "daemon.cli.job_commands",
+    "policy": "daemon.cli.job_commands",
+    "admin": "daemon.cli.job_commands",
     "run": "daemon.cli.service",
     "review": "daemon.cli.service",
     "cancel": "daemon.cli.service",

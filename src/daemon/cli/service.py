@@ -11,7 +11,7 @@ from typing import Any
 
 from daemon import output
 from daemon.bootstrap import bootstrap
-from daemon.cli.jobs import served
+from daemon.cli.job_commands import served
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.logs import setup_logging

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from daemon import output
-from daemon.cli import purge
+from daemon.cli import admin_purge
 from daemon.doors import command_intake, command_services
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
@@ -52,7 +52,7 @@ def register(sub: Any) -> None:
     )
     add_command(admin, "rebuild-index", cmd_rebuild_index, "recreate the job index from the events")
     add_command(admin, "new-key", cmd_new_key, "print a fresh store encryption key")
-    purge.register(admin)
+    admin_purge.register(admin)
 
 
 # -- submit -------------------------------------------------------------------------
