@@ -58,7 +58,7 @@ from intake import sqlite_store as scratch_sqlite
 
 from ledger.application import Ledger
 from ledger.content import JobContent
-from ledger.decisions import Confirm, Review
+from ledger.decision_types import Confirm, Review
 from ledger.job import SendJob
 from ledger.message_id import message_id_for
 from ledger.stores.index import INDEX_ROWS_KWARG, UPSERT, index_row

@@ -1,9 +1,9 @@
 """The composition root: the one place that wires settings, store, policies, providers and
 engine together. ``run`` and ``demo`` build the daemon through :func:`bootstrap`, as do the
-tests that need the whole service (``tests/integration/test_api.py``,
-``tests/unit/test_daemon_name_lost.py``), passing a memory store, a fake provider or an
-injected clock instead of the real ones. Commands that need only a provider (``review
-check``, ``probe``) take it from :func:`build_provider`.
+engine's test rig (``tests/unit/engine_rig.py``) and the tests that need the whole service
+(``tests/integration/test_api.py``, ``tests/unit/test_daemon_name_lost.py``), passing a
+memory store, a fake provider or an injected clock instead of the real ones. Commands that
+need only a provider (``review check``, ``probe``) take it from :func:`build_provider`.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from typing import Any, TextIO
 
 from daemon import output
 from daemon.bootstrap import bootstrap
-from daemon.errors import bad_input
+from daemon.exit_codes import bad_input
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon
 from daemon.settings import load_settings
@@ -725,7 +725,7 @@ def _suggestions(folder: Path, jobs: list[dict[str, Any]]) -> list[str]:
     """Commands that work on the kept folder after the demo has exited: they read or
     change the store only (a `review check` searches the mailbox, and the demo's provider
     stops with the demo)."""
-    from daemon.init_command import console_command
+    from daemon.cli.init_command import console_command
 
     base = command_line(*console_command(), "--config", str(folder / "sendledger.toml"))
     waiting = [j["key"] for j in jobs if j["state"] == "review"]

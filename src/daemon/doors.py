@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
-from daemon.context import message_limits, thread_providers
-from daemon.errors import bad_input
+from daemon.exit_codes import bad_input
+from daemon.from_settings import message_limits, thread_providers
 from daemon.providers.base import Provider
 from daemon.services import ChannelPolicies, Intake, ProviderSource, Services
 from daemon.settings import ConfigError, Settings

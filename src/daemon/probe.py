@@ -23,8 +23,8 @@ from typing import Any
 
 from daemon import output
 from daemon.bootstrap import build_provider
-from daemon.context import settings_for
-from daemon.errors import EXIT_FAILURE, EXIT_OK, bad_input
+from daemon.exit_codes import EXIT_FAILURE, EXIT_OK, bad_input
+from daemon.from_settings import settings_for
 from daemon.probe_drafts import drafts_handle_works, recommend, run_drafts_probe
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.providers.drafts import drafts_of

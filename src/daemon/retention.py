@@ -1,23 +1,17 @@
-"""Retention (docs/configuration.md "Retention"): the daemon's periodic purge (`[retention]`) and
-`sendledger admin purge`. What a purge does to a job is `Ledger.purge`
-(`ledger/retention.py`); this module decides which jobs, when, and says what it did."""
+"""Retention (docs/configuration.md "Retention"): the daemon's periodic purge
+(`[retention]`). What a purge does to a job is `Ledger.purge` (`ledger/redaction.py`);
+`sendledger admin purge` is `daemon/cli/admin_purge.py`. This module decides which jobs,
+when, and says what it did."""
 
 from __future__ import annotations
 
-import argparse
-import getpass
 import logging
-import sys
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from daemon import output
-from daemon.context import open_ledger, settings_for
-from daemon.errors import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
-from daemon.parsers import add_command
-from ledger.application import ConcurrentUpdate, Ledger, PurgeResult
-from ledger.job import TransitionError
-from policies.durations import DurationError, format_duration, parse_duration_within
+from ledger.application import Ledger, PurgeResult
+from policies.durations import format_duration
 
 log = logging.getLogger("sendledger.retention")
 
@@ -59,125 +53,4 @@ class RetentionJob:
         return result
 
 
-# -- sendledger admin purge ---------------------------------------------------------------
-
-
-def register(admin: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = add_command(
-        admin,
-        "purge",
-        cmd_admin_purge,
-        "forget the content of settled jobs, keep their trail (docs/configuration.md 'Retention')",
-    )
-    p.add_argument(
-        "--older-than",
-        metavar="DURATION",
-        help="jobs settled (confirmed or abandoned) longer ago than this, e.g. 30d",
-    )
-    p.add_argument(
-        "--key",
-        action="append",
-        default=[],
-        metavar="KEY",
-        help="this settled job, whatever its age (repeatable: an erasure request)",
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="say what would be purged, change nothing"
-    )
-    p.add_argument("--by", help="who purges (default: the OS user)")
-
-
-def cmd_admin_purge(args: argparse.Namespace) -> int:
-    if args.older_than is None and not args.key:
-        raise bad_input("admin purge: give --older-than DURATION or --key KEY")
-    if args.older_than is not None and args.key:
-        raise bad_input("admin purge: --older-than and --key exclude each other")
-    older_than = None
-    if args.older_than is not None:
-        try:
-            # As retention.purge_after: at most 100 years, so the cut-off is a real date.
-            older_than = parse_duration_within(args.older_than, 0.0, 36525 * 86400.0)
-        except DurationError as exc:
-            raise bad_input(f"--older-than: {exc}") from None
-    by = args.by or getpass.getuser()
-    with open_ledger(settings_for(args.config), create=False) as ledger:
-        if older_than is None:
-            return _purge_keys(ledger, args, by)
-        before = ledger.clock() - timedelta(seconds=older_than)
-        rule = f"admin purge --older-than {format_duration(older_than)}"
-        if args.dry_run:
-            keys = [row.key for row in ledger.purgeable(before)]
-            _report_dry_run(args, keys, before)
-            return EXIT_OK
-
-        def progress(count: int) -> None:
-            print(f"... {count} jobs purged", file=sys.stderr, flush=True)
-
-        result = ledger.purge_settled(before, by=by, rule=rule, progress=progress)
-    _report(args, result, before)
-    return EXIT_OK
-
-
-def _purge_keys(ledger: Ledger, args: argparse.Namespace, by: str) -> int:
-    # A key given twice is one erasure request, not a second purge that finds the first
-    # one's work and fails (which used to leave the purged text in the WAL).
-    keys = list(dict.fromkeys(args.key))
-    jobs = [ledger.get_job(key) for key in keys]  # UnknownJob: exit 4, nothing purged
-    for job in jobs:
-        if job.purged:
-            raise CliError(f"job {job.key!r} was purged already", EXIT_CONFLICT)
-        if not job.purgeable:
-            raise CliError(
-                f"job {job.key!r} is {job.state.value}"
-                f"{' with a verification due' if job.due_at is not None else ''}: only a "
-                "job settled for good (confirmed or abandoned) can be purged",
-                EXIT_CONFLICT,
-            )
-    if args.dry_run:
-        _report_dry_run(args, [job.key for job in jobs], None)
-        return EXIT_OK
-    purged = 0
-    failure: CliError | None = None
-    for job in jobs:
-        try:
-            ledger.purge(job.key, by=by, rule="admin purge --key")
-        except (TransitionError, ConcurrentUpdate) as exc:
-            failure = CliError(f"job {job.key!r} changed meanwhile: {exc}", EXIT_CONFLICT)
-            break
-        purged += 1
-    # Whatever happened to a later key, what the earlier ones rewrote is scrubbed now.
-    scrubbed = ledger.scrub() if purged else True
-    result = PurgeResult(purged=purged, skipped=len(jobs) - purged, scrubbed=scrubbed)
-    if failure is not None:
-        if purged:
-            _report(args, result, None)
-        raise failure
-    _report(args, result, None)
-    return EXIT_OK
-
-
-def _report_dry_run(args: argparse.Namespace, keys: list[str], before: datetime | None) -> None:
-    if args.json:
-        print(output.dumps({"dry_run": True, "before": output.iso(before), "keys": keys}))
-        return
-    for key in keys:
-        print(key)
-    since = f" settled before {output.iso(before)}" if before is not None else ""
-    print(f"would purge {len(keys)} jobs{since} (dry run: nothing changed)", file=sys.stderr)
-
-
-def _report(args: argparse.Namespace, result: PurgeResult, before: datetime | None) -> None:
-    if args.json:
-        record = {"dry_run": False, "before": output.iso(before), **vars(result)}
-        print(output.dumps(record))
-        return
-    since = f" settled before {output.iso(before)}" if before is not None else ""
-    line = f"purged {result.purged} jobs{since}"
-    if result.skipped:
-        line += f"; {result.skipped} changed meanwhile, left for the next purge"
-    if not result.scrubbed:
-        line += "; the store's files could not be scrubbed now (readers busy): purge again later"
-    print(line)
-
-
-__all__ = ["RetentionJob", "cmd_admin_purge", "register"]
+__all__ = ["RetentionJob"]

@@ -30,7 +30,12 @@ from daemon.retention import RetentionJob
 from daemon.secret_files import warn_exposed_secrets
 from daemon.settings import ConfigError
 from daemon.systemd import Notifier, watchdog_interval
-from daemon.webhooks.runner import WebhookThreads, deliver_once, hooks_from, start_webhooks
+from daemon.webhooks.delivery_threads import (
+    WebhookThreads,
+    deliver_once,
+    hooks_from,
+    start_webhooks,
+)
 from ledger.stores import IdentityLock, IdentityTaken
 
 if TYPE_CHECKING:

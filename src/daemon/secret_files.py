@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from daemon import output
-from daemon.errors import EXIT_OK
+from daemon.exit_codes import EXIT_OK
 from daemon.secret_text import content_lines, read_secret_text
 from daemon.settings import ConfigError, Settings
 from ledger.stores.cipher import check_key, new_key

@@ -1,7 +1,7 @@
 """The one service layer under every door: submit, resolve, check, triage, cancel, the
 review queue and the job view (docs/architecture.md "One service layer").
 
-The CLI (`commands.py`, `service_commands.py`), the HTTP API (`api/jobs.py`,
+The CLI (`cli/job_commands.py`, `cli/service.py`), the HTTP API (`api/jobs.py`,
 `api/review.py`) and the review page (`api/ui.py`) parse their input into these calls and
 format the answers; every rule lives here once. A refusal is a `ServiceError` whose
 `kind` each door maps to its own code (exit 2/3/4/1, HTTP 422/409/404/503) and whose

@@ -33,7 +33,7 @@ from pydantic_settings import (
 )
 
 from daemon import environment
-from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
+from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.sizes import parse_size
 from daemon.webhooks.events import WEBHOOK_TYPES, WebhookType
 from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE

@@ -105,9 +105,9 @@ def parse_mailbox(value: object) -> Mailbox:
 
 # A job's addresses are parsed at intake, by the writer and by the proof of its bytes
 # (`ledger/wire_check.py`), and again at every dispatch; the stdlib round trip below cost
-# about a third of the daemon's CPU per job (README "Performance and scaling"). The result
-# is a pure function of the text and a frozen Mailbox, so it is shared; a refusal is not
-# cached (lru_cache keeps no exceptions) and is worked out again each time.
+# about a third of the daemon's CPU per job (docs/performance.md "Performance and scaling").
+# The result is a pure function of the text and a frozen Mailbox, so it is shared; a refusal
+# is not cached (lru_cache keeps no exceptions) and is worked out again each time.
 @functools.lru_cache(maxsize=4096)
 def _parse_text(value: str) -> Mailbox:
     if not value.strip():

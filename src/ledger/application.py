@@ -33,7 +33,7 @@ from ledger.content import JobContent
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
 from ledger.provider_handle import ProviderHandle, handle_id_for
-from ledger.retention import redact_events
+from ledger.redaction import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import KeyRingCipher, cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
@@ -291,7 +291,7 @@ class Ledger(Application[UUID]):
         processing: ProcessingEvent[UUID] = ProcessingEvent()
         # Our own events, appended as they are: ProcessingEvent.collect_events would ask
         # each whether it is an event or an aggregate with a runtime Protocol check, which
-        # costs more than building the event (README "Performance and scaling").
+        # costs more than building the event (docs/performance.md "Performance and scaling").
         processing.events.extend(event for job in jobs for event in job.pending_events)
         processing.saved_kwargs[INDEX_ROWS_KWARG] = [index_row(j) for j in jobs]
         self._record_processing(processing)
@@ -392,7 +392,7 @@ class Ledger(Application[UUID]):
     # -- retention ----------------------------------------------------------------------
 
     def purge(self, key: str, *, by: str, rule: str) -> SendJob:
-        """Forget a settled job's content and keep its trail (`ledger.retention`): its
+        """Forget a settled job's content and keep its trail (`ledger.redaction`): its
         stored events are rewritten redacted in the transaction that appends Purged and
         updates its index row, so it is purged whole or not at all.
 

@@ -112,7 +112,7 @@ class JobContent:
         }
 
     def redacted(self) -> JobContent:
-        """What a purged job still holds of its content (ledger/retention.py): what
+        """What a purged job still holds of its content (ledger/redaction.py): what
         names the job and when it was due; every other field (the customer's) is left at
         its empty default."""
         return JobContent(

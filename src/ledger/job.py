@@ -8,7 +8,7 @@ first-release store does).
 
 Commands are named after facts: a claim before a provider call, the call's outcome, a
 search's result, a human's resolution. Each takes the policy's typed decision
-(:mod:`ledger.decisions`) and records every event that decision implies in one step, so a
+(:mod:`ledger.decision_types`) and records every event that decision implies in one step, so a
 job is never saved half-way through a transition. Every rule about what may happen when is
 checked here, once: a daemon bug cannot record an impossible history (a second Attempted
 before the first has an outcome, a search before the index lag has passed, a resend after a
@@ -25,7 +25,7 @@ from typing import Any
 
 from eventsourcing.domain import Aggregate
 
-from ledger import decisions as decide
+from ledger import decision_types as decide
 from ledger.content import LATER_FIELDS, JobContent, JobInputError
 from ledger.keys import MAX_NAME_LENGTH, identifier_problem, note_problem
 from ledger.vocabulary import (
@@ -95,7 +95,7 @@ class SendJob(Aggregate):
     resent: bool  # sent again without proof the earlier attempt failed
     verifying: bool  # confirmed, and its copies are to be counted once more
     verifications: int
-    purged_at: datetime | None  # its content was purged then (ledger/retention.py)
+    purged_at: datetime | None  # its content was purged then (ledger/redaction.py)
     purged_by: str
     # send_via = "drafts": the provider's draft made for this job (None: none recorded).
     draft_id: str | None
@@ -445,7 +445,7 @@ class SendJob(Aggregate):
             job.due_at = None
 
     class Purged(Event):
-        """The job's content was made unreadable in the store (``ledger/retention.py``):
+        """The job's content was made unreadable in the store (``ledger/redaction.py``):
         its trail stays, its recipients, subject, bodies, attachments and headers do not."""
 
         TOPIC = "sendledger:SendJob.Purged"

@@ -2,7 +2,7 @@
 
 The caller passes the time (``now``, timezone-aware) and, for jitter, a random source; the
 functions only read the policy and the facts given. Each returns one of the closed set of
-typed decisions in :mod:`ledger.decisions`, carrying the policy's name and fingerprint; the
+typed decisions in :mod:`ledger.decision_types`, carrying the policy's name and fingerprint; the
 job aggregate turns it into events.
 
 Why the rules are what they are:
@@ -27,7 +27,7 @@ import math
 import random
 from datetime import UTC, datetime, timedelta
 
-from ledger.decisions import (
+from ledger.decision_types import (
     AfterDraftPending,
     AfterRejection,
     AfterSearch,

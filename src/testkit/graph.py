@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from testkit import mime
+from testkit import mime_reader
 from testkit._http import AnsweringHandler, LoopbackService, Response
 from testkit.tls import TlsFiles
 
@@ -260,13 +260,13 @@ class GraphEmulator(LoopbackService):
                 item.searchable_at = item.filed_at + self._lag
 
     def _store_draft(self, user: str, raw: bytes) -> _Item:
-        parsed = mime.parse(raw)
-        if mime.header(parsed, "Message-ID") is None:
+        parsed = mime_reader.parse(raw)
+        if mime_reader.header(parsed, "Message-ID") is None:
             # Exchange gives a new item an internetMessageId when the MIME has none.
-            raw = mime.replace_message_id(
+            raw = mime_reader.replace_message_id(
                 raw, f"<{secrets.token_hex(12)}@emulator.prod.outlook.com>"
             )
-            parsed = mime.parse(raw)
+            parsed = mime_reader.parse(raw)
         with self._lock:
             now = self._clock()
             item = _Item(
@@ -275,7 +275,7 @@ class GraphEmulator(LoopbackService):
                 rest_id=self._new_id(),
                 user=user,
                 raw=raw,
-                message_id=mime.header(parsed, "Message-ID"),
+                message_id=mime_reader.header(parsed, "Message-ID"),
                 folder=DRAFTS,
                 is_draft=True,
                 created=now,
@@ -288,11 +288,11 @@ class GraphEmulator(LoopbackService):
     def _dispatch(self, item: _Item, via: str, request_raw: bytes) -> None:
         """The message leaves: it is accepted (logged), in transit, then filed."""
         if self.rewrite_message_id:
-            item.raw = mime.replace_message_id(
+            item.raw = mime_reader.replace_message_id(
                 item.raw, f"<{secrets.token_hex(16)}@emulator.prod.outlook.com>"
             )
-            item.parsed = mime.parse(item.raw)
-            item.message_id = mime.header(item.parsed, "Message-ID")
+            item.parsed = mime_reader.parse(item.raw)
+            item.message_id = mime_reader.header(item.parsed, "Message-ID")
         now = self._clock()
         item.folder = None
         item.is_draft = False
@@ -677,7 +677,7 @@ def _joined(parsed: Any, name: str) -> str | None:
     values = parsed.get_all(name) if parsed is not None else None
     if not values:
         return None
-    return ", ".join(mime.decoded(value) for value in values)
+    return ", ".join(mime_reader.decoded(value) for value in values)
 
 
 class _GraphHandler(AnsweringHandler):

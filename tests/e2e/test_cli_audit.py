@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ledger.application import Ledger
-from ledger.decisions import Review
+from ledger.decision_types import Review
 from ledger.vocabulary import EscalationReason, PolicyRef
 
 

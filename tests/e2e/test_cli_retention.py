@@ -19,7 +19,7 @@ from tests.e2e.daemon_kit import Rig, job
 
 from ledger.application import Ledger
 from ledger.content import parse_job
-from ledger.decisions import Confirm, Review
+from ledger.decision_types import Confirm, Review
 from ledger.job import SendJob
 from ledger.stores.index import index_row
 from ledger.vocabulary import EscalationReason, PolicyRef, Sender

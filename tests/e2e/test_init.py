@@ -159,8 +159,8 @@ def test_the_written_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
 
 
 def test_a_write_that_fails_midway_leaves_nothing(tmp_path: Path) -> None:
-    from daemon.errors import CliError
-    from daemon.init_command import Planned, write_all
+    from daemon.cli.init_command import Planned, write_all
+    from daemon.exit_codes import CliError
 
     site = tmp_path / "new" / "site"
     plan = [

@@ -20,7 +20,7 @@ from tests.e2e.conftest import sendledger_command
 from tests.integration.api_kit import TOKEN, free_port, job
 
 from ledger.application import Ledger
-from ledger.decisions import Review
+from ledger.decision_types import Review
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
 from testkit.credentials import write_service_account
 from testkit.gmail import GmailEmulator

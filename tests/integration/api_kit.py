@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 
 from daemon.api.build import api_context, server_for
-from daemon.context import load_policies
 from daemon.engine import PolicyHolder
+from daemon.from_settings import load_policies
 from daemon.settings import Settings, settings_from_dict
 from ledger.application import Ledger
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.integration.api_kit import Api, job, running_api, write_config
 
-from ledger.decisions import Review
+from ledger.decision_types import Review
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
 
 
@@ -238,7 +238,7 @@ def test_the_daemon_serves_the_api_and_stops_it_on_shutdown(tmp_path: Path) -> N
     from tests.integration.api_kit import TOKEN
 
     from daemon.bootstrap import bootstrap
-    from daemon.context import load_policies
+    from daemon.from_settings import load_policies
     from daemon.providers.fake import FakeProvider
     from daemon.runtime import Daemon
     from ledger.application import Ledger

@@ -26,7 +26,7 @@ from googleapiclient.discovery import build
 from googleapiclient.errors import HttpError
 from googleapiclient.http import MediaInMemoryUpload
 
-from daemon.testkit_commands import register
+from daemon.cli.testkit_doubles import register
 from testkit.credentials import write_authorized_user, write_service_account
 from testkit.gmail import GmailEmulator
 
@@ -510,7 +510,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(
 def test_cli_runs_the_emulator_until_sigterm(tmp_path: Path) -> None:
     script = (
         "import argparse, sys\n"
-        "from daemon.testkit_commands import register\n"
+        "from daemon.cli.testkit_doubles import register\n"
         "p = argparse.ArgumentParser()\n"
         "register(p.add_subparsers(dest='command', required=True))\n"
         "a = p.parse_args(sys.argv[1:])\n"

@@ -14,7 +14,7 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from daemon.testkit_commands import register
+from daemon.cli.testkit_doubles import register
 from testkit.graph import (
     DEFAULT_CLIENT_ID,
     DEFAULT_CLIENT_SECRET,

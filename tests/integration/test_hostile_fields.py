@@ -39,7 +39,7 @@ from ledger.message_id import message_id_for
 from ledger.mime import MessageFields, boundary, render_message
 from ledger.vocabulary import PolicyRef
 from testkit.gmail import GmailEmulator
-from testkit.mime import decoded
+from testkit.mime_reader import decoded
 
 KEY = "hostile-receipt-1"
 CRLF = "\r\n"

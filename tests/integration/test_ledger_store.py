@@ -29,7 +29,7 @@ from ledger.application import (
     UnknownJob,
 )
 from ledger.content import JobContent
-from ledger.decisions import Confirm, ResendAt, RetryAt, Review, SearchAgainAt, SearchAt
+from ledger.decision_types import Confirm, ResendAt, RetryAt, Review, SearchAgainAt, SearchAt
 from ledger.job import JobState, SendJob, TransitionError
 from ledger.message_id import message_id_for
 from ledger.stores.index import IndexRow, index_row

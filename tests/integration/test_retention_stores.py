@@ -20,7 +20,7 @@ from tests.integration.test_ledger_store import SENDER, attempt_args, content
 
 from ledger.application import Ledger
 from ledger.content import JobContent, parse_job
-from ledger.decisions import Confirm, Review
+from ledger.decision_types import Confirm, Review
 from ledger.job import TransitionError
 from ledger.stores.cipher import new_key
 from ledger.stores.index import index_row

@@ -35,7 +35,7 @@ from daemon.settings import ConfigError, settings_from_dict
 from ledger import application
 from ledger.application import ConcurrentUpdate, IdentityTaken, Ledger
 from ledger.content import JobContent, parse_job
-from ledger.decisions import Review
+from ledger.decision_types import Review
 from ledger.job import job_id_for
 from ledger.stores.cipher import new_key
 from ledger.stores.index import IndexRow, index_row

@@ -7,8 +7,12 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from tests.conftest import FakeClock
+
+from daemon.bootstrap import Service, bootstrap
 from daemon.engine import Engine, PolicyHolder, TickReport
 from daemon.providers.fake import FakeProvider
+from daemon.settings import settings_from_dict
 from ledger.application import Ledger
 from ledger.content import JobContent, parse_job
 from ledger.job import SendJob
@@ -17,6 +21,8 @@ from policies.model import ChannelPolicy
 
 TIMEOUT = 10.0
 GRACE = 5.0
+#: The name on the rig's claims (every engine it builds; a real daemon always has one).
+DAEMON = "rig"
 BASE_POLICY: dict[str, Any] = {
     "provider": "fake",
     "from": "Support <support@example.com>",
@@ -29,19 +35,6 @@ BASE_POLICY: dict[str, Any] = {
     "retry_backoff_max": "1m",
     "verify_after": "10m",
 }
-
-
-class Clock:
-    """Injected time: tests move it instead of sleeping."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 def policy(channel: str, **fields: Any) -> ChannelPolicy:
@@ -77,31 +70,54 @@ class EngineRig:
         seed: int = 0,
         concurrency: int = 2,
     ) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock(datetime(2026, 11, 1, 9, 0, tzinfo=UTC))
         self.ledger = Ledger("memory://", clock=self.clock)
         self.provider = FakeProvider("fake", clock=self.clock, index_lag=index_lag)
         self.policies = PolicySet({p.channel: p for p in policies})
-        self.holder = PolicyHolder(lambda: self.policies)
         self.seed = seed
+        # The daemon's own settings, so the engine is wired as `run` wires it (bootstrap):
+        # provider "fake" with TIMEOUT, GRACE, the other engine settings at their defaults.
+        self.settings = settings_from_dict(
+            {
+                "store": {"url": "memory://"},
+                "daemon": {"concurrency": concurrency, "deadline_grace": GRACE, "name": DAEMON},
+                "providers": {
+                    "fake": {
+                        "credentials_file": "x.json",  # never read: the fake replaces it
+                        "user": "support@example.com",
+                        "timeout": TIMEOUT,
+                    }
+                },
+            }
+        )
         self.concurrency = concurrency
-        self.engine = self.new_engine()
+        self.service = self.new_service()
+        self.engine = self.service.engine
 
-    def new_engine(self) -> Engine:
-        return Engine(
-            self.ledger,
-            self.holder,
-            {"fake": self.provider},
-            provider_timeouts={"fake": TIMEOUT},
+    @property
+    def holder(self) -> PolicyHolder:
+        return self.service.policies
+
+    def new_service(self) -> Service:
+        return bootstrap(
+            self.settings,
+            ledger=self.ledger,
+            policy_loader=lambda: self.policies,
+            policies=self.policies,
+            providers={"fake": self.provider},
             clock=self.clock,
-            concurrency=self.concurrency,
-            deadline_grace=GRACE,
             rng=random.Random(self.seed),
         )
 
+    def new_engine(self) -> Engine:
+        """Another daemon's engine on the same store and provider."""
+        return self.new_service().engine
+
     def restart(self) -> None:
         """The daemon dies and a new one starts on the same store (memory outlives it)."""
-        self.engine.close()
-        self.engine = self.new_engine()
+        self.engine.close()  # not the provider: the fake's mailbox outlives the daemon
+        self.service = self.new_service()
+        self.engine = self.service.engine
 
     def close(self) -> None:
         self.engine.close()

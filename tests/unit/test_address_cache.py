@@ -1,5 +1,6 @@
-"""The shared parse of an address (`ledger/addresses.py`, README "Performance and scaling"):
-the cached answer is the uncached one, and a refusal is never remembered as a mailbox."""
+"""The shared parse of an address (`ledger/addresses.py`, docs/performance.md "Performance
+and scaling"): the cached answer is the uncached one, and a refusal is never remembered as a
+mailbox."""
 
 from __future__ import annotations
 

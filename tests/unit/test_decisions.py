@@ -1,6 +1,6 @@
 """The decision functions: small exhaustive tables and properties over any policy.
 
-Each function returns one of the closed set of typed decisions in ``ledger.decisions``,
+Each function returns one of the closed set of typed decisions in ``ledger.decision_types``,
 carrying the policy's :class:`PolicyRef`; the tables compare whole decisions.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.decisions import (
+from ledger.decision_types import (
     AfterRejection,
     AfterSearch,
     AfterUnknown,

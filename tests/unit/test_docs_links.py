@@ -7,7 +7,7 @@ API's `listen` and the emulators' or relays' `--port`), so the examples can run 
 import re
 from pathlib import Path
 
-from daemon.init_command import FIRST_KEY, config_text, installation, planned_files
+from daemon.cli.init_command import FIRST_KEY, config_text, installation, planned_files
 from ledger.addresses import parse_mailbox
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from ledger.decisions import RetryAt, Review, SearchAt
+from ledger.decision_types import RetryAt, Review, SearchAt
 from ledger.vocabulary import EscalationReason
 from policies.decisions import after_draft_pending, after_unknown_draft
 from policies.model import ChannelPolicy

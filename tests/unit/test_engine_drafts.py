@@ -21,7 +21,7 @@ from daemon.engine.drafts import (
 )
 from daemon.providers.fake import FakeProvider, Scripted
 from daemon.providers.fake_drafts import FakeDraftsProvider
-from ledger.decisions import Review, SearchAt
+from ledger.decision_types import Review, SearchAt
 from ledger.job import SendJob
 from ledger.vocabulary import ConfirmedVia, JobState
 from policies.model import ChannelPolicy

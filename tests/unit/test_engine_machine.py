@@ -155,7 +155,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule()
     def retention_purges(self) -> None:
-        # Whatever is settled for good by now loses its content (ledger/retention.py).
+        # Whatever is settled for good by now loses its content (ledger/redaction.py).
         self.r.ledger.purge_settled(self.r.clock(), by="retention", rule="machine")
 
     # -- what must always hold ------------------------------------------------------------

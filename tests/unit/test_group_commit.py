@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.unit.engine_rig import EngineRig, claimed_by, policy
+from tests.unit.engine_rig import DAEMON, EngineRig, claimed_by, policy
 
 from daemon.engine.commit import GroupCommit, _Save
 from ledger.application import ConcurrentUpdate, Ledger
@@ -116,7 +116,7 @@ def test_a_claim_that_meets_another_writer_is_not_sent(rig: EngineRig) -> None:
     # The first commit held one claim (k0 or k1): the other writer took it first.
     assert rig.provider.sends == 1 and report.sent == 1 and report.skipped == 1
     states = sorted((rig.job(k).claimed_by, rig.job(k).state.value) for k in ("k0", "k1"))
-    assert states == [("", "confirmed"), ("other", "attempted")]
+    assert states == [("other", "attempted"), (DAEMON, "confirmed")]
 
 
 def test_an_outcome_that_meets_another_writer_leaves_the_other_writers_events(

@@ -29,7 +29,7 @@ from ledger.content import JobContent, JobInputError, parse_job
 from ledger.message_id import message_id_for
 from ledger.mime import MessageFields, boundary
 from ledger.wire_check import checked_message, find_mismatch
-from testkit.mime import decoded
+from testkit.mime_reader import decoded
 
 DOMAIN = "mail.example.com"
 KEY = "order-42"

@@ -12,7 +12,7 @@ from eventsourcing.utils import get_topic, resolve_topic
 from tests.conftest import FakeClock
 from tests.unit.jobs import DEADLINE, MAPPER, POLICY, PROVIDER, assert_reloads, requested_job
 
-from ledger.decisions import Confirm, RetryAt, Review, SearchAt
+from ledger.decision_types import Confirm, RetryAt, Review, SearchAt
 from ledger.job import SendJob, TransitionError
 from ledger.vocabulary import ConfirmedVia, EscalationReason, JobState
 

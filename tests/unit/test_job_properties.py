@@ -30,7 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from tests.conftest import FakeClock
 from tests.unit.jobs import CHANNEL, POLICY, QUERY, fields_of, reload, replay, requested_job
 
-from ledger.decisions import (
+from ledger.decision_types import (
     Confirm,
     Duplicate,
     ResendAt,

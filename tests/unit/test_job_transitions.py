@@ -35,7 +35,7 @@ from tests.unit.jobs import (
 )
 
 from ledger.content import JobContent
-from ledger.decisions import (
+from ledger.decision_types import (
     Confirm,
     Duplicate,
     ResendAt,

@@ -16,7 +16,7 @@ from tests.conftest import FakeClock
 from tests.unit.test_job_transitions import review_job
 
 from daemon import output
-from daemon.audit import FORMULA_STARTS, csv_cell
+from daemon.cli.audit import FORMULA_STARTS, csv_cell
 from daemon.intake import IntakeError, decode_jobs, parse_jobs
 from daemon.logs import JournalFormatter, PrintableFormatter
 from ledger.content import JobInputError, parse_job

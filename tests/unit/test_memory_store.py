@@ -22,7 +22,7 @@ from eventsourcing.persistence import IntegrityError, StoredEvent
 
 from ledger.application import ConcurrentUpdate, KeyConflict, Ledger, Sender
 from ledger.content import JobContent
-from ledger.decisions import Review
+from ledger.decision_types import Review
 from ledger.stores import backend_for
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter
 from ledger.stores.memory import (

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.engine.health import _Sampler
-from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
+from daemon.engine.readback import _Sampler
+from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.settings import ConfigError, settings_from_dict
 
 

@@ -17,7 +17,7 @@ from daemon.read_models import job_status
 from ledger.application import ConcurrentUpdate, KeyConflict
 from ledger.content import JobContent, parse_job
 from ledger.job import SendJob, TransitionError
-from ledger.retention import REDACTED, TRAIL_FIELDS, quoted_texts, redact_events
+from ledger.redaction import REDACTED, TRAIL_FIELDS, quoted_texts, redact_events
 from ledger.stores.index import index_row
 from ledger.vocabulary import JobState, Resolution
 

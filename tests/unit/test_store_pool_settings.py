@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.unit.test_settings import clean_env
 
-from daemon.context import store_spec
+from daemon.from_settings import store_spec
 from daemon.settings import ConfigError, settings_from_dict
 from ledger.stores.postgres import PostgresBackend
 from ledger.stores.url import (

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import FakeClock
 
 from ledger.content import JobContent
-from ledger.decisions import (
+from ledger.decision_types import (
     AfterVerification,
     Confirm,
     Duplicate,

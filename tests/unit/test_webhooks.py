@@ -24,6 +24,7 @@ from tests.unit.engine_rig import EngineRig, policy
 from daemon.providers.fake import Scripted
 from daemon.settings import ConfigError, WebhookSettings, settings_from_dict
 from daemon.webhooks.delivery import Outcome
+from daemon.webhooks.delivery_threads import hooks_from
 from daemon.webhooks.events import (
     WEBHOOK_EVENTS,
     WEBHOOK_TYPES,
@@ -31,7 +32,6 @@ from daemon.webhooks.events import (
     event_id_for,
     topics_for,
 )
-from daemon.webhooks.runner import hooks_from
 from daemon.webhooks.signing import new_secret, parse_secret, signed_headers
 from daemon.webhooks.status import webhook_status
 from daemon.webhooks.worker import Deliverer, Hook

@@ -32,7 +32,7 @@ from ledger.header_encoding import client_view, encoded_words
 from ledger.message_id import message_id_for
 from ledger.mime import MessageFields, boundary, render_message
 from ledger.wire_check import RenderMismatch, carries_message_id, checked_message, find_mismatch
-from testkit.mime import decoded
+from testkit.mime_reader import decoded
 
 MID = message_id_for("order-42", "mail.example.com")
 DATE = datetime(2026, 1, 1, 12, tzinfo=UTC)

@@ -21,12 +21,12 @@ from daemon.crashpoints import crash_point
 from daemon.engine import drafts as drafts_flow
 from daemon.engine.circuit import Circuits
 from daemon.engine.clock import Clock
-from daemon.engine.health import ProviderHealth
+from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.drafts import Draft, DraftCheck
 from daemon.providers.smtp_imap import Envelope
-from ledger.decisions import AfterRejection, Review
+from ledger.decision_types import AfterRejection, Review
 from ledger.job import SendJob
 from ledger.mime import MessageFields, mailboxes
 from ledger.vocabulary import EscalationReason, JobState

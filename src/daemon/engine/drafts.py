@@ -26,7 +26,7 @@ from datetime import datetime
 
 from daemon.providers.base import Provider, ProviderError
 from daemon.providers.drafts import Draft, DraftCheck, DraftsProvider, DraftStatus, drafts_of
-from ledger.decisions import AfterUnknown
+from ledger.decision_types import AfterUnknown
 from ledger.job import SendJob
 from policies import decisions
 from policies.model import ChannelPolicy

@@ -17,7 +17,7 @@ import logging
 from datetime import datetime
 
 from daemon.engine.dispatch import save_unknown_outcome
-from daemon.engine.health import ProviderHealth
+from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work, due
 from ledger.job import SendJob
 from ledger.vocabulary import JobState

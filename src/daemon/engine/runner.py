@@ -22,7 +22,7 @@ from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import Count, Counter
 from daemon.providers.base import Provider
 from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
-from ledger.decisions import Review
+from ledger.decision_types import Review
 from ledger.job import SendJob, TransitionError
 from ledger.vocabulary import JobState
 from policies import decisions

@@ -19,11 +19,11 @@ from datetime import datetime, timedelta
 from daemon.crashpoints import crash_point
 from daemon.engine.clock import Clock
 from daemon.engine.drafts import ask_draft, drafts_mode, record_draft_check, recorded_draft
-from daemon.engine.health import ProviderHealth
+from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work, due
 from daemon.providers.base import Provider, ProviderError, SearchResult
 from daemon.providers.drafts import DraftCheck, DraftsProvider
-from ledger.decisions import StopVerifying
+from ledger.decision_types import StopVerifying
 from ledger.job import SendJob
 from ledger.vocabulary import JobState, PolicyRef
 from policies import decisions

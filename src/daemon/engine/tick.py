@@ -23,9 +23,9 @@ from daemon.engine.circuit import Circuits, CircuitSettings, OpenCircuit
 from daemon.engine.clock import Clock
 from daemon.engine.commit import GroupCommit
 from daemon.engine.dispatch import Dispatch
-from daemon.engine.health import ProviderHealth
 from daemon.engine.observer import EngineObserver, NullObserver, ObservedProvider, notify
 from daemon.engine.policy_holder import PolicyHolder
+from daemon.engine.readback import ProviderHealth
 from daemon.engine.recover import Recover, RecoverOwnClaims
 from daemon.engine.report import Counter, TickReport
 from daemon.engine.runner import Step, StepRunner, Work

@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
+# The defaults of the Message-ID read-back (daemon/engine/readback.py): the port declares them
+# so providers and settings share them without importing the engine (docs/performance.md,
+# "Performance and scaling").
+#: Enough to catch a provider that replaces every Message-ID before anything else depends on it.
+DEFAULT_READBACK_FIRST = 10
+#: One send in a hundred: a read-back costs an API call (5 Gmail quota units) per send.
+DEFAULT_READBACK_RATE = 0.01
 
 
 class SendKind(StrEnum):
@@ -89,7 +95,7 @@ class Provider(Protocol):
     #: Seconds one call may take before it is abandoned (the claim's deadline adds the
     #: daemon's grace to it).
     timeout: float
-    #: The Message-ID read-back after confirmed sends (``daemon/engine/health.py``): every
+    #: The Message-ID read-back after confirmed sends (``daemon/engine/readback.py``): every
     #: one of the first `readback_first` after start-up, then a `readback_rate` share.
     readback_first: int
     readback_rate: float

@@ -39,6 +39,8 @@ from googleapiclient.errors import HttpError
 
 from daemon.providers.answers import json_object
 from daemon.providers.base import (
+    DEFAULT_READBACK_FIRST,
+    DEFAULT_READBACK_RATE,
     Provider,
     ProviderBase,
     ProviderError,
@@ -62,7 +64,6 @@ from daemon.providers.quota import (
     GMAIL_SEND_UNITS,
     TokenBucket,
 )
-from daemon.providers.readback import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
 from daemon.secret_text import read_secret_text
 from ledger.addresses import parse_mailbox
@@ -275,7 +276,7 @@ class GmailProvider(ProviderBase):
         self.send_via = send_via
         self.user = user or "me"
         self.per_mailbox = self.user == FROM_PLACEHOLDER
-        # Read by the engine's Message-ID read-back sampling (daemon/engine/health.py).
+        # Read by the engine's Message-ID read-back sampling (daemon/engine/readback.py).
         self.readback_first = readback_first
         self.readback_rate = float(readback_rate)
         self.reuse_connections = reuse_connections

@@ -1,4 +1,4 @@
-"""What a purge asks of a store (`ledger.retention`, `Ledger.purge`).
+"""What a purge asks of a store (`ledger.redaction`, `Ledger.purge`).
 
 The redacted copies of a job's stored events travel to the recorder's insert beside the
 Purged event, under `REWRITES_KWARG`, as the index rows do: each backend rewrites them in

@@ -191,24 +191,23 @@ def _build_plan(args: argparse.Namespace) -> FaultPlan:
     return FaultPlan.random(seed, _weights("--send-mix", args.send_mix), search)
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        # A timed wait keeps the main thread responsive to signals on every platform.
-        while not stop.wait(0.5):
-            pass
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+def _wait_for_signal(args: argparse.Namespace) -> None:
+    """Until SIGINT or SIGTERM: the handlers were installed by `_guarded` before anything
+    started, so a signal sent as soon as the URL is printed is never the default action."""
+    stop: threading.Event = args.stop_signal
+    # A timed wait keeps the main thread responsive to signals on every platform.
+    while not stop.wait(0.5):
+        pass
 
 
 def _guarded(body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
+        stop = args.stop_signal = threading.Event()
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             return body(args)
         except _BadOption as exc:
@@ -217,6 +216,9 @@ def _guarded(body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
         except OSError as exc:
             print(f"sendledger: cannot listen: {exc}", file=sys.stderr)
             return 1
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
     return run
 
@@ -236,7 +238,7 @@ def _run_gmail(args: argparse.Namespace) -> int:
         if args.write_service_account:
             write_service_account(Path(args.write_service_account), token_uri=emulator.token_uri)
         print(emulator.url, flush=True)
-        _wait_for_signal()
+        _wait_for_signal(args)
     finally:
         emulator.stop()
     return 0
@@ -284,7 +286,7 @@ def _run_graph(args: argparse.Namespace) -> int:
                 "ca_file": str(emulator.tls.ca_file.absolute()),
             }
             print(json.dumps(facts), flush=True)
-            _wait_for_signal()
+            _wait_for_signal(args)
         finally:
             emulator.stop()
     return 0
@@ -317,7 +319,7 @@ def _run_relay(args: argparse.Namespace) -> int:
     relay.start()
     try:
         print(relay.url, flush=True)
-        _wait_for_signal()
+        _wait_for_signal(args)
     finally:
         relay.stop()
     return 0

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from daemon import output, retention
-from daemon.context import open_ledger, settings_for
+from daemon import output
+from daemon.cli import admin_purge
 from daemon.doors import command_intake, command_services
-from daemon.errors import (
+from daemon.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_CONFLICT,
     EXIT_FAILURE,
@@ -22,6 +22,7 @@ from daemon.errors import (
     CliError,
     bad_input,
 )
+from daemon.from_settings import open_ledger, settings_for
 from daemon.intake import decode_jobs
 from daemon.parsers import add_command
 from daemon.read_models import timeline_details
@@ -51,7 +52,7 @@ def register(sub: Any) -> None:
     )
     add_command(admin, "rebuild-index", cmd_rebuild_index, "recreate the job index from the events")
     add_command(admin, "new-key", cmd_new_key, "print a fresh store encryption key")
-    retention.register(admin)
+    admin_purge.register(admin)
 
 
 # -- submit -------------------------------------------------------------------------

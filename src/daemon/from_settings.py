@@ -1,11 +1,11 @@
-"""What a command needs: settings, the ledger, the channel policies."""
+"""What a command or the API opens from the settings: the ledger, its store, the policies."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from daemon.errors import CliError, bad_input
+from daemon.exit_codes import CliError, bad_input
 from daemon.secret_files import encryption_keys
 from daemon.settings import Settings, load_settings
 from ledger.application import Ledger

@@ -7,12 +7,19 @@ Exit codes (stable): 0 ok; 1 unexpected failure; 2 bad input (usage, job, config
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from daemon import output
-from daemon.errors import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_FAILURE, EXIT_UNKNOWN_JOB, CliError
+from daemon.exit_codes import (
+    EXIT_BAD_INPUT,
+    EXIT_CONFLICT,
+    EXIT_FAILURE,
+    EXIT_UNKNOWN_JOB,
+    CliError,
+)
 from daemon.settings import ConfigError
 from ledger.application import IdentityTaken, KeyConflict, UnknownJob
 from ledger.content import JobInputError
@@ -28,19 +35,48 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"sendledger: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from daemon import (
-        api_commands,
-        audit,
-        commands,
-        demo,
-        init_command,
-        probe,
-        service_commands,
-        testkit_commands,
-    )
-    from daemon.webhooks import commands as webhook_commands
+#: Which module registers each command, so that a command imports only its own module: the
+#: others may import the test kit (demo, probe, emulator), APScheduler (run, review) or the
+#: HTTP stack, none of which `submit` or `status` needs (docs/architecture.md, "Layers").
+#: tests/unit/test_cli_lazy.py checks this table against what the modules register.
+COMMANDS: dict[str, str] = {
+    "submit": "daemon.cli.job_commands",
+    "status": "daemon.cli.job_commands",
+    "history": "daemon.cli.job_commands",
+    "policy": "daemon.cli.job_commands",
+    "admin": "daemon.cli.job_commands",
+    "run": "daemon.cli.service",
+    "review": "daemon.cli.service",
+    "cancel": "daemon.cli.service",
+    "audit": "daemon.cli.audit",
+    "demo": "daemon.demo",
+    "init": "daemon.cli.init_command",
+    "probe": "daemon.probe",
+    "emulator": "daemon.cli.testkit_doubles",
+    "relay": "daemon.cli.testkit_doubles",
+    "api": "daemon.cli.api_server",
+    "webhooks": "daemon.cli.webhooks",
+}
 
+
+def command_named(argv: Sequence[str]) -> str | None:
+    """The command `argv` runs, read as the parser will read it; None for `--help` or none."""
+    items = iter(argv)
+    for item in items:
+        if item == "--config":
+            next(items, None)
+        elif item.startswith("--config="):
+            continue
+        elif item.startswith("-"):
+            return None
+        else:
+            return item
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or (given a known `command`) one holding only that command's module:
+    argparse needs no other subparser to parse a command's arguments."""
     parser = _Parser(
         prog="sendledger",
         description="Email sends that are safe to retry when the provider has no idempotency "
@@ -51,15 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", help="config file (else $SENDLEDGER_CONFIG, ./sendledger.toml)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    commands.register(sub)
-    service_commands.register(sub)
-    audit.register(sub)
-    demo.register(sub)
-    init_command.register(sub)
-    probe.register(sub)
-    testkit_commands.register(sub)
-    api_commands.register(sub)
-    webhook_commands.register(sub)
+    wanted = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in wanted:
+        importlib.import_module(name).register(sub)
     _config_anywhere(parser)
     return parser
 
@@ -100,7 +130,8 @@ def _not_text(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     output.guard_streams()  # nothing a caller typed acts on the terminal (docs/cli.md "Keys")
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_named(argv))
     args = parser.parse_args(argv)
     problem = _not_text(args)
     if problem:
@@ -137,4 +168,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-__all__ = ["EXIT_CONFLICT", "EXIT_UNKNOWN_JOB", "build_parser", "main"]
+__all__ = ["COMMANDS", "EXIT_CONFLICT", "EXIT_UNKNOWN_JOB", "build_parser", "command_named", "main"]

@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from daemon import output
-from daemon.context import open_ledger, settings_for
-from daemon.errors import EXIT_OK, bad_input
+from daemon.exit_codes import EXIT_OK, bad_input
+from daemon.from_settings import open_ledger, settings_for
 from daemon.parsers import add_command
 from daemon.webhooks.events import event_id_for
 from daemon.webhooks.signing import new_secret

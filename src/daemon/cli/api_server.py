@@ -7,9 +7,9 @@ import argparse
 import logging
 from typing import Any
 
-from daemon.context import load_policies, open_ledger, settings_for
 from daemon.engine import PolicyHolder
-from daemon.errors import EXIT_OK, bad_input
+from daemon.exit_codes import EXIT_OK, bad_input
+from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.logs import setup_logging
 from daemon.secret_files import warn_exposed_secrets
 from daemon.settings import parse_listen

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon.errors import EXIT_OK, bad_input
+from daemon.exit_codes import EXIT_OK, bad_input
 from ledger.addresses import AddressError, Mailbox, parse_mailbox
 
 PROVIDERS = ("gmail", "smtp-imap", "graph")

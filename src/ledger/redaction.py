@@ -1,4 +1,4 @@
-"""Retention: what a purge does to a settled job's events (the argument for doing it this
+"""Redaction: what a purge does to a settled job's events (the argument for doing it this
 way is in docs/architecture.md, "Retention").
 
 A purge keeps the job's trail (key, channel, Message-ID, content hash, every event with

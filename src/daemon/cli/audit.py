@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from daemon import output
-from daemon.context import open_ledger, settings_for
-from daemon.errors import EXIT_OK, bad_input
+from daemon.exit_codes import EXIT_OK, bad_input
+from daemon.from_settings import open_ledger, settings_for
 from daemon.moments import parse_moment
 from ledger.application import Ledger
 from ledger.display import printable

@@ -11,9 +11,9 @@ from typing import Any
 
 from daemon import output
 from daemon.bootstrap import bootstrap
-from daemon.commands import served
-from daemon.context import load_policies, open_ledger, settings_for
-from daemon.errors import EXIT_OK, bad_input
+from daemon.cli.job_commands import served
+from daemon.exit_codes import EXIT_OK, bad_input
+from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.logs import setup_logging
 from daemon.parsers import add_command
 from daemon.read_models import job_status

@@ -1,0 +1,72 @@
+"""A command imports only its own module (docs/architecture.md, "Layers"): `submit` and
+`status` run without the test kit, APScheduler or the HTTP stack, which `demo`, `probe`,
+`emulator`, `run` and `api` need."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.e2e.conftest import CliEnv
+
+HEAVY = ("testkit", "apscheduler", "fastapi", "starlette", "uvicorn")
+
+# Runs the command in-process through the console script's `main`, then names every heavy
+# package that got imported: the script's exit code is the command's, stdout the command's
+# output followed by one JSON line of the imported heavy packages.
+PROBE = textwrap.dedent(
+    """
+    import json, sys
+    from daemon.cli import main
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as exc:  # --help
+        code = exc.code
+    heavy = sorted({name.split(".")[0] for name in sys.modules} & set(HEAVY))
+    print(json.dumps({"heavy": heavy}))
+    sys.exit(code)
+    """
+).replace("HEAVY", repr(HEAVY))
+
+JOB = {
+    "channel": "receipts",
+    "key": "order-1001",
+    "to": "Alice <alice@example.com>",
+    "subject": "Your receipt",
+    "body": "Thanks for your order.",
+}
+
+
+def run_probe(cli: CliEnv, *args: str, stdin: str = "") -> tuple[int, str, list[str]]:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, "--config", str(cli.config), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=cli.root,
+        env=cli.env,
+        timeout=60,
+    )
+    *output, last = proc.stdout.splitlines()
+    return proc.returncode, "\n".join(output), json.loads(last)["heavy"]
+
+
+def test_submit_and_status_import_neither_the_testkit_nor_the_scheduler(cli: CliEnv) -> None:
+    code, out, heavy = run_probe(cli, "submit", "--json", "-", stdin=json.dumps(JOB))
+    assert code == 0, out
+    assert json.loads(out)["key"] == "order-1001"
+    assert heavy == []
+
+    code, out, heavy = run_probe(cli, "status", "--json", "order-1001")
+    assert code == 0, out
+    assert json.loads(out)["key"] == "order-1001"
+    assert heavy == []
+
+
+def test_the_probe_sees_a_command_that_imports_the_testkit(cli: CliEnv) -> None:
+    # The check above can fail: `emulator --help` loads the test kit's command module.
+    code, _, heavy = run_probe(cli, "emulator", "--help")
+    assert code == 0
+    assert "testkit" in heavy
