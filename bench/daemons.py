@@ -42,7 +42,7 @@ from soak import FAULTS, PG_URL, POLICIES, SENDLEDGER, SETTLED, write_setup
 from ledger.application import Ledger
 from ledger.content import parse_job
 from policies.loader import load_policy_dir
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
 
 DB_FUNCTIONS = "POSTGRES_ENABLE_DB_FUNCTIONS"

@@ -37,7 +37,7 @@ from ledger.application import Ledger
 from ledger.content import parse_job
 from policies.loader import load_policy_dir
 from testkit.credentials import write_service_account
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay, Mode
 
 PG_URL = os.environ.get(

@@ -46,7 +46,7 @@ from ledger.display import command_line, printable
 from ledger.job import JobState
 from policies.loader import load_policy_dir
 from testkit import FaultPlan, FaultRelay, GmailEmulator, Mode, write_service_account
-from testkit.graph import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
+from testkit.graph_emulator import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
 from testkit.mailservers import PASSWORD, RECIPIENT, SENDER, MailServers, mail_servers
 from testkit.mailservers import missing_reason as mailservers_missing
 from testkit.smtp_relay import SmtpFaultRelay, SmtpMode

@@ -27,7 +27,7 @@ from daemon.exit_codes import EXIT_FAILURE, EXIT_OK, bad_input
 from daemon.from_settings import settings_for
 from daemon.probe_drafts import drafts_handle_works, recommend, run_drafts_probe
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
-from daemon.providers.drafts import drafts_of
+from daemon.providers.draft_handle import drafts_of
 from daemon.runtime import check_provider_access
 from daemon.settings import (
     ConfigError,

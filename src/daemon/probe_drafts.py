@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from daemon.providers.base import ProviderError
-from daemon.providers.drafts import DraftsProvider, DraftStatus
+from daemon.providers.draft_handle import DraftsProvider, DraftStatus
 from policies.durations import format_duration
 
 

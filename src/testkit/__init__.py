@@ -18,7 +18,7 @@ so your own tests can use it without starting sendledger.
 from __future__ import annotations
 
 from testkit.credentials import write_authorized_user, write_service_account
-from testkit.gmail import ApiError, GmailEmulator
+from testkit.gmail_emulator import ApiError, GmailEmulator
 from testkit.relay import KINDS, MODES, FaultPlan, FaultRelay, Kind, Mode, check_mode, classify
 from testkit.smtp_relay import SMTP_MODES, SmtpFaultRelay, SmtpMode
 

@@ -34,7 +34,7 @@ from daemon.read_models import event_record
 from ledger.application import Ledger
 from ledger.stores.index import IndexRow
 from testkit.credentials import write_service_account
-from testkit.gmail import ApiError, GmailEmulator
+from testkit.gmail_emulator import ApiError, GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
 
 VENV_BIN = Path(sys.executable).parent

@@ -21,7 +21,7 @@ import pytest
 from tests.e2e.daemon_kit import MAILBOX, Rig, events_of
 from tests.e2e.test_crash_matrix import MODES, POINTS, POLICY, UNKNOWN_OUTCOME, matrix_row
 
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 
 DRAFTS_POLICY: dict[str, Any] = {**POLICY, "search_after": "60s", "search_interval": "60s"}
 

@@ -24,7 +24,7 @@ import pytest
 from tests.e2e.daemon_kit import RETRY_POLICY, SENDLEDGER, Rig, job
 from tests.e2e.test_crash_matrix import MODES, POINTS, POLICY, matrix_row
 
-from testkit.graph import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
+from testkit.graph_emulator import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
 from testkit.relay import FaultRelay
 from testkit.tls import make_loopback_tls
 

@@ -15,7 +15,7 @@ import pytest
 from tests.e2e.daemon_kit import SENDLEDGER
 
 from testkit.credentials import write_service_account
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 
 MAILBOX = "probe@example.com"
 LAG = 0.3

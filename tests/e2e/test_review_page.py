@@ -23,7 +23,7 @@ from ledger.application import Ledger
 from ledger.decision_types import Review
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
 from testkit.credentials import write_service_account
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 
 CHROMIUM = os.environ.get("TEST_CHROMIUM", "/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import pytest
 
 from daemon.providers.gmail import GmailProvider
 from testkit.credentials import write_authorized_user, write_service_account
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
 
 # The mailbox a service account acts for (domain-wide delegation subject).

@@ -28,7 +28,7 @@ from googleapiclient.http import MediaInMemoryUpload
 
 from daemon.cli.testkit_doubles import register
 from testkit.credentials import write_authorized_user, write_service_account
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 
 SEND = "https://www.googleapis.com/auth/gmail.send"
 READ = "https://www.googleapis.com/auth/gmail.readonly"

@@ -23,7 +23,7 @@ from tests.integration.test_emulator import (
     sa_credentials,
 )
 
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import classify
 
 COMPOSE = "https://www.googleapis.com/auth/gmail.compose"

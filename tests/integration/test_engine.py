@@ -32,7 +32,7 @@ from ledger.job import JobState, TransitionError
 from ledger.vocabulary import Resolution
 from policies.loader import PolicySet, load_policy_dir
 from policies.model import ChannelPolicy
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
 
 MAILBOX = "support@example.com"  # the mailbox the service account acts as

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from daemon.providers.base import SendKind
-from daemon.providers.drafts import DraftRefused, DraftStatus
+from daemon.providers.draft_handle import DraftRefused, DraftStatus
 from daemon.providers.gmail import DRAFT_SCOPES, SCOPES, GmailProvider, MissingScope
 from testkit.credentials import write_authorized_user, write_service_account
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
 
 GmailProviderFactory = Callable[..., GmailProvider]

@@ -15,7 +15,7 @@ from daemon.providers.base import SendKind, for_job
 from daemon.providers.gmail import DelegationRequired, GmailProvider
 from daemon.settings import ConfigError, settings_from_dict
 from testkit.credentials import write_authorized_user, write_service_account
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
 
 MAILBOXES = ("alice@example.com", "bob@example.com", "carol@example.com")

@@ -23,7 +23,7 @@ import pytest
 from daemon.providers.base import ProviderError, SendKind
 from daemon.providers.gmail import SCOPES, GmailProvider
 from testkit.credentials import write_service_account
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
 from testkit.tls import make_loopback_tls
 

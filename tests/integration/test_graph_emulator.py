@@ -1,4 +1,4 @@
-"""The Graph emulator's own contract (testkit/graph.py), spoken to over HTTPS with plain
+"""The Graph emulator's own contract (testkit/graph_emulator.py), spoken to over HTTPS with plain
 requests: what a Graph client can rely on, and what the provider tests build on."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from daemon.cli.testkit_doubles import register
-from testkit.graph import (
+from testkit.graph_emulator import (
     DEFAULT_CLIENT_ID,
     DEFAULT_CLIENT_SECRET,
     DEFAULT_TENANT,

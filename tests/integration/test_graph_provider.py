@@ -29,7 +29,12 @@ import daemon.providers.graph as graph_module
 from daemon.providers.base import SendKind, for_job
 from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
 from daemon.providers.graph_credentials import read_certificate
-from testkit.graph import DEFAULT_CLIENT_ID, DEFAULT_CLIENT_SECRET, DEFAULT_TENANT, GraphEmulator
+from testkit.graph_emulator import (
+    DEFAULT_CLIENT_ID,
+    DEFAULT_CLIENT_SECRET,
+    DEFAULT_TENANT,
+    GraphEmulator,
+)
 from testkit.relay import FaultPlan, FaultRelay, Mode
 from testkit.tls import TlsFiles, make_loopback_tls
 

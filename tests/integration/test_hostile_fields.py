@@ -38,7 +38,7 @@ from ledger.job import JobState, SendJob
 from ledger.message_id import message_id_for
 from ledger.mime import MessageFields, boundary, render_message
 from ledger.vocabulary import PolicyRef
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 from testkit.mime_reader import decoded
 
 KEY = "hostile-receipt-1"

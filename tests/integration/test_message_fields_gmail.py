@@ -22,7 +22,7 @@ from tests.integration.test_engine import (  # noqa: F401  (fixtures used by nam
 from daemon.engine import render
 from ledger.content import parse_job
 from ledger.job import JobState
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 
 UNSUBSCRIBE = "<https://example.com/unsubscribe/" + "t" * 120 + ">, <mailto:unsub@example.com>"
 PARENT = "<ticket-4711-reply-3@support.example.com>"

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import httplib2
 import pytest
 
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay, Mode
 
 MESSAGE_ID = "<job-relay@mail.example.com>"

@@ -13,7 +13,7 @@ import pytest
 from tests.integration.mailservers import PASSWORD, RECIPIENT, mail_servers
 
 from testkit.credentials import write_service_account
-from testkit.gmail import GmailEmulator
+from testkit.gmail_emulator import GmailEmulator
 
 pytestmark = pytest.mark.xdist_group("mailservers")
 

@@ -8,7 +8,7 @@ from email.message import EmailMessage
 from tests.conftest import FakeClock
 
 from daemon.providers.base import SendKind
-from daemon.providers.drafts import DraftStatus, drafts_of
+from daemon.providers.draft_handle import DraftStatus, drafts_of
 from daemon.providers.fake import FakeProvider, Scripted
 from daemon.providers.fake_drafts import FakeDraftsProvider
 

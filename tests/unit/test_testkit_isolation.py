@@ -12,7 +12,7 @@ FORBIDDEN = ("daemon", "ledger", "policies")
 SCRIPT = f"""
 import json, sys
 import testkit
-import testkit.credentials, testkit.gmail, testkit.mime_reader, testkit.relay
+import testkit.credentials, testkit.gmail_emulator, testkit.mime_reader, testkit.relay
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {FORBIDDEN!r})))
 """
 

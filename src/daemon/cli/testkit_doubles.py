@@ -21,9 +21,9 @@ from typing import Any
 from policies.durations import DurationError, parse_duration_within
 from testkit import MODES, FaultPlan, FaultRelay, GmailEmulator, Mode, check_mode
 from testkit.credentials import write_service_account
-from testkit.graph import DEFAULT_CLIENT_ID as GRAPH_CLIENT_ID
-from testkit.graph import DEFAULT_TENANT as GRAPH_TENANT
-from testkit.graph import GraphEmulator
+from testkit.graph_emulator import DEFAULT_CLIENT_ID as GRAPH_CLIENT_ID
+from testkit.graph_emulator import DEFAULT_TENANT as GRAPH_TENANT
+from testkit.graph_emulator import GraphEmulator
 from testkit.tls import make_loopback_tls
 
 

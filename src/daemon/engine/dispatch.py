@@ -24,7 +24,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
-from daemon.providers.drafts import Draft, DraftCheck
+from daemon.providers.draft_handle import Draft, DraftCheck
 from daemon.providers.smtp_imap import Envelope
 from ledger.decision_types import AfterRejection, Review
 from ledger.job import SendJob

@@ -25,7 +25,7 @@ import logging
 from datetime import datetime
 
 from daemon.providers.base import Provider, ProviderError
-from daemon.providers.drafts import Draft, DraftCheck, DraftsProvider, DraftStatus, drafts_of
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus, drafts_of
 from ledger.decision_types import AfterUnknown
 from ledger.job import SendJob
 from policies import decisions

@@ -22,7 +22,7 @@ from daemon.engine.drafts import ask_draft, drafts_mode, record_draft_check, rec
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work, due
 from daemon.providers.base import Provider, ProviderError, SearchResult
-from daemon.providers.drafts import DraftCheck, DraftsProvider
+from daemon.providers.draft_handle import DraftCheck, DraftsProvider
 from ledger.decision_types import StopVerifying
 from ledger.job import SendJob
 from ledger.vocabulary import JobState, PolicyRef

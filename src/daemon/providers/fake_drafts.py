@@ -17,7 +17,7 @@ from datetime import datetime
 from email.parser import BytesHeaderParser
 
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
-from daemon.providers.drafts import Draft, DraftCheck, DraftStatus
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftStatus
 from daemon.providers.fake import Copy, FakeProvider, Scripted, SimulatedCrash
 
 

@@ -55,7 +55,7 @@ from daemon.providers.classify import (
     provider_error_for_exception,
     provider_error_for_response,
 )
-from daemon.providers.drafts import Draft, DraftCheck, DraftRefused
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused
 from daemon.providers.gmail_drafts import COMPOSE_SCOPE, GmailDrafts
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
@@ -493,7 +493,7 @@ class GmailProvider(ProviderBase):
             )
         return self.drafts.send(mailbox, draft)
 
-    # -- drafts (send_via = "drafts"; daemon/providers/drafts.py) ------------------------
+    # -- drafts (send_via = "drafts"; daemon/providers/draft_handle.py) ------------------------
 
     def create_draft(self, raw: bytes) -> Draft:
         return self.drafts.create(self._unscoped(), raw, None)

@@ -35,7 +35,7 @@ from daemon.providers.classify import (
     is_rate_limited,
     provider_error_for_response,
 )
-from daemon.providers.drafts import Draft, DraftCheck, DraftRefused, DraftStatus
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftStatus
 from daemon.providers.quota import GMAIL_GET_UNITS
 
 if TYPE_CHECKING:
