@@ -6,7 +6,7 @@ big, each measured in a separate process (its peak RSS read by a small launcher'
 `os.wait4`):
 
   tick      one engine tick over the 100 due jobs (`Engine.tick`, the in-process fake
-            provider `daemon/providers/fake.py`: the store's cost, not a network's)
+            provider `daemon/doubles/fake_provider.py`: the store's cost, not a network's)
   start-up  `sendledger run` from process start to READY=1 on $NOTIFY_SOCKET (identity,
             recovery of its own claims, the scheduler), Gmail provider on the emulator
   status    `sendledger status KEY --json` of a settled job
@@ -311,8 +311,8 @@ def run_child(argv: list[str]) -> tuple[float, float, str]:
 
 def child_tick(url: str) -> None:
     """In the child: one engine tick over the due jobs, fake provider; prints seconds."""
+    from daemon.doubles.fake_provider import FakeProvider
     from daemon.engine import Engine, PolicyHolder
-    from daemon.providers.fake import FakeProvider
     from ledger.application import utcnow
     from policies.loader import PolicySet
     from policies.model import ChannelPolicy

@@ -38,7 +38,7 @@ from intake import sqlite_store
 from pipeline import daemon_run, emulator_process
 
 from daemon.bootstrap import bootstrap
-from daemon.settings import settings_from_dict
+from daemon.config.settings import settings_from_dict
 from ledger.application import Ledger
 from ledger.content import parse_job
 from policies.loader import PolicySet

@@ -51,9 +51,9 @@ from eventsourcing.application import project_aggregate
 from intake import available_backends
 
 from daemon.bootstrap import bootstrap
+from daemon.config.settings import settings_from_dict
 from daemon.engine import Engine
 from daemon.providers.gmail import GmailProvider, build_gmail_service, load_credentials
-from daemon.settings import settings_from_dict
 from ledger import addresses
 from ledger import application as ledger_application
 from ledger.application import Ledger

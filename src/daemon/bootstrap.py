@@ -13,16 +13,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from daemon.engine import Engine, PolicyHolder
-from daemon.engine.circuit import CircuitSettings
-from daemon.engine.observer import EngineObserver
-from daemon.providers.base import Provider
-from daemon.settings import (
+from daemon.config.settings import (
     ConfigError,
     GraphProviderSettings,
     Settings,
     SmtpImapProviderSettings,
 )
+from daemon.engine import Engine, PolicyHolder
+from daemon.engine.circuit import CircuitSettings
+from daemon.engine.observer import EngineObserver
+from daemon.providers.base import Provider
 from ledger.application import Ledger
 from policies.loader import PolicySet
 

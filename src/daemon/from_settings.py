@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from daemon.config.secret_files import encryption_keys
+from daemon.config.settings import Settings, load_settings
 from daemon.exit_codes import CliError, bad_input
-from daemon.secret_files import encryption_keys
-from daemon.settings import Settings, load_settings
 from ledger.application import Ledger
 from ledger.mime import MessageLimits
 from ledger.stores import store_exists

@@ -24,11 +24,11 @@ from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecution
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from daemon.bootstrap import Service
+from daemon.config.secret_files import warn_exposed_secrets
+from daemon.config.settings import ConfigError
 from daemon.engine import TickReport
 from daemon.providers.base import Provider
-from daemon.retention import RetentionJob
-from daemon.secret_files import warn_exposed_secrets
-from daemon.settings import ConfigError
+from daemon.service_layer.retention import RetentionJob
 from daemon.systemd import Notifier, watchdog_interval
 from daemon.webhooks.delivery_threads import (
     WebhookThreads,

@@ -277,7 +277,7 @@ class Ledger(Application[UUID]):
         """`save_job` for several jobs in one transaction: all their events and index
         rows, or nothing. ConcurrentUpdate when another writer appended to any of them
         first; then none is saved and every job keeps its pending events, so each can be
-        saved again alone (`daemon/engine/wave.py`)."""
+        saved again alone (`daemon/engine/commit.py`)."""
         try:
             self._save_retrying(jobs)
         except IntegrityError as exc:

@@ -30,7 +30,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from daemon.read_models import event_record
+from daemon.service_layer.read_models import event_record
 from ledger.application import Ledger
 from ledger.stores.index import IndexRow
 from testkit.credentials import write_service_account

@@ -18,8 +18,8 @@ import pytest
 from tests.e2e.conftest import config_text
 from tests.e2e.test_cli_intake import job, one_error_line
 
+from daemon.config.settings import load_settings
 from daemon.from_settings import open_ledger
-from daemon.settings import load_settings
 from ledger.content import JobContent
 from ledger.decision_types import Review
 from ledger.vocabulary import EscalationReason, PolicyRef, Sender

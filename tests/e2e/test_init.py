@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import IN_CI
 from tests.e2e.daemon_kit import SENDLEDGER, Rig
 
-from daemon.settings import load_settings
+from daemon.config.settings import load_settings
 from testkit.credentials import write_service_account
 from testkit.mailservers import free_port
 

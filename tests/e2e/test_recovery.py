@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.e2e.daemon_kit import Rig, events_of, job
 
-from daemon import output
+from daemon.cli import output
 from daemon.engine.recover import OWN_REASON, REASON
 from testkit.relay import FaultPlan
 

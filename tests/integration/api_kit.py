@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 
 from daemon.api.build import api_context, server_for
+from daemon.config.settings import Settings, settings_from_dict
 from daemon.engine import PolicyHolder
 from daemon.from_settings import load_policies
-from daemon.settings import Settings, settings_from_dict
 from ledger.application import Ledger
 
 TOKEN = "alice-token-0123456789abcdef"

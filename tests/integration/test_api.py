@@ -238,8 +238,8 @@ def test_the_daemon_serves_the_api_and_stops_it_on_shutdown(tmp_path: Path) -> N
     from tests.integration.api_kit import TOKEN
 
     from daemon.bootstrap import bootstrap
+    from daemon.doubles.fake_provider import FakeProvider
     from daemon.from_settings import load_policies
-    from daemon.providers.fake import FakeProvider
     from daemon.runtime import Daemon
     from ledger.application import Ledger
 

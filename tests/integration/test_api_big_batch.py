@@ -14,7 +14,7 @@ import httpx
 import pytest
 from tests.integration.api_kit import Api, running_api, write_config
 
-from daemon.intake import MAX_LISTED
+from daemon.service_layer.intake import MAX_LISTED
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from tests.conftest import require_postgres
 from tests.integration.api_kit import TOKEN, Api, job, running_api, write_config
 from tests.integration.test_index_plans import captured_sql
 
-from daemon.listing import decode_cursor, encode_cursor
+from daemon.service_layer.listing import decode_cursor, encode_cursor
 from ledger.application import Ledger
 from ledger.stores.index import INDEX_TABLE
 from ledger.vocabulary import JobState

@@ -8,8 +8,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
 
 from daemon.api.metrics import Metrics, Sources
+from daemon.doubles.fake_provider import Scripted
 from daemon.engine import Engine
-from daemon.providers.fake import Scripted
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -15,9 +15,9 @@ import pytest
 from tests.integration.api_kit import Api, job, write_config
 
 from daemon.api.build import api_context, server_for
+from daemon.doubles.fake_provider import FakeProvider
 from daemon.engine import PolicyHolder
 from daemon.from_settings import load_policies
-from daemon.providers.fake import FakeProvider
 from ledger.application import Ledger
 from ledger.decision_types import Review
 from ledger.vocabulary import EscalationReason, PolicyRef

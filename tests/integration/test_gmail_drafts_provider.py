@@ -275,8 +275,8 @@ def test_a_draft_without_the_compose_scope_is_refused_naming_it(
 def test_the_daemon_refuses_to_start_naming_the_provider_and_the_scope(
     tmp_path: Path, no_compose: GmailEmulator
 ) -> None:
+    from daemon.config.settings import ConfigError
     from daemon.runtime import check_provider_access
-    from daemon.settings import ConfigError
 
     sa = write_service_account(tmp_path / "sa.json", token_uri=no_compose.token_uri)
     provider = GmailProvider(

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from daemon.bootstrap import build_provider
-from daemon.probe import run_probe
+from daemon.config.settings import ConfigError, settings_from_dict
 from daemon.providers.base import SendKind, for_job
 from daemon.providers.gmail import DelegationRequired, GmailProvider
-from daemon.settings import ConfigError, settings_from_dict
+from daemon.tools.probe import run_probe
 from testkit.credentials import write_authorized_user, write_service_account
 from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from tests.conftest import FakeClock
 
+from daemon.doubles.fake_provider import FakeProvider
 from daemon.engine import Engine, PolicyHolder
-from daemon.providers.fake import FakeProvider
 from ledger.application import Ledger
 from ledger.vocabulary import JobState
 from policies.loader import load_policy_dir

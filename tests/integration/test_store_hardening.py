@@ -30,8 +30,8 @@ from tests.integration.test_ledger_store import (
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon import cli
-from daemon.secret_files import encryption_keys, warn_exposed_secrets
-from daemon.settings import ConfigError, settings_from_dict
+from daemon.config.secret_files import encryption_keys, warn_exposed_secrets
+from daemon.config.settings import ConfigError, settings_from_dict
 from ledger import application
 from ledger.application import ConcurrentUpdate, IdentityTaken, Ledger
 from ledger.content import JobContent, parse_job

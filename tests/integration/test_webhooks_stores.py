@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from tests.unit.engine_rig import policy, receipt
 
+from daemon.doubles.fake_provider import FakeProvider
 from daemon.engine import Engine, PolicyHolder
-from daemon.providers.fake import FakeProvider
 from daemon.webhooks.delivery import Outcome
 from daemon.webhooks.events import WEBHOOK_TYPES
 from daemon.webhooks.signing import new_secret

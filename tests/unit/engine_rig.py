@@ -10,9 +10,9 @@ from typing import Any
 from tests.conftest import FakeClock
 
 from daemon.bootstrap import Service, bootstrap
+from daemon.config.settings import settings_from_dict
+from daemon.doubles.fake_provider import FakeProvider
 from daemon.engine import Engine, PolicyHolder, TickReport
-from daemon.providers.fake import FakeProvider
-from daemon.settings import settings_from_dict
 from ledger.application import Ledger
 from ledger.content import JobContent, parse_job
 from ledger.job import SendJob

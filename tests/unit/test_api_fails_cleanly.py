@@ -21,8 +21,8 @@ from tests.unit.test_api_routes import AUTH, TOKEN, api_context, job
 from daemon.api.app import create_app
 from daemon.api.paths import canonical_path, key_segment
 from daemon.api.signin_limit import FAILURES, WINDOW, SignInLimit
-from daemon.intake import MAX_LISTED, FieldProblem, IntakeError
-from daemon.settings import ConfigError, settings_from_dict
+from daemon.config.settings import ConfigError, settings_from_dict
+from daemon.service_layer.intake import MAX_LISTED, FieldProblem, IntakeError
 from ledger.keys import identifier_problem
 
 

@@ -25,7 +25,7 @@ from daemon.api.context import ApiContext
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics, Sources
 from daemon.api.roles import PAGE_ROLE, ROUTE_ROLES, GuardedRoute, role_for
-from daemon.services import ChannelPolicies
+from daemon.service_layer.services import ChannelPolicies
 
 #: Every set of the three narrow roles (admin is every right, tested apart).
 NARROW = [Role.SUBMIT, Role.READ, Role.REVIEW]

@@ -17,8 +17,8 @@ from daemon.api.auth import TokenBook
 from daemon.api.context import ApiContext
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics, Sources
-from daemon.providers.fake import Scripted
-from daemon.services import ChannelPolicies
+from daemon.doubles.fake_provider import Scripted
+from daemon.service_layer.services import ChannelPolicies
 
 TOKEN = "alice-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
 
+from daemon.doubles.fake_provider import Scripted
 from daemon.engine.circuit import Admit, Circuits, CircuitSettings
-from daemon.providers.fake import Scripted
 from ledger.vocabulary import JobState
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

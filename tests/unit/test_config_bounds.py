@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.test_policy_loader import GOOD
 
-from daemon.secret_text import MAX_SECRET_BYTES, read_secret_text
-from daemon.settings import CENTURY, DAY, HOUR, ConfigError, parse_listen, settings_from_dict
-from daemon.sizes import MAX_SIZE, parse_size
+from daemon.config.secret_text import MAX_SECRET_BYTES, read_secret_text
+from daemon.config.settings import CENTURY, DAY, HOUR, ConfigError, parse_listen, settings_from_dict
+from daemon.config.sizes import MAX_SIZE, parse_size
 from policies.files import FileProblem, read_regular_file
 from policies.loader import PolicyLoadError, load_policy_dir
 from policies.model import MAX_DURATIONS, ChannelPolicy

@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 
 from daemon.bootstrap import bootstrap
-from daemon.providers.fake import FakeProvider
+from daemon.config.settings import settings_from_dict
+from daemon.doubles.fake_provider import FakeProvider
 from daemon.runtime import Daemon
-from daemon.settings import settings_from_dict
 from ledger.application import Ledger
 from ledger.stores.identity import IdentityTaken
 from policies.loader import PolicySet

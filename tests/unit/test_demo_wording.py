@@ -1,12 +1,12 @@
 """The demo's words: a reason shortened for the live table is cut between words, never
-inside one (`daemon.demo.clip_words`)."""
+inside one (`daemon.tools.demo.clip_words`)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.demo import clip_words
+from daemon.tools.demo import clip_words
 
 WORDS = st.lists(st.text("abcdefghij:,.é", min_size=1, max_size=12), max_size=12).map(" ".join)
 

@@ -181,3 +181,35 @@ def test_the_systemd_steps_name_what_init_writes(tmp_path: Path) -> None:
     [credentials] = re.findall(r'credentials_file = "([^"]+)"', written["sendledger.toml"].text)
     assert credentials not in written
     assert f"sudo install -m 600 {credentials} /var/lib/sendledger/" in section
+
+
+SOURCE_PATH = re.compile(
+    r"(?<![\w/.])(?:src/)?((?:daemon|ledger|policies|testkit|sendledger)/[\w/]+\.py)"
+)
+
+
+def cited_paths(text: str) -> set[str]:
+    return set(SOURCE_PATH.findall(text))
+
+
+def test_every_source_file_a_document_or_docstring_names_exists() -> None:
+    # A module moved or renamed leaves its old name behind in prose; a reader then looks
+    # for a file that is not there.
+    texts = [README, *PAGES, *sorted((REPO / "src").rglob("*.py"))]
+    texts += sorted((REPO / "tests").rglob("*.py")) + sorted((REPO / "bench").rglob("*.py"))
+    missing = sorted(
+        f"{path.relative_to(REPO)}: {cited}"
+        for path in texts
+        if path != Path(__file__).resolve()
+        for cited in cited_paths(path.read_text(encoding="utf-8"))
+        if not (REPO / "src" / cited).exists()
+    )
+    assert missing == []
+
+
+def test_the_path_checker_sees_a_stale_name() -> None:
+    assert cited_paths("see `src/daemon/settings.py` and daemon/engine/wave.py") == {
+        "daemon/settings.py",
+        "daemon/engine/wave.py",
+    }
+    assert not (REPO / "src" / "daemon/settings.py").exists()

@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import FakeClock
 from tests.unit.jobs import DEADLINE, MESSAGE_ID, PROVIDER, requested_job
 
+from daemon.doubles.fake_drafts import FakeDraftsProvider
+from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.engine.drafts import (
     DraftAlreadySent,
     drafts_mode,
@@ -19,8 +21,6 @@ from daemon.engine.drafts import (
     settle_by_draft,
     unknown_decision,
 )
-from daemon.providers.fake import FakeProvider, Scripted
-from daemon.providers.fake_drafts import FakeDraftsProvider
 from ledger.decision_types import Review, SearchAt
 from ledger.job import SendJob
 from ledger.vocabulary import ConfirmedVia, JobState

@@ -27,7 +27,7 @@ from hypothesis.stateful import (
 )
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.providers.fake import Scripted
+from daemon.doubles.fake_provider import Scripted
 from ledger.job import SendJob, TransitionError
 from ledger.stores.index import index_row
 from ledger.vocabulary import ConfirmedVia, JobState, Resolution

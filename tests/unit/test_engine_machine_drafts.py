@@ -13,7 +13,7 @@ from hypothesis.stateful import initialize, precondition, rule
 from tests.unit.engine_rig import EngineRig
 from tests.unit.test_engine_machine import LAGS, POLICIES, EngineMachine
 
-from daemon.providers.fake_drafts import FakeDraftsProvider
+from daemon.doubles.fake_drafts import FakeDraftsProvider
 from ledger.vocabulary import ConfirmedVia, JobState
 
 
@@ -67,7 +67,7 @@ def test_a_dropped_reply_settles_through_the_draft_without_a_search() -> None:
     for replaces in (False, True):
         rig = drafts_rig(200.0, 0, replaces=replaces)  # the index would hide the copy
         rig.submit("legal", "l-1")  # on_unknown = "review": the draft answers anyway
-        from daemon.providers.fake import Scripted
+        from daemon.doubles.fake_provider import Scripted
 
         rig.provider.script(Scripted.dropped_response())
         rig.tick()

@@ -12,8 +12,8 @@ from hypothesis.stateful import initialize
 from tests.unit.engine_rig import EngineRig
 from tests.unit.test_engine_machine import LAGS, POLICIES, EngineMachine
 
+from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.providers.base import SendKind, SendOutcome
-from daemon.providers.fake import FakeProvider, Scripted
 
 #: Graph's 202: the message was accepted, no copy is known yet.
 ACCEPTED_202 = Scripted(

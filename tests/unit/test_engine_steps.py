@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
 
-from daemon.providers.fake import Scripted
+from daemon.doubles.fake_provider import Scripted
 from ledger.content import parse_job
 from ledger.job import SendJob
 from ledger.vocabulary import JobState, Resolution, Sender

@@ -7,10 +7,10 @@ from email.message import EmailMessage
 
 from tests.conftest import FakeClock
 
+from daemon.doubles.fake_drafts import FakeDraftsProvider
+from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.providers.base import SendKind
 from daemon.providers.draft_handle import DraftStatus, drafts_of
-from daemon.providers.fake import FakeProvider, Scripted
-from daemon.providers.fake_drafts import FakeDraftsProvider
 
 MID = "<job-1@mail.example.com>"
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from daemon.bootstrap import build_provider
+from daemon.config.secret_files import secret_files
+from daemon.config.settings import ConfigError, GraphProviderSettings, settings_from_dict
 from daemon.providers.base import for_job
 from daemon.providers.graph import GraphMailboxView, GraphProvider
-from daemon.secret_files import secret_files
-from daemon.settings import ConfigError, GraphProviderSettings, settings_from_dict
 
 BASE: dict[str, Any] = {
     "kind": "graph",

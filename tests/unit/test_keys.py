@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from tests.conftest import FakeClock
 from tests.unit.test_job_transitions import review_job
 
-from daemon import output
+from daemon.cli import output
 from daemon.cli.audit import FORMULA_STARTS, csv_cell
-from daemon.intake import IntakeError, decode_jobs, parse_jobs
 from daemon.logs import JournalFormatter, PrintableFormatter
+from daemon.service_layer.intake import IntakeError, decode_jobs, parse_jobs
 from ledger.content import JobInputError, parse_job
 from ledger.display import printable
 from ledger.keys import MAX_NOTE_LENGTH, REFUSED_CATEGORIES, identifier_problem

@@ -82,3 +82,31 @@ def test_the_client_imports_only_the_standard_library(path: Path) -> None:
 
     outside = {name.split(".")[0] for name in imports(path)} - {"sendledger", "__future__"}
     assert outside <= set(sys.stdlib_module_names), (path, outside - sys.stdlib_module_names)
+
+
+def test_the_daemon_never_runs_on_a_test_double() -> None:
+    # daemon/doubles/ implements the provider port for tests and benches; the bootstrap, the
+    # CLI and the API must not be able to reach it, so no setting can select a fake provider.
+    users = {
+        str(p.relative_to(SRC))
+        for p in modules("daemon")
+        if "doubles" not in p.parts and under(imports(p), "daemon.doubles")
+    }
+    assert users == set(), users
+
+
+def test_the_daemon_package_keeps_only_its_wiring_at_the_top() -> None:
+    # Everything else lives in a package named for its role (docs/architecture.md "Layers and
+    # what each may import"): a new flat module has to say which room it belongs in.
+    top = {p.name for p in (SRC / "daemon").glob("*.py")}
+    assert top == {
+        "__init__.py",
+        "__main__.py",
+        "bootstrap.py",
+        "crashpoints.py",
+        "exit_codes.py",
+        "from_settings.py",
+        "logs.py",
+        "runtime.py",
+        "systemd.py",
+    }, top

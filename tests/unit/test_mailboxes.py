@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from tests.conftest import FakeTime
 from tests.unit.engine_rig import EngineRig, policy
 
+from daemon.doubles.fake_provider import FakeProvider
 from daemon.engine import Engine
-from daemon.intake import IntakeError, parse_jobs, senders_for
 from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
-from daemon.providers.fake import FakeProvider
 from daemon.providers.gmail import GmailProvider
+from daemon.service_layer.intake import IntakeError, parse_jobs, senders_for
 from ledger.content import JobInputError, parse_job
 from policies.loader import PolicySet
 from policies.senders import SenderRefused, allowed, pattern_problem

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.api.overview import hourly_chart
-from daemon.providers.fake import Scripted
+from daemon.doubles.fake_provider import Scripted
 
 LEGAL = policy("legal", on_unknown="review")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daemon.doors import PolicyWatch, command_policies
-from daemon.settings import settings_from_dict
+from daemon.config.settings import settings_from_dict
+from daemon.service_layer.doors import PolicyWatch, command_policies
 from policies.loader import load_policy_dir_partial
 
 GOOD = (

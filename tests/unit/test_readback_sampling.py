@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
 
+from daemon.config.settings import ConfigError, settings_from_dict
 from daemon.engine.readback import _Sampler
 from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
-from daemon.settings import ConfigError, settings_from_dict
 
 
 def run_jobs(rig: EngineRig, count: int, start: int = 0) -> None:

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.providers.fake import Scripted
-from daemon.read_models import job_status
+from daemon.doubles.fake_provider import Scripted
+from daemon.service_layer.read_models import job_status
 from ledger.application import ConcurrentUpdate, KeyConflict
 from ledger.content import JobContent, parse_job
 from ledger.job import SendJob, TransitionError

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.providers.fake import Scripted
-from daemon.services import TRIAGE_NOTE, ChannelPolicies, ServiceError, Services
+from daemon.doubles.fake_provider import Scripted
+from daemon.service_layer.services import TRIAGE_NOTE, ChannelPolicies, ServiceError, Services
 from ledger.job import SendJob
 from ledger.vocabulary import JobState, Resolution
 

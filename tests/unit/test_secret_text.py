@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.secret_text import content_lines, read_secret_text
+from daemon.config.secret_text import content_lines, read_secret_text
 
 
 def test_missing_and_non_utf8_files_are_one_line_reasons(tmp_path: Path) -> None:

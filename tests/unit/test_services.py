@@ -1,5 +1,5 @@
-"""The service layer every door uses (daemon/services.py), on the memory store with the
-fake provider and injected time: submit, check, resolve, triage, cancel, the queue."""
+"""The service layer every door uses (daemon/service_layer/services.py), on the memory store
+with the fake provider and injected time: submit, check, resolve, triage, cancel, the queue."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.providers.fake import Scripted
-from daemon.read_models import timeline_details
-from daemon.services import (
+from daemon.doubles.fake_provider import Scripted
+from daemon.service_layer.read_models import timeline_details
+from daemon.service_layer.services import (
     TRIAGE_NOTE,
     ChannelPolicies,
     Refusal,

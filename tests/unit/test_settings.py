@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.settings import ConfigError, config_path_from, load_settings
+from daemon.config.settings import ConfigError, config_path_from, load_settings
 
 CONFIG = """
 [store]

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.unit.test_settings import clean_env
 
+from daemon.config.settings import ConfigError, settings_from_dict
 from daemon.from_settings import store_spec
-from daemon.settings import ConfigError, settings_from_dict
 from ledger.stores.postgres import PostgresBackend
 from ledger.stores.url import (
     DEFAULT_LOCK_TIMEOUT,

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.providers.fake import Scripted
-from daemon.settings import ConfigError, WebhookSettings, settings_from_dict
+from daemon.config.settings import ConfigError, WebhookSettings, settings_from_dict
+from daemon.doubles.fake_provider import Scripted
 from daemon.webhooks.delivery import Outcome
 from daemon.webhooks.delivery_threads import hooks_from
 from daemon.webhooks.events import (
@@ -544,7 +544,7 @@ def test_an_event_that_cannot_be_sent_is_a_failed_attempt(rig: Rig) -> None:
 
 
 def test_a_readable_secret_file_is_warned_about(tmp_path: Path) -> None:
-    from daemon.secret_files import warn_exposed_secrets
+    from daemon.config.secret_files import warn_exposed_secrets
 
     secret = tmp_path / "s"
     secret.write_text(new_secret())

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from daemon.secret_text import content_lines, read_secret_text
+from daemon.config.secret_text import content_lines, read_secret_text
 from ledger.keys import MAX_NAME_LENGTH, identifier_problem
 
 SESSION_COOKIE = "sendledger_session"

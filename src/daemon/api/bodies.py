@@ -1,5 +1,5 @@
 """Request bodies are decoded off the event loop by the strict decoder of job JSON
-(`daemon.job_json`: a name given twice refused, nesting and integer size bounded), for
+(`daemon.service_layer.job_json`: a name given twice refused, nesting and integer size bounded), for
 every route, so no body can block `/healthz` or answer 500 (docs/http-api.md "HTTP API").
 
 FastAPI decodes a route's JSON body with `Request.json()`: :class:`StrictJsonRoute` hands
@@ -18,7 +18,7 @@ from fastapi import Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
 
-from daemon.job_json import DUPLICATE_REASON, duplicate_field, loads
+from daemon.service_layer.job_json import DUPLICATE_REASON, duplicate_field, loads
 
 
 def decode_jobs(raw: bytes) -> Any:

@@ -10,12 +10,12 @@ from daemon.api.context import ApiContext
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics, Sources
 from daemon.api.server import ApiServer
-from daemon.doors import PolicyWatch, built_providers, lent_providers
+from daemon.config.settings import ConfigError, Settings
 from daemon.engine import PolicyHolder
 from daemon.engine.circuit import OpenCircuit
 from daemon.from_settings import message_limits, thread_providers
 from daemon.providers.base import Provider
-from daemon.settings import ConfigError, Settings
+from daemon.service_layer.doors import PolicyWatch, built_providers, lent_providers
 from ledger.application import Ledger
 
 

@@ -11,7 +11,7 @@ from daemon.api.auth import Sessions, TokenBook
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics
 from daemon.api.signin_limit import SignInLimit
-from daemon.services import ChannelPolicies, ProviderSource, Services
+from daemon.service_layer.services import ChannelPolicies, ProviderSource, Services
 from ledger.application import Ledger
 from ledger.mime import MessageLimits
 from policies.loader import PolicySet

@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from daemon.api.models import Invalid, Problem
-from daemon.intake import MAX_LISTED, FieldProblem
-from daemon.services import Refusal, ServiceError
+from daemon.service_layer.intake import MAX_LISTED, FieldProblem
+from daemon.service_layer.services import Refusal, ServiceError
 from ledger.content import JobInputError
 
 T = TypeVar("T")

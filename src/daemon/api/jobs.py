@@ -16,9 +16,9 @@ from daemon.api.context import ApiContext, context_of
 from daemon.api.errors import api_error, documented, invalid, served
 from daemon.api.models import CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus
 from daemon.api.roles import V1Route, caller_identity
-from daemon.intake import FieldProblem
-from daemon.read_models import job_status
-from daemon.services import ServiceError
+from daemon.service_layer.intake import FieldProblem
+from daemon.service_layer.read_models import job_status
+from daemon.service_layer.services import ServiceError
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")
@@ -105,7 +105,8 @@ def list_jobs(
     limit: Annotated[str | None, Query(description="jobs per page, 1 to 1000 (100)")] = None,
     cursor: Annotated[str | None, Query(description="the last page's next_cursor")] = None,
 ) -> Any:
-    # Every parameter arrives as text: the service names each bad one (`daemon/listing.py`).
+    # Every parameter arrives as text: the service names each bad one
+    # (`daemon/service_layer/listing.py`).
     try:
         page = ctx.services.list_jobs(
             state=state, channel=channel, since=since, limit=limit, cursor=cursor

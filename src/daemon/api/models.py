@@ -1,7 +1,8 @@
 """The request and response models of the HTTP API: they make the OpenAPI document.
 
 `JobIn` documents the job JSON of `submit`; intake itself is validated by
-`ledger.content.parse_job` (through `daemon/intake.py`), the one validation both doors use.
+`ledger.content.parse_job` (through `daemon/service_layer/intake.py`), the one validation
+both doors use.
 `JobIn` is built from parse_job's own field lists, so a field added there appears here;
 `tests/integration/test_api_schema.py` checks with hypothesis that the two agree.
 """

@@ -14,7 +14,7 @@ from daemon.api.errors import documented, served
 from daemon.api.jobs import Caller, Ctx
 from daemon.api.models import CheckOut, JobStatus, ResolveIn, ReviewItem, TriageIn, TriageItemOut
 from daemon.api.roles import V1Route
-from daemon.read_models import job_status
+from daemon.service_layer.read_models import job_status
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")

@@ -7,7 +7,7 @@ token derived from the session, the sign-in form one derived from its own cookie
 failed sign-ins are limited per client address (429; `daemon/api/signin_limit.py`). A
 visitor without either sees the sign-in form and nothing of any job.
 
-Every page reads and acts through the service layer (`daemon/services.py`), as the CLI
+Every page reads and acts through the service layer (`daemon/service_layer/services.py`), as the CLI
 and the API do. Text that is a caller's (keys, subjects, notes) is HTML-escaped by Jinja
 (autoescape) and, before that, made printable (`ledger.display.printable`: control and
 bidi characters shown as escapes), for every value a template prints.
@@ -35,8 +35,8 @@ from daemon.api.errors import api_error
 from daemon.api.overview import hourly_chart
 from daemon.api.paths import key_segment
 from daemon.api.roles import PAGE_ROLE, forbidden
-from daemon.read_models import timeline_details
-from daemon.services import SORTS, CheckAnswer, ServiceError, TriageItem
+from daemon.service_layer.read_models import timeline_details
+from daemon.service_layer.services import SORTS, CheckAnswer, ServiceError, TriageItem
 from ledger.display import command_line, printable
 from ledger.vocabulary import OPEN_STATES, Resolution
 

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from daemon import output
+from daemon.cli import output
+from daemon.config.settings import ConfigError
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_CONFLICT,
@@ -20,7 +21,6 @@ from daemon.exit_codes import (
     EXIT_UNKNOWN_JOB,
     CliError,
 )
-from daemon.settings import ConfigError
 from ledger.application import IdentityTaken, KeyConflict, UnknownJob
 from ledger.content import JobInputError
 from ledger.job import TransitionError
@@ -49,9 +49,9 @@ COMMANDS: dict[str, str] = {
     "review": "daemon.cli.service",
     "cancel": "daemon.cli.service",
     "audit": "daemon.cli.audit",
-    "demo": "daemon.demo",
+    "demo": "daemon.tools.demo",
     "init": "daemon.cli.init_command",
-    "probe": "daemon.probe",
+    "probe": "daemon.tools.probe",
     "emulator": "daemon.cli.testkit_doubles",
     "relay": "daemon.cli.testkit_doubles",
     "api": "daemon.cli.api_server",

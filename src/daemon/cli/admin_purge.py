@@ -1,6 +1,6 @@
 """`sendledger admin purge` (docs/configuration.md "Retention"): a human's purge, by age or
 by key. What a purge does to a job is `Ledger.purge` (`ledger/redaction.py`); the daemon's
-periodic purge is `daemon/retention.py`."""
+periodic purge is `daemon/service_layer/retention.py`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import getpass
 import sys
 from datetime import datetime, timedelta
 
-from daemon import output
+from daemon.cli import output
+from daemon.cli.parsers import add_command
 from daemon.exit_codes import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
 from daemon.from_settings import open_ledger, settings_for
-from daemon.parsers import add_command
 from ledger.application import ConcurrentUpdate, Ledger, PurgeResult
 from ledger.job import TransitionError
 from policies.durations import DurationError, format_duration, parse_duration_within

@@ -7,12 +7,12 @@ import argparse
 import logging
 from typing import Any
 
+from daemon.config.secret_files import warn_exposed_secrets
+from daemon.config.settings import parse_listen
 from daemon.engine import PolicyHolder
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.logs import setup_logging
-from daemon.secret_files import warn_exposed_secrets
-from daemon.settings import parse_listen
 
 log = logging.getLogger("sendledger")
 

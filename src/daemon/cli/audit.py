@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from daemon import output
+from daemon.cli import output
+from daemon.config.moments import parse_moment
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import open_ledger, settings_for
-from daemon.moments import parse_moment
 from ledger.application import Ledger
 from ledger.display import printable
 from ledger.job import JobState, SendJob

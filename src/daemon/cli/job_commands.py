@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from daemon import output
-from daemon.cli import admin_purge
-from daemon.doors import command_intake, command_services
+from daemon.cli import admin_purge, output
+from daemon.cli.parsers import add_command
+from daemon.config.secret_files import cmd_new_key
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_CONFLICT,
@@ -23,11 +23,10 @@ from daemon.exit_codes import (
     bad_input,
 )
 from daemon.from_settings import open_ledger, settings_for
-from daemon.intake import decode_jobs
-from daemon.parsers import add_command
-from daemon.read_models import timeline_details
-from daemon.secret_files import cmd_new_key
-from daemon.services import Refusal, ServiceError, Services
+from daemon.service_layer.doors import command_intake, command_services
+from daemon.service_layer.intake import decode_jobs
+from daemon.service_layer.read_models import timeline_details
+from daemon.service_layer.services import Refusal, ServiceError, Services
 from ledger.display import printable
 from policies.check import check_policies, render_table, summary_rows
 

@@ -9,16 +9,16 @@ import signal
 import sys
 from typing import Any
 
-from daemon import output
 from daemon.bootstrap import bootstrap
+from daemon.cli import output
 from daemon.cli.job_commands import served
+from daemon.cli.parsers import add_command
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.logs import setup_logging
-from daemon.parsers import add_command
-from daemon.read_models import job_status
 from daemon.runtime import Daemon, run_once
-from daemon.services import check_advice
+from daemon.service_layer.read_models import job_status
+from daemon.service_layer.services import check_advice
 from ledger.display import command_line, printable
 from ledger.job import copies_found
 from ledger.vocabulary import Resolution

@@ -6,10 +6,10 @@ import argparse
 import time
 from typing import Any
 
-from daemon import output
+from daemon.cli import output
+from daemon.cli.parsers import add_command
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import open_ledger, settings_for
-from daemon.parsers import add_command
 from daemon.webhooks.events import event_id_for
 from daemon.webhooks.signing import new_secret
 from daemon.webhooks.status import COUNT_LIMIT, undelivered, webhook_status

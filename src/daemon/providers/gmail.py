@@ -37,6 +37,7 @@ from google.oauth2 import service_account
 from googleapiclient.discovery import build
 from googleapiclient.errors import HttpError
 
+from daemon.config.secret_text import read_secret_text
 from daemon.providers.answers import json_object
 from daemon.providers.base import (
     DEFAULT_READBACK_FIRST,
@@ -65,7 +66,6 @@ from daemon.providers.quota import (
     TokenBucket,
 )
 from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
-from daemon.secret_text import read_secret_text
 from ledger.addresses import parse_mailbox
 from ledger.message_id import same_message_id
 

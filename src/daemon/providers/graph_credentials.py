@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from daemon.secret_text import read_secret_text
+from daemon.config.secret_text import read_secret_text
 
 _CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.DOTALL)
 _PRIVATE_KEY = re.compile(

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from imapclient import IMAPClient  # type: ignore[import-untyped]
 
+from daemon.config.secret_text import read_secret_text
 from daemon.providers.base import (
     ProviderBase,
     ProviderError,
@@ -41,7 +42,6 @@ from daemon.providers.base import (
     SendOutcome,
 )
 from daemon.providers.smtp_classify import Stage, classify_smtp
-from daemon.secret_text import read_secret_text
 from ledger.message_id import same_message_id
 
 log = logging.getLogger("sendledger.providers.smtp")

@@ -14,8 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import cast
 
-from daemon.secret_text import read_secret_text
-from daemon.settings import ConfigError, Settings
+from daemon.config.secret_text import read_secret_text
+from daemon.config.settings import ConfigError, Settings
 from daemon.webhooks.signing import parse_secret
 from daemon.webhooks.worker import Deliverer, DeliveryObserver, Hook
 from ledger.application import Ledger

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from datetime import datetime
 from email.parser import BytesHeaderParser
 
+from daemon.doubles.fake_provider import Copy, FakeProvider, Scripted, SimulatedCrash
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftStatus
-from daemon.providers.fake import Copy, FakeProvider, Scripted, SimulatedCrash
 
 
 class FakeDraftsProvider(FakeProvider):

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from daemon import output
+from daemon.cli import output
+from daemon.config.secret_text import content_lines, read_secret_text
+from daemon.config.settings import ConfigError, Settings
 from daemon.exit_codes import EXIT_OK
-from daemon.secret_text import content_lines, read_secret_text
-from daemon.settings import ConfigError, Settings
 from ledger.stores.cipher import check_key, new_key
 
 log = logging.getLogger("sendledger")

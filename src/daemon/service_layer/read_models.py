@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from daemon import output
+from daemon.cli import output
 from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.stores.index import IndexRow

@@ -4,7 +4,7 @@ refused, never "last one wins" (docs/cli.md "Message fields and validation").
 JSON allows an object to name a key twice and `json.loads` keeps the last value, but a
 proxy, a log or a policy check in front of sendledger may read the first: it would see one
 recipient and sendledger send to another. :func:`loads` marks each such object, and
-:func:`duplicate_field` (called by `daemon.intake.parse_jobs` for every job) names the
+:func:`duplicate_field` (called by `daemon.service_layer.intake.parse_jobs` for every job) names the
 first one by its path (`to`, `headers.X-Tag`, `attachments[0].filename`), so the refusal
 is the same one-line `job[1].to: ...` as every other field's.
 """

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
+from daemon.config.settings import ConfigError, Settings
 from daemon.exit_codes import bad_input
 from daemon.from_settings import message_limits, thread_providers
 from daemon.providers.base import Provider
-from daemon.services import ChannelPolicies, Intake, ProviderSource, Services
-from daemon.settings import ConfigError, Settings
+from daemon.service_layer.services import ChannelPolicies, Intake, ProviderSource, Services
 from ledger.application import Ledger, utcnow
 from policies.loader import PolicyLoadError, PolicySet, load_policy_dir_partial
 

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from daemon import output
 from daemon.bootstrap import bootstrap
+from daemon.cli import output
+from daemon.config.settings import load_settings
 from daemon.exit_codes import bad_input
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon
-from daemon.settings import load_settings
 from ledger.application import Ledger
 from ledger.content import parse_job
 from ledger.display import command_line, printable

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from daemon.engine.dispatch import render
-from daemon.job_json import DUPLICATE_REASON, duplicate_field
-from daemon.job_json import loads as decode_jobs
+from daemon.service_layer.job_json import DUPLICATE_REASON, duplicate_field
+from daemon.service_layer.job_json import loads as decode_jobs
 from ledger.application import Ledger, SubmitResult
 from ledger.content import JobContent, JobInputError, parse_job
 from ledger.job import SendJob
@@ -79,8 +79,8 @@ class Problems:
 
 
 def parse_jobs(data: object) -> list[JobContent]:
-    """One job (an object) or several (a list), as `daemon.job_json.loads` decoded them
-    (a name given twice in an object is refused naming it). Every job is validated
+    """One job (an object) or several (a list), as `daemon.service_layer.job_json.loads`
+    decoded them (a name given twice in an object is refused naming it). Every job is validated
     before the caller writes any, so a bad batch leaves nothing half-written."""
     items = data if isinstance(data, list) else [data]
     batch = isinstance(data, list)
@@ -92,7 +92,7 @@ def parse_jobs(data: object) -> list[JobContent]:
         where = index if batch else None
         duplicate = duplicate_field(item)
         if duplicate is not None:
-            # Decoded by `daemon.job_json.loads`: a name given twice is never read.
+            # Decoded by `daemon.service_layer.job_json.loads`: a name given twice is never read.
             problems.add(FieldProblem(where, duplicate, DUPLICATE_REASON))
             continue
         try:

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-from daemon import output
+from daemon.cli import output
 from ledger.application import Ledger, PurgeResult
 from policies.durations import format_duration
 

@@ -32,9 +32,9 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from daemon import environment
+from daemon.config import environment
+from daemon.config.sizes import parse_size
 from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
-from daemon.sizes import parse_size
 from daemon.webhooks.events import WEBHOOK_TYPES, WebhookType
 from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE
 from policies.durations import DurationError, parse_duration, parse_duration_within

@@ -88,7 +88,7 @@ def recommend(messages: dict[str, Any], drafts: dict[str, Any]) -> dict[str, Any
     ]
     search_after = messages.get("recommended_search_after")
     if lags and search_after is None:
-        from daemon.probe import recommend_search_after
+        from daemon.tools.probe import recommend_search_after
 
         search_after = format_duration(recommend_search_after(max(lags)))
     if drafts_handle_works(drafts):

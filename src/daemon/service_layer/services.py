@@ -18,7 +18,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from daemon.intake import (
+from daemon.cli.output import iso as output_time
+from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
+from daemon.service_layer.intake import (
     FieldProblem,
     IntakeError,
     check_messages,
@@ -26,10 +28,8 @@ from daemon.intake import (
     senders_for,
     submit_jobs,
 )
-from daemon.listing import encode_cursor, parse_query
-from daemon.output import iso as output_time
-from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
-from daemon.read_models import (
+from daemon.service_layer.listing import encode_cursor, parse_query
+from daemon.service_layer.read_models import (
     CONTENT_PAGE,
     attachments_of,
     event_record,
@@ -340,7 +340,7 @@ class Services:
         cursor: str | None = None,
     ) -> JobPage:
         """A page of jobs from the index in (updated, key) order, as a door was asked for
-        them (`daemon/listing.py`); every bad parameter named in one refusal."""
+        them (`daemon/service_layer/listing.py`); every bad parameter named in one refusal."""
         query, problems = parse_query(
             state=state, channel=channel, since=since, limit=limit, cursor=cursor,
             now=self.ledger.clock(),

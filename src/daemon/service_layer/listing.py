@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from daemon.intake import FieldProblem
-from daemon.moments import parse_moment
+from daemon.config.moments import parse_moment
+from daemon.service_layer.intake import FieldProblem
 from ledger.vocabulary import JobState
 
 LIMIT_DEFAULT = 100

@@ -21,21 +21,21 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from daemon import output
 from daemon.bootstrap import build_provider
-from daemon.exit_codes import EXIT_FAILURE, EXIT_OK, bad_input
-from daemon.from_settings import settings_for
-from daemon.probe_drafts import drafts_handle_works, recommend, run_drafts_probe
-from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
-from daemon.providers.draft_handle import drafts_of
-from daemon.runtime import check_provider_access
-from daemon.settings import (
+from daemon.cli import output
+from daemon.config.settings import (
     ConfigError,
     GmailProviderSettings,
     ProviderSettings,
     Settings,
     SmtpImapProviderSettings,
 )
+from daemon.exit_codes import EXIT_FAILURE, EXIT_OK, bad_input
+from daemon.from_settings import settings_for
+from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
+from daemon.providers.draft_handle import drafts_of
+from daemon.runtime import check_provider_access
+from daemon.tools.probe_drafts import drafts_handle_works, recommend, run_drafts_probe
 from ledger.content import JobInputError, validate_address
 from ledger.mime import build_message
 from policies.durations import DurationError, format_duration, parse_duration_within
@@ -242,7 +242,7 @@ def run_gmail_drafts_probe(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    """The drafts path (daemon/probe_drafts.py) on a provider built with send_via =
+    """The drafts path (daemon/tools/probe_drafts.py) on a provider built with send_via =
     "drafts", as the sender's mailbox."""
     scoped = for_job(provider, sender, None)
     drafts = drafts_of(scoped)
