@@ -1,6 +1,6 @@
 """The database restarts under a running daemon: it reconnects, and loses or doubles nothing.
 
-A private PostgreSQL 15 cluster (tests/e2e/pg_cluster.py; never the shared one on 5432,
+A private PostgreSQL 15 cluster (tests/pg_cluster.py; never the shared one on 5432,
 which other tests use at the same time) is stopped for a few seconds mid-run, then started
 again, while jobs flow through the fault relay to the Gmail emulator. Effects are counted at
 the emulator (copies) and the relay (provider calls), never in the daemon's records.

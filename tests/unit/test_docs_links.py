@@ -188,8 +188,16 @@ SOURCE_PATH = re.compile(
 )
 
 
+REPO_PATH = re.compile(r"(?<![\w/.])((?:tests|bench)/[\w/]+\.py)")
+
+
 def cited_paths(text: str) -> set[str]:
-    return set(SOURCE_PATH.findall(text))
+    """Source paths as `src/`-relative, test and bench paths as repo-relative."""
+    return set(SOURCE_PATH.findall(text)) | set(REPO_PATH.findall(text))
+
+
+def exists(cited: str) -> bool:
+    return (REPO / "src" / cited).exists() or (REPO / cited).exists()
 
 
 def test_every_source_file_a_document_or_docstring_names_exists() -> None:
@@ -202,14 +210,16 @@ def test_every_source_file_a_document_or_docstring_names_exists() -> None:
         for path in texts
         if path != Path(__file__).resolve()
         for cited in cited_paths(path.read_text(encoding="utf-8"))
-        if not (REPO / "src" / cited).exists()
+        if not exists(cited)
     )
     assert missing == []
 
 
 def test_the_path_checker_sees_a_stale_name() -> None:
-    assert cited_paths("see `src/daemon/settings.py` and daemon/engine/wave.py") == {
+    text = "see `src/daemon/settings.py`, daemon/engine/wave.py and tests/unit/test_cli_lazy.py"
+    assert cited_paths(text) == {
         "daemon/settings.py",
         "daemon/engine/wave.py",
+        "tests/unit/test_cli_lazy.py",
     }
-    assert not (REPO / "src" / "daemon/settings.py").exists()
+    assert not any(exists(cited) for cited in cited_paths(text))

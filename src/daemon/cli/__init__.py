@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 #: Which module registers each command, so that a command imports only its own module: the
 #: others may import the test kit (demo, probe, emulator), APScheduler (run, review) or the
 #: HTTP stack, none of which `submit` or `status` needs (docs/architecture.md, "Layers").
-#: tests/unit/test_cli_lazy.py checks this table against what the modules register.
+#: tests/unit/test_cli_commands.py checks this table against what the modules register.
 COMMANDS: dict[str, str] = {
     "submit": "daemon.cli.job_commands",
     "status": "daemon.cli.job_commands",
