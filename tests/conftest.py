@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from daemon.doubles.fake_time import FakeClock
 from tests.pg_cluster import SessionCluster, unavailable
 
 PG_URL = os.environ.get(
@@ -154,42 +153,9 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("pg_url"))
 
 
-class FakeClock:
-    """Injected time: tests move it instead of sleeping."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self.now = start or datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> datetime:
-        self.now += timedelta(seconds=seconds)
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-class FakeTime:
-    """Injected monotonic seconds and sleep, for what paces itself (quota buckets): a
-    sleep moves the time at once and is recorded. Thread-safe, as workers share a bucket."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-        self.sleeps: list[float] = []
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self.now
-
-    def sleep(self, seconds: float) -> None:
-        with self._lock:
-            self.sleeps.append(seconds)
-            self.now += seconds
 
 
 @pytest.fixture

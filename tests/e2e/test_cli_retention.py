@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import FakeClock
 from tests.e2e.conftest import sendledger_command
 from tests.e2e.daemon_kit import Rig, job
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.application import Ledger
 from ledger.content import parse_job
 from ledger.decision_types import Confirm, Review

@@ -220,9 +220,9 @@ def test_changed_pages_by_time_then_key_on_every_backend(
 ) -> None:
     """Jobs written at the same instant are ordered by key; the position after the last
     row read leaves out exactly the rows already read, in memory, SQLite and PostgreSQL."""
-    from tests.conftest import FakeClock
     from tests.unit.engine_rig import receipt
 
+    from daemon.doubles.fake_time import FakeClock
     from ledger.vocabulary import PolicyRef, Sender
 
     url = {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path / 'l.sqlite'}"}.get(backend)

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.conftest import FakeClock
 from tests.integration.test_ledger_store import SENDER, content
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.application import Ledger
 from ledger.stores.index import index_row
 from ledger.vocabulary import JobState

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import FakeClock
 from tests.unit.engine_rig import receipt
 
+from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder, TickReport, render
 from daemon.providers.gmail import GmailProvider
 from ledger.application import Ledger, Sender

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import FakeClock
 from tests.integration.api_kit import Api, running_api, write_config
 from tests.integration.api_kit import job as api_job
 from tests.integration.mailservers import PASSWORD, RECIPIENT, SENDER, MailServers, mail_servers
@@ -30,6 +29,7 @@ from tests.integration.test_engine import (  # noqa: F401  (fixtures used by nam
 )
 
 import ledger.wire_check as wire_check
+from daemon.doubles.fake_time import FakeClock
 from daemon.engine.dispatch import render
 from daemon.providers.base import SendKind
 from daemon.providers.smtp_imap import SmtpImapProvider

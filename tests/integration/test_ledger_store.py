@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import FakeClock
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.application import (
     ConcurrentUpdate,
     KeyConflict,

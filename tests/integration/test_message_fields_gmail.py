@@ -11,7 +11,6 @@ import hashlib
 from datetime import timedelta
 from email.message import EmailMessage
 
-from tests.conftest import FakeClock
 from tests.integration.test_engine import (  # noqa: F401  (fixtures used by name)
     BASE_POLICY,
     RigFactory,
@@ -19,6 +18,7 @@ from tests.integration.test_engine import (  # noqa: F401  (fixtures used by nam
     make_rig,
 )
 
+from daemon.doubles.fake_time import FakeClock
 from daemon.engine import render
 from ledger.content import parse_job
 from ledger.job import JobState

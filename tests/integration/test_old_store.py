@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import FakeClock
 
 from daemon.doubles.fake_provider import FakeProvider
+from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
 from ledger.application import Ledger
 from ledger.vocabulary import JobState

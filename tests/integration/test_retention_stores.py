@@ -15,9 +15,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from tests.conftest import FakeClock
 from tests.integration.test_ledger_store import SENDER, attempt_args, content
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.application import Ledger
 from ledger.content import JobContent, parse_job
 from ledger.decision_types import Confirm, Review

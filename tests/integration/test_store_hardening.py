@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import FakeClock
 from tests.integration.test_ledger_store import (
     SENDER,
     attempt_args,
@@ -32,6 +31,7 @@ from tests.unit.engine_rig import EngineRig, policy
 from daemon import cli
 from daemon.config.secret_files import encryption_keys, warn_exposed_secrets
 from daemon.config.settings import ConfigError, settings_from_dict
+from daemon.doubles.fake_time import FakeClock
 from ledger import application
 from ledger.application import ConcurrentUpdate, IdentityTaken, Ledger
 from ledger.content import JobContent, parse_job

@@ -13,9 +13,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from tests.conftest import FakeClock
 from tests.integration.test_ledger_store import SENDER, content
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.application import Ledger
 from ledger.stores.cipher import new_key
 from ledger.stores.keycheck import (

@@ -7,11 +7,10 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tests.conftest import FakeClock
-
 from daemon.bootstrap import Service, bootstrap
 from daemon.config.settings import settings_from_dict
 from daemon.doubles.fake_provider import FakeProvider
+from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder, TickReport
 from ledger.application import Ledger
 from ledger.content import JobContent, parse_job

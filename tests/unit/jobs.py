@@ -19,8 +19,8 @@ from eventsourcing.persistence import (
     Mapper,
     UUIDAsHex,
 )
-from tests.conftest import FakeClock
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.content import JobContent
 from ledger.job import SendJob
 from ledger.vocabulary import PolicyRef

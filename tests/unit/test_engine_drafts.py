@@ -9,11 +9,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from tests.conftest import FakeClock
 from tests.unit.jobs import DEADLINE, MESSAGE_ID, PROVIDER, requested_job
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
+from daemon.doubles.fake_time import FakeClock
 from daemon.engine.drafts import (
     DraftAlreadySent,
     drafts_mode,

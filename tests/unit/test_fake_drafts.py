@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from email.message import EmailMessage
 
-from tests.conftest import FakeClock
-
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
+from daemon.doubles.fake_time import FakeClock
 from daemon.providers.base import SendKind
 from daemon.providers.draft_handle import DraftStatus, drafts_of
 

@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import pytest
 from eventsourcing.utils import get_topic, resolve_topic
-from tests.conftest import FakeClock
 from tests.unit.jobs import DEADLINE, MAPPER, POLICY, PROVIDER, assert_reloads, requested_job
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.decision_types import Confirm, RetryAt, Review, SearchAt
 from ledger.job import SendJob, TransitionError
 from ledger.vocabulary import ConfirmedVia, EscalationReason, JobState

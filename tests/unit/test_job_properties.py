@@ -27,9 +27,9 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from tests.conftest import FakeClock
 from tests.unit.jobs import CHANNEL, POLICY, QUERY, fields_of, reload, replay, requested_job
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.decision_types import (
     Confirm,
     Duplicate,

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from eventsourcing.utils import get_topic, resolve_topic
-from tests.conftest import FakeClock
 from tests.unit.jobs import (
     CHANNEL,
     CONTENT,
@@ -34,6 +33,7 @@ from tests.unit.jobs import (
     requested_job,
 )
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.content import JobContent
 from ledger.decision_types import (
     Confirm,

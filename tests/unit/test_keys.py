@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.conftest import FakeClock
 from tests.unit.test_job_transitions import review_job
 
 from daemon.cli import output
 from daemon.cli.audit import FORMULA_STARTS, csv_cell
+from daemon.doubles.fake_time import FakeClock
 from daemon.logs import JournalFormatter, PrintableFormatter
 from daemon.service_layer.intake import IntakeError, decode_jobs, parse_jobs
 from ledger.content import JobInputError, parse_job

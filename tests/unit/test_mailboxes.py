@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.conftest import FakeTime
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import FakeProvider
+from daemon.doubles.fake_time import FakeTime
 from daemon.engine import Engine
 from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
 from daemon.providers.gmail import GmailProvider

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from tests.conftest import FakeTime
 
+from daemon.doubles.fake_time import FakeTime
 from daemon.providers.quota import TokenBucket
 
 

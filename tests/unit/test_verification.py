@@ -12,8 +12,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from tests.conftest import FakeClock
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.content import JobContent
 from ledger.decision_types import (
     AfterVerification,
