@@ -352,3 +352,67 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
         "`quota_available()` (None)",
     ):
         assert said in page.replace("\n   ", " "), said
+
+
+def test_the_service_layer_sentence_names_every_service() -> None:
+    text = section("One service layer")
+    sentence = text.split("Every door acts through", 1)[1].split(". The CLI", 1)[0]
+    named = set(re.findall(r"`(?:Services\.)?([a-z_]+)`", sentence))
+    [services] = classes()["Services"]
+    public = {
+        node.name
+        for node in services.body
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+    }
+    # `job` (a job or not-found) and `search` (the provider call `check` makes) are what the
+    # services use, not what a door asks for; `intake` is the validation it holds.
+    assert named == public - {"job", "search", "intake"}
+
+
+def test_each_refusal_maps_to_the_exit_code_and_status_the_page_gives() -> None:
+    from daemon.api.errors import _STATUS
+    from daemon.cli.job_commands import _EXIT_CODES
+    from daemon.service_layer.services import Refusal
+
+    said = {
+        "bad input": Refusal.BAD_INPUT,
+        "not found": Refusal.NOT_FOUND,
+        "conflict": Refusal.CONFLICT,
+        "a search that could not be made": Refusal.UNAVAILABLE,
+    }
+    text = re.sub(r"\s+", " ", section("One service layer"))
+    for words, refusal in said.items():
+        given = rf"{words}: (exit )?{_EXIT_CODES[refusal]} / {_STATUS[refusal]}\b"
+        assert re.search(given, text), words
+    assert set(said.values()) == set(Refusal)
+
+
+def test_the_decision_functions_read_no_clock() -> None:
+    # "the decision functions (pure: no I/O, no clock)": every time is a parameter.
+    clocks = {"now", "utcnow", "today", "time", "monotonic", "perf_counter"}
+    for path in sorted((SRC / "policies").glob("*.py")):
+        calls = {
+            node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            for node in ast.walk(tree(path))
+            if isinstance(node, ast.Call)
+        }
+        assert not calls & clocks, (path.name, calls & clocks)
+
+
+def test_the_event_versions_the_page_gives_are_the_classes() -> None:
+    # "Stored events keep loading": each versioned event, at the version it is at, with an
+    # upcaster per step; every other event class is at version 1.
+    from ledger.job import SendJob
+
+    text = re.sub(r"\s+", " ", section("Stored events keep loading"))
+    said = {name: int(n) for name, n in re.findall(r"`(\w+)` (?:is )?at version (\d+)", text)}
+    events = {
+        name: value
+        for name, value in vars(SendJob).items()
+        if isinstance(value, type) and issubclass(value, SendJob.Event | SendJob.Requested)
+    }
+    versioned = {n: v for n, e in events.items() if (v := getattr(e, "class_version", 1)) > 1}
+    assert said == versioned
+    for name, version in versioned.items():
+        for step in range(1, version):
+            assert hasattr(events[name], f"upcast_v{step}_v{step + 1}"), (name, step)
