@@ -118,3 +118,28 @@ def test_the_private_postgresql_paragraph_says_what_the_makefile_and_ci_do() -> 
         line for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")
     ]
     assert commands[-2:] == ['export CI="${CI:-true}"', "exec make test"]
+
+
+def test_the_readme_commands_exist_with_the_options_they_are_given() -> None:
+    """Every `sendledger ...` line of the README's quick start, and the providers its next
+    sentence names, parse with the real CLI parser (tests/e2e/test_init.py runs them)."""
+    import shlex
+
+    from daemon.cli import build_parser
+
+    text = README.read_text(encoding="utf-8")
+    quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = quick.split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [line.split("#")[0].rstrip(" &") for line in block.splitlines()]
+    commands = [shlex.split(line)[1:] for line in lines if line.startswith(".venv/bin/sendledger")]
+    assert len(commands) == 4
+    for provider in re.findall(r"`--provider ([\w-]+)`", quick):
+        commands.append(["init", "mail", "--provider", provider])
+    assert len(commands) == 6
+    for argv in commands:
+        command = next(w for w in argv if not w.startswith("-") and not w.endswith(".toml"))
+        args = build_parser(command).parse_args(argv)
+        assert args.command == command, argv
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["scripts"] == {"sendledger": "daemon.cli:main"}  # `pip install .`
+    assert "`.venv/bin/sendledger`" in quick and "$(BIN)/sendledger demo" in MAKEFILE
