@@ -416,3 +416,46 @@ def test_the_event_versions_the_page_gives_are_the_classes() -> None:
     for name, version in versioned.items():
         for step in range(1, version):
             assert hasattr(events[name], f"upcast_v{step}_v{step + 1}"), (name, step)
+
+
+CITATION = re.compile(
+    r"docs/(architecture|development|performance)\.md`{0,2},? \(?\"([^\"]+)\"", re.M
+)
+
+
+def headings(page: str) -> list[str]:
+    text = (REPO / "docs" / f"{page}.md").read_text(encoding="utf-8")
+    return re.findall(r"^#{1,6} (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), re.M)
+
+
+def stale_citations(text: str) -> list[str]:
+    """Citations of docs/architecture.md, development.md or performance.md by section that
+    name no heading of the page (a heading's first words, up to a word's end, are enough)."""
+    found = [  # a citation may wrap onto a comment's next line
+        (page, re.sub(r"\s*\n\s*#?\s*|\s+", " ", cited)) for page, cited in CITATION.findall(text)
+    ]
+    return [
+        f'{page}.md "{cited}"'
+        for page, cited in found
+        if not any(re.match(rf"{re.escape(cited)}\b", h) for h in headings(page))
+    ]
+
+
+def test_every_citation_of_these_pages_names_one_of_their_sections() -> None:
+    # Docstrings cite the design by section; a renamed section leaves them pointing nowhere.
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    for top in ("src", "tests", "bench"):
+        files += sorted((REPO / top).rglob("*.py"))
+    stale = [
+        f"{path.relative_to(REPO)}: {citation}"
+        for path in files
+        if path != Path(__file__).resolve()
+        for citation in stale_citations(path.read_text(encoding="utf-8"))
+    ]
+    assert stale == []
+
+
+def test_the_citation_checker_sees_a_section_that_is_gone() -> None:
+    text = 'see docs/architecture.md "Doors" and docs/architecture.md, "Layers" and\n'
+    text += 'docs/performance.md "Performance and scaling", docs/development.md "Dev"'
+    assert stale_citations(text) == ['architecture.md "Doors"', 'development.md "Dev"']
