@@ -210,3 +210,11 @@ def test_every_table_follows_a_paragraph_that_names_its_bench_script() -> None:
     for lead_in, table in zip(parts[0::2], tables, strict=False):
         paragraph = lead_in.rsplit("\n\n", 1)[-1]
         assert re.search(r"`(?:bench/)?\w+\.py", paragraph + table), paragraph
+
+
+def test_the_metrics_the_page_names_are_the_exporters() -> None:
+    metrics = (REPO / "src" / "daemon" / "api" / "metrics.py").read_text(encoding="utf-8")
+    named = set(re.findall(r"`(sendledger_\w+)`", page()))
+    assert named == {"sendledger_jobs", "sendledger_open_jobs"}
+    for name in named:
+        assert f'"{name}"' in metrics, name
