@@ -459,3 +459,17 @@ def test_the_citation_checker_sees_a_section_that_is_gone() -> None:
     text = 'see docs/architecture.md "Doors" and docs/architecture.md, "Layers" and\n'
     text += 'docs/performance.md "Performance and scaling", docs/development.md "Dev"'
     assert stale_citations(text) == ['architecture.md "Doors"', 'development.md "Dev"']
+
+
+def test_the_store_port_sentence_names_ledger_methods() -> None:
+    port = section("Stores").split("Store URLs pick a backend", 1)[0]
+    named = set(re.findall(r"\(`([a-z_]+)`\)", port))
+    assert named == {"jobs", "job_events", "due"}
+    assert all(defined("ledger.application", f"Ledger.{name}") for name in named)
+    # The URL forms the page gives, as it writes them, are the ones the parser takes.
+    from ledger.stores.url import parse_store_url
+
+    urls = re.findall(r"`((?:sqlite|postgresql|memory):[^`]*)`", section("Stores"))
+    assert len(urls) == 5
+    for url in urls:
+        parse_store_url(url.replace("relative/path", "x.sqlite").replace("/absolute/path", "/x"))
