@@ -143,3 +143,27 @@ def test_the_readme_commands_exist_with_the_options_they_are_given() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert project["scripts"] == {"sendledger": "daemon.cli:main"}  # `pip install .`
     assert "`.venv/bin/sendledger`" in quick and "$(BIN)/sendledger demo" in MAKEFILE
+
+
+def test_psycopg_is_imported_only_for_a_postgresql_store(tmp_path: Path) -> None:
+    # "`postgres` (psycopg is imported only for it)": a SQLite store never loads the driver.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ledger.application import Ledger\n"
+        f"with Ledger('sqlite:///{tmp_path}/s.sqlite') as ledger:\n"
+        "    ledger.open_counts()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
+    importers = [
+        p.relative_to(REPO / "src").as_posix()
+        for p in sorted((REPO / "src").rglob("*.py"))
+        if re.search(r"^\s*(import|from) psycopg", p.read_text(encoding="utf-8"), re.M)
+    ]
+    assert importers == ["ledger/stores/postgres.py"]
