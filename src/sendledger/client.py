@@ -1,5 +1,5 @@
 """A client of sendledger's HTTP API, on the standard library alone (docs/http-api.md "Python
-client", docs/architecture.md "Doors").
+client", docs/architecture.md "Layers and what each may import").
 
 `urllib` rather than httpx: a program that only submits jobs should not need another
 package, and the client must import nothing of the daemon (it is a door from outside the
