@@ -21,6 +21,7 @@ from typing import Any, get_args
 
 import pytest
 from eventsourcing.domain import Aggregate
+from tests.unit.docs_page import CODE, DocsPage, flat, table
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
@@ -35,21 +36,8 @@ from ledger.vocabulary import ConfirmedVia, EscalationReason, JobState, Resoluti
 from policies.model import OnUnknown
 
 REPO = Path(__file__).resolve().parents[2]
-PAGE = (REPO / "docs" / "how-it-works.md").read_text(encoding="utf-8")
-CODE = re.compile(r"`([^`]+)`")
-
-
-def section(title: str) -> str:
-    """The text under the `##`/`###` heading `title`, up to the next heading."""
-    match = re.search(rf"^#{{2,3}} {re.escape(title)}\n(.*?)(?=^#{{1,3}} |\Z)", PAGE, re.M | re.S)
-    assert match, f"no section {title!r} on the page"
-    return match.group(1)
-
-
-def table(text: str) -> list[list[str]]:
-    """The body rows of the first Markdown table in `text`, as stripped cells."""
-    rows = [line for line in text.splitlines() if line.startswith("|")]
-    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
+PAGE = DocsPage("how-it-works.md")
+section = PAGE.section
 
 
 def event_rows() -> dict[str, str]:
@@ -219,8 +207,8 @@ def test_the_read_back_names_the_unreliable_handle_in_the_log_and_status(
         assert line.endswith("; HANDLE UNRELIABLE: fake")
     finally:
         rig.close()
-    assert "the daemon's log and systemd status say so" in " ".join(
-        section("The read-back of the Message-ID").split()
+    assert "the daemon's log and systemd status say so" in flat(
+        section("The read-back of the Message-ID")
     )
 
 
@@ -268,7 +256,7 @@ def test_the_crash_matrix_is_the_one_described() -> None:
         if isinstance(target, ast.Name) and target.id in ("POINTS", "MODES"):
             value = node.value  # type: ignore[attr-defined]
             found[target.id] = [ast.literal_eval(elt) for elt in value.elts]
-    text = " ".join(section("How each is tested").split())
+    text = flat(section("How each is tested"))
     modes = re.search(r"for each of (.*?); each ends", text)
     assert modes
     listed = re.split(r", | and ", modes.group(1))

@@ -15,6 +15,7 @@ from typing import Any, get_args
 
 import pytest
 from pydantic import BaseModel, ValidationError
+from tests.unit.docs_page import CODE, DocsPage, flat, table
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.config.settings import (
@@ -36,25 +37,8 @@ from daemon.tools import probe
 from ledger.vocabulary import JobState
 
 REPO = Path(__file__).resolve().parents[2]
-PAGE = (REPO / "docs" / "providers.md").read_text(encoding="utf-8")
-CODE = re.compile(r"`([^`]+)`")
-
-
-def section(title: str) -> str:
-    """The text under the `##`/`###` heading `title`, up to the next heading."""
-    match = re.search(rf"^#{{2,3}} {re.escape(title)}\n(.*?)(?=^#{{1,3}} |\Z)", PAGE, re.M | re.S)
-    assert match, f"no section {title!r} on the page"
-    return match.group(1)
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
-
-
-def table(text: str) -> list[list[str]]:
-    """The body rows of the first Markdown table in `text`, as stripped cells."""
-    rows = [line for line in text.splitlines() if line.startswith("|")]
-    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
+PAGE = DocsPage("providers.md")
+section = PAGE.section
 
 
 MODELS: dict[str, type[BaseModel]] = {
