@@ -24,6 +24,7 @@ from eventsourcing.domain import Aggregate
 from tests.unit.docs_page import CODE, DocsPage, flat, table
 from tests.unit.engine_rig import EngineRig, policy
 
+from daemon.cli.audit import EVENT_TYPES
 from daemon.doubles.fake_provider import Scripted
 from daemon.engine.recover import Recover
 from daemon.engine.search import Sweep, Verify
@@ -61,6 +62,8 @@ def test_the_event_table_names_every_event_and_its_topic() -> None:
     for name, cls in event_classes().items():
         assert f"sendledger:SendJob.{name}" == cls.TOPIC
     assert "`sendledger:SendJob.<Event>`" in section("How it works")
+    # The event log's reader offers the same names (`sendledger audit --event`).
+    assert set(EVENT_TYPES) == set(event_rows())
 
 
 def fields_of(cls: type[Any]) -> set[str]:

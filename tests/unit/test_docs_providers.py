@@ -226,7 +226,7 @@ def test_the_probe_without_yes_and_without_a_terminal_is_exit_2(
 
 def test_a_draft_that_cannot_be_created_is_no_claim() -> None:
     """A failed drafts.create records nothing: the job stays due and the next tick sends it."""
-    assert "no claim at all: nothing is recorded, the job stays due" in flat(
+    assert "5xx and rate limits nothing is recorded, the job stays due" in flat(
         section("Sending through drafts (`send_via`)")
     )
     rig = EngineRig(policy("receipts"))
@@ -271,3 +271,27 @@ def test_policy_check_refuses_retry_on_a_client_copy_provider(
     config.write_text(settings.format(copy="server"), encoding="utf-8")
     assert cmd_policy_check(args) == 0
     assert "(`file:on_unknown: reason`)" in flat(section("Where the sent copy comes from"))
+
+
+def test_a_draft_refused_for_good_goes_to_review_without_a_claim() -> None:
+    """A permanent refusal of drafts.create (a 4xx, a missing scope) is not asked again
+    every tick: the job goes to review (`rejected`), never claimed, nothing sent."""
+    assert "a refusal for good (other 4xx, a missing scope) sends the job to review" in flat(
+        section("Sending through drafts (`send_via`)")
+    )
+    rig = EngineRig(policy("receipts"))
+    try:
+        rig.engine.close()
+        drafts = FakeDraftsProvider("fake", clock=rig.clock)
+        rig.provider = drafts
+        rig.engine = rig.new_engine()
+        rig.submit("receipts", "k1")
+        drafts.refuse_creates(1)
+        rig.tick()
+        job = rig.job("k1")
+        assert rig.events("k1") == ["Requested", "Escalated"]
+        assert job.state is JobState.REVIEW and job.reason == "rejected"
+        rig.advance_and_tick(3600)
+        assert drafts.drafts_created == 0 and drafts.draft_sends == 0
+    finally:
+        rig.close()
