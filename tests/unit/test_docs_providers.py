@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -224,27 +225,52 @@ def test_the_probe_without_yes_and_without_a_terminal_is_exit_2(
     )
 
 
-def test_a_draft_that_cannot_be_created_is_no_claim() -> None:
+@pytest.fixture
+def drafts_rig() -> Iterator[tuple[EngineRig, FakeDraftsProvider]]:
+    """An engine rig whose provider is the in-memory drafts provider, one job submitted."""
+    rig = EngineRig(policy("receipts"))
+    rig.engine.close()
+    drafts = FakeDraftsProvider("fake", clock=rig.clock)
+    rig.provider = drafts
+    rig.engine = rig.new_engine()
+    rig.submit("receipts", "k1")
+    yield rig, drafts
+    rig.close()
+
+
+def test_a_draft_that_cannot_be_created_is_no_claim(
+    drafts_rig: tuple[EngineRig, FakeDraftsProvider],
+) -> None:
     """A failed drafts.create records nothing: the job stays due and the next tick sends it."""
     assert "5xx and rate limits nothing is recorded, the job stays due" in flat(
         section("Sending through drafts (`send_via`)")
     )
-    rig = EngineRig(policy("receipts"))
-    try:
-        rig.engine.close()
-        drafts = FakeDraftsProvider("fake", clock=rig.clock)
-        rig.provider = drafts
-        rig.engine = rig.new_engine()
-        rig.submit("receipts", "k1")
-        drafts.fail_creates(1)
-        rig.tick(errors=1)
-        assert rig.events("k1") == ["Requested"]
-        assert rig.job("k1").state is JobState.REQUESTED and drafts.draft_sends == 0
-        rig.tick()
-        assert rig.job("k1").state is JobState.CONFIRMED
-        assert drafts.draft_sends == 1 and rig.copies("k1") == 1
-    finally:
-        rig.close()
+    rig, drafts = drafts_rig
+    drafts.fail_creates(1)
+    rig.tick(errors=1)
+    assert rig.events("k1") == ["Requested"]
+    assert rig.job("k1").state is JobState.REQUESTED and drafts.draft_sends == 0
+    rig.tick()
+    assert rig.job("k1").state is JobState.CONFIRMED
+    assert drafts.draft_sends == 1 and rig.copies("k1") == 1
+
+
+def test_a_draft_refused_for_good_goes_to_review_without_a_claim(
+    drafts_rig: tuple[EngineRig, FakeDraftsProvider],
+) -> None:
+    """A permanent refusal of drafts.create (a 4xx, a missing scope) is not asked again
+    every tick: the job goes to review (`rejected`), never claimed, nothing sent."""
+    assert "a refusal for good (other 4xx, a missing scope) sends the job to review" in flat(
+        section("Sending through drafts (`send_via`)")
+    )
+    rig, drafts = drafts_rig
+    drafts.refuse_creates(1)
+    rig.tick()
+    job = rig.job("k1")
+    assert rig.events("k1") == ["Requested", "Escalated"]
+    assert job.state is JobState.REVIEW and job.reason == "rejected"
+    rig.advance_and_tick(3600)
+    assert drafts.drafts_created == 0 and drafts.draft_sends == 0
 
 
 def test_policy_check_refuses_retry_on_a_client_copy_provider(
@@ -271,27 +297,3 @@ def test_policy_check_refuses_retry_on_a_client_copy_provider(
     config.write_text(settings.format(copy="server"), encoding="utf-8")
     assert cmd_policy_check(args) == 0
     assert "(`file:on_unknown: reason`)" in flat(section("Where the sent copy comes from"))
-
-
-def test_a_draft_refused_for_good_goes_to_review_without_a_claim() -> None:
-    """A permanent refusal of drafts.create (a 4xx, a missing scope) is not asked again
-    every tick: the job goes to review (`rejected`), never claimed, nothing sent."""
-    assert "a refusal for good (other 4xx, a missing scope) sends the job to review" in flat(
-        section("Sending through drafts (`send_via`)")
-    )
-    rig = EngineRig(policy("receipts"))
-    try:
-        rig.engine.close()
-        drafts = FakeDraftsProvider("fake", clock=rig.clock)
-        rig.provider = drafts
-        rig.engine = rig.new_engine()
-        rig.submit("receipts", "k1")
-        drafts.refuse_creates(1)
-        rig.tick()
-        job = rig.job("k1")
-        assert rig.events("k1") == ["Requested", "Escalated"]
-        assert job.state is JobState.REVIEW and job.reason == "rejected"
-        rig.advance_and_tick(3600)
-        assert drafts.drafts_created == 0 and drafts.draft_sends == 0
-    finally:
-        rig.close()
