@@ -22,6 +22,7 @@ from tests.unit.engine_rig import EngineRig, policy
 from daemon.config.settings import (
     _PROVIDER_TAGS,
     ConfigError,
+    DaemonSettings,
     GmailProviderSettings,
     GraphProviderSettings,
     SmtpImapProviderSettings,
@@ -297,3 +298,13 @@ def test_policy_check_refuses_retry_on_a_client_copy_provider(
     config.write_text(settings.format(copy="server"), encoding="utf-8")
     assert cmd_policy_check(args) == 0
     assert "(`file:on_unknown: reason`)" in flat(section("Where the sent copy comes from"))
+
+
+def test_a_graph_send_fits_its_claims_deadline_by_default() -> None:
+    """A claim's deadline is the provider's timeout plus daemon.deadline_grace; a Graph send
+    is up to three requests plus confirm_wait, which the defaults leave room for."""
+    graph = GraphProviderSettings.model_validate({"kind": "graph", **TABLES["graph"][1]})
+    grace = DaemonSettings.model_fields["deadline_grace"].default
+    assert graph.timeout + grace >= 3 * graph.timeout + graph.confirm_wait
+    assert (grace, graph.timeout, graph.confirm_wait) == (30.0, 10.0, 3.0)
+    assert "(the defaults do: 30s, 2 x 10s + 3s)" in section("Graph keys")
