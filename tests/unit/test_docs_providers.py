@@ -196,33 +196,43 @@ def test_the_probe_options_and_defaults() -> None:
     assert "`--from MAILBOX`" in flat(section("Gmail setup"))
 
 
-def test_the_probe_without_yes_and_without_a_terminal_is_exit_2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def refused_probe(tmp_path: Path, user: str, **given: Any) -> CliError:
+    """How `sendledger probe` refuses to start on a gmail provider whose `user` is given,
+    with no terminal to ask on: its CliError."""
     config = tmp_path / "sendledger.toml"
     (tmp_path / "policies").mkdir()
     config.write_text(
         '[daemon]\npolicies_dir = "policies"\n[providers.support]\ncredentials_file = "sa.json"\n'
-        'user = "me@example.com"\n',
+        f'user = "{user}"\n',
         encoding="utf-8",
     )
-    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    fields = {"from_addr": None, "yes": False, "max_wait": "10m", "interval": "2s", **given}
     args = argparse.Namespace(
-        config=str(config),
-        provider="support",
-        to="you@example.com",
-        from_addr=None,
-        yes=False,
-        max_wait="10m",
-        interval="2s",
-        json=False,
+        config=str(config), provider="support", to="you@example.com", json=False, **fields
     )
     with pytest.raises(CliError) as refused:
         probe.cmd_probe(args)
-    assert refused.value.code == EXIT_BAD_INPUT == 2
-    assert "--yes" in str(refused.value)
+    return refused.value
+
+
+def test_the_probe_without_yes_and_without_a_terminal_is_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    refused = refused_probe(tmp_path, "me@example.com")
+    assert refused.code == EXIT_BAD_INPUT == 2
+    assert "--yes" in str(refused)
     assert "refuses to run without `--yes` or an interactive `y` (exit 2)" in flat(
         section("Checking a provider: `sendledger probe`")
+    )
+
+
+def test_the_probe_of_a_from_placeholder_provider_needs_from(tmp_path: Path) -> None:
+    refused = refused_probe(tmp_path, "{from}", yes=True)
+    assert refused.code == EXIT_BAD_INPUT
+    assert str(refused).startswith("--from: ")
+    assert "`sendledger probe` on such a provider needs `--from MAILBOX`" in flat(
+        section("Gmail setup")
     )
 
 
