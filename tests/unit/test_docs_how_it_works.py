@@ -9,6 +9,7 @@ comparison goes both ways, so neither the page nor the code can change alone."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import http.client
 import json
 import logging
@@ -33,6 +34,7 @@ from daemon.providers.classify import classify_send_exception, classify_send_res
 from daemon.providers.transport import NotSentError, ResponseLostError
 from daemon.runtime import Daemon
 from ledger.job import SendJob
+from ledger.message_id import message_id_for
 from ledger.vocabulary import ConfirmedVia, EscalationReason, JobState, Resolution
 from policies.model import OnUnknown
 
@@ -64,6 +66,17 @@ def test_the_event_table_names_every_event_and_its_topic() -> None:
     assert "`sendledger:SendJob.<Event>`" in section("How it works")
     # The event log's reader offers the same names (`sendledger audit --event`).
     assert set(EVENT_TYPES) == set(event_rows())
+
+
+def test_the_message_id_example_is_the_recipe() -> None:
+    text = flat(section("The Message-ID"))
+    example = re.search(r"Key `([^`]+)` on `([^`]+)` is always `([^`]+)`", text)
+    assert example
+    key, domain, shown = example.groups()
+    assert message_id_for(key, domain) == shown
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
+    assert shown == f"<job-{digest}@{domain}>"
+    assert "the first 32 hex digits of the SHA-256 of the key (UTF-8)" in text
 
 
 def fields_of(cls: type[Any]) -> set[str]:
