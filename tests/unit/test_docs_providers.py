@@ -30,10 +30,19 @@ from daemon.config.settings import (
 )
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.exit_codes import EXIT_BAD_INPUT, CliError
-from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
+from daemon.providers.base import (
+    DEFAULT_READBACK_FIRST,
+    DEFAULT_READBACK_RATE,
+    SendKind,
+    SendOutcome,
+)
 from daemon.providers.gmail import DRAFT_SCOPES, SCOPES, GmailProvider
 from daemon.providers.gmail_drafts import COMPOSE_SCOPE
 from daemon.providers.graph import GraphProvider
+from daemon.providers.graph_classify import after_draft_delete
+from daemon.providers.graph_classify import classify_create_response as graph_create
+from daemon.providers.graph_classify import classify_send_response as graph_send
+from daemon.providers.smtp_classify import Stage, classify_smtp
 from daemon.providers.smtp_imap import SmtpImapProvider
 from daemon.tools import probe
 from ledger.vocabulary import JobState
@@ -318,3 +327,84 @@ def test_a_graph_send_fits_its_claims_deadline_by_default() -> None:
     assert graph.timeout + grace >= 3 * graph.timeout + graph.confirm_wait
     assert (grace, graph.timeout, graph.confirm_wait) == (30.0, 10.0, 3.0)
     assert "(the defaults do: 30s, 2 x 10s + 3s)" in section("Graph keys")
+
+
+def kind_column(kind: str) -> dict[str, str]:
+    """The matrix's cells for one kind, by row name."""
+    rows = table(section("What each kind does"))
+    column = list(MODELS).index(kind) + 1
+    return {row[0]: row[column] for row in rows}
+
+
+SMTP_STAGES = {"EHLO": Stage.HELLO, "AUTH": Stage.AUTH, "MAIL": Stage.MAIL}
+SMTP_STAGES |= {"RCPT": Stage.RCPT, "DATA": Stage.DATA}
+
+
+def smtp(stage: Stage, code: int | None, text: str = "") -> SendOutcome:
+    return classify_smtp(stage, code, text, message_id="<job-1@mail.example.com>")
+
+
+def test_the_smtp_column_is_the_smtp_classification() -> None:
+    cells = kind_column("smtp-imap")
+    refused = re.search(r"to ((?:[A-Z]+, )*[A-Z]+ or [A-Z]+);", cells["not sent"])
+    assert refused
+    named = re.split(r", | or ", refused.group(1))
+    assert named == list(SMTP_STAGES)
+    for stage in SMTP_STAGES.values():
+        assert (smtp(stage, 450).kind, smtp(stage, 450).transient) == (SendKind.REJECTED, True)
+        assert (smtp(stage, 550).kind, smtp(stage, 550).transient) == (SendKind.REJECTED, False)
+        assert smtp(stage, 421).unavailable and smtp(stage, 421).transient
+    assert "4xx (transient; 421 also unavailable) or 5xx (permanent)" in cells["not sent"]
+    # Anything before the final "." without a reply (refused, reset, timeout) sent nothing.
+    before_dot = [s for s in Stage if s is not Stage.END_OF_DATA]
+    assert all(smtp(s, None).kind is SendKind.REJECTED for s in before_dot)
+    assert "anything before the final `.`" in cells["not sent"]
+    assert "after the final `.`, before the reply" in cells["ambiguous"]
+    assert smtp(Stage.END_OF_DATA, None, "timed out").kind is SendKind.UNKNOWN
+    queued = smtp(Stage.END_OF_DATA, 250, "2.0.0 Ok: queued as 4XyZ12abC")
+    plain = smtp(Stage.END_OF_DATA, 250, "2.0.0 Ok")
+    assert (queued.kind, queued.provider_message_id) == (SendKind.CONFIRMED, "4XyZ12abC")
+    assert plain.provider_message_id == "<job-1@mail.example.com>"
+    assert "id: the queue id in the reply, else our Message-ID" in cells["confirmed by response"]
+    after = cells["refused after data"]
+    assert "`4xx`: transient" in after and "`5xx`: permanent" in after
+    assert smtp(Stage.END_OF_DATA, 452).transient
+    assert not smtp(Stage.END_OF_DATA, 554).transient
+
+
+def test_the_graph_column_is_the_graph_classification() -> None:
+    cells = kind_column("graph")
+    ambiguous, not_sent = cells["ambiguous"], cells["not sent"]
+    wait = {"Retry-After": "5"}
+    assert "5xx (a 503 without Retry-After too)" in ambiguous
+    for status in (500, 502, 503):
+        assert graph_send(status, {}, b"").kind is SendKind.UNKNOWN
+    assert "a 202 whose copy is not filed within `confirm_wait`" in ambiguous
+    assert graph_send(202, {}, b"").kind is SendKind.UNKNOWN
+    assert "a refused send whose draft is then gone" in ambiguous
+    assert after_draft_delete(graph_send(400, {}, b""), 404).kind is SendKind.UNKNOWN
+    assert after_draft_delete(graph_send(400, {}, b""), 204).kind is SendKind.REJECTED
+    assert "429 and 503 with Retry-After (transient, unavailable" in not_sent
+    for status in (429, 503):
+        outcome = graph_send(status, wait, b"")
+        assert (outcome.kind, outcome.transient, outcome.unavailable) == (
+            SendKind.REJECTED,
+            True,
+            True,
+        )
+        assert outcome.retry_after == 5.0
+    assert "401 (transient" in not_sent
+    assert (graph_send(401, {}, b"").kind, graph_send(401, {}, b"").transient) == (
+        SendKind.REJECTED,
+        True,
+    )
+    assert "other 4xx (permanent)" in not_sent
+    for status in (400, 403, 404):
+        assert (graph_send(status, {}, b"").kind, graph_send(status, {}, b"").transient) == (
+            SendKind.REJECTED,
+            False,
+        )
+    assert "any failure of the token or of the draft's creation" in not_sent
+    for status in (400, 401, 429, 500, 503):
+        created = graph_create(status, {}, b"")
+        assert not isinstance(created, str) and created.kind is SendKind.REJECTED
