@@ -408,3 +408,27 @@ def test_the_graph_column_is_the_graph_classification() -> None:
     for status in (400, 401, 429, 500, 503):
         created = graph_create(status, {}, b"")
         assert not isinstance(created, str) and created.kind is SendKind.REJECTED
+
+
+def test_init_writes_a_graph_provider_as_the_page_sets_one_up() -> None:
+    """`sendledger init --provider graph` names the permissions step 3 names, and its
+    timeout leaves a send its three requests and confirm_wait within the claim's deadline."""
+    from daemon.cli.init_command import config_text
+    from ledger.addresses import parse_mailbox
+
+    steps = flat(section("Microsoft Graph setup"))
+    permissions = re.search(r"\*Application\* permissions (.*?), then \*Grant", steps)
+    assert permissions
+    named = re.findall(r"`(Mail\.\w+)`", permissions.group(1))
+    assert named == ["Mail.Send", "Mail.ReadWrite"]
+    written = config_text("graph", parse_mailbox("you@example.com"))
+    assert re.search(r"permissions Mail\.Send and Mail\.ReadWrite for `user`", written)
+    loaded = tomllib.loads(written)
+    graph = loaded["providers"]["m365"]
+    settings = settings_from_dict(
+        {"daemon": loaded.get("daemon", {}), "providers": {"m365": graph}}
+    )
+    provider = settings.providers["m365"]
+    assert isinstance(provider, GraphProviderSettings)
+    grace = settings.daemon.deadline_grace
+    assert provider.timeout + grace >= 3 * provider.timeout + provider.confirm_wait
