@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -112,3 +113,23 @@ def test_probe_without_the_compose_scope_says_so_and_keeps_messages(tmp_path: Pa
     report = json.loads(done.stdout)
     assert "gmail.compose" in report["drafts"]["error"]
     assert report["recommended"]["send_via"] == "messages"
+
+
+def test_the_docs_example_is_what_the_probe_prints(tmp_path: Path) -> None:
+    """docs/providers.md "The probe on a gmail provider" quotes this run's report: each of
+    its lines is in the output, the Message-ID and the relay's port aside."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "providers.md").read_text("utf-8")
+    section = page.split("### The probe on a gmail provider", 1)[1].split("\n### ", 1)[0]
+    example = section.split("```\n", 2)[1]
+
+    def masked(text: str) -> str:
+        text = re.sub(r"<sendledger-probe-[0-9a-f]{32}@example\.com>", "<ID>", text)
+        return re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
+
+    with GmailEmulator(lag=LAG, rewrite_message_id=True) as emulator:
+        done = probe(tmp_path, emulator)
+    assert done.returncode == 0, done.stderr
+    printed = masked(done.stdout).splitlines()
+    lines = masked(example).splitlines()
+    assert len(lines) >= 8
+    assert [line for line in lines if line not in printed] == []

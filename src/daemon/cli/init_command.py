@@ -258,14 +258,16 @@ timeout = "30s"
 [providers.m365]
 kind = "graph"
 # EDIT: the Entra ID (Azure AD) tenant and the app registration with the application
-# permission Mail.Send and Mail.Read for `user` (docs/providers.md "Providers").
+# permissions Mail.Send and Mail.ReadWrite for `user` (docs/providers.md "Microsoft
+# Graph setup").
 tenant_id = "00000000-0000-0000-0000-000000000000"
 client_id = "00000000-0000-0000-0000-000000000000"
 # The client secret is this file's first line (chmod 600).
 client_secret_file = "graph-secret"
 # EDIT: the mailbox that sends; the policies' `from` must be this address.
 user = "{m.addr_spec}"
-timeout = "30s"
+# Each Graph request; a send is up to three plus confirm_wait, within daemon.deadline_grace.
+timeout = "10s"
 """
     ),
 }

@@ -18,7 +18,7 @@ from email.parser import BytesHeaderParser
 
 from daemon.doubles.fake_provider import Copy, FakeProvider, Scripted, SimulatedCrash
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
-from daemon.providers.draft_handle import Draft, DraftCheck, DraftStatus
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftStatus
 
 
 class FakeDraftsProvider(FakeProvider):
@@ -40,6 +40,7 @@ class FakeDraftsProvider(FakeProvider):
         self.draft_sends = 0
         self._draft_ids = itertools.count(1)
         self._failing_creates = 0
+        self._refused_creates = 0
         self._failing_checks = 0
         self._crash_on_create = 0
         # Every draft ever made -> its Message-ID (kept after the draft is consumed), so
@@ -52,6 +53,11 @@ class FakeDraftsProvider(FakeProvider):
     def fail_creates(self, count: int) -> None:
         with self._lock:
             self._failing_creates += count
+
+    def refuse_creates(self, count: int) -> None:
+        """The next creates are refused for good (DraftRefused: a 4xx, a missing scope)."""
+        with self._lock:
+            self._refused_creates += count
 
     def fail_checks(self, count: int) -> None:
         with self._lock:
@@ -86,6 +92,9 @@ class FakeDraftsProvider(FakeProvider):
             if self._failing_creates:
                 self._failing_creates -= 1
                 raise ProviderError("drafts.create failed (scripted)")
+            if self._refused_creates:
+                self._refused_creates -= 1
+                raise DraftRefused("drafts.create: HTTP 400: refused (scripted)")
             self.drafts_created += 1
             draft = Draft(f"r{next(self._draft_ids):06d}", f"fake-{next(self._ids):06d}")
             self.drafts[draft.draft_id] = (message_id, draft.provider_message_id)
