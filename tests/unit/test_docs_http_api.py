@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.metrics import MetricWrapperBase
+from tests.unit import docs_pages
+from tests.unit.docs_pages import DOCS, table
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_api_routes import AUTH, api_context
 
@@ -42,43 +44,13 @@ from ledger.stores.positions import LOCK_WAIT_MS
 from sendledger import client as client_module
 from sendledger.client import ApiError, Client, ClientError, Invalid
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "http-api.md"
+PAGE = DOCS / "http-api.md"
 STATUS = re.compile(r"(?<![\d.,])([1-5]\d\d)(?!\d|[.,]\d)")
 TICKED = re.compile(r"`([^`]+)`")
 
 
 def section(heading: str) -> str:
-    """The text under `heading` (a `##`/`###` line) up to the next heading of its level or
-    above outside fenced code."""
-    lines = PAGE.read_text(encoding="utf-8").splitlines()
-    level = len(heading) - len(heading.lstrip("#"))
-    start = lines.index(heading) + 1
-    fenced = False
-    for end in range(start, len(lines)):
-        if lines[end].startswith("```"):
-            fenced = not fenced
-        elif not fenced and re.match(rf"#{{1,{level}}} ", lines[end]):
-            return "\n".join(lines[start:end])
-    return "\n".join(lines[start:])
-
-
-def table(text: str, first: str) -> list[list[str]]:
-    """The body rows of the table whose header's first cell is `first` (`\\|` is a pipe in
-    a cell)."""
-    rows: list[list[str]] = []
-    inside = False
-    for line in text.splitlines():
-        if not line.startswith("|"):
-            if inside:
-                break
-            continue
-        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if not inside:
-            inside = cells[0] == first
-        elif not set(cells[0]) <= {"-"}:
-            rows.append(cells)
-    assert rows, f"no table headed {first!r}"
-    return rows
+    return docs_pages.section(PAGE, heading)
 
 
 @pytest.fixture(scope="module")
