@@ -36,7 +36,7 @@ from daemon.config.sizes import parse_size
 from daemon.engine.circuit import OpenCircuit
 from daemon.service_layer.intake import MAX_LISTED
 from daemon.service_layer.listing import LIMIT_DEFAULT, LIMIT_MAX
-from daemon.webhooks.events import WEBHOOK_EVENTS, WEBHOOK_TYPES
+from daemon.webhooks.events import WEBHOOK_EVENTS, WEBHOOK_TYPES, event_id_for, payload
 from daemon.webhooks.signing import new_secret, parse_secret
 from daemon.webhooks.status import COUNT_LIMIT, webhook_status
 from daemon.webhooks.worker import Hook
@@ -112,6 +112,39 @@ def test_the_route_table_is_the_openapi_document(document: dict[str, Any]) -> No
         assert documented[route] - EVERY_ROUTE - {200} <= said, route
 
 
+def names(text: str) -> list[str]:
+    return re.findall(r'"(\w+)"', text)
+
+
+def properties(document: dict[str, Any], schema: str) -> list[str]:
+    return list(document["components"]["schemas"][schema]["properties"])
+
+
+def test_the_bodies_and_answers_the_rows_show_are_the_models(document: dict[str, Any]) -> None:
+    rows = {row[0].strip("`"): row[1] for row in table(section("## HTTP API"), "route")}
+    listing = rows["GET /v1/jobs"].split("`", 2)[1]
+    outer, inner = listing.split("[{", 1)
+    assert names(inner.split("}]", 1)[0]) == properties(document, "ListedJob")
+    assert names(outer + inner.split("}]", 1)[1]) == properties(document, "JobList")
+    check = rows["POST /v1/review/{key}/check"].split("`", 2)[1]
+    copies = check.split("[{", 1)[1].split("}]", 1)[0]
+    assert names(copies) == properties(document, "CopyOut")
+    assert set(names(check)) - set(names(copies)) < set(properties(document, "CheckOut"))
+    assert check.endswith(", ...}")  # the rest (message_id, hits) is in the document
+    request, answer = re.findall(r"`(\{[^`]+\})`", rows["POST /v1/review/triage"])
+    assert names(request) == properties(document, "TriageIn")
+    assert names(answer) == properties(document, "TriageItemOut")
+    actions = re.findall(r"`([a-z-]+)`", rows["POST /v1/review/triage"].split("`action`", 1)[1])
+    assert actions == ["resolved-sent", "would-resolve-sent", "left", "search-failed"]
+    assert "resolved-sent, would-resolve-sent (dry run), left or search-failed" in str(
+        document["components"]["schemas"]["TriageItemOut"]
+    )
+    resolve = rows["POST /v1/review/{key}/resolve"].split("`", 2)[1]
+    assert names(resolve) == ["as", "sent", "resend", "abandon", "note"]
+    assert properties(document, "ResolveIn") == ["as", "note"]
+    assert names(rows["POST /v1/jobs/{key}/cancel"]) == properties(document, "CancelIn")
+
+
 def test_every_v1_route_documents_401_and_403_and_others_need_no_token(
     document: dict[str, Any],
 ) -> None:
@@ -131,6 +164,16 @@ def test_the_error_table_is_every_status_the_document_lists(document: dict[str, 
     assert f"after {FAILURES} failed attempts" in rows[429]
     assert f"within {WINDOW / 60:g} minutes" in rows[429]
     assert f"at most {MAX_LISTED} errors" in rows[422]
+    shape = rows[422].split("`", 2)[1]
+    assert names(shape) == ["error", "errors", "index", "field", "reason", "count"]
+    assert properties(document, "Invalid") == ["error", "errors", "count"]
+    assert properties(document, "FieldError") == ["index", "field", "reason"]
+    said = " ".join(section("## HTTP API").split())
+    assert (
+        'Errors are `{"error": "..."}`; 422 adds `"errors": [{"index", "field", "reason"}]`'
+        in (said)
+        and 'and `"count"` (how many there were)' in said
+    )
 
 
 def test_the_decoder_s_limits_are_the_page_s() -> None:
@@ -167,6 +210,29 @@ def test_the_listing_limits(document: dict[str, Any]) -> None:
     query = re.search(r"`GET /v1/jobs\?([^`]+)`", text)
     assert query is not None
     assert {part.rstrip("=") for part in query.group(1).split("&")} == names
+
+
+@pytest.mark.parametrize("open_circuits", [0, 1])
+def test_healthz_without_a_token_is_the_brief_the_page_shows(
+    rig: EngineRig, open_circuits: int
+) -> None:
+    """The daemon's /healthz (a scheduler and circuits): without a token the four checks
+    the page names, whether or not a circuit is open (the answer stays 200); the circuits
+    are among the details a token sees."""
+    row = {r[0].strip("`"): r[1] for r in table(section("## HTTP API"), "route")}["GET /healthz"]
+    brief = re.search(r"Without a token only `(.+?)`;", row)
+    assert brief is not None
+    shown = brief.group(1).replace('{"ok", ', '{"ok": true, ')
+    opened = OpenCircuit("gmail", datetime(2026, 1, 1, tzinfo=UTC), 3, datetime.now(UTC), False)
+    ctx = api_context(rig)
+    ctx.health.tick_age = lambda: 0.5
+    ctx.health.circuits = lambda: [opened] * open_circuits
+    with TestClient(create_app(ctx)) as client:
+        anonymous = client.get("/healthz")
+        detailed = client.get("/healthz", headers=AUTH)
+    assert anonymous.status_code == detailed.status_code == 200
+    assert anonymous.json() == json.loads(shown)
+    assert len(detailed.json()["checks"]["circuits"]) == open_circuits
 
 
 # -- Roles ---------------------------------------------------------------------------------
@@ -361,3 +427,17 @@ def test_the_webhook_numbers_are_the_code_s() -> None:
     assert Hook("h", "https://a/", new_secret(), frozenset(), timeout=10.0).lease == 60.0
     assert Hook("h", "https://a/", new_secret(), frozenset(), timeout=30.0).lease == 90.0
     assert f"{LOCK_WAIT_MS} ms at the very most" in text
+
+
+def test_the_payload_example_has_the_payload_s_fields(rig: EngineRig) -> None:
+    example = section("## Webhooks").split("```json\n", 1)[1].split("```", 1)[0]
+    shown = json.loads(example)
+    rig.submit("legal", "order-1042")
+    job = rig.ledger.get_job("order-1042")
+    [requested] = rig.ledger.history("order-1042")
+    sent = payload("confirmed", job, requested, event_id_for(job.id, job.version))
+    assert list(sent) == list(shown)
+    assert shown["event_id"].startswith("evt_") and sent["event_id"].startswith("evt_")
+    assert re.fullmatch(r"evt_[0-9a-f]{32}_\d+", sent["event_id"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", sent["at"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", shown["at"])
