@@ -6,6 +6,7 @@ defaults and error classes, and the webhook settings, types and `status --json` 
 
 from __future__ import annotations
 
+import ast
 import base64
 import inspect
 import json
@@ -31,6 +32,7 @@ from daemon.api.bodies import decode_body
 from daemon.api.metrics import Metrics, Sources, _StoreGauges
 from daemon.api.roles import ROUTE_ROLES
 from daemon.api.signin_limit import FAILURES, WINDOW
+from daemon.cli import build_parser
 from daemon.config.settings import ApiSettings, WebhookSettings
 from daemon.config.sizes import parse_size
 from daemon.engine.circuit import OpenCircuit
@@ -233,6 +235,7 @@ def test_healthz_without_a_token_is_the_brief_the_page_shows(
     assert anonymous.status_code == detailed.status_code == 200
     assert anonymous.json() == json.loads(shown)
     assert len(detailed.json()["checks"]["circuits"]) == open_circuits
+    assert "in the daemon `checks.circuits`, the open circuits, which never fail it" in row
 
 
 # -- Roles ---------------------------------------------------------------------------------
@@ -258,6 +261,29 @@ def test_the_client_calls_the_page_names_exist() -> None:
     assert named == public
 
 
+def test_the_client_example_calls_bind_to_the_client_s_signatures() -> None:
+    """Each call of the example (`Client(...)`, `client.X(...)`) fits the signature it
+    calls: the names exist and the arguments bind (an instance stands in as `self`)."""
+    block = section("## Python client").split("```python\n", 1)[1].split("```", 1)[0]
+    bound = []
+    for node in ast.walk(ast.parse(block)):
+        if not isinstance(node, ast.Call):
+            continue
+        called = ast.unparse(node.func)
+        if called == "Client":
+            function = Client.__init__
+        elif called.startswith("client."):
+            function = getattr(Client, called.removeprefix("client."))
+        else:
+            continue
+        keywords = {k.arg: None for k in node.keywords if k.arg}
+        inspect.signature(function).bind(None, *node.args, **keywords)
+        bound.append(called)
+    assert sorted(bound) == sorted(
+        ["Client", *[f"client.{name}" for name in re.findall(r"client\.(\w+)\(", block)]]
+    )
+
+
 def test_the_client_defaults_are_the_page_s() -> None:
     text = " ".join(section("## Python client").split())
     defaults = {
@@ -277,6 +303,15 @@ def test_the_client_defaults_are_the_page_s() -> None:
     assert "`backoff` seconds (default 0.5)" in text
     assert "at most `max_backoff` (30)" in text
     assert "`timeout` (default 30 s)" in text
+
+
+def test_every_command_the_page_names_parses() -> None:
+    commands = re.findall(r"`sendledger ([^`]+)`", PAGE.read_text(encoding="utf-8"))
+    assert len(commands) >= 8
+    for command in commands:
+        for variant in (re.sub(r" ?\[[^\]]*\]", "", command), re.sub(r"[\[\]]", "", command)):
+            argv = variant.replace("NAME", "ops").replace("HOST:PORT", "127.0.0.1:8025").split()
+            build_parser(argv[0]).parse_args(argv)
 
 
 def test_the_error_classes_are_the_page_s() -> None:
