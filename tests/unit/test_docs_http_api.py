@@ -26,14 +26,16 @@ from tests.unit.docs_pages import DOCS, table
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_api_routes import AUTH, api_context
 
+from daemon import runtime
 from daemon.api.app import create_app
 from daemon.api.auth import Role
 from daemon.api.bodies import decode_body
 from daemon.api.metrics import Metrics, Sources, _StoreGauges
 from daemon.api.roles import ROUTE_ROLES
 from daemon.api.signin_limit import FAILURES, WINDOW
-from daemon.cli import build_parser
-from daemon.config.settings import ApiSettings, WebhookSettings
+from daemon.cli import api_server, build_parser
+from daemon.config.secret_files import warn_exposed_secrets
+from daemon.config.settings import ApiSettings, WebhookSettings, settings_from_dict
 from daemon.config.sizes import parse_size
 from daemon.engine.circuit import OpenCircuit
 from daemon.service_layer.intake import MAX_LISTED
@@ -91,6 +93,23 @@ def test_the_api_keys_are_the_settings_and_their_defaults() -> None:
     assert parse_size(rows["api.max_body"].strip("`")) == defaults.max_body
     assert rows["api.trusted_hosts"].startswith("`[]`") and defaults.trusted_hosts == []
     assert rows["api.public_url"] == "none" and defaults.public_url == ""
+
+
+def test_a_token_file_others_can_read_is_warned_about(tmp_path: Path) -> None:
+    """`run` and `api` call `warn_exposed_secrets` at start-up
+    (tests/e2e/test_api_tokens.py runs `api`); the token file is one of the secrets."""
+    tokens = tmp_path / "api-tokens"
+    tokens.write_text("shop:0123456789abcdef-shop\n", encoding="utf-8")
+    config = settings_from_dict(
+        {"api": {"listen": "127.0.0.1:8025", "token_file": "api-tokens"}},
+        config_path=tmp_path / "c.toml",
+    )
+    tokens.chmod(0o644)
+    assert warn_exposed_secrets(config) == [tokens]
+    tokens.chmod(0o600)
+    assert warn_exposed_secrets(config) == []
+    for door in (runtime, api_server):
+        assert "warn_exposed_secrets(" in Path(door.__file__).read_text(encoding="utf-8")
 
 
 #: Routes outside the document it serves: the document itself.
