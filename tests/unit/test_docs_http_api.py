@@ -41,7 +41,7 @@ from daemon.engine.circuit import OpenCircuit
 from daemon.service_layer.intake import MAX_LISTED
 from daemon.service_layer.listing import LIMIT_DEFAULT, LIMIT_MAX
 from daemon.webhooks.events import WEBHOOK_EVENTS, WEBHOOK_TYPES, event_id_for, payload
-from daemon.webhooks.signing import new_secret, parse_secret
+from daemon.webhooks.signing import new_secret, parse_secret, signed_headers
 from daemon.webhooks.status import COUNT_LIMIT, webhook_status
 from daemon.webhooks.worker import Hook
 from ledger.stores.positions import LOCK_WAIT_MS
@@ -495,3 +495,31 @@ def test_the_payload_example_has_the_payload_s_fields(rig: EngineRig) -> None:
     assert re.fullmatch(r"evt_[0-9a-f]{32}_\d+", sent["event_id"])
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", sent["at"])
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", shown["at"])
+
+
+def test_the_reference_library_snippet_takes_a_delivery_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The "Verifying in Python" snippet (`standardwebhooks`), run as printed in a folder
+    with `webhook-secret`: a signed delivery is handled (204), a repeat is not handled
+    again, a changed body is 401."""
+    [snippet] = [
+        block
+        for block in re.findall(r"```python\n(.*?)```", section("## Webhooks"), re.S)
+        if "hook.verify(" in block
+    ]
+    secret = new_secret()
+    (tmp_path / "webhook-secret").write_text(secret + "\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    handled: list[dict[str, Any]] = []
+    scope: dict[str, Any] = {
+        "already_seen": lambda event_id: event_id in {e["event_id"] for e in handled},
+        "handle": handled.append,
+    }
+    exec(snippet, scope)
+    body = json.dumps({"type": "confirmed", "key": "order-1042", "event_id": "evt_1_4"})
+    headers = signed_headers(secret, "evt_1_4", datetime.now(UTC), body)
+    assert scope["receive"](body.encode(), headers) == 204
+    assert scope["receive"](body.encode(), headers) == 204
+    assert [e["key"] for e in handled] == ["order-1042"]
+    assert scope["receive"](body.replace("1042", "1043").encode(), headers) == 401
