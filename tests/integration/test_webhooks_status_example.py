@@ -1,5 +1,5 @@
-"""`sendledger webhooks status` on a real SQLite store prints the columns docs/http-api.md
-"Webhooks" shows in its example ("Status."), and `--json` the fields the page lists."""
+"""`sendledger webhooks status` on a real SQLite store prints the columns that docs/http-api.md
+"Webhook status" shows in its example, and `--json` the fields the page lists."""
 
 from __future__ import annotations
 
