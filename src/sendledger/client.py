@@ -122,7 +122,8 @@ class Invalid(ApiError):
             for item in items
             if isinstance(item, dict)
         ]
-        total = body.get("total") if isinstance(body, dict) else None
+        # The server lists at most 100 errors; its `count` is how many there were.
+        total = body.get("count") if isinstance(body, dict) else None
         self.total = total if isinstance(total, int) else len(self.errors)
 
 
