@@ -22,7 +22,7 @@ from daemon.cli.job_commands import _EXIT_CODES
 from daemon.config.settings import GmailProviderSettings
 from daemon.doubles.fake_provider import Scripted
 from daemon.service_layer.read_models import event_record, job_status, review_rows
-from daemon.service_layer.services import CheckAnswer, Copy, Refusal, TriageItem
+from daemon.service_layer.services import CheckAnswer, Copy, Refusal, TriageItem, check_advice
 from ledger import attachments, content, extra_headers, keys
 from ledger.application import SubmitResult
 
@@ -304,3 +304,10 @@ def test_review_check_and_triage_print_the_fields_shown() -> None:
     assert shown[shown.index("copies") + 1 :][:4] == list(body["copies"][0])
     item = TriageItem("k", "c", None, 0, [], "left", "none found: left in review")
     assert shown_fields(("review", "triage"), after="--json:") == list(item.as_dict())
+
+
+def test_check_advises_a_resolve_only_in_review() -> None:
+    for copies in (0, 1, 2):
+        assert "review resolve" in check_advice("k", "review", copies)
+    for state in ("requested", "unknown", "confirmed", "abandoned", "cancelled"):
+        assert "resolve" not in check_advice("k", state, 1).replace("nothing to resolve", "")
