@@ -34,3 +34,24 @@ def test_only_submit_creates_a_store(cli: Any) -> None:
     job = {"channel": "receipts", "key": "k", "to": "a@example.com", "subject": "s", "body": "b"}
     assert cli.submit(job).code == 0
     assert store.exists()
+
+
+def test_a_cancelled_job_is_purged(cli: Any) -> None:
+    """docs/review.md "Cancel": a cancelled job is settled for good, so `admin purge` takes
+    it (by key, and by age); one still requested is refused naming what can be purged."""
+    for key in ("withdrawn", "aged", "open"):
+        job = {"channel": "receipts", "key": key, "to": "a@example.com", "subject": "s",
+               "body": "b", "send_at": "2099-01-01T00:00:00Z"}  # fmt: skip
+        assert cli.submit(job).code == 0
+    for key in ("withdrawn", "aged"):
+        assert cli.run("cancel", key).code == 0
+    refused = cli.run("admin", "purge", "--key", "open")
+    assert refused.code == 3 and "(confirmed, abandoned or cancelled)" in refused.stderr
+    done = cli.run("admin", "purge", "--key", "withdrawn", "--json")
+    assert done.code == 0, done.stderr
+    assert done.json()["purged"] == 1
+    assert cli.run("status", "withdrawn", "--json").json()["state"] == "cancelled"
+    assert "to" not in cli.run("status", "withdrawn", "--json").json()
+    aged = cli.run("admin", "purge", "--older-than", "0s", "--dry-run", "--json")
+    assert aged.code == 0, aged.stderr
+    assert aged.json()["keys"] == ["aged"]
