@@ -25,6 +25,7 @@ from daemon.service_layer.read_models import event_record, job_status, review_ro
 from daemon.service_layer.services import CheckAnswer, Copy, Refusal, TriageItem, check_advice
 from ledger import attachments, content, extra_headers, keys
 from ledger.application import SubmitResult
+from ledger.vocabulary import JobState
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
@@ -237,7 +238,7 @@ def test_the_limits_in_the_prose_are_the_constants() -> None:
         in validation
     )
     assert f"and {GMAIL_FIELDS['max_recipients'].default}" in validation
-    key_rules = section("### Keys")
+    key_rules = " ".join(section("### Keys").split())
     assert f"at most {content.MAX_KEY_LENGTH} characters" in key_rules
     assert f"at most {keys.MAX_NAME_LENGTH} characters" in key_rules
     assert f"more than {keys.MAX_NOTE_LENGTH} characters" in key_rules
@@ -311,3 +312,51 @@ def test_check_advises_a_resolve_only_in_review() -> None:
         assert "review resolve" in check_advice("k", "review", copies)
     for state in ("requested", "unknown", "confirmed", "abandoned", "cancelled"):
         assert "resolve" not in check_advice("k", state, 1).replace("nothing to resolve", "")
+
+
+def test_the_headers_named_are_the_owned_and_allowed_ones() -> None:
+    text = " ".join(section("### Message fields").split())
+    owned = re.search(r"\(`headers\.Message-ID: [^`]+`; also (.+?): use the job's own", text)
+    assert owned is not None
+    names = re.findall(r"`([\w-]+)`", owned.group(1))
+    assert "any `Content-*`" in owned.group(1)
+    assert {"message-id", *(n.lower() for n in names)} == extra_headers.OWNED_HEADERS
+    allowed = re.search(r"\| `headers` \| `\{\"Name\": \"value\"\}`: (.+?) \(at most", text)
+    assert allowed is not None
+    assert re.findall(r"`([\w-]+)`", allowed.group(1)) == list(
+        extra_headers.ALLOWED_HEADERS.values()
+    )
+    assert "and any `X-*`" in allowed.group(1)
+
+
+def test_every_name_recorded_as_who_acted_follows_the_key_rule(rig: EngineRig) -> None:
+    from daemon.service_layer.services import ChannelPolicies, ServiceError, Services
+
+    rig.submit("receipts", "k1")
+    s = Services(rig.ledger, lambda: ChannelPolicies(rig.policies), providers=None)
+    for bad in ("ops\x1b[31m", "o" * (keys.MAX_NAME_LENGTH + 1)):
+        with pytest.raises(ServiceError) as refused:
+            s.cancel("k1", note="", by=bad)
+        assert refused.value.kind is Refusal.BAD_INPUT and refused.value.message.startswith(
+            "job.by:"
+        )
+    with pytest.raises(ServiceError) as refused:
+        s.cancel("k1", note="x" * (keys.MAX_NOTE_LENGTH + 1), by="ops")
+    assert refused.value.message.startswith("job.note:")
+    assert rig.job("k1").state is JobState.REQUESTED
+
+
+def test_the_net_under_every_line_escapes_all_but_line_breaks_and_tabs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+    import sys
+
+    from daemon.cli import output
+
+    raw = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", raw)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # both are wrapped; both put back
+    output.guard_streams()
+    print("k\x1b[31m\u202e\u2028\x9b\x7f\tend")
+    assert raw.getvalue() == "k\\x1b[31m\\u202e\\u2028\\x9b\\x7f\tend\n"
