@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 #: Every command that opens the store and is not `submit`, `run` or `api`.
 OPENS_A_STORE = [
@@ -55,3 +58,31 @@ def test_a_cancelled_job_is_purged(cli: Any) -> None:
     aged = cli.run("admin", "purge", "--older-than", "0s", "--dry-run", "--json")
     assert aged.code == 0, aged.stderr
     assert aged.json()["keys"] == ["aged"]
+
+
+PAGE = " ".join((Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text().split())
+JOB = '{"channel": "receipts", "key": "k", "to": "a@example.com", "subject": "s", "body": "b"'
+
+
+@pytest.mark.parametrize(
+    ("text", "quoted"),
+    [
+        (JOB.replace('"k"', '"k\\u001b"') + "}",
+         "job.key: must not contain a control character (U+001B)"),
+        (JOB + ', "headers": {"Message-ID": "<x@y.example>"}}',
+         "headers.Message-ID: Message-ID is written by sendledger and cannot be set"),
+        (JOB + ', "to": "b@example.com"}', "job.to: given twice in one JSON object"),
+        (f'[{JOB}}}, {JOB.replace(chr(34) + "k" + chr(34), chr(34) + "k2" + chr(34))},'
+         ' "headers": {"X-Tag": "a", "X-Tag": "b"}}]', "job[1].headers.X-Tag: "),
+        (JOB + ', "attachments": [{"filename": "a", "filename": "b"}]}',
+         "job.attachments[0].filename: "),
+    ],
+)  # fmt: skip
+def test_the_refusals_the_page_quotes_are_what_submit_says(
+    cli: Any, text: str, quoted: str
+) -> None:
+    assert f"`{quoted}" in PAGE
+    result = cli.run("submit", "-", stdin=text)
+    assert result.code == 2 and result.error_lines == [result.stderr.strip()], result.stderr
+    assert quoted in result.stderr
+    assert not (cli.root / "ledger.sqlite").exists()

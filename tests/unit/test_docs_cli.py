@@ -360,3 +360,16 @@ def test_the_net_under_every_line_escapes_all_but_line_breaks_and_tabs(
     output.guard_streams()
     print("k\x1b[31m\u202e\u2028\x9b\x7f\tend")
     assert raw.getvalue() == "k\\x1b[31m\\u202e\\u2028\\x9b\\x7f\tend\n"
+
+
+def test_the_specials_a_display_name_must_quote_are_the_validators() -> None:
+    from ledger import addresses
+
+    text = " ".join(section("### Message fields and validation").split())
+    listed = re.search(r"a display name with any of (.+?) must be in double quotes", text)
+    assert listed is not None
+    assert set(re.findall(r"`(.)`", listed.group(1))) == addresses._SPECIALS
+    for special in addresses._SPECIALS - {'"', "\\"}:
+        with pytest.raises(addresses.AddressError):
+            addresses.parse_mailbox(f"A{special}B <a@example.com>")
+        assert addresses.parse_mailbox(f'"A{special}B" <a@example.com>').display_name
