@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.unit.engine_rig import EngineRig, claimed_by
@@ -18,10 +20,11 @@ from tests.unit.test_services import LEGAL, OTHER, in_review, services
 from daemon.api import jobs, overview, review, signin_limit
 from daemon.api.auth import SESSION_SECONDS
 from daemon.cli import build_parser
+from daemon.service_layer.doors import lent_providers
 from daemon.service_layer.read_models import CONTENT_PAGE
 from daemon.service_layer.services import SORTS, TRIAGE_NOTE, Services
 from ledger.job import SendJob
-from ledger.vocabulary import EscalationReason, JobState
+from ledger.vocabulary import EscalationReason, JobState, Resolution
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = (REPO / "docs" / "review.md").read_text(encoding="utf-8")
@@ -146,3 +149,61 @@ def test_the_sign_in_figures_are_the_codes() -> None:
     assert f"cookie for {SESSION_SECONDS // 3600} hours" in text
     assert f"after {signin_limit.FAILURES} failed attempts within {minutes} minutes" in text
     assert f"until the oldest failure is {minutes} minutes old" in text
+
+
+def test_the_daemon_lends_its_own_provider_and_builds_none(rig: EngineRig) -> None:
+    """A door in the daemon searches with the engine's provider, the one its quota and
+    circuit belong to, and leaves it open; a name it has no live provider for is built."""
+    built: list[str] = []
+
+    @contextmanager
+    def build(name: str) -> Iterator[Any]:
+        built.append(name)
+        yield rig.provider
+
+    source = lent_providers({"fake": rig.provider, "idle": None}, build)
+    with source("fake") as provider:
+        assert provider is rig.provider
+    assert built == []
+    with source("idle"):
+        pass
+    assert built == ["idle"]
+    assert "the daemon's API lends its own (shared quota)" in flat(
+        "## Review: check, resend, triage, cancel"
+    )
+
+
+def test_resolved_as_sent_keeps_the_ids_the_job_had_and_triage_its_copy(rig: EngineRig) -> None:
+    in_review(rig, "human", copies=1)
+    in_review(rig, "triaged", copies=1)
+    s = services(rig)
+    [seen] = s.check("human", by="bob").copies
+    job = s.resolve("human", Resolution.SENT, note="copy seen", by="bob")
+    assert job.state is JobState.CONFIRMED and job.provider_message_ids == []
+    assert [e for e in s.history("human") if e["type"] == "Checked"][-1][
+        "provider_message_ids"
+    ] == [seen.provider_id]
+    [item] = s.triage(by="ops")
+    assert item.action == "resolved-sent"
+    assert rig.job("triaged").provider_message_ids == item.copies
+    assert "only triage, whose own search found the copy, keeps that copy's id" in flat(
+        "### Resolve"
+    )
+
+
+def test_the_roles_named_are_the_route_table() -> None:
+    from daemon.api.roles import PAGE_ROLE, ROUTE_ROLES
+
+    text = flat("## Review: check, resend, triage, cancel")
+    assert "`review` for check, resolve and triage, `submit` for cancel" in text
+    assert f"every page of `/ui/` needs `{PAGE_ROLE.value}`" in text
+    assert {
+        path: role.value
+        for (method, path), role in ROUTE_ROLES.items()
+        if method == "POST" and ("/review/" in path or path.endswith("/cancel"))
+    } == {
+        "/v1/review/triage": "review",
+        "/v1/review/{key}/check": "review",
+        "/v1/review/{key}/resolve": "review",
+        "/v1/jobs/{key}/cancel": "submit",
+    }
