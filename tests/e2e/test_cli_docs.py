@@ -1,12 +1,16 @@
-"""What docs/cli.md says of the commands as processes, where no other e2e test says it
-(docs/cli.md "Reading without a store")."""
+"""What docs/cli.md and docs/review.md say of the commands, run as processes where no other
+e2e test runs it: the commands that never create a store (docs/cli.md "Reading without a
+store"), the refusals the page quotes, purging a cancelled job (docs/review.md "Cancel") and
+the triage example as written (docs/review.md "Triage")."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.e2e.test_cli_audit import escalate
 
 #: Every command that opens the store and is not `submit`, `run` or `api`.
 OPENS_A_STORE = [
@@ -86,3 +90,27 @@ def test_the_refusals_the_page_quotes_are_what_submit_says(
     assert result.code == 2 and result.error_lines == [result.stderr.strip()], result.stderr
     assert quoted in result.stderr
     assert not (cli.root / "ledger.sqlite").exists()
+
+
+def test_the_triage_example_runs_as_written(cli: Any) -> None:
+    """docs/review.md "Triage": the block, line by line, on a site with jobs in review and
+    a mailbox that cannot be reached (the config's credentials file is not there): every
+    line exits 0, the dry run and the triage report each job, and nothing is decided."""
+    review = (Path(__file__).resolve().parents[2] / "docs" / "review.md").read_text()
+    block = review.split("\n### Triage\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [shlex.split(line) for line in block.splitlines()]
+    assert lines and all(words[0] == "sendledger" for words in lines)
+    for key in ("t1", "t2"):
+        job = {"channel": "receipts", "key": key, "to": "a@example.com", "subject": "s",
+               "body": "b"}  # fmt: skip
+        assert cli.submit(job).code == 0
+        escalate(cli, key)
+    outputs = []
+    for words in lines:
+        result = cli.run(*words[1:])
+        assert result.code == 0, (words, result.stderr)
+        outputs.append(result.stdout)
+    assert "t1" in outputs[0] and "t2" in outputs[0]
+    assert "dry run: 0 would be resolved as sent, 2 left in review" in outputs[1]
+    assert "0 resolved as sent, 2 left in review" in outputs[2]
+    assert "t1" in outputs[3] and "t2" in outputs[3]
