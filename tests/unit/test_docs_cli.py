@@ -373,3 +373,8 @@ def test_the_specials_a_display_name_must_quote_are_the_validators() -> None:
         with pytest.raises(addresses.AddressError):
             addresses.parse_mailbox(f"A{special}B <a@example.com>")
         assert addresses.parse_mailbox(f'"A{special}B" <a@example.com>').display_name
+
+
+def test_the_help_names_the_codes_of_the_table() -> None:
+    epilog = daemon.cli.build_parser().epilog or ""
+    assert {int(code) for code in re.findall(r"\b(\d+) [a-z]", epilog)} == set(exit_table())
