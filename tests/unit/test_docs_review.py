@@ -207,3 +207,18 @@ def test_the_roles_named_are_the_route_table() -> None:
         "/v1/review/{key}/resolve": "review",
         "/v1/jobs/{key}/cancel": "submit",
     }
+
+
+def test_forwarded_headers_are_read_from_a_proxy_on_the_same_host_only() -> None:
+    """uvicorn reads X-Forwarded-Proto (and -For) only from loopback: a proxy on the same
+    host. Its scheme then makes the cookies Secure (`daemon.api.ui.secure_cookies`)."""
+    from fastapi import FastAPI
+
+    from daemon.api.server import ApiServer
+
+    config = ApiServer(FastAPI(), "127.0.0.1", 0).server.config
+    assert config.proxy_headers is True
+    assert set(str(config.forwarded_allow_ips).split(",")) <= {"127.0.0.1", "::1"}
+    assert "(uvicorn reads `X-Forwarded-Proto` from a proxy on the same host)" in flat(
+        "### Sign-in"
+    )
