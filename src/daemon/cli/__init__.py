@@ -1,7 +1,8 @@
 """The `sendledger` command line.
 
-Exit codes (stable): 0 ok; 1 unexpected failure; 2 bad input (usage, job, config, policy);
-3 conflict (a key reused with other content); 4 unknown job. Errors are one line on stderr.
+Exit codes (stable, docs/cli.md "Exit codes"): 0 ok; 1 unexpected failure; 2 bad input
+(usage, job, config, policy); 3 conflict (a key reused with other content, or an action the
+job's state refuses); 4 unknown job; 130 interrupted. Errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Email sends that are safe to retry when the provider has no idempotency "
         "key: a Message-ID derived from the job's key, reconciliation by searching the "
         "sender's mailbox, and every step recorded as an event.",
-        epilog="Exit codes: 0 ok, 1 unexpected failure, 2 bad input, 3 key conflict, "
-        "4 unknown job.",
+        epilog="Exit codes: 0 ok, 1 unexpected failure, 2 bad input, 3 conflict (a key reused "
+        "with other content, or an action the job's state refuses), 4 unknown job, "
+        "130 interrupted.",
     )
     parser.add_argument("--config", help="config file (else $SENDLEDGER_CONFIG, ./sendledger.toml)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

@@ -28,7 +28,7 @@ def register(admin: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--older-than",
         metavar="DURATION",
-        help="jobs settled (confirmed or abandoned) longer ago than this, e.g. 30d",
+        help="jobs settled (confirmed, abandoned or cancelled) longer ago than this, e.g. 30d",
     )
     p.add_argument(
         "--key",
@@ -86,7 +86,7 @@ def _purge_keys(ledger: Ledger, args: argparse.Namespace, by: str) -> int:
             raise CliError(
                 f"job {job.key!r} is {job.state.value}"
                 f"{' with a verification due' if job.due_at is not None else ''}: only a "
-                "job settled for good (confirmed or abandoned) can be purged",
+                "job settled for good (confirmed, abandoned or cancelled) can be purged",
                 EXIT_CONFLICT,
             )
     if args.dry_run:
