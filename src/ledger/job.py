@@ -700,7 +700,7 @@ class SendJob(Aggregate):
         copies a search made just before it found (docs/review.md "Review": a resend is searched
         for first); a copy found refuses a resend, and a job resolved as sent keeps the
         copies found."""
-        _check_name(by)
+        check_name(by)
         if problem := note_problem(note):
             raise JobInputError("note", problem)
         resolution = Resolution(resolution)
@@ -726,7 +726,7 @@ class SendJob(Aggregate):
         """What a search a human asked for found. Refused while a provider call is in
         flight (attempted): the daemon's outcome is about to be written and must not meet
         another writer. A `by` that `ledger.keys` refuses is JobInputError."""
-        _check_name(by)
+        check_name(by)
         if self.state is JobState.ATTEMPTED:
             raise self._refuse("Checked", "a send is in flight")
         self.trigger_event(
@@ -742,7 +742,7 @@ class SendJob(Aggregate):
         """Withdraw a job no provider was ever called for (requested, never attempted,
         with or without `send_at`). A `by` or `note` that `ledger.keys` refuses is
         JobInputError."""
-        _check_name(by)
+        check_name(by)
         if problem := note_problem(note):
             raise JobInputError("note", problem)
         self._require("Cancelled", JobState.REQUESTED)
@@ -755,7 +755,7 @@ class SendJob(Aggregate):
         abandoned, nothing left to verify). The store rewrites its earlier events in the
         same transaction (``Ledger.purge``). A `by` that `ledger.keys` refuses is
         JobInputError."""
-        _check_name(by)
+        check_name(by)
         self._require("Purged", *FINAL_STATES)
         if self.due_at is not None:
             raise self._refuse("Purged", "a verification is still due")
@@ -926,7 +926,7 @@ class SendJob(Aggregate):
         return self.state in SETTLED_STATES
 
 
-def _check_name(by: str) -> None:
+def check_name(by: str) -> None:
     """Who decided, as a person reads it in a history (docs/cli.md "Keys")."""
     if problem := identifier_problem(by):
         raise JobInputError("by", problem)

@@ -266,6 +266,20 @@ def test_triage_reports_a_failed_search_and_goes_on(rig: EngineRig) -> None:
     assert actions == ["resolved-sent", "search-failed"]
 
 
+def test_triage_refuses_a_bad_name_before_it_searches_any_job(rig: EngineRig) -> None:
+    # Checked per job, a bad `by` resolved nothing where one copy was found but left the
+    # others half-decided; it is one refusal up front, and nothing is searched or written.
+    in_review(rig, "one", copies=1)
+    in_review(rig, "none", copies=0)
+    before = {k: rig.events(k) for k in ("one", "none")}
+    searches = rig.provider.searches
+    for bad in ("ops\u202e", "x" * 1000, "a\nb"):
+        message = refused(lambda bad=bad: services(rig).triage(by=bad), Refusal.BAD_INPUT)
+        assert message.startswith("job.by: "), message
+    assert rig.provider.searches == searches
+    assert {k: rig.events(k) for k in before} == before
+
+
 # -- cancel -------------------------------------------------------------------------
 
 

@@ -48,7 +48,7 @@ from ledger.application import (
 )
 from ledger.content import JobContent, JobInputError
 from ledger.display import command_line
-from ledger.job import SendJob, TransitionError, copies_found
+from ledger.job import SendJob, TransitionError, check_name, copies_found
 from ledger.mime import MessageLimits
 from ledger.vocabulary import JobState, Resolution, Sender
 from policies.loader import PolicySet
@@ -616,7 +616,9 @@ class Services:
     ) -> list[TriageItem]:
         """Every matching job in review searched now: exactly one copy -> resolved as sent
         (note "triage: one copy found"); none, or two and more -> left in review with the
-        search recorded. A dry run searches and records nothing."""
+        search recorded. A dry run searches and records nothing. A `by` the name rule
+        refuses is refused before any job is searched, so a batch is never half-decided."""
+        _require_name(by)
         return list(self._triage(by, channel, reason, dry_run))
 
     def _triage(
@@ -672,6 +674,14 @@ def safe_decisions(job: SendJob, last_check: dict[str, Any] | None) -> list[Reso
 
 def _resolve_command(key: str, decision: str) -> str:
     return command_line("sendledger", "review", "resolve", key, "--as", decision)
+
+
+def _require_name(by: str) -> None:
+    try:
+        check_name(by)
+    except JobInputError as exc:
+        problem = FieldProblem(None, exc.field, exc.reason)
+        raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem]) from None
 
 
 def _require_review(job: SendJob, what: str) -> None:
