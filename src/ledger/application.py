@@ -396,9 +396,9 @@ class Ledger(Application[UUID]):
         stored events are rewritten redacted in the transaction that appends Purged and
         updates its index row, so it is purged whole or not at all.
 
-        TransitionError when the job is not settled for good (confirmed or abandoned,
-        nothing due) or was purged already; ConcurrentUpdate when another writer changed
-        it meanwhile (nothing was written)."""
+        TransitionError when the job is not settled for good (confirmed, abandoned or
+        cancelled, nothing due) or was purged already; ConcurrentUpdate when another writer
+        changed it meanwhile (nothing was written)."""
         events = self.history(key)
         original: Any = project_aggregate(None, events)
         content = original.content

@@ -767,7 +767,7 @@ class SendJob(Aggregate):
 
     @property
     def purgeable(self) -> bool:
-        """Settled for good (confirmed or abandoned), nothing due, not purged yet."""
+        """Settled for good (confirmed, abandoned or cancelled), nothing due, not purged yet."""
         return not self.purged and self.state in FINAL_STATES and self.due_at is None
 
     # -- the events each decision implies -------------------------------------------

@@ -419,7 +419,7 @@ WebhookName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$"
 
 
 class RetentionSettings(_Section):
-    # Off unless set: jobs settled for good (confirmed, abandoned) longer ago than this
+    # Off unless set: jobs settled for good (confirmed, abandoned, cancelled) longer ago than this
     # lose their content and keep their trail (docs/configuration.md "Retention").
     purge_after: Retention | None = None
     # How often the daemon purges (first run a minute after start-up, or sooner if this

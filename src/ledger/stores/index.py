@@ -149,8 +149,8 @@ class JobIndex(Protocol):
 
     def purgeable(self, before: float, *, after_key: str | None, limit: int) -> list[IndexRow]:
         """One page, in key order, of the jobs a purge may take: settled for good
-        (confirmed or abandoned), nothing due, not purged, last changed before `before`.
-        Paged on the primary key: a whole pass reads the index once."""
+        (confirmed, abandoned or cancelled), nothing due, not purged, last changed before
+        `before`. Paged on the primary key: a whole pass reads the index once."""
         ...
 
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]: ...
