@@ -1,6 +1,7 @@
-"""Reading one docs/ page the way its test compares it with the code (docs/development.md
+"""Reading a docs/ page the way its test compares it with the code (docs/development.md
 "Writing the docs"): a section's text by its heading, a Markdown table's rows, prose with
-its line breaks folded, and the code spans in a piece of text."""
+its line breaks folded, and the code spans in a piece of text. Headings inside fenced code
+(a shell comment) are code, not headings; the code itself is kept, examples are in it."""
 
 from __future__ import annotations
 
@@ -8,28 +9,66 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
 CODE = re.compile(r"`([^`]+)`")
+
+
+def _under(lines: list[str], start: int, level: int) -> str:
+    """The lines from `start` up to the next heading of `level` or above, outside fences."""
+    fenced = False
+    for end in range(start, len(lines)):
+        if lines[end].startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and re.match(rf"#{{1,{level}}} ", lines[end]):
+            return "\n".join(lines[start:end])
+    return "\n".join(lines[start:])
+
+
+def section(page: Path, heading: str) -> str:
+    """The text under `heading` (a whole `##`/`###` line) up to the next heading of its
+    level or above."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    level = len(heading) - len(heading.lstrip("#"))
+    return _under(lines, lines.index(heading) + 1, level)
 
 
 class DocsPage:
     def __init__(self, name: str) -> None:
-        self.text = (REPO / "docs" / name).read_text(encoding="utf-8")
+        self.text = (DOCS / name).read_text(encoding="utf-8")
 
     def section(self, title: str) -> str:
-        """The text under the `##`/`###` heading `title`, up to the next heading."""
-        match = re.search(
-            rf"^#{{2,3}} {re.escape(title)}\n(.*?)(?=^#{{1,3}} |\Z)", self.text, re.M | re.S
-        )
-        assert match, f"no section {title!r} on the page"
-        return match.group(1)
+        """The text under the `##`/`###` heading `title`, up to the next heading of level
+        three or above (a `####` stays inside)."""
+        lines = self.text.splitlines()
+        starts = [i for i, line in enumerate(lines) if line in (f"## {title}", f"### {title}")]
+        assert starts, f"no section {title!r} on the page"
+        return _under(lines, starts[0] + 1, 3)
 
 
-def table(text: str) -> list[list[str]]:
-    """The body rows of the first Markdown table in `text`, as stripped cells."""
-    rows = [line for line in text.splitlines() if line.startswith("|")]
-    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
+def table(text: str, first: str | None = None) -> list[list[str]]:
+    """The body rows of the table whose header's first cell is `first` (the first table
+    when None), as stripped cells (`\\|` is a pipe in a cell)."""
+    rows: list[list[str]] = []
+    inside = header = False
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            if inside:
+                break
+            continue
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if not inside:
+            inside = first is None or cells[0] == first
+            if not inside:
+                continue
+            header = True
+        elif header and set(cells[0]) <= set("-: "):
+            header = False
+        else:
+            rows.append(cells)
+    assert rows, f"no table headed {first!r}"
+    return rows
 
 
 def flat(text: str) -> str:
-    """Prose with its line breaks and runs of spaces folded to one space."""
+    """Prose with every run of white space one space (a sentence across lines)."""
     return " ".join(text.split())

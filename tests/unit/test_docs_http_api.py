@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.metrics import MetricWrapperBase
-from tests.unit import docs_pages
-from tests.unit.docs_pages import DOCS, table
+from tests.unit import docs_page
+from tests.unit.docs_page import DOCS, table
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_api_routes import AUTH, api_context
 
@@ -54,7 +54,7 @@ TICKED = re.compile(r"`([^`]+)`")
 
 
 def section(heading: str) -> str:
-    return docs_pages.section(PAGE, heading)
+    return docs_page.section(PAGE, heading)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from tests.unit import docs_pages
-from tests.unit.docs_pages import DOCS, flat
+from tests.unit import docs_page
+from tests.unit.docs_page import DOCS, flat
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.cli import build_parser, main
@@ -36,7 +36,7 @@ PACKAGED = DOCS.parent / "packaging" / "sendledger.service"
 
 
 def section(heading: str) -> str:
-    return docs_pages.section(PAGE, heading)
+    return docs_page.section(PAGE, heading)
 
 
 def shell_commands(text: str) -> list[list[str]]:
