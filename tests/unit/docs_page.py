@@ -24,12 +24,19 @@ def _under(lines: list[str], start: int, level: int) -> str:
     return "\n".join(lines[start:])
 
 
-def section(page: Path, heading: str) -> str:
-    """The text under `heading` (a whole `##`/`###` line) up to the next heading of its
-    level or above."""
+def section(page: Path, heading: str, *, until: int | None = None) -> str:
+    """The text under `heading` up to the next heading of level `until` or above (by
+    default the heading's own level; 6: the next heading of any level). `heading` is a
+    whole heading line (`## Stores`) or a bare title, found at any level."""
     lines = page.read_text(encoding="utf-8").splitlines()
-    level = len(heading) - len(heading.lstrip("#"))
-    return _under(lines, lines.index(heading) + 1, level)
+    if heading.startswith("#"):
+        start = lines.index(heading)
+    else:
+        start = next(
+            i for i, line in enumerate(lines) if re.fullmatch(rf"#+ {re.escape(heading)}", line)
+        )
+    level = len(lines[start]) - len(lines[start].lstrip("#"))
+    return _under(lines, start + 1, until or level)
 
 
 class DocsPage:

@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from tests.unit import docs_page
 
 from daemon.config.settings import Settings
 from ledger import decision_types
@@ -39,10 +40,8 @@ def text() -> str:
 
 
 def section(title: str) -> str:
-    """The text under the `##`/`###` heading `title`, up to the next heading."""
-    match = re.search(rf"^#+ {re.escape(title)}\n(.*?)(?=^#+ |\Z)", text(), re.M | re.S)
-    assert match, title
-    return match.group(1)
+    """The text under the heading `title`, up to the next heading."""
+    return docs_page.section(PAGE, title, until=6)
 
 
 @cache

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit import docs_page
 from tests.unit.engine_rig import EngineRig, policy
 
 import daemon.cli.job_commands
@@ -37,7 +38,7 @@ GMAIL_FIELDS = GmailProviderSettings.model_fields
 
 def section(heading: str) -> str:
     """The text under `heading` up to the next heading of any level."""
-    return re.split(r"\n#{2,4} ", PAGE.split(f"\n{heading}\n", 1)[1], maxsplit=1)[0]
+    return docs_page.section(REPO / "docs" / "cli.md", heading, until=6)
 
 
 # -- the command list ---------------------------------------------------------------------

@@ -10,6 +10,8 @@ import re
 import tomllib
 from pathlib import Path
 
+from tests.unit import docs_page
+
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "development.md"
 README = REPO / "README.md"
@@ -22,9 +24,7 @@ def page() -> str:
 
 
 def section(title: str) -> str:
-    match = re.search(rf"^#+ {re.escape(title)}\n(.*?)(?=^#+ |\Z)", page(), re.M | re.S)
-    assert match, title
-    return match.group(1)
+    return docs_page.section(PAGE, title, until=6)
 
 
 def targets() -> dict[str, str]:

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit import docs_page
+from tests.unit.docs_page import table
 from tests.unit.engine_rig import EngineRig, claimed_by
 from tests.unit.test_services import LEGAL, OTHER, in_review, services
 
@@ -32,24 +34,12 @@ TEMPLATES = REPO / "src" / "daemon" / "api" / "templates"
 
 
 def section(heading: str) -> str:
-    return re.split(r"\n#{2,4} ", PAGE.split(f"\n{heading}\n", 1)[1], maxsplit=1)[0]
+    return docs_page.section(REPO / "docs" / "review.md", heading, until=6)
 
 
 def flat(heading: str) -> str:
     """The section's text with every run of white space one space (lines reflow)."""
     return " ".join(section(heading).split())
-
-
-def table(text: str) -> list[list[str]]:
-    """The body rows of the first table in `text`, cells stripped (`\\|` is a `|`)."""
-    lines = text.splitlines()
-    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    rows = []
-    for line in lines[first + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]])
-    return rows
 
 
 @pytest.fixture
