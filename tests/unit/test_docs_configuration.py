@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from daemon.cli.init_command import Installation, planned_files, write_all
 from daemon.config import environment
+from daemon.config.secret_files import secret_files, warn_exposed_secrets
 from daemon.config.settings import (
     ApiSettings,
     DaemonSettings,
@@ -30,6 +31,7 @@ from daemon.config.settings import (
     StoreSettings,
     WebhookSettings,
     load_settings,
+    settings_from_dict,
 )
 from daemon.config.sizes import parse_size
 from daemon.webhooks.events import WEBHOOK_TYPES
@@ -382,3 +384,48 @@ def test_init_writes_the_policies_and_mailbox_the_page_says(provider: str, tmp_p
     }
     assert {p.from_address for p in policies.values()} == {"shop@shop.example"}
     assert (tmp_path / "api-tokens").read_text(encoding="utf-8").startswith("admin:")
+
+
+def file_settings() -> set[str]:
+    """Every `*_file` setting, as the page names it."""
+    return {key for _, key in model_keys() if key.endswith("_file")}
+
+
+def test_the_files_bullet_names_every_secret_file_setting() -> None:
+    bullet = next(p for p in page().split("\n- ") if p.startswith("**Files.**"))
+    assert set(NAMED_KEY.findall(bullet)) == file_settings()
+
+
+def test_every_secret_file_setting_is_warned_about(tmp_path: Path) -> None:
+    """The daemon's start-up warning covers every `*_file` setting (secret_files), and a
+    file only its owner can use is not warned about."""
+    names = ("gmail", "smtp", "graph")
+    settings = settings_from_dict(
+        {
+            "store": {"encryption_key_file": "store.key"},
+            "api": {"token_file": "api-tokens"},
+            "providers": {
+                "gmail": {**STUBS[GmailProviderSettings]},
+                "smtp": {**STUBS[SmtpImapProviderSettings]},
+                "graph": {**STUBS[GraphProviderSettings]},
+                "cert": {
+                    **STUBS[GraphProviderSettings],
+                    "client_secret_file": None,
+                    "certificate_file": "graph.pem",
+                },
+            },
+            "webhooks": {"ops": {**STUBS[WebhookSettings]}},
+        },
+        config_path=tmp_path / "sendledger.toml",
+    )
+    listed = dict(secret_files(settings))
+    covered = {re.sub(r"^(providers|webhooks)\.[^.]+\.", r"\1.NAME.", s) for s in listed}
+    assert covered == file_settings()
+    assert set(names) <= {s.split(".")[1] for s in listed if s.startswith("providers.")}
+    for path in listed.values():
+        path.write_text("x\n", encoding="utf-8")
+        path.chmod(0o600)
+    assert warn_exposed_secrets(settings) == []
+    for path in listed.values():
+        path.chmod(0o640)
+    assert sorted(warn_exposed_secrets(settings)) == sorted(listed.values())
