@@ -20,6 +20,7 @@ from pathlib import Path
 from ledger.application import Ledger, Sender
 from ledger.content import JobContent
 from ledger.decision_types import Confirm
+from ledger.job import SendJob
 from ledger.vocabulary import PolicyRef
 
 SENDER = Sender(
@@ -50,16 +51,23 @@ def build(ledger: Ledger, clock: Clock, jobs: int) -> None:
             ),
             SENDER,
         )
-        deadline = clock() + timedelta(seconds=60)
-        ledger.update(
-            key, lambda j, d=deadline: j.claim(provider="support", deadline=d, at=clock())
+        settle(ledger, clock, key)
+
+
+def settle(ledger: Ledger, clock: Clock, key: str) -> None:
+    """Claimed, then confirmed by the provider's response: settled for good."""
+    deadline = clock() + timedelta(seconds=60)
+
+    def claim(job: SendJob) -> None:
+        job.claim(provider="support", deadline=deadline, at=clock())
+
+    def confirm(job: SendJob) -> None:
+        job.record_response(
+            provider_message_id=f"gm-{key}", decision=Confirm(SENDER.policy), at=clock()
         )
-        ledger.update(
-            key,
-            lambda j, key=key: j.record_response(  # type: ignore[misc]
-                provider_message_id=f"gm-{key}", decision=Confirm(SENDER.policy), at=clock()
-            ),
-        )
+
+    ledger.update(key, claim)
+    ledger.update(key, confirm)
 
 
 def main() -> None:
