@@ -5,6 +5,7 @@ nor the model can change alone."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import tomllib
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from daemon.cli.init_command import Installation, planned_files, write_all
+from daemon.cli.init_command import Installation, planned_files, summary, write_all
 from daemon.config import environment
 from daemon.config.secret_files import secret_files, warn_exposed_secrets
 from daemon.config.settings import (
@@ -34,7 +35,9 @@ from daemon.config.settings import (
     settings_from_dict,
 )
 from daemon.config.sizes import parse_size
+from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS, GMAIL_SEND_UNITS
 from daemon.webhooks.events import WEBHOOK_TYPES
+from daemon.webhooks.signing import SECRET_BYTES
 from ledger.addresses import parse_mailbox
 from policies.durations import parse_duration
 from policies.loader import load_policy_dir
@@ -384,6 +387,15 @@ def test_init_writes_the_policies_and_mailbox_the_page_says(provider: str, tmp_p
     }
     assert {p.from_address for p in policies.values()} == {"shop@shop.example"}
     assert (tmp_path / "api-tokens").read_text(encoding="utf-8").startswith("admin:")
+    job = json.loads((tmp_path / "first-job.json").read_text(encoding="utf-8"))
+    assert (job["key"], job["channel"], job["to"]) == ("first-job-1", "receipts", user)
+    said = summary(provider, mailbox, here, planned_files(provider, mailbox, here))
+    steps = [line.split()[3:5] for line in said.splitlines() if line.startswith("  sendledger ")]
+    assert steps == [
+        ["run"],
+        ["submit", str(tmp_path / "first-job.json")],
+        ["status", "first-job-1"],
+    ]
 
 
 def file_settings() -> set[str]:
@@ -429,3 +441,34 @@ def test_every_secret_file_setting_is_warned_about(tmp_path: Path) -> None:
     for path in listed.values():
         path.chmod(0o640)
     assert sorted(warn_exposed_secrets(settings)) == sorted(listed.values())
+
+
+def meaning_of(key: str, kind: str = "") -> str:
+    """The meaning cell of `key`'s row (in the table of `kind`'s keys, for a provider)."""
+    for header, rows in tables(page()):
+        if TABLE_KINDS.get(header[0]) == (kind or "gmail"):
+            for row in rows:
+                if row[0].startswith(f"`{key}`"):
+                    return row[2]
+    raise AssertionError(f"no row for {key}")
+
+
+def test_every_choice_of_a_setting_is_on_its_row() -> None:
+    for kind, key, _ in page_keys():
+        found = field_of(key, kind or "gmail")
+        assert found
+        model, field = found
+        annotation = model.model_fields[field].annotation
+        if typing.get_origin(annotation) is typing.Literal and field != "kind":
+            choices = set(typing.get_args(annotation))
+            shown = set(re.findall(r"`([^`]+)`", meaning_of(key, kind)))
+            assert choices <= shown, (key, choices - shown)
+
+
+def test_the_figures_of_the_rows_are_the_codes() -> None:
+    assert set(re.findall(r"`([a-z]+)`", meaning_of("webhooks.NAME.events"))) == set(WEBHOOK_TYPES)
+    assert len(WEBHOOK_TYPES) == 6  # "all six"
+    assert f"{SECRET_BYTES[0]}-{SECRET_BYTES[1]} bytes" in meaning_of("webhooks.NAME.secret_file")
+    quota = meaning_of("providers.NAME.quota_units_per_second")
+    assert f"send {GMAIL_SEND_UNITS:g}, list/get {GMAIL_LIST_UNITS:g}" in quota
+    assert GMAIL_GET_UNITS == GMAIL_LIST_UNITS
