@@ -5,6 +5,7 @@ nor the model can change alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import socket
@@ -39,6 +40,7 @@ from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS, GMAIL_SEND
 from daemon.webhooks.events import WEBHOOK_TYPES
 from daemon.webhooks.signing import SECRET_BYTES
 from ledger.addresses import parse_mailbox
+from ledger.stores.index import IndexRow
 from policies.durations import parse_duration
 from policies.loader import load_policy_dir
 
@@ -472,3 +474,25 @@ def test_the_figures_of_the_rows_are_the_codes() -> None:
     quota = meaning_of("providers.NAME.quota_units_per_second")
     assert f"send {GMAIL_SEND_UNITS:g}, list/get {GMAIL_LIST_UNITS:g}" in quota
     assert GMAIL_GET_UNITS == GMAIL_LIST_UNITS
+
+
+def test_the_job_index_holds_no_content() -> None:
+    """What the job index keeps in the clear beside encrypted events ("Encryption at rest"):
+    a new column would have to be named on the page, and never an address or a subject."""
+    said = {
+        "key": "key",
+        "job_id": "key",  # derived from the key
+        "channel": "channel",
+        "state": "state",
+        "message_id": "Message-ID",
+        "due_at": "times",
+        "created_at": "times",
+        "updated_at": "times",
+        "purged_at": "times",
+        "version": "version",
+        "attempts": "attempt count",
+        "reason": "reason",
+    }
+    assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
+    sentence = " ".join(page().split("the job index keeps", 1)[1].split(")", 1)[0].split())
+    assert all(word in sentence for word in said.values()), sentence
