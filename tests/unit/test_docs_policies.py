@@ -153,6 +153,10 @@ def test_the_quoted_refusals_are_the_loaders(tmp_path: Path) -> None:
     assert refused("on_unknown", "retry", irreversible=True)
     assert refused("allowed_from", [f"a{i}@example.com" for i in range(1001)])
     assert refused("channel", "c" * 129) and not refused("channel", "c" * 128)
+    # allowed_from: LOCAL@DOMAIN of address characters, * and ?; no character classes.
+    for pattern in ("[ab]*@example.com", "support", "sup port@example.com", ""):
+        assert refused("allowed_from", [pattern]), pattern
+    assert not refused("allowed_from", ["*@example.com", "sales-?@*.example.com"])
 
 
 def test_a_policy_file_is_at_most_1_mib(tmp_path: Path) -> None:
