@@ -36,7 +36,9 @@ from daemon.config.settings import (
     settings_from_dict,
 )
 from daemon.config.sizes import parse_size
+from daemon.providers.graph_credentials import read_client_secret
 from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS, GMAIL_SEND_UNITS
+from daemon.providers.smtp_imap import read_password_file
 from daemon.webhooks.events import WEBHOOK_TYPES
 from daemon.webhooks.signing import SECRET_BYTES
 from ledger.addresses import parse_mailbox
@@ -496,3 +498,51 @@ def test_the_job_index_holds_no_content() -> None:
     assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
     sentence = " ".join(page().split("the job index keeps", 1)[1].split(")", 1)[0].split())
     assert all(word in sentence for word in said.values()), sentence
+
+
+def variable(key: str) -> str:
+    return "SENDLEDGER_" + key.replace("NAME", "x").replace(".", "__").upper()
+
+
+def test_every_key_has_its_variable() -> None:
+    """ "Every key can be overridden by SENDLEDGER_<SECTION>__<KEY>": no key's variable is
+    refused as unknown."""
+    for _, key in model_keys():
+        assert environment.unknown_variable({variable(key): "1"}, Settings) is None, key
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "read"),
+    [
+        ("store.url", "sqlite:///env.sqlite", lambda s: s.store.url),
+        ("daemon.tick", "2s", lambda s: s.daemon.tick),
+        ("api.max_body", "1KB", lambda s: s.api.max_body),
+        ("retention.every", "1h", lambda s: s.retention.every),
+        ("providers.NAME.timeout", "5s", lambda s: s.providers["x"].timeout),
+        ("webhooks.NAME.timeout", "5s", lambda s: s.webhooks["x"].timeout),
+    ],
+)
+def test_a_variable_overrides_the_file(
+    key: str, value: str, read: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "sendledger.toml"
+    config.write_text(
+        '[store]\nurl = "sqlite:///file.sqlite"\n[daemon]\ntick = "1s"\n'
+        '[providers.x]\ncredentials_file = "sa.json"\ntimeout = "1s"\n'
+        '[webhooks.x]\nurl = "https://h.example.com/"\nsecret_file = "s"\ntimeout = "1s"\n',
+        encoding="utf-8",
+    )
+    before = read(load_settings(config))
+    monkeypatch.setenv(variable(key), value)
+    after = read(load_settings(config))
+    assert after != before
+    section, _, field = key.rpartition(".")
+    model = KINDS["gmail"] if section == "providers.NAME" else SECTIONS[section]
+    assert after == getattr(model.model_validate({**STUBS.get(model, {}), field: value}), field)
+
+
+def test_a_password_or_client_secret_is_the_files_first_line(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_text("first line\nsecond line\n", encoding="utf-8")
+    assert read_password_file(path) == "first line"
+    assert read_client_secret(path) == "first line"
