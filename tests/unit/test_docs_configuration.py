@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import socket
 import tomllib
@@ -19,11 +20,13 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from daemon.bootstrap import build_provider
 from daemon.cli.init_command import Installation, planned_files, summary, write_all
 from daemon.config import environment
 from daemon.config.secret_files import secret_files, warn_exposed_secrets
 from daemon.config.settings import (
     ApiSettings,
+    ConfigError,
     DaemonSettings,
     GmailProviderSettings,
     GraphProviderSettings,
@@ -546,3 +549,35 @@ def test_a_password_or_client_secret_is_the_files_first_line(tmp_path: Path) -> 
     path.write_text("first line\nsecond line\n", encoding="utf-8")
     assert read_password_file(path) == "first line"
     assert read_client_secret(path) == "first line"
+
+
+@pytest.mark.parametrize(
+    ("kind", "setting"),
+    [
+        ("gmail", "credentials_file"),
+        ("smtp-imap", "password_file"),
+        ("graph", "client_secret_file"),
+    ],
+)
+def test_a_fifo_as_a_providers_secret_is_refused_in_the_pages_words(
+    kind: str, setting: str, tmp_path: Path
+) -> None:
+    """The example message of "Files", for every kind's secret: refused naming the
+    setting and what the file is, without opening it for a blocking read."""
+    fifo = tmp_path / "secret"
+    os.mkfifo(fifo)
+    model = KINDS[kind]
+    config = {**STUBS.get(model, {}), setting: "secret"}
+    settings = settings_from_dict(
+        {"providers": {"support": config}}, config_path=tmp_path / "sendledger.toml"
+    )
+    with pytest.raises(ConfigError) as caught:
+        build_provider(settings, "support")
+    assert str(caught.value) == (
+        f"providers.support.{setting}: cannot read {fifo}: a named pipe (FIFO), not a regular file"
+    )
+    example = (
+        "providers.support.credentials_file: cannot read /etc/sendledger/sa.json: "
+        "a named pipe (FIFO), not a regular file"
+    )
+    assert example in " ".join(page().split())
