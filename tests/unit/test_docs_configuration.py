@@ -46,6 +46,7 @@ from daemon.webhooks.events import WEBHOOK_TYPES
 from daemon.webhooks.signing import SECRET_BYTES
 from ledger.addresses import parse_mailbox
 from ledger.stores.index import IndexRow
+from ledger.stores.library_env import APPLICATION_PREFIX, LIBRARY_VARIABLES, READ_BY_SENDLEDGER
 from policies.durations import parse_duration
 from policies.loader import load_policy_dir
 
@@ -581,3 +582,19 @@ def test_a_fifo_as_a_providers_secret_is_refused_in_the_pages_words(
         "a named pipe (FIFO), not a regular file"
     )
     assert example in " ".join(page().split())
+
+
+def test_the_library_variables_the_page_names_are_the_refused_ones() -> None:
+    section = page().split("### Only sendledger's settings configure the store", 1)[1]
+    section = section.split("\n### ", 1)[0]
+    named = set(re.findall(r"`([A-Z][A-Z_]+\*?)`", section))
+    assert f"`{APPLICATION_PREFIX}`" in section  # "also prefixed"
+    named.discard(APPLICATION_PREFIX)
+    read = named & READ_BY_SENDLEDGER
+    assert read == set(READ_BY_SENDLEDGER)
+    for name in named - read:
+        if name.endswith("*"):
+            assert any(v.startswith(name[:-1]) for v in LIBRARY_VARIABLES), name
+        else:
+            assert name in LIBRARY_VARIABLES, name
+    assert "`ledger/stores/library_env.py`" in section  # where the full list is
