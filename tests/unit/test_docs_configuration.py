@@ -47,6 +47,7 @@ from daemon.webhooks.signing import SECRET_BYTES
 from ledger.addresses import parse_mailbox
 from ledger.stores.index import IndexRow
 from ledger.stores.library_env import APPLICATION_PREFIX, LIBRARY_VARIABLES, READ_BY_SENDLEDGER
+from ledger.vocabulary import FINAL_STATES
 from policies.durations import parse_duration
 from policies.loader import load_policy_dir
 
@@ -598,3 +599,13 @@ def test_the_library_variables_the_page_names_are_the_refused_ones() -> None:
         else:
             assert name in LIBRARY_VARIABLES, name
     assert "`ledger/stores/library_env.py`" in section  # where the full list is
+
+
+def test_the_states_a_purge_takes_are_the_final_ones() -> None:
+    """ "Settled for good (confirmed, abandoned, cancelled)": the states `purge` accepts."""
+    words = {"confirmed", "abandoned", "cancelled"}
+    assert {str(state) for state in FINAL_STATES} == words
+    text = " ".join(page().split())
+    assert "settled for good (confirmed, abandoned, cancelled)" in text
+    assert "settled for good (confirmed, abandoned or cancelled, no verification due)" in text
+    assert "only jobs that are confirmed, abandoned or cancelled are purged" in text
