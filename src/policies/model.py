@@ -55,9 +55,9 @@ PendingDraft = Literal["send", "review"]
 #: which is exactly what the search index's lag forbids).
 MIN_DURATION = 0.001
 _DAY = 86400.0
-#: The largest window each duration may set (docs/policies.md "Channel policies", bounds). A search
-#: index lags minutes, not weeks, and a backoff past a day is an outage for a human; a longer value
-#: is a typo that would leave jobs waiting where nobody looks.
+#: The largest window each duration may set (docs/policies.md "Fields, defaults and bounds"). A
+#: search index lags minutes, not weeks, and a backoff past a day is an outage for a human; a
+#: longer value is a typo that would leave jobs waiting where nobody looks.
 MAX_DURATIONS: dict[str, float] = {
     "search_after": 7 * _DAY,
     "search_interval": 7 * _DAY,

@@ -1,5 +1,5 @@
 """Which mailboxes a channel may send as: the policy's `allowed_from` patterns and a job's
-own `from` (docs/policies.md, "Channel policies" and "Message fields").
+own `from` (docs/policies.md "Channel policies", docs/cli.md "Message fields").
 
 A pattern is matched with `fnmatch` rules (`*` any run of characters, `?` one character)
 against the bare address (`local@domain`, no display name), case-insensitively: mailbox

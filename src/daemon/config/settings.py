@@ -167,9 +167,11 @@ def _url_problem(value: str) -> str | None:
         return "spaces, controls and non-ASCII characters are percent-encoded"
     try:
         parts = urlsplit(value)
-        parts.port  # noqa: B018  (a port that is not a number raises here)
+        port = parts.port  # a port that is not a number, or past 65535, raises here
     except ValueError as exc:
         return str(exc)
+    if port == 0:
+        return "port 0: a port from 1 to 65535"
     if parts.scheme not in ("http", "https"):
         return f"scheme {parts.scheme or 'missing'!r}: http or https only"
     if not parts.hostname:

@@ -1,0 +1,40 @@
+"""A purge whose WAL a reader keeps busy says so (docs/configuration.md "Retention", gone from
+the files): `scrubbed` is False while an old snapshot is held, and the next purge, once the
+reader is gone, empties the WAL."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from tests.conftest import FakeClock
+from tests.integration.test_ledger_store import SENDER, content
+from tests.integration.test_retention_stores import settle
+
+from ledger.application import Ledger
+
+
+def test_a_reader_holding_the_wal_leaves_the_purge_unscrubbed_until_the_next(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(f"sqlite:///{path}", clock=clock) as ledger:
+        for key in ("old-1", "old-2"):
+            ledger.submit(content(key), SENDER)
+            settle(ledger, clock, key)
+        clock.advance(10 * 86400)
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as reader:
+            reader.execute("BEGIN")
+            reader.execute("SELECT COUNT(*) FROM stored_events").fetchone()  # a snapshot
+            started = time.monotonic()
+            first = ledger.purge_settled(clock() - timedelta(days=1), by="t", rule="test")
+            waited = time.monotonic() - started
+            assert (first.purged, first.scrubbed) == (2, False)
+            # It says so in seconds (50 short attempts), not after 50 busy timeouts.
+            assert waited < 25, waited
+            reader.execute("COMMIT")
+        assert ledger.scrub() is True
+    assert not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0
