@@ -9,6 +9,13 @@ its jobs stay `requested` and none is taken, except one probe at a backoff (doub
 confirmation, a definite refusal, an unknown outcome) closes it. A scope is the provider's
 name, or its name and mailbox where the quota is per mailbox (`Provider.scope`).
 
+Every call of a scope counts, not only sends: a search, a verification, a draft's check,
+a read-back and the draft step before a claim (`called`). A failed search that proved
+the provider unavailable opens the circuit as a failed send does, and while it is open
+the scope's due searches wait as its sends do, one of them (or one send) being the probe.
+What the circuit decides is only when to call: a held or failed search is never a miss,
+and a held send is never an attempt.
+
 In memory: a restarted daemon finds out again within `failures` calls. docs/operations.md, "Outages
 and quotas".
 """
@@ -106,6 +113,25 @@ class Circuits:
             state.probing = False
             wait = max(state.backoff, retry_after or 0.0)
             state.probe_at = now + timedelta(seconds=wait)
+
+    def holds(self, scope: str, now: datetime) -> bool:
+        """Whether `admit` would say HOLD now (nothing handed out): open, and its probe
+        is out or not due yet."""
+        with self._lock:
+            state = self._states.get(scope)
+            if state is None or state.opened_at is None:
+                return False
+            return state.probing or state.probe_at is None or now < state.probe_at
+
+    def called(
+        self, scope: str, now: datetime, *, unavailable: bool, retry_after: float | None = None
+    ) -> None:
+        """A call of `scope` ended: `unavailable` when it proved the provider unavailable
+        (a failed search's or draft call's `ProviderError.unavailable`), else it answered."""
+        if unavailable:
+            self.unavailable(scope, now, retry_after)
+        else:
+            self.answered(scope)
 
     def answered(self, scope: str) -> None:
         """A call of `scope` got an answer that is not "unavailable": closed."""

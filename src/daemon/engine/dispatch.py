@@ -173,9 +173,8 @@ class Dispatch:
                 work.save()
                 return None
             except ProviderError as exc:
-                # No draft, no claim: nothing can have been sent; the job stays due.
-                log.warning("job %s: no draft (%s)", job.key, exc.reason)
-                work.count("errors")
+                # No draft, no claim: nothing can have been sent (review, or left due).
+                drafts_flow.no_draft(work, policy, exc, self._circuits, self._clock())
                 return None
         timeout = self._timeouts.get(policy.provider, provider.timeout)
         job.claim(

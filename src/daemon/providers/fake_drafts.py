@@ -17,7 +17,7 @@ from datetime import datetime
 from email.parser import BytesHeaderParser
 
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
-from daemon.providers.draft_handle import Draft, DraftCheck, DraftStatus
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftStatus
 from daemon.providers.fake import Copy, FakeProvider, Scripted, SimulatedCrash
 
 
@@ -41,6 +41,9 @@ class FakeDraftsProvider(FakeProvider):
         self._draft_ids = itertools.count(1)
         self._failing_creates = 0
         self._failing_checks = 0
+        self._creates_unavailable = False
+        self._refused_creates = 0
+        self._checks_unavailable = False
         self._crash_on_create = 0
         # Every draft ever made -> its Message-ID (kept after the draft is consumed), so
         # every drafts.send call counts against its job, a 404 included (invariant 1).
@@ -49,13 +52,22 @@ class FakeDraftsProvider(FakeProvider):
 
     # -- scripting ----------------------------------------------------------------------
 
-    def fail_creates(self, count: int) -> None:
+    def fail_creates(self, count: int, *, unavailable: bool = False) -> None:
+        """The next `count` creates fail before anything is stored; `unavailable`: as a
+        refused connection does (counted toward the circuit), else as a 500 does."""
         with self._lock:
             self._failing_creates += count
+            self._creates_unavailable = unavailable
 
-    def fail_checks(self, count: int) -> None:
+    def refuse_creates(self, count: int) -> None:
+        """The next `count` creates are definitely refused (a 4xx: DraftRefused)."""
+        with self._lock:
+            self._refused_creates += count
+
+    def fail_checks(self, count: int, *, unavailable: bool = False) -> None:
         with self._lock:
             self._failing_checks += count
+            self._checks_unavailable = unavailable
 
     def crash_on_create(self, count: int = 1) -> None:
         """The next creates store their draft, then the caller dies before it hears the
@@ -83,9 +95,14 @@ class FakeDraftsProvider(FakeProvider):
     def create_draft(self, raw: bytes) -> Draft:
         message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
         with self._lock:
+            if self._refused_creates:
+                self._refused_creates -= 1
+                raise DraftRefused("drafts.create: HTTP 400 (scripted)")
             if self._failing_creates:
                 self._failing_creates -= 1
-                raise ProviderError("drafts.create failed (scripted)")
+                raise ProviderError(
+                    "drafts.create failed (scripted)", unavailable=self._creates_unavailable
+                )
             self.drafts_created += 1
             draft = Draft(f"r{next(self._draft_ids):06d}", f"fake-{next(self._ids):06d}")
             self.drafts[draft.draft_id] = (message_id, draft.provider_message_id)
@@ -129,7 +146,9 @@ class FakeDraftsProvider(FakeProvider):
         with self._lock:
             if self._failing_checks:
                 self._failing_checks -= 1
-                raise ProviderError("drafts.get failed (scripted)")
+                raise ProviderError(
+                    "drafts.get failed (scripted)", unavailable=self._checks_unavailable
+                )
             if draft.draft_id in self.drafts:
                 return DraftCheck(DraftStatus.PENDING)
             for copy in self.copies:
