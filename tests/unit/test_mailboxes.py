@@ -5,6 +5,7 @@ docs/cli.md "Message fields")."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -99,18 +100,23 @@ def test_bad_pattern_names_allowed_from() -> None:
         policy("receipts").sender_for("x@example.com")
 
 
-def test_one_bucket_per_mailbox_and_a_reservation_never_waits(tmp_path: Path) -> None:
-    clock = FakeTime(0.0)  # exact sums: the refill lands on the reservation's wait
+def delegated(tmp_path: Path, clock: FakeTime, **fields: Any) -> GmailProvider:
+    """A Gmail provider with user = "{from}" on time `clock`; nothing listens on its ports."""
     sa = write_service_account(tmp_path / "sa.json", token_uri="http://127.0.0.1:9/token")
-    provider = GmailProvider(
+    return GmailProvider(
         "gmail",
         credentials_file=sa,
         user="{from}",
         api_endpoint="http://127.0.0.1:9",
-        quota_units_per_second=250.0,
         clock=clock,
         sleep=clock.sleep,
+        **fields,
     )
+
+
+def test_one_bucket_per_mailbox_and_a_reservation_never_waits(tmp_path: Path) -> None:
+    clock = FakeTime(0.0)  # exact sums: the refill lands on the reservation's wait
+    provider = delegated(tmp_path, clock, quota_units_per_second=250.0)
     alice, again = (
         provider.mailbox("Alice <alice@example.com>"),
         provider.mailbox("ALICE@example.com"),
@@ -137,17 +143,8 @@ def test_in_drafts_mode_the_reservation_pays_the_draft_step_too(tmp_path: Path) 
     paid by the send's reservation, so a job is taken for its draft step only when the
     mailbox has the quota for all of it (docs/operations.md "Outages and quotas")."""
     clock = FakeTime(0.0)
-    sa = write_service_account(tmp_path / "sa.json", token_uri="http://127.0.0.1:9/token")
-    provider = GmailProvider(
-        "gmail",
-        credentials_file=sa,
-        user="{from}",
-        api_endpoint="http://127.0.0.1:9",
-        quota_units_per_second=100.0,  # below one send and its draft step: still affordable
-        send_via="drafts",
-        clock=clock,
-        sleep=clock.sleep,
-    )
+    # A quota below one send and its draft step: the bucket still holds both.
+    provider = delegated(tmp_path, clock, quota_units_per_second=100.0, send_via="drafts")
     alice = provider.mailbox("alice@example.com")
     assert alice.bucket.capacity >= 100.0 + DRAFT_STEP_UNITS
     alice.bucket.acquire(alice.bucket.available - 100.0)  # one bare send's worth left
