@@ -245,3 +245,22 @@ def test_an_unavailable_draft_check_in_the_sweep_counts_and_waits() -> None:
         assert rig.copies("crashed") == 1
     finally:
         rig.close()
+
+
+def test_a_probe_whose_draft_step_crashed_is_handed_back() -> None:
+    rig = drafts_rig()
+    try:
+        rig.submit("receipts", "probe")
+        drafts(rig).fail_creates(3, unavailable=True)
+        for _ in range(3):
+            rig.engine.tick()
+        assert len(rig.engine.open_circuits()) == 1
+        drafts(rig).crash_on_create()  # the probe's create is stored, then the daemon dies
+        rig.clock.advance(1)
+        assert rig.engine.tick().errors == 1
+        rig.engine.tick()  # the next probe reuses the draft the crash left, and sends it
+        assert rig.job("probe").state is JobState.CONFIRMED, rig.events("probe")
+        assert rig.copies("probe") == 1 and drafts(rig).drafts_created == 1
+        assert rig.engine.open_circuits() == []
+    finally:
+        rig.close()

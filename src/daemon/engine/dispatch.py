@@ -121,9 +121,9 @@ class Dispatch:
         """Invariant 1 for one job: claim, save, send, record, save. Whether the provider
         was called. `probe`: the one job an open circuit lets through."""
         work.now = self._clock()
-        claimed = self.claim(work)
         called = False
-        try:
+        try:  # the claim too: a probe whose draft step raised must be handed back
+            claimed = self.claim(work)
             if claimed is None:
                 return False
             work.save()  # the claim, durable; a conflict here means no call is made

@@ -132,6 +132,9 @@ class FakeProvider(ProviderBase):
         self.sends = 0
         self.sends_by_message_id: Counter[str] = Counter()
         self.searches = 0
+        #: Searches that got an answer, by the Message-ID searched for: a job can have no
+        #: more believed misses than that (a failed search is never a miss).
+        self.answered_searches: Counter[str] = Counter()
         self.hanging = 0  # calls blocked in a scripted hang right now
         self._script: deque[Scripted] = deque()
         self._failing_searches = 0
@@ -195,6 +198,7 @@ class FakeProvider(ProviderBase):
                 if self._searches_unavailable:
                     raise ProviderError("search: connection refused (scripted)", unavailable=True)
                 raise ProviderError("search failed (scripted)", retry_after=1.0)
+            self.answered_searches[message_id] += 1
             visible_before = self.clock() - timedelta(seconds=self.index_lag)
             hits = tuple(
                 SearchHit(
