@@ -890,3 +890,49 @@ def test_a_verification_that_finds_no_copy_yet_looks_again_then_stops(
     searches = rig.searches()
     rig.advance_and_tick(3600)
     assert rig.searches() == searches
+
+
+# -- an outage during searches: waited out behind the circuit -----------------------------
+
+
+def test_refused_connections_during_searches_are_waited_out_behind_the_circuit(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    """The relay refuses connections while three searches are due: they open the circuit
+    (docs/operations.md "Outages and quotas"), the due searches then wait for one probe at
+    a time instead of each backing off and retrying on its own, nothing is recorded, and
+    once the relay passes again every job is confirmed by its search with one copy."""
+    rig = make_rig({"receipts": RETRY_5M})
+    relay.set_plan(FaultPlan(send="drop-response"))
+    keys = [f"outage-{n}" for n in range(3)]
+    message_ids = [rig.submit("receipts", key) for key in keys]
+    rig.tick()
+    assert all(rig.state(key) is JobState.UNKNOWN for key in keys)
+    relay.stop()  # connection refused from here on
+    clock.advance(300)  # every search is due
+    failed = sum(rig.engine.tick().errors for _ in range(3))
+    assert failed == 3, failed
+    [opened] = rig.engine.open_circuits()
+    assert opened.scope == "gmail" and opened.failures == 3
+    probes = 0
+    for _ in range(20):  # 20 s of outage: the probes back off 1, 2, 4, 8 s
+        clock.advance(1)
+        probes += rig.engine.tick().errors
+    assert 1 <= probes <= 5, probes  # not 3 jobs x 20 retries
+    for key in keys:
+        assert rig.names(key)[-1] == "Unknown", rig.names(key)
+    relay.set_plan(FaultPlan())
+    relay.start()  # the same port: the provider answers again
+    for _ in range(20):
+        clock.advance(1)
+        rig.engine.tick()
+        if all(rig.state(key) is JobState.CONFIRMED for key in keys):
+            break
+    assert rig.engine.open_circuits() == []
+    for key, message_id in zip(keys, message_ids, strict=True):
+        assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
+        [confirmed] = rig.of(key, "Confirmed")
+        assert confirmed.via == "search"
+        assert rig.of(key, "SearchedMiss") == []
+        assert emulator.copies(message_id) == 1
+    assert rig.sends() == 3

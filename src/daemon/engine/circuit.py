@@ -6,8 +6,11 @@ DNS, connect timeout, TLS handshake, 429 and quota errors, SMTP 421 before DATA;
 everything about the provider. After `failures` of them in a row the scope's circuit opens:
 its jobs stay `requested` and none is taken, except one probe at a backoff (doubling up to
 `probe_max`, never sooner than the provider's Retry-After). Any other answer (a
-confirmation, a definite refusal, an unknown outcome) closes it. A scope is the provider's
-name, or its name and mailbox where the quota is per mailbox (`Provider.scope`).
+confirmation, a definite refusal, an unknown outcome) closes it, except a 503: a send
+answered 503 stays Unknown for its job (it may have been sent), but for the circuit it says
+the provider is down, so the scope's other jobs wait instead of each becoming Unknown. A
+scope is the provider's name, or its name and mailbox where the quota is per mailbox
+(`Provider.scope`).
 
 Every call of a scope counts, not only sends: a search, a verification, a draft's check,
 a read-back and the draft step before a claim (`called`). A failed search that proved
@@ -27,6 +30,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 
+from daemon.providers.base import SendKind, SendOutcome
+
 
 @dataclass(frozen=True)
 class CircuitSettings:
@@ -39,6 +44,12 @@ class CircuitSettings:
             raise ValueError(f"failures must be at least 1, got {self.failures!r}")
         if not 0 < self.probe_after <= self.probe_max:
             raise ValueError("need 0 < probe_after <= probe_max")
+
+
+def send_unavailable(outcome: SendOutcome) -> bool:
+    """Whether a send's outcome counts as "unavailable" for its scope's circuit (not for
+    the job: a 503 is Unknown there, and `max_attempts` counts it as today)."""
+    return (outcome.kind is SendKind.REJECTED and outcome.unavailable) or outcome.status == 503
 
 
 class Admit(Enum):

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from daemon.crashpoints import crash_point
 from daemon.engine import drafts as drafts_flow
-from daemon.engine.circuit import Circuits
+from daemon.engine.circuit import Circuits, send_unavailable
 from daemon.engine.clock import Clock
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
@@ -204,10 +204,9 @@ class Dispatch:
             crash_point("after-search")
             work.now = self._clock()
         scope = claimed.provider.scope()
-        if outcome.kind is SendKind.REJECTED and outcome.unavailable:
-            self._circuits.unavailable(scope, work.now, outcome.retry_after)
-        else:
-            self._circuits.answered(scope)
+        self._circuits.called(
+            scope, work.now, unavailable=send_unavailable(outcome), retry_after=outcome.retry_after
+        )
         self._read_back_sample(claimed)
 
     def _read_back_sample(self, claimed: Claimed) -> None:
