@@ -264,3 +264,20 @@ def test_a_probe_whose_draft_step_crashed_is_handed_back() -> None:
         assert rig.engine.open_circuits() == []
     finally:
         rig.close()
+
+
+def test_held_searches_at_the_head_of_the_index_do_not_starve_a_later_one() -> None:
+    rig = EngineRig(policy("receipts", on_unknown="retry"), concurrency=1)
+    try:
+        early = unknown_jobs(rig, 3, prefix="early")  # due first
+        rig.clock.advance(30)
+        [late] = unknown_jobs(rig, 1, prefix="late")
+        rig.clock.advance(60)  # all four due; the three early ones' searches fail
+        rig.provider.fail_searches(3)
+        for _ in range(6):  # the clock stands still: every backoff holds
+            rig.engine.tick()
+        assert rig.job(late).state is JobState.CONFIRMED, rig.events(late)
+        assert all(rig.job(key).state is JobState.UNKNOWN for key in early)
+        assert rig.provider.searches == 4
+    finally:
+        rig.close()

@@ -68,10 +68,14 @@ class SearchBackoff:
             self._scope_of.pop(key, None)  # closed, or its probe is due: try again
         return False
 
-    def waiting(self) -> int:
-        """How many jobs are held now (at most): the tick reads that many more due rows,
-        so held jobs at the head of the index never starve the others."""
+    def waiting(self, now: datetime) -> int:
+        """How many jobs are held now: the tick reads that many more due rows, so held
+        jobs at the head of the index never starve the others. Forgets the jobs no longer
+        held (one settled meanwhile by another daemon or a human is never asked again)."""
         with self._lock:
+            self._not_before = {k: t for k, t in self._not_before.items() if now < t}
+            holding = {s for s in set(self._scope_of.values()) if self._circuits.holds(s, now)}
+            self._scope_of = {k: s for k, s in self._scope_of.items() if s in holding}
             return len(self._not_before.keys() | self._scope_of.keys())
 
     def ask(self, work: Work, drafts: DraftsProvider, provider: Provider) -> DraftCheck | None:

@@ -226,7 +226,7 @@ class Engine:
         # Searches held by a backoff or an open circuit stay due in the index: read past
         # them (a bounded number) so another scope's due searches are not starved.
         now = self.clock()
-        extra = min(self._backoff.waiting(), self.batch_size * 10)
+        extra = min(self._backoff.waiting(now), self.batch_size * 10)
         rows = self.ledger.due(step.state, now, limit + extra)
         keys = [row.key for row in rows if not self._backoff.held(row.key, now)]
         self._checks.submit(step, keys[:limit])
