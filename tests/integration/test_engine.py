@@ -184,8 +184,8 @@ def make_rig(
     gmail_provider: Callable[..., GmailProvider],
     tmp_path: Path,
 ) -> Iterator[RigFactory]:
-    """`make_rig(policies={"channel": {field: value}}, policy_set=..., rng=...)`: a Rig whose
-    policies load from TOML files in tmp_path/policies (or the given PolicySet)."""
+    """`make_rig(policies={"channel": {field: value}}, policy_set=..., rng=..., send_via=...)`:
+    a Rig whose policies load from TOML files in tmp_path/policies (or the given PolicySet)."""
     rigs: list[Rig] = []
     policy_dir = tmp_path / "policies"
 
@@ -194,6 +194,7 @@ def make_rig(
         *,
         policy_set: PolicySet | None = None,
         rng: random.Random | None = None,
+        send_via: str = "messages",
     ) -> Rig:
         policy_dir.mkdir(exist_ok=True)
         for channel, fields in (policies or {}).items():
@@ -209,7 +210,7 @@ def make_rig(
             def loader() -> PolicySet:
                 return load_policy_dir(policy_dir, known_providers={"gmail"})
 
-        provider = gmail_provider(name="gmail", timeout=CLIENT_TIMEOUT)
+        provider = gmail_provider(name="gmail", timeout=CLIENT_TIMEOUT, send_via=send_via)
         rig = Rig(store_url, clock, relay, emulator, provider, loader, rng)
         rigs.append(rig)
         return rig
@@ -936,3 +937,33 @@ def test_refused_connections_during_searches_are_waited_out_behind_the_circuit(
         assert rig.of(key, "SearchedMiss") == []
         assert emulator.copies(message_id) == 1
     assert rig.sends() == 3
+
+
+def test_refused_connections_at_the_draft_step_are_waited_out_behind_the_circuit(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    """send_via = "drafts" with the relay refusing connections: the draft step before the
+    claim fails as unavailable, opens the circuit and uses none of `max_attempts = 1`; no
+    claim is made; once the relay passes again each job is sent once through its draft."""
+    rig = make_rig({"receipts": {**RETRY_5M, "max_attempts": 1}}, send_via="drafts")
+    relay.stop()
+    keys = [f"draft-outage-{n}" for n in range(3)]
+    message_ids = [rig.submit("receipts", key) for key in keys]
+    unavailable = sum(rig.engine.tick().unavailable for _ in range(3))
+    assert unavailable == 3
+    assert [c.failures for c in rig.engine.open_circuits()] == [3]
+    clock.advance(1)
+    assert rig.engine.tick().unavailable == 1  # the probe, and only the probe
+    for key in keys:
+        assert rig.names(key) == ["Requested"], rig.names(key)
+    relay.start()
+    for _ in range(10):
+        clock.advance(2)
+        rig.engine.tick()
+        if all(rig.state(key) is JobState.CONFIRMED for key in keys):
+            break
+    for key, message_id in zip(keys, message_ids, strict=True):
+        assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
+        assert len(rig.of(key, "Attempted")) == 1
+        assert emulator.copies(message_id) == 1
+    assert rig.sends() == 3 and rig.engine.open_circuits() == []
