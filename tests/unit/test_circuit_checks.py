@@ -184,7 +184,7 @@ def test_an_outage_at_the_draft_step_is_waited_out_behind_the_circuit() -> None:
         keys = [f"d-{n}" for n in range(5)]
         for key in keys:
             rig.submit("receipts", key)
-        drafts(rig).fail_creates(4, unavailable=True)
+        drafts(rig).creates_unavailable(4)
         report = rig.engine.tick()
         assert report.errors == 0 and report.unavailable == 3
         assert len(rig.engine.open_circuits()) == 1
@@ -231,7 +231,7 @@ def test_an_unavailable_draft_check_in_the_sweep_counts_and_waits() -> None:
         rig.engine.circuits.settings = CircuitSettings(failures=1, probe_after=5, probe_max=5)
         rig.engine.recover_own_claims()
         assert rig.job("crashed").state is JobState.UNKNOWN
-        drafts(rig).fail_checks(1, unavailable=True)
+        drafts(rig).checks_unavailable(1)
         rig.engine.tick()
         assert len(rig.engine.open_circuits()) == 1
         assert rig.job("crashed").state is JobState.UNKNOWN
@@ -251,7 +251,7 @@ def test_a_probe_whose_draft_step_crashed_is_handed_back() -> None:
     rig = drafts_rig()
     try:
         rig.submit("receipts", "probe")
-        drafts(rig).fail_creates(3, unavailable=True)
+        drafts(rig).creates_unavailable(3)
         for _ in range(3):
             rig.engine.tick()
         assert len(rig.engine.open_circuits()) == 1

@@ -43,15 +43,22 @@ class DraftsMachine(EngineMachine):
     def crash_after_a_create(self) -> None:
         self.drafts.crash_on_create()
 
-    @rule(count=st.integers(1, 2), unavailable=st.booleans())
-    def draft_checks_fail(self, count: int, unavailable: bool) -> None:
-        self.drafts.fail_checks(count, unavailable=unavailable)
+    @rule(count=st.integers(1, 2))
+    def draft_checks_fail(self, count: int) -> None:
+        self.drafts.fail_checks(count)
+
+    @rule(count=st.integers(1, 6))
+    def draft_checks_unavailable(self, count: int) -> None:
+        self.drafts.checks_unavailable(count)
 
     @rule(count=st.integers(1, 6), unavailable=st.booleans())
     def draft_creates_fail(self, count: int, unavailable: bool) -> None:
         """The draft step before the claim fails (an outage, or a 5xx): no claim, no
         attempt used, and an outage is waited out behind the circuit."""
-        self.drafts.fail_creates(count, unavailable=unavailable)
+        if unavailable:
+            self.drafts.creates_unavailable(count)
+        else:
+            self.drafts.fail_creates(count)
 
     @rule()
     def a_create_is_refused(self) -> None:

@@ -24,7 +24,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
-from daemon.providers.draft_handle import Draft, DraftCheck
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused
 from daemon.providers.smtp_imap import Envelope
 from ledger.decision_types import AfterRejection, Review
 from ledger.job import SendJob
@@ -172,9 +172,18 @@ class Dispatch:
                 drafts_flow.confirm_recorded(job, policy, sent.draft, work.now)
                 work.save()
                 return None
+            except DraftRefused as exc:
+                # Refused for good (the port's contract): nothing exists, and asking again
+                # every tick would only be refused again, so a human decides, as after a
+                # permanent refusal of a send.
+                work.to_review(
+                    decisions.after_permanent_rejection(policy),
+                    f"draft refused, not sent: {exc.reason}",
+                )
+                return None
             except ProviderError as exc:
-                # No draft, no claim: nothing can have been sent (review, or left due).
-                drafts_flow.no_draft(work, policy, exc, self._circuits, self._clock())
+                # No draft, no claim: nothing can have been sent; the job stays due.
+                drafts_flow.no_draft(work, exc, self._circuits, self._clock())
                 return None
         timeout = self._timeouts.get(policy.provider, provider.timeout)
         job.claim(

@@ -27,17 +27,9 @@ from datetime import datetime
 from daemon.engine.circuit import Circuits
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, ProviderError
-from daemon.providers.draft_handle import (
-    Draft,
-    DraftCheck,
-    DraftRefused,
-    DraftsProvider,
-    DraftStatus,
-    drafts_of,
-)
-from ledger.decision_types import AfterUnknown, Review
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus, drafts_of
+from ledger.decision_types import AfterUnknown
 from ledger.job import SendJob
-from ledger.vocabulary import EscalationReason
 from policies import decisions
 from policies.model import ChannelPolicy
 
@@ -76,23 +68,15 @@ def prepare_draft(job: SendJob, drafts: DraftsProvider, raw: bytes, now: datetim
     return draft
 
 
-def no_draft(
-    work: Work, policy: ChannelPolicy, exc: ProviderError, circuits: Circuits, now: datetime
-) -> None:
-    """The draft step before the claim failed: no draft, no claim, so nothing can have
-    been sent and `max_attempts` is untouched. A definite refusal (DraftRefused) sends the
-    job to review, as a refused send does; any other failure leaves it due and counts
-    toward its scope's circuit as a send's would, so an outage during the draft step is
-    waited out behind the circuit (docs/operations.md "Outages and quotas")."""
-    job = work.job
+def no_draft(work: Work, exc: ProviderError, circuits: Circuits, now: datetime) -> None:
+    """The draft step before the claim failed (not a definite refusal): no draft, no
+    claim, so nothing can have been sent, `max_attempts` is untouched and the job stays
+    due. The failure counts toward the scope's circuit as a send's would, so an outage
+    during the draft step is waited out behind it (docs/operations.md "Outages and
+    quotas")."""
     scope = work.provider.scope() if work.provider is not None else ""
     circuits.called(scope, now, unavailable=exc.unavailable, retry_after=exc.retry_after)
-    if isinstance(exc, DraftRefused):
-        work.to_review(
-            Review(policy.ref, EscalationReason.REJECTED), f"draft refused: {exc.reason}"
-        )
-        return
-    log.warning("job %s: no draft (%s)", job.key, exc.reason)
+    log.warning("job %s: no draft (%s)", work.job.key, exc.reason)
     work.count("unavailable" if exc.unavailable else "errors")
 
 

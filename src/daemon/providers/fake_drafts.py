@@ -40,11 +40,12 @@ class FakeDraftsProvider(FakeProvider):
         self.draft_sends = 0
         self._draft_ids = itertools.count(1)
         self._failing_creates = 0
-        self._failing_checks = 0
-        self._creates_unavailable = False
         self._refused_creates = 0
-        self._checks_unavailable = False
+        self._failing_checks = 0
         self._crash_on_create = 0
+        # Failures that say the provider is unavailable (counted toward the circuit).
+        self._unavailable_creates = 0
+        self._unavailable_checks = 0
         # Every draft ever made -> its Message-ID (kept after the draft is consumed), so
         # every drafts.send call counts against its job, a 404 included (invariant 1).
         self._made: dict[str, str] = {}
@@ -52,28 +53,35 @@ class FakeDraftsProvider(FakeProvider):
 
     # -- scripting ----------------------------------------------------------------------
 
-    def fail_creates(self, count: int, *, unavailable: bool = False) -> None:
-        """The next `count` creates fail before anything is stored; `unavailable`: as a
-        refused connection does (counted toward the circuit), else as a 500 does."""
+    def fail_creates(self, count: int) -> None:
         with self._lock:
             self._failing_creates += count
-            self._creates_unavailable = unavailable
 
     def refuse_creates(self, count: int) -> None:
-        """The next `count` creates are definitely refused (a 4xx: DraftRefused)."""
+        """The next creates are refused for good (DraftRefused: a 4xx, a missing scope)."""
         with self._lock:
             self._refused_creates += count
 
-    def fail_checks(self, count: int, *, unavailable: bool = False) -> None:
+    def fail_checks(self, count: int) -> None:
         with self._lock:
             self._failing_checks += count
-            self._checks_unavailable = unavailable
 
     def crash_on_create(self, count: int = 1) -> None:
         """The next creates store their draft, then the caller dies before it hears the
         answer (a crash between create and the save that would record it)."""
         with self._lock:
             self._crash_on_create += count
+
+    def creates_unavailable(self, count: int) -> None:
+        """The next creates fail as a refused connection does: nothing stored, and the
+        failure counts toward the circuit (`fail_creates`: as a 500 does)."""
+        with self._lock:
+            self._unavailable_creates += count
+
+    def checks_unavailable(self, count: int) -> None:
+        """The next draft checks fail as a refused connection does."""
+        with self._lock:
+            self._unavailable_checks += count
 
     def copies_of(self, message_id: str) -> int:
         """Copies sent for `message_id`, counted by the Message-ID we gave (a replaced one
@@ -95,14 +103,17 @@ class FakeDraftsProvider(FakeProvider):
     def create_draft(self, raw: bytes) -> Draft:
         message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
         with self._lock:
-            if self._refused_creates:
-                self._refused_creates -= 1
-                raise DraftRefused("drafts.create: HTTP 400 (scripted)")
+            if self._unavailable_creates:
+                self._unavailable_creates -= 1
+                raise ProviderError(
+                    "drafts.create: connection refused (scripted)", unavailable=True
+                )
             if self._failing_creates:
                 self._failing_creates -= 1
-                raise ProviderError(
-                    "drafts.create failed (scripted)", unavailable=self._creates_unavailable
-                )
+                raise ProviderError("drafts.create failed (scripted)")
+            if self._refused_creates:
+                self._refused_creates -= 1
+                raise DraftRefused("drafts.create: HTTP 400: refused (scripted)")
             self.drafts_created += 1
             draft = Draft(f"r{next(self._draft_ids):06d}", f"fake-{next(self._ids):06d}")
             self.drafts[draft.draft_id] = (message_id, draft.provider_message_id)
@@ -144,11 +155,12 @@ class FakeDraftsProvider(FakeProvider):
 
     def check_draft(self, draft: Draft) -> DraftCheck:
         with self._lock:
+            if self._unavailable_checks:
+                self._unavailable_checks -= 1
+                raise ProviderError("drafts.get: connection refused (scripted)", unavailable=True)
             if self._failing_checks:
                 self._failing_checks -= 1
-                raise ProviderError(
-                    "drafts.get failed (scripted)", unavailable=self._checks_unavailable
-                )
+                raise ProviderError("drafts.get failed (scripted)")
             if draft.draft_id in self.drafts:
                 return DraftCheck(DraftStatus.PENDING)
             for copy in self.copies:
