@@ -6,16 +6,18 @@ a miss."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.engine.circuit import CircuitSettings
+from daemon.engine.circuit import CHECK, Admit, Circuits, CircuitSettings
 from daemon.providers.base import ProviderError
 from daemon.providers.fake import Scripted
 from daemon.providers.fake_drafts import FakeDraftsProvider
 from ledger.vocabulary import ConfirmedVia, JobState
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
 
 def unknown_jobs(rig: EngineRig, count: int, prefix: str = "u") -> list[str]:
@@ -107,15 +109,22 @@ def test_a_search_that_fails_with_an_answer_does_not_open_the_circuit() -> None:
         rig.close()
 
 
+def opened_by_sends(rig: EngineRig, refusals: int) -> str:
+    """An unknown job, then three sends refused as unavailable (of `refusals` scripted):
+    the circuit is open. The unknown job's key."""
+    [key] = unknown_jobs(rig, 1)
+    rig.provider.script(*[Scripted.unavailable() for _ in range(refusals)])
+    for n in range(3):
+        rig.submit("receipts", f"down-{n}")
+        rig.tick()
+    assert len(rig.engine.open_circuits()) == 1
+    return key
+
+
 def test_a_search_success_closes_a_circuit_opened_by_sends() -> None:
     rig = EngineRig(policy("receipts", on_unknown="retry"))
     try:
-        [key] = unknown_jobs(rig, 1)
-        rig.provider.script(*[Scripted.unavailable() for _ in range(3)])
-        for n in range(3):
-            rig.submit("receipts", f"down-{n}")
-            rig.tick()
-        assert len(rig.engine.open_circuits()) == 1
+        key = opened_by_sends(rig, 3)
         rig.clock.advance(60)  # the search is due, and it is the probe
         rig.engine.tick()
         assert rig.job(key).state is JobState.CONFIRMED
@@ -281,3 +290,39 @@ def test_held_searches_at_the_head_of_the_index_do_not_starve_a_later_one() -> N
         assert rig.provider.searches == 4
     finally:
         rig.close()
+
+
+def test_sends_that_keep_failing_do_not_starve_the_searches_of_the_probe() -> None:
+    """A daily sending limit: every send is refused as unavailable for hours while the
+    searches would be answered. The probes alternate between the two kinds, so the
+    search still gets through (and its answer closes the circuit)."""
+    rig = EngineRig(policy("receipts", on_unknown="retry"))
+    try:
+        key = opened_by_sends(rig, 100)
+        for _ in range(4):
+            rig.clock.advance(60)  # every probe is due at each tick; the search too
+            rig.engine.tick()
+            if rig.job(key).state is JobState.CONFIRMED:
+                break
+        assert rig.job(key).state is JobState.CONFIRMED, rig.events(key)
+    finally:
+        rig.close()
+
+
+def test_the_probe_goes_to_sends_and_checks_in_turn() -> None:
+    circuits = Circuits(CircuitSettings(failures=1, probe_after=1.0, probe_max=1.0))
+    circuits.unavailable("s", T0)
+    assert circuits.admit("s", T0, CHECK) is Admit.HOLD  # a check waits for the probe
+    later = T0 + timedelta(seconds=1)
+    assert circuits.admit("s", later) is Admit.PROBE  # the send asks first: it is due
+    assert circuits.admit("s", later, CHECK) is Admit.HOLD  # and the check waits on
+    circuits.unavailable("s", later)
+    again = later + timedelta(seconds=1)
+    assert circuits.next_probe("s") is None  # a check has waited: the next one is its
+    assert circuits.admit("s", again) is Admit.HOLD
+    assert circuits.admit("s", again, CHECK) is Admit.PROBE
+    assert circuits.admit("s", again) is Admit.HOLD  # a send waits on
+    circuits.unavailable("s", again)
+    last = again + timedelta(seconds=1)
+    assert circuits.admit("s", last, CHECK) is Admit.HOLD  # the send waited meanwhile
+    assert circuits.admit("s", last) is Admit.PROBE

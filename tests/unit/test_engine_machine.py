@@ -204,7 +204,9 @@ class EngineMachine(RuleBasedStateMachine):
         rig = self.r
         rig.provider.script()  # nothing more scripted: sends are confirmed from here
         rig.restart()
-        for _ in range(60):
+        # Faults still scripted are met first, one probe per tick while a circuit is open
+        # (sends and searches share it): up to one tick per fault, then the settling.
+        for _ in range(500):
             rig.clock.advance(700)
             rig.engine.tick()
             open_jobs = [

@@ -15,7 +15,8 @@ scope is the provider's name, or its name and mailbox where the quota is per mai
 Every call of a scope counts, not only sends: a search, a verification, a draft's check,
 a read-back and the draft step before a claim (`called`). A failed search that proved
 the provider unavailable opens the circuit as a failed send does, and while it is open
-the scope's due searches wait as its sends do, one of them (or one send) being the probe.
+the scope's due searches wait as its sends do, one of them (or one send) being the probe:
+sends and checks take the probe in turn when both wait.
 What the circuit decides is only when to call: a held or failed search is never a miss,
 and a held send is never an attempt.
 
@@ -26,7 +27,7 @@ and quotas".
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
 
@@ -69,6 +70,11 @@ class OpenCircuit:
     probing: bool
 
 
+#: The kinds of call a circuit admits; its probes alternate between them (`admit`).
+SEND = "send"
+CHECK = "check"  # a search, a verification, a draft's check
+
+
 @dataclass
 class _State:
     failures: int = 0
@@ -76,6 +82,15 @@ class _State:
     probe_at: datetime | None = None
     backoff: float = 0.0
     probing: bool = False
+    last_probe: str = ""  # the kind of call the last probe was
+    waiting: set[str] = field(default_factory=set)  # kinds held since the last probe
+
+    def yields(self, kind: str) -> bool:
+        """Whether a probe due now is left to the other kind: this kind had the last one
+        and the other has been held since. Sends ask for the probe the moment it is due,
+        checks only at the next tick: without this a provider whose sends keep failing
+        (a daily sending limit) would never let a search through."""
+        return kind == self.last_probe and bool(self.waiting - {kind})
 
 
 class Circuits:
@@ -86,23 +101,32 @@ class Circuits:
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
 
-    def admit(self, scope: str, now: datetime) -> Admit:
-        """Whether a job of `scope` may be sent now; PROBE hands out the one probe."""
+    def admit(self, scope: str, now: datetime, kind: str = SEND) -> Admit:
+        """Whether a call of `scope` may be made now; PROBE hands out the one probe, to
+        sends and checks in turn when both are waiting."""
         with self._lock:
             state = self._states.get(scope)
             if state is None or state.opened_at is None:
                 return Admit.GO
-            if state.probing or state.probe_at is None or now < state.probe_at:
+            if (
+                state.probing
+                or state.probe_at is None
+                or now < state.probe_at
+                or state.yields(kind)
+            ):
+                state.waiting.add(kind)
                 return Admit.HOLD
             state.probing = True
+            state.last_probe = kind
+            state.waiting.clear()
             return Admit.PROBE
 
-    def next_probe(self, scope: str) -> datetime | None:
-        """When an open circuit of `scope` admits its next probe (None: closed, or its
-        probe is out)."""
+    def next_probe(self, scope: str, kind: str = SEND) -> datetime | None:
+        """When an open circuit of `scope` admits the next probe of this kind (None:
+        closed, its probe is out, or the next one is the other kind's)."""
         with self._lock:
             state = self._states.get(scope)
-            if state is None or state.opened_at is None or state.probing:
+            if state is None or state.opened_at is None or state.probing or state.yields(kind):
                 return None
             return state.probe_at
 
@@ -125,14 +149,23 @@ class Circuits:
             wait = max(state.backoff, retry_after or 0.0)
             state.probe_at = now + timedelta(seconds=wait)
 
-    def holds(self, scope: str, now: datetime) -> bool:
-        """Whether `admit` would say HOLD now (nothing handed out): open, and its probe
-        is out or not due yet."""
+    def holds(self, scope: str, now: datetime, kind: str = CHECK) -> bool:
+        """Whether `admit` would say HOLD to this kind of call now, without handing out
+        the probe: open, and its probe out, not due yet or the other kind's. A held kind
+        counts as waiting, so the next probe may be its."""
         with self._lock:
             state = self._states.get(scope)
             if state is None or state.opened_at is None:
                 return False
-            return state.probing or state.probe_at is None or now < state.probe_at
+            held = (
+                state.probing
+                or state.probe_at is None
+                or now < state.probe_at
+                or state.yields(kind)
+            )
+            if held:
+                state.waiting.add(kind)
+            return held
 
     def called(
         self, scope: str, now: datetime, *, unavailable: bool, retry_after: float | None = None

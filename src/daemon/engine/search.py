@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from daemon.crashpoints import crash_point
-from daemon.engine.circuit import Admit, Circuits
+from daemon.engine.circuit import CHECK, Admit, Circuits
 from daemon.engine.clock import Clock
 from daemon.engine.drafts import drafts_mode, record_draft_check, recorded_draft
 from daemon.engine.readback import ProviderHealth
@@ -91,7 +91,7 @@ class SearchBackoff:
         """`call()`, the one provider call of a sweep or verification; None when its
         circuit holds it or it failed (no information: never a miss)."""
         key, scope = work.job.key, provider.scope()
-        admit = self._circuits.admit(scope, work.now)
+        admit = self._circuits.admit(scope, work.now, CHECK)
         if admit is Admit.HOLD:
             with self._lock:
                 self._scope_of[key] = scope
