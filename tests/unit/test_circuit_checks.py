@@ -318,7 +318,7 @@ def test_the_probe_goes_to_sends_and_checks_in_turn() -> None:
     assert circuits.admit("s", later, CHECK) is Admit.HOLD  # and the check waits on
     circuits.unavailable("s", later)
     again = later + timedelta(seconds=1)
-    assert circuits.next_probe("s") is None  # a check has waited: the next one is its
+    assert circuits.next_probe("s") == again + timedelta(seconds=1)  # the check's turn
     assert circuits.admit("s", again) is Admit.HOLD
     assert circuits.admit("s", again, CHECK) is Admit.PROBE
     assert circuits.admit("s", again) is Admit.HOLD  # a send waits on
@@ -326,3 +326,15 @@ def test_the_probe_goes_to_sends_and_checks_in_turn() -> None:
     last = again + timedelta(seconds=1)
     assert circuits.admit("s", last, CHECK) is Admit.HOLD  # the send waited meanwhile
     assert circuits.admit("s", last) is Admit.PROBE
+
+
+def test_a_turn_left_to_checks_that_never_come_is_taken_back() -> None:
+    """The waiting check's job was settled elsewhere: after `probe_max` the send probes."""
+    circuits = Circuits(CircuitSettings(failures=1, probe_after=1.0, probe_max=5.0))
+    circuits.unavailable("s", T0)
+    assert circuits.admit("s", T0 + timedelta(seconds=1)) is Admit.PROBE
+    assert circuits.admit("s", T0 + timedelta(seconds=1), CHECK) is Admit.HOLD
+    circuits.unavailable("s", T0 + timedelta(seconds=1))  # the next probe is due at 3 s
+    assert circuits.admit("s", T0 + timedelta(seconds=7)) is Admit.HOLD  # the check's turn
+    assert circuits.next_probe("s") == T0 + timedelta(seconds=8)
+    assert circuits.admit("s", T0 + timedelta(seconds=8)) is Admit.PROBE  # it never came

@@ -85,12 +85,19 @@ class _State:
     last_probe: str = ""  # the kind of call the last probe was
     waiting: set[str] = field(default_factory=set)  # kinds held since the last probe
 
-    def yields(self, kind: str) -> bool:
-        """Whether a probe due now is left to the other kind: this kind had the last one
-        and the other has been held since. Sends ask for the probe the moment it is due,
-        checks only at the next tick: without this a provider whose sends keep failing
-        (a daily sending limit) would never let a search through."""
-        return kind == self.last_probe and bool(self.waiting - {kind})
+    def yields(self, kind: str, now: datetime, window: float) -> bool:
+        """Whether a probe due now is left to the other kind: this kind had the last one,
+        the other has been held since, and the probe has been due for less than `window`
+        seconds (the other kind may be gone: its jobs settled elsewhere). Sends ask for
+        the probe the moment it is due, checks only at the next tick: without turns a
+        provider whose sends keep failing (a daily sending limit) would never let a
+        search through."""
+        return (
+            kind == self.last_probe
+            and bool(self.waiting - {kind})
+            and self.probe_at is not None
+            and now < self.probe_at + timedelta(seconds=window)
+        )
 
 
 class Circuits:
@@ -112,7 +119,7 @@ class Circuits:
                 state.probing
                 or state.probe_at is None
                 or now < state.probe_at
-                or state.yields(kind)
+                or state.yields(kind, now, self.settings.probe_max)
             ):
                 state.waiting.add(kind)
                 return Admit.HOLD
@@ -123,11 +130,14 @@ class Circuits:
 
     def next_probe(self, scope: str, kind: str = SEND) -> datetime | None:
         """When an open circuit of `scope` admits the next probe of this kind (None:
-        closed, its probe is out, or the next one is the other kind's)."""
+        closed, or its probe is out); later than the probe's time while it is left to
+        the other kind."""
         with self._lock:
             state = self._states.get(scope)
-            if state is None or state.opened_at is None or state.probing or state.yields(kind):
+            if state is None or state.opened_at is None or state.probing:
                 return None
+            if state.probe_at is not None and kind == state.last_probe and state.waiting - {kind}:
+                return state.probe_at + timedelta(seconds=self.settings.probe_max)
             return state.probe_at
 
     def unavailable(self, scope: str, now: datetime, retry_after: float | None = None) -> None:
@@ -161,7 +171,7 @@ class Circuits:
                 state.probing
                 or state.probe_at is None
                 or now < state.probe_at
-                or state.yields(kind)
+                or state.yields(kind, now, self.settings.probe_max)
             )
             if held:
                 state.waiting.add(kind)
