@@ -310,6 +310,9 @@ class LoopbackService:
         if issubclass(handler, TlsQuietHandler):
             handler.ssl_context = self._ssl_context
         self._server = BackgroundServer(TrackingHTTPServer((self._host, self._port), handler))
+        # Started again after a stop, it listens on the same port: an outage (connection
+        # refused) that a test ends by starting the service again.
+        self._port = int(self._server.server.server_address[1])
         self._server.start()
         return self
 

@@ -184,8 +184,8 @@ def make_rig(
     gmail_provider: Callable[..., GmailProvider],
     tmp_path: Path,
 ) -> Iterator[RigFactory]:
-    """`make_rig(policies={"channel": {field: value}}, policy_set=..., rng=...)`: a Rig whose
-    policies load from TOML files in tmp_path/policies (or the given PolicySet)."""
+    """`make_rig(policies={"channel": {field: value}}, policy_set=..., rng=..., send_via=...)`:
+    a Rig whose policies load from TOML files in tmp_path/policies (or the given PolicySet)."""
     rigs: list[Rig] = []
     policy_dir = tmp_path / "policies"
 
@@ -194,6 +194,7 @@ def make_rig(
         *,
         policy_set: PolicySet | None = None,
         rng: random.Random | None = None,
+        send_via: str = "messages",
     ) -> Rig:
         policy_dir.mkdir(exist_ok=True)
         for channel, fields in (policies or {}).items():
@@ -209,7 +210,7 @@ def make_rig(
             def loader() -> PolicySet:
                 return load_policy_dir(policy_dir, known_providers={"gmail"})
 
-        provider = gmail_provider(name="gmail", timeout=CLIENT_TIMEOUT)
+        provider = gmail_provider(name="gmail", timeout=CLIENT_TIMEOUT, send_via=send_via)
         rig = Rig(store_url, clock, relay, emulator, provider, loader, rng)
         rigs.append(rig)
         return rig
@@ -890,3 +891,79 @@ def test_a_verification_that_finds_no_copy_yet_looks_again_then_stops(
     searches = rig.searches()
     rig.advance_and_tick(3600)
     assert rig.searches() == searches
+
+
+# -- an outage during searches: waited out behind the circuit -----------------------------
+
+
+def test_refused_connections_during_searches_are_waited_out_behind_the_circuit(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    """The relay refuses connections while three searches are due: they open the circuit
+    (docs/operations.md "Outages and quotas"), the due searches then wait for one probe at
+    a time instead of each backing off and retrying on its own, nothing is recorded, and
+    once the relay passes again every job is confirmed by its search with one copy."""
+    rig = make_rig({"receipts": RETRY_5M})
+    relay.set_plan(FaultPlan(send="drop-response"))
+    keys = [f"outage-{n}" for n in range(3)]
+    message_ids = [rig.submit("receipts", key) for key in keys]
+    rig.tick()
+    assert all(rig.state(key) is JobState.UNKNOWN for key in keys)
+    relay.stop()  # connection refused from here on
+    clock.advance(300)  # every search is due
+    failed = sum(rig.engine.tick().errors for _ in range(3))
+    assert failed == 3, failed
+    [opened] = rig.engine.open_circuits()
+    assert opened.scope == "gmail" and opened.failures == 3
+    probes = 0
+    for _ in range(20):  # 20 s of outage: the probes back off 1, 2, 4, 8 s
+        clock.advance(1)
+        probes += rig.engine.tick().errors
+    assert 1 <= probes <= 5, probes  # not 3 jobs x 20 retries
+    for key in keys:
+        assert rig.names(key)[-1] == "Unknown", rig.names(key)
+    relay.set_plan(FaultPlan())
+    relay.start()  # the same port: the provider answers again
+    for _ in range(20):
+        clock.advance(1)
+        rig.engine.tick()
+        if all(rig.state(key) is JobState.CONFIRMED for key in keys):
+            break
+    assert rig.engine.open_circuits() == []
+    for key, message_id in zip(keys, message_ids, strict=True):
+        assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
+        [confirmed] = rig.of(key, "Confirmed")
+        assert confirmed.via == "search"
+        assert rig.of(key, "SearchedMiss") == []
+        assert emulator.copies(message_id) == 1
+    assert rig.sends() == 3
+
+
+def test_refused_connections_at_the_draft_step_are_waited_out_behind_the_circuit(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    """send_via = "drafts" with the relay refusing connections: the draft step before the
+    claim fails as unavailable, opens the circuit and uses none of `max_attempts = 1`; no
+    claim is made; once the relay passes again each job is sent once through its draft."""
+    rig = make_rig({"receipts": {**RETRY_5M, "max_attempts": 1}}, send_via="drafts")
+    relay.stop()
+    keys = [f"draft-outage-{n}" for n in range(3)]
+    message_ids = [rig.submit("receipts", key) for key in keys]
+    unavailable = sum(rig.engine.tick().unavailable for _ in range(3))
+    assert unavailable == 3
+    assert [c.failures for c in rig.engine.open_circuits()] == [3]
+    clock.advance(1)
+    assert rig.engine.tick().unavailable == 1  # the probe, and only the probe
+    for key in keys:
+        assert rig.names(key) == ["Requested"], rig.names(key)
+    relay.start()
+    for _ in range(10):
+        clock.advance(2)
+        rig.engine.tick()
+        if all(rig.state(key) is JobState.CONFIRMED for key in keys):
+            break
+    for key, message_id in zip(keys, message_ids, strict=True):
+        assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
+        assert len(rig.of(key, "Attempted")) == 1
+        assert emulator.copies(message_id) == 1
+    assert rig.sends() == 3 and rig.engine.open_circuits() == []

@@ -508,14 +508,14 @@ def test_search_ignores_other_mailboxes(
 
 
 @pytest.mark.parametrize(
-    "plan",
+    ("plan", "unavailable"),
     [
-        FaultPlan(search="503"),
-        FaultPlan(search="500-after-forward"),
-        FaultPlan(search="drop-response"),
-        FaultPlan(search="hang"),
-        FaultPlan(search=["pass", "503"]),  # the list answers, the header read fails
-        FaultPlan(search=["pass", "pass", "drop-response"]),  # second page of 3 is lost
+        (FaultPlan(search="503"), True),
+        (FaultPlan(search="500-after-forward"), False),
+        (FaultPlan(search="drop-response"), False),
+        (FaultPlan(search="hang"), False),
+        (FaultPlan(search=["pass", "503"]), True),  # the list answers, the header read fails
+        (FaultPlan(search=["pass", "pass", "drop-response"]), False),  # page 2 of 3 is lost
     ],
     ids=["503", "500", "drop", "hang", "get-503", "page2-drop"],
 )
@@ -525,12 +525,17 @@ def test_search_failure_is_an_error_never_no_hits(
     emulator: GmailEmulator,
     make_raw: RawFactory,
     plan: FaultPlan,
+    unavailable: bool,
 ) -> None:
+    """No hits are ever made up; only a 503 says "unavailable" (it counts toward the
+    circuit, docs/operations.md "Outages and quotas"), an answer lost after the request
+    left does not."""
     for _ in range(4):
         emulator.inject(make_raw(MID), user=MAILBOX)
     relay.set_plan(plan)
-    with pytest.raises(ProviderError):
+    with pytest.raises(ProviderError) as caught:
         gmail_provider(page_size=3).search(MID)
+    assert caught.value.unavailable is unavailable
 
 
 @pytest.mark.parametrize("mode", ["429", "403-rate-limit"])
@@ -540,14 +545,23 @@ def test_search_rate_limit_carries_retry_after(
     relay.set_plan(FaultPlan(search=mode))  # type: ignore[arg-type]
     with pytest.raises(ProviderError) as caught:
         gmail_provider().search(MID)
-    assert caught.value.retry_after == 1.0
+    assert caught.value.retry_after == 1.0 and caught.value.unavailable
 
 
-def test_search_on_a_dead_endpoint_is_an_error(
+def test_search_on_a_dead_endpoint_is_an_unavailable_error(
     gmail_provider: GmailProviderFactory, dead_url: str
 ) -> None:
-    with pytest.raises(ProviderError, match="connection refused"):
+    with pytest.raises(ProviderError, match="connection refused") as caught:
         gmail_provider(dead_url).search(MID)
+    assert caught.value.unavailable
+
+
+def test_search_with_the_token_endpoint_down_is_an_unavailable_error(
+    gmail_provider: GmailProviderFactory, dead_url: str
+) -> None:
+    with pytest.raises(ProviderError) as caught:
+        gmail_provider(token_uri=dead_url + "/token").search(MID)
+    assert caught.value.unavailable
 
 
 # -- read_message_id ---------------------------------------------------------------------------

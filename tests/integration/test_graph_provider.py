@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 import daemon.providers.graph as graph_module
-from daemon.providers.base import SendKind, for_job
+from daemon.providers.base import ProviderError, SendKind, for_job
 from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
 from daemon.providers.graph_credentials import read_certificate
 from testkit.graph_emulator import (
@@ -274,6 +274,30 @@ def test_search_follows_pages(
     assert len(provider().search(MID).hits) == 3
     pages = [e for e in relay.log if "sentitems" in e["path"] and e["method"] == "GET"]
     assert len(pages) == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "unavailable"),
+    [("503", True), ("429", True), ("500-after-forward", False), ("drop-response", False)],
+)
+def test_a_failed_search_says_whether_the_provider_is_unavailable(
+    provider: ProviderFactory, relay: FaultRelay, mode: Mode, unavailable: bool
+) -> None:
+    """Never "no hits"; throttled or 503 counts toward the circuit (docs/operations.md
+    "Outages and quotas"), an answer lost after the request left does not."""
+    relay.set_plan(FaultPlan(search=mode))
+    with pytest.raises(ProviderError) as caught:
+        provider().search(MID)
+    assert caught.value.unavailable is unavailable
+
+
+def test_a_search_on_a_refused_connection_is_unavailable(provider: ProviderFactory) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"https://127.0.0.1:{sock.getsockname()[1]}/v1.0"
+    with pytest.raises(ProviderError) as caught:
+        provider(api=dead).search(MID)
+    assert caught.value.unavailable
 
 
 # -- ids, Message-IDs, mailboxes --------------------------------------------------------

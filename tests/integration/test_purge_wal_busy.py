@@ -10,10 +10,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from tests.conftest import FakeClock
 from tests.integration.test_ledger_store import SENDER, content
 from tests.integration.test_retention_stores import settle
 
+from daemon.doubles.fake_time import FakeClock
 from ledger.application import Ledger
 
 

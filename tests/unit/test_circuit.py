@@ -12,6 +12,7 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
 from daemon.engine.circuit import Admit, Circuits, CircuitSettings
+from daemon.providers.base import SendKind, SendOutcome
 from ledger.vocabulary import JobState
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -173,5 +174,24 @@ def test_without_give_up_after_a_job_waits_as_long_as_it_takes() -> None:
             rig.advance_and_tick(3600)
         assert rig.job("patient").state in (JobState.REQUESTED, JobState.CONFIRMED)
         assert "Escalated" not in rig.events("patient")
+    finally:
+        rig.close()
+
+
+def test_sends_answered_503_stay_unknown_and_hold_the_scopes_other_jobs() -> None:
+    """A 503 may follow a send that went out: Unknown for its job, as before; for the
+    circuit the provider is down, so the other jobs wait instead of each becoming Unknown."""
+    rig = EngineRig(policy("receipts", on_unknown="retry"))
+    down = Scripted(SendOutcome(SendKind.UNKNOWN, "HTTP 503", status=503), stored=False)
+    try:
+        rig.provider.script(down, down, down)
+        for n in range(3):
+            rig.submit("receipts", f"first-{n}")
+            rig.tick()
+            assert rig.job(f"first-{n}").state is JobState.UNKNOWN
+        assert [c.failures for c in rig.engine.open_circuits()] == [3]
+        rig.submit("receipts", "held")
+        rig.tick()
+        assert rig.job("held").state is JobState.REQUESTED and rig.provider.sends == 3
     finally:
         rig.close()

@@ -374,3 +374,39 @@ def test_a_search_refused_for_quota_or_without_connection_says_unavailable() -> 
     )
     server = provider_error_for_response("search", 500, {}, b"")
     assert quota.unavailable and down.unavailable and not server.unavailable
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        NotSentError("no connection", host=_HOST, cause=ConnectionRefusedError()),
+        ConnectionRefusedError(111, "Connection refused"),
+        socket.gaierror(-2, "Name or service not known"),
+        auth_exceptions.TransportError(
+            NotSentError("no connection", host="oauth2:443", cause=ConnectionRefusedError())
+        ),
+    ],
+    ids=["not-sent", "refused", "dns", "token-endpoint"],
+)
+def test_a_read_fails_unavailable_exactly_where_a_send_would(exc: BaseException) -> None:
+    """The circuit hears of an outage from searches as from sends (docs/operations.md)."""
+    assert provider_error_for_exception("search", exc).unavailable
+    assert classify_send_exception(exc).unavailable
+
+
+@pytest.mark.parametrize(
+    ("status", "unavailable"), [(503, True), (500, False), (502, False), (404, False)]
+)
+def test_a_read_answered_503_is_unavailable_a_send_answered_503_stays_unknown(
+    status: int, unavailable: bool
+) -> None:
+    body = google_error(status, "backendError")
+    assert provider_error_for_response("search", status, {}, body).unavailable is unavailable
+    assert not classify_send_response(status, {}, body).unavailable
+
+
+def test_a_read_whose_answer_was_lost_is_not_unavailable() -> None:
+    lost = ResponseLostError("GET sent, then reset", host=_HOST, cause=ConnectionResetError())
+    refresh = auth_exceptions.RefreshError("invalid_grant")
+    assert not provider_error_for_exception("search", lost).unavailable
+    assert not provider_error_for_exception("search", refresh).unavailable

@@ -1,8 +1,8 @@
-"""The engine as a hypothesis state machine: submit, tick (as a one-shot run does, or as
-the daemon does: hand out and wait for nothing), let time pass, script the provider's
-answers and its index lag, hang calls and release them later, take the provider down for
-a few calls (nothing sent: waited out behind the circuit), crash the daemon mid-call or
-between ticks, and let an operator resolve jobs in review. The invariants of
+"""The engine as a hypothesis state machine: submit, tick (as a one-shot run does, or as the
+daemon does: hand out and wait for nothing), let time pass, script the provider's answers
+and its index lag, hang calls and release them later, take the provider down for a few sends
+or searches (nothing sent, nothing learnt: waited out behind the circuit), crash the daemon
+mid-call or between ticks, and let an operator resolve jobs in review. The invariants of
 ``docs/architecture.md`` are checked against every job's history after every step, and at
 the end every job must settle with the copies its policy allows.
 
@@ -139,6 +139,12 @@ class EngineMachine(RuleBasedStateMachine):
     def searches_fail(self, count: int) -> None:
         self.r.provider.fail_searches(count)
 
+    @rule(count=st.integers(1, 6))
+    def search_outage(self, count: int) -> None:
+        """The provider unreachable for the next `count` searches: they count toward the
+        circuit, which then holds sends and searches alike."""
+        self.r.provider.fail_searches(count, unavailable=True)
+
     @precondition(lambda self: bool(self.keys))
     @rule(data=st.data(), resolution=st.sampled_from(list(Resolution)))
     def operator_resolves(self, data: st.DataObject, resolution: Resolution) -> None:
@@ -167,7 +173,13 @@ class EngineMachine(RuleBasedStateMachine):
         for key in self.keys:
             job = self.r.job(key)
             events = self.r.ledger.history(key)
-            check_history(job, events, sends=self.r.provider.sends_by_message_id[job.message_id])
+            provider = self.r.provider
+            check_history(
+                job,
+                events,
+                sends=provider.sends_by_message_id[job.message_id],
+                answered=provider.answered_searches[job.message_id],
+            )
 
     @invariant()
     def the_index_is_the_events(self) -> None:
@@ -192,7 +204,9 @@ class EngineMachine(RuleBasedStateMachine):
         rig = self.r
         rig.provider.script()  # nothing more scripted: sends are confirmed from here
         rig.restart()
-        for _ in range(60):
+        # Faults still scripted are met first, one probe per tick while a circuit is open
+        # (sends and searches share it): up to one tick per fault, then the settling.
+        for _ in range(500):
             rig.clock.advance(700)
             rig.engine.tick()
             open_jobs = [
@@ -219,11 +233,14 @@ class EngineMachine(RuleBasedStateMachine):
                 assert copies == 1, (key, copies)
 
 
-def check_history(job: SendJob, events: list[Any], *, sends: int) -> None:
+def check_history(job: SendJob, events: list[Any], *, sends: int, answered: int) -> None:
     policy = BY_CHANNEL.get(job.channel)
     attempted = [e for e in events if isinstance(e, SendJob.Attempted)]
     # Invariant 1: every provider call had a durable claim before it, and one claim per call.
     assert len(attempted) == sends, (job.key, len(attempted), sends)
+    # A failed (or held) search is never a miss: each believed miss had an answered search.
+    misses = sum(1 for e in events if isinstance(e, SendJob.SearchedMiss))
+    assert misses <= answered, (job.key, misses, answered)
     unknown_at = None
     counted = 0  # calls since the job was (re)opened, less those refused as unavailable
     misses_since_unknown = 0
@@ -262,6 +279,8 @@ def check_history(job: SendJob, events: list[Any], *, sends: int) -> None:
                 assert event.transient and event.retry_at is not None, job.key
                 counted -= 1
         elif isinstance(event, SendJob.Escalated):
+            # No channel here bounds the wait (give_up_after): an outage never escalates.
+            assert event.reason != "provider-unavailable", job.key
             if event.reason == "max-attempts":
                 assert policy is not None and counted >= policy.max_attempts, (job.key, counted)
         elif isinstance(event, SendJob.DraftPending):

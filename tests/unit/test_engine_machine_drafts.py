@@ -1,9 +1,10 @@
 """The engine state machine of test_engine_machine.py with a drafts provider (`send_via =
-"drafts"`, docs/providers.md "Gmail setup"), keeping our Message-ID or replacing it: besides every
-scripted fate and crash, a daemon may die between creating a draft and saving it, and a
-person may delete a job's draft. The same invariants hold after every step; at the end
-every job settles, and a job confirmed without a human has exactly one copy, whether or
-not the provider kept our Message-ID."""
+"drafts"`, docs/providers.md "Gmail setup"), keeping our Message-ID or replacing it: besides
+every scripted fate and crash, a daemon may die between creating a draft and saving it, the
+draft step and the draft's check may fail (the provider down, or answering 5xx),
+drafts.create may be refused, and a person may delete a job's draft. The same invariants
+hold after every step; at the end every job settles, and a job confirmed without a human has
+exactly one copy, whether or not the provider kept our Message-ID."""
 
 from __future__ import annotations
 
@@ -45,6 +46,23 @@ class DraftsMachine(EngineMachine):
     @rule(count=st.integers(1, 2))
     def draft_checks_fail(self, count: int) -> None:
         self.drafts.fail_checks(count)
+
+    @rule(count=st.integers(1, 6))
+    def draft_checks_unavailable(self, count: int) -> None:
+        self.drafts.checks_unavailable(count)
+
+    @rule(count=st.integers(1, 6), unavailable=st.booleans())
+    def draft_creates_fail(self, count: int, unavailable: bool) -> None:
+        """The draft step before the claim fails (an outage, or a 5xx): no claim, no
+        attempt used, and an outage is waited out behind the circuit."""
+        if unavailable:
+            self.drafts.creates_unavailable(count)
+        else:
+            self.drafts.fail_creates(count)
+
+    @rule()
+    def a_create_is_refused(self) -> None:
+        self.drafts.refuse_creates(1)
 
     @precondition(lambda self: bool(self.keys))
     @rule(data=st.data())

@@ -21,6 +21,7 @@ from daemon.providers.graph_classify import (
     classify_send_response,
     classify_token_failure,
     graph_error,
+    read_error,
     token_error,
 )
 from daemon.providers.transport import NotSentError, ResponseLostError
@@ -217,3 +218,11 @@ def test_graph_error_text() -> None:
     assert graph_error(b"<html>") == ""
     assert graph_error(None) == ""
     assert "transient" not in repr(TokenError("x", transient=True).reason)
+
+
+@pytest.mark.parametrize(
+    ("status", "unavailable"), [(429, True), (503, True), (500, False), (404, False)]
+)
+def test_a_read_throttled_or_503_counts_toward_the_circuit(status: int, unavailable: bool) -> None:
+    error = read_error("search", status, {"Retry-After": "3"}, _body("x"))
+    assert error.unavailable is unavailable and error.retry_after == 3.0

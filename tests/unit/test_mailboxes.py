@@ -5,6 +5,7 @@ docs/cli.md "Message fields")."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -16,6 +17,8 @@ from daemon.doubles.fake_time import FakeTime
 from daemon.engine import Engine
 from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
 from daemon.providers.gmail import GmailProvider
+from daemon.providers.gmail_drafts import DRAFT_STEP_UNITS
+from daemon.providers.quota import GMAIL_LIST_UNITS
 from daemon.service_layer.intake import IntakeError, parse_jobs, senders_for
 from ledger.content import JobInputError, parse_job
 from policies.loader import PolicySet
@@ -97,18 +100,23 @@ def test_bad_pattern_names_allowed_from() -> None:
         policy("receipts").sender_for("x@example.com")
 
 
-def test_one_bucket_per_mailbox_and_a_reservation_never_waits(tmp_path: Path) -> None:
-    clock = FakeTime(0.0)  # exact sums: the refill lands on the reservation's wait
+def delegated(tmp_path: Path, clock: FakeTime, **fields: Any) -> GmailProvider:
+    """A Gmail provider with user = "{from}" on time `clock`; nothing listens on its ports."""
     sa = write_service_account(tmp_path / "sa.json", token_uri="http://127.0.0.1:9/token")
-    provider = GmailProvider(
+    return GmailProvider(
         "gmail",
         credentials_file=sa,
         user="{from}",
         api_endpoint="http://127.0.0.1:9",
-        quota_units_per_second=250.0,
         clock=clock,
         sleep=clock.sleep,
+        **fields,
     )
+
+
+def test_one_bucket_per_mailbox_and_a_reservation_never_waits(tmp_path: Path) -> None:
+    clock = FakeTime(0.0)  # exact sums: the refill lands on the reservation's wait
+    provider = delegated(tmp_path, clock, quota_units_per_second=250.0)
     alice, again = (
         provider.mailbox("Alice <alice@example.com>"),
         provider.mailbox("ALICE@example.com"),
@@ -127,6 +135,29 @@ def test_one_bucket_per_mailbox_and_a_reservation_never_waits(tmp_path: Path) ->
     assert clock.now == before  # paid by the reservation
     alice.pay_send()
     assert clock.now > before  # no reservation left: it waited for the quota
+    provider.close()
+
+
+def test_in_drafts_mode_the_reservation_pays_the_draft_step_too(tmp_path: Path) -> None:
+    """send_via = "drafts": the calls before the claim (drafts.list, drafts.create) are
+    paid by the send's reservation, so a job is taken for its draft step only when the
+    mailbox has the quota for all of it (docs/operations.md "Outages and quotas")."""
+    clock = FakeTime(0.0)
+    # A quota below one send and its draft step: the bucket still holds both.
+    provider = delegated(tmp_path, clock, quota_units_per_second=100.0, send_via="drafts")
+    alice = provider.mailbox("alice@example.com")
+    assert alice.bucket.capacity >= 100.0 + DRAFT_STEP_UNITS
+    alice.bucket.acquire(alice.bucket.available - 100.0)  # one bare send's worth left
+    assert alice.reserve_send() > 0.0  # not enough for the draft step as well
+    clock.now += DRAFT_STEP_UNITS / 100.0
+    assert alice.reserve_send() == 0.0
+    before = clock.now
+    alice.pay_draft(GMAIL_LIST_UNITS)
+    alice.pay_draft(DRAFT_STEP_UNITS - GMAIL_LIST_UNITS)
+    alice.pay_send()
+    assert clock.now == before  # the whole step paid by the reservation
+    alice.pay_draft(GMAIL_LIST_UNITS)
+    assert clock.now > before  # nothing reserved for this one: it waited
     provider.close()
 
 

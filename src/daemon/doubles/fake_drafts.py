@@ -43,6 +43,9 @@ class FakeDraftsProvider(FakeProvider):
         self._refused_creates = 0
         self._failing_checks = 0
         self._crash_on_create = 0
+        # Failures that say the provider is unavailable (counted toward the circuit).
+        self._unavailable_creates = 0
+        self._unavailable_checks = 0
         # Every draft ever made -> its Message-ID (kept after the draft is consumed), so
         # every drafts.send call counts against its job, a 404 included (invariant 1).
         self._made: dict[str, str] = {}
@@ -69,6 +72,17 @@ class FakeDraftsProvider(FakeProvider):
         with self._lock:
             self._crash_on_create += count
 
+    def creates_unavailable(self, count: int) -> None:
+        """The next creates fail as a refused connection does: nothing stored, and the
+        failure counts toward the circuit (`fail_creates`: as a 500 does)."""
+        with self._lock:
+            self._unavailable_creates += count
+
+    def checks_unavailable(self, count: int) -> None:
+        """The next draft checks fail as a refused connection does."""
+        with self._lock:
+            self._unavailable_checks += count
+
     def copies_of(self, message_id: str) -> int:
         """Copies sent for `message_id`, counted by the Message-ID we gave (a replaced one
         too), as the e2e tests count by the job's subject."""
@@ -89,6 +103,11 @@ class FakeDraftsProvider(FakeProvider):
     def create_draft(self, raw: bytes) -> Draft:
         message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
         with self._lock:
+            if self._unavailable_creates:
+                self._unavailable_creates -= 1
+                raise ProviderError(
+                    "drafts.create: connection refused (scripted)", unavailable=True
+                )
             if self._failing_creates:
                 self._failing_creates -= 1
                 raise ProviderError("drafts.create failed (scripted)")
@@ -136,6 +155,9 @@ class FakeDraftsProvider(FakeProvider):
 
     def check_draft(self, draft: Draft) -> DraftCheck:
         with self._lock:
+            if self._unavailable_checks:
+                self._unavailable_checks -= 1
+                raise ProviderError("drafts.get: connection refused (scripted)", unavailable=True)
             if self._failing_checks:
                 self._failing_checks -= 1
                 raise ProviderError("drafts.get failed (scripted)")

@@ -132,9 +132,13 @@ class FakeProvider(ProviderBase):
         self.sends = 0
         self.sends_by_message_id: Counter[str] = Counter()
         self.searches = 0
+        #: Searches that got an answer, by the Message-ID searched for: a job can have no
+        #: more believed misses than that (a failed search is never a miss).
+        self.answered_searches: Counter[str] = Counter()
         self.hanging = 0  # calls blocked in a scripted hang right now
         self._script: deque[Scripted] = deque()
         self._failing_searches = 0
+        self._searches_unavailable = False
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -145,9 +149,12 @@ class FakeProvider(ProviderBase):
         with self._lock:
             self._script.extend(fates)
 
-    def fail_searches(self, count: int) -> None:
+    def fail_searches(self, count: int, *, unavailable: bool = False) -> None:
+        """The next `count` searches fail; `unavailable`: as a refused connection does
+        (counted toward the circuit), else as a 500 does."""
         with self._lock:
             self._failing_searches += count
+            self._searches_unavailable = unavailable
 
     def copies_of(self, message_id: str) -> int:
         with self._lock:
@@ -188,7 +195,10 @@ class FakeProvider(ProviderBase):
             self.searches += 1
             if self._failing_searches:
                 self._failing_searches -= 1
+                if self._searches_unavailable:
+                    raise ProviderError("search: connection refused (scripted)", unavailable=True)
                 raise ProviderError("search failed (scripted)", retry_after=1.0)
+            self.answered_searches[message_id] += 1
             visible_before = self.clock() - timedelta(seconds=self.index_lag)
             hits = tuple(
                 SearchHit(

@@ -6,8 +6,19 @@ DNS, connect timeout, TLS handshake, 429 and quota errors, SMTP 421 before DATA;
 everything about the provider. After `failures` of them in a row the scope's circuit opens:
 its jobs stay `requested` and none is taken, except one probe at a backoff (doubling up to
 `probe_max`, never sooner than the provider's Retry-After). Any other answer (a
-confirmation, a definite refusal, an unknown outcome) closes it. A scope is the provider's
-name, or its name and mailbox where the quota is per mailbox (`Provider.scope`).
+confirmation, a definite refusal, an unknown outcome) closes it, except a 503: a send
+answered 503 stays Unknown for its job (it may have been sent), but for the circuit it says
+the provider is down, so the scope's other jobs wait instead of each becoming Unknown. A
+scope is the provider's name, or its name and mailbox where the quota is per mailbox
+(`Provider.scope`).
+
+Every call of a scope counts, not only sends: a search, a verification, a draft's check,
+a read-back and the draft step before a claim (`called`). A failed search that proved
+the provider unavailable opens the circuit as a failed send does, and while it is open
+the scope's due searches wait as its sends do, one of them (or one send) being the probe:
+sends and checks take the probe in turn when both wait.
+What the circuit decides is only when to call: a held or failed search is never a miss,
+and a held send is never an attempt.
 
 In memory: a restarted daemon finds out again within `failures` calls. docs/operations.md, "Outages
 and quotas".
@@ -16,9 +27,11 @@ and quotas".
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
+
+from daemon.providers.base import SendKind, SendOutcome
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,12 @@ class CircuitSettings:
             raise ValueError(f"failures must be at least 1, got {self.failures!r}")
         if not 0 < self.probe_after <= self.probe_max:
             raise ValueError("need 0 < probe_after <= probe_max")
+
+
+def send_unavailable(outcome: SendOutcome) -> bool:
+    """Whether a send's outcome counts as "unavailable" for its scope's circuit (not for
+    the job: a 503 is Unknown there, and `max_attempts` counts it as today)."""
+    return (outcome.kind is SendKind.REJECTED and outcome.unavailable) or outcome.status == 503
 
 
 class Admit(Enum):
@@ -51,6 +70,11 @@ class OpenCircuit:
     probing: bool
 
 
+#: The kinds of call a circuit admits; its probes alternate between them (`admit`).
+SEND = "send"
+CHECK = "check"  # a search, a verification, a draft's check
+
+
 @dataclass
 class _State:
     failures: int = 0
@@ -58,6 +82,22 @@ class _State:
     probe_at: datetime | None = None
     backoff: float = 0.0
     probing: bool = False
+    last_probe: str = ""  # the kind of call the last probe was
+    waiting: set[str] = field(default_factory=set)  # kinds held since the last probe
+
+    def yields(self, kind: str, now: datetime, window: float) -> bool:
+        """Whether a probe due now is left to the other kind: this kind had the last one,
+        the other has been held since, and the probe has been due for less than `window`
+        seconds (the other kind may be gone: its jobs settled elsewhere). Sends ask for
+        the probe the moment it is due, checks only at the next tick: without turns a
+        provider whose sends keep failing (a daily sending limit) would never let a
+        search through."""
+        return (
+            kind == self.last_probe
+            and bool(self.waiting - {kind})
+            and self.probe_at is not None
+            and now < self.probe_at + timedelta(seconds=window)
+        )
 
 
 class Circuits:
@@ -68,24 +108,36 @@ class Circuits:
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
 
-    def admit(self, scope: str, now: datetime) -> Admit:
-        """Whether a job of `scope` may be sent now; PROBE hands out the one probe."""
+    def admit(self, scope: str, now: datetime, kind: str = SEND) -> Admit:
+        """Whether a call of `scope` may be made now; PROBE hands out the one probe, to
+        sends and checks in turn when both are waiting."""
         with self._lock:
             state = self._states.get(scope)
             if state is None or state.opened_at is None:
                 return Admit.GO
-            if state.probing or state.probe_at is None or now < state.probe_at:
+            if (
+                state.probing
+                or state.probe_at is None
+                or now < state.probe_at
+                or state.yields(kind, now, self.settings.probe_max)
+            ):
+                state.waiting.add(kind)
                 return Admit.HOLD
             state.probing = True
+            state.last_probe = kind
+            state.waiting.clear()
             return Admit.PROBE
 
-    def next_probe(self, scope: str) -> datetime | None:
-        """When an open circuit of `scope` admits its next probe (None: closed, or its
-        probe is out)."""
+    def next_probe(self, scope: str, kind: str = SEND) -> datetime | None:
+        """When an open circuit of `scope` admits the next probe of this kind (None:
+        closed, or its probe is out); later than the probe's time while it is left to
+        the other kind."""
         with self._lock:
             state = self._states.get(scope)
             if state is None or state.opened_at is None or state.probing:
                 return None
+            if state.probe_at is not None and kind == state.last_probe and state.waiting - {kind}:
+                return state.probe_at + timedelta(seconds=self.settings.probe_max)
             return state.probe_at
 
     def unavailable(self, scope: str, now: datetime, retry_after: float | None = None) -> None:
@@ -106,6 +158,34 @@ class Circuits:
             state.probing = False
             wait = max(state.backoff, retry_after or 0.0)
             state.probe_at = now + timedelta(seconds=wait)
+
+    def holds(self, scope: str, now: datetime, kind: str = CHECK) -> bool:
+        """Whether `admit` would say HOLD to this kind of call now, without handing out
+        the probe: open, and its probe out, not due yet or the other kind's. A held kind
+        counts as waiting, so the next probe may be its."""
+        with self._lock:
+            state = self._states.get(scope)
+            if state is None or state.opened_at is None:
+                return False
+            held = (
+                state.probing
+                or state.probe_at is None
+                or now < state.probe_at
+                or state.yields(kind, now, self.settings.probe_max)
+            )
+            if held:
+                state.waiting.add(kind)
+            return held
+
+    def called(
+        self, scope: str, now: datetime, *, unavailable: bool, retry_after: float | None = None
+    ) -> None:
+        """A call of `scope` ended: `unavailable` when it proved the provider unavailable
+        (a failed search's or draft call's `ProviderError.unavailable`), else it answered."""
+        if unavailable:
+            self.unavailable(scope, now, retry_after)
+        else:
+            self.answered(scope)
 
     def answered(self, scope: str) -> None:
         """A call of `scope` got an answer that is not "unavailable": closed."""

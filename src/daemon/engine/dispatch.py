@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from daemon.crashpoints import crash_point
 from daemon.engine import drafts as drafts_flow
-from daemon.engine.circuit import Circuits
+from daemon.engine.circuit import Circuits, send_unavailable
 from daemon.engine.clock import Clock
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
@@ -121,9 +121,9 @@ class Dispatch:
         """Invariant 1 for one job: claim, save, send, record, save. Whether the provider
         was called. `probe`: the one job an open circuit lets through."""
         work.now = self._clock()
-        claimed = self.claim(work)
         called = False
-        try:
+        try:  # the claim too: a probe whose draft step raised must be handed back
+            claimed = self.claim(work)
             if claimed is None:
                 return False
             work.save()  # the claim, durable; a conflict here means no call is made
@@ -183,8 +183,7 @@ class Dispatch:
                 return None
             except ProviderError as exc:
                 # No draft, no claim: nothing can have been sent; the job stays due.
-                log.warning("job %s: no draft (%s)", job.key, exc.reason)
-                work.count("errors")
+                drafts_flow.no_draft(work, exc, self._circuits, self._clock())
                 return None
         timeout = self._timeouts.get(policy.provider, provider.timeout)
         job.claim(
@@ -214,10 +213,9 @@ class Dispatch:
             crash_point("after-search")
             work.now = self._clock()
         scope = claimed.provider.scope()
-        if outcome.kind is SendKind.REJECTED and outcome.unavailable:
-            self._circuits.unavailable(scope, work.now, outcome.retry_after)
-        else:
-            self._circuits.answered(scope)
+        self._circuits.called(
+            scope, work.now, unavailable=send_unavailable(outcome), retry_after=outcome.retry_after
+        )
         self._read_back_sample(claimed)
 
     def _read_back_sample(self, claimed: Claimed) -> None:

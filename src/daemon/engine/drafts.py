@@ -24,6 +24,8 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from daemon.engine.circuit import Circuits
+from daemon.engine.runner import Work
 from daemon.providers.base import Provider, ProviderError
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus, drafts_of
 from ledger.decision_types import AfterUnknown
@@ -64,6 +66,18 @@ def prepare_draft(job: SendJob, drafts: DraftsProvider, raw: bytes, now: datetim
     draft = found[0] if found else drafts.create_draft(raw)
     job.record_draft(draft_id=draft.draft_id, provider_message_id=draft.provider_message_id, at=now)
     return draft
+
+
+def no_draft(work: Work, exc: ProviderError, circuits: Circuits, now: datetime) -> None:
+    """The draft step before the claim failed (not a definite refusal): no draft, no
+    claim, so nothing can have been sent, `max_attempts` is untouched and the job stays
+    due. The failure counts toward the scope's circuit as a send's would, so an outage
+    during the draft step is waited out behind it (docs/operations.md "Outages and
+    quotas")."""
+    scope = work.provider.scope() if work.provider is not None else ""
+    circuits.called(scope, now, unavailable=exc.unavailable, retry_after=exc.retry_after)
+    log.warning("job %s: no draft (%s)", work.job.key, exc.reason)
+    work.count("unavailable" if exc.unavailable else "errors")
 
 
 class DraftAlreadySent(Exception):

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from daemon.engine.circuit import Circuits
 from daemon.engine.clock import Clock
 from daemon.providers.base import Provider, ProviderError
 from ledger.application import Ledger
@@ -58,9 +59,10 @@ def _sampler_for(provider: Provider) -> _Sampler:
 class ProviderHealth:
     """The handles' reliability, read from the store once per tick (not once per job)."""
 
-    def __init__(self, ledger: Ledger, clock: Clock) -> None:
+    def __init__(self, ledger: Ledger, clock: Clock, circuits: Circuits | None = None) -> None:
         self._ledger = ledger
         self._clock = clock
+        self._circuits = circuits  # a read-back's call counts toward its scope's circuit
         self._lock = threading.Lock()
         self._reliable: dict[str, bool] = {}
         self._samplers: dict[str, _Sampler] = {}
@@ -102,7 +104,16 @@ class ProviderHealth:
             stored = provider.read_message_id(provider_message_id)
         except ProviderError as exc:
             log.warning("job %s: Message-ID read-back failed: %s", job.key, exc.reason)
+            if self._circuits is not None:
+                self._circuits.called(
+                    provider.scope(),
+                    self._clock(),
+                    unavailable=exc.unavailable,
+                    retry_after=exc.retry_after,
+                )
             return
+        if self._circuits is not None:
+            self._circuits.answered(provider.scope())
         if stored is not None and same_message_id(stored, job.message_id):
             return
         if not carries_message_id(raw, job.message_id):

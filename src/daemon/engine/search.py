@@ -7,18 +7,24 @@ have surfaced. Both hand the search result and the policy's decision to the aggr
 ``record_search``, the one place where a search result becomes events.
 
 A search that fails (provider down, quota) is no information, never "no copies": nothing
-is recorded, and the job's searches wait a little instead of hammering the provider.
+is recorded, and the job's searches wait a little instead of hammering the provider. A
+failure that proves the provider unavailable counts toward its scope's circuit, as a
+send's does, and while that circuit is open the scope's due searches wait, except its one
+probe (docs/operations.md "Outages and quotas").
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from daemon.crashpoints import crash_point
+from daemon.engine.circuit import CHECK, Admit, Circuits
 from daemon.engine.clock import Clock
-from daemon.engine.drafts import ask_draft, drafts_mode, record_draft_check, recorded_draft
+from daemon.engine.drafts import drafts_mode, record_draft_check, recorded_draft
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work, due
 from daemon.providers.base import Provider, ProviderError, SearchResult
@@ -30,46 +36,86 @@ from policies import decisions
 from policies.model import ChannelPolicy
 
 log = logging.getLogger("sendledger.engine")
+T = TypeVar("T")
 
 
 class SearchBackoff:
-    """Jobs whose last search failed, and when they may be searched again (in memory:
-    nothing about the job changed, so nothing is recorded)."""
+    """When each job's search may be made: after its last failed search's wait, and while
+    its scope's circuit is open only as the probe (`circuit.py`). In memory: nothing about
+    the job changed, so nothing is recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, circuits: Circuits, clock: Clock) -> None:
+        self._circuits = circuits
+        self._clock = clock
         self._lock = threading.Lock()
         self._not_before: dict[str, datetime] = {}
+        self._scope_of: dict[str, str] = {}  # jobs held by their scope's open circuit
 
     def held(self, key: str, now: datetime) -> bool:
         with self._lock:
             not_before = self._not_before.get(key)
-        return not_before is not None and now < not_before
-
-    def ask(self, work: Work, drafts: DraftsProvider) -> DraftCheck | None:
-        """The job's draft's answer, with the same backoff as a failed search."""
-        check = ask_draft(work.job, drafts)
-        if check is None:
-            with self._lock:
-                self._not_before[work.job.key] = work.now + timedelta(seconds=1.0)
-            work.count("errors")
-            return None
-        crash_point("after-search")
+            if not_before is not None and now >= not_before:
+                del self._not_before[key]
+                not_before = None
+            scope = self._scope_of.get(key)
+        if not_before is not None:
+            return True
+        if scope is None:
+            return False
+        if self._circuits.holds(scope, now):
+            return True
         with self._lock:
-            self._not_before.pop(work.job.key, None)
-        work.count("searched")
-        return check
+            self._scope_of.pop(key, None)  # closed, or its probe is due: try again
+        return False
+
+    def waiting(self, now: datetime) -> int:
+        """How many jobs are held now: the tick reads that many more due rows, so held
+        jobs at the head of the index never starve the others. Forgets the jobs no longer
+        held (one settled meanwhile by another daemon or a human is never asked again)."""
+        with self._lock:
+            self._not_before = {k: t for k, t in self._not_before.items() if now < t}
+            holding = {s for s in set(self._scope_of.values()) if self._circuits.holds(s, now)}
+            self._scope_of = {k: s for k, s in self._scope_of.items() if s in holding}
+            return len(self._not_before.keys() | self._scope_of.keys())
+
+    def ask(self, work: Work, drafts: DraftsProvider, provider: Provider) -> DraftCheck | None:
+        """The job's draft's answer, under the same circuit and backoff as a search."""
+        draft = recorded_draft(work.job)
+        assert draft is not None, "ask needs a recorded draft"
+        return self._call(work, provider, "draft check", lambda: drafts.check_draft(draft))
 
     def search(self, work: Work, provider: Provider) -> SearchResult | None:
-        key = work.job.key
+        return self._call(work, provider, "search", lambda: provider.search(work.job.message_id))
+
+    def _call(self, work: Work, provider: Provider, what: str, call: Callable[[], T]) -> T | None:
+        """`call()`, the one provider call of a sweep or verification; None when its
+        circuit holds it or it failed (no information: never a miss)."""
+        key, scope = work.job.key, provider.scope()
+        admit = self._circuits.admit(scope, work.now, CHECK)
+        if admit is Admit.HOLD:
+            with self._lock:
+                self._scope_of[key] = scope
+            return None
+        with self._lock:
+            self._scope_of.pop(key, None)
         try:
-            result = provider.search(work.job.message_id)
+            result = call()
         except ProviderError as exc:
+            now = self._clock()
+            self._circuits.called(
+                scope, now, unavailable=exc.unavailable, retry_after=exc.retry_after
+            )
             wait = max(exc.retry_after or 0.0, 1.0)
             with self._lock:
-                self._not_before[key] = work.now + timedelta(seconds=wait)
-            log.warning("job %s: search failed (%s), again in %.1fs", key, exc.reason, wait)
+                self._not_before[key] = now + timedelta(seconds=wait)
+            log.warning("job %s: %s failed (%s), again in %.1fs", key, what, exc.reason, wait)
             work.count("errors")
             return None
+        except BaseException:
+            if admit is Admit.PROBE:
+                self._circuits.probe_returned(scope)  # no answer either way: not the probe
+            raise
+        self._circuits.answered(scope)
         crash_point("after-search")
         with self._lock:
             self._not_before.pop(key, None)
@@ -95,7 +141,7 @@ class Sweep:
         policy, provider = found
         drafts = drafts_mode(provider)
         if drafts is not None and recorded_draft(work.job) is not None:
-            self._ask_draft(work, drafts, policy)
+            self._ask_draft(work, drafts, provider, policy)
             return
         refused = decisions.before_search(
             policy, handle_reliable=self._health.reliable(policy.provider)
@@ -116,10 +162,12 @@ class Sweep:
             "job %s: search found %d copies: %s", job.key, len(result.hits), type(decision).__name__
         )
 
-    def _ask_draft(self, work: Work, drafts: DraftsProvider, policy: ChannelPolicy) -> None:
+    def _ask_draft(
+        self, work: Work, drafts: DraftsProvider, provider: Provider, policy: ChannelPolicy
+    ) -> None:
         """A job whose draft is recorded is settled by the draft, not by a search."""
         job = work.job
-        check = self._backoff.ask(work, drafts)
+        check = self._backoff.ask(work, drafts, provider)
         if check is None:
             return
         work.now = self._clock()

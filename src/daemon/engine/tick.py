@@ -101,8 +101,8 @@ class Engine:
         self.providers = providers
         self.clock: Clock = clock or ledger.clock
         self.batch_size = batch_size
-        self.health = ProviderHealth(ledger, self.clock)
         self.circuits = Circuits(circuit)
+        self.health = ProviderHealth(ledger, self.clock, self.circuits)
         self.commits = GroupCommit(ledger)
         self._stopping = threading.Event()
         self._counter = Counter()
@@ -122,7 +122,7 @@ class Engine:
             self.observer,
             commit=self.commits.save,
         )
-        backoff = SearchBackoff()
+        backoff = self._backoff = SearchBackoff(self.circuits, self.clock)
         self._dispatch = Dispatch(
             self.health,
             self.clock,
@@ -216,9 +216,20 @@ class Engine:
 
     def _offer_checks(self, step: Step) -> None:
         free = self._checks.free()
-        if free > 0:
-            rows = self.ledger.due(step.state, self.clock(), min(free * 2, self.batch_size))
+        if free <= 0:
+            return
+        limit = min(free * 2, self.batch_size)
+        if not isinstance(step, Sweep | Verify):
+            rows = self.ledger.due(step.state, self.clock(), limit)
             self._checks.submit(step, [row.key for row in rows])
+            return
+        # Searches held by a backoff or an open circuit stay due in the index: read past
+        # them (a bounded number) so another scope's due searches are not starved.
+        now = self.clock()
+        extra = min(self._backoff.waiting(now), self.batch_size * 10)
+        rows = self.ledger.due(step.state, now, limit + extra)
+        keys = [row.key for row in rows if not self._backoff.held(row.key, now)]
+        self._checks.submit(step, keys[:limit])
 
     def _load_due(self, keys: list[str]) -> list[Work]:
         """Due jobs read in one query, each with its policy and provider."""

@@ -131,8 +131,9 @@ class Provider(Protocol):
         ...
 
     def reserve_send(self) -> float:
-        """Take the quota one send needs, without waiting: 0.0 when it was taken (the
-        next `send_raw` of this scope spends it and does not wait), else the seconds until
+        """Take the quota one send needs (with Gmail's `send_via = "drafts"`, its draft
+        step before the claim too), without waiting: 0.0 when it was taken (the next
+        `send_raw` of this scope spends it and does not wait), else the seconds until
         it could be (nothing taken). The engine takes a job only once its scope's send is
         reserved, so waiting for a quota never holds a worker."""
         ...

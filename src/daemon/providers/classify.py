@@ -16,6 +16,9 @@ quotas").
 | 5xx                                                             | UNKNOWN               |
 | 429; 403 rateLimitExceeded / userRateLimitExceeded / daily...   | REJECTED, unavailable |
 | 400 and other 4xx (also 401 once a token refresh has failed)    | REJECTED, permanent   |
+
+A search or read that fails is a `ProviderError` (no information); it is `unavailable` for
+the same exceptions as a send, for quota answers, and for a 503.
 """
 
 from __future__ import annotations
@@ -272,25 +275,27 @@ def provider_error_for_response(
     *,
     now: Callable[[], float] = time.time,
 ) -> ProviderError:
-    """A search/read that got a non-2xx answer: no information, with a wait when known."""
+    """A search/read that got a non-2xx answer: no information, with a wait when known.
+    Unavailable (counted toward the circuit) on a quota answer or a 503: a read, unlike a
+    send, has nothing to lose by calling a 503 "down"."""
     retry_after = parse_retry_after(_header(headers, "retry-after"), now=now)
     return ProviderError(
         f"{what}: {_summary(status, body)}",
         retry_after=retry_after,
-        unavailable=is_rate_limited(status, body),
+        unavailable=status == 503 or is_rate_limited(status, body),
     )
 
 
 def provider_error_for_exception(what: str, exc: BaseException) -> ProviderError:
-    """A search/read that ended in an exception: no information."""
+    """A search/read that ended in an exception: no information. Unavailable exactly when
+    the same exception would make a send "not sent, unavailable" (no connection made, the
+    token endpoint unreachable)."""
     if isinstance(exc, ProviderError):
         return exc
-    if isinstance(exc, NotSentError):
-        return ProviderError(f"{what}: {exc.message}", unavailable=True)
-    if isinstance(exc, ResponseLostError):
+    if isinstance(exc, TransportFailure):
         detail = exc.message
     elif isinstance(exc, auth_exceptions.GoogleAuthError):
         detail = f"credentials: {exc}"
     else:
         detail = describe(exc)
-    return ProviderError(f"{what}: {detail}")
+    return ProviderError(f"{what}: {detail}", unavailable=classify_send_exception(exc).unavailable)

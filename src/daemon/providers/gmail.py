@@ -57,7 +57,7 @@ from daemon.providers.classify import (
     provider_error_for_response,
 )
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused
-from daemon.providers.gmail_drafts import COMPOSE_SCOPE, GmailDrafts
+from daemon.providers.gmail_drafts import COMPOSE_SCOPE, DRAFT_STEP_UNITS, GmailDrafts
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
@@ -207,30 +207,55 @@ class _Mailbox:
     """One mailbox the provider acts as: its credentials (one token) and its quota bucket.
     With `user = "{from}"` there is one per From address, made on first use and kept."""
 
-    def __init__(self, user: str, credentials: AuthCredentials, bucket: TokenBucket) -> None:
+    def __init__(
+        self,
+        user: str,
+        credentials: AuthCredentials,
+        bucket: TokenBucket,
+        draft_units: float = 0.0,
+    ) -> None:
         self.user = user
         self.credentials = credentials
         self.bucket = bucket
         # Sends whose quota the engine already took (`reserve_send`): they do not wait.
         self._prepaid = 0
+        # send_via = "drafts": each reservation also takes the draft step's units (the
+        # calls before the claim), so a job is taken only when its whole step is paid.
+        self.draft_units = draft_units
+        self._prepaid_drafts = 0.0
         self._lock = threading.Lock()
 
     def reserve_send(self) -> float:
-        """The quota of one send taken now (0.0), or the seconds until it could be."""
+        """The quota of one send (and its draft step) taken now (0.0), or the seconds
+        until it could be."""
+        units = GMAIL_SEND_UNITS + self.draft_units
         with self._lock:
-            if self.bucket.try_acquire(GMAIL_SEND_UNITS):
+            if self.bucket.try_acquire(units):
                 self._prepaid += 1
+                self._prepaid_drafts += self.draft_units
                 return 0.0
         # Never 0.0 when nothing was taken: the caller would spin.
-        return max(self.bucket.wait_for(GMAIL_SEND_UNITS), 0.001)
+        return max(self.bucket.wait_for(units), 0.001)
 
     def pay_send(self) -> None:
         """A send's quota: the one reserved for it, else waited for now."""
         with self._lock:
             if self._prepaid:
                 self._prepaid -= 1
+                # What a finished draft step left is not saved up beyond the reservations
+                # still out: a credit spent much later would be a burst over the quota.
+                self._prepaid_drafts = min(self._prepaid_drafts, self.draft_units * self._prepaid)
                 return
         self.bucket.acquire(GMAIL_SEND_UNITS)
+
+    def pay_draft(self, units: float) -> None:
+        """A drafts call's quota: out of what reservations took for draft steps, the
+        rest waited for now."""
+        with self._lock:
+            taken = min(units, self._prepaid_drafts)
+            self._prepaid_drafts -= taken
+        if units - taken > 1e-9:
+            self.bucket.acquire(units - taken)
 
 
 class GmailProvider(ProviderBase):
@@ -318,13 +343,14 @@ class GmailProvider(ProviderBase):
         # at once, and Gmail meters each request when it arrives, so a send delayed on
         # the way (up to 0.4 s at 250/s) must not meet the next one over the quota.
         capacity = self._quota_rate - GMAIL_SEND_UNITS if self.per_mailbox else self._quota_rate
+        draft_units = DRAFT_STEP_UNITS if self.send_via == "drafts" else 0.0
         bucket = TokenBucket(
             self._quota_rate,
-            max(capacity, GMAIL_SEND_UNITS),
+            max(capacity, GMAIL_SEND_UNITS + draft_units),
             clock=self._clock,
             sleep=self._sleep,
         )
-        return _Mailbox(user, credentials, bucket)
+        return _Mailbox(user, credentials, bucket, draft_units)
 
     def mailbox(self, from_addr: str) -> _Mailbox:
         """The mailbox a job from `from_addr` is sent as: the configured user, or with
@@ -380,15 +406,20 @@ class GmailProvider(ProviderBase):
             authed_by_user[mailbox.user] = authed
         return authed
 
-    def prepare(self, request: Any, units: float | None, mailbox: _Mailbox) -> None:
+    def prepare(
+        self, request: Any, units: float | None, mailbox: _Mailbox, *, draft: bool = False
+    ) -> None:
         """Everything that happens before a request may leave: checks and quota pacing
-        (`units` None: a send, paid by its reservation when it has one). Failures here
-        are not call outcomes, so they raise."""
+        (`units` None: a send, paid by its reservation when it has one; `draft`: a drafts
+        call, paid out of the draft steps' reservations). Failures here are not call
+        outcomes, so they raise."""
         if self._closed:
             raise RuntimeError(f"provider {self.name!r} is closed")
         request.postproc = _raw_response
         if units is None:
             mailbox.pay_send()
+        elif draft:
+            mailbox.pay_draft(units)
         else:
             mailbox.bucket.acquire(units)
 
@@ -402,16 +433,20 @@ class GmailProvider(ProviderBase):
         body = content if isinstance(content, bytes) else str(content).encode("utf-8")
         return int(resp.status), _headers(resp), body
 
-    def answer(self, what: str, request: Any, units: float, mailbox: _Mailbox) -> Response:
+    def answer(
+        self, what: str, request: Any, units: float, mailbox: _Mailbox, *, draft: bool = False
+    ) -> Response:
         """One read or draft call's complete HTTP answer; ProviderError when none came."""
-        self.prepare(request, units, mailbox)
+        self.prepare(request, units, mailbox, draft=draft)
         try:
             return self.execute(request, mailbox)
         except Exception as exc:
             raise provider_error_for_exception(what, exc) from exc
 
-    def read_json(self, what: str, request: Any, units: float, mailbox: _Mailbox) -> dict[str, Any]:
-        status, headers, body = self.answer(what, request, units, mailbox)
+    def read_json(
+        self, what: str, request: Any, units: float, mailbox: _Mailbox, *, draft: bool = False
+    ) -> dict[str, Any]:
+        status, headers, body = self.answer(what, request, units, mailbox, draft=draft)
         if not 200 <= status < 300:
             raise provider_error_for_response(what, status, headers, body)
         return json_object(what, status, body)
@@ -422,6 +457,8 @@ class GmailProvider(ProviderBase):
         method: Callable[..., Any],
         params: dict[str, Any],
         mailbox: _Mailbox,
+        *,
+        draft: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """Every page of a list call, following nextPageToken. A token that repeats would
         loop forever: an answer we cannot finish is no answer (ProviderError)."""
@@ -429,7 +466,7 @@ class GmailProvider(ProviderBase):
         seen_tokens: set[str] = set()
         while True:
             request = method(**params, **({"pageToken": page_token} if page_token else {}))
-            page = self.read_json(what, request, GMAIL_LIST_UNITS, mailbox)
+            page = self.read_json(what, request, GMAIL_LIST_UNITS, mailbox, draft=draft)
             yield page
             next_token = page.get("nextPageToken")
             if not next_token:

@@ -36,7 +36,7 @@ from daemon.providers.classify import (
     provider_error_for_response,
 )
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftStatus
-from daemon.providers.quota import GMAIL_GET_UNITS
+from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS
 
 if TYPE_CHECKING:
     from daemon.providers.gmail import GmailProvider, _Mailbox
@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 COMPOSE_SCOPE = "https://www.googleapis.com/auth/gmail.compose"
 # Gmail's cost of a drafts.create / drafts.delete (a drafts.get or list costs as a get).
 GMAIL_DRAFT_WRITE_UNITS = 10.0
+#: What the draft step before a claim costs at most without leftovers (drafts.list for a
+#: draft an earlier run left, then drafts.create; a recorded draft's drafts.get is less):
+#: reserved with the send, so a job whose mailbox has no quota left is not taken for it.
+DRAFT_STEP_UNITS = GMAIL_LIST_UNITS + GMAIL_DRAFT_WRITE_UNITS
 SENT_LABEL = "SENT"
 
 
@@ -73,7 +77,7 @@ class GmailDrafts:
         request = self._drafts.create(userId=mailbox.user, body={"message": message})
         what = "drafts.create"
         status, headers, body = self.provider.answer(
-            what, request, GMAIL_DRAFT_WRITE_UNITS, mailbox
+            what, request, GMAIL_DRAFT_WRITE_UNITS, mailbox, draft=True
         )
         if 200 <= status < 300:
             draft = _draft_of(_json_or_empty(body))
@@ -110,7 +114,9 @@ class GmailDrafts:
     def check(self, mailbox: _Mailbox, draft: Draft) -> DraftCheck:
         request = self._drafts.get(userId=mailbox.user, id=draft.draft_id, format="minimal")
         what = f"drafts.get {draft.draft_id}"
-        status, headers, body = self.provider.answer(what, request, GMAIL_GET_UNITS, mailbox)
+        status, headers, body = self.provider.answer(
+            what, request, GMAIL_GET_UNITS, mailbox, draft=True
+        )
         if 200 <= status < 300:
             return DraftCheck(DraftStatus.PENDING)
         if status != 404:
@@ -122,7 +128,9 @@ class GmailDrafts:
             metadataHeaders=["Message-ID"],
         )
         what = f"get {draft.provider_message_id}"
-        status, headers, body = self.provider.answer(what, request, GMAIL_GET_UNITS, mailbox)
+        status, headers, body = self.provider.answer(
+            what, request, GMAIL_GET_UNITS, mailbox, draft=True
+        )
         if status == 404:
             return DraftCheck(DraftStatus.GONE)
         if not 200 <= status < 300:
@@ -151,7 +159,7 @@ class GmailDrafts:
             "maxResults": self.provider.page_size,
         }
         what = f"drafts.list {query}"
-        for page in self.provider.pages(what, self._drafts.list, params, mailbox):
+        for page in self.provider.pages(what, self._drafts.list, params, mailbox, draft=True):
             for item in page.get("drafts") or []:
                 draft = _draft_of(item) if isinstance(item, dict) else None
                 if draft is None:
@@ -169,7 +177,9 @@ class GmailDrafts:
         # drafts.get takes no metadataHeaders: "metadata" gives every header.
         request = self._drafts.get(userId=mailbox.user, id=draft.draft_id, format="metadata")
         what = f"drafts.get {draft.draft_id}"
-        status, headers, body = self.provider.answer(what, request, GMAIL_GET_UNITS, mailbox)
+        status, headers, body = self.provider.answer(
+            what, request, GMAIL_GET_UNITS, mailbox, draft=True
+        )
         if status == 404:
             return None  # sent or deleted since the list: not an unsent draft now
         if not 200 <= status < 300:
@@ -181,7 +191,7 @@ class GmailDrafts:
         request = self._drafts.delete(userId=mailbox.user, id=draft_id)
         what = f"drafts.delete {draft_id}"
         status, headers, body = self.provider.answer(
-            what, request, GMAIL_DRAFT_WRITE_UNITS, mailbox
+            what, request, GMAIL_DRAFT_WRITE_UNITS, mailbox, draft=True
         )
         if status == 404:
             return False

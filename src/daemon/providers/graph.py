@@ -51,6 +51,7 @@ from daemon.providers.graph_classify import (
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.transport import (
     DEFAULT_MAX_IDLE,
+    NotSentError,
     SingleShotHttp,
     TransportStats,
     describe,
@@ -344,10 +345,13 @@ class GraphProvider(ProviderBase):
         try:
             status, headers, body = self._request(mailbox, "GET", path, url=url)
         except TokenError as exc:
-            raise ProviderError(f"{what}: {exc.reason}") from exc
+            # As for a send: a token endpoint to wait for is an unavailable provider.
+            raise ProviderError(f"{what}: {exc.reason}", unavailable=exc.transient) from exc
         except Exception as exc:
             detail = getattr(exc, "message", None) or describe(exc)
-            raise ProviderError(f"{what}: {detail}") from exc
+            # No connection made: unavailable, counted toward the circuit.
+            unavailable = isinstance(exc, NotSentError)
+            raise ProviderError(f"{what}: {detail}", unavailable=unavailable) from exc
         if status == 404:
             return None
         if not 200 <= status < 300:

@@ -200,6 +200,9 @@ def after_draft_delete(outcome: SendOutcome, delete_status: int | None) -> SendO
 
 
 def read_error(what: str, status: int, headers: Mapping[str, str], body: bytes) -> ProviderError:
-    """A search or read that got a non-2xx answer: no information, with a wait if given."""
+    """A search or read that got a non-2xx answer: no information, with a wait if given;
+    unavailable (counted toward the circuit) on 429 and 503."""
     retry_after = parse_retry_after(_header(headers, "retry-after"))
-    return ProviderError(_summary(what, status, body), retry_after=retry_after)
+    return ProviderError(
+        _summary(what, status, body), retry_after=retry_after, unavailable=status in (429, 503)
+    )
