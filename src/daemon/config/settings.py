@@ -129,8 +129,8 @@ class DaemonSettings(_Section):
     # Searches, verifications and recoveries in flight at once (their own workers, so a
     # backlog of sends never delays a due search); default: `concurrency`.
     search_concurrency: int | None = Field(default=None, ge=1, le=256)
-    # A provider scope's circuit opens after this many "unavailable" sends in a row
-    # (nothing sent: refused, DNS, quota...); one probe then after `circuit_probe_after`,
+    # A provider scope's circuit opens after this many "unavailable" calls in a row (sends,
+    # draft steps, searches, read-backs: refused, DNS, quota...); one probe then after `circuit_probe_after`,
     # doubling up to `circuit_probe_max` (docs/operations.md, "Outages and quotas").
     circuit_failures: int = Field(default=3, ge=1, le=1000)
     circuit_probe_after: Timeout = 1.0
