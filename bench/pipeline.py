@@ -261,6 +261,7 @@ class Variant:
     group_commit: bool = True  # False: every save its own transaction
     address_cache: bool = True  # False: every address parsed (and round-tripped) anew
     protocol_checks: bool = False  # True: eventsourcing's collect and projection, as before
+    outcome_rides: bool = True  # False: a send's outcome waits for a commit of its own
 
 
 def library_protocol_checks() -> Callable[[], None]:
@@ -287,7 +288,7 @@ def library_protocol_checks() -> Callable[[], None]:
 def one_commit_per_save(engine: Engine) -> None:
     """Saves as before the group commit: each claim and each outcome its own transaction."""
     runner: Any = engine._runner
-    runner._commit = None  # Work.save then calls Ledger.save_job itself
+    runner._commits = None  # Work.save then calls Ledger.save_job itself
 
 
 def daemon_run(
@@ -342,6 +343,7 @@ def daemon_run(
         hook(service.engine)
     if not variant.group_commit:
         one_commit_per_save(service.engine)
+    service.engine.commits.defer = variant.outcome_rides
     confirmed = ticks = 0
     cached = policy_model._fingerprint
     if not variant.fingerprint_cache:
@@ -514,6 +516,7 @@ VARIANTS = {
     "no-group-commit": Variant("one commit per save", group_commit=False),
     "no-address-cache": Variant("addresses parsed anew", address_cache=False),
     "protocol-checks": Variant("library collect/projection", protocol_checks=True),
+    "outcome-own-commit": Variant("outcome's own commit", outcome_rides=False),
     "no-cpu-levers": Variant("both of the above", address_cache=False, protocol_checks=True),
 }
 

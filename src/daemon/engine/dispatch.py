@@ -116,10 +116,12 @@ class Dispatch:
 
     def run(self, work: Work) -> None:
         self.dispatch(work)
+        work.flush()  # outside the send workers nobody else would commit the outcome
 
     def dispatch(self, work: Work, *, probe: bool = False) -> bool:
         """Invariant 1 for one job: claim, save, send, record, save. Whether the provider
-        was called. `probe`: the one job an open circuit lets through."""
+        was called. `probe`: the one job an open circuit lets through. The claim's save
+        is waited for; the outcome's is not (it shares the next commit)."""
         work.now = self._clock()
         claimed = self.claim(work)
         called = False
@@ -133,8 +135,9 @@ class Dispatch:
             if probe and not called:
                 self._circuits.probe_returned(_scope(work))
         self.outcome_to_events(claimed)
-        work.save()  # the outcome, durable; if it fails, recovered at the deadline
-        self.count_outcome(claimed)
+        # The outcome, durable with the next commit (this worker's next claim, or its
+        # flush before it sleeps: `commit.py`); if it fails, recovered at the deadline.
+        work.save_soon(lambda: self.count_outcome(claimed))
         return True
 
     def claim(self, work: Work) -> Claimed | None:

@@ -36,6 +36,8 @@ log = logging.getLogger("sendledger.engine")
 LOAD_BATCH = 32
 #: The longest a worker with nothing to do sleeps before it looks again.
 IDLE_WAIT = 0.5
+#: What a worker does before it sleeps when an outcome of its may wait for a commit.
+_FLUSH = object()
 
 
 @dataclass(eq=False)
@@ -54,6 +56,7 @@ class SendWorkers:
         dispatch: Callable[[Work, bool], object],
         give_up: Callable[[Work], None],
         refill: Callable[[], None],
+        flush: Callable[[], None],
         circuits: Circuits,
         clock: Clock,
         max_queued: int,
@@ -62,6 +65,7 @@ class SendWorkers:
         self._dispatch = dispatch
         self._give_up = give_up
         self._refill = refill
+        self._flush = flush
         self._circuits = circuits
         self._clock = clock
         self._max_queued = max_queued
@@ -150,21 +154,27 @@ class SendWorkers:
         self._cond.notify_all()
 
     def _serve(self, me: int) -> None:
+        owes = False  # a job's outcome may still wait for a commit (`commit.py`)
         while True:
             with self._cond:
-                step = self._next(me)
-            if step is None:
-                return
-            if isinstance(step, list):
+                step = self._next(me, owes)
+            if step is None or step is _FLUSH:
+                self._flush_now()
+                owes = False
+                if step is None:
+                    return
+            elif isinstance(step, list):
                 self._queue(step)
             elif isinstance(step, _Task):
                 self._run(step)
+                owes = True
             else:
                 self._refill_now()
 
-    def _next(self, me: int) -> list[str] | _Task | bool | None:
+    def _next(self, me: int, owes: bool) -> list[str] | _Task | bool | object | None:
         """What this worker does next (lock held): keys to load, a job, True to refill,
-        None to stop. Sleeps while there is nothing."""
+        `_FLUSH` before it would sleep with an outcome unsaved (`owes`), None to stop.
+        Sleeps while there is nothing."""
         while not self._closing:
             if self._intake:
                 self._idle.pop(me, None)
@@ -181,6 +191,9 @@ class SendWorkers:
                 self._refilling = True
                 self._more = False
                 return True
+            if owes:
+                self._idle.pop(me, None)
+                return _FLUSH
             self._idle[me] = self._generation
             self._cond.notify_all()  # a drain may be waiting for this
             self._cond.wait(min(wait, IDLE_WAIT))
@@ -260,6 +273,12 @@ class SendWorkers:
                 self._running -= 1
                 self._known.discard(task.work.job.key)
                 self._changed()
+
+    def _flush_now(self) -> None:
+        try:
+            self._flush()
+        except Exception:
+            log.exception("could not save the outcomes left to the next commit")
 
     def _refill_now(self) -> None:
         try:
