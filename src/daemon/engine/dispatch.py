@@ -24,7 +24,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
-from daemon.providers.draft_handle import Draft, DraftCheck
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider
 from daemon.providers.smtp_imap import Envelope
 from ledger.decision_types import AfterRejection, Review
 from ledger.job import SendJob
@@ -78,6 +78,7 @@ class Claimed:
     raw: bytes
     outcome: SendOutcome | None = None
     draft: Draft | None = None  # send_via = "drafts": the recorded draft the call sends
+    drafts: DraftsProvider | None = None  # the provider's drafts calls, with `draft`
     check: DraftCheck | None = None  # the draft's answer right after an unknown outcome
 
 
@@ -187,7 +188,7 @@ class Dispatch:
             at=work.now,
             daemon=self._daemon,
         )
-        return Claimed(work, policy, provider, raw, draft=draft)
+        return Claimed(work, policy, provider, raw, draft=draft, drafts=drafts)
 
     def send(self, claimed: Claimed) -> None:
         """The one provider call of a saved claim (invariant 1: only after the save), then
@@ -195,7 +196,7 @@ class Dispatch:
         work = claimed.work
         crash_point("after-claim")
         work.count("sent")
-        drafts = drafts_flow.drafts_mode(claimed.provider)
+        drafts = claimed.drafts
         if claimed.draft is not None and drafts is not None:
             outcome = claimed.outcome = drafts.send_draft(claimed.draft)
         else:
