@@ -7,7 +7,7 @@ For each backend (a SQLite file; PostgreSQL when reachable):
                back), next to a bare serial loop of google-api-python-client sends of the
                same messages to the same emulator; CPU ms per job for both. Goal >= 0.5.
   (b) latency  200 ms per Gmail API call, concurrency 16 and 64: jobs/s against the ideal
-               concurrency / 0.2 s. Goal >= 0.8.
+               concurrency / 0.2 s. Goal >= 0.85. `--variant` repeats it too.
   (c) https    (a) with the emulator serving HTTPS from a throw-away CA the clients trust.
   (d) idle     how often a reused connection dies: a server that closes idle connections
                after 100 ms, sends at random gaps around that; no send may make two copies.
@@ -68,7 +68,7 @@ from testkit import GmailEmulator, write_service_account
 from testkit.tls import make_loopback_tls
 
 CPU_GOAL = 0.5
-LATENCY_GOAL = 0.8
+LATENCY_GOAL = 0.85  # issue 17
 LATENCY = 0.2
 USER = "support@example.com"
 UNLIMITED_QUOTA = 1_000_000  # settings cap; far above what (a) sends (100 units each)
@@ -344,6 +344,7 @@ def daemon_run(
     if not variant.group_commit:
         one_commit_per_save(service.engine)
     service.engine.commits.defer = variant.outcome_rides
+    commits = service.engine.commits
     confirmed = ticks = 0
     cached = policy_model._fingerprint
     if not variant.fingerprint_cache:
@@ -377,7 +378,9 @@ def daemon_run(
     stats = provider.transport_stats.snapshot()
     # What went wrong when not ok: {copies: jobs} and how many were confirmed.
     outcome = {"copies": dict(Counter(counts.values())), "confirmed": confirmed}
-    return Run(n, wall, cpu, ok, {"ticks": ticks, "outcome": outcome, **stats})
+    # Transactions the group commit made (0 with --variant no-group-commit: one per save).
+    extra = {"ticks": ticks, "outcome": outcome, "commits": commits.commits, **stats}
+    return Run(n, wall, cpu, ok, extra)
 
 
 # -- the three measurements --------------------------------------------------------------
@@ -388,8 +391,10 @@ def connection_line(run: Run) -> str:
     requests = e["fresh"] + e["reused"]
     died = e["reused_lost"]
     share = f"{died / e['reused']:.2%}" if e["reused"] else "n/a"
+    per_job = f"{e['commits'] / run.jobs:.2f}" if e.get("commits") else "n/a"
     return (
-        f"{requests} requests: {e['fresh']} fresh connections, {e['reused']} reused "
+        f"{per_job} commits/job; {requests} requests: {e['fresh']} fresh connections, "
+        f"{e['reused']} reused "
         f"({died} reused died unanswered: {share}); {e['retired']} retired idle/closed"
     )
 
@@ -455,11 +460,22 @@ def batch_for(concurrency: int) -> int:
 
 
 def measure_latency(
-    name: str, store: Callable[[], Any], creds: Path, concurrency: int, n: int
+    name: str,
+    store: Callable[[], Any],
+    creds: Path,
+    concurrency: int,
+    n: int,
+    variant: Variant = Variant(),
 ) -> tuple[float, float]:
     with emulator_process(LATENCY) as emulator, store() as url:
         run = daemon_run(
-            emulator, creds, url, n, concurrency=concurrency, batch_size=batch_for(concurrency)
+            emulator,
+            creds,
+            url,
+            n,
+            concurrency=concurrency,
+            batch_size=batch_for(concurrency),
+            variant=variant,
         )
     if not run.copies_ok:
         raise SystemExit(
@@ -468,7 +484,8 @@ def measure_latency(
         )
     ideal = concurrency / LATENCY
     print(
-        f"  {name:<10} concurrency {concurrency:<3} {run.rate:7.1f} jobs/s of {ideal:.0f} "
+        f"  {name:<10} {variant.name:<22} concurrency {concurrency:<3} "
+        f"{run.rate:7.1f} jobs/s of {ideal:.0f} "
         f"ideal: {run.rate / ideal:.2f}   {connection_line(run)}",
         flush=True,
     )
@@ -529,13 +546,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", default="cpu,latency,https,idle", help="which measurements (comma-separated)"
     )
+    parser.add_argument(
+        "--latency-concurrency", default="16,64", help="concurrencies of (b), comma-separated"
+    )
+    parser.add_argument(
+        "--latency-seconds", type=float, default=8.0, help="ideal seconds of sending in (b)"
+    )
     parser.add_argument("--idle-sends", type=int, default=200, help="sends in (d)")
     parser.add_argument(
         "--variant",
         action="append",
         default=[],
         choices=sorted(VARIANTS),
-        help="also run (a) with this part switched back to the old behaviour",
+        help="also run (a) and (b) with this part switched back to the old behaviour",
     )
     parser.add_argument("--no-postgres", action="store_true")
     args = parser.parse_args(argv)
@@ -574,15 +597,18 @@ def main(argv: list[str] | None = None) -> int:
                         f"{verdict} (>= {CPU_GOAL})"
                     )
             if "latency" in only:
-                for concurrency in (16, 64):
-                    n = int(concurrency / LATENCY * 8)  # about 8 s of ideal sending
-                    rate, ratio = measure_latency(name, store, creds, concurrency, n)
-                    verdict = "MEETS" if ratio >= LATENCY_GOAL else "MISSES"
-                    summary.append(
-                        f"(b) 200ms  {name:<10} concurrency {concurrency:<14} "
-                        f"{rate:6.1f} jobs/s of {concurrency / LATENCY:.0f}  ratio {ratio:4.2f}"
-                        f"  {verdict} (>= {LATENCY_GOAL})"
-                    )
+                for concurrency in map(int, args.latency_concurrency.split(",")):
+                    # About `latency_seconds` of ideal sending.
+                    n = int(concurrency / LATENCY * args.latency_seconds)
+                    for variant in variants:
+                        rate, ratio = measure_latency(name, store, creds, concurrency, n, variant)
+                        verdict = "MEETS" if ratio >= LATENCY_GOAL else "MISSES"
+                        summary.append(
+                            f"(b) 200ms  {name:<10} {variant.name:<22} concurrency "
+                            f"{concurrency:<3} {rate:6.1f} jobs/s of "
+                            f"{concurrency / LATENCY:.0f}  ratio {ratio:4.2f}"
+                            f"  {verdict} (>= {LATENCY_GOAL})"
+                        )
         if "idle" in only:
             summary.append(measure_idle_reuse(creds, args.idle_sends, 0.1))
     print()

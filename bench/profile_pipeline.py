@@ -8,11 +8,18 @@ merged. Prints the top functions by own time and by cumulative time.
     .venv/bin/python bench/profile_pipeline.py [--n 1000] [--store sqlite|postgresql]
         [--variant NAME (bench/pipeline.py: VARIANTS)] [--concurrency 4] [--top 30]
         [--callers RE]
+    .venv/bin/python bench/profile_pipeline.py --send-path [--n 1000]
+
+`--send-path` measures the Gmail send path alone, in one thread: the bare loop's call
+(google-api-python-client on stock httplib2) and `GmailProvider.send_raw` (the same client
+through the single-shot transport, with the outcome classified), alternating, 3 rounds,
+CPU ms per call. What the provider adds to the client is the difference.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import cProfile
 import io
 import os
@@ -24,12 +31,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+import google_auth_httplib2
+import httplib2
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from intake import pg_store, sqlite_store
-from pipeline import VARIANTS, Variant, daemon_run, emulator_process
+from pipeline import (
+    USER,
+    VARIANTS,
+    Variant,
+    bare_raw,
+    daemon_run,
+    emulator_process,
+    emulator_provider,
+)
 
 from daemon.engine import Engine, dispatch
+from daemon.providers.gmail import build_gmail_service, load_credentials
 from testkit import write_service_account
 
 
@@ -84,6 +103,38 @@ class ThreadProfiles:
         return profiled
 
 
+def send_path(n: int) -> None:
+    """CPU ms per call of the bare client send and of `GmailProvider.send_raw`, in turn."""
+    with tempfile.TemporaryDirectory(prefix="sendledger-profile-") as folder:
+        creds = write_service_account(Path(folder) / "sa.json", token_uri="http://unused/token")
+        with emulator_process(0.0) as emulator:
+            provider = emulator_provider(emulator, creds)
+            credentials = load_credentials(creds, user=USER, token_uri=emulator.url + "/token")
+            authed = google_auth_httplib2.AuthorizedHttp(
+                credentials, http=httplib2.Http(timeout=30)
+            )
+            api = build_gmail_service(authed, api_endpoint=emulator.url).users().messages()
+            messages = [bare_raw(i, f"path{time.monotonic_ns()}")[1] for i in range(n)]
+
+            def bare(raw: bytes) -> None:
+                encoded = base64.urlsafe_b64encode(raw).decode("ascii")
+                api.send(userId=USER, body={"raw": encoded}).execute(num_retries=0)
+
+            bare(messages[0])  # connections and tokens made before the clock starts
+            provider.send_raw(messages[0])
+            try:
+                for _ in range(3):
+                    spent = []
+                    for call in (bare, provider.send_raw):
+                        started = time.thread_time()
+                        for raw in messages:
+                            call(raw)
+                        spent.append((time.thread_time() - started) * 1000 / n)
+                    print(f"bare client {spent[0]:.3f} cpu-ms/call, provider {spent[1]:.3f}")
+            finally:
+                provider.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1000)
@@ -98,7 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no cProfile: CPU ms per job in loading, rendering, saving and the provider call",
     )
+    parser.add_argument(
+        "--send-path",
+        action="store_true",
+        help="only the Gmail send path, one thread: the bare client call against send_raw",
+    )
     args = parser.parse_args(argv)
+    if args.send_path:
+        send_path(args.n)
+        return 0
     variant = VARIANTS[args.variant] if args.variant else Variant()
     profiles = ThreadProfiles()
 
