@@ -29,6 +29,7 @@ import base64
 import multiprocessing
 import os
 import random
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -262,6 +263,9 @@ class Variant:
     address_cache: bool = True  # False: every address parsed (and round-tripped) anew
     protocol_checks: bool = False  # True: eventsourcing's collect and projection, as before
     outcome_rides: bool = True  # False: a send's outcome waits for a commit of its own
+    # False: SQLite's synchronous=OFF, a measurement of what the fsyncs cost. Never the
+    # daemon's setting: a claim must be durable before its call (invariant 1).
+    fsync: bool = True
 
 
 def library_protocol_checks() -> Callable[[], None]:
@@ -281,6 +285,23 @@ def library_protocol_checks() -> Callable[[], None]:
     def undo() -> None:
         Ledger._save_retrying = saved  # type: ignore[method-assign]
         ledger_application.project_events = projector
+
+    return undo
+
+
+def sqlite_without_fsync() -> Callable[[], None]:
+    """Every SQLite connection opened from now on commits without fsync; returns the undo."""
+    connect = sqlite3.connect
+
+    def unsynced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)
+        conn.execute("PRAGMA synchronous = OFF")
+        return conn
+
+    sqlite3.connect = unsynced  # type: ignore[assignment]
+
+    def undo() -> None:
+        sqlite3.connect = connect
 
     return undo
 
@@ -319,6 +340,7 @@ def daemon_run(
         }
     )
     policies = PolicySet({"receipts": POLICY})
+    undo_fsync = None if variant.fsync else sqlite_without_fsync()
     ledger = Ledger(store_url)
     prefix = f"job{time.monotonic_ns()}"
     message_ids = []
@@ -373,6 +395,8 @@ def daemon_run(
             undo_checks()
         service.close()
         ledger.close()
+        if undo_fsync is not None:
+            undo_fsync()
     counts = emulator.call("copies", message_ids)
     ok = confirmed == n and all(c == 1 for c in counts.values())
     stats = provider.transport_stats.snapshot()
@@ -534,6 +558,7 @@ VARIANTS = {
     "no-address-cache": Variant("addresses parsed anew", address_cache=False),
     "protocol-checks": Variant("library collect/projection", protocol_checks=True),
     "outcome-own-commit": Variant("outcome's own commit", outcome_rides=False),
+    "no-fsync": Variant("SQLite without fsync", fsync=False),
     "no-cpu-levers": Variant("both of the above", address_cache=False, protocol_checks=True),
 }
 
