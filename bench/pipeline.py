@@ -557,7 +557,7 @@ VARIANTS = {
     "no-group-commit": Variant("one commit per save", group_commit=False),
     "no-address-cache": Variant("addresses parsed anew", address_cache=False),
     "protocol-checks": Variant("library collect/projection", protocol_checks=True),
-    "outcome-own-commit": Variant("outcome's own commit", outcome_rides=False),
+    "outcome-waited": Variant("outcome waited for", outcome_rides=False),
     "no-fsync": Variant("SQLite without fsync", fsync=False),
     "no-cpu-levers": Variant("both of the above", address_cache=False, protocol_checks=True),
 }

@@ -52,7 +52,7 @@ class GroupCommit:
         self._waiting: list[_Save] = []
         self._committing = False
         self.commits = 0  # transactions made, for tests and the bench
-        #: False: `save_soon` saves at once (bench/pipeline.py --variant outcome-own-commit).
+        #: False: `save_soon` saves at once (bench/pipeline.py --variant outcome-waited).
         self.defer = defer
 
     def save(self, job: SendJob) -> None:
