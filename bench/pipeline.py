@@ -266,6 +266,7 @@ class Variant:
     # False: SQLite's synchronous=OFF, a measurement of what the fsyncs cost. Never the
     # daemon's setting: a claim must be durable before its call (invariant 1).
     fsync: bool = True
+    idle_wakes_idle: bool = False  # True: an idle send worker wakes the others, as before
 
 
 def library_protocol_checks() -> Callable[[], None]:
@@ -366,6 +367,9 @@ def daemon_run(
     if not variant.group_commit:
         one_commit_per_save(service.engine)
     service.engine.commits.defer = variant.outcome_rides
+    if variant.idle_wakes_idle:
+        sends: Any = service.engine._sends
+        sends._drained = sends._cond  # the drain's wake-ups wake every idle worker again
     commits = service.engine.commits
     confirmed = ticks = 0
     cached = policy_model._fingerprint
@@ -559,6 +563,7 @@ VARIANTS = {
     "protocol-checks": Variant("library collect/projection", protocol_checks=True),
     "outcome-waited": Variant("outcome waited for", outcome_rides=False),
     "no-fsync": Variant("SQLite without fsync", fsync=False),
+    "idle-wakes-idle": Variant("idle workers wake idle", idle_wakes_idle=True),
     "no-cpu-levers": Variant("both of the above", address_cache=False, protocol_checks=True),
 }
 

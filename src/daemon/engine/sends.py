@@ -69,7 +69,13 @@ class SendWorkers:
         self._circuits = circuits
         self._clock = clock
         self._max_queued = max_queued
-        self._cond = threading.Condition()
+        # Workers wait on `_cond`, `drain` on `_drained`; one lock. A worker that goes
+        # idle wakes only a drain: waking the other idle workers made them wake each
+        # other in turn for as long as they were idle (a core's worth of CPU, and the
+        # interpreter lock taken from the busy workers).
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._drained = threading.Condition(lock)
         self._intake: deque[str] = deque()
         self._known: set[str] = set()  # offered, queued or running
         self._queues: dict[str, deque[Work]] = {}
@@ -121,7 +127,7 @@ class SendWorkers:
             while not (settled := self._settled(busy())):
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                self._cond.wait(0.05)  # `busy()` can change without a notification
+                self._drained.wait(0.05)  # `busy()` can change without a notification
             crashed, self._crashed = self._crashed, None
         if crashed is not None:
             raise crashed
@@ -152,6 +158,7 @@ class SendWorkers:
         # Caller holds the lock.
         self._generation += 1
         self._cond.notify_all()
+        self._drained.notify_all()
 
     def _serve(self, me: int) -> None:
         owes = False  # a job's outcome may still wait for a commit (`commit.py`)
@@ -195,7 +202,7 @@ class SendWorkers:
                 self._idle.pop(me, None)
                 return _FLUSH
             self._idle[me] = self._generation
-            self._cond.notify_all()  # a drain may be waiting for this
+            self._drained.notify_all()  # a drain may be waiting for this
             self._cond.wait(min(wait, IDLE_WAIT))
         return None
 
