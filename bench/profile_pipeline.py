@@ -7,7 +7,7 @@ merged. Prints the top functions by own time and by cumulative time.
 
     .venv/bin/python bench/profile_pipeline.py [--n 1000] [--store sqlite|postgresql]
         [--variant NAME (bench/pipeline.py: VARIANTS)] [--concurrency 4] [--top 30]
-        [--callers RE]
+        [--callers RE] [--breakdown [--latency 0.2]]
     .venv/bin/python bench/profile_pipeline.py --send-path [--n 1000]
 
 `--send-path` measures the Gmail send path alone, in one thread: the bare loop's call
@@ -42,6 +42,7 @@ from pipeline import (
     VARIANTS,
     Variant,
     bare_raw,
+    batch_for,
     daemon_run,
     emulator_process,
     emulator_provider,
@@ -53,22 +54,25 @@ from testkit import write_service_account
 
 
 class Breakdown:
-    """CPU time (time.thread_time, so each thread's own) spent inside wrapped calls."""
+    """CPU time (time.thread_time, so each thread's own) and wall time spent inside
+    wrapped calls."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.cpu: dict[str, float] = {}
+        self.wall: dict[str, float] = {}
         self.calls: dict[str, int] = {}
 
     def wrap(self, name: str, function: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.thread_time()
+            started, wall = time.thread_time(), time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
-                spent = time.thread_time() - started
+                spent, waited = time.thread_time() - started, time.perf_counter() - wall
                 with self._lock:
                     self.cpu[name] = self.cpu.get(name, 0.0) + spent
+                    self.wall[name] = self.wall.get(name, 0.0) + waited
                     self.calls[name] = self.calls.get(name, 0) + 1
 
         return timed
@@ -142,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", choices=sorted(VARIANTS))
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--https", action="store_true")
+    parser.add_argument(
+        "--latency", type=float, default=0.0, help="seconds per Gmail API call, as in (b)"
+    )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--callers", help="also print who calls functions matching this")
     parser.add_argument(
@@ -179,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         one.dispatch = breakdown.wrap("one job, claim to saved outcome (dispatch)", one.dispatch)
         sends: Any = engine._sends
         sends._load = breakdown.wrap("load and queue due jobs (send workers)", sends._load)
+        commits: Any = engine.commits
+        commits.save = breakdown.wrap("a claim's save, waited for (commits.save)", commits.save)
+        sends._flush = breakdown.wrap("a worker's flush before it sleeps", sends._flush)
         dispatch.render_checked = breakdown.wrap(
             "render + prove MIME (dispatch.render_checked)", dispatch.render_checked
         )
@@ -199,14 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     store = sqlite_store if args.store == "sqlite" else pg_store
     with tempfile.TemporaryDirectory(prefix="sendledger-profile-") as folder:
         creds = write_service_account(Path(folder) / "sa.json", token_uri="http://unused/token")
-        with emulator_process(0.0, https=args.https) as emulator, store() as url:
+        with emulator_process(args.latency, https=args.https) as emulator, store() as url:
             run = daemon_run(
                 emulator,
                 creds,
                 url,
                 args.n,
                 concurrency=args.concurrency,
-                batch_size=200,
+                batch_size=batch_for(args.concurrency),
                 variant=variant,
                 hook=split if args.breakdown else instrument,
             )
@@ -216,9 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.breakdown:
         for name, spent in sorted(breakdown.cpu.items(), key=lambda item: -item[1]):
+            calls = breakdown.calls[name]
             print(
                 f"  {name:<34} {spent * 1000 / args.n:6.3f} cpu-ms/job "
-                f"({breakdown.calls[name]} calls)"
+                f"({calls} calls, {breakdown.wall[name] * 1000 / calls:.2f} ms each)"
             )
         return 0
     stats = pstats.Stats(*profiles.profiles, stream=(out := io.StringIO()))
