@@ -53,6 +53,7 @@ from intake import available_backends
 
 from daemon.bootstrap import bootstrap
 from daemon.engine import Engine
+from daemon.engine import sends as engine_sends
 from daemon.providers.gmail import GmailProvider, build_gmail_service, load_credentials
 from daemon.settings import settings_from_dict
 from ledger import addresses
@@ -267,6 +268,7 @@ class Variant:
     # daemon's setting: a claim must be durable before its call (invariant 1).
     fsync: bool = True
     idle_wakes_idle: bool = False  # True: an idle send worker wakes the others, as before
+    load_min: int = engine_sends.LOAD_MIN  # 1: a worker may load a single key, as before
 
 
 def library_protocol_checks() -> Callable[[], None]:
@@ -379,6 +381,7 @@ def daemon_run(
     if not variant.address_cache:
         addresses._parse_text = parse_text.__wrapped__  # type: ignore[assignment]
     undo_checks = library_protocol_checks() if variant.protocol_checks else None
+    load_min, engine_sends.LOAD_MIN = engine_sends.LOAD_MIN, variant.load_min
     try:
         wall, cpu = time.perf_counter(), time.process_time()
         progress = time.monotonic()
@@ -395,6 +398,7 @@ def daemon_run(
     finally:
         policy_model._fingerprint = cached
         addresses._parse_text = parse_text
+        engine_sends.LOAD_MIN = load_min
         if undo_checks is not None:
             undo_checks()
         service.close()
@@ -564,6 +568,7 @@ VARIANTS = {
     "outcome-waited": Variant("outcome waited for", outcome_rides=False),
     "no-fsync": Variant("SQLite without fsync", fsync=False),
     "idle-wakes-idle": Variant("idle workers wake idle", idle_wakes_idle=True),
+    "load-one": Variant("loads of one key", load_min=1),
     "no-cpu-levers": Variant("both of the above", address_cache=False, protocol_checks=True),
 }
 

@@ -34,6 +34,9 @@ log = logging.getLogger("sendledger.engine")
 
 #: Keys one worker loads in one query.
 LOAD_BATCH = 32
+#: Keys one worker loads at least (when that many are offered): with many workers a
+#: query per key or two cost more CPU than the rows it read (bench/pipeline.py (b)).
+LOAD_MIN = 8
 #: The longest a worker with nothing to do sleeps before it looks again.
 IDLE_WAIT = 0.5
 #: What a worker does before it sleeps when an outcome of its may wait for a commit.
@@ -185,7 +188,7 @@ class SendWorkers:
         while not self._closing:
             if self._intake:
                 self._idle.pop(me, None)
-                count = min(LOAD_BATCH, max(1, len(self._intake) // len(self._threads)))
+                count = min(LOAD_BATCH, max(LOAD_MIN, len(self._intake) // len(self._threads)))
                 self._loading += 1
                 return [self._intake.popleft() for _ in range(min(count, len(self._intake)))]
             task, wait = self._pick()
