@@ -220,7 +220,7 @@ def test_dispatch_runs_its_steps_in_the_order_the_walk_gives() -> None:
         for name in calls_in("daemon.engine.dispatch", "Dispatch.dispatch")
         if not name.startswith("_") and name != "probe_returned"
     ]
-    assert made == ["claim", "save", "send", "outcome_to_events", "save", "count_outcome"]
+    assert made == ["claim", "save", "send", "outcome_to_events", "save_soon", "count_outcome"]
     step = section("The life of one job, file by file").split("4. **Dispatch**", 1)[1]
     step = step.split("\n5. ", 1)[0]
     named = [s for s in SPAN.findall(step) if s in set(made)]

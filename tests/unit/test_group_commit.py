@@ -219,3 +219,84 @@ def test_save_jobs_is_all_or_nothing_and_keeps_pending_events(rig: EngineRig) ->
     assert [len(job.pending_events) for job in mine] == [1, 1]
     rig.ledger.save_job(mine[0])  # alone, the one nobody else touched is written
     assert rig.job("k0").claimed_by == "me" and mine[0].pending_events == []
+
+
+# -- an outcome rides on the next commit (`GroupCommit.save_soon`) ------------------------
+
+
+def test_a_send_outcome_shares_the_commit_of_the_workers_next_claim() -> None:
+    rig = EngineRig(RETRY, concurrency=1)
+    try:
+        for n in range(3):
+            rig.submit("receipts", f"k{n}")
+        hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+        report = rig.tick()
+        # claim k0; outcome k0 + claim k1; outcome k1 + claim k2; outcome k2 (the flush
+        # before the worker sleeps): 4 transactions for 3 jobs, not 6.
+        assert hook.calls == [1, 2, 2, 1]
+        assert report.confirmed == 3 and report.sent == 3
+        assert all(rig.job(f"k{n}").state is JobState.CONFIRMED for n in range(3))
+    finally:
+        rig.close()
+
+
+@settings(max_examples=15, deadline=None)
+@given(jobs=st.integers(1, 12), concurrency=st.integers(1, 4))
+def test_every_claim_is_stored_before_its_call(jobs: int, concurrency: int) -> None:
+    """Invariant 1 with outcomes left to the next commit: at the moment of each call the
+    store already holds this daemon's claim on the job, and after the tick every outcome
+    is stored."""
+    rig = EngineRig(RETRY, concurrency=concurrency)
+    try:
+        keys = {rig.submit("receipts", f"k{n}"): f"k{n}" for n in range(jobs)}
+        seen: list[tuple[JobState, str | None]] = []
+        send = rig.provider.send_raw
+
+        def checked_send(raw: bytes) -> Any:
+            message_id = next(mid for mid in keys if mid.encode() in raw)
+            stored = rig.ledger.get_job(keys[message_id])
+            seen.append((stored.state, stored.claimed_by))
+            return send(raw)
+
+        rig.provider.send_raw = checked_send  # type: ignore[method-assign]
+        report = rig.tick()
+        assert seen == [(JobState.ATTEMPTED, DAEMON)] * jobs
+        assert report.confirmed == jobs
+        assert all(rig.job(key).state is JobState.CONFIRMED for key in keys.values())
+    finally:
+        rig.close()
+
+
+def test_save_soon_waits_for_the_next_commit_or_a_flush(rig: EngineRig) -> None:
+    for n in range(2):
+        rig.submit("receipts", f"k{n}")
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    commits = GroupCommit(rig.ledger)
+    told: list[BaseException | None] = []
+    commits.save_soon(claimed_by(rig.ledger, "k0", "me"), told.append)
+    assert told == [] and rig.job("k0").state is JobState.REQUESTED  # nothing written yet
+    commits.save(claimed_by(rig.ledger, "k1", "me"))
+    assert hook.calls == [2] and told == [None]
+    assert rig.job("k0").claimed_by == "me" == rig.job("k1").claimed_by
+    commits.flush()  # nothing left: no transaction
+    assert hook.calls == [2]
+
+
+def test_save_soon_reports_a_conflict_to_its_caller_only(rig: EngineRig) -> None:
+    rig.submit("receipts", "k0")
+    rig.submit("receipts", "k1")
+    commits = GroupCommit(rig.ledger)
+    told: list[BaseException | None] = []
+    commits.save_soon(claimed_by(rig.ledger, "k0", "me"), told.append)
+    other_daemon_claims(rig.ledger, "k0")
+    commits.save(claimed_by(rig.ledger, "k1", "me"))  # does not raise: k1 is saved
+    assert len(told) == 1 and isinstance(told[0], ConcurrentUpdate)
+    assert rig.job("k0").claimed_by == "other" and rig.job("k1").claimed_by == "me"
+
+
+def test_save_soon_without_deferral_saves_at_once(rig: EngineRig) -> None:
+    rig.submit("receipts", "k0")
+    commits = GroupCommit(rig.ledger, defer=False)
+    told: list[BaseException | None] = []
+    commits.save_soon(claimed_by(rig.ledger, "k0", "me"), told.append)
+    assert told == [None] and rig.job("k0").claimed_by == "me"

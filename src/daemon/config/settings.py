@@ -130,8 +130,9 @@ class DaemonSettings(_Section):
     # backlog of sends never delays a due search); default: `concurrency`.
     search_concurrency: int | None = Field(default=None, ge=1, le=256)
     # A provider scope's circuit opens after this many "unavailable" calls in a row (sends,
-    # draft steps, searches, read-backs: refused, DNS, quota...); one probe then after `circuit_probe_after`,
-    # doubling up to `circuit_probe_max` (docs/operations.md, "Outages and quotas").
+    # draft steps, searches, read-backs: refused, DNS, quota...); one probe then after
+    # `circuit_probe_after`, doubling up to `circuit_probe_max` (docs/operations.md,
+    # "Outages and quotas").
     circuit_failures: int = Field(default=3, ge=1, le=1000)
     circuit_probe_after: Timeout = 1.0
     circuit_probe_max: Timeout = 60.0

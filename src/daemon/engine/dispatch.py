@@ -24,7 +24,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
-from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from daemon.providers.smtp_imap import Envelope
 from ledger.decision_types import AfterRejection, Review
 from ledger.job import SendJob
@@ -78,6 +78,7 @@ class Claimed:
     raw: bytes
     outcome: SendOutcome | None = None
     draft: Draft | None = None  # send_via = "drafts": the recorded draft the call sends
+    drafts: DraftsProvider | None = None  # the provider's drafts calls, with `draft`
     check: DraftCheck | None = None  # the draft's answer right after an unknown outcome
 
 
@@ -116,10 +117,12 @@ class Dispatch:
 
     def run(self, work: Work) -> None:
         self.dispatch(work)
+        work.flush()  # outside the send workers nobody else would commit the outcome
 
     def dispatch(self, work: Work, *, probe: bool = False) -> bool:
         """Invariant 1 for one job: claim, save, send, record, save. Whether the provider
-        was called. `probe`: the one job an open circuit lets through."""
+        was called. `probe`: the one job an open circuit lets through. The claim's save
+        is waited for; the outcome's is not (it shares the next commit)."""
         work.now = self._clock()
         called = False
         try:  # the claim too: a probe whose draft step raised must be handed back
@@ -133,8 +136,9 @@ class Dispatch:
             if probe and not called:
                 self._circuits.probe_returned(_scope(work))
         self.outcome_to_events(claimed)
-        work.save()  # the outcome, durable; if it fails, recovered at the deadline
-        self.count_outcome(claimed)
+        # The outcome, durable with the next commit (this worker's next claim, or its
+        # flush before it sleeps: `commit.py`); if it fails, recovered at the deadline.
+        work.save_soon(lambda: self.count_outcome(claimed))
         return True
 
     def claim(self, work: Work) -> Claimed | None:
@@ -192,7 +196,7 @@ class Dispatch:
             at=work.now,
             daemon=self._daemon,
         )
-        return Claimed(work, policy, provider, raw, draft=draft)
+        return Claimed(work, policy, provider, raw, draft=draft, drafts=drafts)
 
     def send(self, claimed: Claimed) -> None:
         """The one provider call of a saved claim (invariant 1: only after the save), then
@@ -200,7 +204,7 @@ class Dispatch:
         work = claimed.work
         crash_point("after-claim")
         work.count("sent")
-        drafts = drafts_flow.drafts_mode(claimed.provider)
+        drafts = claimed.drafts
         if claimed.draft is not None and drafts is not None:
             outcome = claimed.outcome = drafts.send_draft(claimed.draft)
         else:

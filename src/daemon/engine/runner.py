@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from daemon.engine.clock import Clock
+from daemon.engine.commit import GroupCommit
 from daemon.engine.observer import EngineObserver, NullObserver, notify
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import Count, Counter
@@ -43,8 +44,8 @@ class Work:
     ledger: Ledger
     counter: Counter
     observer: EngineObserver = field(default_factory=NullObserver)
-    #: How a save is made: `Ledger.save_job`, or the engine's group commit (`commit.py`).
-    commit: Callable[[SendJob], None] | None = None
+    #: How a save is made: the engine's group commit (`commit.py`), or `Ledger.save_job`.
+    commits: GroupCommit | None = None
     _saved_state: JobState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -56,8 +57,39 @@ class Work:
     def save(self) -> None:
         """Append the events the step recorded (ConcurrentUpdate: another writer won)."""
         events = list(self.job.pending_events)
-        (self.commit or self.ledger.save_job)(self.job)
+        if self.commits is None:
+            self.ledger.save_job(self.job)
+        else:
+            self.commits.save(self.job)
         self.report_saved(events)
+
+    def save_soon(self, then: Callable[[], None]) -> None:
+        """Save the step's events with the next commit, without waiting (`commit.py`:
+        for what no call waits on); `then()` once they are durable. A failure is
+        counted as `save` would have made the step's guard count it."""
+        events = list(self.job.pending_events)
+
+        def saved(error: BaseException | None) -> None:
+            if error is not None:
+                count_failure(self.job.key, error, self.counter, "the outcome's save")
+                return
+            self.report_saved(events)
+            then()
+
+        if self.commits is None:
+            try:
+                self.ledger.save_job(self.job)
+            except Exception as exc:
+                saved(exc)
+            else:
+                saved(None)
+        else:
+            self.commits.save_soon(self.job, saved)
+
+    def flush(self) -> None:
+        """Wait until whatever `save_soon` left is durable."""
+        if self.commits is not None:
+            self.commits.flush()
 
     def report_saved(self, events: list[Any]) -> None:
         """Count and report what a save made durable."""
@@ -114,10 +146,10 @@ class StepRunner:
         clock: Clock,
         stopping: threading.Event,
         observer: EngineObserver | None = None,
-        commit: Callable[[SendJob], None] | None = None,
+        commits: GroupCommit | None = None,
     ) -> None:
         self._ledger = ledger
-        self._commit = commit
+        self._commits = commits
         self._observer: EngineObserver = observer or NullObserver()
         self._policies = policies
         self._providers = providers
@@ -150,7 +182,7 @@ class StepRunner:
                 # The job's own mailbox and thread (Gmail with user = "{from}").
                 provider = provider.for_job(job.from_addr, job.content.thread_id)
             return Work(
-                job, policy, provider, now, self._ledger, counter, self._observer, self._commit
+                job, policy, provider, now, self._ledger, counter, self._observer, self._commits
             )
 
         return self.guard(step, key, counter, load)
@@ -160,10 +192,17 @@ class StepRunner:
         skip, anything else an error; neither stops the tick."""
         try:
             return action()
-        except (ConcurrentUpdate, TransitionError, UnknownJob) as exc:
-            log.debug("job %s skipped: %s", key, exc)
-            counter.bump("skipped")
-        except Exception:
-            log.exception("job %s: unexpected failure in %s", key, type(step).__name__)
-            counter.bump("errors")
+        except Exception as exc:
+            count_failure(key, exc, counter, type(step).__name__)
         return None
+
+
+def count_failure(key: str, exc: BaseException, counter: Counter, where: str) -> None:
+    """A step that failed: a conflict or refused transition is a skip (another writer
+    moved the job first), anything else an error."""
+    if isinstance(exc, ConcurrentUpdate | TransitionError | UnknownJob):
+        log.debug("job %s skipped: %s", key, exc)
+        counter.bump("skipped")
+    else:
+        log.error("job %s: unexpected failure in %s", key, where, exc_info=exc)
+        counter.bump("errors")

@@ -34,8 +34,13 @@ log = logging.getLogger("sendledger.engine")
 
 #: Keys one worker loads in one query.
 LOAD_BATCH = 32
+#: Keys one worker loads at least (when that many are offered): with many workers a
+#: query per key or two cost more CPU than the rows it read (bench/pipeline.py (b)).
+LOAD_MIN = 8
 #: The longest a worker with nothing to do sleeps before it looks again.
 IDLE_WAIT = 0.5
+#: What a worker does before it sleeps when an outcome of its may wait for a commit.
+_FLUSH = object()
 
 
 @dataclass(eq=False)
@@ -54,6 +59,7 @@ class SendWorkers:
         dispatch: Callable[[Work, bool], object],
         give_up: Callable[[Work], None],
         refill: Callable[[], None],
+        flush: Callable[[], None],
         circuits: Circuits,
         clock: Clock,
         max_queued: int,
@@ -62,10 +68,17 @@ class SendWorkers:
         self._dispatch = dispatch
         self._give_up = give_up
         self._refill = refill
+        self._flush = flush
         self._circuits = circuits
         self._clock = clock
         self._max_queued = max_queued
-        self._cond = threading.Condition()
+        # Workers wait on `_cond`, `drain` on `_drained`; one lock. A worker that goes
+        # idle wakes only a drain: waking the other idle workers made them wake each
+        # other in turn for as long as they were idle (a core's worth of CPU, and the
+        # interpreter lock taken from the busy workers).
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._drained = threading.Condition(lock)
         self._intake: deque[str] = deque()
         self._known: set[str] = set()  # offered, queued or running
         self._queues: dict[str, deque[Work]] = {}
@@ -117,7 +130,7 @@ class SendWorkers:
             while not (settled := self._settled(busy())):
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                self._cond.wait(0.05)  # `busy()` can change without a notification
+                self._drained.wait(0.05)  # `busy()` can change without a notification
             crashed, self._crashed = self._crashed, None
         if crashed is not None:
             raise crashed
@@ -148,27 +161,34 @@ class SendWorkers:
         # Caller holds the lock.
         self._generation += 1
         self._cond.notify_all()
+        self._drained.notify_all()
 
     def _serve(self, me: int) -> None:
+        owes = False  # a job's outcome may still wait for a commit (`commit.py`)
         while True:
             with self._cond:
-                step = self._next(me)
-            if step is None:
-                return
-            if isinstance(step, list):
+                step = self._next(me, owes)
+            if step is None or step is _FLUSH:
+                self._flush_now()
+                owes = False
+                if step is None:
+                    return
+            elif isinstance(step, list):
                 self._queue(step)
             elif isinstance(step, _Task):
                 self._run(step)
+                owes = True
             else:
                 self._refill_now()
 
-    def _next(self, me: int) -> list[str] | _Task | bool | None:
+    def _next(self, me: int, owes: bool) -> list[str] | _Task | bool | object | None:
         """What this worker does next (lock held): keys to load, a job, True to refill,
-        None to stop. Sleeps while there is nothing."""
+        `_FLUSH` before it would sleep with an outcome unsaved (`owes`), None to stop.
+        Sleeps while there is nothing."""
         while not self._closing:
             if self._intake:
                 self._idle.pop(me, None)
-                count = min(LOAD_BATCH, max(1, len(self._intake) // len(self._threads)))
+                count = min(LOAD_BATCH, max(LOAD_MIN, len(self._intake) // len(self._threads)))
                 self._loading += 1
                 return [self._intake.popleft() for _ in range(min(count, len(self._intake)))]
             task, wait = self._pick()
@@ -181,8 +201,11 @@ class SendWorkers:
                 self._refilling = True
                 self._more = False
                 return True
+            if owes:
+                self._idle.pop(me, None)
+                return _FLUSH
             self._idle[me] = self._generation
-            self._cond.notify_all()  # a drain may be waiting for this
+            self._drained.notify_all()  # a drain may be waiting for this
             self._cond.wait(min(wait, IDLE_WAIT))
         return None
 
@@ -260,6 +283,12 @@ class SendWorkers:
                 self._running -= 1
                 self._known.discard(task.work.job.key)
                 self._changed()
+
+    def _flush_now(self) -> None:
+        try:
+            self._flush()
+        except Exception:
+            log.exception("could not save the outcomes left to the next commit")
 
     def _refill_now(self) -> None:
         try:

@@ -120,7 +120,7 @@ class Engine:
             self.clock,
             self._stopping,
             self.observer,
-            commit=self.commits.save,
+            commits=self.commits,
         )
         backoff = self._backoff = SearchBackoff(self.circuits, self.clock)
         self._dispatch = Dispatch(
@@ -144,6 +144,7 @@ class Engine:
             dispatch=self._send_one,
             give_up=self._give_up,
             refill=self._offer_sends,
+            flush=self.commits.flush,
             circuits=self.circuits,
             clock=self.clock,
             max_queued=max(batch_size * 10, concurrency * 4),

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from email.message import Message
 from email.parser import BytesHeaderParser
 from email.utils import getaddresses
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,12 +64,19 @@ class Envelope:
 
     def __init__(self, raw: bytes) -> None:
         match = _HEADER_END.search(raw)
-        head, body = (raw[: match.end()], raw[match.end() :]) if match else (raw, b"")
-        headers = BytesHeaderParser().parsebytes(head)
+        self._raw = raw
+        self._head_end = match.end() if match else len(raw)
+        headers = BytesHeaderParser().parsebytes(raw[: self._head_end])
         fields = [str(v) for name in ("to", "cc", "bcc") for v in headers.get_all(name) or ()]
         self.recipients = [addr for _, addr in getaddresses(fields) if addr]
         self.message_id = str(headers.get("Message-ID") or "").strip()
-        self.data = _BCC.sub(b"", head) + body
+
+    @cached_property
+    def data(self) -> bytes:
+        """The message without its Bcc header. Made on first use: the dispatch's check
+        before a claim (`render_checked`) reads only the recipients and the Message-ID."""
+        head_end = self._head_end
+        return _BCC.sub(b"", self._raw[:head_end]) + self._raw[head_end:]
 
     def wire_data(self) -> bytes:
         """DATA's payload: CRLF line ends, leading dots doubled, then CRLF . CRLF."""

@@ -1,0 +1,83 @@
+"""The send workers (daemon/engine/sends.py) without waste.
+
+Idle workers sleep: with nothing to send, a worker wakes only at its idle wait or when
+something changes, never because another idle worker went to sleep. They used to wake
+each other in turn for as long as they were idle: a core's worth of CPU in an idle
+daemon, and the interpreter lock taken from busy workers.
+
+Many workers load due jobs in queries of several keys (`LOAD_MIN`), not one query per key
+or two."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from tests.unit.engine_rig import EngineRig, policy
+
+from daemon.engine import sends
+
+
+def test_idle_workers_do_not_wake_each_other() -> None:
+    rig = EngineRig(policy("receipts"), concurrency=4)
+    try:
+        workers: Any = rig.engine._sends
+        looks = 0
+        lock = threading.Lock()
+        pick = workers._pick
+
+        def counted() -> Any:
+            nonlocal looks
+            with lock:
+                looks += 1
+            return pick()
+
+        workers._pick = counted
+        rig.engine.hand_out()  # nothing due: every worker goes idle
+        time.sleep(0.2)
+        with lock:
+            looks = 0
+        time.sleep(1.0)
+        with lock:
+            seen = looks
+        # Each of the 4 wakes about once per idle wait (0.5 s): 8 looks in a second,
+        # a few more for the wake-ups of the tick above; thousands when they ping-pong.
+        assert seen <= 4 * (1.0 / sends.IDLE_WAIT + 2), seen
+    finally:
+        rig.close()
+
+
+def test_an_idle_engine_still_sends_what_is_submitted() -> None:
+    rig = EngineRig(policy("receipts"), concurrency=4)
+    try:
+        rig.engine.hand_out()
+        time.sleep(0.1)  # idle
+        for n in range(6):
+            rig.submit("receipts", f"k{n}")
+        report = rig.tick()
+        assert report.confirmed == 6 and rig.provider.sends == 6
+    finally:
+        rig.close()
+
+
+def test_many_workers_load_several_keys_per_query() -> None:
+    rig = EngineRig(policy("receipts"), concurrency=16)
+    try:
+        for n in range(64):
+            rig.submit("receipts", f"k{n}")
+        sizes: list[int] = []
+        get_jobs = rig.ledger.get_jobs
+
+        def counted(keys: list[str]) -> Any:
+            sizes.append(len(keys))
+            return get_jobs(keys)
+
+        rig.ledger.get_jobs = counted  # type: ignore[method-assign]
+        report = rig.tick()
+        assert report.confirmed == 64 and rig.provider.sends == 64
+        # 64 keys for 16 workers: at least LOAD_MIN per query, so at most 64 / 8 queries
+        # (one to four keys per query before: 44).
+        assert sum(sizes) == 64 and len(sizes) <= 64 // 8, sizes
+    finally:
+        rig.close()
