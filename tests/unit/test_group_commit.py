@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.engine_rig import DAEMON, EngineRig, claimed_by, policy
 
+from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.engine.commit import GroupCommit, _Save
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.job import SendJob
@@ -300,3 +301,31 @@ def test_save_soon_without_deferral_saves_at_once(rig: EngineRig) -> None:
     told: list[BaseException | None] = []
     commits.save_soon(claimed_by(rig.ledger, "k0", "me"), told.append)
     assert told == [None] and rig.job("k0").claimed_by == "me"
+
+
+def test_no_outcome_waits_behind_a_draft_step() -> None:
+    """On a drafts provider the next job's claim starts with a provider call (find or
+    create its draft) that may take its whole timeout: the previous job's outcome, left for
+    the next commit, is durable before that call starts, not after it."""
+    rig = EngineRig(RETRY, concurrency=1)
+    try:
+        rig.engine.close()
+        rig.provider = FakeDraftsProvider("fake", clock=rig.clock)
+        rig.engine = rig.new_engine()
+        for n in range(3):
+            rig.submit("receipts", f"k{n}")
+        stored_before_create: list[list[JobState]] = []
+        create = rig.provider.create_draft
+
+        def watched_create(raw: bytes) -> Any:
+            rows = [rig.ledger.get_job(f"k{n}").state for n in range(3)]
+            stored_before_create.append(rows)
+            return create(raw)
+
+        rig.provider.create_draft = watched_create  # type: ignore[method-assign]
+        report = rig.tick()
+        assert report.confirmed == 3
+        settled = [s for s in stored_before_create if JobState.ATTEMPTED in s]
+        assert settled == [], stored_before_create  # no outcome was still in memory
+    finally:
+        rig.close()

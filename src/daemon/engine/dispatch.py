@@ -170,6 +170,9 @@ class Dispatch:
         draft = None
         drafts = drafts_flow.drafts_mode(provider)
         if drafts is not None:
+            # The draft step is a provider call that may take its whole timeout: an
+            # outcome left for the next commit (`commit.py`) must not wait behind it.
+            work.flush()
             try:
                 draft = drafts_flow.prepare_draft(job, drafts, raw, work.now)
             except drafts_flow.DraftAlreadySent as sent:
