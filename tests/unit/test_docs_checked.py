@@ -1,10 +1,10 @@
-"""Every claim in the docs pages is checkable (docs/development.md "Development"): each section
+"""Every claim in the docs pages is checkable (docs/development.md "Writing the docs"): each section
 of a page ends with a `Checked by:` line naming the tests, benchmarks or commands that check
 what the section says, and each of them exists, so a reader who doubts a sentence knows what to
 run, and a test that is renamed or removed takes its claim's evidence with it visibly.
 
-A section is the text under a `##` or `###` heading up to the next heading; one that holds no
-prose of its own (only sub-sections or a code block) needs no line."""
+A section is the text under a `##`, `###` or `####` heading up to the next heading; one that
+holds no prose of its own (only sub-sections or a code block) needs no line."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ MAKE_TARGET = re.compile(r"^([a-z][a-z0-9_-]*):", re.M)
 
 
 def sections(text: str) -> list[tuple[str, list[str]]]:
-    """(heading, prose lines) for every `##`/`###` section; fenced code is not prose."""
+    """(heading, prose lines) for every `##`/`###`/`####` section; fenced code is not
+    prose."""
     found: list[tuple[str, list[str]]] = []
     current: list[str] | None = None
     fenced = False
@@ -36,7 +37,7 @@ def sections(text: str) -> list[tuple[str, list[str]]]:
         heading = None if fenced else HEADING.match(line)
         if heading:
             current = None
-            if len(heading.group(1)) in (2, 3):
+            if len(heading.group(1)) in (2, 3, 4):
                 current = []
                 found.append((heading.group(2), current))
         elif current is not None and not fenced and line.strip():
