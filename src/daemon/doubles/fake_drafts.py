@@ -18,11 +18,18 @@ from email.parser import BytesHeaderParser
 
 from daemon.doubles.fake_provider import Copy, FakeProvider, Scripted, SimulatedCrash
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
-from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftStatus
+from daemon.providers.draft_handle import (
+    Draft,
+    DraftCheck,
+    DraftRefused,
+    DraftsProvider,
+    DraftStatus,
+)
 
 
 class FakeDraftsProvider(FakeProvider):
     send_via = "drafts"
+    leaves_drafts = True
 
     def __init__(
         self,
@@ -35,7 +42,7 @@ class FakeDraftsProvider(FakeProvider):
         super().__init__(
             name, clock=clock, index_lag=index_lag, replaces_message_id=replaces_message_id
         )
-        self.drafts: dict[str, tuple[str, str]] = {}  # draft id -> (Message-ID, message id)
+        self.held_drafts: dict[str, tuple[str, str]] = {}  # draft id -> (Message-ID, message id)
         self.drafts_created = 0
         self.draft_sends = 0
         self._draft_ids = itertools.count(1)
@@ -96,7 +103,7 @@ class FakeDraftsProvider(FakeProvider):
     def delete_by_person(self, draft_id: str) -> None:
         """Someone deletes the draft in the mailbox (the GONE case)."""
         with self._lock:
-            self.drafts.pop(draft_id, None)
+            self.held_drafts.pop(draft_id, None)
 
     # -- drafts ---------------------------------------------------------------------------
 
@@ -116,7 +123,7 @@ class FakeDraftsProvider(FakeProvider):
                 raise DraftRefused("drafts.create: HTTP 400: refused (scripted)")
             self.drafts_created += 1
             draft = Draft(f"r{next(self._draft_ids):06d}", f"fake-{next(self._ids):06d}")
-            self.drafts[draft.draft_id] = (message_id, draft.provider_message_id)
+            self.held_drafts[draft.draft_id] = (message_id, draft.provider_message_id)
             self._made[draft.draft_id] = message_id
             crash = self._crash_on_create > 0
             if crash:
@@ -130,13 +137,13 @@ class FakeDraftsProvider(FakeProvider):
             self.draft_sends += 1
             self.sends += 1
             self.sends_by_message_id[self._made.get(draft.draft_id, "")] += 1
-            held = self.drafts.get(draft.draft_id)
+            held = self.held_drafts.get(draft.draft_id)
             if held is None:
                 return SendOutcome(SendKind.UNKNOWN, f"draft {draft.draft_id} is gone", status=404)
             message_id, provider_id = held
             fate = self._script.popleft() if self._script else Scripted.confirmed()
             if fate.stored:
-                del self.drafts[draft.draft_id]
+                del self.held_drafts[draft.draft_id]
                 stored = (
                     f"<replaced-{provider_id}@fake>" if self.replaces_message_id else message_id
                 )
@@ -161,7 +168,7 @@ class FakeDraftsProvider(FakeProvider):
             if self._failing_checks:
                 self._failing_checks -= 1
                 raise ProviderError("drafts.get failed (scripted)")
-            if draft.draft_id in self.drafts:
+            if draft.draft_id in self.held_drafts:
                 return DraftCheck(DraftStatus.PENDING)
             for copy in self.copies:
                 if copy.provider_message_id == draft.provider_message_id:
@@ -172,10 +179,22 @@ class FakeDraftsProvider(FakeProvider):
         with self._lock:
             return [
                 Draft(draft_id, provider_id)
-                for draft_id, (held, provider_id) in self.drafts.items()
+                for draft_id, (held, provider_id) in self.held_drafts.items()
                 if held == message_id
             ]
 
     def delete_draft(self, draft_id: str) -> bool:
         with self._lock:
-            return self.drafts.pop(draft_id, None) is not None
+            return self.held_drafts.pop(draft_id, None) is not None
+
+    def drafts(self) -> DraftsProvider | None:
+        return self
+
+    def delete_drafts(self, message_id: str) -> list[str]:
+        return [d.draft_id for d in self.find_drafts(message_id) if self.delete_draft(d.draft_id)]
+
+    def unsent_drafts(self, message_id: str) -> int:
+        """Drafts of `message_id` that are still unsent (a test's count, by the
+        Message-ID we gave)."""
+        with self._lock:
+            return sum(1 for held, _ in self.held_drafts.values() if held == message_id)

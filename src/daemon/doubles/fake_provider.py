@@ -92,6 +92,19 @@ class Scripted:
         return cls(SendOutcome(SendKind.CONFIRMED, "200"), stored=True, hangs_until=release)
 
     @classmethod
+    def timed_out(cls, release: threading.Event | None = None, *, stored: bool = False) -> Scripted:
+        """A call that outlives its timeout (a hang at the provider): Unknown, timed out.
+        With `release`, its worker is held until it is set, as a real timeout holds it."""
+        outcome = SendOutcome(SendKind.UNKNOWN, "timed out", timed_out=True)
+        return cls(outcome, stored=stored, hangs_until=release)
+
+    @classmethod
+    def slow(cls, release: threading.Event) -> Scripted:
+        """A call that answers, but only once `release` is set (a provider slower than
+        the lease, not one past its timeout): stored, then confirmed."""
+        return cls.hang(release)
+
+    @classmethod
     def crash_during_call(cls, *, stored: bool) -> Scripted:
         """The caller dies mid-call: raises SimulatedCrash after the provider did (or did
         not) store the copy, so nothing after the claim is recorded."""
@@ -136,9 +149,14 @@ class FakeProvider(ProviderBase):
         #: more believed misses than that (a failed search is never a miss).
         self.answered_searches: Counter[str] = Counter()
         self.hanging = 0  # calls blocked in a scripted hang right now
+        self.pings = 0
         self._script: deque[Scripted] = deque()
         self._failing_searches = 0
         self._searches_unavailable = False
+        self._failing_pings = 0
+        #: Called in the middle of every search, before it reads the mailbox (a hook for
+        #: tests that let another actor move while a search is out).
+        self.during_search: Callable[[], None] | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -155,6 +173,11 @@ class FakeProvider(ProviderBase):
         with self._lock:
             self._failing_searches += count
             self._searches_unavailable = unavailable
+
+    def fail_pings(self, count: int) -> None:
+        """The next `count` pings time out (the provider still hangs)."""
+        with self._lock:
+            self._failing_pings += count
 
     def copies_of(self, message_id: str) -> int:
         with self._lock:
@@ -189,8 +212,18 @@ class FakeProvider(ProviderBase):
             return SendOutcome(SendKind.CONFIRMED, outcome.reason, provider_message_id=provider_id)
         return outcome
 
+    def ping(self) -> None:
+        with self._lock:
+            self.pings += 1
+            if self._failing_pings:
+                self._failing_pings -= 1
+                raise ProviderError("ping: timed out (scripted)", timed_out=True)
+
     def search(self, message_id: str) -> SearchResult:
         query = f"rfc822msgid:{message_id.strip('<>')}"
+        hook = self.during_search
+        if hook is not None:
+            hook()
         with self._lock:
             self.searches += 1
             if self._failing_searches:

@@ -43,6 +43,7 @@ from daemon.providers.base import (
     SendOutcome,
 )
 from daemon.providers.smtp_classify import Stage, classify_smtp
+from daemon.providers.transport import timed_out
 from ledger.message_id import same_message_id
 
 log = logging.getLogger("sendledger.providers.smtp")
@@ -205,7 +206,36 @@ class SmtpImapProvider(ProviderBase):
         except smtplib.SMTPResponseException as exc:
             return refused(exc.smtp_code, exc.smtp_error)
         except (OSError, smtplib.SMTPException, ValueError) as exc:
-            return classify_smtp(stage, None, _describe(exc), message_id=envelope.message_id)
+            return classify_smtp(
+                stage,
+                None,
+                _describe(exc),
+                message_id=envelope.message_id,
+                timed_out=timed_out(exc),
+            )
+        finally:
+            if smtp is not None:
+                _quit(smtp)
+
+    def ping(self) -> None:
+        """A session that sends nothing: connect, EHLO, NOOP (a circuit's probe after a
+        hang; the hang that opened it was in the submission, not in IMAP)."""
+        if self._closed:
+            raise RuntimeError(f"provider {self.name!r} is closed")
+        smtp: smtplib.SMTP | None = None
+        try:
+            smtp = self._smtp()
+            code, text = smtp.ehlo()
+            if code != 250:
+                code, text = smtp.helo()
+            if code == 250:
+                code, text = smtp.noop()
+            if code != 250:
+                raise ProviderError(f"ping: {code} {_text(text)}", unavailable=code == 421)
+        except (OSError, smtplib.SMTPException) as exc:
+            raise ProviderError(
+                f"ping: {_describe(exc)}", unavailable=True, timed_out=timed_out(exc)
+            ) from exc
         finally:
             if smtp is not None:
                 _quit(smtp)
@@ -235,7 +265,8 @@ class SmtpImapProvider(ProviderBase):
             )
         except Exception as exc:
             raise ProviderError(
-                f"IMAP connect {self.imap_host}:{self.imap_port}: {_describe(exc)}"
+                f"IMAP connect {self.imap_host}:{self.imap_port}: {_describe(exc)}",
+                timed_out=timed_out(exc),
             ) from exc
         try:
             if self.imap_security == "starttls":
@@ -246,7 +277,8 @@ class SmtpImapProvider(ProviderBase):
             raise
         except Exception as exc:
             raise ProviderError(
-                f"IMAP {self.imap_host}:{self.imap_port}: {_describe(exc)}"
+                f"IMAP {self.imap_host}:{self.imap_port}: {_describe(exc)}",
+                timed_out=timed_out(exc),
             ) from exc
         finally:
             try:

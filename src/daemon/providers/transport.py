@@ -135,6 +135,26 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def timed_out(exc: BaseException) -> bool:
+    """Whether a call ended because it outlived its timeout (the socket's, anywhere in the
+    exception's causes): for the circuit, a hang (docs/operations.md "Outages and quotas")."""
+    seen: list[BaseException] = []
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop()
+        if any(current is s for s in seen):
+            continue
+        seen.append(current)
+        if isinstance(current, TimeoutError | socket.timeout):
+            return True
+        todo.extend(
+            e
+            for e in (current.__cause__, current.__context__, getattr(current, "cause", None))
+            if isinstance(e, BaseException)
+        )
+    return False
+
+
 def _closed_by_peer(sock: Any) -> bool:
     """True when an idle connection's socket has something to read: the server's FIN, a
     reset, or bytes nobody asked for. Either way it must not carry a request."""
