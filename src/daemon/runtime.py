@@ -150,6 +150,7 @@ class Daemon:
     def serve(self) -> int:
         hooks = hooks_from(self.service.settings)  # a bad secret file: exit 2 before anything
         self._identity = start_up(self.service)
+        self.engine.start_lease_renewer()
         self._webhooks = start_webhooks(
             hooks,
             self.service.ledger,
@@ -305,6 +306,7 @@ def run_once(service: Service) -> TickReport:
     try:
         hooks = hooks_from(service.settings)
         identity = start_up(service)
+        service.engine.start_lease_renewer()
         report = service.engine.tick()
         deliver_once(
             hooks,

@@ -493,6 +493,10 @@ class SendJob(Aggregate):
             if self.why == DRAFTS_TIDY:
                 job.tidy_at = None
                 job.due_at = _earliest(job.verify_at, None)
+            if job.draft_id in self.draft_ids:
+                # Deleted: a later attempt makes a new one (prepare_draft).
+                job.draft_id = None
+                job.draft_message_id = None
 
     class Cancelled(Event):
         """Withdrawn before any provider call: the job is never sent."""

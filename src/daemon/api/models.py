@@ -133,15 +133,25 @@ class JobList(BaseModel):
     )
 
 
+#: A decision made on the version of the job a person saw (`version` of its status).
+EXPECTED_VERSION = Field(
+    default=None,
+    ge=1,
+    description="the job's version the decision was made on: refused (409) if it changed since",
+)
+
+
 class ResolveIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     decision: Resolution = Field(alias="as")
     note: str = Field(default="", max_length=10_000)
+    expected_version: int | None = EXPECTED_VERSION
 
 
 class CancelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     note: str = Field(default="", max_length=10_000)
+    expected_version: int | None = EXPECTED_VERSION
 
 
 #: No stored channel or reason holds a NUL (and PostgreSQL refuses one in a query).

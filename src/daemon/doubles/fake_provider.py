@@ -149,13 +149,19 @@ class FakeProvider(ProviderBase):
         #: more believed misses than that (a failed search is never a miss).
         self.answered_searches: Counter[str] = Counter()
         self.hanging = 0  # calls blocked in a scripted hang right now
+        #: Sends of each Message-ID in flight now (a scripted hang), and which of its calls
+        #: (1 for its first send, ...) stored a copy: what a record of "not sent" after
+        #: attempt N is held against.
+        self.in_flight: Counter[str] = Counter()
+        self.stored_by_call: dict[str, list[int]] = {}
         self.pings = 0
         self._script: deque[Scripted] = deque()
         self._failing_searches = 0
         self._searches_unavailable = False
         self._failing_pings = 0
-        #: Called in the middle of every search, before it reads the mailbox (a hook for
-        #: tests that let another actor move while a search is out).
+        #: Called in the middle of every search, after it read the mailbox and before its
+        #: answer reaches the caller (a hook for tests that let another actor move while a
+        #: search's answer is on its way).
         self.during_search: Callable[[], None] | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -175,9 +181,9 @@ class FakeProvider(ProviderBase):
             self._searches_unavailable = unavailable
 
     def fail_pings(self, count: int) -> None:
-        """The next `count` pings time out (the provider still hangs)."""
+        """The next `count` pings time out (the provider still hangs); 0: they answer."""
         with self._lock:
-            self._failing_pings += count
+            self._failing_pings = count
 
     def copies_of(self, message_id: str) -> int:
         with self._lock:
@@ -197,20 +203,29 @@ class FakeProvider(ProviderBase):
         with self._lock:
             self.sends += 1
             self.sends_by_message_id[message_id] += 1
+            call = self.sends_by_message_id[message_id]
             fate = self._script.popleft() if self._script else Scripted.confirmed()
             provider_id = self._store(message_id, *shown) if fate.stored else None
+            if fate.stored:
+                self.stored_by_call.setdefault(message_id, []).append(call)
         if fate.hangs_until is not None:
-            with self._lock:
-                self.hanging += 1
-            fate.hangs_until.wait()
-            with self._lock:
-                self.hanging -= 1
+            self.hang(message_id, fate.hangs_until)
         if fate.crashes:
             raise SimulatedCrash(f"crashed while sending {message_id}")
         outcome = fate.outcome
         if outcome.kind is SendKind.CONFIRMED and provider_id and fate.answers_id:
             return SendOutcome(SendKind.CONFIRMED, outcome.reason, provider_message_id=provider_id)
         return outcome
+
+    def hang(self, message_id: str, release: threading.Event) -> None:
+        """A call of `message_id` held until `release` is set."""
+        with self._lock:
+            self.hanging += 1
+            self.in_flight[message_id] += 1
+        release.wait()
+        with self._lock:
+            self.hanging -= 1
+            self.in_flight[message_id] -= 1
 
     def ping(self) -> None:
         with self._lock:
@@ -221,9 +236,6 @@ class FakeProvider(ProviderBase):
 
     def search(self, message_id: str) -> SearchResult:
         query = f"rfc822msgid:{message_id.strip('<>')}"
-        hook = self.during_search
-        if hook is not None:
-            hook()
         with self._lock:
             self.searches += 1
             if self._failing_searches:
@@ -244,6 +256,9 @@ class FakeProvider(ProviderBase):
                 )
                 for copy in self._visible(message_id, visible_before)
             )
+        hook = self.during_search
+        if hook is not None:
+            hook()  # the answer is read; it reaches the caller only now
         return SearchResult(query=query, hits=hits)
 
     def read_message_id(self, provider_message_id: str) -> str | None:

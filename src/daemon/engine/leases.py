@@ -72,6 +72,10 @@ class Leases:
         with self._lock:
             return key in self._held
 
+    def lease(self, key: str) -> Lease | None:
+        with self._lock:
+            return self._held.get(key)
+
     def stop_renewing(self, lease: Lease) -> None:
         """The worker is about to record the call's outcome on the job: no renewal may
         touch it from now on (one in progress is waited for)."""

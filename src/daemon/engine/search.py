@@ -35,7 +35,7 @@ from daemon.engine.readback import ProviderHealth
 from daemon.engine.report import Count
 from daemon.engine.runner import Work, due
 from daemon.providers.base import Provider, ProviderError, SearchResult
-from daemon.providers.draft_handle import DraftCheck, DraftsProvider
+from daemon.providers.draft_handle import DraftCheck, DraftsProvider, DraftStatus
 from ledger.decision_types import StopVerifying
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob
 from ledger.vocabulary import JobState, PolicyRef
@@ -97,6 +97,12 @@ class SearchBackoff:
         return self._call(
             work, provider, "search", lambda: provider.search(work.job.message_id), "searched"
         )
+
+    def delete_draft(
+        self, work: Work, drafts: DraftsProvider, provider: Provider, draft_id: str
+    ) -> bool | None:
+        """One draft deleted (False: it was gone already), under the circuit and backoff."""
+        return self._call(work, provider, "draft fence", lambda: drafts.delete_draft(draft_id))
 
     def delete_drafts(self, work: Work, provider: Provider, what: str) -> list[str] | None:
         """The job's unsent drafts deleted, under the same circuit and backoff."""
@@ -218,11 +224,27 @@ class Sweep:
     def _ask_draft(
         self, work: Work, drafts: DraftsProvider, provider: Provider, policy: ChannelPolicy
     ) -> None:
-        """A job whose draft is recorded is settled by the draft, not by a search."""
+        """A job whose draft is recorded is settled by the draft, not by a search. A draft
+        still unsent is deleted before the job is recorded as not sent by it (the fence):
+        the sweep runs for a claim whose lease lapsed or whose call timed out, and that
+        call may still land; once deleted, nothing can send it."""
         job = work.job
         check = self._backoff.ask(work, drafts, provider)
         if check is None:
             return
+        fenced = None
+        if check.status is DraftStatus.PENDING:
+            draft = recorded_draft(job)
+            assert draft is not None
+            deleted = self._backoff.delete_draft(work, drafts, provider, draft.draft_id)
+            if deleted is None:
+                return  # no answer: asked again later
+            if deleted:
+                fenced = draft.draft_id
+            else:  # gone since the check: sent by that call, or deleted by a person
+                check = self._backoff.ask(work, drafts, provider)
+                if check is None:
+                    return
         work.now = self._clock()
         record_draft_check(
             job,
@@ -233,6 +255,8 @@ class Sweep:
             handle_reliable=self._health.reliable(policy.provider),
             tidy_at=decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now),
         )
+        if fenced is not None:
+            job.record_drafts_deleted(draft_ids=[fenced], why=DRAFTS_FENCE, at=work.now)
         work.save()
         log.info("job %s: its draft is %s", job.key, check.status.value)
 
