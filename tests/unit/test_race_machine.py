@@ -375,9 +375,9 @@ class RaceMachine(RuleBasedStateMachine):
             return
         for key in self.keys:
             job = self.r.job(key)
-            if job.state in FINAL_STATES and job.tidy_at is None and job.due_at is None:
-                if self.kind != "messages" and self.tidied(key):
-                    assert self.r.provider.unsent_drafts(job.message_id) == 0, key
+            done = job.state in FINAL_STATES and job.tidy_at is None and job.due_at is None
+            if done and self.kind != "messages" and self.tidied(key):
+                assert self.r.provider.unsent_drafts(job.message_id) == 0, key
 
     def tidied(self, key: str) -> bool:
         return any(

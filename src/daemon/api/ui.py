@@ -370,7 +370,7 @@ async def resolve_form(
     )
 
 
-def _form_version(text: str) -> int | None | Response:
+def _form_version(text: str) -> int | Response | None:
     """The job's version the page showed when the person decided (a decision holds for
     that version only: docs/review.md "Two people, one job")."""
     if not text:

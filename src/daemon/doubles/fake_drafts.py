@@ -5,8 +5,8 @@ A draft is stored with its message id and sends nothing; sending it consumes it 
 keeps the draft's message id), so a second send of the same draft finds nothing (Unknown:
 "gone", as Gmail's 404); `check_draft` answers from the drafts and the copies at once, with
 no index lag, while the list by Message-ID (`find_drafts`) shows a draft only `index_lag`
-after it was made, as Gmail's `drafts.list q=` does. Sends are scripted as for FakeProvider (`Scripted`): a fate that stores
-nothing leaves the draft in place. `replaces_message_id` replaces the Message-ID at the
+after it was made, as Gmail's `drafts.list q=` does. Sends are scripted as for
+FakeProvider (`Scripted`): a fate that stores nothing leaves the draft in place. `replaces_message_id` replaces the Message-ID at the
 send, as Gmail is reported to.
 """
 
