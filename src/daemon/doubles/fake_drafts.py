@@ -6,8 +6,8 @@ keeps the draft's message id), so a second send of the same draft finds nothing 
 "gone", as Gmail's 404); `check_draft` answers from the drafts and the copies at once, with
 no index lag, while the list by Message-ID (`find_drafts`) shows a draft only `index_lag`
 after it was made, as Gmail's `drafts.list q=` does. Sends are scripted as for
-FakeProvider (`Scripted`): a fate that stores nothing leaves the draft in place. `replaces_message_id` replaces the Message-ID at the
-send, as Gmail is reported to.
+FakeProvider (`Scripted`): a fate that stores nothing leaves the draft in place.
+`replaces_message_id` replaces the Message-ID at the send, as Gmail is reported to.
 """
 
 from __future__ import annotations
