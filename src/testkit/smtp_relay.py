@@ -147,17 +147,18 @@ class SmtpFaultRelay:
         with self._lock:
             self._modes = deque(check_smtp_mode(m) for m in modes)
 
-    def answer(self, verb: str, reply: str, *, times: int = 1) -> None:
-        """Answer the next `times` commands `verb` (``MAIL``, ``RCPT``, ``DATA``, ``EHLO``,
-        ``AUTH``, ``RSET``, ``NOOP``, ... or ``GREETING``) with `reply` ("451 4.3.0 busy")
-        instead of forwarding them; a 421 then closes the connection."""
+    def answer(self, verb: str, reply: str, *, times: int = 1, skip: int = 0) -> None:
+        """Answer `times` commands `verb` (``MAIL``, ``RCPT``, ``DATA``, ``EHLO``, ``AUTH``,
+        ``RSET``, ``NOOP``, ... or ``GREETING``) with `reply` ("451 4.3.0 busy") instead of
+        forwarding them, after forwarding the next `skip` of them; a 421 then closes the
+        connection."""
         if verb.upper() not in _VERBS | {"GREETING"}:
             raise ValueError(f"not a command the relay answers: {verb!r}")
         code = reply[:3]
         if not (code.isdigit() and reply[3:4] in ("", " ")):
             raise ValueError(f"an SMTP reply starts with a code and a space: {reply!r}")
         with self._lock:
-            self._answers.setdefault(verb.upper(), deque()).extend([reply] * times)
+            self._answers.setdefault(verb.upper(), deque()).extend([""] * skip + [reply] * times)
 
     def hang_up(self) -> int:
         """Close every client connection now, as a server closes idle ones (its timeout):
@@ -173,7 +174,8 @@ class SmtpFaultRelay:
         with self._lock:
             self.verbs[verb] += 1
             queue = self._answers.get(verb)
-            return (queue.popleft() + "\r\n").encode() if queue else None
+            own = queue.popleft() if queue else ""
+            return (own + "\r\n").encode() if own else None  # "": forwarded (skipped)
 
     def _next_mode(self) -> SmtpMode:
         with self._lock:
