@@ -196,7 +196,13 @@ def test_the_scripts_the_page_puts_in_make_bench_are_there() -> None:
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     bench = makefile.split("\nbench:", 1)[1].split("\n\n", 1)[0]
     said = re.findall(r"`bench/(\w+\.py)`\)?[ ,]*\(?(?:part of|in) `make bench`", page())
-    assert set(said) == {"pipeline.py", "daemons.py", "mailboxes.py", "history.py"}
+    assert set(said) == {
+        "pipeline.py",
+        "daemons.py",
+        "mailboxes.py",
+        "history.py",
+        "smtp_senders.py",
+    }
     for script in said:
         assert f"bench/{script}" in bench
 

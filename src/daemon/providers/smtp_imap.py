@@ -58,6 +58,12 @@ _HEADER_END = re.compile(rb"\r?\n\r?\n")
 _BCC = re.compile(rb"(?im)^bcc:[^\r\n]*(?:\r?\n[ \t][^\r\n]*)*\r?\n")
 
 
+# The last envelope each thread parsed: the dispatch parses a message's envelope to check
+# it before the claim (`render_checked`) and hands the same bytes to `send_raw` in the same
+# worker, which then need not parse them again (docs/performance.md "The SMTP path").
+_last = threading.local()
+
+
 class Envelope:
     """The SMTP envelope of a raw message: recipients from To, Cc and Bcc; the data
     without its Bcc header (Bcc recipients must not see each other)."""
@@ -70,6 +76,17 @@ class Envelope:
         fields = [str(v) for name in ("to", "cc", "bcc") for v in headers.get_all(name) or ()]
         self.recipients = [addr for _, addr in getaddresses(fields) if addr]
         self.message_id = str(headers.get("Message-ID") or "").strip()
+        _last.envelope = self
+
+    @classmethod
+    def of(cls, raw: bytes) -> Envelope:
+        """The envelope of `raw`: the one this thread parsed last when it was of this very
+        bytes object (bytes are immutable: the same object, the same envelope), else
+        parsed now."""
+        last: Envelope | None = getattr(_last, "envelope", None)
+        if last is not None and last._raw is raw:
+            return last
+        return cls(raw)
 
     @cached_property
     def data(self) -> bytes:
@@ -154,7 +171,7 @@ class SmtpImapProvider(ProviderBase):
     def send_raw(self, raw: bytes) -> SendOutcome:
         """One SMTP transaction, the message written once. Never raises for the call's own
         outcome; raises (before any network activity) only when the provider is closed."""
-        return self.send_envelope(Envelope(raw))
+        return self.send_envelope(Envelope.of(raw))
 
     def send_envelope(self, envelope: Envelope) -> SendOutcome:
         """`send_raw` of a message whose envelope is already parsed."""
