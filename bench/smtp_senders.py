@@ -269,7 +269,7 @@ def smtp_provider(port: int, imap_port: int = 1) -> Any:
 
 
 def run_sendledger(
-    port: int, docs: list[dict[str, Any]], store_url: str, breakdown: bool
+    port: int, docs: list[dict[str, Any]], store_url: str, breakdown: bool, concurrency: int
 ) -> dict[str, Any]:
     from daemon.bootstrap import bootstrap
     from daemon.config.settings import settings_from_dict
@@ -284,7 +284,7 @@ def run_sendledger(
     provider = smtp_provider(port)
     policies = PolicySet({"receipts": policy})
     settings = settings_from_dict(
-        {"store": {"url": store_url}, "daemon": {"concurrency": 4, "batch_size": 200}}
+        {"store": {"url": store_url}, "daemon": {"concurrency": concurrency, "batch_size": 200}}
     )
     service = bootstrap(
         settings,
@@ -414,10 +414,11 @@ def measure(
     docs: list[dict[str, Any]],
     pg_url: str | None,
     breakdown: bool,
+    concurrency: int = 4,
 ) -> Run:
     if sender == "sendledger":
         with store(store_kind, pg_url) as url:
-            result = in_process("run_sendledger", sink.port, docs, url, breakdown)
+            result = in_process("run_sendledger", sink.port, docs, url, breakdown, concurrency)
     elif sender == "post-office":
         result = in_process("run_post_office", sink.port, docs)
     else:
@@ -467,7 +468,9 @@ def throughput(args: argparse.Namespace) -> int:
             for round_ in range(args.rounds):
                 for sender, kind in plan if round_ % 2 == 0 else list(reversed(plan)):
                     docs = documents(args.n, f"r{round_}-{sender}-{kind}", args.attachment_kb)
-                    run = measure(sink, sender, kind, docs, pg_url, args.breakdown)
+                    run = measure(
+                        sink, sender, kind, docs, pg_url, args.breakdown, args.concurrency
+                    )
                     runs[(sender, kind)].append(run)
                     extra = {k: v for k, v in run.extra.items() if k != "breakdown"}
                     print(
@@ -722,6 +725,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default="loop,loop-auth,post-office,sendledger",
         help="which senders (comma-separated)",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="the daemon's send workers (its default: 4)"
     )
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--kill", action="store_true", help="kill -9 each sender mid-run instead")

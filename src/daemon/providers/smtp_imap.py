@@ -101,8 +101,15 @@ class Envelope:
         return not self.data.isascii()
 
     def wire_data(self) -> bytes:
-        """DATA's payload: CRLF line ends, leading dots doubled, then CRLF . CRLF."""
-        data = _LEADING_DOT.sub(b"..", _EOLS.sub(_CRLF, self.data))
+        """DATA's payload: CRLF line ends, leading dots doubled, then CRLF . CRLF. The
+        messages sendledger writes already end every line with CR LF and seldom start one
+        with a dot: counted first (C loops over the bytes), rewritten only when needed."""
+        data = self.data
+        line_ends = data.count(_CRLF)
+        if data.count(b"\r") != line_ends or data.count(b"\n") != line_ends:
+            data = _EOLS.sub(_CRLF, data)
+        if data.startswith(b".") or b"\n." in data:
+            data = _LEADING_DOT.sub(b"..", data)
         if not data.endswith(_CRLF):
             data += _CRLF
         return data + b"." + _CRLF
