@@ -251,7 +251,8 @@ def run_post_office(port: int, docs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": cpu, "message_ids": ids}
 
 
-def smtp_provider(port: int, imap_port: int = 1) -> Any:
+def smtp_provider(port: int, imap_port: int = 1, *, reuse: bool = True) -> Any:
+    from daemon.providers.kept import ReuseLimits
     from daemon.providers.smtp_imap import SmtpImapProvider
 
     return SmtpImapProvider(
@@ -265,11 +266,18 @@ def smtp_provider(port: int, imap_port: int = 1) -> Any:
         username=SENDER,
         password=PASSWORD,
         timeout=30.0,
+        # connection_max_messages = 1: a connection and a login per send, as before.
+        reuse=None if reuse else ReuseLimits(max_uses=1),
     )
 
 
 def run_sendledger(
-    port: int, docs: list[dict[str, Any]], store_url: str, breakdown: bool, concurrency: int
+    port: int,
+    docs: list[dict[str, Any]],
+    store_url: str,
+    breakdown: bool,
+    concurrency: int,
+    reuse: bool,
 ) -> dict[str, Any]:
     from daemon.bootstrap import bootstrap
     from daemon.config.settings import settings_from_dict
@@ -281,7 +289,7 @@ def run_sendledger(
     policy = ChannelPolicy.model_validate(policy_table())
     ledger = Ledger(store_url)
     ids = [ledger.submit(parse_job(doc), policy.sender).message_id for doc in docs]
-    provider = smtp_provider(port)
+    provider = smtp_provider(port, reuse=reuse)
     policies = PolicySet({"receipts": policy})
     settings = settings_from_dict(
         {"store": {"url": store_url}, "daemon": {"concurrency": concurrency, "batch_size": 200}}
@@ -416,9 +424,12 @@ def measure(
     breakdown: bool,
     concurrency: int = 4,
 ) -> Run:
-    if sender == "sendledger":
+    if sender.startswith("sendledger"):
+        reuse = sender == "sendledger"
         with store(store_kind, pg_url) as url:
-            result = in_process("run_sendledger", sink.port, docs, url, breakdown, concurrency)
+            result = in_process(
+                "run_sendledger", sink.port, docs, url, breakdown, concurrency, reuse
+            )
     elif sender == "post-office":
         result = in_process("run_post_office", sink.port, docs)
     else:
@@ -443,6 +454,7 @@ LABELS = {
     "loop-auth": "smtplib loop, a connection and AUTH per message",
     "post-office": "django-post_office `send_queued`, 1 process",
     "sendledger": 'sendledger, `kind = "smtp-imap"`',
+    "sendledger-per-message": "sendledger, a connection and AUTH per message (as before)",
 }
 
 
@@ -457,12 +469,16 @@ def print_breakdown(run: Run) -> None:
 
 def throughput(args: argparse.Namespace) -> int:
     senders = args.only.split(",")
-    plan = [(s, "sqlite") for s in senders if s != "sendledger"]
+    plan = [(s, "sqlite") for s in senders if not s.startswith("sendledger")]
     with postgres_server(args.no_postgres or "sendledger" not in senders) as pg_url:
+        daemons = ["sendledger"] + (
+            ["sendledger-per-message"] if args.connection_per_message else []
+        )
         if "sendledger" in senders:
-            plan.append(("sendledger", "sqlite"))
-            if pg_url is not None:
-                plan.append(("sendledger", "postgresql"))
+            for daemon in daemons:
+                plan.append((daemon, "sqlite"))
+                if pg_url is not None:
+                    plan.append((daemon, "postgresql"))
         runs: dict[tuple[str, str], list[Run]] = {key: [] for key in plan}
         with sink_process(PASSWORD) as sink:
             for round_ in range(args.rounds):
@@ -728,6 +744,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--concurrency", type=int, default=4, help="the daemon's send workers (its default: 4)"
+    )
+    parser.add_argument(
+        "--connection-per-message",
+        action="store_true",
+        help="also the daemon with connection_max_messages = 1 (each send connects and logs in)",
     )
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--kill", action="store_true", help="kill -9 each sender mid-run instead")

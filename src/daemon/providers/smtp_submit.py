@@ -204,8 +204,11 @@ class SmtpSubmitter:
             if kept.reused:
                 self._ready(kept)
                 stage = Stage.MAIL
-            options = ["BODY=8BITMIME"] if envelope.eight_bit and smtp.has_extn("8bitmime") else []
-            code, text = smtp.mail(self.endpoint.username, options)
+            # docmd, not smtp.mail()/rcpt(): those re-parse every address with the email
+            # package's parseaddr to quote it, and ours are bare addr-specs already (the
+            # envelope's, and the login's): "<" + addr + ">" is what quoteaddr returns.
+            body = " BODY=8BITMIME" if envelope.eight_bit and smtp.has_extn("8bitmime") else ""
+            code, text = smtp.docmd("MAIL", f"FROM:<{self.endpoint.username}>{body}")
             if code == 421 and kept.reused:
                 raise _Retry
             if code != 250:
@@ -214,7 +217,7 @@ class SmtpSubmitter:
                 return classify_smtp(stage, code, _text(text), message_id=envelope.message_id)
             stage = Stage.RCPT
             for recipient in envelope.recipients:
-                code, text = smtp.rcpt(recipient)
+                code, text = smtp.docmd("RCPT", f"TO:<{recipient}>")
                 if code not in (250, 251):
                     # All or nothing: a partial delivery is not the job that was asked for.
                     usable = code != 421
