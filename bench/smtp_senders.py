@@ -698,7 +698,7 @@ def kills(args: argparse.Namespace) -> int:
     print(f"kill -9 at half of {args.n} messages, then a restart; copies counted at the sink:")
     print()
     print(
-        "| sender | store | messages with 0 copies | 1 copy | 2 copies | more | run and restart |"
+        "| sender | store | messages with 0 copies | 1 copy | 2 copies | more | how long, why |"
     )
     print("|---|---|---|---|---|---|---|")
     for sender, copies, seconds, notes in rows:
