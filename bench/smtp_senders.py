@@ -338,7 +338,7 @@ def wrap_breakdown(engine: Any) -> dict[str, Any]:
     wrapped = [
         (dispatch, "render_checked", "render + proof + envelope"),
         (dispatch, "checked_message", "  render + proof"),
-        (smtp_imap.Envelope, "__init__", "envelope parse (x2)"),
+        (smtp_imap.Envelope, "__init__", "  envelope parse"),
         (smtp_submit.SmtpSubmitter, "submit", "SMTP transaction"),
         (dispatch.Dispatch, "claim", "claim (decide, render, event)"),
         (dispatch.Dispatch, "outcome_to_events", "outcome events"),
@@ -454,7 +454,7 @@ LABELS = {
     "loop-auth": "smtplib loop, a connection and AUTH per message",
     "post-office": "django-post_office `send_queued`, 1 process",
     "sendledger": 'sendledger, `kind = "smtp-imap"`',
-    "sendledger-per-message": "sendledger, a connection and AUTH per message (as before)",
+    "sendledger-per-message": "sendledger, `connection_max_messages = 1` (a connection per send)",
 }
 
 
@@ -697,9 +697,7 @@ def kills(args: argparse.Namespace) -> int:
     print()
     print(f"kill -9 at half of {args.n} messages, then a restart; copies counted at the sink:")
     print()
-    print(
-        "| sender | store | messages with 0 copies | 1 copy | 2 copies | more | how long, why |"
-    )
+    print("| sender | store | messages with 0 copies | 1 copy | 2 copies | more | how long, why |")
     print("|---|---|---|---|---|---|---|")
     for sender, copies, seconds, notes in rows:
         store_name = "-" if sender == "loop" else "SQLite"
