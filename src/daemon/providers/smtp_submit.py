@@ -249,6 +249,9 @@ class SmtpSubmitter:
         except (OSError, smtplib.SMTPException, ValueError) as exc:
             if kept.reused and stage in (Stage.RESET, Stage.MAIL) and _dead(exc):
                 raise _Retry from exc
+            # Note for the port's coming `SendOutcome.timed_out` (not on main yet): a
+            # TimeoutError here at Stage.END_OF_DATA is the call ended by a timeout after
+            # DATA, the one to mark; classify_smtp would take the flag and set it.
             return classify_smtp(stage, None, _describe(exc), message_id=envelope.message_id)
         finally:
             if usable:
