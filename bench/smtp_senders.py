@@ -192,6 +192,8 @@ def django_settings(folder: Path, port: int) -> None:
             "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(folder / "po.sqlite")}
         },
         INSTALLED_APPS=["post_office"],
+        # Where post_office stores attachment files: the run's folder, not the working one.
+        MEDIA_ROOT=str(folder),
         # post_office renders every subject and body as a template, even without context.
         TEMPLATES=[{"BACKEND": "django.template.backends.django.DjangoTemplates"}],
         EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
