@@ -68,13 +68,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
+# The bench extra (django-post_office, Django, aiosmtpd) is for bench/smtp_senders.py only,
+# so `make test` never installs it.
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/intake.py
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/mailboxes.py
 	$(BIN)/python bench/daemons.py
 	$(BIN)/python bench/history.py $(HISTORY_ARGS)
 	$(BIN)/python bench/render.py
+	$(BIN)/python bench/smtp_senders.py
+	$(BIN)/python bench/smtp_senders.py --kill --n 1000
 
 # Not part of `make test`: 10,000 jobs, 20% faults, two daemons on PostgreSQL, one killed
 # -9 every 20 s, until all settle (bench/soak.py; SOAK_ARGS="--jobs 1000" for a short one).

@@ -239,6 +239,14 @@ class SmtpImapProviderSettings(_Section):
     # after the 250, so a miss proves nothing and on_unknown = "retry" is refused.
     sent_copy: Literal["server", "client"] = "server"
     timeout: Timeout = 30.0
+    # Connections kept between sends (SMTP, with their login) and between searches (IMAP):
+    # messages (IMAP: calls) per connection, its age at most, and the idle time after
+    # which it is checked with NOOP before its next use (docs/providers.md "Connections
+    # kept between sends"). connection_max_messages = 1 or connection_max_age = 0: a
+    # connection per call.
+    connection_max_messages: int = Field(default=100, ge=1, le=100_000)
+    connection_max_age: Grace = 300.0
+    connection_idle_check: Grace = 2.0
     # Checked at intake; RFC 5321 servers take at least 100 recipients per message.
     max_message_bytes: Annotated[int, BeforeValidator(parse_size)] = 25_000_000
     max_recipients: int = Field(default=100, ge=1, le=MAX_RECIPIENTS)
