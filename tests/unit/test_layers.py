@@ -109,4 +109,5 @@ def test_the_daemon_package_keeps_only_its_wiring_at_the_top() -> None:
         "logs.py",
         "runtime.py",
         "systemd.py",
+        "wakeup.py",
     }, top

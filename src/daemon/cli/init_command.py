@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from daemon.config.settings import DEFAULT_STOP_TIMEOUT
 from daemon.exit_codes import EXIT_OK, bad_input
+from daemon.systemd import timeout_stop_sec
 from ledger.addresses import AddressError, Mailbox, parse_mailbox
 
 PROVIDERS = ("gmail", "smtp-imap", "graph")
@@ -374,6 +376,9 @@ def _unit_unsafe(value: str) -> str | None:
     return None
 
 
+_STOP = f"{DEFAULT_STOP_TIMEOUT:g} s"
+
+
 def _specifiers_escaped(value: str) -> str:
     """`%` doubled: systemd reads `%x` as a specifier."""
     return value.replace("%", "%%")
@@ -419,9 +424,11 @@ Type=notify
 NotifyAccess=main
 ExecStart={exec_start}
 ExecReload=/bin/kill -HUP $MAINPID
-# SIGTERM lets in-flight provider calls finish and record their outcome.
+# SIGTERM lets in-flight provider calls finish and record their outcome; the daemon
+# waits for them at most daemon.stop_timeout ({_STOP} by default), then ends itself.
+# TimeoutStopSec stays above that wait: raise both together (docs/operations.md "Stopping").
 KillSignal=SIGTERM
-TimeoutStopSec=30
+TimeoutStopSec={timeout_stop_sec(DEFAULT_STOP_TIMEOUT)}
 WatchdogSec=60
 Restart=on-failure
 RestartSec=5

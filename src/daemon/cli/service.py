@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -88,7 +89,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_OK
         daemon = Daemon(service, settings.daemon.tick)
         daemon.install_signal_handlers()
-        return daemon.serve()
+        code = daemon.serve()
+        if daemon.abandoned:
+            # Calls still in flight hold worker threads that would keep the interpreter
+            # from exiting: their claims are durable, so end here, as a crash would.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
 
 
 def cmd_review_list(args: argparse.Namespace) -> int:
