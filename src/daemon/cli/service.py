@@ -42,8 +42,21 @@ def register(sub: Any) -> None:
         review, "show", cmd_review_show, "a job in review: its state, history and handle", key=True
     )
     p = add_command(review, "resolve", cmd_review_resolve, "record a human's decision", key=True)
-    p.add_argument("--as", dest="decision", required=True, choices=[r.value for r in Resolution])
-    p.add_argument("--note", default="")
+    p.add_argument(
+        "--as",
+        dest="decision",
+        required=True,
+        choices=[r.value for r in Resolution],
+        help="sent: the customer has the message (a check found it, or say how you know in "
+        "--note); resend: send it again with the same Message-ID (searched first, refused "
+        "if a copy exists); abandon: send nothing more",
+    )
+    p.add_argument(
+        "--note",
+        default="",
+        help="why, recorded in the job's history (required for sent when no check found "
+        "a copy: how you know it was sent)",
+    )
     p.add_argument("--by", default="", help="who decided (default: the OS user)")
     p = add_command(
         review, "check", cmd_review_check, "search the mailbox now and record the hits", key=True
@@ -57,7 +70,7 @@ def register(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="search, record nothing")
     p.add_argument("--by", default="", help="who decided (default: the OS user)")
     p = add_command(sub, "cancel", cmd_cancel, "withdraw a job not yet attempted", key=True)
-    p.add_argument("--note", default="")
+    p.add_argument("--note", default="", help="why, recorded in the job's history")
     p.add_argument("--by", default="", help="who cancelled (default: the OS user)")
 
 
