@@ -2,9 +2,12 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
+# The runtime install (what `demo` and `try` run), then the [test] extra on top of it
+# (pytest, hypothesis, mypy, ruff, playwright: what only `make test` and its tiers need).
+RUN_STAMP := $(VENV)/.runtime-stamp
+STAMP     := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e lint typecheck bench soak venv clean test-packages test-py313
+.PHONY: demo try test unit integration e2e lint typecheck bench soak venv clean test-packages test-py313
 
 # Debian packages the real-server tests need; installed by `make test` when run as root
 # (CI is), and only those missing. Without them (not root) those tests skip, except under
@@ -15,16 +18,22 @@ STAMP  := $(VENV)/.installed-stamp
 TEST_PACKAGES := chromium fonts-liberation postfix dovecot-imapd dovecot-lmtpd postgresql-15 \
 	systemd
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml $(RUN_STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/sendledger demo
+
+try: $(RUN_STAMP)
+	$(BIN)/sendledger try
 
 test-packages:
 	@if [ -n "$(strip $(TEST_PACKAGES))" ] && [ "$$(id -u)" = 0 ]; then \
