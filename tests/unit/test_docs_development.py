@@ -55,9 +55,7 @@ def test_every_target_the_page_says_installs_first_does() -> None:
     # "make venv ... (every target above but `test-py313` makes it first)"
     assert "(every target above but `test-py313` makes it first)" in page()
     installing = {
-        name
-        for name, deps in targets().items()
-        if {"$(STAMP)", "$(RUN_STAMP)"} & set(deps.split())
+        name for name, deps in targets().items() if {"$(STAMP)", "$(RUN_STAMP)"} & set(deps.split())
     }
     listed = named_targets(page().split("```sh", 1)[1].split("```", 1)[0])
     assert installing == listed - {"clean", "test-py313"}
