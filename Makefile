@@ -14,9 +14,10 @@ STAMP     := $(VENV)/.installed-stamp
 # CI=true, where nothing may skip. postgresql-15: when nothing answers at
 # SENDLEDGER_TEST_PG_URL the test session starts a private cluster from its binaries
 # (tests/conftest.py); its own service is kept from starting. systemd: `systemd-analyze
-# verify` on the shipped unit and on the one `sendledger init` writes.
+# verify` on the shipped unit and on the one `sendledger init` writes. curl: the line
+# `sendledger try` prints is run as printed (tests/e2e/test_try.py).
 TEST_PACKAGES := chromium fonts-liberation postfix dovecot-imapd dovecot-lmtpd postgresql-15 \
-	systemd
+	systemd curl
 
 $(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -363,7 +363,7 @@ def _summary(report: TickReport) -> str:
     ]
     if report.unknown:
         parts.append(f"{report.unknown} outcome{'' if report.unknown == 1 else 's'} unknown "
-                     "(searched for before any resend)")  # fmt: skip
+                     "(not counted as sent)")  # fmt: skip
     if report.rejected:
         parts.append(f"{report.rejected} refused by the provider")
     for name in ("searched", "escalated", "recovered", "errors"):

@@ -51,6 +51,7 @@ COMMANDS: dict[str, str] = {
     "cancel": "daemon.cli.service",
     "audit": "daemon.cli.audit",
     "demo": "daemon.tools.demo",
+    "try": "daemon.tools.try_it",
     "init": "daemon.cli.init_command",
     "probe": "daemon.tools.probe",
     "emulator": "daemon.cli.testkit_doubles",

@@ -657,7 +657,10 @@ def _keys_of(section: tuple[int | str, ...]) -> list[str]:
 def load_settings(explicit: str | Path | None = None) -> Settings:
     path = config_path_from(explicit).absolute()
     if not path.exists() and not path.is_symlink():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(
+            f"config file not found: {path} (give --config FILE or set {CONFIG_ENV}; "
+            "`sendledger init DIR` writes one, `sendledger try` needs none)"
+        )
     try:
         # A regular file, read without blocking (a FIFO named as the config must not hang).
         data = tomllib.loads(read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8"))

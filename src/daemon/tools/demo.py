@@ -25,7 +25,6 @@ import io
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -40,6 +39,7 @@ from daemon.config.settings import load_settings
 from daemon.exit_codes import bad_input
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon
+from daemon.tools.work_folder import kept_folder, seconds_option
 from ledger.application import Ledger
 from ledger.content import parse_job
 from ledger.display import command_line, printable
@@ -239,7 +239,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    limit = _seconds("--timeout", args.timeout, 1.0, 86400.0)
+    limit = seconds_option("--timeout", args.timeout, 1.0, 86400.0)
     run: Callable[[Path], int]
     if args.provider == "smtp-imap":
         if args.lag is not None:
@@ -251,40 +251,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
         run = lambda folder: _demo_smtp(folder, limit, args.json)  # noqa: E731
     elif args.provider == "graph":
-        lag = _seconds("--lag", args.lag or "2s", 0.0, 600.0)
+        lag = seconds_option("--lag", args.lag or "2s", 0.0, 600.0)
         run = lambda folder: _demo_graph(folder, lag, limit, args.json)  # noqa: E731
     else:
-        lag = _seconds("--lag", args.lag or "2s", 0.0, 600.0)
+        lag = seconds_option("--lag", args.lag or "2s", 0.0, 600.0)
         run = lambda folder: _demo(folder, lag, limit, args.json)  # noqa: E731
-    return run(_work_folder(args.keep))
-
-
-def _work_folder(keep: str | None) -> Path:
-    """The folder the demo writes and leaves behind: `--keep DIR`, else a new one."""
-    if keep is None:
-        return Path(tempfile.mkdtemp(prefix="sendledger-demo-"))
-    folder = Path(os.path.abspath(keep))
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise bad_input(f"--keep: cannot create {folder}: {exc.strerror}") from None
-    for name in ("sendledger.toml", "ledger.sqlite"):
-        if (folder / name).exists():
-            # A second run would meet the first run's jobs (same keys) and show nothing.
-            raise bad_input(f"--keep: {folder} already holds a demo ({name}); choose a new folder")
-    return folder
-
-
-def _seconds(option: str, value: str, low: float, high: float) -> float:
-    from policies.durations import DurationError, parse_duration
-
-    try:
-        seconds = parse_duration(value)
-    except DurationError as exc:
-        raise bad_input(f"{option}: {exc}") from None
-    if not low <= seconds <= high:
-        raise bad_input(f"{option}: must be between {low:g}s and {high:g}s, got {value!r}")
-    return seconds
+    return run(kept_folder(args.keep, option="--keep", prefix="sendledger-demo-", what="a demo"))
 
 
 def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
@@ -517,7 +489,7 @@ def _operator_step(
     # An empty search before the index has caught up proves nothing: wait as long as the
     # daemon's own searches would.
     last_step = ledger.history(key)[-1].timestamp
-    time.sleep(max(0.0, index_wait - (ledger.clock() - last_step).total_seconds()))
+    time.sleep(max(0.0, index_wait - (ledger.clock() - last_step).totalseconds_option()))
     print(f"\nA human takes {key} out of review ({ledger.get_job(key).reason}):", file=out)
     print(f"  $ sendledger review check {key}", file=out)
     code, text = _cli(folder, "review", "check", key, "--json")
