@@ -489,7 +489,7 @@ def _operator_step(
     # An empty search before the index has caught up proves nothing: wait as long as the
     # daemon's own searches would.
     last_step = ledger.history(key)[-1].timestamp
-    time.sleep(max(0.0, index_wait - (ledger.clock() - last_step).totalseconds_option()))
+    time.sleep(max(0.0, index_wait - (ledger.clock() - last_step).total_seconds()))
     print(f"\nA human takes {key} out of review ({ledger.get_job(key).reason}):", file=out)
     print(f"  $ sendledger review check {key}", file=out)
     code, text = _cli(folder, "review", "check", key, "--json")
