@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,14 +15,13 @@ from typing import Any
 import httpx
 import pytest
 from tests.conftest import IN_CI
-from tests.e2e.conftest import sendledger_command
-from tests.integration.api_kit import TOKEN, free_port, job
+from tests.e2e.api_process import MAILBOX, sendledger_api
+from tests.integration.api_kit import TOKEN, job
 
 from ledger.application import Ledger
 from ledger.decision_types import Duplicate, Review, SearchAt
 from ledger.job import SendJob
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
-from testkit.credentials import write_service_account
 from testkit.gmail_emulator import GmailEmulator
 
 CHROMIUM = os.environ.get("TEST_CHROMIUM", "/usr/bin/chromium")
@@ -47,7 +44,6 @@ def _require_browser() -> None:
     pytest.skip(reason)
 
 
-MAILBOX = "shop@shop.example"
 SHOTS = {
     "queue": "review-queue.png",
     "job": "review-job.png",
@@ -62,47 +58,8 @@ SHOTS = {
 def api_process(tmp_path: Path) -> Iterator[tuple[str, Path, GmailEmulator]]:
     """`sendledger api` as a process; its provider is the Gmail emulator, so the page's
     check button searches a real (emulated) mailbox."""
-    port = free_port()
-    emulator = GmailEmulator()
-    emulator.start()
-    write_service_account(tmp_path / "sa.json", token_uri=emulator.token_uri)
-    (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "receipts.toml").write_text(
-        'provider = "support"\nfrom = "Support <support@example.com>"\n'
-        'message_id_domain = "mail.example.com"\non_unknown = "review"\n'
-    )
-    (tmp_path / "api-tokens").write_text(f"alice:{TOKEN}\n")
-    (tmp_path / "sendledger.toml").write_text(
-        '[store]\nurl = "sqlite:///ledger.sqlite"\n[daemon]\npolicies_dir = "policies"\n'
-        '[providers.support]\nkind = "gmail"\ncredentials_file = "sa.json"\n'
-        f'user = "{MAILBOX}"\napi_endpoint = "{emulator.url}"\n'
-        f'token_uri = "{emulator.token_uri}"\n'
-        f'[api]\nlisten = "127.0.0.1:{port}"\ntoken_file = "api-tokens"\n'
-    )
-    log = (tmp_path / "api.log").open("wb")
-    process = subprocess.Popen(
-        [*sendledger_command(), "--config", str(tmp_path / "sendledger.toml"), "api"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, (tmp_path / "api.log").read_text()
-            assert time.monotonic() < deadline, "sendledger api did not start"
-            time.sleep(0.05)
-        yield url, tmp_path, emulator
-    finally:
-        process.terminate()
-        assert process.wait(timeout=15) == 0
-        log.close()
-        emulator.stop()
+    with sendledger_api(tmp_path) as served:
+        yield served
 
 
 def _to_review(folder: Path, *keys: str) -> None:
