@@ -150,6 +150,12 @@ def guidance_for(
             f"Searches found {copies} copies of this message in the sender's mailbox: the "
             f"customer received it {copies} times."
         )
+    elif reason is EscalationReason.UNKNOWN_OUTCOME and copies is not None:
+        seen = "no copy" if copies == 0 else "one copy" if copies == 1 else f"{copies} copies"
+        meaning = (
+            "The provider's answer to this send was lost or ambiguous, so the daemon could "
+            f"not tell whether it went out; the last check of the mailbox found {seen}."
+        )
     next_action = _next(reason, copies)
     found = bool(copies)
     choices = [
