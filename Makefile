@@ -2,29 +2,39 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
+# The runtime install (what `demo` and `try` run), then the [test] extra on top of it
+# (pytest, hypothesis, mypy, ruff, playwright: what only `make test` and its tiers need).
+RUN_STAMP := $(VENV)/.runtime-stamp
+STAMP     := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e lint typecheck bench soak venv clean test-packages test-py313
+.PHONY: demo try test unit integration e2e lint typecheck bench soak venv clean test-packages test-py313
 
 # Debian packages the real-server tests need; installed by `make test` when run as root
 # (CI is), and only those missing. Without them (not root) those tests skip, except under
 # CI=true, where nothing may skip. postgresql-15: when nothing answers at
 # SENDLEDGER_TEST_PG_URL the test session starts a private cluster from its binaries
 # (tests/conftest.py); its own service is kept from starting. systemd: `systemd-analyze
-# verify` on the shipped unit and on the one `sendledger init` writes.
+# verify` on the shipped unit and on the one `sendledger init` writes. curl: the line
+# `sendledger try` prints is run as printed (tests/e2e/test_try.py).
 TEST_PACKAGES := chromium fonts-liberation postfix dovecot-imapd dovecot-lmtpd postgresql-15 \
-	systemd
+	systemd curl
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml $(RUN_STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/sendledger demo
+
+try: $(RUN_STAMP)
+	$(BIN)/sendledger try
 
 test-packages:
 	@if [ -n "$(strip $(TEST_PACKAGES))" ] && [ "$$(id -u)" = 0 ]; then \

@@ -79,7 +79,14 @@ def build_provider(settings: Settings, name: str) -> Provider:
     except DelegationRequired as exc:
         raise ConfigError(f"providers.{name}.user: {exc}") from None
     except CredentialsFileUnreadable as exc:
-        raise ConfigError(f"providers.{name}.credentials_file: {exc}") from None
+        missing = not settings.credentials_file(name).exists()
+        hint = (
+            "; put the provider's JSON key there, chmod 600 (docs/providers.md \"Gmail "
+            'setup"), or write a config for the emulator with `sendledger init --emulator`'
+            if missing
+            else ""
+        )
+        raise ConfigError(f"providers.{name}.credentials_file: {exc}{hint}") from None
 
 
 def _graph_provider(settings: Settings, name: str, config: GraphProviderSettings) -> Provider:
