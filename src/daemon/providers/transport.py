@@ -45,9 +45,7 @@ httplib2's own errors; the original stays reachable through `__cause__`/`args`.
 from __future__ import annotations
 
 import http.client
-import select
 import socket
-import ssl
 import threading
 import time
 import weakref
@@ -56,6 +54,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httplib2
+
+from daemon.providers.kept import closed_by_peer
 
 #: Seconds a connection may sit idle and still be reused. Google's front ends keep idle
 #: connections for minutes and common servers for 5 s or more; staying under that makes a
@@ -148,23 +148,9 @@ def timed_out(exc: BaseException) -> bool:
         if isinstance(current, TimeoutError | socket.timeout):
             return True
         todo.extend(
-            e
-            for e in (current.__cause__, current.__context__, getattr(current, "cause", None))
-            if isinstance(e, BaseException)
+            e for e in (current.__cause__, current.__context__) if isinstance(e, BaseException)
         )
     return False
-
-
-def _closed_by_peer(sock: Any) -> bool:
-    """True when an idle connection's socket has something to read: the server's FIN, a
-    reset, or bytes nobody asked for. Either way it must not carry a request."""
-    if isinstance(sock, ssl.SSLSocket) and sock.pending():
-        return True
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
 
 
 class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
@@ -206,7 +192,7 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         since = self._idle_since.get(conn)
         if since is None or self._clock() - since > self.max_idle:
             return False
-        return not _closed_by_peer(conn.sock)
+        return not closed_by_peer(conn.sock)
 
     def _conn_request(
         self,
