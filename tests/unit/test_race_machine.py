@@ -183,7 +183,10 @@ class RaceMachine(RuleBasedStateMachine):
 
     def tick(self, engine: Engine) -> None:
         engine.hand_out()
-        assert engine.settle(busy=lambda: self.r.provider.hanging, timeout=30), "stalled"
+        # Its own hung calls only: a worker of this engine between its claim and its call
+        # must be waited for even while the other engine's call hangs.
+        name = engine.daemon_name
+        assert engine.settle(busy=lambda: self.r.provider.hanging_of(name), timeout=30), "stalled"
 
     def release(self) -> None:
         for event in self.hangs:

@@ -153,6 +153,7 @@ class FakeProvider(ProviderBase):
         #: (1 for its first send, ...) stored a copy: what a record of "not sent" after
         #: attempt N is held against.
         self.in_flight: Counter[str] = Counter()
+        self.hanging_in: Counter[str] = Counter()  # by the name of the thread that waits
         self.stored_by_call: dict[str, list[int]] = {}
         self.pings = 0
         self._script: deque[Scripted] = deque()
@@ -219,13 +220,21 @@ class FakeProvider(ProviderBase):
 
     def hang(self, message_id: str, release: threading.Event) -> None:
         """A call of `message_id` held until `release` is set."""
+        thread = threading.current_thread().name
         with self._lock:
             self.hanging += 1
             self.in_flight[message_id] += 1
+            self.hanging_in[thread] += 1
         release.wait()
         with self._lock:
             self.hanging -= 1
             self.in_flight[message_id] -= 1
+            self.hanging_in[thread] -= 1
+
+    def hanging_of(self, daemon: str) -> int:
+        """Calls hanging now in the send workers of the daemon named `daemon`."""
+        with self._lock:
+            return sum(n for thread, n in self.hanging_in.items() if thread.endswith(f"@{daemon}"))
 
     def ping(self) -> None:
         with self._lock:

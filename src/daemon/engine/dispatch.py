@@ -26,7 +26,7 @@ from daemon.crashpoints import crash_point
 from daemon.engine import drafts as drafts_flow
 from daemon.engine.circuit import Circuits, send_unavailable
 from daemon.engine.clock import Clock
-from daemon.engine.leases import Lease, Leases
+from daemon.engine.leases import Leases
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
@@ -138,29 +138,22 @@ class Dispatch:
         (`leases.py`): renewed while the call runs, never recovered by this daemon."""
         work.now = self._clock()
         called = False
-        lease: Lease | None = None
-        key = work.job.key
         try:  # the claim too: a probe whose draft step raised must be handed back
             claimed = self.claim(work)
             if claimed is None:
                 return False
             self.save_claim(claimed)  # durable; a conflict here means no call is made
-            lease = self._leases.hold(work.job, claimed.lease, work.now)
-            self.send(claimed)
+            with self._leases.holding(work.job, claimed.lease, work.now) as lease:
+                self.send(claimed)
             called = True
-        except BaseException:
-            # No outcome will be recorded: the claim's stored deadline stands, and
-            # recovery takes it then, as after a crash.
-            self._leases.release(key)
-            raise
         finally:
             if probe and not called:
                 self._circuits.probe_returned(_scope(work))
-        assert lease is not None
         self._leases.stop_renewing(lease)
         self.outcome_to_events(claimed)
         # The outcome, durable with the next commit (this worker's next claim, or its
         # flush before it sleeps: `commit.py`); if it fails, recovered at the deadline.
+        key = work.job.key
         work.save_soon(
             lambda: self.count_outcome(claimed), always=lambda: self._leases.release(key)
         )

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -67,6 +69,19 @@ class Leases:
         with self._lock:
             self._held[job.key] = lease
         return lease
+
+    @contextmanager
+    def holding(self, job: SendJob, seconds: float, now: datetime) -> Iterator[Lease]:
+        """`hold` the claim just saved on `job` for the call made inside; released here
+        only when that call raised (no outcome will be recorded: the claim's stored
+        deadline stands, and recovery takes it then, as after a crash). Otherwise the
+        worker releases it once the outcome is durable (`release`)."""
+        lease = self.hold(job, seconds, now)
+        try:
+            yield lease
+        except BaseException:
+            self.release(job.key)
+            raise
 
     def holds(self, key: str) -> bool:
         with self._lock:

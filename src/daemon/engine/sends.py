@@ -92,6 +92,7 @@ class SendWorkers:
         circuits: Circuits,
         clock: Clock,
         max_queued: int,
+        name: str = "",
     ) -> None:
         self._load = load
         self._dispatch = dispatch
@@ -122,7 +123,13 @@ class SendWorkers:
         self._closing = False
         self._crashed: BaseException | None = None
         self._threads = [
-            threading.Thread(target=self._serve, args=(n,), name=f"send-{n}", daemon=True)
+            # Named after the daemon too: two engines in one process (tests) are told apart.
+            threading.Thread(
+                target=self._serve,
+                args=(n,),
+                name=f"send-{n}@{name}" if name else f"send-{n}",
+                daemon=True,
+            )
             for n in range(max(workers, 1))
         ]
         for thread in self._threads:

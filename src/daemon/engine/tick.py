@@ -160,6 +160,7 @@ class Engine:
             circuits=self.circuits,
             clock=self.clock,
             max_queued=max(batch_size * 10, concurrency * 4),
+            name=daemon_name,
         )
         self._checks = CheckWorkers(self._runner, self._counter, search_concurrency or concurrency)
 
