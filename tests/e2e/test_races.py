@@ -53,7 +53,7 @@ from tests.e2e.test_review_outage import job as legal_job
 
 from daemon.engine.recover import REASON as RECOVERED
 from testkit.mailservers import free_port
-from testkit.relay import FaultPlan
+from testkit.relay import FaultPlan, Mode
 
 SEED = int(os.environ.get("RACES_SEED", "25"))
 
@@ -496,7 +496,7 @@ def test_a_graph_check_during_a_send_never_costs_the_send(tmp_path: Path) -> Non
 
 # -- 5. hangs with concurrency = 4 ----------------------------------------------------------
 
-HANG = "hang-before-forward"
+HANG: Mode = "hang-before-forward"
 #: Every request of the provider held and never forwarded, sends, searches and the ping
 #: alike: a proxy or a server that stopped answering. The whole hang costs the sends in
 #: flight when it began, four at the most.
@@ -641,70 +641,101 @@ def waited_since(history: Sequence[Mapping[str, Any]]) -> float:
     return datetime.fromisoformat(str(history[0]["send_at"])).timestamp()
 
 
+#: The two orders, each in a daemon and provider of its own (one queue each): the channel
+#: that waits without limit at the head, the one that gives up behind it; and the reverse.
+ORDERS = (("patient", "impatient"), ("impatient", "patient"))
+
+
+def all_in(rig: Rig, keys: Sequence[str], state: str) -> bool:
+    return all(rig.state(key) == state for key in keys)
+
+
+def jobs_in_order(order: Sequence[str], base: float, rng: random.Random) -> list[dict[str, Any]]:
+    """PER_GROUP jobs of each channel, the first channel's due before the second's, each
+    at a random moment of its half second."""
+    return [
+        {**job(f"{place}-{channel}-{n:02d}", channel=channel), "send_at": iso(due)}
+        for place, channel in enumerate(order)
+        for n in range(PER_GROUP)
+        for due in [base + place * 0.5 + rng.uniform(0.0, 0.5)]
+    ]
+
+
 def test_give_up_after_holds_for_every_job_whatever_its_place_in_the_queue(
     tmp_path: Path,
 ) -> None:
-    """Two channels on one provider that refuses connections, one with `give_up_after`:
-    in one order its jobs fall due behind the other channel's, in the other ahead of
-    them, each at a random moment. Every one of them goes to review on time; the other
-    channel's jobs wait, then are sent once the provider is back."""
+    """Two channels on one provider that refuses connections, one with `give_up_after`,
+    their jobs due in both orders (two daemons at once, one order each): every job of
+    the give-up channel goes to review close to its own give-up time, wherever it stands
+    in its queue; the other channel's jobs wait, then are sent once the provider is back."""
     rng = rng_for("give-up")
-    rig = Rig(
-        tmp_path,
-        concurrency=2,
-        daemon_extra='circuit_probe_after = "300ms"\ncircuit_probe_max = "600ms"\n',
-        policies={"patient": PATIENT, "impatient": IMPATIENT},
-        api_port=free_port(),
-    )
-    with rig:
-        rig.relay.stop()  # connection refused until it starts again
-        rig.start_daemon()
-        rig.wait_api()
-        base = time.time() + 0.5  # the jobs fall due once the submit below is stored
-        jobs = []
-        for group, order in (("a", ("patient", "impatient")), ("b", ("impatient", "patient"))):
-            for place, channel in enumerate(order):
-                # Group a falls due first, its channels in its order; then group b.
-                first = base + (1.0 if group == "b" else 0.0) + place * 0.4
-                for n in range(PER_GROUP):
-                    due = first + rng.uniform(0.0, 0.4)
-                    key = f"{group}{place}-{channel}-{n:02d}"
-                    jobs.append({**job(key, channel=channel), "send_at": iso(due)})
-        rig.submit_api(jobs)
-        assert time.time() < base, "the submit took longer than the jobs' lead time"
-        impatient = [j["key"] for j in jobs if j["channel"] == "impatient"]
-        patient = [j["key"] for j in jobs if j["channel"] == "patient"]
+    with contextlib.ExitStack() as stack:
+        rigs = {
+            order: stack.enter_context(
+                Rig(
+                    tmp_path / "-first-".join(order),
+                    concurrency=2,
+                    daemon_extra='circuit_probe_after = "300ms"\ncircuit_probe_max = "600ms"\n',
+                    policies={"patient": PATIENT, "impatient": IMPATIENT},
+                    api_port=free_port(),
+                )
+            )
+            for order in ORDERS
+        }
+        for rig in rigs.values():
+            rig.relay.stop()  # connection refused until it starts again
+            rig.start_daemon()
+        for rig in rigs.values():
+            rig.wait_api()
+        base = time.time() + 0.5
+        jobs = {order: jobs_in_order(order, base, rng) for order in ORDERS}
+        for order, rig in rigs.items():
+            rig.submit_api(jobs[order])
+        # Stored well before the first give-up time (a job stored after its send_at is
+        # due at once, and its give-up time is still its own).
+        assert time.time() < base + GIVE_UP_AFTER - 0.5, "the submits took too long"
 
-        rig.wait_for(
-            lambda: all(rig.state(k) == "review" for k in impatient),
-            "every job of the give-up channel in review",
-            timeout=20,
-        )
-        late = {}
-        for key in impatient:
-            history = rig.history(key)
-            [escalated] = events_of(history, "Escalated")
-            assert escalated["reason"] == "provider-unavailable", history
-            late[key] = at(escalated) - (waited_since(history) + GIVE_UP_AFTER)
+        late: dict[str, float] = {}
+        for order, rig in rigs.items():
+            impatient = [j["key"] for j in jobs[order] if j["channel"] == "impatient"]
+            rig.wait_for(
+                partial(all_in, rig, impatient, "review"),
+                f"every job of the give-up channel in review ({order[0]} first)",
+                timeout=20,
+            )
+            for key in impatient:
+                history = rig.history(key)
+                [escalated] = events_of(history, "Escalated")
+                assert escalated["reason"] == "provider-unavailable", history
+                late[f"{order[0]} first: {key}"] = at(escalated) - (
+                    waited_since(history) + GIVE_UP_AFTER
+                )
         # The other channel's jobs are still waiting, each longer than give_up_after.
-        last_due = max(datetime.fromisoformat(j["send_at"]).timestamp() for j in jobs)
-        time.sleep(max(0.0, last_due + GIVE_UP_AFTER + 0.5 - time.time()))
-        waiting = Counter(rig.state(key) for key in patient)
-        rig.relay.start()  # the provider is back, on the same port
-        rig.wait_for(
-            lambda: all(rig.state(k) == "confirmed" for k in patient),
-            "the waiting channel's jobs sent once the provider is back",
+        last_due = max(
+            datetime.fromisoformat(j["send_at"]).timestamp()
+            for j in jobs[ORDERS[0]] + jobs[ORDERS[1]]
         )
-        behind = [k for k in impatient if k.startswith("a")]
+        time.sleep(max(0.0, last_due + GIVE_UP_AFTER + 0.5 - time.time()))
+        patient = {
+            order: [j["key"] for j in jobs[order] if j["channel"] == "patient"] for order in ORDERS
+        }
+        waiting = Counter(rig.state(key) for order, rig in rigs.items() for key in patient[order])
+        for order, rig in rigs.items():
+            rig.relay.start()  # the provider is back, on the same port
+            rig.wait_for(
+                partial(all_in, rig, patient[order], "confirmed"),
+                "the waiting channel's jobs sent once the provider is back",
+            )
         print(
-            f"\ngive_up_after: {len(impatient)} jobs given up ({len(behind)} behind the "
-            f"other channel's), late by {min(late.values()):.3f}-{max(late.values()):.3f} s; "
-            f"the other {len(patient)} {dict(waiting)} past give_up_after, then sent"
+            f"\ngive_up_after: {len(late)} jobs given up ({PER_GROUP} behind the other "
+            f"channel's jobs, {PER_GROUP} ahead), late by {min(late.values()):.3f}-"
+            f"{max(late.values()):.3f} s; the other channel's {sum(waiting.values())} "
+            f"{dict(waiting)} past give_up_after, then sent"
         )
         assert all(-0.01 <= delay <= 1.0 for delay in late.values()), late
-        assert waiting == {"requested": len(patient)}, waiting
-        assert all(rig.copies(k) == 1 for k in patient)
-        assert all(rig.copies(k) == 0 for k in impatient)
+        assert waiting == {"requested": PER_GROUP * len(ORDERS)}, waiting
+        for order, rig in rigs.items():
+            assert all(rig.copies(j["key"]) == (j["channel"] == "patient") for j in jobs[order])
 
 
 pytestmark = pytest.mark.timeout(240)
