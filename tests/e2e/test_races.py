@@ -508,8 +508,9 @@ HANG: Mode = "hang-before-forward"
 #: flight when it began, four at the most.
 EVERYTHING_HANGS = FaultPlan(send=HANG, search=HANG, other=HANG)
 #: Only the sends held; reads answer. Each read that answers (a ping, a search) lets one
-#: send through to find out whether sends work again (docs/architecture.md "Outages"),
-#: so past the first four a job goes into the hang only after such an answer.
+#: send through to find out whether sends work again (docs/architecture.md "Outages:
+#: waited out, not escalated"), so past the first four a job goes into the hang only
+#: after such an answer.
 SENDS_HANG = FaultPlan(send=HANG)
 HANGS = (
     ("everything", EVERYTHING_HANGS),
