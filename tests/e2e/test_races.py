@@ -507,10 +507,10 @@ HANG: Mode = "hang-before-forward"
 #: alike: a proxy or a server that stopped answering. The whole hang costs the sends in
 #: flight when it began, four at the most.
 EVERYTHING_HANGS = FaultPlan(send=HANG, search=HANG, other=HANG)
-#: Only the sends held; reads answer. Each read that answers (a ping, a search) lets one
-#: send through to find out whether sends work again (docs/architecture.md "Outages:
-#: waited out, not escalated"), so past the first four a job goes into the hang only
-#: after such an answer.
+#: Only the sends held; reads answer. Each probe's ping answers and lets one send through
+#: to find out whether sends work again, so past the first four a job goes into the hang
+#: only after such an answer. See docs/architecture.md
+#: "Outages: waited out, not escalated".
 SENDS_HANG = FaultPlan(send=HANG)
 HANGS = (
     ("everything", EVERYTHING_HANGS),
