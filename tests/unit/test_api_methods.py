@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -22,12 +23,19 @@ from daemon.api.app import DOCS_ASSETS, create_app
 ASKED = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
-@pytest.fixture
-def client() -> Iterator[TestClient]:
+@contextmanager
+def served() -> Iterator[TestClient]:
+    """The API in process over a fresh rig (a `legal` channel whose unknowns go to review)."""
     rig = EngineRig(policy("legal", on_unknown="review"))
     with TestClient(create_app(api_context(rig))) as client:
         yield client
     rig.close()
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    with served() as client:
+        yield client
 
 
 def served_paths(routes: list[Any]) -> list[str]:
