@@ -136,10 +136,11 @@ def _entity(data: bytes, where: str) -> tuple[list[tuple[str, str]], bytes]:
 
 
 def _field_of(name: str) -> str:
+    # Only top-level headers other than Content-* come here (the tree checks those).
     lower = name.lower()
     if lower in _FIELDS:
         return _FIELDS[lower]
-    if lower.startswith("content-") or lower == "mime-version":
+    if lower == "mime-version":
         return "body"
     return f"headers.{name}"
 

@@ -714,3 +714,69 @@ def test_give_up_after_keeps_old_fingerprints_and_parses_durations() -> None:
     assert policy().fingerprint == policy(give_up_after=None).fingerprint
     assert policy(give_up_after="10m").give_up_after == 600.0
     assert policy(give_up_after="10m").fingerprint != policy().fingerprint
+
+
+# -- what mutation testing found untested (issue 28, `make mutation`) -------------------
+
+
+def test_the_wait_after_an_unavailable_call_is_exactly_the_longer_of_wait_and_retry_after() -> None:
+    start = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    now = start + timedelta(minutes=5)
+    chosen = policy(give_up_after=3600)
+    for wait, retry_after, due in [
+        (0.0, None, now),  # no floor of its own: due now
+        (-5.0, None, now),  # a negative wait is none
+        (0.0, 0.5, now + secs(0.5)),  # a Retry-After under a second still counts
+        (0.0, 0.0, now),
+        (2.0, None, now + secs(2)),
+        (2.0, 30.0, now + secs(30)),
+        (0.0, float("inf"), now),  # not finite: ignored
+        (0.0, float("nan"), now),
+        (0.0, -3.0, now),
+    ]:
+        decision = decisions.after_unavailable(
+            chosen, waiting_since=start, now=now, wait=wait, retry_after=retry_after
+        )
+        assert decision == RetryAt(chosen.ref, due), (wait, retry_after)
+    # Capped at the give-up time, never before now.
+    capped = decisions.after_unavailable(
+        chosen, waiting_since=start, now=now, wait=0.0, retry_after=86400.0
+    )
+    assert capped == RetryAt(chosen.ref, start + secs(3600))
+
+
+def test_a_transient_rejection_takes_a_retry_after_under_a_second() -> None:
+    chosen = policy(retry_backoff=1, retry_backoff_max=1)
+    rng = random.Random(0)
+    decision = after_transient_rejection(chosen, attempts_made=1, now=NOW, retry_after=0.9, rng=rng)
+    assert isinstance(decision, RetryAt) and decision.at >= NOW + secs(0.5)
+    for retry_after in (None, 0.0, -1.0, float("inf"), float("nan")):
+        decision = after_transient_rejection(
+            chosen, attempts_made=1, now=NOW, retry_after=retry_after, rng=random.Random(0)
+        )
+        assert decision == RetryAt(chosen.ref, NOW + secs(random.Random(0).uniform(0.5, 1)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: after_transient_rejection(
+            policy(), attempts_made=-1, now=NOW, retry_after=None, rng=random.Random(0)
+        ),
+        lambda: decisions.after_draft_pending(policy(), attempts_made=-1, now=NOW),
+        lambda: before_attempt(policy(), attempts_made=-1),
+    ],
+)
+def test_a_negative_attempt_count_is_refused_naming_it(call: Any) -> None:
+    with pytest.raises(ValueError, match=r"^attempts_made must be an int >= 0, got -1$"):
+        call()
+
+
+def test_a_pending_draft_decision_carries_the_policy_ref() -> None:
+    for chosen, attempts in [
+        (policy(pending_draft="review"), 0),
+        (policy(pending_draft="send", max_attempts=2), 2),
+        (policy(pending_draft="send", max_attempts=2), 1),
+    ]:
+        decision = decisions.after_draft_pending(chosen, attempts_made=attempts, now=NOW)
+        assert decision.policy == chosen.ref
