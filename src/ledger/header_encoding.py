@@ -241,7 +241,8 @@ def parameter_value(params: dict[str, str], name: str) -> str | None:
         pieces: list[str] = []
         index = 0
         while f"{name}*{index}*" in params or f"{name}*{index}" in params:
-            pieces.append(params.get(f"{name}*{index}*", params.get(f"{name}*{index}", "")))
+            extended = f"{name}*{index}*"
+            pieces.append(params[extended if extended in params else f"{name}*{index}"])
             index += 1
         value = _extended("".join(pieces)) if f"{name}*0*" in params else "".join(pieces)
     elif name in params:

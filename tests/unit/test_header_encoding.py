@@ -94,6 +94,10 @@ def test_a_plain_file_name_is_one_quoted_parameter_up_to_60_characters() -> None
         ({"filename*": "''abc"}, "abc"),
         ({"filename": "=?utf-8?q?=2E=2E?=/x"}, "../x"),  # decoded, as lenient clients do
         ({"other": "a"}, None),
+        ({"filename*": "utf-8''%c3%a9"}, "é"),  # lower-case hex, as some writers send it
+        ({"filename*": "utf-8''it's"}, "it's"),  # a quote after the language part is text
+        ({"filename*": "utf-8''%FF.txt"}, "\ufffd.txt"),  # not UTF-8: replaced, not an error
+        ({"filename*0*": "utf-8''a", "filename*1": "b", "filename*1*": "c"}, "ac"),
     ],
 )
 def test_a_parameter_reads_as_clients_read_it(params: dict[str, str], shown: str | None) -> None:
@@ -208,3 +212,45 @@ def test_a_display_name_is_atoms_one_quoted_string_or_encoded_words(
 )
 def test_client_view_decodes_every_word_as_lenient_clients_do(text: str, shown: str) -> None:
     assert client_view(text) == shown
+
+
+@pytest.mark.parametrize("char", ["\x7f", "\x80", "\u07ff", "\u0800", "\uffff", "\U00010000"])
+def test_every_word_but_the_last_is_as_full_as_whole_characters_allow(char: str) -> None:
+    size = len(char.encode("utf-8"))
+    words = encoded_words(char * 100, LINE)
+    held = [len(word_text(word)) for word in words]
+    assert sum(held) == 100 * size
+    assert all(45 - size < count <= 45 for count in held[:-1]), held
+    assert all(count % size == 0 for count in held)
+
+
+@pytest.mark.parametrize(
+    ("room", "first"),
+    [(0, 6), (20, 6), (23, 6), (24, 9), (27, 9), (28, 12), (60, 36), (75, 45), (200, 45)],
+)
+def test_the_first_word_takes_what_its_room_allows(room: int, first: int) -> None:
+    words = encoded_words("a" * 100, room)
+    assert len(word_text(words[0])) == first
+    assert len(words[0]) <= max(room, 20)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("=?utf-8?q?=c3=a9?=", "é"),  # lower-case hex
+        ("=?utf-8?q?a=5Fb?=", "a_b"),  # an encoded underscore stays one
+        ("=?utf-8?q?=FF?=", "\ufffd"),  # not UTF-8: replaced
+        ("=?utf-8?b?/w==?=", "\ufffd"),
+        ("=?utf-8?b?QUI?=", "AB"),  # one padding character missing
+        ("=?utf-8?b?QQ?=\t=?utf-8?b?Qg==?=", "AB"),  # a tab between words goes too
+        ("=?utf-8?b?QQ==?= x =?utf-8?b?Qg==?=", "A x B"),  # text between words stays
+    ],
+)
+def test_words_decode_in_either_form(text: str, shown: str) -> None:
+    assert client_view(text) == shown
+
+
+@pytest.mark.parametrize("text", ["a\tb", "a\x00b", "tab\t"])
+def test_text_with_a_control_character_is_encoded(text: str) -> None:
+    assert not plain(text)
+    assert unstructured("Subject", text).startswith("Subject: =?utf-8?b?")
