@@ -747,9 +747,12 @@ def test_the_wait_after_an_unavailable_call_is_exactly_the_longer_of_wait_and_re
 
 def test_a_transient_rejection_takes_a_retry_after_under_a_second() -> None:
     chosen = policy(retry_backoff=1, retry_backoff_max=1)
-    rng = random.Random(0)
-    decision = after_transient_rejection(chosen, attempts_made=1, now=NOW, retry_after=0.9, rng=rng)
-    assert isinstance(decision, RetryAt) and decision.at >= NOW + secs(0.5)
+    delay = random.Random(0).uniform(0.5, 1)  # the jittered backoff of this rng
+    assert delay < 0.99
+    decision = after_transient_rejection(
+        chosen, attempts_made=1, now=NOW, retry_after=0.99, rng=random.Random(0)
+    )
+    assert decision == RetryAt(chosen.ref, NOW + secs(0.99))
     for retry_after in (None, 0.0, -1.0, float("inf"), float("nan")):
         decision = after_transient_rejection(
             chosen, attempts_made=1, now=NOW, retry_after=retry_after, rng=random.Random(0)
