@@ -2,30 +2,40 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
+# The runtime install (what `demo` and `try` run), then the [test] extra on top of it
+# (pytest, hypothesis, mypy, ruff, playwright: what only `make test` and its tiers need).
+RUN_STAMP := $(VENV)/.runtime-stamp
+STAMP     := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e lint typecheck bench soak venv clean test-packages test-py313 \
-	mutation
+.PHONY: demo try test unit integration e2e lint typecheck bench soak venv clean test-packages \
+	test-py313 mutation
 
 # Debian packages the real-server tests need; installed by `make test` when run as root
 # (CI is), and only those missing. Without them (not root) those tests skip, except under
 # CI=true, where nothing may skip. postgresql-15: when nothing answers at
 # SENDLEDGER_TEST_PG_URL the test session starts a private cluster from its binaries
 # (tests/conftest.py); its own service is kept from starting. systemd: `systemd-analyze
-# verify` on the shipped unit and on the one `sendledger init` writes.
+# verify` on the shipped unit and on the one `sendledger init` writes. curl: the line
+# `sendledger try` prints is run as printed (tests/e2e/test_try.py).
 TEST_PACKAGES := chromium fonts-liberation postfix dovecot-imapd dovecot-lmtpd postgresql-15 \
-	systemd
+	systemd curl
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml $(RUN_STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/sendledger demo
+
+try: $(RUN_STAMP)
+	$(BIN)/sendledger try
 
 test-packages:
 	@if [ -n "$(strip $(TEST_PACKAGES))" ] && [ "$$(id -u)" = 0 ]; then \
@@ -69,13 +79,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
+# The bench extra (django-post_office, Django, aiosmtpd) is for bench/smtp_senders.py only,
+# so `make test` never installs it.
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/intake.py
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/mailboxes.py
 	$(BIN)/python bench/daemons.py
 	$(BIN)/python bench/history.py $(HISTORY_ARGS)
 	$(BIN)/python bench/render.py
+	$(BIN)/python bench/smtp_senders.py
+	$(BIN)/python bench/smtp_senders.py --kill --n 1000
 
 # Not part of `make test`: 10,000 jobs, 20% faults, two daemons on PostgreSQL, one killed
 # -9 every 20 s, until all settle (bench/soak.py; SOAK_ARGS="--jobs 1000" for a short one).

@@ -79,16 +79,17 @@ def sqlite_store() -> Iterator[str]:
 
 
 @contextmanager
-def pg_store() -> Iterator[str]:
+def pg_store(url: str = PG_URL) -> Iterator[str]:
+    """A fresh schema on the server at `url` (bench/smtp_senders.py passes a private one)."""
     import psycopg
 
     schema = f"bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        yield f"{PG_URL}?schema={schema}"
+        yield f"{url}?schema={schema}"
     finally:
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
+        with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 

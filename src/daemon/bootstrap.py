@@ -34,6 +34,7 @@ def build_provider(settings: Settings, name: str) -> Provider:
     if isinstance(config, GraphProviderSettings):
         return _graph_provider(settings, name, config)
     if isinstance(config, SmtpImapProviderSettings):
+        from daemon.providers.kept import ReuseLimits
         from daemon.providers.smtp_imap import SmtpImapProvider, read_password_file
 
         path = settings.resolve(config.password_file)
@@ -54,6 +55,11 @@ def build_provider(settings: Settings, name: str) -> Provider:
             sent_folder=config.sent_folder,
             sent_copy=config.sent_copy,
             timeout=config.timeout,
+            reuse=ReuseLimits(
+                max_uses=config.connection_max_messages,
+                max_age=config.connection_max_age,
+                idle_check_after=config.connection_idle_check,
+            ),
         )
     from daemon.providers.gmail import CredentialsFileUnreadable, DelegationRequired, GmailProvider
 
@@ -73,7 +79,14 @@ def build_provider(settings: Settings, name: str) -> Provider:
     except DelegationRequired as exc:
         raise ConfigError(f"providers.{name}.user: {exc}") from None
     except CredentialsFileUnreadable as exc:
-        raise ConfigError(f"providers.{name}.credentials_file: {exc}") from None
+        missing = not settings.credentials_file(name).exists()
+        hint = (
+            "; put the provider's JSON key there, chmod 600 (docs/providers.md \"Gmail "
+            'setup"), or write a config for the emulator with `sendledger init --emulator`'
+            if missing
+            else ""
+        )
+        raise ConfigError(f"providers.{name}.credentials_file: {exc}{hint}") from None
 
 
 def _graph_provider(settings: Settings, name: str, config: GraphProviderSettings) -> Provider:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 from types import TracebackType
+from typing import TextIO
 
 from daemon.systemd import under_systemd
 from ledger.display import printable
@@ -53,9 +54,13 @@ class JournalFormatter(PrintableFormatter):
         return f"{prefix}{message}"
 
 
-def setup_logging(level: str = "info", *, journal: bool | None = None) -> None:
+def setup_logging(
+    level: str = "info", *, journal: bool | None = None, stream: TextIO | None = None
+) -> None:
+    """Log lines to `stream` (stderr by default; `demo` and `try` give a file, so their
+    story on the terminal holds none)."""
     journal = under_systemd() if journal is None else journal
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(stream or sys.stderr)
     if journal:
         handler.setFormatter(JournalFormatter("%(levelname)s %(name)s: %(message)s"))
     else:

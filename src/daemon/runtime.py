@@ -3,8 +3,12 @@
 APScheduler (3.11, BackgroundScheduler, UTC) fires the tick every `daemon.tick`; a tick
 hands the due jobs to the engine's workers and returns (`Engine.hand_out`), so it takes
 milliseconds whatever the provider does, and `last_tick_age` stays under two ticks. The
-main thread only waits: for signals (SIGTERM drains and exits 0, SIGHUP reloads policies)
-and to feed systemd's watchdog while ticks keep completing.
+main thread only waits: on a wake-up pipe that the signal handlers write to
+(`daemon/wakeup.py`: a handler takes no lock), and to feed systemd's watchdog while ticks
+keep completing. SIGHUP reloads policies. SIGTERM or SIGINT stops (docs/operations.md
+"Stopping"): no new provider call, the calls in flight are waited for at most
+`daemon.stop_timeout`, and a second SIGTERM or SIGINT stops at once; either way a claim
+left without its outcome is recovered at the next start, as after a crash.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from daemon.engine import TickReport
 from daemon.providers.base import Provider
 from daemon.service_layer.retention import RetentionJob
 from daemon.systemd import Notifier, watchdog_interval
+from daemon.wakeup import DONE, REQUESTED, WakeUp
 from daemon.webhooks.delivery_threads import (
     WebhookThreads,
     deliver_once,
@@ -42,6 +47,11 @@ if TYPE_CHECKING:
     from daemon.api.server import ApiServer
 
 log = logging.getLogger("sendledger.daemon")
+
+#: The signals that stop the daemon, and the exit code each asks for: 130 for an
+#: interrupt (docs/cli.md "Exit codes"), 0 for systemd's SIGTERM.
+STOP_SIGNALS: dict[int, int] = {signal.SIGINT.value: 130, signal.SIGTERM.value: 0}
+_STOPS = frozenset({*STOP_SIGNALS, REQUESTED})
 
 
 @dataclass
@@ -59,8 +69,14 @@ class Daemon:
         self.tick_seconds = tick
         self.notifier = notifier or Notifier()
         self.health = _Health()
+        # Set by the main thread once it stops (never in a signal handler); a purge run
+        # reads it between jobs.
         self._stop = threading.Event()
-        self._reload = threading.Event()
+        self._wake = WakeUp()
+        self._handlers = False
+        #: True when the daemon stopped without waiting for its calls in flight (a second
+        #: signal, or `stop_timeout` passed): the caller ends the process at once.
+        self.abandoned = False
         self._tick_lock = threading.Lock()
         self._identity: IdentityLock | None = None
         self._name_lost: IdentityTaken | None = None
@@ -116,18 +132,17 @@ class Daemon:
     # -- signals ----------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGHUP, self._on_hup)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+        self._handlers = True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._stop.set()
-
-    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
-        self._reload.set()
+        # One write to a pipe and nothing else: see daemon/wakeup.py.
+        self._wake.post(signum)
 
     def request_stop(self) -> None:
-        self._stop.set()
+        """Stop as SIGTERM would, from any thread."""
+        self._wake.post(REQUESTED)
 
     # -- the service ------------------------------------------------------------------
 
@@ -149,6 +164,9 @@ class Daemon:
 
     def serve(self) -> int:
         hooks = hooks_from(self.service.settings)  # a bad secret file: exit 2 before anything
+        # The API's port is taken first: one in use is exit 2 naming api.listen, before
+        # the name is held or a claim recovered.
+        api = self._bind_api()
         self._identity = start_up(self.service)
         self._webhooks = start_webhooks(
             hooks,
@@ -157,7 +175,9 @@ class Daemon:
             poll=min(max(self.tick_seconds, 0.05), 1.0),
             observer=self.service.observer,
         )
-        self._api = self._start_api()
+        if api is not None:
+            api.start()
+            self._api = api
         self.scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_EXECUTED)
         self.scheduler.add_job(
             self.tick, "interval", seconds=self.tick_seconds, id="tick", next_run_time=_now()
@@ -166,22 +186,90 @@ class Daemon:
         self.scheduler.start()
         self.notifier.ready(self.status_line())
         log.info("sendledger running: tick %.3gs; %s", self.tick_seconds, self.status_line())
+        asked = self._wait_for_stop()
+        code = self._stop_within_bound(*asked)
+        if self._name_lost is not None:
+            raise self._name_lost  # exit 3, as when the name is taken at start-up
+        return code
+
+    def _wait_for_stop(self) -> list[int]:
+        """The main thread's loop until a stop signal or request: what asked for it (two
+        when a second Ctrl-C came before the first was read)."""
         watchdog = watchdog_interval()
         wait = min(watchdog or 1.0, 1.0)
         last_status = 0.0
-        while not self._stop.wait(wait):
-            if self._reload.is_set():
-                self._reload.clear()
+        while True:
+            posted = self._wake.wait(wait)
+            stops = [code for code in posted if code in _STOPS]
+            if stops:
+                return stops
+            if signal.SIGHUP in posted:
                 self.engine.policies.reload()
             if watchdog is not None and self._healthy():
                 self.notifier.watchdog()
             if time.monotonic() - last_status >= 5:
                 last_status = time.monotonic()
                 self.notifier.status(self.status_line())
-        code = self.shutdown()
-        if self._name_lost is not None:
-            raise self._name_lost  # exit 3, as when the name is taken at start-up
+
+    def _stop_within_bound(self, asked: int, *again: int) -> int:
+        """Shut down in a thread of its own while this one waits, at most
+        `daemon.stop_timeout`, for it to end; a second stop signal ends the wait at once.
+        The exit code the first signal asked for."""
+        self._stop.set()
+        code = STOP_SIGNALS.get(asked, 0)
+        limit = self.service.settings.daemon.stop_timeout
+        sends, checks = self.engine.in_flight()
+        waiting = _in_flight_words(sends, checks)
+        hint = "Ctrl-C again" if asked == signal.SIGINT else "a second SIGTERM or SIGINT"
+        log.info(
+            "stopping (%s): no new provider calls; waiting for %s, at most %s "
+            "(daemon.stop_timeout); %s stops at once",
+            _asked_by(asked),
+            waiting,
+            _seconds(limit),
+            hint,
+        )
+        self.notifier.stopping(f"stopping: waiting for {waiting}, at most {_seconds(limit)}")
+        stopper = threading.Thread(target=self._shutdown_then_wake, name="stop", daemon=True)
+        started = time.monotonic()
+        stopper.start()
+        second = next((c for c in again if c in STOP_SIGNALS), None)
+        if second is not None:
+            self._abandon(f"{_asked_by(second)} again")
+        while stopper.is_alive() and not self.abandoned:
+            left = started + limit - time.monotonic()
+            if left <= 0:
+                self._abandon(f"still waiting after {_seconds(limit)}")
+                break
+            posted = self._wake.wait(min(left, 1.0))
+            again_by = next((c for c in posted if c in STOP_SIGNALS), None)
+            if again_by is not None:
+                self._abandon(f"{_asked_by(again_by)} again")
+                break
+            if DONE in posted:
+                stopper.join()
+        if not self._handlers:
+            self._wake.close()  # no handler can write to it any more
         return code
+
+    def _abandon(self, why: str) -> None:
+        sends, checks = self.engine.in_flight()
+        self.abandoned = True
+        log.warning(
+            "stopped at once (%s), not waiting for %s: a claim without its outcome is "
+            "recovered at the next start, as after a crash; %s",
+            why,
+            _in_flight_words(sends, checks),
+            _summary(self._totals()),
+        )
+
+    def _shutdown_then_wake(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            log.exception("shutdown failed")
+        finally:
+            self._wake.post(DONE)
 
     def _schedule_retention(self) -> None:
         """`[retention] purge_after`: purge every `every`, the first time a minute after
@@ -216,13 +304,13 @@ class Daemon:
         """Seconds since the last tick completed (since start-up before the first)."""
         return time.monotonic() - self.health.last_tick_end
 
-    def _start_api(self) -> ApiServer | None:
-        """The HTTP API beside the scheduler, when `[api] listen` is set (docs/http-api.md "HTTP
-        API")."""
+    def _bind_api(self) -> ApiServer | None:
+        """The HTTP API beside the scheduler, when `[api] listen` is set (docs/http-api.md
+        "HTTP API"), its port taken, not yet served."""
         settings = self.service.settings
         if not settings.api.listen:
             return None
-        from daemon.api.build import api_context, server_for
+        from daemon.api.build import api_context, bound_server
         from daemon.api.metrics import Metrics
 
         observer = self.service.observer
@@ -236,15 +324,12 @@ class Daemon:
             tick_age=self.tick_age,
             circuits=self.engine.open_circuits,
         )
-        server = server_for(settings, ctx)
-        server.start()
-        return server
+        return bound_server(settings, ctx)
 
     def shutdown(self) -> int:
-        self.notifier.stopping("draining in-flight sends")
-        log.info("stopping: finishing in-flight provider calls and their events")
-        # No new provider calls; the calls in flight finish and their outcome events are
-        # written when the engine closes (service.close below).
+        """No new provider calls; the calls in flight finish and their outcome events are
+        written when the engine closes (service.close below)."""
+        self._stop.set()
         self.engine.stop()
         self.scheduler.shutdown(wait=True)
         if self._webhooks is not None:
@@ -254,8 +339,14 @@ class Daemon:
         self.service.close()
         if self._identity is not None:
             self._identity.release()
-        log.info("stopped; %s", _summary(self.health.totals))
+        if not self.abandoned:
+            log.info("stopped; %s", _summary(self._totals()))
         return 0
+
+    def _totals(self) -> TickReport:
+        """Everything counted since start-up, the stop's own outcomes included."""
+        self.health.totals.add(self.engine.take_report())
+        return self.health.totals
 
 
 def _now() -> datetime:
@@ -263,7 +354,49 @@ def _now() -> datetime:
 
 
 def _summary(report: TickReport) -> str:
-    return ", ".join(f"{k} {v}" for k, v in vars(report).items() if v) or "nothing done"
+    """What the daemon did, in words: an unknown outcome is not counted as sent."""
+    if not report.busy():
+        return "nothing was sent"
+    parts = [
+        f"{report.sent} provider call{'' if report.sent == 1 else 's'} made",
+        f"{report.confirmed} confirmed",
+    ]
+    if report.unknown:
+        parts.append(f"{report.unknown} outcome{'' if report.unknown == 1 else 's'} unknown "
+                     "(not counted as sent)")  # fmt: skip
+    if report.rejected:
+        parts.append(f"{report.rejected} refused by the provider")
+    for name in ("searched", "escalated", "recovered", "errors"):
+        if getattr(report, name):
+            parts.append(f"{_WORDS[name]} {getattr(report, name)}")
+    return ", ".join(parts)
+
+
+_WORDS = {
+    "searched": "searches made",
+    "escalated": "sent to review",
+    "recovered": "claims recovered",
+    "errors": "errors",
+}
+
+
+def _in_flight_words(sends: int, checks: int) -> str:
+    if not sends and not checks:
+        return "no provider call in flight"
+    parts = []
+    if sends:
+        parts.append(f"{sends} send{'' if sends == 1 else 's'}")
+    if checks:
+        parts.append(f"{checks} search{'' if checks == 1 else 'es'}")
+    return " and ".join(parts) + " in flight"
+
+
+def _asked_by(code: int) -> str:
+    return "asked by another thread" if code == REQUESTED else signal.Signals(code).name
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
 
 
 def check_provider_access(providers: Mapping[str, Provider]) -> None:

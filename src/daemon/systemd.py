@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 
@@ -46,6 +47,17 @@ class Notifier:
         if self._socket is not None:
             self._socket.close()
             self._socket = None
+
+
+#: What a unit's TimeoutStopSec leaves above `daemon.stop_timeout`: the store's close and
+#: the process's exit after the wait (docs/operations.md "Stopping").
+STOP_MARGIN = 15
+
+
+def timeout_stop_sec(stop_timeout: float) -> int:
+    """The TimeoutStopSec for a daemon whose stop waits at most `stop_timeout` seconds: the
+    daemon ends itself first, so systemd's SIGKILL never cuts a stop short."""
+    return math.ceil(stop_timeout) + STOP_MARGIN
 
 
 def watchdog_interval() -> float | None:

@@ -55,14 +55,21 @@ def utcnow() -> datetime:
 
 
 class KeyConflict(Exception):
-    """The key is known with other content; the stored job was left as it was."""
+    """The key is known with other content; the stored job was left as it was. `field`
+    is the first field that differs, when the stored content is still there (not
+    purged)."""
 
-    def __init__(self, key: str, stored_hash: str, submitted_hash: str) -> None:
+    def __init__(
+        self, key: str, stored_hash: str, submitted_hash: str, field: str | None = None
+    ) -> None:
+        differs = f": its {field} differs" if field else ""
         super().__init__(
-            f"key {key!r} already exists with other content "
-            f"(stored {stored_hash[:19]}, submitted {submitted_hash[:19]})"
+            f"key {key!r} already exists with other content{differs} "
+            f"(stored {stored_hash[:19]}, submitted {submitted_hash[:19]}); "
+            "a new message needs a new key"
         )
         self.key = key
+        self.field = field
 
 
 class UnknownJob(Exception):
@@ -332,7 +339,12 @@ class Ledger(Application[UUID]):
             for content, _sender in jobs:
                 first = firsts.setdefault(content.key, content)
                 if first.content_hash != content.content_hash:
-                    raise KeyConflict(content.key, first.content_hash, content.content_hash)
+                    raise KeyConflict(
+                        content.key,
+                        first.content_hash,
+                        content.content_hash,
+                        first.first_difference(content),
+                    )
             results: dict[str, SubmitResult] = {}
             new: list[SendJob] = []
             for content, sender in jobs:
@@ -379,7 +391,9 @@ class Ledger(Application[UUID]):
 
     def _same_or_conflict(self, job: SendJob, content: JobContent) -> SubmitResult:
         if job.content_hash != content.content_hash:
-            raise KeyConflict(content.key, job.content_hash, content.content_hash)
+            # A purged job holds no content to compare: then only the hashes are said.
+            field = None if job.purged else job.content.first_difference(content)
+            raise KeyConflict(content.key, job.content_hash, content.content_hash, field)
         return SubmitResult(job.key, job.message_id, job.state.value, created=False)
 
     def update(self, key: str, command: Callable[[SendJob], T]) -> tuple[SendJob, T]:

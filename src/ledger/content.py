@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -73,6 +73,15 @@ class JobInputError(ValueError):
         self.reason = reason
 
 
+class JobInputErrors(JobInputError):
+    """Several problems of one job, each a JobInputError; `field` and `reason` are the
+    first's (a caller that says one problem says that one)."""
+
+    def __init__(self, problems: Sequence[JobInputError]) -> None:
+        super().__init__(problems[0].field, problems[0].reason)
+        self.problems = list(problems)
+
+
 @dataclass(frozen=True)
 class JobContent:
     channel: str
@@ -127,6 +136,15 @@ class JobContent:
             for name, value in self.stored().items()
             if name not in LATER_FIELDS or value != LATER_FIELDS[name]
         }
+
+    def first_difference(self, other: JobContent) -> str | None:
+        """The first field whose value differs from `other`'s, in the order of
+        `stored` (what a conflicting resubmit names); None when they hold the same."""
+        mine, theirs = self.canonical(), other.canonical()
+        for name in self.stored():
+            if mine.get(name) != theirs.get(name):
+                return "from" if name == "sender" else name
+        return None
 
     def _first_fields(self) -> dict[str, Any]:
         return {
@@ -365,45 +383,70 @@ def _sender(value: object) -> str | None:
 
 
 def parse_job(data: object) -> JobContent:
-    """Validate a submitted job (already decoded from JSON)."""
+    """Validate a submitted job (already decoded from JSON). Every field is checked: a job
+    with several problems raises `JobInputErrors` listing each (one per field, in the
+    order of the fields), so a caller fixes them in one go (docs/http-api.md "HTTP API")."""
     if not isinstance(data, Mapping):
         raise JobInputError("job", "must be a JSON object")
-    unknown = sorted(set(data) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS))
-    if unknown:
-        raise JobInputError(unknown[0], "unknown field")
-    for field in REQUIRED_FIELDS:
-        if field not in data:
-            raise JobInputError(field, "is required")
-    channel = _text("channel", data["channel"], header=True)
+    problems = [
+        JobInputError(name, "unknown field")
+        for name in sorted(set(data) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS))
+    ]
+    problems += [JobInputError(name, "is required") for name in REQUIRED_FIELDS if name not in data]
+    checks: dict[str, Callable[[Any], Any]] = {
+        "channel": _channel,
+        "key": _key,
+        "to": lambda v: _addresses("to", v, required=True),
+        "subject": _subject,
+        "body": lambda v: _text("body", v, header=False),
+        "html": lambda v: None if v is None else _text("html", v, header=False),
+        "cc": lambda v: _addresses("cc", v, required=False),
+        "reply_to": _reply_to,
+        "bcc": lambda v: _addresses("bcc", v, required=False),
+        "headers": _headers,
+        "in_reply_to": lambda v: None if v is None else _message_id("in_reply_to", v),
+        "references": _references,
+        "send_at": _send_at,
+        "attachments": _attachments,
+        "from": _sender,
+        "thread_id": _thread_id,
+    }
+    values: dict[str, Any] = {}
+    for name, check in checks.items():
+        if name not in data and name in REQUIRED_FIELDS:
+            continue  # said above
+        try:
+            values[name] = check(data.get(name))
+        except JobInputError as exc:
+            problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise JobInputErrors(problems)
+    return JobContent(**{("sender" if name == "from" else name): v for name, v in values.items()})
+
+
+def _channel(value: object) -> str:
+    channel = _text("channel", value, header=True)
     if not channel:
         raise JobInputError("channel", "must not be empty")
-    key = _text("key", data["key"], header=True)
+    return channel
+
+
+def _key(value: object) -> str:
+    key = _text("key", value, header=True)
     if not key.strip():
         raise JobInputError("key", "must not be empty")
     if len(key) > MAX_KEY_LENGTH:
         raise JobInputError("key", f"longer than {MAX_KEY_LENGTH} characters")
     if problem := identifier_problem(key):
         raise JobInputError("key", problem)
-    html_value = data.get("html")
-    in_reply_to = data.get("in_reply_to")
-    reply_to = data.get("reply_to")
-    if reply_to is not None and not isinstance(reply_to, str):
+    return key
+
+
+def _reply_to(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
         raise JobInputError("reply_to", "must be one address")
-    return JobContent(
-        channel=channel,
-        key=key,
-        to=_addresses("to", data["to"], required=True),
-        subject=_subject(data["subject"]),
-        body=_text("body", data["body"], header=False),
-        html=None if html_value is None else _text("html", html_value, header=False),
-        cc=_addresses("cc", data.get("cc"), required=False),
-        reply_to=None if reply_to is None else validate_address("reply_to", reply_to),
-        bcc=_addresses("bcc", data.get("bcc"), required=False),
-        headers=_headers(data.get("headers")),
-        in_reply_to=None if in_reply_to is None else _message_id("in_reply_to", in_reply_to),
-        references=_references(data.get("references")),
-        send_at=_send_at(data.get("send_at")),
-        attachments=_attachments(data.get("attachments")),
-        sender=_sender(data.get("from")),
-        thread_id=_thread_id(data.get("thread_id")),
-    )
+    return validate_address("reply_to", value)

@@ -7,7 +7,9 @@
   breaks chosen requests before or after the upstream acts on them (see `MODES`);
 - `write_service_account` / `write_authorized_user`: credential files google-auth accepts,
   pointing at the emulator's token endpoint.
-- `SmtpFaultRelay` (`testkit.smtp_relay`): the same faults at an SMTP submission's end of DATA;
+- `SmtpFaultRelay` (`testkit.smtp_relay`): the same faults at an SMTP submission's end of DATA,
+  per message on kept connections, any command answered by the relay itself (`answer`)
+  and every connection closed at once (`hang_up`);
 - `testkit.mailservers`: private Postfix + Dovecot instances on loopback (Linux, root), with
   `missing_reason()` saying in one line why they cannot run.
 

@@ -11,6 +11,13 @@ next planned mode:
   server (nothing queued; the client sees exactly what it sees for drop-response);
 - ``hang``: forward the data, hold the reply for ``hang_seconds``, then close.
 
+Each client connection may carry any number of messages; the modes apply one per message,
+whatever connection it comes on, so a fault can hit the 1st, 2nd or nth message of a kept
+connection. Any command (and the greeting, as ``GREETING``) can also be answered by the
+relay itself instead of the server (`answer`): a reply the server never gave, for the next
+``times`` such commands; after a ``421`` the relay closes the connection, as a server
+does. `sessions` counts the client connections, `verbs` the commands seen.
+
 The relay forwards each command once and never re-sends, so the server's mailbox counts
 exactly what the client sent. The client talks plain SMTP to the relay (the relay must read
 the dialogue); towards the server the relay can use implicit TLS or STARTTLS itself, so it
@@ -25,7 +32,7 @@ import contextlib
 import socket
 import ssl
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Literal, get_args
 
@@ -34,6 +41,8 @@ SMTP_MODES: tuple[SmtpMode, ...] = get_args(SmtpMode)
 UpstreamSecurity = Literal["none", "tls", "starttls"]
 
 _END_OF_DATA = b"\r\n.\r\n"
+# The commands `answer` can stand in for and `verbs` counts (RFC 5321, RFC 4954 AUTH).
+_VERBS = frozenset({"HELO", "EHLO", "AUTH", "MAIL", "RCPT", "DATA", "RSET", "NOOP", "QUIT", "VRFY"})
 _MAX_LINE = 1 << 16
 
 
@@ -120,6 +129,11 @@ class SmtpFaultRelay:
         self.applied: list[SmtpMode] = []
         #: The server's replies to ends of data that the client never got.
         self.dropped_replies: list[str] = []
+        #: Client connections accepted, and the commands they sent (upper-case verbs).
+        self.sessions = 0
+        self.verbs: Counter[str] = Counter()
+        self._answers: dict[str, deque[str]] = {}
+        self._clients: set[socket.socket] = set()
         self._stop = threading.Event()
         self._listener = socket.create_server((host, port))
         self._listener.settimeout(0.2)
@@ -132,6 +146,36 @@ class SmtpFaultRelay:
         """The modes for the next messages, in order; `pass` once they are used up."""
         with self._lock:
             self._modes = deque(check_smtp_mode(m) for m in modes)
+
+    def answer(self, verb: str, reply: str, *, times: int = 1, skip: int = 0) -> None:
+        """Answer `times` commands `verb` (``MAIL``, ``RCPT``, ``DATA``, ``EHLO``, ``AUTH``,
+        ``RSET``, ``NOOP``, ... or ``GREETING``) with `reply` ("451 4.3.0 busy") instead of
+        forwarding them, after forwarding the next `skip` of them; a 421 then closes the
+        connection."""
+        if verb.upper() not in _VERBS | {"GREETING"}:
+            raise ValueError(f"not a command the relay answers: {verb!r}")
+        code = reply[:3]
+        if not (code.isdigit() and reply[3:4] in ("", " ")):
+            raise ValueError(f"an SMTP reply starts with a code and a space: {reply!r}")
+        with self._lock:
+            self._answers.setdefault(verb.upper(), deque()).extend([""] * skip + [reply] * times)
+
+    def hang_up(self) -> int:
+        """Close every client connection now, as a server closes idle ones (its timeout):
+        the client finds out at its next command, or before it by looking. How many."""
+        with self._lock:
+            clients = list(self._clients)
+        for sock in clients:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        return len(clients)
+
+    def _answer_for(self, verb: str) -> bytes | None:
+        with self._lock:
+            self.verbs[verb] += 1
+            queue = self._answers.get(verb)
+            own = queue.popleft() if queue else ""
+            return (own + "\r\n").encode() if own else None  # "": forwarded (skipped)
 
     def _next_mode(self) -> SmtpMode:
         with self._lock:
@@ -187,12 +231,18 @@ class SmtpFaultRelay:
         client_sock.settimeout(self.timeout)
         client = _Stream(client_sock)
         upstream: _Stream | None = None
+        with self._lock:
+            self.sessions += 1
+            self._clients.add(client_sock)
         try:
             upstream = self._open_upstream()
             greeting = upstream.read_reply()
             if greeting is None:
                 return
-            client_sock.sendall(greeting)
+            own = self._answer_for("GREETING")
+            client_sock.sendall(own or greeting)
+            if own is not None and own.startswith(b"421"):
+                return
             while not self._stop.is_set():
                 command = client.read_until(b"\r\n")
                 if command is None:
@@ -200,6 +250,15 @@ class SmtpFaultRelay:
                 verb = command.strip().split(b" ", 1)[0].upper()
                 if verb == b"STARTTLS":
                     client_sock.sendall(b"454 4.7.0 TLS is not available through the relay\r\n")
+                    continue
+                # An AUTH exchange's own lines (base64) are no commands: never counted.
+                name = verb.decode("ascii", "replace")
+                own = self._answer_for(name) if name in _VERBS else None
+                if own is not None:
+                    # Never forwarded: the server's state is as before the command.
+                    client_sock.sendall(own)
+                    if own.startswith(b"421"):
+                        return
                     continue
                 upstream.sock.sendall(command)
                 reply = upstream.read_reply()
@@ -212,6 +271,8 @@ class SmtpFaultRelay:
         except OSError:
             return
         finally:
+            with self._lock:
+                self._clients.discard(client_sock)
             for stream in (client, upstream):
                 if stream is not None:
                     _close(stream.sock)

@@ -1,12 +1,15 @@
 """Running `sendledger demo --json` as a process and checking what every demo promises,
 whatever the provider: every job settled with its verdict ok, one copy per confirmed job,
 the irreversible payouts never sent twice, a job in review shown as waiting for a human, one
-taken out of review by the scripted operator, and a kept folder on which every command the
+taken out of review by the scripted operator, a story that tells the method (each job's
+line what was observed and what was done, its final state said once, no log line among
+them: those are in the daemon.log it names), and a kept folder on which every command the
 demo suggests runs."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -39,8 +42,35 @@ def run_demo(*args: str, timeout: float) -> tuple[dict[str, Any], subprocess.Com
         assert job["copies"] <= 1, payouts
         assert job["attempts"] <= (3 if job["key"] == resent else 2), payouts
     _check_humans(jobs, summary["operator"])
+    _check_story(summary, result.stderr)
     _check_kept_folder(Path(summary["folder"]), summary["commands"])
     return summary, result
+
+
+#: A log line (`2026-12-01T09:00:00 WARNING sendledger.engine: ...`): never in the story.
+LOG_LINE = re.compile(r"^\S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) +[\w.]+: ", re.M)
+
+
+def _check_story(summary: dict[str, Any], commentary: str) -> None:
+    """Each job told once it settled, its final state said once: a confirmed job's lines
+    say `confirmed` once, a job in review ends waiting for a human; the steps are joined
+    by `->`; the log lines are in the file the intro names, not in the story."""
+    stories: dict[str, list[str]] = summary["stories"]
+    resent = summary["operator"]["key"] if summary["operator"] else None
+    for job in summary["jobs"]:
+        lines = stories[job["key"]]
+        assert lines and len(lines) <= (2 if job["key"] == resent else 1), (job, lines)
+        told = " ".join(lines)
+        if job["state"] == "confirmed":
+            assert told.count("confirmed") == 1, lines  # once, however it was confirmed
+        else:
+            assert lines[-1].endswith("waiting for a human"), lines
+        assert "copies to be counted again" not in told
+    assert any("outcome unknown -> waited" in " ".join(v) for v in stories.values()), stories
+    assert not LOG_LINE.search(commentary), LOG_LINE.search(commentary)
+    log = Path(summary["folder"]) / "daemon.log"
+    assert f"log           {log}" in commentary
+    assert LOG_LINE.search(log.read_text(encoding="utf-8")), "daemon.log holds the log lines"
 
 
 def _check_humans(jobs: list[dict[str, Any]], operator: dict[str, Any] | None) -> None:

@@ -25,14 +25,17 @@ def test_review_show_quotes_the_key_in_every_suggested_command(cli: Any, key: st
     escalate(cli, key)
     shown = cli.run("review", "show", key)
     assert shown.code == 0, shown.stderr
-    commands = [
-        line.split(": ", 1)[1] for line in shown.stdout.splitlines() if ": sendledger" in line
-    ]
+    lines = shown.stdout.splitlines()
+    commands = [line.split(": ", 1)[1] for line in lines if ": sendledger" in line]
     assert commands, shown.stdout
     check = shlex.split(commands[0])
     assert check == ["sendledger", "review", "check", key]
-    resolve = shlex.split(commands[1].split(" sent|")[0])
-    assert resolve == ["sendledger", "review", "resolve", key, "--as"]
+    # Each decision on a line of its own, with what it does (docs/review.md "Review").
+    resolves = [shlex.split(line) for line in lines if line.startswith("  sendledger review")]
+    assert [argv[:5] for argv in resolves] == [["sendledger", "review", "resolve", key, "--as"]] * 3
+    assert [argv[5] for argv in resolves] == ["sent", "resend", "abandon"]
+    assert resolves[0][6:] == ["--note", "how you know it was sent"]  # no copy found yet
+    assert any(line.startswith("why: The provider may or may not") for line in lines), lines
 
 
 def test_cancel_then_exit_3_naming_the_state(cli: Any) -> None:

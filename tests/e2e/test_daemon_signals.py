@@ -15,7 +15,7 @@ from tests.e2e.daemon_kit import RETRY_POLICY, NotifyListener, Rig, events_of, j
 
 from testkit.relay import FaultPlan
 
-# packaging's unit gives the daemon TimeoutStopSec=30s; a drain must fit well inside it.
+# A drain waits at most daemon.stop_timeout (35 s by default); these drains must take far less.
 STOP_LIMIT = 10.0
 
 

@@ -6,9 +6,13 @@ existing file is never overwritten."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
 import stat
 import subprocess
+import time
 import tomllib
 import urllib.request
 from pathlib import Path
@@ -180,3 +184,44 @@ def test_a_file_where_a_folder_goes_is_refused(tmp_path: Path) -> None:
     done = init(str(site), cwd=tmp_path)
     assert done.returncode == 2 and "not a folder" in done.stderr
     assert sorted(p.name for p in site.iterdir()) == ["policies"]
+
+
+def test_init_emulator_writes_a_config_that_runs_against_the_emulator_unchanged(
+    tmp_path: Path,
+) -> None:
+    """`init --emulator URL`, then the lines it prints, run as printed: the emulator
+    (which writes the credentials the config names), the daemon, submit and status; the
+    first job is confirmed. Only the API's port comes from the environment (8025 may be
+    taken on a shared machine)."""
+    site = tmp_path / "site"
+    emulator_port = free_port()
+    done = init(str(site), "--emulator", f"http://127.0.0.1:{emulator_port}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    printed = [line.strip() for line in done.stdout.splitlines() if SENDLEDGER in line]
+    emulator_line, run_line, submit_line, status_line = printed
+    assert f"emulator gmail --port {emulator_port} " in emulator_line
+    assert "EDIT" not in (site / "sendledger.toml").read_text(encoding="utf-8")
+    env = {**os.environ, "SENDLEDGER_API__LISTEN": f"127.0.0.1:{free_port()}"}
+    env = {k: v for k, v in env.items() if k != "SENDLEDGER_CONFIG"}
+    emulator = subprocess.Popen(emulator_line, shell=True, stdout=subprocess.PIPE, text=True)
+    daemon = None
+    try:
+        assert emulator.stdout is not None
+        emulator.stdout.readline()  # it says where it listens once it does
+        daemon = subprocess.Popen(run_line, shell=True, env=env, stderr=subprocess.PIPE, text=True)
+        submitted = subprocess.run(submit_line, shell=True, capture_output=True, text=True, env=env)
+        assert submitted.returncode == 0, submitted.stderr
+        deadline = time.monotonic() + 60
+        while True:
+            shown = subprocess.run(status_line, shell=True, capture_output=True, text=True, env=env)
+            if re.search(r"^state\s+confirmed$", shown.stdout, re.M):
+                break
+            assert time.monotonic() < deadline and daemon.poll() is None, shown.stdout
+            time.sleep(0.5)
+    finally:
+        for proc in (daemon, emulator):
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+    accepted = (site / "accepted.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(accepted) == 1  # one copy, counted where it happened

@@ -7,22 +7,21 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from tests.conftest import IN_CI
-from tests.e2e.conftest import sendledger_command
-from tests.integration.api_kit import TOKEN, free_port, job
+from tests.e2e.api_process import MAILBOX, sendledger_api
+from tests.integration.api_kit import TOKEN, job
 
 from ledger.application import Ledger
-from ledger.decision_types import Review
+from ledger.decision_types import Duplicate, Review, SearchAt
+from ledger.job import SendJob
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
-from testkit.credentials import write_service_account
 from testkit.gmail_emulator import GmailEmulator
 
 CHROMIUM = os.environ.get("TEST_CHROMIUM", "/usr/bin/chromium")
@@ -45,10 +44,11 @@ def _require_browser() -> None:
     pytest.skip(reason)
 
 
-MAILBOX = "shop@shop.example"
 SHOTS = {
     "queue": "review-queue.png",
     "job": "review-job.png",
+    "job-unknown": "review-job-unknown.png",
+    "job-duplicate": "review-job-duplicate.png",
     "triage": "review-triage.png",
     "overview": "review-overview.png",
 }
@@ -58,47 +58,8 @@ SHOTS = {
 def api_process(tmp_path: Path) -> Iterator[tuple[str, Path, GmailEmulator]]:
     """`sendledger api` as a process; its provider is the Gmail emulator, so the page's
     check button searches a real (emulated) mailbox."""
-    port = free_port()
-    emulator = GmailEmulator()
-    emulator.start()
-    write_service_account(tmp_path / "sa.json", token_uri=emulator.token_uri)
-    (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "receipts.toml").write_text(
-        'provider = "support"\nfrom = "Support <support@example.com>"\n'
-        'message_id_domain = "mail.example.com"\non_unknown = "review"\n'
-    )
-    (tmp_path / "api-tokens").write_text(f"alice:{TOKEN}\n")
-    (tmp_path / "sendledger.toml").write_text(
-        '[store]\nurl = "sqlite:///ledger.sqlite"\n[daemon]\npolicies_dir = "policies"\n'
-        '[providers.support]\nkind = "gmail"\ncredentials_file = "sa.json"\n'
-        f'user = "{MAILBOX}"\napi_endpoint = "{emulator.url}"\n'
-        f'token_uri = "{emulator.token_uri}"\n'
-        f'[api]\nlisten = "127.0.0.1:{port}"\ntoken_file = "api-tokens"\n'
-    )
-    log = (tmp_path / "api.log").open("wb")
-    process = subprocess.Popen(
-        [*sendledger_command(), "--config", str(tmp_path / "sendledger.toml"), "api"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, (tmp_path / "api.log").read_text()
-            assert time.monotonic() < deadline, "sendledger api did not start"
-            time.sleep(0.05)
-        yield url, tmp_path, emulator
-    finally:
-        process.terminate()
-        assert process.wait(timeout=15) == 0
-        log.close()
-        emulator.stop()
+    with sendledger_api(tmp_path) as served:
+        yield served
 
 
 def _to_review(folder: Path, *keys: str) -> None:
@@ -108,6 +69,33 @@ def _to_review(folder: Path, *keys: str) -> None:
         )
         for key in keys:
             ledger.update(key, lambda j: j.escalate(review, detail="test", at=datetime.now(UTC)))
+
+
+def _to_duplicate(folder: Path, key: str, copies: list[str]) -> None:
+    """The job as the daemon leaves it when a search finds two copies: claimed, unknown,
+    then Duplicate and Escalated(duplicate)."""
+    ref = PolicyRef("receipts", "f" * 16)
+    now = datetime.now(UTC)
+
+    def duplicate(job: SendJob) -> None:
+        job.claim(provider="support", deadline=now + timedelta(minutes=1), at=now)
+        job.record_unknown(reason="timed out", decision=SearchAt(ref, now), at=now)
+        job.record_search(query="rfc822msgid:", copies=copies, decision=Duplicate(ref), at=now)
+
+    with Ledger(f"sqlite:///{folder / 'ledger.sqlite'}") as ledger:
+        ledger.update(key, duplicate)
+
+
+def axe_violations(page: Any) -> list[str]:
+    """axe-core's violations on the page now (the page's own CSP set aside for the
+    script; the page itself runs none): `id (impact): nodes` each."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    results = Axe().run(page)
+    return [
+        f"{v['id']} ({v['impact']}): {', '.join(n['target'][0] for n in v['nodes'])}"
+        for v in results.response["violations"]
+    ]
 
 
 def _copy(message_id: str, to: str, subject: str) -> bytes:
@@ -125,9 +113,10 @@ def test_sign_in_check_resolve_triage_and_cancel(
 
     url, folder, emulator = api_process
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    key, other, later = "order-4711", "order-4712", "later-1"
+    key, other, later, dup = "order-4711", "order-4712", "later-1", "order-4713"
     message_ids = {}
-    for name, extra in ((key, {}), (other, {}), (later, {"send_at": "2099-01-01T09:00:00Z"})):
+    jobs = ((key, {}), (other, {}), (later, {"send_at": "2099-01-01T09:00:00Z"}), (dup, {}))
+    for name, extra in jobs:
         submitted = httpx.post(url + "/v1/jobs", json=job(name, **extra), headers=auth)
         assert submitted.status_code == 201
         message_ids[name] = submitted.json()["message_id"]
@@ -136,6 +125,12 @@ def test_sign_in_check_resolve_triage_and_cancel(
     emulator.inject(
         _copy(message_ids[key], "Customer <customer@example.org>", "Your receipt"), user=MAILBOX
     )
+    # order-4713 reached the customer twice: the daemon's search found both copies.
+    for _ in range(2):
+        emulator.inject(
+            _copy(message_ids[dup], "customer@example.org", "Your receipt"), user=MAILBOX
+        )
+    _to_duplicate(folder, dup, ["id-1", "id-2"])
     shots = tmp_path / "shots"
     shots.mkdir()
 
@@ -158,9 +153,27 @@ def test_sign_in_check_resolve_triage_and_cancel(
             queue = page.inner_text("#queue")
             assert "customer@example.org" in queue and "Your receipt" in queue
             assert "unknown-outcome" in queue and re.search(r"\t\d+ (s|min)\t", queue), queue
+            assert "duplicate (duplicate)" not in queue  # the reason once, not twice
             page.screenshot(path=str(shots / SHOTS["queue"]), full_page=True)
 
+            # An unknown outcome, never checked: what it means, and "sent" asks for a note.
+            page.goto(f"{url}/ui/jobs/{other}")
+            assert "may or may not have sent this message" in page.inner_text("#meaning")
+            assert page.inner_text("#next").startswith("Next: Check the mailbox first")
+            assert "the note must say how you know" in page.inner_text("#resolve")
+            page.screenshot(path=str(shots / SHOTS["job-unknown"]), full_page=True)
+
+            # A duplicate: how many copies the customer has, and what each action does.
+            page.goto(f"{url}/ui/jobs/{dup}")
+            assert page.inner_text("#customer-copies").startswith("The customer has 2 copies")
+            resolve = page.inner_text("#resolve")
+            assert "records that the customer has it (2 copies)" in resolve
+            assert "the customer keeps the 2 copies it has" in resolve
+            assert page.locator("input[name=as][value=resend]").count() == 0
+            page.screenshot(path=str(shots / SHOTS["job-duplicate"]), full_page=True)
+
             # Check: the copy is found and shown; resend is no longer offered.
+            page.goto(url + "/ui/")
             page.click(f"text={key}")
             assert page.inner_text("#state") == "review"
             page.click("#check button[type=submit]")
@@ -170,6 +183,8 @@ def test_sign_in_check_resolve_triage_and_cancel(
             page.check("input[name=as][value=sent]")
             page.fill("#resolve textarea[name=note]", "one copy found in Sent")
             page.screenshot(path=str(shots / SHOTS["job"]), full_page=True)
+            # axe-core on every page, wide and at 390 px, before anything is resolved.
+            _no_axe_violations(browser, url, page.context.cookies(), [key, other, dup])
             page.click("#resolve button[type=submit]")
             assert page.inner_text("#state") == "confirmed"
             assert "Checked" in page.inner_text("#timeline")
@@ -195,19 +210,41 @@ def test_sign_in_check_resolve_triage_and_cancel(
             assert "review\n" in page.inner_text("#open-counts").lower()
             page.screenshot(path=str(shots / SHOTS["overview"]), full_page=True)
 
-            # Readable at 390 px: nothing runs off the screen (measured with a script in a
+            # Readable at 390 px: nothing runs off the screen, and the chart is drawn at the
+            # width it is shown, its labels at their size (measured with a script in a
             # second page; the pages themselves need none).
             narrow = browser.new_page(viewport={"width": 390, "height": 844})
             narrow.context.add_cookies(page.context.cookies())
-            for path in ("/ui/", f"/ui/jobs/{key}", "/ui/triage", "/ui/overview"):
+            for path in (
+                "/ui/",
+                f"/ui/jobs/{key}",
+                f"/ui/jobs/{dup}",
+                "/ui/triage",
+                "/ui/overview",
+            ):
                 narrow.goto(url + path)
                 width = narrow.evaluate("document.documentElement.scrollWidth")
                 assert width <= 390, (path, width)
+            shown = narrow.evaluate(
+                "[...document.querySelectorAll('svg')].filter(s => s.getBoundingClientRect()"
+                ".width > 0).map(s => [s.id, s.getBoundingClientRect().width, "
+                "s.viewBox.baseVal.width, Math.min(...[...s.querySelectorAll('text')]"
+                ".map(t => t.getBoundingClientRect().height))])"
+            )
+            assert [row[0] for row in shown] == ["chart-narrow"], shown
+            _id, drawn, drawn_for, label = shown[0]
+            assert drawn >= drawn_for * 0.95 and label >= 10, shown  # not scaled down
+            icon = httpx.get(url + "/favicon.ico", follow_redirects=True)
+            assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
             if os.environ.get("UPDATE_REVIEW_SCREENSHOT"):
                 for name in SHOTS.values():
                     shutil.copy(shots / name, REPO / "docs" / name)
                 narrow.goto(url + "/ui/")
                 narrow.screenshot(path=str(REPO / "docs" / "review-queue-390.png"), full_page=True)
+                narrow.goto(url + "/ui/overview")
+                narrow.screenshot(
+                    path=str(REPO / "docs" / "review-overview-390.png"), full_page=True
+                )
         finally:
             browser.close()
 
@@ -220,3 +257,23 @@ def test_sign_in_check_resolve_triage_and_cancel(
     assert httpx.get(f"{url}/v1/jobs/{later}", headers=auth).json()["state"] == "cancelled"
     assert httpx.get(f"{url}/v1/jobs/{other}", headers=auth).json()["state"] == "review"
     assert emulator.copies(message_ids[key]) == 1 and emulator.copies(message_ids[later]) == 0
+
+
+def _no_axe_violations(browser: Any, url: str, cookies: Any, keys: list[str]) -> None:
+    """axe-core finds nothing on any page, signed out and in, at 1100 and 390 px."""
+    paths = ["/ui/", *(f"/ui/jobs/{k}" for k in keys), "/ui/triage", "/ui/overview",
+             "/ui/search?q=order"]  # fmt: skip
+    found: dict[str, list[str]] = {}
+    for width in (1100, 390):
+        context = browser.new_context(bypass_csp=True, viewport={"width": width, "height": 900})
+        try:
+            page = context.new_page()
+            page.goto(url + "/ui/")  # signed out: the sign-in form
+            found[f"sign-in@{width}"] = axe_violations(page)
+            context.add_cookies(cookies)
+            for path in paths:
+                page.goto(url + path)
+                found[f"{path}@{width}"] = axe_violations(page)
+        finally:
+            context.close()
+    assert {where: v for where, v in found.items() if v} == {}, found

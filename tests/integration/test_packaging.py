@@ -22,9 +22,24 @@ def test_unit_file_declares_notify_and_hardening() -> None:
         "ExecReload=/bin/kill -HUP $MAINPID",
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
-        "TimeoutStopSec=30",
     ):
         assert line in text
+
+
+def test_the_stop_timeout_is_above_the_daemons_longest_wait() -> None:
+    """docs/operations.md "Stopping": systemd's SIGKILL must never cut the daemon's own
+    bounded wait short, in the shipped unit as in the one `init` writes."""
+    from daemon.cli.init_command import installation, unit_text
+    from daemon.config.settings import DEFAULT_STOP_TIMEOUT, DaemonSettings
+    from daemon.systemd import timeout_stop_sec
+
+    assert DaemonSettings().stop_timeout == DEFAULT_STOP_TIMEOUT
+    wanted = f"TimeoutStopSec={timeout_stop_sec(DEFAULT_STOP_TIMEOUT)}\n"
+    assert timeout_stop_sec(DEFAULT_STOP_TIMEOUT) > DEFAULT_STOP_TIMEOUT
+    assert wanted in UNIT.read_text(encoding="utf-8")
+    assert wanted in unit_text(installation(Path("/srv/mail")))
+    said = f"at most daemon.stop_timeout ({DEFAULT_STOP_TIMEOUT:g} s by default)"
+    assert said in UNIT.read_text(encoding="utf-8")
 
 
 def test_systemd_analyze_verify_is_clean(tmp_path: Path) -> None:

@@ -54,17 +54,39 @@ def test_the_page_names_every_make_target_and_only_real_ones() -> None:
 def test_every_target_the_page_says_installs_first_does() -> None:
     # "make venv ... (every target above but `test-py313` makes it first)"
     assert "(every target above but `test-py313` makes it first)" in page()
-    installing = {name for name, deps in targets().items() if "$(STAMP)" in deps.split()}
+    installing = {
+        name for name, deps in targets().items() if {"$(STAMP)", "$(RUN_STAMP)"} & set(deps.split())
+    }
     listed = named_targets(page().split("```sh", 1)[1].split("```", 1)[0])
     assert installing == listed - {"clean", "test-py313"}
+
+
+def test_demo_and_try_install_only_what_runs() -> None:
+    """`make demo` and `make try` need the runtime install only; the [test] extra (mypy,
+    ruff, playwright, hypothesis: about two minutes on a fresh clone) is for the rest."""
+    deps = targets()
+    assert deps["demo"].split() == deps["try"].split() == ["$(RUN_STAMP)"]
+    runtime = recipe("$(RUN_STAMP)")
+    assert any(line.endswith(" -e .") for line in runtime), runtime
+    assert not any("[test]" in line for line in runtime)
+    stamp = re.search(r"^\$\(STAMP\):(.*)$", MAKEFILE, re.M)
+    assert stamp and "$(RUN_STAMP)" in stamp.group(1).split()
+    assert any("-e '.[test]'" in line for line in recipe("$(STAMP)"))
+    for name in ("test", "unit", "integration", "e2e", "lint", "typecheck", "venv"):
+        assert "$(STAMP)" in deps[name].split(), name
+    assert "make demo` and `make try` install only what runs" in page()
 
 
 def test_the_bench_lines_are_what_make_bench_runs_in_order() -> None:
     block = page().split("make bench", 1)[1].split("make test-py313", 1)[0]
     listed = re.findall(r"(bench/\w+\.py)", block)
-    ran = [re.search(r"(bench/\w+\.py)", line).group(1) for line in recipe("bench")]  # type: ignore[union-attr]
+    steps = recipe("bench")
+    # First the bench extra (docs/development.md says so), then the scripts.
+    assert steps[0] == "$(BIN)/python -m pip install --quiet -e '.[bench]'"
+    assert "the bench extra" in block
+    ran = [re.search(r"(bench/\w+\.py)", line).group(1) for line in steps[1:]]  # type: ignore[union-attr]
     assert listed == ran
-    assert "$(HISTORY_ARGS)" in recipe("bench")[ran.index("bench/history.py")]
+    assert "$(HISTORY_ARGS)" in steps[1 + ran.index("bench/history.py")]
     assert recipe("soak") == ["$(BIN)/python bench/soak.py $(SOAK_ARGS)"]
 
 
@@ -75,6 +97,7 @@ def test_make_test_runs_the_313_tests_first_then_everything_then_lint_and_typech
     assert steps[2].endswith("lint typecheck")
     assert "test-packages" in targets()["test"].split()
     assert recipe("demo") == ["$(BIN)/sendledger demo"]
+    assert recipe("try") == ["$(BIN)/sendledger try"]
 
 
 def test_the_layout_list_is_the_src_packages() -> None:

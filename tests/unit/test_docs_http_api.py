@@ -369,13 +369,13 @@ def test_the_error_table_says_for_each_error_whether_it_may_have_been_applied() 
 
 def test_invalid_counts_what_the_server_counted(rig: EngineRig) -> None:
     """A 422 lists at most 100 errors; `Invalid.total` is how many there were (the body's
-    `count`), not how many were listed."""
+    `count`: five required fields missing in each of 250 jobs), not how many were listed."""
     with TestClient(create_app(api_context(rig))) as client:
         answer = client.post("/v1/jobs", json=[{}] * 250, headers=AUTH)
     assert answer.status_code == 422
     refused = Invalid(422, answer.json()["error"], answer.json())
     assert len(refused.errors) == MAX_LISTED
-    assert refused.total == 250
+    assert refused.total == 250 * 5
     assert refused.errors[0].index == 0 and refused.errors[0].field == "channel"
 
 

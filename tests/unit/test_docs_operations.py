@@ -184,7 +184,7 @@ def test_every_example_command_parses_and_names_real_modes() -> None:
         ("emulator", "graph"),
         ("relay", "--upstream"),
     }
-    assert len(commands) == 4
+    assert len(commands) == 5  # the emulator, twice, in "Trying it"
     for argv in commands:
         args = build_parser(argv[0]).parse_args(argv)
         for kind in ("send", "search", "token", "other"):

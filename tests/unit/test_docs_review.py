@@ -55,6 +55,14 @@ def test_the_reasons_are_escalation_reasons() -> None:
     assert written == [reason.value for reason in EscalationReason]
 
 
+def test_the_reasons_meaning_and_next_step_are_what_the_page_says() -> None:
+    from daemon.service_layer.guidance import MEANING, NEXT
+
+    text = section("## Review: check, resend, triage, cancel")
+    rows = {row[0].strip("`"): (row[1], row[2]) for row in table(text)}
+    assert rows == {reason.value: (MEANING[reason], NEXT[reason]) for reason in EscalationReason}
+
+
 def test_the_actions_table_names_commands_routes_and_buttons_that_exist() -> None:
     text = section("## Review: check, resend, triage, cancel").split("| Action |", 1)[1]
     rows = table("| Action |" + text)

@@ -64,9 +64,10 @@ def test_the_testkit_stands_alone(path: Path) -> None:
 
 
 def test_only_demo_and_the_testkit_commands_use_the_testkit() -> None:
-    # probe.py: its fault relays drop the reply to the one real send it makes.
+    # probe.py: its fault relays drop the reply to the one real send it makes; try_it.py:
+    # `sendledger try` runs the emulator and a relay for its own daemon.
     users = {p.name for p in modules("daemon") if under(imports(p), "testkit")}
-    assert users <= {"demo.py", "probe.py", "testkit_doubles.py"}, users
+    assert users <= {"demo.py", "probe.py", "try_it.py", "testkit_doubles.py"}, users
 
 
 def test_providers_never_touch_the_store() -> None:
@@ -109,4 +110,5 @@ def test_the_daemon_package_keeps_only_its_wiring_at_the_top() -> None:
         "logs.py",
         "runtime.py",
         "systemd.py",
+        "wakeup.py",
     }, top

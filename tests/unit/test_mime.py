@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import email
 import email.policy
 from datetime import UTC, datetime, timedelta, timezone
@@ -9,10 +10,12 @@ from email.message import EmailMessage
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ledger.content import JobInputError
 from ledger.message_id import message_id_for
-from ledger.mime import build_message
+from ledger.mime import build_message, wrapped_base64
 
 DATE = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 MID = message_id_for("order-42", "mail.example.com")
@@ -236,3 +239,13 @@ def test_bad_headers_are_refused_naming_the_field(overrides: dict[str, Any], fie
     with pytest.raises(JobInputError) as info:
         build(**overrides)
     assert info.value.field == field
+
+
+@given(st.binary(max_size=3000))
+def test_an_attachment_is_its_stored_base64_in_the_lines_its_data_would_be_encoded_in(
+    data: bytes,
+) -> None:
+    """The part body comes from the canonical text stored at intake, not from decoding and
+    encoding the data again at every attempt: the same bytes either way."""
+    canonical = base64.b64encode(data).decode("ascii")
+    assert wrapped_base64(canonical) == base64.encodebytes(data).replace(b"\n", b"\r\n")

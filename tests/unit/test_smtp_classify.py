@@ -3,6 +3,7 @@ message, the smtp-imap settings and the policy refusal of `retry` with a client 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,15 @@ def test_unavailable_only_before_data_and_without_a_session(
     outcome = classify_smtp(stage, code, "text", message_id="<m@x>")
     assert outcome.kind is SendKind.REJECTED and outcome.unavailable is unavailable
     assert outcome.transient or code == 550
+
+
+@given(st.lists(st.sampled_from([b"a", b".", b"\r", b"\n", b"\r\n", b"x.", b"\n."]), max_size=40))
+def test_wire_data_is_crlf_lines_and_stuffed_dots_whatever_the_line_ends(
+    chunks: list[bytes],
+) -> None:
+    """The payload counts before it rewrites: the same bytes as rewriting every time."""
+    raw = b"To: a@b.test\r\nMessage-ID: <m@x.test>\r\n\r\n" + b"".join(chunks)
+    expected = re.sub(rb"(?m)^\.", b"..", re.sub(rb"\r\n|\r|\n", b"\r\n", raw))
+    if not expected.endswith(b"\r\n"):
+        expected += b"\r\n"
+    assert Envelope(raw).wire_data() == expected + b".\r\n"

@@ -12,7 +12,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from daemon.api import errors, jobs, review, ui
+from daemon.api import errors, favicon, jobs, review, ui
 from daemon.api.auth import bearer
 from daemon.api.context import ApiContext
 from daemon.api.guards import HeadAsGet, MethodsAllowed, NoNulInQuery, TrustedHosts
@@ -127,6 +127,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.get("/ui", include_in_schema=False)
     def ui_root() -> RedirectResponse:
         return RedirectResponse("/ui/", status_code=308)
+
+    favicon.install(app)
 
     return app
 

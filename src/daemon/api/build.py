@@ -9,7 +9,7 @@ from daemon.api.auth import TokenBook, TokenFileError
 from daemon.api.context import ApiContext
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics, Sources
-from daemon.api.server import ApiServer
+from daemon.api.server import ApiServer, ListenRefused
 from daemon.config.settings import ConfigError, Settings
 from daemon.engine import PolicyHolder
 from daemon.engine.circuit import OpenCircuit
@@ -89,4 +89,30 @@ def server_for(settings: Settings, ctx: ApiContext) -> ApiServer:
     return ApiServer(create_app(ctx), host, port)
 
 
-__all__ = ["api_context", "load_tokens", "server_for", "tick_limit"]
+#: The variable that sets `api.listen` (docs/configuration.md "Configuration").
+LISTEN_VARIABLE = "SENDLEDGER_API__LISTEN"
+
+
+def bound_server(settings: Settings, ctx: ApiContext, *, option: str = "") -> ApiServer:
+    """The API's server with its port taken; a port that cannot be had is a ConfigError
+    (exit 2) naming `api.listen`, its variable and `option` when the command has one."""
+    server = server_for(settings, ctx)
+    try:
+        server.bind()
+    except ListenRefused as exc:
+        also = f", or {option} HOST:PORT" if option else ""
+        raise ConfigError(
+            f"{settings.config_path}: api.listen: {exc}; choose another address in "
+            f"api.listen (or {LISTEN_VARIABLE}=127.0.0.1:PORT{also})"
+        ) from None
+    return server
+
+
+__all__ = [
+    "LISTEN_VARIABLE",
+    "api_context",
+    "bound_server",
+    "load_tokens",
+    "server_for",
+    "tick_limit",
+]

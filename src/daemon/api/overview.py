@@ -16,6 +16,9 @@ SERIES = (
     ("reviews", "Escalated", "#6a1b9a"),
 )
 WIDTH, HEIGHT, TOP, BOTTOM, LEFT = 720, 180, 10, 24, 30
+#: The chart a 390 px phone shows (docs/review.md "Review page"): drawn at the width it is
+#: shown, so its 11 px labels stay 11 px instead of shrinking with a scaled-down SVG.
+NARROW = 340
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class Chart:
     baseline: float = HEIGHT - BOTTOM
     left: int = LEFT
 
+    def resized(self, width: int, label_every: int) -> Chart:
+        """The same counts drawn `width` wide, an hour label every `label_every` hours."""
+        return _drawn(self.hours, self.counts, width, label_every)
+
 
 def hourly_chart(ledger: Ledger, *, until: datetime, hours: int = 24) -> Chart:
     start = (until - timedelta(hours=hours - 1)).replace(minute=0, second=0, microsecond=0)
@@ -53,9 +60,14 @@ def hourly_chart(ledger: Ledger, *, until: datetime, hours: int = 24) -> Chart:
         slot = int((event.timestamp - start).total_seconds() // 3600)
         if 0 <= slot < hours:
             counts[by_event[type(event).__name__]][slot] += 1
+    return _drawn(slots, counts, WIDTH, 4)
+
+
+def _drawn(slots: list[datetime], counts: dict[str, list[int]], width: int, every: int) -> Chart:
+    hours = len(slots)
     peak = max([1, *(max(values) for values in counts.values())])
     plot = HEIGHT - TOP - BOTTOM
-    slot_width = (WIDTH - LEFT) / hours
+    slot_width = (width - LEFT) / hours
     bar_width = slot_width / (len(SERIES) + 1)
     bars = []
     for s, (name, _, colour) in enumerate(SERIES):
@@ -73,9 +85,9 @@ def hourly_chart(ledger: Ledger, *, until: datetime, hours: int = 24) -> Chart:
                     )
                 )
     labels = [
-        (LEFT + i * slot_width, f"{slot:%H}:00") for i, slot in enumerate(slots) if i % 4 == 0
+        (LEFT + i * slot_width, f"{slot:%H}:00") for i, slot in enumerate(slots) if i % every == 0
     ]
-    return Chart(slots, counts, bars, peak, labels)
+    return Chart(slots, counts, bars, peak, labels, width=width)
 
 
-__all__ = ["SERIES", "Chart", "hourly_chart"]
+__all__ = ["NARROW", "SERIES", "Chart", "hourly_chart"]

@@ -1,17 +1,56 @@
 """uvicorn in a thread: the daemon serves the API beside its scheduler, and stops it on
-shutdown; `sendledger api` runs the same server in the foreground."""
+shutdown; `sendledger api` runs the same server in the foreground.
+
+The listening socket is bound here, before uvicorn starts, so that a port in use is a
+`ListenRefused` naming the address (the caller names the setting), not a thread that dies
+with uvicorn's own log line and a generic failure."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 import threading
 import time
 
 import uvicorn
 from fastapi import FastAPI
 
+from daemon.wakeup import WakeUp
+
 log = logging.getLogger("sendledger.api")
+
+_WHY = {
+    errno.EADDRINUSE: "is in use by another process",
+    errno.EADDRNOTAVAIL: "is not an address of this machine",
+    errno.EACCES: "needs privileges this process lacks (a port below 1024)",
+}
+
+
+class ListenRefused(OSError):
+    """The API's address cannot be listened on; the message says why, in words."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (SO_REUSEADDR, as uvicorn's own)."""
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise ListenRefused(f"{host}:{port}: the host does not resolve ({exc.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        why = _WHY.get(exc.errno or 0, exc.strerror or str(exc))
+        raise ListenRefused(f"{shown} {why}") from None
+    return sock
 
 
 class ApiServer:
@@ -29,11 +68,20 @@ class ApiServer:
         # uvicorn installs signal handlers only on the main thread: in the daemon's
         # background thread the daemon keeps its own (SIGTERM drains, SIGHUP reloads).
         self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
         self.host, self.port = host, port
+
+    def bind(self) -> None:
+        """Take the port now (ListenRefused when it cannot be had); `start` serves it."""
+        if self._socket is None:
+            self._socket = bind(self.host, self.port)
 
     def start(self, timeout: float = 10.0) -> None:
         """Serve in a background thread; return once the port listens (or raise)."""
-        self._thread = threading.Thread(target=self.server.run, name="api", daemon=True)
+        self.bind()
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._socket]}, name="api", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
@@ -46,15 +94,23 @@ class ApiServer:
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._socket is not None:
+            self._socket.close()
 
-    def run(self) -> None:
-        """In the foreground until SIGTERM or SIGINT; then finish and exit 0, as `run` does
-        (uvicorn's own handlers would re-raise the signal after shutting down)."""
-        stop = threading.Event()
+    def run(self) -> int:
+        """In the foreground until SIGTERM or SIGINT; then finish, as `run` does: the exit
+        code 130 after SIGINT, 0 after SIGTERM (uvicorn's own handlers would re-raise the
+        signal after shutting down). The handlers only write to a pipe
+        (`daemon/wakeup.py`)."""
+        wake = WakeUp()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
+            signal.signal(signum, lambda signum, _frame: wake.post(signum))
         self.start()
-        while not stop.wait(0.5):
+        while True:
+            posted = wake.wait(0.5)
+            if posted:
+                break
             if self._thread is None or not self._thread.is_alive():
                 raise OSError(f"api: the server on {self.host}:{self.port} stopped")
         self.stop()
+        return 130 if signal.SIGINT in posted else 0

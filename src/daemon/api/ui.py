@@ -32,11 +32,17 @@ from markupsafe import Markup
 from daemon.api.auth import SESSION_COOKIE, SESSION_SECONDS, bearer
 from daemon.api.context import ApiContext, context_of
 from daemon.api.errors import api_error
-from daemon.api.overview import hourly_chart
+from daemon.api.overview import NARROW, hourly_chart
 from daemon.api.paths import key_segment
 from daemon.api.roles import PAGE_ROLE, forbidden
 from daemon.service_layer.read_models import timeline_details
-from daemon.service_layer.services import SORTS, CheckAnswer, ServiceError, TriageItem
+from daemon.service_layer.services import (
+    SORTS,
+    CheckAnswer,
+    ServiceError,
+    TriageItem,
+    resolve_as_a_person,
+)
 from ledger.display import command_line, printable
 from ledger.vocabulary import OPEN_STATES, Resolution
 
@@ -310,7 +316,7 @@ def _job_page(
         view=view,
         status=view.status,
         timeline=timeline,
-        decisions=[d.value for d in view.decisions],
+        guidance=view.guidance,
         resend_withheld=bool(view.decisions) and Resolution.RESEND not in view.decisions,
         href=href,
         done=done,
@@ -358,7 +364,7 @@ async def resolve_form(
         seen,
         key,
         csrf,
-        lambda by: ctx.services.resolve(key, Resolution(decision), note=note, by=by),
+        lambda by: resolve_as_a_person(ctx.services, key, Resolution(decision), note=note, by=by),
         f"resolved as {decision}",
     )
 
@@ -423,6 +429,7 @@ def overview(ctx: Ctx, seen: Seen) -> Response:
         **_common(ctx, seen),
         counts=[(str(state), counts.get(str(state), 0)) for state in OPEN_STATES],
         chart=chart,
+        narrow=chart.resized(NARROW, 6),
         since=now - timedelta(hours=24),
     )
 

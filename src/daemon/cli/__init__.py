@@ -51,12 +51,14 @@ COMMANDS: dict[str, str] = {
     "cancel": "daemon.cli.service",
     "audit": "daemon.cli.audit",
     "demo": "daemon.tools.demo",
+    "try": "daemon.tools.try_it",
     "init": "daemon.cli.init_command",
     "probe": "daemon.tools.probe",
     "emulator": "daemon.cli.testkit_doubles",
     "relay": "daemon.cli.testkit_doubles",
     "api": "daemon.cli.api_server",
     "webhooks": "daemon.cli.webhooks",
+    "help": "daemon.cli.help_command",
 }
 
 
@@ -83,7 +85,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Email sends that are safe to retry when the provider has no idempotency "
         "key: a Message-ID derived from the job's key, reconciliation by searching the "
         "sender's mailbox, and every step recorded as an event.",
-        epilog="Exit codes: 0 ok, 1 unexpected failure, 2 bad input, 3 conflict (a key reused "
+        epilog="`sendledger help COMMAND` (or `COMMAND --help`) shows a command's options. "
+        "Exit codes: 0 ok, 1 unexpected failure, 2 bad input, 3 conflict (a key reused "
         "with other content, or an action the job's state refuses), 4 unknown job, "
         "130 interrupted.",
     )
@@ -142,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Handler | None = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)
+        print("\nTo look before a real mailbox: sendledger try", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         return func(args)

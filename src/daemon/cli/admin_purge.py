@@ -23,7 +23,7 @@ def register(admin: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         admin,
         "purge",
         cmd_admin_purge,
-        "forget the content of settled jobs, keep their trail (README 'Retention')",
+        "forget the content of settled jobs, keep their trail (docs/configuration.md 'Retention')",
     )
     p.add_argument(
         "--older-than",

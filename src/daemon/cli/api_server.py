@@ -10,7 +10,7 @@ from typing import Any
 from daemon.config.secret_files import warn_exposed_secrets
 from daemon.config.settings import parse_listen
 from daemon.engine import PolicyHolder
-from daemon.exit_codes import EXIT_OK, bad_input
+from daemon.exit_codes import bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.logs import setup_logging
 
@@ -38,12 +38,11 @@ def cmd_api(args: argparse.Namespace) -> int:
     # As `run` does: a token file (or any secret) others can read is said at start-up.
     warn_exposed_secrets(settings)
     policies = PolicyHolder(lambda: load_policies(settings))  # exit 2 on a broken folder
-    from daemon.api.build import api_context, load_tokens, server_for
+    from daemon.api.build import api_context, bound_server, load_tokens
 
     load_tokens(settings)  # a bad token file is refused before the store is created
     with open_ledger(settings) as ledger:
         ctx = api_context(settings, ledger, policies, dict.fromkeys(settings.providers))
-        server = server_for(settings, ctx)
+        server = bound_server(settings, ctx, option="--listen")
         log.info("sendledger api on http://%s (intake and review only)", settings.api.listen)
-        server.run()
-    return EXIT_OK
+        return server.run()

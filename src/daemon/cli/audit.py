@@ -52,12 +52,17 @@ EVENT_TYPES = sorted(
 
 def register(sub: Any) -> None:
     p = sub.add_parser("audit", help="jobs or events matching filters, for audits")
-    p.add_argument("--state", choices=[s.value for s in JobState])
-    p.add_argument("--channel")
+    p.add_argument("--state", choices=[s.value for s in JobState], help="only jobs in this state")
+    p.add_argument("--channel", help="only this channel's jobs")
     p.add_argument("--event", choices=EVENT_TYPES, help="list events of this type instead")
     p.add_argument("--since", help="ISO 8601 time or date (UTC), or a duration ago: 24h, 7d")
     p.add_argument("--until", help="same forms as --since; exclusive")
-    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument(
+        "--format",
+        choices=["table", "json", "csv"],
+        default="table",
+        help="table (default), json (JSON lines, exact values) or csv (for spreadsheets)",
+    )
     p.set_defaults(func=cmd_audit)
 
 

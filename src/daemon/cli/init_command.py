@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from daemon.config.settings import DEFAULT_STOP_TIMEOUT
 from daemon.exit_codes import EXIT_OK, bad_input
+from daemon.systemd import timeout_stop_sec
 from ledger.addresses import AddressError, Mailbox, parse_mailbox
 
 PROVIDERS = ("gmail", "smtp-imap", "graph")
@@ -46,6 +48,23 @@ class Planned:
     text: str
     mode: int
     about: str
+
+
+#: Where `init --emulator` expects `sendledger emulator gmail --port 8026` to listen.
+DEFAULT_EMULATOR = "http://127.0.0.1:8026"
+DEFAULT_LISTEN = "127.0.0.1:8025"
+
+
+@dataclass(frozen=True)
+class Emulated:
+    """A config that runs against the bundled Gmail emulator as written (`init
+    --emulator`, `sendledger try`): its endpoint (or a fault relay in front of it), its
+    token endpoint, a search_after that fits its lag, and the API's address."""
+
+    api_endpoint: str = DEFAULT_EMULATOR
+    token_uri: str = DEFAULT_EMULATOR + "/token"
+    search_after: str = "10s"
+    listen: str = DEFAULT_LISTEN
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,15 @@ def register(sub: Any) -> None:
         help="the mailbox that sends: the provider's user and the policies' From "
         "(default: support@example.com, to edit later)",
     )
+    p.add_argument(
+        "--emulator",
+        nargs="?",
+        const=DEFAULT_EMULATOR,
+        metavar="URL",
+        help="a config for the bundled Gmail emulator at URL (default "
+        f"{DEFAULT_EMULATOR}), which runs unchanged against `sendledger emulator gmail "
+        "--port 8026`; gmail only",
+    )
     p.set_defaults(func=cmd_init)
 
 
@@ -90,8 +118,16 @@ def cmd_init(args: argparse.Namespace) -> int:
     unsafe = _unit_unsafe(str(folder))
     if unsafe:
         raise bad_input(f"DIR: {folder}: {unsafe}, which a systemd unit cannot name")
+    emulated = None
+    if args.emulator is not None:
+        if args.provider != "gmail":
+            raise bad_input("--emulator: the bundled emulator is Gmail's: --provider gmail only")
+        endpoint = args.emulator.rstrip("/")
+        if not endpoint.startswith(("http://", "https://")):
+            raise bad_input(f"--emulator: an http(s) URL expected, got {args.emulator!r}")
+        emulated = Emulated(api_endpoint=endpoint, token_uri=endpoint + "/token")
     here = installation(folder)
-    plan = planned_files(args.provider, mailbox, here)
+    plan = planned_files(args.provider, mailbox, here, emulated)
     existing = [p.path for p in plan if (folder / p.path).exists()]
     for item in plan:
         for parent in (folder / item.path).parents:
@@ -103,7 +139,7 @@ def cmd_init(args: argparse.Namespace) -> int:
             "(move them away or choose another DIR)"
         )
     write_all(folder, plan)
-    print(summary(args.provider, mailbox, here, plan))
+    print(summary(args.provider, mailbox, here, plan, emulated))
     return EXIT_OK
 
 
@@ -162,13 +198,16 @@ def _remove(paths: list[Path]) -> None:
                 path.unlink(missing_ok=True)
 
 
-def planned_files(provider: str, mailbox: Mailbox, here: Installation) -> list[Planned]:
+def planned_files(
+    provider: str, mailbox: Mailbox, here: Installation, emulated: Emulated | None = None
+) -> list[Planned]:
     name = PROVIDER_NAMES[provider]
+    search_after = emulated.search_after if emulated else "5m"
     return [
-        Planned("sendledger.toml", config_text(provider, mailbox), 0o644, "the config"),
+        Planned("sendledger.toml", config_text(provider, mailbox, emulated), 0o644, "the config"),
         Planned(
             f"policies/{RETRY_CHANNEL}.toml",
-            retry_policy(name, mailbox),
+            retry_policy(name, mailbox, search_after),
             0o644,
             f'channel "{RETRY_CHANNEL}": on_unknown = "retry"',
         ),
@@ -209,7 +248,7 @@ policies_dir = "policies"
 [api]
 # The HTTP API, /healthz, /metrics and the review page /ui/ (docs/http-api.md "HTTP API"), served by
 # `sendledger run`. Loopback only: put a TLS proxy in front to reach it from elsewhere.
-listen = "127.0.0.1:8025"
+listen = "{listen}"
 # One "name:token" a line; the name is recorded as who resolved a review.
 token_file = "api-tokens"
 
@@ -279,8 +318,29 @@ _SECRETS = {
 }
 
 
-def config_text(provider: str, mailbox: Mailbox) -> str:
-    return _CONFIG_HEAD + _PROVIDER_SECTIONS[provider](mailbox)
+def _emulated_gmail(mailbox: Mailbox, emulated: Emulated) -> str:
+    return f"""\
+[providers.gmail]
+kind = "gmail"
+# The bundled Gmail emulator (`sendledger emulator gmail`), NOT Gmail: it accepts any
+# mailbox and keeps what it is sent in memory. For a real mailbox, `sendledger init`
+# without --emulator writes this section with the two values to edit (docs/providers.md
+# "Gmail setup").
+api_endpoint = "{emulated.api_endpoint}"
+token_uri = "{emulated.token_uri}"
+# Written by `sendledger emulator gmail --write-service-account` (a throw-away key the
+# emulator accepts).
+credentials_file = "gmail-service-account.json"
+user = "{mailbox.addr_spec}"
+timeout = "30s"
+"""
+
+
+def config_text(provider: str, mailbox: Mailbox, emulated: Emulated | None = None) -> str:
+    head = _CONFIG_HEAD.replace("{listen}", emulated.listen if emulated else DEFAULT_LISTEN)
+    if emulated is not None:
+        return head + _emulated_gmail(mailbox, emulated)
+    return head + _PROVIDER_SECTIONS[provider](mailbox)
 
 
 def _policy_head(provider_name: str, mailbox: Mailbox) -> str:
@@ -292,7 +352,7 @@ def _policy_head(provider_name: str, mailbox: Mailbox) -> str:
     )
 
 
-def retry_policy(provider_name: str, mailbox: Mailbox) -> str:
+def retry_policy(provider_name: str, mailbox: Mailbox, search_after: str = "5m") -> str:
     return (
         "# A channel where a second copy would be a nuisance, not a harm (docs/policies.md\n"
         '# "Channel policies"). After an unknown outcome the daemon waits, searches the\n'
@@ -300,7 +360,8 @@ def retry_policy(provider_name: str, mailbox: Mailbox) -> str:
         "# `confirm_misses` searches found none.\n"
         + _policy_head(provider_name, mailbox)
         + 'on_unknown = "retry"\n'
-        'search_after = "5m"                  # the search index lags behind the send\n'
+        + f'search_after = "{search_after}"'.ljust(37)
+        + "# the search index lags behind the send\n"
         "confirm_misses = 2\n"
         "max_attempts = 3\n"
     )
@@ -374,6 +435,9 @@ def _unit_unsafe(value: str) -> str | None:
     return None
 
 
+_STOP = f"{DEFAULT_STOP_TIMEOUT:g} s"
+
+
 def _specifiers_escaped(value: str) -> str:
     """`%` doubled: systemd reads `%x` as a specifier."""
     return value.replace("%", "%%")
@@ -419,9 +483,11 @@ Type=notify
 NotifyAccess=main
 ExecStart={exec_start}
 ExecReload=/bin/kill -HUP $MAINPID
-# SIGTERM lets in-flight provider calls finish and record their outcome.
+# SIGTERM lets in-flight provider calls finish and record their outcome; the daemon
+# waits for them at most daemon.stop_timeout ({_STOP} by default), then ends itself.
+# TimeoutStopSec stays above that wait: raise both together (docs/operations.md "Stopping").
 KillSignal=SIGTERM
-TimeoutStopSec=30
+TimeoutStopSec={timeout_stop_sec(DEFAULT_STOP_TIMEOUT)}
 WatchdogSec=60
 Restart=on-failure
 RestartSec=5
@@ -444,13 +510,38 @@ WantedBy=multi-user.target
 # -- what to do next -----------------------------------------------------------------------
 
 
-def summary(provider: str, mailbox: Mailbox, here: Installation, plan: list[Planned]) -> str:
+def summary(
+    provider: str,
+    mailbox: Mailbox,
+    here: Installation,
+    plan: list[Planned],
+    emulated: Emulated | None = None,
+) -> str:
     folder = here.folder
     cli = " ".join(shlex.quote(w) for w in here.command)
     config = shlex.quote(str(folder / "sendledger.toml"))
     width = max(len(p.path) for p in plan)
     lines = [f"sendledger init: wrote {folder}/"]
     lines += [f"  {p.path.ljust(width)}  {p.about}" for p in plan]
+    if emulated is not None:
+        port = emulated.api_endpoint.rsplit(":", 1)[-1].split("/", 1)[0]
+        account = shlex.quote(str(folder / "gmail-service-account.json"))
+        accepted = shlex.quote(str(folder / "accepted.jsonl"))
+        lines += [
+            "",
+            "This config runs against the bundled Gmail emulator, not Gmail. Start it first",
+            "(it writes the credentials file the config names), then the daemon, each in a",
+            "terminal of its own:",
+            f"  {cli} emulator gmail --port {port} --lag 2s --accept-log {accepted} "
+            f"--write-service-account {account}",
+            f"  {cli} --config {config} run",
+            "Then:",
+            f"  {cli} --config {config} submit {shlex.quote(str(folder / 'first-job.json'))}",
+            f"  {cli} --config {config} status {FIRST_KEY}",
+            f"The review page: http://{emulated.listen}/ui/ (the token is in "
+            f"{folder / 'api-tokens'}, after the colon).",
+        ]
+        return "\n".join(lines)
     secret = _SECRETS[provider]
     lines += [
         "",

@@ -16,7 +16,7 @@ def add_command(
     """A subcommand running `func`, with a KEY argument when `key`, and `--json`."""
     parser: argparse.ArgumentParser = sub.add_parser(name, help=help)
     if key:
-        parser.add_argument("key")
+        parser.add_argument("key", help="the job's key, as it was submitted")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=func)
     return parser

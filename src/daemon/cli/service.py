@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -18,7 +19,7 @@ from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon, run_once
 from daemon.service_layer.read_models import job_status
-from daemon.service_layer.services import check_advice
+from daemon.service_layer.services import check_advice, resolve_as_a_person
 from ledger.display import command_line, printable
 from ledger.job import copies_found
 from ledger.vocabulary import Resolution
@@ -41,8 +42,21 @@ def register(sub: Any) -> None:
         review, "show", cmd_review_show, "a job in review: its state, history and handle", key=True
     )
     p = add_command(review, "resolve", cmd_review_resolve, "record a human's decision", key=True)
-    p.add_argument("--as", dest="decision", required=True, choices=[r.value for r in Resolution])
-    p.add_argument("--note", default="")
+    p.add_argument(
+        "--as",
+        dest="decision",
+        required=True,
+        choices=[r.value for r in Resolution],
+        help="sent: the customer has the message (a check found it, or say how you know in "
+        "--note); resend: send it again with the same Message-ID (searched first, refused "
+        "if a copy exists); abandon: send nothing more",
+    )
+    p.add_argument(
+        "--note",
+        default="",
+        help="why, recorded in the job's history (required for sent when no check found "
+        "a copy: how you know it was sent)",
+    )
     p.add_argument("--by", default="", help="who decided (default: the OS user)")
     p = add_command(
         review, "check", cmd_review_check, "search the mailbox now and record the hits", key=True
@@ -56,7 +70,7 @@ def register(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="search, record nothing")
     p.add_argument("--by", default="", help="who decided (default: the OS user)")
     p = add_command(sub, "cancel", cmd_cancel, "withdraw a job not yet attempted", key=True)
-    p.add_argument("--note", default="")
+    p.add_argument("--note", default="", help="why, recorded in the job's history")
     p.add_argument("--by", default="", help="who cancelled (default: the OS user)")
 
 
@@ -88,7 +102,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_OK
         daemon = Daemon(service, settings.daemon.tick)
         daemon.install_signal_handlers()
-        return daemon.serve()
+        code = daemon.serve()
+        if daemon.abandoned:
+            # Calls still in flight hold worker threads that would keep the interpreter
+            # from exiting: their claims are durable, so end here, as a crash would.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
 
 
 def cmd_review_list(args: argparse.Namespace) -> int:
@@ -108,28 +129,42 @@ def cmd_review_list(args: argparse.Namespace) -> int:
 def cmd_review_show(args: argparse.Namespace) -> int:
     view = served(args, lambda s: s.job_view(args.key))
     if args.json:
-        print(output.dumps({"status": view.status, "history": view.history}))
+        said = view.guidance.as_dict() if view.guidance is not None else None
+        print(output.dumps({"status": view.status, "history": view.history, "guidance": said}))
         return EXIT_OK
     print(output.key_values(view.status.items()))
     print("\nhistory:")
     for record in view.history:
         print(f"  {record['version']:>3}  {record['at']}  {record['type']}")
-    if view.decisions:
+    guidance = view.guidance
+    if guidance is not None:
         key = view.job.key
         check = command_line("sendledger", "review", "check", key)
-        resolve = command_line("sendledger", "review", "resolve", key, "--as")
-        choices = "|".join(d.value for d in view.decisions)
-        print(
-            f"\nsearch the mailbox for {view.job.message_id}: {check}\n"
-            f"then: {resolve} {choices} --note ..."
-        )
+        print(f"\nwhy: {guidance.meaning}")
+        print(f"next: {guidance.next_action}")
+        print(f"\nsearch the mailbox for {view.job.message_id}: {check}")
+        print("then one of:")
+        for choice in guidance.choices:
+            note = "how you know it was sent" if choice.needs_note else "..."
+            line = command_line(
+                "sendledger",
+                "review",
+                "resolve",
+                key,
+                "--as",
+                choice.decision.value,
+                "--note",
+                note,
+            )
+            mark = " (recommended)" if choice.recommended else ""
+            print(f"  {line}\n      {choice.effect}{mark}")
     return EXIT_OK
 
 
 def cmd_review_resolve(args: argparse.Namespace) -> int:
     decision = Resolution(args.decision)
     by = args.by or getpass.getuser()
-    job = served(args, lambda s: s.resolve(args.key, decision, note=args.note, by=by))
+    job = served(args, lambda s: resolve_as_a_person(s, args.key, decision, note=args.note, by=by))
     if args.json:
         print(output.dumps(job_status(job)))
     else:

@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Serve /token and the Gmail API paths until SIGINT or SIGTERM. Prints "
         "its URL on one line.",
     )
-    gmail.add_argument("--host", default="127.0.0.1")
+    gmail.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     gmail.add_argument("--port", default="0", help="0 picks a free port (default)")
     gmail.add_argument("--lag", default="0", help="search index lag, e.g. 30s (default 0)")
     gmail.add_argument("--accept-log", metavar="PATH", help="append accepted messages as JSON")
@@ -67,15 +67,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "SIGTERM. Prints one JSON line: url, authority, api_endpoint, tenant_id, client_id, "
         "ca_file; trust ca_file through REQUESTS_CA_BUNDLE.",
     )
-    graph.add_argument("--host", default="127.0.0.1")
+    graph.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     graph.add_argument("--port", default="0", help="0 picks a free port (default)")
     graph.add_argument("--lag", default="0", help="$filter search lag, e.g. 30s (default 0)")
     graph.add_argument(
         "--file-delay", default="0", help="202 to the copy in Sent Items, e.g. 2s (default 0)"
     )
     graph.add_argument("--accept-log", metavar="PATH", help="append sent messages as JSON")
-    graph.add_argument("--tenant-id", default=GRAPH_TENANT)
-    graph.add_argument("--client-id", default=GRAPH_CLIENT_ID)
+    graph.add_argument("--tenant-id", default=GRAPH_TENANT, help="the tenant it answers for")
+    graph.add_argument("--client-id", default=GRAPH_CLIENT_ID, help="the app it gives tokens to")
     graph.add_argument(
         "--client-secret-file",
         metavar="PATH",
@@ -98,17 +98,27 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "to every request of its kind; a comma-separated list is used one request at a "
         f"time, then --default applies. Modes: {', '.join(MODES)}.",
     )
-    relay.add_argument("--upstream", required=True, metavar="URL")
-    relay.add_argument("--host", default="127.0.0.1")
-    relay.add_argument("--port", default="0")
-    relay.add_argument("--send", metavar="MODE[,MODE...]")
-    relay.add_argument("--search", metavar="MODE[,MODE...]")
-    relay.add_argument("--token", metavar="MODE[,MODE...]")
-    relay.add_argument("--other", metavar="MODE[,MODE...]")
-    relay.add_argument("--default", default="pass", metavar="MODE")
+    relay.add_argument(
+        "--upstream", required=True, metavar="URL", help="the API it relays to (the emulator)"
+    )
+    relay.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    relay.add_argument("--port", default="0", help="0 picks a free port (default)")
+    for kind in ("send", "search", "token", "other"):
+        relay.add_argument(
+            f"--{kind}",
+            metavar="MODE[,MODE...]",
+            help=f"what each {kind} request meets, in order; then --default",
+        )
+    relay.add_argument(
+        "--default", default="pass", metavar="MODE", help="the mode after a list (pass)"
+    )
     relay.add_argument("--seed", help="with --send-mix: seeded random modes")
-    relay.add_argument("--send-mix", metavar="MODE=WEIGHT,...")
-    relay.add_argument("--search-mix", metavar="MODE=WEIGHT,...")
+    relay.add_argument(
+        "--send-mix", metavar="MODE=WEIGHT,...", help="random modes for sends, by weight"
+    )
+    relay.add_argument(
+        "--search-mix", metavar="MODE=WEIGHT,...", help="random modes for searches, by weight"
+    )
     relay.add_argument("--hang", default="30s", help="how long hang modes hold (default 30s)")
     relay.add_argument(
         "--retry-after", default="1s", help="Retry-After on 429/503/403 faults, or 'none'"

@@ -27,8 +27,13 @@ def register(sub: Any) -> None:
         cmd_skip,
         "move a webhook past its next undelivered event (or --to end: past all of them)",
     )
-    p.add_argument("name")
-    p.add_argument("--to", choices=["next", "end"], default="next")
+    p.add_argument("name", help="the webhook's name ([webhooks.NAME])")
+    p.add_argument(
+        "--to",
+        choices=["next", "end"],
+        default="next",
+        help="next: past its next undelivered event (default); end: past all of them",
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:

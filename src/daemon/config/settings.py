@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -70,6 +71,9 @@ Grace = Annotated[float, _bounded(0.0, DAY)]
 Retention = Annotated[float, _bounded(0.0, CENTURY)]
 Every = Annotated[float, _bounded(0.001, 366 * DAY)]
 
+
+#: `daemon.stop_timeout`: a provider call's default timeout (30 s) and time to record it.
+DEFAULT_STOP_TIMEOUT = 35.0
 
 #: More recipients than any provider takes in one message.
 MAX_RECIPIENTS = 100_000
@@ -142,6 +146,10 @@ class DaemonSettings(_Section):
     # attempt with no outcome (a crash, kill -9) is treated as Unknown.
     deadline_grace: Grace = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # The longest a stopping daemon (SIGTERM, Ctrl-C) waits for its provider calls in
+    # flight; then it exits anyway and their claims are recovered at the next start. A
+    # unit's TimeoutStopSec must be above it (docs/operations.md "Stopping").
+    stop_timeout: Timeout = DEFAULT_STOP_TIMEOUT
     # Recorded on this daemon's claims; one live daemon per name (a lock in the store),
     # and at start-up it recovers its own earlier claims at once.
     name: Annotated[str, BeforeValidator(_daemon_name)] = Field(default_factory=socket.gethostname)
@@ -239,6 +247,14 @@ class SmtpImapProviderSettings(_Section):
     # after the 250, so a miss proves nothing and on_unknown = "retry" is refused.
     sent_copy: Literal["server", "client"] = "server"
     timeout: Timeout = 30.0
+    # Connections kept between sends (SMTP, with their login) and between searches (IMAP):
+    # messages (IMAP: calls) per connection, its age at most, and the idle time after
+    # which it is checked with NOOP before its next use (docs/providers.md "Connections
+    # kept between sends"). connection_max_messages = 1 or connection_max_age = 0: a
+    # connection per call.
+    connection_max_messages: int = Field(default=100, ge=1, le=100_000)
+    connection_max_age: Grace = 300.0
+    connection_idle_check: Grace = 2.0
     # Checked at intake; RFC 5321 servers take at least 100 recipients per message.
     max_message_bytes: Annotated[int, BeforeValidator(parse_size)] = 25_000_000
     max_recipients: int = Field(default=100, ge=1, le=MAX_RECIPIENTS)
@@ -584,10 +600,75 @@ def config_path_from(explicit: str | Path | None) -> Path:
     return DEFAULT_CONFIG
 
 
+def _file_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """An error's location as the user's file has it: a provider's kind tag is part of
+    pydantic's location, not of the file."""
+    if len(loc) > 2 and loc[0] == "providers" and loc[2] in _PROVIDER_TAGS:
+        return (*loc[:2], *loc[3:])
+    return loc
+
+
+def _first_to_say(errors: list[Any]) -> Any:
+    """The error to report: the first, except that an unknown key beside a missing one of
+    the same section is the cause (`credential_file` for `credentials_file`), said first."""
+    missing = {_file_loc(e["loc"])[:-1] for e in errors if e["type"] == "missing"}
+    for error in errors:
+        if error["type"] == "extra_forbidden" and _file_loc(error["loc"])[:-1] in missing:
+            return error
+    return errors[0]
+
+
+def _did_you_mean(loc: tuple[int | str, ...], errors: list[Any]) -> str:
+    """ "; did you mean KEY?" for an unknown key close to a missing key of its section, or
+    to a key the section has (docs/configuration.md "Configuration")."""
+    typed, section = str(loc[-1]), loc[:-1]
+    missing = [
+        str(_file_loc(e["loc"])[-1])
+        for e in errors
+        if e["type"] == "missing" and _file_loc(e["loc"])[:-1] == section
+    ]
+    close = difflib.get_close_matches(typed, missing or _keys_of(section), n=1, cutoff=0.6)
+    if not close:
+        return ""
+    required = " (required, and missing)" if close[0] in missing else ""
+    return f"; did you mean {close[0]}{required}?"
+
+
+def _keys_of(section: tuple[int | str, ...]) -> list[str]:
+    """The keys a section of the file may hold: a top-level one, or one provider or
+    webhook (every provider kind's keys: the kind may be the typo)."""
+    models: list[type[BaseModel]] = [Settings]
+    for depth, part in enumerate(section):
+        fields: dict[str, Any] = {}
+        for model in models:
+            fields.update(model.model_fields)
+        name = str(part)
+        if depth == 1 and section[0] in ("providers", "webhooks"):
+            continue  # a name the user chose
+        if name not in fields:
+            return []
+        annotation = fields[name].annotation
+        if name == "providers":
+            models = [GmailProviderSettings, SmtpImapProviderSettings, GraphProviderSettings]
+        elif name == "webhooks":
+            models = [WebhookSettings]
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            models = [annotation]
+        else:
+            return []
+    if section and section[0] in ("providers", "webhooks") and len(section) == 1:
+        return []
+    keys = {name for model in models for name in model.model_fields}
+    return sorted(keys - {"config_path"})
+
+
 def load_settings(explicit: str | Path | None = None) -> Settings:
     path = config_path_from(explicit).absolute()
     if not path.exists() and not path.is_symlink():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(
+            f"config file not found: {path} (give --config FILE or set {CONFIG_ENV}; "
+            "`sendledger init DIR` writes one, `sendledger try` needs none)"
+        )
     try:
         # A regular file, read without blocking (a FIFO named as the config must not hang).
         data = tomllib.loads(read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8"))
@@ -627,13 +708,13 @@ def settings_from_dict(data: dict[str, Any], *, config_path: Path | None = None)
     try:
         loaded = _FileSettings(config_path=config_path)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        # A provider's kind tag is part of pydantic's location, not of the user's file.
-        loc = error["loc"]
-        if len(loc) > 2 and loc[0] == "providers" and loc[2] in _PROVIDER_TAGS:
-            loc = (*loc[:2], *loc[3:])
+        errors = exc.errors()
+        error = _first_to_say(errors)
+        loc = _file_loc(error["loc"])
         where = ".".join(str(part) for part in loc)
         message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        if error["type"] == "extra_forbidden":
+            message += _did_you_mean(loc, errors)
         # A value from the environment is named by its variable, not by the file.
         source = environment.variable_for(loc, os.environ)
         if source is None and error["type"] == "missing":

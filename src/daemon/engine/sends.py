@@ -104,6 +104,11 @@ class SendWorkers:
         with self._cond:
             return len(self._known)
 
+    def running(self) -> int:
+        """Jobs a worker is sending now (what a stopping daemon waits for)."""
+        with self._cond:
+            return self._running
+
     def offer(self, keys: Iterable[str], *, more: bool = False) -> int:
         """Keys of due jobs (soonest first); those already known are skipped. `more`:
         the store has more due than were read. How many were new."""

@@ -52,6 +52,10 @@ class CheckWorkers:
         with self._lock:
             return self._size - len(self._running)
 
+    def running(self) -> int:
+        with self._lock:
+            return len(self._running)
+
     def submit(self, step: Step, keys: list[str]) -> None:
         with self._lock:
             for key in keys:
@@ -158,6 +162,14 @@ class Engine:
     def close(self) -> None:
         self._sends.close()
         self._checks.close()
+
+    def in_flight(self) -> tuple[int, int]:
+        """(sends, checks) running now: what a stopping daemon waits for (`runtime.py`)."""
+        return self._sends.running(), self._checks.running()
+
+    def take_report(self) -> TickReport:
+        """What the workers did since the last tick (a stopped daemon's last count)."""
+        return self._counter.take()
 
     def unreliable_providers(self) -> list[str]:
         return self.health.unreliable()

@@ -24,6 +24,10 @@ class Stage(StrEnum):
     CONNECT = "connect"  # TCP, implicit TLS, greeting
     HELLO = "hello"  # EHLO/HELO and STARTTLS
     AUTH = "auth"
+    # A kept connection's check before its next transaction (RSET, NOOP): only a timeout
+    # ends a send here, any other failure is tried again on a fresh connection
+    # (`smtp_submit.py`).
+    RESET = "reset"
     MAIL = "mail"  # MAIL FROM
     RCPT = "rcpt"  # RCPT TO (any refused recipient stops the send)
     DATA = "data"  # the DATA command, before 354

@@ -1,10 +1,11 @@
 """The SMTP + IMAP provider: submission with smtplib, reconciliation by IMAP search of the
 sent folder (docs/providers.md "Providers"; "Adding a provider" in docs/architecture.md).
 
-* One SMTP dialogue per send, driven step by step (EHLO, STARTTLS, AUTH, MAIL, RCPT, DATA,
-  the content, the final `.`) so the classification knows exactly where it ended
-  (`smtp_classify.py`). smtplib has no retry of its own, and `sendmail` is not used: a
-  partly refused recipient list is refused as a whole, and DATA is written once.
+* One SMTP transaction per send, driven step by step (MAIL, RCPT, DATA, the content, the
+  final `.`; EHLO, STARTTLS and AUTH once per connection) so the classification knows
+  exactly where it ended (`smtp_submit.py`, `smtp_classify.py`). Connections and their
+  login are kept between sends, and IMAP sessions between searches (`kept.py`,
+  docs/providers.md "Connections kept between sends").
 * Search: `UID SEARCH HEADER Message-ID <id>` in the sent folder (default: the folder
   flagged `\\Sent`, RFC 6154), then each hit's header fetched and compared exactly, because
   servers match HEADER searches by substring (Dovecot does).
@@ -19,19 +20,15 @@ from __future__ import annotations
 
 import logging
 import re
-import smtplib
 import ssl
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from email.message import Message
 from email.parser import BytesHeaderParser
 from email.utils import getaddresses
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
-
-from imapclient import IMAPClient  # type: ignore[import-untyped]
+from typing import Any, Literal, TypeVar
 
 from daemon.config.secret_text import read_secret_text
 from daemon.providers.base import (
@@ -42,13 +39,16 @@ from daemon.providers.base import (
     SendKind,
     SendOutcome,
 )
-from daemon.providers.smtp_classify import Stage, classify_smtp
+from daemon.providers.imap_sessions import ImapSessions
+from daemon.providers.kept import MailEndpoint, ReuseLimits
+from daemon.providers.smtp_submit import SmtpSubmitter
 from ledger.message_id import same_message_id
 
 log = logging.getLogger("sendledger.providers.smtp")
 
 Security = Literal["tls", "starttls", "none"]
 SentCopy = Literal["server", "client"]
+R = TypeVar("R")
 
 _CRLF = b"\r\n"
 _EOLS = re.compile(rb"\r\n|\r|\n")
@@ -56,6 +56,12 @@ _LEADING_DOT = re.compile(rb"(?m)^\.")
 _HEADER_END = re.compile(rb"\r?\n\r?\n")
 # A Bcc header with its folded continuation lines.
 _BCC = re.compile(rb"(?im)^bcc:[^\r\n]*(?:\r?\n[ \t][^\r\n]*)*\r?\n")
+
+
+# The last envelope each thread parsed: the dispatch parses a message's envelope to check
+# it before the claim (`render_checked`) and hands the same bytes to `send_raw` in the same
+# worker, which then need not parse them again (docs/performance.md "The SMTP path").
+_last = threading.local()
 
 
 class Envelope:
@@ -70,6 +76,17 @@ class Envelope:
         fields = [str(v) for name in ("to", "cc", "bcc") for v in headers.get_all(name) or ()]
         self.recipients = [addr for _, addr in getaddresses(fields) if addr]
         self.message_id = str(headers.get("Message-ID") or "").strip()
+        _last.envelope = self
+
+    @classmethod
+    def of(cls, raw: bytes) -> Envelope:
+        """The envelope of `raw`: the one this thread parsed last when it was of this very
+        bytes object (bytes are immutable: the same object, the same envelope), else
+        parsed now."""
+        last: Envelope | None = getattr(_last, "envelope", None)
+        if last is not None and last._raw is raw:
+            return last
+        return cls(raw)
 
     @cached_property
     def data(self) -> bytes:
@@ -78,9 +95,21 @@ class Envelope:
         head_end = self._head_end
         return _BCC.sub(b"", self._raw[:head_end]) + self._raw[head_end:]
 
+    @cached_property
+    def eight_bit(self) -> bool:
+        """Whether the data has a byte above 127 (then MAIL asks for BODY=8BITMIME)."""
+        return not self.data.isascii()
+
     def wire_data(self) -> bytes:
-        """DATA's payload: CRLF line ends, leading dots doubled, then CRLF . CRLF."""
-        data = _LEADING_DOT.sub(b"..", _EOLS.sub(_CRLF, self.data))
+        """DATA's payload: CRLF line ends, leading dots doubled, then CRLF . CRLF. The
+        messages sendledger writes already end every line with CR LF and seldom start one
+        with a dot: counted first (C loops over the bytes), rewritten only when needed."""
+        data = self.data
+        line_ends = data.count(_CRLF)
+        if data.count(b"\r") != line_ends or data.count(b"\n") != line_ends:
+            data = _EOLS.sub(_CRLF, data)
+        if data.startswith(b".") or b"\n." in data:
+            data = _LEADING_DOT.sub(b"..", data)
         if not data.endswith(_CRLF):
             data += _CRLF
         return data + b"." + _CRLF
@@ -91,13 +120,9 @@ def _text(value: bytes | str) -> str:
     return " ".join(raw.split())
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 class SmtpImapProvider(ProviderBase):
-    """The provider port on SMTP submission + IMAP. Thread-safe: every call opens its own
-    connection (no shared socket between the engine's threads)."""
+    """The provider port on SMTP submission + IMAP. Thread-safe: a kept connection or
+    session is used by one thread at a time."""
 
     # A 250 names a queue entry, not a stored copy: the Message-ID is checked by `probe`
     # and by the exact header comparison of every search instead.
@@ -119,6 +144,7 @@ class SmtpImapProvider(ProviderBase):
         sent_copy: SentCopy = "server",
         timeout: float = 30.0,
         ssl_context: ssl.SSLContext | None = None,
+        reuse: ReuseLimits | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -126,10 +152,22 @@ class SmtpImapProvider(ProviderBase):
         self.smtp_host, self.smtp_port, self.smtp_security = smtp_host, smtp_port, smtp_security
         self.imap_host, self.imap_port, self.imap_security = imap_host, imap_port, imap_security
         self.username = username
-        self._password = password
         self.sent_copy = sent_copy
         self.timeout = float(timeout)
-        self._ssl = ssl_context or ssl.create_default_context()
+        context = ssl_context or ssl.create_default_context()
+        limits = reuse or ReuseLimits()
+        self.smtp = SmtpSubmitter(
+            MailEndpoint(
+                smtp_host, smtp_port, smtp_security, username, password, self.timeout, context
+            ),
+            limits,
+        )
+        self.imap = ImapSessions(
+            MailEndpoint(
+                imap_host, imap_port, imap_security, username, password, self.timeout, context
+            ),
+            limits,
+        )
         self._configured_folder = sent_folder
         self._folder: str | None = sent_folder or None
         self._folder_lock = threading.Lock()
@@ -137,122 +175,40 @@ class SmtpImapProvider(ProviderBase):
 
     # -- SMTP ---------------------------------------------------------------------------
 
-    def _smtp(self) -> smtplib.SMTP:
-        if self.smtp_security == "tls":
-            return smtplib.SMTP_SSL(
-                self.smtp_host, self.smtp_port, timeout=self.timeout, context=self._ssl
-            )
-        return smtplib.SMTP(self.smtp_host, self.smtp_port, timeout=self.timeout)
-
     def send_raw(self, raw: bytes) -> SendOutcome:
-        """One SMTP dialogue, the message written once. Never raises for the call's own
+        """One SMTP transaction, the message written once. Never raises for the call's own
         outcome; raises (before any network activity) only when the provider is closed."""
+        return self.send_envelope(Envelope.of(raw))
+
+    def send_envelope(self, envelope: Envelope) -> SendOutcome:
+        """`send_raw` of a message whose envelope is already parsed."""
         if self._closed:
             raise RuntimeError(f"provider {self.name!r} is closed")
-        envelope = Envelope(raw)
         if not envelope.recipients:
             return SendOutcome(SendKind.REJECTED, "not sent: the message has no recipients")
-        outcome = self._submit(envelope)
+        outcome = self.smtp.submit(envelope)
         if outcome.kind is SendKind.CONFIRMED and self.sent_copy == "client":
             self._append_copy(envelope.data)
         return outcome
 
-    def _submit(self, envelope: Envelope) -> SendOutcome:
-        stage = Stage.CONNECT
-        smtp: smtplib.SMTP | None = None
-
-        def refused(code: int, text: bytes | str) -> SendOutcome:
-            return classify_smtp(stage, code, _text(text), message_id=envelope.message_id)
-
-        try:
-            smtp = self._smtp()
-            stage = Stage.HELLO
-            code, text = smtp.ehlo()
-            if code != 250:
-                code, text = smtp.helo()
-                if code != 250:
-                    return refused(code, text)
-            if self.smtp_security == "starttls":
-                # starttls() raises unless the server says 220, and re-runs no command.
-                smtp.starttls(context=self._ssl)
-                code, text = smtp.ehlo()
-                if code != 250:
-                    return refused(code, text)
-            stage = Stage.AUTH
-            smtp.login(self.username, self._password)
-            stage = Stage.MAIL
-            options = (
-                ["BODY=8BITMIME"] if _eight_bit(envelope.data) and smtp.has_extn("8bitmime") else []
-            )
-            code, text = smtp.mail(self.username, options)
-            if code != 250:
-                return refused(code, text)
-            stage = Stage.RCPT
-            for recipient in envelope.recipients:
-                code, text = smtp.rcpt(recipient)
-                if code not in (250, 251):
-                    # All or nothing: a partial delivery is not the job that was asked for.
-                    return refused(code, text)
-            stage = Stage.DATA
-            code, text = smtp.docmd("DATA")
-            if code != 354:
-                return refused(code, text)
-            stage = Stage.CONTENT
-            smtp.send(envelope.wire_data())  # one sendall: raises before the "." is written
-            stage = Stage.END_OF_DATA
-            code, text = smtp.getreply()
-            return refused(code, text)
-        except smtplib.SMTPResponseException as exc:
-            return refused(exc.smtp_code, exc.smtp_error)
-        except (OSError, smtplib.SMTPException, ValueError) as exc:
-            return classify_smtp(stage, None, _describe(exc), message_id=envelope.message_id)
-        finally:
-            if smtp is not None:
-                _quit(smtp)
-
     def _append_copy(self, data: bytes) -> None:
         """File the sent copy ourselves (`sent_copy = "client"`). The send stays confirmed
-        whatever happens here; a missing copy is logged, searches will not find it."""
+        whatever happens here; a missing copy is logged, searches will not find it. Never
+        made twice: a second APPEND would be a second copy."""
         try:
-            with self._imap() as client:
-                client.append(self._sent_folder(client), data, flags=[b"\\Seen"])
+            self._imap_call(
+                lambda client: client.append(self._sent_folder(client), data, flags=[b"\\Seen"]),
+                repeatable=False,
+            )
         except Exception as exc:
             log.warning("%s: sent, but the APPEND of the sent copy failed: %s", self.name, exc)
 
     # -- IMAP ---------------------------------------------------------------------------
 
-    @contextmanager
-    def _imap(self) -> Iterator[Any]:
+    def _imap_call(self, call: Callable[[Any], R], *, repeatable: bool = True) -> R:
         if self._closed:
             raise RuntimeError(f"provider {self.name!r} is closed")
-        try:
-            client = IMAPClient(
-                self.imap_host,
-                port=self.imap_port,
-                ssl=self.imap_security == "tls",
-                ssl_context=self._ssl,
-                timeout=self.timeout,
-            )
-        except Exception as exc:
-            raise ProviderError(
-                f"IMAP connect {self.imap_host}:{self.imap_port}: {_describe(exc)}"
-            ) from exc
-        try:
-            if self.imap_security == "starttls":
-                client.starttls(self._ssl)
-            client.login(self.username, self._password)
-            yield client
-        except ProviderError:
-            raise
-        except Exception as exc:
-            raise ProviderError(
-                f"IMAP {self.imap_host}:{self.imap_port}: {_describe(exc)}"
-            ) from exc
-        finally:
-            try:
-                client.logout()
-            except Exception:
-                client.shutdown()
+        return self.imap.run(call, repeatable=repeatable)
 
     def _sent_folder(self, client: Any) -> str:
         with self._folder_lock:
@@ -272,13 +228,16 @@ class SmtpImapProvider(ProviderBase):
         """Every copy in the sent folder whose Message-ID header is exactly ours."""
         if not message_id or any(c in message_id for c in '"\\\r\n'):
             raise ProviderError(f"cannot search for Message-ID {message_id!r}")
-        with self._imap() as client:
+
+        def call(client: Any) -> tuple[str, int, dict[int, Message]]:
             folder = self._sent_folder(client)
             selected = client.select_folder(folder, readonly=True)
             validity = int(selected[b"UIDVALIDITY"])
-            query = f'{folder}: UID SEARCH HEADER Message-ID "{message_id}"'
             uids = sorted(int(uid) for uid in client.search(["HEADER", "Message-ID", message_id]))
-            headers = _headers(client, uids, _SHOWN_FIELDS) if uids else {}
+            return folder, validity, (_headers(client, uids, _SHOWN_FIELDS) if uids else {})
+
+        folder, validity, headers = self._imap_call(call)
+        query = f'{folder}: UID SEARCH HEADER Message-ID "{message_id}"'
         hits = tuple(
             SearchHit(
                 f"{validity}:{uid}",
@@ -306,17 +265,27 @@ class SmtpImapProvider(ProviderBase):
                 f"{provider_message_id!r} is an SMTP reply's id, not a stored copy:"
                 " nothing to read back"
             )
-        with self._imap() as client:
+        uid = int(uid_text)
+
+        def call(client: Any) -> dict[int, str | None]:
             selected = client.select_folder(self._sent_folder(client), readonly=True)
             if int(selected[b"UIDVALIDITY"]) != int(validity_text):
                 raise ProviderError(f"{provider_message_id}: the sent folder's UIDVALIDITY changed")
-            headers = _message_ids(client, [int(uid_text)])
-        if int(uid_text) not in headers:
+            return _message_ids(client, [uid])
+
+        headers = self._imap_call(call)
+        if uid not in headers:
             raise ProviderError(f"{provider_message_id}: no such message in the sent folder")
-        return headers[int(uid_text)]
+        return headers[uid]
+
+    def connection_stats(self) -> dict[str, dict[str, int]]:
+        """What happened to the kept connections: {"smtp": {...}, "imap": {...}}."""
+        return {"smtp": self.smtp.pool.stats.snapshot(), "imap": self.imap.pool.stats.snapshot()}
 
     def close(self) -> None:
         self._closed = True
+        self.smtp.close()
+        self.imap.close()
 
     def __repr__(self) -> str:
         return (
@@ -357,18 +326,6 @@ def _headers(client: Any, uids: list[int], names: Sequence[str]) -> dict[int, Me
         raw = next((v for k, v in data.items() if k.upper().startswith(b"BODY[HEADER")), b"")
         result[int(uid)] = parser.parsebytes(bytes(raw))
     return result
-
-
-def _eight_bit(data: bytes) -> bool:
-    return any(byte > 127 for byte in data)
-
-
-def _quit(smtp: smtplib.SMTP) -> None:
-    # After the outcome is known: a failed QUIT changes nothing about it.
-    try:
-        smtp.quit()
-    except Exception:
-        smtp.close()
 
 
 __all__ = ["Envelope", "SmtpImapProvider", "read_password_file"]

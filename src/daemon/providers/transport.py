@@ -45,9 +45,7 @@ httplib2's own errors; the original stays reachable through `__cause__`/`args`.
 from __future__ import annotations
 
 import http.client
-import select
 import socket
-import ssl
 import threading
 import time
 import weakref
@@ -56,6 +54,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httplib2
+
+from daemon.providers.kept import closed_by_peer
 
 #: Seconds a connection may sit idle and still be reused. Google's front ends keep idle
 #: connections for minutes and common servers for 5 s or more; staying under that makes a
@@ -135,18 +135,6 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _closed_by_peer(sock: Any) -> bool:
-    """True when an idle connection's socket has something to read: the server's FIN, a
-    reset, or bytes nobody asked for. Either way it must not carry a request."""
-    if isinstance(sock, ssl.SSLSocket) and sock.pending():
-        return True
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
-
-
 class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
     """`httplib2.Http` that never repeats a request; it reuses idle keep-alive connections
     (`reuse=False`: a fresh connection per request)."""
@@ -186,7 +174,7 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         since = self._idle_since.get(conn)
         if since is None or self._clock() - since > self.max_idle:
             return False
-        return not _closed_by_peer(conn.sock)
+        return not closed_by_peer(conn.sock)
 
     def _conn_request(
         self,

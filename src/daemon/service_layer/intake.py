@@ -16,7 +16,7 @@ from daemon.engine.dispatch import render
 from daemon.service_layer.job_json import DUPLICATE_REASON, duplicate_field
 from daemon.service_layer.job_json import loads as decode_jobs
 from ledger.application import Ledger, SubmitResult
-from ledger.content import JobContent, JobInputError, parse_job
+from ledger.content import JobContent, JobInputError, JobInputErrors, parse_job
 from ledger.job import SendJob
 from ledger.message_id import message_id_for
 from ledger.mime import MessageLimits, check_recipients, check_size
@@ -44,9 +44,10 @@ MAX_LISTED = 100
 
 
 class IntakeError(ValueError):
-    """The submitted jobs were refused; nothing was written. `problems` lists one
-    problem per refused job (the first of each), in order, at most MAX_LISTED of them;
-    `total` counts them all. The sentence names the first and says how many more."""
+    """The submitted jobs were refused; nothing was written. `problems` lists every
+    problem of each refused job's fields (then one per job for what is checked after
+    them: the channel's policy, the rendered message), in order, at most MAX_LISTED of
+    them; `total` counts them all. The sentence names the first and says how many more."""
 
     def __init__(self, problems: Sequence[FieldProblem], total: int | None = None) -> None:
         self.problems = list(problems[:MAX_LISTED])
@@ -97,6 +98,9 @@ def parse_jobs(data: object) -> list[JobContent]:
             continue
         try:
             jobs.append(parse_job(item))
+        except JobInputErrors as exc:
+            for each in exc.problems:
+                problems.add(FieldProblem(where, each.field, each.reason))
         except JobInputError as exc:
             problems.add(FieldProblem(where, exc.field, exc.reason))
     problems.refuse()
@@ -107,9 +111,14 @@ def channel_sender(policies: PolicySet, channel: str, index: int | None = None) 
     """The Sender of the channel's policy; a channel without a policy is refused."""
     policy = policies.get(channel)
     if policy is None:
-        reason = f"no policy file for channel {channel!r}"
-        raise IntakeError([FieldProblem(index, "channel", reason)])
+        raise IntakeError([FieldProblem(index, "channel", unknown_channel(policies, channel))])
     return policy.sender
+
+
+def unknown_channel(policies: PolicySet, channel: str) -> str:
+    """Why `channel` is refused, with the channels there are (a typo is then plain)."""
+    known = ", ".join(sorted(policies)) or "none: the policies folder holds no policy file"
+    return f"no policy file for channel {channel!r} (the channels: {known})"
 
 
 def senders_for(
@@ -204,4 +213,5 @@ __all__ = [
     "parse_jobs",
     "senders_for",
     "submit_jobs",
+    "unknown_channel",
 ]

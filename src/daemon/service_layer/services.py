@@ -20,6 +20,7 @@ from typing import Any
 
 from daemon.cli.output import iso as output_time
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
+from daemon.service_layer.guidance import SENT_NEEDS_NOTE, Guidance, copies_known, guidance_for
 from daemon.service_layer.intake import (
     FieldProblem,
     IntakeError,
@@ -184,6 +185,8 @@ class JobView:
     decisions: list[Resolution]  # the decisions safe for this job now (none: not in review)
     cancellable: bool
     last_check: dict[str, Any] | None  # the latest Checked event's record
+    # What its reason means, what to do next, what each decision does (None: not in review).
+    guidance: Guidance | None = None
 
 
 @dataclass(frozen=True)
@@ -362,14 +365,16 @@ class Services:
         history = self.history(key)
         checks = [r for r in history if r["type"] == "Checked"]
         last_check = checks[-1] if checks else None
+        decisions = safe_decisions(job, last_check)
         return JobView(
             job=job,
             status=job_status(job),
             history=history,
             attachments=attachments_of(job) if job.purged_at is None else [],
-            decisions=safe_decisions(job, last_check),
+            decisions=decisions,
             cancellable=job.state is JobState.REQUESTED and job.attempts == 0,
             last_check=last_check,
+            guidance=guidance_for(job, last_check, decisions),
         )
 
     def review_list(
@@ -663,13 +668,33 @@ class Services:
 
 def safe_decisions(job: SendJob, last_check: dict[str, Any] | None) -> list[Resolution]:
     """The decisions a page may offer: none out of review; never resend a duplicate, nor
-    a job whose latest check found a copy."""
+    a job whose latest check found a copy. "sent" without a copy found is offered only
+    with a note saying how the person knows (`guidance.py`: `Choice.needs_note`)."""
     if job.state is not JobState.REVIEW or job.purged:
         return []
-    found = bool(last_check and last_check.get("provider_message_ids"))
+    found = bool(copies_known(job, last_check))
     if job.duplicate or found:
         return [Resolution.SENT, Resolution.ABANDON]
     return [Resolution.SENT, Resolution.RESEND, Resolution.ABANDON]
+
+
+def sent_without_evidence(view: JobView, decision: Resolution, note: str) -> str | None:
+    """The refusal a door says for "sent" that no check backs and no note explains."""
+    if decision is not Resolution.SENT or view.guidance is None or note.strip():
+        return None
+    return SENT_NEEDS_NOTE if view.guidance.sent_needs_note else None
+
+
+def resolve_as_a_person(
+    services: Services, key: str, decision: Resolution, *, note: str, by: str
+) -> SendJob:
+    """`Services.resolve` for a person at the page or `review resolve`: "sent" without a
+    copy found needs a note saying how they know (bad input otherwise, nothing recorded;
+    docs/review.md "Resolve")."""
+    problem = sent_without_evidence(services.job_view(key), decision, note)
+    if problem is not None:
+        raise ServiceError(Refusal.BAD_INPUT, problem)
+    return services.resolve(key, decision, note=note, by=by)
 
 
 def _resolve_command(key: str, decision: str) -> str:
@@ -726,5 +751,7 @@ __all__ = [
     "TriageItem",
     "ValidJobs",
     "check_advice",
+    "resolve_as_a_person",
     "safe_decisions",
+    "sent_without_evidence",
 ]

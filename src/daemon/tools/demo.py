@@ -25,7 +25,6 @@ import io
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -40,6 +39,9 @@ from daemon.config.settings import load_settings
 from daemon.exit_codes import bad_input
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon
+from daemon.service_layer.read_models import event_record
+from daemon.tools.demo_story import line, steps
+from daemon.tools.work_folder import kept_folder, seconds_option
 from ledger.application import Ledger
 from ledger.content import parse_job
 from ledger.display import command_line, printable
@@ -239,7 +241,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    limit = _seconds("--timeout", args.timeout, 1.0, 86400.0)
+    limit = seconds_option("--timeout", args.timeout, 1.0, 86400.0)
     run: Callable[[Path], int]
     if args.provider == "smtp-imap":
         if args.lag is not None:
@@ -251,47 +253,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
         run = lambda folder: _demo_smtp(folder, limit, args.json)  # noqa: E731
     elif args.provider == "graph":
-        lag = _seconds("--lag", args.lag or "2s", 0.0, 600.0)
+        lag = seconds_option("--lag", args.lag or "2s", 0.0, 600.0)
         run = lambda folder: _demo_graph(folder, lag, limit, args.json)  # noqa: E731
     else:
-        lag = _seconds("--lag", args.lag or "2s", 0.0, 600.0)
+        lag = seconds_option("--lag", args.lag or "2s", 0.0, 600.0)
         run = lambda folder: _demo(folder, lag, limit, args.json)  # noqa: E731
-    return run(_work_folder(args.keep))
-
-
-def _work_folder(keep: str | None) -> Path:
-    """The folder the demo writes and leaves behind: `--keep DIR`, else a new one."""
-    if keep is None:
-        return Path(tempfile.mkdtemp(prefix="sendledger-demo-"))
-    folder = Path(os.path.abspath(keep))
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise bad_input(f"--keep: cannot create {folder}: {exc.strerror}") from None
-    for name in ("sendledger.toml", "ledger.sqlite"):
-        if (folder / name).exists():
-            # A second run would meet the first run's jobs (same keys) and show nothing.
-            raise bad_input(f"--keep: {folder} already holds a demo ({name}); choose a new folder")
-    return folder
-
-
-def _seconds(option: str, value: str, low: float, high: float) -> float:
-    from policies.durations import DurationError, parse_duration
-
-    try:
-        seconds = parse_duration(value)
-    except DurationError as exc:
-        raise bad_input(f"{option}: {exc}") from None
-    if not low <= seconds <= high:
-        raise bad_input(f"{option}: must be between {low:g}s and {high:g}s, got {value!r}")
-    return seconds
+    return run(kept_folder(args.keep, option="--keep", prefix="sendledger-demo-", what="a demo"))
 
 
 def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
     # With --json, stdout carries the summary and nothing else; the running commentary
     # goes to stderr.
     out = sys.stderr if as_json else sys.stdout
-    setup_logging("warning", journal=False)
+    log_to_file(folder)
     accept_log = folder / "acceptance.jsonl"
     emulator = GmailEmulator(lag=lag, acceptance_log=accept_log).start()
     relay = FaultRelay(
@@ -305,10 +279,13 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
             encoding="utf-8",
         )
         _intro(out, folder, emulator.url, relay.url, lag, "GMAIL EMULATOR, not Gmail")
-        settled, ledger, operator = _run_jobs(out, folder, limit, JOBS, index_wait=lag + 1.0)
+        settled, ledger, operator, stories = _run_jobs(
+            out, folder, limit, JOBS, index_wait=lag + 1.0, provider="Gmail"
+        )
         try:
             copies = Counter(entry.get("message_id") for entry in emulator.accepted())
             summary = _summary(ledger, copies, "bundled Gmail emulator (not Gmail)", operator)
+            summary["stories"] = stories
         finally:
             ledger.close()
     finally:
@@ -319,7 +296,7 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
 
 def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
     out = sys.stderr if as_json else sys.stdout
-    setup_logging("warning", journal=False)
+    log_to_file(folder)
     with (
         mail_servers() as servers,
         SmtpFaultRelay(
@@ -347,7 +324,9 @@ def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
         _intro_smtp(out, folder, servers, relay.port)
         # The servers deliver only to their own domain: every job goes to its one mailbox.
         jobs = [(c, k, _to_local(to), subject) for c, k, to, subject in JOBS]
-        settled, ledger, operator = _run_jobs(out, folder, limit, jobs, index_wait=1.0)
+        settled, ledger, operator, stories = _run_jobs(
+            out, folder, limit, jobs, index_wait=1.0, provider="the SMTP server"
+        )
         try:
             servers.settle()  # a copy Postfix still has queued counts too
             summary = _summary(
@@ -356,6 +335,7 @@ def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
                 "local Postfix + Dovecot (private instances)",
                 operator,
             )
+            summary["stories"] = stories
         finally:
             ledger.close()
     return _finish(summary, settled, as_json, SMTP_WORDING, folder, operator)
@@ -363,7 +343,7 @@ def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
 
 def _demo_graph(folder: Path, lag: float, limit: float, as_json: bool) -> int:
     out = sys.stderr if as_json else sys.stdout
-    setup_logging("warning", journal=False)
+    log_to_file(folder)
     secret = "demo-" + os.urandom(12).hex()
     tls = make_loopback_tls(folder / "tls")
     with (
@@ -395,13 +375,16 @@ def _demo_graph(folder: Path, lag: float, limit: float, as_json: bool) -> int:
             encoding="utf-8",
         )
         _intro(out, folder, emulator.url, relay.url, lag, "MICROSOFT GRAPH EMULATOR (TLS)")
-        settled, ledger, operator = _run_jobs(out, folder, limit, JOBS, index_wait=lag + 1.0)
+        settled, ledger, operator, stories = _run_jobs(
+            out, folder, limit, JOBS, index_wait=lag + 1.0, provider="Graph"
+        )
         try:
             ids = [ledger.get_job(key).message_id for _c, key, _t, _s in JOBS]
             copies = Counter({mid: emulator.copies(mid) for mid in ids})
             summary = _summary(
                 ledger, copies, "bundled Microsoft Graph emulator (not Microsoft 365)", operator
             )
+            summary["stories"] = stories
         finally:
             ledger.close()
     return _finish(summary, settled, as_json, GRAPH_WORDING, folder, operator)
@@ -454,11 +437,13 @@ def _run_jobs(
     jobs: list[tuple[str, str, str, str]],
     *,
     index_wait: float,
-) -> tuple[bool, Ledger, dict[str, Any] | None]:
+    provider: str,
+) -> tuple[bool, Ledger, dict[str, Any] | None, dict[str, list[str]]]:
     """Submit `jobs`, run the daemon until they settle (or `limit`), let the operator
     handle one job in review while the daemon still runs (searching no sooner than
     `index_wait` after the job's last step, as a policy's search_after would), and wait for
-    the jobs to settle again; the open ledger and what the operator did."""
+    the jobs to settle again; the open ledger, what the operator did, and each job's story
+    as it was printed."""
     settings = load_settings(folder / "sendledger.toml")
     policies = load_policy_dir(settings.policies_dir, known_providers=settings.providers)
     ledger = Ledger(settings.store.url, base_dir=settings.base_dir)
@@ -478,18 +463,57 @@ def _run_jobs(
     runner = threading.Thread(target=daemon.serve, name="daemon", daemon=True)
     runner.start()
     started = time.monotonic()
-    seen: dict[str, str] = {}
-    settled = _watch(out, ledger, limit, seen)
+    story = Story(out, ledger, provider, started)
+    settled = _watch(out, ledger, limit, story)
     operator = _operator_step(out, folder, ledger, index_wait) if settled else None
-    if operator is not None and operator["decision"] == "resend":
+    if operator is not None:
+        # Resolved as sent, the job has settled already; resent, it settles again: either
+        # way its second line tells what the human did and what followed.
         left = max(1.0, limit - (time.monotonic() - started))
-        settled = _watch(out, ledger, left, {} if out.isatty() else seen)
+        settled = _watch(out, ledger, left, story)
     daemon.request_stop()
     runner.join(timeout=30)
-    return settled, ledger, operator
+    return settled, ledger, operator, story.told
+
+
+class Story:
+    """Each job's line, printed once it has settled (docs/operations.md "What the demo
+    shows"): what was observed and what was done, from its events
+    (`daemon/tools/demo_story.py`). A job that moves again (a human's resend) gets a
+    second line for what came after."""
+
+    def __init__(self, out: TextIO, ledger: Ledger, provider: str, started: float) -> None:
+        self.out, self.ledger, self.provider, self.started = out, ledger, provider, started
+        self.told: dict[str, list[str]] = {}
+        self._seen: dict[str, int] = {}
+
+    def moved(self, key: str, version: int) -> bool:
+        """Whether the job has events not yet told."""
+        return self._seen.get(key, 0) != version
+
+    def tell(self, key: str) -> None:
+        records = [event_record(event) for event in self.ledger.history(key)]
+        new = records[self._seen.get(key, 0) :]
+        self._seen[key] = len(records)
+        parts = steps(new, self.provider)
+        if not parts:
+            return
+        lines = self.told.setdefault(key, [])
+        text = ("then: " if lines else "") + line(parts)
+        lines.append(text)
+        elapsed = time.monotonic() - self.started
+        print(f"  t={elapsed:5.1f}s  {printable(key):<20} {text}", file=self.out, flush=True)
 
 
 OPERATOR = "demo-operator"
+
+
+def log_to_file(folder: Path) -> Path:
+    """The daemon's log lines go to `daemon.log` in the work folder, not into the story
+    (docs/operations.md "What the demo shows")."""
+    path = folder / "daemon.log"
+    setup_logging("info", journal=False, stream=path.open("a", encoding="utf-8"))
+    return path
 
 
 def _cli(folder: Path, *args: str) -> tuple[int, str]:
@@ -519,8 +543,8 @@ def _operator_step(
     last_step = ledger.history(key)[-1].timestamp
     time.sleep(max(0.0, index_wait - (ledger.clock() - last_step).total_seconds()))
     print(f"\nA human takes {key} out of review ({ledger.get_job(key).reason}):", file=out)
-    print(f"  $ sendledger review check {key}", file=out)
-    code, text = _cli(folder, "review", "check", key, "--json")
+    print(f"  $ {command_line('sendledger', 'review', 'check', key, '--by', OPERATOR)}", file=out)
+    code, text = _cli(folder, "review", "check", key, "--json", "--by", OPERATOR)
     if code != 0:
         print(f"    {text.strip()}", file=out)
         return {"key": key, "check": None, "decision": None}
@@ -574,8 +598,17 @@ def _intro(out: TextIO, folder: Path, emulator: str, relay: str, lag: float, wha
     print(f"  work folder   {folder}", file=out)
     print(f"  emulator      {emulator}  (search index lag {lag:g}s)", file=out)
     print(f"  fault relay   {relay}  (send faults, in order: {', '.join(SEND_FAULTS)})", file=out)
+    _intro_end(out, folder)
+
+
+def _intro_end(out: TextIO, folder: Path) -> None:
     print("  channels      receipts: on_unknown=retry   payouts: irreversible, review", file=out)
-    print(f"  {len(JOBS)} jobs submitted; the daemon reconciles each one:\n", file=out)
+    print(f"  log           {folder / 'daemon.log'}  (the daemon's own lines)", file=out)
+    print(
+        f"\n{len(JOBS)} jobs submitted. One line a job once it has settled: what was observed "
+        "-> what the daemon did:\n",
+        file=out,
+    )
 
 
 def _intro_smtp(out: TextIO, folder: Path, servers: MailServers, relay_port: int) -> None:
@@ -591,85 +624,26 @@ def _intro_smtp(out: TextIO, folder: Path, servers: MailServers, relay_port: int
         f"{', '.join(SMTP_FAULTS)})",
         file=out,
     )
-    print("  channels      receipts: on_unknown=retry   payouts: irreversible, review", file=out)
-    print(f"  {len(JOBS)} jobs submitted as {SENDER}; the daemon reconciles each one:\n", file=out)
+    print(f"  sender        {SENDER}", file=out)
+    _intro_end(out, folder)
 
 
-def _rows(ledger: Ledger) -> list[dict[str, Any]]:
-    rows = []
-    for channel, key, _to, _subject in JOBS:
-        job = ledger.get_job(key)
-        rows.append(
-            {
-                "key": key,
-                "channel": channel,
-                "state": job.state.value,
-                "attempts": job.attempts,
-                "searches": job.searches,
-                "verifying": job.verifying,
-                "reason": _observed(job),
-            }
-        )
-    return rows
-
-
-def _observed(job: Any) -> str:
-    """What the job's latest step observed, in words; a review says it waits for a human."""
-    reason = job.reason or ""
-    if job.state is JobState.REVIEW:
-        return f"waiting for a human: {reason}"
-    return reason
-
-
-def clip_words(text: str, width: int) -> str:
-    """`text` in at most `width` characters, cut at a word boundary, never inside a word;
-    a first word longer than `width` is kept whole (the column grows)."""
-    if len(text) <= width:
-        return text
-    head = text[: width - 1]
-    if text[width - 1] == " ":
-        cut = head
-    elif " " in head:
-        cut = head.rsplit(" ", 1)[0]
-    else:
-        cut = text.split(" ", 1)[0]
-    cut = cut.rstrip(" ,;:")
-    return text if cut == text else f"{cut}…"
-
-
-# The live table's reason column, in a terminal: the rest of the line is taken.
-_REASON_WIDTH = 58
-
-
-def _watch(out: TextIO, ledger: Ledger, limit: float, seen: dict[str, str]) -> bool:
-    """Show each job's progress until all settle (True) or `limit` passes (False); `seen`
-    holds what was shown already, so a second watch only prints what changed."""
-    tty = out.isatty()
+def _watch(out: TextIO, ledger: Ledger, limit: float, story: Story) -> bool:
+    """Tell each job's story as it settles, until all have (True) or `limit` passes
+    (False); a job told before is told again only when it has moved on."""
     started = time.monotonic()
-    columns = ["key", "channel", "state", "attempts", "searches", "reason"]
     while True:
-        rows = _rows(ledger)
-        elapsed = time.monotonic() - started
-        if tty:
-            shown = [{**r, "reason": clip_words(r["reason"], _REASON_WIDTH)} for r in rows]
-            out.write("\x1b[s" if not seen else "\x1b[u\x1b[J")
-            out.write(output.table(shown, columns) + f"\n\n  t={elapsed:5.1f}s\n")
-            out.flush()
-            seen.update({r["key"]: r["state"] for r in rows})
-        else:
-            for row in rows:
-                state = f"{row['state']} (attempts {row['attempts']}, searches {row['searches']})"
-                if row["verifying"]:
-                    state += ", copies to be counted again"
-                if seen.get(row["key"]) != state:
-                    seen[row["key"]] = state
-                    note = f"  {row['reason']}" if row["reason"] else ""
-                    print(f"  t={elapsed:5.1f}s  {row['key']:<20} {state}{note}", file=out)
-        if all(JobState(r["state"]) in _SETTLED and not r["verifying"] for r in rows):
-            if tty:
-                print(file=out)
+        open_keys = []
+        for _channel, key, _to, _subject in JOBS:
+            job = ledger.get_job(key)
+            if job.state in _SETTLED and not job.verifying:
+                if story.moved(key, job.version):
+                    story.tell(key)
+            else:
+                open_keys.append(key)
+        if not open_keys:
             return True
-        if elapsed > limit:
+        if time.monotonic() - started > limit:
             print(f"\n  gave up after {limit:g}s with jobs still open", file=out)
             return False
         time.sleep(0.25)

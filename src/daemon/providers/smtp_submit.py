@@ -1,0 +1,260 @@
+"""One SMTP submission, on a connection kept from an earlier send when there is one
+(docs/providers.md "Connections kept between sends"; the outcome table is
+`smtp_classify.py`'s and does not change with reuse).
+
+The dialogue is driven step by step (EHLO, STARTTLS, AUTH on a fresh connection; then MAIL,
+RCPT, DATA, the content, the final `.`) so the classification knows exactly where it ended.
+smtplib has no retry of its own, and `sendmail` is not used: a partly refused recipient
+list is refused as a whole, and DATA is written once.
+
+A kept connection is first checked: that the server has not written to it unasked (a
+`421` idle timeout notice or a close), `RSET` when the last transaction on it was refused
+half-way, `NOOP` when it has been idle longer than `idle_check_after`. When that check or
+its `MAIL FROM` gets no reply or a `421`, the connection was dead and no byte of this
+message's transaction was accepted: the message is tried again at once on a fresh
+connection, and only what the fresh one answers is the outcome (so "unavailable" only when
+the fresh one cannot be had either). A kept connection that times out is not tried again:
+the server is slow rather than the connection stale, and a second wait could outlast the
+claim's deadline. A failure after the final `.` is Unknown, on a kept connection as on a
+fresh one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import smtplib
+import socket
+from collections.abc import Callable
+from typing import Protocol
+
+from daemon.providers.base import SendOutcome
+from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
+from daemon.providers.smtp_classify import Stage, classify_smtp
+
+__all__ = ["SmtpSubmitter", "SubmitEnvelope"]
+
+
+class SubmitEnvelope(Protocol):
+    """What a submission needs of a message (`smtp_imap.Envelope` is one)."""
+
+    @property
+    def recipients(self) -> list[str]: ...
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def eight_bit(self) -> bool: ...
+    def wire_data(self) -> bytes: ...
+
+
+class _Retry(Exception):
+    """The kept connection was dead before anything of the message was accepted."""
+
+
+class _Refused(Exception):
+    def __init__(self, code: int, text: bytes | str) -> None:
+        self.code, self.text = code, text
+
+
+def _text(value: bytes | str) -> str:
+    raw = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return " ".join(raw.split())
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _quit(smtp: smtplib.SMTP) -> None:
+    # After the outcome is known: a failed QUIT changes nothing about it.
+    try:
+        smtp.quit()
+    except Exception:
+        smtp.close()
+
+
+def _close(smtp: smtplib.SMTP) -> None:
+    with contextlib.suppress(Exception):
+        smtp.close()
+
+
+def _dead(exc: BaseException) -> bool:
+    """Whether an error says the connection is gone (closed, reset), not slow (timeout)."""
+    if isinstance(exc, TimeoutError):
+        return False
+    return isinstance(exc, OSError | smtplib.SMTPServerDisconnected)
+
+
+def _written_to_unasked(smtp: smtplib.SMTP) -> bool:
+    """Whether the server wrote to (or closed) an idle connection: a 421 notice, an EOF."""
+    return smtp.sock is None or closed_by_peer(smtp.sock)
+
+
+class SmtpSubmitter:
+    """Submissions to one server as one login, on kept connections. Thread-safe: a
+    connection is used by one thread at a time (out of the pool while in use)."""
+
+    def __init__(
+        self,
+        endpoint: MailEndpoint,
+        limits: ReuseLimits,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.limits = limits
+        self.pool: KeptPool[smtplib.SMTP] = (
+            KeptPool(limits, _quit) if clock is None else KeptPool(limits, _quit, clock)
+        )
+        self._local_hostname: str | None = None
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def submit(self, envelope: SubmitEnvelope) -> SendOutcome:
+        kept = self.pool.take()
+        if kept is not None:
+            try:
+                return self._transaction(kept, envelope)
+            except _Retry:
+                self.pool.stats.count("retried-fresh")
+        return self._on_fresh(envelope)
+
+    # -- a fresh connection -------------------------------------------------------------
+
+    def _hostname(self) -> str:
+        # smtplib asks for the FQDN (a reverse lookup) on every connection otherwise.
+        if self._local_hostname is None:
+            self._local_hostname = socket.getfqdn()
+        return self._local_hostname
+
+    def _connect(self) -> smtplib.SMTP:
+        e = self.endpoint
+        if e.security == "tls":
+            return smtplib.SMTP_SSL(
+                e.host,
+                e.port,
+                local_hostname=self._hostname(),
+                timeout=e.timeout,
+                context=e.ssl_context,
+            )
+        return smtplib.SMTP(e.host, e.port, local_hostname=self._hostname(), timeout=e.timeout)
+
+    def _on_fresh(self, envelope: SubmitEnvelope) -> SendOutcome:
+        stage = Stage.CONNECT
+        smtp: smtplib.SMTP | None = None
+        try:
+            smtp = self._connect()
+            stage = Stage.HELLO
+            code, text = smtp.ehlo()
+            if code != 250:
+                code, text = smtp.helo()
+                if code != 250:
+                    raise _Refused(code, text)
+            if self.endpoint.security == "starttls":
+                # starttls() raises unless the server says 220, and re-runs no command.
+                smtp.starttls(context=self.endpoint.ssl_context)
+                code, text = smtp.ehlo()
+                if code != 250:
+                    raise _Refused(code, text)
+            stage = Stage.AUTH
+            smtp.login(self.endpoint.username, self.endpoint.password)
+        except _Refused as refused:
+            if smtp is not None:
+                _quit(smtp)
+            return classify_smtp(
+                stage, refused.code, _text(refused.text), message_id=envelope.message_id
+            )
+        except smtplib.SMTPResponseException as exc:
+            if smtp is not None:
+                _quit(smtp)
+            return classify_smtp(
+                stage, exc.smtp_code, _text(exc.smtp_error), message_id=envelope.message_id
+            )
+        except (OSError, smtplib.SMTPException, ValueError) as exc:
+            if smtp is not None:
+                _close(smtp)
+            return classify_smtp(stage, None, _describe(exc), message_id=envelope.message_id)
+        return self._transaction(self.pool.fresh(smtp), envelope)
+
+    # -- one transaction ----------------------------------------------------------------
+
+    def _ready(self, kept: Kept[smtplib.SMTP]) -> None:
+        """Raises _Retry when a kept connection is not fit for a new transaction; a
+        timeout propagates (not retried: see the module docstring)."""
+        smtp = kept.conn
+        if _written_to_unasked(smtp):
+            raise _Retry
+        if kept.dirty:
+            code, _ = smtp.rset()
+        elif kept.idle(self.pool.clock()) > self.limits.idle_check_after:
+            code, _ = smtp.noop()
+        else:
+            return
+        if code != 250:
+            raise _Retry
+
+    def _transaction(self, kept: Kept[smtplib.SMTP], envelope: SubmitEnvelope) -> SendOutcome:
+        """MAIL, RCPT, DATA, the content and the final `.` on an open, logged-in
+        connection. The connection goes back to the pool when its state is known and
+        usable, else it is closed; `_Retry` when a kept one was dead before MAIL FROM."""
+        smtp = kept.conn
+        stage = Stage.RESET if kept.reused else Stage.MAIL
+        usable = False
+        try:
+            if kept.reused:
+                self._ready(kept)
+                stage = Stage.MAIL
+            # docmd, not smtp.mail()/rcpt(): those re-parse every address with the email
+            # package's parseaddr to quote it, and ours are bare addr-specs already (the
+            # envelope's, and the login's): "<" + addr + ">" is what quoteaddr returns.
+            body = " BODY=8BITMIME" if envelope.eight_bit and smtp.has_extn("8bitmime") else ""
+            code, text = smtp.docmd("MAIL", f"FROM:<{self.endpoint.username}>{body}")
+            if code == 421 and kept.reused:
+                raise _Retry
+            if code != 250:
+                usable = code != 421
+                kept.dirty = True
+                return classify_smtp(stage, code, _text(text), message_id=envelope.message_id)
+            stage = Stage.RCPT
+            for recipient in envelope.recipients:
+                code, text = smtp.docmd("RCPT", f"TO:<{recipient}>")
+                if code not in (250, 251):
+                    # All or nothing: a partial delivery is not the job that was asked for.
+                    usable = code != 421
+                    kept.dirty = True
+                    return classify_smtp(stage, code, _text(text), message_id=envelope.message_id)
+            stage = Stage.DATA
+            code, text = smtp.docmd("DATA")
+            if code != 354:
+                usable = code != 421
+                kept.dirty = True
+                return classify_smtp(stage, code, _text(text), message_id=envelope.message_id)
+            stage = Stage.CONTENT
+            smtp.send(envelope.wire_data())  # one sendall: raises before the "." is written
+            stage = Stage.END_OF_DATA
+            code, text = smtp.getreply()
+            # A 250 ends the transaction. After a refusal RFC 5321 says it is over too,
+            # but Postfix answers the next MAIL with 503 after its own end-of-data 451: so
+            # a refused message's connection is reset (RSET) before it is used again.
+            usable = 200 <= code < 600 and code != 421
+            kept.dirty = not 200 <= code < 300
+            return classify_smtp(stage, code, _text(text), message_id=envelope.message_id)
+        except _Retry:
+            usable = False
+            raise
+        except smtplib.SMTPResponseException as exc:
+            return classify_smtp(
+                stage, exc.smtp_code, _text(exc.smtp_error), message_id=envelope.message_id
+            )
+        except (OSError, smtplib.SMTPException, ValueError) as exc:
+            if kept.reused and stage in (Stage.RESET, Stage.MAIL) and _dead(exc):
+                raise _Retry from exc
+            # Note for the port's coming `SendOutcome.timed_out` (not on main yet): a
+            # TimeoutError here at Stage.END_OF_DATA is the call ended by a timeout after
+            # DATA, the one to mark; classify_smtp would take the flag and set it.
+            return classify_smtp(stage, None, _describe(exc), message_id=envelope.message_id)
+        finally:
+            if usable:
+                self.pool.give_back(kept)
+            else:
+                self.pool.drop(kept, _close)

@@ -1,0 +1,227 @@
+"""What a job in review means and what to do next, in words (docs/review.md "Review").
+
+One sentence of meaning per reason, a recommended next action that follows what is known
+of the job (the last check's copies, a duplicate's count), and what each offered decision
+does. The job page and `review show` say the same, from here. "sent" needs evidence: a
+check (or the searches that made a duplicate) found a copy; without it the decision is
+still offered, but only with a note that says how the person knows (`sent_needs_note`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ledger.job import SendJob
+from ledger.vocabulary import EscalationReason, Resolution
+
+#: One sentence per reason: what it means for the customer.
+MEANING: dict[EscalationReason, str] = {
+    EscalationReason.UNKNOWN_OUTCOME: (
+        "The provider may or may not have sent this message (its answer was lost or "
+        "ambiguous), and no search has settled it: the customer may or may not have it."
+    ),
+    EscalationReason.DUPLICATE: (
+        "Searches found more than one copy of this message in the sender's mailbox: the "
+        "customer received it more than once."
+    ),
+    EscalationReason.MAX_ATTEMPTS: (
+        "The provider was called the channel's max_attempts times without a confirmed send."
+    ),
+    EscalationReason.REJECTED: (
+        "The provider refused this message for good (or it could not be built), so that "
+        "attempt sent nothing."
+    ),
+    EscalationReason.HANDLE_UNRELIABLE: (
+        "The provider replaces the Message-ID sendledger writes, so a search cannot find "
+        "this job's copies and the daemon cannot tell whether it was sent."
+    ),
+    EscalationReason.NO_POLICY: (
+        "The job's channel has no policy file, so the daemon does not know how to send it."
+    ),
+    EscalationReason.RENDER_MISMATCH: (
+        "The message rendered at dispatch does not say what the job says, so it was never sent."
+    ),
+    EscalationReason.PROVIDER_UNAVAILABLE: (
+        "The provider stayed unavailable (nothing was sent) for longer than the channel's "
+        "give_up_after."
+    ),
+}
+
+#: The next step for each reason when nothing more is known (no check yet).
+NEXT: dict[EscalationReason, str] = {
+    EscalationReason.UNKNOWN_OUTCOME: (
+        "Check the mailbox first: one copy found, resolve as sent; none found once the "
+        "search index has caught up, resend (it searches once more before sending)."
+    ),
+    EscalationReason.DUPLICATE: (
+        "Resolve as sent: the customer has the message, and no action can take a copy back."
+    ),
+    EscalationReason.MAX_ATTEMPTS: (
+        "Check the mailbox first; read the refusals in the timeline, fix their cause, then "
+        "resend, or abandon."
+    ),
+    EscalationReason.REJECTED: (
+        "Read the refusal in the timeline; when its cause is fixed, resend, or abandon and "
+        "submit a corrected job under a new key."
+    ),
+    EscalationReason.HANDLE_UNRELIABLE: (
+        "Look for the message in the sender's Sent folder by hand (To, Subject, time): "
+        "found, resolve as sent saying where in the note; not found, resend or abandon."
+    ),
+    EscalationReason.NO_POLICY: (
+        "Add the channel's policy file (sendledger policy check), reload the daemon "
+        "(SIGHUP), then resend; or abandon."
+    ),
+    EscalationReason.RENDER_MISMATCH: ("Abandon it, and submit a corrected job under a new key."),
+    EscalationReason.PROVIDER_UNAVAILABLE: (
+        "When the provider answers again (/healthz), resend; or abandon."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One decision offered, what it does, and whether it must come with a note."""
+
+    decision: Resolution
+    effect: str
+    needs_note: bool = False
+    recommended: bool = False
+
+
+@dataclass(frozen=True)
+class Guidance:
+    reason: str
+    meaning: str
+    next_action: str
+    copies: int | None  # what the customer has, when a search said so
+    choices: list[Choice]
+
+    @property
+    def sent_needs_note(self) -> bool:
+        return any(c.decision is Resolution.SENT and c.needs_note for c in self.choices)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "meaning": self.meaning,
+            "next": self.next_action,
+            "copies": self.copies,
+            "choices": [
+                {
+                    "as": c.decision.value,
+                    "effect": c.effect,
+                    "needs_note": c.needs_note,
+                    "recommended": c.recommended,
+                }
+                for c in self.choices
+            ],
+        }
+
+
+#: The sentence a door says when "sent" comes without evidence and without a note.
+SENT_NEEDS_NOTE = (
+    "no check has found a copy of this message: to resolve it as sent, say in the note how "
+    "you know the customer has it (or check the mailbox first)"
+)
+
+
+def copies_known(job: SendJob, last_check: dict[str, Any] | None) -> int | None:
+    """The copies the last search showed: the latest check's, else a duplicate's."""
+    if last_check is not None:
+        return len(last_check.get("provider_message_ids") or [])
+    if job.duplicate:
+        return len(job.provider_message_ids)
+    return None
+
+
+def guidance_for(
+    job: SendJob, last_check: dict[str, Any] | None, decisions: list[Resolution]
+) -> Guidance | None:
+    """What the page and `review show` say of a job in review (None: not in review)."""
+    if not decisions:
+        return None
+    reason = EscalationReason(job.reason) if job.reason in _REASONS else None
+    copies = copies_known(job, last_check)
+    meaning = MEANING[reason] if reason else f"In review: {job.reason}."
+    if reason is EscalationReason.DUPLICATE and copies:
+        meaning = (
+            f"Searches found {copies} copies of this message in the sender's mailbox: the "
+            f"customer received it {copies} times."
+        )
+    elif reason is EscalationReason.UNKNOWN_OUTCOME and copies is not None:
+        seen = "no copy" if copies == 0 else "one copy" if copies == 1 else f"{copies} copies"
+        meaning = (
+            "The provider's answer to this send was lost or ambiguous, so the daemon could "
+            f"not tell whether it went out; the last check of the mailbox found {seen}."
+        )
+    next_action = _next(reason, copies)
+    found = bool(copies)
+    choices = [
+        Choice(
+            decision,
+            _effect(decision, copies),
+            needs_note=decision is Resolution.SENT and not found,
+            recommended=decision is _recommended(reason, copies),
+        )
+        for decision in decisions
+    ]
+    return Guidance(job.reason or "", meaning, next_action, copies, choices)
+
+
+_REASONS = {reason.value for reason in EscalationReason}
+
+
+def _next(reason: EscalationReason | None, copies: int | None) -> str:
+    if copies == 1:
+        return "The last check found one copy: the customer has it. Resolve as sent."
+    if copies is not None and copies > 1:
+        return "Resolve as sent: no action can take a copy back, and a resend would add one."
+    if copies == 0 and reason in (EscalationReason.UNKNOWN_OUTCOME, EscalationReason.MAX_ATTEMPTS):
+        return (
+            "The last check found no copy. If it was made after the search index had caught "
+            "up, resend (it searches once more first); if in doubt, check again later."
+        )
+    return NEXT[reason] if reason else "Check the mailbox, then resolve."
+
+
+def _recommended(reason: EscalationReason | None, copies: int | None) -> Resolution | None:
+    if copies:
+        return Resolution.SENT
+    if reason is EscalationReason.RENDER_MISMATCH:
+        return Resolution.ABANDON
+    if copies == 0:
+        return Resolution.RESEND
+    return None  # check the mailbox first
+
+
+def _effect(decision: Resolution, copies: int | None) -> str:
+    if decision is Resolution.SENT:
+        if copies and copies > 1:
+            return f"records that the customer has it ({copies} copies); nothing more is sent"
+        if copies:
+            return "records that the customer has it (the copy found); nothing more is sent"
+        return "records that the customer has it, on your word (the note says how you know)"
+    if decision is Resolution.RESEND:
+        return (
+            "searches the mailbox once more, then sends the same message again (same "
+            "Message-ID); refused if a copy is found"
+        )
+    if copies:
+        return (
+            f"records that nothing more will be done; the customer keeps the "
+            f"{'copy' if copies == 1 else f'{copies} copies'} it has"
+        )
+    return "records that the message will not be sent; nothing more is sent"
+
+
+__all__ = [
+    "MEANING",
+    "NEXT",
+    "SENT_NEEDS_NOTE",
+    "Choice",
+    "Guidance",
+    "copies_known",
+    "guidance_for",
+]

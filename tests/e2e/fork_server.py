@@ -1,0 +1,97 @@
+"""A process that imports sendledger once and forks a `sendledger run` per request.
+
+Starting an interpreter and importing the daemon's stack (eventsourcing, the Google client,
+APScheduler) costs about a second of CPU; a test that stops the daemon 150 times would
+spend minutes on imports alone. This server pays for them once, then forks: each child
+is a process of its own that runs `daemon.cli.main([... "run"])` exactly as the console
+script does, with its own signals, threads and exit code, and signals sent to its pid
+reach it alone. The server has no thread of its own (forking a threaded process is
+unsafe), so it polls: stdin for requests, `waitpid` for exits.
+
+Protocol, one JSON object a line. In: {"id", "argv", "cwd", "log"} starts a child with
+stdout and stderr on `log`. Out: {"id", "pid"} when it started; {"pid", "code", "at"}
+when it exited, `at` its `time.monotonic()` (CLOCK_MONOTONIC is the machine's, so the
+test compares it with its own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+# What `sendledger run` imports, once, before any fork.
+import daemon.cli
+import daemon.cli.service
+import daemon.providers.gmail
+import daemon.runtime
+
+
+def _child(request: dict[str, object]) -> None:
+    """In the forked child: become `sendledger ARGV` and never return."""
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        log = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.chdir(str(request["cwd"]))
+        argv = request["argv"]
+        assert isinstance(argv, list)
+        code = daemon.cli.main([str(word) for word in argv])
+    except BaseException as exc:  # the child must never fall back into the server's loop
+        print(f"fork_server child: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        _say({"pid": pid, "code": code, "at": time.monotonic()})
+
+
+def _say(message: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    buffered = b""
+    stdin = sys.stdin.fileno()
+    while True:
+        ready, _, _ = select.select([stdin], [], [], 0.005)
+        if ready:
+            chunk = os.read(stdin, 65536)
+            if not chunk:
+                break  # the test ended: stop
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                request = json.loads(line)
+                sys.stdout.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(request)
+                _say({"id": request["id"], "pid": pid})
+        _reap()
+    # Children still running when the test goes away are ended with it.
+    _reap()
+
+
+if __name__ == "__main__":
+    main()

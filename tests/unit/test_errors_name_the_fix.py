@@ -1,0 +1,167 @@
+"""Errors that name the fix (docs/troubleshooting.md): an unknown channel lists the known
+ones; an unknown key beside a missing one suggests it; a conflicting resubmit names the
+first field that differs; a job with several problems has every one listed, by the CLI's
+intake and by a 422."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
+from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.test_api_routes import AUTH, api_context, job
+from tests.unit.test_services import services
+
+from daemon.api.app import create_app
+from daemon.config.settings import ConfigError, settings_from_dict
+from daemon.service_layer.intake import MAX_LISTED, IntakeError, parse_jobs, unknown_channel
+from daemon.service_layer.services import ServiceError
+from ledger.application import KeyConflict, Ledger
+from ledger.content import parse_job
+from ledger.vocabulary import PolicyRef, Sender
+from policies.loader import PolicySet
+
+
+def _refusal(data: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as refused:
+        settings_from_dict(data)
+    return str(refused.value)
+
+
+def test_an_unknown_key_beside_a_missing_one_is_named_with_the_missing_one() -> None:
+    provider = {"kind": "gmail", "credential_file": "sa.json", "user": "me"}
+    said = _refusal({"providers": {"gmail": provider}})
+    assert said == (
+        "config: providers.gmail.credential_file: unknown key; did you mean "
+        "credentials_file (required, and missing)?"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "suggested"),
+    [
+        ({"daemon": {"tik": "1s"}}, "tick"),
+        ({"store": {"ulr": "sqlite:///x"}}, "url"),
+        ({"providers": {"g": {"credentials_file": "x", "timout": "1s"}}}, "timeout"),
+        ({"api": {"listne": "127.0.0.1:1"}}, "listen"),
+    ],
+)
+def test_an_unknown_key_close_to_a_known_one_suggests_it(
+    data: dict[str, Any], suggested: str
+) -> None:
+    assert _refusal(data).endswith(f"unknown key; did you mean {suggested}?")
+
+
+def test_an_unknown_key_like_no_other_is_only_unknown() -> None:
+    assert _refusal({"daemon": {"zzzz": 1}}) == "config: daemon.zzzz: unknown key"
+
+
+def test_an_unknown_channel_lists_the_known_ones() -> None:
+    rig = EngineRig(policy("receipts"), policy("notices"))
+    try:
+        with pytest.raises(ServiceError) as refused:
+            services(rig).submit(job("k1", channel="receipt"), by="t")
+    finally:
+        rig.close()
+    assert refused.value.message == (
+        "job.channel: no policy file for channel 'receipt' (the channels: notices, receipts)"
+    )
+    assert unknown_channel(PolicySet(), "x").endswith("(the channels: none: the policies "
+                                                      "folder holds no policy file)")  # fmt: skip
+
+
+SENDER = Sender("Shop <shop@example.com>", "mail.example.com", PolicyRef("receipts", "f" * 16))
+BASE = {"channel": "receipts", "key": "k1", "to": "a@example.com", "subject": "S", "body": "B"}
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"subject": "Other"}, "subject"),
+        ({"to": "b@example.com"}, "to"),
+        ({"body": "C", "subject": "Other"}, "subject"),  # the first in the job's order
+        ({"send_at": "2030-01-01T00:00:00Z"}, "send_at"),
+        ({"from": "Shop <shop@example.com>"}, "from"),
+    ],
+)
+def test_a_conflicting_resubmit_names_the_first_field_that_differs(
+    change: dict[str, str], field: str
+) -> None:
+    with Ledger("memory://") as ledger:
+        ledger.submit(parse_job(BASE), SENDER)
+        with pytest.raises(KeyConflict) as refused:
+            ledger.submit(parse_job({**BASE, **change}), SENDER)
+        assert refused.value.field == field
+        assert f"already exists with other content: its {field} differs" in str(refused.value)
+        # The same key twice in one batch, too.
+        with pytest.raises(KeyConflict) as in_batch:
+            ledger.submit_many(
+                [
+                    (parse_job({**BASE, "key": "k2"}), SENDER),
+                    (parse_job({**BASE, **change, "key": "k2"}), SENDER),
+                ]
+            )
+        assert in_batch.value.field == field
+
+
+#: A broken value for each field, and how its problem starts.
+BROKEN = {
+    "channel": ("", "must not be empty"),
+    "key": ("k\x1b", "must not contain"),
+    "to": ("nope", "not a valid email address"),
+    "subject": ("a\nb", "must not contain CR or LF"),
+    "cc": ("nope", "not a valid email address"),
+    "send_at": ("tomorrow", ""),
+    "thread_id": ("a b", ""),
+}
+
+
+@given(st.sets(st.sampled_from(sorted(BROKEN)), min_size=1))
+def test_every_problem_of_a_job_is_listed_in_the_fields_order(broken: set[str]) -> None:
+    data = {**BASE, **{name: BROKEN[name][0] for name in broken}}
+    with pytest.raises(IntakeError) as refused:
+        parse_jobs(data)
+    fields = [problem.field for problem in refused.value.problems]
+    assert fields == [name for name in BASE | dict.fromkeys(BROKEN) if name in broken]
+    for problem in refused.value.problems:
+        assert problem.reason.startswith(BROKEN[problem.field][1]), problem
+    assert refused.value.total == len(broken)
+
+
+def test_unknown_and_missing_fields_are_listed_with_the_rest() -> None:
+    with pytest.raises(IntakeError) as refused:
+        parse_jobs({"channel": "receipts", "key": "k", "to": "nope", "subjet": "S", "body": "B"})
+    assert [str(p) for p in refused.value.problems] == [
+        "job.subjet: unknown field",
+        "job.subject: is required",
+        "job.to: not a valid email address: 'nope'",
+    ]
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    rig = EngineRig(policy("receipts"))
+    with TestClient(create_app(api_context(rig))) as client:
+        yield client
+    rig.close()
+
+
+def test_a_422_lists_every_problem_of_a_job(client: TestClient) -> None:
+    body = {**job("k1", channel="receipts"), "to": "nope", "subject": "a\nb", "channel": ""}
+    answer = client.post("/v1/jobs", json=body, headers=AUTH)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["count"] == 3
+    assert [e["field"] for e in answer.json()["errors"]] == ["channel", "to", "subject"]
+
+
+def test_a_422_of_many_jobs_with_many_problems_stops_listing_at_the_cap(
+    client: TestClient,
+) -> None:
+    body = [{**job(f"k{n}", channel="receipts"), "to": "no", "subject": "a\nb"} for n in range(80)]
+    answer = client.post("/v1/jobs", json=body, headers=AUTH)
+    assert answer.status_code == 422
+    assert answer.json()["count"] == 160 and len(answer.json()["errors"]) == MAX_LISTED
