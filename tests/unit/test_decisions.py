@@ -775,6 +775,25 @@ def test_a_negative_attempt_count_is_refused_naming_it(call: Any) -> None:
         call()
 
 
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("hits", lambda: after_search(policy(), hits=-1, misses_before=0, resent=False, now=NOW)),
+        (
+            "misses_before",
+            lambda: after_search(policy(), hits=0, misses_before=-1, resent=False, now=NOW),
+        ),
+        (
+            "verifications_before",
+            lambda: after_verification(policy(), hits=0, verifications_before=-1, now=NOW),
+        ),
+    ],
+)
+def test_a_negative_count_is_refused_naming_it(name: str, call: Any) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be an int >= 0, got -1$"):
+        call()
+
+
 def test_a_pending_draft_decision_carries_the_policy_ref() -> None:
     for chosen, attempts in [
         (policy(pending_draft="review"), 0),

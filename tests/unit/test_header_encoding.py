@@ -254,3 +254,38 @@ def test_words_decode_in_either_form(text: str, shown: str) -> None:
 def test_text_with_a_control_character_is_encoded(text: str) -> None:
     assert not plain(text)
     assert unstructured("Subject", text).startswith("Subject: =?utf-8?b?")
+
+
+def test_long_plain_text_with_spaces_stays_plain_and_folds_at_its_spaces() -> None:
+    text = "ab " * 400 + "ab"  # 1,202 characters, no run longer than two
+    assert plain(text)
+    written = unstructured("Subject", text)
+    assert all(len(line) <= LINE for line in written.split("\r\n"))
+    assert written.replace("\r\n", "") == "Subject: " + text
+    # Two spaces in a row stay two: the text is written exactly as typed.
+    assert unstructured("Subject", "a  b") == "Subject: a  b"
+
+
+def test_a_line_of_exactly_the_width_is_not_broken() -> None:
+    assert fold("X", ["a", "b" * 73]) == "X: a " + "b" * 73  # 78 characters
+    assert fold("X", ["a", "b" * 74]) == "X: a\r\n " + "b" * 74
+
+
+def test_the_first_encoded_word_fills_the_room_after_the_header_name() -> None:
+    # "X-Ab: " leaves 72 characters: a word of 45 bytes (22 x "é" and no more).
+    first = unstructured("X-Ab", "é" * 100).split("\r\n")[0]
+    assert first.startswith("X-Ab: =?utf-8?b?") and len(first) <= LINE
+    assert word_text(first.removeprefix("X-Ab: ")).decode() == "é" * 22
+    words = phrase("é" * 40, 30)
+    assert len(words[0]) <= 30 and word_text(words[0]).decode() == "é" * 6
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("=?utf-8*en*x?q?a?=", "a"),  # only the charset before the first "*" counts
+        ("=?utf-8?b?QU!JD?=", "ABC"),  # a character outside base64 is skipped, as clients do
+    ],
+)
+def test_a_word_is_decoded_as_lenient_clients_decode_it(text: str, shown: str) -> None:
+    assert client_view(text) == shown
