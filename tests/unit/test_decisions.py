@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 import pytest
@@ -197,7 +197,8 @@ def test_other_timezones_are_converted_to_utc() -> None:
     assert isinstance(retry, RetryAt) and retry.at == NOW + secs(600)
     assert confirm.verify_at == NOW + secs(3600)
     for at in (unknown.at, again.at, retry.at, confirm.verify_at):
-        assert at is not None and at.utcoffset() == timedelta(0)
+        # UTC itself, not the machine's own zone (which may be UTC too).
+        assert at is not None and at.tzinfo is UTC
 
 
 @pytest.mark.parametrize(
@@ -219,8 +220,20 @@ def test_other_timezones_are_converted_to_utc() -> None:
     ],
 )
 def test_naive_now_is_refused(call: Any) -> None:
-    with pytest.raises(ValueError, match="timezone-aware"):
+    with pytest.raises(ValueError, match=r"^now must be a timezone-aware datetime \(UTC\)$"):
         call(policy(on_unknown="retry"))
+
+
+class NoOffset(tzinfo):
+    """A time zone that knows no offset: aware in form, not in fact."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+
+def test_a_time_zone_without_an_offset_is_refused() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        after_unknown(policy(), now=datetime(2024, 5, 1, 12, tzinfo=NoOffset()))
 
 
 # -- after_search ----------------------------------------------------------------------------
