@@ -512,3 +512,20 @@ def test_bytes_without_a_header_block_carry_nothing() -> None:
         "body",
         "no end of the header block",
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ('"' + "a" * 100 + '"b"c"', "a display name that is not one quoted string"),
+        ('"=?utf-8?b?QQ==?=' + "a" * 100 + '"', "an encoded word inside a quoted display name"),
+        ("Al@" + "i" * 100, "a display name with a special character"),
+    ],
+)
+def test_a_long_display_name_is_quoted_in_the_reason_up_to_80_characters(
+    name: str, reason: str
+) -> None:
+    raw = render_message(FIELDS).replace(b"To: alice@", b"To: " + name.encode() + b" <alice@", 1)
+    raw = raw.replace(b"alice@example.com\r\n", b"alice@example.com>\r\n", 1)
+    found = find_mismatch(raw, FIELDS)
+    assert found is not None and found.reason == f"{reason}: {name[:80]!r}", found
