@@ -450,7 +450,12 @@ REFUSALS: list[tuple[bytes, bytes, str, str]] = [
     (PDF, PDF + b"Content-Type: application/pdf\r\n", A, "more than one content-type"),
     (PDF, b"Content-Transfer-Encoding: base64\r\n", A, "no Content-Type header"),
     (b"multipart/alternative", b"multipart/related", "body", "a multipart/related part"),
-    (b"\r\n\r\n" + INNER, b"\r\nX-Other: 1\r\n\r\n" + INNER, "body", "a part with a header"),
+    (
+        b"\r\n\r\n" + INNER,
+        b"\r\nX-Other: 1\r\n\r\n" + INNER,
+        "body",
+        "a part with a header that is not Content-*",
+    ),
     (PLAIN, PLAIN.replace(b"plain", b"enriched"), "body", "a text/enriched part where"),
     (PLAIN, PLAIN.replace(b"7bit", b"base64"), "body", "encoded as base64, not 7bit"),
     (PLAIN, PLAIN.replace(b"7bit", b"8bit"), "body", "encoded as 8bit, not 7bit"),
@@ -461,6 +466,17 @@ REFUSALS: list[tuple[bytes, bytes, str, str]] = [
     (NAME, b'filename="=?utf-8?q?a?="', f"{A}.filename", "an encoded word in the file"),
     (b"attachment; filename", b"inline; filename", f"{A}.filename", "a client shows 'Grü"),
     (b"aGk=", b"aGo=", A, "the content differs from the job's"),
+    (b"\r\nTo: ", b"\r\nX-To: ", "headers.X-To", "a X-To header the job does not have"),
+    (b"From: Support <support@", b"From: Support <other@", "from", "the recipients"),
+    (SUBJECT, b"Subject: " + b"x" * 989, "subject", "a client shows"),  # 998: not too long
+    (b"\r\nCc:", b"\r\n \r\nCc:", "body", "a header line starts with a space"),
+    (CHARSET, b"charset=utf-8X\r\nContent", "body", "a text/plain part where the job has"),
+    (PLAIN, PLAIN.replace(b"text/plain", b"text/plainX"), "body", "a text/plainx part"),
+    (CHARSET, b'charset="utf-8"; x\r\nContent', "body", "a bad or repeated parameter"),
+    (CHARSET, b'charset=""utf-8"\r\nContent', "body", "a bad quoted parameter"),
+    (b"attachment; filename*", b"attachment; x; filename*", f"{A}.filename", "a bad or rep"),
+    (PDF, PDF + b"Content-Transfer-Encoding: base64\r\n", A, "more than one content-transfer"),
+    (PDF, PDF + b"Nonsense\r\n", "body", "not a header line: 'Nonsense'"),
     (b"aGk=", b"aGk=\r\n" + b"A" * 77, A, "a base64 line longer than 76 characters"),
     (b"aGk=", b"aG\rk=", A, "a part with a bare CR or LF"),
     (TEXT, b"\r\n\r\nThank\xc3\xa9s.\r\n", "body", "a 7bit part with a byte that is not"),
@@ -496,6 +512,7 @@ def test_a_base64_text_part_that_does_not_decode_is_named() -> None:
     for broken, reason in [
         (raw.replace(encoded, encoded + b"!", 1), "a base64 part that does not decode"),
         (raw.replace(encoded, encoded[:-1], 1), "a base64 part that does not decode"),
+        (raw.replace(encoded, encoded + b"A" * 77, 1), "a base64 line longer than 76 characters"),
         (
             raw.replace(b"Content-Transfer-Encoding: base64", b"Content-Transfer-Encoding: x"),
             "encoded as x, not base64",
@@ -503,6 +520,33 @@ def test_a_base64_text_part_that_does_not_decode_is_named() -> None:
     ]:
         found = find_mismatch(broken, fields)
         assert found is not None and (found.field, found.reason) == ("body", reason), found
+
+
+@pytest.mark.parametrize(
+    "header", ["From", "To", "Subject", "Date", "Bcc", "Reply-To", "In-Reply-To"]
+)
+def test_a_missing_header_is_named_as_it_is_written(header: str) -> None:
+    fields = full()
+    raw = render_message(fields)
+    start = raw.index(f"\r\n{header}: ".encode()) if not raw.startswith(header.encode()) else -2
+    end = raw.index(b"\r\n", start + 2)
+    found = find_mismatch(raw[: max(start, 0)] + raw[end + (2 if start < 0 else 0) :], fields)
+    assert found is not None and found.reason == f"no {header} header", found
+
+
+def test_full_base64_lines_and_a_bare_angle_address_are_proved() -> None:
+    # The writer's base64 lines are 76 characters; a reader takes <bob@example.com> too.
+    attachment = parse_attachment(
+        {"filename": "a.bin", "content_type": "application/octet-stream",
+         "content_base64": base64.b64encode(bytes(range(200))).decode()}
+    )  # fmt: skip
+    fields = replace(FIELDS, body="é" * 100 + "\n", attachments=(attachment,))
+    raw = render_message(fields)
+    assert max(map(len, raw.split(b"\r\n\r\n", 1)[1].split(b"\r\n"))) == 76
+    assert find_mismatch(raw, fields) is None
+    bare = replace(FIELDS, to=("bob@example.com",))
+    raw = render_message(bare).replace(b"To: bob@example.com", b"To: <bob@example.com>")
+    assert find_mismatch(raw, bare) is None
 
 
 def test_bytes_without_a_header_block_carry_nothing() -> None:
@@ -529,3 +573,17 @@ def test_a_long_display_name_is_quoted_in_the_reason_up_to_80_characters(
     raw = raw.replace(b"alice@example.com\r\n", b"alice@example.com>\r\n", 1)
     found = find_mismatch(raw, FIELDS)
     assert found is not None and found.reason == f"{reason}: {name[:80]!r}", found
+
+
+def test_a_long_value_is_quoted_in_the_reason_up_to_80_characters() -> None:
+    long = "x" * 100
+    for old, new, reason, quoted in [
+        (b"Subject: Your receipt", f"Subject: {long}".encode(), "a client shows", long),
+        (b'charset="utf-8"', f'charset="utf-8"; {long}'.encode(), "a bad or repeated parameter in",
+         f'text/plain; charset="utf-8"; {long}'),
+        (b'charset="utf-8"', f'charset="utf-8{long}'.encode(), "a bad quoted parameter in",
+         f'text/plain; charset="utf-8{long}'),
+    ]:  # fmt: skip
+        found = find_mismatch(render_message(FIELDS).replace(old, new, 1), FIELDS)
+        assert found is not None and found.reason.startswith(reason), found
+        assert f"{quoted[:80]!r}" in found.reason and f"{quoted[:81]!r}" not in found.reason
