@@ -474,6 +474,7 @@ REFUSALS: list[tuple[bytes, bytes, str, str]] = [
     (PLAIN, PLAIN.replace(b"text/plain", b"text/plainX"), "body", "a text/plainx part"),
     (CHARSET, b'charset="utf-8"; x\r\nContent', "body", "a bad or repeated parameter"),
     (CHARSET, b'charset=""utf-8"\r\nContent', "body", "a bad quoted parameter"),
+    (CHARSET, b'charset=""\r\nContent', "body", "a text/plain part where the job has"),
     (b"attachment; filename*", b"attachment; x; filename*", f"{A}.filename", "a bad or rep"),
     (PDF, PDF + b"Content-Transfer-Encoding: base64\r\n", A, "more than one content-transfer"),
     (PDF, PDF + b"Nonsense\r\n", "body", "not a header line: 'Nonsense'"),
