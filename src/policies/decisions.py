@@ -203,17 +203,12 @@ def after_verification(
     return counted if counted is not None else StopVerifying(policy.ref)
 
 
-def after_unknown_draft(
-    policy: ChannelPolicy, *, now: datetime, timed_out: bool = False
-) -> SearchAt:
+def after_unknown_draft(policy: ChannelPolicy, *, now: datetime) -> SearchAt:
     """After an unknown outcome on a job whose draft is recorded (send_via = "drafts"):
     ask the draft at once. No index lies between a draft and its answer, so there is no
     `search_after` to wait, and on every channel, `review` too: the answer is a fact, not a
-    guess (docs/providers.md "Gmail setup"). Except after a call that timed out: its
-    request may still be on its way to the provider, and a draft asked at once would say
-    "unsent" of a draft about to be sent; it is asked once `search_after` has passed."""
-    wait = policy.search_after if timed_out else 0.0
-    return SearchAt(policy.ref, _utc(now) + timedelta(seconds=wait))
+    guess (docs/providers.md "Gmail setup")."""
+    return SearchAt(policy.ref, _utc(now))
 
 
 def after_draft_pending(

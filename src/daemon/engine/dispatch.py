@@ -274,7 +274,9 @@ class Dispatch:
             work.now = self._clock()
             if (
                 outcome.kind is SendKind.UNKNOWN
-                and not outcome.timed_out  # its request may still reach the provider
+                # A call that timed out may still reach the provider: its draft is asked
+                # by the sweep, which deletes it first if it is still unsent (the fence).
+                and not outcome.timed_out
                 and claimed.draft is not None
                 and drafts is not None
             ):
@@ -330,9 +332,7 @@ class Dispatch:
                 unavailable=unavailable,
             )
         else:
-            unknown_to_events(
-                work, policy, self._health, _unknown_reason(outcome), timed_out=outcome.timed_out
-            )
+            unknown_to_events(work, policy, self._health, _unknown_reason(outcome))
             if claimed.check is not None:
                 drafts_flow.record_draft_check(
                     job,
@@ -409,21 +409,16 @@ def save_unknown_outcome(
     work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str
 ) -> None:
     """An attempt whose outcome cannot be known, saved: search later, or review."""
-    unknown_to_events(work, policy, health, reason, timed_out=False)
+    unknown_to_events(work, policy, health, reason)
     work.save()
     log.info("job %s outcome unknown (%s)", work.job.key, reason)
 
 
 def unknown_to_events(
-    work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str, *, timed_out: bool
+    work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str
 ) -> None:
-    """An unknown outcome as events on the job in memory (not saved). `timed_out`: the
-    call outlived its timeout, so a recorded draft is asked only later."""
+    """An unknown outcome as events on the job in memory (not saved)."""
     decision = drafts_flow.unknown_decision(
-        work.job,
-        policy,
-        now=work.now,
-        handle_reliable=health.reliable(policy.provider),
-        timed_out=timed_out,
+        work.job, policy, now=work.now, handle_reliable=health.reliable(policy.provider)
     )
     work.job.record_unknown(reason=reason, decision=decision, at=work.now)

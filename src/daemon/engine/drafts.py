@@ -86,18 +86,13 @@ class DraftAlreadySent(Exception):
 
 
 def unknown_decision(
-    job: SendJob,
-    policy: ChannelPolicy,
-    *,
-    now: datetime,
-    handle_reliable: bool,
-    timed_out: bool = False,
+    job: SendJob, policy: ChannelPolicy, *, now: datetime, handle_reliable: bool
 ) -> AfterUnknown:
     """What follows an unknown outcome: with a recorded draft, its check at once (every
-    channel; after a call that timed out, `search_after` later); otherwise the policy's
-    rule for unknown outcomes."""
+    channel: the sweep's, which deletes a draft still unsent before it says so);
+    otherwise the policy's rule for unknown outcomes."""
     if recorded_draft(job) is not None:
-        return decisions.after_unknown_draft(policy, now=now, timed_out=timed_out)
+        return decisions.after_unknown_draft(policy, now=now)
     return decisions.after_unknown(policy, now=now, handle_reliable=handle_reliable)
 
 
