@@ -117,6 +117,30 @@ def test_a_running_daemon_tidies_its_confirmed_jobs(
     assert all(drafts.job(key).due_at is None for key in keys)
 
 
+def test_no_draft_is_made_for_a_job_another_daemon_settled_since_it_was_loaded(
+    drafts: EngineRig,
+) -> None:
+    """A send worker loads its jobs 8 or more at a time; another daemon may claim, send
+    and tidy one before this worker's draft step reaches it. A draft made then would be
+    deleted only by this claim's loss: with its create answer lost, or this daemon killed
+    first, it stayed in the mailbox (bench/soak.py --mode drafts: 18 of 4,000 jobs). The
+    step now sees that the job moved and makes none."""
+    drafts.submit("receipts", "k1")
+    [stale] = drafts.engine._load_due(["k1"])  # loaded here, sent by the other daemon
+    other = drafts.new_engine("other-daemon")
+    try:
+        other.tick()
+        drafts.clock.advance(60)
+        other.tick()  # and tidied
+    finally:
+        other.close()
+    assert [d.why for d in deletions(drafts, "k1")] == [DRAFTS_TIDY]
+    assert drafts.engine._dispatch.dispatch(stale) is False
+    assert fake(drafts).drafts_created == 1  # the other daemon's, sent
+    assert fake(drafts).unsent_drafts(drafts.job("k1").message_id) == 0
+    assert drafts.copies("k1") == 1
+
+
 def test_an_abandoned_job_loses_its_pending_draft(drafts: EngineRig) -> None:
     drafts.submit("legal", "k1")
     drafts.provider.script(Scripted.lost_request())  # the draft stays: pending, review
