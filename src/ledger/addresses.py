@@ -9,8 +9,12 @@ The local part is an RFC 5322 dot-atom in ASCII; the domain is a host name (lett
 digits, hyphens, at least two labels, no label starting or ending with a hyphen, not all
 digits at the end). An internationalized domain is converted to its IDNA A-label form
 (``bücher.de`` -> ``xn--bcher-kva.de``), so the wire carries plain ASCII. Refused: domain
-literals (``[1.2.3.4]``), quoted or non-ASCII local parts, comments, groups, lists, and any
-display name that would need guessing (unquoted specials such as ``,`` or ``@``).
+literals (``[1.2.3.4]``), quoted or non-ASCII local parts, and any display name that would
+need guessing (unquoted specials such as ``,`` or ``@``). A refusal names its cause where
+a sender is likely to meet it: several addresses in one string, a comment, a group, an
+invisible character at an edge or anywhere in the addr-spec, ``=?`` (an encoded word,
+which RFC 2047 forbids in an addr-spec and some readers decode all the same), a local
+part starting with ``-`` (Postfix refuses it at RCPT, ``allow_min_user``).
 See docs/cli.md, "Message fields and validation".
 """
 
@@ -25,7 +29,7 @@ from email.policy import default as _default_email_policy
 
 import idna
 
-__all__ = ["AddressError", "Mailbox", "parse_mailbox", "unquote", "unsafe_character"]
+__all__ = ["AddressError", "Mailbox", "invisible", "parse_mailbox", "unquote", "unsafe_character"]
 
 MAX_LOCAL = 64
 MAX_DOMAIN = 253
@@ -37,12 +41,19 @@ _LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 # RFC 5322 specials: in an unquoted display name each would change how the header parses
 # ("." is the exception: "J. Smith" is common, and it is quoted when rendered).
 _SPECIALS = set('()<>[]:;@\\,"')
+_SPACES = re.compile(" {2,}")
 
 #: Explicit direction overrides, embeddings and isolates: they reorder what a reader sees
 #: ("Trojan Source"), so a display name or subject could show one thing and say another.
 #: Left-to-right and right-to-left marks (U+200E, U+200F) stay allowed: mixed-direction
 #: text needs nothing more, and a mark cannot reorder a run.
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+#: Letters that show as nothing (Hangul fillers) and the combining grapheme joiner: with the
+#: format characters (category Cf) and the spaces other than U+0020 (Zs), what
+#: :func:`invisible` calls invisible.
+_FILLERS = frozenset("\u034f\u115f\u1160\u3164\uffa0")
+#: The marks that mixed-direction text needs (allowed in display names, even at an end).
+_DIRECTION_MARKS = frozenset("\u200e\u200f")
 
 
 class AddressError(ValueError):
@@ -96,6 +107,13 @@ def unsafe_character(value: str) -> str | None:
     return f"a lone surrogate (U+{ord(char):04X})"
 
 
+def invisible(char: str) -> bool:
+    """Whether `char` shows as nothing, or as a space that is not U+0020: a format
+    character (U+200B ZERO WIDTH SPACE, U+FEFF, U+00AD SOFT HYPHEN, ...), another space
+    (U+00A0, U+3000, ...), a Hangul filler or the combining grapheme joiner."""
+    return char in _FILLERS or (char != " " and unicodedata.category(char) in ("Cf", "Zs"))
+
+
 def parse_mailbox(value: object) -> Mailbox:
     """Exactly one mailbox, strictly; raises AddressError with a one-line reason."""
     if not isinstance(value, str):
@@ -118,6 +136,8 @@ def _parse_text(value: str) -> Mailbox:
     if bad:
         raise AddressError(f"must not contain {bad}: {value!r}")
     text = value.strip(" ")
+    _refuse_invisible_edges(text, value, "the address")
+    _refuse_other_shapes(text, value)
     if text.endswith(">"):
         start = text.rfind("<")
         if start < 0:
@@ -130,6 +150,55 @@ def _parse_text(value: str) -> Mailbox:
     mailbox = Mailbox(display, local, domain)
     _check_round_trip(mailbox, value)
     return mailbox
+
+
+def _refuse_invisible_edges(text: str, value: str, what: str) -> None:
+    # A reader shows nothing there: the same visible address could be two different jobs,
+    # and a domain would lose the character to IDNA's mapping (U+200B is mapped to nothing).
+    for char, where in ((text[:1], "starts"), (text[-1:], "ends")):
+        if char and invisible(char) and char not in _DIRECTION_MARKS:
+            raise AddressError(
+                f"{what} {where} with an invisible character (U+{ord(char):04X}): {value!r}"
+            )
+
+
+def _top_level(text: str) -> str:
+    """`text` with every quoted string's content blanked: what is left is its syntax."""
+    out: list[str] = []
+    quoted = escaped = False
+    for char in text:
+        if escaped:
+            escaped = False
+            out.append("_")
+        elif quoted:
+            if char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+            out.append(char if char == '"' else "_")
+        else:
+            quoted = char == '"'
+            out.append(char)
+    return "".join(out)
+
+
+def _refuse_other_shapes(text: str, value: str) -> None:
+    # The RFC 5322 forms other than one mailbox, each named: a sender who typed one should
+    # learn what to do instead, not read "not a valid email address".
+    syntax = _top_level(text)
+    if "(" in syntax or ")" in syntax:
+        raise AddressError(f"comments (in parentheses) are not accepted: {value!r}")
+    outside = syntax[: syntax.rfind("<")] if syntax.endswith(">") else syntax
+    if syntax.endswith(";") and ":" in outside:
+        raise AddressError(
+            f"a group (name: addresses;) is not accepted: give its addresses one per entry: "
+            f"{value!r}"
+        )
+    pieces = re.split(r"[,;\s]", syntax)
+    if len(pieces) > 1 and sum("@" in piece for piece in pieces) > 1:
+        raise AddressError(
+            f"one address per entry: give a list of addresses, not several in one string: {value!r}"
+        )
 
 
 def unquote(raw: str) -> str | None:
@@ -154,24 +223,45 @@ def unquote(raw: str) -> str | None:
 
 
 def _display_name(raw: str, value: str) -> str:
+    if "=?" in raw:
+        # A reader (the validator's own round trip among them) would decode it.
+        raise AddressError("a display name must not contain '=?' (an encoded word)")
     if raw.startswith('"'):
         inner = unquote(raw)
         if inner is None:
             raise AddressError(f"not one quoted display name (a quote inside it?): {value!r}")
-        return inner.strip()
+        # Runs of spaces are one space, quoted or not (readers collapse them either way).
+        name = _SPACES.sub(" ", inner.strip())
+        _refuse_invisible_edges(name, value, "the display name")
+        return name
     special = next((c for c in raw if c in _SPECIALS), None)
     if special is not None:
         raise AddressError(
             f"the display name contains {special!r}: put it in double quotes: {value!r}"
         )
     # Runs of spaces in an unquoted phrase carry no meaning (RFC 5322 folding).
-    return " ".join(raw.split())
+    name = " ".join(raw.split())
+    _refuse_invisible_edges(name, value, "the display name")
+    return name
 
 
 def _addr_spec(spec: str, value: str) -> tuple[str, str]:
+    if "=?" in spec:
+        # RFC 2047 allows no encoded word in an addr-spec, yet some readers decode one
+        # there and read another address (`a=?utf-8?q?b?=@example.com` as `ab@...`).
+        raise AddressError(f"an address must not contain '=?' (an encoded word): {value!r}")
+    hidden = next((char for char in spec if invisible(char) or _ignored_by_idna(char)), None)
+    if hidden is not None:
+        raise AddressError(
+            f"the address holds an invisible character (U+{ord(hidden):04X}): {value!r}"
+        )
     local, at, domain = spec.rpartition("@")
     if not at or not local or not domain:
         raise AddressError(f"not a valid email address: {value!r}")
+    if local.startswith("-"):
+        # Postfix answers 501 (its allow_min_user is off by default): refused here, not
+        # left for the server to refuse at send time.
+        raise AddressError(f"the part before @ must not start with '-': {value!r}")
     if not local.isascii():
         raise AddressError(f"the part before @ must be ASCII: {value!r}")
     if len(local) > MAX_LOCAL or not _LOCAL.match(local):
@@ -180,6 +270,17 @@ def _addr_spec(spec: str, value: str) -> tuple[str, str]:
     if len(local) + 1 + len(ascii_domain) > MAX_ADDRESS:
         raise AddressError(f"longer than {MAX_ADDRESS} characters: {value!r}")
     return local, ascii_domain
+
+
+def _ignored_by_idna(char: str) -> bool:
+    # UTS 46 maps these to nothing (variation selectors, U+00AD, ...): the domain sent
+    # would lose a character the sender typed.
+    if char.isascii():
+        return False
+    try:
+        return idna.uts46_remap(char, std3_rules=True, transitional=False) == ""
+    except (idna.IDNAError, UnicodeError):
+        return False
 
 
 def _ascii_domain(domain: str, value: str) -> str:

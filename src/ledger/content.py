@@ -202,13 +202,6 @@ def mailbox_of(field: str, value: str) -> Mailbox:
     most :data:`MAX_ADDRESS_TEXT` characters as typed."""
     if isinstance(value, str) and len(value) > MAX_ADDRESS_TEXT:
         raise JobInputError(field, f"longer than {MAX_ADDRESS_TEXT} characters")
-    if (
-        isinstance(value, str)
-        and value.rstrip().endswith(">")
-        and "=?" in value[: value.rfind("<")]
-    ):
-        # A reader (the validator's own round trip among them) would decode it.
-        raise JobInputError(field, "a display name must not contain '=?' (an encoded word)")
     try:
         return parse_mailbox(value)
     except AddressError as exc:

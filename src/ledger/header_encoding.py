@@ -151,23 +151,28 @@ def _percent(text: str) -> str:
     )
 
 
+def _segments(value: str) -> Iterator[str]:
+    # Whole characters per segment: one character is at most 12 percent-encoded ("%F0%9F%8E%89").
+    segment = ""
+    for char in value:
+        encoded = _percent(char)
+        if segment and len(segment) + len(encoded) > _SEGMENT:
+            yield segment
+            segment = ""
+        segment += encoded
+    yield segment
+
+
 def parameter(name: str, value: str) -> list[str]:
     """`name=value` as header parameters: one quoted parameter for a plain file name, else
     RFC 2231 ``name*=utf-8''...`` (split into ``name*0*``, ``name*1*``, ... continuations
-    of at most 60 characters, never inside a ``%XX``). No plain fallback is written next
-    to the encoded form: readers that prefer the plain one (Python's compat32 parser among
-    them) would show another name than the job's."""
+    of at most 60 characters, each holding whole characters: readers that decode each
+    segment alone, as fast-mail-parser does, would otherwise show U+FFFD). No plain
+    fallback is written next to the encoded form: readers that prefer the plain one
+    (Python's compat32 parser among them) would show another name than the job's."""
     if _PLAIN_NAME.fullmatch(value) and len(value) <= _SEGMENT:
         return [f'{name}="{value}"']
-    encoded = _percent(value)
-    segments: list[str] = []
-    start = 0
-    while start < len(encoded):
-        end = min(start + _SEGMENT, len(encoded))
-        if "%" in encoded[end - 2 : end] and end < len(encoded):
-            end = encoded.rindex("%", start, end)
-        segments.append(encoded[start:end])
-        start = end
+    segments = list(_segments(value))
     if len(segments) == 1:
         return [f"{name}*=utf-8''{segments[0]}"]
     first = "utf-8''"
@@ -236,7 +241,8 @@ def parameter_value(params: dict[str, str], name: str) -> str | None:
         pieces: list[str] = []
         index = 0
         while f"{name}*{index}*" in params or f"{name}*{index}" in params:
-            pieces.append(params.get(f"{name}*{index}*", params.get(f"{name}*{index}", "")))
+            extended = f"{name}*{index}*"
+            pieces.append(params[extended if extended in params else f"{name}*{index}"])
             index += 1
         value = _extended("".join(pieces)) if f"{name}*0*" in params else "".join(pieces)
     elif name in params:

@@ -68,8 +68,8 @@ class RenderMismatch(JobInputError):
 
 
 class _Bad(Exception):
+    # Never shown: find_mismatch returns its mismatch (BaseException keeps the args).
     def __init__(self, field: str, reason: str) -> None:
-        super().__init__(reason)
         self.mismatch = Mismatch(field, reason)
 
 
@@ -87,7 +87,7 @@ def checked_message(fields: MessageFields) -> bytes:
 def find_mismatch(raw: bytes, fields: MessageFields) -> Mismatch | None:
     """The first difference between `raw` and the job's `fields`, or None."""
     try:
-        headers, body = _entity(raw, "body")
+        headers, body = _entity(raw)
         _check_headers(headers, fields)
         _check_tree(headers, body, _expected_tree(fields), "body")
     except _Bad as bad:
@@ -98,7 +98,7 @@ def find_mismatch(raw: bytes, fields: MessageFields) -> Mismatch | None:
 def carries_message_id(raw: bytes, message_id: str) -> bool:
     """Whether `raw`'s one header block holds exactly one Message-ID, `message_id`."""
     try:
-        headers, _ = _entity(raw, "message_id")
+        headers, _ = _entity(raw)
     except _Bad:
         return False
     return [value for name, value in headers if name.lower() == "message-id"] == [message_id]
@@ -107,7 +107,7 @@ def carries_message_id(raw: bytes, message_id: str) -> bool:
 # -- header blocks ------------------------------------------------------------------------
 
 
-def _entity(data: bytes, where: str) -> tuple[list[tuple[str, str]], bytes]:
+def _entity(data: bytes, where: str = "body") -> tuple[list[tuple[str, str]], bytes]:
     # One header block, ending at the first CR LF CR LF; each value unfolded, without the
     # one space after the colon.
     end = data.find(b"\r\n\r\n")
@@ -136,10 +136,11 @@ def _entity(data: bytes, where: str) -> tuple[list[tuple[str, str]], bytes]:
 
 
 def _field_of(name: str) -> str:
+    # Only top-level headers other than Content-* come here (the tree checks those).
     lower = name.lower()
     if lower in _FIELDS:
         return _FIELDS[lower]
-    if lower.startswith("content-") or lower == "mime-version":
+    if lower == "mime-version":
         return "body"
     return f"headers.{name}"
 

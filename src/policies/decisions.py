@@ -303,7 +303,7 @@ def after_unavailable(
     floor = 0.0
     if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
         floor = min(float(retry_after), MAX_RETRY_AFTER)
-    at = now + timedelta(seconds=max(floor, wait, 0.0))
+    at = now + timedelta(seconds=max(floor, wait))  # floor >= 0: a negative wait is none
     if policy.give_up_after is not None:
         # Never due after its give-up time, so a long Retry-After cannot hide it past it.
         at = max(now, min(at, _utc(waiting_since) + timedelta(seconds=policy.give_up_after)))

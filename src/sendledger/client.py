@@ -18,7 +18,12 @@ process). Every call retries where a repeat cannot do harm:
 
 A refusal is one exception class per status (`Unauthorized` 401, `Forbidden` 403,
 `NotFound` 404, `Conflict` 409, `TooLarge` 413, `Invalid` 422 with its field list), each
-with the server's `error` sentence.
+with the server's `error` sentence. Every error says whether the call's action (a submit,
+cancel, check, resolve or live triage; a read applies nothing) may have been applied:
+`may_have_applied`, True when any attempt of the call went out without a final answer (a
+lost answer, a 5xx other than 503) and False when every attempt was refused before the
+server acted (401, 403, 404, 409, 413, 422, 429, 503, or not sent at all), the table of
+docs/http-api.md "Python client". When it is True, look at the job before deciding again.
 """
 
 from __future__ import annotations
@@ -59,7 +64,10 @@ Records = list[dict[str, Any]]
 
 
 class ClientError(Exception):
-    """Anything this client raises."""
+    """Anything this client raises. `may_have_applied`: whether the server may have done
+    what the call asked (see the module's docstring)."""
+
+    may_have_applied = False
 
 
 class ConnectionLost(ClientError):
@@ -132,7 +140,8 @@ class RateLimited(ApiError):
 
 
 class ServerError(ApiError):
-    """5xx, still after the retries (or at once, for a call that may not repeat)."""
+    """5xx, still after the retries (or at once, for a call that may not repeat). A 503
+    says nothing was done; after any other 5xx the server may have acted first."""
 
 
 _CLASSES: dict[int, type[ApiError]] = {
@@ -156,6 +165,18 @@ class _Retry:
 
 _ANY_FAILURE = _Retry(True, frozenset({429, 500, 502, 503, 504}))
 _NOTHING_DONE = _Retry(False, frozenset({429, 503}))
+#: Answers that say the server did nothing: refused before it acted, or (503) unable to.
+_NOT_APPLIED = frozenset({400, 401, 403, 404, 405, 409, 413, 422, 429, 503})
+
+
+def _applied(error: ClientError, acts: bool, reached: bool) -> ClientError:
+    """`error`, saying whether the call's action may have been applied: `reached` is True
+    when an earlier attempt went out and got no final answer."""
+    this = isinstance(error, ConnectionLost) and error.sent
+    if isinstance(error, ApiError):
+        this = error.status not in _NOT_APPLIED
+    error.may_have_applied = acts and (reached or this)
+    return error
 
 
 class Client:
@@ -320,7 +341,9 @@ class Client:
             body["channel"] = channel
         if reason is not None:
             body["reason"] = reason
-        answer: list[dict[str, Any]] = self._call("POST", "/v1/review/triage", body=body)
+        answer: list[dict[str, Any]] = self._call(
+            "POST", "/v1/review/triage", body=body, acts=not dry_run
+        )
         return answer
 
     # -- one call -------------------------------------------------------------------------
@@ -333,7 +356,11 @@ class Client:
         body: Any = None,
         query: Mapping[str, Any] | None = None,
         retry: _Retry = _ANY_FAILURE,
+        acts: bool | None = None,
     ) -> Any:
+        # A POST asks the server to do something; a GET only reads.
+        acts = method != "GET" if acts is None else acts
+        reached = False  # an earlier attempt went out and got no final answer
         url = self.url + path
         given = {k: str(v) for k, v in (query or {}).items() if v is not None}
         if given:
@@ -352,26 +379,31 @@ class Client:
                 status, text, retry_after = self._exchange(method, url, data, headers)
             except _NotSent as exc:
                 if last:
-                    raise ConnectionLost(f"{method} {path}: {exc.reason}", sent=False) from None
+                    lost = ConnectionLost(f"{method} {path}: {exc.reason}", sent=False)
+                    raise _applied(lost, acts, reached) from None
                 self._wait(attempt, None)
                 continue
             except _AnswerLost as exc:
                 if last or not retry.on_lost_answer:
-                    raise ConnectionLost(
+                    lost = ConnectionLost(
                         f"{method} {path}: the request was sent but no answer came back "
                         f"({exc.reason})",
                         sent=True,
-                    ) from None
+                    )
+                    raise _applied(lost, acts, reached) from None
+                reached = True
                 self._wait(attempt, None)
                 continue
             if status < 400:
                 return _json(text)
             if status in retry.statuses and not last:
+                reached = reached or status not in _NOT_APPLIED
                 self._wait(attempt, retry_after)
                 continue
             if status == 409 and attempt > 0 and retry.on_lost_answer:
-                raise _RepeatRefused(status, _error_text(text), _json_or_none(text))
-            raise _error(status, text)
+                refused = _RepeatRefused(status, _error_text(text), _json_or_none(text))
+                raise _applied(refused, acts, reached)
+            raise _applied(_error(status, text), acts, reached)
         raise AssertionError("unreachable")
 
     def _exchange(

@@ -86,15 +86,16 @@ def test_list_walks_every_page(client: Client) -> None:
 def test_cancel_resolve_check_triage(api: Api, client: Client) -> None:
     client.submit(job("c1"))
     assert client.cancel("c1", note="not needed")["state"] == "cancelled"
-    with pytest.raises(Conflict):
+    with pytest.raises(Conflict) as refused:
         client.cancel("c1")
+    assert refused.value.may_have_applied is False
     client.submit(job("r1"))
     to_review(api, "r1")
     assert [item["key"] for item in client.review()] == ["r1"]
     # No mailbox can be searched from this test server: 503, retried, then ServerError.
     with pytest.raises(ServerError) as unavailable:
         Client(api.url, TOKEN, retries=1, **NO_WAIT).check("r1")
-    assert unavailable.value.status == 503
+    assert unavailable.value.status == 503 and unavailable.value.may_have_applied is False
     triaged = client.triage(dry_run=True)
     assert [(t["key"], t["action"]) for t in triaged] == [("r1", "search-failed")]
     assert client.resolve("r1", "abandon", note="duplicate order")["state"] == "abandoned"
@@ -103,16 +104,20 @@ def test_cancel_resolve_check_triage(api: Api, client: Client) -> None:
 
 
 def test_tokens_roles_and_size(api: Api, client: Client) -> None:
-    with pytest.raises(Unauthorized):
-        Client(api.url, "wrong-token-0123456789").status("x")
+    with pytest.raises(Unauthorized) as unauthorized:
+        Client(api.url, "wrong-token-0123456789").submit(job("x"))
     reader = Client(api.url, READER)
     with pytest.raises(Forbidden) as forbidden:
         reader.submit(job("x"))
     assert "submit role" in forbidden.value.error
-    with pytest.raises(NotFound):
-        reader.status("x")
-    with pytest.raises(TooLarge):
+    with pytest.raises(NotFound) as not_found:
+        client.cancel("x")
+    with pytest.raises(TooLarge) as too_large:
         client.submit(job("big", body="x" * 9000))
+    with pytest.raises(Invalid) as invalid:
+        client.submit(job("bad", to="not an address"))
+    for refused in (unauthorized, forbidden, not_found, too_large, invalid):
+        assert refused.value.may_have_applied is False  # refused before the server acted
     assert list(client.list()) == []
 
 
@@ -138,7 +143,24 @@ def test_lost_answers_are_retried_where_a_repeat_is_safe(api: Api) -> None:
         with pytest.raises(ConnectionLost) as lost:
             client.resolve("decided", "abandon")
         assert lost.value.sent is True and relay.forwarded() == before + 1
+        assert lost.value.may_have_applied is True
         assert api.ledger.get_job("decided").state.value == "abandoned"
+        # A 500 after the server acted: the resolve was applied, and the error says it may
+        # have been (127b519 said "look before deciding again" only for ConnectionLost).
+        api.client.post("/v1/jobs", json=job("applied"), headers=api.auth())
+        to_review(api, "applied")
+        relay.set_plan(FaultPlan(other=["500-after-forward"]))
+        with pytest.raises(ServerError) as failed:
+            client.resolve("applied", "abandon")
+        assert failed.value.status == 500 and failed.value.may_have_applied is True
+        assert api.ledger.get_job("applied").state.value == "abandoned"
+        # A check retried after a lost answer, then refused: the first search was recorded.
+        relay.set_plan(FaultPlan(other=["drop-response", "503", "503", "503", "503"]))
+        api.client.post("/v1/jobs", json=job("checked"), headers=api.auth())
+        to_review(api, "checked")
+        with pytest.raises(ServerError) as unavailable:
+            client.check("checked")
+        assert unavailable.value.status == 503 and unavailable.value.may_have_applied is True
 
 
 def test_timeouts_and_refused_connections(api: Api) -> None:
@@ -146,12 +168,13 @@ def test_timeouts_and_refused_connections(api: Api) -> None:
         client = Client(relay.url, TOKEN, timeout=0.3, retries=0)
         with pytest.raises(ConnectionLost) as hung:
             client.status("x")
-        assert hung.value.sent is True
+        assert hung.value.sent is True and hung.value.may_have_applied is False  # a read
     slept: list[float] = []
     nowhere = Client(f"http://127.0.0.1:{free_port()}", TOKEN, retries=2, sleep=slept.append)
     with pytest.raises(ConnectionLost) as refused:
         nowhere.resolve("x", "sent")  # nothing reached a server: safe to try again
     assert refused.value.sent is False and len(slept) == 2
+    assert refused.value.may_have_applied is False
 
 
 def test_the_client_imports_nothing_of_the_daemon() -> None:

@@ -107,6 +107,23 @@ def test_a_position_survives_reopening_the_store(store_url: str) -> None:
         engine.close()
 
 
+def test_a_delivery_after_failures_clears_the_last_error(store_url: str) -> None:
+    # `webhooks status` showed a stale LAST_ERROR with nothing behind on 127b519.
+    with Ledger(store_url) as ledger:
+        positions = ledger.positions()
+        positions.ensure()
+        now = time.time()
+        assert positions.claim("ops", "a", now, 30.0) is not None
+        assert positions.fail("ops", "a", 0, "HTTP 503: busy", now + 2, now, 30.0)
+        [row] = positions.read_all()
+        assert (row.failures, row.last_error) == (1, "HTTP 503: busy")
+        assert row.last_error_at is not None
+        assert positions.advance("ops", "a", 0, 5, 1, now + 3, 30.0)
+        [row] = positions.read_all()
+        assert (row.position, row.failures, row.failed, row.delivered) == (5, 0, 1, 1)
+        assert row.last_error is None and row.last_error_at is None
+
+
 def test_status_on_a_store_without_webhooks_creates_nothing(store_url: str) -> None:
     with Ledger(store_url) as ledger:
         engine = engine_on(ledger)

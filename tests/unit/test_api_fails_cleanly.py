@@ -19,11 +19,14 @@ from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_api_routes import AUTH, TOKEN, api_context, job
 
 from daemon.api.app import create_app
+from daemon.api.auth import Identity, Role, TokenBook
 from daemon.api.paths import canonical_path, key_segment
 from daemon.api.signin_limit import FAILURES, WINDOW, SignInLimit
 from daemon.config.settings import ConfigError, settings_from_dict
 from daemon.service_layer.intake import MAX_LISTED, FieldProblem, IntakeError
 from ledger.keys import identifier_problem
+
+SUBMIT_ONLY = "submit-only-token-0123456789"
 
 
 class Clock:
@@ -259,6 +262,31 @@ def test_sign_in_is_limited_per_address(rig: EngineRig) -> None:
             "/ui/sign-in", data={"token": TOKEN, "csrf": csrf}, follow_redirects=False
         )
         assert allowed.status_code == 303
+
+
+def test_a_valid_token_without_the_role_resets_no_failure(rig: EngineRig) -> None:
+    # 127b519: a sign-in with a submit-only token (403) cleared the count, so four wrong
+    # tokens and one such sign-in, repeated, never met the documented 429.
+    clock = Clock()
+    tokens = TokenBook({TOKEN: "alice", SUBMIT_ONLY: Identity("bot", frozenset({Role.SUBMIT}))})
+    limit = SignInLimit(clock=clock)
+    with make_client(rig, signin_limit=limit, tokens=tokens) as client:
+        statuses = []
+        for _ in range(3):
+            for token in ["x" * 20] * (FAILURES - 1) + [SUBMIT_ONLY]:
+                csrf = _sign_in_form(client)
+                statuses.append(client.post("/ui/sign-in", data={"token": token, "csrf": csrf}))
+        codes = [answer.status_code for answer in statuses]
+        assert codes[:FAILURES] == [401] * (FAILURES - 1) + [403]
+        assert codes[FAILURES] == 401 and codes[FAILURES + 1] == 429, codes
+        # Neither does a sign-in with the role: only time clears the failures.
+        csrf = _sign_in_form(client)
+        assert client.post("/ui/sign-in", data={"token": TOKEN, "csrf": csrf}).status_code == 429
+        clock.now += WINDOW + 1
+        signed = client.post(
+            "/ui/sign-in", data={"token": TOKEN, "csrf": csrf}, follow_redirects=False
+        )
+        assert signed.status_code == 303
 
 
 def test_page_forms_that_change_state_carry_the_csrf_token(client: TestClient) -> None:

@@ -36,7 +36,7 @@ def api_context(rig: EngineRig, policy_error: str | None = None, **changes: Any)
     return ApiContext(
         ledger=rig.ledger,
         policies=lambda: rig.policies,
-        tokens=TokenBook({TOKEN: "alice"}),
+        tokens=changes.pop("tokens", TokenBook({TOKEN: "alice"})),
         max_body=changes.pop("max_body", 1_000_000),
         health=HealthSources(rig.ledger, lambda: rig.policies, lambda: policy_error, ["fake"]),
         metrics=Metrics(Sources(rig.ledger, {"fake": rig.provider})),

@@ -12,7 +12,15 @@ import pytest
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
-from daemon.engine.circuit import CHECK, SEND, Admit, Circuits, CircuitSettings, send_unavailable
+from daemon.engine.circuit import (
+    CHECK,
+    PING,
+    SEND,
+    Admit,
+    Circuits,
+    CircuitSettings,
+    send_unavailable,
+)
 from daemon.providers.base import SendKind, SendOutcome
 from ledger.vocabulary import JobState
 
@@ -44,15 +52,28 @@ def test_a_timeout_holds_sends_while_calls_started_before_it_are_in_flight() -> 
     assert opened.failures == 4
     assert circuits.admit("s", at(10.5)) is Admit.HOLD
     assert circuits.admit("s", at(11.1)) is Admit.PING  # a hang: probed by a ping
-    circuits.called("s", at(11.2), unavailable=True, timed_out=True, kind=CHECK)  # hangs
+    circuits.called("s", at(11.2), unavailable=True, timed_out=True, kind=PING)  # hangs
     assert circuits.next_probe("s") == at(13.2)  # the backoff doubles
     assert circuits.admit("s", at(13.2)) is Admit.PING
-    circuits.answered("s", at(13.3), CHECK)  # the ping answered: one send may try
+    circuits.answered("s", at(13.3), PING)  # the ping answered: one send may try
     assert circuits.open() != []
     assert circuits.admit("s", at(13.3)) is Admit.PROBE
     assert circuits.admit("s", at(13.3)) is Admit.HOLD
     circuits.answered("s", at(13.4), SEND)  # the send answered: closed
     assert circuits.open() == [] and circuits.admit("s", at(13.4)) is Admit.GO
+
+
+def test_a_search_answering_during_a_send_hang_sends_nothing_sooner() -> None:
+    """Reads answer, sends hang: a search that answers says reads work, not that a send
+    would; the next send still waits for its probe time (each one is an Unknown)."""
+    circuits = Circuits(CircuitSettings(failures=1, probe_after=4.0, probe_max=64.0))
+    circuits.called("s", at(0), unavailable=True, timed_out=True)  # a send timed out
+    circuits.answered("s", at(1), CHECK)  # a due search answered meanwhile
+    assert circuits.admit("s", at(1)) is Admit.HOLD
+    assert circuits.admit("s", at(4)) is Admit.PROBE  # a send, not a ping: reads work
+    circuits.called("s", at(5), unavailable=True, timed_out=True)  # it hung too
+    assert circuits.next_probe("s") == at(13)  # twice the wait, as for refusals
+    assert circuits.admit("s", at(13)) is Admit.PING
 
 
 def test_an_answer_in_flight_clears_the_hold() -> None:

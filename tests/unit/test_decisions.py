@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 import pytest
@@ -197,7 +197,8 @@ def test_other_timezones_are_converted_to_utc() -> None:
     assert isinstance(retry, RetryAt) and retry.at == NOW + secs(600)
     assert confirm.verify_at == NOW + secs(3600)
     for at in (unknown.at, again.at, retry.at, confirm.verify_at):
-        assert at is not None and at.utcoffset() == timedelta(0)
+        # UTC itself, not the machine's own zone (which may be UTC too).
+        assert at is not None and at.tzinfo is UTC
 
 
 @pytest.mark.parametrize(
@@ -219,8 +220,20 @@ def test_other_timezones_are_converted_to_utc() -> None:
     ],
 )
 def test_naive_now_is_refused(call: Any) -> None:
-    with pytest.raises(ValueError, match="timezone-aware"):
+    with pytest.raises(ValueError, match=r"^now must be a timezone-aware datetime \(UTC\)$"):
         call(policy(on_unknown="retry"))
+
+
+class NoOffset(tzinfo):
+    """A time zone that knows no offset: aware in form, not in fact."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+
+def test_a_time_zone_without_an_offset_is_refused() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        after_unknown(policy(), now=datetime(2024, 5, 1, 12, tzinfo=NoOffset()))
 
 
 # -- after_search ----------------------------------------------------------------------------
@@ -714,3 +727,91 @@ def test_give_up_after_keeps_old_fingerprints_and_parses_durations() -> None:
     assert policy().fingerprint == policy(give_up_after=None).fingerprint
     assert policy(give_up_after="10m").give_up_after == 600.0
     assert policy(give_up_after="10m").fingerprint != policy().fingerprint
+
+
+# -- what mutation testing found untested (issue 28, `make mutation`) -------------------
+
+
+def test_the_wait_after_an_unavailable_call_is_exactly_the_longer_of_wait_and_retry_after() -> None:
+    start = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    now = start + timedelta(minutes=5)
+    chosen = policy(give_up_after=3600)
+    for wait, retry_after, due in [
+        (0.0, None, now),  # no floor of its own: due now
+        (-5.0, None, now),  # a negative wait is none
+        (0.0, 0.5, now + secs(0.5)),  # a Retry-After under a second still counts
+        (0.0, 0.0, now),
+        (2.0, None, now + secs(2)),
+        (2.0, 30.0, now + secs(30)),
+        (0.0, float("inf"), now),  # not finite: ignored
+        (0.0, float("nan"), now),
+        (0.0, -3.0, now),
+    ]:
+        decision = decisions.after_unavailable(
+            chosen, waiting_since=start, now=now, wait=wait, retry_after=retry_after
+        )
+        assert decision == RetryAt(chosen.ref, due), (wait, retry_after)
+    # Capped at the give-up time, never before now.
+    capped = decisions.after_unavailable(
+        chosen, waiting_since=start, now=now, wait=0.0, retry_after=86400.0
+    )
+    assert capped == RetryAt(chosen.ref, start + secs(3600))
+
+
+def test_a_transient_rejection_takes_a_retry_after_under_a_second() -> None:
+    chosen = policy(retry_backoff=1, retry_backoff_max=1)
+    delay = random.Random(0).uniform(0.5, 1)  # the jittered backoff of this rng
+    assert delay < 0.99
+    decision = after_transient_rejection(
+        chosen, attempts_made=1, now=NOW, retry_after=0.99, rng=random.Random(0)
+    )
+    assert decision == RetryAt(chosen.ref, NOW + secs(0.99))
+    for retry_after in (None, 0.0, -1.0, float("inf"), float("nan")):
+        decision = after_transient_rejection(
+            chosen, attempts_made=1, now=NOW, retry_after=retry_after, rng=random.Random(0)
+        )
+        assert decision == RetryAt(chosen.ref, NOW + secs(random.Random(0).uniform(0.5, 1)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: after_transient_rejection(
+            policy(), attempts_made=-1, now=NOW, retry_after=None, rng=random.Random(0)
+        ),
+        lambda: decisions.after_draft_pending(policy(), attempts_made=-1, now=NOW),
+        lambda: before_attempt(policy(), attempts_made=-1),
+    ],
+)
+def test_a_negative_attempt_count_is_refused_naming_it(call: Any) -> None:
+    with pytest.raises(ValueError, match=r"^attempts_made must be an int >= 0, got -1$"):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("hits", lambda: after_search(policy(), hits=-1, misses_before=0, resent=False, now=NOW)),
+        (
+            "misses_before",
+            lambda: after_search(policy(), hits=0, misses_before=-1, resent=False, now=NOW),
+        ),
+        (
+            "verifications_before",
+            lambda: after_verification(policy(), hits=0, verifications_before=-1, now=NOW),
+        ),
+    ],
+)
+def test_a_negative_count_is_refused_naming_it(name: str, call: Any) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be an int >= 0, got -1$"):
+        call()
+
+
+def test_a_pending_draft_decision_carries_the_policy_ref() -> None:
+    for chosen, attempts in [
+        (policy(pending_draft="review"), 0),
+        (policy(pending_draft="send", max_attempts=2), 2),
+        (policy(pending_draft="send", max_attempts=2), 1),
+    ]:
+        decision = decisions.after_draft_pending(chosen, attempts_made=attempts, now=NOW)
+        assert decision.policy == chosen.ref

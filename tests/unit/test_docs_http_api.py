@@ -343,10 +343,28 @@ def test_the_error_classes_are_the_page_s() -> None:
     classes = {name: cls for name, cls in classes.items() if not name.startswith("_")}
     named = {n for n in re.findall(r"`([A-Z]\w+)`", text) if n != "FieldError"}
     assert named == set(classes)
-    for name, status in re.findall(r"`(\w+)` \((\d{3})", text):
-        assert client_module._CLASSES[int(status)] is classes[name], name
     assert all(issubclass(cls, ClientError) for cls in classes.values())
     assert issubclass(Invalid, ApiError)
+
+
+def test_the_error_table_says_for_each_error_whether_it_may_have_been_applied() -> None:
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| (yes|no|when `sent` is True)\b", section(
+        "## Python client"), re.M)  # fmt: skip
+    public = {
+        name
+        for name, cls in vars(client_module).items()
+        if isinstance(cls, type) and issubclass(cls, ClientError) and cls is not ApiError
+    } - {"ClientError"}
+    public = {name for name in public if not name.startswith("_")}
+    assert {name for name, _, _ in rows} == public
+    for name, statuses, applied in rows:
+        codes = [int(code) for code in re.findall(r"\d{3}", statuses)]
+        assert name == "ConnectionLost" or codes, name
+        for code in codes:
+            kind = client_module._CLASSES.get(code, client_module.ServerError)
+            assert kind is getattr(client_module, name), (name, code)
+            # "no" is exactly the statuses the client treats as "nothing was done".
+            assert (applied == "no") is (code in client_module._NOT_APPLIED), (name, code)
 
 
 def test_invalid_counts_what_the_server_counted(rig: EngineRig) -> None:

@@ -392,6 +392,9 @@ def test_a_receiver_down_for_an_hour_then_gets_everything_in_order(rig: Rig) -> 
     assert sorted(p["key"] for p in receiver.got) == sorted(keys)
     status = webhook_status(rig.ledger, {"ops": list(WEBHOOK_TYPES)}, rig.now())[0]
     assert status["behind"] == 0 and status["lag_seconds"] is None
+    # 127b519 went on showing the hour-old error with nothing behind.
+    assert status["last_error"] is None and status["last_error_at"] is None
+    assert status["failures"] == 0
 
 
 def test_a_restart_resumes_from_the_stored_position(rig: Rig) -> None:

@@ -1,5 +1,6 @@
-"""What every request passes before a route: the Host check (`[api] trusted_hosts`) and
-HEAD answered wherever GET is (docs/http-api.md "HTTP API").
+"""What every request passes before a route: the Host check (`[api] trusted_hosts`), HEAD
+answered wherever GET is, and 405 with the one right `Allow` for a method a path is not
+served for (docs/http-api.md "HTTP API").
 
 Redirects never carry the Host header: the app's own redirects are paths (`/ui/`), and
 slash redirects are off (`redirect_slashes=False`), so a forged Host cannot send a
@@ -12,7 +13,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from daemon.api.paths import canonical_path
 
 
 def host_name(header: str) -> str:
@@ -34,9 +38,12 @@ def host_allowed(name: str, trusted: Sequence[str]) -> bool:
     return False
 
 
-async def answer_json(send: Send, status: int, body: dict[str, Any]) -> None:
+async def answer_json(
+    send: Send, status: int, body: dict[str, Any], extra: Sequence[tuple[str, str]] = ()
+) -> None:
     payload = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
+    headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
@@ -94,4 +101,66 @@ class HeadAsGet:
         await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
-__all__ = ["HeadAsGet", "NoNulInQuery", "TrustedHosts", "answer_json", "host_allowed", "host_name"]
+#: The methods a request may name that some route could serve (HEAD is GET's).
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def served(routes: Sequence[BaseRoute], scope: Scope, method: str) -> bool:
+    """Whether some route serves `method` for this request's path, as that method routes
+    it (a keyed path depends on the method, `daemon/api/paths.py`)."""
+    raw = (scope.get("raw_path") or scope["path"].encode()).partition(b"?")[0]
+    asked = {**scope, "method": method, "path": canonical_path(raw, method) or scope["path"]}
+    for route in routes:
+        match, _ = route.matches(asked)
+        # A mount (the docs page's static files) answers GET and HEAD only.
+        if match is Match.FULL and (method == "GET" or not isinstance(route, Mount)):
+            return True
+    return False
+
+
+def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> set[str]:
+    """Every method the app serves for this request's path (HEAD beside GET)."""
+    found = {method for method in METHODS if served(routes, scope, method)}
+    return found | {"HEAD"} if "GET" in found else found
+
+
+class MethodsAllowed:
+    """Pure ASGI middleware: a method that no route serves for a path that some route
+    serves is 405 `{"error"}` with `Allow` naming every method served there. Starlette
+    alone names only the first route's methods (`/v1/jobs` said `POST` without `GET`), and
+    a keyed path routed as a key for GET (`/v1/review/x/check`) was 404."""
+
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.routes = routes  # the app's own list: routes added later are seen too
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            method = "GET" if scope["method"] == "HEAD" else scope["method"]
+            # The common case costs one pass over the routes; only a refusal counts them all.
+            allowed = (
+                set() if served(self.routes, scope, method) else allowed_methods(self.routes, scope)
+            )
+            if allowed:
+                await answer_json(
+                    send,
+                    405,
+                    {"error": "method not allowed"},
+                    [("allow", ", ".join(sorted(allowed)))],
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+__all__ = [
+    "METHODS",
+    "HeadAsGet",
+    "MethodsAllowed",
+    "NoNulInQuery",
+    "TrustedHosts",
+    "allowed_methods",
+    "answer_json",
+    "host_allowed",
+    "host_name",
+    "served",
+]

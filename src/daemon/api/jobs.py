@@ -14,9 +14,10 @@ import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key address
 from daemon.api.bodies import decode_jobs_off_loop
 from daemon.api.context import ApiContext, context_of
 from daemon.api.errors import api_error, documented, invalid, served
-from daemon.api.models import CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus
+from daemon.api.models import NO_NUL, CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus, exactly
 from daemon.api.roles import V1Route, caller_identity
 from daemon.service_layer.intake import FieldProblem
+from daemon.service_layer.listing import LIMIT_MAX, STATES
 from daemon.service_layer.read_models import job_status
 from daemon.service_layer.services import ServiceError
 from ledger.display import printable
@@ -39,7 +40,9 @@ _REQUEST_BODY = {
     "required": True,
     "content": {
         "application/json": {
-            "schema": {"anyOf": [_JOB_SCHEMA, {"type": "array", "items": _JOB_SCHEMA}]}
+            "schema": {
+                "anyOf": [_JOB_SCHEMA, {"type": "array", "items": _JOB_SCHEMA, "minItems": 1}]
+            }
         }
     },
 }
@@ -88,6 +91,23 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
     return JSONResponse(submitted.body(), status_code=201 if submitted.created else 200)
 
 
+def _param(about: str, schema: dict[str, Any]) -> Any:
+    # What the listing's parameter accepts (`daemon/service_layer/listing.py` checks each).
+    return Query(description=about, json_schema_extra=exactly({"type": "string", **schema}))
+
+
+_SINCE_RULES = "an ISO 8601 date or time (2026-11-01, 2026-11-01T12:00Z) or a duration ago (24h)"
+_STATE = _param("one job state", {"enum": list(STATES)})
+_CHANNEL = _param("one channel", {"pattern": r"^[^\x00]*\S[^\x00]*$"})
+_SINCE = _param(
+    "changed at or after (UTC when no zone is given)", {"pattern": NO_NUL, "x-rules": _SINCE_RULES}
+)
+_LIMIT = _param("jobs per page (100)", {"type": "integer", "minimum": 1, "maximum": LIMIT_MAX})
+_CURSOR = _param(
+    "the last page's next_cursor", {"pattern": NO_NUL, "x-rules": "a next_cursor this API gave"}
+)
+
+
 @router.get(
     "/jobs",
     response_model=JobList,
@@ -97,13 +117,11 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
 def list_jobs(
     ctx: Ctx,
     who: Caller,
-    state: Annotated[str | None, Query(description="one job state, e.g. review")] = None,
-    channel: Annotated[str | None, Query(description="one channel")] = None,
-    since: Annotated[
-        str | None, Query(description="changed at or after: ISO 8601 (UTC), or ago: 24h, 7d")
-    ] = None,
-    limit: Annotated[str | None, Query(description="jobs per page, 1 to 1000 (100)")] = None,
-    cursor: Annotated[str | None, Query(description="the last page's next_cursor")] = None,
+    state: Annotated[str | None, _STATE] = None,
+    channel: Annotated[str | None, _CHANNEL] = None,
+    since: Annotated[str | None, _SINCE] = None,
+    limit: Annotated[str | None, _LIMIT] = None,
+    cursor: Annotated[str | None, _CURSOR] = None,
 ) -> Any:
     # Every parameter arrives as text: the service names each bad one
     # (`daemon/service_layer/listing.py`).

@@ -9,49 +9,133 @@ both doors use.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, create_model
 
-from ledger.content import OPTIONAL_FIELDS, REQUIRED_FIELDS
+from ledger.attachments import MAX_FILENAME
+from ledger.content import (
+    MAX_ADDRESS_TEXT,
+    MAX_EXTRA_HEADERS,
+    MAX_HEADER_VALUE,
+    MAX_KEY_LENGTH,
+    MAX_REFERENCES,
+    MAX_SUBJECT,
+    MAX_THREAD_ID_LENGTH,
+    OPTIONAL_FIELDS,
+    REQUIRED_FIELDS,
+)
+from ledger.keys import MAX_NOTE_LENGTH
 from ledger.vocabulary import Resolution
 
-Addresses = str | list[str]
+#: No stored channel or reason holds a NUL (and PostgreSQL refuses one in a query).
+NO_NUL = r"^[^\x00]*$"
 
-# The shape of each field parse_job knows; a field it gains later is documented as "any
-# JSON" until it is described here (the agreement test still covers it).
-_FIELD_TYPES: dict[str, tuple[Any, str]] = {
-    "channel": (str, "the channel: a policy file in policies_dir"),
-    "key": (str, "idempotency key, from the source event (at most 1000 characters)"),
-    "to": (Addresses, "one address or a list"),
-    "subject": (str, "no CR or LF"),
-    "body": (str, "the text/plain part"),
-    "html": (str | None, "an optional text/html part"),
-    "cc": (Addresses | None, "one address or a list"),
-    "reply_to": (str | None, "one address"),
-    "bcc": (Addresses | None, "one address or a list; never in what recipients see"),
-    "headers": (
-        dict[str, str] | None,
-        "extra headers by name: List-Unsubscribe, List-Unsubscribe-Post, X-*",
+# Every constraint intake enforces that JSON Schema can say is in the document; what it
+# cannot say (the address grammar, the characters a subject may hold, ...) is named in the
+# field's `x-rules`, so a client (or a generator such as schemathesis) knows every reason a
+# document-valid job can still be refused (tests/unit/test_api_openapi.py).
+Address = Annotated[str, Field(max_length=MAX_ADDRESS_TEXT)]
+Addresses = Address | list[Address]
+Recipients = Address | Annotated[list[Address], Field(min_length=1)]
+HeaderValue = Annotated[str, Field(max_length=MAX_HEADER_VALUE)]
+# One attachment's shape (documented only: the job model keeps no nested model, whose
+# definition the request body, written out in full, could not refer to).
+_ATTACHMENT = {
+    "type": "object",
+    "required": ["filename", "content_type", "content_base64"],
+    "properties": {
+        "filename": {"type": "string", "minLength": 1, "maxLength": MAX_FILENAME},
+        "content_type": {"type": "string"},
+        "content_base64": {"type": "string"},
+    },
+    "additionalProperties": False,
+}
+
+_WHERE = 'docs/cli.md "Message fields and validation"'
+#: What intake holds a field to beyond its schema, in words (`x-rules`).
+_RULES = {
+    "channel": "a channel of this server (a policy file in its policies_dir) that loads",
+    "key": "not only spaces; no control, format, surrogate, private-use or unassigned "
+    'character (docs/cli.md "Keys")',
+    "address": f"each one mailbox, `local@domain` or `Name <local@domain>`, as {_WHERE} "
+    "says: no CR, LF, control or bidi character, no '=?', no comment, group or second "
+    "address, no invisible character at an edge, an ASCII dot-atom local part not "
+    "starting with '-', a host name of two labels or more",
+    "header text": f"no CR, LF, control, bidi or line-separator character ({_WHERE})",
+    "text": "no NUL and no lone surrogate",
+    "headers": "names List-Unsubscribe, List-Unsubscribe-Post or X-* of at most 76 "
+    "characters, each once in any case; values as the subject's text, not empty, not "
+    f"starting or ending with a space; List-Unsubscribe* ASCII without '=?' ({_WHERE})",
+    "message id": "each `<dot-atom@dot-atom>` (brackets added when missing), at most 250 "
+    "characters, without '=?'",
+    "send_at": "an ISO 8601 time with a time zone",
+    "attachments": "content_base64 that decodes; content_type `type/subtype`, not "
+    "multipart/* or message/*; a file name that is no path, not wrapped in <> or quotes, "
+    f"without '=?' and as the subject's text; the whole message within the provider's "
+    f"max_message_bytes ({_WHERE})",
+    "from": "one address as `to`'s, which the channel policy's allowed_from allows",
+    "thread_id": "only for a channel whose provider is gmail",
+}
+
+# The shape of each field parse_job knows, what it says, and the rules beyond the shape
+# (docs/cli.md "Message fields and validation"); a field parse_job gains later is
+# documented as "any JSON" until it is described here (the agreement test still covers it).
+_ThreadId = Annotated[str, Field(pattern=rf"^[A-Za-z0-9_-]{{1,{MAX_THREAD_ID_LENGTH}}}$")]
+_Headers = Annotated[dict[str, HeaderValue], Field(max_length=MAX_EXTRA_HEADERS)]
+_MessageIds = Annotated[list[str], Field(max_length=MAX_REFERENCES)]
+# name -> (its type, what it says, the key of its rules in _RULES)
+_FIELD_TYPES: dict[str, tuple[Any, str, str]] = {
+    "channel": (Annotated[str, Field(min_length=1)], "the channel: a policy file", "channel"),
+    "key": (
+        Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)],
+        f"idempotency key, from the source event (at most {MAX_KEY_LENGTH} characters)",
+        "key",
     ),
-    "in_reply_to": (str | None, "one message id, <local@domain>"),
-    "references": (list[str] | None, "message ids, oldest first"),
-    "send_at": (str | None, "ISO 8601 time with a time zone: not sent before it"),
+    "to": (Recipients, "one address or a list", "address"),
+    "subject": (Annotated[str, Field(max_length=MAX_SUBJECT)], "no CR or LF", "header text"),
+    "body": (str, "the text/plain part", "text"),
+    "html": (str | None, "an optional text/html part", "text"),
+    "cc": (Addresses | None, "one address or a list", "address"),
+    "reply_to": (Address | None, "one address", "address"),
+    "bcc": (Addresses | None, "one address or a list; never in what recipients see", "address"),
+    "headers": (_Headers | None, "List-Unsubscribe, List-Unsubscribe-Post, X-*", "headers"),
+    "in_reply_to": (str | None, "one message id, <local@domain>", "message id"),
+    "references": (_MessageIds | None, "message ids, oldest first", "message id"),
+    "send_at": (str | None, "ISO 8601 time with a time zone: not sent before it", "send_at"),
     "attachments": (
         list[dict[str, str]] | None,
         "[{filename, content_type, content_base64}]: parts of a multipart/mixed message",
+        "attachments",
     ),
-    "from": (str | None, "one address the channel policy's allowed_from allows (else its from)"),
-    "thread_id": (str | None, "Gmail's thread id (gmail providers only)"),
+    "from": (Address | None, "one address the policy's allowed_from allows", "from"),
+    "thread_id": (_ThreadId | None, "Gmail's thread id (gmail providers only)", "thread_id"),
 }
+#: Schema the field's type cannot carry (documented, not validated: intake is parse_job).
+_MORE_SCHEMA: dict[str, dict[str, Any]] = {"attachments": {"items": _ATTACHMENT}}
+
+
+def exactly(schema: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """A `json_schema_extra` that makes a query parameter's schema `schema`: the routes
+    take every parameter as text and the service names each bad one
+    (`daemon/service_layer/listing.py`), but the document says what it accepts."""
+
+    def replace(found: dict[str, Any]) -> None:
+        found.clear()
+        found.update(schema)
+
+    return replace
 
 
 def _job_in() -> type[BaseModel]:
     fields: dict[str, Any] = {}
     for name in (*REQUIRED_FIELDS, *OPTIONAL_FIELDS):
-        kind, about = _FIELD_TYPES.get(name, (Any, "see docs/cli.md"))
-        default = ... if name in REQUIRED_FIELDS else None
-        fields[name] = (kind, Field(default, description=about))
+        kind, about, rules = _FIELD_TYPES.get(name, (Any, "see docs/cli.md", ""))
+        extra: dict[str, Any] = {"x-rules": _RULES[rules]} if rules else {}
+        extra.update(_MORE_SCHEMA.get(name, {}))
+        default: Any = ... if name in REQUIRED_FIELDS else None
+        fields[name] = (kind, Field(default, description=about, json_schema_extra=extra))
     model: type[BaseModel] = create_model(
         "JobIn", __config__=ConfigDict(extra="forbid", strict=True), **fields
     )
@@ -133,36 +217,38 @@ class JobList(BaseModel):
     )
 
 
-#: A decision made on the version of the job a person saw (`version` of its status).
-EXPECTED_VERSION = Field(
-    default=None,
-    ge=1,
-    description="the job's version the decision was made on: refused (409) if it changed since",
-)
+def _note() -> Any:
+    return Field(default="", max_length=MAX_NOTE_LENGTH, pattern=NO_NUL)
+
+
+def _expected_version() -> Any:
+    # A decision made on the version of the job a person saw (`version` of its status).
+    return Field(
+        default=None,
+        ge=1,
+        description="the job's version the decision was made on: refused (409) if it changed since",
+    )
 
 
 class ResolveIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     decision: Resolution = Field(alias="as")
-    note: str = Field(default="", max_length=10_000)
-    expected_version: int | None = EXPECTED_VERSION
+    note: str = _note()
+    expected_version: int | None = _expected_version()
 
 
 class CancelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    note: str = Field(default="", max_length=10_000)
-    expected_version: int | None = EXPECTED_VERSION
-
-
-#: No stored channel or reason holds a NUL (and PostgreSQL refuses one in a query).
-NO_NUL = r"^[^\x00]*$"
+    note: str = _note()
+    expected_version: int | None = _expected_version()
 
 
 class TriageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     channel: str | None = Field(default=None, pattern=NO_NUL)
     reason: str | None = Field(default=None, pattern=NO_NUL)
-    dry_run: bool = False
+    # A JSON boolean only: `"no"` or `0` once ran a live triage (pydantic's lax mode).
+    dry_run: StrictBool = False
 
 
 class CopyOut(BaseModel):

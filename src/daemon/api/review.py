@@ -6,19 +6,31 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Query
 from fastapi.concurrency import run_in_threadpool
 
 import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
 from daemon.api.errors import documented, served
 from daemon.api.jobs import Caller, Ctx
-from daemon.api.models import CheckOut, JobStatus, ResolveIn, ReviewItem, TriageIn, TriageItemOut
+from daemon.api.models import (
+    NO_NUL,
+    CheckOut,
+    JobStatus,
+    ResolveIn,
+    ReviewItem,
+    TriageIn,
+    TriageItemOut,
+    exactly,
+)
 from daemon.api.roles import V1Route
 from daemon.service_layer.read_models import job_status
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")
 router = APIRouter(prefix="/v1", route_class=V1Route)
+
+
+_TEXT = exactly({"type": "string", "pattern": NO_NUL})
 
 
 @router.get(
@@ -28,7 +40,10 @@ router = APIRouter(prefix="/v1", route_class=V1Route)
     summary="Jobs in review (as `review list --json`), of a channel or for a reason",
 )
 def review_list(
-    ctx: Ctx, who: Caller, channel: str | None = None, reason: str | None = None
+    ctx: Ctx,
+    who: Caller,
+    channel: Annotated[str | None, Query(json_schema_extra=_TEXT)] = None,
+    reason: Annotated[str | None, Query(json_schema_extra=_TEXT)] = None,
 ) -> list[dict[str, Any]]:
     return ctx.services.review_list(channel=channel, reason=reason)
 

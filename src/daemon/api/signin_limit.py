@@ -1,8 +1,10 @@
 """Sign-in attempts limited per client address (docs/review.md "Review page", "Sign-in").
 
 After `failures` failed sign-ins from one address within `window` seconds, that address is
-answered 429 (with Retry-After) until the oldest of those failures leaves the window; a
-successful sign-in clears its count. Kept in memory, like the sessions. The clock is
+answered 429 (with Retry-After) until the oldest of those failures leaves the window. Only
+time clears a failure: a valid token, with the page's role or without it, resets nothing,
+or a token without the role (a submit-only one, which many scripts hold) would buy four
+more guesses each time it is used. Kept in memory, like the sessions. The clock is
 injected so tests need not wait.
 """
 
@@ -56,10 +58,6 @@ class SignInLimit:
             self._seen[address] = times  # newest last: the oldest are forgotten first
             while len(self._seen) > MAX_ADDRESSES:
                 del self._seen[next(iter(self._seen))]
-
-    def succeeded(self, address: str) -> None:
-        with self._lock:
-            self._seen.pop(address, None)
 
 
 __all__ = ["FAILURES", "WINDOW", "SignInLimit"]

@@ -272,7 +272,6 @@ def sign_in(
     if identity is None:
         ctx.signin_limit.failed(address)
         return _sign_in(ctx, seen, "That token is not valid.")
-    ctx.signin_limit.succeeded(address)
     if not identity.may(PAGE_ROLE):
         msg = f"That token lacks the {PAGE_ROLE.value} role the page needs."
         return _sign_in(ctx, seen, msg, 403)

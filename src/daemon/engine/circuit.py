@@ -85,7 +85,8 @@ class OpenCircuit:
 
 #: The kinds of call a circuit admits; its probes alternate between them (`admit`).
 SEND = "send"
-CHECK = "check"  # a search, a verification, a draft's check, a ping
+CHECK = "check"  # a search, a verification, a draft's check
+PING = "ping"  # the probe of a circuit a hang opened (`Provider.ping`)
 
 
 @dataclass
@@ -95,7 +96,8 @@ class _State:
     probe_at: datetime | None = None
     backoff: float = 0.0
     probing: bool = False
-    last_probe: str = ""  # the kind of call the last probe was
+    last_probe: str = ""  # the kind of call the last probe was (whom it was handed to)
+    probe_call: str = ""  # what the probe out now is: SEND, CHECK or PING
     waiting: set[str] = field(default_factory=set)  # kinds held since the last probe
     # The latest failure was a hang: the next send probe is a ping, and only a send that
     # answers closes the circuit (a ping or a search answering proves reads work).
@@ -171,7 +173,9 @@ class Circuits:
             state.probing = True
             state.last_probe = kind
             state.waiting.clear()
-            return Admit.PING if kind == SEND and state.hung else Admit.PROBE
+            ping = kind == SEND and state.hung
+            state.probe_call = PING if ping else kind
+            return Admit.PING if ping else Admit.PROBE
 
     def next_probe(self, scope: str, kind: str = SEND) -> datetime | None:
         """When an open circuit of `scope` admits the next probe of this kind (None:
@@ -252,15 +256,17 @@ class Circuits:
 
     def answered(self, scope: str, now: datetime | None = None, kind: str = SEND) -> None:
         """A call of `scope` got an answer that is not "unavailable": closed. After a
-        hang, an answer to anything but a send only half-opens it: the next send is its
-        probe (a provider whose reads answer may still hang its sends)."""
+        hang, an answer to a read or a ping only says reads work: the next probe is a
+        send, at its time (a provider whose reads answer may still hang its sends, and
+        each send into a hang is one more Unknown); a ping that was the probe hands the
+        probe to that send at once."""
         with self._lock:
             self._suspect.discard(scope)
             state = self._states.get(scope)
             if state is not None and state.hung and kind != SEND and state.opened_at is not None:
                 state.hung = False
-                state.probing = False
-                state.probe_at = now or state.probe_at
+                if state.probing and state.probe_call == kind:
+                    state.probing = False
                 return
             self._states.pop(scope, None)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 
-from daemon.engine.circuit import CHECK, Circuits, CircuitSettings, OpenCircuit
+from daemon.engine.circuit import PING, Circuits, CircuitSettings, OpenCircuit
 from daemon.engine.clock import Clock
 from daemon.engine.commit import GroupCommit
 from daemon.engine.dispatch import Dispatch
@@ -300,13 +300,13 @@ class Engine:
                 unavailable=exc.unavailable,
                 retry_after=exc.retry_after,
                 timed_out=exc.timed_out,
-                kind=CHECK,
+                kind=PING,
             )
         except BaseException:
             self.circuits.probe_returned(scope)
             raise
         else:
-            self.circuits.answered(scope, self.clock(), CHECK)
+            self.circuits.answered(scope, self.clock(), PING)
 
     def _give_up(self, work: Work) -> None:
         key = work.job.key

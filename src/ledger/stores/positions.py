@@ -104,7 +104,8 @@ class PositionStore(Protocol):
         now: float,
         lease: float,
     ) -> bool:
-        """Move from `expected` to `new` (failures cleared, `delivered` added, the lease
+        """Move from `expected` to `new` (failures and the last error cleared: the
+        position moved, so nothing is failing now; `delivered` added, the lease
         renewed); False when the row is no longer ours at `expected` (nothing changed)."""
         ...
 
@@ -191,6 +192,8 @@ class MemoryPositions:
                 position=new,
                 failures=0,
                 next_at=None,
+                last_error=None,
+                last_error_at=None,
                 delivered=row.delivered + delivered,
                 lease_until=now + lease,
                 updated_at=now,
@@ -262,8 +265,8 @@ _CLAIM_UPDATE = (
 )
 _SELECT = "SELECT " + ", ".join(COLUMNS) + " FROM {t}"
 _ADVANCE = (
-    "UPDATE {t} SET position = {p}, failures = 0, next_at = NULL, "
-    "delivered = delivered + {p}, lease_until = {p}, updated_at = {p} "
+    "UPDATE {t} SET position = {p}, failures = 0, next_at = NULL, last_error = NULL, "
+    "last_error_at = NULL, delivered = delivered + {p}, lease_until = {p}, updated_at = {p} "
     "WHERE name = {p} AND owner = {p} AND position = {p} RETURNING position"
 )
 _FAIL = (
