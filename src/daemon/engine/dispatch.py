@@ -91,6 +91,17 @@ class Claimed:
     check: DraftCheck | None = None  # the draft's answer right after an unknown outcome
 
 
+def _moved_since_loaded(work: Work) -> bool:
+    """Whether the job was written since this worker loaded it, so that its claim would
+    conflict (a worker loads 8 or more at a time: the last can be seconds old, and another
+    daemon may have claimed, sent and tidied it meanwhile). Asked before a draft step: a
+    draft made for such a job is deleted only by this claim's loss (`save_claim`), so a
+    lost create answer, or this daemon killed before that, would leave it in the mailbox
+    after the job's tidy (docs/architecture.md "Drafts never outlive their job")."""
+    row = work.ledger.row(work.job.key)
+    return row is None or row.version != work.job.version
+
+
 def _unknown_reason(outcome: SendOutcome) -> str:
     if outcome.kind is SendKind.CONFIRMED:
         return "2xx without a readable message id"
@@ -221,6 +232,9 @@ class Dispatch:
         draft, created = None, False
         drafts = provider.drafts()
         if drafts is not None:
+            if _moved_since_loaded(work):
+                work.count("skipped")
+                return None
             # The draft step is a provider call that may take its whole timeout: an
             # outcome left for the next commit (`commit.py`) must not wait behind it.
             work.flush()

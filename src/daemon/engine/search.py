@@ -298,6 +298,32 @@ class Verify:
         log.info("job %s: verification found %d copies", job.key, len(result.hits))
 
 
+class FirstDue:
+    """Steps on the jobs of one state, handed out as one step: each job runs the first of
+    them that is due for it. Verify and the confirmed jobs' Tidy read the same due rows (a
+    confirmed job's due time is the earlier of `verify_at` and `tidy_at`). Handed out
+    apart, in a daemon's tick, which waits for nothing, the first took the rows at the
+    head of that queue, the ones due for the second, and its loads, which then did
+    nothing, still held the check workers when the second was handed the same rows: a
+    confirmed job's drafts were never tidied (nor a verification behind those rows ever
+    made)."""
+
+    def __init__(self, *steps: Verify | Tidy) -> None:
+        if len({step.state for step in steps}) != 1:
+            raise ValueError("FirstDue takes steps of one state")
+        self.steps = steps
+        self.state = steps[0].state
+
+    def is_due(self, job: SendJob, now: datetime) -> bool:
+        return any(step.is_due(job, now) for step in self.steps)
+
+    def run(self, work: Work) -> None:
+        for step in self.steps:
+            if step.is_due(work.job, work.now):
+                step.run(work)
+                return
+
+
 class Tidy:
     """A settled job's unsent drafts deleted at the provider, once `tidy_at` has come
     (the settling command set it: `decisions.tidy_at`). One per final state, since the

@@ -32,7 +32,7 @@ from daemon.engine.readback import ProviderHealth
 from daemon.engine.recover import Recover, RecoverOwnClaims
 from daemon.engine.report import Counter, TickReport
 from daemon.engine.runner import Step, StepRunner, Work
-from daemon.engine.search import SearchBackoff, Sweep, Tidy, Verify
+from daemon.engine.search import FirstDue, SearchBackoff, Sweep, Tidy, Verify
 from daemon.engine.sends import SendWorkers
 from daemon.providers.base import Provider, ProviderError
 from ledger.application import Ledger
@@ -146,8 +146,12 @@ class Engine:
         self._checks_steps: tuple[Step, ...] = (
             Recover(self.health, self.leases),
             Sweep(self.health, backoff, self.clock),
-            Verify(backoff, self.clock),
-            *(Tidy(state, backoff, self.clock) for state in sorted(FINAL_STATES)),
+            # One step for the confirmed jobs: they share one due time (`FirstDue`).
+            FirstDue(Verify(backoff, self.clock), Tidy(JobState.CONFIRMED, backoff, self.clock)),
+            *(
+                Tidy(state, backoff, self.clock)
+                for state in sorted(FINAL_STATES - {JobState.CONFIRMED})
+            ),
         )
         self._sends = SendWorkers(
             workers=concurrency,
@@ -252,7 +256,7 @@ class Engine:
         if free <= 0:
             return
         limit = min(free * 2, self.batch_size)
-        if not isinstance(step, Sweep | Verify | Tidy):
+        if not isinstance(step, Sweep | FirstDue | Tidy):
             rows = self.ledger.due(step.state, self.clock(), limit)
             self._checks.submit(step, [row.key for row in rows])
             return
