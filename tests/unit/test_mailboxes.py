@@ -26,7 +26,7 @@ from policies.senders import SenderRefused, allowed, pattern_problem
 from testkit.credentials import write_service_account
 
 BASE = {"channel": "receipts", "key": "k1", "to": "c@example.net", "subject": "s", "body": "b"}
-LOCAL = st.from_regex(r"[a-z0-9+-]{1,8}(\.[a-z0-9+-]{1,8}){0,2}", fullmatch=True)
+LOCAL = st.from_regex(r"[a-z0-9+][a-z0-9+-]{0,7}(\.[a-z0-9+-]{1,8}){0,2}", fullmatch=True)
 DOMAIN = st.from_regex(r"[a-z]{1,8}\.(com|org|net)", fullmatch=True)
 
 
