@@ -230,3 +230,40 @@ def test_graph_a_persons_check_during_a_send_deletes_nothing(graph: EngineRig) -
     release.set()
     assert graph.engine.settle(timeout=10)
     assert graph.job("k1").state is JobState.CONFIRMED and graph.copies("k1") == 1
+
+
+def test_graph_a_persons_resend_fences_a_lapsed_claims_draft_first(graph: EngineRig) -> None:
+    """The daemon stalled with its send out: the lease lapsed, the job went to review, and
+    the late call could still send its draft after the person's search missed. The resend
+    deletes the job's unsent drafts before it searches, so the late call sends nothing."""
+    release = threading.Event()
+    graph.submit("legal", "k1")
+    graph.provider.script(Scripted.slow(release))  # the draft is made, its send hangs
+    graph.engine.hand_out()
+    assert graph.engine.settle(busy=lambda: graph.provider.hanging, timeout=10)
+    message_id = graph.job("k1").message_id
+    other = graph.new_engine("other")
+    try:
+        graph.clock.advance(TIMEOUT + GRACE + 1)  # no renewal reached the store
+        assert other.tick().recovered == 1
+        assert graph.job("k1").state is JobState.REVIEW
+        graph.clock.advance(61)
+        door = Services(
+            graph.ledger,
+            lambda: ChannelPolicies(graph.policies),
+            providers=lambda name: nullcontext(graph.provider),
+            draft_providers=frozenset({"fake"}),
+        )
+        door.resolve("k1", Resolution.RESEND, note="", by="alice")
+        [fence] = [d for d in deletions(graph, "k1") if d.why == DRAFTS_FENCE]
+        types = [type(e).__name__ for e in graph.ledger.history("k1")]
+        assert types.index("DraftsDeleted") < types.index("Resolved")
+        assert fence.draft_ids and fake(graph).unsent_drafts(message_id) == 0
+        release.set()  # the late call: its draft is gone, nothing goes out
+        assert graph.engine.settle(timeout=10)
+        assert graph.copies("k1") == 0
+        other.tick()  # the resend
+        assert graph.job("k1").state is JobState.CONFIRMED and graph.copies("k1") == 1
+    finally:
+        release.set()
+        other.close()

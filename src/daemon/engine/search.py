@@ -155,7 +155,10 @@ class SearchBackoff:
                 self._circuits.probe_returned(scope)  # no answer either way: not the probe
             raise
         self._circuits.answered(scope, self._clock(), CHECK)
-        crash_point("after-search")
+        if counted is not None:
+            # A search's or a draft check's answer, not a deletion's: the crash matrix
+            # means the point between an answer that decides and its record.
+            crash_point("after-search")
         with self._lock:
             self._not_before.pop(key, None)
         if counted is not None:

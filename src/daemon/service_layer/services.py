@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from daemon.cli.output import iso as output_time
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
@@ -56,7 +56,7 @@ from ledger.application import (
 )
 from ledger.content import JobContent, JobInputError
 from ledger.display import command_line
-from ledger.job import SendJob, TransitionError, check_name, copies_found
+from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name, copies_found
 from ledger.keys import note_problem
 from ledger.mime import MessageLimits
 from ledger.vocabulary import FINAL_STATES, JobState, Resolution, Sender
@@ -70,6 +70,7 @@ log = logging.getLogger("sendledger.services")
 ProviderSource = Callable[[str], AbstractContextManager[Provider]]
 TRIAGE_NOTE = "triage: one copy found"
 _WRITE_TRIES = 5
+T = TypeVar("T")
 
 
 class Refusal(StrEnum):
@@ -458,13 +459,30 @@ class Services:
     # -- searching ----------------------------------------------------------------------
 
     def search(self, job: SendJob) -> SearchResult:
-        """The job's Message-ID searched in its sender's mailbox now."""
+        """The job's Message-ID searched in its sender's mailbox now (reading only)."""
+        return self._with_provider(job, lambda provider: provider.search(job.message_id))
+
+    def _fenced_search(self, job: SendJob) -> tuple[list[str], SearchResult]:
+        """Before a resend: the job's unsent drafts deleted first where its provider may
+        leave some (Graph), then the search. The job is in review, so no claim of it is
+        live; a call of a claim that lapsed may still be on its way, and its draft, sent
+        after this search missed, would be a second copy. Deleted first, it can never be
+        sent (the sweep's fence, docs/architecture.md "Drafts never outlive their job")."""
+
+        def fenced(provider: Provider) -> tuple[list[str], SearchResult]:
+            deleted = provider.delete_drafts(job.message_id) if provider.leaves_drafts else []
+            return deleted, provider.search(job.message_id)
+
+        return self._with_provider(job, fenced)
+
+    def _with_provider(self, job: SendJob, call: Callable[[Provider], T]) -> T:
+        """`call` on the provider of the job's sender, its failures "no answer"."""
         name = self._provider_name(job)
         if self.providers is None:
             raise ServiceError(Refusal.UNAVAILABLE, "no provider can be reached from here")
         try:
             with self.providers(name) as provider:
-                return for_job(provider, job.from_addr, None).search(job.message_id)
+                return call(for_job(provider, job.from_addr, None))
         except ProviderError as exc:
             raise ServiceError(
                 Refusal.UNAVAILABLE, f"the mailbox could not be searched: {exc.reason}"
@@ -517,6 +535,23 @@ class Services:
         except TransitionError:
             return False  # a send in flight: shown, not recorded
 
+    def _save_fence(self, job: SendJob, seen: int, deleted: list[str]) -> int:
+        """The drafts a resend deleted first, saved on the version the person decided
+        on: the version the decision then holds for. Had the job moved meanwhile, the
+        deletions are still recorded (they happened) and the resend is refused."""
+
+        def fence(on: SendJob) -> bool:
+            on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=self.ledger.clock())
+            return True
+
+        fence(job)
+        try:
+            self.ledger.save_job(job)
+        except ConcurrentUpdate:
+            self._write(job.key, fence)
+            raise self._moved_on(job.key, seen, "resent") from None
+        return job.version
+
     def _write(self, key: str, command: Callable[[SendJob], bool]) -> bool:
         """One command that records a fact, not a decision, tried again when another
         writer got there first (the command then sees the job as that writer left it);
@@ -562,6 +597,7 @@ class Services:
         _require_review(job, "resolved")
         seen = job.version
         found: SearchResult | None = None
+        fenced: list[str] = []
         if decision is Resolution.RESEND:
             if job.duplicate:
                 raise ServiceError(
@@ -571,11 +607,13 @@ class Services:
                 )
             self._require_index_caught_up(job)
             try:
-                found = self.search(job)
+                fenced, found = self._fenced_search(job)
             except ServiceError as exc:
                 raise ServiceError(
                     exc.kind, f"job {key!r} was not resent: {exc.message}; nothing was sent"
                 ) from None
+            if fenced:
+                seen = self._save_fence(job, seen, fenced)
             if found.hits:
                 self._record_check(key, found, by=by, purpose="resend")
                 raise ServiceError(
