@@ -40,7 +40,13 @@ from daemon.config.sizes import parse_size
 from daemon.engine.circuit import OpenCircuit
 from daemon.service_layer.intake import MAX_LISTED
 from daemon.service_layer.listing import LIMIT_DEFAULT, LIMIT_MAX
-from daemon.webhooks.events import WEBHOOK_EVENTS, WEBHOOK_TYPES, event_id_for, payload
+from daemon.webhooks.events import (
+    REJECTED_CODES,
+    WEBHOOK_EVENTS,
+    WEBHOOK_TYPES,
+    event_id_for,
+    payload,
+)
 from daemon.webhooks.signing import new_secret, parse_secret, signed_headers
 from daemon.webhooks.status import COUNT_LIMIT, webhook_status
 from daemon.webhooks.worker import Hook
@@ -499,6 +505,17 @@ def test_the_webhook_numbers_are_the_code_s() -> None:
     assert Hook("h", "https://a/", new_secret(), frozenset(), timeout=10.0).lease == 60.0
     assert Hook("h", "https://a/", new_secret(), frozenset(), timeout=30.0).lease == 90.0
     assert f"{LOCK_WAIT_MS} ms at the very most" in text
+
+
+def test_the_rejected_reason_table_is_the_code_s_list() -> None:
+    text = section("## Webhooks")
+    table = text.split("| `rejected` reason |", 1)[1].split("\n\n", 1)[0]
+    codes = re.findall(r"^\| `([a-z]+)` \|", table, re.MULTILINE)
+    assert tuple(codes) == REJECTED_CODES
+    examples = [json.loads(block.split("```", 1)[0]) for block in text.split("```json\n")[1:]]
+    [rejected] = [e for e in examples if e.get("type") == "rejected"]
+    assert rejected["reason"] in REJECTED_CODES and rejected["detail"]
+    assert list(rejected) == list(examples[0])  # every payload has the same fields
 
 
 def test_the_payload_example_has_the_payload_s_fields(rig: EngineRig) -> None:

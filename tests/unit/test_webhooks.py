@@ -26,6 +26,7 @@ from daemon.doubles.fake_provider import Scripted
 from daemon.webhooks.delivery import Outcome
 from daemon.webhooks.delivery_threads import hooks_from
 from daemon.webhooks.events import (
+    REJECTED_CODES,
     WEBHOOK_EVENTS,
     WEBHOOK_TYPES,
     WebhookType,
@@ -295,6 +296,7 @@ def test_a_confirmed_job_is_delivered_once_with_its_fields(rig: Rig) -> None:
             "at": confirmed.timestamp.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "event_id": event_id_for(job.id, confirmed.originator_version),
             "reason": None,
+            "detail": None,
         }
     ]
 
@@ -316,9 +318,11 @@ def test_review_rejected_and_abandoned_map_through_the_table() -> None:
         drain(rig.deliverer(receiver))
         seen = [(p["key"], p["type"], p["state"], p["reason"]) for p in receiver.got]
         assert seen[:2] == [
-            ("bad-to", "rejected", "attempted", "Invalid To header"),
+            ("bad-to", "rejected", "attempted", "permanent"),
             ("bad-to", "review", "review", "rejected"),
         ]
+        # The provider's words in their own field, never as the code.
+        assert [p["detail"] for p in receiver.got[:2]] == ["Invalid To header", None]
         assert ("lost", "review", "review", "unknown-outcome") in seen
         assert ("lost", "abandoned", "abandoned", "resolved: abandon") in seen
         # Per job, the order of the job's own events.
@@ -337,7 +341,30 @@ def test_only_the_configured_types_are_sent(rig: Rig) -> None:
     receiver = Receiver()
     drain(rig.deliverer(receiver, types=("rejected",)))
     assert [p["type"] for p in receiver.got] == ["rejected"]
+    assert receiver.got[0]["reason"] == "transient"
     assert topics_for(["abandoned"]) == [SendJob.Resolved.TOPIC]
+
+
+@pytest.mark.parametrize(
+    ("fate", "code"),
+    [
+        (Scripted.unavailable(retry_after=1.0), "unavailable"),
+        (Scripted.rejected(transient=True, retry_after=1.0, reason="451 try later"), "transient"),
+        (Scripted.rejected(transient=False, reason="550 no such user"), "permanent"),
+    ],
+)
+def test_a_rejected_delivery_s_reason_is_a_code_and_its_detail_the_provider_s_words(
+    rig: Rig, fate: Scripted, code: str
+) -> None:
+    rig.provider.script(fate)
+    rig.submit("receipts", "refused")
+    rig.tick()
+    receiver = Receiver()
+    drain(rig.deliverer(receiver, types=("rejected",)))
+    [sent] = receiver.got
+    assert sent["reason"] == code and code in REJECTED_CODES
+    [rejected] = [e for e in rig.ledger.history("refused") if type(e).__name__ == "Rejected"]
+    assert sent["detail"] == rejected.reason and sent["detail"]
 
 
 # -- position, retries, order ----------------------------------------------------------

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 WebhookType = Literal["confirmed", "review", "duplicate", "abandoned", "cancelled", "rejected"]
 WEBHOOK_TYPES: tuple[str, ...] = get_args(WebhookType)
 
+# A `rejected` delivery's `reason`: a code a receiver can branch on. The provider's own
+# words (free text, any language, sometimes a stack of JSON) go in `detail`.
+RejectedCode = Literal["unavailable", "transient", "permanent"]
+REJECTED_CODES: tuple[str, ...] = get_args(RejectedCode)
+
 
 def _always(event: Any) -> bool:
     return True
@@ -79,8 +84,20 @@ def iso(moment: datetime) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def rejected_code(event: Any) -> RejectedCode:
+    """What kind of refusal a Rejected event was: the provider could not take the send now
+    (nothing sent, not counted against `max_attempts`), refused it for now (a retry is
+    due), or refused it for good."""
+    if getattr(event, "unavailable", False):
+        return "unavailable"
+    return "transient" if event.transient else "permanent"
+
+
 def payload(kind: str, job: SendJob, event: Any, event_id: str) -> dict[str, Any]:
-    """The JSON a delivery POSTs: the job as it was right after the event."""
+    """The JSON a delivery POSTs: the job as it was right after the event. `reason` is
+    a code (the job's reason, or for `rejected` one of `REJECTED_CODES`); `detail` is
+    the provider's text for `rejected`, else null."""
+    rejected = kind == "rejected"
     return {
         "type": kind,
         "key": job.key,
@@ -89,17 +106,21 @@ def payload(kind: str, job: SendJob, event: Any, event_id: str) -> dict[str, Any
         "message_id": job.message_id,
         "at": iso(event.timestamp),
         "event_id": event_id,
-        "reason": job.reason,
+        "reason": rejected_code(event) if rejected else job.reason,
+        "detail": event.reason if rejected else None,
     }
 
 
 __all__ = [
+    "REJECTED_CODES",
     "WEBHOOK_EVENTS",
     "WEBHOOK_TYPES",
+    "RejectedCode",
     "WebhookEvent",
     "WebhookType",
     "event_id_for",
     "payload",
+    "rejected_code",
     "topics_for",
     "type_of",
 ]
