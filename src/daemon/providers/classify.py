@@ -35,12 +35,12 @@ from typing import Any
 from google.auth import exceptions as auth_exceptions
 
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
+from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import (
     NotSentError,
     ResponseLostError,
     TransportFailure,
     describe,
-    timed_out,
 )
 
 # Gmail's 403 reasons that mean "slow down", not "forbidden". Compared after dropping

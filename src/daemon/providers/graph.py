@@ -49,13 +49,13 @@ from daemon.providers.graph_classify import (
     token_error,
 )
 from daemon.providers.per_thread import PerThreadHttp
+from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import (
     DEFAULT_MAX_IDLE,
     NotSentError,
     SingleShotHttp,
     TransportStats,
     describe,
-    timed_out,
 )
 from ledger.addresses import parse_mailbox
 from ledger.message_id import same_message_id

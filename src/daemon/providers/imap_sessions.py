@@ -20,7 +20,7 @@ from imapclient import IMAPClient  # type: ignore[import-untyped]
 
 from daemon.providers.base import ProviderError
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
-from daemon.providers.transport import timed_out
+from daemon.providers.timeouts import timed_out
 
 R = TypeVar("R")
 

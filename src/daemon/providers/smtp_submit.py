@@ -30,7 +30,7 @@ from typing import Protocol
 from daemon.providers.base import ProviderError, SendOutcome
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
 from daemon.providers.smtp_classify import Stage, classify_smtp
-from daemon.providers.transport import timed_out
+from daemon.providers.timeouts import timed_out
 
 __all__ = ["SmtpSubmitter", "SubmitEnvelope"]
 

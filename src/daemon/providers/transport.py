@@ -135,24 +135,6 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def timed_out(exc: BaseException) -> bool:
-    """Whether a call ended because it outlived its timeout (the socket's, anywhere in the
-    exception's causes): for the circuit, a hang (docs/operations.md "Outages and quotas")."""
-    seen: list[BaseException] = []
-    todo: list[BaseException] = [exc]
-    while todo:
-        current = todo.pop()
-        if any(current is s for s in seen):
-            continue
-        seen.append(current)
-        if isinstance(current, TimeoutError | socket.timeout):
-            return True
-        todo.extend(
-            e for e in (current.__cause__, current.__context__) if isinstance(e, BaseException)
-        )
-    return False
-
-
 class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
     """`httplib2.Http` that never repeats a request; it reuses idle keep-alive connections
     (`reuse=False`: a fresh connection per request)."""
