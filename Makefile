@@ -92,8 +92,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/smtp_senders.py
 	$(BIN)/python bench/smtp_senders.py --kill --n 1000
 
-# Not part of `make test`: 10,000 jobs, 20% faults, two daemons on PostgreSQL, one killed
-# -9 every 20 s, until all settle (bench/soak.py; SOAK_ARGS="--jobs 1000" for a short one).
+# Not part of `make test`: 10,000 jobs, 20% faults, two daemons on PostgreSQL killed -9 in
+# turn every 20 s, an operator at the CLI and the API, until all settle (bench/soak.py;
+# SOAK_ARGS="--jobs 1000" for a short one, "--mode drafts" or "--mode graph"; see
+# docs/performance.md "The chaos soak").
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py $(SOAK_ARGS)
 

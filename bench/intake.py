@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+# tests/pg_cluster.py: a private PostgreSQL when none answers (`postgres_server`).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate
@@ -102,6 +104,28 @@ def pg_reachable() -> str | None:
     except Exception as exc:
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return None
+
+
+@contextmanager
+def postgres_server(no_postgres: bool = False) -> Iterator[str | None]:
+    """A PostgreSQL URL: SENDLEDGER_TEST_PG_URL's when it answers, else a private cluster
+    for this run (tests/pg_cluster.py); None (with the reason printed) when neither can be
+    had. bench/smtp_senders.py and bench/soak.py use it."""
+    if no_postgres:
+        yield None
+        return
+    if pg_reachable() is None:
+        yield PG_URL
+        return
+    from tests.pg_cluster import PrivateCluster, unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        print(f"postgresql: skipped ({reason})")
+        yield None
+        return
+    with PrivateCluster(prefix="sendledger-bench-pg-") as cluster:
+        yield cluster.url
 
 
 def available_backends(*, no_postgres: bool) -> list[tuple[str, Callable[[], Any]]]:

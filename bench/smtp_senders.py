@@ -50,16 +50,13 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# tests/pg_cluster.py: a private PostgreSQL when none answers.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from smtp_sink import Sink, sink_process
 
@@ -381,29 +378,6 @@ def in_process(target: str, *args: Any) -> dict[str, Any]:
 # -- stores ------------------------------------------------------------------------------
 
 
-@contextmanager
-def postgres_server(no_postgres: bool) -> Iterator[str | None]:
-    """A PostgreSQL URL: SENDLEDGER_TEST_PG_URL's when it answers, else a private cluster
-    for this run; None (with the reason printed) when neither can be had."""
-    if no_postgres:
-        yield None
-        return
-    from intake import PG_URL, pg_reachable
-
-    if pg_reachable() is None:
-        yield PG_URL
-        return
-    from tests.pg_cluster import PrivateCluster, unavailable
-
-    reason = unavailable()
-    if reason is not None:
-        print(f"postgresql: skipped ({reason})")
-        yield None
-        return
-    with PrivateCluster(prefix="sendledger-bench-pg-") as cluster:
-        yield cluster.url
-
-
 def store(kind: str, pg_url: str | None) -> contextlib.AbstractContextManager[str]:
     """A fresh store URL: a SQLite file, or a schema on the PostgreSQL server."""
     from intake import pg_store, sqlite_store
@@ -472,6 +446,8 @@ def print_breakdown(run: Run) -> None:
 def throughput(args: argparse.Namespace) -> int:
     senders = args.only.split(",")
     plan = [(s, "sqlite") for s in senders if not s.startswith("sendledger")]
+    from intake import postgres_server
+
     with postgres_server(args.no_postgres or "sendledger" not in senders) as pg_url:
         daemons = ["sendledger"] + (
             ["sendledger-per-message"] if args.connection_per_message else []

@@ -6,7 +6,12 @@ import dataclasses
 from pathlib import Path
 
 from daemon.config.secret_files import encryption_keys
-from daemon.config.settings import Settings, load_settings
+from daemon.config.settings import (
+    GmailProviderSettings,
+    GraphProviderSettings,
+    Settings,
+    load_settings,
+)
 from daemon.exit_codes import CliError, bad_input
 from ledger.application import Ledger
 from ledger.mime import MessageLimits
@@ -41,6 +46,18 @@ def thread_providers(settings: Settings) -> frozenset[str]:
     """The providers a job's `thread_id` can go to: the gmail ones."""
     return frozenset(
         name for name, provider in settings.providers.items() if provider.kind == "gmail"
+    )
+
+
+def draft_providers(settings: Settings) -> frozenset[str]:
+    """The providers that may leave unsent drafts of a job (docs/architecture.md "Drafts
+    never outlive their job"): Graph (each send creates its draft) and Gmail with
+    `send_via = "drafts"`."""
+    return frozenset(
+        name
+        for name, provider in settings.providers.items()
+        if isinstance(provider, GraphProviderSettings)
+        or (isinstance(provider, GmailProviderSettings) and provider.send_via == "drafts")
     )
 
 

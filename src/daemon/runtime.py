@@ -168,6 +168,7 @@ class Daemon:
         # the name is held or a claim recovered.
         api = self._bind_api()
         self._identity = start_up(self.service)
+        self.engine.start_lease_renewer()
         self._webhooks = start_webhooks(
             hooks,
             self.service.ledger,
@@ -438,6 +439,7 @@ def run_once(service: Service) -> TickReport:
     try:
         hooks = hooks_from(service.settings)
         identity = start_up(service)
+        service.engine.start_lease_renewer()
         report = service.engine.tick()
         deliver_once(
             hooks,

@@ -47,6 +47,12 @@ _SEARCH_DECISIONS = (
     decide.StopVerifying,
 )
 
+#: Why unsent drafts of a job were deleted (DraftsDeleted.why).
+DRAFTS_TIDY = "tidy"  # the job is settled: no draft of it may be sent any more
+DRAFTS_FENCE = "fence"  # before counting a lapsed claim's copies: its draft is never sent late
+DRAFTS_CLAIM_LOST = "claim lost"  # the draft step's draft, whose claim another writer beat
+DRAFT_DELETIONS = (DRAFTS_TIDY, DRAFTS_FENCE, DRAFTS_CLAIM_LOST)
+
 JOB_NAMESPACE = uuid.UUID("6b0f6a52-3a8e-5d55-9b7e-5e4d1e0a7c11")
 
 
@@ -103,6 +109,16 @@ class SendJob(Aggregate):
     # Since when its provider has been unavailable to it (the first of the unavailable
     # rejections in a row), for the channel's `give_up_after`; None otherwise.
     unavailable_since: datetime | None
+    last_attempt_at: datetime | None  # the latest claim's time (a resend's index rule)
+    # A confirmed job whose copies are to be counted again then (after a resend).
+    verify_at: datetime | None
+    # A settled job whose provider may have left unsent drafts of it: they are deleted
+    # then (docs/architecture.md "Drafts never outlive their job").
+    tidy_at: datetime | None
+    # The version of the latest Checked event and the copies it found: a check that
+    # finds the same on a settled job adds nothing to its history.
+    checked_version: int
+    checked_copies: tuple[str, ...]
 
     def __init__(self) -> None:
         # State is set by the Requested event's apply(), so replay and creation agree.
@@ -191,6 +207,11 @@ class SendJob(Aggregate):
             job.draft_id = None
             job.draft_message_id = None
             job.unavailable_since = None
+            job.last_attempt_at = None
+            job.verify_at = None
+            job.tidy_at = None
+            job.checked_version = 0
+            job.checked_copies = ()
 
     class Attempted(Event):
         TOPIC = "sendledger:SendJob.Attempted"
@@ -213,7 +234,21 @@ class SendJob(Aggregate):
             job.due_at = self.deadline
             job.last_provider = self.provider
             job.claimed_by = self.daemon
+            job.last_attempt_at = self.timestamp
             job.reason = None
+
+    class LeaseRenewed(Event):
+        """The claim's call is still in flight in the daemon that made it, which pushes
+        the claim's deadline on: recovery waits for the new one (docs/architecture.md
+        "Leases"). Written only while the call runs longer than a third of its lease."""
+
+        TOPIC = "sendledger:SendJob.LeaseRenewed"
+        attempt: int
+        deadline: datetime
+        daemon: str
+
+        def apply(self, job: Any) -> None:
+            job.due_at = self.deadline
 
     class DraftCreated(Event):
         """The provider stored the job's message as a draft (nothing sent): written before
@@ -345,6 +380,7 @@ class SendJob(Aggregate):
         policy: str
         fingerprint: str
         verify_at: datetime | None = None  # count the copies again then (after a resend)
+        tidy_at: datetime | None = None  # delete the job's unsent drafts then
 
         def apply(self, job: Any) -> None:
             job.state = JobState.CONFIRMED
@@ -352,9 +388,11 @@ class SendJob(Aggregate):
             if self.via != ConfirmedVia.OPERATOR:  # "resolved: sent" stays visible
                 job.reason = None
             job.provider_message_ids = list(self.provider_message_ids)
-            job.due_at = self.verify_at
+            job.verify_at = self.verify_at
             job.verifying = self.verify_at is not None
             job.verifications = 0
+            job.tidy_at = self.tidy_at
+            job.due_at = _earliest(job.verify_at, job.tidy_at)
 
     class Verified(Event):
         """A confirmed job's copies counted once more: one (done), or none yet."""
@@ -368,8 +406,9 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.verifications = self.search
-            job.due_at = self.next_verify_at
+            job.verify_at = self.next_verify_at
             job.verifying = self.next_verify_at is not None
+            job.due_at = _earliest(job.verify_at, job.tidy_at)
 
     class Duplicate(Event):
         TOPIC = "sendledger:SendJob.Duplicate"
@@ -382,6 +421,7 @@ class SendJob(Aggregate):
             job.duplicate = True
             job.provider_message_ids = list(self.provider_message_ids)
             job.due_at = None
+            job.verify_at = None
             job.verifying = False
 
     class Escalated(Event):
@@ -396,12 +436,16 @@ class SendJob(Aggregate):
             job.unavailable_since = None
             job.reason = self.reason
             job.due_at = None
+            # In review a human may still resend the recorded draft: its drafts are
+            # tidied when the human's decision settles it.
+            job.tidy_at = None
 
     class Resolved(Event):
         TOPIC = "sendledger:SendJob.Resolved"
         decision: str
         note: str
         by: str
+        tidy_at: datetime | None = None  # abandon: delete the job's unsent drafts then
 
         def apply(self, job: Any) -> None:
             job.reason = f"resolved: {self.decision}"
@@ -415,7 +459,8 @@ class SendJob(Aggregate):
                 job.misses = 0
             elif self.decision == Resolution.ABANDON:
                 job.state = JobState.ABANDONED
-                job.due_at = None
+                job.tidy_at = self.tidy_at
+                job.due_at = self.tidy_at
             # "sent": the Confirmed event recorded with it moves the job on.
 
     class Checked(Event):
@@ -430,7 +475,28 @@ class SendJob(Aggregate):
         provider_message_ids: list[str]
 
         def apply(self, job: Any) -> None:
-            pass
+            job.checked_version = self.originator_version
+            job.checked_copies = tuple(self.provider_message_ids)
+
+    class DraftsDeleted(Event):
+        """Unsent drafts of the job deleted at the provider, so nobody can send them
+        later: once the job is settled (`tidy`), before a lapsed claim's copies are
+        counted (`fence`), or the draft a claim that lost its race had made (`claim
+        lost`). Empty when a tidy found none (docs/architecture.md "Drafts never outlive
+        their job")."""
+
+        TOPIC = "sendledger:SendJob.DraftsDeleted"
+        draft_ids: list[str]
+        why: str
+
+        def apply(self, job: Any) -> None:
+            if self.why == DRAFTS_TIDY:
+                job.tidy_at = None
+                job.due_at = _earliest(job.verify_at, None)
+            if job.draft_id in self.draft_ids:
+                # Deleted: a later attempt makes a new one (prepare_draft).
+                job.draft_id = None
+                job.draft_message_id = None
 
     class Cancelled(Event):
         """Withdrawn before any provider call: the job is never sent."""
@@ -438,11 +504,13 @@ class SendJob(Aggregate):
         TOPIC = "sendledger:SendJob.Cancelled"
         by: str
         note: str
+        tidy_at: datetime | None = None  # delete the job's unsent drafts then
 
         def apply(self, job: Any) -> None:
             job.state = JobState.CANCELLED
             job.reason = "cancelled"
-            job.due_at = None
+            job.tidy_at = self.tidy_at
+            job.due_at = self.tidy_at
 
     class Purged(Event):
         """The job's content was made unreadable in the store (``ledger/redaction.py``):
@@ -500,6 +568,40 @@ class SendJob(Aggregate):
         )
         return number
 
+    def renew_lease(self, *, deadline: datetime, at: datetime, daemon: str) -> None:
+        """The claim's call is still running in `daemon`, the daemon that claimed: its
+        deadline moves on to `deadline` (never back). Refused for anyone else's claim, so
+        a daemon that lost its claim to recovery cannot take it back."""
+        self._require("LeaseRenewed", JobState.ATTEMPTED)
+        if daemon != self.claimed_by:
+            raise self._refuse("LeaseRenewed", f"the claim is {self.claimed_by or 'unnamed'}'s")
+        if deadline <= at or (self.due_at is not None and deadline <= self.due_at):
+            raise self._refuse("LeaseRenewed", "a renewed deadline must be later")
+        self.trigger_event(
+            self.LeaseRenewed, timestamp=at, attempt=self.attempts, deadline=deadline, daemon=daemon
+        )
+
+    def record_drafts_deleted(self, *, draft_ids: Sequence[str], why: str, at: datetime) -> None:
+        """Unsent drafts of the job deleted at the provider (`why`: DRAFTS_TIDY once the
+        job is settled, DRAFTS_FENCE before a lapsed claim's copies are counted,
+        DRAFTS_CLAIM_LOST for the draft a claim that lost its race had made). Never while
+        a call is in flight: its draft is the claim's to send."""
+        if why not in DRAFT_DELETIONS:
+            raise ValueError(f"unknown reason for deleting drafts: {why!r}")
+        if why == DRAFTS_TIDY:
+            self._require("DraftsDeleted", *FINAL_STATES)
+            if self.tidy_at is None:
+                raise self._refuse("DraftsDeleted", "no tidy is due")
+            if at < self.tidy_at:
+                due = self.tidy_at.isoformat()
+                raise self._refuse("DraftsDeleted", f"tidy not due before {due}")
+        else:
+            states = [state for state in JobState if state is not JobState.ATTEMPTED]
+            self._require("DraftsDeleted", *states)
+        if why != DRAFTS_TIDY and not draft_ids:
+            raise self._refuse("DraftsDeleted", "nothing was deleted")
+        self.trigger_event(self.DraftsDeleted, timestamp=at, draft_ids=list(draft_ids), why=why)
+
     def record_draft(self, *, draft_id: str, provider_message_id: str, at: datetime) -> None:
         """The job's message stored as a draft at the provider, before the claim."""
         self._require("DraftCreated", JobState.REQUESTED)
@@ -513,7 +615,12 @@ class SendJob(Aggregate):
         )
 
     def record_draft_sent(
-        self, *, provider_message_id: str, decision: decide.Confirm, at: datetime
+        self,
+        *,
+        provider_message_id: str,
+        decision: decide.Confirm,
+        at: datetime,
+        tidy_at: datetime | None = None,
     ) -> None:
         """The job's draft is consumed and its message is SENT: one copy, whatever became of
         the attempt's answer and whether the provider kept our Message-ID."""
@@ -523,7 +630,7 @@ class SendJob(Aggregate):
             raise self._refuse("Confirmed", "no draft is recorded")
         if provider_message_id != self.draft_message_id:
             raise self._refuse("Confirmed", "the sent copy is not the draft's message")
-        self._confirm(ConfirmedVia.DRAFT, [provider_message_id], decision, at)
+        self._confirm(ConfirmedVia.DRAFT, [provider_message_id], decision, at, tidy_at)
 
     def record_draft_pending(self, *, decision: decide.AfterDraftPending, at: datetime) -> None:
         """The job's draft still exists after an attempt (its outcome unknown, or a crash):
@@ -566,14 +673,21 @@ class SendJob(Aggregate):
             self._escalate(decision, f"draft {draft_id} gone and no sent copy has its id", at)
 
     def record_response(
-        self, *, provider_message_id: str, decision: decide.Confirm, at: datetime
+        self,
+        *,
+        provider_message_id: str,
+        decision: decide.Confirm,
+        at: datetime,
+        tidy_at: datetime | None = None,
     ) -> None:
-        """The provider answered 2xx with its id for the message: one copy exists."""
+        """The provider answered 2xx with its id for the message: one copy exists.
+        `tidy_at` (on every command that settles a job): when its unsent drafts are to be
+        deleted, for a provider that may leave some (`decisions.tidy_at`)."""
         self._require("Confirmed", JobState.ATTEMPTED)
         self._require_decision("Confirmed", decision, decide.Confirm)
         if not provider_message_id:
             raise self._refuse("Confirmed", "a response without the provider's id proves nothing")
-        self._confirm(ConfirmedVia.RESPONSE, [provider_message_id], decision, at)
+        self._confirm(ConfirmedVia.RESPONSE, [provider_message_id], decision, at, tidy_at)
 
     def record_unknown(self, *, reason: str, decision: decide.AfterUnknown, at: datetime) -> None:
         """The call's outcome cannot be known (timeout, reset, 5xx, crash): Unknown, then a
@@ -637,6 +751,7 @@ class SendJob(Aggregate):
         copies: Sequence[str],
         decision: decide.AfterSearch | decide.AfterVerification,
         at: datetime,
+        tidy_at: datetime | None = None,
     ) -> None:
         """What one search of the sender's mailbox found, by provider message id.
 
@@ -647,7 +762,7 @@ class SendJob(Aggregate):
         action = type(decision).__name__
         self._require_decision(action, decision, *_SEARCH_DECISIONS)
         if self.state is JobState.CONFIRMED and self.verifying:
-            self._require_due(at, action, "search not due")
+            self._require_verification_due(at, action, "search not due")
             self._record_count(list(copies), decision, at)
             return
         self._require(action, JobState.UNKNOWN)
@@ -656,7 +771,7 @@ class SendJob(Aggregate):
         self._require_due(at, action, "search not due")
         self._require_copies(action, decision, len(copies))
         if isinstance(decision, decide.Confirm):
-            self._confirm(ConfirmedVia.SEARCH, list(copies), decision, at)
+            self._confirm(ConfirmedVia.SEARCH, list(copies), decision, at, tidy_at)
         elif isinstance(decision, decide.Duplicate):
             self._record_duplicate(list(copies), decision, "", at)
         elif isinstance(decision, decide.SearchAgainAt):
@@ -676,7 +791,7 @@ class SendJob(Aggregate):
         self._require_decision("Verified", decision, decide.StopVerifying)
         if not self.verifying:
             raise self._refuse("Verified", "no verification is pending")
-        self._require_due(at, "Verified", "verification not due")
+        self._require_verification_due(at, "Verified", "verification not due")
         self._verified(0, None, decision.policy, at)
 
     def escalate(self, decision: decide.Review, *, detail: str, at: datetime) -> None:
@@ -694,6 +809,7 @@ class SendJob(Aggregate):
         by: str,
         at: datetime,
         found: Sequence[str] | None = None,
+        tidy_at: datetime | None = None,
     ) -> None:
         """A human's decision on a job in review. A `by` or `note` that `ledger.keys`
         refuses is JobInputError (docs/cli.md "Keys"), before anything else. `found`: the
@@ -711,13 +827,22 @@ class SendJob(Aggregate):
             )
         if resolution is Resolution.RESEND and found:
             raise self._refuse("Resolved", f"{copies_found(len(found))}: resolve as sent")
-        self.trigger_event(self.Resolved, timestamp=at, decision=resolution, note=note, by=by)
+        abandoned = resolution is Resolution.ABANDON
+        self.trigger_event(
+            self.Resolved,
+            timestamp=at,
+            decision=resolution,
+            note=note,
+            by=by,
+            tidy_at=tidy_at if abandoned else None,
+        )
         if resolution is Resolution.SENT:
             self._confirm(
                 ConfirmedVia.OPERATOR,
                 list(found) if found else list(self.provider_message_ids),
                 decide.Confirm(PolicyRef.operator(by)),
                 at,
+                tidy_at,
             )
 
     def record_check(
@@ -738,7 +863,7 @@ class SendJob(Aggregate):
             provider_message_ids=list(copies),
         )
 
-    def cancel(self, *, by: str, note: str, at: datetime) -> None:
+    def cancel(self, *, by: str, note: str, at: datetime, tidy_at: datetime | None = None) -> None:
         """Withdraw a job no provider was ever called for (requested, never attempted,
         with or without `send_at`). A `by` or `note` that `ledger.keys` refuses is
         JobInputError."""
@@ -748,7 +873,7 @@ class SendJob(Aggregate):
         self._require("Cancelled", JobState.REQUESTED)
         if self.attempts:
             raise self._refuse("Cancelled", f"{self.attempts} attempts were made")
-        self.trigger_event(self.Cancelled, timestamp=at, by=by, note=note)
+        self.trigger_event(self.Cancelled, timestamp=at, by=by, note=note, tidy_at=tidy_at)
 
     def purge(self, *, by: str, rule: str, at: datetime) -> None:
         """Retention: forget the content of a job that is settled for good (confirmed or
@@ -758,7 +883,8 @@ class SendJob(Aggregate):
         check_name(by)
         self._require("Purged", *FINAL_STATES)
         if self.due_at is not None:
-            raise self._refuse("Purged", "a verification is still due")
+            what = "a verification" if self.verifying else "the deletion of its drafts"
+            raise self._refuse("Purged", f"{what} is still due")
         self.trigger_event(self.Purged, timestamp=at, by=by, rule=rule)
 
     @property
@@ -778,6 +904,7 @@ class SendJob(Aggregate):
         provider_message_ids: list[str],
         decision: decide.Confirm,
         at: datetime,
+        tidy_at: datetime | None = None,
     ) -> None:
         if via is not ConfirmedVia.OPERATOR and len(provider_message_ids) != 1:
             raise self._refuse("Confirmed", "exactly one copy is required")
@@ -790,6 +917,7 @@ class SendJob(Aggregate):
             provider_message_ids=provider_message_ids,
             verify_at=decision.verify_at,
             **decision.policy.event_fields(),
+            tidy_at=tidy_at,
         )
 
     def _record_miss(
@@ -898,6 +1026,11 @@ class SendJob(Aggregate):
         if self.due_at is not None and at < self.due_at:
             raise self._refuse(action, f"{what} before {self.due_at.isoformat()}")
 
+    def _require_verification_due(self, at: datetime, action: str, what: str) -> None:
+        # Not `due_at`: a tidy of the job's drafts may be due sooner than its count.
+        if self.verify_at is not None and at < self.verify_at:
+            raise self._refuse(action, f"{what} before {self.verify_at.isoformat()}")
+
     def _require_decision(self, action: str, decision: object, *allowed: type) -> None:
         """Refused before anything is recorded: a decision of another kind
         (TransitionError), or a review for a reason that does not exist (ValueError)."""
@@ -924,6 +1057,11 @@ class SendJob(Aggregate):
     @property
     def settled(self) -> bool:
         return self.state in SETTLED_STATES
+
+
+def _earliest(*moments: datetime | None) -> datetime | None:
+    """The soonest of the moments given, None when none is."""
+    return min((m for m in moments if m is not None), default=None)
 
 
 def check_name(by: str) -> None:

@@ -61,7 +61,9 @@ __all__ = [
     "before_attempt",
     "before_search",
     "cannot_build",
+    "give_up_time",
     "no_policy",
+    "tidy_at",
     "waited_too_long",
 ]
 
@@ -268,6 +270,14 @@ def waited_too_long(
     return Review(policy.ref, EscalationReason.PROVIDER_UNAVAILABLE)
 
 
+def give_up_time(policy: ChannelPolicy, *, waiting_since: datetime) -> datetime | None:
+    """When a job waiting since `waiting_since` will have waited too long
+    (`waited_too_long` says so right after it); None without ``give_up_after``."""
+    if policy.give_up_after is None:
+        return None
+    return _utc(waiting_since) + timedelta(seconds=policy.give_up_after)
+
+
 def after_unavailable(
     policy: ChannelPolicy,
     *,
@@ -313,3 +323,14 @@ def _verify_at(policy: ChannelPolicy, *, resent: bool, now: datetime) -> datetim
     if not resent:
         return None
     return now + timedelta(seconds=policy.verify_after)
+
+
+def tidy_at(policy: ChannelPolicy | None, *, leaves_drafts: bool, now: datetime) -> datetime | None:
+    """When a just-settled job's unsent drafts are deleted, or None: never for a provider
+    that leaves no drafts. Not at once: a draft whose create answer was lost shows in the
+    provider's lists only once its index has caught up, which ``search_after`` waits out
+    as it does for a search (docs/architecture.md "Drafts never outlive their job")."""
+    if not leaves_drafts:
+        return None
+    lag = policy.search_after if policy is not None else 0.0
+    return _utc(now) + timedelta(seconds=lag)

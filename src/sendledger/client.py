@@ -286,12 +286,16 @@ class Client:
             if not cursor:
                 return
 
-    def cancel(self, key: str, note: str = "") -> dict[str, Any]:
-        """Withdraw a job not yet attempted: its status (`cancelled`)."""
+    def cancel(
+        self, key: str, note: str = "", *, expected_version: int | None = None
+    ) -> dict[str, Any]:
+        """Withdraw a job not yet attempted: its status (`cancelled`). `expected_version`:
+        the job's `version` you decided on; refused (Conflict) if it changed since."""
+        body: dict[str, Any] = {"note": note}
+        if expected_version is not None:
+            body["expected_version"] = expected_version
         try:
-            answer: dict[str, Any] = self._call(
-                "POST", _job_path(key) + "/cancel", body={"note": note}
-            )
+            answer: dict[str, Any] = self._call("POST", _job_path(key) + "/cancel", body=body)
         except _RepeatRefused:
             # A try whose answer was lost cancelled it; the repeat was refused for that.
             status = self.status(key)
@@ -314,13 +318,17 @@ class Client:
         answer: dict[str, Any] = self._call("POST", _review_path(key) + "/check")
         return answer
 
-    def resolve(self, key: str, decision: str, note: str = "") -> dict[str, Any]:
-        """A human's decision on a job in review: "sent", "resend" or "abandon"."""
+    def resolve(
+        self, key: str, decision: str, note: str = "", *, expected_version: int | None = None
+    ) -> dict[str, Any]:
+        """A human's decision on a job in review: "sent", "resend" or "abandon".
+        `expected_version`: the job's `version` you decided on; refused (Conflict) if it
+        changed since (another person's decision, an attempt)."""
+        body: dict[str, Any] = {"as": decision, "note": note}
+        if expected_version is not None:
+            body["expected_version"] = expected_version
         answer: dict[str, Any] = self._call(
-            "POST",
-            _review_path(key) + "/resolve",
-            body={"as": decision, "note": note},
-            retry=_NOTHING_DONE,
+            "POST", _review_path(key) + "/resolve", body=body, retry=_NOTHING_DONE
         )
         return answer
 

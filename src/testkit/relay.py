@@ -3,9 +3,10 @@
 It sits between a client and the Gmail API (the emulator or Google itself, over http or
 https) and, per request kind, either passes the exchange through or breaks it at a chosen
 point: before the upstream sees the request, or after the upstream has processed it but
-before the client hears back. The relay forwards each client request at most once and
-never re-sends on its own, so the upstream's acceptance log counts exactly what the client
-stack sent.
+before the client hears back; or it forwards it late (`slow`: a provider that answers
+slowly but answers, within the client's timeout). The relay forwards each client request
+at most once and never re-sends on its own, so the upstream's acceptance log counts
+exactly what the client stack sent.
 
 Closing without a response (fail-before-forward, drop-response, and the end of a hang) is a
 plain close (FIN) by default, so the client reads end-of-stream: http.client raises
@@ -50,12 +51,15 @@ Mode = Literal[
     "503",
     "429",
     "403-rate-limit",
+    "slow",
 ]
 MODES: tuple[Mode, ...] = get_args(Mode)
 Kind = Literal["send", "search", "token", "other"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
-_FORWARDING: frozenset[Mode] = frozenset({"pass", "drop-response", "hang", "500-after-forward"})
+_FORWARDING: frozenset[Mode] = frozenset(
+    {"pass", "drop-response", "hang", "500-after-forward", "slow"}
+)
 # Gmail's messages.send and drafts.send; Graph's send of a draft and sendMail.
 _SEND = re.compile(r"/users/[^/]+/(?:messages/send|drafts/send|messages/[^/]+/send|sendMail)/?$")
 # Gmail's messages.list/get; Graph's message list (in a folder or not) and get.
@@ -99,6 +103,26 @@ class _Chooser:
 
     def choose(self) -> Mode:
         return self._random.choices(self._modes, self._weights)[0]
+
+
+class Delays:
+    """How long each `slow` request waits before it is forwarded: `seconds`, plus up to
+    `jitter` more, drawn from a generator seeded with `seed` (so a failing run draws the
+    same delays again, in the order its requests came)."""
+
+    def __init__(self, seconds: float = 1.0, jitter: float = 0.0, seed: int = 0) -> None:
+        if seconds < 0 or jitter < 0:
+            raise ValueError(f"delays are 0 or more seconds, got {seconds!r} + {jitter!r}")
+        self.seconds = float(seconds)
+        self.jitter = float(jitter)
+        self._random = random.Random(f"{seed}:slow")
+        self._lock = threading.Lock()
+
+    def next(self) -> float:
+        if not self.jitter:
+            return self.seconds
+        with self._lock:
+            return self.seconds + self._random.uniform(0.0, self.jitter)
 
 
 class FaultPlan:
@@ -165,6 +189,9 @@ class FaultRelay(LoopbackService):
         port: int = 0,
         plan: FaultPlan | None = None,
         hang_seconds: float = 30.0,
+        slow_seconds: float = 1.0,
+        slow_jitter: float = 0.0,
+        seed: int = 0,
         retry_after: float | None = 1.0,
         reset: bool = False,
         upstream_timeout: float = 120.0,
@@ -183,6 +210,7 @@ class FaultRelay(LoopbackService):
         super().__init__(host, port, tls)
         self._plan = plan or FaultPlan()
         self.hang_seconds = hang_seconds
+        self.slow = Delays(slow_seconds, slow_jitter, seed)
         self.retry_after = retry_after
         self.reset = reset
         self.upstream_timeout = upstream_timeout
@@ -265,6 +293,11 @@ class FaultRelay(LoopbackService):
             return
 
         assert mode in _FORWARDING
+        if mode == "slow":
+            entry["delay"] = delay = self.slow.next()
+            if self._stopping.wait(delay):
+                self._close(handler)  # stopped meanwhile: never forwarded
+                return
         try:
             status, reason, headers, data = self._forward(handler, body, entry)
         except (OSError, http.client.HTTPException) as exc:
@@ -282,7 +315,7 @@ class FaultRelay(LoopbackService):
             return
         entry["upstream_status"] = status
 
-        if mode == "pass":
+        if mode in ("pass", "slow"):
             handler.send_body(status, data, headers, reason=reason)
         elif mode == "drop-response":
             self._close(handler)

@@ -23,11 +23,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import unquote
 
+import httpx
 import pytest
 
 from daemon.service_layer.read_models import event_record
@@ -42,6 +44,7 @@ SENDLEDGER = str(VENV_BIN / "sendledger")
 MAILBOX = "shop@shop.example"
 SETTLED = frozenset({"confirmed", "review", "abandoned"})
 WAIT = 30.0
+FORK_SERVER = Path(__file__).with_name("fork_server.py")
 
 # Environment that would change how the daemon behaves if inherited from the test runner.
 _SCRUB_PREFIXES = ("SENDLEDGER_",)
@@ -83,11 +86,29 @@ class RefusingGmailEmulator(GmailEmulator):
         return super()._deliver(user, raw, metadata, via=via)
 
 
+#: The token file's one line (every right) and the header that uses it.
+API_TOKEN = "e2e-token-0123456789abcdef"
+API_AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+
+
+def api_section(folder: Path, port: int | None) -> str:
+    """A config's `[api]` section on loopback `port` (none without one), with the token
+    file it names written into `folder` (the name `e2e`: who acted, in histories)."""
+    tokens = folder / "api-tokens"
+    tokens.write_text(f"e2e:{API_TOKEN}\n", encoding="utf-8")
+    tokens.chmod(0o600)
+    if port is None:
+        return ""
+    return f'\n[api]\nlisten = "127.0.0.1:{port}"\ntoken_file = "api-tokens"\n'
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     return json.dumps(str(value), ensure_ascii=False)
 
 
@@ -180,8 +201,12 @@ class Rig:
         emulator: GmailEmulator | None = None,
         policies: Mapping[str, Mapping[str, Any]] | None = None,
         daemon_extra: str = "",
+        provider_extra: str = "",
+        relay_options: Mapping[str, Any] | None = None,
         api_port: int | None = None,
     ) -> None:
+        """`daemon_extra` and `provider_extra`: TOML lines added to `[daemon]` and to
+        `[providers.gmail]`; `relay_options`: more keywords for the `FaultRelay`."""
         self.dir = folder
         self.dir.mkdir(parents=True, exist_ok=True)
         self.acceptance_log = folder / "acceptance.jsonl"
@@ -192,6 +217,7 @@ class Rig:
             plan=plan or FaultPlan(),
             hang_seconds=hang_seconds,
             retry_after=retry_after,
+            **(relay_options or {}),
         ).start()
         self.daemons: list[DaemonProcess] = []
         self._ledger: Ledger | None = None
@@ -206,7 +232,8 @@ class Rig:
             f'tick = "{tick}"\n'
             'policies_dir = "policies"\n'
             f"concurrency = {concurrency}\n"
-            f'deadline_grace = "{deadline_grace}"\n\n'
+            f'deadline_grace = "{deadline_grace}"\n'
+            f"{daemon_extra}\n"
             "[providers.gmail]\n"
             'kind = "gmail"\n'
             'credentials_file = "service-account.json"\n'
@@ -215,17 +242,10 @@ class Rig:
             f'token_uri = "{self.emulator.token_uri}"\n'
             f'timeout = "{timeout}"\n'
             f"quota_units_per_second = {quota}\n"
-            + (
-                ""
-                if api_port is None
-                else f'\n[api]\nlisten = "127.0.0.1:{api_port}"\ntoken_file = "api-tokens"\n'
-            ),
+            f"{provider_extra}" + api_section(folder, api_port),
             encoding="utf-8",
         )
         self.api_url = None if api_port is None else f"http://127.0.0.1:{api_port}"
-        tokens = folder / "api-tokens"
-        tokens.write_text("e2e:e2e-token-0123456789abcdef\n", encoding="utf-8")
-        tokens.chmod(0o600)
         for channel, fields in (policies or {"receipts": RETRY_POLICY}).items():
             self.write_policy(channel, fields)
 
@@ -323,6 +343,14 @@ class Rig:
         out = self.cli("submit", "--json", "-", stdin=json.dumps(list(jobs)), env=env).stdout
         result = json.loads(out)
         return result if isinstance(result, list) else [result]
+
+    def submit_api(self, jobs: Sequence[Mapping[str, Any]]) -> None:
+        """The jobs through the running daemon's API (`POST /v1/jobs`, a list, all or
+        nothing): no interpreter to start, so the jobs are stored when a test says."""
+        answer = httpx.post(
+            f"{self.wait_api()}/v1/jobs", json=list(jobs), headers=API_AUTH, timeout=60
+        )
+        assert answer.status_code == 201, answer.text
 
     # -- the daemon -------------------------------------------------------------------
 
@@ -438,6 +466,13 @@ class Rig:
                 )
             time.sleep(interval)
 
+    def wait_api(self) -> str:
+        """The daemon's API URL, once /healthz answers (200, or 503 while it starts)."""
+        url = self.api_url
+        assert url is not None, "a Rig made without api_port has no API"
+        self.wait_for(lambda: _answers(url), "the API to answer", timeout=WAIT)
+        return url
+
     def wait_state(self, key: str, *states: str, timeout: float = WAIT) -> float:
         return self.wait_for(
             lambda: self.state(key) in states, f"{key} in {'/'.join(states)}", timeout=timeout
@@ -450,6 +485,13 @@ class Rig:
             f"{len(wanted)} jobs to settle",
             timeout=timeout,
         )
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code in (200, 503)
+    except httpx.HTTPError:
+        return False
 
 
 class NotifyListener:
@@ -491,6 +533,66 @@ class NotifyListener:
         self._sock.close()
 
 
+class ForkServer:
+    """`fork_server.py` as a child process: starts `sendledger` commands (a daemon, a
+    CLI command) as forked processes, each a second of imports cheaper than a console
+    script's start, and reports their exits."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(FORK_SERVER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        self._lock = threading.Lock()
+        self._started: dict[int, Future[int]] = {}
+        self._exited: dict[int, Future[tuple[int, float]]] = {}
+        self._next = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _exit_future(self, pid: int) -> Future[tuple[int, float]]:
+        with self._lock:
+            return self._exited.setdefault(pid, Future())
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            if "id" in message:
+                with self._lock:
+                    self._started[message["id"]].set_result(message["pid"])
+            else:
+                self._exit_future(message["pid"]).set_result((message["code"], message["at"]))
+
+    def start(self, argv: list[str], cwd: Path, log: Path) -> int:
+        with self._lock:
+            ident, self._next = self._next, self._next + 1
+            started: Future[int] = Future()
+            self._started[ident] = started
+            assert self.proc.stdin is not None
+            request = {"id": ident, "argv": argv, "cwd": str(cwd), "log": str(log)}
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        return started.result(timeout=30)
+
+    def exited(self, pid: int, timeout: float) -> tuple[int, float]:
+        """(exit code, when) of a child; TimeoutError while it still runs."""
+        return self._exit_future(pid).result(timeout=timeout)
+
+    def run(self, argv: list[str], cwd: Path, log: Path, timeout: float = 60.0) -> tuple[int, str]:
+        """A command to its end: its exit code and what it printed (stdout and stderr)."""
+        code, _at = self.exited(self.start(argv, cwd, log), timeout)
+        return code, log.read_text(encoding="utf-8", errors="replace")
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
 def job(
     key: str,
     *,
@@ -512,13 +614,16 @@ def events_of(history: Sequence[Mapping[str, Any]], kind: str) -> list[Mapping[s
 
 
 __all__ = [
+    "API_AUTH",
     "MAILBOX",
     "RETRY_POLICY",
     "SETTLED",
     "DaemonProcess",
+    "ForkServer",
     "NotifyListener",
     "RefusingGmailEmulator",
     "Rig",
+    "api_section",
     "events_of",
     "job",
     "policy_text",

@@ -1,4 +1,5 @@
-"""A process that imports sendledger once and forks a `sendledger run` per request.
+"""A process that imports sendledger once and forks a `sendledger` command per request
+(a `sendledger run`, or a CLI command such as `review resolve`).
 
 Starting an interpreter and importing the daemon's stack (eventsourcing, the Google client,
 APScheduler) costs about a second of CPU; a test that stops the daemon 150 times would

@@ -47,7 +47,8 @@ def test_sigterm_with_a_send_in_flight_records_its_outcome_then_exits_0(
         assert rc == 0, daemon.tail()
         assert took < STOP_LIMIT
         history = rig.history(key)
-        types = [r["type"] for r in history]
+        # A lease renewed while the call hung is bookkeeping, not an outcome.
+        types = [r["type"] for r in history if r["type"] != "LeaseRenewed"]
         assert types == ["Requested", "Attempted", "Unknown"], types
         unknown = events_of(history, "Unknown")[0]
         assert unknown["search_due_at"] is not None  # left for the next start to search

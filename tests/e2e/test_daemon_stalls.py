@@ -58,19 +58,6 @@ class HealthPoller:
         return self.ages
 
 
-def wait_api(rig: Rig) -> str:
-    assert rig.api_url is not None
-    rig.wait_for(lambda: _answers(rig.api_url or ""), "the API to answer", timeout=30)
-    return rig.api_url
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url + "/healthz", timeout=1).status_code in (200, 503)
-    except httpx.HTTPError:
-        return False
-
-
 def test_a_hung_send_holds_one_worker_and_nothing_else(tmp_path: Path) -> None:
     timeout = 8.0
     policy = {**RETRY_POLICY, "search_after": "4s", "search_interval": "1s"}
@@ -89,7 +76,7 @@ def test_a_hung_send_holds_one_worker_and_nothing_else(tmp_path: Path) -> None:
     with rig:
         rig.submit([job("lost")])
         daemon = rig.start_daemon()
-        url = wait_api(rig)
+        url = rig.wait_api()
         poller = HealthPoller(url)
         rig.wait_state("lost", "unknown")
         rig.submit([job("hung")])
@@ -143,7 +130,7 @@ def test_refused_connections_are_waited_out_and_every_job_sent_once(tmp_path: Pa
     )
     with rig:
         daemon = rig.start_daemon()
-        url = wait_api(rig)
+        url = rig.wait_api()
         port = urlsplit(rig.relay.url).port
         rig.relay.stop()  # connection refused from here on
         keys = [f"outage-{n}" for n in range(20)]

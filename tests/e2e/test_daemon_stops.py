@@ -14,18 +14,15 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.daemon_kit import MAILBOX, RETRY_POLICY, policy_text
+from tests.e2e.daemon_kit import MAILBOX, RETRY_POLICY, ForkServer, policy_text
 
 from daemon.config.settings import load_settings
 from ledger.application import Ledger
@@ -44,60 +41,6 @@ TIMEOUT, STOP_TIMEOUT = 1.0, 3.0
 #: machine with ten daemons stopping at once.
 MARGIN = 1.5
 KEY = "stop-1"
-SERVER = Path(__file__).with_name("fork_server.py")
-
-
-class ForkServer:
-    """`fork_server.py` as a child process; starts daemons and reports their exits."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SERVER)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            text=True,
-        )
-        self._lock = threading.Lock()
-        self._started: dict[int, Future[int]] = {}
-        self._exited: dict[int, Future[tuple[int, float]]] = {}
-        self._next = 0
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _exit_future(self, pid: int) -> Future[tuple[int, float]]:
-        with self._lock:
-            return self._exited.setdefault(pid, Future())
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            message = json.loads(line)
-            if "id" in message:
-                with self._lock:
-                    self._started[message["id"]].set_result(message["pid"])
-            else:
-                self._exit_future(message["pid"]).set_result((message["code"], message["at"]))
-
-    def start(self, argv: list[str], cwd: Path, log: Path) -> int:
-        with self._lock:
-            ident, self._next = self._next, self._next + 1
-            started: Future[int] = Future()
-            self._started[ident] = started
-            assert self.proc.stdin is not None
-            request = {"id": ident, "argv": argv, "cwd": str(cwd), "log": str(log)}
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-        return started.result(timeout=30)
-
-    def exited(self, pid: int, timeout: float) -> tuple[int, float]:
-        """(exit code, when) of a child; TimeoutError while it still runs."""
-        return self._exit_future(pid).result(timeout=timeout)
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.daemon_kit import RETRY_POLICY, SENDLEDGER, Rig, job
+from tests.e2e.daemon_kit import RETRY_POLICY, SENDLEDGER, Rig, api_section, job
 from tests.e2e.test_crash_matrix import MODES, POINTS, POLICY, matrix_row
 
 from testkit.graph_emulator import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
@@ -50,6 +50,9 @@ class GraphRig(Rig):
         deadline_grace: str = "60s",
         user: str = "{from}",
         policies: Mapping[str, Mapping[str, Any]] | None = None,
+        concurrency: int = 1,
+        relay_options: Mapping[str, Any] | None = None,
+        api_port: int | None = None,
     ) -> None:
         self.dir = folder
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -67,6 +70,7 @@ class GraphRig(Rig):
             upstream_ca=str(self.tls.ca_file),
             hang_seconds=hang_seconds,
             retry_after=0.3,
+            **(relay_options or {}),
         ).start()
         self.daemons = []
         self._ledger = None
@@ -82,9 +86,12 @@ class GraphRig(Rig):
                 user=user,
                 timeout=timeout,
                 deadline_grace=deadline_grace,
-            ),
+                concurrency=concurrency,
+            )
+            + api_section(folder, api_port),
             encoding="utf-8",
         )
+        self.api_url = None if api_port is None else f"http://127.0.0.1:{api_port}"
         for channel, fields in (policies or {"receipts": GRAPH_POLICY}).items():
             self.write_policy(channel, fields)
 
@@ -103,13 +110,15 @@ def graph_config(
     user: str,
     timeout: str = "2s",
     deadline_grace: str = "60s",
+    concurrency: int = 1,
     tenant_id: str = DEFAULT_TENANT,
     client_id: str = DEFAULT_CLIENT_ID,
     secret_file: str = "client-secret",
 ) -> str:
     return (
         '[store]\nurl = "sqlite:///ledger.sqlite"\n\n'
-        '[daemon]\ntick = "100ms"\npolicies_dir = "policies"\nconcurrency = 1\n'
+        '[daemon]\ntick = "100ms"\npolicies_dir = "policies"\n'
+        f"concurrency = {concurrency}\n"
         f'deadline_grace = "{deadline_grace}"\n\n'
         '[providers.graph]\nkind = "graph"\n'
         f'tenant_id = "{tenant_id}"\nclient_id = "{client_id}"\n'

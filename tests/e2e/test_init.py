@@ -203,12 +203,17 @@ def test_init_emulator_writes_a_config_that_runs_against_the_emulator_unchanged(
     assert "EDIT" not in (site / "sendledger.toml").read_text(encoding="utf-8")
     env = {**os.environ, "SENDLEDGER_API__LISTEN": f"127.0.0.1:{free_port()}"}
     env = {k: v for k, v in env.items() if k != "SENDLEDGER_CONFIG"}
-    emulator = subprocess.Popen(emulator_line, shell=True, stdout=subprocess.PIPE, text=True)
+    # `exec`: the shell becomes the command, so the signals below reach it (a shell left
+    # in between would die alone and leave the daemon running after the test).
+    emulator = subprocess.Popen(
+        "exec " + emulator_line, shell=True, stdout=subprocess.PIPE, text=True
+    )
     daemon = None
+    log = (tmp_path / "daemon.log").open("w")  # a pipe nobody reads fills and stalls it
     try:
         assert emulator.stdout is not None
         emulator.stdout.readline()  # it says where it listens once it does
-        daemon = subprocess.Popen(run_line, shell=True, env=env, stderr=subprocess.PIPE, text=True)
+        daemon = subprocess.Popen("exec " + run_line, shell=True, env=env, stderr=log, text=True)
         submitted = subprocess.run(submit_line, shell=True, capture_output=True, text=True, env=env)
         assert submitted.returncode == 0, submitted.stderr
         deadline = time.monotonic() + 60
@@ -216,12 +221,14 @@ def test_init_emulator_writes_a_config_that_runs_against_the_emulator_unchanged(
             shown = subprocess.run(status_line, shell=True, capture_output=True, text=True, env=env)
             if re.search(r"^state\s+confirmed$", shown.stdout, re.M):
                 break
-            assert time.monotonic() < deadline and daemon.poll() is None, shown.stdout
+            alive = daemon.poll() is None
+            assert time.monotonic() < deadline and alive, (tmp_path / "daemon.log").read_text()
             time.sleep(0.5)
     finally:
         for proc in (daemon, emulator):
             if proc is not None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=30)
+        log.close()
     accepted = (site / "accepted.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(accepted) == 1  # one copy, counted where it happened

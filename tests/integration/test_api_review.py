@@ -141,6 +141,36 @@ def test_cancel_then_409_naming_the_state(rig: Rig) -> None:
     assert cancelled[0]["by"] == "alice" and cancelled[0]["note"] == "customer asked"
 
 
+def test_a_decision_on_a_version_that_moved_is_409(rig: Rig) -> None:
+    """docs/review.md "Two people, one job": the version a person saw, through the API and
+    the page's form; nothing is decided on a job that moved since."""
+    rig.in_review("k1", copies=0)
+    seen = rig.get("/v1/jobs/k1").json()["version"]
+    assert rig.post("/v1/review/k1/check").status_code == 200  # another person looks
+    stale = rig.post("/v1/review/k1/resolve", {"as": "abandon", "expected_version": seen})
+    assert stale.status_code == 409, stale.text
+    assert (
+        f"after version {seen}" in stale.json()["error"] and "checked by" in stale.json()["error"]
+    )
+    page = rig.api.client.post(
+        "/ui/jobs/k1/resolve",
+        data={"as": "abandon", "version": str(seen)},
+        headers=rig.api.auth(),
+    )
+    assert page.status_code == 409 and "changed after version" in page.text
+    assert rig.get("/v1/jobs/k1").json()["state"] == "review"
+    now = rig.get("/v1/jobs/k1").json()["version"]
+    done = rig.post("/v1/review/k1/resolve", {"as": "abandon", "expected_version": now})
+    assert done.status_code == 200 and done.json()["state"] == "abandoned"
+    assert (
+        rig.post("/v1/review/k1/resolve", {"as": "sent", "expected_version": 0}).status_code == 422
+    )
+    rig.submit("later", send_at="2099-01-01T00:00:00Z")
+    v = rig.get("/v1/jobs/later").json()["version"]
+    assert rig.post("/v1/jobs/later/cancel", {"expected_version": v + 1}).status_code == 409
+    assert rig.post("/v1/jobs/later/cancel", {"expected_version": v}).status_code == 200
+
+
 def test_a_broken_policy_file_refuses_its_channel_only(rig: Rig) -> None:
     (rig.root / "policies" / "alerts.toml").write_text(
         'provider = "support"\nfrom = "Support <support@example.com>"\n'

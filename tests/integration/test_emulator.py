@@ -495,6 +495,7 @@ def cli_parser() -> argparse.ArgumentParser:
             "--send-mix",
         ),
         (["relay", "--upstream", "http://127.0.0.1:1", "--hang", "-1"], "--hang"),
+        (["relay", "--upstream", "http://127.0.0.1:1", "--slow", "2d"], "--slow"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(

@@ -513,7 +513,7 @@ def test_search_ignores_other_mailboxes(
         (FaultPlan(search="503"), True),
         (FaultPlan(search="500-after-forward"), False),
         (FaultPlan(search="drop-response"), False),
-        (FaultPlan(search="hang"), False),
+        (FaultPlan(search="hang"), True),  # a hang: unavailable, and timed out
         (FaultPlan(search=["pass", "503"]), True),  # the list answers, the header read fails
         (FaultPlan(search=["pass", "pass", "drop-response"]), False),  # page 2 of 3 is lost
     ],
@@ -526,16 +526,18 @@ def test_search_failure_is_an_error_never_no_hits(
     make_raw: RawFactory,
     plan: FaultPlan,
     unavailable: bool,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """No hits are ever made up; only a 503 says "unavailable" (it counts toward the
-    circuit, docs/operations.md "Outages and quotas"), an answer lost after the request
-    left does not."""
+    """No hits are ever made up; a 503 says "unavailable" (it counts toward the circuit,
+    docs/operations.md "Outages and quotas"), and so does a hang (timed out); an answer
+    lost after the request left does not."""
     for _ in range(4):
         emulator.inject(make_raw(MID), user=MAILBOX)
     relay.set_plan(plan)
     with pytest.raises(ProviderError) as caught:
         gmail_provider(page_size=3).search(MID)
     assert caught.value.unavailable is unavailable
+    assert caught.value.timed_out is (request.node.callspec.id == "hang")
 
 
 @pytest.mark.parametrize("mode", ["429", "403-rate-limit"])

@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -116,6 +117,26 @@ def test_hang_outlasts_the_client_timeout(emulator: GmailEmulator, mode: Mode, c
         assert emulator.copies(MESSAGE_ID) == copies
 
 
+def test_slow_forwards_late_and_returns_the_upstream_answer(emulator: GmailEmulator) -> None:
+    plan = FaultPlan(send="slow")
+    with make_relay(emulator, plan=plan, slow_seconds=0.4, slow_jitter=0.2, seed=3) as relay:
+        conn = connect(relay, timeout=2.0)
+        started = time.monotonic()
+        status, _, body = send(conn)
+        took = time.monotonic() - started
+        conn.close()
+
+    [entry] = relay.log
+    assert 0.4 <= entry["delay"] <= 0.6 and took >= entry["delay"]
+    assert status == 200 and body["labelIds"] == ["SENT"]  # the answer, as with pass
+    assert (entry["mode"], entry["forwarded"], entry["upstream_status"]) == ("slow", True, 200)
+    # The upstream acted only after the wait: the copy was accepted late, once.
+    [accepted] = emulator.accepted()
+    accepted_at = datetime.fromisoformat(accepted["at"]).timestamp()
+    assert accepted_at >= entry["at"] + entry["delay"] - 0.001  # the log keeps milliseconds
+    assert emulator.copies(MESSAGE_ID) == 1
+
+
 def test_500_after_forward(emulator: GmailEmulator) -> None:
     with make_relay(emulator, plan=FaultPlan(send="500-after-forward")) as relay:
         conn = connect(relay)
@@ -207,8 +228,10 @@ def test_set_plan_switches_modes(emulator: GmailEmulator) -> None:
         conn.close()
 
 
-def test_stop_releases_held_connections(emulator: GmailEmulator) -> None:
-    relay = make_relay(emulator, plan=FaultPlan(send="hang"), hang_seconds=30.0)
+@pytest.mark.parametrize(("mode", "copies"), [("hang", 1), ("slow", 0)])
+def test_stop_releases_held_connections(emulator: GmailEmulator, mode: Mode, copies: int) -> None:
+    """A held answer (hang: forwarded, 1 copy) and a slow wait (never forwarded, none)."""
+    relay = make_relay(emulator, plan=FaultPlan(send=mode), hang_seconds=30.0, slow_seconds=30.0)
     conn = connect(relay, timeout=5)
     errors: list[BaseException] = []
 
@@ -221,7 +244,7 @@ def test_stop_releases_held_connections(emulator: GmailEmulator) -> None:
     thread = threading.Thread(target=client)
     thread.start()
     deadline = time.monotonic() + 2
-    while emulator.copies(MESSAGE_ID) == 0 and time.monotonic() < deadline:
+    while (not relay.log or emulator.copies(MESSAGE_ID) < copies) and time.monotonic() < deadline:
         time.sleep(0.01)
     started = time.monotonic()
     relay.stop()
@@ -230,7 +253,8 @@ def test_stop_releases_held_connections(emulator: GmailEmulator) -> None:
     assert time.monotonic() - started < 2
     assert not thread.is_alive()
     assert len(errors) == 1
-    assert emulator.copies(MESSAGE_ID) == 1
+    assert emulator.copies(MESSAGE_ID) == copies
+    assert relay.log[0]["forwarded"] is bool(copies)
 
 
 def test_upstream_down_is_502_and_not_forwarded() -> None:

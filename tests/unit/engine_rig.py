@@ -97,9 +97,13 @@ class EngineRig:
     def holder(self) -> PolicyHolder:
         return self.service.policies
 
-    def new_service(self) -> Service:
+    def new_service(self, name: str = DAEMON) -> Service:
+        settings = self.settings
+        if name != DAEMON:
+            daemon = settings.daemon.model_copy(update={"name": name})
+            settings = settings.model_copy(update={"daemon": daemon})
         return bootstrap(
-            self.settings,
+            settings,
             ledger=self.ledger,
             policy_loader=lambda: self.policies,
             policies=self.policies,
@@ -108,9 +112,9 @@ class EngineRig:
             rng=random.Random(self.seed),
         )
 
-    def new_engine(self) -> Engine:
-        """Another daemon's engine on the same store and provider."""
-        return self.new_service().engine
+    def new_engine(self, name: str = DAEMON) -> Engine:
+        """Another daemon's engine on the same store and provider (named `name`)."""
+        return self.new_service(name).engine
 
     def restart(self) -> None:
         """The daemon dies and a new one starts on the same store (memory outlives it)."""

@@ -220,7 +220,17 @@ def test_dispatch_runs_its_steps_in_the_order_the_walk_gives() -> None:
         for name in calls_in("daemon.engine.dispatch", "Dispatch.dispatch")
         if not name.startswith("_") and name != "probe_returned"
     ]
-    assert made == ["claim", "save", "send", "outcome_to_events", "save_soon", "count_outcome"]
+    assert made == [
+        "claim",
+        "save_claim",
+        "holding",
+        "send",
+        "stop_renewing",
+        "outcome_to_events",
+        "save_soon",
+        "count_outcome",
+        "release",
+    ]
     step = section("The life of one job, file by file").split("4. **Dispatch**", 1)[1]
     step = step.split("\n5. ", 1)[0]
     named = [s for s in SPAN.findall(step) if s in set(made)]
@@ -348,12 +358,17 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
     assert plain.scope() == "plain"
     assert plain.reserve_send() == 0.0
     assert plain.quota_available() is None
+    assert plain.leaves_drafts is False and plain.drafts() is None
+    assert plain.delete_drafts("<a@b>") == []
     page = section("Adding a provider")
     for said in (
         "`response_ids_readable` (False",
         "`timeout` (30 s)",
         "(itself), `scope()` (its name), `reserve_send()` (0.0",
         "`quota_available()` (None)",
+        "`leaves_drafts` (False",
+        "`drafts()` (None",
+        "`delete_drafts(message_id)` (none deleted)",
     ):
         assert said in page.replace("\n   ", " "), said
 

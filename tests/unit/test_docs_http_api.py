@@ -167,8 +167,8 @@ def test_the_bodies_and_answers_the_rows_show_are_the_models(document: dict[str,
         document["components"]["schemas"]["TriageItemOut"]
     )
     resolve = rows["POST /v1/review/{key}/resolve"].split("`", 2)[1]
-    assert names(resolve) == ["as", "sent", "resend", "abandon", "note"]
-    assert properties(document, "ResolveIn") == ["as", "note"]
+    assert names(resolve) == ["as", "sent", "resend", "abandon", "note", "expected_version"]
+    assert properties(document, "ResolveIn") == ["as", "note", "expected_version"]
     assert names(rows["POST /v1/jobs/{key}/cancel"]) == properties(document, "CancelIn")
 
 

@@ -213,7 +213,7 @@ def test_every_table_follows_a_paragraph_that_names_its_bench_script() -> None:
     text = PAGE.read_text(encoding="utf-8")
     parts = re.split(r"\n((?:\|.*\n)+)", text)
     tables = parts[1::2]
-    assert len(tables) == 7
+    assert len(tables) == 8
     for lead_in, table in zip(parts[0::2], tables, strict=False):
         paragraph = lead_in.rsplit("\n\n", 1)[-1]
         assert re.search(r"`(?:bench/)?\w+\.py", paragraph + table), paragraph

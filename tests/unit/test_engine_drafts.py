@@ -16,7 +16,6 @@ from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine.drafts import (
     DraftAlreadySent,
-    drafts_mode,
     prepare_draft,
     settle_by_draft,
     unknown_decision,
@@ -47,7 +46,7 @@ def sent_once_unknown(
 ) -> SendJob:
     """A job whose draft was claimed and sent with `fate`, recorded Unknown."""
     job = requested_job(clock)
-    draft = prepare_draft(job, provider, RAW, clock.now)
+    draft, _ = prepare_draft(job, provider, RAW, clock.now)
     job.claim(provider=PROVIDER, deadline=clock.now + DEADLINE, at=clock.now)
     provider.script(fate)
     provider.send_draft(draft)
@@ -57,16 +56,16 @@ def sent_once_unknown(
 
 
 def test_only_a_drafts_provider_in_drafts_mode_counts(clock: FakeClock) -> None:
-    assert drafts_mode(FakeDraftsProvider(clock=clock)) is not None
-    assert drafts_mode(FakeProvider(clock=clock)) is None
+    assert FakeDraftsProvider(clock=clock).drafts() is not None
+    assert FakeProvider(clock=clock).drafts() is None
 
 
 def test_the_draft_is_recorded_before_the_claim_and_reused_while_unsent(clock: FakeClock) -> None:
     provider = FakeDraftsProvider(clock=clock)
     job = requested_job(clock)
-    first = prepare_draft(job, provider, RAW, clock.now)
-    assert (job.draft_id, provider.drafts_created) == (first.draft_id, 1)
-    assert prepare_draft(job, provider, RAW, clock.now) == first  # still pending: reused
+    first, created = prepare_draft(job, provider, RAW, clock.now)
+    assert (job.draft_id, provider.drafts_created, created) == (first.draft_id, 1, True)
+    assert prepare_draft(job, provider, RAW, clock.now) == (first, False)  # pending: reused
     assert provider.drafts_created == 1
 
 
@@ -74,14 +73,14 @@ def test_a_draft_left_by_a_crash_before_its_save_is_found_and_reused(clock: Fake
     provider = FakeDraftsProvider(clock=clock)
     orphan = provider.create_draft(RAW)  # created, then the daemon died before saving
     job = requested_job(clock)
-    assert prepare_draft(job, provider, RAW, clock.now) == orphan
+    assert prepare_draft(job, provider, RAW, clock.now) == (orphan, False)
     assert provider.drafts_created == 1 and job.draft_id == orphan.draft_id
 
 
 def test_a_recorded_draft_already_sent_is_never_sent_again(clock: FakeClock) -> None:
     provider = FakeDraftsProvider(clock=clock)
     job = requested_job(clock)
-    draft = prepare_draft(job, provider, RAW, clock.now)
+    draft, _ = prepare_draft(job, provider, RAW, clock.now)
     provider.send_draft(draft)  # sent by a claim whose save never happened
     with pytest.raises(DraftAlreadySent):
         prepare_draft(job, provider, RAW, clock.now)
@@ -116,7 +115,7 @@ def test_an_unknown_send_whose_draft_is_pending_is_sent_again(
         job, provider, chosen, now=clock.now, unknown_at=clock.now, handle_reliable=True
     )
     assert (job.state, job.due_at) == (JobState.REQUESTED, clock.now)
-    assert prepare_draft(job, provider, RAW, clock.now).draft_id == job.draft_id
+    assert prepare_draft(job, provider, RAW, clock.now)[0].draft_id == job.draft_id
     assert provider.copies_of(MESSAGE_ID) == 0
 
 

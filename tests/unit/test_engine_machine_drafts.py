@@ -67,7 +67,7 @@ class DraftsMachine(EngineMachine):
     @precondition(lambda self: bool(self.keys))
     @rule(data=st.data())
     def a_person_deletes_a_draft(self, data: st.DataObject) -> None:
-        held = sorted(self.drafts.drafts)
+        held = sorted(self.drafts.held_drafts)
         if held:
             self.drafts.delete_by_person(data.draw(st.sampled_from(held)))
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from testkit.relay import MODES, FaultPlan, Mode, classify
+from testkit.relay import MODES, Delays, FaultPlan, Mode, classify
 
 
 @pytest.mark.parametrize(
@@ -85,3 +85,17 @@ def test_next_mode_is_thread_safe() -> None:
         thread.join()
     assert seen.count("503") == 1000
     assert seen.count("pass") == 1000
+
+
+def test_slow_delays_are_the_base_plus_a_seeded_random_part() -> None:
+    assert [Delays(0.5).next() for _ in range(3)] == [0.5, 0.5, 0.5]
+    first = Delays(0.5, 0.25, seed=7)
+    again = Delays(0.5, 0.25, seed=7)
+    draws = [first.next() for _ in range(20)]
+    assert draws == [again.next() for _ in range(20)]  # a failing run draws the same again
+    assert all(0.5 <= delay <= 0.75 for delay in draws) and len(set(draws)) > 1
+    assert draws != [Delays(0.5, 0.25, seed=8).next() for _ in range(20)]
+    with pytest.raises(ValueError, match="0 or more seconds"):
+        Delays(-1.0)
+    with pytest.raises(ValueError, match="0 or more seconds"):
+        Delays(1.0, -0.1)

@@ -13,7 +13,7 @@ from daemon.api.server import ApiServer, ListenRefused
 from daemon.config.settings import ConfigError, Settings
 from daemon.engine import PolicyHolder
 from daemon.engine.circuit import OpenCircuit
-from daemon.from_settings import message_limits, thread_providers
+from daemon.from_settings import draft_providers, message_limits, thread_providers
 from daemon.providers.base import Provider
 from daemon.service_layer.doors import PolicyWatch, built_providers, lent_providers
 from ledger.application import Ledger
@@ -77,6 +77,7 @@ def api_context(
         metrics=metrics,
         limits=message_limits(settings),
         thread_providers=thread_providers(settings),
+        draft_providers=draft_providers(settings),
         intake_policies=PolicyWatch(settings, lambda: policies.current),
         providers=lent_providers(providers, built_providers(settings)),
         trusted_hosts=settings.api.trusted_hosts,

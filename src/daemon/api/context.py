@@ -29,6 +29,8 @@ class ApiContext:
     limits: Mapping[str, MessageLimits] = field(default_factory=dict)
     # The providers a job's thread_id may go to (the gmail ones).
     thread_providers: frozenset[str] = frozenset()
+    # The providers that may leave unsent drafts (a settling decision tidies them).
+    draft_providers: frozenset[str] = frozenset()
     sessions: Sessions = field(default_factory=Sessions)
     # Intake's view of the policies (broken channels refuse), and the providers a check
     # may search with; without them, the policies in force and no search.
@@ -48,6 +50,7 @@ class ApiContext:
             providers=self.providers,
             limits=self.limits,
             thread_providers=self.thread_providers,
+            draft_providers=self.draft_providers,
         )
 
 

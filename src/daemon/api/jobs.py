@@ -156,7 +156,8 @@ def cancel(
     key: str, ctx: Ctx, who: Caller, body: Annotated[CancelIn | None, Body()] = None
 ) -> dict[str, Any]:
     note = body.note if body is not None else ""
-    job = served(lambda: ctx.services.cancel(key, note=note, by=who))
+    expected = body.expected_version if body is not None else None
+    job = served(lambda: ctx.services.cancel(key, note=note, by=who, expected_version=expected))
     log.info("cancelled by %s: %s", printable(who), printable(key))
     return job_status(job)
 

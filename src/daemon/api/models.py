@@ -221,15 +221,26 @@ def _note() -> Any:
     return Field(default="", max_length=MAX_NOTE_LENGTH, pattern=NO_NUL)
 
 
+def _expected_version() -> Any:
+    # A decision made on the version of the job a person saw (`version` of its status).
+    return Field(
+        default=None,
+        ge=1,
+        description="the job's version the decision was made on: refused (409) if it changed since",
+    )
+
+
 class ResolveIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     decision: Resolution = Field(alias="as")
     note: str = _note()
+    expected_version: int | None = _expected_version()
 
 
 class CancelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     note: str = _note()
+    expected_version: int | None = _expected_version()
 
 
 class TriageIn(BaseModel):

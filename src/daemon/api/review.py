@@ -91,6 +91,12 @@ async def review_check(key: str, ctx: Ctx, who: Caller) -> dict[str, Any]:
 async def review_resolve(key: str, decision: ResolveIn, ctx: Ctx, who: Caller) -> dict[str, Any]:
     job = await run_in_threadpool(
         served,
-        lambda: ctx.services.resolve(key, decision.decision, note=decision.note, by=who),
+        lambda: ctx.services.resolve(
+            key,
+            decision.decision,
+            note=decision.note,
+            by=who,
+            expected_version=decision.expected_version,
+        ),
     )
     return job_status(job)

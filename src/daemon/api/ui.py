@@ -354,19 +354,40 @@ async def resolve_form(
     decision: Annotated[str, Form(alias="as")] = "",
     note: Annotated[str, Form()] = "",
     csrf: Annotated[str, Form()] = "",
+    version: Annotated[str, Form()] = "",
 ) -> Response:
     if decision not in {r.value for r in Resolution}:
         return _page(
             "message.html", 422, title="Refused", message="Choose sent, resend or abandon."
         )
+    seen_version = _form_version(version)
+    if isinstance(seen_version, Response):
+        return seen_version
     return await _job_action(
         ctx,
         seen,
         key,
         csrf,
-        lambda by: resolve_as_a_person(ctx.services, key, Resolution(decision), note=note, by=by),
+        lambda by: resolve_as_a_person(
+            ctx.services,
+            key,
+            Resolution(decision),
+            note=note,
+            by=by,
+            expected_version=seen_version,
+        ),
         f"resolved as {decision}",
     )
+
+
+def _form_version(text: str) -> int | Response | None:
+    """The job's version the page showed when the person decided (a decision holds for
+    that version only: docs/review.md "Two people, one job")."""
+    if not text:
+        return None
+    if not text.isascii() or not text.isdigit() or len(text) > 18 or int(text) < 1:
+        return _page("message.html", 422, title="Refused", message="The form is damaged.")
+    return int(text)
 
 
 @router.post("/jobs/{key:key}/cancel")
@@ -376,9 +397,18 @@ async def cancel_form(
     seen: Seen,
     note: Annotated[str, Form()] = "",
     csrf: Annotated[str, Form()] = "",
+    version: Annotated[str, Form()] = "",
 ) -> Response:
+    seen_version = _form_version(version)
+    if isinstance(seen_version, Response):
+        return seen_version
     return await _job_action(
-        ctx, seen, key, csrf, lambda by: ctx.services.cancel(key, note=note, by=by), "cancelled"
+        ctx,
+        seen,
+        key,
+        csrf,
+        lambda by: ctx.services.cancel(key, note=note, by=by, expected_version=seen_version),
+        "cancelled",
     )
 
 

@@ -58,6 +58,7 @@ def register(sub: Any) -> None:
         "a copy: how you know it was sent)",
     )
     p.add_argument("--by", default="", help="who decided (default: the OS user)")
+    add_expected_version(p, "resolved")
     p = add_command(
         review, "check", cmd_review_check, "search the mailbox now and record the hits", key=True
     )
@@ -72,6 +73,27 @@ def register(sub: Any) -> None:
     p = add_command(sub, "cancel", cmd_cancel, "withdraw a job not yet attempted", key=True)
     p.add_argument("--note", default="", help="why, recorded in the job's history")
     p.add_argument("--by", default="", help="who cancelled (default: the OS user)")
+    add_expected_version(p, "cancelled")
+
+
+def add_expected_version(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--expected-version",
+        type=positive_int,
+        metavar="N",
+        help=f"the job's version you looked at (`status --json`): it is {what} only if "
+        "it has not changed since (exit 3 otherwise)",
+    )
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -164,7 +186,12 @@ def cmd_review_show(args: argparse.Namespace) -> int:
 def cmd_review_resolve(args: argparse.Namespace) -> int:
     decision = Resolution(args.decision)
     by = args.by or getpass.getuser()
-    job = served(args, lambda s: resolve_as_a_person(s, args.key, decision, note=args.note, by=by))
+    job = served(
+        args,
+        lambda s: resolve_as_a_person(
+            s, args.key, decision, note=args.note, by=by, expected_version=args.expected_version
+        ),
+    )
     if args.json:
         print(output.dumps(job_status(job)))
     else:
@@ -184,7 +211,9 @@ def cmd_review_check(args: argparse.Namespace) -> int:
     for copy in answer.copies:
         print(printable(f"  {copy.provider_id}  {copy.date}  {copy.to}  {copy.subject}"))
     if not answer.recorded:
-        print("(not recorded in the job's history: a send is in flight)")
+        in_flight = answer.state == "attempted"
+        why = "a send is in flight" if in_flight else "it repeats the job's last check"
+        print(f"(not recorded in the job's history: {why})")
     print(check_advice(answer.key, answer.state, answer.count))
     return EXIT_OK
 
@@ -216,7 +245,10 @@ def cmd_review_triage(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     by = args.by or getpass.getuser()
-    job = served(args, lambda s: s.cancel(args.key, note=args.note, by=by))
+    job = served(
+        args,
+        lambda s: s.cancel(args.key, note=args.note, by=by, expected_version=args.expected_version),
+    )
     if args.json:
         print(output.dumps(job_status(job)))
     else:

@@ -121,6 +121,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     relay.add_argument("--hang", default="30s", help="how long hang modes hold (default 30s)")
     relay.add_argument(
+        "--slow", default="1s", help="how long slow mode waits before it forwards (default 1s)"
+    )
+    relay.add_argument(
         "--retry-after", default="1s", help="Retry-After on 429/503/403 faults, or 'none'"
     )
     relay.add_argument("--reset", action="store_true", help="drop connections with a TCP RST")
@@ -305,6 +308,7 @@ def _run_graph(args: argparse.Namespace) -> int:
 def _run_relay(args: argparse.Namespace) -> int:
     port = _port(args.port)
     hang = _duration("--hang", args.hang)
+    slow = _duration("--slow", args.slow)
     retry_after = (
         None
         if args.retry_after.strip().lower() == "none"
@@ -318,6 +322,7 @@ def _run_relay(args: argparse.Namespace) -> int:
             port=port,
             plan=plan,
             hang_seconds=hang,
+            slow_seconds=slow,
             retry_after=retry_after,
             reset=args.reset,
             upstream_ca=args.upstream_ca,

@@ -4,25 +4,33 @@ draft semantics without a socket (docs/providers.md "Gmail setup").
 A draft is stored with its message id and sends nothing; sending it consumes it (the copy
 keeps the draft's message id), so a second send of the same draft finds nothing (Unknown:
 "gone", as Gmail's 404); `check_draft` answers from the drafts and the copies at once, with
-no index lag. Sends are scripted as for FakeProvider (`Scripted`): a fate that stores
-nothing leaves the draft in place. `replaces_message_id` replaces the Message-ID at the
-send, as Gmail is reported to.
+no index lag, while the list by Message-ID (`find_drafts`) shows a draft only `index_lag`
+after it was made, as Gmail's `drafts.list q=` does. Sends are scripted as for
+FakeProvider (`Scripted`): a fate that stores nothing leaves the draft in place.
+`replaces_message_id` replaces the Message-ID at the send, as Gmail is reported to.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from email.parser import BytesHeaderParser
 
 from daemon.doubles.fake_provider import Copy, FakeProvider, Scripted, SimulatedCrash
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
-from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftStatus
+from daemon.providers.draft_handle import (
+    Draft,
+    DraftCheck,
+    DraftRefused,
+    DraftsProvider,
+    DraftStatus,
+)
 
 
 class FakeDraftsProvider(FakeProvider):
     send_via = "drafts"
+    leaves_drafts = True
 
     def __init__(
         self,
@@ -35,17 +43,22 @@ class FakeDraftsProvider(FakeProvider):
         super().__init__(
             name, clock=clock, index_lag=index_lag, replaces_message_id=replaces_message_id
         )
-        self.drafts: dict[str, tuple[str, str]] = {}  # draft id -> (Message-ID, message id)
+        self.held_drafts: dict[str, tuple[str, str]] = {}  # draft id -> (Message-ID, message id)
         self.drafts_created = 0
         self.draft_sends = 0
         self._draft_ids = itertools.count(1)
         self._failing_creates = 0
+        self._lost_creates = 0
+        self._made_at: dict[str, datetime] = {}  # draft id -> when it was created
         self._refused_creates = 0
         self._failing_checks = 0
         self._crash_on_create = 0
         # Failures that say the provider is unavailable (counted toward the circuit).
         self._unavailable_creates = 0
         self._unavailable_checks = 0
+        #: Called at the start of every drafts.create (a test's hook: time passing during
+        #: the draft step, a person acting on the job while it runs).
+        self.during_create: Callable[[], None] | None = None
         # Every draft ever made -> its Message-ID (kept after the draft is consumed), so
         # every drafts.send call counts against its job, a 404 included (invariant 1).
         self._made: dict[str, str] = {}
@@ -56,6 +69,12 @@ class FakeDraftsProvider(FakeProvider):
     def fail_creates(self, count: int) -> None:
         with self._lock:
             self._failing_creates += count
+
+    def lose_create_answers(self, count: int) -> None:
+        """The next creates store their draft, then their answer is lost (ProviderError:
+        the caller cannot know a draft exists)."""
+        with self._lock:
+            self._lost_creates += count
 
     def refuse_creates(self, count: int) -> None:
         """The next creates are refused for good (DraftRefused: a 4xx, a missing scope)."""
@@ -96,12 +115,15 @@ class FakeDraftsProvider(FakeProvider):
     def delete_by_person(self, draft_id: str) -> None:
         """Someone deletes the draft in the mailbox (the GONE case)."""
         with self._lock:
-            self.drafts.pop(draft_id, None)
+            self.held_drafts.pop(draft_id, None)
 
     # -- drafts ---------------------------------------------------------------------------
 
     def create_draft(self, raw: bytes) -> Draft:
         message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
+        hook = self.during_create
+        if hook is not None:
+            hook()
         with self._lock:
             if self._unavailable_creates:
                 self._unavailable_creates -= 1
@@ -116,8 +138,12 @@ class FakeDraftsProvider(FakeProvider):
                 raise DraftRefused("drafts.create: HTTP 400: refused (scripted)")
             self.drafts_created += 1
             draft = Draft(f"r{next(self._draft_ids):06d}", f"fake-{next(self._ids):06d}")
-            self.drafts[draft.draft_id] = (message_id, draft.provider_message_id)
+            self.held_drafts[draft.draft_id] = (message_id, draft.provider_message_id)
             self._made[draft.draft_id] = message_id
+            self._made_at[draft.draft_id] = self.clock()
+            if self._lost_creates:
+                self._lost_creates -= 1
+                raise ProviderError("drafts.create: response lost (scripted)")
             crash = self._crash_on_create > 0
             if crash:
                 self._crash_on_create -= 1
@@ -129,19 +155,29 @@ class FakeDraftsProvider(FakeProvider):
         with self._lock:
             self.draft_sends += 1
             self.sends += 1
-            self.sends_by_message_id[self._made.get(draft.draft_id, "")] += 1
-            held = self.drafts.get(draft.draft_id)
-            if held is None:
+            ours = self._made.get(draft.draft_id, "")
+            self.sends_by_message_id[ours] += 1
+            call = self.sends_by_message_id[ours]
+            if draft.draft_id not in self.held_drafts:
+                return SendOutcome(SendKind.UNKNOWN, f"draft {draft.draft_id} is gone", status=404)
+            fate = self._script.popleft() if self._script else Scripted.confirmed()
+        if fate.hangs_until is not None:
+            # In flight until released; the draft is consumed only when the call lands,
+            # so a check meanwhile finds it still unsent.
+            self.hang(ours, fate.hangs_until)
+        with self._lock:
+            held = self.held_drafts.get(draft.draft_id)
+            if held is None:  # deleted while the call was out
                 return SendOutcome(SendKind.UNKNOWN, f"draft {draft.draft_id} is gone", status=404)
             message_id, provider_id = held
-            fate = self._script.popleft() if self._script else Scripted.confirmed()
             if fate.stored:
-                del self.drafts[draft.draft_id]
+                del self.held_drafts[draft.draft_id]
                 stored = (
                     f"<replaced-{provider_id}@fake>" if self.replaces_message_id else message_id
                 )
                 self.copies.append(Copy(provider_id, stored, self.clock()))
                 self._originals[provider_id] = message_id
+                self.stored_by_call.setdefault(message_id, []).append(call)
         if fate.crashes:
             raise SimulatedCrash(f"crashed while sending draft {draft.draft_id}")
         outcome = fate.outcome
@@ -161,7 +197,7 @@ class FakeDraftsProvider(FakeProvider):
             if self._failing_checks:
                 self._failing_checks -= 1
                 raise ProviderError("drafts.get failed (scripted)")
-            if draft.draft_id in self.drafts:
+            if draft.draft_id in self.held_drafts:
                 return DraftCheck(DraftStatus.PENDING)
             for copy in self.copies:
                 if copy.provider_message_id == draft.provider_message_id:
@@ -170,12 +206,54 @@ class FakeDraftsProvider(FakeProvider):
 
     def find_drafts(self, message_id: str) -> list[Draft]:
         with self._lock:
+            listed_before = self.clock() - timedelta(seconds=self.index_lag)
             return [
                 Draft(draft_id, provider_id)
-                for draft_id, (held, provider_id) in self.drafts.items()
-                if held == message_id
+                for draft_id, (held, provider_id) in self.held_drafts.items()
+                if held == message_id and self._made_at[draft_id] <= listed_before
             ]
 
     def delete_draft(self, draft_id: str) -> bool:
         with self._lock:
-            return self.drafts.pop(draft_id, None) is not None
+            return self.held_drafts.pop(draft_id, None) is not None
+
+    def drafts(self) -> DraftsProvider | None:
+        return self
+
+    def delete_drafts(self, message_id: str) -> list[str]:
+        return [d.draft_id for d in self.find_drafts(message_id) if self.delete_draft(d.draft_id)]
+
+    def unsent_drafts(self, message_id: str) -> int:
+        """Drafts of `message_id` that are still unsent (a test's count, by the
+        Message-ID we gave)."""
+        with self._lock:
+            return sum(1 for held, _ in self.held_drafts.values() if held == message_id)
+
+
+class FakeGraphProvider(FakeDraftsProvider):
+    """Microsoft Graph's send as the engine sees it (docs/architecture.md "Microsoft
+    Graph"): each `send_raw` creates a draft and then sends it, so the engine records no
+    draft (`drafts()` is None) but a send may leave one (`leaves_drafts`): a create whose
+    answer was lost, a crash between create and send. A refused send deletes its draft.
+    `search` reads only; `delete_drafts` is the fence."""
+
+    send_via = "messages"
+
+    def drafts(self) -> DraftsProvider | None:
+        return None
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        try:
+            draft = self.create_draft(raw)
+        except ProviderError as exc:
+            message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
+            with self._lock:  # one call of the port, as every send is counted
+                self.sends += 1
+                self.sends_by_message_id[message_id] += 1
+            return SendOutcome(
+                SendKind.REJECTED, f"create draft failed, not sent: {exc.reason}", transient=True
+            )
+        outcome = self.send_draft(draft)
+        if outcome.kind is SendKind.REJECTED:
+            self.delete_draft(draft.draft_id)
+        return outcome

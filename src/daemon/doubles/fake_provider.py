@@ -92,6 +92,19 @@ class Scripted:
         return cls(SendOutcome(SendKind.CONFIRMED, "200"), stored=True, hangs_until=release)
 
     @classmethod
+    def timed_out(cls, release: threading.Event | None = None, *, stored: bool = False) -> Scripted:
+        """A call that outlives its timeout (a hang at the provider): Unknown, timed out.
+        With `release`, its worker is held until it is set, as a real timeout holds it."""
+        outcome = SendOutcome(SendKind.UNKNOWN, "timed out", timed_out=True)
+        return cls(outcome, stored=stored, hangs_until=release)
+
+    @classmethod
+    def slow(cls, release: threading.Event) -> Scripted:
+        """A call that answers, but only once `release` is set (a provider slower than
+        the lease, not one past its timeout): stored, then confirmed."""
+        return cls.hang(release)
+
+    @classmethod
     def crash_during_call(cls, *, stored: bool) -> Scripted:
         """The caller dies mid-call: raises SimulatedCrash after the provider did (or did
         not) store the copy, so nothing after the claim is recorded."""
@@ -136,9 +149,21 @@ class FakeProvider(ProviderBase):
         #: more believed misses than that (a failed search is never a miss).
         self.answered_searches: Counter[str] = Counter()
         self.hanging = 0  # calls blocked in a scripted hang right now
+        #: Sends of each Message-ID in flight now (a scripted hang), and which of its calls
+        #: (1 for its first send, ...) stored a copy: what a record of "not sent" after
+        #: attempt N is held against.
+        self.in_flight: Counter[str] = Counter()
+        self.hanging_in: Counter[str] = Counter()  # by the name of the thread that waits
+        self.stored_by_call: dict[str, list[int]] = {}
+        self.pings = 0
         self._script: deque[Scripted] = deque()
         self._failing_searches = 0
         self._searches_unavailable = False
+        self._failing_pings = 0
+        #: Called in the middle of every search, after it read the mailbox and before its
+        #: answer reaches the caller (a hook for tests that let another actor move while a
+        #: search's answer is on its way).
+        self.during_search: Callable[[], None] | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -155,6 +180,11 @@ class FakeProvider(ProviderBase):
         with self._lock:
             self._failing_searches += count
             self._searches_unavailable = unavailable
+
+    def fail_pings(self, count: int) -> None:
+        """The next `count` pings time out (the provider still hangs); 0: they answer."""
+        with self._lock:
+            self._failing_pings = count
 
     def copies_of(self, message_id: str) -> int:
         with self._lock:
@@ -174,20 +204,44 @@ class FakeProvider(ProviderBase):
         with self._lock:
             self.sends += 1
             self.sends_by_message_id[message_id] += 1
+            call = self.sends_by_message_id[message_id]
             fate = self._script.popleft() if self._script else Scripted.confirmed()
             provider_id = self._store(message_id, *shown) if fate.stored else None
+            if fate.stored:
+                self.stored_by_call.setdefault(message_id, []).append(call)
         if fate.hangs_until is not None:
-            with self._lock:
-                self.hanging += 1
-            fate.hangs_until.wait()
-            with self._lock:
-                self.hanging -= 1
+            self.hang(message_id, fate.hangs_until)
         if fate.crashes:
             raise SimulatedCrash(f"crashed while sending {message_id}")
         outcome = fate.outcome
         if outcome.kind is SendKind.CONFIRMED and provider_id and fate.answers_id:
             return SendOutcome(SendKind.CONFIRMED, outcome.reason, provider_message_id=provider_id)
         return outcome
+
+    def hang(self, message_id: str, release: threading.Event) -> None:
+        """A call of `message_id` held until `release` is set."""
+        thread = threading.current_thread().name
+        with self._lock:
+            self.hanging += 1
+            self.in_flight[message_id] += 1
+            self.hanging_in[thread] += 1
+        release.wait()
+        with self._lock:
+            self.hanging -= 1
+            self.in_flight[message_id] -= 1
+            self.hanging_in[thread] -= 1
+
+    def hanging_of(self, daemon: str) -> int:
+        """Calls hanging now in the send workers of the daemon named `daemon`."""
+        with self._lock:
+            return sum(n for thread, n in self.hanging_in.items() if thread.endswith(f"@{daemon}"))
+
+    def ping(self) -> None:
+        with self._lock:
+            self.pings += 1
+            if self._failing_pings:
+                self._failing_pings -= 1
+                raise ProviderError("ping: timed out (scripted)", timed_out=True)
 
     def search(self, message_id: str) -> SearchResult:
         query = f"rfc822msgid:{message_id.strip('<>')}"
@@ -211,6 +265,9 @@ class FakeProvider(ProviderBase):
                 )
                 for copy in self._visible(message_id, visible_before)
             )
+        hook = self.during_search
+        if hook is not None:
+            hook()  # the answer is read; it reaches the caller only now
         return SearchResult(query=query, hits=hits)
 
     def read_message_id(self, provider_message_id: str) -> str | None:

@@ -20,6 +20,12 @@ sends and checks take the probe in turn when both wait.
 What the circuit decides is only when to call: a held or failed search is never a miss,
 and a held send is never an attempt.
 
+A call that timed out is a hang, and counts as "unavailable" (its job stays Unknown): while
+calls of its scope that started before it are still in flight, the scope takes no new send
+(they are likely hung too, and each new send would be one more Unknown), and once the
+circuit is open its sends are probed by a `Provider.ping`, which sends nothing, before one
+send goes out again. So a hang costs at most the calls already in flight when it began.
+
 In memory: a restarted daemon finds out again within `failures` calls. docs/operations.md, "Outages
 and quotas".
 """
@@ -27,6 +33,8 @@ and quotas".
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
@@ -50,13 +58,18 @@ class CircuitSettings:
 def send_unavailable(outcome: SendOutcome) -> bool:
     """Whether a send's outcome counts as "unavailable" for its scope's circuit (not for
     the job: a 503 is Unknown there, and `max_attempts` counts it as today)."""
-    return (outcome.kind is SendKind.REJECTED and outcome.unavailable) or outcome.status == 503
+    return (
+        (outcome.kind is SendKind.REJECTED and outcome.unavailable)
+        or outcome.status == 503
+        or outcome.timed_out
+    )
 
 
 class Admit(Enum):
     GO = "go"  # closed: send
     PROBE = "probe"  # open, and this one job is the probe
     HOLD = "hold"  # open: leave the job due
+    PING = "ping"  # open by a hang: probe with `Provider.ping` (sends nothing), not the job
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,7 @@ class OpenCircuit:
 #: The kinds of call a circuit admits; its probes alternate between them (`admit`).
 SEND = "send"
 CHECK = "check"  # a search, a verification, a draft's check
+PING = "ping"  # the probe of a circuit a hang opened (`Provider.ping`)
 
 
 @dataclass
@@ -82,8 +96,12 @@ class _State:
     probe_at: datetime | None = None
     backoff: float = 0.0
     probing: bool = False
-    last_probe: str = ""  # the kind of call the last probe was
+    last_probe: str = ""  # the kind of call the last probe was (whom it was handed to)
+    probe_call: str = ""  # what the probe out now is: SEND, CHECK or PING
     waiting: set[str] = field(default_factory=set)  # kinds held since the last probe
+    # The latest failure was a hang: the next send probe is a ping, and only a send that
+    # answers closes the circuit (a ping or a search answering proves reads work).
+    hung: bool = False
 
     def yields(self, kind: str, now: datetime, window: float) -> bool:
         """Whether a probe due now is left to the other kind: this kind had the last one,
@@ -107,12 +125,41 @@ class Circuits:
         self.settings = settings or CircuitSettings()
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
+        self._in_flight: dict[str, int] = {}  # calls of each scope running now
+        # Scopes where a call timed out while others were in flight: no new send until
+        # those ended (`calling`) or a call answered.
+        self._suspect: set[str] = set()
+
+    @contextmanager
+    def calling(self, scope: str) -> Iterator[None]:
+        """Around every provider call of `scope`: counts it as in flight."""
+        with self._lock:
+            self._in_flight[scope] = self._in_flight.get(scope, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._in_flight.get(scope, 1) - 1
+                if left > 0:
+                    self._in_flight[scope] = left
+                else:
+                    self._in_flight.pop(scope, None)
+                    self._suspect.discard(scope)
+
+    def in_flight(self, scope: str) -> int:
+        with self._lock:
+            return self._in_flight.get(scope, 0)
 
     def admit(self, scope: str, now: datetime, kind: str = SEND) -> Admit:
         """Whether a call of `scope` may be made now; PROBE hands out the one probe, to
-        sends and checks in turn when both are waiting."""
+        sends and checks in turn when both are waiting (PING instead of a send's probe
+        when a hang opened the circuit)."""
         with self._lock:
             state = self._states.get(scope)
+            if kind == SEND and scope in self._suspect:
+                if state is not None:
+                    state.waiting.add(kind)
+                return Admit.HOLD
             if state is None or state.opened_at is None:
                 return Admit.GO
             if (
@@ -126,7 +173,9 @@ class Circuits:
             state.probing = True
             state.last_probe = kind
             state.waiting.clear()
-            return Admit.PROBE
+            ping = kind == SEND and state.hung
+            state.probe_call = PING if ping else kind
+            return Admit.PING if ping else Admit.PROBE
 
     def next_probe(self, scope: str, kind: str = SEND) -> datetime | None:
         """When an open circuit of `scope` admits the next probe of this kind (None:
@@ -140,12 +189,22 @@ class Circuits:
                 return state.probe_at + timedelta(seconds=self.settings.probe_max)
             return state.probe_at
 
-    def unavailable(self, scope: str, now: datetime, retry_after: float | None = None) -> None:
-        """A call of `scope` proved the provider unavailable."""
+    def unavailable(
+        self,
+        scope: str,
+        now: datetime,
+        retry_after: float | None = None,
+        *,
+        timed_out: bool = False,
+    ) -> None:
+        """A call of `scope` proved the provider unavailable (`timed_out`: it hung)."""
         settings = self.settings
         with self._lock:
             state = self._states.setdefault(scope, _State())
             state.failures += 1
+            if timed_out and self._in_flight.get(scope, 0) > 1:
+                self._suspect.add(scope)  # the calls that started before it may hang too
+            state.hung = timed_out
             if state.opened_at is not None:
                 if not state.probing:
                     return  # a call that started before it opened: the probe decides
@@ -178,18 +237,37 @@ class Circuits:
             return held
 
     def called(
-        self, scope: str, now: datetime, *, unavailable: bool, retry_after: float | None = None
+        self,
+        scope: str,
+        now: datetime,
+        *,
+        unavailable: bool,
+        retry_after: float | None = None,
+        timed_out: bool = False,
+        kind: str = SEND,
     ) -> None:
         """A call of `scope` ended: `unavailable` when it proved the provider unavailable
-        (a failed search's or draft call's `ProviderError.unavailable`), else it answered."""
-        if unavailable:
-            self.unavailable(scope, now, retry_after)
+        (a failed search's or draft call's `ProviderError.unavailable`; `timed_out`: it
+        hung), else it answered."""
+        if unavailable or timed_out:
+            self.unavailable(scope, now, retry_after, timed_out=timed_out)
         else:
-            self.answered(scope)
+            self.answered(scope, now, kind)
 
-    def answered(self, scope: str) -> None:
-        """A call of `scope` got an answer that is not "unavailable": closed."""
+    def answered(self, scope: str, now: datetime | None = None, kind: str = SEND) -> None:
+        """A call of `scope` got an answer that is not "unavailable": closed. After a
+        hang, an answer to a read or a ping only says reads work: the next probe is a
+        send, at its time (a provider whose reads answer may still hang its sends, and
+        each send into a hang is one more Unknown); a ping that was the probe hands the
+        probe to that send at once."""
         with self._lock:
+            self._suspect.discard(scope)
+            state = self._states.get(scope)
+            if state is not None and state.hung and kind != SEND and state.opened_at is not None:
+                state.hung = False
+                if state.probing and state.probe_call == kind:
+                    state.probing = False
+                return
             self._states.pop(scope, None)
 
     def probe_returned(self, scope: str) -> None:

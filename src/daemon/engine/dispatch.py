@@ -6,10 +6,15 @@ means another daemon sends it, and this one does not. `Dispatch.dispatch` is the
 sequence for one job, in one send worker; the batching around it is elsewhere: which jobs
 a worker takes (`sends.py`: per scope, in turn, quota reserved, circuit closed) and how its
 two saves share commits with other workers' (`commit.py`).
+
+The claim is a lease on its one call (`leases.py`): its deadline is counted from the moment
+the call starts, after any draft step, and renewed while the call runs, so recovery never
+takes a claim whose call is alive in this daemon.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -21,13 +26,15 @@ from daemon.crashpoints import crash_point
 from daemon.engine import drafts as drafts_flow
 from daemon.engine.circuit import Circuits, send_unavailable
 from daemon.engine.clock import Clock
+from daemon.engine.leases import Leases
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from daemon.providers.smtp_imap import Envelope
+from ledger.application import ConcurrentUpdate
 from ledger.decision_types import AfterRejection, Review
-from ledger.job import SendJob
+from ledger.job import DRAFTS_CLAIM_LOST, SendJob, TransitionError
 from ledger.mime import MessageFields, mailboxes
 from ledger.vocabulary import EscalationReason, JobState
 from ledger.wire_check import Mismatch, RenderMismatch, checked_message
@@ -76,10 +83,23 @@ class Claimed:
     policy: ChannelPolicy
     provider: Provider
     raw: bytes
+    lease: float  # seconds: the provider's timeout plus the daemon's grace
     outcome: SendOutcome | None = None
     draft: Draft | None = None  # send_via = "drafts": the recorded draft the call sends
     drafts: DraftsProvider | None = None  # the provider's drafts calls, with `draft`
+    created: bool = False  # `draft` was created by this claim's draft step (not reused)
     check: DraftCheck | None = None  # the draft's answer right after an unknown outcome
+
+
+def _moved_since_loaded(work: Work) -> bool:
+    """Whether the job was written since this worker loaded it, so that its claim would
+    conflict (a worker loads 8 or more at a time: the last can be seconds old, and another
+    daemon may have claimed, sent and tidied it meanwhile). Asked before a draft step: a
+    draft made for such a job is deleted only by this claim's loss (`save_claim`), so a
+    lost create answer, or this daemon killed before that, would leave it in the mailbox
+    after the job's tidy (docs/architecture.md "Drafts never outlive their job")."""
+    row = work.ledger.row(work.job.key)
+    return row is None or row.version != work.job.version
 
 
 def _unknown_reason(outcome: SendOutcome) -> str:
@@ -96,6 +116,7 @@ class Dispatch:
         health: ProviderHealth,
         clock: Clock,
         circuits: Circuits,
+        leases: Leases,
         *,
         provider_timeouts: Mapping[str, float],
         deadline_grace: float,
@@ -107,6 +128,7 @@ class Dispatch:
         self._health = health
         self._clock = clock
         self._circuits = circuits
+        self._leases = leases
         self._timeouts = provider_timeouts
         self._grace = deadline_grace
         self._rng = rng
@@ -122,24 +144,64 @@ class Dispatch:
     def dispatch(self, work: Work, *, probe: bool = False) -> bool:
         """Invariant 1 for one job: claim, save, send, record, save. Whether the provider
         was called. `probe`: the one job an open circuit lets through. The claim's save
-        is waited for; the outcome's is not (it shares the next commit)."""
+        is waited for; the outcome's is not (it shares the next commit). From the claim's
+        save until its outcome is durable the worker holds the claim's lease
+        (`leases.py`): renewed while the call runs, never recovered by this daemon."""
         work.now = self._clock()
         called = False
         try:  # the claim too: a probe whose draft step raised must be handed back
             claimed = self.claim(work)
             if claimed is None:
                 return False
-            work.save()  # the claim, durable; a conflict here means no call is made
-            self.send(claimed)
+            self.save_claim(claimed)  # durable; a conflict here means no call is made
+            with self._leases.holding(work.job, claimed.lease, work.now) as lease:
+                self.send(claimed)
             called = True
         finally:
             if probe and not called:
                 self._circuits.probe_returned(_scope(work))
+        self._leases.stop_renewing(lease)
         self.outcome_to_events(claimed)
         # The outcome, durable with the next commit (this worker's next claim, or its
         # flush before it sleeps: `commit.py`); if it fails, recovered at the deadline.
-        work.save_soon(lambda: self.count_outcome(claimed))
+        key = work.job.key
+        work.save_soon(
+            lambda: self.count_outcome(claimed), always=lambda: self._leases.release(key)
+        )
         return True
+
+    def save_claim(self, claimed: Claimed) -> None:
+        """The claim, durable. When another writer got there first (a person cancelled
+        the job during its draft step, another daemon claimed it), the draft this claim's
+        draft step created is deleted (unless the winner's claim sends that very draft),
+        so no copy of a job that is not ours to send waits in the mailbox."""
+        try:
+            claimed.work.save()
+        except ConcurrentUpdate:
+            if claimed.created and claimed.draft is not None and claimed.drafts is not None:
+                self._delete_lost_draft(claimed.work, claimed.drafts, claimed.draft)
+            raise
+
+    def _delete_lost_draft(self, work: Work, drafts: DraftsProvider, draft: Draft) -> None:
+        key = work.job.key
+        try:
+            winner = work.ledger.get_job(key)
+            if winner.draft_id == draft.draft_id:
+                return  # the winner's claim found our draft and sends it
+            if not drafts.delete_draft(draft.draft_id):
+                return
+        except ProviderError as exc:
+            log.info("job %s: draft %s not deleted (%s)", key, draft.draft_id, exc.reason)
+            return
+        log.info("job %s: draft %s deleted: its claim lost to another writer", key, draft.draft_id)
+        # Refused while another daemon's claim is in flight: its history is its own.
+        with contextlib.suppress(ConcurrentUpdate, TransitionError):
+            work.ledger.update(
+                key,
+                lambda job: job.record_drafts_deleted(
+                    draft_ids=[draft.draft_id], why=DRAFTS_CLAIM_LOST, at=self._clock()
+                ),
+            )
 
     def claim(self, work: Work) -> Claimed | None:
         """Decide and render, then record the claim on the job in memory (not saved);
@@ -167,16 +229,21 @@ class Dispatch:
             return None
         if self._stopping.is_set():
             return None
-        draft = None
-        drafts = drafts_flow.drafts_mode(provider)
+        draft, created = None, False
+        drafts = provider.drafts()
         if drafts is not None:
+            if _moved_since_loaded(work):
+                work.count("skipped")
+                return None
             # The draft step is a provider call that may take its whole timeout: an
             # outcome left for the next commit (`commit.py`) must not wait behind it.
             work.flush()
             try:
-                draft = drafts_flow.prepare_draft(job, drafts, raw, work.now)
+                with self._circuits.calling(provider.scope()):
+                    draft, created = drafts_flow.prepare_draft(job, drafts, raw, work.now)
             except drafts_flow.DraftAlreadySent as sent:
-                drafts_flow.confirm_recorded(job, policy, sent.draft, work.now)
+                tidy_at = _tidy_at(policy, provider, work.now)
+                drafts_flow.confirm_recorded(job, policy, sent.draft, work.now, tidy_at)
                 work.save()
                 return None
             except DraftRefused as exc:
@@ -192,14 +259,17 @@ class Dispatch:
                 # No draft, no claim: nothing can have been sent; the job stays due.
                 drafts_flow.no_draft(work, exc, self._circuits, self._clock())
                 return None
-        timeout = self._timeouts.get(policy.provider, provider.timeout)
+            # The lease is counted from the call, not from before the draft step.
+            work.now = self._clock()
+        lease = self._timeouts.get(policy.provider, provider.timeout) + self._grace
         job.claim(
             provider=policy.provider,
-            deadline=work.now + timedelta(seconds=timeout + self._grace),
+            deadline=work.now + timedelta(seconds=lease),
             at=work.now,
             daemon=self._daemon,
         )
-        return Claimed(work, policy, provider, raw, draft=draft, drafts=drafts)
+        return Claimed(work, policy, provider, raw, lease, draft=draft, drafts=drafts,
+                       created=created)  # fmt: skip
 
     def send(self, claimed: Claimed) -> None:
         """The one provider call of a saved claim (invariant 1: only after the save), then
@@ -208,21 +278,33 @@ class Dispatch:
         crash_point("after-claim")
         work.count("sent")
         drafts = claimed.drafts
-        if claimed.draft is not None and drafts is not None:
-            outcome = claimed.outcome = drafts.send_draft(claimed.draft)
-        else:
-            outcome = claimed.outcome = claimed.provider.send_raw(claimed.raw)
-        crash_point("after-send")
-        work.now = self._clock()
-        if outcome.kind is SendKind.UNKNOWN and claimed.draft is not None and drafts is not None:
-            # Asked at once, in this worker: no index lies between a draft and its answer.
-            claimed.check = drafts_flow.ask_draft(work.job, drafts)
-            crash_point("after-search")
-            work.now = self._clock()
         scope = claimed.provider.scope()
-        self._circuits.called(
-            scope, work.now, unavailable=send_unavailable(outcome), retry_after=outcome.retry_after
-        )
+        with self._circuits.calling(scope):
+            if claimed.draft is not None and drafts is not None:
+                outcome = claimed.outcome = drafts.send_draft(claimed.draft)
+            else:
+                outcome = claimed.outcome = claimed.provider.send_raw(claimed.raw)
+            crash_point("after-send")
+            work.now = self._clock()
+            if (
+                outcome.kind is SendKind.UNKNOWN
+                # A call that timed out may still reach the provider: its draft is asked
+                # by the sweep, which deletes it first if it is still unsent (the fence).
+                and not outcome.timed_out
+                and claimed.draft is not None
+                and drafts is not None
+            ):
+                # Asked at once, in this worker: no index lies between a draft and its answer.
+                claimed.check = drafts_flow.ask_draft(work.job, drafts)
+                crash_point("after-search")
+                work.now = self._clock()
+            self._circuits.called(
+                scope,
+                work.now,
+                unavailable=send_unavailable(outcome),
+                retry_after=outcome.retry_after,
+                timed_out=outcome.timed_out,
+            )
         self._read_back_sample(claimed)
 
     def _read_back_sample(self, claimed: Claimed) -> None:
@@ -245,11 +327,13 @@ class Dispatch:
         work, policy, outcome = claimed.work, claimed.policy, claimed.outcome
         assert outcome is not None, "outcome_to_events() follows send()"
         job, now = work.job, work.now
+        tidy_at = _tidy_at(policy, claimed.provider, now)
         if outcome.kind is SendKind.CONFIRMED and outcome.provider_message_id:
             job.record_response(
                 provider_message_id=outcome.provider_message_id,
                 decision=decisions.after_response(policy, resent=job.resent, now=now),
                 at=now,
+                tidy_at=tidy_at,
             )
         elif outcome.kind is SendKind.REJECTED:
             unavailable = outcome.unavailable and outcome.transient
@@ -271,6 +355,7 @@ class Dispatch:
                     now=now,
                     unknown_at=now,
                     handle_reliable=self._health.reliable(policy.provider),
+                    tidy_at=tidy_at,
                 )
 
     def count_outcome(self, claimed: Claimed) -> None:
@@ -323,6 +408,10 @@ class Dispatch:
             retry_after=outcome.retry_after,
             rng=self._rng,
         )
+
+
+def _tidy_at(policy: ChannelPolicy, provider: Provider, now: datetime) -> datetime | None:
+    return decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=now)
 
 
 def _scope(work: Work) -> str:

@@ -26,8 +26,8 @@ from datetime import datetime
 
 from daemon.engine.circuit import Circuits
 from daemon.engine.runner import Work
-from daemon.providers.base import Provider, ProviderError
-from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus, drafts_of
+from daemon.providers.base import ProviderError
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
 from ledger.decision_types import AfterUnknown
 from ledger.job import SendJob
 from policies import decisions
@@ -36,28 +36,24 @@ from policies.model import ChannelPolicy
 log = logging.getLogger("sendledger.engine")
 
 
-def drafts_mode(provider: Provider) -> DraftsProvider | None:
-    """The provider's drafts calls when it sends through drafts (`send_via = "drafts"`)."""
-    inner = getattr(provider, "inner", provider)  # under the engine's timing wrapper
-    drafts = drafts_of(inner)
-    return drafts if drafts is not None and getattr(inner, "send_via", "") == "drafts" else None
-
-
 def recorded_draft(job: SendJob) -> Draft | None:
     if job.draft_id is None or job.draft_message_id is None:
         return None
     return Draft(job.draft_id, job.draft_message_id)
 
 
-def prepare_draft(job: SendJob, drafts: DraftsProvider, raw: bytes, now: datetime) -> Draft:
+def prepare_draft(
+    job: SendJob, drafts: DraftsProvider, raw: bytes, now: datetime
+) -> tuple[Draft, bool]:
     """The draft the claim will send, recorded on the job in memory (DraftCreated, saved
-    with the claim). Raises ProviderError when the provider cannot say or store one: the
-    job is not claimed and stays due."""
+    with the claim), and whether this call created it (a claim that loses its race
+    deletes a draft it created: `Dispatch.save_claim`). Raises ProviderError when the
+    provider cannot say or store one: the job is not claimed and stays due."""
     recorded = recorded_draft(job)
     if recorded is not None:
         status = drafts.check_draft(recorded).status
         if status is DraftStatus.PENDING:
-            return recorded  # unsent: the same draft again
+            return recorded, False  # unsent: the same draft again
         if status is DraftStatus.SENT:
             raise DraftAlreadySent(recorded)
     # A draft an earlier run made but never recorded is reused, never left to be sent
@@ -65,7 +61,7 @@ def prepare_draft(job: SendJob, drafts: DraftsProvider, raw: bytes, now: datetim
     found = sorted(drafts.find_drafts(job.message_id), key=lambda d: d.draft_id)
     draft = found[0] if found else drafts.create_draft(raw)
     job.record_draft(draft_id=draft.draft_id, provider_message_id=draft.provider_message_id, at=now)
-    return draft
+    return draft, not found
 
 
 def no_draft(work: Work, exc: ProviderError, circuits: Circuits, now: datetime) -> None:
@@ -93,7 +89,8 @@ def unknown_decision(
     job: SendJob, policy: ChannelPolicy, *, now: datetime, handle_reliable: bool
 ) -> AfterUnknown:
     """What follows an unknown outcome: with a recorded draft, its check at once (every
-    channel); otherwise the policy's rule for unknown outcomes."""
+    channel: the sweep's, which deletes a draft still unsent before it says so);
+    otherwise the policy's rule for unknown outcomes."""
     if recorded_draft(job) is not None:
         return decisions.after_unknown_draft(policy, now=now)
     return decisions.after_unknown(policy, now=now, handle_reliable=handle_reliable)
@@ -118,12 +115,14 @@ def record_draft_check(
     now: datetime,
     unknown_at: datetime,
     handle_reliable: bool,
+    tidy_at: datetime | None,
 ) -> None:
-    """What the draft answered, as events on the job in memory (the caller saves)."""
+    """What the draft answered, as events on the job in memory (the caller saves);
+    `tidy_at`: when the job's unsent drafts are deleted, should this settle it."""
     draft = recorded_draft(job)
     assert draft is not None, "record_draft_check needs a recorded draft"
     if check.status is DraftStatus.SENT:
-        confirm_recorded(job, policy, draft, now)
+        confirm_recorded(job, policy, draft, now, tidy_at)
     elif check.status is DraftStatus.PENDING:
         job.record_draft_pending(
             decision=decisions.after_draft_pending(
@@ -149,6 +148,7 @@ def settle_by_draft(
     now: datetime,
     unknown_at: datetime,
     handle_reliable: bool,
+    tidy_at: datetime | None = None,
 ) -> bool:
     """Ask the job's draft and record what it answers (in memory; the caller saves).
     False when the check failed: nothing recorded, the job stays as it was."""
@@ -156,27 +156,24 @@ def settle_by_draft(
     if check is None:
         return False
     record_draft_check(
-        job, check, policy, now=now, unknown_at=unknown_at, handle_reliable=handle_reliable
+        job,
+        check,
+        policy,
+        now=now,
+        unknown_at=unknown_at,
+        handle_reliable=handle_reliable,
+        tidy_at=tidy_at,
     )
     return True
 
 
-def confirm_recorded(job: SendJob, policy: ChannelPolicy, draft: Draft, now: datetime) -> None:
-    """A recorded draft found SENT before a claim: the job is confirmed by it."""
+def confirm_recorded(
+    job: SendJob, policy: ChannelPolicy, draft: Draft, now: datetime, tidy_at: datetime | None
+) -> None:
+    """A recorded draft found SENT: the job is confirmed by it."""
     job.record_draft_sent(
         provider_message_id=draft.provider_message_id,
         decision=decisions.after_response(policy, resent=job.resent, now=now),
         at=now,
+        tidy_at=tidy_at,
     )
-
-
-def delete_leftovers(job: SendJob, drafts: DraftsProvider) -> int:
-    """After the job is confirmed: delete every unsent draft with its Message-ID (one a
-    lost answer to a create left, not yet visible when the claim was made). Best effort:
-    such a draft is never sent by the daemon in any case."""
-    try:
-        found = drafts.find_drafts(job.message_id)
-        return sum(1 for draft in found if drafts.delete_draft(draft.draft_id))
-    except ProviderError as exc:
-        log.info("job %s: leftover drafts not deleted (%s)", job.key, exc.reason)
-        return 0

@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
+from daemon.providers.draft_handle import DraftsProvider
 from ledger.job import SendJob
 
 log = logging.getLogger("sendledger.engine")
@@ -62,6 +63,7 @@ class ObservedProvider(ProviderBase):
         self.timeout = inner.timeout
         self.readback_first = inner.readback_first
         self.readback_rate = inner.readback_rate
+        self.leaves_drafts = inner.leaves_drafts
         self._observer = observer
 
     def _timed(self, operation: str, call: Callable[[], T]) -> T:
@@ -82,6 +84,16 @@ class ObservedProvider(ProviderBase):
         return self._timed(
             "read_message_id", lambda: self.inner.read_message_id(provider_message_id)
         )
+
+    def drafts(self) -> DraftsProvider | None:
+        # Not timed: the draft calls are the inner provider's own.
+        return self.inner.drafts()
+
+    def delete_drafts(self, message_id: str) -> list[str]:
+        return self._timed("delete_drafts", lambda: self.inner.delete_drafts(message_id))
+
+    def ping(self) -> None:
+        self._timed("ping", self.inner.ping)
 
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         # The job's view of the provider (its mailbox), timed like the provider itself.

@@ -5,10 +5,12 @@ event and nothing after it. Whether the provider got the message cannot be known
 treated exactly like a timeout (invariant 6 in ``docs/architecture.md``): searched later, or
 sent to review, by the channel's policy.
 
-Another daemon's claim may still be in flight, so it waits for its deadline (`Recover`).
-A daemon's own claims found at its start-up cannot be: the store's identity lock lets one
-live daemon hold a name (`Ledger.hold_identity`), so whoever claimed them is dead, and
-`RecoverOwnClaims` treats them as Unknown at once.
+Another daemon's claim may still be in flight, so it waits for its deadline (`Recover`),
+which that daemon renews while the call runs (`leases.py`): only a lease that lapsed is
+taken. A claim that one of this daemon's own workers holds is never taken, whatever its
+deadline says. A daemon's own claims found at its start-up have no call in flight: the
+store's identity lock lets one live daemon hold a name (`Ledger.hold_identity`), so
+whoever claimed them is dead, and `RecoverOwnClaims` treats them as Unknown at once.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 from datetime import datetime
 
 from daemon.engine.dispatch import save_unknown_outcome
+from daemon.engine.leases import Leases
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work, due
 from ledger.job import SendJob
@@ -32,13 +35,14 @@ OWN_REASON = "no outcome recorded before this daemon restarted (crash or kill?)"
 class Recover:
     state = JobState.ATTEMPTED
 
-    def __init__(self, health: ProviderHealth) -> None:
+    def __init__(self, health: ProviderHealth, leases: Leases) -> None:
         self._health = health
+        self._leases = leases
 
     reason = REASON
 
     def is_due(self, job: SendJob, now: datetime) -> bool:
-        return due(job, now)
+        return due(job, now) and not self._leases.holds(job.key)
 
     def run(self, work: Work) -> None:
         job = work.job
@@ -58,9 +62,13 @@ class RecoverOwnClaims(Recover):
 
     reason = OWN_REASON
 
-    def __init__(self, health: ProviderHealth, daemon: str) -> None:
-        super().__init__(health)
+    def __init__(self, health: ProviderHealth, leases: Leases, daemon: str) -> None:
+        super().__init__(health, leases)
         self._daemon = daemon
 
     def is_due(self, job: SendJob, now: datetime) -> bool:
-        return bool(self._daemon) and job.claimed_by == self._daemon
+        return (
+            bool(self._daemon)
+            and job.claimed_by == self._daemon
+            and not self._leases.holds(job.key)
+        )

@@ -13,6 +13,7 @@ Count = Literal[
     "rejected",
     "unavailable",
     "searched",
+    "tidied",
     "escalated",
     "recovered",
     "skipped",
@@ -28,6 +29,7 @@ class TickReport:
     rejected: int = 0
     unavailable: int = 0  # rejections that proved the provider unavailable (not counted)
     searched: int = 0
+    tidied: int = 0  # settled jobs whose unsent drafts were looked for and deleted
     escalated: int = 0
     recovered: int = 0
     skipped: int = 0

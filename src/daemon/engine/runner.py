@@ -63,18 +63,25 @@ class Work:
             self.commits.save(self.job)
         self.report_saved(events)
 
-    def save_soon(self, then: Callable[[], None]) -> None:
+    def save_soon(
+        self, then: Callable[[], None], *, always: Callable[[], None] | None = None
+    ) -> None:
         """Save the step's events with the next commit, without waiting (`commit.py`:
-        for what no call waits on); `then()` once they are durable. A failure is
-        counted as `save` would have made the step's guard count it."""
+        for what no call waits on); `then()` once they are durable, `always()` once they
+        are durable or failed. A failure is counted as `save` would have made the step's
+        guard count it."""
         events = list(self.job.pending_events)
 
         def saved(error: BaseException | None) -> None:
-            if error is not None:
-                count_failure(self.job.key, error, self.counter, "the outcome's save")
-                return
-            self.report_saved(events)
-            then()
+            try:
+                if error is not None:
+                    count_failure(self.job.key, error, self.counter, "the outcome's save")
+                    return
+                self.report_saved(events)
+                then()
+            finally:
+                if always is not None:
+                    always()
 
         if self.commits is None:
             try:

@@ -11,6 +11,12 @@ is recorded, and the job's searches wait a little instead of hammering the provi
 failure that proves the provider unavailable counts toward its scope's circuit, as a
 send's does, and while that circuit is open the scope's due searches wait, except its one
 probe (docs/operations.md "Outages and quotas").
+
+With a provider that may leave unsent drafts (`Provider.leaves_drafts`: Graph, Gmail's
+drafts mode), a sweep first deletes the job's unsent drafts (the fence: the lapsed claim's
+draft can never be sent late, so the count that follows stays true), recorded as
+DraftsDeleted; a person's search never deletes anything. `Tidy` deletes them once a job is
+settled, `search_after` later (docs/architecture.md "Drafts never outlive their job").
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ from typing import TypeVar
 from daemon.crashpoints import crash_point
 from daemon.engine.circuit import CHECK, Admit, Circuits
 from daemon.engine.clock import Clock
-from daemon.engine.drafts import drafts_mode, record_draft_check, recorded_draft
+from daemon.engine.drafts import record_draft_check, recorded_draft
 from daemon.engine.readback import ProviderHealth
+from daemon.engine.report import Count
 from daemon.engine.runner import Work, due
 from daemon.providers.base import Provider, ProviderError, SearchResult
-from daemon.providers.draft_handle import DraftCheck, DraftsProvider
+from daemon.providers.draft_handle import DraftCheck, DraftsProvider, DraftStatus
 from ledger.decision_types import StopVerifying
-from ledger.job import SendJob
+from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob
 from ledger.vocabulary import JobState, PolicyRef
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -82,13 +89,39 @@ class SearchBackoff:
         """The job's draft's answer, under the same circuit and backoff as a search."""
         draft = recorded_draft(work.job)
         assert draft is not None, "ask needs a recorded draft"
-        return self._call(work, provider, "draft check", lambda: drafts.check_draft(draft))
+        return self._call(
+            work, provider, "draft check", lambda: drafts.check_draft(draft), "searched"
+        )
 
     def search(self, work: Work, provider: Provider) -> SearchResult | None:
-        return self._call(work, provider, "search", lambda: provider.search(work.job.message_id))
+        return self._call(
+            work, provider, "search", lambda: provider.search(work.job.message_id), "searched"
+        )
 
-    def _call(self, work: Work, provider: Provider, what: str, call: Callable[[], T]) -> T | None:
-        """`call()`, the one provider call of a sweep or verification; None when its
+    def delete_draft(
+        self, work: Work, drafts: DraftsProvider, provider: Provider, draft_id: str
+    ) -> bool | None:
+        """One draft deleted (False: it was gone already), under the circuit and backoff."""
+        return self._call(work, provider, "draft fence", lambda: drafts.delete_draft(draft_id))
+
+    def delete_drafts(self, work: Work, provider: Provider, what: str) -> list[str] | None:
+        """The job's unsent drafts deleted, under the same circuit and backoff."""
+        return self._call(work, provider, what, lambda: provider.delete_drafts(work.job.message_id))
+
+    def wait(self, key: str, seconds: float) -> None:
+        """The job's checks wait `seconds` (nothing can be done for it now)."""
+        with self._lock:
+            self._not_before[key] = self._clock() + timedelta(seconds=seconds)
+
+    def _call(
+        self,
+        work: Work,
+        provider: Provider,
+        what: str,
+        call: Callable[[], T],
+        counted: Count | None = None,
+    ) -> T | None:
+        """`call()`, one provider call of a sweep, a verification or a tidy; None when its
         circuit holds it or it failed (no information: never a miss)."""
         key, scope = work.job.key, provider.scope()
         admit = self._circuits.admit(scope, work.now, CHECK)
@@ -99,11 +132,17 @@ class SearchBackoff:
         with self._lock:
             self._scope_of.pop(key, None)
         try:
-            result = call()
+            with self._circuits.calling(scope):
+                result = call()
         except ProviderError as exc:
             now = self._clock()
             self._circuits.called(
-                scope, now, unavailable=exc.unavailable, retry_after=exc.retry_after
+                scope,
+                now,
+                unavailable=exc.unavailable,
+                retry_after=exc.retry_after,
+                timed_out=exc.timed_out,
+                kind=CHECK,
             )
             wait = max(exc.retry_after or 0.0, 1.0)
             with self._lock:
@@ -115,11 +154,15 @@ class SearchBackoff:
             if admit is Admit.PROBE:
                 self._circuits.probe_returned(scope)  # no answer either way: not the probe
             raise
-        self._circuits.answered(scope)
-        crash_point("after-search")
+        self._circuits.answered(scope, self._clock(), CHECK)
+        if counted is not None:
+            # A search's or a draft check's answer, not a deletion's: the crash matrix
+            # means the point between an answer that decides and its record.
+            crash_point("after-search")
         with self._lock:
             self._not_before.pop(key, None)
-        work.count("searched")
+        if counted is not None:
+            work.count(counted)
         return result
 
 
@@ -139,7 +182,7 @@ class Sweep:
         if found is None:
             return
         policy, provider = found
-        drafts = drafts_mode(provider)
+        drafts = provider.drafts()
         if drafts is not None and recorded_draft(work.job) is not None:
             self._ask_draft(work, drafts, provider, policy)
             return
@@ -149,14 +192,33 @@ class Sweep:
         if refused is not None:
             work.to_review(refused, f"provider {policy.provider} replaces Message-IDs")
             return
+        if provider.leaves_drafts:
+            # The fence: no claim of this job is live (its outcome is Unknown), so any
+            # draft of it still unsent is deleted before the copies are counted.
+            deleted = self._backoff.delete_drafts(work, provider, "fence")
+            if deleted is None:
+                return
+            if deleted:
+                work.job.record_drafts_deleted(
+                    draft_ids=deleted, why=DRAFTS_FENCE, at=self._clock()
+                )
         result = self._backoff.search(work, provider)
         if result is None:
+            if work.job.pending_events:
+                work.save()  # the fence's deletions, recorded even when the search failed
             return
         job, work.now = work.job, self._clock()
         decision = decisions.after_search(
             policy, hits=len(result.hits), misses_before=job.misses, resent=job.resent, now=work.now
         )
-        job.record_search(query=result.query, copies=result.copies, decision=decision, at=work.now)
+        tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now)
+        job.record_search(
+            query=result.query,
+            copies=result.copies,
+            decision=decision,
+            at=work.now,
+            tidy_at=tidy_at,
+        )
         work.save()
         log.info(
             "job %s: search found %d copies: %s", job.key, len(result.hits), type(decision).__name__
@@ -165,11 +227,27 @@ class Sweep:
     def _ask_draft(
         self, work: Work, drafts: DraftsProvider, provider: Provider, policy: ChannelPolicy
     ) -> None:
-        """A job whose draft is recorded is settled by the draft, not by a search."""
+        """A job whose draft is recorded is settled by the draft, not by a search. A draft
+        still unsent is deleted before the job is recorded as not sent by it (the fence):
+        the sweep runs for a claim whose lease lapsed or whose call timed out, and that
+        call may still land; once deleted, nothing can send it."""
         job = work.job
         check = self._backoff.ask(work, drafts, provider)
         if check is None:
             return
+        fenced = None
+        if check.status is DraftStatus.PENDING:
+            draft = recorded_draft(job)
+            assert draft is not None
+            deleted = self._backoff.delete_draft(work, drafts, provider, draft.draft_id)
+            if deleted is None:
+                return  # no answer: asked again later
+            if deleted:
+                fenced = draft.draft_id
+            else:  # gone since the check: sent by that call, or deleted by a person
+                check = self._backoff.ask(work, drafts, provider)
+                if check is None:
+                    return
         work.now = self._clock()
         record_draft_check(
             job,
@@ -178,7 +256,10 @@ class Sweep:
             now=work.now,
             unknown_at=work.now,
             handle_reliable=self._health.reliable(policy.provider),
+            tidy_at=decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now),
         )
+        if fenced is not None:
+            job.record_drafts_deleted(draft_ids=[fenced], why=DRAFTS_FENCE, at=work.now)
         work.save()
         log.info("job %s: its draft is %s", job.key, check.status.value)
 
@@ -191,7 +272,12 @@ class Verify:
         self._clock = clock
 
     def is_due(self, job: SendJob, now: datetime) -> bool:
-        return job.verifying and due(job, now) and not self._backoff.held(job.key, now)
+        return (
+            job.verifying
+            and job.verify_at is not None
+            and job.verify_at <= now
+            and not self._backoff.held(job.key, now)
+        )
 
     def run(self, work: Work) -> None:
         job = work.job
@@ -213,3 +299,63 @@ class Verify:
         job.record_search(query=result.query, copies=result.copies, decision=decision, at=work.now)
         work.save()
         log.info("job %s: verification found %d copies", job.key, len(result.hits))
+
+
+class FirstDue:
+    """Steps on the jobs of one state, handed out as one step: each job runs the first of
+    them that is due for it. Verify and the confirmed jobs' Tidy read the same due rows (a
+    confirmed job's due time is the earlier of `verify_at` and `tidy_at`). Handed out
+    apart, in a daemon's tick, which waits for nothing, the first took the rows at the
+    head of that queue, the ones due for the second, and its loads, which then did
+    nothing, still held the check workers when the second was handed the same rows: a
+    confirmed job's drafts were never tidied (nor a verification behind those rows ever
+    made)."""
+
+    def __init__(self, *steps: Verify | Tidy) -> None:
+        if len({step.state for step in steps}) != 1:
+            raise ValueError("FirstDue takes steps of one state")
+        self.steps = steps
+        self.state = steps[0].state
+
+    def is_due(self, job: SendJob, now: datetime) -> bool:
+        return any(step.is_due(job, now) for step in self.steps)
+
+    def run(self, work: Work) -> None:
+        for step in self.steps:
+            if step.is_due(work.job, work.now):
+                step.run(work)
+                return
+
+
+class Tidy:
+    """A settled job's unsent drafts deleted at the provider, once `tidy_at` has come
+    (the settling command set it: `decisions.tidy_at`). One per final state, since the
+    index is read per state."""
+
+    def __init__(self, state: JobState, backoff: SearchBackoff, clock: Clock) -> None:
+        self.state = state
+        self._backoff = backoff
+        self._clock = clock
+
+    def is_due(self, job: SendJob, now: datetime) -> bool:
+        return (
+            job.tidy_at is not None and job.tidy_at <= now and not self._backoff.held(job.key, now)
+        )
+
+    def run(self, work: Work) -> None:
+        job, provider = work.job, work.provider
+        if provider is None:
+            # No provider to ask (its channel's policy is gone): the drafts wait in the
+            # mailbox until one is configured; looked at again a minute later.
+            self._backoff.wait(job.key, 60.0)
+            log.error("job %s: its unsent drafts cannot be deleted: no provider", job.key)
+            work.count("errors")
+            return
+        deleted = self._backoff.delete_drafts(work, provider, "drafts tidy")
+        if deleted is None:
+            return
+        job.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_TIDY, at=self._clock())
+        work.save()
+        work.count("tidied")
+        if deleted:
+            log.info("job %s: %d unsent drafts deleted: %s", job.key, len(deleted), deleted)

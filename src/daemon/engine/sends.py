@@ -9,7 +9,10 @@ circuit is closed (or this job is its one probe, `circuit.py`) and the quota of 
 was reserved (`Provider.reserve_send`). So a mailbox out of quota, or a provider that is
 down, holds no worker: the workers serve the other scopes, and a worker whose call hangs
 holds only itself, until the provider's timeout. A worker that runs out of offered keys
-asks for more itself (`refill`) instead of waiting for the next tick.
+asks for more itself (`refill`) instead of waiting for the next tick. While a scope is
+held, every job of its queue that has waited longer than its channel's `give_up_after`
+goes to review, wherever it stands in the queue; and a circuit that a hang opened is
+probed with a ping (`Admit.PING`), the job staying queued.
 
 docs/performance.md "Performance and scaling" and "Outages and quotas"; ``docs/architecture.md``
 "Dispatch".
@@ -28,6 +31,7 @@ from datetime import datetime
 from daemon.engine.circuit import Admit, Circuits
 from daemon.engine.clock import Clock
 from daemon.engine.runner import Work
+from daemon.providers.base import Provider
 from policies import decisions
 
 log = logging.getLogger("sendledger.engine")
@@ -50,6 +54,30 @@ class _Task:
     admit: Admit | None  # None: give up (waited longer than give_up_after)
 
 
+class _Queue(deque[Work]):
+    """One scope's due jobs, oldest first, and the soonest moment one of them will have
+    waited longer than its channel's `give_up_after` (None: none will)."""
+
+    give_up_at: datetime | None = None
+
+    def add(self, work: Work) -> None:
+        self.append(work)
+        at = _give_up_time(work)
+        if at is not None and (self.give_up_at is None or at < self.give_up_at):
+            self.give_up_at = at
+
+    def take_given_up(self, now: datetime) -> Work | None:
+        """The first job that waited too long by `now`, out of the queue; None."""
+        if self.give_up_at is None or now < self.give_up_at:
+            return None
+        found = next((w for w in self if _waited_too_long(w, now)), None)
+        if found is not None:
+            self.remove(found)
+        times = [at for w in self if (at := _give_up_time(w)) is not None]
+        self.give_up_at = min(times, default=None)
+        return found
+
+
 class SendWorkers:
     def __init__(
         self,
@@ -58,15 +86,18 @@ class SendWorkers:
         load: Callable[[list[str]], list[Work]],
         dispatch: Callable[[Work, bool], object],
         give_up: Callable[[Work], None],
+        ping: Callable[[Provider, str], None],
         refill: Callable[[], None],
         flush: Callable[[], None],
         circuits: Circuits,
         clock: Clock,
         max_queued: int,
+        name: str = "",
     ) -> None:
         self._load = load
         self._dispatch = dispatch
         self._give_up = give_up
+        self._ping = ping
         self._refill = refill
         self._flush = flush
         self._circuits = circuits
@@ -81,7 +112,7 @@ class SendWorkers:
         self._drained = threading.Condition(lock)
         self._intake: deque[str] = deque()
         self._known: set[str] = set()  # offered, queued or running
-        self._queues: dict[str, deque[Work]] = {}
+        self._queues: dict[str, _Queue] = {}
         self._turns: deque[str] = deque()  # scopes in the order they are served
         self._loading = 0
         self._running = 0
@@ -92,7 +123,13 @@ class SendWorkers:
         self._closing = False
         self._crashed: BaseException | None = None
         self._threads = [
-            threading.Thread(target=self._serve, args=(n,), name=f"send-{n}", daemon=True)
+            # Named after the daemon too: two engines in one process (tests) are told apart.
+            threading.Thread(
+                target=self._serve,
+                args=(n,),
+                name=f"send-{n}@{name}" if name else f"send-{n}",
+                daemon=True,
+            )
             for n in range(max(workers, 1))
         ]
         for thread in self._threads:
@@ -234,13 +271,17 @@ class SendWorkers:
                 return _Task(work, scope, Admit.GO), 0.0
             admit = self._circuits.admit(scope, now)
             if admit is Admit.HOLD:
-                if _waited_too_long(work, now):
-                    queue.popleft()
-                    return _Task(work, scope, None), 0.0
+                given_up = queue.take_given_up(now)
+                if given_up is not None:
+                    return _Task(given_up, scope, None), 0.0
                 probe_at = self._circuits.next_probe(scope)
                 if probe_at is not None:
                     wait = min(wait, max((probe_at - now).total_seconds(), 0.001))
+                elif queue.give_up_at is not None:
+                    wait = min(wait, max((queue.give_up_at - now).total_seconds(), 0.001))
                 continue
+            if admit is Admit.PING:
+                return _Task(work, scope, admit), 0.0  # the job stays queued
             reserved = provider.reserve_send()
             if reserved > 0.0:
                 if admit is Admit.PROBE:
@@ -265,12 +306,15 @@ class SendWorkers:
             for work, scope in scoped:
                 queue = self._queues.get(scope)
                 if queue is None:
-                    queue = self._queues[scope] = deque()
+                    queue = self._queues[scope] = _Queue()
                     self._turns.append(scope)
-                queue.append(work)
+                queue.add(work)
             self._changed()
 
     def _run(self, task: _Task) -> None:
+        if task.admit is Admit.PING:
+            self._run_ping(task)
+            return
         try:
             if task.admit is None:
                 self._give_up(task.work)
@@ -287,6 +331,18 @@ class SendWorkers:
             with self._cond:
                 self._running -= 1
                 self._known.discard(task.work.job.key)
+                self._changed()
+
+    def _run_ping(self, task: _Task) -> None:
+        provider = task.work.provider
+        try:
+            if provider is not None:
+                self._ping(provider, task.scope)
+        except Exception:
+            log.exception("scope %s: ping failed", task.scope)
+        finally:
+            with self._cond:
+                self._running -= 1
                 self._changed()
 
     def _flush_now(self) -> None:
@@ -306,11 +362,19 @@ class SendWorkers:
                 self._changed()
 
 
+def _waiting_since(work: Work) -> datetime | None:
+    return work.job.unavailable_since or work.job.due_at
+
+
+def _give_up_time(work: Work) -> datetime | None:
+    since = _waiting_since(work)
+    if work.policy is None or since is None:
+        return None
+    return decisions.give_up_time(work.policy, waiting_since=since)
+
+
 def _waited_too_long(work: Work, now: datetime) -> bool:
-    policy, job = work.policy, work.job
-    if policy is None or policy.give_up_after is None:
+    since = _waiting_since(work)
+    if work.policy is None or since is None:
         return False
-    since = job.unavailable_since or job.due_at
-    if since is None:
-        return False
-    return decisions.waited_too_long(policy, waiting_since=since, now=now) is not None
+    return decisions.waited_too_long(work.policy, waiting_since=since, now=now) is not None

@@ -1,7 +1,9 @@
-"""The engine: a tick hands the due jobs of four steps to two worker budgets and returns.
+"""The engine: a tick hands the due jobs of five steps to two worker budgets and returns.
 
-dispatch (requested) -> recover (attempted past its deadline) -> sweep (unknown, search
-due) -> verify (confirmed after a resend, count due). Each step reads the job index for
+dispatch (requested) -> recover (attempted past its deadline, no worker of ours holding
+it) -> sweep (unknown, search due) -> verify (confirmed after a resend, count due) -> tidy
+(settled, its unsent drafts to delete). Each tick first renews the leases of the calls in
+flight (`leases.py`). Each step reads the job index for
 its due jobs only, so a tick's work grows with what is due, not with the history. Sends
 run on the send workers (`sends.py`, `concurrency` of them), everything else on the check
 workers (`search_concurrency`): a backlog of sends never delays a due search, and the
@@ -19,21 +21,22 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 
-from daemon.engine.circuit import Circuits, CircuitSettings, OpenCircuit
+from daemon.engine.circuit import PING, Circuits, CircuitSettings, OpenCircuit
 from daemon.engine.clock import Clock
 from daemon.engine.commit import GroupCommit
 from daemon.engine.dispatch import Dispatch
+from daemon.engine.leases import Leases, renew_interval
 from daemon.engine.observer import EngineObserver, NullObserver, ObservedProvider, notify
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.recover import Recover, RecoverOwnClaims
 from daemon.engine.report import Counter, TickReport
 from daemon.engine.runner import Step, StepRunner, Work
-from daemon.engine.search import SearchBackoff, Sweep, Verify
+from daemon.engine.search import FirstDue, SearchBackoff, Sweep, Tidy, Verify
 from daemon.engine.sends import SendWorkers
-from daemon.providers.base import Provider
+from daemon.providers.base import Provider, ProviderError
 from ledger.application import Ledger
-from ledger.vocabulary import JobState
+from ledger.vocabulary import FINAL_STATES, JobState
 
 
 class CheckWorkers:
@@ -108,6 +111,8 @@ class Engine:
         self.circuits = Circuits(circuit)
         self.health = ProviderHealth(ledger, self.clock, self.circuits)
         self.commits = GroupCommit(ledger)
+        self.leases = Leases(ledger, self.clock, daemon_name)
+        self._lease_seconds = min(provider_timeouts.values(), default=30.0) + deadline_grace
         self._stopping = threading.Event()
         self._counter = Counter()
         self.observer: EngineObserver = observer or NullObserver()
@@ -131,6 +136,7 @@ class Engine:
             self.health,
             self.clock,
             self.circuits,
+            self.leases,
             provider_timeouts=provider_timeouts,
             deadline_grace=deadline_grace,
             rng=rng or random.Random(),
@@ -138,20 +144,27 @@ class Engine:
             daemon=daemon_name,
         )
         self._checks_steps: tuple[Step, ...] = (
-            Recover(self.health),
+            Recover(self.health, self.leases),
             Sweep(self.health, backoff, self.clock),
-            Verify(backoff, self.clock),
+            # One step for the confirmed jobs: they share one due time (`FirstDue`).
+            FirstDue(Verify(backoff, self.clock), Tidy(JobState.CONFIRMED, backoff, self.clock)),
+            *(
+                Tidy(state, backoff, self.clock)
+                for state in sorted(FINAL_STATES - {JobState.CONFIRMED})
+            ),
         )
         self._sends = SendWorkers(
             workers=concurrency,
             load=self._load_due,
             dispatch=self._send_one,
             give_up=self._give_up,
+            ping=self._ping,
             refill=self._offer_sends,
             flush=self.commits.flush,
             circuits=self.circuits,
             clock=self.clock,
             max_queued=max(batch_size * 10, concurrency * 4),
+            name=daemon_name,
         )
         self._checks = CheckWorkers(self._runner, self._counter, search_concurrency or concurrency)
 
@@ -162,6 +175,15 @@ class Engine:
     def close(self) -> None:
         self._sends.close()
         self._checks.close()
+        self.leases.close()
+
+    def start_lease_renewer(self) -> None:
+        """A running daemon's leases are renewed on a thread of their own, so a tick
+        held up by the store does not let a slow call's lease lapse (`leases.py`)."""
+        self.leases.start(renew_interval(self._lease_seconds))
+
+    def renew_leases(self) -> int:
+        return self.leases.renew_due()
 
     def in_flight(self) -> tuple[int, int]:
         """(sends, checks) running now: what a stopping daemon waits for (`runtime.py`)."""
@@ -182,7 +204,7 @@ class Engine:
         claims left by an earlier process have no call in flight; Unknown now."""
         counter = Counter()
         self.health.refresh(self.providers)
-        step = RecoverOwnClaims(self.health, self.daemon_name)
+        step = RecoverOwnClaims(self.health, self.leases, self.daemon_name)
         for row in self.ledger.jobs(state=step.state):
             self._runner.run(step, row.key, counter)
         return counter.report
@@ -191,6 +213,7 @@ class Engine:
         """The daemon's tick: the due jobs handed to the workers, waiting for none of them.
         What the workers did since the previous tick."""
         started = time.perf_counter()
+        self.leases.renew_due()
         self.health.refresh(self.providers)
         self._offer_sends()
         for step in self._checks_steps:
@@ -201,6 +224,7 @@ class Engine:
         """One tick to completion: each step's due jobs handed out and waited for, in
         order (a one-shot run, tests)."""
         started = time.perf_counter()
+        self.leases.renew_due()
         self.health.refresh(self.providers)
         self._offer_sends()
         self._sends.drain()
@@ -232,7 +256,7 @@ class Engine:
         if free <= 0:
             return
         limit = min(free * 2, self.batch_size)
-        if not isinstance(step, Sweep | Verify):
+        if not isinstance(step, Sweep | FirstDue | Tidy):
             rows = self.ledger.due(step.state, self.clock(), limit)
             self._checks.submit(step, [row.key for row in rows])
             return
@@ -263,6 +287,26 @@ class Engine:
         return self._runner.guard(
             self._dispatch, key, self._counter, lambda: self._dispatch.dispatch(work, probe=probe)
         )
+
+    def _ping(self, provider: Provider, scope: str) -> None:
+        """The probe of a circuit a hang opened: a call that sends nothing."""
+        try:
+            with self.circuits.calling(scope):
+                provider.ping()
+        except ProviderError as exc:
+            self.circuits.called(
+                scope,
+                self.clock(),
+                unavailable=exc.unavailable,
+                retry_after=exc.retry_after,
+                timed_out=exc.timed_out,
+                kind=PING,
+            )
+        except BaseException:
+            self.circuits.probe_returned(scope)
+            raise
+        else:
+            self.circuits.answered(scope, self.clock(), PING)
 
     def _give_up(self, work: Work) -> None:
         key = work.job.key

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
+
+if TYPE_CHECKING:
+    from daemon.providers.draft_handle import DraftsProvider
 
 # The defaults of the Message-ID read-back (daemon/engine/readback.py): the port declares them
 # so providers and settings share them without importing the engine (docs/performance.md,
@@ -16,6 +19,9 @@ from typing import Protocol
 DEFAULT_READBACK_FIRST = 10
 #: One send in a hundred: a read-back costs an API call (5 Gmail quota units) per send.
 DEFAULT_READBACK_RATE = 0.01
+#: What `ProviderBase.ping` searches for: `.invalid` is reserved (RFC 2606), so no message
+#: anyone sent has it.
+PING_MESSAGE_ID = "<ping@sendledger.invalid>"
 
 
 class SendKind(StrEnum):
@@ -38,6 +44,11 @@ class SendOutcome:
     #: `max_attempts`, and a few in a row open the scope's circuit (docs/operations.md, "Outages and
     #: quotas").
     unavailable: bool = False
+    #: The call ended because it outlived its timeout (after a send's request was written:
+    #: UNKNOWN). For the job the outcome is what `kind` says; for the scope's circuit a
+    #: sign of a hang, counted as "unavailable" is (docs/operations.md, "Outages and
+    #: quotas").
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,13 +84,21 @@ class ProviderError(Exception):
     """
 
     def __init__(
-        self, reason: str, *, retry_after: float | None = None, unavailable: bool = False
+        self,
+        reason: str,
+        *,
+        retry_after: float | None = None,
+        unavailable: bool = False,
+        timed_out: bool = False,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
-        #: The provider did not answer at all or said "over quota" (as SendOutcome's).
-        self.unavailable = unavailable
+        #: The provider did not answer at all or said "over quota" (as SendOutcome's); a
+        #: call that timed out is unavailable too.
+        self.unavailable = unavailable or timed_out
+        #: The call outlived its timeout: a hang, for the circuit (SendOutcome.timed_out).
+        self.timed_out = timed_out
 
 
 class Provider(Protocol):
@@ -99,6 +118,11 @@ class Provider(Protocol):
     #: one of the first `readback_first` after start-up, then a `readback_rate` share.
     readback_first: int
     readback_rate: float
+    #: Whether a send may leave an unsent draft with the job's Message-ID in the mailbox
+    #: (Graph's create step; Gmail with `send_via = "drafts"`): the engine then deletes
+    #: them with `delete_drafts` before it counts a lapsed claim's copies, and once the
+    #: job is settled (docs/architecture.md "Drafts never outlive their job").
+    leaves_drafts: bool
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         """Send one complete RFC 5322 message exactly once. Never raises for
@@ -117,6 +141,25 @@ class Provider(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    def drafts(self) -> DraftsProvider | None:
+        """The provider's drafts calls when it sends through drafts (Gmail with
+        `send_via = "drafts"`): the engine then records the draft before the claim and
+        sends that draft (docs/architecture.md "The life of one job on a drafts
+        provider"). None for every other provider."""
+        ...
+
+    def delete_drafts(self, message_id: str) -> list[str]:
+        """Delete every unsent draft whose Message-ID header is exactly `message_id`, and
+        say which were deleted (none for a provider that leaves no drafts). Raises
+        ProviderError when the answer is not known."""
+        ...
+
+    def ping(self) -> None:
+        """A call that sends nothing and proves the provider answers now. Raises
+        ProviderError (unavailable, or timed_out) when it does not. The probe of a circuit
+        that hung calls opened: no job is sent into a hang to find out whether it ended."""
+        ...
 
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         """The provider as one job sees it: a provider that acts per mailbox or per thread
@@ -153,6 +196,18 @@ class ProviderBase:
     timeout: float = 30.0
     readback_first: int = DEFAULT_READBACK_FIRST
     readback_rate: float = DEFAULT_READBACK_RATE
+    leaves_drafts: bool = False
+
+    def drafts(self) -> DraftsProvider | None:
+        return None
+
+    def delete_drafts(self, message_id: str) -> list[str]:
+        return []
+
+    def ping(self) -> None:
+        # A search for a Message-ID nobody can have sent: an answer, and no copy. A
+        # provider with a cheaper call that sends nothing overrides it.
+        cast(Provider, self).search(PING_MESSAGE_ID)
 
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         # Typed as Provider: a subclass that omits one of the four calls fails mypy here.

@@ -35,6 +35,7 @@ from typing import Any
 from google.auth import exceptions as auth_exceptions
 
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
+from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import (
     NotSentError,
     ResponseLostError,
@@ -249,7 +250,7 @@ def classify_send_exception(exc: BaseException) -> SendOutcome:
     if isinstance(exc, NotSentError):
         return _unavailable(f"not sent: {exc.message}")
     if isinstance(exc, ResponseLostError):
-        return SendOutcome(SendKind.UNKNOWN, exc.message)
+        return SendOutcome(SendKind.UNKNOWN, exc.message, timed_out=timed_out(exc))
     # Below: what a stack without SingleShotHttp would raise. Only errors that can happen
     # solely before a request is written count as "not sent".
     if isinstance(exc, socket.gaierror):
@@ -263,7 +264,9 @@ def classify_send_exception(exc: BaseException) -> SendOutcome:
     if type(exc).__name__ == "ServerNotFoundError":  # httplib2's DNS failure
         return _unavailable(f"not sent: {exc}")
     if isinstance(exc, OSError | http.client.HTTPException):
-        return SendOutcome(SendKind.UNKNOWN, f"transport failed: {describe(exc)}")
+        return SendOutcome(
+            SendKind.UNKNOWN, f"transport failed: {describe(exc)}", timed_out=timed_out(exc)
+        )
     return SendOutcome(SendKind.UNKNOWN, f"unexpected failure: {describe(exc)}")
 
 
@@ -298,4 +301,7 @@ def provider_error_for_exception(what: str, exc: BaseException) -> ProviderError
         detail = f"credentials: {exc}"
     else:
         detail = describe(exc)
-    return ProviderError(f"{what}: {detail}", unavailable=classify_send_exception(exc).unavailable)
+    outcome = classify_send_exception(exc)
+    return ProviderError(
+        f"{what}: {detail}", unavailable=outcome.unavailable, timed_out=outcome.timed_out
+    )

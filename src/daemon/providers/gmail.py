@@ -56,12 +56,13 @@ from daemon.providers.classify import (
     provider_error_for_exception,
     provider_error_for_response,
 )
-from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from daemon.providers.gmail_drafts import COMPOSE_SCOPE, DRAFT_STEP_UNITS, GmailDrafts
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
     GMAIL_LIST_UNITS,
+    GMAIL_PROFILE_UNITS,
     GMAIL_SEND_UNITS,
     TokenBucket,
 )
@@ -299,6 +300,8 @@ class GmailProvider(ProviderBase):
             raise ValueError(f"send_via must be one of {', '.join(SEND_VIA)}, got {send_via!r}")
         self.name = name
         self.send_via = send_via
+        # Drafts are made only when sending through them (the port's `leaves_drafts`).
+        self.leaves_drafts = send_via == "drafts"
         self.user = user or "me"
         self.per_mailbox = self.user == FROM_PLACEHOLDER
         # Read by the engine's Message-ID read-back sampling (daemon/engine/readback.py).
@@ -333,7 +336,7 @@ class GmailProvider(ProviderBase):
         self._closed = False
         self.service = build_gmail_service(self._transport(), api_endpoint=api_endpoint)
         self._messages = self.service.users().messages()
-        self.drafts = GmailDrafts(self)
+        self.draft_calls = GmailDrafts(self)
 
     # -- mailboxes ---------------------------------------------------------------------
 
@@ -517,7 +520,7 @@ class GmailProvider(ProviderBase):
         not keep the draft in the job's history. A draft that could not be created sent
         nothing (an orphan a lost answer left is never sent: `find_drafts`)."""
         try:
-            draft = self.drafts.create(mailbox, raw, thread_id)
+            draft = self.draft_calls.create(mailbox, raw, thread_id)
         except DraftRefused as exc:
             return SendOutcome(SendKind.REJECTED, f"not sent: {exc.reason}")
         except ProviderError as exc:
@@ -528,24 +531,46 @@ class GmailProvider(ProviderBase):
                 retry_after=exc.retry_after,
                 unavailable=exc.unavailable,
             )
-        return self.drafts.send(mailbox, draft)
+        return self.draft_calls.send(mailbox, draft)
 
     # -- drafts (send_via = "drafts"; daemon/providers/draft_handle.py) ------------------------
 
     def create_draft(self, raw: bytes) -> Draft:
-        return self.drafts.create(self._unscoped(), raw, None)
+        return self.draft_calls.create(self._unscoped(), raw, None)
 
     def send_draft(self, draft: Draft) -> SendOutcome:
-        return self.drafts.send(self._unscoped(), draft)
+        return self.draft_calls.send(self._unscoped(), draft)
 
     def check_draft(self, draft: Draft) -> DraftCheck:
-        return self.drafts.check(self._unscoped(), draft)
+        return self.draft_calls.check(self._unscoped(), draft)
 
     def find_drafts(self, message_id: str) -> list[Draft]:
-        return self.drafts.find(self._unscoped(), message_id)
+        return self.draft_calls.find(self._unscoped(), message_id)
 
     def delete_draft(self, draft_id: str) -> bool:
-        return self.drafts.delete(self._unscoped(), draft_id)
+        return self.draft_calls.delete(self._unscoped(), draft_id)
+
+    def drafts(self) -> DraftsProvider | None:
+        return self if self.send_via == "drafts" else None
+
+    def delete_drafts(self, message_id: str) -> list[str]:
+        return self.delete_drafts_in(self._unscoped(), message_id)
+
+    def delete_drafts_in(self, mailbox: _Mailbox, message_id: str) -> list[str]:
+        """Every unsent draft with the Message-ID, deleted (drafts.list, then drafts.delete
+        of each; only in drafts mode, the only one that makes drafts)."""
+        if self.send_via != "drafts":
+            return []
+        found = self.draft_calls.find(mailbox, message_id)
+        return [d.draft_id for d in found if self.draft_calls.delete(mailbox, d.draft_id)]
+
+    def ping(self) -> None:
+        self.ping_as(self._unscoped())
+
+    def ping_as(self, mailbox: _Mailbox) -> None:
+        """users.getProfile: 1 quota unit, sends nothing (a circuit's probe after a hang)."""
+        request = self.service.users().getProfile(userId=mailbox.user)
+        self.read_json("ping (users.getProfile)", request, GMAIL_PROFILE_UNITS, mailbox)
 
     def check_access(self) -> None:
         """The start-up check: with send_via = "drafts", that the credentials are granted
@@ -689,6 +714,7 @@ class GmailMailboxView(ProviderBase):
         self.thread_id = thread_id
         self.name = provider.name
         self.send_via = provider.send_via
+        self.leaves_drafts = provider.leaves_drafts
         self.readback_first = provider.readback_first
         self.readback_rate = provider.readback_rate
         self.timeout = provider.timeout
@@ -709,19 +735,28 @@ class GmailMailboxView(ProviderBase):
         return self.provider.search_in(self.mailbox, message_id)
 
     def create_draft(self, raw: bytes) -> Draft:
-        return self.provider.drafts.create(self.mailbox, raw, self.thread_id)
+        return self.provider.draft_calls.create(self.mailbox, raw, self.thread_id)
 
     def send_draft(self, draft: Draft) -> SendOutcome:
-        return self.provider.drafts.send(self.mailbox, draft)
+        return self.provider.draft_calls.send(self.mailbox, draft)
 
     def check_draft(self, draft: Draft) -> DraftCheck:
-        return self.provider.drafts.check(self.mailbox, draft)
+        return self.provider.draft_calls.check(self.mailbox, draft)
 
     def find_drafts(self, message_id: str) -> list[Draft]:
-        return self.provider.drafts.find(self.mailbox, message_id)
+        return self.provider.draft_calls.find(self.mailbox, message_id)
 
     def delete_draft(self, draft_id: str) -> bool:
-        return self.provider.drafts.delete(self.mailbox, draft_id)
+        return self.provider.draft_calls.delete(self.mailbox, draft_id)
+
+    def drafts(self) -> DraftsProvider | None:
+        return self if self.send_via == "drafts" else None
+
+    def delete_drafts(self, message_id: str) -> list[str]:
+        return self.provider.delete_drafts_in(self.mailbox, message_id)
+
+    def ping(self) -> None:
+        self.provider.ping_as(self.mailbox)
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.provider.read_message_id_in(self.mailbox, provider_message_id)

@@ -49,6 +49,7 @@ from daemon.providers.graph_classify import (
     token_error,
 )
 from daemon.providers.per_thread import PerThreadHttp
+from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import (
     DEFAULT_MAX_IDLE,
     NotSentError,
@@ -220,6 +221,7 @@ class GraphProvider(ProviderBase):
     the engine calls for one job (docs/providers.md "Providers")."""
 
     response_ids_readable = True
+    leaves_drafts = True  # each send creates its draft first
 
     def __init__(
         self,
@@ -351,7 +353,9 @@ class GraphProvider(ProviderBase):
             detail = getattr(exc, "message", None) or describe(exc)
             # No connection made: unavailable, counted toward the circuit.
             unavailable = isinstance(exc, NotSentError)
-            raise ProviderError(f"{what}: {detail}", unavailable=unavailable) from exc
+            raise ProviderError(
+                f"{what}: {detail}", unavailable=unavailable, timed_out=timed_out(exc)
+            ) from exc
         if status == 404:
             return None
         if not 200 <= status < 300:
@@ -472,41 +476,61 @@ class GraphProvider(ProviderBase):
         return self.search_in(self._unscoped(), message_id)
 
     def search_in(self, mailbox: _Mailbox, message_id: str) -> SearchResult:
-        """Every sent copy whose Message-ID header is `message_id`.
-
-        First the drafts of this Message-ID are fenced: each one still a draft (this
-        process's, read by immutable id, and any in Drafts) is deleted, so it can never be
-        sent; a draft that is no draft any more is a sent copy. Then Sent Items is searched
-        by `$filter=internetMessageId eq '...'` through every page, and the hits joined
-        with those read by id. The recorded query says how many unsent drafts were deleted.
+        """Every sent copy whose Message-ID header is `message_id`: Sent Items searched by
+        `$filter=internetMessageId eq '...'` through every page, joined with this
+        process's drafts of it that are no drafts any more (read by immutable id: a copy
+        the filter may not show yet). Reads only: a human's check may run while the
+        job's send is in flight, and deleting its draft then would make that send fail
+        (the engine fences with `delete_drafts` before it counts a lapsed claim's copies).
         """
         literal = filter_value(message_id)
         hits: dict[str, SearchHit] = {}
-        deleted = 0
         for draft_id in mailbox.drafts(message_id):
             found = self._message(mailbox, draft_id)
-            if found is None:
-                continue  # in transit (or deleted): the filter below, now or later
-            if found.get("isDraft") is True:
-                deleted += self._fence(mailbox, message_id, draft_id)
-            else:
+            if found is not None and found.get("isDraft") is False:
                 self._add_hit(hits, found, message_id)
-        for found in self._filtered(mailbox, DRAFTS, literal):
-            if found.get("isDraft") is True and isinstance(found.get("id"), str):
-                deleted += self._fence(mailbox, message_id, found["id"])
         query = f"mailFolders/{SENT_ITEMS}/messages?$filter=internetMessageId eq {literal}"
         for found in self._filtered(mailbox, SENT_ITEMS, literal):
             if found.get("isDraft") is not True:
                 self._add_hit(hits, found, message_id)
-        if deleted:
-            query += f" (and {deleted} unsent draft{'s' if deleted > 1 else ''} deleted)"
         return SearchResult(query=query, hits=tuple(hits.values()))
 
-    def _fence(self, mailbox: _Mailbox, message_id: str, draft_id: str) -> int:
+    def delete_drafts(self, message_id: str) -> list[str]:
+        return self.delete_drafts_in(self._unscoped(), message_id)
+
+    def delete_drafts_in(self, mailbox: _Mailbox, message_id: str) -> list[str]:
+        """Every draft of `message_id` that is still a draft, deleted, so it can never be
+        sent: this process's (read by immutable id) and any `$filter` finds in Drafts.
+        The ids deleted (one already gone is not counted)."""
+        literal = filter_value(message_id)
+        candidates: list[str] = []
+        for draft_id in mailbox.drafts(message_id):
+            found = self._message(mailbox, draft_id)
+            if found is not None and found.get("isDraft") is True:
+                candidates.append(draft_id)
+        for found in self._filtered(mailbox, DRAFTS, literal):
+            listed = found.get("id")
+            if found.get("isDraft") is True and isinstance(listed, str):
+                candidates.append(listed)
+        unique = list(dict.fromkeys(candidates))
+        return [d for d in unique if self._fence(mailbox, message_id, d)]
+
+    def ping(self) -> None:
+        self.ping_as(self._unscoped())
+
+    def ping_as(self, mailbox: _Mailbox) -> None:
+        """One page of one message's id from Sent Items: sends nothing (a circuit's probe
+        after a hang)."""
+        path = f"/mailFolders/{SENT_ITEMS}/messages?$top=1&$select=id"
+        if self._get_json("ping (Sent Items)", mailbox, path) is None:
+            raise ProviderError("ping (Sent Items): HTTP 404 (no such mailbox or folder)")
+
+    def _fence(self, mailbox: _Mailbox, message_id: str, draft_id: str) -> bool:
+        """Delete one unsent draft: True when deleted, False when it was already gone."""
         status = self._delete(mailbox, draft_id)
         if status is not None and (200 <= status < 300 or status == 404):
             mailbox.forget(message_id, draft_id)
-            return 1 if status != 404 else 0
+            return status != 404
         raise ProviderError(
             f"delete unsent draft {draft_id}: "
             + ("no answer" if status is None else f"HTTP {status}")
@@ -578,6 +602,7 @@ class GraphMailboxView(ProviderBase):
     closes nothing (the provider owns the connections)."""
 
     response_ids_readable = True
+    leaves_drafts = True
 
     def __init__(self, provider: GraphProvider, mailbox: _Mailbox) -> None:
         self.provider = provider
@@ -594,6 +619,12 @@ class GraphMailboxView(ProviderBase):
 
     def search(self, message_id: str) -> SearchResult:
         return self.provider.search_in(self.mailbox, message_id)
+
+    def delete_drafts(self, message_id: str) -> list[str]:
+        return self.provider.delete_drafts_in(self.mailbox, message_id)
+
+    def ping(self) -> None:
+        self.provider.ping_as(self.mailbox)
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.provider.read_message_id_in(self.mailbox, provider_message_id)

@@ -36,6 +36,7 @@ from typing import Any
 
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
 from daemon.providers.classify import message_id_from_body, parse_retry_after
+from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import NotSentError, ResponseLostError, describe
 
 # The identity platform's answers that no retry will change.
@@ -108,6 +109,7 @@ def classify_create_exception(exc: BaseException) -> SendOutcome:
         transient=True,
         # No connection made: the provider is unavailable (docs/operations.md "Outages and quotas").
         unavailable=isinstance(exc, NotSentError),
+        timed_out=timed_out(exc),
     )
 
 
@@ -149,8 +151,10 @@ def classify_send_exception(exc: BaseException) -> SendOutcome:
             SendKind.REJECTED, f"send: {exc.message}, not sent", transient=True, unavailable=True
         )
     if isinstance(exc, ResponseLostError):
-        return SendOutcome(SendKind.UNKNOWN, f"send: {exc.message}")
-    return SendOutcome(SendKind.UNKNOWN, f"send: unexpected failure: {describe(exc)}")
+        return SendOutcome(SendKind.UNKNOWN, f"send: {exc.message}", timed_out=timed_out(exc))
+    return SendOutcome(
+        SendKind.UNKNOWN, f"send: unexpected failure: {describe(exc)}", timed_out=timed_out(exc)
+    )
 
 
 def classify_send_response(

@@ -20,6 +20,7 @@ from imapclient import IMAPClient  # type: ignore[import-untyped]
 
 from daemon.providers.base import ProviderError
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
+from daemon.providers.timeouts import timed_out
 
 R = TypeVar("R")
 
@@ -101,14 +102,18 @@ class ImapSessions:
                 timeout=e.timeout,
             )
         except Exception as exc:
-            raise ProviderError(f"IMAP connect {e.host}:{e.port}: {_describe(exc)}") from exc
+            raise ProviderError(
+                f"IMAP connect {e.host}:{e.port}: {_describe(exc)}", timed_out=timed_out(exc)
+            ) from exc
         try:
             if e.security == "starttls":
                 client.starttls(e.ssl_context)
             client.login(e.username, e.password)
         except Exception as exc:
             _logout(client)
-            raise ProviderError(f"IMAP {e.host}:{e.port}: {_describe(exc)}") from exc
+            raise ProviderError(
+                f"IMAP {e.host}:{e.port}: {_describe(exc)}", timed_out=timed_out(exc)
+            ) from exc
         return self.pool.fresh(client)
 
     def _call(self, kept: Kept[Any], call: Callable[[Any], R]) -> R:
@@ -122,7 +127,9 @@ class ImapSessions:
             raise
         except Exception as exc:
             self.pool.drop(kept, _shutdown)
-            raise ProviderError(f"IMAP {e.host}:{e.port}: {_describe(exc)}") from exc
+            raise ProviderError(
+                f"IMAP {e.host}:{e.port}: {_describe(exc)}", timed_out=timed_out(exc)
+            ) from exc
         self.pool.give_back(kept)
         return result
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 GMAIL_SEND_UNITS = 100.0
 GMAIL_LIST_UNITS = 5.0
 GMAIL_GET_UNITS = 5.0
+GMAIL_PROFILE_UNITS = 1.0  # users.getProfile: the ping
 
 
 # Float slack: after sleeping exactly the computed wait, rounding can leave the balance a

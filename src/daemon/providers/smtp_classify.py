@@ -63,12 +63,13 @@ def classify_smtp(
     text: str = "",
     *,
     message_id: str,
+    timed_out: bool = False,
 ) -> SendOutcome:
     """What the end of one submission proves.
 
     `code` is None when no reply ended the stage (refused, reset, closed, timed out);
-    `text` is then the error. `message_id` is ours: the provider id of a 250 that names
-    no queue id.
+    `text` is then the error; `timed_out`, when that was the socket's timeout (for the
+    circuit, a hang). `message_id` is ours: the provider id of a 250 that names no queue id.
 
     | stage | reply | outcome |
     |---|---|---|
@@ -92,6 +93,7 @@ def classify_smtp(
                 transient=True,
                 # No session was ever established: the server is down or unreachable.
                 unavailable=stage in (Stage.CONNECT, Stage.HELLO),
+                timed_out=timed_out,
             )
         where = f"refused at {stage}: {_reply(code, text)}"
         if code == 421:
@@ -106,6 +108,7 @@ def classify_smtp(
         return SendOutcome(
             SendKind.UNKNOWN,
             f"no reply after the end of data: {text or 'connection closed'}",
+            timed_out=timed_out,
         )
     if 200 <= code < 300:
         return SendOutcome(

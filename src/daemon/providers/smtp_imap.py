@@ -205,6 +205,10 @@ class SmtpImapProvider(ProviderBase):
 
     # -- IMAP ---------------------------------------------------------------------------
 
+    def ping(self) -> None:
+        # The submission server: a hang there is what opens a circuit for sends.
+        self.smtp.ping()
+
     def _imap_call(self, call: Callable[[Any], R], *, repeatable: bool = True) -> R:
         if self._closed:
             raise RuntimeError(f"provider {self.name!r} is closed")

@@ -27,9 +27,10 @@ import socket
 from collections.abc import Callable
 from typing import Protocol
 
-from daemon.providers.base import SendOutcome
+from daemon.providers.base import ProviderError, SendOutcome
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
 from daemon.providers.smtp_classify import Stage, classify_smtp
+from daemon.providers.timeouts import timed_out
 
 __all__ = ["SmtpSubmitter", "SubmitEnvelope"]
 
@@ -89,6 +90,10 @@ def _written_to_unasked(smtp: smtplib.SMTP) -> bool:
     return smtp.sock is None or closed_by_peer(smtp.sock)
 
 
+def _ping_failed(exc: BaseException) -> ProviderError:
+    return ProviderError(f"ping: {_describe(exc)}", unavailable=True, timed_out=timed_out(exc))
+
+
 class SmtpSubmitter:
     """Submissions to one server as one login, on kept connections. Thread-safe: a
     connection is used by one thread at a time (out of the pool while in use)."""
@@ -118,6 +123,37 @@ class SmtpSubmitter:
             except _Retry:
                 self.pool.stats.count("retried-fresh")
         return self._on_fresh(envelope)
+
+    def ping(self) -> None:
+        """Proof that the server answers now, sending nothing (a circuit's probe after a
+        hang): NOOP on a kept connection, else a fresh one's greeting, EHLO and NOOP.
+        ProviderError when it does not answer."""
+        kept = self.pool.take()
+        if kept is not None:
+            try:
+                code, _ = kept.conn.noop()
+            except (OSError, smtplib.SMTPException) as exc:
+                self.pool.drop(kept, _close)
+                raise _ping_failed(exc) from exc
+            if code == 250:
+                self.pool.give_back(kept)
+                return
+            self.pool.drop(kept, _close)
+        smtp: smtplib.SMTP | None = None
+        try:
+            smtp = self._connect()
+            code, text = smtp.ehlo()
+            if code != 250:
+                code, text = smtp.helo()
+            if code == 250:
+                code, text = smtp.noop()
+        except (OSError, smtplib.SMTPException) as exc:
+            raise _ping_failed(exc) from exc
+        finally:
+            if smtp is not None:
+                _quit(smtp)
+        if code != 250:
+            raise ProviderError(f"ping: {code} {_text(text)}", unavailable=code == 421)
 
     # -- a fresh connection -------------------------------------------------------------
 
@@ -173,7 +209,13 @@ class SmtpSubmitter:
         except (OSError, smtplib.SMTPException, ValueError) as exc:
             if smtp is not None:
                 _close(smtp)
-            return classify_smtp(stage, None, _describe(exc), message_id=envelope.message_id)
+            return classify_smtp(
+                stage,
+                None,
+                _describe(exc),
+                message_id=envelope.message_id,
+                timed_out=timed_out(exc),
+            )
         return self._transaction(self.pool.fresh(smtp), envelope)
 
     # -- one transaction ----------------------------------------------------------------
@@ -249,10 +291,13 @@ class SmtpSubmitter:
         except (OSError, smtplib.SMTPException, ValueError) as exc:
             if kept.reused and stage in (Stage.RESET, Stage.MAIL) and _dead(exc):
                 raise _Retry from exc
-            # Note for the port's coming `SendOutcome.timed_out` (not on main yet): a
-            # TimeoutError here at Stage.END_OF_DATA is the call ended by a timeout after
-            # DATA, the one to mark; classify_smtp would take the flag and set it.
-            return classify_smtp(stage, None, _describe(exc), message_id=envelope.message_id)
+            return classify_smtp(
+                stage,
+                None,
+                _describe(exc),
+                message_id=envelope.message_id,
+                timed_out=timed_out(exc),  # after DATA: a hang, for the circuit
+            )
         finally:
             if usable:
                 self.pool.give_back(kept)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from daemon.config.settings import ConfigError, Settings
 from daemon.exit_codes import bad_input
-from daemon.from_settings import message_limits, thread_providers
+from daemon.from_settings import draft_providers, message_limits, thread_providers
 from daemon.providers.base import Provider
 from daemon.service_layer.services import ChannelPolicies, Intake, ProviderSource, Services
 from ledger.application import Ledger, utcnow
@@ -142,6 +142,7 @@ def command_services(settings: Settings, ledger: Ledger) -> Services:
         providers=built_providers(settings),
         limits=intake.limits,
         thread_providers=intake.thread_providers,
+        draft_providers=draft_providers(settings),
     )
 
 

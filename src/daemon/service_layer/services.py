@@ -6,17 +6,24 @@ The CLI (`cli/job_commands.py`, `cli/service.py`), the HTTP API (`api/jobs.py`,
 format the answers; every rule lives here once. A refusal is a `ServiceError` whose
 `kind` each door maps to its own code (exit 2/3/4/1, HTTP 422/409/404/503) and whose
 message is a sentence a human can act on.
+
+A human's decision (resolve, cancel, triage's "sent") holds only for the version of the
+job it was made on: the job is read once, the state check, the "index caught up" rule and
+the search refer to that version, and the decision is appended with that version
+expected (the store's optimistic concurrency). A job that moved meanwhile (an attempt,
+another person's decision) refuses with a conflict naming what changed, and nothing is
+sent; of two doors racing, exactly one wins (docs/review.md "Two people, one job").
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from daemon.cli.output import iso as output_time
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
@@ -49,9 +56,11 @@ from ledger.application import (
 )
 from ledger.content import JobContent, JobInputError
 from ledger.display import command_line
-from ledger.job import SendJob, TransitionError, check_name, copies_found
+from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name, copies_found
+from ledger.keys import note_problem
 from ledger.mime import MessageLimits
-from ledger.vocabulary import JobState, Resolution, Sender
+from ledger.vocabulary import FINAL_STATES, JobState, Resolution, Sender
+from policies import decisions
 from policies.loader import PolicySet
 
 log = logging.getLogger("sendledger.services")
@@ -61,6 +70,7 @@ log = logging.getLogger("sendledger.services")
 ProviderSource = Callable[[str], AbstractContextManager[Provider]]
 TRIAGE_NOTE = "triage: one copy found"
 _WRITE_TRIES = 5
+T = TypeVar("T")
 
 
 class Refusal(StrEnum):
@@ -291,12 +301,16 @@ class Services:
         providers: ProviderSource | None = None,
         limits: Mapping[str, MessageLimits] | None = None,
         thread_providers: frozenset[str] = frozenset(),
+        draft_providers: frozenset[str] = frozenset(),
     ) -> None:
         self.ledger = ledger
         self.policies = policies
         self.providers = providers
         self.limits = dict(limits or {})
         self.thread_providers = thread_providers
+        # The providers that may leave unsent drafts of a job (Graph, Gmail's drafts
+        # mode): a human's decision that settles a job schedules their deletion.
+        self.draft_providers = draft_providers
 
     # -- submit -------------------------------------------------------------------------
 
@@ -445,13 +459,30 @@ class Services:
     # -- searching ----------------------------------------------------------------------
 
     def search(self, job: SendJob) -> SearchResult:
-        """The job's Message-ID searched in its sender's mailbox now."""
+        """The job's Message-ID searched in its sender's mailbox now (reading only)."""
+        return self._with_provider(job, lambda provider: provider.search(job.message_id))
+
+    def _fenced_search(self, job: SendJob) -> tuple[list[str], SearchResult]:
+        """Before a resend: the job's unsent drafts deleted first where its provider may
+        leave some (Graph), then the search. The job is in review, so no claim of it is
+        live; a call of a claim that lapsed may still be on its way, and its draft, sent
+        after this search missed, would be a second copy. Deleted first, it can never be
+        sent (the sweep's fence, docs/architecture.md "Drafts never outlive their job")."""
+
+        def fenced(provider: Provider) -> tuple[list[str], SearchResult]:
+            deleted = provider.delete_drafts(job.message_id) if provider.leaves_drafts else []
+            return deleted, provider.search(job.message_id)
+
+        return self._with_provider(job, fenced)
+
+    def _with_provider(self, job: SendJob, call: Callable[[Provider], T]) -> T:
+        """`call` on the provider of the job's sender, its failures "no answer"."""
         name = self._provider_name(job)
         if self.providers is None:
             raise ServiceError(Refusal.UNAVAILABLE, "no provider can be reached from here")
         try:
             with self.providers(name) as provider:
-                return for_job(provider, job.from_addr, None).search(job.message_id)
+                return call(for_job(provider, job.from_addr, None))
         except ProviderError as exc:
             raise ServiceError(
                 Refusal.UNAVAILABLE, f"the mailbox could not be searched: {exc.reason}"
@@ -476,7 +507,10 @@ class Services:
 
     def check(self, key: str, *, by: str) -> CheckAnswer:
         """Search now and record what was found on the job (who asked, the query, the
-        copies), so its trail shows what the human saw."""
+        copies), so its trail shows what the human saw. Reads only: nothing is deleted
+        at the provider, whatever the job's state. A settled job whose latest event is a
+        check that found the same copies gets no second one (a page reloaded, a script
+        polling): the answer says it was not recorded."""
         job = self.job(key)
         found = self.search(job)
         recorded = self._record_check(key, found, by=by, purpose="check")
@@ -484,31 +518,55 @@ class Services:
         return _answer(job, found, recorded)
 
     def _record_check(self, key: str, found: SearchResult, *, by: str, purpose: str) -> bool:
-        def record(job: SendJob) -> None:
+        """Record what a search found, on whatever version the job is at now: a check
+        decides nothing, so it holds for any version."""
+
+        def record(job: SendJob) -> bool:
+            if _repeats_last_check(job, found):
+                return False
             job.record_check(
                 by=by, purpose=purpose, query=found.query, copies=found.copies,
                 at=self.ledger.clock(),
             )  # fmt: skip
+            return True
 
         try:
-            self._write(key, record)
+            return self._write(key, record)
         except TransitionError:
             return False  # a send in flight: shown, not recorded
-        return True
 
-    def _write(self, key: str, command: Callable[[SendJob], None]) -> SendJob:
-        """One command on the job, tried again when another writer got there first (the
-        command then sees the job as that writer left it)."""
+    def _save_fence(self, job: SendJob, seen: int, deleted: list[str]) -> int:
+        """The drafts a resend deleted first, saved on the version the person decided
+        on: the version the decision then holds for. Had the job moved meanwhile, the
+        deletions are still recorded (they happened) and the resend is refused."""
+
+        def fence(on: SendJob) -> bool:
+            on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=self.ledger.clock())
+            return True
+
+        fence(job)
+        try:
+            self.ledger.save_job(job)
+        except ConcurrentUpdate:
+            self._write(job.key, fence)
+            raise self._moved_on(job.key, seen, "resent") from None
+        return job.version
+
+    def _write(self, key: str, command: Callable[[SendJob], bool]) -> bool:
+        """One command that records a fact, not a decision, tried again when another
+        writer got there first (the command then sees the job as that writer left it);
+        nothing is saved when it answers False. Whether it was saved."""
         for attempt in range(_WRITE_TRIES):
             try:
-                job, _ = self.ledger.update(key, command)
-                return job
+                job = self.ledger.get_job(key)
+                if not command(job):
+                    return False
+                self.ledger.save_job(job)
+                return True
             except UnknownJob as exc:
                 raise ServiceError(Refusal.NOT_FOUND, str(exc)) from None
             except JobInputError as exc:
-                # A field of the decision itself refused by the domain (a note, a name).
-                problem = FieldProblem(None, exc.field, exc.reason)
-                raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem]) from None
+                raise _bad_field(exc) from None
             except ConcurrentUpdate:
                 if attempt == _WRITE_TRIES - 1:
                     raise ServiceError(
@@ -519,13 +577,27 @@ class Services:
 
     # -- decisions ----------------------------------------------------------------------
 
-    def resolve(self, key: str, decision: Resolution, *, note: str, by: str) -> SendJob:
-        """A human's decision on a job in review. A resend is searched for first, now:
-        one copy or more refuses it (recorded, nothing sent)."""
+    def resolve(
+        self,
+        key: str,
+        decision: Resolution,
+        *,
+        note: str,
+        by: str,
+        expected_version: int | None = None,
+    ) -> SendJob:
+        """A human's decision on a job in review, made on one version of it (the one
+        read here, or `expected_version`, the one the person saw) and saved only if the
+        job is still at that version. A resend is searched for first, now: one copy or
+        more refuses it (recorded, nothing sent)."""
         decision = Resolution(decision)
-        job = self.job(key)
+        _require_name(by)
+        _require_note(note)
+        job = self._job_at(key, expected_version, "resolved")
         _require_review(job, "resolved")
+        seen = job.version
         found: SearchResult | None = None
+        fenced: list[str] = []
         if decision is Resolution.RESEND:
             if job.duplicate:
                 raise ServiceError(
@@ -535,11 +607,13 @@ class Services:
                 )
             self._require_index_caught_up(job)
             try:
-                found = self.search(job)
+                fenced, found = self._fenced_search(job)
             except ServiceError as exc:
                 raise ServiceError(
                     exc.kind, f"job {key!r} was not resent: {exc.message}; nothing was sent"
                 ) from None
+            if fenced:
+                seen = self._save_fence(job, seen, fenced)
             if found.hits:
                 self._record_check(key, found, by=by, purpose="resend")
                 raise ServiceError(
@@ -547,68 +621,95 @@ class Services:
                     f"job {key!r} was not resent: {copies_found(len(found.hits))}: "
                     f"resolve as sent ({_resolve_command(key, 'sent')})",
                 )
-        searched = found
-
-        def decide(job: SendJob) -> None:
-            _require_review(job, "resolved")
-            at = self.ledger.clock()
-            if searched is not None:
-                job.record_check(
-                    by=by, purpose="resend", query=searched.query, copies=searched.copies, at=at
-                )
+        at = self.ledger.clock()
+        with _domain_input():
+            if found is not None:
+                job.record_check(by=by, purpose="resend", query=found.query,
+                                 copies=found.copies, at=at)  # fmt: skip
             job.resolve(decision, note=note, by=by, at=at,
-                        found=None if searched is None else searched.copies)  # fmt: skip
+                        found=None if found is None else found.copies,
+                        tidy_at=self._tidy_at(job, at))  # fmt: skip
+        self._save_seen(job, seen, "resolved" if found is None else "resent")
+        return job
 
+    def _job_at(self, key: str, expected_version: int | None, what: str) -> SendJob:
+        """The job as it is now, refused when it is no longer at the version the person
+        saw (`expected_version`)."""
+        job = self.job(key)
+        if expected_version is not None and job.version != expected_version:
+            raise self._moved_on(key, expected_version, what)
+        return job
+
+    def _save_seen(self, job: SendJob, seen: int, what: str) -> None:
+        """Append the decision recorded on `job`, expecting it still at version `seen`."""
         try:
-            return self._write(key, decide)
-        except TransitionError:
-            raise self._moved_on(key, "resolved") from None
+            self.ledger.save_job(job)
+        except ConcurrentUpdate:
+            raise self._moved_on(job.key, seen, what) from None
+
+    def _tidy_at(self, job: SendJob, at: datetime) -> datetime | None:
+        policy = self.policies().policies.get(job.channel)
+        provider = policy.provider if policy is not None else job.last_provider
+        return decisions.tidy_at(policy, leaves_drafts=provider in self.draft_providers, now=at)
 
     def _require_index_caught_up(self, job: SendJob) -> None:
         """A search sooner than the channel's `search_after` after the last attempt may
-        read a lagging index and miss a copy that exists: a resend then waits."""
+        read a lagging index and miss a copy that exists: a resend then waits. The last
+        attempt is the job's own, at the version the decision is made on."""
         policy = self.policies().policies.get(job.channel)
-        attempts = [e for e in self.ledger.history(job.key) if type(e).__name__ == "Attempted"]
-        if policy is None or not attempts:
+        last = job.last_attempt_at
+        if policy is None or last is None:
             return
-        ready = attempts[-1].timestamp + timedelta(seconds=policy.search_after)
+        ready = last + timedelta(seconds=policy.search_after)
         now = self.ledger.clock()
         if now < ready:
             raise ServiceError(
                 Refusal.CONFLICT,
                 f"job {job.key!r} was not resent: its last attempt was "
-                f"{int((now - attempts[-1].timestamp).total_seconds())} s ago and the mailbox "
+                f"{int((now - last).total_seconds())} s ago and the mailbox "
                 f"index may not show its copy yet (search_after of channel {job.channel!r}); "
                 f"check again and resend after {output_time(ready)}",
             )
 
-    def cancel(self, key: str, *, note: str, by: str) -> SendJob:
-        """Withdraw a job no provider was called for yet; any later state is refused."""
+    def cancel(
+        self, key: str, *, note: str, by: str, expected_version: int | None = None
+    ) -> SendJob:
+        """Withdraw a job no provider was called for yet, decided on one version of it
+        (as `resolve`); any later state is refused."""
+        _require_name(by)
+        _require_note(note)
+        job = self._job_at(key, expected_version, "cancelled")
+        if job.state is not JobState.REQUESTED or job.attempts:
+            after = f" after {job.attempts} attempts" if job.attempts else ""
+            raise ServiceError(
+                Refusal.CONFLICT,
+                f"job {key!r} is {job.state.value}{after}: only a job not yet attempted "
+                "can be cancelled",
+            )
+        seen = job.version
+        at = self.ledger.clock()
+        with _domain_input():
+            job.cancel(by=by, note=note, at=at, tidy_at=self._tidy_at(job, at))
+        self._save_seen(job, seen, "cancelled")
+        return job
 
-        def cancel(job: SendJob) -> None:
-            if job.state is not JobState.REQUESTED or job.attempts:
-                after = f" after {job.attempts} attempts" if job.attempts else ""
-                raise ServiceError(
-                    Refusal.CONFLICT,
-                    f"job {key!r} is {job.state.value}{after}: only a job not yet attempted "
-                    "can be cancelled",
-                )
-            job.cancel(by=by, note=note, at=self.ledger.clock())
-
+    def _moved_on(self, key: str, seen: int, what: str) -> ServiceError:
+        """The job is no longer at the version the decision was made on (another writer
+        appended meanwhile): a conflict that names what changed, with what to do."""
         try:
-            return self._write(key, cancel)
-        except TransitionError:
-            raise self._moved_on(key, "cancelled") from None
-
-    def _moved_on(self, key: str, what: str) -> ServiceError:
-        """The domain refused a command the checks here allowed: the job changed in
-        between (another writer). Said as a sentence, with what to do."""
-        state = self.job(key).state.value
+            job = self.ledger.get_job(key)
+            events = self.ledger.history(key)[seen:]
+        except UnknownJob as exc:
+            return ServiceError(Refusal.NOT_FOUND, str(exc))
+        changed = ", ".join(_change(event) for event in events[:_CHANGES_SHOWN])
+        if len(events) > _CHANGES_SHOWN:
+            changed += f" and {len(events) - _CHANGES_SHOWN} more"
         show = command_line("sendledger", "review", "show", key)
         return ServiceError(
             Refusal.CONFLICT,
-            f"job {key!r} changed meanwhile and is now {state}; it was not {what}: "
-            f"look again ({show})",
+            f"job {key!r} changed after version {seen} ({changed}) and is now "
+            f"{job.state.value} at version {job.version}; it was not {what}: look again "
+            f"({show})",
         )
 
     def triage(
@@ -643,7 +744,7 @@ class Services:
             if count == 1 and dry_run:
                 action, detail = "would-resolve-sent", "one copy found: would resolve as sent"
             elif count == 1:
-                action, detail = self._triage_sent(row.key, found, by)
+                action, detail = self._triage_sent(job, found, by)
             else:
                 what = "none found" if count == 0 else f"{count} copies found (a duplicate)"
                 action, detail = "left", f"{what}: left in review"
@@ -651,18 +752,18 @@ class Services:
                     self._record_check(row.key, found, by=by, purpose="triage")
             yield TriageItem(row.key, row.channel, row.reason, count, copies, action, detail)
 
-    def _triage_sent(self, key: str, found: SearchResult, by: str) -> tuple[str, str]:
-        def sent(job: SendJob) -> None:
-            _require_review(job, "resolved")
-            at = self.ledger.clock()
-            job.record_check(by=by, purpose="triage", query=found.query, copies=found.copies, at=at)
-            job.resolve(Resolution.SENT, note=TRIAGE_NOTE, by=by, at=at, found=found.copies)
-
+    def _triage_sent(self, job: SendJob, found: SearchResult, by: str) -> tuple[str, str]:
+        """Resolve as sent the job the search was made on, at the version it was read."""
+        seen = job.version
+        at = self.ledger.clock()
         try:
-            self._write(key, sent)
+            job.record_check(by=by, purpose="triage", query=found.query, copies=found.copies, at=at)
+            job.resolve(Resolution.SENT, note=TRIAGE_NOTE, by=by, at=at, found=found.copies,
+                        tidy_at=self._tidy_at(job, at))  # fmt: skip
+            self._save_seen(job, seen, "resolved")
         except (ServiceError, TransitionError) as exc:
             return "left", f"one copy found, not resolved: {exc}"
-        log.info("triage by %s: %s resolved as sent (one copy found)", by, key)
+        log.info("triage by %s: %s resolved as sent (one copy found)", by, job.key)
         return "resolved-sent", "one copy found: resolved as sent"
 
 
@@ -686,7 +787,13 @@ def sent_without_evidence(view: JobView, decision: Resolution, note: str) -> str
 
 
 def resolve_as_a_person(
-    services: Services, key: str, decision: Resolution, *, note: str, by: str
+    services: Services,
+    key: str,
+    decision: Resolution,
+    *,
+    note: str,
+    by: str,
+    expected_version: int | None = None,
 ) -> SendJob:
     """`Services.resolve` for a person at the page or `review resolve`: "sent" without a
     copy found needs a note saying how they know (bad input otherwise, nothing recorded;
@@ -694,7 +801,7 @@ def resolve_as_a_person(
     problem = sent_without_evidence(services.job_view(key), decision, note)
     if problem is not None:
         raise ServiceError(Refusal.BAD_INPUT, problem)
-    return services.resolve(key, decision, note=note, by=by)
+    return services.resolve(key, decision, note=note, by=by, expected_version=expected_version)
 
 
 def _resolve_command(key: str, decision: str) -> str:
@@ -707,6 +814,50 @@ def _require_name(by: str) -> None:
     except JobInputError as exc:
         problem = FieldProblem(None, exc.field, exc.reason)
         raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem]) from None
+
+
+def _bad_field(exc: JobInputError) -> ServiceError:
+    """A field of the decision itself refused by the domain (a note, a name)."""
+    problem = FieldProblem(None, exc.field, exc.reason)
+    return ServiceError(Refusal.BAD_INPUT, str(problem), [problem])
+
+
+@contextmanager
+def _domain_input() -> Iterator[None]:
+    try:
+        yield
+    except JobInputError as exc:
+        raise _bad_field(exc) from None
+
+
+def _require_note(note: str) -> None:
+    if reason := note_problem(note):
+        problem = FieldProblem(None, "note", reason)
+        raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem])
+
+
+def _repeats_last_check(job: SendJob, found: SearchResult) -> bool:
+    """A settled job whose latest event is a check that found these same copies."""
+    return (
+        job.state in FINAL_STATES
+        and job.checked_version == job.version
+        and job.checked_copies == tuple(found.copies)
+    )
+
+
+#: How many of the events a conflict names (the rest are counted).
+_CHANGES_SHOWN = 4
+
+
+def _change(event: Any) -> str:
+    """One event another writer appended, as a conflict names it."""
+    name = type(event).__name__
+    if name == "Attempted":
+        return f"attempt {event.attempt} by {event.daemon or 'a daemon'}"
+    if name in ("Resolved", "Cancelled", "Checked"):
+        what = f" as {event.decision}" if name == "Resolved" else ""
+        return f"{name.lower()}{what} by {event.by}"
+    return name
 
 
 def _require_review(job: SendJob, what: str) -> None:

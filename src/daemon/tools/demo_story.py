@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from ledger.job import DRAFTS_TIDY
+
 Record = Mapping[str, Any]
 
 
@@ -35,8 +37,13 @@ def line(parts: Sequence[str]) -> str:
 
 def _step(record: Record, previous: Record | None, provider: str) -> list[str]:
     kind = record["type"]
-    if kind in ("Requested", "DraftCreated", "Purged"):
+    if kind in ("Requested", "DraftCreated", "Purged", "LeaseRenewed"):
         return []
+    if kind == "DraftsDeleted":
+        # A settled job's tidy is housekeeping; a fence is part of the job's story.
+        if record.get("why") == DRAFTS_TIDY or not record.get("draft_ids"):
+            return []
+        return ["its unsent draft deleted, so it can never go out"]
     if kind == "Attempted":
         attempt = int(record.get("attempt") or 1)
         if attempt == 1 or (previous and previous["type"] in ("Rejected", "Requeued")):

@@ -1,0 +1,170 @@
+"""Leases: a claim is a lease on one provider call (docs/architecture.md "Leases").
+
+The claim's deadline (`Attempted.deadline`) is its lease. It is set when the call starts
+(after any draft step) for the provider's timeout plus the daemon's grace, and while the
+call and what follows it in the same worker (the read-back, the draft check) run, the
+lease is renewed every third of it (`LeaseRenewed`), so a provider that answers slowly but
+answers is never taken for a crash. A fast call costs nothing here: it ends before its
+first renewal is due.
+
+Recovery in this daemon never takes a claim one of its workers holds (`Leases.holds`),
+whatever its deadline. Another daemon takes it only when its lease lapsed: this daemon
+died, hung, or lost the store and could not renew. A daemon that lost its lease finds
+out when it renews (the append conflicts) or when it saves the outcome (likewise): what
+it learnt is not written, and the recovering daemon's Unknown is searched as usual.
+
+Renewals are made by `renew_due`, which every tick calls and, in a running daemon, a
+thread of its own (`start`), so a tick held up by the store does not let a lease lapse.
+A lease's job is shared between its worker and the renewer: every change to it happens
+under the lease's lock, and the worker stops the renewals before it records the outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from daemon.engine.clock import Clock
+from ledger.application import ConcurrentUpdate, Ledger
+from ledger.job import SendJob, TransitionError
+
+log = logging.getLogger("sendledger.engine")
+
+#: A lease is renewed once this share of it has passed since the claim or the last renewal:
+#: two more chances before it lapses.
+RENEW_SHARE = 1 / 3
+
+
+@dataclass(eq=False)
+class Lease:
+    job: SendJob
+    seconds: float  # the lease's length: the provider's timeout plus the grace
+    renew_at: datetime
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    renewing: bool = True  # False once the worker records the outcome, or the lease is lost
+    lost: bool = False  # another writer appended to the job: the claim is not ours any more
+
+
+class Leases:
+    """The claims this daemon's workers hold now, by job key. Thread-safe."""
+
+    def __init__(self, ledger: Ledger, clock: Clock, daemon: str) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._daemon = daemon
+        self._lock = threading.Lock()
+        self._held: dict[str, Lease] = {}
+        self._renewing = threading.Lock()  # one renewal pass at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.renewed = 0  # renewals written, for tests and /metrics
+
+    def hold(self, job: SendJob, seconds: float, now: datetime) -> Lease:
+        """The claim just saved on `job` (its lease `seconds` long) is held by a worker."""
+        lease = Lease(job, seconds, now + timedelta(seconds=seconds * RENEW_SHARE))
+        with self._lock:
+            self._held[job.key] = lease
+        return lease
+
+    @contextmanager
+    def holding(self, job: SendJob, seconds: float, now: datetime) -> Iterator[Lease]:
+        """`hold` the claim just saved on `job` for the call made inside; released here
+        only when that call raised (no outcome will be recorded: the claim's stored
+        deadline stands, and recovery takes it then, as after a crash). Otherwise the
+        worker releases it once the outcome is durable (`release`)."""
+        lease = self.hold(job, seconds, now)
+        try:
+            yield lease
+        except BaseException:
+            self.release(job.key)
+            raise
+
+    def holds(self, key: str) -> bool:
+        with self._lock:
+            return key in self._held
+
+    def lease(self, key: str) -> Lease | None:
+        with self._lock:
+            return self._held.get(key)
+
+    def stop_renewing(self, lease: Lease) -> None:
+        """The worker is about to record the call's outcome on the job: no renewal may
+        touch it from now on (one in progress is waited for)."""
+        with lease.lock:
+            lease.renewing = False
+
+    def release(self, key: str) -> None:
+        """The outcome is durable, or failed to be (then the claim's deadline stands and
+        recovery takes it): the worker no longer holds the claim."""
+        with self._lock:
+            self._held.pop(key, None)
+
+    def renew_due(self) -> int:
+        """Renew every held lease whose renewal is due; how many were renewed."""
+        with self._renewing:
+            now = self._clock()
+            with self._lock:
+                due = [lease for lease in self._held.values() if lease.renew_at <= now]
+            renewed = sum(1 for lease in due if self._renew(lease, now))
+            self.renewed += renewed
+            return renewed
+
+    def _renew(self, lease: Lease, now: datetime) -> bool:
+        with lease.lock:
+            if not lease.renewing:
+                return False
+            job = lease.job
+            deadline = now + timedelta(seconds=lease.seconds)
+            try:
+                job.renew_lease(deadline=deadline, at=now, daemon=self._daemon)
+                self._ledger.save_job(job)
+            except (ConcurrentUpdate, TransitionError) as exc:
+                # Recovered by another daemon (our renewals did not reach the store in
+                # time): the outcome will not be written either.
+                lease.renewing = False
+                lease.lost = True
+                log.warning("job %s: claim lost while its call runs (%s)", job.key, exc)
+                return False
+            except Exception as exc:
+                # The store is unreachable: the renewal stays pending on the job and goes
+                # out with the next one or with the outcome; until then the stored
+                # deadline is the last one written.
+                log.warning("job %s: lease not renewed (%s: %s)", job.key, type(exc).__name__, exc)
+                lease.renew_at = now + timedelta(seconds=min(1.0, lease.seconds * RENEW_SHARE))
+                return False
+            lease.renew_at = now + timedelta(seconds=lease.seconds * RENEW_SHARE)
+            return True
+
+    # -- the renewer thread of a running daemon ---------------------------------------
+
+    def start(self, interval: float) -> None:
+        """Renew every `interval` seconds (real time) on a thread of its own."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(interval,), name="lease-renewer", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.renew_due()
+            except Exception:
+                log.exception("renewing leases failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def renew_interval(lease_seconds: float) -> float:
+    """How often the renewer thread looks: often enough for the shortest lease."""
+    return min(max(lease_seconds * RENEW_SHARE / 4, 0.02), 5.0)

@@ -1,0 +1,167 @@
+"""Hangs open the circuit (daemon/engine/circuit.py, docs/operations.md "Outages and
+quotas"): a call that timed out counts toward its scope's circuit (its job stays Unknown),
+no further job is sent into the hang, and the circuit is probed with a ping that sends
+nothing; `give_up_after` applies to every held job whatever its place in the queue."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from tests.unit.engine_rig import EngineRig, policy
+
+from daemon.doubles.fake_provider import Scripted
+from daemon.engine.circuit import (
+    CHECK,
+    PING,
+    SEND,
+    Admit,
+    Circuits,
+    CircuitSettings,
+    send_unavailable,
+)
+from daemon.providers.base import SendKind, SendOutcome
+from ledger.vocabulary import JobState
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_a_timed_out_send_counts_toward_the_circuit() -> None:
+    assert send_unavailable(SendOutcome(SendKind.UNKNOWN, "timed out", timed_out=True))
+    assert not send_unavailable(SendOutcome(SendKind.UNKNOWN, "response lost"))
+
+
+def test_a_timeout_holds_sends_while_calls_started_before_it_are_in_flight() -> None:
+    circuits = Circuits(CircuitSettings(failures=3, probe_after=1.0, probe_max=8.0))
+    calls = [circuits.calling("s") for _ in range(4)]
+    for call in calls:
+        call.__enter__()
+    circuits.called("s", at(10), unavailable=True, timed_out=True)  # the first times out
+    calls[0].__exit__(None, None, None)
+    assert circuits.admit("s", at(10)) is Admit.HOLD  # the other three may hang too
+    assert circuits.admit("s", at(10), CHECK) is Admit.GO  # searches hold only a worker
+    for call in calls[1:]:
+        circuits.called("s", at(10.1), unavailable=True, timed_out=True)
+        call.__exit__(None, None, None)
+    [opened] = circuits.open()
+    assert opened.failures == 4
+    assert circuits.admit("s", at(10.5)) is Admit.HOLD
+    assert circuits.admit("s", at(11.1)) is Admit.PING  # a hang: probed by a ping
+    circuits.called("s", at(11.2), unavailable=True, timed_out=True, kind=PING)  # hangs
+    assert circuits.next_probe("s") == at(13.2)  # the backoff doubles
+    assert circuits.admit("s", at(13.2)) is Admit.PING
+    circuits.answered("s", at(13.3), PING)  # the ping answered: one send may try
+    assert circuits.open() != []
+    assert circuits.admit("s", at(13.3)) is Admit.PROBE
+    assert circuits.admit("s", at(13.3)) is Admit.HOLD
+    circuits.answered("s", at(13.4), SEND)  # the send answered: closed
+    assert circuits.open() == [] and circuits.admit("s", at(13.4)) is Admit.GO
+
+
+def test_a_search_answering_during_a_send_hang_sends_nothing_sooner() -> None:
+    """Reads answer, sends hang: a search that answers says reads work, not that a send
+    would; the next send still waits for its probe time (each one is an Unknown)."""
+    circuits = Circuits(CircuitSettings(failures=1, probe_after=4.0, probe_max=64.0))
+    circuits.called("s", at(0), unavailable=True, timed_out=True)  # a send timed out
+    circuits.answered("s", at(1), CHECK)  # a due search answered meanwhile
+    assert circuits.admit("s", at(1)) is Admit.HOLD
+    assert circuits.admit("s", at(4)) is Admit.PROBE  # a send, not a ping: reads work
+    circuits.called("s", at(5), unavailable=True, timed_out=True)  # it hung too
+    assert circuits.next_probe("s") == at(13)  # twice the wait, as for refusals
+    assert circuits.admit("s", at(13)) is Admit.PING
+
+
+def test_an_answer_in_flight_clears_the_hold() -> None:
+    circuits = Circuits(CircuitSettings(failures=3))
+    with circuits.calling("s"), circuits.calling("s"):
+        circuits.called("s", at(0), unavailable=True, timed_out=True)
+        assert circuits.admit("s", at(0)) is Admit.HOLD
+        circuits.called("s", at(0), unavailable=False)  # the other one answered
+        assert circuits.admit("s", at(0)) is Admit.GO
+    assert circuits.in_flight("s") == 0
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_hang_costs_at_most_the_calls_already_in_flight(concurrency: int) -> None:
+    """The issue's case: requests held and never answered; sends time out. With the old
+    circuit each freed worker took the next job into the hang."""
+    rig = EngineRig(policy("legal", on_unknown="review"), concurrency=concurrency)
+    try:
+        release = threading.Event()
+        held = max(concurrency, 3)  # the calls in flight, or one at a time until it opens
+        # Only that many hang: a send beyond them would be answered, and counted.
+        rig.provider.script(*[Scripted.timed_out(release) for _ in range(held)])
+        for n in range(10):
+            rig.submit("legal", f"k{n}")
+        rig.engine.hand_out()
+        assert rig.engine.settle(busy=lambda: rig.provider.hanging, timeout=10)
+        assert rig.provider.hanging == concurrency
+        release.set()  # they all time out
+        assert rig.engine.settle(timeout=10)
+        unknown = [k for k in (f"k{n}" for n in range(10)) if rig.job(k).state is JobState.REVIEW]
+        assert len(unknown) == held and rig.provider.sends == held
+        # The probe is a ping while the hang lasts; nothing more is sent into it.
+        rig.provider.fail_pings(1000)
+        for _ in range(6):
+            rig.clock.advance(60)
+            rig.engine.hand_out()
+            assert rig.engine.settle(timeout=10)
+        assert rig.provider.sends == held and rig.provider.pings >= 3
+        # The hang ends: a ping answers, then one send, then everything.
+        rig.provider.fail_pings(0)
+        for _ in range(10):
+            rig.clock.advance(60)
+            rig.tick()
+        states = {rig.job(f"k{n}").state for n in range(10)} - {JobState.REVIEW}
+        assert states == {JobState.CONFIRMED}
+        assert rig.provider.sends == 10
+    finally:
+        rig.close()
+
+
+def test_a_slow_provider_that_answers_holds_nothing() -> None:
+    rig = EngineRig(policy("legal", on_unknown="review"), concurrency=4)
+    try:
+        release = threading.Event()
+        rig.provider.script(*[Scripted.slow(release) for _ in range(4)])
+        for n in range(8):
+            rig.submit("legal", f"k{n}")
+        rig.engine.hand_out()
+        assert rig.engine.settle(busy=lambda: rig.provider.hanging, timeout=10)
+        release.set()
+        assert rig.engine.settle(timeout=10)
+        assert all(rig.job(f"k{n}").state is JobState.CONFIRMED for n in range(8))
+        assert rig.engine.open_circuits() == []
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("patient_first", [True, False])
+def test_give_up_after_applies_to_every_held_job_whatever_the_order(patient_first: bool) -> None:
+    """The issue's case: only the head of a scope's queue was looked at, so a job that
+    waits without limit at the head kept every job behind it waiting too."""
+    rig = EngineRig(policy("patient"), policy("urgent", give_up_after="10s"))
+    rig.engine.circuits.settings = CircuitSettings(failures=1, probe_after=3000, probe_max=3000)
+    try:
+        rig.provider.script(*[Scripted.unavailable() for _ in range(100)])
+        rig.submit("urgent", "opener")  # its refusal opens the circuit: the rest are held
+        rig.tick()
+        order = ["patient", *["urgent"] * 7] if patient_first else [*["urgent"] * 7, "patient"]
+        for n, channel in enumerate(order):
+            rig.submit(channel, f"{channel}-{n}")
+            rig.clock.advance(0.01)  # the queue's order is the order they came in
+        for _ in range(3):
+            rig.clock.advance(5)
+            rig.engine.hand_out()
+            assert rig.engine.settle(timeout=10)
+        urgent = [f"urgent-{n}" for n, c in enumerate(order) if c == "urgent"]
+        assert [rig.job(k).reason for k in urgent] == ["provider-unavailable"] * 7
+        patient = f"patient-{order.index('patient')}"
+        assert rig.job(patient).state is JobState.REQUESTED
+    finally:
+        rig.close()

@@ -1,0 +1,190 @@
+"""Two people, one job (docs/review.md "Two people, one job"): a human's decision holds
+only for the version it was made on. Each race here is driven deterministically: the
+provider's search (or draft step) runs the other actor in the middle of the first one's
+decision, as a second door or the daemon would at that instant."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+
+import pytest
+from tests.unit.engine_rig import EngineRig, policy
+
+from daemon.doubles.fake_drafts import FakeDraftsProvider
+from daemon.doubles.fake_provider import FakeProvider, Scripted
+from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
+from ledger.job import DRAFTS_CLAIM_LOST, SendJob
+from ledger.vocabulary import JobState, Resolution
+
+LEGAL = policy("legal", on_unknown="review", search_after="60s")
+
+
+@pytest.fixture
+def rig() -> Iterator[EngineRig]:
+    rig = EngineRig(LEGAL)
+    yield rig
+    rig.close()
+
+
+def door(rig: EngineRig, drafts: frozenset[str] = frozenset()) -> Services:
+    """One door (the CLI, the API, the page): its own services over the shared store."""
+    return Services(
+        rig.ledger,
+        lambda: ChannelPolicies(rig.policies),
+        providers=lambda name: nullcontext(rig.provider),
+        draft_providers=drafts,
+    )
+
+
+def in_review(rig: EngineRig, key: str) -> None:
+    """Sent once with no answer and no copy: in review, its index caught up."""
+    rig.submit("legal", key)
+    rig.provider.script(Scripted.lost_request())
+    rig.tick()
+    assert rig.job(key).state is JobState.REVIEW
+    rig.clock.advance(61)
+
+
+def meanwhile(provider: FakeProvider, action: Callable[[], object]) -> None:
+    """`action` runs once, while the next search is out at the provider."""
+
+    def hook() -> None:
+        provider.during_search = None
+        action()
+
+    provider.during_search = hook
+
+
+def refused(call: Callable[[], object]) -> str:
+    with pytest.raises(ServiceError) as caught:
+        call()
+    assert caught.value.kind is Refusal.CONFLICT, caught.value.message
+    return caught.value.message
+
+
+def resolutions(rig: EngineRig, key: str) -> list[str]:
+    return [e.decision for e in rig.ledger.history(key) if isinstance(e, SendJob.Resolved)]
+
+
+def test_two_doors_resending_at_once_send_once() -> None:
+    """The issue's case: one resend goes out and its answer is dropped (review again);
+    the other door's search, on the same version, missed that copy (the index lags) and
+    it resent the job once more."""
+    rig = EngineRig(LEGAL, index_lag=30.0)
+    in_review(rig, "k1")
+    cli, http = door(rig), door(rig)
+
+    def the_other_door_and_the_daemon() -> None:
+        http.resolve("k1", Resolution.RESEND, note="", by="bob")
+        rig.provider.script(Scripted.dropped_response())
+        rig.tick()  # attempt 2: sent, answer lost: Unknown, review
+
+    meanwhile(rig.provider, the_other_door_and_the_daemon)
+    message = refused(lambda: cli.resolve("k1", Resolution.RESEND, note="", by="alice"))
+    assert "resolved as resend by bob" in message and "attempt 2" in message
+    assert "it was not resent" in message and "now review" in message
+    assert resolutions(rig, "k1") == ["resend"]
+    assert rig.provider.sends_by_message_id[rig.job("k1").message_id] == 2
+    assert rig.copies("k1") == 1
+    rig.close()
+
+
+@pytest.mark.parametrize("other", [Resolution.SENT, Resolution.ABANDON, Resolution.RESEND])
+def test_a_resend_loses_to_any_decision_made_while_it_searched(
+    rig: EngineRig, other: Resolution
+) -> None:
+    in_review(rig, "k1")
+    first, second = door(rig), door(rig)
+    meanwhile(rig.provider, lambda: second.resolve("k1", other, note="", by="bob"))
+    refused(lambda: first.resolve("k1", Resolution.RESEND, note="", by="alice"))
+    assert resolutions(rig, "k1") == [other.value]
+    rig.tick()
+    assert rig.copies("k1") == (1 if other is Resolution.RESEND else 0)
+
+
+def test_a_decision_on_the_version_a_person_saw_is_refused_once_it_moved(
+    rig: EngineRig,
+) -> None:
+    in_review(rig, "k1")
+    seen = rig.job("k1").version
+    door(rig).check("k1", by="bob")  # another person's check moves it on
+    message = refused(
+        lambda: door(rig).resolve(
+            "k1", Resolution.ABANDON, note="", by="alice", expected_version=seen
+        )
+    )
+    assert f"after version {seen}" in message and "checked by bob" in message
+    assert rig.job("k1").state is JobState.REVIEW
+    abandoned = door(rig).resolve(
+        "k1", Resolution.ABANDON, note="", by="alice", expected_version=rig.job("k1").version
+    )
+    assert abandoned.state is JobState.ABANDONED
+
+
+def test_a_cancel_on_a_stale_version_is_refused_after_the_claim(rig: EngineRig) -> None:
+    rig.submit("legal", "k1")
+    seen = rig.job("k1").version
+    rig.tick()
+    message = refused(lambda: door(rig).cancel("k1", note="", by="alice", expected_version=seen))
+    assert "attempt 1" in message
+
+
+def test_triage_resolves_only_the_version_it_searched(rig: EngineRig) -> None:
+    rig.submit("legal", "k1")
+    rig.provider.script(Scripted.dropped_response())  # one copy, unknown: review
+    rig.tick()
+    rig.clock.advance(61)
+    other = door(rig)
+    meanwhile(rig.provider, lambda: other.resolve("k1", Resolution.ABANDON, note="", by="bob"))
+    [item] = door(rig).triage(by="triage")
+    assert (item.count, item.action) == (1, "left")
+    assert "changed after version" in item.detail
+    assert rig.job("k1").state is JobState.ABANDONED
+    assert resolutions(rig, "k1") == ["abandon"]
+
+
+def test_a_check_on_a_settled_job_is_recorded_once(rig: EngineRig) -> None:
+    rig.submit("legal", "k1")
+    rig.tick()
+    assert rig.job("k1").state is JobState.CONFIRMED
+    s = door(rig)
+    assert s.check("k1", by="alice").recorded
+    assert not s.check("k1", by="alice").recorded  # the same answer: nothing new
+    assert [type(e).__name__ for e in rig.ledger.history("k1")].count("Checked") == 1
+    rig.provider.store_copy(rig.job("k1").message_id)  # a second copy appears
+    assert s.check("k1", by="alice").recorded  # a different answer is recorded
+
+
+def drafts_rig() -> EngineRig:
+    rig = EngineRig(LEGAL)
+    rig.engine.close()
+    rig.provider = FakeDraftsProvider("fake", clock=rig.clock)
+    rig.engine = rig.new_engine()
+    return rig
+
+
+def test_a_cancel_during_the_draft_step_deletes_the_draft_and_says_so() -> None:
+    rig = drafts_rig()
+    provider = rig.provider
+    assert isinstance(provider, FakeDraftsProvider)
+    try:
+        rig.submit("legal", "k1")
+
+        def cancel() -> None:
+            provider.during_create = None
+            door(rig, frozenset({"fake"})).cancel("k1", note="changed my mind", by="alice")
+
+        provider.during_create = cancel
+        rig.tick()
+        job = rig.job("k1")
+        assert job.state is JobState.CANCELLED and rig.copies("k1") == 0
+        assert provider.unsent_drafts(job.message_id) == 0
+        [deleted] = [e for e in rig.ledger.history("k1") if isinstance(e, SendJob.DraftsDeleted)]
+        assert deleted.why == DRAFTS_CLAIM_LOST and len(deleted.draft_ids) == 1
+        assert job.tidy_at is not None  # and once the lag has passed, any other is looked for
+        rig.clock.advance(61)
+        rig.tick()
+        assert rig.job("k1").tidy_at is None and rig.job("k1").purgeable
+    finally:
+        rig.close()

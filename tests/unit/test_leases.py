@@ -1,0 +1,186 @@
+"""A claim is a lease on one call (daemon/engine/leases.py, docs/architecture.md "Leases"):
+its deadline counts from the call, is renewed while the call runs, and recovery never takes
+a claim a live worker holds; another daemon takes it only when the lease lapsed."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from tests.unit.engine_rig import DAEMON, GRACE, TIMEOUT, EngineRig, policy
+
+from daemon.doubles.fake_drafts import FakeDraftsProvider
+from daemon.doubles.fake_provider import Scripted
+from daemon.engine.leases import RENEW_SHARE, renew_interval
+from ledger.job import SendJob
+from ledger.vocabulary import JobState
+
+REVIEW = policy("legal", on_unknown="review", pending_draft="review")
+RETRY = policy("receipts", on_unknown="retry")
+LEASE = TIMEOUT + GRACE
+
+
+@pytest.fixture
+def rig() -> Iterator[EngineRig]:
+    rig = EngineRig(REVIEW, RETRY, concurrency=2)
+    yield rig
+    rig.close()
+
+
+def slow_send(rig: EngineRig, key: str, channel: str = "legal") -> threading.Event:
+    """`key` submitted and handed to a worker whose call answers only when released."""
+    release = threading.Event()
+    rig.submit(channel, key)
+    rig.provider.script(Scripted.slow(release))
+    rig.engine.hand_out()
+    assert rig.engine.settle(busy=lambda: rig.provider.hanging, timeout=10)
+    assert rig.provider.hanging == 1
+    return release
+
+
+def finish(rig: EngineRig, release: threading.Event) -> None:
+    release.set()
+    assert rig.engine.settle(timeout=10)
+
+
+def test_a_slow_call_that_answers_is_never_recovered_and_renews_its_lease(rig: EngineRig) -> None:
+    release = slow_send(rig, "k1")
+    claimed = rig.job("k1")
+    assert claimed.due_at == rig.clock() + timedelta(seconds=LEASE)
+    for _ in range(6):  # three leases' worth of ticks while the call runs
+        rig.clock.advance(LEASE / 2)
+        rig.engine.hand_out()
+        assert rig.engine.settle(busy=lambda: rig.provider.hanging, timeout=10)
+        job = rig.job("k1")
+        assert job.state is JobState.ATTEMPTED, rig.events("k1")
+        assert job.due_at is not None and job.due_at > rig.clock()  # never lapsed
+    finish(rig, release)
+    events = rig.events("k1")
+    assert events[0:2] == ["Requested", "Attempted"] and events[-1] == "Confirmed"
+    assert "Unknown" not in events and events.count("LeaseRenewed") == 6
+    assert rig.copies("k1") == 1
+
+
+def test_a_fast_call_writes_no_renewal(rig: EngineRig) -> None:
+    rig.submit("legal", "k1")
+    rig.tick()
+    assert rig.events("k1") == ["Requested", "Attempted", "Confirmed"]
+    assert rig.engine.leases.renewed == 0
+
+
+def test_own_recovery_never_takes_a_held_claim_even_past_its_stored_deadline(
+    rig: EngineRig,
+) -> None:
+    release = slow_send(rig, "k1")
+    rig.engine.leases.renew_due = lambda: 0  # type: ignore[method-assign]  # store unreachable
+    rig.clock.advance(LEASE * 3)
+    rig.engine.hand_out()
+    assert rig.engine.settle(busy=lambda: rig.provider.hanging, timeout=10)
+    assert rig.job("k1").state is JobState.ATTEMPTED  # past its deadline, yet held
+    finish(rig, release)
+    assert rig.job("k1").state is JobState.CONFIRMED and "Unknown" not in rig.events("k1")
+
+
+def test_another_daemon_waits_while_the_lease_is_renewed_and_takes_it_once_lapsed(
+    rig: EngineRig,
+) -> None:
+    release = slow_send(rig, "k1")
+    other = rig.new_engine()
+    try:
+        for _ in range(4):
+            rig.clock.advance(LEASE / 2)
+            rig.engine.renew_leases()  # the first daemon is alive
+            assert other.tick().recovered == 0
+        rig.engine.leases.renew_due = lambda: 0  # type: ignore[method-assign]  # it hangs
+        rig.clock.advance(LEASE + 1)
+        assert other.tick().recovered == 1  # lapsed: another daemon takes it
+        assert rig.job("k1").state is JobState.REVIEW  # legal: an Unknown goes to a human
+        finish(rig, release)  # the first daemon's answer comes too late to be written
+        assert rig.events("k1").count("Confirmed") == 0
+        assert rig.copies("k1") == 1  # the human's check will find it
+    finally:
+        other.close()
+
+
+def test_a_renewal_that_finds_the_claim_taken_stops_renewing(rig: EngineRig) -> None:
+    release = slow_send(rig, "k1")
+    other = rig.new_engine()
+    try:
+        rig.clock.advance(LEASE + 1)  # the first daemon missed its renewals
+        assert other.tick().recovered == 1
+        assert rig.engine.renew_leases() == 0  # conflict: lost, not renewed
+        lease = rig.engine.leases.lease("k1")
+        assert lease is not None and lease.lost and not lease.renewing
+    finally:
+        finish(rig, release)
+        other.close()
+
+
+def test_a_crashed_call_releases_its_claim_for_recovery_at_the_deadline(rig: EngineRig) -> None:
+    rig.submit("legal", "k1")
+    rig.provider.script(Scripted.crash_during_call(stored=True))
+    rig.tick(errors=1)
+    assert not rig.engine.leases.holds("k1")
+    rig.clock.advance(LEASE + 1)
+    assert rig.tick().recovered == 1
+
+
+def test_the_renewer_interval_fits_the_shortest_lease() -> None:
+    assert renew_interval(4.0) == pytest.approx(4.0 * RENEW_SHARE / 4)
+    assert renew_interval(0.01) == 0.02 and renew_interval(3600) == 5.0
+
+
+def drafts_rig() -> EngineRig:
+    rig = EngineRig(REVIEW, RETRY)
+    rig.engine.close()
+    rig.provider = FakeDraftsProvider("fake", clock=rig.clock)
+    rig.engine = rig.new_engine()
+    return rig
+
+
+def test_the_lease_counts_from_the_call_not_from_before_the_draft_step() -> None:
+    rig = drafts_rig()
+    provider = rig.provider
+    assert isinstance(provider, FakeDraftsProvider)
+    slow = 7.0  # the draft step takes most of the lease
+    provider.during_create = lambda: rig.clock.advance(slow)
+    try:
+        rig.submit("legal", "k1")
+        started = rig.clock()
+        rig.tick()
+        [attempted] = [e for e in rig.ledger.history("k1") if isinstance(e, SendJob.Attempted)]
+        assert attempted.timestamp == started + timedelta(seconds=slow)
+        assert attempted.deadline == attempted.timestamp + timedelta(seconds=LEASE)
+    finally:
+        rig.close()
+
+
+def test_a_slow_draft_send_is_never_recorded_unsent() -> None:
+    """The issue's case: `pending_draft = "review"`, a provider slower than the lease that
+    answers: the live daemon's recovery once wrote "draft still unsent" for a job that was
+    being sent."""
+    rig = drafts_rig()
+    try:
+        release = slow_send(rig, "k1")
+        for _ in range(5):
+            rig.clock.advance(LEASE / 2)
+            rig.engine.hand_out()
+            assert rig.engine.settle(busy=lambda: rig.provider.hanging, timeout=10)
+        finish(rig, release)
+        events = rig.events("k1")
+        assert "DraftPending" not in events and "Unknown" not in events, events
+        assert rig.job("k1").state is JobState.CONFIRMED and rig.copies("k1") == 1
+    finally:
+        rig.close()
+
+
+def test_the_claimed_daemon_is_the_one_that_renews(rig: EngineRig) -> None:
+    release = slow_send(rig, "k1")
+    rig.clock.advance(LEASE / 2)
+    assert rig.engine.renew_leases() == 1
+    renewal = rig.ledger.history("k1")[-1]
+    assert isinstance(renewal, SendJob.LeaseRenewed)
+    assert (renewal.daemon, renewal.attempt) == (DAEMON, 1)
+    finish(rig, release)
