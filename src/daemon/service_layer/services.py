@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.cli.output import iso as output_time
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
@@ -50,9 +50,11 @@ from ledger.application import (
 from ledger.content import JobContent, JobInputError
 from ledger.display import command_line
 from ledger.job import SendJob, TransitionError, check_name, copies_found
-from ledger.mime import MessageLimits
 from ledger.vocabulary import JobState, Resolution, Sender
-from policies.loader import PolicySet
+
+if TYPE_CHECKING:
+    from ledger.mime import MessageLimits
+    from policies.loader import PolicySet
 
 log = logging.getLogger("sendledger.services")
 
@@ -326,6 +328,22 @@ class Services:
 
     def status(self, key: str) -> dict[str, Any]:
         return job_status(self.job(key))
+
+    def statuses(self, keys: Sequence[str]) -> tuple[list[dict[str, Any]], list[str]]:
+        """The status of each of `keys` that is known, in their order, and the keys that
+        are not (`status KEY KEY ...`): `CONTENT_PAGE` jobs read a query."""
+        found: list[dict[str, Any]] = []
+        unknown: list[str] = []
+        for start in range(0, len(keys), CONTENT_PAGE):
+            page = keys[start : start + CONTENT_PAGE]
+            jobs = self.ledger.get_jobs(list(dict.fromkeys(page)))
+            for key in page:
+                job = jobs.get(key)
+                if job is None:
+                    unknown.append(key)
+                else:
+                    found.append(job_status(job))
+        return found, unknown
 
     def history(self, key: str) -> list[dict[str, Any]]:
         try:
