@@ -95,9 +95,7 @@ def sets_a_setting(environ: Mapping[str, str]) -> bool:
     """Whether a `SENDLEDGER_*` variable (other than those read outside the model) is set:
     the model then judges them all (an unknown name, a bad value, malformed JSON)."""
     others = {name.upper() for name in OTHER_VARIABLES}
-    return any(
-        name.upper().startswith(PREFIX) and name.upper() not in others for name in environ
-    )
+    return any(name.upper().startswith(PREFIX) and name.upper() not in others for name in environ)
 
 
 def plain_store_config(
