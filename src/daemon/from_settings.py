@@ -1,20 +1,21 @@
-"""What a command or the API opens from the settings: the ledger, its store, the policies."""
+"""What a command or the API opens from the settings: the ledger, its store, the policies.
+
+The settings model, the policy loader and the MIME limits are imported by the functions
+that use them: a command that opens only the store (`store_settings_for`, `open_ledger`)
+loads neither pydantic nor the policies (docs/cli.md "Many keys, one process").
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from daemon.config.secret_files import encryption_keys
-from daemon.config.settings import (
-    GmailProviderSettings,
-    GraphProviderSettings,
-    Settings,
-    load_settings,
-)
+from daemon.config.config_file import read_config_file
+from daemon.config.store_section import StoreSource, encryption_keys, plain_store_config
 from daemon.exit_codes import CliError, bad_input
 from ledger.application import Ledger
-from ledger.mime import MessageLimits
 from ledger.stores import store_exists
 from ledger.stores.url import (
     MemoryStore,
@@ -24,15 +25,37 @@ from ledger.stores.url import (
     StoreUrlError,
     parse_store_url,
 )
-from policies.loader import PolicyLoadError, PolicySet, load_policy_dir
+
+if TYPE_CHECKING:
+    from daemon.config.settings import Settings
+    from ledger.mime import MessageLimits
+    from policies.loader import PolicySet
 
 
 def settings_for(config: str | None) -> Settings:
+    """The whole settings model of the config file (and the environment)."""
+    from daemon.config.settings import load_settings
+
     return load_settings(config)
+
+
+def store_settings_for(config: str | None) -> StoreSource:
+    """What opening the store needs, for a command that reads nothing else: the file's
+    `[store]` as it is when the model need not judge it, else the whole model
+    (`daemon/config/store_section.py`). The same refusals either way."""
+    path, data = read_config_file(config)
+    plain = plain_store_config(data, path, os.environ)
+    if plain is not None:
+        return plain
+    from daemon.config.settings import settings_from_dict
+
+    return settings_from_dict(data, config_path=path)
 
 
 def message_limits(settings: Settings) -> dict[str, MessageLimits]:
     """Each configured provider's per-message limits, checked at intake."""
+    from ledger.mime import MessageLimits
+
     limits = {}
     for name, provider in settings.providers.items():
         max_bytes = getattr(provider, "max_message_bytes", None)
@@ -53,6 +76,8 @@ def draft_providers(settings: Settings) -> frozenset[str]:
     """The providers that may leave unsent drafts of a job (docs/architecture.md "Drafts
     never outlive their job"): Graph (each send creates its draft) and Gmail with
     `send_via = "drafts"`."""
+    from daemon.config.settings import GmailProviderSettings, GraphProviderSettings
+
     return frozenset(
         name
         for name, provider in settings.providers.items()
@@ -61,7 +86,7 @@ def draft_providers(settings: Settings) -> frozenset[str]:
     )
 
 
-def open_ledger(settings: Settings, *, create: bool = True) -> Ledger:
+def open_ledger(settings: StoreSource, *, create: bool = True) -> Ledger:
     """The configured store's ledger, to be used as `with open_ledger(settings) as ledger:`.
 
     Read-only commands pass ``create=False``: a SQLite store that is not there is then
@@ -92,7 +117,7 @@ def open_ledger(settings: Settings, *, create: bool = True) -> Ledger:
         raise CliError(f"cannot open store {settings.store.url.split('@')[-1]}: {exc}") from exc
 
 
-def store_spec(settings: Settings) -> StoreSpec:
+def store_spec(settings: StoreSource) -> StoreSpec:
     """`store.url` with the `[store]` connection settings applied. The PostgreSQL-only
     keys set for another store are refused (docs/performance.md "Performance and scaling")."""
     store = settings.store
@@ -114,6 +139,8 @@ def store_spec(settings: Settings) -> StoreSpec:
 
 def load_policies(settings: Settings, directory: Path | None = None) -> PolicySet:
     """All channel policies; any problem is bad input with its file, field and reason."""
+    from policies.loader import PolicyLoadError, load_policy_dir
+
     try:
         return load_policy_dir(
             directory or settings.policies_dir,

@@ -24,10 +24,14 @@ import functools
 import re
 import unicodedata
 from dataclasses import dataclass
-from email.headerregistry import Address
-from email.policy import default as _default_email_policy
+from typing import TYPE_CHECKING
 
-import idna
+if TYPE_CHECKING:
+    from email.headerregistry import Address
+
+# The standard library's header parser and idna are imported by the functions that parse
+# and render: a command that only shows stored jobs (`status`) needs neither, and they are
+# a good part of its start-up (docs/cli.md "Many keys, one process").
 
 __all__ = ["AddressError", "Mailbox", "invisible", "parse_mailbox", "unquote", "unsafe_character"]
 
@@ -72,6 +76,8 @@ class Mailbox:
 
     @property
     def address(self) -> Address:
+        from email.headerregistry import Address
+
         return Address(display_name=self.display_name, addr_spec=self.addr_spec)
 
     def __str__(self) -> str:
@@ -277,6 +283,8 @@ def _ignored_by_idna(char: str) -> bool:
     # would lose a character the sender typed.
     if char.isascii():
         return False
+    import idna
+
     try:
         return idna.uts46_remap(char, std3_rules=True, transitional=False) == ""
     except (idna.IDNAError, UnicodeError):
@@ -287,6 +295,8 @@ def _ascii_domain(domain: str, value: str) -> str:
     if domain.startswith("["):
         raise AddressError(f"domain literals are not accepted: {value!r}")
     if not domain.isascii() or any(label.lower().startswith("xn--") for label in domain.split(".")):
+        import idna
+
         try:
             # UTS 46 mapping (case, width) then IDNA 2008: what browsers and MTAs do.
             domain = idna.encode(domain, uts46=True).decode("ascii")
@@ -306,9 +316,11 @@ def _ascii_domain(domain: str, value: str) -> str:
 def _check_round_trip(mailbox: Mailbox, value: str) -> None:
     # What we will write must parse back, with the standard library's strict header
     # parser, to exactly this one mailbox: nothing may be lost or added on the way.
+    from email.policy import default as email_policy
+
     try:
         rendered = str(mailbox)
-        header = _default_email_policy.header_factory("to", rendered)
+        header = email_policy.header_factory("to", rendered)
         addresses = header.addresses
     except Exception as exc:  # the stdlib parser can raise IndexError and friends
         raise AddressError(f"not a valid email address: {value!r}") from exc

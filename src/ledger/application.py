@@ -32,10 +32,9 @@ from eventsourcing.utils import Environment, EnvType
 from ledger.content import JobContent
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
-from ledger.provider_handle import ProviderHandle, handle_id_for
 from ledger.redaction import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
-from ledger.stores.cipher import KeyRingCipher, cipher_env
+from ledger.stores.cipher import cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
 from ledger.stores.keycheck import KeyChecks, judge_store_key
 from ledger.stores.library_env import refuse_library_variables
@@ -44,6 +43,8 @@ from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
 
 if TYPE_CHECKING:
+    from ledger.provider_handle import ProviderHandle
+    from ledger.stores.key_ring import KeyRingCipher
     from ledger.stores.positions import PositionStore
 
 Clock = Callable[[], datetime]
@@ -167,7 +168,12 @@ class Ledger(Application[UUID]):
         fit the store; else the store's key checks are completed (a new store's, an old
         store's first, a new first key's)."""
         checks = cast(KeyChecks, self.recorder)
-        cipher = self.mapper.cipher if isinstance(self.mapper.cipher, KeyRingCipher) else None
+        cipher: KeyRingCipher | None = None
+        if self.mapper.cipher is not None:  # a store with keys: the cipher is loaded
+            from ledger.stores.key_ring import KeyRingCipher
+
+            if isinstance(self.mapper.cipher, KeyRingCipher):
+                cipher = self.mapper.cipher
         for _ in range(3):
             found = self._retry_locked(checks.key_checks)
             add = judge_store_key(
@@ -491,6 +497,9 @@ class Ledger(Application[UUID]):
     # -- provider handles --------------------------------------------------------------
 
     def handle(self, provider: str) -> ProviderHandle | None:
+        # Imported here: a command that reads jobs never reads a provider's handle.
+        from ledger.provider_handle import ProviderHandle, handle_id_for
+
         try:
             handle: object = self._retry_locked(
                 lambda: self.repository.get(handle_id_for(provider))
@@ -508,6 +517,8 @@ class Ledger(Application[UUID]):
         self, provider: str, change: Callable[[ProviderHandle], None], *, attempts: int = 5
     ) -> ProviderHandle:
         """Apply `change` to the provider's handle record (created on first use)."""
+        from ledger.provider_handle import ProviderHandle
+
         for attempt in range(attempts):
             handle = self.handle(provider) or ProviderHandle.register(provider, at=self.clock())
             change(handle)

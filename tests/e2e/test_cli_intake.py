@@ -187,6 +187,24 @@ def test_unknown_job_is_exit_4(cli: Any) -> None:
         one_error_line(result, "no-such-key")
 
 
+def test_status_answers_many_keys_in_one_process(cli: Any) -> None:
+    keys = [f"many-{n}" for n in range(60)]  # more than a page of 50 jobs
+    assert cli.run("submit", "--json", "-", stdin=json.dumps([job(k) for k in keys])).code == 0
+    asked = [keys[59], "nope-1", *keys[:59], keys[0], "nope-2"]
+    result = cli.run("status", "--json", *asked)
+    assert result.code == 4, result.stderr
+    answered = result.json()
+    assert [s["key"] for s in answered] == [k for k in asked if not k.startswith("nope")]
+    assert answered[0] == cli.run("status", "--json", keys[59]).json()  # what one key gives
+    one_error_line(result, "no job with keys 'nope-1', 'nope-2'")
+
+    text = cli.run("status", keys[0], keys[1])
+    assert text.code == 0 and text.stderr == ""
+    first, second = text.stdout.rstrip("\n").split("\n\n")
+    assert first == cli.run("status", keys[0]).stdout.rstrip("\n")
+    assert second.startswith("key ") and keys[1] in second.splitlines()[0]
+
+
 # -- configuration ---------------------------------------------------------------------
 
 

@@ -14,7 +14,8 @@ from eventsourcing.compressor import ZlibCompressor
 from eventsourcing.utils import get_topic
 from tests.e2e.conftest import config_text
 
-from ledger.stores.cipher import KeyRingCipher, new_key
+from ledger.stores.cipher import new_key
+from ledger.stores.key_ring import KeyRingCipher
 
 JOB = {"channel": "receipts", "key": "k-1", "to": "a@example.com", "subject": "s", "body": "b"}
 

@@ -108,7 +108,7 @@ def test_a_misspelled_key(site: Path) -> None:
         path.read_text(encoding="utf-8").replace("credentials_file =", "credential_file ="),
         encoding="utf-8",
     )
-    code, text = said("status", "first-job-1", cwd=site)
+    code, text = said("policy", "check", cwd=site)
     assert code == 2 and shown(text, site) == quoted()["A misspelled key"]
 
 

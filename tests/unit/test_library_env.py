@@ -15,7 +15,8 @@ from tests.unit.engine_rig import policy
 
 from ledger.application import Ledger
 from ledger.content import parse_job
-from ledger.stores.cipher import KeyRingCipher, new_key
+from ledger.stores.cipher import new_key
+from ledger.stores.key_ring import KeyRingCipher
 from ledger.stores.library_env import (
     LIBRARY_VARIABLES,
     READ_BY_SENDLEDGER,

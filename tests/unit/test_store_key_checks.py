@@ -9,7 +9,8 @@ from eventsourcing.utils import Environment
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.stores.cipher import KEY_SEPARATOR, KeyRingCipher, check_key, new_key
+from ledger.stores.cipher import KEY_SEPARATOR, check_key, new_key
+from ledger.stores.key_ring import KeyRingCipher
 from ledger.stores.keycheck import (
     AES_256_GCM,
     PLAINTEXT,

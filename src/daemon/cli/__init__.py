@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from daemon.cli import output
-from daemon.config.settings import ConfigError
+from daemon.config.config_file import ConfigError
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_CONFLICT,

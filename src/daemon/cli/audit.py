@@ -23,7 +23,7 @@ from typing import Any
 from daemon.cli import output
 from daemon.config.moments import parse_moment
 from daemon.exit_codes import EXIT_OK, bad_input
-from daemon.from_settings import open_ledger, settings_for
+from daemon.from_settings import open_ledger, store_settings_for
 from ledger.application import Ledger
 from ledger.display import printable
 from ledger.job import JobState, SendJob
@@ -81,7 +81,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     until = parse_when("--until", args.until, now)
     if since and until and since >= until:
         raise bad_input("--since: must be before --until")
-    with open_ledger(settings_for(args.config), create=False) as ledger:
+    with open_ledger(store_settings_for(args.config), create=False) as ledger:
         if args.event:
             columns = EVENT_COLUMNS
             records = _events(ledger, args.event, args.state, args.channel, since, until)

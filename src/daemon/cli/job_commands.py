@@ -1,4 +1,9 @@
-"""Commands over the ledger: submit, status, history, policy check, admin."""
+"""Commands over the ledger: submit, status, history, policy check, admin.
+
+`status` and `history` read only the `[store]` section (`served_from_store`), `submit`
+the whole settings; what only one command uses (the policy checker, the settings model,
+the renderer) is imported by that command (docs/cli.md "Many keys, one process").
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,10 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from daemon.cli import admin_purge, output
 from daemon.cli.parsers import add_command
-from daemon.config.secret_files import cmd_new_key
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_CONFLICT,
@@ -22,13 +26,16 @@ from daemon.exit_codes import (
     CliError,
     bad_input,
 )
-from daemon.from_settings import open_ledger, settings_for
-from daemon.service_layer.doors import command_intake, command_services
+from daemon.from_settings import open_ledger, settings_for, store_settings_for
+from daemon.service_layer.doors import command_services, store_services
 from daemon.service_layer.intake import decode_jobs
 from daemon.service_layer.read_models import timeline_details
 from daemon.service_layer.services import Refusal, ServiceError, Services
 from ledger.display import printable
-from policies.check import check_policies, render_table, summary_rows
+
+if TYPE_CHECKING:
+    from daemon.config.store_section import StoreSource
+    from ledger.application import Ledger
 
 
 def register(sub: Any) -> None:
@@ -37,7 +44,10 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_submit)
 
-    add_command(sub, "status", cmd_status, "a job's current state", key=True)
+    p = add_command(sub, "status", cmd_status, "jobs' current state, in one process")
+    p.add_argument(
+        "key", nargs="+", metavar="KEY", help="a job's key, as it was submitted; several: a list"
+    )
     add_command(sub, "history", cmd_history, "a job's events, oldest first", key=True)
 
     policy = sub.add_parser("policy", help="channel policies").add_subparsers(
@@ -50,7 +60,7 @@ def register(sub: Any) -> None:
         dest="admin_command", metavar="COMMAND", required=True
     )
     add_command(admin, "rebuild-index", cmd_rebuild_index, "recreate the job index from the events")
-    add_command(admin, "new-key", cmd_new_key, "print a fresh store encryption key")
+    add_command(admin, "new-key", _cmd_new_key, "print a fresh store encryption key")
     admin_purge.register(admin)
 
 
@@ -92,6 +102,8 @@ _EXIT_CODES = {
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from daemon.service_layer.doors import command_intake
+
     data = _read_jobs(args.file)
     settings = settings_for(args.config)
     try:
@@ -99,7 +111,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         valid = command_intake(settings).validate(data)
     except ServiceError as exc:
         raise cli_error(exc) from None
-    submitted = served(args, lambda s: s.record(valid, by=getpass.getuser()), create=True)
+    submitted = _serve(
+        settings,
+        lambda ledger: command_services(settings, ledger),
+        lambda s: s.record(valid, by=getpass.getuser()),
+        create=True,
+    )
     if args.json:
         # The answer has the shape of the question: a list (even of one) gives a list.
         print(output.dumps(submitted.body()))
@@ -113,28 +130,58 @@ def cmd_submit(args: argparse.Namespace) -> int:
 # -- status / history ----------------------------------------------------------------
 
 
-def served(args: argparse.Namespace, call: Callable[[Services], T], *, create: bool = False) -> T:
-    """`call` on the services of the command's config and store; a refusal is the CLI's
-    exit code and sentence. `create`: a missing SQLite store is created (submit)."""
-    settings = settings_for(args.config)
-    with open_ledger(settings, create=create) as ledger:
+def _serve(
+    source: StoreSource,
+    services: Callable[[Ledger], Services],
+    call: Callable[[Services], T],
+    *,
+    create: bool = False,
+) -> T:
+    """`call` on the services of `source`'s store; a refusal is the CLI's exit code and
+    sentence. `create`: a missing SQLite store is created (submit)."""
+    with open_ledger(source, create=create) as ledger:
         try:
-            return call(command_services(settings, ledger))
+            return call(services(ledger))
         except ServiceError as exc:
             raise cli_error(exc) from None
 
 
+def served(args: argparse.Namespace, call: Callable[[Services], T]) -> T:
+    """`call` on the services of the command's config and store (the whole settings:
+    policies, providers)."""
+    settings = settings_for(args.config)
+    return _serve(settings, lambda ledger: command_services(settings, ledger), call)
+
+
+def served_from_store(args: argparse.Namespace, call: Callable[[Services], T]) -> T:
+    """`served` for a command that reads no policy and searches no mailbox: only the
+    config's `[store]` is read (`daemon/from_settings.py: store_settings_for`)."""
+    return _serve(store_settings_for(args.config), store_services, call)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    status = served(args, lambda s: s.status(args.key))
+    keys: list[str] = args.key
+    if len(keys) == 1:
+        status = served_from_store(args, lambda s: s.status(keys[0]))
+        print(output.dumps(status) if args.json else output.key_values(status.items()))
+        return EXIT_OK
+    # Several keys: one process and one store, read a page of jobs a query; the known
+    # ones answered in the order given (a list with --json), the unknown named after.
+    found, unknown = served_from_store(args, lambda s: s.statuses(keys))
     if args.json:
-        print(output.dumps(status))
+        print(output.dumps(found))
     else:
-        print(output.key_values(status.items()))
+        print("\n\n".join(output.key_values(status.items()) for status in found))
+    if unknown:
+        sys.stdout.flush()
+        names = ", ".join(repr(key) for key in unknown)
+        output.error(f"no job with key{'s' if len(unknown) > 1 else ''} {names}")
+        return EXIT_UNKNOWN_JOB
     return EXIT_OK
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    records = served(args, lambda s: s.history(args.key))
+    records = served_from_store(args, lambda s: s.history(args.key))
     if args.json:
         print(output.dumps(records))
         return EXIT_OK
@@ -152,6 +199,8 @@ def _short(text: str) -> str:
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
+    from policies.check import check_policies, render_table, summary_rows
+
     known: set[str] | None = None
     client_copy: set[str] = set()
     directory: Path
@@ -189,7 +238,7 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"... {count} jobs", file=sys.stderr, flush=True)
 
-    with open_ledger(settings_for(args.config), create=False) as ledger:
+    with open_ledger(store_settings_for(args.config), create=False) as ledger:
         count = ledger.rebuild_index(progress)
     if args.json:
         print(output.dumps({"jobs": count}))
@@ -198,4 +247,10 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-__all__ = ["cli_error", "register", "served"]
+def _cmd_new_key(args: argparse.Namespace) -> int:
+    from daemon.config.secret_files import cmd_new_key
+
+    return cmd_new_key(args)
+
+
+__all__ = ["cli_error", "register", "served", "served_from_store"]

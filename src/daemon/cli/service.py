@@ -1,4 +1,9 @@
-"""Commands that run the service or act for a human: run, review."""
+"""Commands that run the service or act for a human: run, review, cancel.
+
+`run` imports the runtime (APScheduler, the providers) when it runs; `review list`,
+`review show` and `cancel` read only the config's `[store]` (docs/cli.md "Many keys, one
+process"); `review resolve|check|triage` the whole settings (policies, providers).
+"""
 
 from __future__ import annotations
 
@@ -10,14 +15,11 @@ import signal
 import sys
 from typing import Any
 
-from daemon.bootstrap import bootstrap
 from daemon.cli import output
-from daemon.cli.job_commands import served
+from daemon.cli.job_commands import served, served_from_store
 from daemon.cli.parsers import add_command
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
-from daemon.logs import setup_logging
-from daemon.runtime import Daemon, run_once
 from daemon.service_layer.read_models import job_status
 from daemon.service_layer.services import check_advice, resolve_as_a_person
 from ledger.display import command_line, printable
@@ -97,6 +99,10 @@ def positive_int(text: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from daemon.bootstrap import bootstrap
+    from daemon.logs import setup_logging
+    from daemon.runtime import Daemon, run_once
+
     if not args.once:
         # Until the daemon's own handlers are in place: a stop request during start-up
         # has nothing in flight to finish, and a reload is moot (policies load next).
@@ -135,7 +141,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_review_list(args: argparse.Namespace) -> int:
-    rows = served(args, lambda s: s.review_list(channel=args.channel, reason=args.reason))
+    rows = served_from_store(
+        args, lambda s: s.review_list(channel=args.channel, reason=args.reason)
+    )
     if args.json:
         print(output.dumps(rows))
     elif rows:
@@ -149,7 +157,7 @@ def cmd_review_list(args: argparse.Namespace) -> int:
 
 
 def cmd_review_show(args: argparse.Namespace) -> int:
-    view = served(args, lambda s: s.job_view(args.key))
+    view = served_from_store(args, lambda s: s.job_view(args.key))
     if args.json:
         said = view.guidance.as_dict() if view.guidance is not None else None
         print(output.dumps({"status": view.status, "history": view.history, "guidance": said}))

@@ -15,9 +15,10 @@ import json
 import types
 import typing
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+if TYPE_CHECKING:  # pydantic is imported by the model that is passed in, not for the names
+    from pydantic import BaseModel
 
 PREFIX = "SENDLEDGER_"
 DELIMITER = "__"
@@ -34,6 +35,8 @@ _ANY = "*"  # a name chosen by the user: a provider's name
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
     """The models a field's annotation can hold (one, or the members of a union)."""
+    from pydantic import BaseModel
+
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         return _models(typing.get_args(annotation)[0])

@@ -18,10 +18,10 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from daemon.cli import output
-from daemon.config.secret_text import content_lines, read_secret_text
-from daemon.config.settings import ConfigError, Settings
+from daemon.config.settings import Settings
+from daemon.config.store_section import encryption_keys
 from daemon.exit_codes import EXIT_OK
-from ledger.stores.cipher import check_key, new_key
+from ledger.stores.cipher import new_key
 
 log = logging.getLogger("sendledger")
 
@@ -70,29 +70,6 @@ def warn_exposed_secrets(settings: Settings) -> list[Path]:
             )
             warned.append(path)
     return warned
-
-
-def encryption_keys(settings: Settings) -> list[str]:
-    """The keys of `store.encryption_key_file` (first encrypts, all decrypt); none
-    when it is not set. ConfigError names the setting and the line."""
-    configured = settings.store.encryption_key_file
-    if configured is None:
-        return []
-    path = settings.resolve(configured)
-    where = f"store.encryption_key_file ({path})"
-    try:
-        text = read_secret_text(path)
-    except ValueError as exc:
-        raise ConfigError(f"store.encryption_key_file: {exc}") from None
-    keys = []
-    for number, line in content_lines(text):
-        try:
-            keys.append(check_key(line))
-        except ValueError as exc:
-            raise ConfigError(f"{where}: line {number}: {exc}") from None
-    if not keys:
-        raise ConfigError(f"{where}: no key in the file (`sendledger admin new-key`)")
-    return keys
 
 
 def cmd_new_key(args: argparse.Namespace) -> int:

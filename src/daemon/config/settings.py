@@ -7,7 +7,6 @@ import ipaddress
 import os
 import re
 import socket
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -34,16 +33,15 @@ from pydantic_settings import (
 )
 
 from daemon.config import environment
+from daemon.config.config_file import ConfigError as ConfigError
+from daemon.config.config_file import config_path_from as config_path_from
+from daemon.config.config_file import read_config_file
 from daemon.config.sizes import parse_size
+from daemon.config.store_section import DEFAULT_STORE_URL
 from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.webhooks.events import WEBHOOK_TYPES, WebhookType
 from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE
 from policies.durations import DurationError, parse_duration, parse_duration_within
-from policies.files import FileProblem, read_regular_file
-
-CONFIG_ENV = "SENDLEDGER_CONFIG"
-MAX_CONFIG_BYTES = 1024 * 1024
-DEFAULT_CONFIG = Path("sendledger.toml")
 
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
 #: "100 years": a retention longer than this is a typo, and any shorter one keeps every
@@ -79,10 +77,6 @@ DEFAULT_STOP_TIMEOUT = 35.0
 MAX_RECIPIENTS = 100_000
 
 
-class ConfigError(Exception):
-    """A configuration problem, phrased as one line that names the file and key."""
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -100,7 +94,10 @@ def _whole_seconds(value: Any) -> int:
 
 
 class StoreSettings(_Section):
-    url: str = "sqlite:///ledger.sqlite"
+    # A command that reads only this section may take it without the model
+    # (`daemon/config/store_section.py`): a check of url or encryption_key_file belongs
+    # there too, or that path is to go through the model for it.
+    url: str = DEFAULT_STORE_URL
     # Event state compressed and encrypted (docs/configuration.md "Encryption at rest"): one base64
     # key a line, the first encrypts, all decrypt. Unset: stored as plain JSON.
     encryption_key_file: Path | None = None
@@ -591,15 +588,6 @@ class _TomlSource(PydanticBaseSettingsSource):
         return dict(self._data)
 
 
-def config_path_from(explicit: str | Path | None) -> Path:
-    if explicit:
-        return Path(explicit)
-    env = os.environ.get(CONFIG_ENV)
-    if env:
-        return Path(env)
-    return DEFAULT_CONFIG
-
-
 def _file_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
     """An error's location as the user's file has it: a provider's kind tag is part of
     pydantic's location, not of the file."""
@@ -663,21 +651,7 @@ def _keys_of(section: tuple[int | str, ...]) -> list[str]:
 
 
 def load_settings(explicit: str | Path | None = None) -> Settings:
-    path = config_path_from(explicit).absolute()
-    if not path.exists() and not path.is_symlink():
-        raise ConfigError(
-            f"config file not found: {path} (give --config FILE or set {CONFIG_ENV}; "
-            "`sendledger init DIR` writes one, `sendledger try` needs none)"
-        )
-    try:
-        # A regular file, read without blocking (a FIFO named as the config must not hang).
-        data = tomllib.loads(read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8"))
-    except FileProblem as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.reason}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    path, data = read_config_file(explicit)
     return settings_from_dict(data, config_path=path)
 
 

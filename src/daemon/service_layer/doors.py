@@ -12,19 +12,29 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from daemon.config.settings import ConfigError, Settings
+from daemon.config.config_file import ConfigError
 from daemon.exit_codes import bad_input
 from daemon.from_settings import draft_providers, message_limits, thread_providers
 from daemon.providers.base import Provider
 from daemon.service_layer.services import ChannelPolicies, Intake, ProviderSource, Services
 from ledger.application import Ledger, utcnow
-from policies.loader import PolicyLoadError, PolicySet, load_policy_dir_partial
+
+if TYPE_CHECKING:
+    from daemon.config.settings import Settings
+    from daemon.providers.base import Provider
+    from policies.loader import PolicySet
+
+# The policy loader (pydantic) is imported where policies are read: `store_services`,
+# the door of the commands that read none, does without it.
 
 
 def scan_policies(settings: Settings) -> tuple[PolicySet, dict[str, str]]:
     """The sound policies of the folder and the broken channels with their first problem.
     PolicyLoadError when the folder itself cannot be read."""
+    from policies.loader import load_policy_dir_partial
+
     partial = load_policy_dir_partial(
         settings.policies_dir,
         known_providers=set(settings.providers),
@@ -36,6 +46,8 @@ def scan_policies(settings: Settings) -> tuple[PolicySet, dict[str, str]]:
 
 def command_policies(settings: Settings) -> ChannelPolicies:
     """A command's view, read once: a folder that cannot be read is bad input (exit 2)."""
+    from policies.loader import PolicyLoadError
+
     try:
         policies, broken = scan_policies(settings)
     except PolicyLoadError as exc:
@@ -56,6 +68,8 @@ class PolicyWatch:
         self._unreadable: str | None = None
 
     def __call__(self) -> ChannelPolicies:
+        from policies.loader import PolicyLoadError
+
         current = self._current()
         signature = _signature(self._settings.policies_dir)
         with self._lock:
@@ -146,6 +160,17 @@ def command_services(settings: Settings, ledger: Ledger) -> Services:
     )
 
 
+def store_services(ledger: Ledger) -> Services:
+    """The services of a command that reads jobs or withdraws one and neither takes new
+    jobs nor searches (status, history, review list and show, cancel): it reads no policy
+    and builds no provider, so it needs only the store's settings."""
+
+    def no_policies() -> ChannelPolicies:
+        raise RuntimeError("this door reads no policies: use command_services")
+
+    return Services(ledger, no_policies)
+
+
 __all__ = [
     "PolicyWatch",
     "built_providers",
@@ -154,4 +179,5 @@ __all__ = [
     "command_services",
     "lent_providers",
     "scan_policies",
+    "store_services",
 ]

@@ -11,18 +11,22 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from daemon.engine.dispatch import render
 from daemon.service_layer.job_json import DUPLICATE_REASON, duplicate_field
 from daemon.service_layer.job_json import loads as decode_jobs
 from ledger.application import Ledger, SubmitResult
 from ledger.content import JobContent, JobInputError, JobInputErrors, parse_job
 from ledger.job import SendJob
 from ledger.message_id import message_id_for
-from ledger.mime import MessageLimits, check_recipients, check_size
 from ledger.vocabulary import Sender
-from policies.loader import PolicySet
-from policies.senders import SenderRefused
+
+if TYPE_CHECKING:
+    from ledger.mime import MessageLimits
+    from policies.loader import PolicySet
+
+# The renderer (the engine's), the MIME limits and the policies' sender rules are imported
+# where a submission needs them: the read commands import this module's types only.
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,8 @@ def senders_for(
     policy's `allowed_from` allows it); every job without one is listed. A `thread_id`
     is refused unless the channel's provider is in `thread_providers` (the gmail ones):
     no other provider has a thread to put the message in."""
+    from policies.senders import SenderRefused
+
     senders: list[Sender] = []
     problems = Problems()
     for index, job in enumerate(jobs):
@@ -179,6 +185,9 @@ def check_messages(
     land in review): each job's message is built once with the very function the daemon
     sends with (`daemon/engine/dispatch.py: render`), and held against its provider's
     `limits` (by provider name). Every refused job is listed."""
+    from daemon.engine.dispatch import render
+    from ledger.mime import check_recipients, check_size
+
     problems = Problems()
     for index, (content, sender) in enumerate(zip(jobs, senders, strict=True)):
         policy = policies[content.channel]

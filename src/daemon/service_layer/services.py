@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from daemon.cli.output import iso as output_time
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
@@ -58,10 +58,11 @@ from ledger.content import JobContent, JobInputError
 from ledger.display import command_line
 from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name, copies_found
 from ledger.keys import note_problem
-from ledger.mime import MessageLimits
 from ledger.vocabulary import FINAL_STATES, JobState, Resolution, Sender
-from policies import decisions
-from policies.loader import PolicySet
+
+if TYPE_CHECKING:
+    from ledger.mime import MessageLimits
+    from policies.loader import PolicySet
 
 log = logging.getLogger("sendledger.services")
 
@@ -340,6 +341,22 @@ class Services:
 
     def status(self, key: str) -> dict[str, Any]:
         return job_status(self.job(key))
+
+    def statuses(self, keys: Sequence[str]) -> tuple[list[dict[str, Any]], list[str]]:
+        """The status of each of `keys` that is known, in their order, and the keys that
+        are not (`status KEY KEY ...`): `CONTENT_PAGE` jobs read a query."""
+        found: list[dict[str, Any]] = []
+        unknown: list[str] = []
+        for start in range(0, len(keys), CONTENT_PAGE):
+            page = keys[start : start + CONTENT_PAGE]
+            jobs = self.ledger.get_jobs(list(dict.fromkeys(page)))
+            for key in page:
+                job = jobs.get(key)
+                if job is None:
+                    unknown.append(key)
+                else:
+                    found.append(job_status(job))
+        return found, unknown
 
     def history(self, key: str) -> list[dict[str, Any]]:
         try:
@@ -650,7 +667,10 @@ class Services:
     def _tidy_at(self, job: SendJob, at: datetime) -> datetime | None:
         policy = self.policies().policies.get(job.channel)
         provider = policy.provider if policy is not None else job.last_provider
-        return decisions.tidy_at(policy, leaves_drafts=provider in self.draft_providers, now=at)
+        # Here, not at the top: the read commands load no policy model (pydantic).
+        from policies.decisions import tidy_at
+
+        return tidy_at(policy, leaves_drafts=provider in self.draft_providers, now=at)
 
     def _require_index_caught_up(self, job: SendJob) -> None:
         """A search sooner than the channel's `search_after` after the last attempt may

@@ -1,20 +1,19 @@
 """Encryption at rest for event state: eventsourcing's AES-GCM cipher with a key ring.
 
 eventsourcing encrypts each event's state with one key (`CIPHER_KEY`). Keys must be
-rotatable without rewriting an append-only history, so `KeyRingCipher` reads a list: the
-first key encrypts what is written from now on, every key is tried when reading. The
-rotation procedure is in docs/configuration.md ("Encryption at rest").
+rotatable without rewriting an append-only history, so `KeyRingCipher`
+(`ledger/stores/key_ring.py`) reads a list: the first key encrypts what is written from now
+on, every key is tried when reading. The rotation procedure is in docs/configuration.md
+("Encryption at rest").
+
+The cipher (and so the `cryptography` package) is imported only for a store that has keys:
+a plain store's command does without it.
 """
 
 from __future__ import annotations
 
 from base64 import b64decode
 from collections.abc import Sequence
-
-from cryptography.exceptions import InvalidTag
-from eventsourcing.compressor import ZlibCompressor
-from eventsourcing.cryptography import AESCipher
-from eventsourcing.utils import Environment, get_topic
 
 #: Separates the keys of the ring in the `CIPHER_KEY` environment value.
 KEY_SEPARATOR = " "
@@ -39,6 +38,8 @@ def check_key(key: str) -> str:
 
 def new_key() -> str:
     """A fresh 256-bit key, base64."""
+    from eventsourcing.cryptography import AESCipher
+
     return AESCipher.create_key(KEY_BYTES)
 
 
@@ -47,6 +48,11 @@ def cipher_env(keys: Sequence[str]) -> dict[str, str]:
     state; no keys: none."""
     if not keys:
         return {}
+    from eventsourcing.compressor import ZlibCompressor
+    from eventsourcing.utils import get_topic
+
+    from ledger.stores.key_ring import KeyRingCipher
+
     return {
         "CIPHER_TOPIC": get_topic(KeyRingCipher),
         "CIPHER_KEY": KEY_SEPARATOR.join(check_key(k) for k in keys),
@@ -54,37 +60,4 @@ def cipher_env(keys: Sequence[str]) -> dict[str, str]:
     }
 
 
-class KeyRingCipher(AESCipher):
-    def __init__(self, environment: Environment) -> None:
-        keys = (environment.get(self.CIPHER_KEY) or "").split(KEY_SEPARATOR)
-        self._ring = []
-        for key in filter(None, keys):
-            single = Environment(environment.name, {self.CIPHER_KEY: key})
-            self._ring.append(AESCipher(single))
-        if not self._ring:
-            raise OSError(f"'{self.CIPHER_KEY}' not in env")
-        self.key = self._ring[0].key
-
-    def key_index(self, ciphertext: bytes, plaintext: bytes) -> int | None:
-        """The place in the ring of the key that encrypted `plaintext` into
-        `ciphertext`, or None when no key of the ring did (`ledger.stores.keycheck`)."""
-        for index, cipher in enumerate(self._ring):
-            try:
-                if cipher.decrypt(ciphertext) == plaintext:
-                    return index
-            except ValueError:
-                continue
-        return None
-
-    def decrypt(self, ciphertext: bytes) -> bytes:
-        # AES-GCM authenticates: a wrong key fails its tag check, it never yields garbage.
-        for cipher in self._ring[:-1]:
-            try:
-                return cipher.decrypt(ciphertext)
-            except ValueError as exc:
-                if not isinstance(exc.__cause__, InvalidTag):
-                    raise
-        return self._ring[-1].decrypt(ciphertext)
-
-
-__all__ = ["KEY_BYTES", "KeyRingCipher", "check_key", "cipher_env", "new_key"]
+__all__ = ["KEY_BYTES", "KEY_SEPARATOR", "check_key", "cipher_env", "new_key"]

@@ -26,10 +26,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ledger.stores.cipher import KeyRingCipher
 from ledger.stores.url import StoreRefused
+
+if TYPE_CHECKING:
+    from ledger.stores.key_ring import KeyRingCipher
 
 KEY_TABLE = "sendledger_store_keys"
 STORE_CHECK = "store"
