@@ -22,6 +22,16 @@ def imports(path: Path) -> set[str]:
     return found
 
 
+def imported(path: Path) -> set[str]:
+    """`imports` and, for `from a import b`, `a.b` too: `from daemon import cli` imports
+    `daemon.cli` as surely as `import daemon.cli` does."""
+    found = imports(path)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
 def under(names: set[str], *prefixes: str) -> list[str]:
     return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes))
 
@@ -112,3 +122,21 @@ def test_the_daemon_package_keeps_only_its_wiring_at_the_top() -> None:
         "systemd.py",
         "wakeup.py",
     }, top
+
+
+def test_only_the_command_line_imports_the_command_line() -> None:
+    # daemon/cli is a door, never a library: what other layers share with it (a moment as
+    # written, `ledger.display.iso`) lives where they may import it.
+    # Outside it only the entry point and the commands it registers from other packages
+    # (`daemon.cli.COMMANDS`: demo, try, probe in daemon/tools/) reach into it.
+    from daemon.cli import COMMANDS
+
+    commands = {name for name in COMMANDS.values() if not name.startswith("daemon.cli.")}
+    allowed = {"daemon.__main__", *commands}
+    cli = SRC / "daemon" / "cli"
+    users = {
+        ".".join(p.relative_to(SRC).with_suffix("").parts)
+        for p in modules("daemon")
+        if cli not in p.parents and under(imported(p), "daemon.cli")
+    }
+    assert users <= allowed, users - allowed
