@@ -126,7 +126,7 @@ def test_the_daemon_package_keeps_only_its_wiring_at_the_top() -> None:
 
 def test_only_the_command_line_imports_the_command_line() -> None:
     # daemon/cli is a door, never a library: what other layers share with it (a moment as
-    # written, `ledger.display.iso`) lives where they may import it.
+    # written, `ledger.display.iso`; a rendered message) lives where they may import it.
     # Outside it only the entry point and the commands it registers from other packages
     # (`daemon.cli.COMMANDS`: demo, try, probe in daemon/tools/) reach into it.
     from daemon.cli import COMMANDS
@@ -140,3 +140,29 @@ def test_only_the_command_line_imports_the_command_line() -> None:
         if cli not in p.parents and under(imported(p), "daemon.cli")
     }
     assert users <= allowed, users - allowed
+
+
+@pytest.mark.parametrize("path", modules("daemon/service_layer"), ids=lambda p: p.name)
+def test_the_service_layer_never_imports_the_dispatch(path: Path) -> None:
+    # What the intake shares with the dispatch (the rendered message) is the provider
+    # port's, `daemon/providers/message.py`.
+    assert not under(imported(path), "daemon.engine.dispatch"), path
+
+
+#: The provider port: what the engine and the service layer may know of a provider.
+PROVIDER_PORT = (
+    "daemon.providers.base",
+    "daemon.providers.draft_handle",
+    "daemon.providers.message",
+)
+
+
+@pytest.mark.parametrize(
+    "path", modules("daemon/engine") + modules("daemon/service_layer"), ids=lambda p: p.name
+)
+def test_the_engine_knows_providers_only_by_their_port(path: Path) -> None:
+    # No concrete provider (smtp_imap, gmail, graph, ...) nor their helpers: a provider's
+    # capabilities are declared in the port, so nothing above it needs to know which it is.
+    found = {n for n in imported(path) if n != "daemon.providers"}
+    outside = [n for n in under(found, "daemon.providers") if not under({n}, *PROVIDER_PORT)]
+    assert outside == [], (path, outside)
