@@ -166,3 +166,23 @@ def test_the_engine_knows_providers_only_by_their_port(path: Path) -> None:
     found = {n for n in imported(path) if n != "daemon.providers"}
     outside = [n for n in under(found, "daemon.providers") if not under({n}, *PROVIDER_PORT)]
     assert outside == [], (path, outside)
+
+
+def probes(path: Path) -> list[str]:
+    """`hasattr(...)` calls, and `getattr(...)` calls on something named as a provider."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+            name, target = node.func.id, ast.unparse(node.args[0])
+            if name == "hasattr" or (name == "getattr" and "provider" in target.lower()):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "path", modules("daemon/engine") + modules("daemon/service_layer"), ids=lambda p: p.name
+)
+def test_nothing_above_the_port_probes_a_provider(path: Path) -> None:
+    # docs/architecture.md "Adding a provider": every capability is declared in the port
+    # (`drafts()`, `leaves_drafts`, `search`, ...), with its default, so none is probed.
+    assert probes(path) == []

@@ -33,7 +33,7 @@ from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from daemon.providers.message import render_checked
 from ledger.application import ConcurrentUpdate
-from ledger.decision_types import AfterRejection, Review
+from ledger.decision_types import AfterRejection, AfterUnknown, Review
 from ledger.job import DRAFTS_CLAIM_LOST, SendJob, TransitionError
 from ledger.vocabulary import EscalationReason, JobState
 from ledger.wire_check import RenderMismatch
@@ -399,8 +399,15 @@ def save_unknown_outcome(
 def unknown_to_events(
     work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str
 ) -> None:
-    """An unknown outcome as events on the job in memory (not saved)."""
-    decision = drafts_flow.unknown_decision(
-        work.job, policy, now=work.now, handle_reliable=health.reliable(policy.provider)
-    )
+    """An unknown outcome as events on the job in memory (not saved). The rule is chosen
+    here, once: with a recorded draft, the draft's check at once (every channel: the
+    sweep's, which deletes a draft still unsent before it says so); without one, the
+    policy's rule for unknown outcomes."""
+    decision: AfterUnknown
+    if drafts_flow.recorded_draft(work.job) is not None:
+        decision = decisions.after_unknown_draft(policy, now=work.now)
+    else:
+        decision = decisions.after_unknown(
+            policy, now=work.now, handle_reliable=health.reliable(policy.provider)
+        )
     work.job.record_unknown(reason=reason, decision=decision, at=work.now)
