@@ -116,7 +116,7 @@ def policy_table() -> dict[str, Any]:
 
 def rendered(docs: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
     """(Message-ID, bytes) of each job exactly as the daemon renders it."""
-    from daemon.engine.dispatch import render
+    from daemon.providers.message import render
     from ledger.application import Ledger
     from ledger.content import parse_job
     from policies.model import ChannelPolicy
@@ -159,7 +159,7 @@ def _timed(work: Callable[[], Any]) -> tuple[float, float, Any]:
 
 
 def run_loop(port: int, docs: list[dict[str, Any]], per_message_login: bool) -> dict[str, Any]:
-    from daemon.providers.smtp_imap import Envelope
+    from daemon.providers.message import Envelope
 
     messages = [(mid, raw, Envelope(raw).recipients) for mid, raw in rendered(docs)]
 
@@ -331,13 +331,13 @@ def wrap_breakdown(engine: Any) -> dict[str, Any]:
     from profile_pipeline import Breakdown
 
     from daemon.engine import dispatch, runner
-    from daemon.providers import smtp_imap, smtp_submit
+    from daemon.providers import message, smtp_submit
 
     parts = Breakdown()
     wrapped = [
         (dispatch, "render_checked", "render + proof + envelope"),
-        (dispatch, "checked_message", "  render + proof"),
-        (smtp_imap.Envelope, "__init__", "  envelope parse"),
+        (message, "checked_message", "  render + proof"),
+        (message.Envelope, "__init__", "  envelope parse"),
         (smtp_submit.SmtpSubmitter, "submit", "SMTP transaction"),
         (dispatch.Dispatch, "claim", "claim (decide, render, event)"),
         (dispatch.Dispatch, "outcome_to_events", "outcome events"),

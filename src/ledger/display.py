@@ -4,12 +4,16 @@ A job's key, note or subject is a caller's text. Printed raw it can move a termi
 cursor (ESC), ring it (BEL), reverse what a reader sees (bidi controls) or, pasted as a
 command, run another one. Every place that shows such text or suggests a command goes
 through these two functions (docs/cli.md "Message fields and validation", "Keys").
+
+And a moment as every door shows it (`iso`): the command line, the HTTP API, the
+service layer's read models and sentences, the webhooks' status.
 """
 
 from __future__ import annotations
 
 import shlex
 import unicodedata
+from datetime import UTC, datetime
 
 from ledger.addresses import BIDI_CONTROLS
 
@@ -45,3 +49,13 @@ def command_line(*argv: str) -> str:
     (a key written before keys refused control characters still shows as an escape,
     never as the character itself)."""
     return " ".join(printable(shlex.quote(arg)) for arg in argv)
+
+
+def iso(value: datetime | float | None) -> str | None:
+    """A moment (a datetime, or seconds since the epoch) as every door writes it: UTC,
+    ISO 8601 to the millisecond, with `Z`; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        value = datetime.fromtimestamp(value, UTC)
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

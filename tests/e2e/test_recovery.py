@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tests.e2e.daemon_kit import Rig, events_of, job
 
-from daemon.cli import output
 from daemon.engine.recover import OWN_REASON, REASON
+from ledger.display import iso
 from testkit.relay import FaultPlan
 
 
@@ -84,7 +84,7 @@ def test_another_daemons_claim_waits_for_its_deadline(tmp_path: Path) -> None:
         history = rig.history(key)
         unknown = events_of(history, "Unknown")[0]
         assert unknown["reason"] == REASON  # at the deadline, not at host-b's start-up
-        assert unknown["at"] >= output.iso(deadline)
+        assert unknown["at"] >= iso(deadline)
         assert rig.copies(key) == 1
 
 

@@ -24,8 +24,9 @@ import pytest
 from tests.unit.engine_rig import receipt
 
 from daemon.doubles.fake_time import FakeClock
-from daemon.engine import Engine, PolicyHolder, TickReport, render
+from daemon.engine import Engine, PolicyHolder, TickReport
 from daemon.providers.gmail import GmailProvider
+from daemon.providers.message import render
 from ledger.application import Ledger, Sender
 from ledger.content import parse_job
 from ledger.job import JobState, TransitionError

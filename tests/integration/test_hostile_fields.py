@@ -30,8 +30,8 @@ from tests.integration.test_engine import (  # noqa: F401  (fixtures used by nam
 
 import ledger.wire_check as wire_check
 from daemon.doubles.fake_time import FakeClock
-from daemon.engine.dispatch import render
 from daemon.providers.base import SendKind
+from daemon.providers.message import render
 from daemon.providers.smtp_imap import SmtpImapProvider
 from ledger.content import MAX_HEADER_VALUE, MAX_SUBJECT, JobContent, JobInputError, parse_job
 from ledger.job import JobState, SendJob

@@ -19,7 +19,7 @@ from tests.integration.test_engine import (  # noqa: F401  (fixtures used by nam
 )
 
 from daemon.doubles.fake_time import FakeClock
-from daemon.engine import render
+from daemon.providers.message import render
 from ledger.content import parse_job
 from ledger.job import JobState
 from testkit.gmail_emulator import GmailEmulator

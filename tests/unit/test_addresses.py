@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.engine.dispatch import render
+from daemon.providers.message import render
 from ledger.addresses import AddressError, parse_mailbox
 from ledger.content import JobInputError, parse_job
 from ledger.job import SendJob

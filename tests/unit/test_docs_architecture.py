@@ -145,7 +145,7 @@ def test_every_module_and_name_the_page_cites_is_where_it_says() -> None:
 
 
 def test_the_name_checker_sees_stale_names() -> None:
-    assert problem("daemon/engine/dispatch.py: render_checked") is None
+    assert problem("daemon/providers/message.py: render_checked") is None
     assert problem("daemon/engine/dispatch.py: render_wave") == "not in daemon.engine.dispatch"
     assert problem("SendJob.Requested") is None
     assert problem("SendJob.resend_now") == "SendJob has no resend_now"

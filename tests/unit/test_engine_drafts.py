@@ -14,13 +14,12 @@ from tests.unit.jobs import DEADLINE, MESSAGE_ID, PROVIDER, requested_job
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
-from daemon.engine.drafts import (
-    DraftAlreadySent,
-    prepare_draft,
-    settle_by_draft,
-    unknown_decision,
-)
-from ledger.decision_types import Review, SearchAt
+from daemon.engine.dispatch import unknown_to_events
+from daemon.engine.drafts import DraftAlreadySent, prepare_draft, settle_by_draft
+from daemon.engine.readback import ProviderHealth
+from daemon.engine.report import Counter
+from daemon.engine.runner import Work
+from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.vocabulary import ConfirmedVia, JobState
 from policies.model import ChannelPolicy
@@ -50,9 +49,16 @@ def sent_once_unknown(
     job.claim(provider=PROVIDER, deadline=clock.now + DEADLINE, at=clock.now)
     provider.script(fate)
     provider.send_draft(draft)
-    decision = unknown_decision(job, chosen, now=clock.now, handle_reliable=True)
-    job.record_unknown(reason="reply lost", decision=decision, at=clock.now)
+    record_unknown(job, chosen, clock)
     return job
+
+
+def record_unknown(job: SendJob, chosen: ChannelPolicy, clock: FakeClock) -> None:
+    """The job's attempt recorded Unknown as the dispatch records it (`unknown_to_events`,
+    the handle reliable), in memory."""
+    ledger = Ledger("memory://", clock=clock)
+    work = Work(job, chosen, None, clock.now, ledger, Counter())
+    unknown_to_events(work, chosen, ProviderHealth(ledger, clock), "reply lost")
 
 
 def test_only_a_drafts_provider_in_drafts_mode_counts(clock: FakeClock) -> None:
@@ -168,10 +174,21 @@ def test_a_failed_check_records_nothing(clock: FakeClock) -> None:
 
 def test_without_a_draft_the_unknown_rule_is_the_policys(clock: FakeClock) -> None:
     job = requested_job(clock)
-    decision = unknown_decision(
-        job, policy(on_unknown="review"), now=clock.now, handle_reliable=True
-    )
-    assert isinstance(decision, Review)
+    job.claim(provider=PROVIDER, deadline=clock.now + DEADLINE, at=clock.now)
+    record_unknown(job, policy(on_unknown="review"), clock)
+    assert job.state is JobState.REVIEW
     job2 = requested_job(clock)
-    later = unknown_decision(job2, policy(), now=clock.now, handle_reliable=True)
-    assert isinstance(later, SearchAt) and later.at == clock.now + timedelta(minutes=5)
+    job2.claim(provider=PROVIDER, deadline=clock.now + DEADLINE, at=clock.now)
+    record_unknown(job2, policy(), clock)
+    assert job2.state is JobState.UNKNOWN
+    assert job2.due_at == clock.now + timedelta(minutes=5)
+
+
+@pytest.mark.parametrize("on_unknown", ["retry", "search-then-review", "review"])
+def test_with_a_recorded_draft_the_unknown_is_due_at_once_on_every_channel(
+    clock: FakeClock, on_unknown: str
+) -> None:
+    provider = FakeDraftsProvider(clock=clock)
+    chosen = policy(on_unknown=on_unknown)
+    job = sent_once_unknown(clock, provider, chosen, Scripted.dropped_response())
+    assert job.state is JobState.UNKNOWN and job.due_at == clock.now

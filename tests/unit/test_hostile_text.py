@@ -23,7 +23,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from daemon.providers.smtp_imap import Envelope
+from daemon.providers.message import Envelope
 from ledger.addresses import parse_mailbox
 from ledger.content import JobContent, JobInputError, parse_job
 from ledger.message_id import message_id_for

@@ -22,6 +22,16 @@ def imports(path: Path) -> set[str]:
     return found
 
 
+def imported(path: Path) -> set[str]:
+    """`imports` and, for `from a import b`, `a.b` too: `from daemon import cli` imports
+    `daemon.cli` as surely as `import daemon.cli` does."""
+    found = imports(path)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
 def under(names: set[str], *prefixes: str) -> list[str]:
     return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes))
 
@@ -112,3 +122,67 @@ def test_the_daemon_package_keeps_only_its_wiring_at_the_top() -> None:
         "systemd.py",
         "wakeup.py",
     }, top
+
+
+def test_only_the_command_line_imports_the_command_line() -> None:
+    # daemon/cli is a door, never a library: what other layers share with it (a moment as
+    # written, `ledger.display.iso`; a rendered message) lives where they may import it.
+    # Outside it only the entry point and the commands it registers from other packages
+    # (`daemon.cli.COMMANDS`: demo, try, probe in daemon/tools/) reach into it.
+    from daemon.cli import COMMANDS
+
+    commands = {name for name in COMMANDS.values() if not name.startswith("daemon.cli.")}
+    allowed = {"daemon.__main__", *commands}
+    cli = SRC / "daemon" / "cli"
+    users = {
+        ".".join(p.relative_to(SRC).with_suffix("").parts)
+        for p in modules("daemon")
+        if cli not in p.parents and under(imported(p), "daemon.cli")
+    }
+    assert users <= allowed, users - allowed
+
+
+@pytest.mark.parametrize("path", modules("daemon/service_layer"), ids=lambda p: p.name)
+def test_the_service_layer_never_imports_the_dispatch(path: Path) -> None:
+    # What the intake shares with the dispatch (the rendered message) is the provider
+    # port's, `daemon/providers/message.py`.
+    assert not under(imported(path), "daemon.engine.dispatch"), path
+
+
+#: The provider port: what the engine and the service layer may know of a provider.
+PROVIDER_PORT = (
+    "daemon.providers.base",
+    "daemon.providers.draft_handle",
+    "daemon.providers.message",
+)
+
+
+@pytest.mark.parametrize(
+    "path", modules("daemon/engine") + modules("daemon/service_layer"), ids=lambda p: p.name
+)
+def test_the_engine_knows_providers_only_by_their_port(path: Path) -> None:
+    # No concrete provider (smtp_imap, gmail, graph, ...) nor their helpers: a provider's
+    # capabilities are declared in the port, so nothing above it needs to know which it is.
+    found = {n for n in imported(path) if n != "daemon.providers"}
+    outside = [n for n in under(found, "daemon.providers") if not under({n}, *PROVIDER_PORT)]
+    assert outside == [], (path, outside)
+
+
+def probes(path: Path) -> list[str]:
+    """`hasattr(...)` calls, and `getattr(...)` calls on something named as a provider."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+            name, target = node.func.id, ast.unparse(node.args[0])
+            if name == "hasattr" or (name == "getattr" and "provider" in target.lower()):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "path", modules("daemon/engine") + modules("daemon/service_layer"), ids=lambda p: p.name
+)
+def test_nothing_above_the_port_probes_a_provider(path: Path) -> None:
+    # docs/architecture.md "Adding a provider": every capability is declared in the port
+    # (`drafts()`, `leaves_drafts`, `search`, ...), with its default, so none is probed.
+    assert probes(path) == []

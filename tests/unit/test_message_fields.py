@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.providers.smtp_imap import Envelope
+from daemon.providers.message import Envelope
 from ledger.content import JobContent, JobInputError, parse_job
 from ledger.extra_headers import OWNED_HEADERS
 from ledger.header_encoding import fold

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from daemon.providers.smtp_imap import Envelope
+from daemon.providers.message import Envelope
 from ledger.addresses import BIDI_CONTROLS, unsafe_character
 from ledger.attachments import parse_attachment
 from ledger.content import (

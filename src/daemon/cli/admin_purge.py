@@ -14,6 +14,7 @@ from daemon.cli.parsers import add_command
 from daemon.exit_codes import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
 from daemon.from_settings import open_ledger, settings_for
 from ledger.application import ConcurrentUpdate, Ledger, PurgeResult
+from ledger.display import iso
 from ledger.job import TransitionError
 from policies.durations import DurationError, format_duration, parse_duration_within
 
@@ -114,20 +115,20 @@ def _purge_keys(ledger: Ledger, args: argparse.Namespace, by: str) -> int:
 
 def _report_dry_run(args: argparse.Namespace, keys: list[str], before: datetime | None) -> None:
     if args.json:
-        print(output.dumps({"dry_run": True, "before": output.iso(before), "keys": keys}))
+        print(output.dumps({"dry_run": True, "before": iso(before), "keys": keys}))
         return
     for key in keys:
         print(key)
-    since = f" settled before {output.iso(before)}" if before is not None else ""
+    since = f" settled before {iso(before)}" if before is not None else ""
     print(f"would purge {len(keys)} jobs{since} (dry run: nothing changed)", file=sys.stderr)
 
 
 def _report(args: argparse.Namespace, result: PurgeResult, before: datetime | None) -> None:
     if args.json:
-        record = {"dry_run": False, "before": output.iso(before), **vars(result)}
+        record = {"dry_run": False, "before": iso(before), **vars(result)}
         print(output.dumps(record))
         return
-    since = f" settled before {output.iso(before)}" if before is not None else ""
+    since = f" settled before {iso(before)}" if before is not None else ""
     line = f"purged {result.purged} jobs{since}"
     if result.skipped:
         line += f"; {result.skipped} changed meanwhile, left for the next purge"

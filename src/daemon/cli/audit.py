@@ -25,7 +25,7 @@ from daemon.config.moments import parse_moment
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import open_ledger, store_settings_for
 from ledger.application import Ledger
-from ledger.display import printable
+from ledger.display import iso, printable
 from ledger.job import JobState, SendJob
 from ledger.stores.index import IndexRow
 
@@ -100,8 +100,8 @@ def _job_record(row: IndexRow) -> dict[str, Any]:
         "attempts": row.attempts,
         "reason": row.reason,
         "message_id": row.message_id,
-        "created": output.iso(row.created_at),
-        "updated": output.iso(row.updated_at),
+        "created": iso(row.created_at),
+        "updated": iso(row.updated_at),
     }
 
 
@@ -137,7 +137,7 @@ def _events(
         if (state and job.state.value != state) or (channel and job.channel != channel):
             continue
         yield {
-            "at": output.iso(event.timestamp),
+            "at": iso(event.timestamp),
             "event": event_type,
             "version": event.originator_version,
             "key": job.key,

@@ -248,9 +248,11 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
 
 
 def _cmd_new_key(args: argparse.Namespace) -> int:
-    from daemon.config.secret_files import cmd_new_key
+    from ledger.stores.cipher import new_key
 
-    return cmd_new_key(args)
+    key = new_key()
+    print(output.dumps({"key": key}) if args.json else key)
+    return EXIT_OK
 
 
 __all__ = ["cli_error", "register", "served", "served_from_store"]

@@ -7,7 +7,8 @@ the C1 controls, the line and paragraph separators, the bidi controls and lone s
 as `\\uXXXX`, so `--json` output decodes to the same values and shows nothing raw.
 And as a net under every other `print` of the command line (a history line, a suggested
 command), :func:`guard_streams` makes stdout and stderr escape any such character that
-still reaches them (line breaks and tabs pass).
+still reaches them (line breaks and tabs pass). Moments are written by
+`ledger.display.iso`, which every door shares.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import json
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TextIO
 
 from ledger.addresses import BIDI_CONTROLS
-from ledger.display import printable
+from ledger.display import iso, printable
 
 #: What `printable` escapes and `json.dumps(ensure_ascii=False)` leaves raw. JSON text has
 #: these characters only inside strings, where `\\uXXXX` is the same character.
@@ -79,14 +80,6 @@ def dumps(value: object) -> str:
 
 def print_json(value: object) -> None:
     print(_json_printable(json.dumps(value, default=_default, ensure_ascii=False, indent=2)))
-
-
-def iso(value: datetime | float | None) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, int | float):
-        value = datetime.fromtimestamp(value, UTC)
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:

@@ -1,5 +1,5 @@
-"""The files that hold secrets: their permissions, the store's encryption keys, and
-`sendledger admin new-key`.
+"""The files that hold secrets: their permissions and the store's encryption keys
+(`sendledger admin new-key`, which prints a fresh one, is `daemon/cli/job_commands.py`).
 
 Every `*_file` setting names a secret (service-account JSON, a password, API tokens, the
 store key). As ssh does with a private key, the daemon says at start-up when one of them
@@ -9,7 +9,6 @@ often 0644 inside a private namespace. docs/configuration.md: "Encryption at res
 
 from __future__ import annotations
 
-import argparse
 import logging
 import stat
 from collections.abc import Iterator
@@ -17,11 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from daemon.cli import output
 from daemon.config.settings import Settings
 from daemon.config.store_section import encryption_keys
-from daemon.exit_codes import EXIT_OK
-from ledger.stores.cipher import new_key
 
 log = logging.getLogger("sendledger")
 
@@ -72,14 +68,7 @@ def warn_exposed_secrets(settings: Settings) -> list[Path]:
     return warned
 
 
-def cmd_new_key(args: argparse.Namespace) -> int:
-    key = new_key()
-    print(output.dumps({"key": key}) if args.json else key)
-    return EXIT_OK
-
-
 __all__ = [
-    "cmd_new_key",
     "encryption_keys",
     "exposed",
     "secret_files",

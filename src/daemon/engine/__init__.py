@@ -1,17 +1,17 @@
 """The engine that moves send jobs forward: a tick hands due jobs to its workers.
 
-Public: :class:`Engine` (``hand_out``, ``tick``, ``stop``, ``close``), :class:`TickReport`,
-:class:`PolicyHolder` and :func:`render`. The steps live in their own modules: ``dispatch``
-(one job from its claim to its saved outcome), ``recover`` (attempts past their deadline),
-``search`` (sweep unknown outcomes, verify resent jobs), around one ``runner``; ``sends``
-(the send workers: a queue per scope, taken in turn), ``circuit`` (an outage waited out),
-``commit`` (group commit); ``health`` holds the Message-ID read-back.
-``docs/architecture.md`` follows one job through them.
+Public: :class:`Engine` (``hand_out``, ``tick``, ``stop``, ``close``), :class:`TickReport`
+and :class:`PolicyHolder`. The steps live in their own modules: ``dispatch`` (one job from
+its claim to its saved outcome), ``recover`` (attempts past their deadline), ``search``
+(sweep unknown outcomes, verify resent jobs), around one ``runner``; ``sends`` (the send
+workers: a queue per scope, taken in turn), ``circuit`` (an outage waited out), ``commit``
+(group commit); ``health`` holds the Message-ID read-back. A job's message is rendered by
+``daemon/providers/message.py``, which the intake shares. ``docs/architecture.md``
+follows one job through them.
 """
 
-from daemon.engine.dispatch import render
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import TickReport
 from daemon.engine.tick import Engine
 
-__all__ = ["Engine", "PolicyHolder", "TickReport", "render"]
+__all__ = ["Engine", "PolicyHolder", "TickReport"]

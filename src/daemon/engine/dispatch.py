@@ -20,7 +20,7 @@ import random
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from daemon.crashpoints import crash_point
 from daemon.engine import drafts as drafts_flow
@@ -31,48 +31,16 @@ from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
-from daemon.providers.smtp_imap import Envelope
+from daemon.providers.message import render_checked
 from ledger.application import ConcurrentUpdate
-from ledger.decision_types import AfterRejection, Review
+from ledger.decision_types import AfterRejection, AfterUnknown, Review
 from ledger.job import DRAFTS_CLAIM_LOST, SendJob, TransitionError
-from ledger.mime import MessageFields, mailboxes
 from ledger.vocabulary import EscalationReason, JobState
-from ledger.wire_check import Mismatch, RenderMismatch, checked_message
+from ledger.wire_check import RenderMismatch
 from policies import decisions
 from policies.model import ChannelPolicy
 
 log = logging.getLogger("sendledger.engine")
-
-
-def render(job: SendJob) -> bytes:
-    """The job's raw message, rendered and proved (`render_checked`); identical bytes for
-    every attempt of the job."""
-    return render_checked(job)
-
-
-def render_checked(job: SendJob) -> bytes:
-    """The one place a job becomes bytes, at intake and before the claim: rendered by
-    `ledger/mime.py`, proved by `ledger/wire_check.py` to say exactly what the job says,
-    and the SMTP envelope those bytes give (`providers/smtp_imap.py: Envelope`, the other
-    parser of them) held to the job's to, cc and bcc. RenderMismatch naming the field
-    when the proof fails (intake: a refusal; dispatch: review, `render-mismatch`)."""
-    fields = MessageFields.of(
-        job.content,
-        from_addr=job.from_addr,
-        message_id=job.message_id,
-        date=job.created_on.astimezone(UTC),
-    )
-    raw = checked_message(fields)
-    recipients = [
-        box.addr_spec
-        for field, addresses in (("to", fields.to), ("cc", fields.cc), ("bcc", fields.bcc))
-        for box in mailboxes(field, addresses)
-    ]
-    envelope = Envelope(raw)
-    if envelope.recipients != recipients or envelope.message_id != fields.message_id:
-        reason = f"the SMTP envelope would be {envelope.recipients}, the job's {recipients}"
-        raise RenderMismatch(Mismatch("to", reason))
-    return raw
 
 
 @dataclass(eq=False)  # compared by identity
@@ -431,8 +399,15 @@ def save_unknown_outcome(
 def unknown_to_events(
     work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str
 ) -> None:
-    """An unknown outcome as events on the job in memory (not saved)."""
-    decision = drafts_flow.unknown_decision(
-        work.job, policy, now=work.now, handle_reliable=health.reliable(policy.provider)
-    )
+    """An unknown outcome as events on the job in memory (not saved). The rule is chosen
+    here, once: with a recorded draft, the draft's check at once (every channel: the
+    sweep's, which deletes a draft still unsent before it says so); without one, the
+    policy's rule for unknown outcomes."""
+    decision: AfterUnknown
+    if drafts_flow.recorded_draft(work.job) is not None:
+        decision = decisions.after_unknown_draft(policy, now=work.now)
+    else:
+        decision = decisions.after_unknown(
+            policy, now=work.now, handle_reliable=health.reliable(policy.provider)
+        )
     work.job.record_unknown(reason=reason, decision=decision, at=work.now)

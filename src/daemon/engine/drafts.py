@@ -28,7 +28,6 @@ from daemon.engine.circuit import Circuits
 from daemon.engine.runner import Work
 from daemon.providers.base import ProviderError
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
-from ledger.decision_types import AfterUnknown
 from ledger.job import SendJob
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -83,17 +82,6 @@ class DraftAlreadySent(Exception):
     def __init__(self, draft: Draft) -> None:
         super().__init__(f"draft {draft.draft_id} is already sent")
         self.draft = draft
-
-
-def unknown_decision(
-    job: SendJob, policy: ChannelPolicy, *, now: datetime, handle_reliable: bool
-) -> AfterUnknown:
-    """What follows an unknown outcome: with a recorded draft, its check at once (every
-    channel: the sweep's, which deletes a draft still unsent before it says so);
-    otherwise the policy's rule for unknown outcomes."""
-    if recorded_draft(job) is not None:
-        return decisions.after_unknown_draft(policy, now=now)
-    return decisions.after_unknown(policy, now=now, handle_reliable=handle_reliable)
 
 
 def ask_draft(job: SendJob, drafts: DraftsProvider) -> DraftCheck | None:

@@ -19,14 +19,11 @@ Hit ids are `UIDVALIDITY:UID` of the sent folder, which `read_message_id` reads 
 from __future__ import annotations
 
 import logging
-import re
 import ssl
 import threading
 from collections.abc import Callable, Sequence
 from email.message import Message
 from email.parser import BytesHeaderParser
-from email.utils import getaddresses
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -41,6 +38,7 @@ from daemon.providers.base import (
 )
 from daemon.providers.imap_sessions import ImapSessions
 from daemon.providers.kept import MailEndpoint, ReuseLimits
+from daemon.providers.message import Envelope
 from daemon.providers.smtp_submit import SmtpSubmitter
 from ledger.message_id import same_message_id
 
@@ -49,70 +47,6 @@ log = logging.getLogger("sendledger.providers.smtp")
 Security = Literal["tls", "starttls", "none"]
 SentCopy = Literal["server", "client"]
 R = TypeVar("R")
-
-_CRLF = b"\r\n"
-_EOLS = re.compile(rb"\r\n|\r|\n")
-_LEADING_DOT = re.compile(rb"(?m)^\.")
-_HEADER_END = re.compile(rb"\r?\n\r?\n")
-# A Bcc header with its folded continuation lines.
-_BCC = re.compile(rb"(?im)^bcc:[^\r\n]*(?:\r?\n[ \t][^\r\n]*)*\r?\n")
-
-
-# The last envelope each thread parsed: the dispatch parses a message's envelope to check
-# it before the claim (`render_checked`) and hands the same bytes to `send_raw` in the same
-# worker, which then need not parse them again (docs/performance.md "The SMTP path").
-_last = threading.local()
-
-
-class Envelope:
-    """The SMTP envelope of a raw message: recipients from To, Cc and Bcc; the data
-    without its Bcc header (Bcc recipients must not see each other)."""
-
-    def __init__(self, raw: bytes) -> None:
-        match = _HEADER_END.search(raw)
-        self._raw = raw
-        self._head_end = match.end() if match else len(raw)
-        headers = BytesHeaderParser().parsebytes(raw[: self._head_end])
-        fields = [str(v) for name in ("to", "cc", "bcc") for v in headers.get_all(name) or ()]
-        self.recipients = [addr for _, addr in getaddresses(fields) if addr]
-        self.message_id = str(headers.get("Message-ID") or "").strip()
-        _last.envelope = self
-
-    @classmethod
-    def of(cls, raw: bytes) -> Envelope:
-        """The envelope of `raw`: the one this thread parsed last when it was of this very
-        bytes object (bytes are immutable: the same object, the same envelope), else
-        parsed now."""
-        last: Envelope | None = getattr(_last, "envelope", None)
-        if last is not None and last._raw is raw:
-            return last
-        return cls(raw)
-
-    @cached_property
-    def data(self) -> bytes:
-        """The message without its Bcc header. Made on first use: the dispatch's check
-        before a claim (`render_checked`) reads only the recipients and the Message-ID."""
-        head_end = self._head_end
-        return _BCC.sub(b"", self._raw[:head_end]) + self._raw[head_end:]
-
-    @cached_property
-    def eight_bit(self) -> bool:
-        """Whether the data has a byte above 127 (then MAIL asks for BODY=8BITMIME)."""
-        return not self.data.isascii()
-
-    def wire_data(self) -> bytes:
-        """DATA's payload: CRLF line ends, leading dots doubled, then CRLF . CRLF. The
-        messages sendledger writes already end every line with CR LF and seldom start one
-        with a dot: counted first (C loops over the bytes), rewritten only when needed."""
-        data = self.data
-        line_ends = data.count(_CRLF)
-        if data.count(b"\r") != line_ends or data.count(b"\n") != line_ends:
-            data = _EOLS.sub(_CRLF, data)
-        if data.startswith(b".") or b"\n." in data:
-            data = _LEADING_DOT.sub(b"..", data)
-        if not data.endswith(_CRLF):
-            data += _CRLF
-        return data + b"." + _CRLF
 
 
 def _text(value: bytes | str) -> str:

@@ -124,14 +124,16 @@ def built_providers(settings: Settings) -> ProviderSource:
     return source
 
 
-def lent_providers(providers: Mapping[str, object], fallback: ProviderSource) -> ProviderSource:
+def lent_providers(
+    providers: Mapping[str, Provider | None], fallback: ProviderSource
+) -> ProviderSource:
     """The daemon's own providers (shared with the engine, never closed here); a name
-    without a live one is built by `fallback`."""
+    without a live one (None: not built yet) is built by `fallback`."""
 
     def source(name: str) -> AbstractContextManager[Provider]:
         provider = providers.get(name)
-        if provider is not None and hasattr(provider, "search"):
-            return nullcontext(provider)  # type: ignore[arg-type]
+        if provider is not None:
+            return nullcontext(provider)
         return fallback(name)
 
     return source

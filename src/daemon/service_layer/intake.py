@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from ledger.mime import MessageLimits
     from policies.loader import PolicySet
 
-# The renderer (the engine's), the MIME limits and the policies' sender rules are imported
-# where a submission needs them: the read commands import this module's types only.
+# The renderer (`daemon/providers/message.py`), the MIME limits and the policies' sender
+# rules are imported where a submission needs them: the read commands import this module's
+# types only.
 
 
 @dataclass(frozen=True)
@@ -183,9 +184,9 @@ def check_messages(
 ) -> None:
     """Whatever cannot be built is refused here, not at send time (where the job would
     land in review): each job's message is built once with the very function the daemon
-    sends with (`daemon/engine/dispatch.py: render`), and held against its provider's
+    sends with (`daemon/providers/message.py: render`), and held against its provider's
     `limits` (by provider name). Every refused job is listed."""
-    from daemon.engine.dispatch import render
+    from daemon.providers.message import render
     from ledger.mime import check_recipients, check_size
 
     problems = Problems()

@@ -16,8 +16,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from daemon.cli import output
 from ledger.application import Ledger
+from ledger.display import iso
 from ledger.job import SendJob
 from ledger.stores.index import IndexRow
 from ledger.vocabulary import JobState
@@ -40,9 +40,9 @@ def job_status(job: SendJob) -> dict[str, Any]:
         status["reason"] = job.reason
     status.update(
         {
-            "due_at": output.iso(job.due_at),
-            "created": output.iso(job.created_on),
-            "updated": output.iso(job.modified_on),
+            "due_at": iso(job.due_at),
+            "created": iso(job.created_on),
+            "updated": iso(job.modified_on),
             "version": job.version,
             "searches": job.searches,
             "misses": job.misses,
@@ -56,7 +56,7 @@ def job_status(job: SendJob) -> dict[str, Any]:
         status.update(to=list(job.content.to), subject=job.content.subject)
     else:
         # Its content is gone (docs/configuration.md "Retention"): say so rather than show it empty.
-        status["purged"] = {"at": output.iso(job.purged_at), "by": job.purged_by}
+        status["purged"] = {"at": iso(job.purged_at), "by": job.purged_by}
     if job.content.send_at is not None:
         status["send_at"] = job.content.send_at
     return status
@@ -66,7 +66,7 @@ def plain(value: Any) -> Any:
     """A value as JSON has it: times as ISO strings, enums as their strings, tuples as
     lists (what the page shows is this, never a Python repr)."""
     if isinstance(value, datetime):
-        return output.iso(value)
+        return iso(value)
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, dict):
@@ -81,7 +81,7 @@ def event_record(event: Any) -> dict[str, Any]:
     record: dict[str, Any] = {
         "type": type(event).__name__,
         "version": event.originator_version,
-        "at": output.iso(event.timestamp),
+        "at": iso(event.timestamp),
     }
     for field in dataclasses.fields(event):
         if field.name not in _EVENT_BASE_FIELDS:
@@ -128,7 +128,7 @@ def review_row(row: IndexRow, job: SendJob | None) -> dict[str, Any]:
         "channel": row.channel,
         "state": row.state,
         "reason": row.reason,
-        "since": output.iso(row.updated_at),
+        "since": iso(row.updated_at),
         "message_id": row.message_id,
     }
     if job is not None:
@@ -151,9 +151,9 @@ def listed_job(row: IndexRow) -> dict[str, Any]:
         "reason": row.reason,
         "message_id": row.message_id,
         "attempts": row.attempts,
-        "due_at": None if row.due_at is None else output.iso(row.due_at),
-        "created": output.iso(row.created_at),
-        "updated": output.iso(row.updated_at),
+        "due_at": None if row.due_at is None else iso(row.due_at),
+        "created": iso(row.created_at),
+        "updated": iso(row.updated_at),
         "version": row.version,
         "purged": row.purged_at is not None,
     }

@@ -9,8 +9,8 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-from daemon.cli import output
 from ledger.application import Ledger, PurgeResult
+from ledger.display import iso
 from policies.durations import format_duration
 
 log = logging.getLogger("sendledger.retention")
@@ -47,7 +47,7 @@ class RetentionJob:
             log.info(
                 "retention: purged %d jobs settled before %s%s",
                 result.purged,
-                output.iso(before),
+                iso(before),
                 f" ({result.skipped} changed meanwhile: next run)" if result.skipped else "",
             )
         return result

@@ -25,7 +25,6 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from daemon.cli.output import iso as output_time
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.service_layer.guidance import SENT_NEEDS_NOTE, Guidance, copies_known, guidance_for
 from daemon.service_layer.intake import (
@@ -55,7 +54,7 @@ from ledger.application import (
     UnknownJob,
 )
 from ledger.content import JobContent, JobInputError
-from ledger.display import command_line
+from ledger.display import command_line, iso
 from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name, copies_found
 from ledger.keys import note_problem
 from ledger.vocabulary import FINAL_STATES, JobState, Resolution, Sender
@@ -688,7 +687,7 @@ class Services:
                 f"job {job.key!r} was not resent: its last attempt was "
                 f"{int((now - last).total_seconds())} s ago and the mailbox "
                 f"index may not show its copy yet (search_after of channel {job.channel!r}); "
-                f"check again and resend after {output_time(ready)}",
+                f"check again and resend after {iso(ready)}",
             )
 
     def cancel(

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from daemon.cli.output import iso
 from daemon.webhooks.events import WEBHOOK_TYPES, event_id_for, topics_for, type_of
 from ledger.application import Ledger
+from ledger.display import iso
 
 PAGE = 500
 #: Undelivered events counted at most (a larger backlog shows as this, with "+").

@@ -1,0 +1,119 @@
+"""The bytes a provider is handed (`Provider.send_raw(raw)`, docs/architecture.md "The
+message"): `render_checked` makes them from a job, in one place, for the intake and for the
+dispatch alike, and `Envelope` is the SMTP envelope those bytes give, which the check holds
+to the job and the SMTP provider submits.
+
+Part of the provider port with `base.py` and `draft_handle.py`: the engine and the service
+layer import these, never a concrete provider (tests/unit/test_layers.py).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from datetime import UTC
+from email.parser import BytesHeaderParser
+from email.utils import getaddresses
+from functools import cached_property
+
+from ledger.job import SendJob
+from ledger.mime import MessageFields, mailboxes
+from ledger.wire_check import Mismatch, RenderMismatch, checked_message
+
+_CRLF = b"\r\n"
+_EOLS = re.compile(rb"\r\n|\r|\n")
+_LEADING_DOT = re.compile(rb"(?m)^\.")
+_HEADER_END = re.compile(rb"\r?\n\r?\n")
+# A Bcc header with its folded continuation lines.
+_BCC = re.compile(rb"(?im)^bcc:[^\r\n]*(?:\r?\n[ \t][^\r\n]*)*\r?\n")
+
+
+# The last envelope each thread parsed: the dispatch parses a message's envelope to check
+# it before the claim (`render_checked`) and hands the same bytes to `send_raw` in the same
+# worker, which then need not parse them again (docs/performance.md "The SMTP path").
+_last = threading.local()
+
+
+class Envelope:
+    """The SMTP envelope of a raw message: recipients from To, Cc and Bcc; the data
+    without its Bcc header (Bcc recipients must not see each other)."""
+
+    def __init__(self, raw: bytes) -> None:
+        match = _HEADER_END.search(raw)
+        self._raw = raw
+        self._head_end = match.end() if match else len(raw)
+        headers = BytesHeaderParser().parsebytes(raw[: self._head_end])
+        fields = [str(v) for name in ("to", "cc", "bcc") for v in headers.get_all(name) or ()]
+        self.recipients = [addr for _, addr in getaddresses(fields) if addr]
+        self.message_id = str(headers.get("Message-ID") or "").strip()
+        _last.envelope = self
+
+    @classmethod
+    def of(cls, raw: bytes) -> Envelope:
+        """The envelope of `raw`: the one this thread parsed last when it was of this very
+        bytes object (bytes are immutable: the same object, the same envelope), else
+        parsed now."""
+        last: Envelope | None = getattr(_last, "envelope", None)
+        if last is not None and last._raw is raw:
+            return last
+        return cls(raw)
+
+    @cached_property
+    def data(self) -> bytes:
+        """The message without its Bcc header. Made on first use: the dispatch's check
+        before a claim (`render_checked`) reads only the recipients and the Message-ID."""
+        head_end = self._head_end
+        return _BCC.sub(b"", self._raw[:head_end]) + self._raw[head_end:]
+
+    @cached_property
+    def eight_bit(self) -> bool:
+        """Whether the data has a byte above 127 (then MAIL asks for BODY=8BITMIME)."""
+        return not self.data.isascii()
+
+    def wire_data(self) -> bytes:
+        """DATA's payload: CRLF line ends, leading dots doubled, then CRLF . CRLF. The
+        messages sendledger writes already end every line with CR LF and seldom start one
+        with a dot: counted first (C loops over the bytes), rewritten only when needed."""
+        data = self.data
+        line_ends = data.count(_CRLF)
+        if data.count(b"\r") != line_ends or data.count(b"\n") != line_ends:
+            data = _EOLS.sub(_CRLF, data)
+        if data.startswith(b".") or b"\n." in data:
+            data = _LEADING_DOT.sub(b"..", data)
+        if not data.endswith(_CRLF):
+            data += _CRLF
+        return data + b"." + _CRLF
+
+
+def render(job: SendJob) -> bytes:
+    """The job's raw message, rendered and proved (`render_checked`); identical bytes for
+    every attempt of the job."""
+    return render_checked(job)
+
+
+def render_checked(job: SendJob) -> bytes:
+    """The one place a job becomes bytes, at intake and before the claim: rendered by
+    `ledger/mime.py`, proved by `ledger/wire_check.py` to say exactly what the job says,
+    and the SMTP envelope those bytes give (`Envelope`, the other parser of them) held to
+    the job's to, cc and bcc. RenderMismatch naming the field when the proof fails
+    (intake: a refusal; dispatch: review, `render-mismatch`)."""
+    fields = MessageFields.of(
+        job.content,
+        from_addr=job.from_addr,
+        message_id=job.message_id,
+        date=job.created_on.astimezone(UTC),
+    )
+    raw = checked_message(fields)
+    recipients = [
+        box.addr_spec
+        for field, addresses in (("to", fields.to), ("cc", fields.cc), ("bcc", fields.bcc))
+        for box in mailboxes(field, addresses)
+    ]
+    envelope = Envelope(raw)
+    if envelope.recipients != recipients or envelope.message_id != fields.message_id:
+        reason = f"the SMTP envelope would be {envelope.recipients}, the job's {recipients}"
+        raise RenderMismatch(Mismatch("to", reason))
+    return raw
+
+
+__all__ = ["Envelope", "render", "render_checked"]
