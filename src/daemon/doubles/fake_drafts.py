@@ -63,6 +63,9 @@ class FakeDraftsProvider(FakeProvider):
         # every drafts.send call counts against its job, a 404 included (invariant 1).
         self._made: dict[str, str] = {}
         self._originals: dict[str, str] = {}  # copy's provider id -> the Message-ID we gave
+        # What a person checking a sent copy is shown (To, Subject), by draft id, as
+        # FakeProvider.send_raw keeps them for its copies.
+        self._shown: dict[str, tuple[str, str]] = {}
 
     # -- scripting ----------------------------------------------------------------------
 
@@ -120,7 +123,9 @@ class FakeDraftsProvider(FakeProvider):
     # -- drafts ---------------------------------------------------------------------------
 
     def create_draft(self, raw: bytes) -> Draft:
-        message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
+        headers = BytesHeaderParser().parsebytes(raw)
+        message_id = str(headers.get("Message-ID", "")).strip()
+        shown = (str(headers.get("To", "")), str(headers.get("Subject", "")))
         hook = self.during_create
         if hook is not None:
             hook()
@@ -140,6 +145,7 @@ class FakeDraftsProvider(FakeProvider):
             draft = Draft(f"r{next(self._draft_ids):06d}", f"fake-{next(self._ids):06d}")
             self.held_drafts[draft.draft_id] = (message_id, draft.provider_message_id)
             self._made[draft.draft_id] = message_id
+            self._shown[draft.draft_id] = shown
             self._made_at[draft.draft_id] = self.clock()
             if self._lost_creates:
                 self._lost_creates -= 1
@@ -175,7 +181,8 @@ class FakeDraftsProvider(FakeProvider):
                 stored = (
                     f"<replaced-{provider_id}@fake>" if self.replaces_message_id else message_id
                 )
-                self.copies.append(Copy(provider_id, stored, self.clock()))
+                shown = self._shown.get(draft.draft_id, ("", ""))
+                self.copies.append(Copy(provider_id, stored, self.clock(), *shown))
                 self._originals[provider_id] = message_id
                 self.stored_by_call.setdefault(message_id, []).append(call)
         if fate.crashes:
