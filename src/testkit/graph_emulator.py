@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from email.utils import getaddresses
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -306,6 +307,11 @@ class GraphEmulator(LoopbackService):
             "from": _joined(item.parsed, "From"),
             "to": _joined(item.parsed, "To"),
             "subject": _joined(item.parsed, "Subject"),
+            "toRecipients": [
+                {"emailAddress": {"name": name, "address": address}}
+                for name, address in getaddresses([_joined(item.parsed, "To") or ""])
+                if address
+            ],
             "raw_sha256": hashlib.sha256(request_raw).hexdigest(),
             "via": via,
         }
@@ -339,6 +345,11 @@ class GraphEmulator(LoopbackService):
             "isDraft": item.is_draft,
             "parentFolderId": item.folder,
             "subject": _joined(item.parsed, "Subject"),
+            "toRecipients": [
+                {"emailAddress": {"name": name, "address": address}}
+                for name, address in getaddresses([_joined(item.parsed, "To") or ""])
+                if address
+            ],
             "createdDateTime": _iso(item.created),
             "sentDateTime": _iso(item.filed_at) if item.filed_at is not None else None,
         }

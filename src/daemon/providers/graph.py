@@ -70,7 +70,8 @@ SENT_ITEMS = "sentitems"
 DRAFTS = "drafts"
 PAGE_SIZE = 100
 MAX_PAGES = 50
-_SELECT = "id,internetMessageId,isDraft,parentFolderId"
+# With what a person checking a copy is shown (docs/review.md "Review").
+_SELECT = "id,internetMessageId,isDraft,parentFolderId,subject,toRecipients,sentDateTime"
 #: Seconds between reads of a sent draft's id while waiting for its copy.
 POLL_INTERVAL = 0.2
 #: Message-IDs per mailbox whose unconfirmed drafts this process remembers.
@@ -544,7 +545,15 @@ class GraphProvider(ProviderBase):
         if same_message_id(header, message_id):
             folder = found.get("parentFolderId")
             hits.setdefault(
-                provider_id, SearchHit(provider_id, header, (str(folder),) if folder else ())
+                provider_id,
+                SearchHit(
+                    provider_id,
+                    header,
+                    (str(folder),) if folder else (),
+                    date=_text(found.get("sentDateTime")),
+                    to=_recipients(found.get("toRecipients")),
+                    subject=_text(found.get("subject")),
+                ),
             )
 
     def _filtered(self, mailbox: _Mailbox, folder: str, literal: str) -> list[dict[str, Any]]:
@@ -595,6 +604,21 @@ class GraphProvider(ProviderBase):
 
     def __repr__(self) -> str:
         return f"GraphProvider({self.name!r}, user={self.user!r})"
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _recipients(value: Any) -> str:
+    """Graph's `toRecipients` as a To line: `Name <address>`, or the address alone."""
+    shown = []
+    for recipient in value if isinstance(value, list) else []:
+        address = recipient.get("emailAddress") if isinstance(recipient, dict) else None
+        if isinstance(address, dict) and (where := _text(address.get("address"))):
+            name = _text(address.get("name"))
+            shown.append(f"{name} <{where}>" if name and name != where else where)
+    return ", ".join(shown)
 
 
 class GraphMailboxView(ProviderBase):
