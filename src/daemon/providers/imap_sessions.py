@@ -102,8 +102,13 @@ class ImapSessions:
                 timeout=e.timeout,
             )
         except Exception as exc:
+            # No connection (refused, DNS, connect timeout, TLS handshake): the server did
+            # not answer at all, which the scope's circuit counts (docs/operations.md
+            # "Outages and quotas"), as the SMTP side's connect failures are.
             raise ProviderError(
-                f"IMAP connect {e.host}:{e.port}: {_describe(exc)}", timed_out=timed_out(exc)
+                f"IMAP connect {e.host}:{e.port}: {_describe(exc)}",
+                unavailable=True,
+                timed_out=timed_out(exc),
             ) from exc
         try:
             if e.security == "starttls":
