@@ -794,6 +794,15 @@ class GmailEmulator(LoopbackService):
         with self._lock:
             return {d: m.id for d, m in self._drafts.items() if m.user == user.lower()}
 
+    def drafts_of(self, message_id: str, user: str = DEFAULT_USER) -> int:
+        """Unsent drafts in `user`'s mailbox whose Message-ID header is `message_id`."""
+        with self._lock:
+            return sum(
+                1
+                for m in self._drafts.values()
+                if m.user == user.lower() and m.message_id == message_id
+            )
+
     def _draft_call(
         self,
         name: str,

@@ -3,11 +3,13 @@ credential files pointing at the emulator's /token, and providers built on the r
 stack (google-api-python-client + google-auth + httplib2).
 
 Everything listens on 127.0.0.1 on ports the OS picks. Timeouts are short (client 0.5 s,
-relay hang 1.5 s) so fault tests take about a second each.
+relay hang 1.5 s) so fault tests take about a second each. `gmail_subject` is the provider
+contract's subject (tests/provider_contract.py) built on them.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Callable, Iterator
 from email.message import EmailMessage
@@ -15,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.provider_contract import DraftsSubject, HttpRelaySubject, RewritingSubject
 
+from daemon.providers.base import Provider
 from daemon.providers.gmail import GmailProvider
 from testkit.credentials import write_authorized_user, write_service_account
 from testkit.gmail_emulator import GmailEmulator
@@ -77,6 +81,19 @@ def unanswered_url(full_backlog_port: int) -> str:
 GmailProviderFactory = Callable[..., GmailProvider]
 
 
+def logged_copies(acceptance_log: Path, message_id: str) -> int:
+    """Copies in the acceptance log file (what the seed says to assert on)."""
+    if not acceptance_log.exists():
+        return 0
+    lines = acceptance_log.read_text(encoding="utf-8").splitlines()
+    return sum(1 for line in lines if json.loads(line)["message_id"] == message_id)
+
+
+def sends_at_relay(relay: FaultRelay) -> int:
+    """Send requests that reached the relay, forwarded or not: one per attempt."""
+    return sum(1 for entry in relay.log if entry["kind"] == "send")
+
+
 @pytest.fixture
 def gmail_provider(relay: FaultRelay, service_account_file: Path) -> Iterator[GmailProviderFactory]:
     """Build GmailProviders; by default through `relay`, as MAILBOX, with the service
@@ -106,6 +123,65 @@ def gmail_provider(relay: FaultRelay, service_account_file: Path) -> Iterator[Gm
 
 
 RawFactory = Callable[..., bytes]
+
+
+class GmailSubject(HttpRelaySubject, RewritingSubject, DraftsSubject):
+    """A GmailProvider through the relay (conftest.py's `gmail_provider`, with
+    `overrides`); copies counted in the acceptance log, drafts in the emulator."""
+
+    sender = MAILBOX
+    recipient = "customer@example.net"
+    hang_seconds = HANG_SECONDS
+    missing_id = "0123456789abcdef"
+
+    def __init__(
+        self,
+        make: GmailProviderFactory,
+        relay: FaultRelay,
+        emulator: GmailEmulator,
+        acceptance_log: Path,
+        dead_url: str,
+        **overrides: Any,
+    ) -> None:
+        self.make, self.relay, self.emulator = make, relay, emulator
+        self.log, self.dead_url, self.overrides = acceptance_log, dead_url, overrides
+        super().__init__(make(**overrides))
+
+    def restarted(self) -> Provider:
+        return self.make(**self.overrides)
+
+    def unreachable(self) -> Provider:
+        return self.make(self.dead_url, **self.overrides)
+
+    def refused_for_good(self, message_id: str) -> bytes:
+        return self.raw(message_id, to=None)  # no recipient: Gmail's 400
+
+    def rewrite_message_ids(self) -> None:
+        self.emulator.rewrite_message_id = True
+
+    def drafts_left(self, message_id: str) -> int:
+        return self.emulator.drafts_of(message_id, MAILBOX)
+
+    def leave_draft(self, message_id: str) -> None:
+        drafts = self.provider.drafts()
+        assert drafts is not None
+        drafts.create_draft(self.raw(message_id))  # made; its send never happened
+
+
+@pytest.fixture
+def gmail_subject(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    acceptance_log: Path,
+    dead_url: str,
+) -> Callable[..., GmailSubject]:
+    """`gmail_subject(**overrides)`: the contract's subject on a Gmail provider."""
+
+    def make(**overrides: Any) -> GmailSubject:
+        return GmailSubject(gmail_provider, relay, emulator, acceptance_log, dead_url, **overrides)
+
+    return make
 
 
 def build_raw(

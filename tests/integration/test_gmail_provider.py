@@ -4,6 +4,9 @@ Effects are counted where they happen: in the emulator's acceptance log (the JSO
 file, and `emulator.copies`). Requests that reached the relay are counted in `relay.log`,
 so a re-send by any layer of the client stack shows up even when the relay answers itself
 without forwarding. These are emulator results, not a Gmail guarantee.
+
+What every provider must do is the provider contract (tests/provider_contract.py), which
+`TestGmailContract` runs here; the rest of this file is what is Gmail's own.
 """
 
 from __future__ import annotations
@@ -19,6 +22,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import httplib2
 import pytest
+from tests.integration.conftest import GmailSubject, logged_copies, sends_at_relay
+from tests.provider_contract import (
+    THROTTLED,
+    Expect,
+    ReadBackContract,
+    SearchFaultContract,
+    SendContract,
+)
 
 from daemon.providers.base import ProviderError, SendKind
 from daemon.providers.gmail import SCOPES, GmailProvider
@@ -37,19 +48,6 @@ MID = "<job-0123456789abcdef0123456789abcdef@mail.example.com>"
 QUERY = "rfc822msgid:job-0123456789abcdef0123456789abcdef@mail.example.com"
 
 
-def logged_copies(acceptance_log: Path, message_id: str = MID) -> int:
-    """Copies in the acceptance log file (what the seed says to assert on)."""
-    if not acceptance_log.exists():
-        return 0
-    lines = acceptance_log.read_text(encoding="utf-8").splitlines()
-    return sum(1 for line in lines if json.loads(line)["message_id"] == message_id)
-
-
-def sends_at_relay(relay: FaultRelay) -> int:
-    """Send requests that reached the relay, forwarded or not: one per attempt."""
-    return sum(1 for entry in relay.log if entry["kind"] == "send")
-
-
 def queries_at_relay(relay: FaultRelay) -> list[str]:
     """The `q` of every messages.list request that reached the relay, in order."""
     return [
@@ -59,56 +57,50 @@ def queries_at_relay(relay: FaultRelay) -> list[str]:
     ]
 
 
-# -- the seed's three modes ------------------------------------------------------------------
+# -- the provider contract -------------------------------------------------------------------
 
 
-def test_pass_is_confirmed_with_the_logged_provider_id(
+class TestGmailContract(SendContract, ReadBackContract, SearchFaultContract):
+    # Per docs/how-it-works.md "Outcome classification of a Gmail send": a 5xx is Unknown
+    # even when nothing was forwarded (503 here); the client cannot know.
+    EXTRA_FAULTS = {
+        "hang-before-forward": Expect(SendKind.UNKNOWN, 0, timed_out=True),
+        "500-after-forward": Expect(SendKind.UNKNOWN, 1, status=500),
+        "503": Expect(SendKind.UNKNOWN, 0, status=503),
+        "429": THROTTLED,
+        "403-rate-limit": Expect(**{**vars(THROTTLED), "status": 403}),
+    }
+    SEARCH_FAULTS = {
+        "503": (True, 1.0),
+        "500-after-forward": (False, None),
+        "drop-response": (False, None),
+        "hang": (True, None),  # a hang: unavailable, and timed out
+        "429": (True, 1.0),
+        "403-rate-limit": (True, 1.0),
+    }
+    QUERY = "rfc822msgid:{bare}"
+
+    @pytest.fixture
+    def subject(self, gmail_subject: Callable[..., GmailSubject]) -> GmailSubject:
+        return gmail_subject()
+
+
+# -- what is Gmail's own -----------------------------------------------------------------------
+
+
+def test_a_reset_instead_of_a_close_is_still_unknown_with_exactly_one_copy(
     gmail_provider: GmailProviderFactory,
     emulator: GmailEmulator,
     acceptance_log: Path,
     make_raw: RawFactory,
-) -> None:
-    outcome = gmail_provider().send_raw(make_raw(MID))
-    assert outcome.kind is SendKind.CONFIRMED
-    assert outcome.status == 200
-    [entry] = emulator.accepted()
-    assert outcome.provider_message_id == entry["id"]
-    assert entry["message_id"] == MID  # Gmail (emulated) kept our handle
-    assert entry["user"] == MAILBOX
-    assert logged_copies(acceptance_log) == 1
-
-
-def test_fail_before_forward_is_unknown_and_nothing_arrives(
-    gmail_provider: GmailProviderFactory,
-    relay: FaultRelay,
-    emulator: GmailEmulator,
-    acceptance_log: Path,
-    make_raw: RawFactory,
-) -> None:
-    relay.set_plan(FaultPlan(send="fail-before-forward"))
-    outcome = gmail_provider().send_raw(make_raw(MID))
-    # The client cannot tell this from a dropped response: the request was written.
-    assert outcome.kind is SendKind.UNKNOWN
-    assert logged_copies(acceptance_log) == 0
-    assert emulator.copies(MID) == 0
-    assert sends_at_relay(relay) == 1
-
-
-@pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
-def test_drop_response_is_unknown_with_exactly_one_copy(
-    gmail_provider: GmailProviderFactory,
-    emulator: GmailEmulator,
-    acceptance_log: Path,
-    make_raw: RawFactory,
-    reset: bool,
 ) -> None:
     with FaultRelay(
-        emulator.url, plan=FaultPlan(send="drop-response"), hang_seconds=1.5, reset=reset
+        emulator.url, plan=FaultPlan(send="drop-response"), hang_seconds=1.5, reset=True
     ) as relay:
         outcome = gmail_provider(relay.url).send_raw(make_raw(MID))
         assert outcome.kind is SendKind.UNKNOWN, outcome
         assert "sent" in outcome.reason
-        assert logged_copies(acceptance_log) == 1  # not success, not a second copy
+        assert logged_copies(acceptance_log, MID) == 1  # not success, not a second copy
         assert emulator.copies(MID) == 1
         assert sends_at_relay(relay) == 1
 
@@ -116,7 +108,8 @@ def test_drop_response_is_unknown_with_exactly_one_copy(
 def test_stock_httplib2_would_send_twice(
     emulator: GmailEmulator, monkeypatch: pytest.MonkeyPatch, make_raw: RawFactory
 ) -> None:
-    """The canary for the test above: the hazard is real, and RETRIES = 1 is not enough.
+    """The canary for the contract's drop-response case: the hazard is real, and
+    RETRIES = 1 is not enough.
 
     httplib2's `_conn_request` retries once "regardless of the number of RETRIES set" when
     the first read raises BadStatusLine, and RemoteDisconnected is a BadStatusLine.
@@ -134,94 +127,6 @@ def test_stock_httplib2_would_send_twice(
             )
         assert emulator.copies(MID) == 2
         assert sends_at_relay(relay) == 2
-
-
-# -- the rest of the classification table ----------------------------------------------------
-
-
-def test_hang_after_forward_is_unknown_with_one_copy(
-    gmail_provider: GmailProviderFactory,
-    relay: FaultRelay,
-    emulator: GmailEmulator,
-    make_raw: RawFactory,
-) -> None:
-    relay.set_plan(FaultPlan(send="hang"))
-    started = time.monotonic()
-    outcome = gmail_provider().send_raw(make_raw(MID))
-    elapsed = time.monotonic() - started
-    assert outcome.kind is SendKind.UNKNOWN
-    assert "timed out" in outcome.reason
-    assert elapsed < 1.4  # the client's 0.5 s timeout ended it, not the relay's 1.5 s hang
-    assert emulator.copies(MID) == 1
-    assert sends_at_relay(relay) == 1
-
-
-def test_hang_before_forward_is_unknown_with_no_copy(
-    gmail_provider: GmailProviderFactory,
-    relay: FaultRelay,
-    emulator: GmailEmulator,
-    make_raw: RawFactory,
-) -> None:
-    relay.set_plan(FaultPlan(send="hang-before-forward"))
-    outcome = gmail_provider().send_raw(make_raw(MID))
-    assert outcome.kind is SendKind.UNKNOWN
-    assert emulator.copies(MID) == 0
-    assert sends_at_relay(relay) == 1
-
-
-@pytest.mark.parametrize(
-    ("mode", "status", "copies"),
-    [("500-after-forward", 500, 1), ("503", 503, 0)],
-)
-def test_5xx_is_unknown(
-    gmail_provider: GmailProviderFactory,
-    relay: FaultRelay,
-    emulator: GmailEmulator,
-    make_raw: RawFactory,
-    mode: str,
-    status: int,
-    copies: int,
-) -> None:
-    # Per the table a 5xx is unknown even when (as with 503 here) nothing was forwarded:
-    # the client cannot know that, and Gmail has sent mail before answering 500.
-    relay.set_plan(FaultPlan(send=mode))  # type: ignore[arg-type]
-    outcome = gmail_provider().send_raw(make_raw(MID))
-    assert outcome.kind is SendKind.UNKNOWN
-    assert outcome.status == status
-    assert emulator.copies(MID) == copies
-    assert sends_at_relay(relay) == 1  # googleapiclient did not retry the 5xx
-
-
-@pytest.mark.parametrize(("mode", "status"), [("429", 429), ("403-rate-limit", 403)])
-def test_rate_limits_are_transient_rejections_with_retry_after(
-    gmail_provider: GmailProviderFactory,
-    relay: FaultRelay,
-    emulator: GmailEmulator,
-    make_raw: RawFactory,
-    mode: str,
-    status: int,
-) -> None:
-    relay.set_plan(FaultPlan(send=mode))  # type: ignore[arg-type]
-    outcome = gmail_provider().send_raw(make_raw(MID))
-    assert outcome.kind is SendKind.REJECTED
-    assert outcome.transient
-    assert outcome.retry_after == 1.0
-    assert outcome.status == status
-    assert emulator.copies(MID) == 0
-    assert sends_at_relay(relay) == 1
-
-
-def test_connection_refused_is_a_transient_rejection(
-    gmail_provider: GmailProviderFactory,
-    emulator: GmailEmulator,
-    dead_url: str,
-    make_raw: RawFactory,
-) -> None:
-    outcome = gmail_provider(dead_url).send_raw(make_raw(MID))
-    assert outcome.kind is SendKind.REJECTED
-    assert outcome.transient
-    assert "connection refused" in outcome.reason
-    assert emulator.accepted() == []
 
 
 def test_connect_timeout_is_a_transient_rejection(
@@ -280,21 +185,6 @@ def test_token_response_lost_is_still_not_sent(
     assert outcome.transient
     assert emulator.accepted() == []
     assert sends_at_relay(relay) == 0
-
-
-def test_bad_request_is_a_permanent_rejection(
-    gmail_provider: GmailProviderFactory,
-    relay: FaultRelay,
-    emulator: GmailEmulator,
-    make_raw: RawFactory,
-) -> None:
-    outcome = gmail_provider().send_raw(make_raw(MID, to=None))  # no recipient: Gmail's 400
-    assert outcome.kind is SendKind.REJECTED
-    assert not outcome.transient
-    assert outcome.status == 400
-    assert "Recipient address required" in outcome.reason
-    assert emulator.accepted() == []
-    assert sends_at_relay(relay) == 1
 
 
 def test_expired_token_is_refreshed_and_the_send_lands_once(
@@ -437,18 +327,6 @@ def test_search_result_carries_the_query_sent(
     assert result.copies == [sent.provider_message_id]
 
 
-def test_search_counts_every_copy(
-    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
-) -> None:
-    provider = gmail_provider()
-    sent = provider.send_raw(make_raw(MID))
-    injected = emulator.inject(make_raw(MID), user=MAILBOX)
-    result = provider.search(MID)
-    assert len(result.hits) == 2
-    assert result.copies == [h.provider_message_id for h in result.hits]
-    assert set(result.copies) == {sent.provider_message_id, injected}
-
-
 def test_search_reads_every_page(
     gmail_provider: GmailProviderFactory,
     relay: FaultRelay,
@@ -510,52 +388,27 @@ def test_search_ignores_other_mailboxes(
 @pytest.mark.parametrize(
     ("plan", "unavailable"),
     [
-        (FaultPlan(search="503"), True),
-        (FaultPlan(search="500-after-forward"), False),
-        (FaultPlan(search="drop-response"), False),
-        (FaultPlan(search="hang"), True),  # a hang: unavailable, and timed out
         (FaultPlan(search=["pass", "503"]), True),  # the list answers, the header read fails
         (FaultPlan(search=["pass", "pass", "drop-response"]), False),  # page 2 of 3 is lost
     ],
-    ids=["503", "500", "drop", "hang", "get-503", "page2-drop"],
+    ids=["get-503", "page2-drop"],
 )
-def test_search_failure_is_an_error_never_no_hits(
+def test_a_search_failing_after_its_first_request_is_an_error_never_some_hits(
     gmail_provider: GmailProviderFactory,
     relay: FaultRelay,
     emulator: GmailEmulator,
     make_raw: RawFactory,
     plan: FaultPlan,
     unavailable: bool,
-    request: pytest.FixtureRequest,
 ) -> None:
-    """No hits are ever made up; a 503 says "unavailable" (it counts toward the circuit,
-    docs/operations.md "Outages and quotas"), and so does a hang (timed out); an answer
-    lost after the request left does not."""
+    """The contract's search faults hit the first request; a search of several requests
+    (a list, a page, each header) fails as a whole when a later one fails."""
     for _ in range(4):
         emulator.inject(make_raw(MID), user=MAILBOX)
     relay.set_plan(plan)
     with pytest.raises(ProviderError) as caught:
         gmail_provider(page_size=3).search(MID)
     assert caught.value.unavailable is unavailable
-    assert caught.value.timed_out is (request.node.callspec.id == "hang")
-
-
-@pytest.mark.parametrize("mode", ["429", "403-rate-limit"])
-def test_search_rate_limit_carries_retry_after(
-    gmail_provider: GmailProviderFactory, relay: FaultRelay, mode: str
-) -> None:
-    relay.set_plan(FaultPlan(search=mode))  # type: ignore[arg-type]
-    with pytest.raises(ProviderError) as caught:
-        gmail_provider().search(MID)
-    assert caught.value.retry_after == 1.0 and caught.value.unavailable
-
-
-def test_search_on_a_dead_endpoint_is_an_unavailable_error(
-    gmail_provider: GmailProviderFactory, dead_url: str
-) -> None:
-    with pytest.raises(ProviderError, match="connection refused") as caught:
-        gmail_provider(dead_url).search(MID)
-    assert caught.value.unavailable
 
 
 def test_search_with_the_token_endpoint_down_is_an_unavailable_error(
@@ -567,35 +420,6 @@ def test_search_with_the_token_endpoint_down_is_an_unavailable_error(
 
 
 # -- read_message_id ---------------------------------------------------------------------------
-
-
-def test_read_message_id_returns_our_header(
-    gmail_provider: GmailProviderFactory, make_raw: RawFactory
-) -> None:
-    provider = gmail_provider()
-    sent = provider.send_raw(make_raw(MID))
-    assert sent.provider_message_id is not None
-    assert provider.read_message_id(sent.provider_message_id) == MID
-
-
-def test_read_message_id_shows_a_rewritten_handle(
-    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
-) -> None:
-    emulator.rewrite_message_id = True
-    provider = gmail_provider()
-    sent = provider.send_raw(make_raw(MID))
-    assert sent.kind is SendKind.CONFIRMED
-    assert sent.provider_message_id is not None
-    read = provider.read_message_id(sent.provider_message_id)
-    assert read is not None and read != MID
-    assert provider.search(MID).hits == ()  # why the daemon must check: every search misses
-
-
-def test_read_message_id_of_a_missing_message_is_an_error(
-    gmail_provider: GmailProviderFactory,
-) -> None:
-    with pytest.raises(ProviderError, match="404"):
-        gmail_provider().read_message_id("0123456789abcdef")
 
 
 def test_read_message_id_without_a_header_is_none(

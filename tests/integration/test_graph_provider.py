@@ -5,6 +5,9 @@ Effects are counted where they happen: in the emulator's acceptance log (one JSO
 message actually sent). Requests that reached the relay are counted in `relay.log`, so a
 re-send by any layer shows up even when the relay answers without forwarding. These are
 emulator results, not a Microsoft guarantee.
+
+What every provider must do is the provider contract (tests/provider_contract.py), which
+`TestGraphContract` runs here; the rest of this file is what is Graph's own.
 """
 
 from __future__ import annotations
@@ -24,9 +27,20 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
+from tests.provider_contract import (
+    THROTTLED,
+    DraftsSubject,
+    Expect,
+    HttpRelaySubject,
+    LeavesDraftsContract,
+    ReadBackContract,
+    RewritingSubject,
+    SearchFaultContract,
+    SendContract,
+)
 
 import daemon.providers.graph as graph_module
-from daemon.providers.base import ProviderError, SendKind, for_job
+from daemon.providers.base import Provider, SendKind, for_job
 from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
 from daemon.providers.graph_credentials import read_certificate
 from testkit.graph_emulator import (
@@ -138,61 +152,88 @@ def provider(relay: FaultRelay) -> Iterator[ProviderFactory]:
         one.close()
 
 
-# -- the seed's crash-boundary matrix, counted at the emulator ------------------------------
+@pytest.fixture
+def unused_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+# -- the provider contract, counted at the emulator -----------------------------------------
+
+
+class GraphSubject(HttpRelaySubject, RewritingSubject, DraftsSubject):
+    """A GraphProvider on msal + httplib2 through the TLS relay; copies counted in the
+    emulator's acceptance log, drafts in its drafts folder."""
+
+    sender = MAILBOX
+    recipient = "customer@example.net"
+    hang_seconds = HANG
+    missing_id = "AAkALgAAAAAAHYQDEapmEc2byACqAC-EWg0AnoSuchMessage"
+
+    def __init__(
+        self, make: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, log: Path, dead: str
+    ) -> None:
+        self.make, self.relay, self.graph, self.log = make, relay, graph, log
+        self.dead = dead.replace("http://", "https://") + "/v1.0"
+        super().__init__(make())
+
+    def restarted(self) -> Provider:
+        return self.make()
+
+    def unreachable(self) -> Provider:
+        return self.make(api=self.dead)
+
+    def refused_for_good(self, message_id: str) -> bytes:
+        self.graph.mailboxes = {"other@example.com"}  # the app's access policy: not ours
+        return self.raw(message_id)
+
+    def rewrite_message_ids(self) -> None:
+        self.graph.rewrite_message_id = True
+
+    def drafts_left(self, message_id: str) -> int:
+        drafts = self.graph.folder(MAILBOX, "drafts")
+        return sum(1 for draft in drafts if draft["internetMessageId"] == message_id)
+
+    def leave_draft(self, message_id: str) -> None:
+        self.fault("fail-before-forward")  # created, then the send never reached Graph
+        assert self.provider.send_raw(self.raw(message_id)).kind is SendKind.UNKNOWN
+
+
+class TestGraphContract(SendContract, ReadBackContract, SearchFaultContract, LeavesDraftsContract):
+    # A 503 with Retry-After is Graph's "not sent, wait" (docs/providers.md "What each kind
+    # does"); a 5xx without one is Unknown.
+    EXTRA_FAULTS = {
+        "hang-before-forward": Expect(SendKind.UNKNOWN, 0, timed_out=True),
+        "500-after-forward": Expect(SendKind.UNKNOWN, 1, status=500),
+        "503": Expect(**{**vars(THROTTLED), "status": 503}),
+        "429": Expect(**{**vars(THROTTLED), "status": 429}),
+    }
+    SEARCH_FAULTS = {
+        "503": (True, 1.0),
+        "429": (True, 1.0),
+        "500-after-forward": (False, None),
+        "drop-response": (False, None),
+    }
+    QUERY = "internetMessageId eq '{id}'"
+
+    @pytest.fixture
+    def subject(
+        self,
+        provider: ProviderFactory,
+        relay: FaultRelay,
+        graph: GraphEmulator,
+        accept_log: Path,
+        unused_url: str,
+    ) -> GraphSubject:
+        return GraphSubject(provider, relay, graph, accept_log, unused_url)
+
+
+# -- what is Graph's own ----------------------------------------------------------------------
+
 
 # mode -> (outcome kind of the send, copies sent)
-MATRIX: dict[Mode, tuple[SendKind, int]] = {
-    "pass": (SendKind.CONFIRMED, 1),
-    "fail-before-forward": (SendKind.UNKNOWN, 0),  # indistinguishable from a lost reply
-    "drop-response": (SendKind.UNKNOWN, 1),
-    "hang": (SendKind.UNKNOWN, 1),
-    "500-after-forward": (SendKind.UNKNOWN, 1),
-    "429": (SendKind.REJECTED, 0),
-    "503": (SendKind.REJECTED, 0),  # with Retry-After: Graph's "not sent, wait"
-}
-
-
-@pytest.mark.parametrize("mode", list(MATRIX))
-def test_send_matrix_one_request_and_the_search_tells_the_truth(
-    mode: Mode,
-    provider: ProviderFactory,
-    relay: FaultRelay,
-    graph: GraphEmulator,
-    accept_log: Path,
-) -> None:
-    kind, copies = MATRIX[mode]
-    graph_provider = provider()
-    relay.set_plan(FaultPlan(send=[mode]))
-    outcome = graph_provider.send_raw(raw_message())
-    assert outcome.kind is kind, outcome
-    assert relay_sends(relay) == 1  # no layer sent the request again
-    assert logged_copies(accept_log) == copies
-    if kind is SendKind.REJECTED:
-        assert outcome.transient and outcome.retry_after == 1.0
-        assert graph.folder(MAILBOX, "drafts") == []  # the draft was deleted: never sendable
-    # What reconciliation sees, from this process and from a restarted one: the engine
-    # fences first (any unsent draft deleted), then counts.
-    for searcher in (graph_provider, provider()):
-        searcher.delete_drafts(MID)
-        result = searcher.search(MID)
-        assert len(result.hits) == copies, result
-    assert graph.folder(MAILBOX, "drafts") == []  # any unsent draft is fenced off
-    assert logged_copies(accept_log) == copies
-
-
-def test_fail_before_forward_then_resend_is_one_copy(
-    provider: ProviderFactory, relay: FaultRelay, accept_log: Path
-) -> None:
-    graph_provider = provider()
-    relay.set_plan(FaultPlan(send=["fail-before-forward"]))
-    assert graph_provider.send_raw(raw_message()).kind is SendKind.UNKNOWN
-    assert graph_provider.search(MID).hits == ()
-    assert len(graph_provider.delete_drafts(MID)) == 1  # the fence, before a resend
-    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
-    assert logged_copies(accept_log) == 1
-    assert len(graph_provider.search(MID).hits) == 1
-
-
 def test_a_dropped_response_on_a_reused_connection_is_one_copy(
     provider: ProviderFactory, relay: FaultRelay, accept_log: Path
 ) -> None:
@@ -220,23 +261,6 @@ def test_create_faults_are_never_sent(
     assert restarted.search(MID).hits == ()
     assert restarted.delete_drafts(MID) != []
     assert graph.folder(MAILBOX, "drafts") == []
-
-
-def test_a_search_never_deletes_a_draft(provider: ProviderFactory, graph: GraphEmulator) -> None:
-    """A person's check may run while the job's send is in flight, between the create and
-    the send: the draft it would delete is the one being sent (docs/architecture.md
-    "Drafts never outlive their job")."""
-    draft_id = graph.inject_draft(raw_message(), user=MAILBOX)
-    for searcher in (provider(), provider()):
-        assert searcher.search(MID).hits == ()
-    assert [d["id"] for d in graph.folder(MAILBOX, "drafts")] == [draft_id]
-    assert provider().delete_drafts(MID) == [draft_id]
-    assert graph.folder(MAILBOX, "drafts") == []
-
-
-def test_nothing_listening_is_not_sent(provider: ProviderFactory, unused_url: str) -> None:
-    outcome = provider(api=unused_url + "/v1.0").send_raw(raw_message())
-    assert outcome.kind is SendKind.REJECTED and outcome.transient
 
 
 # -- 202 is not yet a copy ----------------------------------------------------------------
@@ -269,16 +293,6 @@ def test_confirm_wait_covers_the_filing_delay(
     assert outcome.provider_message_id == copy["id"]
 
 
-def test_the_search_counts_every_copy(provider: ProviderFactory, graph: GraphEmulator) -> None:
-    graph_provider = provider()
-    for _ in range(2):
-        assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
-    graph_provider.send_raw(raw_message("<other@x>"))
-    result = provider().search(MID)  # a fresh process: the $filter alone
-    assert len(result.hits) == 2
-    assert "internetMessageId eq '" + MID + "'" in result.query
-
-
 def test_search_follows_pages(
     provider: ProviderFactory, relay: FaultRelay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,43 +305,7 @@ def test_search_follows_pages(
     assert len(pages) == 2
 
 
-@pytest.mark.parametrize(
-    ("mode", "unavailable"),
-    [("503", True), ("429", True), ("500-after-forward", False), ("drop-response", False)],
-)
-def test_a_failed_search_says_whether_the_provider_is_unavailable(
-    provider: ProviderFactory, relay: FaultRelay, mode: Mode, unavailable: bool
-) -> None:
-    """Never "no hits"; throttled or 503 counts toward the circuit (docs/operations.md
-    "Outages and quotas"), an answer lost after the request left does not."""
-    relay.set_plan(FaultPlan(search=mode))
-    with pytest.raises(ProviderError) as caught:
-        provider().search(MID)
-    assert caught.value.unavailable is unavailable
-
-
-def test_a_search_on_a_refused_connection_is_unavailable(provider: ProviderFactory) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        dead = f"https://127.0.0.1:{sock.getsockname()[1]}/v1.0"
-    with pytest.raises(ProviderError) as caught:
-        provider(api=dead).search(MID)
-    assert caught.value.unavailable
-
-
 # -- ids, Message-IDs, mailboxes --------------------------------------------------------
-
-
-def test_read_back_sees_a_rewritten_message_id(
-    provider: ProviderFactory, graph: GraphEmulator
-) -> None:
-    graph.rewrite_message_id = True
-    graph_provider = provider()
-    outcome = graph_provider.send_raw(raw_message())
-    assert outcome.kind is SendKind.CONFIRMED and outcome.provider_message_id
-    stored = graph_provider.read_message_id(outcome.provider_message_id)
-    assert stored is not None and stored != MID  # the engine marks the handle unreliable
-    assert graph_provider.read_message_id(outcome.provider_message_id) == stored
 
 
 def test_from_placeholder_sends_as_each_jobs_mailbox(
@@ -340,15 +318,6 @@ def test_from_placeholder_sends_as_each_jobs_mailbox(
         assert outcome.kind is SendKind.CONFIRMED
         assert len(view.search(f"<m-{sender.lower()}>").hits) == 1
     assert [entry["user"] for entry in graph.accepted()] == ["a@example.com", "b@example.com"]
-
-
-def test_access_policy_refusal_is_permanent(
-    provider: ProviderFactory, graph: GraphEmulator
-) -> None:
-    graph.mailboxes = {"other@example.com"}
-    outcome = provider().send_raw(raw_message())
-    assert outcome.kind is SendKind.REJECTED and not outcome.transient
-    assert "ErrorAccessDenied" in outcome.reason
 
 
 # -- tokens ---------------------------------------------------------------------------------
@@ -413,14 +382,6 @@ def test_a_certificate_credential_gets_a_token(
     outcome = provider(secret=read_certificate(pem)).send_raw(raw_message())
     assert outcome.kind is SendKind.CONFIRMED
     assert [r.get("credential") for r in graph.token_requests] == ["assertion"]
-
-
-@pytest.fixture
-def unused_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 def test_remembered_drafts_are_bounded_and_dropped_once_confirmed(

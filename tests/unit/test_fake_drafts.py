@@ -28,23 +28,6 @@ def test_it_is_a_drafts_provider_and_the_plain_fake_is_not(clock: FakeClock) -> 
     assert drafts_of(FakeProvider(clock=clock)) is None
 
 
-def test_a_draft_makes_at_most_one_message(clock: FakeClock) -> None:
-    provider = FakeDraftsProvider(clock=clock)
-    draft = provider.create_draft(raw())
-    assert provider.copies_of(MID) == 0
-    assert provider.check_draft(draft).status is DraftStatus.PENDING
-    provider.script(Scripted.dropped_response())
-    assert provider.send_draft(draft).kind is SendKind.UNKNOWN
-    check = provider.check_draft(draft)
-    assert (check.status, check.provider_message_id) == (
-        DraftStatus.SENT,
-        draft.provider_message_id,
-    )
-    again = provider.send_draft(draft)
-    assert again.kind is SendKind.UNKNOWN and "gone" in again.reason
-    assert provider.copies_of(MID) == 1
-
-
 def test_a_lost_request_leaves_the_draft_and_a_person_can_delete_it(clock: FakeClock) -> None:
     provider = FakeDraftsProvider(clock=clock, replaces_message_id=True)
     draft = provider.create_draft(raw())
