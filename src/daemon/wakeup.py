@@ -2,8 +2,9 @@
 
 A Python signal handler runs in the main thread between two bytecodes, wherever that
 thread is, also inside `threading.Event.wait`, which holds the event's lock: a handler
-that calls `Event.set()` there waits for a lock its own thread holds, for good (the daemon
-once ignored SIGINT and SIGTERM this way until killed; docs/operations.md "Stopping").
+that calls the event's `set()` there waits for a lock its own thread holds, for good (the
+daemon once ignored SIGINT and SIGTERM this way until killed; docs/operations.md
+"Stopping").
 So a handler here only writes one byte, the signal's number, to a non-blocking pipe: no
 lock, nothing that can block. The main thread waits on the pipe's other end with
 `select`, and acts on what it reads outside the handler.

@@ -5,7 +5,7 @@ and :class:`PolicyHolder`. The steps live in their own modules: ``dispatch`` (on
 its claim to its saved outcome), ``recover`` (attempts past their deadline), ``search``
 (sweep unknown outcomes, verify resent jobs), around one ``runner``; ``sends`` (the send
 workers: a queue per scope, taken in turn), ``circuit`` (an outage waited out), ``commit``
-(group commit); ``health`` holds the Message-ID read-back. A job's message is rendered by
+(group commit); ``readback`` holds the Message-ID read-back. A job's message is rendered by
 ``daemon/providers/message.py``, which the intake shares. ``docs/architecture.md``
 follows one job through them.
 """
