@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.integration.api_kit import free_port
-from tests.unit.test_docs_operations import section, shell_commands
+from tests.unit.docs_page import section
+from tests.unit.test_docs_examples import commands as shell_commands
 
 from daemon.providers.base import SendKind
 from daemon.providers.gmail import GmailProvider
@@ -69,7 +70,7 @@ def _message(n: int) -> bytes:
 
 
 def test_the_gmail_example_runs_as_printed(tmp_path: Path) -> None:
-    text = section(SECTION)
+    text = section("operations.md", SECTION)
     emulator_argv, relay_argv = [c for c in shell_commands(text) if "gmail" in c or "relay" in c][
         :2
     ]
@@ -106,7 +107,7 @@ def test_the_gmail_example_runs_as_printed(tmp_path: Path) -> None:
 
 
 def test_the_graph_emulator_prints_the_line_the_page_shows(tmp_path: Path) -> None:
-    text = section(SECTION)
+    text = section("operations.md", SECTION)
     [argv] = [c for c in shell_commands(text) if c[:2] == ["emulator", "graph"]]
     printed = text.split("# {", 1)[1].split("}", 1)[0]
     keys = re.findall(r'"(\w+)":', printed)

@@ -1,7 +1,7 @@
-"""Reading a docs/ page the way its test compares it with the code (docs/development.md
-"Writing the docs"): a section's text by its heading, a Markdown table's rows, prose with
-its line breaks folded, and the code spans in a piece of text. Headings inside fenced code
-(a shell comment) are code, not headings; the code itself is kept, examples are in it."""
+"""Reading the docs the way the docs tests compare them with the code (docs/development.md
+"Writing the docs"): a page, a section by its heading, a Markdown table as rows, the code
+spans of a text and the lines outside fenced code (code shows headings and links; it has
+none). One reader for every page, so a table is read the same wherever it is."""
 
 from __future__ import annotations
 
@@ -10,70 +10,73 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
-CODE = re.compile(r"`([^`]+)`")
+PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+CODE = re.compile(r"`([^`\n]+)`")
+FENCE = re.compile(r"^\s*(```|~~~)")
 
 
-def _under(lines: list[str], start: int, level: int) -> str:
-    """The lines from `start` up to the next heading of `level` or above, outside fences."""
-    fenced = False
-    for end in range(start, len(lines)):
-        if lines[end].startswith(("```", "~~~")):
+def prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
             fenced = not fenced
-        elif not fenced and re.match(rf"#{{1,{level}}} ", lines[end]):
-            return "\n".join(lines[start:end])
-    return "\n".join(lines[start:])
+        elif not fenced:
+            lines.append(line)
+    return lines
 
 
-def section(page: Path, heading: str, *, until: int | None = None) -> str:
-    """The text under `heading` up to the next heading of level `until` or above (by
-    default the heading's own level; 6: the next heading of any level). `heading` is a
-    whole heading line (`## Stores`) or a bare title, found at any level."""
-    lines = page.read_text(encoding="utf-8").splitlines()
-    if heading.startswith("#"):
-        start = lines.index(heading)
-    else:
-        start = next(
-            i for i, line in enumerate(lines) if re.fullmatch(rf"#+ {re.escape(heading)}", line)
-        )
-    level = len(lines[start]) - len(lines[start].lstrip("#"))
-    return _under(lines, start + 1, until or level)
+def page(name: str) -> str:
+    return (REPO / name if name == "README.md" else DOCS / name).read_text(encoding="utf-8")
 
 
-class DocsPage:
-    def __init__(self, name: str) -> None:
-        self.text = (DOCS / name).read_text(encoding="utf-8")
-
-    def section(self, title: str) -> str:
-        """The text under the `##`/`###` heading `title`, up to the next heading of level
-        three or above (a `####` stays inside)."""
-        lines = self.text.splitlines()
-        starts = [i for i, line in enumerate(lines) if line in (f"## {title}", f"### {title}")]
-        assert starts, f"no section {title!r} on the page"
-        return _under(lines, starts[0] + 1, 3)
+def section(where: Path | str, heading: str, *, until: int | None = None) -> str:
+    """The text under `heading` (a whole line, `## Stores`, or a bare title at any level)
+    up to the next heading of level `until` or above (by default its own level; 6: the
+    next heading of any level). `where` is a page's path or its name."""
+    text = where.read_text(encoding="utf-8") if isinstance(where, Path) else page(where)
+    lines = text.splitlines()
+    title = heading if heading.startswith("#") else None
+    starts = [
+        i
+        for i, line in enumerate(lines)
+        if line == title or (title is None and re.fullmatch(rf"#+ {re.escape(heading)}", line))
+    ]
+    assert starts, f"no section {heading!r}"
+    level = len(lines[starts[0]]) - len(lines[starts[0]].lstrip("#"))
+    fenced, end = False, len(lines)
+    for i in range(starts[0] + 1, len(lines)):
+        if FENCE.match(lines[i]):
+            fenced = not fenced
+        elif not fenced and re.match(rf"#{{1,{until or level}}} ", lines[i]):
+            end = i
+            break
+    return "\n".join(lines[starts[0] + 1 : end])
 
 
 def table(text: str, first: str | None = None) -> list[list[str]]:
-    """The body rows of the table whose header's first cell is `first` (the first table
-    when None), as stripped cells (`\\|` is a pipe in a cell)."""
+    """The body rows of the table whose header's first cell is `first`, or whose header
+    starts with `first` when it holds ` | ` (the first table when None), as stripped cells
+    (`\\|` is a pipe in a cell)."""
     rows: list[list[str]] = []
-    inside = header = False
-    for line in text.splitlines():
+    inside = False
+    for line in [*text.splitlines(), ""]:
         if not line.startswith("|"):
             if inside:
                 break
             continue
         cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
         if not inside:
-            inside = first is None or cells[0] == first
-            if not inside:
-                continue
-            header = True
-        elif header and set(cells[0]) <= set("-: "):
-            header = False
-        else:
+            inside = first is None or first in (cells[0], " | ".join(cells)[: len(first)])
+        elif not set(cells[0]) <= set("-: ") or rows:
             rows.append(cells)
     assert rows, f"no table headed {first!r}"
     return rows
+
+
+def keyed(text: str, first: str | None = None) -> dict[str, list[str]]:
+    """A table's rows by their first cell, its code (`x`) when it is one."""
+    return {(CODE.findall(row[0]) or [row[0]])[0]: row[1:] for row in table(text, first)}
 
 
 def flat(text: str) -> str:

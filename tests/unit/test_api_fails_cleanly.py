@@ -6,7 +6,9 @@ form has a CSRF token and a rate limit, and the docs page loads nothing from els
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -20,11 +22,13 @@ from tests.unit.test_api_routes import AUTH, TOKEN, api_context, job
 
 from daemon.api.app import create_app
 from daemon.api.auth import Identity, Role, TokenBook
+from daemon.api.bodies import decode_body
 from daemon.api.paths import canonical_path, key_segment
 from daemon.api.signin_limit import FAILURES, WINDOW, SignInLimit
 from daemon.config.settings import ConfigError, settings_from_dict
 from daemon.service_layer.intake import MAX_LISTED, FieldProblem, IntakeError
 from ledger.keys import identifier_problem
+from sendledger.client import Invalid
 
 SUBMIT_ONLY = "submit-only-token-0123456789"
 
@@ -383,3 +387,47 @@ def test_pages_answer_only_page_statuses(
     else:
         answer = client.post(url, data=values, headers=headers, follow_redirects=False)
     assert answer.status_code in PAGE_STATUSES, (method, url, values, answer.text[:300])
+
+
+# -- bodies and 422s as docs/http-api.md gives them ----------------------------------------
+
+
+def test_the_decoder_s_limits_are_the_page_s() -> None:
+    """A body nests about 1,000 levels at most and holds integers of up to 4,300 digits."""
+    assert sys.get_int_max_str_digits() == 4300
+    assert decode_body(b'{"n": ' + b"9" * 4300 + b"}")["n"] > 0
+    deep = sys.getrecursionlimit()
+    assert 900 <= deep <= 1100
+    nested, depth = decode_body(b"[" * 400 + b"]" * 400), 1
+    while nested:
+        nested, depth = nested[0], depth + 1
+    assert depth == 400
+    for refused in (b'{"n": ' + b"9" * 4301 + b"}", b"[" * (deep + 1) + b"]" * (deep + 1)):
+        with pytest.raises(json.JSONDecodeError):
+            decode_body(refused)
+    with pytest.raises(json.JSONDecodeError, match="twice"):
+        decode_body(b'{"as": "sent", "as": "abandon"}')
+
+
+def test_invalid_counts_what_the_server_counted(rig: EngineRig) -> None:
+    """A 422 lists at most 100 errors; `Invalid.total` is how many there were (the body's
+    `count`: five required fields missing in each of 250 jobs), not how many were listed."""
+    with TestClient(create_app(api_context(rig))) as client:
+        answer = client.post("/v1/jobs", json=[{}] * 250, headers=AUTH)
+    assert answer.status_code == 422
+    refused = Invalid(422, answer.json()["error"], answer.json())
+    assert len(refused.errors) == MAX_LISTED
+    assert refused.total == 250 * 5
+    assert refused.errors[0].index == 0 and refused.errors[0].field == "channel"
+
+
+def test_forwarded_headers_are_read_from_a_proxy_on_the_same_host_only() -> None:
+    """uvicorn reads X-Forwarded-Proto (and -For) only from loopback: a proxy on the same
+    host. Its scheme then makes the cookies Secure (`daemon.api.ui.secure_cookies`)."""
+    from fastapi import FastAPI
+
+    from daemon.api.server import ApiServer
+
+    config = ApiServer(FastAPI(), "127.0.0.1", 0).server.config
+    assert config.proxy_headers is True
+    assert set(str(config.forwarded_allow_ips).split(",")) <= {"127.0.0.1", "::1"}

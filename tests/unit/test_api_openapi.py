@@ -135,3 +135,16 @@ def test_a_dry_run_of_no_is_refused_not_run_live() -> None:
             answer = client.post("/v1/review/triage", json={"dry_run": value}, headers=AUTH)
             assert answer.status_code == 200
     rig.close()
+
+
+def test_every_v1_route_documents_401_and_403_and_others_need_no_token() -> None:
+    operations = {
+        f"{method.upper()} {path}": {int(s) for s in op["responses"]}
+        for path, item in DOCUMENT["paths"].items()
+        for method, op in item.items()
+    }
+    for route, statuses in operations.items():
+        if " /v1/" in route:
+            assert {401, 403} <= statuses, route
+        else:
+            assert not {401, 403} & statuses, route

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from daemon.cli import COMMANDS, build_parser, command_named
+import daemon.cli.job_commands
+from daemon.cli import COMMANDS, build_parser, command_named, main
+from daemon.cli.init_command import Installation, planned_files, summary, write_all
+from daemon.config.settings import SmtpImapProviderSettings, load_settings
+from daemon.exit_codes import EXIT_BAD_INPUT, CliError
+from daemon.tools import probe
+from ledger.addresses import parse_mailbox
+from policies.loader import load_policy_dir
 
 
 def registered_by(module: str) -> set[str]:
@@ -48,3 +58,135 @@ def test_a_lazy_parser_parses_a_command_as_the_whole_one_does(command: str) -> N
 )
 def test_the_command_is_read_as_argparse_reads_it(argv: list[str], command: str | None) -> None:
     assert command_named(argv) == command
+
+
+# -- what docs/cli.md says of every command ------------------------------------------------
+
+
+def test_an_interrupted_command_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(daemon.cli.job_commands, "cmd_status", interrupted)
+    assert main(["status", "any-key"]) == 130
+
+
+def test_the_net_under_every_line_escapes_all_but_line_breaks_and_tabs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+    import sys
+
+    from daemon.cli import output
+
+    raw = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", raw)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # both are wrapped; both put back
+    output.guard_streams()
+    print("k\x1b[31m\u202e\u2028\x9b\x7f\tend")
+    assert raw.getvalue() == "k\\x1b[31m\\u202e\\u2028\\x9b\\x7f\tend\n"
+
+
+@pytest.mark.parametrize("provider", ["gmail", "smtp-imap", "graph"])
+def test_init_writes_the_policies_and_mailbox_the_page_says(provider: str, tmp_path: Path) -> None:
+    mailbox = parse_mailbox("shop@shop.example")
+    here = Installation(tmp_path, ["sendledger"], "user", "group")
+    write_all(tmp_path, planned_files(provider, mailbox, here))
+    settings = load_settings(tmp_path / "sendledger.toml")
+    (name, config), *others = settings.providers.items()
+    assert others == [] and config.kind == provider
+    user = config.username if isinstance(config, SmtpImapProviderSettings) else config.user
+    assert user == "shop@shop.example"
+    policies = load_policy_dir(tmp_path / "policies", known_providers=[name])
+    assert {(p.channel, p.on_unknown, p.irreversible) for p in policies.values()} == {
+        ("receipts", "retry", False),
+        ("notices", "review", True),
+    }
+    assert {p.from_address for p in policies.values()} == {"shop@shop.example"}
+    assert (tmp_path / "api-tokens").read_text(encoding="utf-8").startswith("admin:")
+    job = json.loads((tmp_path / "first-job.json").read_text(encoding="utf-8"))
+    assert (job["key"], job["channel"], job["to"]) == ("first-job-1", "receipts", user)
+    said = summary(provider, mailbox, here, planned_files(provider, mailbox, here))
+    steps = [line.split()[3:5] for line in said.splitlines() if line.startswith("  sendledger ")]
+    assert steps == [
+        ["run"],
+        ["submit", str(tmp_path / "first-job.json")],
+        ["status", "first-job-1"],
+    ]
+
+
+def test_keep_refuses_a_folder_that_holds_a_demo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ledger.sqlite").write_bytes(b"")
+    assert main(["demo", "--keep", str(tmp_path)]) == EXIT_BAD_INPUT
+    assert "already holds a demo (ledger.sqlite)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.sqlite"]  # nothing ran
+
+
+@pytest.mark.parametrize(
+    ("lag", "recommended"), [(0.3, 60.0), (20.0, 60.0), (21.0, 120.0), (60.0, 180.0)]
+)
+def test_the_probe_recommends_three_times_the_lag_in_whole_minutes(
+    lag: float, recommended: float
+) -> None:
+    assert probe.recommend_search_after(lag) == recommended
+
+
+def refused_probe(tmp_path: Path, user: str, **given: Any) -> CliError:
+    """How `sendledger probe` refuses to start on a gmail provider whose `user` is given,
+    with no terminal to ask on: its CliError."""
+    config = tmp_path / "sendledger.toml"
+    (tmp_path / "policies").mkdir()
+    config.write_text(
+        '[daemon]\npolicies_dir = "policies"\n[providers.support]\ncredentials_file = "sa.json"\n'
+        f'user = "{user}"\n',
+        encoding="utf-8",
+    )
+    fields = {"from_addr": None, "yes": False, "max_wait": "10m", "interval": "2s", **given}
+    args = argparse.Namespace(
+        config=str(config), provider="support", to="you@example.com", json=False, **fields
+    )
+    with pytest.raises(CliError) as refused:
+        probe.cmd_probe(args)
+    return refused.value
+
+
+def test_the_probe_without_yes_and_without_a_terminal_is_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    refused = refused_probe(tmp_path, "me@example.com")
+    assert refused.code == EXIT_BAD_INPUT == 2
+    assert "--yes" in str(refused)
+
+
+def test_the_probe_of_a_from_placeholder_provider_needs_from(tmp_path: Path) -> None:
+    refused = refused_probe(tmp_path, "{from}", yes=True)
+    assert refused.code == EXIT_BAD_INPUT
+    assert str(refused).startswith("--from: ")
+
+
+def test_policy_check_refuses_retry_on_a_client_copy_provider(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from daemon.cli.job_commands import cmd_policy_check
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "receipts.toml").write_text(
+        'provider = "mail"\nfrom = "a@example.com"\nmessage_id_domain = "example.com"\n'
+        'on_unknown = "retry"\n',
+        encoding="utf-8",
+    )
+    config = tmp_path / "sendledger.toml"
+    settings = (
+        '[daemon]\npolicies_dir = "policies"\n[providers.mail]\nkind = "smtp-imap"\n'
+        'smtp_host = "smtp.example.com"\nimap_host = "imap.example.com"\n'
+        'username = "a@example.com"\npassword_file = "pw"\nsent_copy = "{copy}"\n'
+    )
+    config.write_text(settings.format(copy="client"), encoding="utf-8")
+    args = argparse.Namespace(config=str(config), dir=None, json=False)
+    assert cmd_policy_check(args) == EXIT_BAD_INPUT
+    assert "receipts.toml:on_unknown: " in capsys.readouterr().err
+    config.write_text(settings.format(copy="server"), encoding="utf-8")
+    assert cmd_policy_check(args) == 0

@@ -5,10 +5,13 @@ keeps our Message-ID or not."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from tests.unit.engine_rig import EngineRig
+from tests.unit.engine_rig import policy as rig_policy
 from tests.unit.jobs import DEADLINE, MESSAGE_ID, PROVIDER, requested_job
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
@@ -192,3 +195,48 @@ def test_with_a_recorded_draft_the_unknown_is_due_at_once_on_every_channel(
     chosen = policy(on_unknown=on_unknown)
     job = sent_once_unknown(clock, provider, chosen, Scripted.dropped_response())
     assert job.state is JobState.UNKNOWN and job.due_at == clock.now
+
+
+# -- a draft that cannot be created (docs/providers.md "Sending through drafts") -----------
+
+
+@pytest.fixture
+def drafts_rig() -> Iterator[tuple[EngineRig, FakeDraftsProvider]]:
+    """An engine rig whose provider is the in-memory drafts provider, one job submitted."""
+    rig = EngineRig(rig_policy("receipts"))
+    rig.engine.close()
+    drafts = FakeDraftsProvider("fake", clock=rig.clock)
+    rig.provider = drafts
+    rig.engine = rig.new_engine()
+    rig.submit("receipts", "k1")
+    yield rig, drafts
+    rig.close()
+
+
+def test_a_draft_that_cannot_be_created_is_no_claim(
+    drafts_rig: tuple[EngineRig, FakeDraftsProvider],
+) -> None:
+    """A failed drafts.create records nothing: the job stays due and the next tick sends it."""
+    rig, drafts = drafts_rig
+    drafts.fail_creates(1)
+    rig.tick(errors=1)
+    assert rig.events("k1") == ["Requested"]
+    assert rig.job("k1").state is JobState.REQUESTED and drafts.draft_sends == 0
+    rig.tick()
+    assert rig.job("k1").state is JobState.CONFIRMED
+    assert drafts.draft_sends == 1 and rig.copies("k1") == 1
+
+
+def test_a_draft_refused_for_good_goes_to_review_without_a_claim(
+    drafts_rig: tuple[EngineRig, FakeDraftsProvider],
+) -> None:
+    """A permanent refusal of drafts.create (a 4xx, a missing scope) is not asked again
+    every tick: the job goes to review (`rejected`), never claimed, nothing sent."""
+    rig, drafts = drafts_rig
+    drafts.refuse_creates(1)
+    rig.tick()
+    job = rig.job("k1")
+    assert rig.events("k1") == ["Requested", "Escalated"]
+    assert job.state is JobState.REVIEW and job.reason == "rejected"
+    rig.advance_and_tick(3600)
+    assert drafts.drafts_created == 0 and drafts.draft_sends == 0

@@ -296,3 +296,28 @@ def test_a_message_that_cannot_be_built_is_never_claimed(rig: EngineRig) -> None
     job = rig.job("k1")
     assert (job.state, job.reason, job.attempts) == (JobState.REVIEW, "rejected", 0)
     assert rig.events("k1")[-1] == "Escalated" and rig.provider.sends == 0
+
+
+@pytest.mark.parametrize("misses", [2, 3])
+@pytest.mark.parametrize("late", [False, True])
+def test_the_last_search_is_at_the_end_of_the_windows(misses: int, late: bool) -> None:
+    """A copy indexed within search_after + (confirm_misses - 1) x search_interval is found;
+    one indexed later is believed missing and a `retry` channel sends again."""
+    search_after, interval = 60, 30
+    window = search_after + (misses - 1) * interval
+    rig = EngineRig(
+        policy("receipts", on_unknown="retry", confirm_misses=misses),
+        index_lag=window + 1 if late else window - 1,
+    )
+    try:
+        rig.submit("receipts", "k1")
+        rig.provider.script(Scripted.dropped_response())
+        rig.tick()
+        rig.advance_and_tick(search_after)
+        for _ in range(misses - 1):
+            rig.advance_and_tick(interval)
+        rig.tick()
+        assert rig.provider.sends == (2 if late else 1)
+        assert rig.job("k1").state is JobState.CONFIRMED
+    finally:
+        rig.close()

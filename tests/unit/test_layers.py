@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,52 @@ def test_nothing_above_the_port_probes_a_provider(path: Path) -> None:
     # docs/architecture.md "Adding a provider": every capability is declared in the port
     # (`drafts()`, `leaves_drafts`, `search`, ...), with its default, so none is probed.
     assert probes(path) == []
+
+
+# -- libraries and clocks (docs/architecture.md "Layers and what each may import") ---------
+
+
+def test_only_the_api_imports_the_web_stack_and_only_runtime_apscheduler() -> None:
+    # "daemon/api/: ... the only place FastAPI, uvicorn, prometheus_client and Jinja2 are
+    # imported"; "runtime.py (the APScheduler service)".
+    web = {"fastapi", "starlette", "uvicorn", "prometheus_client", "jinja2"}
+    every = [path for package in ("daemon", "ledger", "policies") for path in modules(package)]
+    tops = {p.relative_to(SRC).as_posix(): {n.split(".")[0] for n in imports(p)} for p in every}
+    assert [m for m, names in tops.items() if names & web and "/api/" not in m] == []
+    assert [m for m, names in tops.items() if "apscheduler" in names] == ["daemon/runtime.py"]
+
+
+def test_the_decision_functions_read_no_clock() -> None:
+    # "the decision functions (pure: no I/O, no clock)": every time is a parameter.
+    clocks = {"now", "utcnow", "today", "time", "monotonic", "perf_counter"}
+    for path in sorted((SRC / "policies").glob("*.py")):
+        calls = {
+            node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call)
+        }
+        assert not calls & clocks, (path.name, calls & clocks)
+
+
+def test_psycopg_is_imported_only_for_a_postgresql_store(tmp_path: Path) -> None:
+    # "`postgres` (psycopg is imported only for it)": a SQLite store never loads the driver.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ledger.application import Ledger\n"
+        f"with Ledger('sqlite:///{tmp_path}/s.sqlite') as ledger:\n"
+        "    ledger.open_counts()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
+    importers = [
+        p.relative_to(SRC).as_posix()
+        for p in sorted((SRC).rglob("*.py"))
+        if re.search(r"^\s*(import|from) psycopg", p.read_text(encoding="utf-8"), re.M)
+    ]
+    assert importers == ["ledger/stores/postgres.py"]

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import logging
 import socket
+from contextlib import closing
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.logs import JournalFormatter, setup_logging
+from daemon.runtime import Daemon
 from daemon.systemd import Notifier, under_systemd, watchdog_interval
+from ledger.vocabulary import OPEN_STATES
 
 
 def record(level: int, message: str) -> logging.LogRecord:
@@ -89,3 +94,21 @@ def test_watchdog_interval_is_half_of_watchdog_usec(monkeypatch: pytest.MonkeyPa
     assert watchdog_interval() == 30.0
     monkeypatch.setenv("WATCHDOG_PID", "1")  # meant for another process
     assert watchdog_interval() is None
+
+
+def test_the_status_line_counts_the_open_states_and_says_the_loud_warnings() -> None:
+    with closing(EngineRig(policy("legal"))) as rig:
+        rig.submit("legal", "k1")
+        calm = SimpleNamespace(engine=rig.engine)
+        assert Daemon.status_line(calm) == (  # type: ignore[arg-type]
+            "jobs: " + ", ".join(f"{s} {1 if s == 'requested' else 0}" for s in OPEN_STATES)
+        )
+        loud = SimpleNamespace(
+            engine=SimpleNamespace(
+                ledger=rig.ledger,
+                unreliable_providers=lambda: ["gmail"],
+                policies=SimpleNamespace(last_error="legal.toml: bad"),
+            )
+        )
+        line = Daemon.status_line(loud)  # type: ignore[arg-type]
+        assert line.endswith("; HANDLE UNRELIABLE: gmail; policy reload failed: legal.toml: bad")

@@ -10,6 +10,7 @@ import pytest
 from policies.check import SUMMARY_COLUMNS, check_policies, render_table, summary_rows
 from policies.durations import parse_duration
 from policies.loader import (
+    MAX_POLICY_BYTES,
     PolicyLoadError,
     PolicyProblem,
     PolicySet,
@@ -340,3 +341,35 @@ def test_check_policies_problems(tmp_path: Path) -> None:
         ("a.toml", "max_attempts"),
         ("b.toml", "provider"),
     }
+
+
+REQUIRED = {
+    "channel": "receipts",
+    "provider": "support",
+    "from": "Support <support@example.com>",
+    "message_id_domain": "mail.example.com",
+}
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "store-v1" / "policies" / "receipts.toml"
+
+
+def test_a_policy_file_is_at_most_1_mib(tmp_path: Path) -> None:
+    assert MAX_POLICY_BYTES == 1024 * 1024
+    base = "".join(f'{k} = "{v}"\n' for k, v in REQUIRED.items() if k != "channel")
+    path = tmp_path / "receipts.toml"
+    path.write_text(base + "#" * (MAX_POLICY_BYTES - len(base) - 1) + "\n", encoding="utf-8")
+    assert load_policy_file(path).channel == "receipts"
+    path.write_text(base + "#" * (MAX_POLICY_BYTES - len(base)) + "\n", encoding="utf-8")
+    with pytest.raises(PolicyLoadError, match="larger than"):
+        load_policy_file(path)
+
+
+def test_fields_added_later_keep_the_first_releases_fingerprint(tmp_path: Path) -> None:
+    """`allowed_from`, `pending_draft` and `give_up_after` at their defaults leave the
+    fingerprint a policy of the first release had (tests/fixtures/store-v1/README.md)."""
+    text = FIXTURE.read_text(encoding="utf-8")
+    assert load_policy_file(FIXTURE).fingerprint == "7d06ca0409ba9b06"
+    later = tmp_path / "receipts.toml"
+    later.write_text(text + 'allowed_from = []\npending_draft = "send"\n', encoding="utf-8")
+    assert load_policy_file(later).fingerprint == "7d06ca0409ba9b06"
+    later.write_text(text + 'give_up_after = "4h"\n', encoding="utf-8")
+    assert load_policy_file(later).fingerprint != "7d06ca0409ba9b06"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from policies.loader import PolicyLoadError, load_policy_dir
 from policies.model import ChannelPolicy, parse_from_address
 
 BASE: dict[str, Any] = {
@@ -402,3 +404,43 @@ def test_fingerprint_changes_with_any_value(change: dict[str, Any]) -> None:
 def test_fingerprints_of_many_variants_are_distinct() -> None:
     variants = [make(max_attempts=n, confirm_misses=m) for n in range(1, 8) for m in range(1, 8)]
     assert len({v.fingerprint for v in variants}) == len(variants)
+
+
+# -- refusals and sizes docs/policies.md quotes --------------------------------------------
+
+
+#: What a policy needs besides the field under test.
+QUOTED_REQUIRED = {
+    "channel": "receipts",
+    "provider": "support",
+    "from": "Support <support@example.com>",
+    "message_id_domain": "mail.example.com",
+}
+
+
+def validated(**values: object) -> ChannelPolicy:
+    return ChannelPolicy.model_validate({**QUOTED_REQUIRED, **values})
+
+
+def is_refused(field: str, value: object, **more: object) -> bool:
+    try:
+        validated(**more, **{field: value})
+    except ValidationError as exc:
+        return any(e["loc"][:1] == (field,) for e in exc.errors())
+    return False
+
+
+def test_the_quoted_refusals_are_the_loaders(tmp_path: Path) -> None:
+    base = "".join(f'{k} = "{v}"\n' for k, v in QUOTED_REQUIRED.items() if k != "channel")
+    (tmp_path / "receipts.toml").write_text(base + 'search_after = "30d"\n', encoding="utf-8")
+    with pytest.raises(PolicyLoadError) as caught:
+        load_policy_dir(tmp_path)
+    assert str(caught.value).endswith("receipts.toml:search_after: must be at most 7d, got '30d'")
+    assert is_refused("retry_backoff_max", "1m", retry_backoff="2m")
+    assert is_refused("on_unknown", "retry", irreversible=True)
+    assert is_refused("allowed_from", [f"a{i}@example.com" for i in range(1001)])
+    assert is_refused("channel", "c" * 129) and not is_refused("channel", "c" * 128)
+    # allowed_from: LOCAL@DOMAIN of address characters, * and ?; no character classes.
+    for pattern in ("[ab]*@example.com", "support", "sup port@example.com", ""):
+        assert is_refused("allowed_from", [pattern]), pattern
+    assert not is_refused("allowed_from", ["*@example.com", "sales-?@*.example.com"])

@@ -7,9 +7,11 @@ read-backs are counted by the engine's health record.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -19,6 +21,7 @@ from tests.unit.engine_rig import EngineRig, policy
 from daemon.config.settings import ConfigError, settings_from_dict
 from daemon.engine.readback import _Sampler
 from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
+from daemon.runtime import Daemon
 
 
 def run_jobs(rig: EngineRig, count: int, start: int = 0) -> None:
@@ -161,3 +164,19 @@ def test_settings_refuse_bad_values_naming_the_key(bad: tuple[str, object]) -> N
     message = str(caught.value)
     assert f"providers.gmail.{key}" in message
     assert "\n" not in message
+
+
+def test_the_read_back_names_the_unreliable_handle_in_the_log_and_status(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = EngineRig(policy("receipts"))
+    try:
+        rig.provider.replaces_message_id = True
+        rig.submit("receipts", "k1")
+        with caplog.at_level(logging.CRITICAL, logger="sendledger.engine"):
+            rig.tick()
+        assert "PROVIDER fake REPLACED OUR MESSAGE-ID" in caplog.text
+        line = Daemon.status_line(SimpleNamespace(engine=rig.engine))  # type: ignore[arg-type]
+        assert line.endswith("; HANDLE UNRELIABLE: fake")
+    finally:
+        rig.close()

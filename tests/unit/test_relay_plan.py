@@ -99,3 +99,11 @@ def test_slow_delays_are_the_base_plus_a_seeded_random_part() -> None:
         Delays(-1.0)
     with pytest.raises(ValueError, match="0 or more seconds"):
         Delays(1.0, -0.1)
+
+
+def test_the_relay_counts_graph_sends_and_searches() -> None:
+    assert classify("POST", "/v1.0/users/u/messages/AAM=/send") == "send"
+    assert classify("POST", "/v1.0/users/u/sendMail") == "send"
+    assert classify("GET", "/v1.0/users/u/messages?$filter=x") == "search"
+    assert classify("GET", "/v1.0/users/u/mailFolders/sentitems/messages/AAM=") == "search"
+    assert classify("POST", "/v1.0/users/u/messages") == "other"  # the draft's creation

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pytest
-from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.engine_rig import EngineRig, claimed_by, policy
 
 from daemon.doubles.fake_provider import Scripted
+from daemon.service_layer.doors import lent_providers
 from daemon.service_layer.read_models import timeline_details
 from daemon.service_layer.services import (
     TRIAGE_NOTE,
@@ -22,6 +23,7 @@ from daemon.service_layer.services import (
     check_advice,
     safe_decisions,
 )
+from ledger import keys
 from ledger.vocabulary import JobState, Resolution
 
 LEGAL = policy("legal", on_unknown="review")
@@ -399,3 +401,73 @@ def test_a_field_the_domain_refuses_is_bad_input(
     monkeypatch.setattr(SendJob, "cancel", refuse)
     message = refused(lambda: s.cancel("k1", note="\x1b", by="b"), Refusal.BAD_INPUT)
     assert message == "job.note: must not contain a control character"
+
+
+# -- what docs/cli.md and docs/review.md say of the services -------------------------------
+
+
+def test_check_advises_a_resolve_only_in_review() -> None:
+    for copies in (0, 1, 2):
+        assert "review resolve" in check_advice("k", "review", copies)
+    for state in ("requested", "unknown", "confirmed", "abandoned", "cancelled"):
+        assert "resolve" not in check_advice("k", state, 1).replace("nothing to resolve", "")
+
+
+def test_every_name_recorded_as_who_acted_follows_the_key_rule(rig: EngineRig) -> None:
+    from daemon.service_layer.services import ChannelPolicies, ServiceError, Services
+
+    rig.submit("receipts", "k1")
+    s = Services(rig.ledger, lambda: ChannelPolicies(rig.policies), providers=None)
+    for bad in ("ops\x1b[31m", "o" * (keys.MAX_NAME_LENGTH + 1)):
+        with pytest.raises(ServiceError) as refused:
+            s.cancel("k1", note="", by=bad)
+        assert refused.value.kind is Refusal.BAD_INPUT and refused.value.message.startswith(
+            "job.by:"
+        )
+    with pytest.raises(ServiceError) as refused:
+        s.cancel("k1", note="x" * (keys.MAX_NOTE_LENGTH + 1), by="ops")
+    assert refused.value.message.startswith("job.note:")
+    assert rig.job("k1").state is JobState.REQUESTED
+
+
+def test_a_check_while_a_send_is_in_flight_is_shown_not_recorded(rig: EngineRig) -> None:
+    rig.submit("legal", "k1")
+    rig.ledger.save_job(claimed_by(rig.ledger, "k1", "rig"))
+    assert rig.job("k1").state is JobState.ATTEMPTED
+    answer = services(rig).check("k1", by="bob")
+    assert not answer.recorded and answer.as_dict()["recorded"] is False
+    assert "Checked" not in rig.events("k1")
+
+
+def test_the_daemon_lends_its_own_provider_and_builds_none(rig: EngineRig) -> None:
+    """A door in the daemon searches with the engine's provider, the one its quota and
+    circuit belong to, and leaves it open; a name it has no live provider for is built."""
+    built: list[str] = []
+
+    @contextmanager
+    def build(name: str) -> Iterator[Any]:
+        built.append(name)
+        yield rig.provider
+
+    source = lent_providers({"fake": rig.provider, "idle": None}, build)
+    with source("fake") as provider:
+        assert provider is rig.provider
+    assert built == []
+    with source("idle"):
+        pass
+    assert built == ["idle"]
+
+
+def test_resolved_as_sent_keeps_the_ids_the_job_had_and_triage_its_copy(rig: EngineRig) -> None:
+    in_review(rig, "human", copies=1)
+    in_review(rig, "triaged", copies=1)
+    s = services(rig)
+    [seen] = s.check("human", by="bob").copies
+    job = s.resolve("human", Resolution.SENT, note="copy seen", by="bob")
+    assert job.state is JobState.CONFIRMED and job.provider_message_ids == []
+    assert [e for e in s.history("human") if e["type"] == "Checked"][-1][
+        "provider_message_ids"
+    ] == [seen.provider_id]
+    [item] = s.triage(by="ops")
+    assert item.action == "resolved-sent"
+    assert rig.job("triaged").provider_message_ids == item.copies

@@ -611,3 +611,16 @@ def test_any_url_is_taken_or_refused_naming_the_field(url: str) -> None:
     assert parts.scheme in ("http", "https") and parts.hostname
     if parts.scheme == "http":
         assert parts.hostname in ("127.0.0.1", "localhost", "::1")
+
+
+def test_a_secret_is_24_to_64_bytes_a_new_one_32_and_a_lease_at_least_a_minute() -> None:
+    for size, ok in ((23, False), (24, True), (64, True), (65, False)):
+        secret = "whsec_" + base64.b64encode(b"k" * size).decode()
+        if ok:
+            assert parse_secret(secret) == secret
+        else:
+            with pytest.raises(ValueError, match="24 to 64 bytes"):
+                parse_secret(secret)
+    assert len(base64.b64decode(new_secret().removeprefix("whsec_"))) == 32
+    assert Hook("h", "https://a/", new_secret(), frozenset(), timeout=10.0).lease == 60.0
+    assert Hook("h", "https://a/", new_secret(), frozenset(), timeout=30.0).lease == 90.0

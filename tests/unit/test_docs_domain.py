@@ -1,0 +1,438 @@
+"""The lists and tables that describe what sendledger does, against the code that does it,
+both ways (docs/development.md "Writing the docs"): docs/how-it-works.md's events, states,
+reasons and outcome table (each row fed what it names), the tick's steps, the guarantee
+columns and the crash matrix; docs/architecture.md's layers, typed decisions, event
+versions and a new provider's capabilities; docs/providers.md's kinds and what each does;
+docs/operations.md's fault modes; docs/development.md's make targets and layout; and the
+bench options docs/performance.md names."""
+
+from __future__ import annotations
+
+import ast
+import http.client
+import json
+import re
+import socket
+import ssl
+from pathlib import Path
+from typing import Any, get_args
+
+from eventsourcing.domain import Aggregate
+from tests.unit.docs_page import CODE, REPO, flat, keyed, page, section, table
+from tests.unit.engine_rig import EngineRig, policy
+
+from daemon.cli import COMMANDS, build_parser
+from daemon.cli.audit import EVENT_TYPES
+from daemon.config.settings import _PROVIDER_TAGS, DaemonSettings
+from daemon.engine.recover import Recover
+from daemon.engine.search import Sweep, Verify
+from daemon.providers.base import Provider, ProviderBase, SendKind
+from daemon.providers.classify import classify_send_exception, classify_send_response
+from daemon.providers.gmail import DRAFT_SCOPES, SCOPES, GmailProvider
+from daemon.providers.gmail_drafts import COMPOSE_SCOPE
+from daemon.providers.graph import GraphProvider
+from daemon.providers.smtp_classify import Stage
+from daemon.providers.smtp_imap import SmtpImapProvider
+from daemon.providers.transport import NotSentError, ResponseLostError
+from daemon.tools import demo
+from ledger import decision_types
+from ledger.job import SendJob
+from ledger.vocabulary import (
+    FINAL_STATES,
+    OPEN_STATES,
+    ConfirmedVia,
+    EscalationReason,
+    JobState,
+    Resolution,
+)
+from policies.model import OnUnknown
+from testkit.relay import MODES
+from testkit.smtp_relay import SMTP_MODES
+
+SRC = REPO / "src"
+
+
+# -- docs/how-it-works.md ------------------------------------------------------------------
+
+
+def fields_of(cls: type[Any]) -> set[str]:
+    return {name for klass in cls.__mro__ for name in getattr(klass, "__annotations__", {})}
+
+
+def test_the_event_table_is_the_job_s_events_their_topics_fields_and_words() -> None:
+    text = section("how-it-works.md", "The job's events", until=3)
+    rows = {name: cells[0] for name, cells in keyed(text, "event").items()}
+    events = {
+        name: cls
+        for name, cls in vars(SendJob).items()
+        if isinstance(cls, type)
+        and issubclass(cls, Aggregate.Event)
+        and name not in ("Event", "Created")
+    }
+    assert set(rows) == set(events) == set(EVENT_TYPES)
+    assert all(f"sendledger:SendJob.{name}" == cls.TOPIC for name, cls in events.items())
+    for name in ("Requested", "Attempted", "DraftCreated", "SearchedMiss"):  # rows of fields
+        named = {w for w in CODE.findall(rows[name]) if re.fullmatch(r"[a-z_]+", w)}
+        assert named and named - fields_of(events[name]) <= {"timeout"}, name
+    assert set(CODE.findall(rows["Escalated"])) == {r.value for r in EscalationReason}
+    assert set(CODE.findall(rows["Resolved"])) == {r.value for r in Resolution}
+    assert set(CODE.findall(rows["Confirmed"])) - {"verify_at"} == {v.value for v in ConfirmedVia}
+    states = re.search(r"States shown to users: (.*?)\. ", text, re.S)
+    assert states and CODE.findall(states.group(1)) == [s.value for s in JobState]
+    carriers = re.search(r"records a policy's decision \((.*?)\)", text, re.S)
+    policy_events = {n for n, c in events.items() if {"policy", "fingerprint"} <= fields_of(c)}
+    assert carriers and set(CODE.findall(carriers.group(1))) == policy_events
+
+
+def test_the_tick_s_steps_are_the_engine_s_in_order() -> None:
+    steps = re.findall(r"^\d\. \*\*(\w+)\*\*", section("how-it-works.md", "The tick"), re.M)
+    rig = EngineRig(policy("receipts"))
+    try:  # a FirstDue hands out its steps as one (verify and the confirmed jobs' tidy)
+        flat_steps = [
+            s for step in rig.engine._checks_steps for s in getattr(step, "steps", [step])
+        ]
+    finally:
+        rig.close()
+    assert steps == ["dispatch", *dict.fromkeys(type(s).__name__.lower() for s in flat_steps)]
+    states = [step.state for step in flat_steps]
+    assert [Recover.state, Sweep.state, Verify.state] == states[:3]
+    assert set(states[3:]) == FINAL_STATES
+
+
+def google_error(status: int, reason: str) -> bytes:
+    errors = [{"message": "m", "domain": "usageLimits", "reason": reason}]
+    return json.dumps({"error": {"code": status, "message": "m", "errors": errors}}).encode()
+
+
+def lost(cause: BaseException) -> ResponseLostError:
+    return ResponseLostError("request written, then no response", host="h", cause=cause)
+
+
+#: What each row of the Gmail outcome table names, as the classifier is handed it.
+ROW_INPUTS: dict[str, list[BaseException | tuple[int, dict[str, str], bytes]]] = {
+    "no connection made (refused, DNS failure, connect timeout, TLS handshake failed)": [
+        ConnectionRefusedError(),
+        socket.gaierror(-2, "Name or service not known"),
+        NotSentError("connect timed out", host="h", cause=TimeoutError()),
+        NotSentError("TLS handshake failed", host="h", cause=ssl.SSLError()),
+        ssl.SSLCertVerificationError("certificate verify failed"),
+    ],
+    "request sent, then timeout / reset / closed without response": [
+        lost(TimeoutError()),
+        lost(ConnectionResetError()),
+        lost(http.client.RemoteDisconnected()),
+        TimeoutError(),
+        ConnectionResetError(),
+        http.client.RemoteDisconnected(),
+    ],
+    "2xx with a message id": [(200, {}, b'{"id": "18c0ffee"}'), (202, {}, b'{"id": "x1"}')],
+    "2xx without a readable id": [(200, {}, b"{}"), (200, {}, b"not json")],
+    "5xx": [(500, {}, b""), (502, {}, b""), (503, {}, b"")],
+    "429; 403 rateLimitExceeded / userRateLimitExceeded / dailyLimitExceeded": [
+        (429, {"Retry-After": "7"}, b""),
+        *((403, {}, google_error(403, r)) for r in ("rateLimitExceeded", "userRateLimitExceeded")),
+        (403, {}, google_error(403, "dailyLimitExceeded")),
+    ],
+    "400 and other 4xx": [
+        (400, {}, google_error(400, "invalidArgument")),
+        (403, {}, google_error(403, "forbidden")),
+        (404, {}, b""),
+    ],
+}
+
+
+def said(cell: str) -> dict[str, object]:
+    """What an outcome cell says, as SendOutcome fields."""
+    kind = CODE.findall(cell)[0]
+    fields: dict[str, object] = {"kind": SendKind(kind.lower())}
+    if kind == "Rejected":
+        fields |= {"transient": "transient" in cell, "unavailable": "unavailable" in cell}
+        assert fields["transient"] != ("permanent" in cell), cell
+    return fields
+
+
+def test_the_gmail_outcome_table_is_the_classification() -> None:
+    rows = keyed(section("how-it-works.md", "Outcome classification of a Gmail send"))
+    assert set(rows) == set(ROW_INPUTS)
+    for what, inputs in ROW_INPUTS.items():
+        for given in inputs:
+            if isinstance(given, BaseException):
+                outcome = classify_send_exception(given)
+            else:
+                outcome = classify_send_response(*given)
+            expected = said(rows[what][0])
+            assert {name: getattr(outcome, name) for name in expected} == expected, (what, given)
+    assert classify_send_response(429, {"Retry-After": "7"}, b"").retry_after == 7.0
+
+
+def test_the_guarantee_columns_and_the_crash_matrix_are_the_code_s() -> None:
+    header = next(
+        line for line in page("how-it-works.md").splitlines() if line.startswith("| promise")
+    )
+    assert CODE.findall(header) == list(get_args(OnUnknown))
+    tree = ast.parse((REPO / "tests" / "e2e" / "test_crash_matrix.py").read_text("utf-8"))
+    found = {
+        ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target): node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None
+    }
+    found = {name: list(ast.literal_eval(found[name])) for name in ("POINTS", "MODES")}
+    text = flat(section("how-it-works.md", "How each is tested"))
+    modes = re.search(r"for each of (.*?); each ends", text)
+    assert modes and re.split(r", | and ", modes.group(1)) == list(found["MODES"])
+    assert found["POINTS"] == ["after-claim", "after-send", "after-search"]
+
+
+# -- docs/architecture.md ------------------------------------------------------------------
+
+
+def test_the_layer_list_is_the_daemon_s_packages_and_modules() -> None:
+    block = section("architecture.md", "Layers and what each may import").split("```")[1]
+    daemon = SRC / "daemon"
+    assert set(re.findall(r"daemon/(\w+)/", block)) == {
+        p.name for p in daemon.iterdir() if (p / "__init__.py").is_file()
+    }
+    wiring = block.split("At its top level only the wiring:", 1)[1].split("Then one package")[0]
+    top = {p.name for p in daemon.glob("*.py")} - {"__init__.py", "__main__.py"}
+    assert set(re.findall(r"\w+\.py", wiring)) == top
+    for package in ("service_layer", "cli"):
+        listed = re.search(rf"daemon/{package}/: [^(]*\(([^);]*)", block, re.S)
+        modules = {p.stem for p in (daemon / package).glob("*.py")} - {"__init__"}
+        assert listed and set(re.findall(r"[a-z_]+", listed.group(1))) <= modules
+        assert modules - {"output", "parsers"} <= set(re.findall(r"[a-z_]+", listed.group(1)))
+
+
+def test_the_typed_decisions_table_is_the_job_s_commands_and_the_decision_types() -> None:
+    rows = table(section("architecture.md", "Typed decisions"))
+    [job] = [
+        n
+        for n in ast.walk(ast.parse((SRC / "ledger" / "job.py").read_text()))
+        if getattr(n, "name", "") == "SendJob"
+    ]
+    commands = {
+        node.name
+        for node in job.body  # type: ignore[attr-defined]
+        if isinstance(node, ast.FunctionDef)
+        and not node.name.startswith("_")
+        and not any(ast.unparse(d) == "property" for d in node.decorator_list)
+    }
+    assert {c for row in rows for c in re.findall(r"\(`(\w+)`", row[0])} == commands
+    kinds = {
+        name
+        for name, value in vars(decision_types).items()
+        if isinstance(value, type)
+        and value.__module__ == decision_types.__name__
+        and name[0] != "_"
+    }
+    assert {w for row in rows for w in re.findall(r"`([A-Z]\w+)", row[1])} - {"Resolution"} == kinds
+    reasons = {
+        r.strip()
+        for row in rows
+        for given in re.findall(r"Review\(([^)]*)\)", row[1])
+        for r in given.split("/")
+    }
+    reasons |= {r for row in rows for r in re.findall(r"Escalated\(([\w-]+)\)", row[2])}
+    assert reasons == {reason.value for reason in EscalationReason}
+
+
+def test_the_event_versions_are_the_classes() -> None:
+    text = flat(section("architecture.md", "Stored events keep loading"))
+    written = {name: int(n) for name, n in re.findall(r"`(\w+)` (?:is )?at version (\d+)", text)}
+    events = [
+        v
+        for v in vars(SendJob).values()
+        if isinstance(v, type) and issubclass(v, SendJob.Event | SendJob.Requested)
+    ]
+    versioned = {e.__name__: v for e in events if (v := getattr(e, "class_version", 1)) > 1}
+    assert written == versioned
+    for event in events:
+        for step in range(1, getattr(event, "class_version", 1)):
+            assert hasattr(event, f"upcast_v{step}_v{step + 1}"), (event, step)
+
+
+def test_a_new_provider_s_capabilities_are_the_port_s_with_the_defaults_written() -> None:
+    text = flat(section("architecture.md", "Adding a provider"))
+    listed = text.split("The capabilities, with their defaults:", 1)[1].split("2. ", 1)[0]
+    written = dict(re.findall(r"`(\w+)(?:\([^)]*\))?` \(([^):]*)", listed))
+    members = {n for n in dir(Provider) if n[0] != "_"} | set(Provider.__annotations__)
+    calls = {"send_raw", "search", "read_message_id", "close", "name"}
+    assert set(written) | {"readback_first"} == members - calls  # `a` / `b` (...): one row
+    base = type("Plain", (ProviderBase,), {"name": "plain"})()
+    shown = {
+        name: getattr(base, name)()
+        if name in ("drafts", "quota_available", "reserve_send", "scope")
+        else getattr(base, name)
+        for name in written
+        if name not in ("for_job", "delete_drafts", "ping")
+    }
+    shown |= {
+        "for_job": base.for_job("a@b.c", None) is base,
+        "delete_drafts": base.delete_drafts("<a@b>"),
+    }
+    meant = {"False": False, "None": None, "0.0": 0.0, "30 s": 30.0, "its name": "plain"}
+    meant |= {"itself": True, "none deleted": []}
+    assert {n: shown[n] for n, d in written.items() if d in meant} == {
+        n: meant[d] for n, d in written.items() if d in meant
+    }
+
+
+def test_every_invariant_names_a_test() -> None:
+    invariants = re.findall(
+        r"^(\d+)\. \*\*(.*?)(?=^\d+\. |\Z)", section("architecture.md", "Invariants"), re.M | re.S
+    )
+    assert [n for n, _ in invariants] == [str(n) for n in range(1, len(invariants) + 1)]
+    assert all(re.search(r"`tests/[\w/]*", body) for _, body in invariants)
+
+
+# -- docs/providers.md ---------------------------------------------------------------------
+
+
+def test_the_kinds_and_what_each_does_are_the_providers() -> None:
+    """The table's outcomes are the classifiers' (tests/unit/test_smtp_classify.py,
+    test_graph_classify.py); here, what it names: kinds, stages, read-back and scopes."""
+    intro = flat(section("providers.md", "Providers", until=3))
+    named = re.search(r"chosen by `kind` in `\[providers\.NAME\]`: (.*?); a table", intro)
+    assert named and CODE.findall(named.group(1)) == list(_PROVIDER_TAGS)
+    rows = keyed(section("providers.md", "What each kind does"))
+    readable = [GmailProvider, SmtpImapProvider, GraphProvider]
+    said = [not cell.startswith("none:") for cell in rows["read-back of the Message-ID"]]
+    assert said == [p.response_ids_readable for p in readable]
+    stages = re.search(r"to ((?:[A-Z]+, )*[A-Z]+ or [A-Z]+);", rows["not sent"][1])
+    named = re.split(r", | or ", stages.group(1)) if stages else []
+    assert named and all({"EHLO": "HELLO"}.get(n, n) in Stage.__members__ for n in named)
+    setup = flat(section("providers.md", "Gmail setup", until=6))
+    assert re.findall(r"`(https://www.googleapis.com/auth/[a-z.]+)`", setup) == SCOPES
+    assert [*SCOPES, COMPOSE_SCOPE] == DRAFT_SCOPES
+
+
+# -- docs/operations.md, docs/development.md, docs/performance.md -------------------------
+
+
+def test_the_fault_modes_and_open_states_are_the_code_s() -> None:
+    text = flat(page("operations.md"))
+    listed = text.split("Relay modes:", 1)[1].split("A comma-separated", 1)[0]
+    assert tuple(CODE.findall(listed)) == MODES
+    smtp_modes = re.search(r"behind the SMTP fault relay \(([^)]+)\)", text)
+    assert smtp_modes and tuple(smtp_modes.group(1).split(", ")) == SMTP_MODES
+    assert set(demo.SMTP_FAULTS) == set(SMTP_MODES)
+    assert set(demo.SEND_FAULTS) <= set(MODES)
+    outages = section("operations.md", "## Outages and quotas")
+    assert set(re.findall(r"`(circuit_\w+)`", outages)) <= set(DaemonSettings.model_fields)
+    assert set(re.findall(r"reason `([a-z-]+)`", outages)) <= {r.value for r in EscalationReason}
+    states = re.search(r"open jobs per state \(([^)]+)\)", text)
+    assert states and states.group(1).split(", ") == [str(s) for s in OPEN_STATES]
+
+
+def test_the_make_targets_bench_scripts_and_layout_are_the_tree_s() -> None:
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    text = page("development.md")
+    named = {
+        w
+        for line in re.findall(r"^make ([a-z0-9 _-]+?)\s*(?:#|$)", text, re.M)
+        for w in line.split()
+    }
+    named |= set(re.findall(r"`make ([a-z0-9_-]+)`", text))
+    assert named == set(re.findall(r"^([a-z][a-z0-9_-]*):", makefile, re.M))
+    bench = re.search(r"^bench:.*\n((?:\t.*\n?)*)", makefile, re.M)
+    listed = re.findall(
+        r"(bench/\w+\.py)", text.split("make bench", 1)[1].split("make test-py313")[0]
+    )
+    assert bench and listed == re.findall(r"(bench/\w+\.py)", bench.group(1))
+    deps = dict(re.findall(r"^([a-z$(][\w$()-]*):(.*)$", makefile, re.M))
+    installing = {t for t, d in deps.items() if {"$(STAMP)", "$(RUN_STAMP)"} & set(d.split())}
+    block = text.split("```sh", 1)[1].split("```", 1)[0]  # "every target above but ..."
+    listed = {w for line in re.findall(r"^make ([a-z0-9 _-]+)", block, re.M) for w in line.split()}
+    listed |= set(re.findall(r"`make ([a-z0-9_-]+)`", block))
+    assert installing - {"$(STAMP)"} == listed - {"clean", "test-py313"}
+    assert deps["demo"].split() == deps["try"].split() == ["$(RUN_STAMP)"]  # only what runs
+    runtime = re.search(r"^\$\(RUN_STAMP\):.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert runtime and " -e ." in runtime.group(1) and "[test]" not in runtime.group(1)
+    assert "$(RUN_STAMP)" in deps["$(STAMP)"]
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe and [line.split()[-1] for line in recipe.group(1).splitlines()] == [
+        "test-py313",
+        "tests",
+        "typecheck",
+    ]
+    pg = section("development.md", "The private PostgreSQL")
+    default = re.search(r"`(postgresql://[^`]+)`", flat(pg).replace(" ", ""))
+    assert default and default.group(1) in (REPO / "tests" / "conftest.py").read_text()
+    packages = re.search(r"^TEST_PACKAGES := (.*(?:\\\n.*)*)", makefile, re.M)
+    assert packages and {"postgresql-15", "postfix", "dovecot-imapd"} <= set(
+        packages.group(1).split()
+    )
+    ci = [
+        line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and line[0] != "#"
+    ]
+    assert ci[-2:] == ['export CI="${CI:-true}"', "exec make test"]
+    parts = re.findall(
+        r"`bench/(\w+\.py)`\)?[ ,]*\(?(?:part of|in) `make bench`", page("performance.md")
+    )
+    assert parts and all(f"bench/{script}" in bench.group(1) for script in parts)
+    layout = section("development.md", "Layout")
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    assert set(re.findall(r"^- `src/([\w/]+)/`", layout, re.M)) == packages | {"ledger/stores"}
+    rooms = {p.name for p in (SRC / "daemon").iterdir() if (p / "__init__.py").is_file()}
+    assert (
+        set(re.findall(r"`(\w+)/`", layout.split("- `src/daemon/`", 1)[1].split("\n- ")[0]))
+        == rooms
+    )
+
+
+def bench_options(script: str) -> set[str]:
+    tree = ast.parse((REPO / "bench" / script).read_text(encoding="utf-8"))
+    return {
+        str(arg.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
+        for arg in node.args[:2]
+        if isinstance(arg, ast.Constant) and str(arg.value).startswith("--")
+    }
+
+
+def test_every_bench_option_and_variant_the_performance_page_names_exists() -> None:
+    text, where, wrong = flat(page("performance.md")), "", []
+    for span in CODE.findall(text):
+        first = span.removeprefix('HISTORY_ARGS="').split()[0]
+        if script := re.match(r"^(?:bench/)?(\w+\.py)\b", first):
+            where = script.group(1)
+        elif first in COMMANDS:
+            where = " ".join(w for w in span.split()[:2] if not w.startswith("-"))
+        elif span.startswith('HISTORY_ARGS="'):
+            where = "history.py"
+        for option in set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", span)) - {"--variant"}:
+            if where.endswith(".py"):
+                known = bench_options(where)
+            else:
+                words = where.split()
+                parser = build_parser(words[0])
+                for word in words:
+                    sub = next(
+                        a
+                        for a in parser._actions
+                        if hasattr(a, "choices") and isinstance(a.choices, dict)
+                    )
+                    parser = sub.choices.get(word, parser)
+                known = {o for a in parser._actions for o in a.option_strings}
+            if option not in known:
+                wrong.append(f"`{span}`: {option} of {where or 'nothing'}")
+    assert wrong == []
+    variants = set(re.findall(r"`--variant ([\w-]+)`", text)) - {
+        "email-package-mime"
+    }  # gone, said so
+    tree = ast.parse((REPO / "bench" / "pipeline.py").read_text(encoding="utf-8"))
+    offered = next(
+        n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "VARIANTS"
+    )
+    assert isinstance(offered, ast.Dict) and variants == {
+        ast.literal_eval(k) for k in offered.keys if k
+    }
+    assert Path(__file__).name  # the page's tables each name the script that measured them
+    for lead_in, rows in zip(
+        *[iter(re.split(r"\n((?:\|.*\n)+)", page("performance.md")))] * 2, strict=False
+    ):
+        assert re.search(r"`(?:bench/)?\w+\.py", lead_in.rsplit("\n\n", 1)[-1] + rows), lead_in[
+            -200:
+        ]

@@ -1,0 +1,375 @@
+"""The examples of the docs run as printed (docs/development.md "Writing the docs"): every
+`sendledger ...` command a page shows parses with the real parser and names real fault
+modes; the example config, policy, store URLs, durations and Message-ID are what the code
+takes and makes; the Python client's example binds to its signatures; the webhook
+verification snippet takes a delivery once; the payload and /healthz answers are the
+shapes shown; the quick start and the systemd steps are what `init` writes; and each of
+the ten errors of docs/troubleshooting.md, made the way a newcomer makes it, is the line
+the page quotes, word for word (the folder written /srv/mail, a port 8025)."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import inspect
+import io
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import sys
+import tomllib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from tests.unit.docs_page import PAGES, REPO, flat, page, section
+from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.test_api_routes import AUTH, api_context
+from tests.unit.test_docs_settings import KINDS, SECTIONS
+
+from daemon import runtime
+from daemon.api.app import create_app
+from daemon.bootstrap import bootstrap, build_provider
+from daemon.cli import COMMANDS, build_parser, main
+from daemon.cli.init_command import FIRST_KEY, config_text, installation, planned_files, unit_text
+from daemon.config.settings import ConfigError, settings_from_dict
+from daemon.engine.circuit import OpenCircuit
+from daemon.from_settings import load_policies, open_ledger, settings_for
+from daemon.webhooks.events import REJECTED_CODES, event_id_for, payload
+from daemon.webhooks.signing import new_secret, signed_headers
+from ledger.addresses import parse_mailbox
+from ledger.message_id import message_id_for
+from ledger.stores import IdentityTaken
+from ledger.stores.url import parse_store_url
+from policies.durations import parse_duration
+from policies.loader import PolicyLoadError, load_policy_dir, load_policy_file
+from policies.model import ChannelPolicy
+from sendledger.client import Client
+from testkit.credentials import write_service_account
+from testkit.relay import MODES
+
+
+def commands(text: str) -> list[list[str]]:
+    """The `sendledger ...` commands of a text's shell blocks and code spans, as argv (the
+    words after the program, a line's first word or after `sudo`; continuations joined,
+    comments and `[optional]` parts dropped)."""
+    found = []
+    spans = re.findall(r"`(sendledger [^`]+)`", flat(re.sub(r"```.*?```", "", text, flags=re.S)))
+    for block in [*re.findall(r"```sh\n(.*?)```", text, re.S), *spans]:
+        for line in block.replace("\\\n", " ").splitlines():
+            lexer = shlex.shlex(re.sub(r"\[[^\]]*\]", "", line), posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            words: list[str] = []
+            redirected = False  # `> store.key`: the rest is the shell's
+            for word in [*lexer, ";"]:
+                if word not in (";", "&&", "&", "|"):
+                    redirected = redirected or word[0] in "<>"
+                    words += [] if redirected else [word]
+                    continue
+                redirected = False
+                for i, program in enumerate(words):
+                    named = program == "sendledger" or program.endswith("/bin/sendledger")
+                    if named and words[:i] in ([], ["sudo"]):
+                        found.append(words[i + 1 :])
+                        break
+                words = []
+    return found
+
+
+def test_every_command_a_page_shows_parses_and_names_real_fault_modes() -> None:
+    shown = [argv for path in PAGES for argv in commands(path.read_text(encoding="utf-8"))]
+    assert len(shown) > 40
+    names = {"NAME": "ops", "HOST:PORT": "127.0.0.1:8025", "KEY": "k", "DIR": "d"}
+    for argv in shown:  # a|b|c: one of them; a bare command's name: a mention of it
+        argv = [names.get(word, word).split("|")[0] for word in argv]
+        command = next((w for w in argv if not w.startswith("-") and not w.endswith(".toml")), "")
+        if command == "COMMAND" or (argv == [command] and command in COMMANDS):
+            continue
+        args = build_parser(command).parse_args(argv)
+        for kind in ("send", "search", "token", "other"):
+            assert set(filter(None, (getattr(args, kind, None) or "").split(","))) <= set(MODES)
+
+
+def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_code_s(
+    tmp_path: Path,
+) -> None:
+    sections: dict[str, str] = {}
+    current = ""
+    for line in (REPO / "config.example.toml").read_text(encoding="utf-8").splitlines():
+        if header := re.fullmatch(r"#? ?\[([a-z]+)(?:\.[a-z0-9]+)?\]", line.strip()):
+            current = header.group(1)
+        elif current == "providers" and (kind := re.fullmatch(r'kind = "([a-z-]+)"', line)):
+            current = kind.group(1)
+        sections[current] = sections.get(current, "") + line + "\n"
+    for prefix, model in [*SECTIONS.items(), *KINDS.items()]:
+        for field in model.model_fields:
+            assert re.search(rf"^#? ?{field} =", sections[prefix.split(".")[0]], re.M), (
+                prefix,
+                field,
+            )
+    block = page("policies.md").split("```toml\n", 1)[1].split("```", 1)[0]
+    fields = {(info.alias or name) for name, info in ChannelPolicy.model_fields.items()}
+    assert set(tomllib.loads(block)) == fields
+    (tmp_path / "receipts.toml").write_text(block, encoding="utf-8")
+    assert load_policy_file(tmp_path / "receipts.toml").give_up_after == 4 * 3600
+    assert set(load_policy_dir(REPO / "examples" / "policies")) == {"payouts", "receipts"}
+    quoted = re.search(r"\(`(receipts\.toml:search_after: [^`]+)`\)", page("policies.md"))
+    (tmp_path / "receipts.toml").write_text(block.replace('"5m"', '"30d"', 1), encoding="utf-8")
+    with pytest.raises(PolicyLoadError) as refused:
+        load_policy_dir(tmp_path)
+    assert quoted and str(refused.value).endswith(quoted.group(1))
+    urls = re.findall(
+        r"`((?:sqlite|postgresql|memory):[^`]*)`", section("architecture.md", "Stores")
+    )
+    assert len(urls) == 5
+    for url in urls:
+        parse_store_url(url.replace("relative/path", "x.sqlite").replace("/absolute/path", "/x"))
+    line = next(x for x in page("configuration.md").splitlines() if x.startswith("Durations are "))
+    assert [parse_duration(f) for f in re.findall(r'`"([^"]+)"`', line)] == [
+        0.25,
+        30,
+        300,
+        3600,
+        86400,
+    ]
+    shown = re.search(
+        r"Key `([^`]+)` on `([^`]+)` is always `([^`]+)`", flat(page("how-it-works.md"))
+    )
+    assert shown and message_id_for(*shown.groups()[:2]) == shown.group(3)
+    digest = hashlib.sha256(shown.group(1).encode("utf-8")).hexdigest()[:32]
+    assert shown.group(3) == f"<job-{digest}@{shown.group(2)}>"
+
+
+def test_a_fifo_as_a_secret_is_refused_in_the_page_s_words(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "sa.json")
+    settings = settings_from_dict(
+        {"providers": {"support": {"credentials_file": "sa.json"}}},
+        config_path=tmp_path / "sendledger.toml",
+    )
+    with pytest.raises(ConfigError) as refused:
+        build_provider(settings, "support")
+    printed = str(refused.value).replace(str(tmp_path), "/etc/sendledger")
+    assert printed in flat(page("configuration.md"))
+
+
+def test_the_client_example_binds_to_the_client_s_signatures() -> None:
+    block = section("http-api.md", "## Python client").split("```python\n", 1)[1].split("```")[0]
+    bound = []
+    for node in ast.walk(ast.parse(block)):
+        if isinstance(node, ast.Call) and (called := ast.unparse(node.func)).startswith(
+            ("Client", "client.")
+        ):
+            function = Client.__init__ if called == "Client" else getattr(Client, called[7:])
+            keywords = {k.arg: None for k in node.keywords if k.arg}
+            inspect.signature(function).bind(None, *node.args, **keywords)
+            bound.append(called)
+    assert len(bound) == 1 + len(re.findall(r"client\.(\w+)\(", block))
+
+
+@pytest.fixture(scope="module")
+def rig() -> Iterator[EngineRig]:
+    with contextlib.closing(EngineRig(policy("legal"))) as rig:
+        yield rig
+
+
+def test_the_webhook_examples_are_what_a_receiver_gets_and_the_snippet_takes_it_once(
+    rig: EngineRig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = section("http-api.md", "## Webhooks")
+    examples = [json.loads(block.split("```", 1)[0]) for block in text.split("```json\n")[1:]]
+    rig.submit("legal", "order-1042")
+    job = rig.ledger.get_job("order-1042")
+    [requested] = rig.ledger.history("order-1042")
+    sent = payload("confirmed", job, requested, event_id_for(job.id, job.version))
+    assert all(list(example) == list(sent) for example in examples)
+    [rejected] = [e for e in examples if e["type"] == "rejected"]
+    assert rejected["reason"] in REJECTED_CODES and rejected["detail"]
+    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "hook.verify(" in b]
+    secret = new_secret()
+    (tmp_path / "webhook-secret").write_text(secret + "\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    handled: list[dict[str, Any]] = []
+    scope: dict[str, Any] = {
+        "already_seen": lambda event_id: event_id in {e["event_id"] for e in handled},
+        "handle": handled.append,
+    }
+    exec(snippet, scope)
+    body = json.dumps({"type": "confirmed", "key": "order-1042", "event_id": "evt_1_4"})
+    headers = signed_headers(secret, "evt_1_4", datetime.now(UTC), body)
+    assert scope["receive"](body.encode(), headers) == 204
+    assert scope["receive"](body.encode(), headers) == 204
+    assert [e["key"] for e in handled] == ["order-1042"]
+    assert scope["receive"](body.replace("1042", "1043").encode(), headers) == 401
+
+
+@pytest.mark.parametrize("open_circuits", [0, 1])
+def test_healthz_without_a_token_is_the_brief_shown(rig: EngineRig, open_circuits: int) -> None:
+    row = next(r for r in page("http-api.md").splitlines() if r.startswith("| `GET /healthz`"))
+    brief = re.search(r"Without a token only `(.+?)`;", row)
+    assert brief is not None
+    opened = OpenCircuit("gmail", datetime(2026, 1, 1, tzinfo=UTC), 3, datetime.now(UTC), False)
+    ctx = api_context(rig)
+    ctx.health.tick_age = lambda: 0.5
+    ctx.health.circuits = lambda: [opened] * open_circuits
+    with TestClient(create_app(ctx)) as client:
+        anonymous, detailed = client.get("/healthz"), client.get("/healthz", headers=AUTH)
+    assert anonymous.status_code == detailed.status_code == 200
+    assert anonymous.json() == json.loads(brief.group(1).replace('{"ok", ', '{"ok": true, '))
+    assert len(detailed.json()["checks"]["circuits"]) == open_circuits
+
+
+def test_the_quick_start_and_the_systemd_steps_are_what_init_writes(tmp_path: Path) -> None:
+    quick = section("README.md", "## Quick start").split("```sh\n", 1)[1].split("```", 1)[0]
+    config = config_text("gmail", parse_mailbox("you@example.com"))
+    marked = re.findall(r"^# EDIT.*\n(?:#.*\n)*([a-z_]+) =", config, re.M)
+    assert (
+        marked == ["credentials_file", "user"] and "marked EDIT: credentials_file and user" in quick
+    )
+    [credentials] = re.findall(r'credentials_file = "([^"]+)"', config)
+    assert f"chmod 600 mail/{credentials}" in quick and f"status {FIRST_KEY} " in quick
+    steps = section("operations.md", "## Running under systemd")
+    written = {
+        p.path: p
+        for p in planned_files("gmail", parse_mailbox("you@example.com"), installation(tmp_path))
+    }
+    assert {"sendledger.toml", "api-tokens", "sendledger.service"} <= set(written)
+    assert (
+        credentials not in written and f"install -m 600 {credentials} /var/lib/sendledger/" in steps
+    )
+    unit = unit_text(installation(tmp_path)).splitlines()
+    packaged = (REPO / "packaging" / "sendledger.service").read_text(encoding="utf-8").splitlines()
+    watchdog = re.search(r"`(WatchdogSec=\d+)`", steps)
+    assert watchdog and all({"Type=notify", watchdog.group(1)} <= set(u) for u in (unit, packaged))
+    layout = re.search(r"layout of `(/opt/[^`]+)` and `(/etc/[^`]+)`", flat(steps))
+    assert layout and f"ExecStart={layout[1]}/bin/sendledger --config {layout[2]} run" in packaged
+    ports = {
+        kind: {
+            int(p) for path in PAGES for p in re.findall(pattern, path.read_text(encoding="utf-8"))
+        }
+        for kind, pattern in (
+            ("api", r"listen[`\s|=\"]+[^0-9\n]*127\.0\.0\.1:(\d+)"),
+            ("emulator", r"sendledger emulator \w+ --port (\d+)"),
+            ("relay", r"sendledger relay [^\n]*?--port (\d+)"),
+        )
+    }
+    ports["api"] |= {int(p) for p in re.findall(r'listen = "[^":]+:(\d+)"', config)}
+    assert all(ports.values()) and not (
+        ports["api"] & ports["emulator"] | ports["api"] & ports["relay"]
+    )
+    assert not ports["emulator"] & ports["relay"]
+
+
+# -- docs/troubleshooting.md: the ten errors ---------------------------------------------
+
+
+def quoted() -> dict[str, str]:
+    found = re.findall(r"^### \d+\. (.+)\n\n```\n(.+)\n```$", page("troubleshooting.md"), re.M)
+    assert len(found) == 10
+    return dict(found)
+
+
+def said(*argv: str, cwd: Path, stdin: str = "") -> tuple[int, str]:
+    """Exit code and stderr of `sendledger ARGV` run in this process (its signal handlers
+    and stdin put back after)."""
+    err = io.StringIO()
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    before = sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        with (
+            contextlib.chdir(cwd),
+            contextlib.redirect_stderr(err),
+            contextlib.redirect_stdout(io.StringIO()),
+        ):
+            code = main(list(argv))
+    finally:
+        sys.stdin = before
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
+    return code, err.getvalue().strip()
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("SENDLEDGER_CONFIG", raising=False)
+    assert (
+        said("init", str(tmp_path / "site"), "--mailbox", "support@example.com", cwd=tmp_path)[0]
+        == 0
+    )
+    return tmp_path / "site"
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    path.write_text(path.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
+
+
+def test_the_ten_errors_are_the_lines_the_page_quotes(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines, config = quoted(), site / "sendledger.toml"
+    (site.parent / "mail").mkdir()
+    job = json.loads((site / "first-job.json").read_text(encoding="utf-8"))
+    made = {
+        "No config": said("status", "first-job-1", cwd=site.parent / "mail"),
+        "No store yet": said("status", "first-job-1", cwd=site),
+        "No credentials file": said("run", cwd=site),
+        "A channel without a policy": said(
+            "submit", "-", cwd=site, stdin=json.dumps({**job, "channel": "receipt"})
+        ),
+        "A job with several problems": said(
+            "submit", "-", cwd=site, stdin=json.dumps({**job, "to": "nope", "subject": "a\nb"})
+        ),
+    }
+    assert said("submit", str(site / "first-job.json"), cwd=site)[0] == 0
+    code, text = said("submit", "-", cwd=site, stdin=json.dumps({**job, "subject": "Another"}))
+    made["The same key with other content"] = (
+        code,
+        re.sub(r"sha256:[0-9a-f]+", "sha256:...", text),
+    )
+    write_service_account(site / "gmail-service-account.json", token_uri="http://127.0.0.1:1/t")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        edit(config, "127.0.0.1:8025", f"127.0.0.1:{port}")
+        code, text = said("run", cwd=site)
+    made["The API's port is taken"] = (code, text.replace(f":{port} ", ":8025 "))
+    edit(config, 'policies_dir = "policies"', 'policies_dir = "policies"\nname = "mail-1"')
+    monkeypatch.setattr(runtime, "check_provider_access", lambda providers: None)
+    settings = settings_for(str(config))
+    with open_ledger(settings) as first, open_ledger(settings) as second:
+        held = first.hold_identity("mail-1")
+        service = bootstrap(settings, ledger=second, policy_loader=lambda: load_policies(settings))
+        try:
+            with pytest.raises(IdentityTaken) as refused:
+                runtime.start_up(service)
+        finally:
+            service.close()
+            held.release()
+    made["A second daemon with the same name"] = (3, f"sendledger: {refused.value}")
+    edit(config, "credentials_file =", "credential_file =")
+    made["A misspelled key"] = said("policy", "check", cwd=site)
+    with (
+        contextlib.closing(EngineRig(policy("receipts"))) as rig,
+        TestClient(create_app(api_context(rig))) as client,
+    ):
+        answer = client.post("/v1/jobs", json={})
+    made["No token on an HTTP request"] = (answer.status_code, json.dumps(answer.json()))
+    codes = {"The same key with other content": 3, "A second daemon with the same name": 3}
+    codes["No token on an HTTP request"] = 401
+    assert set(made) == set(lines)
+    for title, (code, text) in made.items():
+        assert (
+            code,
+            text.replace(str(site.parent / "mail"), "/srv/mail").replace(str(site), "/srv/mail"),
+        ) == (
+            codes.get(title, 2),
+            lines[title],
+        ), title

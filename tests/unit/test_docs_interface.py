@@ -1,0 +1,415 @@
+"""The user interface as the docs list it, against the code that serves it, both ways
+(docs/development.md "Writing the docs"): docs/cli.md's command list (every command, option,
+argument and choice of the parser), its exit codes and the help's, the job's fields and
+limits, and the JSON each command is shown to print; docs/http-api.md's routes with their
+statuses and bodies (the OpenAPI document the app serves), errors, roles, listing, the
+Python client's calls and errors, the metrics (the registry /metrics renders) and the
+webhook tables; docs/review.md's reasons and actions."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+from collections.abc import Iterator
+from contextlib import closing
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.metrics import MetricWrapperBase
+from tests.unit.docs_page import CODE, REPO, flat, keyed, page, section, table
+from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.test_api_routes import api_context
+from tests.unit.test_services import LEGAL, OTHER, in_review, services
+
+import daemon.cli
+from daemon import exit_codes
+from daemon.api import jobs, review
+from daemon.api.app import create_app
+from daemon.api.auth import Role
+from daemon.api.errors import _STATUS
+from daemon.api.metrics import Metrics, Sources, _StoreGauges
+from daemon.api.roles import ROUTE_ROLES
+from daemon.cli.job_commands import _EXIT_CODES
+from daemon.doubles.fake_provider import Scripted
+from daemon.engine.circuit import OpenCircuit
+from daemon.service_layer.guidance import MEANING, NEXT
+from daemon.service_layer.read_models import event_record, job_status, review_rows
+from daemon.service_layer.services import CheckAnswer, Copy, Refusal, TriageItem
+from daemon.webhooks.events import REJECTED_CODES, WEBHOOK_EVENTS, WEBHOOK_TYPES
+from daemon.webhooks.status import webhook_status
+from ledger import addresses, attachments, content, extra_headers
+from ledger.application import SubmitResult
+from ledger.job import SendJob
+from ledger.vocabulary import EscalationReason
+from sendledger import client as client_module
+from sendledger.client import ApiError, Client, ClientError
+
+OPTION = re.compile(r"--[a-z][a-z-]*")
+
+
+# -- docs/cli.md: the command list ------------------------------------------------------------
+
+
+def documented() -> dict[tuple[str, ...], list[str]]:
+    """Each command path of the list with its entry's lines (a command listed in two forms
+    has both); an option its description names is the command's too."""
+    block = section("cli.md", "## Command line", until=6).split("```\n", 1)[1].split("```")[0]
+    entries: dict[tuple[str, ...], list[str]] = {}
+    current: list[str] = []
+    for line in block.splitlines():
+        if line.startswith("sendledger"):
+            words = re.match(r"sendledger((?: [a-z][a-z-]*)*)", line)
+            current = entries.setdefault(tuple(words.group(1).split()) if words else (), [])
+        current.append(line)
+    return entries
+
+
+def synopsis(path: tuple[str, ...]) -> str:
+    """The command's own lines: its options and arguments, without the description."""
+    lines = documented()[path]
+    own = [line for line in lines if line.startswith("sendledger") or re.match(r"\s+\[", line)]
+    return " ".join(re.split(r"\s{3,}", line.strip())[0] for line in own)
+
+
+def parsers() -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    """The parser of every command path that runs something (() is the top level)."""
+    found: dict[tuple[str, ...], argparse.ArgumentParser] = {}
+
+    def walk(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
+        if path == () or parser.get_default("func") is not None:
+            found[path] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(child, (*path, name))
+
+    walk(daemon.cli.build_parser(), ())
+    return found
+
+
+def shown_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """--help is argparse's; a suppressed option (--config after a command) the top's."""
+    hidden = argparse._HelpAction | argparse._SubParsersAction
+    return [a for a in parser._actions if not isinstance(a, hidden) and a.help != "==SUPPRESS=="]
+
+
+def test_every_command_option_argument_and_choice_is_listed_as_the_parser_has_it() -> None:
+    listed, commands = documented(), parsers()
+    assert set(listed) == set(commands)
+    for path, parser in commands.items():
+        actions = shown_actions(parser)
+        options = {o for a in actions for o in a.option_strings if o.startswith("--")}
+        assert set(OPTION.findall(" ".join(listed[path]))) - {"--help"} == options, path
+        line = synopsis(path)
+        for action in actions:
+            if not action.option_strings:  # a positional: in brackets when optional
+                name = str(action.metavar or action.dest).upper()
+                pattern = rf"\[{name}\b" if action.nargs == "?" else rf"(?<!\[){name}\b"
+                assert re.search(pattern, line), (path, name)
+            elif action.required:
+                assert re.search(rf"(?<!\[){action.option_strings[0]}\b", line), path
+        by_option = {o: a for a in actions for o in a.option_strings}
+        for option, written in re.findall(r"(--[a-z-]+)[ =]([a-z][\w-]*(?:\|[a-z][\w-]*)+)", line):
+            assert set(written.split("|")) == set(by_option[option].choices or ()), option
+
+
+def test_the_exit_codes_are_the_cli_s_and_the_help_s() -> None:
+    rows = keyed(section("cli.md", "### Exit codes"), "Code")
+    constants = {v for k, v in vars(exit_codes).items() if k.startswith("EXIT_")}
+    assert {int(code) for code in rows} == constants | {130}
+    assert set(_EXIT_CODES.values()) <= constants
+    epilog = daemon.cli.build_parser().epilog or ""
+    assert {int(code) for code in re.findall(r"\b(\d+) [a-z]", epilog)} == constants | {130}
+    # docs/architecture.md "One service layer": each refusal's exit code and HTTP status.
+    layer = " ".join(section("architecture.md", "One service layer").split())
+    said = {int(c): int(s) for c, s in re.findall(r": (?:exit )?(\d) / (\d{3})\b", layer)}
+    assert said == {_EXIT_CODES[r]: _STATUS[r] for r in Refusal}
+
+
+def test_the_job_fields_and_limits_are_the_intake_s() -> None:
+    text = section("cli.md", "### Message fields", until=3)
+    required = re.search(r"Required: ((?:`\w+`(?:,\s)?)+)\.", text)
+    optional = re.search(r"Optional: ((?:`\w+`,\s)+)and:", text)
+    assert required and optional
+    assert CODE.findall(required.group(1)) == list(content.REQUIRED_FIELDS)
+    rows = keyed(text, "Field")
+    assert sorted(CODE.findall(optional.group(1)) + list(rows)) == sorted(content.OPTIONAL_FIELDS)
+    allowed = re.match(r"`\{\"Name\": \"value\"\}`: (.+?) \(at most", rows["headers"][0])
+    listed = re.findall(r"`([\w-]+)`", allowed.group(1)) if allowed else []
+    assert listed == list(extra_headers.ALLOWED_HEADERS.values()) and "`X-*`" in rows["headers"][0]
+    owned = re.search(r"\(`headers\.Message-ID: [^`]+`; also (.+?): use", " ".join(text.split()))
+    assert owned and "any `Content-*`" in owned.group(1)
+    named = {"message-id", *(n.lower() for n in re.findall(r"`([\w-]+)`", owned.group(1)))}
+    assert named == extra_headers.OWNED_HEADERS
+    quoted = re.search(r"display name with any of (.+?) must be in double", flat(page("cli.md")))
+    assert quoted and set(re.findall(r"`(.)`", quoted.group(1))) == addresses._SPECIALS
+    limits = {
+        "subject": [content.MAX_SUBJECT],
+        "one extra header value": [content.MAX_HEADER_VALUE],
+        "extra headers": [content.MAX_EXTRA_HEADERS],
+        "extra header name": [extra_headers.MAX_HEADER_NAME],
+        "an address as typed, display name included": [content.MAX_ADDRESS_TEXT],
+        "references": [content.MAX_REFERENCES, extra_headers.MAX_MESSAGE_ID],
+        "attachment file name": [attachments.MAX_FILENAME],
+        "the whole message": [25],  # the gmail default, checked in test_docs_settings
+    }
+    written = table(section("cli.md", "#### Limits"), "What")
+    numbers = {
+        row[0]: [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", row[1])]
+        for row in written
+    }
+    assert numbers == limits
+
+
+# -- docs/cli.md: the JSON each command is shown to print ------------------------------------
+
+
+def shown(path: tuple[str, ...], after: str = "") -> list[str]:
+    """The quoted names of the first `{...}` of a command's entry (after `after`)."""
+    text = " ".join(line.strip() for line in documented()[path])
+    text = text.split(after, 1)[1] if after else text
+    start = end = text.index("{")
+    depth = 0
+    while True:
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return re.findall(r'"(\w+)"', text[start : end + 1])
+        end += 1
+
+
+@pytest.fixture(scope="module")
+def rig() -> Iterator[EngineRig]:
+    with closing(EngineRig(policy("receipts", on_unknown="review"))) as rig:
+        yield rig
+
+
+def test_each_command_prints_the_fields_the_list_shows(rig: EngineRig) -> None:
+    submitted = SubmitResult(key="k", message_id="<m@x>", state="requested", created=True)
+    assert shown(("submit",)) == list(submitted.as_dict())
+    rig.submit("receipts", "shown")
+    rig.provider.script(Scripted.lost_request())
+    rig.tick()
+    status = job_status(rig.job("shown"))
+    assert [f for f in shown(("status",)) if f != "send_at"] == list(status)
+    assert shown(("status",), after='"purged":') == ["at", "by"]
+    history = list(event_record(rig.ledger.history("shown")[0]))[:3]
+    assert history == shown(("history",), after="oldest first:")
+    [row] = review_rows(rig.ledger)
+    assert list(row) == [f for f in shown(("review", "list")) if f != "send_at"]
+    answer = CheckAnswer("k", "review", "<m@x>", "q", [Copy("p", "d", "t", "s")], True).as_dict()
+    check = shown(("review", "check"))
+    assert [f for f in check if f not in ("provider_id", "date", "to", "subject")] == list(answer)
+    assert check[check.index("copies") + 1 :][:4] == list(answer["copies"][0])
+    item = TriageItem("k", "c", None, 0, [], "left", "none found: left in review")
+    assert shown(("review", "triage"), after="--json:") == list(item.as_dict())
+
+
+# -- docs/http-api.md ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def document(rig: EngineRig) -> dict[str, Any]:
+    with TestClient(create_app(api_context(rig))) as client:
+        answer: dict[str, Any] = client.get("/v1/openapi.json").json()
+        return answer
+
+
+def operations(document: dict[str, Any]) -> dict[str, set[int]]:
+    """`METHOD path` -> the statuses the document lists for it."""
+    return {
+        f"{method.upper()} {path}": {int(s) for s in op["responses"]}
+        for path, item in document["paths"].items()
+        for method, op in item.items()
+    }
+
+
+def names(text: str) -> list[str]:
+    return re.findall(r'"(\w+)"', text)
+
+
+def properties(document: dict[str, Any], schema: str) -> list[str]:
+    return list(document["components"]["schemas"][schema]["properties"])
+
+
+def test_the_route_table_is_the_openapi_document(document: dict[str, Any]) -> None:
+    rows = {
+        route: cells[0]
+        for route, cells in keyed(section("http-api.md", "## HTTP API"), "route").items()
+    }
+    served = operations(document)
+    assert set(rows) == set(served) | {"GET /v1/openapi.json"}
+    # Statuses stated for every route instead: 400 (trusted hosts), 401, 403, 413, 422.
+    for route, statuses in served.items():
+        said = {int(s) for s in re.findall(r"(?<![\d.,])([1-5]\d\d)(?!\d|[.,]\d)", rows[route])}
+        assert said <= statuses and statuses - {200, 400, 401, 403, 413, 422} <= said, route
+    listing = rows["GET /v1/jobs"].split("`", 2)[1]
+    outer, inner = listing.split("[{", 1)
+    assert names(inner.split("}]", 1)[0]) == properties(document, "ListedJob")
+    assert names(outer + inner.split("}]", 1)[1]) == properties(document, "JobList")
+    check = rows["POST /v1/review/{key}/check"].split("`", 2)[1]
+    assert names(check.split("[{", 1)[1].split("}]", 1)[0]) == properties(document, "CopyOut")
+    request, answer = re.findall(r"`(\{[^`]+\})`", rows["POST /v1/review/triage"])
+    assert names(request) == properties(document, "TriageIn")
+    assert names(answer) == properties(document, "TriageItemOut")
+    resolve = names(rows["POST /v1/review/{key}/resolve"].split("`", 2)[1])
+    assert [n for n in resolve if n not in ("sent", "resend", "abandon")] == properties(
+        document, "ResolveIn"
+    )
+    assert names(rows["POST /v1/jobs/{key}/cancel"]) == properties(document, "CancelIn")
+    params = {p["name"] for p in document["paths"]["/v1/jobs"]["get"]["parameters"]}
+    query = re.search(r"`GET /v1/jobs\?([^`]+)`", section("http-api.md", "### Listing jobs"))
+    assert query and {part.rstrip("=") for part in query.group(1).split("&")} == params
+
+
+def test_the_error_table_is_every_status_the_routes_answer(document: dict[str, Any]) -> None:
+    rows = keyed(section("http-api.md", "### Errors and statuses"), "status")
+    errors = {s for statuses in operations(document).values() for s in statuses if s >= 400}
+    # No route of the document gives Starlette's 405 (re-worded) or the sign-in limit's 429.
+    assert {int(status) for status in rows} == errors | {405, 429}
+    assert names(rows["422"][0].split("`", 2)[1]) == [
+        "error",
+        "errors",
+        "index",
+        "field",
+        "reason",
+        "count",
+    ]
+    assert properties(document, "Invalid") == ["error", "errors", "count"]
+    assert properties(document, "FieldError") == ["index", "field", "reason"]
+
+
+def test_the_roles_are_the_role_table() -> None:
+    roles = section("http-api.md", "### Roles")
+    assert list(keyed(roles, "role")) == [role.value for role in Role]
+    routes = set(keyed(roles, "route"))
+    assert {f"{m} {p}" for m, p in ROUTE_ROLES} == {r for r in routes if not r.startswith("/ui/")}
+    assert {f"{m} {p}": r.value for (m, p), r in ROUTE_ROLES.items()} == {
+        route: cells[0] for route, cells in keyed(roles, "route").items() if route[0] != "/"
+    }
+
+
+def test_the_client_s_calls_and_errors_are_the_client_s() -> None:
+    text = section("http-api.md", "## Python client")
+    also = CODE.findall(text.split("Also ", 1)[1].split(". Every", 1)[0])
+    called = set(re.findall(r"client\.(\w+)\(", text)) | {c for c in also if c.isidentifier()}
+    public = {n for n, _ in inspect.getmembers(Client, inspect.isfunction) if n[0] != "_"}
+    assert called == public
+    classes = {
+        name
+        for name, cls in vars(client_module).items()
+        if isinstance(cls, type) and issubclass(cls, ClientError) and not name.startswith("_")
+    }
+    named = {n for n in re.findall(r"`([A-Z]\w+)`", text) if n not in ("FieldError", "Client")}
+    assert named == classes
+    for name, statuses, applied in table(text, "Error"):
+        cls = getattr(client_module, name.strip("`"))
+        for code in (int(c) for c in re.findall(r"\d{3}", statuses)):
+            assert client_module._CLASSES.get(code, client_module.ServerError) is cls, code
+            assert applied.startswith("no") is (code in client_module._NOT_APPLIED), code
+    assert {row[0].strip("`") for row in table(text, "Error")} == classes - {
+        "ClientError",
+        "ApiError",
+    }
+    assert issubclass(client_module.Invalid, ApiError)
+
+
+def registry(metrics: Metrics) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name as exposed (counters with `_total`) -> (kind, label names)."""
+    found = {}
+    for wrapper in vars(metrics).values():
+        if isinstance(wrapper, MetricWrapperBase):
+            name = wrapper._name + ("_total" if wrapper._type == "counter" else "")
+            found[name] = (wrapper._type, tuple(wrapper._labelnames))
+    for family in _StoreGauges(metrics.sources).collect():
+        found[family.name] = (family.type, tuple(getattr(family, "_labelnames", ())))
+    return found
+
+
+def test_the_metric_table_is_the_registry_and_the_alerts_use_it(rig: EngineRig) -> None:
+    opened = OpenCircuit("fake", datetime(2026, 1, 1, tzinfo=UTC), 3, datetime.now(UTC), False)
+    daemon = Metrics(
+        Sources(rig.ledger, {"fake": rig.provider}, lambda: [], lambda: 1.0, lambda: [opened])
+    )
+    rows = keyed(section("http-api.md", "## Metrics"), "metric")
+    written = {
+        name: (kind, tuple(CODE.findall(labels.split("(")[0])))
+        for name, (kind, labels) in rows.items()
+    }
+    assert written == registry(daemon)
+    rendered = daemon.render().decode()
+    assert all(f"# TYPE {name} " in rendered for name in written)
+    # `sendledger api` has no engine: what it lacks is marked "daemon only" (or a circuit's).
+    api = registry(Metrics(Sources(rig.ledger, {"fake": rig.provider})))
+    for name in set(written) - set(api):
+        assert "daemon only" in rows[name][1] or rows[name][1].startswith("`scope`"), name
+    named = {
+        m
+        for name in ("performance.md", "operations.md")
+        for m in re.findall(r"`(sendledger_\w+)`", page(name))
+    }
+    assert named <= set(written)
+    alerts = (REPO / "docs" / "alerts.yml").read_text(encoding="utf-8")
+    exprs = " ".join(re.findall(r"^\s+expr: (.+)$", alerts, re.M))
+    assert re.findall(r"^\s+- alert: (\w+)$", alerts, re.M)
+    assert set(re.findall(r"sendledger_\w+", exprs)) <= set(written)
+
+
+def test_the_webhook_tables_are_the_events_codes_and_status(rig: EngineRig) -> None:
+    text = section("http-api.md", "## Webhooks")
+    assert list(keyed(text, "type")) == [entry.type for entry in WEBHOOK_EVENTS]
+    assert tuple(keyed(text, "`rejected` reason")) == REJECTED_CODES
+    status = " ".join(
+        text.split("`--json` gives, per webhook:", 1)[1].split("Metrics:", 1)[0].split()
+    )
+    [record] = webhook_status(rig.ledger, {"ops": list(WEBHOOK_TYPES)}, now=0.0)
+    assert set(CODE.findall(status)) - {"webhook-id"} == set(record)
+
+
+# -- docs/review.md ------------------------------------------------------------------------
+
+
+def test_the_review_reasons_and_actions_are_the_code_s() -> None:
+    text = section("review.md", "## Review: check, resend, triage, cancel", until=2)
+    reasons = keyed(text, "Reason")
+    assert reasons == {r.value: [MEANING[r], NEXT[r]] for r in EscalationReason}
+    routes = {
+        (method, route.path.replace("{key:key}", "{key}"))
+        for router in (review.router, jobs.router)
+        for route in router.routes
+        for method in getattr(route, "methods", ())
+    }
+    folder = REPO / "src" / "daemon" / "api" / "templates"
+    templates = "".join(p.read_text(encoding="utf-8") for p in folder.glob("*.html"))
+    actions = table(text, "Action")
+    assert [row[0] for row in actions] == ["check", "resolve", "triage", "cancel"]
+    for _action, cli, http, buttons in actions:
+        argv = re.sub(r"\[[^]]*\]", "", cli.strip("`")).split()[1:]
+        argv = [{"KEY": "k", "sent|resend|abandon": "sent"}.get(w, w) for w in argv]
+        assert daemon.cli.build_parser().parse_args(argv).func is not None, cli
+        assert tuple(http.strip("`").split()) in routes, http
+        for label in re.findall(r'"([^"]+)"', buttons):
+            assert f">{label}</button>" in templates, label
+    checked = re.search(r"`Checked` event \(([^)]+)\)", section("review.md", "### Check"))
+    fields = [f.name for f in dataclasses.fields(SendJob.Checked)]
+    assert checked and CODE.findall(checked.group(1)) == [
+        f for f in fields if not f.startswith("originator") and f != "timestamp"
+    ]
+
+
+def test_triage_s_actions_are_the_ones_it_takes() -> None:
+    written = re.search(r"\(`action`: ([^)]+)\)", flat(section("review.md", "### Triage")))
+    rig = EngineRig(LEGAL, OTHER)
+    try:
+        in_review(rig, "one", copies=1)
+        in_review(rig, "none", copies=0)
+        seen = {item.action for item in services(rig).triage(by="ops", dry_run=True)}
+        seen |= {item.action for item in services(rig).triage(by="ops")}
+        rig.provider.fail_searches(1)
+        seen |= {item.action for item in services(rig).triage(by="ops")}
+    finally:
+        rig.close()
+    assert written and set(re.findall(r"`([\w-]+)`", written.group(1))) == seen

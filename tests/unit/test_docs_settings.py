@@ -1,0 +1,331 @@
+"""Every table of settings and policy fields on the docs pages against the models, both ways
+(docs/development.md "Writing the docs"): docs/configuration.md's key and range tables,
+docs/providers.md's key table of each kind, docs/http-api.md's `[api]` keys and its
+webhook example, and docs/policies.md's fields. One reader and one check serve them all:
+every key has a row and every row is a key, each default written is the model's, each
+range is what the model takes and refuses just outside, each choice is on its row. And
+the lists the configuration page writes in prose (the files that are secrets, the index's
+columns, the variables read and refused) are the code's."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+import tomllib
+import types
+import typing
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+from tests.unit.docs_page import CODE, keyed, page, section, table
+
+from daemon.config import environment
+from daemon.config.settings import (
+    ApiSettings,
+    DaemonSettings,
+    GmailProviderSettings,
+    GraphProviderSettings,
+    RetentionSettings,
+    SmtpImapProviderSettings,
+    StoreSettings,
+    WebhookSettings,
+)
+from daemon.config.sizes import parse_size
+from daemon.webhooks.events import WEBHOOK_TYPES
+from ledger.stores.index import IndexRow
+from ledger.stores.library_env import APPLICATION_PREFIX, LIBRARY_VARIABLES, READ_BY_SENDLEDGER
+from policies.durations import parse_duration
+from policies.model import ChannelPolicy
+
+SECTIONS: dict[str, type[BaseModel]] = {
+    "store": StoreSettings,
+    "daemon": DaemonSettings,
+    "api": ApiSettings,
+    "retention": RetentionSettings,
+    "webhooks.NAME": WebhookSettings,
+}
+KINDS: dict[str, type[BaseModel]] = {
+    "gmail": GmailProviderSettings,
+    "smtp-imap": SmtpImapProviderSettings,
+    "graph": GraphProviderSettings,
+}
+#: What a model needs besides the field under test, so that one field is validated alone.
+STUBS: dict[type[BaseModel], dict[str, Any]] = {
+    GmailProviderSettings: {"credentials_file": "sa.json"},
+    SmtpImapProviderSettings: {
+        "kind": "smtp-imap",
+        "smtp_host": "smtp.example.com",
+        "imap_host": "imap.example.com",
+        "username": "u",
+        "password_file": "pw",
+    },
+    GraphProviderSettings: {
+        "kind": "graph",
+        "tenant_id": "t",
+        "client_id": "c",
+        "user": "u@example.com",
+        "client_secret_file": "secret",
+    },
+    WebhookSettings: {"url": "https://hooks.example.com/x", "secret_file": "whsec"},
+    ChannelPolicy: {
+        "channel": "receipts",
+        "provider": "support",
+        "from": "Support <support@example.com>",
+        "message_id_domain": "mail.example.com",
+    },
+}
+#: Defaults the pages say in words, and the values each may stand for.
+WORDS: dict[str, tuple[object, ...]] = {
+    "unset": (None, ""),
+    "unset (off)": (None, ""),
+    "off": ("",),
+    "none": ("",),
+    "": (None,),
+    "required with `listen`": (None,),
+    "the host name": (socket.gethostname(),),
+    "all six": (list(WEBHOOK_TYPES),),
+    "Google's": ("",),
+    "the file's": ("",),
+    "the `\\Sent` folder": ("",),
+}
+
+
+def validated(model: type[BaseModel], **values: Any) -> Any:
+    return model.model_validate({**STUBS.get(model, {}), **values})
+
+
+def errors_at(model: type[BaseModel], field: str, value: object, **more: object) -> list[str]:
+    """The refusals of `value` for `field` (others are not this field's)."""
+    try:
+        validated(model, **more, **{field: value})
+    except ValidationError as exc:
+        return [e["msg"] for e in exc.errors() if e["loc"][:1] == (field,)]
+    return []
+
+
+def check_default(model: type[BaseModel], field: str, cell: str) -> None:
+    """The default a row writes is the model's: `required`, words of WORDS, another
+    field's name (its value), or one `value` as the config writes it."""
+    info = model.model_fields[field]
+    if cell == "required":
+        assert info.is_required(), f"{field} has a default"
+        return
+    assert not info.is_required(), f"{field} is required"
+    default = info.get_default(call_default_factory=True)
+    named = re.fullmatch(r"`([a-z_]+)`", cell)
+    if cell in WORDS:
+        assert default in WORDS[cell], (field, default)
+    elif named and named.group(1) in model.model_fields:  # `search_after`, `concurrency`
+        given = validated(model)  # unset: the other's value, now or when it is used
+        assert default is None and getattr(given, field) in (None, getattr(given, named[1]))
+    else:
+        value = re.fullmatch(r"`([^`]+)`(?: \([^)]*\))?", cell)
+        assert value, f"{field}: write {cell!r} as one `value`, or add its words to WORDS"
+        try:
+            written = tomllib.loads(f"v = {value.group(1)}")["v"]
+        except tomllib.TOMLDecodeError:
+            written = value.group(1)
+        expected = None if default is None else getattr(validated(model, **{field: default}), field)
+        assert getattr(validated(model, **{field: written}), field) == expected, (field, cell)
+
+
+def amount(text: str) -> float:
+    """A bound as a page writes it: a count, a size or a duration."""
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    if text == "1 byte" or re.fullmatch(r"\d+[KMG]i?B", text):
+        return parse_size(text.replace(" byte", ""))
+    return parse_duration(text)
+
+
+def number_types(annotation: Any) -> set[Any]:
+    """The types a field holds apart from None (`Annotated[float, ...] | None`: float)."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return number_types(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return set().union(*(number_types(a) for a in typing.get_args(annotation))) - {type(None)}
+    return {annotation}
+
+
+RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at most) ([^\s,]+)")
+
+
+def check_range(model: type[BaseModel], field: str, text: str) -> None:
+    """`low to high` (`above low, at most high`) or `(low..high)`: both ends taken, just
+    outside each refused."""
+    found = RANGE.match(text) or re.search(r"\((\d+)\.\.(\d+s?)\)", text)
+    assert found, text
+    above, low, high = found.groups() if len(found.groups()) == 3 else (None, *found.groups())
+    low_value, high_value = amount(low), amount(high)
+    whole = text.startswith("whole") or number_types(model.model_fields[field].annotation) == {int}
+    step = 1.0 if whole else max(high_value * 1e-6, 0.0005)
+    # A backoff's maximum must be at least the backoff: keep the other out of the way.
+    other = {"retry_backoff": "retry_backoff_max", "retry_backoff_max": "retry_backoff"}
+    more: dict[str, object] = {}
+    if field in other and other[field] in model.model_fields:
+        more = {other[field]: high_value if field == "retry_backoff" else low_value}
+
+    def number(value: float) -> float:
+        return int(value) if whole else value
+
+    assert errors_at(model, field, number(high_value), **more) == [], (field, high)
+    assert errors_at(model, field, number(high_value + step), **more), (field, "above", high)
+    if above:
+        assert errors_at(model, field, number(low_value), **more), (field, "at", low)
+    else:
+        assert errors_at(model, field, number(low_value), **more) == [], (field, low)
+        assert errors_at(model, field, number(low_value - step), **more), (field, "below", low)
+
+
+def check_choices(model: type[BaseModel], field: str, cell: str) -> None:
+    annotation = model.model_fields[field].annotation
+    if typing.get_origin(annotation) is typing.Literal and field != "kind":
+        choices = {str(choice) for choice in typing.get_args(annotation)}
+        assert choices <= {c.strip('"') for c in CODE.findall(cell)}, (field, cell)
+
+
+# -- docs/configuration.md ------------------------------------------------------------------
+
+
+def field_of(key: str, kind: str) -> tuple[type[BaseModel], str] | None:
+    """The model and field a page key (`daemon.tick`, `providers.NAME.timeout`) names."""
+    prefix, _, field = key.rpartition(".")
+    model = KINDS[kind] if prefix == "providers.NAME" else SECTIONS.get(prefix)
+    return (model, field) if model is not None and field in model.model_fields else None
+
+
+def configuration_rows() -> list[tuple[str, str, list[str]]]:
+    """(kind, key, [default, meaning]) of every row of the page's key tables; a row of
+    several keys (`a` / `b`) is a row per key."""
+    text, out = page("configuration.md"), []
+    for first, kind in (("key", "gmail"), ("smtp-imap key", "smtp-imap"), ("graph key", "graph")):
+        for row in table(text, f"{first} | default"):
+            keys = CODE.findall(row[0])
+            defaults = row[1].split(" / ") if len(keys) > 1 else [row[1]]
+            for key, default in zip(keys, defaults, strict=True):
+                full = key if "." in key else f"{keys[0].rpartition('.')[0]}.{key}"
+                out.append((kind if full.startswith("providers.") else "", full, [default, row[2]]))
+    return out
+
+
+def test_every_setting_has_one_row_with_its_default_and_choices() -> None:
+    rows = configuration_rows()
+    listed = [(kind, key) for kind, key, _ in rows]
+    every = {("", f"{p}.{f}") for p, model in SECTIONS.items() for f in model.model_fields}
+    every |= {(k, f"providers.NAME.{f}") for k, model in KINDS.items() for f in model.model_fields}
+    every -= {("smtp-imap", "providers.NAME.kind"), ("graph", "providers.NAME.kind")}
+    assert sorted(set(listed) ^ every) == [] and len(listed) == len(set(listed))
+    for kind, key, (default, meaning) in rows:
+        found = field_of(key, kind or "gmail")
+        assert found, key
+        check_default(*found, default)
+        check_choices(*found, meaning)
+    kinds = next(cells for kind, key, cells in rows if key == "providers.NAME.kind")
+    assert set(CODE.findall(kinds[1])) >= set(KINDS)
+
+
+def test_every_count_size_and_duration_has_its_range() -> None:
+    ranged = []
+    for row in table(page("configuration.md"), "key | range"):
+        kinds = [k for k in KINDS if re.search(rf"\({k}\b|, {k}\b", row[0])] or list(KINDS)
+        for key in CODE.findall(row[0]):
+            found = {f for kind in kinds if (f := field_of(key, kind))}
+            assert found, key
+            for model, field in found:
+                check_range(model, field, row[1])
+                ranged.append((model, field))
+    numeric = {
+        (model, field)
+        for model in [*SECTIONS.values(), *KINDS.values()]
+        for field, info in model.model_fields.items()
+        if number_types(info.annotation) <= {int, float}
+    }
+    assert sorted(map(str, numeric ^ set(ranged))) == [] and len(ranged) == len(set(ranged))
+
+
+def test_every_key_a_page_names_exists() -> None:
+    sections = r"(?:store|daemon|api|retention)\.[a-z_]+|(?:providers|webhooks)\.NAME\.[a-z_]+"
+    named = re.compile(f"`({sections})`")
+    for name in ("configuration.md", "operations.md", "performance.md", "http-api.md"):
+        keys = set(named.findall(page(name))) - {"daemon.log"}  # the demo's log file
+        missing = [k for k in keys if not any(field_of(k, i) for i in KINDS)]
+        assert missing == [], name
+
+
+def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
+    text = page("configuration.md")
+    files = next(p for p in text.split("\n- ") if p.startswith("**Files.**"))
+    secret = {f"{p}.{f}" for p, m in SECTIONS.items() for f in m.model_fields}
+    secret |= {f"providers.NAME.{f}" for m in KINDS.values() for f in m.model_fields}
+    secret = {key for key in secret if key.endswith("_file")}
+    assert set(re.findall(r"`((?:[a-zA-Z]+\.)+[a-z_]+_file)`", files)) == secret
+    kept = " ".join(text.split("the job index keeps", 1)[1].split(")", 1)[0].split())
+    said = {"key": "key", "job_id": "key", "channel": "channel", "state": "state"}
+    said |= {"message_id": "Message-ID", "version": "version", "attempts": "attempt count"}
+    said |= {"reason": "reason"} | dict.fromkeys(("due_at", "created_at", "updated_at"), "times")
+    said["purged_at"] = "times"
+    assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
+    assert all(word in kept for word in said.values()), kept
+    for name in environment.OTHER_VARIABLES:
+        assert f"`{name}`" in text
+    assert environment.unknown_variable({"SENDLEDGER_STOR__URL": "x"}, DaemonSettings)
+    library = section("configuration.md", "### Only sendledger's settings configure the store")
+    named = set(re.findall(r"`([A-Z][A-Z_]+\*?)`", library)) - {APPLICATION_PREFIX}
+    assert named & READ_BY_SENDLEDGER == set(READ_BY_SENDLEDGER)
+    for name in named - READ_BY_SENDLEDGER:
+        assert any(v.startswith(name.rstrip("*")) for v in LIBRARY_VARIABLES), name
+
+
+# -- the key tables of docs/providers.md and docs/http-api.md ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("title", "kind"),
+    [("Gmail keys", "gmail"), ("SMTP + IMAP setup", "smtp-imap"), ("Graph keys", "graph")],
+)
+def test_each_kind_s_key_table_is_its_settings(title: str, kind: str) -> None:
+    model = KINDS[kind]
+    rows = keyed(section("providers.md", title, until=3))
+    assert set(rows) == set(model.model_fields) - {"kind"}
+    for field, (default, meaning) in rows.items():
+        check_default(model, field, default)
+        if re.search(r"\(\d+\.\.\d+s?\)", meaning):
+            check_range(model, field, meaning)
+
+
+def test_the_api_keys_are_the_api_settings() -> None:
+    rows = keyed(section("http-api.md", "## HTTP API"), "key")
+    assert set(rows) == {f"api.{field}" for field in ApiSettings.model_fields}
+    for key, (default, _meaning) in rows.items():
+        check_default(ApiSettings, key.removeprefix("api."), default)
+
+
+def test_the_webhook_example_names_every_setting_with_its_default() -> None:
+    block = section("http-api.md", "## Webhooks").split("```toml\n", 1)[1].split("```", 1)[0]
+    example = {}
+    for line in block.splitlines()[1:]:
+        key, _, rest = line.lstrip("# ").partition(" = ")
+        example[key] = rest.split("  #")[0].strip()
+    assert set(example) == set(WebhookSettings.model_fields)
+    for key in set(example) - {"url", "secret_file"}:
+        check_default(WebhookSettings, key, f"`{example[key]}`")
+
+
+# -- docs/policies.md -----------------------------------------------------------------------
+
+
+def test_the_policy_table_is_every_field_in_order_with_its_default_range_and_choices() -> None:
+    rows = table(page("policies.md"), "field")
+    fields = {(info.alias or name): name for name, info in ChannelPolicy.model_fields.items()}
+    assert [CODE.findall(row[0])[0] for row in rows] == list(fields)
+    for written, default, takes in rows:
+        name = fields[CODE.findall(written)[0]]
+        if default == "the file's stem":  # the loader's, from the file name
+            assert name == "channel"
+        else:
+            check_default(ChannelPolicy, name, default)
+        if re.match(r"\S+ to \S+", takes):
+            check_range(ChannelPolicy, name, takes)
+        check_choices(ChannelPolicy, name, takes)
