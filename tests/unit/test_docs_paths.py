@@ -144,14 +144,14 @@ def tree(path: Path) -> ast.Module:
 
 
 @cache
-def members(path: Path, dotted: str = "") -> frozenset[str]:
+def members(path: Path, dotted: str = "", *, attributes: bool = False) -> frozenset[str]:
     """The names a module (or its class `dotted`) defines: functions, classes, assignments,
-    imports."""
+    imports; `attributes`: a class's instances' attributes too (`self.reason = ...`)."""
     body = tree(path).body
     for part in filter(None, dotted.split(".")):
         body = next((n.body for n in body if isinstance(n, ast.ClassDef) and n.name == part), [])
     names: set[str] = set()
-    if dotted:  # a class: its instances' attributes too (`self.reason = ...`)
+    if dotted and attributes:
         for node in ast.walk(ast.Module(body=body, type_ignores=[])):
             if isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "self":
                 names.add(node.attr)
@@ -216,7 +216,7 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
             return None
         if cls not in classes():
             return None if ours_only else f"no class {cls} in src"
-        ok = any(name in members(path, dotted) for path, dotted in classes()[cls])
+        ok = any(name in members(p, d, attributes=True) for p, d in classes()[cls])
         return None if ok else f"{cls} has no {name}"
     if dotted := re.fullmatch(r"([a-z_]+(?:\.[a-z_]+)*)\.(\w+)", span):
         head, name = dotted.groups()
