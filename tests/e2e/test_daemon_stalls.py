@@ -60,7 +60,7 @@ class HealthPoller:
 
 def test_a_hung_send_holds_one_worker_and_nothing_else(tmp_path: Path) -> None:
     timeout = 8.0
-    policy = {**RETRY_POLICY, "search_after": "4s", "search_interval": "1s"}
+    policy = {**RETRY_POLICY, "search_after": "3s", "search_interval": "1s"}
     rig = Rig(
         tmp_path,
         tick=f"{TICK}s",
@@ -68,25 +68,27 @@ def test_a_hung_send_holds_one_worker_and_nothing_else(tmp_path: Path) -> None:
         hang_seconds=timeout + 4,
         deadline_grace="2s",
         concurrency=4,
-        # The first send's reply is lost (its job waits for a search), the second hangs.
-        plan=FaultPlan(send=["drop-response", "hang-before-forward"]),
+        # The first send hangs; the second's reply is lost, so its job's search falls due
+        # while the first still hangs, whatever the machine's load (it is sent after the
+        # hang began and its search is due search_after later, well within the timeout).
+        plan=FaultPlan(send=["hang-before-forward", "drop-response"]),
         policies={"receipts": policy},
         api_port=free_port(),
     )
     with rig:
-        rig.submit([job("lost")])
         daemon = rig.start_daemon()
         url = rig.wait_api()
         poller = HealthPoller(url)
-        rig.wait_state("lost", "unknown")
-        rig.submit([job("hung")])
-        rig.wait_for(
-            lambda: any(e["mode"] == "hang-before-forward" for e in rig.relay.log),
-            "the hanging send",
-        )
-        hang_started = time.time()
+        # Through the daemon's own API: no interpreter to start while the clock runs.
+        rig.submit_api([job("hung")])
+        rig.wait_for(lambda: len(rig.sends()) == 1, "the hanging send")
+        [hang] = rig.sends()
+        assert hang["mode"] == "hang-before-forward"
+        hang_started = hang["at"]  # when the relay took it, not when this test noticed
+        rig.submit_api([job("lost")])
+        rig.wait_for(lambda: len(rig.sends()) == 2, "the send whose reply is lost")
         keys = [f"during-{n}" for n in range(40)]
-        rig.submit([job(key) for key in keys])
+        rig.submit_api([job(key) for key in keys])
         rig.wait_for(
             lambda: all(rig.state(key) == "confirmed" for key in keys),
             "the 40 jobs submitted during the hang",
