@@ -1,4 +1,10 @@
-"""The `sendledger` console script as a subprocess, against a temporary config folder."""
+"""The `sendledger` command line as processes, against a temporary config folder.
+
+`cli.run` forks each command from one process per test worker that imported sendledger
+once (tests/e2e/fork_server.py): a process of its own with its own environment, stdin,
+stdout, stderr and exit code, as the console script would be, without a second of
+imports per command. `fresh=True` starts the console script itself, for what only a new
+interpreter shows (tests/e2e/test_cli_lazy_imports.py runs its own)."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.e2e.daemon_kit import ForkServer, shared_fork_server
 
 POLICY = """\
 provider = "support"
@@ -62,6 +69,7 @@ class CliEnv:
 
     root: Path
     env: dict[str, str] = field(default_factory=dict)
+    server: ForkServer | None = None
 
     @property
     def config(self) -> Path:
@@ -81,10 +89,15 @@ class CliEnv:
         config: bool = True,
         cwd: Path | None = None,
         env: Mapping[str, str] | None = None,
+        fresh: bool = False,
     ) -> Result:
-        argv: Sequence[str] = [*sendledger_command()]
-        if config:
-            argv = [*argv, "--config", str(self.config)]
+        options = ["--config", str(self.config)] if config else []
+        if self.server is not None and not fresh:
+            code, out, err = self.server.call(
+                [*options, *args], cwd or self.root, stdin or "", {**self.env, **(env or {})}
+            )
+            return Result(code, out, err)
+        argv: Sequence[str] = [*sendledger_command(), *options]
         proc = subprocess.run(
             [*argv, *args],
             input=stdin if stdin is not None else "",
@@ -101,13 +114,18 @@ class CliEnv:
 
 
 @pytest.fixture
-def cli(tmp_path: Path) -> CliEnv:
+def cli_server() -> ForkServer:
+    return shared_fork_server()
+
+
+@pytest.fixture
+def cli(tmp_path: Path, cli_server: ForkServer) -> CliEnv:
     root = tmp_path / "site"
     (root / "policies").mkdir(parents=True)
     (root / "policies" / "receipts.toml").write_text(POLICY, encoding="utf-8")
     # A clean environment: no SENDLEDGER_* settings leak in from the caller's shell.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    cli_env = CliEnv(root=root, env=env)
+    cli_env = CliEnv(root=root, env=env, server=cli_server)
     cli_env.write_config()
     return cli_env

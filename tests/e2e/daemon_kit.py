@@ -14,16 +14,19 @@ decided. Every wait is bounded and fails with the tail of the daemon's stderr.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -296,15 +299,13 @@ class Rig:
         check: bool = True,
         timeout: float = 60.0,
     ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [SENDLEDGER, "--config", str(self.config), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            cwd=self.dir,
-            env=self.child_env(env),
-            timeout=timeout,
+        """`sendledger ARGS` to its end, forked from the worker's fork server (a process of
+        its own, as the console script would be, without a second of imports)."""
+        argv = ["--config", str(self.config), *args]
+        code, out, err = shared_fork_server().call(
+            argv, self.dir, stdin or "", self.child_env(env), timeout
         )
+        result = subprocess.CompletedProcess([SENDLEDGER, *argv], code, out, err)
         if check and result.returncode != 0:
             pytest.fail(
                 f"sendledger {' '.join(args)} exited {result.returncode}\n"
@@ -313,23 +314,15 @@ class Rig:
         return result
 
     def cli_parallel(self, *commands: Sequence[str], timeout: float = 60.0) -> None:
-        """Independent CLI commands at once (each interpreter start costs seconds)."""
-        procs = [
-            subprocess.Popen(
-                [SENDLEDGER, "--config", str(self.config), *args],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                cwd=self.dir,
-                env=self.child_env(),
-            )
-            for args in commands
-        ]
+        """Independent CLI commands at once."""
+        with ThreadPoolExecutor(len(commands)) as pool:
+            results = list(pool.map(lambda a: self.cli(*a, check=False, timeout=timeout), commands))
         failures = []
-        for args, proc in zip(commands, procs, strict=True):
-            _out, err = proc.communicate(timeout=timeout)
+        for args, proc in zip(commands, results, strict=True):
             if proc.returncode != 0:
-                failures.append(f"sendledger {' '.join(args)} exited {proc.returncode}: {err}")
+                failures.append(
+                    f"sendledger {' '.join(args)} exited {proc.returncode}: {proc.stderr}"
+                )
         if failures:
             pytest.fail("\n".join(failures))
 
@@ -533,6 +526,19 @@ class NotifyListener:
         self._sock.close()
 
 
+_SHARED: list[ForkServer] = []
+
+
+def shared_fork_server() -> ForkServer:
+    """The test process's fork server (one per xdist worker), started at first use and
+    closed when the process exits. Each call passes the command's own environment."""
+    if not _SHARED or _SHARED[0].proc.poll() is not None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
+        _SHARED[:] = [ForkServer(env)]
+        atexit.register(_SHARED[0].close)
+    return _SHARED[0]
+
+
 class ForkServer:
     """`fork_server.py` as a child process: starts `sendledger` commands (a daemon, a
     CLI command) as forked processes, each a second of imports cheaper than a console
@@ -567,13 +573,14 @@ class ForkServer:
             else:
                 self._exit_future(message["pid"]).set_result((message["code"], message["at"]))
 
-    def start(self, argv: list[str], cwd: Path, log: Path) -> int:
+    def start(self, argv: list[str], cwd: Path, log: Path, **more: object) -> int:
+        """`more`: the protocol's optional "stdout", "stderr", "stdin" and "env"."""
         with self._lock:
             ident, self._next = self._next, self._next + 1
             started: Future[int] = Future()
             self._started[ident] = started
             assert self.proc.stdin is not None
-            request = {"id": ident, "argv": argv, "cwd": str(cwd), "log": str(log)}
+            request = {"id": ident, "argv": argv, "cwd": str(cwd), "log": str(log), **more}
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
         return started.result(timeout=30)
@@ -586,6 +593,27 @@ class ForkServer:
         """A command to its end: its exit code and what it printed (stdout and stderr)."""
         code, _at = self.exited(self.start(argv, cwd, log), timeout)
         return code, log.read_text(encoding="utf-8", errors="replace")
+
+    def call(
+        self, argv: list[str], cwd: Path, stdin: str, env: Mapping[str, str], timeout: float = 60.0
+    ) -> tuple[int, str, str]:
+        """A CLI command to its end as a console script runs it (its own environment,
+        stdin, stdout and stderr): (exit code, stdout, stderr)."""
+        folder = Path(tempfile.mkdtemp(prefix="fork-call-"))  # beside, never in, `cwd`
+        files = {name: folder / name for name in ("stdin", "stdout", "stderr")}
+        files["stdin"].write_text(stdin, encoding="utf-8", errors="surrogateescape")
+        try:
+            pid = self.start(
+                argv, cwd, files["stdout"], **{k: str(v) for k, v in files.items()}, env=dict(env)
+            )
+            code, _at = self.exited(pid, timeout)
+            read = {
+                n: files[n].read_text(encoding="utf-8", errors="replace")
+                for n in ("stdout", "stderr")
+            }
+            return code, read["stdout"], read["stderr"]
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:
         assert self.proc.stdin is not None

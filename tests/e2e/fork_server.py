@@ -10,9 +10,12 @@ reach it alone. The server has no thread of its own (forking a threaded process 
 unsafe), so it polls: stdin for requests, `waitpid` for exits.
 
 Protocol, one JSON object a line. In: {"id", "argv", "cwd", "log"} starts a child with
-stdout and stderr on `log`. Out: {"id", "pid"} when it started; {"pid", "code", "at"}
-when it exited, `at` its `time.monotonic()` (CLOCK_MONOTONIC is the machine's, so the
-test compares it with its own).
+stdout and stderr on `log`; optional "stdout", "stderr" (files of their own), "stdin" (a
+file to read, else nothing) and "env" (the child's whole environment, as a console script
+would be given it). Out: {"id", "pid"} when it started; {"pid", "code", "at"} when it
+exited, `at` its `time.monotonic()` (CLOCK_MONOTONIC is the machine's, so the test
+compares it with its own). A child exits as the console script would: `main`'s code, a
+SystemExit's, or 1 with the traceback printed.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import select
 import signal
 import sys
 import time
+import traceback
 
 # What `sendledger run` imports, once, before any fork.
 import daemon.cli
@@ -37,17 +41,28 @@ def _child(request: dict[str, object]) -> None:
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        log = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        out = os.open(str(request.get("stdout", request["log"])), flags, 0o600)
+        err = os.open(str(request.get("stderr", request["log"])), flags, 0o600)
+        source = os.open(str(request.get("stdin", os.devnull)), os.O_RDONLY)
+        os.dup2(source, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        if "env" in request:
+            env = request["env"]
+            assert isinstance(env, dict)
+            os.environ.clear()
+            os.environ.update({str(k): str(v) for k, v in env.items()})
         os.chdir(str(request["cwd"]))
         argv = request["argv"]
         assert isinstance(argv, list)
         code = daemon.cli.main([str(word) for word in argv])
-    except BaseException as exc:  # the child must never fall back into the server's loop
-        print(f"fork_server child: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except SystemExit as exc:  # argparse's exit: what the interpreter would exit with
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # the child must never fall back into the server's loop
+        traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,18 +1,25 @@
 """Fuzz what a user can hand the command line: job JSON, config files, policy files,
 SENDLEDGER_* variables and arguments. Whatever arrives, the answer is exit 0, 2, 3 or 4
-with a sentence, never a traceback or "unexpected failure" (issue 8)."""
+with a sentence, never a traceback or "unexpected failure" (issue 8).
+
+Each example is a process of its own, forked from one that imported sendledger once
+(tests/e2e/fork_server.py: its own environment, stdin, stdout, stderr and exit code, as
+the console script would have): thirty interpreter starts cost most of this test's time
+and prove nothing the commands' own answers do not."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import closing
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.e2e.conftest import POLICY, config_text, sendledger_command
+from tests.e2e.conftest import POLICY, config_text
+from tests.e2e.daemon_kit import ForkServer
 
 FIELDS = ["channel", "key", "to", "cc", "reply_to", "subject", "body", "html", "bcc"]
 NASTY = st.sampled_from(
@@ -69,20 +76,14 @@ ARGS = st.sampled_from(
 )  # fmt: skip
 
 
-def run(
-    root: Path, argv: list[str], stdin: str, env: dict[str, str]
-) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
-    return subprocess.run(
-        [*sendledger_command(), "--config", str(root / "sendledger.toml"), *argv],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        cwd=root,
-        env={**base, **env},
-        timeout=60,
-    )
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    with closing(ForkServer(base_env())) as started:
+        yield started
+
+
+def base_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
 
 
 @settings(
@@ -98,6 +99,7 @@ def run(
     env=ENV,
 )
 def test_the_cli_answers_every_input_with_a_documented_exit_code(
+    server: ForkServer,
     tmp_path_factory: Any,
     argv: list[str],
     job_text: str,
@@ -111,9 +113,11 @@ def test_the_cli_answers_every_input_with_a_documented_exit_code(
     (root / "sendledger.toml").write_text(
         config_text() + config_extra, encoding="utf-8", errors="surrogateescape"
     )
-    result = run(root, argv, job_text.encode("utf-8", "replace").decode("utf-8"), env)
-    assert result.returncode in (0, 2, 3, 4), (argv, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert "unexpected failure" not in result.stderr, result.stderr[-2000:]
-    if result.returncode != 0 and argv[:2] != ["policy", "check"]:
-        assert len(result.stderr.splitlines()) == 1, result.stderr
+    stdin = job_text.encode("utf-8", "replace").decode("utf-8")
+    config = ["--config", str(root / "sendledger.toml")]
+    code, _out, err = server.call([*config, *argv], root, stdin, {**base_env(), **env})
+    assert code in (0, 2, 3, 4), (argv, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
+    assert "unexpected failure" not in err, err[-2000:]
+    if code != 0 and argv[:2] != ["policy", "check"]:
+        assert len(err.splitlines()) == 1, err
