@@ -238,9 +238,7 @@ def at_limits(share: int) -> MessageFields:
     content = parse_job(
         job(
             subject="é" * (MAX_SUBJECT // share),
-            headers={
-                f"X-{i}": "ü" * (MAX_HEADER_VALUE // share) for i in range(MAX_EXTRA_HEADERS)
-            },
+            headers={f"X-{i}": "ü" * (MAX_HEADER_VALUE // share) for i in range(MAX_EXTRA_HEADERS)},
             to='"' + "名" * ((MAX_ADDRESS_TEXT - 30) // share) + '" <alice@example.com>',
         )
     )
