@@ -30,6 +30,7 @@ from eventsourcing.persistence import IntegrityError
 from eventsourcing.utils import Environment, EnvType
 
 from ledger.content import JobContent
+from ledger.errors import Refusal, SendledgerError
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
 from ledger.redaction import redact_events
@@ -55,10 +56,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class KeyConflict(Exception):
+class KeyConflict(SendledgerError):
     """The key is known with other content; the stored job was left as it was. `field`
     is the first field that differs, when the stored content is still there (not
     purged)."""
+
+    kind = Refusal.CONFLICT
 
     def __init__(
         self, key: str, stored_hash: str, submitted_hash: str, field: str | None = None
@@ -73,13 +76,15 @@ class KeyConflict(Exception):
         self.field = field
 
 
-class UnknownJob(Exception):
+class UnknownJob(SendledgerError):
+    kind = Refusal.NOT_FOUND
+
     def __init__(self, key: str) -> None:
         super().__init__(f"no job with key {key!r}")
         self.key = key
 
 
-class ConcurrentUpdate(Exception):
+class ConcurrentUpdate(SendledgerError):
     """Another writer appended to the job first (optimistic concurrency)."""
 
 

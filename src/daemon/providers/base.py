@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, cast
 
+from ledger.errors import SendledgerError
+
 if TYPE_CHECKING:
     from daemon.providers.draft_handle import DraftsProvider
 
@@ -77,7 +79,7 @@ class SearchResult:
         return [hit.provider_message_id for hit in self.hits]
 
 
-class ProviderError(Exception):
+class ProviderError(SendledgerError):
     """A search or read could not be completed (network, 5xx, quota).
 
     The caller must treat it as "no information", never as "no hits".

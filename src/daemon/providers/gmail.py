@@ -68,6 +68,7 @@ from daemon.providers.quota import (
 )
 from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
 from ledger.addresses import parse_mailbox
+from ledger.errors import Refusal, SendledgerError
 from ledger.message_id import same_message_id
 
 # gmail.send for messages.send; gmail.readonly because `q=` is refused under gmail.metadata.
@@ -92,17 +93,23 @@ COMPOSE_CAPABLE = frozenset(
 )
 
 
-class MissingScope(ValueError):
+class MissingScope(SendledgerError, ValueError):
     """The credentials are not granted a scope the configured send path needs."""
 
+    kind = Refusal.BAD_INPUT
 
-class DelegationRequired(ValueError):
+
+class DelegationRequired(SendledgerError, ValueError):
     """`user = "{from}"` with credentials that cannot act as other mailboxes."""
 
+    kind = Refusal.BAD_INPUT
 
-class CredentialsFileUnreadable(ValueError):
+
+class CredentialsFileUnreadable(SendledgerError, ValueError):
     """The credentials file is not a readable regular file (docs/configuration.md "Bounds, URLs,
     addresses and files")."""
+
+    kind = Refusal.BAD_INPUT
 
 
 def load_credentials(
