@@ -40,7 +40,7 @@ so a user's program runs it without the daemon's packages.
           └── failures                   kind None
                ├── ConcurrentUpdate                      ledger/application.py
                ├── RewriteFailed                         ledger/stores/purge.py
-               ├── ProviderError                         daemon/providers/base.py
+               ├── ProviderError                         daemon/providers/outcomes.py
                │    └── DraftRefused                     daemon/providers/draft_handle.py
                ├── TransportFailure (httplib2's too)     daemon/providers/transport.py
                │    └── NotSentError, ResponseLostError

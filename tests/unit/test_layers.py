@@ -152,6 +152,7 @@ def test_the_service_layer_never_imports_the_dispatch(path: Path) -> None:
 #: The provider port: what the engine and the service layer may know of a provider.
 PROVIDER_PORT = (
     "daemon.providers.base",
+    "daemon.providers.outcomes",
     "daemon.providers.draft_handle",
     "daemon.providers.message",
 )

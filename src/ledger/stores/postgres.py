@@ -23,7 +23,7 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastor
 from eventsourcing.utils import get_topic, retry
 from psycopg.sql import SQL
 
-from ledger.stores import exception_chain
+from ledger.stores.causes import exception_chain
 from ledger.stores.identity import IdentityTaken
 from ledger.stores.index import (
     ADDED_COLUMNS,

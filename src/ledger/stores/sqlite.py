@@ -18,7 +18,7 @@ from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
 from eventsourcing.utils import get_topic
 
-from ledger.stores import exception_chain
+from ledger.stores.causes import exception_chain
 from ledger.stores.identity import FileIdentityLock
 from ledger.stores.index import (
     ADDED_COLUMNS,
