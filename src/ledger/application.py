@@ -39,6 +39,7 @@ from ledger.stores.cipher import cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
 from ledger.stores.keycheck import KeyChecks, judge_store_key
 from ledger.stores.library_env import refuse_library_variables
+from ledger.stores.private_api import pass_to_recorder, record
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
@@ -311,7 +312,7 @@ class Ledger(Application[UUID]):
         # each whether it is an event or an aggregate with a runtime Protocol check, which
         # costs more than building the event (docs/performance.md "Performance and scaling").
         processing.events.extend(event for job in jobs for event in job.pending_events)
-        processing.saved_kwargs[INDEX_ROWS_KWARG] = [index_row(j) for j in jobs]
+        pass_to_recorder(processing, **{INDEX_ROWS_KWARG: [index_row(j) for j in jobs]})
         self._record_processing(processing)
         for job in jobs:
             job.collect_events()  # written: no longer pending
@@ -322,7 +323,7 @@ class Ledger(Application[UUID]):
         self._record_processing(processing)
 
     def _record_processing(self, processing: ProcessingEvent[UUID]) -> None:
-        self._notify(self._retry_locked(lambda: self._record(processing)))
+        record(self, processing, self._retry_locked)
 
     def submit(self, content: JobContent, sender: Sender, *, by: str = "") -> SubmitResult:
         """Idempotent on the key: same content is a no-op, other content a conflict.
