@@ -79,7 +79,7 @@ from types import FrameType
 from typing import Any
 
 OURS = ("ledger", "policies", "daemon", "sendledger", "testkit")
-BASES = ("ledger.errors.SendledgerError", "sendledger.client.ClientError")
+BASES = ("ledger.exceptions.SendledgerError", "sendledger.client.ClientError")
 #: What `sendledger run` imports: the command, the daemon's service and its HTTP API.
 ENTRY_MODULES = ("daemon.cli.service", "daemon.runtime", "daemon.api.app")
 

@@ -1,9 +1,9 @@
 """Exit codes, the CLI's own error, and the one table that turns every error of the tree
-(ledger/errors.py) into an exit code (docs/cli.md "Exit codes")."""
+(ledger/exceptions.py) into an exit code (docs/cli.md "Exit codes")."""
 
 from __future__ import annotations
 
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

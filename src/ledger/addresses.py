@@ -26,7 +26,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 
 if TYPE_CHECKING:
     from email.headerregistry import Address

@@ -30,7 +30,7 @@ from eventsourcing.persistence import IntegrityError
 from eventsourcing.utils import Environment, EnvType
 
 from ledger.content import JobContent
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
 from ledger.redaction import redact_events

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.addresses import unsafe_character
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 
 FIELDS = ("filename", "content_type", "content_base64")
 MAX_FILENAME = 255

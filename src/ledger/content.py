@@ -15,7 +15,7 @@ from typing import Any
 
 from ledger.addresses import AddressError, Mailbox, parse_mailbox, unsafe_character
 from ledger.attachments import Attachment, AttachmentError, from_stored, parse_attachment
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.extra_headers import (
     ASCII_ONLY,
     MAX_WORD,

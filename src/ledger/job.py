@@ -27,7 +27,7 @@ from eventsourcing.domain import Aggregate
 
 from ledger import decision_types as decide
 from ledger.content import LATER_FIELDS, JobContent, JobInputError
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.keys import MAX_NAME_LENGTH, identifier_problem, note_problem
 from ledger.vocabulary import (
     FINAL_STATES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 
 # RFC 5322 dot-atom for the domain part; strict enough to keep "<", ">", "@", spaces
 # and control characters out of a header we build ourselves.

@@ -28,7 +28,7 @@ from email.utils import format_datetime
 from ledger.addresses import unquote, unsafe_character
 from ledger.attachments import Attachment, filename_problem
 from ledger.content import JobInputError
-from ledger.errors import SendledgerError
+from ledger.exceptions import SendledgerError
 from ledger.header_encoding import MAX_LINE, client_view, parameter_value
 from ledger.mime import MessageFields, mailboxes, render_message, wire_text
 

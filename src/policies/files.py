@@ -16,7 +16,7 @@ import os
 import stat
 from pathlib import Path
 
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 
 __all__ = ["FileProblem", "read_regular_file"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from policies.files import FileProblem, read_regular_file
 from policies.model import ChannelPolicy
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 
 from ledger.addresses import AddressError, parse_mailbox
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.vocabulary import Sender
 
 MAX_PATTERNS = 1000

@@ -17,7 +17,7 @@ process). Every call retries where a repeat cannot do harm:
   `ConnectionLost`: look at the job (`status`) before deciding again.
 
 Every exception it raises derives from `ClientError`, its own base rather than the
-daemon's (`ledger/errors.py`), since the client imports nothing of ours:
+daemon's (`ledger/exceptions.py`), since the client imports nothing of ours:
 
     ClientError                 may_have_applied: whether the server may have acted
      ├── ConnectionLost         no answer (after the retries the call allows); `sent`

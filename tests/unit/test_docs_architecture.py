@@ -391,7 +391,7 @@ def test_the_service_layer_sentence_names_every_service() -> None:
 def test_each_refusal_maps_to_the_exit_code_and_status_the_page_gives() -> None:
     from daemon.api.errors import STATUS
     from daemon.exit_codes import REFUSAL_CODES
-    from ledger.errors import Refusal
+    from ledger.exceptions import Refusal
 
     said = {
         "bad input": Refusal.BAD_INPUT,

@@ -1,4 +1,4 @@
-"""The one exception tree (ledger/errors.py): every class of ours is in it, its drawing is the
+"""The one exception tree (ledger/exceptions.py): every class of ours is in it, its drawing is the
 code, and each door maps a kind as it always has (docs/cli.md "Exit codes",
 docs/http-api.md "Errors and statuses")."""
 
@@ -17,10 +17,10 @@ from daemon.config.config_file import ConfigError
 from daemon.exit_codes import CliError, exit_code_for
 from daemon.providers.base import ProviderError
 from daemon.service_layer.services import ServiceError
-from ledger import errors
+from ledger import exceptions
 from ledger.application import ConcurrentUpdate, KeyConflict, UnknownJob
 from ledger.content import JobInputError
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import TransitionError
 from ledger.message_id import MessageIdError
 from ledger.stores.identity import IdentityTaken
@@ -65,7 +65,7 @@ def drawn() -> dict[str, str]:
     """Each class the docstring's tree names, with the branch it is drawn under."""
     branch = ""
     found: dict[str, str] = {}
-    doc = errors.__doc__ or ""
+    doc = exceptions.__doc__ or ""
     for line in doc[doc.index("    Exception") :].split("\n\n")[0].splitlines():
         if marker := re.search(r"kind (BAD_INPUT|CONFLICT|NOT_FOUND|None)", line):
             branch = marker.group(1)

@@ -22,7 +22,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from daemon.config.secret_text import content_lines, read_secret_text
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.keys import MAX_NAME_LENGTH, identifier_problem
 
 SESSION_COOKIE = "sendledger_session"

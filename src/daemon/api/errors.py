@@ -23,7 +23,7 @@ from daemon.api.models import Invalid, Problem
 from daemon.service_layer.intake import MAX_LISTED, FieldProblem
 from daemon.service_layer.services import ServiceError
 from ledger.content import JobInputError
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 
 log = logging.getLogger("sendledger.api")
 
@@ -45,7 +45,7 @@ class ApiError(SendledgerError):
         self.total = total
 
 
-#: The status of each kind of refusal (ledger/errors.py: the tree and its kinds).
+#: The status of each kind of refusal (ledger/exceptions.py: the tree and its kinds).
 STATUS = {
     Refusal.BAD_INPUT: 422,
     Refusal.NOT_FOUND: 404,

@@ -18,7 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from daemon.wakeup import WakeUp
-from ledger.errors import SendledgerError
+from ledger.exceptions import SendledgerError
 
 log = logging.getLogger("sendledger.api")
 

@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:
-        # Every error of the tree (ledger/errors.py) by one table (daemon/exit_codes.py);
+        # Every error of the tree (ledger/exceptions.py) by one table (daemon/exit_codes.py);
         # a failure, or anything outside the tree, is unexpected.
         code = exit_code_for(exc)
         if code is None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ledger.errors import SendledgerError
+from ledger.exceptions import SendledgerError
 from policies.durations import DurationError, parse_duration_within
 from testkit import MODES, FaultPlan, FaultRelay, GmailEmulator, Mode, check_mode
 from testkit.credentials import write_service_account

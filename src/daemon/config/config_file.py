@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from policies.files import FileProblem, read_regular_file
 
 CONFIG_ENV = "SENDLEDGER_CONFIG"

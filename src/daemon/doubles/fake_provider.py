@@ -25,7 +25,7 @@ from daemon.providers.base import (
     SendKind,
     SendOutcome,
 )
-from ledger.errors import SendledgerError
+from ledger.exceptions import SendledgerError
 
 
 class SimulatedCrash(SendledgerError):

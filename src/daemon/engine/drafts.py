@@ -28,7 +28,7 @@ from daemon.engine.circuit import Circuits
 from daemon.engine.runner import Work
 from daemon.providers.base import ProviderError
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
-from ledger.errors import SendledgerError
+from ledger.exceptions import SendledgerError
 from ledger.job import SendJob
 from policies import decisions
 from policies.model import ChannelPolicy

@@ -75,7 +75,7 @@ from daemon.providers.quota import (
 )
 from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
 from ledger.addresses import parse_mailbox
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.message_id import same_message_id
 
 # gmail.send for messages.send; gmail.readonly because `q=` is refused under gmail.metadata.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ledger.errors import SendledgerError
+from ledger.exceptions import SendledgerError
 
 
 class SendKind(StrEnum):

@@ -31,7 +31,7 @@ from daemon.providers.base import ProviderError, SendOutcome
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
 from daemon.providers.smtp_classify import Stage, classify_smtp
 from daemon.providers.timeouts import timed_out
-from ledger.errors import SendledgerError
+from ledger.exceptions import SendledgerError
 
 __all__ = ["SmtpSubmitter", "SubmitEnvelope"]
 

@@ -56,7 +56,7 @@ from typing import Any
 import httplib2
 
 from daemon.providers.kept import closed_by_peer
-from ledger.errors import SendledgerError
+from ledger.exceptions import SendledgerError
 
 #: Seconds a connection may sit idle and still be reused. Google's front ends keep idle
 #: connections for minutes and common servers for 5 s or more; staying under that makes a

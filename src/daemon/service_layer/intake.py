@@ -17,7 +17,7 @@ from daemon.service_layer.job_json import DUPLICATE_REASON, duplicate_field
 from daemon.service_layer.job_json import loads as decode_jobs
 from ledger.application import Ledger, SubmitResult
 from ledger.content import JobContent, JobInputError, JobInputErrors, parse_job
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob
 from ledger.message_id import message_id_for
 from ledger.vocabulary import Sender

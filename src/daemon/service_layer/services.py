@@ -54,7 +54,7 @@ from ledger.application import (
 )
 from ledger.content import JobContent, JobInputError
 from ledger.display import command_line, iso
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name, copies_found
 from ledger.keys import note_problem
 from ledger.vocabulary import FINAL_STATES, JobState, Resolution, Sender
@@ -74,7 +74,7 @@ T = TypeVar("T")
 
 
 class ServiceError(SendledgerError):
-    """A service's refusal: its `kind` (ledger/errors.py: Refusal) is given where it is
+    """A service's refusal: its `kind` (ledger/exceptions.py: Refusal) is given where it is
     raised, and each door maps it as it maps every error of the tree."""
 
     kind: Refusal

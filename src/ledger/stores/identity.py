@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from ledger.errors import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError
 
 
 class IdentityTaken(SendledgerError):

@@ -13,7 +13,7 @@ from typing import Any
 
 from eventsourcing.persistence import StoredEvent
 
-from ledger.errors import SendledgerError
+from ledger.exceptions import SendledgerError
 
 #: The keyword argument of `Application.save` that carries the stored events to rewrite.
 REWRITES_KWARG = "sendledger_rewrites"
