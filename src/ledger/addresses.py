@@ -26,6 +26,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ledger.exceptions import Refusal, SendledgerError
+
 if TYPE_CHECKING:
     from email.headerregistry import Address
 
@@ -60,8 +62,10 @@ _FILLERS = frozenset("\u034f\u115f\u1160\u3164\uffa0")
 _DIRECTION_MARKS = frozenset("\u200e\u200f")
 
 
-class AddressError(ValueError):
+class AddressError(SendledgerError, ValueError):
     """Why a value is not one acceptable mailbox (one line, without the field name)."""
+
+    kind = Refusal.BAD_INPUT
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from eventsourcing.persistence import IntegrityError
 from eventsourcing.utils import Environment, EnvType
 
 from ledger.content import JobContent
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
 from ledger.redaction import redact_events
@@ -38,6 +39,7 @@ from ledger.stores.cipher import cipher_env
 from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
 from ledger.stores.keycheck import KeyChecks, judge_store_key
 from ledger.stores.library_env import refuse_library_variables
+from ledger.stores.private_api import pass_to_recorder, record
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
@@ -55,10 +57,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class KeyConflict(Exception):
+class KeyConflict(SendledgerError):
     """The key is known with other content; the stored job was left as it was. `field`
     is the first field that differs, when the stored content is still there (not
     purged)."""
+
+    kind = Refusal.CONFLICT
 
     def __init__(
         self, key: str, stored_hash: str, submitted_hash: str, field: str | None = None
@@ -73,13 +77,15 @@ class KeyConflict(Exception):
         self.field = field
 
 
-class UnknownJob(Exception):
+class UnknownJob(SendledgerError):
+    kind = Refusal.NOT_FOUND
+
     def __init__(self, key: str) -> None:
         super().__init__(f"no job with key {key!r}")
         self.key = key
 
 
-class ConcurrentUpdate(Exception):
+class ConcurrentUpdate(SendledgerError):
     """Another writer appended to the job first (optimistic concurrency)."""
 
 
@@ -306,7 +312,7 @@ class Ledger(Application[UUID]):
         # each whether it is an event or an aggregate with a runtime Protocol check, which
         # costs more than building the event (docs/performance.md "Performance and scaling").
         processing.events.extend(event for job in jobs for event in job.pending_events)
-        processing.saved_kwargs[INDEX_ROWS_KWARG] = [index_row(j) for j in jobs]
+        pass_to_recorder(processing, **{INDEX_ROWS_KWARG: [index_row(j) for j in jobs]})
         self._record_processing(processing)
         for job in jobs:
             job.collect_events()  # written: no longer pending
@@ -317,7 +323,7 @@ class Ledger(Application[UUID]):
         self._record_processing(processing)
 
     def _record_processing(self, processing: ProcessingEvent[UUID]) -> None:
-        self._notify(self._retry_locked(lambda: self._record(processing)))
+        record(self, processing, self._retry_locked)
 
     def submit(self, content: JobContent, sender: Sender, *, by: str = "") -> SubmitResult:
         """Idempotent on the key: same content is a no-op, other content a conflict.

@@ -15,6 +15,7 @@ from typing import Any
 
 from ledger.addresses import AddressError, Mailbox, parse_mailbox, unsafe_character
 from ledger.attachments import Attachment, AttachmentError, from_stored, parse_attachment
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.extra_headers import (
     ASCII_ONLY,
     MAX_WORD,
@@ -64,8 +65,10 @@ MAX_REFERENCES = 100
 MAX_ADDRESS_TEXT = 500
 
 
-class JobInputError(ValueError):
+class JobInputError(SendledgerError, ValueError):
     """Bad job input. `field` names the offending field for a one-line error."""
+
+    kind = Refusal.BAD_INPUT
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")

@@ -27,6 +27,7 @@ from eventsourcing.domain import Aggregate
 
 from ledger import decision_types as decide
 from ledger.content import LATER_FIELDS, JobContent, JobInputError
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.keys import MAX_NAME_LENGTH, identifier_problem, note_problem
 from ledger.vocabulary import (
     FINAL_STATES,
@@ -60,8 +61,10 @@ def job_id_for(key: str) -> uuid.UUID:
     return uuid.uuid5(JOB_NAMESPACE, key)
 
 
-class TransitionError(Exception):
+class TransitionError(SendledgerError):
     """A command that the job's current state does not allow."""
+
+    kind = Refusal.BAD_INPUT
 
     def __init__(self, key: str, state: str, action: str, why: str = "") -> None:
         detail = f": {why}" if why else ""

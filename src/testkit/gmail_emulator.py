@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from testkit import mime_reader as mime
+import testkit.mime_reader as mime
 from testkit._http import (
     AnsweringHandler,
     LoopbackService,

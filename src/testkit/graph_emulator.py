@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from testkit import mime_reader
+import testkit.mime_reader as mime_reader
 from testkit._http import AnsweringHandler, LoopbackService, Response
 from testkit.tls import TlsFiles
 

@@ -389,9 +389,9 @@ def test_the_service_layer_sentence_names_every_service() -> None:
 
 
 def test_each_refusal_maps_to_the_exit_code_and_status_the_page_gives() -> None:
-    from daemon.api.errors import _STATUS
-    from daemon.cli.job_commands import _EXIT_CODES
-    from daemon.service_layer.services import Refusal
+    from daemon.api.errors import STATUS
+    from daemon.exit_codes import REFUSAL_CODES
+    from ledger.exceptions import Refusal
 
     said = {
         "bad input": Refusal.BAD_INPUT,
@@ -401,7 +401,7 @@ def test_each_refusal_maps_to_the_exit_code_and_status_the_page_gives() -> None:
     }
     text = re.sub(r"\s+", " ", section("One service layer"))
     for words, refusal in said.items():
-        given = rf"{words}: (exit )?{_EXIT_CODES[refusal]} / {_STATUS[refusal]}\b"
+        given = rf"{words}: (exit )?{REFUSAL_CODES[refusal]} / {STATUS[refusal]}\b"
         assert re.search(given, text), words
     assert set(said.values()) == set(Refusal)
 

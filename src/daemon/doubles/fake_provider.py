@@ -25,9 +25,10 @@ from daemon.providers.base import (
     SendKind,
     SendOutcome,
 )
+from ledger.exceptions import SendledgerError
 
 
-class SimulatedCrash(Exception):
+class SimulatedCrash(SendledgerError):
     """The sending process died during the call (what kill -9 does to a real daemon)."""
 
 

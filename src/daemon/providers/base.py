@@ -1,13 +1,21 @@
 """The provider port: what the daemon asks of a mail provider, every capability declared.
 
-A provider never touches the store. It returns values; the daemon turns them into events.
+A provider never touches the store. It returns values (`outcomes.py`: a send's outcome, a
+search's copies, the error of a call that gave no answer; imported here, so the port is
+one name to import from); the daemon turns them into events.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, cast
+
+from daemon.providers.outcomes import (
+    ProviderError,
+    SearchHit,
+    SearchResult,
+    SendKind,
+    SendOutcome,
+)
 
 if TYPE_CHECKING:
     from daemon.providers.draft_handle import DraftsProvider
@@ -22,83 +30,6 @@ DEFAULT_READBACK_RATE = 0.01
 #: What `ProviderBase.ping` searches for: `.invalid` is reserved (RFC 2606), so no message
 #: anyone sent has it.
 PING_MESSAGE_ID = "<ping@sendledger.invalid>"
-
-
-class SendKind(StrEnum):
-    CONFIRMED = "confirmed"  # 2xx with the provider's message id
-    UNKNOWN = "unknown"  # the request may have been accepted; nobody can tell from here
-    REJECTED = "rejected"  # the provider definitely did not accept it
-
-
-@dataclass(frozen=True)
-class SendOutcome:
-    kind: SendKind
-    reason: str
-    provider_message_id: str | None = None
-    transient: bool = False  # only for REJECTED: may be retried after a backoff
-    retry_after: float | None = None  # seconds, from Retry-After when the provider gave one
-    status: int | None = None  # HTTP status when there was one
-    #: Only for REJECTED and transient: nothing was sent AND the provider (or the mailbox's
-    #: quota) is unavailable (connection refused, DNS, connect timeout, TLS handshake, 429
-    #: and quota errors, SMTP 421 before DATA). Waited out: it does not count against
-    #: `max_attempts`, and a few in a row open the scope's circuit (docs/operations.md, "Outages and
-    #: quotas").
-    unavailable: bool = False
-    #: The call ended because it outlived its timeout (after a send's request was written:
-    #: UNKNOWN). For the job the outcome is what `kind` says; for the scope's circuit a
-    #: sign of a hang, counted as "unavailable" is (docs/operations.md, "Outages and
-    #: quotas").
-    timed_out: bool = False
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    provider_message_id: str
-    message_id_header: str
-    labels: tuple[str, ...] = field(default_factory=tuple)
-    # What a human checking the copy wants to see (as the provider stored them; "" when
-    # the provider did not say): docs/review.md "Review".
-    date: str = ""
-    to: str = ""
-    subject: str = ""
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """The copies a search found, and the query exactly as the provider was sent it
-    (that is what the ledger records for an audit)."""
-
-    query: str
-    hits: tuple[SearchHit, ...] = ()
-
-    @property
-    def copies(self) -> list[str]:
-        """The provider's ids of the copies, in the order found."""
-        return [hit.provider_message_id for hit in self.hits]
-
-
-class ProviderError(Exception):
-    """A search or read could not be completed (network, 5xx, quota).
-
-    The caller must treat it as "no information", never as "no hits".
-    """
-
-    def __init__(
-        self,
-        reason: str,
-        *,
-        retry_after: float | None = None,
-        unavailable: bool = False,
-        timed_out: bool = False,
-    ) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after = retry_after
-        #: The provider did not answer at all or said "over quota" (as SendOutcome's); a
-        #: call that timed out is unavailable too.
-        self.unavailable = unavailable or timed_out
-        #: The call outlived its timeout: a hang, for the circuit (SendOutcome.timed_out).
-        self.timed_out = timed_out
 
 
 class Provider(Protocol):
@@ -226,3 +157,18 @@ class ProviderBase:
 def for_job(provider: Provider, from_addr: str, thread_id: str | None) -> Provider:
     """`provider.for_job(...)`: the provider as one job sees it."""
     return provider.for_job(from_addr, thread_id)
+
+
+__all__ = [
+    "DEFAULT_READBACK_FIRST",
+    "DEFAULT_READBACK_RATE",
+    "PING_MESSAGE_ID",
+    "Provider",
+    "ProviderBase",
+    "ProviderError",
+    "SearchHit",
+    "SearchResult",
+    "SendKind",
+    "SendOutcome",
+    "for_job",
+]

@@ -58,6 +58,13 @@ from daemon.providers.classify import (
 )
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from daemon.providers.gmail_drafts import COMPOSE_SCOPE, DRAFT_STEP_UNITS, GmailDrafts
+from daemon.providers.gmail_mailbox import (
+    Mailbox,
+    Response,
+    message_id_header,
+    metadata_header,
+    search_term,
+)
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
@@ -68,6 +75,7 @@ from daemon.providers.quota import (
 )
 from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
 from ledger.addresses import parse_mailbox
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.message_id import same_message_id
 
 # gmail.send for messages.send; gmail.readonly because `q=` is refused under gmail.metadata.
@@ -81,7 +89,6 @@ SEND_VIA = ("messages", "drafts")
 SENT_LABEL = "SENT"
 MAX_PAGE_SIZE = 500  # Gmail's ceiling for messages.list maxResults
 
-Response = tuple[int, dict[str, str], bytes]
 #: `user = "{from}"`: act as each job's From mailbox (domain-wide delegation).
 FROM_PLACEHOLDER = "{from}"
 
@@ -92,17 +99,23 @@ COMPOSE_CAPABLE = frozenset(
 )
 
 
-class MissingScope(ValueError):
+class MissingScope(SendledgerError, ValueError):
     """The credentials are not granted a scope the configured send path needs."""
 
+    kind = Refusal.BAD_INPUT
 
-class DelegationRequired(ValueError):
+
+class DelegationRequired(SendledgerError, ValueError):
     """`user = "{from}"` with credentials that cannot act as other mailboxes."""
 
+    kind = Refusal.BAD_INPUT
 
-class CredentialsFileUnreadable(ValueError):
+
+class CredentialsFileUnreadable(SendledgerError, ValueError):
     """The credentials file is not a readable regular file (docs/configuration.md "Bounds, URLs,
     addresses and files")."""
+
+    kind = Refusal.BAD_INPUT
 
 
 def load_credentials(
@@ -204,61 +217,6 @@ def _raw_response(resp: Any, content: Any) -> tuple[Any, Any]:
     return resp, content
 
 
-class _Mailbox:
-    """One mailbox the provider acts as: its credentials (one token) and its quota bucket.
-    With `user = "{from}"` there is one per From address, made on first use and kept."""
-
-    def __init__(
-        self,
-        user: str,
-        credentials: AuthCredentials,
-        bucket: TokenBucket,
-        draft_units: float = 0.0,
-    ) -> None:
-        self.user = user
-        self.credentials = credentials
-        self.bucket = bucket
-        # Sends whose quota the engine already took (`reserve_send`): they do not wait.
-        self._prepaid = 0
-        # send_via = "drafts": each reservation also takes the draft step's units (the
-        # calls before the claim), so a job is taken only when its whole step is paid.
-        self.draft_units = draft_units
-        self._prepaid_drafts = 0.0
-        self._lock = threading.Lock()
-
-    def reserve_send(self) -> float:
-        """The quota of one send (and its draft step) taken now (0.0), or the seconds
-        until it could be."""
-        units = GMAIL_SEND_UNITS + self.draft_units
-        with self._lock:
-            if self.bucket.try_acquire(units):
-                self._prepaid += 1
-                self._prepaid_drafts += self.draft_units
-                return 0.0
-        # Never 0.0 when nothing was taken: the caller would spin.
-        return max(self.bucket.wait_for(units), 0.001)
-
-    def pay_send(self) -> None:
-        """A send's quota: the one reserved for it, else waited for now."""
-        with self._lock:
-            if self._prepaid:
-                self._prepaid -= 1
-                # What a finished draft step left is not saved up beyond the reservations
-                # still out: a credit spent much later would be a burst over the quota.
-                self._prepaid_drafts = min(self._prepaid_drafts, self.draft_units * self._prepaid)
-                return
-        self.bucket.acquire(GMAIL_SEND_UNITS)
-
-    def pay_draft(self, units: float) -> None:
-        """A drafts call's quota: out of what reservations took for draft steps, the
-        rest waited for now."""
-        with self._lock:
-            taken = min(units, self._prepaid_drafts)
-            self._prepaid_drafts -= taken
-        if units - taken > 1e-9:
-            self.bucket.acquire(units - taken)
-
-
 class GmailProvider(ProviderBase):
     """The provider port on the Gmail API. Thread-safe: each thread gets its own HTTP
     object (httplib2 is not thread-safe); credentials and the quota buckets are shared.
@@ -325,8 +283,8 @@ class GmailProvider(ProviderBase):
         self._credentials = load_credentials(
             self._credentials_file, user=self.user, token_uri=token_uri, scopes=self.scopes
         )
-        self._mailboxes: dict[str, _Mailbox] = {}  # by lower-cased address
-        self._by_from: dict[str, _Mailbox] = {}  # by From as the jobs spell it
+        self._mailboxes: dict[str, Mailbox] = {}  # by lower-cased address
+        self._by_from: dict[str, Mailbox] = {}  # by From as the jobs spell it
         self._mailboxes_lock = threading.Lock()
         self._default = (
             None if self.per_mailbox else self._new_mailbox(self.user, self._credentials)
@@ -340,7 +298,7 @@ class GmailProvider(ProviderBase):
 
     # -- mailboxes ---------------------------------------------------------------------
 
-    def _new_mailbox(self, user: str, credentials: AuthCredentials) -> _Mailbox:
+    def _new_mailbox(self, user: str, credentials: AuthCredentials) -> Mailbox:
         # Capacity at least one send, or a send could never be afforded at low rates. With
         # "{from}" one send less than a second's worth: many mailboxes run at their quota
         # at once, and Gmail meters each request when it arrives, so a send delayed on
@@ -353,9 +311,9 @@ class GmailProvider(ProviderBase):
             clock=self._clock,
             sleep=self._sleep,
         )
-        return _Mailbox(user, credentials, bucket, draft_units)
+        return Mailbox(user, credentials, bucket, draft_units)
 
-    def mailbox(self, from_addr: str) -> _Mailbox:
+    def mailbox(self, from_addr: str) -> Mailbox:
         """The mailbox a job from `from_addr` is sent as: the configured user, or with
         "{from}" that address's own (one token, one quota bucket), made once and kept."""
         if self._default is not None:
@@ -395,7 +353,7 @@ class GmailProvider(ProviderBase):
     def _transport(self) -> SingleShotHttp:
         return self._transports.get()
 
-    def _http(self, mailbox: _Mailbox) -> google_auth_httplib2.AuthorizedHttp:
+    def _http(self, mailbox: Mailbox) -> google_auth_httplib2.AuthorizedHttp:
         # One connection pool per thread, shared by every mailbox the thread acts as.
         transport = self._transport()
         authed_by_user: dict[str, google_auth_httplib2.AuthorizedHttp] | None = getattr(
@@ -410,7 +368,7 @@ class GmailProvider(ProviderBase):
         return authed
 
     def prepare(
-        self, request: Any, units: float | None, mailbox: _Mailbox, *, draft: bool = False
+        self, request: Any, units: float | None, mailbox: Mailbox, *, draft: bool = False
     ) -> None:
         """Everything that happens before a request may leave: checks and quota pacing
         (`units` None: a send, paid by its reservation when it has one; `draft`: a drafts
@@ -426,7 +384,7 @@ class GmailProvider(ProviderBase):
         else:
             mailbox.bucket.acquire(units)
 
-    def execute(self, request: Any, mailbox: _Mailbox) -> Response:
+    def execute(self, request: Any, mailbox: Mailbox) -> Response:
         """One attempt of one API call: (status, lower-cased headers, body bytes) for any
         complete HTTP answer; exceptions for everything else. num_retries=0: see above."""
         try:
@@ -437,7 +395,7 @@ class GmailProvider(ProviderBase):
         return int(resp.status), _headers(resp), body
 
     def answer(
-        self, what: str, request: Any, units: float, mailbox: _Mailbox, *, draft: bool = False
+        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
     ) -> Response:
         """One read or draft call's complete HTTP answer; ProviderError when none came."""
         self.prepare(request, units, mailbox, draft=draft)
@@ -447,7 +405,7 @@ class GmailProvider(ProviderBase):
             raise provider_error_for_exception(what, exc) from exc
 
     def read_json(
-        self, what: str, request: Any, units: float, mailbox: _Mailbox, *, draft: bool = False
+        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
     ) -> dict[str, Any]:
         status, headers, body = self.answer(what, request, units, mailbox, draft=draft)
         if not 200 <= status < 300:
@@ -459,7 +417,7 @@ class GmailProvider(ProviderBase):
         what: str,
         method: Callable[..., Any],
         params: dict[str, Any],
-        mailbox: _Mailbox,
+        mailbox: Mailbox,
         *,
         draft: bool = False,
     ) -> Iterator[dict[str, Any]]:
@@ -479,7 +437,7 @@ class GmailProvider(ProviderBase):
             seen_tokens.add(next_token)
             page_token = next_token
 
-    def _unscoped(self) -> _Mailbox:
+    def _unscoped(self) -> Mailbox:
         if self._default is None:
             raise ProviderError(
                 f'provider {self.name!r} has user = "{FROM_PLACEHOLDER}": say which mailbox'
@@ -500,7 +458,7 @@ class GmailProvider(ProviderBase):
             raise ValueError(f'provider {self.name!r}: "{FROM_PLACEHOLDER}" needs a From header')
         return self.send_as(self.mailbox(str(sender)), raw, None)
 
-    def send_as(self, mailbox: _Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
+    def send_as(self, mailbox: Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
         if self.send_via == "drafts":
             return self.send_by_draft(mailbox, raw, thread_id)
         encoded = base64.urlsafe_b64encode(raw).decode("ascii")
@@ -515,7 +473,7 @@ class GmailProvider(ProviderBase):
             return classify_send_exception(exc)
         return classify_send_response(status, headers, response)
 
-    def send_by_draft(self, mailbox: _Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
+    def send_by_draft(self, mailbox: Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
         """Create the draft, then send it: one call of the port for an engine that does
         not keep the draft in the job's history. A draft that could not be created sent
         nothing (an orphan a lost answer left is never sent: `find_drafts`)."""
@@ -556,7 +514,7 @@ class GmailProvider(ProviderBase):
     def delete_drafts(self, message_id: str) -> list[str]:
         return self.delete_drafts_in(self._unscoped(), message_id)
 
-    def delete_drafts_in(self, mailbox: _Mailbox, message_id: str) -> list[str]:
+    def delete_drafts_in(self, mailbox: Mailbox, message_id: str) -> list[str]:
         """Every unsent draft with the Message-ID, deleted (drafts.list, then drafts.delete
         of each; only in drafts mode, the only one that makes drafts)."""
         if self.send_via != "drafts":
@@ -567,7 +525,7 @@ class GmailProvider(ProviderBase):
     def ping(self) -> None:
         self.ping_as(self._unscoped())
 
-    def ping_as(self, mailbox: _Mailbox) -> None:
+    def ping_as(self, mailbox: Mailbox) -> None:
         """users.getProfile: 1 quota unit, sends nothing (a circuit's probe after a hang)."""
         request = self.service.users().getProfile(userId=mailbox.user)
         self.read_json("ping (users.getProfile)", request, GMAIL_PROFILE_UNITS, mailbox)
@@ -615,7 +573,7 @@ class GmailProvider(ProviderBase):
     def search(self, message_id: str) -> SearchResult:
         return self.search_in(self._unscoped(), message_id)
 
-    def search_in(self, mailbox: _Mailbox, message_id: str) -> SearchResult:
+    def search_in(self, mailbox: Mailbox, message_id: str) -> SearchResult:
         """Every SENT copy (spam and trash included) whose Message-ID header is ours.
 
         Lists through every page, then reads each hit's header, because Gmail's
@@ -653,9 +611,9 @@ class GmailProvider(ProviderBase):
                         provider_id,
                         header,
                         labels,
-                        date=_header(data, "date") or "",
-                        to=_header(data, "to") or "",
-                        subject=_header(data, "subject") or "",
+                        date=metadata_header(data, "date") or "",
+                        to=metadata_header(data, "to") or "",
+                        subject=metadata_header(data, "subject") or "",
                     )
                 )
         return SearchResult(query=query, hits=tuple(hits))
@@ -663,7 +621,7 @@ class GmailProvider(ProviderBase):
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.read_message_id_in(self._unscoped(), provider_message_id)
 
-    def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
+    def read_message_id_in(self, mailbox: Mailbox, provider_message_id: str) -> str | None:
         return message_id_header(self._get_metadata(mailbox, provider_message_id))
 
     def scope(self) -> str:
@@ -686,7 +644,7 @@ class GmailProvider(ProviderBase):
         self._closed = True
         self._transports.close()
 
-    def _get_metadata(self, mailbox: _Mailbox, provider_message_id: str) -> dict[str, Any]:
+    def _get_metadata(self, mailbox: Mailbox, provider_message_id: str) -> dict[str, Any]:
         request = self._messages.get(
             userId=mailbox.user,
             id=provider_message_id,
@@ -708,7 +666,7 @@ class GmailMailboxView(ProviderBase):
 
     response_ids_readable = True
 
-    def __init__(self, provider: GmailProvider, mailbox: _Mailbox, thread_id: str | None) -> None:
+    def __init__(self, provider: GmailProvider, mailbox: Mailbox, thread_id: str | None) -> None:
         self.provider = provider
         self.mailbox = mailbox
         self.thread_id = thread_id
@@ -769,33 +727,3 @@ class GmailMailboxView(ProviderBase):
 
     def __repr__(self) -> str:
         return f"GmailMailboxView({self.name!r}, user={self.mailbox.user!r})"
-
-
-def search_term(message_id: str) -> str:
-    """The Message-ID as Gmail documents the operator: `rfc822msgid:local@domain`, without
-    angle brackets. Refuses values that would change the meaning of the query."""
-    value = message_id.strip()
-    if value.startswith("<") and value.endswith(">"):
-        value = value[1:-1].strip()
-    if not value or any(c.isspace() or c in '"(){}' for c in value):
-        raise ProviderError(f"cannot search for Message-ID {message_id!r}")
-    return value
-
-
-def message_id_header(message: Mapping[str, Any]) -> str | None:
-    return _header(message, "message-id")
-
-
-def _header(message: Mapping[str, Any], name: str) -> str | None:
-    """The first `name` header (lower case) of a metadata answer, or None."""
-    payload = message.get("payload")
-    if not isinstance(payload, dict):
-        return None
-    for header in payload.get("headers") or ():
-        if (
-            isinstance(header, dict)
-            and str(header.get("name", "")).lower() == name
-            and isinstance(header.get("value"), str)
-        ):
-            return str(header["value"])
-    return None

@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ledger.stores import exception_chain
+from ledger.stores.causes import exception_chain
 
 POSITIONS_TABLE = "sendledger_webhook_positions"
 COLUMNS = (
