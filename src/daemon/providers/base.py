@@ -5,7 +5,9 @@ A provider never touches the store. It returns values; the daemon turns them int
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -77,6 +79,31 @@ class SearchResult:
         return [hit.provider_message_id for hit in self.hits]
 
 
+@dataclass(frozen=True)
+class FoundReport:
+    """A message of the mailbox that may be a delivery report, as the provider read it:
+    its bytes, or None when it was not read: larger than the caller's limit, or of a
+    top-level `content_type` the provider saw first that no report has."""
+
+    provider_id: str
+    raw: bytes | None
+    size: int
+    content_type: str = ""  # "multipart/report", ...; "" when the provider did not say
+
+
+@dataclass(frozen=True)
+class ReportRead:
+    """One read of a mailbox for delivery reports (docs/how-it-works.md "Bounces"): what
+    was asked, every candidate the mailbox lists since then (`listed`, ids), and those not
+    `known` before, read now (`found`). `complete` is False when the read stopped early
+    (quota kept for sends, or the caller's limit): the rest are read next time."""
+
+    query: str
+    listed: tuple[str, ...] = ()
+    found: tuple[FoundReport, ...] = ()
+    complete: bool = True
+
+
 class ProviderError(Exception):
     """A search or read could not be completed (network, 5xx, quota).
 
@@ -123,6 +150,10 @@ class Provider(Protocol):
     #: them with `delete_drafts` before it counts a lapsed claim's copies, and once the
     #: job is settled (docs/architecture.md "Drafts never outlive their job").
     leaves_drafts: bool
+    #: Whether `read_reports` finds delivery reports (bounces) in the mailbox the provider
+    #: acts as: the engine watches a channel's confirmed jobs (`watch_bounces`) only on a
+    #: provider that does (docs/how-it-works.md "Bounces").
+    reads_reports: bool
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         """Send one complete RFC 5322 message exactly once. Never raises for
@@ -161,6 +192,16 @@ class Provider(Protocol):
         that hung calls opened: no job is sent into a hang to find out whether it ended."""
         ...
 
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        """The messages of the mailbox that may be delivery reports, received since
+        `since`: every candidate's id, and the bytes of at most `limit` of those not in
+        `known` (a message over `max_bytes` is listed with `raw` None, not read). Paid
+        from the mailbox's quota as a search is, leaving a send's worth in it. Raises
+        ProviderError when the answer is not known."""
+        ...
+
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         """The provider as one job sees it: a provider that acts per mailbox or per thread
         (Gmail with `user = "{from}"`, a job's `thread_id`) returns a view acting as the
@@ -197,9 +238,16 @@ class ProviderBase:
     readback_first: int = DEFAULT_READBACK_FIRST
     readback_rate: float = DEFAULT_READBACK_RATE
     leaves_drafts: bool = False
+    reads_reports: bool = False
 
     def drafts(self) -> DraftsProvider | None:
         return None
+
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        # A provider that finds no reports: nothing listed (the engine never asks it).
+        return ReportRead(query="")
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return []
