@@ -267,25 +267,7 @@ class GraphEmulator(LoopbackService):
     def inject(self, raw: bytes, *, user: str, message_class: str = "IPM.Note") -> str:
         """A message received into `user`'s Inbox now (a report: `NDR_CLASS`); its
         immutable id."""
-        parsed = mime_reader.parse(raw)
-        with self._lock:
-            now = self._clock()
-            item = _Item(
-                immutable_id=self._new_id(),
-                rest_id=self._new_id(),
-                user=user.lower(),
-                raw=raw,
-                message_id=mime_reader.header(parsed, "Message-ID"),
-                folder="inbox",
-                is_draft=False,
-                created=now,
-                searchable_at=now + self._lag,
-                parsed=parsed,
-                message_class=message_class,
-                received=now,
-            )
-            self._items.append(item)
-            return item.immutable_id
+        return self._file(user.lower(), raw, "inbox", message_class=message_class).immutable_id
 
     # -- the mailbox -------------------------------------------------------------------
 
@@ -309,6 +291,13 @@ class GraphEmulator(LoopbackService):
                 raw, f"<{secrets.token_hex(12)}@emulator.prod.outlook.com>"
             )
             parsed = mime_reader.parse(raw)
+        return self._file(user, raw, DRAFTS)
+
+    def _file(
+        self, user: str, raw: bytes, folder: str, *, message_class: str = "IPM.Note"
+    ) -> _Item:
+        """A new item in `folder`: a draft (Drafts), or a message received now (Inbox)."""
+        parsed = mime_reader.parse(raw)
         with self._lock:
             now = self._clock()
             item = _Item(
@@ -318,11 +307,13 @@ class GraphEmulator(LoopbackService):
                 user=user,
                 raw=raw,
                 message_id=mime_reader.header(parsed, "Message-ID"),
-                folder=DRAFTS,
-                is_draft=True,
+                folder=folder,
+                is_draft=folder == DRAFTS,
                 created=now,
                 searchable_at=now + self._lag,
                 parsed=parsed,
+                message_class=message_class,
+                received=None if folder == DRAFTS else now,
             )
             self._items.append(item)
             return item
