@@ -52,8 +52,10 @@ MAX_REPORT_BYTES = 2 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 #: Top-level parts of a report: RFC 3464 has three; a few more for what MTAs add.
 MAX_PARTS = 16
-#: Recipient blocks read from one report.
+#: Recipient blocks read from one report, and the size of the part that holds them (a
+#: block is a few hundred bytes: more is no report).
 MAX_RECIPIENTS = 100
+MAX_STATUS_BYTES = 64 * 1024
 #: The longest text kept of a diagnostic, a reporter or a report id.
 MAX_TEXT = 300
 
@@ -206,21 +208,24 @@ def _split_head(text: str) -> tuple[Fields, str]:
 
 
 def _fields(head: str) -> Fields:
-    fields: Fields = []
+    names: list[str] = []
+    values: list[list[str]] = []  # a field's lines, joined once (folded lines stay linear)
     for line in head.split("\n"):
         if not line:
             continue
         if line[0] in " \t":
-            if not fields:
+            if not values:
                 raise _Refused(Refusal.MALFORMED, "continuation before any field")
-            name, value = fields[-1]
-            fields[-1] = (name, value + " " + line.strip())
+            values[-1].append(line.strip())
             continue
         name, colon, value = line.partition(":")
         if not colon or not _HEADER_NAME.fullmatch(name.rstrip()):
             raise _Refused(Refusal.MALFORMED, "a header line without a field name")
-        fields.append((name.rstrip().lower(), value.strip()))
-    return fields
+        names.append(name.rstrip().lower())
+        values.append([value.strip()])
+    return [
+        (name, " ".join(v for v in lines if v)) for name, lines in zip(names, values, strict=True)
+    ]
 
 
 def _all(fields: Fields, name: str) -> list[str]:
@@ -287,30 +292,24 @@ def _parameters(text: str) -> list[tuple[str, str]]:
 
 
 def _parts(body: str, boundary: str) -> list[tuple[str, str]]:
-    """(content type, decoded body) of each part between the report's own boundaries."""
+    """(content type, decoded body) of each part between the report's own boundaries.
+    Only whole boundary lines are found (one regular expression with the boundary as its
+    literal prefix): one scan of the bytes, and a step per boundary."""
     if not 1 <= len(boundary) <= 70 or any(not " " <= c <= "~" for c in boundary):
         raise _Refused(Refusal.MALFORMED, "no usable boundary")
-    opening, closing = "--" + boundary, "--" + boundary + "--"
+    text = "\n" + body
+    lines = re.compile(r"\n--" + re.escape(boundary) + r"(--)?[ \t]*(?=\n|\Z)")
     parts: list[tuple[str, str]] = []
-    current: list[str] | None = None
-    for line in body.split("\n"):
-        stripped = line.rstrip(" \t")
-        if stripped == closing:
-            if current is not None:
-                parts.append(_part("\n".join(current)))
-            current = None
-            break
-        if stripped == opening:
-            if current is not None:
-                parts.append(_part("\n".join(current)))
-            if len(parts) >= MAX_PARTS:
-                raise _Refused(Refusal.MALFORMED, f"more than {MAX_PARTS} parts")
-            current = []
-        elif current is not None:
-            current.append(line)
-    if current is not None:
-        raise _Refused(Refusal.MALFORMED, "the report's closing boundary is missing")
-    return parts
+    start: int | None = None  # where the current part's text begins
+    for found in lines.finditer(text):
+        if start is not None:
+            parts.append(_part(text[start : found.start()]))
+        if found.group(1):
+            return parts
+        if len(parts) >= MAX_PARTS:
+            raise _Refused(Refusal.MALFORMED, f"more than {MAX_PARTS} parts")
+        start = found.end() + 1
+    raise _Refused(Refusal.MALFORMED, "the report's closing boundary is missing")
 
 
 def _part(text: str) -> tuple[str, str]:
@@ -336,6 +335,8 @@ def _decoded(body: str, encoding: str) -> str:
 
 def _status_fields(body: str) -> tuple[Fields, list[Fields]]:
     """The per-message fields and each per-recipient block of a delivery-status part."""
+    if len(body) > MAX_STATUS_BYTES:
+        raise _Refused(Refusal.MALFORMED, f"a delivery-status part of {len(body)} bytes")
     blocks = [b for b in re.split(r"\n[ \t]*\n", body.strip("\n")) if b.strip()]
     if not blocks:
         raise _Refused(Refusal.NO_STATUS, "an empty delivery-status part")

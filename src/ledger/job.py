@@ -448,6 +448,7 @@ class SendJob(Aggregate):
             # In review a human may still resend the recorded draft: its drafts are
             # tidied when the human's decision settles it.
             job.tidy_at = None
+            job.watch_until = None  # a bounce watch ends with the confirmation it followed
 
     class Resolved(Event):
         TOPIC = "sendledger:SendJob.Resolved"

@@ -117,6 +117,7 @@ class BounceWatch:
         self._mailboxes: dict[str, _Mailbox] = {}
         self._reads: list[MailboxRead] = []
         self._reads_at: datetime | None = None
+        self._addresses: dict[str, str] = {}  # mailbox digest -> a From of that mailbox
 
     def due(self) -> list[MailboxRead]:
         """The mailbox reads that may run now: due, nothing of theirs waiting to be sent,
@@ -153,9 +154,10 @@ class BounceWatch:
             if policy is None or policy.watch_bounces is None:
                 continue  # its watches end at their time; nothing is read for them
             provider = self._providers.get(policy.provider)
-            if provider is None:
+            address = self._address(watched.mailbox, watched.example_key)
+            if provider is None or address is None:
                 continue
-            view = provider.for_job(watched.mailbox, None)
+            view = provider.for_job(address, None)
             if not view.reads_reports:
                 continue
             scope = view.scope()
@@ -168,6 +170,20 @@ class BounceWatch:
                 known.channels |= {watched.channel}
                 known.lookback = max(known.lookback, policy.watch_bounces)
         return sorted(merged.values(), key=lambda r: r.scope)
+
+    def _address(self, digest: str, example_key: str) -> str | None:
+        """The From of a watched mailbox, known by its digest (the index keeps no address):
+        read from one of its jobs once, then remembered."""
+        with self._lock:
+            known = self._addresses.get(digest)
+        if known is not None:
+            return known
+        job = self._ledger.find_job(example_key)
+        if job is None:
+            return None
+        with self._lock:
+            self._addresses[digest] = job.from_addr
+        return job.from_addr
 
     def read(self, read: MailboxRead, counter: Counter) -> None:
         """One read of one mailbox, and every report it found attributed (a check
@@ -253,11 +269,11 @@ class BounceWatch:
             if JobState(row.state) in _NOT_YET:
                 return None
             return self._refused(provider_id, Refusal.NOT_WATCHED, row.key)
-        if self._scope_of(row.channel, row.watch_mailbox) != read.scope:
-            return self._refused(provider_id, Refusal.OTHER_MAILBOX, row.key)
         for _ in range(SAVE_TRIES):
             try:
                 job = self._ledger.get_job(row.key)
+                if self._scope_of(job.channel, job.from_addr) != read.scope:
+                    return self._refused(provider_id, Refusal.OTHER_MAILBOX, row.key)
                 self._record(job, report, provider_id)
             except BounceRefused as refused:
                 return self._refused(provider_id, refused.refusal, f"{row.key}: {refused}")
@@ -284,10 +300,10 @@ class BounceWatch:
         self._commits.save(job)
         notify(lambda: self._observer.saved(job, events))
 
-    def _scope_of(self, channel: str, mailbox: str) -> str | None:
+    def _scope_of(self, channel: str, from_addr: str) -> str | None:
         policy = self._policies.current.get(channel)
         provider = None if policy is None else self._providers.get(policy.provider)
-        return None if provider is None else provider.for_job(mailbox, None).scope()
+        return None if provider is None else provider.for_job(from_addr, None).scope()
 
     def _refused(self, provider_id: str, refusal: Refusal, detail: str) -> str:
         notify(lambda: self._observer.bounce_report(refusal.value))

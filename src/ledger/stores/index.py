@@ -12,6 +12,7 @@ backend answers the same queries from a dict.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
@@ -68,8 +69,9 @@ class IndexRow:
     attempts: int
     reason: str | None
     purged_at: float | None = None  # epoch seconds: its content was purged then
-    # A confirmed job whose bounces are watched: until when, and its mailbox (the bare
-    # From address); both None otherwise (docs/how-it-works.md "Bounces").
+    # A confirmed job whose bounces are watched: until when, and a digest of its mailbox
+    # (`mailbox_digest`: the index keeps no address); both None otherwise
+    # (docs/how-it-works.md "Bounces").
     watch_until: float | None = None
     watch_mailbox: str | None = None
 
@@ -108,11 +110,13 @@ ALL_JOBS = JobFilter()
 
 @dataclass(frozen=True)
 class WatchedMailbox:
-    """A mailbox some confirmed jobs of a channel have their bounces watched in."""
+    """A mailbox some confirmed jobs of a channel have their bounces watched in: its
+    digest, how many jobs, and one of them (whose From names the mailbox)."""
 
     channel: str
-    mailbox: str  # the bare From address
+    mailbox: str  # `mailbox_digest` of the jobs' From
     jobs: int
+    example_key: str
 
 
 def index_row(job: SendJob) -> IndexRow:
@@ -131,15 +135,18 @@ def index_row(job: SendJob) -> IndexRow:
         reason=job.reason,
         purged_at=None if job.purged_at is None else job.purged_at.timestamp(),
         watch_until=job.watch_until.timestamp() if watching and job.watch_until else None,
-        watch_mailbox=_bare(job.from_addr) if watching else None,
+        watch_mailbox=mailbox_digest(job.from_addr) if watching else None,
     )
 
 
-def _bare(from_addr: str) -> str:
-    """The lower-cased addr-spec of a job's From: the mailbox its reports arrive in."""
+def mailbox_digest(from_addr: str) -> str:
+    """What the index keeps of a watched job's mailbox: the first 32 hex digits of the
+    SHA-256 of its lower-cased addr-spec, so jobs of one mailbox group together and no
+    address is stored beside encrypted events (docs/configuration.md "Encryption at rest")."""
     from ledger.addresses import parse_mailbox  # only for watched jobs (its imports cost)
 
-    return parse_mailbox(from_addr).address.addr_spec.lower()
+    bare = parse_mailbox(from_addr).address.addr_spec.lower()
+    return hashlib.sha256(bare.encode("utf-8")).hexdigest()[:32]
 
 
 def rows_from(kwargs: Mapping[str, Any]) -> list[IndexRow]:
@@ -388,12 +395,15 @@ class SqlJobIndex:
     def watched(self) -> list[WatchedMailbox]:
         rows = self._fetch(
             self._sql(
-                "SELECT channel, watch_mailbox, COUNT(*) FROM {t} WHERE watch_until IS NOT NULL "
+                "SELECT channel, watch_mailbox, COUNT(*), MIN(key) FROM {t} "
+                "WHERE watch_until IS NOT NULL "
                 "GROUP BY channel, watch_mailbox ORDER BY channel, watch_mailbox"
             ),
             [],
         )
-        return [WatchedMailbox(str(c), str(m), int(n)) for c, m, n in rows if m is not None]
+        return [
+            WatchedMailbox(str(c), str(m), int(n), str(k)) for c, m, n, k in rows if m is not None
+        ]
 
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
         """Counts for the given states: a range of the (state, due_at) index each, so
@@ -527,6 +537,7 @@ __all__ = [
     "SqlJobIndex",
     "WatchedMailbox",
     "index_row",
+    "mailbox_digest",
     "missing_indexes",
     "rows_from",
 ]

@@ -149,13 +149,12 @@ class MemoryJobIndexRecorder(POPOApplicationRecorder):
         return rows[: max(limit, 0)]
 
     def watched(self) -> list[WatchedMailbox]:
+        groups: dict[tuple[str, str], list[str]] = {}
         with self._database_lock:
-            tally = Counter(
-                (r.channel, r.watch_mailbox)
-                for r in self._rows.values()
-                if r.watch_until is not None and r.watch_mailbox is not None
-            )
-        return [WatchedMailbox(c, m, n) for (c, m), n in sorted(tally.items())]
+            for r in self._rows.values():
+                if r.watch_until is not None and r.watch_mailbox is not None:
+                    groups.setdefault((r.channel, r.watch_mailbox), []).append(r.key)
+        return [WatchedMailbox(c, m, len(k), min(k)) for (c, m), k in sorted(groups.items())]
 
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
         counts = dict.fromkeys(states, 0)
