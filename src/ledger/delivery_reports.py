@@ -43,6 +43,7 @@ __all__ = [
     "Refusal",
     "ReportRefused",
     "read_report",
+    "said",
 ]
 
 #: The largest report read: a DSN that quotes a big original message in full is refused
@@ -394,3 +395,14 @@ def _printable(text: str) -> str:
     """Printable ASCII only, whitespace collapsed, at most MAX_TEXT characters."""
     kept = "".join(c if " " <= c <= "~" else " " for c in text[: MAX_TEXT * 4])
     return " ".join(kept.split())[:MAX_TEXT]
+
+
+def said(recipients: list[dict[str, object]]) -> str:
+    """What a Bounced event's report says, one line: "5.1.1 a@example.com: 550 ..." per
+    recipient, joined with "; " (the webhook's `detail`, the job page's line)."""
+    lines = []
+    for recipient in recipients:
+        line = f"{recipient.get('status', '')} {recipient.get('address', '')}"
+        diagnostic = recipient.get("diagnostic") or ""
+        lines.append(f"{line}: {diagnostic}" if diagnostic else line)
+    return "; ".join(lines)

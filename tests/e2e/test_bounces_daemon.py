@@ -7,6 +7,7 @@ and no forgery put a bounce on any job."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from urllib.parse import unquote_plus
 
@@ -144,6 +145,9 @@ def test_each_bounce_is_recorded_once_across_a_kill9_and_forgeries_on_none(
         for key in [*fine, "other-1"]:
             assert bounced(rig, key) == [], key
             assert rig.state(key) == "confirmed"
+        # The audit filter: every Bounced event, and nothing else.
+        audit = rig.cli("audit", "--event", "Bounced", "--format", "json").stdout.splitlines()
+        assert sorted(json.loads(line)["key"] for line in audit) == sorted(bouncing)
         gmail_style = [k for k, to in bouncing.items() if to in GMAIL_STYLE]
         assert {bounced(rig, k)[0]["reporter"] for k in gmail_style} == {"dns; googlemail.com"}
         event_ids = {

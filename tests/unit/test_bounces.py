@@ -13,6 +13,7 @@ from tests.unit.engine_rig import EngineRig, policy, receipt
 
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.engine import Engine, PolicyHolder
+from daemon.service_layer.read_models import event_record, timeline_details
 from daemon.webhooks.events import payload, type_of
 from ledger.decision_types import RecordBounce
 from ledger.delivery_reports import DeliveryReport, read_report
@@ -279,3 +280,33 @@ def test_a_watch_starts_after_the_confirmation_only() -> None:
         policy("receipts", on_bounce="review")
     assert policy("receipts").fingerprint == policy("receipts", on_bounce="record").fingerprint
     assert timedelta(seconds=base.watch_bounces) == timedelta(hours=1)
+
+
+def test_the_job_page_says_what_the_report_says_and_metrics_count_it(rig: EngineRig) -> None:
+    from daemon.api.metrics import Metrics, Sources
+
+    metrics = Metrics(Sources(rig.ledger, {}))
+    engine = Engine(
+        rig.ledger,
+        rig.holder,
+        {"fake": rig.provider},
+        provider_timeouts={"fake": 10.0},
+        clock=rig.clock,
+        observer=metrics,
+        daemon_name="metrics",
+    )
+    mid = rig.submit("receipts", "r-1")
+    engine.tick()
+    rig.provider.deliver(bounce_of(mid))
+    rig.provider.deliver(bounce_of(mid.replace("mail.example.com", "evil.example")))
+    rig.clock.advance(INTERVAL)
+    engine.tick()
+    engine.close()
+    [record] = [event_record(e) for e in bounced(rig, "r-1")]
+    details = dict(timeline_details(record))
+    assert details["recipients"] == f"5.1.1 {TO}: smtp; 550 5.1.1 user unknown"
+    assert details["permanent"] == "true" and details["dsn_id"].startswith("<")
+    text = metrics.render().decode()
+    assert 'sendledger_bounces_total{kind="permanent"} 1.0' in text
+    assert 'sendledger_bounce_reports_total{outcome="recorded"} 1.0' in text
+    assert 'sendledger_bounce_reports_total{outcome="not-ours"} 1.0' in text

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, get_args
 from uuid import UUID
 
+from ledger.delivery_reports import said
 from ledger.vocabulary import Resolution
 
 if TYPE_CHECKING:
@@ -96,17 +97,6 @@ def rejected_code(event: Any) -> RejectedCode:
     return "transient" if event.transient else "permanent"
 
 
-def bounce_detail(event: Any) -> str:
-    """What a Bounced event's report says, one line: "5.1.1 a@example.com: 550 ..." per
-    recipient, joined with "; "."""
-    said = []
-    for recipient in event.recipients:
-        line = f"{recipient.get('status', '')} {recipient.get('address', '')}"
-        diagnostic = recipient.get("diagnostic") or ""
-        said.append(f"{line}: {diagnostic}" if diagnostic else line)
-    return "; ".join(said)
-
-
 def payload(kind: str, job: SendJob, event: Any, event_id: str) -> dict[str, Any]:
     """The JSON a delivery POSTs: the job as it was right after the event. `reason` is
     a code (the job's reason; for `rejected` one of `REJECTED_CODES`; for `bounced`
@@ -114,7 +104,7 @@ def payload(kind: str, job: SendJob, event: Any, event_id: str) -> dict[str, Any
     report's recipients and statuses for `bounced`, else null."""
     if kind == "bounced":
         reason: str | None = "permanent" if event.permanent else "transient"
-        detail: str | None = bounce_detail(event)
+        detail: str | None = said(event.recipients)
     elif kind == "rejected":
         reason, detail = rejected_code(event), event.reason
     else:
@@ -139,7 +129,6 @@ __all__ = [
     "RejectedCode",
     "WebhookEvent",
     "WebhookType",
-    "bounce_detail",
     "event_id_for",
     "payload",
     "rejected_code",
