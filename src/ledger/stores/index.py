@@ -395,11 +395,13 @@ class SqlJobIndex:
     def watched(self) -> list[WatchedMailbox]:
         rows = self._fetch(
             self._sql(
+                # A range of the partial index (a comparison implies NOT NULL): what is
+                # watched, never the other rows.
                 "SELECT channel, watch_mailbox, COUNT(*), MIN(key) FROM {t} "
-                "WHERE watch_until IS NOT NULL "
+                "WHERE watch_until >= {p} "
                 "GROUP BY channel, watch_mailbox ORDER BY channel, watch_mailbox"
             ),
-            [],
+            [0.0],
         )
         return [
             WatchedMailbox(str(c), str(m), int(n), str(k)) for c, m, n, k in rows if m is not None
