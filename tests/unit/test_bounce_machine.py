@@ -139,7 +139,7 @@ class BounceMachine(RuleBasedStateMachine):
 
 
 BounceMachine.TestCase.settings = settings(
-    max_examples=40,
+    max_examples=30,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
