@@ -24,6 +24,8 @@ DOMAIN = "mail.example.com"
 MID = f"<job-0123456789abcdef0123456789abcdef@{DOMAIN}>"
 GONE = "nobody@gone.example"
 SINCE = datetime.now(UTC) - timedelta(hours=1)
+#: No fault here hangs: a generous timeout only keeps a loaded machine from failing a read.
+CALL_TIMEOUT = 10.0
 
 
 def _read(provider: GmailProvider, known: frozenset[str] = frozenset()) -> list[DeliveryReport]:
@@ -42,7 +44,7 @@ def test_both_report_shapes_are_found_read_and_name_the_message(
     gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
 ) -> None:
     emulator.bounce = {GONE: "gmail", "@rfc.example": "rfc3464"}
-    provider = gmail_provider()
+    provider = gmail_provider(timeout=CALL_TIMEOUT)
     outcome = provider.send_raw(make_raw(MID, to=f"{GONE}, someone@rfc.example"))
     assert outcome.kind is SendKind.CONFIRMED
     reports = _read(provider)
@@ -60,7 +62,7 @@ def test_a_read_downloads_only_reports_and_only_once(
     make_raw: RawFactory,
 ) -> None:
     emulator.bounce = {GONE: "rfc3464"}
-    provider = gmail_provider(timeout=10.0)  # the emulator reads a 2 MB message's metadata
+    provider = gmail_provider(timeout=CALL_TIMEOUT)
     provider.send_raw(make_raw(MID, to=GONE))
     # From the mailer daemon, but no report: its metadata says so, its bytes are not read.
     emulator.inject(
@@ -97,14 +99,14 @@ def test_a_read_leaves_a_sends_worth_of_quota_and_says_it_stopped(
 ) -> None:
     emulator.bounce = {GONE: "rfc3464"}
     # 120 units a second: one send (100) and four reads (5 each) at most.
-    provider = gmail_provider(quota_units_per_second=120.0, clock=lambda: 0.0)
+    provider = gmail_provider(quota_units_per_second=120.0, clock=lambda: 0.0, timeout=CALL_TIMEOUT)
     provider.send_raw(make_raw(MID, to=GONE))  # 100 of the 120: 20 left, less than a send
     stopped = provider.read_reports(SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50)
     assert not stopped.complete and stopped.found == ()
     assert provider.quota_available() == 20.0  # nothing taken: a send's worth is not there
     # 110 units: the list (5) and the report's metadata (5) leave a send's worth; its
     # raw read would not, so it waits for the next read.
-    fresh = gmail_provider(quota_units_per_second=110.0, clock=lambda: 0.0)
+    fresh = gmail_provider(quota_units_per_second=110.0, clock=lambda: 0.0, timeout=CALL_TIMEOUT)
     read = fresh.read_reports(SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50)
     assert not read.complete and len(read.listed) == 1 and read.found == ()
     assert fresh.quota_available() == GMAIL_SEND_UNITS
