@@ -190,17 +190,7 @@ class EngineMachine(RuleBasedStateMachine):
     def histories_keep_the_invariants(self) -> None:
         if self.rig is None:
             return
-        for key in self.keys:
-            job = self.r.job(key)
-            events = self.r.ledger.history(key)
-            provider = self.r.provider
-            check_history(
-                job,
-                events,
-                sends=provider.sends_by_message_id[job.message_id],
-                answered=provider.answered_searches[job.message_id],
-            )
-            check_bounces(job, events, genuine=self.genuine.get(key, set()))
+        check_jobs(self.r, self.keys, self.genuine)
 
     @invariant()
     def the_index_is_the_events(self) -> None:
@@ -252,6 +242,21 @@ class EngineMachine(RuleBasedStateMachine):
                 assert job.channel == "receipts"
             if job.state is JobState.CONFIRMED and not by_operator:
                 assert copies == 1, (key, copies)
+
+
+def check_jobs(rig: EngineRig, keys: list[str], genuine: dict[str, set[str]]) -> None:
+    """Every job's history keeps the invariants (`check_history`) and the bounces'."""
+    provider = rig.provider
+    for key in keys:
+        job = rig.job(key)
+        events = rig.ledger.history(key)
+        check_history(
+            job,
+            events,
+            sends=provider.sends_by_message_id[job.message_id],
+            answered=provider.answered_searches[job.message_id],
+        )
+        check_bounces(job, events, genuine=genuine.get(key, set()))
 
 
 def check_history(job: SendJob, events: list[Any], *, sends: int, answered: int) -> None:
