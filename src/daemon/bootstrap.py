@@ -177,6 +177,7 @@ def bootstrap(
         rng=rng,
         observer=observer,
         daemon_name=settings.daemon.name,
+        bounce_interval=settings.daemon.bounce_interval,
         circuit=CircuitSettings(
             failures=settings.daemon.circuit_failures,
             probe_after=settings.daemon.circuit_probe_after,

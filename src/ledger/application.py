@@ -36,7 +36,14 @@ from ledger.message_id import message_id_for
 from ledger.redaction import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import cipher_env
-from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
+from ledger.stores.index import (
+    INDEX_ROWS_KWARG,
+    IndexRow,
+    JobFilter,
+    JobIndex,
+    WatchedMailbox,
+    index_row,
+)
 from ledger.stores.keycheck import KeyChecks, judge_store_key
 from ledger.stores.library_env import refuse_library_variables
 from ledger.stores.private_api import pass_to_recorder, record
@@ -543,6 +550,10 @@ class Ledger(Application[UUID]):
 
     def row_by_message_id(self, message_id: str) -> IndexRow | None:
         return self._retry_locked(lambda: self._index.job_by_message_id(message_id))
+
+    def watched(self) -> list[WatchedMailbox]:
+        """The mailboxes, per channel, with confirmed jobs whose bounces are watched."""
+        return self._retry_locked(self._index.watched)
 
     def due(self, state: JobState | str, now: datetime | float, limit: int) -> list[IndexRow]:
         """Up to `limit` jobs in `state` whose due time is at or before `now` (an aware

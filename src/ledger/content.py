@@ -123,6 +123,18 @@ class JobContent:
             "thread_id": self.thread_id,
         }
 
+    def recipient_addresses(self) -> frozenset[str]:
+        """The bare addresses (lower case) the message went to: To, Cc and Bcc. A delivery
+        report about any other address is not about this job (docs/how-it-works.md
+        "Bounces")."""
+        found: set[str] = set()
+        for value in (*self.to, *self.cc, *self.bcc):
+            try:
+                found.add(parse_mailbox(value).address.addr_spec.lower())
+            except AddressError:
+                continue  # stored before a rule tightened: it cannot match a report
+        return frozenset(found)
+
     def redacted(self) -> JobContent:
         """What a purged job still holds of its content (ledger/redaction.py): what
         names the job and when it was due; every other field (the customer's) is left at

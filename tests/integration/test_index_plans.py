@@ -31,6 +31,7 @@ READS: dict[str, Callable[[Ledger], Any]] = {
     "open_counts (status line)": lambda ledger: ledger.open_counts(),
     "row (status KEY)": lambda ledger: ledger.row("k-1"),
     "row_by_message_id": lambda ledger: ledger.row_by_message_id("<x@example.com>"),
+    "watched (the bounce reads' mailboxes)": lambda ledger: ledger.watched(),
     "jobs in a state (audit --state review)": lambda ledger: list(
         ledger.jobs(state=JobState.REVIEW)
     ),

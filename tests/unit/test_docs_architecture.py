@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 
@@ -360,6 +361,8 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
     assert plain.quota_available() is None
     assert plain.leaves_drafts is False and plain.drafts() is None
     assert plain.delete_drafts("<a@b>") == []
+    assert plain.reads_reports is False
+    assert plain.read_reports(datetime.now(UTC), known=(), max_bytes=1, limit=1).listed == ()
     page = section("Adding a provider")
     for said in (
         "`response_ids_readable` (False",
@@ -369,6 +372,8 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
         "`leaves_drafts` (False",
         "`drafts()` (None",
         "`delete_drafts(message_id)` (none deleted)",
+        "`reads_reports` (False)",
+        "(nothing listed)",
     ):
         assert said in page.replace("\n   ", " "), said
 

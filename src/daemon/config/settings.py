@@ -142,6 +142,10 @@ class DaemonSettings(_Section):
     # Added to the provider timeout to form an attempt's deadline: past it, an
     # attempt with no outcome (a crash, kill -9) is treated as Unknown.
     deadline_grace: Grace = 30.0
+    # How often each mailbox with watched jobs (a channel's `watch_bounces`) is read for
+    # delivery reports: one read per mailbox, whatever the number of jobs it serves
+    # (docs/how-it-works.md "Bounces").
+    bounce_interval: Timeout = 60.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # The longest a stopping daemon (SIGTERM, Ctrl-C) waits for its provider calls in
     # flight; then it exits anyway and their claims are recovered at the next start. A

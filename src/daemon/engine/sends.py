@@ -146,6 +146,13 @@ class SendWorkers:
         with self._cond:
             return self._running
 
+    def waiting(self, scope: str) -> int:
+        """Due jobs of `scope` queued for their send: a bounce read of that mailbox waits
+        until there are none (docs/how-it-works.md "Bounces")."""
+        with self._cond:
+            queue = self._queues.get(scope)
+            return 0 if queue is None else len(queue)
+
     def offer(self, keys: Iterable[str], *, more: bool = False) -> int:
         """Keys of due jobs (soonest first); those already known are skipped. `more`:
         the store has more due than were read. How many were new."""

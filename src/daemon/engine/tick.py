@@ -14,6 +14,7 @@ Every save goes through one group commit (`commit.py`).
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -21,6 +22,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 
+from daemon.engine.bounces import BounceWatch, EndWatch, MailboxRead
 from daemon.engine.circuit import PING, Circuits, CircuitSettings, OpenCircuit
 from daemon.engine.clock import Clock
 from daemon.engine.commit import GroupCommit
@@ -69,6 +71,16 @@ class CheckWorkers:
                     self._running[key] = future
                     future.add_done_callback(partial(self._done, key))
 
+    def submit_task(self, name: str, task: Callable[[], None]) -> None:
+        """A task that is not one job's step (a mailbox's bounce read), on the same
+        workers and budget, once at a time under its `name`."""
+        with self._lock:
+            if len(self._running) >= self._size or name in self._running:
+                return
+            future = self._pool.submit(task)
+            self._running[name] = future
+            future.add_done_callback(partial(self._done, name))
+
     def _done(self, key: str, _future: Future[None]) -> None:
         with self._lock:
             self._running.pop(key, None)
@@ -101,6 +113,7 @@ class Engine:
         observer: EngineObserver | None = None,
         daemon_name: str = "",
         circuit: CircuitSettings | None = None,
+        bounce_interval: float = 60.0,
     ) -> None:
         self.ledger = ledger
         self.daemon_name = daemon_name
@@ -147,7 +160,11 @@ class Engine:
             Recover(self.health, self.leases),
             Sweep(self.health, backoff, self.clock),
             # One step for the confirmed jobs: they share one due time (`FirstDue`).
-            FirstDue(Verify(backoff, self.clock), Tidy(JobState.CONFIRMED, backoff, self.clock)),
+            FirstDue(
+                Verify(backoff, self.clock),
+                Tidy(JobState.CONFIRMED, backoff, self.clock),
+                EndWatch(self.clock),
+            ),
             *(
                 Tidy(state, backoff, self.clock)
                 for state in sorted(FINAL_STATES - {JobState.CONFIRMED})
@@ -167,6 +184,17 @@ class Engine:
             name=daemon_name,
         )
         self._checks = CheckWorkers(self._runner, self._counter, search_concurrency or concurrency)
+        self.bounces = BounceWatch(
+            ledger,
+            policies,
+            called,
+            self.clock,
+            self.circuits,
+            self.commits,
+            self.observer,
+            interval=bounce_interval,
+            sends_waiting=self._sends.waiting,
+        )
 
     def stop(self) -> None:
         """Start no new provider call; the ones in flight finish and are recorded."""
@@ -218,6 +246,7 @@ class Engine:
         self._offer_sends()
         for step in self._checks_steps:
             self._offer_checks(step)
+        self._offer_bounce_reads()
         return self._done(started)
 
     def tick(self) -> TickReport:
@@ -231,6 +260,8 @@ class Engine:
         for step in self._checks_steps:
             self._offer_checks(step)
             self._checks.drain()
+        self._offer_bounce_reads()
+        self._checks.drain()
         return self._done(started)
 
     def settle(self, busy: Callable[[], int] = lambda: 0, timeout: float | None = None) -> bool:
@@ -267,6 +298,20 @@ class Engine:
         rows = self.ledger.due(step.state, now, limit + extra)
         keys = [row.key for row in rows if not self._backoff.held(row.key, now)]
         self._checks.submit(step, keys[:limit])
+
+    def _offer_bounce_reads(self) -> None:
+        """Each watched mailbox whose read is due, on a check worker (`bounces.py`)."""
+        for read in self.bounces.due():
+            self._checks.submit_task(f"bounces:{read.scope}", partial(self._read_bounces, read))
+
+    def _read_bounces(self, read: MailboxRead) -> None:
+        if self._stopping.is_set():
+            return
+        try:
+            self.bounces.read(read, self._counter)
+        except Exception:
+            logging.getLogger("sendledger.engine").exception("%s: bounce read failed", read.scope)
+            self._counter.bump("errors")
 
     def _load_due(self, keys: list[str]) -> list[Work]:
         """Due jobs read in one query, each with its policy and provider."""

@@ -7,10 +7,14 @@ one name to import from); the daemon turns them into events.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, cast
 
 from daemon.providers.outcomes import (
+    FoundReport,
     ProviderError,
+    ReportRead,
     SearchHit,
     SearchResult,
     SendKind,
@@ -54,6 +58,10 @@ class Provider(Protocol):
     #: them with `delete_drafts` before it counts a lapsed claim's copies, and once the
     #: job is settled (docs/architecture.md "Drafts never outlive their job").
     leaves_drafts: bool
+    #: Whether `read_reports` finds delivery reports (bounces) in the mailbox the provider
+    #: acts as: the engine watches a channel's confirmed jobs (`watch_bounces`) only on a
+    #: provider that does (docs/how-it-works.md "Bounces").
+    reads_reports: bool
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         """Send one complete RFC 5322 message exactly once. Never raises for
@@ -92,6 +100,16 @@ class Provider(Protocol):
         that hung calls opened: no job is sent into a hang to find out whether it ended."""
         ...
 
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        """The messages of the mailbox that may be delivery reports, received since
+        `since`: every candidate's id, and the bytes of at most `limit` of those not in
+        `known` (a message over `max_bytes` is listed with `raw` None, not read). Paid
+        from the mailbox's quota as a search is, leaving a send's worth in it. Raises
+        ProviderError when the answer is not known."""
+        ...
+
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         """The provider as one job sees it: a provider that acts per mailbox or per thread
         (Gmail with `user = "{from}"`, a job's `thread_id`) returns a view acting as the
@@ -128,9 +146,16 @@ class ProviderBase:
     readback_first: int = DEFAULT_READBACK_FIRST
     readback_rate: float = DEFAULT_READBACK_RATE
     leaves_drafts: bool = False
+    reads_reports: bool = False
 
     def drafts(self) -> DraftsProvider | None:
         return None
+
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        # A provider that finds no reports: nothing listed (the engine never asks it).
+        return ReportRead(query="")
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return []
@@ -163,9 +188,11 @@ __all__ = [
     "DEFAULT_READBACK_FIRST",
     "DEFAULT_READBACK_RATE",
     "PING_MESSAGE_ID",
+    "FoundReport",
     "Provider",
     "ProviderBase",
     "ProviderError",
+    "ReportRead",
     "SearchHit",
     "SearchResult",
     "SendKind",

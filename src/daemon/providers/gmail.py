@@ -24,7 +24,8 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from datetime import datetime
 from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from daemon.providers.base import (
     Provider,
     ProviderBase,
     ProviderError,
+    ReportRead,
     SearchHit,
     SearchResult,
     SendKind,
@@ -65,6 +67,7 @@ from daemon.providers.gmail_mailbox import (
     metadata_header,
     search_term,
 )
+from daemon.providers.gmail_reports import GmailReports
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
@@ -225,6 +228,7 @@ class GmailProvider(ProviderBase):
     `for_job` gives the view the engine calls for one job (docs/providers.md, "Providers")."""
 
     response_ids_readable = True
+    reads_reports = True
 
     def __init__(
         self,
@@ -295,6 +299,7 @@ class GmailProvider(ProviderBase):
         self.service = build_gmail_service(self._transport(), api_endpoint=api_endpoint)
         self._messages = self.service.users().messages()
         self.draft_calls = GmailDrafts(self)
+        self.report_calls = GmailReports(self)
 
     # -- mailboxes ---------------------------------------------------------------------
 
@@ -573,6 +578,13 @@ class GmailProvider(ProviderBase):
     def search(self, message_id: str) -> SearchResult:
         return self.search_in(self._unscoped(), message_id)
 
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        return self.report_calls.read(
+            self._unscoped(), since, known=known, max_bytes=max_bytes, limit=limit
+        )
+
     def search_in(self, mailbox: Mailbox, message_id: str) -> SearchResult:
         """Every SENT copy (spam and trash included) whose Message-ID header is ours.
 
@@ -665,6 +677,7 @@ class GmailMailboxView(ProviderBase):
     connections)."""
 
     response_ids_readable = True
+    reads_reports = True
 
     def __init__(self, provider: GmailProvider, mailbox: Mailbox, thread_id: str | None) -> None:
         self.provider = provider
@@ -691,6 +704,13 @@ class GmailMailboxView(ProviderBase):
 
     def search(self, message_id: str) -> SearchResult:
         return self.provider.search_in(self.mailbox, message_id)
+
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        return self.provider.report_calls.read(
+            self.mailbox, since, known=known, max_bytes=max_bytes, limit=limit
+        )
 
     def create_draft(self, raw: bytes) -> Draft:
         return self.provider.draft_calls.create(self.mailbox, raw, self.thread_id)

@@ -22,7 +22,8 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime
 from email.parser import BytesHeaderParser
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -32,6 +33,7 @@ from daemon.providers.base import (
     Provider,
     ProviderBase,
     ProviderError,
+    ReportRead,
     SearchHit,
     SearchResult,
     SendKind,
@@ -48,6 +50,7 @@ from daemon.providers.graph_classify import (
     read_error,
     token_error,
 )
+from daemon.providers.graph_reports import read_reports_in
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import (
@@ -222,6 +225,7 @@ class GraphProvider(ProviderBase):
 
     response_ids_readable = True
     leaves_drafts = True  # each send creates its draft first
+    reads_reports = True
 
     def __init__(
         self,
@@ -344,6 +348,14 @@ class GraphProvider(ProviderBase):
     ) -> dict[str, Any] | None:
         """A GET's JSON object, or None on 404. Raises ProviderError when the answer is not
         known (no answer, another non-2xx, an unreadable body)."""
+        answer = self.get_body(what, mailbox, path, url=url)
+        return None if answer is None else json_object(what, answer[0], answer[1])
+
+    def get_body(
+        self, what: str, mailbox: _Mailbox, path: str, *, url: str | None = None
+    ) -> tuple[int, bytes] | None:
+        """A GET's (2xx status, body), or None on 404. Raises ProviderError when the
+        answer is not known (no answer, another non-2xx)."""
         try:
             status, headers, body = self._request(mailbox, "GET", path, url=url)
         except TokenError as exc:
@@ -360,7 +372,7 @@ class GraphProvider(ProviderBase):
             return None
         if not 200 <= status < 300:
             raise read_error(what, status, headers, body)
-        return json_object(what, status, body)
+        return status, body
 
     def _message(self, mailbox: _Mailbox, provider_id: str) -> dict[str, Any] | None:
         """The message under an immutable id, or None when Graph answers 404 (deleted, or
@@ -554,6 +566,10 @@ class GraphProvider(ProviderBase):
             + quote(f"internetMessageId eq {literal}", safe="")
             + f"&$select={_SELECT}&$top={PAGE_SIZE}"
         )
+        return self.items(what, mailbox, path)
+
+    def items(self, what: str, mailbox: _Mailbox, path: str) -> list[dict[str, Any]]:
+        """Every item of a listing, every page (next links on our own endpoint only)."""
         found: list[dict[str, Any]] = []
         url: str | None = None
         for _ in range(MAX_PAGES):
@@ -582,6 +598,13 @@ class GraphProvider(ProviderBase):
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.read_message_id_in(self._unscoped(), provider_message_id)
 
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        return read_reports_in(
+            self, self._unscoped(), since, known=known, max_bytes=max_bytes, limit=limit
+        )
+
     def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
         found = self._message(mailbox, provider_message_id)
         if found is None:
@@ -603,6 +626,7 @@ class GraphMailboxView(ProviderBase):
 
     response_ids_readable = True
     leaves_drafts = True
+    reads_reports = True
 
     def __init__(self, provider: GraphProvider, mailbox: _Mailbox) -> None:
         self.provider = provider
@@ -628,6 +652,13 @@ class GraphMailboxView(ProviderBase):
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.provider.read_message_id_in(self.mailbox, provider_message_id)
+
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        return read_reports_in(
+            self.provider, self.mailbox, since, known=known, max_bytes=max_bytes, limit=limit
+        )
 
     def close(self) -> None:
         pass

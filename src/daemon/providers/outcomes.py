@@ -1,6 +1,6 @@
 """What a provider's calls answer (the provider port, `base.py`): a send's outcome, the copies
-a search found, and the error of a call that gave no answer. Values only: the port, the
-drafts handle (`draft_handle.py`) and every provider share them, and none of them imports
+a search found, the delivery reports a mailbox read found, and the error of a call that gave
+no answer. Values only: the port, the drafts handle (`draft_handle.py`) and every provider share them, and none of them imports
 another for them.
 """
 
@@ -65,6 +65,31 @@ class SearchResult:
         return [hit.provider_message_id for hit in self.hits]
 
 
+@dataclass(frozen=True)
+class FoundReport:
+    """A message of the mailbox that may be a delivery report, as the provider read it:
+    its bytes, or None when it was not read: larger than the caller's limit, or of a
+    top-level `content_type` the provider saw first that no report has."""
+
+    provider_id: str
+    raw: bytes | None
+    size: int
+    content_type: str = ""  # "multipart/report", ...; "" when the provider did not say
+
+
+@dataclass(frozen=True)
+class ReportRead:
+    """One read of a mailbox for delivery reports (docs/how-it-works.md "Bounces"): what
+    was asked, every candidate the mailbox lists since then (`listed`, ids), and those not
+    `known` before, read now (`found`). `complete` is False when the read stopped early
+    (quota kept for sends, or the caller's limit): the rest are read next time."""
+
+    query: str
+    listed: tuple[str, ...] = ()
+    found: tuple[FoundReport, ...] = ()
+    complete: bool = True
+
+
 class ProviderError(SendledgerError):
     """A search or read could not be completed (network, 5xx, quota).
 
@@ -89,4 +114,8 @@ class ProviderError(SendledgerError):
         self.timed_out = timed_out
 
 
-__all__ = ["ProviderError", "SearchHit", "SearchResult", "SendKind", "SendOutcome"]
+__all__ = [
+    "FoundReport",
+    "ProviderError",
+    "ReportRead",
+    "SearchHit", "SearchResult", "SendKind", "SendOutcome"]

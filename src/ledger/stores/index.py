@@ -12,6 +12,7 @@ backend answers the same queries from a dict.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
@@ -42,10 +43,16 @@ COLUMNS = (
     "attempts",
     "reason",
     "purged_at",
+    "watch_until",
+    "watch_mailbox",
 )
 #: Columns added after the first release: (name, SQL type template). Opening a store
 #: that lacks one adds it (each backend's `prepare`), so old stores keep working.
-ADDED_COLUMNS = (("purged_at", "{real}"),)
+ADDED_COLUMNS = (
+    ("purged_at", "{real}"),
+    ("watch_until", "{real}"),
+    ("watch_mailbox", "TEXT"),
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,11 @@ class IndexRow:
     attempts: int
     reason: str | None
     purged_at: float | None = None  # epoch seconds: its content was purged then
+    # A confirmed job whose bounces are watched: until when, and a digest of its mailbox
+    # (`mailbox_digest`: the index keeps no address); both None otherwise
+    # (docs/how-it-works.md "Bounces").
+    watch_until: float | None = None
+    watch_mailbox: str | None = None
 
     def as_tuple(self) -> tuple[Any, ...]:
         return tuple(getattr(self, column) for column in COLUMNS)
@@ -96,7 +108,19 @@ class JobFilter:
 ALL_JOBS = JobFilter()
 
 
+@dataclass(frozen=True)
+class WatchedMailbox:
+    """A mailbox some confirmed jobs of a channel have their bounces watched in: its
+    digest, how many jobs, and one of them (whose From names the mailbox)."""
+
+    channel: str
+    mailbox: str  # `mailbox_digest` of the jobs' From
+    jobs: int
+    example_key: str
+
+
 def index_row(job: SendJob) -> IndexRow:
+    watching = job.state is JobState.CONFIRMED and job.watch_until is not None
     return IndexRow(
         key=job.key,
         job_id=job.id.hex,
@@ -110,7 +134,19 @@ def index_row(job: SendJob) -> IndexRow:
         attempts=job.attempts,
         reason=job.reason,
         purged_at=None if job.purged_at is None else job.purged_at.timestamp(),
+        watch_until=job.watch_until.timestamp() if watching and job.watch_until else None,
+        watch_mailbox=mailbox_digest(job.from_addr) if watching else None,
     )
+
+
+def mailbox_digest(from_addr: str) -> str:
+    """What the index keeps of a watched job's mailbox: the first 32 hex digits of the
+    SHA-256 of its lower-cased addr-spec, so jobs of one mailbox group together and no
+    address is stored beside encrypted events (docs/configuration.md "Encryption at rest")."""
+    from ledger.addresses import parse_mailbox  # only for watched jobs (its imports cost)
+
+    bare = parse_mailbox(from_addr).address.addr_spec.lower()
+    return hashlib.sha256(bare.encode("utf-8")).hexdigest()[:32]
 
 
 def rows_from(kwargs: Mapping[str, Any]) -> list[IndexRow]:
@@ -155,6 +191,12 @@ class JobIndex(Protocol):
 
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]: ...
 
+    def watched(self) -> list[WatchedMailbox]:
+        """The (channel, mailbox) pairs with confirmed jobs whose bounces are watched,
+        and how many: a range of the partial index on `watch_until`, so it costs the
+        watched jobs, not the history."""
+        ...
+
     def count_by_state(self) -> dict[str, int]: ...
 
     def replace_all(self, rows: Iterable[IndexRow]) -> None:
@@ -196,6 +238,13 @@ ADDED_INDEXES = (
         INDEX_TABLE + "_updated_key",
         "CREATE INDEX IF NOT EXISTS {n}_updated_key ON {t} (updated_at, key)",
     ),
+    # The watched jobs only (docs/how-it-works.md "Bounces"): partial, so it holds what is
+    # watched now and costs nothing for the other writes' rows.
+    (
+        INDEX_TABLE + "_watch",
+        "CREATE INDEX IF NOT EXISTS {n}_watch ON {t} (watch_until, channel, watch_mailbox) "
+        "WHERE watch_until IS NOT NULL",
+    ),
 )
 
 # Each secondary index costs every write: only the lookups a tick or a command makes.
@@ -205,7 +254,8 @@ CREATE_STATEMENTS = [
     "key TEXT PRIMARY KEY, job_id TEXT NOT NULL, channel TEXT NOT NULL, "
     "state TEXT NOT NULL, message_id TEXT NOT NULL, due_at {real}, "
     "created_at {real} NOT NULL, updated_at {real} NOT NULL, version INTEGER NOT NULL, "
-    "attempts INTEGER NOT NULL, reason TEXT, purged_at {real}){options}",
+    "attempts INTEGER NOT NULL, reason TEXT, purged_at {real}, watch_until {real}, "
+    "watch_mailbox TEXT){options}",
     "CREATE INDEX IF NOT EXISTS {n}_state_due ON {t} (state, due_at)",
     "CREATE INDEX IF NOT EXISTS {n}_message_id ON {t} (message_id)",
     *(statement for _name, statement in ADDED_INDEXES),
@@ -342,6 +392,21 @@ class SqlJobIndex:
         )
         return [_row(r) for r in rows]
 
+    def watched(self) -> list[WatchedMailbox]:
+        rows = self._fetch(
+            self._sql(
+                # A range of the partial index (a comparison implies NOT NULL): what is
+                # watched, never the other rows.
+                "SELECT channel, watch_mailbox, COUNT(*), MIN(key) FROM {t} "
+                "WHERE watch_until >= {p} "
+                "GROUP BY channel, watch_mailbox ORDER BY channel, watch_mailbox"
+            ),
+            [0.0],
+        )
+        return [
+            WatchedMailbox(str(c), str(m), int(n), str(k)) for c, m, n, k in rows if m is not None
+        ]
+
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
         """Counts for the given states: a range of the (state, due_at) index each, so
         asking for the open states costs what is open, not what was ever stored."""
@@ -472,7 +537,9 @@ __all__ = [
     "IndexRow",
     "JobIndex",
     "SqlJobIndex",
+    "WatchedMailbox",
     "index_row",
+    "mailbox_digest",
     "missing_indexes",
     "rows_from",
 ]

@@ -24,7 +24,14 @@ from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 from eventsourcing.utils import get_topic
 
 from ledger.stores.identity import MemoryIdentityLock
-from ledger.stores.index import ALL_JOBS, PURGEABLE_STATES, IndexRow, JobFilter, rows_from
+from ledger.stores.index import (
+    ALL_JOBS,
+    PURGEABLE_STATES,
+    IndexRow,
+    JobFilter,
+    WatchedMailbox,
+    rows_from,
+)
 from ledger.stores.keycheck import KeyCheck
 from ledger.stores.private_api import MemoryHook
 from ledger.stores.purge import RewriteFailed, rewrites_from
@@ -140,6 +147,14 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
             ]
         rows.sort(key=lambda r: r.key)
         return rows[: max(limit, 0)]
+
+    def watched(self) -> list[WatchedMailbox]:
+        groups: dict[tuple[str, str], list[str]] = {}
+        with self._database_lock:
+            for r in self._rows.values():
+                if r.watch_until is not None and r.watch_mailbox is not None:
+                    groups.setdefault((r.channel, r.watch_mailbox), []).append(r.key)
+        return [WatchedMailbox(c, m, len(k), min(k)) for (c, m), k in sorted(groups.items())]
 
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
         counts = dict.fromkeys(states, 0)
