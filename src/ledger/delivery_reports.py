@@ -36,6 +36,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ledger.exceptions import SendledgerError
+
 __all__ = [
     "MAX_REPORT_BYTES",
     "BouncedRecipient",
@@ -151,7 +153,7 @@ def read_report(raw: bytes, *, domains: Collection[str]) -> DeliveryReport | Rep
         return ReportRefused(refused.reason, refused.detail)
 
 
-class _Refused(Exception):
+class _Refused(SendledgerError):
     def __init__(self, reason: ReportRefusal, detail: str = "") -> None:
         super().__init__(detail)
         self.reason = reason
@@ -352,7 +354,9 @@ def _original_message_id(body: str, domains: dict[str, str]) -> str:
     if not found:
         raise _Refused(ReportRefusal.NO_ORIGINAL_HEADERS, "the original headers have no Message-ID")
     if len(found) > 1:
-        raise _Refused(ReportRefusal.AMBIGUOUS, f"the original headers have {len(found)} Message-IDs")
+        raise _Refused(
+            ReportRefusal.AMBIGUOUS, f"the original headers have {len(found)} Message-IDs"
+        )
     value = found[0].strip()
     match = _OUR_MESSAGE_ID.fullmatch(value)
     ours = None if match is None else domains.get(match.group(1).lower())

@@ -924,10 +924,14 @@ class SendJob(Aggregate):
             raise BounceRefused(self, ReportRefusal.UNKNOWN_JOB, "the report names another message")
         dsn_id = report.report_id or f"mailbox:{provider_message_id}"
         if dsn_id in self.bounce_ids:
-            raise BounceRefused(self, ReportRefusal.RECORDED_ALREADY, f"{dsn_id} is recorded already")
+            raise BounceRefused(
+                self, ReportRefusal.RECORDED_ALREADY, f"{dsn_id} is recorded already"
+            )
         recipients = bounce_recipients(self, report)
         if not recipients:
-            raise BounceRefused(self, ReportRefusal.NOT_A_RECIPIENT, "no recipient of the report is")
+            raise BounceRefused(
+                self, ReportRefusal.NOT_A_RECIPIENT, "no recipient of the report is"
+            )
         permanent = any(r.permanent for r in recipients)
         if isinstance(decision, decide.Review) and not permanent:
             raise self._refuse("Bounced", "only a permanent bounce goes to review")

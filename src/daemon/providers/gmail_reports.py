@@ -25,12 +25,13 @@ from typing import Any, Protocol
 from daemon.providers.gmail_mailbox import Mailbox
 from daemon.providers.outcomes import FoundReport, ProviderError, ReportRead
 from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS, GMAIL_SEND_UNITS
+from ledger.exceptions import SendledgerError
 
 #: The senders of delivery reports, as Gmail's from: matches them (a substring).
 REPORT_SENDERS = ("mailer-daemon", "postmaster")
 
 
-class _QuotaKept(Exception):
+class _QuotaKept(SendledgerError):
     """The mailbox's bucket holds no more than a send's worth: the read stops here."""
 
 

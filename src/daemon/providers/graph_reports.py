@@ -15,13 +15,26 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
-from daemon.providers.base import FoundReport, ProviderError, ReportRead
+from daemon.providers.outcomes import FoundReport, ProviderError, ReportRead
 
-if TYPE_CHECKING:
-    from daemon.providers.graph import GraphProvider, _Mailbox
+#: The provider's mailbox (`graph.py: _Mailbox`): passed back to it as it came.
+MailboxT = TypeVar("MailboxT")
+_MailboxIn = TypeVar("_MailboxIn", contravariant=True)
+
+
+class ReportCalls(Protocol[_MailboxIn]):
+    """What the report reads use of their provider (`graph.py: GraphProvider`): its GETs,
+    so tokens, the mailbox's request limit and the transport are the provider's."""
+
+    def get_body(
+        self, what: str, mailbox: _MailboxIn, path: str, *, url: str | None = None
+    ) -> tuple[int, bytes] | None: ...
+
+    def items(self, what: str, mailbox: _MailboxIn, path: str) -> list[dict[str, Any]]: ...
+
 
 NDR_CLASS = "REPORT.IPM.Note.NDR"
 MESSAGE_CLASS = "String 0x001A"  # PidTagMessageClass
@@ -39,8 +52,8 @@ def report_filter(since: datetime) -> str:
 
 
 def read_reports_in(
-    provider: GraphProvider,
-    mailbox: _Mailbox,
+    provider: ReportCalls[MailboxT],
+    mailbox: MailboxT,
     since: datetime,
     *,
     known: Collection[str],
@@ -71,7 +84,9 @@ def read_reports_in(
     return ReportRead(f"inbox: {query}", tuple(sizes), tuple(found), complete=len(unread) <= limit)
 
 
-def _listed(provider: GraphProvider, mailbox: _Mailbox, path: str, query: str) -> dict[str, int]:
+def _listed(
+    provider: ReportCalls[MailboxT], mailbox: MailboxT, path: str, query: str
+) -> dict[str, int]:
     """Each report's id and size, every page."""
     what = f"reports {query}"
     sizes: dict[str, int] = {}

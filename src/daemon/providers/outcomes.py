@@ -1,7 +1,7 @@
 """What a provider's calls answer (the provider port, `base.py`): a send's outcome, the copies
 a search found, the delivery reports a mailbox read found, and the error of a call that gave
-no answer. Values only: the port, the drafts handle (`draft_handle.py`) and every provider share them, and none of them imports
-another for them.
+no answer. Values only: the port, the drafts handle (`draft_handle.py`) and every provider
+share them, and none of them imports another for them.
 """
 
 from __future__ import annotations
@@ -118,4 +118,8 @@ __all__ = [
     "FoundReport",
     "ProviderError",
     "ReportRead",
-    "SearchHit", "SearchResult", "SendKind", "SendOutcome"]
+    "SearchHit",
+    "SearchResult",
+    "SendKind",
+    "SendOutcome",
+]
