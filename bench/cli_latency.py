@@ -1,5 +1,5 @@
-"""A command line that answers at once (issue 30): `sendledger status KEY` on SQLite next to
-`python -c pass`, in one run.
+"""A command line that answers at once (issue 30): `sendledger status KEY`, `submit` and
+`review list` on SQLite next to `python -c pass`, in one run.
 
 A folder like the one `sendledger init` writes (a config, a policy, a SQLite store) gets
 `--keys` jobs, submitted as one list. Then, `--rounds` times, one process each, taken in
@@ -9,6 +9,8 @@ turn so that the machine's load falls on all of them alike:
   status     `sendledger status KEY` of one job
   status-N   `sendledger status KEY1 ... KEYN` of all `--keys` jobs in one process
   submit     `sendledger submit FILE` of one new job (one process per job)
+  review     `sendledger review list` (the store holds no job in review: the command's
+             own cost, not a listing's)
 
 and prints the median wall time of each, its ratio to `pass`, and what a job costs when
 `status` is asked for N keys at once against N processes. Goal: `status` <= 0.25 s.
@@ -109,6 +111,7 @@ def main() -> int:
             "status": lambda r: [*cli, "status", keys[r % len(keys)]],
             f"status-{args.keys}": lambda _: [*cli, "status", *keys],
             "submit": submit_one,
+            "review list": lambda _: [*cli, "review", "list"],
         }
         times: dict[str, list[float]] = {name: [] for name in kinds}
         for round_ in range(args.rounds + 1):
