@@ -360,6 +360,7 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
     assert plain.quota_available() is None
     assert plain.leaves_drafts is False and plain.drafts() is None
     assert plain.delete_drafts("<a@b>") == []
+    assert plain.forget_idle() == 0
     page = section("Adding a provider")
     for said in (
         "`response_ids_readable` (False",
@@ -369,6 +370,7 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
         "`leaves_drafts` (False",
         "`drafts()` (None",
         "`delete_drafts(message_id)` (none deleted)",
+        "`forget_idle()` (0",
     ):
         assert said in page.replace("\n   ", " "), said
 

@@ -14,6 +14,7 @@ Every save goes through one group commit (`commit.py`).
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -37,6 +38,8 @@ from daemon.engine.sends import SendWorkers
 from daemon.providers.base import Provider, ProviderError
 from ledger.application import Ledger
 from ledger.vocabulary import FINAL_STATES, JobState
+
+log = logging.getLogger("sendledger.engine")
 
 
 class CheckWorkers:
@@ -215,6 +218,7 @@ class Engine:
         started = time.perf_counter()
         self.leases.renew_due()
         self.health.refresh(self.providers)
+        self._forget_idle()
         self._offer_sends()
         for step in self._checks_steps:
             self._offer_checks(step)
@@ -226,6 +230,7 @@ class Engine:
         started = time.perf_counter()
         self.leases.renew_due()
         self.health.refresh(self.providers)
+        self._forget_idle()
         self._offer_sends()
         self._sends.drain()
         for step in self._checks_steps:
@@ -245,6 +250,16 @@ class Engine:
         elapsed = time.perf_counter() - started
         notify(lambda: self.observer.tick_done(elapsed, report))
         return report
+
+    def _forget_idle(self) -> None:
+        """Each provider drops the mailboxes idle long enough that a fresh one would equal
+        them (Gmail and Graph with `user = "{from}"`): what a tick spends here is what it
+        drops, not the mailboxes that have nothing to do."""
+        for name, provider in self.providers.items():
+            try:
+                provider.forget_idle()
+            except Exception:
+                log.exception("provider %s: forgetting idle mailboxes failed", name)
 
     def _offer_sends(self) -> None:
         limit = self.batch_size + self._sends.known()
