@@ -160,6 +160,7 @@ def test_a_view_that_outlived_its_mailboxs_drop_spends_the_new_bucket(tmp_path: 
     time = FakeTime(0.0)
     provider = delegated(tmp_path, time, quota_units_per_second=250.0)
     queued = provider.for_job("alice@example.com", None)  # a job held behind a circuit
+    assert queued.scope() == "gmail/alice@example.com"  # queued by its scope
     time.now = IDLE_AFTER
     assert provider.forget_idle() == 1
     fresh = provider.for_job("alice@example.com", None)  # a job loaded after the drop
