@@ -532,7 +532,8 @@ def parse_listen(value: str) -> tuple[str, int] | None:
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # validate_default as pydantic-settings has it, so a file reads as it did through it.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     store: StoreSettings = StoreSettings()
     daemon: DaemonSettings = DaemonSettings()
