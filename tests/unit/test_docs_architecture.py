@@ -361,6 +361,7 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
     assert plain.quota_available() is None
     assert plain.leaves_drafts is False and plain.drafts() is None
     assert plain.delete_drafts("<a@b>") == []
+    assert plain.forget_idle() == 0
     assert plain.reads_reports is False
     assert plain.read_reports(datetime.now(UTC), known=(), max_bytes=1, limit=1).listed == ()
     page = section("Adding a provider")
@@ -372,6 +373,7 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
         "`leaves_drafts` (False",
         "`drafts()` (None",
         "`delete_drafts(message_id)` (none deleted)",
+        "`forget_idle()` (0",
         "`reads_reports` (False)",
         "(nothing listed)",
     ):

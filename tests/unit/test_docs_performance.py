@@ -226,6 +226,11 @@ def test_every_table_follows_a_paragraph_that_names_its_bench_script() -> None:
 def test_the_metrics_the_page_names_are_the_exporters() -> None:
     metrics = (REPO / "src" / "daemon" / "api" / "metrics.py").read_text(encoding="utf-8")
     named = set(re.findall(r"`(sendledger_\w+)`", page()))
-    assert named == {"sendledger_jobs", "sendledger_open_jobs"}
+    assert named == {
+        "sendledger_jobs",
+        "sendledger_open_jobs",
+        "sendledger_quota_available_units",
+        "sendledger_circuit_open",
+    }
     for name in named:
         assert f'"{name}"' in metrics, name

@@ -132,6 +132,9 @@ class ObservedProvider(ProviderBase):
     def quota_available(self) -> float | None:
         return self.inner.quota_available()
 
+    def forget_idle(self) -> int:
+        return self.inner.forget_idle()
+
     def close(self) -> None:
         self.inner.close()
 

@@ -40,6 +40,8 @@ from daemon.providers.base import Provider, ProviderError
 from ledger.application import Ledger
 from ledger.vocabulary import FINAL_STATES, JobState
 
+log = logging.getLogger("sendledger.engine")
+
 
 class CheckWorkers:
     """Recover, sweep and verify on their own workers; a job is handed out once at a time."""
@@ -243,6 +245,7 @@ class Engine:
         started = time.perf_counter()
         self.leases.renew_due()
         self.health.refresh(self.providers)
+        self._forget_idle()
         self._offer_sends()
         for step in self._checks_steps:
             self._offer_checks(step)
@@ -255,6 +258,7 @@ class Engine:
         started = time.perf_counter()
         self.leases.renew_due()
         self.health.refresh(self.providers)
+        self._forget_idle()
         self._offer_sends()
         self._sends.drain()
         for step in self._checks_steps:
@@ -276,6 +280,16 @@ class Engine:
         elapsed = time.perf_counter() - started
         notify(lambda: self.observer.tick_done(elapsed, report))
         return report
+
+    def _forget_idle(self) -> None:
+        """Each provider drops the mailboxes idle long enough that a fresh one would equal
+        them (Gmail and Graph with `user = "{from}"`): what a tick spends here is what it
+        drops, not the mailboxes that have nothing to do."""
+        for name, provider in self.providers.items():
+            try:
+                provider.forget_idle()
+            except Exception:
+                log.exception("provider %s: forgetting idle mailboxes failed", name)
 
     def _offer_sends(self) -> None:
         limit = self.batch_size + self._sends.known()

@@ -135,6 +135,13 @@ class Provider(Protocol):
         metered quota."""
         ...
 
+    def forget_idle(self) -> int:
+        """Drop what the provider keeps per mailbox for the mailboxes idle long enough
+        that a fresh one would equal it (a provider acting as each job's From mailbox);
+        how many were dropped. The engine calls it every tick, so it costs what it
+        drops, never what it keeps (``daemon/providers/mailboxes.py``)."""
+        ...
+
 
 class ProviderBase:
     """The defaults of every capability of :class:`Provider`; a provider subclasses it
@@ -177,6 +184,9 @@ class ProviderBase:
 
     def quota_available(self) -> float | None:
         return None
+
+    def forget_idle(self) -> int:
+        return 0
 
 
 def for_job(provider: Provider, from_addr: str, thread_id: str | None) -> Provider:

@@ -21,11 +21,12 @@ The API surface comes from the discovery document bundled with googleapiclient
 from __future__ import annotations
 
 import base64
+import heapq
 import json
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ from daemon.providers.gmail_mailbox import (
     search_term,
 )
 from daemon.providers.gmail_reports import GmailReports
+from daemon.providers.mailboxes import Mailboxes
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
@@ -77,7 +79,6 @@ from daemon.providers.quota import (
     TokenBucket,
 )
 from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
-from ledger.addresses import parse_mailbox
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.message_id import same_message_id
 
@@ -287,13 +288,19 @@ class GmailProvider(ProviderBase):
         self._credentials = load_credentials(
             self._credentials_file, user=self.user, token_uri=token_uri, scopes=self.scopes
         )
-        self._mailboxes: dict[str, Mailbox] = {}  # by lower-cased address
-        self._by_from: dict[str, Mailbox] = {}  # by From as the jobs spell it
-        self._mailboxes_lock = threading.Lock()
+        # "{from}": one mailbox per From address, made on first use, dropped once idle.
+        self.mailboxes: Mailboxes[Mailbox] = Mailboxes(
+            self._delegate, clock=clock, on_drop=self._keep_token
+        )
+        # The live tokens of dropped mailboxes, by subject: (token, expiry as google-auth
+        # writes it, expiry on `clock`), so a mailbox that comes back within the hour
+        # does not fetch another; each forgotten when it expires.
+        self._tokens: dict[str, tuple[str, datetime, float]] = {}
+        self._token_expiries: list[tuple[float, str]] = []
+        self._tokens_lock = threading.Lock()
         self._default = (
             None if self.per_mailbox else self._new_mailbox(self.user, self._credentials)
         )
-        self._local = threading.local()  # each thread's AuthorizedHttp objects, by user
         self._transports = PerThreadHttp(self._new_transport)
         self._closed = False
         self.service = build_gmail_service(self._transport(), api_endpoint=api_endpoint)
@@ -308,41 +315,72 @@ class GmailProvider(ProviderBase):
         # "{from}" one send less than a second's worth: many mailboxes run at their quota
         # at once, and Gmail meters each request when it arrives, so a send delayed on
         # the way (up to 0.4 s at 250/s) must not meet the next one over the quota.
-        capacity = self._quota_rate - GMAIL_SEND_UNITS if self.per_mailbox else self._quota_rate
         draft_units = DRAFT_STEP_UNITS if self.send_via == "drafts" else 0.0
         bucket = TokenBucket(
-            self._quota_rate,
-            max(capacity, GMAIL_SEND_UNITS + draft_units),
-            clock=self._clock,
-            sleep=self._sleep,
+            self._quota_rate, self._capacity(), clock=self._clock, sleep=self._sleep
         )
         return Mailbox(user, credentials, bucket, draft_units)
 
+    def _capacity(self) -> float:
+        capacity = self._quota_rate - GMAIL_SEND_UNITS if self.per_mailbox else self._quota_rate
+        draft_units = DRAFT_STEP_UNITS if self.send_via == "drafts" else 0.0
+        return max(capacity, GMAIL_SEND_UNITS + draft_units)
+
     def mailbox(self, from_addr: str) -> Mailbox:
         """The mailbox a job from `from_addr` is sent as: the configured user, or with
-        "{from}" that address's own (one token, one quota bucket), made once and kept."""
+        "{from}" that address's own (one token, one quota bucket), made on first use."""
         if self._default is not None:
             return self._default
-        # Every job of a mailbox spells its From the same way: parse each spelling once.
-        known = self._by_from.get(from_addr)
-        if known is not None:
-            return known
-        address = parse_mailbox(from_addr).address.addr_spec
-        key = address.lower()
-        with self._mailboxes_lock:
-            found = self._mailboxes.get(key)
-            if found is None:
-                delegate = self._credentials.with_subject(address)  # type: ignore[attr-defined]
-                found = self._mailboxes[key] = self._new_mailbox(address, delegate)
-            self._by_from[from_addr] = found
-            return found
+        return self.mailboxes.get(from_addr)
+
+    def _delegate(self, address: str) -> Mailbox:
+        """A mailbox acting as `address`, with the token a dropped one left, if live."""
+        credentials = self._credentials.with_subject(address)  # type: ignore[attr-defined]
+        with self._tokens_lock:
+            kept = self._tokens.pop(address.lower(), None)
+        if kept is not None:
+            credentials.token, credentials.expiry = kept[0], kept[1]
+        return self._new_mailbox(address, credentials)
+
+    def _keep_token(self, mailbox: Mailbox) -> None:
+        credentials = mailbox.credentials
+        expiry = getattr(credentials, "expiry", None)
+        if not credentials.valid or not isinstance(expiry, datetime):
+            return
+        left = (expiry - datetime.now(UTC).replace(tzinfo=None)).total_seconds()
+        key, at = mailbox.user.lower(), self._clock() + left
+        with self._tokens_lock:
+            self._tokens[key] = (str(credentials.token), expiry, at)
+            heapq.heappush(self._token_expiries, (at, key))
+
+    def forget_idle(self) -> int:
+        """With "{from}": the mailboxes idle long enough that a fresh one would equal
+        them dropped, and the kept tokens that expired; each tick, costing what it drops
+        (`daemon/providers/mailboxes.py`)."""
+        if not self.per_mailbox:
+            return 0
+        dropped = self.mailboxes.forget_idle()
+        now = self._clock()
+        with self._tokens_lock:
+            while self._token_expiries and self._token_expiries[0][0] <= now:
+                _, key = heapq.heappop(self._token_expiries)
+                kept = self._tokens.get(key)
+                if kept is not None and kept[2] <= now:
+                    del self._tokens[key]
+        return dropped
+
+    def kept_tokens(self) -> int:
+        """Live tokens of dropped mailboxes kept for their return."""
+        with self._tokens_lock:
+            return len(self._tokens)
 
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         """The provider as one job sees it: acting as its From mailbox (with "{from}")
         and sending into its Gmail thread. Without either, the provider itself."""
         if self._default is not None and thread_id is None:
             return self
-        return GmailMailboxView(self, self.mailbox(from_addr), thread_id)
+        self.mailbox(from_addr)  # a From it cannot act as fails here, at the job's load
+        return GmailMailboxView(self, from_addr, thread_id)
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -359,18 +397,10 @@ class GmailProvider(ProviderBase):
         return self._transports.get()
 
     def _http(self, mailbox: Mailbox) -> google_auth_httplib2.AuthorizedHttp:
-        # One connection pool per thread, shared by every mailbox the thread acts as.
-        transport = self._transport()
-        authed_by_user: dict[str, google_auth_httplib2.AuthorizedHttp] | None = getattr(
-            self._local, "authed", None
-        )
-        if authed_by_user is None:
-            authed_by_user = self._local.authed = {}
-        authed = authed_by_user.get(mailbox.user)
-        if authed is None:
-            authed = google_auth_httplib2.AuthorizedHttp(mailbox.credentials, http=transport)
-            authed_by_user[mailbox.user] = authed
-        return authed
+        # One connection pool per thread, shared by every mailbox the thread acts as. The
+        # wrapper that adds the mailbox's token is made per call: kept per thread and
+        # mailbox, 4 workers and 10,000 mailboxes held 40,000 of them.
+        return google_auth_httplib2.AuthorizedHttp(mailbox.credentials, http=self._transport())
 
     def prepare(
         self, request: Any, units: float | None, mailbox: Mailbox, *, draft: bool = False
@@ -393,7 +423,8 @@ class GmailProvider(ProviderBase):
         """One attempt of one API call: (status, lower-cased headers, body bytes) for any
         complete HTTP answer; exceptions for everything else. num_retries=0: see above."""
         try:
-            resp, content = request.execute(http=self._http(mailbox), num_retries=0)
+            with mailbox.calling():
+                resp, content = request.execute(http=self._http(mailbox), num_retries=0)
         except HttpError as exc:
             return int(exc.resp.status), _headers(exc.resp), bytes(exc.content)
         body = content if isinstance(content, bytes) else str(content).encode("utf-8")
@@ -645,12 +676,11 @@ class GmailProvider(ProviderBase):
 
     def quota_available(self) -> float:
         """Quota units left now (the metrics gauge reads it): the mailbox's, or with
-        "{from}" the lowest of any mailbox used so far."""
+        "{from}" the lowest of the mailboxes kept (a dropped one's bucket was full)."""
         if self._default is not None:
             return self._default.bucket.available
-        with self._mailboxes_lock:
-            buckets = [mailbox.bucket for mailbox in self._mailboxes.values()]
-        return min((bucket.available for bucket in buckets), default=self._quota_rate)
+        buckets = [mailbox.bucket for mailbox in self.mailboxes.entries()]
+        return min((bucket.available for bucket in buckets), default=self._capacity())
 
     def close(self) -> None:
         self._closed = True
@@ -679,9 +709,9 @@ class GmailMailboxView(ProviderBase):
     response_ids_readable = True
     reads_reports = True
 
-    def __init__(self, provider: GmailProvider, mailbox: Mailbox, thread_id: str | None) -> None:
+    def __init__(self, provider: GmailProvider, from_addr: str, thread_id: str | None) -> None:
         self.provider = provider
-        self.mailbox = mailbox
+        self.from_addr = from_addr
         self.thread_id = thread_id
         self.name = provider.name
         self.send_via = provider.send_via
@@ -689,6 +719,12 @@ class GmailMailboxView(ProviderBase):
         self.readback_first = provider.readback_first
         self.readback_rate = provider.readback_rate
         self.timeout = provider.timeout
+
+    @property
+    def mailbox(self) -> Mailbox:
+        # Asked for at each use, never kept: a view that outlived its mailbox's drop
+        # (queued behind an open circuit) spends the same bucket as the newer jobs'.
+        return self.provider.mailbox(self.from_addr)
 
     def scope(self) -> str:
         # One circuit and one queue per mailbox where the quota is per mailbox.

@@ -10,7 +10,8 @@ of a `format=metadata` answer.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from google.auth.credentials import Credentials as AuthCredentials
@@ -24,7 +25,8 @@ Response = tuple[int, dict[str, str], bytes]
 
 class Mailbox:
     """One mailbox the provider acts as: its credentials (one token) and its quota bucket.
-    With `user = "{from}"` there is one per From address, made on first use and kept."""
+    With `user = "{from}"` there is one per From address, made on first use and dropped
+    once idle (`daemon/providers/mailboxes.py`), its live token kept until it expires."""
 
     def __init__(
         self,
@@ -42,7 +44,31 @@ class Mailbox:
         # calls before the claim), so a job is taken only when its whole step is paid.
         self.draft_units = draft_units
         self._prepaid_drafts = 0.0
+        self._calls = 0  # in flight now
         self._lock = threading.Lock()
+
+    @contextmanager
+    def calling(self) -> Iterator[None]:
+        """Around each API call made as this mailbox: a call in flight keeps the entry."""
+        with self._lock:
+            self._calls += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls -= 1
+
+    def idle_at(self, now: float) -> float | None:
+        """None when a fresh mailbox would equal this one: no call in flight and the
+        bucket full again (so a bucket in debt is never forgotten). A reservation not
+        spent is not kept: a fresh bucket charges its send again, which only waits more.
+        Otherwise when to look again (`daemon/providers/mailboxes.py`)."""
+        with self._lock:
+            busy = self._calls > 0
+        refill = self.bucket.until_full()
+        if not busy and refill <= 0.0:
+            return None
+        return now + max(refill, 1.0 if busy else 0.0)
 
     def reserve_send(self) -> float:
         """The quota of one send (and its draft step) taken now (0.0), or the seconds
