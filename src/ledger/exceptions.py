@@ -21,6 +21,7 @@ so a user's program runs it without the daemon's packages.
           │    │    └── RenderMismatch                   ledger/wire_check.py
           │    ├── AddressError, AttachmentError, MessageIdError        ledger/
           │    ├── TransitionError                       ledger/job.py: the state refuses
+          │    │    └── BounceRefused                    a report not recorded, and why
           │    ├── StoreRefused                          ledger/stores/url.py
           │    │    └── StoreUrlError, StoreKeyRefused, LibraryVariableSet
           │    ├── DurationError, FileProblem, SenderRefused, PolicyLoadError   policies/
@@ -47,7 +48,8 @@ so a user's program runs it without the daemon's packages.
                ├── TokenError, DraftAlreadySent, ListenRefused (an OSError too),
                │   SimulatedCrash (daemon/doubles/)
                └── internal signals, never shown: wire_check._Bad, smtp_submit._Retry
-                   and _Refused, testkit_doubles._BadOption
+                   and _Refused, delivery_reports._Refused, gmail_reports._QuotaKept,
+                   testkit_doubles._BadOption
 
 A class keeps the standard base it had (`ValueError`, `OSError`, httplib2's
 `HttpLib2Error`) beside this one, so every `except ValueError` still catches what it did.
