@@ -213,11 +213,16 @@ class _Mailbox:
         user: str,
         credentials: AuthCredentials,
         bucket: TokenBucket,
+        departures: TokenBucket,
         draft_units: float = 0.0,
     ) -> None:
         self.user = user
         self.credentials = credentials
         self.bucket = bucket
+        # The same pace again, as the sends leave: a reservation is taken when a job is
+        # picked, and a claim saved slowly (a busy store) would otherwise let the sends
+        # behind it reach Gmail bunched, over the quota Gmail meters on arrival.
+        self.departures = departures
         # Sends whose quota the engine already took (`reserve_send`): they do not wait.
         self._prepaid = 0
         # send_via = "drafts": each reservation also takes the draft step's units (the
@@ -239,15 +244,19 @@ class _Mailbox:
         return max(self.bucket.wait_for(units), 0.001)
 
     def pay_send(self) -> None:
-        """A send's quota: the one reserved for it, else waited for now."""
+        """A send's quota: the one reserved for it, else waited for now; then its place
+        in the pace of the sends leaving (`departures`), which only sends that bunched
+        on the way wait for."""
         with self._lock:
-            if self._prepaid:
+            prepaid = self._prepaid > 0
+            if prepaid:
                 self._prepaid -= 1
                 # What a finished draft step left is not saved up beyond the reservations
                 # still out: a credit spent much later would be a burst over the quota.
                 self._prepaid_drafts = min(self._prepaid_drafts, self.draft_units * self._prepaid)
-                return
-        self.bucket.acquire(GMAIL_SEND_UNITS)
+        if not prepaid:
+            self.bucket.acquire(GMAIL_SEND_UNITS)
+        self.departures.acquire(GMAIL_SEND_UNITS)
 
     def pay_draft(self, units: float) -> None:
         """A drafts call's quota: out of what reservations took for draft steps, the
@@ -347,13 +356,16 @@ class GmailProvider(ProviderBase):
         # the way (up to 0.4 s at 250/s) must not meet the next one over the quota.
         capacity = self._quota_rate - GMAIL_SEND_UNITS if self.per_mailbox else self._quota_rate
         draft_units = DRAFT_STEP_UNITS if self.send_via == "drafts" else 0.0
-        bucket = TokenBucket(
-            self._quota_rate,
-            max(capacity, GMAIL_SEND_UNITS + draft_units),
-            clock=self._clock,
-            sleep=self._sleep,
+        bucket, departures = (
+            TokenBucket(
+                self._quota_rate,
+                max(capacity, GMAIL_SEND_UNITS + draft_units),
+                clock=self._clock,
+                sleep=self._sleep,
+            )
+            for _ in range(2)
         )
-        return _Mailbox(user, credentials, bucket, draft_units)
+        return _Mailbox(user, credentials, bucket, departures, draft_units)
 
     def mailbox(self, from_addr: str) -> _Mailbox:
         """The mailbox a job from `from_addr` is sent as: the configured user, or with
@@ -669,6 +681,9 @@ class GmailProvider(ProviderBase):
     def scope(self) -> str:
         return self.name
 
+    def scope_of(self, mailbox: str) -> str:
+        return f"{self.name}/{mailbox}" if self.per_mailbox else self.name
+
     def reserve_send(self) -> float:
         # Unscoped, as send_raw is: with "{from}" the engine reserves through for_job.
         return self._default.reserve_send() if self._default is not None else 0.0
@@ -721,9 +736,7 @@ class GmailMailboxView(ProviderBase):
 
     def scope(self) -> str:
         # One circuit and one queue per mailbox where the quota is per mailbox.
-        if self.provider.per_mailbox:
-            return f"{self.name}/{self.mailbox.user}"
-        return self.name
+        return self.provider.scope_of(self.mailbox.user.lower())
 
     def reserve_send(self) -> float:
         return self.mailbox.reserve_send()

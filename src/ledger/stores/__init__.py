@@ -101,6 +101,18 @@ def store_exists(spec: StoreSpec) -> bool:
     return False
 
 
+def recorder_backend(recorder: object) -> str:
+    """ "postgres", "sqlite" or "memory": the backend of a Ledger's recorder, by the
+    eventsourcing module its class comes from (importing the PostgreSQL one, and so
+    psycopg, only to ask would slow every SQLite command)."""
+    modules = {cls.__module__ for cls in type(recorder).__mro__}
+    if "eventsourcing.postgres" in modules:
+        return "postgres"
+    if "eventsourcing.sqlite" in modules:
+        return "sqlite"
+    return "memory"
+
+
 def exception_chain(exc: BaseException) -> list[BaseException]:
     """`exc` and what it wraps, outermost first, as a traceback walks it: `__cause__`,
     else `__context__` unless suppressed (`raise ... from None`). eventsourcing re-raises
@@ -130,4 +142,5 @@ __all__ = [
     "backend_for",
     "exception_chain",
     "parse_store_url",
+    "recorder_backend",
 ]
