@@ -13,10 +13,9 @@ from tests.e2e.daemon_kit import PostgresRig, job
 
 from testkit.gmail_emulator import GmailEmulator
 
-#: Units per second, for the emulator's meter and the provider's bucket alike: twice
-#: Gmail's, so that the jobs take half as long.
-QUOTA = 500.0
-JOBS = 24
+#: Gmail's units per user per second, for the emulator's meter and the provider's bucket.
+QUOTA = 250.0
+JOBS = 15
 SCOPE = "gmail/receipts@shop.example"  # the policy's From, as `user = "{from}"` acts
 
 

@@ -351,11 +351,12 @@ class GmailProvider(ProviderBase):
 
     def _new_mailbox(self, user: str, credentials: AuthCredentials) -> _Mailbox:
         # Capacity at least one send, or a send could never be afforded at low rates. With
-        # "{from}" one send less than a second's worth: many mailboxes run at their quota
-        # at once, and Gmail meters each request when it arrives, so a send delayed on
-        # the way (up to 0.4 s at 250/s) must not meet the next one over the quota.
-        capacity = self._quota_rate - GMAIL_SEND_UNITS if self.per_mailbox else self._quota_rate
+        # "{from}" one send (and its draft step) and no more: many mailboxes run at their
+        # quota at once, Gmail meters each request when it arrives, and a mailbox changes
+        # daemons (docs/performance.md "Several daemons"), so in any second a mailbox
+        # spends at most its quota and the one send saved up.
         draft_units = DRAFT_STEP_UNITS if self.send_via == "drafts" else 0.0
+        capacity = GMAIL_SEND_UNITS + draft_units if self.per_mailbox else self._quota_rate
         bucket, departures = (
             TokenBucket(
                 self._quota_rate,
