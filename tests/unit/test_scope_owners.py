@@ -61,6 +61,7 @@ class Mailboxes(ProviderBase):
         self.name = inner.name
         self.response_ids_readable = True
         self.calls: list[tuple[str, str, datetime]] = []  # (daemon, scope, at)
+        self.out_of_quota = False  # every mailbox's reservation refused
         self._lock = threading.Lock()
 
     def scope_of(self, mailbox: str) -> str:
@@ -95,6 +96,9 @@ class MailboxView(ProviderBase):
 
     def scope(self) -> str:
         return self._scope
+
+    def reserve_send(self) -> float:
+        return 0.5 if self.owner.out_of_quota else 0.0
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         self.owner.record(self._scope)
@@ -255,6 +259,24 @@ def test_renewals_that_fail_stop_the_owner_before_anyone_else_may_start() -> Non
     assert b.may_call(0) and not a.may_call(0)
 
 
+@pytest.mark.parametrize("skew", [GRACE * 0.9, -GRACE * 0.9])
+def test_clocks_apart_by_less_than_the_grace_never_let_two_daemons_act(skew: float) -> None:
+    """The owner stops a grace before its lease ends by its clock; another takes the scope
+    once it has ended by its own: whichever clock is ahead, never both at once."""
+    world = World()
+    a = world.start("a")
+    a.round(1)
+    paused = world.daemons.pop("a")  # it renews no more
+    b = world.start("b", skew=skew)
+    acted: list[tuple[bool, bool]] = []
+    for _ in range(int(4 * LEASE / 0.1)):
+        world.advance(0.1)
+        b.round(1)
+        acted.append((paused.may_call(0), b.may_call(0)))
+    assert (True, True) not in acted
+    assert acted[0] == (True, False) and acted[-1] == (False, True)
+
+
 def test_a_scope_with_nothing_due_for_a_lease_is_released_and_taken_back_at_once() -> None:
     world = World()
     a = world.start("a")
@@ -305,7 +327,7 @@ class FailingStore:
 
 
 NAMES = ("a", "b", "c")
-SCOPES = 4
+SCOPES = 3
 
 
 class OwnersMachine(RuleBasedStateMachine):
@@ -314,19 +336,31 @@ class OwnersMachine(RuleBasedStateMachine):
     one daemon that may call for it, a paused one included (it would call as soon as it
     resumes)."""
 
-    @initialize(skews=st.lists(st.floats(-GRACE * 0.9, GRACE * 0.9), min_size=3, max_size=3))
+    @initialize(
+        skews=st.lists(
+            st.floats(-GRACE * 0.9, GRACE * 0.9), min_size=len(NAMES), max_size=len(NAMES)
+        )
+    )
     def setup(self, skews: list[float]) -> None:
         self.world = World()
         self.skews = dict(zip(NAMES, skews, strict=True))
         self.paused: dict[str, Daemon] = {}
         self.failing: dict[str, FailingStore] = {}
         self.scopes = SCOPES
+        for name in NAMES:
+            self.start(name)
+
+    @rule()
+    def tick_all(self) -> None:
+        for name in list(self.world.daemons):
+            self.round(name)
 
     def _live(self, name: str) -> Daemon | None:
         return self.world.daemons.get(name)
 
     @rule(name=st.sampled_from(NAMES))
     def start(self, name: str) -> None:
+        """A daemon (re)starts under `name`, when no live process holds the name."""
         if name in self.world.daemons or name in self.paused:
             return  # one live process per name (the identity lock)
         daemon = self.world.start(name, self.skews[name])
@@ -351,6 +385,17 @@ class OwnersMachine(RuleBasedStateMachine):
     @rule(seconds=st.floats(0.01, LEASE))
     def advance(self, seconds: float) -> None:
         self.world.advance(seconds)
+
+    @rule(name=st.sampled_from(NAMES), offset=st.floats(-GRACE * 1.5, GRACE * 1.5))
+    def near_a_lease_end(self, name: str, offset: float) -> None:
+        """Time moves to around the end of a lease `name` holds, by its clock: where a
+        daemon stops and another may start."""
+        daemon = {**self.world.daemons, **self.paused}.get(name)
+        ends = [] if daemon is None else list(daemon.owners._held.values())
+        if ends:
+            ahead = min(ends) + offset - daemon.clock().timestamp()  # type: ignore[union-attr]
+            if ahead > 0:
+                self.world.advance(ahead)
 
     @rule(name=st.sampled_from(NAMES))
     def pause(self, name: str) -> None:
@@ -475,3 +520,24 @@ def test_two_engines_send_each_mailbox_from_one_daemon_only(
     rows = list(ledger.jobs())
     assert rows and all(row.state == JobState.CONFIRMED for row in rows)
     assert all(provider.inner.copies_of(ledger.get_job(r.key).message_id) == 1 for r in rows)
+
+
+def test_a_daemon_that_loses_a_scope_sends_none_of_the_jobs_it_had_queued(
+    engines: tuple[FakeClock, Ledger, Mailboxes, list[Engine]],
+) -> None:
+    """The jobs wait in `a`'s send queue (their mailbox out of quota) when its lease ends
+    and `b` takes the mailbox: when the quota comes back, `a` drops them, `b` sends them."""
+    clock, ledger, provider, (a, b) = engines
+    provider.out_of_quota = True
+    for n in range(6):
+        submit(ledger, f"k{n}", 0)
+    a.tick()  # `a` alone: it takes the mailbox, loads the jobs, and they wait
+    assert a.owners is not None and a.owners.owned() == [scope(0)]
+    clock.advance(LEASE + 1)  # `a` renews no more (stopped): its lease ends
+    b.tick()
+    assert b.owners is not None and b.owners.owned() == [scope(0)]
+    provider.out_of_quota = False
+    assert a.settle(timeout=10)  # its workers look at their queue again
+    assert provider.calls == []
+    b.tick()
+    assert [daemon for daemon, _scope, _at in provider.calls] == ["b"] * 6
