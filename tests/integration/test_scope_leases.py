@@ -43,30 +43,31 @@ def leases(ledger: Ledger) -> ScopeLeaseStore:
     return store
 
 
-def test_a_take_is_conditional_on_the_version_read_and_the_lease_having_ended(
+def test_a_take_is_conditional_on_the_lease_having_ended_by_the_takers_clock(
     leases: ScopeLeaseStore,
 ) -> None:
-    first = leases.take("gmail/a@x", "d1", NOW, NOW + 10, None)
-    assert first is not None and (first.owner, first.version) == ("d1", 1)
-    assert leases.take("gmail/a@x", "d2", NOW, NOW + 10, None) is None  # a row exists
-    assert leases.take("gmail/a@x", "d2", NOW + 9.9, NOW + 20, 1) is None  # still d1's
-    again = leases.take("gmail/a@x", "d1", NOW + 1, NOW + 11, 1)  # its own: at any time
-    assert again is not None and again.version == 2
-    assert leases.take("gmail/a@x", "d2", NOW + 12, NOW + 22, 1) is None  # stale version
-    taken = leases.take("gmail/a@x", "d2", NOW + 11, NOW + 21, 2)  # ended by d2's clock
-    assert taken is not None and (taken.owner, taken.lease_until, taken.version) == (
-        "d2",
-        NOW + 21,
-        3,
-    )
-    assert [(r.scope, r.owner) for r in leases.leases()] == [("gmail/a@x", "d2")]
+    [first] = leases.take("d1", ["gmail/a@x"], NOW, NOW + 10)
+    assert (first.owner, first.lease_until, first.version) == ("d1", NOW + 10, 1)
+    assert leases.take("d2", ["gmail/a@x"], NOW + 9.9, NOW + 20) == []  # still d1's
+    [again] = leases.take("d1", ["gmail/a@x"], NOW + 1, NOW + 11)  # its own: at any time
+    assert (again.lease_until, again.version) == (NOW + 11, 2)
+    assert leases.take("d2", ["gmail/a@x"], NOW + 10.9, NOW + 21) == []
+    taken = leases.take("d2", ["gmail/a@x", "gmail/b@x"], NOW + 11, NOW + 21)  # ended
+    assert sorted((r.scope, r.owner, r.lease_until, r.version) for r in taken) == [
+        ("gmail/a@x", "d2", NOW + 21, 3),
+        ("gmail/b@x", "d2", NOW + 21, 1),
+    ]
+    assert [(r.scope, r.owner) for r in leases.leases()] == [
+        ("gmail/a@x", "d2"),
+        ("gmail/b@x", "d2"),
+    ]
 
 
 def test_renew_touches_only_the_owners_rows_and_release_lets_others_in_after_it(
     leases: ScopeLeaseStore,
 ) -> None:
-    for scope, owner in (("s1", "d1"), ("s2", "d1"), ("s3", "d2")):
-        assert leases.take(scope, owner, NOW, NOW + 10, None) is not None
+    assert len(leases.take("d1", ["s1", "s2"], NOW, NOW + 10)) == 2
+    assert len(leases.take("d2", ["s3"], NOW, NOW + 10)) == 1
     renewed = leases.renew("d1", ["s1", "s2", "s3", "gone"], NOW + 30)
     assert sorted(r.scope for r in renewed) == ["s1", "s2"]
     assert {r.scope: r.lease_until for r in leases.leases()} == {
@@ -78,8 +79,8 @@ def test_renew_touches_only_the_owners_rows_and_release_lets_others_in_after_it(
     rows = {r.scope: r for r in leases.leases()}
     assert (rows["s1"].owner, rows["s1"].lease_until) == ("d1", NOW + 3)
     assert rows["s3"].lease_until == NOW + 10
-    assert leases.take("s1", "d2", NOW + 2, NOW + 12, rows["s1"].version) is None
-    assert leases.take("s1", "d2", NOW + 3, NOW + 13, rows["s1"].version) is not None
+    assert leases.take("d2", ["s1"], NOW + 2, NOW + 12) == []
+    assert len(leases.take("d2", ["s1"], NOW + 3, NOW + 13)) == 1
     leases.forget(NOW + 12)  # s3's lease ended before: a missing row is a free one
     assert sorted(r.scope for r in leases.leases()) == ["s1", "s2"]
 
@@ -95,8 +96,7 @@ def test_heartbeats_name_the_daemons_that_share(leases: ScopeLeaseStore) -> None
 
 
 def test_many_takers_of_one_ended_lease_make_one_owner(leases: ScopeLeaseStore) -> None:
-    assert leases.take("s", "old", NOW, NOW + 1, None) is not None
-    version = 1
+    assert leases.take("old", ["s"], NOW, NOW + 1)
     for round_ in range(5):
         at = NOW + 10 * (round_ + 1)
         won: list[str] = []
@@ -105,12 +105,11 @@ def test_many_takers_of_one_ended_lease_make_one_owner(leases: ScopeLeaseStore) 
         def take(
             name: str,
             at: float = at,
-            version: int = version,
             start: threading.Barrier = start,
             won: list[str] = won,
         ) -> None:
             start.wait()
-            if leases.take("s", name, at, at + 5, version) is not None:
+            if leases.take(name, ["s"], at, at + 5):
                 won.append(name)
 
         threads = [threading.Thread(target=take, args=(f"d{n}",)) for n in range(4)]
@@ -121,7 +120,6 @@ def test_many_takers_of_one_ended_lease_make_one_owner(leases: ScopeLeaseStore) 
         assert len(won) == 1, won
         (row,) = leases.leases()
         assert row.owner == won[0]
-        version = row.version
 
 
 def submit(ledger: Ledger, key: str, sender: str, channel: str = "receipts") -> None:

@@ -135,15 +135,19 @@ class ScopeOwners:
             extra = sorted(mine, key=self._preference)[share:]
             self._release(extra, at)
             mine -= set(extra)
-        for scope in sorted(free, key=self._preference)[: max(share - len(mine), 0)]:
-            row = rows.get(scope)
-            taken = self._store.take(
-                scope, self._daemon, at, at + self._lease, None if row is None else row.version
-            )
-            if taken is not None:
-                self._hold(taken)
-                self.taken += 1
-                log.info("scope %s: taken (lease %gs)", scope, self._lease)
+        wanted_now = sorted(free, key=self._preference)[: max(share - len(mine), 0)]
+        if wanted_now:
+            taken = self._store.take(self._daemon, wanted_now, at, at + self._lease)
+            with self._lock:
+                self._held.update((row.scope, row.lease_until) for row in taken)
+            self.taken += len(taken)
+            if taken:
+                log.info(
+                    "scope%s %s: taken (lease %gs)",
+                    "s" if len(taken) > 1 else "",
+                    ", ".join(row.scope for row in taken),
+                    self._lease,
+                )
         return self._filter(work)
 
     def _work(self, due: Iterable[tuple[str, str | None]]) -> _Work:
@@ -208,10 +212,6 @@ class ScopeOwners:
         if not self._ensured:
             self._store.ensure()
             self._ensured = True
-
-    def _hold(self, row: ScopeLease) -> None:
-        with self._lock:
-            self._held[row.scope] = row.lease_until
 
     def renew_due(self, now: datetime | None = None) -> None:
         """Renew the leases and the heartbeat once a third of the lease has passed since

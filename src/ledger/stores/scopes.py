@@ -70,12 +70,11 @@ class ScopeLeaseStore(Protocol):
         """`name` stops sharing (a daemon that stops)."""
         ...
 
-    def take(
-        self, scope: str, owner: str, now: float, until: float, version: int | None
-    ) -> ScopeLease | None:
-        """`owner` holds `scope` until `until`, if the row is still at `version` (None:
-        there was no row) and its lease has ended by `now` or is `owner`'s own; the new
-        row, else None (someone else took or renewed it first)."""
+    def take(self, owner: str, scopes: list[str], now: float, until: float) -> list[ScopeLease]:
+        """`owner` holds each of `scopes` until `until` whose lease, at the moment of the
+        write, has ended by `now` or is `owner`'s own (or that has no row yet): the rows
+        taken (one missing was taken or renewed by another daemon first). One round
+        trip, however many scopes: a dead daemon's are taken at once."""
         ...
 
     def renew(self, owner: str, scopes: list[str], until: float) -> list[ScopeLease]:
@@ -135,21 +134,17 @@ class MemoryScopeLeases:
         with self._lock:
             self._daemons.pop(name, None)
 
-    def take(
-        self, scope: str, owner: str, now: float, until: float, version: int | None
-    ) -> ScopeLease | None:
+    def take(self, owner: str, scopes: list[str], now: float, until: float) -> list[ScopeLease]:
+        taken = []
         with self._lock:
-            row = self._rows.get(scope)
-            if row is None:
-                if version is not None:
-                    return None
-                taken = ScopeLease(scope, owner, until, 1)
-            elif row.version != version or not _free_for(row, owner, now):
-                return None
-            else:
-                taken = ScopeLease(scope, owner, until, row.version + 1)
-            self._rows[scope] = taken
-            return taken
+            for scope in scopes:
+                row = self._rows.get(scope)
+                if row is not None and not _free_for(row, owner, now):
+                    continue
+                version = 1 if row is None else row.version + 1
+                taken.append(ScopeLease(scope, owner, until, version))
+                self._rows[scope] = taken[-1]
+        return taken
 
     def renew(self, owner: str, scopes: list[str], until: float) -> list[ScopeLease]:
         renewed = []
@@ -179,14 +174,16 @@ class MemoryScopeLeases:
 
 
 _COLUMNS = "scope, owner, lease_until, version"
-_INSERT = (
-    "INSERT INTO {scopes} (" + _COLUMNS + ") VALUES ({p}, {p}, {p}, 1) "
-    "ON CONFLICT (scope) DO NOTHING RETURNING " + _COLUMNS
-)
+# A take: the rows whose lease has ended by the taker's clock (or are its own), checked
+# at the moment of the write (PostgreSQL re-reads a row another writer changed meanwhile;
+# SQLite has one writer), then the rows nobody has yet.
 _TAKE = (
     "UPDATE {scopes} SET owner = {p}, lease_until = {p}, version = version + 1 "
-    "WHERE scope = {p} AND version = {p} AND (owner = {p} OR lease_until <= {p}) "
-    "RETURNING " + _COLUMNS
+    "WHERE {in_list} AND (owner = {p} OR lease_until <= {p}) RETURNING " + _COLUMNS
+)
+_INSERT = (
+    "INSERT INTO {scopes} (" + _COLUMNS + ") SELECT value, {p}, {p}, 1 FROM {list} "
+    "WHERE true ON CONFLICT (scope) DO NOTHING RETURNING " + _COLUMNS
 )
 _BEAT = (
     "INSERT INTO {daemons} (name, seen_until) VALUES ({p}, {p}) "
@@ -219,6 +216,10 @@ class SqlScopeLeases:
 
     def _members(self, values: list[str]) -> Any:
         return json.dumps(values)
+
+    def _list(self) -> str:
+        """The rows (one column, `value`) of a list given as one parameter."""
+        return "json_each({p})"
 
     def _transaction(self, *, commit: bool) -> AbstractContextManager[Any]:
         result: AbstractContextManager[Any] = self._recorder.datastore.transaction(commit=commit)
@@ -266,14 +267,18 @@ class SqlScopeLeases:
     def leave(self, name: str) -> None:
         self._run("DELETE FROM {daemons} WHERE name = {p}", [name], fetch=False)
 
-    def take(
-        self, scope: str, owner: str, now: float, until: float, version: int | None
-    ) -> ScopeLease | None:
-        if version is None:
-            rows = self._run(_INSERT, [scope, owner, until])
-        else:
-            rows = self._run(_TAKE, [owner, until, scope, version, owner, now])
-        return _lease(rows[0]) if rows else None
+    def take(self, owner: str, scopes: list[str], now: float, until: float) -> list[ScopeLease]:
+        if not scopes:
+            return []
+        listed = self._members(scopes)
+        update = _TAKE.replace("{in_list}", self._member("scope"))
+        insert = _INSERT.replace("{list}", self._list())
+        with self._transaction(commit=True) as cursor:
+            cursor.execute(self._sql(update), [owner, until, listed, owner, now])
+            rows = self._rows(cursor)
+            cursor.execute(self._sql(insert), [owner, until, listed])
+            rows += self._rows(cursor)
+        return [_lease(row) for row in rows]
 
     def renew(self, owner: str, scopes: list[str], until: float) -> list[ScopeLease]:
         if not scopes:
@@ -325,6 +330,9 @@ class PostgresScopeLeases(SqlScopeLeases):
 
     def _members(self, values: list[str]) -> Any:
         return list(values)
+
+    def _list(self) -> str:
+        return "unnest({p}::text[]) AS listed(value)"
 
     def ensure(self) -> None:
         # Two daemons creating the tables at once: one meets the other's catalog row
