@@ -103,6 +103,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/mailboxes.py
 	$(BIN)/python bench/daemons.py
+	$(BIN)/python bench/daemons.py --quota --kill
 	$(BIN)/python bench/history.py $(HISTORY_ARGS)
 	$(BIN)/python bench/render.py
 	$(BIN)/python bench/smtp_senders.py

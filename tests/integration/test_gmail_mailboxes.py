@@ -137,7 +137,7 @@ def test_a_mailbox_token_cannot_act_as_another(emulator: GmailEmulator, sa_file:
         # Force the wrong userId with alice's token: the emulator refuses it (403).
         bob = provider.mailbox(MAILBOXES[1])
         alice = provider.mailbox(MAILBOXES[0])
-        wrong = type(bob)(bob.user, alice.credentials, bob.bucket)
+        wrong = type(bob)(bob.user, alice.credentials, bob.bucket, bob.departures)
         outcome = provider.send_as(wrong, raw_from(MAILBOXES[1], mid(3)), None)
         assert outcome.kind is SendKind.REJECTED and outcome.status == 403, outcome
         assert view.send_raw(raw_from(MAILBOXES[0], mid(4))).kind is SendKind.CONFIRMED

@@ -356,7 +356,7 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
     assert plain.response_ids_readable is False
     assert plain.timeout == 30.0
     assert plain.for_job("a@example.com", None) is plain
-    assert plain.scope() == "plain"
+    assert plain.scope() == "plain" and plain.scope_of("a@example.com") == "plain"
     assert plain.reserve_send() == 0.0
     assert plain.quota_available() is None
     assert plain.leaves_drafts is False and plain.drafts() is None
@@ -370,6 +370,7 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
         "`timeout` (30 s)",
         "(itself), `scope()` (its name), `reserve_send()` (0.0",
         "`quota_available()` (None)",
+        "`scope_of(mailbox)` (`scope()`",
         "`leaves_drafts` (False",
         "`drafts()` (None",
         "`delete_drafts(message_id)` (none deleted)",
@@ -490,7 +491,7 @@ def test_the_citation_checker_sees_a_section_that_is_gone() -> None:
 def test_the_store_port_sentence_names_ledger_methods() -> None:
     port = section("Stores").split("Store URLs pick a backend", 1)[0]
     named = set(re.findall(r"\(`([a-z_]+)`\)", port))
-    assert named == {"jobs", "job_events", "due"}
+    assert named == {"jobs", "job_events", "due", "scope_leases"}
     assert all(defined("ledger.application", f"Ledger.{name}") for name in named)
     # The URL forms the page gives, as it writes them, are the ones the parser takes.
     from ledger.stores.url import parse_store_url

@@ -99,6 +99,7 @@ PROSE_DEFAULTS: dict[str, tuple[object, ...]] = {
     "Google's": ("",),
     "the file's": ("",),
     "the `\\Sent` folder": ("",),
+    "twice `deadline_grace`, at least `1s`": (None,),
 }
 REQUIRED = "required"
 TABLE_KINDS = {"key": "gmail", "smtp-imap key": "smtp-imap", "graph key": "graph"}
@@ -501,6 +502,7 @@ def test_the_job_index_holds_no_content() -> None:
         "reason": "reason",
         "watch_until": "times",
         "watch_mailbox": "digest",  # of the sender's mailbox: never the address
+        "mailbox": "From mailbox as a digest",  # keyed by the store's key: no address
     }
     assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
     sentence = " ".join(page().split("the job index keeps", 1)[1].split(")", 1)[0].split())

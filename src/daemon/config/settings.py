@@ -153,6 +153,30 @@ class DaemonSettings(_Section):
     # Recorded on this daemon's claims; one live daemon per name (a lock in the store),
     # and at start-up it recovers its own earlier claims at once.
     name: Annotated[str, BeforeValidator(_daemon_name)] = Field(default_factory=socket.gethostname)
+    # Daemons on one store each own some quota scopes (a provider, or one of its
+    # mailboxes) through a lease this long, renewed every third of it; a dead daemon's
+    # scopes go to the others when it ends (docs/performance.md "Several daemons").
+    # Unset: twice deadline_grace, at least 1s.
+    scope_lease: Timeout | None = None
+
+    @model_validator(mode="after")
+    def _lease_outlives_the_grace(self) -> DaemonSettings:
+        # An owner stops `deadline_grace` before its lease ends: what is left must span
+        # the renewals.
+        if self.scope_lease is not None and self.scope_lease < 2 * self.deadline_grace:
+            raise PydanticCustomError(
+                "scope_lease",
+                "scope_lease: {lease}s is shorter than twice deadline_grace ({grace}s)",
+                {"grace": f"{2 * self.deadline_grace:g}", "lease": f"{self.scope_lease:g}"},
+            )
+        return self
+
+    @property
+    def scope_lease_seconds(self) -> float:
+        """`scope_lease`, or its default."""
+        if self.scope_lease is not None:
+            return self.scope_lease
+        return max(2 * self.deadline_grace, 1.0)
 
 
 def _http_url(value: Any) -> Any:

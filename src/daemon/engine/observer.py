@@ -126,6 +126,9 @@ class ObservedProvider(ProviderBase):
     def scope(self) -> str:
         return self.inner.scope()
 
+    def scope_of(self, mailbox: str) -> str:
+        return self.inner.scope_of(mailbox)
+
     def reserve_send(self) -> float:
         return self.inner.reserve_send()
 

@@ -93,8 +93,12 @@ class SendWorkers:
         clock: Clock,
         max_queued: int,
         name: str = "",
+        may_send: Callable[[Work, datetime], bool] | None = None,
     ) -> None:
+        """`may_send(work, now)`: whether this daemon may call for the job's scope now
+        (it owns it, `owners.py`); the scope's queued jobs are dropped when it may not."""
         self._load = load
+        self._may_send = may_send
         self._dispatch = dispatch
         self._give_up = give_up
         self._ping = ping
@@ -276,6 +280,12 @@ class SendWorkers:
             if provider is None:  # no provider: dispatch says why (review, or an error)
                 queue.popleft()
                 return _Task(work, scope, Admit.GO), 0.0
+            if self._may_send is not None and not self._may_send(work, now):
+                # Another daemon's scope now (or soon): its jobs are not ours to send.
+                self._known.difference_update(w.job.key for w in queue)
+                self._queues.pop(scope, None)
+                self._turns.remove(scope)
+                continue
             admit = self._circuits.admit(scope, now)
             if admit is Admit.HOLD:
                 given_up = queue.take_given_up(now)

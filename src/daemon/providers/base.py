@@ -122,6 +122,13 @@ class Provider(Protocol):
         queue of due sends per scope (docs/operations.md, "Outages and quotas")."""
         ...
 
+    def scope_of(self, mailbox: str) -> str:
+        """The scope a job from `mailbox` (its From's address, lower case:
+        `ledger.addresses.mailbox_key`) spends: `for_job(...).scope()` of such a job,
+        known without making the view. Daemons sharing a store lease scopes by it before
+        they load a job (docs/performance.md "Several daemons")."""
+        ...
+
     def reserve_send(self) -> float:
         """Take the quota one send needs (with Gmail's `send_via = "drafts"`, its draft
         step before the claim too), without waiting: 0.0 when it was taken (the next
@@ -178,6 +185,9 @@ class ProviderBase:
 
     def scope(self) -> str:
         return self.name
+
+    def scope_of(self, mailbox: str) -> str:
+        return self.scope()
 
     def reserve_send(self) -> float:
         return 0.0

@@ -312,18 +312,20 @@ class GmailProvider(ProviderBase):
 
     def _new_mailbox(self, user: str, credentials: AuthCredentials) -> Mailbox:
         # Capacity at least one send, or a send could never be afforded at low rates. With
-        # "{from}" one send less than a second's worth: many mailboxes run at their quota
-        # at once, and Gmail meters each request when it arrives, so a send delayed on
-        # the way (up to 0.4 s at 250/s) must not meet the next one over the quota.
+        # "{from}" one send (and its draft step) and no more: many mailboxes run at their
+        # quota at once, Gmail meters each request when it arrives, and a mailbox changes
+        # daemons (docs/performance.md "Several daemons"), so in any second a mailbox
+        # spends at most its quota and the one send saved up.
         draft_units = DRAFT_STEP_UNITS if self.send_via == "drafts" else 0.0
-        bucket = TokenBucket(
-            self._quota_rate, self._capacity(), clock=self._clock, sleep=self._sleep
+        bucket, departures = (
+            TokenBucket(self._quota_rate, self._capacity(), clock=self._clock, sleep=self._sleep)
+            for _ in range(2)
         )
-        return Mailbox(user, credentials, bucket, draft_units)
+        return Mailbox(user, credentials, bucket, departures, draft_units)
 
     def _capacity(self) -> float:
-        capacity = self._quota_rate - GMAIL_SEND_UNITS if self.per_mailbox else self._quota_rate
         draft_units = DRAFT_STEP_UNITS if self.send_via == "drafts" else 0.0
+        capacity = GMAIL_SEND_UNITS + draft_units if self.per_mailbox else self._quota_rate
         return max(capacity, GMAIL_SEND_UNITS + draft_units)
 
     def mailbox(self, from_addr: str) -> Mailbox:
@@ -670,6 +672,9 @@ class GmailProvider(ProviderBase):
     def scope(self) -> str:
         return self.name
 
+    def scope_of(self, mailbox: str) -> str:
+        return f"{self.name}/{mailbox}" if self.per_mailbox else self.name
+
     def reserve_send(self) -> float:
         # Unscoped, as send_raw is: with "{from}" the engine reserves through for_job.
         return self._default.reserve_send() if self._default is not None else 0.0
@@ -728,9 +733,7 @@ class GmailMailboxView(ProviderBase):
 
     def scope(self) -> str:
         # One circuit and one queue per mailbox where the quota is per mailbox.
-        if self.provider.per_mailbox:
-            return f"{self.name}/{self.mailbox.user}"
-        return self.name
+        return self.provider.scope_of(self.mailbox.user.lower())
 
     def reserve_send(self) -> float:
         return self.mailbox.reserve_send()

@@ -33,11 +33,16 @@ class Mailbox:
         user: str,
         credentials: AuthCredentials,
         bucket: TokenBucket,
+        departures: TokenBucket,
         draft_units: float = 0.0,
     ) -> None:
         self.user = user
         self.credentials = credentials
         self.bucket = bucket
+        # The same pace again, as the sends leave: a reservation is taken when a job is
+        # picked, and a claim saved slowly (a busy store) would otherwise let the sends
+        # behind it reach Gmail bunched, over the quota Gmail meters on arrival.
+        self.departures = departures
         # Sends whose quota the engine already took (`reserve_send`): they do not wait.
         self._prepaid = 0
         # send_via = "drafts": each reservation also takes the draft step's units (the
@@ -65,7 +70,7 @@ class Mailbox:
         Otherwise when to look again (`daemon/providers/mailboxes.py`)."""
         with self._lock:
             busy = self._calls > 0
-        refill = self.bucket.until_full()
+        refill = max(self.bucket.until_full(), self.departures.until_full())
         if not busy and refill <= 0.0:
             return None
         return now + max(refill, 1.0 if busy else 0.0)
@@ -83,15 +88,19 @@ class Mailbox:
         return max(self.bucket.wait_for(units), 0.001)
 
     def pay_send(self) -> None:
-        """A send's quota: the one reserved for it, else waited for now."""
+        """A send's quota: the one reserved for it, else waited for now; then its place
+        in the pace of the sends leaving (`departures`), which only sends that bunched
+        on the way wait for."""
         with self._lock:
-            if self._prepaid:
+            prepaid = self._prepaid > 0
+            if prepaid:
                 self._prepaid -= 1
                 # What a finished draft step left is not saved up beyond the reservations
                 # still out: a credit spent much later would be a burst over the quota.
                 self._prepaid_drafts = min(self._prepaid_drafts, self.draft_units * self._prepaid)
-                return
-        self.bucket.acquire(GMAIL_SEND_UNITS)
+        if not prepaid:
+            self.bucket.acquire(GMAIL_SEND_UNITS)
+        self.departures.acquire(GMAIL_SEND_UNITS)
 
     def pay_draft(self, units: float) -> None:
         """A drafts call's quota: out of what reservations took for draft steps, the

@@ -315,6 +315,10 @@ class GraphProvider(ProviderBase):
         self.mailbox(from_addr)  # a From it cannot act as fails here, at the job's load
         return GraphMailboxView(self, from_addr)
 
+    def scope_of(self, mailbox: str) -> str:
+        # Graph limits requests per mailbox: with "{from}" each is a scope of its own.
+        return self.name if self._default is not None else f"{self.name}/{mailbox}"
+
     def _unscoped(self) -> _Mailbox:
         if self._default is None:
             raise ProviderError(
@@ -663,7 +667,7 @@ class GraphMailboxView(ProviderBase):
 
     def scope(self) -> str:
         # Graph limits requests per mailbox: one circuit and one queue of sends each.
-        return f"{self.name}/{self.mailbox.user}"
+        return self.provider.scope_of(self.mailbox.user.lower())
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         return self.provider.send_as(self.mailbox, raw)

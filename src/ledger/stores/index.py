@@ -13,6 +13,7 @@ backend answers the same queries from a dict.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
@@ -22,6 +23,7 @@ from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
 
+from ledger.addresses import mailbox_key
 from ledger.job import SendJob
 from ledger.stores.purge import RewriteFailed, rewrites_from
 from ledger.vocabulary import JobState
@@ -45,13 +47,17 @@ COLUMNS = (
     "purged_at",
     "watch_until",
     "watch_mailbox",
+    "mailbox",
 )
 #: Columns added after the first release: (name, SQL type template). Opening a store
-#: that lacks one adds it (each backend's `prepare`), so old stores keep working.
+#: that lacks one adds it (each backend's `prepare`), so old stores keep working. A row
+#: written before `mailbox` existed has none (NULL) until the daemon fills it
+#: (`Ledger.fill_mailboxes`, for the jobs with something due) or a rebuild does.
 ADDED_COLUMNS = (
     ("purged_at", "{real}"),
     ("watch_until", "{real}"),
     ("watch_mailbox", "TEXT"),
+    ("mailbox", "TEXT"),
 )
 
 
@@ -74,6 +80,10 @@ class IndexRow:
     # (docs/how-it-works.md "Bounces").
     watch_until: float | None = None
     watch_mailbox: str | None = None
+    # The From's mailbox, lower case (`ledger.addresses.mailbox_key`): with the channel,
+    # what a daemon needs to know whose quota scope a job spends before it loads it
+    # (docs/performance.md "Several daemons"). None: a row of an earlier release.
+    mailbox: str | None = None
 
     def as_tuple(self) -> tuple[Any, ...]:
         return tuple(getattr(self, column) for column in COLUMNS)
@@ -119,7 +129,36 @@ class WatchedMailbox:
     example_key: str
 
 
-def index_row(job: SendJob) -> IndexRow:
+@dataclass(frozen=True)
+class ScopeGroup:
+    """The rows of `channels` whose mailbox is one of `mailboxes` (None: any mailbox)."""
+
+    channels: tuple[str, ...]
+    mailboxes: tuple[str, ...] | None = None
+
+    def matches(self, row: IndexRow) -> bool:
+        return row.channel in self.channels and (
+            self.mailboxes is None or row.mailbox in self.mailboxes
+        )
+
+
+@dataclass(frozen=True)
+class ScopeFilter:
+    """The due rows one daemon works on when several share a store (docs/performance.md
+    "Several daemons"): those of its groups (the quota scopes it owns), and those of every
+    channel not in `known` (a channel without a policy: its jobs go to review, and no
+    scope is spent on that)."""
+
+    groups: tuple[ScopeGroup, ...] = ()
+    known: tuple[str, ...] = ()
+
+    def matches(self, row: IndexRow) -> bool:
+        return row.channel not in self.known or any(g.matches(row) for g in self.groups)
+
+
+def index_row(job: SendJob, mailbox: Callable[[str], str] = mailbox_key) -> IndexRow:
+    """The job's row; `mailbox` makes the From's mailbox column (a store's own,
+    `Ledger.mailbox_of`, digests it when the store is encrypted)."""
     watching = job.state is JobState.CONFIRMED and job.watch_until is not None
     return IndexRow(
         key=job.key,
@@ -136,6 +175,7 @@ def index_row(job: SendJob) -> IndexRow:
         purged_at=None if job.purged_at is None else job.purged_at.timestamp(),
         watch_until=job.watch_until.timestamp() if watching and job.watch_until else None,
         watch_mailbox=mailbox_digest(job.from_addr) if watching else None,
+        mailbox=mailbox(job.from_addr),
     )
 
 
@@ -163,8 +203,25 @@ class JobIndex(Protocol):
 
     def job_by_message_id(self, message_id: str) -> IndexRow | None: ...
 
-    def jobs_due(self, state: str, now: float, limit: int) -> list[IndexRow]:
-        """Rows in `state` with due_at <= now, soonest first, at most `limit`."""
+    def jobs_due(
+        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None
+    ) -> list[IndexRow]:
+        """Rows in `state` with due_at <= now, soonest first, at most `limit`; with
+        `scopes`, only the rows it matches."""
+        ...
+
+    def scopes_due(self, states: Sequence[str], before: float) -> list[tuple[str, str | None]]:
+        """The distinct (channel, mailbox) of the rows in `states` due at or before
+        `before`: whose quota scopes have work (docs/performance.md "Several daemons")."""
+        ...
+
+    def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
+        """Keys of rows in `states` with something due and no mailbox (written by an
+        earlier release), at most `limit`."""
+        ...
+
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str]]) -> None:
+        """Fill the mailbox of each (key, mailbox) whose row has none."""
         ...
 
     def find(
@@ -255,7 +312,7 @@ CREATE_STATEMENTS = [
     "state TEXT NOT NULL, message_id TEXT NOT NULL, due_at {real}, "
     "created_at {real} NOT NULL, updated_at {real} NOT NULL, version INTEGER NOT NULL, "
     "attempts INTEGER NOT NULL, reason TEXT, purged_at {real}, watch_until {real}, "
-    "watch_mailbox TEXT){options}",
+    "watch_mailbox TEXT, mailbox TEXT){options}",
     "CREATE INDEX IF NOT EXISTS {n}_state_due ON {t} (state, due_at)",
     "CREATE INDEX IF NOT EXISTS {n}_message_id ON {t} (message_id)",
     *(statement for _name, statement in ADDED_INDEXES),
@@ -322,15 +379,76 @@ class SqlJobIndex:
         rows = self._fetch(self._sql(_SELECT + "WHERE message_id = {p}"), [message_id])
         return _row(rows[0]) if rows else None
 
-    def jobs_due(self, state: str, now: float, limit: int) -> list[IndexRow]:
+    def jobs_due(
+        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None
+    ) -> list[IndexRow]:
+        owned, params = ("", []) if scopes is None else self._scope_sql(scopes)
         rows = self._fetch(
             self._sql(
-                _SELECT + "WHERE state = {p} AND due_at IS NOT NULL AND due_at <= {p} "
-                "ORDER BY due_at LIMIT {p}"
+                _SELECT
+                + "WHERE state = {p} AND due_at IS NOT NULL AND due_at <= {p} "
+                + owned
+                + "ORDER BY due_at LIMIT {p}"
             ),
-            [state, now, limit],
+            [state, now, *params, limit],
         )
         return [_row(r) for r in rows]
+
+    def _member(self, column: str) -> str:
+        """`column` is one of a list given as one parameter (`_members`): SQLite reads a
+        JSON array, PostgreSQL an array."""
+        return f"{column} IN (SELECT value FROM json_each({{p}}))"
+
+    def _members(self, values: Sequence[str]) -> Any:
+        return json.dumps(list(values))
+
+    def _scope_sql(self, scopes: ScopeFilter) -> tuple[str, list[Any]]:
+        """`AND (...)`, the rows `scopes` matches, and its parameters: one per list,
+        however many mailboxes a daemon owns."""
+        clauses = [f"NOT {self._member('channel')}"]
+        params: list[Any] = [self._members(scopes.known)]
+        for group in scopes.groups:
+            clause = self._member("channel")
+            params.append(self._members(group.channels))
+            if group.mailboxes is not None:
+                clause += " AND " + self._member("mailbox")
+                params.append(self._members(group.mailboxes))
+            clauses.append(f"({clause})")
+        return "AND (" + " OR ".join(clauses) + ") ", params
+
+    def scopes_due(self, states: Sequence[str], before: float) -> list[tuple[str, str | None]]:
+        if not states:
+            return []
+        # A range of the (state, due_at) index per state: what is due, not the history.
+        placeholders = ", ".join(["{p}"] * len(states))
+        rows = self._fetch(
+            self._sql(
+                f"SELECT DISTINCT channel, mailbox FROM {{t}} WHERE state IN ({placeholders}) "
+                "AND due_at <= {p}"
+            ),
+            [*states, before],
+        )
+        return [(str(c), None if m is None else str(m)) for c, m in rows]
+
+    def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
+        if not states:
+            return []
+        placeholders = ", ".join(["{p}"] * len(states))
+        rows = self._fetch(
+            self._sql(
+                f"SELECT key FROM {{t}} WHERE state IN ({placeholders}) AND due_at IS NOT NULL "
+                "AND mailbox IS NULL LIMIT {p}"
+            ),
+            [*states, limit],
+        )
+        return [str(key) for (key,) in rows]
+
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str]]) -> None:
+        if mailboxes:
+            self._execute(
+                self._sql("UPDATE {t} SET mailbox = {p} WHERE key = {p} AND mailbox IS NULL"),
+                [(mailbox, key) for key, mailbox in mailboxes],
+            )
 
     def find(
         self, where: JobFilter = ALL_JOBS, *, after_key: str | None = None, limit: int = 1000
@@ -536,6 +654,8 @@ __all__ = [
     "UPSERT",
     "IndexRow",
     "JobIndex",
+    "ScopeFilter",
+    "ScopeGroup",
     "SqlJobIndex",
     "WatchedMailbox",
     "index_row",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
@@ -29,6 +29,7 @@ from ledger.stores.index import (
     PURGEABLE_STATES,
     IndexRow,
     JobFilter,
+    ScopeFilter,
     WatchedMailbox,
     rows_from,
 )
@@ -88,15 +89,47 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
         with self.database_lock:
             return next((r for r in self._rows.values() if r.message_id == message_id), None)
 
-    def jobs_due(self, state: str, now: float, limit: int) -> list[IndexRow]:
+    def jobs_due(
+        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None
+    ) -> list[IndexRow]:
         with self.database_lock:
             due = [
                 r
                 for r in self._rows.values()
-                if r.state == state and r.due_at is not None and r.due_at <= now
+                if r.state == state
+                and r.due_at is not None
+                and r.due_at <= now
+                and (scopes is None or scopes.matches(r))
             ]
         due.sort(key=lambda r: (r.due_at, r.key))
         return due[: max(limit, 0)]
+
+    def scopes_due(self, states: Sequence[str], before: float) -> list[tuple[str, str | None]]:
+        wanted = set(states)
+        with self.database_lock:
+            found = {
+                (r.channel, r.mailbox)
+                for r in self._rows.values()
+                if r.state in wanted and r.due_at is not None and r.due_at <= before
+            }
+        return sorted(found, key=lambda pair: (pair[0], pair[1] or ""))
+
+    def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
+        wanted = set(states)
+        with self.database_lock:
+            keys = [
+                r.key
+                for r in self._rows.values()
+                if r.state in wanted and r.due_at is not None and r.mailbox is None
+            ]
+        return sorted(keys)[: max(limit, 0)]
+
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str]]) -> None:
+        with self.database_lock:
+            for key, mailbox in mailboxes:
+                row = self._rows.get(key)
+                if row is not None and row.mailbox is None:
+                    self._rows[key] = replace(row, mailbox=mailbox)
 
     def find(
         self, where: JobFilter = ALL_JOBS, *, after_key: str | None = None, limit: int = 1000
@@ -150,7 +183,7 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
 
     def watched(self) -> list[WatchedMailbox]:
         groups: dict[tuple[str, str], list[str]] = {}
-        with self._database_lock:
+        with self.database_lock:
             for r in self._rows.values():
                 if r.watch_until is not None and r.watch_mailbox is not None:
                     groups.setdefault((r.channel, r.watch_mailbox), []).append(r.key)

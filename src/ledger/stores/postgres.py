@@ -120,6 +120,12 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
     def _tuples(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r.values()) for r in cursor.fetchall()]
 
+    def _member(self, column: str) -> str:
+        return f"{column} = ANY({{p}})"
+
+    def _members(self, values: Sequence[str]) -> Any:
+        return list(values)
+
     def _rewrite_sql(self) -> tuple[str, Callable[[Any], Any]]:
         sql = (
             f"UPDATE {self._events_table()} SET state = %s "
