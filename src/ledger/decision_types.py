@@ -35,9 +35,11 @@ class SearchAt(_DecidedFor):
 @dataclass(frozen=True)
 class Confirm(_Decided):
     """Exactly one copy exists. ``verify_at``: count the copies once more then (a job that
-    was sent again without proof that the earlier attempt failed may have a hidden twin)."""
+    was sent again without proof that the earlier attempt failed may have a hidden twin).
+    ``watch_until``: look for delivery reports about it until then (``watch_bounces``)."""
 
     verify_at: datetime | None = None
+    watch_until: datetime | None = None
 
 
 class Duplicate(_Decided):
@@ -66,6 +68,10 @@ class Review(_Decided):
     reason: EscalationReason
 
 
+class RecordBounce(_Decided):
+    """A delivery report about a watched job: record it, and nothing more."""
+
+
 class StopVerifying(_Decided):
     """A confirmed job's copy did not show up in the index again: the provider confirmed it,
     and a missing index entry is not a second copy. Nothing more to do."""
@@ -81,6 +87,7 @@ Decision = (
     | RetryAt
     | Review
     | StopVerifying
+    | RecordBounce
 )
 #: What may follow a provider call whose outcome is unknown.
 AfterUnknown = SearchAt | Review
@@ -93,8 +100,11 @@ AfterDraftPending = RetryAt | Review
 AfterSearch = Confirm | Duplicate | SearchAgainAt | ResendAt | Review
 #: What may follow a count of a confirmed (resent) job's copies.
 AfterVerification = Confirm | Duplicate | SearchAgainAt | StopVerifying
+#: What may follow a delivery report about a watched job (``on_bounce``).
+AfterBounce = RecordBounce | Review
 
 __all__ = [
+    "AfterBounce",
     "AfterDraftPending",
     "AfterRejection",
     "AfterSearch",
@@ -103,6 +113,7 @@ __all__ = [
     "Confirm",
     "Decision",
     "Duplicate",
+    "RecordBounce",
     "ResendAt",
     "RetryAt",
     "Review",

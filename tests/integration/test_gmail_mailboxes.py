@@ -11,8 +11,10 @@ import pytest
 
 from daemon.bootstrap import build_provider
 from daemon.config.settings import ConfigError, settings_from_dict
+from daemon.doubles.fake_time import FakeTime
 from daemon.providers.base import SendKind, for_job
 from daemon.providers.gmail import DelegationRequired, GmailProvider
+from daemon.providers.mailboxes import IDLE_AFTER
 from daemon.tools.probe import run_probe
 from testkit.credentials import write_authorized_user, write_service_account
 from testkit.gmail_emulator import GmailEmulator
@@ -73,6 +75,32 @@ def test_each_job_lands_in_its_own_mailbox_once(emulator: GmailEmulator, sa_file
         provider.close()
 
 
+def test_a_mailbox_dropped_when_idle_comes_back_with_its_token(
+    emulator: GmailEmulator, sa_file: Path
+) -> None:
+    """docs/performance.md "Many mailboxes, one daemon": an idle mailbox is dropped, and
+    when it sends again within the hour it uses the token it had (one token request per
+    subject at the emulator); once that token expired, it fetches a new one."""
+    time = FakeTime(0.0)
+    provider = delegating(emulator.url, sa_file, clock=time, sleep=time.sleep)
+    try:
+        for n, mailbox in enumerate(MAILBOXES[:2]):
+            outcome = for_job(provider, mailbox, None).send_raw(raw_from(mailbox, mid(n)))
+            assert outcome.kind is SendKind.CONFIRMED, outcome
+        time.now = IDLE_AFTER
+        assert provider.forget_idle() == 2 and len(provider.mailboxes) == 0
+        outcome = for_job(provider, MAILBOXES[0], None).send_raw(raw_from(MAILBOXES[0], mid(9)))
+        assert outcome.kind is SendKind.CONFIRMED, outcome
+        subjects = sorted(str(r.get("sub")) for r in emulator.token_requests)
+        assert subjects == sorted(MAILBOXES[:2])  # the token came back with its mailbox
+        assert provider.kept_tokens() == 1  # bob's
+        time.now += 3600.0  # bob's token expired: forgotten; alice's entry dropped
+        assert provider.forget_idle() == 1
+        assert provider.kept_tokens() == 1  # alice's, which the clock of google-auth holds live
+    finally:
+        provider.close()
+
+
 def test_ambiguous_send_is_reconciled_in_the_right_mailbox(
     emulator: GmailEmulator, sa_file: Path
 ) -> None:
@@ -109,7 +137,7 @@ def test_a_mailbox_token_cannot_act_as_another(emulator: GmailEmulator, sa_file:
         # Force the wrong userId with alice's token: the emulator refuses it (403).
         bob = provider.mailbox(MAILBOXES[1])
         alice = provider.mailbox(MAILBOXES[0])
-        wrong = type(bob)(bob.user, alice.credentials, bob.bucket)
+        wrong = type(bob)(bob.user, alice.credentials, bob.bucket, bob.departures)
         outcome = provider.send_as(wrong, raw_from(MAILBOXES[1], mid(3)), None)
         assert outcome.kind is SendKind.REJECTED and outcome.status == 403, outcome
         assert view.send_raw(raw_from(MAILBOXES[0], mid(4))).kind is SendKind.CONFIRMED

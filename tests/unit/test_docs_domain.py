@@ -14,6 +14,7 @@ import json
 import re
 import socket
 import ssl
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, get_args
 
@@ -260,20 +261,26 @@ def test_a_new_provider_s_capabilities_are_the_port_s_with_the_defaults_written(
     base = type("Plain", (ProviderBase,), {"name": "plain"})()
     shown = {
         name: getattr(base, name)()
-        if name in ("drafts", "quota_available", "reserve_send", "scope")
+        if name in ("drafts", "quota_available", "reserve_send", "scope", "forget_idle")
         else getattr(base, name)
         for name in written
-        if name not in ("for_job", "delete_drafts", "ping")
+        if name not in ("for_job", "delete_drafts", "ping", "scope_of", "read_reports")
     }
+    reports = base.read_reports(datetime.now(UTC), known=(), max_bytes=1, limit=1)
     shown |= {
         "for_job": base.for_job("a@b.c", None) is base,
         "delete_drafts": base.delete_drafts("<a@b>"),
+        "scope_of": base.scope_of("a@b.c"),
+        "read_reports": reports.listed,
     }
     meant = {"False": False, "None": None, "0.0": 0.0, "30 s": 30.0, "its name": "plain"}
-    meant |= {"itself": True, "none deleted": []}
+    meant |= {"itself": True, "none deleted": [], "0": 0, "`scope(": "plain"}
+    meant |= {"nothing listed": ()}
     assert {n: shown[n] for n, d in written.items() if d in meant} == {
         n: meant[d] for n, d in written.items() if d in meant
     }
+    # The rest are said in words no value stands for.
+    assert {n for n, d in written.items() if d not in meant} == {"readback_rate", "ping"}
 
 
 def test_every_invariant_names_a_test() -> None:
@@ -351,6 +358,7 @@ def test_the_make_targets_bench_scripts_and_layout_are_the_tree_s() -> None:
     recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.M)
     assert recipe and [line.split()[-1] for line in recipe.group(1).splitlines()] == [
         "test-py313",
+        "test-eventsourcing",  # the store against the newest eventsourcing
         "tests",
         "typecheck",
     ]

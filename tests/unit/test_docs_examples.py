@@ -45,6 +45,7 @@ from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.webhooks.events import REJECTED_CODES, event_id_for, payload
 from daemon.webhooks.signing import new_secret, signed_headers
 from ledger.addresses import parse_mailbox
+from ledger.application import Ledger
 from ledger.message_id import message_id_for
 from ledger.stores import IdentityTaken
 from ledger.stores.url import parse_store_url
@@ -125,9 +126,11 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
     with pytest.raises(PolicyLoadError) as refused:
         load_policy_dir(tmp_path)
     assert quoted and str(refused.value).endswith(quoted.group(1))
-    urls = re.findall(
-        r"`((?:sqlite|postgresql|memory):[^`]*)`", section("architecture.md", "Stores")
-    )
+    stores = section("architecture.md", "Stores")
+    port = set(re.findall(r"\(`([a-z_]+)`\)", stores.split("Store URLs pick a backend", 1)[0]))
+    assert port == {"jobs", "job_events", "due", "scope_leases"}  # the port's queries
+    assert all(callable(getattr(Ledger, name, None)) for name in port)
+    urls = re.findall(r"`((?:sqlite|postgresql|memory):[^`]*)`", stores)
     assert len(urls) == 5
     for url in urls:
         parse_store_url(url.replace("relative/path", "x.sqlite").replace("/absolute/path", "/x"))

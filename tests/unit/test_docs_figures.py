@@ -211,6 +211,8 @@ def test_the_lists_a_page_writes_in_prose_are_the_code_s() -> None:
         r for r in page("configuration.md").splitlines() if r.startswith("| `webhooks.NAME.events`")
     )
     assert set(re.findall(r"`([a-z]+)`", row.split("|")[3])) == set(WEBHOOK_TYPES)
+    count = ("six", "seven", "eight").index(row.split("|")[2].strip().removeprefix("all ")) + 6
+    assert count == len(WEBHOOK_TYPES)  # the default, "all seven"
     assert GMAIL_GET_UNITS == GMAIL_LIST_UNITS  # "list/get": one figure for both
     graph = (
         flat(page("providers.md"))

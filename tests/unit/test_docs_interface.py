@@ -30,19 +30,19 @@ from daemon import exit_codes
 from daemon.api import jobs, review
 from daemon.api.app import create_app
 from daemon.api.auth import Role
-from daemon.api.errors import _STATUS
+from daemon.api.errors import STATUS
 from daemon.api.metrics import Metrics, Sources, _StoreGauges
 from daemon.api.roles import ROUTE_ROLES
-from daemon.cli.job_commands import _EXIT_CODES
 from daemon.doubles.fake_provider import Scripted
 from daemon.engine.circuit import OpenCircuit
 from daemon.service_layer.guidance import MEANING, NEXT
 from daemon.service_layer.read_models import event_record, job_status, review_rows
-from daemon.service_layer.services import CheckAnswer, Copy, Refusal, TriageItem
+from daemon.service_layer.services import CheckAnswer, Copy, TriageItem
 from daemon.webhooks.events import REJECTED_CODES, WEBHOOK_EVENTS, WEBHOOK_TYPES
 from daemon.webhooks.status import webhook_status
 from ledger import addresses, attachments, content, extra_headers
 from ledger.application import SubmitResult
+from ledger.exceptions import Refusal
 from ledger.job import SendJob
 from ledger.vocabulary import EscalationReason
 from sendledger import client as client_module
@@ -121,13 +121,17 @@ def test_the_exit_codes_are_the_cli_s_and_the_help_s() -> None:
     rows = keyed(section("cli.md", "### Exit codes"), "Code")
     constants = {v for k, v in vars(exit_codes).items() if k.startswith("EXIT_")}
     assert {int(code) for code in rows} == constants | {130}
-    assert set(_EXIT_CODES.values()) <= constants
+    assert set(exit_codes.REFUSAL_CODES.values()) <= constants
+    named = {"bad input": Refusal.BAD_INPUT, "unknown job": Refusal.NOT_FOUND}
+    named |= {"conflict": Refusal.CONFLICT, "unexpected failure": Refusal.UNAVAILABLE}
+    assert set(named.values()) == set(Refusal)  # each refusal on the row that names it
+    assert all(rows[str(exit_codes.REFUSAL_CODES[r])][0].startswith(w) for w, r in named.items())
     epilog = daemon.cli.build_parser().epilog or ""
     assert {int(code) for code in re.findall(r"\b(\d+) [a-z]", epilog)} == constants | {130}
     # docs/architecture.md "One service layer": each refusal's exit code and HTTP status.
     layer = " ".join(section("architecture.md", "One service layer").split())
     said = {int(c): int(s) for c, s in re.findall(r": (?:exit )?(\d) / (\d{3})\b", layer)}
-    assert said == {_EXIT_CODES[r]: _STATUS[r] for r in Refusal}
+    assert said == {exit_codes.REFUSAL_CODES[r]: STATUS[r] for r in Refusal}
 
 
 def test_the_job_fields_and_limits_are_the_intake_s() -> None:

@@ -191,6 +191,7 @@ def defined(module: str, dotted: str) -> bool:
 NOT_CODE = {"drafts.create", "drafts.get", "drafts.list", "drafts.send", "drafts.delete"}
 NOT_CODE |= {"drafts.error", "messages.get", "messages.send", "gmail.compose", "gmail.metadata"}
 NOT_CODE |= {"Mail.Send", "Mail.ReadWrite"}
+NOT_CODE |= {"gmail.readonly", "gmail.modify", "RFC822.SIZE", "job.bounced"}  # scopes, IMAP, a name
 FILE_SUFFIX = re.compile(r"\.(toml|service|sqlite|log|json|md|yml)$")
 
 

@@ -85,7 +85,8 @@ WORDS: dict[str, tuple[object, ...]] = {
     "": (None,),
     "required with `listen`": (None,),
     "the host name": (socket.gethostname(),),
-    "all six": (list(WEBHOOK_TYPES),),
+    "all seven": (list(WEBHOOK_TYPES),),
+    "twice `deadline_grace`, at least `1s`": (None,),  # tests/unit/test_settings.py
     "Google's": ("",),
     "the file's": ("",),
     "the `\\Sent` folder": ("",),
@@ -266,6 +267,8 @@ def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
     said |= {"message_id": "Message-ID", "version": "version", "attempts": "attempt count"}
     said |= {"reason": "reason"} | dict.fromkeys(("due_at", "created_at", "updated_at"), "times")
     said["purged_at"] = "times"
+    said |= {"watch_until": "times", "watch_mailbox": "digest"}  # never the address
+    said["mailbox"] = "From mailbox as a digest"  # keyed by the store's key: no address
     assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
     assert all(word in kept for word in said.values()), kept
     for name in environment.OTHER_VARIABLES:

@@ -18,7 +18,7 @@ from daemon.engine import Engine
 from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
 from daemon.providers.gmail import GmailProvider
 from daemon.providers.gmail_drafts import DRAFT_STEP_UNITS
-from daemon.providers.quota import GMAIL_LIST_UNITS
+from daemon.providers.quota import GMAIL_LIST_UNITS, GMAIL_SEND_UNITS
 from daemon.service_layer.intake import IntakeError, parse_jobs, senders_for
 from ledger.content import JobInputError, parse_job
 from policies.loader import PolicySet
@@ -124,6 +124,9 @@ def test_one_bucket_per_mailbox_and_a_reservation_never_waits(tmp_path: Path) ->
     bob = provider.mailbox("bob@example.com")
     assert alice is again and alice is not bob
     assert alice.credentials is not bob.credentials
+    # A mailbox's bucket holds one send, not a second's worth (docs/performance.md
+    # "Performance and scaling": "It now holds one send (and its draft step)").
+    assert alice.bucket.capacity == GMAIL_SEND_UNITS < 250.0
     alice.bucket.acquire(alice.bucket.capacity)  # alice is out of quota, bob is not
     wait = alice.reserve_send()
     assert 0.0 < wait <= 100.0 / 250.0 + 1e-9 and bob.reserve_send() == 0.0
@@ -146,7 +149,7 @@ def test_in_drafts_mode_the_reservation_pays_the_draft_step_too(tmp_path: Path) 
     # A quota below one send and its draft step: the bucket still holds both.
     provider = delegated(tmp_path, clock, quota_units_per_second=100.0, send_via="drafts")
     alice = provider.mailbox("alice@example.com")
-    assert alice.bucket.capacity >= 100.0 + DRAFT_STEP_UNITS
+    assert alice.bucket.capacity == GMAIL_SEND_UNITS + DRAFT_STEP_UNITS
     alice.bucket.acquire(alice.bucket.available - 100.0)  # one bare send's worth left
     assert alice.reserve_send() > 0.0  # not enough for the draft step as well
     clock.now += DRAFT_STEP_UNITS / 100.0

@@ -17,6 +17,7 @@ from daemon.config import environment
 from daemon.config.secret_files import secret_files, warn_exposed_secrets
 from daemon.config.settings import (
     ConfigError,
+    DaemonSettings,
     GmailProviderSettings,
     GraphProviderSettings,
     Settings,
@@ -162,6 +163,15 @@ def file_settings() -> set[str]:
 
 def variable(key: str) -> str:
     return "SENDLEDGER_" + key.replace("NAME", "x").replace(".", "__").upper()
+
+
+def test_scope_lease_is_twice_deadline_grace_at_least_1s_unless_set() -> None:
+    """docs/configuration.md's default for `daemon.scope_lease`, and its floor."""
+    assert DaemonSettings(deadline_grace=10.0).scope_lease_seconds == 20.0
+    assert DaemonSettings(deadline_grace=0.1).scope_lease_seconds == 1.0
+    assert DaemonSettings(deadline_grace=0.1, scope_lease=0.5).scope_lease_seconds == 0.5
+    with pytest.raises(ValueError, match=r"0\.5s is shorter than twice deadline_grace"):
+        DaemonSettings(deadline_grace=1.0, scope_lease=0.5)
 
 
 def test_every_secret_file_setting_is_warned_about(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ an interactive "yes".
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 import uuid
@@ -35,7 +34,14 @@ from daemon.from_settings import settings_for
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.providers.draft_handle import drafts_of
 from daemon.runtime import check_provider_access
-from daemon.tools.probe_drafts import drafts_handle_works, recommend, run_drafts_probe
+from daemon.tools.probe_drafts import (
+    LAG_FACTOR,
+    MIN_SEARCH_AFTER,
+    drafts_handle_works,
+    recommend,
+    recommend_search_after,
+    run_drafts_probe,
+)
 from ledger.content import JobInputError, validate_address
 from ledger.mime import build_message
 from policies.durations import DurationError, format_duration, parse_duration_within
@@ -44,8 +50,6 @@ from testkit.smtp_relay import SmtpFaultRelay
 
 GMAIL_API = "https://gmail.googleapis.com"
 #: The recommendation never goes below this: one observation is not the worst case.
-MIN_SEARCH_AFTER = 60.0
-LAG_FACTOR = 3.0
 
 
 def register(sub: Any) -> None:
@@ -67,11 +71,6 @@ def _duration(option: str, value: str, high: float) -> float:
         return parse_duration_within(value, 0.001, high)
     except (DurationError, ValueError) as exc:
         raise bad_input(f"{option}: {exc}") from None
-
-
-def recommend_search_after(lag: float) -> float:
-    """A few times the observed lag, rounded up to a whole minute, at least a minute."""
-    return max(MIN_SEARCH_AFTER, math.ceil(lag * LAG_FACTOR / 60.0) * 60.0)
 
 
 def _confirmed(args: argparse.Namespace, name: str) -> bool:
