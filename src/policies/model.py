@@ -64,6 +64,7 @@ MAX_DURATIONS: dict[str, float] = {
     "retry_backoff": _DAY,
     "retry_backoff_max": 7 * _DAY,
     "verify_after": 30 * _DAY,
+    "history_after": _DAY,
 }
 MAX_DURATION = max(MAX_DURATIONS.values())
 #: Counts past these would keep a job searching (confirm_misses) or retrying
@@ -148,6 +149,12 @@ class ChannelPolicy(BaseModel):
     # How long a job may wait for an unavailable provider (refused connections, quota
     # errors: nothing sent) before a human decides; None: it waits for as long as it takes.
     give_up_after: Duration | None = None
+    # Gmail's history handle (docs/policies.md "Channel policies"): how long after an unknown
+    # outcome a read of the mailbox's history that finds no copy of ours is believed (the
+    # history lag `sendledger probe` measured, with a margin); the search is then due at
+    # once. None: absence in the history proves nothing, the search decides after
+    # `search_after` as without it.
+    history_after: Duration | None = None
 
     @field_validator("channel")
     @classmethod
@@ -230,6 +237,17 @@ class ChannelPolicy(BaseModel):
             )
         return value
 
+    @field_validator("history_after")
+    @classmethod
+    def _check_history_after(cls, value: float | None, info: ValidationInfo) -> float | None:
+        after = info.data.get("search_after")
+        if value is not None and isinstance(after, float) and value >= after:
+            raise _error(
+                f"must be shorter than search_after ({format_duration(after)}), "
+                f"got {format_duration(value)}: it replaces the index wait with a shorter one"
+            )
+        return value
+
     # -- derived views ---------------------------------------------------------------------
 
     @property
@@ -276,6 +294,8 @@ class ChannelPolicy(BaseModel):
             del values["pending_draft"]  # the default keeps the fingerprint it had before
         if self.give_up_after is None:
             del values["give_up_after"]  # unchanged policies keep their fingerprint
+        if self.history_after is None:
+            del values["history_after"]  # unchanged policies keep their fingerprint
         return values
 
     @property

@@ -131,6 +131,8 @@ def test_each_range_is_what_the_model_takes(field: str, text: str) -> None:
     more: dict[str, object] = {"retry_backoff": low} if field == "retry_backoff_max" else {}
     if field == "retry_backoff":
         more = {"retry_backoff_max": high}
+    if field == "history_after":
+        more = {"search_after": "7d"}  # it must be shorter than search_after
     assert not refused(field, low, **more) and not refused(field, high, **more)
     assert refused(field, low - step, **more) and refused(field, high + step, **more)
 
@@ -171,14 +173,17 @@ def test_a_policy_file_is_at_most_1_mib(tmp_path: Path) -> None:
 
 
 def test_fields_added_later_keep_the_first_releases_fingerprint(tmp_path: Path) -> None:
-    """`allowed_from`, `pending_draft` and `give_up_after` at their defaults leave the
-    fingerprint a policy of the first release had (tests/fixtures/store-v1/README.md)."""
+    """`allowed_from`, `pending_draft`, `give_up_after` and `history_after` at their
+    defaults leave the fingerprint a policy of the first release had
+    (tests/fixtures/store-v1/README.md)."""
     text = FIXTURE.read_text(encoding="utf-8")
     assert load_policy_file(FIXTURE).fingerprint == "7d06ca0409ba9b06"
     later = tmp_path / "receipts.toml"
     later.write_text(text + 'allowed_from = []\npending_draft = "send"\n', encoding="utf-8")
     assert load_policy_file(later).fingerprint == "7d06ca0409ba9b06"
     later.write_text(text + 'give_up_after = "4h"\n', encoding="utf-8")
+    assert load_policy_file(later).fingerprint != "7d06ca0409ba9b06"
+    later.write_text(text + 'history_after = "1s"\n', encoding="utf-8")
     assert load_policy_file(later).fingerprint != "7d06ca0409ba9b06"
 
 

@@ -153,6 +153,7 @@ def test_the_service_layer_never_imports_the_dispatch(path: Path) -> None:
 PROVIDER_PORT = (
     "daemon.providers.base",
     "daemon.providers.draft_handle",
+    "daemon.providers.history_handle",
     "daemon.providers.message",
 )
 

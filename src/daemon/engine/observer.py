@@ -16,6 +16,7 @@ from typing import Protocol, TypeVar
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
 from daemon.providers.draft_handle import DraftsProvider
+from daemon.providers.history_handle import HistoryProvider
 from ledger.job import SendJob
 
 log = logging.getLogger("sendledger.engine")
@@ -88,6 +89,10 @@ class ObservedProvider(ProviderBase):
     def drafts(self) -> DraftsProvider | None:
         # Not timed: the draft calls are the inner provider's own.
         return self.inner.drafts()
+
+    def history(self) -> HistoryProvider | None:
+        # Not timed either: the history calls are the inner provider's own.
+        return self.inner.history()
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return self._timed("delete_drafts", lambda: self.inner.delete_drafts(message_id))

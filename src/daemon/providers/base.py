@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 if TYPE_CHECKING:
     from daemon.providers.draft_handle import DraftsProvider
+    from daemon.providers.history_handle import HistoryProvider
 
 # The defaults of the Message-ID read-back (daemon/engine/readback.py): the port declares them
 # so providers and settings share them without importing the engine (docs/performance.md,
@@ -149,6 +150,13 @@ class Provider(Protocol):
         provider"). None for every other provider."""
         ...
 
+    def history(self) -> HistoryProvider | None:
+        """The mailbox's change log, when the provider keeps one the engine can read after
+        an unknown outcome (Gmail with `send_via = "messages"`): a historyId recorded with
+        each claim, and the SENT messages added since it (docs/architecture.md "The
+        history handle"). None for every other provider."""
+        ...
+
     def delete_drafts(self, message_id: str) -> list[str]:
         """Delete every unsent draft whose Message-ID header is exactly `message_id`, and
         say which were deleted (none for a provider that leaves no drafts). Raises
@@ -199,6 +207,9 @@ class ProviderBase:
     leaves_drafts: bool = False
 
     def drafts(self) -> DraftsProvider | None:
+        return None
+
+    def history(self) -> HistoryProvider | None:
         return None
 
     def delete_drafts(self, message_id: str) -> list[str]:

@@ -58,6 +58,8 @@ from daemon.providers.classify import (
 )
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from daemon.providers.gmail_drafts import COMPOSE_SCOPE, DRAFT_STEP_UNITS, GmailDrafts
+from daemon.providers.gmail_history import GmailHistory
+from daemon.providers.history_handle import HistoryProvider
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
@@ -226,10 +228,10 @@ class _Mailbox:
         self._prepaid_drafts = 0.0
         self._lock = threading.Lock()
 
-    def reserve_send(self) -> float:
-        """The quota of one send (and its draft step) taken now (0.0), or the seconds
-        until it could be."""
-        units = GMAIL_SEND_UNITS + self.draft_units
+    def reserve_send(self, extra: float = 0.0) -> float:
+        """The quota of one send (and its draft step, and `extra`: its claim's history
+        mark when one is to be fetched) taken now (0.0), or the seconds until it could be."""
+        units = GMAIL_SEND_UNITS + self.draft_units + extra
         with self._lock:
             if self.bucket.try_acquire(units):
                 self._prepaid += 1
@@ -337,6 +339,7 @@ class GmailProvider(ProviderBase):
         self.service = build_gmail_service(self._transport(), api_endpoint=api_endpoint)
         self._messages = self.service.users().messages()
         self.draft_calls = GmailDrafts(self)
+        self.history_calls = GmailHistory(self, clock, sleep)
 
     # -- mailboxes ---------------------------------------------------------------------
 
@@ -553,6 +556,27 @@ class GmailProvider(ProviderBase):
     def drafts(self) -> DraftsProvider | None:
         return self if self.send_via == "drafts" else None
 
+    # -- the history handle (send_via = "messages"; daemon/providers/history_handle.py) -------
+
+    def history(self) -> HistoryProvider | None:
+        # Drafts mode has its own handle: a sent draft changes labels, adds no message.
+        return self if self.send_via == "messages" else None
+
+    def history_mark(self) -> str | None:
+        return self.history_calls.mark(self._unscoped())
+
+    def sent_since(self, history_id: str, message_id: str) -> SearchResult:
+        return self.history_calls.sent_since(self._unscoped(), history_id, message_id)
+
+    def reserve_in(self, mailbox: _Mailbox) -> float:
+        """One send's quota in `mailbox` (`reserve_send`), with its claim's history mark
+        when one is to be fetched (docs/providers.md "Quota")."""
+        extra = self.history_calls.mark_units(mailbox) if self.send_via == "messages" else 0.0
+        wait = mailbox.reserve_send(extra)
+        if wait == 0.0 and extra:
+            self.history_calls.mark_paid(mailbox)
+        return wait
+
     def delete_drafts(self, message_id: str) -> list[str]:
         return self.delete_drafts_in(self._unscoped(), message_id)
 
@@ -570,7 +594,8 @@ class GmailProvider(ProviderBase):
     def ping_as(self, mailbox: _Mailbox) -> None:
         """users.getProfile: 1 quota unit, sends nothing (a circuit's probe after a hang)."""
         request = self.service.users().getProfile(userId=mailbox.user)
-        self.read_json("ping (users.getProfile)", request, GMAIL_PROFILE_UNITS, mailbox)
+        profile = self.read_json("ping (users.getProfile)", request, GMAIL_PROFILE_UNITS, mailbox)
+        self.history_calls.saw(mailbox, profile.get("historyId"), fresh=True)
 
     def check_access(self) -> None:
         """The start-up check: with send_via = "drafts", that the credentials are granted
@@ -653,9 +678,9 @@ class GmailProvider(ProviderBase):
                         provider_id,
                         header,
                         labels,
-                        date=_header(data, "date") or "",
-                        to=_header(data, "to") or "",
-                        subject=_header(data, "subject") or "",
+                        date=header_of(data, "date") or "",
+                        to=header_of(data, "to") or "",
+                        subject=header_of(data, "subject") or "",
                     )
                 )
         return SearchResult(query=query, hits=tuple(hits))
@@ -664,14 +689,17 @@ class GmailProvider(ProviderBase):
         return self.read_message_id_in(self._unscoped(), provider_message_id)
 
     def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
-        return message_id_header(self._get_metadata(mailbox, provider_message_id))
+        data = self._get_metadata(mailbox, provider_message_id)
+        # A copy just sent: where the mailbox's history is now, for the next claims' mark.
+        self.history_calls.saw_message(mailbox, data)
+        return message_id_header(data)
 
     def scope(self) -> str:
         return self.name
 
     def reserve_send(self) -> float:
         # Unscoped, as send_raw is: with "{from}" the engine reserves through for_job.
-        return self._default.reserve_send() if self._default is not None else 0.0
+        return self.reserve_in(self._default) if self._default is not None else 0.0
 
     def quota_available(self) -> float:
         """Quota units left now (the metrics gauge reads it): the mailbox's, or with
@@ -726,7 +754,7 @@ class GmailMailboxView(ProviderBase):
         return self.name
 
     def reserve_send(self) -> float:
-        return self.mailbox.reserve_send()
+        return self.provider.reserve_in(self.mailbox)
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         return self.provider.send_as(self.mailbox, raw, self.thread_id)
@@ -751,6 +779,15 @@ class GmailMailboxView(ProviderBase):
 
     def drafts(self) -> DraftsProvider | None:
         return self if self.send_via == "drafts" else None
+
+    def history(self) -> HistoryProvider | None:
+        return self if self.send_via == "messages" else None
+
+    def history_mark(self) -> str | None:
+        return self.provider.history_calls.mark(self.mailbox)
+
+    def sent_since(self, history_id: str, message_id: str) -> SearchResult:
+        return self.provider.history_calls.sent_since(self.mailbox, history_id, message_id)
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return self.provider.delete_drafts_in(self.mailbox, message_id)
@@ -783,10 +820,10 @@ def search_term(message_id: str) -> str:
 
 
 def message_id_header(message: Mapping[str, Any]) -> str | None:
-    return _header(message, "message-id")
+    return header_of(message, "message-id")
 
 
-def _header(message: Mapping[str, Any], name: str) -> str | None:
+def header_of(message: Mapping[str, Any], name: str) -> str | None:
     """The first `name` header (lower case) of a metadata answer, or None."""
     payload = message.get("payload")
     if not isinstance(payload, dict):
