@@ -287,6 +287,7 @@ class GmailProvider(ProviderBase):
         max_idle: float = DEFAULT_MAX_IDLE,
         ca_certs: str | None = None,
         send_via: str = "messages",
+        read_history: bool = True,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -302,6 +303,9 @@ class GmailProvider(ProviderBase):
             raise ValueError(f"send_via must be one of {', '.join(SEND_VIA)}, got {send_via!r}")
         self.name = name
         self.send_via = send_via
+        # The history handle: messages.send only (a sent draft changes labels, adds no
+        # message), and only when the configuration does not turn it off.
+        self.reads_history = read_history and send_via == "messages"
         # Drafts are made only when sending through them (the port's `leaves_drafts`).
         self.leaves_drafts = send_via == "drafts"
         self.user = user or "me"
@@ -559,8 +563,7 @@ class GmailProvider(ProviderBase):
     # -- the history handle (send_via = "messages"; daemon/providers/history_handle.py) -------
 
     def history(self) -> HistoryProvider | None:
-        # Drafts mode has its own handle: a sent draft changes labels, adds no message.
-        return self if self.send_via == "messages" else None
+        return self if self.reads_history else None
 
     def history_mark(self) -> str | None:
         return self.history_calls.mark(self._unscoped())
@@ -571,7 +574,7 @@ class GmailProvider(ProviderBase):
     def reserve_in(self, mailbox: _Mailbox) -> float:
         """One send's quota in `mailbox` (`reserve_send`), with its claim's history mark
         when one is to be fetched (docs/providers.md "Quota")."""
-        extra = self.history_calls.mark_units(mailbox) if self.send_via == "messages" else 0.0
+        extra = self.history_calls.mark_units(mailbox) if self.reads_history else 0.0
         wait = mailbox.reserve_send(extra)
         if wait == 0.0 and extra:
             self.history_calls.mark_paid(mailbox)
@@ -781,7 +784,7 @@ class GmailMailboxView(ProviderBase):
         return self if self.send_via == "drafts" else None
 
     def history(self) -> HistoryProvider | None:
-        return self if self.send_via == "messages" else None
+        return self if self.provider.reads_history else None
 
     def history_mark(self) -> str | None:
         return self.provider.history_calls.mark(self.mailbox)
