@@ -58,6 +58,11 @@ class Metrics:
         self.escalations = Counter(
             "sendledger_escalations", "Jobs sent to review, by reason", ["reason"], registry=r
         )
+        # docs/providers.md "What each handle proves": what each read of a mailbox's history
+        # after an unknown outcome settled (a duplicate there counts as a search's does).
+        self.history_reads = Counter(
+            "sendledger_history_reads", "Mailbox history reads by result", ["result"], registry=r
+        )
         self.index_lag = Histogram(
             "sendledger_index_lag_seconds",
             "From a send to the first search that found its copy",
@@ -104,6 +109,8 @@ class Metrics:
                 elif via == ConfirmedVia.SEARCH:
                     self.searches.labels("hit").inc()
                     self._observe_lag(job, event)
+                elif via == ConfirmedVia.HISTORY:
+                    self.history_reads.labels("hit").inc()
             elif kind == "Unknown":
                 self.sends.labels(provider, "unknown").inc()
             elif kind == "Rejected":
@@ -112,6 +119,10 @@ class Metrics:
                 self.sends.labels(provider, outcome).inc()
             elif kind == "SearchedMiss":
                 self.searches.labels("miss").inc()
+            elif kind == "HistoryMissed":
+                self.history_reads.labels("miss").inc()
+            elif kind == "HistoryUnusable":
+                self.history_reads.labels("unusable").inc()
             elif kind == "Verified":
                 self.searches.labels("hit" if getattr(event, "hits", 0) else "miss").inc()
             elif kind == "Duplicate":
