@@ -5,7 +5,10 @@ For each backend (a SQLite file; PostgreSQL when reachable):
   (a) cpu      N jobs (default 2,000), the Gmail emulator with zero latency, quota lifted,
                no faults: jobs/s from submitted to confirmed (the engine ticking back to
                back), next to a bare serial loop of google-api-python-client sends of the
-               same messages to the same emulator; CPU ms per job for both. Goal >= 0.5.
+               same messages to the same emulator, and to a durable serial loop (the bare
+               loop plus one fsync'd SQLite commit per send, bench/write_ahead.py: the least
+               a write-ahead sender must do); CPU ms per job for each. Goals: >= 0.5x the
+               bare loop, and faster than the durable loop.
   (b) latency  200 ms per Gmail API call, concurrency 16 and 64: jobs/s against the ideal
                concurrency / 0.2 s. Goal >= 0.85. `--variant` repeats it too.
   (c) https    (a) with the emulator serving HTTPS from a throw-away CA the clients trust.
@@ -50,6 +53,7 @@ import google_auth_httplib2
 import httplib2
 from eventsourcing.application import project_aggregate
 from intake import available_backends
+from write_ahead import WriteAhead
 
 from daemon.bootstrap import bootstrap
 from daemon.config.settings import settings_from_dict
@@ -220,18 +224,41 @@ class Run:
         return self.cpu * 1000 / self.jobs
 
 
-def bare_loop(emulator: Emulator, creds: Path, n: int) -> Run:
-    """A serial loop of client sends: no ledger, stock httplib2 (keep-alive), no retries."""
-    messages = [bare_raw(i, f"bare{time.monotonic_ns()}") for i in range(n)]
+def client_messages(emulator: Emulator, creds: Path) -> Any:
+    """google-api-python-client's `users().messages()` on stock httplib2 (keep-alive)."""
     http = httplib2.Http(timeout=30, ca_certs=emulator.ca_file)
     credentials = load_credentials(creds, user=USER, token_uri=emulator.url + "/token")
     authed = google_auth_httplib2.AuthorizedHttp(credentials, http=http)
-    api = build_gmail_service(authed, api_endpoint=emulator.url).users().messages()
+    return build_gmail_service(authed, api_endpoint=emulator.url).users().messages()
+
+
+def bare_loop(emulator: Emulator, creds: Path, n: int) -> Run:
+    """A serial loop of client sends: no ledger, stock httplib2 (keep-alive), no retries."""
+    messages = [bare_raw(i, f"bare{time.monotonic_ns()}") for i in range(n)]
+    api = client_messages(emulator, creds)
     wall, cpu = time.perf_counter(), time.process_time()
     for _message_id, raw in messages:
         encoded = base64.urlsafe_b64encode(raw).decode("ascii")
         api.send(userId=USER, body={"raw": encoded}).execute(num_retries=0)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    counts = emulator.call("copies", [mid for mid, _ in messages])
+    return Run(n, wall, cpu, all(c == 1 for c in counts.values()))
+
+
+def durable_loop(emulator: Emulator, creds: Path, n: int) -> Run:
+    """The bare loop plus one fsync'd SQLite commit per send, before it (`WriteAhead`)."""
+    messages = [bare_raw(i, f"durable{time.monotonic_ns()}") for i in range(n)]
+    api = client_messages(emulator, creds)
+    with tempfile.TemporaryDirectory(prefix="sendledger-bench-wal-") as folder:
+        record = WriteAhead(Path(folder) / "sends.sqlite")
+        wall, cpu = time.perf_counter(), time.process_time()
+        for message_id, raw in messages:
+            record.claim(message_id)
+            encoded = base64.urlsafe_b64encode(raw).decode("ascii")
+            api.send(userId=USER, body={"raw": encoded}).execute(num_retries=0)
+            record.sent(message_id)
+        record.close()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     counts = emulator.call("copies", [mid for mid, _ in messages])
     return Run(n, wall, cpu, all(c == 1 for c in counts.values()))
 
@@ -441,15 +468,16 @@ def measure_cpu(
     concurrency: int,
     rounds: int,
     variants: list[Variant],
-) -> list[tuple[str, float, float, float, float, float]]:
-    """Median over rounds of (bare jobs/s, daemon jobs/s, ratio, bare cpu ms, daemon cpu ms)
-    for each variant; the bare loop and the daemon alternate within a round."""
+) -> list[CpuRow]:
+    """Medians over rounds for each variant; the bare loop, the durable loop and the
+    daemon alternate within a round."""
     rows = []
     with emulator_process(0.0, https=https) as emulator:
         for variant in variants:
-            results: list[tuple[Run, Run]] = []
+            results: list[tuple[Run, Run, Run]] = []
             for _ in range(rounds):
                 bare = bare_loop(emulator, creds, n)
+                durable = durable_loop(emulator, creds, n)
                 with store() as url:
                     daemon = daemon_run(
                         emulator,
@@ -460,30 +488,55 @@ def measure_cpu(
                         batch_size=200,
                         variant=variant,
                     )
-                if not (bare.copies_ok and daemon.copies_ok):
+                if not (bare.copies_ok and durable.copies_ok and daemon.copies_ok):
                     raise SystemExit(
                         f"{name}: a job did not end with exactly one copy: "
                         f"{daemon.extra['outcome']} of {daemon.jobs}"
                     )
-                results.append((bare, daemon))
+                results.append((bare, durable, daemon))
                 print(
                     f"  {name:<10} {'https' if https else 'http':<5} {variant.name:<22} "
                     f"bare {bare.rate:7.0f}/s {bare.cpu_ms:5.2f} cpu-ms   "
+                    f"durable {durable.rate:7.0f}/s {durable.cpu_ms:5.2f} cpu-ms   "
                     f"daemon {daemon.rate:7.0f}/s {daemon.cpu_ms:5.2f} cpu-ms   "
-                    f"ratio {daemon.rate / bare.rate:5.2f}   {connection_line(daemon)}",
+                    f"ratio {daemon.rate / bare.rate:5.2f} / {daemon.rate / durable.rate:5.2f}"
+                    f"   load {os.getloadavg()[0]:.1f}   {connection_line(daemon)}",
                     flush=True,
                 )
-            rows.append(
-                (
-                    variant.name,
-                    statistics.median(b.rate for b, _ in results),
-                    statistics.median(d.rate for _, d in results),
-                    statistics.median(d.rate / b.rate for b, d in results),
-                    statistics.median(b.cpu_ms for b, _ in results),
-                    statistics.median(d.cpu_ms for _, d in results),
-                )
-            )
+            rows.append(CpuRow.of(variant.name, results))
     return rows
+
+
+@dataclass(frozen=True)
+class CpuRow:
+    """One variant's medians (and ranges) over the rounds of (a) or (c)."""
+
+    variant: str
+    bare: float  # jobs/s
+    durable: float
+    daemon: float
+    ratio: tuple[float, float, float]  # daemon / bare: median, min, max
+    durable_ratio: tuple[float, float, float]  # daemon / durable
+    bare_ms: float  # CPU ms per job
+    durable_ms: float
+    daemon_ms: tuple[float, float, float]
+
+    @classmethod
+    def of(cls, variant: str, results: list[tuple[Run, Run, Run]]) -> CpuRow:
+        def spread(values: list[float]) -> tuple[float, float, float]:
+            return statistics.median(values), min(values), max(values)
+
+        return cls(
+            variant,
+            statistics.median(b.rate for b, _, _ in results),
+            statistics.median(w.rate for _, w, _ in results),
+            statistics.median(d.rate for _, _, d in results),
+            spread([d.rate / b.rate for b, _, d in results]),
+            spread([d.rate / w.rate for _, w, d in results]),
+            statistics.median(b.cpu_ms for b, _, _ in results),
+            statistics.median(w.cpu_ms for _, w, _ in results),
+            spread([d.cpu_ms for _, _, d in results]),
+        )
 
 
 def batch_for(concurrency: int) -> int:
@@ -623,13 +676,20 @@ def main(argv: list[str] | None = None) -> int:
                     rounds=args.rounds,
                     variants=variants,
                 )
-                for vname, bare, daemon, ratio, bare_ms, daemon_ms in rows:
+                for row in rows:
+                    ratio, low, high = row.ratio
                     verdict = "MEETS" if ratio >= CPU_GOAL else "MISSES"
+                    over = row.durable_ratio
+                    beats = "BEATS" if over[0] > 1.0 else "DOES NOT BEAT"
+                    ms = row.daemon_ms
                     summary.append(
-                        f"{label:<10} {name:<10} {vname:<26} bare {bare:6.0f}/s "
-                        f"({bare_ms:4.2f} cpu-ms/job)  daemon {daemon:6.0f}/s "
-                        f"({daemon_ms:4.2f} cpu-ms/job)  ratio {ratio:4.2f}  "
-                        f"{verdict} (>= {CPU_GOAL})"
+                        f"{label:<10} {name:<10} {row.variant:<26} bare {row.bare:6.0f}/s "
+                        f"({row.bare_ms:4.2f} cpu-ms/job)  durable {row.durable:6.0f}/s "
+                        f"({row.durable_ms:4.2f})  daemon {row.daemon:6.0f}/s "
+                        f"({ms[0]:4.2f} cpu-ms/job, {ms[1]:4.2f}-{ms[2]:4.2f})  "
+                        f"ratio {ratio:4.2f} ({low:4.2f}-{high:4.2f}) {verdict} (>= {CPU_GOAL}); "
+                        f"to the durable loop {over[0]:4.2f} ({over[1]:4.2f}-{over[2]:4.2f}) "
+                        f"{beats} it"
                     )
             if "latency" in only:
                 for concurrency in map(int, args.latency_concurrency.split(",")):
@@ -647,6 +707,8 @@ def main(argv: list[str] | None = None) -> int:
         if "idle" in only:
             summary.append(measure_idle_reuse(creds, args.idle_sends, 0.1))
     print()
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {os.cpu_count()} CPUs")
     print("\n".join(summary))
     return 0
 

@@ -4,6 +4,8 @@ run, from
   loop          a bare smtplib loop on one connection (the messages rendered before its
                 clock starts, by sendledger's own writer, so the bytes are the daemon's);
   loop-auth     the same loop with a connection and a login per message;
+  durable-loop  the one-connection loop plus one fsync'd SQLite commit per message before
+                its send (bench/write_ahead.py): the least a write-ahead sender must do;
   post-office   django-post_office's `send_queued_mail_until_done` (what its
                 `send_queued_mail` command runs), one process, its defaults (a batch of 100,
                 5 threads, a log row per sent mail), Django's SMTP backend, on SQLite;
@@ -27,7 +29,7 @@ django-post_office, Django and aiosmtpd. PostgreSQL: SENDLEDGER_TEST_PG_URL when
 answers, else a private cluster (tests/pg_cluster.py) when the server binaries are here.
 
     .venv/bin/python bench/smtp_senders.py [--n 2000] [--rounds 3] [--attachment-kb 20]
-        [--only loop,loop-auth,post-office,sendledger] [--no-postgres] [--kill]
+        [--only loop,loop-auth,durable-loop,post-office,sendledger] [--no-postgres] [--kill]
         [--breakdown]
 """
 
@@ -59,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from smtp_sink import Sink, sink_process
+from write_ahead import WriteAhead
 
 SENDER = "sender@example.test"
 DOMAIN = "example.test"
@@ -158,25 +161,36 @@ def _timed(work: Callable[[], Any]) -> tuple[float, float, Any]:
     return time.perf_counter() - wall, time.process_time() - cpu, result
 
 
-def run_loop(port: int, docs: list[dict[str, Any]], per_message_login: bool) -> dict[str, Any]:
+def run_loop(
+    port: int, docs: list[dict[str, Any]], per_message_login: bool, durable: bool = False
+) -> dict[str, Any]:
+    """The bare smtplib loop; `durable`: with a `WriteAhead` commit before each send."""
     from daemon.providers.message import Envelope
 
     messages = [(mid, raw, Envelope(raw).recipients) for mid, raw in rendered(docs)]
 
-    def send_all() -> None:
+    def send_all(record: WriteAhead | None) -> None:
         smtp: smtplib.SMTP | None = None
-        for _mid, raw, recipients in messages:
+        for mid, raw, recipients in messages:
             if smtp is None:
                 smtp = smtplib.SMTP("127.0.0.1", port, timeout=30)
                 smtp.login(SENDER, PASSWORD)
+            if record is not None:
+                record.claim(mid)
             smtp.sendmail(SENDER, recipients, raw)
+            if record is not None:
+                record.sent(mid)
             if per_message_login:
                 smtp.quit()
                 smtp = None
         if smtp is not None:
             smtp.quit()
+        if record is not None:
+            record.close()
 
-    seconds, cpu, _ = _timed(send_all)
+    with tempfile.TemporaryDirectory(prefix="sendledger-bench-wal-") as folder:
+        record = WriteAhead(Path(folder) / "sends.sqlite") if durable else None
+        seconds, cpu, _ = _timed(lambda: send_all(record))
     return {"seconds": seconds, "cpu": cpu, "message_ids": [m for m, _, _ in messages]}
 
 
@@ -319,7 +333,11 @@ def run_sendledger(
     finally:
         service.close()
         ledger.close()
-    extra: dict[str, Any] = {"confirmed": confirmed, **provider.connection_stats()["smtp"]}
+    extra: dict[str, Any] = {
+        "confirmed": confirmed,
+        "commits/msg": round(service.engine.commits.commits / len(docs), 2),
+        **provider.connection_stats()["smtp"],
+    }
     if spent is not None:
         extra["breakdown"] = spent
     return {"seconds": seconds, "cpu": cpu, "message_ids": ids, "extra": extra}
@@ -347,8 +365,17 @@ def wrap_breakdown(engine: Any) -> dict[str, Any]:
     for owner, name, label in wrapped:
         setattr(owner, name, parts.wrap(label, getattr(owner, name)))
     commits: Any = engine.commits
-    commits._commit = parts.wrap("commits (all)", commits._commit)
-    return {"cpu": parts.cpu, "calls": parts.calls}
+    commit = parts.wrap("commits (all)", commits._commit)
+    # How many waited-for saves (claims) each transaction carried: what grouping reached.
+    shapes: dict[int, int] = {}
+
+    def counted(batch: list[Any]) -> None:
+        claims = sum(1 for save in batch if save.job is not None and save.then is None)
+        shapes[claims] = shapes.get(claims, 0) + 1
+        commit(batch)
+
+    commits._commit = counted
+    return {"cpu": parts.cpu, "calls": parts.calls, "claims per commit": shapes}
 
 
 def _child(conn: Any, target: str, args: tuple[Any, ...]) -> None:
@@ -409,7 +436,8 @@ def measure(
     elif sender == "post-office":
         result = in_process("run_post_office", sink.port, docs)
     else:
-        result = in_process("run_loop", sink.port, docs, sender == "loop-auth")
+        per_login, durable = sender == "loop-auth", sender == "durable-loop"
+        result = in_process("run_loop", sink.port, docs, per_login, durable)
     run = Run(
         sender,
         store_kind,
@@ -428,6 +456,7 @@ def measure(
 LABELS = {
     "loop": "smtplib loop, one connection",
     "loop-auth": "smtplib loop, a connection and AUTH per message",
+    "durable-loop": "smtplib loop, one connection, one fsync'd SQLite commit per message",
     "post-office": "django-post_office `send_queued`, 1 process",
     "sendledger": 'sendledger, `kind = "smtp-imap"`',
     "sendledger-per-message": "sendledger, `connection_max_messages = 1` (a connection per send)",
@@ -441,6 +470,9 @@ def print_breakdown(run: Run) -> None:
     print(f"    where the CPU went ({run.store}), ms per message:")
     for name, seconds in spent["cpu"].items():
         print(f"      {name:<34} {seconds * 1000 / run.n:6.3f}  ({spent['calls'][name]} calls)")
+    shapes = sorted(spent["claims per commit"].items())
+    carried = ", ".join(f"{claims}: {count}" for claims, count in shapes)
+    print(f"    transactions by the claims they carried: {carried}")
 
 
 def throughput(args: argparse.Namespace) -> int:
@@ -489,7 +521,7 @@ def throughput(args: argparse.Namespace) -> int:
         cpus = [r.cpu_ms for r in done]
         medians[(sender, kind)] = (statistics.median(rates), statistics.median(cpus))
         store_name = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}[kind]
-        if sender.startswith("loop"):
+        if "loop" in sender:
             store_name = "-"
         print(
             f"| {LABELS[sender]} | {store_name} | {statistics.median(rates):.0f} "
@@ -499,7 +531,15 @@ def throughput(args: argparse.Namespace) -> int:
     ours = medians.get(("sendledger", "sqlite"))
     theirs = medians.get(("post-office", "sqlite"))
     loop = medians.get(("loop", "sqlite"))
+    durable = medians.get(("durable-loop", "sqlite"))
     print()
+    if ours and durable:
+        ratio = ours[0] / durable[0]
+        print(
+            f"sendledger (SQLite) / durable loop: {ratio:.2f}x the messages/s "
+            f"({'BEATS' if ratio > 1.0 else 'DOES NOT BEAT'} it); CPU per message "
+            f"{ours[1] / durable[1]:.2f}x"
+        )
     if ours and theirs:
         ratio = ours[0] / theirs[0]
         verdict = "MEETS" if ratio >= POST_OFFICE_GOAL else "MISSES"
@@ -654,7 +694,7 @@ def kills(args: argparse.Namespace) -> int:
         sink_process(PASSWORD, file_sent=(servers.lmtp_port, DOMAIN)) as sink,
     ):
         for sender in senders:
-            if sender == "loop-auth":
+            if sender in ("loop-auth", "durable-loop"):  # no kill run of their own
                 continue
             docs = documents(args.n, f"kill-{sender}-{time.monotonic_ns()}", args.attachment_kb)
             notes: dict[str, int] = {}
@@ -715,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        default="loop,loop-auth,post-office,sendledger",
+        default="loop,loop-auth,durable-loop,post-office,sendledger",
         help="which senders (comma-separated)",
     )
     parser.add_argument(

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import pytest
 from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider, FakeGraphProvider
 from daemon.doubles.fake_provider import Scripted
-from daemon.service_layer.services import ChannelPolicies, Services
+from daemon.engine.tick import Engine
+from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob
 from ledger.vocabulary import JobState, Resolution
 
@@ -232,19 +233,20 @@ def test_graph_a_persons_check_during_a_send_deletes_nothing(graph: EngineRig) -
     assert graph.job("k1").state is JobState.CONFIRMED and graph.copies("k1") == 1
 
 
-def test_graph_a_persons_resend_fences_a_lapsed_claims_draft_first(graph: EngineRig) -> None:
-    """The daemon stalled with its send out: the lease lapsed, the job went to review, and
-    the late call could still send its draft after the person's search missed. The resend
-    deletes the job's unsent drafts before it searches, so the late call sends nothing."""
+@contextmanager
+def stalled_in_review(graph: EngineRig) -> Iterator[tuple[threading.Event, Engine, Services]]:
+    """Job k1 of "legal" whose draft is made and whose send hangs in this daemon; no
+    renewal reached the store, so another daemon recovered the claim and the job is in
+    review, the index caught up. Yields the hung call's release, the other daemon and a
+    door with the provider (the hung call is released and the daemon closed after)."""
     release = threading.Event()
     graph.submit("legal", "k1")
     graph.provider.script(Scripted.slow(release))  # the draft is made, its send hangs
     graph.engine.hand_out()
     assert graph.engine.settle(busy=lambda: graph.provider.hanging, timeout=10)
-    message_id = graph.job("k1").message_id
     other = graph.new_engine("other")
     try:
-        graph.clock.advance(TIMEOUT + GRACE + 1)  # no renewal reached the store
+        graph.clock.advance(TIMEOUT + GRACE + 1)
         assert other.tick().recovered == 1
         assert graph.job("k1").state is JobState.REVIEW
         graph.clock.advance(61)
@@ -254,6 +256,18 @@ def test_graph_a_persons_resend_fences_a_lapsed_claims_draft_first(graph: Engine
             providers=lambda name: nullcontext(graph.provider),
             draft_providers=frozenset({"fake"}),
         )
+        yield release, other, door
+    finally:
+        release.set()
+        other.close()
+
+
+def test_graph_a_persons_resend_fences_a_lapsed_claims_draft_first(graph: EngineRig) -> None:
+    """The daemon stalled with its send out: the lease lapsed, the job went to review, and
+    the late call could still send its draft after the person's search missed. The resend
+    deletes the job's unsent drafts before it searches, so the late call sends nothing."""
+    with stalled_in_review(graph) as (release, other, door):
+        message_id = graph.job("k1").message_id
         door.resolve("k1", Resolution.RESEND, note="", by="alice")
         [fence] = [d for d in deletions(graph, "k1") if d.why == DRAFTS_FENCE]
         types = [type(e).__name__ for e in graph.ledger.history("k1")]
@@ -264,6 +278,23 @@ def test_graph_a_persons_resend_fences_a_lapsed_claims_draft_first(graph: Engine
         assert graph.copies("k1") == 0
         other.tick()  # the resend
         assert graph.job("k1").state is JobState.CONFIRMED and graph.copies("k1") == 1
-    finally:
+
+
+def test_graph_a_resend_whose_search_fails_after_the_fence_records_the_deletion(
+    graph: EngineRig,
+) -> None:
+    """The fence deleted the lapsed claim's draft, then the search could not be made: the
+    resend is refused (nothing sent), and the deletion, which happened, is in the trail."""
+    with stalled_in_review(graph) as (release, _, door):
+        message_id = graph.job("k1").message_id
+        fake(graph).fail_searches(1)
+        with pytest.raises(ServiceError) as refused:
+            door.resolve("k1", Resolution.RESEND, note="", by="alice")
+        assert refused.value.kind is Refusal.UNAVAILABLE
+        assert "nothing was sent" in refused.value.message
+        [fence] = [d for d in deletions(graph, "k1") if d.why == DRAFTS_FENCE]
+        assert fence.draft_ids and fake(graph).unsent_drafts(message_id) == 0
+        assert graph.job("k1").state is JobState.REVIEW
         release.set()
-        other.close()
+        assert graph.engine.settle(timeout=10)
+        assert graph.copies("k1") == 0

@@ -478,16 +478,19 @@ class Services:
         """The job's Message-ID searched in its sender's mailbox now (reading only)."""
         return self._with_provider(job, lambda provider: provider.search(job.message_id))
 
-    def _fenced_search(self, job: SendJob) -> tuple[list[str], SearchResult]:
+    def _fenced_search(self, job: SendJob, deleted: list[str]) -> SearchResult:
         """Before a resend: the job's unsent drafts deleted first where its provider may
         leave some (Graph), then the search. The job is in review, so no claim of it is
         live; a call of a claim that lapsed may still be on its way, and its draft, sent
         after this search missed, would be a second copy. Deleted first, it can never be
-        sent (the sweep's fence, docs/architecture.md "Drafts never outlive their job")."""
+        sent (the sweep's fence, docs/architecture.md "Drafts never outlive their job").
+        The deleted drafts' ids are added to `deleted` as soon as they are gone, so a
+        search that then fails still leaves the caller what to record."""
 
-        def fenced(provider: Provider) -> tuple[list[str], SearchResult]:
-            deleted = provider.delete_drafts(job.message_id) if provider.leaves_drafts else []
-            return deleted, provider.search(job.message_id)
+        def fenced(provider: Provider) -> SearchResult:
+            if provider.leaves_drafts:
+                deleted.extend(provider.delete_drafts(job.message_id))
+            return provider.search(job.message_id)
 
         return self._with_provider(job, fenced)
 
@@ -555,18 +558,28 @@ class Services:
         """The drafts a resend deleted first, saved on the version the person decided
         on: the version the decision then holds for. Had the job moved meanwhile, the
         deletions are still recorded (they happened) and the resend is refused."""
+        job.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=self.ledger.clock())
+        try:
+            self.ledger.save_job(job)
+        except ConcurrentUpdate:
+            self._record_fence(job.key, deleted)
+            raise self._moved_on(job.key, seen, "resent") from None
+        return job.version
+
+    def _record_fence(self, key: str, deleted: list[str]) -> None:
+        """The drafts a resend's fence deleted, recorded on whatever version the job is
+        at now (a fact, not a decision). Refused only while another claim's call is in
+        flight (the job moved on to a new attempt): then said in the log instead."""
 
         def fence(on: SendJob) -> bool:
             on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=self.ledger.clock())
             return True
 
-        fence(job)
         try:
-            self.ledger.save_job(job)
-        except ConcurrentUpdate:
-            self._write(job.key, fence)
-            raise self._moved_on(job.key, seen, "resent") from None
-        return job.version
+            self._write(key, fence)
+        except TransitionError as exc:
+            log.warning("job %s: drafts %s deleted by a resend's fence, not recorded: %s",
+                        key, ", ".join(deleted), exc)  # fmt: skip
 
     def _write(self, key: str, command: Callable[[SendJob], bool]) -> bool:
         """One command that records a fact, not a decision, tried again when another
@@ -623,8 +636,10 @@ class Services:
                 )
             self._require_index_caught_up(job)
             try:
-                fenced, found = self._fenced_search(job)
+                found = self._fenced_search(job, fenced)
             except ServiceError as exc:
+                if fenced:  # they are gone whatever the search said: the trail says so
+                    self._record_fence(key, fenced)
                 raise ServiceError(
                     exc.kind, f"job {key!r} was not resent: {exc.message}; nothing was sent"
                 ) from None
