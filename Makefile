@@ -8,7 +8,7 @@ RUN_STAMP := $(VENV)/.runtime-stamp
 STAMP     := $(VENV)/.installed-stamp
 
 .PHONY: demo try test unit integration e2e lint typecheck bench soak venv clean test-packages \
-	test-py313 mutation
+	test-py313 test-eventsourcing mutation
 
 # Debian packages the real-server tests need; installed by `make test` when run as root
 # (CI is), and only those missing. Without them (not root) those tests skip, except under
@@ -41,11 +41,12 @@ test-packages:
 	@if [ -n "$(strip $(TEST_PACKAGES))" ] && [ "$$(id -u)" = 0 ]; then \
 		bash scripts/install-test-packages.sh $(TEST_PACKAGES); fi
 
-# The message writer's pure tests on Python 3.13 (when installed), then the whole suite, then
-# the static checks. Under CI=true the PostgreSQL tests must run: they use
+# The message writer's pure tests on Python 3.13 (when installed), the store's private uses of
+# eventsourcing against its newest release, then the whole suite, then the static checks. Under CI=true the PostgreSQL tests must run: they use
 # SENDLEDGER_TEST_PG_URL when a server answers there, else one private cluster for the session.
 test: $(STAMP) test-packages
 	$(MAKE) --no-print-directory test-py313
+	$(MAKE) --no-print-directory test-eventsourcing
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider tests
 	$(MAKE) --no-print-directory lint typecheck
 
@@ -72,6 +73,21 @@ test-py313:
 		PYTHONPATH=src $(PY313_ENV)/bin/python -m pytest -q -p no:cacheprovider $(MIME_TESTS); \
 	else echo "test-py313: no Python at $(PY313), skipped"; fi
 
+# The store's use of eventsourcing's private API (ledger/stores/private_api.py) against the
+# newest eventsourcing release, whatever the pin installs (`make test` runs it after
+# test-py313): pip puts the release in a folder outside the repo, which goes first on
+# PYTHONPATH; the rest comes from the venv. ES_SPEC="--pre eventsourcing" (or
+# "eventsourcing==X") tries another.
+ES_SPEC   ?= eventsourcing
+ES_NEWEST ?= /tmp/sendledger-eventsourcing-newest
+test-eventsourcing: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
+		--target $(ES_NEWEST) $(ES_SPEC)
+	@PYTHONPATH=$(ES_NEWEST) $(BIN)/python -c "import importlib.metadata as m; \
+		print('test-eventsourcing: eventsourcing', m.version('eventsourcing'))"
+	PYTHONPATH=$(ES_NEWEST):src $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/integration/test_private_api.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
@@ -87,6 +103,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/mailboxes.py
 	$(BIN)/python bench/daemons.py
+	$(BIN)/python bench/daemons.py --quota --kill
 	$(BIN)/python bench/history.py $(HISTORY_ARGS)
 	$(BIN)/python bench/render.py
 	$(BIN)/python bench/smtp_senders.py

@@ -1,5 +1,5 @@
-"""A command line that answers at once (issue 30): `sendledger status KEY` on SQLite next to
-`python -c pass`, in one run.
+"""A command line that answers at once (issue 30): `sendledger status KEY`, `submit` and
+`review list` on SQLite next to `python -c pass`, in one run.
 
 A folder like the one `sendledger init` writes (a config, a policy, a SQLite store) gets
 `--keys` jobs, submitted as one list. Then, `--rounds` times, one process each, taken in
@@ -9,9 +9,13 @@ turn so that the machine's load falls on all of them alike:
   status     `sendledger status KEY` of one job
   status-N   `sendledger status KEY1 ... KEYN` of all `--keys` jobs in one process
   submit     `sendledger submit FILE` of one new job (one process per job)
+  review     `sendledger review list` (the store holds no job in review: the command's
+             own cost, not a listing's)
 
-and prints the median wall time of each, its ratio to `pass`, and what a job costs when
-`status` is asked for N keys at once against N processes. Goal: `status` <= 0.25 s.
+and prints the median wall time of each, its ratio to `pass`, the median CPU time the
+process used (user + system: what the load of other work changes least), and what a job
+costs when `status` is asked for N keys at once against N processes. Goal: `status` <=
+0.25 s.
 The console script is the one next to the interpreter (else `python -m daemon`); bytecode
 caches are written and used, as an installed package has them (the first round warms
 them and is not counted).
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -68,13 +73,16 @@ def job(key: str) -> dict[str, str]:
     }
 
 
-def wall(argv: Sequence[str], cwd: Path, env: dict[str, str]) -> float:
+def wall(argv: Sequence[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """The process's wall time and CPU time (user + system), in seconds."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     took = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])}...: exit {proc.returncode}: {proc.stderr}")
-    return took
+    return took, after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
 
 
 def main() -> int:
@@ -97,7 +105,7 @@ def main() -> int:
         keys = [f"order-{n:05d}" for n in range(args.keys)]
         (root / "jobs.json").write_text(json.dumps([job(k) for k in keys]), encoding="utf-8")
         cli = [*sendledger(), "--config", str(root / "sendledger.toml")]
-        wall([*cli, "submit", str(root / "jobs.json")], root, env)
+        wall([*cli, "submit", str(root / "jobs.json")], root, env)  # the jobs asked for
 
         def submit_one(round_: int) -> list[str]:
             path = root / f"job-{round_}.json"
@@ -109,22 +117,30 @@ def main() -> int:
             "status": lambda r: [*cli, "status", keys[r % len(keys)]],
             f"status-{args.keys}": lambda _: [*cli, "status", *keys],
             "submit": submit_one,
+            "review list": lambda _: [*cli, "review", "list"],
         }
         times: dict[str, list[float]] = {name: [] for name in kinds}
+        cpus: dict[str, list[float]] = {name: [] for name in kinds}
         for round_ in range(args.rounds + 1):
             for name, argv in kinds.items():
-                took = wall(argv(round_), root, env)
+                took, cpu = wall(argv(round_), root, env)
                 if round_:  # the first round writes the bytecode caches
                     times[name].append(took)
+                    cpus[name].append(cpu)
 
     median = {name: statistics.median(values) for name, values in times.items()}
     base = median["pass"]
     many = median[f"status-{args.keys}"]
     print(f"median wall of {args.rounds} processes each, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'command':<28} {'median':>8} {'range':>15} {'x pass':>7}")
+    print(f"{'command':<28} {'median':>8} {'range':>15} {'x pass':>7} {'CPU':>8} {'x pass':>7}")
+    cpu_base = statistics.median(cpus["pass"])
     for name, values in times.items():
         spread = f"{min(values):.3f}-{max(values):.3f}"
-        print(f"{name:<28} {median[name]:>7.3f}s {spread:>15} {median[name] / base:>7.1f}")
+        cpu = statistics.median(cpus[name])
+        print(
+            f"{name:<28} {median[name]:>7.3f}s {spread:>15} {median[name] / base:>7.1f} "
+            f"{cpu:>7.3f}s {cpu / cpu_base:>7.1f}"
+        )
     print(
         f"status of {args.keys} keys: one process {many:.3f} s "
         f"({many / args.keys * 1000:.1f} ms a key), {args.keys} processes "

@@ -137,6 +137,14 @@ def _serve(
                 for user, u in emulator.usage().items()
             }
             conn.send((places, peaks, emulator.quota_refusals))
+        elif command == "tokens":
+            # bench/mailboxes.py: tokens granted per delegated subject.
+            granted = Counter(
+                str(record.get("sub", ""))
+                for record in emulator.token_requests
+                if record.get("status") == 200
+            )
+            conn.send(dict(granted))
 
 
 @dataclass

@@ -157,6 +157,7 @@ def write_setup(
     relay: FaultRelay,
     *,
     send_via: str = "messages",
+    user: str = MAILBOX,
 ) -> Path:
     """The service account, one policy file per channel and a sendledger.toml sending
     through the relay, in `folder`; returns the config's path (bench/daemons.py too)."""
@@ -166,7 +167,7 @@ def write_setup(
         folder,
         store,
         '[providers.gmail]\nkind = "gmail"\ncredentials_file = "service-account.json"\n'
-        f'user = "{MAILBOX}"\napi_endpoint = "{relay.url}"\n'
+        f'user = "{user}"\napi_endpoint = "{relay.url}"\n'
         f'token_uri = "{emulator.token_uri}"\ntimeout = "1s"\n'
         f'quota_units_per_second = 1000000\nsend_via = "{send_via}"\n',
     )

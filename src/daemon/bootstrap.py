@@ -154,9 +154,12 @@ def bootstrap(
     clock: Callable[[], datetime] | None = None,
     rng: random.Random | None = None,
     observer: EngineObserver | None = None,
+    share_scopes: bool = True,
 ) -> Service:
     """Wire a daemon. ``policies``, when the caller has just loaded them, saves loading
-    them again; ``providers`` replaces the configured ones (a fake in tests)."""
+    them again; ``providers`` replaces the configured ones (a fake in tests);
+    ``share_scopes=False`` makes an engine that works for every quota scope without a
+    lease (tests of one engine, or of engines that race for one job on purpose)."""
     if providers is None:
         providers = {name: build_provider(settings, name) for name in settings.providers}
     holder = PolicyHolder(policy_loader, policies)
@@ -178,10 +181,12 @@ def bootstrap(
         rng=rng,
         observer=observer,
         daemon_name=settings.daemon.name,
+        bounce_interval=settings.daemon.bounce_interval,
         circuit=CircuitSettings(
             failures=settings.daemon.circuit_failures,
             probe_after=settings.daemon.circuit_probe_after,
             probe_max=max(settings.daemon.circuit_probe_max, settings.daemon.circuit_probe_after),
         ),
+        scope_lease=settings.daemon.scope_lease_seconds if share_scopes else None,
     )
     return Service(settings, ledger, holder, providers, engine, observer)

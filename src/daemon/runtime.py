@@ -415,9 +415,10 @@ def check_provider_access(providers: Mapping[str, Provider]) -> None:
 
 def start_up(service: Service) -> IdentityLock | None:
     """Before the first tick: say which secret files others can read, hold this daemon's
-    name in the store (IdentityTaken when a live daemon holds it), and recover this
-    name's earlier claims at once (``daemon/engine/recover.py``). The lock is held until
-    released, or until the process dies."""
+    name in the store (IdentityTaken when a live daemon holds it), recover this name's
+    earlier claims at once (``daemon/engine/recover.py``) and fill in the mailbox of the
+    open jobs an earlier release indexed without one. The lock is held until released,
+    or until the process dies."""
     warn_exposed_secrets(service.settings)
     check_provider_access(service.providers)
     name = service.engine.daemon_name
@@ -426,11 +427,16 @@ def start_up(service: Service) -> IdentityLock | None:
     identity = service.ledger.hold_identity(name)
     try:
         report = service.engine.recover_own_claims()
+        # Rows of an earlier release name no mailbox: without it their scope is unknown
+        # and no daemon would take their jobs (docs/performance.md "Several daemons").
+        filled = service.ledger.fill_mailboxes()
     except BaseException:
         identity.release()
         raise
     if report.recovered:
         log.warning("daemon %r: %d claims of an earlier run recovered", name, report.recovered)
+    if filled:
+        log.info("job index: the mailbox of %d open jobs filled in", filled)
     return identity
 
 

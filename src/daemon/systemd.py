@@ -6,13 +6,19 @@ import math
 import os
 import socket
 
+#: The longest one state line may wait for room at $NOTIFY_SOCKET: a reader that stopped
+#: reading (a full queue) costs the daemon that long, then the line is dropped, so the
+#: thread that writes it (the main thread, which also handles SIGTERM) never hangs.
+SEND_TIMEOUT = 1.0
+
 
 class Notifier:
-    def __init__(self, address: str | None = None) -> None:
+    def __init__(self, address: str | None = None, *, send_timeout: float = SEND_TIMEOUT) -> None:
         self.address = address if address is not None else os.environ.get("NOTIFY_SOCKET", "")
         self._socket: socket.socket | None = None
         if self.address:
             self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._socket.settimeout(send_timeout)
 
     @property
     def enabled(self) -> bool:
@@ -26,7 +32,7 @@ class Notifier:
             address = "\0" + address[1:]
         try:
             self._socket.sendto("\n".join(lines).encode("utf-8"), address)
-        except OSError:
+        except OSError:  # TimeoutError too: a reader that stopped reading
             # systemd going away must never take the daemon down with it.
             return False
         return True

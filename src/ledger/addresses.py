@@ -26,6 +26,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ledger.exceptions import Refusal, SendledgerError
+
 if TYPE_CHECKING:
     from email.headerregistry import Address
 
@@ -33,7 +35,15 @@ if TYPE_CHECKING:
 # and render: a command that only shows stored jobs (`status`) needs neither, and they are
 # a good part of its start-up (docs/cli.md "Many keys, one process").
 
-__all__ = ["AddressError", "Mailbox", "invisible", "parse_mailbox", "unquote", "unsafe_character"]
+__all__ = [
+    "AddressError",
+    "Mailbox",
+    "invisible",
+    "mailbox_key",
+    "parse_mailbox",
+    "unquote",
+    "unsafe_character",
+]
 
 MAX_LOCAL = 64
 MAX_DOMAIN = 253
@@ -60,8 +70,10 @@ _FILLERS = frozenset("\u034f\u115f\u1160\u3164\uffa0")
 _DIRECTION_MARKS = frozenset("\u200e\u200f")
 
 
-class AddressError(ValueError):
+class AddressError(SendledgerError, ValueError):
     """Why a value is not one acceptable mailbox (one line, without the field name)."""
+
+    kind = Refusal.BAD_INPUT
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,18 @@ def parse_mailbox(value: object) -> Mailbox:
     if not isinstance(value, str):
         raise AddressError("must be a non-empty email address")
     return _parse_text(value)
+
+
+@functools.lru_cache(maxsize=65536)
+def mailbox_key(value: str) -> str:
+    """The mailbox a From sends as, the way a per-mailbox quota is keyed: its address,
+    lower case ("" for text that is no one mailbox). A pure function of the From, so the
+    job index keeps it beside the job (docs/performance.md "Several daemons")."""
+    try:
+        # As the providers spell the mailbox they act as (`address`), lower case.
+        return parse_mailbox(value).address.addr_spec.lower()
+    except AddressError:
+        return ""
 
 
 # A job's addresses are parsed at intake, by the writer and by the proof of its bytes

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import hmac
 import os
 import random
 import time
@@ -29,15 +31,26 @@ from eventsourcing.application import (
 from eventsourcing.persistence import IntegrityError
 from eventsourcing.utils import Environment, EnvType
 
+from ledger.addresses import mailbox_key
 from ledger.content import JobContent
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob, TransitionError, job_id_for
 from ledger.message_id import message_id_for
 from ledger.redaction import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import cipher_env
-from ledger.stores.index import INDEX_ROWS_KWARG, IndexRow, JobFilter, JobIndex, index_row
-from ledger.stores.keycheck import KeyChecks, judge_store_key
+from ledger.stores.index import (
+    INDEX_ROWS_KWARG,
+    IndexRow,
+    JobFilter,
+    JobIndex,
+    ScopeFilter,
+    WatchedMailbox,
+    index_row,
+)
+from ledger.stores.keycheck import KeyChecks, digest_secret, judge_store_key
 from ledger.stores.library_env import refuse_library_variables
+from ledger.stores.private_api import pass_to_recorder, record
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, JobState, Sender
@@ -46,6 +59,7 @@ if TYPE_CHECKING:
     from ledger.provider_handle import ProviderHandle
     from ledger.stores.key_ring import KeyRingCipher
     from ledger.stores.positions import PositionStore
+    from ledger.stores.scopes import ScopeLeaseStore
 
 Clock = Callable[[], datetime]
 T = TypeVar("T")
@@ -55,10 +69,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class KeyConflict(Exception):
+class KeyConflict(SendledgerError):
     """The key is known with other content; the stored job was left as it was. `field`
     is the first field that differs, when the stored content is still there (not
     purged)."""
+
+    kind = Refusal.CONFLICT
 
     def __init__(
         self, key: str, stored_hash: str, submitted_hash: str, field: str | None = None
@@ -73,13 +89,15 @@ class KeyConflict(Exception):
         self.field = field
 
 
-class UnknownJob(Exception):
+class UnknownJob(SendledgerError):
+    kind = Refusal.NOT_FOUND
+
     def __init__(self, key: str) -> None:
         super().__init__(f"no job with key {key!r}")
         self.key = key
 
 
-class ConcurrentUpdate(Exception):
+class ConcurrentUpdate(SendledgerError):
     """Another writer appended to the job first (optimistic concurrency)."""
 
 
@@ -119,6 +137,8 @@ class Ledger(Application[UUID]):
     env = {"AGGREGATE_CACHE_MAXSIZE": "", "IS_SNAPSHOTTING_ENABLED": "n"}
     #: Rows or events read per query by the iterators (`jobs`, `job_events`, `job_ids`).
     page_size = 500
+    #: What the index's digests of addresses are keyed with (None: a plain store).
+    _digest: bytes | None = None
 
     def __init__(
         self,
@@ -185,6 +205,7 @@ class Ledger(Application[UUID]):
                 now=time.time(),
             )
             if add is None:
+                self._digest = digest_secret(found, cipher)
                 return
             self._retry_locked(
                 lambda check=add: checks.add_key_check(check),  # type: ignore[misc]
@@ -306,7 +327,7 @@ class Ledger(Application[UUID]):
         # each whether it is an event or an aggregate with a runtime Protocol check, which
         # costs more than building the event (docs/performance.md "Performance and scaling").
         processing.events.extend(event for job in jobs for event in job.pending_events)
-        processing.saved_kwargs[INDEX_ROWS_KWARG] = [index_row(j) for j in jobs]
+        pass_to_recorder(processing, **{INDEX_ROWS_KWARG: [self.index_row(j) for j in jobs]})
         self._record_processing(processing)
         for job in jobs:
             job.collect_events()  # written: no longer pending
@@ -317,7 +338,7 @@ class Ledger(Application[UUID]):
         self._record_processing(processing)
 
     def _record_processing(self, processing: ProcessingEvent[UUID]) -> None:
-        self._notify(self._retry_locked(lambda: self._record(processing)))
+        record(self, processing, self._retry_locked)
 
     def submit(self, content: JobContent, sender: Sender, *, by: str = "") -> SubmitResult:
         """Idempotent on the key: same content is a no-op, other content a conflict.
@@ -430,7 +451,7 @@ class Ledger(Application[UUID]):
         try:
             self._save_collected(
                 *job.pending_events,
-                **{INDEX_ROWS_KWARG: [index_row(job)], REWRITES_KWARG: rewrites},
+                **{INDEX_ROWS_KWARG: [self.index_row(job)], REWRITES_KWARG: rewrites},
             )
         except IntegrityError as exc:
             raise ConcurrentUpdate(f"job {key!r} was changed by another writer") from exc
@@ -538,11 +559,50 @@ class Ledger(Application[UUID]):
     def row_by_message_id(self, message_id: str) -> IndexRow | None:
         return self._retry_locked(lambda: self._index.job_by_message_id(message_id))
 
-    def due(self, state: JobState | str, now: datetime | float, limit: int) -> list[IndexRow]:
+    def watched(self) -> list[WatchedMailbox]:
+        """The mailboxes, per channel, with confirmed jobs whose bounces are watched."""
+        return self._retry_locked(self._index.watched)
+
+    def due(
+        self,
+        state: JobState | str,
+        now: datetime | float,
+        limit: int,
+        scopes: ScopeFilter | None = None,
+    ) -> list[IndexRow]:
         """Up to `limit` jobs in `state` whose due time is at or before `now` (an aware
-        datetime or epoch seconds), soonest first: what a tick works on."""
+        datetime or epoch seconds), soonest first: what a tick works on. With `scopes`,
+        only those of the quota scopes a daemon owns (docs/performance.md "Several
+        daemons")."""
         at = _epoch(now)
-        return self._retry_locked(lambda: self._index.jobs_due(str(state), at, limit))
+        return self._retry_locked(lambda: self._index.jobs_due(str(state), at, limit, scopes))
+
+    def scopes_due(self, before: datetime | float) -> list[tuple[str, str | None]]:
+        """The distinct (channel, From mailbox) of the jobs with something due at or
+        before `before`, in any state: the work a daemon's quota scopes have
+        (docs/performance.md "Several daemons"). Mailbox None: a row of an earlier
+        release not yet filled (`fill_mailboxes`)."""
+        at = _epoch(before)
+        states = [state.value for state in JobState]
+        return self._retry_locked(lambda: self._index.scopes_due(states, at))
+
+    def fill_mailboxes(self, batch: int = 500) -> int:
+        """Give every job with something due whose index row has no mailbox (written by
+        an earlier release) its From's mailbox, read from its events; how many. The
+        daemon does it at start-up; `admin rebuild-index` fills every row."""
+        states = [state.value for state in JobState]
+        filled = 0
+        while True:
+            keys = self._retry_locked(lambda: self._index.without_mailbox(states, batch))
+            if not keys:
+                return filled
+            jobs = self.get_jobs(keys)
+            # A row without events (cannot happen, but must not loop forever) gets "".
+            pairs = [
+                (key, self.mailbox_of(jobs[key].from_addr) if key in jobs else "") for key in keys
+            ]
+            self._retry_locked(lambda p=pairs: self._index.set_mailboxes(p))  # type: ignore[misc]
+            filled += len(pairs)
 
     def next_due(self, states: Iterable[JobState | str]) -> datetime | None:
         """The soonest due time of the jobs in `states`, or None."""
@@ -686,7 +746,7 @@ class Ledger(Application[UUID]):
             if not isinstance(job, SendJob):
                 continue
             count += 1
-            yield index_row(job)
+            yield self.index_row(job)
             if progress is not None and count % 1000 == 0:
                 progress(count)
 
@@ -697,6 +757,29 @@ class Ledger(Application[UUID]):
         from ledger.stores.positions import positions_for
 
         return positions_for(self.recorder)
+
+    def index_row(self, job: SendJob) -> IndexRow:
+        """The job's row in this store's index (`ledger.stores.index.index_row`, the
+        mailbox as `mailbox_of` writes it)."""
+        return index_row(job, self.mailbox_of)
+
+    def mailbox_of(self, from_addr: str) -> str:
+        """The index's `mailbox` of a From: its address, lower case
+        (`ledger.addresses.mailbox_key`); on an encrypted store a digest of it keyed by
+        the store's key, so that the index holds no address in the clear
+        (docs/configuration.md "Encryption at rest"). Every daemon of the store, whatever
+        its place in a key rotation, writes the same one for a mailbox."""
+        mailbox = mailbox_key(from_addr)
+        if self._digest is None or not mailbox:
+            return mailbox
+        digest = hmac.new(self._digest, mailbox.encode("utf-8"), hashlib.sha256)
+        return "~" + digest.hexdigest()[:32]
+
+    def scope_leases(self) -> ScopeLeaseStore:
+        """Who owns each quota scope, by a lease (`ledger.stores.scopes`)."""
+        from ledger.stores.scopes import scope_leases_for
+
+        return scope_leases_for(self.recorder)
 
     def log_after(self, position: int, stop: int, limit: int, topics: Sequence[str]) -> list[Any]:
         """Up to `limit` notifications with ids in (position, stop] of these topics, in

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.addresses import unsafe_character
+from ledger.exceptions import Refusal, SendledgerError
 
 FIELDS = ("filename", "content_type", "content_base64")
 MAX_FILENAME = 255
@@ -21,8 +22,10 @@ _CONTENT_TYPE = re.compile(rf"^({_TOKEN})/({_TOKEN})$")
 _WRAPPING = re.compile(r"[ \t\r\n]+")
 
 
-class AttachmentError(ValueError):
+class AttachmentError(SendledgerError, ValueError):
     """`field` is the attachment's own field name ("filename", ...), or "" for the item."""
+
+    kind = Refusal.BAD_INPUT
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(reason)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ledger.addresses import AddressError, Mailbox, parse_mailbox, unsafe_character
 from ledger.attachments import Attachment, AttachmentError, from_stored, parse_attachment
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.extra_headers import (
     ASCII_ONLY,
     MAX_WORD,
@@ -64,8 +65,10 @@ MAX_REFERENCES = 100
 MAX_ADDRESS_TEXT = 500
 
 
-class JobInputError(ValueError):
+class JobInputError(SendledgerError, ValueError):
     """Bad job input. `field` names the offending field for a one-line error."""
+
+    kind = Refusal.BAD_INPUT
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")
@@ -119,6 +122,18 @@ class JobContent:
             "sender": self.sender,
             "thread_id": self.thread_id,
         }
+
+    def recipient_addresses(self) -> frozenset[str]:
+        """The bare addresses (lower case) the message went to: To, Cc and Bcc. A delivery
+        report about any other address is not about this job (docs/how-it-works.md
+        "Bounces")."""
+        found: set[str] = set()
+        for value in (*self.to, *self.cc, *self.bcc):
+            try:
+                found.add(parse_mailbox(value).address.addr_spec.lower())
+            except AddressError:
+                continue  # stored before a rule tightened: it cannot match a report
+        return frozenset(found)
 
     def redacted(self) -> JobContent:
         """What a purged job still holds of its content (ledger/redaction.py): what

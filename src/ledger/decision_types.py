@@ -40,9 +40,11 @@ class SearchAt(_DecidedFor):
 @dataclass(frozen=True)
 class Confirm(_Decided):
     """Exactly one copy exists. ``verify_at``: count the copies once more then (a job that
-    was sent again without proof that the earlier attempt failed may have a hidden twin)."""
+    was sent again without proof that the earlier attempt failed may have a hidden twin).
+    ``watch_until``: look for delivery reports about it until then (``watch_bounces``)."""
 
     verify_at: datetime | None = None
+    watch_until: datetime | None = None
 
 
 class Duplicate(_Decided):
@@ -83,6 +85,10 @@ class Review(_Decided):
     reason: EscalationReason
 
 
+class RecordBounce(_Decided):
+    """A delivery report about a watched job: record it, and nothing more."""
+
+
 class StopVerifying(_Decided):
     """A confirmed job's copy did not show up in the index again: the provider confirmed it,
     and a missing index entry is not a second copy. Nothing more to do."""
@@ -99,6 +105,7 @@ Decision = (
     | Review
     | StopVerifying
     | HistoryMiss
+    | RecordBounce
 )
 #: What may follow a provider call whose outcome is unknown.
 AfterUnknown = SearchAt | Review
@@ -113,8 +120,11 @@ AfterSearch = Confirm | Duplicate | SearchAgainAt | ResendAt | Review
 AfterHistory = Confirm | Duplicate | HistoryMiss
 #: What may follow a count of a confirmed (resent) job's copies.
 AfterVerification = Confirm | Duplicate | SearchAgainAt | StopVerifying
+#: What may follow a delivery report about a watched job (``on_bounce``).
+AfterBounce = RecordBounce | Review
 
 __all__ = [
+    "AfterBounce",
     "AfterDraftPending",
     "AfterHistory",
     "AfterRejection",
@@ -125,6 +135,7 @@ __all__ = [
     "Decision",
     "Duplicate",
     "HistoryMiss",
+    "RecordBounce",
     "ResendAt",
     "RetryAt",
     "Review",

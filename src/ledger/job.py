@@ -27,6 +27,8 @@ from eventsourcing.domain import Aggregate
 
 from ledger import decision_types as decide
 from ledger.content import LATER_FIELDS, JobContent, JobInputError
+from ledger.delivery_reports import BouncedRecipient, DeliveryReport, ReportRefusal
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.keys import MAX_NAME_LENGTH, identifier_problem, note_problem
 from ledger.vocabulary import (
     FINAL_STATES,
@@ -61,8 +63,10 @@ def job_id_for(key: str) -> uuid.UUID:
     return uuid.uuid5(JOB_NAMESPACE, key)
 
 
-class TransitionError(Exception):
+class TransitionError(SendledgerError):
     """A command that the job's current state does not allow."""
+
+    kind = Refusal.BAD_INPUT
 
     def __init__(self, key: str, state: str, action: str, why: str = "") -> None:
         detail = f": {why}" if why else ""
@@ -128,6 +132,11 @@ class SendJob(Aggregate):
     history_due_at: datetime | None
     search_due_at: datetime | None
     unknown_at: datetime | None
+    # A confirmed job on a channel with `watch_bounces`: delivery reports naming it are
+    # looked for in its mailbox until then (None: not watched, or the watch ended), and
+    # the reports recorded (their DSN ids), each once (docs/how-it-works.md "Bounces").
+    watch_until: datetime | None
+    bounce_ids: tuple[str, ...]
 
     def __init__(self) -> None:
         # State is set by the Requested event's apply(), so replay and creation agree.
@@ -225,6 +234,8 @@ class SendJob(Aggregate):
             job.history_due_at = None
             job.search_due_at = None
             job.unknown_at = None
+            job.watch_until = None
+            job.bounce_ids = ()
 
     class Attempted(Event):
         TOPIC = "sendledger:SendJob.Attempted"
@@ -458,7 +469,8 @@ class SendJob(Aggregate):
             job.verifying = self.verify_at is not None
             job.verifications = 0
             job.tidy_at = self.tidy_at
-            job.due_at = _earliest(job.verify_at, job.tidy_at)
+            job.watch_until = None  # a WatchingBounces recorded with it sets it
+            job.due_at = _settled_due(job)
 
     class Verified(Event):
         """A confirmed job's copies counted once more: one (done), or none yet."""
@@ -474,7 +486,7 @@ class SendJob(Aggregate):
             job.verifications = self.search
             job.verify_at = self.next_verify_at
             job.verifying = self.next_verify_at is not None
-            job.due_at = _earliest(job.verify_at, job.tidy_at)
+            job.due_at = _settled_due(job)
 
     class Duplicate(Event):
         TOPIC = "sendledger:SendJob.Duplicate"
@@ -505,6 +517,7 @@ class SendJob(Aggregate):
             # In review a human may still resend the recorded draft: its drafts are
             # tidied when the human's decision settles it.
             job.tidy_at = None
+            job.watch_until = None  # a bounce watch ends with the confirmation it followed
 
     class Resolved(Event):
         TOPIC = "sendledger:SendJob.Resolved"
@@ -558,7 +571,7 @@ class SendJob(Aggregate):
         def apply(self, job: Any) -> None:
             if self.why == DRAFTS_TIDY:
                 job.tidy_at = None
-                job.due_at = _earliest(job.verify_at, None)
+                job.due_at = _settled_due(job)
             if job.draft_id in self.draft_ids:
                 # Deleted: a later attempt makes a new one (prepare_draft).
                 job.draft_id = None
@@ -590,6 +603,50 @@ class SendJob(Aggregate):
             job.purged_at = self.timestamp
             job.purged_by = self.by
             job.content = job.content.redacted()
+
+    class WatchingBounces(Event):
+        """Confirmed on a channel with `watch_bounces`: delivery reports naming the job's
+        Message-ID are looked for in its mailbox until `until` (docs/how-it-works.md
+        "Bounces"). Recorded with the Confirmed event it follows."""
+
+        TOPIC = "sendledger:SendJob.WatchingBounces"
+        until: datetime
+        policy: str
+        fingerprint: str
+
+        def apply(self, job: Any) -> None:
+            job.watch_until = self.until
+            job.due_at = _settled_due(job)
+
+    class Bounced(Event):
+        """A delivery report in the job's mailbox says some of its recipients did not get
+        it (`permanent`: failed for good; else delayed). It changes nothing of the job's
+        sending: the message was sent, and a report is a claim, not a proof
+        (docs/how-it-works.md "Bounces"). At most one per report (`dsn_id`)."""
+
+        TOPIC = "sendledger:SendJob.Bounced"
+        dsn_id: str  # the report's own Message-ID, else "mailbox:" and its id there
+        provider_message_id: str  # the report's id in the mailbox
+        reporter: str  # its Reporting-MTA, or ""
+        # {"address", "status", "action", "permanent", "diagnostic"} per recipient
+        recipients: list[dict[str, Any]]
+        permanent: bool
+        policy: str
+        fingerprint: str
+
+        def apply(self, job: Any) -> None:
+            job.bounce_ids = (*job.bounce_ids, self.dsn_id)
+
+    class BounceWatchEnded(Event):
+        """The job's bounce watch is over (`watch_bounces` after its confirmation): no
+        report is looked for any more, and nothing of the job is due for it."""
+
+        TOPIC = "sendledger:SendJob.BounceWatchEnded"
+        bounces: int  # reports recorded on the job by then
+
+        def apply(self, job: Any) -> None:
+            job.watch_until = None
+            job.due_at = _settled_due(job)
 
     # -- commands -------------------------------------------------------------------
 
@@ -966,6 +1023,8 @@ class SendJob(Aggregate):
             raise self._refuse(
                 "Resolved", "two copies already exist; resolve as 'sent' or 'abandon'"
             )
+        if resolution is Resolution.RESEND and self.reason == EscalationReason.BOUNCED:
+            raise self._refuse("Resolved", "it was sent and bounced: resolve as sent or abandon")
         if resolution is Resolution.RESEND and found:
             raise self._refuse("Resolved", f"{copies_found(len(found))}: resolve as sent")
         abandoned = resolution is Resolution.ABANDON
@@ -985,6 +1044,61 @@ class SendJob(Aggregate):
                 at,
                 tidy_at,
             )
+
+    def record_bounce(
+        self,
+        report: DeliveryReport,
+        *,
+        provider_message_id: str,
+        decision: decide.AfterBounce,
+        at: datetime,
+    ) -> None:
+        """A delivery report about this job found in its mailbox (docs/how-it-works.md
+        "Bounces"): Bounced, with the report's recipients that are the job's own, and
+        Escalated when the policy sends a permanent bounce to review. Refused
+        (BounceRefused) for a job not watched now, a report recorded already, a report
+        about none of its recipients or about another message."""
+        self._require_decision("Bounced", decision, decide.RecordBounce, decide.Review)
+        if self.purged or self.state is not JobState.CONFIRMED or self.watch_until is None:
+            raise BounceRefused(self, ReportRefusal.NOT_WATCHED, "its bounces are not watched")
+        if report.original_message_id != self.message_id:
+            raise BounceRefused(self, ReportRefusal.UNKNOWN_JOB, "the report names another message")
+        dsn_id = report.report_id or f"mailbox:{provider_message_id}"
+        if dsn_id in self.bounce_ids:
+            raise BounceRefused(
+                self, ReportRefusal.RECORDED_ALREADY, f"{dsn_id} is recorded already"
+            )
+        recipients = bounce_recipients(self, report)
+        if not recipients:
+            raise BounceRefused(
+                self, ReportRefusal.NOT_A_RECIPIENT, "no recipient of the report is"
+            )
+        permanent = any(r.permanent for r in recipients)
+        if isinstance(decision, decide.Review) and not permanent:
+            raise self._refuse("Bounced", "only a permanent bounce goes to review")
+        self.trigger_event(
+            self.Bounced,
+            timestamp=at,
+            dsn_id=dsn_id,
+            provider_message_id=provider_message_id,
+            reporter=report.reporter,
+            recipients=[r.as_dict() for r in recipients],
+            permanent=permanent,
+            **decision.policy.event_fields(),
+        )
+        if isinstance(decision, decide.Review):
+            first = recipients[0]
+            self._escalate(decision, f"bounced: {first.status} {first.address}", at)
+
+    def end_bounce_watch(self, *, at: datetime) -> None:
+        """The bounce watch is over: nothing of the job is due for it any more."""
+        self._require("BounceWatchEnded", JobState.CONFIRMED)
+        if self.watch_until is None:
+            raise self._refuse("BounceWatchEnded", "no bounce watch")
+        if at < self.watch_until:
+            until = self.watch_until.isoformat()
+            raise self._refuse("BounceWatchEnded", f"watched until {until}")
+        self.trigger_event(self.BounceWatchEnded, timestamp=at, bounces=len(self.bounce_ids))
 
     def record_check(
         self, *, by: str, purpose: str, query: str, copies: Sequence[str], at: datetime
@@ -1025,6 +1139,8 @@ class SendJob(Aggregate):
         self._require("Purged", *FINAL_STATES)
         if self.due_at is not None:
             what = "a verification" if self.verifying else "the deletion of its drafts"
+            if self.state is JobState.CONFIRMED and self.watch_until is not None:
+                what = what if self.due_at < self.watch_until else "its bounce watch"
             raise self._refuse("Purged", f"{what} is still due")
         self.trigger_event(self.Purged, timestamp=at, by=by, rule=rule)
 
@@ -1060,6 +1176,15 @@ class SendJob(Aggregate):
             **decision.policy.event_fields(),
             tidy_at=tidy_at,
         )
+        if decision.watch_until is not None:
+            if decision.watch_until <= at:
+                raise self._refuse("WatchingBounces", "a watch must end after it starts")
+            self.trigger_event(
+                self.WatchingBounces,
+                timestamp=at,
+                until=decision.watch_until,
+                **decision.policy.event_fields(),
+            )
 
     def _record_miss(
         self, query: str, next_search_at: datetime | None, policy: PolicyRef, at: datetime
@@ -1205,6 +1330,27 @@ def _earliest(*moments: datetime | None) -> datetime | None:
     return min((m for m in moments if m is not None), default=None)
 
 
+def _settled_due(job: Any) -> datetime | None:
+    """When a settled job is next due: its verification, the tidy of its drafts, or (a
+    confirmed job) the end of its bounce watch, whichever is first."""
+    watch = job.watch_until if job.state is JobState.CONFIRMED else None
+    return _earliest(job.verify_at, job.tidy_at, watch)
+
+
+def bounce_recipients(job: SendJob, report: DeliveryReport) -> list[BouncedRecipient]:
+    """The recipients of a report that are the job's own (To, Cc, Bcc)."""
+    ours = job.content.recipient_addresses()
+    return [r for r in report.recipients if r.address.lower() in ours]
+
+
+class BounceRefused(TransitionError):
+    """A delivery report that is not recorded on the job, and why (`refusal`)."""
+
+    def __init__(self, job: SendJob, refusal: ReportRefusal, why: str) -> None:
+        super().__init__(job.key, job.state.value, "Bounced", why)
+        self.refusal = refusal
+
+
 def check_name(by: str) -> None:
     """Who decided, as a person reads it in a history (docs/cli.md "Keys")."""
     if problem := identifier_problem(by):
@@ -1213,4 +1359,12 @@ def check_name(by: str) -> None:
         raise JobInputError("by", f"longer than {MAX_NAME_LENGTH} characters")
 
 
-__all__ = ["JobState", "SendJob", "TransitionError", "copies_found", "job_id_for"]
+__all__ = [
+    "BounceRefused",
+    "JobState",
+    "SendJob",
+    "TransitionError",
+    "bounce_recipients",
+    "copies_found",
+    "job_id_for",
+]

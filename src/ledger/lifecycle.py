@@ -41,11 +41,14 @@ LIFECYCLE: tuple[Edge, ...] = (
     (_U, "HistoryUnusable", _U),
     (_U, "Requeued", _R),
     (_U, "SearchedMiss", _U),
+    (_C, "BounceWatchEnded", _C),
+    (_C, "Bounced", _C),  # on_bounce = "review" and permanent: then Escalated
     (_C, "Checked", _C),
     (_C, "Duplicate", _C),  # a resent job's recount found two: then Escalated
     (_C, "Escalated", _V),
     (_C, "Purged", _C),
     (_C, "Verified", _C),
+    (_C, "WatchingBounces", _C),  # recorded with the Confirmed it follows
     (_V, "Checked", _V),
     (_V, "Confirmed", _C),
     (_V, "Resolved", _R),  # resend

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from ledger.exceptions import Refusal, SendledgerError
+
 # RFC 5322 dot-atom for the domain part; strict enough to keep "<", ">", "@", spaces
 # and control characters out of a header we build ourselves.
 _DOMAIN = re.compile(
@@ -13,8 +15,8 @@ _DOMAIN = re.compile(
 )
 
 
-class MessageIdError(ValueError):
-    pass
+class MessageIdError(SendledgerError, ValueError):
+    kind = Refusal.BAD_INPUT
 
 
 def validate_domain(domain: str) -> str:

@@ -47,6 +47,9 @@ class EscalationReason(StrEnum):
     #: The provider stayed unavailable (nothing sent) longer than the channel's
     #: `give_up_after`.
     PROVIDER_UNAVAILABLE = "provider-unavailable"
+    #: A delivery report says the confirmed message failed for good for a recipient, and
+    #: the channel's `on_bounce = "review"` asks a human to look.
+    BOUNCED = "bounced"
 
 
 class Resolution(StrEnum):

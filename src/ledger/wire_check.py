@@ -28,6 +28,7 @@ from email.utils import format_datetime
 from ledger.addresses import unquote, unsafe_character
 from ledger.attachments import Attachment, filename_problem
 from ledger.content import JobInputError
+from ledger.exceptions import SendledgerError
 from ledger.header_encoding import MAX_LINE, client_view, parameter_value
 from ledger.mime import MessageFields, mailboxes, render_message, wire_text
 
@@ -67,7 +68,7 @@ class RenderMismatch(JobInputError):
         self.mismatch = mismatch
 
 
-class _Bad(Exception):
+class _Bad(SendledgerError):
     # Never shown: find_mismatch returns its mismatch (BaseException keeps the args).
     def __init__(self, field: str, reason: str) -> None:
         self.mismatch = Mismatch(field, reason)

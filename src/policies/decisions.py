@@ -28,6 +28,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from ledger.decision_types import (
+    AfterBounce,
     AfterDraftPending,
     AfterHistory,
     AfterRejection,
@@ -38,6 +39,7 @@ from ledger.decision_types import (
     Decision,
     Duplicate,
     HistoryMiss,
+    RecordBounce,
     ResendAt,
     RetryAt,
     Review,
@@ -52,6 +54,7 @@ from policies.model import ChannelPolicy
 __all__ = [
     "MAX_RETRY_AFTER",
     "Decision",
+    "after_bounce",
     "after_history",
     "after_permanent_rejection",
     "after_response",
@@ -116,8 +119,28 @@ def before_attempt(policy: ChannelPolicy, *, attempts_made: int) -> Send | Revie
 
 
 def after_response(policy: ChannelPolicy, *, resent: bool, now: datetime) -> Confirm:
-    """The provider answered with its id for the message: one copy exists."""
-    return Confirm(policy.ref, verify_at=_verify_at(policy, resent=resent, now=now))
+    """The provider answered with its id for the message: one copy exists. On a channel
+    with ``watch_bounces`` its mailbox is watched for reports about it that long."""
+    return Confirm(
+        policy.ref,
+        verify_at=_verify_at(policy, resent=resent, now=now),
+        watch_until=_watch_until(policy, now=now),
+    )
+
+
+def after_bounce(policy: ChannelPolicy, *, permanent: bool) -> AfterBounce:
+    """A delivery report about a watched job: recorded; and with ``on_bounce = "review"``
+    a permanent one sends the job to a human (its message was sent: a bounce never makes
+    it unsent, and nothing is ever sent again on its own because of one)."""
+    if permanent and policy.on_bounce == "review":
+        return Review(policy.ref, EscalationReason.BOUNCED)
+    return RecordBounce(policy.ref)
+
+
+def _watch_until(policy: ChannelPolicy, *, now: datetime) -> datetime | None:
+    if policy.watch_bounces is None:
+        return None
+    return _utc(now) + timedelta(seconds=policy.watch_bounces)
 
 
 def after_unknown(

@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import re
 
+from ledger.exceptions import Refusal, SendledgerError
+
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
-class DurationError(ValueError):
-    pass
+class DurationError(SendledgerError, ValueError):
+    kind = Refusal.BAD_INPUT
 
 
 def parse_duration(value: object) -> float:

@@ -16,6 +16,8 @@ import os
 import stat
 from pathlib import Path
 
+from ledger.exceptions import Refusal, SendledgerError
+
 __all__ = ["FileProblem", "read_regular_file"]
 
 _KINDS = (
@@ -27,9 +29,11 @@ _KINDS = (
 )
 
 
-class FileProblem(ValueError):
+class FileProblem(SendledgerError, ValueError):
     """Why a file cannot be read as a regular file: one line that names it (`reason`
     says why, without the path)."""
+
+    kind = Refusal.BAD_INPUT
 
     def __init__(self, path: Path, reason: str) -> None:
         super().__init__(f"cannot read {path}: {reason}")

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ledger.exceptions import Refusal, SendledgerError
 from policies.files import FileProblem, read_regular_file
 from policies.model import ChannelPolicy
 
@@ -52,8 +53,10 @@ class PolicyProblem:
         return f"{self.file}:{self.field}: {self.reason}"
 
 
-class PolicyLoadError(Exception):
+class PolicyLoadError(SendledgerError):
     """Policies were refused; :attr:`problems` lists every reason, across all files."""
+
+    kind = Refusal.BAD_INPUT
 
     def __init__(self, problems: list[PolicyProblem]) -> None:
         self.problems = list(problems)

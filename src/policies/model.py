@@ -42,6 +42,7 @@ __all__ = [
     "MAX_DURATIONS",
     "MIN_DURATION",
     "ChannelPolicy",
+    "OnBounce",
     "OnUnknown",
     "parse_from_address",
 ]
@@ -50,6 +51,9 @@ OnUnknown = Literal["retry", "search-then-review", "review"]
 #: What a job on a `send_via = "drafts"` provider does when its attempt's outcome was
 #: unknown and its draft is found still unsent (docs/policies.md "Channel policies").
 PendingDraft = Literal["send", "review"]
+#: What a permanent bounce of a confirmed job does (docs/policies.md "Channel policies"):
+#: "record" only records it; "review" sends the job to a human too.
+OnBounce = Literal["record", "review"]
 
 #: The smallest window a policy may set (tests use "50ms"; zero would mean "search at once",
 #: which is exactly what the search index's lag forbids).
@@ -65,6 +69,9 @@ MAX_DURATIONS: dict[str, float] = {
     "retry_backoff_max": 7 * _DAY,
     "verify_after": 30 * _DAY,
     "history_after": _DAY,
+    # Reports of a delayed delivery come for up to five days (RFC 5321's give-up time);
+    # a month covers the slowest, and a longer watch would keep jobs from retention.
+    "watch_bounces": 30 * _DAY,
 }
 MAX_DURATION = max(MAX_DURATIONS.values())
 #: Counts past these would keep a job searching (confirm_misses) or retrying
@@ -155,6 +162,10 @@ class ChannelPolicy(BaseModel):
     # once. None: absence in the history proves nothing, the search decides after
     # `search_after` as without it.
     history_after: Duration | None = None
+    # After a job is confirmed, look for delivery reports (bounces) about it in its
+    # mailbox for this long; None: never (docs/how-it-works.md "Bounces").
+    watch_bounces: Duration | None = None
+    on_bounce: OnBounce = "record"
 
     @field_validator("channel")
     @classmethod
@@ -216,6 +227,13 @@ class ChannelPolicy(BaseModel):
                 '"retry" is refused because irreversible = true: '
                 "irreversible channels never resend without a human"
             )
+        return value
+
+    @field_validator("on_bounce")
+    @classmethod
+    def _check_on_bounce(cls, value: OnBounce, info: ValidationInfo) -> OnBounce:
+        if value == "review" and info.data.get("watch_bounces", 0) is None:
+            raise _error('"review" needs watch_bounces: no bounce is looked for without it')
         return value
 
     @field_validator("search_interval")
@@ -296,6 +314,10 @@ class ChannelPolicy(BaseModel):
             del values["give_up_after"]  # unchanged policies keep their fingerprint
         if self.history_after is None:
             del values["history_after"]  # unchanged policies keep their fingerprint
+        if self.watch_bounces is None:
+            del values["watch_bounces"]  # as give_up_after
+        if self.on_bounce == "record":
+            del values["on_bounce"]
         return values
 
     @property

@@ -14,14 +14,17 @@ import re
 from collections.abc import Sequence
 
 from ledger.addresses import AddressError, parse_mailbox
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.vocabulary import Sender
 
 MAX_PATTERNS = 1000
 _PATTERN = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9.*?-]+$")
 
 
-class SenderRefused(ValueError):
+class SenderRefused(SendledgerError, ValueError):
     """A job's `from` that its channel's policy does not allow. `field` names it."""
+
+    kind = Refusal.BAD_INPUT
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"from: {reason}")

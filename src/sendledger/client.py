@@ -16,6 +16,18 @@ process). Every call retries where a repeat cannot do harm:
   or the server said it did nothing (429, 503): a decision whose answer was lost raises
   `ConnectionLost`: look at the job (`status`) before deciding again.
 
+Every exception it raises derives from `ClientError`, its own base rather than the
+daemon's (`ledger/exceptions.py`), since the client imports nothing of ours:
+
+    ClientError                 may_have_applied: whether the server may have acted
+     ├── ConnectionLost         no answer (after the retries the call allows); `sent`
+     ├── ApiError               an error status, with the server's `error` sentence
+     │    ├── Unauthorized 401, Forbidden 403, NotFound 404, TooLarge 413
+     │    ├── Conflict 409      (_RepeatRefused: a 409 to a repeated try)
+     │    ├── Invalid 422       with its field list
+     │    └── RateLimited 429 and ServerError 5xx, still after the retries
+     └── _NotSent, _AnswerLost  what one try met, inside a call only
+
 A refusal is one exception class per status (`Unauthorized` 401, `Forbidden` 403,
 `NotFound` 404, `Conflict` 409, `TooLarge` 413, `Invalid` 422 with its field list), each
 with the server's `error` sentence. Every error says whether the call's action (a submit,
@@ -440,12 +452,16 @@ class Client:
             self._sleep(delay)
 
 
-class _NotSent(Exception):
+class _NotSent(ClientError):
+    """Inside a call only: the request surely did not reach the server (tried again)."""
+
     def __init__(self, reason: str) -> None:
         self.reason = reason
 
 
-class _AnswerLost(Exception):
+class _AnswerLost(ClientError):
+    """Inside a call only: the request went out and no answer came back."""
+
     def __init__(self, reason: str) -> None:
         self.reason = reason
 

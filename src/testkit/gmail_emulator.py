@@ -45,8 +45,17 @@ Message-ID is the replaced one.
 Every Gmail API call is counted by route (`route_counts`), and every `q` a messages.list was
 asked is kept (`searches`), so a test can say no search was made.
 
-Terms in `q` other than rfc822msgid:, in: and label: are refused with 400 rather than
-matched loosely: a test that relies on full-text search should fail loudly here.
+Bounces (issue 29): a message sent to an address in `bounce` (an address, or "@domain"
+for a whole domain) comes back as Gmail's own report would: a delivery status
+notification in the sender's INBOX (not in the acceptance log: it was received, not sent),
+in Gmail's own shape ("gmail") or the plain RFC 3464 one ("rfc3464"), built by
+`testkit.dsn`. As in Gmail, `rfc822msgid:` of the bounced message does not find its report
+(the report's own Message-ID is another); `from:` (a substring of the From header, case
+blind), `after:` (epoch seconds, or YYYY/MM/DD) and `{a b}` (either term) do.
+
+Terms in `q` other than rfc822msgid:, in:, label:, from: and after: are refused with 400
+rather than matched loosely: a test that relies on full-text search should fail loudly
+here.
 """
 
 from __future__ import annotations
@@ -61,11 +70,13 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from email.utils import getaddresses
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from testkit import mime_reader as mime
+import testkit.dsn as dsn
+import testkit.mime_reader as mime
 from testkit._http import (
     AnsweringHandler,
     LoopbackService,
@@ -135,6 +146,7 @@ _ROUTE_UNITS = {
 # drafts.* need a scope that may compose: gmail.send alone does not.
 COMPOSE_SCOPES = frozenset({FULL_SCOPE, _SCOPE + "gmail.modify", _SCOPE + "gmail.compose"})
 DRAFT_LABEL = "DRAFT"
+BOUNCE_STYLES = ("gmail", "rfc3464")
 
 
 @dataclass(frozen=True)
@@ -215,6 +227,9 @@ class _Query:
     message_ids: tuple[str, ...]
     labels: tuple[str, ...]
     include_hidden: bool
+    after_ms: int | None = None  # after: received later than this
+    # from: terms, each group an OR ({a b}); every group must match
+    senders: tuple[tuple[str, ...], ...] = ()
 
 
 def _json_response(
@@ -247,8 +262,13 @@ class GmailEmulator(LoopbackService):
         user_quota: float | None = None,
         grantable_scopes: Sequence[str] | None = None,
         history_lag: float = 0.0,
+        bounce: dict[str, str] | None = None,
     ) -> None:
         super().__init__(host, port, tls)
+        # Recipient address (or "@domain") -> the report sent back: "gmail" or "rfc3464".
+        self.bounce = {k.lower(): v for k, v in (bounce or {}).items()}
+        if any(style not in BOUNCE_STYLES for style in self.bounce.values()):
+            raise ValueError(f"bounce styles are {', '.join(BOUNCE_STYLES)}")
         # The scopes a token may be granted (domain-wide delegation's list in the admin
         # console; an authorized user's consent); None: whatever is asked for.
         self.grantable_scopes = None if grantable_scopes is None else frozenset(grantable_scopes)
@@ -760,9 +780,37 @@ class GmailEmulator(LoopbackService):
             via=via,
             rewrite=self.rewrite_message_id,
         )
+        self._bounce(stored)
         return _json_response(
             200, {"id": stored.id, "threadId": stored.thread_id, "labelIds": stored.labels}
         )
+
+    def _bounce(self, sent: _Stored) -> None:
+        """A report in the sender's INBOX for each recipient the emulator bounces."""
+        if not self.bounce:
+            return
+        recipients = [
+            address.lower()
+            for name in ("To", "Cc", "Bcc")
+            for _display, address in getaddresses(sent.parsed.get_all(name) or [])
+        ]
+        mailbox = sent.user if "@" in sent.user else "me@emulator.invalid"
+        for recipient in recipients:
+            style = self.bounce.get(recipient) or self.bounce.get(
+                "@" + recipient.rpartition("@")[2]
+            )
+            if style is None:
+                continue
+            if style == "gmail":
+                report = dsn.gmail_report(
+                    sent.raw, mailbox=mailbox, recipient=recipient, message_id=sent.message_id or ""
+                )
+            else:
+                report = dsn.rfc3464_report(sent.raw, mailbox=mailbox, recipient=recipient)
+            self._accept(
+                sent.user, report, ["INBOX", "UNREAD"], None, via="bounce", rewrite=False,
+                logged=False,
+            )  # fmt: skip
 
     # -- messages.list / get -------------------------------------------------------------
 
@@ -973,6 +1021,7 @@ class GmailEmulator(LoopbackService):
             stored.history_id = self._history
             self._record_change(stored, LABEL_ADDED, ["SENT"])
             self._log_accepted(stored, request_raw, "drafts.send")
+        self._bounce(stored)
         return _json_response(
             200, {"id": stored.id, "threadId": stored.thread_id, "labelIds": stored.labels}
         )
@@ -1128,23 +1177,62 @@ def _parse_query(q: str, params: dict[str, list[str]]) -> _Query:
     message_ids: list[str] = []
     labels = [label for label in params.get("labelIds", []) if label]
     include_hidden = _truthy(params, "includeSpamTrash")
-    for term in _QUERY_TERM.findall(q):
+    after_ms: int | None = None
+    senders: list[tuple[str, ...]] = []
+    group: list[str] | None = None  # the from: terms of an open {...}
+    for token in _QUERY_TERM.findall(q):
+        term = token
+        opens, closes = term.startswith("{"), term.endswith("}")
+        term = term.removeprefix("{").removesuffix("}")
+        if opens:
+            if group is not None:
+                raise ApiError(400, "emulator: nested { }", "invalidArgument")
+            group = []
         operator, sep, value = term.partition(":")
         operator = operator.lower()
         value = value.strip('"')
         if not sep or not value:
-            raise ApiError(400, f"emulator: unsupported search term {term!r}", "invalidArgument")
-        if operator == "rfc822msgid":
+            raise ApiError(400, f"emulator: unsupported search term {token!r}", "invalidArgument")
+        if group is not None and operator != "from":
+            raise ApiError(
+                400, f"emulator: only from: terms in {{ }}: {token!r}", "invalidArgument"
+            )
+        if operator == "from":
+            if group is not None:
+                group.append(value.lower())
+            else:
+                senders.append((value.lower(),))
+        elif operator == "after":
+            after_ms = _after_ms(value)
+        elif operator == "rfc822msgid":
             message_ids.append(mime.normalize_message_id(value))
         elif operator == "in" and value.lower() == "anywhere":
             include_hidden = True
         elif operator in ("in", "label"):
             labels.append(value.upper() if operator == "in" else value)
         else:
-            raise ApiError(400, f"emulator: unsupported search term {term!r}", "invalidArgument")
+            raise ApiError(400, f"emulator: unsupported search term {token!r}", "invalidArgument")
+        if closes:
+            if group is None:
+                raise ApiError(400, "emulator: } without {", "invalidArgument")
+            senders.append(tuple(group))
+            group = None
+    if group is not None:
+        raise ApiError(400, "emulator: { without }", "invalidArgument")
     if any(label in HIDDEN_LABELS for label in labels):
         include_hidden = True
-    return _Query(tuple(message_ids), tuple(labels), include_hidden)
+    return _Query(tuple(message_ids), tuple(labels), include_hidden, after_ms, tuple(senders))
+
+
+def _after_ms(value: str) -> int:
+    """Gmail's after: in milliseconds: epoch seconds, or a date (YYYY/MM/DD, UTC here)."""
+    if value.isdigit():
+        return int(value) * 1000
+    try:
+        day = datetime.strptime(value, "%Y/%m/%d").replace(tzinfo=UTC)
+    except ValueError as exc:
+        raise ApiError(400, f"emulator: after:{value!r}", "invalidArgument") from exc
+    return int(day.timestamp() * 1000)
 
 
 def _matches(stored: _Stored, query: _Query) -> bool:
@@ -1152,6 +1240,12 @@ def _matches(stored: _Stored, query: _Query) -> bool:
         return False
     if any(label not in stored.labels for label in query.labels):
         return False
+    if query.after_ms is not None and stored.internal_ms <= query.after_ms:
+        return False
+    if query.senders:
+        sender = (mime.header(stored.parsed, "From") or "").lower()
+        if not all(any(term in sender for term in group) for group in query.senders):
+            return False
     if query.message_ids:
         if stored.message_id is None:
             return False

@@ -27,9 +27,16 @@ on it:
   does a request over `mailbox_concurrency` (Graph's 4 in flight per app and mailbox),
   each taking `latency` seconds.
 
+Bounces (issue 29): a message sent to an address in `bounce` (an address, or "@domain")
+comes back as Exchange's non-delivery report (`testkit.dsn.exchange_report`), an Inbox item
+of class `REPORT.IPM.Note.NDR`; `inject` files any message in Inbox. The one other filter
+served is the one a reader of reports sends: `receivedDateTime ge <time> and
+singleValueExtendedProperties/Any(ep: ep/id eq 'String 0x001A' and ep/value eq '<class>')`,
+with `$expand=singleValueExtendedProperties($filter=id eq 'Integer 0x0E08')` for each
+item's size; `messages/{id}/$value` answers an item's MIME.
+
 Every message actually sent is written to the acceptance log (JSON lines), which is where
-tests count effects. Filters other than `internetMessageId eq '...'` are refused with 400
-rather than matched loosely.
+tests count effects. Other filters are refused with 400 rather than matched loosely.
 """
 
 from __future__ import annotations
@@ -46,11 +53,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from email.utils import getaddresses
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from testkit import mime_reader
+import testkit.dsn as dsn
+import testkit.mime_reader as mime_reader
 from testkit._http import AnsweringHandler, LoopbackService, Response
 from testkit.tls import TlsFiles
 
@@ -68,6 +77,12 @@ DEFAULT_TOP = 10
 MAX_TOP = 1000
 IMMUTABLE = re.compile(r'idtype\s*=\s*"?immutableid"?', re.IGNORECASE)
 _FILTER = re.compile(r"^\s*internetMessageId\s+eq\s+'((?:[^']|'')*)'\s*$")
+_CLASS_FILTER = re.compile(
+    r"^\s*receivedDateTime\s+ge\s+(\S+)\s+and\s+singleValueExtendedProperties/Any\(ep:\s*"
+    r"ep/id\s+eq\s+'String 0x001A'\s+and\s+ep/value\s+eq\s+'([^']*)'\)\s*$"
+)
+_SIZE_EXPAND = "singleValueExtendedProperties($filter=id eq 'Integer 0x0E08')"
+NDR_CLASS = "REPORT.IPM.Note.NDR"
 _JSON = "application/json; charset=utf-8"
 
 
@@ -117,6 +132,8 @@ class _Item:
     filed_at: float | None = None  # when it reaches Sent Items (in transit until then)
     searchable_at: float | None = None  # when $filter sees it in its folder
     parsed: Any = field(repr=False, default=None)
+    message_class: str = "IPM.Note"  # PidTagMessageClass: REPORT.IPM.Note.NDR for a report
+    received: float | None = None  # receivedDateTime of a message that came in (Inbox)
 
 
 def _iso(ts: float) -> str:
@@ -151,9 +168,12 @@ class GraphEmulator(LoopbackService):
         mailbox_concurrency: int | None = 4,
         latency: float = 0.0,
         clock: Callable[[], float] = time.time,
+        bounce: dict[str, str] | None = None,
     ) -> None:
         super().__init__(host, port, tls)
         self.tenant_id = tenant_id
+        # Recipient address (or "@domain") -> "exchange": a non-delivery report comes back.
+        self.bounce = {k.lower(): v for k, v in (bounce or {}).items()}
         # client_id -> secret; a client assertion (certificate) is accepted for a known id.
         self.clients = (
             dict(clients) if clients is not None else {DEFAULT_CLIENT_ID: DEFAULT_CLIENT_SECRET}
@@ -245,6 +265,11 @@ class GraphEmulator(LoopbackService):
         """A draft as if a person had saved it; returns its immutable id."""
         return self._store_draft(user.lower(), raw).immutable_id
 
+    def inject(self, raw: bytes, *, user: str, message_class: str = "IPM.Note") -> str:
+        """A message received into `user`'s Inbox now (a report: `NDR_CLASS`); its
+        immutable id."""
+        return self._file(user.lower(), raw, "inbox", message_class=message_class).immutable_id
+
     # -- the mailbox -------------------------------------------------------------------
 
     def _new_id(self) -> str:
@@ -267,6 +292,13 @@ class GraphEmulator(LoopbackService):
                 raw, f"<{secrets.token_hex(12)}@emulator.prod.outlook.com>"
             )
             parsed = mime_reader.parse(raw)
+        return self._file(user, raw, DRAFTS)
+
+    def _file(
+        self, user: str, raw: bytes, folder: str, *, message_class: str = "IPM.Note"
+    ) -> _Item:
+        """A new item in `folder`: a draft (Drafts), or a message received now (Inbox)."""
+        parsed = mime_reader.parse(raw)
         with self._lock:
             now = self._clock()
             item = _Item(
@@ -276,11 +308,13 @@ class GraphEmulator(LoopbackService):
                 user=user,
                 raw=raw,
                 message_id=mime_reader.header(parsed, "Message-ID"),
-                folder=DRAFTS,
-                is_draft=True,
+                folder=folder,
+                is_draft=folder == DRAFTS,
                 created=now,
                 searchable_at=now + self._lag,
                 parsed=parsed,
+                message_class=message_class,
+                received=None if folder == DRAFTS else now,
             )
             self._items.append(item)
             return item
@@ -314,6 +348,22 @@ class GraphEmulator(LoopbackService):
             with self._acceptance_log.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
         self._settle()
+        self._bounce(item)
+
+    def _bounce(self, item: _Item) -> None:
+        """Exchange's report in the sender's Inbox for each recipient it bounces."""
+        if not self.bounce:
+            return
+        subject = _joined(item.parsed, "Subject") or ""
+        for name in ("To", "Cc", "Bcc"):
+            for _display, recipient in getaddresses(item.parsed.get_all(name) or []):
+                recipient = recipient.lower()
+                domain = "@" + recipient.rpartition("@")[2]
+                if recipient in self.bounce or domain in self.bounce:
+                    report = dsn.exchange_report(
+                        item.raw, mailbox=item.user, recipient=recipient, subject=subject
+                    )
+                    self.inject(report, user=item.user, message_class=NDR_CLASS)
 
     def _find(self, user: str, ident: str, immutable: bool) -> _Item | None:
         for item in self._items:
@@ -332,8 +382,15 @@ class GraphEmulator(LoopbackService):
             )
         return item
 
-    def _resource(self, item: _Item, *, immutable: bool) -> dict[str, Any]:
-        return {
+    def _resource(self, item: _Item, *, immutable: bool, sizes: bool = False) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if item.received is not None:
+            extra["receivedDateTime"] = _iso(item.received)
+        if sizes:
+            extra["singleValueExtendedProperties"] = [
+                {"id": "Integer 0x0E08", "value": str(len(item.raw))}
+            ]
+        return extra | {
             "id": item.immutable_id if immutable else item.rest_id,
             "internetMessageId": item.message_id,
             "isDraft": item.is_draft,
@@ -560,6 +617,9 @@ class GraphEmulator(LoopbackService):
                 return self._send(user, rest[1], immutable)
             if len(rest) == 2 and rest[0] == "messages" and method == "GET":
                 return self._get(user, rest[1], immutable)
+            if len(rest) == 3 and rest[0] == "messages" and rest[2] == "$value":
+                item = self._existing(user, rest[1], immutable)
+                return 200, [("Content-Type", "text/plain")], item.raw
             if len(rest) == 2 and rest[0] == "messages" and method == "DELETE":
                 return self._delete(user, rest[1], immutable)
             if rest == ["messages"] and method == "GET":
@@ -630,15 +690,24 @@ class GraphEmulator(LoopbackService):
         if folder is not None and folder not in FOLDERS:
             raise GraphError(404, "ErrorInvalidIdMalformed", f"unknown folder {folder!r}")
         wanted: str | None = None
+        reports: tuple[float, str] | None = None  # (received since, message class)
         if "$filter" in params:
             match = _FILTER.match(params["$filter"][-1])
-            if match is None:
+            by_class = _CLASS_FILTER.match(params["$filter"][-1])
+            if by_class is not None:
+                since = datetime.fromisoformat(by_class.group(1).replace("Z", "+00:00"))
+                reports = (since.timestamp(), by_class.group(2))
+            elif match is None:
                 raise GraphError(
                     400,
                     "BadRequest",
                     "this emulator filters by internetMessageId eq '...' only",
                 )
-            wanted = match.group(1).replace("''", "'")
+            else:
+                wanted = match.group(1).replace("''", "'")
+        expand = params.get("$expand", [""])[-1]
+        if expand and expand != _SIZE_EXPAND:
+            raise GraphError(400, "BadRequest", f"this emulator expands {_SIZE_EXPAND} only")
         try:
             top = int(params.get("$top", [str(DEFAULT_TOP)])[-1])
             skip = int(params.get("$skip", ["0"])[-1])
@@ -661,9 +730,21 @@ class GraphEmulator(LoopbackService):
                     and item.searchable_at <= now
                 )
             )
+            and (
+                reports is None
+                or (
+                    item.message_class == reports[1]
+                    and item.received is not None
+                    and item.received >= reports[0]
+                    and item.searchable_at is not None
+                    and item.searchable_at <= now
+                )
+            )
         ]
         page = found[skip : skip + top]
-        answer: dict[str, Any] = {"value": [self._resource(i, immutable=immutable) for i in page]}
+        answer: dict[str, Any] = {
+            "value": [self._resource(i, immutable=immutable, sizes=bool(expand)) for i in page]
+        }
         if skip + top < len(found):
             query = {k: v[-1] for k, v in params.items()}
             query["$skip"] = str(skip + top)

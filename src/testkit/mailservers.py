@@ -11,7 +11,10 @@ socket paths are capped at 107 bytes, pytest's tmp paths are longer); listeners 
   sender), and Dovecot LMTP with ``lmtp_save_to_detail_mailbox`` files it in ``Sent``: the
   ``sent_copy = "server"`` behaviour of Gmail or Microsoft 365, by real servers;
 * end-of-data answers chosen by recipient: ``defer@`` gets 451 and ``reject@`` gets 554
-  after the final dot; ``unknown@`` is refused at RCPT (550).
+  after the final dot; ``unknown@`` is refused at RCPT (550);
+* ``gone@`` is taken at submission (Postfix knows it) but Dovecot has no such user, so its
+  LMTP refuses delivery (550 5.1.1) and Postfix's own bounce, an RFC 3464 report, lands
+  in the sender's INBOX: a bounce as a real server writes it.
 
 Copies are counted in the Maildir files, never through the provider under test. Starting the
 pair needs the Debian packages (`apt-get install postfix dovecot-imapd dovecot-lmtpd`) and
@@ -42,6 +45,7 @@ RECIPIENT = f"rcpt@{DOMAIN}"
 DEFER_RECIPIENT = f"defer@{DOMAIN}"
 REJECT_RECIPIENT = f"reject@{DOMAIN}"
 UNKNOWN_RECIPIENT = f"unknown@{DOMAIN}"
+GONE_RECIPIENT = f"gone@{DOMAIN}"
 PASSWORD = "s3cret-test-password"
 MAIL_USER = "nobody"
 POSTFIX_MASTER = Path("/usr/lib/postfix/sbin/master")
@@ -259,7 +263,8 @@ def _write_postfix(root: Path, smtp_port: int, lmtp_port: int) -> Path:
     data = root / "pfdata"
     data.mkdir()
     _chown(data, "postfix")
-    recipients = ", ".join(f"{u}@{DOMAIN}=ok" for u in _USERS)
+    # gone@: Postfix takes it, Dovecot (which has no such user) refuses its delivery.
+    recipients = ", ".join(f"{u}@{DOMAIN}=ok" for u in (*_USERS, "gone"))
     (etc / "main.cf").write_text(
         f"""
 compatibility_level = 3.6

@@ -166,5 +166,7 @@ def snippet(message: Message, limit: int = 200) -> str:
             except LookupError:
                 text = data.decode("utf-8", errors="replace")
             # Gmail's snippets are HTML-escaped, which surprises people who print them.
-            return html.escape(_WS.sub(" ", text).strip()[:limit])
+            # Only the head is looked at: a report quoting megabytes costs no more.
+            head = text.lstrip()[: limit * 20]
+            return html.escape(_WS.sub(" ", head).strip()[:limit])
     return ""

@@ -487,6 +487,24 @@ class Rig:
         )
 
 
+class PostgresRig(Rig):
+    """The rig with its store on PostgreSQL (the Rig's keywords pass through)."""
+
+    def __init__(self, folder: Path, store_url: str, **options: Any) -> None:
+        super().__init__(folder, **options)
+        self.store_url = store_url
+        text = self.config.read_text().replace(
+            'url = "sqlite:///ledger.sqlite"', f'url = "{store_url}"'
+        )
+        self.config.write_text(text)
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(self.store_url)
+        return self._ledger
+
+
 def _answers(url: str) -> bool:
     try:
         return httpx.get(url + "/healthz", timeout=1).status_code in (200, 503)

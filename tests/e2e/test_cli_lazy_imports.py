@@ -2,7 +2,10 @@
 `status` run without the test kit, APScheduler or the HTTP stack, which `demo`, `probe`,
 `emulator`, `run` and `api` need. And a command imports only what it uses (docs/cli.md
 "Many keys, one process"): no provider library, no PostgreSQL driver for a SQLite store;
-the commands that read only `[store]` load neither pydantic nor the store cipher."""
+the commands that read only `[store]` load neither pydantic nor the store cipher, and
+`submit` and `cancel`, which judge the whole settings model and read the policies (both
+pydantic), load neither pydantic-settings (only an override in the environment needs it)
+nor the engine."""
 
 from __future__ import annotations
 
@@ -35,16 +38,19 @@ HEAVY = (
 #: the settings model, the policies (both pydantic), the cipher, the message writer's email
 #: package and idna.
 SETTINGS_AND_MORE = ("pydantic", "pydantic_settings", "cryptography", "email", "idna")
-#: submit reads the whole settings and the policies, and renders each message with the
-#: daemon's renderer, whose envelope check is the SMTP provider's parser (its module
-#: imports imapclient): nothing else of the lists.
-SUBMIT_LOADS = {*SETTINGS_AND_MORE, "imapclient"}
+#: submit judges the settings model and reads the policies (pydantic) and renders each
+#: message (the email package's header parser checks the envelope): nothing else of the
+#: lists, neither pydantic-settings nor the composition root and the engine (`OURS`).
+SUBMIT_LOADS = {"pydantic", "email", "idna"}
+#: Modules of ours a command that takes or settles jobs does without.
+OURS = ("daemon.bootstrap", "daemon.engine", "daemon.providers.gmail")
 
 # Runs the command in-process through the console script's `main`, then names every heavy
 # package that got imported: the script's exit code is the command's, stdout the command's
 # output followed by one JSON line of the imported heavy packages.
-PROBE = textwrap.dedent(
-    """
+PROBE = (
+    textwrap.dedent(
+        """
     import json, sys
     from daemon.cli import main
     try:
@@ -52,10 +58,14 @@ PROBE = textwrap.dedent(
     except SystemExit as exc:  # --help
         code = exc.code
     heavy = sorted({name.split(".")[0] for name in sys.modules} & set(HEAVY))
+    heavy += sorted(set(sys.modules) & set(OURS))
     print(json.dumps({"heavy": heavy}))
     sys.exit(code)
     """
-).replace("HEAVY", repr(HEAVY + SETTINGS_AND_MORE))
+    )
+    .replace("HEAVY", repr(HEAVY + SETTINGS_AND_MORE))
+    .replace("OURS", repr(OURS))
+)
 
 JOB = {
     "channel": "receipts",
@@ -66,14 +76,16 @@ JOB = {
 }
 
 
-def run_probe(cli: CliEnv, *args: str, stdin: str = "") -> tuple[int, str, list[str]]:
+def run_probe(
+    cli: CliEnv, *args: str, stdin: str = "", env: dict[str, str] | None = None
+) -> tuple[int, str, list[str]]:
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, "--config", str(cli.config), *args],
         input=stdin,
         capture_output=True,
         text=True,
         cwd=cli.root,
-        env=cli.env,
+        env=cli.env if env is None else env,
         timeout=60,
     )
     *output, last = proc.stdout.splitlines()
@@ -96,7 +108,7 @@ def test_each_job_command_imports_only_what_it_uses(cli: CliEnv) -> None:
     code, out, loaded = run_probe(cli, "submit", "--json", "-", stdin=json.dumps(JOB))
     assert code == 0, out
     assert set(loaded) <= SUBMIT_LOADS, loaded
-    assert "pydantic_settings" in loaded  # the probe sees what a command does import
+    assert "pydantic" in loaded  # the probe sees what a command does import
     for argv in (
         ["status", "order-1001"],
         ["status", "order-1001", "order-1001", "--json"],
@@ -112,7 +124,8 @@ def test_each_job_command_imports_only_what_it_uses(cli: CliEnv) -> None:
 
 def test_cancel_reads_the_settings_and_nothing_heavy(cli: CliEnv) -> None:
     """A cancel settles the job, so it schedules the deletion of its drafts as its
-    provider says: it reads the settings and the policies, and nothing of `HEAVY`."""
+    provider says: it reads the settings and the policies, as submit does, and nothing
+    of `HEAVY`, pydantic-settings or the engine."""
     code, out, _ = run_probe(cli, "submit", "--json", "-", stdin=json.dumps(JOB))
     assert code == 0, out
     code, out, loaded = run_probe(cli, "cancel", "order-1001")
@@ -120,8 +133,17 @@ def test_cancel_reads_the_settings_and_nothing_heavy(cli: CliEnv) -> None:
     assert set(loaded) <= SUBMIT_LOADS, loaded
 
 
-def test_the_probe_sees_a_command_that_imports_the_testkit(cli: CliEnv) -> None:
-    # The check above can fail: `emulator --help` loads the test kit's command module.
-    code, _, heavy = run_probe(cli, "emulator", "--help")
-    assert code == 0
-    assert "testkit" in heavy
+def test_an_override_in_the_environment_loads_pydantic_settings(cli: CliEnv) -> None:
+    """pydantic-settings reads the `SENDLEDGER_*` overrides: a command loads it only when
+    one is set (and the probe sees it then), and a bad value in any section is still
+    refused by submit, naming it, as `run` refuses it."""
+    env = {**cli.env, "SENDLEDGER_DAEMON__TICK": "2s"}
+    code, out, loaded = run_probe(cli, "submit", "--json", "-", stdin=json.dumps(JOB), env=env)
+    assert code == 0, out
+    assert "pydantic_settings" in loaded
+    config = cli.config.read_text(encoding="utf-8")
+    cli.config.write_text(config.replace("[daemon]\n", "[daemon]\ntick = 0\n"), encoding="utf-8")
+    refused = cli.run("submit", "-", stdin=json.dumps({**JOB, "key": "order-1002"}))
+    assert refused.code == 2
+    [line] = refused.error_lines
+    assert line.startswith(f"sendledger: {cli.config}: daemon.tick: "), line

@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 from standardwebhooks.webhooks import Webhook
-from tests.e2e.daemon_kit import RefusingGmailEmulator, Rig, job
+from tests.e2e.daemon_kit import PostgresRig, RefusingGmailEmulator, Rig, job
 
 from daemon.webhooks.signing import new_secret
-from ledger.application import Ledger
 from ledger.job import job_id_for
 
 REFUSED = "refused@example.com"
@@ -236,24 +235,6 @@ def test_status_skip_and_secret_commands(tmp_path: Path) -> None:
         assert "nothing undelivered to skip" in again
         unknown = rig.cli("webhooks", "skip", "nope", check=False)
         assert unknown.returncode == 2 and "no [webhooks.nope]" in unknown.stderr
-
-
-class PostgresRig(Rig):
-    """The rig with its store on PostgreSQL."""
-
-    def __init__(self, folder: Path, store_url: str) -> None:
-        super().__init__(folder)
-        self.store_url = store_url
-        text = self.config.read_text().replace(
-            'url = "sqlite:///ledger.sqlite"', f'url = "{store_url}"'
-        )
-        self.config.write_text(text)
-
-    @property
-    def ledger(self) -> Ledger:
-        if self._ledger is None:
-            self._ledger = Ledger(self.store_url)
-        return self._ledger
 
 
 @pytest.mark.postgres

@@ -13,6 +13,7 @@ from tests.conftest import IN_CI
 from testkit.mailservers import (
     DEFER_RECIPIENT,
     DOMAIN,
+    GONE_RECIPIENT,
     PASSWORD,
     RECIPIENT,
     REJECT_RECIPIENT,
@@ -27,6 +28,7 @@ from testkit.mailservers import mail_servers as _start_mail_servers
 __all__ = [
     "DEFER_RECIPIENT",
     "DOMAIN",
+    "GONE_RECIPIENT",
     "PASSWORD",
     "RECIPIENT",
     "REJECT_RECIPIENT",

@@ -11,8 +11,10 @@ import pytest
 
 from daemon.bootstrap import build_provider
 from daemon.config.settings import ConfigError, settings_from_dict
+from daemon.doubles.fake_time import FakeTime
 from daemon.providers.base import SendKind, for_job
 from daemon.providers.gmail import DelegationRequired, GmailProvider
+from daemon.providers.mailboxes import IDLE_AFTER
 from daemon.tools.probe import run_probe
 from testkit.credentials import write_authorized_user, write_service_account
 from testkit.gmail_emulator import GmailEmulator
@@ -36,14 +38,13 @@ def mid(n: int) -> str:
 
 
 def delegating(url: str, credentials: Path, **kwargs: object) -> GmailProvider:
+    options = {"timeout": 0.5, "quota_units_per_second": 1e6, **kwargs}
     return GmailProvider(
         "gmail",
         credentials_file=credentials,
         user="{from}",
         api_endpoint=url,
-        timeout=0.5,
-        quota_units_per_second=1e6,
-        **kwargs,  # type: ignore[arg-type]
+        **options,  # type: ignore[arg-type]
     )
 
 
@@ -69,6 +70,32 @@ def test_each_job_lands_in_its_own_mailbox_once(emulator: GmailEmulator, sa_file
         # One token per mailbox, each for its own subject.
         subjects = sorted(str(r.get("sub")) for r in emulator.token_requests)
         assert subjects == sorted(MAILBOXES)
+    finally:
+        provider.close()
+
+
+def test_a_mailbox_dropped_when_idle_comes_back_with_its_token(
+    emulator: GmailEmulator, sa_file: Path
+) -> None:
+    """docs/performance.md "Many mailboxes, one daemon": an idle mailbox is dropped, and
+    when it sends again within the hour it uses the token it had (one token request per
+    subject at the emulator); once that token expired, it fetches a new one."""
+    time = FakeTime(0.0)
+    provider = delegating(emulator.url, sa_file, clock=time, sleep=time.sleep)
+    try:
+        for n, mailbox in enumerate(MAILBOXES[:2]):
+            outcome = for_job(provider, mailbox, None).send_raw(raw_from(mailbox, mid(n)))
+            assert outcome.kind is SendKind.CONFIRMED, outcome
+        time.now = IDLE_AFTER
+        assert provider.forget_idle() == 2 and len(provider.mailboxes) == 0
+        outcome = for_job(provider, MAILBOXES[0], None).send_raw(raw_from(MAILBOXES[0], mid(9)))
+        assert outcome.kind is SendKind.CONFIRMED, outcome
+        subjects = sorted(str(r.get("sub")) for r in emulator.token_requests)
+        assert subjects == sorted(MAILBOXES[:2])  # the token came back with its mailbox
+        assert provider.kept_tokens() == 1  # bob's
+        time.now += 3600.0  # bob's token expired: forgotten; alice's entry dropped
+        assert provider.forget_idle() == 1
+        assert provider.kept_tokens() == 1  # alice's, which the clock of google-auth holds live
     finally:
         provider.close()
 
@@ -109,7 +136,7 @@ def test_a_mailbox_token_cannot_act_as_another(emulator: GmailEmulator, sa_file:
         # Force the wrong userId with alice's token: the emulator refuses it (403).
         bob = provider.mailbox(MAILBOXES[1])
         alice = provider.mailbox(MAILBOXES[0])
-        wrong = type(bob)(bob.user, alice.credentials, bob.bucket)
+        wrong = type(bob)(bob.user, alice.credentials, bob.bucket, bob.departures)
         outcome = provider.send_as(wrong, raw_from(MAILBOXES[1], mid(3)), None)
         assert outcome.kind is SendKind.REJECTED and outcome.status == 403, outcome
         assert view.send_raw(raw_from(MAILBOXES[0], mid(4))).kind is SendKind.CONFIRMED
@@ -165,3 +192,25 @@ def test_probe_acts_as_the_from_mailbox(emulator: GmailEmulator, sa_file: Path) 
         provider.close()
     assert result["found"] and result["copies"] == 1, result
     assert [e["user"] for e in emulator.accepted()] == [MAILBOXES[2]]
+
+
+def test_a_bucket_of_one_send_reserves_it_and_each_mailbox_reads_its_own_history(
+    emulator: GmailEmulator, sa_file: Path
+) -> None:
+    """docs/providers.md "How the history is read": with "{from}" a mailbox's bucket holds
+    one send, so a claim's mark is not reserved with it (101 units would never fit) but
+    fetched with its own unit; a dropped reply is found in its own mailbox's history."""
+    provider = delegating(emulator.url, sa_file, quota_units_per_second=250.0)
+    try:
+        alice, bob = (for_job(provider, f"Shop <{m}>", None) for m in MAILBOXES[:2])
+        assert alice.reserve_send() == 0.0
+        history, bob_history = alice.history(), bob.history()
+        assert history is not None and bob_history is not None
+        mark = history.history_mark()
+        assert mark is not None and emulator.route_counts["profile"] == 1
+        outcome = alice.send_raw(raw_from(f"Shop <{MAILBOXES[0]}>", mid(1)))
+        assert outcome.kind is SendKind.CONFIRMED, outcome
+        assert len(history.sent_since(mark, mid(1)).copies) == 1
+        assert bob_history.sent_since(mark, mid(1)).copies == []
+    finally:
+        provider.close()

@@ -24,15 +24,18 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
+from tests.integration.bounce_checks import Mailboxes, run_bounce_checks
 
 import daemon.providers.graph as graph_module
 from daemon.providers.base import ProviderError, SendKind, for_job
 from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
 from daemon.providers.graph_credentials import read_certificate
+from policies.model import ChannelPolicy
 from testkit.graph_emulator import (
     DEFAULT_CLIENT_ID,
     DEFAULT_CLIENT_SECRET,
     DEFAULT_TENANT,
+    NDR_CLASS,
     GraphEmulator,
 )
 from testkit.relay import FaultPlan, FaultRelay, Mode
@@ -516,3 +519,41 @@ def test_ssl_cert_file_alone_is_trusted_by_msal_and_the_graph_calls(
         assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
     finally:
         graph_provider.close()
+
+
+# -- bounces (docs/providers.md "Bounces") ------------------------------------------------
+
+
+def test_exchanges_report_is_recorded_once_and_forgeries_on_no_job(
+    provider: ProviderFactory, graph: GraphEmulator, tmp_path: Path
+) -> None:
+    """Exchange's non-delivery report of a bounced recipient lands in the sender's Inbox
+    (class REPORT.IPM.Note.NDR); forged reports are filed there as reports too. Two
+    mailboxes of one provider (`user = "{from}"`): a report in one naming the other's job
+    is refused."""
+    graph.bounce = {"@gone.example": "exchange"}
+    other = "other@example.com"
+
+    def watching(channel: str, sender: str) -> ChannelPolicy:
+        return ChannelPolicy.model_validate(
+            {
+                "channel": channel,
+                "provider": "graph",
+                "from": sender,
+                "message_id_domain": "mail.example.com",
+                "watch_bounces": "1h",
+            }
+        )
+
+    run_bounce_checks(
+        tmp_path,
+        Mailboxes(
+            providers={"graph": provider(user="{from}", confirm_wait=3.0)},
+            policies=[watching("mail", MAILBOX), watching("other", other)],
+            mailbox=MAILBOX,
+            gone="nobody@gone.example",
+            ok="customer@example.net",
+            deliver=lambda raw: graph.inject(raw, user=MAILBOX, message_class=NDR_CLASS),
+            bounce_arrived=lambda: bool(graph.folder(MAILBOX, "inbox")),
+        ),
+    )

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import require_postgres
 
 from ledger.application import Ledger
-from ledger.stores.index import INDEX_TABLE
+from ledger.stores.index import INDEX_TABLE, ScopeFilter, ScopeGroup
 from ledger.vocabulary import OPEN_STATES, JobState
 
 NOW = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
@@ -27,10 +27,21 @@ NOW = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 #: What a tick, start-up, `status`, `review list` and the audits ask of the index.
 READS: dict[str, Callable[[Ledger], Any]] = {
     "due (a tick)": lambda ledger: ledger.due(JobState.CONFIRMED, NOW, 200),
+    "due of the scopes owned (a tick, several daemons)": lambda ledger: ledger.due(
+        JobState.REQUESTED,
+        NOW,
+        200,
+        ScopeFilter(
+            (ScopeGroup(("receipts",), ("a@example.com",)), ScopeGroup(("other",))),
+            ("other", "receipts"),
+        ),
+    ),
+    "scopes_due (the scope owners' round)": lambda ledger: ledger.scopes_due(NOW),
     "next_due": lambda ledger: ledger.next_due([JobState.REQUESTED, JobState.UNKNOWN]),
     "open_counts (status line)": lambda ledger: ledger.open_counts(),
     "row (status KEY)": lambda ledger: ledger.row("k-1"),
     "row_by_message_id": lambda ledger: ledger.row_by_message_id("<x@example.com>"),
+    "watched (the bounce reads' mailboxes)": lambda ledger: ledger.watched(),
     "jobs in a state (audit --state review)": lambda ledger: list(
         ledger.jobs(state=JobState.REVIEW)
     ),
@@ -116,6 +127,23 @@ def test_postgres_since_uses_the_index(pg_url: str, name: str) -> None:
         for sql, params in statements:
             plan = " ".join(row[0] for row in conn.execute("EXPLAIN " + sql, params).fetchall())
             assert f"{INDEX_TABLE}_state_updated" in plan, plan
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("name", [name for name in READS if "scope" in name])
+def test_postgres_scope_reads_use_the_due_index(pg_url: str, name: str) -> None:
+    """The reads of several daemons sharing scopes: what is due, however many settled
+    jobs the store keeps (the filter of the scopes owned is one array per list)."""
+    require_postgres()
+    with Ledger(pg_url) as ledger:
+        schema = ledger.store.schema  # type: ignore[union-attr]
+        statements = captured_sql(ledger, READS[name])
+    with psycopg.connect(pg_url.split("?")[0]) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        conn.execute("SET enable_seqscan = off")
+        for sql, params in statements:
+            plan = " ".join(row[0] for row in conn.execute("EXPLAIN " + sql, params).fetchall())
+            assert f"{INDEX_TABLE}_state_due" in plan, plan
 
 
 def test_every_open_state_is_read(sqlite_ledger: tuple[Ledger, Path]) -> None:

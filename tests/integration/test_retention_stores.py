@@ -23,7 +23,6 @@ from ledger.content import JobContent, parse_job
 from ledger.decision_types import Confirm, Review
 from ledger.job import TransitionError
 from ledger.stores.cipher import new_key
-from ledger.stores.index import index_row
 from ledger.vocabulary import EscalationReason, JobState, Resolution
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "store-v1"
@@ -165,7 +164,7 @@ def test_a_purge_leaves_no_content_in_the_store_and_keeps_the_trail(
             )
             assert job.purged_by == "ops" and job.content.to == ()
             assert [type(e).__name__ for e in ledger.history(key)][-1] == "Purged"
-            assert ledger.row(key) == index_row(job)
+            assert ledger.row(key) == ledger.index_row(job)
         assert {r.key for r in ledger.jobs(state=JobState.CONFIRMED)} == {
             f"ret-{i}" for i in range(4)
         }
@@ -183,7 +182,7 @@ def test_a_purge_leaves_no_content_in_the_store_and_keeps_the_trail(
         raw = raw_store(ledger, tmp_path)
         assert [s for i in range(4) for s in stored_forms(i) if s in raw] == []
         assert ledger.rebuild_index() == 6
-        assert ledger.row("ret-2") == index_row(ledger.get_job("ret-2"))
+        assert ledger.row("ret-2") == ledger.index_row(ledger.get_job("ret-2"))
 
 
 def test_a_store_of_the_first_release_is_purged_too(tmp_path: Path) -> None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from email.message import EmailMessage
+from pathlib import Path
 
 import pytest
+from tests.integration.bounce_checks import Mailboxes, run_bounce_checks
 from tests.integration.mailservers import (
     DEFER_RECIPIENT,
+    GONE_RECIPIENT,
     PASSWORD,
     RECIPIENT,
     REJECT_RECIPIENT,
@@ -24,6 +27,7 @@ from tests.integration.mailservers import (
 
 from daemon.providers.base import ProviderError, SendKind
 from daemon.providers.smtp_imap import SmtpImapProvider
+from policies.model import ChannelPolicy
 from testkit.smtp_relay import SmtpFaultRelay
 
 pytestmark = pytest.mark.xdist_group("mailservers")
@@ -54,7 +58,8 @@ def provider_for(servers: MailServers, smtp_port: int, **overrides: object) -> S
         "timeout": 0.7,
     }
     kwargs.update(overrides)
-    return SmtpImapProvider("mail", **kwargs)  # type: ignore[arg-type]
+    name = str(kwargs.pop("name", "mail"))
+    return SmtpImapProvider(name, **kwargs)  # type: ignore[arg-type]
 
 
 def message(message_id: str, to: str = RECIPIENT, **headers: str) -> bytes:
@@ -198,3 +203,51 @@ def test_wrong_password_and_closed_port_are_not_sent(servers: MailServers) -> No
     assert outcome.kind is SendKind.REJECTED and outcome.transient
     with pytest.raises(ProviderError):
         provider_for(servers, servers.smtp_port, imap_port=free_port()).search("<x@y.test>")
+
+
+# -- bounces (docs/providers.md "Bounces") ------------------------------------------------
+
+
+def watching_policy(channel: str, sender: str) -> ChannelPolicy:
+    return ChannelPolicy.model_validate(
+        {
+            "channel": channel,
+            "provider": channel,
+            "from": sender,
+            "message_id_domain": "mail.example.test",
+            "watch_bounces": "1h",
+        }
+    )
+
+
+def test_postfixs_own_bounce_is_recorded_once_and_forgeries_on_no_job(
+    servers: MailServers, tmp_path: Path
+) -> None:
+    """gone@ is taken at submission; Dovecot refuses its delivery and Postfix's own report
+    lands in the sender's INBOX. Forged reports are APPENDed to the same INBOX."""
+    mail = provider_for(servers, servers.smtp_port, timeout=5.0)
+    other = provider_for(servers, servers.smtp_port, timeout=5.0, name="other", username=RECIPIENT)
+
+    def deliver(raw: bytes) -> None:
+        mail.imap.run(lambda client: client.append("INBOX", raw), repeatable=False)
+
+    def bounce_arrived() -> bool:
+        heads = [path.read_bytes()[:4096] for path in servers.folder_files("sender", "INBOX")]
+        return any(b"multipart/report" in h and b"MAILER-DAEMON" in h for h in heads)
+
+    try:
+        run_bounce_checks(
+            tmp_path,
+            Mailboxes(
+                providers={"mail": mail, "other": other},
+                policies=[watching_policy("mail", SENDER), watching_policy("other", RECIPIENT)],
+                mailbox=SENDER,
+                gone=GONE_RECIPIENT,
+                ok=RECIPIENT,
+                deliver=deliver,
+                bounce_arrived=bounce_arrived,
+            ),
+        )
+    finally:
+        mail.close()
+        other.close()

@@ -110,6 +110,9 @@ class EngineRig:
             providers={"fake": self.provider},
             clock=self.clock,
             rng=random.Random(self.seed),
+            # Engine tests race engines for one job on purpose; sharing the scopes
+            # between daemons has tests of its own (tests/unit/test_scope_owners.py).
+            share_scopes=False,
         )
 
     def new_engine(self, name: str = DAEMON) -> Engine:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 
@@ -355,20 +356,27 @@ def test_a_new_providers_capabilities_default_as_the_page_says() -> None:
     assert plain.response_ids_readable is False
     assert plain.timeout == 30.0
     assert plain.for_job("a@example.com", None) is plain
-    assert plain.scope() == "plain"
+    assert plain.scope() == "plain" and plain.scope_of("a@example.com") == "plain"
     assert plain.reserve_send() == 0.0
     assert plain.quota_available() is None
     assert plain.leaves_drafts is False and plain.drafts() is None
     assert plain.delete_drafts("<a@b>") == []
+    assert plain.forget_idle() == 0
+    assert plain.reads_reports is False
+    assert plain.read_reports(datetime.now(UTC), known=(), max_bytes=1, limit=1).listed == ()
     page = section("Adding a provider")
     for said in (
         "`response_ids_readable` (False",
         "`timeout` (30 s)",
         "(itself), `scope()` (its name), `reserve_send()` (0.0",
         "`quota_available()` (None)",
+        "`scope_of(mailbox)` (`scope()`",
         "`leaves_drafts` (False",
         "`drafts()` (None",
         "`delete_drafts(message_id)` (none deleted)",
+        "`forget_idle()` (0",
+        "`reads_reports` (False)",
+        "(nothing listed)",
     ):
         assert said in page.replace("\n   ", " "), said
 
@@ -389,9 +397,9 @@ def test_the_service_layer_sentence_names_every_service() -> None:
 
 
 def test_each_refusal_maps_to_the_exit_code_and_status_the_page_gives() -> None:
-    from daemon.api.errors import _STATUS
-    from daemon.cli.job_commands import _EXIT_CODES
-    from daemon.service_layer.services import Refusal
+    from daemon.api.errors import STATUS
+    from daemon.exit_codes import REFUSAL_CODES
+    from ledger.exceptions import Refusal
 
     said = {
         "bad input": Refusal.BAD_INPUT,
@@ -401,7 +409,7 @@ def test_each_refusal_maps_to_the_exit_code_and_status_the_page_gives() -> None:
     }
     text = re.sub(r"\s+", " ", section("One service layer"))
     for words, refusal in said.items():
-        given = rf"{words}: (exit )?{_EXIT_CODES[refusal]} / {_STATUS[refusal]}\b"
+        given = rf"{words}: (exit )?{REFUSAL_CODES[refusal]} / {STATUS[refusal]}\b"
         assert re.search(given, text), words
     assert set(said.values()) == set(Refusal)
 
@@ -483,7 +491,7 @@ def test_the_citation_checker_sees_a_section_that_is_gone() -> None:
 def test_the_store_port_sentence_names_ledger_methods() -> None:
     port = section("Stores").split("Store URLs pick a backend", 1)[0]
     named = set(re.findall(r"\(`([a-z_]+)`\)", port))
-    assert named == {"jobs", "job_events", "due"}
+    assert named == {"jobs", "job_events", "due", "scope_leases"}
     assert all(defined("ledger.application", f"Ledger.{name}") for name in named)
     # The URL forms the page gives, as it writes them, are the ones the parser takes.
     from ledger.stores.url import parse_store_url

@@ -19,7 +19,6 @@ from tests.unit.engine_rig import EngineRig, policy
 import daemon.cli.job_commands
 from daemon import exit_codes
 from daemon.cli import main
-from daemon.cli.job_commands import _EXIT_CODES
 from daemon.config.settings import GmailProviderSettings
 from daemon.doubles.fake_provider import Scripted
 from daemon.service_layer.read_models import event_record, job_status, review_rows
@@ -169,7 +168,7 @@ def test_the_exit_code_table_is_the_codes_the_cli_uses() -> None:
     assert set(exit_table()) == constants | {130}
     # Each refusal of the service layer lands on the row that names it.
     table = exit_table()
-    assert {kind: table[code].split(":")[0] for kind, code in _EXIT_CODES.items()} == {
+    assert {kind: table[code].split(":")[0] for kind, code in exit_codes.REFUSAL_CODES.items()} == {
         Refusal.BAD_INPUT: "bad input",
         Refusal.NOT_FOUND: "unknown job",
         Refusal.CONFLICT: "conflict",

@@ -94,11 +94,12 @@ PROSE_DEFAULTS: dict[str, tuple[object, ...]] = {
     "unset (any Host)": ([],),
     "required": (),
     "the host name": (socket.gethostname(),),
-    "all six": (list(WEBHOOK_TYPES),),
+    "all seven": (list(WEBHOOK_TYPES),),
     "`concurrency`": (None,),
     "Google's": ("",),
     "the file's": ("",),
     "the `\\Sent` folder": ("",),
+    "twice `deadline_grace`, at least `1s`": (None,),
 }
 REQUIRED = "required"
 TABLE_KINDS = {"key": "gmail", "smtp-imap key": "smtp-imap", "graph key": "graph"}
@@ -476,7 +477,7 @@ def test_every_choice_of_a_setting_is_on_its_row() -> None:
 
 def test_the_figures_of_the_rows_are_the_codes() -> None:
     assert set(re.findall(r"`([a-z]+)`", meaning_of("webhooks.NAME.events"))) == set(WEBHOOK_TYPES)
-    assert len(WEBHOOK_TYPES) == 6  # "all six"
+    assert len(WEBHOOK_TYPES) == 7  # "all seven"
     assert f"{SECRET_BYTES[0]}-{SECRET_BYTES[1]} bytes" in meaning_of("webhooks.NAME.secret_file")
     quota = meaning_of("providers.NAME.quota_units_per_second")
     assert f"send {GMAIL_SEND_UNITS:g}, list/get {GMAIL_LIST_UNITS:g}" in quota
@@ -499,6 +500,9 @@ def test_the_job_index_holds_no_content() -> None:
         "version": "version",
         "attempts": "attempt count",
         "reason": "reason",
+        "watch_until": "times",
+        "watch_mailbox": "digest",  # of the sender's mailbox: never the address
+        "mailbox": "From mailbox as a digest",  # keyed by the store's key: no address
     }
     assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
     sentence = " ".join(page().split("the job index keeps", 1)[1].split(")", 1)[0].split())

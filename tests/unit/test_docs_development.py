@@ -93,8 +93,9 @@ def test_the_bench_lines_are_what_make_bench_runs_in_order() -> None:
 def test_make_test_runs_the_313_tests_first_then_everything_then_lint_and_typecheck() -> None:
     steps = recipe("test")
     assert "test-py313" in steps[0]
-    assert steps[1].endswith(" tests") and "pytest" in steps[1]
-    assert steps[2].endswith("lint typecheck")
+    assert "test-eventsourcing" in steps[1]  # the store against the newest eventsourcing
+    assert steps[2].endswith(" tests") and "pytest" in steps[2]
+    assert steps[3].endswith("lint typecheck")
     assert "test-packages" in targets()["test"].split()
     assert recipe("demo") == ["$(BIN)/sendledger demo"]
     assert recipe("try") == ["$(BIN)/sendledger try"]

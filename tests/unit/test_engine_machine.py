@@ -2,9 +2,12 @@
 daemon does: hand out and wait for nothing), let time pass, script the provider's answers
 and its index lag, hang calls and release them later, take the provider down for a few sends
 or searches (nothing sent, nothing learnt: waited out behind the circuit), crash the daemon
-mid-call or between ticks, and let an operator resolve jobs in review. The invariants of
-``docs/architecture.md`` are checked against every job's history after every step, and at
-the end every job must settle with the copies its policy allows.
+mid-call or between ticks, let delivery reports arrive in the sender's inbox (bounces,
+delays, the same report twice, forgeries), and let an operator resolve jobs in review. The
+invariants of ``docs/architecture.md`` are checked against every job's history after every
+step (with the bounces': a report is recorded at most once, only a genuine one, only on a
+watched confirmed job, and nothing is ever sent again because of it), and at the end every
+job must settle with the copies its policy allows.
 
 Everything runs on the memory store and the fake provider with injected time, so each
 example runs hundreds of ticks in well under a second.
@@ -33,12 +36,13 @@ from ledger.job import SendJob, TransitionError
 from ledger.stores.index import index_row
 from ledger.vocabulary import ConfirmedVia, JobState, Resolution
 from policies.model import ChannelPolicy
+from testkit.dsn import report, rfc3464_report
 
 POLICIES = (
-    policy("receipts", on_unknown="retry"),
+    policy("receipts", on_unknown="retry", watch_bounces="1h"),
     policy("alerts", on_unknown="search-then-review"),
     policy("payouts", on_unknown="search-then-review", irreversible=True),
-    policy("legal", on_unknown="review"),
+    policy("legal", on_unknown="review", watch_bounces="2h", on_bounce="review"),
 )
 BY_CHANNEL = {p.channel: p for p in POLICIES}
 FATES = (
@@ -58,6 +62,12 @@ FATES = (
 # searches (60s + 30s) but not from the verification 600s after a resend.
 LAGS = (0.0, 30.0, 200.0)
 STEPS = (1.0, 10.0, 30.0, 60.0, 300.0, 700.0)
+#: What may arrive in the sender's inbox about a job: genuine reports (a bounce, a delay,
+#: the same report again) and forgeries that must be recorded on no job.
+REPORTS = ("bounce", "delay", "again", "other-domain", "not-a-recipient", "no-headers", "huge")
+GENUINE = frozenset({"bounce", "delay", "again"})
+#: Here among many rules: the cheap ones (the bounce machine has them all).
+CHEAP_REPORTS = tuple(kind for kind in REPORTS if kind != "huge")
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -70,6 +80,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.keys: list[str] = []
         self.ticks = 0
         self.hangs: list[threading.Event] = []  # scripted hangs not yet released
+        self.genuine: dict[str, set[str]] = {}  # key -> the report ids genuinely about it
+        self.last_report: dict[str, bytes] = {}
 
     @initialize(lag=st.sampled_from(LAGS), seed=st.integers(0, 3))
     def start(self, lag: float, seed: int) -> None:
@@ -162,7 +174,15 @@ class EngineMachine(RuleBasedStateMachine):
                 key, lambda job: job.resolve(resolution, note="", by="op", at=self.r.clock())
             )
         except TransitionError:
-            assert resolution is Resolution.RESEND and self.r.job(key).duplicate
+            job = self.r.job(key)
+            assert resolution is Resolution.RESEND and (job.duplicate or job.reason == "bounced")
+
+    @precondition(lambda self: bool(self.keys))
+    @rule(data=st.data(), kind=st.sampled_from(CHEAP_REPORTS))
+    def report_arrives(self, data: st.DataObject, kind: str) -> None:
+        """A delivery report about one job lands in the sender's inbox."""
+        key = data.draw(st.sampled_from(self.keys))
+        deliver_report(self.r, key, kind, self.genuine, self.last_report)
 
     @rule()
     def retention_purges(self) -> None:
@@ -175,16 +195,7 @@ class EngineMachine(RuleBasedStateMachine):
     def histories_keep_the_invariants(self) -> None:
         if self.rig is None:
             return
-        for key in self.keys:
-            job = self.r.job(key)
-            events = self.r.ledger.history(key)
-            provider = self.r.provider
-            check_history(
-                job,
-                events,
-                sends=provider.sends_by_message_id[job.message_id],
-                answered=provider.answered_searches[job.message_id],
-            )
+        check_jobs(self.r, self.keys, self.genuine)
 
     @invariant()
     def the_index_is_the_events(self) -> None:
@@ -236,6 +247,21 @@ class EngineMachine(RuleBasedStateMachine):
                 assert job.channel in self.retry_channels
             if job.state is JobState.CONFIRMED and not by_operator:
                 assert copies == 1, (key, copies)
+
+
+def check_jobs(rig: EngineRig, keys: list[str], genuine: dict[str, set[str]]) -> None:
+    """Every job's history keeps the invariants (`check_history`) and the bounces'."""
+    provider = rig.provider
+    for key in keys:
+        job = rig.job(key)
+        events = rig.ledger.history(key)
+        check_history(
+            job,
+            events,
+            sends=provider.sends_by_message_id[job.message_id],
+            answered=provider.answered_searches[job.message_id],
+        )
+        check_bounces(job, events, genuine=genuine.get(key, set()))
 
 
 def check_history(
@@ -335,6 +361,73 @@ def check_history(
             assert event.hits >= 2
     if job.state is JobState.ATTEMPTED:
         assert attempted, job.key
+
+
+def deliver_report(
+    rig: EngineRig, key: str, kind: str, genuine: dict[str, set[str]], last: dict[str, bytes]
+) -> None:
+    """A report of `kind` (REPORTS) about the job `key` into the fake provider's inbox; a
+    genuine one's id is added to `genuine[key]`."""
+    job = rig.job(key)
+    to = job.content.to[0] if job.content.to else "customer@example.net"
+    mid = job.message_id
+    if kind == "again" and key in last:
+        rig.provider.deliver(last[key])  # another copy of the same report
+        return
+    if kind == "other-domain":
+        mid = mid.replace("mail.example.com", "evil.example")
+    if kind == "not-a-recipient":
+        to = "someone-else@example.org"
+    headers = f"From: x\r\nTo: {to}\r\nMessage-ID: {mid}\r\n\r\n".encode()
+    if kind == "no-headers":
+        raw = report(
+            sender="MAILER-DAEMON@x",
+            to="support@example.com",
+            subject="failed",
+            parts=[(["Content-Type: text/plain"], headers)],
+        )
+    else:
+        delayed = {"status": "4.4.7", "action": "delayed"} if kind == "delay" else {}
+        raw = rfc3464_report(headers, mailbox="support@example.com", recipient=to, **delayed)
+    if kind == "huge":
+        raw += b"x" * (3 * 1024 * 1024)
+    if kind in GENUINE:
+        report_id = raw.split(b"\r\nMessage-ID: ", 1)[1].split(b"\r\n", 1)[0].decode()
+        genuine.setdefault(key, set()).add(report_id)
+        last[key] = raw
+    rig.provider.deliver(raw)
+
+
+def check_bounces(job: SendJob, events: list[Any], *, genuine: set[str]) -> None:
+    """A report is recorded at most once, only a genuine one, only while the confirmed job
+    is watched; and nothing of what was sent changes because of it: no send follows, and
+    the only state change is to review on a channel that asks for it."""
+    policy = BY_CHANNEL.get(job.channel)
+    recorded: set[str] = set()
+    watching = False
+    bounced = False
+    for index, event in enumerate(events):
+        if isinstance(event, SendJob.Confirmed | SendJob.Escalated | SendJob.BounceWatchEnded):
+            watching = False
+        if isinstance(event, SendJob.WatchingBounces):
+            assert isinstance(events[index - 1], SendJob.Confirmed), job.key
+            watching = True
+        elif isinstance(event, SendJob.Bounced):
+            assert watching, (job.key, "a bounce on a job not watched")
+            assert event.dsn_id not in recorded, (job.key, "a report recorded twice")
+            assert event.dsn_id in genuine, (job.key, "a forged report recorded")
+            recorded.add(event.dsn_id)
+            bounced = True
+            follows = events[index + 1] if index + 1 < len(events) else None
+            if isinstance(follows, SendJob.Escalated):
+                assert follows.reason == "bounced" and event.permanent, job.key
+                assert policy is not None and policy.on_bounce == "review", job.key
+        elif bounced:
+            # The message was sent: a bounce never leads to another send.
+            assert not isinstance(event, SendJob.Attempted | SendJob.Requeued | SendJob.Unknown), (
+                job.key,
+                type(event).__name__,
+            )
 
 
 EngineMachine.TestCase.settings = settings(

@@ -20,7 +20,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 from tests.unit.engine_rig import EngineRig, policy
-from tests.unit.test_engine_machine import FATES, LAGS, POLICIES, EngineMachine, check_history
+from tests.unit.test_engine_machine import (
+    FATES,
+    LAGS,
+    POLICIES,
+    EngineMachine,
+    check_bounces,
+    check_history,
+)
 
 from daemon.doubles.fake_history import FakeHistoryProvider
 from daemon.doubles.fake_provider import Scripted
@@ -117,15 +124,17 @@ class HistoryMachine(EngineMachine):
         stored = {copy.provider_message_id: copy.message_id for copy in provider.copies}
         for key in self.keys:
             job = self.r.job(key)
+            events = self.r.ledger.history(key)
             check_history(
                 job,
-                self.r.ledger.history(key),
+                events,
                 sends=provider.sends_by_message_id[job.message_id],
                 answered=provider.answered_searches[job.message_id],
                 history_answered=provider.answered_history[job.message_id],
                 stored=stored,
                 policies=BY_CHANNEL,
             )
+            check_bounces(job, events, genuine=self.genuine.get(key, set()))
 
 
 HistoryMachine.TestCase.settings = settings(

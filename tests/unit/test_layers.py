@@ -142,6 +142,22 @@ def test_only_the_command_line_imports_the_command_line() -> None:
     assert users <= allowed, users - allowed
 
 
+#: The daemon's inside: what the doors call, never what calls them.
+INSIDE = ("service_layer", "engine", "config", "webhooks")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [path for room in INSIDE for path in modules(f"daemon/{room}")],
+    ids=lambda p: str(p.relative_to(SRC / "daemon")),
+)
+def test_the_inside_of_the_daemon_imports_no_door(path: Path) -> None:
+    # docs/architecture.md "Layers and what each may import": the command line and the HTTP
+    # API parse input into the service layer's calls and format its answers; nothing
+    # below them reaches back into a door (every import counts, a function's own too).
+    assert not under(imported(path), "daemon.cli", "daemon.api"), path
+
+
 @pytest.mark.parametrize("path", modules("daemon/service_layer"), ids=lambda p: p.name)
 def test_the_service_layer_never_imports_the_dispatch(path: Path) -> None:
     # What the intake shares with the dispatch (the rendered message) is the provider
@@ -152,6 +168,7 @@ def test_the_service_layer_never_imports_the_dispatch(path: Path) -> None:
 #: The provider port: what the engine and the service layer may know of a provider.
 PROVIDER_PORT = (
     "daemon.providers.base",
+    "daemon.providers.outcomes",
     "daemon.providers.draft_handle",
     "daemon.providers.history_handle",
     "daemon.providers.message",

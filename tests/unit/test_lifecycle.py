@@ -18,6 +18,7 @@ from tests.unit.jobs import MESSAGE_ID, POLICY, QUERY, requested_job
 
 from daemon.doubles.fake_time import FakeClock
 from ledger import decision_types as decide
+from ledger.delivery_reports import BouncedRecipient, DeliveryReport
 from ledger.job import SendJob, TransitionError
 from ledger.lifecycle import LIFECYCLE, Edge, mermaid
 from ledger.vocabulary import EscalationReason, JobState, Resolution
@@ -31,6 +32,15 @@ def _review(reason: EscalationReason) -> decide.Review:
     return decide.Review(POLICY, reason)
 
 
+#: A report of the job's one recipient failing for good (docs/how-it-works.md "Bounces").
+BOUNCE = DeliveryReport(
+    report_id="<report-1@mx.example.net>",
+    original_message_id=MESSAGE_ID,
+    reporter="dns; mx.example.net",
+    recipients=(BouncedRecipient("bob@example.com", "5.1.1", "failed", "550 unknown"),),
+)
+
+
 MOVES: dict[str, Move] = {
     "claim": lambda j, at: j.claim(provider="support", deadline=at + HOUR, at=at),
     "claim with a historyId": lambda j, at: j.claim(
@@ -42,6 +52,16 @@ MOVES: dict[str, Move] = {
     "response, verify later": lambda j, at: j.record_response(
         provider_message_id="m1", decision=decide.Confirm(POLICY, verify_at=at + HOUR), at=at
     ),
+    "response, watch": lambda j, at: j.record_response(
+        provider_message_id="m1", decision=decide.Confirm(POLICY, watch_until=at + HOUR), at=at
+    ),
+    "bounce": lambda j, at: j.record_bounce(
+        BOUNCE, provider_message_id="r1", decision=decide.RecordBounce(POLICY), at=at
+    ),
+    "bounce, review": lambda j, at: j.record_bounce(
+        BOUNCE, provider_message_id="r1", decision=_review(EscalationReason.BOUNCED), at=at
+    ),
+    "end watch": lambda j, at: j.end_bounce_watch(at=at),
     "unknown, search": lambda j, at: j.record_unknown(
         reason="timed out", decision=decide.SearchAt(POLICY, at + HOUR), at=at
     ),
@@ -123,7 +143,8 @@ MOVES: dict[str, Move] = {
 def _shape(job: SendJob) -> tuple[object, ...]:
     return (job.state, job.verifying, job.duplicate, job.misses, job.draft_id is not None,
             min(job.attempts, 2), job.purged, job.history_id is not None,
-            job.history_due_at is not None)  # fmt: skip
+            job.history_due_at is not None, job.watch_until is not None,
+            len(job.bounce_ids))  # fmt: skip
 
 
 def explored(depth: int = 7) -> set[Edge]:

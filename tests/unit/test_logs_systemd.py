@@ -81,6 +81,23 @@ def test_notifier_is_a_no_op_without_a_socket_and_survives_a_vanished_one(
     gone.close()
 
 
+def test_a_notify_socket_nobody_reads_never_hangs_the_daemon(tmp_path: Path) -> None:
+    """A reader that stops reading fills its queue; the next line then waits at most the
+    send timeout and is dropped (before: `sendto` blocked for good, SIGTERM included)."""
+    path = tmp_path / "stuck.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(path))
+    notifier = Notifier(str(path), send_timeout=0.05)
+    try:
+        assert notifier.status("line 0")
+        assert not all(notifier.status(f"line {n}") for n in range(1, 10_000))  # none hung
+        server.recv(4096)
+        assert notifier.status("room again")
+    finally:
+        notifier.close()
+        server.close()
+
+
 def test_watchdog_interval_is_half_of_watchdog_usec(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     monkeypatch.delenv("WATCHDOG_USEC", raising=False)

@@ -5,11 +5,11 @@ is remembered once."""
 from __future__ import annotations
 
 import pytest
-from eventsourcing.utils import Environment
+from eventsourcing.utils import Environment, get_topic, resolve_topic
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.stores.cipher import KEY_SEPARATOR, check_key, new_key
+from ledger.stores.cipher import KEY_RING_TOPIC, KEY_SEPARATOR, check_key, new_key
 from ledger.stores.key_ring import KeyRingCipher
 from ledger.stores.keycheck import (
     AES_256_GCM,
@@ -98,3 +98,10 @@ def test_keys_shorter_than_aes_256_are_refused(size: int) -> None:
     with pytest.raises(ValueError, match=rf"a key of {size} bytes: AES-256 needs 32"):
         check_key(base64.b64encode(os.urandom(size)).decode())
     assert check_key(new_key()) and len(base64.b64decode(new_key())) == 32
+
+
+def test_the_cipher_topic_names_the_key_ring() -> None:
+    # cipher.py names the class by its topic so that a plain store never imports it (and
+    # `cryptography`): a moved or renamed class must take the topic with it.
+    assert get_topic(KeyRingCipher) == KEY_RING_TOPIC
+    assert resolve_topic(KEY_RING_TOPIC) is KeyRingCipher

@@ -22,14 +22,17 @@ from enum import StrEnum
 from pathlib import Path
 
 from daemon.config.secret_text import content_lines, read_secret_text
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.keys import MAX_NAME_LENGTH, identifier_problem
 
 SESSION_COOKIE = "sendledger_session"
 SESSION_SECONDS = 8 * 3600
 
 
-class TokenFileError(ValueError):
+class TokenFileError(SendledgerError, ValueError):
     """The token file cannot be used; the message names the file and line."""
+
+    kind = Refusal.BAD_INPUT
 
 
 class Role(StrEnum):

@@ -11,8 +11,8 @@ the request's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,14 +21,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from daemon.api.models import Invalid, Problem
 from daemon.service_layer.intake import MAX_LISTED, FieldProblem
-from daemon.service_layer.services import Refusal, ServiceError
+from daemon.service_layer.services import ServiceError
 from ledger.content import JobInputError
+from ledger.exceptions import Refusal, SendledgerError
 
-T = TypeVar("T")
 log = logging.getLogger("sendledger.api")
 
 
-class ApiError(Exception):
+class ApiError(SendledgerError):
     def __init__(
         self,
         status: int,
@@ -45,7 +45,8 @@ class ApiError(Exception):
         self.total = total
 
 
-_STATUS = {
+#: The status of each kind of refusal (ledger/exceptions.py: the tree and its kinds).
+STATUS = {
     Refusal.BAD_INPUT: 422,
     Refusal.NOT_FOUND: 404,
     Refusal.CONFLICT: 409,
@@ -53,17 +54,12 @@ _STATUS = {
 }
 
 
-def api_error(exc: ServiceError) -> ApiError:
-    """A service's refusal as the API's status and `{"error": sentence}`."""
-    return ApiError(_STATUS[exc.kind], exc.message, problems=exc.problems, total=exc.total)
-
-
-def served(call: Callable[[], T]) -> T:
-    """`call()`, its refusal raised as the API's error."""
-    try:
-        return call()
-    except ServiceError as exc:
-        raise api_error(exc) from None
+def status_of(exc: SendledgerError) -> int | None:
+    """The HTTP status of an error of the tree, for the API and the review page alike;
+    None for a failure (a 500, logged)."""
+    if isinstance(exc, ApiError):
+        return exc.status
+    return None if exc.kind is None else STATUS[exc.kind]
 
 
 def unauthorized() -> ApiError:
@@ -123,12 +119,27 @@ def _reason(error: Mapping[str, Any]) -> str:
     return str(error["msg"])
 
 
+def answer(exc: SendledgerError, status: int) -> JSONResponse:
+    """`{"error": sentence}` with `status`; a 422 lists the refused fields: a service's or
+    the intake's, or the one field the domain refused (a resolve's note or `by`,
+    docs/cli.md "Keys")."""
+    if isinstance(exc, JobInputError):
+        problems = [FieldProblem(None, exc.field, exc.reason)]
+        return invalid(problems, sentence=str(exc))
+    if status == 422 and isinstance(exc, (ApiError, ServiceError)) and exc.problems:
+        return invalid(exc.problems, exc.total, exc.message)
+    headers = exc.headers if isinstance(exc, ApiError) else None
+    return JSONResponse({"error": str(exc)}, status, headers=headers)
+
+
 def install(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        if exc.status == 422 and exc.problems:
-            return invalid(exc.problems, exc.total, exc.message)
-        return JSONResponse({"error": exc.message}, exc.status, headers=exc.headers)
+    @app.exception_handler(SendledgerError)
+    async def _refused(request: Request, exc: SendledgerError) -> JSONResponse:
+        # Every error of the tree, mapped once; a failure goes on to the 500 below.
+        status = status_of(exc)
+        if status is None:
+            raise exc
+        return answer(exc, status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -139,12 +150,6 @@ def install(app: FastAPI) -> None:
             exc.status_code,
             headers=getattr(exc, "headers", None),
         )
-
-    @app.exception_handler(JobInputError)
-    async def _refused_field(request: Request, exc: JobInputError) -> JSONResponse:
-        # The domain's refusal of one field, wherever a route passes it on (a resolve's
-        # note or `by`: docs/cli.md "Keys"): 422 naming it, never a 500.
-        return invalid([FieldProblem(None, exc.field, exc.reason)], sentence=str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

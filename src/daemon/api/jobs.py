@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
 from daemon.api.bodies import decode_jobs_off_loop
 from daemon.api.context import ApiContext, context_of
-from daemon.api.errors import api_error, documented, invalid, served
+from daemon.api.errors import documented, invalid
 from daemon.api.models import NO_NUL, CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus, exactly
 from daemon.api.roles import V1Route, caller_identity
 from daemon.service_layer.intake import FieldProblem
@@ -82,9 +82,10 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
     try:
         submitted = await run_in_threadpool(ctx.services.submit, data, by=who)
     except ServiceError as exc:
+        # A submission's 422 opens with its first problem, not the count of the others.
         if exc.problems:
             return invalid(exc.problems, exc.total)
-        raise api_error(exc) from None
+        raise
     if submitted.created:
         created = ", ".join(printable(r.key) for r in submitted.results if r.created)
         log.info("submitted by %s: %s", printable(who), created)
@@ -125,14 +126,9 @@ def list_jobs(
 ) -> Any:
     # Every parameter arrives as text: the service names each bad one
     # (`daemon/service_layer/listing.py`).
-    try:
-        page = ctx.services.list_jobs(
-            state=state, channel=channel, since=since, limit=limit, cursor=cursor
-        )
-    except ServiceError as exc:
-        if exc.problems:
-            return invalid(exc.problems, exc.total, exc.message)
-        raise api_error(exc) from None
+    page = ctx.services.list_jobs(
+        state=state, channel=channel, since=since, limit=limit, cursor=cursor
+    )
     return page.body()
 
 
@@ -143,7 +139,7 @@ def list_jobs(
     summary="A job's events, oldest first (as `history --json`)",
 )
 def events(key: str, ctx: Ctx, who: Caller) -> list[dict[str, Any]]:
-    return served(lambda: ctx.services.history(key))
+    return ctx.services.history(key)
 
 
 @router.post(
@@ -157,7 +153,7 @@ def cancel(
 ) -> dict[str, Any]:
     note = body.note if body is not None else ""
     expected = body.expected_version if body is not None else None
-    job = served(lambda: ctx.services.cancel(key, note=note, by=who, expected_version=expected))
+    job = ctx.services.cancel(key, note=note, by=who, expected_version=expected)
     log.info("cancelled by %s: %s", printable(who), printable(key))
     return job_status(job)
 
@@ -169,4 +165,4 @@ def cancel(
     summary="A job's state (as `status --json`)",
 )
 def status(key: str, ctx: Ctx, who: Caller) -> dict[str, Any]:
-    return served(lambda: ctx.services.status(key))
+    return ctx.services.status(key)

@@ -63,6 +63,17 @@ class Metrics:
         self.history_reads = Counter(
             "sendledger_history_reads", "Mailbox history reads by result", ["result"], registry=r
         )
+        # docs/how-it-works.md "Bounces": reports recorded on jobs, and every report read
+        # by what became of it (recorded, or why not).
+        self.bounces = Counter(
+            "sendledger_bounces", "Bounces recorded on jobs, by kind", ["kind"], registry=r
+        )
+        self.bounce_reports = Counter(
+            "sendledger_bounce_reports",
+            "Delivery reports read, by outcome",
+            ["outcome"],
+            registry=r,
+        )
         self.index_lag = Histogram(
             "sendledger_index_lag_seconds",
             "From a send to the first search that found its copy",
@@ -130,6 +141,9 @@ class Metrics:
                 self.duplicates.inc()
             elif kind == "Escalated":
                 self.escalations.labels(getattr(event, "reason", "")).inc()
+            elif kind == "Bounced":
+                permanent = getattr(event, "permanent", False)
+                self.bounces.labels("permanent" if permanent else "transient").inc()
 
     def _observe_lag(self, job: SendJob, confirmed: object) -> None:
         # The job keeps no attempt times; the history has them (read only on a search hit).
@@ -142,6 +156,9 @@ class Metrics:
 
     def tick_done(self, seconds: float, report: TickReport) -> None:
         self.tick_duration.observe(seconds)
+
+    def bounce_report(self, outcome: str) -> None:
+        self.bounce_reports.labels(outcome).inc()
 
     def provider_call(self, provider: str, operation: str, seconds: float) -> None:
         self.provider_latency.labels(provider, operation).observe(seconds)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Query
 from fastapi.concurrency import run_in_threadpool
 
 import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
-from daemon.api.errors import documented, served
+from daemon.api.errors import documented
 from daemon.api.jobs import Caller, Ctx
 from daemon.api.models import (
     NO_NUL,
@@ -78,7 +78,7 @@ async def review_triage(
     summary="Search the mailbox for the job's Message-ID now; recorded in its history",
 )
 async def review_check(key: str, ctx: Ctx, who: Caller) -> dict[str, Any]:
-    answer = await run_in_threadpool(served, lambda: ctx.services.check(key, by=who))
+    answer = await run_in_threadpool(lambda: ctx.services.check(key, by=who))
     return answer.as_dict()
 
 
@@ -90,7 +90,6 @@ async def review_check(key: str, ctx: Ctx, who: Caller) -> dict[str, Any]:
 )
 async def review_resolve(key: str, decision: ResolveIn, ctx: Ctx, who: Caller) -> dict[str, Any]:
     job = await run_in_threadpool(
-        served,
         lambda: ctx.services.resolve(
             key,
             decision.decision,

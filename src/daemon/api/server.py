@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from daemon.wakeup import WakeUp
+from ledger.exceptions import SendledgerError
 
 log = logging.getLogger("sendledger.api")
 
@@ -28,7 +29,7 @@ _WHY = {
 }
 
 
-class ListenRefused(OSError):
+class ListenRefused(SendledgerError, OSError):
     """The API's address cannot be listened on; the message says why, in words."""
 
 

@@ -31,7 +31,7 @@ from markupsafe import Markup
 
 from daemon.api.auth import SESSION_COOKIE, SESSION_SECONDS, bearer
 from daemon.api.context import ApiContext, context_of
-from daemon.api.errors import api_error
+from daemon.api.errors import status_of
 from daemon.api.overview import NARROW, hourly_chart
 from daemon.api.paths import key_segment
 from daemon.api.roles import PAGE_ROLE, forbidden
@@ -114,6 +114,11 @@ def _set_cookie(
 Seen = Annotated[Visitor, Depends(visitor)]
 
 
+def page_status(exc: ServiceError) -> int:
+    """A refusal's status on the page: the API's (daemon/api/errors.py), for every kind."""
+    return status_of(exc) or 500
+
+
 def _page(template: str, code: int = 200, **values: Any) -> HTMLResponse:
     html = _templates.get_template(template).render(**values)
     headers = {
@@ -165,7 +170,7 @@ async def _job_action(
     try:
         await run_in_threadpool(act, who)
     except ServiceError as exc:
-        return _job_page(ctx, seen, key, problem=exc.message, code=api_error(exc).status)
+        return _job_page(ctx, seen, key, problem=exc.message, code=page_status(exc))
     return RedirectResponse(job_href(key) + "?done=" + quote(done), status_code=303)
 
 
@@ -305,7 +310,7 @@ def _job_page(
     try:
         view = ctx.services.job_view(key)
     except ServiceError as exc:
-        return _page("message.html", api_error(exc).status, title="No such job",
+        return _page("message.html", page_status(exc), title="No such job",
                      message=exc.message)  # fmt: skip
     href = job_href(key)
     timeline = [{**record, "details": timeline_details(record)} for record in view.history]
@@ -342,7 +347,7 @@ async def check_form(key: str, ctx: Ctx, seen: Seen, csrf: Annotated[str, Form()
     try:
         answer = await run_in_threadpool(lambda: ctx.services.check(key, by=who))
     except ServiceError as exc:
-        return _job_page(ctx, seen, key, problem=exc.message, code=api_error(exc).status)
+        return _job_page(ctx, seen, key, problem=exc.message, code=page_status(exc))
     return _job_page(ctx, seen, key, check=answer)
 
 

@@ -14,18 +14,13 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from daemon.cli import output
-from daemon.config.config_file import ConfigError
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_CONFLICT,
     EXIT_FAILURE,
     EXIT_UNKNOWN_JOB,
-    CliError,
+    exit_code_for,
 )
-from ledger.application import IdentityTaken, KeyConflict, UnknownJob
-from ledger.content import JobInputError
-from ledger.job import TransitionError
-from ledger.message_id import MessageIdError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -149,29 +144,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         return func(args)
-    except CliError as exc:
-        output.error(str(exc))
-        return exc.code
-    # The ledger's refusals, one exit code each, for every command.
-    except (KeyConflict, IdentityTaken) as exc:
-        output.error(str(exc))
-        return EXIT_CONFLICT
-    except UnknownJob as exc:
-        output.error(str(exc))
-        return EXIT_UNKNOWN_JOB
-    except (TransitionError, JobInputError, MessageIdError) as exc:
-        output.error(str(exc))
-        return EXIT_BAD_INPUT
-    except ConfigError as exc:
-        output.error(str(exc))
-        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
     except Exception as exc:
-        output.error(f"unexpected failure: {type(exc).__name__}: {exc}")
-        return EXIT_FAILURE
+        # Every error of the tree (ledger/exceptions.py) by one table (daemon/exit_codes.py);
+        # a failure, or anything outside the tree, is unexpected.
+        code = exit_code_for(exc)
+        if code is None:
+            output.error(f"unexpected failure: {type(exc).__name__}: {exc}")
+            return EXIT_FAILURE
+        output.error(str(exc))
+        return code
 
 
 __all__ = ["COMMANDS", "EXIT_CONFLICT", "EXIT_UNKNOWN_JOB", "build_parser", "command_named", "main"]

@@ -19,18 +19,15 @@ from daemon.cli import admin_purge, output
 from daemon.cli.parsers import add_command
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
-    EXIT_CONFLICT,
-    EXIT_FAILURE,
     EXIT_OK,
     EXIT_UNKNOWN_JOB,
-    CliError,
     bad_input,
 )
 from daemon.from_settings import open_ledger, settings_for, store_settings_for
 from daemon.service_layer.doors import command_services, store_services
 from daemon.service_layer.intake import decode_jobs
 from daemon.service_layer.read_models import timeline_details
-from daemon.service_layer.services import Refusal, ServiceError, Services
+from daemon.service_layer.services import Services
 from ledger.display import printable
 
 if TYPE_CHECKING:
@@ -88,29 +85,12 @@ def _read_jobs(source: str) -> object:
 T = TypeVar("T")
 
 
-def cli_error(exc: ServiceError) -> CliError:
-    """A service's refusal as the CLI's exit code (docs/cli.md "Exit codes")."""
-    return CliError(exc.message, _EXIT_CODES[exc.kind])
-
-
-_EXIT_CODES = {
-    Refusal.BAD_INPUT: EXIT_BAD_INPUT,
-    Refusal.NOT_FOUND: EXIT_UNKNOWN_JOB,
-    Refusal.CONFLICT: EXIT_CONFLICT,
-    Refusal.UNAVAILABLE: EXIT_FAILURE,
-}
-
-
 def cmd_submit(args: argparse.Namespace) -> int:
     from daemon.service_layer.doors import command_intake
 
     data = _read_jobs(args.file)
     settings = settings_for(args.config)
-    try:
-        # Refused jobs never open (or create) the store.
-        valid = command_intake(settings).validate(data)
-    except ServiceError as exc:
-        raise cli_error(exc) from None
+    valid = command_intake(settings).validate(data)  # refused jobs never open the store
     submitted = _serve(
         settings,
         lambda ledger: command_services(settings, ledger),
@@ -137,13 +117,10 @@ def _serve(
     *,
     create: bool = False,
 ) -> T:
-    """`call` on the services of `source`'s store; a refusal is the CLI's exit code and
-    sentence. `create`: a missing SQLite store is created (submit)."""
+    """`call` on the services of `source`'s store (a refusal is mapped by `main`, as every
+    error of the tree). `create`: a missing SQLite store is created (submit)."""
     with open_ledger(source, create=create) as ledger:
-        try:
-            return call(services(ledger))
-        except ServiceError as exc:
-            raise cli_error(exc) from None
+        return call(services(ledger))
 
 
 def served(args: argparse.Namespace, call: Callable[[Services], T]) -> T:
@@ -255,4 +232,4 @@ def _cmd_new_key(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-__all__ = ["cli_error", "register", "served", "served_from_store"]
+__all__ = ["register", "served", "served_from_store"]

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from ledger.exceptions import SendledgerError
 from policies.durations import DurationError, parse_duration_within
 from testkit import MODES, FaultPlan, FaultRelay, GmailEmulator, Mode, check_mode
 from testkit.credentials import write_service_account
@@ -30,7 +31,7 @@ from testkit.tls import make_loopback_tls
 RELAY_KINDS = ("send", "search", "token", "history", "other")
 
 
-class _BadOption(Exception):
+class _BadOption(SendledgerError):
     def __init__(self, option: str, message: str) -> None:
         super().__init__(f"{option}: {message}")
 

@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from ledger.exceptions import Refusal, SendledgerError
 from policies.files import FileProblem, read_regular_file
 
 CONFIG_ENV = "SENDLEDGER_CONFIG"
@@ -20,8 +21,10 @@ MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_CONFIG = Path("sendledger.toml")
 
 
-class ConfigError(Exception):
+class ConfigError(SendledgerError):
     """A configuration problem, phrased as one line that names the file and key."""
+
+    kind = Refusal.BAD_INPUT
 
 
 def config_path_from(explicit: str | Path | None) -> Path:

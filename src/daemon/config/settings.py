@@ -1,4 +1,9 @@
-"""Settings: a TOML file plus SENDLEDGER_<SECTION>__<KEY> environment overrides."""
+"""Settings: a TOML file plus SENDLEDGER_<SECTION>__<KEY> environment overrides.
+
+The model is plain pydantic: a file is judged by it alone. pydantic-settings, which reads
+the overrides from the environment, is imported only when a `SENDLEDGER_*` variable sets a
+setting (`settings_from_dict`): its machinery cost every command line about a tenth of a
+second, for the few runs that have overrides (docs/cli.md "Many keys, one process")."""
 
 from __future__ import annotations
 
@@ -25,19 +30,13 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-)
 
 from daemon.config import environment
 from daemon.config.config_file import ConfigError as ConfigError
 from daemon.config.config_file import config_path_from as config_path_from
 from daemon.config.config_file import read_config_file
 from daemon.config.sizes import parse_size
-from daemon.config.store_section import DEFAULT_STORE_URL
+from daemon.config.store_section import DEFAULT_STORE_URL, sets_a_setting
 from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.webhooks.events import WEBHOOK_TYPES, WebhookType
 from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE
@@ -142,6 +141,10 @@ class DaemonSettings(_Section):
     # Added to the provider timeout to form an attempt's deadline: past it, an
     # attempt with no outcome (a crash, kill -9) is treated as Unknown.
     deadline_grace: Grace = 30.0
+    # How often each mailbox with watched jobs (a channel's `watch_bounces`) is read for
+    # delivery reports: one read per mailbox, whatever the number of jobs it serves
+    # (docs/how-it-works.md "Bounces").
+    bounce_interval: Timeout = 60.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # The longest a stopping daemon (SIGTERM, Ctrl-C) waits for its provider calls in
     # flight; then it exits anyway and their claims are recovered at the next start. A
@@ -150,6 +153,30 @@ class DaemonSettings(_Section):
     # Recorded on this daemon's claims; one live daemon per name (a lock in the store),
     # and at start-up it recovers its own earlier claims at once.
     name: Annotated[str, BeforeValidator(_daemon_name)] = Field(default_factory=socket.gethostname)
+    # Daemons on one store each own some quota scopes (a provider, or one of its
+    # mailboxes) through a lease this long, renewed every third of it; a dead daemon's
+    # scopes go to the others when it ends (docs/performance.md "Several daemons").
+    # Unset: twice deadline_grace, at least 1s.
+    scope_lease: Timeout | None = None
+
+    @model_validator(mode="after")
+    def _lease_outlives_the_grace(self) -> DaemonSettings:
+        # An owner stops `deadline_grace` before its lease ends: what is left must span
+        # the renewals.
+        if self.scope_lease is not None and self.scope_lease < 2 * self.deadline_grace:
+            raise PydanticCustomError(
+                "scope_lease",
+                "scope_lease: {lease}s is shorter than twice deadline_grace ({grace}s)",
+                {"grace": f"{2 * self.deadline_grace:g}", "lease": f"{self.scope_lease:g}"},
+            )
+        return self
+
+    @property
+    def scope_lease_seconds(self) -> float:
+        """`scope_lease`, or its default."""
+        if self.scope_lease is not None:
+            return self.scope_lease
+        return max(2 * self.deadline_grace, 1.0)
 
 
 def _http_url(value: Any) -> Any:
@@ -536,13 +563,9 @@ def parse_listen(value: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="SENDLEDGER_",
-        env_nested_delimiter="__",
-        extra="forbid",
-        frozen=True,
-    )
+class Settings(BaseModel):
+    # validate_default as pydantic-settings has it, so a file reads as it did through it.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     store: StoreSettings = StoreSettings()
     daemon: DaemonSettings = DaemonSettings()
@@ -578,18 +601,6 @@ class Settings(BaseSettings):
             for name, config in self.providers.items()
             if isinstance(config, SmtpImapProviderSettings) and config.sent_copy == "client"
         }
-
-
-class _TomlSource(PydanticBaseSettingsSource):
-    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
-        super().__init__(settings_cls)
-        self._data = data
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self._data.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(self._data)
 
 
 def _file_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
@@ -670,7 +681,58 @@ def settings_from_dict(data: dict[str, Any], *, config_path: Path | None = None)
             "a misspelled one would be ignored)"
         )
 
-    class _FileSettings(Settings):
+    try:
+        if sets_a_setting(os.environ):
+            return _with_environment(data, config_path, label)
+        loaded = Settings.model_validate({**data, "config_path": config_path})
+    except ValidationError as exc:
+        raise _config_error(exc, label) from None
+    return loaded
+
+
+def _config_error(exc: ValidationError, label: str) -> ConfigError:
+    """The one line a refused configuration is: where the value came from (the file, or
+    the variable that set it), the setting's path, and why."""
+    errors = exc.errors()
+    error = _first_to_say(errors)
+    loc = _file_loc(error["loc"])
+    where = ".".join(str(part) for part in loc)
+    message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+    if error["type"] == "extra_forbidden":
+        message += _did_you_mean(loc, errors)
+    # A value from the environment is named by its variable, not by the file.
+    source = environment.variable_for(loc, os.environ)
+    if source is None and error["type"] == "missing":
+        source = environment.missing_variable(loc, os.environ)
+    source = source or label
+    return ConfigError(f"{source}: {where}: {message}")
+
+
+def _with_environment(data: dict[str, Any], config_path: Path | None, label: str) -> Settings:
+    """The file with the `SENDLEDGER_*` overrides read by pydantic-settings (environment
+    first: an operator's override beats the file)."""
+    from pydantic_settings import (
+        BaseSettings,
+        PydanticBaseSettingsSource,
+        SettingsConfigDict,
+        SettingsError,
+    )
+
+    class _TomlSource(PydanticBaseSettingsSource):
+        def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+            return data.get(field_name), field_name, False
+
+        def __call__(self) -> dict[str, Any]:
+            return dict(data)
+
+    class _FileSettings(BaseSettings, Settings):
+        model_config = SettingsConfigDict(
+            env_prefix="SENDLEDGER_",
+            env_nested_delimiter="__",
+            extra="forbid",
+            frozen=True,
+        )
+
         @classmethod
         def settings_customise_sources(
             cls,
@@ -680,28 +742,14 @@ def settings_from_dict(data: dict[str, Any], *, config_path: Path | None = None)
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            # Environment first: an operator's override beats the file.
-            return (init_settings, env_settings, _TomlSource(settings_cls, data))
+            return (init_settings, env_settings, _TomlSource(settings_cls))
 
     try:
-        loaded = _FileSettings(config_path=config_path)
+        return _FileSettings(config_path=config_path)
     except ValidationError as exc:
-        errors = exc.errors()
-        error = _first_to_say(errors)
-        loc = _file_loc(error["loc"])
-        where = ".".join(str(part) for part in loc)
-        message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-        if error["type"] == "extra_forbidden":
-            message += _did_you_mean(loc, errors)
-        # A value from the environment is named by its variable, not by the file.
-        source = environment.variable_for(loc, os.environ)
-        if source is None and error["type"] == "missing":
-            source = environment.missing_variable(loc, os.environ)
-        source = source or label
-        raise ConfigError(f"{source}: {where}: {message}") from None
+        raise _config_error(exc, label) from None
     except SettingsError as exc:
         # pydantic-settings: a variable holding malformed JSON for a section.
         field = str(exc).partition('field "')[2].partition('"')[0]
         variable = environment.malformed_json_variable(field, os.environ)
         raise ConfigError(f"{variable or 'environment'}: {field}: not valid JSON") from None
-    return loaded

@@ -12,22 +12,25 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from email.parser import BytesHeaderParser
 
 from daemon.providers.base import (
+    FoundReport,
     ProviderBase,
     ProviderError,
+    ReportRead,
     SearchHit,
     SearchResult,
     SendKind,
     SendOutcome,
 )
+from ledger.exceptions import SendledgerError
 
 
-class SimulatedCrash(Exception):
+class SimulatedCrash(SendledgerError):
     """The sending process died during the call (what kill -9 does to a real daemon)."""
 
 
@@ -126,8 +129,18 @@ class Copy:
     subject: str = ""
 
 
+@dataclass(frozen=True)
+class Arrived:
+    """A message in the inbox (a delivery report, or a forgery of one)."""
+
+    provider_message_id: str
+    raw: bytes
+    arrived_at: datetime
+
+
 class FakeProvider(ProviderBase):
     response_ids_readable = True
+    reads_reports = True
 
     def __init__(
         self,
@@ -157,6 +170,11 @@ class FakeProvider(ProviderBase):
         self.hanging_in: Counter[str] = Counter()  # by the name of the thread that waits
         self.stored_by_call: dict[str, list[int]] = {}
         self.pings = 0
+        #: The inbox delivery reports arrive in (`deliver`), and the reads of it.
+        self.inbox: list[Arrived] = []
+        self.report_reads = 0
+        self.reports_fetched = 0
+        self._failing_reads = 0
         self._script: deque[Scripted] = deque()
         self._failing_searches = 0
         self._searches_unavailable = False
@@ -186,6 +204,18 @@ class FakeProvider(ProviderBase):
         """The next `count` pings time out (the provider still hangs); 0: they answer."""
         with self._lock:
             self._failing_pings = count
+
+    def deliver(self, raw: bytes) -> str:
+        """A message arrives in the inbox now (a bounce, or anything else); its id."""
+        with self._lock:
+            provider_id = f"inbox-{next(self._ids):06d}"
+            self.inbox.append(Arrived(provider_id, raw, self.clock()))
+            return provider_id
+
+    def fail_reads(self, count: int) -> None:
+        """The next `count` reads for delivery reports fail (unavailable)."""
+        with self._lock:
+            self._failing_reads = count
 
     def copies_of(self, message_id: str) -> int:
         """Copies sent for `message_id`, counted by the Message-ID we gave (a replaced one
@@ -276,6 +306,30 @@ class FakeProvider(ProviderBase):
         if hook is not None:
             hook()  # the answer is read; it reaches the caller only now
         return SearchResult(query=query, hits=hits)
+
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        with self._lock:
+            self.report_reads += 1
+            if self._failing_reads:
+                self._failing_reads -= 1
+                raise ProviderError("read: connection refused (scripted)", unavailable=True)
+            listed = [m for m in self.inbox if m.arrived_at >= since]
+            new = [m for m in listed if m.provider_message_id not in known]
+            found = tuple(
+                FoundReport(
+                    m.provider_message_id, m.raw if len(m.raw) <= max_bytes else None, len(m.raw)
+                )
+                for m in new[:limit]
+            )
+            self.reports_fetched += sum(1 for f in found if f.raw is not None)
+            return ReportRead(
+                query=f"inbox since {since.isoformat()}",
+                listed=tuple(m.provider_message_id for m in listed),
+                found=found,
+                complete=len(new) <= limit,
+            )
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         with self._lock:

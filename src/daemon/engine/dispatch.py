@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import daemon.engine.drafts as drafts_flow
 from daemon.crashpoints import crash_point
-from daemon.engine import drafts as drafts_flow
 from daemon.engine.circuit import Circuits, send_unavailable
 from daemon.engine.clock import Clock
 from daemon.engine.leases import Leases

@@ -28,6 +28,7 @@ from daemon.engine.circuit import Circuits
 from daemon.engine.runner import Work
 from daemon.providers.base import ProviderError
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
+from ledger.exceptions import SendledgerError
 from ledger.job import SendJob
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -75,7 +76,7 @@ def no_draft(work: Work, exc: ProviderError, circuits: Circuits, now: datetime) 
     work.count("unavailable" if exc.unavailable else "errors")
 
 
-class DraftAlreadySent(Exception):
+class DraftAlreadySent(SendledgerError):
     """The job's recorded draft is already consumed and SENT (a claim whose outcome this
     daemon never recorded): the job is confirmed by it, not sent again."""
 

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from datetime import datetime
 from typing import Protocol, TypeVar
 
 from daemon.engine.report import TickReport
-from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
+from daemon.providers.base import (
+    Provider,
+    ProviderBase,
+    ReportRead,
+    SearchResult,
+    SendOutcome,
+)
 from daemon.providers.draft_handle import DraftsProvider
 from daemon.providers.history_handle import HistoryProvider
 from ledger.job import SendJob
@@ -33,6 +40,10 @@ class EngineObserver(Protocol):
     def provider_call(self, provider: str, operation: str, seconds: float) -> None:
         """One provider call (`send`, `search`, `read_message_id`) took `seconds`."""
 
+    def bounce_report(self, outcome: str) -> None:
+        """A delivery report was read: `recorded` on its job, or why not (a
+        `ledger.delivery_reports.ReportRefusal`)."""
+
 
 class NullObserver:
     def saved(self, job: SendJob, events: Sequence[object]) -> None:
@@ -42,6 +53,9 @@ class NullObserver:
         pass
 
     def provider_call(self, provider: str, operation: str, seconds: float) -> None:
+        pass
+
+    def bounce_report(self, outcome: str) -> None:
         pass
 
 
@@ -65,6 +79,7 @@ class ObservedProvider(ProviderBase):
         self.readback_first = inner.readback_first
         self.readback_rate = inner.readback_rate
         self.leaves_drafts = inner.leaves_drafts
+        self.reads_reports = inner.reads_reports
         self._observer = observer
 
     def _timed(self, operation: str, call: Callable[[], T]) -> T:
@@ -100,6 +115,14 @@ class ObservedProvider(ProviderBase):
     def ping(self) -> None:
         self._timed("ping", self.inner.ping)
 
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        return self._timed(
+            "read_reports",
+            lambda: self.inner.read_reports(since, known=known, max_bytes=max_bytes, limit=limit),
+        )
+
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         # The job's view of the provider (its mailbox), timed like the provider itself.
         scoped = self.inner.for_job(from_addr, thread_id)
@@ -108,11 +131,17 @@ class ObservedProvider(ProviderBase):
     def scope(self) -> str:
         return self.inner.scope()
 
+    def scope_of(self, mailbox: str) -> str:
+        return self.inner.scope_of(mailbox)
+
     def reserve_send(self) -> float:
         return self.inner.reserve_send()
 
     def quota_available(self) -> float | None:
         return self.inner.quota_available()
+
+    def forget_idle(self) -> int:
+        return self.inner.forget_idle()
 
     def close(self) -> None:
         self.inner.close()

@@ -14,6 +14,7 @@ Count = Literal[
     "unavailable",
     "searched",
     "tidied",
+    "bounced",
     "escalated",
     "recovered",
     "skipped",
@@ -30,6 +31,7 @@ class TickReport:
     unavailable: int = 0  # rejections that proved the provider unavailable (not counted)
     searched: int = 0
     tidied: int = 0  # settled jobs whose unsent drafts were looked for and deleted
+    bounced: int = 0  # delivery reports recorded on their jobs (Bounced)
     escalated: int = 0
     recovered: int = 0
     skipped: int = 0

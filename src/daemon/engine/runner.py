@@ -154,8 +154,12 @@ class StepRunner:
         stopping: threading.Event,
         observer: EngineObserver | None = None,
         commits: GroupCommit | None = None,
+        may_run: Callable[[Step, Work], bool] | None = None,
     ) -> None:
+        """`may_run(step, work)`: whether this daemon may run `step` on the loaded job
+        now (it owns the job's quota scope, `owners.py`); a job it may not is skipped."""
         self._ledger = ledger
+        self._may_run = may_run
         self._commits = commits
         self._observer: EngineObserver = observer or NullObserver()
         self._policies = policies
@@ -188,9 +192,12 @@ class StepRunner:
             if provider is not None:
                 # The job's own mailbox and thread (Gmail with user = "{from}").
                 provider = provider.for_job(job.from_addr, job.content.thread_id)
-            return Work(
+            work = Work(
                 job, policy, provider, now, self._ledger, counter, self._observer, self._commits
             )
+            if self._may_run is not None and not self._may_run(step, work):
+                return None
+            return work
 
         return self.guard(step, key, counter, load)
 

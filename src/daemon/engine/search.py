@@ -41,7 +41,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.drafts import record_draft_check, recorded_draft
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.report import Count
-from daemon.engine.runner import Work, due
+from daemon.engine.runner import Step, Work, due
 from daemon.providers.base import Provider, ProviderError, SearchResult
 from daemon.providers.draft_handle import DraftCheck, DraftsProvider, DraftStatus
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
@@ -391,7 +391,7 @@ class FirstDue:
     confirmed job's drafts were never tidied (nor a verification behind those rows ever
     made)."""
 
-    def __init__(self, *steps: Verify | Tidy) -> None:
+    def __init__(self, *steps: Step) -> None:
         if len({step.state for step in steps}) != 1:
             raise ValueError("FirstDue takes steps of one state")
         self.steps = steps

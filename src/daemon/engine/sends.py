@@ -93,8 +93,12 @@ class SendWorkers:
         clock: Clock,
         max_queued: int,
         name: str = "",
+        may_send: Callable[[Work, datetime], bool] | None = None,
     ) -> None:
+        """`may_send(work, now)`: whether this daemon may call for the job's scope now
+        (it owns it, `owners.py`); the scope's queued jobs are dropped when it may not."""
         self._load = load
+        self._may_send = may_send
         self._dispatch = dispatch
         self._give_up = give_up
         self._ping = ping
@@ -145,6 +149,13 @@ class SendWorkers:
         """Jobs a worker is sending now (what a stopping daemon waits for)."""
         with self._cond:
             return self._running
+
+    def waiting(self, scope: str) -> int:
+        """Due jobs of `scope` queued for their send: a bounce read of that mailbox waits
+        until there are none (docs/how-it-works.md "Bounces")."""
+        with self._cond:
+            queue = self._queues.get(scope)
+            return 0 if queue is None else len(queue)
 
     def offer(self, keys: Iterable[str], *, more: bool = False) -> int:
         """Keys of due jobs (soonest first); those already known are skipped. `more`:
@@ -269,6 +280,12 @@ class SendWorkers:
             if provider is None:  # no provider: dispatch says why (review, or an error)
                 queue.popleft()
                 return _Task(work, scope, Admit.GO), 0.0
+            if self._may_send is not None and not self._may_send(work, now):
+                # Another daemon's scope now (or soon): its jobs are not ours to send.
+                self._known.difference_update(w.job.key for w in queue)
+                self._queues.pop(scope, None)
+                self._turns.remove(scope)
+                continue
             admit = self._circuits.admit(scope, now)
             if admit is Admit.HOLD:
                 given_up = queue.take_given_up(now)

@@ -14,19 +14,23 @@ Every save goes through one group commit (`commit.py`).
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from datetime import datetime, timedelta
 from functools import partial
 
+from daemon.engine.bounces import BounceWatch, EndWatch, MailboxRead
 from daemon.engine.circuit import PING, Circuits, CircuitSettings, OpenCircuit
 from daemon.engine.clock import Clock
 from daemon.engine.commit import GroupCommit
 from daemon.engine.dispatch import Dispatch
 from daemon.engine.leases import Leases, renew_interval
 from daemon.engine.observer import EngineObserver, NullObserver, ObservedProvider, notify
+from daemon.engine.owners import ScopeOwners, horizon
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.recover import Recover, RecoverOwnClaims
@@ -36,7 +40,10 @@ from daemon.engine.search import FirstDue, SearchBackoff, Sweep, Tidy, Verify
 from daemon.engine.sends import SendWorkers
 from daemon.providers.base import Provider, ProviderError
 from ledger.application import Ledger
+from ledger.stores.index import ScopeFilter
 from ledger.vocabulary import FINAL_STATES, JobState
+
+log = logging.getLogger("sendledger.engine")
 
 
 class CheckWorkers:
@@ -68,6 +75,16 @@ class CheckWorkers:
                     future = self._pool.submit(self._runner.run, step, key, self._counter)
                     self._running[key] = future
                     future.add_done_callback(partial(self._done, key))
+
+    def submit_task(self, name: str, task: Callable[[], None]) -> None:
+        """A task that is not one job's step (a mailbox's bounce read), on the same
+        workers and budget, once at a time under its `name`."""
+        with self._lock:
+            if len(self._running) >= self._size or name in self._running:
+                return
+            future = self._pool.submit(task)
+            self._running[name] = future
+            future.add_done_callback(partial(self._done, name))
 
     def _done(self, key: str, _future: Future[None]) -> None:
         with self._lock:
@@ -101,7 +118,12 @@ class Engine:
         observer: EngineObserver | None = None,
         daemon_name: str = "",
         circuit: CircuitSettings | None = None,
+        bounce_interval: float = 60.0,
+        scope_lease: float | None = None,
     ) -> None:
+        """`scope_lease`: share the quota scopes with other daemons on the store, each
+        owned by one daemon through a lease this long (`owners.py`); None: this engine
+        works for every scope (tests of one engine)."""
         self.ledger = ledger
         self.daemon_name = daemon_name
         self.policies = policies
@@ -113,6 +135,22 @@ class Engine:
         self.commits = GroupCommit(ledger)
         self.leases = Leases(ledger, self.clock, daemon_name)
         self._lease_seconds = min(provider_timeouts.values(), default=30.0) + deadline_grace
+        self.owners = (
+            None
+            if scope_lease is None
+            else ScopeOwners(
+                ledger.scope_leases(),
+                policies,
+                providers,
+                daemon=daemon_name,
+                lease=scope_lease,
+                grace=deadline_grace,
+                horizon=horizon(scope_lease, provider_timeouts.values()),
+                clock=self.clock,
+            )
+        )
+        # The due rows of the scopes this daemon owns, as the last round found them.
+        self._scopes: ScopeFilter | None = None
         self._stopping = threading.Event()
         self._counter = Counter()
         self.observer: EngineObserver = observer or NullObserver()
@@ -130,6 +168,7 @@ class Engine:
             self._stopping,
             self.observer,
             commits=self.commits,
+            may_run=None if self.owners is None else self._may_run,
         )
         backoff = self._backoff = SearchBackoff(self.circuits, self.clock)
         self._dispatch = Dispatch(
@@ -147,7 +186,11 @@ class Engine:
             Recover(self.health, self.leases),
             Sweep(self.health, backoff, self.clock),
             # One step for the confirmed jobs: they share one due time (`FirstDue`).
-            FirstDue(Verify(backoff, self.clock), Tidy(JobState.CONFIRMED, backoff, self.clock)),
+            FirstDue(
+                Verify(backoff, self.clock),
+                Tidy(JobState.CONFIRMED, backoff, self.clock),
+                EndWatch(self.clock),
+            ),
             *(
                 Tidy(state, backoff, self.clock)
                 for state in sorted(FINAL_STATES - {JobState.CONFIRMED})
@@ -165,8 +208,20 @@ class Engine:
             clock=self.clock,
             max_queued=max(batch_size * 10, concurrency * 4),
             name=daemon_name,
+            may_send=None if self.owners is None else self._owns,
         )
         self._checks = CheckWorkers(self._runner, self._counter, search_concurrency or concurrency)
+        self.bounces = BounceWatch(
+            ledger,
+            policies,
+            called,
+            self.clock,
+            self.circuits,
+            self.commits,
+            self.observer,
+            interval=bounce_interval,
+            sends_waiting=self._sends.waiting,
+        )
 
     def stop(self) -> None:
         """Start no new provider call; the ones in flight finish and are recorded."""
@@ -176,11 +231,16 @@ class Engine:
         self._sends.close()
         self._checks.close()
         self.leases.close()
+        if self.owners is not None:
+            self.owners.close()  # the calls are done: the scopes go to the others
 
     def start_lease_renewer(self) -> None:
         """A running daemon's leases are renewed on a thread of their own, so a tick
-        held up by the store does not let a slow call's lease lapse (`leases.py`)."""
+        held up by the store does not let a slow call's lease lapse (`leases.py`), and so
+        are its scopes' (`owners.py`)."""
         self.leases.start(renew_interval(self._lease_seconds))
+        if self.owners is not None:
+            self.owners.start()
 
     def renew_leases(self) -> int:
         return self.leases.renew_due()
@@ -214,10 +274,13 @@ class Engine:
         What the workers did since the previous tick."""
         started = time.perf_counter()
         self.leases.renew_due()
+        self._balance_scopes()
         self.health.refresh(self.providers)
+        self._forget_idle()
         self._offer_sends()
         for step in self._checks_steps:
             self._offer_checks(step)
+        self._offer_bounce_reads()
         return self._done(started)
 
     def tick(self) -> TickReport:
@@ -225,12 +288,16 @@ class Engine:
         order (a one-shot run, tests)."""
         started = time.perf_counter()
         self.leases.renew_due()
+        self._balance_scopes()
         self.health.refresh(self.providers)
+        self._forget_idle()
         self._offer_sends()
         self._sends.drain()
         for step in self._checks_steps:
             self._offer_checks(step)
             self._checks.drain()
+        self._offer_bounce_reads()
+        self._checks.drain()
         return self._done(started)
 
     def settle(self, busy: Callable[[], int] = lambda: 0, timeout: float | None = None) -> bool:
@@ -246,27 +313,84 @@ class Engine:
         notify(lambda: self.observer.tick_done(elapsed, report))
         return report
 
+    def _forget_idle(self) -> None:
+        """Each provider drops the mailboxes idle long enough that a fresh one would equal
+        them (Gmail and Graph with `user = "{from}"`): what a tick spends here is what it
+        drops, not the mailboxes that have nothing to do."""
+        for name, provider in self.providers.items():
+            try:
+                provider.forget_idle()
+            except Exception:
+                log.exception("provider %s: forgetting idle mailboxes failed", name)
+
+    def _balance_scopes(self) -> None:
+        """This daemon's share of the quota scopes, and the filter of their due rows
+        (`owners.py`). A store that cannot be read keeps the last filter: the scopes'
+        leases end as written, and their calls stop in time (`may_call`)."""
+        if self.owners is None:
+            return
+        now = self.clock()
+        try:
+            due = self.ledger.scopes_due(now + timedelta(seconds=self.owners.horizon))
+            self._scopes = self.owners.balance(due, now)
+        except Exception as exc:
+            log.warning("scope leases: round failed (%s: %s)", type(exc).__name__, exc)
+
+    def _may_run(self, step: Step, work: Work) -> bool:
+        # A recovery calls no provider: it is not held back by who owns the scope.
+        return isinstance(step, Recover) or self._owns(work, work.now)
+
+    def _owns(self, work: Work, now: datetime) -> bool:
+        """Whether this daemon may call for the job now: it owns the job's quota scope,
+        named as the owners' round names it (from the index's mailbox, `owners.py`)."""
+        policy = work.policy
+        provider = None if policy is None else self.providers.get(policy.provider)
+        if self.owners is None or provider is None:
+            return True  # no call: the dispatch reviews it or reports the configuration
+        mailbox = self.ledger.mailbox_of(work.job.from_addr)
+        return self.owners.may_call(provider.scope_of(mailbox), now)
+
+    def _owns_nothing_yet(self) -> bool:
+        """Sharing the scopes, and no round has told which are ours: no due row is."""
+        return self.owners is not None and self._scopes is None
+
     def _offer_sends(self) -> None:
+        if self._owns_nothing_yet():
+            return
         limit = self.batch_size + self._sends.known()
-        rows = self.ledger.due(JobState.REQUESTED, self.clock(), limit)
+        rows = self.ledger.due(JobState.REQUESTED, self.clock(), limit, self._scopes)
         self._sends.offer((row.key for row in rows), more=len(rows) >= limit)
 
     def _offer_checks(self, step: Step) -> None:
         free = self._checks.free()
-        if free <= 0:
+        if free <= 0 or self._owns_nothing_yet():
             return
         limit = min(free * 2, self.batch_size)
         if not isinstance(step, Sweep | FirstDue | Tidy):
-            rows = self.ledger.due(step.state, self.clock(), limit)
+            rows = self.ledger.due(step.state, self.clock(), limit, self._scopes)
             self._checks.submit(step, [row.key for row in rows])
             return
         # Searches held by a backoff or an open circuit stay due in the index: read past
         # them (a bounded number) so another scope's due searches are not starved.
         now = self.clock()
         extra = min(self._backoff.waiting(now), self.batch_size * 10)
-        rows = self.ledger.due(step.state, now, limit + extra)
+        rows = self.ledger.due(step.state, now, limit + extra, self._scopes)
         keys = [row.key for row in rows if not self._backoff.held(row.key, now)]
         self._checks.submit(step, keys[:limit])
+
+    def _offer_bounce_reads(self) -> None:
+        """Each watched mailbox whose read is due, on a check worker (`bounces.py`)."""
+        for read in self.bounces.due():
+            self._checks.submit_task(f"bounces:{read.scope}", partial(self._read_bounces, read))
+
+    def _read_bounces(self, read: MailboxRead) -> None:
+        if self._stopping.is_set():
+            return
+        try:
+            self.bounces.read(read, self._counter)
+        except Exception:
+            logging.getLogger("sendledger.engine").exception("%s: bounce read failed", read.scope)
+            self._counter.bump("errors")
 
     def _load_due(self, keys: list[str]) -> list[Work]:
         """Due jobs read in one query, each with its policy and provider."""

@@ -1,13 +1,25 @@
 """The provider port: what the daemon asks of a mail provider, every capability declared.
 
-A provider never touches the store. It returns values; the daemon turns them into events.
+A provider never touches the store. It returns values (`outcomes.py`: a send's outcome, a
+search's copies, the error of a call that gave no answer; imported here, so the port is
+one name to import from); the daemon turns them into events.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Collection
+from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, cast
+
+from daemon.providers.outcomes import (
+    FoundReport,
+    ProviderError,
+    ReportRead,
+    SearchHit,
+    SearchResult,
+    SendKind,
+    SendOutcome,
+)
 
 if TYPE_CHECKING:
     from daemon.providers.draft_handle import DraftsProvider
@@ -23,83 +35,6 @@ DEFAULT_READBACK_RATE = 0.01
 #: What `ProviderBase.ping` searches for: `.invalid` is reserved (RFC 2606), so no message
 #: anyone sent has it.
 PING_MESSAGE_ID = "<ping@sendledger.invalid>"
-
-
-class SendKind(StrEnum):
-    CONFIRMED = "confirmed"  # 2xx with the provider's message id
-    UNKNOWN = "unknown"  # the request may have been accepted; nobody can tell from here
-    REJECTED = "rejected"  # the provider definitely did not accept it
-
-
-@dataclass(frozen=True)
-class SendOutcome:
-    kind: SendKind
-    reason: str
-    provider_message_id: str | None = None
-    transient: bool = False  # only for REJECTED: may be retried after a backoff
-    retry_after: float | None = None  # seconds, from Retry-After when the provider gave one
-    status: int | None = None  # HTTP status when there was one
-    #: Only for REJECTED and transient: nothing was sent AND the provider (or the mailbox's
-    #: quota) is unavailable (connection refused, DNS, connect timeout, TLS handshake, 429
-    #: and quota errors, SMTP 421 before DATA). Waited out: it does not count against
-    #: `max_attempts`, and a few in a row open the scope's circuit (docs/operations.md, "Outages and
-    #: quotas").
-    unavailable: bool = False
-    #: The call ended because it outlived its timeout (after a send's request was written:
-    #: UNKNOWN). For the job the outcome is what `kind` says; for the scope's circuit a
-    #: sign of a hang, counted as "unavailable" is (docs/operations.md, "Outages and
-    #: quotas").
-    timed_out: bool = False
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    provider_message_id: str
-    message_id_header: str
-    labels: tuple[str, ...] = field(default_factory=tuple)
-    # What a human checking the copy wants to see (as the provider stored them; "" when
-    # the provider did not say): docs/review.md "Review".
-    date: str = ""
-    to: str = ""
-    subject: str = ""
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """The copies a search found, and the query exactly as the provider was sent it
-    (that is what the ledger records for an audit)."""
-
-    query: str
-    hits: tuple[SearchHit, ...] = ()
-
-    @property
-    def copies(self) -> list[str]:
-        """The provider's ids of the copies, in the order found."""
-        return [hit.provider_message_id for hit in self.hits]
-
-
-class ProviderError(Exception):
-    """A search or read could not be completed (network, 5xx, quota).
-
-    The caller must treat it as "no information", never as "no hits".
-    """
-
-    def __init__(
-        self,
-        reason: str,
-        *,
-        retry_after: float | None = None,
-        unavailable: bool = False,
-        timed_out: bool = False,
-    ) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after = retry_after
-        #: The provider did not answer at all or said "over quota" (as SendOutcome's); a
-        #: call that timed out is unavailable too.
-        self.unavailable = unavailable or timed_out
-        #: The call outlived its timeout: a hang, for the circuit (SendOutcome.timed_out).
-        self.timed_out = timed_out
 
 
 class Provider(Protocol):
@@ -124,6 +59,10 @@ class Provider(Protocol):
     #: them with `delete_drafts` before it counts a lapsed claim's copies, and once the
     #: job is settled (docs/architecture.md "Drafts never outlive their job").
     leaves_drafts: bool
+    #: Whether `read_reports` finds delivery reports (bounces) in the mailbox the provider
+    #: acts as: the engine watches a channel's confirmed jobs (`watch_bounces`) only on a
+    #: provider that does (docs/how-it-works.md "Bounces").
+    reads_reports: bool
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         """Send one complete RFC 5322 message exactly once. Never raises for
@@ -169,6 +108,16 @@ class Provider(Protocol):
         that hung calls opened: no job is sent into a hang to find out whether it ended."""
         ...
 
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        """The messages of the mailbox that may be delivery reports, received since
+        `since`: every candidate's id, and the bytes of at most `limit` of those not in
+        `known` (a message over `max_bytes` is listed with `raw` None, not read). Paid
+        from the mailbox's quota as a search is, leaving a send's worth in it. Raises
+        ProviderError when the answer is not known."""
+        ...
+
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         """The provider as one job sees it: a provider that acts per mailbox or per thread
         (Gmail with `user = "{from}"`, a job's `thread_id`) returns a view acting as the
@@ -179,6 +128,13 @@ class Provider(Protocol):
         """Whose quota and availability this provider's calls spend: its name, or its name
         and mailbox where the quota is per mailbox. The engine keeps one circuit and one
         queue of due sends per scope (docs/operations.md, "Outages and quotas")."""
+        ...
+
+    def scope_of(self, mailbox: str) -> str:
+        """The scope a job from `mailbox` (its From's address, lower case:
+        `ledger.addresses.mailbox_key`) spends: `for_job(...).scope()` of such a job,
+        known without making the view. Daemons sharing a store lease scopes by it before
+        they load a job (docs/performance.md "Several daemons")."""
         ...
 
     def reserve_send(self) -> float:
@@ -194,6 +150,13 @@ class Provider(Protocol):
         metered quota."""
         ...
 
+    def forget_idle(self) -> int:
+        """Drop what the provider keeps per mailbox for the mailboxes idle long enough
+        that a fresh one would equal it (a provider acting as each job's From mailbox);
+        how many were dropped. The engine calls it every tick, so it costs what it
+        drops, never what it keeps (``daemon/providers/mailboxes.py``)."""
+        ...
+
 
 class ProviderBase:
     """The defaults of every capability of :class:`Provider`; a provider subclasses it
@@ -205,12 +168,19 @@ class ProviderBase:
     readback_first: int = DEFAULT_READBACK_FIRST
     readback_rate: float = DEFAULT_READBACK_RATE
     leaves_drafts: bool = False
+    reads_reports: bool = False
 
     def drafts(self) -> DraftsProvider | None:
         return None
 
     def history(self) -> HistoryProvider | None:
         return None
+
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        # A provider that finds no reports: nothing listed (the engine never asks it).
+        return ReportRead(query="")
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return []
@@ -227,13 +197,36 @@ class ProviderBase:
     def scope(self) -> str:
         return self.name
 
+    def scope_of(self, mailbox: str) -> str:
+        return self.scope()
+
     def reserve_send(self) -> float:
         return 0.0
 
     def quota_available(self) -> float | None:
         return None
 
+    def forget_idle(self) -> int:
+        return 0
+
 
 def for_job(provider: Provider, from_addr: str, thread_id: str | None) -> Provider:
     """`provider.for_job(...)`: the provider as one job sees it."""
     return provider.for_job(from_addr, thread_id)
+
+
+__all__ = [
+    "DEFAULT_READBACK_FIRST",
+    "DEFAULT_READBACK_RATE",
+    "PING_MESSAGE_ID",
+    "FoundReport",
+    "Provider",
+    "ProviderBase",
+    "ProviderError",
+    "ReportRead",
+    "SearchHit",
+    "SearchResult",
+    "SendKind",
+    "SendOutcome",
+    "for_job",
+]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from daemon.providers.base import Provider, ProviderError, SendOutcome
+from daemon.providers.outcomes import ProviderError, SendOutcome
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,6 @@ class DraftsProvider(Protocol):
         ...
 
 
-def drafts_of(provider: Provider) -> DraftsProvider | None:
+def drafts_of(provider: object) -> DraftsProvider | None:
     """The provider's drafts calls when it has them (Gmail), else None."""
     return provider if isinstance(provider, DraftsProvider) else None

@@ -21,10 +21,12 @@ The API surface comes from the discovery document bundled with googleapiclient
 from __future__ import annotations
 
 import base64
+import heapq
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from datetime import UTC, datetime
 from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ from daemon.providers.base import (
     Provider,
     ProviderBase,
     ProviderError,
+    ReportRead,
     SearchHit,
     SearchResult,
     SendKind,
@@ -59,7 +62,16 @@ from daemon.providers.classify import (
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from daemon.providers.gmail_drafts import COMPOSE_SCOPE, DRAFT_STEP_UNITS, GmailDrafts
 from daemon.providers.gmail_history import GmailHistory
+from daemon.providers.gmail_mailbox import (
+    Mailbox,
+    Response,
+    message_id_header,
+    metadata_header,
+    search_term,
+)
+from daemon.providers.gmail_reports import GmailReports
 from daemon.providers.history_handle import HistoryProvider
+from daemon.providers.mailboxes import Mailboxes
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
@@ -69,7 +81,7 @@ from daemon.providers.quota import (
     TokenBucket,
 )
 from daemon.providers.transport import DEFAULT_MAX_IDLE, SingleShotHttp, TransportStats
-from ledger.addresses import parse_mailbox
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.message_id import same_message_id
 
 # gmail.send for messages.send; gmail.readonly because `q=` is refused under gmail.metadata.
@@ -83,7 +95,6 @@ SEND_VIA = ("messages", "drafts")
 SENT_LABEL = "SENT"
 MAX_PAGE_SIZE = 500  # Gmail's ceiling for messages.list maxResults
 
-Response = tuple[int, dict[str, str], bytes]
 #: `user = "{from}"`: act as each job's From mailbox (domain-wide delegation).
 FROM_PLACEHOLDER = "{from}"
 
@@ -94,17 +105,23 @@ COMPOSE_CAPABLE = frozenset(
 )
 
 
-class MissingScope(ValueError):
+class MissingScope(SendledgerError, ValueError):
     """The credentials are not granted a scope the configured send path needs."""
 
+    kind = Refusal.BAD_INPUT
 
-class DelegationRequired(ValueError):
+
+class DelegationRequired(SendledgerError, ValueError):
     """`user = "{from}"` with credentials that cannot act as other mailboxes."""
 
+    kind = Refusal.BAD_INPUT
 
-class CredentialsFileUnreadable(ValueError):
+
+class CredentialsFileUnreadable(SendledgerError, ValueError):
     """The credentials file is not a readable regular file (docs/configuration.md "Bounds, URLs,
     addresses and files")."""
+
+    kind = Refusal.BAD_INPUT
 
 
 def load_credentials(
@@ -206,61 +223,6 @@ def _raw_response(resp: Any, content: Any) -> tuple[Any, Any]:
     return resp, content
 
 
-class _Mailbox:
-    """One mailbox the provider acts as: its credentials (one token) and its quota bucket.
-    With `user = "{from}"` there is one per From address, made on first use and kept."""
-
-    def __init__(
-        self,
-        user: str,
-        credentials: AuthCredentials,
-        bucket: TokenBucket,
-        draft_units: float = 0.0,
-    ) -> None:
-        self.user = user
-        self.credentials = credentials
-        self.bucket = bucket
-        # Sends whose quota the engine already took (`reserve_send`): they do not wait.
-        self._prepaid = 0
-        # send_via = "drafts": each reservation also takes the draft step's units (the
-        # calls before the claim), so a job is taken only when its whole step is paid.
-        self.draft_units = draft_units
-        self._prepaid_drafts = 0.0
-        self._lock = threading.Lock()
-
-    def reserve_send(self, extra: float = 0.0) -> float:
-        """The quota of one send (and its draft step, and `extra`: its claim's history
-        mark when one is to be fetched) taken now (0.0), or the seconds until it could be."""
-        units = GMAIL_SEND_UNITS + self.draft_units + extra
-        with self._lock:
-            if self.bucket.try_acquire(units):
-                self._prepaid += 1
-                self._prepaid_drafts += self.draft_units
-                return 0.0
-        # Never 0.0 when nothing was taken: the caller would spin.
-        return max(self.bucket.wait_for(units), 0.001)
-
-    def pay_send(self) -> None:
-        """A send's quota: the one reserved for it, else waited for now."""
-        with self._lock:
-            if self._prepaid:
-                self._prepaid -= 1
-                # What a finished draft step left is not saved up beyond the reservations
-                # still out: a credit spent much later would be a burst over the quota.
-                self._prepaid_drafts = min(self._prepaid_drafts, self.draft_units * self._prepaid)
-                return
-        self.bucket.acquire(GMAIL_SEND_UNITS)
-
-    def pay_draft(self, units: float) -> None:
-        """A drafts call's quota: out of what reservations took for draft steps, the
-        rest waited for now."""
-        with self._lock:
-            taken = min(units, self._prepaid_drafts)
-            self._prepaid_drafts -= taken
-        if units - taken > 1e-9:
-            self.bucket.acquire(units - taken)
-
-
 class GmailProvider(ProviderBase):
     """The provider port on the Gmail API. Thread-safe: each thread gets its own HTTP
     object (httplib2 is not thread-safe); credentials and the quota buckets are shared.
@@ -269,6 +231,7 @@ class GmailProvider(ProviderBase):
     `for_job` gives the view the engine calls for one job (docs/providers.md, "Providers")."""
 
     response_ids_readable = True
+    reads_reports = True
 
     def __init__(
         self,
@@ -331,62 +294,102 @@ class GmailProvider(ProviderBase):
         self._credentials = load_credentials(
             self._credentials_file, user=self.user, token_uri=token_uri, scopes=self.scopes
         )
-        self._mailboxes: dict[str, _Mailbox] = {}  # by lower-cased address
-        self._by_from: dict[str, _Mailbox] = {}  # by From as the jobs spell it
-        self._mailboxes_lock = threading.Lock()
+        # "{from}": one mailbox per From address, made on first use, dropped once idle.
+        self.mailboxes: Mailboxes[Mailbox] = Mailboxes(
+            self._delegate, clock=clock, on_drop=self._keep_token
+        )
+        # The live tokens of dropped mailboxes, by subject: (token, expiry as google-auth
+        # writes it, expiry on `clock`), so a mailbox that comes back within the hour
+        # does not fetch another; each forgotten when it expires.
+        self._tokens: dict[str, tuple[str, datetime, float]] = {}
+        self._token_expiries: list[tuple[float, str]] = []
+        self._tokens_lock = threading.Lock()
         self._default = (
             None if self.per_mailbox else self._new_mailbox(self.user, self._credentials)
         )
-        self._local = threading.local()  # each thread's AuthorizedHttp objects, by user
         self._transports = PerThreadHttp(self._new_transport)
         self._closed = False
         self.service = build_gmail_service(self._transport(), api_endpoint=api_endpoint)
         self._messages = self.service.users().messages()
         self.draft_calls = GmailDrafts(self)
         self.history_calls = GmailHistory(self, clock, sleep)
+        self.report_calls = GmailReports(self)
 
     # -- mailboxes ---------------------------------------------------------------------
 
-    def _new_mailbox(self, user: str, credentials: AuthCredentials) -> _Mailbox:
+    def _new_mailbox(self, user: str, credentials: AuthCredentials) -> Mailbox:
         # Capacity at least one send, or a send could never be afforded at low rates. With
-        # "{from}" one send less than a second's worth: many mailboxes run at their quota
-        # at once, and Gmail meters each request when it arrives, so a send delayed on
-        # the way (up to 0.4 s at 250/s) must not meet the next one over the quota.
-        capacity = self._quota_rate - GMAIL_SEND_UNITS if self.per_mailbox else self._quota_rate
+        # "{from}" one send (and its draft step) and no more: many mailboxes run at their
+        # quota at once, Gmail meters each request when it arrives, and a mailbox changes
+        # daemons (docs/performance.md "Several daemons"), so in any second a mailbox
+        # spends at most its quota and the one send saved up.
         draft_units = DRAFT_STEP_UNITS if self.send_via == "drafts" else 0.0
-        bucket = TokenBucket(
-            self._quota_rate,
-            max(capacity, GMAIL_SEND_UNITS + draft_units),
-            clock=self._clock,
-            sleep=self._sleep,
+        bucket, departures = (
+            TokenBucket(self._quota_rate, self._capacity(), clock=self._clock, sleep=self._sleep)
+            for _ in range(2)
         )
-        return _Mailbox(user, credentials, bucket, draft_units)
+        return Mailbox(user, credentials, bucket, departures, draft_units)
 
-    def mailbox(self, from_addr: str) -> _Mailbox:
+    def _capacity(self) -> float:
+        draft_units = DRAFT_STEP_UNITS if self.send_via == "drafts" else 0.0
+        capacity = GMAIL_SEND_UNITS + draft_units if self.per_mailbox else self._quota_rate
+        return max(capacity, GMAIL_SEND_UNITS + draft_units)
+
+    def mailbox(self, from_addr: str) -> Mailbox:
         """The mailbox a job from `from_addr` is sent as: the configured user, or with
-        "{from}" that address's own (one token, one quota bucket), made once and kept."""
+        "{from}" that address's own (one token, one quota bucket), made on first use."""
         if self._default is not None:
             return self._default
-        # Every job of a mailbox spells its From the same way: parse each spelling once.
-        known = self._by_from.get(from_addr)
-        if known is not None:
-            return known
-        address = parse_mailbox(from_addr).address.addr_spec
-        key = address.lower()
-        with self._mailboxes_lock:
-            found = self._mailboxes.get(key)
-            if found is None:
-                delegate = self._credentials.with_subject(address)  # type: ignore[attr-defined]
-                found = self._mailboxes[key] = self._new_mailbox(address, delegate)
-            self._by_from[from_addr] = found
-            return found
+        return self.mailboxes.get(from_addr)
+
+    def _delegate(self, address: str) -> Mailbox:
+        """A mailbox acting as `address`, with the token a dropped one left, if live."""
+        credentials = self._credentials.with_subject(address)  # type: ignore[attr-defined]
+        with self._tokens_lock:
+            kept = self._tokens.pop(address.lower(), None)
+        if kept is not None:
+            credentials.token, credentials.expiry = kept[0], kept[1]
+        return self._new_mailbox(address, credentials)
+
+    def _keep_token(self, mailbox: Mailbox) -> None:
+        credentials = mailbox.credentials
+        expiry = getattr(credentials, "expiry", None)
+        if not credentials.valid or not isinstance(expiry, datetime):
+            return
+        left = (expiry - datetime.now(UTC).replace(tzinfo=None)).total_seconds()
+        key, at = mailbox.user.lower(), self._clock() + left
+        with self._tokens_lock:
+            self._tokens[key] = (str(credentials.token), expiry, at)
+            heapq.heappush(self._token_expiries, (at, key))
+
+    def forget_idle(self) -> int:
+        """With "{from}": the mailboxes idle long enough that a fresh one would equal
+        them dropped, and the kept tokens that expired; each tick, costing what it drops
+        (`daemon/providers/mailboxes.py`)."""
+        if not self.per_mailbox:
+            return 0
+        dropped = self.mailboxes.forget_idle()
+        now = self._clock()
+        with self._tokens_lock:
+            while self._token_expiries and self._token_expiries[0][0] <= now:
+                _, key = heapq.heappop(self._token_expiries)
+                kept = self._tokens.get(key)
+                if kept is not None and kept[2] <= now:
+                    del self._tokens[key]
+        return dropped
+
+    def kept_tokens(self) -> int:
+        """Live tokens of dropped mailboxes kept for their return."""
+        with self._tokens_lock:
+            return len(self._tokens)
 
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         """The provider as one job sees it: acting as its From mailbox (with "{from}")
         and sending into its Gmail thread. Without either, the provider itself."""
         if self._default is not None and thread_id is None:
             return self
-        return GmailMailboxView(self, self.mailbox(from_addr), thread_id)
+        self.mailbox(from_addr)  # a From it cannot act as fails here, at the job's load
+        return GmailMailboxView(self, from_addr, thread_id)
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -402,22 +405,14 @@ class GmailProvider(ProviderBase):
     def _transport(self) -> SingleShotHttp:
         return self._transports.get()
 
-    def _http(self, mailbox: _Mailbox) -> google_auth_httplib2.AuthorizedHttp:
-        # One connection pool per thread, shared by every mailbox the thread acts as.
-        transport = self._transport()
-        authed_by_user: dict[str, google_auth_httplib2.AuthorizedHttp] | None = getattr(
-            self._local, "authed", None
-        )
-        if authed_by_user is None:
-            authed_by_user = self._local.authed = {}
-        authed = authed_by_user.get(mailbox.user)
-        if authed is None:
-            authed = google_auth_httplib2.AuthorizedHttp(mailbox.credentials, http=transport)
-            authed_by_user[mailbox.user] = authed
-        return authed
+    def _http(self, mailbox: Mailbox) -> google_auth_httplib2.AuthorizedHttp:
+        # One connection pool per thread, shared by every mailbox the thread acts as. The
+        # wrapper that adds the mailbox's token is made per call: kept per thread and
+        # mailbox, 4 workers and 10,000 mailboxes held 40,000 of them.
+        return google_auth_httplib2.AuthorizedHttp(mailbox.credentials, http=self._transport())
 
     def prepare(
-        self, request: Any, units: float | None, mailbox: _Mailbox, *, draft: bool = False
+        self, request: Any, units: float | None, mailbox: Mailbox, *, draft: bool = False
     ) -> None:
         """Everything that happens before a request may leave: checks and quota pacing
         (`units` None: a send, paid by its reservation when it has one; `draft`: a drafts
@@ -433,18 +428,19 @@ class GmailProvider(ProviderBase):
         else:
             mailbox.bucket.acquire(units)
 
-    def execute(self, request: Any, mailbox: _Mailbox) -> Response:
+    def execute(self, request: Any, mailbox: Mailbox) -> Response:
         """One attempt of one API call: (status, lower-cased headers, body bytes) for any
         complete HTTP answer; exceptions for everything else. num_retries=0: see above."""
         try:
-            resp, content = request.execute(http=self._http(mailbox), num_retries=0)
+            with mailbox.calling():
+                resp, content = request.execute(http=self._http(mailbox), num_retries=0)
         except HttpError as exc:
             return int(exc.resp.status), _headers(exc.resp), bytes(exc.content)
         body = content if isinstance(content, bytes) else str(content).encode("utf-8")
         return int(resp.status), _headers(resp), body
 
     def answer(
-        self, what: str, request: Any, units: float, mailbox: _Mailbox, *, draft: bool = False
+        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
     ) -> Response:
         """One read or draft call's complete HTTP answer; ProviderError when none came."""
         self.prepare(request, units, mailbox, draft=draft)
@@ -454,7 +450,7 @@ class GmailProvider(ProviderBase):
             raise provider_error_for_exception(what, exc) from exc
 
     def read_json(
-        self, what: str, request: Any, units: float, mailbox: _Mailbox, *, draft: bool = False
+        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
     ) -> dict[str, Any]:
         status, headers, body = self.answer(what, request, units, mailbox, draft=draft)
         if not 200 <= status < 300:
@@ -466,7 +462,7 @@ class GmailProvider(ProviderBase):
         what: str,
         method: Callable[..., Any],
         params: dict[str, Any],
-        mailbox: _Mailbox,
+        mailbox: Mailbox,
         *,
         draft: bool = False,
     ) -> Iterator[dict[str, Any]]:
@@ -486,7 +482,7 @@ class GmailProvider(ProviderBase):
             seen_tokens.add(next_token)
             page_token = next_token
 
-    def _unscoped(self) -> _Mailbox:
+    def _unscoped(self) -> Mailbox:
         if self._default is None:
             raise ProviderError(
                 f'provider {self.name!r} has user = "{FROM_PLACEHOLDER}": say which mailbox'
@@ -507,7 +503,7 @@ class GmailProvider(ProviderBase):
             raise ValueError(f'provider {self.name!r}: "{FROM_PLACEHOLDER}" needs a From header')
         return self.send_as(self.mailbox(str(sender)), raw, None)
 
-    def send_as(self, mailbox: _Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
+    def send_as(self, mailbox: Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
         if self.send_via == "drafts":
             return self.send_by_draft(mailbox, raw, thread_id)
         encoded = base64.urlsafe_b64encode(raw).decode("ascii")
@@ -522,7 +518,7 @@ class GmailProvider(ProviderBase):
             return classify_send_exception(exc)
         return classify_send_response(status, headers, response)
 
-    def send_by_draft(self, mailbox: _Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
+    def send_by_draft(self, mailbox: Mailbox, raw: bytes, thread_id: str | None) -> SendOutcome:
         """Create the draft, then send it: one call of the port for an engine that does
         not keep the draft in the job's history. A draft that could not be created sent
         nothing (an orphan a lost answer left is never sent: `find_drafts`)."""
@@ -571,10 +567,13 @@ class GmailProvider(ProviderBase):
     def sent_since(self, history_id: str, message_id: str) -> SearchResult:
         return self.history_calls.sent_since(self._unscoped(), history_id, message_id)
 
-    def reserve_in(self, mailbox: _Mailbox) -> float:
+    def reserve_in(self, mailbox: Mailbox) -> float:
         """One send's quota in `mailbox` (`reserve_send`), with its claim's history mark
         when one is to be fetched (docs/providers.md "Quota")."""
         extra = self.history_calls.mark_units(mailbox) if self.reads_history else 0.0
+        if GMAIL_SEND_UNITS + mailbox.draft_units + extra > mailbox.bucket.capacity:
+            # A bucket of one send ("{from}"): the mark's fetch pays its own unit.
+            extra = 0.0
         wait = mailbox.reserve_send(extra)
         if wait == 0.0 and extra:
             self.history_calls.mark_paid(mailbox)
@@ -583,7 +582,7 @@ class GmailProvider(ProviderBase):
     def delete_drafts(self, message_id: str) -> list[str]:
         return self.delete_drafts_in(self._unscoped(), message_id)
 
-    def delete_drafts_in(self, mailbox: _Mailbox, message_id: str) -> list[str]:
+    def delete_drafts_in(self, mailbox: Mailbox, message_id: str) -> list[str]:
         """Every unsent draft with the Message-ID, deleted (drafts.list, then drafts.delete
         of each; only in drafts mode, the only one that makes drafts)."""
         if self.send_via != "drafts":
@@ -594,7 +593,7 @@ class GmailProvider(ProviderBase):
     def ping(self) -> None:
         self.ping_as(self._unscoped())
 
-    def ping_as(self, mailbox: _Mailbox) -> None:
+    def ping_as(self, mailbox: Mailbox) -> None:
         """users.getProfile: 1 quota unit, sends nothing (a circuit's probe after a hang)."""
         request = self.service.users().getProfile(userId=mailbox.user)
         profile = self.read_json("ping (users.getProfile)", request, GMAIL_PROFILE_UNITS, mailbox)
@@ -643,7 +642,14 @@ class GmailProvider(ProviderBase):
     def search(self, message_id: str) -> SearchResult:
         return self.search_in(self._unscoped(), message_id)
 
-    def search_in(self, mailbox: _Mailbox, message_id: str) -> SearchResult:
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        return self.report_calls.read(
+            self._unscoped(), since, known=known, max_bytes=max_bytes, limit=limit
+        )
+
+    def search_in(self, mailbox: Mailbox, message_id: str) -> SearchResult:
         """Every SENT copy (spam and trash included) whose Message-ID header is ours.
 
         Lists through every page, then reads each hit's header, because Gmail's
@@ -681,9 +687,9 @@ class GmailProvider(ProviderBase):
                         provider_id,
                         header,
                         labels,
-                        date=header_of(data, "date") or "",
-                        to=header_of(data, "to") or "",
-                        subject=header_of(data, "subject") or "",
+                        date=metadata_header(data, "date") or "",
+                        to=metadata_header(data, "to") or "",
+                        subject=metadata_header(data, "subject") or "",
                     )
                 )
         return SearchResult(query=query, hits=tuple(hits))
@@ -691,7 +697,7 @@ class GmailProvider(ProviderBase):
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.read_message_id_in(self._unscoped(), provider_message_id)
 
-    def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
+    def read_message_id_in(self, mailbox: Mailbox, provider_message_id: str) -> str | None:
         data = self._get_metadata(mailbox, provider_message_id)
         # A copy just sent: where the mailbox's history is now, for the next claims' mark.
         self.history_calls.saw_message(mailbox, data)
@@ -700,24 +706,26 @@ class GmailProvider(ProviderBase):
     def scope(self) -> str:
         return self.name
 
+    def scope_of(self, mailbox: str) -> str:
+        return f"{self.name}/{mailbox}" if self.per_mailbox else self.name
+
     def reserve_send(self) -> float:
         # Unscoped, as send_raw is: with "{from}" the engine reserves through for_job.
         return self.reserve_in(self._default) if self._default is not None else 0.0
 
     def quota_available(self) -> float:
         """Quota units left now (the metrics gauge reads it): the mailbox's, or with
-        "{from}" the lowest of any mailbox used so far."""
+        "{from}" the lowest of the mailboxes kept (a dropped one's bucket was full)."""
         if self._default is not None:
             return self._default.bucket.available
-        with self._mailboxes_lock:
-            buckets = [mailbox.bucket for mailbox in self._mailboxes.values()]
-        return min((bucket.available for bucket in buckets), default=self._quota_rate)
+        buckets = [mailbox.bucket for mailbox in self.mailboxes.entries()]
+        return min((bucket.available for bucket in buckets), default=self._capacity())
 
     def close(self) -> None:
         self._closed = True
         self._transports.close()
 
-    def _get_metadata(self, mailbox: _Mailbox, provider_message_id: str) -> dict[str, Any]:
+    def _get_metadata(self, mailbox: Mailbox, provider_message_id: str) -> dict[str, Any]:
         request = self._messages.get(
             userId=mailbox.user,
             id=provider_message_id,
@@ -738,10 +746,11 @@ class GmailMailboxView(ProviderBase):
     connections)."""
 
     response_ids_readable = True
+    reads_reports = True
 
-    def __init__(self, provider: GmailProvider, mailbox: _Mailbox, thread_id: str | None) -> None:
+    def __init__(self, provider: GmailProvider, from_addr: str, thread_id: str | None) -> None:
         self.provider = provider
-        self.mailbox = mailbox
+        self.from_addr = from_addr
         self.thread_id = thread_id
         self.name = provider.name
         self.send_via = provider.send_via
@@ -750,11 +759,15 @@ class GmailMailboxView(ProviderBase):
         self.readback_rate = provider.readback_rate
         self.timeout = provider.timeout
 
+    @property
+    def mailbox(self) -> Mailbox:
+        # Asked for at each use, never kept: a view that outlived its mailbox's drop
+        # (queued behind an open circuit) spends the same bucket as the newer jobs'.
+        return self.provider.mailbox(self.from_addr)
+
     def scope(self) -> str:
         # One circuit and one queue per mailbox where the quota is per mailbox.
-        if self.provider.per_mailbox:
-            return f"{self.name}/{self.mailbox.user}"
-        return self.name
+        return self.provider.scope_of(self.mailbox.user.lower())
 
     def reserve_send(self) -> float:
         return self.provider.reserve_in(self.mailbox)
@@ -764,6 +777,13 @@ class GmailMailboxView(ProviderBase):
 
     def search(self, message_id: str) -> SearchResult:
         return self.provider.search_in(self.mailbox, message_id)
+
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        return self.provider.report_calls.read(
+            self.mailbox, since, known=known, max_bytes=max_bytes, limit=limit
+        )
 
     def create_draft(self, raw: bytes) -> Draft:
         return self.provider.draft_calls.create(self.mailbox, raw, self.thread_id)
@@ -809,33 +829,3 @@ class GmailMailboxView(ProviderBase):
 
     def __repr__(self) -> str:
         return f"GmailMailboxView({self.name!r}, user={self.mailbox.user!r})"
-
-
-def search_term(message_id: str) -> str:
-    """The Message-ID as Gmail documents the operator: `rfc822msgid:local@domain`, without
-    angle brackets. Refuses values that would change the meaning of the query."""
-    value = message_id.strip()
-    if value.startswith("<") and value.endswith(">"):
-        value = value[1:-1].strip()
-    if not value or any(c.isspace() or c in '"(){}' for c in value):
-        raise ProviderError(f"cannot search for Message-ID {message_id!r}")
-    return value
-
-
-def message_id_header(message: Mapping[str, Any]) -> str | None:
-    return header_of(message, "message-id")
-
-
-def header_of(message: Mapping[str, Any], name: str) -> str | None:
-    """The first `name` header (lower case) of a metadata answer, or None."""
-    payload = message.get("payload")
-    if not isinstance(payload, dict):
-        return None
-    for header in payload.get("headers") or ():
-        if (
-            isinstance(header, dict)
-            and str(header.get("name", "")).lower() == name
-            and isinstance(header.get("value"), str)
-        ):
-            return str(header["value"])
-    return None

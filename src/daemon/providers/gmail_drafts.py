@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
 from daemon.providers.classify import (
@@ -36,10 +37,39 @@ from daemon.providers.classify import (
     provider_error_for_response,
 )
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftStatus
+from daemon.providers.gmail_mailbox import Mailbox, Response, message_id_header, search_term
 from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS
+from ledger.message_id import same_message_id
 
-if TYPE_CHECKING:
-    from daemon.providers.gmail import GmailProvider, _Mailbox
+
+class GmailCalls(Protocol):
+    """What the drafts calls use of their provider (`gmail.py: GmailProvider`): its API
+    service and its one request stack, so quota and the single-shot transport are the
+    provider's for drafts too."""
+
+    service: Any
+    page_size: int
+
+    def prepare(
+        self, request: Any, units: float | None, mailbox: Mailbox, *, draft: bool = False
+    ) -> None: ...
+
+    def execute(self, request: Any, mailbox: Mailbox) -> Response: ...
+
+    def answer(
+        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
+    ) -> Response: ...
+
+    def pages(
+        self,
+        what: str,
+        method: Callable[..., Any],
+        params: dict[str, Any],
+        mailbox: Mailbox,
+        *,
+        draft: bool = False,
+    ) -> Iterator[dict[str, Any]]: ...
+
 
 COMPOSE_SCOPE = "https://www.googleapis.com/auth/gmail.compose"
 # Gmail's cost of a drafts.create / drafts.delete (a drafts.get or list costs as a get).
@@ -65,12 +95,12 @@ def _draft_of(body: dict[str, Any]) -> Draft | None:
 class GmailDrafts:
     """The drafts calls of one GmailProvider, each acting as a given mailbox."""
 
-    def __init__(self, provider: GmailProvider) -> None:
+    def __init__(self, provider: GmailCalls) -> None:
         self.provider = provider
         self._drafts = provider.service.users().drafts()
         self._messages = provider.service.users().messages()
 
-    def create(self, mailbox: _Mailbox, raw: bytes, thread_id: str | None) -> Draft:
+    def create(self, mailbox: Mailbox, raw: bytes, thread_id: str | None) -> Draft:
         message: dict[str, str] = {"raw": base64.urlsafe_b64encode(raw).decode("ascii")}
         if thread_id is not None:
             message["threadId"] = thread_id
@@ -95,7 +125,7 @@ class GmailDrafts:
             raise DraftRefused(error.reason)
         raise error
 
-    def send(self, mailbox: _Mailbox, draft: Draft) -> SendOutcome:
+    def send(self, mailbox: Mailbox, draft: Draft) -> SendOutcome:
         request = self._drafts.send(userId=mailbox.user, body={"id": draft.draft_id})
         # A send: paid by the engine's reservation when it has one (quota.py).
         self.provider.prepare(request, None, mailbox)
@@ -111,7 +141,7 @@ class GmailDrafts:
             )
         return classify_send_response(status, headers, body)
 
-    def check(self, mailbox: _Mailbox, draft: Draft) -> DraftCheck:
+    def check(self, mailbox: Mailbox, draft: Draft) -> DraftCheck:
         request = self._drafts.get(userId=mailbox.user, id=draft.draft_id, format="minimal")
         what = f"drafts.get {draft.draft_id}"
         status, headers, body = self.provider.answer(
@@ -139,18 +169,13 @@ class GmailDrafts:
         labels = [str(label) for label in data.get("labelIds") or ()]
         if SENT_LABEL not in labels:
             return DraftCheck(DraftStatus.GONE)
-        from daemon.providers.gmail import message_id_header
-
         return DraftCheck(
             DraftStatus.SENT,
             provider_message_id=draft.provider_message_id,
             message_id_header=message_id_header(data),
         )
 
-    def find(self, mailbox: _Mailbox, message_id: str) -> list[Draft]:
-        from daemon.providers.gmail import search_term
-        from ledger.message_id import same_message_id
-
+    def find(self, mailbox: Mailbox, message_id: str) -> list[Draft]:
         query = f"rfc822msgid:{search_term(message_id)}"
         found: list[Draft] = []
         params: dict[str, Any] = {
@@ -170,10 +195,8 @@ class GmailDrafts:
                     found.append(draft)
         return found
 
-    def _draft_message_id(self, mailbox: _Mailbox, draft: Draft) -> str | None:
+    def _draft_message_id(self, mailbox: Mailbox, draft: Draft) -> str | None:
         """The Message-ID header of an unsent draft; None when it has none or is gone."""
-        from daemon.providers.gmail import message_id_header
-
         # drafts.get takes no metadataHeaders: "metadata" gives every header.
         request = self._drafts.get(userId=mailbox.user, id=draft.draft_id, format="metadata")
         what = f"drafts.get {draft.draft_id}"
@@ -187,7 +210,7 @@ class GmailDrafts:
         message = _json_or_empty(body).get("message")
         return message_id_header(message) if isinstance(message, dict) else None
 
-    def delete(self, mailbox: _Mailbox, draft_id: str) -> bool:
+    def delete(self, mailbox: Mailbox, draft_id: str) -> bool:
         request = self._drafts.delete(userId=mailbox.user, id=draft_id)
         what = f"drafts.delete {draft_id}"
         status, headers, body = self.provider.answer(

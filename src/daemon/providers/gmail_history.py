@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from daemon.providers.answers import json_object
 from daemon.providers.base import ProviderError, SearchHit, SearchResult
 from daemon.providers.classify import provider_error_for_response
+from daemon.providers.gmail_mailbox import Mailbox, metadata_header
 from daemon.providers.history_handle import HistoryTooOld
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
@@ -49,7 +51,7 @@ from daemon.providers.quota import (
 from ledger.message_id import same_message_id
 
 if TYPE_CHECKING:
-    from daemon.providers.gmail import GmailProvider, _Mailbox
+    from daemon.providers.gmail import GmailProvider
 
 #: Gmail's cost of one users.history.list page.
 GMAIL_HISTORY_UNITS = 2.0
@@ -103,10 +105,7 @@ def pay_behind_sends(
     if units + GMAIL_SEND_UNITS > bucket.capacity:
         bucket.acquire(units)
         return
-    while True:
-        # The slack: a bucket refilled for exactly the computed wait is a hair short.
-        if bucket.available + 1e-6 >= units + GMAIL_SEND_UNITS and bucket.try_acquire(units):
-            return
+    while not bucket.try_acquire(units, keep=GMAIL_SEND_UNITS):
         sleep(max(bucket.wait_for(units + GMAIL_SEND_UNITS), 0.001))
 
 
@@ -124,16 +123,18 @@ class GmailHistory:
         self._sleep = sleep
         self._history = provider.service.users().history()
         self._messages = provider.service.users().messages()
-        self._logs: dict[int, _Log] = {}
+        # Kept as long as its mailbox: a "{from}" mailbox dropped once idle takes its mark
+        # and headers with it (the next claim fetches a mark again), and a mailbox made
+        # later for another address never meets them.
+        self._logs: weakref.WeakKeyDictionary[Mailbox, _Log] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self.fetches = 0  # getProfile calls made for a mark (tests, the bench)
 
-    def _log(self, mailbox: _Mailbox) -> _Log:
-        key = id(mailbox)  # a provider keeps its mailboxes for its whole life
+    def _log(self, mailbox: Mailbox) -> _Log:
         with self._lock:
-            log = self._logs.get(key)
+            log = self._logs.get(mailbox)
             if log is None:
-                log = self._logs[key] = _Log()
+                log = self._logs[mailbox] = _Log()
             return log
 
     # -- the mark ------------------------------------------------------------------------
@@ -142,7 +143,7 @@ class GmailHistory:
         stale = log.history_id is None or now - log.fresh_at > MARK_MAX_AGE
         return stale and now >= log.fetch_after
 
-    def mark_units(self, mailbox: _Mailbox) -> float:
+    def mark_units(self, mailbox: Mailbox) -> float:
         """The quota a send's reservation takes for its claim's mark: a getProfile's unit
         when the next claim would fetch one and no reservation has paid for it yet."""
         log = self._log(mailbox)
@@ -151,12 +152,12 @@ class GmailHistory:
                 return 0.0
             return GMAIL_PROFILE_UNITS
 
-    def mark_paid(self, mailbox: _Mailbox) -> None:
+    def mark_paid(self, mailbox: Mailbox) -> None:
         log = self._log(mailbox)
         with log.lock:
             log.prepaid += 1
 
-    def mark(self, mailbox: _Mailbox) -> str | None:
+    def mark(self, mailbox: Mailbox) -> str | None:
         """The mailbox's shared historyId for a claim, fetched first when it is missing or
         old (one fetch at a time: the claims waiting for it share it). Never raises."""
         log = self._log(mailbox)
@@ -179,7 +180,7 @@ class GmailHistory:
             # before the claim is): only more to read.
             return None if log.history_id is None else str(log.history_id)
 
-    def fetch(self, mailbox: _Mailbox, *, prepaid: bool = False) -> None:
+    def fetch(self, mailbox: Mailbox, *, prepaid: bool = False) -> None:
         """users.getProfile: the mailbox's current historyId, as its mark."""
         if not prepaid:
             mailbox.bucket.acquire(GMAIL_PROFILE_UNITS)
@@ -188,7 +189,7 @@ class GmailHistory:
         profile = self.provider.read_json("users.getProfile", request, 0.0, mailbox)
         self.saw(mailbox, profile.get("historyId"), fresh=True)
 
-    def saw(self, mailbox: _Mailbox, history_id: object, *, fresh: bool) -> None:
+    def saw(self, mailbox: Mailbox, history_id: object, *, fresh: bool) -> None:
         """A historyId an answer gave: the mark moves on to it (never back). `fresh`: the
         answer says where the mailbox is now (a profile, a history read, a copy just
         sent), not where an old message was."""
@@ -202,7 +203,7 @@ class GmailHistory:
             if fresh:
                 log.fresh_at = self._clock()
 
-    def saw_message(self, mailbox: _Mailbox, data: Mapping[str, Any]) -> None:
+    def saw_message(self, mailbox: Mailbox, data: Mapping[str, Any]) -> None:
         """A message's metadata read for another reason (the read-back of a sent copy):
         its header is kept and its historyId, a moment ago, moves the mark on."""
         message_id = data.get("id")
@@ -212,7 +213,7 @@ class GmailHistory:
 
     # -- the read ------------------------------------------------------------------------
 
-    def sent_since(self, mailbox: _Mailbox, history_id: str, message_id: str) -> SearchResult:
+    def sent_since(self, mailbox: Mailbox, history_id: str, message_id: str) -> SearchResult:
         start = _history_id(history_id)
         if start is None:
             raise ProviderError(f"not a historyId: {history_id!r}")
@@ -243,7 +244,7 @@ class GmailHistory:
         self.saw(mailbox, latest, fresh=True)
         return SearchResult(query=query, hits=tuple(hits))
 
-    def _added_since(self, mailbox: _Mailbox, start: int, query: str) -> tuple[list[str], object]:
+    def _added_since(self, mailbox: Mailbox, start: int, query: str) -> tuple[list[str], object]:
         """The ids of the SENT messages added after `start`, each once, in order, and the
         mailbox's historyId the last page gave."""
         added: list[str] = []
@@ -294,7 +295,7 @@ class GmailHistory:
             tokens.add(next_token)
             page_token = next_token
 
-    def _read(self, mailbox: _Mailbox, log: _Log, provider_id: str) -> _Read | None:
+    def _read(self, mailbox: Mailbox, log: _Log, provider_id: str) -> _Read | None:
         """What one added message says of itself, read once per process; None when it was
         deleted since (it cannot be read, so it is not counted)."""
         with log.lock:
@@ -328,14 +329,12 @@ class GmailHistory:
 
 
 def _read_of(data: Mapping[str, Any]) -> _Read:
-    from daemon.providers.gmail import header_of
-
     return _Read(
-        header=header_of(data, "message-id"),
+        header=metadata_header(data, "message-id"),
         labels=tuple(str(label) for label in data.get("labelIds") or ()),
-        date=header_of(data, "date") or "",
-        to=header_of(data, "to") or "",
-        subject=header_of(data, "subject") or "",
+        date=metadata_header(data, "date") or "",
+        to=metadata_header(data, "to") or "",
+        subject=metadata_header(data, "subject") or "",
     )
 
 

@@ -22,7 +22,9 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
 from email.parser import BytesHeaderParser
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -32,6 +34,7 @@ from daemon.providers.base import (
     Provider,
     ProviderBase,
     ProviderError,
+    ReportRead,
     SearchHit,
     SearchResult,
     SendKind,
@@ -48,6 +51,8 @@ from daemon.providers.graph_classify import (
     read_error,
     token_error,
 )
+from daemon.providers.graph_reports import read_reports_in
+from daemon.providers.mailboxes import IDLE_AFTER, Mailboxes
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import (
@@ -57,7 +62,6 @@ from daemon.providers.transport import (
     TransportStats,
     describe,
 )
-from ledger.addresses import parse_mailbox
 from ledger.message_id import same_message_id
 
 GRAPH_API = "https://graph.microsoft.com/v1.0"
@@ -162,12 +166,15 @@ class GraphTokens:
 
 class _Mailbox:
     """One mailbox the provider acts as: its request limit (Graph allows 4 concurrent
-    requests per mailbox and app) and the drafts this process created, by Message-ID."""
+    requests per mailbox and app) and the drafts this process created, by Message-ID.
+    With `user = "{from}"` one per From address, made on first use and dropped once idle
+    (`daemon/providers/mailboxes.py`)."""
 
     def __init__(self, user: str, max_concurrent: int) -> None:
         self.user = user
         self.path = "/users/" + quote(user, safe="@")
         self.slots = threading.BoundedSemaphore(max_concurrent)
+        self._calls = 0  # requests in flight (holding or waiting for a slot)
         self._lock = threading.Lock()
         # Oldest first; bounded, because forgetting one only loses the fast path (the
         # $filter still finds the copy) while keeping all would grow without end.
@@ -185,6 +192,27 @@ class _Mailbox:
     def drafts(self, message_id: str) -> list[str]:
         with self._lock:
             return list(self._drafts.get(_key(message_id), ()))
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """One of the mailbox's request slots, for one request (waited for)."""
+        with self._lock:
+            self._calls += 1
+        try:
+            with self.slots:
+                yield
+        finally:
+            with self._lock:
+                self._calls -= 1
+
+    def idle_at(self, now: float) -> float | None:
+        """None when a fresh mailbox would equal this one: no request in flight and no
+        draft remembered (a draft of an attempt not yet settled is what its next
+        attempt tidies). Otherwise when to look again."""
+        with self._lock:
+            if self._calls == 0 and not self._drafts:
+                return None
+            return now + (1.0 if self._calls else IDLE_AFTER)
 
     def forget(self, message_id: str | None, draft_id: str) -> None:
         if message_id is None:
@@ -222,6 +250,7 @@ class GraphProvider(ProviderBase):
 
     response_ids_readable = True
     leaves_drafts = True  # each send creates its draft first
+    reads_reports = True
 
     def __init__(
         self,
@@ -259,9 +288,9 @@ class GraphProvider(ProviderBase):
         self._tokens = tokens
         self._clock = clock
         self._sleep = sleep
-        self._mailboxes: dict[str, _Mailbox] = {}
-        self._by_from: dict[str, _Mailbox] = {}
-        self._mailboxes_lock = threading.Lock()
+        self.mailboxes: Mailboxes[_Mailbox] = Mailboxes(
+            lambda address: _Mailbox(address, max_concurrent), clock=clock
+        )
         self._default = None if self.per_mailbox else _Mailbox(user, max_concurrent)
         self._transports = PerThreadHttp(self._new_transport)
         self._closed = False
@@ -269,25 +298,26 @@ class GraphProvider(ProviderBase):
     # -- mailboxes ---------------------------------------------------------------------
 
     def mailbox(self, from_addr: str) -> _Mailbox:
-        """The configured mailbox, or with "{from}" the From address's own (made once)."""
+        """The configured mailbox, or with "{from}" the From address's own (made on first
+        use)."""
         if self._default is not None:
             return self._default
-        known = self._by_from.get(from_addr)
-        if known is not None:
-            return known
-        address = parse_mailbox(from_addr).address.addr_spec
-        with self._mailboxes_lock:
-            found = self._mailboxes.get(address.lower())
-            if found is None:
-                found = self._mailboxes[address.lower()] = _Mailbox(address, self.max_concurrent)
-            self._by_from[from_addr] = found
-            return found
+        return self.mailboxes.get(from_addr)
+
+    def forget_idle(self) -> int:
+        """With "{from}": the mailboxes a fresh one would equal, dropped once idle."""
+        return self.mailboxes.forget_idle() if self.per_mailbox else 0
 
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         """The provider as one job sees it: with "{from}", acting as its From mailbox."""
         if self._default is not None:
             return self
-        return GraphMailboxView(self, self.mailbox(from_addr))
+        self.mailbox(from_addr)  # a From it cannot act as fails here, at the job's load
+        return GraphMailboxView(self, from_addr)
+
+    def scope_of(self, mailbox: str) -> str:
+        # Graph limits requests per mailbox: with "{from}" each is a scope of its own.
+        return self.name if self._default is not None else f"{self.name}/{mailbox}"
 
     def _unscoped(self) -> _Mailbox:
         if self._default is None:
@@ -330,7 +360,7 @@ class GraphProvider(ProviderBase):
         if content_type is not None:
             headers["Content-Type"] = content_type
         target = url or f"{self.api_endpoint}{mailbox.path}{path}"
-        with mailbox.slots:
+        with mailbox.slot():
             response, content = self._transports.get().request(
                 target, method, body=body if body is not None else "", headers=headers
             )
@@ -344,6 +374,14 @@ class GraphProvider(ProviderBase):
     ) -> dict[str, Any] | None:
         """A GET's JSON object, or None on 404. Raises ProviderError when the answer is not
         known (no answer, another non-2xx, an unreadable body)."""
+        answer = self.get_body(what, mailbox, path, url=url)
+        return None if answer is None else json_object(what, answer[0], answer[1])
+
+    def get_body(
+        self, what: str, mailbox: _Mailbox, path: str, *, url: str | None = None
+    ) -> tuple[int, bytes] | None:
+        """A GET's (2xx status, body), or None on 404. Raises ProviderError when the
+        answer is not known (no answer, another non-2xx)."""
         try:
             status, headers, body = self._request(mailbox, "GET", path, url=url)
         except TokenError as exc:
@@ -360,7 +398,7 @@ class GraphProvider(ProviderBase):
             return None
         if not 200 <= status < 300:
             raise read_error(what, status, headers, body)
-        return json_object(what, status, body)
+        return status, body
 
     def _message(self, mailbox: _Mailbox, provider_id: str) -> dict[str, Any] | None:
         """The message under an immutable id, or None when Graph answers 404 (deleted, or
@@ -554,6 +592,10 @@ class GraphProvider(ProviderBase):
             + quote(f"internetMessageId eq {literal}", safe="")
             + f"&$select={_SELECT}&$top={PAGE_SIZE}"
         )
+        return self.items(what, mailbox, path)
+
+    def items(self, what: str, mailbox: _Mailbox, path: str) -> list[dict[str, Any]]:
+        """Every item of a listing, every page (next links on our own endpoint only)."""
         found: list[dict[str, Any]] = []
         url: str | None = None
         for _ in range(MAX_PAGES):
@@ -582,6 +624,13 @@ class GraphProvider(ProviderBase):
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.read_message_id_in(self._unscoped(), provider_message_id)
 
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        return read_reports_in(
+            self, self._unscoped(), since, known=known, max_bytes=max_bytes, limit=limit
+        )
+
     def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
         found = self._message(mailbox, provider_message_id)
         if found is None:
@@ -603,16 +652,22 @@ class GraphMailboxView(ProviderBase):
 
     response_ids_readable = True
     leaves_drafts = True
+    reads_reports = True
 
-    def __init__(self, provider: GraphProvider, mailbox: _Mailbox) -> None:
+    def __init__(self, provider: GraphProvider, from_addr: str) -> None:
         self.provider = provider
-        self.mailbox = mailbox
+        self.from_addr = from_addr
         self.name = provider.name
         self.timeout = provider.timeout
 
+    @property
+    def mailbox(self) -> _Mailbox:
+        # Asked for at each use, never kept (`daemon/providers/mailboxes.py`).
+        return self.provider.mailbox(self.from_addr)
+
     def scope(self) -> str:
         # Graph limits requests per mailbox: one circuit and one queue of sends each.
-        return f"{self.name}/{self.mailbox.user}"
+        return self.provider.scope_of(self.mailbox.user.lower())
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         return self.provider.send_as(self.mailbox, raw)
@@ -628,6 +683,13 @@ class GraphMailboxView(ProviderBase):
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.provider.read_message_id_in(self.mailbox, provider_message_id)
+
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        return read_reports_in(
+            self.provider, self.mailbox, since, known=known, max_bytes=max_bytes, limit=limit
+        )
 
     def close(self) -> None:
         pass

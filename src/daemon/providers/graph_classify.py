@@ -38,6 +38,7 @@ from daemon.providers.base import ProviderError, SendKind, SendOutcome
 from daemon.providers.classify import message_id_from_body, parse_retry_after
 from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import NotSentError, ResponseLostError, describe
+from ledger.exceptions import SendledgerError
 
 # The identity platform's answers that no retry will change.
 PERMANENT_TOKEN_ERRORS = frozenset(
@@ -45,7 +46,7 @@ PERMANENT_TOKEN_ERRORS = frozenset(
 )
 
 
-class TokenError(Exception):
+class TokenError(SendledgerError):
     """No access token: `transient` when asking again later may give one."""
 
     def __init__(self, reason: str, *, transient: bool) -> None:

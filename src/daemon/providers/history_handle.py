@@ -18,9 +18,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from daemon.providers.base import SearchResult
+from ledger.exceptions import SendledgerError
 
 
-class HistoryTooOld(Exception):
+class HistoryTooOld(SendledgerError):
     """The history since the start cannot be read: older than what the mailbox's history
     keeps (Gmail: 404, about a week), or more messages added since than one read takes. The
     history cannot answer for this attempt, only the search can. Not a ProviderError:

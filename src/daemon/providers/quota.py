@@ -75,12 +75,19 @@ class TokenBucket:
             self._refill()
             return self._tokens
 
-    def try_acquire(self, units: float) -> bool:
-        """Take `units` now if they are there; False (and nothing taken) otherwise."""
+    def until_full(self) -> float:
+        """Seconds until the bucket is full again (0.0: it is, as a fresh one would be)."""
+        with self._lock:
+            self._refill()
+            return max(0.0, (self.capacity - self._tokens - _EPSILON) / self.rate)
+
+    def try_acquire(self, units: float, *, keep: float = 0.0) -> bool:
+        """Take `units` now if they are there with `keep` left over (what a call that
+        must never delay a send leaves for one); False (and nothing taken) otherwise."""
         self._check(units)
         with self._lock:
             self._refill()
-            if self._tokens + _EPSILON >= units:
+            if self._tokens + _EPSILON >= units + keep:
                 self._tokens = max(0.0, self._tokens - units)
                 return True
             return False

@@ -14,6 +14,12 @@ sent folder (docs/providers.md "Providers"; "Adding a provider" in docs/architec
   provider: the policy check refuses `on_unknown = "retry"` with it.
 
 Hit ids are `UIDVALIDITY:UID` of the sent folder, which `read_message_id` reads back.
+
+Delivery reports (docs/providers.md "Bounces") arrive in INBOX, where the submission
+server's own bounces are filed: one read is `UID SEARCH SINCE <day> HEADER Content-Type
+"multipart/report"` there (only reports are listed: the server matches the header), the
+size of each one not read before, then the bytes of those within the caller's limit. Ids
+are `UIDVALIDITY:UID` of INBOX.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from datetime import datetime
 from email.message import Message
 from email.parser import BytesHeaderParser
 from pathlib import Path
@@ -29,8 +36,10 @@ from typing import Any, Literal, TypeVar
 
 from daemon.config.secret_text import read_secret_text
 from daemon.providers.base import (
+    FoundReport,
     ProviderBase,
     ProviderError,
+    ReportRead,
     SearchHit,
     SearchResult,
     SendKind,
@@ -43,6 +52,8 @@ from daemon.providers.smtp_submit import SmtpSubmitter
 from ledger.message_id import same_message_id
 
 log = logging.getLogger("sendledger.providers.smtp")
+#: What a delivery report's Content-Type says (RFC 6522), as INBOX is searched for it.
+REPORT_TYPE = "multipart/report"
 
 Security = Literal["tls", "starttls", "none"]
 SentCopy = Literal["server", "client"]
@@ -61,6 +72,7 @@ class SmtpImapProvider(ProviderBase):
     # A 250 names a queue entry, not a stored copy: the Message-ID is checked by `probe`
     # and by the exact header comparison of every search instead.
     response_ids_readable = False
+    reads_reports = True
 
     def __init__(
         self,
@@ -215,6 +227,41 @@ class SmtpImapProvider(ProviderBase):
         if uid not in headers:
             raise ProviderError(f"{provider_message_id}: no such message in the sent folder")
         return headers[uid]
+
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        """The reports in INBOX since `since`'s day (IMAP's SINCE has no time of day)."""
+        day = since.date()
+        query = f'INBOX: UID SEARCH SINCE {day:%d-%b-%Y} HEADER Content-Type "{REPORT_TYPE}"'
+
+        def call(client: Any) -> tuple[list[str], list[FoundReport]]:
+            selected = client.select_folder("INBOX", readonly=True)
+            validity = int(selected[b"UIDVALIDITY"])
+            uids = sorted(
+                int(uid)
+                for uid in client.search(["SINCE", day, "HEADER", "Content-Type", REPORT_TYPE])
+            )
+            ids = {uid: f"{validity}:{uid}" for uid in uids}
+            unread = [uid for uid in uids if ids[uid] not in known][:limit]
+            sizes = {
+                int(uid): int(data[b"RFC822.SIZE"])
+                for uid, data in (client.fetch(unread, ["RFC822.SIZE"]) if unread else {}).items()
+            }
+            small = [uid for uid, size in sizes.items() if size <= max_bytes]
+            bodies = {
+                int(uid): bytes(data[b"BODY[]"])
+                for uid, data in (client.fetch(small, ["BODY.PEEK[]"]) if small else {}).items()
+            }
+            found = [
+                FoundReport(ids[uid], bodies.get(uid), size, REPORT_TYPE)
+                for uid, size in sorted(sizes.items())
+            ]
+            return [ids[uid] for uid in uids], found
+
+        listed, found = self._imap_call(call)
+        unread = sum(1 for i in listed if i not in known)
+        return ReportRead(query, tuple(listed), tuple(found), complete=unread <= limit)
 
     def connection_stats(self) -> dict[str, dict[str, int]]:
         """What happened to the kept connections: {"smtp": {...}, "imap": {...}}."""

@@ -31,6 +31,7 @@ from daemon.providers.base import ProviderError, SendOutcome
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
 from daemon.providers.smtp_classify import Stage, classify_smtp
 from daemon.providers.timeouts import timed_out
+from ledger.exceptions import SendledgerError
 
 __all__ = ["SmtpSubmitter", "SubmitEnvelope"]
 
@@ -47,11 +48,11 @@ class SubmitEnvelope(Protocol):
     def wire_data(self) -> bytes: ...
 
 
-class _Retry(Exception):
+class _Retry(SendledgerError):
     """The kept connection was dead before anything of the message was accepted."""
 
 
-class _Refused(Exception):
+class _Refused(SendledgerError):
     def __init__(self, code: int, text: bytes | str) -> None:
         self.code, self.text = code, text
 

@@ -56,6 +56,7 @@ from typing import Any
 import httplib2
 
 from daemon.providers.kept import closed_by_peer
+from ledger.exceptions import SendledgerError
 
 #: Seconds a connection may sit idle and still be reused. Google's front ends keep idle
 #: connections for minutes and common servers for 5 s or more; staying under that makes a
@@ -90,7 +91,7 @@ class TransportStats:
             }
 
 
-class TransportFailure(httplib2.HttpLib2Error):  # type: ignore[misc]
+class TransportFailure(httplib2.HttpLib2Error, SendledgerError):  # type: ignore[misc]
     """Base for the two phases. `cause` is the exception from the socket or http.client."""
 
     def __init__(self, message: str, *, host: str, cause: BaseException) -> None:

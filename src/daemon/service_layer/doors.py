@@ -105,11 +105,13 @@ def _signature(directory: Path) -> tuple[object, ...]:
 
 def built_providers(settings: Settings) -> ProviderSource:
     """Each search builds the named provider and closes it after (a command, or
-    `sendledger api`, which sends nothing)."""
-    from daemon.bootstrap import build_provider
+    `sendledger api`, which sends nothing). The composition root, and with it the engine,
+    is imported by the first search: `submit` and `cancel` make none."""
 
     @contextmanager
     def source(name: str) -> Iterator[Provider]:
+        from daemon.bootstrap import build_provider
+
         if name not in settings.providers:
             raise KeyError(f"provider {name!r} is not configured")
         try:

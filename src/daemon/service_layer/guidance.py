@@ -47,6 +47,11 @@ MEANING: dict[EscalationReason, str] = {
         "The provider stayed unavailable (nothing was sent) for longer than the channel's "
         "give_up_after."
     ),
+    EscalationReason.BOUNCED: (
+        "The message was sent (the provider confirmed it), but a delivery report in the "
+        "sender's mailbox says a recipient's server refused it for good: that recipient "
+        "does not have it."
+    ),
 }
 
 #: The next step for each reason when nothing more is known (no check yet).
@@ -77,6 +82,11 @@ NEXT: dict[EscalationReason, str] = {
     EscalationReason.RENDER_MISMATCH: ("Abandon it, and submit a corrected job under a new key."),
     EscalationReason.PROVIDER_UNAVAILABLE: (
         "When the provider answers again (/healthz), resend; or abandon."
+    ),
+    EscalationReason.BOUNCED: (
+        "Read the report in the timeline (the recipient and the server's words), settle the "
+        "address with the customer (a new job under a new key), then resolve as sent: the "
+        "message went out, and a resend would reach the other recipients twice."
     ),
 }
 
@@ -129,10 +139,11 @@ SENT_NEEDS_NOTE = (
 
 
 def copies_known(job: SendJob, last_check: dict[str, Any] | None) -> int | None:
-    """The copies the last search showed: the latest check's, else a duplicate's."""
+    """The copies the last search showed: the latest check's, else a duplicate's, else
+    a bounced job's confirmed one."""
     if last_check is not None:
         return len(last_check.get("provider_message_ids") or [])
-    if job.duplicate:
+    if job.duplicate or job.reason == EscalationReason.BOUNCED:
         return len(job.provider_message_ids)
     return None
 
@@ -175,6 +186,8 @@ _REASONS = {reason.value for reason in EscalationReason}
 
 
 def _next(reason: EscalationReason | None, copies: int | None) -> str:
+    if reason is EscalationReason.BOUNCED:
+        return NEXT[reason]
     if copies == 1:
         return "The last check found one copy: the customer has it. Resolve as sent."
     if copies is not None and copies > 1:

@@ -17,6 +17,7 @@ from daemon.service_layer.job_json import DUPLICATE_REASON, duplicate_field
 from daemon.service_layer.job_json import loads as decode_jobs
 from ledger.application import Ledger, SubmitResult
 from ledger.content import JobContent, JobInputError, JobInputErrors, parse_job
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob
 from ledger.message_id import message_id_for
 from ledger.vocabulary import Sender
@@ -48,11 +49,13 @@ class FieldProblem:
 MAX_LISTED = 100
 
 
-class IntakeError(ValueError):
+class IntakeError(SendledgerError, ValueError):
     """The submitted jobs were refused; nothing was written. `problems` lists every
     problem of each refused job's fields (then one per job for what is checked after
     them: the channel's policy, the rendered message), in order, at most MAX_LISTED of
     them; `total` counts them all. The sentence names the first and says how many more."""
+
+    kind = Refusal.BAD_INPUT
 
     def __init__(self, problems: Sequence[FieldProblem], total: int | None = None) -> None:
         self.problems = list(problems[:MAX_LISTED])

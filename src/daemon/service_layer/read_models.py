@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from ledger.application import Ledger
+from ledger.delivery_reports import said
 from ledger.display import iso
 from ledger.job import SendJob
 from ledger.stores.index import IndexRow
@@ -101,6 +102,8 @@ def timeline_details(record: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         if name == "attachments" and isinstance(value, list):
             value = [attachment_summary(item) for item in value if isinstance(item, dict)]
+        if record["type"] == "Bounced" and name == "recipients" and isinstance(value, list):
+            value = said([item for item in value if isinstance(item, dict)])  # one line
         details.append((name, value if isinstance(value, str) else json.dumps(value)))
     return details
 

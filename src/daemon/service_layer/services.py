@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
@@ -55,6 +54,7 @@ from ledger.application import (
 )
 from ledger.content import JobContent, JobInputError
 from ledger.display import command_line, iso
+from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name, copies_found
 from ledger.keys import note_problem
 from ledger.vocabulary import FINAL_STATES, JobState, Resolution, Sender
@@ -73,14 +73,12 @@ _WRITE_TRIES = 5
 T = TypeVar("T")
 
 
-class Refusal(StrEnum):
-    BAD_INPUT = "bad-input"  # exit 2, HTTP 422
-    NOT_FOUND = "not-found"  # exit 4, HTTP 404
-    CONFLICT = "conflict"  # exit 3, HTTP 409
-    UNAVAILABLE = "unavailable"  # exit 1, HTTP 503: a search could not be made
+class ServiceError(SendledgerError):
+    """A service's refusal: its `kind` (ledger/exceptions.py: Refusal) is given where it is
+    raised, and each door maps it as it maps every error of the tree."""
 
+    kind: Refusal
 
-class ServiceError(Exception):
     def __init__(
         self,
         kind: Refusal,

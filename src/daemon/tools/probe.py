@@ -39,7 +39,14 @@ from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.providers.draft_handle import drafts_of
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
 from daemon.runtime import check_provider_access
-from daemon.tools.probe_drafts import drafts_handle_works, recommend, run_drafts_probe
+from daemon.tools.probe_drafts import (
+    LAG_FACTOR,
+    MIN_SEARCH_AFTER,
+    drafts_handle_works,
+    recommend,
+    recommend_search_after,
+    run_drafts_probe,
+)
 from ledger.content import JobInputError, validate_address
 from ledger.mime import build_message
 from policies.durations import DurationError, format_duration, parse_duration_within
@@ -47,9 +54,6 @@ from testkit.relay import FaultPlan, FaultRelay
 from testkit.smtp_relay import SmtpFaultRelay
 
 GMAIL_API = "https://gmail.googleapis.com"
-#: The recommendation never goes below this: one observation is not the worst case.
-MIN_SEARCH_AFTER = 60.0
-LAG_FACTOR = 3.0
 
 
 def register(sub: Any) -> None:
@@ -71,11 +75,6 @@ def _duration(option: str, value: str, high: float) -> float:
         return parse_duration_within(value, 0.001, high)
     except (DurationError, ValueError) as exc:
         raise bad_input(f"{option}: {exc}") from None
-
-
-def recommend_search_after(lag: float) -> float:
-    """A few times the observed lag, rounded up to a whole minute, at least a minute."""
-    return max(MIN_SEARCH_AFTER, math.ceil(lag * LAG_FACTOR / 60.0) * 60.0)
 
 
 #: The history's recommendation never goes below this: one observation of a lag near 0

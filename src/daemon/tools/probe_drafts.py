@@ -10,6 +10,7 @@ paths the probe recommends `send_via` and the windows.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,15 @@ from typing import Any
 from daemon.providers.base import ProviderError
 from daemon.providers.draft_handle import DraftsProvider, DraftStatus
 from policies.durations import format_duration
+
+#: The recommended `search_after`: a few times the index lag seen, at least a minute.
+MIN_SEARCH_AFTER = 60.0
+LAG_FACTOR = 3.0
+
+
+def recommend_search_after(lag: float) -> float:
+    """A few times the observed lag, rounded up to a whole minute, at least a minute."""
+    return max(MIN_SEARCH_AFTER, math.ceil(lag * LAG_FACTOR / 60.0) * 60.0)
 
 
 def run_drafts_probe(
@@ -88,8 +98,6 @@ def recommend(messages: dict[str, Any], drafts: dict[str, Any]) -> dict[str, Any
     ]
     search_after = messages.get("recommended_search_after")
     if lags and search_after is None:
-        from daemon.tools.probe import recommend_search_after
-
         search_after = format_duration(recommend_search_after(max(lags)))
     if drafts_handle_works(drafts):
         why = "the draft answered the dropped reply at once, without a search"

@@ -6,6 +6,6 @@
 - `delivery`: one HTTP POST, no redirects, with a timeout;
 - `worker`: one webhook's delivery from its position in the log (at least once, in log
   order, retried with backoff);
-- `runner`: the worker threads inside the daemon;
-- `status`, `commands`: `sendledger webhooks status`.
+- `delivery_threads`: the worker threads inside the daemon;
+- `status` (with `daemon/cli/webhooks.py`): `sendledger webhooks status`.
 """

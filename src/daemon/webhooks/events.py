@@ -12,12 +12,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, get_args
 from uuid import UUID
 
+from ledger.delivery_reports import said
 from ledger.vocabulary import Resolution
 
 if TYPE_CHECKING:
     from ledger.job import SendJob
 
-WebhookType = Literal["confirmed", "review", "duplicate", "abandoned", "cancelled", "rejected"]
+WebhookType = Literal[
+    "confirmed", "review", "duplicate", "abandoned", "cancelled", "rejected", "bounced"
+]
 WEBHOOK_TYPES: tuple[str, ...] = get_args(WebhookType)
 
 # A `rejected` delivery's `reason`: a code a receiver can branch on. The provider's own
@@ -55,6 +58,7 @@ WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = (
     ),
     WebhookEvent("cancelled", "Cancelled"),
     WebhookEvent("rejected", "Rejected"),
+    WebhookEvent("bounced", "Bounced"),
 )
 
 
@@ -95,9 +99,16 @@ def rejected_code(event: Any) -> RejectedCode:
 
 def payload(kind: str, job: SendJob, event: Any, event_id: str) -> dict[str, Any]:
     """The JSON a delivery POSTs: the job as it was right after the event. `reason` is
-    a code (the job's reason, or for `rejected` one of `REJECTED_CODES`); `detail` is
-    the provider's text for `rejected`, else null."""
-    rejected = kind == "rejected"
+    a code (the job's reason; for `rejected` one of `REJECTED_CODES`; for `bounced`
+    `permanent` or `transient`); `detail` is the provider's text for `rejected`, the
+    report's recipients and statuses for `bounced`, else null."""
+    if kind == "bounced":
+        reason: str | None = "permanent" if event.permanent else "transient"
+        detail: str | None = said(event.recipients)
+    elif kind == "rejected":
+        reason, detail = rejected_code(event), event.reason
+    else:
+        reason, detail = job.reason, None
     return {
         "type": kind,
         "key": job.key,
@@ -106,8 +117,8 @@ def payload(kind: str, job: SendJob, event: Any, event_id: str) -> dict[str, Any
         "message_id": job.message_id,
         "at": iso(event.timestamp),
         "event_id": event_id,
-        "reason": rejected_code(event) if rejected else job.reason,
-        "detail": event.reason if rejected else None,
+        "reason": reason,
+        "detail": detail,
     }
 
 

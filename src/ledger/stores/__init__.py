@@ -101,23 +101,6 @@ def store_exists(spec: StoreSpec) -> bool:
     return False
 
 
-def exception_chain(exc: BaseException) -> list[BaseException]:
-    """`exc` and what it wraps, outermost first, as a traceback walks it: `__cause__`,
-    else `__context__` unless suppressed (`raise ... from None`). eventsourcing re-raises
-    driver errors as its own, `from` the original."""
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and not any(current is seen for seen in chain):
-        chain.append(current)
-        if current.__cause__ is not None:
-            current = current.__cause__
-        elif current.__suppress_context__:
-            current = None
-        else:
-            current = current.__context__
-    return chain
-
-
 __all__ = [
     "IdentityLock",
     "IdentityTaken",
@@ -128,6 +111,5 @@ __all__ = [
     "StoreSpec",
     "StoreUrlError",
     "backend_for",
-    "exception_chain",
     "parse_store_url",
 ]

@@ -17,6 +17,11 @@ from collections.abc import Sequence
 
 #: Separates the keys of the ring in the `CIPHER_KEY` environment value.
 KEY_SEPARATOR = " "
+#: `ledger/stores/key_ring.py: KeyRingCipher` as eventsourcing names a class: it imports it
+#: from the topic when the application opens, so this module (read by every store) does not
+#: import the cipher and `cryptography` (tests/unit/test_store_key_checks.py holds the two
+#: together).
+KEY_RING_TOPIC = "ledger.stores.key_ring:KeyRingCipher"
 #: AES-256 (docs/configuration.md "Encryption at rest"): the library would take 16 or 24 bytes too.
 KEY_BYTES = 32
 
@@ -51,13 +56,11 @@ def cipher_env(keys: Sequence[str]) -> dict[str, str]:
     from eventsourcing.compressor import ZlibCompressor
     from eventsourcing.utils import get_topic
 
-    from ledger.stores.key_ring import KeyRingCipher
-
     return {
-        "CIPHER_TOPIC": get_topic(KeyRingCipher),
+        "CIPHER_TOPIC": KEY_RING_TOPIC,
         "CIPHER_KEY": KEY_SEPARATOR.join(check_key(k) for k in keys),
         "COMPRESSOR_TOPIC": get_topic(ZlibCompressor),
     }
 
 
-__all__ = ["KEY_BYTES", "KEY_SEPARATOR", "check_key", "cipher_env", "new_key"]
+__all__ = ["KEY_BYTES", "KEY_RING_TOPIC", "KEY_SEPARATOR", "check_key", "cipher_env", "new_key"]

@@ -27,9 +27,13 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
+from ledger.exceptions import Refusal, SendledgerError
 
-class IdentityTaken(Exception):
+
+class IdentityTaken(SendledgerError):
     """Another live daemon holds this name on this store."""
+
+    kind = Refusal.CONFLICT
 
     def __init__(self, name: str, where: str) -> None:
         super().__init__(

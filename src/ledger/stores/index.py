@@ -12,6 +12,8 @@ backend answers the same queries from a dict.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
@@ -21,6 +23,7 @@ from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
 
+from ledger.addresses import mailbox_key
 from ledger.job import SendJob
 from ledger.stores.purge import RewriteFailed, rewrites_from
 from ledger.vocabulary import JobState
@@ -42,10 +45,20 @@ COLUMNS = (
     "attempts",
     "reason",
     "purged_at",
+    "watch_until",
+    "watch_mailbox",
+    "mailbox",
 )
 #: Columns added after the first release: (name, SQL type template). Opening a store
-#: that lacks one adds it (each backend's `prepare`), so old stores keep working.
-ADDED_COLUMNS = (("purged_at", "{real}"),)
+#: that lacks one adds it (each backend's `prepare`), so old stores keep working. A row
+#: written before `mailbox` existed has none (NULL) until the daemon fills it
+#: (`Ledger.fill_mailboxes`, for the jobs with something due) or a rebuild does.
+ADDED_COLUMNS = (
+    ("purged_at", "{real}"),
+    ("watch_until", "{real}"),
+    ("watch_mailbox", "TEXT"),
+    ("mailbox", "TEXT"),
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,15 @@ class IndexRow:
     attempts: int
     reason: str | None
     purged_at: float | None = None  # epoch seconds: its content was purged then
+    # A confirmed job whose bounces are watched: until when, and a digest of its mailbox
+    # (`mailbox_digest`: the index keeps no address); both None otherwise
+    # (docs/how-it-works.md "Bounces").
+    watch_until: float | None = None
+    watch_mailbox: str | None = None
+    # The From's mailbox, lower case (`ledger.addresses.mailbox_key`): with the channel,
+    # what a daemon needs to know whose quota scope a job spends before it loads it
+    # (docs/performance.md "Several daemons"). None: a row of an earlier release.
+    mailbox: str | None = None
 
     def as_tuple(self) -> tuple[Any, ...]:
         return tuple(getattr(self, column) for column in COLUMNS)
@@ -96,7 +118,48 @@ class JobFilter:
 ALL_JOBS = JobFilter()
 
 
-def index_row(job: SendJob) -> IndexRow:
+@dataclass(frozen=True)
+class WatchedMailbox:
+    """A mailbox some confirmed jobs of a channel have their bounces watched in: its
+    digest, how many jobs, and one of them (whose From names the mailbox)."""
+
+    channel: str
+    mailbox: str  # `mailbox_digest` of the jobs' From
+    jobs: int
+    example_key: str
+
+
+@dataclass(frozen=True)
+class ScopeGroup:
+    """The rows of `channels` whose mailbox is one of `mailboxes` (None: any mailbox)."""
+
+    channels: tuple[str, ...]
+    mailboxes: tuple[str, ...] | None = None
+
+    def matches(self, row: IndexRow) -> bool:
+        return row.channel in self.channels and (
+            self.mailboxes is None or row.mailbox in self.mailboxes
+        )
+
+
+@dataclass(frozen=True)
+class ScopeFilter:
+    """The due rows one daemon works on when several share a store (docs/performance.md
+    "Several daemons"): those of its groups (the quota scopes it owns), and those of every
+    channel not in `known` (a channel without a policy: its jobs go to review, and no
+    scope is spent on that)."""
+
+    groups: tuple[ScopeGroup, ...] = ()
+    known: tuple[str, ...] = ()
+
+    def matches(self, row: IndexRow) -> bool:
+        return row.channel not in self.known or any(g.matches(row) for g in self.groups)
+
+
+def index_row(job: SendJob, mailbox: Callable[[str], str] = mailbox_key) -> IndexRow:
+    """The job's row; `mailbox` makes the From's mailbox column (a store's own,
+    `Ledger.mailbox_of`, digests it when the store is encrypted)."""
+    watching = job.state is JobState.CONFIRMED and job.watch_until is not None
     return IndexRow(
         key=job.key,
         job_id=job.id.hex,
@@ -110,7 +173,20 @@ def index_row(job: SendJob) -> IndexRow:
         attempts=job.attempts,
         reason=job.reason,
         purged_at=None if job.purged_at is None else job.purged_at.timestamp(),
+        watch_until=job.watch_until.timestamp() if watching and job.watch_until else None,
+        watch_mailbox=mailbox_digest(job.from_addr) if watching else None,
+        mailbox=mailbox(job.from_addr),
     )
+
+
+def mailbox_digest(from_addr: str) -> str:
+    """What the index keeps of a watched job's mailbox: the first 32 hex digits of the
+    SHA-256 of its lower-cased addr-spec, so jobs of one mailbox group together and no
+    address is stored beside encrypted events (docs/configuration.md "Encryption at rest")."""
+    from ledger.addresses import parse_mailbox  # only for watched jobs (its imports cost)
+
+    bare = parse_mailbox(from_addr).address.addr_spec.lower()
+    return hashlib.sha256(bare.encode("utf-8")).hexdigest()[:32]
 
 
 def rows_from(kwargs: Mapping[str, Any]) -> list[IndexRow]:
@@ -127,8 +203,25 @@ class JobIndex(Protocol):
 
     def job_by_message_id(self, message_id: str) -> IndexRow | None: ...
 
-    def jobs_due(self, state: str, now: float, limit: int) -> list[IndexRow]:
-        """Rows in `state` with due_at <= now, soonest first, at most `limit`."""
+    def jobs_due(
+        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None
+    ) -> list[IndexRow]:
+        """Rows in `state` with due_at <= now, soonest first, at most `limit`; with
+        `scopes`, only the rows it matches."""
+        ...
+
+    def scopes_due(self, states: Sequence[str], before: float) -> list[tuple[str, str | None]]:
+        """The distinct (channel, mailbox) of the rows in `states` due at or before
+        `before`: whose quota scopes have work (docs/performance.md "Several daemons")."""
+        ...
+
+    def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
+        """Keys of rows in `states` with something due and no mailbox (written by an
+        earlier release), at most `limit`."""
+        ...
+
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str]]) -> None:
+        """Fill the mailbox of each (key, mailbox) whose row has none."""
         ...
 
     def find(
@@ -154,6 +247,12 @@ class JobIndex(Protocol):
         ...
 
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]: ...
+
+    def watched(self) -> list[WatchedMailbox]:
+        """The (channel, mailbox) pairs with confirmed jobs whose bounces are watched,
+        and how many: a range of the partial index on `watch_until`, so it costs the
+        watched jobs, not the history."""
+        ...
 
     def count_by_state(self) -> dict[str, int]: ...
 
@@ -196,6 +295,13 @@ ADDED_INDEXES = (
         INDEX_TABLE + "_updated_key",
         "CREATE INDEX IF NOT EXISTS {n}_updated_key ON {t} (updated_at, key)",
     ),
+    # The watched jobs only (docs/how-it-works.md "Bounces"): partial, so it holds what is
+    # watched now and costs nothing for the other writes' rows.
+    (
+        INDEX_TABLE + "_watch",
+        "CREATE INDEX IF NOT EXISTS {n}_watch ON {t} (watch_until, channel, watch_mailbox) "
+        "WHERE watch_until IS NOT NULL",
+    ),
 )
 
 # Each secondary index costs every write: only the lookups a tick or a command makes.
@@ -205,7 +311,8 @@ CREATE_STATEMENTS = [
     "key TEXT PRIMARY KEY, job_id TEXT NOT NULL, channel TEXT NOT NULL, "
     "state TEXT NOT NULL, message_id TEXT NOT NULL, due_at {real}, "
     "created_at {real} NOT NULL, updated_at {real} NOT NULL, version INTEGER NOT NULL, "
-    "attempts INTEGER NOT NULL, reason TEXT, purged_at {real}){options}",
+    "attempts INTEGER NOT NULL, reason TEXT, purged_at {real}, watch_until {real}, "
+    "watch_mailbox TEXT, mailbox TEXT){options}",
     "CREATE INDEX IF NOT EXISTS {n}_state_due ON {t} (state, due_at)",
     "CREATE INDEX IF NOT EXISTS {n}_message_id ON {t} (message_id)",
     *(statement for _name, statement in ADDED_INDEXES),
@@ -272,15 +379,76 @@ class SqlJobIndex:
         rows = self._fetch(self._sql(_SELECT + "WHERE message_id = {p}"), [message_id])
         return _row(rows[0]) if rows else None
 
-    def jobs_due(self, state: str, now: float, limit: int) -> list[IndexRow]:
+    def jobs_due(
+        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None
+    ) -> list[IndexRow]:
+        owned, params = ("", []) if scopes is None else self._scope_sql(scopes)
         rows = self._fetch(
             self._sql(
-                _SELECT + "WHERE state = {p} AND due_at IS NOT NULL AND due_at <= {p} "
-                "ORDER BY due_at LIMIT {p}"
+                _SELECT
+                + "WHERE state = {p} AND due_at IS NOT NULL AND due_at <= {p} "
+                + owned
+                + "ORDER BY due_at LIMIT {p}"
             ),
-            [state, now, limit],
+            [state, now, *params, limit],
         )
         return [_row(r) for r in rows]
+
+    def _member(self, column: str) -> str:
+        """`column` is one of a list given as one parameter (`_members`): SQLite reads a
+        JSON array, PostgreSQL an array."""
+        return f"{column} IN (SELECT value FROM json_each({{p}}))"
+
+    def _members(self, values: Sequence[str]) -> Any:
+        return json.dumps(list(values))
+
+    def _scope_sql(self, scopes: ScopeFilter) -> tuple[str, list[Any]]:
+        """`AND (...)`, the rows `scopes` matches, and its parameters: one per list,
+        however many mailboxes a daemon owns."""
+        clauses = [f"NOT {self._member('channel')}"]
+        params: list[Any] = [self._members(scopes.known)]
+        for group in scopes.groups:
+            clause = self._member("channel")
+            params.append(self._members(group.channels))
+            if group.mailboxes is not None:
+                clause += " AND " + self._member("mailbox")
+                params.append(self._members(group.mailboxes))
+            clauses.append(f"({clause})")
+        return "AND (" + " OR ".join(clauses) + ") ", params
+
+    def scopes_due(self, states: Sequence[str], before: float) -> list[tuple[str, str | None]]:
+        if not states:
+            return []
+        # A range of the (state, due_at) index per state: what is due, not the history.
+        placeholders = ", ".join(["{p}"] * len(states))
+        rows = self._fetch(
+            self._sql(
+                f"SELECT DISTINCT channel, mailbox FROM {{t}} WHERE state IN ({placeholders}) "
+                "AND due_at <= {p}"
+            ),
+            [*states, before],
+        )
+        return [(str(c), None if m is None else str(m)) for c, m in rows]
+
+    def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
+        if not states:
+            return []
+        placeholders = ", ".join(["{p}"] * len(states))
+        rows = self._fetch(
+            self._sql(
+                f"SELECT key FROM {{t}} WHERE state IN ({placeholders}) AND due_at IS NOT NULL "
+                "AND mailbox IS NULL LIMIT {p}"
+            ),
+            [*states, limit],
+        )
+        return [str(key) for (key,) in rows]
+
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str]]) -> None:
+        if mailboxes:
+            self._execute(
+                self._sql("UPDATE {t} SET mailbox = {p} WHERE key = {p} AND mailbox IS NULL"),
+                [(mailbox, key) for key, mailbox in mailboxes],
+            )
 
     def find(
         self, where: JobFilter = ALL_JOBS, *, after_key: str | None = None, limit: int = 1000
@@ -341,6 +509,21 @@ class SqlJobIndex:
             [after_key or "", *PURGEABLE_STATES, before, limit],
         )
         return [_row(r) for r in rows]
+
+    def watched(self) -> list[WatchedMailbox]:
+        rows = self._fetch(
+            self._sql(
+                # A range of the partial index (a comparison implies NOT NULL): what is
+                # watched, never the other rows.
+                "SELECT channel, watch_mailbox, COUNT(*), MIN(key) FROM {t} "
+                "WHERE watch_until >= {p} "
+                "GROUP BY channel, watch_mailbox ORDER BY channel, watch_mailbox"
+            ),
+            [0.0],
+        )
+        return [
+            WatchedMailbox(str(c), str(m), int(n), str(k)) for c, m, n, k in rows if m is not None
+        ]
 
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
         """Counts for the given states: a range of the (state, due_at) index each, so
@@ -471,8 +654,12 @@ __all__ = [
     "UPSERT",
     "IndexRow",
     "JobIndex",
+    "ScopeFilter",
+    "ScopeGroup",
     "SqlJobIndex",
+    "WatchedMailbox",
     "index_row",
+    "mailbox_digest",
     "missing_indexes",
     "rows_from",
 ]

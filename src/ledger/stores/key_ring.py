@@ -33,6 +33,11 @@ class KeyRingCipher(AESCipher):
                 continue
         return None
 
+    def key_at(self, index: int) -> bytes:
+        """The key at `index` in the ring (`ledger.stores.keycheck.digest_secret`)."""
+        key: bytes = self._ring[index].key
+        return key
+
     def decrypt(self, ciphertext: bytes) -> bytes:
         # AES-GCM authenticates: a wrong key fails its tag check, it never yields garbage.
         for cipher in self._ring[:-1]:

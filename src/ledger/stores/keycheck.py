@@ -23,6 +23,7 @@ names".
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ AES_256_GCM = "aes-256-gcm"
 #: What an encrypted check holds once decrypted. AES-GCM authenticates, so only the key
 #: that encrypted it opens it.
 CHECK_TEXT = b"sendledger store key check v1"
+#: Keeps the digest secret apart from any other use of the key.
+DIGEST_CONTEXT = b"sendledger index digest v1\0"
 SETTING = "store.encryption_key_file"
 
 
@@ -111,6 +114,22 @@ def judge_store_key(
         )
     if 0 not in opened:  # the first key changed: remember it as one of the store's
         return _encrypted(f"key-{uuid.uuid4().hex}", cipher, now)
+    return None
+
+
+def digest_secret(checks: Sequence[KeyCheck], cipher: KeyRingCipher | None) -> bytes | None:
+    """What the job index's digests of addresses are keyed with on an encrypted store
+    (`ledger.application.Ledger.mailbox_of`), None on a plain one: derived from the
+    store's oldest key in the ring (the one that created it, while it is kept), so that
+    every daemon, before and after a rotation, digests a mailbox alike."""
+    if cipher is None:
+        return None
+    ordered = sorted(checks, key=lambda c: (c.check_id != STORE_CHECK, c.created_at))
+    for check in ordered:
+        if check.kind == AES_256_GCM:
+            index = cipher.key_index(check.value, CHECK_TEXT)
+            if index is not None:
+                return hashlib.sha256(DIGEST_CONTEXT + cipher.key_at(index)).digest()
     return None
 
 
@@ -199,5 +218,6 @@ __all__ = [
     "KeyChecks",
     "SqlKeyChecks",
     "StoreKeyRefused",
+    "digest_secret",
     "judge_store_key",
 ]

@@ -14,18 +14,27 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import ApplicationRecorder, StoredEvent
+from eventsourcing.persistence import ApplicationRecorder
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 from eventsourcing.utils import get_topic
 
 from ledger.stores.identity import MemoryIdentityLock
-from ledger.stores.index import ALL_JOBS, PURGEABLE_STATES, IndexRow, JobFilter, rows_from
+from ledger.stores.index import (
+    ALL_JOBS,
+    PURGEABLE_STATES,
+    IndexRow,
+    JobFilter,
+    ScopeFilter,
+    WatchedMailbox,
+    rows_from,
+)
 from ledger.stores.keycheck import KeyCheck
+from ledger.stores.private_api import MemoryHook
 from ledger.stores.purge import RewriteFailed, rewrites_from
 from ledger.stores.url import MemoryStore
 
@@ -33,7 +42,7 @@ from ledger.stores.url import MemoryStore
 MEMORY_STORE_NAME = "MEMORY_STORE_NAME"
 
 
-class MemoryJobIndexRecorder(POPOApplicationRecorder):
+class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
     def __init__(self) -> None:
         super().__init__()
         self._rows: dict[str, IndexRow] = {}
@@ -42,28 +51,27 @@ class MemoryJobIndexRecorder(POPOApplicationRecorder):
     # -- KeyChecks (ledger.stores.keycheck) ----------------------------------------------
 
     def key_checks(self) -> list[KeyCheck]:
-        with self._database_lock:
+        with self.database_lock:
             return list(self._key_checks.values())
 
     def add_key_check(self, check: KeyCheck) -> None:
-        with self._database_lock:
+        with self.database_lock:
             self._key_checks.setdefault(check.check_id, check)
 
-    def _update_table(
-        self, stored_events: Sequence[StoredEvent], **kwargs: Any
-    ) -> Sequence[int] | None:
-        # Called by _insert_events under self._database_lock, after _assert_uniqueness.
-        rewrites = rewrites_from(kwargs)
-        for event in rewrites:  # checked before anything changes: all or nothing
-            if event.originator_version not in self._stored_events_index[str(event.originator_id)]:
+    # The insert's hooks (ledger/stores/private_api.py: MemoryHook), under the lock.
+
+    def check_beside(self, kwargs: Mapping[str, Any]) -> None:
+        for event in rewrites_from(kwargs):  # checked before anything changes: all or nothing
+            if self.stored_position(event.originator_id, event.originator_version) is None:
                 raise RewriteFailed(event.originator_id, event.originator_version)
-        notification_ids = super()._update_table(stored_events, **kwargs)
-        for event in rewrites:
-            position = self._stored_events_index[str(event.originator_id)][event.originator_version]
-            self._stored_events[position] = event
+
+    def write_beside(self, kwargs: Mapping[str, Any]) -> None:
+        for event in rewrites_from(kwargs):
+            position = self.stored_position(event.originator_id, event.originator_version)
+            assert position is not None  # check_beside saw it, under the same lock
+            self.replace_stored(position, event)
         for row in rows_from(kwargs):
             self._upsert(row)
-        return notification_ids
 
     def _upsert(self, row: IndexRow) -> None:
         # As the SQL upsert: only a newer version replaces a row.
@@ -74,27 +82,59 @@ class MemoryJobIndexRecorder(POPOApplicationRecorder):
     # -- JobIndex ----------------------------------------------------------------------
 
     def job_by_key(self, key: str) -> IndexRow | None:
-        with self._database_lock:
+        with self.database_lock:
             return self._rows.get(key)
 
     def job_by_message_id(self, message_id: str) -> IndexRow | None:
-        with self._database_lock:
+        with self.database_lock:
             return next((r for r in self._rows.values() if r.message_id == message_id), None)
 
-    def jobs_due(self, state: str, now: float, limit: int) -> list[IndexRow]:
-        with self._database_lock:
+    def jobs_due(
+        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None
+    ) -> list[IndexRow]:
+        with self.database_lock:
             due = [
                 r
                 for r in self._rows.values()
-                if r.state == state and r.due_at is not None and r.due_at <= now
+                if r.state == state
+                and r.due_at is not None
+                and r.due_at <= now
+                and (scopes is None or scopes.matches(r))
             ]
         due.sort(key=lambda r: (r.due_at, r.key))
         return due[: max(limit, 0)]
 
+    def scopes_due(self, states: Sequence[str], before: float) -> list[tuple[str, str | None]]:
+        wanted = set(states)
+        with self.database_lock:
+            found = {
+                (r.channel, r.mailbox)
+                for r in self._rows.values()
+                if r.state in wanted and r.due_at is not None and r.due_at <= before
+            }
+        return sorted(found, key=lambda pair: (pair[0], pair[1] or ""))
+
+    def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
+        wanted = set(states)
+        with self.database_lock:
+            keys = [
+                r.key
+                for r in self._rows.values()
+                if r.state in wanted and r.due_at is not None and r.mailbox is None
+            ]
+        return sorted(keys)[: max(limit, 0)]
+
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str]]) -> None:
+        with self.database_lock:
+            for key, mailbox in mailboxes:
+                row = self._rows.get(key)
+                if row is not None and row.mailbox is None:
+                    self._rows[key] = replace(row, mailbox=mailbox)
+
     def find(
         self, where: JobFilter = ALL_JOBS, *, after_key: str | None = None, limit: int = 1000
     ) -> list[IndexRow]:
-        with self._database_lock:
+        with self.database_lock:
             rows = [
                 r
                 for r in self._rows.values()
@@ -110,7 +150,7 @@ class MemoryJobIndexRecorder(POPOApplicationRecorder):
         after: tuple[float, str] | None = None,
         limit: int = 100,
     ) -> list[IndexRow]:
-        with self._database_lock:
+        with self.database_lock:
             rows = [
                 r
                 for r in self._rows.values()
@@ -121,14 +161,14 @@ class MemoryJobIndexRecorder(POPOApplicationRecorder):
 
     def next_due(self, states: Sequence[str]) -> float | None:
         wanted = set(states)
-        with self._database_lock:
+        with self.database_lock:
             due = [
                 r.due_at for r in self._rows.values() if r.state in wanted and r.due_at is not None
             ]
         return min(due) if due else None
 
     def purgeable(self, before: float, *, after_key: str | None, limit: int) -> list[IndexRow]:
-        with self._database_lock:
+        with self.database_lock:
             rows = [
                 r
                 for r in self._rows.values()
@@ -141,27 +181,35 @@ class MemoryJobIndexRecorder(POPOApplicationRecorder):
         rows.sort(key=lambda r: r.key)
         return rows[: max(limit, 0)]
 
+    def watched(self) -> list[WatchedMailbox]:
+        groups: dict[tuple[str, str], list[str]] = {}
+        with self.database_lock:
+            for r in self._rows.values():
+                if r.watch_until is not None and r.watch_mailbox is not None:
+                    groups.setdefault((r.channel, r.watch_mailbox), []).append(r.key)
+        return [WatchedMailbox(c, m, len(k), min(k)) for (c, m), k in sorted(groups.items())]
+
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
         counts = dict.fromkeys(states, 0)
-        with self._database_lock:
+        with self.database_lock:
             for row in self._rows.values():
                 if row.state in counts:
                     counts[row.state] += 1
         return counts
 
     def count_by_state(self) -> dict[str, int]:
-        with self._database_lock:
+        with self.database_lock:
             return dict(Counter(row.state for row in self._rows.values()))
 
     def replace_all(self, rows: Iterable[IndexRow]) -> None:
-        with self._database_lock:
+        with self.database_lock:
             self._rows = {}
             for row in rows:
                 self._upsert(row)
 
     def rebuild(self, rows: Sequence[IndexRow]) -> None:
         # As SqlJobIndex.rebuild, under the one lock.
-        with self._database_lock:
+        with self.database_lock:
             for row in rows:
                 current = self._rows.get(row.key)
                 if current is None or row.version >= current.version:

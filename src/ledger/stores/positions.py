@@ -23,11 +23,13 @@ without webhooks never carry it and opening a store runs no new DDL.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ledger.stores import exception_chain
+from ledger.stores.causes import exception_chain
+from ledger.stores.recorder_kind import recorder_backend
 
 POSITIONS_TABLE = "sendledger_webhook_positions"
 COLUMNS = (
@@ -486,14 +488,12 @@ def _lock_not_available(exc: BaseException) -> bool:
 
 def positions_for(recorder: Any) -> PositionStore:
     """The position rows of the store `recorder` (a Ledger's) writes to."""
-    # By the eventsourcing module the recorder's class comes from: importing the
-    # PostgreSQL one (and so psycopg) only to ask would slow every SQLite command.
-    modules = {cls.__module__ for cls in type(recorder).__mro__}
-    if "eventsourcing.postgres" in modules:
-        return PostgresPositions(recorder)
-    if "eventsourcing.sqlite" in modules:
-        return SqlitePositions(recorder)
-    return MemoryPositions(recorder)
+    kind: dict[str, Callable[[Any], PositionStore]] = {
+        "postgres": PostgresPositions,
+        "sqlite": SqlitePositions,
+        "memory": MemoryPositions,
+    }
+    return kind[recorder_backend(recorder)](recorder)
 
 
 __all__ = [

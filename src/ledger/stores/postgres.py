@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +23,7 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastor
 from eventsourcing.utils import get_topic, retry
 from psycopg.sql import SQL
 
-from ledger.stores import exception_chain
+from ledger.stores.causes import exception_chain
 from ledger.stores.identity import IdentityTaken
 from ledger.stores.index import (
     ADDED_COLUMNS,
@@ -35,6 +35,7 @@ from ledger.stores.index import (
     rows_from,
 )
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
+from ledger.stores.private_api import InsertHook, insert_by_function
 from ledger.stores.url import PostgresStore
 
 DB_FUNCTIONS = "POSTGRES_ENABLE_DB_FUNCTIONS"
@@ -64,7 +65,7 @@ _SETUP_RACE = _TRANSIENT | {
 EVENTS_TABLE = "sendledger_events"
 
 
-class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex, SqlKeyChecks):
+class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIndex, SqlKeyChecks):
     _p = "%s"
     _blob = "BYTEA"
     _real = "DOUBLE PRECISION"
@@ -93,33 +94,22 @@ class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex, SqlKeyC
         # POSTGRES_ENABLE_DB_FUNCTIONS=y (sendledger's default; =n in the environment
         # turns it off): the library calls its insert function and skips
         # `_insert_events`, so the index rows would be lost. Call the same function, then
-        # write the rows, in one transaction.
-        pg_events = [
-            self.construct_pg_stored_event(e.originator_id, e.originator_version, e.topic, e.state)
-            for e in stored_events
-        ]
+        # write the rows, in one transaction (ledger/stores/private_api.py).
         with (
             self.datastore.get_connection() as conn,
             conn.transaction(),
             conn.cursor() as curs,
         ):
-            curs.execute(self.sql_invoke_pg_function_insert_events, (pg_events,), prepare=True)
-            ids = [int(r[self.pg_function_name_insert_events]) for r in curs.fetchall()]
+            ids = insert_by_function(self, curs, stored_events)
             # The function set the lock_timeout of whoever created the store; the rest of
             # the transaction waits by this one's (`[store] lock_timeout`).
             curs.execute(self._set_lock_timeout)
-            self._rewrite_events(curs, kwargs)
-            self._upsert_rows(curs, **kwargs)
+            self.beside_events(curs, kwargs)
         return ids
 
-    def _insert_events(
-        self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
-    ) -> None:
-        super()._insert_events(curs, stored_events, **kwargs)
+    def beside_events(self, curs: Any, kwargs: Mapping[str, Any]) -> None:
+        # In the events' transaction (ledger/stores/private_api.py: InsertHook).
         self._rewrite_events(curs, kwargs)
-        self._upsert_rows(curs, **kwargs)
-
-    def _upsert_rows(self, curs: Any, **kwargs: Any) -> None:
         rows = rows_from(kwargs)
         if rows:
             curs.executemany(self._sql(UPSERT), [r.as_tuple() for r in rows])
@@ -129,6 +119,12 @@ class PostgresJobIndexRecorder(PostgresApplicationRecorder, SqlJobIndex, SqlKeyC
 
     def _tuples(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r.values()) for r in cursor.fetchall()]
+
+    def _member(self, column: str) -> str:
+        return f"{column} = ANY({{p}})"
+
+    def _members(self, values: Sequence[str]) -> Any:
+        return list(values)
 
     def _rewrite_sql(self) -> tuple[str, Callable[[Any], Any]]:
         sql = (

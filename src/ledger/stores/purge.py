@@ -13,11 +13,13 @@ from typing import Any
 
 from eventsourcing.persistence import StoredEvent
 
+from ledger.exceptions import SendledgerError
+
 #: The keyword argument of `Application.save` that carries the stored events to rewrite.
 REWRITES_KWARG = "sendledger_rewrites"
 
 
-class RewriteFailed(Exception):
+class RewriteFailed(SendledgerError):
     """An event to rewrite was not in the store: the purge's transaction is rolled back."""
 
     def __init__(self, originator_id: object, version: int) -> None:

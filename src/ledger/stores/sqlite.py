@@ -7,18 +7,17 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
 from eventsourcing.utils import get_topic
 
-from ledger.stores import exception_chain
+from ledger.stores.causes import exception_chain
 from ledger.stores.identity import FileIdentityLock
 from ledger.stores.index import (
     ADDED_COLUMNS,
@@ -30,6 +29,7 @@ from ledger.stores.index import (
     rows_from,
 )
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
+from ledger.stores.private_api import InsertHook
 from ledger.stores.purge import rewrites_from
 from ledger.stores.url import SqliteStore
 
@@ -38,7 +38,7 @@ from ledger.stores.url import SqliteStore
 _LOCK_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 
-class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, SqlJobIndex, SqlKeyChecks):
+class SQLiteJobIndexRecorder(InsertHook, SQLiteApplicationRecorder, SqlJobIndex, SqlKeyChecks):
     _p = "?"
 
     def construct_create_table_statements(self) -> list[str]:
@@ -50,10 +50,8 @@ class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, SqlJobIndex, SqlKeyCheck
         )
         return statements
 
-    def _insert_events(
-        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
-    ) -> Sequence[int] | None:
-        notification_ids = super()._insert_events(c, stored_events, **kwargs)
+    def beside_events(self, c: SQLiteCursor, kwargs: Mapping[str, Any]) -> None:
+        # In the events' transaction (ledger/stores/private_api.py: InsertHook).
         if rewrites_from(kwargs):
             # What the rewrite frees is overwritten with zeros, not left in free space.
             c.execute("PRAGMA secure_delete = ON")
@@ -61,7 +59,6 @@ class SQLiteJobIndexRecorder(SQLiteApplicationRecorder, SqlJobIndex, SqlKeyCheck
         rows = rows_from(kwargs)
         if rows:
             c.executemany(self._sql(UPSERT), [r.as_tuple() for r in rows])
-        return notification_ids
 
     def _rewrite_sql(self) -> tuple[str, Callable[[Any], Any]]:
         sql = (

@@ -10,10 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from ledger.exceptions import Refusal, SendledgerError
 
-class StoreRefused(ValueError):
+
+class StoreRefused(SendledgerError, ValueError):
     """The store cannot be opened as configured: bad input, named in the message, and
     nothing was written (the CLI's exit 2)."""
+
+    kind = Refusal.BAD_INPUT
 
 
 class StoreUrlError(StoreRefused):

@@ -1,0 +1,335 @@
+"""Bounces: delivery reports about confirmed jobs, found in their mailboxes and recorded
+on them (docs/how-it-works.md "Bounces", docs/architecture.md "Bounces on the job").
+
+A channel with `watch_bounces` has its confirmed jobs watched for that long (the job's
+`WatchingBounces` event; the index keeps the watched jobs' mailboxes). The work is per
+mailbox, not per job: once per `daemon.bounce_interval`, one read of each mailbox with
+watched jobs lists the candidate reports received within the longest window of its
+channels (`Provider.read_reports`) and reads the ones not read before; each is parsed as
+hostile input (`ledger/delivery_reports.py`) and attributed only by its original
+Message-ID, exact and ours, to a job of that very mailbox, which records it once
+(`SendJob.record_bounce`, saved with the version it was read at). So a daemon watching
+thousands of jobs makes one read per mailbox per interval, and a job costs nothing until a
+report names it.
+
+A read runs on a check worker, only while its mailbox has no send waiting in the queue and
+its circuit admits it (a failure counts toward that circuit as a search's does), so a
+bounce read never delays a due send. What was read is remembered in memory (the ids, and
+what each turned out to be) for as long as the mailbox lists it; after a restart the
+window is read again and a report already recorded is refused by the job itself. A report
+about a job that is not confirmed yet (its outcome still unknown) waits in memory and is
+tried again at each read until the job is watched or the report leaves the window.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from daemon.engine.circuit import CHECK, Admit, Circuits
+from daemon.engine.clock import Clock
+from daemon.engine.commit import GroupCommit
+from daemon.engine.observer import EngineObserver, notify
+from daemon.engine.policy_holder import PolicyHolder
+from daemon.engine.report import Counter
+from daemon.engine.runner import Work
+from daemon.providers.base import FoundReport, Provider, ProviderError
+from ledger.application import ConcurrentUpdate, Ledger
+from ledger.delivery_reports import (
+    MAX_REPORT_BYTES,
+    DeliveryReport,
+    ReportRefusal,
+    ReportRefused,
+    read_report,
+)
+from ledger.job import BounceRefused, SendJob, bounce_recipients
+from ledger.vocabulary import JobState
+from policies import decisions
+
+log = logging.getLogger("sendledger.engine")
+
+#: Reports read (fetched) in one read of one mailbox; the rest wait for the next one.
+READ_LIMIT = 50
+#: Saves of one report tried when other writers keep moving its job.
+SAVE_TRIES = 3
+#: The outcome of a report recorded on its job (the others are `ReportRefusal` values).
+RECORDED = "recorded"
+#: The only top-level type a report has (RFC 6522).
+REPORT_TYPE = "multipart/report"
+#: States in which a job named by a report may still become watched: the report waits.
+_NOT_YET = frozenset({JobState.REQUESTED, JobState.ATTEMPTED, JobState.UNKNOWN})
+
+
+@dataclass
+class _Seen:
+    """What a report read earlier turned out to be; `report` set while it still waits
+    for its job to be watched."""
+
+    outcome: str
+    report: DeliveryReport | None = None
+
+
+@dataclass
+class MailboxRead:
+    """One mailbox's read: its provider view, the channels watched in it, how far back."""
+
+    scope: str
+    provider: Provider
+    channels: frozenset[str]
+    lookback: float  # seconds: the longest `watch_bounces` of its channels
+
+
+@dataclass
+class _Mailbox:
+    seen: dict[str, _Seen] = field(default_factory=dict)
+    next_read: datetime | None = None
+
+
+class BounceWatch:
+    """The reads of every watched mailbox, handed to the check workers by the tick."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        policies: PolicyHolder,
+        providers: Mapping[str, Provider],
+        clock: Clock,
+        circuits: Circuits,
+        commits: GroupCommit,
+        observer: EngineObserver,
+        *,
+        interval: float,
+        sends_waiting: Callable[[str], int],
+    ) -> None:
+        self._ledger = ledger
+        self._policies = policies
+        self._providers = providers
+        self._clock = clock
+        self._circuits = circuits
+        self._commits = commits
+        self._observer = observer
+        self.interval = interval
+        self._sends_waiting = sends_waiting
+        self._lock = threading.Lock()
+        self._mailboxes: dict[str, _Mailbox] = {}
+        self._reads: list[MailboxRead] = []
+        self._reads_at: datetime | None = None
+        self._addresses: dict[str, str] = {}  # mailbox digest -> a From of that mailbox
+
+    def due(self) -> list[MailboxRead]:
+        """The mailbox reads that may run now: due, nothing of theirs waiting to be sent,
+        their circuit not open. The watched mailboxes are read from the index once per
+        interval (the index's partial range: what is watched, not the history)."""
+        now = self._clock()
+        with self._lock:
+            stale = self._reads_at is None or now >= self._reads_at
+        if stale:
+            reads = self._watched()
+            with self._lock:
+                self._reads = reads
+                self._reads_at = now + timedelta(seconds=self.interval)
+                for gone in self._mailboxes.keys() - {r.scope for r in reads}:
+                    del self._mailboxes[gone]  # nothing watched there any more
+        with self._lock:
+            reads = list(self._reads)
+            mailboxes = {r.scope: self._mailboxes.setdefault(r.scope, _Mailbox()) for r in reads}
+        return [
+            r
+            for r in reads
+            if _due(mailboxes[r.scope].next_read, now)
+            and self._sends_waiting(r.scope) == 0
+            and not self._circuits.holds(r.scope, now, CHECK)
+        ]
+
+    def _watched(self) -> list[MailboxRead]:
+        """Each watched (channel, mailbox) mapped to its provider's view and merged by
+        scope: channels sharing a mailbox share its read."""
+        policies = self._policies.current
+        merged: dict[str, MailboxRead] = {}
+        for watched in self._ledger.watched():
+            policy = policies.get(watched.channel)
+            if policy is None or policy.watch_bounces is None:
+                continue  # its watches end at their time; nothing is read for them
+            provider = self._providers.get(policy.provider)
+            address = self._address(watched.mailbox, watched.example_key)
+            if provider is None or address is None:
+                continue
+            view = provider.for_job(address, None)
+            if not view.reads_reports:
+                continue
+            scope = view.scope()
+            known = merged.get(scope)
+            if known is None:
+                merged[scope] = MailboxRead(
+                    scope, view, frozenset({watched.channel}), policy.watch_bounces
+                )
+            else:
+                known.channels |= {watched.channel}
+                known.lookback = max(known.lookback, policy.watch_bounces)
+        return sorted(merged.values(), key=lambda r: r.scope)
+
+    def _address(self, digest: str, example_key: str) -> str | None:
+        """The From of a watched mailbox, known by its digest (the index keeps no address):
+        read from one of its jobs once, then remembered."""
+        with self._lock:
+            known = self._addresses.get(digest)
+        if known is not None:
+            return known
+        job = self._ledger.find_job(example_key)
+        if job is None:
+            return None
+        with self._lock:
+            self._addresses[digest] = job.from_addr
+        return job.from_addr
+
+    def read(self, read: MailboxRead, counter: Counter) -> None:
+        """One read of one mailbox, and every report it found attributed (a check
+        worker's task)."""
+        now = self._clock()
+        with self._lock:
+            mailbox = self._mailboxes.setdefault(read.scope, _Mailbox())
+            known = set(mailbox.seen)
+            mailbox.next_read = now + timedelta(seconds=self.interval)
+        admit = self._circuits.admit(read.scope, now, CHECK)
+        if admit is Admit.HOLD:
+            return
+        since = now - timedelta(seconds=read.lookback)
+        try:
+            with self._circuits.calling(read.scope):
+                result = read.provider.read_reports(
+                    since, known=known, max_bytes=MAX_REPORT_BYTES, limit=READ_LIMIT
+                )
+        except ProviderError as exc:
+            self._circuits.called(
+                read.scope,
+                self._clock(),
+                unavailable=exc.unavailable,
+                retry_after=exc.retry_after,
+                timed_out=exc.timed_out,
+                kind=CHECK,
+            )
+            wait = max(exc.retry_after or 0.0, self.interval)
+            with self._lock:
+                mailbox.next_read = self._clock() + timedelta(seconds=wait)
+            log.warning("%s: reading delivery reports failed (%s)", read.scope, exc.reason)
+            counter.bump("errors")
+            return
+        except BaseException:
+            if admit is Admit.PROBE:
+                self._circuits.probe_returned(read.scope)
+            raise
+        self._circuits.answered(read.scope, self._clock(), CHECK)
+        listed = set(result.listed)
+        with self._lock:
+            if result.complete:
+                # A report no longer listed left the window (or the mailbox): forget it.
+                mailbox.seen = {k: v for k, v in mailbox.seen.items() if k in listed}
+            else:
+                mailbox.next_read = self._clock()  # the rest at the next tick
+        for found in result.found:
+            seen = self._parse(found)
+            with self._lock:
+                mailbox.seen[found.provider_id] = seen
+        with self._lock:
+            waiting = [(k, v) for k, v in mailbox.seen.items() if v.report is not None]
+        for provider_id, seen in waiting:
+            assert seen.report is not None
+            outcome = self._attribute(read, provider_id, seen.report, counter)
+            if outcome is not None:
+                with self._lock:
+                    mailbox.seen[provider_id] = _Seen(outcome)
+
+    def _parse(self, found: FoundReport) -> _Seen:
+        if found.raw is None and found.content_type not in ("", REPORT_TYPE):
+            parsed: DeliveryReport | ReportRefused = ReportRefused(
+                ReportRefusal.NOT_A_REPORT, found.content_type
+            )
+        elif found.raw is None:
+            parsed = ReportRefused(ReportRefusal.TOO_LARGE, f"{found.size} bytes")
+        else:
+            domains = {p.message_id_domain for p in self._policies.current.values()}
+            parsed = read_report(found.raw, domains=domains)
+        if isinstance(parsed, ReportRefused):
+            self._refused(found.provider_id, parsed.reason, parsed.detail)
+            return _Seen(parsed.reason)
+        return _Seen("waiting", parsed)
+
+    def _attribute(
+        self, read: MailboxRead, provider_id: str, report: DeliveryReport, counter: Counter
+    ) -> str | None:
+        """Record the report on the job it names, if that job is a watched one of this
+        mailbox. The outcome, or None: the job is not watched yet (asked again later)."""
+        row = self._ledger.row_by_message_id(report.original_message_id)
+        if row is None:
+            return self._refused(provider_id, ReportRefusal.UNKNOWN_JOB, report.original_message_id)
+        if row.watch_mailbox is None:
+            if JobState(row.state) in _NOT_YET:
+                return None
+            return self._refused(provider_id, ReportRefusal.NOT_WATCHED, row.key)
+        for _ in range(SAVE_TRIES):
+            try:
+                job = self._ledger.get_job(row.key)
+                if self._scope_of(job.channel, job.from_addr) != read.scope:
+                    return self._refused(provider_id, ReportRefusal.OTHER_MAILBOX, row.key)
+                self._record(job, report, provider_id)
+            except BounceRefused as refused:
+                return self._refused(provider_id, refused.refusal, f"{row.key}: {refused}")
+            except ConcurrentUpdate:
+                continue  # another writer moved the job: read it again
+            counter.bump("bounced")
+            notify(lambda: self._observer.bounce_report(RECORDED))
+            log.info("job %s: bounce report %s recorded", row.key, provider_id)
+            return RECORDED
+        return None  # still moving: the next read tries again
+
+    def _record(self, job: SendJob, report: DeliveryReport, provider_id: str) -> None:
+        policy = self._policies.current.get(job.channel)
+        if policy is None:
+            raise BounceRefused(job, ReportRefusal.NOT_WATCHED, "no policy for its channel")
+        permanent = any(r.permanent for r in bounce_recipients(job, report))
+        job.record_bounce(
+            report,
+            provider_message_id=provider_id,
+            decision=decisions.after_bounce(policy, permanent=permanent),
+            at=self._clock(),
+        )
+        events = list(job.pending_events)
+        self._commits.save(job)
+        notify(lambda: self._observer.saved(job, events))
+
+    def _scope_of(self, channel: str, from_addr: str) -> str | None:
+        policy = self._policies.current.get(channel)
+        provider = None if policy is None else self._providers.get(policy.provider)
+        return None if provider is None else provider.for_job(from_addr, None).scope()
+
+    def _refused(self, provider_id: str, refusal: ReportRefusal, detail: str) -> str:
+        notify(lambda: self._observer.bounce_report(refusal.value))
+        if refusal is not ReportRefusal.RECORDED_ALREADY:
+            log.info("delivery report %s not recorded: %s (%s)", provider_id, refusal, detail)
+        return refusal.value
+
+
+def _due(moment: datetime | None, now: datetime) -> bool:
+    return moment is None or moment <= now
+
+
+class EndWatch:
+    """A confirmed job whose bounce watch is over: recorded, so nothing of it is due."""
+
+    state = JobState.CONFIRMED
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+
+    def is_due(self, job: SendJob, now: datetime) -> bool:
+        return job.watch_until is not None and job.watch_until <= now
+
+    def run(self, work: Work) -> None:
+        work.job.end_bounce_watch(at=self._clock())
+        work.save()
+
+
+__all__ = ["READ_LIMIT", "RECORDED", "BounceWatch", "EndWatch", "MailboxRead"]

@@ -1,0 +1,303 @@
+"""Scope owners: one daemon at a time works for each quota scope (docs/performance.md
+"Several daemons", docs/architecture.md "Leases").
+
+A quota scope is what one quota is spent from: a provider, or one mailbox of it where the
+quota is per mailbox (`Provider.scope_of`). Daemons sharing a store each own some scopes
+through a lease in the store (`ledger/stores/scopes.py`) and load, claim, send, search,
+read back and tidy only for the scopes they own, so whatever the number of daemons a
+mailbox is sent at the rate of one quota bucket: its owner's.
+
+- **The round** (`balance`, every tick, before the due jobs are read): which scopes have
+  work due within a lease (`Ledger.scopes_due`: the job index keeps each job's channel
+  and From mailbox, so no job is loaded to know); how many daemons share them (their
+  heartbeats, and the owners of live leases); this daemon's fair share, ceil(scopes /
+  daemons). It takes free scopes (no row, a lease that ended by its clock, or its own) up
+  to its share, each daemon preferring other scopes (a hash of its name and the scope),
+  and gives up a scope that has had nothing due for a lease, and the ones above its share
+  when another daemon is below its share and nothing is free. The answer is the
+  `ScopeFilter` the tick's due reads use (`Ledger.due`).
+- **The renewal** (`renew_due`, from the round and from a thread of its own): once a third
+  of the lease has passed, one write renews every lease held and the heartbeat. A lease not
+  renewed (another daemon took it, or it was forgotten) is dropped at once.
+- **When to act** (`may_call`): only while this daemon's clock is more than
+  `daemon.deadline_grace` before the lease's end. Another daemon takes a scope only after
+  that end by its own clock, so with clocks within the grace of each other the two never
+  act on one scope at once, and a daemon whose renewals fail (the store is gone, the
+  process was stopped) stops by itself before anyone else starts. A call already made
+  stays its own until it ends (its claim's lease, `leases.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from daemon.engine.clock import Clock
+from daemon.engine.policy_holder import PolicyHolder
+from daemon.providers.base import Provider
+from ledger.stores.index import ScopeFilter, ScopeGroup
+from ledger.stores.scopes import ScopeLease, ScopeLeaseStore
+
+log = logging.getLogger("sendledger.engine")
+
+#: A lease is renewed once this share of it has passed since it was last written.
+RENEW_SHARE = 1 / 3
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What the round found due: each scope's provider and the mailboxes of its jobs."""
+
+    providers: dict[str, str]  # scope -> provider name
+    mailboxes: dict[str, set[str]]  # scope -> the From mailboxes with work
+
+
+class ScopeOwners:
+    """The scopes this daemon owns. Thread-safe: the tick balances, a thread renews, the
+    workers ask `may_call`."""
+
+    def __init__(
+        self,
+        store: ScopeLeaseStore,
+        policies: PolicyHolder,
+        providers: Mapping[str, Provider],
+        *,
+        daemon: str,
+        lease: float,
+        grace: float,
+        horizon: float,
+        clock: Clock,
+    ) -> None:
+        """`lease`: seconds a lease runs from its last write (more than `grace`);
+        `horizon`: seconds ahead a job's due time makes its scope wanted (a lease plus
+        the longest call, so that a scope with a call in flight is never idle)."""
+        self._store = store
+        self._policies = policies
+        self._providers = providers
+        self._daemon = daemon
+        self._lease = lease
+        self._grace = grace
+        self.horizon = horizon
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._held: dict[str, float] = {}  # scope -> its stored lease's end (our clock)
+        self._idle_since: dict[str, float] = {}
+        self._renewed_at: float | None = None  # None: not joined yet
+        self._renewing = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ensured = False
+        # For tests and the log.
+        self.taken = 0
+        self.released = 0
+        self.lost = 0
+
+    # -- what the workers ask -----------------------------------------------------------
+
+    def may_call(self, scope: str, now: datetime) -> bool:
+        """Whether a call for `scope` may start now: it is ours, and its lease ends more
+        than the grace from now."""
+        until = self._held.get(scope)
+        return until is not None and now.timestamp() < until - self._grace
+
+    def owned(self) -> list[str]:
+        with self._lock:
+            return sorted(self._held)
+
+    # -- the round ----------------------------------------------------------------------
+
+    def balance(self, due: Iterable[tuple[str, str | None]], now: datetime) -> ScopeFilter:
+        """One round (see the module): `due` is `Ledger.scopes_due` up to the horizon.
+        The filter of the due rows this daemon works on."""
+        at = now.timestamp()
+        self._ensure()
+        self.renew_due(now)
+        work = self._work(due)
+        wanted = set(work.providers)
+        rows = {row.scope: row for row in self._store.leases()}
+        members = set(self._store.members(at)) | {self._daemon}
+        live = [row for row in rows.values() if row.lease_until > at]
+        sharers = members | {row.owner for row in live}
+        total = len(wanted | {row.scope for row in live})
+        share = math.ceil(total / len(sharers)) if total else 0
+        self._give_up_idle(wanted, at)
+        mine = set(self.owned())
+        free = [s for s in wanted - mine if _free(rows.get(s), self._daemon, at)]
+        others = Counter(row.owner for row in live if row.owner != self._daemon)
+        below = any(others[m] < share for m in sharers - {self._daemon})
+        if len(mine) > share and not free and below:
+            extra = sorted(mine, key=self._preference)[share:]
+            self._release(extra, at)
+            mine -= set(extra)
+        wanted_now = sorted(free, key=self._preference)[: max(share - len(mine), 0)]
+        if wanted_now:
+            taken = self._store.take(self._daemon, wanted_now, at, at + self._lease)
+            with self._lock:
+                self._held.update((row.scope, row.lease_until) for row in taken)
+            self.taken += len(taken)
+            if taken:
+                log.info(
+                    "scope%s %s: taken (lease %gs)",
+                    "s" if len(taken) > 1 else "",
+                    ", ".join(row.scope for row in taken),
+                    self._lease,
+                )
+        return self._filter(work)
+
+    def _work(self, due: Iterable[tuple[str, str | None]]) -> _Work:
+        policies = self._policies.current
+        providers: dict[str, str] = {}
+        mailboxes: dict[str, set[str]] = {}
+        for channel, mailbox in due:
+            policy = policies.get(channel)
+            provider = None if policy is None else self._providers.get(policy.provider)
+            if policy is None or provider is None or mailbox is None:
+                continue  # no policy: review, no scope spent; not ours; not filled yet
+            scope = provider.scope_of(mailbox)
+            providers[scope] = policy.provider
+            mailboxes.setdefault(scope, set()).add(mailbox)
+        return _Work(providers, mailboxes)
+
+    def _filter(self, work: _Work) -> ScopeFilter:
+        """The due rows of the scopes held: per provider, every mailbox when this daemon
+        holds every scope of it that has work (a new mailbox is then read at once, and
+        `may_call` keeps it waiting until the next round takes its scope), else the
+        mailboxes of the scopes it holds."""
+        policies = self._policies.current
+        with self._lock:
+            held = set(self._held)
+        groups = []
+        for name in sorted({policy.provider for policy in policies.values()}):
+            if name not in self._providers:
+                continue
+            scopes = {scope for scope, provider in work.providers.items() if provider == name}
+            ours = scopes & held
+            if not ours:
+                continue
+            channels = tuple(sorted(c for c, p in policies.items() if p.provider == name))
+            if ours == scopes:
+                groups.append(ScopeGroup(channels))
+            else:
+                mailboxes = sorted({m for scope in ours for m in work.mailboxes[scope]})
+                groups.append(ScopeGroup(channels, tuple(mailboxes)))
+        return ScopeFilter(tuple(groups), tuple(sorted(policies)))
+
+    def _preference(self, scope: str) -> bytes:
+        # Each daemon orders the scopes its own way: two taking at once mostly differ.
+        return hashlib.sha256(f"{self._daemon}\n{scope}".encode()).digest()
+
+    def _give_up_idle(self, wanted: set[str], at: float) -> None:
+        """Scopes held with nothing due within the horizon for a whole lease are released
+        (a store of many mailboxes keeps leases only for those with work)."""
+        with self._lock:
+            idle = set(self._held) - wanted
+            for scope in list(self._idle_since):
+                if scope not in idle:
+                    del self._idle_since[scope]
+            for scope in idle:
+                self._idle_since.setdefault(scope, at)
+            done = sorted(s for s in idle if at - self._idle_since[s] >= self._lease)
+        if done:
+            self._release(done, at)
+
+    # -- holding, renewing, releasing ---------------------------------------------------
+
+    def _ensure(self) -> None:
+        if not self._ensured:
+            self._store.ensure()
+            self._ensured = True
+
+    def renew_due(self, now: datetime | None = None) -> None:
+        """Renew the leases and the heartbeat once a third of the lease has passed since
+        they were written (the first call joins). Raises when the store cannot be
+        written: the leases then end as written, and `may_call` stops in time."""
+        at = (now or self._clock()).timestamp()
+        if self._renewed_at is not None and at < self._renewed_at + self._lease * RENEW_SHARE:
+            return
+        with self._renewing:
+            if self._renewed_at is not None and at < self._renewed_at + self._lease * RENEW_SHARE:
+                return
+            self._ensure()
+            until = at + self._lease
+            with self._lock:
+                scopes = sorted(self._held)
+            self._store.beat(self._daemon, until)
+            renewed = self._store.renew(self._daemon, scopes, until)
+            kept = {row.scope: row.lease_until for row in renewed}
+            with self._lock:
+                for scope in scopes:
+                    if scope not in self._held:
+                        continue  # released meanwhile
+                    if scope in kept:
+                        self._held[scope] = kept[scope]
+                    else:
+                        del self._held[scope]
+                        self.lost += 1
+                        log.warning("scope %s: lease lost (taken by another daemon)", scope)
+            self._renewed_at = at
+            # Rows whose lease ended a lease ago are free whether or not they are there.
+            self._store.forget(at - self._lease)
+
+    def _release(self, scopes: list[str], at: float) -> None:
+        """Stop acting on `scopes` now and let another daemon take them once the grace
+        has passed (what a call made just before may still need); this daemon may take
+        them back before. Not while a renewal runs: it would extend them again."""
+        if not scopes:
+            return
+        with self._renewing:
+            with self._lock:
+                for scope in scopes:
+                    self._held.pop(scope, None)
+                    self._idle_since.pop(scope, None)
+            self._store.release(self._daemon, scopes, at + self._grace)
+        self.released += len(scopes)
+        log.info("scope%s %s: released", "s" if len(scopes) > 1 else "", ", ".join(scopes))
+
+    # -- the renewer thread of a running daemon ---------------------------------------
+
+    def start(self) -> None:
+        """Renew on a thread of its own, so that a tick held up by the store does not let
+        the leases lapse."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="scope-renewer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        interval = min(max(self._lease * RENEW_SHARE / 4, 0.02), 5.0)
+        while not self._stop.wait(interval):
+            try:
+                self.renew_due()
+            except Exception as exc:
+                log.warning("scope leases not renewed (%s: %s)", type(exc).__name__, exc)
+
+    def close(self) -> None:
+        """A stopping daemon, its calls done: every scope released (another daemon takes
+        them once the grace has passed) and the heartbeat removed."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._renewed_at is None:
+            return  # never joined
+        try:
+            self._release(self.owned(), self._clock().timestamp())
+            self._store.leave(self._daemon)
+        except Exception as exc:
+            log.warning("scope leases not released (%s: %s)", type(exc).__name__, exc)
+
+
+def _free(row: ScopeLease | None, daemon: str, at: float) -> bool:
+    return row is None or row.owner == daemon or row.lease_until <= at
+
+
+def horizon(lease: float, timeouts: Iterable[float]) -> float:
+    """How far ahead a due job makes its scope wanted: a lease, plus the longest call."""
+    return lease + max(timeouts, default=30.0)

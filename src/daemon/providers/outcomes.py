@@ -1,0 +1,125 @@
+"""What a provider's calls answer (the provider port, `base.py`): a send's outcome, the copies
+a search found, the delivery reports a mailbox read found, and the error of a call that gave
+no answer. Values only: the port, the drafts handle (`draft_handle.py`) and every provider
+share them, and none of them imports another for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ledger.exceptions import SendledgerError
+
+
+class SendKind(StrEnum):
+    CONFIRMED = "confirmed"  # 2xx with the provider's message id
+    UNKNOWN = "unknown"  # the request may have been accepted; nobody can tell from here
+    REJECTED = "rejected"  # the provider definitely did not accept it
+
+
+@dataclass(frozen=True)
+class SendOutcome:
+    kind: SendKind
+    reason: str
+    provider_message_id: str | None = None
+    transient: bool = False  # only for REJECTED: may be retried after a backoff
+    retry_after: float | None = None  # seconds, from Retry-After when the provider gave one
+    status: int | None = None  # HTTP status when there was one
+    #: Only for REJECTED and transient: nothing was sent AND the provider (or the mailbox's
+    #: quota) is unavailable (connection refused, DNS, connect timeout, TLS handshake, 429
+    #: and quota errors, SMTP 421 before DATA). Waited out: it does not count against
+    #: `max_attempts`, and a few in a row open the scope's circuit (docs/operations.md, "Outages and
+    #: quotas").
+    unavailable: bool = False
+    #: The call ended because it outlived its timeout (after a send's request was written:
+    #: UNKNOWN). For the job the outcome is what `kind` says; for the scope's circuit a
+    #: sign of a hang, counted as "unavailable" is (docs/operations.md, "Outages and
+    #: quotas").
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    provider_message_id: str
+    message_id_header: str
+    labels: tuple[str, ...] = field(default_factory=tuple)
+    # What a human checking the copy wants to see (as the provider stored them; "" when
+    # the provider did not say): docs/review.md "Review".
+    date: str = ""
+    to: str = ""
+    subject: str = ""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The copies a search found, and the query exactly as the provider was sent it
+    (that is what the ledger records for an audit)."""
+
+    query: str
+    hits: tuple[SearchHit, ...] = ()
+
+    @property
+    def copies(self) -> list[str]:
+        """The provider's ids of the copies, in the order found."""
+        return [hit.provider_message_id for hit in self.hits]
+
+
+@dataclass(frozen=True)
+class FoundReport:
+    """A message of the mailbox that may be a delivery report, as the provider read it:
+    its bytes, or None when it was not read: larger than the caller's limit, or of a
+    top-level `content_type` the provider saw first that no report has."""
+
+    provider_id: str
+    raw: bytes | None
+    size: int
+    content_type: str = ""  # "multipart/report", ...; "" when the provider did not say
+
+
+@dataclass(frozen=True)
+class ReportRead:
+    """One read of a mailbox for delivery reports (docs/how-it-works.md "Bounces"): what
+    was asked, every candidate the mailbox lists since then (`listed`, ids), and those not
+    `known` before, read now (`found`). `complete` is False when the read stopped early
+    (quota kept for sends, or the caller's limit): the rest are read next time."""
+
+    query: str
+    listed: tuple[str, ...] = ()
+    found: tuple[FoundReport, ...] = ()
+    complete: bool = True
+
+
+class ProviderError(SendledgerError):
+    """A search or read could not be completed (network, 5xx, quota).
+
+    The caller must treat it as "no information", never as "no hits".
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        retry_after: float | None = None,
+        unavailable: bool = False,
+        timed_out: bool = False,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+        #: The provider did not answer at all or said "over quota" (as SendOutcome's); a
+        #: call that timed out is unavailable too.
+        self.unavailable = unavailable or timed_out
+        #: The call outlived its timeout: a hang, for the circuit (SendOutcome.timed_out).
+        self.timed_out = timed_out
+
+
+__all__ = [
+    "FoundReport",
+    "ProviderError",
+    "ReportRead",
+    "SearchHit",
+    "SearchResult",
+    "SendKind",
+    "SendOutcome",
+]

@@ -1,0 +1,83 @@
+"""The one exception tree: everything sendledger raises derives from `SendledgerError`.
+
+It lives in the ledger, the innermost layer, so every layer may import it (docs/
+architecture.md "Layers and what each may import"). An error's `kind` says which refusal
+it is, and each door maps the kinds once: the command line to an exit code
+(`daemon/exit_codes.py: exit_code_for`, in `daemon/cli/__init__.py: main`), the HTTP API
+and the review page to a status (`daemon/api/errors.py: status_of`). An error without a
+kind is a failure, not a refusal: exit 1 "unexpected failure", HTTP 500. The two doors'
+own errors carry their answer: `CliError` an exit code, `ApiError` a status.
+
+Two packages keep their own base: the test kit (`testkit`) imports nothing of ours, and
+the Python client (`sendledger.client.ClientError`) imports only the standard library,
+so a user's program runs it without the daemon's packages.
+
+    Exception
+     └── SendledgerError                 kind None: a failure (exit 1, HTTP 500)
+          │
+          ├── bad input                  kind BAD_INPUT (exit 2, HTTP 422)
+          │    ├── JobInputError                         ledger/content.py: one field
+          │    │    ├── JobInputErrors                   several fields of one job
+          │    │    └── RenderMismatch                   ledger/wire_check.py
+          │    ├── AddressError, AttachmentError, MessageIdError        ledger/
+          │    ├── TransitionError                       ledger/job.py: the state refuses
+          │    │    └── BounceRefused                    a report not recorded, and why
+          │    ├── StoreRefused                          ledger/stores/url.py
+          │    │    └── StoreUrlError, StoreKeyRefused, LibraryVariableSet
+          │    ├── DurationError, FileProblem, SenderRefused, PolicyLoadError   policies/
+          │    ├── ConfigError                           daemon/config/config_file.py
+          │    ├── IntakeError                           daemon/service_layer/intake.py
+          │    ├── TokenFileError                        daemon/api/auth.py
+          │    └── MissingScope, DelegationRequired, CredentialsFileUnreadable
+          │                                              daemon/providers/gmail.py
+          ├── conflict                   kind CONFLICT (exit 3, HTTP 409)
+          │    └── KeyConflict, IdentityTaken            ledger/
+          ├── not found                  kind NOT_FOUND (exit 4, HTTP 404)
+          │    └── UnknownJob                            ledger/application.py
+          ├── ServiceError               the kind given where it is raised (UNAVAILABLE:
+          │                              exit 1, HTTP 503): daemon/service_layer/services.py
+          ├── CliError                   its own exit code: daemon/exit_codes.py
+          ├── ApiError                   its own status: daemon/api/errors.py
+          └── failures                   kind None
+               ├── ConcurrentUpdate                      ledger/application.py
+               ├── RewriteFailed                         ledger/stores/purge.py
+               ├── ProviderError                         daemon/providers/outcomes.py
+               │    └── DraftRefused                     daemon/providers/draft_handle.py
+               ├── HistoryTooOld                         daemon/providers/history_handle.py: an
+               │                                         answer (the search decides), never shown
+               ├── TransportFailure (httplib2's too)     daemon/providers/transport.py
+               │    └── NotSentError, ResponseLostError
+               ├── TokenError, DraftAlreadySent, ListenRefused (an OSError too),
+               │   SimulatedCrash (daemon/doubles/)
+               └── internal signals, never shown: wire_check._Bad, smtp_submit._Retry
+                   and _Refused, delivery_reports._Refused, gmail_reports._QuotaKept,
+                   testkit_doubles._BadOption
+
+A class keeps the standard base it had (`ValueError`, `OSError`, httplib2's
+`HttpLib2Error`) beside this one, so every `except ValueError` still catches what it did.
+`tests/unit/test_errors.py` fails when a class of ours leaves the tree or a door's answer
+to a kind changes.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Refusal(StrEnum):
+    """Which refusal an error is: each door maps these once."""
+
+    BAD_INPUT = "bad-input"  # exit 2, HTTP 422
+    NOT_FOUND = "not-found"  # exit 4, HTTP 404
+    CONFLICT = "conflict"  # exit 3, HTTP 409
+    UNAVAILABLE = "unavailable"  # exit 1, HTTP 503: a search could not be made
+
+
+class SendledgerError(Exception):
+    """The base of every error sendledger raises (the tree is in this module's docstring).
+    `kind`: the refusal it is, or None for a failure."""
+
+    kind: Refusal | None = None
+
+
+__all__ = ["Refusal", "SendledgerError"]

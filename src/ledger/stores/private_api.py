@@ -1,0 +1,139 @@
+"""eventsourcing's private API: every use the store makes of it is here, each named with why
+(docs/architecture.md "Stores").
+
+The library's public API saves aggregates and reads events. The store needs three things
+it does not offer: a save tried again on a lock error without collecting the events again;
+the job's index row (and a purge's rewritten events) written in the very transaction of
+the events; and the memory store's index under the same lock as its events. For them it
+reaches into the library where nothing public does it:
+
+- `Application._record(processing)` and `Application._notify(recordings)`: `record`.
+  `save()` collects the pending events and records them in one go: tried again after a
+  lock error it would find nothing left to collect (and the caller would send with no
+  claim stored). The Ledger collects once and records (and notifies) with these two,
+  the recording alone tried again.
+- `ProcessingEvent.saved_kwargs`, which `_record` passes to the recorder's
+  `insert_events(**kwargs)` and on to `_insert_events` or `_update_table`:
+  `pass_to_recorder`. The index rows (`index.INDEX_ROWS_KWARG`) and a purge's rewrites
+  (`purge.REWRITES_KWARG`) reach the recorder beside the events, so they commit or roll
+  back with them.
+- `_insert_events(cursor, stored_events, **kwargs)` of the SQLite and PostgreSQL
+  recorders: `InsertHook`. The one method called inside the library's insert
+  transaction, after the events' rows: where the index rows are upserted and events
+  rewritten.
+- The PostgreSQL recorder's insert function (`construct_pg_stored_event`,
+  `sql_invoke_pg_function_insert_events`, `pg_function_name_insert_events`):
+  `insert_by_function`. With `POSTGRES_ENABLE_DB_FUNCTIONS` the library's
+  `insert_events` calls its function and skips `_insert_events`; the store calls the same
+  function in its own transaction, then writes the rows.
+- The POPO recorder's `_update_table(stored_events, **kwargs)`, `_database_lock`,
+  `_stored_events_index` and `_stored_events`: `MemoryHook`. The memory store's insert,
+  under the recorder's lock after its uniqueness check: the index and a purge's rewrites
+  change with the events or not at all.
+- `Aggregate._create`, in `ledger/job.py` and `ledger/provider_handle.py`: documented by
+  the library for an aggregate's own creation method; the domain imports no store
+  module, so the two calls stay where they are.
+
+Each use breaks loudly when the library changes it (an AttributeError, a test of
+`tests/integration/test_private_api.py`); `make test` runs that file against the newest
+eventsourcing release too (`make test-eventsourcing`, docs/development.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, TypeVar
+from uuid import UUID
+
+if TYPE_CHECKING:
+    from eventsourcing.application import Application, ProcessingEvent
+    from eventsourcing.persistence import StoredEvent
+    from eventsourcing.postgres import PostgresApplicationRecorder
+
+T = TypeVar("T")
+
+
+def record(
+    app: Application[UUID],
+    processing: ProcessingEvent[UUID],
+    retry: Callable[[Callable[[], T]], T],
+) -> None:
+    """Record the events `processing` holds (and what `pass_to_recorder` put beside them),
+    the recording tried again by `retry`, then notify as `save()` does."""
+    app._notify(retry(lambda: app._record(processing)))  # type: ignore[arg-type, return-value]
+
+
+def pass_to_recorder(processing: ProcessingEvent[UUID], **kwargs: Any) -> None:
+    """Hand `kwargs` to the recorder's insert with the events (read there from `kwargs`)."""
+    processing.saved_kwargs.update(kwargs)
+
+
+class InsertHook:
+    """Mixed into a SQL recorder (before the library's class): `beside_events` runs in the
+    insert's transaction, after the events were written, with the keyword arguments
+    `pass_to_recorder` gave; what it writes commits or rolls back with them."""
+
+    def _insert_events(self, *args: Any, **kwargs: Any) -> Any:
+        # (cursor, stored_events, **kwargs), as each library recorder names them; SQLite's
+        # returns the notification ids, PostgreSQL's None: passed on as they are.
+        ids = super()._insert_events(*args, **kwargs)  # type: ignore[misc]
+        self.beside_events(args[0], kwargs)
+        return ids
+
+    def beside_events(self, cursor: Any, kwargs: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+
+def insert_by_function(
+    recorder: PostgresApplicationRecorder, cursor: Any, stored_events: Sequence[StoredEvent]
+) -> list[int]:
+    """The events inserted by the library's PostgreSQL function, on `cursor` (in the
+    caller's transaction): their notification ids."""
+    rows = [
+        recorder.construct_pg_stored_event(e.originator_id, e.originator_version, e.topic, e.state)
+        for e in stored_events
+    ]
+    cursor.execute(recorder.sql_invoke_pg_function_insert_events, (rows,), prepare=True)
+    return [int(r[recorder.pg_function_name_insert_events]) for r in cursor.fetchall()]
+
+
+class MemoryHook:
+    """Mixed into the POPO recorder (before the library's class). `check_beside` runs
+    under the recorder's lock after the events' uniqueness check and may refuse the whole
+    insert; `write_beside` after the events were added. The index and the stored events
+    are reached through the methods below, under `database_lock`."""
+
+    def _update_table(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        self.check_beside(kwargs)
+        ids: Sequence[int] | None = super()._update_table(  # type: ignore[misc]
+            stored_events, **kwargs
+        )
+        self.write_beside(kwargs)
+        return ids
+
+    def check_beside(self, kwargs: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def write_beside(self, kwargs: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    @property
+    def database_lock(self) -> AbstractContextManager[Any]:
+        """The lock the library holds around every read and write of its events."""
+        lock: AbstractContextManager[Any] = self._database_lock  # type: ignore[attr-defined]
+        return lock
+
+    def stored_position(self, originator_id: UUID | str, version: int) -> int | None:
+        """Where the event (`originator_id`, `version`) is in the stored list, if stored."""
+        index: Mapping[str, Mapping[int, int]] = self._stored_events_index  # type: ignore[attr-defined]
+        return index.get(str(originator_id), {}).get(version)
+
+    def replace_stored(self, position: int, event: StoredEvent) -> None:
+        """Put `event` in place of the stored event at `position`."""
+        self._stored_events[position] = event  # type: ignore[attr-defined]
+
+
+__all__ = ["InsertHook", "MemoryHook", "insert_by_function", "pass_to_recorder", "record"]

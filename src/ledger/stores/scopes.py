@@ -1,0 +1,369 @@
+"""Who owns each quota scope: one daemon at a time, by a lease in the store
+(docs/performance.md "Several daemons", docs/architecture.md "Leases").
+
+A quota scope is what one quota is spent from: a provider, or one mailbox of it where the
+quota is per mailbox (`Provider.scope_of`). Two tables beside the events, created by the
+first daemon that shares scopes (`ensure`), so a store that never ran one carries neither
+and opening a store runs no new DDL:
+
+- `sendledger_scopes`: a row per scope: `owner` (a `daemon.name`), `lease_until` (epoch
+  seconds by the owner's clock) and `version` (one more at every write);
+- `sendledger_daemons`: a row per daemon sharing them, `seen_until` (its heartbeat), so a
+  daemon that owns nothing yet still counts when the others work out their share.
+
+Every write is conditional, as the webhooks' positions are: a take succeeds only on the
+version the taker read and only when, by the taker's clock, the lease has ended or is its
+own; a renewal touches only the rows its owner holds; a release only its own rows. So the
+store never names two owners for one scope. When an owner may *act* on a scope is the
+engine's rule (`daemon/engine/owners.py`): it stops `daemon.deadline_grace` before its
+lease ends, and another daemon takes the scope only after it has ended, by its own clock.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from ledger.stores.recorder_kind import recorder_backend
+
+SCOPES_TABLE = "sendledger_scopes"
+DAEMONS_TABLE = "sendledger_daemons"
+CREATE = (
+    "CREATE TABLE IF NOT EXISTS {scopes} (scope TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+    "lease_until {real} NOT NULL, version BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS {daemons} (name TEXT PRIMARY KEY, seen_until {real} NOT NULL)",
+)
+
+
+@dataclass(frozen=True)
+class ScopeLease:
+    scope: str
+    owner: str  # the daemon that holds or last held it
+    lease_until: float  # epoch seconds, by the owner's clock
+    version: int
+
+
+class ScopeLeaseStore(Protocol):
+    """The scope leases of one store. Times are epoch seconds from the caller's clock."""
+
+    def ensure(self) -> None:
+        """Create the tables if the store lacks them (safe to race other daemons)."""
+        ...
+
+    def leases(self) -> list[ScopeLease]:
+        """Every scope's row."""
+        ...
+
+    def members(self, now: float) -> list[str]:
+        """The daemons whose heartbeat runs past `now`, by name."""
+        ...
+
+    def beat(self, name: str, until: float) -> None:
+        """`name` shares the scopes until `until` (written again before then)."""
+        ...
+
+    def leave(self, name: str) -> None:
+        """`name` stops sharing (a daemon that stops)."""
+        ...
+
+    def take(self, owner: str, scopes: list[str], now: float, until: float) -> list[ScopeLease]:
+        """`owner` holds each of `scopes` until `until` whose lease, at the moment of the
+        write, has ended by `now` or is `owner`'s own (or that has no row yet): the rows
+        taken (one missing was taken or renewed by another daemon first). One round
+        trip, however many scopes: a dead daemon's are taken at once."""
+        ...
+
+    def renew(self, owner: str, scopes: list[str], until: float) -> list[ScopeLease]:
+        """Extend `owner`'s leases on `scopes` to `until`: the rows that were still its
+        own (a scope missing from the answer was taken or forgotten meanwhile)."""
+        ...
+
+    def release(self, owner: str, scopes: list[str], until: float) -> None:
+        """End `owner`'s leases on `scopes` at `until` (its clock), when another daemon
+        may take them; `owner` may take them back before that."""
+        ...
+
+    def forget(self, before: float) -> None:
+        """Delete the scope rows whose lease ended before `before` and the daemons not
+        seen since: a row that is gone is free, as one whose lease ended."""
+        ...
+
+
+def _free_for(row: ScopeLease, owner: str, now: float) -> bool:
+    return row.owner == owner or row.lease_until <= now
+
+
+# One lock for the rows of every memory store: their writes are dictionary updates.
+_memory_lock = threading.Lock()
+
+
+class MemoryScopeLeases:
+    """The memory store's rows, shared by every Ledger on the same recorder."""
+
+    def __init__(self, recorder: Any) -> None:
+        self._lock = _memory_lock
+        with _memory_lock:
+            tables: tuple[dict[str, ScopeLease], dict[str, float]] | None = getattr(
+                recorder, "_sendledger_scopes", None
+            )
+            if tables is None:
+                tables = ({}, {})
+                recorder._sendledger_scopes = tables
+        self._rows, self._daemons = tables
+
+    def ensure(self) -> None:
+        pass
+
+    def leases(self) -> list[ScopeLease]:
+        with self._lock:
+            return [self._rows[scope] for scope in sorted(self._rows)]
+
+    def members(self, now: float) -> list[str]:
+        with self._lock:
+            return sorted(name for name, until in self._daemons.items() if until > now)
+
+    def beat(self, name: str, until: float) -> None:
+        with self._lock:
+            self._daemons[name] = until
+
+    def leave(self, name: str) -> None:
+        with self._lock:
+            self._daemons.pop(name, None)
+
+    def take(self, owner: str, scopes: list[str], now: float, until: float) -> list[ScopeLease]:
+        taken = []
+        with self._lock:
+            for scope in scopes:
+                row = self._rows.get(scope)
+                if row is not None and not _free_for(row, owner, now):
+                    continue
+                version = 1 if row is None else row.version + 1
+                taken.append(ScopeLease(scope, owner, until, version))
+                self._rows[scope] = taken[-1]
+        return taken
+
+    def renew(self, owner: str, scopes: list[str], until: float) -> list[ScopeLease]:
+        renewed = []
+        with self._lock:
+            for scope in scopes:
+                row = self._rows.get(scope)
+                if row is not None and row.owner == owner:
+                    row = self._rows[scope] = replace(
+                        row, lease_until=until, version=row.version + 1
+                    )
+                    renewed.append(row)
+        return renewed
+
+    def release(self, owner: str, scopes: list[str], until: float) -> None:
+        with self._lock:
+            for scope in scopes:
+                row = self._rows.get(scope)
+                if row is not None and row.owner == owner:
+                    self._rows[scope] = replace(row, lease_until=until, version=row.version + 1)
+
+    def forget(self, before: float) -> None:
+        with self._lock:
+            for scope in [s for s, row in self._rows.items() if row.lease_until < before]:
+                del self._rows[scope]
+            for name in [n for n, until in self._daemons.items() if until < before]:
+                del self._daemons[name]
+
+
+_COLUMNS = "scope, owner, lease_until, version"
+# A take: the rows whose lease has ended by the taker's clock (or are its own), checked
+# at the moment of the write (PostgreSQL re-reads a row another writer changed meanwhile;
+# SQLite has one writer), then the rows nobody has yet.
+_TAKE = (
+    "UPDATE {scopes} SET owner = {p}, lease_until = {p}, version = version + 1 "
+    "WHERE {in_list} AND (owner = {p} OR lease_until <= {p}) RETURNING " + _COLUMNS
+)
+_INSERT = (
+    "INSERT INTO {scopes} (" + _COLUMNS + ") SELECT value, {p}, {p}, 1 FROM {list} "
+    "WHERE true ON CONFLICT (scope) DO NOTHING RETURNING " + _COLUMNS
+)
+_BEAT = (
+    "INSERT INTO {daemons} (name, seen_until) VALUES ({p}, {p}) "
+    "ON CONFLICT (name) DO UPDATE SET seen_until = excluded.seen_until"
+)
+
+
+class SqlScopeLeases:
+    """The rows in SQL, on the recorder's own datastore (its pool, its transactions).
+    Subclasses give the placeholder, the qualified table names, the REAL type, how a
+    list travels as one parameter and how a cursor's rows read."""
+
+    _p = "?"
+    _real = "REAL"
+
+    def __init__(self, recorder: Any) -> None:
+        self._recorder = recorder
+        self._ensured = False
+
+    # -- what a backend supplies ---------------------------------------------------
+
+    def _tables(self) -> tuple[str, str]:
+        return SCOPES_TABLE, DAEMONS_TABLE
+
+    def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in cursor.fetchall()]
+
+    def _member(self, column: str) -> str:
+        return f"{column} IN (SELECT value FROM json_each({{p}}))"
+
+    def _members(self, values: list[str]) -> Any:
+        return json.dumps(values)
+
+    def _list(self) -> str:
+        """The rows (one column, `value`) of a list given as one parameter."""
+        return "json_each({p})"
+
+    def _transaction(self, *, commit: bool) -> AbstractContextManager[Any]:
+        result: AbstractContextManager[Any] = self._recorder.datastore.transaction(commit=commit)
+        return result
+
+    # -- the queries ----------------------------------------------------------------
+
+    def _sql(self, template: str) -> str:
+        scopes, daemons = self._tables()
+        return (
+            template.replace("{scopes}", scopes)
+            .replace("{daemons}", daemons)
+            .replace("{real}", self._real)
+            .replace("{p}", self._p)
+        )
+
+    def _run(
+        self, template: str, params: list[Any], *, fetch: bool = True
+    ) -> list[tuple[Any, ...]]:
+        """One statement in a transaction of its own; its rows when `fetch` (a SELECT, or
+        a write with RETURNING)."""
+        with self._transaction(commit=True) as cursor:
+            cursor.execute(self._sql(template), params)
+            return self._rows(cursor) if fetch else []
+
+    def ensure(self) -> None:
+        if self._ensured:
+            return
+        with self._transaction(commit=True) as cursor:
+            for statement in CREATE:
+                cursor.execute(self._sql(statement))
+        self._ensured = True
+
+    def leases(self) -> list[ScopeLease]:
+        rows = self._run(f"SELECT {_COLUMNS} FROM {{scopes}} ORDER BY scope", [])
+        return [_lease(row) for row in rows]
+
+    def members(self, now: float) -> list[str]:
+        rows = self._run("SELECT name FROM {daemons} WHERE seen_until > {p} ORDER BY name", [now])
+        return [str(name) for (name,) in rows]
+
+    def beat(self, name: str, until: float) -> None:
+        self._run(_BEAT, [name, until], fetch=False)
+
+    def leave(self, name: str) -> None:
+        self._run("DELETE FROM {daemons} WHERE name = {p}", [name], fetch=False)
+
+    def take(self, owner: str, scopes: list[str], now: float, until: float) -> list[ScopeLease]:
+        if not scopes:
+            return []
+        listed = self._members(scopes)
+        update = _TAKE.replace("{in_list}", self._member("scope"))
+        insert = _INSERT.replace("{list}", self._list())
+        with self._transaction(commit=True) as cursor:
+            cursor.execute(self._sql(update), [owner, until, listed, owner, now])
+            rows = self._rows(cursor)
+            cursor.execute(self._sql(insert), [owner, until, listed])
+            rows += self._rows(cursor)
+        return [_lease(row) for row in rows]
+
+    def renew(self, owner: str, scopes: list[str], until: float) -> list[ScopeLease]:
+        if not scopes:
+            return []
+        rows = self._run(
+            "UPDATE {scopes} SET lease_until = {p}, version = version + 1 "
+            f"WHERE owner = {{p}} AND {self._member('scope')} RETURNING {_COLUMNS}",
+            [until, owner, self._members(scopes)],
+        )
+        return [_lease(row) for row in rows]
+
+    def release(self, owner: str, scopes: list[str], until: float) -> None:
+        if scopes:
+            self._run(
+                "UPDATE {scopes} SET lease_until = {p}, version = version + 1 "
+                f"WHERE owner = {{p}} AND {self._member('scope')}",
+                [until, owner, self._members(scopes)],
+                fetch=False,
+            )
+
+    def forget(self, before: float) -> None:
+        with self._transaction(commit=True) as cursor:
+            cursor.execute(self._sql("DELETE FROM {scopes} WHERE lease_until < {p}"), [before])
+            cursor.execute(self._sql("DELETE FROM {daemons} WHERE seen_until < {p}"), [before])
+
+
+def _lease(row: tuple[Any, ...]) -> ScopeLease:
+    scope, owner, lease_until, version = row
+    return ScopeLease(str(scope), str(owner), float(lease_until), int(version))
+
+
+class SqliteScopeLeases(SqlScopeLeases):
+    pass
+
+
+class PostgresScopeLeases(SqlScopeLeases):
+    _p = "%s"
+    _real = "DOUBLE PRECISION"
+
+    def _tables(self) -> tuple[str, str]:
+        schema = str(self._recorder.datastore.schema).replace('"', '""')
+        return f'"{schema}".{SCOPES_TABLE}', f'"{schema}".{DAEMONS_TABLE}'
+
+    def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
+        return [tuple(r.values()) for r in cursor.fetchall()]
+
+    def _member(self, column: str) -> str:
+        return f"{column} = ANY({{p}})"
+
+    def _members(self, values: list[str]) -> Any:
+        return list(values)
+
+    def _list(self) -> str:
+        return "unnest({p}::text[]) AS listed(value)"
+
+    def ensure(self) -> None:
+        # Two daemons creating the tables at once: one meets the other's catalog row
+        # (unique_violation); the tables are then there.
+        try:
+            super().ensure()
+        except Exception:
+            rows = self._run("SELECT to_regclass({p}) IS NOT NULL", [self._tables()[1]])
+            if not (rows and rows[0][0]):
+                raise
+            self._ensured = True
+
+
+def scope_leases_for(recorder: Any) -> ScopeLeaseStore:
+    """The scope lease rows of the store `recorder` (a Ledger's) writes to."""
+    kind: dict[str, Callable[[Any], ScopeLeaseStore]] = {
+        "postgres": PostgresScopeLeases,
+        "sqlite": SqliteScopeLeases,
+        "memory": MemoryScopeLeases,
+    }
+    return kind[recorder_backend(recorder)](recorder)
+
+
+__all__ = [
+    "DAEMONS_TABLE",
+    "SCOPES_TABLE",
+    "MemoryScopeLeases",
+    "PostgresScopeLeases",
+    "ScopeLease",
+    "ScopeLeaseStore",
+    "SqlScopeLeases",
+    "SqliteScopeLeases",
+    "scope_leases_for",
+]

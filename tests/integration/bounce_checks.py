@@ -1,0 +1,155 @@
+"""The bounce checks every provider's mailbox passes (docs/how-it-works.md "Bounces"), run by
+the engine in-process on a real SQLite store against a real server or an emulator.
+
+A job to an address that bounces gets exactly one Bounced, read after read and after the
+engine is built again on the same store (a restart: its memory of what it read is gone);
+four forged reports in the same mailbox (another domain's Message-ID, a job of another
+mailbox, no original headers, 10 MB) put no bounce on any job; no job changes state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from daemon.engine import Engine, PolicyHolder
+from daemon.engine.observer import NullObserver
+from daemon.providers.base import Provider
+from ledger.application import Ledger
+from ledger.content import parse_job
+from ledger.delivery_reports import MAX_REPORT_BYTES
+from policies.loader import PolicySet
+from policies.model import ChannelPolicy
+from testkit.dsn import report, rfc3464_report
+
+#: Reads of the mailbox a few apart: what "read after read" means here.
+READS = 3
+INTERVAL = 0.05
+
+
+@dataclass
+class Mailboxes:
+    """What the checks need of one provider's setup."""
+
+    providers: Mapping[str, Provider]
+    policies: list[ChannelPolicy]  # "mail" (the mailbox read) and "other" (another one)
+    mailbox: str  # the address of the "mail" channel's mailbox
+    gone: str  # an address the server bounces
+    ok: str  # an address the server delivers to (the other jobs' recipient)
+    deliver: Callable[[bytes], None]  # put a message into the mailbox's INBOX
+    bounce_arrived: Callable[[], bool]  # the server's own report is in INBOX
+
+
+class Outcomes(NullObserver):
+    """What became of each report read (`EngineObserver.bounce_report`)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def bounce_report(self, outcome: str) -> None:
+        self.seen.append(outcome)
+
+
+def engine(ledger: Ledger, setup: Mailboxes, outcomes: Outcomes) -> Engine:
+    policies = PolicySet({p.channel: p for p in setup.policies})
+    return Engine(
+        ledger,
+        PolicyHolder(lambda: policies, policies),
+        setup.providers,
+        provider_timeouts={name: 5.0 for name in setup.providers},
+        bounce_interval=INTERVAL,
+        daemon_name="it",
+        observer=outcomes,
+    )
+
+
+def message_id(ledger: Ledger, key: str) -> str:
+    row = ledger.row(key)
+    assert row is not None
+    return row.message_id
+
+
+def original(ledger: Ledger, key: str, to: str, named: str | None = None) -> bytes:
+    """The header block of the job's message (its Message-ID, or `named`)."""
+    mid = named or message_id(ledger, key)
+    return f"From: {to}\r\nTo: {to}\r\nSubject: s\r\nMessage-ID: {mid}\r\n\r\nbody\r\n".encode()
+
+
+def forgeries(ledger: Ledger, mailbox: str, fine: str) -> list[bytes]:
+    other_domain = message_id(ledger, "fine").replace("@", "@evil.")
+    no_headers = report(
+        sender="MAILER-DAEMON@mx.example",
+        to=mailbox,
+        subject="Undelivered Mail Returned to Sender",
+        parts=[
+            (["Content-Type: text/plain"], f"{message_id(ledger, 'fine')} failed\r\n".encode()),
+            (
+                ["Content-Type: message/delivery-status"],
+                f"Reporting-MTA: dns; mx.example\r\n\r\nFinal-Recipient: rfc822; {fine}\r\n"
+                "Action: failed\r\nStatus: 5.1.1\r\n".encode(),
+            ),
+        ],
+    )
+    huge = rfc3464_report(original(ledger, "fine", fine), mailbox=mailbox, recipient=fine)
+    huge = huge.replace(b"user unknown", b"user unknown" + b" x" * (5 * MAX_REPORT_BYTES // 2), 1)
+    return [
+        rfc3464_report(
+            original(ledger, "fine", fine, other_domain), mailbox=mailbox, recipient=fine
+        ),
+        rfc3464_report(original(ledger, "other", fine), mailbox=mailbox, recipient=fine),
+        no_headers,
+        huge,
+    ]
+
+
+def bounces(ledger: Ledger, key: str) -> list[object]:
+    return [e for e in ledger.history(key) if type(e).__name__ == "Bounced"]
+
+
+def run_bounce_checks(folder: Path, setup: Mailboxes, *, timeout: float = 20.0) -> None:
+    ledger = Ledger(f"sqlite:///{folder / 'ledger.sqlite'}")
+    mail, other = setup.policies
+    outcomes = Outcomes()
+    first = engine(ledger, setup, outcomes)
+    try:
+        jobs = {
+            "bounced": (mail, setup.gone),
+            "fine": (mail, setup.ok),
+            "other": (other, setup.ok),
+        }
+        for key, (policy, to) in jobs.items():
+            fields = {"channel": policy.channel, "key": key, "to": to, "subject": key, "body": "."}
+            ledger.submit(parse_job(fields), policy.sender)
+        deadline = time.monotonic() + timeout
+        while {ledger.row(k).state for k in jobs} != {"confirmed"}:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, [ledger.row(k) for k in jobs]
+            first.tick()
+        for forged in forgeries(ledger, setup.mailbox, setup.ok):
+            setup.deliver(forged)
+        while not setup.bounce_arrived():
+            assert time.monotonic() < deadline, "the server's bounce never arrived"
+            time.sleep(0.05)
+        for _ in range(READS):
+            time.sleep(INTERVAL)
+            first.tick()
+        assert len(bounces(ledger, "bounced")) == 1
+        first.close()
+        again = engine(ledger, setup, outcomes)  # a restart: what was read is forgotten
+        for _ in range(READS):
+            time.sleep(INTERVAL)
+            again.tick()
+        again.close()
+        [event] = bounces(ledger, "bounced")
+        assert [r["address"] for r in event.recipients] == [setup.gone]  # type: ignore[attr-defined]
+        assert event.permanent is True  # type: ignore[attr-defined]
+        assert bounces(ledger, "fine") == [] and bounces(ledger, "other") == []
+        assert {ledger.row(k).state for k in jobs} == {"confirmed"}  # type: ignore[union-attr]
+        # Each forgery refused for what it is, each time it was read (twice: a restart).
+        for refusal in ("not-ours", "other-mailbox", "no-original-headers", "too-large"):
+            assert outcomes.seen.count(refusal) == 2, (refusal, outcomes.seen)
+        assert outcomes.seen.count("recorded") == 1
+        assert outcomes.seen.count("recorded-already") == 1
+    finally:
+        ledger.close()

@@ -1,0 +1,112 @@
+"""Delivery reports in a Gmail mailbox: GmailProvider.read_reports on the real client stack
+against the emulator, which bounces chosen recipients as Gmail would (docs/providers.md
+"Bounces"). What is read is counted at the emulator: its quota ledger and the relay's log.
+These are emulator results, not a Gmail guarantee."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from daemon.providers.base import SendKind
+from daemon.providers.gmail import GmailProvider
+from daemon.providers.quota import GMAIL_SEND_UNITS
+from ledger.delivery_reports import MAX_REPORT_BYTES, DeliveryReport, read_report
+from testkit.dsn import rfc3464_report
+from testkit.gmail_emulator import GmailEmulator
+from testkit.relay import FaultRelay
+
+GmailProviderFactory = Callable[..., GmailProvider]
+RawFactory = Callable[..., bytes]
+
+MAILBOX = "support@example.com"
+DOMAIN = "mail.example.com"
+MID = f"<job-0123456789abcdef0123456789abcdef@{DOMAIN}>"
+GONE = "nobody@gone.example"
+SINCE = datetime.now(UTC) - timedelta(hours=1)
+#: No fault here hangs: a generous timeout only keeps a loaded machine from failing a read.
+CALL_TIMEOUT = 10.0
+
+
+def _read(provider: GmailProvider, known: frozenset[str] = frozenset()) -> list[DeliveryReport]:
+    result = provider.read_reports(SINCE, known=known, max_bytes=MAX_REPORT_BYTES, limit=50)
+    assert result.complete
+    reports = []
+    for found in result.found:
+        assert found.raw is not None
+        parsed = read_report(found.raw, domains=[DOMAIN])
+        assert isinstance(parsed, DeliveryReport), parsed
+        reports.append(parsed)
+    return reports
+
+
+def test_both_report_shapes_are_found_read_and_name_the_message(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    emulator.bounce = {GONE: "gmail", "@rfc.example": "rfc3464"}
+    provider = gmail_provider(timeout=CALL_TIMEOUT)
+    outcome = provider.send_raw(make_raw(MID, to=f"{GONE}, someone@rfc.example"))
+    assert outcome.kind is SendKind.CONFIRMED
+    reports = _read(provider)
+    assert sorted(r.recipients[0].address for r in reports) == [GONE, "someone@rfc.example"]
+    assert {r.original_message_id for r in reports} == {MID}
+    assert all(r.permanent for r in reports)
+    # The job's own search still counts one copy: a report is no copy of the message.
+    assert len(provider.search(MID).hits) == 1
+
+
+def test_a_read_downloads_only_reports_and_only_once(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    relay: FaultRelay,
+    make_raw: RawFactory,
+) -> None:
+    emulator.bounce = {GONE: "rfc3464"}
+    provider = gmail_provider(timeout=CALL_TIMEOUT)
+    provider.send_raw(make_raw(MID, to=GONE))
+    # From the mailer daemon, but no report: its metadata says so, its bytes are not read.
+    emulator.inject(
+        b"From: MAILER-DAEMON@mx.example\r\nSubject: hello\r\nMessage-ID: <x@mx.example>\r\n"
+        b"\r\nnot a report\r\n",
+        labels=("INBOX",),
+        user=MAILBOX,
+    )
+    # A real report, too large to read.
+    big = rfc3464_report(make_raw(MID, to=GONE), mailbox=MAILBOX, recipient=GONE)
+    big = big.replace(b"user unknown", b"user unknown" + b" x" * (MAX_REPORT_BYTES // 2))
+    emulator.inject(big, labels=("INBOX",), user=MAILBOX)
+    # Not from a mailer daemon: never listed.
+    emulator.inject(
+        rfc3464_report(make_raw(MID, to=GONE), mailbox=MAILBOX, recipient=GONE).replace(
+            b"MAILER-DAEMON@mx.example.invalid", b"friend@example.net"
+        ),
+        labels=("INBOX",),
+        user=MAILBOX,
+    )
+    first = provider.read_reports(SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50)
+    assert len(first.listed) == 3
+    kinds = sorted((f.content_type, f.raw is not None) for f in first.found)
+    assert kinds == [("multipart/report", False), ("multipart/report", True), ("text/plain", False)]
+    raw_reads = [e for e in relay.log if "format=raw" in e["path"]]
+    assert len(raw_reads) == 1
+    again = provider.read_reports(SINCE, known=first.listed, max_bytes=MAX_REPORT_BYTES, limit=50)
+    assert again.listed == first.listed and again.found == ()
+    assert [e for e in relay.log if "format=raw" in e["path"]] == raw_reads
+
+
+def test_a_read_leaves_a_sends_worth_of_quota_and_says_it_stopped(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    emulator.bounce = {GONE: "rfc3464"}
+    # 120 units a second: one send (100) and four reads (5 each) at most.
+    provider = gmail_provider(quota_units_per_second=120.0, clock=lambda: 0.0, timeout=CALL_TIMEOUT)
+    provider.send_raw(make_raw(MID, to=GONE))  # 100 of the 120: 20 left, less than a send
+    stopped = provider.read_reports(SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50)
+    assert not stopped.complete and stopped.found == ()
+    assert provider.quota_available() == 20.0  # nothing taken: a send's worth is not there
+    # 110 units: the list (5) and the report's metadata (5) leave a send's worth; its
+    # raw read would not, so it waits for the next read.
+    fresh = gmail_provider(quota_units_per_second=110.0, clock=lambda: 0.0, timeout=CALL_TIMEOUT)
+    read = fresh.read_reports(SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50)
+    assert not read.complete and len(read.listed) == 1 and read.found == ()
+    assert fresh.quota_available() == GMAIL_SEND_UNITS

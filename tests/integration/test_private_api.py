@@ -1,0 +1,87 @@
+"""Each use the store makes of eventsourcing's private API (ledger/stores/private_api.py), once
+per backend: memory, SQLite, and PostgreSQL on both of the library's insert paths.
+
+Lean on purpose: `make test` runs this file a second time against the newest eventsourcing
+release (`make test-eventsourcing`, docs/development.md "Development"), which names the
+version it ran on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.integration.test_ledger_store import SENDER, attempt_args, content
+from tests.integration.test_retention_stores import settle
+
+from daemon.doubles.fake_time import FakeClock
+from ledger.application import ConcurrentUpdate, Ledger
+from ledger.stores.memory import discard_memory_store
+from ledger.vocabulary import JobState
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("postgresql", marks=pytest.mark.postgres),
+        pytest.param("postgresql-no-functions", marks=pytest.mark.postgres),
+    ]
+)
+def ledger(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Ledger]:
+    if request.param == "memory":
+        name = f"private-{uuid.uuid4().hex[:12]}"
+        url = f"memory://{name}"
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    else:
+        # The library's insert function (its default here) or its plain INSERT path.
+        functions = "n" if request.param.endswith("no-functions") else "y"
+        monkeypatch.setenv("POSTGRES_ENABLE_DB_FUNCTIONS", functions)
+        url = str(request.getfixturevalue("pg_url"))
+    with Ledger(url, clock=clock) as app:
+        yield app
+    if request.param == "memory":
+        discard_memory_store(name)
+
+
+def test_a_save_writes_the_index_row_with_its_events(ledger: Ledger, clock: FakeClock) -> None:
+    # record + pass_to_recorder + the insert hook: the row is written with the events.
+    ledger.submit(content("p-1"), SENDER)
+    row = ledger.row("p-1")
+    assert row is not None and row.state == JobState.REQUESTED.value and row.version == 1
+    ledger.update("p-1", lambda job: job.claim(**attempt_args(clock)))
+    row = ledger.row("p-1")
+    assert row is not None and row.state == JobState.ATTEMPTED.value and row.version == 2
+
+
+def test_a_conflicting_save_writes_neither_events_nor_row(ledger: Ledger, clock: FakeClock) -> None:
+    ledger.submit(content("p-2"), SENDER)
+    first, second = ledger.get_job("p-2"), ledger.get_job("p-2")
+    first.claim(**attempt_args(clock))
+    second.claim(**attempt_args(clock))
+    ledger.save_job(first)
+    with pytest.raises(ConcurrentUpdate):
+        ledger.save_job(second)
+    assert len(ledger.history("p-2")) == 2
+    row = ledger.row("p-2")
+    assert row is not None and row.version == 2
+
+
+def test_a_purge_rewrites_stored_events_in_the_same_write(ledger: Ledger, clock: FakeClock) -> None:
+    # The rewrites ride beside the Purged event: the stored Requested loses its content
+    # and the row says purged, together.
+    ledger.submit(content("p-3", subject="Private subject", body="Private body"), SENDER)
+    settle(ledger, clock, "p-3")
+    ledger.purge("p-3", by="ops", rule="test")
+    requested = ledger.history("p-3")[0]
+    assert (requested.subject, requested.body) == ("", "")
+    row = ledger.row("p-3")
+    assert row is not None and row.purged_at == clock().timestamp()

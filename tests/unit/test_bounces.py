@@ -1,0 +1,312 @@
+"""Bounces on the job (docs/how-it-works.md "Bounces"): the watch a confirmation starts and
+its end, one read per mailbox per interval for every watched job, a report recorded once
+(read again, after a restart, by a second daemon), attributed only within its own mailbox,
+never a change of what was sent, and a channel that sends a permanent bounce to review.
+The engine on the memory store and the fake provider's inbox, time injected."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from tests.unit.engine_rig import EngineRig, policy, receipt
+
+from daemon.doubles.fake_provider import FakeProvider, Scripted
+from daemon.engine import Engine, PolicyHolder
+from daemon.service_layer.read_models import event_record, timeline_details
+from daemon.webhooks.events import payload, type_of
+from ledger.decision_types import RecordBounce
+from ledger.delivery_reports import DeliveryReport, read_report
+from ledger.job import BounceRefused, SendJob, TransitionError
+from ledger.stores.index import mailbox_digest
+from ledger.vocabulary import JobState, Resolution
+from policies.loader import PolicySet
+from testkit.dsn import rfc3464_report
+
+TO = "customer@example.net"
+MAILBOX = "support@example.com"
+HOUR = 3600.0
+INTERVAL = 60.0  # the default daemon.bounce_interval
+
+
+def original(message_id: str, to: str = TO) -> bytes:
+    return f"From: {MAILBOX}\r\nTo: {to}\r\nMessage-ID: {message_id}\r\n\r\nhi\r\n".encode()
+
+
+def bounce_of(message_id: str, to: str = TO, **kwargs: str) -> bytes:
+    return rfc3464_report(original(message_id, to), mailbox=MAILBOX, recipient=to, **kwargs)
+
+
+def bounced(rig: EngineRig, key: str) -> list[SendJob.Bounced]:
+    return [e for e in rig.ledger.history(key) if isinstance(e, SendJob.Bounced)]
+
+
+@pytest.fixture
+def rig() -> EngineRig:
+    return EngineRig(
+        policy("receipts", watch_bounces="1h"),
+        policy("legal", watch_bounces="1h", on_bounce="review"),
+        policy("plain"),
+    )
+
+
+def test_a_report_is_recorded_once_read_after_read_and_after_a_restart(rig: EngineRig) -> None:
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    assert rig.events("r-1")[-2:] == ["Confirmed", "WatchingBounces"]
+    rig.provider.deliver(bounce_of(mid))
+    report = rig.advance_and_tick(INTERVAL)
+    assert report.bounced == 1
+    for _ in range(3):
+        rig.advance_and_tick(INTERVAL)
+    rig.restart()  # what was read is forgotten; the job refuses the report again
+    rig.advance_and_tick(INTERVAL)
+    [event] = bounced(rig, "r-1")
+    assert event.recipients[0]["address"] == TO and event.permanent
+    assert event.dsn_id.startswith("<") and event.provider_message_id.startswith("inbox-")
+    job = rig.job("r-1")
+    assert job.state is JobState.CONFIRMED and job.attempts == 1
+    assert rig.provider.reports_fetched == 2  # once per daemon: the second read knew it
+
+
+def test_one_read_per_mailbox_per_interval_serves_every_watched_job(rig: EngineRig) -> None:
+    mids = [rig.submit("receipts", f"r-{n}") for n in range(30)]
+    rig.tick()
+    reads = rig.provider.report_reads
+    assert reads == 1  # thirty watched jobs, one mailbox: one read
+    for mid in mids[:5]:
+        rig.provider.deliver(bounce_of(mid))
+    for _ in range(5):
+        rig.advance_and_tick(INTERVAL / 5)  # five ticks inside one interval
+    assert rig.provider.report_reads == reads + 1
+    assert sum(len(bounced(rig, f"r-{n}")) for n in range(30)) == 5
+
+
+def test_a_channel_without_a_watch_reads_nothing(rig: EngineRig) -> None:
+    mid = rig.submit("plain", "p-1")
+    rig.tick()
+    rig.provider.deliver(bounce_of(mid))
+    rig.advance_and_tick(INTERVAL)
+    assert rig.provider.report_reads == 0 and bounced(rig, "p-1") == []
+    assert rig.ledger.watched() == []
+
+
+def test_the_watch_ends_and_the_job_is_purgeable_then(rig: EngineRig) -> None:
+    rig.submit("receipts", "r-1")
+    rig.tick()
+    [watched] = rig.ledger.watched()
+    assert (watched.channel, watched.jobs, watched.example_key) == ("receipts", 1, "r-1")
+    assert watched.mailbox == mailbox_digest(MAILBOX) and MAILBOX not in watched.mailbox
+    assert not rig.job("r-1").purgeable
+    with pytest.raises(TransitionError, match="bounce watch"):
+        rig.job("r-1").purge(by="op", rule="test", at=rig.clock())
+    rig.advance_and_tick(HOUR + 1)
+    assert rig.events("r-1")[-1] == "BounceWatchEnded"
+    assert rig.ledger.watched() == [] and rig.job("r-1").purgeable
+    row = rig.ledger.row("r-1")
+    assert row is not None and row.due_at is None and row.watch_mailbox is None
+    rig.advance_and_tick(INTERVAL)
+    assert rig.provider.report_reads == 0 or rig.ledger.watched() == []
+
+
+def test_a_report_before_the_confirmation_waits_for_it() -> None:
+    """The bounce arrived while the send's outcome was still unknown: it is recorded once
+    the search confirms the job."""
+    rig = EngineRig(policy("receipts", watch_bounces="1h", search_after="5m"))
+    rig.provider.script(Scripted.dropped_response())
+    mid = rig.submit("receipts", "r-1")
+    rig.submit("receipts", "r-2")  # confirmed at once: the mailbox is watched meanwhile
+    rig.tick()
+    assert rig.job("r-1").state is JobState.UNKNOWN
+    rig.provider.deliver(bounce_of(mid))
+    rig.advance_and_tick(INTERVAL)
+    assert rig.provider.report_reads >= 1 and bounced(rig, "r-1") == []
+    rig.advance_and_tick(300)  # search_after: the search confirms r-1; the next read
+    assert rig.job("r-1").state is JobState.CONFIRMED
+    assert len(bounced(rig, "r-1")) == 1
+    assert rig.provider.reports_fetched == 1  # the waiting report was not read again
+
+
+def test_forgeries_put_nothing_on_any_job(rig: EngineRig) -> None:
+    mid = rig.submit("receipts", "r-1")
+    plain = rig.submit("plain", "p-1")
+    rig.tick()
+    for raw in (
+        bounce_of(mid.replace("mail.example.com", "evil.example")),  # not ours
+        bounce_of(mid, to="someone-else@example.net"),  # not one of its recipients
+        bounce_of(plain),  # a job whose bounces are not watched
+        bounce_of(mid, status="2.0.0", action="delivered"),  # no failure
+        bounce_of(mid) + b"x" * (3 * 1024 * 1024),  # too large
+    ):
+        rig.provider.deliver(raw)
+    rig.advance_and_tick(INTERVAL)
+    assert bounced(rig, "r-1") == [] and bounced(rig, "p-1") == []
+
+
+def test_a_report_in_another_mailbox_is_not_its_jobs() -> None:
+    """Two providers, two mailboxes: a report in the second naming a job of the first is
+    refused, however well formed."""
+    rig = EngineRig(policy("receipts", watch_bounces="1h"))
+    second = FakeProvider("second", clock=rig.clock)
+    policies = PolicySet(
+        {
+            "receipts": policy("receipts", watch_bounces="1h"),
+            "other": policy("other", provider="second", watch_bounces="1h"),
+        }
+    )
+    engine = Engine(
+        rig.ledger,
+        PolicyHolder(lambda: policies, policies),
+        {"fake": rig.provider, "second": second},
+        provider_timeouts={"fake": 10.0, "second": 10.0},
+        clock=rig.clock,
+        daemon_name="two",
+    )
+    mid = rig.submit("receipts", "r-1")
+    rig.ledger.submit(receipt("other", "o-1"), policies["other"].sender)
+    engine.tick()
+    second.deliver(bounce_of(mid))  # r-1's report, in the other mailbox
+    rig.clock.advance(INTERVAL)
+    engine.tick()
+    assert bounced(rig, "r-1") == [] and second.report_reads >= 1
+    rig.provider.deliver(bounce_of(mid))  # in its own mailbox
+    rig.clock.advance(INTERVAL)
+    engine.tick()
+    assert len(bounced(rig, "r-1")) == 1
+    engine.close()
+
+
+def test_a_permanent_bounce_goes_to_review_on_a_review_channel_and_is_never_resent(
+    rig: EngineRig,
+) -> None:
+    mid = rig.submit("legal", "l-1")
+    rig.tick()
+    rig.provider.deliver(bounce_of(mid, status="4.4.7", action="delayed"))
+    rig.advance_and_tick(INTERVAL)
+    assert rig.job("l-1").state is JobState.CONFIRMED  # a delay is recorded, no more
+    rig.provider.deliver(bounce_of(mid))
+    rig.advance_and_tick(INTERVAL)
+    job = rig.job("l-1")
+    assert [e.permanent for e in bounced(rig, "l-1")] == [False, True]
+    assert job.state is JobState.REVIEW and job.reason == "bounced"
+    assert job.provider_message_ids and job.attempts == 1
+    with pytest.raises(TransitionError, match="resolve as sent or abandon"):
+        job.resolve(Resolution.RESEND, note="", by="op", at=rig.clock())
+    rig.ledger.update(
+        "l-1", lambda j: j.resolve(Resolution.SENT, note="address fixed", by="op", at=rig.clock())
+    )
+    assert rig.job("l-1").state is JobState.CONFIRMED
+    assert rig.provider.sends == 1
+
+
+def test_the_aggregate_refuses_what_is_not_a_bounce_of_this_watched_job(rig: EngineRig) -> None:
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    job = rig.job("r-1")
+    found = read_report(bounce_of(mid), domains=["mail.example.com"])
+    assert isinstance(found, DeliveryReport)
+    decision = RecordBounce(policy("receipts").ref)
+    job.record_bounce(found, provider_message_id="x", decision=decision, at=rig.clock())
+    with pytest.raises(BounceRefused, match="recorded already"):
+        job.record_bounce(found, provider_message_id="y", decision=decision, at=rig.clock())
+    other = read_report(bounce_of(mid, to="nobody@example.org"), domains=["mail.example.com"])
+    assert isinstance(other, DeliveryReport)
+    with pytest.raises(BounceRefused, match="recipient"):
+        job.record_bounce(other, provider_message_id="z", decision=decision, at=rig.clock())
+    rig.clock.advance(HOUR + 1)
+    job.end_bounce_watch(at=rig.clock())
+    fresh = read_report(
+        bounce_of(mid).replace(b"reports.example", b"late.example"), domains=["mail.example.com"]
+    )
+    assert isinstance(fresh, DeliveryReport)
+    with pytest.raises(BounceRefused, match="not watched"):
+        job.record_bounce(fresh, provider_message_id="w", decision=decision, at=rig.clock())
+
+
+def test_two_daemons_reading_one_mailbox_record_a_report_once(rig: EngineRig) -> None:
+    mids = [rig.submit("receipts", f"r-{n}") for n in range(6)]
+    rig.tick()
+    other = rig.new_engine("other-daemon")
+    for mid in mids:
+        rig.provider.deliver(bounce_of(mid))
+    rig.clock.advance(INTERVAL)
+    first, second = rig.engine.hand_out(), other.hand_out()
+    rig.engine.settle()
+    other.settle()
+    assert all(len(bounced(rig, f"r-{n}")) == 1 for n in range(6))
+    other.close()
+    assert first.errors == second.errors == 0
+
+
+def test_a_failed_read_is_waited_out_and_counts_toward_the_circuit(rig: EngineRig) -> None:
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.provider.fail_reads(1)
+    rig.provider.deliver(bounce_of(mid))
+    rig.clock.advance(INTERVAL)
+    assert rig.engine.tick().errors == 1
+    assert bounced(rig, "r-1") == []
+    rig.advance_and_tick(INTERVAL)
+    assert len(bounced(rig, "r-1")) == 1
+
+
+def test_no_read_while_a_send_of_its_mailbox_waits(rig: EngineRig) -> None:
+    rig.submit("receipts", "r-1")
+    rig.tick()
+    reads = rig.provider.report_reads
+    engine = rig.engine
+    engine.bounces._sends_waiting = lambda scope: 1  # a send of the mailbox is queued
+    rig.clock.advance(INTERVAL)
+    engine.tick()
+    assert rig.provider.report_reads == reads
+
+
+def test_the_webhook_says_bounced_with_a_code_and_the_reports_words(rig: EngineRig) -> None:
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.provider.deliver(bounce_of(mid))
+    rig.advance_and_tick(INTERVAL)
+    [event] = bounced(rig, "r-1")
+    assert type_of(event, ["bounced"]) == "bounced" and type_of(event, ["confirmed"]) is None
+    body = payload("bounced", rig.job("r-1"), event, "evt_x")
+    assert (body["type"], body["reason"], body["state"]) == ("bounced", "permanent", "confirmed")
+    assert body["detail"].startswith(f"5.1.1 {TO}: smtp; 550")
+
+
+def test_a_watch_starts_after_the_confirmation_only() -> None:
+    base = policy("receipts", watch_bounces="1h")
+    assert base.watch_bounces == HOUR
+    with pytest.raises(ValueError, match="needs watch_bounces"):
+        policy("receipts", on_bounce="review")
+    assert policy("receipts").fingerprint == policy("receipts", on_bounce="record").fingerprint
+    assert timedelta(seconds=base.watch_bounces) == timedelta(hours=1)
+
+
+def test_the_job_page_says_what_the_report_says_and_metrics_count_it(rig: EngineRig) -> None:
+    from daemon.api.metrics import Metrics, Sources
+
+    metrics = Metrics(Sources(rig.ledger, {}))
+    engine = Engine(
+        rig.ledger,
+        rig.holder,
+        {"fake": rig.provider},
+        provider_timeouts={"fake": 10.0},
+        clock=rig.clock,
+        observer=metrics,
+        daemon_name="metrics",
+    )
+    mid = rig.submit("receipts", "r-1")
+    engine.tick()
+    rig.provider.deliver(bounce_of(mid))
+    rig.provider.deliver(bounce_of(mid.replace("mail.example.com", "evil.example")))
+    rig.clock.advance(INTERVAL)
+    engine.tick()
+    engine.close()
+    [record] = [event_record(e) for e in bounced(rig, "r-1")]
+    details = dict(timeline_details(record))
+    assert details["recipients"] == f"5.1.1 {TO}: smtp; 550 5.1.1 user unknown"
+    assert details["permanent"] == "true" and details["dsn_id"].startswith("<")
+    text = metrics.render().decode()
+    assert 'sendledger_bounces_total{kind="permanent"} 1.0' in text
+    assert 'sendledger_bounce_reports_total{outcome="recorded"} 1.0' in text
+    assert 'sendledger_bounce_reports_total{outcome="not-ours"} 1.0' in text

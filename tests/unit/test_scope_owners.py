@@ -1,0 +1,543 @@
+"""Quota scopes shared by daemons (daemon/engine/owners.py, docs/performance.md "Several
+daemons"): each scope is owned by one daemon at a time through a lease in the store; the
+daemons share the scopes fairly, a dead daemon's scopes go to the others once its leases
+end, and no two daemons may call for one scope at the same moment, whatever their clocks
+(within the grace), pauses or store failures."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import random
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
+from tests.unit.engine_rig import BASE_POLICY
+
+from daemon.doubles.fake_provider import FakeProvider
+from daemon.doubles.fake_time import FakeClock
+from daemon.engine import Engine, PolicyHolder
+from daemon.engine.owners import ScopeOwners
+from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
+from ledger.addresses import mailbox_key
+from ledger.application import Ledger
+from ledger.content import parse_job
+from ledger.stores.scopes import MemoryScopeLeases, ScopeLease
+from ledger.vocabulary import JobState
+from policies.loader import PolicySet
+from policies.model import ChannelPolicy
+
+LEASE = 9.0
+GRACE = 3.0
+TIMEOUT = 2.0
+START = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+POLICY = ChannelPolicy.model_validate(
+    {**BASE_POLICY, "channel": "receipts", "allowed_from": ["*@shop.example"]}
+)
+POLICIES = PolicySet({"receipts": POLICY})
+
+
+class Mailboxes(ProviderBase):
+    """The fake provider acting per From mailbox, as Gmail with user = "{from}" does:
+    one scope per mailbox. Every call is recorded with the daemon whose worker made it
+    (the worker threads are named after their daemon) and the scope it spent."""
+
+    def __init__(self, inner: FakeProvider) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.response_ids_readable = True
+        self.calls: list[tuple[str, str, datetime]] = []  # (daemon, scope, at)
+        self.out_of_quota = False  # every mailbox's reservation refused
+        self._lock = threading.Lock()
+
+    def scope_of(self, mailbox: str) -> str:
+        return f"{self.name}/{mailbox}"
+
+    def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
+        return MailboxView(self, self.scope_of(mailbox_key(from_addr)))
+
+    def record(self, scope: str) -> None:
+        daemon = threading.current_thread().name.rpartition("@")[2]
+        with self._lock:
+            self.calls.append((daemon, scope, self.inner.clock()))
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        raise AssertionError("every job's send goes through its mailbox")
+
+    def search(self, message_id: str) -> SearchResult:
+        raise AssertionError("every job's search goes through its mailbox")
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        return self.inner.read_message_id(provider_message_id)
+
+    def close(self) -> None:
+        pass
+
+
+class MailboxView(ProviderBase):
+    def __init__(self, owner: Mailboxes, scope: str) -> None:
+        self.owner, self._scope = owner, scope
+        self.name = owner.name
+        self.response_ids_readable = True
+
+    def scope(self) -> str:
+        return self._scope
+
+    def reserve_send(self) -> float:
+        return 0.5 if self.owner.out_of_quota else 0.0
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        self.owner.record(self._scope)
+        return self.owner.inner.send_raw(raw)
+
+    def search(self, message_id: str) -> SearchResult:
+        self.owner.record(self._scope)
+        return self.owner.inner.search(message_id)
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        return self.owner.inner.read_message_id(provider_message_id)
+
+    def close(self) -> None:
+        pass
+
+
+def due_pairs(count: int) -> list[tuple[str, str | None]]:
+    return [("receipts", f"m{n}@shop.example") for n in range(count)]
+
+
+def scope(n: int) -> str:
+    return f"fake/m{n}@shop.example"
+
+
+class Daemon:
+    """One daemon's scope owners on the shared store, on a clock of its own."""
+
+    def __init__(self, store: Any, name: str, clock: FakeClock) -> None:
+        self.name = name
+        self.clock = clock
+        provider = Mailboxes(FakeProvider("fake", clock=clock))
+        self.owners = ScopeOwners(
+            store,
+            PolicyHolder(lambda: POLICIES),
+            {"fake": provider},
+            daemon=name,
+            lease=LEASE,
+            grace=GRACE,
+            horizon=LEASE + TIMEOUT,
+            clock=clock,
+        )
+
+    def round(self, scopes: int) -> None:
+        self.owners.balance(due_pairs(scopes), self.clock())
+
+    def may_call(self, n: int) -> bool:
+        return self.owners.may_call(scope(n), self.clock())
+
+
+class World:
+    """Daemons on one memory store; real time moves every daemon's clock alike."""
+
+    def __init__(self) -> None:
+        self.store = MemoryScopeLeases(SimpleNamespace())
+        self.clocks: dict[str, FakeClock] = {}
+        self.daemons: dict[str, Daemon] = {}
+
+    def start(self, name: str, skew: float = 0.0) -> Daemon:
+        base = next(iter(self.clocks.values())).now if self.clocks else START
+        if name not in self.clocks:
+            self.clocks[name] = FakeClock(base + timedelta(seconds=skew))
+        daemon = self.daemons[name] = Daemon(self.store, name, self.clocks[name])
+        return daemon
+
+    def advance(self, seconds: float) -> None:
+        for clock in self.clocks.values():
+            clock.advance(seconds)
+
+    def rounds(self, scopes: int, times: int = 1, step: float = 1.0) -> None:
+        for _ in range(times):
+            for daemon in self.daemons.values():
+                daemon.round(scopes)
+            self.advance(step)
+
+    def owners_of(self, n: int) -> list[str]:
+        return [name for name, d in self.daemons.items() if d.may_call(n)]
+
+
+def test_one_daemon_takes_every_scope_with_work_at_its_first_round() -> None:
+    world = World()
+    alone = world.start("a")
+    alone.round(5)
+    assert alone.owners.owned() == [scope(n) for n in range(5)]
+    assert all(alone.may_call(n) for n in range(5))
+    rows = {row.scope: row for row in world.store.leases()}
+    assert {row.owner for row in rows.values()} == {"a"}
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_daemons_share_the_scopes_and_none_owns_more_than_its_share(count: int) -> None:
+    world = World()
+    names = [f"d{n}" for n in range(count)]
+    world.start(names[0]).round(50)  # the first takes everything while it is alone
+    for name in names[1:]:
+        world.start(name)
+    world.rounds(50, times=int(3 * LEASE))
+    held = Counter(owner for n in range(50) for owner in world.owners_of(n))
+    assert sorted(held) == names, held
+    assert max(held.values()) <= math.ceil(50 / count), held
+    assert sum(held.values()) == 50  # every scope has its one owner
+
+
+def test_a_dead_daemons_scopes_go_to_the_others_once_its_lease_ends() -> None:
+    world = World()
+    world.start("a").round(6)
+    world.start("b")
+    world.rounds(6, times=int(3 * LEASE))
+    theirs = [n for n in range(6) if world.owners_of(n) == ["a"]]
+    assert theirs
+    del world.daemons["a"]  # kill -9: no release, no renewal
+    waited = 0.0
+    while not all(world.owners_of(n) == ["b"] for n in theirs):
+        world.rounds(6, step=0.5)
+        waited += 0.5
+        assert waited <= LEASE + 1.0, "one lease and two rounds at most"
+
+
+def test_a_paused_daemon_calls_for_no_scope_it_lost_when_it_resumes() -> None:
+    world = World()
+    a = world.start("a")
+    a.round(3)
+    paused = world.daemons.pop("a")  # SIGSTOP: no round, no renewal
+    world.start("b")
+    world.rounds(3, times=int(2 * LEASE))
+    assert all(world.owners_of(n) == ["b"] for n in range(3))
+    # SIGCONT: a worker of `a` asks before its next round or renewal.
+    assert not any(paused.may_call(n) for n in range(3))
+    world.daemons["a"] = paused
+    world.rounds(3)
+    assert paused.owners.lost == 3 and paused.owners.owned() == []
+    for _ in range(int(2 * LEASE)):  # then they share: never two at once for a scope
+        world.rounds(3, step=0.5)
+        assert all(len(world.owners_of(n)) <= 1 for n in range(3))
+    assert sorted(len(d.owners.owned()) for d in world.daemons.values()) == [1, 2]
+
+
+def test_renewals_that_fail_stop_the_owner_before_anyone_else_may_start() -> None:
+    world = World()
+    a = world.start("a")
+    a.round(1)
+    taken_at = a.clock()
+    failing = FailingStore(world.store)
+    a.owners._store = failing  # the database goes away
+    failing.failing = True
+    while True:
+        world.advance(0.25)
+        with pytest.raises(RuntimeError):
+            a.round(1)
+        if not a.may_call(0):
+            break
+    stopped = (a.clock() - taken_at).total_seconds()
+    assert stopped <= LEASE - GRACE + 0.25  # it stopped by itself, a grace early
+    b = world.start("b")
+    b.round(1)
+    assert not b.may_call(0)  # the lease has not ended yet
+    world.advance(GRACE)
+    b.round(1)
+    assert b.may_call(0) and not a.may_call(0)
+
+
+@pytest.mark.parametrize("skew", [GRACE * 0.9, -GRACE * 0.9])
+def test_clocks_apart_by_less_than_the_grace_never_let_two_daemons_act(skew: float) -> None:
+    """The owner stops a grace before its lease ends by its clock; another takes the scope
+    once it has ended by its own: whichever clock is ahead, never both at once."""
+    world = World()
+    a = world.start("a")
+    a.round(1)
+    paused = world.daemons.pop("a")  # it renews no more
+    b = world.start("b", skew=skew)
+    acted: list[tuple[bool, bool]] = []
+    for _ in range(int(4 * LEASE / 0.1)):
+        world.advance(0.1)
+        b.round(1)
+        acted.append((paused.may_call(0), b.may_call(0)))
+    assert (True, True) not in acted
+    assert acted[0] == (True, False) and acted[-1] == (False, True)
+
+
+def test_a_scope_with_nothing_due_for_a_lease_is_released_and_taken_back_at_once() -> None:
+    world = World()
+    a = world.start("a")
+    a.round(2)
+    world.advance(1)
+    for _ in range(int(LEASE) + 2):
+        a.round(1)  # only m0 has work now
+        world.advance(1)
+    assert a.owners.owned() == [scope(0)]
+    row = next(r for r in world.store.leases() if r.scope == scope(1))
+    assert row.owner == "a" and row.lease_until <= a.clock().timestamp() + GRACE
+    a.round(2)  # work again: its own released lease, taken back without waiting
+    assert a.may_call(1)
+
+
+def test_a_daemon_that_stops_releases_its_scopes_and_its_name_takes_them_back_at_once() -> None:
+    world = World()
+    a = world.start("a")
+    a.round(2)
+    a.owners.close()
+    assert not a.may_call(0)
+    b = world.start("b")
+    b.round(2)
+    assert b.owners.owned() == []  # what `a` may still have in flight has the grace
+    again = world.start("a")  # restarted under its name: the leases are its own
+    again.round(2)
+    assert len(again.owners.owned()) == 1  # its share, at once
+    world.advance(GRACE)
+    b.round(2)
+    assert len(b.owners.owned()) == 1  # the other, once the grace has passed
+
+
+class FailingStore:
+    """The store, or none at all when `failing`."""
+
+    def __init__(self, inner: MemoryScopeLeases) -> None:
+        self.inner = inner
+        self.failing = False
+
+    def __getattr__(self, name: str) -> Any:
+        if self.failing:
+
+            def fail(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError("connection lost")
+
+            return fail
+        return getattr(self.inner, name)
+
+
+NAMES = ("a", "b", "c")
+SCOPES = 3
+
+
+class OwnersMachine(RuleBasedStateMachine):
+    """Three daemons with skewed clocks (within the grace) join, round, renew, pause,
+    lose the store, die and restart in any order; at every moment each scope has at most
+    one daemon that may call for it, a paused one included (it would call as soon as it
+    resumes)."""
+
+    @initialize(
+        skews=st.lists(
+            st.floats(-GRACE * 0.9, GRACE * 0.9), min_size=len(NAMES), max_size=len(NAMES)
+        )
+    )
+    def setup(self, skews: list[float]) -> None:
+        self.world = World()
+        self.skews = dict(zip(NAMES, skews, strict=True))
+        self.paused: dict[str, Daemon] = {}
+        self.failing: dict[str, FailingStore] = {}
+        self.scopes = SCOPES
+        for name in NAMES:
+            self.start(name)
+
+    @rule()
+    def tick_all(self) -> None:
+        for name in list(self.world.daemons):
+            self.round(name)
+
+    def _live(self, name: str) -> Daemon | None:
+        return self.world.daemons.get(name)
+
+    @rule(name=st.sampled_from(NAMES))
+    def start(self, name: str) -> None:
+        """A daemon (re)starts under `name`, when no live process holds the name."""
+        if name in self.world.daemons or name in self.paused:
+            return  # one live process per name (the identity lock)
+        daemon = self.world.start(name, self.skews[name])
+        failing = self.failing[name] = FailingStore(self.world.store)
+        daemon.owners._store = failing
+
+    @rule(name=st.sampled_from(NAMES))
+    def round(self, name: str) -> None:
+        daemon = self._live(name)
+        if daemon is not None:
+            # The store may be gone: the tick fails, the leases end as written.
+            with contextlib.suppress(RuntimeError):
+                daemon.round(self.scopes)
+
+    @rule(name=st.sampled_from(NAMES))
+    def renew(self, name: str) -> None:
+        daemon = self._live(name)
+        if daemon is not None:
+            with contextlib.suppress(RuntimeError):
+                daemon.owners.renew_due()
+
+    @rule(seconds=st.floats(0.01, LEASE))
+    def advance(self, seconds: float) -> None:
+        self.world.advance(seconds)
+
+    @rule(name=st.sampled_from(NAMES), offset=st.floats(-GRACE * 1.5, GRACE * 1.5))
+    def near_a_lease_end(self, name: str, offset: float) -> None:
+        """Time moves to around the end of a lease `name` holds, by its clock: where a
+        daemon stops and another may start."""
+        daemon = {**self.world.daemons, **self.paused}.get(name)
+        ends = [] if daemon is None else list(daemon.owners._held.values())
+        if ends:
+            ahead = min(ends) + offset - daemon.clock().timestamp()  # type: ignore[union-attr]
+            if ahead > 0:
+                self.world.advance(ahead)
+
+    @rule(name=st.sampled_from(NAMES))
+    def pause(self, name: str) -> None:
+        daemon = self.world.daemons.pop(name, None)
+        if daemon is not None:
+            self.paused[name] = daemon
+
+    @rule(name=st.sampled_from(NAMES))
+    def resume(self, name: str) -> None:
+        daemon = self.paused.pop(name, None)
+        if daemon is not None:
+            self.world.daemons[name] = daemon
+
+    @rule(name=st.sampled_from(NAMES), failing=st.booleans())
+    def store(self, name: str, failing: bool) -> None:
+        if name in self.failing:
+            self.failing[name].failing = failing
+
+    @rule(name=st.sampled_from(NAMES))
+    def kill(self, name: str) -> None:
+        self.world.daemons.pop(name, None)
+        self.paused.pop(name, None)
+
+    @rule(name=st.sampled_from(NAMES))
+    def stop(self, name: str) -> None:
+        daemon = self.world.daemons.pop(name, None)
+        if daemon is not None:
+            daemon.owners.close()
+
+    @rule(scopes=st.integers(1, SCOPES))
+    def work(self, scopes: int) -> None:
+        self.scopes = scopes
+
+    @invariant()
+    def one_owner_at_a_time(self) -> None:
+        everyone = {**self.world.daemons, **self.paused}
+        for n in range(SCOPES):
+            acting = [name for name, daemon in everyone.items() if daemon.may_call(n)]
+            assert len(acting) <= 1, (scope(n), acting)
+
+    @invariant()
+    def the_store_names_who_acts(self) -> None:
+        rows: dict[str, ScopeLease] = {r.scope: r for r in self.world.store.leases()}
+        everyone = {**self.world.daemons, **self.paused}
+        for n in range(SCOPES):
+            for name, daemon in everyone.items():
+                if daemon.may_call(n):
+                    assert rows[scope(n)].owner == name
+
+
+TestOwnersMachine = OwnersMachine.TestCase
+TestOwnersMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+# -- the engine: two daemons' engines on one store ------------------------------------
+
+
+@pytest.fixture
+def engines() -> Iterator[tuple[FakeClock, Ledger, Mailboxes, list[Engine]]]:
+    clock = FakeClock(START)
+    ledger = Ledger("memory://", clock=clock)
+    provider = Mailboxes(FakeProvider("fake", clock=clock))
+    built = [
+        Engine(
+            ledger,
+            PolicyHolder(lambda: POLICIES),
+            {"fake": provider},
+            provider_timeouts={"fake": TIMEOUT},
+            clock=clock,
+            deadline_grace=GRACE,
+            rng=random.Random(1),
+            daemon_name=name,
+            scope_lease=LEASE,
+            concurrency=2,
+        )
+        for name in ("a", "b")
+    ]
+    yield clock, ledger, provider, built
+    for engine in built:
+        engine.close()
+    ledger.close()
+
+
+def submit(ledger: Ledger, key: str, mailbox: int) -> None:
+    content = parse_job(
+        {
+            "channel": "receipts",
+            "key": key,
+            "from": f"Shop <m{mailbox}@shop.example>",
+            "to": "customer@example.net",
+            "subject": key,
+            "body": "b\n",
+        }
+    )
+    ledger.submit(content, POLICY.sender_for(content.sender))
+
+
+def test_two_engines_send_each_mailbox_from_one_daemon_only(
+    engines: tuple[FakeClock, Ledger, Mailboxes, list[Engine]],
+) -> None:
+    clock, ledger, provider, (a, b) = engines
+    a.tick()  # `a` alone: it joins; b joins at its first tick
+    for n in range(40):
+        submit(ledger, f"k{n:02d}", n % 4)
+    for second in range(int(3 * LEASE)):
+        for engine in (a, b):
+            engine.tick()
+        clock.advance(1)
+        if second < 2 * LEASE:  # more work while the daemons rebalance
+            for n in range(4):
+                submit(ledger, f"late-{second}-{n}", n)
+    senders: dict[str, set[str]] = {}
+    for daemon, scope_name, _at in provider.calls:
+        senders.setdefault(scope_name, set()).add(daemon)
+    # Each mailbox changed hands at most once (the rebalance when `b` joined), and its
+    # calls never interleave: the owner's calls end before the next owner's start.
+    for scope_name in senders:
+        order = [d for d, s, _ in provider.calls if s == scope_name]
+        changes = sum(1 for x, y in itertools.pairwise(order) if x != y)
+        assert changes <= 1, (scope_name, order)
+    assert {d for s in senders.values() for d in s} == {"a", "b"}
+    rows = list(ledger.jobs())
+    assert rows and all(row.state == JobState.CONFIRMED for row in rows)
+    assert all(provider.inner.copies_of(ledger.get_job(r.key).message_id) == 1 for r in rows)
+
+
+def test_a_daemon_that_loses_a_scope_sends_none_of_the_jobs_it_had_queued(
+    engines: tuple[FakeClock, Ledger, Mailboxes, list[Engine]],
+) -> None:
+    """The jobs wait in `a`'s send queue (their mailbox out of quota) when its lease ends
+    and `b` takes the mailbox: when the quota comes back, `a` drops them, `b` sends them."""
+    clock, ledger, provider, (a, b) = engines
+    provider.out_of_quota = True
+    for n in range(6):
+        submit(ledger, f"k{n}", 0)
+    a.tick()  # `a` alone: it takes the mailbox, loads the jobs, and they wait
+    assert a.owners is not None and a.owners.owned() == [scope(0)]
+    clock.advance(LEASE + 1)  # `a` renews no more (stopped): its lease ends
+    b.tick()
+    assert b.owners is not None and b.owners.owned() == [scope(0)]
+    provider.out_of_quota = False
+    assert a.settle(timeout=10)  # its workers look at their queue again
+    assert provider.calls == []
+    b.tick()
+    assert [daemon for daemon, _scope, _at in provider.calls] == ["b"] * 6
