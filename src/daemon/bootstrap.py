@@ -75,6 +75,7 @@ def build_provider(settings: Settings, name: str) -> Provider:
             readback_first=config.readback_first,
             readback_rate=config.readback_rate,
             send_via=config.send_via,
+            read_history=config.read_history,
         )
     except DelegationRequired as exc:
         raise ConfigError(f"providers.{name}.user: {exc}") from None

@@ -28,8 +28,13 @@ class Send(_Decided):
     """Call the provider now."""
 
 
+@dataclass(frozen=True)
 class SearchAt(_DecidedFor):
-    """The outcome is unknown: search the sender's mailbox at ``at`` (after the index lag)."""
+    """The outcome is unknown: search the sender's mailbox at ``at`` (after the index lag).
+    ``history_at``: read the mailbox's history since the claim then, before the search (the
+    claim recorded a historyId); None: no history read."""
+
+    history_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,18 @@ class ResendAt(_DecidedFor):
     """``misses_required`` empty searches are believed: send again (same Message-ID)."""
 
     misses_required: int
+
+
+@dataclass(frozen=True)
+class HistoryMiss(_Decided):
+    """No copy of ours among the SENT messages the history lists since the claim. Absence
+    proves nothing while the history may lag: read it again at ``next_at`` (None: not
+    again). ``search_at``: the miss is believed (the policy's ``history_after`` has passed
+    since the unknown outcome), so the search is due then, its index wait over; None: the
+    search stays due when it was."""
+
+    next_at: datetime | None = None
+    search_at: datetime | None = None
 
 
 class RetryAt(_DecidedFor):
@@ -87,6 +104,7 @@ Decision = (
     | RetryAt
     | Review
     | StopVerifying
+    | HistoryMiss
     | RecordBounce
 )
 #: What may follow a provider call whose outcome is unknown.
@@ -98,6 +116,8 @@ AfterRejection = RetryAt | Review
 AfterDraftPending = RetryAt | Review
 #: What may follow a search of the mailbox while the outcome is unknown.
 AfterSearch = Confirm | Duplicate | SearchAgainAt | ResendAt | Review
+#: What may follow a read of the mailbox's history while the outcome is unknown.
+AfterHistory = Confirm | Duplicate | HistoryMiss
 #: What may follow a count of a confirmed (resent) job's copies.
 AfterVerification = Confirm | Duplicate | SearchAgainAt | StopVerifying
 #: What may follow a delivery report about a watched job (``on_bounce``).
@@ -106,6 +126,7 @@ AfterBounce = RecordBounce | Review
 __all__ = [
     "AfterBounce",
     "AfterDraftPending",
+    "AfterHistory",
     "AfterRejection",
     "AfterSearch",
     "AfterUnknown",
@@ -113,6 +134,7 @@ __all__ = [
     "Confirm",
     "Decision",
     "Duplicate",
+    "HistoryMiss",
     "RecordBounce",
     "ResendAt",
     "RetryAt",

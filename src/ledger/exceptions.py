@@ -43,6 +43,8 @@ so a user's program runs it without the daemon's packages.
                ├── RewriteFailed                         ledger/stores/purge.py
                ├── ProviderError                         daemon/providers/outcomes.py
                │    └── DraftRefused                     daemon/providers/draft_handle.py
+               ├── HistoryTooOld                         daemon/providers/history_handle.py: an
+               │                                         answer (the search decides), never shown
                ├── TransportFailure (httplib2's too)     daemon/providers/transport.py
                │    └── NotSentError, ResponseLostError
                ├── TokenError, DraftAlreadySent, ListenRefused (an OSError too),

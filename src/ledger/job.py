@@ -3,8 +3,8 @@
 Event topics are explicit ("sendledger:SendJob.Requested", ...) so that moving or renaming
 this module never orphans stored history. An event whose stored shape changed carries a
 ``class_version`` and an ``upcast_vN_vM`` per change (Requested is at version 4, Attempted
-at 2), so every event any release wrote still loads (``tests/fixtures/store-v1`` proves a
-first-release store does).
+at 3, Unknown at 2), so every event any release wrote still loads
+(``tests/fixtures/store-v1`` proves a first-release store does).
 
 Commands are named after facts: a claim before a provider call, the call's outcome, a
 search's result, a human's resolution. Each takes the policy's typed decision
@@ -40,6 +40,7 @@ from ledger.vocabulary import (
     Resolution,
 )
 
+_HISTORY_DECISIONS = (decide.Confirm, decide.Duplicate, decide.HistoryMiss)
 _SEARCH_DECISIONS = (
     decide.Confirm,
     decide.Duplicate,
@@ -123,6 +124,14 @@ class SendJob(Aggregate):
     # finds the same on a settled job adds nothing to its history.
     checked_version: int
     checked_copies: tuple[str, ...]
+    # The mailbox's historyId recorded with the latest claim (None: none known then, or
+    # its history can no longer answer): the history since it holds that attempt's copy.
+    history_id: str | None
+    # While unknown: when the mailbox's history is read (None: not), when the search is
+    # due (the job's due_at is the sooner), and when the outcome became unknown.
+    history_due_at: datetime | None
+    search_due_at: datetime | None
+    unknown_at: datetime | None
     # A confirmed job on a channel with `watch_bounces`: delivery reports naming it are
     # looked for in its mailbox until then (None: not watched, or the watch ended), and
     # the reports recorded (their DSN ids), each once (docs/how-it-works.md "Bounces").
@@ -221,22 +230,33 @@ class SendJob(Aggregate):
             job.tidy_at = None
             job.checked_version = 0
             job.checked_copies = ()
+            job.history_id = None
+            job.history_due_at = None
+            job.search_due_at = None
+            job.unknown_at = None
             job.watch_until = None
             job.bounce_ids = ()
 
     class Attempted(Event):
         TOPIC = "sendledger:SendJob.Attempted"
         # v2 names the daemon that claimed (`daemon.name`): at start-up a daemon recovers
-        # its own claims at once, others' at their deadline.
-        class_version = 2
+        # its own claims at once, others' at their deadline. v3 records the mailbox's
+        # historyId known at the claim (None: none), the start of the history read after an
+        # unknown outcome (docs/architecture.md "The history handle").
+        class_version = 3
         attempt: int
         provider: str
         deadline: datetime
         daemon: str
+        history_id: str | None
 
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             state["daemon"] = ""  # claims of the first release name no daemon
+
+        @staticmethod
+        def upcast_v2_v3(state: dict[str, Any]) -> None:
+            state["history_id"] = None  # claims before the history handle recorded none
 
         def apply(self, job: Any) -> None:
             job.state = JobState.ATTEMPTED
@@ -247,6 +267,7 @@ class SendJob(Aggregate):
             job.claimed_by = self.daemon
             job.last_attempt_at = self.timestamp
             job.reason = None
+            job.history_id = self.history_id
 
     class LeaseRenewed(Event):
         """The claim's call is still in flight in the daemon that made it, which pushes
@@ -308,15 +329,23 @@ class SendJob(Aggregate):
         def apply(self, job: Any) -> None:
             job.draft_id = None
             job.draft_message_id = None
+            job.search_due_at = self.search_due_at
             job.due_at = self.search_due_at
 
     class Unknown(Event):
         TOPIC = "sendledger:SendJob.Unknown"
+        # v2: when the mailbox's history since the claim is read (None: not read).
+        class_version = 2
         attempt: int
         reason: str
         search_due_at: datetime | None  # None: the policy sends it to review instead
         policy: str
         fingerprint: str
+        history_due_at: datetime | None
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["history_due_at"] = None  # before the history handle: the search alone
 
         def apply(self, job: Any) -> None:
             job.state = JobState.UNKNOWN
@@ -324,7 +353,42 @@ class SendJob(Aggregate):
             job.searches = 0
             job.misses = 0
             job.reason = self.reason
-            job.due_at = self.search_due_at
+            job.unknown_at = self.timestamp
+            job.search_due_at = self.search_due_at
+            job.history_due_at = self.history_due_at
+            job.due_at = _earliest(self.search_due_at, self.history_due_at)
+
+    class HistoryMissed(Event):
+        """The mailbox's history since the claim lists no copy of ours. Not believed while
+        the history may lag: read again `next_history_at` (None: not again); believed (the
+        policy's `history_after` had passed since the unknown outcome): the search is due
+        `search_due_at`, its index wait over (docs/architecture.md "The history handle")."""
+
+        TOPIC = "sendledger:SendJob.HistoryMissed"
+        query: str  # the history read as the provider was sent it
+        next_history_at: datetime | None
+        search_due_at: datetime | None
+        believed: bool
+        policy: str
+        fingerprint: str
+
+        def apply(self, job: Any) -> None:
+            job.history_due_at = self.next_history_at
+            job.search_due_at = self.search_due_at
+            job.due_at = _earliest(self.search_due_at, self.next_history_at)
+
+    class HistoryUnusable(Event):
+        """The mailbox's history cannot answer for the claim (its historyId expired: Gmail
+        keeps about a week; or the provider reads none now): the search decides."""
+
+        TOPIC = "sendledger:SendJob.HistoryUnusable"
+        history_id: str
+        reason: str
+
+        def apply(self, job: Any) -> None:
+            job.history_id = None
+            job.history_due_at = None
+            job.due_at = job.search_due_at
 
     class SearchedMiss(Event):
         TOPIC = "sendledger:SendJob.SearchedMiss"
@@ -337,6 +401,8 @@ class SendJob(Aggregate):
         def apply(self, job: Any) -> None:
             job.searches = self.search
             job.misses += 1
+            job.search_due_at = self.next_search_at
+            job.history_due_at = None  # the search has begun: it decides from here
             job.due_at = self.next_search_at
 
     class Requeued(Event):
@@ -607,9 +673,18 @@ class SendJob(Aggregate):
             submitted_by=by,
         )
 
-    def claim(self, *, provider: str, deadline: datetime, at: datetime, daemon: str = "") -> int:
+    def claim(
+        self,
+        *,
+        provider: str,
+        deadline: datetime,
+        at: datetime,
+        daemon: str = "",
+        history_id: str | None = None,
+    ) -> int:
         """The write-ahead claim (Attempted) by the daemon named `daemon`: durable before
-        the provider is called."""
+        the provider is called. `history_id`: the mailbox's historyId known now, whose
+        history holds this attempt's copy if it is sent (None: none known)."""
         self._require("Attempted", JobState.REQUESTED)
         self._require_due(at, "Attempted", "not due")
         if deadline <= at:
@@ -622,6 +697,7 @@ class SendJob(Aggregate):
             provider=provider,
             deadline=deadline,
             daemon=daemon,
+            history_id=history_id,
         )
         return number
 
@@ -752,8 +828,13 @@ class SendJob(Aggregate):
         self._require("Unknown", JobState.ATTEMPTED)
         self._require_decision("Unknown", decision, decide.SearchAt, decide.Review)
         search_at = decision.at if isinstance(decision, decide.SearchAt) else None
+        history_at = decision.history_at if isinstance(decision, decide.SearchAt) else None
         if search_at is not None and search_at < at:
             raise self._refuse("Unknown", "a search cannot be due before the outcome")
+        if history_at is not None and self.history_id is None:
+            raise self._refuse("Unknown", "no historyId was recorded with the claim")
+        if history_at is not None and history_at < at:
+            raise self._refuse("Unknown", "a history read cannot be due before the outcome")
         self.trigger_event(
             self.Unknown,
             timestamp=at,
@@ -761,6 +842,7 @@ class SendJob(Aggregate):
             reason=reason,
             search_due_at=search_at,
             **decision.policy.event_fields(),
+            history_due_at=history_at,
         )
         if isinstance(decision, decide.Review):
             self._escalate(decision, reason, at)
@@ -824,8 +906,9 @@ class SendJob(Aggregate):
             return
         self._require(action, JobState.UNKNOWN)
         # A search before its due time would read a lagging index and could be mistaken
-        # for proof that nothing was sent.
-        self._require_due(at, action, "search not due")
+        # for proof that nothing was sent (not `due_at`: a history read may be due sooner).
+        if self.search_due_at is not None and at < self.search_due_at:
+            raise self._refuse(action, f"search not due before {self.search_due_at.isoformat()}")
         self._require_copies(action, decision, len(copies))
         if isinstance(decision, decide.Confirm):
             self._confirm(ConfirmedVia.SEARCH, list(copies), decision, at, tidy_at)
@@ -840,6 +923,64 @@ class SendJob(Aggregate):
             self._escalate(decision, f"no copy found in {self.misses} searches", at)
         else:
             raise self._refuse(action, "the outcome is unknown, nothing to verify")
+
+    def record_history(
+        self,
+        *,
+        query: str,
+        copies: Sequence[str],
+        decision: decide.AfterHistory,
+        at: datetime,
+        tidy_at: datetime | None = None,
+    ) -> None:
+        """What a read of the mailbox's history since the claim found, by provider message
+        id: the SENT copies of ours added since the claim's historyId. One confirms
+        (Confirmed via history), two or more are a duplicate; none is HistoryMissed, which
+        decides nothing about a resend (the search does, or a believed miss makes it due).
+        Refused before the read is due or without a recorded historyId."""
+        action = type(decision).__name__
+        self._require_decision(action, decision, *_HISTORY_DECISIONS)
+        self._require(action, JobState.UNKNOWN)
+        if self.history_id is None or self.history_due_at is None:
+            raise self._refuse(action, "no history read is due")
+        if at < self.history_due_at:
+            raise self._refuse(
+                action, f"history read not due before {self.history_due_at.isoformat()}"
+            )
+        self._require_copies(action, decision, len(copies))
+        if isinstance(decision, decide.Confirm):
+            self._confirm(ConfirmedVia.HISTORY, list(copies), decision, at, tidy_at)
+        elif isinstance(decision, decide.Duplicate):
+            self._record_duplicate(list(copies), decision, " in the history", at)
+        else:
+            assert isinstance(decision, decide.HistoryMiss)
+            for moment in (decision.next_at, decision.search_at):
+                if moment is not None and moment < at:
+                    raise self._refuse(action, "nothing can be due before this read")
+            search_due = self.search_due_at
+            if decision.search_at is not None:
+                # Believed: the search's index wait is over (never later than it was).
+                search_due = _earliest(decision.search_at, search_due)
+            self.trigger_event(
+                self.HistoryMissed,
+                timestamp=at,
+                query=query,
+                next_history_at=decision.next_at,
+                search_due_at=search_due,
+                believed=decision.search_at is not None,
+                **decision.policy.event_fields(),
+            )
+
+    def record_history_unusable(self, *, reason: str, at: datetime) -> None:
+        """The mailbox's history cannot answer for the claim (its historyId expired, or the
+        provider reads none now): the job's history read is dropped and the search decides,
+        when it was due."""
+        self._require("HistoryUnusable", JobState.UNKNOWN)
+        if self.history_id is None:
+            raise self._refuse("HistoryUnusable", "no historyId is recorded")
+        self.trigger_event(
+            self.HistoryUnusable, timestamp=at, history_id=self.history_id, reason=reason
+        )
 
     def stop_verifying(self, decision: decide.StopVerifying, *, at: datetime) -> None:
         """Give up counting a confirmed job's copies without a search (no policy or no

@@ -37,6 +37,8 @@ LIFECYCLE: tuple[Edge, ...] = (
     (_U, "DraftPending", _U),  # then Escalated
     (_U, "Duplicate", _U),  # then Escalated
     (_U, "Escalated", _V),
+    (_U, "HistoryMissed", _U),
+    (_U, "HistoryUnusable", _U),
     (_U, "Requeued", _R),
     (_U, "SearchedMiss", _U),
     (_C, "BounceWatchEnded", _C),

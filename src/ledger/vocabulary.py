@@ -66,6 +66,9 @@ class ConfirmedVia(StrEnum):
     OPERATOR = "operator"
     # The job's draft was consumed and its message is SENT (docs/providers.md "Gmail setup").
     DRAFT = "draft"
+    # A copy of ours among the SENT messages the mailbox's history lists since the claim
+    # (docs/providers.md "What each handle proves").
+    HISTORY = "history"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from ledger.decision_types import (
     AfterBounce,
     AfterDraftPending,
+    AfterHistory,
     AfterRejection,
     AfterSearch,
     AfterUnknown,
@@ -37,6 +38,7 @@ from ledger.decision_types import (
     Confirm,
     Decision,
     Duplicate,
+    HistoryMiss,
     RecordBounce,
     ResendAt,
     RetryAt,
@@ -53,6 +55,7 @@ __all__ = [
     "MAX_RETRY_AFTER",
     "Decision",
     "after_bounce",
+    "after_history",
     "after_permanent_rejection",
     "after_response",
     "after_search",
@@ -141,21 +144,53 @@ def _watch_until(policy: ChannelPolicy, *, now: datetime) -> datetime | None:
 
 
 def after_unknown(
-    policy: ChannelPolicy, *, now: datetime, handle_reliable: bool = True
+    policy: ChannelPolicy, *, now: datetime, handle_reliable: bool = True, history: bool = False
 ) -> AfterUnknown:
     """After a call whose outcome cannot be known (timeout, reset, 5xx, missing id).
 
     ``on_unknown = "review"`` sends it straight to a human. If the provider is known to
     replace our Message-ID (``handle_reliable`` false), a search would miss every sent copy
-    and a resend would then duplicate, so it goes to a human too. Otherwise: search, but
-    only after ``search_after``, when the search index has had time to catch up.
+    and a resend would then duplicate, so it goes to a human too; the history counts copies
+    by the same header, so it is not read either. Otherwise: search, but only after
+    ``search_after``, when the search index has had time to catch up; and with ``history``
+    (the claim recorded the mailbox's historyId and the provider reads its history) read
+    the history since the claim at once: no index lies in between, so a copy found there
+    confirms without waiting.
     """
     now = _utc(now)
     if policy.on_unknown == "review":
         return Review(policy.ref, EscalationReason.UNKNOWN_OUTCOME)
     return before_search(policy, handle_reliable=handle_reliable) or SearchAt(
-        policy.ref, now + timedelta(seconds=policy.search_after)
+        policy.ref, now + timedelta(seconds=policy.search_after), now if history else None
     )
+
+
+def after_history(
+    policy: ChannelPolicy, *, hits: int, unknown_at: datetime, resent: bool, now: datetime
+) -> AfterHistory:
+    """After a read of the mailbox's history since the claim (``after_unknown``).
+
+    * one copy of ours: sent once: confirm (and count again ``verify_after`` later for a
+      job sent again without proof, as after a search).
+    * two or more: a duplicate, for a human.
+    * none: absence proves nothing while the history may lag. Without ``history_after`` it
+      is not read again: the search decides after ``search_after``, as without history.
+      With it, read again once ``history_after`` has passed since the unknown outcome; a
+      miss then is believed, and the search is due at once (its index wait replaced by the
+      history's measured one), where the misses count as always.
+    """
+    _non_negative("hits", hits)
+    now = _utc(now)
+    if hits == 1:
+        return after_response(policy, resent=resent, now=now)
+    if hits >= 2:
+        return Duplicate(policy.ref)
+    if policy.history_after is None:
+        return HistoryMiss(policy.ref)
+    believed_at = _utc(unknown_at) + timedelta(seconds=policy.history_after)
+    if now < believed_at:
+        return HistoryMiss(policy.ref, next_at=believed_at)
+    return HistoryMiss(policy.ref, search_at=now)
 
 
 def before_search(policy: ChannelPolicy, *, handle_reliable: bool) -> Review | None:

@@ -68,6 +68,7 @@ MAX_DURATIONS: dict[str, float] = {
     "retry_backoff": _DAY,
     "retry_backoff_max": 7 * _DAY,
     "verify_after": 30 * _DAY,
+    "history_after": _DAY,
     # Reports of a delayed delivery come for up to five days (RFC 5321's give-up time);
     # a month covers the slowest, and a longer watch would keep jobs from retention.
     "watch_bounces": 30 * _DAY,
@@ -155,6 +156,12 @@ class ChannelPolicy(BaseModel):
     # How long a job may wait for an unavailable provider (refused connections, quota
     # errors: nothing sent) before a human decides; None: it waits for as long as it takes.
     give_up_after: Duration | None = None
+    # Gmail's history handle (docs/policies.md "Channel policies"): how long after an unknown
+    # outcome a read of the mailbox's history that finds no copy of ours is believed (the
+    # history lag `sendledger probe` measured, with a margin); the search is then due at
+    # once. None: absence in the history proves nothing, the search decides after
+    # `search_after` as without it.
+    history_after: Duration | None = None
     # After a job is confirmed, look for delivery reports (bounces) about it in its
     # mailbox for this long; None: never (docs/how-it-works.md "Bounces").
     watch_bounces: Duration | None = None
@@ -248,6 +255,17 @@ class ChannelPolicy(BaseModel):
             )
         return value
 
+    @field_validator("history_after")
+    @classmethod
+    def _check_history_after(cls, value: float | None, info: ValidationInfo) -> float | None:
+        after = info.data.get("search_after")
+        if value is not None and isinstance(after, float) and value >= after:
+            raise _error(
+                f"must be shorter than search_after ({format_duration(after)}), "
+                f"got {format_duration(value)}: it replaces the index wait with a shorter one"
+            )
+        return value
+
     # -- derived views ---------------------------------------------------------------------
 
     @property
@@ -294,6 +312,8 @@ class ChannelPolicy(BaseModel):
             del values["pending_draft"]  # the default keeps the fingerprint it had before
         if self.give_up_after is None:
             del values["give_up_after"]  # unchanged policies keep their fingerprint
+        if self.history_after is None:
+            del values["history_after"]  # unchanged policies keep their fingerprint
         if self.watch_bounces is None:
             del values["watch_bounces"]  # as give_up_after
         if self.on_bounce == "record":

@@ -33,6 +33,18 @@ or drafts.delete of the id is 404; drafts.list takes the same `q` terms; a draft
 recipients is refused at send and stays. `rewrite_message_id` replaces the Message-ID on
 both paths, at the send (a draft shows the client's until then).
 
+History (issue 29: Gmail's change log as a second handle, `testkit.history_log`):
+`users.history.list` answers each mailbox's records after `startHistoryId` (`messageAdded`
+for every message stored, `labelAdded` for a draft that was sent), filtered by `labelId` and
+`historyTypes`, in pages, 2 quota units each; a record is listed only `history_lag` seconds
+after it was written (0 by default), and the `historyId` an answer or getProfile gives never
+passes a record still hidden; `expire_history()` makes every start up to now answer 404.
+`rewrite_message_id` applies to it too: the history lists the stored message, whose
+Message-ID is the replaced one.
+
+Every Gmail API call is counted by route (`route_counts`), and every `q` a messages.list was
+asked is kept (`searches`), so a test can say no search was made.
+
 Bounces (issue 29): a message sent to an address in `bounce` (an address, or "@domain"
 for a whole domain) comes back as Gmail's own report would: a delivery status
 notification in the sender's INBOX (not in the acceptance log: it was received, not sent),
@@ -54,6 +66,7 @@ import re
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,6 +82,14 @@ from testkit._http import (
     LoopbackService,
     Response,
     google_error,
+)
+from testkit.history_log import (
+    HISTORY_TYPES,
+    LABEL_ADDED,
+    MESSAGE_ADDED,
+    HistoryGone,
+    HistoryRecord,
+    MailboxHistory,
 )
 from testkit.tls import TlsFiles
 
@@ -96,6 +117,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/messages$"), "list"),
     ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/messages/([^/]+)$"), "get"),
     ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/profile$"), "profile"),
+    ("GET", re.compile(r"^/gmail/v1/users/([^/]+)/history$"), "history"),
     ("POST", re.compile(r"^/gmail/v1/users/([^/]+)/drafts/send$"), "drafts.send"),
     ("POST", re.compile(r"^/upload/gmail/v1/users/([^/]+)/drafts/send$"), "drafts.send"),
     ("POST", re.compile(r"^/gmail/v1/users/([^/]+)/drafts$"), "drafts.create"),
@@ -113,6 +135,7 @@ _ROUTE_UNITS = {
     "list": 5.0,
     "get": 5.0,
     "profile": 1.0,
+    "history": 2.0,
     "drafts.create": 10.0,
     "drafts.upload": 10.0,
     "drafts.get": 5.0,
@@ -238,6 +261,7 @@ class GmailEmulator(LoopbackService):
         idle_timeout: float | None = None,
         user_quota: float | None = None,
         grantable_scopes: Sequence[str] | None = None,
+        history_lag: float = 0.0,
         bounce: dict[str, str] | None = None,
     ) -> None:
         super().__init__(host, port, tls)
@@ -275,7 +299,13 @@ class GmailEmulator(LoopbackService):
         self._accepted: list[dict[str, Any]] = []
         self._seq = 0
         self._history = 1000
+        self._history_lag = _check_lag(history_lag)
+        self._histories: dict[str, MailboxHistory] = {}  # each mailbox's change log
         self.token_requests: list[dict[str, Any]] = []
+        #: Gmail API calls answered (or refused) by route name ("send", "list", "history").
+        self.route_counts: Counter[str] = Counter()
+        #: The `q` of every messages.list that had one, in order.
+        self.searches: list[str] = []
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -298,6 +328,37 @@ class GmailEmulator(LoopbackService):
         """Applies to messages accepted from now on; earlier ones keep their index time."""
         with self._lock:
             self._lag = float(seconds)
+
+    def set_history_lag(self, seconds: float) -> None:
+        """Applies to history records written from now on; earlier ones keep theirs."""
+        value = _check_lag(seconds)
+        with self._lock:
+            self._history_lag = value
+
+    def expire_history(self, user: str = DEFAULT_USER) -> None:
+        """Every startHistoryId `user`'s mailbox has given so far is answered 404 from now
+        on, as Gmail does once a start is older than the history it keeps."""
+        with self._lock:
+            self._history += 1  # a fresh start (getProfile now) is valid again
+            self._mailbox_history(user.lower()).expire(self._history)
+
+    def _mailbox_history(self, user: str) -> MailboxHistory:
+        # Caller holds the lock.
+        return self._histories.setdefault(user, MailboxHistory())
+
+    def _record_change(self, stored: _Stored, kind: str, added: Sequence[str] = ()) -> None:
+        """One history record for `stored`, numbered by its history id (lock held)."""
+        self._mailbox_history(stored.user).add(
+            HistoryRecord(
+                id=stored.history_id,
+                kind=kind,
+                message_id=stored.id,
+                thread_id=stored.thread_id,
+                labels=tuple(stored.labels),
+                added_labels=tuple(added),
+                visible_at=self._clock() + self._history_lag,
+            )
+        )
 
     def set_latency(self, seconds: float) -> None:
         """Delay before answering each Gmail API request from now on (not /token)."""
@@ -424,6 +485,7 @@ class GmailEmulator(LoopbackService):
             mailbox.append(stored)
             known_threads.add(stored.thread_id)
             self._by_id[stored.id] = stored
+            self._record_change(stored, MESSAGE_ADDED)
         if logged:
             self._log_accepted(stored, raw, via)
         return stored
@@ -482,6 +544,8 @@ class GmailEmulator(LoopbackService):
                         continue
                     assert match is not None
                     user = self._authorize_user(unquote(match.group(1)), token)
+                    with self._lock:
+                        self.route_counts[name] += 1
                     self._charge(user, name)
                     if name.startswith("drafts."):
                         return self._draft_call(name, user, token, match, headers, body, params)
@@ -493,6 +557,8 @@ class GmailEmulator(LoopbackService):
                         return self._list(user, token, params)
                     if name == "get":
                         return self._get(user, token, unquote(match.group(2)), params)
+                    if name == "history":
+                        return self._history_list(user, token, params)
                     return self._profile(user, token)
                 if matched:
                     raise ApiError(405, "Method Not Allowed", "methodNotAllowed")
@@ -754,6 +820,9 @@ class GmailEmulator(LoopbackService):
         if q and token is not None and token.scopes is not None and not token.scopes & READ_SCOPES:
             raise ApiError(403, "Metadata scope does not support 'q' parameter", "forbidden")
         query = _parse_query(q, params)
+        if q:
+            with self._lock:
+                self.searches.append(q)
         max_results = _int_param(params, "maxResults", DEFAULT_PAGE)
         if max_results < 1:
             raise ApiError(400, "Invalid maxResults", "invalidArgument")
@@ -959,6 +1028,7 @@ class GmailEmulator(LoopbackService):
             stored.visible_at = now + self._lag
             stored.internal_ms = int(now * 1000)
             stored.history_id = self._history
+            self._record_change(stored, LABEL_ADDED, ["SENT"])
             self._log_accepted(stored, request_raw, "drafts.send")
         self._bounce(stored)
         return _json_response(
@@ -1002,9 +1072,51 @@ class GmailEmulator(LoopbackService):
                 "emailAddress": user if "@" in user else "me@emulator.invalid",
                 "messagesTotal": len(mailbox),
                 "threadsTotal": len({m.thread_id for m in mailbox}),
-                "historyId": str(self._history),
+                "historyId": str(self._mailbox_history(user).horizon(self._history, self._clock())),
             }
         return _json_response(200, body)
+
+    # -- users.history.list ----------------------------------------------------------------
+
+    def _history_list(
+        self, user: str, token: _Token | None, params: dict[str, list[str]]
+    ) -> Response:
+        """The mailbox's changes after `startHistoryId` (testkit/history_log.py)."""
+        self._require_scope(token, READ_SCOPES | {METADATA_SCOPE})
+        start_text = (params.get("startHistoryId") or [""])[-1]
+        if not start_text:
+            raise ApiError(400, "Missing required field: startHistoryId", "invalidArgument")
+        try:
+            start = int(start_text)
+        except ValueError as exc:
+            raise ApiError(400, "Invalid startHistoryId", "invalidArgument") from exc
+        kinds = [kind for kind in params.get("historyTypes", []) if kind]
+        unknown = [kind for kind in kinds if kind not in HISTORY_TYPES]
+        if unknown:
+            raise ApiError(
+                400, f"Invalid value at 'history_types' ({unknown[0]})", "invalidArgument"
+            )
+        label = (params.get("labelId") or [""])[-1] or None
+        max_results = min(max(_int_param(params, "maxResults", DEFAULT_PAGE), 1), MAX_PAGE)
+        page_token = (params.get("pageToken") or [""])[-1]
+        try:
+            after = int(page_token) if page_token else None
+        except ValueError as exc:
+            raise ApiError(400, "Invalid pageToken", "invalidArgument") from exc
+        with self._lock:
+            try:
+                answer = self._mailbox_history(user).page(
+                    start,
+                    current=self._history,
+                    now=self._clock(),
+                    label=label,
+                    kinds=kinds,
+                    max_results=max_results,
+                    after=after,
+                )
+            except HistoryGone:
+                raise ApiError(404, "Requested entity was not found.", "notFound") from None
+        return _json_response(200, answer)
 
 
 class _GrantError(Exception):
@@ -1017,6 +1129,13 @@ class _GrantError(Exception):
 def _gmail_message_id() -> str:
     """A Message-ID of the shape Gmail gives a message whose own it replaces."""
     return f"<{secrets.token_hex(16)}@mail.gmail.com>"
+
+
+def _check_lag(seconds: float) -> float:
+    value = float(seconds)
+    if not 0 <= value <= 86400:
+        raise ValueError(f"history lag must be within 0..86400 seconds, got {seconds!r}")
+    return value
 
 
 def _check_latency(seconds: float) -> float:

@@ -54,7 +54,7 @@ Mode = Literal[
     "slow",
 ]
 MODES: tuple[Mode, ...] = get_args(Mode)
-Kind = Literal["send", "search", "token", "other"]
+Kind = Literal["send", "search", "token", "history", "other"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
 _FORWARDING: frozenset[Mode] = frozenset(
@@ -64,6 +64,8 @@ _FORWARDING: frozenset[Mode] = frozenset(
 _SEND = re.compile(r"/users/[^/]+/(?:messages/send|drafts/send|messages/[^/]+/send|sendMail)/?$")
 # Gmail's messages.list/get; Graph's message list (in a folder or not) and get.
 _SEARCH = re.compile(r"/users/[^/]+/(?:mailFolders/[^/]+/)?messages(?:/[^/]+)?/?$")
+# Gmail's users.history.list: the change log read after an unknown outcome.
+_HISTORY = re.compile(r"/users/[^/]+/history/?$")
 _JSON = "application/json; charset=UTF-8"
 
 
@@ -81,6 +83,8 @@ def classify(method: str, target: str) -> Kind:
         return "send"
     if method == "GET" and _SEARCH.search(path) and not _SEND.search(path):
         return "search"
+    if method == "GET" and _HISTORY.search(path):
+        return "history"
     return "other"
 
 
@@ -140,13 +144,16 @@ class FaultPlan:
         token: Mode | Sequence[Mode] = "pass",
         other: Mode | Sequence[Mode] = "pass",
         default: Mode = "pass",
+        history: Mode | Sequence[Mode] = "pass",
     ) -> None:
         self._lock = threading.Lock()
         self.default: Mode = check_mode(default)
         self._fixed: dict[str, Mode] = {}
         self._queues: dict[str, deque[Mode]] = {}
         self._choosers: dict[str, _Chooser] = {}
-        for kind, spec in (("send", send), ("search", search), ("token", token), ("other", other)):
+        kinds = (("send", send), ("search", search), ("token", token), ("history", history),
+                 ("other", other))  # fmt: skip
+        for kind, spec in kinds:
             if isinstance(spec, str):
                 self._fixed[kind] = check_mode(spec)
             else:

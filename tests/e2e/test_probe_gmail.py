@@ -74,17 +74,23 @@ def test_probe_tries_both_paths_and_recommends_send_via(tmp_path: Path, rewrite:
     assert drafts["gone_after_send"] is True
     assert drafts["found_by_message_id"] is True
     assert report["recommended"]["send_via"] == "drafts"
+    history = report["history"]  # read beside the searches, from the historyId before the send
     if rewrite:
         assert (report["found"], report["kept_message_id"]) == (False, None)
         assert drafts["kept_message_id"] is False
         assert drafts["index_lag_seconds"] is None
         assert report["recommended"]["search_after"] is None
+        assert history["found"] is False and history["reads"] >= 1
+        assert (report["rely_on"], report["recommended_history_after"]) == (None, None)
     else:
         assert (report["found"], report["kept_message_id"]) == (True, True)
         assert drafts["kept_message_id"] is True
         assert LAG <= drafts["index_lag_seconds"] < 3
         assert LAG <= report["index_lag_seconds"] < 3
         assert report["recommended"]["search_after"] == "1m"
+        # The emulator's history has no lag: it lists the copy before the index shows it.
+        assert history["found"] is True and history["lag_seconds"] < report["index_lag_seconds"]
+        assert (report["rely_on"], report["recommended_history_after"]) == ("history", "1s")
 
 
 def test_probe_text_report_names_every_finding(tmp_path: Path) -> None:

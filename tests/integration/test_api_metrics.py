@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
 
 from daemon.api.metrics import Metrics, Sources
+from daemon.doubles.fake_history import FakeHistoryProvider
 from daemon.doubles.fake_provider import Scripted
 from daemon.engine import Engine
 
@@ -21,8 +22,8 @@ def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
     }
 
 
-def test_the_observer_counts_sends_searches_escalations_and_the_lag() -> None:
-    rig = EngineRig(policy("receipts", on_unknown="search-then-review"))
+def observed(rig: EngineRig) -> Metrics:
+    """The rig's engine replaced by one that reports to a new registry, returned."""
     metrics = Metrics(Sources(rig.ledger, {"fake": rig.provider}))
     rig.engine.close()
     rig.engine = Engine(
@@ -34,6 +35,12 @@ def test_the_observer_counts_sends_searches_escalations_and_the_lag() -> None:
         deadline_grace=GRACE,
         observer=metrics,
     )
+    return metrics
+
+
+def test_the_observer_counts_sends_searches_escalations_and_the_lag() -> None:
+    rig = EngineRig(policy("receipts", on_unknown="search-then-review"))
+    metrics = observed(rig)
     try:
         rig.provider.script(Scripted.confirmed(), Scripted.dropped_response())
         rig.submit("receipts", "a")
@@ -56,3 +63,29 @@ def test_the_observer_counts_sends_searches_escalations_and_the_lag() -> None:
     )
     assert found[calls] == 2
     assert found[("sendledger_jobs", (("state", "confirmed"),))] == 2
+
+
+def test_history_reads_are_counted_by_what_they_settled() -> None:
+    """docs/http-api.md "Metrics": a lost reply confirmed through the mailbox's history is
+    a `hit` (no search counted), a lost request a `miss`, an expired start `unusable`."""
+    rig = EngineRig(policy("receipts", on_unknown="search-then-review"))
+    rig.engine.close()
+    rig.provider = history = FakeHistoryProvider("fake", clock=rig.clock)
+    metrics = observed(rig)
+    try:
+        rig.provider.script(Scripted.dropped_response(), Scripted.lost_request())
+        rig.submit("receipts", "hit")
+        rig.submit("receipts", "miss")
+        rig.tick()
+        rig.provider.script(Scripted.dropped_response())
+        rig.submit("receipts", "expired")
+        history.fail_history(1)
+        rig.tick(errors=1)  # its read failed: no information, counted nowhere
+        history.expire_history()
+        rig.advance_and_tick(2)
+        found = samples(metrics)
+    finally:
+        rig.close()
+    for result in ("hit", "miss", "unusable"):
+        assert found[("sendledger_history_reads_total", (("result", result),))] == 1, result
+    assert ("sendledger_searches_total", (("result", "hit"),)) not in found

@@ -8,6 +8,11 @@ backoff) pass by `clock.advance(...)` and the tests never sleep for them.
 
 Effects are counted where the design says: sends in the relay's log (every request the
 client stack made), copies in the emulator's acceptance log.
+
+These tests hold the search path: their provider reads no history (`read_history=False`)
+unless a test asks for it, as `test_a_dropped_reply_is_confirmed_through_the_history_at_once`
+does; the history's own tests are tests/integration/test_gmail_history.py and
+tests/unit/test_engine_history.py.
 """
 
 from __future__ import annotations
@@ -185,8 +190,9 @@ def make_rig(
     gmail_provider: Callable[..., GmailProvider],
     tmp_path: Path,
 ) -> Iterator[RigFactory]:
-    """`make_rig(policies={"channel": {field: value}}, policy_set=..., rng=..., send_via=...)`:
-    a Rig whose policies load from TOML files in tmp_path/policies (or the given PolicySet)."""
+    """`make_rig(policies={"channel": {field: value}}, policy_set=..., rng=..., send_via=...,
+    read_history=...)`: a Rig whose policies load from TOML files in tmp_path/policies (or
+    the given PolicySet); its provider reads no history unless `read_history`."""
     rigs: list[Rig] = []
     policy_dir = tmp_path / "policies"
 
@@ -196,6 +202,7 @@ def make_rig(
         policy_set: PolicySet | None = None,
         rng: random.Random | None = None,
         send_via: str = "messages",
+        read_history: bool = False,
     ) -> Rig:
         policy_dir.mkdir(exist_ok=True)
         for channel, fields in (policies or {}).items():
@@ -211,7 +218,9 @@ def make_rig(
             def loader() -> PolicySet:
                 return load_policy_dir(policy_dir, known_providers={"gmail"})
 
-        provider = gmail_provider(name="gmail", timeout=CLIENT_TIMEOUT, send_via=send_via)
+        provider = gmail_provider(
+            name="gmail", timeout=CLIENT_TIMEOUT, send_via=send_via, read_history=read_history
+        )
         rig = Rig(store_url, clock, relay, emulator, provider, loader, rng)
         rigs.append(rig)
         return rig
@@ -357,6 +366,43 @@ def test_dropped_response_is_confirmed_by_search_after_the_index_lag(
     assert len(rig.of("inv2-lag", "Attempted")) == 1
     assert rig.sends() == 1
     assert emulator.copies(message_id) == 1
+
+
+def test_a_dropped_reply_is_confirmed_through_the_history_at_once(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    """The same lost reply with the history read (the default): confirmed via history in
+    the tick of its Unknown, 5 minutes before the search could be made, with no search, on
+    the real store and client; after a restart (kill -9) the claim's historyId answers too."""
+    rig = make_rig({"receipts": RETRY_5M}, read_history=True)
+    emulator.set_lag(400)
+    relay.set_plan(FaultPlan(send=["drop-response", "drop-response"]))
+    message_id = rig.submit("receipts", "hist-1")
+    rig.tick()
+    assert rig.state("hist-1") is JobState.CONFIRMED
+    [confirmed] = rig.of("hist-1", "Confirmed")
+    [unknown] = rig.of("hist-1", "Unknown")
+    assert confirmed.via == "history" and confirmed.timestamp == unknown.timestamp
+    assert rig.searches() == 0 and emulator.searches == []
+    assert emulator.copies(message_id) == 1
+    [attempted] = rig.of("hist-1", "Attempted")
+    assert attempted.history_id is not None
+    # A claim whose daemon died after the send: recovered at its deadline, read from its
+    # own historyId (recorded with the claim) like any Unknown.
+    recovered = rig.submit("receipts", "hist-2")
+    mark = rig.provider.history_mark()
+    rig.ledger.update(
+        "hist-2",
+        lambda job: job.claim(
+            provider="gmail", deadline=clock() + timedelta(seconds=DEADLINE), at=clock(),
+            history_id=mark,
+        ),
+    )  # fmt: skip
+    rig.provider.send_raw(render(rig.ledger.get_job("hist-2")))  # the call that "crashed"
+    rig.advance_and_tick(DEADLINE + 1)
+    rig.tick()
+    assert [e.via for e in rig.of("hist-2", "Confirmed")] == ["history"]
+    assert emulator.copies(recovered) == 1 and rig.searches() == 0
 
 
 def test_failed_search_is_no_miss(

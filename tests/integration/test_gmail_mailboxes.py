@@ -38,14 +38,13 @@ def mid(n: int) -> str:
 
 
 def delegating(url: str, credentials: Path, **kwargs: object) -> GmailProvider:
+    options = {"timeout": 0.5, "quota_units_per_second": 1e6, **kwargs}
     return GmailProvider(
         "gmail",
         credentials_file=credentials,
         user="{from}",
         api_endpoint=url,
-        timeout=0.5,
-        quota_units_per_second=1e6,
-        **kwargs,  # type: ignore[arg-type]
+        **options,  # type: ignore[arg-type]
     )
 
 
@@ -193,3 +192,25 @@ def test_probe_acts_as_the_from_mailbox(emulator: GmailEmulator, sa_file: Path) 
         provider.close()
     assert result["found"] and result["copies"] == 1, result
     assert [e["user"] for e in emulator.accepted()] == [MAILBOXES[2]]
+
+
+def test_a_bucket_of_one_send_reserves_it_and_each_mailbox_reads_its_own_history(
+    emulator: GmailEmulator, sa_file: Path
+) -> None:
+    """docs/providers.md "What each handle proves": with "{from}" a mailbox's bucket holds
+    one send, so a claim's mark is not reserved with it (101 units would never fit) but
+    fetched with its own unit; a dropped reply is found in its own mailbox's history."""
+    provider = delegating(emulator.url, sa_file, quota_units_per_second=250.0)
+    try:
+        alice, bob = (for_job(provider, f"Shop <{m}>", None) for m in MAILBOXES[:2])
+        assert alice.reserve_send() == 0.0
+        history, bob_history = alice.history(), bob.history()
+        assert history is not None and bob_history is not None
+        mark = history.history_mark()
+        assert mark is not None and emulator.route_counts["profile"] == 1
+        outcome = alice.send_raw(raw_from(f"Shop <{MAILBOXES[0]}>", mid(1)))
+        assert outcome.kind is SendKind.CONFIRMED, outcome
+        assert len(history.sent_since(mark, mid(1)).copies) == 1
+        assert bob_history.sent_since(mark, mid(1)).copies == []
+    finally:
+        provider.close()

@@ -170,9 +170,19 @@ def test_open_jobs_continue_to_the_end_with_todays_engine(old_store: Ledger) -> 
 
 def test_v1_claims_name_no_daemon_and_wait_for_their_deadline(old_store: Ledger) -> None:
     """Attempted v1 (before daemon.name) upcasts to daemon="": no restarted daemon takes
-    such a claim for its own; the deadline recovers it as before."""
+    such a claim for its own; the deadline recovers it as before. And on to v3 with no
+    historyId (before the history handle), as the first release's Unknowns load with no
+    history read due: the search alone answers them."""
     job = old_store.get_job("crashed")
     assert job.state is JobState.ATTEMPTED and job.claimed_by == ""
+    assert job.history_id is None
     attempted = [e for e in old_store.history("crashed") if type(e).__name__ == "Attempted"]
-    assert [e.daemon for e in attempted] == [""]
-    assert type(attempted[0]).class_version == 2
+    assert [(e.daemon, e.history_id) for e in attempted] == [("", None)]
+    assert type(attempted[0]).class_version == 3
+    unknowns = [
+        event
+        for key in ("confirmed-search", "one-miss", "unknown-searching", "duplicate")
+        for event in old_store.history(key)
+        if type(event).__name__ == "Unknown"
+    ]
+    assert all(e.history_due_at is None and type(e).class_version == 2 for e in unknowns)

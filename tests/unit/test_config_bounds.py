@@ -127,6 +127,8 @@ def test_policy_duration_bounds_hold_for_any_value(field: str, seconds: float) -
         data["retry_backoff_max"] = seconds
     if field == "retry_backoff_max":
         data["retry_backoff"] = 0.001
+    if field == "history_after":
+        data["search_after"] = MAX_DURATIONS["search_after"]  # it must be the shorter
     try:
         policy = ChannelPolicy.model_validate(data)
     except ValueError as exc:

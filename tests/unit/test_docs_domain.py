@@ -261,7 +261,7 @@ def test_a_new_provider_s_capabilities_are_the_port_s_with_the_defaults_written(
     base = type("Plain", (ProviderBase,), {"name": "plain"})()
     shown = {
         name: getattr(base, name)()
-        if name in ("drafts", "quota_available", "reserve_send", "scope", "forget_idle")
+        if name in ("drafts", "quota_available", "reserve_send", "scope", "forget_idle", "history")
         else getattr(base, name)
         for name in written
         if name not in ("for_job", "delete_drafts", "ping", "scope_of", "read_reports")

@@ -94,7 +94,7 @@ def test_every_command_a_page_shows_parses_and_names_real_fault_modes() -> None:
         if command == "COMMAND" or (argv == [command] and command in COMMANDS):
             continue
         args = build_parser(command).parse_args(argv)
-        for kind in ("send", "search", "token", "other"):
+        for kind in ("send", "search", "token", "history", "other"):
             assert set(filter(None, (getattr(args, kind, None) or "").split(","))) <= set(MODES)
 
 

@@ -167,6 +167,8 @@ def check_range(model: type[BaseModel], field: str, text: str) -> None:
     more: dict[str, object] = {}
     if field in other and other[field] in model.model_fields:
         more = {other[field]: high_value if field == "retry_backoff" else low_value}
+    if field == "history_after":
+        more = {"search_after": "7d"}  # it must be shorter than search_after
 
     def number(value: float) -> float:
         return int(value) if whole else value

@@ -16,6 +16,7 @@ example runs hundreds of ticks in well under a second.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +35,7 @@ from daemon.doubles.fake_provider import Scripted
 from ledger.job import SendJob, TransitionError
 from ledger.stores.index import index_row
 from ledger.vocabulary import ConfirmedVia, JobState, Resolution
+from policies.model import ChannelPolicy
 from testkit.dsn import report, rfc3464_report
 
 POLICIES = (
@@ -69,6 +71,9 @@ CHEAP_REPORTS = tuple(kind for kind in REPORTS if kind != "huge")
 
 
 class EngineMachine(RuleBasedStateMachine):
+    #: The channels that may resend on their own (a duplicate there is a lag's doing).
+    retry_channels: tuple[str, ...] = ("receipts",)
+
     def __init__(self) -> None:
         super().__init__()
         self.rig: EngineRig | None = None
@@ -239,7 +244,7 @@ class EngineMachine(RuleBasedStateMachine):
                 # A second copy only from a believed miss that the lag hid; verification
                 # found it and a human looks at it.
                 assert job.state is JobState.REVIEW and job.duplicate, (key, copies)
-                assert job.channel == "receipts"
+                assert job.channel in self.retry_channels
             if job.state is JobState.CONFIRMED and not by_operator:
                 assert copies == 1, (key, copies)
 
@@ -259,15 +264,31 @@ def check_jobs(rig: EngineRig, keys: list[str], genuine: dict[str, set[str]]) ->
         check_bounces(job, events, genuine=genuine.get(key, set()))
 
 
-def check_history(job: SendJob, events: list[Any], *, sends: int, answered: int) -> None:
-    policy = BY_CHANNEL.get(job.channel)
+def check_history(
+    job: SendJob,
+    events: list[Any],
+    *,
+    sends: int,
+    answered: int,
+    history_answered: int = 0,
+    stored: Mapping[str, str] | None = None,
+    policies: Mapping[str, ChannelPolicy] = BY_CHANNEL,
+) -> None:
+    """The invariants on one job's history. `history_answered`: the reads of its mailbox's
+    history that got an answer; `stored`: each copy's Message-ID as the provider stored
+    it, by provider id (what a Confirmed via history is held against)."""
+    policy = policies.get(job.channel)
     attempted = [e for e in events if isinstance(e, SendJob.Attempted)]
     # Invariant 1: every provider call had a durable claim before it, and one claim per call.
     assert len(attempted) == sends, (job.key, len(attempted), sends)
     # A failed (or held) search is never a miss: each believed miss had an answered search.
     misses = sum(1 for e in events if isinstance(e, SendJob.SearchedMiss))
     assert misses <= answered, (job.key, misses, answered)
+    # Nor is a failed history read: each HistoryMissed had an answered read.
+    history_misses = sum(1 for e in events if isinstance(e, SendJob.HistoryMissed))
+    assert history_misses <= history_answered, (job.key, history_misses, history_answered)
     unknown_at = None
+    believed_at = None  # a believed HistoryMissed since the Unknown: the index wait is over
     counted = 0  # calls since the job was (re)opened, less those refused as unavailable
     misses_since_unknown = 0
     resend_allowed = True
@@ -281,10 +302,19 @@ def check_history(job: SendJob, events: list[Any], *, sends: int, answered: int)
             assert job.content == job.content.redacted() and not job.content.to
         elif isinstance(event, SendJob.Unknown):
             unknown_at, misses_since_unknown, resend_allowed = event.timestamp, 0, False
+            believed_at = None
+        elif isinstance(event, SendJob.HistoryMissed):
+            assert unknown_at is not None and policy is not None
+            if event.believed:
+                # Believed only on a channel that opted in, and only after its window.
+                assert policy.history_after is not None, job.key
+                assert event.timestamp >= unknown_at + timedelta(seconds=policy.history_after)
+                believed_at = event.timestamp
         elif isinstance(event, SendJob.SearchedMiss):
             assert unknown_at is not None and policy is not None
-            # The first search waits out the index lag.
-            assert event.timestamp >= unknown_at + timedelta(seconds=policy.search_after)
+            # The first search waits out the index lag (or follows a believed history miss).
+            waited = unknown_at + timedelta(seconds=policy.search_after)
+            assert event.timestamp >= (waited if believed_at is None else believed_at), job.key
             misses_since_unknown += 1
         elif isinstance(event, SendJob.Requeued):
             # Invariant 2: a resend after an unknown only after enough believed misses, and
@@ -321,6 +351,11 @@ def check_history(job: SendJob, events: list[Any], *, sends: int, answered: int)
             # Invariant 3: exactly one copy, unless a human said so.
             if event.via != ConfirmedVia.OPERATOR:
                 assert len(event.provider_message_ids) == 1
+            if event.via == ConfirmedVia.HISTORY:
+                # ... and through the history, a copy whose stored header is exactly ours.
+                assert stored is not None, job.key
+                [copy] = event.provider_message_ids
+                assert stored[copy] == job.message_id, (job.key, copy, stored[copy])
         elif isinstance(event, SendJob.Duplicate):
             after_duplicate = True
             assert event.hits >= 2

@@ -171,6 +171,7 @@ PROVIDER_PORT = (
     "daemon.providers.base",
     "daemon.providers.outcomes",
     "daemon.providers.draft_handle",
+    "daemon.providers.history_handle",
     "daemon.providers.message",
 )
 

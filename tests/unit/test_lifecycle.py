@@ -25,6 +25,7 @@ from ledger.vocabulary import EscalationReason, JobState, Resolution
 
 Move = Callable[[SendJob, datetime], object]
 HOUR = timedelta(hours=1)
+HISTORY_QUERY = "history.list startHistoryId=1000 labelId=SENT historyTypes=messageAdded"
 
 
 def _review(reason: EscalationReason) -> decide.Review:
@@ -42,6 +43,9 @@ BOUNCE = DeliveryReport(
 
 MOVES: dict[str, Move] = {
     "claim": lambda j, at: j.claim(provider="support", deadline=at + HOUR, at=at),
+    "claim with a historyId": lambda j, at: j.claim(
+        provider="support", deadline=at + HOUR, at=at, history_id="1000"
+    ),
     "response": lambda j, at: j.record_response(
         provider_message_id="m1", decision=decide.Confirm(POLICY), at=at
     ),
@@ -60,6 +64,9 @@ MOVES: dict[str, Move] = {
     "end watch": lambda j, at: j.end_bounce_watch(at=at),
     "unknown, search": lambda j, at: j.record_unknown(
         reason="timed out", decision=decide.SearchAt(POLICY, at + HOUR), at=at
+    ),
+    "unknown, history now": lambda j, at: j.record_unknown(
+        reason="timed out", decision=decide.SearchAt(POLICY, at + HOUR, history_at=at), at=at
     ),
     "unknown, review": lambda j, at: j.record_unknown(
         reason="timed out", decision=_review(EscalationReason.UNKNOWN_OUTCOME), at=at
@@ -89,6 +96,19 @@ MOVES: dict[str, Move] = {
     "search: none, review": lambda j, at: j.record_search(
         query=QUERY, copies=[], decision=_review(EscalationReason.UNKNOWN_OUTCOME), at=at
     ),
+    "history: one copy": lambda j, at: j.record_history(
+        query=HISTORY_QUERY, copies=["m1"], decision=decide.Confirm(POLICY), at=at
+    ),
+    "history: two copies": lambda j, at: j.record_history(
+        query=HISTORY_QUERY, copies=["m1", "m2"], decision=decide.Duplicate(POLICY), at=at
+    ),
+    "history: none, again": lambda j, at: j.record_history(
+        query=HISTORY_QUERY, copies=[], decision=decide.HistoryMiss(POLICY, next_at=at), at=at
+    ),
+    "history: none, believed": lambda j, at: j.record_history(
+        query=HISTORY_QUERY, copies=[], decision=decide.HistoryMiss(POLICY, search_at=at), at=at
+    ),
+    "history unusable": lambda j, at: j.record_history_unusable(reason="expired", at=at),
     "stop verifying": lambda j, at: j.stop_verifying(decide.StopVerifying(POLICY), at=at),
     "escalate": lambda j, at: j.escalate(
         _review(EscalationReason.MAX_ATTEMPTS), detail="3 calls", at=at
@@ -122,7 +142,8 @@ MOVES: dict[str, Move] = {
 
 def _shape(job: SendJob) -> tuple[object, ...]:
     return (job.state, job.verifying, job.duplicate, job.misses, job.draft_id is not None,
-            min(job.attempts, 2), job.purged, job.watch_until is not None,
+            min(job.attempts, 2), job.purged, job.history_id is not None,
+            job.history_due_at is not None, job.watch_until is not None,
             len(job.bounce_ids))  # fmt: skip
 
 

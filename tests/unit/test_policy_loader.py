@@ -364,8 +364,8 @@ def test_a_policy_file_is_at_most_1_mib(tmp_path: Path) -> None:
 
 
 def test_fields_added_later_keep_the_first_releases_fingerprint(tmp_path: Path) -> None:
-    """`allowed_from`, `pending_draft`, `give_up_after`, `watch_bounces` and `on_bounce`
-    at their defaults leave the fingerprint a policy of the first release had
+    """`allowed_from`, `pending_draft`, `give_up_after`, `watch_bounces`, `on_bounce` and
+    `history_after` at their defaults leave the fingerprint a policy of the first release had
     (tests/fixtures/store-v1/README.md)."""
     text = FIXTURE.read_text(encoding="utf-8")
     assert load_policy_file(FIXTURE).fingerprint == "7d06ca0409ba9b06"
@@ -377,4 +377,6 @@ def test_fields_added_later_keep_the_first_releases_fingerprint(tmp_path: Path) 
     later.write_text(text + 'watch_bounces = "3d"\n', encoding="utf-8")
     assert load_policy_file(later).fingerprint != "7d06ca0409ba9b06"
     later.write_text(text + 'give_up_after = "4h"\n', encoding="utf-8")
+    assert load_policy_file(later).fingerprint != "7d06ca0409ba9b06"
+    later.write_text(text + 'history_after = "1s"\n', encoding="utf-8")
     assert load_policy_file(later).fingerprint != "7d06ca0409ba9b06"

@@ -183,6 +183,15 @@ def test_irreversible_with_retry_is_refused() -> None:
     assert "irreversible channels never resend without a human" in message
 
 
+def test_history_after_must_be_shorter_than_search_after() -> None:
+    """docs/policies.md "Believing the history": it replaces the index wait with a shorter
+    one; as long or longer is a typo, refused naming the field."""
+    message = refused("history_after", search_after="1m", history_after="1m")
+    assert "must be shorter than search_after (1m), got 1m" in message
+    assert make(search_after="1m", history_after="10s").history_after == 10.0
+    assert make().history_after is None
+
+
 @pytest.mark.parametrize("mode", ["search-then-review", "review"])
 def test_irreversible_with_review_modes_is_fine(mode: str) -> None:
     p = make(on_unknown=mode, irreversible=True)

@@ -117,3 +117,19 @@ def test_threads_share_the_budget() -> None:
     # 800 units at 100/s with 100 saved up: at least 7 s of (fake) time must have passed.
     assert t.now - start >= 7.0 - 1e-6
     assert b.available <= 100.0
+
+
+def test_history_reads_leave_a_sends_worth_in_the_bucket() -> None:
+    """docs/providers.md "What each handle proves": a history read is paid only while a
+    send's worth of quota stays behind it, so it never takes what a due send reserves."""
+    from daemon.providers.gmail_history import pay_behind_sends
+
+    b, t = bucket(rate=250.0)
+    b.acquire(146)  # 104 left: a read of 5 would leave less than a send (100)
+    pay_behind_sends(b, 5.0, t.sleep)
+    assert t.sleeps and sum(t.sleeps) == pytest.approx(1 / 250)  # until 105 were there
+    assert b.available == pytest.approx(100.0)
+    assert b.try_acquire(100)  # the send that was due still finds its quota
+    small, s = bucket(rate=100.0)  # too small a bucket to keep a send back: paid at once
+    pay_behind_sends(small, 5.0, s.sleep)
+    assert s.sleeps == [] and small.available == pytest.approx(95.0)

@@ -58,6 +58,11 @@ class Metrics:
         self.escalations = Counter(
             "sendledger_escalations", "Jobs sent to review, by reason", ["reason"], registry=r
         )
+        # docs/providers.md "What each handle proves": what each read of a mailbox's history
+        # after an unknown outcome settled (a duplicate there counts as a search's does).
+        self.history_reads = Counter(
+            "sendledger_history_reads", "Mailbox history reads by result", ["result"], registry=r
+        )
         # docs/how-it-works.md "Bounces": reports recorded on jobs, and every report read
         # by what became of it (recorded, or why not).
         self.bounces = Counter(
@@ -115,6 +120,8 @@ class Metrics:
                 elif via == ConfirmedVia.SEARCH:
                     self.searches.labels("hit").inc()
                     self._observe_lag(job, event)
+                elif via == ConfirmedVia.HISTORY:
+                    self.history_reads.labels("hit").inc()
             elif kind == "Unknown":
                 self.sends.labels(provider, "unknown").inc()
             elif kind == "Rejected":
@@ -123,6 +130,10 @@ class Metrics:
                 self.sends.labels(provider, outcome).inc()
             elif kind == "SearchedMiss":
                 self.searches.labels("miss").inc()
+            elif kind == "HistoryMissed":
+                self.history_reads.labels("miss").inc()
+            elif kind == "HistoryUnusable":
+                self.history_reads.labels("unusable").inc()
             elif kind == "Verified":
                 self.searches.labels("hit" if getattr(event, "hits", 0) else "miss").inc()
             elif kind == "Duplicate":

@@ -27,6 +27,9 @@ from testkit.graph_emulator import DEFAULT_TENANT as GRAPH_TENANT
 from testkit.graph_emulator import GraphEmulator
 from testkit.tls import make_loopback_tls
 
+#: The request kinds the relay's options break (testkit.relay.classify).
+RELAY_KINDS = ("send", "search", "token", "history", "other")
+
 
 class _BadOption(SendledgerError):
     def __init__(self, option: str, message: str) -> None:
@@ -45,13 +48,17 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     gmail.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     gmail.add_argument("--port", default="0", help="0 picks a free port (default)")
     gmail.add_argument("--lag", default="0", help="search index lag, e.g. 30s (default 0)")
+    gmail.add_argument(
+        "--history-lag", default="0", help="users.history.list lag, e.g. 2s (default 0)"
+    )
     gmail.add_argument("--accept-log", metavar="PATH", help="append accepted messages as JSON")
     gmail.add_argument("--no-auth", action="store_true", help="accept requests without a token")
     gmail.add_argument(
         "--rewrite-message-id",
         action="store_true",
         help="replace the Message-ID of each message sent, by messages.send and by"
-        " drafts.send (simulates the reported Gmail behaviour)",
+        " drafts.send, in search, get and history alike (simulates the reported Gmail"
+        " behaviour)",
     )
     gmail.add_argument(
         "--write-service-account",
@@ -104,7 +111,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     relay.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     relay.add_argument("--port", default="0", help="0 picks a free port (default)")
-    for kind in ("send", "search", "token", "other"):
+    for kind in RELAY_KINDS:
         relay.add_argument(
             f"--{kind}",
             metavar="MODE[,MODE...]",
@@ -183,7 +190,7 @@ def _build_plan(args: argparse.Namespace) -> FaultPlan:
         if args.seed is not None:
             raise _BadOption("--seed", "only meaningful with --send-mix")
         kwargs: dict[str, Mode | list[Mode]] = {}
-        for kind in ("send", "search", "token", "other"):
+        for kind in RELAY_KINDS:
             value = getattr(args, kind)
             if value is not None:
                 kwargs[kind] = _modes(f"--{kind}", value)
@@ -240,10 +247,12 @@ def _guarded(body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
 def _run_gmail(args: argparse.Namespace) -> int:
     port = _port(args.port)
     lag = _duration("--lag", args.lag)
+    history_lag = _duration("--history-lag", args.history_lag)
     emulator = GmailEmulator(
         host=args.host,
         port=port,
         lag=lag,
+        history_lag=history_lag,
         acceptance_log=Path(args.accept_log) if args.accept_log else None,
         require_auth=not args.no_auth,
         rewrite_message_id=args.rewrite_message_id,

@@ -229,6 +229,10 @@ class GmailProviderSettings(_Section):
     # "messages": users.messages.send; "drafts": drafts.create then drafts.send, a handle
     # Gmail itself enforces (needs gmail.compose; docs/providers.md "Gmail setup").
     send_via: Literal["messages", "drafts"] = "messages"
+    # With send_via = "messages": record the mailbox's historyId with each claim and read
+    # the history since it after an unknown outcome, before any search (docs/providers.md
+    # "What each handle proves"); false: the search alone, as before.
+    read_history: bool = True
     quota_units_per_second: float = Field(default=250.0, gt=0, le=1_000_000)
     # The Message-ID read-back after confirmed sends: the first N after start, then this
     # share of the rest (a provider that replaces our Message-IDs is still caught).

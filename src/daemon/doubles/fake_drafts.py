@@ -62,7 +62,6 @@ class FakeDraftsProvider(FakeProvider):
         # Every draft ever made -> its Message-ID (kept after the draft is consumed), so
         # every drafts.send call counts against its job, a 404 included (invariant 1).
         self._made: dict[str, str] = {}
-        self._originals: dict[str, str] = {}  # copy's provider id -> the Message-ID we gave
         # What a person checking a sent copy is shown (To, Subject), by draft id, as
         # FakeProvider.send_raw keeps them for its copies.
         self._shown: dict[str, tuple[str, str]] = {}
@@ -104,16 +103,6 @@ class FakeDraftsProvider(FakeProvider):
         """The next draft checks fail as a refused connection does."""
         with self._lock:
             self._unavailable_checks += count
-
-    def copies_of(self, message_id: str) -> int:
-        """Copies sent for `message_id`, counted by the Message-ID we gave (a replaced one
-        too), as the e2e tests count by the job's subject."""
-        with self._lock:
-            return sum(
-                1
-                for copy in self.copies
-                if self._originals.get(copy.provider_message_id, copy.message_id) == message_id
-            )
 
     def delete_by_person(self, draft_id: str) -> None:
         """Someone deletes the draft in the mailbox (the GONE case)."""

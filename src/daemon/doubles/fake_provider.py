@@ -155,6 +155,7 @@ class FakeProvider(ProviderBase):
         self.index_lag = index_lag
         self.replaces_message_id = replaces_message_id
         self.copies: list[Copy] = []
+        self._originals: dict[str, str] = {}  # copy's provider id -> the Message-ID we gave
         self.sends = 0
         self.sends_by_message_id: Counter[str] = Counter()
         self.searches = 0
@@ -217,8 +218,14 @@ class FakeProvider(ProviderBase):
             self._failing_reads = count
 
     def copies_of(self, message_id: str) -> int:
+        """Copies sent for `message_id`, counted by the Message-ID we gave (a replaced one
+        too), as the e2e tests count by the job's subject."""
         with self._lock:
-            return sum(1 for copy in self.copies if copy.message_id == message_id)
+            return sum(
+                1
+                for copy in self.copies
+                if self._originals.get(copy.provider_message_id, copy.message_id) == message_id
+            )
 
     def store_copy(self, message_id: str) -> str:
         """A copy the provider holds without a send through us (a second sender)."""
@@ -340,6 +347,7 @@ class FakeProvider(ProviderBase):
         provider_id = f"fake-{next(self._ids):06d}"
         stored = f"<replaced-{provider_id}@fake>" if self.replaces_message_id else message_id
         self.copies.append(Copy(provider_id, stored, self.clock(), to, subject))
+        self._originals[provider_id] = message_id
         return provider_id
 
     def _visible(self, message_id: str, visible_before: datetime) -> Iterable[Copy]:

@@ -229,12 +229,21 @@ class Dispatch:
                 return None
             # The lease is counted from the call, not from before the draft step.
             work.now = self._clock()
+        history = provider.history()
+        mark = None
+        if history is not None:
+            # The mailbox's historyId, before the send: its history holds this attempt's
+            # copy if the send makes one. Shared by the mailbox's claims; None (no wait,
+            # no refusal) when none can be had now: the search alone answers then.
+            mark = history.history_mark()
+            work.now = self._clock()
         lease = self._timeouts.get(policy.provider, provider.timeout) + self._grace
         job.claim(
             provider=policy.provider,
             deadline=work.now + timedelta(seconds=lease),
             at=work.now,
             daemon=self._daemon,
+            history_id=mark,
         )
         return Claimed(work, policy, provider, raw, lease, draft=draft, drafts=drafts,
                        created=created)  # fmt: skip
@@ -402,12 +411,18 @@ def unknown_to_events(
     """An unknown outcome as events on the job in memory (not saved). The rule is chosen
     here, once: with a recorded draft, the draft's check at once (every channel: the
     sweep's, which deletes a draft still unsent before it says so); without one, the
-    policy's rule for unknown outcomes."""
+    policy's rule for unknown outcomes, with the mailbox's history read at once when the
+    claim recorded a historyId and the provider reads its history."""
     decision: AfterUnknown
     if drafts_flow.recorded_draft(work.job) is not None:
         decision = decisions.after_unknown_draft(policy, now=work.now)
     else:
         decision = decisions.after_unknown(
-            policy, now=work.now, handle_reliable=health.reliable(policy.provider)
+            policy,
+            now=work.now,
+            handle_reliable=health.reliable(policy.provider),
+            history=work.job.history_id is not None
+            and work.provider is not None
+            and work.provider.history() is not None,
         )
     work.job.record_unknown(reason=reason, decision=decision, at=work.now)

@@ -23,6 +23,7 @@ from daemon.providers.base import (
     SendOutcome,
 )
 from daemon.providers.draft_handle import DraftsProvider
+from daemon.providers.history_handle import HistoryProvider
 from ledger.job import SendJob
 
 log = logging.getLogger("sendledger.engine")
@@ -103,6 +104,10 @@ class ObservedProvider(ProviderBase):
     def drafts(self) -> DraftsProvider | None:
         # Not timed: the draft calls are the inner provider's own.
         return self.inner.drafts()
+
+    def history(self) -> HistoryProvider | None:
+        # Not timed either: the history calls are the inner provider's own.
+        return self.inner.history()
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return self._timed("delete_drafts", lambda: self.inner.delete_drafts(message_id))

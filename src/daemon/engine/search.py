@@ -17,6 +17,14 @@ drafts mode), a sweep first deletes the job's unsent drafts (the fence: the laps
 draft can never be sent late, so the count that follows stays true), recorded as
 DraftsDeleted; a person's search never deletes anything. `Tidy` deletes them once a job is
 settled, `search_after` later (docs/architecture.md "Drafts never outlive their job").
+
+With a provider that reads the mailbox's history (`Provider.history()`: Gmail's
+messages.send path), a sweep whose job's claim recorded a historyId first reads the SENT
+messages added since it, at once after the unknown outcome: a copy of ours there confirms
+(via history), two are a duplicate; none proves nothing and the search decides as always,
+unless the policy's `history_after` makes a later miss believed. A read that fails is no
+information, like a failed search; a historyId that expired falls back to the search,
+recorded (docs/architecture.md "The history handle").
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from daemon.engine.report import Count
 from daemon.engine.runner import Step, Work, due
 from daemon.providers.base import Provider, ProviderError, SearchResult
 from daemon.providers.draft_handle import DraftCheck, DraftsProvider, DraftStatus
+from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
 from ledger.decision_types import StopVerifying
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob
 from ledger.vocabulary import JobState, PolicyRef
@@ -97,6 +106,23 @@ class SearchBackoff:
         return self._call(
             work, provider, "search", lambda: provider.search(work.job.message_id), "searched"
         )
+
+    def history(
+        self, work: Work, history: HistoryProvider, provider: Provider
+    ) -> SearchResult | HistoryTooOld | None:
+        """The copies of ours the mailbox's history lists since the job's claim, under the
+        same circuit and backoff as a search (an expired start is an answer, not a failure)."""
+        job = work.job
+        start = job.history_id
+        assert start is not None, "a history read needs the claim's historyId"
+
+        def read() -> SearchResult | HistoryTooOld:
+            try:
+                return history.sent_since(start, job.message_id)
+            except HistoryTooOld as expired:
+                return expired
+
+        return self._call(work, provider, "history read", read, "searched")
 
     def delete_draft(
         self, work: Work, drafts: DraftsProvider, provider: Provider, draft_id: str
@@ -192,6 +218,9 @@ class Sweep:
         if refused is not None:
             work.to_review(refused, f"provider {policy.provider} replaces Message-IDs")
             return
+        if _history_due(work.job, work.now):
+            self._read_history(work, provider, policy)
+            return
         if provider.leaves_drafts:
             # The fence: no claim of this job is live (its outcome is Unknown), so any
             # draft of it still unsent is deleted before the copies are counted.
@@ -222,6 +251,49 @@ class Sweep:
         work.save()
         log.info(
             "job %s: search found %d copies: %s", job.key, len(result.hits), type(decision).__name__
+        )
+
+    def _read_history(self, work: Work, provider: Provider, policy: ChannelPolicy) -> None:
+        """The mailbox's history since the claim, as events: Confirmed via history (one
+        copy of ours), Duplicate (two or more), HistoryMissed (none), HistoryUnusable (the
+        start expired, or the provider reads no history now: the search decides)."""
+        job = work.job
+        history = provider.history()
+        if history is None:
+            job.record_history_unusable(
+                reason=f"provider {policy.provider} reads no history", at=work.now
+            )
+            work.save()
+            return
+        answer = self._backoff.history(work, history, provider)
+        if answer is None:
+            return  # no information: read again after the backoff, or the search decides
+        work.now = self._clock()
+        if isinstance(answer, HistoryTooOld):
+            job.record_history_unusable(reason=answer.reason, at=work.now)
+            work.save()
+            log.info("job %s: %s: the search decides", job.key, answer.reason)
+            return
+        decision = decisions.after_history(
+            policy,
+            hits=len(answer.hits),
+            unknown_at=job.unknown_at or work.now,
+            resent=job.resent,
+            now=work.now,
+        )
+        job.record_history(
+            query=answer.query,
+            copies=answer.copies,
+            decision=decision,
+            at=work.now,
+            tidy_at=decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now),
+        )
+        work.save()
+        log.info(
+            "job %s: history found %d copies: %s",
+            job.key,
+            len(answer.hits),
+            type(decision).__name__,
         )
 
     def _ask_draft(
@@ -262,6 +334,14 @@ class Sweep:
             job.record_drafts_deleted(draft_ids=[fenced], why=DRAFTS_FENCE, at=work.now)
         work.save()
         log.info("job %s: its draft is %s", job.key, check.status.value)
+
+
+def _history_due(job: SendJob, now: datetime) -> bool:
+    """Whether the job's history read is due now: not while its search is due as well
+    (the search decides once its time has come, whatever the history does)."""
+    if job.history_due_at is None or now < job.history_due_at:
+        return False
+    return job.search_due_at is None or now < job.search_due_at
 
 
 class Verify:

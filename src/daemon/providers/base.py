@@ -23,6 +23,7 @@ from daemon.providers.outcomes import (
 
 if TYPE_CHECKING:
     from daemon.providers.draft_handle import DraftsProvider
+    from daemon.providers.history_handle import HistoryProvider
 
 # The defaults of the Message-ID read-back (daemon/engine/readback.py): the port declares them
 # so providers and settings share them without importing the engine (docs/performance.md,
@@ -86,6 +87,13 @@ class Provider(Protocol):
         `send_via = "drafts"`): the engine then records the draft before the claim and
         sends that draft (docs/architecture.md "The life of one job on a drafts
         provider"). None for every other provider."""
+        ...
+
+    def history(self) -> HistoryProvider | None:
+        """The mailbox's change log, when the provider keeps one the engine can read after
+        an unknown outcome (Gmail with `send_via = "messages"`): a historyId recorded with
+        each claim, and the SENT messages added since it (docs/architecture.md "The
+        history handle"). None for every other provider."""
         ...
 
     def delete_drafts(self, message_id: str) -> list[str]:
@@ -163,6 +171,9 @@ class ProviderBase:
     reads_reports: bool = False
 
     def drafts(self) -> DraftsProvider | None:
+        return None
+
+    def history(self) -> HistoryProvider | None:
         return None
 
     def read_reports(

@@ -61,6 +61,7 @@ from daemon.providers.classify import (
 )
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from daemon.providers.gmail_drafts import COMPOSE_SCOPE, DRAFT_STEP_UNITS, GmailDrafts
+from daemon.providers.gmail_history import GmailHistory
 from daemon.providers.gmail_mailbox import (
     Mailbox,
     Response,
@@ -69,6 +70,7 @@ from daemon.providers.gmail_mailbox import (
     search_term,
 )
 from daemon.providers.gmail_reports import GmailReports
+from daemon.providers.history_handle import HistoryProvider
 from daemon.providers.mailboxes import Mailboxes
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
@@ -248,6 +250,7 @@ class GmailProvider(ProviderBase):
         max_idle: float = DEFAULT_MAX_IDLE,
         ca_certs: str | None = None,
         send_via: str = "messages",
+        read_history: bool = True,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -263,6 +266,9 @@ class GmailProvider(ProviderBase):
             raise ValueError(f"send_via must be one of {', '.join(SEND_VIA)}, got {send_via!r}")
         self.name = name
         self.send_via = send_via
+        # The history handle: messages.send only (a sent draft changes labels, adds no
+        # message), and only when the configuration does not turn it off.
+        self.reads_history = read_history and send_via == "messages"
         # Drafts are made only when sending through them (the port's `leaves_drafts`).
         self.leaves_drafts = send_via == "drafts"
         self.user = user or "me"
@@ -306,6 +312,7 @@ class GmailProvider(ProviderBase):
         self.service = build_gmail_service(self._transport(), api_endpoint=api_endpoint)
         self._messages = self.service.users().messages()
         self.draft_calls = GmailDrafts(self)
+        self.history_calls = GmailHistory(self, clock, sleep)
         self.report_calls = GmailReports(self)
 
     # -- mailboxes ---------------------------------------------------------------------
@@ -549,6 +556,29 @@ class GmailProvider(ProviderBase):
     def drafts(self) -> DraftsProvider | None:
         return self if self.send_via == "drafts" else None
 
+    # -- the history handle (send_via = "messages"; daemon/providers/history_handle.py) -------
+
+    def history(self) -> HistoryProvider | None:
+        return self if self.reads_history else None
+
+    def history_mark(self) -> str | None:
+        return self.history_calls.mark(self._unscoped())
+
+    def sent_since(self, history_id: str, message_id: str) -> SearchResult:
+        return self.history_calls.sent_since(self._unscoped(), history_id, message_id)
+
+    def reserve_in(self, mailbox: Mailbox) -> float:
+        """One send's quota in `mailbox` (`reserve_send`), with its claim's history mark
+        when one is to be fetched (docs/providers.md "What each handle proves")."""
+        extra = self.history_calls.mark_units(mailbox) if self.reads_history else 0.0
+        if GMAIL_SEND_UNITS + mailbox.draft_units + extra > mailbox.bucket.capacity:
+            # A bucket of one send ("{from}"): the mark's fetch pays its own unit.
+            extra = 0.0
+        wait = mailbox.reserve_send(extra)
+        if wait == 0.0 and extra:
+            self.history_calls.mark_paid(mailbox)
+        return wait
+
     def delete_drafts(self, message_id: str) -> list[str]:
         return self.delete_drafts_in(self._unscoped(), message_id)
 
@@ -566,7 +596,8 @@ class GmailProvider(ProviderBase):
     def ping_as(self, mailbox: Mailbox) -> None:
         """users.getProfile: 1 quota unit, sends nothing (a circuit's probe after a hang)."""
         request = self.service.users().getProfile(userId=mailbox.user)
-        self.read_json("ping (users.getProfile)", request, GMAIL_PROFILE_UNITS, mailbox)
+        profile = self.read_json("ping (users.getProfile)", request, GMAIL_PROFILE_UNITS, mailbox)
+        self.history_calls.saw(mailbox, profile.get("historyId"), fresh=True)
 
     def check_access(self) -> None:
         """The start-up check: with send_via = "drafts", that the credentials are granted
@@ -667,7 +698,10 @@ class GmailProvider(ProviderBase):
         return self.read_message_id_in(self._unscoped(), provider_message_id)
 
     def read_message_id_in(self, mailbox: Mailbox, provider_message_id: str) -> str | None:
-        return message_id_header(self._get_metadata(mailbox, provider_message_id))
+        data = self._get_metadata(mailbox, provider_message_id)
+        # A copy just sent: where the mailbox's history is now, for the next claims' mark.
+        self.history_calls.saw_message(mailbox, data)
+        return message_id_header(data)
 
     def scope(self) -> str:
         return self.name
@@ -677,7 +711,7 @@ class GmailProvider(ProviderBase):
 
     def reserve_send(self) -> float:
         # Unscoped, as send_raw is: with "{from}" the engine reserves through for_job.
-        return self._default.reserve_send() if self._default is not None else 0.0
+        return self.reserve_in(self._default) if self._default is not None else 0.0
 
     def quota_available(self) -> float:
         """Quota units left now (the metrics gauge reads it): the mailbox's, or with
@@ -736,7 +770,7 @@ class GmailMailboxView(ProviderBase):
         return self.provider.scope_of(self.mailbox.user.lower())
 
     def reserve_send(self) -> float:
-        return self.mailbox.reserve_send()
+        return self.provider.reserve_in(self.mailbox)
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         return self.provider.send_as(self.mailbox, raw, self.thread_id)
@@ -768,6 +802,15 @@ class GmailMailboxView(ProviderBase):
 
     def drafts(self) -> DraftsProvider | None:
         return self if self.send_via == "drafts" else None
+
+    def history(self) -> HistoryProvider | None:
+        return self if self.provider.reads_history else None
+
+    def history_mark(self) -> str | None:
+        return self.provider.history_calls.mark(self.mailbox)
+
+    def sent_since(self, history_id: str, message_id: str) -> SearchResult:
+        return self.provider.history_calls.sent_since(self.mailbox, history_id, message_id)
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return self.provider.delete_drafts_in(self.mailbox, message_id)

@@ -75,10 +75,10 @@ class Mailbox:
             return None
         return now + max(refill, 1.0 if busy else 0.0)
 
-    def reserve_send(self) -> float:
-        """The quota of one send (and its draft step) taken now (0.0), or the seconds
-        until it could be."""
-        units = GMAIL_SEND_UNITS + self.draft_units
+    def reserve_send(self, extra: float = 0.0) -> float:
+        """The quota of one send (and its draft step, and `extra`: its claim's history
+        mark when one is to be fetched) taken now (0.0), or the seconds until it could be."""
+        units = GMAIL_SEND_UNITS + self.draft_units + extra
         with self._lock:
             if self.bucket.try_acquire(units):
                 self._prepaid += 1

@@ -22,8 +22,8 @@ MEANING: dict[EscalationReason, str] = {
         "ambiguous), and no search has settled it: the customer may or may not have it."
     ),
     EscalationReason.DUPLICATE: (
-        "Searches found more than one copy of this message in the sender's mailbox: the "
-        "customer received it more than once."
+        "Searches (or the mailbox's history) found more than one copy of this message in "
+        "the sender's mailbox: the customer received it more than once."
     ),
     EscalationReason.MAX_ATTEMPTS: (
         "The provider was called the channel's max_attempts times without a confirmed send."
@@ -33,8 +33,9 @@ MEANING: dict[EscalationReason, str] = {
         "attempt sent nothing."
     ),
     EscalationReason.HANDLE_UNRELIABLE: (
-        "The provider replaces the Message-ID sendledger writes, so a search cannot find "
-        "this job's copies and the daemon cannot tell whether it was sent."
+        "The provider replaces the Message-ID sendledger writes, so neither a search nor "
+        "the mailbox's history can find this job's copies and the daemon cannot tell "
+        "whether it was sent."
     ),
     EscalationReason.NO_POLICY: (
         "The job's channel has no policy file, so the daemon does not know how to send it."

@@ -53,6 +53,8 @@ def _step(record: Record, previous: Record | None, provider: str) -> list[str]:
         return _confirmed(record, provider)
     if kind == "Unknown":
         said = [_no_answer(str(record.get("reason", ""))), "outcome unknown"]
+        if record.get("history_due_at"):
+            return said  # the history is read at once; what it found says the rest
         wait = _seconds(record, "search_due_at")
         return [*said, f"waited {wait} for the search index"] if wait else said
     if kind == "SearchedMiss":
@@ -94,6 +96,16 @@ def _step(record: Record, previous: Record | None, provider: str) -> list[str]:
         return ["the draft is still unsent: not sent"]
     if kind == "DraftGone":
         return ["the draft is gone and no sent message holds it"]
+    if kind == "HistoryMissed":
+        said = ["read the mailbox's history since the claim", "no copy"]
+        if record.get("believed"):
+            return [*said, "believed: searched at once"]
+        if record.get("next_history_at"):
+            return [*said, f"read again {_seconds(record, 'next_history_at')} later"]
+        wait = _seconds(record, "search_due_at")
+        return [*said, f"waited {wait} for the search index"] if wait else said
+    if kind == "HistoryUnusable":
+        return [f"the mailbox's history cannot answer ({record.get('reason')})"]
     return [str(kind)]
 
 
@@ -105,6 +117,8 @@ def _confirmed(record: Record, provider: str) -> list[str]:
         return ["confirmed on a human's word"]
     if via == "draft":
         return ["the draft was sent", "confirmed"]
+    if via == "history":
+        return ["read the mailbox's history since the claim", "1 copy", "confirmed"]
     return [f"{provider} answered with the message's id", "confirmed"]
 
 

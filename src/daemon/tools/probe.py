@@ -5,13 +5,17 @@ It sends ONE real, clearly labelled message through a built-in relay that drops 
 provider's reply to the send (the exact ambiguity the daemon exists for), then searches the
 real mailbox until the copy shows up, and reports whether the provider kept our Message-ID,
 the index lag it observed (time until the search first found the copy) and the
-`search_after` it recommends. It sends real mail, so it refuses to run without `--yes` or
-an interactive "yes".
+`search_after` it recommends. On a provider that reads its mailbox's history (Gmail's
+messages.send), it takes the claim's historyId before the send, reads the history beside
+the searches, and reports the history's own lag, the `history_after` it recommends and
+which handle to rely on (docs/providers.md "What each handle proves"). It sends real mail,
+so it refuses to run without `--yes` or an interactive "yes".
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import uuid
@@ -33,6 +37,7 @@ from daemon.exit_codes import EXIT_FAILURE, EXIT_OK, bad_input
 from daemon.from_settings import settings_for
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.providers.draft_handle import drafts_of
+from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
 from daemon.runtime import check_provider_access
 from daemon.tools.probe_drafts import (
     LAG_FACTOR,
@@ -49,7 +54,6 @@ from testkit.relay import FaultPlan, FaultRelay
 from testkit.smtp_relay import SmtpFaultRelay
 
 GMAIL_API = "https://gmail.googleapis.com"
-#: The recommendation never goes below this: one observation is not the worst case.
 
 
 def register(sub: Any) -> None:
@@ -71,6 +75,16 @@ def _duration(option: str, value: str, high: float) -> float:
         return parse_duration_within(value, 0.001, high)
     except (DurationError, ValueError) as exc:
         raise bad_input(f"{option}: {exc}") from None
+
+
+#: The history's recommendation never goes below this: one observation of a lag near 0
+#: is not the worst case either.
+MIN_HISTORY_AFTER = 1.0
+
+
+def recommend_history_after(lag: float) -> float:
+    """A few times the history's observed lag, rounded up to a whole second, at least one."""
+    return max(MIN_HISTORY_AFTER, float(math.ceil(lag * LAG_FACTOR)))
 
 
 def _confirmed(args: argparse.Namespace, name: str) -> bool:
@@ -159,8 +173,11 @@ def search_until(
     interval: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    history: tuple[HistoryProvider, str] | None = None,
 ) -> dict[str, Any]:
-    """Search until the copy shows up or `max_wait` after `started` has passed."""
+    """Search until the copy shows up or `max_wait` after `started` has passed; with
+    `history` (the handle and the historyId taken before the send), read the history since
+    it beside the searches, until it lists the copy too (its result under "history")."""
     result: dict[str, Any] = {
         "searches": 0,
         "search_errors": 0,
@@ -169,22 +186,61 @@ def search_until(
         "index_lag_seconds": None,
         "query": None,
     }
+    read = None if history is None else _HistoryRead(*history, message_id)
     while True:
+        if read is not None and not read.done:
+            read.once(clock() - started)
         last: SearchResult | None = None
-        try:
-            last = provider.search(message_id)
-            result["searches"] += 1
-            result["query"] = last.query
-        except ProviderError as exc:
-            result["search_errors"] += 1
-            result["last_error"] = exc.reason
+        if not result["found"]:
+            try:
+                last = provider.search(message_id)
+                result["searches"] += 1
+                result["query"] = last.query
+            except ProviderError as exc:
+                result["search_errors"] += 1
+                result["last_error"] = exc.reason
         elapsed = clock() - started
         if last is not None and last.hits:
             result.update(found=True, copies=len(last.hits), index_lag_seconds=round(elapsed, 3))
-            return result
-        if elapsed >= max_wait:
+        if read is not None:
+            result["history"] = read.result
+        if (result["found"] and (read is None or read.done)) or elapsed >= max_wait:
             return result
         sleep(min(interval, max(0.0, max_wait - elapsed)))
+
+
+class _HistoryRead:
+    """The history since the probe's historyId, read until it lists the copy."""
+
+    def __init__(self, history: HistoryProvider, start: str, message_id: str) -> None:
+        self.history = history
+        self.start = start
+        self.message_id = message_id
+        self.done = False
+        self.result: dict[str, Any] = {
+            "history_id": start,
+            "reads": 0,
+            "errors": 0,
+            "found": False,
+            "copies": 0,
+            "lag_seconds": None,
+        }
+
+    def once(self, elapsed: float) -> None:
+        try:
+            answer = self.history.sent_since(self.start, self.message_id)
+        except HistoryTooOld as exc:
+            self.result.update(errors=self.result["errors"] + 1, last_error=exc.reason)
+            self.done = True  # it will not answer for this start
+            return
+        except ProviderError as exc:
+            self.result.update(errors=self.result["errors"] + 1, last_error=exc.reason)
+            return
+        self.result["reads"] += 1
+        self.result["query"] = answer.query
+        if answer.hits:
+            self.result.update(found=True, copies=len(answer.hits), lag_seconds=round(elapsed, 3))
+            self.done = True
 
 
 def run_probe(
@@ -201,6 +257,9 @@ def run_probe(
     message_id, raw = probe_message(sender, to)
     # As the sender's mailbox (a gmail provider with user = "{from}" acts per mailbox).
     provider = for_job(provider, sender, None)
+    handle = provider.history()
+    # As a claim records it: the mailbox's historyId before the send.
+    mark = handle.history_mark() if handle is not None else None
     started = clock()
     outcome = provider.send_raw(raw)
     result: dict[str, Any] = {
@@ -218,6 +277,7 @@ def run_probe(
         interval=interval,
         clock=clock,
         sleep=sleep,
+        history=None if handle is None or mark is None else (handle, mark),
     )
     result.update(searched)
     if searched["found"]:
@@ -228,7 +288,43 @@ def run_probe(
         )
     # Never found: the Message-ID was replaced, or the index lags beyond max_wait (or the
     # send was really lost). Either way no search_after can be trusted.
+    if handle is not None:
+        if mark is None:
+            result["history"] = {"found": False, "error": "no historyId could be had"}
+        result.update(rely_on(result))
     return result
+
+
+def rely_on(result: dict[str, Any]) -> dict[str, Any]:
+    """Which handle answers a lost reply sooner, and the `history_after` that believes a
+    history miss (only when the history showed the copy, shorter than the search's wait)."""
+    history = result.get("history") or {}
+    history_lag = history.get("lag_seconds") if history.get("found") else None
+    index_lag = result["index_lag_seconds"] if result["found"] else None
+    after = None
+    if history_lag is not None:
+        candidate = recommend_history_after(history_lag)
+        if candidate < recommend_search_after(index_lag or 0.0):
+            after = format_duration(candidate)
+    if history_lag is not None and (index_lag is None or history_lag <= index_lag):
+        why = (
+            "the history listed the copy before the search index did"
+            if index_lag is not None
+            else "only the history listed the copy"
+        )
+        return {"rely_on": "history", "rely_on_why": why, "recommended_history_after": after}
+    if index_lag is not None:
+        why = (
+            "the search index showed the copy first"
+            if history_lag is not None
+            else "the history never listed the copy: it confirms nothing here"
+        )
+        return {"rely_on": "search", "rely_on_why": why, "recommended_history_after": after}
+    return {
+        "rely_on": None,
+        "rely_on_why": "neither handle found the copy",
+        "recommended_history_after": None,
+    }
 
 
 def run_gmail_drafts_probe(
@@ -329,9 +425,35 @@ def _report(result: dict[str, Any], max_wait: float) -> str:
             f" {result['search_errors']} failed): the provider may replace the Message-ID, or"
             ' its index lags longer; do not use on_unknown = "retry" with it',
         ]
+    if "rely_on" in result:
+        lines += _history_report(result, max_wait)
     if "drafts" in result:
         lines += _drafts_report(result["drafts"], result["recommended"], result["send_via_now"])
     return "\n".join(lines)
+
+
+def _history_report(result: dict[str, Any], max_wait: float) -> list[str]:
+    history = result.get("history") or {}
+    if history.get("found"):
+        found = f"{history['lag_seconds']}s (send to first listing, {history['reads']} read(s))"
+    elif history.get("error") or history.get("last_error"):
+        found = f"not read ({history.get('error') or history.get('last_error')})"
+    else:
+        found = f"never listed with our Message-ID within {format_duration(max_wait)}"
+    lines = [f"  history lag:      {found}"]
+    choice = result["rely_on"]
+    lines.append(
+        f"  rely on:          the {choice}: {result['rely_on_why']}"
+        if choice
+        else f"  rely on:          nothing: {result['rely_on_why']}"
+    )
+    if result.get("recommended_history_after"):
+        lines.append(
+            f'  recommended:      history_after = "{result["recommended_history_after"]}"'
+            f" (at least {LAG_FACTOR:g} x the history's lag, at least"
+            f" {format_duration(MIN_HISTORY_AFTER)}; a policy field)"
+        )
+    return lines
 
 
 def _yes_no(value: object) -> str:
