@@ -66,6 +66,19 @@ def test_a_timeout_holds_sends_while_calls_started_before_it_are_in_flight() -> 
     assert circuits.open() == [] and circuits.admit("s", at(13.4)) is Admit.GO
 
 
+def test_a_second_timeout_among_calls_in_flight_together_opens_the_circuit() -> None:
+    """A loaded machine: two of four workers had a send in the hang when the first timed
+    out. Once both had ended, the next send went into the hang (two failures of three):
+    tests/e2e/test_races.py saw it as a send into a known hang with no probe."""
+    circuits = Circuits(CircuitSettings(failures=3, probe_after=1.0, probe_max=8.0))
+    with circuits.calling("s"):
+        with circuits.calling("s"):
+            circuits.called("s", at(10), unavailable=True, timed_out=True)
+        circuits.called("s", at(10.1), unavailable=True, timed_out=True)
+    assert circuits.admit("s", at(10.2)) is Admit.HOLD
+    assert circuits.admit("s", at(11.1)) is Admit.PING
+
+
 def test_a_search_answering_during_a_send_hang_sends_nothing_sooner() -> None:
     """Reads answer, sends hang: a search that answers says reads work, not that a send
     would; the next send still waits for its probe time (each one is an Unknown)."""

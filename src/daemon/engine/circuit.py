@@ -24,7 +24,8 @@ A call that timed out is a hang, and counts as "unavailable" (its job stays Unkn
 calls of its scope that started before it are still in flight, the scope takes no new send
 (they are likely hung too, and each new send would be one more Unknown), and once the
 circuit is open its sends are probed by a `Provider.ping`, which sends nothing, before one
-send goes out again. So a hang costs at most the calls already in flight when it began.
+send goes out again; a second of those calls timing out opens the circuit at once. So a
+hang costs at most the calls already in flight when it began.
 A send admitted before the hang was known but not yet called (its claim being saved) is
 not made once it is known (`sending`): its job is refused as unavailable, nothing sent.
 
@@ -244,6 +245,9 @@ class Circuits:
         settings = self.settings
         state = self._states.setdefault(scope, _State())
         state.failures += 1
+        # A second timeout among calls that were in flight together: the scope hangs, and
+        # the circuit opens now, not `failures` calls later (each one more job Unknown).
+        confirmed = timed_out and scope in self._suspect
         if timed_out and self._in_flight.get(scope, 0) > 1:
             self._suspect.add(scope)  # the calls that started before it may hang too
         state.hung = timed_out
@@ -251,7 +255,7 @@ class Circuits:
             if not state.probing:
                 return  # a call that started before it opened: the probe decides
             state.backoff = min(state.backoff * 2, settings.probe_max)
-        elif state.failures >= settings.failures:
+        elif state.failures >= settings.failures or confirmed:
             state.opened_at = now
             state.backoff = settings.probe_after
         else:
