@@ -252,7 +252,7 @@ class Dispatch:
             if not free:
                 # The scope hung or failed while the claim was saved: refused here, as the
                 # provider refuses when unavailable (nothing sent, due after the probe).
-                claimed.outcome = withheld(scope)
+                claimed.outcome = withheld()
                 work.now = self._clock()
                 return
             work.count("sent")
@@ -386,14 +386,16 @@ class Dispatch:
         )
 
 
-def withheld(scope: str) -> SendOutcome:
-    """The outcome of a send its circuit stopped after its claim was saved (`Circuits.sending`)."""
-    return SendOutcome(
-        SendKind.REJECTED,
-        f"not sent: a call of {scope} timed out, or its circuit opened, while the claim was saved",
-        transient=True,
-        unavailable=True,
-    )
+#: Why a claimed send was not made (`Circuits.sending`): the claim is the job's last
+#: Attempted, with no provider call behind it.
+WITHHELD = (
+    "not sent: a call of its scope timed out, or its circuit opened, while the claim was saved"
+)
+
+
+def withheld() -> SendOutcome:
+    """The outcome of a send its circuit stopped after its claim was saved."""
+    return SendOutcome(SendKind.REJECTED, WITHHELD, transient=True, unavailable=True)
 
 
 def _tidy_at(policy: ChannelPolicy, provider: Provider, now: datetime) -> datetime | None:
