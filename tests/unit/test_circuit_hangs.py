@@ -6,7 +6,10 @@ nothing; `give_up_after` applies to every held job whatever its place in the que
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy
@@ -21,6 +24,7 @@ from daemon.engine.circuit import (
     CircuitSettings,
     send_unavailable,
 )
+from daemon.engine.dispatch import WITHHELD
 from daemon.providers.base import SendKind, SendOutcome
 from ledger.vocabulary import JobState
 
@@ -61,6 +65,19 @@ def test_a_timeout_holds_sends_while_calls_started_before_it_are_in_flight() -> 
     assert circuits.admit("s", at(13.3)) is Admit.HOLD
     circuits.answered("s", at(13.4), SEND)  # the send answered: closed
     assert circuits.open() == [] and circuits.admit("s", at(13.4)) is Admit.GO
+
+
+def test_a_second_timeout_among_calls_in_flight_together_opens_the_circuit() -> None:
+    """A loaded machine: two of four workers had a send in the hang when the first timed
+    out. Once both had ended, the next send went into the hang (two failures of three):
+    tests/e2e/test_races.py saw it as a send into a known hang with no probe."""
+    circuits = Circuits(CircuitSettings(failures=3, probe_after=1.0, probe_max=8.0))
+    with circuits.calling("s"):
+        with circuits.calling("s"):
+            circuits.called("s", at(10), unavailable=True, timed_out=True)
+        circuits.called("s", at(10.1), unavailable=True, timed_out=True)
+    assert circuits.admit("s", at(10.2)) is Admit.HOLD
+    assert circuits.admit("s", at(11.1)) is Admit.PING
 
 
 def test_a_search_answering_during_a_send_hang_sends_nothing_sooner() -> None:
@@ -165,3 +182,59 @@ def test_give_up_after_applies_to_every_held_job_whatever_the_order(patient_firs
         assert rig.job(patient).state is JobState.REQUESTED
     finally:
         rig.close()
+
+
+def test_a_send_taken_before_a_hang_was_known_is_not_made_once_it_is() -> None:
+    """The CI case of tests/e2e/test_races.py: a worker took its job while the circuit was
+    closed, and its claim's save was slow; meanwhile a call timed out with others in
+    flight. The send is not made after that (it was, into the hang, as one more Unknown):
+    its job is refused as unavailable, nothing sent, due again after the probe time."""
+    rig = EngineRig(policy("legal", on_unknown="review"), concurrency=3)
+    hangs = [threading.Event(), threading.Event()]
+    saving, saved = threading.Event(), threading.Event()
+    save = rig.ledger._save_retrying
+
+    def slow_claim(jobs: Any) -> None:
+        if any(j.key == "late" and j.state is JobState.ATTEMPTED for j in jobs):
+            saving.set()
+            assert saved.wait(10)
+        save(jobs)
+
+    rig.ledger._save_retrying = slow_claim  # type: ignore[method-assign]
+    try:
+        rig.provider.script(*[Scripted.timed_out(release) for release in hangs])
+        rig.submit("legal", "hung-1")
+        rig.submit("legal", "hung-2")
+        rig.engine.hand_out()
+        assert rig.engine.settle(busy=lambda: rig.provider.hanging, timeout=10)
+        assert rig.provider.hanging == 2
+        rig.submit("legal", "late")  # taken by the third worker: nothing timed out yet
+        rig.engine.hand_out()
+        assert saving.wait(10)
+        hangs[0].set()  # the first times out while the second is in flight: suspect
+        wait_until(lambda: rig.engine.circuits.in_flight("fake") == 1)
+        saved.set()  # the late claim is durable now, and its send known to go into a hang
+        assert rig.engine.settle(busy=lambda: rig.provider.hanging, timeout=10)
+        hangs[1].set()
+        assert rig.engine.settle(timeout=10)
+        assert rig.provider.sends == 2
+        late = rig.job("late")
+        assert late.state is JobState.REQUESTED and late.round_attempts == 0
+        [rejected] = [e for e in rig.ledger.history("late") if type(e).__name__ == "Rejected"]
+        assert rejected.unavailable and rejected.reason == WITHHELD
+        # It counts as the third hang: the circuit opened, so the next send waits for a ping
+        # (else it would go into the hang once the two in flight had ended).
+        [opened] = rig.engine.open_circuits()
+        assert opened.failures == 3
+    finally:
+        saved.set()
+        for release in hangs:
+            release.set()
+        rig.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.001)

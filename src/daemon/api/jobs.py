@@ -16,7 +16,7 @@ from daemon.api.context import ApiContext, context_of
 from daemon.api.errors import documented, invalid
 from daemon.api.models import NO_NUL, CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus, exactly
 from daemon.api.roles import V1Route, caller_identity
-from daemon.service_layer.intake import FieldProblem
+from daemon.service_layer.intake import MAX_BATCH, FieldProblem, batch_too_long
 from daemon.service_layer.listing import LIMIT_MAX, STATES
 from daemon.service_layer.read_models import job_status
 from daemon.service_layer.services import ServiceError
@@ -41,7 +41,15 @@ _REQUEST_BODY = {
     "content": {
         "application/json": {
             "schema": {
-                "anyOf": [_JOB_SCHEMA, {"type": "array", "items": _JOB_SCHEMA, "minItems": 1}]
+                "anyOf": [
+                    _JOB_SCHEMA,
+                    {
+                        "type": "array",
+                        "items": _JOB_SCHEMA,
+                        "minItems": 1,
+                        "maxItems": MAX_BATCH,
+                    },
+                ]
             }
         }
     },
@@ -79,6 +87,9 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
     except json.JSONDecodeError as exc:
         reason = f"not valid JSON: {exc.msg}"
         return invalid([FieldProblem(None, "job", reason)], sentence=f"job: {reason}")
+    if isinstance(data, list) and len(data) > MAX_BATCH:
+        too_long = batch_too_long(len(data))  # refused before any job is looked at
+        return invalid([too_long], sentence=f"job: {too_long.reason}")
     try:
         submitted = await run_in_threadpool(ctx.services.submit, data, by=who)
     except ServiceError as exc:

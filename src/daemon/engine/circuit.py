@@ -24,7 +24,10 @@ A call that timed out is a hang, and counts as "unavailable" (its job stays Unkn
 calls of its scope that started before it are still in flight, the scope takes no new send
 (they are likely hung too, and each new send would be one more Unknown), and once the
 circuit is open its sends are probed by a `Provider.ping`, which sends nothing, before one
-send goes out again. So a hang costs at most the calls already in flight when it began.
+send goes out again; a second of those calls timing out opens the circuit at once. So a
+hang costs at most the calls already in flight when it began.
+A send admitted before the hang was known but not yet called (its claim being saved) is
+not made once it is known (`sending`): its job is refused as unavailable, nothing sent.
 
 In memory: a restarted daemon finds out again within `failures` calls. docs/operations.md, "Outages
 and quotas".
@@ -138,13 +141,47 @@ class Circuits:
         try:
             yield
         finally:
-            with self._lock:
-                left = self._in_flight.get(scope, 1) - 1
-                if left > 0:
-                    self._in_flight[scope] = left
-                else:
-                    self._in_flight.pop(scope, None)
-                    self._suspect.discard(scope)
+            self._ended(scope)
+
+    @contextmanager
+    def sending(self, scope: str, now: datetime, *, probe: bool = False) -> Iterator[bool]:
+        """Around a send's call, in place of `calling`: yields whether the send may still
+        be made. A send was admitted before its claim was saved, and that save may take a
+        while: if meanwhile a call of its scope timed out with others in flight, or the
+        circuit opened, the scope is known to hang or fail and the send is not made
+        (False, not counted in flight), unless it is the circuit's probe still out. Checked
+        and counted under one lock, so no timeout falls between the two. One stopped by a
+        timeout counts as a hang of its own: it would have hung with the others, and when
+        they end the circuit must have opened, or the next send would go into the hang."""
+        with self._lock:
+            free = self._sendable(scope, probe)
+            if free:
+                self._in_flight[scope] = self._in_flight.get(scope, 0) + 1
+            elif scope in self._suspect:
+                self._failed(scope, now, None, timed_out=True)
+        if not free:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._ended(scope)
+
+    def _sendable(self, scope: str, probe: bool) -> bool:
+        # Caller holds the lock.
+        state = self._states.get(scope)
+        if state is not None and state.opened_at is not None:
+            return probe and state.probing and state.probe_call == SEND
+        return scope not in self._suspect
+
+    def _ended(self, scope: str) -> None:
+        with self._lock:
+            left = self._in_flight.get(scope, 1) - 1
+            if left > 0:
+                self._in_flight[scope] = left
+            else:
+                self._in_flight.pop(scope, None)
+                self._suspect.discard(scope)
 
     def in_flight(self, scope: str) -> int:
         with self._lock:
@@ -198,25 +235,34 @@ class Circuits:
         timed_out: bool = False,
     ) -> None:
         """A call of `scope` proved the provider unavailable (`timed_out`: it hung)."""
-        settings = self.settings
         with self._lock:
-            state = self._states.setdefault(scope, _State())
-            state.failures += 1
-            if timed_out and self._in_flight.get(scope, 0) > 1:
-                self._suspect.add(scope)  # the calls that started before it may hang too
-            state.hung = timed_out
-            if state.opened_at is not None:
-                if not state.probing:
-                    return  # a call that started before it opened: the probe decides
-                state.backoff = min(state.backoff * 2, settings.probe_max)
-            elif state.failures >= settings.failures:
-                state.opened_at = now
-                state.backoff = settings.probe_after
-            else:
-                return
-            state.probing = False
-            wait = max(state.backoff, retry_after or 0.0)
-            state.probe_at = now + timedelta(seconds=wait)
+            self._failed(scope, now, retry_after, timed_out)
+
+    def _failed(
+        self, scope: str, now: datetime, retry_after: float | None, timed_out: bool
+    ) -> None:
+        # Caller holds the lock.
+        settings = self.settings
+        state = self._states.setdefault(scope, _State())
+        state.failures += 1
+        # A second timeout among calls that were in flight together: the scope hangs, and
+        # the circuit opens now, not `failures` calls later (each one more job Unknown).
+        confirmed = timed_out and scope in self._suspect
+        if timed_out and self._in_flight.get(scope, 0) > 1:
+            self._suspect.add(scope)  # the calls that started before it may hang too
+        state.hung = timed_out
+        if state.opened_at is not None:
+            if not state.probing:
+                return  # a call that started before it opened: the probe decides
+            state.backoff = min(state.backoff * 2, settings.probe_max)
+        elif state.failures >= settings.failures or confirmed:
+            state.opened_at = now
+            state.backoff = settings.probe_after
+        else:
+            return
+        state.probing = False
+        wait = max(state.backoff, retry_after or 0.0)
+        state.probe_at = now + timedelta(seconds=wait)
 
     def holds(self, scope: str, now: datetime, kind: str = CHECK) -> bool:
         """Whether `admit` would say HOLD to this kind of call now, without handing out

@@ -57,6 +57,7 @@ class Claimed:
     drafts: DraftsProvider | None = None  # the provider's drafts calls, with `draft`
     created: bool = False  # `draft` was created by this claim's draft step (not reused)
     check: DraftCheck | None = None  # the draft's answer right after an unknown outcome
+    probe: bool = False  # the one job its scope's open circuit let through
 
 
 def _moved_since_loaded(work: Work) -> bool:
@@ -121,6 +122,7 @@ class Dispatch:
             claimed = self.claim(work)
             if claimed is None:
                 return False
+            claimed.probe = probe
             self.save_claim(claimed)  # durable; a conflict here means no call is made
             with self._leases.holding(work.job, claimed.lease, work.now) as lease:
                 self.send(claimed)
@@ -253,10 +255,16 @@ class Dispatch:
         the sampled read-back of a confirmed send, in the same worker."""
         work = claimed.work
         crash_point("after-claim")
-        work.count("sent")
         drafts = claimed.drafts
         scope = claimed.provider.scope()
-        with self._circuits.calling(scope):
+        with self._circuits.sending(scope, self._clock(), probe=claimed.probe) as free:
+            if not free:
+                # The scope hung or failed while the claim was saved: refused here, as the
+                # provider refuses when unavailable (nothing sent, due after the probe).
+                claimed.outcome = withheld()
+                work.now = self._clock()
+                return
+            work.count("sent")
             if claimed.draft is not None and drafts is not None:
                 outcome = claimed.outcome = drafts.send_draft(claimed.draft)
             else:
@@ -385,6 +393,18 @@ class Dispatch:
             retry_after=outcome.retry_after,
             rng=self._rng,
         )
+
+
+#: Why a claimed send was not made (`Circuits.sending`): the claim is the job's last
+#: Attempted, with no provider call behind it.
+WITHHELD = (
+    "not sent: a call of its scope timed out, or its circuit opened, while the claim was saved"
+)
+
+
+def withheld() -> SendOutcome:
+    """The outcome of a send its circuit stopped after its claim was saved."""
+    return SendOutcome(SendKind.REJECTED, WITHHELD, transient=True, unavailable=True)
 
 
 def _tidy_at(policy: ChannelPolicy, provider: Provider, now: datetime) -> datetime | None:
