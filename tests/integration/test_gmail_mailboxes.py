@@ -4,6 +4,8 @@ counted in the emulator's per-user mailboxes (docs/providers.md, "Providers").""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -212,5 +214,27 @@ def test_a_bucket_of_one_send_reserves_it_and_each_mailbox_reads_its_own_history
         assert outcome.kind is SendKind.CONFIRMED, outcome
         assert len(history.sent_since(mark, mid(1)).copies) == 1
         assert bob_history.sent_since(mark, mid(1)).copies == []
+    finally:
+        provider.close()
+
+
+def test_a_bucket_of_one_send_still_reads_its_mailbox_s_reports(
+    emulator: GmailEmulator, sa_file: Path
+) -> None:
+    """docs/providers.md "Bounces": a read leaves a send's worth of quota where the bucket
+    holds more than a send; with "{from}" it holds one send, and the read is paid as it
+    comes (it stopped at once, for good, while it waited for a send's worth it never had)."""
+    emulator.bounce = {"nobody@gone.example": "rfc3464"}
+    provider = delegating(emulator.url, sa_file, quota_units_per_second=250.0)
+    try:
+        alice = for_job(provider, f"Shop <{MAILBOXES[0]}>", None)
+        message = raw_from(f"Shop <{MAILBOXES[0]}>", mid(7)).replace(
+            b"customer@example.net", b"nobody@gone.example"
+        )
+        assert alice.send_raw(message).kind is SendKind.CONFIRMED
+        time.sleep(0.5)  # the bucket refills (250 units a second): a send's worth again
+        since = datetime.now(UTC) - timedelta(hours=1)
+        read = alice.read_reports(since, known=(), max_bytes=1 << 20, limit=10)
+        assert read.complete and len(read.found) == 1 and read.found[0].raw is not None
     finally:
         provider.close()

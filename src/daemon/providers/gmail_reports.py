@@ -11,7 +11,9 @@ top-level type decide whether it is worth its `format=raw` read: a message that 
 
 Every call is paid from the mailbox's quota bucket (list and get: 5 units) only when a
 send's worth (100 units) is left after it: a read stops there, says it is incomplete, and
-goes on at the next one, so it never takes the quota of a due send.
+goes on at the next one, so it never takes the quota of a due send. A bucket of one send
+(`user = "{from}"`) keeps none back: the engine reads such a mailbox only while none of
+its sends waits (docs/providers.md "Bounces").
 """
 
 from __future__ import annotations
@@ -82,7 +84,11 @@ class GmailReports:
         return ReportRead(query, tuple(listed), tuple(found), complete=unread <= limit)
 
     def _paid(self, what: str, request: Any, units: float, mailbox: Mailbox) -> dict[str, Any]:
-        if not mailbox.bucket.try_acquire(units, keep=GMAIL_SEND_UNITS):
+        # A send's worth stays for the sends, where the bucket holds more than one (with
+        # "{from}" it holds one send: a read waiting for more would never run).
+        bucket = mailbox.bucket
+        keep = GMAIL_SEND_UNITS if units + GMAIL_SEND_UNITS <= bucket.capacity else 0.0
+        if not bucket.try_acquire(units, keep=keep):
             raise _QuotaKept(what)
         return self.provider.read_json(what, request, 0.0, mailbox)
 
