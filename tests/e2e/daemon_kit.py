@@ -207,9 +207,13 @@ class Rig:
         provider_extra: str = "",
         relay_options: Mapping[str, Any] | None = None,
         api_port: int | None = None,
+        read_history: bool = False,
     ) -> None:
         """`daemon_extra` and `provider_extra`: TOML lines added to `[daemon]` and to
-        `[providers.gmail]`; `relay_options`: more keywords for the `FaultRelay`."""
+        `[providers.gmail]`; `relay_options`: more keywords for the `FaultRelay`.
+        `read_history`: the provider reads the mailbox's history after an unknown outcome
+        (docs/providers.md "What each handle proves"); off, as in the integration tier,
+        so a test of the search path sees the search decide."""
         self.dir = folder
         self.dir.mkdir(parents=True, exist_ok=True)
         self.acceptance_log = folder / "acceptance.jsonl"
@@ -245,6 +249,7 @@ class Rig:
             f'token_uri = "{self.emulator.token_uri}"\n'
             f'timeout = "{timeout}"\n'
             f"quota_units_per_second = {quota}\n"
+            f"read_history = {'true' if read_history else 'false'}\n"
             f"{provider_extra}" + api_section(folder, api_port),
             encoding="utf-8",
         )

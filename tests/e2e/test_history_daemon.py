@@ -41,6 +41,7 @@ def test_lost_replies_settle_through_the_history_then_the_search_and_a_rewrite_s
 ) -> None:
     with Rig(
         tmp_path,
+        read_history=True,
         concurrency=4,
         plan=FaultPlan(send="drop-response"),
         policies={"receipts": SLOW_SEARCH, "fallback": QUICK_SEARCH},
