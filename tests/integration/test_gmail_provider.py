@@ -505,7 +505,9 @@ def test_service_account_needs_a_mailbox(service_account_file: Path) -> None:
 def test_threads_share_one_provider(
     gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
 ) -> None:
-    provider = gmail_provider()
+    # No fault here hangs: a 10 s timeout only keeps a loaded machine from making a slow
+    # answer an unknown outcome (the 0.5 s default did, in a CI run at a load of 2).
+    provider = gmail_provider(timeout=10.0)
     ids = [f"<job-thread-{i}@mail.example.com>" for i in range(12)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         outcomes = list(pool.map(lambda mid: provider.send_raw(make_raw(mid)), ids))
