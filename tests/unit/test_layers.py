@@ -254,3 +254,20 @@ def test_psycopg_is_imported_only_for_a_postgresql_store(tmp_path: Path) -> None
         if re.search(r"^\s*(import|from) psycopg", p.read_text(encoding="utf-8"), re.M)
     ]
     assert importers == ["ledger/stores/postgres.py"]
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """Every import counted, `TYPE_CHECKING` ones too (docs/architecture.md "Layers and
+    what each may import"): two modules that need each other's names share a third, as
+    providers/outcomes.py and the provider's `*Calls` protocols do."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "house_metrics", SRC.parent / "scripts" / "house_metrics.py"
+    )
+    assert spec is not None and spec.loader is not None
+    metrics = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("house_metrics", metrics)
+    spec.loader.exec_module(metrics)
+    assert metrics.cycles(metrics.import_edges(SRC, every=True)) == []

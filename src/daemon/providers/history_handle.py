@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from daemon.providers.base import SearchResult
+from daemon.providers.outcomes import SearchResult
 from ledger.exceptions import SendledgerError
 
 
