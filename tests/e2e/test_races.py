@@ -537,16 +537,25 @@ def hang_of(
 
 
 def sent_unprobed(
-    log: Sequence[Mapping[str, Any]], began: float, ended: float, timeout: float
+    log: Sequence[Mapping[str, Any]],
+    began: float,
+    ended: float,
+    timeout: float,
+    first_unknown: float | None = None,
 ) -> list[float]:
-    """Sends the relay held during a hang that went in after its first timeout (when the
-    daemon could know of the hang) with no read of the provider answered since the
-    previous held send: each such one is a job sent into a known hang."""
+    """Sends the relay held during a hang that went in after the daemon knew of the hang
+    (its first timeout: the first Unknown the hang caused, as the daemon recorded it; on a
+    loaded machine a timeout ends later than the first held send plus the timeout) with
+    no read of the provider answered since the previous held send: each such one is a job
+    sent into a known hang."""
     held = sorted(
         e["at"]
         for e in log
         if e["kind"] == "send" and e["mode"] == HANG and began <= e["at"] <= ended
     )
+    if not held:
+        return []
+    known = held[0] + timeout if first_unknown is None else max(held[0] + timeout, first_unknown)
     answered = [
         e["at"]
         for e in log
@@ -555,7 +564,7 @@ def sent_unprobed(
     return [
         this
         for before, this in itertools.pairwise(held)
-        if this >= held[0] + timeout and not any(before < moment < this for moment in answered)
+        if this >= known and not any(before < moment < this for moment in answered)
     ]
 
 
@@ -615,7 +624,14 @@ def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
             )
             for began, ended in windows
         ]
-        unprobed = [sent_unprobed(log, began, ended, timeout) for began, ended in windows]
+        firsts = [
+            min((m for _, m in unknown if began <= m <= ended + timeout + 0.5), default=None)
+            for began, ended in windows
+        ]
+        unprobed = [
+            sent_unprobed(log, began, ended, timeout, first)
+            for (began, ended), first in zip(windows, firsts, strict=True)
+        ]
         copies = Counter(rig.copies(key) for key in keys)
         print(
             f"\nhangs: {HANG_JOBS} jobs, {len(HANGS)} hangs of {HANG_TIMEOUTS * timeout:g} s "

@@ -183,6 +183,9 @@ class FakeProvider(ProviderBase):
         #: answer reaches the caller (a hook for tests that let another actor move while a
         #: search's answer is on its way).
         self.during_search: Callable[[], None] | None = None
+        #: Called in the middle of every send, after the copy was stored and before the
+        #: outcome reaches the caller (a call that takes time on an injected clock).
+        self.during_send: Callable[[], None] | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -248,6 +251,8 @@ class FakeProvider(ProviderBase):
                 self.stored_by_call.setdefault(message_id, []).append(call)
         if fate.hangs_until is not None:
             self.hang(message_id, fate.hangs_until)
+        if self.during_send is not None:
+            self.during_send()
         if fate.crashes:
             raise SimulatedCrash(f"crashed while sending {message_id}")
         outcome = fate.outcome

@@ -687,17 +687,22 @@ class Services:
     def _require_index_caught_up(self, job: SendJob) -> None:
         """A search sooner than the channel's `search_after` after the last attempt may
         read a lagging index and miss a copy that exists: a resend then waits. The last
-        attempt is the job's own, at the version the decision is made on."""
+        attempt is the job's own, at the version the decision is made on, counted from
+        when its outcome was known: a slow call's copy reaches the mailbox after its claim,
+        as late as its outcome, and the index shows it `search_after` after that, as the
+        engine's own search counts from the Unknown."""
         policy = self.policies().policies.get(job.channel)
         last = job.last_attempt_at
         if policy is None or last is None:
             return
+        if job.unknown_at is not None and job.unknown_at > last:
+            last = job.unknown_at
         ready = last + timedelta(seconds=policy.search_after)
         now = self.ledger.clock()
         if now < ready:
             raise ServiceError(
                 Refusal.CONFLICT,
-                f"job {job.key!r} was not resent: its last attempt was "
+                f"job {job.key!r} was not resent: its last attempt ended "
                 f"{int((now - last).total_seconds())} s ago and the mailbox "
                 f"index may not show its copy yet (search_after of channel {job.channel!r}); "
                 f"check again and resend after {iso(ready)}",
