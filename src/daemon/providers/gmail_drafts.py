@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
 from daemon.providers.classify import (
@@ -37,39 +36,14 @@ from daemon.providers.classify import (
     provider_error_for_response,
 )
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftStatus
-from daemon.providers.gmail_mailbox import Mailbox, Response, message_id_header, search_term
+from daemon.providers.gmail_mailbox import (
+    GmailCalls,
+    Mailbox,
+    message_id_header,
+    search_term,
+)
 from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS
 from ledger.message_id import same_message_id
-
-
-class GmailCalls(Protocol):
-    """What the drafts calls use of their provider (`gmail.py: GmailProvider`): its API
-    service and its one request stack, so quota and the single-shot transport are the
-    provider's for drafts too."""
-
-    service: Any
-    page_size: int
-
-    def prepare(
-        self, request: Any, units: float | None, mailbox: Mailbox, *, draft: bool = False
-    ) -> None: ...
-
-    def execute(self, request: Any, mailbox: Mailbox) -> Response: ...
-
-    def answer(
-        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
-    ) -> Response: ...
-
-    def pages(
-        self,
-        what: str,
-        method: Callable[..., Any],
-        params: dict[str, Any],
-        mailbox: Mailbox,
-        *,
-        draft: bool = False,
-    ) -> Iterator[dict[str, Any]]: ...
-
 
 COMPOSE_SCOPE = "https://www.googleapis.com/auth/gmail.compose"
 # Gmail's cost of a drafts.create / drafts.delete (a drafts.get or list costs as a get).

@@ -35,11 +35,11 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from daemon.providers.answers import json_object
 from daemon.providers.classify import provider_error_for_response
-from daemon.providers.gmail_mailbox import Mailbox, Response, metadata_header
+from daemon.providers.gmail_mailbox import GmailCalls, Mailbox, metadata_header
 from daemon.providers.history_handle import HistoryTooOld
 from daemon.providers.outcomes import ProviderError, SearchHit, SearchResult
 from daemon.providers.quota import (
@@ -49,23 +49,6 @@ from daemon.providers.quota import (
     TokenBucket,
 )
 from ledger.message_id import same_message_id
-
-
-class HistoryCalls(Protocol):
-    """What the history calls use of their provider (`gmail.py: GmailProvider`): its API
-    service and its one request stack, so quota and the single-shot transport are the
-    provider's for history reads too."""
-
-    service: Any
-
-    def answer(
-        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
-    ) -> Response: ...
-
-    def read_json(
-        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
-    ) -> dict[str, Any]: ...
-
 
 #: Gmail's cost of one users.history.list page.
 GMAIL_HISTORY_UNITS = 2.0
@@ -128,7 +111,7 @@ class GmailHistory:
 
     def __init__(
         self,
-        provider: HistoryCalls,
+        provider: GmailCalls,
         clock: Callable[[], float],
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:

@@ -1,6 +1,7 @@
 """One Gmail mailbox the provider acts as, and how its messages are asked for and read:
-shared by the provider (`gmail.py`) and its drafts calls (`gmail_drafts.py`), so neither
-imports the other's module for them (docs/providers.md "Gmail setup").
+shared by the provider (`gmail.py`) and its drafts, history and report calls (`GmailCalls`:
+`gmail_drafts.py`, `gmail_history.py`, `gmail_reports.py`), so none imports `gmail.py`
+for them (docs/providers.md "Gmail setup").
 
 `Mailbox` holds one mailbox's credentials (one token) and quota bucket; `search_term` is
 a Message-ID as Gmail's `rfc822msgid:` operator takes it; `metadata_header` reads a header
@@ -10,9 +11,9 @@ of a `format=metadata` answer.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from google.auth.credentials import Credentials as AuthCredentials
 
@@ -140,3 +141,36 @@ def metadata_header(message: Mapping[str, Any], name: str) -> str | None:
         ):
             return str(header["value"])
     return None
+
+
+class GmailCalls(Protocol):
+    """What the drafts, history and report calls use of their provider (`gmail.py:
+    GmailProvider`): its API service and its one request stack, so quota and the
+    single-shot transport are the provider's for them too."""
+
+    service: Any
+    page_size: int
+
+    def prepare(
+        self, request: Any, units: float | None, mailbox: Mailbox, *, draft: bool = False
+    ) -> None: ...
+
+    def execute(self, request: Any, mailbox: Mailbox) -> Response: ...
+
+    def answer(
+        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
+    ) -> Response: ...
+
+    def read_json(
+        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
+    ) -> dict[str, Any]: ...
+
+    def pages(
+        self,
+        what: str,
+        method: Callable[..., Any],
+        params: dict[str, Any],
+        mailbox: Mailbox,
+        *,
+        draft: bool = False,
+    ) -> Iterator[dict[str, Any]]: ...

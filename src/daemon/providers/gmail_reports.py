@@ -22,9 +22,9 @@ import base64
 import binascii
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
-from daemon.providers.gmail_mailbox import Mailbox
+from daemon.providers.gmail_mailbox import GmailCalls, Mailbox
 from daemon.providers.outcomes import FoundReport, ProviderError, ReportRead
 from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS, GMAIL_SEND_UNITS
 from ledger.exceptions import SendledgerError
@@ -42,23 +42,10 @@ def report_query(since: datetime) -> str:
     return f"in:inbox after:{int(since.timestamp())} {{{senders}}}"
 
 
-class ReportCalls(Protocol):
-    """What the report reads use of their provider (`gmail.py: GmailProvider`): its API
-    service and its one request stack, so quota and the single-shot transport are the
-    provider's for report reads too."""
-
-    service: Any
-    page_size: int
-
-    def read_json(
-        self, what: str, request: Any, units: float, mailbox: Mailbox, *, draft: bool = False
-    ) -> dict[str, Any]: ...
-
-
 class GmailReports:
     """The report reads of one GmailProvider, each acting as a given mailbox."""
 
-    def __init__(self, provider: ReportCalls) -> None:
+    def __init__(self, provider: GmailCalls) -> None:
         self.provider = provider
         self._messages = provider.service.users().messages()
 
