@@ -184,11 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         runner.run = breakdown.wrap("whole step (runner.run)", runner.run)
         one: Any = engine._dispatch
         one.dispatch = breakdown.wrap("one job, claim to saved outcome (dispatch)", one.dispatch)
-        sends: Any = engine._sends
-        sends._load = breakdown.wrap("load and queue due jobs (send workers)", sends._load)
+        steps: Any = engine._send_steps
+        steps.load = breakdown.wrap("load due jobs (send workers)", steps.load)
         commits: Any = engine.commits
         commits.save = breakdown.wrap("a claim's save, waited for (commits.save)", commits.save)
-        sends._flush = breakdown.wrap("a worker's flush before it sleeps", sends._flush)
+        steps.flush = breakdown.wrap("a worker's flush before it sleeps", steps.flush)
         dispatch.render_checked = breakdown.wrap(
             "render + prove MIME (dispatch.render_checked)", dispatch.render_checked
         )
@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         runner.load = profiles.wrap(runner.load)
         one: Any = engine._dispatch
         one.dispatch = profiles.wrap(one.dispatch)
-        sends: Any = engine._sends
-        sends._load = profiles.wrap(sends._load)
+        steps: Any = engine._send_steps
+        steps.load = profiles.wrap(steps.load)
         ledger: Any = engine.ledger
         ledger.due = profiles.wrap(ledger.due)
 

@@ -127,7 +127,7 @@ def test_no_draft_is_made_for_a_job_another_daemon_settled_since_it_was_loaded(
     first, it stayed in the mailbox (bench/soak.py --mode drafts: 18 of 4,000 jobs). The
     step now sees that the job moved and makes none."""
     drafts.submit("receipts", "k1")
-    [stale] = drafts.engine._load_due(["k1"])  # loaded here, sent by the other daemon
+    [stale] = drafts.engine._send_steps.load(["k1"])  # loaded here, sent by the other daemon
     other = drafts.new_engine("other-daemon")
     try:
         other.tick()

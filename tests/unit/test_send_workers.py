@@ -6,7 +6,10 @@ each other in turn for as long as they were idle: a core's worth of CPU in an id
 daemon, and the interpreter lock taken from busy workers.
 
 Many workers load due jobs in queries of several keys (`LOAD_MIN`), not one query per key
-or two."""
+or two.
+
+A crash in a send (a BaseException: an interpreter exit, not a failed call) reaches the
+caller of `tick`, and the worker it happened in goes on serving."""
 
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.engine import sends
+from ledger.vocabulary import JobState
 
 
 def test_idle_workers_do_not_wake_each_other() -> None:
@@ -79,5 +84,33 @@ def test_many_workers_load_several_keys_per_query() -> None:
         # 64 keys for 16 workers: at least LOAD_MIN per query, so at most 64 / 8 queries
         # (one to four keys per query before: 44).
         assert sum(sizes) == 64 and len(sizes) <= 64 // 8, sizes
+    finally:
+        rig.close()
+
+
+class Killed(BaseException):
+    """What an exit raises in a thread (SystemExit, KeyboardInterrupt): no Exception."""
+
+
+def test_a_crash_in_a_send_reaches_the_tick_and_the_worker_goes_on() -> None:
+    rig = EngineRig(policy("receipts"), concurrency=1)
+    try:
+        rig.submit("receipts", "k0")
+        send = rig.provider.send_raw
+
+        def killed(raw: bytes) -> Any:
+            raise Killed
+
+        rig.provider.send_raw = killed  # type: ignore[method-assign]
+        rig.engine.hand_out()
+        with pytest.raises(Killed):
+            rig.engine.settle(timeout=10)  # what `tick` waits with (`SendWorkers.drain`)
+        # The claim is left to recovery, as after a real crash.
+        assert rig.job("k0").state is JobState.ATTEMPTED
+        rig.provider.send_raw = send  # type: ignore[method-assign]
+        rig.submit("receipts", "k1")
+        rig.engine.hand_out()
+        assert rig.engine.settle(timeout=10)  # the one worker is still there
+        assert rig.job("k1").state is JobState.CONFIRMED and rig.provider.sends == 1
     finally:
         rig.close()

@@ -34,7 +34,7 @@ import logging
 import math
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -43,6 +43,7 @@ from daemon.engine.policy_holder import PolicyHolder
 from daemon.providers.base import Provider
 from ledger.stores.index import ScopeFilter, ScopeGroup
 from ledger.stores.scopes import ScopeLease, ScopeLeaseStore
+from policies.model import ChannelPolicy
 
 log = logging.getLogger("sendledger.engine")
 
@@ -292,6 +293,40 @@ class ScopeOwners:
             self._store.leave(self._daemon)
         except Exception as exc:
             log.warning("scope leases not released (%s: %s)", type(exc).__name__, exc)
+
+
+class OurScopes:
+    """The scopes one engine works for, as its tick's last round found them: what its due
+    reads keep (`filter`) and what a step asks before it calls (`may_call`). Every scope
+    when the engine shares the store with no daemon (`owners` None). The tick sets
+    `filter` each round; the tick and the workers read it."""
+
+    def __init__(
+        self,
+        owners: ScopeOwners | None,
+        providers: Mapping[str, Provider],
+        mailbox_of: Callable[[str], str],
+    ) -> None:
+        """`mailbox_of`: the index's mailbox of a From (`Ledger.mailbox_of`)."""
+        self.owners = owners
+        self._providers = providers
+        self._mailbox_of = mailbox_of
+        #: The due rows of the scopes owned, from the last round (`ScopeOwners.balance`).
+        self.filter: ScopeFilter | None = None
+
+    def none_yet(self) -> bool:
+        """Sharing the scopes, and no round has told which are ours: no due row is."""
+        return self.owners is not None and self.filter is None
+
+    def may_call(self, policy: ChannelPolicy | None, from_addr: str, now: datetime) -> bool:
+        """Whether this daemon may call for a job of `policy` from `from_addr` now: it owns
+        the job's quota scope, named as the round names it (from the index's mailbox)."""
+        if self.owners is None:
+            return True
+        provider = None if policy is None else self._providers.get(policy.provider)
+        if provider is None:
+            return True  # no call: the dispatch reviews it or reports the configuration
+        return self.owners.may_call(provider.scope_of(self._mailbox_of(from_addr)), now)
 
 
 def _free(row: ScopeLease | None, daemon: str, at: float) -> bool:

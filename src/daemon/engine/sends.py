@@ -1,21 +1,35 @@
 """The send workers: due jobs, taken by scope in turn, each by one worker from its claim to
 its saved outcome (`Dispatch.dispatch`).
 
-A tick only offers the keys of due jobs (`offer`) and returns. The workers load them (in
-batches, one query), queue them per scope (a provider, or one mailbox of it where the quota
-is per mailbox: `Provider.scope`) and take them in turn, one scope after the other, so no
+A tick only offers the keys of due jobs (`refill`) and returns. Each worker runs one loop
+(`SendWorkers._serve`), which reads top to bottom:
+
+1. keys offered: load them (a batch, one query) and queue them per scope;
+2. else a job whose scope may send now: send it, its outcome left to the next commit;
+3. else the last offer was cut short: read more due keys itself (`refill`), instead of
+   waiting for the next tick;
+4. else an outcome of its sends still waits for a commit: save it (`commit.py`), so none
+   waits in memory while the worker sleeps;
+5. else sleep until something changes.
+
+Each "take" is decided under the workers' lock, the work itself done outside it by
+`SendSteps`, which the engine builds: load, send, give up, ping, read due keys, flush. The
+workers call nothing of the tick; what they read of the engine's state, the scopes this
+daemon works for, is a holder the tick updates each round (`owners.OurScopes`).
+
+A scope is a provider, or one mailbox of it where the quota is per mailbox
+(`Provider.scope`); the workers take the scopes in turn, one after the other, so no
 scope's backlog starves another's. A job is taken only when its scope may send now: its
 circuit is closed (or this job is its one probe, `circuit.py`) and the quota of its send
 was reserved (`Provider.reserve_send`). So a mailbox out of quota, or a provider that is
 down, holds no worker: the workers serve the other scopes, and a worker whose call hangs
-holds only itself, until the provider's timeout. A worker that runs out of offered keys
-asks for more itself (`refill`) instead of waiting for the next tick. While a scope is
-held, every job of its queue that has waited longer than its channel's `give_up_after`
-goes to review, wherever it stands in the queue; and a circuit that a hang opened is
-probed with a ping (`Admit.PING`), the job staying queued.
+holds only itself, until the provider's timeout. While a scope is held, every job of its
+queue that has waited longer than its channel's `give_up_after` goes to review, wherever
+it stands in the queue; and a circuit that a hang opened is probed with a ping
+(`Admit.PING`), the job staying queued.
 
-docs/performance.md "Performance and scaling" and "Outages and quotas"; ``docs/architecture.md``
-"Dispatch".
+docs/performance.md "Performance and scaling" and "Outages and quotas";
+docs/architecture.md "The life of one job, file by file" (steps 3 and 4).
 """
 
 from __future__ import annotations
@@ -24,14 +38,22 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 
-from daemon.engine.circuit import Admit, Circuits
+from daemon.engine.circuit import PING, Admit, Circuits
 from daemon.engine.clock import Clock
-from daemon.engine.runner import Work
-from daemon.providers.base import Provider
+from daemon.engine.commit import GroupCommit
+from daemon.engine.dispatch import Dispatch
+from daemon.engine.owners import OurScopes
+from daemon.engine.report import Counter
+from daemon.engine.runner import StepRunner, Work
+from daemon.providers.base import Provider, ProviderError
+from ledger.application import Ledger
+from ledger.vocabulary import JobState
 from policies import decisions
 
 log = logging.getLogger("sendledger.engine")
@@ -43,8 +65,6 @@ LOAD_BATCH = 32
 LOAD_MIN = 8
 #: The longest a worker with nothing to do sleeps before it looks again.
 IDLE_WAIT = 0.5
-#: What a worker does before it sleeps when an outcome of its may wait for a commit.
-_FLUSH = object()
 
 
 @dataclass(eq=False)
@@ -81,29 +101,19 @@ class _Queue(deque[Work]):
 class SendWorkers:
     def __init__(
         self,
+        steps: SendSteps,
         *,
         workers: int,
-        load: Callable[[list[str]], list[Work]],
-        dispatch: Callable[[Work, bool], object],
-        give_up: Callable[[Work], None],
-        ping: Callable[[Provider, str], None],
-        refill: Callable[[], None],
-        flush: Callable[[], None],
+        batch: int,
         circuits: Circuits,
         clock: Clock,
         max_queued: int,
         name: str = "",
-        may_send: Callable[[Work, datetime], bool] | None = None,
     ) -> None:
-        """`may_send(work, now)`: whether this daemon may call for the job's scope now
-        (it owns it, `owners.py`); the scope's queued jobs are dropped when it may not."""
-        self._load = load
-        self._may_send = may_send
-        self._dispatch = dispatch
-        self._give_up = give_up
-        self._ping = ping
-        self._refill = refill
-        self._flush = flush
+        """`steps`: what a worker does to the jobs it takes; `batch`: how many due keys
+        past the known ones a read (`refill`) asks for."""
+        self._steps = steps
+        self._batch = batch
         self._circuits = circuits
         self._clock = clock
         self._max_queued = max_queued
@@ -111,9 +121,9 @@ class SendWorkers:
         # idle wakes only a drain: waking the other idle workers made them wake each
         # other in turn for as long as they were idle (a core's worth of CPU, and the
         # interpreter lock taken from the busy workers).
-        lock = threading.RLock()
-        self._cond = threading.Condition(lock)
-        self._drained = threading.Condition(lock)
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._drained = threading.Condition(self._lock)
         self._intake: deque[str] = deque()
         self._known: set[str] = set()  # offered, queued or running
         self._queues: dict[str, _Queue] = {}
@@ -126,6 +136,8 @@ class SendWorkers:
         self._refilling = False
         self._closing = False
         self._crashed: BaseException | None = None
+        # Set by `_pick` when it finds no job: how long until a held scope may send.
+        self._look_again = IDLE_WAIT
         self._threads = [
             # Named after the daemon too: two engines in one process (tests) are told apart.
             threading.Thread(
@@ -156,6 +168,14 @@ class SendWorkers:
         with self._cond:
             queue = self._queues.get(scope)
             return 0 if queue is None else len(queue)
+
+    def refill(self) -> None:
+        """Offer the next due jobs, read past the ones already known: the tick's offer,
+        and a worker's that ran out of offered keys while more were due."""
+        limit = self._batch + self.known()
+        keys = self._steps.due(limit)
+        if keys is not None:
+            self.offer(keys, more=len(keys) >= limit)
 
     def offer(self, keys: Iterable[str], *, more: bool = False) -> int:
         """Keys of due jobs (soonest first); those already known are skipped. `more`:
@@ -217,54 +237,78 @@ class SendWorkers:
         self._drained.notify_all()
 
     def _serve(self, me: int) -> None:
-        owes = False  # a job's outcome may still wait for a commit (`commit.py`)
-        while True:
-            with self._cond:
-                step = self._next(me, owes)
-            if step is None or step is _FLUSH:
-                self._flush_now()
-                owes = False
-                if step is None:
-                    return
-            elif isinstance(step, list):
-                self._queue(step)
-            elif isinstance(step, _Task):
-                self._run(step)
-                owes = True
-            else:
-                self._refill_now()
+        """One worker: load offered keys, else send a job whose scope may send, else read
+        more due keys, else save what its sends left to the next commit, else sleep. It
+        looks and sleeps in one hold of the lock, so nothing offered after a look that
+        found nothing goes unseen; it lets the lock go for the work itself."""
+        owes = False  # an outcome of its sends may still wait for a commit (`commit.py`)
+        with self._cond:
+            while not self._closing:
+                if keys := self._take_keys(me):
+                    with self._unlocked():
+                        self._load(keys)
+                elif task := self._take_job(me):
+                    with self._unlocked():
+                        self._run(task)
+                    owes = True
+                elif self._take_refill(me):
+                    with self._unlocked():
+                        self._read_more()
+                elif owes:  # before it sleeps: no outcome waits in memory meanwhile
+                    with self._unlocked():
+                        self._flush()
+                    owes = False
+                else:
+                    self._sleep(me)
+        self._flush()
 
-    def _next(self, me: int, owes: bool) -> list[str] | _Task | bool | object | None:
-        """What this worker does next (lock held): keys to load, a job, True to refill,
-        `_FLUSH` before it would sleep with an outcome unsaved (`owes`), None to stop.
-        Sleeps while there is nothing."""
-        while not self._closing:
-            if self._intake:
-                self._idle.pop(me, None)
-                count = min(LOAD_BATCH, max(LOAD_MIN, len(self._intake) // len(self._threads)))
-                self._loading += 1
-                return [self._intake.popleft() for _ in range(min(count, len(self._intake)))]
-            task, wait = self._pick()
-            if task is not None:
-                self._idle.pop(me, None)
-                self._running += 1
-                return task
-            if self._more and not self._refilling:
-                self._idle.pop(me, None)
-                self._refilling = True
-                self._more = False
-                return True
-            if owes:
-                self._idle.pop(me, None)
-                return _FLUSH
-            self._idle[me] = self._generation
-            self._drained.notify_all()  # a drain may be waiting for this
-            self._cond.wait(min(wait, IDLE_WAIT))
-        return None
+    @contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        # `_serve` holds the lock once: let go of it while the work runs.
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
 
-    def _pick(self) -> tuple[_Task | None, float]:
-        """The next job of the first scope in turn that may send now (lock held), and
-        otherwise how long until one might."""
+    def _take_keys(self, me: int) -> list[str]:
+        """Offered keys for this worker to load, a share of them (lock held); none when
+        none are offered."""
+        if not self._intake:
+            return []
+        self._idle.pop(me, None)
+        count = min(LOAD_BATCH, max(LOAD_MIN, len(self._intake) // len(self._threads)))
+        self._loading += 1
+        return [self._intake.popleft() for _ in range(min(count, len(self._intake)))]
+
+    def _take_job(self, me: int) -> _Task | None:
+        """The next job whose scope may send now (lock held), counted as running."""
+        task = self._pick()
+        if task is not None:
+            self._idle.pop(me, None)
+            self._running += 1
+        return task
+
+    def _take_refill(self, me: int) -> bool:
+        """Whether this worker reads more due keys (lock held): the last offer was cut
+        short, and no other worker is reading them."""
+        if not self._more or self._refilling:
+            return False
+        self._idle.pop(me, None)
+        self._refilling = True
+        self._more = False
+        return True
+
+    def _sleep(self, me: int) -> None:
+        """Nothing to do (lock held): idle until something changes, a held scope may send
+        (`_pick`), or the idle wait has passed."""
+        self._idle[me] = self._generation
+        self._drained.notify_all()  # a drain may be waiting for this
+        self._cond.wait(min(self._look_again, IDLE_WAIT))
+
+    def _pick(self) -> _Task | None:
+        """The next job of the first scope in turn that may send now (lock held); None,
+        with `_look_again` set to how long until one might."""
         now = self._clock()
         wait = IDLE_WAIT
         for _ in range(len(self._turns)):
@@ -279,8 +323,8 @@ class SendWorkers:
             provider = work.provider
             if provider is None:  # no provider: dispatch says why (review, or an error)
                 queue.popleft()
-                return _Task(work, scope, Admit.GO), 0.0
-            if self._may_send is not None and not self._may_send(work, now):
+                return _Task(work, scope, Admit.GO)
+            if not self._steps.may_send(work, now):
                 # Another daemon's scope now (or soon): its jobs are not ours to send.
                 self._known.difference_update(w.job.key for w in queue)
                 self._queues.pop(scope, None)
@@ -290,7 +334,7 @@ class SendWorkers:
             if admit is Admit.HOLD:
                 given_up = queue.take_given_up(now)
                 if given_up is not None:
-                    return _Task(given_up, scope, None), 0.0
+                    return _Task(given_up, scope, None)
                 probe_at = self._circuits.next_probe(scope)
                 if probe_at is not None:
                     wait = min(wait, max((probe_at - now).total_seconds(), 0.001))
@@ -298,7 +342,7 @@ class SendWorkers:
                     wait = min(wait, max((queue.give_up_at - now).total_seconds(), 0.001))
                 continue
             if admit is Admit.PING:
-                return _Task(work, scope, admit), 0.0  # the job stays queued
+                return _Task(work, scope, admit)  # the job stays queued
             reserved = provider.reserve_send()
             if reserved > 0.0:
                 if admit is Admit.PROBE:
@@ -306,12 +350,14 @@ class SendWorkers:
                 wait = min(wait, reserved)
                 continue
             queue.popleft()
-            return _Task(work, scope, admit), 0.0
-        return None, wait
+            return _Task(work, scope, admit)
+        self._look_again = wait
+        return None
 
-    def _queue(self, keys: list[str]) -> None:
+    def _load(self, keys: list[str]) -> None:
+        """The keys' jobs loaded and queued, each under its scope."""
         try:
-            works = self._load(keys)
+            works = self._steps.load(keys)
         except Exception:
             log.exception("could not load %d due jobs", len(keys))
             works = []
@@ -334,9 +380,9 @@ class SendWorkers:
             return
         try:
             if task.admit is None:
-                self._give_up(task.work)
+                self._steps.give_up(task.work)
             else:
-                self._dispatch(task.work, task.admit is Admit.PROBE)
+                self._steps.send(task.work, task.admit is Admit.PROBE)
         except Exception:  # the dispatch guards its own; this keeps the worker alive
             log.exception("job %s: send worker failed", task.work.job.key)
         except BaseException as exc:
@@ -354,7 +400,7 @@ class SendWorkers:
         provider = task.work.provider
         try:
             if provider is not None:
-                self._ping(provider, task.scope)
+                self._steps.ping(provider, task.scope)
         except Exception:
             log.exception("scope %s: ping failed", task.scope)
         finally:
@@ -362,21 +408,108 @@ class SendWorkers:
                 self._running -= 1
                 self._changed()
 
-    def _flush_now(self) -> None:
+    def _flush(self) -> None:
         try:
-            self._flush()
+            self._steps.flush()
         except Exception:
             log.exception("could not save the outcomes left to the next commit")
 
-    def _refill_now(self) -> None:
+    def _read_more(self) -> None:
         try:
-            self._refill()
+            self.refill()
         except Exception:
             log.exception("could not read the due jobs")
         finally:
             with self._cond:
                 self._refilling = False
                 self._changed()
+
+
+class SendSteps:
+    """What a send worker does to the jobs it takes, one method a step. The engine builds
+    it from its own parts (the step runner, the dispatch, the circuits, the group commit)
+    and the scopes it works for; the workers decide when each step runs."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        runner: StepRunner,
+        dispatch: Dispatch,
+        *,
+        circuits: Circuits,
+        commits: GroupCommit,
+        counter: Counter,
+        clock: Clock,
+        scopes: OurScopes,
+    ) -> None:
+        self._ledger = ledger
+        self._runner = runner
+        self._dispatch = dispatch
+        self._circuits = circuits
+        self._commits = commits
+        self._counter = counter
+        self._clock = clock
+        self._scopes = scopes
+
+    def due(self, limit: int) -> list[str] | None:
+        """The keys of up to `limit` due sends of the scopes this daemon works for, soonest
+        first; None while it shares the scopes and no round has told which are its own."""
+        if self._scopes.none_yet():
+            return None
+        rows = self._ledger.due(JobState.REQUESTED, self._clock(), limit, self._scopes.filter)
+        return [row.key for row in rows]
+
+    def load(self, keys: list[str]) -> list[Work]:
+        """Due jobs read in one query, each with its policy and provider."""
+        jobs = self._ledger.get_jobs(keys)
+        works = []
+        for key in keys:
+            job = jobs.get(key)
+            if job is None:
+                self._counter.bump("skipped")  # an index row without events
+                continue
+            work = self._runner.load(self._dispatch, key, self._counter, job)
+            if work is not None:
+                works.append(work)
+        return works
+
+    def may_send(self, work: Work, now: datetime) -> bool:
+        """Whether this daemon may call for the job's scope now (`owners.py`)."""
+        return self._scopes.may_call(work.policy, work.job.from_addr, now)
+
+    def send(self, work: Work, probe: bool) -> None:
+        """The job from its claim to its outcome, left to the next commit (`Dispatch`)."""
+        run = partial(self._dispatch.dispatch, work, probe=probe)
+        self._runner.guard(self._dispatch, work.job.key, self._counter, run)
+
+    def give_up(self, work: Work) -> None:
+        """A job that waited longer than its channel's `give_up_after`, to review."""
+        run = partial(self._dispatch.give_up, work)
+        self._runner.guard(self._dispatch, work.job.key, self._counter, run)
+
+    def ping(self, provider: Provider, scope: str) -> None:
+        """The probe of a circuit a hang opened: a call that sends nothing."""
+        try:
+            with self._circuits.calling(scope):
+                provider.ping()
+        except ProviderError as exc:
+            self._circuits.called(
+                scope,
+                self._clock(),
+                unavailable=exc.unavailable,
+                retry_after=exc.retry_after,
+                timed_out=exc.timed_out,
+                kind=PING,
+            )
+        except BaseException:
+            self._circuits.probe_returned(scope)
+            raise
+        else:
+            self._circuits.answered(scope, self._clock(), PING)
+
+    def flush(self) -> None:
+        """Return once the outcomes left to the next commit are durable (`commit.py`)."""
+        self._commits.flush()
 
 
 def _waiting_since(work: Work) -> datetime | None:

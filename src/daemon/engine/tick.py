@@ -5,9 +5,10 @@ it) -> sweep (unknown, search due) -> verify (confirmed after a resend, count du
 (settled, its unsent drafts to delete). Each tick first renews the leases of the calls in
 flight (`leases.py`). Each step reads the job index for
 its due jobs only, so a tick's work grows with what is due, not with the history. Sends
-run on the send workers (`sends.py`, `concurrency` of them), everything else on the check
-workers (`search_concurrency`): a backlog of sends never delays a due search, and the
-other way round. The daemon's tick (`hand_out`) waits for neither, so a hung call holds
+run on the send workers (`sends.py`, `concurrency` of them), which own what a send takes
+(`SendSteps`, built here) and read more due sends themselves; everything else runs on the
+check workers (`search_concurrency`): a backlog of sends never delays a due search, and
+the other way round. The daemon's tick (`hand_out`) waits for neither, so a hung call holds
 one worker and nothing else; `tick` waits for what it handed out (one-shot runs, tests).
 Every save goes through one group commit (`commit.py`).
 """
@@ -20,27 +21,26 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
 
 from daemon.engine.bounces import BounceWatch, EndWatch, MailboxRead
-from daemon.engine.circuit import PING, Circuits, CircuitSettings, OpenCircuit
+from daemon.engine.circuit import Circuits, CircuitSettings, OpenCircuit
 from daemon.engine.clock import Clock
 from daemon.engine.commit import GroupCommit
 from daemon.engine.dispatch import Dispatch
 from daemon.engine.leases import Leases, renew_interval
 from daemon.engine.observer import EngineObserver, NullObserver, ObservedProvider, notify
-from daemon.engine.owners import ScopeOwners, horizon
+from daemon.engine.owners import OurScopes, ScopeOwners, horizon
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.recover import Recover, RecoverOwnClaims
 from daemon.engine.report import Counter, TickReport
 from daemon.engine.runner import Step, StepRunner, Work
 from daemon.engine.search import FirstDue, SearchBackoff, Sweep, Tidy, Verify
-from daemon.engine.sends import SendWorkers
-from daemon.providers.base import Provider, ProviderError
+from daemon.engine.sends import SendSteps, SendWorkers
+from daemon.providers.base import Provider
 from ledger.application import Ledger
-from ledger.stores.index import ScopeFilter
 from ledger.vocabulary import FINAL_STATES, JobState
 
 log = logging.getLogger("sendledger.engine")
@@ -149,8 +149,7 @@ class Engine:
                 clock=self.clock,
             )
         )
-        # The due rows of the scopes this daemon owns, as the last round found them.
-        self._scopes: ScopeFilter | None = None
+        self.scopes = OurScopes(self.owners, providers, ledger.mailbox_of)
         self._stopping = threading.Event()
         self._counter = Counter()
         self.observer: EngineObserver = observer or NullObserver()
@@ -196,19 +195,24 @@ class Engine:
                 for state in sorted(FINAL_STATES - {JobState.CONFIRMED})
             ),
         )
+        self._send_steps = SendSteps(
+            ledger,
+            self._runner,
+            self._dispatch,
+            circuits=self.circuits,
+            commits=self.commits,
+            counter=self._counter,
+            clock=self.clock,
+            scopes=self.scopes,
+        )
         self._sends = SendWorkers(
+            self._send_steps,
             workers=concurrency,
-            load=self._load_due,
-            dispatch=self._send_one,
-            give_up=self._give_up,
-            ping=self._ping,
-            refill=self._offer_sends,
-            flush=self.commits.flush,
+            batch=batch_size,
             circuits=self.circuits,
             clock=self.clock,
             max_queued=max(batch_size * 10, concurrency * 4),
             name=daemon_name,
-            may_send=None if self.owners is None else self._owns,
         )
         self._checks = CheckWorkers(self._runner, self._counter, search_concurrency or concurrency)
         self.bounces = BounceWatch(
@@ -277,7 +281,7 @@ class Engine:
         self._balance_scopes()
         self.health.refresh(self.providers)
         self._forget_idle()
-        self._offer_sends()
+        self._sends.refill()
         for step in self._checks_steps:
             self._offer_checks(step)
         self._offer_bounce_reads()
@@ -291,7 +295,7 @@ class Engine:
         self._balance_scopes()
         self.health.refresh(self.providers)
         self._forget_idle()
-        self._offer_sends()
+        self._sends.refill()
         self._sends.drain()
         for step in self._checks_steps:
             self._offer_checks(step)
@@ -332,49 +336,30 @@ class Engine:
         now = self.clock()
         try:
             due = self.ledger.scopes_due(now + timedelta(seconds=self.owners.horizon))
-            self._scopes = self.owners.balance(due, now)
+            self.scopes.filter = self.owners.balance(due, now)
         except Exception as exc:
             log.warning("scope leases: round failed (%s: %s)", type(exc).__name__, exc)
 
     def _may_run(self, step: Step, work: Work) -> bool:
         # A recovery calls no provider: it is not held back by who owns the scope.
-        return isinstance(step, Recover) or self._owns(work, work.now)
-
-    def _owns(self, work: Work, now: datetime) -> bool:
-        """Whether this daemon may call for the job now: it owns the job's quota scope,
-        named as the owners' round names it (from the index's mailbox, `owners.py`)."""
-        policy = work.policy
-        provider = None if policy is None else self.providers.get(policy.provider)
-        if self.owners is None or provider is None:
-            return True  # no call: the dispatch reviews it or reports the configuration
-        mailbox = self.ledger.mailbox_of(work.job.from_addr)
-        return self.owners.may_call(provider.scope_of(mailbox), now)
-
-    def _owns_nothing_yet(self) -> bool:
-        """Sharing the scopes, and no round has told which are ours: no due row is."""
-        return self.owners is not None and self._scopes is None
-
-    def _offer_sends(self) -> None:
-        if self._owns_nothing_yet():
-            return
-        limit = self.batch_size + self._sends.known()
-        rows = self.ledger.due(JobState.REQUESTED, self.clock(), limit, self._scopes)
-        self._sends.offer((row.key for row in rows), more=len(rows) >= limit)
+        return isinstance(step, Recover) or self.scopes.may_call(
+            work.policy, work.job.from_addr, work.now
+        )
 
     def _offer_checks(self, step: Step) -> None:
         free = self._checks.free()
-        if free <= 0 or self._owns_nothing_yet():
+        if free <= 0 or self.scopes.none_yet():
             return
         limit = min(free * 2, self.batch_size)
         if not isinstance(step, Sweep | FirstDue | Tidy):
-            rows = self.ledger.due(step.state, self.clock(), limit, self._scopes)
+            rows = self.ledger.due(step.state, self.clock(), limit, self.scopes.filter)
             self._checks.submit(step, [row.key for row in rows])
             return
         # Searches held by a backoff or an open circuit stay due in the index: read past
         # them (a bounded number) so another scope's due searches are not starved.
         now = self.clock()
         extra = min(self._backoff.waiting(now), self.batch_size * 10)
-        rows = self.ledger.due(step.state, now, limit + extra, self._scopes)
+        rows = self.ledger.due(step.state, now, limit + extra, self.scopes.filter)
         keys = [row.key for row in rows if not self._backoff.held(row.key, now)]
         self._checks.submit(step, keys[:limit])
 
@@ -391,47 +376,3 @@ class Engine:
         except Exception:
             logging.getLogger("sendledger.engine").exception("%s: bounce read failed", read.scope)
             self._counter.bump("errors")
-
-    def _load_due(self, keys: list[str]) -> list[Work]:
-        """Due jobs read in one query, each with its policy and provider."""
-        jobs = self.ledger.get_jobs(keys)
-        works = []
-        for key in keys:
-            job = jobs.get(key)
-            if job is None:
-                self._counter.bump("skipped")  # an index row without events
-                continue
-            work = self._runner.load(self._dispatch, key, self._counter, job)
-            if work is not None:
-                works.append(work)
-        return works
-
-    def _send_one(self, work: Work, probe: bool) -> object:
-        key = work.job.key
-        return self._runner.guard(
-            self._dispatch, key, self._counter, lambda: self._dispatch.dispatch(work, probe=probe)
-        )
-
-    def _ping(self, provider: Provider, scope: str) -> None:
-        """The probe of a circuit a hang opened: a call that sends nothing."""
-        try:
-            with self.circuits.calling(scope):
-                provider.ping()
-        except ProviderError as exc:
-            self.circuits.called(
-                scope,
-                self.clock(),
-                unavailable=exc.unavailable,
-                retry_after=exc.retry_after,
-                timed_out=exc.timed_out,
-                kind=PING,
-            )
-        except BaseException:
-            self.circuits.probe_returned(scope)
-            raise
-        else:
-            self.circuits.answered(scope, self.clock(), PING)
-
-    def _give_up(self, work: Work) -> None:
-        key = work.job.key
-        self._runner.guard(self._dispatch, key, self._counter, lambda: self._dispatch.give_up(work))
