@@ -8,6 +8,9 @@ daemon, and the interpreter lock taken from busy workers.
 Many workers load due jobs in queries of several keys (`LOAD_MIN`), not one query per key
 or two.
 
+A worker that runs out of offered keys while more were due reads the next ones itself,
+instead of waiting for the next tick.
+
 A crash in a send (a BaseException: an interpreter exit, not a failed call) reaches the
 caller of `tick`, and the worker it happened in goes on serving."""
 
@@ -84,6 +87,31 @@ def test_many_workers_load_several_keys_per_query() -> None:
         # 64 keys for 16 workers: at least LOAD_MIN per query, so at most 64 / 8 queries
         # (one to four keys per query before: 44).
         assert sum(sizes) == 64 and len(sizes) <= 64 // 8, sizes
+    finally:
+        rig.close()
+
+
+def test_workers_read_the_next_due_jobs_when_the_offer_was_cut_short() -> None:
+    rig = EngineRig(policy("receipts"), concurrency=2)
+    try:
+        daemon = rig.settings.daemon.model_copy(update={"batch_size": 2})
+        rig.settings = rig.settings.model_copy(update={"daemon": daemon})
+        rig.restart()
+        for n in range(7):
+            rig.submit("receipts", f"k{n}")
+        reads: list[int] = []
+        due = rig.ledger.due
+
+        def counted(state: JobState, *args: Any) -> Any:
+            rows = due(state, *args)
+            if state is JobState.REQUESTED:
+                reads.append(len(rows))
+            return rows
+
+        rig.ledger.due = counted  # type: ignore[method-assign]
+        report = rig.tick()  # offers 2 keys; the workers read the other 5 themselves
+        assert report.confirmed == 7 and rig.provider.sends == 7
+        assert reads[0] == 2 and len(reads) >= 3, reads
     finally:
         rig.close()
 
