@@ -1,4 +1,4 @@
-"""The send workers (daemon/engine/sends.py) without waste.
+"""The send workers (daemon/engine/sends.py): no waste, and no turn of their loop lost.
 
 Idle workers sleep: with nothing to send, a worker wakes only at its idle wait or when
 something changes, never because another idle worker went to sleep. They used to wake
