@@ -8,7 +8,7 @@ everything it ever recorded.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -64,6 +64,25 @@ def fields_of(job: SendJob) -> dict[str, Any]:
         for k, v in vars(job).items()
         if k != "_pending_events"
     }
+
+
+def twins(job: SendJob) -> Callable[[], SendJob]:
+    """A maker of copies of `job` that a command can change without touching it or each
+    other: its lists copied (every other value it holds is immutable, as `fields_of`
+    says), no pending events. Cheaper than replaying the events for each copy."""
+    state = dict(vars(job))
+    lists = [name for name, value in state.items() if isinstance(value, list)]
+
+    def twin() -> SendJob:
+        made = object.__new__(type(job))
+        fields = vars(made)
+        fields.update(state)
+        for name in lists:
+            fields[name] = list(state[name])
+        fields["_pending_events"] = []
+        return made
+
+    return twin
 
 
 def replay(events: Sequence[Any]) -> SendJob:

@@ -27,7 +27,16 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from tests.unit.jobs import CHANNEL, POLICY, QUERY, fields_of, reload, replay, requested_job
+from tests.unit.jobs import (
+    CHANNEL,
+    POLICY,
+    QUERY,
+    fields_of,
+    reload,
+    replay,
+    requested_job,
+    twins,
+)
 
 from daemon.doubles.fake_time import FakeClock
 from ledger.decision_types import (
@@ -242,9 +251,12 @@ class SendJobMachine(RuleBasedStateMachine):
     def at(self, offset: int) -> datetime:
         return self.clock.now + timedelta(seconds=offset)
 
-    def run(self, step: Step, job: SendJob | None = None) -> bool:
+    def run(
+        self, step: Step, job: SendJob | None = None, before: dict[str, Any] | None = None
+    ) -> bool:
+        """`before`: `fields_of(job)`, when the caller knows it already."""
         job = job or self.job
-        before, start = fields_of(job), len(job.pending_events)
+        before, start = before or fields_of(job), len(job.pending_events)
         try:
             step.run(job)
         except (TransitionError, ValueError):
@@ -473,11 +485,14 @@ class SendJobMachine(RuleBasedStateMachine):
         a valid history."""
         history = list(self.job.pending_events)
         times = {self.clock.now, max(self.clock.now, self.job.due_at or self.clock.now)}
+        # Each probe on its own copy of the replayed job, as `replay(history)` would give.
+        twin = twins(replay(history))
+        before = fields_of(twin())
         for at in sorted(times):
             for step in self.probes(at):
-                twin = replay(history)
-                if self.run(step, twin):
-                    check_history([*history, *twin.pending_events])
+                job = twin()
+                if self.run(step, job, before):
+                    check_history([*history, *job.pending_events])
 
     # -- invariants -------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import math
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -32,7 +32,13 @@ from daemon.doubles.fake_provider import FakeProvider
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
 from daemon.engine.owners import ScopeOwners
-from daemon.providers.base import Provider, ProviderBase, SearchResult, SendOutcome
+from daemon.providers.base import (
+    Provider,
+    ProviderBase,
+    ReportRead,
+    SearchResult,
+    SendOutcome,
+)
 from ledger.addresses import mailbox_key
 from ledger.application import Ledger
 from ledger.content import parse_job
@@ -40,6 +46,7 @@ from ledger.stores.scopes import MemoryScopeLeases, ScopeLease
 from ledger.vocabulary import JobState
 from policies.loader import PolicySet
 from policies.model import ChannelPolicy
+from testkit.dsn import rfc3464_report
 
 LEASE = 9.0
 GRACE = 3.0
@@ -49,6 +56,7 @@ POLICY = ChannelPolicy.model_validate(
     {**BASE_POLICY, "channel": "receipts", "allowed_from": ["*@shop.example"]}
 )
 POLICIES = PolicySet({"receipts": POLICY})
+BOUNCE_INTERVAL = 5.0
 
 
 class Mailboxes(ProviderBase):
@@ -71,7 +79,8 @@ class Mailboxes(ProviderBase):
         return MailboxView(self, self.scope_of(mailbox_key(from_addr)))
 
     def record(self, scope: str) -> None:
-        daemon = threading.current_thread().name.rpartition("@")[2]
+        # "send-0@a" or "check@a_0": the daemon "a".
+        daemon = threading.current_thread().name.rpartition("@")[2].partition("_")[0]
         with self._lock:
             self.calls.append((daemon, scope, self.inner.clock()))
 
@@ -110,6 +119,14 @@ class MailboxView(ProviderBase):
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.owner.inner.read_message_id(provider_message_id)
+
+    reads_reports = True
+
+    def read_reports(
+        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+    ) -> ReportRead:
+        self.owner.record(self._scope)
+        return self.owner.inner.read_reports(since, known=known, max_bytes=max_bytes, limit=limit)
 
     def close(self) -> None:
         pass
@@ -455,13 +472,17 @@ TestOwnersMachine.settings = settings(max_examples=150, stateful_step_count=40, 
 
 @pytest.fixture
 def engines() -> Iterator[tuple[FakeClock, Ledger, Mailboxes, list[Engine]]]:
+    yield from two_engines(POLICIES)
+
+
+def two_engines(policies: PolicySet) -> Iterator[tuple[FakeClock, Ledger, Mailboxes, list[Engine]]]:
     clock = FakeClock(START)
     ledger = Ledger("memory://", clock=clock)
     provider = Mailboxes(FakeProvider("fake", clock=clock))
     built = [
         Engine(
             ledger,
-            PolicyHolder(lambda: POLICIES),
+            PolicyHolder(lambda: policies),
             {"fake": provider},
             provider_timeouts={"fake": TIMEOUT},
             clock=clock,
@@ -470,6 +491,7 @@ def engines() -> Iterator[tuple[FakeClock, Ledger, Mailboxes, list[Engine]]]:
             daemon_name=name,
             scope_lease=LEASE,
             concurrency=2,
+            bounce_interval=BOUNCE_INTERVAL,
         )
         for name in ("a", "b")
     ]
@@ -541,3 +563,47 @@ def test_a_daemon_that_loses_a_scope_sends_none_of_the_jobs_it_had_queued(
     assert provider.calls == []
     b.tick()
     assert [daemon for daemon, _scope, _at in provider.calls] == ["b"] * 6
+
+
+def test_each_watched_mailbox_is_read_for_bounces_by_its_owner_alone() -> None:
+    """Two daemons watch four mailboxes' confirmed jobs: each mailbox is read once per
+    interval, by the daemon that owns its scope, not once per daemon; every report is
+    recorded once."""
+    watched = PolicySet({"receipts": POLICY.model_copy(update={"watch_bounces": 3600.0})})
+    built = two_engines(watched)
+    clock, ledger, provider, (a, b) = next(built)
+    try:
+        for n in range(8):
+            submit(ledger, f"k{n}", n % 4)
+        for _ in range(3):
+            for engine in (a, b):
+                engine.tick()
+            clock.advance(1)
+        assert all(r.state == JobState.CONFIRMED for r in ledger.jobs())
+        for n in range(8):
+            job = ledger.get_job(f"k{n}")
+            provider.inner.deliver(bounce(job.from_addr, job.message_id))
+        del provider.calls[:]
+        intervals = 6
+        for _ in range(intervals * int(BOUNCE_INTERVAL)):
+            for engine in (a, b):
+                engine.tick()
+            clock.advance(1)
+        reads: dict[str, list[str]] = {}
+        for daemon, scope_name, _at in provider.calls:
+            reads.setdefault(scope_name, []).append(daemon)
+        assert sorted(reads) == [scope(n) for n in range(4)]
+        for scope_name, readers in reads.items():
+            assert len(set(readers)) == 1, (scope_name, readers)  # its owner alone
+            assert len(readers) <= intervals + 1, (scope_name, readers)
+        assert {d for readers in reads.values() for d in readers} == {"a", "b"}
+        for n in range(8):
+            assert [type(e).__name__ for e in ledger.history(f"k{n}")].count("Bounced") == 1
+    finally:
+        next(built, None)
+
+
+def bounce(mailbox: str, message_id: str) -> bytes:
+    to = "customer@example.net"
+    sent = f"From: {mailbox}\r\nTo: {to}\r\nMessage-ID: {message_id}\r\n\r\nhi\r\n".encode()
+    return rfc3464_report(sent, mailbox=mailbox, recipient=to)

@@ -12,8 +12,10 @@ Message-ID, exact and ours, to a job of that very mailbox, which records it once
 thousands of jobs makes one read per mailbox per interval, and a job costs nothing until a
 report names it.
 
-A read runs on a check worker, only while its mailbox has no send waiting in the queue and
-its circuit admits it (a failure counts toward that circuit as a search's does), so a
+A read runs on a check worker, only while its mailbox has no send waiting in the queue, its
+circuit admits it, and (daemons sharing the store) this daemon owns the mailbox's quota scope
+(`owners.py`: the watched mailboxes count as work of their scopes, so each is read by its
+owner alone, not once per daemon) (a failure counts toward that circuit as a search's does), so a
 bounce read never delays a due send. What was read is remembered in memory (the ids, and
 what each turned out to be) for as long as the mailbox lists it; after a restart the
 window is read again and a report already recorded is refused by the job itself. A report
@@ -80,6 +82,8 @@ class MailboxRead:
     provider: Provider
     channels: frozenset[str]
     lookback: float  # seconds: the longest `watch_bounces` of its channels
+    mailbox: str  # the index's `mailbox` of its From (`Ledger.mailbox_of`)
+    lease_scope: str  # the quota scope daemons lease it by (`Provider.scope_of`)
 
 
 @dataclass
@@ -103,7 +107,11 @@ class BounceWatch:
         *,
         interval: float,
         sends_waiting: Callable[[str], int],
+        may_read: Callable[[str, datetime], bool] | None = None,
     ) -> None:
+        """`may_read(scope, now)`: whether this daemon may call for that quota scope now
+        (it owns it, `owners.py`); None: it works for every scope."""
+        self._may_read = may_read
         self._ledger = ledger
         self._policies = policies
         self._providers = providers
@@ -121,9 +129,28 @@ class BounceWatch:
 
     def due(self) -> list[MailboxRead]:
         """The mailbox reads that may run now: due, nothing of theirs waiting to be sent,
-        their circuit not open. The watched mailboxes are read from the index once per
-        interval (the index's partial range: what is watched, not the history)."""
+        their circuit not open, their scope ours."""
         now = self._clock()
+        reads = self._current(now)
+        with self._lock:
+            mailboxes = {r.scope: self._mailboxes.setdefault(r.scope, _Mailbox()) for r in reads}
+        return [
+            r
+            for r in reads
+            if _due(mailboxes[r.scope].next_read, now)
+            and self._sends_waiting(r.scope) == 0
+            and not self._circuits.holds(r.scope, now, CHECK)
+            and self._ours(r, now)
+        ]
+
+    def wanted(self) -> list[tuple[str, str]]:
+        """The (channel, mailbox) pairs with watched jobs: work for their quota scopes
+        when daemons share them (`owners.py`), as due jobs are."""
+        return [(c, r.mailbox) for r in self._current(self._clock()) for c in sorted(r.channels)]
+
+    def _current(self, now: datetime) -> list[MailboxRead]:
+        """The watched mailboxes, read from the index once per interval (the index's
+        partial range: what is watched, not the history)."""
         with self._lock:
             stale = self._reads_at is None or now >= self._reads_at
         if stale:
@@ -134,15 +161,10 @@ class BounceWatch:
                 for gone in self._mailboxes.keys() - {r.scope for r in reads}:
                     del self._mailboxes[gone]  # nothing watched there any more
         with self._lock:
-            reads = list(self._reads)
-            mailboxes = {r.scope: self._mailboxes.setdefault(r.scope, _Mailbox()) for r in reads}
-        return [
-            r
-            for r in reads
-            if _due(mailboxes[r.scope].next_read, now)
-            and self._sends_waiting(r.scope) == 0
-            and not self._circuits.holds(r.scope, now, CHECK)
-        ]
+            return list(self._reads)
+
+    def _ours(self, read: MailboxRead, now: datetime) -> bool:
+        return self._may_read is None or self._may_read(read.lease_scope, now)
 
     def _watched(self) -> list[MailboxRead]:
         """Each watched (channel, mailbox) mapped to its provider's view and merged by
@@ -163,8 +185,14 @@ class BounceWatch:
             scope = view.scope()
             known = merged.get(scope)
             if known is None:
+                mailbox = self._ledger.mailbox_of(address)
                 merged[scope] = MailboxRead(
-                    scope, view, frozenset({watched.channel}), policy.watch_bounces
+                    scope,
+                    view,
+                    frozenset({watched.channel}),
+                    policy.watch_bounces,
+                    mailbox,
+                    provider.scope_of(mailbox),
                 )
             else:
                 known.channels |= {watched.channel}
@@ -189,6 +217,8 @@ class BounceWatch:
         """One read of one mailbox, and every report it found attributed (a check
         worker's task)."""
         now = self._clock()
+        if not self._ours(read, now):
+            return  # its scope went to another daemon since it was handed out
         with self._lock:
             mailbox = self._mailboxes.setdefault(read.scope, _Mailbox())
             known = set(mailbox.seen)

@@ -49,11 +49,13 @@ log = logging.getLogger("sendledger.engine")
 class CheckWorkers:
     """Recover, sweep and verify on their own workers; a job is handed out once at a time."""
 
-    def __init__(self, runner: StepRunner, counter: Counter, workers: int) -> None:
+    def __init__(self, runner: StepRunner, counter: Counter, workers: int, name: str = "") -> None:
         self._runner = runner
         self._counter = counter
         self._size = max(workers, 1)
-        self._pool = ThreadPoolExecutor(max_workers=self._size, thread_name_prefix="check")
+        # Named after the daemon, as the send workers are: two engines in one process.
+        prefix = f"check@{name}" if name else "check"
+        self._pool = ThreadPoolExecutor(max_workers=self._size, thread_name_prefix=prefix)
         # Reentrant: a future already done runs its callback (`_done`) in `submit`.
         self._lock = threading.RLock()
         self._running: dict[str, Future[None]] = {}
@@ -214,7 +216,9 @@ class Engine:
             max_queued=max(batch_size * 10, concurrency * 4),
             name=daemon_name,
         )
-        self._checks = CheckWorkers(self._runner, self._counter, search_concurrency or concurrency)
+        self._checks = CheckWorkers(
+            self._runner, self._counter, search_concurrency or concurrency, daemon_name
+        )
         self.bounces = BounceWatch(
             ledger,
             policies,
@@ -225,6 +229,7 @@ class Engine:
             self.observer,
             interval=bounce_interval,
             sends_waiting=self._sends.waiting,
+            may_read=None if self.owners is None else self.owners.may_call,
         )
 
     def stop(self) -> None:
@@ -336,6 +341,7 @@ class Engine:
         now = self.clock()
         try:
             due = self.ledger.scopes_due(now + timedelta(seconds=self.owners.horizon))
+            due += self.bounces.wanted()  # a watched mailbox's reads are its scope's work
             self.scopes.filter = self.owners.balance(due, now)
         except Exception as exc:
             log.warning("scope leases: round failed (%s: %s)", type(exc).__name__, exc)
