@@ -5,6 +5,7 @@ anything of the request is read or written."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -126,7 +127,10 @@ def client(rig: EngineRig) -> Iterator[TestClient]:
         yield client
 
 
+@functools.cache
 def operations(client: TestClient) -> list[tuple[str, str]]:
+    """The documented operations, read once per client (every example of a property test
+    shares its client)."""
     doc = client.get("/v1/openapi.json").json()
     return sorted(
         (method.upper(), path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -13,9 +14,15 @@ IO_MODULES = ("sqlite3", "psycopg", "socket", "http", "urllib", "httplib2", "goo
 STORAGE = ("eventsourcing.sqlite", "eventsourcing.postgres", "eventsourcing.popo")
 
 
+@functools.cache
+def nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of the module's tree, parsed once for all the tests of a run."""
+    return tuple(ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+
 def imports(path: Path) -> set[str]:
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in nodes(path):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -27,7 +34,7 @@ def imported(path: Path) -> set[str]:
     """`imports` and, for `from a import b`, `a.b` too: `from daemon import cli` imports
     `daemon.cli` as surely as `import daemon.cli` does."""
     found = imports(path)
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
     return found
@@ -190,7 +197,7 @@ def test_the_engine_knows_providers_only_by_their_port(path: Path) -> None:
 def probes(path: Path) -> list[str]:
     """`hasattr(...)` calls, and `getattr(...)` calls on something named as a provider."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in nodes(path):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
             name, target = node.func.id, ast.unparse(node.args[0])
             if name == "hasattr" or (name == "getattr" and "provider" in target.lower()):
@@ -226,7 +233,7 @@ def test_the_decision_functions_read_no_clock() -> None:
     for path in sorted((SRC / "policies").glob("*.py")):
         calls = {
             node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            for node in nodes(path)
             if isinstance(node, ast.Call)
         }
         assert not calls & clocks, (path.name, calls & clocks)

@@ -9,12 +9,11 @@ rule changed in `ledger/job.py` changes the table, and the table the picture."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from tests.unit.docs_page import DOCS
-from tests.unit.jobs import MESSAGE_ID, POLICY, QUERY, requested_job
+from tests.unit.jobs import MESSAGE_ID, POLICY, QUERY, requested_job, twins
 
 from daemon.doubles.fake_time import FakeClock
 from ledger import decision_types as decide
@@ -159,15 +158,15 @@ def explored(depth: int = 7) -> set[Edge]:
         reached = []
         for job, now in frontier:
             at = now + 2 * HOUR  # past every due time a move sets
+            twin = twins(job)  # copies that share nothing a move changes
             for move in MOVES.values():
-                tried = copy.deepcopy(job)
-                before = len(tried.pending_events)
+                tried = twin()
                 try:
                     move(tried, at)
                 except (TransitionError, ValueError):
                     continue
-                replay = copy.deepcopy(job)
-                for event in tried.pending_events[before:]:
+                replay = twin()
+                for event in tried.pending_events:
                     was = replay.state
                     event.apply(replay)
                     seen.add((was, type(event).__name__, replay.state))
