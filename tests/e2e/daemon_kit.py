@@ -4,8 +4,8 @@ A `Rig` is one complete setup in a temporary folder, as `sendledger demo` builds
 the daemon as a separate PROCESS: the Gmail emulator (in the test process, with search index
 lag and an acceptance log), the fault relay in front of it, a service-account JSON whose
 token_uri is the emulator's /token, a sendledger.toml and a policies folder. Jobs are
-submitted with the `sendledger submit` CLI; the daemon is `sendledger run`, started with
-subprocess.Popen and stopped with SIGTERM.
+submitted with the `sendledger submit` CLI; the daemon is `sendledger run`, forked from the
+worker's fork server (tests/e2e/fork_server.py) and stopped with SIGTERM.
 
 Effects are counted ONLY in the emulator's acceptance log (`Rig.copies`), never in the
 daemon's records; the ledger is only read (job states and histories) to see what the daemon
@@ -120,32 +120,37 @@ def policy_text(fields: Mapping[str, Any]) -> str:
 
 
 class DaemonProcess:
-    """`sendledger --config X run` as a child process; stderr goes to a file."""
+    """`sendledger --config X run` as a process of its own, forked from the worker's fork
+    server (tests/e2e/fork_server.py: its imports paid once, not per daemon); stdout and
+    stderr go to a file. Signals sent to `pid` reach the daemon alone."""
 
     def __init__(self, rig: Rig, name: str, env: Mapping[str, str] | None = None) -> None:
         self.rig = rig
         self.name = name
         self.stderr_path = rig.dir / f"{name}.stderr.log"
-        self._stderr = self.stderr_path.open("wb")
-        self.proc = subprocess.Popen(
-            [SENDLEDGER, "--config", str(rig.config), "run"],
-            cwd=rig.dir,
+        self._server = shared_fork_server()
+        self.pid = self._server.start(
+            ["--config", str(rig.config), "run"],
+            rig.dir,
+            self.stderr_path,
             env=rig.child_env(env),
-            stdin=subprocess.DEVNULL,
-            stdout=self._stderr,
-            stderr=self._stderr,
         )
         self.started = time.monotonic()
+        self.returncode: int | None = None
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+    def poll(self) -> int | None:
+        """None while it runs; else its exit code (-N when killed by signal N)."""
+        if self.returncode is None:
+            try:
+                self.returncode, _at = self._server.exited(self.pid, timeout=0)
+            except TimeoutError:
+                return None
+        return self.returncode
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.poll() is None
 
     def stderr_text(self) -> str:
-        self._stderr.flush()
         try:
             return self.stderr_path.read_text(encoding="utf-8", errors="replace")
         except OSError:
@@ -157,14 +162,16 @@ class DaemonProcess:
 
     def signal(self, signum: int) -> None:
         if self.alive():
-            os.kill(self.proc.pid, signum)
+            os.kill(self.pid, signum)
 
     def wait(self, timeout: float) -> int:
         """The exit code; fails the test (with stderr) if it does not exit in time."""
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{self.name} did not exit within {timeout:g}s\n{self.tail()}")
+        if self.returncode is None:
+            try:
+                self.returncode, _at = self._server.exited(self.pid, timeout=timeout)
+            except TimeoutError:
+                pytest.fail(f"{self.name} did not exit within {timeout:g}s\n{self.tail()}")
+        return self.returncode
 
     def terminate(self, timeout: float = 15.0) -> int:
         self.signal(signal.SIGTERM)
@@ -178,11 +185,10 @@ class DaemonProcess:
         if self.alive():
             self.signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._stderr.close()
+                self.returncode, _at = self._server.exited(self.pid, timeout=10)
+            except TimeoutError:
+                self.signal(signal.SIGKILL)
+                self.wait(10)
 
 
 class Rig:
@@ -455,7 +461,7 @@ class Rig:
                 if predicate():
                     return time.monotonic() - start
                 pytest.fail(
-                    f"the daemon exited ({daemon.proc.returncode}) while waiting for {what}\n"
+                    f"the daemon exited ({daemon.returncode}) while waiting for {what}\n"
                     + self.diagnostics()
                 )
             if time.monotonic() - start > timeout:
@@ -557,6 +563,7 @@ def shared_fork_server() -> ForkServer:
     closed when the process exits. Each call passes the command's own environment."""
     if not _SHARED or _SHARED[0].proc.poll() is not None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
+        env["PYTHONUNBUFFERED"] = "1"  # the children's print() reaches their log at once
         _SHARED[:] = [ForkServer(env)]
         atexit.register(_SHARED[0].close)
     return _SHARED[0]
@@ -612,9 +619,18 @@ class ForkServer:
         """(exit code, when) of a child; TimeoutError while it still runs."""
         return self._exit_future(pid).result(timeout=timeout)
 
-    def run(self, argv: list[str], cwd: Path, log: Path, timeout: float = 60.0) -> tuple[int, str]:
-        """A command to its end: its exit code and what it printed (stdout and stderr)."""
-        code, _at = self.exited(self.start(argv, cwd, log), timeout)
+    def run(
+        self,
+        argv: list[str],
+        cwd: Path,
+        log: Path,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> tuple[int, str]:
+        """A command to its end: its exit code and what it printed (stdout and stderr);
+        `env`: its whole environment (else the server's)."""
+        more = {} if env is None else {"env": dict(env)}
+        code, _at = self.exited(self.start(argv, cwd, log, **more), timeout)
         return code, log.read_text(encoding="utf-8", errors="replace")
 
     def call(
@@ -678,4 +694,5 @@ __all__ = [
     "events_of",
     "job",
     "policy_text",
+    "shared_fork_server",
 ]

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import closing
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.e2e.conftest import POLICY, config_text
-from tests.e2e.daemon_kit import ForkServer
+from tests.e2e.daemon_kit import ForkServer, shared_fork_server
 
 FIELDS = ["channel", "key", "to", "cc", "reply_to", "subject", "body", "html", "bcc"]
 NASTY = st.sampled_from(
@@ -76,10 +74,9 @@ ARGS = st.sampled_from(
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ForkServer]:
-    with closing(ForkServer(base_env())) as started:
-        yield started
+@pytest.fixture
+def server() -> ForkServer:
+    return shared_fork_server()
 
 
 def base_env() -> dict[str, str]:

@@ -8,25 +8,22 @@ The deadline grace is a minute, so every cell also proves that a restarted daemo
 recovers its own claim at once (no cell may wait for a deadline). Cells where the point
 is never reached (after-search when the send's outcome was known) run without a crash.
 
-Each daemon is a forked child of the test process (`os.fork`, then `sendledger run` in
-the child): a real process that SIGKILL ends, without paying an interpreter start per
-daemon (42 of them). Emulator results, not Gmail's.
+Each daemon is forked from the worker's fork server (`tests/e2e/fork_server.py`, which
+imported sendledger once): a real process that SIGKILL ends, without paying an
+interpreter start or its imports per daemon (42 of them). Emulator results, not Gmail's.
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.daemon_kit import RETRY_POLICY, Rig, events_of, job
+from tests.e2e.daemon_kit import RETRY_POLICY, DaemonProcess, Rig, events_of, job
 
-from daemon import cli
 from daemon.crashpoints import ENV as CRASH_ENV
 from daemon.engine.recover import OWN_REASON
 from ledger.content import parse_job
@@ -58,54 +55,6 @@ POLICY: dict[str, Any] = {
 CELL_LIMIT = 20.0
 
 
-class ForkedDaemon:
-    """`sendledger --config X run` in a forked child; stdout and stderr to a file."""
-
-    def __init__(self, rig: Rig, log: Path, env: dict[str, str]) -> None:
-        self.log = log
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into pytest
-            code = 1
-            try:
-                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                for name in [n for n in os.environ if n.startswith("SENDLEDGER_")]:
-                    del os.environ[name]
-                os.environ.update(env)
-                os.chdir(rig.dir)
-                code = cli.main(["--config", str(rig.config), "run"])
-            finally:
-                os._exit(code)
-        self.pid = pid
-        self.status: int | None = None
-
-    def poll(self) -> int | None:
-        """None while it runs; else its exit code, or -N when killed by signal N."""
-        if self.status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.status = os.waitstatus_to_exitcode(status)
-        return self.status
-
-    def terminate(self, timeout: float = 15.0) -> int:
-        if self.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
-        end = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > end:
-                os.kill(self.pid, signal.SIGKILL)
-                pytest.fail(f"daemon {self.pid} ignored SIGTERM\n{self.tail()}")
-            time.sleep(0.05)
-        assert self.status is not None
-        return self.status
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
-
-
 @pytest.fixture(scope="module")
 def results() -> Iterator[dict[tuple[str, str], str]]:
     table: dict[tuple[str, str], str] = {}
@@ -128,7 +77,7 @@ def run_cell(
     assert sender is not None
     rig.ledger.submit(parse_job(job(key)), sender.sender)
     name = {"SENDLEDGER_DAEMON__NAME": "matrix", **(env or {})}
-    first = ForkedDaemon(rig, rig.dir / f"{key}.1.log", {**name, CRASH_ENV: point})
+    first = DaemonProcess(rig, f"{key}.1", {**name, CRASH_ENV: point})
     daemons = [first]
     try:
         end = time.monotonic() + CELL_LIMIT
@@ -139,7 +88,7 @@ def run_cell(
         if not crashed:
             assert first.terminate() == 0, first.tail()
         else:
-            second = ForkedDaemon(rig, rig.dir / f"{key}.2.log", name)
+            second = DaemonProcess(rig, f"{key}.2", name)
             daemons.append(second)
             while rig.state(key) not in ("confirmed", "review"):
                 assert time.monotonic() < end, f"{key}: not settled\n{second.tail()}"
@@ -147,9 +96,8 @@ def run_cell(
             assert second.terminate() == 0, second.tail()
     finally:
         for daemon in daemons:
-            if daemon.poll() is None:
-                os.kill(daemon.pid, signal.SIGKILL)
-                daemon.poll()
+            if daemon.alive():
+                daemon.kill9()
     history = rig.history(key)
     return {
         "key": key,

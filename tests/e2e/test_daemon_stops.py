@@ -15,14 +15,19 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.daemon_kit import MAILBOX, RETRY_POLICY, ForkServer, policy_text
+from tests.e2e.daemon_kit import (
+    MAILBOX,
+    RETRY_POLICY,
+    ForkServer,
+    policy_text,
+    shared_fork_server,
+)
 
 from daemon.config.settings import load_settings
 from ledger.application import Ledger
@@ -100,7 +105,8 @@ def _one(
     try:
         _config(folder, relay.url, emulator.token_uri, timeout, stop)
         log = folder / "daemon.log"
-        pid = server.start(["--config", str(folder / "sendledger.toml"), "run"], folder, log)
+        argv = ["--config", str(folder / "sendledger.toml"), "run"]
+        pid = server.start(argv, folder, log, env=_env())
         deadline = time.monotonic() + 30
         while not relay.forwarded("send"):  # the send is in flight: Gmail has it
             assert time.monotonic() < deadline, log.read_text()
@@ -131,16 +137,17 @@ def _one(
 
 
 @pytest.fixture
-def server() -> Iterator[ForkServer]:
+def server() -> ForkServer:
+    return shared_fork_server()
+
+
+def _env() -> dict[str, str]:
+    """The daemons' environment: the caller's, without settings or systemd's variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
     for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "INVOCATION_ID", "JOURNAL_STREAM"):
         env.pop(name, None)
     env["PYTHONUNBUFFERED"] = "1"
-    started = ForkServer(env)
-    try:
-        yield started
-    finally:
-        started.close()
+    return env
 
 
 def test_sigint_sigterm_and_two_sigints_during_sends_stop_the_daemon_every_time(

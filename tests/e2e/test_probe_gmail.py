@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.e2e.daemon_kit import SENDLEDGER
+from tests.e2e.daemon_kit import SENDLEDGER, shared_fork_server
 
 from testkit.credentials import write_service_account
 from testkit.gmail_emulator import GmailEmulator
@@ -43,18 +43,15 @@ timeout = "2s"
         encoding="utf-8",
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
-    return subprocess.run(
-        [
-            *(SENDLEDGER, "--config", str(config), "probe", "--provider", "support"),
-            *("--to", "you@example.net", "--yes", "--max-wait", "3s", "--interval", "100ms"),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=120,
-    )
+    argv = [
+        *("--config", str(config), "probe", "--provider", "support"),
+        *("--to", "you@example.net", "--yes", "--max-wait", "3s", "--interval", "100ms"),
+        *extra,
+    ]
+    # Forked from the worker's fork server (tests/e2e/fork_server.py): a process of its own
+    # as the console script would be, without an interpreter start and its imports.
+    code, out, err = shared_fork_server().call(argv, tmp_path, "", env, timeout=120)
+    return subprocess.CompletedProcess([SENDLEDGER, *argv], code, out, err)
 
 
 @pytest.mark.parametrize("rewrite", [False, True], ids=["kept", "rewritten"])

@@ -47,6 +47,7 @@ from tests.e2e.daemon_kit import (
     Rig,
     events_of,
     job,
+    shared_fork_server,
 )
 from tests.e2e.test_crash_matrix import POLICY
 from tests.e2e.test_graph_daemon import GRAPH_POLICY, GraphRig
@@ -129,7 +130,8 @@ def resend_by_cli(rig: Rig, server: ForkServer, door: Door) -> None:
     cost the machine more than the race)."""
     door.started = time.monotonic()
     argv = ["--config", str(rig.config), "review", "resolve", door.key, "--as", "resend"]
-    door.code, door.text = server.run([*argv, "--by", "cli"], rig.dir, rig.dir / f"{door.key}.log")
+    log = rig.dir / f"{door.key}.log"
+    door.code, door.text = server.run([*argv, "--by", "cli"], rig.dir, log, env=rig.child_env())
     door.took = time.monotonic() - door.started
 
 
@@ -176,7 +178,8 @@ def test_two_doors_resending_at_once_one_wins_the_other_is_refused(tmp_path: Pat
         policies={"legal": LEGAL_LAGGED},
         api_port=free_port(),
     )
-    with rig, contextlib.closing(ForkServer(rig.child_env())) as server:
+    server = shared_fork_server()
+    with rig:
         rig.start_daemon()
         rig.submit_api([legal_job(key) for key in keys])
         rig.wait_for(lambda: all(rig.state(k) == "review" for k in keys), "every job in review")

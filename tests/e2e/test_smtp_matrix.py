@@ -14,12 +14,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from tests.e2e.daemon_kit import shared_fork_server
 from tests.integration.mailservers import PASSWORD, RECIPIENT, SENDER, MailServers, mail_servers
 
 from daemon.service_layer.read_models import event_record
@@ -39,14 +39,14 @@ EXPECTED_CONFIRMATION = {"pass": "response", "drop": "search", "fbf": "response"
 
 
 def _cli(folder: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "daemon", "--config", str(folder / "sendledger.toml"), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")},
-    )
+    """`sendledger ARGS` forked from the worker's fork server (tests/e2e/fork_server.py)."""
+    argv = ["--config", str(folder / "sendledger.toml"), *args]
+    code, out, err = shared_fork_server().call(argv, folder, stdin or "", _env(), timeout=60)
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
 
 
 @dataclass
@@ -96,19 +96,14 @@ def _run_daemon(
         ]
         submitted = _cli(tmp_path, "submit", "--json", "-", stdin=json.dumps(jobs))
         assert submitted.returncode == 0, submitted.stderr
-        with (tmp_path / "daemon.err").open("wb") as err:
-            daemon = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "daemon",
-                    "--config",
-                    str(tmp_path / "sendledger.toml"),
-                    "run",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
+        server = shared_fork_server()
+        daemon = server.start(
+            ["--config", str(tmp_path / "sendledger.toml"), "run"],
+            tmp_path,
+            tmp_path / "daemon.err",
+            stdout=os.devnull,
+            env=_env(),
+        )
         try:
             states: dict[str, dict[str, object]] = {}
             deadline = time.monotonic() + 40
@@ -126,8 +121,8 @@ def _run_daemon(
             # A resent job is verified once more after verify_after: let that happen.
             time.sleep(1.0)
         finally:
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait(timeout=20)
+            os.kill(daemon, signal.SIGTERM)
+            server.exited(daemon, timeout=20)
         log = (tmp_path / "daemon.err").read_text()[-3000:]
         servers.settle()
         return relays, states, log

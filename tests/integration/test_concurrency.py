@@ -1,8 +1,9 @@
 """Several processes submitting the same keys into one store at once.
 
 Eight worker processes each submit the same 200 keys (each in its own order) into one
-SQLite file, and separately into one PostgreSQL schema; eight threads do the same into one
-memory store. Intake is idempotent on the key, so exactly 200 jobs must exist, exactly 200
+SQLite file, and separately into one PostgreSQL schema (forked from one interpreter that
+imported the ledger once, before any of them opens the store); eight threads do the same
+into one memory store. Intake is idempotent on the key, so exactly 200 jobs must exist, exactly 200
 submissions across all workers must report created=True, and no worker may see an
 exception ("database is locked" least of all).
 """
@@ -38,48 +39,81 @@ WORKER = textwrap.dedent(
     from ledger.application import Ledger, Sender
     from ledger.content import JobContent
     from ledger.vocabulary import PolicyRef
+    import ledger.stores.postgres, ledger.stores.sqlite  # what Ledger(url) imports on open
 
-    url, seed, barrier = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    keys = [f"key-{i:04d}" for i in range(int(sys.argv[4]))]
-    open_tries = int(sys.argv[5])
-    random.Random(seed).shuffle(keys)
+    url, barrier = sys.argv[1], sys.argv[2]
+    workers, key_count, open_tries = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     policy = PolicyRef("receipts", "f" * 16)
     sender = Sender("Support <support@example.com>", "mail.example.com", policy)
-    created, errors, open_errors = [], [], []
 
 
-    def wait_for_go():
+    def wait_for_go(seed):
         # A barrier: say "ready", start when every worker is ready, so they really race.
         open(os.path.join(barrier, f"ready-{seed}"), "w").close()
         while not os.path.exists(os.path.join(barrier, "go")):
             time.sleep(0.005)
 
-    if not keys:
-        wait_for_go()  # open-only run: race the opens themselves
-    ledger = None
-    for _ in range(open_tries):
-        try:
-            ledger = Ledger(url)
-            break
-        except Exception as exc:
-            open_errors.append(f"open: {type(exc).__name__}: {exc}".splitlines()[0])
-            time.sleep(random.uniform(0.05, 0.3))
-    if ledger is None:
-        print(json.dumps({"created": [], "errors": open_errors, "open_errors": open_errors}))
-        raise SystemExit(0)
-    if keys:
-        wait_for_go()
-    for key in keys:
-        content = JobContent(
-            channel="receipts", key=key, to=("a@example.com",), subject="s", body=key
-        )
-        try:
-            if ledger.submit(content, sender).created:
-                created.append(key)
-        except Exception as exc:
-            errors.append(f"{key}: {type(exc).__name__}: {exc}".splitlines()[0])
-    ledger.close()
-    print(json.dumps({"created": created, "errors": errors, "open_errors": open_errors}))
+
+    def work(seed):
+        keys = [f"key-{i:04d}" for i in range(key_count)]
+        random.Random(seed).shuffle(keys)
+        created, errors, open_errors = [], [], []
+        if not keys:
+            wait_for_go(seed)  # open-only run: race the opens themselves
+        ledger = None
+        for _ in range(open_tries):
+            try:
+                ledger = Ledger(url)
+                break
+            except Exception as exc:
+                open_errors.append(f"open: {type(exc).__name__}: {exc}".splitlines()[0])
+                time.sleep(random.uniform(0.05, 0.3))
+        if ledger is None:
+            print(json.dumps({"created": [], "errors": open_errors, "open_errors": open_errors}))
+            return
+        if keys:
+            wait_for_go(seed)
+        for key in keys:
+            content = JobContent(
+                channel="receipts", key=key, to=("a@example.com",), subject="s", body=key
+            )
+            try:
+                if ledger.submit(content, sender).created:
+                    created.append(key)
+            except Exception as exc:
+                errors.append(f"{key}: {type(exc).__name__}: {exc}".splitlines()[0])
+        ledger.close()
+        print(json.dumps({"created": created, "errors": errors, "open_errors": open_errors}))
+
+
+    # The imports above are paid once; each worker is a process of its own, forked before
+    # it opens anything, with its stdout and stderr in files of its own.
+    pids = {}
+    for seed in range(workers):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for fd, name in ((1, "out"), (2, "err")):
+                    path = os.path.join(barrier, f"{name}-{seed}")
+                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+                work(seed)
+                code = 0
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = seed
+    codes = {}
+    while pids:
+        pid, status = os.wait()
+        codes[pids.pop(pid)] = os.waitstatus_to_exitcode(status)
+    print(json.dumps(codes))
     """
 )
 
@@ -96,28 +130,29 @@ def run_workers(
     }
     barrier = tmp_path / f"barrier-{time.monotonic_ns()}"
     barrier.mkdir()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), url, str(seed), str(barrier), str(keys), str(open_tries)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for seed in range(WORKERS)
-    ]
+    parent = subprocess.Popen(
+        [sys.executable, str(script), url, str(barrier), str(WORKERS), str(keys), str(open_tries)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + 90
     while len(list(barrier.glob("ready-*"))) < WORKERS and time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
+        if parent.poll() is not None:
             break  # a worker ended early; its output says why
         time.sleep(0.01)
     (barrier / "go").touch()
+    out, err = parent.communicate(timeout=120)
+    assert parent.returncode == 0, err
+    codes = json.loads(out.strip().splitlines()[-1])
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert "database is locked" not in err.lower(), err
-        assert proc.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    for seed in range(WORKERS):
+        worker_err = (barrier / f"err-{seed}").read_text(encoding="utf-8")
+        assert "database is locked" not in worker_err.lower(), worker_err
+        assert codes[str(seed)] == 0, worker_err
+        worker_out = (barrier / f"out-{seed}").read_text(encoding="utf-8")
+        results.append(json.loads(worker_out.strip().splitlines()[-1]))
     return results
 
 
