@@ -32,6 +32,7 @@ from tests.e2e.daemon_kit import (
 from daemon.config.settings import load_settings
 from ledger.application import Ledger
 from ledger.content import parse_job
+from ledger.vocabulary import Sender
 from policies.loader import load_policy_dir
 from testkit.credentials import write_service_account
 from testkit.gmail_emulator import GmailEmulator
@@ -45,7 +46,6 @@ TIMEOUT, STOP_TIMEOUT = 1.0, 3.0
 #: The bound docs/operations.md gives, plus what the process takes to end on a loaded
 #: machine with ten daemons stopping at once.
 MARGIN = 1.5
-KEY = "stop-1"
 
 
 @dataclass
@@ -57,8 +57,9 @@ class Trial:
     log: str
 
 
-def _template(folder: Path, emulator: GmailEmulator) -> Path:
-    """A folder with the policy, the credentials and a store holding one due job."""
+def _template(folder: Path, emulator: GmailEmulator) -> tuple[Path, Sender]:
+    """A folder with the policy, the credentials and an empty store, and the channel's
+    sender (each trial submits its own job: `_submit`)."""
     folder.mkdir()
     write_service_account(folder / "service-account.json", token_uri=emulator.token_uri)
     (folder / "policies").mkdir()
@@ -69,10 +70,20 @@ def _template(folder: Path, emulator: GmailEmulator) -> Path:
     settings = load_settings(folder / "sendledger.toml")
     policies = load_policy_dir(settings.policies_dir, known_providers=settings.providers)
     with Ledger(settings.store.url, base_dir=settings.base_dir) as ledger:
-        job = {"channel": "receipts", "key": KEY, "to": "customer@example.com",
+        ledger.open_counts()  # the store's tables, so a trial's copy only adds its job
+    return folder, policies["receipts"].sender
+
+
+def _submit(folder: Path, sender: Sender) -> str:
+    """The trial's one due job, under a key of its own: the trials share one emulator
+    mailbox, and a job that found another trial's copy of its Message-ID (its history read
+    after a timeout the signal came too late for) would be a duplicate."""
+    key = f"stop-{folder.name}"
+    with Ledger(f"sqlite:///{folder / 'ledger.sqlite'}") as ledger:
+        job = {"channel": "receipts", "key": key, "to": "customer@example.com",
                "subject": "Your receipt", "body": "Thanks.\n"}  # fmt: skip
-        ledger.submit(parse_job(job), policies["receipts"].sender)
-    return folder
+        ledger.submit(parse_job(job), sender)
+    return key
 
 
 def _config(
@@ -91,7 +102,7 @@ def _config(
 
 def _one(
     server: ForkServer,
-    template: Path,
+    template: tuple[Path, Sender],
     folder: Path,
     emulator: GmailEmulator,
     kind: str,
@@ -99,7 +110,8 @@ def _one(
     timeout: float = TIMEOUT,
     stop: float = STOP_TIMEOUT,
 ) -> Trial:
-    shutil.copytree(template, folder)
+    shutil.copytree(template[0], folder)
+    key = _submit(folder, template[1])
     hang = timeout + 1.0
     relay = FaultRelay(emulator.url, plan=FaultPlan(send="hang"), hang_seconds=hang).start()
     try:
@@ -132,7 +144,7 @@ def _one(
     finally:
         relay.stop()
     with Ledger(f"sqlite:///{folder / 'ledger.sqlite'}") as ledger:
-        row = ledger.row(KEY)
+        row = ledger.row(key)
     return Trial(kind, code, at - sent_at, row.state if row else None, log.read_text())
 
 
