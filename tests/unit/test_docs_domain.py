@@ -157,9 +157,7 @@ def test_the_gmail_outcome_table_is_the_classification() -> None:
 
 
 def test_the_guarantee_columns_and_the_crash_matrix_are_the_code_s() -> None:
-    header = next(
-        line for line in page("how-it-works.md").splitlines() if line.startswith("| promise")
-    )
+    [header] = [row for row in page("how-it-works.md").splitlines() if row.startswith("| promise")]
     assert CODE.findall(header) == list(get_args(OnUnknown))
     tree = ast.parse((REPO / "tests" / "e2e" / "test_crash_matrix.py").read_text("utf-8"))
     found = {
@@ -180,9 +178,8 @@ def test_the_guarantee_columns_and_the_crash_matrix_are_the_code_s() -> None:
 def test_the_layer_list_is_the_daemon_s_packages_and_modules() -> None:
     block = section("architecture.md", "Layers and what each may import").split("```")[1]
     daemon = SRC / "daemon"
-    assert set(re.findall(r"daemon/(\w+)/", block)) == {
-        p.name for p in daemon.iterdir() if (p / "__init__.py").is_file()
-    }
+    packages = {p.name for p in daemon.iterdir() if (p / "__init__.py").is_file()}
+    assert set(re.findall(r"daemon/(\w+)/", block)) == packages
     wiring = block.split("At its top level only the wiring:", 1)[1].split("Then one package")[0]
     top = {p.name for p in daemon.glob("*.py")} - {"__init__.py", "__main__.py"}
     assert set(re.findall(r"\w+\.py", wiring)) == top
@@ -195,33 +192,16 @@ def test_the_layer_list_is_the_daemon_s_packages_and_modules() -> None:
 
 def test_the_typed_decisions_table_is_the_job_s_commands_and_the_decision_types() -> None:
     rows = table(section("architecture.md", "Typed decisions"))
-    [job] = [
-        n
-        for n in ast.walk(ast.parse((SRC / "ledger" / "job.py").read_text()))
-        if getattr(n, "name", "") == "SendJob"
-    ]
-    commands = {
-        node.name
-        for node in job.body  # type: ignore[attr-defined]
-        if isinstance(node, ast.FunctionDef)
-        and not node.name.startswith("_")
-        and not any(ast.unparse(d) == "property" for d in node.decorator_list)
-    }
+    tree = ast.parse((SRC / "ledger" / "job.py").read_text())
+    [job] = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "SendJob"]
+    methods = [n for n in job.body if isinstance(n, ast.FunctionDef) and n.name[0] != "_"]
+    commands = {n.name for n in methods if "property" not in map(ast.unparse, n.decorator_list)}
     assert {c for row in rows for c in re.findall(r"\(`(\w+)`", row[0])} == commands
-    kinds = {
-        name
-        for name, value in vars(decision_types).items()
-        if isinstance(value, type)
-        and value.__module__ == decision_types.__name__
-        and name[0] != "_"
-    }
+    own = {n: v for n, v in vars(decision_types).items() if n[0] != "_" and isinstance(v, type)}
+    kinds = {n for n, v in own.items() if v.__module__ == decision_types.__name__}
     assert {w for row in rows for w in re.findall(r"`([A-Z]\w+)", row[1])} - {"Resolution"} == kinds
-    reasons = {
-        r.strip()
-        for row in rows
-        for given in re.findall(r"Review\(([^)]*)\)", row[1])
-        for r in given.split("/")
-    }
+    given = [r for row in rows for r in re.findall(r"Review\(([^)]*)\)", row[1])]
+    reasons = {r.strip() for r in "/".join(given).split("/")}
     reasons |= {r for row in rows for r in re.findall(r"Escalated\(([\w-]+)\)", row[2])}
     assert reasons == {reason.value for reason in EscalationReason}
 
@@ -229,11 +209,8 @@ def test_the_typed_decisions_table_is_the_job_s_commands_and_the_decision_types(
 def test_the_event_versions_are_the_classes() -> None:
     text = flat(section("architecture.md", "Stored events keep loading"))
     written = {name: int(n) for name, n in re.findall(r"`(\w+)` (?:is )?at version (\d+)", text)}
-    events = [
-        v
-        for v in vars(SendJob).values()
-        if isinstance(v, type) and issubclass(v, SendJob.Event | SendJob.Requested)
-    ]
+    kinds = SendJob.Event | SendJob.Requested
+    events = [v for v in vars(SendJob).values() if isinstance(v, type) and issubclass(v, kinds)]
     versioned = {e.__name__: v for e in events if (v := getattr(e, "class_version", 1)) > 1}
     assert written == versioned
     for event in events:
@@ -266,9 +243,8 @@ def test_a_new_provider_s_capabilities_are_the_port_s_with_the_defaults_written(
     meant = {"False": False, "None": None, "0.0": 0.0, "30 s": 30.0, "its name": "plain"}
     meant |= {"itself": True, "none deleted": [], "0": 0, "`scope(": "plain"}
     meant |= {"nothing listed": ()}
-    assert {n: shown[n] for n, d in written.items() if d in meant} == {
-        n: meant[d] for n, d in written.items() if d in meant
-    }
+    valued = {n: d for n, d in written.items() if d in meant}
+    assert {n: shown[n] for n in valued} == {n: meant[d] for n, d in valued.items()}
     # The rest are said in words no value stands for.
     assert {n for n, d in written.items() if d not in meant} == {"readback_rate", "ping"}
 
