@@ -109,12 +109,13 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
         elif current == "providers" and (kind := re.fullmatch(r'kind = "([a-z-]+)"', line)):
             current = kind.group(1)
         sections[current] = sections.get(current, "") + line + "\n"
-    for prefix, model in [*SECTIONS.items(), *KINDS.items()]:
-        for field in model.model_fields:
-            assert re.search(rf"^#? ?{field} =", sections[prefix.split(".")[0]], re.M), (
-                prefix,
-                field,
-            )
+    missing = [
+        f"config.example.toml [{prefix}] {field}"
+        for prefix, model in [*SECTIONS.items(), *KINDS.items()]
+        for field in model.model_fields
+        if not re.search(rf"^#? ?{field} =", sections[prefix.split(".")[0]], re.M)
+    ]
+    assert missing == []
     block = page("policies.md").split("```toml\n", 1)[1].split("```", 1)[0]
     fields = {(info.alias or name) for name, info in ChannelPolicy.model_fields.items()}
     assert set(tomllib.loads(block)) == fields
@@ -135,16 +136,10 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
     for url in urls:
         parse_store_url(url.replace("relative/path", "x.sqlite").replace("/absolute/path", "/x"))
     line = next(x for x in page("configuration.md").splitlines() if x.startswith("Durations are "))
-    assert [parse_duration(f) for f in re.findall(r'`"([^"]+)"`', line)] == [
-        0.25,
-        30,
-        300,
-        3600,
-        86400,
-    ]
-    shown = re.search(
-        r"Key `([^`]+)` on `([^`]+)` is always `([^`]+)`", flat(page("how-it-works.md"))
-    )
+    durations = [parse_duration(f) for f in re.findall(r'`"([^"]+)"`', line)]
+    assert durations == [0.25, 30, 300, 3600, 86400], line
+    key_on = r"Key `([^`]+)` on `([^`]+)` is always `([^`]+)`"
+    shown = re.search(key_on, flat(page("how-it-works.md")))
     assert shown and message_id_for(*shown.groups()[:2]) == shown.group(3)
     digest = hashlib.sha256(shown.group(1).encode("utf-8")).hexdigest()[:32]
     assert shown.group(3) == f"<job-{digest}@{shown.group(2)}>"
@@ -232,41 +227,30 @@ def test_the_quick_start_and_the_systemd_steps_are_what_init_writes(tmp_path: Pa
     quick = section("README.md", "## Quick start").split("```sh\n", 1)[1].split("```", 1)[0]
     config = config_text("gmail", parse_mailbox("you@example.com"))
     marked = re.findall(r"^# EDIT.*\n(?:#.*\n)*([a-z_]+) =", config, re.M)
-    assert (
-        marked == ["credentials_file", "user"] and "marked EDIT: credentials_file and user" in quick
-    )
+    assert f"marked EDIT: {' and '.join(marked)}" in quick and marked == [
+        "credentials_file",
+        "user",
+    ]
     [credentials] = re.findall(r'credentials_file = "([^"]+)"', config)
     assert f"chmod 600 mail/{credentials}" in quick and f"status {FIRST_KEY} " in quick
     steps = section("operations.md", "## Running under systemd")
-    written = {
-        p.path: p
-        for p in planned_files("gmail", parse_mailbox("you@example.com"), installation(tmp_path))
-    }
-    assert {"sendledger.toml", "api-tokens", "sendledger.service"} <= set(written)
-    assert (
-        credentials not in written and f"install -m 600 {credentials} /var/lib/sendledger/" in steps
-    )
+    plan = planned_files("gmail", parse_mailbox("you@example.com"), installation(tmp_path))
+    written = {p.path for p in plan}
+    assert {"sendledger.toml", "api-tokens", "sendledger.service"} <= written
+    assert credentials not in written
+    assert f"install -m 600 {credentials} /var/lib/sendledger/" in steps
     unit = unit_text(installation(tmp_path)).splitlines()
     packaged = (REPO / "packaging" / "sendledger.service").read_text(encoding="utf-8").splitlines()
     watchdog = re.search(r"`(WatchdogSec=\d+)`", steps)
     assert watchdog and all({"Type=notify", watchdog.group(1)} <= set(u) for u in (unit, packaged))
     layout = re.search(r"layout of `(/opt/[^`]+)` and `(/etc/[^`]+)`", flat(steps))
     assert layout and f"ExecStart={layout[1]}/bin/sendledger --config {layout[2]} run" in packaged
-    ports = {
-        kind: {
-            int(p) for path in PAGES for p in re.findall(pattern, path.read_text(encoding="utf-8"))
-        }
-        for kind, pattern in (
-            ("api", r"listen[`\s|=\"]+[^0-9\n]*127\.0\.0\.1:(\d+)"),
-            ("emulator", r"sendledger emulator \w+ --port (\d+)"),
-            ("relay", r"sendledger relay [^\n]*?--port (\d+)"),
-        )
-    }
-    ports["api"] |= {int(p) for p in re.findall(r'listen = "[^":]+:(\d+)"', config)}
-    assert all(ports.values()) and not (
-        ports["api"] & ports["emulator"] | ports["api"] & ports["relay"]
-    )
-    assert not ports["emulator"] & ports["relay"]
+    text = "\n".join(path.read_text(encoding="utf-8") for path in PAGES)
+    api = set(re.findall(r"listen[`\s|=\"]+[^0-9\n]*127\.0\.0\.1:(\d+)", text))
+    api |= set(re.findall(r'listen = "[^":]+:(\d+)"', config))
+    emulator = set(re.findall(r"sendledger emulator \w+ --port (\d+)", text))
+    relay = set(re.findall(r"sendledger relay [^\n]*?--port (\d+)", text))
+    assert api and emulator and relay and not (api & emulator or api & relay or emulator & relay)
 
 
 # -- docs/troubleshooting.md: the ten errors ---------------------------------------------
@@ -369,10 +353,5 @@ def test_the_ten_errors_are_the_lines_the_page_quotes(
     codes["No token on an HTTP request"] = 401
     assert set(made) == set(lines)
     for title, (code, text) in made.items():
-        assert (
-            code,
-            text.replace(str(site.parent / "mail"), "/srv/mail").replace(str(site), "/srv/mail"),
-        ) == (
-            codes.get(title, 2),
-            lines[title],
-        ), title
+        text = text.replace(str(site.parent / "mail"), "/srv/mail").replace(str(site), "/srv/mail")
+        assert (code, text) == (codes.get(title, 2), lines[title]), f"troubleshooting.md {title!r}"

@@ -1,58 +1,65 @@
-"""The figures the docs quote in prose are the code's (docs/development.md "Writing the
-docs"): one table, FIGURES, of each number a page writes, the words that find it, and the
-constant or default it is. A constant changed and a page left saying the old number fails
-here, naming both; a page reworded keeps passing as long as the number is still there.
-The lists a page writes in prose (sorts, chart series, settled states) are the code's too."""
+"""The figures and lists the docs write in prose are the code's (docs/development.md
+"Writing the docs"): FIGURES holds each number a page writes and LISTS each list (states,
+modes, fields, actions), with the words that find it and the code it is. A constant changed
+and a page left saying the old value fails here naming the page, the words and both values;
+a page reworded keeps passing as long as the words still find it."""
 
-# ruff: noqa: F401 - the names FIGURES' expressions use are imported for them
+# ruff: noqa: F401 - the names FIGURES' and LISTS' expressions use are imported for them
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import inspect
 import re
 import sys
 import tomllib
+from contextlib import closing
 
 import pytest
-from tests.unit.docs_page import CODE, REPO, flat, page
+from tests.unit.docs_page import CODE, REPO, flat, keyed, page, section
+from tests.unit.engine_rig import EngineRig
+from tests.unit.test_docs_settings import KINDS, SECTIONS
+from tests.unit.test_services import LEGAL, OTHER, in_review, services
 
+from daemon import exit_codes
 from daemon.api import overview, signin_limit
-from daemon.api.auth import SESSION_SECONDS
-from daemon.api.roles import PAGE_ROLE
+from daemon.api.auth import SESSION_SECONDS, Role
+from daemon.api.roles import PAGE_ROLE, ROUTE_ROLES
+from daemon.cli.audit import EVENT_TYPES
 from daemon.cli.init_command import config_text
+from daemon.config import environment
 from daemon.config.settings import (
+    _PROVIDER_TAGS,
     DaemonSettings,
     GmailProviderSettings,
     GraphProviderSettings,
     StoreSettings,
 )
 from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
+from daemon.providers.gmail import SCOPES
 from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS, GMAIL_SEND_UNITS
 from daemon.providers.transport import DEFAULT_MAX_IDLE
+from daemon.service_layer.guidance import MEANING, NEXT
 from daemon.service_layer.intake import MAX_LISTED
 from daemon.service_layer.listing import LIMIT_DEFAULT, LIMIT_MAX
 from daemon.service_layer.read_models import CONTENT_PAGE
 from daemon.service_layer.services import SORTS, TRIAGE_NOTE, Services
 from daemon.tools import demo, probe
-from daemon.webhooks.events import WEBHOOK_TYPES
+from daemon.webhooks.events import REJECTED_CODES, WEBHOOK_EVENTS, WEBHOOK_TYPES
 from daemon.webhooks.signing import SECRET_BYTES
 from daemon.webhooks.status import COUNT_LIMIT
 from daemon.webhooks.worker import Hook
-from ledger import attachments, content, extra_headers, keys
+from ledger import addresses, attachments, content, extra_headers, keys
 from ledger.addresses import parse_mailbox
+from ledger.job import SendJob
 from ledger.stores.positions import LOCK_WAIT_MS
-from ledger.vocabulary import FINAL_STATES
+from ledger.vocabulary import FINAL_STATES, OPEN_STATES, EscalationReason, JobState
 from policies.loader import MAX_POLICY_BYTES
 from sendledger.client import Client
 from testkit.graph_emulator import GraphEmulator
-
-
-def probe_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser()
-    probe.register(parser.add_subparsers())
-    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return sub.choices["probe"]
+from testkit.relay import MODES
+from testkit.smtp_relay import SMTP_MODES
 
 
 def bench(script: str, option: str) -> object:
@@ -72,11 +79,24 @@ def bench_constant(script: str, name: str) -> object:
     raise AssertionError(f"no {name} in bench/{script}")
 
 
+def triage_actions() -> set[str]:
+    """The actions triage takes: one copy, none, a dry run and a failed search."""
+    with closing(EngineRig(LEGAL, OTHER)) as rig:
+        in_review(rig, "one", copies=1)
+        in_review(rig, "none", copies=0)
+        seen = {item.action for item in services(rig).triage(by="ops", dry_run=True)}
+        seen |= {item.action for item in services(rig).triage(by="ops")}
+        rig.provider.fail_searches(1)
+        return seen | {item.action for item in services(rig).triage(by="ops")}
+
+
 GMAIL = GmailProviderSettings.model_fields
 GRAPH = GraphProviderSettings.model_fields
 CLIENT = inspect.signature(Client).parameters
 STORE = StoreSettings()
-PROBE = {o: a.default for a in probe_parser()._actions for o in a.option_strings}
+SUB = argparse.ArgumentParser().add_subparsers()
+probe.register(SUB)
+PROBE = {o: a.default for a in SUB.choices["probe"]._actions for o in a.option_strings}
 QUOTA = GMAIL["quota_units_per_second"].default
 GRACE = DaemonSettings.model_fields["deadline_grace"].default
 LEASE = Hook("h", "https://a/", "whsec_a", frozenset(), timeout=1.0).lease
@@ -90,7 +110,19 @@ SOAK_CONCURRENCY = int(
 )
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 EVENTSOURCING = re.search(r"eventsourcing\[postgres\]>=([\d.]+),", str(PROJECT["dependencies"]))[1]
-PYTHON = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"][2:]
+PYTHON = PROJECT["requires-python"][2:]
+MODELS = [*SECTIONS.items(), *(("providers.NAME", m) for m in KINDS.values())]
+SECRETS = {f"{p}.{f}" for p, m in MODELS for f in m.model_fields if f.endswith("_file")}
+DEMO = ast.parse((REPO / "src" / "daemon" / "tools" / "demo.py").read_text(encoding="utf-8"))
+DEMO_STRINGS = {n.value for n in ast.walk(DEMO) if isinstance(n, ast.Constant)}
+GRAPH_CONFIG = config_text("graph", parse_mailbox("you@example.com"))
+PERMISSIONS = re.findall(r"permissions (Mail\.\w+) and (Mail\.\w+) for `user`", GRAPH_CONFIG)[0]
+CHECKED = [f.name for f in dataclasses.fields(SendJob.Checked) if f.name != "timestamp"]
+SORTED_BY = {{"since": "age"}.get(s, s) for s in (s.lstrip("-") for s in SORTS)}
+EXIT_CODES = {v for k, v in vars(exit_codes).items() if k.startswith("EXIT_")} | {130}
+ROUTE_ROLE = {f"{m} {p}": r.value for (m, p), r in ROUTE_ROLES.items()} | {"/ui/": PAGE_ROLE.value}
+REASONS = {r.value: [MEANING[r], NEXT[r]] for r in EscalationReason}
+OWNED = {*extra_headers.OWNED_HEADERS, "content-*"} - {"message-id"}
 #: page | words with the figure as their one group | what it is (a Python expression).
 FIGURES = r"""
 cli.md | \(at most (\d+), each value | content.MAX_EXTRA_HEADERS
@@ -120,6 +152,8 @@ http-api.md | `retries` more times \(default (\d+)\) | CLIENT['retries'].default
 http-api.md | `backoff` seconds \(default ([\d.]+)\) | CLIENT['backoff'].default
 http-api.md | at most `max_backoff` \((\d+)\) | CLIENT['max_backoff'].default
 http-api.md | `timeout` \(default (\d+) s\) | CLIENT['timeout'].default
+configuration.md | list/get (\d+)\) | GMAIL_GET_UNITS
+configuration.md | \| `webhooks.NAME.events` \| all (\w+) \| | {7: 'seven'}[len(WEBHOOK_TYPES)]
 http-api.md | prints a fresh secret \((\d+) random bytes\) | 32
 http-api.md | lease in the store \(max\((\d+) s, 3 \u00d7 timeout\)\) | LEASE
 http-api.md | (\d+) ms at the very most | LOCK_WAIT_MS
@@ -175,6 +209,47 @@ README.md | eventsourcing.readthedocs.io/\) ([\d.]+) | EVENTSOURCING
 development.md | Requirements: Python >= ([\d.]+) | PYTHON
 """
 
+#: page | words with the list as their one group (split at commas, "or", "and"; its code
+#: spans if it has any) or as their groups | what it is: a list (in order), a set, `~= ` a
+#: set in any case, `<= ` a set the list is part of, `>= ` a set part of the list.
+LISTS = r"""
+review.md | sort by (\w+, \w+, \w+ or \w+); | SORTED_BY
+review.md | chart of (\w+) \(\w+\), (\w+), (\w+) and (\w+) \( | [s[0] for s in overview.SERIES]
+review.md | \(`action`: ([^)]+)\) | triage_actions()
+review.md | `Checked` event \(([^)]+)\) | [f for f in CHECKED if not f.startswith('originator')]
+configuration.md | settled for good \((\w+), (\w+),? (?:or )?(\w+) | {str(s) for s in FINAL_STATES}
+configuration.md | \| `webhooks.NAME.events` \| all \w+ \| (.*?) \| | set(WEBHOOK_TYPES)
+configuration.md | \*\*Files\.\*\* Every secret file \(([^)]+)\) | SECRETS
+configuration.md | (`SENDLEDGER_[A-Z_]+`) | >= set(environment.OTHER_VARIABLES)
+providers.md | \*Application\* permissions (`Mail\.\w+`) \(.*?\) and (`Mail\.\w+`) | PERMISSIONS
+providers.md | chosen by `kind` in `\[providers\.NAME\]`: (.*?); a table | list(_PROVIDER_TAGS)
+providers.md | (`https://[^`]+` and `https://[^`]+`) | SCOPES
+operations.md | OUTCOME column says (.*?); | <= DEMO_STRINGS
+operations.md | Relay modes: (.*?) A comma-separated | list(MODES)
+operations.md | Relay modes: (.*?) A comma-separated | >= set(demo.SEND_FAULTS)
+operations.md | behind the SMTP fault relay \(([^)]+)\) | list(SMTP_MODES)
+operations.md | behind the SMTP fault relay \(([^)]+)\) | set(demo.SMTP_FAULTS)
+operations.md | open jobs per state \(([^)]+)\) | [str(s) for s in OPEN_STATES]
+operations.md | `(circuit_\w+)` | <= set(DaemonSettings.model_fields)
+operations.md | reason `([a-z-]+)` | <= {r.value for r in EscalationReason}
+how-it-works.md | States shown to users: (.*?)\. | [s.value for s in JobState]
+cli.md | Required: ((?:`\w+`(?:,\s)?)+)\. | list(content.REQUIRED_FIELDS)
+cli.md | `\{"Name": "value"\}`: (.+?) \(at most | [*extra_headers.ALLOWED_HEADERS.values(), 'X-*']
+cli.md | \(`headers\.Message-ID: [^`]+`; also (.+?): use | ~= OWNED
+cli.md | display name with any of (.+?) must be in double | set(addresses._SPECIALS)
+"""
+#: page | section | the first cell of its table's header | its rows' first cells (a list in
+#: order or a set), or every row as {first cell: the next cell, or [all the other cells]}.
+TABLES = r"""
+cli.md | ### Exit codes | Code | {str(c) for c in EXIT_CODES}
+http-api.md | ### Roles | role | [role.value for role in Role]
+http-api.md | ### Roles | route | ROUTE_ROLE
+http-api.md | ## Webhooks | type | [entry.type for entry in WEBHOOK_EVENTS]
+http-api.md | ## Webhooks | `rejected` reason | list(REJECTED_CODES)
+review.md | ## Review: check, resend, triage, cancel | Reason | REASONS
+how-it-works.md | The job's events | event | set(EVENT_TYPES)
+"""
+
 
 def number(text: object) -> object:
     """A figure as a page writes it or as the code holds it, comparable: 2,000 and 2000.0
@@ -187,46 +262,69 @@ def number(text: object) -> object:
     return int(value) if value == int(value) else value
 
 
-ROWS = [line.split(" | ") for line in FIGURES.strip().splitlines()]
+FIGURE_ROWS, LIST_ROWS, TABLE_ROWS = (
+    [r.split(" | ") for r in t.strip().splitlines()] for t in (FIGURES, LISTS, TABLES)
+)
 
 
-@pytest.mark.parametrize(("name", "words", "value"), ROWS, ids=[r[1][:40] for r in ROWS])
-def test_each_figure_a_page_quotes_is_the_code_s(name: str, words: str, value: object) -> None:
-    found = re.findall(words, flat(page(name)))
-    assert found, f"{name}: no {words!r}: reworded? then change FIGURES"
-    assert {number(f) for f in found} == {number(eval(value))}, (name, words, value)
+def found(name: str, words: str) -> list[str | tuple[str, ...]]:
+    hits = re.findall(words, flat(page(name)))
+    assert hits, f"{name}: no {words!r}: reworded? then change the table"
+    return hits
 
 
-def test_the_lists_a_page_writes_in_prose_are_the_code_s() -> None:
-    review = flat(page("review.md"))
-    sorts = re.search(r"sort by (\w+), (\w+), (\w+) or (\w+);", review)
-    shown = {"since": "age", "key": "key", "reason": "reason", "channel": "channel"}
-    assert sorts and set(sorts.groups()) == {shown[s.lstrip("-")] for s in SORTS}
-    chart = re.search(r"chart of (\w+) \(\w+\), (\w+), (\w+) and (\w+) \(", review)
-    assert chart and list(chart.groups()) == [name for name, _, _ in overview.SERIES]
-    configuration = flat(page("configuration.md"))
-    settled = re.findall(r"settled for good \((\w+), (\w+),? (?:or )?(\w+)", configuration)
-    assert settled and all(set(words) == {str(s) for s in FINAL_STATES} for words in settled)
-    row = next(
-        r for r in page("configuration.md").splitlines() if r.startswith("| `webhooks.NAME.events`")
-    )
-    assert set(re.findall(r"`([a-z]+)`", row.split("|")[3])) == set(WEBHOOK_TYPES)
-    count = ("six", "seven", "eight").index(row.split("|")[2].strip().removeprefix("all ")) + 6
-    assert count == len(WEBHOOK_TYPES)  # the default, "all seven"
-    assert GMAIL_GET_UNITS == GMAIL_LIST_UNITS  # "list/get": one figure for both
-    graph = (
-        flat(page("providers.md"))
-        .split("*Application* permissions", 1)[1]
-        .split(", then *Grant")[0]
-    )
-    written = config_text("graph", parse_mailbox("you@example.com"))
-    permissions = re.findall(r"`(Mail\.\w+)`", graph)
-    assert permissions and f"permissions {' and '.join(permissions)} for `user`" in written
-    grace = DaemonSettings.model_fields["deadline_grace"].default
-    assert grace >= 2 * GRAPH["timeout"].default + GRAPH["confirm_wait"].default
-    for outcome in CODE.findall(
-        flat(page("operations.md")).split("OUTCOME column says", 1)[1].split(";")[0]
-    ):
-        assert f'"{outcome}"' in (REPO / "src" / "daemon" / "tools" / "demo.py").read_text(), (
-            outcome
-        )
+@pytest.mark.parametrize(
+    ("name", "words", "value"), FIGURE_ROWS, ids=[r[1][:40] for r in FIGURE_ROWS]
+)
+def test_each_figure_a_page_quotes_is_the_code_s(name: str, words: str, value: str) -> None:
+    written, code = {number(f) for f in found(name, words)}, number(eval(value))
+    assert written == {code}, f"{name}: {words!r} says {written}, the code {value} is {code}"
+
+
+def items(hit: str | tuple[str, ...]) -> list[str]:
+    """A list as written: its groups, or its code spans, or its words between commas."""
+    if isinstance(hit, tuple):
+        return [i for group in hit for i in items(group)]
+    return CODE.findall(hit) or [w for w in re.split(r",?\s+(?:or|and)\s+|,\s*", hit) if w]
+
+
+def differs(where: str, written: list[str] | dict[str, list[str]], value: str) -> str | None:
+    """What is wrong with a list a page writes against LISTS' or TABLES' `value`."""
+    op, expression = value.split(" ", 1) if value[:3] in ("<= ", ">= ", "~= ") else ("", value)
+    code = eval(expression)
+    if isinstance(code, dict):  # a table's rows: their first cell, or every cell
+        whole = isinstance(next(iter(code.values())), list)
+        rows = {k: cells if whole else cells[0] for k, cells in dict(written).items()}
+        wrong = {
+            k: (rows.get(k), code.get(k)) for k in {*rows, *code} if rows.get(k) != code.get(k)
+        }
+        return f"{where}: (page, code) differ at {wrong}" if wrong else None
+    written = list(written)
+    if op == "~=":
+        written, code = [w.lower() for w in written], {str(c).lower() for c in code}
+    if op or isinstance(code, set | frozenset):
+        shown, code = set(written), {str(c) for c in code}
+        ok = {"": shown == code, "~=": shown == code, "<=": shown <= code, ">=": shown >= code}
+        ok = ok[op]
+    else:
+        code = [str(c) for c in code]
+        ok = written == code
+    more, fewer = sorted(set(written) - set(code)), sorted(set(code) - set(written))
+    return None if ok else f"{where} {written}: {more} more, {fewer} fewer than {op} {expression}"
+
+
+@pytest.mark.parametrize(("name", "words", "value"), LIST_ROWS, ids=[r[1][:40] for r in LIST_ROWS])
+def test_the_lists_a_page_writes_in_prose_are_the_code_s(name: str, words: str, value: str) -> None:
+    written = [i for hit in found(name, words) for i in items(hit)]
+    assert not (wrong := differs(f"{name}: {words!r} lists", written, value)), wrong
+
+
+@pytest.mark.parametrize(("name", "heading", "first", "value"), TABLE_ROWS, ids=lambda v: v[:20])
+def test_each_table_s_rows_are_the_code_s(name: str, heading: str, first: str, value: str) -> None:
+    where = f"{name} {heading!r}, table {first!r}"
+    assert not (wrong := differs(where, keyed(section(name, heading), first), value)), wrong
+
+
+def test_the_defaults_the_pages_add_up_hold() -> None:
+    # providers.md: "keep daemon.deadline_grace at least 2 x timeout + confirm_wait".
+    assert 2 * GRAPH["timeout"].default + GRAPH["confirm_wait"].default <= GRACE

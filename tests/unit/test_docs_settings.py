@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
-from tests.unit.docs_page import CODE, keyed, page, section, table
+from tests.unit.docs_page import CODE, flat, keyed, page, section, table
 
 from daemon.config import environment
 from daemon.config.settings import (
@@ -106,30 +106,30 @@ def errors_at(model: type[BaseModel], field: str, value: object, **more: object)
     return []
 
 
-def check_default(model: type[BaseModel], field: str, cell: str) -> None:
+def check_default(model: type[BaseModel], field: str, cell: str, where: str) -> None:
     """The default a row writes is the model's: `required`, words of WORDS, another
     field's name (its value), or one `value` as the config writes it."""
     info = model.model_fields[field]
-    if cell == "required":
-        assert info.is_required(), f"{field} has a default"
-        return
-    assert not info.is_required(), f"{field} is required"
-    default = info.get_default(call_default_factory=True)
+    default = None if info.is_required() else info.get_default(call_default_factory=True)
+    said = f"{where}: {field} written {cell!r}, the model's default is "
+    said += "required" if info.is_required() else repr(default)
     named = re.fullmatch(r"`([a-z_]+)`", cell)
-    if cell in WORDS:
-        assert default in WORDS[cell], (field, default)
+    if cell == "required" or info.is_required():
+        assert cell == "required" and info.is_required(), said
+    elif cell in WORDS:
+        assert default in WORDS[cell], said
     elif named and named.group(1) in model.model_fields:  # `search_after`, `concurrency`
         given = validated(model)  # unset: the other's value, now or when it is used
-        assert default is None and getattr(given, field) in (None, getattr(given, named[1]))
+        assert default is None and getattr(given, field) in (None, getattr(given, named[1])), said
     else:
         value = re.fullmatch(r"`([^`]+)`(?: \([^)]*\))?", cell)
-        assert value, f"{field}: write {cell!r} as one `value`, or add its words to WORDS"
+        assert value, f"{where}: {field}: write {cell!r} as one `value`, or add it to WORDS"
         try:
             written = tomllib.loads(f"v = {value.group(1)}")["v"]
         except tomllib.TOMLDecodeError:
             written = value.group(1)
         expected = None if default is None else getattr(validated(model, **{field: default}), field)
-        assert getattr(validated(model, **{field: written}), field) == expected, (field, cell)
+        assert getattr(validated(model, **{field: written}), field) == expected, said
 
 
 def amount(text: str) -> float:
@@ -153,11 +153,11 @@ def number_types(annotation: Any) -> set[Any]:
 RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at most) ([^\s,]+)")
 
 
-def check_range(model: type[BaseModel], field: str, text: str) -> None:
+def check_range(model: type[BaseModel], field: str, text: str, where: str) -> None:
     """`low to high` (`above low, at most high`) or `(low..high)`: both ends taken, just
     outside each refused."""
     found = RANGE.match(text) or re.search(r"\((\d+)\.\.(\d+s?)\)", text)
-    assert found, text
+    assert found, f"{where}: {field}: no range in {text!r}"
     above, low, high = found.groups() if len(found.groups()) == 3 else (None, *found.groups())
     low_value, high_value = amount(low), amount(high)
     whole = text.startswith("whole") or number_types(model.model_fields[field].annotation) == {int}
@@ -170,23 +170,22 @@ def check_range(model: type[BaseModel], field: str, text: str) -> None:
     if field == "history_after":
         more = {"search_after": "7d"}  # it must be shorter than search_after
 
-    def number(value: float) -> float:
-        return int(value) if whole else value
+    def refused(value: float) -> bool:
+        return bool(errors_at(model, field, int(value) if whole else value, **more))
 
-    assert errors_at(model, field, number(high_value), **more) == [], (field, high)
-    assert errors_at(model, field, number(high_value + step), **more), (field, "above", high)
-    if above:
-        assert errors_at(model, field, number(low_value), **more), (field, "at", low)
-    else:
-        assert errors_at(model, field, number(low_value), **more) == [], (field, low)
-        assert errors_at(model, field, number(low_value - step), **more), (field, "below", low)
+    said = f"{where}: {field} written {text!r}, the model"
+    assert not refused(high_value), f"{said} refuses {high}"
+    assert refused(high_value + step), f"{said} takes more than {high}"
+    assert refused(low_value) if above else not refused(low_value), f"{said} differs at {low}"
+    assert above or refused(low_value - step), f"{said} takes less than {low}"
 
 
-def check_choices(model: type[BaseModel], field: str, cell: str) -> None:
+def check_choices(model: type[BaseModel], field: str, cell: str, where: str) -> None:
     annotation = model.model_fields[field].annotation
     if typing.get_origin(annotation) is typing.Literal and field != "kind":
         choices = {str(choice) for choice in typing.get_args(annotation)}
-        assert choices <= {c.strip('"') for c in CODE.findall(cell)}, (field, cell)
+        missing = choices - {c.strip('"') for c in CODE.findall(cell)}
+        assert not missing, f"{where}: {field} does not name the model's choices {missing}"
 
 
 # -- docs/configuration.md ------------------------------------------------------------------
@@ -223,8 +222,8 @@ def test_every_setting_has_one_row_with_its_default_and_choices() -> None:
     for kind, key, (default, meaning) in rows:
         found = field_of(key, kind or "gmail")
         assert found, key
-        check_default(*found, default)
-        check_choices(*found, meaning)
+        check_default(*found, default, f"configuration.md, row {key}")
+        check_choices(*found, meaning, f"configuration.md, row {key}")
     kinds = next(cells for kind, key, cells in rows if key == "providers.NAME.kind")
     assert set(CODE.findall(kinds[1])) >= set(KINDS)
 
@@ -237,7 +236,7 @@ def test_every_count_size_and_duration_has_its_range() -> None:
             found = {f for kind in kinds if (f := field_of(key, kind))}
             assert found, key
             for model, field in found:
-                check_range(model, field, row[1])
+                check_range(model, field, row[1], "configuration.md, range table")
                 ranged.append((model, field))
     numeric = {
         (model, field)
@@ -258,13 +257,8 @@ def test_every_key_a_page_names_exists() -> None:
 
 
 def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
-    text = page("configuration.md")
-    files = next(p for p in text.split("\n- ") if p.startswith("**Files.**"))
-    secret = {f"{p}.{f}" for p, m in SECTIONS.items() for f in m.model_fields}
-    secret |= {f"providers.NAME.{f}" for m in KINDS.values() for f in m.model_fields}
-    secret = {key for key in secret if key.endswith("_file")}
-    assert set(re.findall(r"`((?:[a-zA-Z]+\.)+[a-z_]+_file)`", files)) == secret
-    kept = " ".join(text.split("the job index keeps", 1)[1].split(")", 1)[0].split())
+    """The secret files and the variables read: test_docs_figures.py's LISTS."""
+    kept = flat(page("configuration.md")).split("the job index keeps", 1)[1].split(")", 1)[0]
     said = {"key": "key", "job_id": "key", "channel": "channel", "state": "state"}
     said |= {"message_id": "Message-ID", "version": "version", "attempts": "attempt count"}
     said |= {"reason": "reason"} | dict.fromkeys(("due_at", "created_at", "updated_at"), "times")
@@ -273,8 +267,6 @@ def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
     said["mailbox"] = "From mailbox as a digest"  # keyed by the store's key: no address
     assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
     assert all(word in kept for word in said.values()), kept
-    for name in environment.OTHER_VARIABLES:
-        assert f"`{name}`" in text
     assert environment.unknown_variable({"SENDLEDGER_STOR__URL": "x"}, DaemonSettings)
     library = section("configuration.md", "### Only sendledger's settings configure the store")
     named = set(re.findall(r"`([A-Z][A-Z_]+\*?)`", library)) - {APPLICATION_PREFIX}
@@ -287,24 +279,23 @@ def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("title", "kind"),
-    [("Gmail keys", "gmail"), ("SMTP + IMAP setup", "smtp-imap"), ("Graph keys", "graph")],
+    ("name", "title", "first", "model", "prefix"),
+    [
+        ("providers.md", "Gmail keys", None, GmailProviderSettings, ""),
+        ("providers.md", "SMTP + IMAP setup", None, SmtpImapProviderSettings, ""),
+        ("providers.md", "Graph keys", None, GraphProviderSettings, ""),
+        ("http-api.md", "## HTTP API", "key", ApiSettings, "api."),
+    ],
 )
-def test_each_kind_s_key_table_is_its_settings(title: str, kind: str) -> None:
-    model = KINDS[kind]
-    rows = keyed(section("providers.md", title, until=3))
-    assert set(rows) == set(model.model_fields) - {"kind"}
-    for field, (default, meaning) in rows.items():
-        check_default(model, field, default)
+def test_each_kind_s_key_table_is_its_settings(
+    name: str, title: str, first: str | None, model: type[BaseModel], prefix: str
+) -> None:
+    rows = keyed(section(name, title, until=3), first)
+    assert set(rows) == {prefix + field for field in model.model_fields} - {"kind"}
+    for key, (default, meaning) in rows.items():
+        check_default(model, key.removeprefix(prefix), default, f"{name} {title!r}")
         if re.search(r"\(\d+\.\.\d+s?\)", meaning):
-            check_range(model, field, meaning)
-
-
-def test_the_api_keys_are_the_api_settings() -> None:
-    rows = keyed(section("http-api.md", "## HTTP API"), "key")
-    assert set(rows) == {f"api.{field}" for field in ApiSettings.model_fields}
-    for key, (default, _meaning) in rows.items():
-        check_default(ApiSettings, key.removeprefix("api."), default)
+            check_range(model, key.removeprefix(prefix), meaning, f"{name} {title!r}")
 
 
 def test_the_webhook_example_names_every_setting_with_its_default() -> None:
@@ -315,7 +306,7 @@ def test_the_webhook_example_names_every_setting_with_its_default() -> None:
         example[key] = rest.split("  #")[0].strip()
     assert set(example) == set(WebhookSettings.model_fields)
     for key in set(example) - {"url", "secret_file"}:
-        check_default(WebhookSettings, key, f"`{example[key]}`")
+        check_default(WebhookSettings, key, f"`{example[key]}`", "http-api.md's webhook example")
 
 
 # -- docs/policies.md -----------------------------------------------------------------------
@@ -330,7 +321,7 @@ def test_the_policy_table_is_every_field_in_order_with_its_default_range_and_cho
         if default == "the file's stem":  # the loader's, from the file name
             assert name == "channel"
         else:
-            check_default(ChannelPolicy, name, default)
+            check_default(ChannelPolicy, name, default, "policies.md, field table")
         if re.match(r"\S+ to \S+", takes):
-            check_range(ChannelPolicy, name, takes)
-        check_choices(ChannelPolicy, name, takes)
+            check_range(ChannelPolicy, name, takes, "policies.md, field table")
+        check_choices(ChannelPolicy, name, takes, "policies.md, field table")
