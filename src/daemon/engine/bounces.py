@@ -50,6 +50,7 @@ from ledger.delivery_reports import (
 from ledger.job import BounceRefused, SendJob, bounce_recipients
 from ledger.vocabulary import JobState
 from policies import decisions
+from policies.model import ChannelPolicy
 
 log = logging.getLogger("sendledger.engine")
 
@@ -83,7 +84,8 @@ class MailboxRead:
     channels: frozenset[str]
     lookback: float  # seconds: the longest `watch_bounces` of its channels
     mailbox: str  # the index's `mailbox` of its From (`Ledger.mailbox_of`)
-    lease_scope: str  # the quota scope daemons lease it by (`Provider.scope_of`)
+    address: str  # its From, which names the quota scope daemons lease it by
+    policy: ChannelPolicy  # of its first channel: whose provider names that scope
 
 
 @dataclass
@@ -107,10 +109,11 @@ class BounceWatch:
         *,
         interval: float,
         sends_waiting: Callable[[str], int],
-        may_read: Callable[[str, datetime], bool] | None = None,
+        may_read: Callable[[ChannelPolicy | None, str, datetime], bool] | None = None,
     ) -> None:
-        """`may_read(scope, now)`: whether this daemon may call for that quota scope now
-        (it owns it, `owners.py`); None: it works for every scope."""
+        """`may_read(policy, from_addr, now)`: whether this daemon may call now for the
+        quota scope of that From (it owns it: `OurScopes.may_call`, the one place a From's
+        scope is named); None: it works for every scope."""
         self._may_read = may_read
         self._ledger = ledger
         self._policies = policies
@@ -164,7 +167,7 @@ class BounceWatch:
             return list(self._reads)
 
     def _ours(self, read: MailboxRead, now: datetime) -> bool:
-        return self._may_read is None or self._may_read(read.lease_scope, now)
+        return self._may_read is None or self._may_read(read.policy, read.address, now)
 
     def _watched(self) -> list[MailboxRead]:
         """Each watched (channel, mailbox) mapped to its provider's view and merged by
@@ -185,14 +188,14 @@ class BounceWatch:
             scope = view.scope()
             known = merged.get(scope)
             if known is None:
-                mailbox = self._ledger.mailbox_of(address)
                 merged[scope] = MailboxRead(
                     scope,
                     view,
                     frozenset({watched.channel}),
                     policy.watch_bounces,
-                    mailbox,
-                    provider.scope_of(mailbox),
+                    self._ledger.mailbox_of(address),
+                    address,
+                    policy,
                 )
             else:
                 known.channels |= {watched.channel}

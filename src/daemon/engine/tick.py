@@ -229,7 +229,7 @@ class Engine:
             self.observer,
             interval=bounce_interval,
             sends_waiting=self._sends.waiting,
-            may_read=None if self.owners is None else self.owners.may_call,
+            may_read=None if self.owners is None else self.scopes.may_call,
         )
 
     def stop(self) -> None:
