@@ -61,8 +61,8 @@ class Channel:
 def _run_daemon(
     tmp_path: Path, servers: MailServers, channels: dict[str, Channel], *, concurrency: int
 ) -> tuple[dict[str, SmtpFaultRelay], dict[str, dict[str, object]], str]:
-    """Every job of every channel submitted, the daemon run until all are confirmed (or
-    30 s), then stopped: the relays, each job's status and the daemon's log."""
+    """Every job of every channel submitted, the daemon run until each is confirmed or in
+    review (or 40 s), then stopped: the relays, each job's status and the daemon's log."""
     relays = {
         name: SmtpFaultRelay("127.0.0.1", servers.smtp_port, modes=c.modes, hang_seconds=3.0)
         for name, c in channels.items()
@@ -113,8 +113,9 @@ def _run_daemon(
                         row.key: {"state": row.state, "message_id": row.message_id}
                         for row in ledger.jobs()
                     }
+                    # Review is settled too (a refusal for good): the caller counts them.
                     if len(states) == len(keys) and all(
-                        s["state"] == "confirmed" for s in states.values()
+                        s["state"] in ("confirmed", "review") for s in states.values()
                     ):
                         break
                     time.sleep(0.3)
