@@ -22,7 +22,15 @@ from typing import Any
 
 import pytest
 from tests.e2e.daemon_kit import RETRY_POLICY, SENDLEDGER, Rig, api_section, job
-from tests.e2e.test_crash_matrix import MODES, POINTS, POLICY, matrix_row
+from tests.e2e.test_crash_matrix import (
+    LAG,
+    MATRIX_DAEMON,
+    MATRIX_POLICY,
+    MODES,
+    POINTS,
+    POLICY,
+    matrix_row,
+)
 
 from ledger.application import Ledger
 from testkit.graph_emulator import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
@@ -54,7 +62,9 @@ class GraphRig(Rig):
         concurrency: int = 1,
         relay_options: Mapping[str, Any] | None = None,
         api_port: int | None = None,
+        daemon_extra: str = "",
     ) -> None:
+        """`daemon_extra`: TOML lines added to `[daemon]`."""
         self.dir = folder
         self.dir.mkdir(parents=True, exist_ok=True)
         self.acceptance_log = folder / "acceptance.jsonl"
@@ -88,6 +98,7 @@ class GraphRig(Rig):
                 timeout=timeout,
                 deadline_grace=deadline_grace,
                 concurrency=concurrency,
+                daemon_extra=daemon_extra,
             )
             + api_section(folder, api_port),
             encoding="utf-8",
@@ -115,12 +126,13 @@ def graph_config(
     tenant_id: str = DEFAULT_TENANT,
     client_id: str = DEFAULT_CLIENT_ID,
     secret_file: str = "client-secret",
+    daemon_extra: str = "",
 ) -> str:
     return (
         '[store]\nurl = "sqlite:///ledger.sqlite"\n\n'
         '[daemon]\ntick = "100ms"\npolicies_dir = "policies"\n'
         f"concurrency = {concurrency}\n"
-        f'deadline_grace = "{deadline_grace}"\n\n'
+        f'deadline_grace = "{deadline_grace}"\n{daemon_extra}\n'
         '[providers.graph]\nkind = "graph"\n'
         f'tenant_id = "{tenant_id}"\nclient_id = "{client_id}"\n'
         f'client_secret_file = "{secret_file}"\n'
@@ -143,7 +155,10 @@ def results() -> Iterator[dict[tuple[str, str], str]]:
 def test_graph_crash_point_by_relay_mode(
     point: str, tmp_path: Path, results: dict[tuple[str, str], str]
 ) -> None:
-    with GraphRig(tmp_path) as rig:
+    policy = {**MATRIX_POLICY, "provider": "graph"}
+    with GraphRig(
+        tmp_path, lag=LAG, daemon_extra=MATRIX_DAEMON, policies={"receipts": policy}
+    ) as rig:
         wrong = matrix_row(rig, point, MODES, UNKNOWN_OUTCOME, results, env=rig.trust)
         assert wrong == [], "\n".join(wrong)
 
