@@ -613,7 +613,9 @@ class ForkServer:
             request = {"id": ident, "argv": argv, "cwd": str(cwd), "log": str(log), **more}
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
-        return started.result(timeout=30)
+        # The first request waits for the server's imports too: 20 s and more on a loaded
+        # machine, when the two workers' servers start at once.
+        return started.result(timeout=90)
 
     def exited(self, pid: int, timeout: float) -> tuple[int, float]:
         """(exit code, when) of a child; TimeoutError while it still runs."""
