@@ -6,6 +6,9 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID
+
+from tests.unit.jobs import replay
 
 from daemon.bootstrap import Service, bootstrap
 from daemon.config.settings import settings_from_dict
@@ -14,7 +17,7 @@ from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder, TickReport
 from ledger.application import Ledger
 from ledger.content import JobContent, parse_job
-from ledger.job import SendJob
+from ledger.job import SendJob, job_id_for
 from policies.loader import PolicySet
 from policies.model import ChannelPolicy
 
@@ -90,6 +93,8 @@ class EngineRig:
             }
         )
         self.concurrency = concurrency
+        self._read: dict[str, tuple[SendJob, list[Any]]] = {}
+        self._ids: dict[str, UUID] = {}
         self.service = self.new_service()
         self.engine = self.service.engine
 
@@ -146,6 +151,25 @@ class EngineRig:
 
     def job(self, key: str) -> SendJob:
         return self.ledger.get_job(key)
+
+    def read(self, key: str) -> tuple[SendJob, list[Any]]:
+        """The job `key` and its history as the store has them, for a caller that only
+        reads them (a state machine's invariants, after every step): decoded from the store
+        again only when it holds a newer event of the job than the last read (events are
+        only appended; a purge rewrites them in the transaction that appends Purged), so
+        each job is decoded once per change instead of once per read. UnknownJob as
+        `Ledger.history`."""
+        job_id = self._ids.get(key)
+        if job_id is None:
+            job_id = self._ids[key] = job_id_for(key)
+        last = self.ledger.recorder.select_events(job_id, desc=True, limit=1)
+        known = self._read.get(key)
+        if known is not None and last and known[0].version == last[0].originator_version:
+            return known
+        events = self.ledger.history(key)
+        # The job as `Ledger.get_job` projects it, from the events just read.
+        self._read[key] = found = (replay(events), events)
+        return found
 
     def events(self, key: str) -> list[str]:
         return [type(event).__name__ for event in self.ledger.history(key)]

@@ -123,8 +123,7 @@ class HistoryMachine(EngineMachine):
         provider = self.history
         stored = {copy.provider_message_id: copy.message_id for copy in provider.copies}
         for key in self.keys:
-            job = self.r.job(key)
-            events = self.r.ledger.history(key)
+            job, events = self.r.read(key)
             check_history(
                 job,
                 events,
