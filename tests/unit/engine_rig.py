@@ -3,7 +3,9 @@ files. Shared by the engine's unit tests and its state-machine test."""
 
 from __future__ import annotations
 
+import functools
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -11,7 +13,7 @@ from uuid import UUID
 from tests.unit.jobs import replay
 
 from daemon.bootstrap import Service, bootstrap
-from daemon.config.settings import settings_from_dict
+from daemon.config.settings import Settings, settings_from_dict
 from daemon.doubles.fake_provider import FakeProvider
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder, TickReport
@@ -64,6 +66,26 @@ def claimed_by(ledger: Ledger, key: str, daemon: str) -> SendJob:
     return job
 
 
+@functools.lru_cache(maxsize=8)
+def rig_settings(concurrency: int) -> Settings:
+    """The daemon's own settings, so the engine is wired as `run` wires it (bootstrap):
+    provider "fake" with TIMEOUT, GRACE, the other engine settings at their defaults.
+    Frozen, so one per concurrency serves every rig (a state machine makes one per example)."""
+    return settings_from_dict(
+        {
+            "store": {"url": "memory://"},
+            "daemon": {"concurrency": concurrency, "deadline_grace": GRACE, "name": DAEMON},
+            "providers": {
+                "fake": {
+                    "credentials_file": "x.json",  # never read: the fake replaces it
+                    "user": "support@example.com",
+                    "timeout": TIMEOUT,
+                }
+            },
+        }
+    )
+
+
 class EngineRig:
     def __init__(
         self,
@@ -71,27 +93,19 @@ class EngineRig:
         index_lag: float = 0.0,
         seed: int = 0,
         concurrency: int = 2,
+        provider: Callable[[FakeClock], FakeProvider] | None = None,
     ) -> None:
+        """`provider`: makes the rig's provider on its clock (default: a FakeProvider with
+        `index_lag`), before the engine is built on it."""
         self.clock = FakeClock(datetime(2026, 11, 1, 9, 0, tzinfo=UTC))
         self.ledger = Ledger("memory://", clock=self.clock)
-        self.provider = FakeProvider("fake", clock=self.clock, index_lag=index_lag)
+        if provider is None:
+            self.provider = FakeProvider("fake", clock=self.clock, index_lag=index_lag)
+        else:
+            self.provider = provider(self.clock)
         self.policies = PolicySet({p.channel: p for p in policies})
         self.seed = seed
-        # The daemon's own settings, so the engine is wired as `run` wires it (bootstrap):
-        # provider "fake" with TIMEOUT, GRACE, the other engine settings at their defaults.
-        self.settings = settings_from_dict(
-            {
-                "store": {"url": "memory://"},
-                "daemon": {"concurrency": concurrency, "deadline_grace": GRACE, "name": DAEMON},
-                "providers": {
-                    "fake": {
-                        "credentials_file": "x.json",  # never read: the fake replaces it
-                        "user": "support@example.com",
-                        "timeout": TIMEOUT,
-                    }
-                },
-            }
-        )
+        self.settings = rig_settings(concurrency)
         self.concurrency = concurrency
         self._read: dict[str, tuple[SendJob, list[Any]]] = {}
         self._ids: dict[str, UUID] = {}

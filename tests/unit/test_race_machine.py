@@ -88,11 +88,12 @@ class RaceMachine(RuleBasedStateMachine):
         seed=st.integers(0, 3),
     )
     def start(self, kind: str, focus: str, lag: float, seed: int) -> None:
-        rig = EngineRig(*POLICIES, index_lag=lag, seed=seed, concurrency=2)
-        rig.engine.close()
-        rig.provider = KINDS[kind]("fake", clock=rig.clock, index_lag=lag)
-        rig.engine = rig.new_engine()
-        self.rig = rig
+        self.rig = EngineRig(
+            *POLICIES,
+            seed=seed,
+            concurrency=2,
+            provider=lambda clock: KINDS[kind]("fake", clock=clock, index_lag=lag),
+        )
         self.kind = kind
         self.focus = focus
         self.lag = lag
