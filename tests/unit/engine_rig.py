@@ -3,18 +3,23 @@ files. Shared by the engine's unit tests and its state-machine test."""
 
 from __future__ import annotations
 
+import functools
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID
+
+from tests.unit.jobs import replay
 
 from daemon.bootstrap import Service, bootstrap
-from daemon.config.settings import settings_from_dict
+from daemon.config.settings import Settings, settings_from_dict
 from daemon.doubles.fake_provider import FakeProvider
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder, TickReport
 from ledger.application import Ledger
 from ledger.content import JobContent, parse_job
-from ledger.job import SendJob
+from ledger.job import SendJob, job_id_for
 from policies.loader import PolicySet
 from policies.model import ChannelPolicy
 
@@ -61,6 +66,26 @@ def claimed_by(ledger: Ledger, key: str, daemon: str) -> SendJob:
     return job
 
 
+@functools.lru_cache(maxsize=8)
+def rig_settings(concurrency: int) -> Settings:
+    """The daemon's own settings, so the engine is wired as `run` wires it (bootstrap):
+    provider "fake" with TIMEOUT, GRACE, the other engine settings at their defaults.
+    Frozen, so one per concurrency serves every rig (a state machine makes one per example)."""
+    return settings_from_dict(
+        {
+            "store": {"url": "memory://"},
+            "daemon": {"concurrency": concurrency, "deadline_grace": GRACE, "name": DAEMON},
+            "providers": {
+                "fake": {
+                    "credentials_file": "x.json",  # never read: the fake replaces it
+                    "user": "support@example.com",
+                    "timeout": TIMEOUT,
+                }
+            },
+        }
+    )
+
+
 class EngineRig:
     def __init__(
         self,
@@ -68,28 +93,22 @@ class EngineRig:
         index_lag: float = 0.0,
         seed: int = 0,
         concurrency: int = 2,
+        provider: Callable[[FakeClock], FakeProvider] | None = None,
     ) -> None:
+        """`provider`: makes the rig's provider on its clock (default: a FakeProvider with
+        `index_lag`), before the engine is built on it."""
         self.clock = FakeClock(datetime(2026, 11, 1, 9, 0, tzinfo=UTC))
         self.ledger = Ledger("memory://", clock=self.clock)
-        self.provider = FakeProvider("fake", clock=self.clock, index_lag=index_lag)
+        if provider is None:
+            self.provider = FakeProvider("fake", clock=self.clock, index_lag=index_lag)
+        else:
+            self.provider = provider(self.clock)
         self.policies = PolicySet({p.channel: p for p in policies})
         self.seed = seed
-        # The daemon's own settings, so the engine is wired as `run` wires it (bootstrap):
-        # provider "fake" with TIMEOUT, GRACE, the other engine settings at their defaults.
-        self.settings = settings_from_dict(
-            {
-                "store": {"url": "memory://"},
-                "daemon": {"concurrency": concurrency, "deadline_grace": GRACE, "name": DAEMON},
-                "providers": {
-                    "fake": {
-                        "credentials_file": "x.json",  # never read: the fake replaces it
-                        "user": "support@example.com",
-                        "timeout": TIMEOUT,
-                    }
-                },
-            }
-        )
+        self.settings = rig_settings(concurrency)
         self.concurrency = concurrency
+        self._read: dict[str, tuple[SendJob, list[Any]]] = {}
+        self._ids: dict[str, UUID] = {}
         self.service = self.new_service()
         self.engine = self.service.engine
 
@@ -146,6 +165,25 @@ class EngineRig:
 
     def job(self, key: str) -> SendJob:
         return self.ledger.get_job(key)
+
+    def read(self, key: str) -> tuple[SendJob, list[Any]]:
+        """The job `key` and its history as the store has them, for a caller that only
+        reads them (a state machine's invariants, after every step): decoded from the store
+        again only when it holds a newer event of the job than the last read (events are
+        only appended; a purge rewrites them in the transaction that appends Purged), so
+        each job is decoded once per change instead of once per read. UnknownJob as
+        `Ledger.history`."""
+        job_id = self._ids.get(key)
+        if job_id is None:
+            job_id = self._ids[key] = job_id_for(key)
+        last = self.ledger.recorder.select_events(job_id, desc=True, limit=1)
+        known = self._read.get(key)
+        if known is not None and last and known[0].version == last[0].originator_version:
+            return known
+        events = self.ledger.history(key)
+        # The job as `Ledger.get_job` projects it, from the events just read.
+        self._read[key] = found = (replay(events), events)
+        return found
 
     def events(self, key: str) -> list[str]:
         return [type(event).__name__ for event in self.ledger.history(key)]

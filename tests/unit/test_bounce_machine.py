@@ -90,7 +90,7 @@ class BounceMachine(RuleBasedStateMachine):
     def operator_resolves(self, pick: int, resolution: Resolution) -> None:
         # Which jobs are in review depends on two daemons' threads: the job is drawn by an
         # index alike every run, so a replay draws what the first run drew.
-        in_review = [k for k in self.keys if self.r.job(k).state is JobState.REVIEW]
+        in_review = [k for k in self.keys if self.r.read(k)[0].state is JobState.REVIEW]
         if not in_review:
             return
         key = in_review[pick % len(in_review)]
@@ -108,7 +108,7 @@ class BounceMachine(RuleBasedStateMachine):
             return
         check_jobs(self.r, self.keys, self.genuine)
         for key in self.keys:
-            assert self.r.ledger.row(key) == index_row(self.r.job(key)), key
+            assert self.r.ledger.row(key) == index_row(self.r.read(key)[0]), key
 
     def teardown(self) -> None:
         if self.rig is None:
@@ -119,12 +119,12 @@ class BounceMachine(RuleBasedStateMachine):
             for _ in range(48):
                 self.r.clock.advance(1800)
                 self.r.engine.tick()
-                jobs = [self.r.job(key) for key in self.keys]
+                jobs = [self.r.read(key)[0] for key in self.keys]
                 if all(job.settled and job.watch_until is None for job in jobs):
                     break
             self.histories_keep_the_invariants()
             for key in self.keys:
-                job = self.r.job(key)
+                job, _ = self.r.read(key)
                 assert job.settled and job.watch_until is None, (key, job.state)
                 if job.state is JobState.CONFIRMED:
                     assert job.due_at is None and job.purgeable, key

@@ -19,13 +19,13 @@ from ledger.vocabulary import ConfirmedVia, JobState
 
 
 def drafts_rig(lag: float, seed: int, *, replaces: bool) -> EngineRig:
-    rig = EngineRig(*POLICIES, index_lag=lag, seed=seed)
-    rig.engine.close()
-    rig.provider = FakeDraftsProvider(
-        "fake", clock=rig.clock, index_lag=lag, replaces_message_id=replaces
+    return EngineRig(
+        *POLICIES,
+        seed=seed,
+        provider=lambda clock: FakeDraftsProvider(
+            "fake", clock=clock, index_lag=lag, replaces_message_id=replaces
+        ),
     )
-    rig.engine = rig.new_engine()
-    return rig
 
 
 class DraftsMachine(EngineMachine):

@@ -36,11 +36,11 @@ class GraphLikeProvider(FakeProvider):
 class GraphLikeMachine(EngineMachine):
     @initialize(lag=st.sampled_from(LAGS), seed=st.integers(0, 3))
     def start(self, lag: float, seed: int) -> None:
-        rig = EngineRig(*POLICIES, index_lag=lag, seed=seed)
-        rig.engine.close()
-        rig.provider = GraphLikeProvider("fake", clock=rig.clock, index_lag=lag)
-        rig.engine = rig.new_engine()
-        self.rig = rig
+        self.rig = EngineRig(
+            *POLICIES,
+            seed=seed,
+            provider=lambda clock: GraphLikeProvider("fake", clock=clock, index_lag=lag),
+        )
 
 
 def test_a_graph_like_send_is_unknown_until_its_copy_is_found() -> None:

@@ -44,13 +44,13 @@ HISTORY_FATES = (*[Scripted.dropped_response(), Scripted.lost_request()] * 3, *F
 
 
 def history_rig(lag: float, history_lag: float, seed: int) -> EngineRig:
-    rig = EngineRig(*HISTORY_POLICIES, index_lag=lag, seed=seed)
-    rig.engine.close()
-    rig.provider = FakeHistoryProvider(
-        "fake", clock=rig.clock, index_lag=lag, history_lag=history_lag
+    return EngineRig(
+        *HISTORY_POLICIES,
+        seed=seed,
+        provider=lambda clock: FakeHistoryProvider(
+            "fake", clock=clock, index_lag=lag, history_lag=history_lag
+        ),
     )
-    rig.engine = rig.new_engine()
-    return rig
 
 
 class HistoryMachine(EngineMachine):
@@ -123,8 +123,7 @@ class HistoryMachine(EngineMachine):
         provider = self.history
         stored = {copy.provider_message_id: copy.message_id for copy in provider.copies}
         for key in self.keys:
-            job = self.r.job(key)
-            events = self.r.ledger.history(key)
+            job, events = self.r.read(key)
             check_history(
                 job,
                 events,

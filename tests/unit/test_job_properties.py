@@ -19,6 +19,7 @@ never a job left half-way through a transition, settled jobs stay settled.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,11 +32,12 @@ from tests.unit.jobs import (
     CHANNEL,
     POLICY,
     QUERY,
+    Reloader,
     fields_of,
-    reload,
     replay,
     requested_job,
     twins,
+    unchanged,
 )
 
 from daemon.doubles.fake_time import FakeClock
@@ -247,6 +249,7 @@ class SendJobMachine(RuleBasedStateMachine):
         self.final: JobState | None = None
         self.final_version = 0
         self.most_attempts = 0
+        self.reloader = Reloader()
 
     def at(self, offset: int) -> datetime:
         return self.clock.now + timedelta(seconds=offset)
@@ -260,7 +263,7 @@ class SendJobMachine(RuleBasedStateMachine):
         try:
             step.run(job)
         except (TransitionError, ValueError):
-            assert fields_of(job) == before, f"a refused {step.command} changed the job"
+            assert unchanged(job, before), f"a refused {step.command} changed the job"
             assert len(job.pending_events) == start, f"a refused {step.command} left events"
             return False
         check_step(step, before, list(job.pending_events[start:]))
@@ -446,7 +449,10 @@ class SendJobMachine(RuleBasedStateMachine):
     # -- every plausible command from the state reached --------------------------------
 
     @staticmethod
-    def probes(now: datetime) -> list[Step]:
+    @functools.lru_cache(maxsize=256)
+    def probes(now: datetime) -> tuple[Step, ...]:
+        """The same at one instant for every job (steps and decisions are frozen): built
+        once per instant, not per call."""
         later = now + timedelta(seconds=300)
         review = Review(POLICY, EscalationReason.UNKNOWN_OUTCOME)
         search_decisions = [
@@ -458,7 +464,7 @@ class SendJobMachine(RuleBasedStateMachine):
             review,
             StopVerifying(POLICY),
         ]
-        return [
+        return (
             claim_step(now, 30),
             response_step(now, "r1", Confirm(POLICY)),
             response_step(now, "r1", Confirm(POLICY, later)),
@@ -476,7 +482,7 @@ class SendJobMachine(RuleBasedStateMachine):
             stop_step(now, StopVerifying(POLICY)),
             *(escalate_step(now, Review(POLICY, reason)) for reason in EscalationReason),
             *(resolve_step(now, resolution) for resolution in Resolution),
-        ]
+        )
 
     @rule()
     def every_command_here(self) -> None:
@@ -505,7 +511,8 @@ class SendJobMachine(RuleBasedStateMachine):
 
     @invariant()
     def replay_equals_live(self) -> None:
-        assert fields_of(reload(self.job.pending_events)) == fields_of(self.job)
+        reloaded = self.reloader.reload(self.job.pending_events)
+        assert fields_of(reloaded) == fields_of(self.job)
         assert self.job.version == len(self.job.pending_events)
 
     @invariant()

@@ -88,11 +88,12 @@ class RaceMachine(RuleBasedStateMachine):
         seed=st.integers(0, 3),
     )
     def start(self, kind: str, focus: str, lag: float, seed: int) -> None:
-        rig = EngineRig(*POLICIES, index_lag=lag, seed=seed, concurrency=2)
-        rig.engine.close()
-        rig.provider = KINDS[kind]("fake", clock=rig.clock, index_lag=lag)
-        rig.engine = rig.new_engine()
-        self.rig = rig
+        self.rig = EngineRig(
+            *POLICIES,
+            seed=seed,
+            concurrency=2,
+            provider=lambda clock: KINDS[kind]("fake", clock=clock, index_lag=lag),
+        )
         self.kind = kind
         self.focus = focus
         self.lag = lag
@@ -205,7 +206,7 @@ class RaceMachine(RuleBasedStateMachine):
 
     def act(self, action: str, key: str, by: str, door: Services, seen: int | None) -> bool:
         """One person's action through one door; whether it changed the job."""
-        before = self.r.job(key).version
+        before = self.r.read(key)[0].version
         try:
             if action == "check":
                 door.check(key, by=by)
@@ -218,7 +219,7 @@ class RaceMachine(RuleBasedStateMachine):
                 door.resolve(key, decision, note="", by=by, expected_version=seen)
         except ServiceError:
             pass  # a refusal (conflict, not in review, no search possible): nothing decided
-        return self.r.job(key).version != before
+        return self.r.read(key)[0].version != before
 
     @precondition(lambda self: bool(self.keys))
     @rule(data=st.data(), action=st.sampled_from(ACTIONS))
@@ -252,7 +253,7 @@ class RaceMachine(RuleBasedStateMachine):
         key = candidates[data.draw(st.integers(0, 63)) % len(candidates)]
         second = first if same else second  # the same action twice: the issue's race
         alice, bob = self.door(), self.door()
-        seen = self.r.job(key).version
+        seen = self.r.read(key)[0].version
         moved: list[bool] = []
 
         def bob_acts() -> None:
@@ -275,7 +276,7 @@ class RaceMachine(RuleBasedStateMachine):
             assert decided.count("alice") == 0, (key, first, second, decided)
 
     def in_review(self) -> list[str]:
-        return [k for k in self.keys if self.r.job(k).state is JobState.REVIEW]
+        return [k for k in self.keys if self.r.read(k)[0].state is JobState.REVIEW]
 
     def meanwhile(self, action: Callable[[], None]) -> None:
         provider = self.r.provider
@@ -288,9 +289,7 @@ class RaceMachine(RuleBasedStateMachine):
 
     def resolutions(self, key: str) -> list[str]:
         return [
-            e.by
-            for e in self.r.ledger.history(key)
-            if isinstance(e, SendJob.Resolved | SendJob.Cancelled)
+            e.by for e in self.r.read(key)[1] if isinstance(e, SendJob.Resolved | SendJob.Cancelled)
         ]
 
     @precondition(lambda self: bool(self.hangs) and bool(self.keys))
@@ -298,7 +297,7 @@ class RaceMachine(RuleBasedStateMachine):
     def a_check_during_a_call(self) -> None:
         """A person checks a job whose send is in flight: reading changes nothing."""
         provider = self.r.provider
-        live = [k for k in self.keys if provider.in_flight[self.r.job(k).message_id] > 0]
+        live = [k for k in self.keys if provider.in_flight[self.r.read(k)[0].message_id] > 0]
         if not live:
             return
         drafts = self.unsent_drafts()
@@ -332,7 +331,7 @@ class RaceMachine(RuleBasedStateMachine):
         provider = self.r.provider
         if not isinstance(provider, FakeDraftsProvider):
             return 0
-        return sum(provider.unsent_drafts(self.r.job(k).message_id) for k in self.keys)
+        return sum(provider.unsent_drafts(self.r.read(k)[0].message_id) for k in self.keys)
 
     # -- what must always hold ------------------------------------------------------------
 
@@ -342,8 +341,7 @@ class RaceMachine(RuleBasedStateMachine):
             return
         provider = self.r.provider
         for key in self.keys:
-            job = self.r.job(key)
-            events = self.r.ledger.history(key)
+            job, events = self.r.read(key)
             copies = provider.copies_of(job.message_id)
             # A second copy only where the index lag hid the first from a search that
             # was believed (the provider's own doing; verification then finds it).
@@ -377,7 +375,7 @@ class RaceMachine(RuleBasedStateMachine):
         if self.rig is None or self.other is not None:
             return  # with a second daemon, a lapsed lease is taken legitimately
         for key in self.keys:
-            job = self.r.job(key)
+            job = self.r.read(key)[0]
             if self.r.provider.in_flight[job.message_id] > 0:
                 assert job.state is JobState.ATTEMPTED, (key, job.state)
 
@@ -386,15 +384,14 @@ class RaceMachine(RuleBasedStateMachine):
         if self.rig is None or not isinstance(self.r.provider, FakeDraftsProvider):
             return
         for key in self.keys:
-            job = self.r.job(key)
+            job = self.r.read(key)[0]
             done = job.state in FINAL_STATES and job.tidy_at is None and job.due_at is None
             if done and self.kind != "messages" and self.tidied(key):
                 assert self.r.provider.unsent_drafts(job.message_id) == 0, key
 
     def tidied(self, key: str) -> bool:
         return any(
-            isinstance(e, SendJob.DraftsDeleted) and e.why == "tidy"
-            for e in self.r.ledger.history(key)
+            isinstance(e, SendJob.DraftsDeleted) and e.why == "tidy" for e in self.r.read(key)[1]
         )
 
     def teardown(self) -> None:
@@ -424,18 +421,18 @@ class RaceMachine(RuleBasedStateMachine):
         # A job left in review by a human's choice: a last person resolves it.
         door = self.door()
         for key in self.keys:
-            if rig.job(key).state is JobState.REVIEW:
+            if rig.read(key)[0].state is JobState.REVIEW:
                 self.act("abandon", key, "closer", door, None)
         # Their drafts are tidied a few per tick (the check workers' batch): tick until
         # nothing is due, not a fixed number of times.
         for _ in range(200):
             rig.clock.advance(700)
             rig.engine.tick()
-            if all(rig.job(k).due_at is None for k in self.keys):
+            if all(rig.read(k)[0].due_at is None for k in self.keys):
                 break
         self.nothing_was_sent_twice_or_recorded_unsent()
         for key in self.keys:
-            job = rig.job(key)
+            job = rig.read(key)[0]
             assert job.state in FINAL_STATES and job.due_at is None, (key, job.state, job.due_at)
             if provider.copies_of(job.message_id) >= 2:
                 assert job.duplicate, (key, rig.events(key))  # found and shown to a human
@@ -443,7 +440,7 @@ class RaceMachine(RuleBasedStateMachine):
                 assert provider.unsent_drafts(job.message_id) == 0, (key, rig.events(key))
 
     def settled(self, key: str) -> bool:
-        job = self.r.job(key)
+        job = self.r.read(key)[0]
         return job.state in (*FINAL_STATES, JobState.REVIEW) and job.due_at is None
 
 

@@ -116,8 +116,7 @@ class ReviewMachine(RuleBasedStateMachine):
         if self.rig is None:
             return
         for key in self.keys:
-            job = self.r.job(key)
-            events = self.r.ledger.history(key)
+            job, events = self.r.read(key)
             assert self.r.provider.copies_of(job.message_id) <= 1, key
             names = [type(e).__name__ for e in events]
             if "Cancelled" in names:
