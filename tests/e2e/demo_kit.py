@@ -14,30 +14,16 @@ without an interpreter's start and a second or more of imports each."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.daemon_kit import shared_fork_server
+from tests.e2e.conftest import forked_sendledger as sendledger
 
 SENDLEDGER = str(Path(sys.executable).parent / "sendledger")
-
-
-def sendledger(
-    *args: str, timeout: float = 60.0, env: Mapping[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`sendledger ARGS` to its end, forked from the fork server, in this process's working
-    directory and environment (else `env`, its whole environment)."""
-    environment = dict(os.environ if env is None else env)
-    code, out, err = shared_fork_server().call(
-        list(args), Path.cwd(), "", environment, timeout=timeout
-    )
-    return subprocess.CompletedProcess([SENDLEDGER, *args], code, out, err)
 
 
 def run_demo(*args: str, timeout: float) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:

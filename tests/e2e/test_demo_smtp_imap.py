@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-from tests.e2e.demo_kit import run_demo, sendledger
+from tests.e2e.conftest import forked_sendledger as sendledger
+from tests.e2e.demo_kit import run_demo
 from tests.integration.mailservers import require_mailservers
 
 pytestmark = pytest.mark.xdist_group("mailservers")
