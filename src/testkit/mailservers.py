@@ -338,15 +338,18 @@ postlog   unix-dgram n  -       n       -       1       postlogd
     return etc
 
 
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
+def _stop(*procs: subprocess.Popen[bytes] | None) -> None:
+    """Each told to stop first, then each waited for: Postfix's master and Dovecot take
+    about a second each to end their children, so stopping one after the other took 2.3 s."""
+    running = [p for p in procs if p is not None and p.poll() is None]
+    for proc in running:
+        proc.terminate()
+    for proc in running:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
 
 
 @contextmanager
@@ -386,7 +389,6 @@ def mail_servers() -> Iterator[MailServers]:
         _wait_listening(servers.smtp_port, "postfix smtpd", root / "postfix.out")
         yield servers
     finally:
-        _stop(postfix)
-        _stop(dovecot)
+        _stop(postfix, dovecot)
         if not os.environ.get("SLM_KEEP"):
             shutil.rmtree(root, ignore_errors=True)

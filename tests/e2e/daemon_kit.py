@@ -385,6 +385,12 @@ class Rig:
     def rows(self) -> list[IndexRow]:
         return list(self.ledger.jobs())
 
+    def states(self) -> dict[str, str]:
+        """Every job's state, from one read of the index (not a query per job: a poll
+        of 100 jobs every 0.1 s would take this process's CPU, which the emulator and
+        the relay, threads of it, serve the daemon with)."""
+        return {row.key: row.state for row in self.ledger.jobs()}
+
     def history(self, key: str) -> list[dict[str, Any]]:
         """The job's events as `sendledger history --json` prints them."""
         return [event_record(event) for event in self.ledger.history(key)]
@@ -484,8 +490,13 @@ class Rig:
 
     def wait_settled(self, keys: Iterable[str], *, timeout: float = WAIT) -> float:
         wanted = list(keys)
+
+        def settled() -> bool:
+            states = self.states()
+            return all(states.get(key) in SETTLED for key in wanted)
+
         return self.wait_for(
-            lambda: all(self.state(key) in SETTLED for key in wanted),
+            settled,
             f"{len(wanted)} jobs to settle",
             timeout=timeout,
         )
@@ -613,7 +624,9 @@ class ForkServer:
             request = {"id": ident, "argv": argv, "cwd": str(cwd), "log": str(log), **more}
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
-        return started.result(timeout=30)
+        # The first request waits for the server's imports too: 20 s and more on a loaded
+        # machine, when the two workers' servers start at once.
+        return started.result(timeout=90)
 
     def exited(self, pid: int, timeout: float) -> tuple[int, float]:
         """(exit code, when) of a child; TimeoutError while it still runs."""

@@ -52,6 +52,15 @@ POLICY: dict[str, Any] = {
     "retry_backoff": "100ms",
     "retry_backoff_max": "300ms",
 }
+#: The matrices' index lag and windows: a search runs no sooner than `search_after` after
+#: the Unknown, which comes after the emulator took the copy, so every search is past the
+#: lag whatever the machine's load; a cell waits out two to five such windows.
+LAG = 0.1
+MATRIX_POLICY: dict[str, Any] = {**POLICY, "search_after": "250ms", "search_interval": "150ms"}
+#: A send refused as unavailable (a 429; on Graph a 503 with Retry-After) is due again after
+#: the circuit's probe wait or the relay's Retry-After (0.3 s), the longer: the default
+#: wait (1 s) would only idle the 429 cells.
+MATRIX_DAEMON = 'circuit_probe_after = "300ms"\n'
 CELL_LIMIT = 20.0
 
 
@@ -114,11 +123,12 @@ def test_crash_point_by_relay_mode(
 ) -> None:
     with Rig(
         tmp_path,
-        lag=0.2,
+        lag=LAG,
         hang_seconds=1.5,
         timeout="1s",
         deadline_grace="60s",  # recovery must not wait for a deadline
-        policies={"receipts": POLICY},
+        daemon_extra=MATRIX_DAEMON,
+        policies={"receipts": MATRIX_POLICY},
     ) as rig:
         wrong = matrix_row(rig, point, MODES, UNKNOWN_OUTCOME, results)
         assert wrong == [], "\n".join(wrong)

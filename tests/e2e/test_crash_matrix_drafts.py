@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 from tests.e2e.daemon_kit import MAILBOX, Rig, events_of
-from tests.e2e.test_crash_matrix import MODES, POINTS, POLICY, UNKNOWN_OUTCOME, matrix_row
+from tests.e2e.test_crash_matrix import (
+    MATRIX_DAEMON,
+    MODES,
+    POINTS,
+    POLICY,
+    UNKNOWN_OUTCOME,
+    matrix_row,
+)
 
 from testkit.gmail_emulator import GmailEmulator
 
@@ -67,6 +74,7 @@ def test_drafts_crash_point_by_relay_mode(
         hang_seconds=1.5,
         timeout="1s",
         deadline_grace="60s",  # recovery must not wait for a deadline
+        daemon_extra=MATRIX_DAEMON,
         policies={"receipts": DRAFTS_POLICY},
     ) as rig:
         row: dict[tuple[str, str], str] = {}

@@ -21,8 +21,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.daemon_kit import RETRY_POLICY, SENDLEDGER, Rig, api_section, job
-from tests.e2e.test_crash_matrix import MODES, POINTS, POLICY, matrix_row
+from tests.e2e.daemon_kit import (
+    RETRY_POLICY,
+    SENDLEDGER,
+    ForkServer,
+    Rig,
+    api_section,
+    job,
+    shared_fork_server,
+)
+from tests.e2e.test_crash_matrix import (
+    LAG,
+    MATRIX_DAEMON,
+    MATRIX_POLICY,
+    MODES,
+    POINTS,
+    POLICY,
+    matrix_row,
+)
 
 from ledger.application import Ledger
 from testkit.graph_emulator import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
@@ -54,7 +70,9 @@ class GraphRig(Rig):
         concurrency: int = 1,
         relay_options: Mapping[str, Any] | None = None,
         api_port: int | None = None,
+        daemon_extra: str = "",
     ) -> None:
+        """`daemon_extra`: TOML lines added to `[daemon]`."""
         self.dir = folder
         self.dir.mkdir(parents=True, exist_ok=True)
         self.acceptance_log = folder / "acceptance.jsonl"
@@ -88,6 +106,7 @@ class GraphRig(Rig):
                 timeout=timeout,
                 deadline_grace=deadline_grace,
                 concurrency=concurrency,
+                daemon_extra=daemon_extra,
             )
             + api_section(folder, api_port),
             encoding="utf-8",
@@ -115,12 +134,13 @@ def graph_config(
     tenant_id: str = DEFAULT_TENANT,
     client_id: str = DEFAULT_CLIENT_ID,
     secret_file: str = "client-secret",
+    daemon_extra: str = "",
 ) -> str:
     return (
         '[store]\nurl = "sqlite:///ledger.sqlite"\n\n'
         '[daemon]\ntick = "100ms"\npolicies_dir = "policies"\n'
         f"concurrency = {concurrency}\n"
-        f'deadline_grace = "{deadline_grace}"\n\n'
+        f'deadline_grace = "{deadline_grace}"\n{daemon_extra}\n'
         '[providers.graph]\nkind = "graph"\n'
         f'tenant_id = "{tenant_id}"\nclient_id = "{client_id}"\n'
         f'client_secret_file = "{secret_file}"\n'
@@ -143,7 +163,10 @@ def results() -> Iterator[dict[tuple[str, str], str]]:
 def test_graph_crash_point_by_relay_mode(
     point: str, tmp_path: Path, results: dict[tuple[str, str], str]
 ) -> None:
-    with GraphRig(tmp_path) as rig:
+    policy = {**MATRIX_POLICY, "provider": "graph"}
+    with GraphRig(
+        tmp_path, lag=LAG, daemon_extra=MATRIX_DAEMON, policies={"receipts": policy}
+    ) as rig:
         wrong = matrix_row(rig, point, MODES, UNKNOWN_OUTCOME, results, env=rig.trust)
         assert wrong == [], "\n".join(wrong)
 
@@ -152,31 +175,34 @@ def test_emulator_graph_command_serves_a_daemon(tmp_path: Path) -> None:
     """`sendledger emulator graph` and `sendledger relay --upstream-ca` as processes, the
     emulator's printed facts wired into a config, a daemon process sending through the
     relay, which drops the reply to the first send: the job is confirmed by the search, one
-    line in the acceptance log."""
+    line in the acceptance log. Every command is forked from the worker's fork server
+    (tests/e2e/fork_server.py): a process of its own, as the console script would be,
+    without an interpreter start and its imports (six of them)."""
+    server = shared_fork_server()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
     log = tmp_path / "accepted.jsonl"
-    relay: subprocess.Popen[str] | None = None
-    emulator = subprocess.Popen(
-        [SENDLEDGER, "emulator", "graph", "--accept-log", str(log), "--tls-dir", "tls"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    relay: int | None = None
+    emulator = server.start(
+        ["emulator", "graph", "--accept-log", str(log), "--tls-dir", "tls"],
+        tmp_path,
+        tmp_path / "emulator.stderr",
+        stdout=str(tmp_path / "emulator.stdout"),
+        env=env,
     )
     try:
-        assert emulator.stdout is not None
-        facts = json.loads(emulator.stdout.readline())
+        facts = json.loads(_first_line(server, emulator, tmp_path / "emulator"))
         assert facts["api_endpoint"] == facts["url"] + "/v1.0"
-        relay = subprocess.Popen(
+        relay = server.start(
             [
-                *(SENDLEDGER, "relay", "--upstream", facts["url"]),
+                *("relay", "--upstream", facts["url"]),
                 *("--upstream-ca", facts["ca_file"], "--port", "0", "--send", "drop-response"),
             ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            tmp_path,
+            tmp_path / "relay.stderr",
+            stdout=str(tmp_path / "relay.stdout"),
+            env=env,
         )
-        assert relay.stdout is not None
-        relay_url = relay.stdout.readline().strip()
+        relay_url = _first_line(server, relay, tmp_path / "relay").strip()
         (tmp_path / "policies").mkdir()
         (tmp_path / "policies" / "receipts.toml").write_text(
             'channel = "receipts"\n'
@@ -198,27 +224,16 @@ def test_emulator_graph_command_serves_a_daemon(tmp_path: Path) -> None:
             ),
             encoding="utf-8",
         )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")} | {
-            "REQUESTS_CA_BUNDLE": facts["ca_file"]
-        }
-        submit = subprocess.run(
-            [SENDLEDGER, "--config", str(config), "submit", "--json", "-"],
-            input=json.dumps(job("cli-1")),
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=60,
+        env |= {"REQUESTS_CA_BUNDLE": facts["ca_file"]}
+        code, _out, err = server.call(
+            ["--config", str(config), "submit", "--json", "-"],
+            tmp_path,
+            json.dumps(job("cli-1")),
+            env,
         )
-        assert submit.returncode == 0, submit.stderr
-        daemon = subprocess.Popen(
-            [SENDLEDGER, "--config", str(config), "run"],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        assert code == 0, err
+        daemon_log = tmp_path / "daemon.stderr"
+        daemon = server.start(["--config", str(config), "run"], tmp_path, daemon_log, env=env)
         try:
             end = time.monotonic() + 30
             # Polled in this process (an interpreter every 0.3 s would take the daemon's
@@ -228,16 +243,17 @@ def test_emulator_graph_command_serves_a_daemon(tmp_path: Path) -> None:
                     row = ledger.row("cli-1")
                     if row is not None and row.state == "confirmed":
                         break
-                    time.sleep(0.3)
+                    time.sleep(0.1)
         finally:
-            daemon.send_signal(signal.SIGTERM)
-            _, daemon_err = daemon.communicate(timeout=20)
+            os.kill(daemon, signal.SIGTERM)
+            server.exited(daemon, timeout=20)
+            daemon_err = daemon_log.read_text(encoding="utf-8", errors="replace")
 
         def shown(*args: str) -> Any:
-            command = [SENDLEDGER, "--config", str(config), *args, "cli-1", "--json"]
-            done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
-            assert done.returncode == 0, done.stderr + daemon_err[-3000:]
-            return json.loads(done.stdout)
+            argv = ["--config", str(config), *args, "cli-1", "--json"]
+            code, out, err = server.call(argv, tmp_path, "", env)
+            assert code == 0, err + daemon_err[-3000:]
+            return json.loads(out)
 
         assert shown("status")["state"] == "confirmed", daemon_err[-3000:]
         records = shown("history")
@@ -248,13 +264,39 @@ def test_emulator_graph_command_serves_a_daemon(tmp_path: Path) -> None:
         assert [r["via"] for r in records if r["type"] == "Confirmed"] == ["search"]
         lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
         assert [(e["user"], e["via"]) for e in lines] == [("receipts@shop.example", "send")]
-        relay.send_signal(signal.SIGTERM)
-        assert relay.wait(timeout=10) == 0
+        os.kill(relay, signal.SIGTERM)
+        assert server.exited(relay, timeout=10)[0] == 0
+        relay = None
     finally:
-        if relay is not None and relay.poll() is None:
-            relay.kill()
-        emulator.send_signal(signal.SIGTERM)
-        assert emulator.wait(timeout=10) == 0
+        if relay is not None:
+            _end(server, relay, signal.SIGKILL)
+        assert _end(server, emulator, signal.SIGTERM) == 0
+
+
+def _first_line(server: ForkServer, pid: int, name: Path) -> str:
+    """The first line a forked command printed on its stdout (`name`.stdout); fails with
+    its stderr if it exits or prints none within 30 s."""
+    stdout, stderr = name.with_suffix(".stdout"), name.with_suffix(".stderr")
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        text = stdout.read_text(encoding="utf-8") if stdout.exists() else ""
+        if "\n" in text:
+            return text.split("\n", 1)[0]
+        try:
+            code, _at = server.exited(pid, timeout=0.02)
+        except TimeoutError:
+            continue
+        pytest.fail(f"{name.name} exited {code}: {stderr.read_text(encoding='utf-8')}")
+    pytest.fail(f"{name.name} printed nothing in 30 s: {stderr.read_text(encoding='utf-8')}")
+
+
+def _end(server: ForkServer, pid: int, signum: int) -> int:
+    """Signal a forked command (unless it exited) and its exit code."""
+    try:
+        return server.exited(pid, timeout=0)[0]
+    except TimeoutError:
+        os.kill(pid, signum)
+        return server.exited(pid, timeout=10)[0]
 
 
 def test_probe_on_a_graph_provider(tmp_path: Path) -> None:

@@ -71,8 +71,10 @@ def test_another_daemons_claim_waits_for_its_deadline(tmp_path: Path) -> None:
         tmp_path,
         plan=FaultPlan(send=["hang"]),
         hang_seconds=30.0,
-        timeout="3s",
-        deadline_grace="3s",
+        # The deadline is 3 s after the claim: host-a is killed well within the timeout
+        # (once the send reached the emulator), host-b starts at once, well before it.
+        timeout="2s",
+        deadline_grace="1s",
     ) as rig:
         _killed_during_a_hung_send(rig, key, "host-a")
         deadline = rig.ledger.get_job(key).due_at
