@@ -128,6 +128,7 @@ def store_spec(settings: StoreSource) -> StoreSpec:
             pool_size=store.pool_size,
             max_overflow=store.max_overflow,
             lock_timeout=store.lock_timeout,
+            connect_timeout=store.connect_timeout,
         )
     if store.postgres_only:
         raise StoreUrlError(

@@ -1,17 +1,21 @@
 """`sendledger api` as a process over a folder of its own, its provider the Gmail
 emulator in this process (so a check searches a real, emulated mailbox); what the
-review-page and the HTTP examples tests run against."""
+review-page and the HTTP examples tests run against. It is forked from the test worker's
+fork server (tests/e2e/fork_server.py), which imported the API's stack (FastAPI, the
+providers, the stores) once: a process of its own, as the console script would be, without
+the seconds of imports that made it miss its start-up deadline on a loaded machine."""
 
 from __future__ import annotations
 
-import subprocess
+import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from tests.e2e.conftest import sendledger_command
+from tests.e2e.daemon_kit import shared_fork_server
 from tests.integration.api_kit import TOKEN, free_port
 
 from testkit.credentials import write_service_account
@@ -40,12 +44,9 @@ def sendledger_api(folder: Path) -> Iterator[tuple[str, Path, GmailEmulator]]:
         f'token_uri = "{emulator.token_uri}"\n'
         f'[api]\nlisten = "127.0.0.1:{port}"\ntoken_file = "api-tokens"\n'
     )
-    log = (folder / "api.log").open("wb")
-    process = subprocess.Popen(
-        [*sendledger_command(), "--config", str(folder / "sendledger.toml"), "api"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    log = folder / "api.log"
+    server = shared_fork_server()
+    pid = server.start(["--config", str(folder / "sendledger.toml"), "api"], folder, log)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
@@ -55,12 +56,15 @@ def sendledger_api(folder: Path) -> Iterator[tuple[str, Path, GmailEmulator]]:
                     break
             except httpx.TransportError:
                 pass
-            assert process.poll() is None, (folder / "api.log").read_text()
+            try:
+                code, _at = server.exited(pid, timeout=0.05)
+            except TimeoutError:  # still starting
+                pass
+            else:
+                raise AssertionError(f"sendledger api exited {code}: {log.read_text()}")
             assert time.monotonic() < deadline, "sendledger api did not start"
-            time.sleep(0.05)
         yield url, folder, emulator
     finally:
-        process.terminate()
-        assert process.wait(timeout=15) == 0
-        log.close()
+        os.kill(pid, signal.SIGTERM)
+        assert server.exited(pid, timeout=15)[0] == 0, log.read_text()
         emulator.stop()

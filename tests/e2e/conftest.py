@@ -35,6 +35,19 @@ def sendledger_command() -> list[str]:
     return [sys.executable, "-m", "daemon"]
 
 
+def forked_sendledger(
+    *args: str, timeout: float = 60.0, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`sendledger ARGS` to its end, forked from the worker's fork server, in this
+    process's working directory and environment (else `env`, its whole environment):
+    its own process, stdout, stderr and exit code, as the console script's."""
+    environment = dict(os.environ if env is None else env)
+    code, out, err = shared_fork_server().call(
+        list(args), Path.cwd(), "", environment, timeout=timeout
+    )
+    return subprocess.CompletedProcess([*sendledger_command(), *args], code, out, err)
+
+
 def config_text(store_url: str = "sqlite:///ledger.sqlite") -> str:
     return f"""\
 [store]

@@ -4,7 +4,12 @@ the irreversible payouts never sent twice, a job in review shown as waiting for 
 taken out of review by the scripted operator, a story that tells the method (each job's
 line what was observed and what was done, its final state said once, no log line among
 them: those are in the daemon.log it names), and a kept folder on which every command the
-demo suggests runs."""
+demo suggests runs.
+
+The demo and the commands it suggests are forked from the test worker's fork server
+(tests/e2e/fork_server.py), which imported sendledger once: each a process of its own
+with its own environment, stdout, stderr and exit code, as the console script would be,
+without an interpreter's start and a second or more of imports each."""
 
 from __future__ import annotations
 
@@ -16,14 +21,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.e2e.conftest import forked_sendledger as sendledger
+
 SENDLEDGER = str(Path(sys.executable).parent / "sendledger")
 
 
 def run_demo(*args: str, timeout: float) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
     """The demo's JSON summary (checked) and the finished process."""
-    result = subprocess.run(
-        [SENDLEDGER, "demo", "--json", *args], capture_output=True, text=True, timeout=timeout
-    )
+    result = sendledger("demo", "--json", *args, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     # --json: stdout is the JSON summary and nothing else (the commentary is on stderr).
     summary: dict[str, Any] = json.loads(result.stdout)
@@ -101,5 +106,5 @@ def _check_kept_folder(folder: Path, commands: list[str]) -> None:
     for command in commands:
         argv = shlex.split(command)
         assert argv[0] == SENDLEDGER, command
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        done = sendledger(*argv[1:])
         assert done.returncode == 0, f"{command}: {done.stderr}"

@@ -4,16 +4,16 @@ intact), and the daemon's `[retention] purge_after`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
-import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.conftest import sendledger_command
 from tests.e2e.daemon_kit import Rig, job
 
 from daemon.doubles.fake_time import FakeClock
@@ -133,21 +133,27 @@ def test_a_purge_killed_half_way_leaves_each_job_purged_or_intact(cli: Any) -> N
     store = cli.root / "ledger.sqlite"
     count = 400
     settled_jobs(store, count, open_too=False)
-    argv = [*sendledger_command(), "--config", str(cli.config), "admin", "purge"]
-    proc = subprocess.Popen(
-        [*argv, "--older-than", "30d"],
-        env=cli.env,
-        cwd=cli.root,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # Forked from the worker's fork server: a process of its own, killed by its pid.
+    assert cli.server is not None
+    argv = ["--config", str(cli.config), "admin", "purge", "--older-than", "30d"]
+    pid = cli.server.start(argv, cli.root, cli.root.parent / "purge.log", env=cli.env)
+
+    def running() -> bool:
+        try:
+            cli.server.exited(pid, timeout=0)
+        except TimeoutError:
+            return True
+        return False
+
     with Ledger(f"sqlite:///{store}") as ledger:
         # Kill it once some jobs are purged and most are not.
         deadline = time.monotonic() + 60
-        while _purged(ledger) < 20 and proc.poll() is None and time.monotonic() < deadline:
+        while _purged(ledger) < 20 and running() and time.monotonic() < deadline:
             time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        if running():  # else it ended by itself: the check below says so
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        cli.server.exited(pid, timeout=10)
     with Ledger(f"sqlite:///{store}") as ledger:
         purged = [key for key in _keys(count) if _check_whole_or_intact(ledger, key)]
         assert 20 <= len(purged) < count, len(purged)

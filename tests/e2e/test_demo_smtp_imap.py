@@ -6,11 +6,11 @@ the real Sent folder's Maildir files; and the one-line refusal where the servers
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
-from tests.e2e.demo_kit import SENDLEDGER, run_demo
+from tests.e2e.conftest import forked_sendledger as sendledger
+from tests.e2e.demo_kit import run_demo
 from tests.integration.mailservers import require_mailservers
 
 pytestmark = pytest.mark.xdist_group("mailservers")
@@ -29,11 +29,13 @@ def test_demo_without_the_servers_says_so_and_how_to_install(tmp_path: Path) -> 
     empty = tmp_path / "empty-path"
     empty.mkdir()
     work = tmp_path / "work"
-    result = subprocess.run(
-        [SENDLEDGER, "demo", "--provider", "smtp-imap", "--json", "--dir", str(work)],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = sendledger(
+        "demo",
+        "--provider",
+        "smtp-imap",
+        "--json",
+        "--dir",
+        str(work),
         # No `postfix` on PATH: the check finds the servers missing, as on a bare machine.
         env={**os.environ, "PATH": str(empty)},
     )
@@ -49,12 +51,7 @@ def test_demo_without_the_servers_says_so_and_how_to_install(tmp_path: Path) -> 
 
 
 def test_lag_is_refused_with_smtp_imap(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [SENDLEDGER, "demo", "--provider", "smtp-imap", "--lag", "1s"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = sendledger("demo", "--provider", "smtp-imap", "--lag", "1s")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "sendledger: --lag: only with --provider gmail (Dovecot's search has no lag)"

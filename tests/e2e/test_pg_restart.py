@@ -23,6 +23,10 @@ from ledger.application import Ledger
 JOBS = 60
 # 100 quota units a send: 6 sends/s, so the jobs are still flowing when the database stops.
 QUOTA = 600
+# `[store] connect_timeout`, libpq's least: a connection's wait while the database is down.
+CONNECT_TIMEOUT = 2
+# The daemon's status line comes every 5 s (daemon/runtime.py).
+STATUS_PERIOD = 5
 
 
 class PostgresRig(Rig):
@@ -34,7 +38,8 @@ class PostgresRig(Rig):
         text = self.config.read_text(encoding="utf-8")
         text = text.replace(
             'url = "sqlite:///ledger.sqlite"\n',
-            f'url = "{store}"\npool_size = 3\nmax_overflow = 2\nlock_timeout = "2s"\n',
+            f'url = "{store}"\npool_size = 3\nmax_overflow = 2\nlock_timeout = "2s"\n'
+            f'connect_timeout = "{CONNECT_TIMEOUT}s"\n',
         )
         self.config.write_text(text, encoding="utf-8")
         self._pg_ledger: Ledger | None = None
@@ -69,13 +74,16 @@ def _advisory_locks(url: str) -> int:
         return int(row[0]) if row else 0
 
 
-@pytest.mark.parametrize(("mode", "down"), [("fast", 3.0), ("immediate", 16.0)])
+@pytest.mark.parametrize(
+    ("mode", "down"), [("fast", 3.0), ("immediate", STATUS_PERIOD + CONNECT_TIMEOUT + 2.0)]
+)
 def test_database_restart_mid_run(
     tmp_path: Path, cluster: PrivateCluster, mode: str, down: float
 ) -> None:
     """`fast`: the server ends every session and shuts down cleanly; `immediate`: as a
     crash, and down for longer than the status line's period (5 s) plus a connection's
-    wait (10 s), so that store calls, the status line's among them, fail for a while.
+    wait (`connect_timeout`, 2 s), so that store calls, the status line's among them, fail
+    for a while.
     Then up: every job confirmed with one copy, one provider call per Attempted event (or
     a Rejected "not sent" when the call could not connect), the daemon alive throughout
     and holding its name again."""

@@ -18,12 +18,25 @@ DEAD_URL = "postgresql://sendledger:sendledger@127.0.0.1:1/x"
 
 def test_a_session_without_postgres_starts_one_private_cluster_and_removes_it() -> None:
     require_private_cluster()
-    env = {**os.environ, "SENDLEDGER_TEST_PG_URL": DEAD_URL, "CI": "true"}
+    # Only the plugins this needs: xdist (two workers) and timeout (pyproject's `timeout`).
+    # The others that `make test` loads by their entry points (schemathesis, anyio,
+    # hypothesis's reporter) play no part in the session's cluster and cost each of the
+    # three interpreters about half its start-up.
+    env = {
+        **os.environ,
+        "SENDLEDGER_TEST_PG_URL": DEAD_URL,
+        "CI": "true",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "pytest",
+            "-p",
+            "xdist.plugin",
+            "-p",
+            "pytest_timeout",
             "-n",
             "2",
             "-p",

@@ -1,15 +1,17 @@
-"""`sendledger probe` as a process: against the Gmail emulator (with an index lag) and
-against the real Postfix + Dovecot pair. It must refuse without --yes."""
+"""`sendledger probe` as a process (forked from the worker's fork server, as the console
+script would run it, without an interpreter's start and imports each): against the Gmail
+emulator (with an index lag) and against the real Postfix + Dovecot pair. It must refuse
+without --yes."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests.e2e.conftest import forked_sendledger
 from tests.integration.mailservers import PASSWORD, RECIPIENT, mail_servers
 
 from testkit.credentials import write_service_account
@@ -19,20 +21,11 @@ pytestmark = pytest.mark.xdist_group("mailservers")
 
 
 def probe(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "daemon",
-            "--config",
-            str(folder / "sendledger.toml"),
-            "probe",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
+    return forked_sendledger(
+        "--config",
+        str(folder / "sendledger.toml"),
+        "probe",
+        *args,
         env={k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")},
     )
 

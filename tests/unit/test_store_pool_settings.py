@@ -1,5 +1,6 @@
-"""`[store]` pool_size, max_overflow, lock_timeout: validated, PostgreSQL only, passed to
-eventsourcing's PostgreSQL environment (docs/performance.md "Performance and scaling")."""
+"""`[store]` pool_size, max_overflow, lock_timeout, connect_timeout: validated, PostgreSQL
+only, passed to eventsourcing's PostgreSQL environment (and connect_timeout to libpq's
+connections outside the pool; docs/performance.md "Performance and scaling")."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from tests.unit.test_settings import clean_env
 
 from daemon.config.settings import ConfigError, settings_from_dict
 from daemon.from_settings import store_spec
-from ledger.stores.postgres import PostgresBackend
+from ledger.stores.postgres import PostgresBackend, _connect_args
 from ledger.stores.url import (
+    DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_MAX_OVERFLOW,
     DEFAULT_POOL_SIZE,
@@ -27,10 +29,14 @@ assert clean_env
 PG = "postgresql://u:pw@db.example.com:5432/mail?schema=s"
 
 
-def _env(store: dict[str, object]) -> dict[str, str]:
+def _spec(store: dict[str, object]) -> PostgresStore:
     spec = store_spec(settings_from_dict({"store": store}, config_path=Path("/c/x.toml")))
     assert isinstance(spec, PostgresStore)
-    return dict(PostgresBackend(spec).env)
+    return spec
+
+
+def _env(store: dict[str, object]) -> dict[str, str]:
+    return dict(PostgresBackend(_spec(store)).env)
 
 
 def test_defaults_reach_the_postgres_environment() -> None:
@@ -38,6 +44,8 @@ def test_defaults_reach_the_postgres_environment() -> None:
     assert env["POSTGRES_POOL_SIZE"] == str(DEFAULT_POOL_SIZE)
     assert env["POSTGRES_MAX_OVERFLOW"] == str(DEFAULT_MAX_OVERFLOW)
     assert env["POSTGRES_LOCK_TIMEOUT"] == str(DEFAULT_LOCK_TIMEOUT)
+    assert env["POSTGRES_CONNECT_TIMEOUT"] == str(DEFAULT_CONNECT_TIMEOUT)
+    assert _connect_args(_spec({"url": PG}))["connect_timeout"] == DEFAULT_CONNECT_TIMEOUT
 
 
 def test_configured_values_reach_the_postgres_environment() -> None:
@@ -46,14 +54,22 @@ def test_configured_values_reach_the_postgres_environment() -> None:
     assert env["POSTGRES_LOCK_TIMEOUT"] == "120"
 
 
+def test_connect_timeout_reaches_the_pool_and_libpq() -> None:
+    # The pool's wait for a connection (eventsourcing) and libpq's for the connections
+    # opened outside the pool (the name's lock, schema checks, VACUUM).
+    store = {"url": PG, "connect_timeout": "3s"}
+    assert _env(store)["POSTGRES_CONNECT_TIMEOUT"] == "3"
+    assert _connect_args(_spec(store))["connect_timeout"] == 3
+
+
 def test_an_environment_variable_sets_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SENDLEDGER_STORE__POOL_SIZE", "12")
     assert _env({"url": PG})["POSTGRES_POOL_SIZE"] == "12"
 
 
-@pytest.mark.parametrize("key", ["pool_size", "max_overflow", "lock_timeout"])
+@pytest.mark.parametrize("key", ["pool_size", "max_overflow", "lock_timeout", "connect_timeout"])
 def test_refused_for_sqlite_naming_the_key(key: str) -> None:
-    value = "3s" if key == "lock_timeout" else 3
+    value = "3s" if key.endswith("_timeout") else 3
     settings = settings_from_dict({"store": {"url": "sqlite:///l.sqlite", key: value}})
     with pytest.raises(StoreUrlError, match=rf"^store\.{key}: only a postgresql:// store"):
         store_spec(settings)
@@ -76,6 +92,12 @@ def test_sqlite_without_them_is_fine() -> None:
         ("lock_timeout", "0s"),
         ("lock_timeout", "2h"),
         ("lock_timeout", "soon"),
+        ("connect_timeout", "1s"),  # libpq's least is 2 s
+        ("connect_timeout", "2.5s"),
+        ("connect_timeout", "1500ms"),
+        ("connect_timeout", "0"),
+        ("connect_timeout", "2h"),
+        ("connect_timeout", "never"),
     ],
 )
 def test_bad_values_are_one_line_naming_the_field(key: str, value: object) -> None:
@@ -110,3 +132,18 @@ def test_db_functions_are_on_unless_the_environment_says_n(
     assert _env({"url": PG})["POSTGRES_ENABLE_DB_FUNCTIONS"] == "y"
     monkeypatch.setenv("POSTGRES_ENABLE_DB_FUNCTIONS", "n")
     assert _env({"url": PG})["POSTGRES_ENABLE_DB_FUNCTIONS"] == "n"
+
+
+def test_a_connect_timeout_below_libpqs_least_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from daemon.cli import main
+
+    config = tmp_path / "sendledger.toml"
+    config.write_text(f'[store]\nurl = "{PG}"\nconnect_timeout = "1s"\n', encoding="utf-8")
+    # Refused before any connection is tried (the host does not exist).
+    assert main(["--config", str(config), "status", "some-key"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and "store.connect_timeout" in err, err
+    assert "whole seconds from 2s to 1h expected" in err, err

@@ -39,7 +39,12 @@ from daemon.config.sizes import parse_size
 from daemon.config.store_section import DEFAULT_STORE_URL, sets_a_setting
 from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.webhooks.events import WEBHOOK_TYPES, WebhookType
-from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE
+from ledger.stores.url import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_MAX_OVERFLOW,
+    DEFAULT_POOL_SIZE,
+)
 from policies.durations import DurationError, parse_duration, parse_duration_within
 
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
@@ -80,16 +85,21 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _whole_seconds(value: Any) -> int:
-    # eventsourcing sets PostgreSQL's lock_timeout in whole seconds.
-    seconds = parse_duration(value)
-    if seconds != int(seconds) or not 1 <= seconds <= 3600:
-        raise PydanticCustomError(
-            "whole_seconds",
-            "whole seconds from 1s to 1h expected, got {value}",
-            {"value": repr(value)},
-        )
-    return int(seconds)
+def _whole_seconds(low: int) -> BeforeValidator:
+    """Whole seconds from `low` to an hour: eventsourcing sets PostgreSQL's lock_timeout
+    in whole seconds, and libpq's connect_timeout is whole seconds, at least 2."""
+
+    def check(value: Any) -> int:
+        seconds = parse_duration(value)
+        if seconds != int(seconds) or not low <= seconds <= 3600:
+            raise PydanticCustomError(
+                "whole_seconds",
+                "whole seconds from {low}s to 1h expected, got {value}",
+                {"low": low, "value": repr(value)},
+            )
+        return int(seconds)
+
+    return BeforeValidator(check)
 
 
 class StoreSettings(_Section):
@@ -104,12 +114,15 @@ class StoreSettings(_Section):
     # they are refused, so that a setting that does nothing is never believed.
     pool_size: int = Field(default=DEFAULT_POOL_SIZE, ge=1, le=1000)
     max_overflow: int = Field(default=DEFAULT_MAX_OVERFLOW, ge=0, le=1000)
-    lock_timeout: Annotated[int, BeforeValidator(_whole_seconds)] = DEFAULT_LOCK_TIMEOUT
+    lock_timeout: Annotated[int, _whole_seconds(1)] = DEFAULT_LOCK_TIMEOUT
+    # A new connection's wait, and a thread's wait for one from the pool, before the store
+    # call fails and is tried again (the database is down: a restart, a failover).
+    connect_timeout: Annotated[int, _whole_seconds(2)] = DEFAULT_CONNECT_TIMEOUT
 
     @property
     def postgres_only(self) -> list[str]:
         """The PostgreSQL-only keys this configuration sets."""
-        keys = ("pool_size", "max_overflow", "lock_timeout")
+        keys = ("pool_size", "max_overflow", "lock_timeout", "connect_timeout")
         return [key for key in keys if key in self.model_fields_set]
 
 

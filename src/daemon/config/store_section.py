@@ -25,7 +25,12 @@ from daemon.config.config_file import ConfigError
 from daemon.config.environment import OTHER_VARIABLES, PREFIX
 from daemon.config.secret_text import content_lines, read_secret_text
 from ledger.stores.cipher import check_key
-from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OVERFLOW, DEFAULT_POOL_SIZE
+from ledger.stores.url import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_MAX_OVERFLOW,
+    DEFAULT_POOL_SIZE,
+)
 
 DEFAULT_STORE_URL = "sqlite:///ledger.sqlite"
 
@@ -50,6 +55,8 @@ class StoreValues(Protocol):
     @property
     def lock_timeout(self) -> int: ...
     @property
+    def connect_timeout(self) -> int: ...
+    @property
     def postgres_only(self) -> list[str]: ...
 
 
@@ -72,6 +79,7 @@ class StoreSection:
     pool_size: int = DEFAULT_POOL_SIZE
     max_overflow: int = DEFAULT_MAX_OVERFLOW
     lock_timeout: int = DEFAULT_LOCK_TIMEOUT
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
 
     @property
     def postgres_only(self) -> list[str]:

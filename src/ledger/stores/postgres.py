@@ -332,7 +332,7 @@ def _connect_args(store: PostgresStore) -> dict[str, Any]:
         "port": store.port,
         "user": store.user,
         "password": store.password or None,
-        "connect_timeout": 10,
+        "connect_timeout": store.connect_timeout,
     }
 
 
@@ -358,7 +358,9 @@ class PostgresBackend:
             # scaling"): the library's insert function takes no EXCLUSIVE lock on the events table,
             # so writers of different jobs, in one daemon or several, no longer queue for it.
             DB_FUNCTIONS: os.environ.get(DB_FUNCTIONS) or "y",
-            "POSTGRES_CONNECT_TIMEOUT": "10",
+            # The pool's wait for a connection (`[store] connect_timeout`), as libpq's for
+            # the connections opened outside the pool (`_connect_args`).
+            "POSTGRES_CONNECT_TIMEOUT": str(spec.connect_timeout),
             "APPLICATION_RECORDER_TOPIC": get_topic(PostgresJobIndexRecorder),
         }
 

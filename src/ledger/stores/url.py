@@ -39,6 +39,9 @@ DEFAULT_POOL_SIZE = 5
 DEFAULT_MAX_OVERFLOW = 5
 #: Seconds a write waits for the events table's lock before it fails and is tried again.
 DEFAULT_LOCK_TIMEOUT = 5
+#: Seconds a new connection may take, and a thread may wait for one from the pool, before
+#: the store call fails (the database is down or unreachable) and is tried again.
+DEFAULT_CONNECT_TIMEOUT = 10
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class PostgresStore:
     pool_size: int = DEFAULT_POOL_SIZE
     max_overflow: int = DEFAULT_MAX_OVERFLOW
     lock_timeout: int = DEFAULT_LOCK_TIMEOUT
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
 
     def describe(self) -> str:
         # Never print the password.
@@ -132,6 +136,7 @@ def _safe(url: str) -> str:
 
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_LOCK_TIMEOUT",
     "DEFAULT_MAX_OVERFLOW",
     "DEFAULT_POOL_SIZE",
