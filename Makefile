@@ -59,10 +59,11 @@ test-packages:
 # The message writer's pure tests on Python 3.13 (when installed), the store's private uses of
 # eventsourcing against its newest release, then the whole suite, then the static checks. Under CI=true the PostgreSQL tests must run: they use
 # SENDLEDGER_TEST_PG_URL when a server answers there, else one private cluster for the session.
+# pytest ends with its 25 slowest tests: where the next cut of the 10-minute budget lies.
 test: $(STAMP) test-packages
 	$(MAKE) --no-print-directory test-py313
 	$(MAKE) --no-print-directory test-eventsourcing
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider --durations=25 tests
 	$(MAKE) --no-print-directory lint typecheck
 
 unit: $(STAMP)
