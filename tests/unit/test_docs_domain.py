@@ -299,7 +299,8 @@ def test_the_make_targets_bench_scripts_and_layout_are_the_tree_s() -> None:
     assert " -e ." in recipes["$(RUN_STAMP)"] and "[test]" not in recipes["$(RUN_STAMP)"]
     assert "$(RUN_STAMP)" in deps["$(STAMP)"]
     last = [line.split()[-1] for line in recipes["test"].splitlines()]
-    assert last == ["test-py313", "test-eventsourcing", "tests", "typecheck"]
+    assert last == ["typecheck", "test-eventsourcing", "tests"]
+    assert recipes["test"].split("\n")[0].split()[-3:] == ["test-py313", "lint", "typecheck"]
     url = re.search(r"`(postgresql://[^`]+)`", section("development.md", "The private PostgreSQL"))
     assert url and url.group(1) in (REPO / "tests" / "conftest.py").read_text()
     packages = re.search(r"^TEST_PACKAGES := (.*(?:\\\n.*)*)", makefile, re.M)
