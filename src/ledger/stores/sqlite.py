@@ -176,7 +176,7 @@ def _add_missing_indexes(conn: sqlite3.Connection) -> None:
 CHECKPOINT_ATTEMPTS = 50
 
 
-def checkpoint(store: SqliteStore, attempts: int | None = None) -> bool:
+def checkpoint(store: SqliteStore) -> bool:
     """Copy the WAL into the file and truncate it to nothing, so that the page images a
     purge replaced are gone from both; a reader holding an old snapshot can delay it.
     True when the WAL is empty. Each attempt waits briefly: a TRUNCATE checkpoint calls the
@@ -184,7 +184,7 @@ def checkpoint(store: SqliteStore, attempts: int | None = None) -> bool:
     attempts held a purge for 25 minutes before it could say `"scrubbed": false`."""
     with contextlib.closing(sqlite3.connect(store.path, timeout=0.1)) as conn:
         conn.execute("PRAGMA secure_delete = ON")
-        for _ in range(CHECKPOINT_ATTEMPTS if attempts is None else attempts):
+        for _ in range(CHECKPOINT_ATTEMPTS):
             busy, _log, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             if not busy:
                 return True
