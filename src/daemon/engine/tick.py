@@ -88,15 +88,24 @@ class CheckWorkers:
             self._running[name] = future
             future.add_done_callback(partial(self._done, name))
 
-    def _done(self, key: str, _future: Future[None]) -> None:
+    def _done(self, key: str, future: Future[None]) -> None:
+        # Only its own entry: `drain` may have forgotten this future already and the key
+        # been handed out again, and that run must stay counted (once at a time).
         with self._lock:
-            self._running.pop(key, None)
+            if self._running.get(key) is future:
+                del self._running[key]
 
     def drain(self) -> None:
+        """Wait for the tasks running now, and forget them before returning: a future's
+        done callback runs after `wait` has woken (on the worker's thread, late under
+        load), and until then its key would still count as running, so the next offer
+        (this tick's next step, the next tick) would skip it."""
         with self._lock:
-            futures = list(self._running.values())
-        wait(futures)
-        for future in futures:
+            running = list(self._running.items())
+        wait([future for _key, future in running])
+        for key, future in running:
+            self._done(key, future)
+        for _key, future in running:
             future.result()  # a simulated crash (tests) is raised in the caller
 
     def close(self) -> None:
