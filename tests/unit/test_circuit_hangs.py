@@ -93,6 +93,42 @@ def test_a_search_answering_during_a_send_hang_sends_nothing_sooner() -> None:
     assert circuits.admit("s", at(13)) is Admit.PING
 
 
+def test_however_many_reads_answer_only_a_send_closes_a_circuit_a_send_hang_opened() -> None:
+    """Sends hang, reads answer (tests/e2e/test_races.py, under load): the first search
+    probe's answer made the next probe a send, and a second search's answer closed the
+    circuit, so four sends went into the hang at once."""
+    circuits = Circuits(CircuitSettings(failures=1, probe_after=1.0, probe_max=8.0))
+    circuits.called("s", at(0), unavailable=True, timed_out=True)  # a send hung: open
+    for moment in (1.0, 1.1, 1.2):  # due searches take the probe, one after the other
+        assert circuits.admit("s", at(moment), CHECK) is Admit.PROBE
+        circuits.called("s", at(moment + 0.05), unavailable=False, kind=CHECK)
+        assert circuits.open() != []
+    assert circuits.admit("s", at(1.3)) is Admit.PROBE  # one send: the send itself
+    assert circuits.admit("s", at(1.3)) is Admit.HOLD  # and no other beside it
+    circuits.answered("s", at(1.4), SEND)  # it answered: sends work again
+    assert circuits.open() == [] and circuits.admit("s", at(1.4)) is Admit.GO
+
+
+def test_a_read_answering_neither_clears_the_hold_of_a_timeout_nor_its_count() -> None:
+    circuits = Circuits(CircuitSettings(failures=2))
+    with circuits.calling("s"), circuits.calling("s"):
+        circuits.called("s", at(0), unavailable=True, timed_out=True)  # one of two hung
+        circuits.called("s", at(0.1), unavailable=False, kind=CHECK)  # a search answered
+        assert circuits.admit("s", at(0.1)) is Admit.HOLD  # the other send may hang too
+    assert circuits.admit("s", at(0.2)) is Admit.GO  # it ended: not a hang after all
+    with circuits.calling("s"):
+        circuits.called("s", at(0.7), unavailable=True, timed_out=True)  # alone, the second
+    assert circuits.open() != []  # two in a row: the search between them was no send
+
+
+def test_a_read_that_hung_is_cleared_by_a_read_that_answers() -> None:
+    circuits = Circuits(CircuitSettings(failures=1, probe_after=1.0, probe_max=8.0))
+    circuits.called("s", at(0), unavailable=True, timed_out=True, kind=CHECK)
+    assert circuits.admit("s", at(1), CHECK) is Admit.PROBE
+    circuits.called("s", at(1.1), unavailable=False, kind=CHECK)
+    assert circuits.open() == []  # no send hung: reads answering is all it needed
+
+
 def test_an_answer_in_flight_clears_the_hold() -> None:
     circuits = Circuits(CircuitSettings(failures=3))
     with circuits.calling("s"), circuits.calling("s"):

@@ -102,9 +102,14 @@ class _State:
     last_probe: str = ""  # the kind of call the last probe was (whom it was handed to)
     probe_call: str = ""  # what the probe out now is: SEND, CHECK or PING
     waiting: set[str] = field(default_factory=set)  # kinds held since the last probe
-    # The latest failure was a hang: the next send probe is a ping, and only a send that
-    # answers closes the circuit (a ping or a search answering proves reads work).
+    # The latest failure was a hang: the next send probe is a ping (until a read or a
+    # ping answers: reads work, so the next send probe is the send itself) ...
     hung: bool = False
+    # ... and only a send that answers closes the circuit or clears the hold of a timeout
+    # among calls in flight: however many reads answer, they prove nothing about sends
+    # (a provider can answer its reads while it holds every send; tests/e2e/test_races.py
+    # saw a second read's answer close the circuit and four sends go into the hang).
+    sends_unproven: bool = False
 
     def yields(self, kind: str, now: datetime, window: float) -> bool:
         """Whether a probe due now is left to the other kind: this kind had the last one,
@@ -233,13 +238,19 @@ class Circuits:
         retry_after: float | None = None,
         *,
         timed_out: bool = False,
+        kind: str = SEND,
     ) -> None:
         """A call of `scope` proved the provider unavailable (`timed_out`: it hung)."""
         with self._lock:
-            self._failed(scope, now, retry_after, timed_out)
+            self._failed(scope, now, retry_after, timed_out, kind)
 
     def _failed(
-        self, scope: str, now: datetime, retry_after: float | None, timed_out: bool
+        self,
+        scope: str,
+        now: datetime,
+        retry_after: float | None,
+        timed_out: bool,
+        kind: str = SEND,
     ) -> None:
         # Caller holds the lock.
         settings = self.settings
@@ -251,6 +262,8 @@ class Circuits:
         if timed_out and self._in_flight.get(scope, 0) > 1:
             self._suspect.add(scope)  # the calls that started before it may hang too
         state.hung = timed_out
+        if kind == SEND:  # a read's or a ping's failure says nothing new about sends
+            state.sends_unproven = timed_out
         if state.opened_at is not None:
             if not state.probing:
                 return  # a call that started before it opened: the probe decides
@@ -296,24 +309,25 @@ class Circuits:
         (a failed search's or draft call's `ProviderError.unavailable`; `timed_out`: it
         hung), else it answered."""
         if unavailable or timed_out:
-            self.unavailable(scope, now, retry_after, timed_out=timed_out)
+            self.unavailable(scope, now, retry_after, timed_out=timed_out, kind=kind)
         else:
             self.answered(scope, now, kind)
 
     def answered(self, scope: str, now: datetime | None = None, kind: str = SEND) -> None:
         """A call of `scope` got an answer that is not "unavailable": closed. After a
-        hang, an answer to a read or a ping only says reads work: the next probe is a
-        send, at its time (a provider whose reads answer may still hang its sends, and
-        each send into a hang is one more Unknown); a ping that was the probe hands the
-        probe to that send at once."""
+        hang, an answer to a read or a ping only says reads work, however many of them
+        answer: the circuit stays as it is until a send answers, its next send probe is
+        the send itself, at its time (a provider whose reads answer may still hang its
+        sends, and each send into a hang is one more Unknown); a ping that was the probe
+        hands the probe to that send at once."""
         with self._lock:
-            self._suspect.discard(scope)
             state = self._states.get(scope)
-            if state is not None and state.hung and kind != SEND and state.opened_at is not None:
+            if state is not None and state.sends_unproven and kind != SEND:
                 state.hung = False
                 if state.probing and state.probe_call == kind:
                     state.probing = False
                 return
+            self._suspect.discard(scope)
             self._states.pop(scope, None)
 
     def probe_returned(self, scope: str) -> None:

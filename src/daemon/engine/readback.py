@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from daemon.engine.circuit import Circuits
+from daemon.engine.circuit import CHECK, Circuits
 from daemon.engine.clock import Clock
 from daemon.providers.base import Provider, ProviderError
 from ledger.application import Ledger
@@ -110,10 +110,11 @@ class ProviderHealth:
                     self._clock(),
                     unavailable=exc.unavailable,
                     retry_after=exc.retry_after,
+                    kind=CHECK,
                 )
             return
         if self._circuits is not None:
-            self._circuits.answered(provider.scope())
+            self._circuits.answered(provider.scope(), kind=CHECK)  # a read: not a send
         if stored is not None and same_message_id(stored, job.message_id):
             return
         if not carries_message_id(raw, job.message_id):
