@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from daemon.bootstrap import Service
 from daemon.config.secret_files import warn_exposed_secrets
 from daemon.config.settings import ConfigError
 from daemon.engine import TickReport
@@ -42,6 +41,9 @@ from daemon.webhooks.delivery_threads import (
     start_webhooks,
 )
 from ledger.stores import IdentityLock, IdentityTaken
+
+if TYPE_CHECKING:
+    from daemon.bootstrap import Service
 
 if TYPE_CHECKING:
     from daemon.api.server import ApiServer

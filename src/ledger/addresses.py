@@ -4,7 +4,7 @@ message can carry unchanged, or it is refused with a reason. Nothing is dropped 
 repaired (a space inside a domain once sent mail to another recipient).
 
 Accepted: ``local@domain`` or ``Display Name <local@domain>`` (the display name may be
-quoted, and may be any Unicode except the characters :func:`unsafe_character` names).
+quoted, and may be any Unicode except the characters ``ledger/characters.py`` refuses).
 The local part is an RFC 5322 dot-atom in ASCII; the domain is a host name (letters,
 digits, hyphens, at least two labels, no label starting or ending with a hyphen, not all
 digits at the end). An internationalized domain is converted to its IDNA A-label form
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import functools
 import re
-import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ledger.characters import invisible, unsafe_character
 from ledger.exceptions import Refusal, SendledgerError
 
 if TYPE_CHECKING:
@@ -38,11 +38,9 @@ if TYPE_CHECKING:
 __all__ = [
     "AddressError",
     "Mailbox",
-    "invisible",
     "mailbox_key",
     "parse_mailbox",
     "unquote",
-    "unsafe_character",
 ]
 
 MAX_LOCAL = 64
@@ -57,15 +55,6 @@ _LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _SPECIALS = set('()<>[]:;@\\,"')
 _SPACES = re.compile(" {2,}")
 
-#: Explicit direction overrides, embeddings and isolates: they reorder what a reader sees
-#: ("Trojan Source"), so a display name or subject could show one thing and say another.
-#: Left-to-right and right-to-left marks (U+200E, U+200F) stay allowed: mixed-direction
-#: text needs nothing more, and a mark cannot reorder a run.
-BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-#: Letters that show as nothing (Hangul fillers) and the combining grapheme joiner: with the
-#: format characters (category Cf) and the spaces other than U+0020 (Zs), what
-#: :func:`invisible` calls invisible.
-_FILLERS = frozenset("\u034f\u115f\u1160\u3164\uffa0")
 #: The marks that mixed-direction text needs (allowed in display names, even at an end).
 _DIRECTION_MARKS = frozenset("\u200e\u200f")
 
@@ -95,41 +84,6 @@ class Mailbox:
     def __str__(self) -> str:
         """Canonical text: what the job stores and the message's header carries."""
         return str(self.address)
-
-
-# Exactly the characters unsafe_character describes (category Cc is C0, DEL and C1; Zl and
-# Zp are U+2028 and U+2029; Cs the surrogates): one regex search instead of a category
-# lookup per character, so a long value costs microseconds.
-_UNSAFE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff" + "".join(sorted(BIDI_CONTROLS)) + "]"
-)
-
-
-def unsafe_character(value: str) -> str | None:
-    """A description of the first character that may not appear in a header value (a
-    subject, a display name), or None. Refused: control characters (NUL, TAB, VT, FF,
-    NEL, ...: the C0 and C1 sets and DEL), the Unicode line and paragraph separators
-    (U+2028, U+2029: some mail software breaks lines there), bidi controls
-    (:data:`BIDI_CONTROLS`) and lone surrogates (they cannot be encoded)."""
-    found = _UNSAFE.search(value)
-    if found is None:
-        return None
-    char = found.group()
-    category = unicodedata.category(char)
-    if category == "Cc":
-        return f"a control character (U+{ord(char):04X})"
-    if category in ("Zl", "Zp"):
-        return f"a line separator (U+{ord(char):04X})"
-    if char in BIDI_CONTROLS:
-        return f"a bidi control character (U+{ord(char):04X})"
-    return f"a lone surrogate (U+{ord(char):04X})"
-
-
-def invisible(char: str) -> bool:
-    """Whether `char` shows as nothing, or as a space that is not U+0020: a format
-    character (U+200B ZERO WIDTH SPACE, U+FEFF, U+00AD SOFT HYPHEN, ...), another space
-    (U+00A0, U+3000, ...), a Hangul filler or the combining grapheme joiner."""
-    return char in _FILLERS or (char != " " and unicodedata.category(char) in ("Cf", "Zs"))
 
 
 def parse_mailbox(value: object) -> Mailbox:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.addresses import unsafe_character
+from ledger.characters import unsafe_character
 from ledger.exceptions import Refusal, SendledgerError
 
 FIELDS = ("filename", "content_type", "content_base64")

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger.addresses import AddressError, Mailbox, parse_mailbox, unsafe_character
+from ledger.addresses import AddressError, Mailbox, parse_mailbox
 from ledger.attachments import Attachment, AttachmentError, from_stored, parse_attachment
+from ledger.characters import unsafe_character
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.extra_headers import (
     ASCII_ONLY,

@@ -15,7 +15,7 @@ import shlex
 import unicodedata
 from datetime import UTC, datetime
 
-from ledger.addresses import BIDI_CONTROLS
+from ledger.characters import BIDI_CONTROLS
 
 
 def _escaped(char: str) -> str:

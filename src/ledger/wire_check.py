@@ -25,8 +25,9 @@ import re
 from dataclasses import dataclass
 from email.utils import format_datetime
 
-from ledger.addresses import unquote, unsafe_character
+from ledger.addresses import unquote
 from ledger.attachments import Attachment, filename_problem
+from ledger.characters import unsafe_character
 from ledger.content import JobInputError
 from ledger.exceptions import SendledgerError
 from ledger.header_encoding import MAX_LINE, client_view, parameter_value

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from daemon.providers.message import Envelope
-from ledger.addresses import BIDI_CONTROLS, unsafe_character
 from ledger.attachments import parse_attachment
+from ledger.characters import BIDI_CONTROLS, unsafe_character
 from ledger.content import (
     MAX_ADDRESS_TEXT,
     MAX_EXTRA_HEADERS,

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from ledger.addresses import BIDI_CONTROLS
+from ledger.characters import BIDI_CONTROLS
 from ledger.display import iso, printable
 
 #: What `printable` escapes and `json.dumps(ensure_ascii=False)` leaves raw. JSON text has

@@ -27,9 +27,12 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ledger.application import Ledger
-from ledger.job import SendJob
+if TYPE_CHECKING:
+    from ledger.application import Ledger
+    from ledger.job import SendJob
+
 
 log = logging.getLogger("sendledger.engine")
 

@@ -23,15 +23,18 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from daemon.engine.circuit import Circuits
-from daemon.engine.runner import Work
 from daemon.providers.base import ProviderError
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
 from ledger.exceptions import SendledgerError
 from ledger.job import SendJob
 from policies import decisions
 from policies.model import ChannelPolicy
+
+if TYPE_CHECKING:
+    from daemon.engine.runner import Work
 
 log = logging.getLogger("sendledger.engine")
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from daemon.service_layer.job_json import DUPLICATE_REASON, duplicate_field
 from daemon.service_layer.job_json import loads as decode_jobs
-from ledger.application import Ledger, SubmitResult
 from ledger.content import JobContent, JobInputError, JobInputErrors, parse_job
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob
@@ -23,6 +22,7 @@ from ledger.message_id import message_id_for
 from ledger.vocabulary import Sender
 
 if TYPE_CHECKING:
+    from ledger.application import Ledger, SubmitResult
     from ledger.mime import MessageLimits
     from policies.loader import PolicySet
 

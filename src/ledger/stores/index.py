@@ -18,15 +18,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
 
 from ledger.addresses import mailbox_key
-from ledger.job import SendJob
 from ledger.stores.purge import RewriteFailed, rewrites_from
 from ledger.vocabulary import JobState
+
+if TYPE_CHECKING:
+    from ledger.job import SendJob
 
 INDEX_TABLE = "sendledger_jobs"
 #: The keyword argument of `Application.save` (and so of the recorder's insert) that

@@ -1,0 +1,56 @@
+"""Which characters text bound for a header may not carry, and which show as nothing:
+one place for the address parser (`addresses.py`), the job's fields (`content.py`), the
+attachments' names (`attachments.py`), the proof of what goes on the wire
+(`wire_check.py`) and what is shown to a person (`display.py`, the CLI's output). No
+imports of ours: the lowest layer of the ledger's checks."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+__all__ = ["BIDI_CONTROLS", "invisible", "unsafe_character"]
+
+#: Explicit direction overrides, embeddings and isolates: they reorder what a reader sees
+#: ("Trojan Source"), so a display name or subject could show one thing and say another.
+#: Left-to-right and right-to-left marks (U+200E, U+200F) stay allowed: mixed-direction
+#: text needs nothing more, and a mark cannot reorder a run.
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+#: Letters that show as nothing (Hangul fillers) and the combining grapheme joiner: with the
+#: format characters (category Cf) and the spaces other than U+0020 (Zs), what
+#: :func:`invisible` calls invisible.
+_FILLERS = frozenset("\u034f\u115f\u1160\u3164\uffa0")
+
+# Exactly the characters unsafe_character describes (category Cc is C0, DEL and C1; Zl and
+# Zp are U+2028 and U+2029; Cs the surrogates): one regex search instead of a category
+# lookup per character, so a long value costs microseconds.
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff" + "".join(sorted(BIDI_CONTROLS)) + "]"
+)
+
+
+def unsafe_character(value: str) -> str | None:
+    """A description of the first character that may not appear in a header value (a
+    subject, a display name), or None. Refused: control characters (NUL, TAB, VT, FF,
+    NEL, ...: the C0 and C1 sets and DEL), the Unicode line and paragraph separators
+    (U+2028, U+2029: some mail software breaks lines there), bidi controls
+    (:data:`BIDI_CONTROLS`) and lone surrogates (they cannot be encoded)."""
+    found = _UNSAFE.search(value)
+    if found is None:
+        return None
+    char = found.group()
+    category = unicodedata.category(char)
+    if category == "Cc":
+        return f"a control character (U+{ord(char):04X})"
+    if category in ("Zl", "Zp"):
+        return f"a line separator (U+{ord(char):04X})"
+    if char in BIDI_CONTROLS:
+        return f"a bidi control character (U+{ord(char):04X})"
+    return f"a lone surrogate (U+{ord(char):04X})"
+
+
+def invisible(char: str) -> bool:
+    """Whether `char` shows as nothing, or as a space that is not U+0020: a format
+    character (U+200B ZERO WIDTH SPACE, U+FEFF, U+00AD SOFT HYPHEN, ...), another space
+    (U+00A0, U+3000, ...), a Hangul filler or the combining grapheme joiner."""
+    return char in _FILLERS or (char != " " and unicodedata.category(char) in ("Cf", "Zs"))
