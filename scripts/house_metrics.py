@@ -276,10 +276,17 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             if len(group) > 1:
                 groups.append(sorted(group))
 
-    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
+    # Deep enough for any import graph, and put back after: the limit is the process's
+    # (tests/unit/test_layers.py calls this in the test session, where another test reads
+    # the limit as the JSON decoder's nesting depth that docs/http-api.md quotes).
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(10_000, limit))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
     return sorted(groups)
 
 
