@@ -19,9 +19,10 @@ from daemon.config.settings import (
     Settings,
     SmtpImapProviderSettings,
 )
-from daemon.engine import Engine, PolicyHolder
 from daemon.engine.circuit import CircuitSettings
 from daemon.engine.observer import EngineObserver
+from daemon.engine.policy_holder import PolicyHolder
+from daemon.engine.tick import Engine
 from daemon.providers.base import Provider
 from ledger.application import Ledger
 from policies.loader import PolicySet

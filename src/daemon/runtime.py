@@ -29,7 +29,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from daemon.config.secret_files import warn_exposed_secrets
 from daemon.config.settings import ConfigError
-from daemon.engine import TickReport
+from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
 from daemon.service_layer.retention import RetentionJob
 from daemon.systemd import Notifier, watchdog_interval

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from tests.integration.api_kit import Api, running_api, write_config
 
-from daemon.service_layer.intake import MAX_BATCH, MAX_LISTED, batch_too_long
+from daemon.service_layer.problems import MAX_BATCH, MAX_LISTED, batch_too_long
 
 
 @pytest.fixture

@@ -26,7 +26,8 @@ from daemon.api.bodies import decode_body
 from daemon.api.paths import canonical_path, key_segment
 from daemon.api.signin_limit import FAILURES, WINDOW, SignInLimit
 from daemon.config.settings import ConfigError, settings_from_dict
-from daemon.service_layer.intake import MAX_LISTED, FieldProblem, IntakeError
+from daemon.service_layer.intake import IntakeError
+from daemon.service_layer.problems import MAX_LISTED, FieldProblem
 from ledger.keys import identifier_problem
 from sendledger.client import Invalid
 

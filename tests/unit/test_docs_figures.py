@@ -41,8 +41,8 @@ from daemon.providers.gmail import SCOPES
 from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS, GMAIL_SEND_UNITS
 from daemon.providers.transport import DEFAULT_MAX_IDLE
 from daemon.service_layer.guidance import MEANING, NEXT
-from daemon.service_layer.intake import MAX_LISTED
 from daemon.service_layer.listing import LIMIT_DEFAULT, LIMIT_MAX
+from daemon.service_layer.problems import MAX_LISTED
 from daemon.service_layer.read_models import CONTENT_PAGE
 from daemon.service_layer.services import SORTS, TRIAGE_NOTE, Services
 from daemon.tools import demo, probe

@@ -18,7 +18,8 @@ from tests.unit.test_services import services
 
 from daemon.api.app import create_app
 from daemon.config.settings import ConfigError, settings_from_dict
-from daemon.service_layer.intake import MAX_LISTED, IntakeError, parse_jobs, unknown_channel
+from daemon.service_layer.intake import IntakeError, parse_jobs, unknown_channel
+from daemon.service_layer.problems import MAX_LISTED
 from daemon.service_layer.services import ServiceError
 from ledger.application import KeyConflict, Ledger
 from ledger.content import parse_job

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from daemon.api.auth import Sessions, TokenBook
 from daemon.api.health import HealthSources
@@ -57,3 +58,7 @@ class ApiContext:
 def context_of(request: Request) -> ApiContext:
     ctx: ApiContext = request.app.state.ctx
     return ctx
+
+
+#: A route's context, as a FastAPI dependency (`ctx: Ctx`).
+Ctx = Annotated[ApiContext, Depends(context_of)]

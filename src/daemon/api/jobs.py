@@ -6,34 +6,24 @@ import json
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
 from daemon.api.bodies import decode_jobs_off_loop
-from daemon.api.context import ApiContext, context_of
+from daemon.api.context import Ctx
 from daemon.api.errors import documented, invalid
 from daemon.api.models import NO_NUL, CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus, exactly
-from daemon.api.roles import V1Route, caller_identity
-from daemon.service_layer.intake import MAX_BATCH, FieldProblem, batch_too_long
+from daemon.api.roles import Caller, V1Route
 from daemon.service_layer.listing import LIMIT_MAX, STATES
+from daemon.service_layer.problems import MAX_BATCH, FieldProblem, batch_too_long
 from daemon.service_layer.read_models import job_status
 from daemon.service_layer.services import ServiceError
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")
 router = APIRouter(prefix="/v1", route_class=V1Route)
-Ctx = Annotated[ApiContext, Depends(context_of)]
-
-
-def caller(request: Request) -> str:
-    """The token's name: its token and role were checked before the route ran (401, 403:
-    `daemon.api.roles`)."""
-    return caller_identity(request).name
-
-
-Caller = Annotated[str, Depends(caller)]
 
 _JOB_SCHEMA = JobIn.model_json_schema(ref_template="#/components/schemas/{model}")
 _REQUEST_BODY = {

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Body, Query
 from fastapi.concurrency import run_in_threadpool
 
 import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
+from daemon.api.context import Ctx
 from daemon.api.errors import documented
-from daemon.api.jobs import Caller, Ctx
 from daemon.api.models import (
     NO_NUL,
     CheckOut,
@@ -22,7 +22,7 @@ from daemon.api.models import (
     TriageItemOut,
     exactly,
 )
-from daemon.api.roles import V1Route
+from daemon.api.roles import Caller, V1Route
 from daemon.service_layer.read_models import job_status
 from ledger.display import printable
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from policies.loader import PolicySet
+if TYPE_CHECKING:
+    from policies.loader import PolicySet
+
 
 log = logging.getLogger("sendledger.engine")
 

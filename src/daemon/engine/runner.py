@@ -14,12 +14,11 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from daemon.engine.clock import Clock
 from daemon.engine.commit import GroupCommit
 from daemon.engine.observer import EngineObserver, NullObserver, notify
-from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import Count, Counter
 from daemon.providers.base import Provider
 from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
@@ -28,6 +27,9 @@ from ledger.job import SendJob, TransitionError
 from ledger.vocabulary import JobState
 from policies import decisions
 from policies.model import ChannelPolicy
+
+if TYPE_CHECKING:
+    from daemon.engine.policy_holder import PolicyHolder
 
 log = logging.getLogger("sendledger.engine")
 T = TypeVar("T")

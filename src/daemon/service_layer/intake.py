@@ -9,12 +9,12 @@ and every key checked for a conflict before any job is written.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from daemon.service_layer.job_json import DUPLICATE_REASON, duplicate_field
 from daemon.service_layer.job_json import loads as decode_jobs
+from daemon.service_layer.problems import MAX_LISTED, FieldProblem
 from ledger.content import JobContent, JobInputError, JobInputErrors, parse_job
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob
@@ -29,34 +29,6 @@ if TYPE_CHECKING:
 # The renderer (`daemon/providers/message.py`), the MIME limits and the policies' sender
 # rules are imported where a submission needs them: the read commands import this module's
 # types only.
-
-
-@dataclass(frozen=True)
-class FieldProblem:
-    """One refused field: `index` is the job's place in a list (None for one job)."""
-
-    index: int | None
-    field: str
-    reason: str
-
-    def __str__(self) -> str:
-        where = "job." if self.index is None else f"job[{self.index}]."
-        return f"{where}{self.field}: {self.reason}"
-
-
-#: At most this many problems are kept (and listed by a 422), whatever the batch's size:
-#: an 8 MB list of `{}` must not make a response many times its size (docs/http-api.md "HTTP API").
-MAX_LISTED = 100
-#: The most jobs one `POST /v1/jobs` takes (docs/http-api.md "HTTP API"). A longer list is
-#: refused whole before any job is looked at: validating an 8 MB list of `{}` (2.7 million
-#: jobs, 13 million problems counted) took minutes; one at the limit takes well under a
-#: second. The command line reads its own files and takes any number.
-MAX_BATCH = 10_000
-
-
-def batch_too_long(jobs: int) -> FieldProblem:
-    """The one problem of a list longer than MAX_BATCH."""
-    return FieldProblem(None, "job", f"a list of {jobs} jobs: at most {MAX_BATCH} in one request")
 
 
 class IntakeError(SendledgerError, ValueError):

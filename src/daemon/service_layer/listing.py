@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from daemon.config.moments import parse_moment
-from daemon.service_layer.intake import FieldProblem
+from daemon.service_layer.problems import FieldProblem
 from ledger.vocabulary import JobState
 
 LIMIT_DEFAULT = 100

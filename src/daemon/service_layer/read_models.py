@@ -14,14 +14,16 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ledger.application import Ledger
 from ledger.delivery_reports import said
 from ledger.display import iso
 from ledger.job import SendJob
 from ledger.stores.index import IndexRow
 from ledger.vocabulary import JobState
+
+if TYPE_CHECKING:
+    from ledger.application import Ledger
 
 _EVENT_BASE_FIELDS = {"originator_id", "originator_version", "timestamp", "originator_topic"}
 #: Event fields too large or too internal for a timeline (kept in `history --json`).

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.service_layer.guidance import SENT_NEEDS_NOTE, Guidance, copies_known, guidance_for
 from daemon.service_layer.intake import (
-    FieldProblem,
     IntakeError,
     check_messages,
     parse_jobs,
@@ -35,6 +34,7 @@ from daemon.service_layer.intake import (
     submit_jobs,
 )
 from daemon.service_layer.listing import encode_cursor, parse_query
+from daemon.service_layer.problems import FieldProblem
 from daemon.service_layer.read_models import (
     CONTENT_PAGE,
     attachments_of,
