@@ -11,8 +11,8 @@ from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics, Sources
 from daemon.api.server import ApiServer, ListenRefused
 from daemon.config.settings import ConfigError, Settings
-from daemon.engine import PolicyHolder
 from daemon.engine.circuit import OpenCircuit
+from daemon.engine.policy_holder import PolicyHolder
 from daemon.from_settings import draft_providers, message_limits, thread_providers
 from daemon.providers.base import Provider
 from daemon.service_layer.doors import PolicyWatch, built_providers, lent_providers

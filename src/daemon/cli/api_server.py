@@ -9,7 +9,7 @@ from typing import Any
 
 from daemon.config.secret_files import warn_exposed_secrets
 from daemon.config.settings import parse_listen
-from daemon.engine import PolicyHolder
+from daemon.engine.policy_holder import PolicyHolder
 from daemon.exit_codes import bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.logs import setup_logging

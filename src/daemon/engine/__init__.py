@@ -14,8 +14,25 @@ holds the Message-ID read-back. A job's message is rendered by
 one job through them.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import TickReport
-from daemon.engine.tick import Engine
+
+if TYPE_CHECKING:
+    from daemon.engine.tick import Engine
 
 __all__ = ["Engine", "PolicyHolder", "TickReport"]
+
+
+def __getattr__(name: str) -> object:
+    # The engine itself (its workers, steps and their imports) loads for whoever asks for
+    # `Engine`: a module that imports one of the package's modules (the API server's
+    # circuit view and PolicyHolder) loads that module, not the whole engine.
+    if name == "Engine":
+        from daemon.engine.tick import Engine
+
+        return Engine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
