@@ -20,8 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from daemon.api.models import Invalid, Problem
-from daemon.service_layer.problems import MAX_LISTED, FieldProblem
-from daemon.service_layer.services import ServiceError
+from daemon.service_layer.problems import MAX_LISTED, FieldProblem, ServiceError
 from ledger.content import JobInputError
 from ledger.exceptions import Refusal, SendledgerError
 

@@ -17,9 +17,8 @@ from daemon.api.errors import documented, invalid
 from daemon.api.models import NO_NUL, CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus, exactly
 from daemon.api.roles import Caller, V1Route
 from daemon.service_layer.listing import LIMIT_MAX, STATES
-from daemon.service_layer.problems import MAX_BATCH, FieldProblem, batch_too_long
+from daemon.service_layer.problems import MAX_BATCH, FieldProblem, ServiceError, batch_too_long
 from daemon.service_layer.read_models import job_status
-from daemon.service_layer.services import ServiceError
 from ledger.display import printable
 
 log = logging.getLogger("sendledger.api")

@@ -30,16 +30,16 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from daemon.api.auth import SESSION_COOKIE, SESSION_SECONDS, bearer
-from daemon.api.context import ApiContext, context_of
+from daemon.api.context import ApiContext, Ctx, context_of
 from daemon.api.errors import status_of
 from daemon.api.overview import NARROW, hourly_chart
 from daemon.api.paths import key_segment
 from daemon.api.roles import PAGE_ROLE, forbidden
+from daemon.service_layer.problems import ServiceError
 from daemon.service_layer.read_models import timeline_details
 from daemon.service_layer.services import (
     SORTS,
     CheckAnswer,
-    ServiceError,
     TriageItem,
     resolve_as_a_person,
 )
@@ -47,7 +47,6 @@ from ledger.display import command_line, printable
 from ledger.vocabulary import OPEN_STATES, Resolution
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
-Ctx = Annotated[ApiContext, Depends(context_of)]
 
 
 def _finalize(value: Any) -> Any:

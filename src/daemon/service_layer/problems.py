@@ -1,13 +1,18 @@
-"""What a refused input says, and how much of it: one field and one reason per problem,
-at most `MAX_LISTED` of them, at most `MAX_BATCH` jobs in one request. Intake
-(`intake.py`) finds them, a listing's query (`listing.py`) too, and the doors print them
-(`daemon/api/errors.py`: a 422). No imports of ours."""
+"""What a refusal of the services says: its kind and message (`ServiceError`), and for
+invalid input one field and one reason per problem, at most `MAX_LISTED` of them, at most
+`MAX_BATCH` jobs in one request. Intake (`intake.py`) finds problems, a listing's query
+(`listing.py`) too, the services raise the error, and each door maps it once
+(`daemon/api/errors.py`: a 422 for problems). Below the services: a door names these
+without importing them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MAX_BATCH", "MAX_LISTED", "FieldProblem", "batch_too_long"]
+from ledger.exceptions import Refusal, SendledgerError
+
+__all__ = ["MAX_BATCH", "MAX_LISTED", "FieldProblem", "ServiceError", "batch_too_long"]
 
 
 @dataclass(frozen=True)
@@ -36,3 +41,24 @@ MAX_BATCH = 10_000
 def batch_too_long(jobs: int) -> FieldProblem:
     """The one problem of a list longer than MAX_BATCH."""
     return FieldProblem(None, "job", f"a list of {jobs} jobs: at most {MAX_BATCH} in one request")
+
+
+class ServiceError(SendledgerError):
+    """A service's refusal: its `kind` (ledger/exceptions.py: Refusal) is given where it is
+    raised, and each door maps it as it maps every error of the tree."""
+
+    kind: Refusal
+
+    def __init__(
+        self,
+        kind: Refusal,
+        message: str,
+        problems: Sequence[FieldProblem] = (),
+        total: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.problems = list(problems)
+        # How many problems there were: `problems` lists at most MAX_LISTED.
+        self.total = max(total or 0, len(self.problems))

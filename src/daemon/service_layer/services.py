@@ -34,7 +34,7 @@ from daemon.service_layer.intake import (
     submit_jobs,
 )
 from daemon.service_layer.listing import encode_cursor, parse_query
-from daemon.service_layer.problems import FieldProblem
+from daemon.service_layer.problems import FieldProblem, ServiceError
 from daemon.service_layer.read_models import (
     CONTENT_PAGE,
     attachments_of,
@@ -54,7 +54,7 @@ from ledger.application import (
 )
 from ledger.content import JobContent, JobInputError
 from ledger.display import command_line, iso
-from ledger.exceptions import Refusal, SendledgerError
+from ledger.exceptions import Refusal
 from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name, copies_found
 from ledger.keys import note_problem
 from ledger.vocabulary import FINAL_STATES, JobState, Resolution, Sender
@@ -71,27 +71,6 @@ ProviderSource = Callable[[str], AbstractContextManager[Provider]]
 TRIAGE_NOTE = "triage: one copy found"
 _WRITE_TRIES = 5
 T = TypeVar("T")
-
-
-class ServiceError(SendledgerError):
-    """A service's refusal: its `kind` (ledger/exceptions.py: Refusal) is given where it is
-    raised, and each door maps it as it maps every error of the tree."""
-
-    kind: Refusal
-
-    def __init__(
-        self,
-        kind: Refusal,
-        message: str,
-        problems: Sequence[FieldProblem] = (),
-        total: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.problems = list(problems)
-        # How many problems there were: `problems` lists at most intake.MAX_LISTED.
-        self.total = max(total or 0, len(self.problems))
 
 
 @dataclass(frozen=True)
