@@ -39,6 +39,8 @@ def test_audit_filters_and_formats(cli: Any) -> None:
 
     lines = cli.run("audit", "--format", "json", "--state", "requested").stdout.splitlines()
     assert [json.loads(line)["key"] for line in lines] == ["audit-0", "audit-2"]
+    # --json, as every other read command takes it, is --format json.
+    assert cli.run("audit", "--json", "--state", "requested").stdout.splitlines() == lines
 
     table = cli.run("audit").stdout
     assert all(f"audit-{i}" in table for i in range(3))

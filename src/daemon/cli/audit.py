@@ -63,6 +63,10 @@ def register(sub: Any) -> None:
         default="table",
         help="table (default), json (JSON lines, exact values) or csv (for spreadsheets)",
     )
+    # Every other read command takes --json; a user who types it here means the same.
+    p.add_argument(
+        "--json", dest="format", action="store_const", const="json", help="--format json"
+    )
     p.set_defaults(func=cmd_audit)
 
 
