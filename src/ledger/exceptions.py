@@ -35,7 +35,7 @@ so a user's program runs it without the daemon's packages.
           ├── not found                  kind NOT_FOUND (exit 4, HTTP 404)
           │    └── UnknownJob                            ledger/application.py
           ├── ServiceError               the kind given where it is raised (UNAVAILABLE:
-          │                              exit 1, HTTP 503): daemon/service_layer/services.py
+          │                              exit 1, HTTP 503): daemon/service_layer/problems.py
           ├── CliError                   its own exit code: daemon/exit_codes.py
           ├── ApiError                   its own status: daemon/api/errors.py
           └── failures                   kind None
