@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import random
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from ledger.decision_types import (
     AfterBounce,
@@ -49,7 +50,9 @@ from ledger.decision_types import (
     StopVerifying,
 )
 from ledger.vocabulary import EscalationReason, PolicyRef
-from policies.model import ChannelPolicy
+
+if TYPE_CHECKING:  # the policy is read, never built, here: its model is a type only
+    from policies.model import ChannelPolicy
 
 __all__ = [
     "MAX_RETRY_AFTER",
