@@ -17,11 +17,11 @@ from tests.unit.jobs import DEADLINE, MESSAGE_ID, PROVIDER, requested_job
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
-from daemon.engine.dispatch import unknown_to_events
 from daemon.engine.drafts import DraftAlreadySent, prepare_draft, settle_by_draft
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.report import Counter
 from daemon.engine.runner import Work
+from daemon.engine.unknown import unknown_to_events
 from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.vocabulary import ConfirmedVia, JobState

@@ -2,7 +2,8 @@
 
 Public: :class:`Engine` (``hand_out``, ``tick``, ``stop``, ``close``), :class:`TickReport`
 and :class:`PolicyHolder`. The steps live in their own modules: ``dispatch`` (one job from
-its claim to its saved outcome), ``recover`` (attempts past their deadline), ``search``
+its claim to its saved outcome), ``recover`` (attempts past their deadline), ``unknown``
+(what an outcome that cannot be known leads to, for both), ``search``
 (sweep unknown outcomes, verify resent jobs, tidy drafts), around one ``runner``;
 ``sends`` (the send workers and the steps they run: a queue per scope, taken in turn),
 ``circuit`` (an outage waited out), ``commit`` (group commit), ``leases`` (a claim

@@ -29,11 +29,12 @@ from daemon.engine.clock import Clock
 from daemon.engine.leases import Leases
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work
+from daemon.engine.unknown import unknown_to_events
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from daemon.providers.message import render_checked
 from ledger.application import ConcurrentUpdate
-from ledger.decision_types import AfterRejection, AfterUnknown, Review
+from ledger.decision_types import AfterRejection, Review
 from ledger.job import DRAFTS_CLAIM_LOST, SendJob, TransitionError
 from ledger.vocabulary import EscalationReason, JobState
 from ledger.wire_check import RenderMismatch
@@ -414,35 +415,3 @@ def _tidy_at(policy: ChannelPolicy, provider: Provider, now: datetime) -> dateti
 def _scope(work: Work) -> str:
     """The scope (circuit, queue) of a job's provider; "" for a job without one."""
     return "" if work.provider is None else work.provider.scope()
-
-
-def save_unknown_outcome(
-    work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str
-) -> None:
-    """An attempt whose outcome cannot be known, saved: search later, or review."""
-    unknown_to_events(work, policy, health, reason)
-    work.save()
-    log.info("job %s outcome unknown (%s)", work.job.key, reason)
-
-
-def unknown_to_events(
-    work: Work, policy: ChannelPolicy, health: ProviderHealth, reason: str
-) -> None:
-    """An unknown outcome as events on the job in memory (not saved). The rule is chosen
-    here, once: with a recorded draft, the draft's check at once (every channel: the
-    sweep's, which deletes a draft still unsent before it says so); without one, the
-    policy's rule for unknown outcomes, with the mailbox's history read at once when the
-    claim recorded a historyId and the provider reads its history."""
-    decision: AfterUnknown
-    if drafts_flow.recorded_draft(work.job) is not None:
-        decision = decisions.after_unknown_draft(policy, now=work.now)
-    else:
-        decision = decisions.after_unknown(
-            policy,
-            now=work.now,
-            handle_reliable=health.reliable(policy.provider),
-            history=work.job.history_id is not None
-            and work.provider is not None
-            and work.provider.history() is not None,
-        )
-    work.job.record_unknown(reason=reason, decision=decision, at=work.now)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from daemon.engine.dispatch import save_unknown_outcome
 from daemon.engine.leases import Leases
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.runner import Work, due
+from daemon.engine.unknown import save_unknown_outcome
 from ledger.job import SendJob
 from ledger.vocabulary import JobState
 from policies import decisions

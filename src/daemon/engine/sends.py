@@ -43,11 +43,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
+from typing import TYPE_CHECKING
 
 from daemon.engine.circuit import PING, Admit, Circuits
 from daemon.engine.clock import Clock
 from daemon.engine.commit import GroupCommit
-from daemon.engine.dispatch import Dispatch
 from daemon.engine.owners import OurScopes
 from daemon.engine.report import Counter
 from daemon.engine.runner import StepRunner, Work
@@ -55,6 +55,9 @@ from daemon.providers.base import Provider, ProviderError
 from ledger.application import Ledger
 from ledger.vocabulary import JobState
 from policies import decisions
+
+if TYPE_CHECKING:
+    from daemon.engine.dispatch import Dispatch
 
 log = logging.getLogger("sendledger.engine")
 
