@@ -6,6 +6,7 @@ import ast
 import functools
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -263,10 +264,7 @@ def test_psycopg_is_imported_only_for_a_postgresql_store(tmp_path: Path) -> None
     assert importers == ["ledger/stores/postgres.py"]
 
 
-def test_no_modules_import_each_other_in_a_circle() -> None:
-    """Every import counted, `TYPE_CHECKING` ones too (docs/architecture.md "Layers and
-    what each may import"): two modules that need each other's names share a third, as
-    providers/outcomes.py and the provider's `*Calls` protocols do."""
+def _house_metrics() -> Any:
     import importlib.util
     import sys
 
@@ -277,4 +275,20 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
     metrics = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("house_metrics", metrics)
     spec.loader.exec_module(metrics)
+    return metrics
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """Every import counted, `TYPE_CHECKING` ones too (docs/architecture.md "Layers and
+    what each may import"): two modules that need each other's names share a third, as
+    providers/outcomes.py and the provider's `*Calls` protocols do."""
+    metrics = _house_metrics()
     assert metrics.cycles(metrics.import_edges(SRC, every=True)) == []
+
+
+def test_no_import_chain_of_our_modules_is_longer_than_ten() -> None:
+    """What loads while a module loads (`TYPE_CHECKING` and function-local imports not
+    counted): a newcomer follows at most ten of our modules from a door to a leaf."""
+    metrics = _house_metrics()
+    chain = metrics.longest_chain(metrics.import_edges(SRC, every=False))
+    assert len(chain) <= 10, " -> ".join(chain)
