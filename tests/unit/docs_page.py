@@ -1,7 +1,6 @@
 """Reading the docs the way the docs tests compare them with the code (docs/development.md
-"Writing the docs"): a page, a section by its heading, a Markdown table as rows, the code
-spans of a text and the lines outside fenced code (code shows headings and links; it has
-none). One reader for every page, so a table is read the same wherever it is."""
+"Writing the docs"): a page, a section, a table as rows, a fenced block, code spans, the
+lines outside fenced code, and whether a test or bench path a page names is there."""
 
 from __future__ import annotations
 
@@ -13,15 +12,18 @@ DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
 CODE = re.compile(r"`([^`\n]+)`")
 FENCE = re.compile(r"^\s*(```|~~~)")
+SOURCE_PATH = re.compile(
+    r"(?<![\w/.])(?:src/)?((?:daemon|ledger|policies|testkit|sendledger)/[\w/]+\.py)"
+)
+REPO_PATH = re.compile(r"(?<![\w/.])((?:tests|bench)/[\w/]+\.py)(?:::(\w+))?")
 
 
 def prose_lines(text: str) -> list[str]:
     """The lines outside fenced code blocks."""
     lines, fenced = [], False
     for line in text.splitlines():
-        if FENCE.match(line):
-            fenced = not fenced
-        elif not fenced:
+        fenced ^= bool(FENCE.match(line))
+        if not fenced and not FENCE.match(line):
             lines.append(line)
     return lines
 
@@ -32,8 +34,7 @@ def page(name: str) -> str:
 
 def section(where: Path | str, heading: str, *, until: int | None = None) -> str:
     """The text under `heading` (a whole line, `## Stores`, or a bare title at any level)
-    up to the next heading of level `until` or above (by default its own level; 6: the
-    next heading of any level). `where` is a page's path or its name."""
+    up to the next heading of level `until` or above (by default its own level)."""
     text = where.read_text(encoding="utf-8") if isinstance(where, Path) else page(where)
     lines = text.splitlines()
     title = heading if heading.startswith("#") else None
@@ -46,12 +47,16 @@ def section(where: Path | str, heading: str, *, until: int | None = None) -> str
     level = len(lines[starts[0]]) - len(lines[starts[0]].lstrip("#"))
     fenced, end = False, len(lines)
     for i in range(starts[0] + 1, len(lines)):
-        if FENCE.match(lines[i]):
-            fenced = not fenced
-        elif not fenced and re.match(rf"#{{1,{until or level}}} ", lines[i]):
+        fenced ^= bool(FENCE.match(lines[i]))
+        if not fenced and re.match(rf"#{{1,{until or level}}} ", lines[i]):
             end = i
             break
     return "\n".join(lines[starts[0] + 1 : end])
+
+
+def block(text: str, lang: str = "") -> str:
+    """The first fenced block of `lang` in a text."""
+    return text.split(f"```{lang}\n", 1)[1].split("```", 1)[0]
 
 
 def table(text: str, first: str | None = None) -> list[list[str]]:
@@ -82,3 +87,19 @@ def keyed(text: str, first: str | None = None) -> dict[str, list[str]]:
 def flat(text: str) -> str:
     """Prose with every run of white space one space (a sentence across lines)."""
     return " ".join(text.split())
+
+
+def read(path: str) -> str:
+    return (REPO / path).read_text(encoding="utf-8")
+
+
+def missing_paths(text: str) -> list[str]:
+    """Named source paths (`src/`-relative), test and bench paths (a test's `::name` too)
+    that are not there."""
+    gone = [p for p in SOURCE_PATH.findall(text) if not (REPO / "src" / p).exists()]
+    for path, name in REPO_PATH.findall(text):
+        if not (REPO / path).is_file():
+            gone.append(path)
+        elif name and not re.search(rf"^\s*(async )?(def|class) {name}\b", read(path), re.M):
+            gone.append(f"{path}::{name}")
+    return gone
