@@ -1,11 +1,8 @@
-"""Every table of settings and policy fields on the docs pages against the models, both ways
-(docs/development.md "Writing the docs"): docs/configuration.md's key and range tables,
-docs/providers.md's key table of each kind, docs/http-api.md's `[api]` keys and its
-webhook example, and docs/policies.md's fields. One reader and one check serve them all:
-every key has a row and every row is a key, each default written is the model's, each
-range is what the model takes and refuses just outside, each choice is on its row. And
-the lists the configuration page writes in prose (the files that are secrets, the index's
-columns, the variables read and refused) are the code's."""
+"""Every table of settings and policy fields against the models, both ways (docs/development.md
+"Writing the docs"): docs/configuration.md's key and range tables, docs/providers.md's key
+table of each kind, docs/http-api.md's `[api]` keys and webhook example, docs/policies.md's
+fields. Every key has a row and every row is a key; each default written is the model's;
+each range is taken at both ends and refused just outside; each choice is on its row."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
-from tests.unit.docs_page import CODE, flat, keyed, page, section, table
+from tests.unit.docs_page import CODE, block, flat, keyed, page, section, table
 
 from daemon.config import environment
 from daemon.config.settings import (
@@ -39,13 +36,8 @@ from ledger.stores.library_env import APPLICATION_PREFIX, LIBRARY_VARIABLES, REA
 from policies.durations import parse_duration
 from policies.model import ChannelPolicy
 
-SECTIONS: dict[str, type[BaseModel]] = {
-    "store": StoreSettings,
-    "daemon": DaemonSettings,
-    "api": ApiSettings,
-    "retention": RetentionSettings,
-    "webhooks.NAME": WebhookSettings,
-}
+SECTIONS: dict[str, type[BaseModel]] = {"store": StoreSettings, "daemon": DaemonSettings}
+SECTIONS |= {"api": ApiSettings, "retention": RetentionSettings, "webhooks.NAME": WebhookSettings}
 KINDS: dict[str, type[BaseModel]] = {
     "gmail": GmailProviderSettings,
     "smtp-imap": SmtpImapProviderSettings,
@@ -54,56 +46,27 @@ KINDS: dict[str, type[BaseModel]] = {
 #: What a model needs besides the field under test, so that one field is validated alone.
 STUBS: dict[type[BaseModel], dict[str, Any]] = {
     GmailProviderSettings: {"credentials_file": "sa.json"},
-    SmtpImapProviderSettings: {
-        "kind": "smtp-imap",
-        "smtp_host": "smtp.example.com",
-        "imap_host": "imap.example.com",
-        "username": "u",
-        "password_file": "pw",
-    },
-    GraphProviderSettings: {
-        "kind": "graph",
-        "tenant_id": "t",
-        "client_id": "c",
-        "user": "u@example.com",
-        "client_secret_file": "secret",
-    },
+    SmtpImapProviderSettings: {"kind": "smtp-imap", "smtp_host": "smtp.example.com"}
+    | {"imap_host": "imap.example.com", "username": "u", "password_file": "pw"},
+    GraphProviderSettings: {"kind": "graph", "tenant_id": "t", "client_id": "c"}
+    | {"user": "u@example.com", "client_secret_file": "secret"},
     WebhookSettings: {"url": "https://hooks.example.com/x", "secret_file": "whsec"},
-    ChannelPolicy: {
-        "channel": "receipts",
-        "provider": "support",
-        "from": "Support <support@example.com>",
-        "message_id_domain": "mail.example.com",
-    },
+    ChannelPolicy: {"channel": "receipts", "provider": "support"}
+    | {"from": "Support <support@example.com>", "message_id_domain": "mail.example.com"},
 }
 #: Defaults the pages say in words, and the values each may stand for.
 WORDS: dict[str, tuple[object, ...]] = {
     "unset": (None, ""),
     "unset (off)": (None, ""),
-    "off": ("",),
-    "none": ("",),
-    "": (None,),
-    "required with `listen`": (None,),
     "the host name": (socket.gethostname(),),
     "all seven": (list(WEBHOOK_TYPES),),
     "twice `deadline_grace`, at least `1s`": (None,),  # tests/unit/test_settings.py
-    "Google's": ("",),
-    "the file's": ("",),
-    "the `\\Sent` folder": ("",),
-}
+} | dict.fromkeys(("off", "none", "Google's", "the file's", "the `\\Sent` folder"), ("",))
+WORDS |= dict.fromkeys(("", "required with `listen`"), (None,))
 
 
 def validated(model: type[BaseModel], **values: Any) -> Any:
     return model.model_validate({**STUBS.get(model, {}), **values})
-
-
-def errors_at(model: type[BaseModel], field: str, value: object, **more: object) -> list[str]:
-    """The refusals of `value` for `field` (others are not this field's)."""
-    try:
-        validated(model, **more, **{field: value})
-    except ValidationError as exc:
-        return [e["msg"] for e in exc.errors() if e["loc"][:1] == (field,)]
-    return []
 
 
 def check_default(model: type[BaseModel], field: str, cell: str, where: str) -> None:
@@ -151,6 +114,8 @@ def number_types(annotation: Any) -> set[Any]:
 
 
 RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at most) ([^\s,]+)")
+#: What a field's range needs of another field (a backoff's maximum is at least the backoff).
+OTHER = {"retry_backoff": ("retry_backoff_max", 1), "retry_backoff_max": ("retry_backoff", 0)}
 
 
 def check_range(model: type[BaseModel], field: str, text: str, where: str) -> None:
@@ -159,32 +124,32 @@ def check_range(model: type[BaseModel], field: str, text: str, where: str) -> No
     found = RANGE.match(text) or re.search(r"\((\d+)\.\.(\d+s?)\)", text)
     assert found, f"{where}: {field}: no range in {text!r}"
     above, low, high = found.groups() if len(found.groups()) == 3 else (None, *found.groups())
-    low_value, high_value = amount(low), amount(high)
+    ends = (amount(low), amount(high))
     whole = text.startswith("whole") or number_types(model.model_fields[field].annotation) == {int}
-    step = 1.0 if whole else max(high_value * 1e-6, 0.0005)
-    # A backoff's maximum must be at least the backoff: keep the other out of the way.
-    other = {"retry_backoff": "retry_backoff_max", "retry_backoff_max": "retry_backoff"}
-    more: dict[str, object] = {}
-    if field in other and other[field] in model.model_fields:
-        more = {other[field]: high_value if field == "retry_backoff" else low_value}
-    if field == "history_after":
-        more = {"search_after": "7d"}  # it must be shorter than search_after
+    step = 1.0 if whole else max(ends[1] * 1e-6, 0.0005)
+    other, end = OTHER.get(field, ("", 0))
+    more: dict[str, object] = {other: ends[end]} if other in model.model_fields else {}
+    more |= {"search_after": "7d"} if field == "history_after" else {}  # shorter than it
 
     def refused(value: float) -> bool:
-        return bool(errors_at(model, field, int(value) if whole else value, **more))
+        try:
+            validated(model, **more, **{field: int(value) if whole else value})
+        except ValidationError as exc:
+            return any(e["loc"][:1] == (field,) for e in exc.errors())
+        return False
 
     said = f"{where}: {field} written {text!r}, the model"
-    assert not refused(high_value), f"{said} refuses {high}"
-    assert refused(high_value + step), f"{said} takes more than {high}"
-    assert refused(low_value) if above else not refused(low_value), f"{said} differs at {low}"
-    assert above or refused(low_value - step), f"{said} takes less than {low}"
+    assert not refused(ends[1]) and refused(ends[1] + step), f"{said} differs at {high}"
+    assert refused(ends[0]) == bool(above), f"{said} differs at {low}"
+    assert above or refused(ends[0] - step), f"{said} takes less than {low}"
 
 
 def check_choices(model: type[BaseModel], field: str, cell: str, where: str) -> None:
     annotation = model.model_fields[field].annotation
     if typing.get_origin(annotation) is typing.Literal and field != "kind":
-        choices = {str(choice) for choice in typing.get_args(annotation)}
-        missing = choices - {c.strip('"') for c in CODE.findall(cell)}
+        missing = {str(c) for c in typing.get_args(annotation)} - {
+            c.strip('"') for c in CODE.findall(cell)
+        }
         assert not missing, f"{where}: {field} does not name the model's choices {missing}"
 
 
@@ -198,34 +163,28 @@ def field_of(key: str, kind: str) -> tuple[type[BaseModel], str] | None:
     return (model, field) if model is not None and field in model.model_fields else None
 
 
-def configuration_rows() -> list[tuple[str, str, list[str]]]:
-    """(kind, key, [default, meaning]) of every row of the page's key tables; a row of
-    several keys (`a` / `b`) is a row per key."""
-    text, out = page("configuration.md"), []
+def test_every_setting_has_one_row_with_its_default_and_choices() -> None:
+    """A row of several keys (`a` / `b`) is a row per key."""
+    rows = []
     for first, kind in (("key", "gmail"), ("smtp-imap key", "smtp-imap"), ("graph key", "graph")):
-        for row in table(text, f"{first} | default"):
+        for row in table(page("configuration.md"), f"{first} | default"):
             keys = CODE.findall(row[0])
             defaults = row[1].split(" / ") if len(keys) > 1 else [row[1]]
             for key, default in zip(keys, defaults, strict=True):
                 full = key if "." in key else f"{keys[0].rpartition('.')[0]}.{key}"
-                out.append((kind if full.startswith("providers.") else "", full, [default, row[2]]))
-    return out
-
-
-def test_every_setting_has_one_row_with_its_default_and_choices() -> None:
-    rows = configuration_rows()
-    listed = [(kind, key) for kind, key, _ in rows]
+                rows.append((kind if full.startswith("providers.") else "", full, default, row[2]))
     every = {("", f"{p}.{f}") for p, model in SECTIONS.items() for f in model.model_fields}
     every |= {(k, f"providers.NAME.{f}") for k, model in KINDS.items() for f in model.model_fields}
     every -= {("smtp-imap", "providers.NAME.kind"), ("graph", "providers.NAME.kind")}
+    listed = [(kind, key) for kind, key, _, _ in rows]
     assert sorted(set(listed) ^ every) == [] and len(listed) == len(set(listed))
-    for kind, key, (default, meaning) in rows:
+    for kind, key, default, meaning in rows:
         found = field_of(key, kind or "gmail")
         assert found, key
         check_default(*found, default, f"configuration.md, row {key}")
         check_choices(*found, meaning, f"configuration.md, row {key}")
-    kinds = next(cells for kind, key, cells in rows if key == "providers.NAME.kind")
-    assert set(CODE.findall(kinds[1])) >= set(KINDS)
+        if key == "providers.NAME.kind":
+            assert set(CODE.findall(meaning)) >= set(KINDS)
 
 
 def test_every_count_size_and_duration_has_its_range() -> None:
@@ -248,25 +207,23 @@ def test_every_count_size_and_duration_has_its_range() -> None:
 
 
 def test_every_key_a_page_names_exists() -> None:
-    sections = r"(?:store|daemon|api|retention)\.[a-z_]+|(?:providers|webhooks)\.NAME\.[a-z_]+"
-    named = re.compile(f"`({sections})`")
+    named = r"`((?:store|daemon|api|retention)\.[a-z_]+|(?:providers|webhooks)\.NAME\.[a-z_]+)`"
     for name in ("configuration.md", "operations.md", "performance.md", "http-api.md"):
-        keys = set(named.findall(page(name))) - {"daemon.log"}  # the demo's log file
-        missing = [k for k in keys if not any(field_of(k, i) for i in KINDS)]
-        assert missing == [], name
+        keys = set(re.findall(named, page(name))) - {"daemon.log"}  # the demo's log file
+        assert [k for k in keys if not any(field_of(k, i) for i in KINDS)] == [], name
 
 
 def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
-    """The secret files and the variables read: test_docs_figures.py's LISTS."""
+    """The index's columns, each by the word the page gives it (never an address); the
+    variables read and refused."""
     kept = flat(page("configuration.md")).split("the job index keeps", 1)[1].split(")", 1)[0]
-    said = {"key": "key", "job_id": "key", "channel": "channel", "state": "state"}
-    said |= {"message_id": "Message-ID", "version": "version", "attempts": "attempt count"}
-    said |= {"reason": "reason"} | dict.fromkeys(("due_at", "created_at", "updated_at"), "times")
-    said["purged_at"] = "times"
-    said |= {"watch_until": "times", "watch_mailbox": "digest"}  # never the address
-    said["mailbox"] = "From mailbox as a digest"  # keyed by the store's key: no address
+    words = "key key|job_id key|channel channel|state state|message_id Message-ID|version "
+    words += "version|attempts attempt count|reason reason|watch_mailbox digest|mailbox From "
+    words += "mailbox as a digest|" + "|".join(f"{t}_at times" for t in ("due", "created"))
+    words += "|updated_at times|purged_at times|watch_until times"
+    said = dict(pair.split(" ", 1) for pair in words.split("|"))
     assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
-    assert all(word in kept for word in said.values()), kept
+    assert [w for w in said.values() if w not in kept] == []
     assert environment.unknown_variable({"SENDLEDGER_STOR__URL": "x"}, DaemonSettings)
     library = section("configuration.md", "### Only sendledger's settings configure the store")
     named = set(re.findall(r"`([A-Z][A-Z_]+\*?)`", library)) - {APPLICATION_PREFIX}
@@ -275,7 +232,7 @@ def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
         assert any(v.startswith(name.rstrip("*")) for v in LIBRARY_VARIABLES), name
 
 
-# -- the key tables of docs/providers.md and docs/http-api.md ------------------------------
+# -- the key tables of docs/providers.md, docs/http-api.md and docs/policies.md -------------
 
 
 @pytest.mark.parametrize(
@@ -299,17 +256,12 @@ def test_each_kind_s_key_table_is_its_settings(
 
 
 def test_the_webhook_example_names_every_setting_with_its_default() -> None:
-    block = section("http-api.md", "## Webhooks").split("```toml\n", 1)[1].split("```", 1)[0]
-    example = {}
-    for line in block.splitlines()[1:]:
-        key, _, rest = line.lstrip("# ").partition(" = ")
-        example[key] = rest.split("  #")[0].strip()
+    lines = block(section("http-api.md", "## Webhooks"), "toml").splitlines()[1:]
+    pairs = (line.lstrip("# ").partition(" = ") for line in lines)
+    example = {key: value.split("  #")[0].strip() for key, _, value in pairs}
     assert set(example) == set(WebhookSettings.model_fields)
     for key in set(example) - {"url", "secret_file"}:
         check_default(WebhookSettings, key, f"`{example[key]}`", "http-api.md's webhook example")
-
-
-# -- docs/policies.md -----------------------------------------------------------------------
 
 
 def test_the_policy_table_is_every_field_in_order_with_its_default_range_and_choices() -> None:
@@ -317,11 +269,11 @@ def test_the_policy_table_is_every_field_in_order_with_its_default_range_and_cho
     fields = {(info.alias or name): name for name, info in ChannelPolicy.model_fields.items()}
     assert [CODE.findall(row[0])[0] for row in rows] == list(fields)
     for written, default, takes in rows:
-        name = fields[CODE.findall(written)[0]]
+        name, where = fields[CODE.findall(written)[0]], "policies.md, field table"
         if default == "the file's stem":  # the loader's, from the file name
             assert name == "channel"
         else:
-            check_default(ChannelPolicy, name, default, "policies.md, field table")
+            check_default(ChannelPolicy, name, default, where)
         if re.match(r"\S+ to \S+", takes):
-            check_range(ChannelPolicy, name, takes, "policies.md, field table")
-        check_choices(ChannelPolicy, name, takes, "policies.md, field table")
+            check_range(ChannelPolicy, name, takes, where)
+        check_choices(ChannelPolicy, name, takes, where)
