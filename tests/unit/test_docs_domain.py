@@ -1,9 +1,9 @@
-"""The tables that describe what sendledger does, against the code that does it, both ways
-(docs/development.md "Writing the docs"): docs/how-it-works.md's events, outcome table
-(each row fed what it names), tick steps, guarantee columns and crash matrix;
-docs/architecture.md's layers, typed decisions, event versions and a new provider's
-capabilities; docs/providers.md's table of kinds; docs/development.md's make targets and
-layout; the bench options docs/performance.md names. Lists in prose: test_docs_figures.py."""
+"""What the docs say sendledger does, against the code that does it, both ways
+(docs/development.md "Writing the docs"): the events, outcome table (each row fed what it
+names), tick steps and guarantee columns of docs/how-it-works.md; the layers, typed
+decisions, event versions and provider capabilities of docs/architecture.md; the kinds of
+docs/providers.md; the make targets and layout of docs/development.md; the bench options
+of docs/performance.md. Lists in prose: test_docs_figures.py."""
 
 from __future__ import annotations
 
@@ -53,8 +53,9 @@ def fields_of(cls: type[Any]) -> set[str]:
 
 
 def test_the_event_table_is_the_job_s_events_their_topics_fields_and_words() -> None:
-    text = section("how-it-works.md", "The job's events", until=3)
-    rows = {name: cells[0] for name, cells in keyed(text, "event").items()}
+    rows = {
+        n: c[0] for n, c in keyed(section("how-it-works.md", "The job's events"), "event").items()
+    }
     events = {
         name: cls
         for name, cls in vars(SendJob).items()
@@ -70,9 +71,6 @@ def test_the_event_table_is_the_job_s_events_their_topics_fields_and_words() -> 
     words = {"Escalated": EscalationReason, "Resolved": Resolution, "Confirmed": ConfirmedVia}
     for name, kind in words.items():
         assert set(CODE.findall(rows[name])) - {"verify_at"} == {k.value for k in kind}, name
-    carriers = re.search(r"records a policy's decision \((.*?)\)", text, re.S)
-    policy_events = {n for n, c in events.items() if {"policy", "fingerprint"} <= fields_of(c)}
-    assert carriers and set(CODE.findall(carriers.group(1))) == policy_events
 
 
 def test_the_tick_s_steps_are_the_engine_s_in_order() -> None:
@@ -157,19 +155,9 @@ def test_the_gmail_outcome_table_is_the_classification() -> None:
 
 
 def test_the_guarantee_columns_and_the_crash_matrix_are_the_code_s() -> None:
+    """The crash matrix's modes: test_docs_figures.py's LISTS."""
     [header] = [row for row in page("how-it-works.md").splitlines() if row.startswith("| promise")]
     assert CODE.findall(header) == list(get_args(OnUnknown))
-    tree = ast.parse((REPO / "tests" / "e2e" / "test_crash_matrix.py").read_text("utf-8"))
-    found = {
-        ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target): node.value
-        for node in tree.body
-        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None
-    }
-    found = {name: list(ast.literal_eval(found[name])) for name in ("POINTS", "MODES")}
-    text = flat(section("how-it-works.md", "How each is tested"))
-    modes = re.search(r"for each of (.*?); each ends", text)
-    assert modes and re.split(r", | and ", modes.group(1)) == list(found["MODES"])
-    assert found["POINTS"] == ["after-claim", "after-send", "after-search"]
 
 
 # -- docs/architecture.md ------------------------------------------------------------------
@@ -298,15 +286,17 @@ def test_the_make_targets_bench_scripts_and_layout_are_the_tree_s() -> None:
     assert deps["demo"].split() == deps["try"].split() == ["$(RUN_STAMP)"]  # only what runs
     assert " -e ." in recipes["$(RUN_STAMP)"] and "[test]" not in recipes["$(RUN_STAMP)"]
     assert "$(RUN_STAMP)" in deps["$(STAMP)"]
+    # "`make test` runs it first, beside lint and mypy"; "runs it too"; "installs ... Postfix
+    # and Dovecot"; "`.ci/run` only sets `CI=true` ... and runs `make test`".
     last = [line.split()[-1] for line in recipes["test"].splitlines()]
     assert last == ["typecheck", "test-eventsourcing", "tests"]
     assert recipes["test"].split("\n")[0].split()[-3:] == ["test-py313", "lint", "typecheck"]
-    url = re.search(r"`(postgresql://[^`]+)`", section("development.md", "The private PostgreSQL"))
-    assert url and url.group(1) in (REPO / "tests" / "conftest.py").read_text()
     packages = re.search(r"^TEST_PACKAGES := (.*(?:\\\n.*)*)", makefile, re.M)
     assert packages and {"postgresql-15", "postfix", "dovecot-imapd"} <= set(packages[1].split())
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line[:1] != "#"]
     assert [line for line in ci if line][-2:] == ['export CI="${CI:-true}"', "exec make test"]
+    url = re.search(r"`(postgresql://[^`]+)`", section("development.md", "The private PostgreSQL"))
+    assert url and url.group(1) in (REPO / "tests" / "conftest.py").read_text()
     parts = re.findall(
         r"`bench/(\w+\.py)`\)?[ ,]*\(?(?:part of|in) `make bench`", page("performance.md")
     )

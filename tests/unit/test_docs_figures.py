@@ -1,8 +1,7 @@
-"""The figures and lists the docs write in prose are the code's (docs/development.md
-"Writing the docs"): FIGURES holds each number a page writes and LISTS each list (states,
-modes, fields, actions), with the words that find it and the code it is. A constant changed
-and a page left saying the old value fails here naming the page, the words and both values;
-a page reworded keeps passing as long as the words still find it."""
+"""The figures and lists the docs write in prose, and the tables of names, are the code's
+(docs/development.md "Writing the docs"): a row holds a page, the words that find a figure
+or list in it and the code it is; a constant changed and a page left saying the old value
+fails naming the page, the words and both values."""
 
 # ruff: noqa: F401 - the names FIGURES' and LISTS' expressions use are imported for them
 from __future__ import annotations
@@ -26,7 +25,6 @@ from daemon import exit_codes
 from daemon.api import overview, signin_limit
 from daemon.api.auth import SESSION_SECONDS, Role
 from daemon.api.roles import PAGE_ROLE, ROUTE_ROLES
-from daemon.cli.audit import EVENT_TYPES
 from daemon.cli.init_command import config_text
 from daemon.config import environment
 from daemon.config.settings import (
@@ -123,6 +121,13 @@ EXIT_CODES = {v for k, v in vars(exit_codes).items() if k.startswith("EXIT_")} |
 ROUTE_ROLE = {f"{m} {p}": r.value for (m, p), r in ROUTE_ROLES.items()} | {"/ui/": PAGE_ROLE.value}
 REASONS = {r.value: [MEANING[r], NEXT[r]] for r in EscalationReason}
 OWNED = {*extra_headers.OWNED_HEADERS, "content-*"} - {"message-id"}
+CRASH = ast.parse((REPO / "tests" / "e2e" / "test_crash_matrix.py").read_text(encoding="utf-8"))
+CRASH_MODES = next(ast.literal_eval(n.value) for n in CRASH.body if "MODES" in ast.unparse(n)[:9])
+EVENTS = {k: c.__mro__ for k, c in vars(SendJob).items() if isinstance(c, type)}
+FIELDS = {
+    k: {f for b in mro for f in getattr(b, "__annotations__", {})} for k, mro in EVENTS.items()
+}
+POLICY_EVENTS = {k for k, fields in FIELDS.items() if {"policy", "fingerprint"} <= fields}
 #: page | words with the figure as their one group | what it is (a Python expression).
 FIGURES = r"""
 cli.md | \(at most (\d+), each value | content.MAX_EXTRA_HEADERS
@@ -233,6 +238,8 @@ operations.md | open jobs per state \(([^)]+)\) | [str(s) for s in OPEN_STATES]
 operations.md | `(circuit_\w+)` | <= set(DaemonSettings.model_fields)
 operations.md | reason `([a-z-]+)` | <= {r.value for r in EscalationReason}
 how-it-works.md | States shown to users: (.*?)\. | [s.value for s in JobState]
+how-it-works.md | records a policy's decision \((.*?)\) | POLICY_EVENTS
+how-it-works.md | for each of (.*?); each ends | list(CRASH_MODES)
 cli.md | Required: ((?:`\w+`(?:,\s)?)+)\. | list(content.REQUIRED_FIELDS)
 cli.md | `\{"Name": "value"\}`: (.+?) \(at most | [*extra_headers.ALLOWED_HEADERS.values(), 'X-*']
 cli.md | \(`headers\.Message-ID: [^`]+`; also (.+?): use | ~= OWNED
@@ -247,7 +254,6 @@ http-api.md | ### Roles | route | ROUTE_ROLE
 http-api.md | ## Webhooks | type | [entry.type for entry in WEBHOOK_EVENTS]
 http-api.md | ## Webhooks | `rejected` reason | list(REJECTED_CODES)
 review.md | ## Review: check, resend, triage, cancel | Reason | REASONS
-how-it-works.md | The job's events | event | set(EVENT_TYPES)
 """
 
 
@@ -304,8 +310,7 @@ def differs(where: str, written: list[str] | dict[str, list[str]], value: str) -
         written, code = [w.lower() for w in written], {str(c).lower() for c in code}
     if op or isinstance(code, set | frozenset):
         shown, code = set(written), {str(c) for c in code}
-        ok = {"": shown == code, "~=": shown == code, "<=": shown <= code, ">=": shown >= code}
-        ok = ok[op]
+        ok = {"": shown == code, "~=": shown == code, "<=": shown <= code, ">=": shown >= code}[op]
     else:
         code = [str(c) for c in code]
         ok = written == code
