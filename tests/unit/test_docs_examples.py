@@ -1,11 +1,9 @@
-"""The examples of the docs run as printed (docs/development.md "Writing the docs"): every
-`sendledger ...` command a page shows parses with the real parser and names real fault
-modes; the example config, policy, store URLs, durations and Message-ID are what the code
-takes and makes; the Python client's example binds to its signatures; the webhook
-verification snippet takes a delivery once; the payload and /healthz answers are the
-shapes shown; the quick start and the systemd steps are what `init` writes; and each of
-the ten errors of docs/troubleshooting.md, made the way a newcomer makes it, is the line
-the page quotes, word for word (the folder written /srv/mail, a port 8025)."""
+"""The examples of the docs run as printed (docs/development.md "Writing the docs"): the
+commands shown parse; the example config, policy, store URLs, durations and Message-ID
+are what the code takes and makes; the client example binds; the webhook snippet takes a
+delivery once; payloads and /healthz are the shapes shown; the quick start and systemd
+steps are what `init` writes; the ten errors of docs/troubleshooting.md are the lines the
+page quotes, made the way a newcomer makes them (the folder written /srv/mail)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The user interface as the docs list it, against the code that serves it, both ways
-(docs/development.md "Writing the docs"): docs/cli.md's command list (every command, option,
-argument and choice of the parser), exit codes, the job's fields and limits, and the JSON
-each command prints; docs/http-api.md's routes with their statuses and bodies (the OpenAPI
-document the app serves), errors, roles, the Python client, the metrics (the registry
-/metrics renders) and the webhook tables; docs/review.md's reasons and actions."""
+(docs/development.md "Writing the docs"): docs/cli.md's commands (the parser's), exit
+codes, fields, limits and JSON printed; docs/http-api.md's routes (the OpenAPI document),
+errors, client, metrics (the registry) and webhook status; docs/review.md's actions."""
 
 from __future__ import annotations
 
