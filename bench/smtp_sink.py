@@ -71,7 +71,10 @@ class _Handler:
         self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
     ) -> list[str]:
         session.host_name = hostname
-        return responses
+        # Offered as Postfix offers it (RFC 2920): aiosmtpd reads the commands of a
+        # pipelined group one after the other from its stream and answers each in order.
+        # smtplib never pipelines, so only sendledger's own submission uses it.
+        return [*responses[:-1], "250-PIPELINING", responses[-1]]
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         data: bytes = envelope.original_content or envelope.content

@@ -16,7 +16,10 @@ whatever connection it comes on, so a fault can hit the 1st, 2nd or nth message 
 connection. Any command (and the greeting, as ``GREETING``) can also be answered by the
 relay itself instead of the server (`answer`): a reply the server never gave, for the next
 ``times`` such commands; after a ``421`` the relay closes the connection, as a server
-does. `sessions` counts the client connections, `verbs` the commands seen.
+does. `sessions` counts the client connections, `verbs` the commands seen, and
+`written_ahead` the commands the client followed with another before their reply came (RFC
+2920 PIPELINING). The server's offer of PIPELINING reaches the client unchanged, or is taken
+out of the EHLO reply (``offer_pipelining=False``) so the client writes one command a reply.
 
 The relay forwards each command once and never re-sends, so the server's mailbox counts
 exactly what the client sent. The client talks plain SMTP to the relay (the relay must read
@@ -117,8 +120,10 @@ class SmtpFaultRelay:
         timeout: float = 30.0,
         host: str = "127.0.0.1",
         port: int = 0,
+        offer_pipelining: bool = True,
     ) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.offer_pipelining = offer_pipelining
         self.upstream_security = upstream_security
         self.hang_seconds = hang_seconds
         self.timeout = timeout
@@ -132,6 +137,7 @@ class SmtpFaultRelay:
         #: Client connections accepted, and the commands they sent (upper-case verbs).
         self.sessions = 0
         self.verbs: Counter[str] = Counter()
+        self.written_ahead: Counter[str] = Counter()
         self._answers: dict[str, deque[str]] = {}
         self._clients: set[socket.socket] = set()
         self._stop = threading.Event()
@@ -253,6 +259,9 @@ class SmtpFaultRelay:
                     continue
                 # An AUTH exchange's own lines (base64) are no commands: never counted.
                 name = verb.decode("ascii", "replace")
+                if name in _VERBS and b"\r\n" in client.buffer:
+                    with self._lock:
+                        self.written_ahead[name] += 1
                 own = self._answer_for(name) if name in _VERBS else None
                 if own is not None:
                     # Never forwarded: the server's state is as before the command.
@@ -264,6 +273,8 @@ class SmtpFaultRelay:
                 reply = upstream.read_reply()
                 if reply is None:
                     return
+                if verb == b"EHLO" and not self.offer_pipelining:
+                    reply = _without_pipelining(reply)
                 client_sock.sendall(reply)
                 data_next = verb == b"DATA" and reply.startswith(b"354")
                 if data_next and not self._relay_data(client, upstream):
@@ -297,6 +308,17 @@ class SmtpFaultRelay:
         if mode == "hang":
             self._stop.wait(self.hang_seconds)
         return False
+
+
+def _without_pipelining(reply: bytes) -> bytes:
+    """An EHLO reply with its PIPELINING line taken out (the last line keeps its space)."""
+    lines = [line for line in reply.split(b"\r\n") if line]
+    kept = [line for line in lines if line[4:].strip().upper() != b"PIPELINING"]
+    if kept != lines:
+        kept = [line[:3] + b"-" + line[4:] for line in kept[:-1]] + [
+            kept[-1][:3] + b" " + kept[-1][4:]
+        ]
+    return b"".join(line + b"\r\n" for line in kept)
 
 
 def _close(sock: socket.socket) -> None:

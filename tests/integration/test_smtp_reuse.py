@@ -16,6 +16,7 @@ import pytest
 from tests.integration import test_smtp_imap_provider as provider_tests
 from tests.integration.mailservers import (
     DEFER_RECIPIENT,
+    RECIPIENT,
     REJECT_RECIPIENT,
     SENDER,
     MailServers,
@@ -58,6 +59,9 @@ def test_one_connection_and_one_login_serve_many_sends(
     mids = confirmed(provider, 5)
     assert (relay.sessions, relay.verbs["AUTH"], relay.verbs["MAIL"]) == (1, 1, 5)
     assert relay.verbs["RSET"] == relay.verbs["NOOP"] == 0  # none needed between sends
+    # Postfix offers PIPELINING: MAIL, RCPT and DATA in one write; the content only after
+    # DATA's 354.
+    assert relay.written_ahead == {"MAIL": 5, "RCPT": 5}
     provider.close()
     assert relay.verbs["QUIT"] == 1
     for mid in mids:
@@ -164,13 +168,22 @@ def test_421_on_the_fresh_connection_too_is_unavailable(
     assert servers.copies(mid) == 0
 
 
+@pytest.mark.parametrize("pipelining", [True, False], ids=["pipelined", "one-by-one"])
 @pytest.mark.parametrize("verb", ["MAIL", "RCPT", "DATA"])
 @pytest.mark.parametrize(
     ("reply", "transient"), [("451 4.3.0 busy", True), ("550 5.7.1 no", False)]
 )
 def test_a_refusal_before_the_data_on_a_kept_connection_resets_it_for_the_next_send(
-    servers: MailServers, relay: SmtpFaultRelay, verb: str, reply: str, transient: bool
+    servers: MailServers,
+    relay: SmtpFaultRelay,
+    verb: str,
+    reply: str,
+    transient: bool,
+    pipelining: bool,
 ) -> None:
+    """Pipelined, the commands after the refused one were written too: their replies are
+    read (Postfix's 503 or 554), so the connection is still usable after a reset."""
+    relay.offer_pipelining = pipelining
     provider = kept_provider(servers, relay)
     confirmed(provider, 1)
     relay.answer(verb, reply)
@@ -183,8 +196,33 @@ def test_a_refusal_before_the_data_on_a_kept_connection_resets_it_for_the_next_s
     )
     (after,) = confirmed(provider, 1)
     assert (relay.sessions, relay.verbs["RSET"]) == (1, 1)  # reset, then the same connection
+    assert bool(relay.written_ahead) is pipelining
     servers.settle()
     assert servers.copies(mid) == 0 and servers.copies(after) == 1
+
+
+def test_a_refused_recipient_then_an_accepted_data_closes_the_connection_without_a_dot(
+    servers: MailServers, relay: SmtpFaultRelay
+) -> None:
+    """Pipelined, DATA was written before the second recipient's refusal was read, and
+    Postfix accepts it (354) for the first: the message must not go to one of its two
+    recipients. The connection is closed in the data, never ended with a `.` (an empty
+    message), so Postfix queues nothing; the next send takes a fresh connection."""
+    provider = kept_provider(servers, relay)
+    confirmed(provider, 1)
+    servers.settle()
+    before = sum(servers.message_ids().values())
+    relay.answer("RCPT", "550 5.1.1 no such user", skip=1)
+    mid = f"<reuse-{next(_ids)}-{time.monotonic_ns()}@sendledger.test>"
+    outcome = provider.send_raw(message(mid, to=f"{RECIPIENT}, other-{RECIPIENT}"))
+    assert (outcome.kind, outcome.transient, outcome.status) == (SendKind.REJECTED, False, 550)
+    assert relay.written_ahead["RCPT"] >= 2 and relay.verbs["DATA"] == 2
+    (after,) = confirmed(provider, 1)
+    assert relay.sessions == 2
+    servers.settle()
+    # Counted by file, not by Message-ID: an empty message would carry Postfix's own.
+    assert sum(servers.message_ids().values()) == before + 1
+    assert servers.copies(after) == 1
 
 
 def test_refusals_after_the_final_dot_keep_the_connection_after_a_reset(
