@@ -26,6 +26,7 @@ from tests.integration.test_smtp_imap_provider import message, provider_for
 from daemon.providers.base import SendKind, SendOutcome
 from daemon.providers.kept import ReuseLimits
 from daemon.providers.smtp_imap import SmtpImapProvider
+from daemon.providers.smtp_submit import PIPELINE_GROUP
 from testkit.smtp_relay import SmtpFaultRelay, SmtpMode
 
 pytestmark = pytest.mark.xdist_group("mailservers")
@@ -199,6 +200,28 @@ def test_a_refusal_before_the_data_on_a_kept_connection_resets_it_for_the_next_s
     assert bool(relay.written_ahead) is pipelining
     servers.settle()
     assert servers.copies(mid) == 0 and servers.copies(after) == 1
+
+
+def test_many_recipients_are_pipelined_in_bounded_groups(
+    servers: MailServers, relay: SmtpFaultRelay
+) -> None:
+    """MAIL, 70 RCPTs and DATA in groups of PIPELINE_GROUP, each group's replies read
+    before the next is written: a message to thousands of recipients in one write could
+    fill both sides' buffers and hang until the timeout."""
+    provider = kept_provider(servers, relay)
+    local, domain = RECIPIENT.split("@")
+    count = 2 * PIPELINE_GROUP + 6
+    mid = f"<reuse-{next(_ids)}-{time.monotonic_ns()}@sendledger.test>"
+    to = ", ".join(f"{local}+{n}@{domain}" for n in range(count))
+    outcome = provider.send_raw(message(mid, to=to))
+    assert outcome.kind is SendKind.CONFIRMED, outcome
+    commands = 1 + count + 1
+    groups = -(-commands // PIPELINE_GROUP)
+    # Each command but a group's last was followed by the next before its reply came.
+    assert relay.verbs["RCPT"] == count
+    assert sum(relay.written_ahead.values()) == commands - groups
+    assert relay.written_ahead["DATA"] == 0
+    assert servers.wait_copies(mid, 1) == 1
 
 
 def test_a_refused_recipient_then_an_accepted_data_closes_the_connection_without_a_dot(

@@ -37,6 +37,7 @@ from daemon.config.settings import (
 from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.providers.gmail import SCOPES
 from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS, GMAIL_SEND_UNITS
+from daemon.providers.smtp_submit import PIPELINE_GROUP
 from daemon.providers.transport import DEFAULT_MAX_IDLE
 from daemon.service_layer.guidance import MEANING, NEXT
 from daemon.service_layer.listing import LIMIT_DEFAULT, LIMIT_MAX
@@ -179,6 +180,7 @@ providers.md | the defaults do: \d+s, 2 x (\d+)s | GRAPH['timeout'].default
 providers.md | the defaults do: \d+s, 2 x \d+s \+ (\d+)s | GRAPH['confirm_wait'].default
 providers.md | `--max-wait` \(default `(\w+)` | PROBE['--max-wait']
 providers.md | `--interval`, default `(\w+)` | PROBE['--interval']
+providers.md | goes in groups of (\d+)\s+commands | PIPELINE_GROUP
 operations.md | runs the same (\w+) jobs on the Microsoft | {12: 'twelve'}[len(demo.JOBS)]
 operations.md | and so does a (\w+) request in flight | FIFTH
 performance.md | `store.pool_size` \(default (\d+)\) | STORE.pool_size

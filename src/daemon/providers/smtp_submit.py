@@ -6,9 +6,10 @@ The dialogue is driven step by step (EHLO, STARTTLS, AUTH on a fresh connection;
 RCPT, DATA, the content, the final `.`) so the classification knows exactly where it ended.
 smtplib has no retry of its own, and `sendmail` is not used: a partly refused recipient
 list is refused as a whole, and DATA is written once. Where the server offers PIPELINING
-(RFC 2920), MAIL, the RCPTs and DATA are written at once and their replies read in order
-after it: the dialogue ends at the same stage, on the same reply, one round trip sooner
-per command; the content is still written only after DATA's 354, and never after a refusal.
+(RFC 2920), MAIL, the RCPTs and DATA are written in groups (`PIPELINE_GROUP`) and each
+group's replies read in order after it: the dialogue ends at the same stage, on the same
+reply, with one round trip a group instead of one a command; the content is still written
+only after DATA's 354, and never after a refusal.
 
 A kept connection is first checked: that the server has not written to it unasked (a
 `421` idle timeout notice or a close), `RSET` when the last transaction on it was refused
@@ -93,6 +94,13 @@ def _written_to_unasked(smtp: smtplib.SMTP) -> bool:
     """Whether the server wrote to (or closed) an idle connection: a 421 notice, an EOF."""
     return smtp.sock is None or closed_by_peer(smtp.sock)
 
+
+#: The most commands written before their replies are read (RFC 2920 PIPELINING). A group
+#: is at most this many lines of at most 512 bytes, and so are its replies: far below the
+#: socket buffers on either side, so neither the client's write nor the server's replies
+#: can block while the other side waits (a message to thousands of recipients in one write
+#: could, and would hang until the timeout).
+PIPELINE_GROUP = 32
 
 #: The replies that let a transaction go on, by the stage of the command.
 _ACCEPTED: dict[Stage, tuple[int, ...]] = {
@@ -297,27 +305,29 @@ class SmtpSubmitter:
                 stage = Stage.MAIL
             body = " BODY=8BITMIME" if envelope.eight_bit and smtp.has_extn("8bitmime") else ""
             commands = _envelope_commands(self.endpoint.username, body, envelope.recipients)
-            # RFC 2920: where the server offers PIPELINING, MAIL, every RCPT and DATA go
-            # in one write and their replies are read after it, one round trip instead of
-            # one a command. The replies are still read in order, so the dialogue ends at
-            # the same stage with the same reply as it does one command at a time.
-            pipelined = smtp.has_extn("pipelining")
-            if pipelined:
-                smtp.send("".join(line for _, line in commands))
-            for at, (stage, line) in enumerate(commands):
-                if not pipelined:
-                    smtp.send(line)
-                code, text = smtp.getreply()
-                if code == 421 and kept.reused and stage is Stage.MAIL:
-                    raise _Retry
-                if code not in _ACCEPTED[stage]:
-                    # All or nothing: a partial delivery is not the job that was asked for.
-                    # The connection is kept (reset first) when the server answered the
-                    # commands written after this one and is not in a message's data.
-                    left = commands[at + 1 :] if pipelined else []
-                    usable = code != 421 and _answered_outside_data(smtp, left)
-                    kept.dirty = True
-                    return classify_smtp(stage, code, _text(text), message_id=envelope.message_id)
+            # RFC 2920: where the server offers PIPELINING, MAIL, the RCPTs and DATA go in
+            # groups of up to PIPELINE_GROUP commands, each group in one write with its
+            # replies read after it: one round trip a group instead of one a command. The
+            # replies are still read in order, so the dialogue ends at the same stage with
+            # the same reply as it does one command at a time.
+            size = PIPELINE_GROUP if smtp.has_extn("pipelining") else 1
+            for first in range(0, len(commands), size):
+                group = commands[first : first + size]
+                smtp.send("".join(line for _, line in group))
+                for at, (stage, _line) in enumerate(group):
+                    code, text = smtp.getreply()
+                    if code == 421 and kept.reused and stage is Stage.MAIL:
+                        raise _Retry
+                    if code not in _ACCEPTED[stage]:
+                        # All or nothing: a partial delivery is not the job that was asked
+                        # for. The connection is kept (reset first) when the server answered
+                        # the commands written after this one and is not in a message's data.
+                        left = group[at + 1 :]
+                        usable = code != 421 and _answered_outside_data(smtp, left)
+                        kept.dirty = True
+                        return classify_smtp(
+                            stage, code, _text(text), message_id=envelope.message_id
+                        )
             stage = Stage.CONTENT
             smtp.send(envelope.wire_data())  # one sendall: raises before the "." is written
             stage = Stage.END_OF_DATA
