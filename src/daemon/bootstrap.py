@@ -61,6 +61,7 @@ def build_provider(settings: Settings, name: str) -> Provider:
                 max_age=config.connection_max_age,
                 idle_check_after=config.connection_idle_check,
             ),
+            pipelining=config.pipelining,
         )
     from daemon.providers.gmail import CredentialsFileUnreadable, DelegationRequired, GmailProvider
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import itertools
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from tests.integration import test_smtp_imap_provider as provider_tests
 from tests.integration.mailservers import (
     DEFER_RECIPIENT,
+    PASSWORD,
     RECIPIENT,
     REJECT_RECIPIENT,
     SENDER,
@@ -23,6 +25,8 @@ from tests.integration.mailservers import (
 )
 from tests.integration.test_smtp_imap_provider import message, provider_for
 
+from daemon.bootstrap import build_provider
+from daemon.config.settings import settings_from_dict
 from daemon.providers.base import SendKind, SendOutcome
 from daemon.providers.kept import ReuseLimits
 from daemon.providers.smtp_imap import SmtpImapProvider
@@ -222,6 +226,27 @@ def test_many_recipients_are_pipelined_in_bounded_groups(
     assert sum(relay.written_ahead.values()) == commands - groups
     assert relay.written_ahead["DATA"] == 0
     assert servers.wait_copies(mid, 1) == 1
+
+
+def test_pipelining_false_in_the_settings_writes_one_command_a_round_trip(
+    servers: MailServers, relay: SmtpFaultRelay, tmp_path: Path
+) -> None:
+    """`[providers.NAME] pipelining = false` (docs/providers.md), built as the daemon builds
+    it: Postfix offers PIPELINING, and no command is written before the last one's reply."""
+    (tmp_path / "mail-password").write_text(PASSWORD + "\n")
+    table = servers.config(Path("mail-password"), smtp_port=relay.port)
+    for pipelining in (False, True):
+        settings = settings_from_dict(
+            {"providers": {"mail": {**table, "pipelining": pipelining}}},
+            config_path=tmp_path / "sendledger.toml",
+        )
+        provider = build_provider(settings, "mail")
+        assert isinstance(provider, SmtpImapProvider)
+        try:
+            confirmed(provider, 2)
+        finally:
+            provider.close()
+        assert bool(relay.written_ahead) is pipelining, relay.written_ahead
 
 
 def test_a_refused_recipient_then_an_accepted_data_closes_the_connection_without_a_dot(

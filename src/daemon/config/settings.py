@@ -296,6 +296,9 @@ class SmtpImapProviderSettings(_Section):
     connection_max_messages: int = Field(default=100, ge=1, le=100_000)
     connection_max_age: Grace = 300.0
     connection_idle_check: Grace = 2.0
+    # MAIL, RCPT and DATA in one write where the server offers PIPELINING (RFC 2920);
+    # false: one command a round trip, for a server that offers it and mishandles it.
+    pipelining: bool = True
     # Checked at intake; RFC 5321 servers take at least 100 recipients per message.
     max_message_bytes: Annotated[int, BeforeValidator(parse_size)] = 25_000_000
     max_recipients: int = Field(default=100, ge=1, le=MAX_RECIPIENTS)

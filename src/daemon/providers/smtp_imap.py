@@ -91,6 +91,7 @@ class SmtpImapProvider(ProviderBase):
         timeout: float = 30.0,
         ssl_context: ssl.SSLContext | None = None,
         reuse: ReuseLimits | None = None,
+        pipelining: bool = True,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -107,6 +108,7 @@ class SmtpImapProvider(ProviderBase):
                 smtp_host, smtp_port, smtp_security, username, password, self.timeout, context
             ),
             limits,
+            pipelining=pipelining,
         )
         self.imap = ImapSessions(
             MailEndpoint(

@@ -161,9 +161,12 @@ class SmtpSubmitter:
         limits: ReuseLimits,
         *,
         clock: Callable[[], float] | None = None,
+        pipelining: bool = True,
     ) -> None:
+        """`pipelining`: use the server's offer of PIPELINING (false: never)."""
         self.endpoint = endpoint
         self.limits = limits
+        self.pipelining = pipelining
         self.pool: KeptPool[smtplib.SMTP] = (
             KeptPool(limits, _quit) if clock is None else KeptPool(limits, _quit, clock)
         )
@@ -310,7 +313,7 @@ class SmtpSubmitter:
             # replies read after it: one round trip a group instead of one a command. The
             # replies are still read in order, so the dialogue ends at the same stage with
             # the same reply as it does one command at a time.
-            size = PIPELINE_GROUP if smtp.has_extn("pipelining") else 1
+            size = PIPELINE_GROUP if self.pipelining and smtp.has_extn("pipelining") else 1
             for first in range(0, len(commands), size):
                 group = commands[first : first + size]
                 smtp.send("".join(line for _, line in group))
