@@ -125,6 +125,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/render.py
 	$(BIN)/python bench/smtp_senders.py
 	$(BIN)/python bench/smtp_senders.py --kill --n 1000
+	$(BIN)/python bench/smtp_senders.py --rtt 5 --unpipelined --only loop,post-office,sendledger --no-postgres --n 1000
 
 # Not part of `make test`: 10,000 jobs, 20% faults, two daemons on PostgreSQL killed -9 in
 # turn every 20 s, an operator at the CLI and the API, until all settle (bench/soak.py;

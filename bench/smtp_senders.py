@@ -60,7 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from smtp_sink import Sink, sink_process
+from smtp_sink import Sink, round_trip, sink_process
 from write_ahead import WriteAhead
 
 SENDER = "sender@example.test"
@@ -264,7 +264,9 @@ def run_post_office(port: int, docs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": cpu, "message_ids": ids}
 
 
-def smtp_provider(port: int, imap_port: int = 1, *, reuse: bool = True) -> Any:
+def smtp_provider(
+    port: int, imap_port: int = 1, *, reuse: bool = True, pipelining: bool = True
+) -> Any:
     from daemon.providers.kept import ReuseLimits
     from daemon.providers.smtp_imap import SmtpImapProvider
 
@@ -281,6 +283,7 @@ def smtp_provider(port: int, imap_port: int = 1, *, reuse: bool = True) -> Any:
         timeout=30.0,
         # connection_max_messages = 1: a connection and a login per send, as before.
         reuse=None if reuse else ReuseLimits(max_uses=1),
+        pipelining=pipelining,
     )
 
 
@@ -291,6 +294,7 @@ def run_sendledger(
     breakdown: bool,
     concurrency: int,
     reuse: bool,
+    pipelining: bool = True,
 ) -> dict[str, Any]:
     from daemon.bootstrap import bootstrap
     from daemon.config.settings import settings_from_dict
@@ -302,7 +306,7 @@ def run_sendledger(
     policy = ChannelPolicy.model_validate(policy_table())
     ledger = Ledger(store_url)
     ids = [ledger.submit(parse_job(doc), policy.sender).message_id for doc in docs]
-    provider = smtp_provider(port, reuse=reuse)
+    provider = smtp_provider(port, reuse=reuse, pipelining=pipelining)
     policies = PolicySet({"receipts": policy})
     settings = settings_from_dict(
         {"store": {"url": store_url}, "daemon": {"concurrency": concurrency, "batch_size": 200}}
@@ -428,10 +432,11 @@ def measure(
     concurrency: int = 4,
 ) -> Run:
     if sender.startswith("sendledger"):
-        reuse = sender == "sendledger"
+        reuse = sender != "sendledger-per-message"
+        pipelining = sender != "sendledger-unpipelined"
         with store(store_kind, pg_url) as url:
             result = in_process(
-                "run_sendledger", sink.port, docs, url, breakdown, concurrency, reuse
+                "run_sendledger", sink.port, docs, url, breakdown, concurrency, reuse, pipelining
             )
     elif sender == "post-office":
         result = in_process("run_post_office", sink.port, docs)
@@ -460,6 +465,7 @@ LABELS = {
     "post-office": "django-post_office `send_queued`, 1 process",
     "sendledger": 'sendledger, `kind = "smtp-imap"`',
     "sendledger-per-message": "sendledger, `connection_max_messages = 1` (a connection per send)",
+    "sendledger-unpipelined": "sendledger, `pipelining = false` (one command a round trip)",
 }
 
 
@@ -481,8 +487,10 @@ def throughput(args: argparse.Namespace) -> int:
     from intake import postgres_server
 
     with postgres_server(args.no_postgres or "sendledger" not in senders) as pg_url:
-        daemons = ["sendledger"] + (
-            ["sendledger-per-message"] if args.connection_per_message else []
+        daemons = (
+            ["sendledger"]
+            + (["sendledger-per-message"] if args.connection_per_message else [])
+            + (["sendledger-unpipelined"] if args.unpipelined else [])
         )
         if "sendledger" in senders:
             for daemon in daemons:
@@ -490,7 +498,7 @@ def throughput(args: argparse.Namespace) -> int:
                 if pg_url is not None:
                     plan.append((daemon, "postgresql"))
         runs: dict[tuple[str, str], list[Run]] = {key: [] for key in plan}
-        with sink_process(PASSWORD) as sink:
+        with sink_process(PASSWORD) as direct, round_trip(direct, args.rtt / 1000) as sink:
             for round_ in range(args.rounds):
                 for sender, kind in plan if round_ % 2 == 0 else list(reversed(plan)):
                     docs = documents(args.n, f"r{round_}-{sender}-{kind}", args.attachment_kb)
@@ -767,6 +775,17 @@ def main(argv: list[str] | None = None) -> int:
         help="also the daemon with connection_max_messages = 1 (each send connects and logs in)",
     )
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument(
+        "--rtt",
+        type=float,
+        default=0.0,
+        help="ms: every sender reaches the sink across this round trip (a delaying proxy)",
+    )
+    parser.add_argument(
+        "--unpipelined",
+        action="store_true",
+        help="also the daemon with pipelining = false (one SMTP command a round trip)",
+    )
     parser.add_argument("--kill", action="store_true", help="kill -9 each sender mid-run instead")
     parser.add_argument(
         "--breakdown", action="store_true", help="also print where sendledger's CPU went"

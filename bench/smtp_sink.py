@@ -21,7 +21,7 @@ import socket
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -181,3 +181,68 @@ def sink_process(password: str, *, file_sent: tuple[int, str] | None = None) -> 
     finally:
         sink.call("stop")
         process.join(timeout=10)
+
+
+# -- a network's round trip --------------------------------------------------------------
+
+
+def _delay_serve(conn: Connection, upstream: int, rtt: float) -> None:
+    """A TCP proxy to the sink that holds every chunk half a round trip in each direction,
+    in order: a server `rtt` seconds away, as a real submission server is."""
+    import asyncio
+
+    half = rtt / 2
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await held.get()
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                if not data:
+                    writer.close()
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        delivering = asyncio.create_task(deliver())
+        with suppress(OSError):
+            while data := await reader.read(65536):
+                held.put_nowait((loop.time() + half, data))
+        held.put_nowait((loop.time() + half, b""))
+        with suppress(OSError):
+            await delivering
+
+    async def session(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", upstream)
+        await asyncio.gather(pump(client_r, server_w), pump(server_r, client_w))
+
+    async def main() -> None:
+        server = await asyncio.start_server(session, "127.0.0.1", 0)
+        conn.send(server.sockets[0].getsockname()[1])
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        server.close()
+
+    asyncio.run(main())
+
+
+@contextmanager
+def round_trip(sink: Sink, rtt: float) -> Iterator[Sink]:
+    """The sink as seen across a network with this round trip (seconds; 0: the sink)."""
+    if rtt <= 0:
+        yield sink
+        return
+    parent, child = multiprocessing.Pipe()
+    process = multiprocessing.get_context("spawn").Process(
+        target=_delay_serve, args=(child, sink.port, rtt), daemon=True
+    )
+    process.start()
+    try:
+        yield Sink(parent.recv(), sink._conn)
+    finally:
+        parent.send("stop")
+        process.join(timeout=10)
+        if process.is_alive():
+            process.terminate()
