@@ -105,9 +105,12 @@ class PrivateCluster:
         # fsync off: only an operating-system crash would lose data, and the tests stop
         # the server, not the machine. synchronous_commit stays on: with it off, a commit
         # acknowledged before an immediate stop can vanish, which no client can guard against.
+        # max_connections 300, not 100: the session's cluster serves every xdist worker,
+        # and on a loaded machine the backends of closed connections linger a moment; a
+        # test that opens eight processes' stores at once met "too many clients already".
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
-            "-c fsync=off -c full_page_writes=off"
+            "-c fsync=off -c full_page_writes=off -c max_connections=300"
         )
         self._run(BIN / "pg_ctl", "-D", self.data, "-l", self.log, "-o", options, "-w", "start")
 
