@@ -79,6 +79,25 @@ def free_port() -> int:
         return port
 
 
+def _wait_greeting(port: int, log: Path, timeout: float = 15.0) -> None:
+    """Until Postfix answers a session's greeting and EHLO: a listening port is master's,
+    the answer needs an smtpd that started (and, for AUTH, found Dovecot's socket)."""
+    import smtplib
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with smtplib.SMTP("127.0.0.1", port, timeout=2) as smtp:
+                if smtp.ehlo()[0] == 250 and smtp.has_extn("auth"):
+                    return
+        except (OSError, smtplib.SMTPException):
+            pass
+        if time.monotonic() >= deadline:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+            raise RuntimeError(f"postfix smtpd did not greet on {port} within {timeout}s:\n{tail}")
+        time.sleep(0.05)
+
+
 def _wait_listening(port: int, what: str, log: Path, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -297,6 +316,10 @@ smtpd_end_of_data_restrictions = check_recipient_access inline:{{
     {{ {REJECT_RECIPIENT} = 554 5.7.1 rejected by the test server }} }}
 smtpd_tls_security_level = none
 smtpd_error_sleep_time = 0
+# A service whose process died at start (a fatal error) is paused this long before master
+# starts another; the default 60 s outlasts a whole test, and every client meanwhile
+# waits for a greeting that never comes.
+service_throttle_time = 1s
 smtp_tls_security_level = none
 lmtp_tls_security_level = none
 alias_maps =
@@ -387,6 +410,7 @@ def mail_servers() -> Iterator[MailServers]:
         _wait_listening(servers.imap_port, "dovecot imap", root / "dovecot.log")
         _wait_listening(servers.lmtp_port, "dovecot lmtp", root / "dovecot.log")
         _wait_listening(servers.smtp_port, "postfix smtpd", root / "postfix.out")
+        _wait_greeting(servers.smtp_port, root / "postfix.log")
         yield servers
     finally:
         _stop(postfix, dovecot)
