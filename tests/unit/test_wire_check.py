@@ -187,21 +187,23 @@ def best_of(runs: int, action: Callable[[], object]) -> float:
 
 @pytest.mark.parametrize("subject", ["a" * 9 + " ", "é" * 9 + " ", "x" * 10])
 def test_rendering_a_long_subject_is_linear(subject: str) -> None:
-    """A 1 MB subject once took 40 s (quadratic). Four times the text must take about four
-    times as long (under 8: quadratic would be 16), whatever the machine's speed."""
+    """A 1 MB subject once took 40 s (quadratic). Eight times the text must take about
+    eight times as long (under 20: quadratic would be 64), whatever the machine's speed.
+    With four times the text and a bound of 8 (quadratic 16), a clean-clone run beside two
+    busy loops measured 8.01-8.26: too little room between the two."""
 
     def render(n: int) -> Callable[[], object]:
         fields = replace(FIELDS, subject=(subject * n).strip())
         return lambda: checked_message(fields)
 
-    # Measured up to three times: a loaded machine can slow one run; quadratic stays ~16.
+    # Measured up to three times: a loaded machine can slow one run; quadratic stays ~64.
     ratios = []
     for _ in range(3):
-        small, large = best_of(3, render(8_000)), best_of(3, render(32_000))
+        small, large = best_of(3, render(4_000)), best_of(3, render(32_000))
         ratios.append(large / small)
-        if ratios[-1] < 8:
+        if ratios[-1] < 20:
             break
-    assert min(ratios) < 8, ratios
+    assert min(ratios) < 20, ratios
 
 
 def test_a_one_megabyte_subject_renders_fast_but_is_refused_at_intake() -> None:
