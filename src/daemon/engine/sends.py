@@ -237,8 +237,7 @@ class SendWorkers:
         # Caller holds the lock. Only the workers are woken: a drain can be satisfied
         # only once every worker has looked since this change and found nothing, and
         # each such look ends in `_sleep`, which wakes the drain. Waking the drain here
-        # too cost it a wake-up and a look per job sent (about a tenth of the CPU of
-        # bench/smtp_senders.py's sendledger run).
+        # too cost it a wake-up and a look per job sent.
         self._generation += 1
         self._cond.notify_all()
 
