@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import importlib.util
 import json
 import logging
 import multiprocessing
@@ -60,9 +61,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from smtp_sink import Sink, round_trip, sink_process
+from smtp_sink import Sink, receive, round_trip, sink_process
 from write_ahead import WriteAhead
 
+#: The modules of pyproject.toml's `bench` extra: the sink and django-post_office.
+BENCH_EXTRA = ("aiosmtpd", "django", "post_office")
 SENDER = "sender@example.test"
 DOMAIN = "example.test"
 PASSWORD = "s3cret-test-password"  # testkit.mailservers' (Dovecot's passwd-file)
@@ -398,7 +401,7 @@ def in_process(target: str, *args: Any) -> dict[str, Any]:
         target=_child, args=(child, target, args), daemon=True
     )
     process.start()
-    status, value = parent.recv()
+    status, value = receive(parent, process, target)
     process.join(timeout=30)
     if status != "ok":
         raise SystemExit(f"{target} failed:\n{value}")
@@ -795,6 +798,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.as_child:
         kind, port, folder = args.as_child
         return as_child(kind, int(port), Path(folder))
+    missing = [name for name in BENCH_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        print(
+            f"bench/smtp_senders.py: the bench extra is not installed (no {', '.join(missing)}):"
+            " `make bench` installs it, or .venv/bin/uv pip install -e '.[bench]'",
+            file=sys.stderr,
+        )
+        return 2
     with contextlib.suppress(KeyboardInterrupt):
         return kills(args) if args.kill else throughput(args)
     return 1

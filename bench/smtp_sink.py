@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 _MESSAGE_ID = re.compile(rb"(?im)^message-id:[ \t]*(<[^>\r\n]*>)")
@@ -167,6 +168,15 @@ class Sink:
         return logins
 
 
+def receive(conn: Connection, process: BaseProcess, what: str) -> Any:
+    """The next answer of a child process; SystemExit naming `what` when the child ended
+    without one (an import that failed, a crash), instead of waiting for ever."""
+    while not conn.poll(0.2):
+        if not process.is_alive():
+            raise SystemExit(f"{what} ended without answering (exit code {process.exitcode})")
+    return conn.recv()
+
+
 @contextmanager
 def sink_process(password: str, *, file_sent: tuple[int, str] | None = None) -> Iterator[Sink]:
     """The sink in its own process; `file_sent`: (Dovecot LMTP port, mail domain)."""
@@ -175,7 +185,7 @@ def sink_process(password: str, *, file_sent: tuple[int, str] | None = None) -> 
         target=_serve, args=(child, password, file_sent), daemon=True
     )
     process.start()
-    sink = Sink(parent.recv(), parent)
+    sink = Sink(receive(parent, process, "the SMTP sink"), parent)
     try:
         yield sink
     finally:
@@ -240,7 +250,7 @@ def round_trip(sink: Sink, rtt: float) -> Iterator[Sink]:
     )
     process.start()
     try:
-        yield Sink(parent.recv(), sink._conn)
+        yield Sink(receive(parent, process, "the round-trip proxy"), sink._conn)
     finally:
         parent.send("stop")
         process.join(timeout=10)
