@@ -313,7 +313,7 @@ class BounceWatch:
             except ConcurrentUpdate:
                 continue  # another writer moved the job: read it again
             counter.bump("bounced")
-            notify(lambda: self._observer.bounce_report(RECORDED))
+            notify(self._observer.bounce_report, RECORDED)
             log.info("job %s: bounce report %s recorded", row.key, provider_id)
             return RECORDED
         return None  # still moving: the next read tries again
@@ -331,7 +331,7 @@ class BounceWatch:
         )
         events = list(job.pending_events)
         self._commits.save(job)
-        notify(lambda: self._observer.saved(job, events))
+        notify(self._observer.saved, job, events)
 
     def _scope_of(self, channel: str, from_addr: str) -> str | None:
         policy = self._policies.current.get(channel)
@@ -339,7 +339,7 @@ class BounceWatch:
         return None if provider is None else provider.for_job(from_addr, None).scope()
 
     def _refused(self, provider_id: str, refusal: ReportRefusal, detail: str) -> str:
-        notify(lambda: self._observer.bounce_report(refusal.value))
+        notify(self._observer.bounce_report, refusal.value)
         if refusal is not ReportRefusal.RECORDED_ALREADY:
             log.info("delivery report %s not recorded: %s (%s)", provider_id, refusal, detail)
         return refusal.value

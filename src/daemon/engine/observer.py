@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
 from daemon.engine.report import TickReport
 from daemon.providers.base import (
@@ -28,6 +28,7 @@ from ledger.job import SendJob
 
 log = logging.getLogger("sendledger.engine")
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class EngineObserver(Protocol):
@@ -59,10 +60,12 @@ class NullObserver:
         pass
 
 
-def notify(action: Callable[[], None]) -> None:
-    """Run one observer call; a broken observer is logged, never the engine's problem."""
+def notify(call: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
+    """`call(*args)`, one observer method; a broken observer is logged, never the engine's
+    problem. Called with the method and its arguments, not a closure, so the observer
+    never calls back into the engine's own code."""
     try:
-        action()
+        call(*args, **kwargs)
     except Exception:
         log.exception("engine observer failed")
 
@@ -88,7 +91,7 @@ class ObservedProvider(ProviderBase):
             return call()
         finally:
             elapsed = time.perf_counter() - started
-            notify(lambda: self._observer.provider_call(self.name, operation, elapsed))
+            notify(self._observer.provider_call, self.name, operation, elapsed)
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         return self._timed("send", lambda: self.inner.send_raw(raw))

@@ -104,7 +104,7 @@ class Work:
         """Count and report what a save made durable."""
         before = self._saved_state
         self._saved_state = self.job.state
-        notify(lambda: self.observer.saved(self.job, events))
+        notify(self.observer.saved, self.job, events)
         if self.job.state is JobState.REVIEW and before is not JobState.REVIEW:
             self.count("escalated")
             log.warning("job %s to review: %s", self.job.key, self.job.reason)

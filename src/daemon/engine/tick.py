@@ -328,7 +328,7 @@ class Engine:
     def _done(self, started: float) -> TickReport:
         report = self._counter.take()
         elapsed = time.perf_counter() - started
-        notify(lambda: self.observer.tick_done(elapsed, report))
+        notify(self.observer.tick_done, elapsed, report)
         return report
 
     def _forget_idle(self) -> None:
