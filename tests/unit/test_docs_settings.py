@@ -1,8 +1,5 @@
-"""Every table of settings and policy fields against the models, both ways (docs/development.md
-"Writing the docs"): docs/configuration.md's key and range tables, docs/providers.md's key
-table of each kind, docs/http-api.md's `[api]` keys and webhook example, docs/policies.md's
-fields. Every key has a row and every row is a key; each default written is the model's;
-each range is taken at both ends and refused just outside; each choice is on its row."""
+"""Every table of settings and policy fields is the models', both ways: keys, defaults, ranges
+(both ends taken, just outside refused), choices (docs/development.md "Writing the docs")."""
 
 from __future__ import annotations
 
@@ -19,16 +16,7 @@ from pydantic import BaseModel, ValidationError
 from tests.unit.docs_page import CODE, block, flat, keyed, page, section, table
 
 from daemon.config import environment
-from daemon.config.settings import (
-    ApiSettings,
-    DaemonSettings,
-    GmailProviderSettings,
-    GraphProviderSettings,
-    RetentionSettings,
-    SmtpImapProviderSettings,
-    StoreSettings,
-    WebhookSettings,
-)
+from daemon.config import settings as cfg
 from daemon.config.sizes import parse_size
 from daemon.webhooks.events import WEBHOOK_TYPES
 from ledger.stores.index import IndexRow
@@ -36,21 +24,19 @@ from ledger.stores.library_env import APPLICATION_PREFIX, LIBRARY_VARIABLES, REA
 from policies.durations import parse_duration
 from policies.model import ChannelPolicy
 
-SECTIONS: dict[str, type[BaseModel]] = {"store": StoreSettings, "daemon": DaemonSettings}
-SECTIONS |= {"api": ApiSettings, "retention": RetentionSettings, "webhooks.NAME": WebhookSettings}
-KINDS: dict[str, type[BaseModel]] = {
-    "gmail": GmailProviderSettings,
-    "smtp-imap": SmtpImapProviderSettings,
-    "graph": GraphProviderSettings,
-}
+SECTIONS: dict[str, type[BaseModel]] = {"store": cfg.StoreSettings, "daemon": cfg.DaemonSettings}
+SECTIONS |= {"api": cfg.ApiSettings, "retention": cfg.RetentionSettings}
+SECTIONS["webhooks.NAME"] = cfg.WebhookSettings
+KINDS: dict[str, type[BaseModel]] = {"gmail": cfg.GmailProviderSettings}
+KINDS |= {"smtp-imap": cfg.SmtpImapProviderSettings, "graph": cfg.GraphProviderSettings}
 #: What a model needs besides the field under test, so that one field is validated alone.
 STUBS: dict[type[BaseModel], dict[str, Any]] = {
-    GmailProviderSettings: {"credentials_file": "sa.json"},
-    SmtpImapProviderSettings: {"kind": "smtp-imap", "smtp_host": "smtp.example.com"}
+    cfg.GmailProviderSettings: {"credentials_file": "sa.json"},
+    cfg.SmtpImapProviderSettings: {"kind": "smtp-imap", "smtp_host": "smtp.example.com"}
     | {"imap_host": "imap.example.com", "username": "u", "password_file": "pw"},
-    GraphProviderSettings: {"kind": "graph", "tenant_id": "t", "client_id": "c"}
+    cfg.GraphProviderSettings: {"kind": "graph", "tenant_id": "t", "client_id": "c"}
     | {"user": "u@example.com", "client_secret_file": "secret"},
-    WebhookSettings: {"url": "https://hooks.example.com/x", "secret_file": "whsec"},
+    cfg.WebhookSettings: {"url": "https://hooks.example.com/x", "secret_file": "whsec"},
     ChannelPolicy: {"channel": "receipts", "provider": "support"}
     | {"from": "Support <support@example.com>", "message_id_domain": "mail.example.com"},
 }
@@ -63,6 +49,10 @@ WORDS: dict[str, tuple[object, ...]] = {
     "twice `deadline_grace`, at least `1s`": (None,),  # tests/unit/test_settings.py
 } | dict.fromkeys(("off", "none", "Google's", "the file's", "the `\\Sent` folder"), ("",))
 WORDS |= dict.fromkeys(("", "required with `listen`"), (None,))
+RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at most) ([^\s,]+)")
+#: What a field's range needs of another field: its low (0) or high (1) end, or (2) 7d.
+OTHER = {"retry_backoff": ("retry_backoff_max", 1), "retry_backoff_max": ("retry_backoff", 0)}
+OTHER["history_after"] = ("search_after", 2)  # history_after is shorter than it
 
 
 def validated(model: type[BaseModel], **values: Any) -> Any:
@@ -70,27 +60,24 @@ def validated(model: type[BaseModel], **values: Any) -> Any:
 
 
 def check_default(model: type[BaseModel], field: str, cell: str, where: str) -> None:
-    """The default a row writes is the model's: `required`, words of WORDS, another
-    field's name (its value), or one `value` as the config writes it."""
+    """The default written: `required`, words of WORDS, another field's name, or one `value`."""
     info = model.model_fields[field]
-    default = None if info.is_required() else info.get_default(call_default_factory=True)
-    said = f"{where}: {field} written {cell!r}, the model's default is "
-    said += "required" if info.is_required() else repr(default)
-    named = re.fullmatch(r"`([a-z_]+)`", cell)
-    if cell == "required" or info.is_required():
-        assert cell == "required" and info.is_required(), said
+    default = "required" if info.is_required() else info.get_default(call_default_factory=True)
+    said = f"{where}: {field} written {cell!r}, the model's default is {default!r}"
+    value = re.fullmatch(r"`([^`]+)`(?: \([^)]*\))?", cell)
+    if "required" in (cell, default):
+        assert cell == default, said
     elif cell in WORDS:
         assert default in WORDS[cell], said
-    elif named and named.group(1) in model.model_fields:  # `search_after`, `concurrency`
-        given = validated(model)  # unset: the other's value, now or when it is used
-        assert default is None and getattr(given, field) in (None, getattr(given, named[1])), said
+    elif value and value[1] in model.model_fields:  # unset: the other's value, now or later
+        given = validated(model)
+        assert default is None and getattr(given, field) in (None, getattr(given, value[1])), said
     else:
-        value = re.fullmatch(r"`([^`]+)`(?: \([^)]*\))?", cell)
         assert value, f"{where}: {field}: write {cell!r} as one `value`, or add it to WORDS"
         try:
-            written = tomllib.loads(f"v = {value.group(1)}")["v"]
+            written = tomllib.loads(f"v = {value[1]}")["v"]
         except tomllib.TOMLDecodeError:
-            written = value.group(1)
+            written = value[1]
         expected = None if default is None else getattr(validated(model, **{field: default}), field)
         assert getattr(validated(model, **{field: written}), field) == expected, said
 
@@ -113,23 +100,17 @@ def number_types(annotation: Any) -> set[Any]:
     return {annotation}
 
 
-RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at most) ([^\s,]+)")
-#: What a field's range needs of another field (a backoff's maximum is at least the backoff).
-OTHER = {"retry_backoff": ("retry_backoff_max", 1), "retry_backoff_max": ("retry_backoff", 0)}
-
-
 def check_range(model: type[BaseModel], field: str, text: str, where: str) -> None:
-    """`low to high` (`above low, at most high`) or `(low..high)`: both ends taken, just
+    """`low to high`, `above low, at most high` or `(low..high)`: both ends taken, just
     outside each refused."""
-    found = RANGE.match(text) or re.search(r"\((\d+)\.\.(\d+s?)\)", text)
+    found = RANGE.match(text) or re.search(r"\(()(\d+)\.\.(\d+s?)\)", text)
     assert found, f"{where}: {field}: no range in {text!r}"
-    above, low, high = found.groups() if len(found.groups()) == 3 else (None, *found.groups())
+    above, low, high = found.groups()
     ends = (amount(low), amount(high))
     whole = text.startswith("whole") or number_types(model.model_fields[field].annotation) == {int}
     step = 1.0 if whole else max(ends[1] * 1e-6, 0.0005)
     other, end = OTHER.get(field, ("", 0))
-    more: dict[str, object] = {other: ends[end]} if other in model.model_fields else {}
-    more |= {"search_after": "7d"} if field == "history_after" else {}  # shorter than it
+    more = {other: [*ends, "7d"][end]} if other in model.model_fields else {}
 
     def refused(value: float) -> bool:
         try:
@@ -147,13 +128,9 @@ def check_range(model: type[BaseModel], field: str, text: str, where: str) -> No
 def check_choices(model: type[BaseModel], field: str, cell: str, where: str) -> None:
     annotation = model.model_fields[field].annotation
     if typing.get_origin(annotation) is typing.Literal and field != "kind":
-        missing = {str(c) for c in typing.get_args(annotation)} - {
-            c.strip('"') for c in CODE.findall(cell)
-        }
+        missing = {str(c) for c in typing.get_args(annotation)}
+        missing -= {c.strip('"') for c in CODE.findall(cell)}
         assert not missing, f"{where}: {field} does not name the model's choices {missing}"
-
-
-# -- docs/configuration.md ------------------------------------------------------------------
 
 
 def field_of(key: str, kind: str) -> tuple[type[BaseModel], str] | None:
@@ -164,7 +141,7 @@ def field_of(key: str, kind: str) -> tuple[type[BaseModel], str] | None:
 
 
 def test_every_setting_has_one_row_with_its_default_and_choices() -> None:
-    """A row of several keys (`a` / `b`) is a row per key."""
+    """configuration.md's key tables; a row of several keys (`a` / `b`) is a row per key."""
     rows = []
     for first, kind in (("key", "gmail"), ("smtp-imap key", "smtp-imap"), ("graph key", "graph")):
         for row in table(page("configuration.md"), f"{first} | default"):
@@ -214,8 +191,7 @@ def test_every_key_a_page_names_exists() -> None:
 
 
 def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
-    """The index's columns, each by the word the page gives it (never an address); the
-    variables read and refused."""
+    """The index's columns, each by the word the page gives it; the variables read, refused."""
     kept = flat(page("configuration.md")).split("the job index keeps", 1)[1].split(")", 1)[0]
     words = "key key|job_id key|channel channel|state state|message_id Message-ID|version "
     words += "version|attempts attempt count|reason reason|watch_mailbox digest|mailbox From "
@@ -224,7 +200,7 @@ def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
     said = dict(pair.split(" ", 1) for pair in words.split("|"))
     assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
     assert [w for w in said.values() if w not in kept] == []
-    assert environment.unknown_variable({"SENDLEDGER_STOR__URL": "x"}, DaemonSettings)
+    assert environment.unknown_variable({"SENDLEDGER_STOR__URL": "x"}, cfg.DaemonSettings)
     library = section("configuration.md", "### Only sendledger's settings configure the store")
     named = set(re.findall(r"`([A-Z][A-Z_]+\*?)`", library)) - {APPLICATION_PREFIX}
     assert named & READ_BY_SENDLEDGER == set(READ_BY_SENDLEDGER)
@@ -232,48 +208,39 @@ def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
         assert any(v.startswith(name.rstrip("*")) for v in LIBRARY_VARIABLES), name
 
 
-# -- the key tables of docs/providers.md, docs/http-api.md and docs/policies.md -------------
-
-
 @pytest.mark.parametrize(
     ("name", "title", "first", "model", "prefix"),
     [
-        ("providers.md", "Gmail keys", None, GmailProviderSettings, ""),
-        ("providers.md", "SMTP + IMAP setup", None, SmtpImapProviderSettings, ""),
-        ("providers.md", "Graph keys", None, GraphProviderSettings, ""),
-        ("http-api.md", "## HTTP API", "key", ApiSettings, "api."),
+        ("providers.md", "Gmail keys", None, KINDS["gmail"], ""),
+        ("providers.md", "SMTP + IMAP setup", None, KINDS["smtp-imap"], ""),
+        ("providers.md", "Graph keys", None, KINDS["graph"], ""),
+        ("http-api.md", "## HTTP API", "key", cfg.ApiSettings, "api."),
+        ("policies.md", "Fields, defaults and bounds", "field", ChannelPolicy, ""),
     ],
 )
-def test_each_kind_s_key_table_is_its_settings(
+def test_each_key_table_is_its_model_s(
     name: str, title: str, first: str | None, model: type[BaseModel], prefix: str
 ) -> None:
+    """Every field a row (the policy's in order, by alias), its default and range; choices."""
+    where, policy = f"{name} {title!r}", model is ChannelPolicy
+    fields = {prefix + (i.alias or f): f for f, i in model.model_fields.items() if f != "kind"}
     rows = keyed(section(name, title, until=3), first)
-    assert set(rows) == {prefix + field for field in model.model_fields} - {"kind"}
-    for key, (default, meaning) in rows.items():
-        check_default(model, key.removeprefix(prefix), default, f"{name} {title!r}")
-        if re.search(r"\(\d+\.\.\d+s?\)", meaning):
-            check_range(model, key.removeprefix(prefix), meaning, f"{name} {title!r}")
+    assert list(rows) == list(fields) if policy else set(rows) == set(fields)
+    for key, (default, takes) in rows.items():
+        if policy and default == "the file's stem":  # the loader's, from the file name
+            assert fields[key] == "channel", where
+        else:
+            check_default(model, fields[key], default, where)
+        if re.match(r"\S+ to \S+", takes) or re.search(r"\(\d+\.\.\d+s?\)", takes):
+            check_range(model, fields[key], takes, where)
+        if policy:
+            check_choices(model, fields[key], takes, where)
 
 
 def test_the_webhook_example_names_every_setting_with_its_default() -> None:
     lines = block(section("http-api.md", "## Webhooks"), "toml").splitlines()[1:]
     pairs = (line.lstrip("# ").partition(" = ") for line in lines)
     example = {key: value.split("  #")[0].strip() for key, _, value in pairs}
-    assert set(example) == set(WebhookSettings.model_fields)
+    assert set(example) == set(cfg.WebhookSettings.model_fields)
     for key in set(example) - {"url", "secret_file"}:
-        check_default(WebhookSettings, key, f"`{example[key]}`", "http-api.md's webhook example")
-
-
-def test_the_policy_table_is_every_field_in_order_with_its_default_range_and_choices() -> None:
-    rows = table(page("policies.md"), "field")
-    fields = {(info.alias or name): name for name, info in ChannelPolicy.model_fields.items()}
-    assert [CODE.findall(row[0])[0] for row in rows] == list(fields)
-    for written, default, takes in rows:
-        name, where = fields[CODE.findall(written)[0]], "policies.md, field table"
-        if default == "the file's stem":  # the loader's, from the file name
-            assert name == "channel"
-        else:
-            check_default(ChannelPolicy, name, default, where)
-        if re.match(r"\S+ to \S+", takes):
-            check_range(ChannelPolicy, name, takes, where)
-        check_choices(ChannelPolicy, name, takes, where)
+        check_default(cfg.WebhookSettings, key, f"`{example[key]}`", "http-api.md's webhook")
