@@ -1,7 +1,5 @@
-"""The figures and lists the docs write in prose, and the tables of names, are the code's
-(docs/development.md "Writing the docs"): a row holds a page, the words that find a figure
-or list in it and the code it is; a constant changed and a page left saying the old value
-fails naming the page, the words and both values."""
+"""The figures, lists and tables of names the pages write are the code's: a row holds a page,
+the words that find them and the code they are (docs/development.md "Writing the docs")."""
 
 # ruff: noqa: F401 - the names FIGURES' and LISTS' expressions use are imported for them
 from __future__ import annotations
@@ -16,7 +14,7 @@ import tomllib
 from contextlib import closing
 
 import pytest
-from tests.unit.docs_page import CODE, REPO, flat, keyed, page, section
+from tests.unit.docs_page import CODE, REPO, flat, keyed, page, read, section
 from tests.unit.engine_rig import EngineRig
 from tests.unit.test_docs_settings import KINDS, SECTIONS
 from tests.unit.test_services import LEGAL, OTHER, in_review, services
@@ -27,51 +25,28 @@ from daemon.api.auth import SESSION_SECONDS, Role
 from daemon.api.roles import PAGE_ROLE, ROUTE_ROLES
 from daemon.cli.init_command import config_text
 from daemon.config import environment
-from daemon.config.settings import (
-    _PROVIDER_TAGS,
-    DaemonSettings,
-    GmailProviderSettings,
-    GraphProviderSettings,
-    StoreSettings,
-)
-from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
-from daemon.providers.gmail import SCOPES
-from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS, GMAIL_SEND_UNITS
-from daemon.providers.smtp_submit import PIPELINE_GROUP
-from daemon.providers.transport import DEFAULT_MAX_IDLE
-from daemon.service_layer.guidance import MEANING, NEXT
-from daemon.service_layer.listing import LIMIT_DEFAULT, LIMIT_MAX
-from daemon.service_layer.problems import MAX_LISTED
-from daemon.service_layer.read_models import CONTENT_PAGE
+from daemon.config.settings import _PROVIDER_TAGS
+from daemon.providers import base, gmail, quota, smtp_submit, transport
+from daemon.service_layer import guidance, listing, problems, read_models
 from daemon.service_layer.services import SORTS, TRIAGE_NOTE, Services
 from daemon.tools import demo, probe
-from daemon.webhooks.events import REJECTED_CODES, WEBHOOK_EVENTS, WEBHOOK_TYPES
-from daemon.webhooks.signing import SECRET_BYTES
-from daemon.webhooks.status import COUNT_LIMIT
-from daemon.webhooks.worker import Hook
+from daemon.webhooks import events, signing, status, worker
 from ledger import addresses, attachments, content, extra_headers, keys
-from ledger.addresses import parse_mailbox
 from ledger.job import SendJob
-from ledger.stores.positions import LOCK_WAIT_MS
+from ledger.stores import positions
 from ledger.vocabulary import FINAL_STATES, OPEN_STATES, EscalationReason, JobState
-from policies.loader import MAX_POLICY_BYTES
+from policies import loader
 from sendledger.client import Client
-from testkit.graph_emulator import GraphEmulator
-from testkit.relay import MODES
-from testkit.smtp_relay import SMTP_MODES
+from testkit import graph_emulator, relay, smtp_relay
 
 
-def bench(script: str, option: str) -> object:
-    for node in ast.walk(ast.parse((REPO / "bench" / script).read_text(encoding="utf-8"))):
+def bench(script: str, name: str) -> object:
+    """A bench script's default of an `--option`, or its module-level constant."""
+    tree = ast.parse(read(f"bench/{script}"))
+    for node in ast.walk(tree) if name.startswith("--") else tree.body:
         call = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
-        if call and ast.literal_eval(node.args[0]) == option:  # type: ignore[attr-defined]
+        if call and ast.literal_eval(node.args[0]) == name:  # type: ignore[attr-defined]
             return next(ast.literal_eval(k.value) for k in node.keywords if k.arg == "default")
-    raise AssertionError(f"no {option} in bench/{script}")
-
-
-def bench_constant(script: str, name: str) -> object:
-    tree = ast.parse((REPO / "bench" / script).read_text(encoding="utf-8"))
-    for node in tree.body:
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
         if any(getattr(t, "id", "") == name for t in targets):
             return ast.literal_eval(node.value)  # type: ignore[attr-defined]
@@ -89,51 +64,50 @@ def triage_actions() -> set[str]:
         return seen | {item.action for item in services(rig).triage(by="ops")}
 
 
-GMAIL = GmailProviderSettings.model_fields
-GRAPH = GraphProviderSettings.model_fields
-CLIENT = inspect.signature(Client).parameters
-STORE = StoreSettings()
+GMAIL, GRAPH = KINDS["gmail"].model_fields, KINDS["graph"].model_fields
+CLIENT = {n: p.default for n, p in inspect.signature(Client).parameters.items()}
+STORE = SECTIONS["store"]()
 SUB = argparse.ArgumentParser().add_subparsers()
 probe.register(SUB)
 PROBE = {o: a.default for a in SUB.choices["probe"]._actions for o in a.option_strings}
 QUOTA = GMAIL["quota_units_per_second"].default
-GRACE = DaemonSettings.model_fields["deadline_grace"].default
-LEASE = Hook("h", "https://a/", "whsec_a", frozenset(), timeout=1.0).lease
-FIFTH = {4: "fifth"}[inspect.signature(GraphEmulator).parameters["mailbox_concurrency"].default]
+GRACE = SECTIONS["daemon"].model_fields["deadline_grace"].default
+WAITS = (GRACE, GRAPH["timeout"].default, GRAPH["confirm_wait"].default)
+HEADERS = (content.MAX_EXTRA_HEADERS, content.MAX_HEADER_VALUE, extra_headers.MAX_HEADER_NAME)
+SIGN_IN = (signin_limit.FAILURES, signin_limit.WINDOW / 60)
+LEASE = worker.Hook("h", "https://a/", "whsec_a", frozenset(), timeout=1.0).lease
+EMULATOR = inspect.signature(graph_emulator.GraphEmulator).parameters
+FIFTH = {4: "fifth"}[EMULATOR["mailbox_concurrency"].default]
 LATENCY_CONCURRENCY = str(bench("pipeline.py", "--latency-concurrency")).split(",")[0]
-FAULTS: dict[str, int] = bench_constant("soak.py", "FAULTS")  # type: ignore[assignment]
+FAULTS: dict[str, int] = bench("soak.py", "FAULTS")  # type: ignore[assignment]
 SOAK_FAULTS = sum(FAULTS.values()) - FAULTS["pass"]
 DAEMONS = re.sub(r",(\d+)$", r" and \1", str(bench("daemons.py", "--daemons"))).replace(",", ", ")
-SOAK_CONCURRENCY = int(
-    re.search(r"concurrency = (\d+)", (REPO / "bench" / "soak.py").read_text())[1]
-)
-PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+SOAK_CONCURRENCY = int(re.search(r"concurrency = (\d+)", read("bench/soak.py"))[1])
+PROJECT = tomllib.loads(read("pyproject.toml"))["project"]
 EVENTSOURCING = re.search(r"eventsourcing\[postgres\]>=([\d.]+),", str(PROJECT["dependencies"]))[1]
-PYTHON = PROJECT["requires-python"][2:]
 MODELS = [*SECTIONS.items(), *(("providers.NAME", m) for m in KINDS.values())]
 SECRETS = {f"{p}.{f}" for p, m in MODELS for f in m.model_fields if f.endswith("_file")}
-DEMO = ast.parse((REPO / "src" / "daemon" / "tools" / "demo.py").read_text(encoding="utf-8"))
-DEMO_STRINGS = {n.value for n in ast.walk(DEMO) if isinstance(n, ast.Constant)}
-GRAPH_CONFIG = config_text("graph", parse_mailbox("you@example.com"))
+DEMO = ast.walk(ast.parse(read("src/daemon/tools/demo.py")))
+DEMO_STRINGS = {n.value for n in DEMO if isinstance(n, ast.Constant)}
+GRAPH_CONFIG = config_text("graph", addresses.parse_mailbox("you@example.com"))
 PERMISSIONS = re.findall(r"permissions (Mail\.\w+) and (Mail\.\w+) for `user`", GRAPH_CONFIG)[0]
 CHECKED = [f.name for f in dataclasses.fields(SendJob.Checked) if f.name != "timestamp"]
 SORTED_BY = {{"since": "age"}.get(s, s) for s in (s.lstrip("-") for s in SORTS)}
 EXIT_CODES = {v for k, v in vars(exit_codes).items() if k.startswith("EXIT_")} | {130}
 ROUTE_ROLE = {f"{m} {p}": r.value for (m, p), r in ROUTE_ROLES.items()} | {"/ui/": PAGE_ROLE.value}
-REASONS = {r.value: [MEANING[r], NEXT[r]] for r in EscalationReason}
+REASONS = {r.value: [guidance.MEANING[r], guidance.NEXT[r]] for r in EscalationReason}
 OWNED = {*extra_headers.OWNED_HEADERS, "content-*"} - {"message-id"}
-CRASH = ast.parse((REPO / "tests" / "e2e" / "test_crash_matrix.py").read_text(encoding="utf-8"))
+CRASH = ast.parse(read("tests/e2e/test_crash_matrix.py"))
 CRASH_MODES = next(ast.literal_eval(n.value) for n in CRASH.body if "MODES" in ast.unparse(n)[:9])
 EVENTS = {k: c.__mro__ for k, c in vars(SendJob).items() if isinstance(c, type)}
 FIELDS = {
     k: {f for b in mro for f in getattr(b, "__annotations__", {})} for k, mro in EVENTS.items()
 }
 POLICY_EVENTS = {k for k, fields in FIELDS.items() if {"policy", "fingerprint"} <= fields}
-#: page | words with the figure as their one group | what it is (a Python expression).
+#: page | words with the figures as their groups | what they are (a Python expression; a
+#: tuple for several groups).
 FIGURES = r"""
-cli.md | \(at most (\d+), each value | content.MAX_EXTRA_HEADERS
-cli.md | each value at most ([\d,]+) characters, names | content.MAX_HEADER_VALUE
-cli.md | characters, names at most (\d+)\) | extra_headers.MAX_HEADER_NAME
+cli.md | \(at most (\d+), each value at most ([\d,]+) \w+, names at most (\d+)\) | HEADERS
 cli.md | a list of at most (\d+) message ids | content.MAX_REFERENCES
 cli.md | `-`, `_`; at most (\d+)\) | content.MAX_THREAD_ID_LENGTH
 cli.md | more than (\d+) characters without a space | extra_headers.MAX_WORD
@@ -144,78 +118,67 @@ cli.md | Gmail's defaults \d+ MB and (\d+) | GMAIL['max_recipients'].default
 cli.md | emoji without joiners are fine; at most (\d+) characters | content.MAX_KEY_LENGTH
 cli.md | a token's name in `api.token_file`; at most (\d+) characters | keys.MAX_NAME_LENGTH
 cli.md | lone surrogates and more than (\d+) characters | keys.MAX_NOTE_LENGTH
-cli.md | reading the store a page of (\d+) jobs a query | CONTENT_PAGE
-configuration.md | `whsec_<base64>` \((\d+)-\d+ bytes | SECRET_BYTES[0]
-configuration.md | `whsec_<base64>` \(\d+-(\d+) bytes | SECRET_BYTES[1]
-configuration.md | \(send (\d+), list/get | GMAIL_SEND_UNITS
-configuration.md | list/get (\d+)\) | GMAIL_LIST_UNITS
-http-api.md | after (\d+) failed attempts from one address | signin_limit.FAILURES
-http-api.md | from one address within (\d+) minutes | signin_limit.WINDOW / 60
-http-api.md | at most (\d+) errors | MAX_LISTED
-http-api.md | `limit` 1 to (\d+) \(default | LIMIT_MAX
-http-api.md | `limit` 1 to \d+ \(default (\d+)\) | LIMIT_DEFAULT
-http-api.md | `retries` more times \(default (\d+)\) | CLIENT['retries'].default
-http-api.md | `backoff` seconds \(default ([\d.]+)\) | CLIENT['backoff'].default
-http-api.md | at most `max_backoff` \((\d+)\) | CLIENT['max_backoff'].default
-http-api.md | `timeout` \(default (\d+) s\) | CLIENT['timeout'].default
-configuration.md | list/get (\d+)\) | GMAIL_GET_UNITS
-configuration.md | \| `webhooks.NAME.events` \| all (\w+) \| | {7: 'seven'}[len(WEBHOOK_TYPES)]
+cli.md | reading the store a page of (\d+) jobs a query | read_models.CONTENT_PAGE
+configuration.md | `whsec_<base64>` \((\d+)-(\d+) bytes | signing.SECRET_BYTES
+configuration.md | \(send (\d+), list/get (\d+)\) | (quota.GMAIL_SEND_UNITS, quota.GMAIL_LIST_UNITS)
+configuration.md | list/get (\d+)\) | quota.GMAIL_GET_UNITS
+configuration.md | `webhooks.NAME.events` \| all (\w+) \| | {7: 'seven'}[len(events.WEBHOOK_TYPES)]
+http-api.md | after (\d+) failed attempts from one address within (\d+) minutes | SIGN_IN
+http-api.md | at most (\d+) errors | problems.MAX_LISTED
+http-api.md | `limit` 1 to (\d+) \(default (\d+)\) | (listing.LIMIT_MAX, listing.LIMIT_DEFAULT)
+http-api.md | `retries` more times \(default (\d+)\) | CLIENT['retries']
+http-api.md | `backoff` seconds \(default ([\d.]+)\) | CLIENT['backoff']
+http-api.md | at most `max_backoff` \((\d+)\) | CLIENT['max_backoff']
+http-api.md | `timeout` \(default (\d+) s\) | CLIENT['timeout']
 http-api.md | prints a fresh secret \((\d+) random bytes\) | 32
 http-api.md | lease in the store \(max\((\d+) s, 3 \u00d7 timeout\)\) | LEASE
-http-api.md | (\d+) ms at the very most | LOCK_WAIT_MS
-http-api.md | counted up to ([\d,]+) | COUNT_LIMIT
+http-api.md | (\d+) ms at the very most | positions.LOCK_WAIT_MS
+http-api.md | counted up to ([\d,]+) | status.COUNT_LIMIT
+http-api.md | \(about ([\d,]+) levels\) | sys.getrecursionlimit()
+http-api.md | longer than ([\d,]+) digits | sys.get_int_max_str_digits()
 review.md | ; (\d+) a page\. | Services.review_queue.__kwdefaults__['per_page']
 review.md | among the (\d+) most recently | Services.find_jobs.__kwdefaults__['scan']
-review.md | content \(To, Subject\) of (\d+) jobs a query | CONTENT_PAGE
+review.md | content \(To, Subject\) of (\d+) jobs a query | read_models.CONTENT_PAGE
 review.md | session cookie for (\d+) hours | SESSION_SECONDS // 3600
-review.md | after (\d+) failed attempts within | signin_limit.FAILURES
-review.md | failed attempts within (\d+) minutes | signin_limit.WINDOW / 60
+review.md | after (\d+) failed attempts within (\d+) minutes | SIGN_IN
 review.md | until the oldest failure is (\d+) minutes old | signin_limit.WINDOW / 60
 review.md | with the note "([^"]+)" | TRIAGE_NOTE
 review.md | every page of `/ui/` needs `(\w+)` | PAGE_ROLE.value
-providers.md | fixed \(the first (\d+), then | DEFAULT_READBACK_FIRST
-providers.md | fixed \(the first \d+, then ([\d.]+); | DEFAULT_READBACK_RATE
-providers.md | the defaults do: (\d+)s, | GRACE
-providers.md | the defaults do: \d+s, 2 x (\d+)s | GRAPH['timeout'].default
-providers.md | the defaults do: \d+s, 2 x \d+s \+ (\d+)s | GRAPH['confirm_wait'].default
+providers.md | fixed \(the first (\d+), then | base.DEFAULT_READBACK_FIRST
+providers.md | fixed \(the first \d+, then ([\d.]+); | base.DEFAULT_READBACK_RATE
+providers.md | the defaults do: (\d+)s, 2 x (\d+)s \+ (\d+)s | WAITS
 providers.md | `--max-wait` \(default `(\w+)` | PROBE['--max-wait']
 providers.md | `--interval`, default `(\w+)` | PROBE['--interval']
-providers.md | goes in groups of (\d+)\s+commands | PIPELINE_GROUP
+providers.md | goes in groups of (\d+)\s+commands | smtp_submit.PIPELINE_GROUP
 operations.md | runs the same (\w+) jobs on the Microsoft | {12: 'twelve'}[len(demo.JOBS)]
 operations.md | and so does a (\w+) request in flight | FIFTH
 performance.md | `store.pool_size` \(default (\d+)\) | STORE.pool_size
 performance.md | `store.max_overflow` \((\d+)\) | STORE.max_overflow
-performance.md | Idle connections \(over (\d+) s\) | DEFAULT_MAX_IDLE
-performance.md | (\d+) quota units/s is | QUOTA
-performance.md | quota units/s is ([\d.]+) sends/s | QUOTA / GMAIL_SEND_UNITS
-performance.md | a bucket of (\d+) units refilled | QUOTA - GMAIL_SEND_UNITS
+performance.md | Idle connections \(over (\d+) s\) | transport.DEFAULT_MAX_IDLE
+performance.md | (\d+) quota units/s is ([\d.]+) sends/s | (QUOTA, QUOTA / quota.GMAIL_SEND_UNITS)
+performance.md | a bucket of (\d+) units refilled | QUOTA - quota.GMAIL_SEND_UNITS
 performance.md | \*\*\(a\)\*\* ([\d,]+) jobs, zero latency | bench('pipeline.py', '--n')
-performance.md | (\d+) ms per Gmail API call | bench_constant('pipeline.py', 'LATENCY') * 1000
+performance.md | (\d+) ms per Gmail API call | bench('pipeline.py', 'LATENCY') * 1000
 performance.md | call, concurrency (\d+) and \d+ | LATENCY_CONCURRENCY
 performance.md | idle for 100 ms, (\d+) sends | bench('pipeline.py', '--idle-sends')
-performance.md | `make bench`\): ([\d,]+) jobs with | bench('daemons.py', '--jobs')
+performance.md | \): ([\d,]+) jobs with (\d+)% faults | (bench('daemons.py', '--jobs'), SOAK_FAULTS)
+performance.md | (\d, \d and \d) daemon processes \(concurrency (\d+) | (DAEMONS, SOAK_CONCURRENCY)
 performance.md | about (\d+) s of jobs, SQLite | bench('mailboxes.py', '--seconds')
 performance.md | median of (\d+) processes each | bench('cli_latency.py', '--rounds')
 performance.md | status` of (\d+) keys in one | bench('cli_latency.py', '--keys')
-performance.md | ~/.cache/sendledger-bench/history-v(\d+)/ | bench_constant('history.py', 'SCHEMA')
-policies.md | A policy file is at most (\d+) MiB | MAX_POLICY_BYTES // 2 ** 20
-performance.md | \| >= ([\d.]+)x the bare loop | bench_constant('pipeline.py', 'CPU_GOAL')
-performance.md | \| >= ([\d.]+) of ideal \| 74 | bench_constant('pipeline.py', 'LATENCY_GOAL')
-performance.md | The goal, `status KEY` <= ([\d.]+) s | bench_constant('cli_latency.py', 'GOAL')
+performance.md | ~/.cache/sendledger-bench/history-v(\d+)/ | bench('history.py', 'SCHEMA')
+performance.md | \| >= ([\d.]+)x the bare loop | bench('pipeline.py', 'CPU_GOAL')
+performance.md | \| >= ([\d.]+) of ideal \| 74 | bench('pipeline.py', 'LATENCY_GOAL')
+performance.md | The goal, `status KEY` <= ([\d.]+) s | bench('cli_latency.py', 'GOAL')
 performance.md | in `make bench`\): (\d+) mailboxes | bench('mailboxes.py', '--mailboxes')
 performance.md | ceiling\); median of (\d+) rounds | bench('mailboxes.py', '--rounds')
 performance.md | alternating, median of (\d+) rounds | bench('daemons.py', '--rounds')
-performance.md | modes\), (\d, \d and \d) daemon processes | DAEMONS
-performance.md | jobs with (\d+)% faults | SOAK_FAULTS
-performance.md | daemon processes \(concurrency (\d+) each\) | SOAK_CONCURRENCY
 performance.md | settled jobs against one of ([\d,]+) | bench('history.py', '--jobs')
 performance.md | process of its own, median of (\d+)\. | bench('history.py', '--rounds')
-http-api.md | \(about ([\d,]+) levels\) | sys.getrecursionlimit()
-http-api.md | longer than ([\d,]+) digits | sys.get_int_max_str_digits()
+policies.md | A policy file is at most (\d+) MiB | loader.MAX_POLICY_BYTES // 2 ** 20
 README.md | eventsourcing.readthedocs.io/\) ([\d.]+) | EVENTSOURCING
-development.md | Requirements: Python >= ([\d.]+) | PYTHON
+development.md | Requirements: Python >= ([\d.]+) | PROJECT['requires-python'][2:]
 """
-
 #: page | words with the list as their one group (split at commas, "or", "and"; its code
 #: spans if it has any) or as their groups | what it is: a list (in order), a set, `~= ` a
 #: set in any case, `<= ` a set the list is part of, `>= ` a set part of the list.
@@ -225,19 +188,19 @@ review.md | chart of (\w+) \(\w+\), (\w+), (\w+) and (\w+) \( | [s[0] for s in o
 review.md | \(`action`: ([^)]+)\) | triage_actions()
 review.md | `Checked` event \(([^)]+)\) | [f for f in CHECKED if not f.startswith('originator')]
 configuration.md | settled for good \((\w+), (\w+),? (?:or )?(\w+) | {str(s) for s in FINAL_STATES}
-configuration.md | \| `webhooks.NAME.events` \| all \w+ \| (.*?) \| | set(WEBHOOK_TYPES)
+configuration.md | \| `webhooks.NAME.events` \| all \w+ \| (.*?) \| | set(events.WEBHOOK_TYPES)
 configuration.md | \*\*Files\.\*\* Every secret file \(([^)]+)\) | SECRETS
 configuration.md | (`SENDLEDGER_[A-Z_]+`) | >= set(environment.OTHER_VARIABLES)
 providers.md | \*Application\* permissions (`Mail\.\w+`) \(.*?\) and (`Mail\.\w+`) | PERMISSIONS
 providers.md | chosen by `kind` in `\[providers\.NAME\]`: (.*?); a table | list(_PROVIDER_TAGS)
-providers.md | (`https://[^`]+` and `https://[^`]+`) | SCOPES
+providers.md | (`https://[^`]+` and `https://[^`]+`) | gmail.SCOPES
 operations.md | OUTCOME column says (.*?); | <= DEMO_STRINGS
-operations.md | Relay modes: (.*?) A comma-separated | list(MODES)
+operations.md | Relay modes: (.*?) A comma-separated | list(relay.MODES)
 operations.md | Relay modes: (.*?) A comma-separated | >= set(demo.SEND_FAULTS)
-operations.md | behind the SMTP fault relay \(([^)]+)\) | list(SMTP_MODES)
+operations.md | behind the SMTP fault relay \(([^)]+)\) | list(smtp_relay.SMTP_MODES)
 operations.md | behind the SMTP fault relay \(([^)]+)\) | set(demo.SMTP_FAULTS)
 operations.md | open jobs per state \(([^)]+)\) | [str(s) for s in OPEN_STATES]
-operations.md | `(circuit_\w+)` | <= set(DaemonSettings.model_fields)
+operations.md | `(circuit_\w+)` | <= set(SECTIONS['daemon'].model_fields)
 operations.md | reason `([a-z-]+)` | <= {r.value for r in EscalationReason}
 how-it-works.md | States shown to users: (.*?)\. | [s.value for s in JobState]
 how-it-works.md | records a policy's decision \((.*?)\) | POLICY_EVENTS
@@ -253,15 +216,16 @@ TABLES = r"""
 cli.md | ### Exit codes | Code | {str(c) for c in EXIT_CODES}
 http-api.md | ### Roles | role | [role.value for role in Role]
 http-api.md | ### Roles | route | ROUTE_ROLE
-http-api.md | ## Webhooks | type | [entry.type for entry in WEBHOOK_EVENTS]
-http-api.md | ## Webhooks | `rejected` reason | list(REJECTED_CODES)
+http-api.md | ## Webhooks | type | [entry.type for entry in events.WEBHOOK_EVENTS]
+http-api.md | ## Webhooks | `rejected` reason | list(events.REJECTED_CODES)
 review.md | ## Review: check, resend, triage, cancel | Reason | REASONS
 """
 
 
 def number(text: object) -> object:
-    """A figure as a page writes it or as the code holds it, comparable: 2,000 and 2000.0
-    are 2000."""
+    """A figure as written or held, comparable (2,000 and 2000.0 are 2000); several: a tuple."""
+    if isinstance(text, tuple):
+        return tuple(map(number, text))
     plain = str(text).replace(",", "")
     try:
         value = float(plain)
@@ -307,15 +271,11 @@ def differs(where: str, written: list[str] | dict[str, list[str]], value: str) -
             k: (rows.get(k), code.get(k)) for k in {*rows, *code} if rows.get(k) != code.get(k)
         }
         return f"{where}: (page, code) differ at {wrong}" if wrong else None
-    written = list(written)
-    if op == "~=":
-        written, code = [w.lower() for w in written], {str(c).lower() for c in code}
-    if op or isinstance(code, set | frozenset):
-        shown, code = set(written), {str(c) for c in code}
-        ok = {"": shown == code, "~=": shown == code, "<=": shown <= code, ">=": shown >= code}[op]
-    else:
-        code = [str(c) for c in code]
-        ok = written == code
+    ordered = not op and not isinstance(code, set | frozenset)
+    case = str.lower if op == "~=" else str
+    written, code = [case(w) for w in written], [case(str(c)) for c in code]
+    compare = {"<=": set.issubset, ">=": set.issuperset}.get(op, set.__eq__)
+    ok = written == code if ordered else compare(set(written), set(code))
     more, fewer = sorted(set(written) - set(code)), sorted(set(code) - set(written))
     return None if ok else f"{where} {written}: {more} more, {fewer} fewer than {op} {expression}"
 
@@ -334,4 +294,4 @@ def test_each_table_s_rows_are_the_code_s(name: str, heading: str, first: str, v
 
 def test_the_defaults_the_pages_add_up_hold() -> None:
     # providers.md: "keep daemon.deadline_grace at least 2 x timeout + confirm_wait".
-    assert 2 * GRAPH["timeout"].default + GRAPH["confirm_wait"].default <= GRACE
+    assert 2 * WAITS[1] + WAITS[2] <= GRACE
