@@ -1,7 +1,5 @@
-"""The user interface as the docs list it, against the code that serves it, both ways
-(docs/development.md "Writing the docs"): docs/cli.md's commands (the parser's), exit
-codes, fields, limits and JSON printed; docs/http-api.md's routes (the OpenAPI document),
-errors, client, metrics (the registry) and webhook status; docs/review.md's actions."""
+"""cli.md, http-api.md and review.md against the parser, the OpenAPI document, the client, the
+metrics registry and the code behind them, both ways (docs/development.md "Writing the docs")."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.metrics import MetricWrapperBase
-from tests.unit.docs_page import CODE, REPO, flat, keyed, page, section, table
+from tests.unit.docs_page import CODE, REPO, block, flat, keyed, page, read, section, table
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_api_routes import api_context
 
@@ -36,24 +34,15 @@ from ledger import attachments, content, extra_headers
 from ledger.application import SubmitResult
 from ledger.exceptions import Refusal
 from sendledger import client as client_module
-from sendledger.client import ApiError, Client, ClientError
-
-OPTION = re.compile(r"--[a-z][a-z-]*")
-
-
-# -- docs/cli.md: the command list ------------------------------------------------------------
 
 
 def documented() -> dict[tuple[str, ...], list[str]]:
     """Each command path of the list with its entry's lines (a command listed in two forms
     has both); an option its description names is the command's too."""
-    block = section("cli.md", "## Command line", until=6).split("```\n", 1)[1].split("```")[0]
     entries: dict[tuple[str, ...], list[str]] = {}
-    current: list[str] = []
-    for line in block.splitlines():
-        if line.startswith("sendledger"):
-            words = re.match(r"sendledger((?: [a-z][a-z-]*)*)", line)
-            current = entries.setdefault(tuple(words.group(1).split()) if words else (), [])
+    for line in block(section("cli.md", "## Command line", until=6)).splitlines():
+        if words := re.match(r"sendledger((?: [a-z][a-z-]*)*)", line):
+            current = entries.setdefault(tuple(words[1].split()), [])
         current.append(line)
     return entries
 
@@ -65,19 +54,13 @@ def synopsis(path: tuple[str, ...]) -> str:
     return " ".join(re.split(r"\s{3,}", line.strip())[0] for line in own)
 
 
-def parsers() -> dict[tuple[str, ...], argparse.ArgumentParser]:
+def parsers(parser: Any = None, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
     """The parser of every command path that runs something (() is the top level)."""
-    found: dict[tuple[str, ...], argparse.ArgumentParser] = {}
-
-    def walk(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
-        if path == () or parser.get_default("func") is not None:
-            found[path] = parser
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for name, child in action.choices.items():
-                    walk(child, (*path, name))
-
-    walk(daemon.cli.build_parser(), ())
+    parser = parser or daemon.cli.build_parser()
+    found = {path: parser} if path == () or parser.get_default("func") is not None else {}
+    for action in parser._actions:
+        for name, child in getattr(action, "_name_parser_map", {}).items():
+            found |= parsers(child, (*path, name))
     return found
 
 
@@ -93,7 +76,9 @@ def test_every_command_option_argument_and_choice_is_listed_as_the_parser_has_it
     for path, parser in commands.items():
         actions = shown_actions(parser)
         options = {o for a in actions for o in a.option_strings if o.startswith("--")}
-        assert set(OPTION.findall(" ".join(listed[path]))) - {"--help"} == options, path
+        assert set(re.findall(r"--[a-z][a-z-]*", " ".join(listed[path]))) - {"--help"} == options, (
+            path
+        )
         line = synopsis(path)
         for action in actions:
             if not action.option_strings:  # a positional: in brackets when optional
@@ -124,7 +109,6 @@ def test_the_exit_codes_are_the_cli_s_and_the_help_s() -> None:
 
 
 def test_the_job_fields_and_limits_are_the_intake_s() -> None:
-    """Required fields, headers and names: test_docs_figures.py's LISTS."""
     text = section("cli.md", "### Message fields", until=3)
     optional = re.search(r"Optional: ((?:`\w+`,\s)+)and:", text)
     rows = CODE.findall(optional.group(1)) + list(keyed(text, "Field")) if optional else []
@@ -142,9 +126,6 @@ def test_the_job_fields_and_limits_are_the_intake_s() -> None:
     rows = table(section("cli.md", "#### Limits"), "What")
     numbers = {r[0]: [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", r[1])] for r in rows}
     assert numbers == limits
-
-
-# -- docs/cli.md: the JSON each command is shown to print ------------------------------------
 
 
 def shown(path: tuple[str, ...], after: str = "") -> list[str]:
@@ -172,8 +153,7 @@ def test_each_command_prints_the_fields_the_list_shows(rig: EngineRig) -> None:
     rig.submit("receipts", "shown")
     rig.provider.script(Scripted.lost_request())
     rig.tick()
-    status = job_status(rig.job("shown"))
-    assert [f for f in shown(("status",)) if f != "send_at"] == list(status)
+    assert [f for f in shown(("status",)) if f != "send_at"] == list(job_status(rig.job("shown")))
     assert shown(("status",), after='"purged":') == ["at", "by"]
     history = list(event_record(rig.ledger.history("shown")[0]))[:3]
     assert history == shown(("history",), after="oldest first:")
@@ -185,9 +165,6 @@ def test_each_command_prints_the_fields_the_list_shows(rig: EngineRig) -> None:
     assert check[check.index("copies") + 1 :][:4] == list(answer["copies"][0])
     item = TriageItem("k", "c", None, 0, [], "left", "none found: left in review")
     assert shown(("review", "triage"), after="--json:") == list(item.as_dict())
-
-
-# -- docs/http-api.md ----------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -254,23 +231,26 @@ def test_the_client_s_calls_and_errors_are_the_client_s() -> None:
     text = section("http-api.md", "## Python client")
     also = CODE.findall(text.split("Also ", 1)[1].split(". Every", 1)[0])
     called = set(re.findall(r"client\.(\w+)\(", text)) | {c for c in also if c.isidentifier()}
-    public = {n for n, _ in inspect.getmembers(Client, inspect.isfunction) if n[0] != "_"}
+    public = {
+        n for n, _ in inspect.getmembers(client_module.Client, inspect.isfunction) if n[0] != "_"
+    }
     assert called == public
     classes = {
         name
         for name, cls in vars(client_module).items()
-        if isinstance(cls, type) and issubclass(cls, ClientError) and not name.startswith("_")
+        if isinstance(cls, type)
+        and issubclass(cls, client_module.ClientError)
+        and not name.startswith("_")
     }
     named = {n for n in re.findall(r"`([A-Z]\w+)`", text) if n not in ("FieldError", "Client")}
     assert named == classes
-    for name, statuses, applied in table(text, "Error"):
-        cls = getattr(client_module, name.strip("`"))
+    rows = keyed(text, "Error")
+    assert set(rows) == classes - {"ClientError", "ApiError"}
+    for name, (statuses, applied) in rows.items():
         for code in (int(c) for c in re.findall(r"\d{3}", statuses)):
-            assert client_module._CLASSES.get(code, client_module.ServerError) is cls, code
+            assert client_module._CLASSES.get(code, client_module.ServerError).__name__ == name
             assert applied.startswith("no") is (code in client_module._NOT_APPLIED), code
-    rows = {row[0].strip("`") for row in table(text, "Error")}
-    assert rows == classes - {"ClientError", "ApiError"}
-    assert issubclass(client_module.Invalid, ApiError)
+    assert issubclass(client_module.Invalid, client_module.ApiError)
 
 
 def registry(metrics: Metrics) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -302,31 +282,22 @@ def test_the_metric_table_is_the_registry_and_the_alerts_use_it(rig: EngineRig) 
     api = registry(Metrics(Sources(rig.ledger, {"fake": rig.provider})))
     for name in set(written) - set(api):
         assert "daemon only" in rows[name][1] or rows[name][1].startswith("`scope`"), name
-    named = {
-        m
-        for name in ("performance.md", "operations.md")
-        for m in re.findall(r"`(sendledger_\w+)`", page(name))
-    }
-    assert named <= set(written)
-    alerts = (REPO / "docs" / "alerts.yml").read_text(encoding="utf-8")
+    named = re.findall(r"`(sendledger_\w+)`", page("performance.md") + page("operations.md"))
+    assert set(named) <= set(written)
+    alerts = read("docs/alerts.yml")
     exprs = " ".join(re.findall(r"^\s+expr: (.+)$", alerts, re.M))
     assert re.findall(r"^\s+- alert: (\w+)$", alerts, re.M)
     assert set(re.findall(r"sendledger_\w+", exprs)) <= set(written)
 
 
 def test_the_webhook_tables_are_the_events_codes_and_status(rig: EngineRig) -> None:
-    """Its types and reasons: test_docs_figures.py's TABLES; here the status it prints."""
     text = flat(section("http-api.md", "## Webhooks"))
     status = text.split("`--json` gives, per webhook:", 1)[1].split("Metrics:", 1)[0]
     [record] = webhook_status(rig.ledger, {"ops": list(WEBHOOK_TYPES)}, now=0.0)
     assert set(CODE.findall(status)) - {"webhook-id"} == set(record)
 
 
-# -- docs/review.md ------------------------------------------------------------------------
-
-
 def test_the_review_reasons_and_actions_are_the_code_s() -> None:
-    """Its reasons: test_docs_figures.py's TABLES; here the actions, each one that runs."""
     text = section("review.md", "## Review: check, resend, triage, cancel", until=2)
     routes = {
         (method, route.path.replace("{key:key}", "{key}"))
