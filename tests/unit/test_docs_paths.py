@@ -1,8 +1,5 @@
-"""What the docs and the docstrings point at exists (docs/development.md "Writing the docs"):
-relative links and their `#fragment`s (GitHub's anchors), the README's links to every page
-and back, every source, test and bench path a page, docstring or comment names, every
-module, class, function, method and setting a page names in code, a package docstring's
-modules, and each citation of a page's section ("docs/architecture.md "Stores"")."""
+"""What the docs, docstrings and comments point at exists: links, anchors, paths, names in code,
+cited sections (docs/development.md "Writing the docs")."""
 
 from __future__ import annotations
 
@@ -17,13 +14,12 @@ from daemon.config.settings import Settings
 
 SRC = REPO / "src"
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-TEXTS = [*PAGES, *sorted(SRC.rglob("*.py")), *sorted((REPO / "tests").rglob("*.py"))]
-TEXTS += sorted((REPO / "bench").rglob("*.py"))
+TEXTS = [*PAGES, *(p for d in ("src", "tests", "bench") for p in sorted((REPO / d).rglob("*.py")))]
 CITATION = re.compile(r"docs/([a-z-]+)\.md`{0,2},? \(?\"([^\"]+)\"", re.M)
 
 
 def read(path: Path) -> str:
-    return path.read_text(encoding="utf-8") if path != Path(__file__) else ""
+    return path.read_text(encoding="utf-8") if path != Path(__file__) else ""  # its examples
 
 
 def headings(path: Path) -> list[str]:
@@ -31,8 +27,7 @@ def headings(path: Path) -> list[str]:
 
 
 def anchors(path: Path) -> set[str]:
-    """A page's headings as GitHub's anchors: lowercase, punctuation but `-` and `_`
-    dropped, spaces to `-`; a repeated one gets `-1`, `-2`..."""
+    """GitHub's anchors: lowercase, punctuation but `-`, `_` dropped, spaces `-`, repeats `-1`."""
     seen: dict[str, int] = {}
     for heading in headings(path) if path.suffix == ".md" else ():
         base = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
@@ -72,8 +67,7 @@ def test_every_path_a_page_docstring_or_comment_names_exists() -> None:
 
 
 def test_every_citation_names_a_section_of_its_page() -> None:
-    """A citation names a heading by its first words, up to a word's end, and may wrap onto a
-    comment's next line."""
+    """A citation names a heading's first words and may wrap onto a comment's next line."""
     stale = []
     for path in TEXTS:
         for name, cited in CITATION.findall(read(path)):
@@ -83,9 +77,6 @@ def test_every_citation_names_a_section_of_its_page() -> None:
             if not any(re.match(rf"{re.escape(cited)}\b", h) for h in known):
                 stale.append(f'{path.relative_to(REPO)}: {name}.md "{cited}"')
     assert stale == []
-
-
-# -- names in code -------------------------------------------------------------------------
 
 
 @cache
@@ -105,8 +96,7 @@ def tree(path: Path) -> ast.Module:
 
 @cache
 def members(path: Path, dotted: str = "", *, attributes: bool = False) -> frozenset[str]:
-    """The names a module (or its class `dotted`) defines: functions, classes, assignments,
-    imports; `attributes`: a class's instances' attributes too (`self.reason = ...`)."""
+    """The names a module (or its class `dotted`) defines; `attributes`: `self.x = ...` too."""
     body = tree(path).body
     for part in filter(None, dotted.split(".")):
         body = next((n.body for n in body if isinstance(n, ast.ClassDef) and n.name == part), [])
@@ -144,8 +134,7 @@ def defined(module: str, dotted: str) -> bool:
     return name in members(modules()[module], ".".join(owner))
 
 
-#: Dotted names that look like our code and are not: Gmail API calls and scopes, Graph
-#: permissions, IMAP, a name; and file names (`sendledger.toml`).
+#: Dotted names like ours that are not: Gmail calls and scopes, Graph permissions, IMAP; files.
 NOT_CODE = {f"drafts.{c}" for c in ("create", "get", "list", "send", "delete", "error")}
 NOT_CODE |= {"messages.get", "messages.send", "gmail.compose", "gmail.metadata", "Mail.Send"}
 NOT_CODE |= {"Mail.ReadWrite", "gmail.readonly", "gmail.modify", "RFC822.SIZE", "job.bounced"}
@@ -153,8 +142,7 @@ FILE_SUFFIX = re.compile(r"\.(toml|service|sqlite|log|json|md|yml)$")
 
 
 def problem(span: str, *, ours_only: bool = False) -> str | None:
-    """What is wrong with one code span, or None; `ours_only`: a class that is not ours is
-    not checked (a docstring names the standard library's and the libraries')."""
+    """What is wrong with one code span, or None; `ours_only`: skip classes not ours."""
     span = span.removeprefix("src/").removesuffix("()")
     if span in NOT_CODE or FILE_SUFFIX.search(span):
         return None
@@ -176,10 +164,9 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
         return None if ok else f"{cls} has no {name}"
     if dotted := re.fullmatch(r"([a-z_]+(?:\.[a-z_]+)*)\.(\w+)", span):
         head, name = dotted.groups()
-        section = Settings.model_fields.get(head)
         if head in ("providers", "webhooks"):  # `providers.support`: a NAME of the config
             return None
-        if section is not None and head != "policies":
+        if (section := Settings.model_fields.get(head)) and head != "policies":
             fields = getattr(section.annotation, "model_fields", {})
             return None if name in fields else f"no setting {span}"
         candidates = [m for m in modules() if m == head or m.endswith("." + head)]
@@ -205,8 +192,7 @@ def test_every_name_a_docstring_shows_in_code_is_where_it_says() -> None:
 
 
 def test_every_module_a_package_s_docstring_names_is_one_of_its_own() -> None:
-    """A bare name (``health``) in a package's docstring is one of its modules, or a name
-    its modules or their classes define."""
+    """A bare name (``health``): a module of the package, or a name they or their classes define."""
     wrong, tops = [], {m.split(".")[0] for m in modules()}
     for package, path in modules().items():
         if path.name != "__init__.py" or not (doc := ast.get_docstring(tree(path))):
