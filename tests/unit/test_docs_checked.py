@@ -1,6 +1,4 @@
-"""Every claim in the docs is checkable (docs/development.md "Writing the docs"): each page
-ends with "What checks this page", a row for every section with prose of its own naming
-the tests, benchmarks, `make` targets or commands that check it, each of which exists."""
+"""Each section with prose has a "What checks this page" row naming only things that exist."""
 
 from __future__ import annotations
 
@@ -8,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from tests.unit.docs_page import CODE, FENCE, PAGES, REPO, missing_paths
+from tests.unit.docs_page import CODE, PAGES, REPO, missing_paths, prose_lines
 
 from daemon.cli import COMMANDS
 
@@ -17,51 +15,31 @@ ROW = re.compile(r"^\| \[(?P<section>.+?)\]\(#[^)]*\) \| (?P<items>.*) \|$")
 MAKE_TARGETS = set(re.findall(r"^([a-z][a-z0-9_-]*):", (REPO / "Makefile").read_text(), re.M))
 
 
-def sections(text: str) -> list[tuple[str, list[str]]]:
-    """(heading, prose lines) of every `##`/`###`/`####` section."""
-    found: list[tuple[str, list[str]]] = []
-    current: list[str] | None = None
-    fenced = False
-    for line in text.splitlines():
-        fenced ^= bool(FENCE.match(line))
-        if not fenced and (heading := re.match(r"^(#{1,6}) (.*)", line)):
-            current = [] if len(heading.group(1)) in (2, 3, 4) else None
-            if current is not None:
-                found.append((heading.group(2), current))
-        elif current is not None and not fenced and line.strip() and not FENCE.match(line):
-            current.append(line)
-    return found
-
-
 def problem_with(item: str) -> str | None:
     words = item.split()
     if re.match(r"(tests|bench)/\S+\.py", item):
         return "; ".join(missing_paths(item)) or None
-    if words[:1] == ["make"]:
-        return None if words[1:2] and words[1] in MAKE_TARGETS else "no such make target"
-    if words[:1] == ["sendledger"]:
-        return None if words[1:2] and words[1] in COMMANDS else "no such command"
+    if words[0] in ("make", "sendledger"):
+        known, what = (MAKE_TARGETS, "make target") if words[0] == "make" else (COMMANDS, "command")
+        return None if words[1:2] and words[1] in known else f"no such {what}"
     return "not a test path, bench script, `make TARGET` or `sendledger COMMAND`"
 
 
 def unchecked(page: Path) -> list[str]:
-    found = sections(page.read_text(encoding="utf-8"))
-    named = {
-        row["section"].replace("\\|", "|"): CODE.findall(row["items"])
-        for heading, prose in found
-        if heading == TITLE
-        for line in prose
-        if (row := ROW.match(line))
-    }
-    out = [
-        f"{page.name}: '{TITLE}' names no section '{s}'" for s in set(named) - dict(found).keys()
-    ]
-    for heading, prose in found:
-        if heading == TITLE:
-            continue
-        if any(line.startswith("Checked by:") for line in prose):
+    found: dict[str, list[str]] = {}  # the prose lines of each `##` to `####` section
+    prose: list[str] = []
+    for line in prose_lines(page.read_text(encoding="utf-8")):
+        if heading := re.match(r"(#{1,6}) (.*)", line):
+            prose = found.setdefault(heading[2], []) if 2 <= len(heading[1]) <= 4 else []
+        elif line.strip():
+            prose.append(line)
+    rows = [row for line in found.pop(TITLE, []) if (row := ROW.match(line))]
+    named = {row["section"].replace("\\|", "|"): CODE.findall(row["items"]) for row in rows}
+    out = [f"{page.name}: '{TITLE}' names no section '{s}'" for s in set(named) - set(found)]
+    for heading, lines in found.items():
+        if any(line.startswith("Checked by:") for line in lines):
             out.append(f"{page.name} '{heading}': a `Checked by:` line in the prose")
-        if prose and not named.get(heading):
+        if lines and not named.get(heading):
             out.append(f"{page.name} '{heading}': no row in '{TITLE}', or it names nothing")
         items = named.get(heading, [])
         out += [f"{page.name} '{heading}': {i}: {p}" for i in items if (p := problem_with(i))]
