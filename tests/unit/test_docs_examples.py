@@ -1,15 +1,9 @@
-"""The examples of the docs run as printed (docs/development.md "Writing the docs"): the
-commands shown parse; the example config, policy, store URLs, durations and Message-ID
-are what the code takes and makes; the client example binds; the webhook snippet takes a
-delivery once; payloads and /healthz are the shapes shown; the quick start and systemd
-steps are what `init` writes; the ten errors of docs/troubleshooting.md are the lines the
-page quotes, made the way a newcomer makes them (the folder written /srv/mail)."""
+"""The docs' examples run as printed: commands, config, policy, client, webhook, init, errors."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
-import hashlib
 import inspect
 import io
 import json
@@ -24,10 +18,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from fastapi.testclient import TestClient
-from tests.unit.docs_page import PAGES, REPO, flat, page, section
+from tests.unit.docs_page import PAGES, REPO, block, flat, page, section
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_api_routes import AUTH, api_context
 from tests.unit.test_docs_settings import KINDS, SECTIONS
@@ -56,28 +51,23 @@ from testkit.relay import MODES
 
 
 def commands(text: str) -> list[list[str]]:
-    """The `sendledger ...` commands of a text's shell blocks and code spans, as argv (the
-    words after the program, a line's first word or after `sudo`; continuations joined,
-    comments and `[optional]` parts dropped)."""
+    """The argv of each `sendledger ...` of a text's shell blocks and code spans (after `sudo`
+    or a path too; continuations joined, comments, redirections and `[optional]` dropped)."""
     found = []
     spans = re.findall(r"`(sendledger [^`]+)`", flat(re.sub(r"```.*?```", "", text, flags=re.S)))
-    for block in [*re.findall(r"```sh\n(.*?)```", text, re.S), *spans]:
-        for line in block.replace("\\\n", " ").splitlines():
+    for lines in [*re.findall(r"```sh\n(.*?)```", text, re.S), *spans]:
+        for line in lines.replace("\\\n", " ").splitlines():
             lexer = shlex.shlex(re.sub(r"\[[^\]]*\]", "", line), posix=True, punctuation_chars=True)
             lexer.whitespace_split = True
             words: list[str] = []
-            redirected = False  # `> store.key`: the rest is the shell's
             for word in [*lexer, ";"]:
                 if word not in (";", "&&", "&", "|"):
-                    redirected = redirected or word[0] in "<>"
-                    words += [] if redirected else [word]
+                    words.append(word)
                     continue
-                redirected = False
-                for i, program in enumerate(words):
-                    named = program == "sendledger" or program.endswith("/bin/sendledger")
-                    if named and words[:i] in ([], ["sudo"]):
-                        found.append(words[i + 1 :])
-                        break
+                words = words[: next((i for i, w in enumerate(words) if w[0] in "<>"), None)]
+                at = [i for i, w in enumerate(words) if re.fullmatch(r"(.*/bin/)?sendledger", w)]
+                if at and words[: at[0]] in ([], ["sudo"]):
+                    found.append(words[at[0] + 1 :])
                 words = []
     return found
 
@@ -107,21 +97,17 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
         elif current == "providers" and (kind := re.fullmatch(r'kind = "([a-z-]+)"', line)):
             current = kind.group(1)
         sections[current] = sections.get(current, "") + line + "\n"
-    missing = [
-        f"config.example.toml [{prefix}] {field}"
-        for prefix, model in [*SECTIONS.items(), *KINDS.items()]
-        for field in model.model_fields
-        if not re.search(rf"^#? ?{field} =", sections[prefix.split(".")[0]], re.M)
-    ]
-    assert missing == []
-    block = page("policies.md").split("```toml\n", 1)[1].split("```", 1)[0]
+    for prefix, model in [*SECTIONS.items(), *KINDS.items()]:
+        for field in model.model_fields:
+            assert re.search(rf"^#? ?{field} =", sections[prefix.split(".")[0]], re.M), field
+    example = block(page("policies.md"), "toml")
     fields = {(info.alias or name) for name, info in ChannelPolicy.model_fields.items()}
-    assert set(tomllib.loads(block)) == fields
-    (tmp_path / "receipts.toml").write_text(block, encoding="utf-8")
+    assert set(tomllib.loads(example)) == fields
+    (tmp_path / "receipts.toml").write_text(example, encoding="utf-8")
     assert load_policy_file(tmp_path / "receipts.toml").give_up_after == 4 * 3600
     assert set(load_policy_dir(REPO / "examples" / "policies")) == {"payouts", "receipts"}
     quoted = re.search(r"\(`(receipts\.toml:search_after: [^`]+)`\)", page("policies.md"))
-    (tmp_path / "receipts.toml").write_text(block.replace('"5m"', '"30d"', 1), encoding="utf-8")
+    (tmp_path / "receipts.toml").write_text(example.replace('"5m"', '"30d"', 1), encoding="utf-8")
     with pytest.raises(PolicyLoadError) as refused:
         load_policy_dir(tmp_path)
     assert quoted and str(refused.value).endswith(quoted.group(1))
@@ -136,11 +122,10 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
     line = next(x for x in page("configuration.md").splitlines() if x.startswith("Durations are "))
     durations = [parse_duration(f) for f in re.findall(r'`"([^"]+)"`', line)]
     assert durations == [0.25, 30, 300, 3600, 86400], line
-    key_on = r"Key `([^`]+)` on `([^`]+)` is always `([^`]+)`"
-    shown = re.search(key_on, flat(page("how-it-works.md")))
-    assert shown and message_id_for(*shown.groups()[:2]) == shown.group(3)
-    digest = hashlib.sha256(shown.group(1).encode("utf-8")).hexdigest()[:32]
-    assert shown.group(3) == f"<job-{digest}@{shown.group(2)}>"
+    shown = re.search(
+        r"Key `([^`]+)` on `([^`]+)` is always `([^`]+)`", flat(page("how-it-works.md"))
+    )
+    assert shown and message_id_for(shown[1], shown[2]) == shown[3]
 
 
 def test_a_fifo_as_a_secret_is_refused_in_the_page_s_words(tmp_path: Path) -> None:
@@ -156,17 +141,15 @@ def test_a_fifo_as_a_secret_is_refused_in_the_page_s_words(tmp_path: Path) -> No
 
 
 def test_the_client_example_binds_to_the_client_s_signatures() -> None:
-    block = section("http-api.md", "## Python client").split("```python\n", 1)[1].split("```")[0]
-    bound = []
-    for node in ast.walk(ast.parse(block)):
-        if isinstance(node, ast.Call) and (called := ast.unparse(node.func)).startswith(
-            ("Client", "client.")
-        ):
-            function = Client.__init__ if called == "Client" else getattr(Client, called[7:])
-            keywords = {k.arg: None for k in node.keywords if k.arg}
-            inspect.signature(function).bind(None, *node.args, **keywords)
-            bound.append(called)
-    assert len(bound) == 1 + len(re.findall(r"client\.(\w+)\(", block))
+    example = block(section("http-api.md", "## Python client"), "python")
+    calls = [n for n in ast.walk(ast.parse(example)) if isinstance(n, ast.Call)]
+    bound = [c for c in calls if ast.unparse(c.func).startswith(("Client", "client."))]
+    for call in bound:
+        called = ast.unparse(call.func)
+        function = Client.__init__ if called == "Client" else getattr(Client, called[7:])
+        keywords = {k.arg: None for k in call.keywords if k.arg}
+        inspect.signature(function).bind(None, *call.args, **keywords)
+    assert len(bound) == 1 + len(re.findall(r"client\.(\w+)\(", example))
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +162,7 @@ def test_the_webhook_examples_are_what_a_receiver_gets_and_the_snippet_takes_it_
     rig: EngineRig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     text = section("http-api.md", "## Webhooks")
-    examples = [json.loads(block.split("```", 1)[0]) for block in text.split("```json\n")[1:]]
+    examples = [json.loads(example) for example in re.findall(r"```json\n(.*?)```", text, re.S)]
     rig.submit("legal", "order-1042")
     job = rig.ledger.get_job("order-1042")
     [requested] = rig.ledger.history("order-1042")
@@ -192,23 +175,19 @@ def test_the_webhook_examples_are_what_a_receiver_gets_and_the_snippet_takes_it_
     (tmp_path / "webhook-secret").write_text(secret + "\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     handled: list[dict[str, Any]] = []
-    scope: dict[str, Any] = {
-        "already_seen": lambda event_id: event_id in {e["event_id"] for e in handled},
-        "handle": handled.append,
-    }
+    seen = {"already_seen": lambda event_id: event_id in {e["event_id"] for e in handled}}
+    scope: dict[str, Any] = {**seen, "handle": handled.append}
     exec(snippet, scope)
     body = json.dumps({"type": "confirmed", "key": "order-1042", "event_id": "evt_1_4"})
     headers = signed_headers(secret, "evt_1_4", datetime.now(UTC), body)
-    assert scope["receive"](body.encode(), headers) == 204
-    assert scope["receive"](body.encode(), headers) == 204
+    assert [scope["receive"](body.encode(), headers) for _ in "12"] == [204, 204]
     assert [e["key"] for e in handled] == ["order-1042"]
     assert scope["receive"](body.replace("1042", "1043").encode(), headers) == 401
 
 
 @pytest.mark.parametrize("open_circuits", [0, 1])
 def test_healthz_without_a_token_is_the_brief_shown(rig: EngineRig, open_circuits: int) -> None:
-    row = next(r for r in page("http-api.md").splitlines() if r.startswith("| `GET /healthz`"))
-    brief = re.search(r"Without a token only `(.+?)`;", row)
+    brief = re.search(r"\| `GET /healthz` \|.*Without a token only `(.+?)`;", page("http-api.md"))
     assert brief is not None
     opened = OpenCircuit("gmail", datetime(2026, 1, 1, tzinfo=UTC), 3, datetime.now(UTC), False)
     ctx = api_context(rig)
@@ -222,13 +201,10 @@ def test_healthz_without_a_token_is_the_brief_shown(rig: EngineRig, open_circuit
 
 
 def test_the_quick_start_and_the_systemd_steps_are_what_init_writes(tmp_path: Path) -> None:
-    quick = section("README.md", "## Quick start").split("```sh\n", 1)[1].split("```", 1)[0]
+    quick = block(section("README.md", "## Quick start"), "sh")
     config = config_text("gmail", parse_mailbox("you@example.com"))
     marked = re.findall(r"^# EDIT.*\n(?:#.*\n)*([a-z_]+) =", config, re.M)
-    assert f"marked EDIT: {' and '.join(marked)}" in quick and marked == [
-        "credentials_file",
-        "user",
-    ]
+    assert marked and f"marked EDIT: {' and '.join(marked)}" in quick
     [credentials] = re.findall(r'credentials_file = "([^"]+)"', config)
     assert f"chmod 600 mail/{credentials}" in quick and f"status {FIRST_KEY} " in quick
     steps = section("operations.md", "## Running under systemd")
@@ -251,58 +227,31 @@ def test_the_quick_start_and_the_systemd_steps_are_what_init_writes(tmp_path: Pa
     assert api and emulator and relay and not (api & emulator or api & relay or emulator & relay)
 
 
-# -- docs/troubleshooting.md: the ten errors ---------------------------------------------
-
-
-def quoted() -> dict[str, str]:
-    found = re.findall(r"^### \d+\. (.+)\n\n```\n(.+)\n```$", page("troubleshooting.md"), re.M)
-    assert len(found) == 10
-    return dict(found)
-
-
 def said(*argv: str, cwd: Path, stdin: str = "") -> tuple[int, str]:
-    """Exit code and stderr of `sendledger ARGV` run in this process (its signal handlers
-    and stdin put back after)."""
+    """Exit code and stderr of `sendledger ARGV` run in this process, in `cwd`."""
     err = io.StringIO()
-    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    before = sys.stdin
-    sys.stdin = io.StringIO(stdin)
-    try:
-        with (
-            contextlib.chdir(cwd),
-            contextlib.redirect_stderr(err),
-            contextlib.redirect_stdout(io.StringIO()),
-        ):
-            code = main(list(argv))
-    finally:
-        sys.stdin = before
-        for signum, handler in kept.items():
-            signal.signal(signum, handler)
-    return code, err.getvalue().strip()
-
-
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.delenv("SENDLEDGER_CONFIG", raising=False)
-    assert (
-        said("init", str(tmp_path / "site"), "--mailbox", "support@example.com", cwd=tmp_path)[0]
-        == 0
-    )
-    return tmp_path / "site"
-
-
-def edit(path: Path, old: str, new: str) -> None:
-    path.write_text(path.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
+    with (
+        contextlib.chdir(cwd),
+        contextlib.redirect_stderr(err),
+        contextlib.redirect_stdout(io.StringIO()),
+        mock.patch.object(sys, "stdin", io.StringIO(stdin)),
+    ):
+        return main(list(argv)), err.getvalue().strip()
 
 
 def test_the_ten_errors_are_the_lines_the_page_quotes(
-    site: Path, monkeypatch: pytest.MonkeyPatch
+    rig: EngineRig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lines, config = quoted(), site / "sendledger.toml"
-    (site.parent / "mail").mkdir()
+    lines = re.findall(r"^### \d+\. (.+)\n\n```\n(.+)\n```$", page("troubleshooting.md"), re.M)
+    monkeypatch.delenv("SENDLEDGER_CONFIG", raising=False)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # `run` would keep its handlers
+    site, mail = tmp_path / "site", tmp_path / "mail"
+    mail.mkdir()
+    assert said("init", str(site), "--mailbox", "support@example.com", cwd=tmp_path)[0] == 0
+    config = site / "sendledger.toml"
     job = json.loads((site / "first-job.json").read_text(encoding="utf-8"))
     made = {
-        "No config": said("status", "first-job-1", cwd=site.parent / "mail"),
+        "No config": said("status", "first-job-1", cwd=mail),
         "No store yet": said("status", "first-job-1", cwd=site),
         "No credentials file": said("run", cwd=site),
         "A channel without a policy": said(
@@ -314,42 +263,34 @@ def test_the_ten_errors_are_the_lines_the_page_quotes(
     }
     assert said("submit", str(site / "first-job.json"), cwd=site)[0] == 0
     code, text = said("submit", "-", cwd=site, stdin=json.dumps({**job, "subject": "Another"}))
-    made["The same key with other content"] = (
-        code,
-        re.sub(r"sha256:[0-9a-f]+", "sha256:...", text),
-    )
+    made["The same key with other content"] = (code, re.sub(r"sha256:\w+", "sha256:...", text))
     write_service_account(site / "gmail-service-account.json", token_uri="http://127.0.0.1:1/t")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        edit(config, "127.0.0.1:8025", f"127.0.0.1:{port}")
+        config.write_text(config.read_text().replace("127.0.0.1:8025", f"127.0.0.1:{port}"))
         code, text = said("run", cwd=site)
     made["The API's port is taken"] = (code, text.replace(f":{port} ", ":8025 "))
-    edit(config, 'policies_dir = "policies"', 'policies_dir = "policies"\nname = "mail-1"')
+    policies = 'policies_dir = "policies"'
+    config.write_text(config.read_text().replace(policies, f'{policies}\nname = "mail-1"'))
     monkeypatch.setattr(runtime, "check_provider_access", lambda providers: None)
     settings = settings_for(str(config))
     with open_ledger(settings) as first, open_ledger(settings) as second:
         held = first.hold_identity("mail-1")
         service = bootstrap(settings, ledger=second, policy_loader=lambda: load_policies(settings))
-        try:
-            with pytest.raises(IdentityTaken) as refused:
-                runtime.start_up(service)
-        finally:
-            service.close()
-            held.release()
+        with contextlib.closing(service), pytest.raises(IdentityTaken) as refused:
+            runtime.start_up(service)
+        held.release()
     made["A second daemon with the same name"] = (3, f"sendledger: {refused.value}")
-    edit(config, "credentials_file =", "credential_file =")
+    config.write_text(config.read_text().replace("credentials_file =", "credential_file ="))
     made["A misspelled key"] = said("policy", "check", cwd=site)
-    with (
-        contextlib.closing(EngineRig(policy("receipts"))) as rig,
-        TestClient(create_app(api_context(rig))) as client,
-    ):
+    with TestClient(create_app(api_context(rig))) as client:
         answer = client.post("/v1/jobs", json={})
     made["No token on an HTTP request"] = (answer.status_code, json.dumps(answer.json()))
     codes = {"The same key with other content": 3, "A second daemon with the same name": 3}
     codes["No token on an HTTP request"] = 401
-    assert set(made) == set(lines)
-    for title, (code, text) in made.items():
-        text = text.replace(str(site.parent / "mail"), "/srv/mail").replace(str(site), "/srv/mail")
-        assert (code, text) == (codes.get(title, 2), lines[title]), f"troubleshooting.md {title!r}"
+    assert len(lines) == 10 and set(made) == set(dict(lines))
+    for title, line in lines:
+        printed = made[title][1].replace(str(mail), "/srv/mail").replace(str(site), "/srv/mail")
+        assert (made[title][0], printed) == (codes.get(title, 2), line), f"{title!r}"
