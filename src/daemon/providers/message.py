@@ -31,6 +31,34 @@ _HEADER_END = re.compile(rb"\r?\n\r?\n")
 _BCC = re.compile(rb"(?im)^bcc:[^\r\n]*(?:\r?\n[ \t][^\r\n]*)*\r?\n")
 
 
+_ENVELOPE_FIELDS = ("to", "cc", "bcc", "message-id")
+# A field's value: the rest of its line, then its folded lines; any line end but a bare CR.
+_VALUE = rb"[^\r\n]*\r?\n(?:[ \t][^\r\n]*\r?\n)*"
+# A plain header block, ending at its blank line: header lines as the email package's feed
+# parser takes them (its headerRE, less the "From " line and the empty name it also lets
+# in), each with its value.
+_PLAIN_BLOCK = re.compile(rb"(?:[\041-\071\073-\176]+:" + _VALUE + rb")*\r?\n")
+_ENVELOPE_FIELD = re.compile(rb"(?im)^(to|cc|bcc|message-id):(" + _VALUE + rb")")
+
+
+def _plain_fields(head: bytes) -> dict[str, list[str]] | None:
+    """To, Cc, Bcc and Message-ID of a plain header block, each value exactly as the email
+    package gives it (compat32: the first line's value without its leading blanks, the
+    folded lines after it as they are, the last line end dropped); None for any block that
+    is not plain (a byte above 127, a bare CR, a line that is neither a header nor its
+    continuation, a first line that is a continuation, no blank line at its end), which
+    the package then reads itself. The envelope's half of the check before every claim:
+    the package's parser costs several times this (docs/performance.md "The SMTP path"),
+    and tests/unit/test_envelope_fields.py holds the two to the same answer."""
+    if not head.isascii() or _PLAIN_BLOCK.fullmatch(head) is None:
+        return None
+    found: dict[str, list[str]] = {name: [] for name in _ENVELOPE_FIELDS}
+    for match in _ENVELOPE_FIELD.finditer(head):
+        value = match.group(2).decode("ascii").lstrip(" \t").rstrip("\r\n")
+        found[match.group(1).decode("ascii").lower()].append(value)
+    return found
+
+
 # The last envelope each thread parsed: the dispatch parses a message's envelope to check
 # it before the claim (`render_checked`) and hands the same bytes to `send_raw` in the same
 # worker, which then need not parse them again (docs/performance.md "The SMTP path").
@@ -45,10 +73,14 @@ class Envelope:
         match = _HEADER_END.search(raw)
         self._raw = raw
         self._head_end = match.end() if match else len(raw)
-        headers = BytesHeaderParser().parsebytes(raw[: self._head_end])
-        fields = [str(v) for name in ("to", "cc", "bcc") for v in headers.get_all(name) or ()]
+        head = raw[: self._head_end]
+        found = _plain_fields(head)
+        if found is None:
+            headers = BytesHeaderParser().parsebytes(head)
+            found = {n: [str(v) for v in headers.get_all(n) or ()] for n in _ENVELOPE_FIELDS}
+        fields = found["to"] + found["cc"] + found["bcc"]
         self.recipients = [addr for _, addr in getaddresses(fields) if addr]
-        self.message_id = str(headers.get("Message-ID") or "").strip()
+        self.message_id = found["message-id"][0].strip() if found["message-id"] else ""
         _last.envelope = self
 
     @classmethod
