@@ -8,6 +8,7 @@ version it ran on.
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,3 +86,27 @@ def test_a_purge_rewrites_stored_events_in_the_same_write(ledger: Ledger, clock:
     assert (requested.subject, requested.body) == ("", "")
     row = ledger.row("p-3")
     assert row is not None and row.purged_at == clock().timestamp()
+
+
+def test_a_sqlite_connection_prepares_each_statement_once(tmp_path: Path, clock: FakeClock) -> None:
+    # CachingConnectionPool: sqlite3 calls a connection's authorizer only while it prepares
+    # a statement. With the library's cache of one, the second job's submit and claim
+    # prepared every statement again; kept, they prepare none (but the COMMIT that
+    # sqlite3's own `commit()` prepares each time: a transaction action).
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", clock=clock) as ledger:
+        prepared: list[int] = []
+
+        def count(action: int, *_: object) -> int:
+            prepared.append(action)
+            return sqlite3.SQLITE_OK
+
+        with ledger.recorder.datastore.get_connection(commit=True) as connection:
+            connection._sqlite_conn.set_authorizer(count)  # the one connection a thread uses
+        for key in ("s-1", "s-2"):
+            prepared.clear()
+            ledger.submit(content(key), SENDER)
+            ledger.update(key, lambda job: job.claim(**attempt_args(clock)))
+            assert ledger.get_jobs([key]).keys() == {key}
+            if key == "s-1":
+                assert prepared, "the ledger did not use the connection the test watches"
+        assert set(prepared) == {sqlite3.SQLITE_TRANSACTION}

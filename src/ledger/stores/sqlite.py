@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
-from eventsourcing.utils import get_topic
+from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteFactory
+from eventsourcing.utils import EnvType, get_topic
 
 from ledger.stores.causes import exception_chain
 from ledger.stores.identity import FileIdentityLock
@@ -29,7 +29,7 @@ from ledger.stores.index import (
     rows_from,
 )
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
-from ledger.stores.private_api import InsertHook
+from ledger.stores.private_api import CachingConnectionPool, InsertHook
 from ledger.stores.purge import rewrites_from
 from ledger.stores.url import SqliteStore
 
@@ -207,6 +207,18 @@ def schema_exists(store: SqliteStore) -> bool:
         return False
 
 
+class SQLiteJobIndexFactory(SQLiteFactory):
+    """The library's SQLite factory, its datastore's pool one whose connections keep their
+    prepared statements (`private_api.CachingConnectionPool`)."""
+
+    def __init__(self, env: EnvType | None) -> None:
+        super().__init__(env)
+        made = self.datastore.pool  # no connection opened yet: replaced as it was made
+        self.datastore.pool = CachingConnectionPool(
+            db_name=made.db_name, lock_timeout=made.lock_timeout
+        )
+
+
 @dataclass(frozen=True)
 class SQLiteBackend:
     spec: SqliteStore
@@ -214,7 +226,7 @@ class SQLiteBackend:
     @property
     def env(self) -> dict[str, str]:
         return {
-            "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+            "PERSISTENCE_MODULE": get_topic(SQLiteJobIndexFactory),
             "SQLITE_DBNAME": str(self.spec.path),
             # Seconds the sqlite3 busy handler waits for a writer: several processes
             # share the file, and "database is locked" must never reach a caller.
@@ -245,6 +257,7 @@ class SQLiteBackend:
 
 __all__ = [
     "SQLiteBackend",
+    "SQLiteJobIndexFactory",
     "SQLiteJobIndexRecorder",
     "create_private",
     "is_lock_error",
