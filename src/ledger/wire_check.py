@@ -255,6 +255,8 @@ def _address_list(field: str, value: str) -> list[tuple[str, str]]:
 
 
 def _split_top_level(field: str, value: str) -> list[str]:
+    if _QUOTING_OR_REFUSED.search(value) is None:
+        return value.split(",")  # what the walk below gives when it meets none of them
     parts: list[str] = []
     start, quoted, escaped = 0, False, False
     for index, char in enumerate(value):
@@ -276,6 +278,11 @@ def _split_top_level(field: str, value: str) -> list[str]:
         raise _Bad(field, "an unterminated quoted string")
     parts.append(value[start:])
     return parts
+
+
+# What the walk in `_split_top_level` treats other than as text: a quote, an escape, or
+# a character it refuses outside a quoted string.
+_QUOTING_OR_REFUSED = re.compile(r'["()\[\]:;\\]')
 
 
 def _display(field: str, text: str) -> str:

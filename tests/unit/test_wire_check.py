@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from daemon.providers.message import Envelope
 from ledger.attachments import parse_attachment
@@ -31,7 +33,14 @@ from ledger.content import (
 from ledger.header_encoding import client_view, encoded_words
 from ledger.message_id import message_id_for
 from ledger.mime import MessageFields, boundary, render_message
-from ledger.wire_check import RenderMismatch, carries_message_id, checked_message, find_mismatch
+from ledger.wire_check import (
+    RenderMismatch,
+    _Bad,
+    _split_top_level,
+    carries_message_id,
+    checked_message,
+    find_mismatch,
+)
 from testkit.mime_reader import decoded
 
 MID = message_id_for("order-42", "mail.example.com")
@@ -608,3 +617,35 @@ def test_a_long_value_is_quoted_in_the_reason_up_to_80_characters() -> None:
         found = find_mismatch(render_message(FIELDS).replace(old, new, 1), FIELDS)
         assert found is not None and found.reason.startswith(reason), found
         assert f"{quoted[:80]!r}" in found.reason and f"{quoted[:81]!r}" not in found.reason
+
+
+def _walked(value: str) -> list[str] | str:
+    # The character walk `_split_top_level` makes (its only path before the fast one):
+    # the parts, or the reason it refuses the value.
+    parts, start, quoted, escaped = [], 0, False, False
+    for index, char in enumerate(value):
+        if escaped:
+            escaped = False
+        elif quoted:
+            if char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif char == ",":
+            parts.append(value[start:index])
+            start = index + 1
+        elif char in "()[]:;\\":
+            return "refused"
+    return "refused" if quoted else [*parts, value[start:]]
+
+
+@settings(max_examples=500)
+@given(st.text(alphabet=' a,"\\()[]:;<>@=?é', max_size=30))
+def test_an_address_list_splits_as_the_walk_splits_it(value: str) -> None:
+    try:
+        split: list[str] | str = _split_top_level("to", value)
+    except _Bad:
+        split = "refused"
+    assert split == _walked(value)
