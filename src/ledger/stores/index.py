@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
@@ -63,6 +64,10 @@ ADDED_COLUMNS = (
 )
 
 
+#: A row's values in COLUMNS order (one C call: each save writes a row per job).
+_COLUMN_VALUES = operator.attrgetter(*COLUMNS)
+
+
 @dataclass(frozen=True)
 class IndexRow:
     key: str
@@ -88,7 +93,8 @@ class IndexRow:
     mailbox: str | None = None
 
     def as_tuple(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, column) for column in COLUMNS)
+        values: tuple[Any, ...] = _COLUMN_VALUES(self)
+        return values
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
