@@ -256,7 +256,11 @@ def _address_list(field: str, value: str) -> list[tuple[str, str]]:
 
 def _split_top_level(field: str, value: str) -> list[str]:
     if _QUOTING_OR_REFUSED.search(value) is None:
-        return value.split(",")  # what the walk below gives when it meets none of them
+        return value.split(",")  # what the walk gives when it meets none of them
+    return _walk_top_level(field, value)
+
+
+def _walk_top_level(field: str, value: str) -> list[str]:
     parts: list[str] = []
     start, quoted, escaped = 0, False, False
     for index, char in enumerate(value):
@@ -280,7 +284,7 @@ def _split_top_level(field: str, value: str) -> list[str]:
     return parts
 
 
-# What the walk in `_split_top_level` treats other than as text: a quote, an escape, or
+# What the walk in `_walk_top_level` treats other than as text: a quote, an escape, or
 # a character it refuses outside a quoted string.
 _QUOTING_OR_REFUSED = re.compile(r'["()\[\]:;\\]')
 
