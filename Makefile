@@ -123,6 +123,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/daemons.py --quota --kill
 	$(BIN)/python bench/history.py $(HISTORY_ARGS)
 	$(BIN)/python bench/render.py
+	$(BIN)/python bench/claim_steps.py
 	$(BIN)/python bench/smtp_senders.py
 	$(BIN)/python bench/smtp_senders.py --kill --n 1000
 	$(BIN)/python bench/smtp_senders.py --rtt 5 --unpipelined --only loop,post-office,sendledger --no-postgres --n 1000
