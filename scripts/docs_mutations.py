@@ -103,6 +103,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         "daemon.circuit_failures' default changed, the key table left at 3",
     ),
     M(
+        "settings-example-pool-size",
+        "config.example.toml",
+        "# pool_size = 5\n",
+        "# pool_size = 8\n",
+        "config.example.toml's commented-out pool_size no longer the default it shows",
+    ),
+    M(
+        "settings-code-connection-max-age-default",
+        "src/daemon/config/settings.py",
+        "connection_max_age: Grace = 300.0",
+        "connection_max_age: Grace = 600.0",
+        "connection_max_age's default changed, config.example.toml still shows \"5m\"",
+    ),
+    M(
         "settings-code-smtp-port-default",
         "src/daemon/config/settings.py",
         "smtp_port: int = Field(default=587, ge=1, le=65535)",

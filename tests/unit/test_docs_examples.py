@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 from tests.unit.docs_page import PAGES, REPO, block, flat, page, section
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_api_routes import AUTH, api_context
-from tests.unit.test_docs_settings import KINDS, SECTIONS
+from tests.unit.test_docs_settings import KINDS, SECTIONS, check_default
 
 from daemon.api.app import create_app
 from daemon.bootstrap import build_provider
@@ -84,6 +84,11 @@ def test_every_command_a_page_shows_parses_and_names_real_fault_modes() -> None:
             assert set(filter(None, (getattr(args, kind, None) or "").split(","))) <= set(MODES)
 
 
+#: The example's values that are a deployment's own, not the defaults: its store file, its
+#: daemon's name (the host name by default), the Gmail user it sends as (default "me").
+DEPLOYMENTS_OWN = {("store", "url"), ("daemon", "name"), ("gmail", "user")}
+
+
 def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_code_s(
     tmp_path: Path,
 ) -> None:
@@ -98,6 +103,16 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
     for prefix, model in [*SECTIONS.items(), *KINDS.items()]:
         for field in model.model_fields:
             assert re.search(rf"^#? ?{field} =", sections[prefix.split(".")[0]], re.M), field
+        # A value shown (set or commented out) where the model has one of its own is that
+        # default, but for the few a deployment sets to its own on purpose.
+        shown = re.findall(
+            r"^#? ?([a-z_]+) = (.+?)(?:\s+#.*)?$", sections[prefix.split(".")[0]], re.M
+        )
+        for field, value in shown:
+            info = model.model_fields.get(field)
+            default = None if info is None or info.is_required() else info.get_default()
+            if default not in (None, "", []) and (prefix, field) not in DEPLOYMENTS_OWN:
+                check_default(model, field, f"`{value}`", "config.example.toml")
     example = block(page("policies.md"), "toml")
     fields = {(info.alias or name) for name, info in ChannelPolicy.model_fields.items()}
     assert set(tomllib.loads(example)) == fields
