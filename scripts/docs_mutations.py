@@ -114,7 +114,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "src/daemon/config/settings.py",
         "connection_max_age: Grace = 300.0",
         "connection_max_age: Grace = 600.0",
-        "connection_max_age's default changed, config.example.toml still shows \"5m\"",
+        'connection_max_age\'s default changed, config.example.toml still shows "5m"',
     ),
     M(
         "settings-code-smtp-port-default",
