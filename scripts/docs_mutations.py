@@ -24,7 +24,8 @@ each mutation gets its own fresh copy with the one replacement made, and
 
 runs inside it with PYTHONPATH=<copy>/src:<copy>, so the copy's own source and tests are
 imported (the venv's editable install points at /work/main/src; PYTHONPATH comes first).
-A root without a .venv uses the venv of the tree this script is in. The mutation is
+A root without a .venv uses the venv of the tree this script is in, else the interpreter
+that runs the script (a git worktree has no .venv of its own). The mutation is
 caught when pytest fails; the test files with a failed test (or a collection error) are
 the ones that caught it: every such file, since the run does not stop at the first failure
 unless `--first` is given (pytest -x: faster, names only the first file in file order).
@@ -647,8 +648,12 @@ def stale(root: Path, mutations: Sequence[Mutation]) -> list[str]:
 
 
 def python_of(root: Path) -> Path:
-    own = root / ".venv" / "bin" / "python"
-    return own if own.exists() else HERE / ".venv" / "bin" / "python"
+    """The root's venv, else this tree's, else the interpreter running this script (a git
+    worktree has no .venv of its own)."""
+    for venv in (root, HERE):
+        if (python := venv / ".venv" / "bin" / "python").exists():
+            return python
+    return Path(sys.executable)
 
 
 def copy_tree(root: Path, into: Path) -> Path:
