@@ -215,7 +215,13 @@ class SQLiteJobIndexFactory(SQLiteFactory):
         super().__init__(env)
         made = self.datastore.pool  # no connection opened yet: replaced as it was made
         self.datastore.pool = CachingConnectionPool(
-            db_name=made.db_name, lock_timeout=made.lock_timeout
+            db_name=made.db_name,
+            lock_timeout=made.lock_timeout,
+            pool_size=made.pool_size,
+            max_overflow=made.max_overflow,
+            pool_timeout=made.pool_timeout,
+            max_age=made.max_age,
+            pre_ping=made.pre_ping,
         )
 
 
