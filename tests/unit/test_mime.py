@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ledger.content import JobInputError
 from ledger.message_id import message_id_for
-from ledger.mime import build_message, wrapped_base64
+from ledger.mime import build_message, date_value, wrapped_base64
 
 DATE = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 MID = message_id_for("order-42", "mail.example.com")
@@ -192,6 +192,12 @@ def test_date_comes_from_the_given_datetime() -> None:
     tz = timezone(timedelta(hours=9))
     raw = build(date=datetime(2026, 3, 4, 5, 6, 7, tzinfo=tz))
     assert b"\r\nDate: Wed, 04 Mar 2026 05:06:07 +0900\r\n" in raw
+
+
+@given(st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(0)), timezone.min, None])))
+def test_the_date_is_written_as_the_email_package_writes_it(date: datetime) -> None:
+    # UTC takes the writer's own path, any other zone (or none) the package's.
+    assert date_value(date) == email.utils.format_datetime(date)
 
 
 def test_same_inputs_same_bytes() -> None:
