@@ -6,7 +6,7 @@ names, each timed in one thread (best of `--rounds`, CPU time):
 
   render          ledger/mime.py: render_message
   proof           ledger/wire_check.py: find_mismatch (the writer's output read back)
-  envelope        daemon/providers/message.py: Envelope (To, Cc, Bcc, Message-ID by
+  envelope        ledger/message.py: Envelope (To, Cc, Bcc, Message-ID by
                   two regular expressions), next to the email package's header parser and
                   getaddresses on the same bytes (what it did before): the ratio
   address split   wire_check's split of an address header at its commas, next to the
@@ -41,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eventsourcing.sqlite import SQLiteConnectionPool
 
-from daemon.providers.message import Envelope
 from ledger.application import Ledger
 from ledger.content import parse_job
+from ledger.message import Envelope
 from ledger.mime import MessageFields, render_message
 from ledger.vocabulary import PolicyRef, Sender
 from ledger.wire_check import _split_top_level, _walk_top_level, find_mismatch

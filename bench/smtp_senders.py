@@ -122,9 +122,9 @@ def policy_table() -> dict[str, Any]:
 
 def rendered(docs: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
     """(Message-ID, bytes) of each job exactly as the daemon renders it."""
-    from daemon.providers.message import render
     from ledger.application import Ledger
     from ledger.content import parse_job
+    from ledger.message import render
     from policies.model import ChannelPolicy
 
     policy = ChannelPolicy.model_validate(policy_table())
@@ -168,7 +168,7 @@ def run_loop(
     port: int, docs: list[dict[str, Any]], per_message_login: bool, durable: bool = False
 ) -> dict[str, Any]:
     """The bare smtplib loop; `durable`: with a `WriteAhead` commit before each send."""
-    from daemon.providers.message import Envelope
+    from ledger.message import Envelope
 
     messages = [(mid, raw, Envelope(raw).recipients) for mid, raw in rendered(docs)]
 
@@ -356,7 +356,8 @@ def wrap_breakdown(engine: Any) -> dict[str, Any]:
     from profile_pipeline import Breakdown
 
     from daemon.engine import dispatch, runner
-    from daemon.providers import message, smtp_submit
+    from daemon.providers import smtp_submit
+    from ledger import message
 
     parts = Breakdown()
     wrapped = [

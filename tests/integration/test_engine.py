@@ -31,10 +31,10 @@ from tests.unit.engine_rig import receipt
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder, TickReport
 from daemon.providers.gmail import GmailProvider
-from daemon.providers.message import render
 from ledger.application import Ledger, Sender
 from ledger.content import parse_job
 from ledger.job import JobState, TransitionError
+from ledger.message import render
 from ledger.vocabulary import Resolution
 from policies.loader import PolicySet, load_policy_dir
 from policies.model import ChannelPolicy

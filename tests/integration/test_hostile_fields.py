@@ -31,10 +31,10 @@ from tests.integration.test_engine import (  # noqa: F401  (fixtures used by nam
 import ledger.wire_check as wire_check
 from daemon.doubles.fake_time import FakeClock
 from daemon.providers.base import SendKind
-from daemon.providers.message import render
 from daemon.providers.smtp_imap import SmtpImapProvider
 from ledger.content import MAX_HEADER_VALUE, MAX_SUBJECT, JobContent, JobInputError, parse_job
 from ledger.job import JobState, SendJob
+from ledger.message import render
 from ledger.message_id import message_id_for
 from ledger.mime import MessageFields, boundary, render_message
 from ledger.vocabulary import PolicyRef

@@ -19,9 +19,9 @@ from tests.integration.test_engine import (  # noqa: F401  (fixtures used by nam
 )
 
 from daemon.doubles.fake_time import FakeClock
-from daemon.providers.message import render
 from ledger.content import parse_job
 from ledger.job import JobState
+from ledger.message import render
 from testkit.gmail_emulator import GmailEmulator
 
 UNSUBSCRIBE = "<https://example.com/unsubscribe/" + "t" * 120 + ">, <mailto:unsub@example.com>"

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.providers.message import render
 from ledger.addresses import AddressError, parse_mailbox
 from ledger.content import JobInputError, parse_job
 from ledger.job import SendJob
+from ledger.message import render
 from ledger.message_id import message_id_for
 from ledger.mime import build_message
 from ledger.vocabulary import PolicyRef

@@ -1,4 +1,4 @@
-"""The envelope's own header reader (`daemon/providers/message.py: _plain_fields`) gives
+"""The envelope's own header reader (`ledger/message.py: _plain_fields`) gives
 what the email package's parser gives, on any header block: the envelope the SMTP
 provider submits must not depend on which of the two read it."""
 
@@ -10,7 +10,7 @@ from email.utils import getaddresses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.providers.message import Envelope, _plain_fields
+from ledger.message import Envelope, _plain_fields
 
 NAMES = ["To", "to", "CC", "Bcc", "Message-ID", "message-id", "Subject", "X-To", "From"]
 ENDS = [b"\r\n", b"\n", b"\r"]

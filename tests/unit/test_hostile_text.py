@@ -23,9 +23,9 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from daemon.providers.message import Envelope
 from ledger.addresses import parse_mailbox
 from ledger.content import JobContent, JobInputError, parse_job
+from ledger.message import Envelope
 from ledger.message_id import message_id_for
 from ledger.mime import MessageFields, boundary
 from ledger.wire_check import checked_message, find_mismatch

@@ -169,8 +169,8 @@ def test_the_inside_of_the_daemon_imports_no_door(path: Path) -> None:
 
 @pytest.mark.parametrize("path", modules("daemon/service_layer"), ids=lambda p: p.name)
 def test_the_service_layer_never_imports_the_dispatch(path: Path) -> None:
-    # What the intake shares with the dispatch (the rendered message) is the provider
-    # port's, `daemon/providers/message.py`.
+    # What the intake shares with the dispatch (the rendered message) is the ledger's,
+    # `ledger/message.py`.
     assert not under(imported(path), "daemon.engine.dispatch"), path
 
 
@@ -180,7 +180,6 @@ PROVIDER_PORT = (
     "daemon.providers.outcomes",
     "daemon.providers.draft_handle",
     "daemon.providers.history_handle",
-    "daemon.providers.message",
 )
 
 

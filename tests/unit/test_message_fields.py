@@ -15,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.providers.message import Envelope
 from ledger.content import JobContent, JobInputError, parse_job
 from ledger.extra_headers import OWNED_HEADERS
 from ledger.header_encoding import fold
+from ledger.message import Envelope
 from ledger.message_id import message_id_for
 from ledger.mime import MessageLimits, build_message, check_recipients, check_size
 

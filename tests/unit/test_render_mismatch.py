@@ -13,8 +13,8 @@ from tests.unit.engine_rig import EngineRig, policy, receipt
 
 import ledger.wire_check as wire_check
 from daemon.engine.readback import ProviderHealth
-from daemon.providers.message import render
 from daemon.service_layer.intake import IntakeError, check_messages
+from ledger.message import render
 from ledger.mime import MessageFields, render_message
 from ledger.vocabulary import EscalationReason, JobState
 from policies.loader import PolicySet

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from daemon.config.settings import ConfigError, settings_from_dict
 from daemon.providers.base import SendKind
-from daemon.providers.message import Envelope
 from daemon.providers.smtp_classify import Stage, classify_smtp, queue_id_from_reply
+from ledger.message import Envelope
 from policies.loader import PolicyLoadError, load_policy_dir
 
 MID = "<job-1@mail.example.com>"

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.providers.message import Envelope
 from ledger.attachments import parse_attachment
 from ledger.characters import BIDI_CONTROLS, unsafe_character
 from ledger.content import (
@@ -31,6 +30,7 @@ from ledger.content import (
     parse_job,
 )
 from ledger.header_encoding import client_view, encoded_words
+from ledger.message import Envelope
 from ledger.message_id import message_id_for
 from ledger.mime import MessageFields, boundary, render_message
 from ledger.wire_check import (

@@ -11,7 +11,7 @@ renewed while its call runs), ``drafts`` (the draft step of a provider that send
 drafts), ``bounces`` (delivery reports found for confirmed jobs), ``owners`` (one daemon
 at a time works for each quota scope, and the scopes this engine works for); ``readback``
 holds the Message-ID read-back. A job's message is rendered by
-``daemon/providers/message.py``, which the intake shares. ``docs/architecture.md`` follows
+``ledger/message.py``, which the intake shares. ``docs/architecture.md`` follows
 one job through them.
 """
 

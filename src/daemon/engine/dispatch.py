@@ -32,10 +32,10 @@ from daemon.engine.runner import Work
 from daemon.engine.unknown import unknown_to_events
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
-from daemon.providers.message import render_checked
 from ledger.application import ConcurrentUpdate
 from ledger.decision_types import AfterRejection, Review
 from ledger.job import DRAFTS_CLAIM_LOST, SendJob, TransitionError
+from ledger.message import render_checked
 from ledger.vocabulary import EscalationReason, JobState
 from ledger.wire_check import RenderMismatch
 from policies import decisions

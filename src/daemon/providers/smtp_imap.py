@@ -47,8 +47,8 @@ from daemon.providers.base import (
 )
 from daemon.providers.imap_sessions import ImapSessions
 from daemon.providers.kept import MailEndpoint, ReuseLimits
-from daemon.providers.message import Envelope
 from daemon.providers.smtp_submit import SmtpSubmitter
+from ledger.message import Envelope
 from ledger.message_id import same_message_id
 
 log = logging.getLogger("sendledger.providers.smtp")
@@ -315,4 +315,4 @@ def _headers(client: Any, uids: list[int], names: Sequence[str]) -> dict[int, Me
     return result
 
 
-__all__ = ["Envelope", "SmtpImapProvider", "read_password_file"]
+__all__ = ["SmtpImapProvider", "read_password_file"]

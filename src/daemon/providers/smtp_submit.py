@@ -41,7 +41,7 @@ __all__ = ["SmtpSubmitter", "SubmitEnvelope"]
 
 
 class SubmitEnvelope(Protocol):
-    """What a submission needs of a message (`smtp_imap.Envelope` is one)."""
+    """What a submission needs of a message (`ledger.message.Envelope` is one)."""
 
     @property
     def recipients(self) -> list[str]: ...

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ledger.mime import MessageLimits
     from policies.loader import PolicySet
 
-# The renderer (`daemon/providers/message.py`), the MIME limits and the policies' sender
+# The renderer (`ledger/message.py`), the MIME limits and the policies' sender
 # rules are imported where a submission needs them: the read commands import this module's
 # types only.
 
@@ -169,9 +169,9 @@ def check_messages(
 ) -> None:
     """Whatever cannot be built is refused here, not at send time (where the job would
     land in review): each job's message is built once with the very function the daemon
-    sends with (`daemon/providers/message.py: render`), and held against its provider's
+    sends with (`ledger/message.py: render`), and held against its provider's
     `limits` (by provider name). Every refused job is listed."""
-    from daemon.providers.message import render
+    from ledger.message import render
     from ledger.mime import check_recipients, check_size
 
     problems = Problems()

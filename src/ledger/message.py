@@ -3,8 +3,9 @@ message"): `render_checked` makes them from a job, in one place, for the intake 
 dispatch alike, and `Envelope` is the SMTP envelope those bytes give, which the check holds
 to the job and the SMTP provider submits.
 
-Part of the provider port with `base.py` and `draft_handle.py`: the engine and the service
-layer import these, never a concrete provider (tests/unit/test_layers.py).
+In the ledger beside the writer (`mime.py`) and its proof (`wire_check.py`): the intake and
+the dispatch share it without importing each other, and the SMTP provider takes the
+envelope from here, so the engine names no provider (tests/unit/test_layers.py).
 """
 
 from __future__ import annotations
