@@ -29,29 +29,23 @@ def prose_lines(text: str) -> list[str]:
 
 
 def page(name: str) -> str:
-    return (REPO / name if name == "README.md" else DOCS / name).read_text(encoding="utf-8")
+    """A page by its name (`cli.md`, `README.md`), or any file by its path in the repository."""
+    return (DOCS / name if (DOCS / name).is_file() else REPO / name).read_text(encoding="utf-8")
 
 
-def section(where: Path | str, heading: str, *, until: int | None = None) -> str:
+def section(name: str, heading: str, *, until: int | None = None) -> str:
     """The text under `heading` (a whole line, `## Stores`, or a bare title at any level)
     up to the next heading of level `until` or above (by default its own level)."""
-    text = where.read_text(encoding="utf-8") if isinstance(where, Path) else page(where)
-    lines = text.splitlines()
-    title = heading if heading.startswith("#") else None
-    starts = [
-        i
-        for i, line in enumerate(lines)
-        if line == title or (title is None and re.fullmatch(rf"#+ {re.escape(heading)}", line))
-    ]
-    assert starts, f"no section {heading!r}"
-    level = len(lines[starts[0]]) - len(lines[starts[0]].lstrip("#"))
-    fenced, end = False, len(lines)
-    for i in range(starts[0] + 1, len(lines)):
-        fenced ^= bool(FENCE.match(lines[i]))
-        if not fenced and re.match(rf"#{{1,{until or level}}} ", lines[i]):
-            end = i
-            break
-    return "\n".join(lines[starts[0] + 1 : end])
+    lines = page(name).splitlines()
+    title = re.escape(heading) if heading.startswith("#") else rf"#+ {re.escape(heading)}"
+    start = next((i for i, line in enumerate(lines) if re.fullmatch(title, line)), None)
+    assert start is not None, f"no section {heading!r}"
+    level, fenced = until or len(lines[start]) - len(lines[start].lstrip("#")), False
+    for end in range(start + 1, len(lines)):
+        fenced ^= bool(FENCE.match(lines[end]))
+        if not fenced and re.match(rf"#{{1,{level}}} ", lines[end]):
+            return "\n".join(lines[start + 1 : end])
+    return "\n".join(lines[start + 1 :])
 
 
 def block(text: str, lang: str = "") -> str:
@@ -89,10 +83,6 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def read(path: str) -> str:
-    return (REPO / path).read_text(encoding="utf-8")
-
-
 def missing_paths(text: str) -> list[str]:
     """Named source paths (`src/`-relative), test and bench paths (a test's `::name` too)
     that are not there."""
@@ -100,6 +90,6 @@ def missing_paths(text: str) -> list[str]:
     for path, name in REPO_PATH.findall(text):
         if not (REPO / path).is_file():
             gone.append(path)
-        elif name and not re.search(rf"^\s*(async )?(def|class) {name}\b", read(path), re.M):
+        elif name and not re.search(rf"^\s*(async )?(def|class) {name}\b", page(path), re.M):
             gone.append(f"{path}::{name}")
     return gone

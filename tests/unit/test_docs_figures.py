@@ -14,7 +14,7 @@ import tomllib
 from contextlib import closing
 
 import pytest
-from tests.unit.docs_page import CODE, REPO, flat, keyed, page, read, section
+from tests.unit.docs_page import CODE, REPO, flat, keyed, page, section
 from tests.unit.engine_rig import EngineRig
 from tests.unit.test_docs_settings import KINDS, SECTIONS
 from tests.unit.test_services import LEGAL, OTHER, in_review, services
@@ -42,7 +42,7 @@ from testkit import graph_emulator, relay, smtp_relay
 
 def bench(script: str, name: str) -> object:
     """A bench script's default of an `--option`, or its module-level constant."""
-    tree = ast.parse(read(f"bench/{script}"))
+    tree = ast.parse(page(f"bench/{script}"))
     for node in ast.walk(tree) if name.startswith("--") else tree.body:
         call = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
         if call and ast.literal_eval(node.args[0]) == name:  # type: ignore[attr-defined]
@@ -82,12 +82,12 @@ LATENCY_CONCURRENCY = str(bench("pipeline.py", "--latency-concurrency")).split("
 FAULTS: dict[str, int] = bench("soak.py", "FAULTS")  # type: ignore[assignment]
 SOAK_FAULTS = sum(FAULTS.values()) - FAULTS["pass"]
 DAEMONS = re.sub(r",(\d+)$", r" and \1", str(bench("daemons.py", "--daemons"))).replace(",", ", ")
-SOAK_CONCURRENCY = int(re.search(r"concurrency = (\d+)", read("bench/soak.py"))[1])
-PROJECT = tomllib.loads(read("pyproject.toml"))["project"]
+SOAK_CONCURRENCY = int(re.search(r"concurrency = (\d+)", page("bench/soak.py"))[1])
+PROJECT = tomllib.loads(page("pyproject.toml"))["project"]
 EVENTSOURCING = re.search(r"eventsourcing\[postgres\]>=([\d.]+),", str(PROJECT["dependencies"]))[1]
 MODELS = [*SECTIONS.items(), *(("providers.NAME", m) for m in KINDS.values())]
 SECRETS = {f"{p}.{f}" for p, m in MODELS for f in m.model_fields if f.endswith("_file")}
-DEMO = ast.walk(ast.parse(read("src/daemon/tools/demo.py")))
+DEMO = ast.walk(ast.parse(page("src/daemon/tools/demo.py")))
 DEMO_STRINGS = {n.value for n in DEMO if isinstance(n, ast.Constant)}
 GRAPH_CONFIG = config_text("graph", addresses.parse_mailbox("you@example.com"))
 PERMISSIONS = re.findall(r"permissions (Mail\.\w+) and (Mail\.\w+) for `user`", GRAPH_CONFIG)[0]
@@ -97,7 +97,7 @@ EXIT_CODES = {v for k, v in vars(exit_codes).items() if k.startswith("EXIT_")} |
 ROUTE_ROLE = {f"{m} {p}": r.value for (m, p), r in ROUTE_ROLES.items()} | {"/ui/": PAGE_ROLE.value}
 REASONS = {r.value: [guidance.MEANING[r], guidance.NEXT[r]] for r in EscalationReason}
 OWNED = {*extra_headers.OWNED_HEADERS, "content-*"} - {"message-id"}
-CRASH = ast.parse(read("tests/e2e/test_crash_matrix.py"))
+CRASH = ast.parse(page("tests/e2e/test_crash_matrix.py"))
 CRASH_MODES = next(ast.literal_eval(n.value) for n in CRASH.body if "MODES" in ast.unparse(n)[:9])
 EVENTS = {k: c.__mro__ for k, c in vars(SendJob).items() if isinstance(c, type)}
 FIELDS = {

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.metrics import MetricWrapperBase
-from tests.unit.docs_page import CODE, REPO, block, flat, keyed, page, read, section, table
+from tests.unit.docs_page import CODE, REPO, block, flat, keyed, page, section, table
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_api_routes import api_context
 
@@ -284,7 +284,7 @@ def test_the_metric_table_is_the_registry_and_the_alerts_use_it(rig: EngineRig) 
         assert "daemon only" in rows[name][1] or rows[name][1].startswith("`scope`"), name
     named = re.findall(r"`(sendledger_\w+)`", page("performance.md") + page("operations.md"))
     assert set(named) <= set(written)
-    alerts = read("docs/alerts.yml")
+    alerts = page("docs/alerts.yml")
     exprs = " ".join(re.findall(r"^\s+expr: (.+)$", alerts, re.M))
     assert re.findall(r"^\s+- alert: (\w+)$", alerts, re.M)
     assert set(re.findall(r"sendledger_\w+", exprs)) <= set(written)
