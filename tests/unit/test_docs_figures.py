@@ -35,7 +35,7 @@ from ledger import addresses, attachments, content, extra_headers, keys
 from ledger.job import SendJob
 from ledger.stores import positions
 from ledger.vocabulary import FINAL_STATES, OPEN_STATES, EscalationReason, JobState
-from policies import loader
+from policies import loader, model
 from sendledger.client import Client
 from testkit import graph_emulator, relay, smtp_relay
 
@@ -194,6 +194,7 @@ configuration.md | (`SENDLEDGER_[A-Z_]+`) | >= set(environment.OTHER_VARIABLES)
 providers.md | \*Application\* permissions (`Mail\.\w+`) \(.*?\) and (`Mail\.\w+`) | PERMISSIONS
 providers.md | chosen by `kind` in `\[providers\.NAME\]`: (.*?); a table | list(_PROVIDER_TAGS)
 providers.md | (`https://[^`]+` and `https://[^`]+`) | gmail.SCOPES
+providers.md | drafts need (`https://[^`]+`) besides the two | gmail.DRAFT_SCOPES[2:]
 operations.md | OUTCOME column says (.*?); | <= DEMO_STRINGS
 operations.md | Relay modes: (.*?) A comma-separated | list(relay.MODES)
 operations.md | Relay modes: (.*?) A comma-separated | >= set(demo.SEND_FAULTS)
@@ -205,6 +206,7 @@ operations.md | reason `([a-z-]+)` | <= {r.value for r in EscalationReason}
 how-it-works.md | States shown to users: (.*?)\. | [s.value for s in JobState]
 how-it-works.md | records a policy's decision \((.*?)\) | POLICY_EVENTS
 how-it-works.md | for each of (.*?); each ends | list(CRASH_MODES)
+how-it-works.md | \| promise ((?:\| `[^`]+` )+)\| | list(model.OnUnknown.__args__)
 cli.md | Required: ((?:`\w+`(?:,\s)?)+)\. | list(content.REQUIRED_FIELDS)
 cli.md | `\{"Name": "value"\}`: (.+?) \(at most | [*extra_headers.ALLOWED_HEADERS.values(), 'X-*']
 cli.md | \(`headers\.Message-ID: [^`]+`; also (.+?): use | ~= OWNED
