@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator
 from contextlib import closing
 from datetime import UTC, datetime
+from itertools import accumulate
 from typing import Any
 
 import pytest
@@ -75,10 +76,8 @@ def test_every_command_option_argument_and_choice_is_listed_as_the_parser_has_it
     assert set(listed) == set(commands)
     for path, parser in commands.items():
         actions = shown_actions(parser)
-        options = {o for a in actions for o in a.option_strings if o.startswith("--")}
-        assert set(re.findall(r"--[a-z][a-z-]*", " ".join(listed[path]))) - {"--help"} == options, (
-            path
-        )
+        written = set(re.findall(r"--[a-z][a-z-]*", " ".join(listed[path]))) - {"--help"}
+        assert written == {o for a in actions for o in a.option_strings if o[:2] == "--"}, path
         line = synopsis(path)
         for action in actions:
             if not action.option_strings:  # a positional: in brackets when optional
@@ -103,7 +102,7 @@ def test_the_exit_codes_are_the_cli_s_and_the_help_s() -> None:
     epilog = daemon.cli.build_parser().epilog or ""
     assert {int(code) for code in re.findall(r"\b(\d+) [a-z]", epilog)} == constants | {130}
     # docs/architecture.md "One service layer": each refusal's exit code and HTTP status.
-    layer = " ".join(section("architecture.md", "One service layer").split())
+    layer = flat(section("architecture.md", "One service layer"))
     said = {int(c): int(s) for c, s in re.findall(r": (?:exit )?(\d) / (\d{3})\b", layer)}
     assert said == {exit_codes.REFUSAL_CODES[r]: STATUS[r] for r in Refusal}
 
@@ -128,17 +127,12 @@ def test_the_job_fields_and_limits_are_the_intake_s() -> None:
     assert numbers == limits
 
 
-def shown(path: tuple[str, ...], after: str = "") -> list[str]:
-    """The quoted names of the first `{...}` of a command's entry (after `after`)."""
-    text = " ".join(line.strip() for line in documented()[path])
-    text = text.split(after, 1)[1] if after else text
-    start = end = text.index("{")
-    depth = 0
-    while True:
-        depth += {"{": 1, "}": -1}.get(text[end], 0)
-        if depth == 0:
-            return re.findall(r'"(\w+)"', text[start : end + 1])
-        end += 1
+def shown(path: tuple[str, ...], after: str = "sendledger") -> list[str]:
+    """The quoted names of the first `{...}` (braces matched) of a command's entry after `after`."""
+    text = " ".join(line.strip() for line in documented()[path]).split(after, 1)[-1]
+    text = text[text.index("{") :]
+    depth = accumulate({"{": 1, "}": -1}.get(c, 0) for c in text)
+    return names(text[: next(i for i, d in enumerate(depth) if d == 0) + 1])
 
 
 @pytest.fixture(scope="module")
@@ -231,17 +225,10 @@ def test_the_client_s_calls_and_errors_are_the_client_s() -> None:
     text = section("http-api.md", "## Python client")
     also = CODE.findall(text.split("Also ", 1)[1].split(". Every", 1)[0])
     called = set(re.findall(r"client\.(\w+)\(", text)) | {c for c in also if c.isidentifier()}
-    public = {
-        n for n, _ in inspect.getmembers(client_module.Client, inspect.isfunction) if n[0] != "_"
-    }
-    assert called == public
-    classes = {
-        name
-        for name, cls in vars(client_module).items()
-        if isinstance(cls, type)
-        and issubclass(cls, client_module.ClientError)
-        and not name.startswith("_")
-    }
+    calls = inspect.getmembers(client_module.Client, inspect.isfunction)
+    assert called == {name for name, _ in calls if name[0] != "_"}
+    found = inspect.getmembers(client_module, inspect.isclass)
+    classes = {n for n, c in found if issubclass(c, client_module.ClientError) and n[0] != "_"}
     named = {n for n in re.findall(r"`([A-Z]\w+)`", text) if n not in ("FieldError", "Client")}
     assert named == classes
     rows = keyed(text, "Error")
