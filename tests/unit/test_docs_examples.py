@@ -94,7 +94,7 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
 ) -> None:
     sections: dict[str, str] = {}
     current = ""
-    for line in (REPO / "config.example.toml").read_text(encoding="utf-8").splitlines():
+    for line in page("config.example.toml").splitlines():
         if header := re.fullmatch(r"#? ?\[([a-z]+)(?:\.[a-z0-9]+)?\]", line.strip()):
             current = header.group(1)
         elif current == "providers" and (kind := re.fullmatch(r'kind = "([a-z-]+)"', line)):
@@ -227,7 +227,7 @@ def test_the_quick_start_and_the_systemd_steps_are_what_init_writes(tmp_path: Pa
     assert credentials not in written
     assert f"install -m 600 {credentials} /var/lib/sendledger/" in steps
     unit = unit_text(installation(tmp_path)).splitlines()
-    packaged = (REPO / "packaging" / "sendledger.service").read_text(encoding="utf-8").splitlines()
+    packaged = page("packaging/sendledger.service").splitlines()
     watchdog = re.search(r"`(WatchdogSec=\d+)`", steps)
     assert watchdog and all({"Type=notify", watchdog.group(1)} <= set(u) for u in (unit, packaged))
     layout = re.search(r"layout of `(/opt/[^`]+)` and `(/etc/[^`]+)`", flat(steps))

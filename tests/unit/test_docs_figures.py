@@ -229,11 +229,9 @@ def number(text: object) -> object:
     if isinstance(text, tuple):
         return tuple(map(number, text))
     plain = str(text).replace(",", "")
-    try:
-        value = float(plain)
-    except ValueError:
+    if not re.fullmatch(r"\d+(\.\d+)?", plain):
         return plain
-    return int(value) if value == int(value) else value
+    return int(float(plain)) if float(plain).is_integer() else float(plain)
 
 
 FIGURE_ROWS, LIST_ROWS, TABLE_ROWS = (
