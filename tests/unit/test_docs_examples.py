@@ -16,6 +16,7 @@ import sys
 import tomllib
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -57,16 +58,12 @@ def commands(text: str) -> list[list[str]]:
         for line in lines.replace("\\\n", " ").splitlines():
             lexer = shlex.shlex(re.sub(r"\[[^\]]*\]", "", line), posix=True, punctuation_chars=True)
             lexer.whitespace_split = True
-            words: list[str] = []
-            for word in [*lexer, ";"]:
-                if word not in (";", "&&", "&", "|"):
-                    words.append(word)
-                    continue
+            for between, group in groupby(lexer, lambda word: word in (";", "&&", "&", "|")):
+                words = list(group)
                 words = words[: next((i for i, w in enumerate(words) if w[0] in "<>"), None)]
                 at = [i for i, w in enumerate(words) if re.fullmatch(r"(.*/bin/)?sendledger", w)]
-                if at and words[: at[0]] in ([], ["sudo"]):
+                if not between and at and words[: at[0]] in ([], ["sudo"]):
                     found.append(words[at[0] + 1 :])
-                words = []
     return found
 
 
@@ -92,14 +89,10 @@ DEPLOYMENTS_OWN = {("store", "url"), ("daemon", "name"), ("gmail", "user")}
 def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_code_s(
     tmp_path: Path,
 ) -> None:
-    sections: dict[str, str] = {}
-    current = ""
-    for line in page("config.example.toml").splitlines():
-        if header := re.fullmatch(r"#? ?\[([a-z]+)(?:\.[a-z0-9]+)?\]", line.strip()):
-            current = header.group(1)
-        elif current == "providers" and (kind := re.fullmatch(r'kind = "([a-z-]+)"', line)):
-            current = kind.group(1)
-        sections[current] = sections.get(current, "") + line + "\n"
+    # The example's sections by name, a provider's by its kind (from its `kind = ` line on).
+    header = r'^#? ?\[([a-z]+)(?:\.[a-z0-9]+)?\]$|^(?=kind = "([a-z-]+)")'
+    parts = re.split(header, page("config.example.toml"), flags=re.M)[1:]
+    sections = {name or kind: text for name, kind, text in zip(*[iter(parts)] * 3, strict=True)}
     for prefix, model in [*SECTIONS.items(), *KINDS.items()]:
         for field in model.model_fields:
             assert re.search(rf"^#? ?{field} =", sections[prefix.split(".")[0]], re.M), field
