@@ -34,7 +34,7 @@ from eventsourcing.utils import Environment, EnvType
 from ledger.addresses import mailbox_key
 from ledger.content import JobContent
 from ledger.exceptions import Refusal, SendledgerError
-from ledger.job import SendJob, TransitionError, job_id_for
+from ledger.job import SendJob, TransitionError, created_at, job_id_for
 from ledger.message_id import message_id_for
 from ledger.redaction import redact_events
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
@@ -106,6 +106,17 @@ class PurgeResult:
     purged: int
     skipped: int  # changed while the purge ran: left for the next one
     scrubbed: bool  # the backend's files were scrubbed (False: at the next purge)
+
+
+@dataclass(frozen=True)
+class Proved:
+    """The intake's proof of the messages of a submission: the time it rendered them at,
+    from which each new job's creation comes (`ledger/job.py: created_at`, and so its
+    Date), and the writer that proved them (`ledger/message.py: writer_fingerprint`),
+    recorded as the job's `proved_by`."""
+
+    at: datetime
+    writer: str
 
 
 @dataclass(frozen=True)
@@ -340,12 +351,15 @@ class Ledger(Application[UUID]):
     def _record_processing(self, processing: ProcessingEvent[UUID]) -> None:
         record(self, processing, self._retry_locked)
 
-    def submit(self, content: JobContent, sender: Sender, *, by: str = "") -> SubmitResult:
+    def submit(
+        self, content: JobContent, sender: Sender, *, by: str = "", proved: Proved | None = None
+    ) -> SubmitResult:
         """Idempotent on the key: same content is a no-op, other content a conflict.
+        `proved`: how the intake proved the job's message (None: not through the intake).
 
         New keys are the common case, so the Requested event is written without a read
         first; the store's uniqueness on (job id, version 1) tells a known key apart."""
-        job = self._request(content, sender, by)
+        job = self._request(content, sender, by, proved)
         try:
             self.save_job(job)
         except ConcurrentUpdate:
@@ -354,7 +368,11 @@ class Ledger(Application[UUID]):
         return SubmitResult(job.key, job.message_id, job.state.value, created=True)
 
     def submit_many(
-        self, jobs: Sequence[tuple[JobContent, Sender]], *, by: str = ""
+        self,
+        jobs: Sequence[tuple[JobContent, Sender]],
+        *,
+        by: str = "",
+        proved: Proved | None = None,
     ) -> list[SubmitResult]:
         """A batch, all or nothing, one result per item in order: a key given twice with
         other content, or known with other content, raises KeyConflict before anything is
@@ -374,14 +392,14 @@ class Ledger(Application[UUID]):
                     )
             results: dict[str, SubmitResult] = {}
             new: list[SendJob] = []
-            for content, sender in jobs:
+            for index, (content, sender) in enumerate(jobs):
                 if content.key in results:
                     continue
                 stored = self.find_job(content.key)
                 if stored is not None:
                     results[content.key] = self._same_or_conflict(stored, content)
                     continue
-                job = self._request(content, sender, by)
+                job = self._request(content, sender, by, proved, index, len(jobs))
                 new.append(job)
                 results[content.key] = SubmitResult(
                     job.key, job.message_id, job.state.value, created=True
@@ -406,14 +424,26 @@ class Ledger(Application[UUID]):
     def _save_new(self, jobs: list[SendJob]) -> None:
         self._save_retrying(jobs)
 
-    def _request(self, content: JobContent, sender: Sender, by: str = "") -> SendJob:
+    def _request(
+        self,
+        content: JobContent,
+        sender: Sender,
+        by: str = "",
+        proved: Proved | None = None,
+        index: int = 0,
+        count: int = 1,
+    ) -> SendJob:
+        # A claim renders the content as the store gives it back: the proof counts for the
+        # claim only when that is the very content the intake proved.
+        same = proved is not None and JobContent.from_canonical(content.stored()) == content
         return SendJob.request(
             content,
             from_addr=sender.from_addr,
             message_id=message_id_for(content.key, sender.message_id_domain),
             policy=sender.policy,
-            at=self.clock(),
+            at=self.clock() if proved is None else created_at(proved.at, index, count),
             by=by,
+            proved_by=proved.writer if proved is not None and same else "",
         )
 
     def _same_or_conflict(self, job: SendJob, content: JobContent) -> SubmitResult:
@@ -864,6 +894,7 @@ __all__ = [
     "IdentityTaken",
     "KeyConflict",
     "Ledger",
+    "Proved",
     "PurgeResult",
     "Sender",
     "SubmitResult",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from eventsourcing.domain import Aggregate
@@ -59,6 +59,14 @@ DRAFT_DELETIONS = (DRAFTS_TIDY, DRAFTS_FENCE, DRAFTS_CLAIM_LOST)
 JOB_NAMESPACE = uuid.UUID("6b0f6a52-3a8e-5d55-9b7e-5e4d1e0a7c11")
 
 
+def created_at(at: datetime, index: int, count: int) -> datetime:
+    """When the `index`-th of `count` jobs submitted at `at` is created: a microsecond
+    apart, the last at `at`, so the jobs of a batch fall due in the batch's order (a job
+    is due at its creation) and none later than the submission. The intake renders each
+    message with the Date its job will have."""
+    return at - timedelta(microseconds=count - 1 - index)
+
+
 def job_id_for(key: str) -> uuid.UUID:
     return uuid.uuid5(JOB_NAMESPACE, key)
 
@@ -89,6 +97,7 @@ class SendJob(Aggregate):
     channel: str
     content: JobContent
     submitted_by: str  # "" for jobs stored before it was recorded
+    proved_by: str  # the writer that proved its message at intake; "" none (message.py)
     from_addr: str
     message_id: str
     content_hash: str
@@ -153,8 +162,9 @@ class SendJob(Aggregate):
         TOPIC = "sendledger:SendJob.Requested"
         # v2 records who submitted the job (an API token's name, the CLI's OS user); v3
         # the later message fields (bcc, headers, in_reply_to, references, send_at,
-        # attachments); v4 the job's own From (`sender`) and Gmail `thread_id`.
-        class_version = 4
+        # attachments); v4 the job's own From (`sender`) and Gmail `thread_id`; v5 which
+        # writer proved the job's message at intake (`proved_by`).
+        class_version = 5
         # The job's content, flat as the first release stored it (JobContent.stored()).
         key: str
         channel: str
@@ -179,6 +189,9 @@ class SendJob(Aggregate):
         policy: str
         fingerprint: str
         submitted_by: str
+        # The writer that proved this very message at intake (`ledger/message.py:
+        # writer_fingerprint`); "" when none did.
+        proved_by: str
 
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
@@ -196,9 +209,14 @@ class SendJob(Aggregate):
             state["sender"] = None
             state["thread_id"] = None
 
+        @staticmethod
+        def upcast_v4_v5(state: dict[str, Any]) -> None:
+            state["proved_by"] = ""  # proved again before the claim, as then
+
         def apply(self, job: Any) -> None:
             job.content = JobContent.from_canonical(vars(self))
             job.submitted_by = self.submitted_by
+            job.proved_by = self.proved_by
             job.key = self.key
             job.channel = self.channel
             job.from_addr = self.from_addr
@@ -660,7 +678,10 @@ class SendJob(Aggregate):
         policy: PolicyRef,
         at: datetime,
         by: str = "",
+        proved_by: str = "",
     ) -> SendJob:
+        """`proved_by`: the writer that proved this job's message, rendered at `at`, at
+        intake (`ledger/message.py: writer_fingerprint`)."""
         return cls._create(
             cls.Requested,
             id=job_id_for(content.key),
@@ -671,6 +692,7 @@ class SendJob(Aggregate):
             content_hash=content.content_hash,
             **policy.event_fields(),
             submitted_by=by,
+            proved_by=proved_by,
         )
 
     def claim(
@@ -1366,5 +1388,6 @@ __all__ = [
     "TransitionError",
     "bounce_recipients",
     "copies_found",
+    "created_at",
     "job_id_for",
 ]

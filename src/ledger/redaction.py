@@ -43,6 +43,7 @@ TRAIL_FIELDS = frozenset(
         "provider",
         "daemon",
         "submitted_by",
+        "proved_by",
         "by",
         "rule",
         "send_at",

@@ -5,15 +5,19 @@ Message-ID (docs/cli.md "Message fields and validation", docs/architecture.md "T
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy, receipt
+from tests.unit.test_services import job, services
 
+import ledger.message as message
 import ledger.wire_check as wire_check
 from daemon.engine.readback import ProviderHealth
 from daemon.service_layer.intake import IntakeError, check_messages
+from ledger.content import JobContent
 from ledger.message import render
 from ledger.mime import MessageFields, render_message
 from ledger.vocabulary import EscalationReason, JobState
@@ -27,15 +31,15 @@ def rig() -> Iterator[EngineRig]:
     rig.close()
 
 
+def bad_writer(fields: MessageFields) -> bytes:
+    """A writer with a bug: it adds a Bcc recipient the job does not have."""
+    raw = render_message(fields)
+    return raw.replace(b"\r\nSubject:", b"\r\nBcc: evil@attacker.example\r\nSubject:", 1)
+
+
 @pytest.fixture
 def injecting_writer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A writer with a bug: it adds a Bcc recipient the job does not have."""
-
-    def writer(fields: MessageFields) -> bytes:
-        raw = render_message(fields)
-        return raw.replace(b"\r\nSubject:", b"\r\nBcc: evil@attacker.example\r\nSubject:", 1)
-
-    monkeypatch.setattr(wire_check, "render_message", writer)
+    monkeypatch.setattr(wire_check, "render_message", bad_writer)
 
 
 def test_a_mismatch_at_dispatch_is_review_and_nothing_is_sent(
@@ -86,3 +90,93 @@ def test_a_read_back_marks_the_handle_only_for_bytes_that_carry_our_message_id(
     health.read_back(job, "fake", rig.provider, sent.provider_message_id, raw=proved)
     handle = rig.ledger.handle("fake")
     assert handle is not None and not handle.reliable
+
+
+def counted_proofs(monkeypatch: pytest.MonkeyPatch) -> list[bytes | None]:
+    """What every proof `render_checked` makes gave, in order: the bytes, or None for a
+    message the proof refused."""
+    proved: list[bytes | None] = []
+
+    def counting(fields: MessageFields) -> bytes:
+        proved.append(None)
+        proved[-1] = wire_check.checked_message(fields)
+        return proved[-1]
+
+    monkeypatch.setattr(message, "checked_message", counting)
+    return proved
+
+
+def sent_bytes(rig: EngineRig, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The bytes handed to the provider, in order."""
+    sent: list[bytes] = []
+    send = rig.provider.send_raw
+    monkeypatch.setattr(rig.provider, "send_raw", lambda raw: sent.append(raw) or send(raw))
+    return sent
+
+
+def test_a_message_the_intake_proved_is_sent_as_proved_without_a_second_proof(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proved = counted_proofs(monkeypatch)
+    sent = sent_bytes(rig, monkeypatch)
+    door = services(rig)
+    valid = door.intake.validate(job("k1", "receipts"))
+    rig.clock.advance(5)  # the job is created at the time its message was proved
+    door.record(valid, by="ops")
+    assert len(proved) == 1  # the intake's
+    assert rig.job("k1").proved_by == message.writer_fingerprint()
+    rig.tick()
+    assert rig.job("k1").state is JobState.CONFIRMED
+    assert len(proved) == 1  # the claim only rendered it
+    assert sent == proved  # the very bytes the intake proved, its Date included
+
+
+def test_a_message_another_writer_proved_is_proved_again_at_its_claim(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proved = counted_proofs(monkeypatch)
+    services(rig).submit(job("k1", "receipts"), by="ops")
+    # A new release with a bug in its writer takes over the job the old one proved.
+    monkeypatch.setattr(message, "writer_fingerprint", lambda: "another release")
+    monkeypatch.setattr(wire_check, "render_message", bad_writer)
+    rig.tick()
+    job_now = rig.job("k1")
+    assert (job_now.state, job_now.reason) == (JobState.REVIEW, EscalationReason.RENDER_MISMATCH)
+    assert len(proved) == 2 and rig.provider.sends == 0
+
+
+def test_a_job_not_submitted_through_the_intake_is_proved_at_its_claim(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proved = counted_proofs(monkeypatch)
+    rig.submit("receipts", "k1")  # straight to the ledger: nothing proved its message
+    assert rig.job("k1").proved_by == ""
+    rig.tick()
+    assert len(proved) == 1 and rig.job("k1").state is JobState.CONFIRMED
+
+
+def test_content_the_store_would_give_back_otherwise_is_proved_at_its_claim(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim renders the content as the store returns it: were that not the content
+    # the intake proved, its proof would not be the claim's.
+    loaded = JobContent.from_canonical
+    altered = lambda fields: dataclasses.replace(loaded(fields), subject="other")  # noqa: E731
+    monkeypatch.setattr(JobContent, "from_canonical", staticmethod(altered))
+    services(rig).submit(job("k1", "receipts"), by="ops")
+    monkeypatch.setattr(JobContent, "from_canonical", staticmethod(loaded))
+    assert rig.job("k1").proved_by == ""
+
+
+def test_a_batch_keeps_its_order_and_each_message_is_sent_as_proved(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proved = counted_proofs(monkeypatch)
+    sent = sent_bytes(rig, monkeypatch)
+    keys = ["k3", "k1", "k2"]  # not in the order of their keys
+    services(rig).submit([job(key, "receipts") for key in keys], by="ops")
+    created = [rig.job(key).created_on for key in keys]
+    assert created == sorted(created) and len(set(created)) == 3  # due in the batch's order
+    rig.tick()
+    assert [rig.job(key).state for key in keys] == [JobState.CONFIRMED] * 3
+    assert sorted(sent) == sorted(p for p in proved if p is not None) and len(proved) == 3

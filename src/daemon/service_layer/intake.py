@@ -17,12 +17,12 @@ from daemon.service_layer.job_json import loads as decode_jobs
 from daemon.service_layer.problems import MAX_LISTED, FieldProblem
 from ledger.content import JobContent, JobInputError, JobInputErrors, parse_job
 from ledger.exceptions import Refusal, SendledgerError
-from ledger.job import SendJob
+from ledger.job import SendJob, created_at
 from ledger.message_id import message_id_for
 from ledger.vocabulary import Sender
 
 if TYPE_CHECKING:
-    from ledger.application import Ledger, SubmitResult
+    from ledger.application import Ledger, Proved, SubmitResult
     from ledger.mime import MessageLimits
     from policies.loader import PolicySet
 
@@ -144,7 +144,12 @@ def senders_for(
 
 
 def submit_jobs(
-    ledger: Ledger, jobs: Sequence[JobContent], senders: Sequence[Sender], *, by: str = ""
+    ledger: Ledger,
+    jobs: Sequence[JobContent],
+    senders: Sequence[Sender],
+    *,
+    by: str = "",
+    proved: Proved | None = None,
 ) -> list[SubmitResult]:
     """Record every job, or none when any key is known with other content.
 
@@ -152,10 +157,11 @@ def submit_jobs(
     `Ledger.submit_many`: every key is checked (given twice with other content, or
     known with other content) before anything is written, and the new jobs are written
     in one transaction, so a racing writer cannot leave half a batch behind. `by`, who
-    submitted, is recorded on each Requested event."""
+    submitted, is recorded on each Requested event, and so is `proved`, how
+    `check_messages` proved their messages (`ledger/message.py: render_checked`)."""
     if len(jobs) == 1:
-        return [ledger.submit(jobs[0], senders[0], by=by)]
-    return ledger.submit_many(list(zip(jobs, senders, strict=True)), by=by)
+        return [ledger.submit(jobs[0], senders[0], by=by, proved=proved)]
+    return ledger.submit_many(list(zip(jobs, senders, strict=True)), by=by, proved=proved)
 
 
 def check_messages(
@@ -183,7 +189,7 @@ def check_messages(
                 from_addr=sender.from_addr,
                 message_id=message_id_for(content.key, sender.message_id_domain),
                 policy=sender.policy,
-                at=at,
+                at=created_at(at, index, len(jobs)),
             )
             limit = limits.get(policy.provider)
             if limit is not None:

@@ -49,6 +49,7 @@ from ledger.application import (
     ConcurrentUpdate,
     KeyConflict,
     Ledger,
+    Proved,
     SubmitResult,
     UnknownJob,
 )
@@ -223,6 +224,9 @@ class ValidJobs:
     jobs: list[JobContent]
     senders: list[Sender]
     batch: bool
+    #: How their messages were proved: the new jobs are created at that time, so a claim
+    #: renders the very bytes that were proved (`ledger/message.py: render_checked`).
+    proved: Proved | None = None
 
 
 @dataclass(frozen=True)
@@ -244,12 +248,13 @@ class Intake:
             senders = senders_for(
                 current.policies, jobs, batch=batch, thread_providers=self.thread_providers
             )
-            check_messages(
-                current.policies, jobs, senders, self.limits, batch=batch, at=self.clock()
-            )
+            from ledger.message import writer_fingerprint  # a submission's, not a read's
+
+            proved = Proved(self.clock(), writer_fingerprint())
+            check_messages(current.policies, jobs, senders, self.limits, batch=batch, at=proved.at)
         except IntakeError as exc:
             raise ServiceError(Refusal.BAD_INPUT, str(exc), exc.problems, exc.total) from None
-        return ValidJobs(jobs, senders, batch)
+        return ValidJobs(jobs, senders, batch, proved)
 
 
 def _refuse_broken(current: ChannelPolicies, channels: Sequence[str], batch: bool) -> None:
@@ -302,7 +307,9 @@ class Services:
     def record(self, valid: ValidJobs, *, by: str) -> Submitted:
         """Jobs `Intake.validate` accepted, written all or nothing."""
         try:
-            results = submit_jobs(self.ledger, valid.jobs, valid.senders, by=by)
+            results = submit_jobs(
+                self.ledger, valid.jobs, valid.senders, by=by, proved=valid.proved
+            )
         except KeyConflict as exc:
             raise ServiceError(Refusal.CONFLICT, str(exc)) from None
         return Submitted(results, valid.batch)
