@@ -135,11 +135,20 @@ def writer_fingerprint() -> str:
     """Which writer and proof this process runs: a digest of the domain's source files
     (the writer `mime.py`, the proof `wire_check.py` and every module they read the job
     with) and of the Python that runs them. The same installed release gives the same
-    fingerprint in every process; any change of that code, or of Python, another. ""
-    when the sources cannot be read, and then every claim proves its message again."""
+    fingerprint in every process; any change of that code, or of Python, another."""
+    return sources_fingerprint(Path(__file__).parent)
+
+
+def sources_fingerprint(folder: Path) -> str:
+    """The digest of `folder`'s Python sources and of this Python; "" when they cannot
+    all be read or this module's own is not among them (an install without its sources),
+    and then every claim proves its message again."""
+    sources = sorted(folder.glob("*.py"))
+    if Path(__file__).name not in {path.name for path in sources}:
+        return ""
     digest = hashlib.sha256(sys.version.encode())
     try:
-        for path in sorted(Path(__file__).parent.glob("*.py")):
+        for path in sources:
             digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     except OSError:
         return ""
@@ -180,4 +189,4 @@ def render_checked(job: SendJob) -> bytes:
     return raw
 
 
-__all__ = ["Envelope", "render", "render_checked", "writer_fingerprint"]
+__all__ = ["Envelope", "render", "render_checked", "sources_fingerprint", "writer_fingerprint"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy, receipt
@@ -180,3 +181,13 @@ def test_a_batch_keeps_its_order_and_each_message_is_sent_as_proved(
     rig.tick()
     assert [rig.job(key).state for key in keys] == [JobState.CONFIRMED] * 3
     assert sorted(sent) == sorted(p for p in proved if p is not None) and len(proved) == 3
+
+
+def test_the_writer_is_known_only_by_its_sources(tmp_path: Path) -> None:
+    # Without the sources (compiled files only) no fingerprint: every claim proves again.
+    assert message.sources_fingerprint(tmp_path) == ""
+    (tmp_path / "message.py").write_text("x = 1\n")
+    first = message.sources_fingerprint(tmp_path)
+    assert len(first) == 32
+    (tmp_path / "mime.py").write_text("y = 2\n")  # any change of the package's code
+    assert message.sources_fingerprint(tmp_path) not in ("", first)
