@@ -199,10 +199,19 @@ def test_sigint_sigterm_and_two_sigints_during_sends_stop_the_daemon_every_time(
         assert trial.state == "unknown", _explain(trial.kind, [trial], report)
         assert "waiting for 1 send in flight, at most 3s" in trial.log, trial.log
         assert "1 outcome unknown" in trial.log, trial.log
+    in_flight = 0
     for trial in by_kind["SIGINT twice"]:
+        assert "stopped at once (SIGINT again)" in trial.log, trial.log
+        if "not waiting for no provider call in flight" in trial.log:
+            # On a loaded machine the second Ctrl-C can come after the call's own timeout
+            # (1 s) ended it: its outcome is then recorded, or left to the next start.
+            assert trial.state in ("unknown", "attempted"), _explain(trial.kind, [trial], report)
+            continue
         # Left as a crash leaves it: the claim is durable, the next start recovers it.
         assert trial.state == "attempted", _explain(trial.kind, [trial], report)
-        assert "stopped at once (SIGINT again)" in trial.log, trial.log
+        in_flight += 1
+    # Most second Ctrl-Cs must meet the call in flight, or this did not test that case.
+    assert in_flight * 2 > len(by_kind["SIGINT twice"]), report
 
 
 def test_a_call_longer_than_the_stop_timeout_is_not_waited_for(
