@@ -51,9 +51,10 @@ def _plain_fields(head: bytes) -> dict[str, list[str]] | None:
     folded lines after it as they are, the last line end dropped); None for any block that
     is not plain (a byte above 127, a bare CR, a line that is neither a header nor its
     continuation, a first line that is a continuation, no blank line at its end), which
-    the package then reads itself. The envelope's half of the check before every claim:
-    the package's parser costs several times this (docs/performance.md "The SMTP path"),
-    and tests/unit/test_envelope_fields.py holds the two to the same answer."""
+    the package then reads itself. The envelope's half of the check before a claim that
+    proves its message, and every SMTP send's: the package's parser costs several times
+    this (docs/performance.md "The SMTP path"), and tests/unit/test_envelope_fields.py
+    holds the two to the same answer."""
     if not head.isascii() or _PLAIN_BLOCK.fullmatch(head) is None:
         return None
     found: dict[str, list[str]] = {name: [] for name in _ENVELOPE_FIELDS}
@@ -63,9 +64,9 @@ def _plain_fields(head: bytes) -> dict[str, list[str]] | None:
     return found
 
 
-# The last envelope each thread parsed: the dispatch parses a message's envelope to check
-# it before the claim (`render_checked`) and hands the same bytes to `send_raw` in the same
-# worker, which then need not parse them again (docs/performance.md "The SMTP path").
+# The last envelope each thread parsed: a claim that proves its message parses the envelope
+# to check it (`render_checked`) and hands the same bytes to `send_raw` in the same worker,
+# which then need not parse them again (docs/performance.md "The SMTP path").
 _last = threading.local()
 
 
