@@ -17,7 +17,7 @@ import threading
 from datetime import UTC
 from email.parser import BytesHeaderParser
 from email.utils import getaddresses
-from functools import cache, cached_property
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -131,13 +131,16 @@ def render(job: SendJob) -> bytes:
     return render_checked(job)
 
 
-@cache
 def writer_fingerprint() -> str:
     """Which writer and proof this process runs: a digest of the domain's source files
     (the writer `mime.py`, the proof `wire_check.py` and every module they read the job
     with) and of the Python that runs them. The same installed release gives the same
-    fingerprint in every process; any change of that code, or of Python, another."""
-    return sources_fingerprint(Path(__file__).parent)
+    fingerprint in every process; any change of that code, or of Python, another.
+
+    Taken once, as this module is imported, just after the writer and the proof were
+    (`_WRITER`): a daemon's first claim can come hours later, after an upgrade has put
+    other sources on disk, and a digest of those would vouch for code it does not run."""
+    return _WRITER
 
 
 def sources_fingerprint(folder: Path) -> str:
@@ -154,6 +157,9 @@ def sources_fingerprint(folder: Path) -> str:
     except OSError:
         return ""
     return digest.hexdigest()[:32]
+
+
+_WRITER = sources_fingerprint(Path(__file__).parent)
 
 
 def render_checked(job: SendJob) -> bytes:

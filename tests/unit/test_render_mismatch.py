@@ -6,6 +6,10 @@ Message-ID (docs/cli.md "Message fields and validation", docs/architecture.md "T
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -191,3 +195,27 @@ def test_the_writer_is_known_only_by_its_sources(tmp_path: Path) -> None:
     assert len(first) == 32
     (tmp_path / "mime.py").write_text("y = 2\n")  # any change of the package's code
     assert message.sources_fingerprint(tmp_path) not in ("", first)
+
+
+def test_the_fingerprint_is_of_the_sources_imported_not_of_those_on_disk_later(
+    tmp_path: Path,
+) -> None:
+    # A daemon imports the writer at start and may claim its first proved job hours
+    # later, after an upgrade replaced the sources on disk: its fingerprint must still
+    # name the code it runs, or it would skip the proof of another release's messages.
+    package = tmp_path / "ledger"
+    shutil.copytree(Path(message.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    before = message.sources_fingerprint(package)
+    upgrade = (
+        "import pathlib, ledger.message as m\n"
+        "mime = pathlib.Path(m.__file__).parent / 'mime.py'\n"
+        "mime.write_text(mime.read_text() + '# the next release\\n')\n"
+        "print(m.writer_fingerprint(), m.sources_fingerprint(mime.parent))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-B", "-c", upgrade], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    running, on_disk = done.stdout.split()
+    assert running == before and on_disk not in ("", before)
