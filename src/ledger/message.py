@@ -11,9 +11,11 @@ envelope from here, so the engine names no provider (tests/unit/test_layers.py).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import re
 import sys
 import threading
+from collections.abc import Sequence
 from datetime import UTC
 from email.parser import BytesHeaderParser
 from email.utils import getaddresses
@@ -134,8 +136,9 @@ def render(job: SendJob) -> bytes:
 def writer_fingerprint() -> str:
     """Which writer and proof this process runs: a digest of the domain's source files
     (the writer `mime.py`, the proof `wire_check.py` and every module they read the job
-    with) and of the Python that runs them. The same installed release gives the same
-    fingerprint in every process; any change of that code, or of Python, another.
+    with), of the libraries they call (`WRITER_LIBRARIES`) and of the Python that runs
+    them. The same installed release gives the same fingerprint in every process; any
+    change of that code, of those libraries or of Python, another.
 
     Taken once, as this module is imported, just after the writer and the proof were
     (`_WRITER`): a daemon's first claim can come hours later, after an upgrade has put
@@ -143,23 +146,36 @@ def writer_fingerprint() -> str:
     return _WRITER
 
 
-def sources_fingerprint(folder: Path) -> str:
-    """The digest of `folder`'s Python sources and of this Python; "" when they cannot
-    all be read or this module's own is not among them (an install without its sources),
-    and then every claim proves its message again."""
-    sources = sorted(folder.glob("*.py"))
-    if Path(__file__).name not in {path.name for path in sources}:
+#: Libraries whose code decides the bytes: idna maps an internationalized domain to the
+#: ASCII form the writer puts in the headers and the envelope (`addresses.py`), and a new
+#: release of it may map the same stored domain otherwise.
+WRITER_LIBRARIES = ("idna",)
+
+
+def sources_fingerprint(folder: Path, libraries: Sequence[str] = ()) -> str:
+    """The digest of `folder`'s Python sources, of each library's (found without being
+    imported) and of this Python; "" when they cannot all be found and read or this
+    module's own is not among them (an install without its sources), and then every
+    claim proves its message again."""
+    sources = [(path.name, path) for path in sorted(folder.glob("*.py"))]
+    if Path(__file__).name not in {name for name, _ in sources}:
         return ""
+    for library in libraries:
+        spec = importlib.util.find_spec(library)
+        if spec is None or spec.origin is None:
+            return ""
+        package = Path(spec.origin).parent
+        sources += [(f"{library}/{path.name}", path) for path in sorted(package.glob("*.py"))]
     digest = hashlib.sha256(sys.version.encode())
     try:
-        for path in sources:
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        for name, path in sources:
+            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     except OSError:
         return ""
     return digest.hexdigest()[:32]
 
 
-_WRITER = sources_fingerprint(Path(__file__).parent)
+_WRITER = sources_fingerprint(Path(__file__).parent, WRITER_LIBRARIES)
 
 
 def render_checked(job: SendJob) -> bytes:

@@ -197,6 +197,26 @@ def test_the_writer_is_known_only_by_its_sources(tmp_path: Path) -> None:
     assert message.sources_fingerprint(tmp_path) not in ("", first)
 
 
+def test_the_writer_is_known_by_the_libraries_it_calls_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new release of idna may map a stored domain to other ASCII: another writer.
+    assert message.WRITER_LIBRARIES == ("idna",)
+    ours, library = tmp_path / "ledger", tmp_path / "site" / "maplib"
+    ours.mkdir()
+    library.mkdir(parents=True)
+    (ours / "message.py").write_text("x = 1\n")
+    (library / "__init__.py").write_text("VERSION = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    alone = message.sources_fingerprint(ours)
+    first = message.sources_fingerprint(ours, ["maplib"])
+    assert first not in ("", alone)
+    (library / "__init__.py").write_text("VERSION = 2\n")
+    assert message.sources_fingerprint(ours, ["maplib"]) not in ("", first)
+    # A library that cannot be found: no fingerprint, every claim proves.
+    assert message.sources_fingerprint(ours, ["no_such_library_here"]) == ""
+
+
 def test_the_fingerprint_is_of_the_sources_imported_not_of_those_on_disk_later(
     tmp_path: Path,
 ) -> None:
@@ -206,12 +226,12 @@ def test_the_fingerprint_is_of_the_sources_imported_not_of_those_on_disk_later(
     package = tmp_path / "ledger"
     shutil.copytree(Path(message.__file__).parent, package,
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    before = message.sources_fingerprint(package)
+    before = message.sources_fingerprint(package, message.WRITER_LIBRARIES)
     upgrade = (
         "import pathlib, ledger.message as m\n"
         "mime = pathlib.Path(m.__file__).parent / 'mime.py'\n"
         "mime.write_text(mime.read_text() + '# the next release\\n')\n"
-        "print(m.writer_fingerprint(), m.sources_fingerprint(mime.parent))\n"
+        "print(m.writer_fingerprint(), m.sources_fingerprint(mime.parent, ['idna']))\n"
     )
     done = subprocess.run(
         [sys.executable, "-B", "-c", upgrade], capture_output=True, text=True, check=True,
