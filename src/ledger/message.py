@@ -23,6 +23,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ledger import SOURCES_AT_IMPORT, sources_seen
 from ledger.mime import MessageFields, mailboxes, render_message
 from ledger.wire_check import Mismatch, RenderMismatch, checked_message
 
@@ -142,7 +143,11 @@ def writer_fingerprint() -> str:
 
     Taken once, as this module is imported, just after the writer and the proof were
     (`_WRITER`): a daemon's first claim can come hours later, after an upgrade has put
-    other sources on disk, and a digest of those would vouch for code it does not run."""
+    other sources on disk, and a digest of those would vouch for code it does not run.
+    "" (every claim proves, the intake records no writer) when the sources were already
+    no longer those the process first imported the package from (`ledger/__init__.py`):
+    `sendledger api` loads the job's validation at its start and this module at its
+    first submission, and after an upgrade in place it would run a mix of two releases."""
     return _WRITER
 
 
@@ -175,7 +180,16 @@ def sources_fingerprint(folder: Path, libraries: Sequence[str] = ()) -> str:
     return digest.hexdigest()[:32]
 
 
-_WRITER = sources_fingerprint(Path(__file__).parent, WRITER_LIBRARIES)
+def _writer() -> str:
+    folder = Path(__file__).parent
+    digest = sources_fingerprint(folder, WRITER_LIBRARIES)
+    # Looked at after the digest: a file replaced before or while it was read differs.
+    if sources_seen(str(folder)) != SOURCES_AT_IMPORT:
+        return ""
+    return digest
+
+
+_WRITER = _writer()
 
 
 def render_checked(job: SendJob) -> bytes:

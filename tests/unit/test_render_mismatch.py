@@ -5,6 +5,7 @@ Message-ID (docs/cli.md "Message fields and validation", docs/architecture.md "T
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import shutil
@@ -217,25 +218,48 @@ def test_the_writer_is_known_by_the_libraries_it_calls_too(
     assert message.sources_fingerprint(ours, ["no_such_library_here"]) == ""
 
 
-def test_the_fingerprint_is_of_the_sources_imported_not_of_those_on_disk_later(
-    tmp_path: Path,
+# A process that loaded the ledger, then had its installed sources replaced (an upgrade in
+# place, `pip install .` into the running service's venv), before it first asked for its
+# fingerprint: the fingerprint must not name the new sources, which it does not run.
+_LOADED_THEN_UPGRADED = """
+import sys
+from pathlib import Path
+folder = Path(sys.argv[1])
+import ledger.{first}                     # what the process loaded at its start
+if sys.argv[2] == "upgrade":
+    (folder / "mime.py").write_text((folder / "mime.py").read_text() + "# the next release\\n")
+import ledger.message as message          # the first claim, or the first submission
+print(repr(message.writer_fingerprint()))
+print(repr(message.sources_fingerprint(folder, message.WRITER_LIBRARIES)))
+"""
+
+
+@pytest.mark.parametrize("first", ["message", "content"])
+def test_a_process_names_the_writer_it_runs_not_sources_installed_after_it_loaded(
+    tmp_path: Path, first: str
 ) -> None:
-    # A daemon imports the writer at start and may claim its first proved job hours
-    # later, after an upgrade replaced the sources on disk: its fingerprint must still
-    # name the code it runs, or it would skip the proof of another release's messages.
+    # "message": the daemon (dispatch imports the writer at its start), whose first claim
+    # comes after the upgrade: it still names the writer it imported. "content":
+    # `sendledger api`, whose intake loads the job's validation at its start and the
+    # writer at its first submission, after the upgrade: a mix of two releases, which
+    # names none (every claim proves). Naming the new sources would let this process
+    # send the new release's jobs with its old writer unproved, or stamp jobs its old
+    # validation read as proved by the new release's writer.
     package = tmp_path / "ledger"
     shutil.copytree(Path(message.__file__).parent, package,
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    before = message.sources_fingerprint(package, message.WRITER_LIBRARIES)
-    upgrade = (
-        "import pathlib, ledger.message as m\n"
-        "mime = pathlib.Path(m.__file__).parent / 'mime.py'\n"
-        "mime.write_text(mime.read_text() + '# the next release\\n')\n"
-        "print(m.writer_fingerprint(), m.sources_fingerprint(mime.parent, ['idna']))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-B", "-c", upgrade], capture_output=True, text=True, check=True,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )  # fmt: skip
-    running, on_disk = done.stdout.split()
-    assert running == before and on_disk not in ("", before)
+    script = _LOADED_THEN_UPGRADED.replace("{first}", first)
+
+    def fingerprints(change: str) -> list[str]:
+        run = subprocess.run(
+            [sys.executable, "-B", "-c", script, str(package), change],
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return [ast.literal_eval(line) for line in run.stdout.splitlines()]
+
+    before, on_disk = fingerprints("none")
+    assert before == on_disk != ""  # sources unchanged: the process names them
+    claimed, on_disk = fingerprints("upgrade")
+    assert on_disk not in ("", before)  # the new sources are there
+    assert claimed == (before if first == "message" else "")
