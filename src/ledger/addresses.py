@@ -48,8 +48,8 @@ MAX_DOMAIN = 253
 MAX_ADDRESS = 254
 
 _ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
-_LOCAL = re.compile(rf"^{_ATEXT}(?:\.{_ATEXT})*$")
-_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_LOCAL = re.compile(rf"^{_ATEXT}(?:\.{_ATEXT})*\Z")
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
 # RFC 5322 specials: in an unquoted display name each would change how the header parses
 # ("." is the exception: "J. Smith" is common, and it is quoted when rendered).
 _SPECIALS = set('()<>[]:;@\\,"')

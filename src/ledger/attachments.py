@@ -17,7 +17,7 @@ FIELDS = ("filename", "content_type", "content_base64")
 MAX_FILENAME = 255
 # RFC 2045 type/subtype tokens.
 _TOKEN = r"[!#$%&'*+.^_`{|}~0-9A-Za-z-]+"
-_CONTENT_TYPE = re.compile(rf"^({_TOKEN})/({_TOKEN})$")
+_CONTENT_TYPE = re.compile(rf"^({_TOKEN})/({_TOKEN})\Z")
 # Whitespace a base64 encoder may wrap its output with.
 _WRAPPING = re.compile(r"[ \t\r\n]+")
 

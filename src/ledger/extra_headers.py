@@ -37,11 +37,11 @@ ALLOWED_HEADERS = {
 ASCII_ONLY = frozenset(ALLOWED_HEADERS)
 
 # RFC 5322 field name: printable ASCII except ":".
-_FIELD_NAME = re.compile(r"^[!-9;-~]+$")
+_FIELD_NAME = re.compile(r"^[!-9;-~]+\Z")
 _ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 _DOT_ATOM = rf"{_ATEXT}(?:\.{_ATEXT})*"
 # RFC 5322 msg-id with dot-atom on both sides (no obsolete forms, no domain literals).
-_MSG_ID = re.compile(rf"^<{_DOT_ATOM}@{_DOT_ATOM}>$")
+_MSG_ID = re.compile(rf"^<{_DOT_ATOM}@{_DOT_ATOM}>\Z")
 #: Longest message id accepted: it must fit one header line (998 octets) with its name.
 MAX_MESSAGE_ID = 250
 #: Longest run without a space in a header value: a line can only be folded at a space,

@@ -10,8 +10,8 @@ from ledger.exceptions import Refusal, SendledgerError
 # RFC 5322 dot-atom for the domain part; strict enough to keep "<", ">", "@", spaces
 # and control characters out of a header we build ourselves.
 _DOMAIN = re.compile(
-    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+    r"^(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z"
 )
 
 

@@ -69,6 +69,7 @@ def test_depends_only_on_key_and_domain() -> None:
         "a" * 64 + ".com",
         ".".join(["a" * 60] * 5),
         "exa_mple.com",
+        "mail.example.com\n",  # `$` matched before a final line feed: a policy took it
     ],
 )
 def test_invalid_domains_are_refused(domain: str) -> None:

@@ -631,3 +631,33 @@ def test_an_address_list_splits_as_the_walk_splits_it(value: str) -> None:
         except _Bad as bad:
             results.append(bad.mismatch)
     assert results[0] == results[1]
+
+
+# -- what intake accepts, the writer carries -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"headers": {"X-Tag\n": "v"}}, "headers.X-Tag\n"),
+        ({"in_reply_to": "<a@b.example>\n"}, "in_reply_to"),
+        ({"references": ["<a@b.example>\n"]}, "references[0]"),
+        (
+            {
+                "attachments": [
+                    {"filename": "a.txt", "content_type": "text/plain\n", "content_base64": "aGk="}
+                ]
+            },
+            "attachments[0].content_type",
+        ),
+    ],
+)
+def test_a_value_ending_in_a_line_feed_is_refused_at_intake_naming_its_field(
+    fields: dict[str, Any], field: str
+) -> None:
+    # `$` in a pattern matches before a final "\n" too: the value passed the field's
+    # check as typed and reached the writer, whose header line held the line feed; the
+    # proof caught it, naming "body".
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(**fields))
+    assert info.value.field == field
