@@ -23,6 +23,7 @@ from ledger.extra_headers import (
     canonical_message_id,
     header_name_problem,
 )
+from ledger.header_encoding import MAX_LINE, fold, within_lines
 from ledger.keys import identifier_problem
 
 REQUIRED_FIELDS = ("channel", "key", "to", "subject", "body")
@@ -317,6 +318,11 @@ def _headers(value: object) -> tuple[tuple[str, str], ...]:
         ):
             raise JobInputError(
                 field, f"has a run of more than {MAX_WORD} characters without a space"
+            )
+        if name.lower() in ASCII_ONLY and not within_lines(fold(name, header_value.split(" "))):
+            # Nor at the second of two spaces: a long run of them stays on one line.
+            raise JobInputError(
+                field, f"has too many spaces in a row to fold within {MAX_LINE}-octet lines"
             )
     return tuple(sorted(value.items()))
 

@@ -115,11 +115,20 @@ def fold(name: str, tokens: Iterable[str], width: int = LINE) -> str:
     return _CRLF.join(lines)
 
 
+def within_lines(header: str) -> bool:
+    """Whether every line of a folded `header` is within SMTP's 998 octets. A line is
+    folded only before a space that precedes a word, so a run of spaces stays on one line
+    (a line of spaces alone is no fold): a long enough run passes the limit."""
+    return max(map(len, header.split(_CRLF))) <= MAX_LINE
+
+
 def unstructured(name: str, text: str) -> str:
     """A header carrying free text (Subject, an ``X-*`` value): as typed when
-    :func:`plain`, else encoded words."""
+    :func:`plain` and it folds within the line limit, else encoded words."""
     if plain(text):
-        return fold(name, text.split(" "))
+        typed = fold(name, text.split(" "))
+        if within_lines(typed):
+            return typed
     return fold(name, encoded_words(text, LINE - len(name) - 2))
 
 

@@ -636,6 +636,43 @@ def test_an_address_list_splits_as_the_walk_splits_it(value: str) -> None:
 # -- what intake accepts, the writer carries -------------------------------------------------
 
 
+def proved(content: Any) -> bytes:
+    return checked_message(
+        replace(FIELDS, subject=content.subject, headers=content.headers, to=content.to)
+    )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"subject": "Your" + " " * 1000 + "receipt"},
+        {"headers": {"X-Campaign": "spring" + " " * 1000 + "sale"}},
+        {"subject": "x " + " " * 995 + "y"},
+    ],
+)
+def test_a_text_with_a_long_run_of_spaces_is_carried_as_it_says(fields: dict[str, Any]) -> None:
+    # Printable ASCII within the limits, so accepted at intake; written as typed it was
+    # one line of more than 998 octets (a line is folded at a space, never at the second of
+    # two), and the proof refused the job naming "body".
+    content = parse_job(job(**fields))
+    raw = proved(content)
+    message = email.message_from_bytes(raw, policy=email.policy.default)
+    assert str(message["Subject"]) == content.subject
+    for name, value in content.headers:
+        assert str(message[name]) == value
+
+
+def test_a_list_unsubscribe_with_a_run_of_spaces_it_cannot_fold_is_refused_naming_it() -> None:
+    # Written as typed (never encoded): a run of spaces that no fold can keep within a
+    # line is refused at intake, naming the header, not by the proof naming "body".
+    value = "<https://example.com/u>" + " " * 1000 + "<mailto:u@example.com>"
+    with pytest.raises(JobInputError) as info:
+        parse_job(job(headers={"List-Unsubscribe": value}))
+    assert info.value.field == "headers.List-Unsubscribe"
+    fine = "<https://example.com/u>,  <mailto:u@example.com>"
+    proved(parse_job(job(headers={"List-Unsubscribe": fine})))
+
+
 @pytest.mark.parametrize(
     ("fields", "field"),
     [
