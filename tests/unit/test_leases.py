@@ -5,8 +5,9 @@ a claim a live worker holds; another daemon takes it only when the lease lapsed.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from tests.unit.engine_rig import DAEMON, GRACE, TIMEOUT, EngineRig, policy
@@ -184,3 +185,54 @@ def test_the_claimed_daemon_is_the_one_that_renews(rig: EngineRig) -> None:
     assert isinstance(renewal, SendJob.LeaseRenewed)
     assert (renewal.daemon, renewal.attempt) == (DAEMON, 1)
     finish(rig, release)
+
+
+class AckedLate:
+    """The store as an engine's group commit sees it: the next claim it saves is written,
+    and the commit's answer comes back only after `meanwhile()` (a PostgreSQL commit
+    stalled, a pause of the process right after it)."""
+
+    def __init__(self, ledger: Any, meanwhile: Callable[[], None]) -> None:
+        self._ledger = ledger
+        self._meanwhile: Callable[[], None] | None = meanwhile
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+    def save_jobs(self, jobs: list[SendJob]) -> None:
+        for job in jobs:
+            self.save_job(job)
+
+    def save_job(self, job: SendJob) -> None:
+        claim = any(isinstance(e, SendJob.Attempted) for e in job.pending_events)
+        self._ledger.save_job(job)
+        meanwhile, self._meanwhile = self._meanwhile, None
+        if claim and meanwhile is not None:
+            meanwhile()
+
+
+def test_a_claim_whose_save_outlasted_its_lease_makes_no_call(rig: EngineRig) -> None:
+    """The claim is durable, but its save answers only after its lease: meanwhile another
+    daemon found the lease over, recorded the outcome unknown, searched (no copy: no call
+    was made), and sent the job again under `on_unknown = "retry"`. The first daemon,
+    once its save answers, must not call: its claim was not its own any more, and the job
+    would have two copies."""
+    other = rig.new_engine("other")
+    try:
+
+        def meanwhile() -> None:
+            for _ in range(60):
+                rig.clock.advance(5)
+                other.tick()
+                if rig.job("k1").state is JobState.CONFIRMED:
+                    return
+            raise AssertionError(rig.events("k1"))
+
+        rig.engine.commits._ledger = AckedLate(rig.ledger, meanwhile)  # type: ignore[assignment]
+        rig.submit("receipts", "k1")
+        rig.tick()
+        assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
+        assert rig.copies("k1") == 1, rig.events("k1")
+        assert rig.provider.sends == 1  # the other daemon's resend alone
+    finally:
+        other.close()

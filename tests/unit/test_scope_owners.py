@@ -12,7 +12,7 @@ import math
 import random
 import threading
 from collections import Counter
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -26,8 +26,9 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
-from tests.unit.engine_rig import BASE_POLICY
+from tests.unit.engine_rig import BASE_POLICY, receipt
 
+from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
@@ -39,6 +40,7 @@ from daemon.providers.base import (
     SearchResult,
     SendOutcome,
 )
+from daemon.providers.draft_handle import Draft
 from ledger.addresses import mailbox_key
 from ledger.application import Ledger
 from ledger.content import parse_job
@@ -607,3 +609,125 @@ def bounce(mailbox: str, message_id: str) -> bytes:
     to = "customer@example.net"
     sent = f"From: {mailbox}\r\nTo: {to}\r\nMessage-ID: {message_id}\r\n\r\nhi\r\n".encode()
     return rfc3464_report(sent, mailbox=mailbox, recipient=to)
+
+
+# -- a send prepared past the grace: the scope moved before its call left -------------
+
+
+class SlowDrafts(FakeDraftsProvider):
+    """Gmail's drafts mode as the engine sees it: before its claim a send lists the
+    job's drafts by Message-ID, then creates one; each of these calls may take up to the
+    provider's timeout (`slow_find`, `slow_create`: run once at the start of the next
+    such call). At every drafts.send, which daemons may call for its scope is recorded
+    (`draft_sends_by`: the sender, and who may act at that moment)."""
+
+    def __init__(self, name: str, clock: FakeClock) -> None:
+        super().__init__(name, clock=clock)
+        self.slow_find: Callable[[], None] | None = None
+        self.slow_create: Callable[[], None] | None = None
+        self.who_may_call: Callable[[], list[str]] = list
+        self.draft_sends_by: list[tuple[str, list[str]]] = []
+
+    def find_drafts(self, message_id: str) -> list[Draft]:
+        hook, self.slow_find = self.slow_find, None
+        if hook is not None:
+            hook()
+        return super().find_drafts(message_id)
+
+    def create_draft(self, raw: bytes) -> Draft:
+        hook, self.slow_create = self.slow_create, None
+        if hook is not None:
+            hook()
+        return super().create_draft(raw)
+
+    def send_draft(self, draft: Draft) -> SendOutcome:
+        sender = threading.current_thread().name.rpartition("@")[2]
+        self.draft_sends_by.append((sender, self.who_may_call()))
+        return super().send_draft(draft)
+
+
+def test_a_draft_step_that_outlasts_the_grace_sends_nothing_once_its_scope_moved() -> None:
+    """`a` owns two scopes (Gmail in drafts mode, its timeout as long as the grace, as
+    with the defaults: 30 s each). One of its workers takes a job and starts its draft
+    step; meanwhile `b` joins and `a`'s round gives that scope up (a grace from now). The
+    draft step's two calls answer slowly, each within its timeout, so that `b` has taken
+    the scope and may send when the claim is saved: `a` must not send then (two daemons
+    acting on one mailbox at once, over its quota); the job is sent later by `b`, once."""
+    timeout = GRACE  # Gmail's default timeout equals the default grace (30 s)
+    clock = FakeClock(START)
+    ledger = Ledger("memory://", clock=clock)
+    providers = {name: SlowDrafts(name, clock) for name in ("p0", "p1")}
+    policies = PolicySet(
+        {
+            f"c{n}": ChannelPolicy.model_validate(
+                {**BASE_POLICY, "channel": f"c{n}", "provider": f"p{n}"}
+            )
+            for n in range(2)
+        }
+    )
+    a, b = (
+        Engine(
+            ledger,
+            PolicyHolder(lambda: policies),
+            providers,
+            provider_timeouts={name: timeout for name in providers},
+            clock=clock,
+            deadline_grace=GRACE,
+            rng=random.Random(1),
+            daemon_name=name,
+            scope_lease=LEASE,
+            concurrency=1,
+        )
+        for name in ("a", "b")
+    )
+    try:
+
+        def submit_to(channel: str, key: str) -> None:
+            content = receipt(channel, key)
+            ledger.submit(content, policies[channel].sender_for(content.sender))
+
+        submit_to("c0", "k0")
+        submit_to("c1", "k1")
+        a.tick()  # `a` alone: it takes both scopes
+        assert a.owners is not None and a.owners.owned() == ["p0", "p1"]
+        moved = sorted(["p0", "p1"], key=a.owners._preference)[1]  # what `a` gives up
+        slow = providers[moved]
+        channel = "c0" if moved == "p0" else "c1"
+        engines = {"a": a, "b": b}
+        slow.who_may_call = lambda: sorted(
+            name
+            for name, e in engines.items()
+            if e.owners is not None and e.owners.may_call(moved, clock())
+        )
+
+        def listing_drafts() -> None:  # on `a`'s send worker, its job taken
+            b._balance_scopes()  # `b` starts and joins
+            a._balance_scopes()  # `a`'s next round: over its share, it gives one up
+            assert a.owners is not None and moved not in a.owners.owned()
+            clock.advance(timeout * 0.95)  # drafts.list answers, within its timeout
+
+        def creating_draft() -> None:
+            clock.advance(timeout * 0.95)  # drafts.create answers, within its timeout
+            b._balance_scopes()  # `b`'s round: the lease `a` gave up has ended
+            assert b.owners is not None and moved in b.owners.owned()
+
+        slow.slow_find, slow.slow_create = listing_drafts, creating_draft
+        del slow.draft_sends_by[:]
+        submit_to(channel, "k2")
+        a.tick()
+        # No drafts.send by a daemon that may not call for the scope at that moment.
+        sends = slow.draft_sends_by
+        assert all([sender] == allowed for sender, allowed in sends), sends
+        for _ in range(int(LEASE)):
+            for engine in (a, b):
+                engine.tick()
+            clock.advance(1)
+        job = ledger.get_job("k2")
+        assert job.state is JobState.CONFIRMED, [type(e).__name__ for e in ledger.history("k2")]
+        assert slow.copies_of(job.message_id) == 1
+        sends = slow.draft_sends_by
+        assert all([sender] == allowed for sender, allowed in sends), sends
+    finally:
+        for engine in (a, b):
+            engine.close()
+        ledger.close()

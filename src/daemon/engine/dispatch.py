@@ -18,7 +18,7 @@ import contextlib
 import logging
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -53,6 +53,7 @@ class Claimed:
     provider: Provider
     raw: bytes
     lease: float  # seconds: the provider's timeout plus the daemon's grace
+    deadline: datetime  # the claim's deadline as saved (its lease's end, by our clock)
     outcome: SendOutcome | None = None
     draft: Draft | None = None  # send_via = "drafts": the recorded draft the call sends
     drafts: DraftsProvider | None = None  # the provider's drafts calls, with `draft`
@@ -93,7 +94,11 @@ class Dispatch:
         rng: random.Random,
         stopping: threading.Event,
         daemon: str = "",
+        may_call: Callable[[ChannelPolicy | None, str, datetime], bool] | None = None,
     ) -> None:
+        """`may_call(policy, from_addr, now)`: whether this daemon may call for that
+        From's quota scope now (`OurScopes.may_call`); None: it works for every scope."""
+        self._may_call = may_call
         self._daemon = daemon  # recorded on each claim (recover.py: RecoverOwnClaims)
         self._health = health
         self._clock = clock
@@ -241,15 +246,16 @@ class Dispatch:
             mark = history.history_mark()
             work.now = self._clock()
         lease = self._timeouts.get(policy.provider, provider.timeout) + self._grace
+        deadline = work.now + timedelta(seconds=lease)
         job.claim(
             provider=policy.provider,
-            deadline=work.now + timedelta(seconds=lease),
+            deadline=deadline,
             at=work.now,
             daemon=self._daemon,
             history_id=mark,
         )
-        return Claimed(work, policy, provider, raw, lease, draft=draft, drafts=drafts,
-                       created=created)  # fmt: skip
+        return Claimed(work, policy, provider, raw, lease, deadline, draft=draft,
+                       drafts=drafts, created=created)  # fmt: skip
 
     def send(self, claimed: Claimed) -> None:
         """The one provider call of a saved claim (invariant 1: only after the save), then
@@ -258,6 +264,13 @@ class Dispatch:
         crash_point("after-claim")
         drafts = claimed.drafts
         scope = claimed.provider.scope()
+        if not self._still_ours(claimed):
+            # Nothing sent: due again (as `withheld`), for this daemon or the scope's owner.
+            claimed.outcome = not_ours()
+            if claimed.probe:
+                self._circuits.probe_returned(scope)
+            work.now = self._clock()
+            return
         with self._circuits.sending(scope, self._clock(), probe=claimed.probe) as free:
             if not free:
                 # The scope hung or failed while the claim was saved: refused here, as the
@@ -292,6 +305,29 @@ class Dispatch:
                 timed_out=outcome.timed_out,
             )
         self._read_back_sample(claimed)
+
+    def _still_ours(self, claimed: Claimed) -> bool:
+        """Whether the call of a saved claim may still start, asked right before it: what
+        came between the job's taking and now (the draft step's calls, the history mark,
+        the claim's save, each of which may take a while and be healthy) can outlast
+        either lease. The claim's: more than the grace must be left of it, as another
+        daemon recovers it once it has ended by its own clock. The scope's: this daemon
+        must still be the one that may call for it (`owners.py`), or the mailbox would
+        be sent from two daemons at once, over its quota."""
+        now = self._clock()
+        if now >= claimed.deadline - timedelta(seconds=self._grace):
+            log.warning(
+                "job %s: not sent: too little of its claim's lease left", claimed.work.job.key
+            )
+            return False
+        if self._may_call is not None and not self._may_call(
+            claimed.policy, claimed.work.job.from_addr, now
+        ):
+            log.info(
+                "job %s: not sent: its quota scope went to another daemon", claimed.work.job.key
+            )
+            return False
+        return True
 
     def _read_back_sample(self, claimed: Claimed) -> None:
         outcome, policy = claimed.outcome, claimed.policy
@@ -406,6 +442,20 @@ WITHHELD = (
 def withheld() -> SendOutcome:
     """The outcome of a send its circuit stopped after its claim was saved."""
     return SendOutcome(SendKind.REJECTED, WITHHELD, transient=True, unavailable=True)
+
+
+#: Why a claimed send was not made (`Dispatch._still_ours`): its claim was saved too late
+#: (its lease nearly over, or its quota scope gone to another daemon meanwhile); the claim
+#: is the job's last Attempted, with no provider call behind it.
+NOT_OURS = (
+    "not sent: its claim's lease ran short, or its quota scope went to another daemon, "
+    "before the call"
+)
+
+
+def not_ours() -> SendOutcome:
+    """The outcome of a send stopped because it was no longer this daemon's to make."""
+    return SendOutcome(SendKind.REJECTED, NOT_OURS, transient=True, unavailable=True)
 
 
 def _tidy_at(policy: ChannelPolicy, provider: Provider, now: datetime) -> datetime | None:

@@ -191,6 +191,7 @@ class Engine:
             rng=rng or random.Random(),
             stopping=self._stopping,
             daemon=daemon_name,
+            may_call=None if self.owners is None else self.scopes.may_call,
         )
         self._checks_steps: tuple[Step, ...] = (
             Recover(self.health, self.leases),
