@@ -119,7 +119,7 @@ class Daemon:
         except IdentityTaken as exc:
             self._name_lost = exc
             log.error("stopping: %s", exc)
-            self.engine.stop()
+            self.engine.name_lost()
             self.request_stop()
             raise
 

@@ -66,6 +66,9 @@ def test_a_lost_name_stops_the_daemon_with_identity_taken() -> None:
         assert len(outcome) == 1 and isinstance(outcome[0], IdentityTaken)
         assert daemon.health.ticks == 0  # no tick ran without the name
         assert lock.released
+        # The scope leases under the name are the other process's: none released.
+        owners = daemon.engine.owners
+        assert owners is not None and owners.disowned and owners.owned() == []
 
 
 def test_a_check_that_cannot_be_made_skips_the_tick() -> None:

@@ -328,6 +328,30 @@ def test_a_daemon_that_stops_releases_its_scopes_and_its_name_takes_them_back_at
     assert len(b.owners.owned()) == 1  # the other, once the grace has passed
 
 
+def test_a_daemon_that_lost_its_name_leaves_the_leases_under_it_alone() -> None:
+    """A PostgreSQL restart dropped the lock on `a`'s name and a second process named `a`
+    took it, and with it the scopes as its own. The first stops (IdentityTaken): were it
+    to release the scopes under the name, their leases would end a grace later while the
+    second still acts on them by its own last write, and `b` would take them: two
+    daemons acting on one mailbox at once."""
+    world = World()
+    first = world.start("a")
+    first.round(1)
+    second = world.daemons["a"] = Daemon(world.store, "a", world.clocks["a"])
+    second.round(1)  # its own rows: taken back at once
+    assert second.may_call(0)
+    first.owners.disown()  # its name check failed with IdentityTaken
+    assert not first.may_call(0)
+    first.owners.close()  # it stops
+    world.advance(GRACE + 0.1)
+    b = world.start("b")
+    b.round(1)
+    assert second.may_call(0) and not b.may_call(0)
+    for _ in range(int(3 * LEASE)):
+        world.rounds(1, step=0.5)
+        assert len([d for d in (first, second, b) if d.may_call(0)]) <= 1
+
+
 class FailingStore:
     """The store, or none at all when `failing`."""
 

@@ -94,6 +94,8 @@ class ScopeOwners:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ensured = False
+        #: This daemon's name was taken by another process (`disown`).
+        self.disowned = False
         # For tests and the log.
         self.taken = 0
         self.released = 0
@@ -117,6 +119,8 @@ class ScopeOwners:
         """One round (see the module): `due` is `Ledger.scopes_due` up to the horizon.
         The filter of the due rows this daemon works on."""
         at = now.timestamp()
+        if self.disowned:
+            return self._filter(_Work({}, {}))
         self._ensure()
         self.renew_due(now)
         work = self._work(due)
@@ -222,6 +226,8 @@ class ScopeOwners:
         if self._renewed_at is not None and at < self._renewed_at + self._lease * RENEW_SHARE:
             return
         with self._renewing:
+            if self.disowned:
+                return
             if self._renewed_at is not None and at < self._renewed_at + self._lease * RENEW_SHARE:
                 return
             self._ensure()
@@ -279,6 +285,20 @@ class ScopeOwners:
             except Exception as exc:
                 log.warning("scope leases not renewed (%s: %s)", type(exc).__name__, exc)
 
+    def disown(self) -> None:
+        """This daemon's name was taken by another process (the store dropped the lock
+        that held it, `Ledger.hold_identity`): the rows under the name are that process's
+        now, and it may have taken back the scopes as its own. From now on this daemon
+        acts on no scope and writes nothing under the name: no round, no renewal, and no
+        release or leave when it stops, which would end the other process's leases a
+        grace from then while that process, by its own last write, still acts on them
+        (another daemon would take them meanwhile)."""
+        self._stop.set()  # the renewer thread ends at its next look
+        with self._renewing, self._lock:
+            self.disowned = True
+            self._held.clear()
+            self._idle_since.clear()
+
     def close(self) -> None:
         """A stopping daemon, its calls done: every scope released (another daemon takes
         them once the grace has passed) and the heartbeat removed."""
@@ -286,8 +306,8 @@ class ScopeOwners:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._renewed_at is None:
-            return  # never joined
+        if self._renewed_at is None or self.disowned:
+            return  # never joined, or the name (and its rows) went to another process
         try:
             self._release(self.owned(), self._clock().timestamp())
             self._store.leave(self._daemon)

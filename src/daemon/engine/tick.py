@@ -246,6 +246,13 @@ class Engine:
         """Start no new provider call; the ones in flight finish and are recorded."""
         self._stopping.set()
 
+    def name_lost(self) -> None:
+        """This daemon's name was taken by another process: no new call, and the scope
+        leases under the name are left to that process (`ScopeOwners.disown`)."""
+        self.stop()
+        if self.owners is not None:
+            self.owners.disown()
+
     def close(self) -> None:
         self._sends.close()
         self._checks.close()
