@@ -13,7 +13,13 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
-from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
+from daemon.service_layer.services import (
+    ChannelPolicies,
+    Refusal,
+    ServiceError,
+    Services,
+    resolve_as_a_person,
+)
 from ledger.job import DRAFTS_CLAIM_LOST, SendJob
 from ledger.vocabulary import JobState, Resolution
 
@@ -188,3 +194,49 @@ def test_a_cancel_during_the_draft_step_deletes_the_draft_and_says_so() -> None:
         assert rig.job("k1").tidy_at is None and rig.job("k1").purgeable
     finally:
         rig.close()
+
+
+def test_a_check_the_engine_s_later_search_overtook_is_not_the_page_s_evidence() -> None:
+    """A person checks a job whose outcome is unknown before the index shows its copy
+    (none found); the daemon's own search then finds two: a duplicate, in review. The
+    page must say what that search found, not the check it overtook: two copies, "sent"
+    needing no note, and "abandon" not claiming that nothing was sent."""
+    rig = EngineRig(policy("orders", search_after="60s"), index_lag=30.0)
+    try:
+        rig.submit("orders", "k1")
+        rig.provider.script(Scripted.dropped_response())
+        rig.tick()
+        assert rig.job("k1").state is JobState.UNKNOWN
+        s = door(rig)
+        assert s.check("k1", by="alice").count == 0  # the index lags: none yet
+        rig.provider.store_copy(rig.job("k1").message_id)  # a second copy lands
+        rig.clock.advance(120)
+        rig.tick()
+        job = rig.job("k1")
+        assert job.state is JobState.REVIEW and job.duplicate
+        view = s.job_view("k1")
+        assert view.guidance is not None
+        assert view.guidance.copies == 2
+        sent, abandon = view.guidance.choices
+        assert not sent.needs_note and sent.recommended
+        assert "keeps the 2 copies" in abandon.effect and "not be sent" not in abandon.effect
+        done = resolve_as_a_person(s, "k1", Resolution.SENT, note="", by="alice")
+        assert done.state is JobState.CONFIRMED
+    finally:
+        rig.close()
+
+
+def test_a_resend_s_own_search_is_not_the_evidence_for_its_attempt(rig: EngineRig) -> None:
+    """The search a resend made before its attempt found no copy; that attempt's answer
+    was then lost (review again, one copy at the provider). The page must not say the
+    customer has no copy and recommend another resend on that earlier search's word."""
+    in_review(rig, "k1")
+    door(rig).resolve("k1", Resolution.RESEND, note="", by="alice")
+    rig.provider.script(Scripted.dropped_response())
+    rig.tick()
+    assert rig.job("k1").state is JobState.REVIEW and rig.copies("k1") == 1
+    view = door(rig).job_view("k1")
+    assert view.guidance is not None
+    assert view.guidance.copies is None  # no search since it went to review
+    assert not any(c.recommended for c in view.guidance.choices)
+    assert "The last check found no copy" not in view.guidance.next_action

@@ -379,7 +379,8 @@ class Services:
         history = self.history(key)
         checks = [r for r in history if r["type"] == "Checked"]
         last_check = checks[-1] if checks else None
-        decisions = safe_decisions(job, last_check)
+        evidence = check_since_review(history)
+        decisions = safe_decisions(job, evidence)
         return JobView(
             job=job,
             status=job_status(job),
@@ -388,7 +389,7 @@ class Services:
             decisions=decisions,
             cancellable=job.state is JobState.REQUESTED and job.attempts == 0,
             last_check=last_check,
-            guidance=guidance_for(job, last_check, decisions),
+            guidance=guidance_for(job, evidence, decisions),
         )
 
     def review_list(
@@ -790,6 +791,19 @@ class Services:
         return "resolved-sent", "one copy found: resolved as sent"
 
 
+def check_since_review(history: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The latest check made since the job last went to review (event records, oldest
+    first), or None. Only such a check speaks for the job in review: an earlier one was
+    made before what sent it there (the daemon's search that found a duplicate, the
+    attempt a resend made after its own search) and says nothing of it."""
+    for record in reversed(history):
+        if record["type"] == "Escalated":
+            return None
+        if record["type"] == "Checked":
+            return dict(record)
+    return None
+
+
 def safe_decisions(job: SendJob, last_check: dict[str, Any] | None) -> list[Resolution]:
     """The decisions a page may offer: none out of review; never resend a duplicate, nor
     a job whose latest check found a copy. "sent" without a copy found is offered only
@@ -925,6 +939,7 @@ __all__ = [
     "TriageItem",
     "ValidJobs",
     "check_advice",
+    "check_since_review",
     "resolve_as_a_person",
     "safe_decisions",
     "sent_without_evidence",
