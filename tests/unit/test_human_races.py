@@ -15,6 +15,7 @@ from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.service_layer.services import (
     ChannelPolicies,
+    JobView,
     Refusal,
     ServiceError,
     Services,
@@ -240,3 +241,50 @@ def test_a_resend_s_own_search_is_not_the_evidence_for_its_attempt(rig: EngineRi
     assert view.guidance.copies is None  # no search since it went to review
     assert not any(c.recommended for c in view.guidance.choices)
     assert "The last check found no copy" not in view.guidance.next_action
+
+
+class ReadThenMeanwhile(Services):
+    """A door whose page read (`job_view`) is followed, once, by another actor's move:
+    what happens between `review resolve` reading the job to judge its evidence and
+    the resolve itself."""
+
+    def __init__(self, rig: EngineRig, action: Callable[[], object]) -> None:
+        super().__init__(
+            rig.ledger,
+            lambda: ChannelPolicies(rig.policies),
+            providers=lambda name: nullcontext(rig.provider),
+        )
+        self._action: Callable[[], object] | None = action
+
+    def job_view(self, key: str) -> JobView:
+        view = super().job_view(key)
+        action, self._action = self._action, None
+        if action is not None:
+            action()
+        return view
+
+
+def test_sent_without_a_note_holds_only_for_the_version_whose_check_found_the_copy() -> None:
+    """`review resolve --as sent` without a note is taken because the latest check found
+    a copy; if, before it is written, another check finds none (the copy deleted from the
+    mailbox), the job is no longer the one judged: refused, nothing recorded."""
+    rig = EngineRig(LEGAL)
+    try:
+        rig.submit("legal", "k1")
+        rig.provider.script(Scripted.dropped_response())  # one copy, unknown: review
+        rig.tick()
+        rig.clock.advance(61)
+        assert door(rig).check("k1", by="alice").count == 1
+
+        def bob_checks_after_the_copy_is_gone() -> None:
+            rig.provider.copies.clear()
+            assert door(rig).check("k1", by="bob").count == 0
+
+        alice = ReadThenMeanwhile(rig, bob_checks_after_the_copy_is_gone)
+        message = refused(
+            lambda: resolve_as_a_person(alice, "k1", Resolution.SENT, note="", by="alice")
+        )
+        assert "checked by bob" in message
+        assert rig.job("k1").state is JobState.REVIEW and resolutions(rig, "k1") == []
+    finally:
+        rig.close()

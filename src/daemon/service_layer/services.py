@@ -834,10 +834,16 @@ def resolve_as_a_person(
 ) -> SendJob:
     """`Services.resolve` for a person at the page or `review resolve`: "sent" without a
     copy found needs a note saying how they know (bad input otherwise, nothing recorded;
-    docs/review.md "Resolve")."""
-    problem = sent_without_evidence(services.job_view(key), decision, note)
-    if problem is not None:
-        raise ServiceError(Refusal.BAD_INPUT, problem)
+    docs/review.md "Resolve"). The evidence is judged on one version of the job, and the
+    decision is written only if the job is still at it: the version the person saw, or
+    else the one read here (a check in between may have found the copy gone)."""
+    view = services.job_view(key)
+    if expected_version is None or expected_version == view.job.version:
+        problem = sent_without_evidence(view, decision, note)
+        if problem is not None:
+            raise ServiceError(Refusal.BAD_INPUT, problem)
+        expected_version = view.job.version
+    # Else the job moved after the version the person saw: `resolve` refuses it so.
     return services.resolve(key, decision, note=note, by=by, expected_version=expected_version)
 
 
