@@ -161,3 +161,19 @@ def test_the_icon_is_served_and_favicon_ico_leads_to_it(rig: EngineRig) -> None:
         assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
         assert icon.text == ICON
         assert '<link rel="icon" href="/favicon.svg"' in _page(client, "/ui/")
+
+
+def test_a_check_not_recorded_on_a_settled_job_is_not_said_to_meet_a_send(
+    rig: EngineRig,
+) -> None:
+    """A settled job checked twice with the same answer: the second check is not recorded
+    because it repeats the first, and the page says so, not "a send is in flight"."""
+    rig.submit("legal", "k1")
+    rig.tick()
+    assert rig.job("k1").state is JobState.CONFIRMED
+    with TestClient(create_app(api_context(rig))) as client:
+        first = client.post("/ui/jobs/k1/check", headers=AUTH)
+        assert first.status_code == 200 and "not recorded" not in _text(first.text, "check-result")
+        again = _text(client.post("/ui/jobs/k1/check", headers=AUTH).text, "check-result")
+        assert "not recorded" in again and "a send is in flight" not in again
+        assert "repeats the job's last check" in again
