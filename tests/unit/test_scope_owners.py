@@ -501,26 +501,31 @@ def engines() -> Iterator[tuple[FakeClock, Ledger, Mailboxes, list[Engine]]]:
     yield from two_engines(POLICIES)
 
 
+def daemons(
+    ledger: Ledger,
+    policies: PolicySet,
+    providers: dict[str, Provider],
+    clock: FakeClock,
+    timeout: float,
+    **options: Any,
+) -> list[Engine]:
+    """Daemons `a` and `b` on one store, each provider's calls timing out after `timeout`."""
+    timeouts = {name: timeout for name in providers}
+    engines = []
+    for name in ("a", "b"):
+        engines.append(Engine(ledger, PolicyHolder(lambda: policies), providers,
+                              provider_timeouts=timeouts, clock=clock, deadline_grace=GRACE,
+                              rng=random.Random(1), daemon_name=name, scope_lease=LEASE,
+                              **options))  # fmt: skip
+    return engines
+
+
 def two_engines(policies: PolicySet) -> Iterator[tuple[FakeClock, Ledger, Mailboxes, list[Engine]]]:
     clock = FakeClock(START)
     ledger = Ledger("memory://", clock=clock)
     provider = Mailboxes(FakeProvider("fake", clock=clock))
-    built = [
-        Engine(
-            ledger,
-            PolicyHolder(lambda: policies),
-            {"fake": provider},
-            provider_timeouts={"fake": TIMEOUT},
-            clock=clock,
-            deadline_grace=GRACE,
-            rng=random.Random(1),
-            daemon_name=name,
-            scope_lease=LEASE,
-            concurrency=2,
-            bounce_interval=BOUNCE_INTERVAL,
-        )
-        for name in ("a", "b")
-    ]
+    built = daemons(ledger, policies, {"fake": provider}, clock, TIMEOUT, concurrency=2,
+                    bounce_interval=BOUNCE_INTERVAL)  # fmt: skip
     yield clock, ledger, provider, built
     for engine in built:
         engine.close()
@@ -689,21 +694,7 @@ def test_a_draft_step_that_outlasts_the_grace_sends_nothing_once_its_scope_moved
             for n in range(2)
         }
     )
-    a, b = (
-        Engine(
-            ledger,
-            PolicyHolder(lambda: policies),
-            providers,
-            provider_timeouts={name: timeout for name in providers},
-            clock=clock,
-            deadline_grace=GRACE,
-            rng=random.Random(1),
-            daemon_name=name,
-            scope_lease=LEASE,
-            concurrency=1,
-        )
-        for name in ("a", "b")
-    )
+    a, b = daemons(ledger, policies, dict(providers), clock, timeout, concurrency=1)
     try:
 
         def submit_to(channel: str, key: str) -> None:
