@@ -223,8 +223,10 @@ def _display_name(raw: str, value: str) -> str:
         raise AddressError(
             f"the display name contains {special!r}: put it in double quotes: {value!r}"
         )
-    # Runs of spaces in an unquoted phrase carry no meaning (RFC 5322 folding).
-    name = " ".join(raw.split())
+    # Runs of spaces in an unquoted phrase carry no meaning (RFC 5322 folding). Only
+    # U+0020's: another space (U+3000, U+2003) is a character of the name, and a name
+    # stored unquoted (`A\u3000B <b@example.com>`, from a quoted one) must read back as it.
+    name = _SPACES.sub(" ", raw.strip())
     _refuse_invisible_edges(name, value, "the display name")
     return name
 

@@ -246,6 +246,26 @@ def test_runs_of_spaces_in_a_display_name_are_one_space_quoted_or_not() -> None:
     )
 
 
+@pytest.mark.parametrize("space", ["\u3000", "\u2003", "\u00a0"])
+def test_a_space_other_than_u0020_inside_a_display_name_is_kept_and_sent(space: str) -> None:
+    # The stored form is unquoted (`A\u3000B <b@example.com>`); read back, its U+3000 was
+    # taken for folding white space and the message carried `A B`, while the job, `status`
+    # and the content's hash said `A\u3000B`. Only U+0020 runs are folding there.
+    stored = parse_job(job(to=f'"A{space}B" <b@example.com>')).to
+    assert stored == (f"A{space}B <b@example.com>",)
+    assert parse_mailbox(stored[0]).display_name == f"A{space}B"
+    content = parse_job(job(to=stored[0]))
+    sent = SendJob.request(
+        content,
+        from_addr="s@example.com",
+        message_id=message_id_for(content.key, "mail.example.com"),
+        policy=PolicyRef("receipts", "0" * 16),
+        at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    message = email.message_from_bytes(render(sent), policy=email.policy.default)
+    assert message["To"].addresses[0].display_name == f"A{space}B"
+
+
 def test_what_stays_accepted_next_to_the_named_refusals() -> None:
     for value, stored in [
         ('"Doe, Jane" <jane@example.com>', '"Doe, Jane" <jane@example.com>'),
