@@ -9,9 +9,12 @@ Refused in a new key or name: the control characters (Unicode category Cc: C0, D
 the format characters (Cf: the bidi controls U+202A..U+202E and U+2066..U+2069, and also
 the bidi marks U+200E, U+200F and U+061C, zero-width spaces and joiners, the byte order
 mark, the soft hyphen: each is invisible, so it makes two different keys look alike), the
-line and paragraph separators (Zl, Zp) and lone surrogates (Cs: not text; a command line
-that is not UTF-8 gives them). The rule is for what is *created*: a key stored before it
-existed is still read, shown escaped (`ledger.display.printable`).
+line and paragraph separators (Zl, Zp), lone surrogates (Cs: not text; a command line
+that is not UTF-8 gives them), the spaces other than U+0020 (U+00A0, U+3000, ...) and the
+letters that show as nothing (Hangul fillers, the combining grapheme joiner:
+`characters.invisible`); and a key not in Unicode normal form NFC, whose letters with
+accents would look like another spelling's. The rule is for what is *created*: a key
+stored before it existed is still read, shown escaped (`ledger.display.printable`).
 
 A note is free text: it is stored as typed (line breaks and tabs included) and escaped
 wherever it is shown; only what cannot be stored as text is refused (NUL, lone
@@ -21,6 +24,8 @@ surrogates), and its length is bounded.
 from __future__ import annotations
 
 import unicodedata
+
+from ledger.characters import invisible
 
 __all__ = ["MAX_NAME_LENGTH", "MAX_NOTE_LENGTH", "identifier_problem", "note_problem"]
 
@@ -44,6 +49,11 @@ def identifier_problem(value: str) -> str | None:
         category = unicodedata.category(char)
         if category in REFUSED_CATEGORIES:
             return f"must not contain {_KINDS[category]} (U+{ord(char):04X})"
+        if invisible(char):
+            return f"must not contain a space other than U+0020 or a filler (U+{ord(char):04X})"
+    if not unicodedata.is_normalized("NFC", value):
+        # `café` typed as e + U+0301 looks like `café` with U+00E9: one spelling only.
+        return "must be in Unicode normal form NFC (a letter and its accent as one character)"
     return None
 
 

@@ -19,6 +19,7 @@ from daemon.cli.audit import FORMULA_STARTS, csv_cell
 from daemon.doubles.fake_time import FakeClock
 from daemon.logs import JournalFormatter, PrintableFormatter
 from daemon.service_layer.intake import IntakeError, decode_jobs, parse_jobs
+from ledger.characters import invisible
 from ledger.content import JobInputError, parse_job
 from ledger.display import printable
 from ledger.keys import MAX_NOTE_LENGTH, REFUSED_CATEGORIES, identifier_problem
@@ -54,6 +55,9 @@ HOSTILE_KEYS = [
     "a\u2028b",  # LINE SEPARATOR
     "a\u2029b",  # PARAGRAPH SEPARATOR
     "a\tb",
+    "order\u00a01",  # NO-BREAK SPACE: looks like "order 1"
+    "order-1\u3164",  # HANGUL FILLER: shows as nothing
+    "order-1\u034f",  # COMBINING GRAPHEME JOINER
 ]
 
 
@@ -77,11 +81,24 @@ def test_ordinary_keys_are_accepted(key: str) -> None:
 @settings(deadline=None, max_examples=300)
 @given(st.text(min_size=1, max_size=40))
 def test_the_key_rule_is_exactly_the_refused_categories(key: str) -> None:
-    bad = [c for c in key if unicodedata.category(c) in REFUSED_CATEGORIES]
+    bad = [c for c in key if unicodedata.category(c) in REFUSED_CATEGORIES or invisible(c)]
     problem = identifier_problem(key)
-    assert (problem is None) == (not bad)
     if bad:
         assert f"U+{ord(bad[0]):04X}" in problem  # type: ignore[operator]
+    elif unicodedata.normalize("NFC", key) != key:
+        assert problem is not None and "NFC" in problem
+    else:
+        assert problem is None
+
+
+def test_a_key_has_one_spelling_nfc() -> None:
+    # The same word typed on two systems: e + U+0301 and U+00E9 look alike, and would be
+    # two jobs (two Message-IDs): a retry that changed its spelling would send twice.
+    decomposed = unicodedata.normalize("NFD", "café-1001")
+    with pytest.raises(JobInputError, match="NFC") as info:
+        parse_job(job(decomposed))
+    assert info.value.field == "key"
+    assert parse_job(job("café-1001")).key == "café-1001"
 
 
 @settings(deadline=None, max_examples=300)
