@@ -489,8 +489,12 @@ def _review_path(key: str) -> str:
 def _key(key: str) -> str:
     if not key:
         raise ValueError("key: empty")
-    # Every character that means something in a path is escaped, `/` included.
-    return quote(key, safe="")
+    # Every character that means something in a path is escaped, `/` included; a key `.`
+    # or `..` has its dots encoded too, or a proxy (or urljoin) removes the segment (RFC
+    # 3986 5.2.4) and the call reaches another route (the server's `key_segment`, which
+    # this standard-library-only client cannot import).
+    segment = quote(key, safe="")
+    return segment.replace(".", "%2E") if segment in (".", "..") else segment
 
 
 def _read(response: Any) -> str:

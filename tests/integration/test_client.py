@@ -14,6 +14,7 @@ import pytest
 from tests.integration.api_kit import Api, free_port, job, running_api, write_config
 from tests.integration.test_api import to_review
 
+import sendledger.client as client_module
 from sendledger.client import (
     Client,
     Conflict,
@@ -60,6 +61,17 @@ def test_submit_status_events_and_the_same_key_again(api: Api, client: Client) -
     assert [(r["key"], r["created"]) for r in many] == [("m1", True), ("m2", True)]
     with pytest.raises(NotFound):
         client.status("nope")
+
+
+def test_a_key_of_dots_leaves_as_one_encoded_segment(api: Api, client: Client) -> None:
+    # A proxy that normalizes paths would turn /v1/jobs/.. into /v1/: another route.
+    assert (client_module._job_path("."), client_module._review_path("..")) == (
+        "/v1/jobs/%2E",
+        "/v1/review/%2E%2E",
+    )
+    for key in (".", ".."):
+        assert client.submit(job(key))["created"] is True
+        assert client.status(key)["key"] == key
 
 
 def test_invalid_input_lists_each_field(client: Client) -> None:
