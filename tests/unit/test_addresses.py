@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.addresses import AddressError, parse_mailbox
-from ledger.content import JobInputError, parse_job
+from ledger.content import JobContent, JobInputError, parse_job
 from ledger.job import SendJob
 from ledger.message import render
 from ledger.message_id import message_id_for
@@ -175,14 +175,17 @@ def test_job_json_is_accepted_buildable_or_refused_naming_a_field(data: dict[str
         assert exc.field and "\n" not in str(exc)
         return
     # Whatever intake accepts can be built, by the function the daemon sends with.
-    job = SendJob.request(
+    render(requested(content))
+
+
+def requested(content: JobContent) -> SendJob:
+    return SendJob.request(
         content,
         from_addr="s@example.com",
         message_id=message_id_for(content.key, "mail.example.com"),
         policy=PolicyRef("receipts", "0" * 16),
         at=datetime(2026, 1, 1, tzinfo=UTC),
     )
-    render(job)
 
 
 # -- refusals that name their cause (issue 28) ------------------------------------------
@@ -254,15 +257,8 @@ def test_a_space_other_than_u0020_inside_a_display_name_is_kept_and_sent(space: 
     stored = parse_job(job(to=f'"A{space}B" <b@example.com>')).to
     assert stored == (f"A{space}B <b@example.com>",)
     assert parse_mailbox(stored[0]).display_name == f"A{space}B"
-    content = parse_job(job(to=stored[0]))
-    sent = SendJob.request(
-        content,
-        from_addr="s@example.com",
-        message_id=message_id_for(content.key, "mail.example.com"),
-        policy=PolicyRef("receipts", "0" * 16),
-        at=datetime(2026, 1, 1, tzinfo=UTC),
-    )
-    message = email.message_from_bytes(render(sent), policy=email.policy.default)
+    sent = render(requested(parse_job(job(to=stored[0]))))
+    message = email.message_from_bytes(sent, policy=email.policy.default)
     assert message["To"].addresses[0].display_name == f"A{space}B"
 
 
