@@ -6,6 +6,7 @@ jobs by the scopes each owns."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -203,3 +204,18 @@ def test_an_encrypted_store_keeps_a_keyed_digest_of_the_mailbox_the_same_across_
         assert x.mailbox_of("ann@shop.example") == before  # the key's, not the file's
     with Ledger(sqlite_url.replace("ledger.sqlite", "plain.sqlite")) as plain:
         assert plain.mailbox_of("Ann <ANN@shop.example>") == "ann@shop.example"
+
+
+def test_a_store_that_daemons_on_other_hosts_share_tells_its_time(
+    ledger: Ledger, leases: ScopeLeaseStore
+) -> None:
+    # PostgreSQL's own clock, read now (not the transaction's start), for each daemon to
+    # hold its clock to (daemon/engine/owners.py: clock_off); memory and SQLite run on
+    # their daemon's host and clock: none.
+    before = time.time()
+    told = leases.store_time()
+    after = time.time()
+    if type(leases).__name__ != "PostgresScopeLeases":
+        assert told is None
+    else:
+        assert told is not None and before - 1.0 <= told <= after + 1.0  # one host here

@@ -296,6 +296,67 @@ def test_clocks_apart_by_less_than_the_grace_never_let_two_daemons_act(skew: flo
     assert acted[0] == (True, False) and acted[-1] == (False, True)
 
 
+class TimedStore:
+    """The shared rows, with the clock of a store that daemons on other hosts share
+    (PostgreSQL's `clock_timestamp()`)."""
+
+    def __init__(self, inner: Any, clock: FakeClock, behind: float = 0.0) -> None:
+        self.inner = inner
+        self.clock = clock
+        self.behind = behind
+
+    def store_time(self) -> float:
+        return self.clock().timestamp() - self.behind
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("jump", [GRACE, -GRACE, -3 * LEASE])
+def test_a_daemon_whose_clock_leaves_the_store_s_stands_aside_until_it_is_back(
+    jump: float,
+) -> None:
+    """Two daemons share 4 scopes; `a`'s clock jumps (an NTP step, a VM resumed) by more
+    than half the grace. Set back, its leases would look longer than they are and it would
+    act on after `b` may take them; set ahead, `b`'s would look ended. At its next look it
+    stands aside: no scope, no heartbeat, no job; `b` takes its scopes once their leases
+    have ended; never two at once. Its clock back, `a` shares them again."""
+    world = World()
+    store_clock = world.clocks["store"] = FakeClock(START)
+    a, b = world.start("a"), world.start("b")
+    for daemon in (a, b):
+        daemon.owners._store = TimedStore(world.store, store_clock)
+    world.rounds(4, times=int(3 * LEASE), step=0.5)
+    assert sorted(len(d.owners.owned()) for d in (a, b)) == [2, 2]
+
+    def both_never_act(times: int) -> None:
+        for _ in range(times):
+            world.rounds(4, step=0.25)
+            assert all(len(world.owners_of(n)) <= 1 for n in range(4))
+
+    a.clock.advance(jump)
+    world.rounds(4, step=0.0)
+    assert a.owners.aside == pytest.approx(jump) and a.owners.owned() == []
+    assert not any(a.may_call(n) for n in range(4))
+    assert "a" not in world.store.members(store_clock().timestamp())
+    both_never_act(int(2 * LEASE / 0.25))
+    assert all(world.owners_of(n) == ["b"] for n in range(4))  # b took them when they ended
+    a.clock.advance(-jump)  # NTP puts it right
+    both_never_act(int(3 * LEASE / 0.25))
+    assert a.owners.aside is None
+    assert sorted(len(d.owners.owned()) for d in (a, b)) == [2, 2]
+
+
+def test_a_clock_within_half_the_grace_of_the_store_s_is_not_off() -> None:
+    world = World()
+    store_clock = world.clocks["store"] = FakeClock(START)
+    a = world.start("a", skew=GRACE * 0.45)
+    a.owners._store = TimedStore(world.store, store_clock)
+    a.round(2)
+    assert a.owners.aside is None and a.owners.clock_off() is None
+    assert a.owners.owned() == [scope(0), scope(1)]
+
+
 def test_a_scope_with_nothing_due_for_a_lease_is_released_and_taken_back_at_once() -> None:
     world = World()
     a = world.start("a")
@@ -573,6 +634,25 @@ def test_two_engines_send_each_mailbox_from_one_daemon_only(
     rows = list(ledger.jobs())
     assert rows and all(row.state == JobState.CONFIRMED for row in rows)
     assert all(provider.inner.copies_of(ledger.get_job(r.key).message_id) == 1 for r in rows)
+
+
+def test_an_engine_whose_clock_is_off_runs_no_step_and_the_other_does_its_work(
+    engines: tuple[FakeClock, Ledger, Mailboxes, list[Engine]],
+) -> None:
+    clock, ledger, provider, (a, b) = engines
+    assert a.owners is not None
+    # `a`'s clock runs two graces ahead of the store's.
+    a.owners._store = TimedStore(a.owners._store, clock, behind=2 * GRACE)
+    for n in range(8):
+        submit(ledger, f"k{n}", n % 4)
+    a.tick()
+    assert a.owners.aside == pytest.approx(2 * GRACE) and provider.calls == []
+    for _ in range(int(2 * LEASE)):
+        for engine in (a, b):
+            engine.tick()
+        clock.advance(1)
+    assert {daemon for daemon, _scope, _at in provider.calls} == {"b"}
+    assert all(row.state == JobState.CONFIRMED for row in ledger.jobs())
 
 
 def test_a_daemon_that_loses_a_scope_sends_none_of_the_jobs_it_had_queued(

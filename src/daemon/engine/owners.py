@@ -25,6 +25,11 @@ mailbox is sent at the rate of one quota bucket: its owner's.
   act on one scope at once, and a daemon whose renewals fail (the store is gone, the
   process was stopped) stops by itself before anyone else starts. A call already made
   stays its own until it ends (its claim's lease, `leases.py`).
+- **The clocks** (`clock_off`, at every renewal): that rule needs the daemons' clocks
+  within the grace of each other, so each holds its own to the store's (PostgreSQL's,
+  read between two looks at its own): more than half the grace off, beyond what the read
+  took, and it stands aside (`aside`): it drops its scopes and its heartbeat, so the
+  others share its work, and acts on no job, recoveries included, until its clock is back.
 """
 
 from __future__ import annotations
@@ -96,6 +101,9 @@ class ScopeOwners:
         self._ensured = False
         #: This daemon's name was taken by another process (`disown`).
         self.disowned = False
+        #: Seconds this daemon's clock was off the store's, beyond half the grace, at the
+        #: last look; None while within it (`clock_off`).
+        self.aside: float | None = None
         # For tests and the log.
         self.taken = 0
         self.released = 0
@@ -123,6 +131,8 @@ class ScopeOwners:
             return self._filter(_Work({}, {}))
         self._ensure()
         self.renew_due(now)
+        if self.aside is not None:
+            return self._filter(_Work({}, {}))
         work = self._work(due)
         wanted = set(work.providers)
         rows = {row.scope: row for row in self._store.leases()}
@@ -222,11 +232,15 @@ class ScopeOwners:
         """Renew the leases and the heartbeat once a third of the lease has passed since
         they were written (the first call joins). Raises when the store cannot be
         written: the leases then end as written, and `may_call` stops in time."""
+        # The clock at every look, not only when a renewal is due: a clock set back
+        # makes the leases look longer than they are, and would put the renewal off too.
+        if self._stand_aside(self.clock_off()):
+            return
         at = (now or self._clock()).timestamp()
         if self._renewed_at is not None and at < self._renewed_at + self._lease * RENEW_SHARE:
             return
         with self._renewing:
-            if self.disowned:
+            if self.disowned or self.aside is not None:
                 return
             if self._renewed_at is not None and at < self._renewed_at + self._lease * RENEW_SHARE:
                 return
@@ -250,6 +264,56 @@ class ScopeOwners:
             self._renewed_at = at
             # Rows whose lease ended a lease ago are free whether or not they are there.
             self._store.forget(at - self._lease)
+
+    def clock_off(self) -> float | None:
+        """How far this daemon's clock is off the store's (seconds, positive: ahead) when
+        that is more than half the grace beyond the time the read took, else None. Half:
+        two daemons each within it of the store are within the grace of each other."""
+        before = self._clock().timestamp()
+        try:
+            store = self._store.store_time()
+        except Exception:  # the store is away: the renewal, when due, says so
+            return self.aside
+        after = self._clock().timestamp()
+        if store is None:
+            return None
+        margin = self._grace / 2
+        if store < before - margin:
+            return before - store
+        if store > after + margin:
+            return after - store
+        return None
+
+    def _stand_aside(self, off: float | None) -> bool:
+        """Act on `clock_off`'s answer: stand aside while it is off (True), come back
+        when it is not. Aside, nothing is written with the clock that is off: the leases
+        end as last written, and only the heartbeat is removed, so that the others'
+        shares no longer count this daemon."""
+        if off is None and self.aside is None:
+            return False
+        with self._renewing:
+            if off is None:
+                if self.aside is not None:
+                    log.warning("clock: back within %gs of the store's; sharing the scopes "
+                                "again", self._grace / 2)  # fmt: skip
+                    self.aside = None
+                    self._renewed_at = None  # the next renewal joins again
+                return False
+            if self.aside is None:
+                log.error(
+                    "clock: %+.1fs off the store's; daemons sharing a store need their "
+                    "clocks within daemon.deadline_grace (%gs) of each other: acting on no "
+                    "scope and no job until it is back within %gs (check NTP)",
+                    off, self._grace, self._grace / 2,
+                )  # fmt: skip
+                with self._lock:
+                    self._held.clear()
+                    self._idle_since.clear()
+                self.aside = off
+                if not self.disowned:
+                    self._store.leave(self._daemon)
+            self.aside = off
+            return True
 
     def _release(self, scopes: list[str], at: float) -> None:
         """Stop acting on `scopes` now and let another daemon take them once the grace

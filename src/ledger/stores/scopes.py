@@ -92,6 +92,12 @@ class ScopeLeaseStore(Protocol):
         seen since: a row that is gone is free, as one whose lease ended."""
         ...
 
+    def store_time(self) -> float | None:
+        """The store's own clock (epoch seconds) where daemons on other hosts share it,
+        so that each can see its clock is off (`daemon/engine/owners.py`); None where
+        every sharer runs on the store's host and clock (memory, SQLite)."""
+        ...
+
 
 def _free_for(row: ScopeLease, owner: str, now: float) -> bool:
     return row.owner == owner or row.lease_until <= now
@@ -171,6 +177,9 @@ class MemoryScopeLeases:
                 del self._rows[scope]
             for name in [n for n, until in self._daemons.items() if until < before]:
                 del self._daemons[name]
+
+    def store_time(self) -> float | None:
+        return None
 
 
 _COLUMNS = "scope, owner, lease_until, version"
@@ -304,6 +313,9 @@ class SqlScopeLeases:
             cursor.execute(self._sql("DELETE FROM {scopes} WHERE lease_until < {p}"), [before])
             cursor.execute(self._sql("DELETE FROM {daemons} WHERE seen_until < {p}"), [before])
 
+    def store_time(self) -> float | None:
+        return None  # SQLite: one host, one clock
+
 
 def _lease(row: tuple[Any, ...]) -> ScopeLease:
     scope, owner, lease_until, version = row
@@ -327,6 +339,11 @@ class PostgresScopeLeases(SqlScopeLeases):
 
     def _member(self, column: str) -> str:
         return f"{column} = ANY({{p}})"
+
+    def store_time(self) -> float | None:
+        # clock_timestamp(), not now(): the time of the read, not of the transaction.
+        rows = self._run("SELECT extract(epoch FROM clock_timestamp())", [])
+        return float(rows[0][0])
 
     def _members(self, values: list[str]) -> Any:
         return list(values)
