@@ -48,6 +48,9 @@ class Work:
     observer: EngineObserver = field(default_factory=NullObserver)
     #: How a save is made: the engine's group commit (`commit.py`), or `Ledger.save_job`.
     commits: GroupCommit | None = None
+    #: The name of `provider`: the policy's, or the one the job's last attempt was made
+    #: on (`provider_for`); empty when there is no policy.
+    provider_name: str = ""
     _saved_state: JobState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -125,7 +128,7 @@ class Work:
             self.to_review(decisions.no_policy(self.job.channel), "no policy for the channel")
             return None
         if self.provider is None:
-            log.error("job %s: provider %r is not configured", self.job.key, self.policy.provider)
+            log.error("job %s: provider %r is not configured", self.job.key, self.provider_name)
             self.count("errors")
             return None
         return self.policy, self.provider
@@ -190,12 +193,21 @@ class StepRunner:
             if job.state is not step.state or not step.is_due(job, now):
                 return None
             policy = self._policies.current.get(job.channel)
-            provider = None if policy is None else self._providers.get(policy.provider)
+            name = provider_for(job, policy)
+            provider = None if name is None else self._providers.get(name)
             if provider is not None:
                 # The job's own mailbox and thread (Gmail with user = "{from}").
                 provider = provider.for_job(job.from_addr, job.content.thread_id)
             work = Work(
-                job, policy, provider, now, self._ledger, counter, self._observer, self._commits
+                job,
+                policy,
+                provider,
+                now,
+                self._ledger,
+                counter,
+                self._observer,
+                self._commits,
+                provider_name=name or "",
             )
             if self._may_run is not None and not self._may_run(step, work):
                 return None
@@ -211,6 +223,20 @@ class StepRunner:
         except Exception as exc:
             count_failure(key, exc, counter, type(step).__name__)
         return None
+
+
+def provider_for(job: SendJob, policy: ChannelPolicy | None) -> str | None:
+    """The provider a step acts on for `job`: the policy's for a send, but once an
+    attempt was made, the one it was made on (`Attempted.provider`) for everything that
+    follows it (the search, the history read, the draft check, the verification, the
+    tidy): a copy sent there is only found there, and a channel moved to another provider
+    by a reload must not make the old attempt's misses believed and the job sent twice.
+    None without a policy (the job goes to review)."""
+    if policy is None:
+        return None
+    if job.state is not JobState.REQUESTED and job.last_provider is not None:
+        return job.last_provider
+    return policy.provider
 
 
 def count_failure(key: str, exc: BaseException, counter: Counter, where: str) -> None:

@@ -213,10 +213,10 @@ class Sweep:
             self._ask_draft(work, drafts, provider, policy)
             return
         refused = decisions.before_search(
-            policy, handle_reliable=self._health.reliable(policy.provider)
+            policy, handle_reliable=self._health.reliable(work.provider_name)
         )
         if refused is not None:
-            work.to_review(refused, f"provider {policy.provider} replaces Message-IDs")
+            work.to_review(refused, f"provider {work.provider_name} replaces Message-IDs")
             return
         if _history_due(work.job, work.now):
             self._read_history(work, provider, policy)
@@ -261,7 +261,7 @@ class Sweep:
         history = provider.history()
         if history is None:
             job.record_history_unusable(
-                reason=f"provider {policy.provider} reads no history", at=work.now
+                reason=f"provider {work.provider_name} reads no history", at=work.now
             )
             work.save()
             return
@@ -327,7 +327,7 @@ class Sweep:
             policy,
             now=work.now,
             unknown_at=work.now,
-            handle_reliable=self._health.reliable(policy.provider),
+            handle_reliable=self._health.reliable(work.provider_name),
             tidy_at=decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now),
         )
         if fenced is not None:

@@ -43,7 +43,7 @@ def unknown_to_events(
         decision = decisions.after_unknown(
             policy,
             now=work.now,
-            handle_reliable=health.reliable(policy.provider),
+            handle_reliable=health.reliable(work.provider_name or policy.provider),
             history=work.job.history_id is not None
             and work.provider is not None
             and work.provider.history() is not None,

@@ -500,8 +500,10 @@ class Services:
             ) from None
 
     def _provider_name(self, job: SendJob) -> str:
+        # The provider the last attempt was made on, where its copy would be: the
+        # channel's policy may name another since (a reload), whose mailbox never saw it.
         policy = self.policies().policies.get(job.channel)
-        name = policy.provider if policy is not None else job.last_provider
+        name = job.last_provider or (policy.provider if policy is not None else None)
         if name is None:
             raise ServiceError(
                 Refusal.UNAVAILABLE,
@@ -665,7 +667,7 @@ class Services:
 
     def _tidy_at(self, job: SendJob, at: datetime) -> datetime | None:
         policy = self.policies().policies.get(job.channel)
-        provider = policy.provider if policy is not None else job.last_provider
+        provider = job.last_provider or (policy.provider if policy is not None else None)
         # Here, not at the top: the read commands load no policy model (pydantic).
         from policies.decisions import tidy_at
 

@@ -1,0 +1,49 @@
+"""Policies reloaded while jobs are on their way (docs/policies.md "Broken policy files and
+reloads"): what a job's attempt did is judged where it was done."""
+
+from __future__ import annotations
+
+import random
+
+from tests.unit.engine_rig import EngineRig, policy, rig_settings
+
+from daemon.bootstrap import bootstrap
+from daemon.doubles.fake_provider import FakeProvider, Scripted
+from ledger.vocabulary import JobState
+from policies.loader import PolicySet
+
+
+def test_an_unknown_outcome_is_searched_where_it_was_sent_after_the_channel_moves() -> None:
+    """A tired operator moves a channel to another provider (SIGHUP) while one of its
+    jobs is Unknown on the first: the searches must look in the mailbox the attempt was
+    made in, not the new one, or its misses are believed and the job is sent twice."""
+    rig = EngineRig(policy("receipts", on_unknown="retry"))
+    other = FakeProvider("other", clock=rig.clock)
+    rig.engine.close()
+    rig.service = bootstrap(
+        rig_settings(2),
+        ledger=rig.ledger,
+        policy_loader=lambda: rig.policies,
+        policies=rig.policies,
+        providers={"fake": rig.provider, "other": other},
+        clock=rig.clock,
+        rng=random.Random(0),
+        share_scopes=False,
+    )
+    rig.engine = rig.service.engine
+    try:
+        message_id = rig.submit("receipts", "k1")
+        rig.provider.script(Scripted.dropped_response())  # sent, answer lost
+        assert rig.tick().unknown == 1
+        rig.policies = PolicySet(
+            {"receipts": policy("receipts", on_unknown="retry", provider="other")}
+        )
+        assert rig.holder.reload()
+        for _ in range(6):
+            rig.advance_and_tick(60)
+        job = rig.job("k1")
+        copies = rig.provider.copies_of(message_id) + other.copies_of(message_id)
+        assert copies == 1, (copies, rig.events("k1"))
+        assert job.state is JobState.CONFIRMED
+    finally:
+        rig.close()
