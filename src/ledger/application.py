@@ -830,6 +830,17 @@ class Ledger(Application[UUID]):
         assert isinstance(job, SendJob)
         return job
 
+    def job_and_event_at(self, job_id: UUID, version: int) -> tuple[SendJob, Any]:
+        """The job right after its event `version`, and that event, from one read of the
+        store as it is now (redacted once the job was purged, whatever an earlier read of
+        the log returned)."""
+        events = self._retry_locked(lambda: list(self.events.get(job_id, lte=version)))
+        if not events or events[-1].originator_version != version:
+            raise UnknownJob(str(job_id))
+        job: Any = project_aggregate(None, events)
+        assert isinstance(job, SendJob)
+        return job, events[-1]
+
     # -- helpers ----------------------------------------------------------------------
 
     def _notifications(self, topics: list[str], start: int = 1) -> Iterator[Any]:

@@ -624,3 +624,36 @@ def test_a_secret_is_24_to_64_bytes_a_new_one_32_and_a_lease_at_least_a_minute()
     assert len(base64.b64decode(new_secret().removeprefix("whsec_"))) == 32
     assert Hook("h", "https://a/", new_secret(), frozenset(), timeout=10.0).lease == 60.0
     assert Hook("h", "https://a/", new_secret(), frozenset(), timeout=30.0).lease == 90.0
+
+
+# -- purges ----------------------------------------------------------------------------
+
+
+def test_a_job_purged_while_a_pass_delivers_is_delivered_scrubbed(rig: Rig) -> None:
+    """A pass reads a page of events, then POSTs them one by one (each up to its
+    timeout). A purge (an erasure request) that lands meanwhile must not let the page's
+    copy of a later event send the content it just erased."""
+    rig.confirmed("first")
+    rig.submit("receipts", "erased")
+    rig.provider.script(
+        Scripted.rejected(transient=True, reason="450 customer@example.net: try later")
+    )
+    rig.tick()
+    rig.advance_and_tick(120)
+    assert rig.job("erased").state == "confirmed"
+
+    class PurgingReceiver(Receiver):
+        def __call__(
+            self, url: str, body: bytes, headers: Mapping[str, str], timeout: float
+        ) -> Outcome:
+            outcome = super().__call__(url, body, headers, timeout)
+            if len(self.got) == 1:  # after the first delivery, the purge commits
+                rig.ledger.purge("erased", by="ops", rule="admin purge --key")
+            return outcome
+
+    receiver = PurgingReceiver()
+    drain(rig.deliverer(receiver))
+    rejected = [p for p in receiver.got if p["type"] == "rejected"]
+    assert [p["key"] for p in rejected] == ["erased"]
+    assert "customer@example.net" not in json.dumps(receiver.got[1:])
+    assert rejected[0]["detail"] == "450 [purged]: try later"

@@ -155,7 +155,10 @@ class Deliverer:
         self.positions.release(self.hook.name, self.owner)
 
     def _send(self, kind: str, note: Any, event: Any) -> Outcome:
-        job = self.ledger.job_at(note.originator_id, note.originator_version)
+        # The event and the job read again now, not the page's copy of the event: a
+        # purge that committed since the page was read (this pass POSTs for up to a
+        # timeout per event) has rewritten it, and what it erased is not sent.
+        job, event = self.ledger.job_and_event_at(note.originator_id, note.originator_version)
         event_id = event_id_for(note.originator_id, note.originator_version)
         body = json.dumps(
             payload(kind, job, event, event_id), ensure_ascii=False, separators=(",", ":")
