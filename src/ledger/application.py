@@ -824,12 +824,6 @@ class Ledger(Application[UUID]):
             )
         )
 
-    def job_at(self, job_id: UUID, version: int) -> SendJob:
-        """The job as it was right after its event `version`."""
-        job: object = self._retry_locked(lambda: self.repository.get(job_id, version=version))
-        assert isinstance(job, SendJob)
-        return job
-
     def job_and_event_at(self, job_id: UUID, version: int) -> tuple[SendJob, Any]:
         """The job right after its event `version`, and that event, from one read of the
         store as it is now (redacted once the job was purged, whatever an earlier read of
