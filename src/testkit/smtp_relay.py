@@ -16,10 +16,13 @@ whatever connection it comes on, so a fault can hit the 1st, 2nd or nth message 
 connection. Any command (and the greeting, as ``GREETING``) can also be answered by the
 relay itself instead of the server (`answer`): a reply the server never gave, for the next
 ``times`` such commands; after a ``421`` the relay closes the connection, as a server
-does. `sessions` counts the client connections, `verbs` the commands seen, and
-`written_ahead` the commands the client followed with another before their reply came (RFC
-2920 PIPELINING). The server's offer of PIPELINING reaches the client unchanged, or is taken
-out of the EHLO reply (``offer_pipelining=False``) so the client writes one command a reply.
+does. `replace_reply` makes the next ends of data forwarded as ``pass`` does but answered
+with bytes of the caller's choosing (a garbled or over-long reply) instead of the server's
+(kept in `replaced_replies`). `sessions` counts the client connections, `verbs` the
+commands seen, and `written_ahead` the commands the client followed with another before
+their reply came (RFC 2920 PIPELINING). The server's offer of PIPELINING reaches the client
+unchanged, or is taken out of the EHLO reply (``offer_pipelining=False``) so the client
+writes one command a reply.
 
 The relay forwards each command once and never re-sends, so the server's mailbox counts
 exactly what the client sent. The client talks plain SMTP to the relay (the relay must read
@@ -134,6 +137,9 @@ class SmtpFaultRelay:
         self.applied: list[SmtpMode] = []
         #: The server's replies to ends of data that the client never got.
         self.dropped_replies: list[str] = []
+        #: The server's replies to ends of data that `replace_reply` stood in for.
+        self.replaced_replies: list[str] = []
+        self._replacements: deque[bytes] = deque()
         #: Client connections accepted, and the commands they sent (upper-case verbs).
         self.sessions = 0
         self.verbs: Counter[str] = Counter()
@@ -165,6 +171,12 @@ class SmtpFaultRelay:
             raise ValueError(f"an SMTP reply starts with a code and a space: {reply!r}")
         with self._lock:
             self._answers.setdefault(verb.upper(), deque()).extend([""] * skip + [reply] * times)
+
+    def replace_reply(self, raw: bytes, *, times: int = 1) -> None:
+        """For the next `times` ends of data that reach the server (mode ``pass``): write
+        `raw` (any bytes, CRLF included) to the client instead of the server's reply."""
+        with self._lock:
+            self._replacements.extend([raw] * times)
 
     def hang_up(self) -> int:
         """Close every client connection now, as a server closes idle ones (its timeout):
@@ -301,7 +313,11 @@ class SmtpFaultRelay:
         if reply is None:
             return False
         if mode == "pass":
-            client.sock.sendall(reply)
+            with self._lock:
+                replacement = self._replacements.popleft() if self._replacements else None
+                if replacement is not None:
+                    self.replaced_replies.append(reply.decode("utf-8", "replace").strip())
+            client.sock.sendall(reply if replacement is None else replacement)
             return True
         with self._lock:
             self.dropped_replies.append(reply.decode("utf-8", "replace").strip())

@@ -225,3 +225,23 @@ def test_postfixs_own_bounce_is_recorded_once_and_forgeries_on_no_job(
     finally:
         mail.close()
         other.close()
+
+
+def test_an_unreadable_reply_after_the_final_dot_is_unknown(
+    servers: MailServers, relay: SmtpFaultRelay
+) -> None:
+    """Postfix queues the message and answers 250; what reaches the client is one line
+    longer than smtplib reads (8192 bytes), for which smtplib raises its own
+    `SMTPResponseException(500, "Line too long.")`. That 500 is smtplib's, not the
+    server's: the message may have been (here: was) accepted, so the outcome is Unknown,
+    never a refusal."""
+    mid = "<garbled-after-dot@sendledger.test>"
+    relay.replace_reply(b"250 " + b"x" * 9000 + b"\r\n")
+    provider = provider_for(servers, relay.port)
+    try:
+        outcome = provider.send_raw(message(mid))
+    finally:
+        provider.close()
+    assert relay.replaced_replies and relay.replaced_replies[0].startswith("250")
+    servers.wait_copies(mid, 1)
+    assert outcome.kind is SendKind.UNKNOWN, outcome

@@ -344,11 +344,11 @@ class SmtpSubmitter:
         except _Retry:
             usable = False
             raise
-        except smtplib.SMTPResponseException as exc:
-            return classify_smtp(
-                stage, exc.smtp_code, _text(exc.smtp_error), message_id=envelope.message_id
-            )
         except (OSError, smtplib.SMTPException, ValueError) as exc:
+            # Every reply here is read with getreply(), which returns the server's code.
+            # The one SMTPResponseException it raises is smtplib's own "500 Line too
+            # long." for a reply it could not read: no reply, never the server's refusal
+            # (after the final "." the message may have been queued).
             if kept.reused and stage in (Stage.RESET, Stage.MAIL) and _dead(exc):
                 raise _Retry from exc
             return classify_smtp(
