@@ -230,6 +230,17 @@ class FaultRelay(LoopbackService):
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.log: list[dict[str, Any]] = []
+        self._refusals_after: dict[str, deque[Mode]] = {}
+
+    def refuse_after_forward(self, kind: Kind, mode: Mode, *, times: int = 1) -> None:
+        """The next `times` requests of `kind` that the plan passes are forwarded (the
+        upstream acts on them), then answered as `mode` ("503", "429" or "403-rate-limit")
+        answers without forwarding: a refusal the upstream never gave, as a gateway in
+        front of it may answer. Logged with mode `mode + "-after-forward"`."""
+        if mode not in ("503", "429", "403-rate-limit"):
+            raise ValueError(f"not a refusal the relay answers: {mode!r}")
+        with self._lock:
+            self._refusals_after.setdefault(kind, deque()).extend([mode] * times)
 
     @property
     def plan(self) -> FaultPlan:
@@ -277,10 +288,15 @@ class FaultRelay(LoopbackService):
             return
         kind = classify(handler.command, handler.path)
         mode = self.plan.next_mode(kind)
+        refusal: Mode | None = None
+        if mode == "pass":
+            with self._lock:
+                queue = self._refusals_after.get(kind)
+                refusal = queue.popleft() if queue else None
         entry: dict[str, Any] = {
             "at": time.time(),
             "kind": kind,
-            "mode": mode,
+            "mode": mode if refusal is None else f"{refusal}-after-forward",
             "method": handler.command,
             "path": handler.path,
             "forwarded": False,
@@ -322,7 +338,9 @@ class FaultRelay(LoopbackService):
             return
         entry["upstream_status"] = status
 
-        if mode in ("pass", "slow"):
+        if refusal is not None:
+            self._answer_error(handler, kind, refusal)
+        elif mode in ("pass", "slow"):
             handler.send_body(status, data, headers, reason=reason)
         elif mode == "drop-response":
             self._close(handler)

@@ -518,3 +518,28 @@ def test_exchanges_report_is_recorded_once_and_forgeries_on_no_job(
             bounce_arrived=lambda: bool(graph.folder(MAILBOX, "inbox")),
         ),
     )
+
+
+@pytest.mark.parametrize("refusal", ["429", "503"])
+def test_a_refusal_answered_after_graph_sent_the_draft_is_not_proven_by_a_delete(
+    provider: ProviderFactory,
+    relay: FaultRelay,
+    graph: GraphEmulator,
+    accept_log: Path,
+    refusal: Mode,
+) -> None:
+    """The send of the draft reaches Graph, which sends it and files the copy (no filing
+    delay), and the answer that comes back is a 429 / 503 with Retry-After (from a gateway
+    in front). The provider deletes the draft to prove the refusal; but under its
+    immutable id the item is now the sent copy in Sent Items, and the DELETE removes
+    that copy (204). A 2xx DELETE proves nothing about an item that is no draft: the
+    outcome must not be "not sent" (a resend would mail the customer twice), and the
+    sent copy must not be deleted."""
+    graph_provider = provider()
+    graph_provider.search("<warm-up@x>")  # discovery and token first
+    relay.refuse_after_forward("send", refusal)
+    outcome = graph_provider.send_raw(raw_message())
+    assert logged_copies(accept_log) == 1  # Graph sent it
+    assert outcome.kind is SendKind.UNKNOWN, outcome
+    assert len(graph.folder(MAILBOX, "sentitems")) == 1, "the sent copy was deleted"
+    assert len(graph_provider.search(MID).copies) == 1

@@ -43,6 +43,7 @@ from daemon.providers.base import (
 from daemon.providers.graph_classify import (
     TokenError,
     after_draft_delete,
+    after_draft_sent,
     classify_create_exception,
     classify_create_response,
     classify_send_exception,
@@ -464,11 +465,27 @@ class GraphProvider(ProviderBase):
                     mailbox.forget(message_id, draft_id)  # settled: no search will need it
                 return outcome
         if outcome.kind is SendKind.REJECTED:
-            deleted = self._delete(mailbox, draft_id)
-            if deleted is not None and (200 <= deleted < 300 or deleted == 404):
-                mailbox.forget(message_id, draft_id)
-            return after_draft_delete(outcome, deleted)
+            return self._prove_refusal(mailbox, message_id, draft_id, outcome)
         return outcome
+
+    def _prove_refusal(
+        self, mailbox: _Mailbox, message_id: str | None, draft_id: str, refused: SendOutcome
+    ) -> SendOutcome:
+        """A send-step refusal is proven by deleting the draft while it is still a draft.
+        Under its immutable id a draft Graph did send is its sent copy (in transit: 404;
+        filed: isDraft false): that is no proof, and deleting it would delete the copy."""
+        try:
+            found = self._message(mailbox, draft_id)
+        except ProviderError:
+            return refused  # no answer: the draft stays; the next attempt or search fences it
+        if found is None:
+            return after_draft_delete(refused, 404)  # remembered: a search reads it by id
+        if found.get("isDraft") is not True:
+            return after_draft_sent(refused)
+        deleted = self._delete(mailbox, draft_id)
+        if deleted is not None and (200 <= deleted < 300 or deleted == 404):
+            mailbox.forget(message_id, draft_id)
+        return after_draft_delete(refused, deleted)
 
     def _tidy(self, mailbox: _Mailbox, message_id: str) -> None:
         """Before another attempt of the same message: delete the drafts of earlier ones

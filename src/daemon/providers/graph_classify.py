@@ -20,11 +20,13 @@ Unknown.
 | send | 401 | Rejected, transient (token refused: not accepted) |
 | send | other 4xx (400, 403, 404) | Rejected, permanent |
 | send | 5xx (503 without Retry-After included) | Unknown |
-| send | a rejection whose draft then cannot be deleted because it is gone (404) | Unknown |
+| send | a rejection whose draft is then gone (404) or no draft any more | Unknown |
 
-After a send-step rejection the provider deletes the draft: a draft that is deleted can
-never be sent, so the rejection is then proven; a draft that is already gone may have
-been sent, so the rejection becomes Unknown.
+After a send-step rejection the provider reads the draft by its immutable id and deletes
+it while it is still a draft: a draft that is deleted can never be sent, so the rejection
+is then proven; a draft that is already gone (in transit) or is no draft any more (the
+sent copy, filed under the same immutable id) may have been sent, so the rejection
+becomes Unknown, and the item is not deleted (that would delete the sent copy).
 """
 
 from __future__ import annotations
@@ -200,6 +202,18 @@ def after_draft_delete(outcome: SendOutcome, delete_status: int | None) -> SendO
     return SendOutcome(
         SendKind.UNKNOWN,
         f"{outcome.reason}; but the draft is gone, so it may have been sent",
+        status=outcome.status,
+    )
+
+
+def after_draft_sent(outcome: SendOutcome) -> SendOutcome:
+    """A send-step rejection whose draft, read back by its immutable id, is no draft any
+    more: Graph sent it whatever the answer said."""
+    if outcome.kind is not SendKind.REJECTED:
+        return outcome
+    return SendOutcome(
+        SendKind.UNKNOWN,
+        f"{outcome.reason}; but the draft is no draft any more, so it was sent",
         status=outcome.status,
     )
 
