@@ -227,6 +227,10 @@ namespace inbox {{
     special_use = \\Drafts
     auto = create
   }}
+  mailbox Trash {{
+    special_use = \\Trash
+    auto = create
+  }}
 }}
 service imap-login {{
   inet_listener imap {{

@@ -28,7 +28,7 @@ from tests.integration.mailservers import (
 )
 from tests.provider_contract import SendContract, Subject
 
-from daemon.providers.base import Provider, SendKind
+from daemon.providers.base import Provider, ProviderError, SendKind
 from daemon.providers.smtp_imap import SmtpImapProvider
 from policies.model import ChannelPolicy
 from testkit.smtp_relay import SmtpFaultRelay
@@ -245,3 +245,33 @@ def test_an_unreadable_reply_after_the_final_dot_is_unknown(
     assert relay.replaced_replies and relay.replaced_replies[0].startswith("250")
     servers.wait_copies(mid, 1)
     assert outcome.kind is SendKind.UNKNOWN, outcome
+
+
+def test_a_sent_copy_moved_to_the_trash_is_still_a_copy(servers: MailServers) -> None:
+    """The sender moves the sent copy to the folder flagged \\Trash before the search (an
+    IMAP client's delete). The message was sent: a miss would have the job resent (or a
+    human's resend allowed) and the customer mailed twice. Gmail's search counts trashed
+    copies too. A copy in the trash has no read-back id."""
+    from imapclient import IMAPClient  # type: ignore[import-untyped]
+
+    mid = "<trashed-copy@sendledger.test>"
+    provider = provider_for(servers, servers.smtp_port)
+    try:
+        assert provider.send_raw(message(mid)).kind is SendKind.CONFIRMED
+        servers.wait_copies(mid, 1)
+        with IMAPClient("127.0.0.1", port=servers.imap_port, ssl=False) as client:
+            client.login(SENDER, PASSWORD)
+            client.select_folder("Sent")
+            uids = client.search(["HEADER", "Message-ID", mid])
+            assert len(uids) == 1
+            client.copy(uids, "Trash")
+            client.delete_messages(uids)
+            client.expunge()
+        assert servers.copies(mid, folder="Trash") == 1
+        found = provider.search(mid)
+        assert len(found.copies) == 1 and "Trash" in found.query
+        assert found.hits[0].labels == ("Trash",)
+        with pytest.raises(ProviderError, match="trash"):
+            provider.read_message_id(found.hits[0].provider_message_id)
+    finally:
+        provider.close()

@@ -13,7 +13,9 @@ sent folder (docs/providers.md "Providers"; "Adding a provider" in docs/architec
   itself. A crash between the two leaves no copy, so a miss proves nothing for such a
   provider: the policy check refuses `on_unknown = "retry"` with it.
 
-Hit ids are `UIDVALIDITY:UID` of the sent folder, which `read_message_id` reads back.
+Hit ids are `UIDVALIDITY:UID` of the sent folder, which `read_message_id` reads back. The
+search counts the copies in the folder flagged `\\Trash` too (a sent copy deleted by its
+sender was sent); their ids are `trash:UIDVALIDITY:UID`, with no read-back.
 
 Delivery reports (docs/providers.md "Bounces") arrive in INBOX, where the submission
 server's own bounces are filed: one read is `UID SEARCH SINCE <day> HEADER Content-Type
@@ -118,6 +120,8 @@ class SmtpImapProvider(ProviderBase):
         )
         self._configured_folder = sent_folder
         self._folder: str | None = sent_folder or None
+        # The folder flagged \Trash, "" when the server flags none; None: not listed yet.
+        self._trash: str | None = None
         self._folder_lock = threading.Lock()
         self._closed = False
 
@@ -176,28 +180,56 @@ class SmtpImapProvider(ProviderBase):
             f" set sent_folder for provider {self.name!r}"
         )
 
+    def _trash_folder(self, client: Any) -> str:
+        """The folder flagged `\\Trash` (RFC 6154), or "" when the server flags none."""
+        with self._folder_lock:
+            if self._trash is not None:
+                return self._trash
+        found = next(
+            (str(name) for flags, _delimiter, name in client.list_folders()
+             if any(_text(flag).lower() == "\\trash" for flag in flags)),
+            "",
+        )  # fmt: skip
+        with self._folder_lock:
+            self._trash = found
+        return found
+
     def search(self, message_id: str) -> SearchResult:
-        """Every copy in the sent folder whose Message-ID header is exactly ours."""
+        """Every copy whose Message-ID header is exactly ours, in the sent folder and in
+        the trash: a sent copy the sender deleted (moved to the folder flagged `\\Trash`)
+        was still sent, and missing it would have the job sent again. Gmail's search
+        counts trashed copies too. A copy in the trash has no read-back id."""
         if not message_id or any(c in message_id for c in '"\\\r\n'):
             raise ProviderError(f"cannot search for Message-ID {message_id!r}")
 
-        def call(client: Any) -> tuple[str, int, dict[int, Message]]:
-            folder = self._sent_folder(client)
-            selected = client.select_folder(folder, readonly=True)
-            validity = int(selected[b"UIDVALIDITY"])
-            uids = sorted(int(uid) for uid in client.search(["HEADER", "Message-ID", message_id]))
-            return folder, validity, (_headers(client, uids, _SHOWN_FIELDS) if uids else {})
+        def call(client: Any) -> list[tuple[str, int, dict[int, Message]]]:
+            found = []
+            sent = self._sent_folder(client)
+            trash = self._trash_folder(client)
+            for folder in (sent, trash) if trash and trash != sent else (sent,):
+                selected = client.select_folder(folder, readonly=True)
+                validity = int(selected[b"UIDVALIDITY"])
+                criteria = ["HEADER", "Message-ID", message_id]
+                uids = sorted(int(uid) for uid in client.search(criteria))
+                found.append(
+                    (folder, validity, _headers(client, uids, _SHOWN_FIELDS) if uids else {})
+                )
+            return found
 
-        folder, validity, headers = self._imap_call(call)
-        query = f'{folder}: UID SEARCH HEADER Message-ID "{message_id}"'
+        folders = self._imap_call(call)
+        query = " and ".join(
+            f'{folder}: UID SEARCH HEADER Message-ID "{message_id}"' for folder, _, _ in folders
+        )
         hits = tuple(
             SearchHit(
-                f"{validity}:{uid}",
+                f"{validity}:{uid}" if n == 0 else f"{_TRASHED}{validity}:{uid}",
                 str(fields["Message-ID"]).strip(),
                 date=str(fields.get("Date", "")),
                 to=str(fields.get("To", "")),
                 subject=str(fields.get("Subject", "")),
+                labels=() if n == 0 else (folder,),
             )
+            for n, (folder, validity, headers) in enumerate(folders)
             for uid, fields in sorted(headers.items())
             if fields.get("Message-ID") is not None
             and same_message_id(str(fields["Message-ID"]).strip(), message_id)
@@ -211,6 +243,8 @@ class SmtpImapProvider(ProviderBase):
         to read back for it: ProviderError, which the engine logs and ignores. `sendledger
         probe` checks that a provider keeps the Message-ID.
         """
+        if provider_message_id.startswith(_TRASHED):
+            raise ProviderError(f"{provider_message_id}: a copy in the trash: nothing to read back")
         validity_text, colon, uid_text = provider_message_id.partition(":")
         if not (colon and validity_text.isdigit() and uid_text.isdigit()):
             raise ProviderError(
@@ -300,6 +334,8 @@ def _message_ids(client: Any, uids: list[int]) -> dict[int, str | None]:
 
 #: What a human checking a copy sees of it (docs/review.md "Review"), with the Message-ID.
 _SHOWN_FIELDS = ("MESSAGE-ID", "DATE", "TO", "SUBJECT")
+#: The prefix of a search hit found in the trash (`search`).
+_TRASHED = "trash:"
 
 
 def _headers(client: Any, uids: list[int], names: Sequence[str]) -> dict[int, Message]:
