@@ -261,6 +261,16 @@ class GraphEmulator(LoopbackService):
                 if item.user == user.lower() and item.folder == folder.lower()
             ]
 
+    def move(self, user: str, immutable_id: str, folder: str) -> None:
+        """A person's client moves a filed item to `folder` (Deleted Items: a delete): its
+        immutable id stays, its REST id changes, as Graph's do."""
+        with self._lock:
+            self._settle()
+            item = next(i for i in self._items
+                        if i.user == user.lower() and i.immutable_id == immutable_id)  # fmt: skip
+            item.folder = folder.lower()
+            item.rest_id = self._new_id()
+
     def inject_draft(self, raw: bytes, *, user: str) -> str:
         """A draft as if a person had saved it; returns its immutable id."""
         return self._store_draft(user.lower(), raw).immutable_id

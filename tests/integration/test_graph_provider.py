@@ -308,6 +308,21 @@ def test_search_follows_pages(
     assert len(pages) == 2
 
 
+def test_a_sent_copy_its_sender_deleted_is_still_a_copy(
+    provider: ProviderFactory, graph: GraphEmulator
+) -> None:
+    # Moved to Deleted Items before the search: the message was sent, and a miss would
+    # have the job sent again. Counted once, whatever folder its immutable id is in.
+    graph_provider = provider()
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    sent = [item for item in graph.folder(MAILBOX, "sentitems")
+            if item["internetMessageId"] == MID]  # fmt: skip
+    assert len(sent) == 1
+    graph.move(MAILBOX, sent[0]["id"], "deleteditems")
+    found = graph_provider.search(MID)
+    assert len(found.hits) == 1 and "deleteditems" in found.query
+
+
 # -- ids, Message-IDs, mailboxes --------------------------------------------------------
 
 

@@ -72,6 +72,8 @@ IMMUTABLE_IDS = 'IdType="ImmutableId"'
 #: `user = "{from}"`: act as each job's From mailbox (application permissions).
 FROM_PLACEHOLDER = "{from}"
 SENT_ITEMS = "sentitems"
+#: Where a sent copy its sender deleted is: still a copy (`search_in`).
+DELETED_ITEMS = "deleteditems"
 DRAFTS = "drafts"
 PAGE_SIZE = 100
 MAX_PAGES = 50
@@ -532,8 +534,9 @@ class GraphProvider(ProviderBase):
         return self.search_in(self._unscoped(), message_id)
 
     def search_in(self, mailbox: _Mailbox, message_id: str) -> SearchResult:
-        """Every sent copy whose Message-ID header is `message_id`: Sent Items searched by
-        `$filter=internetMessageId eq '...'` through every page, joined with this
+        """Every sent copy whose Message-ID header is `message_id`: Sent Items and Deleted
+        Items searched by `$filter=internetMessageId eq '...'` through every page, joined
+        with this
         process's drafts of it that are no drafts any more (read by immutable id: a copy
         the filter may not show yet). Reads only: a human's check may run while the
         job's send is in flight, and deleting its draft then would make that send fail
@@ -545,10 +548,17 @@ class GraphProvider(ProviderBase):
             found = self._message(mailbox, draft_id)
             if found is not None and found.get("isDraft") is False:
                 self._add_hit(hits, found, message_id)
-        query = f"mailFolders/{SENT_ITEMS}/messages?$filter=internetMessageId eq {literal}"
-        for found in self._filtered(mailbox, SENT_ITEMS, literal):
-            if found.get("isDraft") is not True:
-                self._add_hit(hits, found, message_id)
+        query = " and ".join(
+            f"mailFolders/{folder}/messages?$filter=internetMessageId eq {literal}"
+            for folder in (SENT_ITEMS, DELETED_ITEMS)
+        )
+        # Deleted Items too: a sent copy its sender deleted was sent (Gmail's search counts
+        # trashed copies). Immutable ids name an item wherever it moves, so a copy moved
+        # meanwhile is counted once; a deleted draft (isDraft) is no copy.
+        for folder in (SENT_ITEMS, DELETED_ITEMS):
+            for found in self._filtered(mailbox, folder, literal):
+                if found.get("isDraft") is not True:
+                    self._add_hit(hits, found, message_id)
         return SearchResult(query=query, hits=tuple(hits.values()))
 
     def delete_drafts(self, message_id: str) -> list[str]:
