@@ -235,14 +235,21 @@ def test_an_unreadable_reply_after_the_final_dot_is_unknown(
     `SMTPResponseException(500, "Line too long.")`. That 500 is smtplib's, not the
     server's: the message may have been (here: was) accepted, so the outcome is Unknown,
     never a refusal."""
-    mid = "<garbled-after-dot@sendledger.test>"
-    relay.replace_reply(b"250 " + b"x" * 9000 + b"\r\n")
-    provider = provider_for(servers, relay.port)
-    try:
-        outcome = provider.send_raw(message(mid))
-    finally:
-        provider.close()
-    assert relay.replaced_replies and relay.replaced_replies[0].startswith("250")
+    # Up to three sends: one whose end of data the relay did not reach (a session that
+    # ended before it: seen once in a loaded CI run, not reproduced) tests nothing here.
+    tried = []
+    for attempt in range(3):
+        mid = f"<garbled-after-dot-{attempt}@sendledger.test>"
+        relay.replace_reply(b"250 " + b"x" * 9000 + b"\r\n")
+        provider = provider_for(servers, relay.port)
+        try:
+            outcome = provider.send_raw(message(mid))
+        finally:
+            provider.close()
+        tried.append((outcome, list(relay.applied), list(relay.dropped_replies)))
+        if relay.replaced_replies:
+            break
+    assert relay.replaced_replies and relay.replaced_replies[0].startswith("250"), tried
     servers.wait_copies(mid, 1)
     assert outcome.kind is SendKind.UNKNOWN, outcome
 
