@@ -25,11 +25,12 @@ mailbox is sent at the rate of one quota bucket: its owner's.
   act on one scope at once, and a daemon whose renewals fail (the store is gone, the
   process was stopped) stops by itself before anyone else starts. A call already made
   stays its own until it ends (its claim's lease, `leases.py`).
-- **The clocks** (`clock_off`, at every renewal): that rule needs the daemons' clocks
-  within the grace of each other, so each holds its own to the store's (PostgreSQL's,
-  read between two looks at its own): more than half the grace off, beyond what the read
-  took, and it stands aside (`aside`): it drops its scopes and its heartbeat, so the
-  others share its work, and acts on no job, recoveries included, until its clock is back.
+- **The clocks** (`clock_off`, as often as the renewer looks, and after any jump): that
+  rule needs the daemons' clocks within the grace of each other, so each holds its own to
+  the store's (PostgreSQL's, read between two looks at its own): more than half the grace
+  off, beyond what the read took, and it stands aside (`aside`): it drops its scopes and
+  its heartbeat, so the others share its work, and acts on no job, recoveries included,
+  until its clock is back.
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ class ScopeOwners:
         #: Seconds this daemon's clock was off the store's, beyond half the grace, at the
         #: last look; None while within it (`clock_off`).
         self.aside: float | None = None
+        #: How often the clock is held to the store's: as often as the renewer looks.
+        self._look = min(max(lease * RENEW_SHARE / 4, 0.02), 5.0)
+        self._checked_at: float | None = None
         # For tests and the log.
         self.taken = 0
         self.released = 0
@@ -232,11 +236,16 @@ class ScopeOwners:
         """Renew the leases and the heartbeat once a third of the lease has passed since
         they were written (the first call joins). Raises when the store cannot be
         written: the leases then end as written, and `may_call` stops in time."""
-        # The clock at every look, not only when a renewal is due: a clock set back
-        # makes the leases look longer than they are, and would put the renewal off too.
-        if self._stand_aside(self.clock_off()):
-            return
         at = (now or self._clock()).timestamp()
+        # The clock at most every `_look` seconds (a store read), and at once after a jump
+        # either way: not only when a renewal is due, since a clock set back makes the
+        # leases look longer than they are and would put the renewal off too.
+        if self._checked_at is None or abs(at - self._checked_at) >= self._look:
+            self._checked_at = at
+            if self._stand_aside(self.clock_off()):
+                return
+        elif self.aside is not None:
+            return
         if self._renewed_at is not None and at < self._renewed_at + self._lease * RENEW_SHARE:
             return
         with self._renewing:
@@ -309,7 +318,6 @@ class ScopeOwners:
                 with self._lock:
                     self._held.clear()
                     self._idle_since.clear()
-                self.aside = off
                 if not self.disowned:
                     self._store.leave(self._daemon)
             self.aside = off
@@ -342,8 +350,7 @@ class ScopeOwners:
         self._thread.start()
 
     def _run(self) -> None:
-        interval = min(max(self._lease * RENEW_SHARE / 4, 0.02), 5.0)
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self._look):
             try:
                 self.renew_due()
             except Exception as exc:
