@@ -499,11 +499,15 @@ class Services:
                 Refusal.UNAVAILABLE, f"provider {name!r} cannot be used: {exc}"
             ) from None
 
-    def _provider_name(self, job: SendJob) -> str:
-        # The provider the last attempt was made on, where its copy would be: the
-        # channel's policy may name another since (a reload), whose mailbox never saw it.
+    def _attempted_on(self, job: SendJob) -> str | None:
+        """The provider the last attempt was made on, where its copy would be (the
+        channel's policy may name another since a reload, whose mailbox never saw it);
+        before any attempt, the policy's; None without either."""
         policy = self.policies().policies.get(job.channel)
-        name = job.last_provider or (policy.provider if policy is not None else None)
+        return job.last_provider or (policy.provider if policy is not None else None)
+
+    def _provider_name(self, job: SendJob) -> str:
+        name = self._attempted_on(job)
         if name is None:
             raise ServiceError(
                 Refusal.UNAVAILABLE,
@@ -667,7 +671,7 @@ class Services:
 
     def _tidy_at(self, job: SendJob, at: datetime) -> datetime | None:
         policy = self.policies().policies.get(job.channel)
-        provider = job.last_provider or (policy.provider if policy is not None else None)
+        provider = self._attempted_on(job)
         # Here, not at the top: the read commands load no policy model (pydantic).
         from policies.decisions import tidy_at
 
