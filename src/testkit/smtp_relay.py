@@ -159,15 +159,20 @@ class SmtpFaultRelay:
         with self._lock:
             self._modes = deque(check_smtp_mode(m) for m in modes)
 
-    def answer(self, verb: str, reply: str, *, times: int = 1, skip: int = 0) -> None:
+    def answer(
+        self, verb: str, reply: str, *, times: int = 1, skip: int = 0, garbled: bool = False
+    ) -> None:
         """Answer `times` commands `verb` (``MAIL``, ``RCPT``, ``DATA``, ``EHLO``, ``AUTH``,
         ``RSET``, ``NOOP``, ... or ``GREETING``) with `reply` ("451 4.3.0 busy") instead of
         forwarding them, after forwarding the next `skip` of them; a 421 then closes the
-        connection."""
+        connection. `garbled`: `reply` is any one line, not an SMTP reply (an impostor
+        server's, or a broken one's)."""
         if verb.upper() not in _VERBS | {"GREETING"}:
             raise ValueError(f"not a command the relay answers: {verb!r}")
         code = reply[:3]
-        if not (code.isdigit() and reply[3:4] in ("", " ")):
+        if "\r" in reply or "\n" in reply:
+            raise ValueError(f"one line, without its CRLF: {reply!r}")
+        if not garbled and not (code.isdigit() and reply[3:4] in ("", " ")):
             raise ValueError(f"an SMTP reply starts with a code and a space: {reply!r}")
         with self._lock:
             self._answers.setdefault(verb.upper(), deque()).extend([""] * skip + [reply] * times)

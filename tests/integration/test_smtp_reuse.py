@@ -299,6 +299,9 @@ def test_refusals_after_the_final_dot_keep_the_connection_after_a_reset(
         ("GREETING", "554 5.7.1 No service", 1, False, False),
         ("EHLO", "421 4.3.2 Closing", 1, True, True),
         ("AUTH", "454 4.7.0 Temporary authentication failure", 2, True, False),
+        # Not SMTP replies: tried again, never a refusal for a person to review.
+        ("GREETING", "HTTP/1.1 400 Bad Request", 1, True, True),
+        ("AUTH", "+OK whatever", 2, True, False),
     ],
 )
 def test_refusals_while_a_fresh_connection_opens(
@@ -311,7 +314,8 @@ def test_refusals_while_a_fresh_connection_opens(
     unavailable: bool,
 ) -> None:
     provider = kept_provider(servers, relay)
-    relay.answer(verb, reply, times=times)  # AUTH: smtplib tries PLAIN, then LOGIN
+    # AUTH: smtplib tries PLAIN, then LOGIN
+    relay.answer(verb, reply, times=times, garbled=not reply[:3].isdigit())
     mid, outcome = send(provider)
     assert outcome.kind is SendKind.REJECTED, outcome
     assert (outcome.transient, outcome.unavailable) == (transient, unavailable), outcome

@@ -20,13 +20,14 @@ MID = "<job-1@mail.example.com>"
 BEFORE_DOT = [s for s in Stage if s is not Stage.END_OF_DATA]
 
 
-@given(st.sampled_from(BEFORE_DOT), st.one_of(st.none(), st.integers(100, 699)), st.text())
+@given(st.sampled_from(BEFORE_DOT), st.one_of(st.none(), st.integers(-1, 999)), st.text())
 def test_nothing_before_the_final_dot_is_ever_sent(
     stage: Stage, code: int | None, text: str
 ) -> None:
+    """Only a 5xx refuses for good; a garbled reply (smtplib's -1) is tried again."""
     outcome = classify_smtp(stage, code, text, message_id=MID)
     assert outcome.kind is SendKind.REJECTED
-    assert outcome.transient is (code is None or 400 <= code < 500)
+    assert outcome.transient is (code is None or not 500 <= code < 600)
 
 
 @given(st.text())
@@ -133,6 +134,9 @@ def test_retry_is_refused_for_a_client_copy_provider(tmp_path: Path) -> None:
         (Stage.RCPT, 450, False),  # a definite refusal for now behaves as before
         (Stage.RCPT, 550, False),
         (Stage.END_OF_DATA, 421, False),  # after the data: transient, counted
+        (Stage.CONNECT, -1, True),  # a garbled greeting: no SMTP server there
+        (Stage.HELLO, -1, True),
+        (Stage.AUTH, -1, False),
     ],
 )
 def test_unavailable_only_before_data_and_without_a_session(

@@ -77,7 +77,8 @@ def classify_smtp(
     | before the final `.` | 421 | Rejected, unavailable |
     | before the final `.` | none | Rejected, transient: not sent |
     | before the final `.` | 4xx | Rejected, transient |
-    | before the final `.` | 5xx or anything else | Rejected, permanent |
+    | before the final `.` | 5xx | Rejected, permanent |
+    | before the final `.` | not SMTP (smtplib: -1) | Rejected, transient; unavailable at hello |
     | after the final `.` | none (lost, closed, timeout) | Unknown |
     | after the final `.` | 2xx | Confirmed via response |
     | after the final `.` | 4xx | Rejected, transient |
@@ -103,7 +104,18 @@ def classify_smtp(
             )
         if 400 <= code < 500:
             return SendOutcome(SendKind.REJECTED, where, transient=True, status=code)
-        return SendOutcome(SendKind.REJECTED, where, status=code)
+        if 500 <= code < 600:
+            return SendOutcome(SendKind.REJECTED, where, status=code)
+        # A reply that is no SMTP answer (smtplib reads an unparsable line as -1) refuses
+        # nothing for good: a broken or impostor server, tried again like a lost
+        # connection, not a refusal a person must review.
+        return SendOutcome(
+            SendKind.REJECTED,
+            where,
+            transient=True,
+            status=code,
+            unavailable=stage in (Stage.CONNECT, Stage.HELLO),
+        )
     if code is None:
         return SendOutcome(
             SendKind.UNKNOWN,
