@@ -50,6 +50,9 @@ class EscalationReason(StrEnum):
     #: A delivery report says the confirmed message failed for good for a recipient, and
     #: the channel's `on_bounce = "review"` asks a human to look.
     BOUNCED = "bounced"
+    #: The job's From is neither its channel's `from` nor allowed by its `allowed_from`
+    #: any more (the policy was narrowed after the job was accepted): never sent.
+    SENDER_NOT_ALLOWED = "sender-not-allowed"
 
 
 class Resolution(StrEnum):

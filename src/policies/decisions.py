@@ -110,12 +110,18 @@ def cannot_build(policy: ChannelPolicy) -> Review:
     return Review(policy.ref, EscalationReason.REJECTED)
 
 
-def before_attempt(policy: ChannelPolicy, *, attempts_made: int) -> Send | Review:
-    """Before a provider call: send, unless ``max_attempts`` calls were already made.
+def before_attempt(policy: ChannelPolicy, *, attempts_made: int, from_addr: str) -> Send | Review:
+    """Before a provider call: send, unless the policy in force no longer lets the job
+    send as its From (`from_addr`), or ``max_attempts`` calls were already made.
 
-    Every call counts, whatever its outcome, because any of them may have sent the mail.
+    The From was allowed when the job was accepted, by the policy of that moment; a reload
+    since may have withdrawn the sender (`from` changed, `allowed_from` narrowed), and the
+    call sends as it now. Every call counts, whatever its outcome, because any of them may
+    have sent the mail.
     """
     _non_negative("attempts_made", attempts_made)
+    if not policy.sends_as(from_addr):
+        return Review(policy.ref, EscalationReason.SENDER_NOT_ALLOWED)
     if attempts_made >= policy.max_attempts:
         return Review(policy.ref, EscalationReason.MAX_ATTEMPTS)
     return Send(policy.ref)

@@ -33,7 +33,7 @@ from ledger.addresses import AddressError, parse_mailbox
 from ledger.message_id import MessageIdError, validate_domain
 from ledger.vocabulary import PolicyRef, Sender
 from policies.durations import DurationError, format_duration, parse_duration
-from policies.senders import MAX_PATTERNS, job_sender, pattern_problem
+from policies.senders import MAX_PATTERNS, job_sender, pattern_problem, sends_as
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -286,6 +286,11 @@ class ChannelPolicy(BaseModel):
         """The Sender of one job that names its own `from` (None: the policy's own).
         Raises policies.senders.SenderRefused when `allowed_from` does not allow it."""
         return job_sender(self.sender, self.allowed_from, job_from)
+
+    def sends_as(self, from_addr: str) -> bool:
+        """Whether this policy, as it stands now, lets a job send as `from_addr`: its own
+        `from`, or an address its `allowed_from` allows."""
+        return sends_as(self.from_, self.allowed_from, from_addr)
 
     @property
     def from_address(self) -> str:

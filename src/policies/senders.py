@@ -57,6 +57,17 @@ def allowed(address: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(bare, pattern.lower()) for pattern in patterns)
 
 
+def sends_as(policy_from: str, patterns: Sequence[str], from_addr: str) -> bool:
+    """Whether a channel whose `from` is `policy_from` and whose `allowed_from` is
+    `patterns` lets a job send as `from_addr` (its own `from`, or the policy's at intake)."""
+    try:
+        if bare_address(from_addr) == bare_address(policy_from):
+            return True
+    except AddressError:
+        return False
+    return allowed(from_addr, patterns)
+
+
 def job_sender(default: Sender, patterns: Sequence[str], job_from: str | None) -> Sender:
     """The Sender of one job: the policy's, or the job's own `from` when the policy allows
     it (its Message-ID domain and policy stay the policy's). Raises SenderRefused."""
@@ -76,4 +87,5 @@ __all__ = [
     "bare_address",
     "job_sender",
     "pattern_problem",
+    "sends_as",
 ]

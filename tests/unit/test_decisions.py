@@ -67,6 +67,10 @@ def policy(**overrides: Any) -> ChannelPolicy:
     return ChannelPolicy.model_validate(data)
 
 
+#: The From of `policy()`'s jobs, as intake records it (display name and case kept).
+OURS = "Support <Support@Example.com>"
+
+
 def rogue(**overrides: Any) -> ChannelPolicy:
     """A policy built around validation: irreversible, and yet on_unknown = "retry"."""
     fields = {**policy().model_dump(), "on_unknown": "retry", "irreversible": True}
@@ -94,7 +98,7 @@ def due_time(decision: Decision) -> datetime | None:
 
 def test_decisions_are_frozen_and_carry_the_policy_ref() -> None:
     p = policy()
-    d = before_attempt(p, attempts_made=0)
+    d = before_attempt(p, attempts_made=0, from_addr=OURS)
     assert d == Send(p.ref)
     assert d.policy == PolicyRef("receipts", p.fingerprint)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -130,13 +134,38 @@ def test_a_message_that_cannot_be_built_goes_to_review() -> None:
 def test_before_attempt(max_attempts: int, attempts_made: int, sends: bool) -> None:
     p = policy(max_attempts=max_attempts)
     expected = Send(p.ref) if sends else Review(p.ref, EscalationReason.MAX_ATTEMPTS)
-    assert before_attempt(p, attempts_made=attempts_made) == expected
+    assert before_attempt(p, attempts_made=attempts_made, from_addr=OURS) == expected
+
+
+@pytest.mark.parametrize(
+    ("allowed_from", "from_addr", "sends"),
+    [
+        ((), OURS, True),
+        ((), "support@example.com", True),
+        ((), "Sales <sales@example.com>", False),  # allowed once, not by this policy
+        (("*@example.com",), "Sales <SALES@example.com>", True),
+        (("billing@example.com",), "sales@example.com", False),
+        (("*@example.com",), "sales@example.com.evil.test", False),
+        ((), "not an address", False),
+    ],
+)
+def test_a_call_sends_only_as_a_from_the_policy_in_force_allows(
+    allowed_from: tuple[str, ...], from_addr: str, sends: bool
+) -> None:
+    """A job accepted under an `allowed_from` that a reload then narrowed is not sent as
+    the withdrawn sender: the check at intake was made on another policy."""
+    p = policy(allowed_from=list(allowed_from), max_attempts=1)
+    expected = Send(p.ref) if sends else Review(p.ref, EscalationReason.SENDER_NOT_ALLOWED)
+    assert before_attempt(p, attempts_made=0, from_addr=from_addr) == expected
+    # Withdrawn is said before max_attempts: the person learns why it can never be sent.
+    if not sends:
+        assert before_attempt(p, attempts_made=5, from_addr=from_addr) == expected
 
 
 @pytest.mark.parametrize("bad", [-1, True])
 def test_before_attempt_refuses_nonsense(bad: int) -> None:
     with pytest.raises(ValueError, match="attempts_made"):
-        before_attempt(policy(), attempts_made=bad)
+        before_attempt(policy(), attempts_made=bad, from_addr=OURS)
 
 
 # -- after_unknown and before_search ---------------------------------------------------------
@@ -539,7 +568,7 @@ def due_not_before(d: Decision, now: datetime) -> None:
 @settings(max_examples=300, deadline=None)
 @given(policies, counts, nows)
 def test_before_attempt_properties(p: ChannelPolicy, attempts_made: int, now: datetime) -> None:
-    d = before_attempt(p, attempts_made=attempts_made)
+    d = before_attempt(p, attempts_made=attempts_made, from_addr=OURS)
     assert isinstance(d, Send | Review)
     assert d.policy == p.ref
     assert isinstance(d, Review) == (attempts_made >= p.max_attempts)
@@ -792,7 +821,7 @@ def test_a_transient_rejection_takes_a_retry_after_under_a_second() -> None:
             policy(), attempts_made=-1, now=NOW, retry_after=None, rng=random.Random(0)
         ),
         lambda: decisions.after_draft_pending(policy(), attempts_made=-1, now=NOW),
-        lambda: before_attempt(policy(), attempts_made=-1),
+        lambda: before_attempt(policy(), attempts_made=-1, from_addr=OURS),
     ],
 )
 def test_a_negative_attempt_count_is_refused_naming_it(call: Any) -> None:

@@ -9,7 +9,8 @@ from tests.unit.engine_rig import EngineRig, policy, rig_settings
 
 from daemon.bootstrap import bootstrap
 from daemon.doubles.fake_provider import FakeProvider, Scripted
-from ledger.vocabulary import JobState
+from ledger.content import parse_job
+from ledger.vocabulary import JobState, Resolution
 from policies.loader import PolicySet
 
 
@@ -45,5 +46,34 @@ def test_an_unknown_outcome_is_searched_where_it_was_sent_after_the_channel_move
         copies = rig.provider.copies_of(message_id) + other.copies_of(message_id)
         assert copies == 1, (copies, rig.events("k1"))
         assert job.state is JobState.CONFIRMED
+    finally:
+        rig.close()
+
+
+def test_a_sender_withdrawn_by_a_reload_is_not_sent_as_by_jobs_accepted_before() -> None:
+    """An operator narrows `allowed_from` (a mailbox compromised, a brand retired) and
+    reloads: jobs accepted while it was allowed still wait in the queue. None of them may
+    send as it; each goes to review saying why, and sends once it is allowed again and
+    a person resends it."""
+    rig = EngineRig(policy("receipts", allowed_from=["*@example.com"]))
+    try:
+        base = {"channel": "receipts", "to": "c@example.net", "subject": "s", "body": "b"}
+        withdrawn = parse_job({**base, "key": "k1", "from": "Sales <sales@example.com>"})
+        rig.ledger.submit(withdrawn, rig.policies["receipts"].sender_for(withdrawn.sender))
+        rig.submit("receipts", "k2")  # the policy's own from: still allowed
+        rig.policies = PolicySet({"receipts": policy("receipts", allowed_from=["b@example.com"])})
+        assert rig.holder.reload()
+        assert rig.tick().sent == 1
+        job = rig.job("k1")
+        assert (job.state, job.reason) == (JobState.REVIEW, "sender-not-allowed")
+        assert "Attempted" not in rig.events("k1")
+        assert rig.provider.sends == 1 and rig.copies("k1") == 0
+        rig.policies = PolicySet({"receipts": policy("receipts", allowed_from=["*@example.com"])})
+        assert rig.holder.reload()
+        rig.ledger.update(
+            "k1", lambda j: j.resolve(Resolution.RESEND, note="allowed", by="op", at=rig.clock())
+        )
+        assert rig.tick().sent == 1
+        assert rig.job("k1").state is JobState.CONFIRMED
     finally:
         rig.close()

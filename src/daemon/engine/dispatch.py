@@ -73,6 +73,12 @@ def _moved_since_loaded(work: Work) -> bool:
     return row is None or row.version != work.job.version
 
 
+def _why_not_sent(review: Review, job: SendJob) -> str:
+    if review.reason is EscalationReason.SENDER_NOT_ALLOWED:
+        return f"the channel's policy no longer allows sending as {job.from_addr!r}"
+    return f"{job.round_attempts} provider calls made"
+
+
 def _unknown_reason(outcome: SendOutcome) -> str:
     if outcome.kind is SendKind.CONFIRMED:
         return "2xx without a readable message id"
@@ -187,10 +193,6 @@ class Dispatch:
             return None
         policy, provider = found
         job = work.job
-        decision = decisions.before_attempt(policy, attempts_made=job.round_attempts)
-        if isinstance(decision, Review):
-            work.to_review(decision, f"{job.round_attempts} provider calls made")
-            return None
         try:
             # Rendered and proved before the claim: a message that cannot be built, or
             # does not say what the job says, is never claimed.
@@ -202,6 +204,14 @@ class Dispatch:
             return None
         except ValueError as exc:
             work.to_review(decisions.cannot_build(policy), f"cannot build the message: {exc}")
+            return None
+        # After the render: a From that cannot be written is a message that cannot be
+        # built, not a sender the policy withdrew.
+        decision = decisions.before_attempt(
+            policy, attempts_made=job.round_attempts, from_addr=job.from_addr
+        )
+        if isinstance(decision, Review):
+            work.to_review(decision, _why_not_sent(decision, job))
             return None
         if self._stopping.is_set():
             return None

@@ -47,6 +47,10 @@ MEANING: dict[EscalationReason, str] = {
         "The provider stayed unavailable (nothing was sent) for longer than the channel's "
         "give_up_after."
     ),
+    EscalationReason.SENDER_NOT_ALLOWED: (
+        "The job's From is no longer the channel's from nor allowed by its allowed_from "
+        "(the policy changed after the job was accepted), so it was never sent as it."
+    ),
     EscalationReason.BOUNCED: (
         "The message was sent (the provider confirmed it), but a delivery report in the "
         "sender's mailbox says a recipient's server refused it for good: that recipient "
@@ -82,6 +86,10 @@ NEXT: dict[EscalationReason, str] = {
     EscalationReason.RENDER_MISMATCH: ("Abandon it, and submit a corrected job under a new key."),
     EscalationReason.PROVIDER_UNAVAILABLE: (
         "When the provider answers again (/healthz), resend; or abandon."
+    ),
+    EscalationReason.SENDER_NOT_ALLOWED: (
+        "If the job may still send as its From, add it to the channel's allowed_from, "
+        "reload the daemon (SIGHUP), then resend; otherwise abandon it."
     ),
     EscalationReason.BOUNCED: (
         "Read the report in the timeline (the recipient and the server's words), settle the "
