@@ -728,7 +728,8 @@ class SlowDrafts(FakeDraftsProvider):
     job's drafts by Message-ID, then creates one; each of these calls may take up to the
     provider's timeout (`slow_find`, `slow_create`: run once at the start of the next
     such call). At every drafts.send, which daemons may call for its scope is recorded
-    (`draft_sends_by`: the sender, and who may act at that moment)."""
+    (`draft_sends_by`: the sender, and who may act at that moment), and likewise at
+    every drafts.create as it starts (`draft_creates_by`)."""
 
     def __init__(self, name: str, clock: FakeClock) -> None:
         super().__init__(name, clock=clock)
@@ -736,6 +737,7 @@ class SlowDrafts(FakeDraftsProvider):
         self.slow_create: Callable[[], None] | None = None
         self.who_may_call: Callable[[], list[str]] = list
         self.draft_sends_by: list[tuple[str, list[str]]] = []
+        self.draft_creates_by: list[tuple[str, list[str]]] = []
 
     def find_drafts(self, message_id: str) -> list[Draft]:
         hook, self.slow_find = self.slow_find, None
@@ -744,6 +746,8 @@ class SlowDrafts(FakeDraftsProvider):
         return super().find_drafts(message_id)
 
     def create_draft(self, raw: bytes) -> Draft:
+        sender = threading.current_thread().name.rpartition("@")[2]
+        self.draft_creates_by.append((sender, self.who_may_call()))
         hook, self.slow_create = self.slow_create, None
         if hook is not None:
             hook()
@@ -822,6 +826,73 @@ def test_a_draft_step_that_outlasts_the_grace_sends_nothing_once_its_scope_moved
         assert slow.copies_of(job.message_id) == 1
         sends = slow.draft_sends_by
         assert all([sender] == allowed for sender, allowed in sends), sends
+    finally:
+        for engine in (a, b):
+            engine.close()
+        ledger.close()
+
+
+def test_a_draft_list_that_outlasts_the_grace_creates_no_draft_once_its_scope_moved() -> None:
+    """As above, but only drafts.list answers slowly: `a` gave the scope up while the
+    list ran, so the drafts.create that would follow is a call for a scope `a` may no
+    longer call for (two daemons spending one mailbox's quota, and a draft left by a
+    daemon that will not send it). It is not made: the job stays due, and `b` makes
+    its draft, and sends it, once."""
+    timeout = GRACE
+    clock = FakeClock(START)
+    ledger = Ledger("memory://", clock=clock)
+    providers = {name: SlowDrafts(name, clock) for name in ("p0", "p1")}
+    policies = PolicySet(
+        {
+            f"c{n}": ChannelPolicy.model_validate(
+                {**BASE_POLICY, "channel": f"c{n}", "provider": f"p{n}"}
+            )
+            for n in range(2)
+        }
+    )
+    a, b = daemons(ledger, policies, dict(providers), clock, timeout, concurrency=1)
+    try:
+
+        def submit_to(channel: str, key: str) -> None:
+            content = receipt(channel, key)
+            ledger.submit(content, policies[channel].sender_for(content.sender))
+
+        submit_to("c0", "k0")
+        submit_to("c1", "k1")
+        a.tick()  # `a` alone: it takes both scopes
+        assert a.owners is not None and a.owners.owned() == ["p0", "p1"]
+        moved = sorted(["p0", "p1"], key=a.owners._preference)[1]  # what `a` gives up
+        slow = providers[moved]
+        channel = "c0" if moved == "p0" else "c1"
+        engines = {"a": a, "b": b}
+        slow.who_may_call = lambda: sorted(
+            name
+            for name, e in engines.items()
+            if e.owners is not None and e.owners.may_call(moved, clock())
+        )
+
+        def listing_drafts() -> None:  # on `a`'s send worker, its job taken
+            b._balance_scopes()  # `b` starts and joins
+            a._balance_scopes()  # `a`'s next round: over its share, it gives one up
+            assert a.owners is not None and moved not in a.owners.owned()
+            clock.advance(timeout * 0.95)  # drafts.list answers, within its timeout
+
+        slow.slow_find = listing_drafts
+        del slow.draft_creates_by[:], slow.draft_sends_by[:]
+        submit_to(channel, "k2")
+        a.tick()
+        creates = slow.draft_creates_by
+        assert all([creator] == allowed for creator, allowed in creates), creates
+        for _ in range(int(LEASE)):
+            for engine in (a, b):
+                engine.tick()
+            clock.advance(1)
+        job = ledger.get_job("k2")
+        assert job.state is JobState.CONFIRMED, [type(e).__name__ for e in ledger.history("k2")]
+        assert slow.copies_of(job.message_id) == 1
+        for calls in (slow.draft_creates_by, slow.draft_sends_by):
+            assert all([caller] == allowed for caller, allowed in calls), calls
+        assert len(slow.draft_creates_by) == 1
     finally:
         for engine in (a, b):
             engine.close()

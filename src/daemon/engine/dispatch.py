@@ -224,13 +224,27 @@ class Dispatch:
             # The draft step is a provider call that may take its whole timeout: an
             # outcome left for the next commit (`commit.py`) must not wait behind it.
             work.flush()
+
+            def may_create() -> bool:
+                # The draft step's earlier calls may each take the provider's timeout:
+                # a draft is made only for a scope this daemon may still call for.
+                return self._may_call is None or self._may_call(
+                    policy, job.from_addr, self._clock()
+                )
+
             try:
                 with self._circuits.calling(provider.scope()):
-                    draft, created = drafts_flow.prepare_draft(job, drafts, raw, work.now)
+                    draft, created = drafts_flow.prepare_draft(
+                        job, drafts, raw, work.now, may_create=may_create
+                    )
             except drafts_flow.DraftAlreadySent as sent:
                 tidy_at = _tidy_at(policy, provider, work.now)
                 drafts_flow.confirm_recorded(job, policy, sent.draft, work.now, tidy_at)
                 work.save()
+                return None
+            except drafts_flow.NotOurs:
+                log.info("job %s: no draft made: its quota scope went to another daemon", job.key)
+                work.count("skipped")
                 return None
             except DraftRefused as exc:
                 # Refused for good (the port's contract): nothing exists, and asking again

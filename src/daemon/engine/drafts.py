@@ -22,6 +22,7 @@ outcome) and by `search.py`'s sweep (a recovered claim of a job with a recorded 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -46,12 +47,22 @@ def recorded_draft(job: SendJob) -> Draft | None:
 
 
 def prepare_draft(
-    job: SendJob, drafts: DraftsProvider, raw: bytes, now: datetime
+    job: SendJob,
+    drafts: DraftsProvider,
+    raw: bytes,
+    now: datetime,
+    *,
+    may_create: Callable[[], bool] | None = None,
 ) -> tuple[Draft, bool]:
     """The draft the claim will send, recorded on the job in memory (DraftCreated, saved
     with the claim), and whether this call created it (a claim that loses its race
     deletes a draft it created: `Dispatch.save_claim`). Raises ProviderError when the
-    provider cannot say or store one: the job is not claimed and stays due."""
+    provider cannot say or store one: the job is not claimed and stays due.
+
+    `may_create()`: asked right before drafts.create, whether this daemon may still call
+    for the job's quota scope (`Dispatch`); the calls before it may each take up to the
+    provider's timeout, and the scope may have gone to another daemon meanwhile. False
+    raises NotOurs: nothing created, the job stays due for the scope's owner."""
     recorded = recorded_draft(job)
     if recorded is not None:
         status = drafts.check_draft(recorded).status
@@ -62,6 +73,8 @@ def prepare_draft(
     # A draft an earlier run made but never recorded is reused, never left to be sent
     # later by someone else; it has the same Message-ID and content.
     found = sorted(drafts.find_drafts(job.message_id), key=lambda d: d.draft_id)
+    if not found and may_create is not None and not may_create():
+        raise NotOurs(job.key)
     draft = found[0] if found else drafts.create_draft(raw)
     job.record_draft(draft_id=draft.draft_id, provider_message_id=draft.provider_message_id, at=now)
     return draft, not found
@@ -86,6 +99,14 @@ class DraftAlreadySent(SendledgerError):
     def __init__(self, draft: Draft) -> None:
         super().__init__(f"draft {draft.draft_id} is already sent")
         self.draft = draft
+
+
+class NotOurs(SendledgerError):
+    """The job's quota scope went to another daemon during its draft step, before its
+    draft was created: no draft, no claim; the job stays due for the scope's owner."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"job {key}: its quota scope went to another daemon")
 
 
 def ask_draft(job: SendJob, drafts: DraftsProvider) -> DraftCheck | None:
