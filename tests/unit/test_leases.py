@@ -4,19 +4,26 @@ a claim a live worker holds; another daemon takes it only when the lease lapsed.
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from tests.unit.engine_rig import DAEMON, GRACE, TIMEOUT, EngineRig, policy
+from tests.unit.engine_rig import DAEMON, GRACE, TIMEOUT, EngineRig, policy, receipt
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
-from daemon.doubles.fake_provider import Scripted
+from daemon.doubles.fake_provider import FakeProvider, Scripted
+from daemon.doubles.fake_time import FakeClock
+from daemon.engine import Engine, PolicyHolder
+from daemon.engine.circuit import CircuitSettings
 from daemon.engine.leases import RENEW_SHARE, renew_interval
+from daemon.providers.base import Provider
+from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.vocabulary import JobState
+from policies.loader import PolicySet
 
 REVIEW = policy("legal", on_unknown="review", pending_draft="review")
 RETRY = policy("receipts", on_unknown="retry")
@@ -236,3 +243,70 @@ def test_a_claim_whose_save_outlasted_its_lease_makes_no_call(rig: EngineRig) ->
         assert rig.provider.sends == 1  # the other daemon's resend alone
     finally:
         other.close()
+
+
+class SlowPing(FakeProvider):
+    """A provider whose circuit probe (`ping`) answers slowly but within its timeout:
+    `during_ping` runs at the start of each ping."""
+
+    def __init__(self, name: str, clock: FakeClock) -> None:
+        super().__init__(name, clock=clock)
+        self.during_ping: Callable[[], None] | None = None
+
+    def ping(self) -> None:
+        hook, self.during_ping = self.during_ping, None
+        if hook is not None:
+            hook()
+        super().ping()
+
+
+def test_an_outcome_left_to_the_next_commit_is_saved_before_a_slow_ping() -> None:
+    """One send worker: it sends k1 (confirmed; its outcome left to the next commit, its
+    lease no longer renewed), then takes the probe of another provider's circuit, opened
+    by a hang: a ping, answered within that provider's (longer) timeout but after k1's
+    lease. Another daemon must not find k1's claim lapsed meanwhile and record it as
+    Unknown (a false crash, and the confirmation lost): the outcome is durable first."""
+    start = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+    clock = FakeClock(start)
+    ledger = Ledger("memory://", clock=clock)
+    fast = FakeProvider("fast", clock=clock)
+    slow = SlowPing("slow", clock)
+    providers: dict[str, Provider] = {"fast": fast, "slow": slow}
+    timeouts = {"fast": 10.0, "slow": 60.0}
+    policies = PolicySet({"f": policy("f", provider="fast"), "s": policy("s", provider="slow")})
+
+    def engine(name: str) -> Engine:
+        return Engine(ledger, PolicyHolder(lambda: policies), providers,
+                      provider_timeouts=timeouts, clock=clock, deadline_grace=GRACE,
+                      concurrency=1, rng=random.Random(1), daemon_name=name)  # fmt: skip
+
+    a, b = engine("a"), engine("b")
+    try:
+        # `slow` hung: its calls timed out until its circuit opened on a hang.
+        for _ in range(CircuitSettings().failures):
+            with a.circuits.calling("slow"):
+                a.circuits.called("slow", clock(), unavailable=True, timed_out=True)
+        assert a.circuits.open() != []
+        clock.advance(CircuitSettings().probe_after)
+        ledger.submit(receipt("f", "k1"), policies["f"].sender_for(None))
+        clock.advance(0.001)
+        ledger.submit(receipt("s", "k2"), policies["s"].sender_for(None))
+
+        def pinging() -> None:  # on `a`'s send worker, right after k1's send
+            clock.advance(timeouts["slow"] * 0.9)  # the ping answers within its timeout
+            b.tick()  # the other daemon's tick: recovers what lapsed
+
+        slow.during_ping = pinging
+        a.hand_out()
+        assert a.settle(timeout=10)
+        assert slow.pings == 1 and slow.during_ping is None
+        assert rig_events(ledger, "k1") == ["Requested", "Attempted", "Confirmed"]
+        assert fast.copies_of(ledger.get_job("k1").message_id) == 1
+    finally:
+        for e in (a, b):
+            e.close()
+        ledger.close()
+
+
+def rig_events(ledger: Ledger, key: str) -> list[str]:
+    return [type(event).__name__ for event in ledger.history(key)]

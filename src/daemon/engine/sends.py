@@ -405,6 +405,11 @@ class SendWorkers:
         provider = task.work.provider
         try:
             if provider is not None:
+                # A ping probes a hang and may take its provider's whole timeout: the
+                # outcomes this worker left to the next commit are saved first, or their
+                # claims, no longer renewed, could lapse meanwhile (another daemon would
+                # record them Unknown, and a confirmation would be lost).
+                self._flush()
                 self._steps.ping(provider, task.scope)
         except Exception:
             log.exception("scope %s: ping failed", task.scope)
