@@ -66,6 +66,28 @@ def test_the_mark_is_fetched_once_shared_and_fetched_again_when_old(
     assert emulator.route_counts["profile"] == 2
 
 
+def test_the_callers_before_call_runs_before_a_fetch_and_only_then(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator
+) -> None:
+    """The engine saves what waits for its next commit there (the claims of outcomes no
+    longer renewed): before a getProfile that may take the timeout, never for a shared
+    mark."""
+    clock = Clock()
+    provider = gmail_provider(clock=clock)
+    history = history_of(provider)
+    profiles: list[int] = []
+
+    def before() -> None:
+        profiles.append(emulator.route_counts["profile"])
+
+    first = history.history_mark(before_call=before)
+    assert first is not None and profiles == [0]  # before the fetch
+    assert history.history_mark(before_call=before) == first and profiles == [0]
+    clock.now += gmail_history.MARK_MAX_AGE + 1
+    assert history.history_mark(before_call=before) is not None
+    assert profiles == [0, 1] and emulator.route_counts["profile"] == 2
+
+
 def test_a_dropped_send_is_found_since_the_mark_and_only_an_exact_header_counts(
     gmail_provider: GmailProviderFactory,
     relay: FaultRelay,

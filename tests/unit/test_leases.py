@@ -14,6 +14,7 @@ import pytest
 from tests.unit.engine_rig import DAEMON, GRACE, TIMEOUT, EngineRig, policy, receipt
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
+from daemon.doubles.fake_history import FakeHistoryProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
@@ -310,3 +311,65 @@ def test_an_outcome_left_to_the_next_commit_is_saved_before_a_slow_ping() -> Non
 
 def rig_events(ledger: Ledger, key: str) -> list[str]:
     return [type(event).__name__ for event in ledger.history(key)]
+
+
+class SlowMark(FakeHistoryProvider):
+    """A provider whose claims' history mark needs a call now and then (as Gmail's when
+    its shared mark is old): `during_mark` runs in the next mark, as that call."""
+
+    def __init__(self, name: str, clock: FakeClock) -> None:
+        super().__init__(name, clock=clock)
+        self.during_mark: Callable[[], None] | None = None
+
+    def history_mark(self, before_call: Callable[[], None] | None = None) -> str | None:
+        hook, self.during_mark = self.during_mark, None
+        if hook is not None:
+            if before_call is not None:
+                before_call()
+            hook()
+        return super().history_mark(before_call)
+
+
+def test_an_outcome_left_to_the_next_commit_is_saved_before_a_slow_history_mark() -> None:
+    """One send worker: k1's call answers (confirmed) a little before its first renewal;
+    its outcome is left to the next commit, its lease no longer renewed. k2's claim then
+    fetches the mailbox's history mark, answered within the provider's timeout but after
+    k1's lease (a short grace). Another daemon must not find k1's claim lapsed meanwhile
+    and record it as Unknown: the outcome is durable before the mark's call."""
+    start = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+    clock = FakeClock(start)
+    ledger = Ledger("memory://", clock=clock)
+    gmail = SlowMark("gmail", clock)
+    timeout, grace = 10.0, 2.0
+    policies = PolicySet({"f": policy("f", provider="gmail")})
+
+    def engine(name: str) -> Engine:
+        return Engine(ledger, PolicyHolder(lambda: policies), {"gmail": gmail},
+                      provider_timeouts={"gmail": timeout}, clock=clock, deadline_grace=grace,
+                      concurrency=1, rng=random.Random(1), daemon_name=name)  # fmt: skip
+
+    a, b = engine("a"), engine("b")
+    try:
+        ledger.submit(receipt("f", "k1"), policies["f"].sender_for(None))
+        clock.advance(0.001)
+        ledger.submit(receipt("f", "k2"), policies["f"].sender_for(None))
+
+        def marking() -> None:  # k2's claim: the mark's call answers within its timeout
+            clock.advance(timeout * 0.95)
+            b.tick()  # the other daemon's tick: recovers what lapsed
+
+        def sending() -> None:  # k1's call: answered just before a third of its lease
+            gmail.during_send = None
+            clock.advance((timeout + grace) * RENEW_SHARE * 0.9)
+            gmail.during_mark = marking  # the next claim's mark (k2's) makes a call
+
+        gmail.during_send = sending
+        a.hand_out()
+        assert a.settle(timeout=10)
+        assert gmail.during_mark is None  # k2's mark made its call
+        assert rig_events(ledger, "k1") == ["Requested", "Attempted", "Confirmed"]
+        assert gmail.copies_of(ledger.get_job("k1").message_id) == 1
+    finally:
+        for e in (a, b):
+            e.close()
+        ledger.close()

@@ -76,7 +76,9 @@ class FakeHistoryProvider(FakeProvider):
     def history(self) -> HistoryProvider | None:
         return self
 
-    def history_mark(self) -> str | None:
+    def history_mark(self, before_call: Callable[[], None] | None = None) -> str | None:
+        # A shared mark: no call, so `before_call` is not run (a test that makes the mark
+        # call runs it, as Gmail does before a fetch).
         with self._lock:
             if self._failing_marks:
                 self._failing_marks -= 1

@@ -267,7 +267,10 @@ class Dispatch:
             # The mailbox's historyId, before the send: its history holds this attempt's
             # copy if the send makes one. Shared by the mailbox's claims; None (no wait,
             # no refusal) when none can be had now: the search alone answers then.
-            mark = history.history_mark()
+            # When it has to be fetched (a call that may take the provider's timeout),
+            # the outcomes left for the next commit are saved first, as before a draft
+            # step: their claims are no longer renewed and would lapse meanwhile.
+            mark = history.history_mark(before_call=work.flush)
             work.now = self._clock()
         lease = self._timeouts.get(policy.provider, provider.timeout) + self._grace
         deadline = work.now + timedelta(seconds=lease)

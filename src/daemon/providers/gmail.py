@@ -561,8 +561,8 @@ class GmailProvider(ProviderBase):
     def history(self) -> HistoryProvider | None:
         return self if self.reads_history else None
 
-    def history_mark(self) -> str | None:
-        return self.history_calls.mark(self._unscoped())
+    def history_mark(self, before_call: Callable[[], None] | None = None) -> str | None:
+        return self.history_calls.mark(self._unscoped(), before_call)
 
     def sent_since(self, history_id: str, message_id: str) -> SearchResult:
         return self.history_calls.sent_since(self._unscoped(), history_id, message_id)
@@ -806,8 +806,8 @@ class GmailMailboxView(ProviderBase):
     def history(self) -> HistoryProvider | None:
         return self if self.provider.reads_history else None
 
-    def history_mark(self) -> str | None:
-        return self.provider.history_calls.mark(self.mailbox)
+    def history_mark(self, before_call: Callable[[], None] | None = None) -> str | None:
+        return self.provider.history_calls.mark(self.mailbox, before_call)
 
     def sent_since(self, history_id: str, message_id: str) -> SearchResult:
         return self.provider.history_calls.sent_since(self.mailbox, history_id, message_id)

@@ -154,13 +154,17 @@ class GmailHistory:
         with log.lock:
             log.prepaid += 1
 
-    def mark(self, mailbox: Mailbox) -> str | None:
+    def mark(self, mailbox: Mailbox, before_call: Callable[[], None] | None = None) -> str | None:
         """The mailbox's shared historyId for a claim, fetched first when it is missing or
-        old (one fetch at a time: the claims waiting for it share it). Never raises."""
+        old (one fetch at a time: the claims waiting for it share it). Never raises but
+        what `before_call` raises: it runs before a fetch is made or waited for
+        (`HistoryProvider.history_mark`)."""
         log = self._log(mailbox)
         with log.lock:
             if not self._wants_fetch(log, self._clock()):
                 return None if log.history_id is None else str(log.history_id)
+        if before_call is not None:
+            before_call()
         with log.fetching:
             with log.lock:  # another claim may have fetched it meanwhile
                 if not self._wants_fetch(log, self._clock()):

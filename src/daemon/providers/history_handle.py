@@ -15,6 +15,7 @@ code. A provider never touches the store: these are values the engine turns into
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from daemon.providers.outcomes import SearchResult
@@ -36,11 +37,16 @@ class HistoryTooOld(SendledgerError):
 class HistoryProvider(Protocol):
     """What reading the mailbox's history asks of a provider, besides the provider port."""
 
-    def history_mark(self) -> str | None:
+    def history_mark(self, before_call: Callable[[], None] | None = None) -> str | None:
         """A historyId of the mailbox at or before now, to record with a claim: the one
         shared by the mailbox's claims when it is recent, else a fresh one (one call, paid
         by the send's quota reservation). None when none can be had now: the claim goes
-        ahead without, and its unknown outcome is left to the search. Never raises."""
+        ahead without, and its unknown outcome is left to the search. Never raises but
+        what `before_call` raises.
+
+        `before_call()` runs first when a call is to be made or waited for (a fresh one,
+        or another claim's in flight), not for a shared mark: the caller saves there what
+        must not wait behind a call that may take the provider's whole timeout."""
         ...
 
     def sent_since(self, history_id: str, message_id: str) -> SearchResult:
