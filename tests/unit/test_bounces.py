@@ -6,11 +6,13 @@ The engine on the memory store and the fake provider's inbox, time injected."""
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 
 import pytest
-from tests.unit.engine_rig import EngineRig, policy, receipt
+from tests.unit.engine_rig import EngineRig, policy, receipt, rig_settings
 
+from daemon.bootstrap import bootstrap
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.engine import Engine, PolicyHolder
 from daemon.service_layer.read_models import event_record, timeline_details
@@ -96,7 +98,7 @@ def test_the_watch_ends_and_the_job_is_purgeable_then(rig: EngineRig) -> None:
     rig.tick()
     [watched] = rig.ledger.watched()
     assert (watched.channel, watched.jobs, watched.example_key) == ("receipts", 1, "r-1")
-    assert watched.mailbox == mailbox_digest(MAILBOX) and MAILBOX not in watched.mailbox
+    assert watched.mailbox == mailbox_digest(MAILBOX, "fake") and MAILBOX not in watched.mailbox
     assert not rig.job("r-1").purgeable
     with pytest.raises(TransitionError, match="bounce watch"):
         rig.job("r-1").purge(by="op", rule="test", at=rig.clock())
@@ -312,3 +314,42 @@ def test_the_job_page_says_what_the_report_says_and_metrics_count_it(rig: Engine
     assert 'sendledger_bounces_total{kind="permanent"} 1.0' in text
     assert 'sendledger_bounce_reports_total{outcome="recorded"} 1.0' in text
     assert 'sendledger_bounce_reports_total{outcome="not-ours"} 1.0' in text
+
+
+def test_a_channel_moved_to_another_provider_reads_each_jobs_bounces_where_it_was_sent() -> None:
+    """A tired operator moves a watched channel to another provider (SIGHUP): the jobs
+    confirmed on the first have their reports in the first's mailbox, those sent after the
+    move in the second's. Each mailbox is read for the jobs sent there, and a report is
+    recorded where its job's copy was sent, not dropped as another mailbox's."""
+    rig = EngineRig(policy("receipts", watch_bounces="1h"))
+    other = FakeProvider("other", clock=rig.clock)
+    rig.engine.close()
+    rig.service = bootstrap(
+        rig_settings(2),
+        ledger=rig.ledger,
+        policy_loader=lambda: rig.policies,
+        policies=rig.policies,
+        providers={"fake": rig.provider, "other": other},
+        clock=rig.clock,
+        rng=random.Random(0),
+        share_scopes=False,
+    )
+    rig.engine = rig.service.engine
+    try:
+        before = rig.submit("receipts", "a-1")
+        rig.tick()
+        assert rig.job("a-1").last_provider == "fake"
+        rig.policies = PolicySet(
+            {"receipts": policy("receipts", watch_bounces="1h", provider="other")}
+        )
+        assert rig.holder.reload()
+        after = rig.submit("receipts", "b-1")
+        rig.advance_and_tick(1)
+        assert rig.job("b-1").last_provider == "other"
+        rig.provider.deliver(bounce_of(before))  # where a-1 was sent
+        other.deliver(bounce_of(after))  # where b-1 was sent
+        rig.advance_and_tick(INTERVAL)
+        assert len(bounced(rig, "a-1")) == 1 and len(bounced(rig, "b-1")) == 1
+        assert rig.provider.report_reads >= 1 and other.report_reads >= 1
+    finally:
+        rig.close()

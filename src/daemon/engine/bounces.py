@@ -2,7 +2,8 @@
 on them (docs/how-it-works.md "Bounces", docs/architecture.md "Bounces on the job").
 
 A channel with `watch_bounces` has its confirmed jobs watched for that long (the job's
-`WatchingBounces` event; the index keeps the watched jobs' mailboxes). The work is per
+`WatchingBounces` event; the index keeps the watched jobs' mailboxes, each with the
+provider its jobs were sent on, where their reports are). The work is per
 mailbox, not per job: once per `daemon.bounce_interval`, one read of each mailbox with
 watched jobs lists the candidate reports received within the longest window of its
 channels (`Provider.read_reports`) and reads the ones not read before; each is parsed as
@@ -37,7 +38,7 @@ from daemon.engine.commit import GroupCommit
 from daemon.engine.observer import EngineObserver, notify
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import Counter
-from daemon.engine.runner import Work
+from daemon.engine.runner import Work, provider_for
 from daemon.providers.base import FoundReport, Provider, ProviderError
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.delivery_reports import (
@@ -128,7 +129,9 @@ class BounceWatch:
         self._mailboxes: dict[str, _Mailbox] = {}
         self._reads: list[MailboxRead] = []
         self._reads_at: datetime | None = None
-        self._addresses: dict[str, str] = {}  # mailbox digest -> a From of that mailbox
+        # (channel, mailbox digest) -> a From of that mailbox and the provider its jobs
+        # were sent on (None: not known, the channel's)
+        self._addresses: dict[tuple[str, str], tuple[str, str | None]] = {}
 
     def due(self) -> list[MailboxRead]:
         """The mailbox reads that may run now: due, nothing of theirs waiting to be sent,
@@ -170,17 +173,23 @@ class BounceWatch:
         return self._may_read is None or self._may_read(read.policy, read.address, now)
 
     def _watched(self) -> list[MailboxRead]:
-        """Each watched (channel, mailbox) mapped to its provider's view and merged by
-        scope: channels sharing a mailbox share its read."""
+        """Each watched (channel, mailbox) mapped to the view of the provider its jobs
+        were sent on (the index's mailbox digest names it: a channel moved to another
+        provider by a reload has its earlier jobs' reports in the first one's mailbox,
+        `runner.provider_for`) and merged by scope: channels sharing a mailbox share its
+        read."""
         policies = self._policies.current
         merged: dict[str, MailboxRead] = {}
         for watched in self._ledger.watched():
             policy = policies.get(watched.channel)
             if policy is None or policy.watch_bounces is None:
                 continue  # its watches end at their time; nothing is read for them
-            provider = self._providers.get(policy.provider)
-            address = self._address(watched.mailbox, watched.example_key)
-            if provider is None or address is None:
+            named = self._address(watched.channel, watched.mailbox, watched.example_key)
+            if named is None:
+                continue
+            address, sent_on = named
+            provider = self._providers.get(sent_on or policy.provider)
+            if provider is None:
                 continue
             view = provider.for_job(address, None)
             if not view.reads_reports:
@@ -202,19 +211,23 @@ class BounceWatch:
                 known.lookback = max(known.lookback, policy.watch_bounces)
         return sorted(merged.values(), key=lambda r: r.scope)
 
-    def _address(self, digest: str, example_key: str) -> str | None:
-        """The From of a watched mailbox, known by its digest (the index keeps no address):
-        read from one of its jobs once, then remembered."""
+    def _address(
+        self, channel: str, digest: str, example_key: str
+    ) -> tuple[str, str | None] | None:
+        """The From of a watched mailbox and the provider its jobs were sent on, known by
+        its digest (the index keeps no address): read from one of its jobs once, then
+        remembered."""
         with self._lock:
-            known = self._addresses.get(digest)
+            known = self._addresses.get((channel, digest))
         if known is not None:
             return known
         job = self._ledger.find_job(example_key)
         if job is None:
             return None
+        found = (job.from_addr, job.last_provider)
         with self._lock:
-            self._addresses[digest] = job.from_addr
-        return job.from_addr
+            self._addresses[(channel, digest)] = found
+        return found
 
     def read(self, read: MailboxRead, counter: Counter) -> None:
         """One read of one mailbox, and every report it found attributed (a check
@@ -305,7 +318,7 @@ class BounceWatch:
         for _ in range(SAVE_TRIES):
             try:
                 job = self._ledger.get_job(row.key)
-                if self._scope_of(job.channel, job.from_addr) != read.scope:
+                if self._scope_of(job) != read.scope:
                     return self._refused(provider_id, ReportRefusal.OTHER_MAILBOX, row.key)
                 self._record(job, report, provider_id)
             except BounceRefused as refused:
@@ -333,10 +346,12 @@ class BounceWatch:
         self._commits.save(job)
         notify(self._observer.saved, job, events)
 
-    def _scope_of(self, channel: str, from_addr: str) -> str | None:
-        policy = self._policies.current.get(channel)
-        provider = None if policy is None else self._providers.get(policy.provider)
-        return None if provider is None else provider.for_job(from_addr, None).scope()
+    def _scope_of(self, job: SendJob) -> str | None:
+        """The scope of the mailbox the job's copy was sent from: on the provider of its
+        last attempt, not the one its channel moved to since."""
+        name = provider_for(job, self._policies.current.get(job.channel))
+        provider = None if name is None else self._providers.get(name)
+        return None if provider is None else provider.for_job(job.from_addr, None).scope()
 
     def _refused(self, provider_id: str, refusal: ReportRefusal, detail: str) -> str:
         notify(self._observer.bounce_report, refusal.value)

@@ -129,10 +129,11 @@ ALL_JOBS = JobFilter()
 @dataclass(frozen=True)
 class WatchedMailbox:
     """A mailbox some confirmed jobs of a channel have their bounces watched in: its
-    digest, how many jobs, and one of them (whose From names the mailbox)."""
+    digest, how many jobs, and one of them (whose From and last provider name the
+    mailbox)."""
 
     channel: str
-    mailbox: str  # `mailbox_digest` of the jobs' From
+    mailbox: str  # `mailbox_digest` of the jobs' From and the provider they were sent on
     jobs: int
     example_key: str
 
@@ -182,18 +183,24 @@ def index_row(job: SendJob, mailbox: Callable[[str], str] = mailbox_key) -> Inde
         reason=job.reason,
         purged_at=None if job.purged_at is None else job.purged_at.timestamp(),
         watch_until=job.watch_until.timestamp() if watching and job.watch_until else None,
-        watch_mailbox=mailbox_digest(job.from_addr) if watching else None,
+        watch_mailbox=mailbox_digest(job.from_addr, job.last_provider) if watching else None,
         mailbox=mailbox(job.from_addr),
     )
 
 
-def mailbox_digest(from_addr: str) -> str:
+def mailbox_digest(from_addr: str, provider: str | None = None) -> str:
     """What the index keeps of a watched job's mailbox: the first 32 hex digits of the
-    SHA-256 of its lower-cased addr-spec, so jobs of one mailbox group together and no
-    address is stored beside encrypted events (docs/configuration.md "Encryption at rest")."""
+    SHA-256 of its lower-cased addr-spec and the provider its copy was sent on
+    (`last_provider`), so jobs of one mailbox sent on one provider group together (a
+    channel moved to another provider has its earlier jobs' reports read where they were
+    sent) and no address is stored beside encrypted events (docs/configuration.md
+    "Encryption at rest"). Without a provider, the addr-spec's alone (rows of earlier
+    releases)."""
     from ledger.addresses import parse_mailbox  # only for watched jobs (its imports cost)
 
     bare = parse_mailbox(from_addr).address.addr_spec.lower()
+    if provider is not None:
+        bare += "\n" + provider  # no addr-spec holds a line break
     return hashlib.sha256(bare.encode("utf-8")).hexdigest()[:32]
 
 
