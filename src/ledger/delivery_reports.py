@@ -17,8 +17,9 @@ returns either a :class:`DeliveryReport` naming exactly one message of ours, or 
 * exactly one original-message part (``text/rfc822-headers``, ``message/rfc822`` or their
   RFC 6533 ``global`` forms) whose header block has exactly one Message-ID, and that
   Message-ID is ours: the ``<job-<32 hex>@domain>`` shape of ``ledger/message_id.py``,
-  with one of our ``message_id_domain`` values. Gmail's ``X-Original-Message-ID`` in the
-  status part, when present, must name the same message.
+  with one of our ``message_id_domain`` values (or, exactly, the Message-ID of a job the
+  caller knows: one sent before its channel's domain changed). Gmail's
+  ``X-Original-Message-ID`` in the status part, when present, must name the same message.
 
 Anything else is refused with a :class:`ReportRefusal` (a metric label and a log line, never an
 event on a job). Which job the report belongs to, and whether that job's mailbox is the one
@@ -32,7 +33,7 @@ import base64
 import binascii
 import quopri
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -142,13 +143,20 @@ class DeliveryReport:
         return any(r.permanent for r in self.recipients)
 
 
-def read_report(raw: bytes, *, domains: Collection[str]) -> DeliveryReport | ReportRefused:
+def read_report(
+    raw: bytes,
+    *,
+    domains: Collection[str],
+    known: Callable[[str], bool] | None = None,
+) -> DeliveryReport | ReportRefused:
     """`raw` read as a delivery status notification about one message of ours, whose
-    Message-ID domain is one of `domains` (the policies' `message_id_domain`)."""
+    Message-ID domain is one of `domains` (the policies' `message_id_domain`). `known`:
+    whether a Message-ID of our shape on another domain is, exactly, a job's all the same
+    (one sent before its channel's domain changed: the index says)."""
     if len(raw) > MAX_REPORT_BYTES:
         return ReportRefused(ReportRefusal.TOO_LARGE, f"{len(raw)} bytes")
     try:
-        return _read(raw, {d.lower(): d for d in domains})
+        return _read(raw, {d.lower(): d for d in domains}, known)
     except _Refused as refused:
         return ReportRefused(refused.reason, refused.detail)
 
@@ -160,7 +168,9 @@ class _Refused(SendledgerError):
         self.detail = detail
 
 
-def _read(raw: bytes, domains: dict[str, str]) -> DeliveryReport:
+def _read(
+    raw: bytes, domains: dict[str, str], known: Callable[[str], bool] | None
+) -> DeliveryReport:
     text = raw.decode("latin-1").replace("\r\n", "\n")  # bytes 1:1 to characters
     headers, body = _split_head(text)
     content_type, params = _content_type(headers)
@@ -180,7 +190,7 @@ def _read(raw: bytes, domains: dict[str, str]) -> DeliveryReport:
     if len(statuses) > 1 or len(originals) > 1:
         raise _Refused(ReportRefusal.AMBIGUOUS, "more than one status or original part")
     message_fields, recipients = _status_fields(statuses[0][1])
-    original = _original_message_id(originals[0][1], domains)
+    original = _original_message_id(originals[0][1], domains, known)
     gmail_says = _one(message_fields, "x-original-message-id")
     if gmail_says is not None and gmail_says.strip() != original:
         raise _Refused(ReportRefusal.AMBIGUOUS, "X-Original-Message-ID names another message")
@@ -348,7 +358,9 @@ def _status_fields(body: str) -> tuple[Fields, list[Fields]]:
     return _fields(blocks[0]), [_fields(block) for block in blocks[1:]]
 
 
-def _original_message_id(body: str, domains: dict[str, str]) -> str:
+def _original_message_id(
+    body: str, domains: dict[str, str], known: Callable[[str], bool] | None
+) -> str:
     headers, _rest = _split_head(body.lstrip("\n"))
     found = _all(headers, "message-id")
     if not found:
@@ -360,6 +372,8 @@ def _original_message_id(body: str, domains: dict[str, str]) -> str:
     value = found[0].strip()
     match = _OUR_MESSAGE_ID.fullmatch(value)
     ours = None if match is None else domains.get(match.group(1).lower())
+    if match is not None and ours is None and known is not None and known(value):
+        return value  # exactly a job's, on a domain no policy names any more
     if match is None or ours is None:
         raise _Refused(ReportRefusal.NOT_OURS, _printable(value))
     # As the job stores it: the domain as the policy spells it (it compares case-blind).

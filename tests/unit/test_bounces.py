@@ -353,3 +353,24 @@ def test_a_channel_moved_to_another_provider_reads_each_jobs_bounces_where_it_wa
         assert rig.provider.report_reads >= 1 and other.report_reads >= 1
     finally:
         rig.close()
+
+
+def test_a_report_of_a_job_sent_before_its_channels_domain_changed_is_still_its() -> None:
+    """An operator moves a watched channel to another `message_id_domain` (SIGHUP): the
+    jobs confirmed before keep their Message-IDs, and a report naming one of them is that
+    job's (the index knows the Message-ID), not refused as another domain's."""
+    rig = EngineRig(policy("receipts", watch_bounces="1h"))
+    try:
+        mid = rig.submit("receipts", "r-1")
+        rig.tick()
+        assert mid.endswith("@mail.example.com>")
+        moved = policy("receipts", watch_bounces="1h", message_id_domain="new.example.org")
+        rig.policies = PolicySet({"receipts": moved})
+        assert rig.holder.reload()
+        rig.provider.deliver(bounce_of(mid))
+        forged = "<job-" + "0" * 32 + "@mail.example.com>"  # the old domain, no such job
+        rig.provider.deliver(bounce_of(forged))
+        rig.advance_and_tick(INTERVAL)
+        assert len(bounced(rig, "r-1")) == 1
+    finally:
+        rig.close()

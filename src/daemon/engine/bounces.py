@@ -297,11 +297,16 @@ class BounceWatch:
             parsed = ReportRefused(ReportRefusal.TOO_LARGE, f"{found.size} bytes")
         else:
             domains = {p.message_id_domain for p in self._policies.current.values()}
-            parsed = read_report(found.raw, domains=domains)
+            # A job sent before its channel's message_id_domain changed keeps its
+            # Message-ID: the index says it is a job's (attributed below as any other).
+            parsed = read_report(found.raw, domains=domains, known=self._is_a_job)
         if isinstance(parsed, ReportRefused):
             self._refused(found.provider_id, parsed.reason, parsed.detail)
             return _Seen(parsed.reason)
         return _Seen("waiting", parsed)
+
+    def _is_a_job(self, message_id: str) -> bool:
+        return self._ledger.row_by_message_id(message_id) is not None
 
     def _attribute(
         self, read: MailboxRead, provider_id: str, report: DeliveryReport, counter: Counter
