@@ -17,11 +17,22 @@ _PRIVATE_KEY = re.compile(
 
 
 def read_client_secret(path: Path) -> str:
-    """The secret: the file's first line. ValueError names why not."""
+    """The secret: the file's first line. ValueError names why not, also for a character
+    no Azure secret holds (a byte order mark a Windows editor wrote, a zero-width or
+    no-break space pasted from a web page): sent as read, Azure would refuse it as an
+    invalid secret at the first send, and the log would name no file."""
     text = read_secret_text(path)
     secret = text.splitlines()[0].strip() if text else ""
     if not secret:
         raise ValueError(f"{path}: empty (the client secret is its first line)")
+    bad = next((c for c in secret if not c.isprintable()), None)
+    if bad is not None:
+        what = (
+            "a byte order mark: save the file as UTF-8 without one"
+            if bad == "\ufeff"
+            else "an invisible character: type the secret again"
+        )
+        raise ValueError(f"{path}: the client secret holds U+{ord(bad):04X}, {what}")
     return secret
 
 
