@@ -558,3 +558,30 @@ def test_a_refusal_answered_after_graph_sent_the_draft_is_not_proven_by_a_delete
     assert outcome.kind is SendKind.UNKNOWN, outcome
     assert len(graph.folder(MAILBOX, "sentitems")) == 1, "the sent copy was deleted"
     assert len(graph_provider.search(MID).copies) == 1
+
+
+@pytest.mark.parametrize("refusal", ["429", "503"])
+def test_a_refusal_whose_draft_could_not_be_read_is_never_sent_again_once_it_was_sent(
+    provider: ProviderFactory,
+    relay: FaultRelay,
+    graph: GraphEmulator,
+    accept_log: Path,
+    refusal: Mode,
+) -> None:
+    """As above, but the read of the draft that would prove the refusal is refused too
+    (throttled with the send): the refusal stands unproven, and the engine tries again.
+    That next attempt must not send a second copy: it reads the earlier draft first, and
+    one that is no draft any more was sent, so it sends nothing and leaves the job to the
+    search (Unknown), which finds that copy by its immutable id."""
+    graph_provider = provider()
+    graph_provider.search("<warm-up@x>")  # discovery and token first
+    relay.refuse_after_forward("send", refusal)
+    relay.set_plan(FaultPlan(search=["503"]))  # the read of the draft after the refusal
+    first = graph_provider.send_raw(raw_message())
+    assert logged_copies(accept_log) == 1  # Graph sent it
+    assert first.kind is SendKind.REJECTED and first.transient, first
+    second = graph_provider.send_raw(raw_message())  # the retry after the backoff
+    assert logged_copies(accept_log) == 1, "sent twice"
+    assert second.kind is SendKind.UNKNOWN, second
+    assert len(graph_provider.search(MID).copies) == 1
+    assert len(graph.folder(MAILBOX, "sentitems")) == 1

@@ -433,7 +433,9 @@ class GraphProvider(ProviderBase):
         `graph_classify.py` for what each answer means). Never raises for the outcome."""
         message_id = BytesHeaderParser().parsebytes(raw).get("Message-ID")
         if message_id is not None:
-            self._tidy(mailbox, str(message_id))
+            earlier = self._tidy(mailbox, str(message_id))
+            if earlier is not None:
+                return earlier
         try:
             status, headers, body = self._request(
                 mailbox,
@@ -489,18 +491,36 @@ class GraphProvider(ProviderBase):
             mailbox.forget(message_id, draft_id)
         return after_draft_delete(refused, deleted)
 
-    def _tidy(self, mailbox: _Mailbox, message_id: str) -> None:
+    def _tidy(self, mailbox: _Mailbox, message_id: str) -> SendOutcome | None:
         """Before another attempt of the same message: delete the drafts of earlier ones
-        that are still drafts (a rejected send whose draft could not be deleted then), so
-        they do not pile up in Drafts. Best effort: a failure here changes nothing about
-        the new attempt, and the next search fences what is left."""
+        that are still drafts (a rejected send whose draft could not be deleted then, nor
+        read to prove the refusal), so none can be sent besides the new one. None: the
+        attempt goes ahead. Else what it is instead, with nothing created or sent: a draft
+        that is no draft any more was sent (a 429 / 503 a gateway answered after Graph
+        sent it), so this attempt would be a second copy: Unknown, and the search finds
+        that copy by its immutable id; a draft that cannot be read or deleted now may be
+        sent yet: not sent, try again (Rejected, transient)."""
         for draft_id in mailbox.drafts(message_id):
             try:
                 found = self._message(mailbox, draft_id)
                 if found is not None and found.get("isDraft") is True:
                     self._fence(mailbox, message_id, draft_id)
-            except ProviderError:
-                continue  # the next search fences it
+                elif found is not None:
+                    return SendOutcome(
+                        SendKind.UNKNOWN,
+                        f"not sent again: the draft {draft_id} of an earlier attempt was sent",
+                    )
+            except ProviderError as exc:
+                return SendOutcome(
+                    SendKind.REJECTED,
+                    f"the draft {draft_id} of an earlier attempt could not be checked "
+                    f"({exc.reason}); not sent",
+                    transient=True,
+                    retry_after=exc.retry_after,
+                    unavailable=exc.unavailable,
+                    timed_out=exc.timed_out,
+                )
+        return None
 
     def _await_copy(self, mailbox: _Mailbox, draft_id: str, accepted: SendOutcome) -> SendOutcome:
         """After a 202: read the draft's immutable id until Graph has filed the sent copy

@@ -26,7 +26,9 @@ After a send-step rejection the provider reads the draft by its immutable id and
 it while it is still a draft: a draft that is deleted can never be sent, so the rejection
 is then proven; a draft that is already gone (in transit) or is no draft any more (the
 sent copy, filed under the same immutable id) may have been sent, so the rejection
-becomes Unknown, and the item is not deleted (that would delete the sent copy).
+becomes Unknown, and the item is not deleted (that would delete the sent copy). A
+rejection whose draft could not be read back stays unproven: the next attempt of the same
+message reads that draft first and sends nothing when it was sent.
 """
 
 from __future__ import annotations
