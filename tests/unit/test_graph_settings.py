@@ -88,7 +88,7 @@ def test_build_reads_the_secret_and_touches_no_network(tmp_path: Path) -> None:
         ("\n", "empty"),
         # Saved by a Windows editor, or pasted from a web page: Azure would answer
         # "invalid client secret" at the first send, naming nothing.
-        ("\ufeffs3cret\n", "U+FEFF, a byte order mark"),
+        ("\ufeffs3cret\n", "starts with a byte order mark"),
         ("s3cret\u200b\n", "U+200B"),
         ("s3cr\u00a0et\n", "U+00A0"),
     ],

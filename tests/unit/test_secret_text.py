@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from daemon.config.secret_text import content_lines, read_secret_text
+from daemon.providers.smtp_imap import read_password_file
 
 
 def test_missing_and_non_utf8_files_are_one_line_reasons(tmp_path: Path) -> None:
@@ -16,6 +17,19 @@ def test_missing_and_non_utf8_files_are_one_line_reasons(tmp_path: Path) -> None
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ValueError, match="not UTF-8"):
         read_secret_text(binary)
+
+
+def test_a_byte_order_mark_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """The SMTP password, the store's password, API tokens and webhook secrets are all
+    read here: none may start with U+FEFF, which would become part of the secret."""
+    marked = tmp_path / "password"
+    marked.write_bytes(b"\xef\xbb\xbfs3cret\n")
+    with pytest.raises(ValueError, match=r"password: starts with a byte order mark"):
+        read_secret_text(marked)
+    with pytest.raises(ValueError, match="byte order mark"):
+        read_password_file(marked)
+    marked.write_bytes("s3cret\ufeff\n".encode())  # not at the start: the secret's own
+    assert read_password_file(marked) == "s3cret\ufeff"
 
 
 def test_content_lines_skip_blanks_and_comments_and_keep_numbers() -> None:

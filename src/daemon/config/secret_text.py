@@ -21,9 +21,15 @@ def read_secret_text(path: Path) -> str:
     """The file's text. ValueError with a one-line reason when it cannot be read."""
     data = read_regular_file(path, limit=MAX_SECRET_BYTES)
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not UTF-8 text") from None
+    if text.startswith("\ufeff"):
+        # A Windows editor's mark, read as the first character of the password, token or
+        # key: each would then fail where it is used (Azure, the server, a receiver
+        # checking a signature) naming no file.
+        raise ValueError(f"{path}: starts with a byte order mark: save it as UTF-8 without one")
+    return text
 
 
 def content_lines(text: str) -> Iterator[tuple[int, str]]:
