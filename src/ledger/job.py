@@ -1127,8 +1127,13 @@ class SendJob(Aggregate):
     ) -> None:
         """What a search a human asked for found. Refused while a provider call is in
         flight (attempted): the daemon's outcome is about to be written and must not meet
-        another writer. A `by` that `ledger.keys` refuses is JobInputError."""
+        another writer; refused on a purged job. A `by` that `ledger.keys` refuses is
+        JobInputError."""
         check_name(by)
+        # A purged job's trail ends with Purged (docs/configuration.md "Retention"): a
+        # check still answers (`Services.check`), but records nothing after it.
+        if self.purged:
+            raise self._refuse("Checked", f"its content was purged {self.purged_at:%Y-%m-%d}")
         if self.state is JobState.ATTEMPTED:
             raise self._refuse("Checked", "a send is in flight")
         self.trigger_event(

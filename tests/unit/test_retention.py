@@ -249,3 +249,30 @@ def test_no_quoted_text_survives_outside_the_trail(
         assert vars(events[0])["to"] == list(content.to)  # the original is untouched
     finally:
         rig.close()
+
+
+def test_a_check_on_a_purged_job_answers_but_records_nothing(rig: EngineRig) -> None:
+    # A person's check (or one whose search was out when the purge ran) still shows what
+    # the mailbox holds, but nothing is appended after Purged: the trail ends there.
+    from daemon.service_layer.services import ChannelPolicies, Services
+
+    submit(rig, rich_job("inv-9"))
+    rig.tick()
+    rig.ledger.purge("inv-9", by="ops", rule="r")
+    door = Services(rig.ledger, lambda: ChannelPolicies(rig.policies), providers=_fake(rig))
+    answer = door.check("inv-9", by="alice")
+    assert answer.count == 1 and not answer.recorded
+    assert rig.events("inv-9")[-1] == "Purged"
+    with pytest.raises(TransitionError, match="purged"):
+        rig.ledger.update(
+            "inv-9",
+            lambda j: j.record_check(
+                by="bob", purpose="check", query="q", copies=[], at=rig.clock()
+            ),
+        )
+
+
+def _fake(rig: EngineRig) -> Any:
+    from contextlib import nullcontext
+
+    return lambda name: nullcontext(rig.provider)

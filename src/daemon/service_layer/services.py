@@ -543,7 +543,7 @@ class Services:
         try:
             return self._write(key, record)
         except TransitionError:
-            return False  # a send in flight: shown, not recorded
+            return False  # a send in flight, or a purged job: shown, not recorded
 
     def _save_fence(self, job: SendJob, seen: int, deleted: list[str]) -> int:
         """The drafts a resend deleted first, saved on the version the person decided
