@@ -103,13 +103,26 @@ def decode_cursor(cursor: str) -> tuple[float, str] | None:
     except (binascii.Error, ValueError, RecursionError):
         return None
     match value:
-        case [int() | float() as at, str() as key] if not isinstance(at, bool):
+        # Checked as the store reads it: the key is bound as UTF-8 text, which a lone
+        # surrogate has no encoding for (a crash, not a refusal) and PostgreSQL refuses a
+        # NUL in. No job key holds either (`ledger.keys`), so no cursor we gave does.
+        case [int() | float() as at, str() as key] if not isinstance(at, bool) and _storable(key):
             try:
                 position = float(at)
             except OverflowError:
                 return None
             return (position, key) if math.isfinite(position) else None
     return None
+
+
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 __all__ = [
