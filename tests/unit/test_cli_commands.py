@@ -190,3 +190,24 @@ def test_policy_check_refuses_retry_on_a_client_copy_provider(
     assert "receipts.toml:on_unknown: " in capsys.readouterr().err
     config.write_text(settings.format(copy="server"), encoding="utf-8")
     assert cmd_policy_check(args) == 0
+
+
+def test_an_unknown_review_reason_is_exit_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--reason unknown` (for unknown-outcome) used to answer "no jobs in review", exit 0:
+    # a typo that hides the queue from the person it was meant to show it to.
+    from ledger.application import Ledger
+
+    store = tmp_path / "ledger.sqlite"
+    Ledger(f"sqlite:///{store}").close()
+    config = tmp_path / "sendledger.toml"
+    config.write_text(f'[store]\nurl = "sqlite:///{store}"\n')
+    assert main(["review", "list", "--config", str(config)]) == 0  # the store opens
+    capsys.readouterr()
+    for command in ("list", "triage"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["review", command, "--reason", "unknown", "--config", str(config)])
+        assert exit_.value.code == EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert "--reason" in err and "unknown-outcome" in err

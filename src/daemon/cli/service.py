@@ -24,9 +24,18 @@ from daemon.service_layer.read_models import job_status
 from daemon.service_layer.services import check_advice, resolve_as_a_person
 from ledger.display import command_line, printable
 from ledger.job import copies_found
-from ledger.vocabulary import Resolution
+from ledger.vocabulary import EscalationReason, Resolution
 
 log = logging.getLogger("sendledger")
+
+
+#: A reason is one of a closed set: a typo (`--reason unknown`) is exit 2 naming the
+#: choices, not an empty queue that reads as "nothing to review".
+_REASON: dict[str, Any] = {
+    "choices": [reason.value for reason in EscalationReason],
+    "metavar": "REASON",
+    "help": "only jobs in review for this reason (docs/review.md)",
+}
 
 
 def register(sub: Any) -> None:
@@ -39,7 +48,7 @@ def register(sub: Any) -> None:
     )
     p = add_command(review, "list", cmd_review_list, "jobs in review")
     p.add_argument("--channel", help="only this channel's jobs")
-    p.add_argument("--reason", help="only jobs in review for this reason")
+    p.add_argument("--reason", **_REASON)
     add_command(
         review, "show", cmd_review_show, "a job in review: its state, history and handle", key=True
     )
@@ -69,7 +78,7 @@ def register(sub: Any) -> None:
         review, "triage", cmd_review_triage, "search every job in review; one copy: sent"
     )
     p.add_argument("--channel", help="only this channel's jobs")
-    p.add_argument("--reason", help="only jobs in review for this reason")
+    p.add_argument("--reason", **_REASON)
     p.add_argument("--dry-run", action="store_true", help="search, record nothing")
     p.add_argument("--by", default="", help="who decided (default: the OS user)")
     p = add_command(sub, "cancel", cmd_cancel, "withdraw a job not yet attempted", key=True)
