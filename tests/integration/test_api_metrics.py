@@ -89,3 +89,30 @@ def test_history_reads_are_counted_by_what_they_settled() -> None:
     for result in ("hit", "miss", "unusable"):
         assert found[("sendledger_history_reads_total", (("result", result),))] == 1, result
     assert ("sendledger_searches_total", (("result", "hit"),)) not in found
+
+
+def test_a_verification_given_up_without_a_search_counts_no_search() -> None:
+    """A confirmed job still to be verified whose channel lost its policy is given up
+    without a search (Verified, 0 hits): no search was made, so no miss is counted."""
+    from policies.loader import PolicySet
+
+    rig = EngineRig(policy("receipts", on_unknown="retry"))
+    metrics = observed(rig)
+    try:
+        rig.provider.script(Scripted.lost_request())
+        rig.submit("receipts", "v")
+        rig.tick()
+        for _ in range(6):
+            rig.advance_and_tick(60)
+        assert rig.job("v").verifying
+        before = samples(metrics)
+        rig.policies = PolicySet({})
+        assert rig.holder.reload()
+        rig.advance_and_tick(3600)
+        assert not rig.job("v").verifying
+        assert rig.events("v")[-1] == "Verified"
+        found = samples(metrics)
+    finally:
+        rig.close()
+    miss = ("sendledger_searches_total", (("result", "miss"),))
+    assert found.get(miss) == before.get(miss)

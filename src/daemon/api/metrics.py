@@ -135,7 +135,10 @@ class Metrics:
             elif kind == "HistoryUnusable":
                 self.history_reads.labels("unusable").inc()
             elif kind == "Verified":
-                self.searches.labels("hit" if getattr(event, "hits", 0) else "miss").inc()
+                # Given up without a search (no policy or provider for the channel: the
+                # event's policy is `PolicyRef.missing`, no fingerprint): nothing searched.
+                if getattr(event, "fingerprint", "") or getattr(event, "hits", 0):
+                    self.searches.labels("hit" if getattr(event, "hits", 0) else "miss").inc()
             elif kind == "Duplicate":
                 self.searches.labels("duplicate").inc()
                 self.duplicates.inc()
