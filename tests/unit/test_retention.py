@@ -276,3 +276,25 @@ def _fake(rig: EngineRig) -> Any:
     from contextlib import nullcontext
 
     return lambda name: nullcontext(rig.provider)
+
+
+def test_admin_purge_of_a_watched_job_names_the_bounce_watch() -> None:
+    # `admin purge --key` said "with a verification due" for whatever was due; a tired
+    # operator then looks for a verification that does not exist. It names what is due.
+    import argparse
+
+    from daemon.cli.admin_purge import _purge_keys
+    from daemon.exit_codes import EXIT_CONFLICT, CliError
+
+    rig = EngineRig(policy("receipts", watch_bounces="1h"))
+    try:
+        rig.submit("receipts", "w-1")
+        rig.tick()
+        args = argparse.Namespace(key=["w-1"], dry_run=False, json=False)
+        with pytest.raises(CliError) as refused:
+            _purge_keys(rig.ledger, args, "ops")
+        assert refused.value.code == EXIT_CONFLICT
+        assert "bounce watch" in str(refused.value) and "verification" not in str(refused.value)
+        assert rig.events("w-1")[-1] == "WatchingBounces"  # nothing written
+    finally:
+        rig.close()

@@ -84,10 +84,16 @@ def _purge_keys(ledger: Ledger, args: argparse.Namespace, by: str) -> int:
         if job.purged:
             raise CliError(f"job {job.key!r} was purged already", EXIT_CONFLICT)
         if not job.purgeable:
+            why = f"job {job.key!r} is {job.state.value}"
+            try:
+                # The job's own refusal names what is still due (a verification, its bounce
+                # watch, the deletion of its drafts). This copy is never saved.
+                job.purge(by=by, rule="admin purge --key", at=ledger.clock())
+            except TransitionError as exc:
+                why = str(exc)
             raise CliError(
-                f"job {job.key!r} is {job.state.value}"
-                f"{' with a verification due' if job.due_at is not None else ''}: only a "
-                "job settled for good (confirmed, abandoned or cancelled) can be purged",
+                f"{why}; only a job settled for good (confirmed, abandoned or cancelled, "
+                "nothing due) can be purged",
                 EXIT_CONFLICT,
             )
     if args.dry_run:
