@@ -288,3 +288,24 @@ def test_sent_without_a_note_holds_only_for_the_version_whose_check_found_the_co
         assert rig.job("k1").state is JobState.REVIEW and resolutions(rig, "k1") == []
     finally:
         rig.close()
+
+
+def test_a_page_read_while_another_writes_shows_one_version(rig: EngineRig) -> None:
+    """The job page (`review show`, GET of the page) reads the job and its history: a
+    check recorded between the two reads made the status one version and the history
+    another, so the page showed a state its own timeline had left."""
+    in_review(rig, "k1")
+    s = door(rig)
+    real_get_job = rig.ledger.get_job
+
+    def get_job_then_another_writes(key: str) -> SendJob:
+        job = real_get_job(key)
+        rig.ledger.get_job = real_get_job  # type: ignore[method-assign]
+        door(rig).check(key, by="bob")  # between this read and the next
+        return job
+
+    rig.ledger.get_job = get_job_then_another_writes  # type: ignore[method-assign]
+    view = s.job_view("k1")
+    rig.ledger.get_job = real_get_job  # type: ignore[method-assign]
+    assert view.status["version"] == view.history[-1]["version"] == view.job.version
+    assert view.last_check is None or view.last_check["version"] <= view.job.version

@@ -52,6 +52,7 @@ from ledger.application import (
     Proved,
     SubmitResult,
     UnknownJob,
+    project_events,
 )
 from ledger.content import JobContent, JobInputError
 from ledger.display import command_line, iso
@@ -375,8 +376,16 @@ class Services:
         return JobPage([listed_job(row) for row in shown], next_cursor)
 
     def job_view(self, key: str) -> JobView:
-        job = self.job(key)
-        history = self.history(key)
+        # One read of the events: the status, the timeline and the guidance are of one
+        # version (two reads could straddle another writer's append, and the page would
+        # show a state its own timeline had left).
+        try:
+            events = self.ledger.history(key)
+        except UnknownJob as exc:
+            raise ServiceError(Refusal.NOT_FOUND, str(exc)) from None
+        job = project_events(None, events)
+        assert isinstance(job, SendJob)
+        history = [event_record(e) for e in events]
         checks = [r for r in history if r["type"] == "Checked"]
         last_check = checks[-1] if checks else None
         evidence = check_since_review(history)
