@@ -61,7 +61,8 @@ E = TypeVar("E")
 
 def quoted_texts(content: JobContent) -> list[str]:
     """What of `content` another event's text could quote: every address as written and
-    as a bare addr-spec, display names, the subject. Longest first, so that a full
+    as a bare addr-spec (an internationalized domain also in its Unicode form), display
+    names, the subject. Longest first, so that a full
     "Name <a@b>" is replaced before its parts."""
     texts: set[str] = set()
     addresses = [*content.to, *content.cc, *content.bcc]
@@ -74,10 +75,26 @@ def quoted_texts(content: JobContent) -> list[str]:
         except AddressError:
             continue
         texts.add(mailbox.addr_spec)
+        if unicode_domain := _u_label_domain(mailbox.domain):
+            # The job keeps the wire's A-labels (`ledger.addresses`); a person (a note) or an
+            # RFC 6533 report writes the domain as it reads, `bücher.example`.
+            texts.add(f"{mailbox.local}@{unicode_domain}")
         if mailbox.display_name:
             texts.add(mailbox.display_name)
     texts.add(content.subject)
     return sorted((t for t in texts if len(t) >= MIN_QUOTED_LENGTH), key=len, reverse=True)
+
+
+def _u_label_domain(domain: str) -> str | None:
+    """An internationalized domain (A-labels, `xn--`) as people write it, or None."""
+    if not any(label.lower().startswith("xn--") for label in domain.split(".")):
+        return None
+    import idna
+
+    try:
+        return str(idna.decode(domain))
+    except (idna.IDNAError, UnicodeError):
+        return None
 
 
 def scrubber(texts: Iterable[str]) -> re.Pattern[str] | None:

@@ -298,3 +298,24 @@ def test_admin_purge_of_a_watched_job_names_the_bounce_watch() -> None:
         assert rig.events("w-1")[-1] == "WatchingBounces"  # nothing written
     finally:
         rig.close()
+
+
+def test_an_internationalized_address_is_scrubbed_as_a_person_writes_it(rig: EngineRig) -> None:
+    # The job keeps `zoe@xn--bcher-kva.example` (the wire's form); the operator's note,
+    # and a report in RFC 6533's utf-8 form, write the domain as people read it.
+    data = {**rich_job("inv-idn"), "to": ["Zoë Quartz <zoe.quartz@bücher.example>"]}
+    submit(rig, data)
+    rig.provider.script(Scripted.rejected(transient=False, reason="550 5.1.1 unknown"))
+    rig.tick()
+    rig.ledger.update(
+        "inv-idn",
+        lambda j: j.resolve(
+            Resolution.ABANDON,
+            note="wrote to ZOE.QUARTZ@Bücher.example and zoe.quartz@xn--bcher-kva.example",
+            by="op",
+            at=rig.clock(),
+        ),
+    )
+    rig.ledger.purge("inv-idn", by="ops", rule="r")
+    [resolved] = [e for e in rig.ledger.history("inv-idn") if isinstance(e, SendJob.Resolved)]
+    assert resolved.note == f"wrote to {REDACTED} and {REDACTED}"
