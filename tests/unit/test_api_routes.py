@@ -141,3 +141,16 @@ def test_every_template_escapes_and_shows_controls_as_escapes(client: TestClient
     rendered = templates.get_template("message.html").render(title="t", message=hostile)
     assert "<img" not in rendered and "&lt;img" in rendered
     assert "\x1b" not in rendered and "\\x1b[31m" in rendered
+
+
+def test_an_unknown_review_reason_is_422_naming_it(rig: EngineRig, client: TestClient) -> None:
+    # `reason=unknown` (for unknown-outcome) answered [] with 200: an empty queue for a
+    # typo, and a triage of nothing reported as done.
+    in_review(rig, client, "lost", copy=False)
+    listed = client.get("/v1/review?reason=unknown", headers=AUTH)
+    triage = client.post("/v1/review/triage", json={"reason": "unknown"}, headers=AUTH)
+    for answer in (listed, triage):
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"].startswith("reason: one of unknown-outcome")
+        assert [e["field"] for e in answer.json()["errors"]] == ["reason"]
+    assert client.get("/v1/review?reason=unknown-outcome", headers=AUTH).json()[0]["key"] == "lost"

@@ -27,7 +27,7 @@ from ledger.content import (
     REQUIRED_FIELDS,
 )
 from ledger.keys import MAX_NOTE_LENGTH
-from ledger.vocabulary import Resolution
+from ledger.vocabulary import EscalationReason, Resolution
 
 #: No stored channel or reason holds a NUL (and PostgreSQL refuses one in a query).
 NO_NUL = r"^[^\x00]*$"
@@ -114,6 +114,10 @@ _FIELD_TYPES: dict[str, tuple[Any, str, str]] = {
 }
 #: Schema the field's type cannot carry (documented, not validated: intake is parse_job).
 _MORE_SCHEMA: dict[str, dict[str, Any]] = {"attachments": {"items": _ATTACHMENT}}
+
+
+#: A review filter's reason: one of these (the service refuses another, 422 naming it).
+REASONS = [reason.value for reason in EscalationReason]
 
 
 def exactly(schema: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
@@ -246,7 +250,7 @@ class CancelIn(BaseModel):
 class TriageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     channel: str | None = Field(default=None, pattern=NO_NUL)
-    reason: str | None = Field(default=None, pattern=NO_NUL)
+    reason: str | None = Field(default=None, json_schema_extra={"enum": [*REASONS, None]})
     # A JSON boolean only: `"no"` or `0` once ran a live triage (pydantic's lax mode).
     dry_run: StrictBool = False
 

@@ -14,6 +14,7 @@ from daemon.api.context import Ctx
 from daemon.api.errors import documented
 from daemon.api.models import (
     NO_NUL,
+    REASONS,
     CheckOut,
     JobStatus,
     ResolveIn,
@@ -36,14 +37,16 @@ _TEXT = exactly({"type": "string", "pattern": NO_NUL})
 @router.get(
     "/review",
     response_model=list[ReviewItem],
-    responses=documented(401),
+    responses=documented(401, 422),
     summary="Jobs in review (as `review list --json`), of a channel or for a reason",
 )
 def review_list(
     ctx: Ctx,
     who: Caller,
     channel: Annotated[str | None, Query(json_schema_extra=_TEXT)] = None,
-    reason: Annotated[str | None, Query(json_schema_extra=_TEXT)] = None,
+    reason: Annotated[
+        str | None, Query(json_schema_extra=exactly({"type": "string", "enum": REASONS}))
+    ] = None,
 ) -> list[dict[str, Any]]:
     return ctx.services.review_list(channel=channel, reason=reason)
 

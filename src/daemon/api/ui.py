@@ -38,6 +38,7 @@ from daemon.api.roles import PAGE_ROLE, forbidden
 from daemon.service_layer.problems import ServiceError
 from daemon.service_layer.read_models import timeline_details
 from daemon.service_layer.services import (
+    REASONS,
     SORTS,
     CheckAnswer,
     TriageItem,
@@ -437,7 +438,8 @@ async def triage_form(
     by = _signer(ctx, seen, csrf)
     if isinstance(by, Response):
         return by
-    if "\x00" in channel + reason:  # no channel or reason holds one (PostgreSQL refuses it)
+    # No channel holds a NUL (PostgreSQL refuses it); a reason is one of a closed set.
+    if "\x00" in channel or (reason and reason not in REASONS):
         return _page("message.html", 422, title="Refused", message="No such channel or reason.")
     dry_run = mode != "resolve"
     items: list[TriageItem] = await run_in_threadpool(

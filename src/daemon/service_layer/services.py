@@ -33,7 +33,7 @@ from daemon.service_layer.intake import (
     senders_for,
     submit_jobs,
 )
-from daemon.service_layer.listing import encode_cursor, parse_query
+from daemon.service_layer.listing import ParamProblem, encode_cursor, parse_query
 from daemon.service_layer.problems import FieldProblem, ServiceError
 from daemon.service_layer.read_models import (
     CONTENT_PAGE,
@@ -59,7 +59,7 @@ from ledger.display import command_line, iso
 from ledger.exceptions import Refusal
 from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name, copies_found
 from ledger.keys import note_problem
-from ledger.vocabulary import FINAL_STATES, JobState, Resolution, Sender
+from ledger.vocabulary import FINAL_STATES, EscalationReason, JobState, Resolution, Sender
 
 if TYPE_CHECKING:
     from ledger.mime import MessageLimits
@@ -405,6 +405,7 @@ class Services:
         self, *, channel: str | None = None, reason: str | None = None
     ) -> list[dict[str, Any]]:
         """Every job in review, in key order (`review list`, `GET /v1/review`)."""
+        _require_reason(reason)
         return review_rows(self.ledger, channel=channel, reason=reason)
 
     def review_queue(
@@ -764,6 +765,7 @@ class Services:
         search recorded. A dry run searches and records nothing. A `by` the name rule
         refuses is refused before any job is searched, so a batch is never half-decided."""
         _require_name(by)
+        _require_reason(reason)
         return list(self._triage(by, channel, reason, dry_run))
 
     def _triage(
@@ -804,6 +806,17 @@ class Services:
             return "left", f"one copy found, not resolved: {exc}"
         log.info("triage by %s: %s resolved as sent (one copy found)", by, job.key)
         return "resolved-sent", "one copy found: resolved as sent"
+
+
+#: The reasons a job waits in review for (docs/review.md): a filter naming another is a
+#: typo (`unknown` for `unknown-outcome`), refused rather than answered with no jobs.
+REASONS = tuple(reason.value for reason in EscalationReason)
+
+
+def _require_reason(reason: str | None) -> None:
+    if reason is not None and reason not in REASONS:
+        problem = ParamProblem(None, "reason", f"one of {', '.join(REASONS)}")
+        raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem])
 
 
 def check_since_review(history: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -943,6 +956,7 @@ def _answer(job: SendJob, found: SearchResult, recorded: bool) -> CheckAnswer:
 
 
 __all__ = [
+    "REASONS",
     "SORTS",
     "TRIAGE_NOTE",
     "ChannelPolicies",
