@@ -508,7 +508,8 @@ class Ledger(Application[UUID]):
     ) -> PurgeResult:
         """Purge every job settled for good before `before`, each in its own transaction
         (a crash leaves each job purged or intact); `progress` hears every 1000 jobs;
-        `stop()` ends it early. A job that changed meanwhile is left for the next run.
+        `stop()` ends it early. A job that changed meanwhile is left for the next run
+        (`skipped`); one another purger took meanwhile is neither purged nor skipped.
         Afterwards the backend scrubs its files (`StoreBackend.scrub`)."""
         purged = skipped = 0
         try:
@@ -518,7 +519,11 @@ class Ledger(Application[UUID]):
                 try:
                     self.purge(row.key, by=by, rule=rule)
                 except (ConcurrentUpdate, TransitionError):
-                    skipped += 1
+                    # Taken meanwhile by another purger (a second daemon, `admin purge`):
+                    # nothing is left for the next run. Any other change is.
+                    now = self.row(row.key)
+                    if now is None or now.purged_at is None:
+                        skipped += 1
                     continue
                 purged += 1
                 if progress is not None and purged % 1000 == 0:

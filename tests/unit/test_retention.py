@@ -319,3 +319,26 @@ def test_an_internationalized_address_is_scrubbed_as_a_person_writes_it(rig: Eng
     rig.ledger.purge("inv-idn", by="ops", rule="r")
     [resolved] = [e for e in rig.ledger.history("inv-idn") if isinstance(e, SendJob.Resolved)]
     assert resolved.note == f"wrote to {REDACTED} and {REDACTED}"
+
+
+def test_a_job_another_purger_took_meanwhile_is_not_left_for_the_next_run(
+    rig: EngineRig,
+) -> None:
+    # Two daemons' retention (or `admin purge` beside the daemon) list the same jobs: one
+    # purged by the other meanwhile was counted "changed meanwhile: next run", which the
+    # log and `admin purge` then reported, though nothing was left to do.
+    for key in ("a", "b"):
+        rig.submit("receipts", key)
+    rig.tick()
+    rig.clock.advance(2 * DAY)
+    real = rig.ledger.purgeable
+
+    def listed_then_other_purges(before: Any) -> Any:
+        rows = list(real(before))
+        rig.ledger.purge("b", by="daemon other", rule="r")  # after this run listed it
+        return iter(rows)
+
+    rig.ledger.purgeable = listed_then_other_purges  # type: ignore[method-assign]
+    result = rig.ledger.purge_settled(rig.clock() - timedelta(days=1), by="ops", rule="r")
+    assert (result.purged, result.skipped) == (1, 0)
+    assert rig.job("a").purged and rig.job("b").purged_by == "daemon other"
