@@ -342,3 +342,25 @@ def test_a_job_another_purger_took_meanwhile_is_not_left_for_the_next_run(
     result = rig.ledger.purge_settled(rig.clock() - timedelta(days=1), by="ops", rule="r")
     assert (result.purged, result.skipped) == (1, 0)
     assert rig.job("a").purged and rig.job("b").purged_by == "daemon other"
+
+
+def test_a_check_on_a_purged_job_says_why_it_was_not_recorded(
+    rig: EngineRig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `review check` and the job page said "it repeats the job's last check" of any check
+    # not recorded out of flight: for a purged job there was no such check.
+    import argparse
+
+    import daemon.cli.service as cli
+    from daemon.service_layer.services import ChannelPolicies, Services
+
+    submit(rig, rich_job("inv-10"))
+    rig.tick()
+    rig.ledger.purge("inv-10", by="ops", rule="r")
+    door = Services(rig.ledger, lambda: ChannelPolicies(rig.policies), providers=_fake(rig))
+    monkeypatch.setattr(cli, "served", lambda args, call: call(door))
+    args = argparse.Namespace(key="inv-10", by="alice", json=False, config=None)
+    assert cli.cmd_review_check(args) == 0
+    out = capsys.readouterr().out
+    assert "not recorded in the job's history: its content was purged" in out
+    assert "repeats" not in out

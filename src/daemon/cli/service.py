@@ -228,9 +228,7 @@ def cmd_review_check(args: argparse.Namespace) -> int:
     for copy in answer.copies:
         print(printable(f"  {copy.provider_id}  {copy.date}  {copy.to}  {copy.subject}"))
     if not answer.recorded:
-        in_flight = answer.state == "attempted"
-        why = "a send is in flight" if in_flight else "it repeats the job's last check"
-        print(f"(not recorded in the job's history: {why})")
+        print(f"(not recorded in the job's history: {answer.why_unrecorded})")
     print(check_advice(answer.key, answer.state, answer.count))
     return EXIT_OK
 

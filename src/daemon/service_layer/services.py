@@ -108,10 +108,20 @@ class CheckAnswer:
     recorded: bool  # written to the job's history (not while a send is in flight)
     # The search's hits in the shape `review check --json` had before `copies`.
     hits: list[dict[str, Any]] = field(default_factory=list)
+    purged: bool = False  # the job's content was purged: its history ends with Purged
 
     @property
     def count(self) -> int:
         return len(self.copies)
+
+    @property
+    def why_unrecorded(self) -> str:
+        """Why the check is not in the job's history (when `recorded` is False)."""
+        if self.state == JobState.ATTEMPTED.value:
+            return "a send is in flight"
+        if self.purged:
+            return "its content was purged: its history ends there"
+        return "it repeats the job's last check"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -951,7 +961,7 @@ def _answer(job: SendJob, found: SearchResult, recorded: bool) -> CheckAnswer:
         for h in found.hits
     ]
     return CheckAnswer(
-        job.key, job.state.value, job.message_id, found.query, copies, recorded, hits
+        job.key, job.state.value, job.message_id, found.query, copies, recorded, hits, job.purged
     )
 
 
