@@ -323,6 +323,21 @@ def test_a_sent_copy_its_sender_deleted_is_still_a_copy(
     assert len(found.hits) == 1 and "deleteditems" in found.query
 
 
+def test_a_message_to_its_own_mailbox_whose_received_copy_was_deleted_is_one_copy(
+    provider: ProviderFactory, graph: GraphEmulator
+) -> None:
+    # Exchange files a message sent to its own mailbox twice: the Sent Items copy and
+    # the received one, same internetMessageId. The person deletes the received copy:
+    # beside a sent copy it is no second send (counted, it made a false duplicate).
+    graph_provider = provider()
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    received = graph.inject(raw_message(), user=MAILBOX)
+    graph.move(MAILBOX, received, "deleteditems")
+    assert len(graph.folder(MAILBOX, "deleteditems")) == 1
+    found = graph_provider.search(MID)
+    assert len(found.hits) == 1 and "deleteditems" not in found.query, found
+
+
 # -- ids, Message-IDs, mailboxes --------------------------------------------------------
 
 

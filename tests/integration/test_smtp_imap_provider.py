@@ -8,6 +8,7 @@ What every provider must do is the provider contract (tests/provider_contract.py
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from email.message import EmailMessage
 from pathlib import Path
@@ -276,5 +277,40 @@ def test_a_sent_copy_moved_to_the_trash_is_still_a_copy(servers: MailServers) ->
         assert found.hits[0].labels == ("Trash",)
         with pytest.raises(ProviderError, match="trash"):
             provider.read_message_id(found.hits[0].provider_message_id)
+    finally:
+        provider.close()
+
+
+def test_a_message_to_its_own_sender_whose_received_copy_was_deleted_is_one_copy(
+    servers: MailServers,
+) -> None:
+    """A job addressed to its own mailbox (an archive Bcc, a note to self): Postfix
+    delivers a copy to the sender's INBOX beside the sent copy, and the person deletes
+    the received one. In the trash beside a sent copy, it is no second send: counted, it
+    made a false duplicate for review."""
+    from imapclient import IMAPClient  # type: ignore[import-untyped]
+
+    mid = "<to-self@sendledger.test>"
+    provider = provider_for(servers, servers.smtp_port, timeout=5.0)
+    try:
+        assert provider.send_raw(message(mid, to=SENDER)).kind is SendKind.CONFIRMED
+        servers.wait_copies(mid, 1)
+        with IMAPClient("127.0.0.1", port=servers.imap_port, ssl=False) as client:
+            client.login(SENDER, PASSWORD)
+            deadline = time.monotonic() + 10
+            while True:  # delivery through Postfix and LMTP takes a moment
+                client.select_folder("INBOX")
+                uids = client.search(["HEADER", "Message-ID", mid])
+                if uids or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert len(uids) == 1
+            client.copy(uids, "Trash")
+            client.delete_messages(uids)
+            client.expunge()
+        assert servers.copies(mid, folder="Trash") == servers.copies(mid) == 1
+        found = provider.search(mid)
+        assert len(found.copies) == 1 and "Trash" not in found.query, found
+        assert found.hits[0].labels == ()
     finally:
         provider.close()

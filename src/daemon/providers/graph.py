@@ -568,17 +568,23 @@ class GraphProvider(ProviderBase):
             found = self._message(mailbox, draft_id)
             if found is not None and found.get("isDraft") is False:
                 self._add_hit(hits, found, message_id)
-        query = " and ".join(
-            f"mailFolders/{folder}/messages?$filter=internetMessageId eq {literal}"
-            for folder in (SENT_ITEMS, DELETED_ITEMS)
-        )
-        # Deleted Items too: a sent copy its sender deleted was sent (Gmail's search counts
-        # trashed copies). Immutable ids name an item wherever it moves, so a copy moved
-        # meanwhile is counted once; a deleted draft (isDraft) is no copy.
+        # Deleted Items too, when nothing else was found: a sent copy its sender deleted
+        # was sent (Gmail's search counts trashed copies). Not beside a sent copy: a
+        # message addressed to its own mailbox has its received copy there once deleted,
+        # which would make a false duplicate. Immutable ids name an item wherever it
+        # moves, so a copy moved meanwhile is counted once; a deleted draft is no copy.
+        searched = []
         for folder in (SENT_ITEMS, DELETED_ITEMS):
+            if folder == DELETED_ITEMS and hits:
+                break
+            searched.append(folder)
             for found in self._filtered(mailbox, folder, literal):
                 if found.get("isDraft") is not True:
                     self._add_hit(hits, found, message_id)
+        query = " and ".join(
+            f"mailFolders/{folder}/messages?$filter=internetMessageId eq {literal}"
+            for folder in searched
+        )
         return SearchResult(query=query, hits=tuple(hits.values()))
 
     def delete_drafts(self, message_id: str) -> list[str]:

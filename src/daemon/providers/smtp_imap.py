@@ -13,9 +13,12 @@ sent folder (docs/providers.md "Providers"; "Adding a provider" in docs/architec
   itself. A crash between the two leaves no copy, so a miss proves nothing for such a
   provider: the policy check refuses `on_unknown = "retry"` with it.
 
-Hit ids are `UIDVALIDITY:UID` of the sent folder, which `read_message_id` reads back. The
-search counts the copies in the folder flagged `\\Trash` too (a sent copy deleted by its
-sender was sent); their ids are `trash:UIDVALIDITY:UID`, with no read-back.
+Hit ids are `UIDVALIDITY:UID` of the sent folder, which `read_message_id` reads back. When
+the sent folder holds none, the search counts the copies in the folder flagged `\\Trash`
+(a sent copy deleted by its sender was sent); their ids are `trash:UIDVALIDITY:UID`, with
+no read-back. Not beside a sent copy: a message addressed to its own sender has its
+received copy in the trash once read and deleted, and a copy moved there between the two
+folders' searches would be counted twice; either would be a false duplicate.
 
 Delivery reports (docs/providers.md "Bounces") arrive in INBOX, where the submission
 server's own bounces are filed: one read is `UID SEARCH SINCE <day> HEADER Content-Type
@@ -195,10 +198,12 @@ class SmtpImapProvider(ProviderBase):
         return found
 
     def search(self, message_id: str) -> SearchResult:
-        """Every copy whose Message-ID header is exactly ours, in the sent folder and in
-        the trash: a sent copy the sender deleted (moved to the folder flagged `\\Trash`)
-        was still sent, and missing it would have the job sent again. Gmail's search
-        counts trashed copies too. A copy in the trash has no read-back id."""
+        """Every copy whose Message-ID header is exactly ours in the sent folder, or when
+        it has none, in the trash: a sent copy the sender deleted (moved to the folder
+        flagged `\\Trash`) was still sent, and missing it would have the job sent again
+        (Gmail's search counts trashed copies too); beside a sent copy, one in the trash
+        is no second send (the module docstring). A copy in the trash has no read-back
+        id."""
         if not message_id or any(c in message_id for c in '"\\\r\n'):
             raise ProviderError(f"cannot search for Message-ID {message_id!r}")
 
@@ -211,9 +216,10 @@ class SmtpImapProvider(ProviderBase):
                 validity = int(selected[b"UIDVALIDITY"])
                 criteria = ["HEADER", "Message-ID", message_id]
                 uids = sorted(int(uid) for uid in client.search(criteria))
-                found.append(
-                    (folder, validity, _headers(client, uids, _SHOWN_FIELDS) if uids else {})
-                )
+                headers = _headers(client, uids, _SHOWN_FIELDS) if uids else {}
+                found.append((folder, validity, _exactly(headers, message_id)))
+                if found[0][2]:
+                    break  # a sent copy: the trash is not read (the module docstring)
             return found
 
         folders = self._imap_call(call)
@@ -231,8 +237,6 @@ class SmtpImapProvider(ProviderBase):
             )
             for n, (folder, validity, headers) in enumerate(folders)
             for uid, fields in sorted(headers.items())
-            if fields.get("Message-ID") is not None
-            and same_message_id(str(fields["Message-ID"]).strip(), message_id)
         )
         return SearchResult(query=query, hits=hits)
 
@@ -321,6 +325,16 @@ def read_password_file(path: Path) -> str:
     if not password:
         raise ValueError(f"{path}: empty (the password is its first line)")
     return password
+
+
+def _exactly(headers: dict[int, Message], message_id: str) -> dict[int, Message]:
+    """The messages whose Message-ID is exactly `message_id` (servers match substrings)."""
+    return {
+        uid: fields
+        for uid, fields in headers.items()
+        if fields.get("Message-ID") is not None
+        and same_message_id(str(fields["Message-ID"]).strip(), message_id)
+    }
 
 
 def _message_ids(client: Any, uids: list[int]) -> dict[int, str | None]:
