@@ -124,6 +124,26 @@ def test_a_delivery_after_failures_clears_the_last_error(store_url: str) -> None
         assert row.last_error is None and row.last_error_at is None
 
 
+def test_an_operators_skip_never_moves_a_position_back(store_url: str) -> None:
+    """`webhooks skip` works its target out from the position it read; a daemon that
+    delivered meanwhile moved it on, and setting the skip's target then would move it back
+    and deliver those events again."""
+    with Ledger(store_url) as ledger:
+        positions = ledger.positions()
+        positions.ensure()
+        now = time.time()
+        assert positions.claim("ops", "a", now, 30.0) is not None
+        assert positions.advance("ops", "a", 0, 5, 5, now, 30.0)  # delivered meanwhile
+        assert not positions.force("ops", 3, now, expected=0)  # the skip read 0
+        assert [row.position for row in positions.read_all()] == [5]
+        assert positions.force("ops", 7, now, expected=5)
+        assert positions.force("new", 2, now, expected=0)  # a webhook no daemon took yet
+        assert [(row.name, row.position) for row in positions.read_all()] == [
+            ("new", 2),
+            ("ops", 7),
+        ]
+
+
 def test_status_on_a_store_without_webhooks_creates_nothing(store_url: str) -> None:
     with Ledger(store_url) as ledger:
         engine = engine_on(ledger)

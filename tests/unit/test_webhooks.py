@@ -537,7 +537,7 @@ def test_an_operator_skip_moves_a_running_webhook_on(rig: Rig) -> None:
     deliverer.pass_once()
     [stuck] = rig.ledger.positions().read_all()
     first = next(iter(rig.ledger.log_after(0, 10_000, 100, deliverer.hook.topics)))
-    rig.ledger.positions().force("ops", first.id, rig.now())  # `webhooks skip ops`
+    rig.ledger.positions().force("ops", first.id, rig.now(), expected=0)  # `webhooks skip ops`
     receiver.down = False
     drain(deliverer)  # no wait for the backoff: the failures went with the event
     assert [p["key"] for p in receiver.got] == log_order(rig, "Confirmed")[1:]

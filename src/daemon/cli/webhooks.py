@@ -8,7 +8,7 @@ from typing import Any
 
 from daemon.cli import output
 from daemon.cli.parsers import add_command
-from daemon.exit_codes import EXIT_OK, bad_input
+from daemon.exit_codes import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
 from daemon.from_settings import open_ledger, settings_for
 from daemon.webhooks.events import event_id_for
 from daemon.webhooks.signing import new_secret
@@ -85,8 +85,14 @@ def cmd_skip(args: argparse.Namespace) -> int:
                 break
         if args.to == "end":
             target = end
-        if target != position:
-            positions.force(args.name, target, time.time())
+        if target != position and not positions.force(
+            args.name, target, time.time(), expected=position
+        ):
+            raise CliError(
+                f"{args.name}: its position moved from {position} while the skip was worked "
+                "out (a daemon delivered meanwhile): nothing skipped; run it again",
+                EXIT_CONFLICT,
+            )
     capped = args.to == "end" and len(skipped) >= COUNT_LIMIT
     result = {
         "name": args.name,

@@ -124,10 +124,13 @@ class PositionStore(Protocol):
         """Record a failed attempt of the event after `expected`; False as for `advance`."""
         ...
 
-    def force(self, name: str, position: int, now: float) -> None:
+    def force(self, name: str, position: int, now: float, *, expected: int) -> bool:
         """An operator's move (`sendledger webhooks skip`): the position set to
-        `position` whoever holds the lease, failures cleared. A daemon delivering
-        meanwhile finds the position moved and starts again from it."""
+        `position` whoever holds the lease, failures cleared, when it is still `expected`
+        (the one the operator's skip was worked out from: a daemon that delivered
+        meanwhile must not be moved back, or those events go out again); False, nothing
+        changed, otherwise. A daemon delivering meanwhile finds the position moved and
+        starts again from it."""
         ...
 
     def release(self, name: str, owner: str) -> None:
@@ -236,12 +239,15 @@ class MemoryPositions:
             self._rows[name] = change(row)
             return True
 
-    def force(self, name: str, position: int, now: float) -> None:
+    def force(self, name: str, position: int, now: float, *, expected: int) -> bool:
         with self._lock:
             row = self._rows.get(name) or _fresh(name, now)
+            if row.position != expected:
+                return False
             self._rows[name] = replace(
                 row, position=position, failures=0, next_at=None, updated_at=now
             )
+            return True
 
     def release(self, name: str, owner: str) -> None:
         with self._lock:
@@ -278,7 +284,8 @@ _FAIL = (
 )
 _RELEASE = "UPDATE {t} SET lease_until = 0 WHERE name = {p} AND owner = {p}"
 _FORCE = (
-    "UPDATE {t} SET position = {p}, failures = 0, next_at = NULL, updated_at = {p} WHERE name = {p}"
+    "UPDATE {t} SET position = {p}, failures = 0, next_at = NULL, updated_at = {p} "
+    "WHERE name = {p} AND position = {p} RETURNING position"
 )
 
 
@@ -380,11 +387,12 @@ class SqlPositions:
             cursor.execute(self._sql(template), params)
             return bool(self._rows(cursor))
 
-    def force(self, name: str, position: int, now: float) -> None:
+    def force(self, name: str, position: int, now: float, *, expected: int) -> bool:
         self.ensure()
         with self._transaction(commit=True) as cursor:
             cursor.execute(self._sql(_CLAIM_INSERT), list(_fresh(name, now).as_dict().values()))
-            cursor.execute(self._sql(_FORCE), [position, now, name])
+            cursor.execute(self._sql(_FORCE), [position, now, name, expected])
+            return bool(self._rows(cursor))
 
     def release(self, name: str, owner: str) -> None:
         with self._transaction(commit=True) as cursor:
