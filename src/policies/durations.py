@@ -8,7 +8,9 @@ import re
 from ledger.exceptions import Refusal, SendledgerError
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+# ASCII digits only: Python's \d and float() take any script's digits (U+0663, U+FF13),
+# which an operator's file would then mean without showing it.
+_PATTERN = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*\Z", re.ASCII)
 
 
 class DurationError(SendledgerError, ValueError):

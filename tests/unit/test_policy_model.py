@@ -146,6 +146,9 @@ def test_duration_forms(field: str, written: object, seconds: float) -> None:
         ("5 minutes", "not a duration"),
         ("", "not a duration"),
         ("1e3", "not a duration"),
+        ("\u0663d", "not a duration"),  # ARABIC-INDIC DIGIT THREE: float() reads 3
+        ("\uff13\uff10s", "not a duration"),  # fullwidth 30
+        ("\u00a030s", "not a duration"),
         (True, "not a duration"),
         (False, "not a duration"),
         ([5], "not a duration"),
