@@ -180,6 +180,12 @@ def test_parse_size_bounds(amount: int) -> None:
         assert not 1 <= amount <= MAX_SIZE
 
 
+@pytest.mark.parametrize("written", ["\u0664\u0660MB", "\uff14\uff10MB", "40\u00a0MB"])
+def test_a_size_in_digits_of_another_script_is_refused(written: str) -> None:
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(written)
+
+
 # -- URLs and the listen address ----------------------------------------------------------
 
 

@@ -17,7 +17,8 @@ _UNITS = {
 #: The largest size any setting takes (docs/configuration.md "Bounds, URLs, addresses and files"):
 #: no message or request body sendledger handles comes near it, and a bigger value is a typo.
 MAX_SIZE = 1_000_000_000
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
+# ASCII only, as durations (policies/durations.py): \d and float() take any script's digits.
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)", re.ASCII)
 
 
 def parse_size(value: object) -> int:
