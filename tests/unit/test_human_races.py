@@ -309,3 +309,29 @@ def test_a_page_read_while_another_writes_shows_one_version(rig: EngineRig) -> N
     rig.ledger.get_job = real_get_job  # type: ignore[method-assign]
     assert view.status["version"] == view.history[-1]["version"] == view.job.version
     assert view.last_check is None or view.last_check["version"] <= view.job.version
+
+
+def test_a_check_whose_search_an_attempt_overtook_is_not_the_evidence_for_it(
+    rig: EngineRig,
+) -> None:
+    """Alice checks a job in review; while her search's answer (no copy) is on its way,
+    Bob resends it and that attempt's answer is lost (review again, one copy at the
+    provider). Her search read the mailbox before that copy existed: recorded after the
+    job went back to review, the page would take it for the evidence of the new review,
+    say the customer has no copy and offer (recommend) another resend: a second copy."""
+    in_review(rig, "k1")
+
+    def bob_resends_and_the_answer_is_lost() -> None:
+        door(rig).resolve("k1", Resolution.RESEND, note="", by="bob")
+        rig.provider.script(Scripted.dropped_response())
+        rig.tick()
+
+    meanwhile(rig.provider, bob_resends_and_the_answer_is_lost)
+    answer = door(rig).check("k1", by="alice")
+    assert answer.count == 0 and not answer.recorded
+    assert "an attempt was made while it searched" in answer.why_unrecorded
+    assert rig.job("k1").state is JobState.REVIEW and rig.copies("k1") == 1
+    view = door(rig).job_view("k1")
+    assert view.guidance is not None
+    assert view.guidance.copies is None  # no search since it went back to review
+    assert not any(c.recommended for c in view.guidance.choices)

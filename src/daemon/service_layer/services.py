@@ -109,6 +109,8 @@ class CheckAnswer:
     # The search's hits in the shape `review check --json` had before `copies`.
     hits: list[dict[str, Any]] = field(default_factory=list)
     purged: bool = False  # the job's content was purged: its history ends with Purged
+    # Not recorded because an attempt was made while the search was out (`check`).
+    overtaken: bool = False
 
     @property
     def count(self) -> int:
@@ -117,6 +119,8 @@ class CheckAnswer:
     @property
     def why_unrecorded(self) -> str:
         """Why the check is not in the job's history (when `recorded` is False)."""
+        if self.overtaken:
+            return "an attempt was made while it searched, whose copy it may not show: check again"
         if self.state == JobState.ATTEMPTED.value:
             return "a send is in flight"
         if self.purged:
@@ -543,15 +547,24 @@ class Services:
         polling): the answer says it was not recorded."""
         job = self.job(key)
         found = self.search(job)
-        recorded = self._record_check(key, found, by=by, purpose="check")
+        recorded = self._record_check(key, found, by=by, purpose="check", searched=job)
+        overtaken = not recorded and self.job(key).attempts != job.attempts
         job = self.job(key) if recorded else job
-        return _answer(job, found, recorded)
+        return _answer(job, found, recorded, overtaken)
 
-    def _record_check(self, key: str, found: SearchResult, *, by: str, purpose: str) -> bool:
+    def _record_check(
+        self, key: str, found: SearchResult, *, by: str, purpose: str, searched: SendJob
+    ) -> bool:
         """Record what a search found, on whatever version the job is at now: a check
-        decides nothing, so it holds for any version."""
+        decides nothing, so it holds for any version, unless an attempt was made since
+        the job was read for the search (`searched`). That attempt's copy may have come
+        after the mailbox was read: recorded after the attempt (after the job went back to
+        review), the search would pass for the evidence of the new review ("no copy
+        found", a resend offered: `check_since_review`)."""
 
         def record(job: SendJob) -> bool:
+            if job.attempts != searched.attempts:
+                return False
             if _repeats_last_check(job, found):
                 return False
             job.record_check(
@@ -657,7 +670,7 @@ class Services:
             if fenced:
                 seen = self._save_fence(job, seen, fenced)
             if found.hits:
-                self._record_check(key, found, by=by, purpose="resend")
+                self._record_check(key, found, by=by, purpose="resend", searched=job)
                 raise ServiceError(
                     Refusal.CONFLICT,
                     f"job {key!r} was not resent: {copies_found(len(found.hits))}: "
@@ -800,7 +813,7 @@ class Services:
                 what = "none found" if count == 0 else f"{count} copies found (a duplicate)"
                 action, detail = "left", f"{what}: left in review"
                 if not dry_run:
-                    self._record_check(row.key, found, by=by, purpose="triage")
+                    self._record_check(row.key, found, by=by, purpose="triage", searched=job)
             yield TriageItem(row.key, row.channel, row.reason, count, copies, action, detail)
 
     def _triage_sent(self, job: SendJob, found: SearchResult, by: str) -> tuple[str, str]:
@@ -950,7 +963,9 @@ def _require_review(job: SendJob, what: str) -> None:
         )
 
 
-def _answer(job: SendJob, found: SearchResult, recorded: bool) -> CheckAnswer:
+def _answer(
+    job: SendJob, found: SearchResult, recorded: bool, overtaken: bool = False
+) -> CheckAnswer:
     copies = [Copy(h.provider_message_id, h.date, h.to, h.subject) for h in found.hits]
     hits = [
         {
@@ -961,7 +976,15 @@ def _answer(job: SendJob, found: SearchResult, recorded: bool) -> CheckAnswer:
         for h in found.hits
     ]
     return CheckAnswer(
-        job.key, job.state.value, job.message_id, found.query, copies, recorded, hits, job.purged
+        job.key,
+        job.state.value,
+        job.message_id,
+        found.query,
+        copies,
+        recorded,
+        hits,
+        purged=job.purged,
+        overtaken=overtaken,
     )
 
 
