@@ -335,3 +335,34 @@ def test_a_check_whose_search_an_attempt_overtook_is_not_the_evidence_for_it(
     assert view.guidance is not None
     assert view.guidance.copies is None  # no search since it went back to review
     assert not any(c.recommended for c in view.guidance.choices)
+
+
+@pytest.mark.parametrize("ahead", [1, 10**40])
+def test_an_expected_version_the_job_never_had_is_bad_input_naming_it(
+    rig: EngineRig, ahead: int
+) -> None:
+    """A version past the job's own was never shown to anyone (a typo, another job's
+    status): bad input naming `expected_version`, not a conflict saying the job "changed
+    after version 10000...0 ()", and nothing recorded."""
+    in_review(rig, "k1")
+    rig.submit("legal", "k2")
+    now = {key: rig.job(key).version for key in ("k1", "k2")}
+    attempts: list[tuple[str, Callable[[], object]]] = [
+        ("k1", lambda: door(rig).resolve(
+            "k1", Resolution.ABANDON, note="", by="alice", expected_version=now["k1"] + ahead
+        )),
+        ("k1", lambda: resolve_as_a_person(
+            door(rig), "k1", Resolution.ABANDON, note="", by="alice",
+            expected_version=now["k1"] + ahead,
+        )),
+        ("k2", lambda: door(rig).cancel(
+            "k2", note="", by="alice", expected_version=now["k2"] + ahead
+        )),
+    ]  # fmt: skip
+    for key, attempt in attempts:
+        with pytest.raises(ServiceError) as caught:
+            attempt()
+        assert caught.value.kind is Refusal.BAD_INPUT, caught.value.message
+        assert [p.field for p in caught.value.problems] == ["expected_version"]
+        assert f"at version {now[key]}" in caught.value.message
+    assert {key: rig.job(key).version for key in ("k1", "k2")} == now

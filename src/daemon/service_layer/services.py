@@ -691,6 +691,16 @@ class Services:
         """The job as it is now, refused when it is no longer at the version the person
         saw (`expected_version`)."""
         job = self.job(key)
+        if expected_version is not None and expected_version > job.version:
+            # Never a version of this job, so never what anyone was shown (a typo, another
+            # job's status): not "changed after version N ()".
+            problem = FieldProblem(
+                None,
+                "expected_version",
+                f"job {key!r} is at version {job.version}: {expected_version} is not a "
+                "version it has had (the `version` of its status)",
+            )
+            raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem])
         if expected_version is not None and job.version != expected_version:
             raise self._moved_on(key, expected_version, what)
         return job
