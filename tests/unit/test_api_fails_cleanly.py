@@ -305,6 +305,35 @@ def test_page_forms_that_change_state_carry_the_csrf_token(client: TestClient) -
     assert client.get("/v1/jobs/k1", headers=AUTH).json()["state"] == "requested"
 
 
+def test_a_form_another_site_posts_with_a_bearer_header_is_refused(client: TestClient) -> None:
+    """A proxy that adds `Authorization: Bearer` to every request it forwards (the page's
+    "scripts and proxies") makes that header as ambient as a cookie: a form on another
+    site that the browser posts through the proxy would act, with no CSRF token to stop
+    it. A browser says where a form came from (`Sec-Fetch-Site`, `Origin`); a script
+    (curl, the tests) sends neither."""
+    for key in ("k1", "k2"):
+        client.post("/v1/jobs", json=job(key), headers=AUTH)
+    for other_site in (
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},
+        {"Origin": "https://evil.example"},
+        {"Origin": "null"},
+    ):
+        refused = client.post("/ui/jobs/k1/cancel", data={}, headers={**AUTH, **other_site})
+        assert refused.status_code == 403, (other_site, refused.text)
+        assert client.get("/v1/jobs/k1", headers=AUTH).json()["state"] == "requested"
+    same = {"Sec-Fetch-Site": "same-origin", "Origin": "http://testserver"}
+    done = client.post(
+        "/ui/jobs/k2/cancel", data={}, headers={**AUTH, **same}, follow_redirects=False
+    )
+    assert (
+        done.status_code == 303
+        and client.get("/v1/jobs/k2", headers=AUTH).json()["state"] == "cancelled"
+    )
+    script = client.post("/ui/jobs/k1/cancel", data={}, headers=AUTH, follow_redirects=False)
+    assert script.status_code == 303
+
+
 # -- the docs page ------------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from math import ceil
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.concurrency import run_in_threadpool
@@ -153,10 +153,31 @@ def _signer(ctx: ApiContext, seen: Visitor, csrf: str) -> str | Response:
     """Who sends the form, or the answer to a form that must not be acted on."""
     if seen.name is None:
         return _sign_in(ctx, seen)
-    # A header-signed caller is not a browser carrying an ambient cookie: no CSRF risk.
+    # A header-signed caller has no CSRF token: a script's header is not ambient, but one
+    # a proxy adds to every request is, so a form another site posted is refused.
+    if seen.session is None and _from_another_site(ctx, seen.request):
+        return _page(
+            "message.html", 403, title="Refused", message="The form came from another site."
+        )
     if seen.session is not None and not _csrf_ok(ctx, seen.session, csrf):
         return _page("message.html", 403, title="Refused", message="The form has expired.")
     return seen.name
+
+
+def _from_another_site(ctx: ApiContext, request: Request) -> bool:
+    """Whether a browser says this request comes from a page of another site: its
+    `Sec-Fetch-Site`, else its `Origin` (`null` included) against the request's Host and
+    `[api] public_url`. A script sends neither."""
+    fetch_site = request.headers.get("sec-fetch-site")
+    if fetch_site is not None:
+        return fetch_site.lower() not in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    ours = {request.headers.get("host", "").lower()}
+    if ctx.public_url:
+        ours.add(urlsplit(ctx.public_url).netloc.lower())
+    return urlsplit(origin.strip()).netloc.lower() not in ours
 
 
 async def _job_action(
