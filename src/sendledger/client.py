@@ -8,13 +8,14 @@ process). Every call retries where a repeat cannot do harm:
 - `submit` on any connection error, 5xx or 429: the job key is the idempotency key, so a
   repeat of a job the server already stored answers 200 (`created: false`), never a copy;
 - reads (`status`, `events`, `list`, `review`) on the same;
-- `check` and `triage` too: a repeated search records one more check, and a job triage
-  resolved has left review, so a repeat passes it by;
+- `check` too: a repeated search records one more check;
 - `cancel` likewise; a repeat that finds the job cancelled (by the lost first try) returns
   its status rather than 409;
-- `resolve` only when the request surely did not reach the server (connection refused)
-  or the server said it did nothing (429, 503): a decision whose answer was lost raises
-  `ConnectionLost`: look at the job (`status`) before deciding again.
+- `resolve` and `triage` only when the request surely did not reach the server
+  (connection refused) or the server said it did nothing (429, 503): a decision whose
+  answer was lost raises `ConnectionLost`: look at the job (`status`) before deciding
+  again. A triage searches every job in review and may run past any timeout while
+  healthy: a repeat would be a second triage beside the first, searching every job again.
 
 Every exception it raises derives from `ClientError`, its own base rather than the
 daemon's (`ledger/exceptions.py`), since the client imports nothing of ours:
@@ -353,8 +354,10 @@ class Client:
             body["channel"] = channel
         if reason is not None:
             body["reason"] = reason
+        # Not sent again once it went out: a triage outlives a timeout while healthy (one
+        # search per job in review), and a repeat would search every job a second time.
         answer: list[dict[str, Any]] = self._call(
-            "POST", "/v1/review/triage", body=body, acts=not dry_run
+            "POST", "/v1/review/triage", body=body, retry=_NOTHING_DONE, acts=not dry_run
         )
         return answer
 

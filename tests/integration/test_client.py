@@ -189,6 +189,24 @@ def test_timeouts_and_refused_connections(api: Api) -> None:
     assert refused.value.may_have_applied is False
 
 
+def test_a_triage_that_outlives_the_timeout_is_not_started_again(api: Api) -> None:
+    """A triage searches every job in review, one after the other: after an outage, with
+    hundreds of them, it runs past any client timeout while healthy. Sent again, each
+    repeat is one more triage running beside the first, every job searched once more per
+    repeat (the quota spent the moment the provider came back), and the answer still
+    lost. The relay's hang is that slow server: forwarded, the answer held."""
+    api.client.post("/v1/jobs", json=job("t1"), headers=api.auth())
+    to_review(api, "t1")
+    with FaultRelay(api.url, plan=FaultPlan(other="hang"), hang_seconds=1) as relay:
+        client = Client(relay.url, TOKEN, timeout=0.3, retries=2, **NO_WAIT)
+        for dry_run in (False, True):
+            before = relay.forwarded()
+            with pytest.raises(ConnectionLost) as lost:
+                client.triage(dry_run=dry_run)
+            assert lost.value.sent is True and relay.forwarded() == before + 1
+            assert lost.value.may_have_applied is not dry_run
+
+
 def test_the_client_imports_nothing_of_the_daemon() -> None:
     code = (
         "import sys, sendledger.client\n"
