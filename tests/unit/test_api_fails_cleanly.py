@@ -6,10 +6,13 @@ form has a CSRF token and a rate limit, and the docs page loads nothing from els
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
@@ -267,6 +270,41 @@ def test_sign_in_is_limited_per_address(rig: EngineRig) -> None:
             "/ui/sign-in", data={"token": TOKEN, "csrf": csrf}, follow_redirects=False
         )
         assert allowed.status_code == 303
+
+
+class SlowTokenBook(TokenBook):
+    """A token book whose look-up waits until `together` of them are under way at once
+    (or a second has passed): sign-ins sent at the same moment, each still being
+    judged when the next asks whether its address may try."""
+
+    def __init__(self, together: int) -> None:
+        super().__init__({TOKEN: "alice"})
+        self._barrier = threading.Barrier(together, timeout=1.0)
+
+    def identity(self, token: str | None) -> Identity | None:
+        if token is None:  # the page asking for a header's token: none sent
+            return None
+        with contextlib.suppress(threading.BrokenBarrierError):  # fewer came at once
+            self._barrier.wait()
+        return super().identity(token)
+
+
+def test_sign_ins_sent_at_once_are_limited_as_one_after_the_other(rig: EngineRig) -> None:
+    """The limit was asked before a guess was judged and told after: guesses sent at once
+    (up to the server's worker threads, 40) all passed the question, `FAILURES` (5) a
+    window being the documented most."""
+    guesses = 3 * FAILURES
+    limit = SignInLimit(clock=Clock())
+    with make_client(rig, signin_limit=limit, tokens=SlowTokenBook(guesses)) as client:
+        csrf = _sign_in_form(client)
+
+        def guess(number: int) -> int:
+            wrong = {"token": f"wrong-token-{number:08d}", "csrf": csrf}
+            return client.post("/ui/sign-in", data=wrong).status_code
+
+        with ThreadPoolExecutor(guesses) as pool:
+            codes = sorted(pool.map(guess, range(guesses)))
+    assert codes == [401] * FAILURES + [429] * (guesses - FAILURES), codes
 
 
 def test_a_valid_token_without_the_role_resets_no_failure(rig: EngineRig) -> None:

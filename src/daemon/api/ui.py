@@ -286,17 +286,22 @@ def sign_in(
     # Per client address (behind a proxy: the proxy's, unless uvicorn is told to trust
     # its X-Forwarded-For): docs/review.md "Review page".
     address = seen.request.client.host if seen.request.client else "-"
-    wait = ctx.signin_limit.wait(address)
+    # Asked and counted at once: guesses sent together are limited as one after another.
+    wait = ctx.signin_limit.begin(address)
     if wait:
         page = _page("message.html", 429, title="Too many attempts",
                      message=f"Too many failed sign-ins: try again in {ceil(wait)} s.")  # fmt: skip
         page.headers["Retry-After"] = str(ceil(wait))
         return page
-    if not _csrf_ok(ctx, seen.request.cookies.get(SIGN_IN_COOKIE), csrf):
-        return _sign_in(ctx, seen, "The sign-in form had expired: sign in again.", 403)
-    identity = ctx.tokens.identity(token.strip())
+    failed = False
+    try:
+        if not _csrf_ok(ctx, seen.request.cookies.get(SIGN_IN_COOKIE), csrf):
+            return _sign_in(ctx, seen, "The sign-in form had expired: sign in again.", 403)
+        identity = ctx.tokens.identity(token.strip())
+        failed = identity is None
+    finally:
+        ctx.signin_limit.end(address, failed=failed)
     if identity is None:
-        ctx.signin_limit.failed(address)
         return _sign_in(ctx, seen, "That token is not valid.")
     if not identity.may(PAGE_ROLE):
         msg = f"That token lacks the {PAGE_ROLE.value} role the page needs."
