@@ -272,6 +272,23 @@ def test_sign_in_is_limited_per_address(rig: EngineRig) -> None:
         assert allowed.status_code == 303
 
 
+@pytest.mark.parametrize("version", [True, "1"])
+def test_an_expected_version_that_is_not_a_json_integer_is_refused(
+    client: TestClient, version: object
+) -> None:
+    """A decision holds for the version a person saw: `true` (or `"1"`) is no version,
+    yet pydantic's lax mode read it as 1 and cancelled a job at version 1."""
+    client.post("/v1/jobs", json=job("k1"), headers=AUTH)
+    for path, body in [
+        ("/v1/jobs/k1/cancel", {"expected_version": version}),
+        ("/v1/review/k1/resolve", {"as": "abandon", "expected_version": version}),
+    ]:
+        refused = client.post(path, json=body, headers=AUTH)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["errors"][0]["field"] == "expected_version"
+    assert client.get("/v1/jobs/k1", headers=AUTH).json()["state"] == "requested"
+
+
 class SlowTokenBook(TokenBook):
     """A token book whose look-up waits until `together` of them are under way at once
     (or a second has passed): sign-ins sent at the same moment, each still being

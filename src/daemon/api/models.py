@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, create_model, field_validator
 
 from ledger.attachments import MAX_FILENAME
 from ledger.content import (
@@ -225,6 +225,14 @@ def _note() -> Any:
     return Field(default="", max_length=MAX_NOTE_LENGTH, pattern=NO_NUL)
 
 
+def _json_integer(value: object) -> object:
+    # What JSON Schema's "integer" is (`60.0` included), never a boolean or a string:
+    # pydantic's lax mode read `true` and `"1"` as version 1.
+    if isinstance(value, bool | str):
+        raise ValueError("a JSON integer expected (the `version` of the job's status)")
+    return value
+
+
 def _expected_version() -> Any:
     # A decision made on the version of the job a person saw (`version` of its status).
     return Field(
@@ -239,12 +247,14 @@ class ResolveIn(BaseModel):
     decision: Resolution = Field(alias="as")
     note: str = _note()
     expected_version: int | None = _expected_version()
+    _version = field_validator("expected_version", mode="before")(_json_integer)
 
 
 class CancelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     note: str = _note()
     expected_version: int | None = _expected_version()
+    _version = field_validator("expected_version", mode="before")(_json_integer)
 
 
 class TriageIn(BaseModel):
