@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
+import anyio.to_thread
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +30,7 @@ from daemon.api.bodies import decode_body
 from daemon.api.paths import canonical_path, key_segment
 from daemon.api.signin_limit import FAILURES, WINDOW, SignInLimit
 from daemon.config.settings import ConfigError, settings_from_dict
+from daemon.doubles.fake_provider import Scripted
 from daemon.service_layer.intake import IntakeError
 from daemon.service_layer.problems import MAX_LISTED, FieldProblem
 from ledger.keys import identifier_problem
@@ -287,6 +289,48 @@ def test_an_expected_version_that_is_not_a_json_integer_is_refused(
         assert refused.status_code == 422, refused.text
         assert refused.json()["errors"][0]["field"] == "expected_version"
     assert client.get("/v1/jobs/k1", headers=AUTH).json()["state"] == "requested"
+
+
+def test_healthz_and_metrics_answer_while_every_worker_thread_waits_on_a_mailbox(
+    rig: EngineRig,
+) -> None:
+    """Checks, resends and triage wait on the mailbox in the worker threads the routes
+    share (40); a slow provider, healthy, can hold them all. `/healthz` and `/metrics`
+    then waited behind them: a liveness probe failing, a restart, while nothing was
+    wrong with this process. Two threads here stand for the 40."""
+    release = threading.Event()
+
+    def slow_mailbox() -> None:
+        release.wait(10)
+
+    with make_client(rig) as client:
+        portal = client.portal
+        assert portal is not None
+
+        def shrink() -> None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = 2
+
+        portal.call(shrink)
+        for key in ("k1", "k2"):
+            client.post("/v1/jobs", json=job(key), headers=AUTH)
+            rig.provider.script(Scripted.lost_request())
+            rig.tick()
+        rig.provider.during_search = slow_mailbox
+        with ThreadPoolExecutor(4) as pool:
+            checks = [
+                pool.submit(client.post, f"/v1/review/{key}/check", headers=AUTH)
+                for key in ("k1", "k2")
+            ]
+            while rig.provider.searches < 2:
+                release.wait(0.01)
+            health = pool.submit(client.get, "/healthz")
+            metrics = pool.submit(client.get, "/metrics")
+            try:
+                assert health.result(timeout=3).status_code == 200
+                assert metrics.result(timeout=3).status_code == 200
+            finally:
+                release.set()
+            assert [check.result(timeout=10).status_code for check in checks] == [200, 200]
 
 
 class SlowTokenBook(TokenBook):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio.to_thread
 import swagger_ui_bundle
+from anyio import CapacityLimiter
 from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -27,6 +29,9 @@ DOCS_URL = "/v1/docs"
 #: Swagger UI's files, from the `swagger-ui-bundle` package (Apache-2.0): the docs page
 #: loads nothing from the internet.
 DOCS_ASSETS = DOCS_URL + "/assets"
+#: Worker threads of their own for /healthz and /metrics (see `_monitoring`).
+MONITORING_THREADS = 4
+T = TypeVar("T")
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
@@ -41,6 +46,16 @@ def create_app(ctx: ApiContext) -> FastAPI:
         redirect_slashes=False,
     )
     app.state.ctx = ctx
+    monitoring: list[CapacityLimiter] = []
+
+    async def _monitoring(call: Callable[..., T], *args: Any) -> T:
+        # Not the worker threads the routes share: checks, resends and triage wait on the
+        # mailbox there, and a slow provider, healthy, can hold every one of them; the
+        # probe then timed out and a restart followed while this process was well.
+        if not monitoring:
+            monitoring.append(CapacityLimiter(MONITORING_THREADS))  # in the loop: anyio's rule
+        return await anyio.to_thread.run_sync(call, *args, limiter=monitoring[0])
+
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(review.router)
@@ -67,7 +82,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         summary="Store, scheduler, policies, provider handles (details need a token)",
     )
     async def healthz(request: Request) -> JSONResponse:
-        ok, reasons, checks = await run_in_threadpool(check_health, ctx.health)
+        ok, reasons, checks = await _monitoring(check_health, ctx.health)
         status = 200 if ok else 503
         if ctx.tokens.who(bearer(request.headers.get("authorization"))) is None:
             # Without a token, no detail: error texts may name paths and field values.
@@ -83,7 +98,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         summary="Prometheus metrics (no token: bind the API to a trusted network)",
     )
     async def metrics() -> Response:
-        text = await run_in_threadpool(ctx.metrics.render)
+        text = await _monitoring(ctx.metrics.render)
         return Response(text, media_type=CONTENT_TYPE)
 
     def openapi() -> dict[str, Any]:
