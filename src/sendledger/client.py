@@ -215,8 +215,10 @@ class Client:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"url: http(s)://HOST:PORT expected, got {url!r}")
-        if not token or any(c.isspace() for c in token):
-            raise ValueError("token: an API token without spaces expected")
+        # What a token is on the server (printable ASCII, no spaces): anything else could
+        # not be put in the header, and each attempt failing so read as an answer lost.
+        if not token or not all("!" <= c <= "~" for c in token):
+            raise ValueError("token: an API token of printable ASCII without spaces expected")
         if timeout <= 0 or retries < 0 or backoff < 0 or max_backoff < 0:
             raise ValueError("timeout must be positive; retries and backoffs not negative")
         self.url = url.rstrip("/")

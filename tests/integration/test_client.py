@@ -207,6 +207,17 @@ def test_a_triage_that_outlives_the_timeout_is_not_started_again(api: Api) -> No
             assert lost.value.may_have_applied is not dry_run
 
 
+def test_a_token_no_header_can_carry_is_refused_before_anything_is_sent() -> None:
+    """A token pasted with a character outside latin-1 (an ellipsis of a shortened
+    display) failed to encode in every attempt, which read as an answer lost: four retries,
+    then `ConnectionLost(sent=True)` and `may_have_applied` on a resolve that never left."""
+    slept: list[float] = []
+    for token in ("alice-token-0123456789\u2026", "alice-token-0123456789\u00e9"):
+        with pytest.raises(ValueError, match="token"):
+            Client(f"http://127.0.0.1:{free_port()}", token, sleep=slept.append)
+    assert slept == []
+
+
 def test_the_client_imports_nothing_of_the_daemon() -> None:
     code = (
         "import sys, sendledger.client\n"
