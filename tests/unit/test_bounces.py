@@ -7,6 +7,7 @@ The engine on the memory store and the fake provider's inbox, time injected."""
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 from datetime import timedelta
 
 import pytest
@@ -16,6 +17,7 @@ from daemon.bootstrap import bootstrap
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.engine import Engine, PolicyHolder
 from daemon.service_layer.read_models import event_record, timeline_details
+from daemon.service_layer.services import ChannelPolicies, Services
 from daemon.webhooks.events import payload, type_of
 from ledger.decision_types import RecordBounce
 from ledger.delivery_reports import DeliveryReport, read_report
@@ -374,3 +376,26 @@ def test_a_report_of_a_job_sent_before_its_channels_domain_changed_is_still_its(
         assert len(bounced(rig, "r-1")) == 1
     finally:
         rig.close()
+
+
+def test_triage_leaves_a_bounced_job_for_a_person(rig: EngineRig) -> None:
+    """Triage's rule, one copy found -> resolved as sent, settles an unknown outcome. A job
+    in review for a bounce has its one copy by definition (it was confirmed): the rule
+    closed every such review, unread, in the triage an operator runs after an outage
+    without a filter (docs/review.md "Triage"), and the recipient who never got the
+    message was never looked after."""
+    mid = rig.submit("legal", "l-1")
+    rig.tick()
+    rig.provider.deliver(bounce_of(mid))
+    rig.advance_and_tick(INTERVAL)
+    assert rig.job("l-1").state is JobState.REVIEW and rig.job("l-1").reason == "bounced"
+    services = Services(
+        rig.ledger,
+        lambda: ChannelPolicies(rig.policies),
+        providers=lambda name: nullcontext(rig.provider),
+    )
+    for dry_run in (True, False):
+        [item] = services.triage(by="op", dry_run=dry_run)
+        assert (item.key, item.action) == ("l-1", "left"), item
+        assert "bounce" in item.detail
+    assert rig.job("l-1").state is JobState.REVIEW

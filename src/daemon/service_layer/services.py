@@ -146,7 +146,7 @@ class TriageItem:
     key: str
     channel: str
     reason: str | None
-    count: int | None  # None: the search failed
+    count: int | None  # None: the search failed, or none was made (a bounce)
     copies: list[str]
     action: str  # "resolved-sent", "would-resolve-sent", "left", "search-failed"
     detail: str
@@ -807,6 +807,13 @@ class Services:
         for row in list(review_index(self.ledger, channel=channel, reason=reason)):
             job = self.ledger.find_job(row.key)
             if job is None or job.state is not JobState.REVIEW:
+                continue
+            if job.reason == EscalationReason.BOUNCED:
+                # Confirmed, so its one copy is there by definition: "one copy found" says
+                # nothing of the recipient the report names, and is not searched for.
+                yield TriageItem(row.key, row.channel, row.reason, None, [], "left",
+                                 "in review for a bounce: read the report, then resolve it "
+                                 "by hand")  # fmt: skip
                 continue
             try:
                 found = self.search(job)
