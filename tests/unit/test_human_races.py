@@ -330,6 +330,7 @@ def test_a_check_whose_search_an_attempt_overtook_is_not_the_evidence_for_it(
     answer = door(rig).check("k1", by="alice")
     assert answer.count == 0 and not answer.recorded
     assert "an attempt was made while it searched" in answer.why_unrecorded
+    assert answer.state == "review" and "check again" in answer.why_unrecorded
     assert rig.job("k1").state is JobState.REVIEW and rig.copies("k1") == 1
     view = door(rig).job_view("k1")
     assert view.guidance is not None

@@ -548,9 +548,10 @@ class Services:
         job = self.job(key)
         found = self.search(job)
         recorded = self._record_check(key, found, by=by, purpose="check", searched=job)
-        overtaken = not recorded and self.job(key).attempts != job.attempts
-        job = self.job(key) if recorded else job
-        return _answer(job, found, recorded, overtaken)
+        now = self.job(key) if recorded or job.state is not JobState.ATTEMPTED else job
+        overtaken = not recorded and now.attempts != job.attempts
+        # Overtaken, the answer's state (and advice) is the job's now, not the one searched.
+        return _answer(now if recorded or overtaken else job, found, recorded, overtaken)
 
     def _record_check(
         self, key: str, found: SearchResult, *, by: str, purpose: str, searched: SendJob
