@@ -368,6 +368,24 @@ def test_sign_ins_sent_at_once_are_limited_as_one_after_the_other(rig: EngineRig
     assert codes == [401] * FAILURES + [429] * (guesses - FAILURES), codes
 
 
+def test_ipv6_sign_ins_are_limited_per_64_prefix(rig: EngineRig) -> None:
+    """One IPv6 host has a /64 to itself (2^64 addresses, SLAAC privacy addresses): limited
+    per address, each guess came from a fresh one and the limit never met a second."""
+    app = create_app(api_context(rig, max_body=20_000_000, signin_limit=SignInLimit(clock=Clock())))
+
+    def guess(address: str, token: str = "x" * 20) -> int:
+        with TestClient(app, client=(address, 50000)) as client:
+            csrf = _sign_in_form(client)
+            answer = client.post("/ui/sign-in", data={"token": token, "csrf": csrf})
+            return answer.status_code
+
+    codes = [guess(f"2001:db8:1:2::{n:x}") for n in range(1, FAILURES + 2)]
+    assert codes == [401] * FAILURES + [429], codes
+    assert guess("2001:db8:1:2:ffff:ffff:ffff:ffff", TOKEN) == 429  # the same /64
+    assert guess("2001:db8:1:3::1") == 401  # another /64: another host
+    assert guess("192.0.2.7") == 401  # IPv4: per address, as before
+
+
 def test_a_valid_token_without_the_role_resets_no_failure(rig: EngineRig) -> None:
     # 127b519: a sign-in with a submit-only token (403) cleared the count, so four wrong
     # tokens and one such sign-in, repeated, never met the documented 429.

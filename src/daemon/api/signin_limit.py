@@ -11,6 +11,7 @@ Kept in memory, like the sessions. The clock is injected so tests need not wait.
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 from collections import deque
@@ -20,6 +21,21 @@ FAILURES = 5
 WINDOW = 300.0
 #: Addresses tracked at most; past it the oldest are forgotten (memory stays bounded).
 MAX_ADDRESSES = 10_000
+
+
+def client_of(host: str) -> str:
+    """What the limit counts as one client: an IPv4 address, or an IPv6 address's /64
+    (one host has a /64 to itself and picks any address in it: per address, every guess
+    could come from a fresh one). Anything else (a name, "-") as it is."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:  # ::ffff:192.0.2.7 is that IPv4 client
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
 
 
 class SignInLimit:
@@ -90,4 +106,4 @@ class SignInLimit:
             del self._seen[next(iter(self._seen))]
 
 
-__all__ = ["FAILURES", "WINDOW", "SignInLimit"]
+__all__ = ["FAILURES", "WINDOW", "SignInLimit", "client_of"]

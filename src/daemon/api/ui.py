@@ -35,6 +35,7 @@ from daemon.api.errors import status_of
 from daemon.api.overview import NARROW, hourly_chart
 from daemon.api.paths import key_segment
 from daemon.api.roles import PAGE_ROLE, forbidden
+from daemon.api.signin_limit import client_of
 from daemon.service_layer.problems import ServiceError
 from daemon.service_layer.read_models import timeline_details
 from daemon.service_layer.services import (
@@ -285,7 +286,7 @@ def sign_in(
 ) -> Response:
     # Per client address (behind a proxy: the proxy's, unless uvicorn is told to trust
     # its X-Forwarded-For): docs/review.md "Review page".
-    address = seen.request.client.host if seen.request.client else "-"
+    address = client_of(seen.request.client.host if seen.request.client else "-")
     # Asked and counted at once: guesses sent together are limited as one after another.
     wait = ctx.signin_limit.begin(address)
     if wait:
