@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from datetime import UTC, datetime, timedelta
@@ -94,6 +95,8 @@ def test_admin_purge_dry_run_then_purge_then_history_and_status(cli: Any) -> Non
     status = cli.run("status", "r-0001", "--json").json()
     assert status["state"] == "confirmed" and status["purged"]["by"] == "dpo"
     assert "to" not in status
+    shown = cli.run("status", "r-0001").stdout
+    assert re.search(rf"^purged +at={status['purged']['at']} by=dpo$", shown, re.M), shown
     history = cli.run("history", "r-0001", "--json").json()
     assert [e["type"] for e in history] == ["Requested", "Attempted", "Confirmed", "Purged"]
     assert history[0]["to"] == [] and history[-1]["rule"] == "admin purge --older-than 30d"

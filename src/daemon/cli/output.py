@@ -97,6 +97,8 @@ def _cell(value: object) -> str:
         return iso(value) or "-"
     if isinstance(value, list | tuple):
         return printable(",".join(str(v) for v in value)) or "-"
+    if isinstance(value, dict):  # `purged`: "at=... by=ops", not Python's repr
+        return " ".join(f"{k}={_cell(v)}" for k, v in value.items()) or "-"
     return printable(str(value))
 
 
