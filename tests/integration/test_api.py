@@ -168,6 +168,7 @@ def test_healthz_and_metrics_need_no_token(api: Api) -> None:
     assert metrics.status_code == 200
     assert metrics.headers["content-type"].startswith("text/plain")
     assert 'sendledger_jobs{state="requested"} 1.0' in metrics.text
+    assert 'sendledger_jobs{state="review"} 0.0' in metrics.text  # empty, still a series
     assert 'sendledger_open_jobs{channel="receipts",state="requested"} 1.0' in metrics.text
     assert 'sendledger_provider_handle_reliable{provider="support"} 1.0' in metrics.text
 

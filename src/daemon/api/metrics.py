@@ -21,7 +21,7 @@ from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
 from ledger.application import Ledger
 from ledger.job import SendJob
-from ledger.vocabulary import OPEN_STATES, ConfirmedVia
+from ledger.vocabulary import OPEN_STATES, ConfirmedVia, JobState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds from a send to the first search that found it: Gmail's index lags seconds to minutes.
@@ -184,8 +184,11 @@ class _StoreGauges(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         ledger = self._sources.ledger
         jobs = GaugeMetricFamily("sendledger_jobs", "Jobs by state", labels=["state"])
-        for state, count in sorted(ledger.counts().items()):
-            jobs.add_metric([state], count)
+        # Every state, 0 included: a series that vanishes when its state empties reads as
+        # "no data" to an alert or a graph, not as none left.
+        counts = ledger.counts()
+        for state in sorted(set(counts) | {str(s) for s in JobState}):
+            jobs.add_metric([state], counts.get(state, 0))
         yield jobs
         # Open work only by channel: settled jobs grow with the history.
         open_jobs = GaugeMetricFamily(
