@@ -47,7 +47,7 @@ so a user's program runs it without the daemon's packages.
                │                                         answer (the search decides), never shown
                ├── TransportFailure (httplib2's too)     daemon/providers/transport.py
                │    └── NotSentError, ResponseLostError
-               ├── TokenError, DraftAlreadySent, ListenRefused (an OSError too),
+               ├── TokenError, DraftAlreadySent, NotOurs, ListenRefused (an OSError too),
                │   SimulatedCrash (daemon/doubles/)
                └── internal signals, never shown: wire_check._Bad, smtp_submit._Retry
                    and _Refused, delivery_reports._Refused, gmail_reports._QuotaKept,
