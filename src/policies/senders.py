@@ -10,6 +10,7 @@ refused so that a pattern reads the same to every operator.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Sequence
 
@@ -43,8 +44,11 @@ def pattern_problem(pattern: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def bare_address(value: str) -> str:
-    """The lower-cased addr-spec of one mailbox ("Name <A@B.c>" -> "a@b.c")."""
+    """The lower-cased addr-spec of one mailbox ("Name <A@B.c>" -> "a@b.c"). Cached: every
+    claim asks it of its job's From (`sends_as`), 0.1-0.2 ms a parse, and a channel's
+    jobs share a few."""
     return parse_mailbox(value).address.addr_spec.lower()
 
 
