@@ -146,6 +146,10 @@ class SendJob(Aggregate):
     # the reports recorded (their DSN ids), each once (docs/how-it-works.md "Bounces").
     watch_until: datetime | None
     bounce_ids: tuple[str, ...]
+    # When it last went to review (its latest Escalated event; None: never): how long a
+    # job in review has waited, which a check or a triage writing to it does not reset.
+    # Set by the events alone, so a job stored by any release has it once replayed.
+    escalated_at: datetime | None
 
     def __init__(self) -> None:
         # State is set by the Requested event's apply(), so replay and creation agree.
@@ -254,6 +258,7 @@ class SendJob(Aggregate):
             job.unknown_at = None
             job.watch_until = None
             job.bounce_ids = ()
+            job.escalated_at = None
 
     class Attempted(Event):
         TOPIC = "sendledger:SendJob.Attempted"
@@ -529,6 +534,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.state = JobState.REVIEW
+            job.escalated_at = self.timestamp
             job.unavailable_since = None
             job.reason = self.reason
             job.due_at = None

@@ -78,6 +78,11 @@ def test_check_answers_the_copies_and_records_who_asked(rig: Rig) -> None:
     checked = [e for e in rig.events("k1") if e["type"] == "Checked"]
     assert checked and checked[-1]["by"] == "alice"
     assert rig.post("/v1/review/nope/check").status_code == 404
+    # The queue's `since` is when the job went to review, which the check leaves alone.
+    escalated = [e for e in rig.events("k1") if e["type"] == "Escalated"]
+    listed = rig.get("/v1/review").json()
+    assert [(r["key"], r["since"]) for r in listed] == [("k1", escalated[-1]["at"])]
+    assert checked[-1]["at"] != escalated[-1]["at"]
 
 
 def test_a_resend_of_a_job_whose_copy_exists_is_refused(rig: Rig) -> None:

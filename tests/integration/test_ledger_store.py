@@ -8,6 +8,7 @@ the same contract as the SQL ones.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import subprocess
 import sys
@@ -385,6 +386,69 @@ def test_a_jobs_life_keeps_the_index_row_in_step(ledger: Ledger, clock: FakeCloc
             assert getattr(row, field) == value, (field, row)
     assert event_types(ledger, key)[-2:] == ["Resolved", "Confirmed"]
     assert ledger.counts() == {"confirmed": 1}
+
+
+def drop_review_since(app: Ledger) -> None:
+    """Make the store's index as an earlier release left it: no `review_since` column."""
+    spec = app.store
+    if isinstance(spec, SqliteStore):
+        with contextlib.closing(sqlite3.connect(spec.path)) as conn:
+            conn.execute("ALTER TABLE sendledger_jobs DROP COLUMN review_since")
+            conn.commit()
+        return
+    assert isinstance(spec, PostgresStore)
+    import psycopg
+
+    with psycopg.connect(
+        dbname=spec.dbname, host=spec.host, port=spec.port, user=spec.user,
+        password=spec.password, autocommit=True,
+    ) as conn:  # fmt: skip
+        schema = spec.schema.replace('"', '""')
+        conn.execute(f'ALTER TABLE "{schema}".sendledger_jobs DROP COLUMN review_since')
+
+
+def test_the_index_keeps_when_a_job_went_to_review_through_later_writes(
+    store_url: str, clock: FakeClock
+) -> None:
+    """`review_since` is the time of the job's latest Escalated while it is in review:
+    a check written after it leaves it as it was (the review queue's age), leaving
+    review empties it. A store of an earlier release gains the column when opened; its
+    rows read `updated_at` until the job is written again or the index is rebuilt."""
+    key = "waits"
+    with Ledger(store_url, clock=clock) as app:
+        app.submit(content(key), SENDER)
+        app.update(key, lambda j: j.claim(**attempt_args(clock)))
+        clock.advance(5)
+        went = clock()
+        review = Review(POLICY, EscalationReason.UNKNOWN_OUTCOME)
+        app.update(key, lambda j: j.record_unknown(reason="5xx", decision=review, at=clock()))
+        clock.advance(3 * 86400)
+        check = {"by": "ops", "purpose": "check", "query": "q", "copies": []}
+        app.update(key, lambda j: j.record_check(**check, at=clock()))
+        row = assert_index_in_step(app, key)
+        assert row.updated_at == clock().timestamp()
+        assert row.review_since == row.in_review_since == went.timestamp()
+        if not isinstance(app.store, MemoryStore):
+            stored = raw_query(
+                app,
+                "SELECT review_since FROM sendledger_jobs",
+                "SELECT review_since FROM {schema}.sendledger_jobs",
+            )
+            assert stored == [(went.timestamp(),)]  # in the table, not computed on read
+        if isinstance(app.store, MemoryStore):
+            return  # no table to take a column from
+        drop_review_since(app)
+    with Ledger(store_url, clock=clock) as app:
+        # Opening added the column back, empty: the row's last change stands in for it.
+        row = app.row(key)
+        assert row is not None and row.review_since is None
+        assert row.in_review_since == row.updated_at
+        assert app.rebuild_index() == 1
+        row = assert_index_in_step(app, key)
+        assert row.review_since == went.timestamp()
+        app.update(key, lambda j: j.resolve(Resolution.ABANDON, note="n", by="ops", at=clock()))
+        row = assert_index_in_step(app, key)
+        assert row.review_since is None and app.get_job(key).escalated_at == went
 
 
 def test_refused_command_stores_nothing(ledger: Ledger, clock: FakeClock) -> None:

@@ -21,8 +21,10 @@ import pytest
 from daemon.doubles.fake_provider import FakeProvider
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
+from daemon.service_layer.read_models import review_rows
 from ledger.addresses import mailbox_key
 from ledger.application import Ledger
+from ledger.display import iso
 from ledger.vocabulary import JobState
 from policies.loader import load_policy_dir
 
@@ -94,18 +96,59 @@ def _rows(app: Ledger) -> list[dict[str, Any]]:
 
 def test_index_rows_survive_a_rebuild(old_store: Ledger) -> None:
     # Opening the old store added the columns of later releases (`ADDED_COLUMNS`): empty.
-    added = {"purged_at": None, "watch_until": None, "watch_mailbox": None, "mailbox": None}
+    added = {
+        "purged_at": None,
+        "watch_until": None,
+        "watch_mailbox": None,
+        "mailbox": None,
+        "review_since": None,
+    }
     expected = sorted(
         ({**row, **added} for row in EXPECTED["index_rows"]), key=lambda row: row["key"]
     )
     assert _rows(old_store) == expected  # the rows as stored
     assert old_store.rebuild_index() == len(expected)
-    # The rows projected again from the events: the From's mailbox filled in.
+    # The rows projected again from the events: the From's mailbox filled in, and for
+    # the jobs in review when they went there (their latest Escalated).
     mailboxes = {
         row["key"]: mailbox_key(old_store.get_job(row["key"]).from_addr) for row in expected
     }
     assert set(mailboxes.values()) == {"support@example.com", "alerts@example.com"}
-    assert _rows(old_store) == [{**row, "mailbox": mailboxes[row["key"]]} for row in expected]
+    assert _rows(old_store) == [
+        {**row, "mailbox": mailboxes[row["key"]], "review_since": _escalated(old_store, row)}
+        for row in expected
+    ]
+
+
+def _escalated(app: Ledger, row: dict[str, Any]) -> float | None:
+    """A job in review: the time of its latest Escalated event, read from its history."""
+    if row["state"] != "review":
+        return None
+    times = [e.timestamp for e in app.history(row["key"]) if type(e).__name__ == "Escalated"]
+    return times[-1].timestamp()
+
+
+def test_the_review_queue_of_an_old_store_lists_and_keeps_its_age(old_store: Ledger) -> None:
+    """The review queue of a store written before `review_since` existed lists its jobs,
+    `since` its rows' last change (NULL column) until a write or a rebuild fills it; a
+    check written then leaves `since` at the time the job went to review."""
+    in_review = sorted(k for k, job in EXPECTED["jobs"].items() if job["state"] == "review")
+    stored = {row["key"]: row for row in EXPECTED["index_rows"]}
+    listed = review_rows(old_store)
+    assert [item["key"] for item in listed] == in_review
+    assert {item["key"]: item["since"] for item in listed} == {
+        key: iso(stored[key]["updated_at"]) for key in in_review
+    }
+    went = _escalated(old_store, stored["review-unknown"])
+    assert went is not None
+    later = datetime(2026, 11, 4, 9, 0, tzinfo=UTC)
+    check = {"by": "ops", "purpose": "check", "query": "q", "copies": []}
+    old_store.update("review-unknown", lambda j: j.record_check(**check, at=later))
+    row = old_store.row("review-unknown")
+    assert row is not None and row.updated_at == later.timestamp()
+    assert row.review_since == went
+    since = {item["key"]: item["since"] for item in review_rows(old_store)}
+    assert since["review-unknown"] == iso(went)
 
 
 def test_provider_handles_load(old_store: Ledger) -> None:
@@ -157,13 +200,21 @@ def test_open_jobs_continue_to_the_end_with_todays_engine(old_store: Ledger) -> 
     live = _rows(old_store)
     old_store.rebuild_index()
     # Only a rebuild fills the mailbox of a job settled before the upgrade (nothing due:
-    # no daemon needs it); every other row is the rebuild's.
+    # no daemon needs it), and when a job left in review by it went there (nothing
+    # wrote to it since: its row's last change is that time); every other row is the
+    # rebuild's.
     unfilled = {row["key"] for row in live if row["mailbox"] is None}
     assert unfilled and not unfilled & due
+    waiting = {row["key"] for row in live if row["state"] == "review"}
+    assert waiting and all(row["review_since"] is None for row in live)
     assert _rows(old_store) == [
-        {**row, "mailbox": mailbox_key(old_store.get_job(row["key"]).from_addr)}
-        if row["key"] in unfilled
-        else row
+        {
+            **row,
+            "mailbox": mailbox_key(old_store.get_job(row["key"]).from_addr)
+            if row["key"] in unfilled
+            else row["mailbox"],
+            "review_since": row["updated_at"] if row["key"] in waiting else None,
+        }
         for row in live
     ]
 

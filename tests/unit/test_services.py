@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from daemon.service_layer.services import (
     safe_decisions,
 )
 from ledger import keys
+from ledger.display import iso
 from ledger.vocabulary import JobState, Resolution
 
 LEGAL = policy("legal", on_unknown="review")
@@ -488,3 +490,34 @@ def test_resolved_as_sent_keeps_the_ids_the_job_had_and_triage_its_copy(rig: Eng
     [item] = s.triage(by="ops")
     assert item.action == "resolved-sent"
     assert rig.job("triaged").provider_message_ids == item.copies
+
+
+def test_a_check_or_a_triage_keeps_how_long_a_job_has_waited_in_review(
+    rig: EngineRig,
+) -> None:
+    # `since` was the index row's last change: a check or a triage that left a job (both
+    # write a Checked event) made a job that waited 3 days look new, and sorted it last.
+    in_review(rig, "old", copies=0)
+    went = rig.clock()  # `in_review` went to review, then waited past the search lag
+    went = went - timedelta(seconds=61)
+    rig.clock.advance(3 * 86400)
+    in_review(rig, "new", copies=0)
+    s = services(rig)
+    s.check("old", by="bob")
+    rig.clock.advance(3600)
+    assert {item.key: item.action for item in s.triage(by="ops")} == {"old": "left", "new": "left"}
+    assert rig.events("old")[-2:] == ["Checked", "Checked"]
+    listed = {r["key"]: r["since"] for r in s.review_list()}
+    escalated = [e for e in s.history("old") if e["type"] == "Escalated"]
+    assert listed["old"] == iso(went) == escalated[-1]["at"]
+    assert listed["old"] < listed["new"]
+    assert [r["key"] for r in s.review_queue(sort="since").rows] == ["old", "new"]
+    assert [r["key"] for r in s.review_queue(sort="-since").rows] == ["new", "old"]
+    assert [r["key"] for r in s.review_queue(sort="channel").rows] == ["old", "new"]
+    row = rig.ledger.row("old")
+    assert row is not None and row.review_since == went.timestamp()
+    # Out of review, the column is empty; the job keeps when it last went there.
+    s.resolve("old", Resolution.ABANDON, note="gone", by="bob")
+    row = rig.ledger.row("old")
+    assert row is not None and row.review_since is None
+    assert rig.job("old").escalated_at == went

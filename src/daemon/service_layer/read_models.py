@@ -133,7 +133,7 @@ def review_row(row: IndexRow, job: SendJob | None) -> dict[str, Any]:
         "channel": row.channel,
         "state": row.state,
         "reason": row.reason,
-        "since": iso(row.updated_at),
+        "since": iso(row.in_review_since),  # when it went to review (a check keeps it)
         "message_id": row.message_id,
     }
     if job is not None:

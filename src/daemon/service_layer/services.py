@@ -444,10 +444,12 @@ class Services:
             if (channel is None or r.channel == channel) and (reason is None or r.reason == reason)
         ]
         name = sort.lstrip("-")
+        # `since` is when the job went to review, not its last change: a check or a
+        # triage writes to a job without making it any less old in the queue.
         keyed: Callable[[Any], Any] = {
-            "since": lambda r: r.updated_at,
-            "channel": lambda r: (r.channel, r.updated_at),
-            "reason": lambda r: (r.reason or "", r.updated_at),
+            "since": lambda r: r.in_review_since,
+            "channel": lambda r: (r.channel, r.in_review_since),
+            "reason": lambda r: (r.reason or "", r.in_review_since),
             "key": lambda r: r.key,
         }[name]
         rows.sort(key=keyed, reverse=sort.startswith("-"))

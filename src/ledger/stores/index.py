@@ -51,16 +51,20 @@ COLUMNS = (
     "watch_until",
     "watch_mailbox",
     "mailbox",
+    "review_since",
 )
 #: Columns added after the first release: (name, SQL type template). Opening a store
 #: that lacks one adds it (each backend's `prepare`), so old stores keep working. A row
 #: written before `mailbox` existed has none (NULL) until the daemon fills it
-#: (`Ledger.fill_mailboxes`, for the jobs with something due) or a rebuild does.
+#: (`Ledger.fill_mailboxes`, for the jobs with something due) or a rebuild does. A row
+#: written before `review_since` existed has none: the review queue reads its `updated_at`
+#: instead (`IndexRow.in_review_since`) until the job is written again or a rebuild fills it.
 ADDED_COLUMNS = (
     ("purged_at", "{real}"),
     ("watch_until", "{real}"),
     ("watch_mailbox", "TEXT"),
     ("mailbox", "TEXT"),
+    ("review_since", "{real}"),
 )
 
 
@@ -91,6 +95,10 @@ class IndexRow:
     # what a daemon needs to know whose quota scope a job spends before it loads it
     # (docs/performance.md "Several daemons"). None: a row of an earlier release.
     mailbox: str | None = None
+    # A job in review: when it went there (its latest Escalated event), which a check or
+    # a triage writing to it leaves as it was; None otherwise, and on a row of an
+    # earlier release (`in_review_since`).
+    review_since: float | None = None
 
     def as_tuple(self) -> tuple[Any, ...]:
         values: tuple[Any, ...] = _COLUMN_VALUES(self)
@@ -102,6 +110,13 @@ class IndexRow:
     @property
     def due(self) -> datetime | None:
         return None if self.due_at is None else datetime.fromtimestamp(self.due_at, UTC)
+
+    @property
+    def in_review_since(self) -> float:
+        """How long the review queue says a job has waited, from when: when it went to
+        review; its last change for a row written before that was recorded (the best
+        the row knows until the job is written again or `admin rebuild-index`)."""
+        return self.updated_at if self.review_since is None else self.review_since
 
 
 @dataclass(frozen=True)
@@ -185,6 +200,11 @@ def index_row(job: SendJob, mailbox: Callable[[str], str] = mailbox_key) -> Inde
         watch_until=job.watch_until.timestamp() if watching and job.watch_until else None,
         watch_mailbox=mailbox_digest(job.from_addr, job.last_provider) if watching else None,
         mailbox=mailbox(job.from_addr),
+        review_since=(
+            job.escalated_at.timestamp()
+            if job.state is JobState.REVIEW and job.escalated_at is not None
+            else None
+        ),
     )
 
 
@@ -327,7 +347,7 @@ CREATE_STATEMENTS = [
     "state TEXT NOT NULL, message_id TEXT NOT NULL, due_at {real}, "
     "created_at {real} NOT NULL, updated_at {real} NOT NULL, version INTEGER NOT NULL, "
     "attempts INTEGER NOT NULL, reason TEXT, purged_at {real}, watch_until {real}, "
-    "watch_mailbox TEXT, mailbox TEXT){options}",
+    "watch_mailbox TEXT, mailbox TEXT, review_since {real}){options}",
     "CREATE INDEX IF NOT EXISTS {n}_state_due ON {t} (state, due_at)",
     "CREATE INDEX IF NOT EXISTS {n}_message_id ON {t} (message_id)",
     *(statement for _name, statement in ADDED_INDEXES),
