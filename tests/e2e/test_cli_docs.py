@@ -53,7 +53,9 @@ def test_a_cancelled_job_is_purged(cli: Any) -> None:
     for key in ("withdrawn", "aged"):
         assert cli.run("cancel", key).code == 0
     refused = cli.run("admin", "purge", "--key", "open")
-    assert refused.code == 3 and "(confirmed, abandoned or cancelled)" in refused.stderr
+    assert (
+        refused.code == 3 and "(confirmed, abandoned or cancelled, nothing due)" in refused.stderr
+    )
     done = cli.run("admin", "purge", "--key", "withdrawn", "--json")
     assert done.code == 0, done.stderr
     assert done.json()["purged"] == 1

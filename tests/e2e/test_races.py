@@ -54,6 +54,7 @@ from tests.e2e.test_graph_daemon import GRAPH_POLICY, GraphRig
 from tests.e2e.test_review_outage import LEGAL
 from tests.e2e.test_review_outage import job as legal_job
 
+from daemon.engine.dispatch import NOT_OURS, WITHHELD
 from daemon.engine.recover import REASON as RECOVERED
 from testkit.mailservers import free_port
 from testkit.relay import FaultPlan, Mode
@@ -163,6 +164,13 @@ def why_refused(text: str) -> str:
     return "other: " + text.strip()[-200:]
 
 
+def calls_made(history: list[dict[str, Any]]) -> int:
+    """The job's claims that were followed by a provider call."""
+    return sum(e["type"] == "Attempted" for e in history) - sum(
+        e["type"] == "Rejected" and e.get("reason") in (NOT_OURS, WITHHELD) for e in history
+    )
+
+
 def test_two_doors_resending_at_once_one_wins_the_other_is_refused(tmp_path: Path) -> None:
     rng = rng_for("doors")
     keys = [f"notice-{n:02d}" for n in range(PAIRS)]
@@ -235,7 +243,10 @@ def test_two_doors_resending_at_once_one_wins_the_other_is_refused(tmp_path: Pat
         assert wrong == [], "\n".join(wrong) + "\n" + rig.diagnostics()
         assert set(copies.values()) == {1}, copies
         # The first send and the winner's resend: the loser sent nothing.
-        assert all(rig.types(key).count("Attempted") == 2 for key in keys)
+        # (A claim saved too late on a loaded machine makes no call: `NOT_OURS`, and the
+        # circuit's `WITHHELD`; not a send, and sent again later.)
+        extra = {k: rig.types(k) for k in keys if calls_made(rig.history(k)) != 2}
+        assert extra == {}, str(extra) + rig.diagnostics()
         assert sum(refusals.values()) == PAIRS and not [w for w in refusals if "other" in w]
         # Some pairs did decide on the same version: the race itself, not only its edges.
         assert refusals["moved-on"] > 0, refusals
