@@ -278,6 +278,15 @@ def after_unknown_draft(policy: ChannelPolicy, *, now: datetime) -> SearchAt:
     return SearchAt(policy.ref, _utc(now))
 
 
+def draft_out_of_reach(policy: ChannelPolicy) -> Review:
+    """After an unknown outcome on a job whose attempt sent its recorded draft, when the
+    provider no longer sends through drafts (`send_via` changed since): the draft can be
+    neither asked nor deleted before the copies are counted, and a search made at once
+    (the draft's rule) or missing a call still out would be believed, and the job sent
+    twice: a human decides, on every channel."""
+    return Review(policy.ref, EscalationReason.UNKNOWN_OUTCOME)
+
+
 def after_draft_pending(
     policy: ChannelPolicy, *, attempts_made: int, now: datetime
 ) -> AfterDraftPending:

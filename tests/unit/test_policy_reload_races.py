@@ -8,6 +8,7 @@ import random
 from tests.unit.engine_rig import EngineRig, policy, rig_settings
 
 from daemon.bootstrap import bootstrap
+from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from ledger.content import parse_job
 from ledger.vocabulary import JobState, Resolution
@@ -75,5 +76,37 @@ def test_a_sender_withdrawn_by_a_reload_is_not_sent_as_by_jobs_accepted_before()
         )
         assert rig.tick().sent == 1
         assert rig.job("k1").state is JobState.CONFIRMED
+    finally:
+        rig.close()
+
+
+def test_a_draft_sent_before_the_provider_left_drafts_mode_is_never_searched_and_resent() -> None:
+    """The daemon dies while its drafts.send is out; the operator switches the provider
+    to `send_via = "messages"` and starts it again. The job's attempt was made through its
+    recorded draft, which the provider can now neither ask nor delete (the fence): a
+    search at once, before the index shows the copy, must not be believed and the job
+    sent a second time."""
+    rig = EngineRig(
+        policy("receipts", on_unknown="retry", provider="fake"),
+        provider=lambda clock: FakeDraftsProvider("fake", clock=clock, index_lag=55),
+    )
+    try:
+        message_id = rig.submit("receipts", "k1")
+        rig.provider.script(Scripted.crash_during_call(stored=True))
+        rig.tick(errors=1)
+        assert rig.job("k1").draft_id is not None
+        provider = rig.provider
+        assert isinstance(provider, FakeDraftsProvider)
+        provider.send_via = "messages"  # the restart's settings: no drafts any more
+        provider.leaves_drafts = False
+        rig.restart()
+        rig.engine.recover_own_claims()
+        rig.tick()
+        for _ in range(6):
+            rig.advance_and_tick(30)
+        job = rig.job("k1")
+        assert provider.copies_of(message_id) == 1, rig.events("k1")
+        assert (job.state, job.reason) == (JobState.REVIEW, "unknown-outcome")
+        assert "Searched" not in " ".join(rig.events("k1"))
     finally:
         rig.close()

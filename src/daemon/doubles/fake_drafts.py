@@ -214,7 +214,9 @@ class FakeDraftsProvider(FakeProvider):
             return self.held_drafts.pop(draft_id, None) is not None
 
     def drafts(self) -> DraftsProvider | None:
-        return self
+        # As Gmail's: drafts only in drafts mode (a test switches `send_via`, as a
+        # restart with the setting changed would).
+        return self if self.send_via == "drafts" else None
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return [d.draft_id for d in self.find_drafts(message_id) if self.delete_draft(d.draft_id)]

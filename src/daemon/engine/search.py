@@ -209,7 +209,18 @@ class Sweep:
             return
         policy, provider = found
         drafts = provider.drafts()
-        if drafts is not None and recorded_draft(work.job) is not None:
+        draft = recorded_draft(work.job)
+        if draft is not None:
+            # The attempt sent its draft: its answer settles the job, asked where the
+            # attempt was made. A provider that left drafts mode since (a restart with
+            # `send_via` changed) can neither ask nor fence it: never searched instead.
+            if drafts is None:
+                work.to_review(
+                    decisions.draft_out_of_reach(policy),
+                    f"draft {draft.draft_id} not checked: provider {work.provider_name} "
+                    "no longer sends through drafts (send_via); check its mailbox",
+                )
+                return
             self._ask_draft(work, drafts, provider, policy)
             return
         refused = decisions.before_search(
