@@ -9,8 +9,9 @@ process). Every call retries where a repeat cannot do harm:
   repeat of a job the server already stored answers 200 (`created: false`), never a copy;
 - reads (`status`, `events`, `list`, `review`) on the same;
 - `check` too: a repeated search records one more check;
-- `cancel` likewise; a repeat that finds the job cancelled (by the lost first try) returns
-  its status rather than 409;
+- `cancel` likewise; a repeat refused (409) after a try whose answer was lost returns the
+  job's status when its Cancelled event records this call's note (and the version after
+  `expected_version`), rather than 409; any other 409 is raised (another person's cancel);
 - `resolve` and `triage` only when the request surely did not reach the server
   (connection refused) or the server said it did nothing (429, 503): a decision whose
   answer was lost raises `ConnectionLost`: look at the job (`status`) before deciding
@@ -311,12 +312,22 @@ class Client:
             body["expected_version"] = expected_version
         try:
             answer: dict[str, Any] = self._call("POST", _job_path(key) + "/cancel", body=body)
-        except _RepeatRefused:
-            # A try whose answer was lost cancelled it; the repeat was refused for that.
-            status = self.status(key)
-            if status.get("state") == "cancelled":
-                return status
-            raise
+        except _RepeatRefused as refused:
+            # A try whose answer was lost may have cancelled it, the repeat refused for
+            # that; or another person cancelled it meanwhile. Its own only when the job's
+            # Cancelled event records what this call sent (the note, and the version after
+            # `expected_version`): the server does not say which token a call was.
+            cancelled = [e for e in self.events(key) if e.get("type") == "Cancelled"]
+            if not cancelled:
+                refused.may_have_applied = False  # never cancelled: the lost try did nothing
+                raise
+            event = cancelled[-1]
+            if event.get("note") != note or (
+                expected_version is not None and event.get("version") != expected_version + 1
+            ):
+                refused.may_have_applied = False  # someone else's cancel, not this call's
+                raise
+            return self.status(key)
         return answer
 
     # -- review ---------------------------------------------------------------------------
@@ -417,7 +428,9 @@ class Client:
                 reached = reached or status not in _NOT_APPLIED
                 self._wait(attempt, retry_after)
                 continue
-            if status == 409 and attempt > 0 and retry.on_lost_answer:
+            if status == 409 and reached and retry.on_lost_answer:
+                # Only a try that may have applied can be why a repeat is refused: after a
+                # 429 or 503 (nothing done) a 409 is the job's state, as on a first try.
                 refused = _RepeatRefused(status, _error_text(text), _json_or_none(text))
                 raise _applied(refused, acts, reached)
             raise _applied(_error(status, text), acts, reached)

@@ -11,7 +11,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from tests.integration.api_kit import Api, free_port, job, running_api, write_config
+from tests.integration.api_kit import (
+    OTHER_TOKEN,
+    Api,
+    free_port,
+    job,
+    running_api,
+    write_config,
+)
 from tests.integration.test_api import to_review
 
 import sendledger.client as client_module
@@ -227,3 +234,53 @@ def test_the_client_imports_nothing_of_the_daemon() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert "token" not in repr(Client("http://h:1", TOKEN)).lower()
+
+
+def test_a_cancel_repeated_after_a_refusal_does_not_claim_another_persons_cancel(
+    api: Api,
+) -> None:
+    """A 409 to a repeat is the client's own success only when an earlier try may have
+    cancelled the job. Here the first try was refused (429: nothing done) and, while the
+    client waited, Bob cancelled the job: the client said `cancelled` as if it had."""
+    api.client.post("/v1/jobs", json=job("bobs"), headers=api.auth())
+
+    def bob_cancels(_seconds: float) -> None:
+        api.client.post(
+            "/v1/jobs/bobs/cancel", json={"note": "bob's"}, headers=api.auth(OTHER_TOKEN)
+        )
+
+    with FaultRelay(api.url, plan=FaultPlan(other=["429"])) as relay:
+        client = Client(relay.url, TOKEN, timeout=5, backoff=0.001, sleep=bob_cancels)
+        with pytest.raises(Conflict) as refused:
+            client.cancel("bobs", note="mine")
+        assert refused.value.may_have_applied is False
+
+
+def test_a_cancel_whose_lost_try_never_arrived_does_not_claim_another_persons_cancel(
+    api: Api,
+) -> None:
+    """The first try timed out before the server saw it (it may have applied, as far as
+    the client knows); meanwhile Bob cancelled with his own note. The repeat's 409 is
+    Bob's cancel, which the job's Cancelled event shows: not the client's success."""
+    for key in ("bobs", "mine"):
+        api.client.post("/v1/jobs", json=job(key), headers=api.auth())
+    others = {"bobs": "bob's", "mine": "withdrawn"}
+    current = {"key": ""}
+
+    def someone_cancels(_seconds: float) -> None:
+        key = current["key"]
+        api.client.post(
+            f"/v1/jobs/{key}/cancel", json={"note": others[key]}, headers=api.auth(OTHER_TOKEN)
+        )
+
+    plan = FaultPlan(other=["hang-before-forward"])
+    with FaultRelay(api.url, plan=plan, hang_seconds=1) as relay:
+        client = Client(relay.url, TOKEN, timeout=0.3, backoff=0.001, sleep=someone_cancels)
+        current["key"] = "bobs"
+        with pytest.raises(Conflict) as refused:
+            client.cancel("bobs", note="withdrawn")
+        assert refused.value.may_have_applied is False
+        # The same note: what the lost try would have recorded, so taken as its own.
+        relay.set_plan(plan)
+        current["key"] = "mine"
+        assert client.cancel("mine", note="withdrawn")["state"] == "cancelled"
