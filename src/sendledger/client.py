@@ -8,15 +8,14 @@ process). Every call retries where a repeat cannot do harm:
 - `submit` on any connection error, 5xx or 429: the job key is the idempotency key, so a
   repeat of a job the server already stored answers 200 (`created: false`), never a copy;
 - reads (`status`, `events`, `list`, `review`) on the same;
-- `check` too: a repeated search records one more check;
 - `cancel` likewise; a repeat refused (409) after a try whose answer was lost returns the
   job's status when its Cancelled event records this call's note (and the version after
   `expected_version`), rather than 409; any other 409 is raised (another person's cancel);
-- `resolve` and `triage` only when the request surely did not reach the server
+- `check`, `resolve` and `triage` only when the request surely did not reach the server
   (connection refused) or the server said it did nothing (429, 503): a decision whose
   answer was lost raises `ConnectionLost`: look at the job (`status`) before deciding
-  again. A triage searches every job in review and may run past any timeout while
-  healthy: a repeat would be a second triage beside the first, searching every job again.
+  again. A check or a triage searches (every job in review, for triage) and may run past
+  any timeout while healthy: a repeat would be one more search beside the first.
 
 Every exception it raises derives from `ClientError`, its own base rather than the
 daemon's (`ledger/exceptions.py`), since the client imports nothing of ours:
@@ -341,7 +340,11 @@ class Client:
 
     def check(self, key: str) -> dict[str, Any]:
         """Search the mailbox for the job's Message-ID now (recorded on the job)."""
-        answer: dict[str, Any] = self._call("POST", _review_path(key) + "/check")
+        # Not sent again once it went out: a search outlives a timeout while the mailbox is
+        # slow but healthy, and a repeat is one more search (quota, a Checked event) beside it.
+        answer: dict[str, Any] = self._call(
+            "POST", _review_path(key) + "/check", retry=_NOTHING_DONE
+        )
         return answer
 
     def resolve(

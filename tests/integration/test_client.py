@@ -173,13 +173,20 @@ def test_lost_answers_are_retried_where_a_repeat_is_safe(api: Api) -> None:
             client.resolve("applied", "abandon")
         assert failed.value.status == 500 and failed.value.may_have_applied is True
         assert api.ledger.get_job("applied").state.value == "abandoned"
-        # A check retried after a lost answer, then refused: the first search was recorded.
+        # A cancel retried after a lost answer, then refused: the first try may have applied.
         relay.set_plan(FaultPlan(other=["drop-response", "503", "503", "503", "503"]))
+        api.client.post("/v1/jobs", json=job("withdrawn"), headers=api.auth())
+        with pytest.raises(ServerError) as unavailable:
+            client.cancel("withdrawn")
+        assert unavailable.value.status == 503 and unavailable.value.may_have_applied is True
+        # A check whose answer was lost is not searched again (its 503s were retried).
         api.client.post("/v1/jobs", json=job("checked"), headers=api.auth())
         to_review(api, "checked")
-        with pytest.raises(ServerError) as unavailable:
+        relay.set_plan(FaultPlan(other=["drop-response"]))
+        before = relay.forwarded()
+        with pytest.raises(ConnectionLost) as checked:
             client.check("checked")
-        assert unavailable.value.status == 503 and unavailable.value.may_have_applied is True
+        assert checked.value.may_have_applied is True and relay.forwarded() == before + 1
 
 
 def test_timeouts_and_refused_connections(api: Api) -> None:
@@ -284,3 +291,18 @@ def test_a_cancel_whose_lost_try_never_arrived_does_not_claim_another_persons_ca
         relay.set_plan(plan)
         current["key"] = "mine"
         assert client.cancel("mine", note="withdrawn")["state"] == "cancelled"
+
+
+def test_a_check_that_outlives_the_timeout_is_not_searched_again(api: Api) -> None:
+    """A check searches the mailbox, which a slow but healthy provider answers after the
+    client's timeout: sent again, each repeat was one more search (and one more Checked
+    event, one more quota unit) beside the first, as for triage."""
+    api.client.post("/v1/jobs", json=job("slow"), headers=api.auth())
+    to_review(api, "slow")
+    with FaultRelay(api.url, plan=FaultPlan(other="hang"), hang_seconds=1) as relay:
+        client = Client(relay.url, TOKEN, timeout=0.3, retries=2, **NO_WAIT)
+        before = relay.forwarded()
+        with pytest.raises(ConnectionLost) as lost:
+            client.check("slow")
+        assert lost.value.sent is True and relay.forwarded() == before + 1
+        assert lost.value.may_have_applied is True
