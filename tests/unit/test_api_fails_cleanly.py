@@ -237,6 +237,24 @@ def test_sign_in_needs_the_forms_csrf_token(client: TestClient) -> None:
 HTTPS_WAYS = [("https://testserver", ""), ("http://testserver", "https://mail.example.com")]
 
 
+def test_signing_out_ends_the_session_on_the_server_without_the_forms_csrf_token(
+    client: TestClient,
+) -> None:
+    """A sign-out whose form carried no valid CSRF token (a form kept open, a page of
+    another process) deleted the cookie in that browser only: the session stayed valid on
+    the server for its 8 hours, for any copy of the cookie. The cookie is SameSite=Strict,
+    so only a page of ours can send it: ending its session is all such a form can do."""
+    csrf = _sign_in_form(client)
+    client.post("/ui/sign-in", data={"token": TOKEN, "csrf": csrf})
+    session = client.cookies["sendledger_session"]
+    assert "<title>Sign in" not in client.get("/ui/").text
+    out = client.post("/ui/sign-out", data={"csrf": "stale"}, follow_redirects=False)
+    assert out.status_code == 303
+    copy = TestClient(client.app)
+    copy.cookies.set("sendledger_session", session, path="/ui")
+    assert "<title>Sign in" in copy.get("/ui/").text  # the form: no session any more
+
+
 @pytest.mark.parametrize(("base", "public_url"), HTTPS_WAYS)
 def test_the_session_cookie_is_secure_over_https(
     rig: EngineRig, base: str, public_url: str
