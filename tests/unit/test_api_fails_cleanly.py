@@ -25,7 +25,14 @@ from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_api_routes import AUTH, TOKEN, api_context, job
 
 from daemon.api.app import create_app
-from daemon.api.auth import Identity, Role, TokenBook
+from daemon.api.auth import (
+    MAX_SESSIONS_PER_NAME,
+    SESSION_SECONDS,
+    Identity,
+    Role,
+    Sessions,
+    TokenBook,
+)
 from daemon.api.bodies import decode_body
 from daemon.api.paths import canonical_path, key_segment
 from daemon.api.signin_limit import FAILURES, WINDOW, SignInLimit
@@ -253,6 +260,23 @@ def test_signing_out_ends_the_session_on_the_server_without_the_forms_csrf_token
     copy = TestClient(client.app)
     copy.cookies.set("sendledger_session", session, path="/ui")
     assert "<title>Sign in" in copy.get("/ui/").text  # the form: no session any more
+
+
+def test_expired_sessions_are_pruned_and_each_name_holds_a_bounded_number() -> None:
+    """Sessions were forgotten only when looked up after they expired: a browser that
+    never came back (or a script signing in in a loop) left its session in memory for
+    good. Expired ones are now dropped at each sign-in, and a name keeps its newest
+    MAX_SESSIONS_PER_NAME (one token holder cannot grow memory, nor sign others out)."""
+    clock = Clock()
+    sessions = Sessions(clock=clock)
+    old = [sessions.open("alice") for _ in range(3)]
+    clock.now += SESSION_SECONDS + 1
+    bob = sessions.open("bob")
+    assert len(sessions._sessions) == 1 and sessions.who(old[0]) is None
+    alice = [sessions.open("alice") for _ in range(MAX_SESSIONS_PER_NAME + 5)]
+    assert len(sessions._sessions) == MAX_SESSIONS_PER_NAME + 1
+    assert [sessions.who(s) for s in alice[:5]] == [None] * 5
+    assert sessions.who(alice[-1]) == "alice" and sessions.who(bob) == "bob"
 
 
 @pytest.mark.parametrize(("base", "public_url"), HTTPS_WAYS)

@@ -6,7 +6,8 @@ recorded as who submitted or resolved. A token is printable ASCII without `:` (w
 browser's form and an HTTP header carry unchanged), each token once in the file.
 Tokens are compared in constant time. A signed-in browser holds a
 random session id in an HttpOnly, SameSite=Strict cookie (kept in memory: a restart signs
-everyone out); each form carries a CSRF token derived from that session.
+everyone out; expired ones dropped at each sign-in, at most MAX_SESSIONS_PER_NAME a name);
+each form carries a CSRF token derived from that session.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import hmac
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -27,6 +28,9 @@ from ledger.keys import MAX_NAME_LENGTH, identifier_problem
 
 SESSION_COOKIE = "sendledger_session"
 SESSION_SECONDS = 8 * 3600
+#: Sessions one name keeps at most: a sign-in past it ends that name's oldest one (memory
+#: stays bounded however often a token signs in, and no holder signs out another name).
+MAX_SESSIONS_PER_NAME = 100
 
 
 class TokenFileError(SendledgerError, ValueError):
@@ -167,15 +171,24 @@ def bearer(header: str | None) -> str | None:
 class Sessions:
     """Signed-in browsers: session id -> (name, expiry)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
-        self._sessions: dict[str, tuple[str, float]] = {}
+        self._sessions: dict[str, tuple[str, float]] = {}  # in the order opened
         self._secret = secrets.token_bytes(32)
+        self._clock = clock
 
     def open(self, name: str) -> str:
         session = secrets.token_urlsafe(32)
+        now = self._clock()
         with self._lock:
-            self._sessions[session] = (name, time.monotonic() + SESSION_SECONDS)
+            # Dropped here too, not only when looked up: a browser that never comes back
+            # would keep its session in memory for good.
+            for old in [s for s, (_, expires) in self._sessions.items() if now > expires]:
+                del self._sessions[old]
+            mine = [s for s, (who, _) in self._sessions.items() if who == name]
+            for old in mine[: max(0, len(mine) + 1 - MAX_SESSIONS_PER_NAME)]:
+                del self._sessions[old]
+            self._sessions[session] = (name, now + SESSION_SECONDS)
         return session
 
     def who(self, session: str | None) -> str | None:
@@ -186,7 +199,7 @@ class Sessions:
             if found is None:
                 return None
             name, expires = found
-            if time.monotonic() > expires:
+            if self._clock() > expires:
                 del self._sessions[session]
                 return None
             return name
