@@ -262,6 +262,22 @@ def test_signing_out_ends_the_session_on_the_server_without_the_forms_csrf_token
     assert "<title>Sign in" in copy.get("/ui/").text  # the form: no session any more
 
 
+def test_signing_in_again_ends_the_browsers_previous_session(client: TestClient) -> None:
+    """A browser signed in again (another token on a shared desk) got a new cookie, and
+    its previous session stayed valid on the server for any copy of the old cookie."""
+    client.post("/ui/sign-in", data={"token": TOKEN, "csrf": _sign_in_form(client)})
+    first = client.cookies["sendledger_session"]
+    nonce = TestClient(client.app).get("/ui/")  # a sign-in form, as a signed-in browser
+    client.cookies.set("sendledger_sign_in", nonce.cookies["sendledger_sign_in"], path="/ui")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', nonce.text)
+    assert csrf
+    again = client.post("/ui/sign-in", data={"token": TOKEN, "csrf": csrf.group(1)})
+    assert again.status_code == 200 and client.cookies["sendledger_session"] != first
+    copy = TestClient(client.app)
+    copy.cookies.set("sendledger_session", first, path="/ui")
+    assert "<title>Sign in" in copy.get("/ui/").text
+
+
 def test_expired_sessions_are_pruned_and_each_name_holds_a_bounded_number() -> None:
     """Sessions were forgotten only when looked up after they expired: a browser that
     never came back (or a script signing in in a loop) left its session in memory for

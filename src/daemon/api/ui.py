@@ -308,6 +308,9 @@ def sign_in(
         msg = f"That token lacks the {PAGE_ROLE.value} role the page needs."
         return _sign_in(ctx, seen, msg, 403)
     name = identity.name
+    # The browser's previous session ends: its cookie is replaced, but a copy of it would
+    # otherwise stay valid for its 8 hours (as after a sign-out).
+    ctx.sessions.close(seen.request.cookies.get(SESSION_COOKIE))
     response = RedirectResponse("/ui/", status_code=303)
     _set_cookie(ctx, seen.request, response, SESSION_COOKIE, ctx.sessions.open(name),
                 SESSION_SECONDS)  # fmt: skip
