@@ -300,6 +300,10 @@ class Client:
             cursor = found.get("next_cursor")
             if not cursor:
                 return
+            # The cursor is past a row the first page's `since` let in, so every later row
+            # is too; sent again, a duration ("24h") would be read anew per page, its bound
+            # moving past rows no page had shown yet.
+            since = None
 
     def cancel(
         self, key: str, note: str = "", *, expected_version: int | None = None

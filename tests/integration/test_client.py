@@ -22,6 +22,10 @@ from tests.integration.api_kit import (
 from tests.integration.test_api import to_review
 
 import sendledger.client as client_module
+from daemon.api.build import api_context, server_for
+from daemon.engine import PolicyHolder
+from daemon.from_settings import load_policies
+from ledger.application import Ledger
 from sendledger.client import (
     Client,
     Conflict,
@@ -306,3 +310,29 @@ def test_a_check_that_outlives_the_timeout_is_not_searched_again(api: Api) -> No
             client.check("slow")
         assert lost.value.sent is True and relay.forwarded() == before + 1
         assert lost.value.may_have_applied is True
+
+
+def test_a_walk_since_a_duration_ago_skips_no_job_between_pages(tmp_path: Path) -> None:
+    """`since="1h"` is read by the server on each page, an hour before *that* page's
+    request: a walk that took a while moved its lower bound past jobs it had not listed
+    yet (changed after the last row shown, before the new bound), which no page showed.
+    The cursor already starts after a row the first page's bound let in."""
+    settings = write_config(tmp_path, f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    now = [datetime(2026, 5, 1, 12, 0, tzinfo=UTC)]
+    with Ledger(settings.store.url, base_dir=settings.base_dir, clock=lambda: now[0]) as ledger:
+        policies = PolicyHolder(lambda: load_policies(settings))
+        ctx = api_context(settings, ledger, policies, dict.fromkeys(settings.providers))
+        server = server_for(settings, ctx)
+        server.start()
+        try:
+            client = Client(f"http://{settings.api.listen}", TOKEN, timeout=5, **NO_WAIT)
+            for key in ("a1", "a2", "a3"):
+                client.submit(job(key))
+                now[0] += timedelta(seconds=1)
+            walk = client.list(since="1h", page_size=1)
+            assert next(walk)["key"] == "a1"
+            # The next page's "1h ago" falls between a2's change and a3's.
+            now[0] += timedelta(hours=1, seconds=-1.5)
+            assert [row["key"] for row in walk] == ["a2", "a3"]
+        finally:
+            server.stop()
