@@ -320,7 +320,13 @@ class Client:
             # that; or another person cancelled it meanwhile. Its own only when the job's
             # Cancelled event records what this call sent (the note, and the version after
             # `expected_version`): the server does not say which token a call was.
-            cancelled = [e for e in self.events(key) if e.get("type") == "Cancelled"]
+            try:
+                events = self.events(key)
+            except ClientError as unseen:
+                # The read's error, but the lost try may have cancelled the job.
+                unseen.may_have_applied = True
+                raise
+            cancelled = [e for e in events if e.get("type") == "Cancelled"]
             if not cancelled:
                 refused.may_have_applied = False  # never cancelled: the lost try did nothing
                 raise
@@ -330,7 +336,11 @@ class Client:
             ):
                 refused.may_have_applied = False  # someone else's cancel, not this call's
                 raise
-            return self.status(key)
+            try:
+                return self.status(key)
+            except ClientError as unseen:
+                unseen.may_have_applied = True  # it did: the event is this call's cancel
+                raise
         return answer
 
     # -- review ---------------------------------------------------------------------------

@@ -336,3 +336,19 @@ def test_a_walk_since_a_duration_ago_skips_no_job_between_pages(tmp_path: Path) 
             assert [row["key"] for row in walk] == ["a2", "a3"]
         finally:
             server.stop()
+
+
+def test_a_cancel_that_cannot_look_at_the_job_after_a_lost_try_says_it_may_have_applied(
+    api: Api,
+) -> None:
+    """The lost first try cancelled the job, the repeat was refused (409), and the read of
+    the job's events that decides whose cancel it was failed (503 after its retries): the
+    read's error said `may_have_applied` False, for a cancel the server had applied."""
+    api.client.post("/v1/jobs", json=job("unseen"), headers=api.auth())
+    plan = FaultPlan(other=["drop-response", "pass", "503", "503"])
+    with FaultRelay(api.url, plan=plan) as relay:
+        client = Client(relay.url, TOKEN, timeout=5, retries=1, **NO_WAIT)
+        with pytest.raises(ServerError) as unseen:
+            client.cancel("unseen", note="withdrawn")
+        assert unseen.value.status == 503 and unseen.value.may_have_applied is True
+    assert api.ledger.get_job("unseen").state.value == "cancelled"
