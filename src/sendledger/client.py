@@ -12,10 +12,11 @@ process). Every call retries where a repeat cannot do harm:
   job's status when its Cancelled event records this call's note (and the version after
   `expected_version`), rather than 409; any other 409 is raised (another person's cancel);
 - `check`, `resolve` and `triage` only when the request surely did not reach the server
-  (connection refused) or the server said it did nothing (429, 503): a decision whose
-  answer was lost raises `ConnectionLost`: look at the job (`status`) before deciding
-  again. A check or a triage searches (every job in review, for triage) and may run past
-  any timeout while healthy: a repeat would be one more search beside the first.
+  (connection refused, a certificate not trusted) or the server said it did nothing
+  (429, 503): a decision whose answer was lost raises `ConnectionLost`: look at the job
+  (`status`) before deciding again. A check or a triage searches (every job in review,
+  for triage) and may run past any timeout while healthy: a repeat would be one more
+  search beside the first.
 
 Every exception it raises derives from `ClientError`, its own base rather than the
 daemon's (`ledger/exceptions.py`), since the client imports nothing of ours:
@@ -470,7 +471,10 @@ class Client:
         except urllib.error.URLError as exc:
             # Raised while connecting or sending: refused, unresolvable, a timeout, TLS.
             reason = exc.reason
-            refused = isinstance(reason, ConnectionRefusedError | socket.gaierror)
+            # A certificate is refused in the handshake, before a byte of the request.
+            refused = isinstance(
+                reason, ConnectionRefusedError | socket.gaierror | ssl.SSLCertVerificationError
+            )
             if refused:
                 raise _NotSent(str(reason)) from None
             raise _AnswerLost(str(reason)) from None

@@ -38,6 +38,7 @@ from sendledger.client import (
     Unauthorized,
 )
 from testkit.relay import FaultPlan, FaultRelay
+from testkit.tls import make_loopback_tls
 
 TOKEN = "alice-token-0123456789abcdef"
 READER = "reader-token-0123456789abcdef"
@@ -352,3 +353,17 @@ def test_a_cancel_that_cannot_look_at_the_job_after_a_lost_try_says_it_may_have_
             client.cancel("unseen", note="withdrawn")
         assert unseen.value.status == 503 and unseen.value.may_have_applied is True
     assert api.ledger.get_job("unseen").state.value == "cancelled"
+
+
+def test_a_certificate_the_client_does_not_trust_sends_nothing(api: Api, tmp_path: Path) -> None:
+    """The TLS handshake fails before a byte of the request leaves: the client said
+    `sent=True` and `may_have_applied` True for a resolve that never reached the server,
+    so an operator whose CA file was missing was told to look at the job first."""
+    api.client.post("/v1/jobs", json=job("tls"), headers=api.auth())
+    to_review(api, "tls")
+    with FaultRelay(api.url, tls=make_loopback_tls(tmp_path)) as relay:
+        client = Client(relay.url, TOKEN, timeout=5, retries=0)
+        with pytest.raises(ConnectionLost) as untrusted:
+            client.resolve("tls", "abandon")
+        assert untrusted.value.sent is False and untrusted.value.may_have_applied is False
+        assert "certificate" in str(untrusted.value) and relay.forwarded() == 0
