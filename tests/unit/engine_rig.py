@@ -109,6 +109,7 @@ class EngineRig:
         self.concurrency = concurrency
         self._read: dict[str, tuple[SendJob, list[Any]]] = {}
         self._ids: dict[str, UUID] = {}
+        self.others: dict[str, FakeProvider] = {}  # providers beside "fake" (`add_provider`)
         self.service = self.new_service()
         self.engine = self.service.engine
 
@@ -126,7 +127,7 @@ class EngineRig:
             ledger=self.ledger,
             policy_loader=lambda: self.policies,
             policies=self.policies,
-            providers={"fake": self.provider},
+            providers={"fake": self.provider, **self.others},
             clock=self.clock,
             rng=random.Random(self.seed),
             # Engine tests race engines for one job on purpose; sharing the scopes
@@ -137,6 +138,13 @@ class EngineRig:
     def new_engine(self, name: str = DAEMON) -> Engine:
         """Another daemon's engine on the same store and provider (named `name`)."""
         return self.new_service(name).engine
+
+    def add_provider(self, name: str) -> FakeProvider:
+        """A second provider (`name`, on the rig's clock) a reloaded policy can move a
+        channel to; the daemon restarts with it (nothing was in flight)."""
+        self.others[name] = FakeProvider(name, clock=self.clock)
+        self.restart()
+        return self.others[name]
 
     def restart(self) -> None:
         """The daemon dies and a new one starts on the same store (memory outlives it)."""

@@ -6,14 +6,12 @@ The engine on the memory store and the fake provider's inbox, time injected."""
 
 from __future__ import annotations
 
-import random
 from contextlib import nullcontext
 from datetime import timedelta
 
 import pytest
-from tests.unit.engine_rig import EngineRig, policy, receipt, rig_settings
+from tests.unit.engine_rig import EngineRig, policy, receipt
 
-from daemon.bootstrap import bootstrap
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.engine import Engine, PolicyHolder
 from daemon.service_layer.read_models import event_record, timeline_details
@@ -324,19 +322,7 @@ def test_a_channel_moved_to_another_provider_reads_each_jobs_bounces_where_it_wa
     move in the second's. Each mailbox is read for the jobs sent there, and a report is
     recorded where its job's copy was sent, not dropped as another mailbox's."""
     rig = EngineRig(policy("receipts", watch_bounces="1h"))
-    other = FakeProvider("other", clock=rig.clock)
-    rig.engine.close()
-    rig.service = bootstrap(
-        rig_settings(2),
-        ledger=rig.ledger,
-        policy_loader=lambda: rig.policies,
-        policies=rig.policies,
-        providers={"fake": rig.provider, "other": other},
-        clock=rig.clock,
-        rng=random.Random(0),
-        share_scopes=False,
-    )
-    rig.engine = rig.service.engine
+    other = rig.add_provider("other")
     try:
         before = rig.submit("receipts", "a-1")
         rig.tick()

@@ -3,13 +3,10 @@ reloads"): what a job's attempt did is judged where it was done."""
 
 from __future__ import annotations
 
-import random
+from tests.unit.engine_rig import EngineRig, policy
 
-from tests.unit.engine_rig import EngineRig, policy, rig_settings
-
-from daemon.bootstrap import bootstrap
 from daemon.doubles.fake_drafts import FakeDraftsProvider
-from daemon.doubles.fake_provider import FakeProvider, Scripted
+from daemon.doubles.fake_provider import Scripted
 from ledger.content import parse_job
 from ledger.vocabulary import JobState, Resolution
 from policies.loader import PolicySet
@@ -20,19 +17,7 @@ def test_an_unknown_outcome_is_searched_where_it_was_sent_after_the_channel_move
     jobs is Unknown on the first: the searches must look in the mailbox the attempt was
     made in, not the new one, or its misses are believed and the job is sent twice."""
     rig = EngineRig(policy("receipts", on_unknown="retry"))
-    other = FakeProvider("other", clock=rig.clock)
-    rig.engine.close()
-    rig.service = bootstrap(
-        rig_settings(2),
-        ledger=rig.ledger,
-        policy_loader=lambda: rig.policies,
-        policies=rig.policies,
-        providers={"fake": rig.provider, "other": other},
-        clock=rig.clock,
-        rng=random.Random(0),
-        share_scopes=False,
-    )
-    rig.engine = rig.service.engine
+    other = rig.add_provider("other")
     try:
         message_id = rig.submit("receipts", "k1")
         rig.provider.script(Scripted.dropped_response())  # sent, answer lost
