@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -62,8 +63,8 @@ E = TypeVar("E")
 def quoted_texts(content: JobContent) -> list[str]:
     """What of `content` another event's text could quote: every address as written and
     as a bare addr-spec (an internationalized domain also in its Unicode form), display
-    names, the subject. Longest first, so that a full
-    "Name <a@b>" is replaced before its parts."""
+    names, the subject, each in every spelling that reads the same (`_spellings`).
+    Longest first, so that a full "Name <a@b>" is replaced before its parts."""
     texts: set[str] = set()
     addresses = [*content.to, *content.cc, *content.bcc]
     if content.reply_to:
@@ -82,7 +83,19 @@ def quoted_texts(content: JobContent) -> list[str]:
         if mailbox.display_name:
             texts.add(mailbox.display_name)
     texts.add(content.subject)
-    return sorted((t for t in texts if len(t) >= MIN_QUOTED_LENGTH), key=len, reverse=True)
+    spelled = {spelling for text in texts for spelling in _spellings(text)}
+    return sorted((t for t in spelled if len(t) >= MIN_QUOTED_LENGTH), key=len, reverse=True)
+
+
+def _spellings(text: str) -> set[str]:
+    """`text` and its spellings that read the same: the job keeps it as typed, but a
+    provider, a report or a person may write it composed or decomposed (NFC, NFD, NFKC)
+    or upper-cased with full case folding ("Straße" as "STRASSE", which the pattern's
+    simple case-insensitivity does not match). ASCII has no other spelling."""
+    if text.isascii():
+        return {text}
+    forms = {unicodedata.normalize(form, text) for form in ("NFC", "NFD", "NFKC")}
+    return {text} | forms | {form.casefold() for form in forms}
 
 
 def _u_label_domain(domain: str) -> str | None:

@@ -364,3 +364,29 @@ def test_a_check_on_a_purged_job_says_why_it_was_not_recorded(
     out = capsys.readouterr().out
     assert "not recorded in the job's history: its content was purged" in out
     assert "repeats" not in out
+
+
+def _rejected_then_abandoned(rig: EngineRig, data: dict[str, Any], reason: str, note: str) -> None:
+    submit(rig, data)
+    rig.provider.script(Scripted.rejected(transient=False, reason=reason))
+    rig.tick()
+    rig.ledger.update(
+        data["key"],
+        lambda j: j.resolve(Resolution.ABANDON, note=note, by="op", at=rig.clock()),
+    )
+    rig.ledger.purge(data["key"], by="ops", rule="r")
+
+
+def test_another_unicode_spelling_of_the_subject_or_name_is_scrubbed(rig: EngineRig) -> None:
+    # The job holds the text as typed (here decomposed, as macOS writes it); a provider, a
+    # report or an operator writes it composed, or upper-cased ("ß" as "SS").
+    data = {
+        **rich_job("inv-nfd"),
+        "to": ["Zoe\u0308 Quartz <zoe.quartz@example.net>"],
+        "subject": "Gru\u0308ße aus der Straße",
+    }
+    reason = "550 refused: GRÜSSE AUS DER STRASSE for Zoë Quartz"
+    _rejected_then_abandoned(rig, data, reason, note="Grüße aus der Straße / zoë quartz")
+    events = {type(e).__name__: e for e in rig.ledger.history("inv-nfd")}
+    assert events["Rejected"].reason == f"550 refused: {REDACTED} for {REDACTED}"
+    assert events["Resolved"].note == f"{REDACTED} / {REDACTED}"
