@@ -4,8 +4,9 @@ way is in docs/architecture.md, "Retention").
 A purge keeps the job's trail (key, channel, Message-ID, content hash, every event with
 its time and who decided what) and makes its content unreadable: the Requested event's
 recipients, subject, bodies, attachments and extra headers are emptied, and wherever the
-job's addresses or subject were quoted in another event's text (a provider's rejection
-naming a recipient, an operator's note) they are replaced by `REDACTED`. The store
+job's addresses, names, subject, file names or header values were quoted in another
+event's text (a provider's rejection naming a recipient, an operator's note) they are
+replaced by `REDACTED`. The store
 rewrites the job's stored events with these redacted copies in the transaction that
 records the Purged event (`Ledger.purge`), so a job is purged whole or not at all.
 
@@ -63,8 +64,10 @@ E = TypeVar("E")
 def quoted_texts(content: JobContent) -> list[str]:
     """What of `content` another event's text could quote: every address as written and
     as a bare addr-spec (an internationalized domain also in its Unicode form), display
-    names, the subject, each in every spelling that reads the same (`_spellings`).
-    Longest first, so that a full "Name <a@b>" is replaced before its parts."""
+    names, the subject, the attachments' file names and the extra headers' values (a
+    content filter names the file it blocked, a receiver quotes an `X-` header), each in
+    every spelling that reads the same (`_spellings`). Longest first, so that a full
+    "Name <a@b>" is replaced before its parts."""
     texts: set[str] = set()
     addresses = [*content.to, *content.cc, *content.bcc]
     if content.reply_to:
@@ -83,6 +86,8 @@ def quoted_texts(content: JobContent) -> list[str]:
         if mailbox.display_name:
             texts.add(mailbox.display_name)
     texts.add(content.subject)
+    texts.update(attachment.filename for attachment in content.attachments)
+    texts.update(value for _name, value in content.headers)
     spelled = {spelling for text in texts for spelling in _spellings(text)}
     return sorted((t for t in spelled if len(t) >= MIN_QUOTED_LENGTH), key=len, reverse=True)
 

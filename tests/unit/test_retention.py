@@ -390,3 +390,17 @@ def test_another_unicode_spelling_of_the_subject_or_name_is_scrubbed(rig: Engine
     events = {type(e).__name__: e for e in rig.ledger.history("inv-nfd")}
     assert events["Rejected"].reason == f"550 refused: {REDACTED} for {REDACTED}"
     assert events["Resolved"].note == f"{REDACTED} / {REDACTED}"
+
+
+def test_attachment_names_and_extra_header_values_quoted_elsewhere_are_scrubbed(
+    rig: EngineRig,
+) -> None:
+    # A content filter names the attachment it blocked; a receiver quotes an X- header.
+    data = {**rich_job("inv-att"), "headers": {"X-Customer-Ref": "zq-88172-quartz"}}
+    reason = "552 5.7.0 attachment invoice-zoe.pdf blocked (X-Customer-Ref: zq-88172-quartz)"
+    _rejected_then_abandoned(rig, data, reason, note="filter ate INVOICE-ZOE.PDF")
+    events = {type(e).__name__: e for e in rig.ledger.history("inv-att")}
+    assert events["Rejected"].reason == (
+        f"552 5.7.0 attachment {REDACTED} blocked (X-Customer-Ref: {REDACTED})"
+    )
+    assert events["Resolved"].note == f"filter ate {REDACTED}"
