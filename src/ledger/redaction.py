@@ -15,14 +15,19 @@ Pure functions of domain events: no I/O.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import re
 import unicodedata
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from itertools import accumulate
+from typing import Any, NamedTuple, TypeVar
 
 from ledger.addresses import AddressError, parse_mailbox
 from ledger.content import JobContent
+from ledger.header_encoding import ENCODED_WORD
 
 #: What a purged text reads where the job's content was quoted.
 REDACTED = "[purged]"
@@ -147,12 +152,101 @@ def redact_event(event: E, content: JobContent, pattern: re.Pattern[str] | None)
 
 def _scrub(value: Any, pattern: re.Pattern[str]) -> Any:
     if isinstance(value, str):
-        return pattern.sub(REDACTED, value)
+        scrubbed = pattern.sub(REDACTED, value)
+        return _scrub_encoded(scrubbed, pattern) if "=?" in scrubbed else scrubbed
     if isinstance(value, list):
         return [_scrub(item, pattern) for item in value]
     if isinstance(value, dict):
         return {key: _scrub(item, pattern) for key, item in value.items()}
     return value
+
+
+# A run of RFC 2047 encoded words separated by whitespace (a folded header unfolds to one):
+# a reader joins them into one text, so they are looked into as one.
+_WORD = ENCODED_WORD
+_ENCODED_RUN = re.compile(rf"{_WORD.pattern}(?:\s+{_WORD.pattern})*")
+
+
+class _Piece(NamedTuple):
+    start: int  # where it is in the value
+    end: int
+    text: str  # what a reader sees there
+    encoded: bool  # a run of encoded words (else plain text, as it is)
+
+
+def _scrub_encoded(value: str, pattern: re.Pattern[str]) -> str:
+    """`value` with every run of encoded words whose decoded text is part of what
+    `pattern` finds replaced by `REDACTED` (a provider's error or a report quotes a
+    subject or a name as it left: `=?utf-8?b?...?=`, split anywhere, either form, or only
+    its non-ASCII words encoded, "=?utf-8?q?Zo=C3=AB?= Quartz"). The pattern runs over
+    the text as a reader sees it; a match that touches a run takes the whole run, a match
+    in plain text only its own characters."""
+    pieces: list[_Piece] = []
+    last = 0
+    for run in _ENCODED_RUN.finditer(value):
+        decoded = _decode_run(run.group())
+        if decoded is None:
+            continue  # not decodable: a reader shows it as it is, and so do we
+        if run.start() > last:
+            pieces.append(_Piece(last, run.start(), value[last : run.start()], False))
+        pieces.append(_Piece(run.start(), run.end(), decoded, True))
+        last = run.end()
+    if not pieces:
+        return value
+    pieces.append(_Piece(last, len(value), value[last:], False))
+    seen = "".join(piece.text for piece in pieces)
+    # Where each piece starts in `seen`, to find a match's pieces by bisection.
+    starts = list(accumulate((len(piece.text) for piece in pieces[:-1]), initial=0))
+    out: list[str] = []
+    last = 0
+    for found in pattern.finditer(seen):
+        if found.end() == found.start():
+            continue
+        first = bisect_right(starts, found.start()) - 1
+        final = bisect_right(starts, found.end() - 1) - 1
+        head, tail = pieces[first], pieces[final]
+        start = head.start if head.encoded else head.start + found.start() - starts[first]
+        end = tail.end if tail.encoded else tail.start + found.end() - starts[final]
+        if start < last:  # begins in the run a previous match took: that one covers it
+            last = max(last, end)
+            continue
+        out.extend((value[last:start], REDACTED))
+        last = end
+    out.append(value[last:])
+    return "".join(out)
+
+
+def _decode_run(run: str) -> str | None:
+    """The text of a run of encoded words as a reader joins it: the bytes of adjacent
+    words in one charset joined before decoding (an encoder may split a character between
+    two words); None when a word cannot be decoded."""
+    parts: list[tuple[str, bytes]] = []
+    for word in _WORD.finditer(run):
+        charset = word.group(1).split("*", 1)[0].lower()  # RFC 2231 language suffix
+        data = _word_bytes(word.group(2), word.group(3))
+        if data is None:
+            return None
+        if parts and parts[-1][0] == charset:
+            parts[-1] = (charset, parts[-1][1] + data)
+        else:
+            parts.append((charset, data))
+    try:
+        return "".join(data.decode(charset, "replace") for charset, data in parts)
+    except (LookupError, ValueError):  # no such text codec; "idna" refuses "replace"
+        return None
+
+
+def _word_bytes(form: str, text: str) -> bytes | None:
+    try:
+        if form in "bB":
+            return base64.b64decode(text + "=" * (-len(text) % 4), validate=False)
+        return re.sub(
+            rb"=([0-9A-Fa-f]{2})",
+            lambda m: bytes([int(m.group(1), 16)]),
+            text.replace("_", " ").encode("ascii"),
+        )
+    except (ValueError, binascii.Error, UnicodeError):
+        return None
 
 
 __all__ = [

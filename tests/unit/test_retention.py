@@ -404,3 +404,27 @@ def test_attachment_names_and_extra_header_values_quoted_elsewhere_are_scrubbed(
         f"552 5.7.0 attachment {REDACTED} blocked (X-Customer-Ref: {REDACTED})"
     )
     assert events["Resolved"].note == f"filter ate {REDACTED}"
+
+
+def test_a_subject_or_name_quoted_as_encoded_words_is_scrubbed(rig: EngineRig) -> None:
+    # A provider's error or a delivery report quotes the header as it left: RFC 2047 words
+    # (ours in base64, another MTA's re-encoding in Q, split anywhere). Decoded, they read
+    # the subject and the name as plainly as the typed text.
+    from ledger.header_encoding import client_view, encoded_words
+
+    data = {**rich_job("inv-2047"), "to": ["Zoë Quartz <zoe.quartz@example.net>"]}
+    data["subject"] = "Rechnung 7731 für Zoë Quartz, Mai"
+    words = " ".join(encoded_words(data["subject"], first_room=20))
+    assert len(words.split()) > 1  # folded: the subject spans encoded words
+    reason = f"554 5.7.1 rejected Subject: {words} To: =?UTF-8?Q?Zo=C3=AB_Quartz?= <x@y.example>"
+    # Another encoder splits a character between two words, or encodes one word only.
+    note = "see =?utf-8?q?Zo=C3?= =?utf-8?q?=AB_Quartz?= ok, cc =?utf-8?q?Zo=C3=AB?= Quartz"
+    note += " =?idna?b?/w==?="  # a word no codec reads as asked is left as it is
+    _rejected_then_abandoned(rig, data, reason, note=note)
+    events = {type(e).__name__: e for e in rig.ledger.history("inv-2047")}
+    for text in (events["Rejected"].reason, events["Resolved"].note):
+        shown = client_view(text)
+        for secret in ("Rechnung", "Zoë", "Quartz"):
+            assert secret.lower() not in shown.lower(), (secret, text)
+    assert events["Rejected"].reason.startswith("554 5.7.1 rejected Subject: ")
+    assert events["Resolved"].note == f"see {REDACTED} ok, cc {REDACTED} =?idna?b?/w==?="
