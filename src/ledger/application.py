@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from ledger.content import JobContent
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob, TransitionError, created_at, job_id_for
 from ledger.message_id import message_id_for
-from ledger.redaction import redact_events
+from ledger.redaction import quoted_texts, redact_event, scrub_text, scrubber
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import (
@@ -474,7 +475,11 @@ class Ledger(Application[UUID]):
         original: Any = project_aggregate(None, events)
         content = original.content
         original.purge(by=by, rule=rule, at=self.clock())  # refused before anything is built
-        redacted = redact_events(events, content)
+        pattern = scrubber(quoted_texts(content))
+        redacted = [redact_event(event, content, pattern) for event in events]
+        # Before the events: a crash in between leaves the job to purge again (it is
+        # settled), never a purged job whose text a webhook's last error still quotes.
+        self._scrub_webhook_errors(pattern)
         job: Any = project_aggregate(None, redacted)
         job.purge(by=by, rule=rule, at=self.clock())
         rewrites = [self.mapper.to_stored_event(event) for event in redacted]
@@ -488,6 +493,22 @@ class Ledger(Application[UUID]):
         job.collect_events()  # written: no longer pending
         assert isinstance(job, SendJob)
         return job
+
+    def _scrub_webhook_errors(self, pattern: re.Pattern[str] | None) -> None:
+        """A purge's scrub of the webhooks' last errors: a receiver's refusal, kept until
+        a delivery succeeds, may echo the payload (`detail` quotes the provider's text)."""
+        if pattern is None:
+            return
+        positions = self.positions()
+        for row in positions.read_all():
+            error = row.last_error
+            for _ in range(3):  # a delivery failing meanwhile wrote another: read again
+                if error is None or (scrubbed := scrub_text(error, pattern)) == error:
+                    break
+                if positions.scrub_error(row.name, error, scrubbed):
+                    break
+                now = [r for r in positions.read_all() if r.name == row.name]
+                error = now[0].last_error if now else None
 
     def purgeable(self, before: datetime) -> Iterator[IndexRow]:
         """The jobs a purge of what settled before `before` takes, in key order, read a

@@ -126,6 +126,13 @@ def scrubber(texts: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(alternatives), re.IGNORECASE) if alternatives else None
 
 
+def scrub_text(text: str, pattern: re.Pattern[str]) -> str:
+    """`text` (kept beside the events: a webhook's last error) with what `pattern` finds
+    replaced, as in an event's text."""
+    result: str = _scrub(text, pattern)
+    return result
+
+
 def redact_events(events: Sequence[E], content: JobContent) -> list[E]:
     """The job's events as a purge leaves them (`redact_event`), its texts looked for with
     one pattern."""
@@ -256,5 +263,6 @@ __all__ = [
     "quoted_texts",
     "redact_event",
     "redact_events",
+    "scrub_text",
     "scrubber",
 ]

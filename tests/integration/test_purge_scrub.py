@@ -74,3 +74,21 @@ def test_a_periodic_purge_that_fails_half_way_still_scrubs(
             ledger.purge_settled(ledger.clock(), by="t", rule="t")
         raw = _raw(store)
         assert [i for i in (0, 1) if customer(i).encode() in raw] == []
+
+
+def test_a_webhook_error_quoting_a_purged_job_leaves_the_file(tmp_path: Path) -> None:
+    # A receiver's refusal that echoed the payload is kept as the webhook's last error
+    # (`webhooks status`) until a delivery succeeds: beside the events, in the same file.
+    store = tmp_path / "ledger.sqlite"
+    settled_jobs(store, 1, open_too=False)
+    with Ledger(f"sqlite:///{store}") as ledger:
+        positions = ledger.positions()
+        positions.ensure()
+        assert positions.claim("ops", "a", 0.0, 60.0) is not None
+        error = f"HTTP 422: cannot take detail for {customer(0)}"
+        assert positions.fail("ops", "a", 0, error, 10.0, 1.0, 60.0)
+        result = ledger.purge_settled(ledger.clock(), by="t", rule="t")
+        assert (result.purged, result.scrubbed) == (1, True)
+        [row] = positions.read_all()
+        assert row.last_error == "HTTP 422: cannot take detail for [purged]"
+    assert customer(0).encode() not in _raw(store)

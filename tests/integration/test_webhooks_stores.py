@@ -124,6 +124,21 @@ def test_a_delivery_after_failures_clears_the_last_error(store_url: str) -> None
         assert row.last_error is None and row.last_error_at is None
 
 
+def test_a_purges_scrub_of_the_last_error_changes_only_the_error_it_read(
+    store_url: str,
+) -> None:
+    with Ledger(store_url) as ledger:
+        positions = ledger.positions()
+        positions.ensure()
+        now = time.time()
+        assert positions.claim("ops", "a", now, 30.0) is not None
+        assert positions.fail("ops", "a", 0, "HTTP 400: zoe@example.net", now + 2, now, 30.0)
+        assert not positions.scrub_error("ops", "HTTP 400: other", "HTTP 400: x")
+        assert positions.scrub_error("ops", "HTTP 400: zoe@example.net", "HTTP 400: [purged]")
+        [row] = positions.read_all()
+        assert (row.last_error, row.failures, row.owner) == ("HTTP 400: [purged]", 1, "a")
+
+
 def test_an_operators_skip_never_moves_a_position_back(store_url: str) -> None:
     """`webhooks skip` works its target out from the position it read; a daemon that
     delivered meanwhile moved it on, and setting the skip's target then would move it back

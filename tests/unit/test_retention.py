@@ -428,3 +428,34 @@ def test_a_subject_or_name_quoted_as_encoded_words_is_scrubbed(rig: EngineRig) -
             assert secret.lower() not in shown.lower(), (secret, text)
     assert events["Rejected"].reason.startswith("554 5.7.1 rejected Subject: ")
     assert events["Resolved"].note == f"see {REDACTED} ok, cc {REDACTED} =?idna?b?/w==?="
+
+
+def test_a_webhook_error_quoting_the_job_is_scrubbed_by_its_purge(rig: EngineRig) -> None:
+    # A receiver that refuses a delivery often echoes what it could not take; the first
+    # 200 bytes of its answer are kept as the webhook's last error (`webhooks status`)
+    # until a delivery succeeds, which for a webhook left skipped or stuck is never.
+    import json
+    from collections.abc import Mapping
+
+    from daemon.webhooks.delivery import Outcome
+    from daemon.webhooks.worker import Deliverer, Hook
+
+    def echoing(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
+        return Outcome(False, 400, f"HTTP 400: bad detail: {json.loads(body)['detail']}")
+
+    submit(rig, rich_job("inv-hook"))
+    reason = "550 5.1.1 <zoe.quartz@example.net>: no such user"
+    rig.provider.script(Scripted.rejected(transient=False, reason=reason))
+    rig.tick()
+    hook = Hook("ops", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"}))
+    now = rig.clock().timestamp
+    Deliverer(rig.ledger, hook, owner="a", poster=echoing, clock=now).pass_once()
+    [row] = rig.ledger.positions().read_all()
+    assert row.last_error is not None and "zoe.quartz@example.net" in row.last_error
+    rig.ledger.update(
+        "inv-hook", lambda j: j.resolve(Resolution.ABANDON, note="", by="op", at=rig.clock())
+    )
+    rig.ledger.purge("inv-hook", by="ops", rule="r")
+    [row] = rig.ledger.positions().read_all()
+    assert row.last_error == f"HTTP 400: bad detail: 550 5.1.1 <{REDACTED}>: no such user"
+    assert (row.failures, row.position) == (1, 0)  # only the text changed

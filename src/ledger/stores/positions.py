@@ -124,6 +124,12 @@ class PositionStore(Protocol):
         """Record a failed attempt of the event after `expected`; False as for `advance`."""
         ...
 
+    def scrub_error(self, name: str, error: str, scrubbed: str) -> bool:
+        """A purge's rewrite of the last error (`error`, as read) to `scrubbed`: a
+        receiver's answer may quote the payload, and with it what the purge removes.
+        Nothing else changes; False when the row's last error is another by now."""
+        ...
+
     def force(self, name: str, position: int, now: float, *, expected: int) -> bool:
         """An operator's move (`sendledger webhooks skip`): the position set to
         `position` whoever holds the lease, failures cleared, when it is still `expected`
@@ -239,6 +245,14 @@ class MemoryPositions:
             self._rows[name] = change(row)
             return True
 
+    def scrub_error(self, name: str, error: str, scrubbed: str) -> bool:
+        with self._lock:
+            row = self._rows.get(name)
+            if row is None or row.last_error != error:
+                return False
+            self._rows[name] = replace(row, last_error=scrubbed)
+            return True
+
     def force(self, name: str, position: int, now: float, *, expected: int) -> bool:
         with self._lock:
             row = self._rows.get(name) or _fresh(name, now)
@@ -283,6 +297,9 @@ _FAIL = (
     "WHERE name = {p} AND owner = {p} AND position = {p} RETURNING position"
 )
 _RELEASE = "UPDATE {t} SET lease_until = 0 WHERE name = {p} AND owner = {p}"
+_SCRUB_ERROR = (
+    "UPDATE {t} SET last_error = {p} WHERE name = {p} AND last_error = {p} RETURNING name"
+)
 _FORCE = (
     "UPDATE {t} SET position = {p}, failures = 0, next_at = NULL, updated_at = {p} "
     "WHERE name = {p} AND position = {p} RETURNING position"
@@ -387,6 +404,15 @@ class SqlPositions:
             cursor.execute(self._sql(template), params)
             return bool(self._rows(cursor))
 
+    def scrub_error(self, name: str, error: str, scrubbed: str) -> bool:
+        with self._transaction(commit=True) as cursor:
+            self._erasing(cursor)
+            cursor.execute(self._sql(_SCRUB_ERROR), [scrubbed, name, error])
+            return bool(self._rows(cursor))
+
+    def _erasing(self, cursor: Any) -> None:
+        """Before a scrub's write: make the backend overwrite what it frees."""
+
     def force(self, name: str, position: int, now: float, *, expected: int) -> bool:
         self.ensure()
         with self._transaction(commit=True) as cursor:
@@ -404,6 +430,11 @@ class SqlPositions:
 
 
 class SqlitePositions(SqlPositions):
+    def _erasing(self, cursor: Any) -> None:
+        # As for a purge's rewrite of events: the old text is zeroed, not left in the
+        # page's free space (the WAL is checkpointed and truncated after the purge).
+        cursor.execute("PRAGMA secure_delete = ON")
+
     def _exists(self) -> bool:
         with self._transaction(commit=False) as cursor:
             cursor.execute(
