@@ -491,6 +491,9 @@ class Ledger(Application[UUID]):
         except IntegrityError as exc:
             raise ConcurrentUpdate(f"job {key!r} was changed by another writer") from exc
         job.collect_events()  # written: no longer pending
+        # Again after: a delivery that read the event before this commit may have written
+        # the receiver's echo of it since (the webhook worker reads after it writes).
+        self._scrub_webhook_errors(pattern)
         assert isinstance(job, SendJob)
         return job
 

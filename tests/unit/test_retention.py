@@ -459,3 +459,73 @@ def test_a_webhook_error_quoting_the_job_is_scrubbed_by_its_purge(rig: EngineRig
     [row] = rig.ledger.positions().read_all()
     assert row.last_error == f"HTTP 400: bad detail: 550 5.1.1 <{REDACTED}>: no such user"
     assert (row.failures, row.position) == (1, 0)  # only the text changed
+
+
+def test_a_webhook_error_from_a_delivery_the_purge_overtook_is_scrubbed(rig: EngineRig) -> None:
+    # A delivery read the event before the purge committed and its POST (up to a timeout)
+    # came back refused after the purge had scrubbed the webhooks' errors: the receiver's
+    # echo of the unpurged payload was then kept, and no later purge would find it.
+    import json
+    from collections.abc import Mapping
+
+    from daemon.webhooks.delivery import Outcome
+    from daemon.webhooks.worker import Deliverer, Hook
+
+    def purged_while_posting(
+        url: str, body: bytes, headers: Mapping[str, str], timeout: float
+    ) -> Outcome:
+        rig.ledger.purge("inv-race", by="ops", rule="r")
+        return Outcome(False, 400, f"HTTP 400: bad detail: {json.loads(body)['detail']}")
+
+    submit(rig, rich_job("inv-race"))
+    reason = "550 5.1.1 <zoe.quartz@example.net>: no such user"
+    rig.provider.script(Scripted.rejected(transient=False, reason=reason))
+    rig.tick()
+    rig.ledger.update(
+        "inv-race", lambda j: j.resolve(Resolution.ABANDON, note="", by="op", at=rig.clock())
+    )
+    hook = Hook("ops", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"}))
+    now = rig.clock().timestamp
+    Deliverer(rig.ledger, hook, owner="a", poster=purged_while_posting, clock=now).pass_once()
+    assert rig.job("inv-race").purged
+    [row] = rig.ledger.positions().read_all()
+    assert row.failures == 1 and row.last_error is not None
+    assert "zoe" not in row.last_error.lower() and row.last_error.startswith("HTTP 400")
+
+
+def test_a_webhook_error_written_just_before_the_purge_committed_is_scrubbed(
+    rig: EngineRig,
+) -> None:
+    # The purge scrubbed the webhooks' errors; before its events committed, a delivery
+    # wrote the receiver's echo of the unpurged event and looked: not rewritten yet.
+    import json
+    from collections.abc import Mapping
+
+    from daemon.webhooks.delivery import Outcome
+    from daemon.webhooks.worker import Deliverer, Hook
+
+    def echoing(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
+        return Outcome(False, 400, f"HTTP 400: bad detail: {json.loads(body)['detail']}")
+
+    submit(rig, rich_job("inv-late"))
+    reason = "550 5.1.1 <zoe.quartz@example.net>: no such user"
+    rig.provider.script(Scripted.rejected(transient=False, reason=reason))
+    rig.tick()
+    rig.ledger.update(
+        "inv-late", lambda j: j.resolve(Resolution.ABANDON, note="", by="op", at=rig.clock())
+    )
+    hook = Hook("ops", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"}))
+    deliverer = Deliverer(rig.ledger, hook, owner="a", poster=echoing, clock=rig.clock().timestamp)
+    real_save = rig.ledger._save_collected
+
+    def delivery_then_save(*objs: Any, **kwargs: Any) -> Any:
+        rig.ledger._save_collected = real_save  # type: ignore[method-assign]
+        deliverer.pass_once()
+        [row] = rig.ledger.positions().read_all()
+        assert row.last_error is not None and "zoe.quartz" in row.last_error
+        return real_save(*objs, **kwargs)
+
+    rig.ledger._save_collected = delivery_then_save  # type: ignore[method-assign]
+    rig.ledger.purge("inv-late", by="ops", rule="r")
+    [row] = rig.ledger.positions().read_all()
+    assert row.last_error == f"HTTP 400: bad detail: 550 5.1.1 <{REDACTED}>: no such user"

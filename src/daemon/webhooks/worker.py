@@ -115,12 +115,13 @@ class Deliverer:
         notes = self.ledger.log_after(row.position, horizon, self.page, hook.topics)
         current, failures = row.position, row.failures
         for note in notes:
+            sent: Any = None  # the event as the POST carried it
             try:
                 event: Any = self.ledger.mapper.to_domain_event(note)
                 kind = type_of(event, hook.types)
                 if kind is None:
                     continue  # e.g. a Resolved that is not an abandon
-                outcome = self._send(kind, note, event)
+                outcome, sent = self._send(kind, note, event)
             except Exception as exc:
                 # An event that cannot be read or sent (a store key since removed, say)
                 # is a failed attempt like any other: retried, and shown by
@@ -131,9 +132,11 @@ class Deliverer:
             if not outcome.ok:
                 failures += 1
                 retry_at = now + hook.backoff(failures, self.rng)
-                positions.fail(
+                failed = positions.fail(
                     hook.name, self.owner, current, outcome.error, retry_at, now, hook.lease
                 )
+                if failed and sent is not None and outcome.status is not None:
+                    self._forget_answer_if_purged(note, sent, outcome)
                 self._failed(outcome, note.id, failures, retry_at)
                 return False
             if not positions.advance(hook.name, self.owner, current, note.id, 1, now, hook.lease):
@@ -154,7 +157,22 @@ class Deliverer:
     def release(self) -> None:
         self.positions.release(self.hook.name, self.owner)
 
-    def _send(self, kind: str, note: Any, event: Any) -> Outcome:
+    def _forget_answer_if_purged(self, note: Any, sent: Any, outcome: Outcome) -> None:
+        """A purge that committed while the POST was out scrubbed the webhooks' errors
+        before this one was written, and the receiver's answer may echo the unpurged
+        payload: the status alone is kept. Read after the error is written, so a purge
+        that commits after this read scrubs it itself (`Ledger.purge`)."""
+        try:
+            # The payload's only text from the job's content is its event's (`payload`):
+            # a purge that rewrote it changed what was sent.
+            _job, now = self.ledger.job_and_event_at(note.originator_id, note.originator_version)
+        except Exception:  # the failure is recorded; unread, its answer stays as before
+            return
+        if now != sent:
+            kept = f"HTTP {outcome.status} (answer not kept: the job was purged meanwhile)"
+            self.positions.scrub_error(self.hook.name, outcome.error, kept)
+
+    def _send(self, kind: str, note: Any, event: Any) -> tuple[Outcome, Any]:
         # The event and the job read again now, not the page's copy of the event: a
         # purge that committed since the page was read (this pass POSTs for up to a
         # timeout per event) has rewritten it, and what it erased is not sent.
@@ -165,7 +183,8 @@ class Deliverer:
         )
         at = datetime.fromtimestamp(self.clock(), UTC)
         headers = signed_headers(self.hook.secret, event_id, at, body)
-        return self.poster(self.hook.url, body.encode("utf-8"), headers, self.hook.timeout)
+        outcome = self.poster(self.hook.url, body.encode("utf-8"), headers, self.hook.timeout)
+        return outcome, event
 
     def _failed(self, outcome: Outcome, notification_id: int, failures: int, at: float) -> None:
         if self.observer is not None:
