@@ -121,8 +121,11 @@ def _u_label_domain(domain: str) -> str | None:
 
 
 def scrubber(texts: Iterable[str]) -> re.Pattern[str] | None:
-    """One case-insensitive pattern for all of `texts` (None: nothing to look for)."""
-    alternatives = [re.escape(t) for t in texts]
+    """One case-insensitive pattern for all of `texts` (None: nothing to look for). Any
+    run of whitespace between two words matches any other: a long subject leaves folded
+    (a CRLF before a space), and a quote of it may keep the break, turn it into spaces
+    or collapse them."""
+    alternatives = [r"\s+".join(map(re.escape, t.split())) for t in texts if t.strip()]
     return re.compile("|".join(alternatives), re.IGNORECASE) if alternatives else None
 
 

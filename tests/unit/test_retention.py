@@ -529,3 +529,21 @@ def test_a_webhook_error_written_just_before_the_purge_committed_is_scrubbed(
     rig.ledger.purge("inv-late", by="ops", rule="r")
     [row] = rig.ledger.positions().read_all()
     assert row.last_error == f"HTTP 400: bad detail: 550 5.1.1 <{REDACTED}>: no such user"
+
+
+def test_a_subject_quoted_as_a_folded_header_is_scrubbed(rig: EngineRig) -> None:
+    # A long subject leaves folded (CRLF and a space before a word); a provider quoting
+    # the header as it came, or with its line breaks turned into spaces, has other
+    # whitespace between the words than the job.
+    from ledger.header_encoding import unstructured
+
+    subject = "Your invoice 7731 for the order of Zoe Quartz placed on 3 November, with details"
+    data = {**rich_job("inv-fold"), "subject": subject}
+    folded = unstructured("Subject", subject)
+    assert "\r\n " in folded
+    reason = f"554 5.7.1 header rejected: {folded}"
+    note = "bounced: " + folded.removeprefix("Subject: ").replace("\r\n", " ")
+    _rejected_then_abandoned(rig, data, reason, note=note)
+    events = {type(e).__name__: e for e in rig.ledger.history("inv-fold")}
+    assert events["Rejected"].reason == f"554 5.7.1 header rejected: Subject: {REDACTED}"
+    assert events["Resolved"].note == f"bounced: {REDACTED}"
