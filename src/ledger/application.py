@@ -463,16 +463,25 @@ class Ledger(Application[UUID]):
 
     # -- retention ----------------------------------------------------------------------
 
-    def purge(self, key: str, *, by: str, rule: str) -> SendJob:
+    def purge(
+        self, key: str, *, by: str, rule: str, changed_before: datetime | None = None
+    ) -> SendJob:
         """Forget a settled job's content and keep its trail (`ledger.redaction`): its
         stored events are rewritten redacted in the transaction that appends Purged and
-        updates its index row, so it is purged whole or not at all.
+        updates its index row, so it is purged whole or not at all. `changed_before`: the
+        cut-off the job was listed by (`purge_settled`), held against the events read.
 
         TransitionError when the job is not settled for good (confirmed, abandoned or
         cancelled, nothing due) or was purged already; ConcurrentUpdate when another writer
-        changed it meanwhile (nothing was written)."""
+        changed it meanwhile, or last changed at or after `changed_before` (nothing was
+        written)."""
         events = self.history(key)
         original: Any = project_aggregate(None, events)
+        if changed_before is not None and original.modified_on >= changed_before:
+            # Listed from the index as older, then changed (a person's check, a report):
+            # the rule no longer takes it. The save below is on the version read, so
+            # this still holds when the purge is written.
+            raise ConcurrentUpdate(f"job {key!r} changed after the purge listed it")
         content = original.content
         original.purge(by=by, rule=rule, at=self.clock())  # refused before anything is built
         pattern = scrubber(quoted_texts(content))
@@ -541,7 +550,7 @@ class Ledger(Application[UUID]):
                 if stop():
                     break
                 try:
-                    self.purge(row.key, by=by, rule=rule)
+                    self.purge(row.key, by=by, rule=rule, changed_before=before)
                 except (ConcurrentUpdate, TransitionError):
                     # Taken meanwhile by another purger (a second daemon, `admin purge`):
                     # nothing is left for the next run. Any other change is.

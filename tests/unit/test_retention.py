@@ -547,3 +547,30 @@ def test_a_subject_quoted_as_a_folded_header_is_scrubbed(rig: EngineRig) -> None
     events = {type(e).__name__: e for e in rig.ledger.history("inv-fold")}
     assert events["Rejected"].reason == f"554 5.7.1 header rejected: Subject: {REDACTED}"
     assert events["Resolved"].note == f"bounced: {REDACTED}"
+
+
+def test_a_job_changed_after_the_purge_listed_it_is_left_for_the_next_run(
+    rig: EngineRig,
+) -> None:
+    # The purge lists a page of jobs last changed before the cut-off, then purges them one
+    # by one; a person's check of one of them in between (here: two copies found, which
+    # they will want to look into) made it a job changed today, yet it was purged.
+    rig.submit("receipts", "c-1")
+    rig.tick()
+    rig.clock.advance(40 * DAY)
+    real = rig.ledger.purgeable
+
+    def listed_then_checked(before: Any) -> Any:
+        rows = list(real(before))
+        rig.ledger.update(
+            "c-1",
+            lambda j: j.record_check(
+                by="alice", purpose="check", query="q", copies=["m1", "m2"], at=rig.clock()
+            ),
+        )
+        return iter(rows)
+
+    rig.ledger.purgeable = listed_then_checked  # type: ignore[method-assign]
+    result = rig.ledger.purge_settled(rig.clock() - timedelta(days=30), by="ops", rule="r")
+    assert (result.purged, result.skipped) == (0, 1)
+    assert not rig.job("c-1").purged and rig.events("c-1")[-1] == "Checked"
