@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, TypeVar
 from ledger.addresses import AddressError, parse_mailbox
 from ledger.content import JobContent
 from ledger.header_encoding import ENCODED_WORD
+from ledger.vocabulary import ConfirmedVia, EscalationReason, JobState, Resolution
 
 #: What a purged text reads where the job's content was quoted.
 REDACTED = "[purged]"
@@ -56,6 +57,23 @@ TRAIL_FIELDS = frozenset(
         "send_at",
         "query",
         "provider_message_ids",
+    }
+)
+
+#: The words events record as codes (a decision, how a job was confirmed, why it went to
+#: review, what a check was for, a bounce's action): never scrubbed, even when a subject
+#: or a header value is the same word. A Resolved event whose "abandon" was scrubbed
+#: would replay to review, and its job could never be purged.
+CODE_VALUES = frozenset(
+    {
+        *JobState,
+        *EscalationReason,
+        *Resolution,
+        *ConfirmedVia,
+        "check",
+        "triage",
+        "failed",
+        "delayed",
     }
 )
 
@@ -162,6 +180,8 @@ def redact_event(event: E, content: JobContent, pattern: re.Pattern[str] | None)
 
 def _scrub(value: Any, pattern: re.Pattern[str]) -> Any:
     if isinstance(value, str):
+        if value in CODE_VALUES:
+            return value
         scrubbed = pattern.sub(REDACTED, value)
         return _scrub_encoded(scrubbed, pattern) if "=?" in scrubbed else scrubbed
     if isinstance(value, list):
@@ -260,6 +280,7 @@ def _word_bytes(form: str, text: str) -> bytes | None:
 
 
 __all__ = [
+    "CODE_VALUES",
     "MIN_QUOTED_LENGTH",
     "REDACTED",
     "TRAIL_FIELDS",

@@ -574,3 +574,23 @@ def test_a_job_changed_after_the_purge_listed_it_is_left_for_the_next_run(
     result = rig.ledger.purge_settled(rig.clock() - timedelta(days=30), by="ops", rule="r")
     assert (result.purged, result.skipped) == (0, 1)
     assert not rig.job("c-1").purged and rig.events("c-1")[-1] == "Checked"
+
+
+@pytest.mark.parametrize(
+    ("subject", "headers"),
+    [("Abandon", {}), ("Hi", {"X-Campaign": "abandon"})],
+)
+def test_a_subject_or_value_that_spells_a_decision_leaves_the_decision(
+    rig: EngineRig, subject: str, headers: dict[str, str]
+) -> None:
+    # The scrub looked into every field outside the trail, codes too: a job whose subject
+    # or header value was "abandon" lost its Resolved decision, its
+    # redacted copy then replayed to review, and the purge was refused as "changed
+    # meanwhile" at every run.
+    data = {**rich_job("inv-code"), "subject": subject, "headers": headers}
+    _rejected_then_abandoned(rig, data, "550 no", note="")
+    job = rig.job("inv-code")
+    assert job.purged and job.state is JobState.ABANDONED
+    [resolved] = [e for e in rig.ledger.history("inv-code") if isinstance(e, SendJob.Resolved)]
+    assert resolved.decision == "abandon"
+    assert rig.ledger.row("inv-code").reason == "resolved: abandon"  # type: ignore[union-attr]
