@@ -484,11 +484,12 @@ class Ledger(Application[UUID]):
             raise ConcurrentUpdate(f"job {key!r} changed after the purge listed it")
         content = original.content
         original.purge(by=by, rule=rule, at=self.clock())  # refused before anything is built
-        pattern = scrubber(quoted_texts(content))
-        redacted = [redact_event(event, content, pattern) for event in events]
+        texts = quoted_texts(content)
+        pattern = scrubber(texts)
+        redacted = [redact_event(event, content, pattern, texts) for event in events]
         # Before the events: a crash in between leaves the job to purge again (it is
         # settled), never a purged job whose text a webhook's last error still quotes.
-        self._scrub_webhook_errors(pattern)
+        self._scrub_webhook_errors(pattern, texts)
         job: Any = project_aggregate(None, redacted)
         job.purge(by=by, rule=rule, at=self.clock())
         rewrites = [self.mapper.to_stored_event(event) for event in redacted]
@@ -502,11 +503,11 @@ class Ledger(Application[UUID]):
         job.collect_events()  # written: no longer pending
         # Again after: a delivery that read the event before this commit may have written
         # the receiver's echo of it since (the webhook worker reads after it writes).
-        self._scrub_webhook_errors(pattern)
+        self._scrub_webhook_errors(pattern, texts)
         assert isinstance(job, SendJob)
         return job
 
-    def _scrub_webhook_errors(self, pattern: re.Pattern[str] | None) -> None:
+    def _scrub_webhook_errors(self, pattern: re.Pattern[str] | None, texts: list[str]) -> None:
         """A purge's scrub of the webhooks' last errors: a receiver's refusal, kept until
         a delivery succeeds, may echo the payload (`detail` quotes the provider's text)."""
         if pattern is None:
@@ -515,7 +516,7 @@ class Ledger(Application[UUID]):
         for row in positions.read_all():
             error = row.last_error
             for _ in range(3):  # a delivery failing meanwhile wrote another: read again
-                if error is None or (scrubbed := scrub_text(error, pattern)) == error:
+                if error is None or (scrubbed := scrub_text(error, pattern, texts)) == error:
                     break
                 if positions.scrub_error(row.name, error, scrubbed):
                     break

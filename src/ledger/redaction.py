@@ -62,8 +62,8 @@ TRAIL_FIELDS = frozenset(
 
 #: The words events record as codes (a decision, how a job was confirmed, why it went to
 #: review, what a check was for, a bounce's action): never scrubbed, even when a subject
-#: or a header value is the same word. A Resolved event whose "abandon" was scrubbed
-#: would replay to review, and its job could never be purged.
+#: or a header value is, or begins with, the same word. A Resolved event whose "abandon"
+#: was scrubbed would replay to review, and its job could never be purged.
 CODE_VALUES = frozenset(
     {
         *JobState,
@@ -147,29 +147,33 @@ def scrubber(texts: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(alternatives), re.IGNORECASE) if alternatives else None
 
 
-def scrub_text(text: str, pattern: re.Pattern[str]) -> str:
+def scrub_text(text: str, pattern: re.Pattern[str], texts: Sequence[str] = ()) -> str:
     """`text` (kept beside the events: a webhook's last error) with what `pattern` finds
-    replaced, as in an event's text."""
-    result: str = _scrub(text, pattern)
+    replaced, and a quote of one of `texts` cut short at its end, as in an event's text."""
+    result: str = _scrub(text, pattern, texts)
     return result
 
 
 def redact_events(events: Sequence[E], content: JobContent) -> list[E]:
     """The job's events as a purge leaves them (`redact_event`), its texts looked for with
     one pattern."""
-    pattern = scrubber(quoted_texts(content))
-    return [redact_event(event, content, pattern) for event in events]
+    texts = quoted_texts(content)
+    pattern = scrubber(texts)
+    return [redact_event(event, content, pattern, texts) for event in events]
 
 
-def redact_event(event: E, content: JobContent, pattern: re.Pattern[str] | None) -> E:
+def redact_event(
+    event: E, content: JobContent, pattern: re.Pattern[str] | None, texts: Sequence[str] = ()
+) -> E:
     """A copy of one of the job's events as a purge leaves it: the Requested event with its
     content emptied (`JobContent.redacted`), and in every event what `pattern` finds (the
-    job's quoted texts, `scrubber`) replaced in each field that is not part of the trail.
+    job's quoted texts, `scrubber`) replaced in each field that is not part of the trail,
+    and so is a quote of one of `texts` that a text ends with, cut short (`_cut_quote`).
     The original is not changed."""
     state: dict[str, Any] = {}
     for name, value in vars(event).items():
         if name not in TRAIL_FIELDS and pattern is not None:
-            state[name] = _scrub(value, pattern)
+            state[name] = _scrub(value, pattern, texts)
     if "content_hash" in vars(event):  # the Requested event: the content itself
         state.update(content.redacted().stored())
     redacted = copy.copy(event)
@@ -178,17 +182,43 @@ def redact_event(event: E, content: JobContent, pattern: re.Pattern[str] | None)
     return redacted
 
 
-def _scrub(value: Any, pattern: re.Pattern[str]) -> Any:
+def _scrub(value: Any, pattern: re.Pattern[str], texts: Sequence[str]) -> Any:
     if isinstance(value, str):
         if value in CODE_VALUES:
             return value
         scrubbed = pattern.sub(REDACTED, value)
-        return _scrub_encoded(scrubbed, pattern) if "=?" in scrubbed else scrubbed
+        if "=?" in scrubbed:
+            scrubbed = _scrub_encoded(scrubbed, pattern)
+        return _cut_quote(scrubbed, texts)
     if isinstance(value, list):
-        return [_scrub(item, pattern) for item in value]
+        return [_scrub(item, pattern, texts) for item in value]
     if isinstance(value, dict):
-        return {key: _scrub(item, pattern) for key, item in value.items()}
+        return {key: _scrub(item, pattern, texts) for key, item in value.items()}
     return value
+
+
+def _cut_quote(value: str, texts: Sequence[str]) -> str:
+    """`value` with its end replaced by `REDACTED` where it is the start of one of `texts`
+    (at least MIN_QUOTED_LENGTH characters): provider texts are kept cut (an SMTP reply at
+    300 characters, a receiver's answer at 200 bytes), and a cut inside a quoted address
+    or subject leaves its first characters, which still name the person. A whole quote
+    is the pattern's; a value that is nothing but the start of one is left (a code, a
+    word: a cut leaves what came before the quote). A few searches of the value's last
+    characters per text."""
+    lowered = value.lower()
+    cut = len(value)
+    for text in texts:
+        wanted = text.lower()
+        if len(wanted) != len(text) or len(wanted) <= MIN_QUOTED_LENGTH:
+            continue  # a text whose lower case is longer is also looked for case-folded
+        head = wanted[:MIN_QUOTED_LENGTH]
+        at = lowered.find(head, max(1, len(lowered) - len(wanted) + 1))
+        while at != -1 and at < cut:
+            if wanted.startswith(lowered[at:]):
+                cut = at
+                break
+            at = lowered.find(head, at + 1)
+    return value if cut == len(value) else value[:cut] + REDACTED
 
 
 # A run of RFC 2047 encoded words separated by whitespace (a folded header unfolds to one):

@@ -576,15 +576,27 @@ def test_a_job_changed_after_the_purge_listed_it_is_left_for_the_next_run(
     assert not rig.job("c-1").purged and rig.events("c-1")[-1] == "Checked"
 
 
+def test_a_quote_cut_short_at_the_end_of_a_text_is_scrubbed(rig: EngineRig) -> None:
+    # Provider texts are kept cut (an SMTP reply at 300 characters, a Graph error at 240,
+    # a receiver's answer at 200 bytes): an address or subject the cut fell inside is
+    # left as its first characters, which still name the person.
+    filler = "policy text " * 22
+    reason = f"550 5.7.1 {filler}for <Zoe.Quartz@exam"
+    _rejected_then_abandoned(rig, rich_job("inv-cut"), reason, note="about: Invoice 7731 fo")
+    events = {type(e).__name__: e for e in rig.ledger.history("inv-cut")}
+    assert events["Rejected"].reason == f"550 5.7.1 {filler}for <{REDACTED}"
+    assert events["Resolved"].note == f"about: {REDACTED}"
+
+
 @pytest.mark.parametrize(
     ("subject", "headers"),
-    [("Abandon", {}), ("Hi", {"X-Campaign": "abandon"})],
+    [("Abandon", {}), ("Abandoned cart: 2 items", {}), ("Hi", {"X-Campaign": "abandon"})],
 )
 def test_a_subject_or_value_that_spells_a_decision_leaves_the_decision(
     rig: EngineRig, subject: str, headers: dict[str, str]
 ) -> None:
     # The scrub looked into every field outside the trail, codes too: a job whose subject
-    # or header value was "abandon" lost its Resolved decision, its
+    # or header value was (or began with) "abandon" lost its Resolved decision, its
     # redacted copy then replayed to review, and the purge was refused as "changed
     # meanwhile" at every run.
     data = {**rich_job("inv-code"), "subject": subject, "headers": headers}
