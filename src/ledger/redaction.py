@@ -122,8 +122,10 @@ def _spellings(text: str) -> set[str]:
     simple case-insensitivity does not match). ASCII has no other spelling."""
     if text.isascii():
         return {text}
-    forms = {unicodedata.normalize(form, text) for form in ("NFC", "NFD", "NFKC")}
-    return {text} | forms | {form.casefold() for form in forms}
+    forms = {text} | {unicodedata.normalize(form, text) for form in ("NFC", "NFD", "NFKC")}
+    # The pattern ignores simple case: a folding that only lower-cases adds nothing (and
+    # every alternative costs the pattern's compilation, once per purged job).
+    return forms | {f.casefold() for f in forms if f.casefold() != f.lower()}
 
 
 def _u_label_domain(domain: str) -> str | None:
