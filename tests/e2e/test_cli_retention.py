@@ -118,6 +118,11 @@ def test_admin_purge_dry_run_then_purge_then_history_and_status(cli: Any) -> Non
         (["--older-than", "1d", "--key", "r-0000"], 2, "--key"),
         (["--key", "nope"], 4, "nope"),
         (["--key", "r-0003"], 3, "requested"),
+        # A --by no purge can record was taken by a dry run, and by a run with nothing
+        # to purge (exit 0), then refused by the run that had work.
+        (["--older-than", "30d", "--dry-run", "--by", "a\nb"], 2, "--by"),
+        (["--older-than", "36500d", "--by", "a\nb"], 2, "--by"),
+        (["--older-than", "30d", "--by", "a\nb"], 2, "--by"),
     ],
 )
 def test_admin_purge_refusals_change_nothing(

@@ -14,8 +14,9 @@ from daemon.cli.parsers import add_command
 from daemon.exit_codes import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
 from daemon.from_settings import open_ledger, settings_for
 from ledger.application import ConcurrentUpdate, Ledger, PurgeResult
+from ledger.content import JobInputError
 from ledger.display import iso
-from ledger.job import TransitionError
+from ledger.job import TransitionError, check_name
 from policies.durations import DurationError, format_duration, parse_duration_within
 
 
@@ -57,6 +58,12 @@ def cmd_admin_purge(args: argparse.Namespace) -> int:
         except DurationError as exc:
             raise bad_input(f"--older-than: {exc}") from None
     by = args.by or getpass.getuser()
+    try:
+        # Checked before anything is read: a dry run, or a run that finds nothing to
+        # purge, would otherwise take a name the run with work then refuses.
+        check_name(by)
+    except JobInputError as exc:
+        raise bad_input(f"--by: {exc.reason}") from None
     with open_ledger(settings_for(args.config), create=False) as ledger:
         if older_than is None:
             return _purge_keys(ledger, args, by)
