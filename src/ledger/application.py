@@ -510,7 +510,7 @@ class Ledger(Application[UUID]):
     def _scrub_webhook_errors(self, pattern: re.Pattern[str] | None, texts: list[str]) -> None:
         """A purge's scrub of the webhooks' last errors: a receiver's refusal, kept until
         a delivery succeeds, may echo the payload (`detail` quotes the provider's text)."""
-        if pattern is None:
+        if pattern is None and not texts:
             return
         positions = self.positions()
         for row in positions.read_all():

@@ -81,6 +81,12 @@ CODE_VALUES = frozenset(
 #: blank every "Hi" in a provider's error text and hide nothing).
 MIN_QUOTED_LENGTH = 4
 
+#: Longest text also looked for in its other spellings (`_spellings`): what re-spells a
+#: text (a provider, a report) keeps at most 300 characters of it, and each spelling
+#: lengthens the pattern compiled per purged job (50 extra headers of 2,000 characters
+#: in four spellings took seconds).
+MAX_SPELLED = 300
+
 E = TypeVar("E")
 
 
@@ -111,7 +117,11 @@ def quoted_texts(content: JobContent) -> list[str]:
     texts.add(content.subject)
     texts.update(attachment.filename for attachment in content.attachments)
     texts.update(value for _name, value in content.headers)
-    spelled = {spelling for text in texts for spelling in _spellings(text)}
+    spelled = {
+        spelling
+        for text in texts
+        for spelling in (_spellings(text) if len(text) <= MAX_SPELLED else (text,))
+    }
     return sorted((t for t in spelled if len(t) >= MIN_QUOTED_LENGTH), key=len, reverse=True)
 
 
@@ -141,15 +151,19 @@ def _u_label_domain(domain: str) -> str | None:
 
 
 def scrubber(texts: Iterable[str]) -> re.Pattern[str] | None:
-    """One case-insensitive pattern for all of `texts` (None: nothing to look for). Any
-    run of whitespace between two words matches any other: a long subject leaves folded
-    (a CRLF before a space), and a quote of it may keep the break, turn it into spaces
-    or collapse them."""
-    alternatives = [r"\s+".join(map(re.escape, t.split())) for t in texts if t.strip()]
+    """One case-insensitive pattern for `texts` of at most MAX_SPELLED characters (None:
+    nothing to look for; longer ones `_scrub` looks for as typed, case aside: compiled,
+    50 extra headers of 2,000 characters took most of a second per job). Any run of
+    whitespace between two words matches any other: a long subject leaves folded (a CRLF
+    before a space), and a quote of it may keep the break, turn it into spaces or
+    collapse them."""
+    alternatives = [
+        r"\s+".join(map(re.escape, t.split())) for t in texts if t.strip() and len(t) <= MAX_SPELLED
+    ]
     return re.compile("|".join(alternatives), re.IGNORECASE) if alternatives else None
 
 
-def scrub_text(text: str, pattern: re.Pattern[str], texts: Sequence[str] = ()) -> str:
+def scrub_text(text: str, pattern: re.Pattern[str] | None, texts: Sequence[str] = ()) -> str:
     """`text` (kept beside the events: a webhook's last error) with what `pattern` finds
     replaced, and a quote of one of `texts` cut short at its end, as in an event's text."""
     result: str = _scrub(text, pattern, texts)
@@ -174,7 +188,7 @@ def redact_event(
     The original is not changed."""
     state: dict[str, Any] = {}
     for name, value in vars(event).items():
-        if name not in TRAIL_FIELDS and pattern is not None:
+        if name not in TRAIL_FIELDS and (pattern is not None or texts):
             state[name] = _scrub(value, pattern, texts)
     if "content_hash" in vars(event):  # the Requested event: the content itself
         state.update(content.redacted().stored())
@@ -184,18 +198,35 @@ def redact_event(
     return redacted
 
 
-def _scrub(value: Any, pattern: re.Pattern[str], texts: Sequence[str]) -> Any:
+def _scrub(value: Any, pattern: re.Pattern[str] | None, texts: Sequence[str]) -> Any:
     if isinstance(value, str):
         if value in CODE_VALUES:
             return value
-        scrubbed = pattern.sub(REDACTED, value)
-        if "=?" in scrubbed:
+        scrubbed = value if pattern is None else pattern.sub(REDACTED, value)
+        if pattern is not None and "=?" in scrubbed:
             scrubbed = _scrub_encoded(scrubbed, pattern)
-        return _cut_quote(scrubbed, texts)
+        return _cut_quote(_long_quotes(scrubbed, texts), texts)
     if isinstance(value, list):
         return [_scrub(item, pattern, texts) for item in value]
     if isinstance(value, dict):
         return {key: _scrub(item, pattern, texts) for key, item in value.items()}
+    return value
+
+
+def _long_quotes(value: str, texts: Sequence[str]) -> str:
+    """`value` with each whole quote of one of `texts` longer than MAX_SPELLED (left out
+    of the pattern) replaced, found as typed, case aside."""
+    for text in texts:
+        if len(text) <= MAX_SPELLED or len(value) < len(text):
+            continue
+        lowered, wanted = value.lower(), text.lower()
+        if len(lowered) != len(value) or len(wanted) != len(text):
+            lowered, wanted = value, text  # lower case changed a length: as typed
+        at = lowered.find(wanted)
+        while at != -1:
+            value = value[:at] + REDACTED + value[at + len(text) :]
+            lowered = lowered[:at] + REDACTED + lowered[at + len(text) :]
+            at = lowered.find(wanted, at + len(REDACTED))
     return value
 
 
