@@ -6,9 +6,9 @@ its time and who decided what) and makes its content unreadable: the Requested e
 recipients, subject, bodies, attachments and extra headers are emptied, and wherever the
 job's addresses, names, subject, file names or header values were quoted in another
 event's text (a provider's rejection naming a recipient, an operator's note) they are
-replaced by `REDACTED`. The store
-rewrites the job's stored events with these redacted copies in the transaction that
-records the Purged event (`Ledger.purge`), so a job is purged whole or not at all.
+replaced by `REDACTED`, in any spelling that reads the same, encoded or cut short. The
+store rewrites the job's stored events with these redacted copies in the transaction
+that records the Purged event (`Ledger.purge`), so a job is purged whole or not at all.
 
 Pure functions of domain events: no I/O.
 """
