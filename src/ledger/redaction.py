@@ -150,15 +150,20 @@ def _u_label_domain(domain: str) -> str | None:
         return None
 
 
+# Between two words of a quote: whitespace, or a line break or tab written escaped, as
+# `ledger.display.printable` keeps a receiver's answer ("\x0d\x0a") and JSON echoes it.
+_GAP = r"(?:\s|\\[rnt]|\\x0[9aAdD]|\\u000[9aAdD])+"
+
+
 def scrubber(texts: Iterable[str]) -> re.Pattern[str] | None:
     """One case-insensitive pattern for `texts` of at most MAX_SPELLED characters (None:
     nothing to look for; longer ones `_scrub` looks for as typed, case aside: compiled,
     50 extra headers of 2,000 characters took most of a second per job). Any run of
     whitespace between two words matches any other: a long subject leaves folded (a CRLF
-    before a space), and a quote of it may keep the break, turn it into spaces or
-    collapse them."""
+    before a space), and a quote of it may keep the break, escape it, turn it into
+    spaces or collapse them."""
     alternatives = [
-        r"\s+".join(map(re.escape, t.split())) for t in texts if t.strip() and len(t) <= MAX_SPELLED
+        _GAP.join(map(re.escape, t.split())) for t in texts if t.strip() and len(t) <= MAX_SPELLED
     ]
     return re.compile("|".join(alternatives), re.IGNORECASE) if alternatives else None
 

@@ -624,3 +624,25 @@ def test_a_long_header_value_quoted_whole_is_scrubbed_and_the_purge_stays_quick(
     _rejected_then_abandoned(rig, data, "550 no", note=note)
     [resolved] = [e for e in rig.ledger.history("inv-long") if isinstance(e, SendJob.Resolved)]
     assert resolved.note == f"pasted: {REDACTED}"
+
+
+def test_a_folded_subject_quoted_with_escaped_line_breaks_is_scrubbed(rig: EngineRig) -> None:
+    # A receiver's answer is kept through `printable` (a CR LF written as the characters
+    # "\r\n"), and a JSON echo escapes it the same way: the fold's break is then no
+    # whitespace at all.
+    import json
+
+    from ledger.display import printable
+    from ledger.header_encoding import unstructured
+
+    subject = "Your invoice 7731 for the order of Zoe Quartz placed on 3 November, with details"
+    data = {**rich_job("inv-esc"), "subject": subject}
+    folded = unstructured("Subject", subject).removeprefix("Subject: ")
+    reason = "HTTP 400: " + printable(folded)
+    assert "\\x0d\\x0a " in reason
+    note = "echoed: " + json.dumps(folded)[1:-1]
+    assert "\\r\\n " in note
+    _rejected_then_abandoned(rig, data, reason, note=note)
+    events = {type(e).__name__: e for e in rig.ledger.history("inv-esc")}
+    assert events["Rejected"].reason == f"HTTP 400: {REDACTED}"
+    assert events["Resolved"].note == f"echoed: {REDACTED}"
