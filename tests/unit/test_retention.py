@@ -180,21 +180,12 @@ def test_a_purge_that_meets_another_writer_writes_nothing(rig: EngineRig) -> Non
 
 
 def test_text_quoting_the_content_in_other_events_is_scrubbed(rig: EngineRig) -> None:
-    content = submit(rig, rich_job("inv-4"))
-    rig.provider.script(
-        Scripted.rejected(transient=False, reason="550 5.1.1 <ZOE.QUARTZ@example.net> unknown")
+    content = _rejected_then_abandoned(
+        rig,
+        rich_job("inv-4"),
+        "550 5.1.1 <ZOE.QUARTZ@example.net> unknown",
+        "Zoe Quartz moved; Invoice 7731 for Zoe",
     )
-    rig.tick()
-    rig.ledger.update(
-        "inv-4",
-        lambda j: j.resolve(
-            Resolution.ABANDON,
-            note="Zoe Quartz moved; Invoice 7731 for Zoe",
-            by="op",
-            at=rig.clock(),
-        ),
-    )
-    rig.ledger.purge("inv-4", by="ops", rule="r")
     events = {type(e).__name__: e for e in rig.ledger.history("inv-4")}
     assert events["Rejected"].reason == f"550 5.1.1 <{REDACTED}> unknown"
     assert events["Resolved"].note == f"{REDACTED} moved; {REDACTED}"
@@ -304,19 +295,8 @@ def test_an_internationalized_address_is_scrubbed_as_a_person_writes_it(rig: Eng
     # The job keeps `zoe@xn--bcher-kva.example` (the wire's form); the operator's note,
     # and a report in RFC 6533's utf-8 form, write the domain as people read it.
     data = {**rich_job("inv-idn"), "to": ["Zoë Quartz <zoe.quartz@bücher.example>"]}
-    submit(rig, data)
-    rig.provider.script(Scripted.rejected(transient=False, reason="550 5.1.1 unknown"))
-    rig.tick()
-    rig.ledger.update(
-        "inv-idn",
-        lambda j: j.resolve(
-            Resolution.ABANDON,
-            note="wrote to ZOE.QUARTZ@Bücher.example and zoe.quartz@xn--bcher-kva.example",
-            by="op",
-            at=rig.clock(),
-        ),
-    )
-    rig.ledger.purge("inv-idn", by="ops", rule="r")
+    note = "wrote to ZOE.QUARTZ@Bücher.example and zoe.quartz@xn--bcher-kva.example"
+    _rejected_then_abandoned(rig, data, "550 5.1.1 unknown", note)
     [resolved] = [e for e in rig.ledger.history("inv-idn") if isinstance(e, SendJob.Resolved)]
     assert resolved.note == f"wrote to {REDACTED} and {REDACTED}"
 
@@ -366,15 +346,21 @@ def test_a_check_on_a_purged_job_says_why_it_was_not_recorded(
     assert "repeats" not in out
 
 
-def _rejected_then_abandoned(rig: EngineRig, data: dict[str, Any], reason: str, note: str) -> None:
-    submit(rig, data)
+def _rejected_then_abandoned(
+    rig: EngineRig, data: dict[str, Any], reason: str, note: str = "", *, purge: bool = True
+) -> JobContent:
+    """The job submitted, refused for good with `reason`, abandoned with `note`, and
+    (unless `purge` is False) purged; its content."""
+    content = submit(rig, data)
     rig.provider.script(Scripted.rejected(transient=False, reason=reason))
     rig.tick()
     rig.ledger.update(
         data["key"],
         lambda j: j.resolve(Resolution.ABANDON, note=note, by="op", at=rig.clock()),
     )
-    rig.ledger.purge(data["key"], by="ops", rule="r")
+    if purge:
+        rig.ledger.purge(data["key"], by="ops", rule="r")
+    return content
 
 
 def test_another_unicode_spelling_of_the_subject_or_name_is_scrubbed(rig: EngineRig) -> None:
@@ -477,13 +463,8 @@ def test_a_webhook_error_from_a_delivery_the_purge_overtook_is_scrubbed(rig: Eng
         rig.ledger.purge("inv-race", by="ops", rule="r")
         return Outcome(False, 400, f"HTTP 400: bad detail: {json.loads(body)['detail']}")
 
-    submit(rig, rich_job("inv-race"))
     reason = "550 5.1.1 <zoe.quartz@example.net>: no such user"
-    rig.provider.script(Scripted.rejected(transient=False, reason=reason))
-    rig.tick()
-    rig.ledger.update(
-        "inv-race", lambda j: j.resolve(Resolution.ABANDON, note="", by="op", at=rig.clock())
-    )
+    _rejected_then_abandoned(rig, rich_job("inv-race"), reason, purge=False)
     hook = Hook("ops", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"}))
     now = rig.clock().timestamp
     Deliverer(rig.ledger, hook, owner="a", poster=purged_while_posting, clock=now).pass_once()
@@ -507,13 +488,8 @@ def test_a_webhook_error_written_just_before_the_purge_committed_is_scrubbed(
     def echoing(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
         return Outcome(False, 400, f"HTTP 400: bad detail: {json.loads(body)['detail']}")
 
-    submit(rig, rich_job("inv-late"))
     reason = "550 5.1.1 <zoe.quartz@example.net>: no such user"
-    rig.provider.script(Scripted.rejected(transient=False, reason=reason))
-    rig.tick()
-    rig.ledger.update(
-        "inv-late", lambda j: j.resolve(Resolution.ABANDON, note="", by="op", at=rig.clock())
-    )
+    _rejected_then_abandoned(rig, rich_job("inv-late"), reason, purge=False)
     hook = Hook("ops", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"}))
     deliverer = Deliverer(rig.ledger, hook, owner="a", poster=echoing, clock=rig.clock().timestamp)
     real_save = rig.ledger._save_collected
