@@ -134,3 +134,55 @@ def test_no_listener_is_a_failure_naming_the_error() -> None:
     outcome = post(f"http://127.0.0.1:{port}/", b"{}", HEADERS, 1.0)
     assert not outcome.ok and outcome.status is None
     assert "ConnectionRefusedError" in outcome.error
+
+
+@pytest.fixture
+def two_addresses(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], str]]:
+    """A host name whose first address never completes a connection (a full backlog:
+    the SYN is dropped, as by a broken IPv6 route) and whose second is `url`'s server."""
+    unreachable = socket.socket()
+    unreachable.bind(("127.0.0.1", 0))
+    unreachable.listen(0)
+    held = socket.create_connection(unreachable.getsockname())  # fills the backlog
+    real = socket.getaddrinfo
+
+    def point(url: str) -> str:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        addresses = [unreachable.getsockname(), ("127.0.0.1", port)]
+
+        def getaddrinfo(host: str, *args: object, **kwargs: object) -> object:
+            if host == "dual.invalid":
+                return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", a) for a in addresses]
+            return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+        return url.replace("127.0.0.1", "dual.invalid")
+
+    yield point
+    held.close()
+    unreachable.close()
+
+
+def test_an_attempt_that_spent_its_time_connecting_sends_nothing_and_stays_bounded(
+    serve: Callable[[Handler], str], two_addresses: Callable[[str], str]
+) -> None:
+    """The first address eats the whole timeout; the deadline then passed while no socket
+    was there to cut. The attempt must end there, not POST on the second address (and then
+    call a 2xx a failure: the same event delivered on every retry, never moving on), and
+    not wait on a receiver that drips its answer."""
+    got: list[bytes] = []
+
+    def drip(conn: socket.socket) -> None:
+        got.append(_read_request(conn))
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(30):
+            conn.sendall(b"X")
+            time.sleep(0.1)
+
+    url = two_addresses(serve(drip))
+    started = time.monotonic()
+    outcome = post(url, b"{}", HEADERS, 0.5)
+    assert time.monotonic() - started < 1.5
+    assert not outcome.ok and outcome.error == "no answer within 0.5s"
+    time.sleep(0.2)
+    assert got == []

@@ -68,6 +68,12 @@ def post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> O
     timer.daemon = True
     timer.start()
     try:
+        connection.connect()
+        if expired.is_set():
+            # The deadline passed while connecting, when there was no socket to cut (an
+            # address that never answers, then the next one): the time is spent, and a
+            # request sent now could be taken with its answer called a failure.
+            raise TimeoutError
         connection.request("POST", path, body=body, headers=sent)
         response = connection.getresponse()
         detail = response.read(ERROR_BODY)
