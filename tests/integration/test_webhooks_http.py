@@ -186,3 +186,19 @@ def test_an_attempt_that_spent_its_time_connecting_sends_nothing_and_stays_bound
     assert not outcome.ok and outcome.error == "no answer within 0.5s"
     time.sleep(0.2)
     assert got == []
+
+
+def test_a_2xx_counts_even_if_its_body_never_ends(serve: Callable[[Handler], str]) -> None:
+    """The status decides: a receiver that took the event and answered 200 without a
+    length, then kept the connection open, has the event; calling that a failure would
+    resend it on every retry and hold back every later event."""
+
+    def hold(conn: socket.socket) -> None:
+        _read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nok")
+        time.sleep(2)
+
+    started = time.monotonic()
+    outcome = post(serve(hold), b"{}", HEADERS, 0.5)
+    assert outcome.ok and outcome.status == 200
+    assert time.monotonic() - started < 1.5

@@ -3,7 +3,8 @@
 No redirect is followed (a 3xx is a failure: a receiver that moved says so in its
 config, and a redirect must not carry a signed payload elsewhere), no proxy from the
 environment is used, and the whole attempt (connection, request, answer) ends after
-`timeout`. Only a 2xx counts as delivered.
+`timeout`. Only a 2xx counts as delivered, decided by the status line (its body is not
+read).
 """
 
 from __future__ import annotations
@@ -76,8 +77,17 @@ def post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> O
             raise TimeoutError
         connection.request("POST", path, body=body, headers=sent)
         response = connection.getresponse()
-        detail = response.read(ERROR_BODY)
+        if expired.is_set():
+            raise TimeoutError  # the head was cut short: what was parsed is not an answer
         status = response.status
+        if 200 <= status < 300:
+            # The status decides: the receiver has the event. Its body is not waited
+            # for (one without a length that never ends would turn this into a
+            # failure, and the event would go out again on every retry).
+            return Outcome(True, status)
+        detail = b""
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            detail = response.read(ERROR_BODY)  # what it says, if it says it in time
     except (OSError, http.client.HTTPException) as exc:
         if expired.is_set() or isinstance(exc, TimeoutError):
             return Outcome(False, None, f"no answer within {timeout:g}s")
@@ -85,10 +95,6 @@ def post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> O
     finally:
         timer.cancel()
         connection.close()
-    if expired.is_set():
-        return Outcome(False, None, f"no answer within {timeout:g}s")
-    if 200 <= status < 300:
-        return Outcome(True, status)
     text = printable(detail.decode("utf-8", "replace")).strip()
     return Outcome(False, status, f"HTTP {status}" + (f": {text}" if text else ""))
 
