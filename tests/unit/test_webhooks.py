@@ -657,3 +657,31 @@ def test_a_job_purged_while_a_pass_delivers_is_delivered_scrubbed(rig: Rig) -> N
     assert [p["key"] for p in rejected] == ["erased"]
     assert "customer@example.net" not in json.dumps(receiver.got[1:])
     assert rejected[0]["detail"] == "450 [purged]: try later"
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        # http.client refuses these on every attempt (InvalidURL, UnicodeEncodeError): the
+        # webhook would fail forever, holding back every event, from a config that loaded.
+        ("https://hooks.example.com/web hook", "a space"),
+        ("https://hooks.example.com/x?token=a b", "a space"),
+        ("https://hooks example.com/x", "a space"),
+        ("https://hooks.example.com/\x00x", "a control character"),
+        ("https://hooks.example.com/x\x7f", "a control character"),
+        ("https://hooks.example.com/caf\u00e9", "non-ASCII"),
+        # Read back as another URL than the one written: urlsplit drops tabs and
+        # newlines, and the socket and TLS layers encode a non-ASCII host with IDNA 2003,
+        # which maps "straße" to "strasse" (another domain, another owner) where IDNA
+        # 2008 and browsers say "xn--strae-oqa".
+        ("https://hooks.example.com/x\ty", "a control character"),
+        ("https://stra\u00dfe.example/hook", "non-ASCII"),
+        ("https://\uff11\uff12\uff17.0.0.1/hook", "non-ASCII"),
+    ],
+)
+def test_a_url_that_would_not_be_requested_as_written_is_refused_naming_it(
+    url: str, why: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"webhooks.ops.url: .*{why}") as caught:
+        settings_from_dict(_webhook_config(url=url))
+    assert "\n" not in str(caught.value)

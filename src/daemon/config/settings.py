@@ -443,6 +443,20 @@ class WebhookSettings(_Section):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
+        # Checked as written, because it is not requested as written: urlsplit drops tabs
+        # and newlines, http.client refuses a space, a control character or a non-ASCII
+        # path on every attempt, and the socket and TLS layers encode a non-ASCII host
+        # with IDNA 2003 ("straße" -> "strasse", another domain than IDNA 2008's).
+        for index, char in enumerate(value):
+            if char == " ":
+                raise ValueError(f"a space at character {index + 1}: write it %20")
+            if char < " " or char == "\x7f":
+                raise ValueError(f"a control character ({char!r}) at character {index + 1}")
+            if not char.isascii():
+                raise ValueError(
+                    f"non-ASCII {char!r} at character {index + 1}: write the host in its "
+                    "xn-- form and percent-encode the rest"
+                )
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"an http:// or https:// URL expected, got {value!r}")
