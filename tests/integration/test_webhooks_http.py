@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -137,30 +138,24 @@ def test_no_listener_is_a_failure_naming_the_error() -> None:
 
 
 @pytest.fixture
-def two_addresses(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], str]]:
+def two_addresses(monkeypatch: pytest.MonkeyPatch, full_backlog_port: int) -> Callable[[str], str]:
     """A host name whose first address never completes a connection (a full backlog:
     the SYN is dropped, as by a broken IPv6 route) and whose second is `url`'s server."""
-    unreachable = socket.socket()
-    unreachable.bind(("127.0.0.1", 0))
-    unreachable.listen(0)
-    held = socket.create_connection(unreachable.getsockname())  # fills the backlog
     real = socket.getaddrinfo
 
     def point(url: str) -> str:
         port = int(url.rsplit(":", 1)[1].split("/")[0])
-        addresses = [unreachable.getsockname(), ("127.0.0.1", port)]
+        addresses = [("127.0.0.1", full_backlog_port), ("127.0.0.1", port)]
 
-        def getaddrinfo(host: str, *args: object, **kwargs: object) -> object:
+        def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
             if host == "dual.invalid":
                 return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", a) for a in addresses]
-            return real(host, *args, **kwargs)  # type: ignore[arg-type]
+            return real(host, *args, **kwargs)
 
         monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
         return url.replace("127.0.0.1", "dual.invalid")
 
-    yield point
-    held.close()
-    unreachable.close()
+    return point
 
 
 def test_an_attempt_that_spent_its_time_connecting_sends_nothing_and_stays_bounded(
