@@ -159,6 +159,24 @@ def test_an_operators_skip_never_moves_a_position_back(store_url: str) -> None:
         ]
 
 
+def test_an_operators_skip_clears_the_error_of_the_event_it_skipped(store_url: str) -> None:
+    """After `webhooks skip`, nothing is failing: `webhooks status` showed FAILURES 0 beside
+    the skipped event's LAST_ERROR, and kept the receiver's words about it (which may
+    quote the payload: an address a purge has since erased) until the next failure."""
+    with Ledger(store_url) as ledger:
+        positions = ledger.positions()
+        positions.ensure()
+        now = time.time()
+        assert positions.claim("ops", "a", now, 30.0) is not None
+        error = 'HTTP 422: {"input":{"detail":"550 customer@example.net unknown"}}'
+        assert positions.fail("ops", "a", 0, error, now + 2, now, 30.0)
+        assert positions.force("ops", 4, now + 1, expected=0)
+        [row] = positions.read_all()
+        assert (row.position, row.failures, row.next_at) == (4, 0, None)
+        assert row.last_error is None and row.last_error_at is None
+        assert row.failed == 1  # the total stays
+
+
 def test_status_on_a_store_without_webhooks_creates_nothing(store_url: str) -> None:
     with Ledger(store_url) as ledger:
         engine = engine_on(ledger)

@@ -132,11 +132,12 @@ class PositionStore(Protocol):
 
     def force(self, name: str, position: int, now: float, *, expected: int) -> bool:
         """An operator's move (`sendledger webhooks skip`): the position set to
-        `position` whoever holds the lease, failures cleared, when it is still `expected`
-        (the one the operator's skip was worked out from: a daemon that delivered
-        meanwhile must not be moved back, or those events go out again); False, nothing
-        changed, otherwise. A daemon delivering meanwhile finds the position moved and
-        starts again from it."""
+        `position` whoever holds the lease, failures and the last error cleared (the
+        event they were about is skipped; the receiver's words may quote its payload),
+        when it is still `expected` (the one the operator's skip was worked out from: a
+        daemon that delivered meanwhile must not be moved back, or those events go out
+        again); False, nothing changed, otherwise. A daemon delivering meanwhile finds
+        the position moved and starts again from it."""
         ...
 
     def release(self, name: str, owner: str) -> None:
@@ -259,7 +260,13 @@ class MemoryPositions:
             if row.position != expected:
                 return False
             self._rows[name] = replace(
-                row, position=position, failures=0, next_at=None, updated_at=now
+                row,
+                position=position,
+                failures=0,
+                next_at=None,
+                last_error=None,
+                last_error_at=None,
+                updated_at=now,
             )
             return True
 
@@ -301,7 +308,8 @@ _SCRUB_ERROR = (
     "UPDATE {t} SET last_error = {p} WHERE name = {p} AND last_error = {p} RETURNING name"
 )
 _FORCE = (
-    "UPDATE {t} SET position = {p}, failures = 0, next_at = NULL, updated_at = {p} "
+    "UPDATE {t} SET position = {p}, failures = 0, next_at = NULL, last_error = NULL, "
+    "last_error_at = NULL, updated_at = {p} "
     "WHERE name = {p} AND position = {p} RETURNING position"
 )
 
