@@ -12,8 +12,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from standardwebhooks.webhooks import Webhook
+from tests.unit.test_webhooks import SECRET, Rig, drain
 
+from daemon.doubles.fake_provider import Scripted
 from daemon.webhooks.delivery import post
+from daemon.webhooks.events import WEBHOOK_TYPES
+from daemon.webhooks.worker import Deliverer, Hook
 
 Handler = Callable[[socket.socket], None]
 
@@ -197,3 +202,35 @@ def test_a_2xx_counts_even_if_its_body_never_ends(serve: Callable[[Handler], str
     outcome = post(serve(hold), b"{}", HEADERS, 0.5)
     assert outcome.ok and outcome.status == 200
     assert time.monotonic() - started < 1.5
+
+
+def test_what_is_signed_is_the_bytes_on_the_wire_as_the_reference_library_reads_them(
+    serve: Callable[[Handler], str],
+) -> None:
+    """A whole delivery, from the log to a socket: the receiver verifies the raw body and
+    headers it read with `standardwebhooks` (its own clock, its own parsing), and a
+    provider's hostile words (controls, an escape sequence, U+2028, an emoji, a BOM, quotes
+    and a backslash) arrive as the JSON string that was stored."""
+    said = 'no \x00\x1b[31m \u2028\u2029 \U0001f600 caf\u00e9 \x7f \ufeff "q" \\'
+    got: list[tuple[dict[str, str], bytes]] = []
+
+    def receive(conn: socket.socket) -> None:
+        head, _, body = _read_request(conn).partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")[1:]
+        got.append(({k.strip(): v.strip() for k, _, v in (x.partition(":") for x in lines)}, body))
+        conn.sendall(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+
+    rig = Rig()
+    try:
+        rig.provider.script(Scripted.rejected(transient=False, reason=said))
+        rig.submit("receipts", "hostile")
+        rig.tick()
+        hook = Hook("ops", serve(receive), SECRET, frozenset(WEBHOOK_TYPES), timeout=2.0)
+        drain(Deliverer(rig.ledger, hook, owner="a", clock=time.time))
+    finally:
+        rig.close()
+    assert got
+    verified = [Webhook(SECRET).verify(body, headers) for headers, body in got]
+    assert [p["event_id"] for p in verified] == [h["webhook-id"] for h, _ in got]
+    [rejected] = [p for p in verified if p["type"] == "rejected"]
+    assert rejected["detail"] == said
