@@ -5,6 +5,7 @@ one, however the writers' notification ids interleave."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -12,11 +13,13 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.unit.engine_rig import policy, receipt
 
+from daemon.cli import main
 from daemon.doubles.fake_provider import FakeProvider
 from daemon.engine import Engine, PolicyHolder
 from daemon.webhooks.delivery import Outcome
@@ -26,6 +29,7 @@ from daemon.webhooks.status import webhook_status
 from daemon.webhooks.worker import Deliverer, Hook
 from ledger.application import Ledger
 from ledger.job import job_id_for
+from ledger.stores.cipher import new_key
 from ledger.stores.positions import POSITIONS_TABLE
 from policies.loader import PolicySet
 
@@ -304,3 +308,47 @@ def test_two_workers_on_one_postgres_store_deliver_each_event_and_skip_none(
     assert first_seen == expected
     repeats = sum(count - 1 for count in Counter(got).values())
     assert repeats <= 1  # at most the one in flight when the holder died
+
+
+def test_an_event_the_store_can_no_longer_read_is_shown_and_can_be_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The worker fails on an event it cannot read (a key left the key file while events
+    written with it remain: docs/configuration.md "Key rotation") and says an operator
+    can skip it; `webhooks status` and `webhooks skip` read the same events and raised on
+    it, so the webhook stayed stuck on it for good."""
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    old, new = new_key(), new_key()
+    with Ledger(url, encryption_keys=[old]) as ledger:
+        engine = engine_on(ledger)
+        confirm(ledger, engine, ["old-1"])
+        engine.close()
+    with Ledger(url, encryption_keys=[new, old]) as ledger:
+        engine = engine_on(ledger)
+        confirm(ledger, engine, ["new-1"])
+        engine.close()
+    (tmp_path / "keys").write_text(new + "\n")  # the old key gone: old-1 cannot be read
+    (tmp_path / "secret").write_text(SECRET + "\n")
+    for name in ("keys", "secret"):
+        (tmp_path / name).chmod(0o600)
+    config = tmp_path / "sendledger.toml"
+    config.write_text(
+        f'[store]\nurl = "{url}"\nencryption_key_file = "keys"\n\n'
+        '[webhooks.ops]\nurl = "https://hooks.example.com/x"\nsecret_file = "secret"\n'
+    )
+    receiver = Receiver()
+    with Ledger(url, encryption_keys=[new]) as ledger:
+        assert not Deliverer(ledger, HOOK, owner="a", poster=receiver).pass_once()
+        [row] = ledger.positions().read_all()
+        assert row.failures == 1 and "cannot deliver" in (row.last_error or "")
+
+    assert main(["--config", str(config), "webhooks", "status", "--json"]) == 0
+    [status] = json.loads(capsys.readouterr().out)
+    assert status["behind"] == 2 and status["failures"] == 1
+    assert status["next_event_id"].startswith(f"evt_{job_id_for('old-1').hex}_")
+    assert main(["--config", str(config), "webhooks", "skip", "ops", "--json"]) == 0
+    skipped = json.loads(capsys.readouterr().out)
+    assert skipped["skipped"] == 1 and skipped["event_ids"] == [status["next_event_id"]]
+    with Ledger(url, encryption_keys=[new]) as ledger:
+        Deliverer(ledger, HOOK, owner="a", poster=receiver).pass_once()
+    assert [p["key"] for p in receiver.got] == ["new-1"]
