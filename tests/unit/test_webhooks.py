@@ -685,3 +685,18 @@ def test_a_url_that_would_not_be_requested_as_written_is_refused_naming_it(
     with pytest.raises(ConfigError, match=f"webhooks.ops.url: .*{why}") as caught:
         settings_from_dict(_webhook_config(url=url))
     assert "\n" not in str(caught.value)
+
+
+def test_the_failing_gauge_leaves_out_a_webhook_taken_out_of_the_config(rig: Rig) -> None:
+    """A webhook removed from the config keeps its row (status shows it "not configured")
+    and `webhooks skip` refuses its name: the gauge said it kept failing, and the alert on
+    it fired for good with nothing an operator could do."""
+    from daemon.api.metrics import Metrics, Sources
+
+    rig.confirmed("g-1")
+    for name in ("ops", "gone"):
+        rig.deliverer(Receiver(down=True), name=name).pass_once()
+    metrics = Metrics(Sources(rig.ledger, {}, webhooks=["ops"]))
+    text = metrics.render().decode()
+    assert 'sendledger_webhook_consecutive_failures{webhook="ops"} 1.0' in text
+    assert 'webhook="gone"' not in text

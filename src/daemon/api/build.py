@@ -58,6 +58,7 @@ def api_context(
     metrics.sources.unreliable = unreliable
     metrics.sources.tick_age = tick_age
     metrics.sources.circuits = circuits
+    metrics.sources.webhooks = sorted(settings.webhooks)
     health = HealthSources(
         ledger=ledger,
         policies=lambda: policies.current,

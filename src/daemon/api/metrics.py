@@ -37,6 +37,9 @@ class Sources:
     unreliable: Callable[[], list[str]] | None = None
     tick_age: Callable[[], float] | None = None  # seconds since the last tick ended
     circuits: Callable[[], list[OpenCircuit]] | None = None  # the open ones
+    # The configured webhooks (None: every row in the store). A webhook taken out of the
+    # config keeps its row, and its failures would hold its alert up for good.
+    webhooks: Sequence[str] | None = None
 
 
 class Metrics:
@@ -225,19 +228,20 @@ class _StoreGauges(Collector):
             )
             age.add_metric([], self._sources.tick_age())
             yield age
-        yield _webhook_failures(ledger)
+        yield _webhook_failures(ledger, self._sources.webhooks)
 
 
-def _webhook_failures(ledger: Ledger) -> GaugeMetricFamily:
-    """docs/http-api.md "Webhooks": failed attempts of each webhook's next event (0 once it is
-    taken): one small read of the position rows."""
+def _webhook_failures(ledger: Ledger, configured: Sequence[str] | None) -> GaugeMetricFamily:
+    """docs/http-api.md "Webhooks": failed attempts of each configured webhook's next event
+    (0 once it is taken): one small read of the position rows."""
     gauge = GaugeMetricFamily(
         "sendledger_webhook_consecutive_failures",
         "Failed attempts of the webhook's next event since it last delivered",
         labels=["webhook"],
     )
     for row in ledger.positions().read_all():
-        gauge.add_metric([row.name], row.failures)
+        if configured is None or row.name in configured:
+            gauge.add_metric([row.name], row.failures)
     return gauge
 
 
