@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from daemon.doubles.fake_provider import Scripted
 from daemon.webhooks.delivery import post
 from daemon.webhooks.events import WEBHOOK_TYPES
 from daemon.webhooks.worker import Deliverer, Hook
+from testkit.tls import make_loopback_tls
 
 Handler = Callable[[socket.socket], None]
 
@@ -234,3 +236,26 @@ def test_what_is_signed_is_the_bytes_on_the_wire_as_the_reference_library_reads_
     assert [p["event_id"] for p in verified] == [h["webhook-id"] for h, _ in got]
     [rejected] = [p for p in verified if p["type"] == "rejected"]
     assert rejected["detail"] == said
+
+
+def test_a_certificate_nobody_trusts_is_a_failure_that_says_so(tmp_path: Path) -> None:
+    tls = make_loopback_tls(tmp_path)  # its CA is in no trust store
+    context = tls.server_context()
+    listener = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def loop() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True) as s:
+                got.append(s.recv(65536))
+
+    threading.Thread(target=loop, daemon=True).start()
+    try:
+        port = listener.getsockname()[1]
+        outcome = post(f"https://127.0.0.1:{port}/hook", b'{"a":1}', HEADERS, 2.0)
+    finally:
+        listener.close()
+    assert not outcome.ok and outcome.status is None
+    assert outcome.error.startswith("SSLCertVerificationError: ")
+    assert "certificate verify failed" in outcome.error and got == []
