@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["BIDI_CONTROLS", "invisible", "unsafe_character"]
+__all__ = ["BIDI_CONTROLS", "invisible", "storable", "unsafe_character"]
 
 #: Explicit direction overrides, embeddings and isolates: they reorder what a reader sees
 #: ("Trojan Source"), so a display name or subject could show one thing and say another.
@@ -47,6 +47,18 @@ def unsafe_character(value: str) -> str | None:
     if char in BIDI_CONTROLS:
         return f"a bidi control character (U+{ord(char):04X})"
     return f"a lone surrogate (U+{ord(char):04X})"
+
+
+#: What no store can keep in text: a lone surrogate has no UTF-8 (the event's encoding
+#: fails), and PostgreSQL's text holds no NUL.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """`text` with each character no store can keep (a lone surrogate, NUL) replaced by
+    U+FFFD: for the words of others that the ledger records as they came (a provider's
+    error, a copy's subject as a mailbox decoded it)."""
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def invisible(char: str) -> bool:

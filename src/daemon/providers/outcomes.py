@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from ledger.characters import storable
 from ledger.exceptions import SendledgerError
 
 
@@ -38,6 +39,12 @@ class SendOutcome:
     #: quotas").
     timed_out: bool = False
 
+    def __post_init__(self) -> None:
+        # The provider's words are recorded as they came, and a store cannot keep every
+        # string (a JSON error's "\ud800", a NUL): the outcome's save would fail, and the
+        # claim be recovered as Unknown.
+        object.__setattr__(self, "reason", storable(self.reason))
+
 
 @dataclass(frozen=True)
 class SearchHit:
@@ -49,6 +56,12 @@ class SearchHit:
     date: str = ""
     to: str = ""
     subject: str = ""
+
+    def __post_init__(self) -> None:
+        # As a mailbox decoded them (undecodable bytes as lone surrogates): recorded with a
+        # check (`Checked`), so storable as SendOutcome.reason is.
+        for name in ("message_id_header", "date", "to", "subject"):
+            object.__setattr__(self, name, storable(getattr(self, name)))
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,7 @@ class ProviderError(SendledgerError):
         unavailable: bool = False,
         timed_out: bool = False,
     ) -> None:
+        reason = storable(reason)  # recorded as a failure's detail: as SendOutcome.reason
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
