@@ -7,6 +7,7 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import Scripted
+from daemon.engine.circuit import CircuitSettings
 from ledger.content import parse_job
 from ledger.vocabulary import JobState, Resolution
 from policies.loader import PolicySet
@@ -93,5 +94,36 @@ def test_a_draft_sent_before_the_provider_left_drafts_mode_is_never_searched_and
         assert provider.copies_of(message_id) == 1, rig.events("k1")
         assert (job.state, job.reason) == (JobState.REVIEW, "unknown-outcome")
         assert "Searched" not in " ".join(rig.events("k1"))
+    finally:
+        rig.close()
+
+
+def test_a_job_queued_behind_an_open_circuit_is_sent_under_the_policy_reloaded_meanwhile() -> None:
+    """A job loaded into a send worker's queue waits there, in memory, while its
+    provider's circuit is open (an outage: minutes, hours). The operator narrows
+    `allowed_from` and reloads during the outage: when the circuit lets the job through,
+    it must be judged by the policy in force then, not the one it was loaded under, or it
+    goes out as the withdrawn sender."""
+    rig = EngineRig(policy("receipts", allowed_from=["*@example.com"]))
+    rig.engine.circuits.settings = CircuitSettings(failures=1, probe_after=60, probe_max=60)
+    try:
+        rig.provider.script(Scripted.unavailable())  # the outage: the circuit opens
+        rig.submit("receipts", "first")
+        rig.tick()
+        assert [c.failures for c in rig.engine.open_circuits()] == [1]
+        base = {"channel": "receipts", "to": "c@example.net", "subject": "s", "body": "b"}
+        withdrawn = parse_job({**base, "key": "k1", "from": "Sales <sales@example.com>"})
+        rig.ledger.submit(withdrawn, rig.policies["receipts"].sender_for(withdrawn.sender))
+        rig.tick()  # k1 loaded and queued behind the open circuit
+        assert "Attempted" not in rig.events("k1")
+        rig.policies = PolicySet({"receipts": policy("receipts", allowed_from=["b@example.com"])})
+        assert rig.holder.reload()
+        for _ in range(6):
+            rig.advance_and_tick(30)
+        job = rig.job("k1")
+        assert (job.state, job.reason) == (JobState.REVIEW, "sender-not-allowed"), rig.events("k1")
+        assert "Attempted" not in rig.events("k1")
+        assert rig.copies("k1") == 0
+        assert rig.job("first").state is JobState.CONFIRMED
     finally:
         rig.close()

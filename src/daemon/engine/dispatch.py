@@ -101,10 +101,13 @@ class Dispatch:
         stopping: threading.Event,
         daemon: str = "",
         may_call: Callable[[ChannelPolicy | None, str, datetime], bool] | None = None,
+        policy_of: Callable[[str], ChannelPolicy | None] | None = None,
     ) -> None:
         """`may_call(policy, from_addr, now)`: whether this daemon may call for that
-        From's quota scope now (`OurScopes.may_call`); None: it works for every scope."""
+        From's quota scope now (`OurScopes.may_call`); None: it works for every scope.
+        `policy_of(channel)`: the channel's policy in force now (`PolicyHolder`)."""
         self._may_call = may_call
+        self._policy_of = policy_of
         self._daemon = daemon  # recorded on each claim (recover.py: RecoverOwnClaims)
         self._health = health
         self._clock = clock
@@ -188,6 +191,8 @@ class Dispatch:
     def claim(self, work: Work) -> Claimed | None:
         """Decide and render, then record the claim on the job in memory (not saved);
         None when the job is not to be sent now (to review, saved; or left due)."""
+        if self._reloaded(work):
+            return None
         found = work.policy_and_provider()
         if found is None:
             return None
@@ -426,6 +431,8 @@ class Dispatch:
         """A job held by its provider's open circuit for longer than its channel's
         `give_up_after`: to review (`provider-unavailable`), never claimed."""
         work.now = self._clock()
+        if self._reloaded(work):
+            return
         policy, job = work.policy, work.job
         if policy is None:
             return
@@ -433,6 +440,19 @@ class Dispatch:
         decision = decisions.waited_too_long(policy, waiting_since=since, now=work.now)
         if decision is not None:
             work.to_review(decision, f"provider {_scope(work)} unavailable since {since:%c} UTC")
+
+    def _reloaded(self, work: Work) -> bool:
+        """Whether the job's policy was reloaded (SIGHUP) since the job was loaded. A send
+        worker's queue holds loaded jobs for as long as their scope is held (an open
+        circuit, a quota wait: minutes, hours), and a job judged by the policy it was
+        loaded under would go out as a sender the reload withdrew, or through the provider
+        the channel left (docs/policies.md "Broken policy files and reloads"). Such a job
+        is not taken: it stays due, and the next offer loads it under the policy in force."""
+        if self._policy_of is None or self._policy_of(work.job.channel) == work.policy:
+            return False
+        log.info("job %s: its policy was reloaded since it was loaded: loaded again", work.job.key)
+        work.count("skipped")
+        return True
 
     def _after_rejection(self, claimed: Claimed, unavailable: bool) -> AfterRejection:
         policy, job, outcome = claimed.policy, claimed.work.job, claimed.outcome
