@@ -240,3 +240,31 @@ def test_a_draft_refused_for_good_goes_to_review_without_a_claim(
     assert job.state is JobState.REVIEW and job.reason == "rejected"
     rig.advance_and_tick(3600)
     assert drafts.drafts_created == 0 and drafts.draft_sends == 0
+
+
+def test_a_stop_asked_during_the_draft_step_starts_no_send() -> None:
+    """SIGTERM while a worker is in a job's draft step (drafts.list and drafts.create,
+    each up to the provider's timeout): the stopping daemon starts no new provider call
+    (docs/operations.md "Stopping"), so the drafts.send that would follow the step is not
+    made; the job stays requested, its draft recorded for the next run to send."""
+    rig = EngineRig(
+        rig_policy("receipts"), provider=lambda clock: FakeDraftsProvider("fake", clock=clock)
+    )
+    try:
+        rig.submit("receipts", "k1")
+        provider = rig.provider
+        assert isinstance(provider, FakeDraftsProvider)
+        provider.during_create = rig.engine.stop  # the signal comes during drafts.create
+        rig.tick()
+        assert provider.drafts_created == 1
+        assert provider.draft_sends == 0 and provider.sends == 0, rig.events("k1")
+        assert "Attempted" not in rig.events("k1")
+        assert rig.job("k1").state is JobState.REQUESTED
+        assert rig.job("k1").draft_id is not None  # recorded: the next run sends it
+        provider.during_create = None
+        rig.restart()
+        rig.tick()
+        assert rig.job("k1").state is JobState.CONFIRMED
+        assert (provider.drafts_created, provider.draft_sends, rig.copies("k1")) == (1, 1, 1)
+    finally:
+        rig.close()

@@ -277,6 +277,15 @@ class Dispatch:
             # step: their claims are no longer renewed and would lapse meanwhile.
             mark = history.history_mark(before_call=work.flush)
             work.now = self._clock()
+        if self._stopping.is_set() and (drafts is not None or history is not None):
+            # The draft step and the history mark are calls that may each take the
+            # provider's whole timeout: a stop asked meanwhile starts no send either
+            # (docs/operations.md "Stopping"). The draft the step recorded is saved, for
+            # the next run to find and send.
+            if job.pending_events:
+                self.save_claim(Claimed(work, policy, provider, raw, 0.0, work.now,
+                                        draft=draft, drafts=drafts, created=created))  # fmt: skip
+            return None
         lease = self._timeouts.get(policy.provider, provider.timeout) + self._grace
         deadline = work.now + timedelta(seconds=lease)
         job.claim(
