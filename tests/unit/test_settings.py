@@ -295,3 +295,29 @@ def test_a_token_file_others_can_read_is_warned_about(tmp_path: Path) -> None:
     assert warn_exposed_secrets(config) == []
     for door in (runtime, api_server):
         assert "warn_exposed_secrets(" in Path(door.__file__).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SENDLEDGER_API__TRUSTED_HOSTS", "review.example.com"),
+        ("SENDLEDGER_WEBHOOKS__X__EVENTS", "confirmed,review"),
+        ("SENDLEDGER_API__TRUSTED_HOSTS", '["review.example.com"'),
+    ],
+)
+def test_a_list_set_by_a_variable_that_is_not_json_names_the_variable(
+    name: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list in the environment is JSON (`["a", "b"]`); written as in a shell
+    (`a,b`, one bare value) the error names the variable, as for every other bad value
+    (docs/configuration.md "Configuration"), not "environment" and the section."""
+    config = tmp_path / "sendledger.toml"
+    config.write_text(
+        '[webhooks.x]\nurl = "https://h.example.com/"\nsecret_file = "s"\n', encoding="utf-8"
+    )
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    message = str(caught.value)
+    assert message.startswith(f"{name}: "), message
+    assert "JSON" in message and "\n" not in message

@@ -112,20 +112,51 @@ def missing_variable(loc: Iterable[object], environ: Mapping[str, str]) -> str |
     return None
 
 
-def malformed_json_variable(field: str, environ: Mapping[str, str]) -> str | None:
-    """The variable under ``field`` whose value looks like JSON and does not parse."""
+def malformed_json_variable(
+    field: str, environ: Mapping[str, str], model: type[BaseModel] | None = None
+) -> str | None:
+    """The variable under ``field`` whose value looks like JSON and does not parse, or,
+    given the settings `model`, one that sets a list, a table or a section (read as JSON)
+    with a value that is not JSON: ``a,b`` or one bare value where ``["a", "b"]`` is
+    meant."""
     wanted = PREFIX + field.upper()
     for name in sorted(environ):
         upper = name.upper()
         if upper != wanted and not upper.startswith(wanted + DELIMITER):
             continue
         value = environ[name].strip()
-        if value[:1] in ("{", "["):
+        parts = tuple(upper[len(PREFIX) :].split(DELIMITER))
+        if value[:1] in ("{", "[") or (model is not None and _takes_json(model, parts)):
             try:
                 json.loads(value)
             except ValueError:
                 return name
     return None
+
+
+def _takes_json(model: type[BaseModel], parts: tuple[str, ...]) -> bool:
+    """Whether the setting at `parts` (upper-cased, a user's name where a table holds
+    them) is a list, a table or a section: pydantic-settings reads its variable as JSON."""
+    annotation: Any = model
+    for part in parts:
+        models = _models(annotation)
+        if typing.get_origin(annotation) is dict:
+            annotation = typing.get_args(annotation)[1]  # `part` is a user's name
+            continue
+        fields = {n.upper(): f for m in models for n, f in m.model_fields.items()}
+        if part not in fields:
+            return False
+        annotation = fields[part].annotation
+    return bool(_models(annotation)) or _is_collection(annotation)
+
+
+def _is_collection(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _is_collection(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_collection(arg) for arg in typing.get_args(annotation))
+    return origin in (list, dict, set, tuple, frozenset)
 
 
 __all__ = [

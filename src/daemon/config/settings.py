@@ -781,5 +781,5 @@ def _with_environment(data: dict[str, Any], config_path: Path | None, label: str
     except SettingsError as exc:
         # pydantic-settings: a variable holding malformed JSON for a section.
         field = str(exc).partition('field "')[2].partition('"')[0]
-        variable = environment.malformed_json_variable(field, os.environ)
+        variable = environment.malformed_json_variable(field, os.environ, Settings)
         raise ConfigError(f"{variable or 'environment'}: {field}: not valid JSON") from None
