@@ -208,11 +208,26 @@ class Daemon:
                 return stops
             if signal.SIGHUP in posted:
                 self.engine.policies.reload()
+            self._keep_ticking()
             if watchdog is not None and self._healthy():
                 self.notifier.watchdog()
             if time.monotonic() - last_status >= 5:
                 last_status = time.monotonic()
                 self.notifier.status(self.status_line())
+
+    def _keep_ticking(self) -> None:
+        """APScheduler keeps the tick's next run as a wall-clock time: a clock stepped back
+        (NTP correcting a clock that ran ahead, a VM restored from a snapshot) leaves it
+        that far ahead, and no tick would run for as long (the watchdog, no longer fed,
+        would restart the daemon in the middle of its calls). A next run further ahead
+        than two ticks is brought back to now."""
+        job = self.scheduler.get_job("tick")
+        if job is None or job.next_run_time is None:
+            return
+        ahead = (job.next_run_time - _now()).total_seconds()
+        if ahead > 2 * self.tick_seconds + 1:
+            log.warning("next tick %.0fs ahead (the clock was stepped back): run now", ahead)
+            job.modify(next_run_time=_now())
 
     def _stop_within_bound(self, asked: int, *again: int) -> int:
         """Shut down in a thread of its own while this one waits, at most
