@@ -200,7 +200,10 @@ class Daemon:
         when a second Ctrl-C came before the first was read)."""
         watchdog = watchdog_interval()
         wait = min(watchdog or 1.0, 1.0)
-        last_status = 0.0
+        if self.notifier.enabled:
+            # The status line reads the store, which may hang (a partition to PostgreSQL):
+            # on a thread of its own, so this one is always free to read a stop.
+            threading.Thread(target=self._report_status, name="status", daemon=True).start()
         while True:
             posted = self._wake.wait(wait)
             stops = [code for code in posted if code in _STOPS]
@@ -211,9 +214,17 @@ class Daemon:
             self._keep_ticking()
             if watchdog is not None and self._healthy():
                 self.notifier.watchdog()
-            if time.monotonic() - last_status >= 5:
-                last_status = time.monotonic()
-                self.notifier.status(self.status_line())
+
+    def _report_status(self) -> None:
+        """systemd's STATUS= line at once and every 5 s, until the daemon stops (then
+        the stop's own line is the last)."""
+        while True:
+            line = self.status_line()
+            if self._stop.is_set():
+                return
+            self.notifier.status(line)
+            if self._stop.wait(5):
+                return
 
     def _keep_ticking(self) -> None:
         """APScheduler keeps the tick's next run as a wall-clock time: a clock stepped back

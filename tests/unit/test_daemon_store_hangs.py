@@ -1,0 +1,64 @@
+"""A store that hangs (a network partition to PostgreSQL: a query on an open connection
+that never answers) must not hold the daemon's main thread, which handles SIGTERM and
+SIGINT (docs/operations.md "Stopping": the wait is bounded by `daemon.stop_timeout`)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+from daemon.bootstrap import bootstrap
+from daemon.config.settings import settings_from_dict
+from daemon.doubles.fake_provider import FakeProvider
+from daemon.runtime import Daemon
+from daemon.systemd import Notifier
+from ledger.application import Ledger
+from policies.loader import PolicySet
+
+
+def test_a_stop_is_not_held_by_a_status_line_whose_store_query_hangs(tmp_path: Path) -> None:
+    settings = settings_from_dict(
+        {
+            "store": {"url": "memory://"},
+            "daemon": {"tick": "50ms", "name": "n1", "stop_timeout": "2s"},
+        }
+    )
+    systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # $NOTIFY_SOCKET
+    systemd.bind(str(tmp_path / "notify"))
+    hung = threading.Event()
+    release = threading.Event()
+    with Ledger("memory://") as ledger:
+        counts = ledger.open_counts
+        calls = 0
+
+        def open_counts() -> dict[str, int]:
+            nonlocal calls
+            calls += 1
+            if calls > 2:  # READY and the start-up line are read; then the store hangs
+                hung.set()
+                release.wait(60)
+            return counts()
+
+        ledger.open_counts = open_counts  # type: ignore[method-assign]
+        service = bootstrap(
+            settings,
+            ledger=ledger,
+            policy_loader=PolicySet,
+            providers={"fake": FakeProvider("fake", clock=ledger.clock)},
+        )
+        daemon = Daemon(service, settings.daemon.tick, notifier=Notifier(str(tmp_path / "notify")))
+        runner = threading.Thread(target=daemon.serve, daemon=True)
+        runner.start()
+        try:
+            assert hung.wait(10)
+            asked = time.monotonic()
+            daemon.request_stop()
+            runner.join(timeout=10)
+            assert not runner.is_alive(), "the stop waits for the hung store query"
+            assert time.monotonic() - asked < 2 + 2  # stop_timeout and a margin
+        finally:
+            release.set()
+            runner.join(timeout=20)
+            systemd.close()
