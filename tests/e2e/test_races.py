@@ -54,7 +54,7 @@ from tests.e2e.test_graph_daemon import GRAPH_POLICY, GraphRig
 from tests.e2e.test_review_outage import LEGAL
 from tests.e2e.test_review_outage import job as legal_job
 
-from daemon.engine.dispatch import NOT_OURS, WITHHELD
+from daemon.engine.dispatch import NOT_OURS, STOPPED, WITHHELD
 from daemon.engine.recover import REASON as RECOVERED
 from testkit.mailservers import free_port
 from testkit.relay import FaultPlan, Mode
@@ -167,7 +167,8 @@ def why_refused(text: str) -> str:
 def calls_made(history: list[dict[str, Any]]) -> int:
     """The job's claims that were followed by a provider call."""
     return sum(e["type"] == "Attempted" for e in history) - sum(
-        e["type"] == "Rejected" and e.get("reason") in (NOT_OURS, WITHHELD) for e in history
+        e["type"] == "Rejected" and e.get("reason") in (NOT_OURS, WITHHELD, STOPPED)
+        for e in history
     )
 
 

@@ -32,7 +32,7 @@ from hypothesis.stateful import (
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
-from daemon.engine.dispatch import NOT_OURS, WITHHELD
+from daemon.engine.dispatch import NOT_OURS, STOPPED, WITHHELD
 from ledger.job import SendJob, TransitionError
 from ledger.stores.index import index_row
 from ledger.vocabulary import ConfirmedVia, JobState, Resolution
@@ -282,9 +282,11 @@ def check_history(
     attempted = [e for e in events if isinstance(e, SendJob.Attempted)]
     # Invariant 1: every provider call had a durable claim before it, and one claim per call
     # (but for a claim whose send the circuit withheld, or that was no longer its daemon's
-    # to make by the time it was saved: its Rejected says so).
+    # to make by the time it was saved, or came after a stop: its Rejected says so).
     withheld = sum(
-        1 for e in events if isinstance(e, SendJob.Rejected) and e.reason in (WITHHELD, NOT_OURS)
+        1
+        for e in events
+        if isinstance(e, SendJob.Rejected) and e.reason in (WITHHELD, NOT_OURS, STOPPED)
     )
     assert len(attempted) == sends + withheld, (job.key, len(attempted), sends, withheld)
     # A failed (or held) search is never a miss: each believed miss had an answered search.

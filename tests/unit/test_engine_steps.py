@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
@@ -319,5 +320,35 @@ def test_the_last_search_is_at_the_end_of_the_windows(misses: int, late: bool) -
         rig.tick()
         assert rig.provider.sends == (2 if late else 1)
         assert rig.job("k1").state is JobState.CONFIRMED
+    finally:
+        rig.close()
+
+
+def test_a_stop_asked_while_the_claim_is_saved_starts_no_send() -> None:
+    """SIGTERM while a worker's claim is being saved (a slow commit: PostgreSQL's fsync
+    under load): the claim is durable, but the stopping daemon starts no new provider call
+    (docs/operations.md "Stopping"); the job's history says it was not sent, and it is sent
+    once by the next run, not recovered as an unknown outcome for a human."""
+    rig = EngineRig(policy("receipts", on_unknown="review"))
+    try:
+        rig.submit("receipts", "k1")
+        save_job = rig.ledger.save_job
+
+        def stop_during_claim_save(job: Any) -> None:
+            claiming = any(type(e).__name__ == "Attempted" for e in job.pending_events)
+            save_job(job)
+            if claiming:
+                rig.engine.stop()  # the signal comes while the claim is being committed
+
+        rig.ledger.save_job = stop_during_claim_save  # type: ignore[method-assign]
+        rig.tick()
+        rig.ledger.save_job = save_job  # type: ignore[method-assign]
+        assert rig.provider.sends == 0, rig.events("k1")
+        assert rig.job("k1").state is JobState.REQUESTED, rig.events("k1")
+        rig.restart()
+        for _ in range(3):
+            rig.advance_and_tick(60)
+        assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
+        assert (rig.provider.sends, rig.copies("k1")) == (1, 1)
     finally:
         rig.close()

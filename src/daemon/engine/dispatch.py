@@ -305,9 +305,12 @@ class Dispatch:
         crash_point("after-claim")
         drafts = claimed.drafts
         scope = claimed.provider.scope()
-        if not self._still_ours(claimed):
+        stopping = self._stopping.is_set()
+        if stopping or not self._still_ours(claimed):
             # Nothing sent: due again (as `withheld`), for this daemon or the scope's owner.
-            claimed.outcome = not_ours()
+            # A stop asked while the claim was saved (a slow commit) starts no new call
+            # either (docs/operations.md "Stopping"): the next run sends the job.
+            claimed.outcome = stopped() if stopping else not_ours()
             if claimed.probe:
                 self._circuits.probe_returned(scope)
             work.now = self._clock()
@@ -427,7 +430,9 @@ class Dispatch:
         work, outcome = claimed.work, claimed.outcome
         assert outcome is not None, "count_outcome() follows outcome_to_events()"
         job = work.job
-        if outcome.kind is SendKind.REJECTED:
+        if outcome.reason == STOPPED:
+            log.info("job %s: %s", job.key, STOPPED)  # not a refusal by the provider
+        elif outcome.kind is SendKind.REJECTED:
             work.count("rejected")
             if outcome.unavailable:
                 work.count("unavailable")
@@ -507,6 +512,16 @@ NOT_OURS = (
     "not sent: its claim's lease ran short, or its quota scope went to another daemon, "
     "before the call"
 )
+
+
+#: Why a claimed send was not made (`Dispatch.send`): the daemon was asked to stop while
+#: the claim was saved; the claim is the job's last Attempted, with no provider call behind it.
+STOPPED = "not sent: the daemon was stopping when its claim was saved"
+
+
+def stopped() -> SendOutcome:
+    """The outcome of a send a stop came before: nothing sent, due again."""
+    return SendOutcome(SendKind.REJECTED, STOPPED, transient=True, unavailable=True)
 
 
 def not_ours() -> SendOutcome:
