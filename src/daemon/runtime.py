@@ -99,12 +99,18 @@ class Daemon:
     # -- one tick ---------------------------------------------------------------------
 
     def tick(self) -> TickReport:
-        with self._tick_lock:
-            self._check_identity()
-            report = self.engine.hand_out()
+        try:
+            with self._tick_lock:
+                self._check_identity()
+                report = self.engine.hand_out()
+        finally:
+            # A tick that failed still ended: while the store is down (a restart, a
+            # failover) the daemon waits it out (docs/performance.md), and the watchdog
+            # must not take that for a hang and kill it in the middle of its calls. Only
+            # a tick that does not end (a scheduler or a store call stuck) stops the feed.
+            self.health.last_tick_end = time.monotonic()
         self.health.ticks += 1
         self.health.totals.add(report)
-        self.health.last_tick_end = time.monotonic()
         return report
 
     def _check_identity(self) -> None:

@@ -62,3 +62,46 @@ def test_a_stop_is_not_held_by_a_status_line_whose_store_query_hangs(tmp_path: P
             release.set()
             runner.join(timeout=20)
             systemd.close()
+
+
+class _StoreDown:
+    """The daemon's name in a store that is down (a PostgreSQL restart, a failover): held
+    at start-up, then every check fails as a connection that is refused does."""
+
+    def check(self) -> None:
+        raise OSError("connection refused")
+
+    def release(self) -> None:
+        pass
+
+
+def test_ticks_that_fail_while_the_store_is_down_still_feed_the_watchdog() -> None:
+    """docs/performance.md: while the database is down the tick is tried again at the
+    next one and the daemon does not exit. Ticks that end (with an error) are not a hung
+    daemon: the watchdog's measure, the last tick's age, stays under two ticks, or
+    systemd would kill the daemon (SIGABRT, its calls in flight cut) a minute into the
+    outage."""
+    settings = settings_from_dict(
+        {"store": {"url": "memory://"}, "daemon": {"tick": "50ms", "name": "n1"}}
+    )
+    with Ledger("memory://") as ledger:
+        ledger.hold_identity = lambda name: _StoreDown()  # type: ignore[method-assign,assignment,return-value]
+        service = bootstrap(
+            settings,
+            ledger=ledger,
+            policy_loader=PolicySet,
+            providers={"fake": FakeProvider("fake", clock=ledger.clock)},
+        )
+        daemon = Daemon(service, settings.daemon.tick)
+        runner = threading.Thread(target=daemon.serve)
+        runner.start()
+        try:
+            threading.Event().wait(1.0)
+            assert daemon.health.ticks == 0  # no tick got past the store
+            assert daemon.health.last_error == "OSError: connection refused"
+            assert daemon.tick_age() < 2 * 0.05 + 0.3, daemon.tick_age()
+            assert daemon._healthy()
+        finally:
+            daemon.request_stop()
+            runner.join(timeout=20)
+        assert not runner.is_alive()
