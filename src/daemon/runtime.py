@@ -488,6 +488,12 @@ def run_once(service: Service) -> TickReport:
             observer=service.observer,
         )
         return report
+    except BaseException:
+        # Ctrl-C (KeyboardInterrupt) or a failure: as the daemon's stop, no new provider
+        # call (a worker in a draft step would claim and send after it); the calls in
+        # flight end and are recorded by the close below.
+        service.engine.stop()
+        raise
     finally:
         service.close()
         if identity is not None:
