@@ -9,12 +9,10 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
-from daemon.bootstrap import bootstrap
-from daemon.config.settings import settings_from_dict
-from daemon.doubles.fake_provider import FakeProvider
+from tests.unit.daemon_thread import serving
+
 from daemon.runtime import Daemon
 from ledger.application import Ledger
-from policies.loader import PolicySet
 
 
 def _ticks_within(daemon: Daemon, seconds: float, more_than: int) -> bool:
@@ -27,28 +25,11 @@ def _ticks_within(daemon: Daemon, seconds: float, more_than: int) -> bool:
 
 
 def test_a_clock_stepped_back_an_hour_does_not_stop_the_ticks() -> None:
-    settings = settings_from_dict(
-        {"store": {"url": "memory://"}, "daemon": {"tick": "50ms", "name": "n1"}}
-    )
-    with Ledger("memory://") as ledger:
-        service = bootstrap(
-            settings,
-            ledger=ledger,
-            policy_loader=PolicySet,
-            providers={"fake": FakeProvider("fake", clock=ledger.clock)},
-        )
-        daemon = Daemon(service, settings.daemon.tick)
-        runner = threading.Thread(target=daemon.serve)
-        runner.start()
-        try:
-            assert _ticks_within(daemon, 10, 0)
-            # What a step back of an hour leaves: the next run an hour ahead of the clock.
-            ahead = datetime.now(UTC) + timedelta(hours=1)
-            daemon.scheduler.modify_job("tick", next_run_time=ahead)
-            threading.Event().wait(0.2)  # a tick that was running has ended
-            before = daemon.health.ticks
-            assert _ticks_within(daemon, 5, before), "no tick since the clock stepped back"
-        finally:
-            daemon.request_stop()
-            runner.join(timeout=20)
-        assert not runner.is_alive()
+    with Ledger("memory://") as ledger, serving(ledger) as (daemon, _):
+        assert _ticks_within(daemon, 10, 0)
+        # What a step back of an hour leaves: the next run an hour ahead of the clock.
+        ahead = datetime.now(UTC) + timedelta(hours=1)
+        daemon.scheduler.modify_job("tick", next_run_time=ahead)
+        threading.Event().wait(0.2)  # a tick that was running has ended
+        before = daemon.health.ticks
+        assert _ticks_within(daemon, 5, before), "no tick since the clock stepped back"

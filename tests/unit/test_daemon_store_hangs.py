@@ -9,22 +9,13 @@ import threading
 import time
 from pathlib import Path
 
-from daemon.bootstrap import bootstrap
-from daemon.config.settings import settings_from_dict
-from daemon.doubles.fake_provider import FakeProvider
-from daemon.runtime import Daemon
+from tests.unit.daemon_thread import serving
+
 from daemon.systemd import Notifier
 from ledger.application import Ledger
-from policies.loader import PolicySet
 
 
 def test_a_stop_is_not_held_by_a_status_line_whose_store_query_hangs(tmp_path: Path) -> None:
-    settings = settings_from_dict(
-        {
-            "store": {"url": "memory://"},
-            "daemon": {"tick": "50ms", "name": "n1", "stop_timeout": "2s"},
-        }
-    )
     systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # $NOTIFY_SOCKET
     systemd.bind(str(tmp_path / "notify"))
     hung = threading.Event()
@@ -42,26 +33,18 @@ def test_a_stop_is_not_held_by_a_status_line_whose_store_query_hangs(tmp_path: P
             return counts()
 
         ledger.open_counts = open_counts  # type: ignore[method-assign]
-        service = bootstrap(
-            settings,
-            ledger=ledger,
-            policy_loader=PolicySet,
-            providers={"fake": FakeProvider("fake", clock=ledger.clock)},
-        )
-        daemon = Daemon(service, settings.daemon.tick, notifier=Notifier(str(tmp_path / "notify")))
-        runner = threading.Thread(target=daemon.serve, daemon=True)
-        runner.start()
-        try:
-            assert hung.wait(10)
-            asked = time.monotonic()
-            daemon.request_stop()
-            runner.join(timeout=10)
-            assert not runner.is_alive(), "the stop waits for the hung store query"
-            assert time.monotonic() - asked < 2 + 2  # stop_timeout and a margin
-        finally:
-            release.set()
-            runner.join(timeout=20)
-            systemd.close()
+        notifier = Notifier(str(tmp_path / "notify"))
+        with serving(ledger, notifier=notifier, stop_timeout="2s") as (daemon, runner):
+            try:
+                assert hung.wait(10)
+                asked = time.monotonic()
+                daemon.request_stop()
+                runner.join(timeout=10)
+                assert not runner.is_alive(), "the stop waits for the hung store query"
+                assert time.monotonic() - asked < 2 + 2  # stop_timeout and a margin
+            finally:
+                release.set()
+                systemd.close()
 
 
 class _StoreDown:
@@ -81,27 +64,11 @@ def test_ticks_that_fail_while_the_store_is_down_still_feed_the_watchdog() -> No
     daemon: the watchdog's measure, the last tick's age, stays under two ticks, or
     systemd would kill the daemon (SIGABRT, its calls in flight cut) a minute into the
     outage."""
-    settings = settings_from_dict(
-        {"store": {"url": "memory://"}, "daemon": {"tick": "50ms", "name": "n1"}}
-    )
     with Ledger("memory://") as ledger:
         ledger.hold_identity = lambda name: _StoreDown()  # type: ignore[method-assign,assignment,return-value]
-        service = bootstrap(
-            settings,
-            ledger=ledger,
-            policy_loader=PolicySet,
-            providers={"fake": FakeProvider("fake", clock=ledger.clock)},
-        )
-        daemon = Daemon(service, settings.daemon.tick)
-        runner = threading.Thread(target=daemon.serve)
-        runner.start()
-        try:
+        with serving(ledger) as (daemon, _):
             threading.Event().wait(1.0)
             assert daemon.health.ticks == 0  # no tick got past the store
             assert daemon.health.last_error == "OSError: connection refused"
             assert daemon.tick_age() < 2 * 0.05 + 0.3, daemon.tick_age()
             assert daemon._healthy()
-        finally:
-            daemon.request_stop()
-            runner.join(timeout=20)
-        assert not runner.is_alive()
