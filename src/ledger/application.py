@@ -78,14 +78,31 @@ class KeyConflict(SendledgerError):
     kind = Refusal.CONFLICT
 
     def __init__(
-        self, key: str, stored_hash: str, submitted_hash: str, field: str | None = None
+        self,
+        key: str,
+        stored_hash: str,
+        submitted_hash: str,
+        field: str | None = None,
+        *,
+        places: tuple[int, int] | None = None,
     ) -> None:
         differs = f": its {field} differs" if field else ""
-        super().__init__(
-            f"key {key!r} already exists with other content{differs} "
-            f"(stored {stored_hash[:19]}, submitted {submitted_hash[:19]}); "
-            "a new message needs a new key"
-        )
+        if places is not None:
+            # Two jobs of one list, nothing stored under the key: "already exists" would
+            # send the operator to a job that `status` says is not there.
+            first, second = places
+            message = (
+                f"key {key!r} is given twice in the list with other content{differs} "
+                f"(job[{first}] {stored_hash[:19]}, job[{second}] {submitted_hash[:19]}); "
+                "nothing was written: a new message needs a new key"
+            )
+        else:
+            message = (
+                f"key {key!r} already exists with other content{differs} "
+                f"(stored {stored_hash[:19]}, submitted {submitted_hash[:19]}); "
+                "a new message needs a new key"
+            )
+        super().__init__(message)
         self.key = key
         self.field = field
 
@@ -381,15 +398,16 @@ class Ledger(Application[UUID]):
         one of the keys in between fails that transaction whole, and the batch is checked
         again."""
         for _ in range(10):
-            firsts: dict[str, JobContent] = {}
-            for content, _sender in jobs:
-                first = firsts.setdefault(content.key, content)
+            firsts: dict[str, tuple[int, JobContent]] = {}
+            for place, (content, _sender) in enumerate(jobs):
+                at, first = firsts.setdefault(content.key, (place, content))
                 if first.content_hash != content.content_hash:
                     raise KeyConflict(
                         content.key,
                         first.content_hash,
                         content.content_hash,
                         first.first_difference(content),
+                        places=(at, place),
                     )
             results: dict[str, SubmitResult] = {}
             new: list[SendJob] = []

@@ -106,6 +106,22 @@ def test_submit_refuses_other_content_for_a_known_key(rig: EngineRig) -> None:
     refused(lambda: s.submit(job("k1", subject="changed"), by="a"), Refusal.CONFLICT)
 
 
+def test_a_key_given_twice_in_a_batch_with_other_content_is_not_said_to_be_stored(
+    rig: EngineRig,
+) -> None:
+    # Nothing is stored under the key: "already exists ... (stored sha256:...)" sent the
+    # operator to `status k1`, which answers "no job" (exit 4).
+    s = services(rig)
+    message = refused(
+        lambda: s.submit([job("k1"), job("k2"), job("k1", subject="other")], by="a"),
+        Refusal.CONFLICT,
+    )
+    assert "already exists" not in message and "stored" not in message
+    assert "'k1'" in message and "job[0]" in message and "job[2]" in message
+    assert "subject" in message
+    assert rig.ledger.find_job("k1") is None and rig.ledger.find_job("k2") is None
+
+
 def test_submit_refuses_bad_fields_naming_them(rig: EngineRig) -> None:
     message = refused(
         lambda: services(rig).submit(job("k1", to="nobody"), by="a"), Refusal.BAD_INPUT
