@@ -350,3 +350,24 @@ def test_submit_and_status_on_postgres(cli: Any, pg_url: str) -> None:
     assert [e["type"] for e in cli.run("history", "--json", "order-1001").json()] == ["Requested"]
     assert cli.run("admin", "rebuild-index", "--json").json() == {"jobs": 1}
     assert cli.run("status", "unknown").code == 4
+
+
+def test_a_job_on_stdin_is_read_as_utf8_whatever_the_locale_says(cli: Any, tmp_path: Path) -> None:
+    # The same UTF-8 file through `submit -` under a Latin-1 locale and through
+    # `submit FILE`: one job, its subject as typed (not "CafÃ©", and no false conflict).
+    text = json.dumps(job("order-utf8", subject="Café ✓"), ensure_ascii=False)
+    path = tmp_path / "job.json"
+    path.write_text(text, encoding="utf-8")
+    latin = {"PYTHONIOENCODING": "latin-1", "PYTHONUTF8": "0"}
+    first = cli.run("submit", "--json", "-", stdin=text, env=latin, fresh=True)
+    assert first.code == 0, first.stderr
+    again = cli.run("submit", "--json", str(path))
+    assert again.code == 0, again.stderr
+    assert again.json()["created"] is False
+    assert cli.run("history", "--json", "order-utf8").json()[0]["subject"] == "Café ✓"
+
+
+def test_a_job_on_stdin_that_is_not_utf8_is_exit_2_naming_stdin(cli: Any) -> None:
+    result = cli.run("submit", "-", stdin='{"key": "caf\udce9"}')  # the byte 0xe9 alone
+    assert result.code == 2
+    one_error_line(result, "stdin: not UTF-8")

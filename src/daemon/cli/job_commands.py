@@ -67,11 +67,11 @@ def register(sub: Any) -> None:
 def _read_jobs(source: str) -> object:
     """The decoded job JSON of a file or stdin."""
     try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+        text = _stdin_text() if source == "-" else Path(source).read_text(encoding="utf-8")
     except OSError as exc:
         raise bad_input(f"cannot read {source}: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise bad_input(f"{source}: not UTF-8") from None
+        raise bad_input(f"{'stdin' if source == '-' else source}: not UTF-8") from None
     try:
         return decode_jobs(text)
     except json.JSONDecodeError as exc:
@@ -80,6 +80,15 @@ def _read_jobs(source: str) -> object:
         # An integer too long to convert, or nesting deeper than the parser goes.
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise bad_input(f"job: not valid JSON: {reason}") from None
+
+
+def _stdin_text() -> str:
+    """Standard input as UTF-8, as a file is read: the locale's encoding (Latin-1 under
+    `LANG=en_US.ISO-8859-1`) would turn the same bytes into other text, stored so or
+    refused for a control character nobody typed, and a later `submit FILE` of the very
+    job would conflict with it."""
+    raw = getattr(sys.stdin, "buffer", None)
+    return sys.stdin.read() if raw is None else raw.read().decode("utf-8")
 
 
 T = TypeVar("T")
