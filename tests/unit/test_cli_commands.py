@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +212,49 @@ def test_an_unknown_review_reason_is_exit_2_naming_it(
         assert exit_.value.code == EXIT_BAD_INPUT
         err = capsys.readouterr().err
         assert "--reason" in err and "unknown-outcome" in err
+
+
+@pytest.mark.parametrize(
+    "lookup_error",
+    [KeyError("getpwuid(): uid not found: 12345"), OSError("No username set in the environment")],
+)
+def test_a_login_name_the_system_cannot_give_still_submits_and_cancels(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    lookup_error: Exception,
+) -> None:
+    # A container run as an arbitrary uid (no passwd entry, no USER): getpass.getuser()
+    # raises (KeyError on 3.11/3.12, OSError from 3.13), and `submit` failed as an
+    # "unexpected failure" (exit 1) after the job was validated.
+    import getpass
+
+    from ledger.application import Ledger
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "receipts.toml").write_text(
+        'provider = "support"\nfrom = "Support <support@example.com>"\n'
+        'message_id_domain = "mail.example.com"\non_unknown = "review"\n'
+    )
+    (tmp_path / "sa.json").write_text("{}")
+    config = tmp_path / "sendledger.toml"
+    config.write_text(
+        '[store]\nurl = "sqlite:///ledger.sqlite"\n[daemon]\npolicies_dir = "policies"\n'
+        '[providers.support]\ncredentials_file = "sa.json"\n'
+    )
+    job = {"channel": "receipts", "key": "k1", "to": "a@example.com", "subject": "s", "body": "b"}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+
+    def no_name() -> str:
+        raise lookup_error
+
+    monkeypatch.setattr(getpass, "getuser", no_name)
+    assert main(["--config", str(config), "submit", str(tmp_path / "job.json")]) == 0, (
+        capsys.readouterr().err
+    )
+    assert main(["--config", str(config), "cancel", "k1"]) == 0, capsys.readouterr().err
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
+        job_now = ledger.get_job("k1")
+    uid = f"uid-{os.getuid()}"
+    assert job_now.submitted_by == uid
+    assert job_now.state.value == "cancelled"

@@ -5,12 +5,11 @@ periodic purge is `daemon/service_layer/retention.py`."""
 from __future__ import annotations
 
 import argparse
-import getpass
 import sys
 from datetime import datetime, timedelta
 
 from daemon.cli import output
-from daemon.cli.parsers import add_command
+from daemon.cli.parsers import add_command, login_name
 from daemon.exit_codes import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
 from daemon.from_settings import open_ledger, settings_for
 from ledger.application import ConcurrentUpdate, Ledger, PurgeResult
@@ -57,7 +56,7 @@ def cmd_admin_purge(args: argparse.Namespace) -> int:
             older_than = parse_duration_within(args.older_than, 0.0, 36525 * 86400.0)
         except DurationError as exc:
             raise bad_input(f"--older-than: {exc}") from None
-    by = args.by or getpass.getuser()
+    by = args.by or login_name()
     try:
         # Checked before anything is read: a dry run, or a run that finds nothing to
         # purge, would otherwise take a name the run with work then refuses.

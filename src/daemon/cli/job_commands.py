@@ -8,7 +8,6 @@ the renderer) is imported by that command (docs/cli.md "Many keys, one process")
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import sys
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from daemon.cli import admin_purge, output
-from daemon.cli.parsers import add_command
+from daemon.cli.parsers import add_command, login_name
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -103,7 +102,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     submitted = _serve(
         settings,
         lambda ledger: command_services(settings, ledger),
-        lambda s: s.record(valid, by=getpass.getuser()),
+        lambda s: s.record(valid, by=login_name()),
         create=True,
     )
     if args.json:

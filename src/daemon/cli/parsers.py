@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,3 +22,14 @@ def add_command(
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=func)
     return parser
+
+
+def login_name() -> str:
+    """Who runs the command, recorded as who acted when `--by` is not given (who submitted,
+    for `submit`): the login name, or `uid-N` where the system has none. A container run
+    as an arbitrary uid has no passwd entry and no USER, and `getpass.getuser()` then
+    raises (KeyError, OSError from Python 3.13): the command failed after its checks."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid-{os.getuid()}"

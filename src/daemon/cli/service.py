@@ -8,7 +8,6 @@ process"); `review resolve|check|triage` the whole settings (policies, providers
 from __future__ import annotations
 
 import argparse
-import getpass
 import logging
 import os
 import signal
@@ -17,7 +16,7 @@ from typing import Any
 
 from daemon.cli import output
 from daemon.cli.job_commands import served, served_from_store
-from daemon.cli.parsers import add_command
+from daemon.cli.parsers import add_command, login_name
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.service_layer.read_models import job_status
@@ -202,7 +201,7 @@ def cmd_review_show(args: argparse.Namespace) -> int:
 
 def cmd_review_resolve(args: argparse.Namespace) -> int:
     decision = Resolution(args.decision)
-    by = args.by or getpass.getuser()
+    by = args.by or login_name()
     job = served(
         args,
         lambda s: resolve_as_a_person(
@@ -218,7 +217,7 @@ def cmd_review_resolve(args: argparse.Namespace) -> int:
 
 
 def cmd_review_check(args: argparse.Namespace) -> int:
-    by = args.by or getpass.getuser()
+    by = args.by or login_name()
     answer = served(args, lambda s: s.check(args.key, by=by))
     if args.json:
         print(output.dumps(answer.as_dict()))
@@ -234,7 +233,7 @@ def cmd_review_check(args: argparse.Namespace) -> int:
 
 
 def cmd_review_triage(args: argparse.Namespace) -> int:
-    by = args.by or getpass.getuser()
+    by = args.by or login_name()
     items = served(
         args,
         lambda s: s.triage(by=by, channel=args.channel, reason=args.reason, dry_run=args.dry_run),
@@ -259,7 +258,7 @@ def cmd_review_triage(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    by = args.by or getpass.getuser()
+    by = args.by or login_name()
     job = served(
         args,
         lambda s: s.cancel(args.key, note=args.note, by=by, expected_version=args.expected_version),
