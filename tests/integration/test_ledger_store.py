@@ -936,3 +936,62 @@ def test_postgres_errors_are_told_by_their_sqlstate() -> None:
     assert backend.is_setup_race(pg.DuplicateTable("exists"))
     assert not backend.is_setup_race(wrapped(OperationalError, pg.InvalidPassword("no")))
     assert not backend.is_retryable(OperationalError("database is locked"))  # text alone
+
+
+def race_single_and_batch(first: Ledger, second: Ledger, key: str, other: str) -> dict[str, Any]:
+    """`first` submits `key`; at the same moment `second` submits a batch giving `key`
+    other content, and `other`. Each one's answer (its results, or its KeyConflict)."""
+    import threading
+
+    gate = threading.Barrier(2)
+    answers: dict[str, Any] = {}
+
+    def single() -> None:
+        gate.wait()
+        try:
+            answers["single"] = first.submit(content(key), SENDER)
+        except KeyConflict as exc:
+            answers["single"] = exc
+
+    def batch() -> None:
+        gate.wait()
+        try:
+            answers["batch"] = second.submit_many(
+                [(content(key, subject="other"), SENDER), (content(other), SENDER)]
+            )
+        except KeyConflict as exc:
+            answers["batch"] = exc
+
+    threads = [threading.Thread(target=single), threading.Thread(target=batch)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return answers
+
+
+def test_a_batch_and_a_single_submit_racing_for_one_key_leave_one_whole_answer(
+    store_url: str, clock: FakeClock
+) -> None:
+    # Two writers (two daemons' APIs, or the API and `submit`) at the same moment: the
+    # single job and a batch that gives the same key other content. Exactly one wins the
+    # key; the other is told KeyConflict; a losing batch leaves none of its jobs behind.
+    first, second = Ledger(store_url, clock=clock), Ledger(store_url, clock=clock)
+    try:
+        for round_ in range(20):
+            key, other = f"race-{round_}", f"race-{round_}-b"
+            answers = race_single_and_batch(first, second, key, other)
+            refused = [name for name, got in answers.items() if isinstance(got, KeyConflict)]
+            assert len(answers) == 2 and len(refused) == 1, answers
+            stored = first.get_job(key)
+            assert event_types(first, key) == ["Requested"]
+            if refused == ["batch"]:
+                assert stored.content.subject == "Your receipt"
+                assert first.find_job(other) is None and first.row(other) is None
+            else:
+                assert stored.content.subject == "other"
+                assert first.get_job(other).version == 1
+            assert_index_in_step(first, key)
+    finally:
+        first.close()
+        second.close()
