@@ -47,6 +47,7 @@ def sendledger_api(folder: Path) -> Iterator[tuple[str, Path, GmailEmulator]]:
     log = folder / "api.log"
     server = shared_fork_server()
     pid = server.start(["--config", str(folder / "sendledger.toml"), "api"], folder, log)
+    (folder / "api.pid").write_text(str(pid))  # for a test that signals it
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20

@@ -13,6 +13,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI
@@ -98,19 +99,25 @@ class ApiServer:
         if self._socket is not None:
             self._socket.close()
 
-    def run(self) -> int:
+    def run(self, on_hangup: Callable[[], object] | None = None) -> int:
         """In the foreground until SIGTERM or SIGINT; then finish, as `run` does: the exit
         code 130 after SIGINT, 0 after SIGTERM (uvicorn's own handlers would re-raise the
-        signal after shutting down). The handlers only write to a pipe
-        (`daemon/wakeup.py`)."""
+        signal after shutting down). SIGHUP calls `on_hangup` (`sendledger api` reloads
+        its policies, as the daemon does), from this thread. The handlers only write to a
+        pipe (`daemon/wakeup.py`)."""
         wake = WakeUp()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        signals = [signal.SIGTERM, signal.SIGINT]
+        if on_hangup is not None:
+            signals.append(signal.SIGHUP)
+        for signum in signals:
             signal.signal(signum, lambda signum, _frame: wake.post(signum))
         self.start()
         while True:
             posted = wake.wait(0.5)
-            if posted:
+            if signal.SIGTERM in posted or signal.SIGINT in posted:
                 break
+            if on_hangup is not None and signal.SIGHUP in posted:
+                on_hangup()
             if self._thread is None or not self._thread.is_alive():
                 raise OSError(f"api: the server on {self.host}:{self.port} stopped")
         self.stop()

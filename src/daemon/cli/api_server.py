@@ -45,4 +45,6 @@ def cmd_api(args: argparse.Namespace) -> int:
         ctx = api_context(settings, ledger, policies, dict.fromkeys(settings.providers))
         server = bound_server(settings, ctx, option="--listen")
         log.info("sendledger api on http://%s (intake and review only)", settings.api.listen)
-        return server.run()
+        # SIGHUP reloads the policies intake judges by, as in the daemon: without it the
+        # signal's default action ended the process, and a changed folder was never read.
+        return server.run(on_hangup=policies.reload)
