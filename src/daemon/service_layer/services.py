@@ -82,6 +82,10 @@ class ChannelPolicies:
 
     policies: PolicySet
     broken: Mapping[str, str] = field(default_factory=dict)
+    #: Channels with a sound file in the folder and no policy in force: added since the
+    #: last reload. Refused as any unknown channel, but saying so: "no policy file for
+    #: channel" would send the operator to a folder that plainly has it.
+    unloaded: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,16 @@ def _refuse_broken(current: ChannelPolicies, channels: Sequence[str], batch: boo
         )
         for index, channel in enumerate(channels)
         if channel in current.broken
+    ]
+    problems += [
+        FieldProblem(
+            index if batch else None,
+            "channel",
+            f"the policy file of channel {channel!r} was added since the policies were "
+            "loaded: reload them (SIGHUP: systemctl reload sendledger) to take its jobs",
+        )
+        for index, channel in enumerate(channels)
+        if channel in current.unloaded and channel not in current.policies
     ]
     if problems:
         raise IntakeError(problems)
