@@ -114,6 +114,18 @@ def test_bad_values_name_their_field(field: str, value: object, reason: str) -> 
 
 def test_key_at_the_length_limit_is_fine() -> None:
     assert parse_job(job(key="k" * MAX_KEY_LENGTH)).key == "k" * MAX_KEY_LENGTH
+    two_bytes = "ж" * MAX_KEY_LENGTH  # 2000 bytes in UTF-8
+    assert parse_job(job(key=two_bytes)).key == two_bytes
+
+
+@pytest.mark.parametrize("char", ["注", "\U00020000", "😀"])  # 3 and 4 bytes in UTF-8
+def test_a_key_too_long_for_the_store_s_index_is_refused_naming_key(char: str) -> None:
+    # 1000 such characters passed the length rule, and PostgreSQL then refused the index
+    # row ("index row size 4016 exceeds btree version 4 maximum 2704"): a 500 to the API,
+    # "unexpected failure" to `submit`, each retry of the client failing alike.
+    refused(job(key=char * MAX_KEY_LENGTH), "key", "bytes")
+    fits = char * (2500 // len(char.encode("utf-8")))
+    assert parse_job(job(key=fits)).key == fits
 
 
 def test_non_string_list_item_is_named() -> None:

@@ -19,6 +19,7 @@ from ledger.content import (
     MAX_ADDRESS_TEXT,
     MAX_EXTRA_HEADERS,
     MAX_HEADER_VALUE,
+    MAX_KEY_BYTES,
     MAX_KEY_LENGTH,
     MAX_REFERENCES,
     MAX_SUBJECT,
@@ -90,7 +91,8 @@ _FIELD_TYPES: dict[str, tuple[Any, str, str]] = {
     "channel": (Annotated[str, Field(min_length=1)], "the channel: a policy file", "channel"),
     "key": (
         Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)],
-        f"idempotency key, from the source event (at most {MAX_KEY_LENGTH} characters)",
+        f"idempotency key, from the source event (at most {MAX_KEY_LENGTH} characters "
+        f"and {MAX_KEY_BYTES} bytes in UTF-8)",
         "key",
     ),
     "to": (Recipients, "one address or a list", "address"),
