@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -80,9 +81,11 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
                 statement.replace("{real}", "DOUBLE PRECISION").replace("{options}", "")
             )
             self.sql_create_statements.append(SQL(sql).format())
-        self._set_lock_timeout = SQL("SET LOCAL lock_timeout = '{0}s'").format(
-            datastore.lock_timeout
-        )
+        # Sent as one simple query (one round trip): the lock timeout, and the
+        # transaction's id, by which a commit whose answer was lost is looked up.
+        self._set_lock_timeout = SQL(
+            "SET LOCAL lock_timeout = '{0}s'; SELECT txid_current() AS xid"
+        ).format(datastore.lock_timeout)
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(
@@ -95,17 +98,44 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
         # turns it off): the library calls its insert function and skips
         # `_insert_events`, so the index rows would be lost. Call the same function, then
         # write the rows, in one transaction (ledger/stores/private_api.py).
-        with (
-            self.datastore.get_connection() as conn,
-            conn.transaction(),
-            conn.cursor() as curs,
-        ):
-            ids = insert_by_function(self, curs, stored_events)
-            # The function set the lock_timeout of whoever created the store; the rest of
-            # the transaction waits by this one's (`[store] lock_timeout`).
-            curs.execute(self._set_lock_timeout)
-            self.beside_events(curs, kwargs)
+        xid: int | None = None
+        try:
+            with (
+                self.datastore.get_connection() as conn,
+                conn.transaction(),
+                conn.cursor() as curs,
+            ):
+                ids = insert_by_function(self, curs, stored_events)
+                # The function set the lock_timeout of whoever created the store; the rest
+                # of the transaction waits by this one's (`[store] lock_timeout`).
+                curs.execute(self._set_lock_timeout)
+                curs.nextset()  # the SELECT's result follows the SET's
+                row = curs.fetchone()
+                xid = None if row is None else int(row["xid"])
+                self.beside_events(curs, kwargs)
+        except (InterfaceError, OperationalError):
+            # The connection died, maybe after COMMIT was sent and applied. Tried again,
+            # the insert would meet its own rows and read as another writer's
+            # (ConcurrentUpdate: a claim would make no call, a resolve be told it failed):
+            # the server says whether this transaction committed.
+            if xid is not None and self._committed(xid):
+                return ids
+            raise
         return ids
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def _committed(self, xid: int) -> bool:
+        """Whether the transaction `xid` committed; while the server still finishes it
+        (the connection only just dropped), asked again."""
+        for _ in range(50):
+            with self.datastore.transaction(commit=False) as curs:
+                curs.execute("SELECT txid_status(%s) AS status", (xid,))
+                row = curs.fetchone()
+            status = None if row is None else row["status"]
+            if status != "in progress":
+                return status == "committed"
+            time.sleep(0.1)
+        return False
 
     def beside_events(self, curs: Any, kwargs: Mapping[str, Any]) -> None:
         # In the events' transaction (ledger/stores/private_api.py: InsertHook).
@@ -381,8 +411,11 @@ class PostgresBackend:
     def is_retryable(self, exc: BaseException) -> bool:
         # A lost connection is retried like a lost lock race. A write whose commit went
         # through before its acknowledgement was lost then meets its own row: the store's
-        # uniqueness refuses it, and it reads as another writer's (ConcurrentUpdate):
-        # never a second event, and a claim so refused makes no provider call.
+        # uniqueness refuses it (never a second event). The insert asks the server first
+        # whether its transaction committed (`PostgresJobIndexRecorder.insert_events`),
+        # so that this happens only when that answer is lost too, or with
+        # POSTGRES_ENABLE_DB_FUNCTIONS=n: then the save reads as another writer's
+        # (ConcurrentUpdate), and a claim so refused makes no provider call.
         return bool(_sqlstates(exc) & _TRANSIENT) or connection_lost(exc)
 
     def is_setup_race(self, exc: BaseException) -> bool:

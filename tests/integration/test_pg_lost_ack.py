@@ -1,0 +1,137 @@
+"""A PostgreSQL commit whose acknowledgement is lost: the COMMIT reaches the server and
+is applied, and the connection drops before its answer reaches the daemon. The save is
+tried again on a fresh connection and meets its own rows; it must read as the success it
+was (one copy of each event), not as another writer's conflict (which makes a claim make
+no call and leaves it to be recovered as an unknown outcome, and tells an operator's
+resolve that it did not happen).
+
+A TCP proxy between the Ledger and the server drops the connection at the COMMIT; the
+effects are counted in the store itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from daemon.doubles.fake_time import FakeClock
+from ledger.application import ConcurrentUpdate, Ledger, Sender
+from ledger.content import JobContent
+from ledger.job import JobState
+from ledger.stores.cipher import new_key
+from ledger.vocabulary import PolicyRef
+
+pytestmark = pytest.mark.postgres
+
+SENDER = Sender("Support <support@example.com>", "mail.example.com", PolicyRef("c", "0" * 16))
+
+
+class LostAckProxy:
+    """Forwards PostgreSQL connections. Once `armed`, the next COMMIT a client sends
+    reaches the server, the server's answer is dropped, and the connection is closed."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.armed = threading.Event()
+        self.dropped = threading.Event()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            mute = threading.Event()
+            threading.Thread(target=self._down, args=(server, client, mute), daemon=True).start()
+            threading.Thread(target=self._up, args=(client, server, mute), daemon=True).start()
+
+    def _down(self, server: socket.socket, client: socket.socket, mute: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if not mute.is_set():
+                    client.sendall(data)
+
+    def _up(self, client: socket.socket, server: socket.socket, mute: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if self.armed.is_set() and b"COMMIT" in data:
+                    self.armed.clear()
+                    mute.set()  # the server's answer to the COMMIT never arrives
+                    server.sendall(data)
+                    time.sleep(0.5)  # the server applies it
+                    self.dropped.set()
+                    for end in (client, server):
+                        with contextlib.suppress(OSError):
+                            end.shutdown(socket.SHUT_RDWR)
+                        end.close()
+                    return
+                server.sendall(data)
+
+    def close(self) -> None:
+        self._listener.close()
+        for end in self._sockets:
+            with contextlib.suppress(OSError):
+                end.close()
+
+
+@pytest.fixture
+def proxied(pg_url: str) -> Iterator[tuple[str, LostAckProxy]]:
+    parts = urlsplit(pg_url)
+    assert parts.hostname is not None and parts.port is not None
+    proxy = LostAckProxy(parts.hostname, parts.port)
+    user = parts.netloc.rpartition("@")[0]
+    through = f"{user}@127.0.0.1:{proxy.port}" if user else f"127.0.0.1:{proxy.port}"
+    try:
+        yield urlunsplit(parts._replace(netloc=through)), proxy
+    finally:
+        proxy.close()
+
+
+def _content(key: str) -> JobContent:
+    return JobContent(channel="c", key=key, to=("a@example.com",), subject="s", body="b")
+
+
+@pytest.mark.parametrize("keys", [(), (new_key(),)], ids=["plain", "encrypted"])
+def test_a_claim_whose_commit_answer_is_lost_is_saved_once_and_reads_as_saved(
+    proxied: tuple[str, LostAckProxy], clock: FakeClock, keys: tuple[str, ...]
+) -> None:
+    url, proxy = proxied
+    with Ledger(url, clock=clock, encryption_keys=keys) as ledger:
+        ledger.submit(_content("k1"), SENDER)
+        job = ledger.get_job("k1")
+        job.claim(provider="p", deadline=clock() + timedelta(seconds=30), at=clock())
+        proxy.armed.set()
+        ledger.save_job(job)  # no ConcurrentUpdate: the claim is ours, the call may go
+        assert proxy.dropped.is_set()
+        types = [type(e).__name__ for e in ledger.history("k1")]
+        assert types == ["Requested", "Attempted"]
+        assert ledger.get_job("k1").state is JobState.ATTEMPTED
+        assert not job.pending_events
+
+
+def test_another_writers_event_at_the_same_version_is_still_a_conflict(
+    pg_url: str, clock: FakeClock
+) -> None:
+    with Ledger(pg_url, clock=clock) as ledger, Ledger(pg_url, clock=clock) as other:
+        ledger.submit(_content("k2"), SENDER)
+        mine, theirs = ledger.get_job("k2"), other.get_job("k2")
+        theirs.claim(provider="p", deadline=clock() + timedelta(seconds=30), at=clock())
+        other.save_job(theirs)
+        clock.advance(0.000001)
+        mine.claim(provider="p", deadline=clock() + timedelta(seconds=30), at=clock())
+        with pytest.raises(ConcurrentUpdate):
+            ledger.save_job(mine)
+        assert mine.pending_events
