@@ -41,6 +41,7 @@ so a user's program runs it without the daemon's packages.
           └── failures                   kind None
                ├── ConcurrentUpdate                      ledger/application.py
                ├── RewriteFailed                         ledger/stores/purge.py
+               ├── EventKeyMissing                       ledger/stores/cipher.py
                ├── ProviderError                         daemon/providers/outcomes.py
                │    └── DraftRefused                     daemon/providers/draft_handle.py
                ├── HistoryTooOld                         daemon/providers/history_handle.py: an

@@ -37,7 +37,7 @@ from ledger.application import ConcurrentUpdate, IdentityTaken, Ledger
 from ledger.content import JobContent, parse_job
 from ledger.decision_types import Review
 from ledger.job import job_id_for
-from ledger.stores.cipher import new_key
+from ledger.stores.cipher import EventKeyMissing, new_key
 from ledger.stores.index import IndexRow, index_row
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
 
@@ -304,7 +304,7 @@ def test_key_rotation_reads_old_events_and_writes_with_the_new_key(
         assert ledger.get_job("rot-1").content.subject == SECRET_SUBJECT
         ledger.update("rot-1", lambda j: j.claim(**attempt_args(clock)))
     with Ledger(url, clock=clock, encryption_keys=[new]) as ledger:
-        with pytest.raises(ValueError, match="cipher"):
+        with pytest.raises(EventKeyMissing, match=r"store\.encryption_key_file"):
             ledger.get_job("rot-1")  # its Requested event needs the old key
         # The Attempted written after the rotation reads with the new key alone.
         (attempted,) = ledger.recorder.select_events(job_id_for("rot-1"), gt=1)

@@ -17,7 +17,7 @@ from tests.integration.test_ledger_store import SENDER, content
 
 from daemon.doubles.fake_time import FakeClock
 from ledger.application import Ledger
-from ledger.stores.cipher import new_key
+from ledger.stores.cipher import EventKeyMissing, new_key
 from ledger.stores.keycheck import (
     AES_256_GCM,
     KEY_TABLE,
@@ -228,3 +228,23 @@ def test_a_shared_memory_store_checks_its_key_too() -> None:
                 Ledger("memory://keys-shared")
     finally:
         discard_memory_store("keys-shared")
+
+
+def test_an_event_whose_key_left_the_file_is_an_error_naming_the_setting(
+    store_url: str, clock: FakeClock
+) -> None:
+    """Rotation step 3 done too early: the old key left the file while events written
+    with it are kept. The store opens (the new key is one of its own), and reading such an
+    event says which setting lacks a key, not the cipher's "Invalid cipher tag"."""
+    old, new = new_key(), new_key()
+    with Ledger(store_url, clock=clock, encryption_keys=[old]) as ledger:
+        ledger.submit(content("m-1"), SENDER)
+    checks(store_url, [new, old])
+    with Ledger(store_url, clock=clock, encryption_keys=[new]) as ledger:
+        for read in (lambda: ledger.get_job("m-1"), lambda: ledger.history("m-1")):
+            with pytest.raises(EventKeyMissing, match=SETTING) as caught:
+                read()
+            assert "put back the key" in str(caught.value)
+            assert "\n" not in str(caught.value)
+        with pytest.raises(EventKeyMissing, match=SETTING):
+            ledger.get_jobs(["m-1"])

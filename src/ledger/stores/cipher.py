@@ -15,6 +15,8 @@ from __future__ import annotations
 from base64 import b64decode
 from collections.abc import Sequence
 
+from ledger.exceptions import SendledgerError
+
 #: Separates the keys of the ring in the `CIPHER_KEY` environment value.
 KEY_SEPARATOR = " "
 #: `ledger/stores/key_ring.py: KeyRingCipher` as eventsourcing names a class: it imports it
@@ -22,8 +24,26 @@ KEY_SEPARATOR = " "
 #: import the cipher and `cryptography` (tests/unit/test_store_key_checks.py holds the two
 #: together).
 KEY_RING_TOPIC = "ledger.stores.key_ring:KeyRingCipher"
+#: `ledger/stores/key_ring.py: KeyRingMapper`, likewise: a stored event no key opens is
+#: an error naming the setting.
+KEY_RING_MAPPER_TOPIC = "ledger.stores.key_ring:KeyRingMapper"
 #: AES-256 (docs/configuration.md "Encryption at rest"): the library would take 16 or 24 bytes too.
 KEY_BYTES = 32
+
+
+class EventKeyMissing(SendledgerError, ValueError):
+    """No key of the file opens a stored event: the key it was written with left the file
+    while its events are kept (rotation step 3 too early), or the event is damaged. A
+    failure (exit 1, HTTP 500), but one that names the setting to fix
+    (`ledger.stores.key_ring.KeyRingMapper`)."""
+
+    def __init__(self, originator_id: object, version: int) -> None:
+        super().__init__(
+            f"store.encryption_key_file: no key in the file opens stored event {version} "
+            f"of job id {originator_id} (written with a key since removed from the file, "
+            "or damaged): put back the key it was written with, as a later line "
+            '(docs/configuration.md "Key rotation")'
+        )
 
 
 def check_key(key: str) -> str:
@@ -58,9 +78,18 @@ def cipher_env(keys: Sequence[str]) -> dict[str, str]:
 
     return {
         "CIPHER_TOPIC": KEY_RING_TOPIC,
+        "MAPPER_TOPIC": KEY_RING_MAPPER_TOPIC,
         "CIPHER_KEY": KEY_SEPARATOR.join(check_key(k) for k in keys),
         "COMPRESSOR_TOPIC": get_topic(ZlibCompressor),
     }
 
 
-__all__ = ["KEY_BYTES", "KEY_RING_TOPIC", "KEY_SEPARATOR", "check_key", "cipher_env", "new_key"]
+__all__ = [
+    "KEY_BYTES",
+    "KEY_RING_TOPIC",
+    "KEY_SEPARATOR",
+    "EventKeyMissing",
+    "check_key",
+    "cipher_env",
+    "new_key",
+]

@@ -4,11 +4,15 @@ encrypting, each tried when reading (`ledger/stores/cipher.py`, docs/configurati
 
 from __future__ import annotations
 
+from typing import Any
+from uuid import UUID
+
 from cryptography.exceptions import InvalidTag
 from eventsourcing.cryptography import AESCipher
+from eventsourcing.persistence import Mapper, MapperDeserialisationError, StoredEvent
 from eventsourcing.utils import Environment
 
-from ledger.stores.cipher import KEY_SEPARATOR
+from ledger.stores.cipher import KEY_SEPARATOR, EventKeyMissing
 
 
 class KeyRingCipher(AESCipher):
@@ -49,4 +53,22 @@ class KeyRingCipher(AESCipher):
         return self._ring[-1].decrypt(ciphertext)
 
 
-__all__ = ["KeyRingCipher"]
+class KeyRingMapper(Mapper[UUID]):
+    """eventsourcing's mapper, for a store with keys: a stored event no key of the ring
+    opens is `EventKeyMissing`, naming `store.encryption_key_file`, where the library
+    says "Failed to deserialise state ...: Invalid cipher tag" (an operator who removed
+    an old key too early must learn which setting to fix)."""
+
+    def to_domain_event(self, stored_event: StoredEvent) -> Any:
+        try:
+            return super().to_domain_event(stored_event)
+        except MapperDeserialisationError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValueError) and isinstance(cause.__cause__, InvalidTag):
+                raise EventKeyMissing(
+                    stored_event.originator_id, stored_event.originator_version
+                ) from exc
+            raise
+
+
+__all__ = ["KeyRingCipher", "KeyRingMapper"]
