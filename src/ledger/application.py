@@ -49,7 +49,7 @@ from ledger.stores.index import (
     WatchedMailbox,
     index_row,
 )
-from ledger.stores.keycheck import KeyChecks, digest_secret, judge_store_key
+from ledger.stores.keycheck import KeyChecks, digest_check, digest_secret, judge_store_key
 from ledger.stores.library_env import refuse_library_variables
 from ledger.stores.private_api import pass_to_recorder, record
 from ledger.stores.purge import REWRITES_KWARG
@@ -234,7 +234,14 @@ class Ledger(Application[UUID]):
                 now=time.time(),
             )
             if add is None:
-                self._digest = digest_secret(found, cipher)
+                secret = digest_secret(found, cipher)
+                keep = digest_check(found, cipher, secret, time.time())
+                if keep is not None:  # the first key keeps the secret past the old keys
+                    self._retry_locked(
+                        lambda check=keep: checks.add_key_check(check),  # type: ignore[misc]
+                        setup=True,
+                    )
+                self._digest = secret
                 return
             self._retry_locked(
                 lambda check=add: checks.add_key_check(check),  # type: ignore[misc]

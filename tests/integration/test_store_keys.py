@@ -20,6 +20,7 @@ from ledger.application import Ledger
 from ledger.stores.cipher import EventKeyMissing, new_key
 from ledger.stores.keycheck import (
     AES_256_GCM,
+    DIGEST_SECRET,
     KEY_TABLE,
     PLAINTEXT,
     STORE_CHECK,
@@ -32,8 +33,11 @@ SETTING = r"store\.encryption_key_file"
 
 
 def checks(url: str, keys: list[str]) -> list[KeyCheck]:
+    """The store's key checks, oldest first (the digest secret's rows aside)."""
     with Ledger(url, encryption_keys=keys) as ledger:
-        return sorted(ledger.recorder.key_checks(), key=lambda c: c.created_at)  # type: ignore[attr-defined]
+        found = ledger.recorder.key_checks()  # type: ignore[attr-defined]
+    kept = [c for c in found if c.kind != DIGEST_SECRET]
+    return sorted(kept, key=lambda c: c.created_at)
 
 
 def event_count(url: str, keys: list[str]) -> int:
@@ -248,3 +252,23 @@ def test_an_event_whose_key_left_the_file_is_an_error_naming_the_setting(
             assert "\n" not in str(caught.value)
         with pytest.raises(EventKeyMissing, match=SETTING):
             ledger.get_jobs(["m-1"])
+
+
+def test_the_mailbox_digest_outlives_the_key_that_created_the_store(
+    store_url: str, clock: FakeClock
+) -> None:
+    """The index's From mailbox on an encrypted store is a keyed digest; daemons share
+    quota scopes by it and the index rows of open jobs keep it. A full rotation (new key
+    first, then the old one removed) must not change it: a daemon with the new key alone
+    would otherwise name a mailbox's scope apart from the rows already written (their
+    jobs' calls waiting on a scope it does not own) and from daemons not yet restarted."""
+    old, new = new_key(), new_key()
+    mailbox = "support@example.com"
+    with Ledger(store_url, clock=clock, encryption_keys=[old]) as ledger:
+        ledger.submit(content("d-1"), SENDER)
+        first = ledger.mailbox_of(mailbox)
+        row = ledger.row("d-1")
+        assert row is not None and row.mailbox == first
+    for ring in ([old, new], [new, old], [old, new], [new]):
+        with Ledger(store_url, clock=clock, encryption_keys=ring) as ledger:
+            assert ledger.mailbox_of(mailbox) == first, [[old, new].index(k) for k in ring]

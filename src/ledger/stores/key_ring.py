@@ -37,6 +37,16 @@ class KeyRingCipher(AESCipher):
                 continue
         return None
 
+    def opened(self, ciphertext: bytes) -> tuple[int, bytes] | None:
+        """The place in the ring of the key that opens `ciphertext`, and what it holds;
+        None when no key of the ring does (`ledger.stores.keycheck.digest_secret`)."""
+        for index, cipher in enumerate(self._ring):
+            try:
+                return index, cipher.decrypt(ciphertext)
+            except ValueError:
+                continue
+        return None
+
     def key_at(self, index: int) -> bytes:
         """The key at `index` in the ring (`ledger.stores.keycheck.digest_secret`)."""
         key: bytes = self._ring[index].key

@@ -38,6 +38,8 @@ KEY_TABLE = "sendledger_store_keys"
 STORE_CHECK = "store"
 PLAINTEXT = "plaintext"
 AES_256_GCM = "aes-256-gcm"
+#: A row holding the index's digest secret (`digest_secret`) encrypted by one key.
+DIGEST_SECRET = "digest-secret-aes-256-gcm"
 #: What an encrypted check holds once decrypted. AES-GCM authenticates, so only the key
 #: that encrypted it opens it.
 CHECK_TEXT = b"sendledger store key check v1"
@@ -119,11 +121,19 @@ def judge_store_key(
 
 def digest_secret(checks: Sequence[KeyCheck], cipher: KeyRingCipher | None) -> bytes | None:
     """What the job index's digests of addresses are keyed with on an encrypted store
-    (`ledger.application.Ledger.mailbox_of`), None on a plain one: derived from the
-    store's oldest key in the ring (the one that created it, while it is kept), so that
-    every daemon, before and after a rotation, digests a mailbox alike."""
+    (`ledger.application.Ledger.mailbox_of`), None on a plain one. The store keeps it
+    encrypted by each key that has been first in a ring (`DIGEST_SECRET` rows,
+    `digest_check`), so that every daemon, before and after a rotation, and after the
+    key that created the store has left the file, digests a mailbox alike. A store
+    without such a row derives it from its oldest key in the ring (the one that created
+    it, while it is kept), as earlier releases did."""
     if cipher is None:
         return None
+    kept = sorted((c for c in checks if c.kind == DIGEST_SECRET), key=lambda c: c.created_at)
+    for check in kept:
+        opened = cipher.opened(check.value)
+        if opened is not None:
+            return opened[1]
     ordered = sorted(checks, key=lambda c: (c.check_id != STORE_CHECK, c.created_at))
     for check in ordered:
         if check.kind == AES_256_GCM:
@@ -131,6 +141,22 @@ def digest_secret(checks: Sequence[KeyCheck], cipher: KeyRingCipher | None) -> b
             if index is not None:
                 return hashlib.sha256(DIGEST_CONTEXT + cipher.key_at(index)).digest()
     return None
+
+
+def digest_check(
+    checks: Sequence[KeyCheck], cipher: KeyRingCipher | None, secret: bytes | None, now: float
+) -> KeyCheck | None:
+    """The `DIGEST_SECRET` row to add so that the ring's first key alone finds `secret`
+    once the keys before it leave the file; None when one is there already (or the store
+    is plain). Rows of kinds an earlier release does not know are ignored by it."""
+    if cipher is None or secret is None:
+        return None
+    for check in checks:
+        if check.kind == DIGEST_SECRET:
+            opened = cipher.opened(check.value)
+            if opened is not None and opened[0] == 0:
+                return None
+    return KeyCheck(f"digest-{uuid.uuid4().hex}", DIGEST_SECRET, cipher.encrypt(secret), now)
 
 
 def _first_check(
@@ -211,6 +237,7 @@ class SqlKeyChecks:
 __all__ = [
     "AES_256_GCM",
     "CHECK_TEXT",
+    "DIGEST_SECRET",
     "KEY_TABLE",
     "PLAINTEXT",
     "STORE_CHECK",
@@ -218,6 +245,7 @@ __all__ = [
     "KeyChecks",
     "SqlKeyChecks",
     "StoreKeyRefused",
+    "digest_check",
     "digest_secret",
     "judge_store_key",
 ]
