@@ -37,7 +37,7 @@ from ledger.content import JobContent
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob, TransitionError, created_at, job_id_for
 from ledger.message_id import message_id_for
-from ledger.redaction import quoted_texts, redact_event, scrub_text, scrubber
+from ledger.redaction import ENCRYPTED, quoted_texts, redact_event, scrub_text, scrubber
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import (
@@ -54,7 +54,7 @@ from ledger.stores.library_env import refuse_library_variables
 from ledger.stores.private_api import pass_to_recorder, record
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
-from ledger.vocabulary import OPEN_STATES, JobState, Sender
+from ledger.vocabulary import OPEN_STATES, EscalationReason, JobState, Sender
 
 if TYPE_CHECKING:
     from ledger.provider_handle import ProviderHandle
@@ -854,8 +854,18 @@ class Ledger(Application[UUID]):
 
     def index_row(self, job: SendJob) -> IndexRow:
         """The job's row in this store's index (`ledger.stores.index.index_row`, the
-        mailbox as `mailbox_of` writes it)."""
-        return index_row(job, self.mailbox_of)
+        mailbox as `mailbox_of` writes it). On an encrypted store the reason, kept in the
+        clear, has the job's recipients and subject taken out: a provider's refusal
+        quotes the recipient ("550 5.1.1 <alice@...>"), and the events alone, encrypted,
+        keep it whole (docs/configuration.md "Encryption at rest")."""
+        row = index_row(job, self.mailbox_of)
+        # An escalation's reason is one of ours, which the review queue is filtered by:
+        # kept as it is, whatever a subject happens to say.
+        if row.reason and row.reason not in _OUR_REASONS and self.mapper.cipher is not None:
+            pattern = scrubber(quoted_texts(job.content))
+            if pattern is not None:
+                row = dataclasses.replace(row, reason=pattern.sub(ENCRYPTED, row.reason))
+        return row
 
     def mailbox_of(self, from_addr: str) -> str:
         """The index's `mailbox` of a From: its address, lower case
@@ -940,6 +950,10 @@ def project_events(aggregate: Any, events: Iterable[Any]) -> Any:
     for event in events:
         aggregate = event.mutate(aggregate)
     return aggregate
+
+
+#: The reasons the index keeps as they are on an encrypted store (`Ledger.index_row`).
+_OUR_REASONS = frozenset(reason.value for reason in EscalationReason)
 
 
 def _epoch(moment: datetime | float) -> float:

@@ -32,6 +32,9 @@ from ledger.vocabulary import ConfirmedVia, EscalationReason, JobState, Resoluti
 
 #: What a purged text reads where the job's content was quoted.
 REDACTED = "[purged]"
+#: What the job index's reason reads on an encrypted store where it quoted the job's
+#: content (`ledger.application.Ledger.index_row`): the events keep it whole.
+ENCRYPTED = "[encrypted]"
 
 #: Event fields that are the trail: never scrubbed, even if a customer's address happens
 #: to be quoted in them (a key is kept whole: keys should not carry personal data).
@@ -349,6 +352,7 @@ def _word_bytes(form: str, text: str) -> bytes | None:
 
 __all__ = [
     "CODE_VALUES",
+    "ENCRYPTED",
     "MIN_QUOTED_LENGTH",
     "REDACTED",
     "TRAIL_FIELDS",

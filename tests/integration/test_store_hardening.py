@@ -35,7 +35,7 @@ from daemon.doubles.fake_time import FakeClock
 from ledger import application
 from ledger.application import ConcurrentUpdate, IdentityTaken, Ledger
 from ledger.content import JobContent, parse_job
-from ledger.decision_types import Review
+from ledger.decision_types import RetryAt, Review
 from ledger.job import job_id_for
 from ledger.stores.cipher import EventKeyMissing, new_key
 from ledger.stores.index import IndexRow, index_row
@@ -274,6 +274,53 @@ def test_an_encrypted_sqlite_store_holds_no_body_subject_or_address(
     with Ledger(f"sqlite:///{plain / 'ledger.sqlite'}", clock=clock) as ledger:
         ledger.submit(_secret_job("plain-1"), SENDER)
     assert _plain_secrets_in((plain / "ledger.sqlite").read_bytes()) != []
+
+
+def test_an_encrypted_store_keeps_no_address_a_provider_quoted_in_its_index(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A provider's refusal quotes the recipient ("550 5.1.1 <alice@...>: user unknown"),
+    and the job's reason is a column of the index: on an encrypted store it must not
+    put the address in the file in plain text."""
+    path = tmp_path / "ledger.sqlite"
+    refusal = f"550 5.1.1 <{SECRET_ADDRESS}>: Recipient address rejected: User unknown"
+    with Ledger(f"sqlite:///{path}", clock=clock, encryption_keys=[new_key()]) as ledger:
+        ledger.submit(_secret_job("enc-r"), SENDER)
+        ledger.update("enc-r", lambda j: j.claim(**attempt_args(clock)))
+        ledger.update(
+            "enc-r",
+            lambda j: j.record_rejection(
+                transient=True,
+                reason=refusal,
+                status=550,
+                decision=RetryAt(SENDER.policy, clock() + timedelta(seconds=60)),
+                at=clock(),
+            ),
+        )
+        assert ledger.get_job("enc-r").reason == refusal  # the job still says it
+        row = ledger.row("enc-r")
+        assert row is not None and SECRET_ADDRESS not in (row.reason or "")
+        # A reason of ours is kept as the review queue is filtered by it, even when the
+        # subject is that very word.
+        word = JobContent(
+            channel="receipts", key="enc-d", to=("a@b.example",), subject="duplicate", body="x"
+        )
+        ledger.submit(word, SENDER)
+        ledger.update("enc-d", lambda j: j.claim(**attempt_args(clock)))
+        ledger.update(
+            "enc-d",
+            lambda j: j.record_rejection(
+                transient=False,
+                reason="refused",
+                status=550,
+                decision=Review(SENDER.policy, EscalationReason.DUPLICATE),
+                at=clock(),
+            ),
+        )
+        row = ledger.row("enc-d")
+        assert row is not None and row.reason == "duplicate"
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert _plain_secrets_in(raw) == []
 
 
 @pytest.mark.postgres
