@@ -29,7 +29,7 @@ from eventsourcing.application import (
     ProcessingEvent,
     project_aggregate,
 )
-from eventsourcing.persistence import IntegrityError
+from eventsourcing.persistence import IntegrityError, PersistenceError
 from eventsourcing.utils import Environment, EnvType
 
 from ledger.addresses import mailbox_key
@@ -236,11 +236,14 @@ class Ledger(Application[UUID]):
             if add is None:
                 secret = digest_secret(found, cipher)
                 keep = digest_check(found, cipher, secret, time.time())
-                if keep is not None:  # the first key keeps the secret past the old keys
-                    self._retry_locked(
-                        lambda check=keep: checks.add_key_check(check),  # type: ignore[misc]
-                        setup=True,
-                    )
+                # The first key keeps the secret past the old keys. Written by the first
+                # open that can: a store only read (a read-only file or role) still opens.
+                with contextlib.suppress(PersistenceError):
+                    if keep is not None:
+                        self._retry_locked(
+                            lambda check=keep: checks.add_key_check(check),  # type: ignore[misc]
+                            setup=True,
+                        )
                 self._digest = secret
                 return
             self._retry_locked(

@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from tests.integration.test_ledger_store import SENDER, content
@@ -272,3 +273,35 @@ def test_the_mailbox_digest_outlives_the_key_that_created_the_store(
     for ring in ([old, new], [new, old], [old, new], [new]):
         with Ledger(store_url, clock=clock, encryption_keys=ring) as ledger:
             assert ledger.mailbox_of(mailbox) == first, [[old, new].index(k) for k in ring]
+
+
+@pytest.mark.postgres
+def test_a_store_only_read_opens_without_writing_its_digest_row(
+    pg_url: str, clock: FakeClock
+) -> None:
+    """The digest secret's row is written by the first open that can: a store opened with
+    a role that may only read (a report, a replica) is read as before."""
+    import psycopg
+
+    key = new_key()
+    with Ledger(pg_url, clock=clock, encryption_keys=[key]) as ledger:
+        ledger.submit(content("ro-1"), SENDER)
+        first = ledger.mailbox_of("support@example.com")
+    base, schema = pg_url.split("?schema=")
+    role = f"ro_{schema}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DELETE FROM "{schema}".{KEY_TABLE} WHERE kind = %s', (DIGEST_SECRET,))
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        conn.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+    try:
+        parts = urlsplit(pg_url)
+        reader = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        with Ledger(reader, clock=clock, encryption_keys=[key]) as ledger:
+            assert ledger.get_job("ro-1").key == "ro-1"
+            assert ledger.mailbox_of("support@example.com") == first
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'REVOKE ALL ON ALL TABLES IN SCHEMA "{schema}" FROM "{role}"')
+            conn.execute(f'REVOKE ALL ON SCHEMA "{schema}" FROM "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
