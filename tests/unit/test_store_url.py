@@ -54,6 +54,12 @@ def test_sqlite_scheme_is_case_insensitive_and_url_is_stripped(tmp_path: Path) -
         ("   ", "must not be empty"),
         ("ledger.sqlite", "not a URL"),
         ("mysql://u@h/db", "unsupported scheme 'mysql'"),
+        ("postgresql://u@[::1/db", "not a URL"),
+        ("postgresql://u:p@[::1/db", "not a URL"),
+        ("postgresql://u@h/db?schema=a%00b", "NUL"),
+        ("postgresql://u%00x@h/db", "NUL"),
+        ("postgresql://u@h/d%00b", "NUL"),
+        ("sqlite:////tmp/a%00b", "NUL"),
     ],
 )
 def test_bad_urls_are_refused_naming_store_url(url: str, message: str) -> None:
@@ -173,3 +179,9 @@ def test_memory_is_not_a_sqlite_path() -> None:
         parse_store_url("sqlite:///%3Amemory%3A")
     with pytest.raises(StoreUrlError, match="not a URL"):
         parse_store_url("memory")
+
+
+def test_a_url_that_cannot_be_split_never_shows_its_password() -> None:
+    with pytest.raises(StoreUrlError) as info:
+        parse_store_url("postgresql://u:s3cret@[::1/db")
+    assert "s3cret" not in str(info.value) and "[::1/db" in str(info.value)

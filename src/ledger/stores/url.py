@@ -95,6 +95,8 @@ def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
                 f"store.url: {url!r}: use sqlite:///relative/path or sqlite:////absolute/path"
             )
         raw = unquote(rest[1:])
+        if "\x00" in raw:  # no file name holds one: open() would fail, unexplained
+            raise StoreUrlError(f"store.url: {url!r}: the path holds a NUL character (%00)")
         if raw == ":memory:":
             raise StoreUrlError("store.url: an in-memory SQLite store would lose every job")
         path = Path(raw)
@@ -102,8 +104,12 @@ def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
             path = (base_dir or Path.cwd()) / path
         return SqliteStore(path=path)
     if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
-        parts = urlsplit("postgresql://" + rest)
-        query = parse_qs(parts.query)
+        try:
+            parts = urlsplit("postgresql://" + rest)
+            query = parse_qs(parts.query)
+            parts.hostname  # noqa: B018 (an unclosed "[" raises only here on some Pythons)
+        except ValueError as exc:
+            raise StoreUrlError(f"store.url: not a URL: {_safe(url)} ({exc})") from None
         dbname = unquote(parts.path.lstrip("/"))
         if not dbname:
             raise StoreUrlError(f"store.url: {_safe(url)}: the database name is missing")
@@ -115,7 +121,7 @@ def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
         unknown = sorted(set(query) - {"host", "schema"})
         if unknown:
             raise StoreUrlError(f"store.url: unknown parameter {unknown[0]!r}")
-        return PostgresStore(
+        spec = PostgresStore(
             dbname=dbname,
             host=host,
             port=port,
@@ -123,13 +129,27 @@ def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
             password=unquote(parts.password or ""),
             schema=(query.get("schema") or ["public"])[0],
         )
+        # PostgreSQL's text holds no NUL: a %00 would fail at the first query, unexplained.
+        for name in ("dbname", "host", "user", "password", "schema"):
+            if "\x00" in getattr(spec, name):
+                raise StoreUrlError(
+                    f"store.url: {_safe(url)}: the {name} holds a NUL character (%00)"
+                )
+        return spec
     if scheme == "memory":
         return MemoryStore(name=unquote(rest).strip("/") or None)
     raise StoreUrlError(f"store.url: unsupported scheme {scheme!r} (sqlite or postgresql)")
 
 
 def _safe(url: str) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.password  # noqa: B018 (raises for a malformed host)
+    except ValueError:
+        # Not a URL urlsplit reads: whatever is before the host may hold a password.
+        scheme, _, rest = url.partition("://")
+        _userinfo, at, host = rest.rpartition("@")
+        return f"{scheme}://***@{host}" if at else url
     if parts.password:
         return url.replace(f":{parts.password}@", ":***@")
     return url
