@@ -39,6 +39,7 @@ from ledger.job import SendJob, TransitionError, created_at, job_id_for
 from ledger.message_id import message_id_for
 from ledger.redaction import ENCRYPTED, quoted_texts, redact_event, scrub_text, scrubber
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
+from ledger.stores.causes import read_only
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import (
     INDEX_ROWS_KWARG,
@@ -238,7 +239,7 @@ class Ledger(Application[UUID]):
                 keep = digest_check(found, cipher, secret, time.time())
                 # The first key keeps the secret past the old keys. Written by the first
                 # open that can: a store only read (a read-only file or role) still opens.
-                with contextlib.suppress(PersistenceError):
+                with contextlib.suppress(PersistenceError):  # bookkeeping: never fatal
                     if keep is not None:
                         self._retry_locked(
                             lambda check=keep: checks.add_key_check(check),  # type: ignore[misc]
@@ -246,10 +247,19 @@ class Ledger(Application[UUID]):
                         )
                 self._digest = secret
                 return
-            self._retry_locked(
-                lambda check=add: checks.add_key_check(check),  # type: ignore[misc]
-                setup=True,
-            )
+            try:
+                self._retry_locked(
+                    lambda check=add: checks.add_key_check(check),  # type: ignore[misc]
+                    setup=True,
+                )
+            except PersistenceError as exc:
+                # The keys fit (judged above); what a read-only file or role cannot write
+                # is written by the first open that can, and this one writes nothing.
+                # Any other failure stands: a creator must be judged against the other.
+                if not read_only(exc):
+                    raise
+                self._digest = digest_secret(found, cipher)
+                return
             # Judged again: another process may have written the store's check first.
         raise ConcurrentUpdate("the store's key checks kept changing while it was opened")
 

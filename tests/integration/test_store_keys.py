@@ -10,6 +10,7 @@ import contextlib
 import shutil
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -275,12 +276,33 @@ def test_the_mailbox_digest_outlives_the_key_that_created_the_store(
             assert ledger.mailbox_of(mailbox) == first, [[old, new].index(k) for k in ring]
 
 
+@contextlib.contextmanager
+def read_only_role(pg_url: str) -> Iterator[str]:
+    """The store's URL for a role that may only read its schema (a report, a replica)."""
+    import psycopg
+
+    base, schema = pg_url.split("?schema=")
+    role = f"ro_{schema}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        conn.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+    try:
+        parts = urlsplit(pg_url)
+        yield urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'REVOKE ALL ON ALL TABLES IN SCHEMA "{schema}" FROM "{role}"')
+            conn.execute(f'REVOKE ALL ON SCHEMA "{schema}" FROM "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
+
+
 @pytest.mark.postgres
 def test_a_store_only_read_opens_without_writing_its_digest_row(
     pg_url: str, clock: FakeClock
 ) -> None:
     """The digest secret's row is written by the first open that can: a store opened with
-    a role that may only read (a report, a replica) is read as before."""
+    a role that may only read is read as before."""
     import psycopg
 
     key = new_key()
@@ -288,20 +310,31 @@ def test_a_store_only_read_opens_without_writing_its_digest_row(
         ledger.submit(content("ro-1"), SENDER)
         first = ledger.mailbox_of("support@example.com")
     base, schema = pg_url.split("?schema=")
-    role = f"ro_{schema}"
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f'DELETE FROM "{schema}".{KEY_TABLE} WHERE kind = %s', (DIGEST_SECRET,))
-        conn.execute(f'CREATE ROLE "{role}" LOGIN')
-        conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
-        conn.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
-    try:
-        parts = urlsplit(pg_url)
-        reader = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
-        with Ledger(reader, clock=clock, encryption_keys=[key]) as ledger:
-            assert ledger.get_job("ro-1").key == "ro-1"
-            assert ledger.mailbox_of("support@example.com") == first
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'REVOKE ALL ON ALL TABLES IN SCHEMA "{schema}" FROM "{role}"')
-            conn.execute(f'REVOKE ALL ON SCHEMA "{schema}" FROM "{role}"')
-            conn.execute(f'DROP ROLE "{role}"')
+    with (
+        read_only_role(pg_url) as reader,
+        Ledger(reader, clock=clock, encryption_keys=[key]) as ledger,
+    ):
+        assert ledger.get_job("ro-1").key == "ro-1"
+        assert ledger.mailbox_of("support@example.com") == first
+
+
+@pytest.mark.postgres
+def test_a_store_only_read_opens_mid_rotation_without_recording_the_new_key(
+    pg_url: str, clock: FakeClock
+) -> None:
+    """Rotation step 2 (the new key first) reached a reader before any daemon: the check
+    for the new key is written by the first open that can; the reader reads meanwhile,
+    and a later open that may write records it."""
+    old, new = new_key(), new_key()
+    with Ledger(pg_url, clock=clock, encryption_keys=[old]) as ledger:
+        ledger.submit(content("ro-2"), SENDER)
+    with (
+        read_only_role(pg_url) as reader,
+        Ledger(reader, clock=clock, encryption_keys=[new, old]) as ledger,
+    ):
+        assert ledger.get_job("ro-2").key == "ro-2"
+    assert len(checks(pg_url, [new, old])) == 2  # the first open that may write
+    with Ledger(pg_url, clock=clock, encryption_keys=[new]):
+        pass  # and the store opens with the new key alone

@@ -22,4 +22,22 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-__all__ = ["exception_chain"]
+#: SQLite's SQLITE_READONLY (a read-only file or folder); PostgreSQL's insufficient
+#: privilege and read-only transaction (a role that may only read, a hot standby).
+_SQLITE_READONLY = 8
+_READ_ONLY_SQLSTATES = frozenset({"42501", "25006"})
+
+
+def read_only(exc: BaseException) -> bool:
+    """True when `exc` (or what it wraps) says the store may be read but not written
+    here, not that it is missing, busy or gone."""
+    for error in exception_chain(exc):
+        code = getattr(error, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF == _SQLITE_READONLY:
+            return True
+        if getattr(error, "sqlstate", None) in _READ_ONLY_SQLSTATES:
+            return True
+    return False
+
+
+__all__ = ["exception_chain", "read_only"]
