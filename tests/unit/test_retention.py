@@ -4,6 +4,8 @@ jobs it may take, and that a purged job can never be sent again (docs/configurat
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +16,8 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
 from daemon.service_layer.read_models import job_status
+from daemon.webhooks.delivery import Outcome
+from daemon.webhooks.worker import Deliverer, Hook
 from ledger.application import ConcurrentUpdate, KeyConflict
 from ledger.content import JobContent, parse_job
 from ledger.job import SendJob, TransitionError
@@ -416,26 +420,25 @@ def test_a_subject_or_name_quoted_as_encoded_words_is_scrubbed(rig: EngineRig) -
     assert events["Resolved"].note == f"see {REDACTED} ok, cc {REDACTED} =?idna?b?/w==?="
 
 
+#: A webhook of the `rejected` events, and a receiver that refuses each delivery and
+#: echoes the payload's `detail` (the provider's text) in its answer, as many do.
+HOOK = Hook("ops", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"}))
+
+
+def echoing(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
+    return Outcome(False, 400, f"HTTP 400: bad detail: {json.loads(body)['detail']}")
+
+
 def test_a_webhook_error_quoting_the_job_is_scrubbed_by_its_purge(rig: EngineRig) -> None:
     # A receiver that refuses a delivery often echoes what it could not take; the first
     # 200 bytes of its answer are kept as the webhook's last error (`webhooks status`)
     # until a delivery succeeds, which for a webhook left skipped or stuck is never.
-    import json
-    from collections.abc import Mapping
-
-    from daemon.webhooks.delivery import Outcome
-    from daemon.webhooks.worker import Deliverer, Hook
-
-    def echoing(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
-        return Outcome(False, 400, f"HTTP 400: bad detail: {json.loads(body)['detail']}")
-
     submit(rig, rich_job("inv-hook"))
     reason = "550 5.1.1 <zoe.quartz@example.net>: no such user"
     rig.provider.script(Scripted.rejected(transient=False, reason=reason))
     rig.tick()
-    hook = Hook("ops", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"}))
     now = rig.clock().timestamp
-    Deliverer(rig.ledger, hook, owner="a", poster=echoing, clock=now).pass_once()
+    Deliverer(rig.ledger, HOOK, owner="a", poster=echoing, clock=now).pass_once()
     [row] = rig.ledger.positions().read_all()
     assert row.last_error is not None and "zoe.quartz@example.net" in row.last_error
     rig.ledger.update(
@@ -451,23 +454,16 @@ def test_a_webhook_error_from_a_delivery_the_purge_overtook_is_scrubbed(rig: Eng
     # A delivery read the event before the purge committed and its POST (up to a timeout)
     # came back refused after the purge had scrubbed the webhooks' errors: the receiver's
     # echo of the unpurged payload was then kept, and no later purge would find it.
-    import json
-    from collections.abc import Mapping
-
-    from daemon.webhooks.delivery import Outcome
-    from daemon.webhooks.worker import Deliverer, Hook
-
     def purged_while_posting(
         url: str, body: bytes, headers: Mapping[str, str], timeout: float
     ) -> Outcome:
         rig.ledger.purge("inv-race", by="ops", rule="r")
-        return Outcome(False, 400, f"HTTP 400: bad detail: {json.loads(body)['detail']}")
+        return echoing(url, body, headers, timeout)
 
     reason = "550 5.1.1 <zoe.quartz@example.net>: no such user"
     _rejected_then_abandoned(rig, rich_job("inv-race"), reason, purge=False)
-    hook = Hook("ops", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"}))
     now = rig.clock().timestamp
-    Deliverer(rig.ledger, hook, owner="a", poster=purged_while_posting, clock=now).pass_once()
+    Deliverer(rig.ledger, HOOK, owner="a", poster=purged_while_posting, clock=now).pass_once()
     assert rig.job("inv-race").purged
     [row] = rig.ledger.positions().read_all()
     assert row.failures == 1 and row.last_error is not None
@@ -479,19 +475,9 @@ def test_a_webhook_error_written_just_before_the_purge_committed_is_scrubbed(
 ) -> None:
     # The purge scrubbed the webhooks' errors; before its events committed, a delivery
     # wrote the receiver's echo of the unpurged event and looked: not rewritten yet.
-    import json
-    from collections.abc import Mapping
-
-    from daemon.webhooks.delivery import Outcome
-    from daemon.webhooks.worker import Deliverer, Hook
-
-    def echoing(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
-        return Outcome(False, 400, f"HTTP 400: bad detail: {json.loads(body)['detail']}")
-
     reason = "550 5.1.1 <zoe.quartz@example.net>: no such user"
     _rejected_then_abandoned(rig, rich_job("inv-late"), reason, purge=False)
-    hook = Hook("ops", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"}))
-    deliverer = Deliverer(rig.ledger, hook, owner="a", poster=echoing, clock=rig.clock().timestamp)
+    deliverer = Deliverer(rig.ledger, HOOK, owner="a", poster=echoing, clock=rig.clock().timestamp)
     real_save = rig.ledger._save_collected
 
     def delivery_then_save(*objs: Any, **kwargs: Any) -> Any:
