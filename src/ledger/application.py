@@ -37,7 +37,7 @@ from ledger.content import JobContent
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob, TransitionError, created_at, job_id_for
 from ledger.message_id import message_id_for
-from ledger.redaction import ENCRYPTED, quoted_texts, redact_event, scrub_text, scrubber
+from ledger.redaction import ENCRYPTED, quoted_texts, redact_events, scrub_text, scrubber
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.causes import read_only
 from ledger.stores.cipher import cipher_env
@@ -523,8 +523,8 @@ class Ledger(Application[UUID]):
         content = original.content
         original.purge(by=by, rule=rule, at=self.clock())  # refused before anything is built
         texts = quoted_texts(content)
-        pattern = scrubber(texts)
-        redacted = [redact_event(event, content, pattern, texts) for event in events]
+        redacted = redact_events(events, content, texts)
+        pattern = scrubber(texts)  # for the webhooks' errors: the same pattern
         # Before the events: a crash in between leaves the job to purge again (it is
         # settled), never a purged job whose text a webhook's last error still quotes.
         self._scrub_webhook_errors(pattern, texts)

@@ -178,10 +178,12 @@ def scrub_text(text: str, pattern: re.Pattern[str] | None, texts: Sequence[str] 
     return result
 
 
-def redact_events(events: Sequence[E], content: JobContent) -> list[E]:
-    """The job's events as a purge leaves them (`redact_event`), its texts looked for with
-    one pattern."""
-    texts = quoted_texts(content)
+def redact_events(
+    events: Sequence[E], content: JobContent, texts: Sequence[str] | None = None
+) -> list[E]:
+    """The job's events as a purge leaves them (`redact_event`), its texts (`quoted_texts`
+    unless given) looked for with one pattern."""
+    texts = quoted_texts(content) if texts is None else texts
     pattern = scrubber(texts)
     return [redact_event(event, content, pattern, texts) for event in events]
 
