@@ -58,12 +58,8 @@ class SignInLimit:
             times.popleft()
         return times
 
-    def wait(self, address: str) -> float:
-        """Seconds until `address` may try again; 0 when it may now."""
-        with self._lock:
-            return self._wait(address, self.clock())
-
     def _wait(self, address: str, now: float) -> float:
+        """Seconds until `address` may try again; 0 when it may now."""
         times = self._recent(address, now)
         if len(times) + self._judging.get(address, 0) < self.failures:
             return 0.0
@@ -91,10 +87,6 @@ class SignInLimit:
                 self._judging.pop(address, None)
             if failed:
                 self._failed(address)
-
-    def failed(self, address: str) -> None:
-        with self._lock:
-            self._failed(address)
 
     def _failed(self, address: str) -> None:
         now = self.clock()
