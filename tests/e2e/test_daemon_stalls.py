@@ -151,7 +151,12 @@ def test_refused_connections_are_waited_out_and_every_job_sent_once(tmp_path: Pa
                 seen_open = True
             time.sleep(0.2)
         assert seen_open, rig.diagnostics()
-        assert all(rig.state(key) == "requested" for key in keys), rig.diagnostics()
+        # Due, none in review; one may be `attempted` at the moment it is read: the
+        # circuit's probe, claimed and refused, its outcome not saved yet (seen once in CI
+        # under load).
+        states = {key: rig.state(key) for key in keys}
+        assert set(states.values()) <= {"requested", "attempted"}, rig.diagnostics()
+        assert list(states.values()).count("attempted") <= 1, rig.diagnostics()
 
         relay = FaultRelay(rig.emulator.url, port=port or 0, retry_after=0.3)
         rig.relay = relay.start()
