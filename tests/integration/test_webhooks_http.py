@@ -260,3 +260,99 @@ def test_a_certificate_nobody_trusts_is_a_failure_that_says_so(tmp_path: Path) -
     assert not outcome.ok and outcome.status is None
     assert outcome.error.startswith("SSLCertVerificationError: ")
     assert "certificate verify failed" in outcome.error and got == []
+
+
+@contextlib.contextmanager
+def black_holes(hosts: list[str]) -> Iterator[list[tuple[str, int]]]:
+    """A loopback listener per host whose listen queue is full: a SYN to it gets no
+    answer and connect() waits (as `full_backlog_port`, tests/conftest.py)."""
+    opened: list[socket.socket] = []
+    addresses: list[tuple[str, int]] = []
+    try:
+        for host in hosts:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            server = socket.socket(family, socket.SOCK_STREAM)
+            opened.append(server)
+            server.bind((host, 0))
+            server.listen(0)
+            port = server.getsockname()[1]
+            for _ in range(4):
+                probe = socket.socket(family, socket.SOCK_STREAM)
+                probe.settimeout(0.2)
+                opened.append(probe)
+                try:
+                    probe.connect((host, port))
+                except TimeoutError:
+                    break
+            else:
+                pytest.skip("this kernel accepts connections beyond the listen backlog")
+            addresses.append((host, port))
+        yield addresses
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+def _resolving(monkeypatch: pytest.MonkeyPatch, name: str, answer: Callable[[], Any]) -> None:
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        return answer() if host == name else real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def test_an_attempt_over_several_silent_addresses_ends_at_its_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host with several addresses that never answer (a broken route, a firewall that
+    drops): the timeout is the whole attempt's, not each address's, so three addresses
+    do not make it three timeouts (a webhook thread held that long, and a lease of
+    3 x timeout outlived by one attempt)."""
+    with black_holes(["127.0.0.1", "127.0.0.2", "::1"]) as addresses:
+        infos = [
+            (socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, 6, "",
+             (host, port) if ":" not in host else (host, port, 0, 0))
+            for host, port in addresses
+        ]  # fmt: skip
+        _resolving(monkeypatch, "many.invalid", lambda: infos)
+        started = time.monotonic()
+        outcome = post("http://many.invalid:8080/hook", b"{}", HEADERS, 0.6)
+        took = time.monotonic() - started
+    assert not outcome.ok and outcome.error == "no answer within 0.6s"
+    assert took < 1.1
+
+
+def test_a_resolver_that_never_answers_ends_at_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The name's lookup is part of the attempt: a resolver that hangs (a DNS server
+    that drops queries) ends the attempt at its timeout, not at the resolver's."""
+    release = threading.Event()
+
+    def hang() -> Any:
+        release.wait(10)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    _resolving(monkeypatch, "slow.invalid", hang)
+    started = time.monotonic()
+    try:
+        outcome = post("http://slow.invalid:8080/hook", b"{}", HEADERS, 0.5)
+    finally:
+        took = time.monotonic() - started
+        release.set()
+    assert not outcome.ok and outcome.status is None
+    assert outcome.error == "no answer within 0.5s"
+    assert took < 1.0
+
+
+def test_a_name_that_does_not_resolve_is_a_failure_naming_the_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fail() -> Any:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    _resolving(monkeypatch, "nowhere.invalid", fail)
+    outcome = post("http://nowhere.invalid:8080/hook", b"{}", HEADERS, 2.0)
+    assert not outcome.ok and outcome.status is None
+    assert outcome.error.startswith("gaierror: ") and "not known" in outcome.error
