@@ -12,7 +12,8 @@ process). Every call retries where a repeat cannot do harm:
   job's status when its Cancelled event records this call's note (and the version after
   `expected_version`), rather than 409; any other 409 is raised (another person's cancel);
 - `check`, `resolve` and `triage` only when the request surely did not reach the server
-  (connection refused, a certificate not trusted) or the server said it did nothing
+  (no connection made: refused, a name that does not resolve, a connect or TLS handshake
+  that failed or timed out, a certificate not trusted) or the server said it did nothing
   (429, 503): a decision whose answer was lost raises `ConnectionLost`: look at the job
   (`status`) before deciding again. A check or a triage searches (every job in review,
   for triage) and may run past any timeout while healthy: a repeat would be one more
@@ -42,9 +43,9 @@ docs/http-api.md "Python client". When it is True, look at the job before decidi
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
-import socket
 import ssl
 import time
 import urllib.error
@@ -229,9 +230,11 @@ class Client:
         self.max_backoff = max_backoff
         self._token = token
         self._sleep = sleep
-        handlers: list[urllib.request.BaseHandler] = [_NoRedirects()]
-        if ssl_context is not None:
-            handlers.append(urllib.request.HTTPSHandler(context=ssl_context))
+        handlers: list[urllib.request.BaseHandler] = [
+            _NoRedirects(),
+            _HTTPHandler(),
+            _HTTPSHandler(ssl_context),
+        ]
         self._opener = urllib.request.build_opener(*handlers)
         self._random = random.Random()
 
@@ -469,13 +472,12 @@ class Client:
                     text = ""
                 return exc.code, text, _retry_after(exc.headers)
         except urllib.error.URLError as exc:
-            # Raised while connecting or sending: refused, unresolvable, a timeout, TLS.
+            # Raised while connecting or sending. Whatever failed in `connect` (the name's
+            # lookup, the TCP handshake, the TLS handshake: refused, timed out, a
+            # certificate not trusted) failed before a byte of the request was written;
+            # a failure while the request was written may have let some of it out.
             reason = exc.reason
-            # A certificate is refused in the handshake, before a byte of the request.
-            refused = isinstance(
-                reason, ConnectionRefusedError | socket.gaierror | ssl.SSLCertVerificationError
-            )
-            if refused:
+            if isinstance(reason, _ConnectFailed):
                 raise _NotSent(str(reason)) from None
             raise _AnswerLost(str(reason)) from None
         except (OSError, ValueError) as exc:
@@ -507,6 +509,44 @@ class _AnswerLost(ClientError):
 
 class _RepeatRefused(Conflict):
     """A 409 to a repeated try: the lost first try may have done it (`cancel` looks)."""
+
+
+class _ConnectFailed(OSError):
+    """Inside a call only: the connection was never made (its cause is `__cause__`), so
+    no byte of the request left."""
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    def connect(self) -> None:
+        try:
+            super().connect()
+        except OSError as exc:
+            raise _ConnectFailed(str(exc)) from exc
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def connect(self) -> None:
+        # The TCP connection, then the TLS handshake: the request is written only after.
+        try:
+            super().connect()
+        except OSError as exc:
+            raise _ConnectFailed(str(exc)) from exc
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    """urllib's handler on a connection that says when it was never made."""
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context: ssl.SSLContext | None) -> None:
+        super().__init__(context=context)
+        self._ssl_context = context
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPSConnection, req, context=self._ssl_context)
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

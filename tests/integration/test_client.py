@@ -4,11 +4,16 @@ and the retries the job key makes safe (docs/http-api.md "Python client")."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.integration.api_kit import (
@@ -367,3 +372,81 @@ def test_a_certificate_the_client_does_not_trust_sends_nothing(api: Api, tmp_pat
             client.resolve("tls", "abandon")
         assert untrusted.value.sent is False and untrusted.value.may_have_applied is False
         assert "certificate" in str(untrusted.value) and relay.forwarded() == 0
+
+
+def _raw_server(handler: Callable[[socket.socket], None]) -> tuple[str, list[bytes]]:
+    """A loopback TCP server running `handler` on each connection; what each sent."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def loop() -> None:
+        with listener:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn, contextlib.suppress(OSError):
+                    conn.settimeout(3)
+                    got.append(conn.recv(65536))
+                    handler(conn)
+
+    threading.Thread(target=loop, daemon=True).start()
+    return f"127.0.0.1:{listener.getsockname()[1]}", got
+
+
+def test_a_connection_never_made_is_not_sent(full_backlog_port: int) -> None:
+    """A connect that times out before the TCP handshake completed (a host that drops
+    SYNs) sent nothing: the client said `sent=True`, and a resolve was neither retried nor
+    safe to repeat by its own account (`may_have_applied`), though no server saw it."""
+    slept: list[float] = []
+    silent = Client(
+        f"http://127.0.0.1:{full_backlog_port}", TOKEN, timeout=0.3, retries=1,
+        sleep=slept.append,
+    )  # fmt: skip
+    with pytest.raises(ConnectionLost) as lost:
+        silent.resolve("x", "sent")
+    assert lost.value.sent is False and lost.value.may_have_applied is False
+    assert len(slept) == 1  # tried again: nothing had reached a server
+
+
+@pytest.mark.parametrize("server", ["closes", "speaks-plain-http", "never-answers"])
+def test_a_tls_handshake_that_fails_sends_nothing(server: str) -> None:
+    """A TLS handshake that fails (the server hangs up, is no TLS server, or never
+    answers the hello) fails before the request's bytes are written: not sent, whatever
+    the reason, not only a certificate refused."""
+
+    def handle(conn: socket.socket) -> None:
+        if server == "speaks-plain-http":
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        elif server == "never-answers":
+            time.sleep(1)
+
+    address, got = _raw_server(handle)
+    client = Client(f"https://{address}", TOKEN, timeout=0.4, retries=0)
+    with pytest.raises(ConnectionLost) as lost:
+        client.check("x")
+    assert lost.value.sent is False and lost.value.may_have_applied is False
+    assert got and all(b"/v1/review" not in data for data in got)  # a hello, never the request
+
+
+def test_a_name_that_does_not_resolve_is_not_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    def getaddrinfo(*args: Any, **kwargs: Any) -> Any:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    client = Client("http://api.invalid:8025", TOKEN, retries=0)
+    with pytest.raises(ConnectionLost) as lost:
+        client.triage()
+    assert lost.value.sent is False and lost.value.may_have_applied is False
+
+
+def test_a_connection_cut_after_the_request_left_is_sent() -> None:
+    """The request was written, then the server hung up without an answer: it may have
+    acted, so `sent` stays True and a resolve is not repeated."""
+    address, got = _raw_server(lambda conn: None)  # reads the request, closes
+    client = Client(f"http://{address}", TOKEN, timeout=2, retries=2, **NO_WAIT)
+    with pytest.raises(ConnectionLost) as lost:
+        client.resolve("x", "sent")
+    assert lost.value.sent is True and lost.value.may_have_applied is True
+    assert len(got) == 1 and got[0].startswith(b"POST /v1/review/x/resolve")
