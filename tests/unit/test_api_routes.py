@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.api.app import create_app
@@ -154,3 +155,31 @@ def test_an_unknown_review_reason_is_422_naming_it(rig: EngineRig, client: TestC
         assert answer.json()["error"].startswith("reason: one of unknown-outcome")
         assert [e["field"] for e in answer.json()["errors"]] == ["reason"]
     assert client.get("/v1/review?reason=unknown-outcome", headers=AUTH).json()[0]["key"] == "lost"
+
+
+def test_searches_made_through_the_doors_are_counted(rig: EngineRig, client: TestClient) -> None:
+    """docs/http-api.md "Metrics": a check (API and page), a triage and a resend's search
+    are searches of the mailbox like the engine's, each counted once by its result and
+    timed as a provider call; none counted under `sendledger_searches_total` before."""
+    in_review(rig, client, "found", copy=True)
+    in_review(rig, client, "lost", copy=False)
+    assert client.post("/v1/review/found/check", headers=AUTH).json()["count"] == 1
+    assert client.post("/v1/review/lost/check", headers=AUTH).json()["count"] == 0
+    triage = client.post("/v1/review/triage", json={"dry_run": True}, headers=AUTH)
+    assert [item["count"] for item in triage.json()] == [1, 0]
+    resend = client.post("/v1/review/lost/resolve", json={"as": "resend"}, headers=AUTH)
+    assert resend.status_code == 200
+    metrics: Metrics = client.app.state.ctx.metrics  # type: ignore[attr-defined]
+    found = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+    }
+    assert found[("sendledger_searches_total", (("result", "hit"),))] == 2
+    assert found[("sendledger_searches_total", (("result", "miss"),))] == 3
+    assert ("sendledger_searches_total", (("result", "duplicate"),)) not in found
+    timed = (
+        "sendledger_provider_call_duration_seconds_count",
+        (("operation", "search"), ("provider", "fake")),
+    )
+    assert found[timed] == 5

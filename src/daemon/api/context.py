@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -12,6 +13,8 @@ from daemon.api.auth import Sessions, TokenBook
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics
 from daemon.api.signin_limit import SignInLimit
+from daemon.engine.observer import ObservedProvider
+from daemon.providers.base import Provider
 from daemon.service_layer.services import ChannelPolicies, ProviderSource, Services
 from ledger.application import Ledger
 from ledger.mime import MessageLimits
@@ -48,11 +51,25 @@ class ApiContext:
         self.services = Services(
             self.ledger,
             policies,
-            providers=self.providers,
+            providers=None if self.providers is None else _timed(self.providers, self.metrics),
             limits=self.limits,
             thread_providers=self.thread_providers,
             draft_providers=self.draft_providers,
+            on_search=self.metrics.door_search,
         )
+
+
+def _timed(source: ProviderSource, metrics: Metrics) -> ProviderSource:
+    """Each provider a door searches with, its calls timed in the metrics as the engine's
+    are (`sendledger_provider_call_duration_seconds`). The daemon lends its providers
+    unwrapped (the engine times its own copies), so no call is timed twice."""
+
+    @contextmanager
+    def timed(name: str) -> Iterator[Provider]:
+        with source(name) as provider:
+            yield ObservedProvider(provider, metrics)
+
+    return timed
 
 
 def context_of(request: Request) -> ApiContext:

@@ -169,6 +169,14 @@ class Metrics:
     def provider_call(self, provider: str, operation: str, seconds: float) -> None:
         self.provider_latency.labels(provider, operation).observe(seconds)
 
+    # -- the doors' searches (`Services.on_search`) ------------------------------------
+
+    def door_search(self, hits: int) -> None:
+        """A search a person or a script made (a check, a triage, a resend's), counted by
+        what it found as the engine's are. It records a Checked event, or nothing, never
+        one that `saved` counts, so it is counted here once."""
+        self.searches.labels("miss" if hits == 0 else "hit" if hits == 1 else "duplicate").inc()
+
     # -- the webhook deliveries (`daemon.webhooks.worker.DeliveryObserver`) -------------
 
     def webhook_delivered(self, name: str) -> None:

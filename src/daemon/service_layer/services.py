@@ -313,6 +313,7 @@ class Services:
         limits: Mapping[str, MessageLimits] | None = None,
         thread_providers: frozenset[str] = frozenset(),
         draft_providers: frozenset[str] = frozenset(),
+        on_search: Callable[[int], None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.policies = policies
@@ -322,6 +323,9 @@ class Services:
         # The providers that may leave unsent drafts of a job (Graph, Gmail's drafts
         # mode): a human's decision that settles a job schedules their deletion.
         self.draft_providers = draft_providers
+        # Told the copies each search made here found (a check, a triage, a resend's):
+        # the process's metrics count them beside the engine's (docs/http-api.md "Metrics").
+        self.on_search = on_search
 
     # -- submit -------------------------------------------------------------------------
 
@@ -501,7 +505,16 @@ class Services:
 
     def search(self, job: SendJob) -> SearchResult:
         """The job's Message-ID searched in its sender's mailbox now (reading only)."""
-        return self._with_provider(job, lambda provider: provider.search(job.message_id))
+        return self._with_provider(job, lambda provider: self._searched(provider, job))
+
+    def _searched(self, provider: Provider, job: SendJob) -> SearchResult:
+        found = provider.search(job.message_id)
+        if self.on_search is not None:
+            try:
+                self.on_search(len(found.hits))
+            except Exception:  # counting never changes what the door answers
+                log.exception("search observer failed")
+        return found
 
     def _fenced_search(self, job: SendJob, deleted: list[str]) -> SearchResult:
         """Before a resend: the job's unsent drafts deleted first where its provider may
@@ -515,7 +528,7 @@ class Services:
         def fenced(provider: Provider) -> SearchResult:
             if provider.leaves_drafts:
                 deleted.extend(provider.delete_drafts(job.message_id))
-            return provider.search(job.message_id)
+            return self._searched(provider, job)
 
         return self._with_provider(job, fenced)
 
