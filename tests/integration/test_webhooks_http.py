@@ -356,3 +356,45 @@ def test_a_name_that_does_not_resolve_is_a_failure_naming_the_error(
     outcome = post("http://nowhere.invalid:8080/hook", b"{}", HEADERS, 2.0)
     assert not outcome.ok and outcome.status is None
     assert outcome.error.startswith("gaierror: ") and "not known" in outcome.error
+
+
+def _outside_address() -> str:
+    """An address of this host that is not loopback (the route's source toward a
+    documentation network: nothing is sent); skips where there is none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.200", 9))
+        except OSError:
+            pytest.skip("no route off loopback")
+        address: str = probe.getsockname()[0]
+    if address.startswith("127."):
+        pytest.skip("no address off loopback")
+    return address
+
+
+def test_localhost_is_reached_on_loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`http://localhost` is accepted without `allow_http` as loopback, checked on the
+    name as written; the name is then resolved, and a resolver that answers another
+    address (no `localhost` line in /etc/hosts, a DNS search domain that has one) would
+    get the payload in clear text. Only a loopback address of it is connected to."""
+    outside = _outside_address()
+    listener = socket.create_server((outside, 0))
+    got: list[bytes] = []
+
+    def loop() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                got.append(_read_request(conn))
+                conn.sendall(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+
+    threading.Thread(target=loop, daemon=True).start()
+    port = listener.getsockname()[1]
+    info = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (outside, port))]
+    _resolving(monkeypatch, "localhost", lambda: info)
+    try:
+        outcome = post(f"http://localhost:{port}/hook", b"{}", HEADERS, 1.0)
+    finally:
+        listener.close()
+    assert not outcome.ok and outcome.status is None
+    assert "loopback" in outcome.error and got == []

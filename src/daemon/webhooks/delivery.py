@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import ipaddress
 import socket
 import ssl
 import threading
@@ -24,6 +25,9 @@ from ledger.display import printable
 
 #: Bytes of a refusal's body kept for `webhooks status`.
 ERROR_BODY = 200
+#: The names the settings take for loopback as written (`daemon/config/settings.py:
+#: _is_loopback`, `http://` without `allow_http`): reached on a loopback address only.
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain")
 
 
 @dataclass(frozen=True)
@@ -139,13 +143,28 @@ def _resolve(host: str, port: int, deadline: float) -> list[Any]:
     return found
 
 
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
 def _connect(
     host: str, port: int, deadline: float, context: ssl.SSLContext | None
 ) -> socket.socket:
     """A socket connected to `host` (TLS-wrapped with `context`), every step (the lookup,
     each address in turn, the handshake) within the time left before `deadline`."""
     error: OSError | None = None
-    for family, kind, proto, _name, address in _resolve(host, port, deadline):
+    found = _resolve(host, port, deadline)
+    if host.lower() in LOOPBACK_NAMES:
+        # Allowed plain http as loopback by its name; a resolver may answer another
+        # address for it (no `localhost` line in /etc/hosts, a search domain that has
+        # one), which would get the payload in clear text.
+        found = [info for info in found if _loopback(info[4][0])]
+        if not found:
+            raise OSError(f"{host!r} resolved to no loopback address")
+    for family, kind, proto, _name, address in found:
         left = _left(deadline)
         sock = socket.socket(family, kind, proto)
         try:
