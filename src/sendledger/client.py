@@ -217,6 +217,21 @@ class Client:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"url: http(s)://HOST:PORT expected, got {url!r}")
+        # Requested as written: http.client refuses a space, a control character or a
+        # non-ASCII character in every attempt (each then read as an answer lost, "sent"),
+        # and takes a port past 65535 modulo 65536 (another port).
+        for index, char in enumerate(url):
+            if char <= " " or char == "\x7f" or not char.isascii():
+                raise ValueError(
+                    f"url: {char!r} at character {index + 1}: no space, control or "
+                    "non-ASCII character (an xn-- host, a percent-encoded path)"
+                )
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ValueError(f"url: the port of {url!r} is not a number from 1 to 65535")
         # What a token is on the server (printable ASCII, no spaces): anything else could
         # not be put in the header, and each attempt failing so read as an answer lost.
         if not token or not all("!" <= c <= "~" for c in token):

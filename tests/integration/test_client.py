@@ -450,3 +450,21 @@ def test_a_connection_cut_after_the_request_left_is_sent() -> None:
         client.resolve("x", "sent")
     assert lost.value.sent is True and lost.value.may_have_applied is True
     assert len(got) == 1 and got[0].startswith(b"POST /v1/review/x/resolve")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:99999",  # taken modulo 65536 by the socket: another port
+        "http://127.0.0.1:80x",  # http.client's InvalidURL at the first call, no ClientError
+        "http://127.0.0.1:8025/api v1",  # likewise
+        "http://127.0.0.1:8025\n",  # failed in every attempt: "sent", may have applied
+        "http://127.0.0.1:8025/caf\u00e9",  # likewise (UnicodeEncodeError)
+    ],
+)
+def test_a_url_that_cannot_be_requested_as_written_is_refused_at_once(url: str) -> None:
+    """A base URL the connection would reach elsewhere, or fail on in every attempt, is
+    refused when the client is made, naming `url`: it was taken, then each call raised an
+    exception that is no `ClientError`, or retried and reported the request sent."""
+    with pytest.raises(ValueError, match=r"^url: "):
+        Client(url, TOKEN)
