@@ -28,8 +28,8 @@ from hypothesis.stateful import (
 )
 from tests.unit.engine_rig import BASE_POLICY, receipt
 
-from daemon.doubles.fake_drafts import FakeDraftsProvider
-from daemon.doubles.fake_provider import FakeProvider
+from daemon.doubles.fake_drafts import FakeDraftsProvider, FakeGraphProvider
+from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
 from daemon.engine.owners import ScopeOwners
@@ -839,6 +839,169 @@ def test_a_draft_step_that_outlasts_the_grace_calls_nothing_once_its_scope_moved
         made_only_by_who_may_call()
         if not slow_create:
             assert len(slow.draft_creates_by) == 1
+    finally:
+        for engine in (a, b):
+            engine.close()
+        ledger.close()
+
+
+# -- a sweep whose fence is slow: the scope moved before its search --------------------
+
+
+class SlowFence(FakeGraphProvider):
+    """Graph as the engine sees it, whose fence (the unsent drafts deleted before a
+    sweep's search) answers slowly, within its timeout (`slow_fence`: run once at the
+    start of the next deletion). Which daemons may call for the scope is recorded at each
+    search (`searches_by`: the searcher, and who may act at that moment)."""
+
+    def __init__(self, name: str, clock: FakeClock) -> None:
+        super().__init__(name, clock=clock)
+        self.slow_fence: Callable[[], None] | None = None
+        self.who_may_call: Callable[[], list[str]] = list
+        self.searches_by: list[tuple[str, list[str]]] = []
+
+    def delete_drafts(self, message_id: str) -> list[str]:
+        hook, self.slow_fence = self.slow_fence, None
+        if hook is not None:
+            hook()
+        return super().delete_drafts(message_id)
+
+    def search(self, message_id: str) -> SearchResult:
+        searcher = threading.current_thread().name.rpartition("@")[2].partition("_")[0]
+        self.searches_by.append((searcher, self.who_may_call()))
+        return super().search(message_id)
+
+
+def test_a_sweep_whose_fence_answers_after_its_scope_moved_searches_nothing() -> None:
+    """`a` owns two Graph scopes, each with a job whose send's outcome is unknown. When
+    one of the sweeps deletes its job's drafts (the fence), `b` joins and `a` gives that
+    scope up; the deletion answers within its timeout.
+    The search that would follow is a call for a scope `a` may no longer call for (`b`
+    takes it once the grace has passed: the mailbox read from two daemons at once, over
+    its quota): it is not made, nothing is recorded as its result, and `b` sweeps the
+    job."""
+    timeout = GRACE
+    clock = FakeClock(START)
+    ledger = Ledger("memory://", clock=clock)
+    providers = {name: SlowFence(name, clock) for name in ("p0", "p1")}
+    policies = PolicySet(
+        {
+            f"c{n}": ChannelPolicy.model_validate(
+                {**BASE_POLICY, "channel": f"c{n}", "provider": f"p{n}"}
+            )
+            for n in range(2)
+        }
+    )
+    a, b = daemons(ledger, policies, dict(providers), clock, timeout, concurrency=1)
+    try:
+        for n, provider in enumerate(providers.values()):
+            provider.script(Scripted.dropped_response())
+            content = receipt(f"c{n}", f"k{n}")
+            ledger.submit(content, policies[f"c{n}"].sender_for(content.sender))
+        a.tick()  # `a` alone: it takes both scopes and sends; both outcomes unknown
+        assert a.owners is not None and a.owners.owned() == ["p0", "p1"]
+        assert {r.state for r in ledger.jobs()} == {JobState.UNKNOWN}
+        for _ in range(61):  # the index lag (search_after) passes; `a` keeps its scopes
+            clock.advance(1)
+            a._balance_scopes()
+        moved = sorted(["p0", "p1"], key=a.owners._preference)[1]  # what `a` gives up
+        slow = providers[moved]
+        key = "k0" if moved == "p0" else "k1"
+        engines = {"a": a, "b": b}
+        slow.who_may_call = lambda: sorted(
+            name
+            for name, e in engines.items()
+            if e.owners is not None and e.owners.may_call(moved, clock())
+        )
+
+        def fencing() -> None:  # on `a`'s check worker, the job loaded
+            b._balance_scopes()  # `b` starts and joins
+            a._balance_scopes()  # `a`'s next round: over its share, it gives one up
+            assert a.owners is not None and moved not in a.owners.owned()
+            clock.advance(timeout * 0.95)  # the deletion answers, within its timeout
+
+        slow.slow_fence = fencing
+        before = len(ledger.history(key))
+        a.tick()
+        assert all([searcher] == allowed for searcher, allowed in slow.searches_by), (
+            slow.searches_by
+        )
+        assert ledger.get_job(key).state is JobState.UNKNOWN
+        assert len(ledger.history(key)) == before  # nothing recorded for a search not made
+        for _ in range(int(LEASE)):
+            b.tick()
+            clock.advance(1)
+        assert ledger.get_job(key).state is JobState.CONFIRMED
+        assert [s for s, _ in slow.searches_by] == ["b"]
+    finally:
+        for engine in (a, b):
+            engine.close()
+        ledger.close()
+
+
+class ReadBacks(FakeProvider):
+    """A provider whose confirmed sends are read back (`response_ids_readable`); which
+    daemons may call for the scope is recorded at each read (`reads_by`)."""
+
+    response_ids_readable = True
+
+    def __init__(self, name: str, clock: FakeClock) -> None:
+        super().__init__(name, clock=clock)
+        self.who_may_call: Callable[[], list[str]] = list
+        self.reads_by: list[tuple[str, list[str]]] = []
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        reader = threading.current_thread().name.rpartition("@")[2].partition("_")[0]
+        self.reads_by.append((reader, self.who_may_call()))
+        return super().read_message_id(provider_message_id)
+
+
+def test_a_send_that_answers_after_its_scope_moved_is_not_read_back() -> None:
+    """`a` owns two scopes; while one send's call runs, `b` joins and `a` gives that
+    scope up. The call answers (confirmed) within its timeout: its read-back, a call of
+    its own, is not made by `a`, which may no longer call for the scope."""
+    clock = FakeClock(START)
+    ledger = Ledger("memory://", clock=clock)
+    providers = {name: ReadBacks(name, clock) for name in ("p0", "p1")}
+    policies = PolicySet(
+        {
+            f"c{n}": ChannelPolicy.model_validate(
+                {**BASE_POLICY, "channel": f"c{n}", "provider": f"p{n}"}
+            )
+            for n in range(2)
+        }
+    )
+    a, b = daemons(ledger, policies, dict(providers), clock, GRACE, concurrency=1)
+    try:
+        a.tick()  # `a` alone: it joins
+        for n in range(2):
+            content = receipt(f"c{n}", f"first{n}")
+            ledger.submit(content, policies[f"c{n}"].sender_for(content.sender))
+        a.tick()  # it takes both scopes; both sends are read back (the first ones)
+        assert a.owners is not None and a.owners.owned() == ["p0", "p1"]
+        moved = sorted(["p0", "p1"], key=a.owners._preference)[1]  # what `a` gives up
+        slow = providers[moved]
+        engines = {"a": a, "b": b}
+        slow.who_may_call = lambda: sorted(
+            name
+            for name, e in engines.items()
+            if e.owners is not None and e.owners.may_call(moved, clock())
+        )
+
+        def sending() -> None:  # on `a`'s send worker, the call made
+            slow.during_send = None
+            b._balance_scopes()  # `b` starts and joins
+            a._balance_scopes()  # `a`'s next round: over its share, it gives one up
+            assert a.owners is not None and moved not in a.owners.owned()
+            clock.advance(GRACE * 0.95)  # the send answers, within its timeout
+
+        slow.during_send = sending
+        del slow.reads_by[:]
+        content = receipt("c0" if moved == "p0" else "c1", "k")
+        ledger.submit(content, policies[content.channel].sender_for(content.sender))
+        a.tick()
+        assert ledger.get_job("k").state is JobState.CONFIRMED
+        assert slow.reads_by == []
     finally:
         for engine in (a, b):
             engine.close()

@@ -337,9 +337,12 @@ class Dispatch:
                 and claimed.draft is not None
                 and drafts is not None
             ):
-                # Asked at once, in this worker: no index lies between a draft and its answer.
-                claimed.check = drafts_flow.ask_draft(work.job, drafts)
-                crash_point("after-search")
+                # Asked at once, in this worker: no index lies between a draft and its answer;
+                # unless the scope went to another daemon during the send (a call of its
+                # own): then the sweep of the scope's owner asks.
+                if self._may_call_now(claimed):
+                    claimed.check = drafts_flow.ask_draft(work.job, drafts)
+                    crash_point("after-search")
                 work.now = self._clock()
             self._circuits.called(
                 scope,
@@ -373,12 +376,24 @@ class Dispatch:
             return False
         return True
 
+    def _may_call_now(self, claimed: Claimed) -> bool:
+        """Whether a call after the send (the draft's check, the read-back) may start now:
+        the scope is still this daemon's (`owners.py`)."""
+        return self._may_call is None or self._may_call(
+            claimed.policy, claimed.work.job.from_addr, self._clock()
+        )
+
     def _read_back_sample(self, claimed: Claimed) -> None:
         outcome, policy = claimed.outcome, claimed.policy
         if outcome is None or outcome.kind is not SendKind.CONFIRMED:
             return
-        if outcome.provider_message_id and self._health.should_read_back(
-            policy.provider, claimed.provider
+        if (
+            outcome.provider_message_id
+            # A call of its own after the send, which may have taken the provider's whole
+            # timeout: not made once the scope went to another daemon (over its quota),
+            # nor counted as a sample made.
+            and self._may_call_now(claimed)
+            and self._health.should_read_back(policy.provider, claimed.provider)
         ):
             self._health.read_back(
                 claimed.work.job,

@@ -60,9 +60,14 @@ class SearchBackoff:
     its scope's circuit is open only as the probe (`circuit.py`). In memory: nothing about
     the job changed, so nothing is recorded."""
 
-    def __init__(self, circuits: Circuits, clock: Clock) -> None:
+    def __init__(
+        self, circuits: Circuits, clock: Clock, may_call: Callable[[Work], bool] | None = None
+    ) -> None:
+        """`may_call(work)`: whether this daemon may still call for the job's quota scope
+        now (`owners.py`), asked right before each call; None: it works for every scope."""
         self._circuits = circuits
         self._clock = clock
+        self._may_call = may_call
         self._lock = threading.Lock()
         self._not_before: dict[str, datetime] = {}
         self._scope_of: dict[str, str] = {}  # jobs held by their scope's open circuit
@@ -148,8 +153,16 @@ class SearchBackoff:
         counted: Count | None = None,
     ) -> T | None:
         """`call()`, one provider call of a sweep, a verification or a tidy; None when its
-        circuit holds it or it failed (no information: never a miss)."""
+        circuit holds it, it failed (no information: never a miss), or the job's quota
+        scope is no longer this daemon's."""
         key, scope = work.job.key, provider.scope()
+        if self._may_call is not None and not self._may_call(work):
+            # Asked before each call, not only when the job was loaded: the calls before
+            # this one (a fence, a draft check) may each take the provider's timeout, and
+            # the scope may have gone to another daemon meanwhile (two daemons calling for
+            # one mailbox, over its quota). Nothing is recorded: its owner does the step.
+            log.info("job %s: no %s: its quota scope went to another daemon", key, what)
+            return None
         admit = self._circuits.admit(scope, work.now, CHECK)
         if admit is Admit.HOLD:
             with self._lock:

@@ -180,7 +180,9 @@ class Engine:
             commits=self.commits,
             may_run=None if self.owners is None else self._may_run,
         )
-        backoff = self._backoff = SearchBackoff(self.circuits, self.clock)
+        backoff = self._backoff = SearchBackoff(
+            self.circuits, self.clock, may_call=None if self.owners is None else self._may_call
+        )
         self._dispatch = Dispatch(
             self.health,
             self.clock,
@@ -371,6 +373,12 @@ class Engine:
         return isinstance(step, Recover) or self.scopes.may_call(
             work.policy, work.job.from_addr, work.now
         )
+
+    def _may_call(self, work: Work) -> bool:
+        """Whether a check's next provider call may start now (`SearchBackoff`)."""
+        if self.owners is not None and self.owners.aside is not None:
+            return False
+        return self.scopes.may_call(work.policy, work.job.from_addr, self.clock())
 
     def _offer_checks(self, step: Step) -> None:
         free = self._checks.free()
