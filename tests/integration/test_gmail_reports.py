@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from daemon.providers.base import SendKind
+from daemon.providers.base import ProviderError, SendKind
 from daemon.providers.gmail import GmailProvider
 from daemon.providers.quota import GMAIL_SEND_UNITS
 from ledger.delivery_reports import MAX_REPORT_BYTES, DeliveryReport, read_report
 from testkit.dsn import rfc3464_report
 from testkit.gmail_emulator import GmailEmulator
-from testkit.relay import FaultRelay
+from testkit.relay import FaultPlan, FaultRelay
 
 GmailProviderFactory = Callable[..., GmailProvider]
 RawFactory = Callable[..., bytes]
@@ -110,3 +110,42 @@ def test_a_read_leaves_a_sends_worth_of_quota_and_says_it_stopped(
     read = fresh.read_reports(SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50)
     assert not read.complete and len(read.listed) == 1 and read.found == ()
     assert fresh.quota_available() == GMAIL_SEND_UNITS
+
+
+def test_a_read_cut_short_by_429s_goes_on_where_it_stopped_and_finishes(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    relay: FaultRelay,
+    make_raw: RawFactory,
+) -> None:
+    """A mailbox whose reports take more pages than its rate limit lets through in a row:
+    every third list or get is refused (429). Each read goes on from the page (and the
+    reports) where the last one was refused, instead of listing from page 1 again (which
+    never got past page 3): every report is read, each downloaded once."""
+    reports = 6
+    for n in range(reports):
+        mid = f"<job-{n:032x}@{DOMAIN}>"
+        emulator.inject(
+            rfc3464_report(make_raw(mid, to=GONE), mailbox=MAILBOX, recipient=GONE),
+            labels=("INBOX",),
+            user=MAILBOX,
+        )
+    relay.set_plan(FaultPlan(search=["pass", "pass", "429"] * 40))
+    provider = gmail_provider(timeout=CALL_TIMEOUT, page_size=1)
+    known: set[str] = set()
+    failed = 0
+    for _ in range(20):
+        try:
+            read = provider.read_reports(SINCE, known=known, max_bytes=MAX_REPORT_BYTES, limit=50)
+        except ProviderError as exc:
+            assert exc.unavailable
+            failed += 1
+            continue
+        known |= {found.provider_id for found in read.found}
+        if read.complete:
+            break
+    else:
+        raise AssertionError(f"never complete: {len(known)} of {reports} read")
+    assert failed > 0 and len(known) == reports and len(read.listed) == reports
+    raw_reads = [e for e in relay.log if "format=raw" in e["path"] and e["mode"] == "pass"]
+    assert len(raw_reads) == reports

@@ -14,13 +14,21 @@ send's worth (100 units) is left after it: a read stops there, says it is incomp
 goes on at the next one, so it never takes the quota of a due send. A bucket of one send
 (`user = "{from}"`) keeps none back: the engine reads such a mailbox only while none of
 its sends waits (docs/providers.md "Bounces").
+
+A read stopped that way, or by Gmail refusing a call as unavailable (429, 503: the read
+fails), is kept per mailbox (`_Progress`): the next read goes on with the same query from
+the page where the listing stopped, and hands out the reports already downloaded, instead
+of listing from page 1 again, which a mailbox with more pages than its quota lets through
+in a row would never get past.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import threading
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -42,12 +50,26 @@ def report_query(since: datetime) -> str:
     return f"in:inbox after:{int(since.timestamp())} {{{senders}}}"
 
 
+@dataclass
+class _Progress:
+    """A mailbox's read that stopped before its end: its query (a page token belongs to
+    it), the ids listed so far, the next page (None: the listing is done), and the reports
+    downloaded but not handed out yet."""
+
+    query: str
+    ids: list[str] = field(default_factory=list)
+    page_token: str | None = ""  # "": the first page
+    found: dict[str, FoundReport] = field(default_factory=dict)
+
+
 class GmailReports:
     """The report reads of one GmailProvider, each acting as a given mailbox."""
 
     def __init__(self, provider: GmailCalls) -> None:
         self.provider = provider
         self._messages = provider.service.users().messages()
+        self._lock = threading.Lock()
+        self._progress: dict[str, _Progress] = {}  # mailbox user -> its stopped read
 
     def read(
         self,
@@ -58,17 +80,33 @@ class GmailReports:
         max_bytes: int,
         limit: int,
     ) -> ReportRead:
-        query = report_query(since)
-        listed: list[str] = []
-        found: list[FoundReport] = []
+        with self._lock:
+            progress = self._progress.pop(mailbox.user, None)
+        if progress is None:
+            progress = _Progress(report_query(since))
+        query, found = progress.query, progress.found
         try:
-            listed = self._list(mailbox, query)
-            for provider_id in [i for i in listed if i not in known][:limit]:
-                found.append(self._fetch(mailbox, provider_id, max_bytes))
+            if progress.page_token is not None:
+                self._list(mailbox, progress)
+            unread = [i for i in progress.ids if i not in known]
+            for provider_id in [i for i in unread if i not in found][: max(limit - len(found), 0)]:
+                found[provider_id] = self._fetch(mailbox, provider_id, max_bytes)
         except _QuotaKept:
-            return ReportRead(query, tuple(listed), tuple(found), complete=False)
-        unread = sum(1 for i in listed if i not in known)
-        return ReportRead(query, tuple(listed), tuple(found), complete=unread <= limit)
+            # Goes on from here at the next read; what was downloaded is handed out now.
+            self._keep(mailbox, _Progress(query, progress.ids, progress.page_token))
+            return ReportRead(query, tuple(progress.ids), tuple(found.values()), complete=False)
+        except ProviderError as exc:
+            if exc.unavailable:  # refused for now (429, 503): goes on from here next time
+                self._keep(mailbox, progress)
+            raise
+        complete = len(unread) <= limit
+        if not complete:  # the caller's limit: the rest of this listing at the next read
+            self._keep(mailbox, _Progress(query, progress.ids, None))
+        return ReportRead(query, tuple(progress.ids), tuple(found.values()), complete=complete)
+
+    def _keep(self, mailbox: Mailbox, progress: _Progress) -> None:
+        with self._lock:
+            self._progress[mailbox.user] = progress
 
     def _paid(self, what: str, request: Any, units: float, mailbox: Mailbox) -> dict[str, Any]:
         # A send's worth stays for the sends, where the bucket holds more than one (with
@@ -79,9 +117,10 @@ class GmailReports:
             raise _QuotaKept(what)
         return self.provider.read_json(what, request, 0.0, mailbox)
 
-    def _list(self, mailbox: Mailbox, query: str) -> list[str]:
-        ids: list[str] = []
-        page_token: str | None = None
+    def _list(self, mailbox: Mailbox, progress: _Progress) -> None:
+        """Every page of the listing, from `progress.page_token` on, into `progress`
+        (a page at a time: a call refused leaves it where it stopped)."""
+        query, ids, page_token = progress.query, progress.ids, progress.page_token
         seen_tokens: set[str] = set()
         while True:
             params: dict[str, Any] = {
@@ -101,11 +140,12 @@ class GmailReports:
                     ids.append(item["id"])
             next_token = page.get("nextPageToken")
             if not next_token:
-                return ids
+                progress.page_token = None
+                return
             if not isinstance(next_token, str) or next_token in seen_tokens:
                 raise ProviderError(f"reports {query}: paging did not advance")
             seen_tokens.add(next_token)
-            page_token = next_token
+            page_token = progress.page_token = next_token
 
     def _fetch(self, mailbox: Mailbox, provider_id: str, max_bytes: int) -> FoundReport:
         request = self._messages.get(
