@@ -45,6 +45,7 @@ from daemon.providers.base import Provider, SendKind, for_job
 from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
 from daemon.providers.graph_credentials import read_certificate
 from policies.model import ChannelPolicy
+from testkit.dsn import rfc3464_report
 from testkit.graph_emulator import (
     DEFAULT_CLIENT_ID,
     DEFAULT_CLIENT_SECRET,
@@ -548,6 +549,30 @@ def test_exchanges_report_is_recorded_once_and_forgeries_on_no_job(
             bounce_arrived=lambda: bool(graph.folder(MAILBOX, "inbox")),
         ),
     )
+
+
+def test_a_mailbox_with_more_reports_than_one_read_lists_is_read_over_several(
+    provider: ProviderFactory, graph: GraphEmulator
+) -> None:
+    """5,001 non-delivery reports in the window: more pages (of 100) than one listing
+    follows. A read lists its pages and says it is incomplete, instead of failing; the
+    next goes on from the page where it stopped, and together they list every report once
+    (each too large to download here: the listing alone is under test)."""
+    reports = 5_001
+    report = rfc3464_report(raw_message(), mailbox=MAILBOX, recipient="nobody@gone.example")
+    for _ in range(reports):
+        graph.inject(report, user=MAILBOX, message_class=NDR_CLASS)
+    graph_provider = provider()
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    found: list[str] = []
+    for _ in range(3):
+        read = graph_provider.read_reports(since, known=found, max_bytes=0, limit=10_000)
+        found += [f.provider_id for f in read.found]
+        if read.complete:
+            break
+    assert read.complete
+    assert len(found) == len(set(found)) == reports
+    assert sorted(read.listed) == sorted(found)
 
 
 @pytest.mark.parametrize("refusal", ["429", "503"])

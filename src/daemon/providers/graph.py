@@ -52,7 +52,7 @@ from daemon.providers.graph_classify import (
     read_error,
     token_error,
 )
-from daemon.providers.graph_reports import read_reports_in
+from daemon.providers.graph_reports import KeptListings, read_reports_in
 from daemon.providers.mailboxes import IDLE_AFTER, Mailboxes
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.timeouts import timed_out
@@ -298,6 +298,8 @@ class GraphProvider(ProviderBase):
         self._default = None if self.per_mailbox else _Mailbox(user, max_concurrent)
         self._transports = PerThreadHttp(self._new_transport)
         self._closed = False
+        #: Each mailbox's report listing that stopped before its end (`graph_reports.py`).
+        self.report_listings = KeptListings()
 
     # -- mailboxes ---------------------------------------------------------------------
 
@@ -661,18 +663,26 @@ class GraphProvider(ProviderBase):
         found: list[dict[str, Any]] = []
         url: str | None = None
         for _ in range(MAX_PAGES):
-            page = self._get_json(what, mailbox, path, url=url)
-            if page is None:
-                raise ProviderError(f"{what}: HTTP 404 (no such mailbox or folder)")
-            items = page.get("value")
-            if not isinstance(items, list):
-                raise ProviderError(f"{what}: answer without a value list")
-            found.extend(item for item in items if isinstance(item, dict))
-            next_link = page.get("@odata.nextLink")
-            if not next_link:
+            items, url = self.page(what, mailbox, path, url=url)
+            found.extend(items)
+            if url is None:
                 return found
-            url = self._own_link(what, next_link)
         raise ProviderError(f"{what}: more than {MAX_PAGES} pages")
+
+    def page(
+        self, what: str, mailbox: _Mailbox, path: str, *, url: str | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of a listing (`url`: a next link it gave, else its first page): its
+        items and the next page's link on our own endpoint (None: the last page)."""
+        page = self._get_json(what, mailbox, path, url=url)
+        if page is None:
+            raise ProviderError(f"{what}: HTTP 404 (no such mailbox or folder)")
+        items = page.get("value")
+        if not isinstance(items, list):
+            raise ProviderError(f"{what}: answer without a value list")
+        next_link = page.get("@odata.nextLink")
+        found = [item for item in items if isinstance(item, dict)]
+        return found, (self._own_link(what, next_link) if next_link else None)
 
     def _own_link(self, what: str, link: Any) -> str:
         """A next-page link, always on our own api_endpoint: the token goes to no other
@@ -689,9 +699,11 @@ class GraphProvider(ProviderBase):
     def read_reports(
         self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
     ) -> ReportRead:
+        mailbox = self._unscoped()
         return read_reports_in(
-            self, self._unscoped(), since, known=known, max_bytes=max_bytes, limit=limit
-        )
+            self, mailbox, since, known=known, max_bytes=max_bytes, limit=limit,
+            kept=self.report_listings, key=mailbox.user,
+        )  # fmt: skip
 
     def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
         found = self._message(mailbox, provider_message_id)
@@ -764,9 +776,11 @@ class GraphMailboxView(ProviderBase):
     def read_reports(
         self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
     ) -> ReportRead:
+        mailbox = self.mailbox
         return read_reports_in(
-            self.provider, self.mailbox, since, known=known, max_bytes=max_bytes, limit=limit
-        )
+            self.provider, mailbox, since, known=known, max_bytes=max_bytes, limit=limit,
+            kept=self.provider.report_listings, key=mailbox.user,
+        )  # fmt: skip
 
     def close(self) -> None:
         pass

@@ -9,11 +9,19 @@ listing of Inbox, every page:
 report not read before and within the caller's limit. Ids are immutable ids. Graph's
 delay notifications have other classes and are not listed: on Graph only permanent
 failures are read.
+
+One read follows at most `MAX_PAGES` pages of the listing (a mailbox may hold more
+reports than that in its window): then it says it is incomplete, and the next read goes
+on from the next page's link, with the same query, as it does after a page refused as
+unavailable (429, 503) or a listing cut by the caller's limit (`KeptListings`, per
+mailbox), so a large mailbox is read to its end over a few reads, never failing each.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
@@ -33,7 +41,9 @@ class ReportCalls(Protocol[_MailboxIn]):
         self, what: str, mailbox: _MailboxIn, path: str, *, url: str | None = None
     ) -> tuple[int, bytes] | None: ...
 
-    def items(self, what: str, mailbox: _MailboxIn, path: str) -> list[dict[str, Any]]: ...
+    def page(
+        self, what: str, mailbox: _MailboxIn, path: str, *, url: str | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]: ...
 
 
 NDR_CLASS = "REPORT.IPM.Note.NDR"
@@ -41,6 +51,35 @@ MESSAGE_CLASS = "String 0x001A"  # PidTagMessageClass
 MESSAGE_SIZE = "Integer 0x0E08"  # PidTagMessageSize
 REPORT_TYPE = "multipart/report"
 PAGE_SIZE = 100
+#: Pages of the listing one read follows; the rest at the next read.
+MAX_PAGES = 50
+
+
+@dataclass
+class _Listing:
+    """A mailbox's listing that stopped before its end: its query (a next link belongs
+    to it), the ids and sizes listed so far, and the next page (None: listed to the end,
+    cut by the caller's limit)."""
+
+    query: str
+    sizes: dict[str, int] = field(default_factory=dict)
+    next_url: str | None = None
+
+
+class KeptListings:
+    """Each mailbox's stopped listing, by the mailbox's user; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[str, _Listing] = {}
+
+    def take(self, key: str) -> _Listing | None:
+        with self._lock:
+            return self._kept.pop(key, None)
+
+    def keep(self, key: str, listing: _Listing) -> None:
+        with self._lock:
+            self._kept[key] = listing
 
 
 def report_filter(since: datetime) -> str:
@@ -59,8 +98,16 @@ def read_reports_in(
     known: Collection[str],
     max_bytes: int,
     limit: int,
+    kept: KeptListings | None = None,
+    key: str = "",
 ) -> ReportRead:
-    query = report_filter(since)
+    """`kept`: where a listing that stopped before its end is kept, under `key` (the
+    mailbox), for the next read to go on with."""
+    listing = None if kept is None else kept.take(key)
+    resumed = listing is not None
+    if listing is None:
+        listing = _Listing(report_filter(since))
+    query = listing.query
     path = (
         "/mailFolders/inbox/messages?$filter="
         + quote(query, safe="")
@@ -68,7 +115,35 @@ def read_reports_in(
         + quote(f"singleValueExtendedProperties($filter=id eq '{MESSAGE_SIZE}')", safe="")
         + f"&$top={PAGE_SIZE}"
     )
-    sizes = _listed(provider, mailbox, path, query)
+    try:
+        listed_all = True
+        if not resumed or listing.next_url is not None:
+            listed_all = _listed(provider, mailbox, path, listing)
+        read = _found(provider, mailbox, listing, known, max_bytes, limit, complete=listed_all)
+    except ProviderError as exc:
+        if exc.unavailable and kept is not None:
+            kept.keep(key, listing)  # refused for now (429, 503): goes on from here
+        raise
+    if not read.complete and kept is not None:
+        # Pages left (`MAX_PAGES`), or reports past the caller's limit: the next read goes
+        # on with this listing.
+        kept.keep(key, listing)
+    return read
+
+
+def _found(
+    provider: ReportCalls[MailboxT],
+    mailbox: MailboxT,
+    listing: _Listing,
+    known: Collection[str],
+    max_bytes: int,
+    limit: int,
+    *,
+    complete: bool,
+) -> ReportRead:
+    """The reports listed so far that are not `known`, read up to `limit`; complete when
+    the listing was and none is left for a next read."""
+    query, sizes = listing.query, listing.sizes
     unread = [i for i in sizes if i not in known]
     found = []
     for provider_id in unread[:limit]:
@@ -81,21 +156,32 @@ def read_reports_in(
         if answer is None:
             continue  # deleted since it was listed: next time it is not listed either
         found.append(FoundReport(provider_id, answer[1], len(answer[1]), REPORT_TYPE))
-    return ReportRead(f"inbox: {query}", tuple(sizes), tuple(found), complete=len(unread) <= limit)
+    complete = complete and len(unread) <= limit
+    return ReportRead(f"inbox: {query}", tuple(sizes), tuple(found), complete=complete)
 
 
 def _listed(
-    provider: ReportCalls[MailboxT], mailbox: MailboxT, path: str, query: str
-) -> dict[str, int]:
-    """Each report's id and size, every page."""
-    what = f"reports {query}"
-    sizes: dict[str, int] = {}
-    for item in provider.items(what, mailbox, path):
-        provider_id = item.get("id")
-        if not isinstance(provider_id, str):
-            raise ProviderError(f"{what}: malformed message entry {item!r}")
-        sizes[provider_id] = _size(item)
-    return sizes
+    provider: ReportCalls[MailboxT], mailbox: MailboxT, path: str, listing: _Listing
+) -> bool:
+    """Each report's id and size into `listing`, from its next page on (a page at a time:
+    a page refused leaves it where it stopped), at most `MAX_PAGES` pages. Whether the
+    listing reached its end."""
+    what = f"reports {listing.query}"
+    for _ in range(MAX_PAGES):
+        items, next_url = provider.page(what, mailbox, path, url=listing.next_url)
+        if next_url is not None and next_url == listing.next_url:
+            # A link to the page just read: a listing that never ends is no answer (and
+            # kept, it would be read again at every read).
+            raise ProviderError(f"{what}: paging did not advance")
+        for item in items:
+            provider_id = item.get("id")
+            if not isinstance(provider_id, str):
+                raise ProviderError(f"{what}: malformed message entry {item!r}")
+            listing.sizes[provider_id] = _size(item)
+        listing.next_url = next_url
+        if next_url is None:
+            return True
+    return False
 
 
 def _size(item: dict[str, Any]) -> int:
