@@ -32,6 +32,7 @@ from daemon.doubles.fake_drafts import FakeDraftsProvider, FakeGraphProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
+from daemon.engine.circuit import CircuitSettings
 from daemon.engine.owners import ScopeOwners
 from daemon.providers.base import (
     Provider,
@@ -1002,6 +1003,80 @@ def test_a_send_that_answers_after_its_scope_moved_is_not_read_back() -> None:
         a.tick()
         assert ledger.get_job("k").state is JobState.CONFIRMED
         assert slow.reads_by == []
+    finally:
+        for engine in (a, b):
+            engine.close()
+        ledger.close()
+
+
+class Pings(FakeProvider):
+    """A provider whose pings record which daemons may call for the scope then."""
+
+    def __init__(self, name: str, clock: FakeClock) -> None:
+        super().__init__(name, clock=clock)
+        self.who_may_call: Callable[[], list[str]] = list
+        self.pings_by: list[tuple[str, list[str]]] = []
+
+    def ping(self) -> None:
+        pinger = threading.current_thread().name.rpartition("@")[2].partition("_")[0]
+        self.pings_by.append((pinger, self.who_may_call()))
+        super().ping()
+
+
+def test_a_ping_whose_saves_before_it_outlast_the_scope_is_not_made() -> None:
+    """A send hung: its scope's circuit is probed with a ping. The send worker saves the
+    outcomes it left to the next commit first (a slow store), and meanwhile `b` joins and
+    `a` gives that scope up: the ping, a call for a scope `a` may no longer call for, is
+    not made (the probe is handed back)."""
+    clock = FakeClock(START)
+    ledger = Ledger("memory://", clock=clock)
+    providers = {name: Pings(name, clock) for name in ("p0", "p1")}
+    policies = PolicySet(
+        {
+            f"c{n}": ChannelPolicy.model_validate(
+                {**BASE_POLICY, "channel": f"c{n}", "provider": f"p{n}"}
+            )
+            for n in range(2)
+        }
+    )
+    a, b = daemons(
+        ledger, policies, dict(providers), clock, GRACE, concurrency=1,
+        circuit=CircuitSettings(failures=1, probe_after=1.0, probe_max=8.0),
+    )  # fmt: skip
+    try:
+        a.tick()  # `a` alone: it joins
+        for n in range(2):
+            content = receipt(f"c{n}", f"first{n}")
+            ledger.submit(content, policies[f"c{n}"].sender_for(content.sender))
+        a.tick()  # it takes both scopes
+        assert a.owners is not None and a.owners.owned() == ["p0", "p1"]
+        moved = sorted(["p0", "p1"], key=a.owners._preference)[1]  # what `a` gives up
+        channel = "c0" if moved == "p0" else "c1"
+        slow = providers[moved]
+        engines = {"a": a, "b": b}
+        slow.who_may_call = lambda: sorted(
+            name
+            for name, e in engines.items()
+            if e.owners is not None and e.owners.may_call(moved, clock())
+        )
+        slow.script(Scripted.timed_out())  # the send hangs: the circuit opens
+        for key in ("hung", "next"):
+            content = receipt(channel, key)
+            ledger.submit(content, policies[channel].sender_for(content.sender))
+        a.tick()
+        assert a.circuits.open() != []
+        flush = a._send_steps.flush
+
+        def slow_flush() -> None:  # on `a`'s send worker, before its ping
+            flush()
+            b._balance_scopes()  # `b` starts and joins
+            a._balance_scopes()  # `a`'s next round: over its share, it gives one up
+
+        a._send_steps.flush = slow_flush  # type: ignore[method-assign]
+        clock.advance(1.5)  # the probe is due
+        a.tick()
+        assert a.owners is not None and moved not in a.owners.owned()
+        assert all([pinger] == allowed for pinger, allowed in slow.pings_by), slow.pings_by
     finally:
         for engine in (a, b):
             engine.close()

@@ -410,7 +410,12 @@ class SendWorkers:
                 # claims, no longer renewed, could lapse meanwhile (another daemon would
                 # record them Unknown, and a confirmation would be lost).
                 self._flush()
-                self._steps.ping(provider, task.scope)
+                if self._steps.may_send(task.work, self._clock()):
+                    self._steps.ping(provider, task.scope)
+                else:
+                    # The save may have taken a while, and the scope gone to another
+                    # daemon meanwhile: no call for it; the probe is handed back.
+                    self._circuits.probe_returned(task.scope)
         except Exception:
             log.exception("scope %s: ping failed", task.scope)
         finally:
