@@ -149,3 +149,40 @@ def test_a_read_cut_short_by_429s_goes_on_where_it_stopped_and_finishes(
     assert failed > 0 and len(known) == reports and len(read.listed) == reports
     raw_reads = [e for e in relay.log if "format=raw" in e["path"] and e["mode"] == "pass"]
     assert len(raw_reads) == reports
+
+
+def test_a_read_whose_scope_moved_makes_no_further_call_and_goes_on_later(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    relay: FaultRelay,
+    make_raw: RawFactory,
+) -> None:
+    """A read of many calls asks before each whether the mailbox's quota scope is still
+    the daemon's (`may_go_on`): once it is not, no further call is made (two daemons
+    reading one mailbox would spend its quota twice) and the read says it is incomplete;
+    a later read goes on from there."""
+    reports = 4
+    for n in range(reports):
+        emulator.inject(
+            rfc3464_report(make_raw(f"<job-{n:032x}@{DOMAIN}>", to=GONE), mailbox=MAILBOX,
+                           recipient=GONE),
+            labels=("INBOX",),
+            user=MAILBOX,
+        )  # fmt: skip
+    provider = gmail_provider(timeout=CALL_TIMEOUT, page_size=1)
+    asked = 0
+
+    def ours_for_three_calls() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked <= 3
+
+    stopped = provider.read_reports(
+        SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50, may_go_on=ours_for_three_calls
+    )
+    calls = [e for e in relay.log if e["kind"] == "search"]
+    assert len(calls) == 3 and not stopped.complete and len(stopped.listed) == 3
+    rest = provider.read_reports(SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50)
+    assert rest.complete and len(rest.listed) == reports and len(rest.found) == reports
+    lists = [e for e in relay.log if e["kind"] == "search" and "pageToken" not in e["path"]]
+    assert len([e for e in lists if "/messages?" in e["path"]]) == 1  # page 1 listed once

@@ -575,6 +575,42 @@ def test_a_mailbox_with_more_reports_than_one_read_lists_is_read_over_several(
     assert sorted(read.listed) == sorted(found)
 
 
+def test_a_report_read_whose_scope_moved_makes_no_further_call_and_goes_on_later(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay
+) -> None:
+    """A read asks before each call whether the mailbox's quota scope is still the
+    daemon's (`may_go_on`): once it is not, no report is downloaded (two daemons reading
+    one mailbox, over its request limit) and the read says it is incomplete; the next
+    read goes on with the same listing, not listing again."""
+    for n in range(3):
+        report = rfc3464_report(
+            raw_message(f"<job-{n:032x}@mail.example.com>"),
+            mailbox=MAILBOX,
+            recipient="nobody@gone.example",
+        )
+        graph.inject(report, user=MAILBOX, message_class=NDR_CLASS)
+    graph_provider = provider()
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    asked = 0
+
+    def ours_for_one_call() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked <= 1
+
+    before = len(relay.log)
+    stopped = graph_provider.read_reports(
+        since, known=(), max_bytes=2**21, limit=50, may_go_on=ours_for_one_call
+    )
+    assert not stopped.complete and len(stopped.listed) == 3 and stopped.found == ()
+    made = [e["path"] for e in relay.log[before:] if "/users/" in e["path"]]
+    assert len(made) == 1 and "/mailFolders/inbox/messages?" in made[0], made
+    rest = graph_provider.read_reports(since, known=(), max_bytes=2**21, limit=50)
+    assert rest.complete and len(rest.found) == 3
+    made = [e["path"] for e in relay.log[before:] if "/users/" in e["path"]]
+    assert len(made) == 4 and all("/$value" in p for p in made[1:]), made
+
+
 @pytest.mark.parametrize("refusal", ["429", "503"])
 def test_a_refusal_answered_after_graph_sent_the_draft_is_not_proven_by_a_delete(
     provider: ProviderFactory,

@@ -73,6 +73,10 @@ class Mailboxes(ProviderBase):
         self.response_ids_readable = True
         self.calls: list[tuple[str, str, datetime]] = []  # (daemon, scope, at)
         self.out_of_quota = False  # every mailbox's reservation refused
+        #: Called in each report read, between its calls; then whether the read may go on
+        #: is recorded (`go_on_after`: scope, `may_go_on()`).
+        self.during_read: Callable[[str], None] | None = None
+        self.go_on_after: list[tuple[str, bool | None]] = []
         self._lock = threading.Lock()
 
     def scope_of(self, mailbox: str) -> str:
@@ -126,9 +130,20 @@ class MailboxView(ProviderBase):
     reads_reports = True
 
     def read_reports(
-        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+        self,
+        since: datetime,
+        *,
+        known: Collection[str],
+        max_bytes: int,
+        limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
         self.owner.record(self._scope)
+        hook = self.owner.during_read
+        if hook is not None:
+            hook(self._scope)
+            go_on = None if may_go_on is None else may_go_on()
+            self.owner.go_on_after.append((self._scope, go_on))
         return self.owner.inner.read_reports(since, known=known, max_bytes=max_bytes, limit=limit)
 
     def close(self) -> None:
@@ -711,6 +726,41 @@ def test_each_watched_mailbox_is_read_for_bounces_by_its_owner_alone() -> None:
         assert {d for readers in reads.values() for d in readers} == {"a", "b"}
         for n in range(8):
             assert [type(e).__name__ for e in ledger.history(f"k{n}")].count("Bounced") == 1
+    finally:
+        next(built, None)
+
+
+def test_a_bounce_read_asks_before_each_call_whether_its_scope_is_still_ours() -> None:
+    """A read of a mailbox makes many calls (pages, then each report): when `b` joins
+    during one and `a` gives that mailbox's scope up, the read is told to stop there
+    (`may_go_on` False), so its later calls are not made for a scope `a` no longer owns."""
+    watched = PolicySet({"receipts": POLICY.model_copy(update={"watch_bounces": 3600.0})})
+    built = two_engines(watched)
+    clock, ledger, provider, (a, b) = next(built)
+    try:
+        a.tick()  # `a` alone: it joins
+        for n in range(2):
+            submit(ledger, f"k{n}", n)
+        for _ in range(2):
+            a.tick()
+            clock.advance(1)
+        assert all(r.state == JobState.CONFIRMED for r in ledger.jobs())
+        assert a.owners is not None and a.owners.owned() == [scope(0), scope(1)]
+        moved = sorted([scope(0), scope(1)], key=a.owners._preference)[1]
+
+        def reading(read_scope: str) -> None:  # on `a`'s check worker, the read started
+            if read_scope != moved:
+                return
+            b._balance_scopes()  # `b` starts and joins
+            a._balance_scopes()  # `a`'s next round: over its share, it gives one up
+            assert a.owners is not None and moved not in a.owners.owned()
+
+        provider.during_read = reading
+        clock.advance(BOUNCE_INTERVAL)
+        a.tick()
+        assert (moved, False) in provider.go_on_after
+        kept = next(s for s in (scope(0), scope(1)) if s != moved)
+        assert (kept, True) in provider.go_on_after
     finally:
         next(built, None)
 

@@ -313,7 +313,13 @@ class FakeProvider(ProviderBase):
         return SearchResult(query=query, hits=hits)
 
     def read_reports(
-        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+        self,
+        since: datetime,
+        *,
+        known: Collection[str],
+        max_bytes: int,
+        limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
         with self._lock:
             self.report_reads += 1

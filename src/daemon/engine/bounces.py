@@ -243,10 +243,17 @@ class BounceWatch:
         if admit is Admit.HOLD:
             return
         since = now - timedelta(seconds=read.lookback)
+        # A read makes many calls (pages, then each report), which together may outlast
+        # the scope's lease: each asks whether the scope is still ours.
+        go_on = None if self._may_read is None else lambda: self._ours(read, self._clock())
         try:
             with self._circuits.calling(read.scope):
                 result = read.provider.read_reports(
-                    since, known=known, max_bytes=MAX_REPORT_BYTES, limit=READ_LIMIT
+                    since,
+                    known=known,
+                    max_bytes=MAX_REPORT_BYTES,
+                    limit=READ_LIMIT,
+                    may_go_on=go_on,
                 )
         except ProviderError as exc:
             self._circuits.called(

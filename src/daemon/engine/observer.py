@@ -119,11 +119,19 @@ class ObservedProvider(ProviderBase):
         self._timed("ping", self.inner.ping)
 
     def read_reports(
-        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+        self,
+        since: datetime,
+        *,
+        known: Collection[str],
+        max_bytes: int,
+        limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
         return self._timed(
             "read_reports",
-            lambda: self.inner.read_reports(since, known=known, max_bytes=max_bytes, limit=limit),
+            lambda: self.inner.read_reports(
+                since, known=known, max_bytes=max_bytes, limit=limit, may_go_on=may_go_on
+            ),
         )
 
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:

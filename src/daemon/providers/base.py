@@ -7,7 +7,7 @@ one name to import from); the daemon turns them into events.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -109,13 +109,22 @@ class Provider(Protocol):
         ...
 
     def read_reports(
-        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+        self,
+        since: datetime,
+        *,
+        known: Collection[str],
+        max_bytes: int,
+        limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
         """The messages of the mailbox that may be delivery reports, received since
         `since`: every candidate's id, and the bytes of at most `limit` of those not in
         `known` (a message over `max_bytes` is listed with `raw` None, not read). Paid
         from the mailbox's quota as a search is, leaving a send's worth in it. Raises
-        ProviderError when the answer is not known."""
+        ProviderError when the answer is not known. `may_go_on()`, where a read makes
+        several calls, is asked before each (whether the mailbox's quota scope is still
+        the caller's, `owners.py`): False stops the read there, incomplete, to go on at
+        the next one."""
         ...
 
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
@@ -177,7 +186,13 @@ class ProviderBase:
         return None
 
     def read_reports(
-        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+        self,
+        since: datetime,
+        *,
+        known: Collection[str],
+        max_bytes: int,
+        limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
         # A provider that finds no reports: nothing listed (the engine never asks it).
         return ReportRead(query="")

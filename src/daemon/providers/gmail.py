@@ -643,11 +643,18 @@ class GmailProvider(ProviderBase):
         return self.search_in(self._unscoped(), message_id)
 
     def read_reports(
-        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+        self,
+        since: datetime,
+        *,
+        known: Collection[str],
+        max_bytes: int,
+        limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
         return self.report_calls.read(
-            self._unscoped(), since, known=known, max_bytes=max_bytes, limit=limit
-        )
+            self._unscoped(), since, known=known, max_bytes=max_bytes, limit=limit,
+            may_go_on=may_go_on,
+        )  # fmt: skip
 
     def search_in(self, mailbox: Mailbox, message_id: str) -> SearchResult:
         """Every SENT copy (spam and trash included) whose Message-ID header is ours.
@@ -779,11 +786,18 @@ class GmailMailboxView(ProviderBase):
         return self.provider.search_in(self.mailbox, message_id)
 
     def read_reports(
-        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+        self,
+        since: datetime,
+        *,
+        known: Collection[str],
+        max_bytes: int,
+        limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
         return self.provider.report_calls.read(
-            self.mailbox, since, known=known, max_bytes=max_bytes, limit=limit
-        )
+            self.mailbox, since, known=known, max_bytes=max_bytes, limit=limit,
+            may_go_on=may_go_on,
+        )  # fmt: skip
 
     def create_draft(self, raw: bytes) -> Draft:
         return self.provider.draft_calls.create(self.mailbox, raw, self.thread_id)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import binascii
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -42,7 +42,8 @@ REPORT_SENDERS = ("mailer-daemon", "postmaster")
 
 
 class _QuotaKept(SendledgerError):
-    """The mailbox's bucket holds no more than a send's worth: the read stops here."""
+    """The mailbox's bucket holds no more than a send's worth, or the caller may not go on
+    (its quota scope went to another daemon): the read stops here."""
 
 
 def report_query(since: datetime) -> str:
@@ -79,7 +80,10 @@ class GmailReports:
         known: Collection[str],
         max_bytes: int,
         limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
+        """`may_go_on()`: asked before each call; False stops the read there, as a quota
+        kept for the sends does."""
         with self._lock:
             progress = self._progress.pop(mailbox.user, None)
         if progress is None:
@@ -87,10 +91,10 @@ class GmailReports:
         query, found = progress.query, progress.found
         try:
             if progress.page_token is not None:
-                self._list(mailbox, progress)
+                self._list(mailbox, progress, may_go_on)
             unread = [i for i in progress.ids if i not in known]
             for provider_id in [i for i in unread if i not in found][: max(limit - len(found), 0)]:
-                found[provider_id] = self._fetch(mailbox, provider_id, max_bytes)
+                found[provider_id] = self._fetch(mailbox, provider_id, max_bytes, may_go_on)
         except _QuotaKept:
             # Goes on from here at the next read; what was downloaded is handed out now.
             self._keep(mailbox, _Progress(query, progress.ids, progress.page_token))
@@ -108,7 +112,19 @@ class GmailReports:
         with self._lock:
             self._progress[mailbox.user] = progress
 
-    def _paid(self, what: str, request: Any, units: float, mailbox: Mailbox) -> dict[str, Any]:
+    def _paid(
+        self,
+        what: str,
+        request: Any,
+        units: float,
+        mailbox: Mailbox,
+        may_go_on: Callable[[], bool] | None,
+    ) -> dict[str, Any]:
+        if may_go_on is not None and not may_go_on():
+            # A read of many calls may outlast its quota scope's lease: none is made for
+            # a scope that went to another daemon meanwhile (two daemons reading one
+            # mailbox, over its quota).
+            raise _QuotaKept(what)
         # A send's worth stays for the sends, where the bucket holds more than one (with
         # "{from}" it holds one send: a read waiting for more would never run).
         bucket = mailbox.bucket
@@ -117,7 +133,9 @@ class GmailReports:
             raise _QuotaKept(what)
         return self.provider.read_json(what, request, 0.0, mailbox)
 
-    def _list(self, mailbox: Mailbox, progress: _Progress) -> None:
+    def _list(
+        self, mailbox: Mailbox, progress: _Progress, may_go_on: Callable[[], bool] | None
+    ) -> None:
         """Every page of the listing, from `progress.page_token` on, into `progress`
         (a page at a time: a call refused leaves it where it stopped)."""
         query, ids, page_token = progress.query, progress.ids, progress.page_token
@@ -131,7 +149,11 @@ class GmailReports:
             if page_token:
                 params["pageToken"] = page_token
             page = self._paid(
-                f"reports {query}", self._messages.list(**params), GMAIL_LIST_UNITS, mailbox
+                f"reports {query}",
+                self._messages.list(**params),
+                GMAIL_LIST_UNITS,
+                mailbox,
+                may_go_on,
             )
             for item in page.get("messages") or []:
                 if not isinstance(item, dict) or not isinstance(item.get("id"), str):
@@ -147,11 +169,17 @@ class GmailReports:
             seen_tokens.add(next_token)
             page_token = progress.page_token = next_token
 
-    def _fetch(self, mailbox: Mailbox, provider_id: str, max_bytes: int) -> FoundReport:
+    def _fetch(
+        self,
+        mailbox: Mailbox,
+        provider_id: str,
+        max_bytes: int,
+        may_go_on: Callable[[], bool] | None,
+    ) -> FoundReport:
         request = self._messages.get(
             userId=mailbox.user, id=provider_id, format="metadata", metadataHeaders=["Subject"]
         )
-        data = self._paid(f"report {provider_id}", request, GMAIL_GET_UNITS, mailbox)
+        data = self._paid(f"report {provider_id}", request, GMAIL_GET_UNITS, mailbox, may_go_on)
         size = data.get("sizeEstimate")
         payload = data.get("payload")
         kind = payload.get("mimeType") if isinstance(payload, dict) else None
@@ -161,7 +189,7 @@ class GmailReports:
         if kind != "multipart/report" or size > max_bytes:
             return FoundReport(provider_id, None, size, kind)
         request = self._messages.get(userId=mailbox.user, id=provider_id, format="raw")
-        data = self._paid(f"report {provider_id}", request, GMAIL_GET_UNITS, mailbox)
+        data = self._paid(f"report {provider_id}", request, GMAIL_GET_UNITS, mailbox, may_go_on)
         raw = data.get("raw")
         if not isinstance(raw, str):
             raise ProviderError(f"report {provider_id}: no raw message in the answer")

@@ -697,12 +697,18 @@ class GraphProvider(ProviderBase):
         return self.read_message_id_in(self._unscoped(), provider_message_id)
 
     def read_reports(
-        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+        self,
+        since: datetime,
+        *,
+        known: Collection[str],
+        max_bytes: int,
+        limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
         mailbox = self._unscoped()
         return read_reports_in(
             self, mailbox, since, known=known, max_bytes=max_bytes, limit=limit,
-            kept=self.report_listings, key=mailbox.user,
+            kept=self.report_listings, key=mailbox.user, may_go_on=may_go_on,
         )  # fmt: skip
 
     def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
@@ -774,12 +780,18 @@ class GraphMailboxView(ProviderBase):
         return self.provider.read_message_id_in(self.mailbox, provider_message_id)
 
     def read_reports(
-        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+        self,
+        since: datetime,
+        *,
+        known: Collection[str],
+        max_bytes: int,
+        limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
         mailbox = self.mailbox
         return read_reports_in(
             self.provider, mailbox, since, known=known, max_bytes=max_bytes, limit=limit,
-            kept=self.provider.report_listings, key=mailbox.user,
+            kept=self.provider.report_listings, key=mailbox.user, may_go_on=may_go_on,
         )  # fmt: skip
 
     def close(self) -> None:

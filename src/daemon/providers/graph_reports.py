@@ -20,7 +20,7 @@ mailbox), so a large mailbox is read to its end over a few reads, never failing 
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
@@ -58,12 +58,13 @@ MAX_PAGES = 50
 @dataclass
 class _Listing:
     """A mailbox's listing that stopped before its end: its query (a next link belongs
-    to it), the ids and sizes listed so far, and the next page (None: listed to the end,
-    cut by the caller's limit)."""
+    to it), the ids and sizes listed so far, the next page (None: the first), and whether
+    it was listed to its end (then cut by the caller's limit)."""
 
     query: str
     sizes: dict[str, int] = field(default_factory=dict)
     next_url: str | None = None
+    listed_all: bool = False
 
 
 class KeptListings:
@@ -100,11 +101,13 @@ def read_reports_in(
     limit: int,
     kept: KeptListings | None = None,
     key: str = "",
+    may_go_on: Callable[[], bool] | None = None,
 ) -> ReportRead:
     """`kept`: where a listing that stopped before its end is kept, under `key` (the
-    mailbox), for the next read to go on with."""
+    mailbox), for the next read to go on with. `may_go_on()`: asked before each call;
+    False stops the read there (its quota scope went to another daemon), incomplete."""
+    go_on = may_go_on or (lambda: True)
     listing = None if kept is None else kept.take(key)
-    resumed = listing is not None
     if listing is None:
         listing = _Listing(report_filter(since))
     query = listing.query
@@ -116,10 +119,12 @@ def read_reports_in(
         + f"&$top={PAGE_SIZE}"
     )
     try:
-        listed_all = True
-        if not resumed or listing.next_url is not None:
-            listed_all = _listed(provider, mailbox, path, listing)
-        read = _found(provider, mailbox, listing, known, max_bytes, limit, complete=listed_all)
+        if not listing.listed_all:
+            listing.listed_all = _listed(provider, mailbox, path, listing, go_on)
+        read = _found(
+            provider, mailbox, listing, known, max_bytes, limit, go_on,
+            complete=listing.listed_all,
+        )  # fmt: skip
     except ProviderError as exc:
         if exc.unavailable and kept is not None:
             kept.keep(key, listing)  # refused for now (429, 503): goes on from here
@@ -138,6 +143,7 @@ def _found(
     known: Collection[str],
     max_bytes: int,
     limit: int,
+    go_on: Callable[[], bool],
     *,
     complete: bool,
 ) -> ReportRead:
@@ -151,6 +157,9 @@ def _found(
         if size > max_bytes:
             found.append(FoundReport(provider_id, None, size, REPORT_TYPE))
             continue
+        if not go_on():  # the scope went to another daemon: no more calls for it
+            complete = False
+            break
         what = f"report {provider_id}"
         answer = provider.get_body(what, mailbox, f"/messages/{quote(provider_id, safe='')}/$value")
         if answer is None:
@@ -161,13 +170,19 @@ def _found(
 
 
 def _listed(
-    provider: ReportCalls[MailboxT], mailbox: MailboxT, path: str, listing: _Listing
+    provider: ReportCalls[MailboxT],
+    mailbox: MailboxT,
+    path: str,
+    listing: _Listing,
+    go_on: Callable[[], bool],
 ) -> bool:
     """Each report's id and size into `listing`, from its next page on (a page at a time:
     a page refused leaves it where it stopped), at most `MAX_PAGES` pages. Whether the
     listing reached its end."""
     what = f"reports {listing.query}"
     for _ in range(MAX_PAGES):
+        if not go_on():  # the scope went to another daemon: no more calls for it
+            return False
         items, next_url = provider.page(what, mailbox, path, url=listing.next_url)
         if next_url is not None and next_url == listing.next_url:
             # A link to the page just read: a listing that never ends is no answer (and

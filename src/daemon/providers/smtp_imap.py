@@ -269,9 +269,16 @@ class SmtpImapProvider(ProviderBase):
         return headers[uid]
 
     def read_reports(
-        self, since: datetime, *, known: Collection[str], max_bytes: int, limit: int
+        self,
+        since: datetime,
+        *,
+        known: Collection[str],
+        max_bytes: int,
+        limit: int,
+        may_go_on: Callable[[], bool] | None = None,
     ) -> ReportRead:
-        """The reports in INBOX since `since`'s day (IMAP's SINCE has no time of day)."""
+        """The reports in INBOX since `since`'s day (IMAP's SINCE has no time of day). One
+        session, no API quota spent: `may_go_on` is not asked."""
         day = since.date()
         query = f'INBOX: UID SEARCH SINCE {day:%d-%b-%Y} HEADER Content-Type "{REPORT_TYPE}"'
 
