@@ -388,6 +388,41 @@ def test_a_scope_with_nothing_due_for_a_lease_is_released_and_taken_back_at_once
     assert a.may_call(1)
 
 
+class SlowReads:
+    """The shared rows, whose reads of the leases take `seconds` (a loaded store)."""
+
+    def __init__(self, inner: Any, clock: FakeClock, seconds: float) -> None:
+        self.inner = inner
+        self.clock = clock
+        self.seconds = seconds
+
+    def leases(self) -> list[ScopeLease]:
+        self.clock.advance(self.seconds)
+        return list(self.inner.leases())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_scope_released_by_a_slow_round_keeps_the_grace_from_when_it_was_given_up() -> None:
+    """A release ends the lease a grace later, for the call that asked `may_call` just
+    before the scope was dropped. A round whose store reads took a while gave it up
+    counting that grace from the round's start: a call started at the drop had less than
+    the grace before another daemon could take the scope."""
+    world = World()
+    a = world.start("a")
+    a.round(2)
+    b = world.start("b")
+    b.round(2)  # `b` joins: nothing free, its share is one
+    a.owners._store = SlowReads(world.store, a.clock, GRACE * 0.8)
+    a.round(2)  # over its share, `a` gives one up; its reads took most of a grace
+    assert len(a.owners.owned()) == 1
+    dropped_at = a.clock().timestamp()
+    released = [r for r in world.store.leases() if r.scope not in a.owners.owned()]
+    assert [r.owner for r in released] == ["a"]
+    assert released[0].lease_until >= dropped_at + GRACE
+
+
 def test_a_daemon_that_stops_releases_its_scopes_and_its_name_takes_them_back_at_once() -> None:
     world = World()
     a = world.start("a")

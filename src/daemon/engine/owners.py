@@ -334,7 +334,11 @@ class ScopeOwners:
                 for scope in scopes:
                     self._held.pop(scope, None)
                     self._idle_since.pop(scope, None)
-            self._store.release(self._daemon, scopes, at + self._grace)
+            # The grace counts from now, when `may_call` stopped saying yes, not from the
+            # round's start: the round's store reads may have taken a while, and a call
+            # that asked just before needs the whole grace.
+            until = max(at, self._clock().timestamp()) + self._grace
+            self._store.release(self._daemon, scopes, until)
         self.released += len(scopes)
         log.info("scope%s %s: released", "s" if len(scopes) > 1 else "", ", ".join(scopes))
 
