@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,9 +20,13 @@ from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.config.settings import ConfigError, settings_from_dict
-from daemon.engine.readback import _Sampler
-from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
+from daemon.doubles.fake_provider import FakeProvider
+from daemon.doubles.fake_time import FakeClock
+from daemon.engine.circuit import Admit, Circuits, CircuitSettings
+from daemon.engine.readback import ProviderHealth, _Sampler
+from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE, ProviderError
 from daemon.runtime import Daemon
+from ledger.application import Ledger
 
 
 def run_jobs(rig: EngineRig, count: int, start: int = 0) -> None:
@@ -180,3 +185,27 @@ def test_the_read_back_names_the_unreliable_handle_in_the_log_and_status(
         assert line.endswith("; HANDLE UNRELIABLE: fake")
     finally:
         rig.close()
+
+
+def test_a_read_back_that_timed_out_counts_as_a_hang() -> None:
+    """A read-back whose call timed out counts toward its scope's circuit as a search
+    that timed out does: as a hang, whose probe is a ping, not a send into it (one more
+    Unknown)."""
+    clock = FakeClock(datetime(2026, 12, 1, 9, 0, tzinfo=UTC))
+    circuits = Circuits(CircuitSettings(failures=1, probe_after=1.0, probe_max=8.0))
+    provider = TimingOut("fake", clock=clock)
+    ledger = Ledger("memory://", clock=clock)
+    try:
+        health = ProviderHealth(ledger, clock, circuits)
+        job = SimpleNamespace(key="k", message_id="<k@mail.example.com>")
+        health.read_back(job, "fake", provider, "provider-id", raw=b"")  # type: ignore[arg-type]
+        [opened] = circuits.open()
+        assert opened.scope == "fake"
+        assert circuits.admit("fake", clock() + timedelta(seconds=1.5)) is Admit.PING  # a hang
+    finally:
+        ledger.close()
+
+
+class TimingOut(FakeProvider):
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        raise ProviderError("get: timed out", timed_out=True)

@@ -110,6 +110,9 @@ class ProviderHealth:
                     self._clock(),
                     unavailable=exc.unavailable,
                     retry_after=exc.retry_after,
+                    # A read that hung is a hang, as a search's (its probe a ping, not a
+                    # send into it).
+                    timed_out=exc.timed_out,
                     kind=CHECK,
                 )
             return
