@@ -42,6 +42,7 @@ from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.causes import read_only
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import (
+    INDEX_CLOCK_KWARG,
     INDEX_ROWS_KWARG,
     IndexRow,
     JobFilter,
@@ -376,10 +377,18 @@ class Ledger(Application[UUID]):
         # each whether it is an event or an aggregate with a runtime Protocol check, which
         # costs more than building the event (docs/performance.md "Performance and scaling").
         processing.events.extend(event for job in jobs for event in job.pending_events)
-        pass_to_recorder(processing, **{INDEX_ROWS_KWARG: [self.index_row(j) for j in jobs]})
+        pass_to_recorder(
+            processing,
+            **{INDEX_ROWS_KWARG: [self.index_row(j) for j in jobs], INDEX_CLOCK_KWARG: self._now},
+        )
         self._record_processing(processing)
         for job in jobs:
             job.collect_events()  # written: no longer pending
+
+    def _now(self) -> float:
+        """The clock a row's `written_at` is stamped from, read in the write's transaction
+        (`ledger.stores.index.IndexRow.written_at`)."""
+        return self.clock().timestamp()
 
     def _save_collected(self, *objs: Any, **kwargs: Any) -> None:
         processing: ProcessingEvent[UUID] = ProcessingEvent()
@@ -534,7 +543,11 @@ class Ledger(Application[UUID]):
         try:
             self._save_collected(
                 *job.pending_events,
-                **{INDEX_ROWS_KWARG: [self.index_row(job)], REWRITES_KWARG: rewrites},
+                **{
+                    INDEX_ROWS_KWARG: [self.index_row(job)],
+                    INDEX_CLOCK_KWARG: self._now,
+                    REWRITES_KWARG: rewrites,
+                },
             )
         except IntegrityError as exc:
             raise ConcurrentUpdate(f"job {key!r} was changed by another writer") from exc
@@ -758,14 +771,15 @@ class Ledger(Application[UUID]):
         after: tuple[float, str] | None = None,
         limit: int = 100,
     ) -> list[IndexRow]:
-        """One page of index rows in (updated_at, key) order: those in `state`, of
-        `channel`, changed at or after `since`, after the position `after` (the last row
-        seen's (updated_at, key)). A job inserted or changed meanwhile sorts after every
-        row already read, so paging on misses no row and repeats none it had not changed."""
+        """One page of index rows in the order they were stored, (written_at, key): those
+        in `state`, of `channel`, stored at or after `since`, after the position `after`
+        (the last row seen's (written_at, key)). A job inserted or changed meanwhile sorts
+        after every row already read, however long before its own times were taken (a
+        batch's), so paging on misses no row and repeats none it had not changed."""
         where = JobFilter(
             state=None if state is None else str(state),
             channel=channel,
-            updated_from=None if since is None else _epoch(since),
+            written_from=None if since is None else _epoch(since),
         )
         return self._retry_locked(lambda: self._index.changed(where, after=after, limit=limit))
 

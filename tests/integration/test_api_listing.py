@@ -236,8 +236,9 @@ def test_postgres_listing_uses_an_index(pg_url: str, name: str) -> None:
 def test_changed_pages_by_time_then_key_on_every_backend(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """Jobs written at the same instant are ordered by key; the position after the last
-    row read leaves out exactly the rows already read, in memory, SQLite and PostgreSQL."""
+    """Jobs are listed in the order they were stored, whatever their own times say (one
+    transaction's rows by key); the position after the last row read leaves out exactly
+    the rows already read, in memory, SQLite and PostgreSQL."""
     from tests.unit.engine_rig import receipt
 
     from daemon.doubles.fake_time import FakeClock
@@ -249,7 +250,8 @@ def test_changed_pages_by_time_then_key_on_every_backend(
     sender = Sender("s@example.com", "mail.example.com", PolicyRef("receipts", "f" * 16))
     with Ledger(url, clock=clock) as ledger:
         for key in ("c", "a", "b"):
-            ledger.submit(receipt("receipts", key), sender)
+            ledger.submit(receipt("receipts", key), sender)  # three stores in one instant
+        ledger.submit_many([(receipt("receipts", k), sender) for k in ("e", "d")])  # one
         clock.advance(1)
         ledger.submit(receipt("receipts", "0-later"), sender)
         walked: list[str] = []
@@ -259,10 +261,97 @@ def test_changed_pages_by_time_then_key_on_every_backend(
             walked += [row.key for row in page]
             if len(page) < 2:
                 break
-            after = (page[-1].updated_at, page[-1].key)
-        assert walked == ["a", "b", "c", "0-later"]
+            assert page[-1].written_at is not None
+            after = (page[-1].written_at, page[-1].key)
+        assert walked == ["c", "a", "b", "d", "e", "0-later"]
         since = ledger.changed_jobs(since=NOW + timedelta(seconds=1))
         assert [row.key for row in since] == ["0-later"]
         assert [
-            r.key for r in ledger.changed_jobs(state="requested", after=(NOW.timestamp(), "a"))
-        ] == ["b", "c", "0-later"]
+            r.key for r in ledger.changed_jobs(state="requested", after=(NOW.timestamp(), "c"))
+        ] == ["a", "b", "d", "e", "0-later"]
+
+
+@pytest.mark.parametrize(
+    "backend", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_batch_stored_after_a_walk_passed_its_times_is_still_walked(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A batch's jobs are created at the time its messages were proved, seconds before
+    it is stored (10,000 of them to render): a walk that meanwhile read a job stored
+    later, or a poll `since` its last one, still lists them (docs/http-api.md "Listing
+    jobs")."""
+    from tests.unit.engine_rig import receipt
+
+    from daemon.doubles.fake_time import FakeClock
+    from daemon.service_layer.doors import store_services
+    from ledger.application import Proved
+    from ledger.vocabulary import PolicyRef, Sender
+
+    url = {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path / 'l.sqlite'}"}.get(backend)
+    url = url or str(request.getfixturevalue("pg_url"))
+    clock = FakeClock(NOW)
+    sender = Sender("s@example.com", "mail.example.com", PolicyRef("receipts", "f" * 16))
+    with Ledger(url, clock=clock) as ledger:
+        services = store_services(ledger)
+        proved = Proved(clock(), "writer")  # the batch's intake starts rendering
+        clock.advance(5)
+        polled = clock().isoformat()  # a poller's last poll found nothing
+        clock.advance(1)
+        ledger.submit(receipt("receipts", "single-1"), sender)
+        ledger.submit(receipt("receipts", "single-2"), sender)
+        first = services.list_jobs(limit=1)  # a walk starts
+        assert [job["key"] for job in first.jobs] == ["single-1"]
+        clock.advance(4)
+        batch = [(receipt("receipts", f"batch-{i}"), sender) for i in range(3)]
+        ledger.submit_many(batch, proved=proved)  # stored now, created 10 s ago
+        walked = [job["key"] for job in first.jobs]
+        cursor = first.next_cursor
+        while cursor is not None:
+            page = services.list_jobs(limit=1, cursor=cursor)
+            walked += [job["key"] for job in page.jobs]
+            cursor = page.next_cursor
+        assert walked == ["single-1", "single-2", "batch-0", "batch-1", "batch-2"]
+        since = services.list_jobs(since=polled)
+        assert {job["key"] for job in since.jobs} == {
+            "single-1", "single-2", "batch-0", "batch-1", "batch-2"
+        }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_store_of_an_earlier_release_lists_every_job_once_opened(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Its rows have no `written_at`: opening the store adds the column and gives each row
+    its last change, so the listing, which pages by it, still has every job."""
+    from tests.unit.engine_rig import receipt
+
+    from daemon.doubles.fake_time import FakeClock
+    from ledger.vocabulary import PolicyRef, Sender
+
+    path = tmp_path / "l.sqlite"
+    url = f"sqlite:///{path}" if backend == "sqlite" else str(request.getfixturevalue("pg_url"))
+    sender = Sender("s@example.com", "mail.example.com", PolicyRef("receipts", "f" * 16))
+    with Ledger(url, clock=FakeClock(NOW)) as ledger:
+        ledger.submit(receipt("receipts", "old-1"), sender)
+        ledger.submit(receipt("receipts", "old-2"), sender)
+    drop = [f"DROP INDEX {INDEX_TABLE}_{n}" for n in ("written_key", "state_written")]
+    drop.append(f"ALTER TABLE {INDEX_TABLE} DROP COLUMN written_at")
+    if backend == "sqlite":
+        with sqlite3.connect(path) as conn:
+            for sql in drop:
+                conn.execute(sql)
+    else:
+        schema = url.split("schema=")[1]
+        with psycopg.connect(url.split("?")[0]) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            for sql in drop:
+                conn.execute(sql)
+    with Ledger(url, clock=FakeClock(NOW + timedelta(seconds=5))) as ledger:
+        rows = ledger.changed_jobs()
+        assert [r.key for r in rows] == ["old-1", "old-2"]
+        assert all(r.written_at == r.updated_at for r in rows)
+        ledger.submit(receipt("receipts", "new"), sender)
+        assert [r.key for r in ledger.changed_jobs(since=NOW + timedelta(seconds=1))] == ["new"]

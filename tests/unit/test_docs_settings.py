@@ -197,6 +197,7 @@ def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
     words += "version|attempts attempt count|reason reason|watch_mailbox digest|mailbox From "
     words += "mailbox as a digest|" + "|".join(f"{t}_at times" for t in ("due", "created"))
     words += "|updated_at times|purged_at times|watch_until times|review_since times"
+    words += "|written_at times"
     said = dict(pair.split(" ", 1) for pair in words.split("|"))
     assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
     assert [w for w in said.values() if w not in kept] == []

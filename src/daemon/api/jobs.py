@@ -101,7 +101,8 @@ _SINCE_RULES = "an ISO 8601 date or time (2026-11-01, 2026-11-01T12:00Z) or a du
 _STATE = _param("one job state", {"enum": list(STATES)})
 _CHANNEL = _param("one channel", {"pattern": r"^[^\x00]*\S[^\x00]*$"})
 _SINCE = _param(
-    "changed at or after (UTC when no zone is given)", {"pattern": NO_NUL, "x-rules": _SINCE_RULES}
+    "last change stored at or after (UTC when no zone is given)",
+    {"pattern": NO_NUL, "x-rules": _SINCE_RULES},
 )
 _LIMIT = _param("jobs per page (100)", {"type": "integer", "minimum": 1, "maximum": LIMIT_MAX})
 _CURSOR = _param(

@@ -1,8 +1,11 @@
 """Listing jobs from the job index a page at a time (`GET /v1/jobs`, docs/http-api.md "HTTP API").
 
-A page is in (updated_at, key) order and its cursor is the last row's position, so paging
-on is stable under inserts: a job created or changed while a caller pages sorts after
-every row already read (it shows up once, later), and none already read is skipped. The
+A page is in (written_at, key) order, the order the rows were stored, and its cursor is
+the last row's position, so paging on is stable under inserts: a job created or changed
+while a caller pages sorts after every row already read (it shows up once, later), and
+none already read is skipped. Not by `updated_at`: a job's times are taken before it is
+written (a batch's when its messages were proved, seconds before), so a walk by them
+would pass a batch before it committed (`ledger.stores.index.IndexRow.written_at`). The
 cursor is opaque to callers (base64url JSON), checked when it comes back.
 """
 

@@ -403,8 +403,13 @@ class Services:
         )  # fmt: skip
         shown = rows[: query.limit]
         more = len(rows) > query.limit
-        last = shown[-1] if shown else None
-        next_cursor = encode_cursor(last.updated_at, last.key) if more and last else None
+        next_cursor = None
+        if more and shown:
+            # The position is where the row was stored (`IndexRow.written_at`), the
+            # order of the page; a row an earlier release's daemon wrote has none yet.
+            last = shown[-1]
+            at = last.written_at if last.written_at is not None else last.updated_at
+            next_cursor = encode_cursor(at, last.key)
         return JobPage([listed_job(row) for row in shown], next_cursor)
 
     def job_view(self, key: str) -> JobView:

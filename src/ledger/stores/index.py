@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
@@ -35,6 +36,13 @@ INDEX_TABLE = "sendledger_jobs"
 #: The keyword argument of `Application.save` (and so of the recorder's insert) that
 #: carries the index rows to write with the events.
 INDEX_ROWS_KWARG = "sendledger_index_rows"
+#: ... and the one that carries the writer's clock (epoch seconds): what a row's
+#: `written_at` is stamped from, inside the transaction (`SqlJobIndex._stamp`).
+INDEX_CLOCK_KWARG = "sendledger_index_clock"
+#: How far a transaction's stamp is put past the last one stored when the clock says no
+#: later (a batch saved in the same instant, a clock stepped back): a microsecond, which
+#: a float of epoch seconds still tells apart (its step is a quarter of one).
+STAMP_STEP = 1e-6
 COLUMNS = (
     "key",
     "job_id",
@@ -52,6 +60,7 @@ COLUMNS = (
     "watch_mailbox",
     "mailbox",
     "review_since",
+    "written_at",
 )
 #: Columns added after the first release: (name, SQL type template). Opening a store
 #: that lacks one adds it (each backend's `prepare`), so old stores keep working. A row
@@ -59,12 +68,15 @@ COLUMNS = (
 #: (`Ledger.fill_mailboxes`, for the jobs with something due) or a rebuild does. A row
 #: written before `review_since` existed has none: the review queue reads its `updated_at`
 #: instead (`IndexRow.in_review_since`) until the job is written again or a rebuild fills it.
+#: When `written_at` is added, every row gets its `updated_at` (the best it knows), so the
+#: listing, which pages by it, keeps every job of the store.
 ADDED_COLUMNS = (
     ("purged_at", "{real}"),
     ("watch_until", "{real}"),
     ("watch_mailbox", "TEXT"),
     ("mailbox", "TEXT"),
     ("review_since", "{real}"),
+    ("written_at", "{real}"),
 )
 
 
@@ -99,6 +111,14 @@ class IndexRow:
     # a triage writing to it leaves as it was; None otherwise, and on a row of an
     # earlier release (`in_review_since`).
     review_since: float | None = None
+    # When the row was stored, in the store's order of writes: stamped inside the
+    # writing transaction, after the writers before it committed, never earlier than one
+    # of them (`SqlJobIndex._stamp`). What `GET /v1/jobs` pages by: a job's own times are
+    # taken before it is written (a batch's when its messages were proved, seconds
+    # earlier), so a walk that paged by them would pass a batch before it committed. Not
+    # a function of the events: left out of comparisons (a row read back equals its
+    # projection) and kept by a rebuild.
+    written_at: float | None = field(default=None, compare=False)
 
     def as_tuple(self) -> tuple[Any, ...]:
         values: tuple[Any, ...] = _COLUMN_VALUES(self)
@@ -122,12 +142,13 @@ class IndexRow:
 @dataclass(frozen=True)
 class JobFilter:
     """Which index rows a listing wants (None: any); `updated_from` inclusive,
-    `updated_to` exclusive, both epoch seconds."""
+    `updated_to` exclusive, `written_from` inclusive, all epoch seconds."""
 
     state: str | None = None
     channel: str | None = None
     updated_from: float | None = None
     updated_to: float | None = None
+    written_from: float | None = None
 
     def matches(self, row: IndexRow) -> bool:
         return (
@@ -135,6 +156,10 @@ class JobFilter:
             and (self.channel is None or row.channel == self.channel)
             and (self.updated_from is None or row.updated_at >= self.updated_from)
             and (self.updated_to is None or row.updated_at < self.updated_to)
+            and (
+                self.written_from is None
+                or (row.written_at is not None and row.written_at >= self.written_from)
+            )
         )
 
 
@@ -230,6 +255,24 @@ def rows_from(kwargs: Mapping[str, Any]) -> list[IndexRow]:
     return list(rows)
 
 
+def clock_from(kwargs: Mapping[str, Any]) -> Callable[[], float]:
+    """The writer's clock passed beside the rows (epoch seconds); the host's without one."""
+    clock: Callable[[], float] | None = kwargs.get(INDEX_CLOCK_KWARG)
+    return clock if clock is not None else time.time
+
+
+def next_stamp(clock: Callable[[], float], last: float | None) -> float:
+    """A transaction's `written_at`: the writer's time, but past the last one stored, so
+    that stamps follow the order of the writes whatever the writers' clocks say."""
+    now = clock()
+    return now if last is None or now > last else last + STAMP_STEP
+
+
+def stamped(rows: Sequence[IndexRow], stamp: float) -> list[tuple[Any, ...]]:
+    """The rows' values (COLUMNS order) with `written_at` the transaction's stamp."""
+    return [(*row.as_tuple()[:-1], stamp) for row in rows]
+
+
 class JobIndex(Protocol):
     """The index queries every backend's recorder answers (states as plain strings,
     times as epoch seconds). `Ledger` is their only caller."""
@@ -269,8 +312,8 @@ class JobIndex(Protocol):
     def changed(
         self, where: JobFilter = ..., *, after: tuple[float, str] | None = None, limit: int = 100
     ) -> list[IndexRow]:
-        """One page of rows matching `where` in (updated_at, key) order, after the
-        position `after` (the last row's (updated_at, key)): `GET /v1/jobs`."""
+        """One page of rows matching `where` in (written_at, key) order, after the
+        position `after` (the last row's (written_at, key)): `GET /v1/jobs`."""
         ...
 
     def next_due(self, states: Sequence[str]) -> float | None: ...
@@ -320,15 +363,23 @@ def _row(values: Sequence[Any]) -> IndexRow:
 #: changed since T" (`audit --state confirmed --since 1h`), which the (state, due_at)
 #: index could only answer by reading every job ever settled in that state.
 ADDED_INDEXES = (
+    # (written_at, key) serves the listing `GET /v1/jobs` pages in its own order: a page
+    # of any state is a range of it read up to the page's size, never a sort of all; and
+    # a transaction's stamp is the one after its MAX. (Stores of earlier releases keep
+    # the (updated_at, key) index the listing read before; nothing reads it now.)
+    (
+        INDEX_TABLE + "_written_key",
+        "CREATE INDEX IF NOT EXISTS {n}_written_key ON {t} (written_at, key)",
+    ),
+    # ... and (state, written_at) a page of one state: a range, sorting only equal stamps
+    # (one transaction's rows) by key.
+    (
+        INDEX_TABLE + "_state_written",
+        "CREATE INDEX IF NOT EXISTS {n}_state_written ON {t} (state, written_at)",
+    ),
     (
         INDEX_TABLE + "_state_updated",
         "CREATE INDEX IF NOT EXISTS {n}_state_updated ON {t} (state, updated_at)",
-    ),
-    # (updated_at, key) serves the listing `GET /v1/jobs` pages in its own order: a page
-    # of any state is a range of it read up to the page's size, never a sort of all.
-    (
-        INDEX_TABLE + "_updated_key",
-        "CREATE INDEX IF NOT EXISTS {n}_updated_key ON {t} (updated_at, key)",
     ),
     # The watched jobs only (docs/how-it-works.md "Bounces"): partial, so it holds what is
     # watched now and costs nothing for the other writes' rows.
@@ -347,7 +398,7 @@ CREATE_STATEMENTS = [
     "state TEXT NOT NULL, message_id TEXT NOT NULL, due_at {real}, "
     "created_at {real} NOT NULL, updated_at {real} NOT NULL, version INTEGER NOT NULL, "
     "attempts INTEGER NOT NULL, reason TEXT, purged_at {real}, watch_until {real}, "
-    "watch_mailbox TEXT, mailbox TEXT, review_since {real}){options}",
+    "watch_mailbox TEXT, mailbox TEXT, review_since {real}, written_at {real}){options}",
     "CREATE INDEX IF NOT EXISTS {n}_state_due ON {t} (state, due_at)",
     "CREATE INDEX IF NOT EXISTS {n}_message_id ON {t} (message_id)",
     *(statement for _name, statement in ADDED_INDEXES),
@@ -374,7 +425,13 @@ UPSERT = (
 )
 # A rebuild's row replaces one of the same version too (the events are the truth, the row
 # may be damaged) but never a newer one written by a live daemon meanwhile.
-REBUILD_UPSERT = UPSERT.replace("excluded.version > {t}.version", "excluded.version >= {t}.version")
+# It keeps the row's `written_at` (when the job's last change was stored, which the
+# events do not say): a rebuild would otherwise move every job to the end of the listing.
+REBUILD_UPSERT = UPSERT.replace(
+    "excluded.version > {t}.version", "excluded.version >= {t}.version"
+).replace(
+    "written_at = excluded.written_at", "written_at = COALESCE({t}.written_at, excluded.written_at)"
+)
 _SELECT = "SELECT " + ", ".join(COLUMNS) + " FROM {t} "
 
 
@@ -396,6 +453,30 @@ class SqlJobIndex:
 
     def _tuples(self, cursor: Any) -> list[tuple[Any, ...]]:
         raise NotImplementedError
+
+    def _serialize_writes(self, cursor: Any) -> None:
+        """Make the rest of this write transaction wait for the one before it to end,
+        so that stamps taken next follow the order of the commits. SQLite has one writer
+        at a time already (a transaction that wrote holds the file's write lock)."""
+
+    def _stamp(self, cursor: Any, clock: Callable[[], float]) -> float:
+        """This transaction's `written_at`, in it, after its events were written: past
+        every stamp committed before it. Every writer before it has committed by now
+        (`_serialize_writes`), and none after it stamps until it has, so a reader that
+        sees a stamp sees every earlier one: a walk by (written_at, key) never passes a
+        row that is still to come."""
+        self._serialize_writes(cursor)
+        cursor.execute(self._sql("SELECT MAX(written_at) FROM {t}"), [])
+        rows = self._tuples(cursor)
+        last = rows[0][0] if rows else None
+        return next_stamp(clock, None if last is None else float(last))
+
+    def _write_rows(self, cursor: Any, kwargs: Mapping[str, Any]) -> None:
+        """The index rows passed beside the events, stamped, in their transaction."""
+        rows = rows_from(kwargs)
+        if rows:
+            stamp = self._stamp(cursor, clock_from(kwargs))
+            cursor.executemany(self._sql(UPSERT), stamped(rows, stamp))
 
     def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._transaction(commit=False) as cursor:
@@ -513,11 +594,11 @@ class SqlJobIndex:
         if after is not None:
             # Spelled as a range then a tie-break (not a row-value comparison), so that
             # both backends bound the index search by the range.
-            clauses.append("updated_at >= {p} AND (updated_at > {p} OR key > {p})")
+            clauses.append("written_at >= {p} AND (written_at > {p} OR key > {p})")
             params.extend([after[0], after[0], after[1]])
         sql = ("WHERE " + " AND ".join(clauses) + " ") if clauses else ""
         rows = self._fetch(
-            self._sql(_SELECT + sql + "ORDER BY updated_at, key LIMIT {p}"), [*params, limit]
+            self._sql(_SELECT + sql + "ORDER BY written_at, key LIMIT {p}"), [*params, limit]
         )
         return [_row(r) for r in rows]
 
@@ -582,14 +663,11 @@ class SqlJobIndex:
 
     def replace_all(self, rows: Iterable[IndexRow]) -> None:
         self._execute(self._sql("DELETE FROM {t}"), [[]])
-        batch: list[tuple[Any, ...]] = []
-        for row in rows:
-            batch.append(row.as_tuple())
-            if len(batch) >= 500:
-                self._execute(self._sql(UPSERT), batch)
-                batch = []
-        if batch:
-            self._execute(self._sql(UPSERT), batch)
+        for batch in _batches(list(rows), 500):
+            with self._transaction(commit=True) as cursor:
+                cursor.executemany(
+                    self._sql(UPSERT), stamped(batch, self._stamp(cursor, time.time))
+                )
 
     def _has_events_sql(self) -> tuple[str, Callable[[str], Any]]:
         """A query `[param] -> a row when the job has events`, and the job_id -> param
@@ -641,8 +719,11 @@ class SqlJobIndex:
         projected = {row.key for row in rows}
         has_events, param = self._has_events_sql()
         with self._transaction(commit=True) as cursor:
+            # A row the rebuild adds (its job's row was lost) is stored now; one it
+            # replaces keeps when it was stored (REBUILD_UPSERT).
+            stamp = self._stamp(cursor, time.time)
             for batch in _batches(rows, 500):
-                cursor.executemany(self._sql(REBUILD_UPSERT), [r.as_tuple() for r in batch])
+                cursor.executemany(self._sql(REBUILD_UPSERT), stamped(batch, stamp))
             cursor.execute(self._sql("SELECT key, job_id FROM {t}"), [])
             orphans: list[str] = []
             for key, job_id in self._tuples(cursor):
@@ -665,6 +746,7 @@ def _filter_sql(where: JobFilter) -> tuple[list[str], list[Any]]:
         ("channel = {p}", where.channel),
         ("updated_at >= {p}", where.updated_from),
         ("updated_at < {p}", where.updated_to),
+        ("written_at >= {p}", where.written_from),
     ):
         if value is not None:
             clauses.append(clause)
@@ -682,6 +764,7 @@ __all__ = [
     "ADDED_INDEXES",
     "COLUMNS",
     "CREATE_STATEMENTS",
+    "INDEX_CLOCK_KWARG",
     "INDEX_ROWS_KWARG",
     "INDEX_TABLE",
     "PURGEABLE_STATES",
@@ -693,8 +776,11 @@ __all__ = [
     "ScopeGroup",
     "SqlJobIndex",
     "WatchedMailbox",
+    "clock_from",
     "index_row",
     "mailbox_digest",
     "missing_indexes",
+    "next_stamp",
     "rows_from",
+    "stamped",
 ]

@@ -13,8 +13,9 @@ here touches a file or a socket.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
@@ -31,6 +32,8 @@ from ledger.stores.index import (
     JobFilter,
     ScopeFilter,
     WatchedMailbox,
+    clock_from,
+    next_stamp,
     rows_from,
 )
 from ledger.stores.keycheck import KeyCheck
@@ -46,6 +49,7 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
     def __init__(self) -> None:
         super().__init__()
         self._rows: dict[str, IndexRow] = {}
+        self._last_written: float | None = None  # the latest `written_at` stamped
         self._key_checks: dict[str, KeyCheck] = {}
 
     # -- KeyChecks (ledger.stores.keycheck) ----------------------------------------------
@@ -70,8 +74,16 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
             position = self.stored_position(event.originator_id, event.originator_version)
             assert position is not None  # check_beside saw it, under the same lock
             self.replace_stored(position, event)
-        for row in rows_from(kwargs):
-            self._upsert(row)
+        rows = rows_from(kwargs)
+        if rows:
+            stamp = self._stamp(clock_from(kwargs))
+            for row in rows:
+                self._upsert(replace(row, written_at=stamp))
+
+    def _stamp(self, clock: Callable[[], float]) -> float:
+        # As SqlJobIndex._stamp: under the lock every write holds, past the last stamp.
+        self._last_written = next_stamp(clock, self._last_written)
+        return self._last_written
 
     def _upsert(self, row: IndexRow) -> None:
         # As the SQL upsert: only a newer version replaces a row.
@@ -154,9 +166,11 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
             rows = [
                 r
                 for r in self._rows.values()
-                if where.matches(r) and (after is None or (r.updated_at, r.key) > after)
+                if where.matches(r)
+                and r.written_at is not None
+                and (after is None or (r.written_at, r.key) > after)
             ]
-        rows.sort(key=lambda r: (r.updated_at, r.key))
+        rows.sort(key=lambda r: (r.written_at or 0.0, r.key))
         return rows[: max(limit, 0)]
 
     def next_due(self, states: Sequence[str]) -> float | None:
@@ -204,16 +218,19 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
     def replace_all(self, rows: Iterable[IndexRow]) -> None:
         with self.database_lock:
             self._rows = {}
+            stamp = self._stamp(time.time)
             for row in rows:
-                self._upsert(row)
+                self._upsert(replace(row, written_at=stamp))
 
     def rebuild(self, rows: Sequence[IndexRow]) -> None:
         # As SqlJobIndex.rebuild, under the one lock.
         with self.database_lock:
+            stamp = self._stamp(time.time)
             for row in rows:
                 current = self._rows.get(row.key)
                 if current is None or row.version >= current.version:
-                    self._rows[row.key] = row
+                    kept = None if current is None else current.written_at
+                    self._rows[row.key] = replace(row, written_at=kept or stamp)
             projected = {row.key for row in rows}
             for key, row in list(self._rows.items()):
                 if key not in projected and not self._stored_events_index.get(

@@ -30,10 +30,8 @@ from ledger.stores.index import (
     ADDED_COLUMNS,
     CREATE_STATEMENTS,
     INDEX_TABLE,
-    UPSERT,
     SqlJobIndex,
     missing_indexes,
-    rows_from,
 )
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.private_api import InsertHook, insert_by_function
@@ -140,9 +138,15 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
     def beside_events(self, curs: Any, kwargs: Mapping[str, Any]) -> None:
         # In the events' transaction (ledger/stores/private_api.py: InsertHook).
         self._rewrite_events(curs, kwargs)
-        rows = rows_from(kwargs)
-        if rows:
-            curs.executemany(self._sql(UPSERT), [r.as_tuple() for r in rows])
+        self._write_rows(curs, kwargs)
+
+    def _serialize_writes(self, cursor: Any) -> None:
+        # Writers of one store run side by side up to here (the library's insert
+        # function takes no lock on the events table); from here to its commit, one at a
+        # time: a transaction's stamp then follows every commit before it
+        # (`SqlJobIndex._stamp`). Released by the commit, or the rollback.
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._table,))
+        cursor.fetchall()
 
     def _transaction(self, *, commit: bool) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=commit)
@@ -267,6 +271,11 @@ def _add_missing_columns(conn: psycopg.Connection[Any], store: PostgresStore) ->
         if name not in present:
             sql = f'ALTER TABLE "{quoted}".{INDEX_TABLE} ADD COLUMN IF NOT EXISTS {name} {kind}'
             conn.execute(sql.replace("{real}", "DOUBLE PRECISION"))
+            if name == "written_at":  # the listing pages by it: every row has one
+                conn.execute(
+                    f'UPDATE "{quoted}".{INDEX_TABLE} SET written_at = updated_at '
+                    "WHERE written_at IS NULL"
+                )
     conn.commit()
 
 

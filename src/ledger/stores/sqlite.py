@@ -23,10 +23,8 @@ from ledger.stores.index import (
     ADDED_COLUMNS,
     CREATE_STATEMENTS,
     INDEX_TABLE,
-    UPSERT,
     SqlJobIndex,
     missing_indexes,
-    rows_from,
 )
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.private_api import CachingConnectionPool, InsertHook
@@ -56,9 +54,7 @@ class SQLiteJobIndexRecorder(InsertHook, SQLiteApplicationRecorder, SqlJobIndex,
             # What the rewrite frees is overwritten with zeros, not left in free space.
             c.execute("PRAGMA secure_delete = ON")
             self._rewrite_events(c, kwargs)
-        rows = rows_from(kwargs)
-        if rows:
-            c.executemany(self._sql(UPSERT), [r.as_tuple() for r in rows])
+        self._write_rows(c, kwargs)
 
     def _rewrite_sql(self) -> tuple[str, Callable[[Any], Any]]:
         sql = (
@@ -150,6 +146,8 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
             continue
         try:
             conn.execute(f"ALTER TABLE {INDEX_TABLE} ADD COLUMN {name} {kind.format(real='REAL')}")
+            if name == "written_at":  # the listing pages by it: every row has one
+                conn.execute(f"UPDATE {INDEX_TABLE} SET written_at = updated_at")
             conn.commit()
         except sqlite3.OperationalError as exc:
             if "duplicate column" not in str(exc):  # another process added it first
