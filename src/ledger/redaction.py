@@ -21,7 +21,7 @@ import copy
 import re
 import unicodedata
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import Any, NamedTuple, TypeVar
 
@@ -213,8 +213,14 @@ def _scrub(value: Any, pattern: re.Pattern[str] | None, texts: Sequence[str]) ->
         if value in CODE_VALUES:
             return value
         scrubbed = value if pattern is None else pattern.sub(REDACTED, value)
-        if pattern is not None and "=?" in scrubbed:
-            scrubbed = _scrub_encoded(scrubbed, pattern)
+        if pattern is not None:
+            # What a reader decodes (a header's encoded words, a parameter's RFC 2231
+            # form) is looked into as it reads; each only where its marks are, so a
+            # plain text costs two searches of a few characters.
+            if "=?" in scrubbed:
+                scrubbed = _scrub_decoded(scrubbed, pattern, _encoded_runs(scrubbed))
+            if "*=" in scrubbed or "*0=" in scrubbed:
+                scrubbed = _scrub_decoded(scrubbed, pattern, _parameter_runs(scrubbed))
         return _cut_quote(_long_quotes(scrubbed, texts), texts)
     if isinstance(value, list):
         return [_scrub(item, pattern, texts) for item in value]
@@ -277,23 +283,35 @@ class _Piece(NamedTuple):
     encoded: bool  # a run of encoded words (else plain text, as it is)
 
 
-def _scrub_encoded(value: str, pattern: re.Pattern[str]) -> str:
-    """`value` with every run of encoded words whose decoded text is part of what
-    `pattern` finds replaced by `REDACTED` (a provider's error or a report quotes a
-    subject or a name as it left: `=?utf-8?b?...?=`, split anywhere, either form, or only
-    its non-ASCII words encoded, "=?utf-8?q?Zo=C3=AB?= Quartz"). The pattern runs over
-    the text as a reader sees it; a match that touches a run takes the whole run, a match
-    in plain text only its own characters."""
-    pieces: list[_Piece] = []
-    last = 0
+class _Run(NamedTuple):
+    start: int  # where it is in the value
+    end: int
+    text: str  # what a reader decodes it to
+
+
+def _encoded_runs(value: str) -> Iterator[_Run]:
+    """Each run of RFC 2047 encoded words that decodes (a provider's error or a report
+    quotes a subject or a name as it left: `=?utf-8?b?...?=`, split anywhere, either
+    form, or only its non-ASCII words encoded, "=?utf-8?q?Zo=C3=AB?= Quartz"); one that
+    does not is shown as it is, by a reader and by us."""
     for run in _ENCODED_RUN.finditer(value):
         decoded = _decode_run(run.group())
-        if decoded is None:
-            continue  # not decodable: a reader shows it as it is, and so do we
-        if run.start() > last:
-            pieces.append(_Piece(last, run.start(), value[last : run.start()], False))
-        pieces.append(_Piece(run.start(), run.end(), decoded, True))
-        last = run.end()
+        if decoded is not None:
+            yield _Run(run.start(), run.end(), decoded)
+
+
+def _scrub_decoded(value: str, pattern: re.Pattern[str], runs: Iterable[_Run]) -> str:
+    """`value` with every run (in order, apart) whose decoded text is part of what
+    `pattern` finds replaced by `REDACTED`. The pattern runs over the text as a reader
+    sees it; a match that touches a run takes the whole run, a match in plain text only
+    its own characters."""
+    pieces: list[_Piece] = []
+    last = 0
+    for run in runs:
+        if run.start > last:
+            pieces.append(_Piece(last, run.start, value[last : run.start], False))
+        pieces.append(_Piece(run.start, run.end, run.text, True))
+        last = run.end
     if not pieces:
         return value
     pieces.append(_Piece(last, len(value), value[last:], False))
@@ -317,6 +335,71 @@ def _scrub_encoded(value: str, pattern: re.Pattern[str]) -> str:
         last = end
     out.append(value[last:])
     return "".join(out)
+
+
+# One section of a MIME parameter in RFC 2231 form: `name*=charset'lang'%xx...` (one
+# extended value), or `name*N*=` / `name*N=` (a continuation; the first extended one
+# carries the charset), its value a token or a quoted string.
+_SECTION = re.compile(
+    r"""(?P<name>[A-Za-z][\w.-]*)\*(?:(?P<number>\d{1,3})(?P<extended>\*)?)?="""
+    r"""(?P<value>"(?:[^"\\]|\\.)*"|[^\s;"]*)"""
+)
+_BETWEEN_SECTIONS = re.compile(r"\s*;\s*")
+
+
+def _parameter_runs(value: str) -> Iterator[_Run]:
+    """Each parameter in RFC 2231 form, decoded as a mail reader joins it (a content
+    filter quotes the Content-Disposition it blocked as it left: `filename*=utf-8''
+    %C3%A9t%C3%A9.pdf`, or continuations `filename*0*=utf-8''...; filename*1*=...`), the
+    run from its first section to its last."""
+    sections = list(_SECTION.finditer(value))
+    at = 0
+    while at < len(sections):
+        first = sections[at]
+        group = [first]
+        if first.group("number") is not None:
+            # Continuations: the same name, numbered on from 0, `;` (and folding) between.
+            while at + len(group) < len(sections):
+                following, previous = sections[at + len(group)], group[-1]
+                if (
+                    following.group("name").lower() != first.group("name").lower()
+                    or following.group("number") != str(int(previous.group("number")) + 1)
+                    or not _BETWEEN_SECTIONS.fullmatch(value, previous.end(), following.start())
+                ):
+                    break
+                group.append(following)
+        at += len(group)
+        decoded = _decode_sections(group)
+        if decoded is not None:
+            yield _Run(group[0].start(), group[-1].end(), decoded)
+
+
+def _decode_sections(sections: Sequence[re.Match[str]]) -> str | None:
+    """The text of one parameter's sections (`_SECTION`) as RFC 2231 reads it: the bytes
+    of the percent-encoded ones joined (a writer may split a character between two)
+    and decoded in the first one's charset; None when that is no text codec."""
+    charset = "us-ascii"
+    data = b""
+    for index, section in enumerate(sections):
+        text = section.group("value")
+        extended = section.group("number") is None or section.group("extended") is not None
+        if text.startswith('"'):
+            text = re.sub(r"\\(.)", r"\1", text[1:-1])
+            extended = False
+        if extended and index == 0 and text.count("'") >= 2:
+            charset, _language, text = text.split("'", 2)
+        if extended:
+            data += re.sub(
+                rb"%([0-9A-Fa-f]{2})",
+                lambda m: bytes([int(m.group(1), 16)]),
+                text.encode("utf-8", "surrogateescape"),
+            )
+        else:
+            data += text.encode("utf-8", "surrogateescape")
+    try:
+        return data.decode(charset or "us-ascii", "replace")
+    except (LookupError, ValueError):  # no such text codec; "idna" refuses "replace"
+        return None
 
 
 def _decode_run(run: str) -> str | None:

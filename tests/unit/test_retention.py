@@ -21,7 +21,13 @@ from daemon.webhooks.worker import Deliverer, Hook
 from ledger.application import ConcurrentUpdate, KeyConflict
 from ledger.content import JobContent, parse_job
 from ledger.job import SendJob, TransitionError
-from ledger.redaction import REDACTED, TRAIL_FIELDS, quoted_texts, redact_events, scrubber
+from ledger.redaction import (
+    REDACTED,
+    TRAIL_FIELDS,
+    quoted_texts,
+    redact_events,
+    scrubber,
+)
 from ledger.stores.index import index_row
 from ledger.vocabulary import JobState, Resolution
 
@@ -608,3 +614,71 @@ def test_a_folded_subject_quoted_with_escaped_line_breaks_is_scrubbed(rig: Engin
     events = {type(e).__name__: e for e in rig.ledger.history("inv-esc")}
     assert events["Rejected"].reason == f"HTTP 400: {REDACTED}"
     assert events["Resolved"].note == f"echoed: {REDACTED}"
+
+
+# -- quotes in the forms a receiver decodes ------------------------------------------------
+
+#: Letters a subject, a name or a file name is made of, most of them outside ASCII: the
+#: forms below re-spell exactly those.
+_LETTERS = st.characters(
+    categories=("Lu", "Ll", "Nd"),
+    exclude_characters="\u0130\u0131\u017f\u212a",
+    max_codepoint=0x2FFF,
+)
+_WORDS = st.lists(st.text(_LETTERS, min_size=2, max_size=8), min_size=1, max_size=4).map(" ".join)
+
+
+def _scrubbed(content: JobContent, text: str) -> str:
+    """`text` as a purge of `content`'s job leaves it in one of its events."""
+    texts = quoted_texts(content)
+    [event] = redact_events([_Texted(text)], content, texts)
+    return event.text
+
+
+class _Texted:
+    """An event with one text field (what `redact_event` scrubs, as a provider's reason)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+@settings(max_examples=80, deadline=None)
+@given(stem=_WORDS.filter(lambda s: len(s) >= 3))
+def test_an_attachment_name_quoted_in_rfc2231_form_is_scrubbed(stem: str) -> None:
+    # A content filter quotes the Content-Disposition it blocked as it left: our writer's
+    # RFC 2231 form (`filename*=utf-8''%C3%A9t%C3%A9.pdf`, or `filename*0*=`, `*1*`, ...
+    # continuations for a long name), which a mail reader decodes to the name.
+    from ledger.attachments import filename_problem
+    from ledger.header_encoding import parameter, parameter_value
+
+    name = f"{stem} {stem}.pdf"
+    if filename_problem(name):
+        return
+    data = {**rich_job("inv-2231")}
+    data["attachments"] = [{**data["attachments"][0], "filename": name}]
+    content = parse_job(data)
+    params = parameter("filename", name)
+    for sep in ("; ", ";\r\n "):
+        reason = f"552 5.7.0 blocked: attachment; {sep.join(params)}; size=30"
+        scrubbed = _scrubbed(content, reason)
+        pairs = dict(p.strip().split("=", 1) for p in scrubbed.split(";")[1:] if "=" in p)
+        assert parameter_value(pairs, "filename") != name, scrubbed
+        assert name.lower() not in scrubbed.lower()
+        assert scrubbed.startswith("552 5.7.0 blocked: attachment; ") and scrubbed.endswith(
+            "; size=30"
+        )
+
+
+def test_a_purge_scrubs_an_rfc2231_file_name_and_its_continuations(rig: EngineRig) -> None:
+    data = {**rich_job("inv-2231-e")}
+    name = "été " * 20 + "Zoë.pdf"
+    data["attachments"] = [{**data["attachments"][0], "filename": name}]
+    reason = "552 blocked filename*=utf-8''%C3%A9t%C3%A9%20Zo%C3%AB.pdf (policy)"
+    note = "filter: filename*0*=utf-8''%C3%A9t%C3%A9%20%C3%A9t%C3%A9%20; filename*1*=" + (
+        "%C3%A9t%C3%A9%20" * 18 + "Zo%C3%AB.pdf"
+    )
+    # The first is not the job's name (a shorter one): left; the second is.
+    _rejected_then_abandoned(rig, data, reason, note=note)
+    events = {type(e).__name__: e for e in rig.ledger.history("inv-2231-e")}
+    assert events["Rejected"].reason == reason
+    assert events["Resolved"].note == f"filter: {REDACTED}"
