@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import json
 import re
 import unicodedata
 from bisect import bisect_right
@@ -214,13 +215,15 @@ def _scrub(value: Any, pattern: re.Pattern[str] | None, texts: Sequence[str]) ->
             return value
         scrubbed = value if pattern is None else pattern.sub(REDACTED, value)
         if pattern is not None:
-            # What a reader decodes (a header's encoded words, a parameter's RFC 2231
-            # form) is looked into as it reads; each only where its marks are, so a
-            # plain text costs two searches of a few characters.
+            # What a reader decodes (a header's encoded words, a parameter's RFC 2231 form,
+            # a JSON string's escapes) is looked into as it reads; each only where its
+            # marks are, so a plain text costs three searches of a few characters.
             if "=?" in scrubbed:
                 scrubbed = _scrub_decoded(scrubbed, pattern, _encoded_runs(scrubbed))
             if "*=" in scrubbed or "*0=" in scrubbed:
                 scrubbed = _scrub_decoded(scrubbed, pattern, _parameter_runs(scrubbed))
+            if "\\" in scrubbed:
+                scrubbed = _scrub_decoded(scrubbed, pattern, _json_runs(scrubbed))
         return _cut_quote(_long_quotes(scrubbed, texts), texts)
     if isinstance(value, list):
         return [_scrub(item, pattern, texts) for item in value]
@@ -400,6 +403,18 @@ def _decode_sections(sections: Sequence[re.Match[str]]) -> str | None:
         return data.decode(charset or "us-ascii", "replace")
     except (LookupError, ValueError):  # no such text codec; "idna" refuses "replace"
         return None
+
+
+# A run of JSON string escapes a reader decodes: `\u00e9` (non-ASCII, as most encoders
+# write it by default, a pair for a character beyond the BMP), `\"`, `\\`, `\/`.
+_JSON_RUN = re.compile(r'(?:\\u[0-9A-Fa-f]{4}|\\["\\/])+')
+
+
+def _json_runs(value: str) -> Iterator[_Run]:
+    """Each run of JSON escapes, decoded (a provider or a webhook receiver echoes the
+    subject or a name in a JSON error, `"Gr\u00fc\u00dfe"`)."""
+    for run in _JSON_RUN.finditer(value):
+        yield _Run(run.start(), run.end(), json.loads(f'"{run.group()}"'))
 
 
 def _decode_run(run: str) -> str | None:

@@ -22,6 +22,7 @@ from ledger.application import ConcurrentUpdate, KeyConflict
 from ledger.content import JobContent, parse_job
 from ledger.job import SendJob, TransitionError
 from ledger.redaction import (
+    MIN_QUOTED_LENGTH,
     REDACTED,
     TRAIL_FIELDS,
     quoted_texts,
@@ -682,3 +683,24 @@ def test_a_purge_scrubs_an_rfc2231_file_name_and_its_continuations(rig: EngineRi
     events = {type(e).__name__: e for e in rig.ledger.history("inv-2231-e")}
     assert events["Rejected"].reason == reason
     assert events["Resolved"].note == f"filter: {REDACTED}"
+
+
+@settings(max_examples=80, deadline=None)
+@given(subject=_WORDS.filter(lambda s: len(s) >= MIN_QUOTED_LENGTH), name=_WORDS)
+def test_a_json_echo_with_escaped_characters_is_scrubbed(subject: str, name: str) -> None:
+    # A provider (or a webhook receiver) echoes the subject or the name in a JSON error
+    # with non-ASCII escaped (`"Gr\u00fc\u00dfe"`, Python's and most encoders' default):
+    # a JSON reader sees the subject whole.
+    data = {**rich_job("inv-json"), "subject": subject, "to": [f"{name} <zoe@example.net>"]}
+    try:
+        content = parse_job(data)
+    except ValueError:
+        return
+    for quoted in (subject, name):
+        if len(quoted) < MIN_QUOTED_LENGTH:
+            continue
+        text = "HTTP 400: " + json.dumps({"error": f"bad value: {quoted}!", "code": 7})
+        scrubbed = _scrubbed(content, text)
+        answer = json.loads(scrubbed.removeprefix("HTTP 400: "))
+        assert quoted.lower() not in answer["error"].lower(), scrubbed
+        assert answer["error"].startswith("bad value: ") and answer["code"] == 7
