@@ -224,7 +224,7 @@ def _scrub(value: Any, pattern: re.Pattern[str] | None, texts: Sequence[str]) ->
                 scrubbed = _scrub_decoded(scrubbed, pattern, _parameter_runs(scrubbed))
             if "\\" in scrubbed:
                 scrubbed = _scrub_decoded(scrubbed, pattern, _json_runs(scrubbed))
-        return _cut_quote(_long_quotes(scrubbed, texts), texts)
+        return _cut_inside(_cut_quote(_long_quotes(scrubbed, texts), texts), texts)
     if isinstance(value, list):
         return [_scrub(item, pattern, texts) for item in value]
     if isinstance(value, dict):
@@ -271,6 +271,62 @@ def _cut_quote(value: str, texts: Sequence[str]) -> str:
                 break
             at = lowered.find(head, at + 1)
     return value if cut == len(value) else value[:cut] + REDACTED
+
+
+#: What closes a quote in a provider's text: a quote cut short before it still ends there.
+_CLOSERS = frozenset("\"'\u2019\u201d\u00bb>)]}")
+
+
+def _cut_inside(value: str, texts: Sequence[str]) -> str:
+    """`value` with each start of one of `texts` (at least MIN_QUOTED_LENGTH characters,
+    from a word's start) replaced by `REDACTED` where the text stops there, cut short
+    inside the value (a provider cuts a long subject in the middle of its message:
+    `subject 'Rechnung 77…' exceeds ...`). Only a stop that reads as a cut counts: an
+    ellipsis, a closing quote or bracket, or any mark or space right inside a word of
+    the text; "Your message ..." keeps its "Your " beside a subject "Your order".
+    A few searches of the value per text."""
+    lowered = value.lower()
+    folded = len(lowered) == len(value)
+    if not folded:
+        lowered = value  # lower case changed a length: as typed
+    cuts: list[tuple[int, int]] = []
+    for text in texts:
+        wanted = text.lower() if folded else text
+        if len(wanted) != len(text) or len(wanted) <= MIN_QUOTED_LENGTH:
+            continue  # a text whose lower case is longer is also looked for case-folded
+        head = wanted[:MIN_QUOTED_LENGTH]
+        at = lowered.find(head)
+        while at != -1:
+            if at == 0 or not (wanted[0].isalnum() and lowered[at - 1].isalnum()):
+                length = MIN_QUOTED_LENGTH
+                most = min(len(wanted), len(lowered) - at)
+                while length < most and lowered[at + length] == wanted[length]:
+                    length += 1
+                end = at + length
+                if length < len(wanted) and end < len(value) and _a_cut(value, end, wanted, length):
+                    cuts.append((at, end))
+            at = lowered.find(head, at + 1)
+    if not cuts:
+        return value
+    out: list[str] = []
+    last = 0
+    for start, end in sorted(cuts):
+        if end <= last:
+            continue  # inside a cut taken already
+        out.extend((value[last : max(start, last)], REDACTED))
+        last = end
+    out.append(value[last:])
+    return "".join(out)
+
+
+def _a_cut(value: str, at: int, text: str, length: int) -> bool:
+    """Whether `value`, quoting the first `length` characters of `text` up to `at`, stops
+    quoting it there as a cut does (`_cut_inside`)."""
+    following = value[at]
+    if following == "…" or value.startswith("...", at) or following in _CLOSERS:
+        return True
+    inside_a_word = text[length - 1].isalnum() and text[length].isalnum()
+    return inside_a_word and not following.isalnum()
 
 
 # A run of RFC 2047 encoded words separated by whitespace (a folded header unfolds to one):

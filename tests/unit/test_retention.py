@@ -704,3 +704,32 @@ def test_a_json_echo_with_escaped_characters_is_scrubbed(subject: str, name: str
         answer = json.loads(scrubbed.removeprefix("HTTP 400: "))
         assert quoted.lower() not in answer["error"].lower(), scrubbed
         assert answer["error"].startswith("bad value: ") and answer["code"] == 7
+
+
+@settings(max_examples=80, deadline=None)
+@given(subject=_WORDS, data=st.data())
+def test_a_quote_cut_short_inside_a_text_is_scrubbed(subject: str, data: st.DataObject) -> None:
+    # A provider cuts a long subject in the middle of its message ("... subject 'Rechnung
+    # 77…' exceeds ..."): its first characters still name the person, and the text goes
+    # on after them.
+    if len(subject) <= MIN_QUOTED_LENGTH:
+        return
+    content = parse_job({**rich_job("inv-mid"), "subject": subject})
+    cut = data.draw(st.integers(MIN_QUOTED_LENGTH, len(subject) - 1))
+    quoted = subject[:cut]
+    mark = data.draw(st.sampled_from(["…", "...", "'", ""]))
+    if not mark and not (quoted[-1].isalnum() and subject[cut].isalnum()):
+        return  # no mark, cut between words: nothing tells a cut from a word of the text
+    text = f"554 5.7.1 subject '{quoted}{mark or ' '}' exceeds the policy of mx.example"
+    scrubbed = _scrubbed(content, text)
+    assert quoted.strip().lower() not in scrubbed.lower(), scrubbed
+    assert scrubbed.startswith("554 5.7.1 subject '")
+    assert scrubbed.endswith("' exceeds the policy of mx.example")
+
+
+def test_a_subject_shorter_at_its_start_in_a_text_is_left(rig: EngineRig) -> None:
+    # Words the subject begins with, in a text that goes on with other words, are no cut.
+    data = {**rich_job("inv-word"), "subject": "Your order 7731 has shipped"}
+    content = parse_job(data)
+    for text in ("Your message was refused", "Your order, it says, is late"):
+        assert _scrubbed(content, text) == text
