@@ -97,6 +97,9 @@ class ReportRefusal(StrEnum):
     OTHER_MAILBOX = "other-mailbox"
     NOT_A_RECIPIENT = "not-a-recipient"
     NOT_WATCHED = "not-watched"
+    # Received before the job's first attempt (less the clock margin): written before the
+    # message existed, from a Message-ID guessed from the job's key.
+    BEFORE_SEND = "before-send"
     RECORDED_ALREADY = "recorded-already"  # the same report, read again (not a refusal)
 
 

@@ -124,6 +124,7 @@ class SendJob(Aggregate):
     # rejections in a row), for the channel's `give_up_after`; None otherwise.
     unavailable_since: datetime | None
     last_attempt_at: datetime | None  # the latest claim's time (a resend's index rule)
+    first_attempt_at: datetime | None  # the first claim's: no report of it is older
     # A confirmed job whose copies are to be counted again then (after a resend).
     verify_at: datetime | None
     # A settled job whose provider may have left unsent drafts of it: they are deleted
@@ -248,6 +249,7 @@ class SendJob(Aggregate):
             job.draft_message_id = None
             job.unavailable_since = None
             job.last_attempt_at = None
+            job.first_attempt_at = None
             job.verify_at = None
             job.tidy_at = None
             job.checked_version = 0
@@ -289,6 +291,8 @@ class SendJob(Aggregate):
             job.last_provider = self.provider
             job.claimed_by = self.daemon
             job.last_attempt_at = self.timestamp
+            if job.first_attempt_at is None:
+                job.first_attempt_at = self.timestamp
             job.reason = None
             job.history_id = self.history_id
 
@@ -1080,17 +1084,34 @@ class SendJob(Aggregate):
         provider_message_id: str,
         decision: decide.AfterBounce,
         at: datetime,
+        received_at: datetime | None = None,
+        skew: float = 0.0,
     ) -> None:
         """A delivery report about this job found in its mailbox (docs/how-it-works.md
         "Bounces"): Bounced, with the report's recipients that are the job's own, and
         Escalated when the policy sends a permanent bounce to review. Refused
         (BounceRefused) for a job not watched now, a report recorded already, a report
-        about none of its recipients or about another message."""
+        about none of its recipients or about another message, and one the mailbox
+        received (`received_at`, the provider's clock; None: not known) more than `skew`
+        seconds before the job's first attempt: no report of a message is older than it,
+        and its Message-ID, derived from the key, can be guessed."""
         self._require_decision("Bounced", decision, decide.RecordBounce, decide.Review)
         if self.purged or self.state is not JobState.CONFIRMED or self.watch_until is None:
             raise BounceRefused(self, ReportRefusal.NOT_WATCHED, "its bounces are not watched")
         if report.original_message_id != self.message_id:
             raise BounceRefused(self, ReportRefusal.UNKNOWN_JOB, "the report names another message")
+        first_attempt = self.first_attempt_at
+        if (
+            received_at is not None
+            and first_attempt is not None
+            and received_at < first_attempt - timedelta(seconds=skew)
+        ):
+            raise BounceRefused(
+                self,
+                ReportRefusal.BEFORE_SEND,
+                f"received {received_at.isoformat()}, before its first attempt"
+                f" {first_attempt.isoformat()} (margin {skew:g}s)",
+            )
         dsn_id = report.report_id or f"mailbox:{provider_message_id}"
         if dsn_id in self.bounce_ids:
             raise BounceRefused(

@@ -375,12 +375,23 @@ class GmailEmulator(LoopbackService):
         with self._lock:
             return sum(1 for entry in self._accepted if entry["message_id"] == message_id)
 
-    def inject(self, raw: bytes, *, labels: Sequence[str] = ("SENT",), user: str = "me") -> str:
+    def inject(
+        self,
+        raw: bytes,
+        *,
+        labels: Sequence[str] = ("SENT",),
+        user: str = "me",
+        received: float | None = None,
+    ) -> str:
         """Store a message as if it had arrived some other way; rewrite_message_id does not
-        apply (tests inject exactly the headers they want to see)."""
+        apply (tests inject exactly the headers they want to see). `received`: its
+        `internalDate` (epoch seconds), when it is not now."""
         stored = self._accept(
             self._mailbox_key(user, None), raw, list(labels), None, via="inject", rewrite=False
         )
+        if received is not None:
+            with self._lock:
+                stored.internal_ms = int(received * 1000)
         return stored.id
 
     def usage(self, window: int = 5) -> dict[str, UserUsage]:

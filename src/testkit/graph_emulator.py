@@ -275,10 +275,21 @@ class GraphEmulator(LoopbackService):
         """A draft as if a person had saved it; returns its immutable id."""
         return self._store_draft(user.lower(), raw).immutable_id
 
-    def inject(self, raw: bytes, *, user: str, message_class: str = "IPM.Note") -> str:
-        """A message received into `user`'s Inbox now (a report: `NDR_CLASS`); its
-        immutable id."""
-        return self._file(user.lower(), raw, "inbox", message_class=message_class).immutable_id
+    def inject(
+        self,
+        raw: bytes,
+        *,
+        user: str,
+        message_class: str = "IPM.Note",
+        received: float | None = None,
+    ) -> str:
+        """A message received into `user`'s Inbox now, or at `received` (epoch seconds: its
+        `receivedDateTime`) (a report: `NDR_CLASS`); its immutable id."""
+        item = self._file(user.lower(), raw, "inbox", message_class=message_class)
+        if received is not None:
+            with self._lock:
+                item.received = received
+        return item.immutable_id
 
     # -- the mailbox -------------------------------------------------------------------
 

@@ -153,3 +153,51 @@ def run_bounce_checks(folder: Path, setup: Mailboxes, *, timeout: float = 20.0) 
         assert outcomes.seen.count("recorded-already") == 1
     finally:
         ledger.close()
+
+
+def run_report_before_send_check(
+    folder: Path, setup: Mailboxes, deliver_at: Callable[[bytes, float], object]
+) -> None:
+    """A job's Message-ID derives from its key: whoever guesses a key and knows the
+    recipient can mail the sender a report of the job before it is sent. A report the
+    mailbox received (the provider's own time: Gmail's internalDate, Graph's
+    receivedDateTime) well before the job's first attempt is refused (`before-send`);
+    the same report received after it is recorded. `deliver_at(raw, epoch)`: put a
+    message into the mailbox's INBOX, received then."""
+    ledger = Ledger(f"sqlite:///{folder / 'ledger.sqlite'}")
+    mail = setup.policies[0]
+    outcomes = Outcomes()
+    first = engine(ledger, setup, outcomes)
+    try:
+        fields = {"channel": mail.channel, "key": "early", "to": setup.ok, "subject": "s"}
+        ledger.submit(parse_job({**fields, "body": "."}), mail.sender)
+        deadline = time.monotonic() + 20.0
+        while ledger.row("early").state != "confirmed":  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, ledger.row("early")
+            first.tick()
+        job = ledger.get_job("early")
+        assert job.first_attempt_at is not None
+        forged = rfc3464_report(
+            original(ledger, "early", setup.ok), mailbox=setup.mailbox, recipient=setup.ok
+        )
+        # Ten minutes before the claim: far beyond the engine's margin (deadline_grace).
+        deliver_at(forged, job.first_attempt_at.timestamp() - 600)
+        for _ in range(READS):
+            time.sleep(INTERVAL)
+            first.tick()
+        assert bounces(ledger, "early") == []
+        assert "before-send" in outcomes.seen, outcomes.seen
+        # The same report (its own Message-ID aside), received now: after the claim.
+        setup.deliver(
+            rfc3464_report(
+                original(ledger, "early", setup.ok), mailbox=setup.mailbox, recipient=setup.ok
+            )
+        )
+        for _ in range(READS):
+            time.sleep(INTERVAL)
+            first.tick()
+        [event] = bounces(ledger, "early")
+        assert [r["address"] for r in event.recipients] == [setup.ok]  # type: ignore[attr-defined]
+        first.close()
+    finally:
+        ledger.close()

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from tests.integration.bounce_checks import Mailboxes, run_report_before_send_check
 
 from daemon.providers.base import ProviderError, SendKind
 from daemon.providers.gmail import GmailProvider
 from daemon.providers.quota import GMAIL_SEND_UNITS
 from ledger.delivery_reports import MAX_REPORT_BYTES, DeliveryReport, read_report
+from policies.model import ChannelPolicy
 from testkit.dsn import rfc3464_report
 from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
@@ -186,3 +190,44 @@ def test_a_read_whose_scope_moved_makes_no_further_call_and_goes_on_later(
     assert rest.complete and len(rest.listed) == reports and len(rest.found) == reports
     lists = [e for e in relay.log if e["kind"] == "search" and "pageToken" not in e["path"]]
     assert len([e for e in lists if "/messages?" in e["path"]]) == 1  # page 1 listed once
+
+
+def test_a_report_received_before_the_jobs_first_attempt_is_refused(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, tmp_path: Path
+) -> None:
+    """A forger who guessed a job's key mails its report before the job is sent: Gmail's
+    internalDate of it is older than the job's first attempt, so the engine refuses it;
+    the same report received after the attempt is recorded."""
+    policy = ChannelPolicy.model_validate(
+        {
+            "channel": "mail",
+            "provider": "gmail",
+            "from": MAILBOX,
+            "message_id_domain": DOMAIN,
+            "watch_bounces": "1h",
+        }
+    )
+
+    def deliver_at(raw: bytes, at: float | None = None) -> str:
+        return emulator.inject(raw, labels=("INBOX",), user=MAILBOX, received=at)
+
+    run_report_before_send_check(
+        tmp_path,
+        Mailboxes(
+            providers={"gmail": gmail_provider(timeout=CALL_TIMEOUT)},
+            policies=[policy],
+            mailbox=MAILBOX,
+            gone=GONE,
+            ok="customer@example.net",
+            deliver=deliver_at,
+            bounce_arrived=lambda: True,
+        ),
+        deliver_at,
+    )
+    # What the engine read it by: the report's internalDate, as the provider says it.
+    read = gmail_provider(timeout=CALL_TIMEOUT).read_reports(
+        SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50
+    )
+    received = sorted(f.received_at for f in read.found if f.received_at is not None)
+    assert len(received) == len(read.found) == 2
+    assert received[1] - received[0] >= timedelta(minutes=10)

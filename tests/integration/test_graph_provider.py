@@ -27,7 +27,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
-from tests.integration.bounce_checks import Mailboxes, run_bounce_checks
+from tests.integration.bounce_checks import (
+    Mailboxes,
+    run_bounce_checks,
+    run_report_before_send_check,
+)
 from tests.provider_contract import (
     THROTTLED,
     DraftsSubject,
@@ -609,6 +613,36 @@ def test_a_report_read_whose_scope_moved_makes_no_further_call_and_goes_on_later
     assert rest.complete and len(rest.found) == 3
     made = [e["path"] for e in relay.log[before:] if "/users/" in e["path"]]
     assert len(made) == 4 and all("/$value" in p for p in made[1:]), made
+
+
+def test_a_report_received_before_the_jobs_first_attempt_is_refused(
+    provider: ProviderFactory, graph: GraphEmulator, tmp_path: Path
+) -> None:
+    """A forger who guessed a job's key mails its report before the job is sent: Graph's
+    receivedDateTime of it is older than the job's first attempt, so it is refused; the
+    same report received after the attempt is recorded."""
+    policy = ChannelPolicy.model_validate(
+        {
+            "channel": "mail",
+            "provider": "graph",
+            "from": MAILBOX,
+            "message_id_domain": "mail.example.com",
+            "watch_bounces": "1h",
+        }
+    )
+    run_report_before_send_check(
+        tmp_path,
+        Mailboxes(
+            providers={"graph": provider(user="{from}", confirm_wait=3.0)},
+            policies=[policy],
+            mailbox=MAILBOX,
+            gone="nobody@gone.example",
+            ok="customer@example.net",
+            deliver=lambda raw: graph.inject(raw, user=MAILBOX, message_class=NDR_CLASS),
+            bounce_arrived=lambda: True,
+        ),
+        lambda raw, at: graph.inject(raw, user=MAILBOX, message_class=NDR_CLASS, received=at),
+    )
 
 
 @pytest.mark.parametrize("refusal", ["429", "503"])

@@ -385,3 +385,47 @@ def test_triage_leaves_a_bounced_job_for_a_person(rig: EngineRig) -> None:
         assert (item.key, item.action) == ("l-1", "left"), item
         assert "bounce" in item.detail
     assert rig.job("l-1").state is JobState.REVIEW
+
+
+def test_a_report_received_before_the_jobs_first_attempt_is_refused(rig: EngineRig) -> None:
+    # A Message-ID derives from the job's key: whoever guesses a key (an order number)
+    # and knows its recipient can mail the sender a report of the job before it is sent
+    # (a job with a send_at, or one not submitted yet). The mailbox says when it received
+    # each report; one received before the job's first claim, less the clock margin
+    # (`daemon.deadline_grace`), is refused; one received after it is the job's.
+    from tests.unit.engine_rig import GRACE
+
+    from ledger.message_id import message_id_for
+
+    rig.submit("receipts", "r-0")
+    rig.tick()  # the mailbox is watched
+    reads = rig.provider.report_reads
+    mid = message_id_for("r-1", "mail.example.com")
+    rig.provider.deliver(bounce_of(mid))  # forged: received before r-1 is even submitted
+    rig.clock.advance(3 * GRACE)
+    margin = rig.provider.deliver(bounce_of(mid))  # within the margin: its clock may lag
+    rig.clock.advance(GRACE / 2)
+    assert rig.submit("receipts", "r-1") == mid
+    rig.tick()
+    assert rig.job("r-1").state is JobState.CONFIRMED
+    assert rig.provider.report_reads == reads  # not read yet: the interval is not over
+    rig.advance_and_tick(INTERVAL)
+    [event] = bounced(rig, "r-1")
+    assert event.provider_message_id == margin
+    rig.restart()  # read again from the window's start: still refused
+    rig.advance_and_tick(INTERVAL)
+    assert len(bounced(rig, "r-1")) == 1
+    first = rig.job("r-1").first_attempt_at
+    assert first is not None
+    with pytest.raises(BounceRefused, match="before its first attempt") as refused:
+        report = read_report(bounce_of(mid), domains=["mail.example.com"])
+        assert isinstance(report, DeliveryReport)
+        rig.job("r-1").record_bounce(
+            report,
+            provider_message_id="inbox-x",
+            decision=RecordBounce(rig.policies["receipts"].ref),
+            at=rig.clock(),
+            received_at=first - timedelta(seconds=GRACE + 1),
+            skew=GRACE,
+        )
+    assert refused.value.refusal.value == "before-send"

@@ -330,7 +330,10 @@ class FakeProvider(ProviderBase):
             new = [m for m in listed if m.provider_message_id not in known]
             found = tuple(
                 FoundReport(
-                    m.provider_message_id, m.raw if len(m.raw) <= max_bytes else None, len(m.raw)
+                    m.provider_message_id,
+                    m.raw if len(m.raw) <= max_bytes else None,
+                    len(m.raw),
+                    received_at=m.arrived_at,
                 )
                 for m in new[:limit]
             )

@@ -74,6 +74,7 @@ class _Seen:
 
     outcome: str
     report: DeliveryReport | None = None
+    received_at: datetime | None = None  # by the provider's clock (`FoundReport`)
 
 
 @dataclass
@@ -111,11 +112,15 @@ class BounceWatch:
         interval: float,
         sends_waiting: Callable[[str], int],
         may_read: Callable[[ChannelPolicy | None, str, datetime], bool] | None = None,
+        skew: float = 0.0,
     ) -> None:
         """`may_read(policy, from_addr, now)`: whether this daemon may call now for the
         quota scope of that From (it owns it: `OurScopes.may_call`, the one place a From's
-        scope is named); None: it works for every scope."""
+        scope is named); None: it works for every scope. `skew`: how far the provider's
+        clock may be behind ours (`daemon.deadline_grace`): a report received more than
+        that before its job's first attempt is refused (`SendJob.record_bounce`)."""
         self._may_read = may_read
+        self._skew = skew
         self._ledger = ledger
         self._policies = policies
         self._providers = providers
@@ -290,7 +295,7 @@ class BounceWatch:
             waiting = [(k, v) for k, v in mailbox.seen.items() if v.report is not None]
         for provider_id, seen in waiting:
             assert seen.report is not None
-            outcome = self._attribute(read, provider_id, seen.report, counter)
+            outcome = self._attribute(read, provider_id, seen, counter)
             if outcome is not None:
                 with self._lock:
                     mailbox.seen[provider_id] = _Seen(outcome)
@@ -310,16 +315,18 @@ class BounceWatch:
         if isinstance(parsed, ReportRefused):
             self._refused(found.provider_id, parsed.reason, parsed.detail)
             return _Seen(parsed.reason)
-        return _Seen("waiting", parsed)
+        return _Seen("waiting", parsed, found.received_at)
 
     def _is_a_job(self, message_id: str) -> bool:
         return self._ledger.row_by_message_id(message_id) is not None
 
     def _attribute(
-        self, read: MailboxRead, provider_id: str, report: DeliveryReport, counter: Counter
+        self, read: MailboxRead, provider_id: str, seen: _Seen, counter: Counter
     ) -> str | None:
         """Record the report on the job it names, if that job is a watched one of this
         mailbox. The outcome, or None: the job is not watched yet (asked again later)."""
+        report = seen.report
+        assert report is not None
         row = self._ledger.row_by_message_id(report.original_message_id)
         if row is None:
             return self._refused(provider_id, ReportRefusal.UNKNOWN_JOB, report.original_message_id)
@@ -332,7 +339,7 @@ class BounceWatch:
                 job = self._ledger.get_job(row.key)
                 if self._scope_of(job) != read.scope:
                     return self._refused(provider_id, ReportRefusal.OTHER_MAILBOX, row.key)
-                self._record(job, report, provider_id)
+                self._record(job, report, provider_id, seen.received_at)
             except BounceRefused as refused:
                 return self._refused(provider_id, refused.refusal, f"{row.key}: {refused}")
             except ConcurrentUpdate:
@@ -343,7 +350,13 @@ class BounceWatch:
             return RECORDED
         return None  # still moving: the next read tries again
 
-    def _record(self, job: SendJob, report: DeliveryReport, provider_id: str) -> None:
+    def _record(
+        self,
+        job: SendJob,
+        report: DeliveryReport,
+        provider_id: str,
+        received_at: datetime | None,
+    ) -> None:
         policy = self._policies.current.get(job.channel)
         if policy is None:
             raise BounceRefused(job, ReportRefusal.NOT_WATCHED, "no policy for its channel")
@@ -353,6 +366,8 @@ class BounceWatch:
             provider_message_id=provider_id,
             decision=decisions.after_bounce(policy, permanent=permanent),
             at=self._clock(),
+            received_at=received_at,
+            skew=self._skew,
         )
         events = list(job.pending_events)
         self._commits.save(job)

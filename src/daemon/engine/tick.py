@@ -243,6 +243,7 @@ class Engine:
             interval=bounce_interval,
             sends_waiting=self._sends.waiting,
             may_read=None if self.owners is None else self.scopes.may_call,
+            skew=deadline_grace,
         )
 
     def stop(self) -> None:

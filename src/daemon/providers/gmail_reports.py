@@ -29,7 +29,7 @@ import binascii
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from daemon.providers.gmail_mailbox import GmailCalls, Mailbox
@@ -186,8 +186,9 @@ class GmailReports:
         if not isinstance(size, int) or not isinstance(kind, str):
             raise ProviderError(f"report {provider_id}: no size or type in the answer")
         kind = kind.lower()
+        received = _received(data.get("internalDate"))
         if kind != "multipart/report" or size > max_bytes:
-            return FoundReport(provider_id, None, size, kind)
+            return FoundReport(provider_id, None, size, kind, received)
         request = self._messages.get(userId=mailbox.user, id=provider_id, format="raw")
         data = self._paid(f"report {provider_id}", request, GMAIL_GET_UNITS, mailbox, may_go_on)
         raw = data.get("raw")
@@ -195,8 +196,18 @@ class GmailReports:
             raise ProviderError(f"report {provider_id}: no raw message in the answer")
         message = _decoded(provider_id, raw)
         if len(message) > max_bytes:
-            return FoundReport(provider_id, None, len(message), kind)
-        return FoundReport(provider_id, message, len(message), kind)
+            return FoundReport(provider_id, None, len(message), kind, received)
+        return FoundReport(provider_id, message, len(message), kind, received)
+
+
+def _received(internal_date: object) -> datetime | None:
+    """When Gmail received the message: its `internalDate` (milliseconds since the epoch,
+    a decimal string); None when it is missing or not one."""
+    if not isinstance(internal_date, str) or not internal_date.isascii():
+        return None
+    if not internal_date.isdigit() or len(internal_date) > 15:
+        return None  # 15 digits: beyond the year 30000
+    return datetime.fromtimestamp(int(internal_date) / 1000, UTC)
 
 
 def _decoded(provider_id: str, raw: str) -> bytes:

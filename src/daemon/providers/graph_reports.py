@@ -58,11 +58,11 @@ MAX_PAGES = 50
 @dataclass
 class _Listing:
     """A mailbox's listing that stopped before its end: its query (a next link belongs
-    to it), the ids and sizes listed so far, the next page (None: the first), and whether
-    it was listed to its end (then cut by the caller's limit)."""
+    to it), the ids, sizes and receipt times listed so far, the next page (None: the
+    first), and whether it was listed to its end (then cut by the caller's limit)."""
 
     query: str
-    sizes: dict[str, int] = field(default_factory=dict)
+    sizes: dict[str, tuple[int, datetime | None]] = field(default_factory=dict)
     next_url: str | None = None
     listed_all: bool = False
 
@@ -153,9 +153,9 @@ def _found(
     unread = [i for i in sizes if i not in known]
     found = []
     for provider_id in unread[:limit]:
-        size = sizes[provider_id]
+        size, received = sizes[provider_id]
         if size > max_bytes:
-            found.append(FoundReport(provider_id, None, size, REPORT_TYPE))
+            found.append(FoundReport(provider_id, None, size, REPORT_TYPE, received))
             continue
         if not go_on():  # the scope went to another daemon: no more calls for it
             complete = False
@@ -164,7 +164,7 @@ def _found(
         answer = provider.get_body(what, mailbox, f"/messages/{quote(provider_id, safe='')}/$value")
         if answer is None:
             continue  # deleted since it was listed: next time it is not listed either
-        found.append(FoundReport(provider_id, answer[1], len(answer[1]), REPORT_TYPE))
+        found.append(FoundReport(provider_id, answer[1], len(answer[1]), REPORT_TYPE, received))
     complete = complete and len(unread) <= limit
     return ReportRead(f"inbox: {query}", tuple(sizes), tuple(found), complete=complete)
 
@@ -192,11 +192,23 @@ def _listed(
             provider_id = item.get("id")
             if not isinstance(provider_id, str):
                 raise ProviderError(f"{what}: malformed message entry {item!r}")
-            listing.sizes[provider_id] = _size(item)
+            listing.sizes[provider_id] = (_size(item), _received(item.get("receivedDateTime")))
         listing.next_url = next_url
         if next_url is None:
             return True
     return False
+
+
+def _received(value: object) -> datetime | None:
+    """The item's `receivedDateTime` (ISO 8601, UTC: `2026-12-03T16:51:28Z`); None when
+    it is missing or not a time. One without a zone is read as UTC, as Graph means it."""
+    if not isinstance(value, str) or not value.isascii():
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _size(item: dict[str, Any]) -> int:

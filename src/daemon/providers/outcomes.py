@@ -7,6 +7,7 @@ share them, and none of them imports another for them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 
 from ledger.characters import storable
@@ -88,6 +89,10 @@ class FoundReport:
     raw: bytes | None
     size: int
     content_type: str = ""  # "multipart/report", ...; "" when the provider did not say
+    #: When the mailbox received it, by the provider's clock (Gmail's internalDate,
+    #: Graph's receivedDateTime); None when the provider did not say. A report received
+    #: before the job was sent is a forgery (`SendJob.record_bounce`).
+    received_at: datetime | None = None
 
 
 @dataclass(frozen=True)
