@@ -231,3 +231,17 @@ def test_a_report_received_before_the_jobs_first_attempt_is_refused(
     received = sorted(f.received_at for f in read.found if f.received_at is not None)
     assert len(received) == len(read.found) == 2
     assert received[1] - received[0] >= timedelta(minutes=10)
+
+
+def test_a_report_whose_internal_date_is_no_time_is_read_unchecked(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    # An internalDate beyond the years a datetime holds failed the whole read (ValueError,
+    # no ProviderError): the mailbox's reports were then never read again.
+    report = rfc3464_report(make_raw(MID, to=GONE), mailbox=MAILBOX, recipient=GONE)
+    emulator.inject(report, labels=("INBOX",), user=MAILBOX, received=999_999_999_999.0)
+    read = gmail_provider(timeout=CALL_TIMEOUT).read_reports(
+        SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50
+    )
+    [found] = read.found
+    assert found.raw is not None and found.received_at is None

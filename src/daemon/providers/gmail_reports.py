@@ -205,9 +205,12 @@ def _received(internal_date: object) -> datetime | None:
     a decimal string); None when it is missing or not one."""
     if not isinstance(internal_date, str) or not internal_date.isascii():
         return None
-    if not internal_date.isdigit() or len(internal_date) > 15:
-        return None  # 15 digits: beyond the year 30000
-    return datetime.fromtimestamp(int(internal_date) / 1000, UTC)
+    if not internal_date.isdigit() or len(internal_date) > 18:
+        return None
+    try:
+        return datetime.fromtimestamp(int(internal_date) / 1000, UTC)
+    except (ValueError, OverflowError, OSError):  # beyond the years a datetime holds
+        return None
 
 
 def _decoded(provider_id: str, raw: str) -> bytes:
