@@ -733,3 +733,17 @@ def test_a_subject_shorter_at_its_start_in_a_text_is_left(rig: EngineRig) -> Non
     content = parse_job(data)
     for text in ("Your message was refused", "Your order, it says, is late"):
         assert _scrubbed(content, text) == text
+
+
+def test_a_self_similar_note_beside_long_header_values_is_scrubbed_quickly() -> None:
+    # The search for a quote cut inside a text compared each place the text's start is
+    # found, one character at a time: a note of 10,000 "<" beside three header values of
+    # 2,000 "<" took a minute per purge of the job.
+    import time
+
+    headers = {f"X-Ref-{i}": "<" * 1998 + f"x{i}" for i in range(3)}
+    content = parse_job({**rich_job("inv-self"), "headers": headers})
+    started = time.monotonic()
+    scrubbed = _scrubbed(content, "<" * 10_000)
+    assert time.monotonic() - started < 3.0
+    assert len(scrubbed) <= 10_000
