@@ -14,7 +14,11 @@ from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
-from tests.integration.bounce_checks import Mailboxes, run_bounce_checks
+from tests.integration.bounce_checks import (
+    Mailboxes,
+    run_bounce_checks,
+    run_report_before_send_check,
+)
 from tests.integration.mailservers import (
     DEFER_RECIPIENT,
     GONE_RECIPIENT,
@@ -226,6 +230,38 @@ def test_postfixs_own_bounce_is_recorded_once_and_forgeries_on_no_job(
     finally:
         mail.close()
         other.close()
+
+
+def test_a_report_received_before_the_jobs_first_attempt_is_refused(
+    servers: MailServers, tmp_path: Path
+) -> None:
+    """A forger who guessed a job's key mails its report before the job is sent: the
+    INTERNALDATE Dovecot gave it (here set by APPEND) is older than the job's first
+    attempt, so it is refused; the same report received after the attempt is recorded."""
+    from datetime import UTC, datetime
+
+    mail = provider_for(servers, servers.smtp_port, timeout=5.0)
+
+    def deliver_at(raw: bytes, at: float | None = None) -> None:
+        when = None if at is None else datetime.fromtimestamp(at, UTC)
+        mail.imap.run(lambda client: client.append("INBOX", raw, msg_time=when), repeatable=False)
+
+    try:
+        run_report_before_send_check(
+            tmp_path,
+            Mailboxes(
+                providers={"mail": mail},
+                policies=[watching_policy("mail", SENDER)],
+                mailbox=SENDER,
+                gone=GONE_RECIPIENT,
+                ok=RECIPIENT,
+                deliver=deliver_at,
+                bounce_arrived=lambda: True,
+            ),
+            deliver_at,
+        )
+    finally:
+        mail.close()
 
 
 def test_an_unreadable_reply_after_the_final_dot_is_unknown(

@@ -33,7 +33,7 @@ import logging
 import ssl
 import threading
 from collections.abc import Callable, Collection, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from email.message import Message
 from email.parser import BytesHeaderParser
 from pathlib import Path
@@ -291,9 +291,12 @@ class SmtpImapProvider(ProviderBase):
             )
             ids = {uid: f"{validity}:{uid}" for uid in uids}
             unread = [uid for uid in uids if ids[uid] not in known][:limit]
-            sizes = {
-                int(uid): int(data[b"RFC822.SIZE"])
-                for uid, data in (client.fetch(unread, ["RFC822.SIZE"]) if unread else {}).items()
+            fetched = client.fetch(unread, ["RFC822.SIZE", "INTERNALDATE"]) if unread else {}
+            sizes = {int(uid): int(data[b"RFC822.SIZE"]) for uid, data in fetched.items()}
+            # When the server received each one: a report older than its job's first
+            # attempt is a forgery (`SendJob.record_bounce`).
+            received = {
+                int(uid): _received(data.get(b"INTERNALDATE")) for uid, data in fetched.items()
             }
             small = [uid for uid, size in sizes.items() if size <= max_bytes]
             bodies = {
@@ -301,7 +304,7 @@ class SmtpImapProvider(ProviderBase):
                 for uid, data in (client.fetch(small, ["BODY.PEEK[]"]) if small else {}).items()
             }
             found = [
-                FoundReport(ids[uid], bodies.get(uid), size, REPORT_TYPE)
+                FoundReport(ids[uid], bodies.get(uid), size, REPORT_TYPE, received[uid])
                 for uid, size in sorted(sizes.items())
             ]
             return [ids[uid] for uid in uids], found
@@ -370,6 +373,14 @@ def _headers(client: Any, uids: list[int], names: Sequence[str]) -> dict[int, Me
         raw = next((v for k, v in data.items() if k.upper().startswith(b"BODY[HEADER")), b"")
         result[int(uid)] = parser.parsebytes(bytes(raw))
     return result
+
+
+def _received(value: object) -> datetime | None:
+    """A message's INTERNALDATE as IMAPClient gives it (a datetime, naive in local time
+    unless the client was told not to normalise), in UTC; None when it gave none."""
+    if not isinstance(value, datetime):
+        return None
+    return value.astimezone(UTC)
 
 
 __all__ = ["SmtpImapProvider", "read_password_file"]
