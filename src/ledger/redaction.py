@@ -478,15 +478,25 @@ def _decode_sections(sections: Sequence[re.Match[str]]) -> str | None:
 
 
 # A run of JSON string escapes a reader decodes: `\u00e9` (non-ASCII, as most encoders
-# write it by default, a pair for a character beyond the BMP), `\"`, `\\`, `\/`.
-_JSON_RUN = re.compile(r'(?:\\u[0-9A-Fa-f]{4}|\\["\\/])+')
+# write it by default, a pair for a character beyond the BMP), `\"`, `\\`, `\/`; each
+# also with its backslash doubled, as `ledger.display.printable` keeps a receiver's
+# answer (a webhook's last error): `\\u00e9`.
+_JSON_RUN = re.compile(r'(?:\\\\?u[0-9A-Fa-f]{4}|\\\\?["/]|\\\\(?:\\\\)?)+')
+_DOUBLED = re.compile(r'\\\\[u"/\\]')
 
 
 def _json_runs(value: str) -> Iterator[_Run]:
     """Each run of JSON escapes, decoded (a provider or a webhook receiver echoes the
-    subject or a name in a JSON error, `"Gr\u00fc\u00dfe"`)."""
+    subject or a name in a JSON error, `"Gr\u00fc\u00dfe"`); a run with a doubled
+    backslash before an escape is read with every backslash pair as one."""
     for run in _JSON_RUN.finditer(value):
-        yield _Run(run.start(), run.end(), json.loads(f'"{run.group()}"'))
+        escapes = run.group()
+        if _DOUBLED.search(escapes):
+            escapes = escapes.replace("\\\\", "\\")
+        try:
+            yield _Run(run.start(), run.end(), json.loads(f'"{escapes}"'))
+        except ValueError:
+            continue  # no JSON string after all ("\\" alone, undoubled): shown as it is
 
 
 def _decode_run(run: str) -> str | None:

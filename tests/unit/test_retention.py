@@ -691,6 +691,8 @@ def test_a_json_echo_with_escaped_characters_is_scrubbed(subject: str, name: str
     # A provider (or a webhook receiver) echoes the subject or the name in a JSON error
     # with non-ASCII escaped (`"Gr\u00fc\u00dfe"`, Python's and most encoders' default):
     # a JSON reader sees the subject whole.
+    from ledger.display import printable
+
     data = {**rich_job("inv-json"), "subject": subject, "to": [f"{name} <zoe@example.net>"]}
     try:
         content = parse_job(data)
@@ -699,11 +701,14 @@ def test_a_json_echo_with_escaped_characters_is_scrubbed(subject: str, name: str
     for quoted in (subject, name):
         if len(quoted) < MIN_QUOTED_LENGTH:
             continue
-        text = "HTTP 400: " + json.dumps({"error": f"bad value: {quoted}!", "code": 7})
-        scrubbed = _scrubbed(content, text)
-        answer = json.loads(scrubbed.removeprefix("HTTP 400: "))
-        assert quoted.lower() not in answer["error"].lower(), scrubbed
-        assert answer["error"].startswith("bad value: ") and answer["code"] == 7
+        echo = json.dumps({"error": f"bad value: {quoted}!", "code": 7})
+        # As a provider's text keeps it, and as a webhook's error does (`printable`:
+        # each backslash doubled, which its reader undoes).
+        for kept, doubled in ((echo, False), (printable(echo), True)):
+            body = _scrubbed(content, "HTTP 400: " + kept).removeprefix("HTTP 400: ")
+            answer = json.loads(body.replace("\\\\", "\\") if doubled else body)
+            assert quoted.lower() not in answer["error"].lower(), body
+            assert answer["error"].startswith("bad value: ") and answer["code"] == 7
 
 
 @settings(max_examples=80, deadline=None)
@@ -747,3 +752,46 @@ def test_a_self_similar_note_beside_long_header_values_is_scrubbed_quickly() -> 
     scrubbed = _scrubbed(content, "<" * 10_000)
     assert time.monotonic() - started < 3.0
     assert len(scrubbed) <= 10_000
+
+
+def test_a_receivers_json_echo_kept_as_a_webhooks_error_is_scrubbed(rig: EngineRig) -> None:
+    # A receiver answers its refusal with the payload's detail in JSON, non-ASCII escaped
+    # (`"Zo\u00eb Quartz"`); the webhook keeps its answer through `printable`, which
+    # doubles each backslash (`Zo\\u00eb`): the escapes were then no JSON escapes to the
+    # scrub, and the name stayed in `webhooks status` after the purge.
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from daemon.webhooks.delivery import post
+
+    class Echo(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            answer = json.dumps({"error": f"bad detail: {json.loads(body)['detail']}"})
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer.encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        hook = Hook("ops", url, "whsec_" + "A" * 32, frozenset({"rejected"}), timeout=5.0)
+        data = {**rich_job("inv-echo"), "to": ["Zoë Quartz <zoe.quartz@example.net>"]}
+        reason = "550 5.7.1 refused for Zoë Quartz by policy"
+        _rejected_then_abandoned(rig, data, reason, purge=False)
+        now = rig.clock().timestamp
+        Deliverer(rig.ledger, hook, owner="a", poster=post, clock=now).pass_once()
+        [row] = rig.ledger.positions().read_all()
+        assert row.last_error is not None and "Zo\\\\u00eb Quartz" in row.last_error
+        rig.ledger.purge("inv-echo", by="ops", rule="r")
+        [row] = rig.ledger.positions().read_all()
+        assert row.last_error is not None and row.last_error.startswith("HTTP 400: ")
+        assert "quartz" not in row.last_error.lower() and "u00eb" not in row.last_error
+    finally:
+        server.shutdown()
+        server.server_close()
