@@ -155,8 +155,9 @@ def _u_label_domain(domain: str) -> str | None:
 
 
 # Between two words of a quote: whitespace, or a line break or tab written escaped, as
-# `ledger.display.printable` keeps a receiver's answer ("\x0d\x0a") and JSON echoes it.
-_GAP = r"(?:\s|\\[rnt]|\\x0[9aAdD]|\\u000[9aAdD])+"
+# `ledger.display.printable` keeps a receiver's answer ("\x0d\x0a") and JSON echoes it;
+# a JSON echo kept through `printable` has its backslash doubled ("\\r\\n").
+_GAP = r"(?:\s|\\\\?[rnt]|\\x0[9aAdD]|\\\\?u000[9aAdD])+"
 
 
 def scrubber(texts: Iterable[str]) -> re.Pattern[str] | None:

@@ -795,3 +795,20 @@ def test_a_receivers_json_echo_kept_as_a_webhooks_error_is_scrubbed(rig: EngineR
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_folded_subject_in_a_json_echo_kept_through_printable_is_scrubbed(
+    rig: EngineRig,
+) -> None:
+    # A receiver's JSON echo of a folded subject writes its line break `\r\n`; the
+    # webhook's last error keeps the answer through `printable`, which doubles each
+    # backslash (`\\r\\n`): the words were no longer one quote to the scrub.
+    from ledger.display import printable
+    from ledger.header_encoding import unstructured
+
+    subject = "Your invoice 7731 for the order of Zoe Quartz placed on 3 November, with details"
+    content = parse_job({**rich_job("inv-esc2"), "subject": subject})
+    folded = unstructured("Subject", subject).removeprefix("Subject: ")
+    kept = "HTTP 400: " + printable(json.dumps({"error": folded}))
+    assert "\\\\r\\\\n " in kept
+    assert _scrubbed(content, kept) == 'HTTP 400: {"error": "' + REDACTED + '"}'
