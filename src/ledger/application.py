@@ -595,7 +595,9 @@ class Ledger(Application[UUID]):
         (a crash leaves each job purged or intact); `progress` hears every 1000 jobs;
         `stop()` ends it early. A job that changed meanwhile is left for the next run
         (`skipped`); one another purger took meanwhile is neither purged nor skipped.
-        Afterwards the backend scrubs its files (`StoreBackend.scrub`)."""
+        Afterwards the backend scrubs its files (`StoreBackend.scrub`), also after a run
+        that purged nothing: an earlier run's scrub that readers kept busy is finished
+        by the next one (no process remembers it was left)."""
         purged = skipped = 0
         try:
             for row in self.purgeable(before):
@@ -620,8 +622,7 @@ class Ledger(Application[UUID]):
                 with contextlib.suppress(Exception):
                     self.scrub()
             raise
-        scrubbed = self.scrub() if purged else True
-        return PurgeResult(purged=purged, skipped=skipped, scrubbed=scrubbed)
+        return PurgeResult(purged=purged, skipped=skipped, scrubbed=self.scrub())
 
     def scrub(self) -> bool:
         """After purges: make what they rewrote unreachable in the store's files as far as

@@ -43,3 +43,28 @@ def test_a_reader_holding_the_wal_leaves_the_purge_unscrubbed_until_the_next(
             reader.execute("COMMIT")
         assert ledger.scrub() is True
     assert not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0
+
+
+def test_a_later_run_with_nothing_to_purge_still_scrubs_what_an_earlier_left(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The scrub ran only after a run that purged a job: the daemon's next run, or the
+    # `admin purge` an operator is told to run again later, found nothing new to purge,
+    # said `"scrubbed": true` and left the purged text in the WAL.
+    monkeypatch.setattr(sqlite_store, "CHECKPOINT_ATTEMPTS", 5)
+    path = tmp_path / "ledger.sqlite"
+    wal = Path(f"{path}-wal")
+    with Ledger(f"sqlite:///{path}", clock=clock) as ledger:
+        ledger.submit(content("old-1"), SENDER)
+        settle(ledger, clock, "old-1")
+        clock.advance(10 * 86400)
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as reader:
+            reader.execute("BEGIN")
+            reader.execute("SELECT COUNT(*) FROM stored_events").fetchone()
+            first = ledger.purge_settled(clock() - timedelta(days=1), by="t", rule="test")
+            assert (first.purged, first.scrubbed) == (1, False)
+            reader.execute("COMMIT")
+        assert wal.exists() and wal.stat().st_size > 0
+        again = ledger.purge_settled(clock() - timedelta(days=1), by="t", rule="test")
+        assert (again.purged, again.scrubbed) == (0, True)
+        assert not wal.exists() or wal.stat().st_size == 0

@@ -812,3 +812,23 @@ def test_a_folded_subject_in_a_json_echo_kept_through_printable_is_scrubbed(
     kept = "HTTP 400: " + printable(json.dumps({"error": folded}))
     assert "\\\\r\\\\n " in kept
     assert _scrubbed(content, kept) == 'HTTP 400: {"error": "' + REDACTED + '"}'
+
+
+def test_the_daemons_purge_says_when_the_store_could_not_be_scrubbed(
+    rig: EngineRig, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `admin purge` says "could not be scrubbed now"; the daemon's periodic purge said
+    # only "purged N jobs", though the purged text was still in the store's files.
+    import logging
+
+    from daemon.service_layer.retention import RetentionJob
+
+    rig.submit("receipts", "s-1")
+    rig.tick()
+    rig.clock.advance(2 * DAY)
+    monkeypatch.setattr(rig.ledger, "scrub", lambda: False)
+    with caplog.at_level(logging.INFO, logger="sendledger.retention"):
+        result = RetentionJob(rig.ledger, DAY, daemon_name="d").run()
+    assert (result.purged, result.scrubbed) == (1, False)
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "could not be scrubbed" in warning.getMessage()

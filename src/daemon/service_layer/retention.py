@@ -50,6 +50,13 @@ class RetentionJob:
                 iso(before),
                 f" ({result.skipped} changed meanwhile: next run)" if result.skipped else "",
             )
+        if not result.scrubbed:
+            # The purged text is still in the store's files (a SQLite WAL that readers
+            # kept busy): the next run scrubs again, whether or not it purges.
+            log.warning(
+                "retention: the store's files could not be scrubbed now (readers busy):"
+                " the next run tries again"
+            )
         return result
 
 
