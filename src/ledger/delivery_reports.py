@@ -394,7 +394,10 @@ def _recipient(block: Fields) -> BouncedRecipient | None:
     recipient = _one(block, "original-recipient") or _one(block, "final-recipient") or ""
     kind, _, address = recipient.partition(";")
     address = address.strip().strip("<>")
-    if kind.strip().lower() not in ("rfc822", "utf-8") or not _ADDRESS.fullmatch(address):
+    kind = kind.strip().lower()
+    if kind == "utf-8":
+        address = _utf8_address(address) or ""
+    if kind not in ("rfc822", "utf-8") or not _ADDRESS.fullmatch(address):
         return None
     return BouncedRecipient(
         address=address,
@@ -402,6 +405,33 @@ def _recipient(block: Fields) -> BouncedRecipient | None:
         action=action,
         diagnostic=_printable(_one(block, "diagnostic-code") or ""),
     )
+
+
+#: RFC 6533's escape of a character in a 7-bit `utf-8` address: `\x{00FC}`.
+_XTEXT = re.compile(r"\\x\{([0-9A-Fa-f]{2,6})\}")
+
+
+def _utf8_address(address: str) -> str | None:
+    """An RFC 6533 `utf-8` address (raw UTF-8, as the report's bytes read 1:1, or with
+    `\\x{HHHH}` escapes) as the job keeps its recipient: the domain in A-labels
+    (`ledger.addresses`), so "zoe@bücher.example" is "zoe@xn--bcher-kva.example". None
+    when it is not one (a non-ASCII local part is never a job's recipient here)."""
+    try:
+        text = address.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return None
+    text = _XTEXT.sub(lambda m: chr(min(int(m.group(1), 16), 0x10FFFF)), text)
+    local, at, domain = text.rpartition("@")
+    if not at or not local.isascii() or not domain or len(domain) > 253:
+        return None
+    if domain.isascii():
+        return f"{local}@{domain}"
+    import idna
+
+    try:
+        return f"{local}@{idna.encode(domain, uts46=True).decode('ascii')}"
+    except (idna.IDNAError, UnicodeError):
+        return None
 
 
 def _report_id(headers: Fields) -> str:

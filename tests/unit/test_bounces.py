@@ -429,3 +429,46 @@ def test_a_report_received_before_the_jobs_first_attempt_is_refused(rig: EngineR
             skew=GRACE,
         )
     assert refused.value.refusal.value == "before-send"
+
+
+@pytest.mark.parametrize(
+    ("status_type", "written"),
+    [
+        ("message/global-delivery-status", "zoe@bücher.example"),  # RFC 6533, raw UTF-8
+        ("message/delivery-status", "zoe@b\\x{00FC}cher.example"),  # its 7-bit xtext form
+    ],
+)
+def test_a_report_naming_an_internationalized_recipient_as_people_write_it_is_its_jobs(
+    rig: EngineRig, status_type: str, written: str
+) -> None:
+    # The job keeps the recipient's domain as the wire's A-labels (xn--bcher-kva); an RFC
+    # 6533 report writes it in Unicode (`utf-8;` address type): the address read from
+    # the report was refused as no address, and a real bounce was recorded as none.
+    from ledger.content import parse_job
+    from testkit.dsn import original_headers, report
+
+    data = {"channel": "receipts", "key": "idn-1", "subject": "s", "body": "."}
+    content = parse_job({**data, "to": "Zoë <zoe@bücher.example>"})
+    mid = rig.ledger.submit(content, rig.policies["receipts"].sender).message_id
+    rig.tick()
+    status = (
+        "Reporting-MTA: dns; mx.example.invalid\r\n\r\n"
+        f"Final-Recipient: utf-8; {written}\r\nAction: failed\r\nStatus: 5.1.1\r\n"
+        "Diagnostic-Code: smtp; 550 5.1.1 user unknown\r\n"
+    )
+    raw = report(
+        sender="MAILER-DAEMON@mx.example.invalid",
+        to=MAILBOX,
+        subject="Undelivered Mail Returned to Sender",
+        parts=[
+            ([f"Content-Type: {status_type}"], status.encode()),
+            (["Content-Type: text/rfc822-headers"], original_headers(original(mid))),
+        ],
+        report_type="global-delivery-status"
+        if status_type.startswith("message/global")
+        else "delivery-status",
+    )
+    rig.provider.deliver(raw)
+    rig.advance_and_tick(INTERVAL)
+    [event] = bounced(rig, "idn-1")
+    assert event.recipients[0]["address"] == "zoe@xn--bcher-kva.example"
