@@ -17,6 +17,7 @@ from daemon.config.store_section import StoreSource, encryption_keys, plain_stor
 from daemon.exit_codes import CliError, bad_input
 from ledger.application import Ledger
 from ledger.stores import store_exists
+from ledger.stores.causes import StoreUnavailable
 from ledger.stores.url import (
     MemoryStore,
     PostgresStore,
@@ -111,7 +112,7 @@ def open_ledger(settings: StoreSource, *, create: bool = True) -> Ledger:
         raise bad_input(f"{settings.config_path}: {exc}") from None
     except StoreRefused as exc:  # a store key or environment that does not fit the store
         raise bad_input(str(exc)) from None
-    except CliError:
+    except (CliError, StoreUnavailable):  # already one line naming the store
         raise
     except Exception as exc:
         raise CliError(f"cannot open store {settings.store.url.split('@')[-1]}: {exc}") from exc

@@ -39,7 +39,7 @@ from ledger.job import SendJob, TransitionError, created_at, job_id_for
 from ledger.message_id import message_id_for
 from ledger.redaction import ENCRYPTED, quoted_texts, redact_events, scrub_text, scrubber
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
-from ledger.stores.causes import read_only
+from ledger.stores.causes import StoreUnavailable, read_only, store_problem
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import (
     INDEX_CLOCK_KWARG,
@@ -966,6 +966,12 @@ class Ledger(Application[UUID]):
                     setup and self._backend.is_setup_race(exc)
                 )
                 if attempt == attempts - 1 or not transient:
+                    # A read-only file or role, a full disk, a lock never released: one
+                    # line naming the store and why, not the driver's bare error
+                    # (docs/cli.md "Exit codes").
+                    problem = None if isinstance(exc, StoreUnavailable) else store_problem(exc)
+                    if problem is not None:
+                        raise StoreUnavailable(self.store.describe(), problem, exc) from exc
                     raise
                 time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
         raise AssertionError("unreachable")

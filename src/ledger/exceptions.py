@@ -34,6 +34,9 @@ so a user's program runs it without the daemon's packages.
           │    └── KeyConflict, IdentityTaken            ledger/
           ├── not found                  kind NOT_FOUND (exit 4, HTTP 404)
           │    └── UnknownJob                            ledger/application.py
+          ├── unavailable                kind UNAVAILABLE (exit 1, HTTP 503)
+          │    └── StoreUnavailable                      ledger/stores/causes.py: read-only,
+          │                                              disk full, locked (PersistenceError too)
           ├── ServiceError               the kind given where it is raised (UNAVAILABLE:
           │                              exit 1, HTTP 503): daemon/service_layer/problems.py
           ├── CliError                   its own exit code: daemon/exit_codes.py
@@ -71,7 +74,7 @@ class Refusal(StrEnum):
     BAD_INPUT = "bad-input"  # exit 2, HTTP 422
     NOT_FOUND = "not-found"  # exit 4, HTTP 404
     CONFLICT = "conflict"  # exit 3, HTTP 409
-    UNAVAILABLE = "unavailable"  # exit 1, HTTP 503: a search could not be made
+    UNAVAILABLE = "unavailable"  # exit 1, HTTP 503: a search could not be made, a store written
 
 
 class SendledgerError(Exception):

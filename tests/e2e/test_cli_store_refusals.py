@@ -6,7 +6,9 @@ name, and a key file that does not fit the store is refused naming
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import sqlite3
 from typing import Any
 
 import pytest
@@ -106,3 +108,30 @@ def test_new_key_prints_a_32_byte_key_the_store_takes(cli: Any) -> None:
     assert len(base64.b64decode(key, validate=True)) == 32
     _with_key_file(cli, key + "\n")
     assert cli.submit(JOB).code == 0
+
+
+def _writes_refused(store: Any) -> None:
+    """The store's file as SQLite treats one it may not write, even for root (who ignores
+    file modes): a "file format write version" above 2 (header byte 18) is read-only."""
+    with contextlib.closing(sqlite3.connect(store)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # all in the file, still WAL
+    header = bytearray(store.read_bytes())
+    header[18] = 3
+    store.write_bytes(bytes(header))
+
+
+def test_a_store_that_cannot_be_written_is_named_in_one_line_and_nothing_half_written(
+    cli: Any,
+) -> None:
+    store = cli.root / "ledger.sqlite"
+    assert cli.submit(JOB).code == 0
+    _writes_refused(store)
+    refused = cli.submit({**JOB, "key": "k-2"})
+    assert refused.code == 1, refused.stderr
+    assert refused.error_lines == [
+        f"sendledger: store sqlite:{store}: read-only: it can be read but not written here "
+        "(attempt to write a readonly database)"
+    ], refused.stderr
+    # What only reads still answers.
+    assert cli.run("status", "k-1", "--json").json()["state"] == "requested"
+    assert cli.run("status", "k-2").code == 4

@@ -23,6 +23,7 @@ from ledger.content import JobInputError
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import TransitionError
 from ledger.message_id import MessageIdError
+from ledger.stores.causes import StoreUnavailable
 from ledger.stores.identity import IdentityTaken
 from sendledger.client import ClientError
 
@@ -67,7 +68,7 @@ def drawn() -> dict[str, str]:
     found: dict[str, str] = {}
     doc = exceptions.__doc__ or ""
     for line in doc[doc.index("    Exception") :].split("\n\n")[0].splitlines():
-        if marker := re.search(r"kind (BAD_INPUT|CONFLICT|NOT_FOUND|None)", line):
+        if marker := re.search(r"kind (BAD_INPUT|CONFLICT|NOT_FOUND|UNAVAILABLE|None)", line):
             branch = marker.group(1)
         words = re.sub(r"\S+/\S*|\([^)]*\)", "", line)  # paths and asides are no classes
         for name in re.findall(r"\b_?[A-Z][A-Za-z]+\b", words):
@@ -99,6 +100,7 @@ CASES: list[tuple[SendledgerError, int | None, int | None]] = [
     (ServiceError(Refusal.NOT_FOUND, "gone"), 4, 404),
     (ServiceError(Refusal.CONFLICT, "moved"), 3, 409),
     (ServiceError(Refusal.UNAVAILABLE, "no search"), 1, 503),
+    (StoreUnavailable("sqlite:x", "read-only", OSError("ro")), 1, 503),
     (CliError("cannot open store", 1), 1, None),
     (CliError("purged already", 3), 3, None),
     (ApiError(413, "too large"), None, 413),

@@ -1,8 +1,13 @@
 """What a store error wraps: the SQLite and PostgreSQL backends judge a driver error that
 eventsourcing re-raised as its own by the errors in its chain (a lock, a serialization
-failure, a lock timeout)."""
+failure, a lock timeout), and say what keeps a store from being written in an operator's
+words (`StoreUnavailable`)."""
 
 from __future__ import annotations
+
+from eventsourcing.persistence import PersistenceError
+
+from ledger.exceptions import Refusal, SendledgerError
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:
@@ -40,4 +45,58 @@ def read_only(exc: BaseException) -> bool:
     return False
 
 
-__all__ = ["exception_chain", "read_only"]
+#: SQLite's SQLITE_FULL (the disk, or the file's page limit); PostgreSQL's disk_full.
+_SQLITE_FULL = 13
+_FULL_SQLSTATES = frozenset({"53100"})
+#: SQLite's SQLITE_BUSY and SQLITE_LOCKED; PostgreSQL's lock_not_available (lock_timeout).
+_SQLITE_LOCKS = frozenset({5, 6})
+_LOCK_SQLSTATES = frozenset({"55P03"})
+
+
+def _full(exc: BaseException) -> bool:
+    for error in exception_chain(exc):
+        code = getattr(error, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:
+            return True
+        if getattr(error, "sqlstate", None) in _FULL_SQLSTATES:
+            return True
+    return False
+
+
+def _locked(exc: BaseException) -> bool:
+    for error in exception_chain(exc):
+        code = getattr(error, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in _SQLITE_LOCKS:
+            return True
+        if getattr(error, "sqlstate", None) in _LOCK_SQLSTATES:
+            return True
+    return False
+
+
+def store_problem(exc: BaseException) -> str | None:
+    """What keeps the store from answering, as an operator would say it: read-only, disk
+    full or locked; None for anything else (a bug, a conflict, a lost connection)."""
+    if read_only(exc):
+        return "read-only: it can be read but not written here"
+    if _full(exc):
+        return "disk full: nothing more can be written"
+    if _locked(exc):
+        return "locked: another process held it for as long as a store call waits"
+    return None
+
+
+class StoreUnavailable(SendledgerError, PersistenceError):
+    """The store could not be written (or read) for a reason of its own: one line naming
+    the store (never its password) and the reason (exit 1, HTTP 503). A PersistenceError
+    still, as the library's error it replaces was."""
+
+    kind = Refusal.UNAVAILABLE
+
+    def __init__(self, where: str, problem: str, cause: BaseException) -> None:
+        # The driver's own words, first line (PostgreSQL adds DETAIL lines), last.
+        said = str(exception_chain(cause)[-1]).strip().splitlines()
+        detail = f" ({said[0]})" if said else ""
+        super().__init__(f"store {where}: {problem}{detail}")
+
+
+__all__ = ["StoreUnavailable", "exception_chain", "read_only", "store_problem"]
