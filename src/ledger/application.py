@@ -170,6 +170,11 @@ class Ledger(Application[UUID]):
     page_size = 500
     #: What the index's digests of addresses are keyed with (None: a plain store).
     _digest: bytes | None = None
+    #: Seconds a store call keeps trying while the store is locked (each try waits its
+    #: own lock wait: SQLite's busy handler, PostgreSQL's `[store] lock_timeout`): no try
+    #: begins after this, so a lock never released fails the call in about a minute, not
+    #: after 20 tries of 30 s (docs/configuration.md "The store: SQLite or PostgreSQL").
+    store_wait = 60.0
 
     def __init__(
         self,
@@ -957,7 +962,8 @@ class Ledger(Application[UUID]):
         """SQLite: the busy handler waits for writers, but a WAL snapshot conflict is
         reported at once. What the backend calls transient is tried again after a
         pause instead of surfacing; with `setup`, so is meeting another process's
-        creation of the same table."""
+        creation of the same table. No try begins `store_wait` seconds after the first."""
+        give_up = time.monotonic() + self.store_wait
         for attempt in range(attempts):
             try:
                 return action()
@@ -965,7 +971,7 @@ class Ledger(Application[UUID]):
                 transient = self._backend.is_retryable(exc) or (
                     setup and self._backend.is_setup_race(exc)
                 )
-                if attempt == attempts - 1 or not transient:
+                if attempt == attempts - 1 or not transient or time.monotonic() >= give_up:
                     # A read-only file or role, a full disk, a lock never released: one
                     # line naming the store and why, not the driver's bare error
                     # (docs/cli.md "Exit codes").

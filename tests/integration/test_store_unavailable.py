@@ -4,15 +4,22 @@ SQLITE_FULL)."""
 
 from __future__ import annotations
 
+import dataclasses
+import sqlite3
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import PG_URL
 
 from ledger.application import Ledger, Sender
 from ledger.content import JobContent
 from ledger.stores.causes import StoreUnavailable
+from ledger.stores.index import INDEX_TABLE
 from ledger.stores.private_api import CachingConnectionPool
+from ledger.stores.url import PostgresStore, parse_store_url
 from ledger.vocabulary import PolicyRef
 
 SENDER = Sender(
@@ -20,6 +27,11 @@ SENDER = Sender(
     message_id_domain="mail.example.com",
     policy=PolicyRef("receipts", "0123456789abcdef"),
 )
+
+
+def claim_now() -> dict[str, Any]:
+    now = datetime.now(UTC)
+    return {"provider": "support", "deadline": now + timedelta(seconds=30), "at": now}
 
 
 def job(key: str, body: str = "Thanks") -> JobContent:
@@ -54,3 +66,61 @@ def test_a_full_disk_is_named_with_the_store_and_writes_nothing(
         )
         assert ledger.find_job("k-2") is None
         assert ledger.find_job("k-1") is not None
+
+
+def test_a_write_lock_never_released_is_waited_for_a_bounded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the store's write lock and never lets go: the write gives up
+    after `Ledger.store_wait` in all, not after 20 busy waits (10 minutes by default)."""
+    from ledger.stores import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT", 1)  # 30 s a wait by default
+    monkeypatch.setattr(Ledger, "store_wait", 2.0)  # 60 s by default
+    path = tmp_path / "held.sqlite"
+    with Ledger(f"sqlite:///{path}") as ledger:
+        ledger.submit(job("k-1"), SENDER)
+        holder = sqlite3.connect(path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # the write lock, held
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable) as refused:
+                ledger.submit(job("k-2"), SENDER)
+            waited = time.monotonic() - started
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert str(refused.value).startswith(f"store sqlite:{path}: locked: ")
+        # The busy waits that began within store_wait, each 1 s: not 20 of them.
+        assert 2.0 <= waited < 6.0, waited
+        assert ledger.find_job("k-2") is None
+
+
+def test_a_postgres_row_lock_never_released_is_waited_for_a_bounded_time(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: another session holds the job's index row; each try of the write waits
+    `[store] lock_timeout` (55P03) and the ledger stops trying after `store_wait`. The
+    insert tried its own ten times inside each of the ledger's 20: 17 minutes at 5 s."""
+    import psycopg
+
+    monkeypatch.setattr(Ledger, "store_wait", 2.0)  # 60 s by default
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, lock_timeout=1)
+    with Ledger(spec) as ledger:
+        ledger.submit(job("k-1"), SENDER)
+        with psycopg.connect(PG_URL) as holder:
+            holder.execute(
+                f'SELECT 1 FROM "{spec.schema}".{INDEX_TABLE} WHERE key = %s FOR UPDATE',
+                ("k-1",),
+            )
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable) as refused:
+                ledger.update("k-1", lambda j: j.claim(**claim_now()))
+            waited = time.monotonic() - started
+            holder.rollback()
+        assert str(refused.value).startswith(f"store {spec.describe()}: locked: ")
+        # Lock waits of 1 s begun within the 2 s: not ten of them a try.
+        assert 2.0 <= waited < 6.0, waited
+        assert ledger.get_job("k-1").state == "requested"

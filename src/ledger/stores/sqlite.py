@@ -31,6 +31,10 @@ from ledger.stores.private_api import CachingConnectionPool, InsertHook
 from ledger.stores.purge import rewrites_from
 from ledger.stores.url import SqliteStore
 
+#: Seconds the sqlite3 busy handler of the store's connections waits for another writer
+#: before SQLITE_BUSY; the ledger tries again within its `store_wait`.
+BUSY_TIMEOUT = 30
+
 # Primary result codes; extended codes (e.g. SQLITE_BUSY_SNAPSHOT, 517) keep them in
 # their low byte.
 _LOCK_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
@@ -234,7 +238,7 @@ class SQLiteBackend:
             "SQLITE_DBNAME": str(self.spec.path),
             # Seconds the sqlite3 busy handler waits for a writer: several processes
             # share the file, and "database is locked" must never reach a caller.
-            "SQLITE_LOCK_TIMEOUT": "30",
+            "SQLITE_LOCK_TIMEOUT": str(BUSY_TIMEOUT),
             "APPLICATION_RECORDER_TOPIC": get_topic(SQLiteJobIndexRecorder),
         }
 
