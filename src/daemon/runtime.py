@@ -152,6 +152,10 @@ class Daemon:
         """Stop as SIGTERM would, from any thread."""
         self._wake.post(REQUESTED)
 
+    def request_reload(self) -> None:
+        """Reload the policies as SIGHUP would, once serving (a SIGHUP of the start-up)."""
+        self._wake.post(signal.SIGHUP)
+
     # -- the service ------------------------------------------------------------------
 
     def status_line(self) -> str:

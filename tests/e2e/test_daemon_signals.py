@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import sqlite3
 import tempfile
 import time
 from collections.abc import Iterator
@@ -104,6 +106,49 @@ def test_sighup_keeps_last_good_policies_then_picks_up_the_fixed_folder(
         assert rig.copies("hup-alert") == 1
         accepted = {e["message_id"]: e for e in rig.emulator.accepted()}
         assert "alerts@shop.example" in accepted[rig.message_id("hup-alert")]["from"]
+
+
+def _has_open(pid: int, path: Path) -> bool:
+    """Whether process `pid` holds `path` open (Linux: /proc/PID/fd)."""
+    folder = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(folder / fd) == str(path) for fd in os.listdir(folder))
+    except OSError:
+        return False
+
+
+def test_a_sighup_during_start_up_reloads_once_the_daemon_runs(tmp_path: Path) -> None:
+    """SIGHUP while the daemon is still starting (its policies read, its store being
+    opened: held here by another process's exclusive lock) is not lost: once it runs, it
+    reloads, and a channel added meanwhile is in force."""
+    with Rig(tmp_path) as rig:
+        rig.submit([job("before")])  # the store exists: opening it reads it
+        store = rig.dir / "ledger.sqlite"
+        holder = sqlite3.connect(store, isolation_level=None)
+        try:
+            holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+            holder.execute("BEGIN EXCLUSIVE")  # no reader either, until the rollback
+            daemon = rig.start_daemon()
+            # The store is opened after the policies are read (`cmd_run`): waiting on it.
+            rig.wait_for(lambda: _has_open(daemon.pid, store), "the daemon to open the store")
+            rig.write_policy(
+                "alerts", {**RETRY_POLICY, "from": "Alerts <alerts@shop.example>"}, name="alerts"
+            )
+            daemon.signal(signal.SIGHUP)
+            time.sleep(0.2)  # delivered while the open still waits
+            assert daemon.alive() and "sendledger running" not in daemon.stderr_text()
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        _running(rig)
+        rig.wait_for(
+            lambda: "policies reloaded: alerts, receipts" in daemon.stderr_text(),
+            "the SIGHUP of the start-up to reload the policies",
+        )
+        rig.submit([job("late-alert", channel="alerts")])
+        rig.wait_state("late-alert", "confirmed")
+        assert daemon.terminate() == 0, daemon.tail()
+        assert rig.copies("late-alert") == 1
 
 
 @pytest.fixture

@@ -111,11 +111,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from daemon.logs import setup_logging
     from daemon.runtime import Daemon, run_once
 
+    hangups: list[int] = []
     if not args.once:
         # Until the daemon's own handlers are in place: a stop request during start-up
-        # has nothing in flight to finish, and a reload is moot (policies load next).
+        # has nothing in flight to finish. A reload is kept for when it runs: the policies
+        # may be read already (and changed since), ignored it was lost.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, lambda signum, _frame: hangups.append(signum))
     settings = settings_for(args.config)
     setup_logging(settings.daemon.log_level)
     policies = load_policies(settings)  # refuse to start on a broken policy folder (exit 2)
@@ -138,6 +140,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_OK
         daemon = Daemon(service, settings.daemon.tick)
         daemon.install_signal_handlers()
+        if hangups:  # read after its own handlers are in: none falls between
+            daemon.request_reload()
         code = daemon.serve()
         if daemon.abandoned:
             # Calls still in flight hold worker threads that would keep the interpreter
