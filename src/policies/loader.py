@@ -8,6 +8,8 @@ A folder either loads completely or not at all: the daemon keeps its last good s
 from __future__ import annotations
 
 import difflib
+import os
+import time
 import tomllib
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +36,13 @@ __all__ = [
 WHOLE_FILE = "-"
 #: A policy is a few lines of TOML; a bigger file is not one.
 MAX_POLICY_BYTES = 1024 * 1024
+#: A file changed less than this long ago may be a save still under way (a tool or editor
+#: that rewrites it in place shows its first lines for a moment, a valid policy with the
+#: defaults where the rest said otherwise): it is read again this long after, and taken
+#: when both reads agree (docs/policies.md "Broken policy files and reloads").
+SETTLE_SECONDS = 0.1
+#: Reads of a file that keeps changing before it is refused as still being saved.
+SETTLE_READS = 30
 
 _FIELDS: tuple[str, ...] = tuple(
     (info.alias or name) for name, info in ChannelPolicy.model_fields.items()
@@ -125,11 +134,46 @@ def _reason_of(error: Mapping[str, Any]) -> str:
     return _one_line(message)
 
 
+def _changed_at(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size
+
+
+def _read_settled(path: Path) -> bytes | None:
+    """The file's bytes once it is left alone for `SETTLE_SECONDS` (at once for a file
+    changed longer ago); None while it keeps changing. FileProblem as `read_regular_file`.
+    The time of change is read after the bytes, so a change during the read counts."""
+    raw = read_regular_file(path, limit=MAX_POLICY_BYTES)
+    changed = _changed_at(path)
+    for _ in range(SETTLE_READS):
+        # A time of change ahead of the clock (a copied file, a clock stepped back) is
+        # settled by two equal reads, like a recent one.
+        if changed is not None and time.time_ns() - changed[0] >= SETTLE_SECONDS * 1e9:
+            return raw
+        time.sleep(SETTLE_SECONDS)
+        again = read_regular_file(path, limit=MAX_POLICY_BYTES)
+        now = _changed_at(path)
+        if again == raw and now == changed:
+            return raw
+        raw, changed = again, now
+    return None
+
+
 def _parse(path: Path) -> tuple[dict[str, Any] | None, list[PolicyProblem]]:
     try:
-        raw = read_regular_file(path, limit=MAX_POLICY_BYTES)
+        raw = _read_settled(path)
     except FileProblem as exc:
         return None, [PolicyProblem(path, WHOLE_FILE, f"cannot read: {exc.reason}")]
+    if raw is None:
+        seconds = SETTLE_READS * SETTLE_SECONDS
+        return None, [
+            PolicyProblem(
+                path, WHOLE_FILE, f"still being written: changed again and again for {seconds:g}s"
+            )
+        ]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ from policies.check import SUMMARY_COLUMNS, check_policies, render_table, summar
 from policies.durations import parse_duration
 from policies.loader import (
     MAX_POLICY_BYTES,
+    SETTLE_SECONDS,
     PolicyLoadError,
     PolicyProblem,
     PolicySet,
@@ -380,3 +384,34 @@ def test_fields_added_later_keep_the_first_releases_fingerprint(tmp_path: Path) 
     assert load_policy_file(later).fingerprint != "7d06ca0409ba9b06"
     later.write_text(text + 'history_after = "1s"\n', encoding="utf-8")
     assert load_policy_file(later).fingerprint != "7d06ca0409ba9b06"
+
+
+# -- a file still being saved ----------------------------------------------------------------
+
+
+def test_a_file_cut_short_by_a_save_in_progress_is_read_once_the_save_ends(
+    tmp_path: Path,
+) -> None:
+    """A tool that rewrites a policy in place leaves, for a moment, its first lines only:
+    whole key/value lines, valid TOML, a valid policy, with the defaults where the rest
+    said otherwise. Loaded at that moment, the channel ran on the cut file. A file changed
+    within `SETTLE_SECONDS` is read again once left alone that long, so the loader takes
+    the finished file."""
+    whole = GOOD + 'on_unknown = "review"\nmax_attempts = 1\n'
+    path = write(tmp_path, "receipts.toml", GOOD)  # the save so far: its first lines
+    finish = threading.Timer(SETTLE_SECONDS / 3, path.write_text, (whole,), {"encoding": "utf-8"})
+    finish.start()
+    try:
+        policy = load_policy_dir(tmp_path)["receipts"]
+    finally:
+        finish.join()
+    assert (policy.on_unknown, policy.max_attempts) == ("review", 1)
+
+
+def test_a_file_left_alone_is_read_at_once(tmp_path: Path) -> None:
+    path = write(tmp_path, "receipts.toml", GOOD)
+    old = time.time() - 10
+    os.utime(path, (old, old))
+    started = time.monotonic()
+    assert "receipts" in load_policy_dir(tmp_path)
+    assert time.monotonic() - started < SETTLE_SECONDS
