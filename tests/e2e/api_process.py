@@ -7,11 +7,12 @@ the seconds of imports that made it miss its start-up deadline on a loaded machi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -25,8 +26,12 @@ MAILBOX = "shop@shop.example"
 
 
 @contextmanager
-def sendledger_api(folder: Path) -> Iterator[tuple[str, Path, GmailEmulator]]:
-    """(the API's URL, the folder, the emulator) while `sendledger api` runs."""
+def sendledger_api(
+    folder: Path, starting: Callable[[list[int]], AbstractContextManager[object]] | None = None
+) -> Iterator[tuple[str, Path, GmailEmulator]]:
+    """(the API's URL, the folder, the emulator) while `sendledger api` runs. `starting`
+    (a test that holds the start-up up): entered before the process starts, with a list
+    that then gets its pid, and left before the wait for it to answer."""
     port = free_port()
     emulator = GmailEmulator()
     emulator.start()
@@ -46,7 +51,10 @@ def sendledger_api(folder: Path) -> Iterator[tuple[str, Path, GmailEmulator]]:
     )
     log = folder / "api.log"
     server = shared_fork_server()
-    pid = server.start(["--config", str(folder / "sendledger.toml"), "api"], folder, log)
+    pids: list[int] = []
+    with starting(pids) if starting is not None else contextlib.nullcontext():
+        pid = server.start(["--config", str(folder / "sendledger.toml"), "api"], folder, log)
+        pids.append(pid)
     (folder / "api.pid").write_text(str(pid))  # for a test that signals it
     url = f"http://127.0.0.1:{port}"
     try:

@@ -13,7 +13,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import uvicorn
 from fastapi import FastAPI
@@ -99,18 +99,23 @@ class ApiServer:
         if self._socket is not None:
             self._socket.close()
 
-    def run(self, on_hangup: Callable[[], object] | None = None) -> int:
+    def run(
+        self, on_hangup: Callable[[], object] | None = None, hangups: Sequence[int] = ()
+    ) -> int:
         """In the foreground until SIGTERM or SIGINT; then finish, as `run` does: the exit
         code 130 after SIGINT, 0 after SIGTERM (uvicorn's own handlers would re-raise the
         signal after shutting down). SIGHUP calls `on_hangup` (`sendledger api` reloads
-        its policies, as the daemon does), from this thread. The handlers only write to a
-        pipe (`daemon/wakeup.py`)."""
+        its policies, as the daemon does), from this thread; so does one of `hangups`
+        (those of the start-up), read once these handlers are in. The handlers only write
+        to a pipe (`daemon/wakeup.py`)."""
         wake = WakeUp()
         signals = [signal.SIGTERM, signal.SIGINT]
         if on_hangup is not None:
             signals.append(signal.SIGHUP)
         for signum in signals:
             signal.signal(signum, lambda signum, _frame: wake.post(signum))
+        if on_hangup is not None and hangups:
+            wake.post(signal.SIGHUP)
         self.start()
         while True:
             posted = wake.wait(0.5)
