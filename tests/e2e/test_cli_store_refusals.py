@@ -135,3 +135,31 @@ def test_a_store_that_cannot_be_written_is_named_in_one_line_and_nothing_half_wr
     # What only reads still answers.
     assert cli.run("status", "k-1", "--json").json()["state"] == "requested"
     assert cli.run("status", "k-2").code == 4
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("a-folder", "is a directory, not a SQLite file"),
+        ("a-file/ledger.sqlite", "a-file is not a directory"),
+        ("notes.txt", "is not a SQLite database"),
+    ],
+)
+def test_a_store_path_that_cannot_be_a_store_is_bad_input_naming_store_url(
+    cli: Any, where: str, why: str
+) -> None:
+    """store.url naming a folder, a path under a file, or a file that is no SQLite
+    database (the config itself, a note): exit 2 naming store.url, as a store that is
+    not there is, and nothing is created or changed."""
+    (cli.root / "a-folder").mkdir()
+    (cli.root / "a-file").write_text("not a folder\n")
+    (cli.root / "notes.txt").write_text("some notes, not a database\n" * 10)
+    cli.write_config(f"sqlite:///{where}")
+    for result in (cli.submit(JOB), cli.run("status", "k-1")):
+        assert result.code == 2, result.stderr
+        assert len(result.error_lines) == 1, result.stderr
+        assert "store.url" in result.stderr or "no store at" in result.stderr, result.stderr
+    refused = cli.submit(JOB)
+    assert "store.url" in refused.stderr and why in refused.stderr, refused.stderr
+    assert sorted(p.name for p in (cli.root / "a-folder").iterdir()) == []
+    assert (cli.root / "notes.txt").read_text() == "some notes, not a database\n" * 10

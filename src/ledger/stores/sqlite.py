@@ -29,7 +29,7 @@ from ledger.stores.index import (
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.private_api import CachingConnectionPool, InsertHook
 from ledger.stores.purge import rewrites_from
-from ledger.stores.url import SqliteStore
+from ledger.stores.url import SqliteStore, StoreUrlError
 
 #: Seconds the sqlite3 busy handler of the store's connections waits for another writer
 #: before SQLITE_BUSY; the ledger tries again within its `store_wait`.
@@ -113,6 +113,35 @@ def is_lock_error(exc: BaseException) -> bool:
             if isinstance(code, int) and code & 0xFF in _LOCK_CODES:
                 return True
     return False
+
+
+#: The first bytes of every SQLite database file (https://sqlite.org/fileformat.html).
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def refuse_what_is_no_store(path: Path) -> None:
+    """StoreUrlError (bad input naming store.url) when `path` cannot be a store: a
+    folder, a path under a file, a file that is not SQLite's (the config itself, a note).
+    Left to SQLite, each was "unable to open database file", "Not a directory" or "file
+    is not a database", exit 1, as if the store had failed rather than the setting. An
+    empty file is a new store, as SQLite takes it."""
+    where = f"store.url: sqlite:{path}"
+    if path.is_dir():
+        raise StoreUrlError(f"{where} is a directory, not a SQLite file")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise StoreUrlError(f"{where}: {parent} is not a directory")
+            break
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(_SQLITE_HEADER))
+    except (FileNotFoundError, NotADirectoryError):
+        return  # created next
+    except OSError:
+        return  # SQLite says what it is (a file that cannot be read)
+    if head and head != _SQLITE_HEADER:
+        raise StoreUrlError(f"{where} is not a SQLite database (not SQLite's first bytes)")
 
 
 def create_private(path: Path) -> None:
@@ -243,6 +272,7 @@ class SQLiteBackend:
         }
 
     def prepare(self) -> bool:
+        refuse_what_is_no_store(self.spec.path)
         create_private(self.spec.path)
         return schema_exists(self.spec)
 
