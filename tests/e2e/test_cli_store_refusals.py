@@ -163,3 +163,19 @@ def test_a_store_path_that_cannot_be_a_store_is_bad_input_naming_store_url(
     assert "store.url" in refused.stderr and why in refused.stderr, refused.stderr
     assert sorted(p.name for p in (cli.root / "a-folder").iterdir()) == []
     assert (cli.root / "notes.txt").read_text() == "some notes, not a database\n" * 10
+
+
+def test_a_store_that_cannot_be_written_when_opened_is_named_the_same_way(cli: Any) -> None:
+    """Read-only and not in WAL mode (copied from a backup, say): opening it must write
+    its journal mode, so even `status` fails, and says why in the same one line."""
+    store = cli.root / "ledger.sqlite"
+    assert cli.submit(JOB).code == 0
+    with contextlib.closing(sqlite3.connect(store)) as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")
+    _writes_refused(store)
+    for result in (cli.run("status", "k-1"), cli.submit({**JOB, "key": "k-2"})):
+        assert result.code == 1, result.stderr
+        assert result.error_lines == [
+            f"sendledger: store sqlite:{store}: read-only: it can be read but not written here "
+            "(attempt to write a readonly database)"
+        ], result.stderr

@@ -73,6 +73,12 @@ def _locked(exc: BaseException) -> bool:
     return False
 
 
+def _coded(error: BaseException) -> bool:
+    """A driver's error: SQLite's result code, or PostgreSQL's SQLSTATE."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return isinstance(code, int) or isinstance(getattr(error, "sqlstate", None), str)
+
+
 def store_problem(exc: BaseException) -> str | None:
     """What keeps the store from answering, as an operator would say it: read-only, disk
     full or locked; None for anything else (a bug, a conflict, a lost connection)."""
@@ -93,8 +99,11 @@ class StoreUnavailable(SendledgerError, PersistenceError):
     kind = Refusal.UNAVAILABLE
 
     def __init__(self, where: str, problem: str, cause: BaseException) -> None:
-        # The driver's own words, first line (PostgreSQL adds DETAIL lines), last.
-        said = str(exception_chain(cause)[-1]).strip().splitlines()
+        # The driver's own words (the error with a result code or SQLSTATE, not what was
+        # being handled when it came), first line: PostgreSQL adds DETAIL lines.
+        chain = exception_chain(cause)
+        driver = next((e for e in chain if _coded(e)), chain[0])
+        said = str(driver).strip().splitlines()
         detail = f" ({said[0]})" if said else ""
         super().__init__(f"store {where}: {problem}{detail}")
 
