@@ -200,13 +200,19 @@ class Ledger(Application[UUID]):
         exists = self._backend.prepare()
         if exists:
             env["CREATE_TABLE"] = "n"  # the tables exist: opening runs no DDL
-        # Several processes may create the tables at once; what collides is tried again.
+        # Several processes may create the tables at once; what collides is tried again,
+        # no try begun `store_wait` after the first (a lock held for good).
+        give_up = time.monotonic() + self.store_wait
         for attempt in range(10):
             try:
                 super().__init__(env=env)
                 break
             except Exception as exc:
-                if attempt == 9 or not self._backend.is_setup_race(exc):
+                again = self._backend.is_setup_race(exc) and time.monotonic() < give_up
+                if attempt == 9 or not again:
+                    problem = store_problem(exc)
+                    if problem is not None:
+                        raise StoreUnavailable(spec.describe(), problem, exc) from exc
                     raise
                 time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
         try:

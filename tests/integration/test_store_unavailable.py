@@ -124,3 +124,30 @@ def test_a_postgres_row_lock_never_released_is_waited_for_a_bounded_time(
         # Lock waits of 1 s begun within the 2 s: not ten of them a try.
         assert 2.0 <= waited < 6.0, waited
         assert ledger.get_job("k-1").state == "requested"
+
+
+def test_opening_a_store_locked_for_good_gives_up_in_a_bounded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the file exclusively (no reader either) and never lets go:
+    opening gives up after about `store_wait` too, naming the store, where it asked
+    whether the tables exist (30 s) and then created them again ten times over."""
+    from ledger.stores import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT", 1)
+    monkeypatch.setattr(Ledger, "store_wait", 2.0)
+    path = tmp_path / "held.sqlite"
+    Ledger(f"sqlite:///{path}").close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+        holder.execute("BEGIN EXCLUSIVE")
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as refused:
+            Ledger(f"sqlite:///{path}")
+        waited = time.monotonic() - started
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert str(refused.value).startswith(f"store sqlite:{path}: locked: ")
+    assert waited < 8.0, waited

@@ -166,7 +166,7 @@ def create_private(path: Path) -> None:
 def upgrade_index(store: SqliteStore) -> None:
     """What a store from an earlier release lacks in its job index, added on one
     connection: DDL only when something is missing."""
-    with contextlib.closing(sqlite3.connect(store.path, timeout=30)) as conn:
+    with contextlib.closing(sqlite3.connect(store.path, timeout=BUSY_TIMEOUT)) as conn:
         _add_missing_columns(conn)
         _add_missing_indexes(conn)
 
@@ -228,7 +228,7 @@ def schema_exists(store: SqliteStore) -> bool:
     if not store.path.exists():
         return False
     try:
-        with contextlib.closing(sqlite3.connect(store.path, timeout=30)) as conn:
+        with contextlib.closing(sqlite3.connect(store.path, timeout=BUSY_TIMEOUT)) as conn:
             row = conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (INDEX_TABLE,)
             ).fetchone()
