@@ -258,3 +258,32 @@ def test_a_login_name_the_system_cannot_give_still_submits_and_cancels(
     uid = f"uid-{os.getuid()}"
     assert job_now.submitted_by == uid
     assert job_now.state.value == "cancelled"
+
+
+@pytest.mark.parametrize("command", ["run", "api"])
+def test_a_sighup_while_a_service_imports_its_modules_is_kept(
+    command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`run` and `api` import their modules (a fraction of a second) before their start-up
+    handlers are set: a SIGHUP then met the default action and ended the process. From
+    the first line of `main` it is kept (`daemon.cli.HANGUPS`), for the reload once the
+    service runs."""
+    import signal
+
+    import daemon.cli
+
+    seen: list[object] = []
+    build = daemon.cli.build_parser
+
+    def building(name: str | None = None) -> argparse.ArgumentParser:
+        seen.append(signal.getsignal(signal.SIGHUP))
+        return build(name)
+
+    previous = signal.getsignal(signal.SIGHUP)
+    monkeypatch.setattr(daemon.cli, "build_parser", building)
+    try:
+        # A config that is not there: refused (exit 2) once the command's module is in.
+        assert main(["--config", str(tmp_path / "none.toml"), command]) == EXIT_BAD_INPUT
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert seen and seen[0] not in (signal.SIG_DFL, signal.SIG_IGN, None), seen

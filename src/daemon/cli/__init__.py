@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -128,10 +129,29 @@ def _not_text(args: argparse.Namespace) -> str | None:
     return None
 
 
+#: The SIGHUPs `run` and `api` received before their own handlers were in place, for a
+#: reload once they serve. Kept from the first line of `main`: importing a service's
+#: modules takes a fraction of a second, in which the signal's default action ended it.
+HANGUPS: list[int] = []
+
+#: The commands that serve until stopped and reload their policies on SIGHUP.
+SERVICES = frozenset({"run", "api"})
+
+
+def keep_hangups() -> None:
+    """Until the service's own handlers: a SIGHUP is noted in `HANGUPS` (a list append
+    takes no lock: safe in a handler, daemon/wakeup.py)."""
+    signal.signal(signal.SIGHUP, lambda signum, _frame: HANGUPS.append(signum))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     output.guard_streams()  # nothing a caller typed acts on the terminal (docs/cli.md "Keys")
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(command_named(argv))
+    command = command_named(argv)
+    if command in SERVICES:
+        HANGUPS.clear()
+        keep_hangups()
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     problem = _not_text(args)
     if problem:
@@ -159,4 +179,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
 
-__all__ = ["COMMANDS", "EXIT_CONFLICT", "EXIT_UNKNOWN_JOB", "build_parser", "command_named", "main"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_CONFLICT",
+    "EXIT_UNKNOWN_JOB",
+    "HANGUPS",
+    "build_parser",
+    "command_named",
+    "keep_hangups",
+    "main",
+]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 from typing import Any
 
 from daemon.config.secret_files import warn_exposed_secrets
@@ -25,11 +24,12 @@ def register(sub: Any) -> None:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
+    from daemon.cli import HANGUPS, keep_hangups
+
     # Until the server's own handlers are in place: a SIGHUP's default action would end
-    # the process, and the policies may be read already (and changed since). Kept, it
-    # reloads them once the server runs.
-    hangups: list[int] = []
-    signal.signal(signal.SIGHUP, lambda signum, _frame: hangups.append(signum))
+    # the process, and the policies may be read already (and changed since). Kept (from
+    # `main`'s first line), it reloads them once the server runs.
+    keep_hangups()
     settings = settings_for(args.config)
     if args.listen:
         if parse_listen(args.listen) is None:
@@ -53,4 +53,4 @@ def cmd_api(args: argparse.Namespace) -> int:
         log.info("sendledger api on http://%s (intake and review only)", settings.api.listen)
         # SIGHUP reloads the policies intake judges by, as in the daemon: without it the
         # signal's default action ended the process, and a changed folder was never read.
-        return server.run(on_hangup=policies.reload, hangups=hangups)
+        return server.run(on_hangup=policies.reload, hangups=HANGUPS)

@@ -108,16 +108,18 @@ def positive_int(text: str) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from daemon.bootstrap import bootstrap
+    from daemon.cli import HANGUPS, keep_hangups
     from daemon.logs import setup_logging
     from daemon.runtime import Daemon, run_once
 
-    hangups: list[int] = []
-    if not args.once:
+    if args.once:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # one pass: no reload to keep
+    else:
         # Until the daemon's own handlers are in place: a stop request during start-up
-        # has nothing in flight to finish. A reload is kept for when it runs: the policies
-        # may be read already (and changed since), ignored it was lost.
+        # has nothing in flight to finish. A reload is kept for when it runs (`main` kept
+        # it from its first line): the policies may be read already, and changed since.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        signal.signal(signal.SIGHUP, lambda signum, _frame: hangups.append(signum))
+        keep_hangups()
     settings = settings_for(args.config)
     setup_logging(settings.daemon.log_level)
     policies = load_policies(settings)  # refuse to start on a broken policy folder (exit 2)
@@ -140,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_OK
         daemon = Daemon(service, settings.daemon.tick)
         daemon.install_signal_handlers()
-        if hangups:  # read after its own handlers are in: none falls between
+        if HANGUPS:  # read after its own handlers are in: none falls between
             daemon.request_reload()
         code = daemon.serve()
         if daemon.abandoned:
