@@ -151,3 +151,32 @@ def test_opening_a_store_locked_for_good_gives_up_in_a_bounded_time(
         holder.close()
     assert str(refused.value).startswith(f"store sqlite:{path}: locked: ")
     assert waited < 8.0, waited
+
+
+def test_the_api_answers_503_naming_the_store_and_logs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk under `POST /v1/jobs`: 503 with the one line, and the line in the log
+    (an operator reads the log, not the client's answer); it was a 500 "internal error
+    (logged)" with SQLite's traceback."""
+    from tests.integration.api_kit import job as api_job
+    from tests.integration.api_kit import running_api, write_config
+
+    path = tmp_path / "full.sqlite"
+    settings = write_config(tmp_path, f"sqlite:///{path}")
+    Ledger(f"sqlite:///{path}").close()
+    made = CachingConnectionPool._create_connection
+
+    def no_room(pool: CachingConnectionPool) -> Any:
+        connection = made(pool)
+        raw = connection._sqlite_conn
+        raw.execute(f"PRAGMA max_page_count = {raw.execute('PRAGMA page_count').fetchone()[0]}")
+        return connection
+
+    monkeypatch.setattr(CachingConnectionPool, "_create_connection", no_room)
+    with running_api(settings) as api, caplog.at_level("ERROR", logger="sendledger.api"):
+        answer = api.client.post("/v1/jobs", json=api_job(body="x" * 200_000), headers=api.auth())
+    line = f"store sqlite:{path}: disk full: nothing more can be written (database or disk is full)"
+    assert answer.status_code == 503, answer.text
+    assert answer.json() == {"error": line}
+    assert [r.getMessage() for r in caplog.records] == [f"POST /v1/jobs: {line}"]

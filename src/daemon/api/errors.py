@@ -23,6 +23,7 @@ from daemon.api.models import Invalid, Problem
 from daemon.service_layer.problems import MAX_LISTED, FieldProblem, ServiceError
 from ledger.content import JobInputError
 from ledger.exceptions import Refusal, SendledgerError
+from ledger.stores.causes import StoreUnavailable
 
 log = logging.getLogger("sendledger.api")
 
@@ -138,6 +139,9 @@ def install(app: FastAPI) -> None:
         status = status_of(exc)
         if status is None:
             raise exc
+        if isinstance(exc, StoreUnavailable):
+            # The store's fault, not the client's: the operator reads it in the log.
+            log.error("%s %s: %s", request.method, request.url.path, exc)
         return answer(exc, status)
 
     @app.exception_handler(StarletteHTTPException)
