@@ -219,6 +219,12 @@ class Ledger(Application[UUID]):
             self._check_store_key()
             if exists:
                 self._backend.upgrade()  # only a store whose key fits is changed
+        except Exception as exc:
+            self.close()
+            problem = None if isinstance(exc, StoreUnavailable) else store_problem(exc)
+            if problem is not None:  # an upgrade's lock wait, say: one line as elsewhere
+                raise StoreUnavailable(spec.describe(), problem, exc) from exc
+            raise
         except BaseException:
             self.close()
             raise

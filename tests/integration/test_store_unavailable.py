@@ -180,3 +180,48 @@ def test_the_api_answers_503_naming_the_store_and_logs_it(
     assert answer.status_code == 503, answer.text
     assert answer.json() == {"error": line}
     assert [r.getMessage() for r in caplog.records] == [f"POST /v1/jobs: {line}"]
+
+
+def test_an_upgrade_behind_a_long_transaction_gives_up_at_lock_timeout(pg_url: str) -> None:
+    """A store of an earlier release lacks an index column: the first process of this one
+    adds it (ALTER TABLE, an exclusive lock). Behind a long transaction (a pg_dump, an
+    open psql session) the ALTER waited with no limit, and every reader and writer of
+    the daemons queued behind it; it gives up at `[store] lock_timeout`, naming the
+    store, and the next open adds the column."""
+    import threading
+
+    import psycopg
+
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, lock_timeout=1)
+    with Ledger(spec) as ledger:
+        ledger.submit(job("k-1"), SENDER)
+    table = f'"{spec.schema}".{INDEX_TABLE}'
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN review_since")  # as a v1 store
+    outcome: list[BaseException | None] = []
+
+    def open_it() -> None:
+        try:
+            Ledger(spec).close()
+            outcome.append(None)
+        except Exception as exc:  # what the open ends with
+            outcome.append(exc)
+
+    with psycopg.connect(PG_URL) as holder:
+        holder.execute(f"SELECT 1 FROM {table} LIMIT 1")  # ACCESS SHARE, till rollback
+        opener = threading.Thread(target=open_it, daemon=True)
+        started = time.monotonic()
+        opener.start()
+        opener.join(timeout=10)
+        waited = time.monotonic() - started
+        holder.rollback()
+    opener.join(timeout=10)
+    assert waited < 8.0, "the upgrade still waited behind the transaction"
+    assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailable), outcome
+    assert str(outcome[0]).startswith(f"store {spec.describe()}: locked: "), outcome[0]
+    assert "lock timeout" in str(outcome[0]), outcome[0]
+    Ledger(spec).close()  # nothing in the way now: the column is added
+    with Ledger(spec) as ledger:
+        assert ledger.get_job("k-1").key == "k-1"

@@ -266,6 +266,11 @@ def upgrade_schema(store: PostgresStore) -> None:
     """What a store from an earlier release lacks in its job index, added on one
     connection: DDL only when something is missing."""
     with psycopg.connect(**_connect_args(store)) as conn:
+        # An ALTER TABLE waits for every transaction on the table (a pg_dump, an open psql
+        # session) and every reader and writer queues behind it: with no limit the
+        # daemons stalled as long as that transaction. `[store] lock_timeout` bounds it;
+        # the next open tries again.
+        conn.execute(SQL("SET lock_timeout = '{0}s'").format(store.lock_timeout))
         _add_missing_columns(conn, store)
         _add_missing_indexes(conn, store)
 
