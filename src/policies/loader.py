@@ -182,6 +182,12 @@ def _parse(path: Path) -> tuple[dict[str, Any] | None, list[PolicyProblem]]:
         return tomllib.loads(text), []
     except tomllib.TOMLDecodeError as exc:
         return None, [PolicyProblem(path, WHOLE_FILE, _one_line(f"TOML syntax error: {exc}"))]
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively: a few thousand
+        # levels (a corrupt or hostile file) overflow it. A problem of this file, not a
+        # crash of the loader naming none.
+        reason = "TOML nested too deeply (arrays or inline tables)"
+        return None, [PolicyProblem(path, WHOLE_FILE, reason)]
 
 
 def _load(path: Path) -> tuple[ChannelPolicy | None, list[PolicyProblem]]:

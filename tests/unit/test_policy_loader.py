@@ -415,3 +415,18 @@ def test_a_file_left_alone_is_read_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
     assert "receipts" in load_policy_dir(tmp_path)
     assert time.monotonic() - started < SETTLE_SECONDS
+
+
+@pytest.mark.parametrize(
+    "nested", ["[" * 50_000 + "]" * 50_000, "{a = " * 50_000 + "1" + "}" * 50_000]
+)
+def test_a_file_nested_past_the_parser_s_depth_is_a_problem_naming_it(
+    tmp_path: Path, nested: str
+) -> None:
+    """Arrays or inline tables nested thousands deep (a corrupt or hostile file, well
+    under MAX_POLICY_BYTES) overflowed the TOML parser's recursion: "unexpected failure:
+    RecursionError" (exit 1), naming no file. One problem naming the file (exit 2)."""
+    path = write(tmp_path, "receipts.toml", GOOD + f"x = {nested}\n")
+    assert problems_of(tmp_path) == [
+        PolicyProblem(path, "-", "TOML nested too deeply (arrays or inline tables)")
+    ]
