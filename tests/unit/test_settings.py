@@ -98,6 +98,8 @@ def test_config_location_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         (CONFIG.replace('timeout = "5s"', 'timeout = "5s"\nkind = "imap"'), "kind"),
         (CONFIG.replace('credentials_file = "sa.json"\n', ""), "credentials_file"),
         ("[store\nurl=1", "not valid TOML"),
+        # Deeper than tomllib's recursion: a RecursionError was exit 1 naming no file.
+        ("x = " + "[" * 50_000 + "]" * 50_000, "not valid TOML: nested too deeply"),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(tmp_path: Path, text: str, expected: str) -> None:

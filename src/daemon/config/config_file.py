@@ -51,6 +51,12 @@ def read_config_file(explicit: str | Path | None = None) -> tuple[Path, dict[str
         raise ConfigError(f"{path}: cannot read: {exc.reason}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively: thousands of levels
+        # overflow it, which was an unexpected failure naming no file (exit 1).
+        raise ConfigError(
+            f"{path}: not valid TOML: nested too deeply (arrays or inline tables)"
+        ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     return path, data
