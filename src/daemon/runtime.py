@@ -31,6 +31,7 @@ from daemon.config.secret_files import warn_exposed_secrets
 from daemon.config.settings import ConfigError
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
+from daemon.service_layer.loaded import PolicyAnnouncer, announce_policies
 from daemon.service_layer.retention import RetentionJob
 from daemon.systemd import Notifier, watchdog_interval
 from daemon.wakeup import DONE, REQUESTED, WakeUp
@@ -41,6 +42,7 @@ from daemon.webhooks.delivery_threads import (
     start_webhooks,
 )
 from ledger.stores import IdentityLock, IdentityTaken
+from ledger.stores.loaded_policies import DAEMON
 
 if TYPE_CHECKING:
     from daemon.bootstrap import Service
@@ -84,6 +86,7 @@ class Daemon:
         self._name_lost: IdentityTaken | None = None
         self._api: ApiServer | None = None
         self._webhooks: WebhookThreads | None = None
+        self._announcer: PolicyAnnouncer | None = None
         self.scheduler = BackgroundScheduler(
             timezone="UTC",
             job_defaults={
@@ -180,6 +183,9 @@ class Daemon:
         # the name is held or a claim recovered.
         api = self._bind_api()
         self._identity = start_up(self.service)
+        self._announcer = announce_policies(
+            self.service.ledger, self.engine.daemon_name, self.engine.policies, DAEMON
+        )
         self.engine.start_lease_renewer()
         self._webhooks = start_webhooks(
             hooks,
@@ -376,6 +382,10 @@ class Daemon:
         if self._api is not None:
             self._api.stop()
         self.service.close()
+        if self._announcer is not None:
+            # Last: a store that hangs (a partition) delays only this. A stopped daemon
+            # has loaded nothing `submit` should judge by.
+            self._announcer.stop()
         if self._identity is not None:
             self._identity.release()
         if not self.abandoned:

@@ -61,6 +61,7 @@ from ledger.vocabulary import OPEN_STATES, EscalationReason, JobState, Sender
 if TYPE_CHECKING:
     from ledger.provider_handle import ProviderHandle
     from ledger.stores.key_ring import KeyRingCipher
+    from ledger.stores.loaded_policies import LoadedPolicyStore
     from ledger.stores.positions import PositionStore
     from ledger.stores.scopes import ScopeLeaseStore
 
@@ -929,6 +930,12 @@ class Ledger(Application[UUID]):
         from ledger.stores.scopes import scope_leases_for
 
         return scope_leases_for(self.recorder)
+
+    def loaded_policies(self) -> LoadedPolicyStore:
+        """What each running server has loaded of the policies (`ledger.stores.loaded_policies`)."""
+        from ledger.stores.loaded_policies import loaded_policies_for
+
+        return loaded_policies_for(self.recorder)
 
     def log_after(self, position: int, stop: int, limit: int, topics: Sequence[str]) -> list[Any]:
         """Up to `limit` notifications with ids in (position, stop] of these topics, in

@@ -86,6 +86,8 @@ async def submit(request: Request, ctx: Ctx, who: Caller) -> JSONResponse:
         if exc.problems:
             return invalid(exc.problems, exc.total)
         raise
+    for warning in submitted.warnings:
+        log.warning("submitted by %s: %s", printable(who), printable(warning))
     if submitted.created:
         created = ", ".join(printable(r.key) for r in submitted.results if r.created)
         log.info("submitted by %s: %s", printable(who), created)

@@ -45,12 +45,21 @@ def cmd_api(args: argparse.Namespace) -> int:
     warn_exposed_secrets(settings)
     policies = PolicyHolder(lambda: load_policies(settings))  # exit 2 on a broken folder
     from daemon.api.build import api_context, bound_server, load_tokens
+    from daemon.service_layer.loaded import announce_policies
+    from ledger.stores.loaded_policies import API
 
     load_tokens(settings)  # a bad token file is refused before the store is created
     with open_ledger(settings) as ledger:
         ctx = api_context(settings, ledger, policies, dict.fromkeys(settings.providers))
         server = bound_server(settings, ctx, option="--listen")
         log.info("sendledger api on http://%s (intake and review only)", settings.api.listen)
-        # SIGHUP reloads the policies intake judges by, as in the daemon: without it the
-        # signal's default action ended the process, and a changed folder was never read.
-        return server.run(on_hangup=policies.reload, hangups=HANGUPS)
+        # Its loaded set in the store, beside the daemons' (an operator's view; intake
+        # judges by the daemons' rows, since they are what sends).
+        announcer = announce_policies(ledger, settings.daemon.name, policies, API)
+        try:
+            # SIGHUP reloads the policies intake judges by, as in the daemon: without it
+            # the signal's default action ended the process, and a changed folder was
+            # never read.
+            return server.run(on_hangup=policies.reload, hangups=HANGUPS)
+        finally:
+            announcer.stop()

@@ -105,6 +105,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         lambda s: s.record(valid, by=login_name()),
         create=True,
     )
+    for warning in submitted.warnings:
+        output.error(warning)  # stderr: stdout stays the answer (--json)
     if args.json:
         # The answer has the shape of the question: a list (even of one) gives a list.
         print(output.dumps(submitted.body()))

@@ -22,6 +22,8 @@ class PolicyHolder:
         self._lock = threading.Lock()
         self._policies = initial if initial is not None else loader()
         self.last_error: str | None = None
+        #: Told each set a reload takes (the loaded-policy row: `service_layer/loaded.py`).
+        self.listeners: list[Callable[[PolicySet], None]] = []
 
     @property
     def current(self) -> PolicySet:
@@ -38,5 +40,12 @@ class PolicyHolder:
         with self._lock:
             self._policies = policies
         self.last_error = None
+        # Before the line that says so: whoever waits for it (an operator, a script) may
+        # submit at once, judged by what the store says this daemon loaded.
+        for listener in self.listeners:
+            try:
+                listener(policies)
+            except Exception as exc:  # the reload stands; a listener's failure is said
+                log.warning("after the policy reload: %s", exc)
         log.info("policies reloaded: %s", ", ".join(sorted(policies)) or "none")
         return True

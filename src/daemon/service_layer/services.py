@@ -171,6 +171,9 @@ class TriageItem:
 class Submitted:
     results: list[SubmitResult]
     batch: bool  # the jobs came as a list: the answer is a list too
+    #: One line per channel whose policy file differs from what a running daemon loaded:
+    #: accepted, sent under the loaded policy (`daemon/service_layer/loaded.py`).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def created(self) -> bool:
@@ -338,14 +341,31 @@ class Services:
         return self.record(self.intake.validate(data), by=by)
 
     def record(self, valid: ValidJobs, *, by: str) -> Submitted:
-        """Jobs `Intake.validate` accepted, written all or nothing."""
+        """Jobs `Intake.validate` accepted, written all or nothing. Judged first by what
+        the running daemons loaded (the policy folder may hold files none of them has
+        read): a channel none loaded is refused, nothing written."""
+        warnings = self._judge_by_loaded(valid)
         try:
             results = submit_jobs(
                 self.ledger, valid.jobs, valid.senders, by=by, proved=valid.proved
             )
         except KeyConflict as exc:
             raise ServiceError(Refusal.CONFLICT, str(exc)) from None
-        return Submitted(results, valid.batch)
+        return Submitted(results, valid.batch, warnings)
+
+    def _judge_by_loaded(self, valid: ValidJobs) -> list[str]:
+        from daemon.service_layer.loaded import judge_by_loaded, live_daemons
+
+        daemons = live_daemons(self.ledger.loaded_policies(), self.ledger.clock)
+        checked = [
+            (job.channel, sender.policy.fingerprint)
+            for job, sender in zip(valid.jobs, valid.senders, strict=True)
+        ]
+        problems, warnings = judge_by_loaded(daemons, checked, batch=valid.batch)
+        if problems:
+            error = IntakeError(problems)
+            raise ServiceError(Refusal.BAD_INPUT, str(error), error.problems, error.total)
+        return warnings
 
     # -- reading ------------------------------------------------------------------------
 

@@ -1,0 +1,203 @@
+"""The policies the running daemons have loaded, as the doors of intake see them.
+
+`PolicyAnnouncer` is what a server (`run`, `sendledger api`) writes: its loaded set, at
+start, at each reload and as a heartbeat, in the store's loaded-policy rows
+(`ledger.stores.loaded_policies`). `judge_by_loaded` is what `submit` reads of them: a job
+whose channel no running daemon has loaded is refused (the daemon would put it in review
+at once, "no policy for the channel"); one whose file differs from what a daemon loaded is
+accepted with a warning (it is sent under the loaded policy). With no daemon running,
+nothing changes (docs/cli.md "submit", docs/operations.md "Reloading policies").
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from daemon.service_layer.problems import FieldProblem
+from ledger.display import iso
+from ledger.stores.loaded_policies import DAEMON, LoadedPolicies, LoadedPolicyStore
+
+if TYPE_CHECKING:
+    from daemon.engine.policy_holder import PolicyHolder
+    from ledger.application import Ledger
+    from policies.loader import PolicySet
+
+log = logging.getLogger("sendledger")
+
+#: A row counts as a running server's this long after its last write. Written every third
+#: of it from a thread of its own, never from a tick: a slow tick (a provider call at its
+#: timeout) must not make a running daemon look gone. A row left by a kill -9 counts this
+#: long at most; a stop removes it at once.
+LIVE_SECONDS = 60.0
+#: How long a reload waits for its row to be written before it goes on regardless.
+REWRITE_WAIT = 2.0
+RELOAD_HINT = "reload them (systemctl reload sendledger)"
+
+
+class PolicyAnnouncer:
+    """Keeps this server's row: its name, what it loaded and when, and a heartbeat."""
+
+    def __init__(
+        self,
+        rows: LoadedPolicyStore,
+        name: str,
+        kind: str,
+        current: Callable[[], PolicySet],
+        *,
+        clock: Callable[[], float] = time.time,
+        live_seconds: float = LIVE_SECONDS,
+    ) -> None:
+        self._rows = rows
+        self._name = name
+        self._kind = kind
+        self._current = current
+        self._clock = clock
+        self._live = live_seconds
+        self._loaded_at = clock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+        self._written = threading.Condition()
+        self._asked = 0  # reloads told
+        self._done = 0  # reloads written (or tried)
+
+    def write(self) -> None:
+        """The row as of now (the store's clock where it has one). A store that cannot be
+        written is said once and tried again at the next beat: the daemon keeps sending."""
+        try:
+            now = self._rows.now()
+            now = self._clock() if now is None else now
+            self._rows.write(
+                LoadedPolicies(
+                    self._name,
+                    self._kind,
+                    self._loaded_at,
+                    now + self._live,
+                    self._current().fingerprints(),
+                )
+            )
+        except Exception as exc:
+            if not self._failing:
+                log.warning("cannot record the loaded policies in the store: %s", exc)
+            self._failing = True
+            return
+        self._failing = False
+
+    def reloaded(self, _policies: PolicySet | None = None) -> None:
+        """A reload took a new set: written at once by the beat's thread, waited for at
+        most `REWRITE_WAIT`, so that a `submit` right after "policies reloaded" is judged
+        by the new set, while a store that hangs never holds the caller (the daemon's main
+        thread, which must stay free to read a stop) for longer."""
+        with self._written:
+            self._loaded_at = self._clock()
+            self._asked += 1
+            asked = self._asked
+            self._wake.set()
+            self._written.wait_for(lambda: self._done >= asked, timeout=REWRITE_WAIT)
+
+    def start(self) -> None:
+        self.write()
+        self._thread = threading.Thread(target=self._beat, name="loaded-policies", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._live / 3)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            with self._written:
+                asked = self._asked
+            self.write()
+            with self._written:
+                self._done = asked
+                self._written.notify_all()
+
+    def stop(self) -> None:
+        """Remove the row: a stopped server has loaded nothing."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self._rows.leave(self._name, self._kind)
+        except Exception as exc:
+            log.warning("cannot remove the loaded policies from the store: %s", exc)
+
+
+def live_daemons(rows: LoadedPolicyStore, clock: Callable[[], datetime]) -> list[LoadedPolicies]:
+    """The rows of the sending daemons running now (not `sendledger api`'s: it sends
+    nothing)."""
+    now = rows.now()
+    now = clock().timestamp() if now is None else now
+    return [row for row in rows.live(now) if row.kind == DAEMON]
+
+
+def _when(row: LoadedPolicies) -> str:
+    return f"daemon {row.name!r} (loaded {iso(row.loaded_at)})"
+
+
+def judge_by_loaded(
+    daemons: Sequence[LoadedPolicies],
+    jobs: Sequence[tuple[str, str]],
+    *,
+    batch: bool,
+) -> tuple[list[FieldProblem], list[str]]:
+    """Each job (channel, fingerprint of the file it was checked against) against what the
+    running `daemons` loaded: a problem per job whose channel none of them loaded, a
+    warning per channel whose file differs from (or is missing in) what one loaded."""
+    problems: list[FieldProblem] = []
+    warnings: dict[str, str] = {}
+    if not daemons:
+        return problems, []  # no daemon running: the folder is all there is
+    for index, (channel, fingerprint) in enumerate(jobs):
+        holders = [row for row in daemons if channel in row.fingerprints]
+        if not holders:
+            problems.append(
+                FieldProblem(
+                    index if batch else None,
+                    "channel",
+                    f"the policy of channel {channel!r} was added since the daemon loaded "
+                    f"its policies ({', '.join(_when(row) for row in daemons)}): "
+                    f"{RELOAD_HINT}",
+                )
+            )
+            continue
+        stale = [row for row in daemons if row.fingerprints.get(channel) != fingerprint]
+        if stale and channel not in warnings:
+            warnings[channel] = (
+                f"warning: channel {channel!r}: the policy file differs from the one "
+                f"{', '.join(_when(row) for row in stale)} sends with (fingerprint "
+                f"{stale[0].fingerprints.get(channel, 'none')}, file {fingerprint}): the job "
+                f"is sent under the loaded policy until you {RELOAD_HINT}"
+            )
+    return problems, list(warnings.values())
+
+
+def announce_policies(
+    ledger: Ledger, name: str, holder: PolicyHolder, kind: str
+) -> PolicyAnnouncer:
+    """This server's loaded-policy row, written now, at each reload and as a heartbeat,
+    for `submit` to judge by (`daemon/service_layer/loaded.py`)."""
+    announcer = PolicyAnnouncer(
+        ledger.loaded_policies(), name or socket.gethostname(), kind, lambda: holder.current
+    )
+    holder.listeners.append(announcer.reloaded)
+    announcer.start()
+    return announcer
+
+
+__all__ = [
+    "LIVE_SECONDS",
+    "PolicyAnnouncer",
+    "announce_policies",
+    "judge_by_loaded",
+    "live_daemons",
+]
