@@ -141,7 +141,7 @@ def test_a_store_that_cannot_be_written_does_not_stop_the_server(
         def write(self, row: LoadedPolicies) -> None:
             raise OSError("store down")
 
-        def leave(self, name: str, kind: str) -> None:
+        def leave(self, name: str, kind: str, loaded_at: float) -> None:
             raise OSError("store down")
 
         def live(self, now: float) -> list[LoadedPolicies]:
@@ -191,3 +191,19 @@ def test_a_reload_waits_for_a_hanging_store_a_bounded_time(
     finally:
         release.set()
         announcer.stop()
+
+
+def test_a_server_that_stops_leaves_the_row_of_a_process_that_took_its_name(
+    rig: EngineRig,
+) -> None:
+    """A daemon that lost its name (another process took it after a PostgreSQL restart)
+    and stops removes only the row it wrote: the newcomer's stays live."""
+    rows = rig.ledger.loaded_policies()
+    old = PolicyAnnouncer(rows, "d1", DAEMON, lambda: rig.policies, clock=lambda: 10.0)
+    old.write()
+    new = PolicyAnnouncer(rows, "d1", DAEMON, lambda: rig.policies, clock=lambda: 20.0)
+    new.write()  # the same name: its row replaces the old one's
+    old.stop()
+    assert [(r.name, r.loaded_at) for r in rows.live(0)] == [("d1", 20.0)]  # the newcomer's
+    new.stop()
+    assert rows.live(0) == []

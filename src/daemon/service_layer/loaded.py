@@ -6,7 +6,8 @@ start, at each reload and as a heartbeat, in the store's loaded-policy rows
 whose channel no running daemon has loaded is refused (the daemon would put it in review
 at once, "no policy for the channel"); one whose file differs from what a daemon loaded is
 accepted with a warning (it is sent under the loaded policy). With no daemon running,
-nothing changes (docs/cli.md "submit", docs/operations.md "Reloading policies").
+nothing changes (docs/cli.md "Submit and the running daemons' policies";
+docs/operations.md "Running under systemd").
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class PolicyAnnouncer:
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
-            self._rows.leave(self._name, self._kind)
+            self._rows.leave(self._name, self._kind, self._loaded_at)
         except Exception as exc:
             log.warning("cannot remove the loaded policies from the store: %s", exc)
 

@@ -1,5 +1,6 @@
 """What each running daemon (and `sendledger api`) has loaded of the channel policies
-(docs/operations.md "Reloading policies", docs/cli.md "submit").
+(docs/operations.md "Running under systemd"; docs/cli.md "Submit and the running daemons'
+policies").
 
 `submit` runs without the daemon and reads the policy folder itself; the daemon sends
 with the set it last loaded. A file added since then makes a job the daemon puts in review
@@ -56,8 +57,9 @@ class LoadedPolicyStore(Protocol):
         """Replace the row of `row.name` and `row.kind`, creating the table if needed."""
         ...
 
-    def leave(self, name: str, kind: str) -> None:
-        """Remove the row (a server that stops)."""
+    def leave(self, name: str, kind: str, loaded_at: float) -> None:
+        """Remove the row (a server that stops), if it is still the one this server wrote
+        (`loaded_at`): a process that took the name since has rewritten it."""
         ...
 
     def live(self, now: float) -> list[LoadedPolicies]:
@@ -88,9 +90,11 @@ class MemoryLoadedPolicies:
         with _memory_lock:
             self._rows[(row.name, row.kind)] = row
 
-    def leave(self, name: str, kind: str) -> None:
+    def leave(self, name: str, kind: str, loaded_at: float) -> None:
         with _memory_lock:
-            self._rows.pop((name, kind), None)
+            row = self._rows.get((name, kind))
+            if row is not None and row.loaded_at == loaded_at:
+                del self._rows[(name, kind)]
 
     def live(self, now: float) -> list[LoadedPolicies]:
         with _memory_lock:
@@ -159,9 +163,13 @@ class SqlLoadedPolicies:
         params = [row.name, row.kind, row.loaded_at, row.seen_until, fingerprints]
         self._run(_WRITE, params, fetch=False)
 
-    def leave(self, name: str, kind: str) -> None:
+    def leave(self, name: str, kind: str, loaded_at: float) -> None:
         if self._exists():
-            self._run("DELETE FROM {t} WHERE name = {p} AND kind = {p}", [name, kind], fetch=False)
+            self._run(
+                "DELETE FROM {t} WHERE name = {p} AND kind = {p} AND loaded_at = {p}",
+                [name, kind, loaded_at],
+                fetch=False,
+            )
 
     def live(self, now: float) -> list[LoadedPolicies]:
         # Checked first, not caught: a failed statement would abort a PostgreSQL
