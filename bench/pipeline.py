@@ -309,6 +309,9 @@ class Variant:
     # proves its message again, as every claim did before (docs/architecture.md "The
     # message").
     through_intake: bool = True
+    # False: a commit starts at once, never gathering the other workers' claims for up to
+    # `commit.WINDOW` (daemon/engine/commit.py).
+    commit_window: bool = True
 
 
 def library_protocol_checks() -> Callable[[], None]:
@@ -413,6 +416,8 @@ def daemon_run(
     if not variant.group_commit:
         one_commit_per_save(service.engine)
     service.engine.commits.defer = variant.outcome_rides
+    if not variant.commit_window:
+        service.engine.commits.window = 0.0
     if variant.idle_wakes_idle:
         sends: Any = service.engine._sends
         sends._drained = sends._cond  # the drain's wake-ups wake every idle worker again
@@ -640,6 +645,7 @@ VARIANTS = {
     "load-one": Variant("loads of one key", load_min=1),
     "no-cpu-levers": Variant("both of the above", address_cache=False, protocol_checks=True),
     "proved-at-claim": Variant("proved again at the claim", through_intake=False),
+    "no-commit-window": Variant("commits not gathered", commit_window=False),
 }
 
 

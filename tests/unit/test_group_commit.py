@@ -329,3 +329,56 @@ def test_no_outcome_waits_behind_a_draft_step() -> None:
         assert settled == [], stored_before_create  # no outcome was still in memory
     finally:
         rig.close()
+
+
+def test_a_commit_gathers_the_other_workers_claims_while_they_come_close_together(
+    rig: EngineRig,
+) -> None:
+    """While saves arrive less than two windows apart, the first of several waits until
+    every saver has its claim in (well before the window ends), and all are durable
+    together: one transaction for three claims."""
+    for n in range(4):
+        rig.submit("receipts", f"k{n}")
+    jobs = [claimed_by(rig.ledger, f"k{n}", "me") for n in range(4)]
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    commits = GroupCommit(rig.ledger, savers=3, window=5.0)
+    commits.save(jobs[0])  # the first save knows no gap yet: committed at once
+    assert hook.calls == [1] and commits.gathered == 0
+    started = time.monotonic()
+    threads = [threading.Thread(target=commits.save, args=(job,)) for job in jobs[1:]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert hook.calls == [1, 3] and commits.gathered == 1
+    assert time.monotonic() - started < 4.0  # done when the third came, not at the window
+    assert all(rig.job(job.key).state is JobState.ATTEMPTED for job in jobs)
+
+
+def test_a_gathering_commit_waits_no_longer_than_its_window(rig: EngineRig) -> None:
+    for n in range(2):
+        rig.submit("receipts", f"k{n}")
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    commits = GroupCommit(rig.ledger, savers=4, window=0.05)
+    commits.save(claimed_by(rig.ledger, "k0", "me"))
+    started = time.monotonic()
+    commits.save(claimed_by(rig.ledger, "k1", "me"))  # close after the first: gathers, alone
+    waited = time.monotonic() - started
+    assert hook.calls == [1, 1] and commits.gathered == 1
+    assert 0.04 <= waited < 2.0
+    assert rig.job("k1").claimed_by == "me"  # durable when save returns, as always
+
+
+def test_no_commit_gathers_when_saves_come_far_apart_or_for_one_saver(rig: EngineRig) -> None:
+    for n in range(4):
+        rig.submit("receipts", f"k{n}")
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    seconds = iter(range(100))
+    apart = GroupCommit(rig.ledger, savers=4, window=0.002, clock=lambda: float(next(seconds)))
+    apart.save(claimed_by(rig.ledger, "k0", "me"))
+    apart.save(claimed_by(rig.ledger, "k1", "me"))  # a second after the last: no wait
+    alone = GroupCommit(rig.ledger, savers=1, window=5.0)
+    alone.save(claimed_by(rig.ledger, "k2", "me"))
+    alone.save(claimed_by(rig.ledger, "k3", "me"))  # one saver: nobody to wait for
+    assert hook.calls == [1, 1, 1, 1]
+    assert apart.gathered == 0 and alone.gathered == 0
