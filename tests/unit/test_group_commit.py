@@ -359,13 +359,14 @@ def test_a_gathering_commit_waits_no_longer_than_its_window(rig: EngineRig) -> N
     for n in range(2):
         rig.submit("receipts", f"k{n}")
     hook = SaveHook(rig.ledger, 0, lambda jobs: None)
-    commits = GroupCommit(rig.ledger, savers=4, window=0.05)
+    # A window long enough that the second save comes within two of it on a loaded machine.
+    commits = GroupCommit(rig.ledger, savers=4, window=0.2)
     commits.save(claimed_by(rig.ledger, "k0", "me"))
     started = time.monotonic()
     commits.save(claimed_by(rig.ledger, "k1", "me"))  # close after the first: gathers, alone
     waited = time.monotonic() - started
     assert hook.calls == [1, 1] and commits.gathered == 1
-    assert 0.04 <= waited < 2.0
+    assert 0.19 <= waited < 5.0
     assert rig.job("k1").claimed_by == "me"  # durable when save returns, as always
 
 
