@@ -136,8 +136,13 @@ class GroupCommit:
                 self._cond.wait()
             if not mine.done:
                 self._committing = True
-                if waited:
-                    self._gather()
+                try:
+                    if waited:
+                        self._gather()
+                except BaseException:  # an interrupt while gathering: nobody stays blocked
+                    self._committing = False
+                    self._cond.notify_all()
+                    raise
                 batch, self._waiting = self._waiting, []
         if not mine.done:
             try:
@@ -163,7 +168,7 @@ class GroupCommit:
 
     def _gather(self) -> None:
         """Before a commit (lock held, `_committing` set, so that saves arriving now wait
-        for it): while saves arrive closer together than the window, wait up to the
+        for it): while saves arrive less than `GAP_LIMIT` windows apart, wait up to the
         window until every saver has one in."""
         if self.savers <= 1 or self.window <= 0 or self._gap >= GAP_LIMIT * self.window:
             return
