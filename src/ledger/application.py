@@ -156,6 +156,16 @@ class SubmitResult:
         }
 
 
+@dataclass(frozen=True)
+class WriteFailure:
+    """The last write of events that the store refused for a reason of its own
+    (`StoreUnavailable`: read-only, disk full, locked), and when: `/healthz` reports the
+    store failing while it stands, since its read-only check still passes."""
+
+    at: datetime
+    error: str
+
+
 class Ledger(Application[UUID]):
     """The send jobs of one store. A context manager: `with Ledger(url) as ledger:`
     closes it on the way out.
@@ -176,6 +186,8 @@ class Ledger(Application[UUID]):
     #: begins after this, so a lock never released fails the call in about a minute, not
     #: after 20 tries of 30 s (docs/configuration.md "The store: SQLite or PostgreSQL").
     store_wait = 60.0
+    #: The last write of events refused by the store; a write that succeeds clears it.
+    write_failure: WriteFailure | None = None
 
     def __init__(
         self,
@@ -414,7 +426,14 @@ class Ledger(Application[UUID]):
         self._record_processing(processing)
 
     def _record_processing(self, processing: ProcessingEvent[UUID]) -> None:
-        record(self, processing, self._retry_locked)
+        # Every write of events (a claim, an outcome, an intake) comes here: what the
+        # store says of them is what health reports (a read may pass while writes fail).
+        try:
+            record(self, processing, self._retry_locked)
+        except StoreUnavailable as exc:
+            self.write_failure = WriteFailure(at=self.clock(), error=str(exc))
+            raise
+        self.write_failure = None
 
     def submit(
         self, content: JobContent, sender: Sender, *, by: str = "", proved: Proved | None = None
@@ -1042,5 +1061,6 @@ __all__ = [
     "SubmitResult",
     "TransitionError",
     "UnknownJob",
+    "WriteFailure",
     "utcnow",
 ]

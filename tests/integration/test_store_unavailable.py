@@ -225,3 +225,42 @@ def test_an_upgrade_behind_a_long_transaction_gives_up_at_lock_timeout(pg_url: s
     Ledger(spec).close()  # nothing in the way now: the column is added
     with Ledger(spec) as ledger:
         assert ledger.get_job("k-1").key == "k-1"
+
+
+def test_healthz_fails_while_the_store_cannot_be_written_and_recovers_after_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store can be read but a write does not fit (a full disk): `/healthz` read one
+    index query and said `store ok`, 200, while every claim the engine saved failed. It
+    reports the store failing from the failed write until a write succeeds again."""
+    from tests.integration.api_kit import running_api, write_config
+
+    path = tmp_path / "full.sqlite"
+    settings = write_config(tmp_path, f"sqlite:///{path}")
+    Ledger(f"sqlite:///{path}").close()
+    made = CachingConnectionPool._create_connection
+
+    def little_room(pool: CachingConnectionPool) -> Any:
+        # Room for a small job, none for a big one.
+        connection = made(pool)
+        raw = connection._sqlite_conn
+        pages = raw.execute("PRAGMA page_count").fetchone()[0]
+        raw.execute(f"PRAGMA max_page_count = {pages + 16}")
+        return connection
+
+    monkeypatch.setattr(CachingConnectionPool, "_create_connection", little_room)
+    with running_api(settings) as api:
+        assert api.client.get("/healthz").status_code == 200
+        with pytest.raises(StoreUnavailable) as refused:  # as an engine worker's save
+            api.ledger.submit(job("k-big", body="x" * 200_000), SENDER)
+        health = api.client.get("/healthz", headers=api.auth())
+        assert health.status_code == 503, health.text
+        store = health.json()["checks"]["store"]
+        assert store["ok"] is False
+        assert store["write_error"] == str(refused.value)
+        assert health.json()["reasons"] == [f"store cannot be written: {refused.value}"]
+        assert api.client.get("/healthz").json()["checks"]["store"] is False
+        api.ledger.submit(job("k-small"), SENDER)  # a write succeeds: the store is back
+        health = api.client.get("/healthz", headers=api.auth())
+        assert health.status_code == 200, health.text
+        assert health.json()["checks"]["store"]["ok"] is True

@@ -1,8 +1,9 @@
 """`/healthz`: is this process able to do its work? (docs/http-api.md "HTTP API").
 
-Checks the store (one index query), the scheduler (age of the last completed tick, in the
-daemon only), the channel policies (loaded, and whether the last reload failed) and each
-provider handle's reliability. Any failing check makes the answer 503 with its reason.
+Checks the store (one index query, and whether the last write of events failed), the
+scheduler (age of the last completed tick, in the daemon only), the channel policies
+(loaded, and whether the last reload failed) and each provider handle's reliability. Any
+failing check makes the answer 503 with its reason.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any
     try:
         review = sources.ledger.counts([JobState.REVIEW])[JobState.REVIEW]
         checks["store"] = {"ok": True, "review": review}
+        # The query above only reads: a read-only or full store passes it while every
+        # claim and outcome fails. The last write's refusal stands until a write succeeds.
+        failure = sources.ledger.write_failure
+        if failure is not None:
+            checks["store"].update(
+                ok=False, write_error=failure.error, write_failed_at=failure.at.isoformat()
+            )
+            reasons.append(f"store cannot be written: {failure.error}")
     except Exception as exc:
         reason = f"store unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
         checks["store"] = {"ok": False, "error": reason}
