@@ -219,3 +219,74 @@ def test_a_store_that_daemons_on_other_hosts_share_tells_its_time(
         assert told is None
     else:
         assert told is not None and before - 1.0 <= told <= after + 1.0  # one host here
+
+
+@pytest.mark.postgres
+def test_a_renewal_behind_a_row_lock_gives_up_at_lock_timeout_and_the_sends_stop_in_time(
+    pg_url: str,
+) -> None:
+    """Another session holds the scope's row (a long transaction, an open psql): the
+    renewal waited on it without limit, holding the renewer (and a stop joining it, and a
+    round wanting to release). It gives up at `[store] lock_timeout`, and the daemon stops
+    calling for the scope a grace before its lease ends as last written."""
+    import dataclasses
+
+    import psycopg
+    from tests.conftest import PG_URL
+    from tests.unit.engine_rig import policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from daemon.engine import PolicyHolder
+    from daemon.engine.owners import ScopeOwners
+    from ledger.stores.scopes import SCOPES_TABLE
+    from ledger.stores.url import PostgresStore, parse_store_url
+    from policies.loader import PolicySet
+
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, lock_timeout=1)
+    clock = FakeClock(datetime.now(UTC))
+    with Ledger(spec, clock=clock) as ledger:
+        store = ledger.scope_leases()
+        store.store_time = lambda: clock().timestamp()  # type: ignore[method-assign]
+        owners = ScopeOwners(
+            store,
+            PolicyHolder(lambda: PolicySet({"receipts": policy("receipts")})),
+            {"fake": FakeProvider("fake", clock=clock)},
+            daemon="d1",
+            lease=30.0,
+            grace=5.0,
+            horizon=40.0,
+            clock=clock,
+        )
+        owners.balance([("receipts", "support@example.com")], clock())
+        assert owners.owned() == ["fake"] and owners.may_call("fake", clock())
+        clock.advance(11)  # a renewal is due
+        outcome: list[BaseException | None] = []
+
+        def renew() -> None:
+            try:
+                owners.renew_due()
+                outcome.append(None)
+            except Exception as exc:
+                outcome.append(exc)
+
+        with psycopg.connect(PG_URL) as holder:
+            holder.execute(f'SELECT 1 FROM "{spec.schema}".{SCOPES_TABLE} FOR UPDATE')
+            renewer = threading.Thread(target=renew, daemon=True)
+            started = time.monotonic()
+            renewer.start()
+            renewer.join(timeout=10)
+            waited = time.monotonic() - started
+            holder.rollback()
+        renewer.join(timeout=10)
+        assert waited < 5.0, "the renewal still waited behind the row lock"
+        assert len(outcome) == 1 and outcome[0] is not None, outcome
+        # Not renewed: the lease ends at 30 s as written, the calls stop at 25 s.
+        clock.advance(13.9)
+        assert owners.may_call("fake", clock())
+        clock.advance(0.2)
+        assert not owners.may_call("fake", clock())
+        owners.renew_due()  # the row is free again: renewed, the calls go on
+        assert owners.may_call("fake", clock())
+        owners.close()

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -339,6 +339,16 @@ class PostgresScopeLeases(SqlScopeLeases):
 
     def _member(self, column: str) -> str:
         return f"{column} = ANY({{p}})"
+
+    @contextmanager
+    def _transaction(self, *, commit: bool) -> Iterator[Any]:
+        # A row another session holds (a long transaction, an open psql) is waited for
+        # `[store] lock_timeout`, not without limit: a renewal stuck behind it held the
+        # renewer, the round and a stopping daemon's join while the leases ran out.
+        with super()._transaction(commit=commit) as cursor:
+            timeout = int(self._recorder.datastore.lock_timeout)
+            cursor.execute(f"SET LOCAL lock_timeout = '{timeout}s'")
+            yield cursor
 
     def store_time(self) -> float | None:
         # clock_timestamp(), not now(): the time of the read, not of the transaction.
