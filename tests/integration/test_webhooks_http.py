@@ -398,3 +398,40 @@ def test_localhost_is_reached_on_loopback_only(monkeypatch: pytest.MonkeyPatch) 
         listener.close()
     assert not outcome.ok and outcome.status is None
     assert "loopback" in outcome.error and got == []
+
+
+def test_a_stop_gives_the_lease_up_while_an_attempt_is_in_flight(
+    serve: Callable[[Handler], str],
+) -> None:
+    """The receiver answers after the daemon's wait for its threads (`stop`): the lease
+    was released only by the thread once its attempt ended, which a stopping daemon does
+    not wait for, so another daemon waited for the lease to run out (60 s to 15 min). It
+    is given up at the stop, and the attempt that ends afterwards writes nothing (its
+    event goes out again from the next daemon: at least once)."""
+    from daemon.webhooks.delivery_threads import WebhookThreads
+
+    got, answer_now = threading.Event(), threading.Event()
+
+    def slow(conn: socket.socket) -> None:
+        _read_request(conn)
+        got.set()
+        answer_now.wait(10)
+        conn.sendall(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+
+    url = serve(slow)
+    rig = Rig()
+    try:
+        rig.confirmed("k-1")
+        hook = Hook("ops", url, SECRET, frozenset(WEBHOOK_TYPES), timeout=10.0)
+        threads = WebhookThreads(rig.ledger, [hook], owner="a", poll=0.05).start()
+        assert got.wait(10), "the POST never came"
+        threads.stop(timeout=0.2)  # the attempt still in flight
+        [row] = rig.ledger.positions().read_all()
+        assert row.lease_until == 0.0, "the lease was kept by the attempt in flight"
+        answer_now.set()
+        threads.stop(timeout=10)  # the attempt ends: nothing more is written
+        [after] = rig.ledger.positions().read_all()
+        assert (after.lease_until, after.position) == (0.0, row.position)
+    finally:
+        answer_now.set()
+        rig.close()

@@ -102,11 +102,20 @@ class WebhookThreads:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every thread, waiting at most `timeout` in all: an attempt still in
-        flight then is sent again by the next daemon (at least once)."""
+        flight then is sent again by the next daemon (at least once). Its lease is given
+        up now: its thread releases it only once the attempt ends, which the daemon does
+        not wait for, and another daemon would wait for the lease to run out."""
         self._stop.set()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
+        for deliverer, thread in zip(self._deliverers, self._threads, strict=True):
+            if thread.is_alive():
+                try:
+                    # Not held up for long by a write of the thread's that hangs.
+                    deliverer.release(wait=1.0)
+                except Exception as exc:
+                    log.warning("webhook %s: lease not released: %s", deliverer.hook.name, exc)
 
 
 def deliver_once(

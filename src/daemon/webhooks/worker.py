@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from daemon.webhooks.delivery import Outcome, Poster, post
 from daemon.webhooks.events import event_id_for, payload, topics_for, type_of
@@ -38,6 +39,8 @@ log = logging.getLogger("sendledger.webhooks")
 
 #: Events read from the log per query.
 PAGE = 100
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -101,14 +104,21 @@ class Deliverer:
         self.rng = rng or random.Random()
         self.observer = observer
         self.page = page
+        # A stopping daemon releases the lease from its own thread while an attempt may
+        # still be in flight here (`release`): the lock keeps the two from writing the
+        # row at once, and a pass begun before a release writes nothing after it (a
+        # write after the POST would renew the lease given up). A later pass claims anew.
+        self._writing = threading.Lock()
+        self._releases = 0
         self.positions.ensure()
 
     def pass_once(self) -> bool:
         """One pass; True when more events may be waiting right now, False when the
         webhook is caught up, waiting to retry, or another daemon's."""
         hook, positions = self.hook, self.positions
+        released = self._releases  # a release from now on ends this pass's writes
         now = self.clock()
-        row = positions.claim(hook.name, self.owner, now, hook.lease)
+        row = self._write(released, positions.claim, hook.name, self.owner, now, hook.lease)
         if row is None or (row.next_at is not None and row.next_at > now):
             return False
         horizon = positions.horizon(row.position)
@@ -132,21 +142,35 @@ class Deliverer:
             if not outcome.ok:
                 failures += 1
                 retry_at = now + hook.backoff(failures, self.rng)
-                failed = positions.fail(
-                    hook.name, self.owner, current, outcome.error, retry_at, now, hook.lease
+                failed = self._write(
+                    released,
+                    positions.fail,
+                    hook.name,
+                    self.owner,
+                    current,
+                    outcome.error,
+                    retry_at,
+                    now,
+                    hook.lease,
                 )
                 if failed and sent is not None and outcome.status is not None:
                     self._forget_answer_if_purged(note, sent, outcome)
                 self._failed(outcome, note.id, failures, retry_at)
                 return False
-            if not positions.advance(hook.name, self.owner, current, note.id, 1, now, hook.lease):
+            if not self._write(
+                released,
+                positions.advance,
+                *(hook.name, self.owner, current, note.id, 1, now, hook.lease),
+            ):
                 return False  # the lease went to another daemon: it carries on from here
             current, failures = note.id, 0
             if self.observer is not None:
                 self.observer.webhook_delivered(hook.name)
         end = notes[-1].id if len(notes) >= self.page else horizon
-        if end > current and not positions.advance(
-            hook.name, self.owner, current, end, 0, self.clock(), hook.lease
+        if end > current and not self._write(
+            released,
+            positions.advance,
+            *(hook.name, self.owner, current, end, 0, self.clock(), hook.lease),
         ):
             return False
         # More at once when this pass got somewhere and the log goes on (a full page,
@@ -154,8 +178,26 @@ class Deliverer:
         log_end = int(self.ledger.recorder.max_notification_id() or 0)
         return end > row.position and end < log_end
 
-    def release(self) -> None:
-        self.positions.release(self.hook.name, self.owner)
+    def release(self, wait: float = -1) -> None:
+        """Give the lease up; a pass in flight on another thread writes nothing more, so
+        its attempt ends without taking the lease back (its event is sent again by
+        whoever takes the lease: at least once). `wait`: seconds to wait for a write of
+        that thread to end (TimeoutError then; -1: as long as it takes)."""
+        if not self._writing.acquire(timeout=wait):
+            raise TimeoutError("a write of its position did not end in time")
+        try:
+            self._releases += 1
+            self.positions.release(self.hook.name, self.owner)
+        finally:
+            self._writing.release()
+
+    def _write(self, released: int, action: Callable[..., T], *args: Any) -> T | None:
+        """`action(*args)` (a write of the row), unless the lease was released since the
+        pass began (`released`: the count then): None then."""
+        with self._writing:
+            if self._releases != released:
+                return None
+            return action(*args)
 
     def _forget_answer_if_purged(self, note: Any, sent: Any, outcome: Outcome) -> None:
         """A purge that committed while the POST was out scrubbed the webhooks' errors
