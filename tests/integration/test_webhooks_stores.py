@@ -352,3 +352,46 @@ def test_an_event_the_store_can_no_longer_read_is_shown_and_can_be_skipped(
     with Ledger(url, encryption_keys=[new]) as ledger:
         Deliverer(ledger, HOOK, owner="a", poster=receiver).pass_once()
     assert [p["key"] for p in receiver.got] == ["new-1"]
+
+
+@pytest.mark.postgres
+def test_a_position_write_behind_a_row_lock_gives_up_at_lock_timeout(pg_url: str) -> None:
+    """Another session holds a webhook's row (an open psql that touched it): a write of
+    the row (the pass's claim, advance or fail, the stop's release, `webhooks skip`)
+    waited without limit; it gives up at `[store] lock_timeout`."""
+    import dataclasses
+
+    import psycopg
+    from tests.conftest import PG_URL
+
+    from ledger.stores.url import PostgresStore, parse_store_url
+
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, lock_timeout=1)
+    with Ledger(spec) as ledger:
+        positions = ledger.positions()
+        assert positions.claim("ops", "a", time.time(), 60.0) is not None
+        outcome: list[BaseException | None] = []
+
+        def release() -> None:
+            try:
+                positions.release("ops", "a")
+                outcome.append(None)
+            except Exception as exc:
+                outcome.append(exc)
+
+        with psycopg.connect(PG_URL) as holder:
+            holder.execute(f'SELECT 1 FROM "{spec.schema}".{POSITIONS_TABLE} FOR UPDATE')
+            writer = threading.Thread(target=release, daemon=True)
+            started = time.monotonic()
+            writer.start()
+            writer.join(timeout=10)
+            waited = time.monotonic() - started
+            holder.rollback()
+        writer.join(timeout=10)
+        assert waited < 5.0, "the write still waited behind the row lock"
+        assert len(outcome) == 1 and outcome[0] is not None, outcome
+        positions.release("ops", "a")  # the row is free again
+        [row] = positions.read_all()
+        assert row.lease_until == 0.0

@@ -23,8 +23,8 @@ without webhooks never carry it and opening a store runs no new DDL.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -479,6 +479,16 @@ class PostgresPositions(SqlPositions):
 
     def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r.values()) for r in cursor.fetchall()]
+
+    @contextmanager
+    def _transaction(self, *, commit: bool) -> Iterator[Any]:
+        # A row another session holds (an open psql that touched it) is waited for
+        # `[store] lock_timeout`, not without limit: a pass stuck on it held its webhook,
+        # a stop's release and `webhooks skip` as long (the gap check sets its own).
+        with super()._transaction(commit=commit) as cursor:
+            timeout = int(self._recorder.datastore.lock_timeout)
+            cursor.execute(f"SET LOCAL lock_timeout = '{timeout}s'")
+            yield cursor
 
     def ensure(self) -> None:
         # Two daemons creating the table at once: one of them meets the other's
