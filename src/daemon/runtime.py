@@ -368,6 +368,7 @@ class Daemon:
             unreliable=self.engine.unreliable_providers,
             tick_age=self.tick_age,
             circuits=self.engine.open_circuits,
+            scope_failure=self.engine.scope_failure,
         )
         return bound_server(settings, ctx)
 

@@ -1166,3 +1166,57 @@ def test_a_ping_whose_saves_before_it_outlast_the_scope_is_not_made() -> None:
         for engine in (a, b):
             engine.close()
         ledger.close()
+
+
+class RefusingLeases(MemoryScopeLeases):
+    """Scope lease rows that can be read but, once `refuse` is set, not written."""
+
+    refuse = False
+
+    def beat(self, name: str, until: float) -> None:
+        if self.refuse:
+            raise RuntimeError("store memory: read-only: it can be read but not written here")
+        super().beat(name, until)
+
+
+def test_healthz_reports_scope_leases_not_renewed_while_the_calls_are_stopped() -> None:
+    """A daemon whose scope leases cannot be written (a role that may only read them, a
+    row held by a long transaction) stops its calls by itself and writes no event, so no
+    event write fails either: `/healthz` said the store was fine while it sent nothing.
+    It reports the leases unrenewed once the next chance was missed too, until one is."""
+    from daemon.api.health import HealthSources, check_health
+
+    clock = FakeClock(START)
+    store = RefusingLeases(SimpleNamespace())
+    daemon = Daemon(store, "a", clock)
+    daemon.round(1)
+    assert daemon.may_call(0)
+    with Ledger("memory://") as ledger:
+        sources = HealthSources(
+            ledger=ledger,
+            policies=lambda: POLICIES,
+            policy_error=lambda: None,
+            providers=["fake"],
+            scope_failure=daemon.owners.renewal_failure,
+        )
+        assert check_health(sources)[0]
+        store.refuse = True
+        clock.advance(LEASE / 3)  # the renewal is due: refused
+        with pytest.raises(RuntimeError):
+            daemon.round(1)
+        assert check_health(sources)[0]  # one failure: the next chance is still ahead
+        clock.advance(LEASE / 3)  # the next chance refused too: the calls have stopped
+        with pytest.raises(RuntimeError):
+            daemon.round(1)
+        assert not daemon.may_call(0)
+        ok, reasons, checks = check_health(sources)
+        assert not ok
+        assert reasons == [
+            "store: scope leases not renewed for 3s: RuntimeError: store memory: read-only: "
+            "it can be read but not written here"
+        ]
+        assert checks["store"]["ok"] is False
+        store.refuse = False
+        daemon.round(1)  # written again
+        assert daemon.may_call(0)
+        assert check_health(sources)[0]

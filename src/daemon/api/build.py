@@ -43,6 +43,7 @@ def api_context(
     unreliable: Callable[[], list[str]] | None = None,
     tick_age: Callable[[], float] | None = None,
     circuits: Callable[[], list[OpenCircuit]] | None = None,
+    scope_failure: Callable[[], str | None] | None = None,
 ) -> ApiContext:
     """The API's view of this process. Without `unreliable` (no engine here) the handles'
     reliability is read from the store."""
@@ -68,6 +69,7 @@ def api_context(
         tick_age=tick_age,
         tick_limit=tick_limit(settings.daemon.tick),
         circuits=circuits,
+        scope_failure=scope_failure,
     )
     return ApiContext(
         ledger=ledger,

@@ -28,6 +28,9 @@ class HealthSources:
     tick_age: Callable[[], float] | None = None  # None: no scheduler in this process
     tick_limit: float = 60.0  # a tick older than this means the scheduler is stuck
     circuits: Callable[[], list[OpenCircuit]] | None = None  # None: no engine here
+    #: Why the scope leases are not renewed (a store that takes no write of them); None
+    #: when no engine here shares scopes (`Engine.scope_failure`).
+    scope_failure: Callable[[], str | None] | None = None
 
 
 def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any]]:
@@ -44,6 +47,12 @@ def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any
                 ok=False, write_error=failure.error, write_failed_at=failure.at.isoformat()
             )
             reasons.append(f"store cannot be written: {failure.error}")
+        # The scope leases are written apart from the events: a daemon that cannot renew
+        # them stops its calls by itself and writes no event that could fail.
+        leases = sources.scope_failure() if sources.scope_failure else None
+        if leases is not None:
+            checks["store"].update(ok=False, scope_leases_error=leases)
+            reasons.append(f"store: {leases}")
     except Exception as exc:
         reason = f"store unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
         checks["store"] = {"ok": False, "error": reason}

@@ -108,6 +108,10 @@ class ScopeOwners:
         #: How often the clock is held to the store's: as often as the renewer looks.
         self._look = min(max(lease * RENEW_SHARE / 4, 0.02), 5.0)
         self._checked_at: float | None = None
+        #: When the renewals (or the rounds) began to fail since one was last written, and
+        #: why: `/healthz` says so while it lasts (`renewal_failure`).
+        self._failing_since: float | None = None
+        self._failure = ""
         # For tests and the log.
         self.taken = 0
         self.released = 0
@@ -133,7 +137,11 @@ class ScopeOwners:
         at = now.timestamp()
         if self.disowned:
             return self._filter(_Work({}, {}))
-        self._ensure()
+        try:
+            self._ensure()
+        except Exception as exc:
+            self._failed(at, exc)
+            raise
         self.renew_due(now)
         if self.aside is not None:
             return self._filter(_Work({}, {}))
@@ -253,12 +261,17 @@ class ScopeOwners:
                 return
             if self._renewed_at is not None and at < self._renewed_at + self._lease * RENEW_SHARE:
                 return
-            self._ensure()
             until = at + self._lease
             with self._lock:
                 scopes = sorted(self._held)
-            self._store.beat(self._daemon, until)
-            renewed = self._store.renew(self._daemon, scopes, until)
+            try:
+                self._ensure()
+                self._store.beat(self._daemon, until)
+                renewed = self._store.renew(self._daemon, scopes, until)
+            except Exception as exc:
+                self._failed(at, exc)
+                raise
+            self._failing_since = None
             kept = {row.scope: row.lease_until for row in renewed}
             with self._lock:
                 for scope in scopes:
@@ -273,6 +286,24 @@ class ScopeOwners:
             self._renewed_at = at
             # Rows whose lease ended a lease ago are free whether or not they are there.
             self._store.forget(at - self._lease)
+
+    def _failed(self, at: float, exc: Exception) -> None:
+        if self._failing_since is None:
+            self._failing_since = at
+        self._failure = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+
+    def renewal_failure(self, now: datetime | None = None) -> str | None:
+        """Why this daemon could not write its leases and heartbeat for a third of a lease
+        since the first failure (the next chance missed too), else None. Its scopes' calls
+        stop in time by themselves (`may_call`), so it sends nothing while the store says
+        nothing of it: `/healthz` reports it."""
+        since = self._failing_since
+        if since is None or self.disowned:
+            return None
+        failing = (now or self._clock()).timestamp() - since
+        if failing < self._lease * RENEW_SHARE:
+            return None
+        return f"scope leases not renewed for {failing:.0f}s: {self._failure}"
 
     def clock_off(self) -> float | None:
         """How far this daemon's clock is off the store's (seconds, positive: ahead) when

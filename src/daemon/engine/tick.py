@@ -289,6 +289,11 @@ class Engine:
     def open_circuits(self) -> list[OpenCircuit]:
         return self.circuits.open()
 
+    def scope_failure(self) -> str | None:
+        """Why this daemon's scope leases are not being renewed, when they have not been
+        for a while (`ScopeOwners.renewal_failure`); None when it shares no scopes."""
+        return None if self.owners is None else self.owners.renewal_failure()
+
     def recover_own_claims(self) -> TickReport:
         """At start-up, with this daemon's name held (`Ledger.hold_identity`): its own
         claims left by an earlier process have no call in flight; Unknown now."""
