@@ -352,3 +352,30 @@ def test_a_stop_asked_while_the_claim_is_saved_starts_no_send() -> None:
         assert (rig.provider.sends, rig.copies("k1")) == (1, 1)
     finally:
         rig.close()
+
+
+def test_a_store_that_cannot_be_written_is_one_line_per_job_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A full disk or a read-only store fails every due job's claim at every tick: each
+    was logged as an 'unexpected failure' with a traceback of some twenty lines, burying
+    the one line that names the store and why. It is that line, still counted an error."""
+    from daemon.engine.report import Counter
+    from daemon.engine.runner import count_failure
+    from ledger.stores.causes import StoreUnavailable
+
+    refused = StoreUnavailable(
+        "sqlite:/var/lib/sendledger/ledger.sqlite",
+        "disk full: nothing more can be written",
+        OSError("database or disk is full"),
+    )
+    counter = Counter()
+    with caplog.at_level("ERROR", logger="sendledger.engine"):
+        count_failure("k-1", refused, counter, "Dispatch")
+    [record] = caplog.records
+    assert record.getMessage() == (
+        "job k-1: Dispatch failed: store sqlite:/var/lib/sendledger/ledger.sqlite: "
+        "disk full: nothing more can be written (database or disk is full)"
+    )
+    assert record.exc_info is None
+    assert counter.take().errors == 1

@@ -24,6 +24,7 @@ from daemon.providers.base import Provider
 from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
 from ledger.decision_types import Review
 from ledger.job import SendJob, TransitionError
+from ledger.stores.causes import StoreUnavailable
 from ledger.vocabulary import JobState
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -245,6 +246,11 @@ def count_failure(key: str, exc: BaseException, counter: Counter, where: str) ->
     if isinstance(exc, ConcurrentUpdate | TransitionError | UnknownJob):
         log.debug("job %s skipped: %s", key, exc)
         counter.bump("skipped")
+    elif isinstance(exc, StoreUnavailable):
+        # A full disk or a read-only store fails every due job at every tick: its one
+        # line names the store and why; a traceback each time would bury it.
+        log.error("job %s: %s failed: %s", key, where, exc)
+        counter.bump("errors")
     else:
         log.error("job %s: unexpected failure in %s", key, where, exc_info=exc)
         counter.bump("errors")
