@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -708,6 +709,47 @@ def test_rebuild_index_after_the_rows_were_deleted(ledger: Ledger, clock: FakeCl
     # And the rebuilt rows are used by later writes as usual.
     ledger.update("mix-000", lambda j: j.claim(**attempt_args(clock)))
     assert_index_in_step(ledger, "mix-000")
+
+
+class _RowsHeldBack(list[IndexRow]):
+    """A rebuild's projected rows whose first batch is handed over only once `go` is
+    set: the rebuild's transaction is open and goes no further meanwhile."""
+
+    def __init__(self, rows: list[IndexRow]) -> None:
+        super().__init__(rows)
+        self.reached = threading.Event()
+        self.go = threading.Event()
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            self.reached.set()
+            self.go.wait(30)
+        return super().__getitem__(index)
+
+
+@pytest.mark.postgres
+def test_a_long_rebuild_does_not_hold_back_live_writers(pg_url: str, clock: FakeClock) -> None:
+    """`admin rebuild-index` beside live daemons (a store of a million jobs takes minutes):
+    the lock that orders the listing's stamps is held only for the rebuild's last step, so
+    a daemon's write meanwhile (a claim before its send) is not held until the rebuild
+    commits, nor refused as 'store locked' after Ledger.store_wait."""
+    with Ledger(pg_url, clock=clock) as rebuilder, Ledger(pg_url, clock=clock) as daemon:
+        rebuilder.submit(content("old-1"), SENDER)
+        rows = _RowsHeldBack([r for r in rebuilder.jobs()])
+        rebuilding = threading.Thread(target=rebuilder.recorder.rebuild, args=(rows,))
+        rebuilding.start()
+        try:
+            assert rows.reached.wait(10)
+            written = threading.Thread(target=daemon.submit, args=(content("new-1"), SENDER))
+            written.start()
+            written.join(5)
+            assert not written.is_alive(), "a live write waited for the rebuild to commit"
+        finally:
+            rows.go.set()
+            rebuilding.join(30)
+            written.join(30)
+        assert {r.key for r in rebuilder.jobs()} == {"old-1", "new-1"}
+        assert all(r.written_at is not None for r in rebuilder.jobs())
 
 
 def test_rebuild_index_of_an_empty_store(ledger: Ledger) -> None:

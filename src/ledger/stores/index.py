@@ -268,8 +268,9 @@ def next_stamp(clock: Callable[[], float], last: float | None) -> float:
     return now if last is None or now > last else last + STAMP_STEP
 
 
-def stamped(rows: Sequence[IndexRow], stamp: float) -> list[tuple[Any, ...]]:
-    """The rows' values (COLUMNS order) with `written_at` the transaction's stamp."""
+def stamped(rows: Sequence[IndexRow], stamp: float | None) -> list[tuple[Any, ...]]:
+    """The rows' values (COLUMNS order) with `written_at` the transaction's stamp (None:
+    stamped later in the transaction, `SqlJobIndex.rebuild`)."""
     return [(*row.as_tuple()[:-1], stamp) for row in rows]
 
 
@@ -719,11 +720,10 @@ class SqlJobIndex:
         projected = {row.key for row in rows}
         has_events, param = self._has_events_sql()
         with self._transaction(commit=True) as cursor:
-            # A row the rebuild adds (its job's row was lost) is stored now; one it
-            # replaces keeps when it was stored (REBUILD_UPSERT).
-            stamp = self._stamp(cursor, time.time)
+            # A row it replaces keeps when it was stored (REBUILD_UPSERT); one it adds
+            # (its job's row was lost) has none until the last step below.
             for batch in _batches(rows, 500):
-                cursor.executemany(self._sql(REBUILD_UPSERT), stamped(batch, stamp))
+                cursor.executemany(self._sql(REBUILD_UPSERT), stamped(batch, None))
             cursor.execute(self._sql("SELECT key, job_id FROM {t}"), [])
             orphans: list[str] = []
             for key, job_id in self._tuples(cursor):
@@ -735,6 +735,15 @@ class SqlJobIndex:
                 cursor.executemany(
                     self._sql("DELETE FROM {t} WHERE key = {p}"), [[k] for k in batch]
                 )
+            # Stamped last: the stamp's lock (PostgreSQL: `_serialize_writes`) is held from
+            # the stamp to the commit, and a rebuild of a large store takes minutes; taken
+            # first, it held every live daemon's write that long (a claim before its send
+            # refused as 'store locked' after Ledger.store_wait). A row an earlier
+            # release's daemon wrote without one is stamped here too.
+            stamp = self._stamp(cursor, time.time)
+            cursor.execute(
+                self._sql("UPDATE {t} SET written_at = {p} WHERE written_at IS NULL"), [stamp]
+            )
 
 
 def _filter_sql(where: JobFilter) -> tuple[list[str], list[Any]]:
