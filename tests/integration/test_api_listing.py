@@ -355,3 +355,53 @@ def test_a_store_of_an_earlier_release_lists_every_job_once_opened(
         assert all(r.written_at == r.updated_at for r in rows)
         ledger.submit(receipt("receipts", "new"), sender)
         assert [r.key for r in ledger.changed_jobs(since=NOW + timedelta(seconds=1))] == ["new"]
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_job_an_earlier_releases_daemon_stored_meanwhile_is_listed(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A rolling upgrade: a daemon of the earlier release, on the store the new one has
+    opened, stores a row without `written_at` (its upsert names no such column). The next
+    write of this release stamps it, so a walk or a since-poll lists it."""
+    from tests.unit.engine_rig import receipt
+
+    from daemon.doubles.fake_time import FakeClock
+    from ledger.stores.index import COLUMNS
+    from ledger.vocabulary import PolicyRef, Sender
+
+    path = tmp_path / "l.sqlite"
+    url = f"sqlite:///{path}" if backend == "sqlite" else str(request.getfixturevalue("pg_url"))
+    sender = Sender("s@example.com", "mail.example.com", PolicyRef("receipts", "f" * 16))
+    clock = FakeClock(NOW)
+    with Ledger(url, clock=clock) as ledger:
+        ledger.submit(receipt("receipts", "new-1"), sender)
+        polled = clock() + timedelta(seconds=1)  # a poller's last poll found new-1
+        clock.advance(2)
+        ledger.submit(receipt("receipts", "old-1"), sender)
+        row = ledger.row("old-1")
+        assert row is not None
+        old_columns = [c for c in COLUMNS if c != "written_at"]
+        values = row.as_tuple()[: len(old_columns)]
+        if backend == "sqlite":
+            with sqlite3.connect(path) as conn:  # the earlier release's write of old-1
+                conn.execute(f"DELETE FROM {INDEX_TABLE} WHERE key = 'old-1'")
+                marks = ", ".join(["?"] * len(old_columns))
+                sql = f"INSERT INTO {INDEX_TABLE} ({', '.join(old_columns)}) VALUES ({marks})"
+                conn.execute(sql, values)
+        else:
+            schema = url.split("schema=")[1]
+            with psycopg.connect(url.split("?")[0]) as conn:
+                conn.execute(f'SET search_path TO "{schema}"')
+                conn.execute(f"DELETE FROM {INDEX_TABLE} WHERE key = 'old-1'")
+                marks = ", ".join(["%s"] * len(old_columns))
+                sql = f"INSERT INTO {INDEX_TABLE} ({', '.join(old_columns)}) VALUES ({marks})"
+                conn.execute(sql, values)
+        clock.advance(2)
+        ledger.submit(receipt("receipts", "new-2"), sender)  # this release's next write
+        since = [r.key for r in ledger.changed_jobs(since=polled)]
+        assert sorted(since) == ["new-2", "old-1"]
+        walked = [r.key for r in ledger.changed_jobs()]
+        assert sorted(walked) == ["new-1", "new-2", "old-1"]

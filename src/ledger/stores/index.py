@@ -470,7 +470,15 @@ class SqlJobIndex:
         cursor.execute(self._sql("SELECT MAX(written_at) FROM {t}"), [])
         rows = self._tuples(cursor)
         last = rows[0][0] if rows else None
-        return next_stamp(clock, None if last is None else float(last))
+        stamp = next_stamp(clock, None if last is None else float(last))
+        # A row with none was stored by a daemon of an earlier release (its upsert names
+        # no such column) during a rolling upgrade, after this store was opened: unlisted
+        # (the listing pages by it) until stamped, here, as stored now. (The index serves
+        # the lookup: none is found at almost every write.)
+        cursor.execute(
+            self._sql("UPDATE {t} SET written_at = {p} WHERE written_at IS NULL"), [stamp]
+        )
+        return stamp
 
     def _write_rows(self, cursor: Any, kwargs: Mapping[str, Any]) -> None:
         """The index rows passed beside the events, stamped, in their transaction."""
@@ -735,15 +743,12 @@ class SqlJobIndex:
                 cursor.executemany(
                     self._sql("DELETE FROM {t} WHERE key = {p}"), [[k] for k in batch]
                 )
-            # Stamped last: the stamp's lock (PostgreSQL: `_serialize_writes`) is held from
-            # the stamp to the commit, and a rebuild of a large store takes minutes; taken
-            # first, it held every live daemon's write that long (a claim before its send
-            # refused as 'store locked' after Ledger.store_wait). A row an earlier
-            # release's daemon wrote without one is stamped here too.
-            stamp = self._stamp(cursor, time.time)
-            cursor.execute(
-                self._sql("UPDATE {t} SET written_at = {p} WHERE written_at IS NULL"), [stamp]
-            )
+            # Stamped last (`_stamp` gives the stamp to every row without one): its lock
+            # (PostgreSQL: `_serialize_writes`) is held from the stamp to the commit, and a
+            # rebuild of a large store takes minutes; taken first, it held every live
+            # daemon's write that long (a claim before its send refused as 'store locked'
+            # after Ledger.store_wait).
+            self._stamp(cursor, time.time)
 
 
 def _filter_sql(where: JobFilter) -> tuple[list[str], list[Any]]:
