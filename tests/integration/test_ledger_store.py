@@ -712,16 +712,17 @@ def test_rebuild_index_after_the_rows_were_deleted(ledger: Ledger, clock: FakeCl
 
 
 class _RowsHeldBack(list[IndexRow]):
-    """A rebuild's projected rows whose first batch is handed over only once `go` is
-    set: the rebuild's transaction is open and goes no further meanwhile."""
+    """A rebuild's projected rows whose batch from `at` on is handed over only once `go`
+    is set: the rebuild's transaction is open and goes no further meanwhile."""
 
-    def __init__(self, rows: list[IndexRow]) -> None:
+    def __init__(self, rows: list[IndexRow], at: int = 0) -> None:
         super().__init__(rows)
+        self.at = at
         self.reached = threading.Event()
         self.go = threading.Event()
 
     def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
+        if isinstance(index, slice) and (index.start or 0) >= self.at:
             self.reached.set()
             self.go.wait(30)
         return super().__getitem__(index)
@@ -750,6 +751,36 @@ def test_a_long_rebuild_does_not_hold_back_live_writers(pg_url: str, clock: Fake
             written.join(30)
         assert {r.key for r in rebuilder.jobs()} == {"old-1", "new-1"}
         assert all(r.written_at is not None for r in rebuilder.jobs())
+
+
+@pytest.mark.postgres
+def test_a_rebuild_holds_back_no_write_of_a_job_whose_row_was_right(
+    pg_url: str, clock: FakeClock
+) -> None:
+    """The rebuild rewrites only the rows that differ from their job's events (lost or
+    damaged): one that was right is not locked until the rebuild commits, so a live
+    daemon's claim of that job (its first 500 rows written, the rebuild still running)
+    is made meanwhile, not refused as 'store locked' after Ledger.store_wait."""
+    with Ledger(pg_url, clock=clock) as rebuilder, Ledger(pg_url, clock=clock) as daemon:
+        for i in range(501):
+            rebuilder.submit(content(f"job-{i:03d}"), SENDER)
+        rows = _RowsHeldBack(sorted(rebuilder.jobs(), key=lambda r: r.key), at=500)
+        rebuilding = threading.Thread(target=rebuilder.recorder.rebuild, args=(rows,))
+        rebuilding.start()
+        try:
+            assert rows.reached.wait(10)
+            claim = threading.Thread(
+                target=daemon.update, args=("job-000", lambda j: j.claim(**attempt_args(clock)))
+            )
+            claim.start()
+            claim.join(5)
+            assert not claim.is_alive(), "a live claim waited for the rebuild to commit"
+        finally:
+            rows.go.set()
+            rebuilding.join(30)
+            claim.join(30)
+        row = rebuilder.row("job-000")
+        assert row is not None and row.state == "attempted" and row.written_at is not None
 
 
 def test_rebuild_index_of_an_empty_store(ledger: Ledger) -> None:

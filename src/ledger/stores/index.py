@@ -729,9 +729,19 @@ class SqlJobIndex:
         has_events, param = self._has_events_sql()
         with self._transaction(commit=True) as cursor:
             # A row it replaces keeps when it was stored (REBUILD_UPSERT); one it adds
-            # (its job's row was lost) has none until the last step below.
+            # (its job's row was lost) has none until the last step below. Only the rows
+            # that differ from their projection (lost, damaged) are written: an upsert
+            # locks its row until the commit, and a live daemon's next write of that job
+            # (its claim before the send) waited for the whole rebuild.
             for batch in _batches(rows, 500):
-                cursor.executemany(self._sql(REBUILD_UPSERT), stamped(batch, None))
+                marks = ", ".join(["{p}"] * len(batch))
+                cursor.execute(
+                    self._sql(_SELECT + f"WHERE key IN ({marks})"), [r.key for r in batch]
+                )
+                stored = {row.key: row for row in map(_row, self._tuples(cursor))}
+                wrong = [row for row in batch if stored.get(row.key) != row]
+                if wrong:
+                    cursor.executemany(self._sql(REBUILD_UPSERT), stamped(wrong, None))
             cursor.execute(self._sql("SELECT key, job_id FROM {t}"), [])
             orphans: list[str] = []
             for key, job_id in self._tuples(cursor):
