@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from daemon.engine import Engine, PolicyHolder
@@ -198,6 +199,66 @@ def run_report_before_send_check(
             first.tick()
         [event] = bounces(ledger, "early")
         assert [r["address"] for r in event.recipients] == [setup.ok]  # type: ignore[attr-defined]
+        first.close()
+    finally:
+        ledger.close()
+
+
+def run_report_at_the_watch_s_end_check(
+    folder: Path, setup: Mailboxes, deliver_at: Callable[[bytes, float], object]
+) -> None:
+    """A report the mailbox received 10 s before the job's watch ended, first read after
+    that end (the engine's clock moved an hour on: the read of its last interval came
+    later, or reads were held): it is recorded, and the watch ends after that read, not
+    at its time with the report then refused `not-watched`."""
+    ledger = Ledger(f"sqlite:///{folder / 'ledger.sqlite'}")
+    mail = setup.policies[0]
+    outcomes = Outcomes()
+    offset = timedelta(0)
+
+    def clock() -> datetime:
+        return datetime.now(UTC) + offset
+
+    policies = PolicySet({p.channel: p for p in setup.policies})
+    first = Engine(
+        ledger,
+        PolicyHolder(lambda: policies, policies),
+        setup.providers,
+        provider_timeouts={name: 5.0 for name in setup.providers},
+        bounce_interval=INTERVAL,
+        daemon_name="it",
+        observer=outcomes,
+        clock=clock,
+    )
+    try:
+        fields = {"channel": mail.channel, "key": "late", "to": setup.ok, "subject": "s"}
+        ledger.submit(parse_job({**fields, "body": "."}), mail.sender)
+        deadline = time.monotonic() + 20.0
+        while ledger.row("late").state != "confirmed":  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, ledger.row("late")
+            first.tick()
+        # What else of the job is due before its watch's end (its verification, its
+        # drafts' tidy) done first: the end is then all that is due.
+        while (job := ledger.get_job("late")).due_at != job.watch_until:
+            assert time.monotonic() < deadline and job.due_at is not None, ledger.row("late")
+            offset = max(offset, job.due_at - datetime.now(UTC) + timedelta(seconds=1))
+            first.tick()
+        until = job.watch_until
+        assert until is not None
+        deliver_at(
+            rfc3464_report(
+                original(ledger, "late", setup.ok), mailbox=setup.mailbox, recipient=setup.ok
+            ),
+            until.timestamp() - 10,
+        )
+        offset = until - datetime.now(UTC) + timedelta(minutes=2)  # the watch is over
+        for _ in range(READS):
+            time.sleep(INTERVAL)
+            first.tick()
+        [event] = bounces(ledger, "late")
+        assert [r["address"] for r in event.recipients] == [setup.ok]  # type: ignore[attr-defined]
+        assert "not-watched" not in outcomes.seen, outcomes.seen
+        assert type(ledger.history("late")[-1]).__name__ == "BounceWatchEnded"
         first.close()
     finally:
         ledger.close()

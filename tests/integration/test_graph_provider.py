@@ -30,6 +30,7 @@ from cryptography.x509.oid import NameOID
 from tests.integration.bounce_checks import (
     Mailboxes,
     run_bounce_checks,
+    run_report_at_the_watch_s_end_check,
     run_report_before_send_check,
 )
 from tests.provider_contract import (
@@ -631,6 +632,35 @@ def test_a_report_received_before_the_jobs_first_attempt_is_refused(
         }
     )
     run_report_before_send_check(
+        tmp_path,
+        Mailboxes(
+            providers={"graph": provider(user="{from}", confirm_wait=3.0)},
+            policies=[policy],
+            mailbox=MAILBOX,
+            gone="nobody@gone.example",
+            ok="customer@example.net",
+            deliver=lambda raw: graph.inject(raw, user=MAILBOX, message_class=NDR_CLASS),
+            bounce_arrived=lambda: True,
+        ),
+        lambda raw, at: graph.inject(raw, user=MAILBOX, message_class=NDR_CLASS, received=at),
+    )
+
+
+def test_a_report_received_just_before_the_watch_s_end_is_recorded_when_read_after_it(
+    provider: ProviderFactory, graph: GraphEmulator, tmp_path: Path
+) -> None:
+    """Graph's receivedDateTime of the report is 10 s before the watch's end; the engine
+    reads it only after that end: it is recorded, then the watch ends."""
+    policy = ChannelPolicy.model_validate(
+        {
+            "channel": "mail",
+            "provider": "graph",
+            "from": MAILBOX,
+            "message_id_domain": "mail.example.com",
+            "watch_bounces": "1h",
+        }
+    )
+    run_report_at_the_watch_s_end_check(
         tmp_path,
         Mailboxes(
             providers={"graph": provider(user="{from}", confirm_wait=3.0)},

@@ -103,6 +103,11 @@ def test_the_watch_ends_and_the_job_is_purgeable_then(rig: EngineRig) -> None:
     with pytest.raises(TransitionError, match="bounce watch"):
         rig.job("r-1").purge(by="op", rule="test", at=rig.clock())
     rig.advance_and_tick(HOUR + 1)
+    # It ends once a read begun after its end (and the clock margin) went through the
+    # mailbox: at most two intervals later.
+    assert rig.events("r-1")[-1] == "WatchingBounces"
+    rig.advance_and_tick(INTERVAL)
+    rig.advance_and_tick(INTERVAL)
     assert rig.events("r-1")[-1] == "BounceWatchEnded"
     assert rig.ledger.watched() == [] and rig.job("r-1").purgeable
     row = rig.ledger.row("r-1")
@@ -472,3 +477,70 @@ def test_a_report_naming_an_internationalized_recipient_as_people_write_it_is_it
     rig.advance_and_tick(INTERVAL)
     [event] = bounced(rig, "idn-1")
     assert event.recipients[0]["address"] == "zoe@xn--bcher-kva.example"
+
+
+def test_a_report_received_in_the_watch_s_last_interval_is_recorded_after_its_end(
+    rig: EngineRig,
+) -> None:
+    """The mailbox received the report before the watch's end; the next read comes after
+    it. The watch ends only once a read begun after its end (and the provider's clock
+    margin) has gone through the mailbox, so the report is recorded, not `not-watched`."""
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.advance_and_tick(HOUR - 10)  # a read now: nothing yet
+    rig.provider.deliver(bounce_of(mid))  # 10 s before the watch's end
+    rig.advance_and_tick(30)  # the end is due; no read has covered it yet
+    rig.advance_and_tick(INTERVAL)
+    assert len(bounced(rig, "r-1")) == 1
+    rig.advance_and_tick(INTERVAL)
+    assert rig.events("r-1")[-1] == "BounceWatchEnded"
+
+
+def test_a_watch_outlasts_its_end_while_sends_keep_its_mailbox_from_being_read(
+    rig: EngineRig,
+) -> None:
+    """A mailbox that always has a send queued is not read: its watches wait for a read
+    rather than end with its reports unread (as during a read outage)."""
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    engine = rig.engine
+    engine.bounces._sends_waiting = lambda scope: 1  # a send of the mailbox is queued
+    rig.provider.deliver(bounce_of(mid))
+    rig.advance_and_tick(HOUR + INTERVAL)
+    rig.advance_and_tick(INTERVAL)
+    assert rig.events("r-1")[-1] == "WatchingBounces"
+    engine.bounces._sends_waiting = lambda scope: 0
+    rig.advance_and_tick(INTERVAL)
+    assert len(bounced(rig, "r-1")) == 1
+    rig.advance_and_tick(INTERVAL)
+    assert rig.events("r-1")[-1] == "BounceWatchEnded"
+
+
+def test_a_watch_whose_channel_no_longer_watches_ends_at_its_time() -> None:
+    rig = EngineRig(policy("receipts", watch_bounces="1h"))
+    rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.policies = PolicySet({"receipts": policy("receipts")})
+    assert rig.holder.reload()
+    rig.advance_and_tick(HOUR + 1)
+    assert rig.events("r-1")[-1] == "BounceWatchEnded"
+
+
+def test_watches_waiting_for_a_read_are_not_loaded_and_hold_no_one_behind_them(
+    rig: EngineRig,
+) -> None:
+    """Watches past their end whose mailbox is not read (queued sends hold its reads) stay
+    due at the head of the index: the tick reads past them, never loading them."""
+    for n in range(rig.engine.batch_size + 5):
+        rig.submit("receipts", f"r-{n:03d}")
+    rig.tick()
+    engine = rig.engine
+    engine.bounces._sends_waiting = lambda scope: 1
+    rig.advance_and_tick(HOUR + INTERVAL)
+    loads: list[str] = []
+    get_job = rig.ledger.get_job
+    rig.ledger.get_job = lambda key: loads.append(key) or get_job(key)  # type: ignore[method-assign]
+    rig.advance_and_tick(INTERVAL)
+    assert loads == []
+    row = rig.ledger.row("r-000")
+    assert row is not None and row.watch_until is not None

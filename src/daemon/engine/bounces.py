@@ -30,7 +30,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from daemon.engine.circuit import CHECK, Admit, Circuits
 from daemon.engine.clock import Clock
@@ -49,6 +49,7 @@ from ledger.delivery_reports import (
     read_report,
 )
 from ledger.job import BounceRefused, SendJob, bounce_recipients
+from ledger.stores.index import IndexRow
 from ledger.vocabulary import JobState
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -88,12 +89,21 @@ class MailboxRead:
     mailbox: str  # the index's `mailbox` of its From (`Ledger.mailbox_of`)
     address: str  # its From, which names the quota scope daemons lease it by
     policy: ChannelPolicy  # of its first channel: whose provider names that scope
+    # The soonest end of its watches (None: not known): one long past (reads held by
+    # queued sends, an outage) started more than `lookback` ago.
+    first_until: datetime | None = None
 
 
 @dataclass
 class _Mailbox:
     seen: dict[str, _Seen] = field(default_factory=dict)
     next_read: datetime | None = None
+    # When the read under way began (its first part: a read that stopped goes on at the
+    # next one), and when the latest one that went through the whole window began: every
+    # report the mailbox had received by then (by the provider's clock, less `skew`) was
+    # listed and attributed (`EndWatch` waits for it).
+    started: datetime | None = None
+    read_from: datetime | None = None
 
 
 class BounceWatch:
@@ -137,6 +147,9 @@ class BounceWatch:
         # (channel, mailbox digest) -> a From of that mailbox and the provider its jobs
         # were sent on (None: not known, the channel's)
         self._addresses: dict[tuple[str, str], tuple[str, str | None]] = {}
+        # (channel, mailbox digest) -> the scope it is read in, and how many jobs are
+        # watched there (from the last `_watched`)
+        self._read_in: dict[tuple[str, str], tuple[str, int]] = {}
 
     def due(self) -> list[MailboxRead]:
         """The mailbox reads that may run now: due, nothing of theirs waiting to be sent,
@@ -185,6 +198,7 @@ class BounceWatch:
         read."""
         policies = self._policies.current
         merged: dict[str, MailboxRead] = {}
+        scope_of: dict[tuple[str, str], tuple[str, int]] = {}
         for watched in self._ledger.watched():
             policy = policies.get(watched.channel)
             if policy is None or policy.watch_bounces is None:
@@ -200,7 +214,13 @@ class BounceWatch:
             if not view.reads_reports:
                 continue
             scope = view.scope()
+            scope_of[(watched.channel, watched.mailbox)] = (scope, watched.jobs)
             known = merged.get(scope)
+            first = (
+                None
+                if watched.first_until is None
+                else datetime.fromtimestamp(watched.first_until, UTC)
+            )
             if known is None:
                 merged[scope] = MailboxRead(
                     scope,
@@ -210,10 +230,17 @@ class BounceWatch:
                     self._ledger.mailbox_of(address),
                     address,
                     policy,
+                    first,
                 )
             else:
                 known.channels |= {watched.channel}
                 known.lookback = max(known.lookback, policy.watch_bounces)
+                if first is not None:
+                    known.first_until = (
+                        first if known.first_until is None else min(known.first_until, first)
+                    )
+        with self._lock:
+            self._read_in = scope_of
         return sorted(merged.values(), key=lambda r: r.scope)
 
     def _address(
@@ -244,10 +271,15 @@ class BounceWatch:
             mailbox = self._mailboxes.setdefault(read.scope, _Mailbox())
             known = set(mailbox.seen)
             mailbox.next_read = now + timedelta(seconds=self.interval)
+            if mailbox.started is None:
+                mailbox.started = now
         admit = self._circuits.admit(read.scope, now, CHECK)
         if admit is Admit.HOLD:
             return
         since = now - timedelta(seconds=read.lookback)
+        if read.first_until is not None:
+            # A watch whose end passed unread (`read_through`) started before that.
+            since = min(since, read.first_until - timedelta(seconds=read.lookback))
         # A read makes many calls (pages, then each report), which together may outlast
         # the scope's lease: each asks whether the scope is still ours.
         go_on = None if self._may_read is None else lambda: self._ours(read, self._clock())
@@ -299,6 +331,69 @@ class BounceWatch:
             if outcome is not None:
                 with self._lock:
                     mailbox.seen[provider_id] = _Seen(outcome)
+        if result.complete:
+            with self._lock:
+                mailbox.read_from, mailbox.started = mailbox.started, None
+
+    def ends_waiting(self, now: datetime) -> int:
+        """At most how many watches are past their end but wait for a read of their
+        mailbox (`read_through`): the tick reads that many more due rows, so they never
+        starve the confirmed jobs behind them (their verification, their tidy)."""
+        reads = self._current(now)
+        with self._lock:
+            late = {
+                r.scope
+                for r in reads
+                if r.first_until is not None
+                and r.first_until <= now
+                and not self._read_past(r.scope, r.first_until)
+            }
+            return sum(n for scope, n in self._read_in.values() if scope in late)
+
+    def waits_for_read(self, row: IndexRow) -> bool:
+        """Whether a due row is a watch's end still waiting for a read of its mailbox
+        (nothing else of the job due sooner): not worth loading."""
+        if row.watch_until is None or row.watch_mailbox is None or row.due_at is None:
+            return False
+        if row.due_at < row.watch_until:
+            return False  # its verification or its tidy is due first
+        with self._lock:
+            known = self._read_in.get((row.channel, row.watch_mailbox))
+            if known is None:
+                return False  # not read: it ends at its time
+            until = datetime.fromtimestamp(row.watch_until, UTC)
+            return not self._read_past(known[0], until)
+
+    def _read_past(self, scope: str, until: datetime) -> bool:
+        """(Under the lock.) A read of the scope begun at or after `until` and the
+        provider clock's margin went through the whole window."""
+        mailbox = self._mailboxes.get(scope)
+        read_from = None if mailbox is None else mailbox.read_from
+        return read_from is not None and read_from >= until + timedelta(seconds=self._skew)
+
+    def read_through(self, job: SendJob) -> bool:
+        """Whether the job's watch may end: a read of its mailbox begun after the watch's
+        end (and the provider clock's margin) went through the whole window, so a report
+        the mailbox received before that end was attributed while the job was still
+        watched. A report read only after `BounceWatchEnded` would be refused
+        (`not-watched`), and the end is due at `watch_until` whatever was read: after a
+        read outage, or for a mailbox whose queued sends keep holding its reads, the
+        last reports would be lost. A mailbox nothing reads (its channel no longer
+        watches, its provider reads no reports) ends at its time."""
+        if job.watch_until is None:
+            return True
+        policy = self._policies.current.get(job.channel)
+        if policy is None or policy.watch_bounces is None:
+            return True
+        name = provider_for(job, policy)
+        provider = None if name is None else self._providers.get(name)
+        if provider is None:
+            return True
+        view = provider.for_job(job.from_addr, None)
+        if not view.reads_reports:
+            return True
+        with self._lock:
+            return self._read_past(view.scope(), job.watch_until)
 
     def _parse(self, found: FoundReport) -> _Seen:
         if found.raw is None and found.content_type not in ("", REPORT_TYPE):
@@ -392,15 +487,22 @@ def _due(moment: datetime | None, now: datetime) -> bool:
 
 
 class EndWatch:
-    """A confirmed job whose bounce watch is over: recorded, so nothing of it is due."""
+    """A confirmed job whose bounce watch is over: recorded, so nothing of it is due.
+    `read_through(job)`: whether its mailbox was read after the watch's end
+    (`BounceWatch.read_through`); None: not asked."""
 
     state = JobState.CONFIRMED
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, read_through: Callable[[SendJob], bool] | None = None) -> None:
         self._clock = clock
+        self._read_through = read_through
 
     def is_due(self, job: SendJob, now: datetime) -> bool:
-        return job.watch_until is not None and job.watch_until <= now
+        return (
+            job.watch_until is not None
+            and job.watch_until <= now
+            and (self._read_through is None or self._read_through(job))
+        )
 
     def run(self, work: Work) -> None:
         work.job.end_bounce_watch(at=self._clock())

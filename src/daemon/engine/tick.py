@@ -203,7 +203,8 @@ class Engine:
             FirstDue(
                 Verify(backoff, self.clock),
                 Tidy(JobState.CONFIRMED, backoff, self.clock),
-                EndWatch(self.clock),
+                # A watch ends once its mailbox was read past its end (`bounces.py`).
+                EndWatch(self.clock, lambda job: self.bounces.read_through(job)),
             ),
             *(
                 Tidy(state, backoff, self.clock)
@@ -398,9 +399,19 @@ class Engine:
         # Searches held by a backoff or an open circuit stay due in the index: read past
         # them (a bounded number) so another scope's due searches are not starved.
         now = self.clock()
-        extra = min(self._backoff.waiting(now), self.batch_size * 10)
+        waiting = self._backoff.waiting(now)
+        ends = isinstance(step, FirstDue) and any(isinstance(s, EndWatch) for s in step.steps)
+        if ends:
+            # Watches past their end wait for a read of their mailbox (`bounces.py`).
+            waiting += self.bounces.ends_waiting(now)
+        extra = min(waiting, self.batch_size * 10)
         rows = self.ledger.due(step.state, now, limit + extra, self.scopes.filter)
-        keys = [row.key for row in rows if not self._backoff.held(row.key, now)]
+        keys = [
+            row.key
+            for row in rows
+            if not self._backoff.held(row.key, now)
+            and not (ends and self.bounces.waits_for_read(row))
+        ]
         self._checks.submit(step, keys[:limit])
 
     def _offer_bounce_reads(self) -> None:

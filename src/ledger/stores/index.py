@@ -176,6 +176,9 @@ class WatchedMailbox:
     mailbox: str  # `mailbox_digest` of the jobs' From and the provider they were sent on
     jobs: int
     example_key: str
+    # The soonest `watch_until` of them, epoch seconds: a read reaches back to that
+    # watch's start, whose end may be long past (its mailbox not read since).
+    first_until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -640,14 +643,16 @@ class SqlJobIndex:
             self._sql(
                 # A range of the partial index (a comparison implies NOT NULL): what is
                 # watched, never the other rows.
-                "SELECT channel, watch_mailbox, COUNT(*), MIN(key) FROM {t} "
+                "SELECT channel, watch_mailbox, COUNT(*), MIN(key), MIN(watch_until) FROM {t} "
                 "WHERE watch_until >= {p} "
                 "GROUP BY channel, watch_mailbox ORDER BY channel, watch_mailbox"
             ),
             [0.0],
         )
         return [
-            WatchedMailbox(str(c), str(m), int(n), str(k)) for c, m, n, k in rows if m is not None
+            WatchedMailbox(str(c), str(m), int(n), str(k), None if u is None else float(u))
+            for c, m, n, k, u in rows
+            if m is not None
         ]
 
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]:

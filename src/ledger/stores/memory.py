@@ -196,12 +196,17 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
         return rows[: max(limit, 0)]
 
     def watched(self) -> list[WatchedMailbox]:
-        groups: dict[tuple[str, str], list[str]] = {}
+        groups: dict[tuple[str, str], list[tuple[str, float]]] = {}
         with self.database_lock:
             for r in self._rows.values():
                 if r.watch_until is not None and r.watch_mailbox is not None:
-                    groups.setdefault((r.channel, r.watch_mailbox), []).append(r.key)
-        return [WatchedMailbox(c, m, len(k), min(k)) for (c, m), k in sorted(groups.items())]
+                    groups.setdefault((r.channel, r.watch_mailbox), []).append(
+                        (r.key, r.watch_until)
+                    )
+        return [
+            WatchedMailbox(c, m, len(k), min(k)[0], min(u for _, u in k))
+            for (c, m), k in sorted(groups.items())
+        ]
 
     def count_in_states(self, states: Sequence[str]) -> dict[str, int]:
         counts = dict.fromkeys(states, 0)
