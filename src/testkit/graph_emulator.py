@@ -21,6 +21,11 @@ on it:
   `$filter` sees it only `lag` later still (the search index);
 - a consumed draft cannot be sent again (404 while in transit, 400 once filed), so one
   draft is at most one message;
+- `DELETE messages/{id}` moves the item to Deleted Items (its immutable id stays, a draft
+  stays a draft that can still be sent by its id); only an item already there is deleted
+  for good (Graph's soft and hard delete); `POST messages/{id}/move` with a `destinationId`
+  moves an item (201); `late_send_on_delete` holds ids of drafts whose send, in flight
+  from another client, lands just before a DELETE of them (the race a fence loses);
 - `rewrite_message_id` replaces the Message-ID of each message sent (both paths), to test
   a client's defence against a provider that does;
 - `throttle(n)` answers the next n API requests 429 with Retry-After, doing nothing; so
@@ -71,6 +76,7 @@ DEFAULT_TENANT = "00000000-0000-0000-0000-00000000beef"
 DEFAULT_CLIENT_ID = "11111111-2222-3333-4444-555555555555"
 DEFAULT_CLIENT_SECRET = "emulator-secret"
 DRAFTS = "drafts"
+DELETED_ITEMS = "deleteditems"
 SENT_ITEMS = "sentitems"
 FOLDERS = frozenset({DRAFTS, SENT_ITEMS, "inbox", "deleteditems"})
 DEFAULT_TOP = 10
@@ -182,6 +188,8 @@ class GraphEmulator(LoopbackService):
         self._file_delay = float(file_delay)
         self._acceptance_log = acceptance_log
         self.rewrite_message_id = rewrite_message_id
+        # Immutable ids of drafts a late send takes just before a DELETE of them arrives.
+        self.late_send_on_delete: set[str] = set()
         # An application access policy: None lets the app reach every mailbox.
         self.mailboxes = None if mailboxes is None else {m.lower() for m in mailboxes}
         # Graph allows 4 requests in flight per app and mailbox; more are answered 429.
@@ -270,6 +278,17 @@ class GraphEmulator(LoopbackService):
                         if i.user == user.lower() and i.immutable_id == immutable_id)  # fmt: skip
             item.folder = folder.lower()
             item.rest_id = self._new_id()
+
+    def send_draft(self, user: str, immutable_id: str) -> int:
+        """Another client's send of a draft by its immutable id (a stalled attempt's call
+        landing late): 202, or the status Graph would answer (404: no such item)."""
+        with self._lock:
+            self._settle()
+            try:
+                status, _, _ = self._send(user.lower(), immutable_id, True)
+            except GraphError as exc:
+                return exc.status
+            return status
 
     def inject_draft(self, raw: bytes, *, user: str) -> str:
         """A draft as if a person had saved it; returns its immutable id."""
@@ -653,6 +672,10 @@ class GraphEmulator(LoopbackService):
                 return 200, [("Content-Type", "text/plain")], item.raw
             if len(rest) == 2 and rest[0] == "messages" and method == "DELETE":
                 return self._delete(user, rest[1], immutable)
+            if len(rest) == 3 and rest[0] == "messages" and rest[2] == "move":
+                if method != "POST":
+                    raise GraphError(405, "MethodNotAllowed", "POST expected")
+                return self._move(user, rest[1], body, immutable)
             if rest == ["messages"] and method == "GET":
                 return self._list(user, None, params, immutable)
             if len(rest) == 3 and rest[0] == "mailFolders" and rest[2] == "messages":
@@ -708,12 +731,31 @@ class GraphEmulator(LoopbackService):
 
     def _delete(self, user: str, ident: str, immutable: bool) -> Response:
         item = self._find(user, ident, immutable)
+        if item is not None and item.immutable_id in self.late_send_on_delete and item.is_draft:
+            self.late_send_on_delete.discard(item.immutable_id)
+            self._dispatch(item, "send", item.raw)  # another client's send lands first
         if item is None or item.folder is None:
             raise GraphError(
                 404, "ErrorItemNotFound", "The specified object was not found in the store."
             )
-        self._items.remove(item)
+        if item.folder == DELETED_ITEMS:
+            self._items.remove(item)  # deleted from Deleted Items: for good
+        else:
+            item.folder = DELETED_ITEMS  # Graph's DELETE moves it there; a draft stays one
+            item.rest_id = self._new_id()
         return 204, [], b""
+
+    def _move(self, user: str, ident: str, body: bytes, immutable: bool) -> Response:
+        item = self._existing(user, ident, immutable)
+        try:
+            destination = str(json.loads(body or b"{}")["destinationId"]).lower()
+        except (ValueError, KeyError, TypeError) as exc:
+            raise GraphError(400, "ErrorInvalidRequest", "destinationId expected") from exc
+        if destination not in FOLDERS:
+            raise GraphError(404, "ErrorInvalidIdMalformed", f"unknown folder {destination!r}")
+        item.folder = destination
+        item.rest_id = self._new_id()
+        return _json(201, self._resource(item, immutable=immutable))
 
     def _list(
         self, user: str, folder: str | None, params: dict[str, list[str]], immutable: bool

@@ -221,13 +221,30 @@ def test_rewrite_message_id_on_both_paths(client: Client, emulator: GraphEmulato
     assert client.filtered("sentitems", "<m1@example.com>") == []
 
 
-def test_deleted_drafts_cannot_be_sent(client: Client, emulator: GraphEmulator) -> None:
+def test_a_deleted_draft_is_in_deleted_items_until_deleted_there(
+    client: Client, emulator: GraphEmulator
+) -> None:
+    """Graph's DELETE moves an item to Deleted Items (a draft stays a draft there, sendable
+    by its id); deleted from Deleted Items, it is gone for good and cannot be sent."""
     draft = client.create(mime())
+    assert client.call("DELETE", f"/messages/{draft['id']}", headers=IMMUTABLE).status_code == 204
+    [moved] = emulator.folder(MAILBOX, "deleteditems")
+    assert (moved["id"], moved["isDraft"]) == (draft["id"], True)
     assert client.call("DELETE", f"/messages/{draft['id']}", headers=IMMUTABLE).status_code == 204
     assert client.call("DELETE", f"/messages/{draft['id']}", headers=IMMUTABLE).status_code == 404
     sent = client.call("POST", f"/messages/{draft['id']}/send", headers=IMMUTABLE)
     assert sent.status_code == 404
     assert emulator.accepted() == []
+
+
+def test_a_draft_in_deleted_items_can_still_be_sent(
+    client: Client, emulator: GraphEmulator
+) -> None:
+    draft = client.create(mime())
+    assert client.call("DELETE", f"/messages/{draft['id']}", headers=IMMUTABLE).status_code == 204
+    sent = client.call("POST", f"/messages/{draft['id']}/send", headers=IMMUTABLE)
+    assert sent.status_code == 202
+    assert len(emulator.accepted()) == 1
 
 
 def test_throttle_answers_429_and_does_nothing(client: Client, emulator: GraphEmulator) -> None:

@@ -700,6 +700,38 @@ def test_a_refusal_answered_after_graph_sent_the_draft_is_not_proven_by_a_delete
     assert len(graph_provider.search(MID).copies) == 1
 
 
+def test_a_fenced_draft_cannot_be_sent_by_a_late_call(
+    provider: ProviderFactory, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """Graph's DELETE moves a draft to Deleted Items, where it is still a draft that a send
+    by its immutable id sends. The fence deletes it for good: a stalled attempt's send of
+    it, landing after the fence, finds nothing to send (the count after the fence is
+    final)."""
+    graph_provider = provider()
+    draft = graph.inject_draft(raw_message(), user=MAILBOX)
+    assert graph_provider.delete_drafts(MID) == [draft]
+    assert graph.send_draft(MAILBOX, draft) == 404
+    assert logged_copies(accept_log) == 0
+    assert graph.folder(MAILBOX, "drafts") == [] and graph.folder(MAILBOX, "deleteditems") == []
+
+
+def test_a_late_send_landing_before_the_fence_s_delete_keeps_its_copy_counted(
+    provider: ProviderFactory, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """The fence read the draft (still a draft), then a stalled attempt's send of it landed
+    before the DELETE: under its immutable id the item the DELETE moved is the sent copy.
+    It is put back in Sent Items, not counted as a deleted draft, and the search counts it
+    (a resend would mail the customer twice)."""
+    graph_provider = provider()
+    draft = graph.inject_draft(raw_message(), user=MAILBOX)
+    graph.late_send_on_delete.add(draft)
+    assert graph_provider.delete_drafts(MID) == []
+    assert logged_copies(accept_log) == 1
+    assert [m["id"] for m in graph.folder(MAILBOX, "sentitems")] == [draft]
+    assert graph.folder(MAILBOX, "deleteditems") == []
+    assert graph_provider.search(MID).copies == [draft]
+
+
 @pytest.mark.parametrize("refusal", ["429", "503"])
 def test_a_refusal_whose_draft_could_not_be_read_is_never_sent_again_once_it_was_sent(
     provider: ProviderFactory,

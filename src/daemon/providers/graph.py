@@ -18,6 +18,8 @@ which cannot send mail.
 from __future__ import annotations
 
 import base64
+import json
+import logging
 import os
 import threading
 import time
@@ -75,6 +77,10 @@ SENT_ITEMS = "sentitems"
 #: Where a sent copy its sender deleted is: still a copy (`search_in`).
 DELETED_ITEMS = "deleteditems"
 DRAFTS = "drafts"
+log = logging.getLogger("sendledger.providers.graph")
+
+#: What deleting a draft came to (`GraphProvider._delete`).
+DELETED, GONE, SENT = "deleted", "gone", "sent"
 PAGE_SIZE = 100
 MAX_PAGES = 50
 # With what a person checking a copy is shown (docs/review.md "Review").
@@ -412,13 +418,58 @@ class GraphProvider(ProviderBase):
         path = f"/messages/{quote(provider_id, safe='')}?$select={_SELECT}"
         return self._get_json(f"get {provider_id}", mailbox, path)
 
-    def _delete(self, mailbox: _Mailbox, draft_id: str) -> int | None:
-        """DELETE a draft: its HTTP status, or None when no answer came."""
+    def _delete_once(self, mailbox: _Mailbox, draft_id: str) -> int | None:
+        """One DELETE by immutable id: its HTTP status, or None when no answer came."""
         try:
             status, _, _ = self._request(mailbox, "DELETE", f"/messages/{quote(draft_id, safe='')}")
         except Exception:
             return None
         return status
+
+    def _delete(self, mailbox: _Mailbox, draft_id: str) -> str | int | None:
+        """Delete a draft read as one, for good: `DELETED`; `GONE` (404: gone already, or
+        a late send took it and it is in transit); `SENT` (a late send took it before the
+        DELETE: under its immutable id the item moved was the sent copy, now put back in
+        Sent Items); else the HTTP status that refused it, or None when no answer came.
+
+        Graph's DELETE moves an item to Deleted Items, where a draft is still a draft that
+        a send by its immutable id sends (a stalled attempt's call landing late): no fence.
+        So what was moved is read back: a draft is deleted again, which from Deleted Items
+        is for good; a sent copy goes back to Sent Items, where searches count it."""
+        status = self._delete_once(mailbox, draft_id)
+        if status == 404:
+            return GONE
+        if status is None or not 200 <= status < 300:
+            return status
+        try:
+            found = self._message(mailbox, draft_id)
+        except ProviderError:
+            return None  # it may still be a draft in Deleted Items: not fenced yet
+        if found is None:
+            return GONE
+        if found.get("isDraft") is not True:
+            self._restore(mailbox, draft_id)
+            return SENT
+        status = self._delete_once(mailbox, draft_id)
+        if status == 404:
+            return GONE
+        if status is None or not 200 <= status < 300:
+            return status
+        return DELETED
+
+    def _restore(self, mailbox: _Mailbox, copy_id: str) -> None:
+        """Move a sent copy a fence's DELETE moved to Deleted Items back to Sent Items
+        (best effort: searches count a copy in Deleted Items when Sent Items has none)."""
+        try:
+            self._request(
+                mailbox,
+                "POST",
+                f"/messages/{quote(copy_id, safe='')}/move",
+                body=json.dumps({"destinationId": SENT_ITEMS}).encode(),
+                content_type="application/json",
+            )
+        except Exception:
+            log.warning("sent copy %s left in Deleted Items", copy_id)
 
     # -- the port ----------------------------------------------------------------------
 
@@ -489,9 +540,13 @@ class GraphProvider(ProviderBase):
         if found.get("isDraft") is not True:
             return after_draft_sent(refused)
         deleted = self._delete(mailbox, draft_id)
-        if deleted is not None and (200 <= deleted < 300 or deleted == 404):
+        if deleted == SENT:
+            return after_draft_sent(refused)
+        if deleted == DELETED:
             mailbox.forget(message_id, draft_id)
-        return after_draft_delete(refused, deleted)
+            return after_draft_delete(refused, 204)
+        # Gone (it may be a copy in transit) stays remembered: a search reads it by id.
+        return after_draft_delete(refused, 404 if deleted == GONE else None)
 
     def _tidy(self, mailbox: _Mailbox, message_id: str) -> SendOutcome | None:
         """Before another attempt of the same message: delete the drafts of earlier ones
@@ -602,10 +657,13 @@ class GraphProvider(ProviderBase):
             found = self._message(mailbox, draft_id)
             if found is not None and found.get("isDraft") is True:
                 candidates.append(draft_id)
-        for found in self._filtered(mailbox, DRAFTS, literal):
-            listed = found.get("id")
-            if found.get("isDraft") is True and isinstance(listed, str):
-                candidates.append(listed)
+        # Deleted Items too: a draft deleted there (by a person, or by an earlier
+        # release's fence) can still be sent by its id.
+        for folder in (DRAFTS, DELETED_ITEMS):
+            for found in self._filtered(mailbox, folder, literal):
+                listed = found.get("id")
+                if found.get("isDraft") is True and isinstance(listed, str):
+                    candidates.append(listed)
         unique = list(dict.fromkeys(candidates))
         return [d for d in unique if self._fence(mailbox, message_id, d)]
 
@@ -620,14 +678,17 @@ class GraphProvider(ProviderBase):
             raise ProviderError("ping (Sent Items): HTTP 404 (no such mailbox or folder)")
 
     def _fence(self, mailbox: _Mailbox, message_id: str, draft_id: str) -> bool:
-        """Delete one unsent draft: True when deleted, False when it was already gone."""
-        status = self._delete(mailbox, draft_id)
-        if status is not None and (200 <= status < 300 or status == 404):
+        """Delete one unsent draft for good: True when deleted, False when it was gone or
+        a late send took it first (its copy, kept remembered, is what a search counts)."""
+        deleted = self._delete(mailbox, draft_id)
+        if deleted == DELETED:
             mailbox.forget(message_id, draft_id)
-            return status != 404
+            return True
+        if deleted in (GONE, SENT):
+            return False
         raise ProviderError(
             f"delete unsent draft {draft_id}: "
-            + ("no answer" if status is None else f"HTTP {status}")
+            + ("no answer" if deleted is None else f"HTTP {deleted}")
         )
 
     @staticmethod
