@@ -479,6 +479,26 @@ def test_a_draft_left_by_a_rejected_send_is_tidied_by_the_next_attempt(
     assert logged_copies(accept_log) == 1
 
 
+def test_a_draft_a_late_send_takes_while_the_next_attempt_tidies_it_is_no_second_copy(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """The next attempt reads the earlier draft (still a draft) and deletes it; a stalled
+    send of that draft lands just before the DELETE. The attempt must not go on to create
+    and send another: Unknown, one copy, kept in Sent Items."""
+    graph_provider = provider()
+    graph_provider.search("<warm-up@x>")  # discovery and token first: "other" is ours now
+    relay.set_plan(FaultPlan(send=["429"], other=["pass", "fail-before-forward"]))
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.REJECTED
+    [draft] = graph.folder(MAILBOX, "drafts")
+    relay.set_plan(FaultPlan())
+    graph.late_send_on_delete.add(draft["id"])
+    outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is SendKind.UNKNOWN, outcome
+    assert logged_copies(accept_log) == 1
+    assert [m["id"] for m in graph.folder(MAILBOX, "sentitems")] == [draft["id"]]
+    assert graph_provider.search(MID).copies == [draft["id"]]
+
+
 @pytest.mark.parametrize(("mode", "copies"), [("drop-response", 1), ("fail-before-forward", 0)])
 def test_a_reset_instead_of_a_close_is_still_unknown(
     provider: ProviderFactory, relay: FaultRelay, accept_log: Path, mode: Mode, copies: int

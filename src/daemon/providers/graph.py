@@ -561,7 +561,15 @@ class GraphProvider(ProviderBase):
             try:
                 found = self._message(mailbox, draft_id)
                 if found is not None and found.get("isDraft") is True:
-                    self._fence(mailbox, message_id, draft_id)
+                    if not self._fence(mailbox, message_id, draft_id):
+                        # A late send took it between the read and the DELETE (its copy
+                        # moved back to Sent Items, or in transit): another would be a
+                        # second copy.
+                        return SendOutcome(
+                            SendKind.UNKNOWN,
+                            f"not sent again: the draft {draft_id} of an earlier attempt"
+                            " was sent while it was being deleted",
+                        )
                 elif found is not None:
                     return SendOutcome(
                         SendKind.UNKNOWN,
