@@ -25,7 +25,8 @@ on it:
   stays a draft that can still be sent by its id); only an item already there is deleted
   for good (Graph's soft and hard delete); `POST messages/{id}/move` with a `destinationId`
   moves an item (201); `late_send_on_delete` holds ids of drafts whose send, in flight
-  from another client, lands just before a DELETE of them (the race a fence loses);
+  from another client, lands just before a DELETE of them (the race a fence loses), and
+  `late_send_before_purge` just before a DELETE of them in Deleted Items;
 - `rewrite_message_id` replaces the Message-ID of each message sent (both paths), to test
   a client's defence against a provider that does;
 - `throttle(n)` answers the next n API requests 429 with Retry-After, doing nothing; so
@@ -190,6 +191,8 @@ class GraphEmulator(LoopbackService):
         self.rewrite_message_id = rewrite_message_id
         # Immutable ids of drafts a late send takes just before a DELETE of them arrives.
         self.late_send_on_delete: set[str] = set()
+        # The same, for a DELETE of the draft in Deleted Items (the one that is for good).
+        self.late_send_before_purge: set[str] = set()
         # An application access policy: None lets the app reach every mailbox.
         self.mailboxes = None if mailboxes is None else {m.lower() for m in mailboxes}
         # Graph allows 4 requests in flight per app and mailbox; more are answered 429.
@@ -731,8 +734,11 @@ class GraphEmulator(LoopbackService):
 
     def _delete(self, user: str, ident: str, immutable: bool) -> Response:
         item = self._find(user, ident, immutable)
-        if item is not None and item.immutable_id in self.late_send_on_delete and item.is_draft:
-            self.late_send_on_delete.discard(item.immutable_id)
+        late = self.late_send_on_delete
+        if item is not None and item.folder == DELETED_ITEMS:
+            late = self.late_send_before_purge
+        if item is not None and item.immutable_id in late and item.is_draft:
+            late.discard(item.immutable_id)
             self._dispatch(item, "send", item.raw)  # another client's send lands first
         if item is None or item.folder is None:
             raise GraphError(

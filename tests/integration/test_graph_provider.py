@@ -752,6 +752,21 @@ def test_a_late_send_landing_before_the_fence_s_delete_keeps_its_copy_counted(
     assert graph_provider.search(MID).copies == [draft]
 
 
+def test_a_late_send_landing_before_the_second_delete_keeps_its_copy_counted(
+    provider: ProviderFactory, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """The draft was moved to Deleted Items and read back as a draft; a stalled attempt's
+    send of it landed before the DELETE that is for good, and Graph filed the copy in Sent
+    Items: that DELETE moved the sent copy. It is put back and counted, not deleted."""
+    graph_provider = provider()
+    draft = graph.inject_draft(raw_message(), user=MAILBOX)
+    graph.late_send_before_purge.add(draft)
+    assert graph_provider.delete_drafts(MID) == []
+    assert logged_copies(accept_log) == 1
+    assert [m["id"] for m in graph.folder(MAILBOX, "sentitems")] == [draft]
+    assert graph_provider.search(MID).copies == [draft]
+
+
 @pytest.mark.parametrize("refusal", ["429", "503"])
 def test_a_refusal_whose_draft_could_not_be_read_is_never_sent_again_once_it_was_sent(
     provider: ProviderFactory,

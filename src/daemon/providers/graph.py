@@ -435,7 +435,8 @@ class GraphProvider(ProviderBase):
         Graph's DELETE moves an item to Deleted Items, where a draft is still a draft that
         a send by its immutable id sends (a stalled attempt's call landing late): no fence.
         So what was moved is read back: a draft is deleted again, which from Deleted Items
-        is for good; a sent copy goes back to Sent Items, where searches count it."""
+        is for good (read back once more: a copy a late send filed meanwhile is what that
+        DELETE moved); a sent copy goes back to Sent Items, where searches count it."""
         status = self._delete_once(mailbox, draft_id)
         if status == 404:
             return GONE
@@ -455,7 +456,16 @@ class GraphProvider(ProviderBase):
             return GONE
         if status is None or not 200 <= status < 300:
             return status
-        return DELETED
+        # From Deleted Items that DELETE is for good, unless a late send took the draft
+        # since the read and Graph filed the copy: then it moved the copy there.
+        try:
+            found = self._message(mailbox, draft_id)
+        except ProviderError:
+            return None  # not known which it deleted: the fence is not proven
+        if found is not None and found.get("isDraft") is not True:
+            self._restore(mailbox, draft_id)
+            return SENT
+        return DELETED  # gone, or a draft in Recoverable Items: as deleted as Graph makes it
 
     def _restore(self, mailbox: _Mailbox, copy_id: str) -> None:
         """Move a sent copy a fence's DELETE moved to Deleted Items back to Sent Items
