@@ -14,9 +14,11 @@ from tests.unit.engine_rig import EngineRig, policy, receipt
 
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.engine import Engine, PolicyHolder
+from daemon.engine.bounces import SAVE_TRIES
 from daemon.service_layer.read_models import event_record, timeline_details
 from daemon.service_layer.services import ChannelPolicies, Services
 from daemon.webhooks.events import payload, type_of
+from ledger.application import ConcurrentUpdate
 from ledger.decision_types import RecordBounce
 from ledger.delivery_reports import DeliveryReport, read_report
 from ledger.job import BounceRefused, SendJob, TransitionError
@@ -544,3 +546,32 @@ def test_watches_waiting_for_a_read_are_not_loaded_and_hold_no_one_behind_them(
     assert loads == []
     row = rig.ledger.row("r-000")
     assert row is not None and row.watch_until is not None
+
+
+def test_a_report_whose_save_kept_conflicting_holds_the_watch_s_end(rig: EngineRig) -> None:
+    """A read attributed a report, but other writers kept moving its job through every
+    save it tried: the report waits for the next read, and so does the end of the watch,
+    or the report would then be refused `not-watched`."""
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.advance_and_tick(HOUR - 10)
+    rig.provider.deliver(bounce_of(mid))
+    bounces = rig.engine.bounces
+    commits = bounces._commits
+    conflicts = [SAVE_TRIES]
+
+    class Moving:
+        def save(self, job: SendJob) -> None:
+            if conflicts[0] > 0:
+                conflicts[0] -= 1
+                raise ConcurrentUpdate("moved")
+            commits.save(job)
+
+    bounces._commits = Moving()  # type: ignore[assignment]
+    rig.advance_and_tick(30)  # the read past the end: every save of the report conflicts
+    assert bounced(rig, "r-1") == []
+    rig.advance_and_tick(INTERVAL)
+    rig.advance_and_tick(INTERVAL)
+    assert len(bounced(rig, "r-1")) == 1
+    rig.advance_and_tick(INTERVAL)
+    assert rig.events("r-1")[-1] == "BounceWatchEnded"

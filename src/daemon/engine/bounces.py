@@ -64,6 +64,8 @@ SAVE_TRIES = 3
 RECORDED = "recorded"
 #: The only top-level type a report has (RFC 6522).
 REPORT_TYPE = "multipart/report"
+#: A report whose watched job other writers kept moving through every save (`_attribute`).
+_MOVING = "moving"
 #: States in which a job named by a report may still become watched: the report waits.
 _NOT_YET = frozenset({JobState.REQUESTED, JobState.ATTEMPTED, JobState.UNKNOWN})
 
@@ -325,13 +327,16 @@ class BounceWatch:
                 mailbox.seen[found.provider_id] = seen
         with self._lock:
             waiting = [(k, v) for k, v in mailbox.seen.items() if v.report is not None]
+        stalled = False
         for provider_id, seen in waiting:
             assert seen.report is not None
             outcome = self._attribute(read, provider_id, seen, counter)
-            if outcome is not None:
+            if outcome is _MOVING:
+                stalled = True  # its job is watched: its watch waits for the next read
+            elif outcome is not None:
                 with self._lock:
                     mailbox.seen[provider_id] = _Seen(outcome)
-        if result.complete:
+        if result.complete and not stalled:
             with self._lock:
                 mailbox.read_from, mailbox.started = mailbox.started, None
 
@@ -419,7 +424,9 @@ class BounceWatch:
         self, read: MailboxRead, provider_id: str, seen: _Seen, counter: Counter
     ) -> str | None:
         """Record the report on the job it names, if that job is a watched one of this
-        mailbox. The outcome, or None: the job is not watched yet (asked again later)."""
+        mailbox. The outcome, or None: the job is not watched yet (asked again later), or
+        `_MOVING`: it is, but other writers kept moving it (tried again at the next read,
+        which its watch's end waits for)."""
         report = seen.report
         assert report is not None
         row = self._ledger.row_by_message_id(report.original_message_id)
@@ -443,7 +450,7 @@ class BounceWatch:
             notify(self._observer.bounce_report, RECORDED)
             log.info("job %s: bounce report %s recorded", row.key, provider_id)
             return RECORDED
-        return None  # still moving: the next read tries again
+        return _MOVING  # still moving: the next read tries again
 
     def _record(
         self,
