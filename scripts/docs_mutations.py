@@ -84,6 +84,7 @@ class Result:
     by: list[str]
     seconds: float
     why: str
+    tests: list[str]
 
 
 M = Mutation
@@ -675,6 +676,12 @@ def catchers(output: str) -> list[str]:
     return sorted(set(hits))
 
 
+def failed_tests(output: str) -> list[str]:
+    """The failed tests as `file::function` (parameters dropped; a collection error: the file)."""
+    hits = re.findall(r"^(?:FAILED|ERROR) tests/unit/test_docs_(\w+)\.py(?:::(\w+))?", output, re.M)
+    return sorted({f"{file}::{test}" if test else file for file, test in hits})
+
+
 def run_tests(root: Path, mutation: Mutation | None, first: bool) -> tuple[bool, list[str], str]:
     """Copy `root`, apply `mutation` (None: the tree as it is), run the docs tests:
     (failed, the files that failed, pytest's output)."""
@@ -709,9 +716,9 @@ def run_tests(root: Path, mutation: Mutation | None, first: bool) -> tuple[bool,
 
 def run_one(root: Path, mutation: Mutation, first: bool) -> Result:
     start = time.monotonic()
-    failed, by, _ = run_tests(root, mutation, first)
+    failed, by, output = run_tests(root, mutation, first)
     spent = round(time.monotonic() - start, 1)
-    return Result(mutation.name, mutation.path, failed, by, spent, mutation.why)
+    return Result(mutation.name, mutation.path, failed, by, spent, mutation.why, failed_tests(output))
 
 
 def counts(results: Sequence[Result]) -> dict[str, dict[str, int]]:

@@ -1,5 +1,5 @@
 """What the docs, docstrings and comments point at exists: links, anchors, paths, names in code,
-cited sections (docs/development.md "Writing the docs")."""
+cited sections, what checks each section (docs/development.md "Writing the docs")."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import re
 from functools import cache
 from pathlib import Path
 
-from tests.unit.docs_page import CODE, PAGES, REPO, missing_paths, prose_lines
+import pytest
+from tests.unit.docs_page import CODE, PAGES, REPO, missing_paths, page, prose_lines
 
+from daemon.cli import COMMANDS
 from daemon.config.settings import Settings
 
 SRC = REPO / "src"
@@ -59,6 +61,46 @@ def test_every_link_reaches_a_file_and_a_heading_and_the_pages_link_to_each_othe
     assert back == []
     lines = read(readme).splitlines()  # the first screen ends with the docs list
     assert max(i for i, line in enumerate(lines) if "](docs/" in line) < 59
+
+
+ROW = re.compile(r"^\| \[(?P<section>.+?)\]\(#[^)]*\) \| (?P<items>.*) \|$")
+MAKE_TARGETS = set(re.findall(r"^([a-z][a-z0-9_-]*):", page("Makefile"), re.M))
+
+
+def problem_with(item: str) -> str | None:
+    """What is wrong with an item of "What checks this page": a path, `make T`, `sendledger C`."""
+    if re.match(r"(tests|bench)/\S+\.py", item):
+        return "; ".join(missing_paths(item)) or None
+    known = {"make": MAKE_TARGETS, "sendledger": COMMANDS}.get(item.split()[0])
+    if known is None:
+        return "not a test path, bench script, `make TARGET` or `sendledger COMMAND`"
+    return None if item.split()[1:2] and item.split()[1] in known else "no such target or command"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_every_section_names_what_checks_it(path: Path) -> None:
+    """Each `##`-`####` section with prose has a row in "What checks this page" naming only
+    things that exist (and no `Checked by:` line)."""
+    found: dict[str, list[str]] = {}
+    prose: list[str] = []
+    for line in prose_lines(read(path)):
+        if heading := re.match(r"(#{1,6}) (.*)", line):
+            prose = found.setdefault(heading[2], []) if 2 <= len(heading[1]) <= 4 else []
+        elif line.strip():
+            prose.append(line)
+    rows = [row for line in found.pop("What checks this page", []) if (row := ROW.match(line))]
+    named = {row["section"].replace("\\|", "|"): CODE.findall(row["items"]) for row in rows}
+    out = [f"{path.name}: a row for no section '{s}'" for s in set(named) - set(found)]
+    for heading, lines in found.items():
+        if any(line.startswith("Checked by:") for line in lines):
+            out.append(f"{path.name} '{heading}': a `Checked by:` line in the prose")
+        if lines and not named.get(heading):
+            out.append(f"{path.name} '{heading}': no row in 'What checks this page', or empty")
+        out += [
+            f"{path.name} '{heading}': {i}: {p}"
+            for i in named.get(heading, [])
+            if (p := problem_with(i))
+        ]
 
 
 def test_every_path_a_page_docstring_or_comment_names_exists() -> None:
