@@ -718,7 +718,9 @@ def run_one(root: Path, mutation: Mutation, first: bool) -> Result:
     start = time.monotonic()
     failed, by, output = run_tests(root, mutation, first)
     spent = round(time.monotonic() - start, 1)
-    return Result(mutation.name, mutation.path, failed, by, spent, mutation.why, failed_tests(output))
+    return Result(
+        mutation.name, mutation.path, failed, by, spent, mutation.why, failed_tests(output)
+    )
 
 
 def counts(results: Sequence[Result]) -> dict[str, dict[str, int]]:

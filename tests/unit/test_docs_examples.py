@@ -32,7 +32,7 @@ from daemon.api.app import create_app
 from daemon.bootstrap import build_provider
 from daemon.cli import COMMANDS, build_parser, main
 from daemon.cli.init_command import FIRST_KEY, config_text, installation, planned_files, unit_text
-from daemon.config.settings import ConfigError, settings_from_dict
+from daemon.config.settings import ConfigError, WebhookSettings, settings_from_dict
 from daemon.engine.circuit import OpenCircuit
 from daemon.from_settings import open_ledger, settings_for
 from daemon.webhooks.events import REJECTED_CODES, event_id_for, payload
@@ -93,14 +93,13 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
     header = r'^#? ?\[([a-z]+)(?:\.[a-z0-9]+)?\]$|^(?=kind = "([a-z-]+)")'
     parts = re.split(header, page("config.example.toml"), flags=re.M)[1:]
     sections = {name or kind: text for name, kind, text in zip(*[iter(parts)] * 3, strict=True)}
-    for prefix, model in [*SECTIONS.items(), *KINDS.items()]:
-        for field in model.model_fields:
-            assert re.search(rf"^#? ?{field} =", sections[prefix.split(".")[0]], re.M), field
-        # A value shown (set or commented out) where the model has one of its own is that
-        # default, but for the few a deployment sets to its own on purpose.
-        shown = re.findall(
-            r"^#? ?([a-z_]+) = (.+?)(?:\s+#.*)?$", sections[prefix.split(".")[0]], re.M
-        )
+    sections["http-api"] = block(section("http-api.md", "## Webhooks"), "toml")  # a hook's
+    for prefix, model in [*SECTIONS.items(), *KINDS.items(), ("http-api", WebhookSettings)]:
+        # Every key; a value shown (set or commented out) where the model has one of its own
+        # is that default, but for the few a deployment sets to its own on purpose.
+        text = sections[prefix.split(".")[0]]
+        shown = re.findall(r"^#? ?([a-z_]+) = (.+?)(?:[ \t]+#.*)?$", text, re.M)
+        assert {field for field, _ in shown} == set(model.model_fields), prefix
         for field, value in shown:
             info = model.model_fields.get(field)
             default = None if info is None or info.is_required() else info.get_default()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
+from argparse import SUPPRESS
 from collections.abc import Iterator
 from contextlib import closing
 from datetime import UTC, datetime
@@ -47,13 +48,6 @@ def documented() -> dict[tuple[str, ...], list[str]]:
     return entries
 
 
-def synopsis(path: tuple[str, ...]) -> str:
-    """The command's own lines: its options and arguments, without the description."""
-    lines = documented()[path]
-    own = [line for line in lines if line.startswith("sendledger") or re.match(r"\s+\[", line)]
-    return " ".join(re.split(r"\s{3,}", line.strip())[0] for line in own)
-
-
 def parsers(parser: Any = None, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
     """The parser of every command path that runs something (() is the top level)."""
     parser = parser or daemon.cli.build_parser()
@@ -64,20 +58,16 @@ def parsers(parser: Any = None, path: tuple[str, ...] = ()) -> dict[tuple[str, .
     return found
 
 
-def shown_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    """--help is argparse's; a suppressed option (--config after a command) the top's."""
-    hidden = argparse._HelpAction | argparse._SubParsersAction
-    return [a for a in parser._actions if not isinstance(a, hidden) and a.help != "==SUPPRESS=="]
-
-
 def test_every_command_option_argument_and_choice_is_listed_as_the_parser_has_it() -> None:
     listed, commands = documented(), parsers()
     assert set(listed) == set(commands)
+    hidden = argparse._HelpAction | argparse._SubParsersAction  # a suppressed option: the top's
     for path, parser in commands.items():
-        actions = shown_actions(parser)
+        actions = [a for a in parser._actions if not isinstance(a, hidden) and a.help != SUPPRESS]
         written = set(re.findall(r"--[a-z][a-z-]*", " ".join(listed[path]))) - {"--help"}
         assert written == {o for a in actions for o in a.option_strings if o[:2] == "--"}, path
-        line = synopsis(path)
+        own = [x for x in listed[path] if x.startswith("sendledger") or re.match(r"\s+\[", x)]
+        line = " ".join(re.split(r"\s{3,}", x.strip())[0] for x in own)  # without descriptions
         for action in actions:
             if not action.option_strings:  # a positional: in brackets when optional
                 name = str(action.metavar or action.dest).upper()
@@ -162,32 +152,25 @@ def test_each_command_prints_the_fields_the_list_shows(rig: EngineRig) -> None:
 
 @pytest.fixture(scope="module")
 def document(rig: EngineRig) -> dict[str, Any]:
+    """The OpenAPI document, with `routes` (`METHOD path`: its statuses) and `fields` (a
+    schema's properties) added."""
     with TestClient(create_app(api_context(rig))) as client:
-        answer: dict[str, Any] = client.get("/v1/openapi.json").json()
-        return answer
-
-
-def operations(document: dict[str, Any]) -> dict[str, set[int]]:
-    """`METHOD path` -> the statuses the document lists for it."""
-    return {
-        f"{method.upper()} {path}": {int(s) for s in op["responses"]}
-        for path, item in document["paths"].items()
-        for method, op in item.items()
-    }
+        doc: dict[str, Any] = client.get("/v1/openapi.json").json()
+    paths, schemas = doc["paths"].items(), doc["components"]["schemas"].items()
+    statuses = {(m, p): o["responses"] for p, i in paths for m, o in i.items()}
+    doc["routes"] = {f"{m.upper()} {p}": set(map(int, s)) for (m, p), s in statuses.items()}
+    doc["fields"] = {n: list(s.get("properties", ())) for n, s in schemas}
+    return doc
 
 
 def names(text: str) -> list[str]:
     return re.findall(r'"(\w+)"', text)
 
 
-def properties(document: dict[str, Any], schema: str) -> list[str]:
-    return list(document["components"]["schemas"][schema]["properties"])
-
-
 def test_the_route_table_is_the_openapi_document(document: dict[str, Any]) -> None:
     table = keyed(section("http-api.md", "## HTTP API"), "route")
     rows = {route: cells[0] for route, cells in table.items()}
-    served = operations(document)
+    served = document["routes"]
     assert set(rows) == set(served) | {"GET /v1/openapi.json"}
     # Statuses stated for every route instead: 400 (trusted hosts), 401, 403, 413, 422.
     for route, statuses in served.items():
@@ -195,17 +178,17 @@ def test_the_route_table_is_the_openapi_document(document: dict[str, Any]) -> No
         assert said <= statuses and statuses - {200, 400, 401, 403, 413, 422} <= said, route
     listing = rows["GET /v1/jobs"].split("`", 2)[1]
     outer, inner = listing.split("[{", 1)
-    assert names(inner.split("}]", 1)[0]) == properties(document, "ListedJob")
-    assert names(outer + inner.split("}]", 1)[1]) == properties(document, "JobList")
+    assert names(inner.split("}]", 1)[0]) == document["fields"]["ListedJob"]
+    assert names(outer + inner.split("}]", 1)[1]) == document["fields"]["JobList"]
     check = rows["POST /v1/review/{key}/check"].split("`", 2)[1]
-    assert names(check.split("[{", 1)[1].split("}]", 1)[0]) == properties(document, "CopyOut")
+    assert names(check.split("[{", 1)[1].split("}]", 1)[0]) == document["fields"]["CopyOut"]
     request, answer = re.findall(r"`(\{[^`]+\})`", rows["POST /v1/review/triage"])
-    assert names(request) == properties(document, "TriageIn")
-    assert names(answer) == properties(document, "TriageItemOut")
+    assert names(request) == document["fields"]["TriageIn"]
+    assert names(answer) == document["fields"]["TriageItemOut"]
     resolve = names(rows["POST /v1/review/{key}/resolve"].split("`", 2)[1])
     choices = ("sent", "resend", "abandon")
-    assert [n for n in resolve if n not in choices] == properties(document, "ResolveIn")
-    assert names(rows["POST /v1/jobs/{key}/cancel"]) == properties(document, "CancelIn")
+    assert [n for n in resolve if n not in choices] == document["fields"]["ResolveIn"]
+    assert names(rows["POST /v1/jobs/{key}/cancel"]) == document["fields"]["CancelIn"]
     params = {p["name"] for p in document["paths"]["/v1/jobs"]["get"]["parameters"]}
     query = re.search(r"`GET /v1/jobs\?([^`]+)`", section("http-api.md", "### Listing jobs"))
     assert query and {part.rstrip("=") for part in query.group(1).split("&")} == params
@@ -213,10 +196,10 @@ def test_the_route_table_is_the_openapi_document(document: dict[str, Any]) -> No
 
 def test_the_error_table_is_every_status_the_routes_answer(document: dict[str, Any]) -> None:
     rows = keyed(section("http-api.md", "### Errors and statuses"), "status")
-    errors = {s for statuses in operations(document).values() for s in statuses if s >= 400}
+    errors = {s for statuses in document["routes"].values() for s in statuses if s >= 400}
     # No route of the document gives Starlette's 405 (re-worded) or the sign-in limit's 429.
     assert {int(status) for status in rows} == errors | {405, 429}
-    invalid, field = properties(document, "Invalid"), properties(document, "FieldError")
+    invalid, field = document["fields"]["Invalid"], document["fields"]["FieldError"]
     assert names(rows["422"][0].split("`", 2)[1]) == [*invalid[:2], *field, *invalid[2:]]
 
 
@@ -293,6 +276,6 @@ def test_the_review_reasons_and_actions_are_the_code_s(document: dict[str, Any])
         argv = re.sub(r"\[[^]]*\]", "", cli.strip("`")).split()[1:]
         argv = [{"KEY": "k", "sent|resend|abandon": "sent"}.get(w, w) for w in argv]
         assert daemon.cli.build_parser().parse_args(argv).func is not None, cli
-        assert http.strip("`") in operations(document), http
+        assert http.strip("`") in document["routes"], http
         for label in re.findall(r'"([^"]+)"', buttons):
             assert f">{label}</button>" in templates, label

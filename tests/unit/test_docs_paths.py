@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from tests.unit.docs_page import CODE, PAGES, REPO, missing_paths, page, prose_lines
+from tests.unit.test_docs_settings import KINDS, SECTIONS
 
 from daemon.cli import COMMANDS
 from daemon.config.settings import Settings
@@ -198,6 +199,9 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
         if re.match(r"(tests|bench|scripts)/", span):
             return None if (REPO / span).is_file() else "no such file"
         return None if len(by_path(span)) == 1 else "names no one module"
+    if named := re.fullmatch(r"(providers|webhooks)\.NAME\.(\w+)", span):
+        models = KINDS.values() if named[1] == "providers" else [SECTIONS["webhooks.NAME"]]
+        return None if any(named[2] in m.model_fields for m in models) else f"no setting {span}"
     if member := re.fullmatch(r"([A-Z]\w*)\.(\w+)", span):
         cls, name = member.groups()
         if cls == "Resolution" or cls not in classes():  # Resolution.SENT: an enum's member

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
-from tests.unit.docs_page import CODE, block, flat, keyed, page, section, table
+from tests.unit.docs_page import CODE, flat, keyed, page, section, table
 
 from daemon.config import environment
 from daemon.config import settings as cfg
@@ -140,8 +140,9 @@ def field_of(key: str, kind: str) -> tuple[type[BaseModel], str] | None:
     return (model, field) if model is not None and field in model.model_fields else None
 
 
-def test_every_setting_has_one_row_with_its_default_and_choices() -> None:
-    """configuration.md's key tables; a row of several keys (`a` / `b`) is a row per key."""
+def test_every_setting_has_one_row_its_default_choices_and_range() -> None:
+    """configuration.md's key tables (a row of several keys, `a` / `b`, is a row per key) and
+    its range table."""
     rows = []
     for first, kind in (("key", "gmail"), ("smtp-imap key", "smtp-imap"), ("graph key", "graph")):
         for row in table(page("configuration.md"), f"{first} | default"):
@@ -162,9 +163,6 @@ def test_every_setting_has_one_row_with_its_default_and_choices() -> None:
         check_choices(*found, meaning, f"configuration.md, row {key}")
         if key == "providers.NAME.kind":
             assert set(CODE.findall(meaning)) >= set(KINDS)
-
-
-def test_every_count_size_and_duration_has_its_range() -> None:
     ranged = []
     for row in table(page("configuration.md"), "key | range"):
         kinds = [k for k in KINDS if re.search(rf"\({k}\b|, {k}\b", row[0])] or list(KINDS)
@@ -181,13 +179,6 @@ def test_every_count_size_and_duration_has_its_range() -> None:
         if number_types(info.annotation) <= {int, float}
     }
     assert sorted(map(str, numeric ^ set(ranged))) == [] and len(ranged) == len(set(ranged))
-
-
-def test_every_key_a_page_names_exists() -> None:
-    named = r"`((?:store|daemon|api|retention)\.[a-z_]+|(?:providers|webhooks)\.NAME\.[a-z_]+)`"
-    for name in ("configuration.md", "operations.md", "performance.md", "http-api.md"):
-        keys = set(re.findall(named, page(name))) - {"daemon.log"}  # the demo's log file
-        assert [k for k in keys if not any(field_of(k, i) for i in KINDS)] == [], name
 
 
 def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
@@ -236,12 +227,3 @@ def test_each_key_table_is_its_model_s(
             check_range(model, fields[key], takes, where)
         if policy:
             check_choices(model, fields[key], takes, where)
-
-
-def test_the_webhook_example_names_every_setting_with_its_default() -> None:
-    lines = block(section("http-api.md", "## Webhooks"), "toml").splitlines()[1:]
-    pairs = (line.lstrip("# ").partition(" = ") for line in lines)
-    example = {key: value.split("  #")[0].strip() for key, _, value in pairs}
-    assert set(example) == set(cfg.WebhookSettings.model_fields)
-    for key in set(example) - {"url", "secret_file"}:
-        check_default(cfg.WebhookSettings, key, f"`{example[key]}`", "http-api.md's webhook")
