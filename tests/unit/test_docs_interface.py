@@ -4,11 +4,10 @@ metrics registry and the code behind them, both ways (docs/development.md "Writi
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
 import re
 from argparse import SUPPRESS
-from collections.abc import Iterator
-from contextlib import closing
 from datetime import UTC, datetime
 from itertools import accumulate
 from typing import Any
@@ -17,8 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.metrics import MetricWrapperBase
 from tests.unit.docs_page import CODE, REPO, block, flat, keyed, page, section, table
-from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.engine_rig import EngineRig
 from tests.unit.test_api_routes import api_context
+from tests.unit.test_docs_examples import rig as rig
 
 import daemon.cli
 from daemon import exit_codes
@@ -124,12 +124,6 @@ def shown(path: tuple[str, ...], after: str = "sendledger") -> list[str]:
     return names(text[: next(i for i, d in enumerate(depth) if d == 0) + 1])
 
 
-@pytest.fixture(scope="module")
-def rig() -> Iterator[EngineRig]:
-    with closing(EngineRig(policy("receipts", on_unknown="review"))) as rig:
-        yield rig
-
-
 def test_each_command_prints_the_fields_the_list_shows(rig: EngineRig) -> None:
     submitted = SubmitResult(key="k", message_id="<m@x>", state="requested", created=True)
     assert shown(("submit",)) == list(submitted.as_dict())
@@ -203,8 +197,18 @@ def test_the_error_table_is_every_status_the_routes_answer(document: dict[str, A
     assert names(rows["422"][0].split("`", 2)[1]) == [*invalid[:2], *field, *invalid[2:]]
 
 
-def test_the_client_s_calls_and_errors_are_the_client_s() -> None:
+def test_the_client_s_calls_and_errors_are_the_client_s_and_the_example_binds() -> None:
     text = section("http-api.md", "## Python client")
+    client = client_module.Client
+    calls = [c for c in ast.walk(ast.parse(block(text, "python"))) if isinstance(c, ast.Call)]
+    bound = [c for c in calls if ast.unparse(c.func).startswith(("Client", "client."))]
+    for call in bound:  # the example's calls bind to the signatures
+        name = ast.unparse(call.func).removeprefix("client.")
+        function = client.__init__ if name == "Client" else getattr(client, name)
+        inspect.signature(function).bind(
+            None, *call.args, **{k.arg: 0 for k in call.keywords if k.arg}
+        )
+    assert len(bound) == 1 + len(re.findall(r"client\.(\w+)\(", block(text, "python")))
     also = CODE.findall(text.split("Also ", 1)[1].split(". Every", 1)[0])
     called = set(re.findall(r"client\.(\w+)\(", text)) | {c for c in also if c.isidentifier()}
     calls = inspect.getmembers(client_module.Client, inspect.isfunction)
