@@ -16,6 +16,7 @@ from contextlib import closing
 import pytest
 from tests.unit.docs_page import CODE, REPO, flat, keyed, page, section
 from tests.unit.engine_rig import EngineRig
+from tests.unit.test_docs_domain import EVENTS
 from tests.unit.test_docs_settings import KINDS, SECTIONS
 from tests.unit.test_services import LEGAL, OTHER, in_review, services
 
@@ -98,9 +99,8 @@ REASONS = {r.value: [guidance.MEANING[r], guidance.NEXT[r]] for r in EscalationR
 OWNED = {*extra_headers.OWNED_HEADERS, "content-*"} - {"message-id"}
 CRASH = ast.parse(page("tests/e2e/test_crash_matrix.py"))
 CRASH_MODES = next(ast.literal_eval(n.value) for n in CRASH.body if "MODES" in ast.unparse(n)[:9])
-EVENTS = {k: c.__mro__ for k, c in vars(SendJob).items() if isinstance(c, type)}
 FIELDS = {
-    k: {f for b in mro for f in getattr(b, "__annotations__", {})} for k, mro in EVENTS.items()
+    k: {f for b in c.__mro__ for f in getattr(b, "__annotations__", {})} for k, c in EVENTS.items()
 }
 POLICY_EVENTS = {k for k, fields in FIELDS.items() if {"policy", "fingerprint"} <= fields}
 #: page | words with the figures as their groups | what they are (a Python expression; a

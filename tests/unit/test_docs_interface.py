@@ -244,10 +244,7 @@ def test_the_metric_table_is_the_registry_and_the_alerts_use_it(rig: EngineRig) 
         Sources(rig.ledger, {"fake": rig.provider}, lambda: [], lambda: 1.0, lambda: [opened])
     )
     rows = keyed(section("http-api.md", "## Metrics"), "metric")
-    written = {
-        name: (kind, tuple(CODE.findall(labels.split("(")[0])))
-        for name, (kind, labels) in rows.items()
-    }
+    written = {n: (kind, tuple(CODE.findall(x.split("(")[0]))) for n, (kind, x) in rows.items()}
     assert written == registry(daemon)
     rendered = daemon.render().decode()
     assert all(f"# TYPE {name} " in rendered for name in written)
