@@ -721,6 +721,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "times, version, reason",
         "the list of what the index keeps in the clear drops the attempt count",
     ),
+    M(
+        "figures-code-graph-confirm-wait",
+        "src/daemon/config/settings.py",
+        "confirm_wait: _GraphSeconds = Field(default=3.0, ge=0, le=60)",
+        "confirm_wait: _GraphSeconds = Field(default=15.0, ge=0, le=60)",
+        "Graph's confirm_wait raised past what deadline_grace covers (2 x timeout + it)",
+    ),
 )
 
 
