@@ -100,6 +100,7 @@ def test_every_section_names_what_checks_it(path: Path) -> None:
             for i in named.get(heading, [])
             if (p := problem_with(i))
         ]
+    assert out == []
 
 
 def test_every_path_a_page_docstring_or_comment_names_exists() -> None:
