@@ -526,9 +526,10 @@ class _RepeatRefused(Conflict):
     """A 409 to a repeated try: the lost first try may have done it (`cancel` looks)."""
 
 
-class _ConnectFailed(OSError):
+class _ConnectFailed(ClientError, OSError):
     """Inside a call only: the connection was never made (its cause is `__cause__`), so
-    no byte of the request left."""
+    no byte of the request left. An OSError, so that urllib wraps it in a URLError as it
+    does the failure it stands for."""
 
 
 class _HTTPConnection(http.client.HTTPConnection):
