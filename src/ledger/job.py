@@ -671,6 +671,10 @@ class SendJob(Aggregate):
 
         TOPIC = "sendledger:SendJob.BounceWatchEnded"
         bounces: int  # reports recorded on the job by then
+        # "": its mailbox was read through after its end; "unread": it was not, and the
+        # watch ended anyway (`bounces.UNREAD_INTERVALS` later), so a report the mailbox
+        # received near the end may be unrecorded. Earlier events have none: "".
+        reason: str = ""
 
         def apply(self, job: Any) -> None:
             job.watch_until = None
@@ -1139,15 +1143,18 @@ class SendJob(Aggregate):
             first = recipients[0]
             self._escalate(decision, f"bounced: {first.status} {first.address}", at)
 
-    def end_bounce_watch(self, *, at: datetime) -> None:
-        """The bounce watch is over: nothing of the job is due for it any more."""
+    def end_bounce_watch(self, *, at: datetime, reason: str = "") -> None:
+        """The bounce watch is over: nothing of the job is due for it any more. `reason`:
+        "unread" when its mailbox was not read through after its end (`BounceWatchEnded`)."""
         self._require("BounceWatchEnded", JobState.CONFIRMED)
         if self.watch_until is None:
             raise self._refuse("BounceWatchEnded", "no bounce watch")
         if at < self.watch_until:
             until = self.watch_until.isoformat()
             raise self._refuse("BounceWatchEnded", f"watched until {until}")
-        self.trigger_event(self.BounceWatchEnded, timestamp=at, bounces=len(self.bounce_ids))
+        self.trigger_event(
+            self.BounceWatchEnded, timestamp=at, bounces=len(self.bounce_ids), reason=reason
+        )
 
     def record_check(
         self, *, by: str, purpose: str, query: str, copies: Sequence[str], at: datetime

@@ -575,3 +575,54 @@ def test_a_report_whose_save_kept_conflicting_holds_the_watch_s_end(rig: EngineR
     assert len(bounced(rig, "r-1")) == 1
     rig.advance_and_tick(INTERVAL)
     assert rig.events("r-1")[-1] == "BounceWatchEnded"
+
+
+def test_a_watch_whose_mailbox_is_never_read_again_ends_by_the_bound(
+    rig: EngineRig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mailbox whose reads always fail (revoked credentials, a circuit that stays open)
+    does not keep its watches for ever: each ends `UNREAD_INTERVALS` bounce intervals
+    (and the clock margin) after its end, recorded as such, and the job is purgeable."""
+    rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.provider.fail_reads(10**6)
+    bound = rig.engine.bounces.unread_bound
+    for _ in range(int((HOUR + bound) // INTERVAL) - 1):
+        rig.clock.advance(INTERVAL)
+        rig.engine.tick()  # a failed read, or none while the circuit is open
+    assert rig.events("r-1")[-1] == "WatchingBounces"
+    assert not rig.job("r-1").purgeable
+    with caplog.at_level("WARNING", logger="sendledger.engine"):
+        rig.clock.advance(2 * INTERVAL)
+        rig.engine.tick()
+    [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
+    assert ended.reason == "unread"
+    assert rig.job("r-1").purgeable and rig.ledger.watched() == []
+    assert any("not read" in r.getMessage() and "r-1" in r.getMessage() for r in caplog.records)
+
+
+def test_a_watch_read_through_ends_with_no_reason(rig: EngineRig) -> None:
+    rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.advance_and_tick(HOUR + INTERVAL)
+    rig.advance_and_tick(INTERVAL)
+    [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
+    assert ended.reason == ""
+
+
+def test_a_daemon_down_past_the_bound_reads_the_mailbox_before_its_watches_end(
+    rig: EngineRig,
+) -> None:
+    """The bound counts from when this process first wanted the mailbox read: a daemon
+    started again long after a watch's end reads the mailbox first, and the report it
+    received before that end is recorded, not lost to an end `unread`."""
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.provider.deliver(bounce_of(mid))
+    rig.restart()
+    rig.clock.advance(HOUR + 3 * rig.engine.bounces.unread_bound)  # the daemon was down
+    for _ in range(3):
+        rig.advance_and_tick(INTERVAL)
+    assert len(bounced(rig, "r-1")) == 1
+    [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
+    assert ended.reason == ""

@@ -66,6 +66,14 @@ RECORDED = "recorded"
 REPORT_TYPE = "multipart/report"
 #: A report whose watched job other writers kept moving through every save (`_attribute`).
 _MOVING = "moving"
+#: Bounce intervals after a watch's end (and the provider clock's margin) by which it ends
+#: even though no read of its mailbox went through since (`BounceWatch.unread_bound`): a
+#: mailbox never read again (revoked credentials, a circuit that stays open, sends always
+#: queued) must not keep its jobs from retention. Counted from the end, or from when this
+#: process first wanted the mailbox read if later (`_Mailbox.wanted_since`).
+UNREAD_INTERVALS = 60
+#: `BounceWatchEnded.reason` of a watch ended by that bound.
+UNREAD = "unread"
 #: States in which a job named by a report may still become watched: the report waits.
 _NOT_YET = frozenset({JobState.REQUESTED, JobState.ATTEMPTED, JobState.UNKNOWN})
 
@@ -106,6 +114,10 @@ class _Mailbox:
     # listed and attributed (`EndWatch` waits for it).
     started: datetime | None = None
     read_from: datetime | None = None
+    # Since when this process has wanted it read (due, its scope ours), held or not: the
+    # bound on a watch's wait for a read counts from then (`unread_bound`), so a restart
+    # or a handover reads the mailbox before its watches end unread.
+    wanted_since: datetime | None = None
 
 
 class BounceWatch:
@@ -153,6 +165,22 @@ class BounceWatch:
         # watched there (from the last `_watched`)
         self._read_in: dict[tuple[str, str], tuple[str, int]] = {}
 
+    @property
+    def unread_bound(self) -> float:
+        """Seconds after a watch's end by which it ends even if its mailbox was not read
+        through since: the clock margin and `UNREAD_INTERVALS` intervals."""
+        return self._skew + UNREAD_INTERVALS * self.interval
+
+    def _unread_past(self, scope: str, until: datetime, now: datetime) -> bool:
+        """(Under the lock.) The watch of the scope that ends at `until` waited for a read
+        as long as it may: `unread_bound` from its end or, if later, from when this
+        process first wanted the mailbox read (never: a scope not ours waits)."""
+        mailbox = self._mailboxes.get(scope)
+        since = None if mailbox is None else mailbox.wanted_since
+        if since is None:
+            return False
+        return now >= max(until, since) + timedelta(seconds=self.unread_bound)
+
     def due(self) -> list[MailboxRead]:
         """The mailbox reads that may run now: due, nothing of theirs waiting to be sent,
         their circuit not open, their scope ours."""
@@ -160,13 +188,20 @@ class BounceWatch:
         reads = self._current(now)
         with self._lock:
             mailboxes = {r.scope: self._mailboxes.setdefault(r.scope, _Mailbox()) for r in reads}
+        ours = {r.scope for r in reads if self._ours(r, now)}
+        with self._lock:
+            for scope, mailbox in mailboxes.items():
+                if scope not in ours:
+                    mailbox.wanted_since = None  # another daemon's: its clock starts anew
+                elif mailbox.wanted_since is None:
+                    mailbox.wanted_since = now
         return [
             r
             for r in reads
             if _due(mailboxes[r.scope].next_read, now)
             and self._sends_waiting(r.scope) == 0
             and not self._circuits.holds(r.scope, now, CHECK)
-            and self._ours(r, now)
+            and r.scope in ours
         ]
 
     def wanted(self) -> list[tuple[str, str]]:
@@ -367,6 +402,8 @@ class BounceWatch:
             if known is None:
                 return False  # not read: it ends at its time
             until = datetime.fromtimestamp(row.watch_until, UTC)
+            if self._unread_past(known[0], until, self._clock()):
+                return False  # it ends unread (`unread_bound`): load it
             return not self._read_past(known[0], until)
 
     def _read_past(self, scope: str, until: datetime) -> bool:
@@ -384,21 +421,43 @@ class BounceWatch:
         (`not-watched`), and the end is due at `watch_until` whatever was read: after a
         read outage, or for a mailbox whose queued sends keep holding its reads, the
         last reports would be lost. A mailbox nothing reads (its channel no longer
-        watches, its provider reads no reports) ends at its time."""
+        watches, its provider reads no reports) ends at its time; one not read through
+        for `unread_bound` after the end ends then (`unread`)."""
         if job.watch_until is None:
             return True
+        scope = self._read_scope(job)
+        if scope is None:
+            return True
+        with self._lock:
+            return self._read_past(scope, job.watch_until) or self._unread_past(
+                scope, job.watch_until, self._clock()
+            )
+
+    def unread(self, job: SendJob, now: datetime) -> str | None:
+        """The scope of the job's mailbox if its watch ends by `unread_bound`: past it,
+        and the mailbox is read for reports yet no read went through after the end
+        (`read_through` without the bound); else None."""
+        until = job.watch_until
+        scope = None if until is None else self._read_scope(job)
+        if until is None or scope is None:
+            return None
+        with self._lock:
+            if self._read_past(scope, until) or not self._unread_past(scope, until, now):
+                return None
+            return scope
+
+    def _read_scope(self, job: SendJob) -> str | None:
+        """The scope in which the job's mailbox is read for reports; None: it is not (its
+        channel no longer watches, its provider is gone or reads no reports)."""
         policy = self._policies.current.get(job.channel)
         if policy is None or policy.watch_bounces is None:
-            return True
+            return None
         name = provider_for(job, policy)
         provider = None if name is None else self._providers.get(name)
         if provider is None:
-            return True
+            return None
         view = provider.for_job(job.from_addr, None)
-        if not view.reads_reports:
-            return True
-        with self._lock:
-            return self._read_past(view.scope(), job.watch_until)
+        return view.scope() if view.reads_reports else None
 
     def _parse(self, found: FoundReport) -> _Seen:
         if found.raw is None and found.content_type not in ("", REPORT_TYPE):
@@ -500,9 +559,17 @@ class EndWatch:
 
     state = JobState.CONFIRMED
 
-    def __init__(self, clock: Clock, read_through: Callable[[SendJob], bool] | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        read_through: Callable[[SendJob], bool] | None = None,
+        unread: Callable[[SendJob, datetime], str | None] | None = None,
+    ) -> None:
+        """`unread(job, now)`: the scope of its mailbox if its watch ends without a read
+        of it after its end (`BounceWatch.unread`): recorded so (`reason`), and logged."""
         self._clock = clock
         self._read_through = read_through
+        self._unread = unread
 
     def is_due(self, job: SendJob, now: datetime) -> bool:
         return (
@@ -512,8 +579,20 @@ class EndWatch:
         )
 
     def run(self, work: Work) -> None:
-        work.job.end_bounce_watch(at=self._clock())
+        job, now = work.job, self._clock()
+        until = job.watch_until
+        unread = None if self._unread is None else self._unread(job, now)
+        job.end_bounce_watch(at=now, reason="" if unread is None else UNREAD)
         work.save()
+        if unread is not None:
+            # Reports its mailbox received near the end may never be recorded: say so.
+            log.warning(
+                "%s: job %s: bounce watch ended unread: the mailbox was not read through"
+                " since the watch's end (%s)",
+                unread,
+                job.key,
+                None if until is None else until.isoformat(),
+            )
 
 
-__all__ = ["READ_LIMIT", "RECORDED", "BounceWatch", "EndWatch", "MailboxRead"]
+__all__ = ["READ_LIMIT", "RECORDED", "UNREAD", "BounceWatch", "EndWatch", "MailboxRead"]

@@ -204,7 +204,11 @@ class Engine:
                 Verify(backoff, self.clock),
                 Tidy(JobState.CONFIRMED, backoff, self.clock),
                 # A watch ends once its mailbox was read past its end (`bounces.py`).
-                EndWatch(self.clock, lambda job: self.bounces.read_through(job)),
+                EndWatch(
+                    self.clock,
+                    lambda job: self.bounces.read_through(job),
+                    lambda job, now: self.bounces.unread(job, now),
+                ),
             ),
             *(
                 Tidy(state, backoff, self.clock)
