@@ -671,9 +671,10 @@ class SendJob(Aggregate):
 
         TOPIC = "sendledger:SendJob.BounceWatchEnded"
         bounces: int  # reports recorded on the job by then
-        # "": its mailbox was read through after its end; "unread": it was not, and the
-        # watch ended anyway (`bounces.UNREAD_INTERVALS` later), so a report the mailbox
-        # received near the end may be unrecorded. Earlier events have none: "".
+        # "": its mailbox was read through after its end; "unread": it was not (the
+        # watch waited `BounceWatch.unread_bound` for a read, or nothing reads that
+        # mailbox any more), so a report it received near the end may be unrecorded.
+        # Earlier events have none: "".
         reason: str = ""
 
         def apply(self, job: Any) -> None:

@@ -626,3 +626,16 @@ def test_a_daemon_down_past_the_bound_reads_the_mailbox_before_its_watches_end(
     assert len(bounced(rig, "r-1")) == 1
     [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
     assert ended.reason == ""
+
+
+def test_a_watch_ended_with_its_mailbox_no_longer_read_says_so() -> None:
+    """A watch whose channel stopped watching ends at its time, unread: its event says so
+    (`reason`), rather than what a read through the mailbox would have said."""
+    rig = EngineRig(policy("receipts", watch_bounces="1h"))
+    rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.policies = PolicySet({"receipts": policy("receipts")})
+    assert rig.holder.reload()
+    rig.advance_and_tick(HOUR + 1)
+    [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
+    assert ended.reason == "unread"

@@ -434,13 +434,17 @@ class BounceWatch:
             )
 
     def unread(self, job: SendJob, now: datetime) -> str | None:
-        """The scope of the job's mailbox if its watch ends by `unread_bound`: past it,
-        and the mailbox is read for reports yet no read went through after the end
-        (`read_through` without the bound); else None."""
+        """Whether the job's watch ends without a read through its mailbox after its end:
+        None if one went through; else the mailbox's scope when the watch ends by
+        `unread_bound` (it is read for reports, yet no read went through), or "" when
+        nothing reads it any more (its channel no longer watches, its provider is gone or
+        reads no reports), a choice of the configuration, not an outage."""
         until = job.watch_until
-        scope = None if until is None else self._read_scope(job)
-        if until is None or scope is None:
+        if until is None:
             return None
+        scope = self._read_scope(job)
+        if scope is None:
+            return ""
         with self._lock:
             if self._read_past(scope, until) or not self._unread_past(scope, until, now):
                 return None
@@ -565,8 +569,9 @@ class EndWatch:
         read_through: Callable[[SendJob], bool] | None = None,
         unread: Callable[[SendJob, datetime], str | None] | None = None,
     ) -> None:
-        """`unread(job, now)`: the scope of its mailbox if its watch ends without a read
-        of it after its end (`BounceWatch.unread`): recorded so (`reason`), and logged."""
+        """`unread(job, now)`: not None if its watch ends without a read through its
+        mailbox after its end (`BounceWatch.unread`): recorded so (`reason`), and logged
+        with the scope it names (one that waited out `unread_bound`)."""
         self._clock = clock
         self._read_through = read_through
         self._unread = unread
@@ -584,7 +589,7 @@ class EndWatch:
         unread = None if self._unread is None else self._unread(job, now)
         job.end_bounce_watch(at=now, reason="" if unread is None else UNREAD)
         work.save()
-        if unread is not None:
+        if unread:
             # Reports its mailbox received near the end may never be recorded: say so.
             log.warning(
                 "%s: job %s: bounce watch ended unread: the mailbox was not read through"
