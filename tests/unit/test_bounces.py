@@ -639,3 +639,30 @@ def test_a_watch_ended_with_its_mailbox_no_longer_read_says_so() -> None:
     rig.advance_and_tick(HOUR + 1)
     [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
     assert ended.reason == "unread"
+
+
+def test_metrics_count_the_watches_ended_unread(rig: EngineRig) -> None:
+    """The operator sees watches that ended without a read of their mailbox in /metrics,
+    not only in the jobs' histories and the log."""
+    from daemon.api.metrics import Metrics, Sources
+
+    metrics = Metrics(Sources(rig.ledger, {}))
+    engine = Engine(
+        rig.ledger,
+        rig.holder,
+        {"fake": rig.provider},
+        provider_timeouts={"fake": 10.0},
+        clock=rig.clock,
+        observer=metrics,
+        daemon_name="metrics",
+    )
+    rig.submit("receipts", "r-1")
+    engine.tick()
+    rig.provider.fail_reads(10**6)
+    for _ in range(int((HOUR + engine.bounces.unread_bound) // INTERVAL) + 2):
+        rig.clock.advance(INTERVAL)
+        engine.tick()
+    engine.close()
+    assert rig.events("r-1")[-1] == "BounceWatchEnded"
+    text = metrics.render().decode()
+    assert 'sendledger_bounce_watches_ended_total{reason="unread"} 1.0' in text

@@ -77,6 +77,14 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        # Watches ended by how: `read` (a read went through the mailbox after the end) or
+        # `unread` (it did not: the wait's bound, or nothing reads the mailbox any more).
+        self.watches_ended = Counter(
+            "sendledger_bounce_watches_ended",
+            "Bounce watches ended, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.index_lag = Histogram(
             "sendledger_index_lag_seconds",
             "From a send to the first search that found its copy",
@@ -150,6 +158,8 @@ class Metrics:
             elif kind == "Bounced":
                 permanent = getattr(event, "permanent", False)
                 self.bounces.labels("permanent" if permanent else "transient").inc()
+            elif kind == "BounceWatchEnded":
+                self.watches_ended.labels(getattr(event, "reason", "") or "read").inc()
 
     def _observe_lag(self, job: SendJob, confirmed: object) -> None:
         # The job keeps no attempt times; the history has them (read only on a search hit).
