@@ -379,6 +379,44 @@ def _stop(*procs: subprocess.Popen[bytes] | None) -> None:
             proc.wait(timeout=5)
 
 
+#: Starts tried: a port found free can be taken before the servers bind it.
+START_ATTEMPTS = 3
+
+
+def _start(
+    root: Path, servers: MailServers
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """Dovecot and Postfix on `servers`' ports, each answering; RuntimeError when one does
+    not (the processes started are left for the caller to stop: `_stop` takes None too)."""
+    conf = _write_dovecot(root, servers.imap_port, servers.lmtp_port)
+    etc = _write_postfix(root, servers.smtp_port, servers.lmtp_port)
+    # Daemons inherit stdout/stderr: capturing them would hang; send them to files.
+    with (root / "dovecot.out").open("wb") as out:
+        dovecot = subprocess.Popen(
+            [str(DOVECOT), "-F", "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        with (root / "postfix.out").open("wb") as out:
+            postfix = subprocess.Popen(
+                [str(POSTFIX_MASTER), "-d", "-c", str(etc)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "MAIL_CONFIG": str(etc)},
+            )
+        try:
+            _wait_listening(servers.imap_port, "dovecot imap", root / "dovecot.log")
+            _wait_listening(servers.lmtp_port, "dovecot lmtp", root / "dovecot.log")
+            _wait_listening(servers.smtp_port, "postfix smtpd", root / "postfix.out")
+            _wait_greeting(servers.smtp_port, root / "postfix.log")
+        except BaseException:
+            _stop(postfix, None)
+            raise
+    except BaseException:
+        _stop(None, dovecot)
+        raise
+    return dovecot, postfix
+
+
 @contextmanager
 def mail_servers() -> Iterator[MailServers]:
     """Start a private Postfix + Dovecot pair; stop both and remove every file after.
@@ -388,35 +426,37 @@ def mail_servers() -> Iterator[MailServers]:
     reason = missing_reason()
     if reason is not None:
         raise MailServersMissing(reason)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        root = _new_root()
+        servers = MailServers(root, free_port(), free_port(), free_port())
+        try:
+            dovecot, postfix = _start(root, servers)
+        except RuntimeError:
+            # A port found free can be taken before a server binds it (the kernel hands
+            # the same range out to other processes' outgoing connections): "Address
+            # already in use" in Dovecot's log; Postfix's master says it nowhere we read.
+            # New ports and a new folder (a stopped Postfix leaves its state behind).
+            _remove(root)
+            if attempt == START_ATTEMPTS:
+                raise
+            continue
+        try:
+            yield servers
+        finally:
+            _stop(postfix, dovecot)
+            _remove(root)
+        return
+
+
+def _new_root() -> Path:
     root = Path(tempfile.mkdtemp(prefix="slm-", dir="/tmp"))
     os.chmod(root, 0o755)  # unprivileged daemons (nobody, postfix, dovenull) walk into it
     mail = root / "mail"
     mail.mkdir()
     _chown(mail, MAIL_USER)
-    servers = MailServers(root, free_port(), free_port(), free_port())
-    dovecot: subprocess.Popen[bytes] | None = None
-    postfix: subprocess.Popen[bytes] | None = None
-    try:
-        conf = _write_dovecot(root, servers.imap_port, servers.lmtp_port)
-        etc = _write_postfix(root, servers.smtp_port, servers.lmtp_port)
-        # Daemons inherit stdout/stderr: capturing them would hang; send them to files.
-        with (root / "dovecot.out").open("wb") as out:
-            dovecot = subprocess.Popen(
-                [str(DOVECOT), "-F", "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT
-            )
-        with (root / "postfix.out").open("wb") as out:
-            postfix = subprocess.Popen(
-                [str(POSTFIX_MASTER), "-d", "-c", str(etc)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "MAIL_CONFIG": str(etc)},
-            )
-        _wait_listening(servers.imap_port, "dovecot imap", root / "dovecot.log")
-        _wait_listening(servers.lmtp_port, "dovecot lmtp", root / "dovecot.log")
-        _wait_listening(servers.smtp_port, "postfix smtpd", root / "postfix.out")
-        _wait_greeting(servers.smtp_port, root / "postfix.log")
-        yield servers
-    finally:
-        _stop(postfix, dovecot)
-        if not os.environ.get("SLM_KEEP"):
-            shutil.rmtree(root, ignore_errors=True)
+    return root
+
+
+def _remove(root: Path) -> None:
+    if not os.environ.get("SLM_KEEP"):
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,34 @@
+"""The real-server pair starts even when a port found free is taken before it binds it
+(another process's outgoing connection can get the same port from the kernel): seen in CI
+as "dovecot imap did not listen ... Address already in use"."""
+
+from __future__ import annotations
+
+import smtplib
+import socket
+from collections.abc import Iterator
+
+import pytest
+from tests.integration.mailservers import mail_servers, require_mailservers
+
+import testkit.mailservers as kit
+
+
+def test_a_port_taken_before_the_servers_bind_it_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    require_mailservers()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # bound, not listening: as an outgoing connection's port
+        taken = held.getsockname()[1]
+        real = kit.free_port
+        ports: Iterator[int] = iter([taken])
+
+        def first_taken() -> int:
+            return next(ports, None) or real()
+
+        monkeypatch.setattr(kit, "free_port", first_taken)
+        with mail_servers() as servers:
+            assert taken not in (servers.smtp_port, servers.imap_port, servers.lmtp_port)
+            with smtplib.SMTP("127.0.0.1", servers.smtp_port, timeout=5) as smtp:
+                assert smtp.ehlo()[0] == 250
