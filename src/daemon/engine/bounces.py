@@ -118,6 +118,10 @@ class _Mailbox:
     # bound on a watch's wait for a read counts from then (`unread_bound`), so a restart
     # or a handover reads the mailbox before its watches end unread.
     wanted_since: datetime | None = None
+    # The last time it was wanted: a longer gap than a tick can explain (the daemon was
+    # paused, its ticks failed while the store was down, its clock stepped on) starts the
+    # wait anew, so the reads missed meanwhile are not taken for a mailbox nobody can read.
+    wanted_at: datetime | None = None
 
 
 class BounceWatch:
@@ -177,9 +181,15 @@ class BounceWatch:
         process first wanted the mailbox read (never: a scope not ours waits)."""
         mailbox = self._mailboxes.get(scope)
         since = None if mailbox is None else mailbox.wanted_since
-        if since is None:
-            return False
+        if mailbox is None or since is None or self._unwatched(mailbox, now):
+            return False  # not wanted read by this process, or not looked at for a while
         return now >= max(until, since) + timedelta(seconds=self.unread_bound)
+
+    def _unwatched(self, mailbox: _Mailbox, now: datetime) -> bool:
+        """Whether this process stopped looking at the mailbox for longer than the clock
+        margin and two intervals since it last wanted it read."""
+        gap = timedelta(seconds=self._skew + 2 * self.interval)
+        return mailbox.wanted_at is not None and now - mailbox.wanted_at > gap
 
     def due(self) -> list[MailboxRead]:
         """The mailbox reads that may run now: due, nothing of theirs waiting to be sent,
@@ -193,8 +203,9 @@ class BounceWatch:
             for scope, mailbox in mailboxes.items():
                 if scope not in ours:
                     mailbox.wanted_since = None  # another daemon's: its clock starts anew
-                elif mailbox.wanted_since is None:
+                elif mailbox.wanted_since is None or self._unwatched(mailbox, now):
                     mailbox.wanted_since = now
+                mailbox.wanted_at = now
         return [
             r
             for r in reads
