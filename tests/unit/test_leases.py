@@ -415,3 +415,70 @@ def test_a_clock_set_back_during_a_slow_call_neither_puts_off_nor_loses_its_rene
     finally:
         release.set()
         other.close()
+
+
+class RowHeld:
+    """The store with one job's row held by another session (a long transaction, an open
+    psql): a save of that job waits until `free` is set, as a lock wait retried for up to
+    `store_wait` does; the other jobs are saved at once."""
+
+    def __init__(self, ledger: Any, key: str, free: threading.Event) -> None:
+        self._ledger = ledger
+        self._key = key
+        self._free = free
+        self.waiting = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+    def save_job(self, job: SendJob) -> None:
+        if job.key == self._key:
+            self.waiting.set()
+            self._free.wait(10)
+        self._ledger.save_job(job)
+
+
+def test_a_renewal_stuck_on_one_job_does_not_hold_up_the_others(rig: EngineRig) -> None:
+    # Two slow calls; k1's row is held by another session when their renewals fall due.
+    # k2's renewal must be written while k1's waits: waiting its turn behind k1's (up to
+    # the store's 60 s), k2's lease would lapse and another daemon take its healthy call
+    # for a crash (Unknown, a search). k1's renewal lands once its row is free.
+    releases = [threading.Event(), threading.Event()]
+    for key, release in zip(("k1", "k2"), releases, strict=True):
+        rig.submit("legal", key)
+        rig.provider.script(Scripted.slow(release))
+    rig.engine.hand_out()
+    assert rig.engine.settle(busy=lambda: rig.provider.hanging, timeout=10)
+    assert rig.provider.hanging == 2
+    free = threading.Event()
+    held = RowHeld(rig.ledger, "k1", free)
+    rig.engine.leases._ledger = held  # type: ignore[assignment]
+    try:
+        rig.clock.advance(LEASE / 2)
+        assert rig.engine.renew_leases() == 1  # k2's; k1's still waits for its row
+        assert held.waiting.is_set()
+        assert "LeaseRenewed" in rig.events("k2")
+        assert "LeaseRenewed" not in rig.events("k1")
+        rig.clock.advance(LEASE / 2)  # k2 due again; k1's renewal still in flight
+        assert rig.engine.renew_leases() == 1
+        assert rig.events("k2").count("LeaseRenewed") == 2
+        free.set()
+        for _ in range(100):  # k1's renewal lands once the row is free
+            if "LeaseRenewed" in rig.events("k1"):
+                break
+            threading.Event().wait(0.05)
+        assert rig.events("k1").count("LeaseRenewed") == 1
+        assert rig.engine.renew_leases() == 1  # k1's next one: the look takes it again
+        for key in ("k1", "k2"):
+            job = rig.job(key)
+            assert job.state is JobState.ATTEMPTED and job.due_at is not None
+            assert job.due_at > rig.clock()
+    finally:
+        free.set()
+        for release in releases:
+            release.set()
+    assert rig.engine.settle(timeout=10)
+    for key in ("k1", "k2"):
+        events = rig.events(key)
+        assert events[-1] == "Confirmed" and "Unknown" not in events
+        assert rig.copies(key) == 1

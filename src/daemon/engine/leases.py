@@ -15,6 +15,11 @@ it learnt is not written, and the recovering daemon's Unknown is searched as usu
 
 Renewals are made by `renew_due`, which every tick calls and, in a running daemon, a
 thread of its own (`start`), so a tick held up by the store does not let a lease lapse.
+Each renewal is written on a thread of its own, and a look waits for them only a renewer
+interval: a job's row held by another session (a long transaction: each save waits for
+it up to the store's minute) holds up that job's renewal, never the other leases', whose
+renewals would otherwise queue behind it past their deadlines (their healthy calls taken
+for crashes by another daemon). The stuck one is left out of the looks until it ends.
 A lease's job is shared between its worker and the renewer: every change to it happens
 under the lease's lock, and the worker stops the renewals before it records the outcome.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,6 +58,9 @@ class Lease:
     #: How far this clock was set back while the lease was held (seconds): the stored
     #: deadline was written by the clock as it was, and is renewed by it (`_renew`).
     behind: float = 0.0
+    #: A renewal of this lease is being written (its thread holds `lock` meanwhile): the
+    #: looks leave the lease alone until it ends. Changed under `Leases._lock`.
+    in_flight: bool = False
 
 
 class Leases:
@@ -113,13 +122,47 @@ class Leases:
         with self._renewing:
             now = self._clock()
             with self._lock:
-                held = list(self._held.values())
+                # One still being written holds its lock (`_follow_clock` would wait on
+                # it): it is looked at again once it ends.
+                held = [lease for lease in self._held.values() if not lease.in_flight]
             for lease in held:
                 _follow_clock(lease, now)
             due = [lease for lease in held if lease.renew_at <= now]
-            renewed = sum(1 for lease in due if self._renew(lease, now))
-            self.renewed += renewed
-            return renewed
+            if not due:
+                return 0
+            done: list[bool] = []
+            threads = []
+            for lease in due:
+                with self._lock:
+                    lease.in_flight = True
+                thread = threading.Thread(
+                    target=self._renew_apart,
+                    args=(lease, now, done),
+                    name=f"lease-renewal-{lease.job.key}",
+                    daemon=True,
+                )
+                thread.start()
+                threads.append(thread)
+            # Waited for as long as the renewer's interval for the shortest of them: a
+            # renewal stuck longer goes on alone, and the next look comes on time.
+            until = time.monotonic() + renew_interval(min(lease.seconds for lease in due))
+            for thread in threads:
+                thread.join(max(0.0, until - time.monotonic()))
+            with self._lock:
+                return sum(done)
+
+    def _renew_apart(self, lease: Lease, now: datetime, done: list[bool]) -> None:
+        """`_renew` on a renewal's own thread: counted in `done` (the look's, while it
+        waits) and in `renewed` when written."""
+        try:
+            renewed = self._renew(lease, now)
+        finally:
+            with self._lock:
+                lease.in_flight = False
+        if renewed:
+            with self._lock:
+                done.append(True)
+                self.renewed += 1
 
     def _renew(self, lease: Lease, now: datetime) -> bool:
         with lease.lock:
