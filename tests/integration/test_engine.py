@@ -1014,3 +1014,58 @@ def test_refused_connections_at_the_draft_step_are_waited_out_behind_the_circuit
         assert len(rig.of(key, "Attempted")) == 1
         assert emulator.copies(message_id) == 1
     assert rig.sends() == 3 and rig.engine.open_circuits() == []
+
+
+@pytest.mark.postgres
+def test_a_claim_renewal_stuck_behind_a_row_lock_holds_up_no_other_lease(pg_url: str) -> None:
+    """Two slow calls' leases fall due while another session holds one job's index row
+    (a long transaction, an open psql). That job's renewal waits for the row (each try
+    `[store] lock_timeout`, tried again for `store_wait`); the other's is written at once,
+    not after it, when its lease could have lapsed (docs/architecture.md "Leases")."""
+    import dataclasses
+    import time
+    from datetime import UTC, datetime
+
+    import psycopg
+    from tests.conftest import PG_URL
+
+    from daemon.engine.leases import Leases
+    from ledger.stores.index import INDEX_TABLE
+    from ledger.stores.url import PostgresStore, parse_store_url
+    from ledger.vocabulary import PolicyRef
+
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, lock_timeout=1)
+    clock = FakeClock(datetime.now(UTC))
+    with Ledger(spec, clock=clock) as ledger:
+        ledger.store_wait = 8.0  # the stuck save gives up after this (the default: 60 s)
+        leases = Leases(ledger, clock, "d1")
+        sender = Sender("Shop <shop@shop.example>", "shop.example", PolicyRef("receipts", "f" * 16))
+        for key in ("k1", "k2"):
+            ledger.submit(receipt("receipts", key), sender)
+            job = ledger.get_job(key)
+            job.claim(
+                provider="gmail", deadline=clock() + timedelta(seconds=30), at=clock(), daemon="d1"
+            )
+            ledger.save_job(job)
+            leases.hold(job, 30.0, clock())
+        clock.advance(11)  # both renewals due
+        with psycopg.connect(PG_URL) as holder:
+            holder.execute(
+                f'SELECT 1 FROM "{spec.schema}".{INDEX_TABLE} WHERE key = %s FOR UPDATE', ["k1"]
+            )
+            started = time.monotonic()
+            renewed = leases.renew_due()
+            waited = time.monotonic() - started
+            k2 = [type(e).__name__ for e in ledger.history("k2")]
+            k1 = [type(e).__name__ for e in ledger.history("k1")]
+            holder.rollback()
+        assert waited < 5.0, "k2's renewal waited behind k1's row lock"
+        assert renewed == 1 and "LeaseRenewed" in k2 and "LeaseRenewed" not in k1
+        for _ in range(200):  # the row is free: k1's renewal lands
+            if "LeaseRenewed" in [type(e).__name__ for e in ledger.history("k1")]:
+                break
+            time.sleep(0.05)
+        assert ledger.get_job("k1").due_at == clock() + timedelta(seconds=30)
+        leases.close()
