@@ -143,9 +143,10 @@ class Leases:
                 )
                 thread.start()
                 threads.append(thread)
-            # Waited for as long as the renewer's interval for the shortest of them: a
-            # renewal stuck longer goes on alone, and the next look comes on time.
-            until = time.monotonic() + renew_interval(min(lease.seconds for lease in due))
+            # Waited for as long as the renewer's interval for the shortest lease held (one
+            # not due yet may fall due meanwhile): a renewal stuck longer goes on alone, and
+            # the next look comes on time.
+            until = time.monotonic() + renew_interval(min(lease.seconds for lease in held))
             for thread in threads:
                 thread.join(max(0.0, until - time.monotonic()))
             with self._lock:
