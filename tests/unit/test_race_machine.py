@@ -41,6 +41,7 @@ from tests.unit.test_engine_machine import check_history
 from daemon.doubles.fake_drafts import FakeDraftsProvider, FakeGraphProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.engine import Engine
+from daemon.engine.dispatch import NOT_OURS, STOPPED, WITHHELD
 from daemon.service_layer.services import ChannelPolicies, ServiceError, Services
 from ledger.job import SendJob
 from ledger.vocabulary import FINAL_STATES, JobState, Resolution
@@ -60,6 +61,8 @@ FATES = (
     Scripted.timed_out(),
     Scripted.timed_out(stored=True),
 )
+#: Why a claim made no provider call (`Dispatch.send`): its Rejected has no call behind it.
+CALL_NOT_MADE = (WITHHELD, NOT_OURS, STOPPED)
 ACTIONS = ("check", "resend", "sent", "abandon", "cancel", "triage")
 SEARCHING = frozenset({"check", "resend", "triage"})  # what searches before it decides
 STEPS = (1.0, 5.0, (TIMEOUT + GRACE) / 2, 61.0, 300.0)
@@ -349,18 +352,24 @@ class RaceMachine(RuleBasedStateMachine):
             if job.state is JobState.CANCELLED:
                 assert copies == 0, key
             made_by = provider.stored_by_call.get(job.message_id, [])
-            attempts = 0
+            attempts = calls = 0
             for event in events:
                 if isinstance(event, SendJob.Attempted):
                     attempts += 1
+                    calls += 1
+                if isinstance(event, SendJob.Rejected) and event.reason in CALL_NOT_MADE:
+                    # A claim whose call was never made (withheld by its circuit, no longer
+                    # its daemon's, a stop): the provider's next call is the next attempt's.
+                    calls -= 1
                 unsent = isinstance(event, SendJob.DraftPending) or (
                     isinstance(event, SendJob.Rejected) and event.attempt == attempts
                 )
-                # "Not sent" after attempt N: none of calls 1..N made the copy.
-                assert not (unsent and any(call <= attempts for call in made_by)), (
+                # "Not sent" after attempt N: none of the calls made so far made the copy.
+                assert not (unsent and any(call <= calls for call in made_by)), (
                     key,
                     type(event).__name__,
                     attempts,
+                    calls,
                     made_by,
                 )
             check_history(
