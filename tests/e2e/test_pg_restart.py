@@ -69,8 +69,14 @@ def cluster() -> Iterator[PrivateCluster]:
 
 
 def _advisory_locks(url: str) -> int:
+    """The session advisory locks held: the daemon's name, on a connection of its own that
+    is in no transaction; a write's turn at the job index (`pg_advisory_xact_lock`) is held
+    inside one, for as long as that write, and is not counted."""
     with psycopg.connect(url, connect_timeout=3) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND a.xact_start IS NULL"
+        ).fetchone()
         return int(row[0]) if row else 0
 
 
