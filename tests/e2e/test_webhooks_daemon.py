@@ -181,7 +181,12 @@ def test_every_event_reaches_a_flaky_receiver_across_a_kill9(tmp_path: Path) -> 
         ("review", "review"),
         ("abandoned", "abandoned"),
     ]
-    assert {p["type"] for p in accepted if p["key"] != "wh-refused"} == {"confirmed"}
+    # The others are confirmed; one may also have a Rejected "not sent" first: a claim
+    # withheld (its circuit opened while the claim was saved) or stopped by the kill makes
+    # no call and is sent again (failed in CI once).
+    others = [p for p in accepted if p["key"] != "wh-refused"]
+    assert {p["type"] for p in others} - {"rejected"} == {"confirmed"}
+    assert all(p["state"] == "confirmed" for p in others if p["type"] == "confirmed")
     assert all(p["channel"] == "receipts" and p["message_id"] for p in accepted)
 
 
