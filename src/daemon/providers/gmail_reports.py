@@ -61,6 +61,18 @@ class _Progress:
     ids: list[str] = field(default_factory=list)
     page_token: str | None = ""  # "": the first page
     found: dict[str, FoundReport] = field(default_factory=dict)
+    # `ids` as a set: whether an id is listed already is asked once per id listed, and
+    # a list's `in` made a listing of n ids cost n * n / 2 comparisons.
+    _listed: set[str] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._listed.update(self.ids)
+
+    def add(self, provider_id: str) -> None:
+        """An id a page listed, kept in the listing's order unless listed already."""
+        if provider_id not in self._listed:
+            self._listed.add(provider_id)
+            self.ids.append(provider_id)
 
 
 class GmailReports:
@@ -138,7 +150,7 @@ class GmailReports:
     ) -> None:
         """Every page of the listing, from `progress.page_token` on, into `progress`
         (a page at a time: a call refused leaves it where it stopped)."""
-        query, ids, page_token = progress.query, progress.ids, progress.page_token
+        query, page_token = progress.query, progress.page_token
         seen_tokens: set[str] = set()
         while True:
             params: dict[str, Any] = {
@@ -158,8 +170,7 @@ class GmailReports:
             for item in page.get("messages") or []:
                 if not isinstance(item, dict) or not isinstance(item.get("id"), str):
                     raise ProviderError(f"reports {query}: malformed list entry {item!r}")
-                if item["id"] not in ids:
-                    ids.append(item["id"])
+                progress.add(item["id"])
             next_token = page.get("nextPageToken")
             if not next_token:
                 progress.page_token = None
