@@ -532,17 +532,31 @@ def test_watches_waiting_for_a_read_are_not_loaded_and_hold_no_one_behind_them(
     rig: EngineRig,
 ) -> None:
     """Watches past their end whose mailbox is not read (queued sends hold its reads) stay
-    due at the head of the index: the tick reads past them, never loading them."""
-    for n in range(rig.engine.batch_size + 5):
+    due at the head of the index: the tick reads past them, loading each once (its row
+    cannot say whether its verification or its tidy is due later), then never again."""
+    n_jobs = rig.engine.batch_size + 5
+    for n in range(n_jobs):
         rig.submit("receipts", f"r-{n:03d}")
     rig.tick()
     engine = rig.engine
     engine.bounces._sends_waiting = lambda scope: 1
-    rig.advance_and_tick(HOUR + INTERVAL)
     loads: list[str] = []
     get_job = rig.ledger.get_job
-    rig.ledger.get_job = lambda key: loads.append(key) or get_job(key)  # type: ignore[method-assign]
-    rig.advance_and_tick(INTERVAL)
+
+    def counted(key: str) -> SendJob:
+        loads.append(key)
+        return get_job(key)
+
+    rig.ledger.get_job = counted  # type: ignore[method-assign]
+    rig.advance_and_tick(HOUR + INTERVAL)
+    for _ in range(n_jobs):  # a few loads per tick, as for any due row
+        if len(loads) >= n_jobs:
+            break
+        rig.advance_and_tick(1)
+    assert sorted(loads) == [f"r-{n:03d}" for n in range(n_jobs)]  # each once
+    loads.clear()
+    for _ in range(3):
+        rig.advance_and_tick(INTERVAL)
     assert loads == []
     row = rig.ledger.row("r-000")
     assert row is not None and row.watch_until is not None
@@ -666,3 +680,34 @@ def test_metrics_count_the_watches_ended_unread(rig: EngineRig) -> None:
     assert rig.events("r-1")[-1] == "BounceWatchEnded"
     text = metrics.render().decode()
     assert 'sendledger_bounce_watches_ended_total{reason="unread"} 1.0' in text
+
+
+def test_a_verification_due_after_the_watch_s_end_runs_at_its_time() -> None:
+    """A resent job is verified `verify_after` (10 min) after its confirmation; its watch
+    (5 min) ended before that, and waits for a read of its mailbox (queued sends hold the
+    reads). The verification runs at its time, not once the watch ends (up to
+    `unread_bound` later); the watch goes on waiting, and the report its mailbox received
+    before the end is still recorded by the read that comes."""
+    rig = EngineRig(policy("receipts", watch_bounces="5m", on_unknown="retry"))
+    mid = rig.submit("receipts", "r-1")
+    rig.provider.script(Scripted.lost_request())
+    rig.tick()
+    rig.advance_and_tick(60)  # first miss
+    rig.advance_and_tick(30)  # second miss: believed, resent
+    rig.tick()
+    job = rig.job("r-1")
+    assert job.state is JobState.CONFIRMED and job.verifying
+    assert job.watch_until is not None and job.verify_at is not None
+    assert job.watch_until < job.verify_at
+    rig.provider.deliver(bounce_of(mid))
+    rig.engine.bounces._sends_waiting = lambda scope: 1  # its mailbox is not read
+    for _ in range(11):
+        rig.advance_and_tick(INTERVAL)
+    assert "Verified" in rig.events("r-1")  # at its time, the watch still waiting
+    assert rig.events("r-1")[-1] == "Verified" and bounced(rig, "r-1") == []
+    rig.engine.bounces._sends_waiting = lambda scope: 0
+    rig.advance_and_tick(INTERVAL)
+    assert len(bounced(rig, "r-1")) == 1
+    rig.advance_and_tick(INTERVAL)
+    [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
+    assert ended.reason == ""

@@ -122,6 +122,19 @@ class _Mailbox:
     # paused, its ticks failed while the store was down, its clock stepped on) starts the
     # wait anew, so the reads missed meanwhile are not taken for a mailbox nobody can read.
     wanted_at: datetime | None = None
+    # The watches past their end that wait for a read, as loaded (`read_through`): by
+    # job key, the version loaded, the watch's end and when anything else of the job is
+    # due (its verification, its tidy; None: nothing). The index row's `due_at` is the
+    # earliest of the three, so once the end has passed it hides the others: without
+    # this, a verification due after the end waited for the watch.
+    held: dict[str, _Held] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Held:
+    version: int
+    until: datetime
+    other_due: datetime | None
 
 
 class BounceWatch:
@@ -385,6 +398,8 @@ class BounceWatch:
         if result.complete and not stalled:
             with self._lock:
                 mailbox.read_from, mailbox.started = mailbox.started, None
+                held = mailbox.held.items()
+                mailbox.held = {k: v for k, v in held if not self._read_past(read.scope, v.until)}
 
     def ends_waiting(self, now: datetime) -> int:
         """At most how many watches are past their end but wait for a read of their
@@ -402,20 +417,29 @@ class BounceWatch:
             return sum(n for scope, n in self._read_in.values() if scope in late)
 
     def waits_for_read(self, row: IndexRow) -> bool:
-        """Whether a due row is a watch's end still waiting for a read of its mailbox
-        (nothing else of the job due sooner): not worth loading."""
+        """Whether a due row is a watch's end still waiting for a read of its mailbox,
+        with nothing else of the job due now: not worth loading. The row alone cannot say
+        the latter (its `due_at` is the earliest of the end, the verification and the
+        tidy), so a row is loaded once, and `read_through` notes what else is due when."""
         if row.watch_until is None or row.watch_mailbox is None or row.due_at is None:
             return False
         if row.due_at < row.watch_until:
             return False  # its verification or its tidy is due first
+        now = self._clock()
         with self._lock:
             known = self._read_in.get((row.channel, row.watch_mailbox))
             if known is None:
                 return False  # not read: it ends at its time
             until = datetime.fromtimestamp(row.watch_until, UTC)
-            if self._unread_past(known[0], until, self._clock()):
+            if self._unread_past(known[0], until, now):
                 return False  # it ends unread (`unread_bound`): load it
-            return not self._read_past(known[0], until)
+            if self._read_past(known[0], until):
+                return False
+            mailbox = self._mailboxes.get(known[0])
+            held = None if mailbox is None else mailbox.held.get(row.key)
+            if held is None or held.version != row.version:
+                return False  # not loaded as it is now: once, to learn what else is due
+            return held.other_due is None or held.other_due > now
 
     def _read_past(self, scope: str, until: datetime) -> bool:
         """(Under the lock.) A read of the scope begun at or after `until` and the
@@ -440,9 +464,16 @@ class BounceWatch:
         if scope is None:
             return True
         with self._lock:
-            return self._read_past(scope, job.watch_until) or self._unread_past(
+            if self._read_past(scope, job.watch_until) or self._unread_past(
                 scope, job.watch_until, self._clock()
-            )
+            ):
+                return True
+            mailbox = self._mailboxes.get(scope)
+            if mailbox is not None:
+                # Held: the tick leaves its row unloaded until something else is due.
+                other = _earliest(job.verify_at if job.verifying else None, job.tidy_at)
+                mailbox.held[job.key] = _Held(job.version, job.watch_until, other)
+            return False
 
     def unread(self, job: SendJob, now: datetime) -> str | None:
         """Whether the job's watch ends without a read through its mailbox after its end:
@@ -565,6 +596,10 @@ class BounceWatch:
 
 def _due(moment: datetime | None, now: datetime) -> bool:
     return moment is None or moment <= now
+
+
+def _earliest(*moments: datetime | None) -> datetime | None:
+    return min((m for m in moments if m is not None), default=None)
 
 
 class EndWatch:
