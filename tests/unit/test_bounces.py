@@ -7,7 +7,8 @@ The engine on the memory store and the fake provider's inbox, time injected."""
 from __future__ import annotations
 
 from contextlib import nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy, receipt
@@ -15,6 +16,7 @@ from tests.unit.engine_rig import EngineRig, policy, receipt
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.engine import Engine, PolicyHolder
 from daemon.engine.bounces import SAVE_TRIES
+from daemon.providers.outcomes import ReportRead
 from daemon.service_layer.read_models import event_record, timeline_details
 from daemon.service_layer.services import ChannelPolicies, Services
 from daemon.webhooks.events import payload, type_of
@@ -711,3 +713,48 @@ def test_a_verification_due_after_the_watch_s_end_runs_at_its_time() -> None:
     rig.advance_and_tick(INTERVAL)
     [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
     assert ended.reason == ""
+
+
+def test_a_read_that_keeps_making_progress_keeps_its_watches(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mailbox with more reports than a read takes (`READ_LIMIT`): each read goes on
+    where the last stopped, for longer than `unread_bound` past a watch's end. Reads that
+    make progress keep the watch; it ends once one goes through, with the report its
+    mailbox received before the end recorded, not `unread` with the report lost."""
+    from daemon.engine import bounces
+
+    monkeypatch.setattr(bounces, "READ_LIMIT", 1)
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    bound = rig.engine.bounces.unread_bound
+    reads = int((HOUR + bound) // INTERVAL) + 10
+    for n in range(reads):  # more than the reads until then take, one each
+        rig.provider.deliver(f"Subject: not a report {n}\r\n\r\nx\r\n".encode())
+    rig.advance_and_tick(HOUR - 10)
+    rig.provider.deliver(bounce_of(mid))  # read after all the others
+    for _ in range(reads + 5):
+        rig.advance_and_tick(INTERVAL)
+        if "BounceWatchEnded" in rig.events("r-1"):
+            break
+    assert len(bounced(rig, "r-1")) == 1
+    [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
+    assert ended.reason == ""
+
+
+def test_reads_that_make_no_progress_still_end_a_watch_by_the_bound(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads that answer but stop before their first call (the quota kept for sends, a
+    scope lost at once) make no progress: the watch ends by the bound, `unread`."""
+    rig.submit("receipts", "r-1")
+    rig.tick()
+
+    def stopped(since: datetime, **kwargs: Any) -> ReportRead:
+        return ReportRead(f"inbox since {since.isoformat()}", complete=False)
+
+    monkeypatch.setattr(rig.provider, "read_reports", stopped)
+    for _ in range(int((HOUR + rig.engine.bounces.unread_bound) // INTERVAL) + 2):
+        rig.advance_and_tick(INTERVAL)
+    [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
+    assert ended.reason == "unread"

@@ -128,6 +128,12 @@ class _Mailbox:
     # earliest of the three, so once the end has passed it hides the others: without
     # this, a verification due after the end waited for the watch.
     held: dict[str, _Held] = field(default_factory=dict)
+    # When a read last made progress (listed more of the window, or read reports not read
+    # before) without going through it, and how much it had listed then: a mailbox read
+    # on over many reads (more reports than a read takes, a quota shared with the sends)
+    # keeps its watches for as long as its reads get on (`_unread_past`).
+    progressed: datetime | None = None
+    listed: int = 0
 
 
 @dataclass(frozen=True)
@@ -196,7 +202,8 @@ class BounceWatch:
         since = None if mailbox is None else mailbox.wanted_since
         if mailbox is None or since is None or self._unwatched(mailbox, now):
             return False  # not wanted read by this process, or not looked at for a while
-        return now >= max(until, since) + timedelta(seconds=self.unread_bound)
+        latest = max(until, since, mailbox.progressed or since)
+        return now >= latest + timedelta(seconds=self.unread_bound)
 
     def _unwatched(self, mailbox: _Mailbox, now: datetime) -> bool:
         """Whether this process stopped looking at the mailbox for longer than the clock
@@ -378,8 +385,13 @@ class BounceWatch:
             if result.complete:
                 # A report no longer listed left the window (or the mailbox): forget it.
                 mailbox.seen = {k: v for k, v in mailbox.seen.items() if k in listed}
+                mailbox.listed = 0
             else:
                 mailbox.next_read = self._clock()  # the rest at the next tick
+                # A listing kept between reads grows as its pages are read.
+                if result.found or len(listed) > mailbox.listed:
+                    mailbox.progressed = self._clock()
+                mailbox.listed = len(listed)
         for found in result.found:
             seen = self._parse(found)
             with self._lock:
