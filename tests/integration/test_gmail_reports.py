@@ -44,6 +44,17 @@ def _read(provider: GmailProvider, known: frozenset[str] = frozenset()) -> list[
     return reports
 
 
+def _inject_reports(emulator: GmailEmulator, make_raw: RawFactory, count: int) -> None:
+    """`count` reports in the mailbox's INBOX, each about another job."""
+    for n in range(count):
+        emulator.inject(
+            rfc3464_report(make_raw(f"<job-{n:032x}@{DOMAIN}>", to=GONE), mailbox=MAILBOX,
+                           recipient=GONE),
+            labels=("INBOX",),
+            user=MAILBOX,
+        )  # fmt: skip
+
+
 def test_both_report_shapes_are_found_read_and_name_the_message(
     gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
 ) -> None:
@@ -166,13 +177,7 @@ def test_a_read_whose_scope_moved_makes_no_further_call_and_goes_on_later(
     reading one mailbox would spend its quota twice) and the read says it is incomplete;
     a later read goes on from there."""
     reports = 4
-    for n in range(reports):
-        emulator.inject(
-            rfc3464_report(make_raw(f"<job-{n:032x}@{DOMAIN}>", to=GONE), mailbox=MAILBOX,
-                           recipient=GONE),
-            labels=("INBOX",),
-            user=MAILBOX,
-        )  # fmt: skip
+    _inject_reports(emulator, make_raw, reports)
     provider = gmail_provider(timeout=CALL_TIMEOUT, page_size=1)
     asked = 0
 
@@ -190,6 +195,33 @@ def test_a_read_whose_scope_moved_makes_no_further_call_and_goes_on_later(
     assert rest.complete and len(rest.listed) == reports and len(rest.found) == reports
     lists = [e for e in relay.log if e["kind"] == "search" and "pageToken" not in e["path"]]
     assert len([e for e in lists if "/messages?" in e["path"]]) == 1  # page 1 listed once
+
+
+def test_a_stopped_read_forgotten_lists_afresh(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    relay: FaultRelay,
+    make_raw: RawFactory,
+) -> None:
+    """The engine reads the mailbox no more (its channel was removed by a reload): what a
+    stopped read kept (its page, its ids) is dropped (`forget_report_reads`), not kept
+    for ever, and a read made later lists the mailbox again from page 1."""
+    _inject_reports(emulator, make_raw, 2)
+    provider = gmail_provider(timeout=CALL_TIMEOUT, page_size=1)
+    calls = iter([True])  # page 1, then the scope is another daemon's
+
+    stopped = provider.read_reports(
+        SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50,
+        may_go_on=lambda: next(calls, False),
+    )  # fmt: skip
+    assert not stopped.complete and len(stopped.listed) == 1
+    assert provider.report_calls.kept() == 1  # it would go on from page 2
+    provider.forget_report_reads()
+    assert provider.report_calls.kept() == 0
+    again = provider.read_reports(SINCE, known=(), max_bytes=MAX_REPORT_BYTES, limit=50)
+    assert again.complete and len(again.found) == 2
+    lists = [e for e in relay.log if e["kind"] == "search" and "/messages?" in e["path"]]
+    assert len([e for e in lists if "pageToken" not in e["path"]]) == 2  # page 1, afresh
 
 
 def test_a_report_received_before_the_jobs_first_attempt_is_refused(

@@ -636,6 +636,28 @@ def test_a_report_read_whose_scope_moved_makes_no_further_call_and_goes_on_later
     assert len(made) == 4 and all("/$value" in p for p in made[1:]), made
 
 
+def test_a_stopped_report_read_forgotten_lists_afresh(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay
+) -> None:
+    """The engine reads the mailbox no more (its channel was removed by a reload): the
+    listing a stopped read kept is dropped (`forget_report_reads`), not kept for ever, and
+    a read made later lists the mailbox again from its first page."""
+    report = rfc3464_report(raw_message(), mailbox=MAILBOX, recipient="nobody@gone.example")
+    graph.inject(report, user=MAILBOX, message_class=NDR_CLASS)
+    graph_provider = provider()
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    before = len(relay.log)
+    # Listed, but over the caller's limit: the listing is kept for the next read.
+    stopped = graph_provider.read_reports(since, known=(), max_bytes=2**21, limit=0)
+    assert not stopped.complete and len(graph_provider.report_listings) == 1
+    graph_provider.forget_report_reads()
+    assert len(graph_provider.report_listings) == 0
+    again = graph_provider.read_reports(since, known=(), max_bytes=2**21, limit=50)
+    assert again.complete and len(again.found) == 1
+    lists = [e["path"] for e in relay.log[before:] if "/mailFolders/inbox/messages?" in e["path"]]
+    assert len(lists) == 2, lists  # the first read's page 1, and again after the drop
+
+
 def test_a_report_received_before_the_jobs_first_attempt_is_refused(
     provider: ProviderFactory, graph: GraphEmulator, tmp_path: Path
 ) -> None:

@@ -758,3 +758,32 @@ def test_reads_that_make_no_progress_still_end_a_watch_by_the_bound(
         rig.advance_and_tick(INTERVAL)
     [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
     assert ended.reason == "unread"
+
+
+def test_a_mailbox_no_longer_read_after_a_reload_is_forgotten_and_read_afresh_later() -> None:
+    """A reload drops the channel that watched a mailbox: what was kept of its reads
+    (the provider's stopped listing, what this process had read there, its From) is
+    dropped at once, not kept for ever. Watched again by a later reload, the mailbox is
+    read afresh from its window's start: the report recorded before is read again and
+    refused by its job, never recorded twice."""
+    watching = PolicySet({"receipts": policy("receipts", watch_bounces="1h")})
+    rig = EngineRig(*watching.values())
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.provider.deliver(bounce_of(mid))
+    rig.advance_and_tick(INTERVAL)
+    assert len(bounced(rig, "r-1")) == 1 and rig.provider.reports_fetched == 1
+    watch = rig.engine.bounces
+    assert watch._mailboxes and watch._addresses
+    rig.policies = PolicySet({"other": policy("other")})  # receipts removed
+    assert rig.holder.reload()
+    rig.advance_and_tick(1)  # within the interval: the reload alone makes it look again
+    assert rig.provider.report_reads_forgotten == 1
+    assert watch._mailboxes == {} and watch._reads == []
+    rig.advance_and_tick(INTERVAL)
+    assert rig.provider.report_reads_forgotten == 1  # once
+    rig.policies = watching
+    assert rig.holder.reload()
+    rig.advance_and_tick(1)
+    assert rig.provider.reports_fetched == 2  # afresh: nothing remembered of the first
+    assert len(bounced(rig, "r-1")) == 1

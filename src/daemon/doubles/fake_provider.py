@@ -174,6 +174,7 @@ class FakeProvider(ProviderBase):
         self.inbox: list[Arrived] = []
         self.report_reads = 0
         self.reports_fetched = 0
+        self.report_reads_forgotten = 0  # `forget_report_reads` calls
         self._failing_reads = 0
         self._script: deque[Scripted] = deque()
         self._failing_searches = 0
@@ -344,6 +345,10 @@ class FakeProvider(ProviderBase):
                 found=found,
                 complete=len(new) <= limit,
             )
+
+    def forget_report_reads(self) -> None:
+        with self._lock:
+            self.report_reads_forgotten += 1
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         with self._lock:

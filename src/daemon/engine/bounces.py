@@ -181,6 +181,7 @@ class BounceWatch:
         self._mailboxes: dict[str, _Mailbox] = {}
         self._reads: list[MailboxRead] = []
         self._reads_at: datetime | None = None
+        self._reads_policies: object = None  # the policy set `_reads` was made with
         # (channel, mailbox digest) -> a From of that mailbox and the provider its jobs
         # were sent on (None: not known, the channel's)
         self._addresses: dict[tuple[str, str], tuple[str, str | None]] = {}
@@ -242,18 +243,35 @@ class BounceWatch:
 
     def _current(self, now: datetime) -> list[MailboxRead]:
         """The watched mailboxes, read from the index once per interval (the index's
-        partial range: what is watched, not the history)."""
+        partial range: what is watched, not the history), and at once after a reload."""
+        policies = self._policies.current
         with self._lock:
             stale = self._reads_at is None or now >= self._reads_at
+            stale = stale or policies is not self._reads_policies
         if stale:
             reads = self._watched()
+            scopes = {r.scope for r in reads}
             with self._lock:
+                dropped = [r for r in self._reads if r.scope not in scopes]
                 self._reads = reads
                 self._reads_at = now + timedelta(seconds=self.interval)
-                for gone in self._mailboxes.keys() - {r.scope for r in reads}:
+                self._reads_policies = policies
+                for gone in self._mailboxes.keys() - scopes:
                     del self._mailboxes[gone]  # nothing watched there any more
+            for read in dropped:
+                self._forget(read)
         with self._lock:
             return list(self._reads)
+
+    def _forget(self, read: MailboxRead) -> None:
+        """A mailbox read no more (nothing watched there, its channel removed or no
+        longer watching): what its provider kept of a read that stopped is dropped, as
+        this process dropped what it had read there; were it watched again, its reads
+        would start afresh, and a report recorded already is refused by its job."""
+        try:
+            read.provider.forget_report_reads()
+        except Exception as exc:  # what it keeps is memory: the tick goes on regardless
+            log.warning("%s: dropping its kept report read failed: %s", read.scope, exc)
 
     def _ours(self, read: MailboxRead, now: datetime) -> bool:
         return self._may_read is None or self._may_read(read.policy, read.address, now)
@@ -267,7 +285,9 @@ class BounceWatch:
         policies = self._policies.current
         merged: dict[str, MailboxRead] = {}
         scope_of: dict[tuple[str, str], tuple[str, int]] = {}
+        pairs: set[tuple[str, str]] = set()
         for watched in self._ledger.watched():
+            pairs.add((watched.channel, watched.mailbox))
             policy = policies.get(watched.channel)
             if policy is None or policy.watch_bounces is None:
                 continue  # its watches end at their time; nothing is read for them
@@ -309,6 +329,8 @@ class BounceWatch:
                     )
         with self._lock:
             self._read_in = scope_of
+            # Only the pairs watched now: the others' Froms would be kept for ever.
+            self._addresses = {k: v for k, v in self._addresses.items() if k in pairs}
         return sorted(merged.values(), key=lambda r: r.scope)
 
     def _address(

@@ -134,6 +134,9 @@ class ObservedProvider(ProviderBase):
             ),
         )
 
+    def forget_report_reads(self) -> None:
+        self.inner.forget_report_reads()
+
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         # The job's view of the provider (its mailbox), timed like the provider itself.
         scoped = self.inner.for_job(from_addr, thread_id)

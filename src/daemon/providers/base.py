@@ -127,6 +127,13 @@ class Provider(Protocol):
         the next one."""
         ...
 
+    def forget_report_reads(self) -> None:
+        """Drop what the provider keeps of a report read of this mailbox that stopped
+        before its end (a listing, the page it stopped at): the engine reads the mailbox
+        no more (nothing watched there, its channel gone or no longer watching), so the
+        read would never go on. A read asked for later starts afresh, from page 1."""
+        ...
+
     def for_job(self, from_addr: str, thread_id: str | None) -> Provider:
         """The provider as one job sees it: a provider that acts per mailbox or per thread
         (Gmail with `user = "{from}"`, a job's `thread_id`) returns a view acting as the
@@ -196,6 +203,9 @@ class ProviderBase:
     ) -> ReportRead:
         # A provider that finds no reports: nothing listed (the engine never asks it).
         return ReportRead(query="")
+
+    def forget_report_reads(self) -> None:
+        pass  # it keeps nothing between reads
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return []

@@ -656,6 +656,9 @@ class GmailProvider(ProviderBase):
             may_go_on=may_go_on,
         )  # fmt: skip
 
+    def forget_report_reads(self) -> None:
+        self.report_calls.forget(self._unscoped())
+
     def search_in(self, mailbox: Mailbox, message_id: str) -> SearchResult:
         """Every SENT copy (spam and trash included) whose Message-ID header is ours.
 
@@ -798,6 +801,9 @@ class GmailMailboxView(ProviderBase):
             self.mailbox, since, known=known, max_bytes=max_bytes, limit=limit,
             may_go_on=may_go_on,
         )  # fmt: skip
+
+    def forget_report_reads(self) -> None:
+        self.provider.report_calls.forget(self.mailbox)
 
     def create_draft(self, raw: bytes) -> Draft:
         return self.provider.draft_calls.create(self.mailbox, raw, self.thread_id)

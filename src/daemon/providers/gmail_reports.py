@@ -120,6 +120,16 @@ class GmailReports:
             self._keep(mailbox, _Progress(query, progress.ids, None))
         return ReportRead(query, tuple(progress.ids), tuple(found.values()), complete=complete)
 
+    def forget(self, mailbox: Mailbox) -> None:
+        """Drop the mailbox's stopped read: the next one lists from page 1."""
+        with self._lock:
+            self._progress.pop(mailbox.user, None)
+
+    def kept(self) -> int:
+        """How many mailboxes have a stopped read kept."""
+        with self._lock:
+            return len(self._progress)
+
     def _keep(self, mailbox: Mailbox, progress: _Progress) -> None:
         with self._lock:
             self._progress[mailbox.user] = progress

@@ -790,6 +790,9 @@ class GraphProvider(ProviderBase):
             kept=self.report_listings, key=mailbox.user, may_go_on=may_go_on,
         )  # fmt: skip
 
+    def forget_report_reads(self) -> None:
+        self.report_listings.take(self._unscoped().user)
+
     def read_message_id_in(self, mailbox: _Mailbox, provider_message_id: str) -> str | None:
         found = self._message(mailbox, provider_message_id)
         if found is None:
@@ -872,6 +875,9 @@ class GraphMailboxView(ProviderBase):
             self.provider, mailbox, since, known=known, max_bytes=max_bytes, limit=limit,
             kept=self.provider.report_listings, key=mailbox.user, may_go_on=may_go_on,
         )  # fmt: skip
+
+    def forget_report_reads(self) -> None:
+        self.provider.report_listings.take(self.mailbox.user)
 
     def close(self) -> None:
         pass

@@ -82,6 +82,10 @@ class KeptListings:
         with self._lock:
             self._kept[key] = listing
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._kept)
+
 
 def report_filter(since: datetime) -> str:
     moment = since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
