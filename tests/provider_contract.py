@@ -40,6 +40,7 @@ from typing import ClassVar
 
 import pytest
 
+from daemon.engine.drafts import draft_difference
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.draft_handle import DraftsProvider, DraftStatus
 from testkit.relay import FaultPlan, FaultRelay, check_mode
@@ -416,6 +417,17 @@ class DraftsContract(ContractBase):
         if status is DraftStatus.PENDING:  # never sent: the same draft goes now, once
             assert self.drafts.send_draft(draft).kind is SendKind.CONFIRMED
             assert subject.copies(mid, 1) == 1
+
+    def test_a_draft_reads_back_as_it_was_made_until_it_is_sent(self) -> None:
+        """`draft_raw`: what the draft would send now (held to the job's render before a
+        draft made earlier is sent); None once it is no unsent draft."""
+        subject, mid = self.subject, new_id("read-back")
+        raw = subject.raw(mid)
+        draft = self.drafts.create_draft(raw)
+        held = self.drafts.draft_raw(draft)
+        assert held is not None and draft_difference(held, raw) is None
+        assert self.drafts.send_draft(draft).kind is SendKind.CONFIRMED
+        assert self.drafts.draft_raw(draft) is None
 
     def test_a_deleted_draft_is_gone_not_sent(self) -> None:
         subject, mid = self.subject, new_id("deleted")

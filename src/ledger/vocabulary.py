@@ -53,6 +53,9 @@ class EscalationReason(StrEnum):
     #: The job's From is neither its channel's `from` nor allowed by its `allowed_from`
     #: any more (the policy was narrowed after the job was accepted): never sent.
     SENDER_NOT_ALLOWED = "sender-not-allowed"
+    #: A draft made earlier for the job (`send_via = "drafts"`) was edited in the mailbox:
+    #: it no longer says what the job says, and is not sent.
+    DRAFT_CHANGED = "draft-changed"
 
 
 class Resolution(StrEnum):

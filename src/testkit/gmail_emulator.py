@@ -922,6 +922,15 @@ class GmailEmulator(LoopbackService):
         with self._lock:
             return {d: m.id for d, m in self._drafts.items() if m.user == user.lower()}
 
+    def edit_draft(self, draft_id: str, raw: bytes) -> None:
+        """A person edits the unsent draft in Gmail's web client: it would send `raw` now
+        (its id, its message id and its labels stay)."""
+        with self._lock:
+            stored = self._drafts[draft_id]
+            stored.raw = raw
+            stored.parsed = mime.parse(raw)
+            stored.message_id = mime.header(stored.parsed, "Message-ID")
+
     def drafts_of(self, message_id: str, user: str = DEFAULT_USER) -> int:
         """Unsent drafts in `user`'s mailbox whose Message-ID header is `message_id`."""
         with self._lock:

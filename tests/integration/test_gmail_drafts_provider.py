@@ -17,10 +17,14 @@ from pathlib import Path
 import pytest
 from tests.integration.conftest import GmailSubject
 from tests.provider_contract import DraftsContract, LeavesDraftsContract, ReadBackContract
+from tests.unit.jobs import requested_job
 
+from daemon.doubles.fake_time import FakeClock
+from daemon.engine.drafts import DraftChanged, prepare_draft
 from daemon.providers.base import SendKind
 from daemon.providers.draft_handle import DraftRefused, DraftStatus
 from daemon.providers.gmail import DRAFT_SCOPES, SCOPES, GmailProvider, MissingScope
+from ledger.message import render_checked
 from testkit.credentials import write_authorized_user, write_service_account
 from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
@@ -200,3 +204,32 @@ def test_the_daemon_refuses_to_start_naming_the_provider_and_the_scope(
     message = str(caught.value)
     assert message.startswith("providers.support.credentials_file: ")
     assert "gmail.compose" in message and "\n" not in message
+
+
+# -- a draft made earlier is held to the job's render before it is sent ---------------------
+
+
+def test_a_draft_edited_in_the_mailbox_is_found_changed_and_never_sent(
+    drafts_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    relay: FaultRelay,
+    acceptance_log: Path,
+    clock: FakeClock,
+) -> None:
+    """The job's draft waits in the shared mailbox (recorded, not sent yet); a person
+    edits its recipients in Gmail. The next attempt reads it back (`drafts.get
+    format=raw`, the one call the reuse made before, `format=minimal`) and finds it no
+    longer the job's: nothing is sent. Unedited, the same read lets it be reused."""
+    provider = drafts_provider()
+    job = requested_job(clock)
+    raw = render_checked(job)
+    draft, created = prepare_draft(job, provider, raw, clock.now)
+    assert created
+    before = len(relay.log)
+    assert prepare_draft(job, provider, raw, clock.now) == (draft, False)
+    reads = [(e["method"], e["path"]) for e in relay.log[before:]]
+    assert len(reads) == 1 and "format=raw" in reads[0][1], reads  # the reuse's one call
+    emulator.edit_draft(draft.draft_id, raw.replace(b"To: ", b"To: mallory@evil.example, "))
+    with pytest.raises(DraftChanged, match="to differs"):
+        prepare_draft(job, provider, raw, clock.now)
+    assert sent_lines(acceptance_log) == 0 and emulator.drafts_of(job.message_id, MAILBOX) == 1

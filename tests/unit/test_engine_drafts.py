@@ -17,11 +17,18 @@ from tests.unit.jobs import DEADLINE, MESSAGE_ID, PROVIDER, requested_job
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
-from daemon.engine.drafts import DraftAlreadySent, prepare_draft, settle_by_draft
+from daemon.engine.drafts import (
+    DraftAlreadySent,
+    DraftChanged,
+    draft_difference,
+    prepare_draft,
+    settle_by_draft,
+)
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.report import Counter
 from daemon.engine.runner import Work
 from daemon.engine.unknown import unknown_to_events
+from daemon.providers.draft_handle import Draft
 from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.vocabulary import ConfirmedVia, JobState
@@ -242,29 +249,110 @@ def test_a_draft_refused_for_good_goes_to_review_without_a_claim(
     assert drafts.drafts_created == 0 and drafts.draft_sends == 0
 
 
+def new_drafts_rig() -> EngineRig:
+    return EngineRig(
+        rig_policy("receipts"), provider=lambda clock: FakeDraftsProvider("fake", clock=clock)
+    )
+
+
+def stopped_in_the_draft_step(rig: EngineRig) -> FakeDraftsProvider:
+    """Job k1 submitted, and the daemon stopped during its drafts.create: its draft is
+    recorded, not sent."""
+    rig.submit("receipts", "k1")
+    provider = rig.provider
+    assert isinstance(provider, FakeDraftsProvider)
+    provider.during_create = rig.engine.stop  # the signal comes during drafts.create
+    rig.tick()
+    provider.during_create = None
+    return provider
+
+
 def test_a_stop_asked_during_the_draft_step_starts_no_send() -> None:
     """SIGTERM while a worker is in a job's draft step (drafts.list and drafts.create,
     each up to the provider's timeout): the stopping daemon starts no new provider call
     (docs/operations.md "Stopping"), so the drafts.send that would follow the step is not
     made; the job stays requested, its draft recorded for the next run to send."""
-    rig = EngineRig(
-        rig_policy("receipts"), provider=lambda clock: FakeDraftsProvider("fake", clock=clock)
-    )
+    rig = new_drafts_rig()
     try:
-        rig.submit("receipts", "k1")
-        provider = rig.provider
-        assert isinstance(provider, FakeDraftsProvider)
-        provider.during_create = rig.engine.stop  # the signal comes during drafts.create
-        rig.tick()
+        provider = stopped_in_the_draft_step(rig)
         assert provider.drafts_created == 1
         assert provider.draft_sends == 0 and provider.sends == 0, rig.events("k1")
         assert "Attempted" not in rig.events("k1")
         assert rig.job("k1").state is JobState.REQUESTED
         assert rig.job("k1").draft_id is not None  # recorded: the next run sends it
-        provider.during_create = None
         rig.restart()
         rig.tick()
         assert rig.job("k1").state is JobState.CONFIRMED
         assert (provider.drafts_created, provider.draft_sends, rig.copies("k1")) == (1, 1, 1)
+    finally:
+        rig.close()
+
+
+EDITED = RAW.replace(b"To: b@example.com", b"To: someone-else@example.com")
+
+
+def test_a_recorded_draft_edited_in_the_mailbox_is_not_sent_again(clock: FakeClock) -> None:
+    """A person edits the job's unsent draft in the shared mailbox: the next attempt reads
+    it back, finds it no longer the job's proven render, and does not send it. Reading it
+    back answers what the draft check did: no call more than before."""
+    provider = FakeDraftsProvider(clock=clock)
+    job = requested_job(clock)
+    draft, _ = prepare_draft(job, provider, RAW, clock.now)
+    assert prepare_draft(job, provider, RAW, clock.now) == (draft, False)
+    assert provider.raw_reads == 1  # the reuse: one read, as the check was
+    provider.edit_by_person(draft.draft_id, EDITED)
+    with pytest.raises(DraftChanged, match="to differs") as changed:
+        prepare_draft(job, provider, RAW, clock.now)
+    assert changed.value.draft == draft and provider.draft_sends == 0
+
+
+def test_a_draft_left_by_a_crash_and_edited_is_not_reused(clock: FakeClock) -> None:
+    provider = FakeDraftsProvider(clock=clock)
+    orphan = provider.create_draft(RAW)
+    provider.edit_by_person(orphan.draft_id, RAW.replace(b"hi", b"pay to account 666"))
+    job = requested_job(clock)
+    with pytest.raises(DraftChanged, match="body differs"):
+        prepare_draft(job, provider, RAW, clock.now)
+    assert job.draft_id is None and provider.drafts_created == 1
+
+
+def test_a_draft_re_encoded_by_the_provider_is_still_the_job_s() -> None:
+    """What a recipient sees decides, not the bytes: a part the provider stored with
+    another transfer encoding, or with other line ends, is the same part."""
+    plain = (
+        f"Message-ID: {MESSAGE_ID}\r\nTo: B <b@example.com>\r\nSubject: Hi\r\n"
+        "MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        "Content-Transfer-Encoding: 8bit\r\n\r\nhé\r\n"
+    ).encode()
+    encoded = (
+        f"Message-ID: {MESSAGE_ID}\nTo: b@EXAMPLE.com\nSubject: Hi\nMIME-Version: 1.0\n"
+        "Content-Type: text/plain; charset=utf-8\nContent-Transfer-Encoding: base64\n\n"
+        "aMOpCg==\n"
+    ).encode()
+    assert draft_difference(encoded, plain) is None
+    assert draft_difference(plain.replace(b"Subject: Hi", b"Subject: Ho"), plain)
+    assert draft_difference(plain.replace(b"To: B <", b"Cc: B <"), plain) == "to differs"
+
+
+def test_a_draft_edited_while_its_job_waited_sends_the_job_to_review() -> None:
+    """The job's draft was recorded, then the daemon stopped before sending it; a person
+    edits the draft in the mailbox before the next run. That run sends nothing and puts
+    the job in review, saying why."""
+    rig = new_drafts_rig()
+    try:
+        provider = stopped_in_the_draft_step(rig)
+        draft_id = rig.job("k1").draft_id
+        assert draft_id is not None and provider.draft_sends == 0
+        held = provider.draft_raw(Draft(draft_id, ""))
+        assert held is not None
+        provider.edit_by_person(draft_id, held.replace(b"Subject: ", b"Subject: URGENT "))
+        rig.restart()
+        rig.tick()
+        job = rig.job("k1")
+        assert job.state is JobState.REVIEW and job.reason == "draft-changed"
+        assert provider.draft_sends == 0 and provider.sends == 0
+        escalated = rig.ledger.history("k1")[-1]
+        assert isinstance(escalated, SendJob.Escalated)
+        assert "subject differs" in escalated.detail and draft_id in escalated.detail
     finally:
         rig.close()

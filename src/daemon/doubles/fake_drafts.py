@@ -65,6 +65,8 @@ class FakeDraftsProvider(FakeProvider):
         # What a person checking a sent copy is shown (To, Subject), by draft id, as
         # FakeProvider.send_raw keeps them for its copies.
         self._shown: dict[str, tuple[str, str]] = {}
+        self._raws: dict[str, bytes] = {}  # draft id -> its message as it is now
+        self.raw_reads = 0  # `draft_raw` calls
 
     # -- scripting ----------------------------------------------------------------------
 
@@ -109,6 +111,12 @@ class FakeDraftsProvider(FakeProvider):
         with self._lock:
             self.held_drafts.pop(draft_id, None)
 
+    def edit_by_person(self, draft_id: str, raw: bytes) -> None:
+        """Someone edits the unsent draft in the mailbox: what it would send is `raw`."""
+        with self._lock:
+            assert draft_id in self.held_drafts, draft_id
+            self._raws[draft_id] = raw
+
     # -- drafts ---------------------------------------------------------------------------
 
     def create_draft(self, raw: bytes) -> Draft:
@@ -135,6 +143,7 @@ class FakeDraftsProvider(FakeProvider):
             self.held_drafts[draft.draft_id] = (message_id, draft.provider_message_id)
             self._made[draft.draft_id] = message_id
             self._shown[draft.draft_id] = shown
+            self._raws[draft.draft_id] = raw
             self._made_at[draft.draft_id] = self.clock()
             if self._lost_creates:
                 self._lost_creates -= 1
@@ -185,20 +194,33 @@ class FakeDraftsProvider(FakeProvider):
         """Create and send in one call (an engine that records no draft)."""
         return self.send_draft(self.create_draft(raw))
 
+    def _scripted_get_failure(self) -> None:
+        """(Under the lock.) A drafts.get that fails as scripted (`fail_checks`,
+        `checks_unavailable`): the check and the read-back alike."""
+        if self._unavailable_checks:
+            self._unavailable_checks -= 1
+            raise ProviderError("drafts.get: connection refused (scripted)", unavailable=True)
+        if self._failing_checks:
+            self._failing_checks -= 1
+            raise ProviderError("drafts.get failed (scripted)")
+
     def check_draft(self, draft: Draft) -> DraftCheck:
         with self._lock:
-            if self._unavailable_checks:
-                self._unavailable_checks -= 1
-                raise ProviderError("drafts.get: connection refused (scripted)", unavailable=True)
-            if self._failing_checks:
-                self._failing_checks -= 1
-                raise ProviderError("drafts.get failed (scripted)")
+            self._scripted_get_failure()
             if draft.draft_id in self.held_drafts:
                 return DraftCheck(DraftStatus.PENDING)
             for copy in self.copies:
                 if copy.provider_message_id == draft.provider_message_id:
                     return DraftCheck(DraftStatus.SENT, copy.provider_message_id, copy.message_id)
         return DraftCheck(DraftStatus.GONE)
+
+    def draft_raw(self, draft: Draft) -> bytes | None:
+        with self._lock:
+            self.raw_reads += 1
+            self._scripted_get_failure()
+            if draft.draft_id not in self.held_drafts:
+                return None
+            return self._raws.get(draft.draft_id)
 
     def find_drafts(self, message_id: str) -> list[Draft]:
         with self._lock:

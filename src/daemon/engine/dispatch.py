@@ -247,6 +247,14 @@ class Dispatch:
                 drafts_flow.confirm_recorded(job, policy, sent.draft, work.now, tidy_at)
                 work.save()
                 return None
+            except drafts_flow.DraftChanged as changed:
+                # A person edited the job's draft in the mailbox: sending it would send
+                # what they wrote under the job's name, never what the job proved.
+                work.to_review(
+                    Review(policy.ref, EscalationReason.DRAFT_CHANGED),
+                    f"{changed}; not sent",
+                )
+                return None
             except drafts_flow.NotOurs:
                 log.info("job %s: no draft made: its quota scope went to another daemon", job.key)
                 work.count("skipped")

@@ -21,9 +21,14 @@ outcome) and by `search.py`'s sweep (a recovered claim of a job with a recorded 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
+from email import policy as email_policy
+from email.message import EmailMessage
+from email.parser import BytesParser
+from email.utils import getaddresses
 from typing import TYPE_CHECKING
 
 from daemon.engine.circuit import Circuits
@@ -62,22 +67,89 @@ def prepare_draft(
     `may_create()`: asked right before drafts.create, whether this daemon may still call
     for the job's quota scope (`Dispatch`); the calls before it may each take up to the
     provider's timeout, and the scope may have gone to another daemon meanwhile. False
-    raises NotOurs: nothing created, the job stays due for the scope's owner."""
+    raises NotOurs: nothing created, the job stays due for the scope's owner.
+
+    A draft made earlier (recorded, or found) is read back first and held to `raw`, the
+    proven render: one a person edited in the mailbox raises DraftChanged, and nothing
+    is sent (docs/providers.md "Gmail setup")."""
     recorded = recorded_draft(job)
     if recorded is not None:
-        status = drafts.check_draft(recorded).status
-        if status is DraftStatus.PENDING:
+        # Its read-back answers what `check_draft` would when it is still unsent.
+        current = drafts.draft_raw(recorded)
+        if current is not None:
+            _held_to(recorded, current, raw)
             return recorded, False  # unsent: the same draft again
+        status = drafts.check_draft(recorded).status
         if status is DraftStatus.SENT:
             raise DraftAlreadySent(recorded)
+        if status is DraftStatus.PENDING:  # gone, then there again: no answer to act on
+            raise ProviderError(f"draft {recorded.draft_id}: answered gone, then unsent")
     # A draft an earlier run made but never recorded is reused, never left to be sent
-    # later by someone else; it has the same Message-ID and content.
-    found = sorted(drafts.find_drafts(job.message_id), key=lambda d: d.draft_id)
-    if not found and may_create is not None and not may_create():
+    # later by someone else, once its content is found to be the job's.
+    reused = None
+    for draft in sorted(drafts.find_drafts(job.message_id), key=lambda d: d.draft_id):
+        current = drafts.draft_raw(draft)
+        if current is not None:  # else sent or deleted since it was listed
+            _held_to(draft, current, raw)
+            reused = draft
+            break
+    if reused is None and may_create is not None and not may_create():
         raise NotOurs(job.key)
-    draft = found[0] if found else drafts.create_draft(raw)
+    draft = reused or drafts.create_draft(raw)
     job.record_draft(draft_id=draft.draft_id, provider_message_id=draft.provider_message_id, at=now)
-    return draft, not found
+    return draft, reused is None
+
+
+def _held_to(draft: Draft, current: bytes, proven: bytes) -> None:
+    difference = draft_difference(current, proven)
+    if difference is not None:
+        raise DraftChanged(draft, difference)
+
+
+#: The headers whose values a draft must keep: who it goes to, as whom, what it is called,
+#: and the Message-ID every check of the job counts by.
+_HELD_HEADERS = ("message-id", "from", "to", "cc", "bcc", "subject", "reply-to")
+
+
+def draft_difference(current: bytes, proven: bytes) -> str | None:
+    """What differs between a draft as the mailbox has it now and the job's proven
+    render, in the parts a recipient sees or the checks count by: the headers above
+    (addresses compared as addresses, text as decoded) and each body part's type and
+    decoded bytes (a provider may re-encode a part, not change it). None: the same."""
+    found, expected = _message(current), _message(proven)
+    for name in _HELD_HEADERS:
+        if _header(found, name) != _header(expected, name):
+            return f"{name} differs"
+    if _parts(found) != _parts(expected):
+        return "the body differs"
+    return None
+
+
+def _message(raw: bytes) -> EmailMessage:
+    parsed = BytesParser(policy=email_policy.default).parsebytes(raw)
+    assert isinstance(parsed, EmailMessage)
+    return parsed
+
+
+def _header(message: EmailMessage, name: str) -> tuple[str, ...]:
+    values = [str(v) for v in message.get_all(name) or ()]
+    if name in ("from", "to", "cc", "bcc", "reply-to"):
+        return tuple(sorted(addr.lower() for _, addr in getaddresses(values) if addr))
+    return tuple(" ".join(v.split()) for v in values)
+
+
+def _parts(message: EmailMessage) -> list[tuple[str, str]]:
+    """Each leaf part's type and a digest of its decoded bytes, in order."""
+    parts = []
+    for part in message.walk():
+        if part.is_multipart():
+            continue
+        payload = part.get_payload(decode=True)
+        data = payload if isinstance(payload, bytes) else b""
+        if part.get_content_maintype() == "text":
+            data = data.replace(b"\r\n", b"\n").rstrip(b"\n")  # line ends as stored
+        parts.append((part.get_content_type(), hashlib.sha256(data).hexdigest()))
+    return parts
 
 
 def no_draft(work: Work, exc: ProviderError, circuits: Circuits, now: datetime) -> None:
@@ -99,6 +171,16 @@ class DraftAlreadySent(SendledgerError):
     def __init__(self, draft: Draft) -> None:
         super().__init__(f"draft {draft.draft_id} is already sent")
         self.draft = draft
+
+
+class DraftChanged(SendledgerError):
+    """A draft made earlier for the job no longer says what the job says: a person edited
+    it in the mailbox. Not sent; the job goes to review (`draft-changed`)."""
+
+    def __init__(self, draft: Draft, difference: str) -> None:
+        super().__init__(f"draft {draft.draft_id} was changed in the mailbox: {difference}")
+        self.draft = draft
+        self.difference = difference
 
 
 class NotOurs(SendledgerError):

@@ -65,6 +65,12 @@ class DraftsProvider(Protocol):
         Raises ProviderError when the answer is not known."""
         ...
 
+    def draft_raw(self, draft: Draft) -> bytes | None:
+        """The unsent draft's message as it is now (a person may have edited it in the
+        mailbox), or None when it is no unsent draft any more (sent or deleted:
+        `check_draft` tells which). Raises ProviderError when the answer is not known."""
+        ...
+
     def find_drafts(self, message_id: str) -> list[Draft]:
         """Every draft whose Message-ID header is exactly `message_id` (the drafts a
         crash left behind). Raises ProviderError when the answer is not known."""

@@ -547,6 +547,9 @@ class GmailProvider(ProviderBase):
     def check_draft(self, draft: Draft) -> DraftCheck:
         return self.draft_calls.check(self._unscoped(), draft)
 
+    def draft_raw(self, draft: Draft) -> bytes | None:
+        return self.draft_calls.raw(self._unscoped(), draft)
+
     def find_drafts(self, message_id: str) -> list[Draft]:
         return self.draft_calls.find(self._unscoped(), message_id)
 
@@ -813,6 +816,9 @@ class GmailMailboxView(ProviderBase):
 
     def check_draft(self, draft: Draft) -> DraftCheck:
         return self.provider.draft_calls.check(self.mailbox, draft)
+
+    def draft_raw(self, draft: Draft) -> bytes | None:
+        return self.provider.draft_calls.raw(self.mailbox, draft)
 
     def find_drafts(self, message_id: str) -> list[Draft]:
         return self.provider.draft_calls.find(self.mailbox, message_id)

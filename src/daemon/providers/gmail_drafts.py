@@ -149,6 +149,21 @@ class GmailDrafts:
             message_id_header=message_id_header(data),
         )
 
+    def raw(self, mailbox: Mailbox, draft: Draft) -> bytes | None:
+        """The unsent draft's message as it is now (`drafts.get format=raw`, one get);
+        None when it is no unsent draft any more (404)."""
+        what = f"drafts.get {draft.draft_id}"
+        message = self._unsent_message(mailbox, draft, "raw")
+        if message is None:
+            return None
+        raw = message.get("raw")
+        if not isinstance(raw, str):
+            raise ProviderError(f"{what}: no raw message in the answer")
+        try:
+            return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+        except ValueError:  # binascii.Error is one
+            raise ProviderError(f"{what}: the raw message does not decode") from None
+
     def find(self, mailbox: Mailbox, message_id: str) -> list[Draft]:
         query = f"rfc822msgid:{search_term(message_id)}"
         found: list[Draft] = []
@@ -172,17 +187,23 @@ class GmailDrafts:
     def _draft_message_id(self, mailbox: Mailbox, draft: Draft) -> str | None:
         """The Message-ID header of an unsent draft; None when it has none or is gone."""
         # drafts.get takes no metadataHeaders: "metadata" gives every header.
-        request = self._drafts.get(userId=mailbox.user, id=draft.draft_id, format="metadata")
+        message = self._unsent_message(mailbox, draft, "metadata")
+        return None if message is None else message_id_header(message)
+
+    def _unsent_message(self, mailbox: Mailbox, draft: Draft, fmt: str) -> dict[str, Any] | None:
+        """`drafts.get` of the draft in `fmt`: its message resource (empty when the
+        answer has none); None when it is no unsent draft now (404: sent or deleted)."""
+        request = self._drafts.get(userId=mailbox.user, id=draft.draft_id, format=fmt)
         what = f"drafts.get {draft.draft_id}"
         status, headers, body = self.provider.answer(
             what, request, GMAIL_GET_UNITS, mailbox, draft=True
         )
         if status == 404:
-            return None  # sent or deleted since the list: not an unsent draft now
+            return None
         if not 200 <= status < 300:
             raise provider_error_for_response(what, status, headers, body)
         message = _json_or_empty(body).get("message")
-        return message_id_header(message) if isinstance(message, dict) else None
+        return message if isinstance(message, dict) else {}
 
     def delete(self, mailbox: Mailbox, draft_id: str) -> bool:
         request = self._drafts.delete(userId=mailbox.user, id=draft_id)

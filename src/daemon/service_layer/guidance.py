@@ -51,6 +51,10 @@ MEANING: dict[EscalationReason, str] = {
         "The job's From is no longer the channel's from nor allowed by its allowed_from "
         "(the policy changed after the job was accepted), so it was never sent as it."
     ),
+    EscalationReason.DRAFT_CHANGED: (
+        "The job's draft in the sender's mailbox was edited there (its recipients, subject "
+        "or text are no longer the job's), so it was not sent."
+    ),
     EscalationReason.BOUNCED: (
         "The message was sent (the provider confirmed it), but a delivery report in the "
         "sender's mailbox says a recipient's server refused it for good: that recipient "
@@ -90,6 +94,10 @@ NEXT: dict[EscalationReason, str] = {
     EscalationReason.SENDER_NOT_ALLOWED: (
         "If the job may still send as its From, add it to the channel's allowed_from, "
         "reload the daemon (SIGHUP), then resend; otherwise abandon it."
+    ),
+    EscalationReason.DRAFT_CHANGED: (
+        "Ask who edited the draft and why; delete it from the mailbox's Drafts, then resend "
+        "(a new draft is made from the job); or abandon (its drafts are deleted)."
     ),
     EscalationReason.BOUNCED: (
         "Read the report in the timeline (the recipient and the server's words), settle the "
