@@ -31,7 +31,7 @@ from daemon.engine.unknown import unknown_to_events
 from daemon.providers.draft_handle import Draft
 from ledger.application import Ledger
 from ledger.job import SendJob
-from ledger.vocabulary import ConfirmedVia, JobState
+from ledger.vocabulary import ConfirmedVia, JobState, Resolution
 from policies.model import ChannelPolicy
 
 RAW = f"Message-ID: {MESSAGE_ID}\r\nTo: b@example.com\r\n\r\nhi\r\n".encode()
@@ -354,5 +354,15 @@ def test_a_draft_edited_while_its_job_waited_sends_the_job_to_review() -> None:
         escalated = rig.ledger.history("k1")[-1]
         assert isinstance(escalated, SendJob.Escalated)
         assert "subject differs" in escalated.detail and draft_id in escalated.detail
+        # What the review says to do: the edited draft deleted, then a resend, which
+        # makes a new draft from the job.
+        provider.delete_by_person(draft_id)
+        rig.ledger.update(
+            "k1",
+            lambda j: j.resolve(Resolution.RESEND, note="draft deleted", by="op", at=rig.clock()),
+        )
+        rig.tick()
+        assert rig.job("k1").state is JobState.CONFIRMED and rig.copies("k1") == 1
+        assert provider.drafts_created == 2 and provider.draft_sends == 1
     finally:
         rig.close()
