@@ -742,6 +742,22 @@ def test_a_refusal_answered_after_graph_sent_the_draft_is_not_proven_by_a_delete
     assert len(graph_provider.search(MID).copies) == 1
 
 
+def test_a_draft_a_person_edited_is_never_what_a_send_sends(
+    provider: ProviderFactory, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """Graph sends only the draft its send has just created (docs/providers.md "Gmail
+    setup" says why it needs no read-back): a draft with the job's
+    Message-ID that a person edited in the mailbox (left by an earlier process) is not
+    the one sent, whatever it says."""
+    edited = raw_message().replace(b"customer@example.net", b"mallory@evil.example")
+    left = graph.inject_draft(edited, user=MAILBOX)
+    outcome = provider().send_raw(raw_message())
+    assert outcome.kind is SendKind.CONFIRMED, outcome
+    [entry] = graph.accepted()
+    assert entry["id"] != left and entry["to"] == "customer@example.net"
+    assert logged_copies(accept_log) == 1
+
+
 def test_a_fenced_draft_cannot_be_sent_by_a_late_call(
     provider: ProviderFactory, graph: GraphEmulator, accept_log: Path
 ) -> None:
