@@ -369,6 +369,7 @@ class Daemon:
             tick_age=self.tick_age,
             circuits=self.engine.open_circuits,
             scope_failure=self.engine.scope_failure,
+            clock_failure=self.engine.clock_failure,
         )
         return bound_server(settings, ctx)
 

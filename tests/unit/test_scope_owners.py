@@ -1179,12 +1179,27 @@ class RefusingLeases(MemoryScopeLeases):
         super().beat(name, until)
 
 
+def health_of(ledger: Ledger, owners: ScopeOwners) -> Any:
+    """What `/healthz` checks in a daemon whose scopes are `owners`'s (as the runtime
+    wires them)."""
+    from daemon.api.health import HealthSources
+
+    return HealthSources(
+        ledger=ledger,
+        policies=lambda: POLICIES,
+        policy_error=lambda: None,
+        providers=["fake"],
+        scope_failure=owners.renewal_failure,
+        clock_failure=owners.clock_failure,
+    )
+
+
 def test_healthz_reports_scope_leases_not_renewed_while_the_calls_are_stopped() -> None:
     """A daemon whose scope leases cannot be written (a role that may only read them, a
     row held by a long transaction) stops its calls by itself and writes no event, so no
     event write fails either: `/healthz` said the store was fine while it sent nothing.
     It reports the leases unrenewed once the next chance was missed too, until one is."""
-    from daemon.api.health import HealthSources, check_health
+    from daemon.api.health import check_health
 
     clock = FakeClock(START)
     store = RefusingLeases(SimpleNamespace())
@@ -1192,13 +1207,7 @@ def test_healthz_reports_scope_leases_not_renewed_while_the_calls_are_stopped() 
     daemon.round(1)
     assert daemon.may_call(0)
     with Ledger("memory://") as ledger:
-        sources = HealthSources(
-            ledger=ledger,
-            policies=lambda: POLICIES,
-            policy_error=lambda: None,
-            providers=["fake"],
-            scope_failure=daemon.owners.renewal_failure,
-        )
+        sources = health_of(ledger, daemon.owners)
         assert check_health(sources)[0]
         store.refuse = True
         clock.advance(LEASE / 3)  # the renewal is due: refused
@@ -1220,3 +1229,37 @@ def test_healthz_reports_scope_leases_not_renewed_while_the_calls_are_stopped() 
         daemon.round(1)  # written again
         assert daemon.may_call(0)
         assert check_health(sources)[0]
+
+
+def test_healthz_reports_a_daemon_standing_aside_for_its_clock_until_it_is_back() -> None:
+    """A daemon whose clock is off the store's stands aside: it acts on no scope and no
+    job, and said so only in its log while `/healthz` answered 200. The store check fails
+    with `clock_off` (seconds, + ahead) and `clock_error` while it stands aside, and
+    clears once its clock is back."""
+    from daemon.api.health import check_health
+
+    world = World()
+    store_clock = world.clocks["store"] = FakeClock(START)
+    a = world.start("a")
+    a.owners._store = TimedStore(world.store, store_clock)
+    a.round(2)
+    with Ledger("memory://") as ledger:
+        sources = health_of(ledger, a.owners)
+        assert check_health(sources)[0]
+        a.clock.advance(20.3)  # an NTP step, a VM resumed
+        a.round(2)
+        assert a.owners.aside == pytest.approx(20.3)
+        ok, reasons, checks = check_health(sources)
+        assert not ok
+        assert reasons == [
+            "store: clock +20.3s off the store's, more than half of daemon.deadline_grace "
+            "(1.5s): acting on no scope and no job until it is back (check NTP)"
+        ]
+        assert checks["store"]["ok"] is False
+        assert checks["store"]["clock_off"] == pytest.approx(20.3)
+        assert checks["store"]["clock_error"] == reasons[0].removeprefix("store: ")
+        a.clock.advance(-20.3)  # NTP puts it right
+        a.round(2)
+        assert a.owners.aside is None
+        ok, reasons, checks = check_health(sources)
+        assert ok and "clock_off" not in checks["store"]

@@ -44,6 +44,7 @@ def api_context(
     tick_age: Callable[[], float] | None = None,
     circuits: Callable[[], list[OpenCircuit]] | None = None,
     scope_failure: Callable[[], str | None] | None = None,
+    clock_failure: Callable[[], tuple[float, str] | None] | None = None,
 ) -> ApiContext:
     """The API's view of this process. Without `unreliable` (no engine here) the handles'
     reliability is read from the store."""
@@ -70,6 +71,7 @@ def api_context(
         tick_limit=tick_limit(settings.daemon.tick),
         circuits=circuits,
         scope_failure=scope_failure,
+        clock_failure=clock_failure,
     )
     return ApiContext(
         ledger=ledger,

@@ -1,6 +1,7 @@
 """`/healthz`: is this process able to do its work? (docs/http-api.md "HTTP API").
 
-Checks the store (one index query, and whether the last write of events failed), the
+Checks the store (one index query, whether the last write of events failed, and in a
+daemon sharing scopes whether its leases are renewed and its clock is the store's), the
 scheduler (age of the last completed tick, in the daemon only), the channel policies
 (loaded, and whether the last reload failed) and each provider handle's reliability. Any
 failing check makes the answer 503 with its reason.
@@ -31,6 +32,10 @@ class HealthSources:
     #: Why the scope leases are not renewed (a store that takes no write of them); None
     #: when no engine here shares scopes (`Engine.scope_failure`).
     scope_failure: Callable[[], str | None] | None = None
+    #: How far off the store's this daemon's clock is and why it stands aside for it;
+    #: None while it does not, or when no engine here shares scopes
+    #: (`Engine.clock_failure`).
+    clock_failure: Callable[[], tuple[float, str] | None] | None = None
 
 
 def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any]]:
@@ -53,6 +58,12 @@ def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any
         if leases is not None:
             checks["store"].update(ok=False, scope_leases_error=leases)
             reasons.append(f"store: {leases}")
+        # Standing aside it writes nothing, so nothing above fails while it sends nothing.
+        aside = sources.clock_failure() if sources.clock_failure else None
+        if aside is not None:
+            off, why = aside
+            checks["store"].update(ok=False, clock_off=round(off, 3), clock_error=why)
+            reasons.append(f"store: {why}")
     except Exception as exc:
         reason = f"store unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
         checks["store"] = {"ok": False, "error": reason}

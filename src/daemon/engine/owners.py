@@ -305,6 +305,19 @@ class ScopeOwners:
             return None
         return f"scope leases not renewed for {failing:.0f}s: {self._failure}"
 
+    def clock_failure(self) -> tuple[float, str] | None:
+        """While this daemon stands aside for its clock (`aside`): how far off it was at
+        the last look (seconds, positive: ahead) and why it acts on nothing, for
+        `/healthz`; else None. Its log says so once, when it stands aside."""
+        off = self.aside
+        if off is None or self.disowned:
+            return None
+        return off, (
+            f"clock {off:+.1f}s off the store's, more than half of daemon.deadline_grace "
+            f"({self._grace / 2:g}s): acting on no scope and no job until it is back "
+            "(check NTP)"
+        )
+
     def clock_off(self) -> float | None:
         """How far this daemon's clock is off the store's (seconds, positive: ahead) when
         that is more than half the grace beyond the time the read took, else None. Half:

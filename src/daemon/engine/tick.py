@@ -299,6 +299,11 @@ class Engine:
         for a while (`ScopeOwners.renewal_failure`); None when it shares no scopes."""
         return None if self.owners is None else self.owners.renewal_failure()
 
+    def clock_failure(self) -> tuple[float, str] | None:
+        """How far off the store's this daemon's clock is, and why it acts on nothing,
+        while it stands aside for it (`ScopeOwners.clock_failure`); else None."""
+        return None if self.owners is None else self.owners.clock_failure()
+
     def recover_own_claims(self) -> TickReport:
         """At start-up, with this daemon's name held (`Ledger.hold_identity`): its own
         claims left by an earlier process have no call in flight; Unknown now."""
