@@ -179,3 +179,17 @@ def test_a_store_that_cannot_be_written_when_opened_is_named_the_same_way(cli: A
             f"sendledger: store sqlite:{store}: read-only: it can be read but not written here "
             "(attempt to write a readonly database)"
         ], result.stderr
+
+
+@pytest.mark.parametrize("port", ["0", "", "+5432"])
+def test_a_postgresql_port_libpq_would_read_otherwise_is_bad_input_naming_store_url(
+    cli: Any, port: str
+) -> None:
+    """`:0` and `:` reached port 5432, the server the URL did not name; now exit 2 in
+    one line naming store.url and the port, never the password."""
+    cli.write_config(f"postgresql://u:s3cret@127.0.0.1:{port}/db")
+    for result in (cli.submit(JOB), cli.run("status", "k-1")):
+        assert result.code == 2, result.stderr
+        assert len(result.error_lines) == 1, result.stderr
+        assert "store.url" in result.stderr and "bad port" in result.stderr, result.stderr
+        assert "s3cret" not in result.stderr

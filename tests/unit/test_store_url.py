@@ -4,8 +4,11 @@ store.url."""
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from ledger.stores.url import (
     MemoryStore,
@@ -125,7 +128,7 @@ def test_postgresql_missing_database_name(url: str) -> None:
     assert "s3cret" not in str(info.value)
 
 
-@pytest.mark.parametrize("port", ["abc", "99999", "-1"])
+@pytest.mark.parametrize("port", ["abc", "99999", "-1", "0", "00", "", "+5432", "5_432", " 5432"])
 def test_postgresql_bad_port(port: str) -> None:
     with pytest.raises(StoreUrlError, match="bad port") as info:
         parse_store_url(f"postgresql://u:s3cret@h:{port}/db")
@@ -185,3 +188,49 @@ def test_a_url_that_cannot_be_split_never_shows_its_password() -> None:
     with pytest.raises(StoreUrlError) as info:
         parse_store_url("postgresql://u:s3cret@[::1/db")
     assert "s3cret" not in str(info.value) and "[::1/db" in str(info.value)
+
+
+@given(st.integers(1, 65535), st.integers(0, 3))
+def test_a_port_is_read_as_typed(port: int, zeros: int) -> None:
+    spec = parse_store_url(f"postgresql://u@h:{'0' * zeros}{port}/db")
+    assert isinstance(spec, PostgresStore) and spec.port == port
+
+
+@given(st.text(min_size=1, max_size=8).filter(lambda t: "/" not in t and "?" not in t))
+@example("0")
+@example("000")
+@example("\u0665")  # a digit, but not one libpq reads
+@example("5432:1")
+@example("5_432")
+def test_a_port_the_server_would_read_otherwise_is_refused(port: str) -> None:
+    """Port 0 went to 5432; whatever is not an ASCII decimal number from 1 to 65535 is
+    refused as bad input naming the field, never replaced by another port."""
+    if port.isascii() and port.isdigit() and 1 <= int(port) <= 65535:
+        return  # a port as typed (test_a_port_is_read_as_typed)
+    with pytest.raises(StoreUrlError) as info:
+        parse_store_url(f"postgresql://u:s3cret@h:{quote(port, safe=':')}/db")
+    assert str(info.value).startswith("store.url: ")
+    assert "port" in str(info.value) and "s3cret" not in str(info.value)
+
+
+@given(
+    st.one_of(
+        st.from_regex(r"/[A-Za-z0-9_./-]{1,20}", fullmatch=True),
+        st.from_regex(r"[A-Za-z0-9][A-Za-z0-9.-]{0,20}", fullmatch=True),
+    )
+)
+@example("/run/PostgreSQL")
+@example("DB.Internal")
+def test_a_host_is_read_as_typed_percent_escapes_decoded(host: str) -> None:
+    """A socket folder in the host was passed on still escaped (`%2Frun%2Fpg`) and
+    lowercased: libpq read a host name that does not exist."""
+    spec = parse_store_url(f"postgresql://u@{quote(host, safe='')}:5433/db")
+    assert isinstance(spec, PostgresStore) and spec.host == host and spec.port == 5433
+
+
+def test_a_host_given_twice_is_refused() -> None:
+    """libpq's query parameters win over the URL's parts: the server would have been the
+    query's host, not the one this parser kept."""
+    with pytest.raises(StoreUrlError, match="the host is given twice") as info:
+        parse_store_url("postgresql://u:s3cret@db.internal/db?host=/run/postgresql")
+    assert str(info.value).startswith("store.url: ") and "s3cret" not in str(info.value)

@@ -113,11 +113,13 @@ def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
         dbname = unquote(parts.path.lstrip("/"))
         if not dbname:
             raise StoreUrlError(f"store.url: {_safe(url)}: the database name is missing")
-        host = parts.hostname or (query.get("host") or [""])[0] or "/var/run/postgresql"
-        try:
-            port = parts.port or 5432
-        except ValueError as exc:
-            raise StoreUrlError(f"store.url: {_safe(url)}: bad port") from exc
+        typed_host, port_text = _host_and_port(parts.netloc)
+        queried_host = (query.get("host") or [""])[0]
+        if typed_host and queried_host:
+            # libpq would take the query's: refuse rather than pick the other one.
+            raise StoreUrlError(f"store.url: {_safe(url)}: the host is given twice")
+        host = typed_host or queried_host or "/var/run/postgresql"
+        port = _port(port_text, url)
         unknown = sorted(set(query) - {"host", "schema"})
         if unknown:
             raise StoreUrlError(f"store.url: unknown parameter {unknown[0]!r}")
@@ -139,6 +141,31 @@ def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
     if scheme == "memory":
         return MemoryStore(name=unquote(rest).strip("/") or None)
     raise StoreUrlError(f"store.url: unsupported scheme {scheme!r} (sqlite or postgresql)")
+
+
+def _host_and_port(netloc: str) -> tuple[str, str | None]:
+    """The host as typed, percent escapes decoded (a socket folder, `%2Frun%2Fpg`, is
+    case-sensitive: `SplitResult.hostname` lowercases it and keeps its escapes), and the
+    port's text (None: no colon)."""
+    hostport = netloc.rpartition("@")[2]
+    if hostport.startswith("["):  # an IPv6 address; urlsplit checked the brackets
+        host, _, after = hostport[1:].partition("]")
+        port = after[1:] if after.startswith(":") else (after or None)
+        return unquote(host), port
+    host, colon, port_text = hostport.partition(":")
+    return unquote(host), port_text if colon else None
+
+
+def _port(text: str | None, url: str) -> int:
+    """The port as typed: only an ASCII decimal number from 1 to 65535. libpq reads an
+    empty or 0 port as 5432 and Python's `int` reads "+5432", "5_432" or other scripts'
+    digits: each would reach a server other than the one the text names."""
+    if text is None:
+        return 5432
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 65535):
+        why = " (libpq would read this one as 5432)" if text.strip("0") == "" else ""
+        raise StoreUrlError(f"store.url: {_safe(url)}: bad port: 1 to 65535{why}")
+    return int(text)
 
 
 def _safe(url: str) -> str:
