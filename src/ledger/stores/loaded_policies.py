@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ledger.stores.recorder_kind import recorder_backend
+from ledger.stores.recorder_kind import ByBackend
 
 LOADED_TABLE = "sendledger_loaded_policies"
 CREATE = (
@@ -235,12 +235,9 @@ class PostgresLoadedPolicies(SqlLoadedPolicies):
 
 def loaded_policies_for(recorder: Any) -> LoadedPolicyStore:
     """The loaded-policy rows of the store `recorder` (a Ledger's) writes to."""
-    kind: dict[str, Callable[[Any], LoadedPolicyStore]] = {
-        "postgres": PostgresLoadedPolicies,
-        "sqlite": SqliteLoadedPolicies,
-        "memory": MemoryLoadedPolicies,
-    }
-    return kind[recorder_backend(recorder)](recorder)
+    return ByBackend[LoadedPolicyStore](
+        postgres=PostgresLoadedPolicies, sqlite=SqliteLoadedPolicies, memory=MemoryLoadedPolicies
+    )(recorder)
 
 
 __all__ = [

@@ -23,13 +23,13 @@ without webhooks never carry it and opening a store runs no new DDL.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ledger.stores.causes import exception_chain
-from ledger.stores.recorder_kind import recorder_backend
+from ledger.stores.recorder_kind import ByBackend
 
 POSITIONS_TABLE = "sendledger_webhook_positions"
 COLUMNS = (
@@ -545,12 +545,9 @@ def _lock_not_available(exc: BaseException) -> bool:
 
 def positions_for(recorder: Any) -> PositionStore:
     """The position rows of the store `recorder` (a Ledger's) writes to."""
-    kind: dict[str, Callable[[Any], PositionStore]] = {
-        "postgres": PostgresPositions,
-        "sqlite": SqlitePositions,
-        "memory": MemoryPositions,
-    }
-    return kind[recorder_backend(recorder)](recorder)
+    return ByBackend[PositionStore](
+        postgres=PostgresPositions, sqlite=SqlitePositions, memory=MemoryPositions
+    )(recorder)
 
 
 __all__ = [

@@ -1,7 +1,13 @@
 """Which backend a Ledger's recorder writes to, for the stores kept beside the events
-(webhook positions, scope leases) that have a class per backend."""
+(webhook positions, scope leases, loaded policies) that have a class per backend."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 
 def recorder_backend(recorder: object) -> str:
@@ -16,4 +22,18 @@ def recorder_backend(recorder: object) -> str:
     return "memory"
 
 
-__all__ = ["recorder_backend"]
+@dataclass(frozen=True)
+class ByBackend(Generic[T]):
+    """A store kept beside the events with a class per backend: `ByBackend[Protocol](...)
+    (recorder)` builds the one of the backend `recorder` (a Ledger's) writes to."""
+
+    postgres: Callable[[Any], T]
+    sqlite: Callable[[Any], T]
+    memory: Callable[[Any], T]
+
+    def __call__(self, recorder: Any) -> T:
+        kind = {"postgres": self.postgres, "sqlite": self.sqlite, "memory": self.memory}
+        return kind[recorder_backend(recorder)](recorder)
+
+
+__all__ = ["ByBackend", "recorder_backend"]

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ledger.stores.recorder_kind import recorder_backend
+from ledger.stores.recorder_kind import ByBackend
 
 SCOPES_TABLE = "sendledger_scopes"
 DAEMONS_TABLE = "sendledger_daemons"
@@ -375,12 +375,9 @@ class PostgresScopeLeases(SqlScopeLeases):
 
 def scope_leases_for(recorder: Any) -> ScopeLeaseStore:
     """The scope lease rows of the store `recorder` (a Ledger's) writes to."""
-    kind: dict[str, Callable[[Any], ScopeLeaseStore]] = {
-        "postgres": PostgresScopeLeases,
-        "sqlite": SqliteScopeLeases,
-        "memory": MemoryScopeLeases,
-    }
-    return kind[recorder_backend(recorder)](recorder)
+    return ByBackend[ScopeLeaseStore](
+        postgres=PostgresScopeLeases, sqlite=SqliteScopeLeases, memory=MemoryScopeLeases
+    )(recorder)
 
 
 __all__ = [
