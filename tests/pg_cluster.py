@@ -119,6 +119,20 @@ class PrivateCluster:
         `immediate`: as a crash, no shutdown checkpoint."""
         self._run(BIN / "pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
 
+    def advisory_locks(self) -> int:
+        """The session advisory locks held: a daemon's name (`Ledger.hold_identity`), on a
+        connection of its own in no transaction. A write's turn at the job index
+        (`pg_advisory_xact_lock`) is held inside one, for as long as that write, and is
+        not counted."""
+        import psycopg
+
+        with psycopg.connect(self.url, connect_timeout=3) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND a.xact_start IS NULL"
+            ).fetchone()
+            return int(row[0]) if row else 0
+
     def close(self) -> None:
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self.stop("immediate")  # fails when it is not running

@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from tests.e2e.daemon_kit import Rig, job
 from tests.pg_cluster import PrivateCluster, require_private_cluster
@@ -68,18 +67,6 @@ def cluster() -> Iterator[PrivateCluster]:
         yield pg
 
 
-def _advisory_locks(url: str) -> int:
-    """The session advisory locks held: the daemon's name, on a connection of its own that
-    is in no transaction; a write's turn at the job index (`pg_advisory_xact_lock`) is held
-    inside one, for as long as that write, and is not counted."""
-    with psycopg.connect(url, connect_timeout=3) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND a.xact_start IS NULL"
-        ).fetchone()
-        return int(row[0]) if row else 0
-
-
 @pytest.mark.parametrize(
     ("mode", "down"), [("fast", 3.0), ("immediate", STATUS_PERIOD + CONNECT_TIMEOUT + 2.0)]
 )
@@ -103,7 +90,7 @@ def test_database_restart_mid_run(
             lambda: rig.ledger.counts(("confirmed",)).get("confirmed", 0) >= 5,
             "the first confirmations",
         )
-        assert _advisory_locks(cluster.url) == 1
+        assert cluster.advisory_locks() == 1
         confirmed_before = rig.ledger.counts(("confirmed",)).get("confirmed", 0)
         rig.forget_ledger()
         cluster.stop(mode)
@@ -115,7 +102,7 @@ def test_database_restart_mid_run(
         rig.wait_settled(keys, timeout=90)
         assert daemon.alive(), daemon.tail()
         # The identity lock went with the old session; the daemon holds its name again.
-        rig.wait_for(lambda: _advisory_locks(cluster.url) == 1, "the name to be held again")
+        rig.wait_for(lambda: cluster.advisory_locks() == 1, "the name to be held again")
 
         states = collections.Counter(rig.state(key) for key in keys)
         assert states == {"confirmed": JOBS}, (states, daemon.tail())

@@ -34,12 +34,6 @@ def _submit(ledger: Ledger, key: str) -> None:
     ledger.submit(parse_job(job), SENDER)
 
 
-def _advisory_locks(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
-        return int(row[0]) if row else 0
-
-
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_reads_and_writes_right_after_a_restart(cluster: PrivateCluster, mode: str) -> None:
     """Every pooled connection is dead after the restart; no call fails because of it."""
@@ -66,7 +60,7 @@ def test_the_name_is_taken_again_after_a_restart(cluster: PrivateCluster) -> Non
                 lock.check()  # the database is down: no claims until a later check
             cluster.start()
             lock.check()
-            assert _advisory_locks(cluster.url) == 1
+            assert cluster.advisory_locks() == 1
             with pytest.raises(IdentityTaken):
                 ledger.hold_identity("again")  # held again: a second daemon is refused
             lock.check()  # a live session: nothing to do
