@@ -272,3 +272,91 @@ def test_healthz_fails_while_the_store_cannot_be_written_and_recovers_after_a_wr
         health = api.client.get("/healthz", headers=api.auth())
         assert health.status_code == 200, health.text
         assert health.json()["checks"]["store"]["ok"] is True
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _refused_at_open(spec: PostgresStore, why: str) -> float:
+    """Both doors that open a store (`Ledger`, and `store_exists` for the read-only
+    commands) say in one line the store, host:port, and what the driver said; never the
+    password. The seconds the open took."""
+    from ledger.stores import store_exists
+
+    started = time.monotonic()
+    for door in (lambda: Ledger(spec).close(), lambda: store_exists(spec)):
+        with pytest.raises(StoreUnavailable) as refused:
+            door()
+        said = str(refused.value)
+        assert said.startswith(f"store {spec.describe()}: cannot connect (connection "), said
+        assert why in said and "\n" not in said, said
+        assert spec.password == "" or spec.password not in said, said
+    return time.monotonic() - started
+
+
+def test_an_unreachable_postgres_at_open_names_host_port_and_the_driver_s_cause() -> None:
+    """It said only "couldn't get a connection after 10.00 sec" (the pool's timeout),
+    after 10 s: neither where nor why. Connections are still tried for connect_timeout
+    (a server starting up answers meanwhile), then the last refusal is the line."""
+    port = _closed_port()
+    spec = PostgresStore(
+        dbname="db", host="127.0.0.1", port=port, user="u", password="s3cret", connect_timeout=2
+    )
+    took = _refused_at_open(spec, f'"127.0.0.1", port {port} failed: Connection refused')
+    assert 2 * 2.0 <= took < 2 * 2.0 + 4.0, took  # two doors, each tried for 2 s
+
+
+@pytest.mark.postgres
+def test_a_missing_database_at_open_is_named_with_the_driver_s_words() -> None:
+    from tests.conftest import require_postgres
+
+    require_postgres()
+    spec = parse_store_url(PG_URL)
+    assert isinstance(spec, PostgresStore)
+    missing = dataclasses.replace(spec, dbname="sendledger_no_such_db", connect_timeout=2)
+    _refused_at_open(missing, 'database "sendledger_no_such_db" does not exist')
+
+
+def test_a_wrong_password_at_open_is_named_and_never_shown() -> None:
+    """A private cluster that asks one role for its password (the session's trusts
+    every loopback connection)."""
+    import psycopg
+    from tests.pg_cluster import BIN, PrivateCluster, require_private_cluster
+
+    require_private_cluster()
+    with PrivateCluster() as pg:
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("CREATE ROLE secretive LOGIN PASSWORD 'right-one'")
+            conn.execute("GRANT CREATE ON SCHEMA public TO secretive")
+        hba = pg.data / "pg_hba.conf"
+        hba.write_text("host all secretive 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+        pg._run(BIN / "pg_ctl", "-D", pg.data, "reload")
+        spec = PostgresStore(
+            dbname="postgres",
+            host="127.0.0.1",
+            port=pg.port,
+            user="secretive",
+            password="wrong-one",
+            connect_timeout=2,
+        )
+        deadline = time.monotonic() + 10
+        while True:  # the reload is asynchronous: until the server asks for it
+            try:
+                psycopg.connect(**{**_args(spec), "password": None}).close()
+            except psycopg.OperationalError:
+                break
+            assert time.monotonic() < deadline, "pg_hba.conf not reloaded"
+            time.sleep(0.1)
+        _refused_at_open(spec, 'password authentication failed for user "secretive"')
+        right = dataclasses.replace(spec, password="right-one")
+        Ledger(right).close()  # the right one opens it
+
+
+def _args(spec: PostgresStore) -> dict[str, Any]:
+    return {"dbname": spec.dbname, "host": spec.host, "port": spec.port, "user": spec.user}

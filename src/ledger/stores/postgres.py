@@ -24,7 +24,7 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastor
 from eventsourcing.utils import get_topic, retry
 from psycopg.sql import SQL
 
-from ledger.stores.causes import exception_chain
+from ledger.stores.causes import StoreUnavailable, exception_chain
 from ledger.stores.identity import IdentityTaken
 from ledger.stores.index import (
     ADDED_COLUMNS,
@@ -233,10 +233,33 @@ def connection_lost(exc: BaseException) -> bool:
     return False
 
 
+#: Seconds between two tries of a connection at open (`connect_at_open`).
+OPEN_RETRY_PAUSE = 0.5
+
+
+def connect_at_open(store: PostgresStore) -> psycopg.Connection[Any]:
+    """The first connection of a process to its store, tried again for
+    `store.connect_timeout` (a server starting up or failing over answers meanwhile, as
+    the pool would wait for it). Then StoreUnavailable naming the store, its host:port,
+    and what the driver said of the last try (refused, no route, authentication failed,
+    no such database), not the pool's "couldn't get a connection after 10 s"."""
+    give_up = time.monotonic() + store.connect_timeout
+    while True:
+        try:
+            return psycopg.connect(**_connect_args(store))
+        except psycopg.OperationalError as exc:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                # The driver's words are one line here; its hint lines ("Is the server
+                # running...?") are cut by StoreUnavailable.
+                raise StoreUnavailable(store.describe(), "cannot connect", exc) from exc
+            time.sleep(min(OPEN_RETRY_PAUSE, left))
+
+
 def schema_exists(store: PostgresStore) -> bool:
     """True when the job index table (created last) is in the store's schema. Creates
     nothing: read-only commands ask this before they open a store."""
-    with psycopg.connect(**_connect_args(store)) as conn:
+    with connect_at_open(store) as conn:
         found = conn.execute(
             "SELECT to_regclass(%s)", (f'"{store.schema}".{INDEX_TABLE}',)
         ).fetchone()
@@ -245,9 +268,11 @@ def schema_exists(store: PostgresStore) -> bool:
 
 def prepare_schema(store: PostgresStore) -> bool:
     """True when the job index table (created last) is already in the store's schema;
-    else create the schema if it is missing (the application creates the tables)."""
+    else create the schema if it is missing (the application creates the tables).
+    StoreUnavailable when no connection can be made (`connect_at_open`)."""
+    conn = connect_at_open(store)
     try:
-        with psycopg.connect(**_connect_args(store)) as conn:
+        with conn:
             found = conn.execute(
                 "SELECT to_regclass(%s)", (f'"{store.schema}".{INDEX_TABLE}',)
             ).fetchone()
