@@ -39,7 +39,7 @@ from ledger.job import SendJob, TransitionError, created_at, job_id_for
 from ledger.message_id import message_id_for
 from ledger.redaction import ENCRYPTED, quoted_texts, redact_events, scrub_text, scrubber
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
-from ledger.stores.causes import StoreUnavailable, read_only, store_problem
+from ledger.stores.causes import StoreUnavailable, access_denied, read_only, store_problem
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import (
     INDEX_CLOCK_KWARG,
@@ -223,7 +223,7 @@ class Ledger(Application[UUID]):
             except Exception as exc:
                 again = self._backend.is_setup_race(exc) and time.monotonic() < give_up
                 if attempt == 9 or not again:
-                    problem = store_problem(exc)
+                    problem = self._problem(exc)
                     if problem is not None:
                         raise StoreUnavailable(spec.describe(), problem, exc) from exc
                     raise
@@ -234,7 +234,7 @@ class Ledger(Application[UUID]):
                 self._backend.upgrade()  # only a store whose key fits is changed
         except Exception as exc:
             self.close()
-            problem = None if isinstance(exc, StoreUnavailable) else store_problem(exc)
+            problem = self._problem(exc)
             if problem is not None:  # an upgrade's lock wait, say: one line as elsewhere
                 raise StoreUnavailable(spec.describe(), problem, exc) from exc
             raise
@@ -670,8 +670,16 @@ class Ledger(Application[UUID]):
 
     def hold_identity(self, name: str) -> IdentityLock:
         """Hold the daemon name `name` on this store until `release()` or the process
-        ends (a kill -9 too). IdentityTaken when another live daemon holds it."""
-        return self._backend.identity_lock(name)
+        ends (a kill -9 too). IdentityTaken when another live daemon holds it;
+        StoreUnavailable when a file's mode keeps the lock from being taken (SQLite's
+        locks open the store file for writing)."""
+        try:
+            return self._backend.identity_lock(name)
+        except OSError as exc:
+            problem = self._problem(exc)
+            if problem is None:
+                raise
+            raise StoreUnavailable(self.store.describe(), problem, exc) from exc
 
     # -- provider handles --------------------------------------------------------------
 
@@ -1013,12 +1021,25 @@ class Ledger(Application[UUID]):
                     # A read-only file or role, a full disk, a lock never released: one
                     # line naming the store and why, not the driver's bare error
                     # (docs/cli.md "Exit codes").
-                    problem = None if isinstance(exc, StoreUnavailable) else store_problem(exc)
+                    problem = self._problem(exc)
                     if problem is not None:
                         raise StoreUnavailable(self.store.describe(), problem, exc) from exc
                     raise
                 time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
         raise AssertionError("unreachable")
+
+    def _problem(self, exc: BaseException) -> str | None:
+        """What keeps the store from answering, as an operator would say it
+        (`store_problem`), and when a file's or folder's mode is the cause, which one
+        (`StoreBackend.access_problem`); None for anything else, and for what already
+        says so (StoreUnavailable)."""
+        if isinstance(exc, StoreUnavailable):
+            return None
+        if access_denied(exc):
+            found = self._backend.access_problem()
+            if found is not None:
+                return found
+        return store_problem(exc)
 
 
 def project_events(aggregate: Any, events: Iterable[Any]) -> Any:

@@ -63,6 +63,13 @@ class StoreBackend(Protocol):
         False when it could not finish now (it is tried again after the next purge)."""
         ...
 
+    def access_problem(self) -> str | None:
+        """Why this process may not read or write the store's files (`permission denied:
+        USER may not ...`, naming the file or folder), asked once a read or write was
+        refused (`causes.access_denied`); None when no mode is the cause, or the store
+        has no files of this process's (PostgreSQL's privileges are its own words)."""
+        ...
+
     def is_retryable(self, exc: BaseException) -> bool:
         """A transient lock error: the same read or write may simply be tried again."""
         ...

@@ -79,6 +79,23 @@ def _coded(error: BaseException) -> bool:
     return isinstance(code, int) or isinstance(getattr(error, "sqlstate", None), str)
 
 
+#: SQLite's SQLITE_PERM and SQLITE_CANTOPEN: a file it may not open as asked.
+_SQLITE_NOT_OPENED = frozenset({3, 14})
+
+
+def access_denied(exc: BaseException) -> bool:
+    """True when `exc` (or what it wraps) may come of a file's or folder's mode: a
+    PermissionError, or SQLite's read-only or cannot-open (the backend then says which
+    file, `StoreBackend.access_problem`)."""
+    for error in exception_chain(exc):
+        if isinstance(error, PermissionError):
+            return True
+        code = getattr(error, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in _SQLITE_NOT_OPENED:
+            return True
+    return read_only(exc)
+
+
 def store_problem(exc: BaseException) -> str | None:
     """What keeps the store from answering, as an operator would say it: read-only, disk
     full or locked; None for anything else (a bug, a conflict, a lost connection)."""
@@ -108,4 +125,10 @@ class StoreUnavailable(SendledgerError, PersistenceError):
         super().__init__(f"store {where}: {problem}{detail}")
 
 
-__all__ = ["StoreUnavailable", "exception_chain", "read_only", "store_problem"]
+__all__ = [
+    "StoreUnavailable",
+    "access_denied",
+    "exception_chain",
+    "read_only",
+    "store_problem",
+]

@@ -297,6 +297,9 @@ class MemoryBackend:
     def scrub(self) -> bool:
         return True  # a rewritten event replaced the old one in the list: nothing is left
 
+    def access_problem(self) -> str | None:
+        return None
+
     def is_retryable(self, exc: BaseException) -> bool:
         return False  # one lock, held for each whole read or write: nothing to wait out
 

@@ -462,6 +462,9 @@ class PostgresBackend:
     def scrub(self) -> bool:
         return vacuum(self.spec)
 
+    def access_problem(self) -> str | None:
+        return None
+
     def is_retryable(self, exc: BaseException) -> bool:
         # A lost connection is retried like a lost lock race. A write whose commit went
         # through before its acknowledgement was lost then meets its own row: the store's

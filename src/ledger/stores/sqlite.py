@@ -7,7 +7,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,8 @@ from uuid import UUID
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteFactory
 from eventsourcing.utils import EnvType, get_topic
 
-from ledger.stores.causes import exception_chain
+from ledger.stores.causes import StoreUnavailable, access_denied, exception_chain
+from ledger.stores.file_access import access_problem
 from ledger.stores.identity import FileIdentityLock
 from ledger.stores.index import (
     ADDED_COLUMNS,
@@ -223,17 +224,34 @@ def checkpoint(store: SqliteStore) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _permission_named(store: SqliteStore) -> Iterator[None]:
+    """A PermissionError as StoreUnavailable naming the file or folder whose mode caused
+    it (`file_access.access_problem`), in the one line of every store refusal."""
+    try:
+        yield
+    except PermissionError as exc:
+        problem = access_problem(store.path) or "permission denied"
+        raise StoreUnavailable(store.describe(), problem, exc) from exc
+
+
 def schema_exists(store: SqliteStore) -> bool:
-    """True when the job index table (created last) is already in the file."""
-    if not store.path.exists():
-        return False
+    """True when the job index table (created last) is already in the file.
+    StoreUnavailable when a file's or folder's mode keeps it from being read."""
+    with _permission_named(store):
+        if not store.path.exists():
+            return False
     try:
         with contextlib.closing(sqlite3.connect(store.path, timeout=BUSY_TIMEOUT)) as conn:
             row = conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (INDEX_TABLE,)
             ).fetchone()
             return row is not None
-    except sqlite3.Error:
+    except sqlite3.Error as exc:
+        # A file this user may not read is there all the same: not "no store at".
+        problem = access_problem(store.path) if access_denied(exc) else None
+        if problem is not None:
+            raise StoreUnavailable(store.describe(), problem, exc) from exc
         # Unknown: let the normal set-up (with its retries) find out.
         return False
 
@@ -272,9 +290,13 @@ class SQLiteBackend:
         }
 
     def prepare(self) -> bool:
-        refuse_what_is_no_store(self.spec.path)
-        create_private(self.spec.path)
+        with _permission_named(self.spec):  # a folder this user may not enter or write
+            refuse_what_is_no_store(self.spec.path)
+            create_private(self.spec.path)
         return schema_exists(self.spec)
+
+    def access_problem(self) -> str | None:
+        return access_problem(self.spec.path)
 
     def upgrade(self) -> None:
         upgrade_index(self.spec)
