@@ -28,10 +28,10 @@ from ledger.stores.causes import StoreUnavailable, exception_chain
 from ledger.stores.identity import IdentityTaken
 from ledger.stores.index import (
     ADDED_COLUMNS,
+    ADDED_INDEXES,
     CREATE_STATEMENTS,
     INDEX_TABLE,
     SqlJobIndex,
-    missing_indexes,
 )
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.private_api import InsertHook, insert_by_function
@@ -294,9 +294,11 @@ def upgrade_schema(store: PostgresStore) -> None:
         # An ALTER TABLE waits for every transaction on the table (a pg_dump, an open psql
         # session) and every reader and writer queues behind it: with no limit the
         # daemons stalled as long as that transaction. `[store] lock_timeout` bounds it;
-        # the next open tries again.
+        # the next open tries again. It bounds as well the index builds' waits for the
+        # transactions before them.
         conn.execute(SQL("SET lock_timeout = '{0}s'").format(store.lock_timeout))
         _add_missing_columns(conn, store)
+        conn.autocommit = True  # CREATE INDEX CONCURRENTLY runs in no transaction
         _add_missing_indexes(conn, store)
 
 
@@ -324,24 +326,58 @@ def _add_missing_columns(conn: psycopg.Connection[Any], store: PostgresStore) ->
     conn.commit()
 
 
+def index_build_key(schema: str) -> int:
+    """The session advisory lock an index build holds (`_add_missing_indexes`): one
+    process at a time builds the indexes of a schema."""
+    digest = hashlib.sha256(f"sendledger:{schema}:index-builds".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _index_validity(conn: psycopg.Connection[Any], store: PostgresStore) -> dict[str, bool]:
+    """Each index of the job index table: whether it is valid (a build that stopped
+    half-way, CONCURRENTLY, leaves one that is not: it is kept up by every write and
+    used by no read)."""
+    rows = conn.execute(
+        "SELECT c.relname, i.indisvalid FROM pg_index i "
+        "JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid "
+        "JOIN pg_namespace n ON n.oid = t.relnamespace "
+        "WHERE n.nspname = %s AND t.relname = %s",
+        (store.schema, INDEX_TABLE),
+    ).fetchall()
+    return {str(name): bool(valid) for name, valid in rows}
+
+
 def _add_missing_indexes(conn: psycopg.Connection[Any], store: PostgresStore) -> None:
     """Create the index-table indexes a store from an earlier release lacks
-    (`ADDED_INDEXES`): once, a pass over the table; DDL only when one is missing."""
-    present = [
-        row[0]
-        for row in conn.execute(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = %s",
-            (store.schema, INDEX_TABLE),
-        ).fetchall()
-    ]
-    quoted = store.schema.replace('"', '""')
-    for statement in missing_indexes(present):
-        sql = statement.replace("{t}", f'"{quoted}".{INDEX_TABLE}').replace("{n}", INDEX_TABLE)
-        try:
-            conn.execute(sql)
-            conn.commit()
-        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-            conn.rollback()  # another process created it at the same moment
+    (`ADDED_INDEXES`), on an autocommit connection: DDL only when one is missing or
+    invalid. CONCURRENTLY, so that the daemons' writes go on during a build of a large
+    table (a plain CREATE INDEX holds every writer until it ends). One process at a time
+    (a session advisory lock, tried): another process opening meanwhile goes on without
+    the index, which no read needs to be right, only fast. Holding the lock, an invalid
+    index is no build under way but one that was stopped (its process killed, its wait
+    past `lock_timeout`): dropped and built again."""
+    validity = _index_validity(conn, store)
+    if all(validity.get(name) for name, _statement in ADDED_INDEXES):
+        return  # a current store: no lock taken, no DDL
+    key = index_build_key(store.schema)
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+    if row is None or not row[0]:
+        return  # another process builds them now
+    try:
+        validity = _index_validity(conn, store)  # as they are once the lock is held
+        quoted = store.schema.replace('"', '""')
+        for name, statement in ADDED_INDEXES:
+            if validity.get(name):
+                continue
+            if name in validity:  # invalid: a build that was stopped
+                conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{quoted}".{name}')
+            sql = statement.replace("{t}", f'"{quoted}".{INDEX_TABLE}').replace("{n}", INDEX_TABLE)
+            # A process of an earlier release may create it at the same moment.
+            with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                conn.execute(sql.replace("CREATE INDEX ", "CREATE INDEX CONCURRENTLY ", 1))
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
 def vacuum(store: PostgresStore) -> bool:
@@ -484,5 +520,6 @@ __all__ = [
     "PostgresBackend",
     "PostgresJobIndexRecorder",
     "connection_lost",
+    "index_build_key",
     "prepare_schema",
 ]
