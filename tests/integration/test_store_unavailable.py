@@ -127,6 +127,43 @@ def test_a_postgres_row_lock_never_released_is_waited_for_a_bounded_time(
         assert ledger.get_job("k-1").state == "requested"
 
 
+def test_a_write_waiting_for_a_held_row_holds_up_no_other_jobs_write(pg_url: str) -> None:
+    """PostgreSQL: another session holds one job's index row, and a write of that job waits
+    for it (`[store] lock_timeout`, here 20 s). It waits before its turn at the index's
+    stamps (`SqlJobIndex._lock_rows`), not holding that turn: a write of any other job goes
+    through at once, where it waited behind it for the whole lock_timeout of each try."""
+    import threading
+
+    import psycopg
+
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, lock_timeout=20)
+    with Ledger(spec) as ledger:
+        ledger.submit(job("k-1"), SENDER)
+        ledger.submit(job("k-2"), SENDER)
+        with psycopg.connect(PG_URL) as holder:
+            holder.execute(
+                f'SELECT 1 FROM "{spec.schema}".{INDEX_TABLE} WHERE key = %s FOR UPDATE',
+                ("k-1",),
+            )
+            stuck = threading.Thread(
+                target=ledger.update, args=("k-1", lambda j: j.claim(**claim_now()))
+            )
+            stuck.start()
+            time.sleep(0.5)  # k-1's write waits for its row
+            started = time.monotonic()
+            ledger.update("k-2", lambda j: j.claim(**claim_now()))
+            waited = time.monotonic() - started
+            assert ledger.get_job("k-1").state == "requested"
+            holder.rollback()
+            stuck.join(10)
+        assert waited < 3.0, waited
+        assert not stuck.is_alive()
+        assert ledger.get_job("k-1").state == "attempted"
+        assert ledger.get_job("k-2").state == "attempted"
+
+
 def test_opening_a_store_locked_for_good_gives_up_in_a_bounded_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

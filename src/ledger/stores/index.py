@@ -463,6 +463,12 @@ class SqlJobIndex:
         so that stamps taken next follow the order of the commits. SQLite has one writer
         at a time already (a transaction that wrote holds the file's write lock)."""
 
+    def _lock_rows(self, cursor: Any, keys: Sequence[str]) -> None:
+        """Wait for the rows of `keys` before `_serialize_writes`, so that a row another
+        session holds (a long transaction, an open psql) holds up only the writes of its
+        own job, not every write of the store behind this one's turn. SQLite has one
+        writer at a time already."""
+
     def _stamp(self, cursor: Any, clock: Callable[[], float]) -> float:
         """This transaction's `written_at`, in it, after its events were written: past
         every stamp committed before it. Every writer before it has committed by now
@@ -487,6 +493,7 @@ class SqlJobIndex:
         """The index rows passed beside the events, stamped, in their transaction."""
         rows = rows_from(kwargs)
         if rows:
+            self._lock_rows(cursor, sorted({row.key for row in rows}))
             stamp = self._stamp(cursor, clock_from(kwargs))
             cursor.executemany(self._sql(UPSERT), stamped(rows, stamp))
 

@@ -155,6 +155,14 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
         self._rewrite_events(curs, kwargs)
         self._write_rows(curs, kwargs)
 
+    def _lock_rows(self, cursor: Any, keys: Sequence[str]) -> None:
+        # In key order, as every writer of the index takes them: no two wait on each other.
+        cursor.execute(
+            self._sql("SELECT key FROM {t} WHERE key = ANY({p}) ORDER BY key FOR UPDATE"),
+            [list(keys)],
+        )
+        cursor.fetchall()
+
     def _serialize_writes(self, cursor: Any) -> None:
         # Writers of one store run side by side up to here (the library's insert
         # function takes no lock on the events table); from here to its commit, one at a
