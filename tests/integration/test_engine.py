@@ -30,12 +30,13 @@ from tests.unit.engine_rig import receipt
 
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder, TickReport
+from daemon.engine.leases import Leases
 from daemon.providers.gmail import GmailProvider
 from ledger.application import Ledger, Sender
 from ledger.content import parse_job
 from ledger.job import JobState, TransitionError
 from ledger.message import render
-from ledger.vocabulary import Resolution
+from ledger.vocabulary import PolicyRef, Resolution
 from policies.loader import PolicySet, load_policy_dir
 from policies.model import ChannelPolicy
 from testkit.gmail_emulator import GmailEmulator
@@ -55,6 +56,9 @@ BASE_POLICY: dict[str, Any] = {
     "from": f"Support <{MAILBOX}>",
     "message_id_domain": "mail.example.com",
 }
+
+
+SHOP = Sender("Shop <shop@shop.example>", "shop.example", PolicyRef("receipts", "f" * 16))
 
 
 # -- fixtures -----------------------------------------------------------------------------
@@ -1016,6 +1020,20 @@ def test_refused_connections_at_the_draft_step_are_waited_out_behind_the_circuit
     assert rig.sends() == 3 and rig.engine.open_circuits() == []
 
 
+def claimed_and_held(
+    ledger: Ledger, leases: Leases | None, clock: FakeClock, key: str, *, submit: bool = True
+) -> None:
+    """`key` submitted (unless `submit` is False), claimed for 30 s by "d1", and held by
+    `leases` as a worker's call would hold it."""
+    if submit:
+        ledger.submit(receipt("receipts", key), SHOP)
+    job = ledger.get_job(key)
+    job.claim(provider="gmail", deadline=clock() + timedelta(seconds=30), at=clock(), daemon="d1")
+    ledger.save_job(job)
+    if leases is not None:
+        leases.hold(job, 30.0, clock())
+
+
 @pytest.mark.postgres
 def test_a_claim_renewal_stuck_behind_a_row_lock_holds_up_no_other_lease(pg_url: str) -> None:
     """Two slow calls' leases fall due while another session holds one job's index row
@@ -1029,10 +1047,8 @@ def test_a_claim_renewal_stuck_behind_a_row_lock_holds_up_no_other_lease(pg_url:
     import psycopg
     from tests.conftest import PG_URL
 
-    from daemon.engine.leases import Leases
     from ledger.stores.index import INDEX_TABLE
     from ledger.stores.url import PostgresStore, parse_store_url
-    from ledger.vocabulary import PolicyRef
 
     spec = parse_store_url(pg_url)
     assert isinstance(spec, PostgresStore)
@@ -1041,15 +1057,8 @@ def test_a_claim_renewal_stuck_behind_a_row_lock_holds_up_no_other_lease(pg_url:
     with Ledger(spec, clock=clock) as ledger:
         ledger.store_wait = 8.0  # the stuck save gives up after this (the default: 60 s)
         leases = Leases(ledger, clock, "d1")
-        sender = Sender("Shop <shop@shop.example>", "shop.example", PolicyRef("receipts", "f" * 16))
         for key in ("k1", "k2"):
-            ledger.submit(receipt("receipts", key), sender)
-            job = ledger.get_job(key)
-            job.claim(
-                provider="gmail", deadline=clock() + timedelta(seconds=30), at=clock(), daemon="d1"
-            )
-            ledger.save_job(job)
-            leases.hold(job, 30.0, clock())
+            claimed_and_held(ledger, leases, clock, key)
         clock.advance(11)  # both renewals due
         with psycopg.connect(PG_URL) as holder:
             holder.execute(
@@ -1068,4 +1077,66 @@ def test_a_claim_renewal_stuck_behind_a_row_lock_holds_up_no_other_lease(pg_url:
                 break
             time.sleep(0.05)
         assert ledger.get_job("k1").due_at == clock() + timedelta(seconds=30)
+        leases.close()
+
+
+@pytest.mark.postgres
+def test_renewals_stuck_behind_row_locks_leave_the_pool_to_the_other_store_work(
+    pg_url: str,
+) -> None:
+    """Four slow calls' leases fall due while another session holds all four jobs' index
+    rows. Each waiting renewal holds a pooled connection: at most half the pool's (2 of 4,
+    no overflow) wait at once, so a claim of another job still gets a connection at once
+    instead of waiting for one (`store.connect_timeout`) and failing. Once the rows are
+    free every renewal lands (docs/architecture.md "Leases")."""
+    import dataclasses
+    import time
+    from datetime import UTC, datetime
+
+    import psycopg
+    from tests.conftest import PG_URL
+
+    from ledger.stores.index import INDEX_TABLE
+    from ledger.stores.url import PostgresStore, parse_store_url
+
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(
+        spec, pool_size=4, max_overflow=0, lock_timeout=30, connect_timeout=3
+    )
+    clock = FakeClock(datetime.now(UTC))
+    keys = ["k1", "k2", "k3", "k4"]
+    with Ledger(spec, clock=clock) as ledger:
+        ledger.store_wait = 30.0
+        leases = Leases(ledger, clock, "d1")
+        for key in keys:
+            claimed_and_held(ledger, leases, clock, key)
+        ledger.submit(receipt("receipts", "other"), SHOP)
+        clock.advance(11)  # every renewal due
+        with psycopg.connect(PG_URL) as holder, psycopg.connect(PG_URL, autocommit=True) as look:
+            holder.execute(
+                f'SELECT 1 FROM "{spec.schema}".{INDEX_TABLE} WHERE key = ANY(%s) FOR UPDATE',
+                [keys],
+            )
+            assert leases.renew_due() == 0
+            waiting = 0
+            for _ in range(20):  # the renewals reach their lock waits
+                time.sleep(0.05)
+                row = look.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                ).fetchone()
+                waiting = max(waiting, 0 if row is None else int(row[0]))
+            assert waiting == 2, waiting
+            started = time.monotonic()
+            claimed_and_held(ledger, None, clock, "other", submit=False)  # not behind them
+            assert time.monotonic() - started < 2.0
+            holder.rollback()
+        for _ in range(200):  # the rows are free: the queued renewals land too
+            if all("LeaseRenewed" in [type(e).__name__ for e in ledger.history(k)] for k in keys):
+                break
+            time.sleep(0.05)
+        for key in keys:
+            assert ledger.get_job(key).due_at == clock() + timedelta(seconds=30), key
+        assert leases.renewed == 4
         leases.close()

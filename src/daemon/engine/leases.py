@@ -20,6 +20,10 @@ interval: a job's row held by another session (a long transaction: each save wai
 it up to the store's minute) holds up that job's renewal, never the other leases', whose
 renewals would otherwise queue behind it past their deadlines (their healthy calls taken
 for crashes by another daemon). The stuck one is left out of the looks until it ends.
+At most `renewal_threads` renewals are written at once (half the store's pool): each holds
+a connection while it waits, and many rows held at once must not take every connection
+from the claims and the records; the due leases queue for the threads, so a stuck one
+holds up only the thread it is on.
 A lease's job is shared between its worker and the renewer: every change to it happens
 under the lease's lock, and the worker stops the renewals before it records the outcome.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,12 +42,15 @@ from datetime import datetime, timedelta
 from daemon.engine.clock import Clock
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.job import SendJob, TransitionError
+from ledger.stores.url import PostgresStore, StoreSpec
 
 log = logging.getLogger("sendledger.engine")
 
 #: A lease is renewed once this share of it has passed since the claim or the last renewal:
 #: two more chances before it lapses.
 RENEW_SHARE = 1 / 3
+#: Renewals written at once on a store with no pool to share (SQLite, memory).
+RENEWAL_THREADS = 4
 
 
 @dataclass(eq=False)
@@ -73,6 +81,12 @@ class Leases:
         self._lock = threading.Lock()
         self._held: dict[str, Lease] = {}
         self._renewing = threading.Lock()  # one renewal pass at a time
+        #: The due leases waiting for a renewal thread, each with its look's time and
+        #: that look's count of renewals written; changed under `_lock`.
+        self._queue: deque[tuple[Lease, datetime, list[bool]]] = deque()
+        self._threads = renewal_threads(ledger.store)
+        self._running = 0  # renewal threads alive, under `_lock`
+        self._renewal_ended = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.renewed = 0  # renewals written, for tests and /metrics
@@ -131,39 +145,49 @@ class Leases:
             if not due:
                 return 0
             done: list[bool] = []
-            threads = []
-            for lease in due:
-                with self._lock:
+            with self._lock:
+                for lease in due:
                     lease.in_flight = True
-                thread = threading.Thread(
-                    target=self._renew_apart,
-                    args=(lease, now, done),
-                    name=f"lease-renewal-{lease.job.key}",
-                    daemon=True,
-                )
-                thread.start()
-                threads.append(thread)
+                    self._queue.append((lease, now, done))
+                more = min(self._threads - self._running, len(self._queue))
+                self._running += more
+            for _ in range(more):
+                threading.Thread(
+                    target=self._renew_queued, name="lease-renewal", daemon=True
+                ).start()
             # Waited for as long as the renewer's interval for the shortest lease held (one
             # not due yet may fall due meanwhile): a renewal stuck longer goes on alone, and
             # the next look comes on time.
             until = time.monotonic() + renew_interval(min(lease.seconds for lease in held))
-            for thread in threads:
-                thread.join(max(0.0, until - time.monotonic()))
             with self._lock:
+                while any(lease.in_flight for lease in due):
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._renewal_ended.wait(left)
                 return sum(done)
 
-    def _renew_apart(self, lease: Lease, now: datetime, done: list[bool]) -> None:
-        """`_renew` on a renewal's own thread: counted in `done` (the look's, while it
-        waits) and in `renewed` when written."""
-        try:
-            renewed = self._renew(lease, now)
-        finally:
+    def _renew_queued(self) -> None:
+        """A renewal thread: `_renew` for the queued leases until none is left, each
+        counted in its look's `done` (while it waits) and in `renewed` when written."""
+        while True:
             with self._lock:
-                lease.in_flight = False
-        if renewed:
-            with self._lock:
-                done.append(True)
-                self.renewed += 1
+                if not self._queue:
+                    self._running -= 1
+                    return
+                lease, now, done = self._queue.popleft()
+            renewed = False
+            try:
+                renewed = self._renew(lease, now)
+            except Exception:
+                log.exception("job %s: renewing its lease failed", lease.job.key)
+            finally:
+                with self._lock:
+                    lease.in_flight = False
+                    if renewed:
+                        done.append(True)
+                        self.renewed += 1
+                    self._renewal_ended.notify_all()
 
     def _renew(self, lease: Lease, now: datetime) -> bool:
         with lease.lock:
@@ -236,3 +260,11 @@ def _follow_clock(lease: Lease, now: datetime) -> None:
 def renew_interval(lease_seconds: float) -> float:
     """How often the renewer thread looks: often enough for the shortest lease."""
     return min(max(lease_seconds * RENEW_SHARE / 4, 0.02), 5.0)
+
+
+def renewal_threads(store: StoreSpec) -> int:
+    """How many renewals are written at once: half the PostgreSQL pool (each waiting one
+    holds a connection; the claims and the records keep the rest), else `RENEWAL_THREADS`."""
+    if isinstance(store, PostgresStore):
+        return max(1, store.pool_size // 2)
+    return RENEWAL_THREADS
