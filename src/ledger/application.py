@@ -43,6 +43,7 @@ from ledger.stores.causes import StoreUnavailable, access_denied, read_only, sto
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import (
     INDEX_CLOCK_KWARG,
+    INDEX_GUARD_KWARG,
     INDEX_ROWS_KWARG,
     IndexRow,
     JobFilter,
@@ -377,13 +378,16 @@ class Ledger(Application[UUID]):
 
     # -- writing ----------------------------------------------------------------------
 
-    def save_job(self, job: SendJob) -> None:
+    def save_job(self, job: SendJob, *, guard: Callable[[], bool] | None = None) -> None:
         """Append the job's pending events and its index row in one transaction.
 
         Raises ConcurrentUpdate when another writer got there first: the caller's
-        command did not happen and must not be acted on (e.g. no provider call)."""
+        command did not happen and must not be acted on (e.g. no provider call).
+        `guard()`: asked in the transaction once the job's row is held, right before the
+        commit; False rolls it back and raises `Withdrawn` (nothing stored, the events
+        stay pending)."""
         try:
-            self._save_retrying([job])
+            self._save_retrying([job], guard)
         except IntegrityError as exc:
             raise ConcurrentUpdate(f"job {job.key!r} was changed by another writer") from exc
 
@@ -397,7 +401,9 @@ class Ledger(Application[UUID]):
         except IntegrityError as exc:
             raise ConcurrentUpdate("one of the jobs was changed by another writer") from exc
 
-    def _save_retrying(self, jobs: Sequence[SendJob]) -> None:
+    def _save_retrying(
+        self, jobs: Sequence[SendJob], guard: Callable[[], bool] | None = None
+    ) -> None:
         # The events are collected once and only their recording is tried again: a save
         # tried again whole would find them already collected and write nothing (and the
         # caller would go on to send with no claim stored). The events, not the jobs, are
@@ -409,7 +415,11 @@ class Ledger(Application[UUID]):
         processing.events.extend(event for job in jobs for event in job.pending_events)
         pass_to_recorder(
             processing,
-            **{INDEX_ROWS_KWARG: [self.index_row(j) for j in jobs], INDEX_CLOCK_KWARG: self._now},
+            **{
+                INDEX_ROWS_KWARG: [self.index_row(j) for j in jobs],
+                INDEX_CLOCK_KWARG: self._now,
+                INDEX_GUARD_KWARG: guard,
+            },
         )
         self._record_processing(processing)
         for job in jobs:

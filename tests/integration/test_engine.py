@@ -1140,3 +1140,50 @@ def test_renewals_stuck_behind_row_locks_leave_the_pool_to_the_other_store_work(
             assert ledger.get_job(key).due_at == clock() + timedelta(seconds=30), key
         assert leases.renewed == 4
         leases.close()
+
+
+@pytest.mark.postgres
+def test_a_renewal_withdrawn_by_a_stopping_daemon_is_rolled_back_once_its_row_is_free(
+    pg_url: str,
+) -> None:
+    """The daemon stops while a renewal waits for its job's row (another session holds
+    it): `Leases.close` withdraws it after `close_wait`; once the row is free the save
+    gets it, asks its guard, and rolls back. The stored deadline stays the claim's
+    (docs/architecture.md "Leases")."""
+    import dataclasses
+    import time
+    from datetime import UTC, datetime
+
+    import psycopg
+    from tests.conftest import PG_URL
+
+    from ledger.stores.index import INDEX_TABLE
+    from ledger.stores.url import PostgresStore, parse_store_url
+
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, lock_timeout=30)
+    clock = FakeClock(datetime.now(UTC))
+    with Ledger(spec, clock=clock) as ledger:
+        leases = Leases(ledger, clock, "d1")
+        claimed_and_held(ledger, leases, clock, "k1")
+        deadline = ledger.get_job("k1").due_at
+        clock.advance(11)
+        with psycopg.connect(PG_URL) as holder:
+            holder.execute(
+                f'SELECT 1 FROM "{spec.schema}".{INDEX_TABLE} WHERE key = %s FOR UPDATE', ["k1"]
+            )
+            assert leases.renew_due() == 0
+            leases.close_wait = 0.3
+            started = time.monotonic()
+            leases.close()
+            assert time.monotonic() - started < 2.0
+            holder.rollback()
+        lease = leases.lease("k1")
+        for _ in range(100):
+            if lease is None or not lease.in_flight:
+                break
+            time.sleep(0.05)
+        assert lease is not None and not lease.in_flight and not lease.renewing
+        assert "LeaseRenewed" not in [type(e).__name__ for e in ledger.history("k1")]
+        assert ledger.get_job("k1").due_at == deadline

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -212,9 +213,9 @@ class AckedLate:
         for job in jobs:
             self.save_job(job)
 
-    def save_job(self, job: SendJob) -> None:
+    def save_job(self, job: SendJob, **kwargs: Any) -> None:
         claim = any(isinstance(e, SendJob.Attempted) for e in job.pending_events)
-        self._ledger.save_job(job)
+        self._ledger.save_job(job, **kwargs)
         meanwhile, self._meanwhile = self._meanwhile, None
         if claim and meanwhile is not None:
             meanwhile()
@@ -431,11 +432,11 @@ class RowHeld:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ledger, name)
 
-    def save_job(self, job: SendJob) -> None:
+    def save_job(self, job: SendJob, **kwargs: Any) -> None:
         if job.key == self._key:
             self.waiting.set()
             self._free.wait(10)
-        self._ledger.save_job(job)
+        self._ledger.save_job(job, **kwargs)
 
 
 def test_a_renewal_stuck_on_one_job_does_not_hold_up_the_others(rig: EngineRig) -> None:
@@ -482,3 +483,39 @@ def test_a_renewal_stuck_on_one_job_does_not_hold_up_the_others(rig: EngineRig) 
         events = rig.events(key)
         assert events[-1] == "Confirmed" and "Unknown" not in events
         assert rig.copies(key) == 1
+
+
+def test_a_renewal_still_waiting_when_the_daemon_stops_never_lands(rig: EngineRig) -> None:
+    # k1's renewal waits for its row (held by another session) when the daemon stops:
+    # close waits `close_wait`, then withdraws it. When the row is freed the renewal must
+    # not be written: the daemon said it stopped, and a deadline pushed out after that
+    # would have another daemon wait a lease longer to recover a call nobody runs.
+    release = slow_send(rig, "k1")
+    deadline = rig.job("k1").due_at
+    free = threading.Event()
+    held = RowHeld(rig.ledger, "k1", free)
+    leases = rig.engine.leases
+    leases._ledger = held  # type: ignore[assignment]
+    try:
+        rig.clock.advance(LEASE / 2)
+        assert rig.engine.renew_leases() == 0
+        assert held.waiting.is_set()
+        leases.close_wait = 0.2
+        started = time.monotonic()
+        leases.close()
+        assert time.monotonic() - started < 2.0  # bounded, though the renewal still waits
+        free.set()
+        for _ in range(100):  # the withdrawn renewal's save goes on and is rolled back
+            lease = leases.lease("k1")
+            if lease is None or not lease.in_flight:
+                break
+            threading.Event().wait(0.05)
+        threading.Event().wait(0.1)
+        assert "LeaseRenewed" not in rig.events("k1")
+        assert rig.job("k1").due_at == deadline
+        assert leases.renew_due() == 0  # closed: no renewal after the stop
+    finally:
+        free.set()
+        release.set()
+    assert rig.engine.settle(timeout=10)
+    assert rig.events("k1")[-1] == "Confirmed"

@@ -26,6 +26,14 @@ from the claims and the records; the due leases queue for the threads, so a stuc
 holds up only the thread it is on.
 A lease's job is shared between its worker and the renewer: every change to it happens
 under the lease's lock, and the worker stops the renewals before it records the outcome.
+
+A stopping daemon (`close`) waits for the renewals being written a bounded time
+(`close_wait`), then withdraws the ones still waiting for their rows: each renewal's
+save asks, once it holds its row and right before its commit, whether it may land
+(`Ledger.save_job`'s guard), and after `close` none may. One that landed later would push
+out a claim's deadline after the daemon said it stopped: another daemon would then wait a
+lease longer to recover a call nobody runs, or, the daemon's scopes released meanwhile,
+hold a claim against the scope's new owner.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from datetime import datetime, timedelta
 from daemon.engine.clock import Clock
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.job import SendJob, TransitionError
+from ledger.stores.index import Withdrawn
 from ledger.stores.url import PostgresStore, StoreSpec
 
 log = logging.getLogger("sendledger.engine")
@@ -51,6 +60,9 @@ log = logging.getLogger("sendledger.engine")
 RENEW_SHARE = 1 / 3
 #: Renewals written at once on a store with no pool to share (SQLite, memory).
 RENEWAL_THREADS = 4
+#: Seconds a stopping daemon waits for the renewals being written before it withdraws
+#: them (`Leases.close`).
+CLOSE_WAIT = 5.0
 
 
 @dataclass(eq=False)
@@ -87,6 +99,10 @@ class Leases:
         self._threads = renewal_threads(ledger.store)
         self._running = 0  # renewal threads alive, under `_lock`
         self._renewal_ended = threading.Condition(self._lock)
+        #: The leases whose renewal may commit now (their guard said yes), under `_lock`.
+        self._landing: set[Lease] = set()
+        self._closed = False  # no renewal lands any more (`close`)
+        self.close_wait = CLOSE_WAIT
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.renewed = 0  # renewals written, for tests and /metrics
@@ -136,6 +152,8 @@ class Leases:
         with self._renewing:
             now = self._clock()
             with self._lock:
+                if self._closed:
+                    return 0
                 # One still being written holds its lock (`_follow_clock` would wait on
                 # it): it is looked at again once it ends.
                 held = [lease for lease in self._held.values() if not lease.in_flight]
@@ -184,6 +202,7 @@ class Leases:
             finally:
                 with self._lock:
                     lease.in_flight = False
+                    self._landing.discard(lease)
                     if renewed:
                         done.append(True)
                         self.renewed += 1
@@ -200,7 +219,11 @@ class Leases:
             deadline = now + timedelta(seconds=lease.behind + lease.seconds)
             try:
                 job.renew_lease(deadline=deadline, at=now, daemon=self._daemon)
-                self._ledger.save_job(job)
+                self._ledger.save_job(job, guard=lambda: self._may_land(lease))
+            except Withdrawn:
+                lease.renewing = False  # the daemon stopped while it waited: not written
+                log.info("job %s: lease renewal withdrawn: the daemon stopped", job.key)
+                return False
             except (ConcurrentUpdate, TransitionError) as exc:
                 # Recovered by another daemon (our renewals did not reach the store in
                 # time): the outcome will not be written either.
@@ -215,6 +238,15 @@ class Leases:
                 lease.renew_at = now + timedelta(seconds=min(1.0, lease.seconds * RENEW_SHARE))
                 return False
             lease.renew_at = now + timedelta(seconds=lease.seconds * RENEW_SHARE)
+            return True
+
+    def _may_land(self, lease: Lease) -> bool:
+        """The guard of a renewal's save, asked once its row is held: no once `close`
+        withdrew it; yes otherwise, and `close` then waits for its commit."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._landing.add(lease)
             return True
 
     # -- the renewer thread of a running daemon ---------------------------------------
@@ -237,10 +269,29 @@ class Leases:
                 log.exception("renewing leases failed")
 
     def close(self) -> None:
+        """No more renewals: the renewer stops, the ones being written are waited for
+        `close_wait` seconds, and the ones still waiting then are withdrawn (see the
+        module). Returns once none can land any more."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        until = time.monotonic() + self.close_wait
+        with self._lock:
+            while self._running and (left := until - time.monotonic()) > 0:
+                self._renewal_ended.wait(left)
+            self._closed = True
+            for lease, _now, _done in self._queue:
+                lease.in_flight = False
+            self._queue.clear()
+            # Past its guard, a save commits at once: waited for, not withdrawn.
+            while self._landing and (left := until + self.close_wait - time.monotonic()) > 0:
+                self._renewal_ended.wait(left)
+            if self._landing:
+                log.error(
+                    "lease renewals of %s still committing as the daemon stops",
+                    ", ".join(sorted(lease.job.key for lease in self._landing)),
+                )
 
 
 def _follow_clock(lease: Lease, now: datetime) -> None:

@@ -39,6 +39,10 @@ INDEX_ROWS_KWARG = "sendledger_index_rows"
 #: ... and the one that carries the writer's clock (epoch seconds): what a row's
 #: `written_at` is stamped from, inside the transaction (`SqlJobIndex._stamp`).
 INDEX_CLOCK_KWARG = "sendledger_index_clock"
+#: ... and an optional guard: asked in the transaction once the rows are held, right
+#: before the commit; False rolls the write back (`Withdrawn`). A write that waited long
+#: for a row (a renewal of a stopping daemon) is so withdrawn by its writer meanwhile.
+INDEX_GUARD_KWARG = "sendledger_index_guard"
 #: How far a transaction's stamp is put past the last one stored when the clock says no
 #: later (a batch saved in the same instant, a clock stepped back): a microsecond, which
 #: a float of epoch seconds still tells apart (its step is a quarter of one).
@@ -256,6 +260,18 @@ def rows_from(kwargs: Mapping[str, Any]) -> list[IndexRow]:
     """The index rows passed to the recorder's insert beside the events."""
     rows = kwargs.get(INDEX_ROWS_KWARG) or []
     return list(rows)
+
+
+class Withdrawn(Exception):
+    """The writer withdrew the write while it waited (`INDEX_GUARD_KWARG`): nothing of it
+    was stored."""
+
+
+def check_guard(kwargs: Mapping[str, Any]) -> None:
+    """Raise `Withdrawn` (the transaction rolls back) when the writer's guard says no."""
+    guard: Callable[[], bool] | None = kwargs.get(INDEX_GUARD_KWARG)
+    if guard is not None and not guard():
+        raise Withdrawn("the writer withdrew the write")
 
 
 def clock_from(kwargs: Mapping[str, Any]) -> Callable[[], float]:
@@ -496,6 +512,7 @@ class SqlJobIndex:
             self._lock_rows(cursor, sorted({row.key for row in rows}))
             stamp = self._stamp(cursor, clock_from(kwargs))
             cursor.executemany(self._sql(UPSERT), stamped(rows, stamp))
+        check_guard(kwargs)
 
     def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._transaction(commit=False) as cursor:
@@ -801,6 +818,7 @@ __all__ = [
     "COLUMNS",
     "CREATE_STATEMENTS",
     "INDEX_CLOCK_KWARG",
+    "INDEX_GUARD_KWARG",
     "INDEX_ROWS_KWARG",
     "INDEX_TABLE",
     "PURGEABLE_STATES",
@@ -812,6 +830,8 @@ __all__ = [
     "ScopeGroup",
     "SqlJobIndex",
     "WatchedMailbox",
+    "Withdrawn",
+    "check_guard",
     "clock_from",
     "index_row",
     "mailbox_digest",

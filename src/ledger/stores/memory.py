@@ -32,6 +32,7 @@ from ledger.stores.index import (
     JobFilter,
     ScopeFilter,
     WatchedMailbox,
+    check_guard,
     clock_from,
     next_stamp,
     rows_from,
@@ -65,6 +66,7 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
     # The insert's hooks (ledger/stores/private_api.py: MemoryHook), under the lock.
 
     def check_beside(self, kwargs: Mapping[str, Any]) -> None:
+        check_guard(kwargs)
         for event in rewrites_from(kwargs):  # checked before anything changes: all or nothing
             if self.stored_position(event.originator_id, event.originator_version) is None:
                 raise RewriteFailed(event.originator_id, event.originator_version)
