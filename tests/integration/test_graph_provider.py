@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from cryptography import x509
@@ -46,7 +47,7 @@ from tests.provider_contract import (
 )
 
 import daemon.providers.graph as graph_module
-from daemon.providers.base import Provider, SendKind, for_job
+from daemon.providers.base import Provider, ScopeLost, SendKind, calls_while, for_job
 from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
 from daemon.providers.graph_credentials import read_certificate
 from policies.model import ChannelPolicy
@@ -656,6 +657,60 @@ def test_a_stopped_report_read_forgotten_lists_afresh(
     assert again.complete and len(again.found) == 1
     lists = [e["path"] for e in relay.log[before:] if "/mailFolders/inbox/messages?" in e["path"]]
     assert len(lists) == 2, lists  # the first read's page 1, and again after the drop
+
+
+def asked_at_most(calls: int) -> Callable[[], bool]:
+    """A scope that is the daemon's for `calls` asks, then went to another daemon."""
+    asked = 0
+
+    def ours() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked <= calls
+
+    return ours
+
+
+def test_a_search_whose_scope_moved_makes_no_further_call(
+    provider: ProviderFactory, relay: FaultRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One search is several calls (every page of Sent Items, then Deleted Items): it asks
+    before each whether the mailbox's quota scope is still the daemon's (`calls_while`,
+    set by the engine). Once it is not, it stops there with no answer (ScopeLost, never
+    the hits of the pages read: a miss), and the rest is left to the scope's new owner,
+    whose calls would otherwise interleave with these over the mailbox's limit."""
+    graph_provider = provider()
+    for _ in range(3):
+        graph_provider.send_raw(raw_message())
+    monkeypatch.setattr(graph_module, "PAGE_SIZE", 2)
+    before = len(relay.log)
+    with calls_while(asked_at_most(1)), pytest.raises(ScopeLost):
+        graph_provider.search(MID)
+    made = [e["path"] for e in relay.log[before:] if "/users/" in e["path"]]
+    assert len(made) == 1 and "/mailFolders/sentitems/messages?" in made[0], made
+    assert len(graph_provider.search(MID).hits) == 3  # whole, for the new owner
+
+
+def test_a_draft_deletion_whose_scope_moved_fences_no_further_draft(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator
+) -> None:
+    """Deleting a message's drafts is several calls (Drafts and Deleted Items listed, each
+    draft fenced with a DELETE and reads): asked before each listing and each draft's
+    fence, not inside one (stopped there, a draft would be left in Deleted Items, still
+    sendable). Once the scope moved, the drafts not fenced yet are left to its new owner."""
+    graph_provider = provider()
+    first = graph.inject_draft(raw_message(), user=MAILBOX)
+    second = graph.inject_draft(raw_message(), user=MAILBOX)
+    before = len(relay.log)
+    # The two listings and the first draft's fence.
+    with calls_while(asked_at_most(3)), pytest.raises(ScopeLost):
+        graph_provider.delete_drafts(MID)
+    [left] = [d["id"] for d in graph.folder(MAILBOX, "drafts")]
+    [fenced] = {first, second} - {left}
+    deletes = [e["path"] for e in relay.log[before:] if e["method"] == "DELETE"]
+    assert deletes and all(quote(fenced, safe="") in path for path in deletes), deletes
+    assert graph_provider.delete_drafts(MID) == [left]  # the new owner's
+    assert graph.folder(MAILBOX, "drafts") == [] and graph.folder(MAILBOX, "deleteditems") == []
 
 
 def test_a_report_received_before_the_jobs_first_attempt_is_refused(

@@ -6,15 +6,26 @@ a miss."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import Scripted
+from daemon.doubles.fake_time import FakeClock
 from daemon.engine.circuit import CHECK, Admit, Circuits, CircuitSettings
-from daemon.providers.base import ProviderError
+from daemon.engine.runner import Work
+from daemon.engine.search import SearchBackoff
+from daemon.providers.base import (
+    ProviderBase,
+    ProviderError,
+    SearchResult,
+    SendOutcome,
+    next_call,
+)
 from ledger.vocabulary import ConfirmedVia, JobState
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -338,3 +349,50 @@ def test_a_turn_left_to_checks_that_never_come_is_taken_back() -> None:
     assert circuits.admit("s", T0 + timedelta(seconds=7)) is Admit.HOLD  # the check's turn
     assert circuits.next_probe("s") == T0 + timedelta(seconds=8)
     assert circuits.admit("s", T0 + timedelta(seconds=8)) is Admit.PROBE  # it never came
+
+
+class TwoCalls(ProviderBase):
+    """A search of two calls (as Graph's: pages, folders), whose quota scope goes to
+    another daemon after the first (`lost()`)."""
+
+    name = "paged"
+
+    def __init__(self, lost: Callable[[], None]) -> None:
+        self.lost = lost
+        self.calls = 0
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        raise AssertionError("no send here")
+
+    def search(self, message_id: str) -> SearchResult:
+        for _page in range(2):
+            next_call(f"search {message_id}")
+            self.calls += 1
+            self.lost()
+        return SearchResult(query=message_id, hits=())
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        raise AssertionError("no read here")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_check_stopped_between_its_calls_is_no_answer_and_no_failure() -> None:
+    # The engine asks whether the job's scope is still its own before a check's call and,
+    # through `calls_while`, between the calls one check makes: once it is not, the check
+    # stops with no answer (never the empty result a whole search would be: a miss), and
+    # nothing counts against the provider (no error, no backoff, no circuit).
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
+    ours = [True]
+    backoff = SearchBackoff(Circuits(), clock, may_call=lambda work: ours[0])
+    provider = TwoCalls(lambda: ours.__setitem__(0, False))
+    counted: list[str] = []
+    work = SimpleNamespace(
+        job=SimpleNamespace(key="k1", message_id="<m@x>"), now=clock(), count=counted.append
+    )
+    assert backoff.search(cast(Work, work), provider) is None
+    assert provider.calls == 1
+    assert counted == [] and not backoff.held("k1", clock())
+    ours[0], provider.lost = True, lambda: None
+    assert backoff.search(cast(Work, work), provider) == SearchResult(query="<m@x>", hits=())

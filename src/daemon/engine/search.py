@@ -42,7 +42,13 @@ from daemon.engine.drafts import record_draft_check, recorded_draft
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.report import Count
 from daemon.engine.runner import Step, Work, due
-from daemon.providers.base import Provider, ProviderError, SearchResult
+from daemon.providers.base import (
+    Provider,
+    ProviderError,
+    ScopeLost,
+    SearchResult,
+    calls_while,
+)
 from daemon.providers.draft_handle import DraftCheck, DraftsProvider, DraftStatus
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
 from ledger.decision_types import StopVerifying
@@ -170,9 +176,18 @@ class SearchBackoff:
             return None
         with self._lock:
             self._scope_of.pop(key, None)
+        check = self._may_call
+        may_go_on = None if check is None else (lambda: check(work))
         try:
-            with self._circuits.calling(scope):
+            with self._circuits.calling(scope), calls_while(may_go_on):
                 result = call()
+        except ScopeLost:
+            # Stopped between two of its calls (Graph's search and draft deletion make
+            # several): no answer, no failure of the provider's; its new owner does it.
+            if admit is Admit.PROBE:
+                self._circuits.probe_returned(scope)
+            log.info("job %s: %s stopped: its quota scope went to another daemon", key, what)
+            return None
         except ProviderError as exc:
             now = self._clock()
             self._circuits.called(

@@ -7,7 +7,9 @@ one name to import from); the daemon turns them into events.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -20,6 +22,7 @@ from daemon.providers.outcomes import (
     SendKind,
     SendOutcome,
 )
+from ledger.exceptions import SendledgerError
 
 if TYPE_CHECKING:
     from daemon.providers.draft_handle import DraftsProvider
@@ -255,3 +258,37 @@ __all__ = [
     "SendOutcome",
     "for_job",
 ]
+
+
+# -- several calls, one operation -----------------------------------------------------
+
+#: Whether the operation under way in this thread may make its next call: set by the
+#: engine around a check's call (`calls_while`), asked between its calls by a provider
+#: whose one operation makes several (Graph's search and draft deletion: `next_call`).
+_MAY_GO_ON: ContextVar[Callable[[], bool] | None] = ContextVar("may_go_on", default=None)
+
+
+class ScopeLost(SendledgerError):
+    """An operation of several calls stopped between two of them: the quota scope it
+    spends went to another daemon meanwhile (`owners.py`), and calls of both on one
+    mailbox would exceed its quota. No answer, and no failure of the provider's (nothing
+    for its circuit): the scope's new owner makes the operation again."""
+
+
+@contextmanager
+def calls_while(may_go_on: Callable[[], bool] | None) -> Iterator[None]:
+    """The provider calls made inside, in this thread, go on while `may_go_on()` says
+    yes (None: always); an operation of several calls asks before each (`next_call`),
+    as `Provider.read_reports` asks its `may_go_on`."""
+    token = _MAY_GO_ON.set(may_go_on)
+    try:
+        yield
+    finally:
+        _MAY_GO_ON.reset(token)
+
+
+def next_call(what: str) -> None:
+    """Before one more call of an operation: raises ScopeLost when it may not go on."""
+    may_go_on = _MAY_GO_ON.get()
+    if may_go_on is not None and not may_go_on():
+        raise ScopeLost(f"{what}: stopped, its quota scope went to another daemon")

@@ -41,6 +41,7 @@ from daemon.providers.base import (
     SearchResult,
     SendKind,
     SendOutcome,
+    next_call,
 )
 from daemon.providers.graph_classify import (
     TokenError,
@@ -640,6 +641,9 @@ class GraphProvider(ProviderBase):
         literal = filter_value(message_id)
         hits: dict[str, SearchHit] = {}
         for draft_id in mailbox.drafts(message_id):
+            # Before each call, as before each page (`items`): one search is several
+            # calls, and the scope may go to another daemon between two (`next_call`).
+            next_call(f"search {literal}")
             found = self._message(mailbox, draft_id)
             if found is not None and found.get("isDraft") is False:
                 self._add_hit(hits, found, message_id)
@@ -672,6 +676,7 @@ class GraphProvider(ProviderBase):
         literal = filter_value(message_id)
         candidates: list[str] = []
         for draft_id in mailbox.drafts(message_id):
+            next_call(f"delete drafts {literal}")  # as in `search_in`
             found = self._message(mailbox, draft_id)
             if found is not None and found.get("isDraft") is True:
                 candidates.append(draft_id)
@@ -682,8 +687,14 @@ class GraphProvider(ProviderBase):
                 listed = found.get("id")
                 if found.get("isDraft") is True and isinstance(listed, str):
                     candidates.append(listed)
-        unique = list(dict.fromkeys(candidates))
-        return [d for d in unique if self._fence(mailbox, message_id, d)]
+        deleted = []
+        for draft_id in dict.fromkeys(candidates):
+            # Not inside one fence (a DELETE, a read, maybe a second DELETE): stopped
+            # there, the draft would be left in Deleted Items, still sendable.
+            next_call(f"delete drafts {literal}")
+            if self._fence(mailbox, message_id, draft_id):
+                deleted.append(draft_id)
+        return deleted
 
     def ping(self) -> None:
         self.ping_as(self._unscoped())
@@ -742,6 +753,7 @@ class GraphProvider(ProviderBase):
         found: list[dict[str, Any]] = []
         url: str | None = None
         for _ in range(MAX_PAGES):
+            next_call(what)
             items, url = self.page(what, mailbox, path, url=url)
             found.extend(items)
             if url is None:
