@@ -1263,3 +1263,76 @@ def test_healthz_reports_a_daemon_standing_aside_for_its_clock_until_it_is_back(
         assert a.owners.aside is None
         ok, reasons, checks = check_health(sources)
         assert ok and "clock_off" not in checks["store"]
+
+
+class OwnedSearches(FakeProvider):
+    """A provider with one quota scope (its name), whose searches record who searched and
+    which daemon owned the scope in the store at that moment (`searches_by`)."""
+
+    def __init__(self, name: str, clock: FakeClock, store: Any) -> None:
+        super().__init__(name, clock=clock)
+        self.store = store
+        self.searches_by: list[tuple[str, str | None]] = []
+
+    def search(self, message_id: str) -> SearchResult:
+        searcher = threading.current_thread().name.rpartition("@")[2].partition("_")[0]
+        now = self.clock().timestamp()
+        live = [
+            r.owner for r in self.store.leases() if r.scope == self.name and r.lease_until > now
+        ]
+        self.searches_by.append((searcher, live[0] if live else None))
+        return super().search(message_id)
+
+
+def test_a_job_of_a_channel_moved_to_another_provider_is_searched_by_its_attempts_owner() -> None:
+    """`c0` sends on `p0`; a job's outcome is unknown; a reload moves `c0` to `p1`, and `p0`
+    is now `b`'s. The job's search is made where its attempt was, on `p0`
+    (`runner.provider_for`): `a`, which owns `p1` (the scope of `c0`'s provider now), must
+    not make it, or `a` and `b` both call for `p0`, over its quota. Once `b`'s lease on
+    `p0` ends, `a` takes `p0` for that job (the index does not know the attempt's provider:
+    the refused search tells the round) and searches."""
+    clock = FakeClock(START)
+    ledger = Ledger("memory://", clock=clock)
+    store = ledger.scope_leases()
+    providers = {name: OwnedSearches(name, clock, store) for name in ("p0", "p1")}
+
+    def c0_on(provider: str) -> PolicySet:
+        return PolicySet(
+            {
+                "c0": ChannelPolicy.model_validate(
+                    {**BASE_POLICY, "channel": "c0", "provider": provider}
+                )
+            }
+        )
+
+    policies = [c0_on("p0")]
+    a = Engine(ledger, PolicyHolder(lambda: policies[0]), dict(providers),
+               provider_timeouts={"p0": TIMEOUT, "p1": TIMEOUT}, clock=clock,
+               deadline_grace=GRACE, rng=random.Random(1), daemon_name="a",
+               scope_lease=LEASE)  # fmt: skip
+    try:
+        providers["p0"].script(Scripted.dropped_response())
+        content = receipt("c0", "k0")
+        ledger.submit(content, policies[0]["c0"].sender_for(content.sender))
+        a.tick()  # `a` takes `p0` and sends; the outcome is unknown
+        assert ledger.get_job("k0").state is JobState.UNKNOWN
+        assert a.owners is not None and a.owners.owned() == ["p0"]
+        policies[0] = c0_on("p1")
+        assert a.policies.reload()
+        a.owners._release(["p0"], clock().timestamp())  # `p0` goes to `b`
+        clock.advance(GRACE)
+        b_until = clock().timestamp() + 90
+        assert store.take("b", ["p0"], clock().timestamp(), b_until)
+        for _ in range(150):
+            clock.advance(1)
+            a.tick()
+            if ledger.get_job("k0").state is JobState.CONFIRMED:
+                break
+        searches = providers["p0"].searches_by
+        assert searches and all(owner == searcher for searcher, owner in searches), searches
+        assert ledger.get_job("k0").state is JobState.CONFIRMED
+        assert clock().timestamp() >= b_until  # searched once `b`'s lease ended
+        assert providers["p1"].searches_by == []
+    finally:
+        a.close()
+        ledger.close()

@@ -98,7 +98,7 @@ class MailboxRead:
     lookback: float  # seconds: the longest `watch_bounces` of its channels
     mailbox: str  # the index's `mailbox` of its From (`Ledger.mailbox_of`)
     address: str  # its From, which names the quota scope daemons lease it by
-    policy: ChannelPolicy  # of its first channel: whose provider names that scope
+    policy: ChannelPolicy  # of its first channel
     # The soonest end of its watches (None: not known): one long past (reads held by
     # queued sends, an outage) started more than `lookback` ago.
     first_until: datetime | None = None
@@ -158,12 +158,13 @@ class BounceWatch:
         *,
         interval: float,
         sends_waiting: Callable[[str], int],
-        may_read: Callable[[ChannelPolicy | None, str, datetime], bool] | None = None,
+        may_read: Callable[[ChannelPolicy | None, str, datetime, str | None], bool] | None = None,
         skew: float = 0.0,
     ) -> None:
-        """`may_read(policy, from_addr, now)`: whether this daemon may call now for the
-        quota scope of that From (it owns it: `OurScopes.may_call`, the one place a From's
-        scope is named); None: it works for every scope. `skew`: how far the provider's
+        """`may_read(policy, from_addr, now, provider)`: whether this daemon may call now
+        for the quota scope of that From on that provider (it owns it:
+        `OurScopes.may_call`, the one place a From's scope is named); None: it works for
+        every scope. `skew`: how far the provider's
         clock may be behind ours (`daemon.deadline_grace`): a report received more than
         that before its job's first attempt is refused (`SendJob.record_bounce`)."""
         self._may_read = may_read
@@ -274,7 +275,9 @@ class BounceWatch:
             log.warning("%s: dropping its kept report read failed: %s", read.scope, exc)
 
     def _ours(self, read: MailboxRead, now: datetime) -> bool:
-        return self._may_read is None or self._may_read(read.policy, read.address, now)
+        return self._may_read is None or self._may_read(
+            read.policy, read.address, now, read.provider.name
+        )
 
     def _watched(self) -> list[MailboxRead]:
         """Each watched (channel, mailbox) mapped to the view of the provider its jobs

@@ -25,6 +25,13 @@ mailbox is sent at the rate of one quota bucket: its owner's.
   act on one scope at once, and a daemon whose renewals fail (the store is gone, the
   process was stopped) stops by itself before anyone else starts. A call already made
   stays its own until it ends (its claim's lease, `leases.py`).
+- **A channel moved to another provider** (a reload) leaves its jobs' attempts on the
+  provider they were made on, where their searches, draft checks, tidies and bounce
+  reads are made (`runner.provider_for`): ownership is asked for that provider's scope
+  (`OurScopes.may_call`'s `provider`). The index keeps each job's channel, not its
+  attempt's provider, so the round knows such a scope only when a worker asks for it
+  and is refused (`want`): for a horizon from then it counts as work, and while this
+  daemon holds it the due reads take the channel's rows of that mailbox too.
 - **The clocks** (`clock_off`, as often as the renewer looks, and after any jump): that
   rule needs the daemons' clocks within the grace of each other, so each holds its own to
   the store's (PostgreSQL's, read between two looks at its own): more than half the grace
@@ -41,7 +48,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from daemon.engine.clock import Clock
@@ -63,6 +70,9 @@ class _Work:
 
     providers: dict[str, str]  # scope -> provider name
     mailboxes: dict[str, set[str]]  # scope -> the From mailboxes with work
+    #: scope -> the channels whose jobs need it though the channel's provider is another
+    #: (`ScopeOwners.want`)
+    moved: dict[str, set[str]] = field(default_factory=dict)
 
 
 class ScopeOwners:
@@ -95,6 +105,9 @@ class ScopeOwners:
         self._lock = threading.Lock()
         self._held: dict[str, float] = {}  # scope -> its stored lease's end (our clock)
         self._idle_since: dict[str, float] = {}
+        #: scope -> (provider, mailbox, channel, when last asked): the scopes of attempts
+        #: made on a provider their channel has left (`want`).
+        self._wanted: dict[str, tuple[str, str, str, float]] = {}
         self._renewed_at: float | None = None  # None: not joined yet
         self._renewing = threading.Lock()
         self._stop = threading.Event()
@@ -129,6 +142,13 @@ class ScopeOwners:
         with self._lock:
             return sorted(self._held)
 
+    def want(self, scope: str, provider: str, mailbox: str, channel: str, now: datetime) -> None:
+        """A job of `channel` from `mailbox` needs `scope` (of `provider`, where its attempt
+        was made) though its channel's provider is another now: the round counts it as
+        work for a horizon (the index cannot say so) and, held, reads those rows too."""
+        with self._lock:
+            self._wanted[scope] = (provider, mailbox, channel, now.timestamp())
+
     # -- the round ----------------------------------------------------------------------
 
     def balance(self, due: Iterable[tuple[str, str | None]], now: datetime) -> ScopeFilter:
@@ -145,7 +165,7 @@ class ScopeOwners:
         self.renew_due(now)
         if self.aside is not None:
             return self._filter(_Work({}, {}))
-        work = self._work(due)
+        work = self._work(due, at)
         wanted = set(work.providers)
         rows = {row.scope: row for row in self._store.leases()}
         members = set(self._store.members(at)) | {self._daemon}
@@ -177,7 +197,7 @@ class ScopeOwners:
                 )
         return self._filter(work)
 
-    def _work(self, due: Iterable[tuple[str, str | None]]) -> _Work:
+    def _work(self, due: Iterable[tuple[str, str | None]], at: float) -> _Work:
         policies = self._policies.current
         providers: dict[str, str] = {}
         mailboxes: dict[str, set[str]] = {}
@@ -189,7 +209,16 @@ class ScopeOwners:
             scope = provider.scope_of(mailbox)
             providers[scope] = policy.provider
             mailboxes.setdefault(scope, set()).add(mailbox)
-        return _Work(providers, mailboxes)
+        moved: dict[str, set[str]] = {}
+        with self._lock:
+            for scope, (name, mailbox, channel, asked) in list(self._wanted.items()):
+                if at - asked > self.horizon:
+                    del self._wanted[scope]  # no job has asked for it for a horizon
+                    continue
+                providers[scope] = name
+                mailboxes.setdefault(scope, set()).add(mailbox)
+                moved.setdefault(scope, set()).add(channel)
+        return _Work(providers, mailboxes, moved)
 
     def _filter(self, work: _Work) -> ScopeFilter:
         """The due rows of the scopes held: per provider, every mailbox when this daemon
@@ -213,6 +242,12 @@ class ScopeOwners:
             else:
                 mailboxes = sorted({m for scope in ours for m in work.mailboxes[scope]})
                 groups.append(ScopeGroup(channels, tuple(mailboxes)))
+        # The rows of a moved channel whose attempts' scope is held here: its own
+        # provider's group names the channel only where this daemon holds that scope.
+        for scope in sorted(held & work.moved.keys()):
+            groups.append(
+                ScopeGroup(tuple(sorted(work.moved[scope])), tuple(sorted(work.mailboxes[scope])))
+            )
         return ScopeFilter(tuple(groups), tuple(sorted(policies)))
 
     def _preference(self, scope: str) -> bytes:
@@ -457,15 +492,30 @@ class OurScopes:
         """Sharing the scopes, and no round has told which are ours: no due row is."""
         return self.owners is not None and self.filter is None
 
-    def may_call(self, policy: ChannelPolicy | None, from_addr: str, now: datetime) -> bool:
+    def may_call(
+        self,
+        policy: ChannelPolicy | None,
+        from_addr: str,
+        now: datetime,
+        provider: str | None = None,
+    ) -> bool:
         """Whether this daemon may call for a job of `policy` from `from_addr` now: it owns
-        the job's quota scope, named as the round names it (from the index's mailbox)."""
-        if self.owners is None:
-            return True
-        provider = None if policy is None else self._providers.get(policy.provider)
-        if provider is None:
+        the job's quota scope, named as the round names it (from the index's mailbox).
+        `provider`: the one the call is made on when not the policy's (an attempt made on
+        a provider the channel has left since: `runner.provider_for`)."""
+        if self.owners is None or policy is None:
+            return True  # no policy: no call, the job goes to review
+        name = provider or policy.provider
+        found = self._providers.get(name)
+        if found is None:
             return True  # no call: the dispatch reviews it or reports the configuration
-        return self.owners.may_call(provider.scope_of(self._mailbox_of(from_addr)), now)
+        mailbox = self._mailbox_of(from_addr)
+        scope = found.scope_of(mailbox)
+        if self.owners.may_call(scope, now):
+            return True
+        if name != policy.provider:
+            self.owners.want(scope, name, mailbox, policy.channel, now)
+        return False
 
 
 def _free(row: ScopeLease | None, daemon: str, at: float) -> bool:

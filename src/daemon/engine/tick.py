@@ -387,14 +387,16 @@ class Engine:
             return False  # its clock is off the store's: it would judge deadlines wrong
         # A recovery calls no provider: it is not held back by who owns the scope.
         return isinstance(step, Recover) or self.scopes.may_call(
-            work.policy, work.job.from_addr, work.now
+            work.policy, work.job.from_addr, work.now, work.provider_name or None
         )
 
     def _may_call(self, work: Work) -> bool:
         """Whether a check's next provider call may start now (`SearchBackoff`)."""
         if self.owners is not None and self.owners.aside is not None:
             return False
-        return self.scopes.may_call(work.policy, work.job.from_addr, self.clock())
+        return self.scopes.may_call(
+            work.policy, work.job.from_addr, self.clock(), work.provider_name or None
+        )
 
     def _offer_checks(self, step: Step) -> None:
         free = self._checks.free()
