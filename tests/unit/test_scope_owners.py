@@ -33,7 +33,7 @@ from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
 from daemon.engine.circuit import CircuitSettings
-from daemon.engine.owners import ScopeOwners
+from daemon.engine.owners import OurScopes, ScopeOwners
 from daemon.providers.base import (
     Provider,
     ProviderBase,
@@ -1336,3 +1336,30 @@ def test_a_job_of_a_channel_moved_to_another_provider_is_searched_by_its_attempt
     finally:
         a.close()
         ledger.close()
+
+
+def test_the_scope_of_a_moved_channels_attempts_stays_held_while_its_jobs_ask_for_it() -> None:
+    """`c0` moved from `p0` to `p1`; its jobs' attempts on `p0` still need `p0`'s scope,
+    which the index cannot name: the workers' asks keep it wanted. Asked and granted at
+    every tick (a job searched again and again, misses), it must stay held: counted as
+    work only from refusals, it went idle a horizon after it was taken and was released
+    under the jobs still asking for it."""
+    clock = FakeClock(START)
+    store = MemoryScopeLeases(SimpleNamespace())
+    providers: dict[str, Provider] = {n: FakeProvider(n, clock=clock) for n in ("p0", "p1")}
+    c0 = ChannelPolicy.model_validate({**BASE_POLICY, "channel": "c0", "provider": "p1"})
+    owners = ScopeOwners(store, PolicyHolder(lambda: PolicySet({"c0": c0})), providers,
+                         daemon="a", lease=LEASE, grace=GRACE, horizon=LEASE + TIMEOUT,
+                         clock=clock)  # fmt: skip
+    scopes = OurScopes(owners, providers, mailbox_key)
+    sender = "Shop <m0@shop.example>"
+    due = [("c0", "m0@shop.example")]
+    owners.balance(due, clock())
+    assert not scopes.may_call(c0, sender, clock(), "p0")  # not taken yet: the round learns
+    granted = []
+    for _ in range(int(4 * (LEASE + TIMEOUT))):
+        owners.balance(due, clock())
+        granted.append(scopes.may_call(c0, sender, clock(), "p0"))
+        clock.advance(1)
+    assert all(granted), granted.index(False)
+    assert owners.owned() == ["p0", "p1"]

@@ -30,8 +30,8 @@ mailbox is sent at the rate of one quota bucket: its owner's.
   reads are made (`runner.provider_for`): ownership is asked for that provider's scope
   (`OurScopes.may_call`'s `provider`). The index keeps each job's channel, not its
   attempt's provider, so the round knows such a scope only when a worker asks for it
-  and is refused (`want`): for a horizon from then it counts as work, and while this
-  daemon holds it the due reads take the channel's rows of that mailbox too.
+  (`want`): for a horizon from then it counts as work, and while this daemon holds it
+  the due reads take the channel's rows of that mailbox too.
 - **The clocks** (`clock_off`, as often as the renewer looks, and after any jump): that
   rule needs the daemons' clocks within the grace of each other, so each holds its own to
   the store's (PostgreSQL's, read between two looks at its own): more than half the grace
@@ -511,11 +511,10 @@ class OurScopes:
             return True  # no call: the dispatch reviews it or reports the configuration
         mailbox = self._mailbox_of(from_addr)
         scope = found.scope_of(mailbox)
-        if self.owners.may_call(scope, now):
-            return True
         if name != policy.provider:
+            # Whatever the answer: held, it stays wanted while such jobs ask for it.
             self.owners.want(scope, name, mailbox, policy.channel, now)
-        return False
+        return self.owners.may_call(scope, now)
 
 
 def _free(row: ScopeLease | None, daemon: str, at: float) -> bool:
