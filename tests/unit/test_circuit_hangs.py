@@ -230,11 +230,11 @@ def test_a_send_taken_before_a_hang_was_known_is_not_made_once_it_is() -> None:
     saving, saved = threading.Event(), threading.Event()
     save = rig.ledger._save_retrying
 
-    def slow_claim(jobs: Any) -> None:
+    def slow_claim(jobs: Any, *guard: Any) -> None:
         if any(j.key == "late" and j.state is JobState.ATTEMPTED for j in jobs):
             saving.set()
             assert saved.wait(10)
-        save(jobs)
+        save(jobs, *guard)
 
     rig.ledger._save_retrying = slow_claim  # type: ignore[method-assign]
     try:
