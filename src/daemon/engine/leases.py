@@ -78,8 +78,9 @@ class Lease:
     #: How far this clock was set back while the lease was held (seconds): the stored
     #: deadline was written by the clock as it was, and is renewed by it (`_renew`).
     behind: float = 0.0
-    #: A renewal of this lease is being written (its thread holds `lock` meanwhile): the
-    #: looks leave the lease alone until it ends. Changed under `Leases._lock`.
+    #: A renewal of this lease is queued for a renewal thread or being written (its
+    #: thread holds `lock` meanwhile): the looks leave the lease alone until it ends.
+    #: Changed under `Leases._lock`.
     in_flight: bool = False
 
 
