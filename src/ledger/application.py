@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
 import os
@@ -70,8 +71,10 @@ Clock = Callable[[], datetime]
 T = TypeVar("T")
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+#: The wall clock (UTC), the Ledger's unless given another. The standard library's own
+#: callable: the store reads the clock inside its write (`INDEX_CLOCK_KWARG`), and a
+#: function here would have the store call back into the Ledger.
+utcnow: Clock = functools.partial(datetime.now, UTC)
 
 
 class KeyConflict(SendledgerError):
@@ -417,18 +420,13 @@ class Ledger(Application[UUID]):
             processing,
             **{
                 INDEX_ROWS_KWARG: [self.index_row(j) for j in jobs],
-                INDEX_CLOCK_KWARG: self._now,
+                INDEX_CLOCK_KWARG: self.clock,
                 INDEX_GUARD_KWARG: guard,
             },
         )
         self._record_processing(processing)
         for job in jobs:
             job.collect_events()  # written: no longer pending
-
-    def _now(self) -> float:
-        """The clock a row's `written_at` is stamped from, read in the write's transaction
-        (`ledger.stores.index.IndexRow.written_at`)."""
-        return self.clock().timestamp()
 
     def _save_collected(self, *objs: Any, **kwargs: Any) -> None:
         processing: ProcessingEvent[UUID] = ProcessingEvent()
@@ -592,7 +590,7 @@ class Ledger(Application[UUID]):
                 *job.pending_events,
                 **{
                     INDEX_ROWS_KWARG: [self.index_row(job)],
-                    INDEX_CLOCK_KWARG: self._now,
+                    INDEX_CLOCK_KWARG: self.clock,
                     REWRITES_KWARG: rewrites,
                 },
             )
@@ -941,7 +939,7 @@ class Ledger(Application[UUID]):
         clear, has the job's recipients and subject taken out: a provider's refusal
         quotes the recipient ("550 5.1.1 <alice@...>"), and the events alone, encrypted,
         keep it whole (docs/configuration.md "Encryption at rest")."""
-        row = index_row(job, self.mailbox_of)
+        row = index_row(job, self.mailbox_of(job.from_addr))
         # An escalation's reason is one of ours, which the review queue is filtered by:
         # kept as it is, whatever a subject happens to say.
         if row.reason and row.reason not in _OUR_REASONS and self.mapper.cipher is not None:

@@ -36,7 +36,7 @@ INDEX_TABLE = "sendledger_jobs"
 #: The keyword argument of `Application.save` (and so of the recorder's insert) that
 #: carries the index rows to write with the events.
 INDEX_ROWS_KWARG = "sendledger_index_rows"
-#: ... and the one that carries the writer's clock (epoch seconds): what a row's
+#: ... and the one that carries the writer's clock (the Ledger's): what a row's
 #: `written_at` is stamped from, inside the transaction (`SqlJobIndex._stamp`).
 INDEX_CLOCK_KWARG = "sendledger_index_clock"
 #: ... and an optional guard: asked in the transaction once the rows are held, right
@@ -212,9 +212,11 @@ class ScopeFilter:
         return row.channel not in self.known or any(g.matches(row) for g in self.groups)
 
 
-def index_row(job: SendJob, mailbox: Callable[[str], str] = mailbox_key) -> IndexRow:
-    """The job's row; `mailbox` makes the From's mailbox column (a store's own,
-    `Ledger.mailbox_of`, digests it when the store is encrypted)."""
+def index_row(job: SendJob, mailbox: str | None = None) -> IndexRow:
+    """The job's row; `mailbox` is the From's mailbox column, as the store writes it
+    (`Ledger.mailbox_of`, a digest when the store is encrypted), `mailbox_key` of the
+    From without one. A value, not a function to call back: the row is made from what
+    its caller hands it."""
     watching = job.state is JobState.CONFIRMED and job.watch_until is not None
     return IndexRow(
         key=job.key,
@@ -231,7 +233,7 @@ def index_row(job: SendJob, mailbox: Callable[[str], str] = mailbox_key) -> Inde
         purged_at=None if job.purged_at is None else job.purged_at.timestamp(),
         watch_until=job.watch_until.timestamp() if watching and job.watch_until else None,
         watch_mailbox=mailbox_digest(job.from_addr, job.last_provider) if watching else None,
-        mailbox=mailbox(job.from_addr),
+        mailbox=mailbox_key(job.from_addr) if mailbox is None else mailbox,
         review_since=(
             job.escalated_at.timestamp()
             if job.state is JobState.REVIEW and job.escalated_at is not None
@@ -275,9 +277,12 @@ def check_guard(kwargs: Mapping[str, Any]) -> None:
 
 
 def clock_from(kwargs: Mapping[str, Any]) -> Callable[[], float]:
-    """The writer's clock passed beside the rows (epoch seconds); the host's without one."""
-    clock: Callable[[], float] | None = kwargs.get(INDEX_CLOCK_KWARG)
-    return clock if clock is not None else time.time
+    """The writer's clock passed beside the rows, in epoch seconds; the host's without
+    one."""
+    clock: Callable[[], datetime] | None = kwargs.get(INDEX_CLOCK_KWARG)
+    if clock is None:
+        return time.time
+    return lambda: clock().timestamp()
 
 
 def next_stamp(clock: Callable[[], float], last: float | None) -> float:
