@@ -55,7 +55,7 @@ from ledger.stores.index import (
 )
 from ledger.stores.keycheck import KeyChecks, digest_check, digest_secret, judge_store_key
 from ledger.stores.library_env import refuse_library_variables
-from ledger.stores.private_api import pass_to_recorder, record
+from ledger.stores.private_api import notify, pass_to_recorder, record
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, EscalationReason, JobState, Sender
@@ -437,11 +437,12 @@ class Ledger(Application[UUID]):
         # Every write of events (a claim, an outcome, an intake) comes here: what the
         # store says of them is what health reports (a read may pass while writes fail).
         try:
-            record(self, processing, self._retry_locked)
+            recordings = self._retry_locked(lambda: record(self, processing))
         except StoreUnavailable as exc:
             self.write_failure = WriteFailure(at=self.clock(), error=str(exc))
             raise
         self.write_failure = None
+        notify(self, recordings)
 
     def submit(
         self, content: JobContent, sender: Sender, *, by: str = "", proved: Proved | None = None

@@ -7,11 +7,11 @@ the job's index row (and a purge's rewritten events) written in the very transac
 the events; and the memory store's index under the same lock as its events. For them it
 reaches into the library where nothing public does it:
 
-- `Application._record(processing)` and `Application._notify(recordings)`: `record`.
-  `save()` collects the pending events and records them in one go: tried again after a
-  lock error it would find nothing left to collect (and the caller would send with no
-  claim stored). The Ledger collects once and records (and notifies) with these two,
-  the recording alone tried again.
+- `Application._record(processing)` and `Application._notify(recordings)`: `record` and
+  `notify`. `save()` collects the pending events and records them in one go: tried again
+  after a lock error it would find nothing left to collect (and the caller would send
+  with no claim stored). The Ledger collects once, records (trying `record` again
+  itself) and notifies.
 - `ProcessingEvent.saved_kwargs`, which `_record` passes to the recorder's
   `insert_events(**kwargs)` and on to `_insert_events` or `_update_table`:
   `pass_to_recorder`. The index rows (`index.INDEX_ROWS_KWARG`) and a purge's rewrites
@@ -49,9 +49,9 @@ eventsourcing release too (`make test-eventsourcing`, docs/development.md).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from eventsourcing.persistence import InterfaceError
@@ -63,20 +63,19 @@ from eventsourcing.sqlite import (
 
 if TYPE_CHECKING:
     from eventsourcing.application import Application, ProcessingEvent
-    from eventsourcing.persistence import StoredEvent
+    from eventsourcing.persistence import Recording, StoredEvent
     from eventsourcing.postgres import PostgresApplicationRecorder
 
-T = TypeVar("T")
+
+def record(app: Application[UUID], processing: ProcessingEvent[UUID]) -> list[Recording[UUID]]:
+    """Record the events `processing` holds (and what `pass_to_recorder` put beside them):
+    one try, which the caller may make again; then `notify` as `save()` does."""
+    return app._record(processing)
 
 
-def record(
-    app: Application[UUID],
-    processing: ProcessingEvent[UUID],
-    retry: Callable[[Callable[[], T]], T],
-) -> None:
-    """Record the events `processing` holds (and what `pass_to_recorder` put beside them),
-    the recording tried again by `retry`, then notify as `save()` does."""
-    app._notify(retry(lambda: app._record(processing)))  # type: ignore[arg-type, return-value]
+def notify(app: Application[UUID], recordings: list[Recording[UUID]]) -> None:
+    """Tell the application's followers of what `record` recorded, as `save()` does."""
+    app._notify(recordings)
 
 
 def pass_to_recorder(processing: ProcessingEvent[UUID], **kwargs: Any) -> None:
@@ -188,6 +187,7 @@ __all__ = [
     "InsertHook",
     "MemoryHook",
     "insert_by_function",
+    "notify",
     "pass_to_recorder",
     "record",
 ]
