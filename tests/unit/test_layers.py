@@ -307,7 +307,6 @@ STILL_TWO_WAY = {
     "daemon/engine/commit.py <-> daemon/engine/runner.py",
     "daemon/engine/dispatch.py <-> daemon/engine/runner.py",
     "daemon/engine/runner.py <-> daemon/engine/search.py",
-    "ledger/stores/memory.py <-> ledger/stores/private_api.py",
 }
 
 

@@ -118,6 +118,15 @@ class MemoryHook:
     insert; `write_beside` after the events were added. The index and the stored events
     are reached through the methods below, under `database_lock`."""
 
+    #: The lock the library holds around every read and write of its events: read from
+    #: its private name once, when the recorder is made, then a plain attribute that
+    #: the store's every read takes.
+    database_lock: AbstractContextManager[Any]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.database_lock = self._database_lock  # type: ignore[attr-defined]
+
     def _update_table(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
@@ -133,12 +142,6 @@ class MemoryHook:
 
     def write_beside(self, kwargs: Mapping[str, Any]) -> None:
         raise NotImplementedError
-
-    @property
-    def database_lock(self) -> AbstractContextManager[Any]:
-        """The lock the library holds around every read and write of its events."""
-        lock: AbstractContextManager[Any] = self._database_lock  # type: ignore[attr-defined]
-        return lock
 
     def stored_position(self, originator_id: UUID | str, version: int) -> int | None:
         """Where the event (`originator_id`, `version`) is in the stored list, if stored."""
