@@ -315,3 +315,13 @@ def test_no_file_on_a_path_calls_back_into_its_caller(path: str) -> None:
     """A newcomer follows a job's path one way: a file that a caller reaches does not
     call that caller back (a function passed in and called counts as a call)."""
     assert set(_paths()[path]["two_way_pairs"]) <= STILL_TWO_WAY
+
+
+#: Files a plain send (one job, tick to Confirmed, nothing else due or configured) has
+#: no need of: each is skipped when nothing of its own is due (docs/architecture.md
+#: "The life of one job, file by file").
+NOT_ON_A_PLAIN_SEND = ("ledger/stores/purge.py",)
+
+
+def test_a_plain_send_crosses_no_file_it_does_not_need() -> None:
+    assert set(NOT_ON_A_PLAIN_SEND) & set(_paths()["tick"]["file_list"]) == set()

@@ -39,7 +39,7 @@ from ledger.stores.index import (
 )
 from ledger.stores.keycheck import KeyCheck
 from ledger.stores.private_api import MemoryHook
-from ledger.stores.purge import RewriteFailed, rewrites_from
+from ledger.stores.purge import REWRITES_KWARG, RewriteFailed, rewrites_from
 from ledger.stores.url import MemoryStore
 
 #: The environment key naming the shared store ("" for a store of its own).
@@ -67,15 +67,18 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
 
     def check_beside(self, kwargs: Mapping[str, Any]) -> None:
         check_guard(kwargs)
+        if REWRITES_KWARG not in kwargs:  # a save: only a purge rewrites events
+            return
         for event in rewrites_from(kwargs):  # checked before anything changes: all or nothing
             if self.stored_position(event.originator_id, event.originator_version) is None:
                 raise RewriteFailed(event.originator_id, event.originator_version)
 
     def write_beside(self, kwargs: Mapping[str, Any]) -> None:
-        for event in rewrites_from(kwargs):
-            position = self.stored_position(event.originator_id, event.originator_version)
-            assert position is not None  # check_beside saw it, under the same lock
-            self.replace_stored(position, event)
+        if REWRITES_KWARG in kwargs:
+            for event in rewrites_from(kwargs):
+                position = self.stored_position(event.originator_id, event.originator_version)
+                assert position is not None  # check_beside saw it, under the same lock
+                self.replace_stored(position, event)
         rows = rows_from(kwargs)
         if rows:
             stamp = self._stamp(clock_from(kwargs))
