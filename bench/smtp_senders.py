@@ -374,7 +374,7 @@ def wrap_breakdown(engine: Any) -> dict[str, Any]:
     docs/performance.md "The SMTP path"."""
     from profile_pipeline import Breakdown
 
-    from daemon.engine import dispatch, runner
+    from daemon.engine import dispatch, work
     from daemon.providers import smtp_submit
     from ledger import message
 
@@ -386,8 +386,8 @@ def wrap_breakdown(engine: Any) -> dict[str, Any]:
         (smtp_submit.SmtpSubmitter, "submit", "SMTP transaction"),
         (dispatch.Dispatch, "claim", "claim (decide, render, event)"),
         (dispatch.Dispatch, "outcome_to_events", "outcome events"),
-        (runner.Work, "save", "claim's commit (waited)"),
-        (runner.Work, "flush", "flush before sleeping"),
+        (work.Work, "save", "claim's commit (waited)"),
+        (work.Work, "flush", "flush before sleeping"),
     ]
     for owner, name, label in wrapped:
         setattr(owner, name, parts.wrap(label, getattr(owner, name)))

@@ -17,8 +17,8 @@ from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import Scripted
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine.circuit import CHECK, Admit, Circuits, CircuitSettings
-from daemon.engine.runner import Work
 from daemon.engine.search import SearchBackoff
+from daemon.engine.work import Work
 from daemon.providers.base import (
     ProviderBase,
     ProviderError,

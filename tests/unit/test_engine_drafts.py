@@ -26,8 +26,8 @@ from daemon.engine.drafts import (
 )
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.report import Counter
-from daemon.engine.runner import Work
 from daemon.engine.unknown import unknown_to_events
+from daemon.engine.work import Work
 from daemon.providers.draft_handle import Draft
 from ledger.application import Ledger
 from ledger.job import SendJob

@@ -361,7 +361,7 @@ def test_a_store_that_cannot_be_written_is_one_line_per_job_not_a_traceback(
     was logged as an 'unexpected failure' with a traceback of some twenty lines, burying
     the one line that names the store and why. It is that line, still counted an error."""
     from daemon.engine.report import Counter
-    from daemon.engine.runner import count_failure
+    from daemon.engine.work import count_failure
     from ledger.stores.causes import StoreUnavailable
 
     refused = StoreUnavailable(

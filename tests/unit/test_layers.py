@@ -304,9 +304,8 @@ def _paths() -> dict[str, dict[str, Any]]:
 #: The pairs of files that still call each other on one of the paths: the list only
 #: shrinks (docs/architecture.md "The life of one job, file by file").
 STILL_TWO_WAY = {
-    "daemon/engine/commit.py <-> daemon/engine/runner.py",
-    "daemon/engine/dispatch.py <-> daemon/engine/runner.py",
-    "daemon/engine/runner.py <-> daemon/engine/search.py",
+    "daemon/engine/commit.py <-> daemon/engine/work.py",
+    "daemon/engine/dispatch.py <-> daemon/engine/work.py",
 }
 
 

@@ -38,7 +38,7 @@ from daemon.engine.commit import GroupCommit
 from daemon.engine.observer import EngineObserver, notify
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.report import Counter
-from daemon.engine.runner import Work, provider_for
+from daemon.engine.work import Work, provider_for
 from daemon.providers.base import FoundReport, Provider, ProviderError
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.delivery_reports import (
@@ -283,7 +283,7 @@ class BounceWatch:
         """Each watched (channel, mailbox) mapped to the view of the provider its jobs
         were sent on (the index's mailbox digest names it: a channel moved to another
         provider by a reload has its earlier jobs' reports in the first one's mailbox,
-        `runner.provider_for`) and merged by scope: channels sharing a mailbox share its
+        `work.provider_for`) and merged by scope: channels sharing a mailbox share its
         read."""
         policies = self._policies.current
         merged: dict[str, MailboxRead] = {}

@@ -28,8 +28,8 @@ from daemon.engine.circuit import Circuits, send_unavailable
 from daemon.engine.clock import Clock
 from daemon.engine.leases import Leases
 from daemon.engine.readback import ProviderHealth
-from daemon.engine.runner import Work
 from daemon.engine.unknown import unknown_to_events
+from daemon.engine.work import Work
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from ledger.application import ConcurrentUpdate

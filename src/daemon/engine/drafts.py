@@ -40,7 +40,7 @@ from policies import decisions
 from policies.model import ChannelPolicy
 
 if TYPE_CHECKING:
-    from daemon.engine.runner import Work
+    from daemon.engine.work import Work
 
 log = logging.getLogger("sendledger.engine")
 

@@ -1,7 +1,7 @@
 """A hook for whoever watches the engine (the metrics of `daemon/api/metrics.py`).
 
 The engine calls an observer where it already counts: after each save of a step's events
-(`runner.Work.save`), after each tick, and around each provider call. It imports nothing
+(`work.Work.save`), after each tick, and around each provider call. It imports nothing
 of the watcher; an observer must be fast and must not raise (a failure is logged and
 ignored, so watching never changes what the engine does).
 """

@@ -20,8 +20,8 @@ from datetime import datetime
 
 from daemon.engine.leases import Leases
 from daemon.engine.readback import ProviderHealth
-from daemon.engine.runner import Work, due
 from daemon.engine.unknown import save_unknown_outcome
+from daemon.engine.work import Work, due
 from ledger.job import SendJob
 from ledger.vocabulary import JobState
 from policies import decisions

@@ -41,7 +41,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.drafts import record_draft_check, recorded_draft
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.report import Count
-from daemon.engine.runner import Step, Work, due
+from daemon.engine.work import Step, Work, due
 from daemon.providers.base import (
     Provider,
     ProviderError,

@@ -50,7 +50,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.commit import GroupCommit
 from daemon.engine.owners import OurScopes
 from daemon.engine.report import Counter
-from daemon.engine.runner import StepRunner, Work
+from daemon.engine.work import Work
 from daemon.providers.base import Provider, ProviderError
 from ledger.application import Ledger
 from ledger.vocabulary import JobState
@@ -58,6 +58,7 @@ from policies import decisions
 
 if TYPE_CHECKING:
     from daemon.engine.dispatch import Dispatch
+    from daemon.engine.runner import StepRunner
 
 log = logging.getLogger("sendledger.engine")
 

@@ -36,9 +36,10 @@ from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.recover import Recover, RecoverOwnClaims
 from daemon.engine.report import Counter, TickReport
-from daemon.engine.runner import Step, StepRunner, Work
+from daemon.engine.runner import StepRunner
 from daemon.engine.search import FirstDue, SearchBackoff, Sweep, Tidy, Verify
 from daemon.engine.sends import SendSteps, SendWorkers
+from daemon.engine.work import Step, Work
 from daemon.providers.base import Provider
 from ledger.application import Ledger
 from ledger.vocabulary import FINAL_STATES, JobState

@@ -12,7 +12,7 @@ from policies import decisions
 
 if TYPE_CHECKING:
     from daemon.engine.readback import ProviderHealth
-    from daemon.engine.runner import Work
+    from daemon.engine.work import Work
     from ledger.decision_types import AfterUnknown
     from policies.model import ChannelPolicy
 

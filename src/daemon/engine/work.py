@@ -1,0 +1,175 @@
+"""What a step acts on: one loaded job and the means to save and count what it does.
+
+The step runner (`runner.py`) loads the job into a `Work` and hands it to a step
+(`dispatch.py`, `search.py`, ...); the step records its events on the job, then saves
+and counts through the `Work`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from daemon.engine.commit import GroupCommit
+from daemon.engine.observer import EngineObserver, NullObserver, notify
+from daemon.engine.report import Count, Counter
+from daemon.providers.base import Provider
+from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
+from ledger.decision_types import Review
+from ledger.job import SendJob, TransitionError
+from ledger.stores.causes import StoreUnavailable
+from ledger.vocabulary import JobState
+from policies import decisions
+from policies.model import ChannelPolicy
+
+log = logging.getLogger("sendledger.engine")
+
+
+@dataclass
+class Work:
+    """One loaded job and what a step needs to act on it."""
+
+    job: SendJob
+    policy: ChannelPolicy | None
+    provider: Provider | None
+    now: datetime
+    ledger: Ledger
+    counter: Counter
+    observer: EngineObserver = field(default_factory=NullObserver)
+    #: How a save is made: the engine's group commit (`commit.py`), or `Ledger.save_job`.
+    commits: GroupCommit | None = None
+    #: The name of `provider`: the policy's, or the one the job's last attempt was made
+    #: on (`provider_for`); empty when there is no policy.
+    provider_name: str = ""
+    _saved_state: JobState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._saved_state = self.job.state
+
+    def count(self, name: Count) -> None:
+        self.counter.bump(name)
+
+    def save(self) -> None:
+        """Append the events the step recorded (ConcurrentUpdate: another writer won)."""
+        events = list(self.job.pending_events)
+        if self.commits is None:
+            self.ledger.save_job(self.job)
+        else:
+            self.commits.save(self.job)
+        self.report_saved(events)
+
+    def save_soon(
+        self, then: Callable[[], None], *, always: Callable[[], None] | None = None
+    ) -> None:
+        """Save the step's events with the next commit, without waiting (`commit.py`:
+        for what no call waits on); `then()` once they are durable, `always()` once they
+        are durable or failed. A failure is counted as `save` would have made the step's
+        guard count it."""
+        events = list(self.job.pending_events)
+
+        def saved(error: BaseException | None) -> None:
+            try:
+                if error is not None:
+                    count_failure(self.job.key, error, self.counter, "the outcome's save")
+                    return
+                self.report_saved(events)
+                then()
+            finally:
+                if always is not None:
+                    always()
+
+        if self.commits is None:
+            try:
+                self.ledger.save_job(self.job)
+            except Exception as exc:
+                saved(exc)
+            else:
+                saved(None)
+        else:
+            self.commits.save_soon(self.job, saved)
+
+    def flush(self) -> None:
+        """Wait until whatever `save_soon` left is durable."""
+        if self.commits is not None:
+            self.commits.flush()
+
+    def report_saved(self, events: list[Any]) -> None:
+        """Count and report what a save made durable."""
+        before = self._saved_state
+        self._saved_state = self.job.state
+        notify(self.observer.saved, self.job, events)
+        if self.job.state is JobState.REVIEW and before is not JobState.REVIEW:
+            self.count("escalated")
+            log.warning("job %s to review: %s", self.job.key, self.job.reason)
+        elif self.job.state is JobState.CONFIRMED and before is not JobState.CONFIRMED:
+            self.count("confirmed")
+            log.info(
+                "job %s confirmed (%s)", self.job.key, ", ".join(self.job.provider_message_ids)
+            )
+
+    def to_review(self, decision: Review, detail: str) -> None:
+        self.job.escalate(decision, detail=detail, at=self.now)
+        self.save()
+
+    def policy_and_provider(self) -> tuple[ChannelPolicy, Provider] | None:
+        """Both, or None: a job whose channel has no policy goes to review; a policy that
+        names a provider this daemon does not have is a configuration error."""
+        if self.policy is None:
+            self.to_review(decisions.no_policy(self.job.channel), "no policy for the channel")
+            return None
+        if self.provider is None:
+            log.error("job %s: provider %r is not configured", self.job.key, self.provider_name)
+            self.count("errors")
+            return None
+        return self.policy, self.provider
+
+
+class Step(Protocol):
+    """One kind of work a tick does on the jobs of one state."""
+
+    @property
+    def state(self) -> JobState: ...
+
+    def is_due(self, job: SendJob, now: datetime) -> bool: ...
+
+    def run(self, work: Work) -> None: ...
+
+
+def due(job: SendJob, now: datetime) -> bool:
+    return job.due_at is not None and job.due_at <= now
+
+
+def provider_for(job: SendJob, policy: ChannelPolicy | None) -> str | None:
+    """The provider a step acts on for `job`: the policy's for a send, but once an
+    attempt was made, the one it was made on (`Attempted.provider`) for everything that
+    follows it (the search, the history read, the draft check, the verification, the
+    tidy): a copy sent there is only found there, and a channel moved to another provider
+    by a reload must not make the old attempt's misses believed and the job sent twice.
+    None without a policy (the job goes to review)."""
+    if policy is None:
+        return None
+    if job.state is not JobState.REQUESTED and job.last_provider is not None:
+        return job.last_provider
+    return policy.provider
+
+
+def count_failure(key: str, exc: BaseException, counter: Counter, where: str) -> None:
+    """A step that failed: a conflict or refused transition is a skip (another writer
+    moved the job first), anything else an error."""
+    if isinstance(exc, ConcurrentUpdate | TransitionError | UnknownJob):
+        log.debug("job %s skipped: %s", key, exc)
+        counter.bump("skipped")
+    elif isinstance(exc, StoreUnavailable):
+        # A full disk or a read-only store fails every due job at every tick: its one
+        # line names the store and why; a traceback each time would bury it.
+        log.error("job %s: %s failed: %s", key, where, exc)
+        counter.bump("errors")
+    else:
+        log.error("job %s: unexpected failure in %s", key, where, exc_info=exc)
+        counter.bump("errors")
+
+
+__all__ = ["Step", "Work", "count_failure", "due", "provider_for"]
