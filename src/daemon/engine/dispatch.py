@@ -15,12 +15,14 @@ takes a claim whose call is alive in this daemon.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import daemon.engine.drafts as drafts_flow
 from daemon.crashpoints import crash_point
@@ -29,7 +31,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.leases import Leases
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.unknown import unknown_to_events
-from daemon.engine.work import Work
+from daemon.engine.work import Work, count_failure
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from ledger.application import ConcurrentUpdate
@@ -149,11 +151,26 @@ class Dispatch:
         self.outcome_to_events(claimed)
         # The outcome, durable with the next commit (this worker's next claim, or its
         # flush before it sleeps: `commit.py`); if it fails, recovered at the deadline.
-        key = work.job.key
         work.save_soon(
-            lambda: self.count_outcome(claimed), always=lambda: self._leases.release(key)
+            functools.partial(self.outcome_saved, claimed, list(work.job.pending_events))
         )
         return True
+
+    def outcome_saved(
+        self, claimed: Claimed, events: list[Any], error: BaseException | None
+    ) -> None:
+        """Told by the commit, on its thread, that the outcome's `events` are durable
+        (`error` None: reported and counted) or failed (counted as the step's guard
+        would); the claim's lease is released either way."""
+        work = claimed.work
+        try:
+            if error is not None:
+                count_failure(work.job.key, error, work.counter, "the outcome's save")
+            else:
+                work.report_saved(events)
+                self.count_outcome(claimed)
+        finally:
+            self._leases.release(work.job.key)
 
     def save_claim(self, claimed: Claimed) -> None:
         """The claim, durable. When another writer got there first (a person cancelled

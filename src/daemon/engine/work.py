@@ -2,18 +2,19 @@
 
 The step runner (`runner.py`) loads the job into a `Work` and hands it to a step
 (`dispatch.py`, `search.py`, ...); the step records its events on the job, then saves
-and counts through the `Work`.
+and counts through the `Work`. A step calls this module; nothing here calls a step back:
+an outcome saved with the next commit is reported by the `then` its step hands
+`save_soon`, which the commit calls (`commit.py`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from daemon.engine.commit import GroupCommit
+from daemon.engine.commit import GroupCommit, Then
 from daemon.engine.observer import EngineObserver, NullObserver, notify
 from daemon.engine.report import Count, Counter
 from daemon.providers.base import Provider
@@ -61,35 +62,20 @@ class Work:
             self.commits.save(self.job)
         self.report_saved(events)
 
-    def save_soon(
-        self, then: Callable[[], None], *, always: Callable[[], None] | None = None
-    ) -> None:
+    def save_soon(self, then: Then) -> None:
         """Save the step's events with the next commit, without waiting (`commit.py`:
-        for what no call waits on); `then()` once they are durable, `always()` once they
-        are durable or failed. A failure is counted as `save` would have made the step's
-        guard count it."""
-        events = list(self.job.pending_events)
-
-        def saved(error: BaseException | None) -> None:
-            try:
-                if error is not None:
-                    count_failure(self.job.key, error, self.counter, "the outcome's save")
-                    return
-                self.report_saved(events)
-                then()
-            finally:
-                if always is not None:
-                    always()
-
+        for what no call waits on); `then(error)` once they are durable (None) or failed,
+        on the committing thread. The step's own `then` reports them (`report_saved`),
+        so nothing here is called back."""
         if self.commits is None:
             try:
                 self.ledger.save_job(self.job)
             except Exception as exc:
-                saved(exc)
+                then(exc)
             else:
-                saved(None)
+                then(None)
         else:
-            self.commits.save_soon(self.job, saved)
+            self.commits.save_soon(self.job, then)
 
     def flush(self) -> None:
         """Wait until whatever `save_soon` left is durable."""
