@@ -696,11 +696,18 @@ class Ledger(Application[UUID]):
         # Imported here: a command that reads jobs never reads a provider's handle.
         from ledger.provider_handle import ProviderHandle, handle_id_for
 
-        try:
-            handle: object = self._retry_locked(
-                lambda: self.repository.get(handle_id_for(provider))
-            )
-        except AggregateNotFoundError:
+        handle_id = handle_id_for(provider)
+
+        def read() -> object:
+            # Inside the try of `_retry_locked`: a handle never written (a provider never
+            # marked, read at every tick) is an answer, not an error to judge.
+            try:
+                return self.repository.get(handle_id)
+            except AggregateNotFoundError:
+                return None
+
+        handle = self._retry_locked(read)
+        if handle is None:
             return None
         assert isinstance(handle, ProviderHandle)
         return handle
