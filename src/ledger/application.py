@@ -192,6 +192,7 @@ class Ledger(Application[UUID]):
     store_wait = 60.0
     #: The last write of events refused by the store; a write that succeeds clears it.
     write_failure: WriteFailure | None = None
+    _loaded_policies: LoadedPolicyStore | None = None
 
     def __init__(
         self,
@@ -975,10 +976,14 @@ class Ledger(Application[UUID]):
         return scope_leases_for(self.recorder)
 
     def loaded_policies(self) -> LoadedPolicyStore:
-        """What each running server has loaded of the policies (`ledger.stores.loaded_policies`)."""
-        from ledger.stores.loaded_policies import loaded_policies_for
+        """What each running server has loaded of the policies (`ledger.stores.loaded_policies`):
+        made once per Ledger (its recorder's backend does not change), since every
+        submission reads it."""
+        if self._loaded_policies is None:
+            from ledger.stores.loaded_policies import loaded_policies_for
 
-        return loaded_policies_for(self.recorder)
+            self._loaded_policies = loaded_policies_for(self.recorder)
+        return self._loaded_policies
 
     def log_after(self, position: int, stop: int, limit: int, topics: Sequence[str]) -> list[Any]:
         """Up to `limit` notifications with ids in (position, stop] of these topics, in

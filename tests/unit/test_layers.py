@@ -317,3 +317,11 @@ NOT_ON_A_PLAIN_SEND = ("ledger/stores/purge.py", "ledger/stores/causes.py")
 
 def test_a_plain_send_crosses_no_file_it_does_not_need() -> None:
     assert set(NOT_ON_A_PLAIN_SEND) & set(_paths()["tick"]["file_list"]) == set()
+
+
+#: ... and a submission: the loaded-policy rows' store is made once per Ledger.
+NOT_ON_A_SUBMISSION = ("ledger/stores/recorder_kind.py",)
+
+
+def test_a_submission_crosses_no_file_it_does_not_need() -> None:
+    assert set(NOT_ON_A_SUBMISSION) & set(_paths()["submit"]["file_list"]) == set()
