@@ -26,7 +26,8 @@ Paths: files crossed and jumps
     so a call made in a loop is one jump, and a file that calls back into its caller
     (services -> intake -> services) is two. *Two-way*: the pairs of files that call
     each other. A distinct pair, not every call, is counted: what a reader has to follow,
-    not how often a loop runs, and it does not move with thread timing.
+    not how often a loop runs, and it does not move with thread timing. `--json` lists
+    each path's files, jumps and two-way pairs.
 
 Imports
     From the source, not by running it. Edges: `import a.b` is an edge to `a.b`;
@@ -126,6 +127,7 @@ class Tracer:
             "jumps": len(jumps),
             "two_way": len(two_way),
             "file_list": sorted(files),
+            "jump_list": sorted(" -> ".join(j) for j in jumps),
             "two_way_pairs": [" <-> ".join(p) for p in two_way],
         }
 

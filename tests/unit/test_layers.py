@@ -325,3 +325,13 @@ NOT_ON_A_SUBMISSION = ("ledger/stores/recorder_kind.py",)
 
 def test_a_submission_crosses_no_file_it_does_not_need() -> None:
     assert set(NOT_ON_A_SUBMISSION) & set(_paths()["submit"]["file_list"]) == set()
+
+
+#: Calls a path has no need of: the loaded-policy judge is handed the time it judges at,
+#: it does not read the clock itself.
+NEEDLESS_JUMPS = {"submit": ("daemon/service_layer/loaded.py -> daemon/doubles/fake_time.py",)}
+
+
+@pytest.mark.parametrize("path", sorted(NEEDLESS_JUMPS))
+def test_a_path_makes_no_call_it_does_not_need(path: str) -> None:
+    assert set(NEEDLESS_JUMPS[path]) & set(_paths()[path]["jump_list"]) == set()

@@ -133,12 +133,12 @@ class PolicyAnnouncer:
             log.warning("cannot remove the loaded policies from the store: %s", exc)
 
 
-def live_daemons(rows: LoadedPolicyStore, clock: Callable[[], datetime]) -> list[LoadedPolicies]:
-    """The rows of the sending daemons running now (not `sendledger api`'s: it sends
-    nothing)."""
-    now = rows.now()
-    now = clock().timestamp() if now is None else now
-    return [row for row in rows.live(now) if row.kind == DAEMON]
+def live_daemons(rows: LoadedPolicyStore, now: datetime) -> list[LoadedPolicies]:
+    """The rows of the sending daemons running at `now` (the caller's clock; the store's
+    where it has one), not `sendledger api`'s: it sends nothing."""
+    at = rows.now()
+    at = now.timestamp() if at is None else at
+    return [row for row in rows.live(at) if row.kind == DAEMON]
 
 
 def _when(row: LoadedPolicies) -> str:

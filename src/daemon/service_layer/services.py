@@ -356,7 +356,7 @@ class Services:
     def _judge_by_loaded(self, valid: ValidJobs) -> list[str]:
         from daemon.service_layer.loaded import judge_by_loaded, live_daemons
 
-        daemons = live_daemons(self.ledger.loaded_policies(), self.ledger.clock)
+        daemons = live_daemons(self.ledger.loaded_policies(), self.ledger.clock())
         checked = [
             (job.channel, sender.policy.fingerprint)
             for job, sender in zip(valid.jobs, valid.senders, strict=True)
