@@ -319,6 +319,14 @@ def test_a_plain_send_crosses_no_file_it_does_not_need() -> None:
     assert set(NOT_ON_A_PLAIN_SEND) & set(_paths()["tick"]["file_list"]) == set()
 
 
+#: ... and the search of an ambiguous send that made no draft.
+NOT_ON_A_PLAIN_SEARCH = ("daemon/engine/drafts.py",)
+
+
+def test_a_plain_search_crosses_no_file_it_does_not_need() -> None:
+    assert set(NOT_ON_A_PLAIN_SEARCH) & set(_paths()["search"]["file_list"]) == set()
+
+
 #: ... and a submission: the loaded-policy rows' store is made once per Ledger.
 NOT_ON_A_SUBMISSION = ("ledger/stores/recorder_kind.py",)
 

@@ -237,7 +237,9 @@ class Sweep:
             return
         policy, provider = found
         drafts = provider.drafts()
-        draft = recorded_draft(work.job)
+        # An attempt made without a draft (a provider not in drafts mode) has nothing
+        # for the drafts flow (`drafts.py`) to answer.
+        draft = None if work.job.draft_id is None else recorded_draft(work.job)
         if draft is not None:
             # The attempt sent its draft: its answer settles the job, asked where the
             # attempt was made. A provider that left drafts mode since (a restart with
