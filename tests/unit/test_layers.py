@@ -312,7 +312,11 @@ def test_no_file_on_a_path_calls_back_into_its_caller(path: str) -> None:
 #: Files a plain send (one job, tick to Confirmed, nothing else due or configured) has
 #: no need of: each is skipped when nothing of its own is due (docs/architecture.md
 #: "The life of one job, file by file").
-NOT_ON_A_PLAIN_SEND = ("ledger/stores/purge.py", "ledger/stores/causes.py")
+NOT_ON_A_PLAIN_SEND = (
+    "ledger/stores/purge.py",
+    "ledger/stores/causes.py",
+    "daemon/engine/search.py",
+)
 
 
 def test_a_plain_send_crosses_no_file_it_does_not_need() -> None:

@@ -408,16 +408,20 @@ class Engine:
             rows = self.ledger.due(step.state, self.clock(), limit, self.scopes.filter)
             self._checks.submit(step, [row.key for row in rows])
             return
+        now = self.clock()
+        rows = self.ledger.due(step.state, now, limit, self.scopes.filter)
+        if not rows:
+            return  # nothing due: no held search or ended watch to read past
         # Searches held by a backoff or an open circuit stay due in the index: read past
         # them (a bounded number) so another scope's due searches are not starved.
-        now = self.clock()
         waiting = self._backoff.waiting(now)
         ends = isinstance(step, FirstDue) and any(isinstance(s, EndWatch) for s in step.steps)
         if ends:
             # Watches past their end wait for a read of their mailbox (`bounces.py`).
             waiting += self.bounces.ends_waiting(now)
         extra = min(waiting, self.batch_size * 10)
-        rows = self.ledger.due(step.state, now, limit + extra, self.scopes.filter)
+        if extra and len(rows) >= limit:  # a page that is not full holds every due row
+            rows = self.ledger.due(step.state, now, limit + extra, self.scopes.filter)
         keys = [
             row.key
             for row in rows
