@@ -29,6 +29,7 @@ from daemon.crashpoints import crash_point
 from daemon.engine.circuit import Circuits, send_unavailable
 from daemon.engine.clock import Clock
 from daemon.engine.leases import Leases
+from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.unknown import unknown_to_events
 from daemon.engine.work import Work, count_failure
@@ -103,13 +104,13 @@ class Dispatch:
         stopping: threading.Event,
         daemon: str = "",
         may_call: Callable[[ChannelPolicy | None, str, datetime], bool] | None = None,
-        policy_of: Callable[[str], ChannelPolicy | None] | None = None,
+        policies: PolicyHolder | None = None,
     ) -> None:
         """`may_call(policy, from_addr, now)`: whether this daemon may call for that
         From's quota scope now (`OurScopes.may_call`); None: it works for every scope.
-        `policy_of(channel)`: the channel's policy in force now (`PolicyHolder`)."""
+        `policies`: the policies in force now."""
         self._may_call = may_call
-        self._policy_of = policy_of
+        self._policies = policies
         self._daemon = daemon  # recorded on each claim (recover.py: RecoverOwnClaims)
         self._health = health
         self._clock = clock
@@ -502,7 +503,11 @@ class Dispatch:
         loaded under would go out as a sender the reload withdrew, or through the provider
         the channel left (docs/policies.md "Broken policy files and reloads"). Such a job
         is not taken: it stays due, and the next offer loads it under the policy in force."""
-        if self._policy_of is None or self._policy_of(work.job.channel) == work.policy:
+        if self._policies is None:
+            return False
+        current = self._policies.current
+        # The same set as at the load (no reload since): its policy is the one in force.
+        if current is work.policies or current.get(work.job.channel) == work.policy:
             return False
         log.info("job %s: its policy was reloaded since it was loaded: loaded again", work.job.key)
         work.count("skipped")

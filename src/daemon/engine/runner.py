@@ -74,7 +74,8 @@ class StepRunner:
             now = self._clock()
             if job.state is not step.state or not step.is_due(job, now):
                 return None
-            policy = self._policies.current.get(job.channel)
+            policies = self._policies.current
+            policy = policies.get(job.channel)
             name = provider_for(job, policy)
             provider = None if name is None else self._providers.get(name)
             if provider is not None:
@@ -90,6 +91,7 @@ class StepRunner:
                 self._observer,
                 self._commits,
                 provider_name=name or "",
+                policies=policies,
             )
             if self._may_run is not None and not self._may_run(step, work):
                 return None

@@ -195,7 +195,7 @@ class Engine:
             stopping=self._stopping,
             daemon=daemon_name,
             may_call=None if self.owners is None else self.scopes.may_call,
-            policy_of=lambda channel: policies.current.get(channel),
+            policies=policies,
         )
         self._checks_steps: tuple[Step, ...] = (
             Recover(self.health, self.leases),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from daemon.engine.commit import GroupCommit, Then
 from daemon.engine.observer import EngineObserver, NullObserver, notify
@@ -25,6 +25,9 @@ from ledger.stores.causes import StoreUnavailable
 from ledger.vocabulary import JobState
 from policies import decisions
 from policies.model import ChannelPolicy
+
+if TYPE_CHECKING:
+    from policies.loader import PolicySet
 
 log = logging.getLogger("sendledger.engine")
 
@@ -45,6 +48,9 @@ class Work:
     #: The name of `provider`: the policy's, or the one the job's last attempt was made
     #: on (`provider_for`); empty when there is no policy.
     provider_name: str = ""
+    #: The set `policy` was read from (`PolicyHolder.current` then; None: not known): a
+    #: step tells a reload since by it (`Dispatch._reloaded`).
+    policies: PolicySet | None = None
     _saved_state: JobState = field(init=False)
 
     def __post_init__(self) -> None:
