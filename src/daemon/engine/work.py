@@ -2,9 +2,10 @@
 
 The step runner (`runner.py`) loads the job into a `Work` and hands it to a step
 (`dispatch.py`, `search.py`, ...); the step records its events on the job, then saves
-and counts through the `Work`. A step calls this module; nothing here calls a step back:
-an outcome saved with the next commit is reported by the `then` its step hands
-`save_soon`, which the commit calls (`commit.py`).
+and counts through the `Work`. A step calls this module, which calls no step back but
+for one: the `then` a step hands `save_soon` to report an outcome saved with the next
+commit, which the commit calls (`commit.py`), or this module at once when the engine has
+no group commit (unit tests, bench/pipeline.py: one_commit_per_save).
 """
 
 from __future__ import annotations
@@ -71,8 +72,7 @@ class Work:
     def save_soon(self, then: Then) -> None:
         """Save the step's events with the next commit, without waiting (`commit.py`:
         for what no call waits on); `then(error)` once they are durable (None) or failed,
-        on the committing thread. The step's own `then` reports them (`report_saved`),
-        so nothing here is called back."""
+        on the committing thread. The step's own `then` reports them (`report_saved`)."""
         if self.commits is None:
             try:
                 self.ledger.save_job(self.job)
