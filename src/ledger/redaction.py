@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import html
 import json
 import re
 import unicodedata
@@ -25,6 +26,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import Any, NamedTuple, TypeVar
+from urllib.parse import unquote, unquote_plus
 
 from ledger.addresses import AddressError, parse_mailbox
 from ledger.content import JobContent
@@ -217,14 +219,25 @@ def _scrub(value: Any, pattern: re.Pattern[str] | None, texts: Sequence[str]) ->
         scrubbed = value if pattern is None else pattern.sub(REDACTED, value)
         if pattern is not None:
             # What a reader decodes (a header's encoded words, a parameter's RFC 2231 form,
-            # a JSON string's escapes) is looked into as it reads; each only where its
-            # marks are, so a plain text costs three searches of a few characters.
+            # a JSON string's escapes, an HTML page's character references, a URL's
+            # percent escapes and its `+` for a space) is looked into as it reads, a quote
+            # cut short in it too; each only where its marks are, so a plain text costs
+            # six searches of a few characters. A URL is read twice: with `+` as a
+            # space (a query string) and as itself (an address `zoe+tag@`).
             if "=?" in scrubbed:
-                scrubbed = _scrub_decoded(scrubbed, pattern, _encoded_runs(scrubbed))
+                scrubbed = _scrub_decoded(scrubbed, pattern, texts, _encoded_runs(scrubbed))
             if "*=" in scrubbed or "*0=" in scrubbed:
-                scrubbed = _scrub_decoded(scrubbed, pattern, _parameter_runs(scrubbed))
+                scrubbed = _scrub_decoded(scrubbed, pattern, texts, _parameter_runs(scrubbed))
             if "\\" in scrubbed:
-                scrubbed = _scrub_decoded(scrubbed, pattern, _json_runs(scrubbed))
+                scrubbed = _scrub_decoded(scrubbed, pattern, texts, _json_runs(scrubbed))
+            if "&" in scrubbed:
+                scrubbed = _scrub_decoded(scrubbed, pattern, texts, _entity_runs(scrubbed))
+            if "%" in scrubbed:
+                scrubbed = _scrub_decoded(scrubbed, pattern, texts, _percent_runs(scrubbed))
+            if "+" in scrubbed:
+                scrubbed = _scrub_decoded(
+                    scrubbed, pattern, texts, _percent_runs(scrubbed, plus=True)
+                )
         return _cut_inside(_cut_quote(_long_quotes(scrubbed, texts), texts), texts)
     if isinstance(value, list):
         return [_scrub(item, pattern, texts) for item in value]
@@ -252,12 +265,19 @@ def _long_quotes(value: str, texts: Sequence[str]) -> str:
 
 def _cut_quote(value: str, texts: Sequence[str]) -> str:
     """`value` with its end replaced by `REDACTED` where it is the start of one of `texts`
-    (at least MIN_QUOTED_LENGTH characters): provider texts are kept cut (an SMTP reply at
-    300 characters, a receiver's answer at 200 bytes), and a cut inside a quoted address
-    or subject leaves its first characters, which still name the person. A whole quote
-    is the pattern's; a value that is nothing but the start of one is left (a code, a
-    word: a cut leaves what came before the quote). A few searches of the value's last
-    characters per text."""
+    (`_end_cut`)."""
+    cut = _end_cut(value, texts)
+    return value if cut == len(value) else value[:cut] + REDACTED
+
+
+def _end_cut(value: str, texts: Sequence[str]) -> int:
+    """Where `value`'s end starts to be the start of one of `texts` (at least
+    MIN_QUOTED_LENGTH characters; `len(value)`: nowhere): provider texts are kept cut (an
+    SMTP reply at 300 characters, a receiver's answer at 200 bytes), and a cut inside a
+    quoted address or subject leaves its first characters, which still name the person.
+    A whole quote is the pattern's; a value that is nothing but the start of one is left
+    (a code, a word: a cut leaves what came before the quote). A few searches of the
+    value's last characters per text."""
     lowered = value.lower()
     cut = len(value)
     for text in texts:
@@ -271,21 +291,38 @@ def _cut_quote(value: str, texts: Sequence[str]) -> str:
                 cut = at
                 break
             at = lowered.find(head, at + 1)
-    return value if cut == len(value) else value[:cut] + REDACTED
+    return cut
 
 
 #: What closes a quote in a provider's text: a quote cut short before it still ends there.
 _CLOSERS = frozenset("\"'\u2019\u201d\u00bb>)]}")
+#: The marks an address's words are joined by: an address cut before one goes on.
+_ADDRESS_MARKS = frozenset(".-_+@%")
 
 
 def _cut_inside(value: str, texts: Sequence[str]) -> str:
-    """`value` with each start of one of `texts` (at least MIN_QUOTED_LENGTH characters,
-    from a word's start) replaced by `REDACTED` where the text stops there, cut short
-    inside the value (a provider cuts a long subject in the middle of its message:
-    `subject 'Rechnung 77…' exceeds ...`). Only a stop that reads as a cut counts: an
-    ellipsis, a closing quote or bracket, or any mark or space right inside a word of
-    the text; "Your message ..." keeps its "Your " beside a subject "Your order".
-    A few searches of the value per text."""
+    """`value` with each start of one of `texts` cut short inside it (`_inside_cuts`)
+    replaced by `REDACTED`."""
+    cuts = _inside_cuts(value, texts)
+    if not cuts:
+        return value
+    out: list[str] = []
+    last = 0
+    for start, end in cuts:
+        if end <= last:
+            continue  # inside a cut taken already
+        out.extend((value[last : max(start, last)], REDACTED))
+        last = end
+    out.append(value[last:])
+    return "".join(out)
+
+
+def _inside_cuts(value: str, texts: Sequence[str]) -> list[tuple[int, int]]:
+    """Where (start, end, in order) each start of one of `texts` (at least
+    MIN_QUOTED_LENGTH characters), from a word's start, is cut short inside the value
+    and stops there as a cut does (`_a_cut`): a provider cuts a long subject in the
+    middle of its message, `subject 'Rechnung 77…' exceeds ...`. A few searches of the
+    value per text."""
     lowered = value.lower()
     folded = len(lowered) == len(value)
     if not folded:
@@ -309,17 +346,7 @@ def _cut_inside(value: str, texts: Sequence[str]) -> str:
                 # compared most of the text again).
                 following = end
             at = lowered.find(head, following)
-    if not cuts:
-        return value
-    out: list[str] = []
-    last = 0
-    for start, end in sorted(cuts):
-        if end <= last:
-            continue  # inside a cut taken already
-        out.extend((value[last : max(start, last)], REDACTED))
-        last = end
-    out.append(value[last:])
-    return "".join(out)
+    return sorted(cuts)
 
 
 def _quoted_length(value: str, at: int, text: str) -> int:
@@ -338,12 +365,23 @@ def _quoted_length(value: str, at: int, text: str) -> int:
 
 def _a_cut(value: str, at: int, text: str, length: int) -> bool:
     """Whether `value`, quoting the first `length` characters of `text` up to `at`, stops
-    quoting it there as a cut does (`_cut_inside`)."""
+    quoting it there as a cut does: an ellipsis, a closing quote or bracket, or any mark
+    or space right inside a word of the text ("Your message ..." keeps its "Your "
+    beside a subject "Your order"); for an address, also any mark or space after a mark
+    of it (`zoe.quartz refused`, `zoe.quartz@ refused`: a local part names the person
+    even where the cut fell between its words)."""
     following = value[at]
     if following == "…" or value.startswith("...", at) or following in _CLOSERS:
         return True
+    if following.isalnum():
+        return False
     inside_a_word = text[length - 1].isalnum() and text[length].isalnum()
-    return inside_a_word and not following.isalnum()
+    return inside_a_word or (
+        following not in _ADDRESS_MARKS
+        and "@" in text
+        and not any(c.isspace() for c in text)
+        and not text[:length].isalnum()
+    )
 
 
 # A run of RFC 2047 encoded words separated by whitespace (a folded header unfolds to one):
@@ -376,11 +414,14 @@ def _encoded_runs(value: str) -> Iterator[_Run]:
             yield _Run(run.start(), run.end(), decoded)
 
 
-def _scrub_decoded(value: str, pattern: re.Pattern[str], runs: Iterable[_Run]) -> str:
+def _scrub_decoded(
+    value: str, pattern: re.Pattern[str], texts: Sequence[str], runs: Iterable[_Run]
+) -> str:
     """`value` with every run (in order, apart) whose decoded text is part of what
-    `pattern` finds replaced by `REDACTED`. The pattern runs over the text as a reader
-    sees it; a match that touches a run takes the whole run, a match in plain text only
-    its own characters."""
+    `pattern` finds, or of a quote of one of `texts` cut short (`_end_cut`,
+    `_inside_cuts`), replaced by `REDACTED`. Both look at the text as a reader sees it; a
+    match that touches a run takes the whole run, a match in plain text only its own
+    characters."""
     pieces: list[_Piece] = []
     last = 0
     for run in runs:
@@ -394,16 +435,19 @@ def _scrub_decoded(value: str, pattern: re.Pattern[str], runs: Iterable[_Run]) -
     seen = "".join(piece.text for piece in pieces)
     # Where each piece starts in `seen`, to find a match's pieces by bisection.
     starts = list(accumulate((len(piece.text) for piece in pieces[:-1]), initial=0))
+    spans = [(found.start(), found.end()) for found in pattern.finditer(seen)]
+    spans.extend(_inside_cuts(seen, texts))
+    spans.append((_end_cut(seen, texts), len(seen)))
     out: list[str] = []
     last = 0
-    for found in pattern.finditer(seen):
-        if found.end() == found.start():
+    for seen_start, seen_end in sorted(spans):
+        if seen_end == seen_start:
             continue
-        first = bisect_right(starts, found.start()) - 1
-        final = bisect_right(starts, found.end() - 1) - 1
+        first = bisect_right(starts, seen_start) - 1
+        final = bisect_right(starts, seen_end - 1) - 1
         head, tail = pieces[first], pieces[final]
-        start = head.start if head.encoded else head.start + found.start() - starts[first]
-        end = tail.end if tail.encoded else tail.start + found.end() - starts[final]
+        start = head.start if head.encoded else head.start + seen_start - starts[first]
+        end = tail.end if tail.encoded else tail.start + seen_end - starts[final]
         if start < last:  # begins in the run a previous match took: that one covers it
             last = max(last, end)
             continue
@@ -498,6 +542,37 @@ def _json_runs(value: str) -> Iterator[_Run]:
             yield _Run(run.start(), run.end(), json.loads(f'"{escapes}"'))
         except ValueError:
             continue  # no JSON string after all ("\\" alone, undoubled): shown as it is
+
+
+# One HTML character reference (an HTML error page quotes the recipient or the subject as
+# `zoe&#64;example.net`, `Gr&uuml;&szlig;e &amp; co`): a numeric one with or without its
+# `;`, as browsers read it, a named one with it. Each stands for its own character, so a
+# quote takes only the references it is made of, not the `&quot;` around it.
+_REFERENCE = re.compile(r"&(?:#[0-9]{1,7};?|#[xX][0-9A-Fa-f]{1,6};?|[A-Za-z][A-Za-z0-9]{1,31};)")
+
+
+def _entity_runs(value: str) -> Iterator[_Run]:
+    """Each HTML character reference, as a browser shows it (an unknown name is shown as
+    it is)."""
+    for reference in _REFERENCE.finditer(value):
+        yield _Run(reference.start(), reference.end(), html.unescape(reference.group()))
+
+
+# A run of a URL's percent escapes (`zoe.quartz%40example.net`, `Gr%C3%BC%C3%9Fe`: the
+# bytes of one character are escaped together), with the `+` a query string writes for
+# a space where `_percent_runs` reads it so.
+_PERCENT_RUN = re.compile(r"(?:%[0-9A-Fa-f]{2})+")
+_PERCENT_PLUS_RUN = re.compile(r"(?:%[0-9A-Fa-f]{2}|\+)+")
+
+
+def _percent_runs(value: str, plus: bool = False) -> Iterator[_Run]:
+    """Each run of percent escapes decoded as UTF-8 (a provider's URL in a last error:
+    `...?rcpt=zoe.quartz%40example.net`); with `plus`, each `+` read as a space too."""
+    runs = _PERCENT_PLUS_RUN if plus else _PERCENT_RUN
+    for run in runs.finditer(value):
+        text = run.group()
+        decoded = unquote_plus(text, errors="replace") if plus else unquote(text, errors="replace")
+        yield _Run(run.start(), run.end(), decoded)
 
 
 def _decode_run(run: str) -> str | None:

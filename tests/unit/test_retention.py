@@ -4,7 +4,9 @@ jobs it may take, and that a purged job can never be sent again (docs/configurat
 
 from __future__ import annotations
 
+import html
 import json
+import urllib.parse
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -832,3 +834,209 @@ def test_the_daemons_purge_says_when_the_store_could_not_be_scrubbed(
     assert (result.purged, result.scrubbed) == (1, False)
     [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "could not be scrubbed" in warning.getMessage()
+
+
+# -- quotes in an HTML page or a URL ---------------------------------------------------------
+
+
+def _decimal_references(text: str) -> str:
+    return "".join(f"&#{ord(c)};" for c in text)
+
+
+def _hex_references(text: str) -> str:
+    return "".join(f"&#x{ord(c):X};" for c in text)
+
+
+def _every_byte_escaped(text: str) -> str:
+    return "".join(f"%{b:02X}" for b in text.encode())
+
+
+#: How an HTML error page or a provider's URL writes a quote, each undone by what reads it.
+_HTML_FORMS = (
+    html.escape,
+    lambda t: html.escape(t).encode("ascii", "xmlcharrefreplace").decode(),
+    _decimal_references,
+    _hex_references,
+)
+_URL_FORMS = (
+    lambda t: urllib.parse.quote(t, safe=""),
+    lambda t: urllib.parse.quote(t, safe="@"),
+    lambda t: urllib.parse.quote_plus(t, safe=""),
+    lambda t: urllib.parse.quote_plus(t, safe="@"),
+    _every_byte_escaped,
+)
+_LOCAL_PARTS = st.from_regex(r"[a-z][a-z0-9]{1,6}([.+_-][a-z0-9]{1,6}){0,2}", fullmatch=True)
+
+
+def _decoded(text: str) -> str:
+    """`text` as each reader of it shows it, lower case: a browser, a URL decoder (`+`
+    as a space, and as itself)."""
+    return "\n".join(
+        (
+            html.unescape(text),
+            urllib.parse.unquote(text),
+            urllib.parse.unquote_plus(text),
+        )
+    ).lower()
+
+
+def _embedded(form: int, kind: str, quoted: str) -> str:
+    """`quoted` in provider-like text: an HTML error page (`form` of `_HTML_FORMS`) or a
+    provider's URL (of `_URL_FORMS`)."""
+    if kind == "html":
+        encoded = _HTML_FORMS[form % len(_HTML_FORMS)](quoted)
+        return f"HTTP 400: <html><body><p>Refused: &quot;{encoded}&quot;.</p></body></html>"
+    encoded = _URL_FORMS[form % len(_URL_FORMS)](quoted)
+    return f"550 5.7.1 see https://mx.example/why?code=550&q={encoded}&lang=en"
+
+
+def _content_with(subject: str, name: str, local: str) -> JobContent | None:
+    data = {
+        **rich_job("inv-enc"),
+        "subject": subject,
+        "to": [f"{name} <{local}@example.net>"],
+    }
+    try:
+        return parse_job(data)
+    except ValueError:
+        return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    subject=_WORDS.filter(lambda s: len(s) >= MIN_QUOTED_LENGTH),
+    name=_WORDS,
+    local=_LOCAL_PARTS,
+    form=st.integers(0, 19),
+    kind=st.sampled_from(["html", "url"]),
+)
+def test_a_quote_in_an_html_page_or_a_url_is_scrubbed(
+    subject: str, name: str, local: str, form: int, kind: str
+) -> None:
+    # A provider's HTML error page quotes the recipient or the subject with character
+    # references (`zoe&#64;example.net`, `&amp;`, `&lt;`), and a provider's URL in an
+    # error with percent escapes (`%40`, `+` for a space): a browser or a URL decoder
+    # read them whole after the purge.
+    content = _content_with(subject, name, local)
+    if content is None:
+        return
+    for quoted in (subject, name, f"{local}@example.net", f"{name} <{local}@example.net>"):
+        if len(quoted) < MIN_QUOTED_LENGTH:
+            continue
+        text = _embedded(form, kind, quoted)
+        scrubbed = _scrubbed(content, text)
+        assert quoted.lower() not in _decoded(scrubbed), (text, scrubbed)
+        # The provider's text around the quote is left.
+        tail = "&quot;.</p></body></html>" if kind == "html" else "&lang=en"
+        assert REDACTED in scrubbed and scrubbed.endswith(tail), scrubbed
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    subject=_WORDS.filter(lambda s: len(s) > MIN_QUOTED_LENGTH),
+    local=_LOCAL_PARTS,
+    form=st.integers(0, 19),
+    kind=st.sampled_from(["html", "url"]),
+    between_words=st.booleans(),
+    after=st.sampled_from(["", "…", "... (truncated)"]),
+    data=st.data(),
+)
+def test_an_encoded_quote_cut_short_is_scrubbed(
+    subject: str,
+    local: str,
+    form: int,
+    kind: str,
+    between_words: bool,
+    after: str,
+    data: st.DataObject,
+) -> None:
+    # A provider that cuts its text cuts the encoded quote too: the start of an address
+    # or a subject in a URL or an HTML page, anywhere or between two of its words ("Zoe
+    # Quartz" before its space, "zoe.quartz" before its "@"), where the text ends or
+    # before an ellipsis.
+    content = _content_with(subject, "Zoe Quartz", local)
+    if content is None:
+        return
+    for whole in (subject, f"{local}@example.net"):
+        cuts = [
+            i
+            for i in range(MIN_QUOTED_LENGTH, len(whole))
+            if not between_words or not whole[i].isalnum()
+        ]
+        if not cuts:
+            continue
+        quoted = whole[: data.draw(st.sampled_from(cuts))]
+        if kind == "html":
+            encoded = _HTML_FORMS[form % len(_HTML_FORMS)](quoted)
+            text = f"HTTP 400: <html><body><p>Refused: &quot;{encoded}{after}"
+        else:
+            encoded = _URL_FORMS[form % len(_URL_FORMS)](quoted)
+            text = f"550 5.7.1 see https://mx.example/why?code=550&q={encoded}{after}"
+        scrubbed = _scrubbed(content, text)
+        assert quoted.strip().lower() not in _decoded(scrubbed), (text, scrubbed)
+        assert scrubbed.endswith(REDACTED + after)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "550 5.1.1 <zoe.quartz refused: no such user",
+        "550 5.1.1 zoe.quartz-billing.eu@ (cut) refused",
+        "550 5.1.1 rcpt zoe.quartz-billing, refused",
+    ],
+)
+def test_an_address_cut_between_its_words_inside_a_text_is_scrubbed(text: str) -> None:
+    # A provider cut the address before one of its marks and went on: "zoe.quartz" still
+    # names the person, though the cut is no cut inside a word.
+    content = parse_job({**rich_job("inv-addr"), "to": ["zoe.quartz-billing.eu@example.net"]})
+    scrubbed = _scrubbed(content, text)
+    assert "quartz" not in scrubbed and REDACTED in scrubbed, scrubbed
+
+
+def test_an_address_whose_first_word_is_a_word_of_the_text_leaves_the_word() -> None:
+    # One word of an address, followed by a space, is no cut: "info" is a word too.
+    content = parse_job({**rich_job("inv-info"), "to": ["info.desk@example.net"]})
+    text = "550 see info at mx.example"
+    assert _scrubbed(content, text) == text
+
+
+def test_a_purge_scrubs_a_quote_in_an_html_page_and_a_url(rig: EngineRig) -> None:
+    data = {**rich_job("inv-html"), "subject": "Grüße & <Rabatt> für Zoë"}
+    page = (
+        "HTTP 400: <p>To zoe.quartz&#64;example.net: &quot;Gr&uuml;&szlig;e &amp; "
+        "&lt;Rabatt&gt; f&#252;r Zo&#xEB;&quot; refused</p>"
+    )
+    url = "see https://mx.example/e?to=zoe.quartz%40example.net&s=Gr%C3%BC%C3%9Fe+%26+%3CRab"
+    _rejected_then_abandoned(rig, data, page, note=url)
+    events = {type(e).__name__: e for e in rig.ledger.history("inv-html")}
+    assert events["Rejected"].reason == (
+        f"HTTP 400: <p>To {REDACTED}: &quot;{REDACTED}&quot; refused</p>"
+    )
+    assert events["Resolved"].note == f"see https://mx.example/e?to={REDACTED}&s={REDACTED}"
+
+
+def test_the_log_lines_that_may_quote_a_provider_are_those_operations_names() -> None:
+    # docs/operations.md "Logs and retention" names the lines a purge cannot reach: the
+    # ones whose argument is a provider's or a receiver's text. A new such line must be
+    # named there too.
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src" / "daemon"
+    quoting = {
+        "job %s rejected (%s)": "`job K rejected (REASON)`",
+        "job %s outcome unknown (%s)": "`job K outcome unknown (REASON)`",
+        "job %s: attempt %d: %s": "`job K: attempt N: REASON`",
+        "job %s to review: %s": "`job K to review: REASON`",
+        "webhook %s: %s": "`webhook NAME: ERROR`",
+    }
+    found = {
+        m.group(1)
+        for path in src.rglob("*.py")
+        for m in re.finditer(r"log\.\w+\(\s*\"([^\"]*)\"", path.read_text(encoding="utf-8"))
+    }
+    assert set(quoting) <= found, set(quoting) - found
+    page = (src.parents[1] / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = " ".join(page.split("### Logs and retention", 1)[1].split("\n## ", 1)[0].split())
+    for written in quoting.values():
+        assert written in section, written
