@@ -26,7 +26,6 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import Any, NamedTuple, TypeVar
-from urllib.parse import unquote, unquote_plus
 
 from ledger.addresses import AddressError, parse_mailbox
 from ledger.content import JobContent
@@ -338,6 +337,14 @@ def _inside_cuts(value: str, texts: Sequence[str]) -> list[tuple[int, int]]:
             following = at + 1
             if at == 0 or not (wanted[0].isalnum() and lowered[at - 1].isalnum()):
                 length = _quoted_length(lowered, at, wanted)
+                for back in (1, 2):
+                    # The text goes on with a dot (`a0@example.net`): the first dots of
+                    # an ellipsis after the cut read as the text's own.
+                    if value.startswith("...", at + length - back) and length - back >= (
+                        MIN_QUOTED_LENGTH
+                    ):
+                        length -= back
+                        break
                 end = at + length
                 if length < len(wanted) and end < len(value) and _a_cut(value, end, wanted, length):
                     cuts.append((at, end))
@@ -509,11 +516,7 @@ def _decode_sections(sections: Sequence[re.Match[str]]) -> str | None:
         if extended and index == 0 and text.count("'") >= 2:
             charset, _language, text = text.split("'", 2)
         if extended:
-            data += re.sub(
-                rb"%([0-9A-Fa-f]{2})",
-                lambda m: bytes([int(m.group(1), 16)]),
-                text.encode("utf-8", "surrogateescape"),
-            )
+            data += _percent_bytes(text)
         else:
             data += text.encode("utf-8", "surrogateescape")
     try:
@@ -570,9 +573,17 @@ def _percent_runs(value: str, plus: bool = False) -> Iterator[_Run]:
     `...?rcpt=zoe.quartz%40example.net`); with `plus`, each `+` read as a space too."""
     runs = _PERCENT_PLUS_RUN if plus else _PERCENT_RUN
     for run in runs.finditer(value):
-        text = run.group()
-        decoded = unquote_plus(text, errors="replace") if plus else unquote(text, errors="replace")
-        yield _Run(run.start(), run.end(), decoded)
+        text = run.group().replace("+", " ") if plus else run.group()
+        yield _Run(run.start(), run.end(), _percent_bytes(text).decode("utf-8", "replace"))
+
+
+def _percent_bytes(text: str) -> bytes:
+    """`text`'s bytes with each `%XX` escape read as the byte it stands for."""
+    return re.sub(
+        rb"%([0-9A-Fa-f]{2})",
+        lambda m: bytes([int(m.group(1), 16)]),
+        text.encode("utf-8", "surrogateescape"),
+    )
 
 
 def _decode_run(run: str) -> str | None:

@@ -918,8 +918,9 @@ def test_a_quote_in_an_html_page_or_a_url_is_scrubbed(
     # error with percent escapes (`%40`, `+` for a space): a browser or a URL decoder
     # read them whole after the purge.
     content = _content_with(subject, name, local)
-    if content is None:
-        return
+    around = _embedded(form, kind, "").lower()
+    if content is None or any(t.lower() in around for t in (subject, name, local)):
+        return  # the provider's own words would be scrubbed as well (`body`, `550`)
     for quoted in (subject, name, f"{local}@example.net", f"{name} <{local}@example.net>"):
         if len(quoted) < MIN_QUOTED_LENGTH:
             continue
@@ -974,7 +975,8 @@ def test_an_encoded_quote_cut_short_is_scrubbed(
             text = f"550 5.7.1 see https://mx.example/why?code=550&q={encoded}{after}"
         scrubbed = _scrubbed(content, text)
         assert quoted.strip().lower() not in _decoded(scrubbed), (text, scrubbed)
-        assert scrubbed.endswith(REDACTED + after)
+        # (A dot the quote ends with may stay before an ellipsis: it names no one.)
+        assert REDACTED in scrubbed and scrubbed.endswith(after), scrubbed
 
 
 @pytest.mark.parametrize(
@@ -983,6 +985,8 @@ def test_an_encoded_quote_cut_short_is_scrubbed(
         "550 5.1.1 <zoe.quartz refused: no such user",
         "550 5.1.1 zoe.quartz-billing.eu@ (cut) refused",
         "550 5.1.1 rcpt zoe.quartz-billing, refused",
+        # The address goes on with a dot: the ellipsis's first dot read as the address's.
+        "550 5.1.1 rcpt zoe.quartz-billing.eu@example... (truncated) refused",
     ],
 )
 def test_an_address_cut_between_its_words_inside_a_text_is_scrubbed(text: str) -> None:
