@@ -57,6 +57,8 @@ from email.message import Message
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from sendledger.connecting import create_connection
+
 __all__ = [
     "ApiError",
     "Client",
@@ -197,9 +199,10 @@ def _applied(error: ClientError, acts: bool, reached: bool) -> ClientError:
 class Client:
     """sendledger's HTTP API at `url` (e.g. "http://127.0.0.1:8025") with one API token.
 
-    `timeout` bounds each attempt's connect and each read, in seconds; `retries` is how
-    many more attempts a call may make, waiting `backoff` seconds doubled each time (with
-    jitter, at most `max_backoff`; a 429's Retry-After is honoured up to it).
+    `timeout` bounds each attempt's connect (the name's lookup and the server's addresses
+    together, raced: a silent first address gives way to the next after 250 ms) and
+    each read, in seconds; `retries` is how many more attempts a call may make, waiting
+    `backoff` seconds doubled each time (with jitter, at most `max_backoff`; a 429's Retry-After is honoured up to it).
     """
 
     def __init__(
@@ -534,6 +537,11 @@ class _ConnectFailed(ClientError, OSError):
 
 class _HTTPConnection(http.client.HTTPConnection):
     def connect(self) -> None:
+        # `timeout` bounds the name's lookup and the server's addresses together, raced
+        # as happy eyeballs do (`sendledger.connecting`): `socket.create_connection` gave
+        # each address the whole timeout in turn, so a silent first address (a dead IPv6
+        # route) used it up and the next one was never tried.
+        self._create_connection = create_connection
         try:
             super().connect()
         except OSError as exc:
@@ -542,7 +550,9 @@ class _HTTPConnection(http.client.HTTPConnection):
 
 class _HTTPSConnection(http.client.HTTPSConnection):
     def connect(self) -> None:
-        # The TCP connection, then the TLS handshake: the request is written only after.
+        # The TCP connection (as `_HTTPConnection`), then the TLS handshake: the request
+        # is written only after.
+        self._create_connection = create_connection
         try:
             super().connect()
         except OSError as exc:

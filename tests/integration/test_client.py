@@ -410,6 +410,46 @@ def test_a_connection_never_made_is_not_sent(full_backlog_port: int) -> None:
     assert len(slept) == 1  # tried again: nothing had reached a server
 
 
+def test_a_silent_first_address_gives_way_to_the_next(
+    api: Api, full_backlog_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server name whose first address never answers (a dead IPv6 route) and whose
+    second is the API: the addresses are raced, the second starting 250 ms after the
+    first, so the call is answered well within its timeout. Each address got the whole
+    timeout in turn: the call failed as not sent once its retries were spent."""
+    port = int(api.url.rsplit(":", 1)[1])
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "dual.invalid":
+            return [
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", full_backlog_port)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+            ]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    client = Client(f"http://dual.invalid:{port}", TOKEN, timeout=3, retries=0)
+    started = time.monotonic()
+    assert client.submit(job("dual-1"))["created"] is True
+    assert time.monotonic() - started < 2.5
+
+
+def test_a_connect_ends_at_the_timeout_however_many_silent_addresses(
+    full_backlog_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timeout bounds the connect as a whole: three silent addresses are not three
+    timeouts."""
+    silent = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", full_backlog_port))] * 3
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: silent)
+    client = Client("http://many.invalid:8025", TOKEN, timeout=0.6, retries=0)
+    started = time.monotonic()
+    with pytest.raises(ConnectionLost) as lost:
+        client.check("x")
+    assert lost.value.sent is False
+    assert time.monotonic() - started < 1.2
+
+
 @pytest.mark.parametrize("server", ["closes", "speaks-plain-http", "never-answers"])
 def test_a_tls_handshake_that_fails_sends_nothing(server: str) -> None:
     """A TLS handshake that fails (the server hangs up, is no TLS server, or never

@@ -2,8 +2,10 @@
 
 No redirect is followed (a 3xx is a failure: a receiver that moved says so in its
 config, and a redirect must not carry a signed payload elsewhere), no proxy from the
-environment is used, and the whole attempt (the name's lookup, the connection over each
-of its addresses, the request, the answer) ends after `timeout`. Only a 2xx counts as
+environment is used, and the whole attempt (the name's lookup, the connection, the
+request, the answer) ends after `timeout`. A host's addresses are raced as happy eyeballs
+do (`sendledger.connecting`): a silent first address (a dead IPv6 route) holds the
+attempt a quarter of a second, not its whole timeout. Only a 2xx counts as
 delivered, decided by the status line (its body is not read).
 """
 
@@ -18,10 +20,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from ledger.display import printable
+from sendledger.connecting import left, race, resolve
 
 #: Bytes of a refusal's body kept for `webhooks status`.
 ERROR_BODY = 200
@@ -76,9 +79,10 @@ def post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> O
     timer.start()
     try:
         # Connected here, not by `http.client` (`socket.create_connection`): that gives
-        # each address the whole timeout and the name's lookup none, so a host with
-        # several silent addresses, or a resolver that never answers, held the attempt
-        # for a multiple of it. Each step gets only the time left.
+        # each address the whole timeout, one after the other, and the name's lookup
+        # none, so a host with a silent first address was never reached on its second,
+        # and a resolver that never answers held the attempt for ever. Each step gets
+        # only the time left.
         connection.sock = _connect(host, parts.port or connection.default_port, deadline, context)
         if expired.is_set():
             # The deadline passed while connecting, when there was no socket to cut: the
@@ -109,40 +113,6 @@ def post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> O
     return Outcome(False, status, f"HTTP {status}" + (f": {text}" if text else ""))
 
 
-def _left(deadline: float) -> float:
-    """Seconds until `deadline`; TimeoutError once it has passed."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    return left
-
-
-def _resolve(host: str, port: int, deadline: float) -> list[Any]:
-    """`socket.getaddrinfo`, given up at `deadline`: the lookup cannot be interrupted, so
-    it runs in a thread of its own, left to end by itself (the system resolver's own
-    timeouts end it) when the attempt has stopped waiting."""
-    found: list[Any] = []
-    failed: list[Exception] = []
-    done = threading.Event()
-
-    def lookup() -> None:
-        try:
-            found.extend(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
-        except Exception as exc:
-            failed.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=lookup, name="webhook-resolve", daemon=True).start()
-    if not done.wait(_left(deadline)):
-        raise TimeoutError
-    if failed:
-        raise failed[0]
-    if not found:
-        raise OSError(f"no address for {host!r}")
-    return found
-
-
 def _loopback(address: str) -> bool:
     try:
         return ipaddress.ip_address(address).is_loopback
@@ -154,9 +124,9 @@ def _connect(
     host: str, port: int, deadline: float, context: ssl.SSLContext | None
 ) -> socket.socket:
     """A socket connected to `host` (TLS-wrapped with `context`), every step (the lookup,
-    each address in turn, the handshake) within the time left before `deadline`."""
-    error: OSError | None = None
-    found = _resolve(host, port, deadline)
+    the addresses raced as happy eyeballs do, `sendledger.connecting.race`, the
+    handshake) within the time left before `deadline`."""
+    found = resolve(host, port, deadline)
     if host.lower() in LOOPBACK_NAMES:
         # Allowed plain http as loopback by its name; a resolver may answer another
         # address for it (no `localhost` line in /etc/hosts, a search domain that has
@@ -164,28 +134,18 @@ def _connect(
         found = [info for info in found if _loopback(info[4][0])]
         if not found:
             raise OSError(f"{host!r} resolved to no loopback address")
-    for family, kind, proto, _name, address in found:
-        left = _left(deadline)
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.settimeout(left)
-            sock.connect(address)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if context is not None:
-                sock.settimeout(_left(deadline))
-                sock = context.wrap_socket(sock, server_hostname=host)
-            sock.settimeout(_left(deadline))
-            return sock
-        except TimeoutError:
-            sock.close()
-            raise  # the attempt's time is spent: the next address would have none
-        except OSError as exc:
-            sock.close()
-            if isinstance(exc, ssl.SSLError | ssl.CertificateError):
-                raise  # the host answered and refused: another address is the same host
-            error = exc
-    assert error is not None
-    raise error
+    sock = race(found, deadline)
+    if context is None:
+        return sock
+    try:
+        # The host answered: a refused handshake is the host's, another address is the
+        # same host, so no other is tried.
+        tls = context.wrap_socket(sock, server_hostname=host)
+    except BaseException:
+        sock.close()
+        raise
+    tls.settimeout(left(deadline))
+    return tls
 
 
 __all__ = ["Outcome", "Poster", "post"]
