@@ -202,7 +202,8 @@ class Client:
     `timeout` bounds each attempt's connect (the name's lookup and the server's addresses
     together, raced: a silent first address gives way to the next after 250 ms) and
     each read, in seconds; `retries` is how many more attempts a call may make, waiting
-    `backoff` seconds doubled each time (with jitter, at most `max_backoff`; a 429's Retry-After is honoured up to it).
+    `backoff` seconds doubled each time (with jitter, at most `max_backoff`; a 429's
+    Retry-After is honoured up to it).
     """
 
     def __init__(
