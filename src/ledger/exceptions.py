@@ -51,11 +51,13 @@ so a user's program runs it without the daemon's packages.
                │                                         answer (the search decides), never shown
                ├── TransportFailure (httplib2's too)     daemon/providers/transport.py
                │    └── NotSentError, ResponseLostError
-               ├── TokenError, DraftAlreadySent, NotOurs, ListenRefused (an OSError too),
-               │   SimulatedCrash (daemon/doubles/)
+               ├── TokenError, DraftAlreadySent, DraftChanged, NotOurs, ListenRefused (an
+               │   OSError too), SimulatedCrash (daemon/doubles/)
                └── internal signals, never shown: wire_check._Bad, smtp_submit._Retry
                    and _Refused, delivery_reports._Refused, gmail_reports._QuotaKept,
-                   testkit_doubles._BadOption
+                   testkit_doubles._BadOption, ScopeLost (providers/base.py: a scope
+                   moved between two calls), Withdrawn (ledger/stores/index.py: a write
+                   its writer withdrew)
 
 A class keeps the standard base it had (`ValueError`, `OSError`, httplib2's
 `HttpLib2Error`) beside this one, so every `except ValueError` still catches what it did.

@@ -26,6 +26,7 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 
 from ledger.addresses import mailbox_key
+from ledger.exceptions import SendledgerError
 from ledger.stores.purge import RewriteFailed, rewrites_from
 from ledger.vocabulary import JobState
 
@@ -264,7 +265,7 @@ def rows_from(kwargs: Mapping[str, Any]) -> list[IndexRow]:
     return list(rows)
 
 
-class Withdrawn(Exception):
+class Withdrawn(SendledgerError):
     """The writer withdrew the write while it waited (`INDEX_GUARD_KWARG`): nothing of it
     was stored."""
 
