@@ -331,55 +331,147 @@ def test_no_outcome_waits_behind_a_draft_step() -> None:
         rig.close()
 
 
-def test_a_commit_gathers_the_other_workers_claims_while_they_come_close_together(
+class OnTheWay:
+    """A worker whose claim is on its way (`GroupCommit.coming`) until `arrive` or
+    `give_up` lets it save its claim, or end its block without one."""
+
+    def __init__(self, commits: GroupCommit, job: SendJob) -> None:
+        self._go = threading.Event()
+        self._announced = threading.Event()
+        self._save = True
+        self._thread = threading.Thread(target=self._work, args=(commits, job))
+        self._thread.start()
+        assert self._announced.wait(5)
+
+    def _work(self, commits: GroupCommit, job: SendJob) -> None:
+        with commits.coming():
+            self._announced.set()
+            assert self._go.wait(5)
+            if self._save:
+                commits.save(job)
+
+    def arrive(self) -> None:
+        self._go.set()
+        self._thread.join(5)
+
+    def give_up(self) -> None:
+        self._save = False
+        self.arrive()
+
+
+class Gathering:
+    """The group commit's clock: real seconds, and an event set once a commit has started
+    gathering (the gathering is the only reader of that clock)."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+
+    def __call__(self) -> float:
+        self.started.set()
+        return time.monotonic()
+
+
+def save_in_thread(commits: GroupCommit, job: SendJob) -> threading.Thread:
+    thread = threading.Thread(target=commits.save, args=(job,))
+    thread.start()
+    return thread
+
+
+def test_a_commit_waits_for_the_claims_on_their_way_and_commits_when_they_arrive(
     rig: EngineRig,
 ) -> None:
-    """While saves arrive less than two windows apart, the first of several waits until
-    every saver has its claim in (well before the window ends), and all are durable
-    together: one transaction for three claims."""
-    for n in range(4):
+    """A worker rendering its claim when another's commit starts: the commit waits for it
+    (well within a long window) and both claims are durable in one transaction."""
+    for n in range(2):
         rig.submit("receipts", f"k{n}")
-    jobs = [claimed_by(rig.ledger, f"k{n}", "me") for n in range(4)]
+    jobs = [claimed_by(rig.ledger, f"k{n}", "me") for n in range(2)]
     hook = SaveHook(rig.ledger, 0, lambda jobs: None)
-    commits = GroupCommit(rig.ledger, savers=3, window=5.0)
-    commits.save(jobs[0])  # the first save knows no gap yet: committed at once
-    assert hook.calls == [1] and commits.gathered == 0
+    gathering = Gathering()
+    commits = GroupCommit(rig.ledger, window=5.0, clock=gathering)
+    other = OnTheWay(commits, jobs[1])
     started = time.monotonic()
-    threads = [threading.Thread(target=commits.save, args=(job,)) for job in jobs[1:]]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert hook.calls == [1, 3] and commits.gathered == 1
-    assert time.monotonic() - started < 4.0  # done when the third came, not at the window
+    first = save_in_thread(commits, jobs[0])
+    assert gathering.started.wait(5)
+    other.arrive()
+    first.join(5)
+    assert hook.calls == [2] and commits.gathered == 1
+    assert time.monotonic() - started < 4.0  # done when the claim came, not at the window
     assert all(rig.job(job.key).state is JobState.ATTEMPTED for job in jobs)
+
+
+def test_a_commit_stops_waiting_for_a_worker_that_makes_no_claim(rig: EngineRig) -> None:
+    for n in range(2):
+        rig.submit("receipts", f"k{n}")
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    gathering = Gathering()
+    commits = GroupCommit(rig.ledger, window=5.0, clock=gathering)
+    other = OnTheWay(commits, claimed_by(rig.ledger, "k0", "other"))  # never saved
+    started = time.monotonic()
+    first = save_in_thread(commits, claimed_by(rig.ledger, "k1", "me"))
+    assert gathering.started.wait(5)
+    other.give_up()  # its job was not to be sent now: no claim
+    first.join(5)
+    assert hook.calls == [1] and time.monotonic() - started < 4.0
+    assert rig.job("k1").claimed_by == "me"
 
 
 def test_a_gathering_commit_waits_no_longer_than_its_window(rig: EngineRig) -> None:
     for n in range(2):
         rig.submit("receipts", f"k{n}")
     hook = SaveHook(rig.ledger, 0, lambda jobs: None)
-    # A window long enough that the second save comes within two of it on a loaded machine.
-    commits = GroupCommit(rig.ledger, savers=4, window=0.2)
-    commits.save(claimed_by(rig.ledger, "k0", "me"))
+    commits = GroupCommit(rig.ledger, window=0.2)
+    other = OnTheWay(commits, claimed_by(rig.ledger, "k1", "me"))  # a draft step, say
     started = time.monotonic()
-    commits.save(claimed_by(rig.ledger, "k1", "me"))  # close after the first: gathers, alone
+    commits.save(claimed_by(rig.ledger, "k0", "me"))
     waited = time.monotonic() - started
-    assert hook.calls == [1, 1] and commits.gathered == 1
+    assert hook.calls == [1] and commits.gathered == 1
     assert 0.19 <= waited < 5.0
-    assert rig.job("k1").claimed_by == "me"  # durable when save returns, as always
+    assert rig.job("k0").claimed_by == "me"  # durable when save returns, as always
+    other.arrive()
+    assert hook.calls == [1, 1]
 
 
-def test_no_commit_gathers_when_saves_come_far_apart_or_for_one_saver(rig: EngineRig) -> None:
-    for n in range(4):
+def test_no_commit_gathers_when_no_claim_is_on_its_way(rig: EngineRig) -> None:
+    """Saves one after the other, or from workers that announced nothing (in their calls):
+    each commit starts at once, however long the window."""
+    for n in range(2):
         rig.submit("receipts", f"k{n}")
     hook = SaveHook(rig.ledger, 0, lambda jobs: None)
-    seconds = iter(range(100))
-    apart = GroupCommit(rig.ledger, savers=4, window=0.002, clock=lambda: float(next(seconds)))
-    apart.save(claimed_by(rig.ledger, "k0", "me"))
-    apart.save(claimed_by(rig.ledger, "k1", "me"))  # a second after the last: no wait
-    alone = GroupCommit(rig.ledger, savers=1, window=5.0)
-    alone.save(claimed_by(rig.ledger, "k2", "me"))
-    alone.save(claimed_by(rig.ledger, "k3", "me"))  # one saver: nobody to wait for
-    assert hook.calls == [1, 1, 1, 1]
-    assert apart.gathered == 0 and alone.gathered == 0
+    commits = GroupCommit(rig.ledger, window=60.0, clock=lambda: 0.0)  # time stands still
+    for n in range(2):
+        with commits.coming():
+            commits.save(claimed_by(rig.ledger, f"k{n}", "me"))  # its own claim, arrived
+    assert hook.calls == [1, 1] and commits.gathered == 0
+
+
+def test_a_claim_is_not_held_for_a_worker_in_its_call() -> None:
+    """Two send workers: one is in its provider call, which returns only once the other's
+    claim is durable. The other's commit must not wait for the worker in its call (whose
+    next claim is a whole call away): it commits at once, whatever the window."""
+    rig = EngineRig(RETRY, concurrency=2)
+    try:
+        rig.engine.commits.window = 5.0
+        for n in range(2):
+            rig.submit("receipts", f"k{n}")
+        send = rig.provider.send_raw
+        stored = threading.Event()
+        waited: list[float] = []
+
+        def first_call_waits(raw: bytes) -> Any:
+            if not waited:
+                started = time.monotonic()
+                waited.append(0.0)
+                for _ in range(400):  # the other job's claim, durable meanwhile
+                    if all(rig.job(f"k{n}").state is not JobState.REQUESTED for n in range(2)):
+                        stored.set()
+                        break
+                    time.sleep(0.005)
+                waited[0] = time.monotonic() - started
+            return send(raw)
+
+        rig.provider.send_raw = first_call_waits  # type: ignore[method-assign]
+        report = rig.tick()
+        assert stored.is_set() and waited[0] < 1.5
+        assert report.confirmed == 2
+    finally:
+        rig.close()

@@ -15,15 +15,16 @@ no outcome waits in memory while its worker sleeps (`sends.py`). Until then the 
 stored state is its claim, as after a crash between the call and the save: recovered at
 the claim's deadline, never sent twice.
 
-A commit that a waited-for save starts first gathers (`GroupCommit.window`): while the
-saves waited for arrive less than two windows apart (a moving average of their gaps),
-it waits up to the window for the other savers' (`savers`, the send workers), and commits
-as soon as each of them has one in. So when the workers' calls are short and the daemon is
-busy, four claims share a commit instead of about two, and each commit (an fsync) costs
-its share of the CPU once per four jobs; a daemon whose calls take longer than the window
-(a real provider's hundreds of milliseconds) does not wait at all. Only the moment of the
-commit moves: every claim is still durable before its own call (invariant 1), and a claim
-whose commit failed is never called. bench/pipeline.py `--variant no-commit-window`.
+A commit that a waited-for save starts first gathers (`GroupCommit.window`): it waits, up
+to the window, only for the claims that are on their way - those of the workers that
+took a job and are deciding and rendering it (`GroupCommit.coming`), a fraction of a
+millisecond of CPU from their save - and commits as soon as none is left on its way.
+Workers in a provider call are not waited for: their next claim is a whole call away, and
+waiting for it held every worker in step with the slowest (on a quiet machine, fewer jobs
+per second and more CPU per job than no gathering at all; docs/performance.md
+"Commits per job"). Only the moment of the commit moves: every claim is still durable before its
+own call (invariant 1), and a claim whose commit failed is never called.
+bench/pipeline.py `--variant no-commit-window`, `--variant gather-all`.
 
 When the shared transaction fails because another writer appended to one of the jobs
 first, nothing of it was written and every job still holds its pending events
@@ -34,10 +35,10 @@ have alone (its worker makes no call), the others are saved.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,13 +49,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sendledger.engine")
 
-#: The longest a commit waits for more saves to share it, in seconds (`GroupCommit`).
+#: The longest a commit waits for the claims on their way to share it, in seconds
+#: (`GroupCommit`): a claim on its way is a fraction of a millisecond of CPU from its save,
+#: more only when its worker is kept off the CPU.
 WINDOW = 0.002
-#: A commit gathers only while the saves arrive, on average, less than this many windows
-#: apart: more saves are then likely within the window.
-GAP_LIMIT = 2
-#: The weight of the newest gap in the moving average of the gaps between saves.
-GAP_WEIGHT = 0.2
 
 #: Told, after a `save_soon`, whether the save failed (the exception) or not (None).
 Then = Callable[[BaseException | None], None]
@@ -74,28 +72,45 @@ class GroupCommit:
         ledger: Ledger,
         *,
         defer: bool = True,
-        savers: int = 1,
         window: float = WINDOW,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`savers`: how many threads may wait for a save at once (the send workers); a
-        commit gathers only for more than one. `window`: the longest it gathers (0: never).
+        """`window`: the longest a commit gathers the claims on their way (0: never).
         `clock`: real seconds, for the gathering only."""
         self._ledger = ledger
-        self._cond = threading.Condition()
+        # One lock: the savers wait on `_cond` for their commit, a gathering commit on
+        # `_arrivals` for the claims on their way (an arrival wakes only it).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._arrivals = threading.Condition(self._lock)
         self._waiting: list[_Save] = []
         self._committing = False
         self.commits = 0  # transactions made, for tests and the bench
         #: False: `save_soon` saves at once (bench/pipeline.py --variant outcome-waited).
         self.defer = defer
-        self.savers = savers
         #: 0: every commit starts at once (bench/pipeline.py --variant no-commit-window).
         self.window = window
         self._clock = clock
-        self._gathering = False
-        self._last_save: float | None = None  # when the last waited-for save arrived
-        self._gap = math.inf  # the moving average of the gaps between them
-        self.gathered = 0  # commits that waited for more saves, for tests and the bench
+        self._coming = 0  # claims on their way (`coming`), not yet saved
+        self._local = threading.local()  # `.coming`: this thread's claim is on its way
+        self.gathered = 0  # commits that waited for claims on their way, for tests and the bench
+
+    @contextmanager
+    def coming(self) -> Iterator[None]:
+        """Around a worker's work on one job, from taking it to its claim's save: while
+        its claim is on its way, a commit may wait for it (up to the window). The first
+        waited-for save in the block is the claim; a job left without one (not sent now,
+        or a draft step that raised) is no longer waited for when the block ends."""
+        with self._lock:
+            self._coming += 1
+        self._local.coming = True
+        try:
+            yield
+        finally:
+            if self._local.coming:
+                self._local.coming = False
+                with self._lock:
+                    self._gone()
 
     def save(self, job: SendJob) -> None:
         """Append the job's pending events, with whatever else is waiting to be saved.
@@ -116,19 +131,19 @@ class GroupCommit:
             else:
                 _tell(then, None)
             return
-        with self._cond:
+        with self._lock:
             self._waiting.append(_Save(job, then=then))
 
     def flush(self) -> None:
         """Return once every save asked for before the call is durable or failed."""
-        with self._cond:
+        with self._lock:
             if not self._waiting and not self._committing:
                 return
         self._join(_Save(None))
 
     def _join(self, mine: _Save) -> None:
         waited = mine.job is not None  # a save its caller waits for (not a flush)
-        with self._cond:
+        with self._lock:
             self._waiting.append(mine)
             if waited:
                 self._arrived()
@@ -148,7 +163,7 @@ class GroupCommit:
             try:
                 self._commit(batch)
             finally:
-                with self._cond:
+                with self._lock:
                     self._committing = False
                     self._cond.notify_all()
             for save in batch:
@@ -156,36 +171,30 @@ class GroupCommit:
                     _tell(save.then, save.error)
 
     def _arrived(self) -> None:
-        """A waited-for save arrived (lock held): the gaps' average, and a gathering
-        commit told."""
-        now = self._clock()
-        if self._last_save is not None:
-            gap = now - self._last_save
-            self._gap = gap if math.isinf(self._gap) else self._gap + GAP_WEIGHT * (gap - self._gap)
-        self._last_save = now
-        if self._gathering:
-            self._cond.notify_all()
+        """A waited-for save arrived (lock held): if it is its thread's claim on its way,
+        that claim is no longer awaited."""
+        if getattr(self._local, "coming", False):
+            self._local.coming = False
+            self._gone()
+
+    def _gone(self) -> None:
+        """A claim is no longer on its way (lock held): saved, or none made."""
+        self._coming -= 1
+        if self._coming == 0:
+            self._arrivals.notify()
 
     def _gather(self) -> None:
         """Before a commit (lock held, `_committing` set, so that saves arriving now wait
-        for it): while saves arrive less than `GAP_LIMIT` windows apart, wait up to the
-        window until every saver has one in."""
-        if self.savers <= 1 or self.window <= 0 or self._gap >= GAP_LIMIT * self.window:
+        for it): wait, up to the window, until no claim is on its way."""
+        if self.window <= 0 or self._coming <= 0:
             return
         end = self._clock() + self.window
-        self._gathering = True
-        try:
-            while self._saves_in() < self.savers:
-                left = end - self._clock()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-        finally:
-            self._gathering = False
+        while self._coming > 0:
+            left = end - self._clock()
+            if left <= 0:
+                break
+            self._arrivals.wait(left)
         self.gathered += 1
-
-    def _saves_in(self) -> int:
-        return sum(1 for save in self._waiting if save.job is not None and save.then is None)
 
     def _commit(self, batch: list[_Save]) -> None:
         saves = [save for save in batch if save.job is not None]

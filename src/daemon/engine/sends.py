@@ -494,9 +494,11 @@ class SendSteps:
         return self._scopes.may_call(work.policy, work.job.from_addr, now)
 
     def send(self, work: Work, probe: bool) -> None:
-        """The job from its claim to its outcome, left to the next commit (`Dispatch`)."""
+        """The job from its claim to its outcome, left to the next commit (`Dispatch`); a
+        commit that starts while the claim is on its way may wait for it (`commit.py`)."""
         run = partial(self._dispatch.dispatch, work, probe=probe)
-        self._runner.guard(self._dispatch, work.job.key, self._counter, run)
+        with self._commits.coming():
+            self._runner.guard(self._dispatch, work.job.key, self._counter, run)
 
     def give_up(self, work: Work) -> None:
         """A job that waited longer than its channel's `give_up_after`, to review."""
