@@ -19,9 +19,10 @@ The emulator runs in its own process, so the CPU time measured here is the daemo
 the bare loop's) alone; every run counts the copies at the emulator (each job exactly
 one). Connection counters of the daemon's transport (fresh / reused / died unanswered)
 are printed per run. `--variant` repeats (a) with parts of the pipeline switched back to
-their old behaviour, to show what each change did (`--variant gather-all`: a commit
-gathers for every send worker's claim, as before it gathered only the claims on their
-way; `--variant no-commit-window`: it never gathers). It is a measurement: exit code 0
+their old behaviour, to show what each change did (`--variant gather-all` / `gather-on-the-way`: a
+commit gathers every send worker's claim / only the claims on their way, whatever the
+load average, which decides between the two otherwise; `--variant no-commit-window`: it
+never gathers). It is a measurement: exit code 0
 unless a job did not end with exactly one copy.
 
     .venv/bin/python bench/pipeline.py [--n 2000] [--no-postgres] [--only cpu,latency,https,idle]
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import math
 import multiprocessing
 import os
 import random
@@ -62,7 +62,6 @@ from daemon.bootstrap import bootstrap
 from daemon.config.settings import settings_from_dict
 from daemon.engine import Engine
 from daemon.engine import sends as engine_sends
-from daemon.engine.commit import GroupCommit
 from daemon.providers.gmail import GmailProvider, build_gmail_service, load_credentials
 from daemon.service_layer.services import ChannelPolicies, Services
 from ledger import addresses
@@ -316,45 +315,10 @@ class Variant:
     # False: a commit starts at once, never gathering the other workers' claims for up to
     # `commit.WINDOW` (daemon/engine/commit.py).
     commit_window: bool = True
-    # True: a commit waits for every send worker's claim, not only those on their way
-    # (`GatherAllSavers`).
-    gather_all: bool = False
-
-
-class GatherAllSavers(GroupCommit):
-    """The gathering commit as it was before (`--variant gather-all`): while the waited-for
-    saves arrive less than two windows apart on average, a commit waits up to the window
-    until every send worker (`savers`) has a save in, whatever the others are doing."""
-
-    savers = 1
-    _last: float | None = None
-    _gap = math.inf
-
-    @classmethod
-    def install(cls, commits: GroupCommit, savers: int) -> None:
-        commits.__class__ = cls
-        assert isinstance(commits, cls)
-        commits.savers = savers
-
-    def _arrived(self) -> None:
-        super()._arrived()
-        now = self._clock()
-        if self._last is not None:
-            gap = now - self._last
-            self._gap = gap if math.isinf(self._gap) else self._gap + 0.2 * (gap - self._gap)
-        self._last = now
-        self._arrivals.notify_all()
-
-    def _gather(self) -> None:
-        if self.savers <= 1 or self.window <= 0 or self._gap >= 2 * self.window:
-            return
-        end = self._clock() + self.window
-        while sum(1 for s in self._waiting if s.job is not None and s.then is None) < self.savers:
-            left = end - self._clock()
-            if left <= 0:
-                break
-            self._arrivals.wait(left)
-        self.gathered += 1
+    # True / False: a commit gathers as on a machine busier than its cores (every send
+    # worker's claim) or as on one with cores to spare (the claims on their way), whatever
+    # the load average; None: by the load average (daemon/engine/commit.py).
+    busy: bool | None = None
 
 
 def library_protocol_checks() -> Callable[[], None]:
@@ -461,8 +425,8 @@ def daemon_run(
     service.engine.commits.defer = variant.outcome_rides
     if not variant.commit_window:
         service.engine.commits.window = 0.0
-    if variant.gather_all:
-        GatherAllSavers.install(service.engine.commits, concurrency)
+    if variant.busy is not None:
+        service.engine.commits.busy = lambda: bool(variant.busy)
     if variant.idle_wakes_idle:
         sends: Any = service.engine._sends
         sends._drained = sends._cond  # the drain's wake-ups wake every idle worker again
@@ -691,7 +655,8 @@ VARIANTS = {
     "no-cpu-levers": Variant("both of the above", address_cache=False, protocol_checks=True),
     "proved-at-claim": Variant("proved again at the claim", through_intake=False),
     "no-commit-window": Variant("commits not gathered", commit_window=False),
-    "gather-all": Variant("gathered for all workers", gather_all=True),
+    "gather-all": Variant("gathered for all workers", busy=True),
+    "gather-on-the-way": Variant("gathered on their way", busy=False),
 }
 
 

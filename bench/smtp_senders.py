@@ -13,7 +13,9 @@ run, from
                 is confirmed (concurrency 4, the default), on SQLite and on PostgreSQL; the
                 jobs taken through the intake, as `sendledger submit` and the API take
                 them (`--proved-at-claim` adds a run with them written straight to the
-                store, whose claims prove each message again).
+                store, whose claims prove each message again; `--gather-variants`
+                two with the commits gathering every send worker's claim and only the
+                claims on their way, whatever the load average that decides otherwise).
 
 Each sender runs in a process of its own and the sink (bench/smtp_sink.py, aiosmtpd) in
 another, so a sender's CPU time is its own; messages/s and CPU ms per message are over the
@@ -33,7 +35,7 @@ answers, else a private cluster (tests/pg_cluster.py) when the server binaries a
 
     .venv/bin/python bench/smtp_senders.py [--n 2000] [--rounds 3] [--attachment-kb 20]
         [--only loop,loop-auth,durable-loop,post-office,sendledger] [--no-postgres] [--kill]
-        [--breakdown] [--proved-at-claim]
+        [--breakdown] [--proved-at-claim] [--gather-variants]
 """
 
 from __future__ import annotations
@@ -307,6 +309,7 @@ def run_sendledger(
     reuse: bool,
     pipelining: bool = True,
     through_intake: bool = True,
+    gather: bool | None = None,
 ) -> dict[str, Any]:
     from daemon.bootstrap import bootstrap
     from daemon.config.settings import settings_from_dict
@@ -339,6 +342,8 @@ def run_sendledger(
         policies=policies,
         providers={"mail": provider},
     )
+    if gather is not None:
+        service.engine.commits.busy = lambda: gather
     spent = wrap_breakdown(service.engine) if breakdown else None
 
     def tick_until_confirmed() -> int:
@@ -458,6 +463,7 @@ def measure(
         reuse = sender != "sendledger-per-message"
         pipelining = sender != "sendledger-unpipelined"
         intake = sender != "sendledger-proved-at-claim"
+        gather = {"sendledger-gather-all": True, "sendledger-gather-on-the-way": False}.get(sender)
         with store(store_kind, pg_url) as url:
             result = in_process(
                 "run_sendledger",
@@ -469,6 +475,7 @@ def measure(
                 reuse,
                 pipelining,
                 intake,
+                gather,
             )
     elif sender == "post-office":
         result = in_process("run_post_office", sink.port, docs)
@@ -500,6 +507,8 @@ LABELS = {
     "sendledger-unpipelined": "sendledger, `pipelining = false` (one command a round trip)",
     "sendledger-proved-at-claim": "sendledger, jobs written straight to the store (each claim"
     " proves its message again)",
+    "sendledger-gather-all": "sendledger, a commit gathering every worker's claim",
+    "sendledger-gather-on-the-way": "sendledger, a commit gathering the claims on their way",
 }
 
 
@@ -526,6 +535,11 @@ def throughput(args: argparse.Namespace) -> int:
             + (["sendledger-per-message"] if args.connection_per_message else [])
             + (["sendledger-unpipelined"] if args.unpipelined else [])
             + (["sendledger-proved-at-claim"] if args.proved_at_claim else [])
+            + (
+                ["sendledger-gather-all", "sendledger-gather-on-the-way"]
+                if args.gather_variants
+                else []
+            )
         )
         if "sendledger" in senders:
             for daemon in daemons:
@@ -826,6 +840,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also the daemon with its jobs written straight to the store, not through the"
         " intake, so each claim proves its message again (as every claim did before)",
+    )
+    parser.add_argument(
+        "--gather-variants",
+        action="store_true",
+        help="also the daemon with its commits gathering every send worker's claim, and"
+        " only the claims on their way, whatever the load average (daemon/engine/commit.py)",
     )
     parser.add_argument("--kill", action="store_true", help="kill -9 each sender mid-run instead")
     parser.add_argument(

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from tests.unit.engine_rig import DAEMON, EngineRig, claimed_by, policy
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
+from daemon.engine import commit as commit_module
 from daemon.engine.commit import GroupCommit, _Save
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.job import SendJob
@@ -445,12 +446,14 @@ def test_no_commit_gathers_when_no_claim_is_on_its_way(rig: EngineRig) -> None:
 
 
 def test_a_claim_is_not_held_for_a_worker_in_its_call() -> None:
-    """Two send workers: one is in its provider call, which returns only once the other's
-    claim is durable. The other's commit must not wait for the worker in its call (whose
-    next claim is a whole call away): it commits at once, whatever the window."""
+    """Two send workers on a machine with cores to spare: one is in its provider call,
+    which returns only once the other's claim is durable. The other's commit must not wait
+    for the worker in its call (whose next claim is a whole call away): it commits at
+    once, whatever the window."""
     rig = EngineRig(RETRY, concurrency=2)
     try:
         rig.engine.commits.window = 5.0
+        rig.engine.commits.busy = lambda: False  # cores to spare, whatever the load here
         for n in range(2):
             rig.submit("receipts", f"k{n}")
         send = rig.provider.send_raw
@@ -475,3 +478,80 @@ def test_a_claim_is_not_held_for_a_worker_in_its_call() -> None:
         assert report.confirmed == 2
     finally:
         rig.close()
+
+
+def test_on_a_busy_machine_a_commit_gathers_every_workers_claim(rig: EngineRig) -> None:
+    """CPU scarce: while saves arrive less than two windows apart, the first of several
+    waits until every saver has its claim in (well before the window ends), none of them
+    announced, and all are durable together: one transaction for three claims."""
+    for n in range(4):
+        rig.submit("receipts", f"k{n}")
+    jobs = [claimed_by(rig.ledger, f"k{n}", "me") for n in range(4)]
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    commits = GroupCommit(rig.ledger, savers=3, window=5.0, busy=lambda: True)
+    commits.save(jobs[0])  # the first save knows no gap yet: committed at once
+    assert hook.calls == [1] and commits.gathered == 0
+    started = time.monotonic()
+    threads = [save_in_thread(commits, job) for job in jobs[1:]]
+    for thread in threads:
+        thread.join()
+    assert hook.calls == [1, 3] and commits.gathered == 1
+    assert time.monotonic() - started < 4.0  # done when the third came, not at the window
+    assert all(rig.job(job.key).state is JobState.ATTEMPTED for job in jobs)
+
+
+def test_on_a_busy_machine_no_commit_gathers_when_saves_come_far_apart(
+    rig: EngineRig,
+) -> None:
+    for n in range(2):
+        rig.submit("receipts", f"k{n}")
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    seconds = iter(range(100))
+    apart = GroupCommit(
+        rig.ledger, savers=4, window=0.002, clock=lambda: float(next(seconds)), busy=lambda: True
+    )
+    apart.save(claimed_by(rig.ledger, "k0", "me"))
+    apart.save(claimed_by(rig.ledger, "k1", "me"))  # a second after the last: no wait
+    assert hook.calls == [1, 1] and apart.gathered == 0
+
+
+def test_with_cores_to_spare_a_commit_does_not_wait_for_unannounced_savers(
+    rig: EngineRig,
+) -> None:
+    """The same close saves as on a busy machine, nobody's claim on its way: each commit
+    starts at once."""
+    for n in range(3):
+        rig.submit("receipts", f"k{n}")
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    commits = GroupCommit(rig.ledger, savers=4, window=60.0, busy=lambda: False)
+    for n in range(3):
+        commits.save(claimed_by(rig.ledger, f"k{n}", "me"))
+    assert hook.calls == [1, 1, 1] and commits.gathered == 0
+
+
+def test_the_machine_is_busy_when_its_load_exceeds_its_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cores = commit_module._cpus()
+    load = [cores + 0.5]
+    monkeypatch.setattr(commit_module.os, "getloadavg", lambda: (load[0], 0.0, 0.0))
+    assert commit_module.machine_busy()
+    load[0] = float(cores)
+    assert not commit_module.machine_busy()
+
+
+def test_the_load_is_read_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+
+    def loadavg() -> tuple[float, float, float]:
+        reads.append(1)
+        return (1000.0, 0.0, 0.0)
+
+    monkeypatch.setattr(commit_module.os, "getloadavg", loadavg)
+    now = [0.0]
+    watch = commit_module._LoadWatch(lambda: now[0])
+    assert watch() and watch()
+    now[0] = commit_module.LOAD_FOR - 0.001
+    assert watch() and len(reads) == 1
+    now[0] = commit_module.LOAD_FOR
+    assert watch() and len(reads) == 2

@@ -15,16 +15,22 @@ no outcome waits in memory while its worker sleeps (`sends.py`). Until then the 
 stored state is its claim, as after a crash between the call and the save: recovered at
 the claim's deadline, never sent twice.
 
-A commit that a waited-for save starts first gathers (`GroupCommit.window`): it waits, up
-to the window, only for the claims that are on their way - those of the workers that
-took a job and are deciding and rendering it (`GroupCommit.coming`), a fraction of a
-millisecond of CPU from their save - and commits as soon as none is left on its way.
-Workers in a provider call are not waited for: their next claim is a whole call away, and
-waiting for it held every worker in step with the slowest (on a quiet machine, fewer jobs
-per second and more CPU per job than no gathering at all; docs/performance.md
-"Commits per job"). Only the moment of the commit moves: every claim is still durable before its
-own call (invariant 1), and a claim whose commit failed is never called.
-bench/pipeline.py `--variant no-commit-window`, `--variant gather-all`.
+A commit that a waited-for save starts first gathers (`GroupCommit.window`, 2 ms), in one
+of two ways, by what is scarce:
+
+- With cores to spare (the load average at most the CPUs this process may use), it waits
+  only for the claims on their way - those of the workers that took a job and are deciding
+  and rendering it (`GroupCommit.coming`), a fraction of a millisecond from their save -
+  and commits as soon as none is left on its way. Workers in a provider call are not
+  waited for: on a quiet machine waiting for them held every worker in step with the
+  slowest, and cost jobs/s and CPU per job against no gathering at all.
+- On a machine busier than its cores, CPU is what is scarce and a commit fewer is CPU
+  saved (docs/performance.md "Commits per job"): while the saves arrive less than two
+  windows apart on average, it waits until every send worker (`savers`) has its claim in.
+
+Only the moment of the commit moves: every claim is still durable before its own call
+(invariant 1), and a claim whose commit failed is never called. bench/pipeline.py
+`--variant no-commit-window`, `gather-all`, `gather-on-the-way`.
 
 When the shared transaction fails because another writer appended to one of the jobs
 first, nothing of it was written and every job still holds its pending events
@@ -35,6 +41,8 @@ have alone (its worker makes no call), the others are saved.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,6 +61,13 @@ log = logging.getLogger("sendledger.engine")
 #: (`GroupCommit`): a claim on its way is a fraction of a millisecond of CPU from its save,
 #: more only when its worker is kept off the CPU.
 WINDOW = 0.002
+#: A commit waits for every saver only while the saves arrive, on average, less than this
+#: many windows apart: more are then likely within the window.
+GAP_LIMIT = 2
+#: The weight of the newest gap in the moving average of the gaps between saves.
+GAP_WEIGHT = 0.2
+#: How long the machine's load, once read, is taken as it was (seconds).
+LOAD_FOR = 1.0
 
 #: Told, after a `save_soon`, whether the save failed (the exception) or not (None).
 Then = Callable[[BaseException | None], None]
@@ -72,11 +87,15 @@ class GroupCommit:
         ledger: Ledger,
         *,
         defer: bool = True,
+        savers: int = 1,
         window: float = WINDOW,
         clock: Callable[[], float] = time.monotonic,
+        busy: Callable[[], bool] | None = None,
     ) -> None:
-        """`window`: the longest a commit gathers the claims on their way (0: never).
-        `clock`: real seconds, for the gathering only."""
+        """`savers`: how many threads may wait for a save at once (the send workers).
+        `window`: the longest a commit gathers (0: never). `clock`: real seconds, for the
+        gathering only. `busy`: whether the machine is busier than its cores (default:
+        `machine_busy`, read at most once a `LOAD_FOR`)."""
         self._ledger = ledger
         # One lock: the savers wait on `_cond` for their commit, a gathering commit on
         # `_arrivals` for the claims on their way (an arrival wakes only it).
@@ -91,6 +110,13 @@ class GroupCommit:
         #: 0: every commit starts at once (bench/pipeline.py --variant no-commit-window).
         self.window = window
         self._clock = clock
+        self.savers = savers
+        #: Whether CPU is scarce: a commit then gathers every saver's claim, not only those
+        #: on their way (bench/pipeline.py --variant gather-all, gather-on-the-way).
+        self.busy = busy if busy is not None else _LoadWatch(clock)
+        self._gathering = False
+        self._last_save: float | None = None  # when the last waited-for save arrived
+        self._gap = math.inf  # the moving average of the gaps between them
         self._coming = 0  # claims on their way (`coming`), not yet saved
         self._local = threading.local()  # `.coming`: this thread's claim is on its way
         self.gathered = 0  # commits that waited for claims on their way, for tests and the bench
@@ -171,11 +197,19 @@ class GroupCommit:
                     _tell(save.then, save.error)
 
     def _arrived(self) -> None:
-        """A waited-for save arrived (lock held): if it is its thread's claim on its way,
-        that claim is no longer awaited."""
+        """A waited-for save arrived (lock held): the gaps' average; if it is its thread's
+        claim on its way, that claim is no longer awaited; a commit gathering every
+        saver's claim told."""
+        now = self._clock()
+        if self._last_save is not None:
+            gap = now - self._last_save
+            self._gap = gap if math.isinf(self._gap) else self._gap + GAP_WEIGHT * (gap - self._gap)
+        self._last_save = now
         if getattr(self._local, "coming", False):
             self._local.coming = False
             self._gone()
+        if self._gathering:
+            self._arrivals.notify()
 
     def _gone(self) -> None:
         """A claim is no longer on its way (lock held): saved, or none made."""
@@ -185,16 +219,30 @@ class GroupCommit:
 
     def _gather(self) -> None:
         """Before a commit (lock held, `_committing` set, so that saves arriving now wait
-        for it): wait, up to the window, until no claim is on its way."""
-        if self.window <= 0 or self._coming <= 0:
+        for it): wait, up to the window, until every saver has its claim in (a busy
+        machine, saves close together) or else until no claim is on its way."""
+        if self.window <= 0:
+            return
+        every = self.savers > 1 and self._gap < GAP_LIMIT * self.window and self.busy()
+        if not every and self._coming <= 0:
             return
         end = self._clock() + self.window
-        while self._coming > 0:
-            left = end - self._clock()
-            if left <= 0:
-                break
-            self._arrivals.wait(left)
+        self._gathering = every
+        try:
+            while not self._gathered(every):
+                left = end - self._clock()
+                if left <= 0:
+                    break
+                self._arrivals.wait(left)
+        finally:
+            self._gathering = False
         self.gathered += 1
+
+    def _gathered(self, every: bool) -> bool:
+        if every:
+            claims = sum(1 for s in self._waiting if s.job is not None and s.then is None)
+            return claims >= self.savers
+        return self._coming <= 0
 
     def _commit(self, batch: list[_Save]) -> None:
         saves = [save for save in batch if save.job is not None]
@@ -230,3 +278,36 @@ def _tell(then: Then, error: BaseException | None) -> None:
         then(error)
     except Exception:  # a report must never break the commit that others wait for
         log.exception("reporting a saved outcome failed")
+
+
+class _LoadWatch:
+    """`machine_busy`, read at most once a `LOAD_FOR` of `clock` (a commit asks each time)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._until = -math.inf
+        self._busy = False
+
+    def __call__(self) -> bool:
+        now = self._clock()
+        if now >= self._until:
+            self._busy = machine_busy()
+            self._until = now + LOAD_FOR
+        return self._busy
+
+
+def machine_busy() -> bool:
+    """Whether the machine's load average over the last minute exceeds the CPUs this
+    process may run on: its threads then wait for a core, and CPU is what is scarce."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not known here: as on a machine with cores to spare
+        return False
+    return load > _cpus()
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -144,7 +144,7 @@ class Engine:
         self.batch_size = batch_size
         self.circuits = Circuits(circuit)
         self.health = ProviderHealth(ledger, self.clock, self.circuits)
-        self.commits = GroupCommit(ledger)
+        self.commits = GroupCommit(ledger, savers=concurrency)
         self.leases = Leases(ledger, self.clock, daemon_name)
         self._lease_seconds = min(provider_timeouts.values(), default=30.0) + deadline_grace
         self.owners = (
