@@ -336,16 +336,19 @@ class OnTheWay:
     """A worker whose claim is on its way (`GroupCommit.coming`) until `arrive` or
     `give_up` lets it save its claim, or end its block without one."""
 
-    def __init__(self, commits: GroupCommit, job: SendJob) -> None:
+    def __init__(self, commits: GroupCommit, job: SendJob, *, flush: bool = False) -> None:
         self._go = threading.Event()
         self._announced = threading.Event()
         self._save = True
+        self._flush = flush
         self._thread = threading.Thread(target=self._work, args=(commits, job))
         self._thread.start()
         assert self._announced.wait(5)
 
     def _work(self, commits: GroupCommit, job: SendJob) -> None:
         with commits.coming():
+            if self._flush:  # before a draft step's call, say
+                commits.flush()
             self._announced.set()
             assert self._go.wait(5)
             if self._save:
@@ -414,6 +417,22 @@ def test_a_commit_stops_waiting_for_a_worker_that_makes_no_claim(rig: EngineRig)
     first.join(5)
     assert hook.calls == [1] and time.monotonic() - started < 4.0
     assert rig.job("k1").claimed_by == "me"
+
+
+def test_a_worker_that_flushes_before_a_call_is_no_longer_waited_for(rig: EngineRig) -> None:
+    """A worker whose claim needs a provider call first (a draft step, a history mark's
+    fetch) flushes before it: its claim may be that call's timeout away, so a commit
+    starting meanwhile does not wait for it."""
+    for n in range(2):
+        rig.submit("receipts", f"k{n}")
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    commits = GroupCommit(rig.ledger, window=5.0, busy=lambda: False)
+    other = OnTheWay(commits, claimed_by(rig.ledger, "k1", "me"), flush=True)
+    started = time.monotonic()
+    commits.save(claimed_by(rig.ledger, "k0", "me"))
+    assert hook.calls == [1] and time.monotonic() - started < 4.0
+    other.arrive()
+    assert hook.calls == [1, 1]
 
 
 def test_a_gathering_commit_waits_no_longer_than_its_window(rig: EngineRig) -> None:

@@ -126,7 +126,8 @@ class GroupCommit:
         """Around a worker's work on one job, from taking it to its claim's save: while
         its claim is on its way, a commit may wait for it (up to the window). The first
         waited-for save in the block is the claim; a job left without one (not sent now,
-        or a draft step that raised) is no longer waited for when the block ends."""
+        or a draft step that raised) is no longer waited for when the block ends, nor one
+        whose worker flushes before a provider call (`flush`)."""
         with self._lock:
             self._coming += 1
         self._local.coming = True
@@ -161,8 +162,13 @@ class GroupCommit:
             self._waiting.append(_Save(job, then=then))
 
     def flush(self) -> None:
-        """Return once every save asked for before the call is durable or failed."""
+        """Return once every save asked for before the call is durable or failed. A worker
+        flushes before a provider call that may take its whole timeout (a draft step, a
+        history mark's fetch): its claim is then no longer on its way."""
         with self._lock:
+            if getattr(self._local, "coming", False):
+                self._local.coming = False
+                self._gone()
             if not self._waiting and not self._committing:
                 return
         self._join(_Save(None))
