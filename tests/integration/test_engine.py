@@ -1122,9 +1122,11 @@ def test_renewals_stuck_behind_row_locks_leave_the_pool_to_the_other_store_work(
             waiting = 0
             for _ in range(20):  # the renewals reach their lock waits
                 time.sleep(0.05)
+                # Only the sessions waiting for this holder: another test running beside
+                # this one (pytest -n 2) may have lock waits of its own in the database.
                 row = look.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND datname = current_database()"
+                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                    [holder.info.backend_pid],
                 ).fetchone()
                 waiting = max(waiting, 0 if row is None else int(row[0]))
             assert waiting == 2, waiting
