@@ -693,6 +693,23 @@ def events_of(history: Sequence[Mapping[str, Any]], kind: str) -> list[Mapping[s
     return [record for record in history if record["type"] == kind]
 
 
+def types_with_calls(history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The history's event types without the claims that made no provider call: an
+    Attempted followed by a Rejected "not sent: ..." (its circuit withheld it, its lease
+    ran short while a loaded machine saved it, the daemon was stopping). Such a claim is
+    sent again by the next attempt; a test that counts the provider's calls reads this."""
+    types: list[str] = []
+    for record in history:
+        unsent = record["type"] == "Rejected" and str(record.get("reason", "")).startswith(
+            "not sent:"
+        )
+        if unsent and types and types[-1] == "Attempted":
+            types.pop()
+        else:
+            types.append(record["type"])
+    return types
+
+
 __all__ = [
     "API_AUTH",
     "MAILBOX",
@@ -708,4 +725,5 @@ __all__ = [
     "job",
     "policy_text",
     "shared_fork_server",
+    "types_with_calls",
 ]

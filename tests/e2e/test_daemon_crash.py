@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from tests.e2e.daemon_kit import Rig, events_of, job
+from tests.e2e.daemon_kit import Rig, events_of, job, types_with_calls
 
 from daemon.crashpoints import ENV as CRASH_ENV
 from testkit.relay import FaultPlan
@@ -73,7 +73,9 @@ def test_crash_after_claim_is_resent_once(tmp_path: Path) -> None:
         assert second.terminate() == 0, second.tail()
 
         history = rig.history(key)
-        types = [r["type"] for r in history]
+        # A resend's claim may be withheld first (Attempted, Rejected "not sent"), no call
+        # made, on a loaded machine: failed once in CI so.
+        types = types_with_calls(history)
         assert types == [
             "Requested",
             "Attempted",
