@@ -640,8 +640,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "domain-docs-layer-module",
         "docs/architecture.md",
-        "intake, problems, read_models, listing, doors, job_json, retention, guidance);",
-        "intake, problems, read_models, listing, doors, job_json, retention);",
+        "job_json, retention, guidance,\n",
+        "job_json, retention,\n",
         "the layer list drops a module of the service layer",
     ),
     M(
