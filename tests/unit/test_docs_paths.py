@@ -104,8 +104,9 @@ def test_every_section_names_what_checks_it(path: Path) -> None:
 
 
 def test_every_path_a_page_docstring_or_comment_names_exists() -> None:
-    missing = {f"{p.relative_to(REPO)}: {gone}" for p in TEXTS for gone in missing_paths(read(p))}
-    assert sorted(missing) == []
+    assert (
+        sorted({f"{p.relative_to(REPO)}: {g}" for p in TEXTS for g in missing_paths(read(p))}) == []
+    )
 
 
 def test_every_citation_names_a_section_of_its_page() -> None:
@@ -171,11 +172,6 @@ def classes() -> dict[str, list[tuple[Path, str]]]:
     return found
 
 
-def defined(module: str, dotted: str) -> bool:
-    *owner, name = dotted.split(".")
-    return name in members(modules()[module], ".".join(owner))
-
-
 #: Dotted names like ours that are not: Gmail calls and scopes, Graph permissions, IMAP; files.
 NOT_CODE = {f"drafts.{c}" for c in ("create", "get", "list", "send", "delete", "error")}
 NOT_CODE |= {"messages.get", "messages.send", "gmail.compose", "gmail.metadata", "Mail.Send"}
@@ -193,7 +189,8 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
         found = by_path(located.group(1))
         if len(found) != 1:
             return f"{located.group(1)} names {len(found)} modules"
-        return None if defined(found[0], located.group(2)) else f"not in {found[0]}"
+        owner, _, name = located.group(2).rpartition(".")
+        return None if name in members(modules()[found[0]], owner) else f"not in {found[0]}"
     if re.fullmatch(r"[\w/]+\.py", span):
         if re.match(r"(tests|bench|scripts)/", span):
             return None if (REPO / span).is_file() else "no such file"
@@ -215,7 +212,7 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
             fields = getattr(section.annotation, "model_fields", {})
             return None if name in fields else f"no setting {span}"
         candidates = [m for m in modules() if m == head or m.endswith("." + head)]
-        ok = any(defined(m, name) or f"{m}.{name}" in modules() for m in candidates)
+        ok = any(name in members(modules()[m]) or f"{m}.{name}" in modules() for m in candidates)
         return None if ok or not candidates else f"nothing named {name} in {candidates}"
     return None
 
