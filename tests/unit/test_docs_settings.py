@@ -157,8 +157,7 @@ def test_every_setting_has_one_row_its_default_choices_and_range() -> None:
     listed = [(kind, key) for kind, key, _, _ in rows]
     assert sorted(set(listed) ^ every) == [] and len(listed) == len(set(listed))
     for kind, key, default, meaning in rows:
-        found = field_of(key, kind or "gmail")
-        assert found, key
+        found = field_of(key, kind or "gmail")  # a field: every key is one (above)
         check_default(*found, default, f"configuration.md, row {key}")
         check_choices(*found, meaning, f"configuration.md, row {key}")
         if key == "providers.NAME.kind":
