@@ -169,19 +169,16 @@ def test_the_route_table_is_the_openapi_document(document: dict[str, Any]) -> No
     for route, statuses in served.items():
         said = {int(s) for s in re.findall(r"(?<![\d.,])([1-5]\d\d)(?!\d|[.,]\d)", rows[route])}
         assert said <= statuses and statuses - {200, 400, 401, 403, 413, 422} <= said, route
-    listing = rows["GET /v1/jobs"].split("`", 2)[1]
-    outer, inner = listing.split("[{", 1)
-    assert names(inner.split("}]", 1)[0]) == document["fields"]["ListedJob"]
-    assert names(outer + inner.split("}]", 1)[1]) == document["fields"]["JobList"]
+    fields, text = document["fields"], rows["GET /v1/jobs"].split("`", 2)[1]
+    job = text.split("[{", 1)[1].split("}]", 1)[0]  # a listed job, inside the list's
+    assert names(job) == fields["ListedJob"] and names(text.replace(job, "")) == fields["JobList"]
     check = rows["POST /v1/review/{key}/check"].split("`", 2)[1]
-    assert names(check.split("[{", 1)[1].split("}]", 1)[0]) == document["fields"]["CopyOut"]
-    request, answer = re.findall(r"`(\{[^`]+\})`", rows["POST /v1/review/triage"])
-    assert names(request) == document["fields"]["TriageIn"]
-    assert names(answer) == document["fields"]["TriageItemOut"]
+    assert names(check.split("[{", 1)[1].split("}]", 1)[0]) == fields["CopyOut"]
+    shown = [names(x) for x in re.findall(r"`(\{[^`]+\})`", rows["POST /v1/review/triage"])]
+    assert shown == [fields["TriageIn"], fields["TriageItemOut"]]
     resolve = names(rows["POST /v1/review/{key}/resolve"].split("`", 2)[1])
-    choices = ("sent", "resend", "abandon")
-    assert [n for n in resolve if n not in choices] == document["fields"]["ResolveIn"]
-    assert names(rows["POST /v1/jobs/{key}/cancel"]) == document["fields"]["CancelIn"]
+    assert [n for n in resolve if n not in ("sent", "resend", "abandon")] == fields["ResolveIn"]
+    assert names(rows["POST /v1/jobs/{key}/cancel"]) == fields["CancelIn"]
     params = {p["name"] for p in document["paths"]["/v1/jobs"]["get"]["parameters"]}
     query = re.search(r"`GET /v1/jobs\?([^`]+)`", section("http-api.md", "### Listing jobs"))
     assert query and {part.rstrip("=") for part in query.group(1).split("&")} == params
