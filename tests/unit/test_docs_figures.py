@@ -23,7 +23,7 @@ from tests.unit.test_services import LEGAL, OTHER, in_review, services
 from daemon import exit_codes
 from daemon.api import overview, signin_limit
 from daemon.api.auth import SESSION_SECONDS, Role
-from daemon.api.roles import PAGE_ROLE
+from daemon.api.roles import PAGE_ROLE, ROUTE_ROLES
 from daemon.cli.init_command import config_text
 from daemon.config import environment
 from daemon.config.settings import _PROVIDER_TAGS
@@ -95,6 +95,7 @@ PERMISSIONS = re.findall(r"permissions (Mail\.\w+) and (Mail\.\w+) for `user`", 
 CHECKED = [f.name for f in dataclasses.fields(SendJob.Checked) if f.name != "timestamp"]
 SORTED_BY = {{"since": "age"}.get(s, s) for s in (s.lstrip("-") for s in SORTS)}
 EXIT_CODES = {v for k, v in vars(exit_codes).items() if k.startswith("EXIT_")} | {130}
+ROUTES = {f"{m} {p}": r.value for (m, p), r in ROUTE_ROLES.items()} | {"/ui/": PAGE_ROLE.value}
 REASONS = {r.value: [guidance.MEANING[r], guidance.NEXT[r]] for r in EscalationReason}
 OWNED = {*extra_headers.OWNED_HEADERS, "content-*"} - {"message-id"}
 CRASH = ast.parse(page("tests/e2e/test_crash_matrix.py"))
@@ -216,6 +217,7 @@ cli.md | display name with any of (.+?) must be in double | set(addresses._SPECI
 TABLES = r"""
 cli.md | ### Exit codes | Code | {str(c) for c in EXIT_CODES}
 http-api.md | ### Roles | role | [role.value for role in Role]
+http-api.md | ### Roles | route | ROUTES
 http-api.md | ## Webhooks | type | [entry.type for entry in events.WEBHOOK_EVENTS]
 http-api.md | ## Webhooks | `rejected` reason | list(events.REJECTED_CODES)
 review.md | ## Review: check, resend, triage, cancel | Reason | REASONS
