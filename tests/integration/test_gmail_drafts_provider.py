@@ -12,19 +12,27 @@ What every drafts provider must do is the provider contract's drafts cases
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 from tests.integration.conftest import GmailSubject
 from tests.provider_contract import DraftsContract, LeavesDraftsContract, ReadBackContract
-from tests.unit.jobs import requested_job
+from tests.unit.jobs import CHANNEL, KEY, MESSAGE_ID, requested_job
 
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine.drafts import DraftChanged, prepare_draft
 from daemon.providers.base import SendKind
-from daemon.providers.draft_handle import DraftRefused, DraftStatus
+from daemon.providers.draft_handle import Draft, DraftRefused, DraftStatus
 from daemon.providers.gmail import DRAFT_SCOPES, SCOPES, GmailProvider, MissingScope
+from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
+from ledger.application import Ledger
+from ledger.decision_types import Review
+from ledger.job import DRAFTS_FENCE, SendJob
 from ledger.message import render_checked
+from ledger.vocabulary import EscalationReason, JobState, Resolution
+from policies.loader import PolicySet
+from policies.model import ChannelPolicy
 from testkit.credentials import write_authorized_user, write_service_account
 from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
@@ -233,3 +241,74 @@ def test_a_draft_edited_in_the_mailbox_is_found_changed_and_never_sent(
     with pytest.raises(DraftChanged, match="to differs"):
         prepare_draft(job, provider, raw, clock.now)
     assert sent_lines(acceptance_log) == 0 and emulator.drafts_of(job.message_id, MAILBOX) == 1
+
+
+def _draft_changed_in_review(
+    provider: GmailProvider, emulator: GmailEmulator, clock: FakeClock
+) -> tuple[Services, str, bytes]:
+    """Job `order-42` in review as `draft-changed`: its recorded draft edited by a person
+    in Gmail, its Message-ID too (the listing by the job's Message-ID misses it). A door
+    on the provider, the draft's id and the job's render."""
+    chosen = ChannelPolicy.model_validate(
+        {
+            "channel": CHANNEL,
+            "provider": "gmail",
+            "from": "Support <support@example.com>",
+            "message_id_domain": "mail.example.com",
+        }
+    )
+    ledger = Ledger("memory://", clock=clock)
+    job = requested_job(clock)
+    raw = render_checked(job)
+    draft, _ = prepare_draft(job, provider, raw, clock.now)
+    edited = raw.replace(b"Subject: ", b"Subject: URGENT ")
+    emulator.edit_draft(draft.draft_id, edited.replace(b"Message-ID: <", b"Message-ID: <edited."))
+    with pytest.raises(DraftChanged):
+        prepare_draft(job, provider, raw, clock.now)
+    job.escalate(Review(chosen.ref, EscalationReason.DRAFT_CHANGED), detail="edited", at=clock.now)
+    ledger.save_job(job)
+    door = Services(
+        ledger,
+        lambda: ChannelPolicies(PolicySet({CHANNEL: chosen})),
+        providers=lambda name: nullcontext(provider),
+        draft_providers=frozenset({"gmail"}),
+    )
+    return door, draft.draft_id, raw
+
+
+def test_a_resend_of_a_draft_changed_job_deletes_the_edited_draft_first(
+    drafts_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    acceptance_log: Path,
+    clock: FakeClock,
+) -> None:
+    """The operator resends without deleting the edited draft: the resend deletes it by
+    its recorded id (`drafts.delete`), so the next attempt makes a new draft from the job
+    and sends that one; the edited draft can never be sent."""
+    provider = drafts_provider()
+    door, draft_id, raw = _draft_changed_in_review(provider, emulator, clock)
+    door.resolve(KEY, Resolution.RESEND, note="", by="alice")
+    deleted = [e for e in door.ledger.history(KEY) if isinstance(e, SendJob.DraftsDeleted)]
+    assert [(e.why, e.draft_ids) for e in deleted] == [(DRAFTS_FENCE, [draft_id])]
+    assert emulator.drafts_of(MESSAGE_ID, MAILBOX) == 0 and sent_lines(acceptance_log) == 0
+    job = door.job(KEY)
+    draft, created = prepare_draft(job, provider, raw, clock.now)  # the next attempt's
+    assert created and draft.draft_id != draft_id
+    assert provider.send_draft(draft).kind is SendKind.CONFIRMED
+    assert sent_lines(acceptance_log) == 1 and emulator.copies(MESSAGE_ID) == 1
+
+
+def test_a_resend_after_a_person_sent_the_edited_draft_is_refused_and_sends_nothing(
+    drafts_provider: GmailProviderFactory,
+    emulator: GmailEmulator,
+    acceptance_log: Path,
+    clock: FakeClock,
+) -> None:
+    provider = drafts_provider()
+    door, draft_id, _ = _draft_changed_in_review(provider, emulator, clock)
+    person = provider.send_draft(Draft(draft_id, ""))  # Send pressed in Gmail
+    assert person.kind is SendKind.CONFIRMED and sent_lines(acceptance_log) == 1
+    with pytest.raises(ServiceError, match="1 copy found") as refused:
+        door.resolve(KEY, Resolution.RESEND, note="", by="alice")
+    assert refused.value.kind is Refusal.CONFLICT
+    assert door.job(KEY).state is JobState.REVIEW and sent_lines(acceptance_log) == 1

@@ -6,6 +6,7 @@ keeps our Message-ID or not."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -29,8 +30,16 @@ from daemon.engine.report import Counter
 from daemon.engine.unknown import unknown_to_events
 from daemon.engine.work import Work
 from daemon.providers.draft_handle import Draft
+from daemon.service_layer.services import (
+    ChannelPolicies,
+    Refusal,
+    ServiceError,
+    Services,
+    check_since_review,
+    safe_decisions,
+)
 from ledger.application import Ledger
-from ledger.job import SendJob
+from ledger.job import DRAFTS_FENCE, SendJob
 from ledger.vocabulary import ConfirmedVia, JobState, Resolution
 from policies.model import ChannelPolicy
 
@@ -364,5 +373,82 @@ def test_a_draft_edited_while_its_job_waited_sends_the_job_to_review() -> None:
         rig.tick()
         assert rig.job("k1").state is JobState.CONFIRMED and rig.copies("k1") == 1
         assert provider.drafts_created == 2 and provider.draft_sends == 1
+    finally:
+        rig.close()
+
+
+def edited_in_review(rig: EngineRig, *, message_id_too: bool) -> tuple[FakeDraftsProvider, str]:
+    """Job k1 in review as `draft-changed`: its recorded draft was edited by a person
+    (its Message-ID too when `message_id_too`: the listing by the job's Message-ID then
+    misses it). The draft's id, and the index caught up for a resend."""
+    provider = stopped_in_the_draft_step(rig)
+    draft_id = rig.job("k1").draft_id
+    held = provider.draft_raw(Draft(draft_id or "", ""))
+    assert draft_id is not None and held is not None
+    edited = held.replace(b"Subject: ", b"Subject: URGENT ")
+    if message_id_too:
+        edited = edited.replace(b"Message-ID: <", b"Message-ID: <edited.")
+    provider.edit_by_person(draft_id, edited)
+    rig.restart()
+    rig.tick()
+    assert rig.job("k1").reason == "draft-changed"
+    rig.clock.advance(61)
+    return provider, draft_id
+
+
+def drafts_door(rig: EngineRig) -> Services:
+    return Services(
+        rig.ledger,
+        lambda: ChannelPolicies(rig.policies),
+        providers=lambda name: nullcontext(rig.provider),
+        draft_providers=frozenset({"fake"}),
+    )
+
+
+@pytest.mark.parametrize("message_id_too", [False, True])
+def test_a_resend_of_a_draft_changed_job_deletes_the_edited_draft_and_sends_the_job(
+    message_id_too: bool,
+) -> None:
+    """The operator resends without deleting the edited draft first (the review's advice
+    skipped): the resend deletes the job's recorded draft by its id, even when the person
+    changed its Message-ID too (the listing by the job's Message-ID misses it), so the
+    next attempt makes a new draft from the job and sends one copy, instead of reading
+    the edited draft back and sending the job to review again."""
+    rig = new_drafts_rig()
+    try:
+        provider, draft_id = edited_in_review(rig, message_id_too=message_id_too)
+        drafts_door(rig).resolve("k1", Resolution.RESEND, note="", by="alice")
+        fences = [e for e in rig.ledger.history("k1") if isinstance(e, SendJob.DraftsDeleted)]
+        assert [(f.why, f.draft_ids) for f in fences] == [(DRAFTS_FENCE, [draft_id])]
+        assert draft_id not in provider.held_drafts
+        rig.tick()
+        job = rig.job("k1")
+        assert job.state is JobState.CONFIRMED, rig.events("k1")
+        assert rig.copies("k1") == 1 and provider.draft_sends == 1
+        assert provider.drafts_created == 2 and job.draft_id != draft_id
+    finally:
+        rig.close()
+
+
+def test_a_resend_after_a_person_sent_the_edited_draft_is_refused() -> None:
+    """A person pressed Send on the edited draft in the mailbox: the resend finds the
+    recorded draft gone and its message sent, records that copy as its search's answer
+    and sends nothing; the job stays in review, no longer offered a resend."""
+    rig = new_drafts_rig()
+    try:
+        provider, draft_id = edited_in_review(rig, message_id_too=True)
+        provider.send_draft(Draft(draft_id, ""))  # the person's Send
+        assert rig.copies("k1") == 0  # under another Message-ID: no search would find it
+        door = drafts_door(rig)
+        with pytest.raises(ServiceError, match="1 copy found") as refused:
+            door.resolve("k1", Resolution.RESEND, note="", by="alice")
+        assert refused.value.kind is Refusal.CONFLICT
+        job = rig.job("k1")
+        assert job.state is JobState.REVIEW and job.reason == "draft-changed"
+        last = check_since_review(door.history("k1"))
+        assert last is not None and last["query"] == f"drafts.get {draft_id}"
+        assert Resolution.RESEND not in safe_decisions(job, last)
+        rig.tick()
+        assert provider.draft_sends == 1 and provider.drafts_created == 1
     finally:
         rig.close()

@@ -112,10 +112,14 @@ class FakeDraftsProvider(FakeProvider):
             self.held_drafts.pop(draft_id, None)
 
     def edit_by_person(self, draft_id: str, raw: bytes) -> None:
-        """Someone edits the unsent draft in the mailbox: what it would send is `raw`."""
+        """Someone edits the unsent draft in the mailbox: what it would send is `raw`,
+        its Message-ID included (the listing by Message-ID finds it by the new one, as
+        the Gmail emulator's `edit_draft`)."""
+        message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
         with self._lock:
             assert draft_id in self.held_drafts, draft_id
             self._raws[draft_id] = raw
+            self.held_drafts[draft_id] = (message_id, self.held_drafts[draft_id][1])
 
     # -- drafts ---------------------------------------------------------------------------
 

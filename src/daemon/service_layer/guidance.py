@@ -96,8 +96,9 @@ NEXT: dict[EscalationReason, str] = {
         "reload the daemon (SIGHUP), then resend; otherwise abandon it."
     ),
     EscalationReason.DRAFT_CHANGED: (
-        "Ask who edited the draft and why; delete it from the mailbox's Drafts, then resend "
-        "(a new draft is made from the job); or abandon (its drafts are deleted)."
+        "Ask who edited the draft and why; then resend (the edited draft is deleted first "
+        "and a new one made from the job; refused if someone sent the edited draft), or "
+        "abandon (its drafts are deleted)."
     ),
     EscalationReason.BOUNCED: (
         "Read the report in the timeline (the recipient and the server's words), settle the "

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
+from daemon.providers.base import Provider, ProviderError, SearchHit, SearchResult, for_job
+from daemon.providers.draft_handle import Draft, DraftStatus
 from daemon.service_layer.guidance import SENT_NEEDS_NOTE, Guidance, copies_known, guidance_for
 from daemon.service_layer.intake import (
     IntakeError,
@@ -548,11 +549,23 @@ class Services:
         after this search missed, would be a second copy. Deleted first, it can never be
         sent (the sweep's fence, docs/architecture.md "Drafts never outlive their job").
         The deleted drafts' ids are added to `deleted` as soon as they are gone, so a
-        search that then fails still leaves the caller what to record."""
+        search that then fails still leaves the caller what to record.
+
+        The job's recorded draft is deleted first, by its id: a person may have edited it
+        (`draft-changed`), its Message-ID too, and the listing by Message-ID would miss it,
+        so the next attempt would read it back, find it changed and send the job to
+        review again. Found already gone, it is asked whether it was sent (a person
+        pressed Send in the mailbox): then that copy is the answer, as a search's, and
+        the resend is refused (docs/review.md "Resolve")."""
 
         def fenced(provider: Provider) -> SearchResult:
             if provider.leaves_drafts:
-                deleted.extend(provider.delete_drafts(job.message_id))
+                sent = _fence_recorded_draft(provider, job, deleted)
+                if sent is not None:
+                    return sent
+                for draft_id in provider.delete_drafts(job.message_id):
+                    if draft_id not in deleted:
+                        deleted.append(draft_id)
             return self._searched(provider, job)
 
         return self._with_provider(job, fenced)
@@ -906,6 +919,28 @@ class Services:
 #: The reasons a job waits in review for (docs/review.md): a filter naming another is a
 #: typo (`unknown` for `unknown-outcome`), refused rather than answered with no jobs.
 REASONS = tuple(reason.value for reason in EscalationReason)
+
+
+def _fence_recorded_draft(
+    provider: Provider, job: SendJob, deleted: list[str]
+) -> SearchResult | None:
+    """The job's recorded draft deleted (its id added to `deleted`); when it was gone
+    already and its message is in the sent mail, that copy as a search's answer (the
+    query: the check's call). None otherwise. Deleted, it was unsent when the delete
+    answered and can never be sent: no check is needed then."""
+    drafts = provider.drafts()
+    if drafts is None or job.draft_id is None or job.draft_message_id is None:
+        return None
+    draft = Draft(job.draft_id, job.draft_message_id)
+    if drafts.delete_draft(draft.draft_id):
+        deleted.append(draft.draft_id)
+        return None
+    check = drafts.check_draft(draft)
+    if check.status is not DraftStatus.SENT:
+        return None  # deleted by a person: the search answers for the job
+    copy = SearchHit(check.provider_message_id or draft.provider_message_id,
+                     check.message_id_header or "")  # fmt: skip
+    return SearchResult(f"drafts.get {draft.draft_id}", (copy,))
 
 
 def _require_reason(reason: str | None) -> None:
