@@ -885,3 +885,80 @@ def test_a_refusal_whose_draft_could_not_be_read_is_never_sent_again_once_it_was
     assert second.kind is SendKind.UNKNOWN, second
     assert len(graph_provider.search(MID).copies) == 1
     assert len(graph.folder(MAILBOX, "sentitems")) == 1
+
+
+# -- a send's calls after its start ask for the scope too ----------------------------------
+
+
+def _calls_after(relay: FaultRelay, before: int) -> list[tuple[str, str]]:
+    return [(e["method"], e["path"]) for e in relay.log[before:] if "/users/" in e["path"]]
+
+
+def test_a_send_whose_scope_moved_stops_reading_its_copy_back(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """After the 202 the send reads the draft's immutable id until the copy is filed (one
+    read per POLL_INTERVAL for up to `confirm_wait`): it asks before each read whether
+    the scope is still the daemon's. Once it is not, it stops there: Unknown (never a
+    refusal: the send was made), which the new owner's search settles."""
+    graph.set_file_delay(1.0)
+    graph_provider = provider(confirm_wait=3.0)
+    graph_provider.search("<warm-up@x>")  # discovery and token first
+    before = len(relay.log)
+    with calls_while(asked_at_most(1)):
+        outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is SendKind.UNKNOWN and "another daemon" in outcome.reason, outcome
+    made = _calls_after(relay, before)
+    reads = [path for method, path in made if method == "GET"]
+    assert [m for m, _ in made].count("POST") == 2 and len(reads) == 1, made  # create, send
+    assert logged_copies(accept_log) == 1
+    time.sleep(1.1)  # filed
+    assert len(provider().delete_drafts(MID)) == 0
+    assert len(graph_provider.search(MID).hits) == 1  # the owner's search finds it
+
+
+def test_a_refusal_whose_scope_moved_is_not_proven_and_left_unknown(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """A throttled send's refusal is proven by reading its draft and deleting it. Asked
+    first: the scope gone, no proof is made and the outcome is Unknown, not the refusal:
+    the next attempt is the new owner's, which does not remember this draft and would
+    not tidy it; its sweep fences the message's drafts (this one) and then searches."""
+    graph_provider = provider()
+    graph_provider.search("<warm-up@x>")  # discovery and token first
+    relay.set_plan(FaultPlan(send=["429"]))
+    before = len(relay.log)
+    with calls_while(asked_at_most(0)):
+        outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is SendKind.UNKNOWN and "not proven" in outcome.reason, outcome
+    assert [m for m, _ in _calls_after(relay, before)] == ["POST", "POST"]  # create, send
+    assert len(graph.folder(MAILBOX, "drafts")) == 1
+    relay.set_plan(FaultPlan())
+    owner = provider()
+    assert len(owner.delete_drafts(MID)) == 1 and owner.search(MID).hits == ()
+    assert logged_copies(accept_log) == 0
+
+
+def test_a_send_whose_scope_moved_during_its_tidy_creates_nothing(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """The next attempt tidies an earlier attempt's draft first (a read, a fence), then
+    creates and sends. Asked before the tidy's read and before the create: the scope
+    gone, nothing is created or sent (Rejected, transient) and the draft is left to the
+    new owner's fence."""
+    graph_provider = provider()
+    graph_provider.search("<warm-up@x>")  # discovery and token first: "other" is ours now
+    relay.set_plan(FaultPlan(send=["429"], other=["pass", "fail-before-forward"]))
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.REJECTED
+    relay.set_plan(FaultPlan())
+    for asks in (0, 1):  # stopped before the tidy's read; after the tidy, before the create
+        before = len(relay.log)
+        with calls_while(asked_at_most(asks)):
+            outcome = graph_provider.send_raw(raw_message())
+        assert outcome.kind is SendKind.REJECTED and outcome.transient, outcome
+        assert not outcome.unavailable and "another daemon" in outcome.reason
+        assert "POST" not in [m for m, _ in _calls_after(relay, before)]
+        assert logged_copies(accept_log) == 0
+    assert graph.folder(MAILBOX, "drafts") == []  # the tidy of the second try fenced it
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    assert logged_copies(accept_log) == 1

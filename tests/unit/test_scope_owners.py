@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import settings
@@ -38,8 +38,11 @@ from daemon.providers.base import (
     Provider,
     ProviderBase,
     ReportRead,
+    ScopeLost,
     SearchResult,
+    SendKind,
     SendOutcome,
+    next_call,
 )
 from daemon.providers.draft_handle import Draft
 from ledger.addresses import mailbox_key
@@ -1042,13 +1045,20 @@ class ReadBacks(FakeProvider):
         return super().read_message_id(provider_message_id)
 
 
-def test_a_send_that_answers_after_its_scope_moved_is_not_read_back() -> None:
-    """`a` owns two scopes; while one send's call runs, `b` joins and `a` gives that
-    scope up. The call answers (confirmed) within its timeout: its read-back, a call of
-    its own, is not made by `a`, which may no longer call for the scope."""
+P = TypeVar("P", bound=FakeProvider)
+
+
+@contextlib.contextmanager
+def a_scope_moving_during_a_send(
+    make: Callable[[str, FakeClock], P],
+) -> Iterator[tuple[Ledger, P, Callable[[], None]]]:
+    """`a` owns two scopes, each provider made by `make`, each sent one job; then the
+    one `a` gives up when `b` joins moves during the next send's call on it. Yields the
+    store, that scope's provider and `send`: job "k" submitted on it and `a`'s tick,
+    during whose call (`during_send`) `b` joins and `a` gives the scope up."""
     clock = FakeClock(START)
     ledger = Ledger("memory://", clock=clock)
-    providers = {name: ReadBacks(name, clock) for name in ("p0", "p1")}
+    providers = {name: make(name, clock) for name in ("p0", "p1")}
     policies = PolicySet(
         {
             f"c{n}": ChannelPolicy.model_validate(
@@ -1063,35 +1073,72 @@ def test_a_send_that_answers_after_its_scope_moved_is_not_read_back() -> None:
         for n in range(2):
             content = receipt(f"c{n}", f"first{n}")
             ledger.submit(content, policies[f"c{n}"].sender_for(content.sender))
-        a.tick()  # it takes both scopes; both sends are read back (the first ones)
+        a.tick()  # it takes both scopes and sends both
         assert a.owners is not None and a.owners.owned() == ["p0", "p1"]
         moved = sorted(["p0", "p1"], key=a.owners._preference)[1]  # what `a` gives up
         slow = providers[moved]
-        engines = {"a": a, "b": b}
-        slow.who_may_call = lambda: sorted(
-            name
-            for name, e in engines.items()
-            if e.owners is not None and e.owners.may_call(moved, clock())
-        )
 
         def sending() -> None:  # on `a`'s send worker, the call made
             slow.during_send = None
             b._balance_scopes()  # `b` starts and joins
             a._balance_scopes()  # `a`'s next round: over its share, it gives one up
             assert a.owners is not None and moved not in a.owners.owned()
-            clock.advance(GRACE * 0.95)  # the send answers, within its timeout
+            clock.advance(GRACE * 0.95)  # the call answers, within its timeout
 
-        slow.during_send = sending
-        del slow.reads_by[:]
-        content = receipt("c0" if moved == "p0" else "c1", "k")
-        ledger.submit(content, policies[content.channel].sender_for(content.sender))
-        a.tick()
-        assert ledger.get_job("k").state is JobState.CONFIRMED
-        assert slow.reads_by == []
+        def send() -> None:
+            slow.during_send = sending
+            content = receipt("c0" if moved == "p0" else "c1", "k")
+            ledger.submit(content, policies[content.channel].sender_for(content.sender))
+            a.tick()
+
+        yield ledger, slow, send
     finally:
         for engine in (a, b):
             engine.close()
         ledger.close()
+
+
+def test_a_send_that_answers_after_its_scope_moved_is_not_read_back() -> None:
+    """`a` owns two scopes; while one send's call runs, `b` joins and `a` gives that
+    scope up. The call answers (confirmed) within its timeout: its read-back, a call of
+    its own, is not made by `a`, which may no longer call for the scope."""
+    with a_scope_moving_during_a_send(ReadBacks) as (ledger, slow, send):
+        del slow.reads_by[:]
+        send()
+        assert ledger.get_job("k").state is JobState.CONFIRMED
+        assert slow.reads_by == []
+
+
+class PollsForItsCopy(FakeProvider):
+    """A provider whose send is several calls, as Graph's (create, send, then reads of
+    the copy): after the send it asks `next_call` before reading the copy back, as Graph
+    does, and answers Unknown when the scope was lost. Records who asked and the answer."""
+
+    def __init__(self, name: str, clock: FakeClock) -> None:
+        super().__init__(name, clock=clock)
+        self.asked: list[bool] = []
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        outcome = super().send_raw(raw)
+        try:
+            next_call("read the copy back")
+        except ScopeLost:
+            self.asked.append(False)
+            return SendOutcome(SendKind.UNKNOWN, "copy not read back: scope lost")
+        self.asked.append(True)
+        return outcome
+
+
+def test_a_send_of_several_calls_stops_between_them_once_its_scope_moved() -> None:
+    """`a` owns two scopes; during one send (after its first call) `b` joins and `a`
+    gives that scope up. The send's next call (Graph's read of its copy) asks whether
+    the scope is still `a`'s, which the dispatch tells it (`calls_while`): no, so it is
+    not made and the outcome is Unknown, left to the search of the scope's owner."""
+    with a_scope_moving_during_a_send(PollsForItsCopy) as (ledger, slow, send):
+        assert slow.asked == [True]  # the first send asked once, and went on
+        send()
+        assert slow.asked == [True, False]
+        assert ledger.get_job("k").state is JobState.UNKNOWN
 
 
 class Pings(FakeProvider):

@@ -33,7 +33,13 @@ from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.unknown import unknown_to_events
 from daemon.engine.work import Work, count_failure
-from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
+from daemon.providers.base import (
+    Provider,
+    ProviderError,
+    SendKind,
+    SendOutcome,
+    calls_while,
+)
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from ledger.application import ConcurrentUpdate
 from ledger.decision_types import AfterRejection, Review
@@ -349,10 +355,14 @@ class Dispatch:
                 work.now = self._clock()
                 return
             work.count("sent")
-            if claimed.draft is not None and drafts is not None:
-                outcome = claimed.outcome = drafts.send_draft(claimed.draft)
-            else:
-                outcome = claimed.outcome = claimed.provider.send_raw(claimed.raw)
+            # A send of several calls (Graph's tidy, create, send, copy read-back) asks
+            # between them whether the scope is still ours, where stopping is safe.
+            may_go_on = None if self._may_call is None else lambda: self._may_call_now(claimed)
+            with calls_while(may_go_on):
+                if claimed.draft is not None and drafts is not None:
+                    outcome = claimed.outcome = drafts.send_draft(claimed.draft)
+                else:
+                    outcome = claimed.outcome = claimed.provider.send_raw(claimed.raw)
             crash_point("after-send")
             work.now = self._clock()
             if (

@@ -37,6 +37,7 @@ from daemon.providers.base import (
     ProviderBase,
     ProviderError,
     ReportRead,
+    ScopeLost,
     SearchHit,
     SearchResult,
     SendKind,
@@ -517,6 +518,9 @@ class GraphProvider(ProviderBase):
             return created
         draft_id = created
         mailbox.remember(message_id, draft_id)
+        # No `next_call` between the create and its send: stopped there, the draft just
+        # made would stay sendable in Drafts, and deleting it is a fence of several
+        # calls, more calls than the one send that makes the attempt whole.
         try:
             status, headers, body = self._request(
                 mailbox, "POST", f"/messages/{quote(draft_id, safe='')}/send"
@@ -541,7 +545,22 @@ class GraphProvider(ProviderBase):
     ) -> SendOutcome:
         """A send-step refusal is proven by deleting the draft while it is still a draft.
         Under its immutable id a draft Graph did send is its sent copy (in transit: 404;
-        filed: isDraft false): that is no proof, and deleting it would delete the copy."""
+        filed: isDraft false): that is no proof, and deleting it would delete the copy.
+
+        Asked before its read whether the send's quota scope is still this daemon's
+        (`next_call`; the send's calls may each have taken the timeout): gone, the proof
+        is not made and the outcome is Unknown, not the refusal. The job's next attempt
+        is then the scope owner's, who does not remember this draft (`mailbox.remember`
+        is this process's) and would not tidy it: Unknown hands the job to that owner's
+        sweep, which fences the message's drafts and then searches. Once read, the
+        draft's fence is not interrupted (stopped between its calls, a draft would be
+        left in Deleted Items, still sendable)."""
+        try:
+            next_call(f"prove the refusal of {draft_id}")
+        except ScopeLost as lost:
+            return SendOutcome(
+                SendKind.UNKNOWN, f"{refused.reason}; not proven: {lost}", status=refused.status
+            )
         try:
             found = self._message(mailbox, draft_id)
         except ProviderError:
@@ -567,9 +586,19 @@ class GraphProvider(ProviderBase):
         that is no draft any more was sent (a 429 / 503 a gateway answered after Graph
         sent it), so this attempt would be a second copy: Unknown, and the search finds
         that copy by its immutable id; a draft that cannot be read or deleted now may be
-        sent yet: not sent, try again (Rejected, transient)."""
+        sent yet: not sent, try again (Rejected, transient).
+
+        Before each draft's read, and before the create that follows a tidy that made
+        calls, it asks whether the quota scope is still this daemon's (`next_call`):
+        gone, nothing is created or sent (Rejected, transient, not unavailable: no
+        failure for the circuit), the drafts left are the next attempt's to tidy or the
+        sweep's to fence. Not between a draft's read and its fence, nor inside the fence
+        (`delete_drafts_in`)."""
+        tidied = False
         for draft_id in mailbox.drafts(message_id):
             try:
+                next_call(f"tidy the drafts of {message_id}")
+                tidied = True
                 found = self._message(mailbox, draft_id)
                 if found is not None and found.get("isDraft") is True:
                     if not self._fence(mailbox, message_id, draft_id):
@@ -586,6 +615,8 @@ class GraphProvider(ProviderBase):
                         SendKind.UNKNOWN,
                         f"not sent again: the draft {draft_id} of an earlier attempt was sent",
                     )
+            except ScopeLost as lost:
+                return _not_sent(lost)
             except ProviderError as exc:
                 return SendOutcome(
                     SendKind.REJECTED,
@@ -596,16 +627,28 @@ class GraphProvider(ProviderBase):
                     unavailable=exc.unavailable,
                     timed_out=exc.timed_out,
                 )
+        if tidied:
+            try:
+                next_call(f"send {message_id}")
+            except ScopeLost as lost:
+                return _not_sent(lost)
         return None
 
     def _await_copy(self, mailbox: _Mailbox, draft_id: str, accepted: SendOutcome) -> SendOutcome:
         """After a 202: read the draft's immutable id until Graph has filed the sent copy
         (Confirmed with that id) or `confirm_wait` has passed (Unknown: the search will
-        settle it)."""
+        settle it). Before each read it asks whether the quota scope is still this
+        daemon's (`next_call`): gone, the polling stops there, Unknown, which the search
+        of the scope's owner settles (the copy is found by its Message-ID)."""
         end = self._clock() + self.confirm_wait
         while True:
             try:
+                next_call(f"read back {draft_id}")
                 found = self._message(mailbox, draft_id)
+            except ScopeLost as lost:
+                return SendOutcome(
+                    SendKind.UNKNOWN, f"{accepted.reason}; {lost}", status=accepted.status
+                )
             except ProviderError as exc:
                 return SendOutcome(
                     SendKind.UNKNOWN, f"{accepted.reason}; read-back failed: {exc.reason}"
@@ -896,3 +939,9 @@ class GraphMailboxView(ProviderBase):
 
     def __repr__(self) -> str:
         return f"GraphMailboxView({self.name!r}, user={self.mailbox.user!r})"
+
+
+def _not_sent(lost: ScopeLost) -> SendOutcome:
+    """A send stopped before its create: nothing made, nothing sent, due again for the
+    scope's owner; not the provider's failure (`ScopeLost`)."""
+    return SendOutcome(SendKind.REJECTED, f"not sent: {lost}", transient=True)
