@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from tests.integration.bounce_checks import Mailboxes, run_report_before_send_check
 
 from daemon.providers.base import ProviderError, SendKind
@@ -149,12 +150,14 @@ def test_a_read_cut_short_by_429s_goes_on_where_it_stopped_and_finishes(
     provider = gmail_provider(timeout=CALL_TIMEOUT, page_size=1)
     known: set[str] = set()
     failed = 0
+    progressed = []
     for _ in range(20):
         try:
             read = provider.read_reports(SINCE, known=known, max_bytes=MAX_REPORT_BYTES, limit=50)
         except ProviderError as exc:
             assert exc.unavailable
             failed += 1
+            progressed.append(exc.progressed)
             continue
         known |= {found.provider_id for found in read.found}
         if read.complete:
@@ -164,6 +167,13 @@ def test_a_read_cut_short_by_429s_goes_on_where_it_stopped_and_finishes(
     assert failed > 0 and len(known) == reports and len(read.listed) == reports
     raw_reads = [e for e in relay.log if "format=raw" in e["path"] and e["mode"] == "pass"]
     assert len(raw_reads) == reports
+    # A refused read that listed pages first says so (the engine counts it as progress);
+    # one refused at its first call got nowhere.
+    assert True in progressed
+    relay.set_plan(FaultPlan(search=["429"]))
+    with pytest.raises(ProviderError) as refused:
+        provider.read_reports(SINCE, known=known, max_bytes=MAX_REPORT_BYTES, limit=50)
+    assert refused.value.unavailable and not refused.value.progressed
 
 
 def test_a_read_whose_scope_moved_makes_no_further_call_and_goes_on_later(

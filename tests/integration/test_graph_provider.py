@@ -47,7 +47,14 @@ from tests.provider_contract import (
 )
 
 import daemon.providers.graph as graph_module
-from daemon.providers.base import Provider, ScopeLost, SendKind, calls_while, for_job
+from daemon.providers.base import (
+    Provider,
+    ProviderError,
+    ScopeLost,
+    SendKind,
+    calls_while,
+    for_job,
+)
 from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
 from daemon.providers.graph_credentials import read_certificate
 from policies.model import ChannelPolicy
@@ -635,6 +642,34 @@ def test_a_report_read_whose_scope_moved_makes_no_further_call_and_goes_on_later
     assert rest.complete and len(rest.found) == 3
     made = [e["path"] for e in relay.log[before:] if "/users/" in e["path"]]
     assert len(made) == 4 and all("/$value" in p for p in made[1:]), made
+
+
+def test_a_report_read_refused_after_its_listing_says_it_got_on(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay
+) -> None:
+    """A read lists the mailbox, then its first download is refused (429): the listing is
+    kept for the next read, and the refusal says the read got on (`progressed`, which the
+    engine counts against the watches' unread bound). The next read, refused at its first
+    download again, listed nothing new: no progress (the reports it read are not kept)."""
+    report = rfc3464_report(raw_message(), mailbox=MAILBOX, recipient="nobody@gone.example")
+    graph.inject(report, user=MAILBOX, message_class=NDR_CLASS)
+    graph_provider = provider()
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    # Its token first (the authority's discovery goes by the relay's "other" lane too).
+    graph_provider.read_reports(since, known=(), max_bytes=2**21, limit=0)
+    graph_provider.forget_report_reads()
+    relay.set_plan(FaultPlan(other=["429", "429"]))
+    progressed = []
+    for _ in range(2):
+        with pytest.raises(ProviderError) as refused:
+            graph_provider.read_reports(since, known=(), max_bytes=2**21, limit=50)
+        assert refused.value.unavailable
+        progressed.append(refused.value.progressed)
+    assert progressed == [True, False]
+    assert len(graph_provider.report_listings) == 1
+    relay.set_plan(FaultPlan())
+    read = graph_provider.read_reports(since, known=(), max_bytes=2**21, limit=50)
+    assert read.complete and len(read.found) == 1
 
 
 def test_a_stopped_report_read_forgotten_lists_afresh(

@@ -715,6 +715,18 @@ def test_a_verification_due_after_the_watch_s_end_runs_at_its_time() -> None:
     assert ended.reason == ""
 
 
+def read_through_with_its_report(rig: EngineRig, key: str, reads: int) -> None:
+    """Reads, one an interval, until `key`'s watch ends (at most `reads`): its report
+    recorded once, and the watch ended read through, not `unread`."""
+    for _ in range(reads):
+        rig.advance_and_tick(INTERVAL)
+        if "BounceWatchEnded" in rig.events(key):
+            break
+    assert len(bounced(rig, key)) == 1
+    [ended] = [e for e in rig.ledger.history(key) if isinstance(e, SendJob.BounceWatchEnded)]
+    assert ended.reason == ""
+
+
 def test_a_read_that_keeps_making_progress_keeps_its_watches(
     rig: EngineRig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -733,13 +745,7 @@ def test_a_read_that_keeps_making_progress_keeps_its_watches(
         rig.provider.deliver(f"Subject: not a report {n}\r\n\r\nx\r\n".encode())
     rig.advance_and_tick(HOUR - 10)
     rig.provider.deliver(bounce_of(mid))  # read after all the others
-    for _ in range(reads + 5):
-        rig.advance_and_tick(INTERVAL)
-        if "BounceWatchEnded" in rig.events("r-1"):
-            break
-    assert len(bounced(rig, "r-1")) == 1
-    [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
-    assert ended.reason == ""
+    read_through_with_its_report(rig, "r-1", reads + 5)
 
 
 def test_reads_that_make_no_progress_still_end_a_watch_by_the_bound(
@@ -758,6 +764,39 @@ def test_reads_that_make_no_progress_still_end_a_watch_by_the_bound(
         rig.advance_and_tick(INTERVAL)
     [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
     assert ended.reason == "unread"
+
+
+def test_reads_refused_after_getting_on_keep_their_watches(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read of a mailbox is refused (429) after it listed or read more of it, which
+    the provider keeps for the next read (`ProviderError.progressed`), for longer than
+    `unread_bound` past a watch's end. That progress counts when the read fails, not at
+    the next read that answers: the watch waits, and once a read goes through the report
+    its mailbox received before the end is recorded, not lost to an end `unread`."""
+    from daemon.providers.outcomes import ProviderError
+
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.provider.deliver(bounce_of(mid))
+    answer = rig.provider.read_reports
+    refused = 0
+
+    def refused_after_a_page(since: datetime, **kwargs: Any) -> ReportRead:
+        nonlocal refused
+        refused += 1
+        exc = ProviderError("reports: 429 (scripted)", unavailable=True)
+        exc.progressed = True
+        raise exc
+
+    monkeypatch.setattr(rig.provider, "read_reports", refused_after_a_page)
+    for _ in range(int((HOUR + 2 * rig.engine.bounces.unread_bound) // INTERVAL)):
+        rig.clock.advance(INTERVAL)
+        rig.engine.tick()  # a refused read, or none while the circuit is open
+    assert refused > 1
+    assert "BounceWatchEnded" not in rig.events("r-1")
+    monkeypatch.setattr(rig.provider, "read_reports", answer)
+    read_through_with_its_report(rig, "r-1", int(rig.engine.bounces.unread_bound // INTERVAL))
 
 
 def test_a_mailbox_no_longer_read_after_a_reload_is_forgotten_and_read_afresh_later() -> None:

@@ -397,6 +397,10 @@ class BounceWatch:
             wait = max(exc.retry_after or 0.0, self.interval)
             with self._lock:
                 mailbox.next_read = self._clock() + timedelta(seconds=wait)
+                if exc.progressed:
+                    # What it listed or read is kept for the next read: it got on now, not
+                    # at the next read that answers (`_unread_past`).
+                    mailbox.progressed = self._clock()
             log.warning("%s: reading delivery reports failed (%s)", read.scope, exc.reason)
             counter.bump("errors")
             return

@@ -101,6 +101,7 @@ class GmailReports:
         if progress is None:
             progress = _Progress(report_query(since))
         query, found = progress.query, progress.found
+        listed_before, found_before = len(progress.ids), len(found)
         try:
             if progress.page_token is not None:
                 self._list(mailbox, progress, may_go_on)
@@ -114,6 +115,7 @@ class GmailReports:
         except ProviderError as exc:
             if exc.unavailable:  # refused for now (429, 503): goes on from here next time
                 self._keep(mailbox, progress)
+                exc.progressed = len(progress.ids) > listed_before or len(found) > found_before
             raise
         complete = len(unread) <= limit
         if not complete:  # the caller's limit: the rest of this listing at the next read

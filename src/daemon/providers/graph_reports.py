@@ -114,7 +114,7 @@ def read_reports_in(
     listing = None if kept is None else kept.take(key)
     if listing is None:
         listing = _Listing(report_filter(since))
-    query = listing.query
+    query, listed_before = listing.query, len(listing.sizes)
     path = (
         "/mailFolders/inbox/messages?$filter="
         + quote(query, safe="")
@@ -132,6 +132,8 @@ def read_reports_in(
     except ProviderError as exc:
         if exc.unavailable and kept is not None:
             kept.keep(key, listing)  # refused for now (429, 503): goes on from here
+            # The reports it read are not kept (read again next time): the listing is.
+            exc.progressed = len(listing.sizes) > listed_before
         raise
     if not read.complete and kept is not None:
         # Pages left (`MAX_PAGES`), or reports past the caller's limit: the next read goes

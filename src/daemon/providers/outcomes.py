@@ -131,6 +131,10 @@ class ProviderError(SendledgerError):
         self.unavailable = unavailable or timed_out
         #: The call outlived its timeout: a hang, for the circuit (SendOutcome.timed_out).
         self.timed_out = timed_out
+        #: A report read refused for now after it listed or downloaded reports not
+        #: listed or downloaded before: the provider keeps them for its next read, so the
+        #: read got on though it failed (`BounceWatch` counts it as progress).
+        self.progressed = False
 
 
 __all__ = [
