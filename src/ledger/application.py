@@ -382,31 +382,43 @@ class Ledger(Application[UUID]):
 
     # -- writing ----------------------------------------------------------------------
 
-    def save_job(self, job: SendJob, *, guard: Callable[[], bool] | None = None) -> None:
+    def save_job(
+        self,
+        job: SendJob,
+        *,
+        guard: Callable[[], bool] | None = None,
+        keep_trying: Callable[[], bool] | None = None,
+    ) -> None:
         """Append the job's pending events and its index row in one transaction.
 
         Raises ConcurrentUpdate when another writer got there first: the caller's
         command did not happen and must not be acted on (e.g. no provider call).
         `guard()`: asked in the transaction once the job's row is held, right before the
         commit; False rolls it back and raises `Withdrawn` (nothing stored, the events
-        stay pending)."""
+        stay pending). `keep_trying()`: asked before a try after a failed one (a lock
+        waited for in vain); False ends the save with that failure, the events pending."""
         try:
-            self._save_retrying([job], guard)
+            self._save_retrying([job], guard, keep_trying)
         except IntegrityError as exc:
             raise ConcurrentUpdate(f"job {job.key!r} was changed by another writer") from exc
 
-    def save_jobs(self, jobs: Sequence[SendJob]) -> None:
+    def save_jobs(
+        self, jobs: Sequence[SendJob], *, keep_trying: Callable[[], bool] | None = None
+    ) -> None:
         """`save_job` for several jobs in one transaction: all their events and index
         rows, or nothing. ConcurrentUpdate when another writer appended to any of them
         first; then none is saved and every job keeps its pending events, so each can be
-        saved again alone (`daemon/engine/commit.py`)."""
+        saved again alone (`daemon/engine/commit.py`). `keep_trying` as `save_job`'s."""
         try:
-            self._save_retrying(jobs)
+            self._save_retrying(jobs, keep_trying=keep_trying)
         except IntegrityError as exc:
             raise ConcurrentUpdate("one of the jobs was changed by another writer") from exc
 
     def _save_retrying(
-        self, jobs: Sequence[SendJob], guard: Callable[[], bool] | None = None
+        self,
+        jobs: Sequence[SendJob],
+        guard: Callable[[], bool] | None = None,
+        keep_trying: Callable[[], bool] | None = None,
     ) -> None:
         # The events are collected once and only their recording is tried again: a save
         # tried again whole would find them already collected and write nothing (and the
@@ -425,7 +437,7 @@ class Ledger(Application[UUID]):
                 INDEX_GUARD_KWARG: guard,
             },
         )
-        self._record_processing(processing)
+        self._record_processing(processing, keep_trying)
         for job in jobs:
             job.collect_events()  # written: no longer pending
 
@@ -434,11 +446,15 @@ class Ledger(Application[UUID]):
         processing.collect_events(*objs, **kwargs)
         self._record_processing(processing)
 
-    def _record_processing(self, processing: ProcessingEvent[UUID]) -> None:
+    def _record_processing(
+        self, processing: ProcessingEvent[UUID], keep_trying: Callable[[], bool] | None = None
+    ) -> None:
         # Every write of events (a claim, an outcome, an intake) comes here: what the
         # store says of them is what health reports (a read may pass while writes fail).
         try:
-            recordings = self._retry_locked(lambda: record(self, processing))
+            recordings = self._retry_locked(
+                lambda: record(self, processing), keep_trying=keep_trying
+            )
         except StoreUnavailable as exc:
             self.write_failure = WriteFailure(at=self.clock(), error=str(exc))
             raise
@@ -1024,12 +1040,18 @@ class Ledger(Application[UUID]):
             start = page[-1].id + 1
 
     def _retry_locked(
-        self, action: Callable[[], T], attempts: int = 20, *, setup: bool = False
+        self,
+        action: Callable[[], T],
+        attempts: int = 20,
+        *,
+        setup: bool = False,
+        keep_trying: Callable[[], bool] | None = None,
     ) -> T:
         """SQLite: the busy handler waits for writers, but a WAL snapshot conflict is
         reported at once. What the backend calls transient is tried again after a
         pause instead of surfacing; with `setup`, so is meeting another process's
-        creation of the same table. No try begins `store_wait` seconds after the first."""
+        creation of the same table. No try begins `store_wait` seconds after the first,
+        nor once `keep_trying()` says no."""
         give_up = time.monotonic() + self.store_wait
         for attempt in range(attempts):
             try:
@@ -1038,7 +1060,8 @@ class Ledger(Application[UUID]):
                 transient = self._backend.is_retryable(exc) or (
                     setup and self._backend.is_setup_race(exc)
                 )
-                if attempt == attempts - 1 or not transient or time.monotonic() >= give_up:
+                stop = not transient or time.monotonic() >= give_up or attempt == attempts - 1
+                if stop or (keep_trying is not None and not keep_trying()):
                     # A read-only file or role, a full disk, a lock never released: one
                     # line naming the store and why, not the driver's bare error
                     # (docs/cli.md "Exit codes").

@@ -1189,3 +1189,116 @@ def test_a_renewal_withdrawn_by_a_stopping_daemon_is_rolled_back_once_its_row_is
         assert lease is not None and not lease.in_flight and not lease.renewing
         assert "LeaseRenewed" not in [type(e).__name__ for e in ledger.history("k1")]
         assert ledger.get_job("k1").due_at == deadline
+
+
+def _blocked_by(look: Any, holder: Any) -> int:
+    """Sessions waiting for a lock `holder`'s session holds (only its own: another test
+    beside this one, pytest -n 2, may have lock waits of its own in the database)."""
+    row = look.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+        [holder.info.backend_pid],
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("row_freed", [True, False], ids=["row-freed", "row-held"])
+def test_a_stop_while_a_renewal_waits_for_its_row_ends_in_time_and_sends_once(
+    pg_url: str, row_freed: bool
+) -> None:
+    """A slow call's lease renewal waits for its job's row (another session holds it: a
+    long transaction, an open psql) when the call answers and the daemon is stopped. The
+    worker withdraws the renewal instead of waiting for its save (up to the store's
+    minute, longer than `daemon.stop_timeout`), then saves the outcome, bounded by
+    `[store] lock_timeout` once the daemon stops: the stop ends within a few lock
+    timeouts. Row freed meanwhile: the outcome is saved, the renewal never lands. Row
+    held throughout: nothing more is written, and a second daemon recovers the claim at
+    its deadline as last written (Unknown), finds the one copy and confirms it: one send
+    (docs/architecture.md "Leases")."""
+    import dataclasses
+    import time
+    from datetime import UTC, datetime
+
+    import psycopg
+    from tests.conftest import PG_URL
+    from tests.unit.engine_rig import policy
+
+    from daemon.doubles.fake_provider import FakeProvider, Scripted
+    from ledger.stores.index import INDEX_TABLE
+    from ledger.stores.url import PostgresStore, parse_store_url
+
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, lock_timeout=1)
+    clock = FakeClock(datetime.now(UTC))
+    provider = FakeProvider("fake", clock=clock)
+    holder_policies = PolicyHolder(lambda: PolicySet({"receipts": policy("receipts")}))
+
+    def engine(name: str) -> Engine:
+        return Engine(
+            ledger,
+            holder_policies,
+            {"fake": provider},
+            provider_timeouts={"fake": 30.0},
+            clock=clock,
+            concurrency=1,
+            deadline_grace=5.0,
+            daemon_name=name,
+        )
+
+    with Ledger(spec, clock=clock) as ledger:
+        ledger.store_wait = 20.0  # a save stuck on the row gives up after this
+        ledger.submit(receipt("receipts", "k1"), policy("receipts").sender)
+        release = threading.Event()
+        provider.script(Scripted.slow(release))
+        first = engine("d1")
+        first.hand_out()
+        for _ in range(200):
+            if provider.hanging:
+                break
+            time.sleep(0.01)
+        assert provider.hanging == 1
+        deadline = ledger.get_job("k1").due_at
+        clock.advance(12)  # a third of the 35 s lease: its renewal is due
+        with psycopg.connect(PG_URL) as holder, psycopg.connect(PG_URL, autocommit=True) as look:
+            holder.execute(
+                f'SELECT 1 FROM "{spec.schema}".{INDEX_TABLE} WHERE key = %s FOR UPDATE', ["k1"]
+            )
+            assert first.renew_leases() == 0  # its renewal waits for the row
+            for _ in range(100):
+                if _blocked_by(look, holder):
+                    break
+                time.sleep(0.02)
+            assert _blocked_by(look, holder) == 1
+            release.set()  # the call answers: its outcome waits for the row too
+            time.sleep(0.2)
+            first.stop()
+            stopper = threading.Thread(target=first.close, daemon=True)
+            started = time.monotonic()
+            stopper.start()
+            if row_freed:
+                time.sleep(0.5)
+                holder.rollback()
+            stopper.join(timeout=30)
+            took = time.monotonic() - started
+            holder.rollback()
+        assert not stopper.is_alive()
+        assert took < 4.0, f"the stop took {took:.1f}s"
+        names = [type(e).__name__ for e in ledger.history("k1")]
+        assert "LeaseRenewed" not in names or "Confirmed" in names, names
+        if row_freed:
+            assert names[-1] == "Confirmed", names
+        else:
+            assert names == ["Requested", "Attempted"], names
+            assert ledger.get_job("k1").due_at == deadline
+            second = engine("d2")
+            clock.advance(40)  # past the claim's deadline as last written
+            for _ in range(10):
+                second.tick()
+                if ledger.get_job("k1").state is JobState.CONFIRMED:
+                    break
+                clock.advance(40)
+            second.close()
+            names = [type(e).__name__ for e in ledger.history("k1")]
+            assert "Unknown" in names and names[-1] == "Confirmed", names
+        assert provider.sends == 1

@@ -334,9 +334,9 @@ def test_a_stop_asked_while_the_claim_is_saved_starts_no_send() -> None:
         rig.submit("receipts", "k1")
         save_job = rig.ledger.save_job
 
-        def stop_during_claim_save(job: Any) -> None:
+        def stop_during_claim_save(job: Any, **kwargs: Any) -> None:
             claiming = any(type(e).__name__ == "Attempted" for e in job.pending_events)
-            save_job(job)
+            save_job(job, **kwargs)
             if claiming:
                 rig.engine.stop()  # the signal comes while the claim is being committed
 

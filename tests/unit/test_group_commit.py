@@ -60,9 +60,9 @@ class SaveHook:
         self._act = act
         self._pause = pause
         ledger.save_jobs = self  # type: ignore[method-assign]
-        ledger.save_job = lambda job: self([job])  # type: ignore[method-assign]
+        ledger.save_job = lambda job, **kwargs: self([job], **kwargs)  # type: ignore[method-assign]
 
-    def __call__(self, jobs: list[SendJob]) -> None:
+    def __call__(self, jobs: list[SendJob], **kwargs: Any) -> None:
         with self._lock:
             self.calls.append(len(jobs))
             number = len(self.calls)
@@ -71,9 +71,9 @@ class SaveHook:
         if number == 1 and self._pause is not None:
             self._pause.wait(5)  # the first commit is slow: the others queue behind it
         if len(jobs) == 1:
-            self._save_job(jobs[0])
+            self._save_job(jobs[0], **kwargs)
         else:
-            self._save_jobs(jobs)
+            self._save_jobs(jobs, **kwargs)
 
 
 def test_saves_that_arrive_during_a_commit_share_the_next_one(rig: EngineRig) -> None:

@@ -36,6 +36,13 @@ When the shared transaction fails because another writer appended to one of the 
 first, nothing of it was written and every job still holds its pending events
 (`Ledger.save_jobs`), so each is saved again alone: the conflicting one fails as it would
 have alone (its worker makes no call), the others are saved.
+
+A stopping daemon (`stopping` set) tries a save whose lock wait ended in vain again only
+within `stop_wait` (one `[store] lock_timeout`) of its start: a job's row held by another
+session (a long transaction, an open psql) would hold the save for the store's minute,
+past `daemon.stop_timeout`, and the stop would then end at once with every other worker's
+outcome unsaved. An outcome not saved by then is as after a crash: the claim's deadline
+stands and recovery takes it (docs/architecture.md "Leases").
 """
 
 from __future__ import annotations
@@ -91,12 +98,17 @@ class GroupCommit:
         window: float = WINDOW,
         clock: Callable[[], float] = time.monotonic,
         busy: Callable[[], bool] | None = None,
+        stopping: threading.Event | None = None,
+        stop_wait: float = 0.0,
     ) -> None:
         """`savers`: how many threads may wait for a save at once (the send workers).
         `window`: the longest a commit gathers (0: never). `clock`: real seconds, for the
         gathering only. `busy`: whether the machine is busier than its cores (default:
-        `machine_busy`, read at most once a `LOAD_FOR`)."""
+        `machine_busy`, read at most once a `LOAD_FOR`). `stopping`: set once the daemon
+        stops; a save then tries again only within `stop_wait` seconds of its start."""
         self._ledger = ledger
+        self._stopping = stopping
+        self.stop_wait = stop_wait
         # One lock: the savers wait on `_cond` for their commit, a gathering commit on
         # `_arrivals` for the claims on their way (an arrival wakes only it).
         self._lock = threading.Lock()
@@ -252,11 +264,12 @@ class GroupCommit:
 
     def _commit(self, batch: list[_Save]) -> None:
         saves = [save for save in batch if save.job is not None]
+        keep_trying = self._keep_trying()
         try:
             if len(saves) == 1:
-                self._ledger.save_job(_job(saves[0]))
+                self._ledger.save_job(_job(saves[0]), keep_trying=keep_trying)
             elif saves:
-                self._ledger.save_jobs([_job(save) for save in saves])
+                self._ledger.save_jobs([_job(save) for save in saves], keep_trying=keep_trying)
         except BaseException as exc:
             if len(saves) == 1:
                 saves[0].error = exc
@@ -264,7 +277,7 @@ class GroupCommit:
                 # Nothing was written: each alone, so one job's conflict fails only it.
                 for save in saves:
                     try:
-                        self._ledger.save_job(_job(save))
+                        self._ledger.save_job(_job(save), keep_trying=self._keep_trying())
                     except BaseException as alone:
                         save.error = alone
         finally:
@@ -272,6 +285,15 @@ class GroupCommit:
                 self.commits += 1
             for save in batch:
                 save.done = True
+
+    def _keep_trying(self) -> Callable[[], bool] | None:
+        """Whether a save begun now tries again after a lock wait in vain: while the
+        daemon runs, as long as the store waits; once it stops, within `stop_wait`."""
+        stopping = self._stopping
+        if stopping is None:
+            return None
+        started = time.monotonic()
+        return lambda: not stopping.is_set() or time.monotonic() - started < self.stop_wait
 
 
 def _job(save: _Save) -> SendJob:

@@ -51,7 +51,7 @@ from daemon.engine.clock import Clock
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.job import SendJob, TransitionError
 from ledger.stores.index import Withdrawn
-from ledger.stores.url import PostgresStore, StoreSpec
+from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, PostgresStore, StoreSpec
 
 log = logging.getLogger("sendledger.engine")
 
@@ -82,6 +82,9 @@ class Lease:
     #: thread holds `lock` meanwhile): the looks leave the lease alone until it ends.
     #: Changed under `Leases._lock`.
     in_flight: bool = False
+    #: The worker recorded the call's outcome (`stop_renewing`): a renewal still waiting
+    #: for its job's row may not land, nor try again; changed under `Leases._lock`.
+    withdrawn: bool = False
 
 
 class Leases:
@@ -138,7 +141,14 @@ class Leases:
 
     def stop_renewing(self, lease: Lease) -> None:
         """The worker is about to record the call's outcome on the job: no renewal may
-        touch it from now on (one in progress is waited for)."""
+        touch it from now on. One being written is withdrawn first, then waited for: it
+        holds the job, and its save may wait for a row another session holds, up to the
+        store's minute, while the outcome needing the same row waited behind it (and a
+        stop behind the worker, past `daemon.stop_timeout`). Withdrawn, it rolls back once
+        it holds the row, or ends at its lock wait's end (`[store] lock_timeout`) without
+        another try; its LeaseRenewed stays pending and goes out with the outcome."""
+        with self._lock:
+            lease.withdrawn = True
         with lease.lock:
             lease.renewing = False
 
@@ -220,10 +230,15 @@ class Leases:
             deadline = now + timedelta(seconds=lease.behind + lease.seconds)
             try:
                 job.renew_lease(deadline=deadline, at=now, daemon=self._daemon)
-                self._ledger.save_job(job, guard=lambda: self._may_land(lease))
+                self._ledger.save_job(
+                    job,
+                    guard=lambda: self._may_land(lease),
+                    keep_trying=lambda: self._may_try(lease),
+                )
             except Withdrawn:
-                lease.renewing = False  # the daemon stopped while it waited: not written
-                log.info("job %s: lease renewal withdrawn: the daemon stopped", job.key)
+                # The daemon stopped, or the call ended, while it waited: not written.
+                lease.renewing = False
+                log.info("job %s: lease renewal withdrawn: %s", job.key, self._why_withdrawn(lease))
                 return False
             except (ConcurrentUpdate, TransitionError) as exc:
                 # Recovered by another daemon (our renewals did not reach the store in
@@ -235,6 +250,11 @@ class Leases:
                 # The store is unreachable: the renewal stays pending on the job and goes
                 # out with the next one or with the outcome; until then the stored
                 # deadline is the last one written.
+                if not self._may_try(lease):  # withdrawn while it waited for a lock
+                    lease.renewing = False
+                    why = self._why_withdrawn(lease)
+                    log.info("job %s: lease renewal withdrawn: %s (%s)", job.key, why, exc)
+                    return False
                 log.warning("job %s: lease not renewed (%s: %s)", job.key, type(exc).__name__, exc)
                 lease.renew_at = now + timedelta(seconds=min(1.0, lease.seconds * RENEW_SHARE))
                 return False
@@ -242,13 +262,24 @@ class Leases:
             return True
 
     def _may_land(self, lease: Lease) -> bool:
-        """The guard of a renewal's save, asked once its row is held: no once `close`
-        withdrew it; yes otherwise, and `close` then waits for its commit."""
+        """The guard of a renewal's save, asked once its row is held: no once `close` or
+        the worker (`stop_renewing`) withdrew it; yes otherwise, and `close` then waits
+        for its commit."""
         with self._lock:
-            if self._closed:
+            if self._closed or lease.withdrawn:
                 return False
             self._landing.add(lease)
             return True
+
+    def _may_try(self, lease: Lease) -> bool:
+        """Whether a renewal's save whose lock wait ended in vain tries again: not once
+        withdrawn (by `close` or the worker), so neither waits longer than one lock wait."""
+        with self._lock:
+            return not (self._closed or lease.withdrawn)
+
+    def _why_withdrawn(self, lease: Lease) -> str:
+        with self._lock:
+            return "its call ended" if lease.withdrawn else "the daemon stopped"
 
     # -- the renewer thread of a running daemon ---------------------------------------
 
@@ -312,6 +343,14 @@ def _follow_clock(lease: Lease, now: datetime) -> None:
 def renew_interval(lease_seconds: float) -> float:
     """How often the renewer thread looks: often enough for the shortest lease."""
     return min(max(lease_seconds * RENEW_SHARE / 4, 0.02), 5.0)
+
+
+def lock_wait(store: StoreSpec) -> float:
+    """Seconds one try of a write waits for a lock: PostgreSQL's `[store] lock_timeout`;
+    elsewhere the same default (SQLite's busy wait)."""
+    if isinstance(store, PostgresStore):
+        return float(store.lock_timeout)
+    return float(DEFAULT_LOCK_TIMEOUT)
 
 
 def renewal_threads(store: StoreSpec) -> int:

@@ -29,7 +29,7 @@ from daemon.engine.circuit import Circuits, CircuitSettings, OpenCircuit
 from daemon.engine.clock import Clock
 from daemon.engine.commit import GroupCommit
 from daemon.engine.dispatch import Dispatch
-from daemon.engine.leases import Leases, renew_interval
+from daemon.engine.leases import Leases, lock_wait, renew_interval
 from daemon.engine.observer import EngineObserver, NullObserver, ObservedProvider, notify
 from daemon.engine.owners import OurScopes, ScopeOwners, horizon
 from daemon.engine.policy_holder import PolicyHolder
@@ -144,7 +144,10 @@ class Engine:
         self.batch_size = batch_size
         self.circuits = Circuits(circuit)
         self.health = ProviderHealth(ledger, self.clock, self.circuits)
-        self.commits = GroupCommit(ledger, savers=concurrency)
+        self._stopping = threading.Event()
+        self.commits = GroupCommit(
+            ledger, savers=concurrency, stopping=self._stopping, stop_wait=lock_wait(ledger.store)
+        )
         self.leases = Leases(ledger, self.clock, daemon_name)
         self._lease_seconds = min(provider_timeouts.values(), default=30.0) + deadline_grace
         self.owners = (
@@ -162,7 +165,6 @@ class Engine:
             )
         )
         self.scopes = OurScopes(self.owners, providers, ledger.mailbox_of)
-        self._stopping = threading.Event()
         self._counter = Counter()
         self.observer: EngineObserver = observer or NullObserver()
         # Only the steps' calls are timed: `providers` stays what the caller gave.
