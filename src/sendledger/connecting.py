@@ -7,6 +7,11 @@ reached on the next one after the delay, not after the whole timeout; every atte
 name's lookup included, ends at the one deadline (docs/http-api.md "Webhooks", and the
 Python client's `timeout`, docs/http-api.md "Python client").
 
+Over https the TLS handshake is part of the race (`race`'s `tls`): an address that takes
+the connection and then fails the handshake (a middlebox that hangs up or resets, a
+certificate that does not verify) is that address failing, and the others are still
+tried within the deadline; a deadline reached mid-handshake is a TimeoutError.
+
 The standard library only: the Python client (`sendledger.client`) and the daemon's
 webhook delivery (`daemon/webhooks/delivery.py`) share it.
 """
@@ -17,6 +22,7 @@ import errno
 import os
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -81,22 +87,91 @@ def interleaved(found: Sequence[AddressInfo]) -> list[AddressInfo]:
 
 
 def race(
-    found: Sequence[AddressInfo], deadline: float, delay: float = ATTEMPT_DELAY
+    found: Sequence[AddressInfo],
+    deadline: float,
+    delay: float = ATTEMPT_DELAY,
+    *,
+    tls: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
 ) -> socket.socket:
     """A socket connected to the first of `found` to answer, blocking, its timeout the
     time left before `deadline`. Each address starts `delay` after the one before (less
     when the time left, shared among the addresses, is shorter), or at once when every
-    one started has failed; the others are closed. TimeoutError at `deadline`; when every
-    address failed, the last one's error."""
+    one started has failed; the others are closed. TimeoutError at `deadline`.
+
+    With `tls`, an address has answered once its TLS handshake (for `server_hostname`)
+    is done: one that connects and then fails its handshake (hung up, reset, no TLS
+    server, a certificate that does not verify) is that address failing, and the race
+    goes on with the others; one whose handshake is still silent gives way to the next
+    after a delay, as a silent connect does. Trying another address after a certificate
+    refused is safe: each must show one valid for the name. When every address failed,
+    the error raised is that of the address that got furthest (a certificate refused,
+    then any other handshake failure, then a connect failure), the first of those."""
     order = interleaved(found)
     if not order:
         raise OSError("no address to connect to")
     step = max(MIN_ATTEMPT_DELAY, min(delay, left(deadline) / (len(order) + 1)))
     pending: list[socket.socket] = []
-    error: OSError | None = None
+    errors: list[tuple[int, OSError]] = []  # (how far the address got, its error)
     at = 0
     next_start = time.monotonic()
     with selectors.DefaultSelector() as selector:
+
+        def answered(sock: socket.socket) -> socket.socket | None:
+            """`sock` connected: itself, TLS-wrapped and handshaken when asked, or
+            None while its handshake has yet to end, or when it failed (kept)."""
+            if tls is None:
+                pending.remove(sock)
+                return _connected(sock, deadline)
+            if not isinstance(sock, ssl.SSLSocket):
+                try:
+                    # Hung up already (reset before the hello): `wrap_socket` would
+                    # find out by a read and leave its own socket to the collector.
+                    sock.getpeername()
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    wrapped = tls.wrap_socket(
+                        sock, server_hostname=server_hostname, do_handshake_on_connect=False
+                    )
+                except OSError as exc:
+                    code = (
+                        sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                        if sock.fileno() >= 0
+                        else 0
+                    )
+                    # A fresh error, not `exc`: its traceback (and its context's) holds
+                    # the frames that hold the socket `wrap_socket` opened.
+                    reason = OSError(code, os.strerror(code)) if code else type(exc)(*exc.args)
+                    failed(sock, 1, reason)
+                    return None
+                pending.remove(sock)
+                pending.append(wrapped)  # it holds the descriptor now
+                sock = wrapped
+                next_after(step)  # the handshake has its turn, as the connect had
+            try:
+                sock.do_handshake()
+            except ssl.SSLWantReadError:
+                selector.register(sock, selectors.EVENT_READ)
+                return None
+            except ssl.SSLWantWriteError:
+                selector.register(sock, selectors.EVENT_WRITE)
+                return None
+            except OSError as exc:
+                failed(sock, 2 if isinstance(exc, ssl.SSLCertVerificationError) else 1, exc)
+                return None
+            pending.remove(sock)
+            return _connected(sock, deadline)
+
+        def failed(sock: socket.socket, rank: int, error: OSError) -> None:
+            """`sock`'s address failed, having got as far as `rank`: its turn is free."""
+            pending.remove(sock)
+            sock.close()
+            errors.append((rank, error))
+            next_after(0.0)
+
+        def next_after(seconds: float) -> None:
+            nonlocal next_start
+            next_start = time.monotonic() + seconds
+
         try:
             while True:
                 now = time.monotonic()
@@ -107,37 +182,44 @@ def race(
                     try:
                         sock = socket.socket(family, kind, proto)
                     except OSError as exc:
-                        error = exc
-                        continue
-                    sock.setblocking(False)
-                    code = sock.connect_ex(address)
-                    if code == 0:
-                        return _connected(sock, deadline)
-                    if code not in _IN_PROGRESS:
-                        sock.close()
-                        error = OSError(code, os.strerror(code))
+                        errors.append((0, exc))
                         continue
                     pending.append(sock)
-                    selector.register(sock, selectors.EVENT_WRITE)
+                    sock.setblocking(False)
+                    code = sock.connect_ex(address)
                     next_start = now + step
+                    if code == 0:
+                        if (won := answered(sock)) is not None:
+                            return won
+                        continue
+                    if code not in _IN_PROGRESS:
+                        failed(sock, 0, OSError(code, os.strerror(code)))
+                        continue
+                    selector.register(sock, selectors.EVENT_WRITE)
                     continue
                 if not pending:
-                    assert error is not None
-                    raise error
+                    raise _furthest(errors)
                 until = min(next_start, deadline) if at < len(order) else deadline
                 for key, _events in selector.select(max(0.0, until - now)):
                     sock = key.fileobj  # type: ignore[assignment]
                     selector.unregister(sock)
-                    pending.remove(sock)
-                    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                    if code == 0:
-                        return _connected(sock, deadline)
-                    sock.close()
-                    error = OSError(code, os.strerror(code))
-                    next_start = now  # a failure frees its turn: the next starts now
+                    if not isinstance(sock, ssl.SSLSocket):
+                        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                        if code != 0:
+                            failed(sock, 0, OSError(code, os.strerror(code)))
+                            continue
+                    if (won := answered(sock)) is not None:
+                        return won
         finally:
             for sock in pending:
                 sock.close()
+
+
+def _furthest(errors: Sequence[tuple[int, OSError]]) -> OSError:
+    """The error of the address that got furthest, the first of those."""
+    assert errors
+    best = max(rank for rank, _error in errors)
+    return next(error for rank, error in errors if rank == best)
 
 
 def _connected(sock: socket.socket, deadline: float) -> socket.socket:

@@ -5,10 +5,13 @@ receiver never answers or drips its answer a byte at a time."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import ssl
+import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from daemon.doubles.fake_provider import Scripted
 from daemon.webhooks.delivery import post
 from daemon.webhooks.events import WEBHOOK_TYPES
 from daemon.webhooks.worker import Deliverer, Hook
-from testkit.tls import make_loopback_tls
+from testkit.tls import TlsFiles, make_loopback_tls
 
 Handler = Callable[[socket.socket], None]
 
@@ -260,7 +263,11 @@ def test_a_certificate_nobody_trusts_is_a_failure_that_says_so(tmp_path: Path) -
     def loop() -> None:
         with contextlib.suppress(OSError):
             conn, _ = listener.accept()
-            with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True) as s:
+            # The handshake inside `with`: one failed in `wrap_socket` leaves its socket to
+            # the collector, which closes it in whichever test is running then.
+            wrapped = context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+            with contextlib.suppress(OSError), wrapped as s:
+                s.do_handshake()
                 got.append(s.recv(65536))
 
     threading.Thread(target=loop, daemon=True).start()
@@ -505,20 +512,177 @@ def test_a_refused_address_frees_its_turn_at_once() -> None:
 def test_the_addresses_not_taken_are_closed(full_backlog_port: int) -> None:
     """The silent address still connecting when another won is closed, not left to
     finish its handshake later as a connection nobody uses."""
-    import os
-
     from sendledger.connecting import race
-
-    def open_files() -> int:
-        return len(os.listdir("/proc/self/fd"))
 
     with socket.create_server(("127.0.0.1", 0)) as live:
         found = [
             (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", full_backlog_port)),
             (socket.AF_INET, socket.SOCK_STREAM, 6, "", live.getsockname()),
         ]
-        before = open_files()
+        before = _open_files()
         with race(found, time.monotonic() + 5.0, delay=0.05) as sock:
             assert sock.getpeername() == live.getsockname()
-            assert open_files() == before + 1  # the winner only
-        assert open_files() == before
+            assert len(_open_files() - before) == 1  # the winner only
+        assert not _open_files() - before
+
+
+def _open_files() -> set[tuple[int, str]]:
+    """This process's open descriptors with what each is: compared as sets, a file that an
+    earlier test's thread closes meanwhile does not count as one this test closed."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, gone by now
+            found.add((int(name), os.readlink(f"/proc/self/fd/{name}")))
+    return found
+
+
+def _connected_to(ports: Sequence[int]) -> int:
+    """How many of this process's sockets are connected to one of `ports` (a client's
+    end: a server's accepted ones are connected from an ephemeral port)."""
+    count = 0
+    for fd, what in _open_files():
+        if not what.startswith("socket:"):
+            continue
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue  # a server's end, closed by its thread since the listing
+        try:
+            with contextlib.suppress(OSError):
+                count += sock.getpeername()[1] in ports
+        finally:
+            sock.detach()
+    return count
+
+
+def _hangs_up(how: str) -> Handler:
+    """A listener that takes the connection and drops it in the TLS handshake (a
+    middlebox on one address): closed, or reset (no lingering: an RST)."""
+
+    def handler(conn: socket.socket) -> None:
+        if how == "resets":
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    return handler
+
+
+def _tls(tls: TlsFiles, then: Handler) -> Handler:
+    """`then` behind a TLS handshake with `tls`'s certificate (localhost, 127.0.0.1)."""
+    context = tls.server_context()
+
+    def handler(conn: socket.socket) -> None:
+        conn.settimeout(5)
+        # The handshake inside `with` (see test_a_certificate_nobody_trusts_...).
+        with context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False) as wrapped:
+            wrapped.do_handshake()
+            then(wrapped)
+
+    return handler
+
+
+@pytest.fixture
+def trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TlsFiles:
+    """A throw-away CA the webhooks trust (the default context reads SSL_CERT_FILE)."""
+    tls = make_loopback_tls(tmp_path / "trusted")
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls.ca_file))
+    return tls
+
+
+def _localhost_at(monkeypatch: pytest.MonkeyPatch, *urls: str) -> str:
+    """`localhost` (a name the certificate has) resolving to each of `urls`' listeners, in
+    order; the https URL of the first's path on it."""
+    ports = [int(url.rsplit(":", 1)[1].split("/")[0]) for url in urls]
+    info = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", p)) for p in ports]
+    _resolving(monkeypatch, "localhost", lambda: info)
+    return f"https://localhost:{ports[0]}/hook"
+
+
+@pytest.mark.parametrize("how", ["closes", "resets", "is silent"])
+def test_an_address_that_fails_the_tls_handshake_gives_way_to_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+    serve: Callable[[Handler], str],
+    trusted: TlsFiles,
+    how: str,
+) -> None:
+    """A host whose first address takes the connection and then drops it in the TLS
+    handshake, or never answers the hello (a middlebox on that address), and whose second
+    serves TLS: the event is delivered on the second, in the one attempt, a silent
+    handshake holding it a delay as a silent connect does. The first address had
+    connected, so it won the race and its handshake failure ended the attempt
+    (ConnectionResetError or SSLEOFError, every retry alike), or its silence the timeout."""
+    first = serve(lambda conn: time.sleep(3)) if how == "is silent" else serve(_hangs_up(how))
+    url = _localhost_at(monkeypatch, first, serve(_tls(trusted, answer("204 No Content"))))
+    started = time.monotonic()
+    outcome = post(url, b"{}", HEADERS, 2.5)
+    assert outcome.ok and outcome.status == 204, outcome
+    assert time.monotonic() - started < 1.5
+
+
+def test_a_certificate_refused_on_one_address_lets_the_next_try(
+    monkeypatch: pytest.MonkeyPatch,
+    serve: Callable[[Handler], str],
+    trusted: TlsFiles,
+    tmp_path: Path,
+) -> None:
+    """Every address must show a certificate valid for the name, so one that does not
+    (another CA's) is that address failing: the next one that verifies gets the event."""
+    stranger = make_loopback_tls(tmp_path / "stranger")
+    url = _localhost_at(
+        monkeypatch,
+        serve(_tls(stranger, answer("204 No Content"))),
+        serve(_tls(trusted, answer("204 No Content"))),
+    )
+    outcome = post(url, b"{}", HEADERS, 5.0)
+    assert outcome.ok and outcome.status == 204, outcome
+
+
+@pytest.mark.parametrize("refused_first", [True, False])
+def test_when_every_address_fails_the_certificate_refusal_is_the_reason(
+    monkeypatch: pytest.MonkeyPatch,
+    serve: Callable[[Handler], str],
+    trusted: TlsFiles,
+    tmp_path: Path,
+    refused_first: bool,
+) -> None:
+    """One address refuses the certificate, the other hangs up in the handshake: the
+    reason given is the certificate, whichever came first (the address that got
+    furthest), not the hang-up that happened to be last."""
+    stranger = serve(_tls(make_loopback_tls(tmp_path / "stranger"), answer("204 No Content")))
+    hangs_up = serve(_hangs_up("resets"))
+    order = (stranger, hangs_up) if refused_first else (hangs_up, stranger)
+    outcome = post(_localhost_at(monkeypatch, *order), b"{}", HEADERS, 5.0)
+    assert not outcome.ok and outcome.status is None
+    assert outcome.error.startswith("SSLCertVerificationError: "), outcome
+
+
+def test_a_deadline_inside_the_tls_handshake_is_a_timeout(
+    monkeypatch: pytest.MonkeyPatch, serve: Callable[[Handler], str], trusted: TlsFiles
+) -> None:
+    """The only address connects and never answers the hello: the attempt ends at its
+    timeout and says so, as any attempt out of time."""
+    url = _localhost_at(monkeypatch, serve(lambda conn: time.sleep(3)))
+    started = time.monotonic()
+    outcome = post(url, b"{}", HEADERS, 0.5)
+    assert not outcome.ok and outcome.error == "no answer within 0.5s", outcome
+    assert time.monotonic() - started < 1.0
+
+
+def test_two_hundred_raced_tls_connects_leave_no_socket_open(
+    serve: Callable[[Handler], str], trusted: TlsFiles
+) -> None:
+    """Each race opens a socket to a listener that hangs up in the handshake and one to
+    a TLS server: while the winner is open it is the only socket of ours to either, and
+    after 200 races none is left (every loser closed, every winner once closed)."""
+    from sendledger.connecting import race
+
+    ports = [
+        int(url.rsplit(":", 1)[1].split("/")[0])
+        for url in (serve(_hangs_up("resets")), serve(_tls(trusted, lambda conn: None)))
+    ]
+    found = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", p)) for p in ports]
+    context = ssl.create_default_context(cafile=str(trusted.ca_file))
+    for _ in range(200):
+        with race(found, time.monotonic() + 5.0, tls=context, server_hostname="localhost") as sock:
+            assert sock.getpeername()[1] == ports[1]
+            assert _connected_to(ports) == 1  # the winner only
+    assert _connected_to(ports) == 0

@@ -24,7 +24,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from ledger.display import printable
-from sendledger.connecting import left, race, resolve
+from sendledger.connecting import race, resolve
 
 #: Bytes of a refusal's body kept for `webhooks status`.
 ERROR_BODY = 200
@@ -134,18 +134,10 @@ def _connect(
         found = [info for info in found if _loopback(info[4][0])]
         if not found:
             raise OSError(f"{host!r} resolved to no loopback address")
-    sock = race(found, deadline)
-    if context is None:
-        return sock
-    try:
-        # The host answered: a refused handshake is the host's, another address is the
-        # same host, so no other is tried.
-        tls = context.wrap_socket(sock, server_hostname=host)
-    except BaseException:
-        sock.close()
-        raise
-    tls.settimeout(left(deadline))
-    return tls
+    # With TLS the handshake is part of the race: an address that connects and then
+    # fails it (a middlebox that hangs up, a certificate that does not verify) is that
+    # address failing, and the next one is tried within the deadline.
+    return race(found, deadline, tls=context, server_hostname=host)
 
 
 __all__ = ["Outcome", "Poster", "post"]
