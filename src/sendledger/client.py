@@ -47,6 +47,7 @@ import http.client
 import json
 import random
 import ssl
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -199,8 +200,9 @@ def _applied(error: ClientError, acts: bool, reached: bool) -> ClientError:
 class Client:
     """sendledger's HTTP API at `url` (e.g. "http://127.0.0.1:8025") with one API token.
 
-    `timeout` bounds each attempt's connect (the name's lookup and the server's addresses
-    together, raced: a silent first address gives way to the next after 250 ms) and
+    `timeout` bounds each attempt's connect (the name's lookup, the server's addresses
+    and the TLS handshake together, raced: a silent first address gives way to the next
+    after 250 ms, one that fails the handshake at once) and
     each read, in seconds; `retries` is how many more attempts a call may make, waiting
     `backoff` seconds doubled each time (with jitter, at most `max_backoff`; a 429's
     Retry-After is honoured up to it).
@@ -551,11 +553,24 @@ class _HTTPConnection(http.client.HTTPConnection):
 
 class _HTTPSConnection(http.client.HTTPSConnection):
     def connect(self) -> None:
-        # The TCP connection (as `_HTTPConnection`), then the TLS handshake: the request
-        # is written only after.
+        # The TCP connection and the TLS handshake together (`sendledger.connecting`):
+        # an address that connects and then fails the handshake (a middlebox that hangs
+        # up) gives way to the server's other addresses, and the handshake ends within
+        # `timeout` too (connected, it was given the whole of it again). The request is
+        # written only after. Through a proxy, the standard library's way.
         self._create_connection = create_connection
         try:
-            super().connect()
+            # Both set by http.client's own __init__ and set_tunnel (not in its stubs).
+            if self._tunnel_host:  # type: ignore[attr-defined]
+                super().connect()
+                return
+            sys.audit("http.client.connect", self, self.host, self.port)
+            self.sock = create_connection(
+                (self.host, self.port),
+                self.timeout,
+                tls=self._context,  # type: ignore[attr-defined]
+                server_hostname=self.host,
+            )
         except OSError as exc:
             raise _ConnectFailed(str(exc)) from exc
 

@@ -237,17 +237,23 @@ def create_connection(
     address: tuple[str, int],
     timeout: float | None = None,
     source_address: tuple[str, int] | None = None,
+    *,
+    tls: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
 ) -> socket.socket:
     """`socket.create_connection` with `timeout` bounding the lookup and the addresses
     together, raced (`race`), rather than each address given the whole of it (a silent
-    first address then used it all). Without a timeout, the addresses are still raced."""
+    first address then used it all). Without a timeout, the addresses are still raced.
+    With `tls`, the TLS handshake for `server_hostname` is in the race and the timeout
+    too (`race`)."""
     if source_address is not None:
         # No caller of ours binds; the standard library's own path does it right.
-        return socket.create_connection(address, timeout, source_address)
+        sock = socket.create_connection(address, timeout, source_address)
+        return sock if tls is None else tls.wrap_socket(sock, server_hostname=server_hostname)
     seconds = timeout if isinstance(timeout, int | float) else socket.getdefaulttimeout()
     deadline = time.monotonic() + (seconds if seconds is not None else 365 * 86400.0)
     host, port = address
-    sock = race(resolve(host, port, deadline), deadline)
+    sock = race(resolve(host, port, deadline), deadline, tls=tls, server_hostname=server_hostname)
     sock.settimeout(seconds)
     return sock
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -508,3 +510,63 @@ def test_a_url_that_cannot_be_requested_as_written_is_refused_at_once(url: str) 
     exception that is no `ClientError`, or retried and reported the request sent."""
     with pytest.raises(ValueError, match=r"^url: "):
         Client(url, TOKEN)
+
+
+def test_an_address_that_drops_the_tls_handshake_gives_way_to_the_next(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's name has two addresses: the first takes the connection and resets it
+    in the TLS handshake (a middlebox on that address), the second is the API over TLS.
+    The call is answered on the second within its one attempt; the first, connected first,
+    was the only one tried (the handshake came after the race), so the call failed."""
+    tls = make_loopback_tls(tmp_path)
+    address, _got = _raw_server(_resets)
+    reset_port = int(address.rsplit(":", 1)[1])
+    with FaultRelay(api.url, tls=tls) as relay:
+        port = int(relay.url.rsplit(":", 1)[1])
+        _localhost_at(monkeypatch, reset_port, port)
+        context = ssl.create_default_context(cafile=str(tls.ca_file))
+        client = Client(
+            f"https://localhost:{port}", TOKEN, timeout=3, retries=0, ssl_context=context
+        )
+        assert client.submit(job("tls-2"))["created"] is True
+        assert relay.forwarded() == 1
+
+
+def test_a_deadline_inside_the_tls_handshake_is_a_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The name's lookup takes half the timeout and the one address never answers the
+    TLS hello: the connect ends at the timeout, as a timeout, nothing sent. The handshake
+    was given the whole timeout again once connected, so the connect took one and a half."""
+    address, _got = _raw_server(lambda conn: time.sleep(3))
+    port = int(address.rsplit(":", 1)[1])
+    info = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    def slow(host: str, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        return info
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    context = ssl.create_default_context(cafile=str(make_loopback_tls(tmp_path).ca_file))
+    client = Client(f"https://localhost:{port}", TOKEN, timeout=1, retries=0, ssl_context=context)
+    started = time.monotonic()
+    with pytest.raises(ConnectionLost) as lost:
+        client.check("x")
+    assert time.monotonic() - started < 1.3
+    assert lost.value.sent is False and "timed out" in str(lost.value)
+
+
+def _resets(conn: socket.socket) -> None:
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def _localhost_at(monkeypatch: pytest.MonkeyPatch, *ports: int) -> None:
+    """`localhost` (a name the test certificate has) resolving to 127.0.0.1 at `ports`."""
+    real = socket.getaddrinfo
+    info = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", p)) for p in ports]
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        return info if host == "localhost" else real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
