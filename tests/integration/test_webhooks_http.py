@@ -548,8 +548,11 @@ def _connected_to(ports: Sequence[int]) -> int:
         except OSError:
             continue  # a server's end, closed by its thread since the listing
         try:
-            with contextlib.suppress(OSError):
-                count += sock.getpeername()[1] in ports
+            # Only the internet sockets: a Unix one (a store's or the test runner's
+            # connection) names its peer by a path, not (host, port).
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                with contextlib.suppress(OSError):
+                    count += sock.getpeername()[1] in ports
         finally:
             sock.detach()
     return count
