@@ -5,7 +5,6 @@ dropped and built again, and processes opening at once build each index once."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,36 +13,22 @@ from typing import Any
 import psycopg
 import pytest
 from tests.conftest import PG_URL
+from tests.integration.test_store_unavailable import SENDER, job, pg_spec
 
-from ledger.application import Ledger, Sender
-from ledger.content import JobContent
+from ledger.application import Ledger
 from ledger.stores.index import INDEX_TABLE
 from ledger.stores.postgres import index_build_key
-from ledger.stores.url import PostgresStore, parse_store_url
-from ledger.vocabulary import PolicyRef
+from ledger.stores.url import PostgresStore
 
 pytestmark = pytest.mark.postgres
 
-SENDER = Sender(
-    from_addr="Support <support@example.com>",
-    message_id_domain="mail.example.com",
-    policy=PolicyRef("receipts", "0123456789abcdef"),
-)
 ADDED = f"{INDEX_TABLE}_written_key"
-
-
-def job(key: str) -> JobContent:
-    return JobContent(
-        channel="receipts", key=key, to=("alice@example.com",), subject="Receipt", body="b"
-    )
 
 
 @pytest.fixture
 def old_store(pg_url: str) -> Iterator[PostgresStore]:
     """A store with two jobs whose index lacks `ADDED` (as one of an earlier release)."""
-    spec = parse_store_url(pg_url)
-    assert isinstance(spec, PostgresStore)
-    spec = dataclasses.replace(spec, lock_timeout=20)
+    spec = pg_spec(pg_url, lock_timeout=20)
     with Ledger(spec) as ledger:
         ledger.submit(job("k-1"), SENDER)
         ledger.submit(job("k-2"), SENDER)

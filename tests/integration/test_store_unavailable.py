@@ -41,6 +41,13 @@ def job(key: str, body: str = "Thanks") -> JobContent:
     )
 
 
+def pg_spec(pg_url: str, lock_timeout: float) -> PostgresStore:
+    """The test's PostgreSQL store with its lock waits bounded by `lock_timeout`."""
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    return dataclasses.replace(spec, lock_timeout=lock_timeout)
+
+
 def test_a_full_disk_is_named_with_the_store_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,9 +113,7 @@ def test_a_postgres_row_lock_never_released_is_waited_for_a_bounded_time(
     import psycopg
 
     monkeypatch.setattr(Ledger, "store_wait", 2.0)  # 60 s by default
-    spec = parse_store_url(pg_url)
-    assert isinstance(spec, PostgresStore)
-    spec = dataclasses.replace(spec, lock_timeout=1)
+    spec = pg_spec(pg_url, lock_timeout=1)
     with Ledger(spec) as ledger:
         ledger.submit(job("k-1"), SENDER)
         with psycopg.connect(PG_URL) as holder:
@@ -136,9 +141,7 @@ def test_a_write_waiting_for_a_held_row_holds_up_no_other_jobs_write(pg_url: str
 
     import psycopg
 
-    spec = parse_store_url(pg_url)
-    assert isinstance(spec, PostgresStore)
-    spec = dataclasses.replace(spec, lock_timeout=20)
+    spec = pg_spec(pg_url, lock_timeout=20)
     with Ledger(spec) as ledger:
         ledger.submit(job("k-1"), SENDER)
         ledger.submit(job("k-2"), SENDER)
@@ -237,9 +240,7 @@ def test_an_upgrade_behind_a_long_transaction_gives_up_at_lock_timeout(pg_url: s
 
     import psycopg
 
-    spec = parse_store_url(pg_url)
-    assert isinstance(spec, PostgresStore)
-    spec = dataclasses.replace(spec, lock_timeout=1)
+    spec = pg_spec(pg_url, lock_timeout=1)
     with Ledger(spec) as ledger:
         ledger.submit(job("k-1"), SENDER)
     table = f'"{spec.schema}".{INDEX_TABLE}'
