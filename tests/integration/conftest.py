@@ -64,12 +64,13 @@ def authorized_user_file(tmp_path: Path, emulator: GmailEmulator) -> Path:
 
 
 @pytest.fixture
-def dead_url() -> str:
-    """An http URL on which nothing listens (connection refused)."""
+def dead_url() -> Iterator[str]:
+    """An http URL on which nothing listens (connection refused). Its port stays bound,
+    never listening, for the test's length: a port let go at once was taken by another
+    test's emulator (pytest -n 2), whose token endpoint then answered (failed in CI)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+        sock.bind(("127.0.0.1", 0))  # no SO_REUSEADDR: no other socket may bind it
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 @pytest.fixture
