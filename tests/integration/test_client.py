@@ -201,14 +201,14 @@ def test_lost_answers_are_retried_where_a_repeat_is_safe(api: Api) -> None:
         assert checked.value.may_have_applied is True and relay.forwarded() == before + 1
 
 
-def test_timeouts_and_refused_connections(api: Api) -> None:
+def test_timeouts_and_refused_connections(api: Api, dead_url: str) -> None:
     with FaultRelay(api.url, plan=FaultPlan(other=["hang"]), hang_seconds=3) as relay:
         client = Client(relay.url, TOKEN, timeout=0.3, retries=0)
         with pytest.raises(ConnectionLost) as hung:
             client.status("x")
         assert hung.value.sent is True and hung.value.may_have_applied is False  # a read
     slept: list[float] = []
-    nowhere = Client(f"http://127.0.0.1:{free_port()}", TOKEN, retries=2, sleep=slept.append)
+    nowhere = Client(dead_url, TOKEN, retries=2, sleep=slept.append)
     with pytest.raises(ConnectionLost) as refused:
         nowhere.resolve("x", "sent")  # nothing reached a server: safe to try again
     assert refused.value.sent is False and len(slept) == 2

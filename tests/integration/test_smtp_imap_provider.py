@@ -94,6 +94,9 @@ class SmtpImapSubject(Subject):
     def __init__(self, servers: MailServers, relay: SmtpFaultRelay) -> None:
         self.servers, self.relay = servers, relay
         self.made: list[SmtpImapProvider] = []
+        # Ports bound, never listening, until teardown: a port let go at once could be
+        # taken by another test's server (pytest -n 2) and answer.
+        self.dead: list[socket.socket] = []
         super().__init__(self.restarted())
 
     def _made(self, provider: SmtpImapProvider) -> SmtpImapProvider:
@@ -104,7 +107,13 @@ class SmtpImapSubject(Subject):
         return self._made(provider_for(self.servers, self.relay.port))
 
     def unreachable(self) -> Provider:
-        return self._made(provider_for(self.servers, free_port(), imap_port=free_port()))
+        return self._made(provider_for(self.servers, self._dead(), imap_port=self._dead()))
+
+    def _dead(self) -> int:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))  # no SO_REUSEADDR: no other socket may bind it
+        self.dead.append(sock)
+        return int(sock.getsockname()[1])
 
     def fault(self, mode: str) -> None:
         self.relay.set_modes([mode])  # type: ignore[list-item]
@@ -131,6 +140,8 @@ class TestSmtpImapContract(SendContract):
         yield subject
         for provider in subject.made:
             provider.close()
+        for sock in subject.dead:
+            sock.close()
 
 
 @pytest.mark.parametrize(
