@@ -11,8 +11,6 @@ to the owner's bits of its own files, as any user is to theirs."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,25 +18,16 @@ from typing import Any
 
 import pytest
 from tests.e2e.conftest import Result, sendledger_command
+from tests.file_modes import held_to_file_modes
 
 from testkit.credentials import write_service_account
 
 JOB = {"channel": "receipts", "key": "k-1", "to": "a@example.com", "subject": "s", "body": "b"}
 
 
-def _held_to_file_modes() -> list[str]:
-    """What runs a command held to file modes: nothing for a user other than root."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv (util-linux): file modes stop nothing")
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all", "--"]
-
-
 def _run(cli: Any, *args: str, stdin: str = "") -> Result:
     proc = subprocess.run(
-        [*_held_to_file_modes(), *sendledger_command(), "--config", str(cli.config), *args],
+        [*held_to_file_modes(), *sendledger_command(), "--config", str(cli.config), *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -138,17 +127,3 @@ def test_a_store_folder_this_user_may_not_enter(cli: Any) -> None:
             _denied(result, inner / "ledger.sqlite", f"may not enter {inner}")
     finally:
         inner.chmod(0o700)
-
-
-def test_a_wal_file_left_by_a_read_only_open_is_named(cli: Any, store: Path) -> None:
-    """SQLite gives its -shm file the store file's mode: a read while the file was 0400
-    leaves one 0400 behind, and once the file is 0600 again every write still fails. The
-    line names that file, not the store's, which is writable."""
-    for extra in cli.root.glob("ledger.sqlite-*"):
-        extra.unlink()
-    store.chmod(0o400)
-    assert _run(cli, "status", "k-1").code == 0
-    shm = cli.root / "ledger.sqlite-shm"
-    assert shm.exists() and shm.stat().st_mode & 0o777 == 0o400
-    store.chmod(0o600)
-    _denied(_submit(cli, "k-2"), store, f"may not write {shm}, SQLite's shm file")

@@ -1,6 +1,8 @@
 """Why this process may not use a SQLite store's files, in an operator's words: a folder
 on the way it may not enter, the file it may not read or write, SQLite's -wal and -shm
-files beside it, or the folder they are made in (docs/cli.md "Exit codes").
+files beside it, or the folder they are made in (docs/cli.md "Exit codes"); and the one
+such cause an open repairs itself, a -wal or -shm of this user's that a read-only open
+left without write permission (`repair_wal_modes`, docs/operations.md "Opening the store").
 
 Asked only once SQLite or the file system refused something (`causes.access_denied`),
 with this process's effective user and groups, as the refusal was: a daemon running as a
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 from pathlib import Path
 
 #: SQLite's files beside a store in WAL mode, made by the first process that opens it.
@@ -29,6 +32,45 @@ def _user() -> str:
         return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:  # a uid with no name (a container's)
         return f"uid {uid}"
+
+
+def wal_files(path: Path) -> list[tuple[str, Path]]:
+    """Each of SQLite's files beside the store at `path`, with its suffix: beside the
+    file's real path, where SQLite makes them (it resolves symlinks)."""
+    real = os.path.realpath(path)
+    return [(suffix, Path(f"{real}{suffix}")) for suffix in WAL_FILES]
+
+
+def repair_wal_modes(path: Path) -> list[tuple[Path, int, int]]:
+    """Give the store's -wal and -shm files the store file's mode when this user may write
+    the store file but not one of them, and owns it; each file changed, with its mode
+    before and after.
+
+    SQLite makes them with the store file's mode: a read while the file was 0400 leaves a
+    0400 -shm, which kept every write failing once the file was writable again. A file of
+    another user's is left as it is (`access_problem` names it): its mode is its owner's
+    to change, root's capabilities notwithstanding."""
+    try:
+        store_mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return []  # no store yet, or one this user may not reach: access_problem says
+    if not _may(path, os.R_OK | os.W_OK):
+        return []
+    changed = []
+    for _suffix, beside in wal_files(path):
+        try:
+            found = os.lstat(beside)
+        except OSError:
+            continue  # none: SQLite makes it with the store file's mode
+        mine = found.st_uid == os.geteuid() and stat.S_ISREG(found.st_mode)
+        if not mine or _may(beside, os.R_OK | os.W_OK):
+            continue
+        try:
+            os.chmod(beside, store_mode)
+        except OSError:
+            continue  # a read-only file system, say: access_problem names the file
+        changed.append((beside, stat.S_IMODE(found.st_mode), store_mode))
+    return changed
 
 
 def access_problem(path: Path) -> str | None:
@@ -52,8 +94,7 @@ def access_problem(path: Path) -> str | None:
         return f"{denied} not read {path}"
     if not _may(path, os.W_OK):
         return f"{denied} read but not write {path}"
-    for suffix in WAL_FILES:
-        beside = Path(f"{path}{suffix}")
+    for suffix, beside in wal_files(path):
         if os.path.exists(beside) and not _may(beside, os.R_OK | os.W_OK):
             return f"{denied} not write {beside}, SQLite's {suffix[1:]} file beside the store"
     if not _may(folder, os.W_OK | os.X_OK):
@@ -61,4 +102,4 @@ def access_problem(path: Path) -> str | None:
     return None
 
 
-__all__ = ["WAL_FILES", "access_problem"]
+__all__ = ["WAL_FILES", "access_problem", "repair_wal_modes", "wal_files"]

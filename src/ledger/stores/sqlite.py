@@ -4,6 +4,7 @@ same transaction as the events, and SQLite's own notion of a transient lock erro
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import time
@@ -18,7 +19,7 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLite
 from eventsourcing.utils import EnvType, get_topic
 
 from ledger.stores.causes import StoreUnavailable, access_denied, exception_chain
-from ledger.stores.file_access import access_problem
+from ledger.stores.file_access import access_problem, repair_wal_modes
 from ledger.stores.identity import FileIdentityLock
 from ledger.stores.index import (
     ADDED_COLUMNS,
@@ -31,6 +32,8 @@ from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.private_api import CachingConnectionPool, InsertHook
 from ledger.stores.purge import rewrites_from
 from ledger.stores.url import SqliteStore, StoreUrlError
+
+log = logging.getLogger("sendledger.store")
 
 #: Seconds the sqlite3 busy handler of the store's connections waits for another writer
 #: before SQLITE_BUSY; the ledger tries again within its `store_wait`.
@@ -235,12 +238,29 @@ def _permission_named(store: SqliteStore) -> Iterator[None]:
         raise StoreUnavailable(store.describe(), problem, exc) from exc
 
 
+def repair_modes(store: SqliteStore) -> None:
+    """`file_access.repair_wal_modes`, in one log line naming what it changed."""
+    changed = repair_wal_modes(store.path)
+    if changed:
+        files = ", ".join(f"{path} (was {before:04o})" for path, before, _after in changed)
+        log.warning(
+            "store %s: SQLite's %s set to the store file's mode %04o: this user owns but "
+            "could not write it (made while the store file was read-only)",
+            store.describe(),
+            files,
+            changed[0][2],
+        )
+
+
 def schema_exists(store: SqliteStore) -> bool:
     """True when the job index table (created last) is already in the file.
-    StoreUnavailable when a file's or folder's mode keeps it from being read."""
+    StoreUnavailable when a file's or folder's mode keeps it from being read. Every open
+    passes here first: a -wal or -shm of this user's that it may not write is given the
+    store file's mode (`repair_modes`)."""
     with _permission_named(store):
         if not store.path.exists():
             return False
+    repair_modes(store)
     try:
         with contextlib.closing(sqlite3.connect(store.path, timeout=BUSY_TIMEOUT)) as conn:
             row = conn.execute(
