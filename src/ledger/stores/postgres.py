@@ -22,6 +22,8 @@ import psycopg_pool
 from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import get_topic, retry
+from psycopg import pq
+from psycopg.conninfo import make_conninfo
 from psycopg.sql import SQL
 
 from ledger.stores.causes import StoreUnavailable, exception_chain
@@ -246,22 +248,55 @@ OPEN_RETRY_PAUSE = 0.5
 
 
 def connect_at_open(store: PostgresStore) -> psycopg.Connection[Any]:
-    """The first connection of a process to its store, tried again for
-    `store.connect_timeout` (a server starting up or failing over answers meanwhile, as
-    the pool would wait for it). Then StoreUnavailable naming the store, its host:port,
-    and what the driver said of the last try (refused, no route, authentication failed,
-    no such database), not the pool's "couldn't get a connection after 10 s"."""
+    """The first connection of a process to its store, made directly before the pool is
+    started. StoreUnavailable naming the store, its host:port, and what the driver said
+    (refused, no route, authentication failed, no such database), not the pool's
+    "couldn't get a connection after 10 s":
+
+    - at once when the server answered and refused this connection (`_refused_by_server`:
+      a password, a role, a database, pg_hba.conf), which no wait changes;
+    - else after trying again for `store.connect_timeout`: a server starting up or
+      failing over answers meanwhile, as the pool would wait for it."""
     give_up = time.monotonic() + store.connect_timeout
     while True:
         try:
             return psycopg.connect(**_connect_args(store))
         except psycopg.OperationalError as exc:
+            if _refused_by_server(store, exc):
+                return _connect_once_more(store)
             left = give_up - time.monotonic()
             if left <= 0:
                 # The driver's words are one line here; its hint lines ("Is the server
                 # running...?") are cut by StoreUnavailable.
                 raise StoreUnavailable(store.describe(), "cannot connect", exc) from exc
             time.sleep(min(OPEN_RETRY_PAUSE, left))
+
+
+def _refused_by_server(store: PostgresStore, exc: psycopg.OperationalError) -> bool:
+    """Whether the server was up and refused the connection that failed with `exc`.
+
+    libpq keeps the SQLSTATE a server sends while a connection starts to itself: the
+    error has none, nor any diagnostic field, only the server's words in its translated
+    message (psycopg's `pgconn.error_message`). libpq's ping judges by that SQLSTATE: OK
+    when the server answered with any refusal but "cannot connect now" (57P03: starting
+    up, shutting down, in recovery), which it calls REJECT; NO_RESPONSE when nothing
+    answered. Asked again with the same parameters, it says which failure this was.
+    Nothing tells a full server (53300, "too many clients") from a wrong password
+    without reading that message: it is a refusal too. A connect that timed out had no
+    answer: not asked (the ask would wait as long again)."""
+    if isinstance(exc, psycopg.errors.ConnectionTimeout):
+        return False
+    conninfo = make_conninfo("", **_connect_args(store))
+    return bool(pq.PGconn.ping(conninfo.encode()) == pq.Ping.OK)
+
+
+def _connect_once_more(store: PostgresStore) -> psycopg.Connection[Any]:
+    """After a refusal by a server that is up: one more try, in case it only came up
+    between the failed connect and the ping; its refusal is the line, at once."""
+    try:
+        return psycopg.connect(**_connect_args(store))
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(store.describe(), "cannot connect", exc) from exc
 
 
 def schema_exists(store: PostgresStore) -> bool:
