@@ -73,7 +73,7 @@ def _shm_left_by_a_read_only_open(site: Path) -> Path:
     store.chmod(0o400)
     read = _cli(site, "status", "k-1", "--json")
     assert read.returncode == 0 and json.loads(read.stdout)["state"] == "requested", read.stderr
-    shm = site / "ledger.sqlite-shm"
+    shm = site.resolve() / "ledger.sqlite-shm"  # beside the real file: SQLite resolves links
     assert shm.exists() and _mode(shm) == 0o400
     store.chmod(0o600)  # the operator puts the store file's mode back
     return shm
@@ -93,6 +93,20 @@ def test_a_shm_file_of_this_user_s_left_unwritable_is_given_the_store_file_s_mod
     assert f"{shm} (was 0400)" in said[0] and "mode 0600" in said[0], said
     again = _submit(site, "k-3")  # nothing more to repair: nothing said
     assert again.returncode == 0 and again.stderr == "", again.stderr
+
+
+def test_the_shm_of_a_store_reached_by_a_symlink_is_looked_for_beside_the_real_file(
+    site: Path,
+) -> None:
+    """SQLite makes it beside the file a link names: looked for beside the link, it was
+    not found, and the write failed."""
+    (site / "link.sqlite").symlink_to("ledger.sqlite")
+    config = CONFIG.replace("ledger.sqlite", "link.sqlite")
+    (site / "sendledger.toml").write_text(config, encoding="utf-8")
+    shm = _shm_left_by_a_read_only_open(site)
+    written = _submit(site, "k-2")
+    assert written.returncode == 0, written.stderr
+    assert f"{shm} (was 0400)" in written.stderr, written.stderr
 
 
 def test_wal_and_shm_files_of_another_user_s_are_named_and_left_as_they_are(site: Path) -> None:
