@@ -608,6 +608,17 @@ def test_a_mailbox_with_more_reports_than_one_read_lists_is_read_over_several(
     assert sorted(read.listed) == sorted(found)
 
 
+def inject_reports(graph: GraphEmulator, count: int) -> None:
+    """`count` non-delivery reports in the mailbox's Inbox, each of another job's copy."""
+    for n in range(count):
+        report = rfc3464_report(
+            raw_message(f"<job-{n:032x}@mail.example.com>"),
+            mailbox=MAILBOX,
+            recipient="nobody@gone.example",
+        )
+        graph.inject(report, user=MAILBOX, message_class=NDR_CLASS)
+
+
 def test_a_report_read_whose_scope_moved_makes_no_further_call_and_goes_on_later(
     provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay
 ) -> None:
@@ -615,13 +626,7 @@ def test_a_report_read_whose_scope_moved_makes_no_further_call_and_goes_on_later
     daemon's (`may_go_on`): once it is not, no report is downloaded (two daemons reading
     one mailbox, over its request limit) and the read says it is incomplete; the next
     read goes on with the same listing, not listing again."""
-    for n in range(3):
-        report = rfc3464_report(
-            raw_message(f"<job-{n:032x}@mail.example.com>"),
-            mailbox=MAILBOX,
-            recipient="nobody@gone.example",
-        )
-        graph.inject(report, user=MAILBOX, message_class=NDR_CLASS)
+    inject_reports(graph, 3)
     graph_provider = provider()
     since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
     asked = 0
@@ -650,7 +655,7 @@ def test_a_report_read_refused_after_its_listing_says_it_got_on(
     """A read lists the mailbox, then its first download is refused (429): the listing is
     kept for the next read, and the refusal says the read got on (`progressed`, which the
     engine counts against the watches' unread bound). The next read, refused at its first
-    download again, listed nothing new: no progress (the reports it read are not kept)."""
+    download again, listed and read nothing new: no progress."""
     report = rfc3464_report(raw_message(), mailbox=MAILBOX, recipient="nobody@gone.example")
     graph.inject(report, user=MAILBOX, message_class=NDR_CLASS)
     graph_provider = provider()
@@ -670,6 +675,42 @@ def test_a_report_read_refused_after_its_listing_says_it_got_on(
     relay.set_plan(FaultPlan())
     read = graph_provider.read_reports(since, known=(), max_bytes=2**21, limit=50)
     assert read.complete and len(read.found) == 1
+
+
+def test_reports_downloaded_before_a_refused_download_are_kept_and_not_downloaded_again(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay
+) -> None:
+    """Three reports; each read is refused (429) at a later download than the last: the
+    reports downloaded before a refusal are kept for the next read, which counts them as
+    progress (`progressed`: the engine keeps the mailbox's watches while its reads get
+    on) and hands them out without downloading them again. Every report is downloaded
+    once, not once per refused read."""
+    inject_reports(graph, 3)
+    graph_provider = provider()
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    graph_provider.search("<warm-up@x>")  # discovery and token first: "other" is ours now
+    before = len(relay.log)
+    # Each read gets one download before its refusal (the listing passes, by the relay's
+    # "search" lane): the first lists too, the second goes on with the listing kept.
+    progressed = []
+    for _ in range(2):
+        relay.set_plan(FaultPlan(other=["pass", "429"]))
+        with pytest.raises(ProviderError) as refused:
+            graph_provider.read_reports(since, known=(), max_bytes=2**21, limit=50)
+        assert refused.value.unavailable
+        progressed.append(refused.value.progressed)
+    assert progressed == [True, True]
+    relay.set_plan(FaultPlan())
+    read = graph_provider.read_reports(since, known=(), max_bytes=2**21, limit=50)
+    assert read.complete and len(read.found) == 3
+    assert all(found.raw for found in read.found)
+    downloads = [
+        e["path"]
+        for e in relay.log[before:]
+        if e["path"].endswith("/$value") and e["mode"] == "pass"
+    ]
+    assert len(downloads) == len(set(downloads)) == 3, downloads
+    assert len(graph_provider.report_listings) == 0
 
 
 def test_a_stopped_report_read_forgotten_lists_afresh(

@@ -15,6 +15,9 @@ reports than that in its window): then it says it is incomplete, and the next re
 on from the next page's link, with the same query, as it does after a page refused as
 unavailable (429, 503) or a listing cut by the caller's limit (`KeptListings`, per
 mailbox), so a large mailbox is read to its end over a few reads, never failing each.
+The reports a read downloaded before a download was refused are kept with its listing:
+the next read hands them out and does not download them again, and the refusal says the
+read got on (`ProviderError.progressed`), as Gmail's reads do (`gmail_reports.py`).
 """
 
 from __future__ import annotations
@@ -59,12 +62,14 @@ MAX_PAGES = 50
 class _Listing:
     """A mailbox's listing that stopped before its end: its query (a next link belongs
     to it), the ids, sizes and receipt times listed so far, the next page (None: the
-    first), and whether it was listed to its end (then cut by the caller's limit)."""
+    first), whether it was listed to its end (then cut by the caller's limit), and the
+    reports read but not handed out yet (a read refused after some downloads)."""
 
     query: str
     sizes: dict[str, tuple[int, datetime | None]] = field(default_factory=dict)
     next_url: str | None = None
     listed_all: bool = False
+    found: dict[str, FoundReport] = field(default_factory=dict)
 
 
 class KeptListings:
@@ -114,7 +119,7 @@ def read_reports_in(
     listing = None if kept is None else kept.take(key)
     if listing is None:
         listing = _Listing(report_filter(since))
-    query, listed_before = listing.query, len(listing.sizes)
+    query, listed_before, found_before = listing.query, len(listing.sizes), len(listing.found)
     path = (
         "/mailFolders/inbox/messages?$filter="
         + quote(query, safe="")
@@ -131,10 +136,12 @@ def read_reports_in(
         )  # fmt: skip
     except ProviderError as exc:
         if exc.unavailable and kept is not None:
-            kept.keep(key, listing)  # refused for now (429, 503): goes on from here
-            # The reports it read are not kept (read again next time): the listing is.
-            exc.progressed = len(listing.sizes) > listed_before
+            # Refused for now (429, 503): the next read goes on from here, and hands out
+            # the reports read before the refusal instead of downloading them again.
+            kept.keep(key, listing)
+            exc.progressed = len(listing.sizes) > listed_before or len(listing.found) > found_before
         raise
+    listing.found.clear()  # handed out now
     if not read.complete and kept is not None:
         # Pages left (`MAX_PAGES`), or reports past the caller's limit: the next read goes
         # on with this listing.
@@ -153,15 +160,16 @@ def _found(
     *,
     complete: bool,
 ) -> ReportRead:
-    """The reports listed so far that are not `known`, read up to `limit`; complete when
-    the listing was and none is left for a next read."""
-    query, sizes = listing.query, listing.sizes
+    """The reports listed so far that are not `known`, read up to `limit` (those a
+    refused read left in `_Listing.found` first, not downloaded again); complete when the
+    listing was and none is left for a next read. Each report read goes into
+    `_Listing.found` at once, so a download refused after it keeps it."""
+    query, sizes, found = listing.query, listing.sizes, listing.found
     unread = [i for i in sizes if i not in known]
-    found = []
-    for provider_id in unread[:limit]:
+    for provider_id in [i for i in unread if i not in found][: max(limit - len(found), 0)]:
         size, received = sizes[provider_id]
         if size > max_bytes:
-            found.append(FoundReport(provider_id, None, size, REPORT_TYPE, received))
+            found[provider_id] = FoundReport(provider_id, None, size, REPORT_TYPE, received)
             continue
         if not go_on():  # the scope went to another daemon: no more calls for it
             complete = False
@@ -170,9 +178,10 @@ def _found(
         answer = provider.get_body(what, mailbox, f"/messages/{quote(provider_id, safe='')}/$value")
         if answer is None:
             continue  # deleted since it was listed: next time it is not listed either
-        found.append(FoundReport(provider_id, answer[1], len(answer[1]), REPORT_TYPE, received))
+        raw = answer[1]
+        found[provider_id] = FoundReport(provider_id, raw, len(raw), REPORT_TYPE, received)
     complete = complete and len(unread) <= limit
-    return ReportRead(f"inbox: {query}", tuple(sizes), tuple(found), complete=complete)
+    return ReportRead(f"inbox: {query}", tuple(sizes), tuple(found.values()), complete=complete)
 
 
 def _listed(
