@@ -41,7 +41,13 @@ from typing import ClassVar
 import pytest
 
 from daemon.engine.drafts import draft_difference
-from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
+from daemon.providers.base import (
+    Provider,
+    ProviderError,
+    SendKind,
+    SendOutcome,
+    calls_while,
+)
 from daemon.providers.draft_handle import DraftsProvider, DraftStatus
 from testkit.relay import FaultPlan, FaultRelay, check_mode
 
@@ -258,6 +264,15 @@ class SendContract(ContractBase):
         assert subject.copies(mid, expect.copies) == expect.copies
         assert not leaves or drafts_left(subject, mid) == 0
 
+    def test_a_send_told_its_scope_is_gone_is_made_or_no_attempt(self) -> None:
+        """Told before its first call that its quota scope went to another daemon
+        (`calls_while`): a send either makes its call, which the dispatch allowed right
+        before it (a send of one call asks nothing more), or stops before any call that
+        could send the message: Rejected, transient, `not_attempted`, no send request."""
+        subject, mid = self.subject, new_id("scope-gone")
+        outcome, sends = send_with_its_scope_gone(subject, mid)
+        assert outcome.not_attempted or sends == 1, outcome
+
     def test_nothing_listening_is_not_sent_and_unavailable(self) -> None:
         subject, mid = self.subject, new_id("refused")
         down = subject.unreachable()
@@ -366,6 +381,38 @@ class LeavesDraftsContract(ContractBase):
         assert subject.drafts_left(mid) == 0 and restarted.delete_drafts(mid) == []
         assert restarted.send_raw(subject.raw(mid)).kind is SendKind.CONFIRMED
         assert subject.copies(mid, 1) == 1 and subject.drafts_left(mid) == 0
+
+    def test_a_send_stopped_before_its_call_by_its_scope_is_no_attempt(self) -> None:
+        """A lost send left a draft; the next send of the message is told its scope went
+        to another daemon. One that tidies the earlier draft first (Graph) asks before
+        it and stops there: no attempt (`not_attempted`: the engine does not count it
+        against `max_attempts`), nothing sent, the draft left to the new owner's fence;
+        one that does not makes its call, which the dispatch allowed. Either way one
+        copy at most once the fence ran and the owner sent."""
+        subject, mid = self.subject, new_id("scope-gone-tidy")
+        subject.leave_draft(mid)
+        outcome, sends = send_with_its_scope_gone(subject, mid)
+        assert outcome.not_attempted or sends == 1, outcome
+        owner = subject.restarted()
+        owner.delete_drafts(mid)
+        if outcome.not_attempted:
+            assert subject.drafts_left(mid) == 0
+            assert owner.send_raw(subject.raw(mid)).kind is SendKind.CONFIRMED
+        assert subject.copies(mid, 1) == 1
+
+
+def send_with_its_scope_gone(subject: Subject, message_id: str) -> tuple[SendOutcome, int]:
+    """A send made while `next_call` says the scope is gone, and the send requests that
+    reached the server for it. Whatever the provider answers, `not_attempted` is only
+    ever said of a transient refusal that made no send request and left no copy."""
+    before = subject.sends_seen()
+    with calls_while(lambda: False):
+        outcome = subject.provider.send_raw(subject.raw(message_id))
+    sends = subject.sends_seen() - before
+    if outcome.not_attempted:
+        assert (outcome.kind, outcome.transient, sends) == (SendKind.REJECTED, True, 0), outcome
+        assert subject.copies(message_id, 0) == 0
+    return outcome, sends
 
 
 #: A drafts send meeting each fault: its outcome's kind, the copies, and the draft after it.

@@ -1020,7 +1020,8 @@ def test_a_send_whose_scope_moved_during_its_tidy_creates_nothing(
 ) -> None:
     """The next attempt tidies an earlier attempt's draft first (a read, a fence), then
     creates and sends. Asked before the tidy's read and before the create: the scope
-    gone, nothing is created or sent (Rejected, transient) and the draft is left to the
+    gone, nothing is created or sent (Rejected, transient, and no attempt: the engine
+    does not count it against the policy's `max_attempts`) and the draft is left to the
     new owner's fence."""
     graph_provider = provider()
     graph_provider.search("<warm-up@x>")  # discovery and token first: "other" is ours now
@@ -1033,6 +1034,7 @@ def test_a_send_whose_scope_moved_during_its_tidy_creates_nothing(
             outcome = graph_provider.send_raw(raw_message())
         assert outcome.kind is SendKind.REJECTED and outcome.transient, outcome
         assert not outcome.unavailable and "another daemon" in outcome.reason
+        assert outcome.not_attempted  # no attempt: not counted against max_attempts
         assert "POST" not in [m for m, _ in _calls_after(relay, before)]
         assert logged_copies(accept_log) == 0
     assert graph.folder(MAILBOX, "drafts") == []  # the tidy of the second try fenced it

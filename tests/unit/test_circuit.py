@@ -13,6 +13,7 @@ from tests.unit.engine_rig import EngineRig, policy
 from daemon.doubles.fake_provider import Scripted
 from daemon.engine.circuit import Admit, Circuits, CircuitSettings
 from daemon.providers.base import SendKind, SendOutcome
+from ledger.job import SendJob
 from ledger.vocabulary import JobState
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -105,20 +106,48 @@ def test_never_more_than_one_probe_out(steps: list[str]) -> None:
 # -- the engine ---------------------------------------------------------------------------
 
 
+def sent_after(rig: EngineRig, fates: list[Scripted]) -> tuple[SendJob, int]:
+    """Job "k" submitted, its sends meeting `fates` and then confirmed: the job once it
+    left `requested` (ticks 30 s apart, at most 40), and after how many of those ticks
+    its scope's circuit was open."""
+    rig.submit("receipts", "k")
+    rig.provider.script(*fates)
+    held = 0
+    for _ in range(40):
+        rig.advance_and_tick(30)
+        held += bool(rig.engine.open_circuits())
+        if rig.job("k").state is not JobState.REQUESTED:
+            break
+    return rig.job("k"), held
+
+
 def test_outages_never_use_up_max_attempts_and_the_job_is_sent_once() -> None:
     rig = EngineRig(policy("receipts", max_attempts=2))
     try:
-        rig.submit("receipts", "k")
-        rig.provider.script(*[Scripted.unavailable() for _ in range(7)])
-        for _ in range(40):
-            rig.advance_and_tick(30)
-            if rig.job("k").state is not JobState.REQUESTED:
-                break
-        job = rig.job("k")
+        job, _ = sent_after(rig, [Scripted.unavailable() for _ in range(7)])
         assert job.state is JobState.CONFIRMED, (job.state, job.reason)
         assert job.attempts == 8 and rig.provider.sends == 8
         assert rig.provider.copies_of(job.message_id) == 1
         assert rig.engine.open_circuits() == []
+    finally:
+        rig.close()
+
+
+def test_a_send_stopped_before_its_call_by_a_scope_move_is_no_attempt() -> None:
+    """Graph's send tidies an earlier attempt's draft before it creates the next one, and
+    asks before each of those calls whether the scope is still the daemon's: gone, it
+    stops there, nothing made or sent (`stopped_before_send`). That is no attempt, as the
+    dispatch's own "not ours" is none: with `max_attempts = 1` three such stops leave the
+    job due, not in review, and its one attempt then confirms it; nor is any of them a
+    failure for the scope's circuit."""
+    rig = EngineRig(policy("receipts", max_attempts=1))
+    try:
+        job, held = sent_after(rig, [Scripted.stopped_before_send() for _ in range(3)])
+        events = rig.events("k")
+        assert job.state is JobState.CONFIRMED, events
+        assert events.count("Rejected") == 3 and "Escalated" not in events, events
+        assert job.attempts == 4 and rig.provider.copies_of(job.message_id) == 1
+        assert held == 0
     finally:
         rig.close()
 

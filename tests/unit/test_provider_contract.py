@@ -65,7 +65,8 @@ class FakeSubject(RelayedSubject, RewritingSubject, DraftsSubject):
         self.provider.fail_searches(1, unavailable=mode == "503")
 
     def sends_seen(self) -> int:
-        return self.provider.sends
+        # Send requests, as the relay counts them: not a send stopped before any call.
+        return self.provider.sends - self.provider.sends_stopped
 
     def copies(self, message_id: str, expected: int) -> int:
         return self.provider.copies_of(message_id)

@@ -18,7 +18,14 @@ from datetime import datetime, timedelta
 from email.parser import BytesHeaderParser
 
 from daemon.doubles.fake_provider import Copy, FakeProvider, Scripted, SimulatedCrash
-from daemon.providers.base import ProviderError, SendKind, SendOutcome
+from daemon.providers.base import (
+    ProviderError,
+    ScopeLost,
+    SendKind,
+    SendOutcome,
+    next_call,
+    stopped_before_send,
+)
 from daemon.providers.draft_handle import (
     Draft,
     DraftCheck,
@@ -259,7 +266,10 @@ class FakeGraphProvider(FakeDraftsProvider):
     Graph"): each `send_raw` creates a draft and then sends it, so the engine records no
     draft (`drafts()` is None) but a send may leave one (`leaves_drafts`): a create whose
     answer was lost, a crash between create and send. A refused send deletes its draft.
-    `search` reads only; `delete_drafts` is the fence."""
+    `search` reads only; `delete_drafts` is the fence. With an earlier attempt's draft
+    still unsent, a send first asks whether its quota scope is still the daemon's, as
+    Graph's tidy of that draft does (`next_call`): gone, it stops there, no attempt
+    (`stopped_before_send`); the draft is left to the engine's fence."""
 
     send_via = "messages"
 
@@ -267,13 +277,16 @@ class FakeGraphProvider(FakeDraftsProvider):
         return None
 
     def send_raw(self, raw: bytes) -> SendOutcome:
+        message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
         try:
+            if self.unsent_drafts(message_id):
+                next_call(f"tidy the drafts of {message_id}")
             draft = self.create_draft(raw)
+        except ScopeLost as lost:
+            self._count_send(message_id, stopped=True)
+            return stopped_before_send(lost)
         except ProviderError as exc:
-            message_id = str(BytesHeaderParser().parsebytes(raw).get("Message-ID", "")).strip()
-            with self._lock:  # one call of the port, as every send is counted
-                self.sends += 1
-                self.sends_by_message_id[message_id] += 1
+            self._count_send(message_id)
             return SendOutcome(
                 SendKind.REJECTED, f"create draft failed, not sent: {exc.reason}", transient=True
             )
@@ -281,3 +294,11 @@ class FakeGraphProvider(FakeDraftsProvider):
         if outcome.kind is SendKind.REJECTED:
             self.delete_draft(draft.draft_id)
         return outcome
+
+    def _count_send(self, message_id: str, *, stopped: bool = False) -> None:
+        """A send that made no draft: one call of the port, as every send is counted;
+        `stopped`: before any call that could send it (`sends_stopped`)."""
+        with self._lock:
+            self.sends += 1
+            self.sends_stopped += stopped
+            self.sends_by_message_id[message_id] += 1

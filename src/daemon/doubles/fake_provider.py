@@ -22,10 +22,12 @@ from daemon.providers.base import (
     ProviderBase,
     ProviderError,
     ReportRead,
+    ScopeLost,
     SearchHit,
     SearchResult,
     SendKind,
     SendOutcome,
+    stopped_before_send,
 )
 from ledger.exceptions import SendledgerError
 
@@ -88,6 +90,14 @@ class Scripted:
             unavailable=True,
         )
         return cls(outcome, stored=False)
+
+    @classmethod
+    def stopped_before_send(cls) -> Scripted:
+        """A send of several calls stopped before any call that could send the message,
+        its quota scope gone to another daemon (Graph's tidy of an earlier draft): no
+        attempt."""
+        lost = ScopeLost("tidy: stopped, its quota scope went to another daemon")
+        return cls(stopped_before_send(lost), stored=False)
 
     @classmethod
     def hang(cls, release: threading.Event) -> Scripted:
@@ -157,6 +167,9 @@ class FakeProvider(ProviderBase):
         self.copies: list[Copy] = []
         self._originals: dict[str, str] = {}  # copy's provider id -> the Message-ID we gave
         self.sends = 0
+        #: Of `sends`, those that stopped before any call that could send the message
+        #: (`SendOutcome.not_attempted`): no send request, though a call of the port.
+        self.sends_stopped = 0
         self.sends_by_message_id: Counter[str] = Counter()
         self.searches = 0
         #: Searches that got an answer, by the Message-ID searched for: a job can have no
@@ -247,6 +260,7 @@ class FakeProvider(ProviderBase):
             self.sends_by_message_id[message_id] += 1
             call = self.sends_by_message_id[message_id]
             fate = self._script.popleft() if self._script else Scripted.confirmed()
+            self.sends_stopped += fate.outcome.not_attempted
             provider_id = self._store(message_id, *shown) if fate.stored else None
             if fate.stored:
                 self.stored_by_call.setdefault(message_id, []).append(call)

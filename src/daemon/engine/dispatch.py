@@ -453,7 +453,10 @@ class Dispatch:
                 tidy_at=tidy_at,
             )
         elif outcome.kind is SendKind.REJECTED:
-            unavailable = outcome.unavailable and outcome.transient
+            # A send stopped before any call that could send it (its scope moved during
+            # Graph's tidy) is no attempt, as `not_ours` is none: not counted against
+            # `max_attempts`, due again for the scope's owner.
+            unavailable = outcome.transient and (outcome.unavailable or outcome.not_attempted)
             job.record_rejection(
                 transient=outcome.transient,
                 reason=outcome.reason,

@@ -69,7 +69,10 @@ class Provider(Protocol):
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         """Send one complete RFC 5322 message exactly once. Never raises for
-        outcomes of the call itself: every failure is classified into the outcome."""
+        outcomes of the call itself: every failure is classified into the outcome. A send
+        of several calls that stops before any call that could send the message (its
+        quota scope went to another daemon: `next_call` raised `ScopeLost`) answers
+        `stopped_before_send(...)`: Rejected, transient, `not_attempted`, no attempt."""
         ...
 
     def search(self, message_id: str) -> SearchResult:
@@ -257,6 +260,7 @@ __all__ = [
     "SendKind",
     "SendOutcome",
     "for_job",
+    "stopped_before_send",
 ]
 
 
@@ -285,6 +289,13 @@ def calls_while(may_go_on: Callable[[], bool] | None) -> Iterator[None]:
         yield
     finally:
         _MAY_GO_ON.reset(token)
+
+
+def stopped_before_send(lost: ScopeLost) -> SendOutcome:
+    """The outcome of a send stopped (`lost`) before any call that could send its message:
+    nothing made or sent, due again for the scope's owner; no attempt, and no failure of
+    the provider's (`SendOutcome.not_attempted`)."""
+    return SendOutcome(SendKind.REJECTED, f"not sent: {lost}", transient=True, not_attempted=True)
 
 
 def next_call(what: str) -> None:

@@ -43,6 +43,7 @@ from daemon.providers.base import (
     SendKind,
     SendOutcome,
     next_call,
+    stopped_before_send,
 )
 from daemon.providers.graph_classify import (
     TokenError,
@@ -590,8 +591,9 @@ class GraphProvider(ProviderBase):
 
         Before each draft's read, and before the create that follows a tidy that made
         calls, it asks whether the quota scope is still this daemon's (`next_call`):
-        gone, nothing is created or sent (Rejected, transient, not unavailable: no
-        failure for the circuit), the drafts left are the next attempt's to tidy or the
+        gone, nothing is created or sent (`stopped_before_send`: Rejected, transient,
+        not unavailable, so no failure for the circuit, and not an attempt, so not counted
+        against `max_attempts`), the drafts left are the next attempt's to tidy or the
         sweep's to fence. Not between a draft's read and its fence, nor inside the fence
         (`delete_drafts_in`)."""
         tidied = False
@@ -616,7 +618,7 @@ class GraphProvider(ProviderBase):
                         f"not sent again: the draft {draft_id} of an earlier attempt was sent",
                     )
             except ScopeLost as lost:
-                return _not_sent(lost)
+                return stopped_before_send(lost)
             except ProviderError as exc:
                 return SendOutcome(
                     SendKind.REJECTED,
@@ -631,7 +633,7 @@ class GraphProvider(ProviderBase):
             try:
                 next_call(f"send {message_id}")
             except ScopeLost as lost:
-                return _not_sent(lost)
+                return stopped_before_send(lost)
         return None
 
     def _await_copy(self, mailbox: _Mailbox, draft_id: str, accepted: SendOutcome) -> SendOutcome:
@@ -939,9 +941,3 @@ class GraphMailboxView(ProviderBase):
 
     def __repr__(self) -> str:
         return f"GraphMailboxView({self.name!r}, user={self.mailbox.user!r})"
-
-
-def _not_sent(lost: ScopeLost) -> SendOutcome:
-    """A send stopped before its create: nothing made, nothing sent, due again for the
-    scope's owner; not the provider's failure (`ScopeLost`)."""
-    return SendOutcome(SendKind.REJECTED, f"not sent: {lost}", transient=True)

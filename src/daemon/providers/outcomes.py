@@ -39,8 +39,17 @@ class SendOutcome:
     #: sign of a hang, counted as "unavailable" is (docs/operations.md, "Outages and
     #: quotas").
     timed_out: bool = False
+    #: Only for REJECTED and transient: the send stopped before any call that could send
+    #: this message, because its quota scope went to another daemon during a step before
+    #: that call (Graph's tidy of an earlier attempt's drafts: `ScopeLost`). No attempt:
+    #: like the dispatch's own "not ours", it does not count against `max_attempts`, and
+    #: it is no failure for the scope's circuit (docs/architecture.md "Scope leases: one
+    #: daemon per quota scope").
+    not_attempted: bool = False
 
     def __post_init__(self) -> None:
+        if self.not_attempted and not (self.kind is SendKind.REJECTED and self.transient):
+            raise ValueError("a send that made no attempt is a transient rejection")
         # The provider's words are recorded as they came, and a store cannot keep every
         # string (a JSON error's "\ud800", a NUL): the outcome's save would fail, and the
         # claim be recovered as Unknown.
