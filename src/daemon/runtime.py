@@ -477,8 +477,10 @@ def start_up(service: Service) -> IdentityLock | None:
     identity = service.ledger.hold_identity(name)
     try:
         report = service.engine.recover_own_claims()
-        # Rows of an earlier release name no mailbox: without it their scope is unknown
-        # and no daemon would take their jobs (docs/performance.md "Several daemons").
+        # Rows of an earlier release name no mailbox (without it their scope is unknown
+        # and no daemon would take their jobs) nor the provider of their attempt (without
+        # it a channel moved since counts only its provider's scope): docs/performance.md
+        # "Several daemons".
         filled = service.ledger.fill_mailboxes()
     except BaseException:
         identity.release()
@@ -486,7 +488,9 @@ def start_up(service: Service) -> IdentityLock | None:
     if report.recovered:
         log.warning("daemon %r: %d claims of an earlier run recovered", name, report.recovered)
     if filled:
-        log.info("job index: the mailbox of %d open jobs filled in", filled)
+        log.info(
+            "job index: the mailbox and the attempt's provider of %d open jobs filled in", filled
+        )
     return identity
 
 

@@ -46,11 +46,13 @@ from ledger.stores.index import (
     INDEX_CLOCK_KWARG,
     INDEX_GUARD_KWARG,
     INDEX_ROWS_KWARG,
+    DueScope,
     IndexRow,
     JobFilter,
     JobIndex,
     ScopeFilter,
     WatchedMailbox,
+    attempt_provider_of,
     index_row,
 )
 from ledger.stores.keycheck import KeyChecks, digest_check, digest_secret, judge_store_key
@@ -776,19 +778,22 @@ class Ledger(Application[UUID]):
         at = _epoch(now)
         return self._retry_locked(lambda: self._index.jobs_due(str(state), at, limit, scopes))
 
-    def scopes_due(self, before: datetime | float) -> list[tuple[str, str | None]]:
-        """The distinct (channel, From mailbox) of the jobs with something due at or
-        before `before`, in any state: the work a daemon's quota scopes have
-        (docs/performance.md "Several daemons"). Mailbox None: a row of an earlier
-        release not yet filled (`fill_mailboxes`)."""
+    def scopes_due(self, before: datetime | float) -> list[DueScope]:
+        """The distinct (channel, From mailbox, attempt provider) of the jobs with
+        something due at or before `before`, in any state: the work a daemon's quota
+        scopes have (docs/performance.md "Several daemons"). Mailbox None: a row of an
+        earlier release not yet filled (`fill_mailboxes`). The provider is the one the
+        job's last attempt was made on where its next calls go there (a channel moved to
+        another provider since leaves them on the old one), "" where they go to its
+        channel's provider, None where the row does not say (an earlier release's)."""
         at = _epoch(before)
         states = [state.value for state in JobState]
         return self._retry_locked(lambda: self._index.scopes_due(states, at))
 
     def fill_mailboxes(self, batch: int = 500) -> int:
-        """Give every job with something due whose index row has no mailbox (written by
-        an earlier release) its From's mailbox, read from its events; how many. The
-        daemon does it at start-up; `admin rebuild-index` fills every row."""
+        """Give every job with something due whose index row has no mailbox or no
+        attempt provider (written by an earlier release) both, read from its events; how
+        many. The daemon does it at start-up; `admin rebuild-index` fills every row."""
         states = [state.value for state in JobState]
         filled = 0
         while True:
@@ -797,11 +802,14 @@ class Ledger(Application[UUID]):
                 return filled
             jobs = self.get_jobs(keys)
             # A row without events (cannot happen, but must not loop forever) gets "".
-            pairs = [
-                (key, self.mailbox_of(jobs[key].from_addr) if key in jobs else "") for key in keys
+            fills = [
+                (key, self.mailbox_of(jobs[key].from_addr), attempt_provider_of(jobs[key]))
+                if key in jobs
+                else (key, "", "")
+                for key in keys
             ]
-            self._retry_locked(lambda p=pairs: self._index.set_mailboxes(p))  # type: ignore[misc]
-            filled += len(pairs)
+            self._retry_locked(lambda f=fills: self._index.set_mailboxes(f))  # type: ignore[misc]
+            filled += len(fills)
 
     def next_due(self, states: Iterable[JobState | str]) -> datetime | None:
         """The soonest due time of the jobs in `states`, or None."""

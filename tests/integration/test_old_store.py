@@ -25,6 +25,7 @@ from daemon.service_layer.read_models import review_rows
 from ledger.addresses import mailbox_key
 from ledger.application import Ledger
 from ledger.display import iso
+from ledger.stores.index import attempt_provider_of
 from ledger.vocabulary import JobState
 from policies.loader import load_policy_dir
 
@@ -103,21 +104,37 @@ def test_index_rows_survive_a_rebuild(old_store: Ledger) -> None:
         "mailbox": None,
         "review_since": None,
     }
-    # ... but `written_at`, which the listing pages by: each row's last change.
+    # ... but `written_at`, which the listing pages by: each row's last change; and the
+    # attempt's provider of a requested job: none (its next call is its channel's).
     expected = sorted(
-        ({**row, **added, "written_at": row["updated_at"]} for row in EXPECTED["index_rows"]),
+        (
+            {
+                **row,
+                **added,
+                "written_at": row["updated_at"],
+                "attempt_provider": "" if row["state"] == "requested" else None,
+            }
+            for row in EXPECTED["index_rows"]
+        ),
         key=lambda row: row["key"],
     )
     assert _rows(old_store) == expected  # the rows as stored
     assert old_store.rebuild_index() == len(expected)
-    # The rows projected again from the events: the From's mailbox filled in, and for
-    # the jobs in review when they went there (their latest Escalated).
+    # The rows projected again from the events: the From's mailbox and the attempt's
+    # provider filled in, and for the jobs in review when they went there (their latest
+    # Escalated).
     mailboxes = {
         row["key"]: mailbox_key(old_store.get_job(row["key"]).from_addr) for row in expected
     }
     assert set(mailboxes.values()) == {"support@example.com", "alerts@example.com"}
+    attempted = {row["key"]: "gmail" if row["attempts"] else "" for row in expected}
     assert _rows(old_store) == [
-        {**row, "mailbox": mailboxes[row["key"]], "review_since": _escalated(old_store, row)}
+        {
+            **row,
+            "mailbox": mailboxes[row["key"]],
+            "review_since": _escalated(old_store, row),
+            "attempt_provider": "" if row["state"] == "requested" else attempted[row["key"]],
+        }
         for row in expected
     ]
 
@@ -201,10 +218,10 @@ def test_open_jobs_continue_to_the_end_with_todays_engine(old_store: Ledger) -> 
     assert old_store.get_job("new").state is JobState.CONFIRMED
     live = _rows(old_store)
     old_store.rebuild_index()
-    # Only a rebuild fills the mailbox of a job settled before the upgrade (nothing due:
-    # no daemon needs it), and when a job left in review by it went there (nothing
-    # wrote to it since: its row's last change is that time); every other row is the
-    # rebuild's.
+    # Only a rebuild fills the mailbox and the attempt's provider of a job settled before
+    # the upgrade (nothing due: no daemon needs them), and when a job left in review by
+    # it went there (nothing wrote to it since: its row's last change is that time);
+    # every other row is the rebuild's.
     unfilled = {row["key"] for row in live if row["mailbox"] is None}
     assert unfilled and not unfilled & due
     waiting = {row["key"] for row in live if row["state"] == "review"}
@@ -216,6 +233,9 @@ def test_open_jobs_continue_to_the_end_with_todays_engine(old_store: Ledger) -> 
             if row["key"] in unfilled
             else row["mailbox"],
             "review_since": row["updated_at"] if row["key"] in waiting else None,
+            "attempt_provider": attempt_provider_of(old_store.get_job(row["key"]))
+            if row["attempt_provider"] is None
+            else row["attempt_provider"],
         }
         for row in live
     ]

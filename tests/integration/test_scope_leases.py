@@ -140,10 +140,10 @@ def test_the_due_reads_split_the_jobs_by_scope(ledger: Ledger) -> None:
     now = ledger.clock() + timedelta(seconds=1)
     assert ledger.row("a1") is not None and ledger.row("a1").mailbox == "ann@shop.example"  # type: ignore[union-attr]
     assert sorted(ledger.scopes_due(now)) == [
-        ("nopolicy", "bob@shop.example"),
-        ("other", "ann@shop.example"),
-        ("receipts", "ann@shop.example"),
-        ("receipts", "bob@shop.example"),
+        ("nopolicy", "bob@shop.example", ""),
+        ("other", "ann@shop.example", ""),
+        ("receipts", "ann@shop.example", ""),
+        ("receipts", "bob@shop.example", ""),
     ]
 
     def keys(scopes: ScopeFilter) -> list[str]:
@@ -167,19 +167,20 @@ def test_open_jobs_of_an_earlier_release_get_their_mailbox(ledger: Ledger) -> No
     if hasattr(recorder, "_rows"):  # memory: the row as an earlier release left it
         rows = recorder._rows
         for key in ("k1", "k2"):
-            rows[key] = rows[key].__class__(**{**rows[key].as_dict(), "mailbox": None})
+            blank = {"mailbox": None, "attempt_provider": None}
+            rows[key] = rows[key].__class__(**{**rows[key].as_dict(), **blank})
     else:
         table = INDEX_TABLE
         if hasattr(recorder.datastore, "schema"):
             table = f'"{recorder.datastore.schema}".{INDEX_TABLE}'
         with recorder.datastore.transaction(commit=True) as cursor:
-            cursor.execute(f"UPDATE {table} SET mailbox = NULL")
+            cursor.execute(f"UPDATE {table} SET mailbox = NULL, attempt_provider = NULL")
     now = ledger.clock() + timedelta(seconds=1)
-    assert ledger.scopes_due(now) == [("receipts", None)]
+    assert ledger.scopes_due(now) == [("receipts", None, None)]
     assert ledger.fill_mailboxes(batch=1) == 2
     assert sorted(ledger.scopes_due(now)) == [
-        ("receipts", "ann@shop.example"),
-        ("receipts", "bob@shop.example"),
+        ("receipts", "ann@shop.example", ""),
+        ("receipts", "bob@shop.example", ""),
     ]
     assert ledger.fill_mailboxes() == 0
 
@@ -259,7 +260,7 @@ def test_a_renewal_behind_a_row_lock_gives_up_at_lock_timeout_and_the_sends_stop
             horizon=40.0,
             clock=clock,
         )
-        owners.balance([("receipts", "support@example.com")], clock())
+        owners.balance([("receipts", "support@example.com", "")], clock())
         assert owners.owned() == ["fake"] and owners.may_call("fake", clock())
         clock.advance(11)  # a renewal is due
         outcome: list[BaseException | None] = []

@@ -153,8 +153,8 @@ class MailboxView(ProviderBase):
         pass
 
 
-def due_pairs(count: int) -> list[tuple[str, str | None]]:
-    return [("receipts", f"m{n}@shop.example") for n in range(count)]
+def due_pairs(count: int) -> list[tuple[str, str | None, str | None]]:
+    return [("receipts", f"m{n}@shop.example", "") for n in range(count)]
 
 
 def scope(n: int) -> str:
@@ -1387,8 +1387,9 @@ def test_a_job_of_a_channel_moved_to_another_provider_is_searched_by_its_attempt
 
 def test_the_scope_of_a_moved_channels_attempts_stays_held_while_its_jobs_ask_for_it() -> None:
     """`c0` moved from `p0` to `p1`; its jobs' attempts on `p0` still need `p0`'s scope,
-    which the index cannot name: the workers' asks keep it wanted. Asked and granted at
-    every tick (a job searched again and again, misses), it must stay held: counted as
+    which a row of an earlier release does not name: the workers' asks keep it wanted.
+    Asked and granted at every tick (a job searched again and again, misses), it must
+    stay held: counted as
     work only from refusals, it went idle a horizon after it was taken and was released
     under the jobs still asking for it."""
     clock = FakeClock(START)
@@ -1400,7 +1401,7 @@ def test_the_scope_of_a_moved_channels_attempts_stays_held_while_its_jobs_ask_fo
                          clock=clock)  # fmt: skip
     scopes = OurScopes(owners, providers, mailbox_key)
     sender = "Shop <m0@shop.example>"
-    due = [("c0", "m0@shop.example")]
+    due = [("c0", "m0@shop.example", None)]  # a row that does not say (`want`)
     owners.balance(due, clock())
     assert not scopes.may_call(c0, sender, clock(), "p0")  # not taken yet: the round learns
     granted = []
@@ -1410,3 +1411,54 @@ def test_the_scope_of_a_moved_channels_attempts_stays_held_while_its_jobs_ask_fo
         clock.advance(1)
     assert all(granted), granted.index(False)
     assert owners.owned() == ["p0", "p1"]
+
+
+def test_every_daemons_round_counts_the_scope_of_a_moved_channels_attempts() -> None:
+    """`c0` moved from `p0` to `p1` after a job's attempt on `p0` (its outcome unknown):
+    the index names the attempt's provider, so the round of `b`, which never loaded the
+    job nor asked for `p0` (`want`), counts `p0` as work, takes it, and its due reads
+    take the job's row, while the rows of `c0`'s jobs still to be sent stay `p1`'s work."""
+    clock = FakeClock(START)
+
+    def c0_on(provider: str) -> PolicySet:
+        policy = {**BASE_POLICY, "channel": "c0", "provider": provider, "search_after": "1s"}
+        return PolicySet({"c0": ChannelPolicy.model_validate(policy)})
+
+    policies = [c0_on("p0")]
+    providers: dict[str, Provider] = {n: FakeProvider(n, clock=clock) for n in ("p0", "p1")}
+    with Ledger("memory://", clock=clock) as ledger:
+        a = Engine(ledger, PolicyHolder(lambda: policies[0]), dict(providers),
+                   provider_timeouts={"p0": TIMEOUT, "p1": TIMEOUT}, clock=clock,
+                   rng=random.Random(1))  # fmt: skip
+        try:
+            providers["p0"].script(Scripted.dropped_response())  # type: ignore[attr-defined]
+            for key in ("k0", "k1"):
+                content = receipt("c0", key)
+                ledger.submit(content, policies[0]["c0"].sender_for(content.sender))
+                if key == "k0":
+                    a.tick()  # sent on `p0`; the outcome is unknown
+        finally:
+            a.close()
+        assert ledger.get_job("k0").state is JobState.UNKNOWN
+        policies[0] = c0_on("p1")  # the reload
+        clock.advance(2)  # the search is due
+        mailbox = "support@example.com"
+        due = ledger.scopes_due(clock() + timedelta(seconds=LEASE + TIMEOUT))
+        assert sorted(due) == [("c0", mailbox, ""), ("c0", mailbox, "p0")]
+        store = MemoryScopeLeases(SimpleNamespace())
+        holder = PolicyHolder(lambda: policies[0])
+        timing = {"lease": LEASE, "grace": GRACE, "horizon": LEASE + TIMEOUT, "clock": clock}
+        owners = [ScopeOwners(store, holder, providers, daemon=n, **timing) for n in "ab"]
+        for joining in owners:
+            joining.renew_due(clock())  # both heartbeats in: a share each
+        filters = [o.balance(due, clock()) for o in owners]
+        assert sorted(o.owned() for o in owners) == [["p0"], ["p1"]]
+        for held, scopes in zip(owners, filters, strict=True):
+            rows = [
+                row.key
+                for state in (JobState.UNKNOWN, JobState.REQUESTED)
+                for row in ledger.due(state, clock(), 10, scopes)
+            ]
+            # `p1`'s owner reads the channel's rows (k0's searches it leaves to `p0`'s:
+            # `may_call` with the attempt's provider); `p0`'s reads k0's.
+            assert rows == (["k0"] if held.owned() == ["p0"] else ["k0", "k1"]), rows

@@ -8,14 +8,14 @@ read back and tidy only for the scopes they own, so whatever the number of daemo
 mailbox is sent at the rate of one quota bucket: its owner's.
 
 - **The round** (`balance`, every tick, before the due jobs are read): which scopes have
-  work due within a lease (`Ledger.scopes_due`: the job index keeps each job's channel
-  and From mailbox, so no job is loaded to know); how many daemons share them (their
-  heartbeats, and the owners of live leases); this daemon's fair share, ceil(scopes /
-  daemons). It takes free scopes (no row, a lease that ended by its clock, or its own) up
-  to its share, each daemon preferring other scopes (a hash of its name and the scope),
-  and gives up a scope that has had nothing due for a lease, and the ones above its share
-  when another daemon is below its share and nothing is free. The answer is the
-  `ScopeFilter` the tick's due reads use (`Ledger.due`).
+  work due within a lease (`Ledger.scopes_due`: the job index keeps each job's channel,
+  From mailbox and attempt provider, so no job is loaded to know); how many daemons
+  share them (their heartbeats, and the owners of live leases); this daemon's fair
+  share, ceil(scopes / daemons). It takes free scopes (no row, a lease that ended by its
+  clock, or its own) up to its share, each daemon preferring other scopes (a hash of its
+  name and the scope), and gives up a scope that has had nothing due for a lease, and the
+  ones above its share when another daemon is below its share and nothing is free. The
+  answer is the `ScopeFilter` the tick's due reads use (`Ledger.due`).
 - **The renewal** (`renew_due`, from the round and from a thread of its own): once a third
   of the lease has passed, one write renews every lease held and the heartbeat. A lease not
   renewed (another daemon took it, or it was forgotten) is dropped at once.
@@ -28,10 +28,13 @@ mailbox is sent at the rate of one quota bucket: its owner's.
 - **A channel moved to another provider** (a reload) leaves its jobs' attempts on the
   provider they were made on, where their searches, draft checks, tidies and bounce
   reads are made (`runner.provider_for`): ownership is asked for that provider's scope
-  (`OurScopes.may_call`'s `provider`). The index keeps each job's channel, not its
-  attempt's provider, so the round knows such a scope only when a worker asks for it
-  (`want`): for a horizon from then it counts as work, and while this daemon holds it
-  the due reads take the channel's rows of that mailbox too.
+  (`OurScopes.may_call`'s `provider`). The index keeps each job's attempt provider
+  beside its channel (`IndexRow.attempt_provider`), so every daemon's round counts that
+  scope as work from the index alone, whichever daemon made the attempt, and whoever
+  holds it has the due reads take the channel's rows of that mailbox too. A row that
+  does not say (one a daemon of an earlier release wrote during a rolling upgrade, until
+  a start fills it) is still told by a worker's ask (`want`): for a horizon from then
+  the scope counts as work in this daemon's round.
 - **The clocks** (`clock_off`, as often as the renewer looks, and after any jump): that
   rule needs the daemons' clocks within the grace of each other, so each holds its own to
   the store's (PostgreSQL's, read between two looks at its own): more than half the grace
@@ -54,7 +57,7 @@ from datetime import datetime
 from daemon.engine.clock import Clock
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.providers.base import Provider
-from ledger.stores.index import ScopeFilter, ScopeGroup
+from ledger.stores.index import DueScope, ScopeFilter, ScopeGroup
 from ledger.stores.scopes import ScopeLease, ScopeLeaseStore
 from policies.model import ChannelPolicy
 
@@ -71,7 +74,7 @@ class _Work:
     providers: dict[str, str]  # scope -> provider name
     mailboxes: dict[str, set[str]]  # scope -> the From mailboxes with work
     #: scope -> the channels whose jobs need it though the channel's provider is another
-    #: (`ScopeOwners.want`)
+    #: (their attempts' provider, from the index or `ScopeOwners.want`)
     moved: dict[str, set[str]] = field(default_factory=dict)
 
 
@@ -145,13 +148,15 @@ class ScopeOwners:
     def want(self, scope: str, provider: str, mailbox: str, channel: str, now: datetime) -> None:
         """A job of `channel` from `mailbox` needs `scope` (of `provider`, where its attempt
         was made) though its channel's provider is another now: the round counts it as
-        work for a horizon (the index cannot say so) and, held, reads those rows too."""
+        work for a horizon and, held, reads those rows too. The index says so of every row
+        this release wrote (`Ledger.scopes_due`); this covers a row that does not say
+        (written by a daemon of an earlier release during a rolling upgrade)."""
         with self._lock:
             self._wanted[scope] = (provider, mailbox, channel, now.timestamp())
 
     # -- the round ----------------------------------------------------------------------
 
-    def balance(self, due: Iterable[tuple[str, str | None]], now: datetime) -> ScopeFilter:
+    def balance(self, due: Iterable[DueScope], now: datetime) -> ScopeFilter:
         """One round (see the module): `due` is `Ledger.scopes_due` up to the horizon.
         The filter of the due rows this daemon works on."""
         at = now.timestamp()
@@ -197,19 +202,26 @@ class ScopeOwners:
                 )
         return self._filter(work)
 
-    def _work(self, due: Iterable[tuple[str, str | None]], at: float) -> _Work:
+    def _work(self, due: Iterable[DueScope], at: float) -> _Work:
         policies = self._policies.current
         providers: dict[str, str] = {}
         mailboxes: dict[str, set[str]] = {}
-        for channel, mailbox in due:
-            policy = policies.get(channel)
-            provider = None if policy is None else self._providers.get(policy.provider)
-            if policy is None or provider is None or mailbox is None:
-                continue  # no policy: review, no scope spent; not ours; not filled yet
-            scope = provider.scope_of(mailbox)
-            providers[scope] = policy.provider
-            mailboxes.setdefault(scope, set()).add(mailbox)
         moved: dict[str, set[str]] = {}
+        for channel, mailbox, attempted_on in due:
+            policy = policies.get(channel)
+            if policy is None or mailbox is None:
+                continue  # no policy: review, no scope spent; not filled yet
+            # Its next calls go where its attempt was made when that is another provider
+            # than its channel's now (a reload moved the channel): that scope's work.
+            name = attempted_on or policy.provider
+            provider = self._providers.get(name)
+            if provider is None:
+                continue  # not ours
+            scope = provider.scope_of(mailbox)
+            providers[scope] = name
+            mailboxes.setdefault(scope, set()).add(mailbox)
+            if name != policy.provider:
+                moved.setdefault(scope, set()).add(channel)
         with self._lock:
             for scope, (name, mailbox, channel, asked) in list(self._wanted.items()):
                 if at - asked > self.horizon:
@@ -244,10 +256,11 @@ class ScopeOwners:
                 groups.append(ScopeGroup(channels, tuple(mailboxes)))
         # The rows of a moved channel whose attempts' scope is held here: its own
         # provider's group names the channel only where this daemon holds that scope.
+        # Only those attempted there (or whose row does not say): the channel's other
+        # rows are its provider's scopes' work.
         for scope in sorted(held & work.moved.keys()):
-            groups.append(
-                ScopeGroup(tuple(sorted(work.moved[scope])), tuple(sorted(work.mailboxes[scope])))
-            )
+            moved = tuple(sorted(work.moved[scope])), tuple(sorted(work.mailboxes[scope]))
+            groups.append(ScopeGroup(*moved, attempted_on=work.providers[scope]))
         return ScopeFilter(tuple(groups), tuple(sorted(policies)))
 
     def _preference(self, scope: str) -> bytes:

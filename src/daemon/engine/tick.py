@@ -380,7 +380,8 @@ class Engine:
         now = self.clock()
         try:
             due = self.ledger.scopes_due(now + timedelta(seconds=self.owners.horizon))
-            due += self.bounces.wanted()  # a watched mailbox's reads are its scope's work
+            # A watched mailbox's reads are its scope's work (its channel's provider's).
+            due += [(channel, mailbox, None) for channel, mailbox in self.bounces.wanted()]
             self.scopes.filter = self.owners.balance(due, now)
         except Exception as exc:
             log.warning("scope leases: round failed (%s: %s)", type(exc).__name__, exc)

@@ -65,6 +65,7 @@ COLUMNS = (
     "watch_mailbox",
     "mailbox",
     "review_since",
+    "attempt_provider",
     "written_at",
 )
 #: Columns added after the first release: (name, SQL type template). Opening a store
@@ -74,7 +75,11 @@ COLUMNS = (
 #: written before `review_since` existed has none: the review queue reads its `updated_at`
 #: instead (`IndexRow.in_review_since`) until the job is written again or a rebuild fills it.
 #: When `written_at` is added, every row gets its `updated_at` (the best it knows), so the
-#: listing, which pages by it, keeps every job of the store.
+#: listing, which pages by it, keeps every job of the store. When `attempt_provider` is
+#: added, every requested job gets "" (its next call is its channel's, whatever it was
+#: attempted on before: `ATTEMPT_PROVIDER_BACKFILL`); the other rows, whose attempt's
+#: provider only their events say, have none (NULL) until the daemon fills those with
+#: something due (`Ledger.fill_mailboxes`) or a rebuild does.
 ADDED_COLUMNS = (
     ("purged_at", "{real}"),
     ("watch_until", "{real}"),
@@ -82,6 +87,12 @@ ADDED_COLUMNS = (
     ("mailbox", "TEXT"),
     ("review_since", "{real}"),
     ("written_at", "{real}"),
+    ("attempt_provider", "TEXT"),
+)
+#: The upgrade's fill of `attempt_provider` (templates as in CREATE_STATEMENTS): what the
+#: index alone can say.
+ATTEMPT_PROVIDER_BACKFILL = (
+    "UPDATE {t} SET attempt_provider = '' WHERE attempt_provider IS NULL AND state = 'requested'"
 )
 
 
@@ -116,6 +127,14 @@ class IndexRow:
     # a triage writing to it leaves as it was; None otherwise, and on a row of an
     # earlier release (`in_review_since`).
     review_since: float | None = None
+    # The provider the job's last attempt was made on, where its searches, draft checks,
+    # tidies and verifications are made (`provider_for` in daemon/engine/work.py), so
+    # that a daemon knows whose quota scope they spend before it loads the job, even when
+    # a reload moved its channel to another provider since (docs/performance.md
+    # "Several daemons"). "" when its next call is its channel's provider's (no attempt
+    # yet, or requested again); None: a row of an earlier release, not filled yet
+    # (`Ledger.fill_mailboxes`).
+    attempt_provider: str | None = None
     # When the row was stored, in the store's order of writes: stamped inside the
     # writing transaction, after the writers before it committed, never earlier than one
     # of them (`SqlJobIndex._stamp`). What `GET /v1/jobs` pages by: a job's own times are
@@ -186,16 +205,31 @@ class WatchedMailbox:
     first_until: float | None = None
 
 
+#: One due (channel, From mailbox, attempt provider) of the index (`IndexRow`): the
+#: mailbox None on a row of an earlier release not filled yet; the provider "" where the
+#: job's next call is its channel's, None where the row does not say.
+DueScope = tuple[str, str | None, str | None]
+
+
 @dataclass(frozen=True)
 class ScopeGroup:
-    """The rows of `channels` whose mailbox is one of `mailboxes` (None: any mailbox)."""
+    """The rows of `channels` whose mailbox is one of `mailboxes` (None: any mailbox) and,
+    with `attempted_on`, whose attempt was made on that provider or that do not say (a
+    channel moved to another provider: the rows of its old provider's scope)."""
 
     channels: tuple[str, ...]
     mailboxes: tuple[str, ...] | None = None
+    attempted_on: str | None = None
 
     def matches(self, row: IndexRow) -> bool:
-        return row.channel in self.channels and (
-            self.mailboxes is None or row.mailbox in self.mailboxes
+        return (
+            row.channel in self.channels
+            and (self.mailboxes is None or row.mailbox in self.mailboxes)
+            and (
+                self.attempted_on is None
+                or row.attempt_provider is None
+                or row.attempt_provider == self.attempted_on
+            )
         )
 
 
@@ -240,7 +274,16 @@ def index_row(job: SendJob, mailbox: str | None = None) -> IndexRow:
             if job.state is JobState.REVIEW and job.escalated_at is not None
             else None
         ),
+        attempt_provider=attempt_provider_of(job),
     )
+
+
+def attempt_provider_of(job: SendJob) -> str:
+    """The row's `attempt_provider`: as `provider_for` (daemon/engine/work.py) chooses,
+    without the policy ("" for the channel's provider)."""
+    if job.state is JobState.REQUESTED or job.last_provider is None:
+        return ""
+    return job.last_provider
 
 
 def mailbox_digest(from_addr: str, provider: str | None = None) -> str:
@@ -314,18 +357,20 @@ class JobIndex(Protocol):
         `scopes`, only the rows it matches."""
         ...
 
-    def scopes_due(self, states: Sequence[str], before: float) -> list[tuple[str, str | None]]:
-        """The distinct (channel, mailbox) of the rows in `states` due at or before
-        `before`: whose quota scopes have work (docs/performance.md "Several daemons")."""
+    def scopes_due(self, states: Sequence[str], before: float) -> list[DueScope]:
+        """The distinct (channel, mailbox, attempt provider) of the rows in `states` due
+        at or before `before`: whose quota scopes have work (docs/performance.md "Several
+        daemons")."""
         ...
 
     def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
-        """Keys of rows in `states` with something due and no mailbox (written by an
-        earlier release), at most `limit`."""
+        """Keys of rows in `states` with something due and no mailbox or no attempt
+        provider (written by an earlier release), at most `limit`."""
         ...
 
-    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str]]) -> None:
-        """Fill the mailbox of each (key, mailbox) whose row has none."""
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str, str]]) -> None:
+        """Fill the mailbox and the attempt provider of each (key, mailbox, provider)
+        where its row has none."""
         ...
 
     def find(
@@ -424,7 +469,8 @@ CREATE_STATEMENTS = [
     "state TEXT NOT NULL, message_id TEXT NOT NULL, due_at {real}, "
     "created_at {real} NOT NULL, updated_at {real} NOT NULL, version INTEGER NOT NULL, "
     "attempts INTEGER NOT NULL, reason TEXT, purged_at {real}, watch_until {real}, "
-    "watch_mailbox TEXT, mailbox TEXT, review_since {real}, written_at {real}){options}",
+    "watch_mailbox TEXT, mailbox TEXT, review_since {real}, attempt_provider TEXT, "
+    "written_at {real}){options}",
     "CREATE INDEX IF NOT EXISTS {n}_state_due ON {t} (state, due_at)",
     "CREATE INDEX IF NOT EXISTS {n}_message_id ON {t} (message_id)",
     *(statement for _name, statement in ADDED_INDEXES),
@@ -571,22 +617,28 @@ class SqlJobIndex:
             if group.mailboxes is not None:
                 clause += " AND " + self._member("mailbox")
                 params.append(self._members(group.mailboxes))
+            if group.attempted_on is not None:
+                clause += " AND (attempt_provider IS NULL OR attempt_provider = {p})"
+                params.append(group.attempted_on)
             clauses.append(f"({clause})")
         return "AND (" + " OR ".join(clauses) + ") ", params
 
-    def scopes_due(self, states: Sequence[str], before: float) -> list[tuple[str, str | None]]:
+    def scopes_due(self, states: Sequence[str], before: float) -> list[DueScope]:
         if not states:
             return []
         # A range of the (state, due_at) index per state: what is due, not the history.
         placeholders = ", ".join(["{p}"] * len(states))
         rows = self._fetch(
             self._sql(
-                f"SELECT DISTINCT channel, mailbox FROM {{t}} WHERE state IN ({placeholders}) "
-                "AND due_at <= {p}"
+                "SELECT DISTINCT channel, mailbox, attempt_provider FROM {t} "
+                f"WHERE state IN ({placeholders}) AND due_at <= {{p}}"
             ),
             [*states, before],
         )
-        return [(str(c), None if m is None else str(m)) for c, m in rows]
+        return [
+            (str(c), None if m is None else str(m), None if p is None else str(p))
+            for c, m, p in rows
+        ]
 
     def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
         if not states:
@@ -595,17 +647,21 @@ class SqlJobIndex:
         rows = self._fetch(
             self._sql(
                 f"SELECT key FROM {{t}} WHERE state IN ({placeholders}) AND due_at IS NOT NULL "
-                "AND mailbox IS NULL LIMIT {p}"
+                "AND (mailbox IS NULL OR attempt_provider IS NULL) LIMIT {p}"
             ),
             [*states, limit],
         )
         return [str(key) for (key,) in rows]
 
-    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str]]) -> None:
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str, str]]) -> None:
         if mailboxes:
             self._execute(
-                self._sql("UPDATE {t} SET mailbox = {p} WHERE key = {p} AND mailbox IS NULL"),
-                [(mailbox, key) for key, mailbox in mailboxes],
+                self._sql(
+                    "UPDATE {t} SET mailbox = COALESCE(mailbox, {p}), "
+                    "attempt_provider = COALESCE(attempt_provider, {p}) "
+                    "WHERE key = {p} AND (mailbox IS NULL OR attempt_provider IS NULL)"
+                ),
+                [(mailbox, provider, key) for key, mailbox, provider in mailboxes],
             )
 
     def find(
@@ -821,6 +877,7 @@ def _batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 __all__ = [
     "ADDED_COLUMNS",
     "ADDED_INDEXES",
+    "ATTEMPT_PROVIDER_BACKFILL",
     "COLUMNS",
     "CREATE_STATEMENTS",
     "INDEX_CLOCK_KWARG",
@@ -830,6 +887,7 @@ __all__ = [
     "PURGEABLE_STATES",
     "REBUILD_UPSERT",
     "UPSERT",
+    "DueScope",
     "IndexRow",
     "JobIndex",
     "ScopeFilter",
@@ -837,6 +895,7 @@ __all__ = [
     "SqlJobIndex",
     "WatchedMailbox",
     "Withdrawn",
+    "attempt_provider_of",
     "check_guard",
     "clock_from",
     "index_row",

@@ -28,6 +28,7 @@ from ledger.stores.identity import MemoryIdentityLock
 from ledger.stores.index import (
     ALL_JOBS,
     PURGEABLE_STATES,
+    DueScope,
     IndexRow,
     JobFilter,
     ScopeFilter,
@@ -121,15 +122,15 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
         due.sort(key=lambda r: (r.due_at, r.key))
         return due[: max(limit, 0)]
 
-    def scopes_due(self, states: Sequence[str], before: float) -> list[tuple[str, str | None]]:
+    def scopes_due(self, states: Sequence[str], before: float) -> list[DueScope]:
         wanted = set(states)
         with self.database_lock:
             found = {
-                (r.channel, r.mailbox)
+                (r.channel, r.mailbox, r.attempt_provider)
                 for r in self._rows.values()
                 if r.state in wanted and r.due_at is not None and r.due_at <= before
             }
-        return sorted(found, key=lambda pair: (pair[0], pair[1] or ""))
+        return sorted(found, key=lambda due: (due[0], due[1] or "", due[2] or ""))
 
     def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
         wanted = set(states)
@@ -137,16 +138,24 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
             keys = [
                 r.key
                 for r in self._rows.values()
-                if r.state in wanted and r.due_at is not None and r.mailbox is None
+                if r.state in wanted
+                and r.due_at is not None
+                and (r.mailbox is None or r.attempt_provider is None)
             ]
         return sorted(keys)[: max(limit, 0)]
 
-    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str]]) -> None:
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str, str]]) -> None:
         with self.database_lock:
-            for key, mailbox in mailboxes:
+            for key, mailbox, provider in mailboxes:
                 row = self._rows.get(key)
-                if row is not None and row.mailbox is None:
-                    self._rows[key] = replace(row, mailbox=mailbox)
+                if row is not None:
+                    self._rows[key] = replace(
+                        row,
+                        mailbox=row.mailbox if row.mailbox is not None else mailbox,
+                        attempt_provider=(
+                            row.attempt_provider if row.attempt_provider is not None else provider
+                        ),
+                    )
 
     def find(
         self, where: JobFilter = ALL_JOBS, *, after_key: str | None = None, limit: int = 1000

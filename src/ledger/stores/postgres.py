@@ -31,6 +31,7 @@ from ledger.stores.identity import IdentityTaken
 from ledger.stores.index import (
     ADDED_COLUMNS,
     ADDED_INDEXES,
+    ATTEMPT_PROVIDER_BACKFILL,
     CREATE_STATEMENTS,
     INDEX_TABLE,
     SqlJobIndex,
@@ -366,6 +367,8 @@ def _add_missing_columns(conn: psycopg.Connection[Any], store: PostgresStore) ->
                     f'UPDATE "{quoted}".{INDEX_TABLE} SET written_at = updated_at '
                     "WHERE written_at IS NULL"
                 )
+            if name == "attempt_provider":
+                conn.execute(ATTEMPT_PROVIDER_BACKFILL.replace("{t}", f'"{quoted}".{INDEX_TABLE}'))
     conn.commit()
 
 

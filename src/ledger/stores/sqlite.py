@@ -23,6 +23,7 @@ from ledger.stores.file_access import access_problem, repair_wal_modes
 from ledger.stores.identity import FileIdentityLock
 from ledger.stores.index import (
     ADDED_COLUMNS,
+    ATTEMPT_PROVIDER_BACKFILL,
     CREATE_STATEMENTS,
     INDEX_TABLE,
     SqlJobIndex,
@@ -185,6 +186,8 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE {INDEX_TABLE} ADD COLUMN {name} {kind.format(real='REAL')}")
             if name == "written_at":  # the listing pages by it: every row has one
                 conn.execute(f"UPDATE {INDEX_TABLE} SET written_at = updated_at")
+            if name == "attempt_provider":
+                conn.execute(ATTEMPT_PROVIDER_BACKFILL.replace("{t}", INDEX_TABLE))
             conn.commit()
         except sqlite3.OperationalError as exc:
             if "duplicate column" not in str(exc):  # another process added it first
