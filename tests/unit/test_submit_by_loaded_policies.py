@@ -173,7 +173,7 @@ def test_a_reload_waits_for_a_hanging_store_a_bounded_time(
             if len(writes) > 1:
                 release.wait(10)  # a partition: the write does not return
 
-        def leave(self, name: str, kind: str) -> None:
+        def leave(self, name: str, kind: str, loaded_at: float) -> None:
             pass
 
         def live(self, now: float) -> list[LoadedPolicies]:
