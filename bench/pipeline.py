@@ -41,20 +41,21 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import google_auth_httplib2
 import httplib2
-from eventsourcing.application import project_aggregate
+from eventsourcing.application import ProcessingEvent, project_aggregate
 from intake import available_backends
 from write_ahead import WriteAhead
 
@@ -68,9 +69,10 @@ from ledger import addresses
 from ledger import application as ledger_application
 from ledger.application import Ledger
 from ledger.content import parse_job
+from ledger.job import SendJob
 from ledger.message_id import message_id_for
 from ledger.mime import build_message
-from ledger.stores.index import INDEX_ROWS_KWARG, index_row
+from ledger.stores.index import INDEX_CLOCK_KWARG, INDEX_GUARD_KWARG, INDEX_ROWS_KWARG
 from policies import model as policy_model
 from policies.loader import PolicySet
 from policies.model import ChannelPolicy
@@ -326,14 +328,32 @@ def library_protocol_checks() -> Callable[[], None]:
     again (a runtime Protocol isinstance per event); returns the undo."""
     saved, projector = Ledger._save_retrying, ledger_application.project_events
 
-    def save_retrying(self: Ledger, jobs: Any) -> None:
-        events = [event for job in jobs for event in job.pending_events]
-        self._save_collected(*events, **{INDEX_ROWS_KWARG: [index_row(j) for j in jobs]})
+    def save_retrying(
+        self: Ledger,
+        jobs: Sequence[SendJob],
+        guard: Callable[[], bool] | None = None,
+        keep_trying: Callable[[], bool] | None = None,
+    ) -> None:
+        # Ledger._save_retrying with the library's collect_events in place of ours: the
+        # same rows, guard and retries, so that only the collection differs.
+        processing: ProcessingEvent[UUID] = ProcessingEvent()
+        processing.collect_events(
+            *[event for job in jobs for event in job.pending_events],
+            **{
+                INDEX_ROWS_KWARG: [self.index_row(j) for j in jobs],
+                INDEX_CLOCK_KWARG: self.clock,
+                INDEX_GUARD_KWARG: guard,
+            },
+        )
+        self._record_processing(processing, keep_trying)
         for job in jobs:
             job.collect_events()
 
+    def project_checked(aggregate: Any, events: Iterable[Any]) -> Any:
+        return project_aggregate(aggregate, events)
+
     Ledger._save_retrying = save_retrying  # type: ignore[method-assign]
-    ledger_application.project_events = project_aggregate
+    ledger_application.project_events = project_checked
 
     def undo() -> None:
         Ledger._save_retrying = saved  # type: ignore[method-assign]
