@@ -419,7 +419,7 @@ def test_sign_ins_sent_at_once_are_limited_as_one_after_the_other(rig: EngineRig
 
         def guess(number: int) -> int:
             wrong = {"token": f"wrong-token-{number:08d}", "csrf": csrf}
-            return client.post("/ui/sign-in", data=wrong).status_code
+            return int(client.post("/ui/sign-in", data=wrong).status_code)
 
         with ThreadPoolExecutor(guesses) as pool:
             codes = sorted(pool.map(guess, range(guesses)))
@@ -435,7 +435,7 @@ def test_ipv6_sign_ins_are_limited_per_64_prefix(rig: EngineRig) -> None:
         with TestClient(app, client=(address, 50000)) as client:
             csrf = _sign_in_form(client)
             answer = client.post("/ui/sign-in", data={"token": token, "csrf": csrf})
-            return answer.status_code
+            return int(answer.status_code)
 
     codes = [guess(f"2001:db8:1:2::{n:x}") for n in range(1, FAILURES + 2)]
     assert codes == [401] * FAILURES + [429], codes
@@ -535,8 +535,10 @@ def test_trusted_hosts_and_public_url_settings() -> None:
     assert api.trusted_hosts == ["mail.example.com", "*.internal"]
     assert api.public_url == "https://m.example.com"
     assert _api_settings().trusted_hosts == [] and _api_settings().public_url == ""
-    for bad in [{"trusted_hosts": ["evil example"]}, {"trusted_hosts": [""]},
-                {"public_url": "ftp://x"}, {"public_url": "mail.example.com"}]:  # fmt: skip
+    refused_settings: list[dict[str, Any]] = [
+        {"trusted_hosts": ["evil example"]}, {"trusted_hosts": [""]},
+        {"public_url": "ftp://x"}, {"public_url": "mail.example.com"}]  # fmt: skip
+    for bad in refused_settings:
         with pytest.raises(ConfigError) as refused:
             _api_settings(**bad)
         assert f"api.{next(iter(bad))}" in str(refused.value)

@@ -169,7 +169,7 @@ def test_an_unavailable_read_back_counts_toward_the_circuit() -> None:
     rig.engine.circuits.settings = CircuitSettings(failures=1)
     provider = rig.provider
 
-    def down(_: str) -> str | None:
+    def down(provider_message_id: str) -> str | None:
         raise ProviderError("get: connection refused", unavailable=True)
 
     provider.read_message_id = down  # type: ignore[method-assign]
@@ -261,7 +261,7 @@ def test_an_unavailable_draft_check_in_the_sweep_counts_and_waits() -> None:
         job = rig.job("crashed")
         assert job.state is JobState.CONFIRMED, rig.events("crashed")
         confirmed = [e for e in rig.ledger.history("crashed") if type(e).__name__ == "Confirmed"]
-        assert confirmed[-1].via == ConfirmedVia.DRAFT  # type: ignore[attr-defined]
+        assert confirmed[-1].via == ConfirmedVia.DRAFT
         assert rig.copies("crashed") == 1
     finally:
         rig.close()

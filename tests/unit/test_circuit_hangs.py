@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy
@@ -26,6 +25,7 @@ from daemon.engine.circuit import (
 )
 from daemon.engine.dispatch import WITHHELD
 from daemon.providers.base import SendKind, SendOutcome
+from ledger.job import SendJob
 from ledger.vocabulary import JobState
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -230,11 +230,15 @@ def test_a_send_taken_before_a_hang_was_known_is_not_made_once_it_is() -> None:
     saving, saved = threading.Event(), threading.Event()
     save = rig.ledger._save_retrying
 
-    def slow_claim(jobs: Any, *guard: Any) -> None:
+    def slow_claim(
+        jobs: Sequence[SendJob],
+        guard: Callable[[], bool] | None = None,
+        keep_trying: Callable[[], bool] | None = None,
+    ) -> None:
         if any(j.key == "late" and j.state is JobState.ATTEMPTED for j in jobs):
             saving.set()
             assert saved.wait(10)
-        save(jobs, *guard)
+        save(jobs, guard, keep_trying)
 
     rig.ledger._save_retrying = slow_claim  # type: ignore[method-assign]
     try:

@@ -223,7 +223,8 @@ def test_raw_ambiguous_errors_are_unknown(exc: Exception) -> None:
 
 def test_token_transport_failure_is_a_transient_rejection() -> None:
     inner = NotSentError("no connection to t:1: connection refused", host="t:1", cause=OSError())
-    wrapped = auth_exceptions.TransportError(inner)
+    # google-auth's exception classes are unannotated (no-untyped-call, here and below).
+    wrapped = auth_exceptions.TransportError(inner)  # type: ignore[no-untyped-call]
     wrapped.__cause__ = inner
     out = classify_send_exception(wrapped)
     assert out.kind is SendKind.REJECTED
@@ -234,21 +235,21 @@ def test_token_transport_failure_is_a_transient_rejection() -> None:
 def test_token_response_lost_is_still_a_rejection() -> None:
     # The token POST may have reached the token endpoint; the send never started.
     inner = ResponseLostError("POST sent to t:1, then timed out", host="t:1", cause=OSError())
-    out = classify_send_exception(auth_exceptions.TransportError(inner))
+    out = classify_send_exception(auth_exceptions.TransportError(inner))  # type: ignore[no-untyped-call]
     assert out.kind is SendKind.REJECTED
     assert out.transient
 
 
 @pytest.mark.parametrize(("retryable", "transient"), [(False, False), (True, True)])
 def test_refresh_error_is_a_rejection(retryable: bool, transient: bool) -> None:
-    exc = auth_exceptions.RefreshError("invalid_grant: bad", retryable=retryable)
+    exc = auth_exceptions.RefreshError("invalid_grant: bad", retryable=retryable)  # type: ignore[no-untyped-call]
     out = classify_send_exception(exc)
     assert out.kind is SendKind.REJECTED
     assert out.transient is transient
 
 
 def test_other_credential_errors_are_permanent() -> None:
-    out = classify_send_exception(auth_exceptions.DefaultCredentialsError("no"))
+    out = classify_send_exception(auth_exceptions.DefaultCredentialsError("no"))  # type: ignore[no-untyped-call]
     assert out.kind is SendKind.REJECTED
     assert not out.transient
 
@@ -382,7 +383,7 @@ def test_a_search_refused_for_quota_or_without_connection_says_unavailable() -> 
         NotSentError("no connection", host=_HOST, cause=ConnectionRefusedError()),
         ConnectionRefusedError(111, "Connection refused"),
         socket.gaierror(-2, "Name or service not known"),
-        auth_exceptions.TransportError(
+        auth_exceptions.TransportError(  # type: ignore[no-untyped-call]
             NotSentError("no connection", host="oauth2:443", cause=ConnectionRefusedError())
         ),
     ],
@@ -407,6 +408,6 @@ def test_a_read_answered_503_is_unavailable_a_send_answered_503_stays_unknown(
 
 def test_a_read_whose_answer_was_lost_is_not_unavailable() -> None:
     lost = ResponseLostError("GET sent, then reset", host=_HOST, cause=ConnectionResetError())
-    refresh = auth_exceptions.RefreshError("invalid_grant")
+    refresh = auth_exceptions.RefreshError("invalid_grant")  # type: ignore[no-untyped-call]
     assert not provider_error_for_exception("search", lost).unavailable
     assert not provider_error_for_exception("search", refresh).unavailable

@@ -17,7 +17,7 @@ from daemon.cli import COMMANDS, build_parser, command_named, main
 from daemon.cli.init_command import Installation, planned_files, summary, write_all
 from daemon.config.settings import SmtpImapProviderSettings, load_settings
 from daemon.exit_codes import EXIT_BAD_INPUT, CliError
-from daemon.tools import probe
+from daemon.tools import probe, probe_drafts
 from ledger.addresses import parse_mailbox
 from policies.loader import load_policy_dir
 
@@ -131,7 +131,7 @@ def test_keep_refuses_a_folder_that_holds_a_demo(
 def test_the_probe_recommends_three_times_the_lag_in_whole_minutes(
     lag: float, recommended: float
 ) -> None:
-    assert probe.recommend_search_after(lag) == recommended
+    assert probe_drafts.recommend_search_after(lag) == recommended
 
 
 def refused_probe(tmp_path: Path, user: str, **given: Any) -> CliError:

@@ -17,7 +17,9 @@ def _walk(
     parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
 ) -> list[tuple[tuple[str, ...], argparse.ArgumentParser, dict[str, str | None]]]:
     """(path, parser, the help its parent gives each of its subcommands)."""
-    found = [(path, parser, {})]
+    found: list[tuple[tuple[str, ...], argparse.ArgumentParser, dict[str, str | None]]] = [
+        (path, parser, {})
+    ]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {choice.dest: choice.help for choice in action._choices_actions}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def refused(data: dict[str, Any], where: str, *needles: str) -> str:
 # -- durations --------------------------------------------------------------------------
 
 #: (where, the data that sets it, its bound)
-DURATIONS = [
+DURATIONS: list[tuple[str, Callable[[float], dict[str, Any]], float]] = [
     ("daemon.tick", lambda v: {"daemon": {"tick": v}}, HOUR),
     ("daemon.deadline_grace", lambda v: {"daemon": {"deadline_grace": v}}, DAY),
     ("providers.g.timeout", lambda v: gmail(timeout=v), HOUR),

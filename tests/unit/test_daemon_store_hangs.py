@@ -65,7 +65,7 @@ def test_ticks_that_fail_while_the_store_is_down_still_feed_the_watchdog() -> No
     systemd would kill the daemon (SIGABRT, its calls in flight cut) a minute into the
     outage."""
     with Ledger("memory://") as ledger:
-        ledger.hold_identity = lambda name: _StoreDown()  # type: ignore[method-assign,assignment,return-value]
+        ledger.hold_identity = lambda name: _StoreDown()  # type: ignore[method-assign]
         with serving(ledger) as (daemon, _):
             threading.Event().wait(1.0)
             assert daemon.health.ticks == 0  # no tick got past the store

@@ -261,6 +261,12 @@ class NoOffset(tzinfo):
     def utcoffset(self, dt: datetime | None) -> timedelta | None:
         return None
 
+    def tzname(self, dt: datetime | None) -> str | None:
+        raise NotImplementedError  # as tzinfo's own: a zone that says nothing
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        raise NotImplementedError
+
 
 def test_a_time_zone_without_an_offset_is_refused() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):

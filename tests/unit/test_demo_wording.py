@@ -23,7 +23,7 @@ def at(seconds: float) -> str:
 
 
 def test_an_ambiguous_send_confirmed_by_its_search() -> None:
-    records = [
+    records: list[dict[str, Any]] = [
         {"type": "Requested", "at": at(0)},
         {"type": "Attempted", "at": at(0.1), "attempt": 1},
         {
@@ -41,7 +41,7 @@ def test_an_ambiguous_send_confirmed_by_its_search() -> None:
 
 
 def test_misses_then_a_resend_then_its_copies_counted_again() -> None:
-    records = [
+    records: list[dict[str, Any]] = [
         {"type": "Attempted", "at": at(0), "attempt": 1},
         {
             "type": "Unknown",
@@ -75,7 +75,7 @@ def test_misses_then_a_resend_then_its_copies_counted_again() -> None:
 
 
 def test_a_refusal_that_sent_nothing_and_a_review() -> None:
-    refused = [
+    refused: list[dict[str, Any]] = [
         {"type": "Attempted", "at": at(0), "attempt": 1},
         {
             "type": "Rejected",
@@ -92,7 +92,7 @@ def test_a_refusal_that_sent_nothing_and_a_review() -> None:
         "refused (HTTP 429: rateLimitExceeded): nothing sent, the provider is busy -> "
         "tried again 1.0 s later -> Gmail answered with the message's id -> confirmed"
     )
-    review = [
+    review: list[dict[str, Any]] = [
         {
             "type": "Unknown",
             "at": at(0),
@@ -105,7 +105,7 @@ def test_a_refusal_that_sent_nothing_and_a_review() -> None:
 
 
 def test_a_human_check_and_resend_is_the_second_line() -> None:
-    records = [
+    records: list[dict[str, Any]] = [
         {
             "type": "Checked",
             "at": at(0),

@@ -31,7 +31,9 @@ from ledger.vocabulary import FINAL_STATES, ConfirmedVia, EscalationReason, Reso
 SRC = REPO / "src"
 DAEMON = {p.name for p in (SRC / "daemon").iterdir() if (p / "__init__.py").is_file()}
 #: The job's events by name (not the base class, nor eventsourcing's alias `Created`).
-EVENTS = {n: c for n, c in vars(SendJob).items() if isinstance(c, type) and n[0] != "_"}
+EVENTS: dict[str, Any] = {
+    n: c for n, c in vars(SendJob).items() if isinstance(c, type) and n[0] != "_"
+}
 EVENTS = {n: c for n, c in EVENTS.items() if issubclass(c, Aggregate.Event) and n != "Created"}
 del EVENTS["Event"]
 
@@ -63,7 +65,7 @@ def gerr(status: int, reason: str) -> tuple[int, dict[str, str], bytes]:
     return status, {}, json.dumps({"error": {"errors": [{"reason": reason}]}}).encode()
 
 
-DROPS = [TimeoutError(), ConnectionResetError(), http.client.RemoteDisconnected()]
+DROPS = [TimeoutError(), ConnectionResetError(), http.client.RemoteDisconnected("")]
 #: What each row of the Gmail outcome table names, as the classifier is handed it.
 ROW_INPUTS: dict[str, list[Any]] = {
     "no connection made (refused, DNS failure, connect timeout, TLS handshake failed)": [
@@ -144,7 +146,8 @@ def test_a_new_provider_s_capabilities_are_the_port_s_with_the_defaults_written(
     calls = {"send_raw", "search", "read_message_id", "close", "name"}
     assert set(written) | {"readback_first"} == members - calls  # `a` / `b` (...): one row
     base = type("Plain", (ProviderBase,), {"name": "plain"})()
-    meant = {"False": False, "None": None, "0.0": 0.0, "30 s": 30.0, "its name": "plain"}
+    meant: dict[str, object] = {"False": False, "None": None, "0.0": 0.0, "30 s": 30.0}
+    meant |= {"its name": "plain"}
     meant |= {"itself": base, "none deleted": [], "0": 0, "`scope(": "plain", "nothing listed": ()}
     args = {"for_job": ("a@b.c", None), "delete_drafts": ("<a@b>",), "scope_of": ("a@b.c",)}
     valued = {n: d for n, d in written.items() if d in meant}
@@ -169,7 +172,11 @@ def test_the_kinds_and_what_each_does_are_the_providers() -> None:
     """The outcomes are the classifiers' (test_smtp_classify.py); here, stages and read-back
     (the Gmail setup's scopes: test_docs_figures.py's LISTS)."""
     rows = keyed(section("providers.md", "What each kind does"))
-    readable = [gmail.GmailProvider, smtp_imap.SmtpImapProvider, graph.GraphProvider]
+    readable: list[type[Provider]] = [
+        gmail.GmailProvider,
+        smtp_imap.SmtpImapProvider,
+        graph.GraphProvider,
+    ]
     said = [not cell.startswith("none:") for cell in rows["read-back of the Message-ID"]]
     assert said == [p.response_ids_readable for p in readable]
     stages = re.search(r"to ((?:[A-Z]+, )*[A-Z]+ or [A-Z]+);", rows["not sent"][1])
@@ -201,7 +208,7 @@ def test_the_make_targets_bench_scripts_and_layout_are_the_tree_s() -> None:
     runs = {"test-py313", "lint", "typecheck", "test-eventsourcing", "tests"}
     ci = page(".ci/run")
     assert runs <= set(recipes["test"].split()) and ci.index("CI=") < ci.index("exec make test")
-    packages = makefile.split("TEST_PACKAGES := ", 1)[1].split("\n\n", 1)[0].split()
+    packages = set(makefile.split("TEST_PACKAGES := ", 1)[1].split("\n\n", 1)[0].split())
     assert {"postgresql-15", "postfix", "dovecot-imapd"} <= set(packages)
     url = re.search(r"`(postgresql://[^`]+)`", section("development.md", "The private PostgreSQL"))
     assert url and url.group(1) in page("tests/conftest.py")
@@ -224,8 +231,8 @@ def options(where: str) -> set[str]:
         return {str(a.value) for n in added for a in n.args[:2] if isinstance(a, ast.Constant)}
     parser = build_parser(where.split()[0])
     for word in where.split():
-        sub = next(a for a in parser._actions if isinstance(a.choices, dict))
-        parser = sub.choices.get(word, parser)
+        sub = next(a.choices for a in parser._actions if isinstance(a.choices, dict))
+        parser = sub.get(word, parser)
     return {o for a in parser._actions for o in a.option_strings}
 
 

@@ -21,6 +21,7 @@ from unittest import mock
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import BaseModel
 from tests.unit.docs_page import PAGES, REPO, block, flat, page, section
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_api_routes import AUTH, api_context
@@ -91,7 +92,12 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
     parts = re.split(header, page("config.example.toml"), flags=re.M)[1:]
     sections = {name or kind: text for name, kind, text in zip(*[iter(parts)] * 3, strict=True)}
     sections["http-api"] = block(section("http-api.md", "## Webhooks"), "toml")  # a hook's
-    for prefix, model in [*SECTIONS.items(), *KINDS.items(), ("http-api", WebhookSettings)]:
+    models: list[tuple[str, type[BaseModel]]] = [
+        *SECTIONS.items(),
+        *KINDS.items(),
+        ("http-api", WebhookSettings),
+    ]
+    for prefix, model in models:
         # Every key; a value shown (set or commented out) where the model has one of its own
         # is that default, but for the few a deployment sets to its own on purpose.
         text = sections[prefix.split(".")[0]]
@@ -124,10 +130,10 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
     line = next(x for x in page("configuration.md").splitlines() if x.startswith("Durations are "))
     durations = [parse_duration(f) for f in re.findall(r'`"([^"]+)"`', line)]
     assert durations == [0.25, 30, 300, 3600, 86400], line
-    shown = re.search(
+    said = re.search(
         r"Key `([^`]+)` on `([^`]+)` is always `([^`]+)`", flat(page("how-it-works.md"))
     )
-    assert shown and message_id_for(shown[1], shown[2]) == shown[3]
+    assert said and message_id_for(said[1], said[2]) == said[3]
 
 
 def test_a_fifo_as_a_secret_is_refused_in_the_page_s_words(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ def bench(script: str, name: str) -> object:
     for node in ast.walk(tree) if name.startswith("--") else tree.body:
         call = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
         if call and ast.literal_eval(node.args[0]) == name:  # type: ignore[attr-defined]
+            assert isinstance(node, ast.Call)
             return next(ast.literal_eval(k.value) for k in node.keywords if k.arg == "default")
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
         if any(getattr(t, "id", "") == name for t in targets):
@@ -83,9 +84,9 @@ LATENCY_CONCURRENCY = str(bench("pipeline.py", "--latency-concurrency")).split("
 FAULTS: dict[str, int] = bench("soak.py", "FAULTS")  # type: ignore[assignment]
 SOAK_FAULTS = sum(FAULTS.values()) - FAULTS["pass"]
 DAEMONS = re.sub(r",(\d+)$", r" and \1", str(bench("daemons.py", "--daemons"))).replace(",", ", ")
-SOAK_CONCURRENCY = int(re.search(r"concurrency = (\d+)", page("bench/soak.py"))[1])
+SOAK_CONCURRENCY = int(re.findall(r"concurrency = (\d+)", page("bench/soak.py"))[0])
 PROJECT = tomllib.loads(page("pyproject.toml"))["project"]
-EVENTSOURCING = re.search(r"eventsourcing\[postgres\]>=([\d.]+),", str(PROJECT["dependencies"]))[1]
+EVENTSOURCING = re.findall(r"eventsourcing\[postgres\]>=([\d.]+),", str(PROJECT["dependencies"]))[0]
 MODELS = [*SECTIONS.items(), *(("providers.NAME", m) for m in KINDS.values())]
 SECRETS = {f"{p}.{f}" for p, m in MODELS for f in m.model_fields if f.endswith("_file")}
 DEMO = ast.walk(ast.parse(page("src/daemon/tools/demo.py")))
@@ -99,7 +100,11 @@ ROUTES = {f"{m} {p}": r.value for (m, p), r in ROUTE_ROLES.items()} | {"/ui/": P
 REASONS = {r.value: [guidance.MEANING[r], guidance.NEXT[r]] for r in EscalationReason}
 OWNED = {*extra_headers.OWNED_HEADERS, "content-*"} - {"message-id"}
 CRASH = ast.parse(page("tests/e2e/test_crash_matrix.py"))
-CRASH_MODES = next(ast.literal_eval(n.value) for n in CRASH.body if "MODES" in ast.unparse(n)[:9])
+CRASH_MODES = next(
+    ast.literal_eval(n.value)
+    for n in CRASH.body
+    if isinstance(n, ast.AnnAssign) and n.value and "MODES" in ast.unparse(n)[:9]
+)
 FIELDS = {
     k: {f for b in c.__mro__ for f in getattr(b, "__annotations__", {})} for k, c in EVENTS.items()
 }
@@ -265,6 +270,7 @@ def differs(where: str, written: list[str] | dict[str, list[str]], value: str) -
     op, expression = value.split(" ", 1) if value[:3] in ("<= ", ">= ", "~= ") else ("", value)
     code = eval(expression)
     if isinstance(code, dict):  # a table's rows: their first cell, or every cell
+        assert isinstance(written, dict), written
         whole = isinstance(next(iter(code.values())), list)
         rows = {k: cells if whole else cells[0] for k, cells in dict(written).items()}
         wrong = {

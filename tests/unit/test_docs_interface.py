@@ -61,7 +61,7 @@ def parsers(parser: Any = None, path: tuple[str, ...] = ()) -> dict[tuple[str, .
 def test_every_command_option_argument_and_choice_is_listed_as_the_parser_has_it() -> None:
     listed, commands = documented(), parsers()
     assert set(listed) == set(commands)
-    hidden = argparse._HelpAction | argparse._SubParsersAction  # a suppressed option: the top's
+    hidden = (argparse._HelpAction, argparse._SubParsersAction)  # a suppressed option: the top's
     for path, parser in commands.items():
         actions = [a for a in parser._actions if not isinstance(a, hidden) and a.help != SUPPRESS]
         written = set(re.findall(r"--[a-z][a-z-]*", " ".join(listed[path]))) - {"--help"}
@@ -207,8 +207,8 @@ def test_the_client_s_calls_and_errors_are_the_client_s_and_the_example_binds() 
     assert len(bound) == 1 + len(re.findall(r"client\.(\w+)\(", block(text, "python")))
     also = CODE.findall(text.split("Also ", 1)[1].split(". Every", 1)[0])
     called = set(re.findall(r"client\.(\w+)\(", text)) | {c for c in also if c.isidentifier()}
-    calls = inspect.getmembers(client_module.Client, inspect.isfunction)
-    assert called == {name for name, _ in calls if name[0] != "_"}
+    members = inspect.getmembers(client_module.Client, inspect.isfunction)
+    assert called == {name for name, _ in members if name[0] != "_"}
     found = inspect.getmembers(client_module, inspect.isclass)
     classes = {n for n, c in found if issubclass(c, client_module.ClientError) and n[0] != "_"}
     named = {n for n in re.findall(r"`([A-Z]\w+)`", text) if n not in ("FieldError", "Client")}
@@ -222,9 +222,9 @@ def test_the_client_s_calls_and_errors_are_the_client_s_and_the_example_binds() 
     assert issubclass(client_module.Invalid, client_module.ApiError)
 
 
-def registry(metrics: Metrics) -> dict[str, tuple[str, tuple[str, ...]]]:
+def registry(metrics: Metrics) -> dict[str, tuple[str | None, tuple[str, ...]]]:
     """name as exposed (counters with `_total`) -> (kind, label names)."""
-    found = {}
+    found: dict[str, tuple[str | None, tuple[str, ...]]] = {}
     for wrapper in vars(metrics).values():
         if isinstance(wrapper, MetricWrapperBase):
             name = wrapper._name + ("_total" if wrapper._type == "counter" else "")

@@ -90,14 +90,14 @@ def test_every_section_names_what_checks_it(path: Path) -> None:
     rows = [row for line in found.pop("What checks this page", []) if (row := ROW.match(line))]
     named = {row["section"].replace("\\|", "|"): CODE.findall(row["items"]) for row in rows}
     out = [f"{path.name}: a row for no section '{s}'" for s in set(named) - set(found)]
-    for heading, lines in found.items():
+    for title, lines in found.items():
         if any(line.startswith("Checked by:") for line in lines):
-            out.append(f"{path.name} '{heading}': a `Checked by:` line in the prose")
-        if lines and not named.get(heading):
-            out.append(f"{path.name} '{heading}': no row in 'What checks this page', or empty")
+            out.append(f"{path.name} '{title}': a `Checked by:` line in the prose")
+        if lines and not named.get(title):
+            out.append(f"{path.name} '{title}': no row in 'What checks this page', or empty")
         out += [
-            f"{path.name} '{heading}': {i}: {p}"
-            for i in named.get(heading, [])
+            f"{path.name} '{title}': {i}: {p}"
+            for i in named.get(title, [])
             if (p := problem_with(i))
         ]
     assert out == []
@@ -184,7 +184,10 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
     span = span.removeprefix("src/").removesuffix("()")
     if span in NOT_CODE or FILE_SUFFIX.search(span):
         return None
-    by_path = lambda path: [m for m, p in modules().items() if p.as_posix().endswith("/" + path)]  # noqa: E731
+
+    def by_path(path: str) -> list[str]:
+        return [m for m, p in modules().items() if p.as_posix().endswith("/" + path)]
+
     if located := re.fullmatch(r"([\w/]+\.py): ?([\w.]+)", span):
         found = by_path(located.group(1))
         if len(found) != 1:

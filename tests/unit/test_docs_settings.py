@@ -47,7 +47,8 @@ WORDS: dict[str, tuple[object, ...]] = {
     "the host name": (socket.gethostname(),),
     "all seven": (list(WEBHOOK_TYPES),),
     "twice `deadline_grace`, at least `1s`": (None,),  # tests/unit/test_settings.py
-} | dict.fromkeys(("off", "none", "Google's", "the file's", "the `\\Sent` folder"), ("",))
+}
+WORDS |= dict.fromkeys(("off", "none", "Google's", "the file's", "the `\\Sent` folder"), ("",))
 WORDS |= dict.fromkeys(("", "required with `listen`"), (None,))
 RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at most) ([^\s,]+)")
 #: What a field's range needs of another field: its low (0) or high (1) end, or (2) 7d.
@@ -158,6 +159,7 @@ def test_every_setting_has_one_row_its_default_choices_and_range() -> None:
     assert sorted(set(listed) ^ every) == [] and len(listed) == len(set(listed))
     for kind, key, default, meaning in rows:
         found = field_of(key, kind or "gmail")  # a field: every key is one (above)
+        assert found, key
         check_default(*found, default, f"configuration.md, row {key}")
         check_choices(*found, meaning, f"configuration.md, row {key}")
         if key == "providers.NAME.kind":
@@ -166,9 +168,9 @@ def test_every_setting_has_one_row_its_default_choices_and_range() -> None:
     for row in table(page("configuration.md"), "key | range"):
         kinds = [k for k in KINDS if re.search(rf"\({k}\b|, {k}\b", row[0])] or list(KINDS)
         for key in CODE.findall(row[0]):
-            found = {f for kind in kinds if (f := field_of(key, kind))}
-            assert found, key
-            for model, field in found:
+            fields = {f for kind in kinds if (f := field_of(key, kind))}
+            assert fields, key
+            for model, field in fields:
                 check_range(model, field, row[1], "configuration.md, range table")
                 ranged.append((model, field))
     numeric = {

@@ -363,6 +363,7 @@ def test_the_observed_provider_forwards_every_capability_of_the_port() -> None:
     assert declared - set(vars(ObservedProvider)) == set()
     rig = history_rig()
     try:
+        assert isinstance(rig.provider, FakeHistoryProvider)
         assert ObservedProvider(rig.provider, NullObserver()).history() is rig.provider
     finally:
         rig.close()

@@ -30,7 +30,7 @@ def drafts_rig(lag: float, seed: int, *, replaces: bool) -> EngineRig:
 
 class DraftsMachine(EngineMachine):
     @initialize(lag=st.sampled_from(LAGS), seed=st.integers(0, 3), replaces=st.booleans())
-    def start(self, lag: float, seed: int, replaces: bool) -> None:  # type: ignore[override]
+    def start(self, lag: float, seed: int, replaces: bool) -> None:
         self.rig = drafts_rig(lag, seed, replaces=replaces)
 
     @property
@@ -94,5 +94,5 @@ def test_a_dropped_reply_settles_through_the_draft_without_a_search() -> None:
         assert rig.provider.searches == 0
         assert rig.copies("l-1") == 1
         confirmed = [e for e in rig.ledger.history("l-1") if type(e).__name__ == "Confirmed"]
-        assert confirmed[-1].via == ConfirmedVia.DRAFT  # type: ignore[attr-defined]
+        assert confirmed[-1].via == ConfirmedVia.DRAFT
         rig.close()

@@ -59,7 +59,7 @@ class HistoryMachine(EngineMachine):
     @initialize(
         lag=st.sampled_from(LAGS), history_lag=st.sampled_from(HISTORY_LAGS), seed=st.integers(0, 3)
     )
-    def start(self, lag: float, history_lag: float, seed: int) -> None:  # type: ignore[override]
+    def start(self, lag: float, history_lag: float, seed: int) -> None:
         self.rig = history_rig(lag, history_lag, seed)
 
     @property
@@ -154,6 +154,6 @@ def test_a_dropped_reply_settles_through_the_history_before_the_index_shows_it()
         assert rig.job("a-1").state is JobState.CONFIRMED, rig.events("a-1")
         assert rig.provider.searches == 0 and rig.copies("a-1") == 1
         confirmed = [e for e in rig.ledger.history("a-1") if type(e).__name__ == "Confirmed"]
-        assert confirmed[-1].via == ConfirmedVia.HISTORY  # type: ignore[attr-defined]
+        assert confirmed[-1].via == ConfirmedVia.HISTORY
     finally:
         rig.close()

@@ -83,7 +83,9 @@ def test_the_drawing_is_the_tree() -> None:
     # A class drawn under a kind has that kind; the doors' own and ServiceError say theirs.
     for name, branch in tree.items():
         if name in classes and name not in {"ServiceError", "CliError", "ApiError"}:
-            kind = classes[name].kind
+            error = classes[name]
+            assert issubclass(error, SendledgerError), name
+            kind = error.kind
             assert (kind.name if kind else "None") == branch, (name, kind, branch)
 
 

@@ -39,7 +39,7 @@ def _lost() -> ResponseLostError:
     return ResponseLostError(
         "POST sent to h:1, then connection closed without a response",
         host="h:1",
-        cause=http.client.RemoteDisconnected(),
+        cause=http.client.RemoteDisconnected(""),
     )
 
 

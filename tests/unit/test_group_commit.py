@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -49,7 +49,7 @@ class SaveHook:
         self,
         ledger: Ledger,
         at: int,
-        act: Callable[[list[SendJob]], None],
+        act: Callable[[Sequence[SendJob]], object],
         *,
         pause: threading.Event | None = None,
     ) -> None:
@@ -62,7 +62,7 @@ class SaveHook:
         ledger.save_jobs = self  # type: ignore[method-assign]
         ledger.save_job = lambda job, **kwargs: self([job], **kwargs)  # type: ignore[method-assign]
 
-    def __call__(self, jobs: list[SendJob], **kwargs: Any) -> None:
+    def __call__(self, jobs: Sequence[SendJob], **kwargs: Any) -> None:
         with self._lock:
             self.calls.append(len(jobs))
             number = len(self.calls)
@@ -113,7 +113,12 @@ def test_a_commit_that_meets_another_writer_fails_only_that_job(rig: EngineRig) 
 def test_a_claim_that_meets_another_writer_is_not_sent(rig: EngineRig) -> None:
     rig.submit("receipts", "k0")
     rig.submit("receipts", "k1")
-    SaveHook(rig.ledger, 1, lambda jobs: [other_daemon_claims(rig.ledger, j.key) for j in jobs])
+
+    def claimed_by_another(jobs: Sequence[SendJob]) -> None:
+        for job in jobs:
+            other_daemon_claims(rig.ledger, job.key)
+
+    SaveHook(rig.ledger, 1, claimed_by_another)
     report = rig.tick()
     # The first commit held one claim (k0 or k1): the other writer took it first.
     assert rig.provider.sends == 1 and report.sent == 1 and report.skipped == 1
@@ -126,7 +131,7 @@ def test_an_outcome_that_meets_another_writer_leaves_the_other_writers_events(
 ) -> None:
     rig.submit("receipts", "k0")
 
-    def recovered_elsewhere(jobs: list[SendJob]) -> None:
+    def recovered_elsewhere(jobs: Sequence[SendJob]) -> None:
         # Another daemon's recovery (its deadline passed, say) records Unknown first.
         job = rig.ledger.get_job("k0")
         job.record_unknown(
@@ -155,7 +160,7 @@ def test_a_store_failure_on_the_claim_save_sends_nothing(rig: EngineRig) -> None
     rig.submit("receipts", "k1")
     failed: list[int] = []
 
-    def fail(jobs: list[SendJob]) -> None:
+    def fail(jobs: Sequence[SendJob]) -> None:
         failed.append(len(jobs))
         raise OSError("disk full")
 
@@ -191,7 +196,7 @@ def test_jobs_another_writer_claims_before_a_commit_are_never_sent_by_it(
         wanted = sorted(keys[n] for n in taken if n < jobs)
         stolen: set[str] = set()
 
-        def steal(_jobs: list[SendJob]) -> None:
+        def steal(_jobs: Sequence[SendJob]) -> None:
             for key in wanted:
                 if rig.ledger.get_job(key).state is JobState.REQUESTED:  # not ours already
                     other_daemon_claims(rig.ledger, key)
@@ -553,7 +558,7 @@ def test_the_machine_is_busy_when_its_load_exceeds_its_cores(
 ) -> None:
     cores = commit_module._cpus()
     load = [cores + 0.5]
-    monkeypatch.setattr(commit_module.os, "getloadavg", lambda: (load[0], 0.0, 0.0))
+    monkeypatch.setattr("daemon.engine.commit.os.getloadavg", lambda: (load[0], 0.0, 0.0))
     assert commit_module.machine_busy()
     load[0] = float(cores)
     assert not commit_module.machine_busy()
@@ -566,7 +571,7 @@ def test_the_load_is_read_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch)
         reads.append(1)
         return (1000.0, 0.0, 0.0)
 
-    monkeypatch.setattr(commit_module.os, "getloadavg", loadavg)
+    monkeypatch.setattr("daemon.engine.commit.os.getloadavg", loadavg)
     now = [0.0]
     watch = commit_module._LoadWatch(lambda: now[0])
     assert watch() and watch()

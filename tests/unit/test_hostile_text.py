@@ -155,7 +155,7 @@ def assert_reads_as_the_job(raw: bytes, content: JobContent) -> None:
         assert addresses(message, "Reply-To") == expected((content.reply_to,))
     assert addresses(message, "From") == expected((content.sender or SENDER,))
     for name, value in content.headers:
-        assert message.get_all(name) is not None and len(message.get_all(name)) == 1
+        assert len(message.get_all(name) or []) == 1
         assert decoded(message[name]) == value
     leaves = [part for part in message.walk() if not part.is_multipart()]
     texts = [content.body] + ([content.html] if content.html is not None else [])

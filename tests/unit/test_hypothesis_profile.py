@@ -14,6 +14,7 @@ TESTS = Path(__file__).resolve().parents[1]
 
 
 def test_the_loaded_profile_has_no_deadline_and_is_derandomized() -> None:
+    assert settings.default is not None
     assert settings.default.deadline is None
     assert HealthCheck.too_slow in settings.default.suppress_health_check
     if os.environ.get("HYPOTHESIS_PROFILE", "sendledger") == "sendledger":

@@ -66,7 +66,12 @@ class Box:
 def test_a_tick_looks_only_at_the_mailboxes_whose_time_has_come() -> None:
     time = FakeTime(0.0)
     made: list[str] = []
-    boxes = Mailboxes(lambda address: made.append(address) or Box(time), clock=time)
+
+    def box(address: str) -> Box:
+        made.append(address)
+        return Box(time)
+
+    boxes = Mailboxes(box, clock=time)
     for n in range(1000):
         boxes.get(f"m{n}@example.com")
     assert boxes.get("Shop <M1@EXAMPLE.com>") is boxes.get("m1@example.com")
@@ -137,7 +142,7 @@ def test_a_dropped_mailboxs_live_token_serves_it_again_until_it_expires(
     provider = delegated(tmp_path, time)
     alice = provider.mailbox("alice@example.com")
     expiry = datetime.now(UTC).replace(tzinfo=None) + timedelta(hours=1)
-    alice.credentials.token, alice.credentials.expiry = "tok-alice", expiry  # type: ignore[attr-defined]
+    alice.credentials.token, alice.credentials.expiry = "tok-alice", expiry
     provider.mailbox("bob@example.com")  # never fetched a token
     time.now = IDLE_AFTER
     assert provider.forget_idle() == 2

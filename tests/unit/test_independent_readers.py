@@ -27,12 +27,12 @@ import email.header
 import email.policy
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import fast_mail_parser
-import mailparser
+import mailparser  # type: ignore[import-untyped]  # mail-parser ships no type hints
 from hypothesis import HealthCheck, example, given, settings
 from tests.unit.test_hostile_text import KEY, MID, SENDER, fields_of, jobs
 
@@ -101,7 +101,7 @@ def _read(
     boxes: Callable[[Any], Pairs],
     message_id: object,
     header: Callable[[str], object],
-    filenames: list[object],
+    filenames: Sequence[object],
     content: JobContent,
 ) -> dict[str, object]:
     # The two libraries name their fields alike (`from_`, `to`, ...); each reads its own.
@@ -134,7 +134,8 @@ def by_fast_mail_parser(raw: bytes, content: JobContent) -> dict[str, object]:
         return [(box.display_name or "", box.address) for box in items]
 
     def header(name: str) -> object:
-        return (mail.headers.get(name) or [None])[0]
+        values = mail.headers.get(name)
+        return values[0] if values else None
 
     names = [attachment.filename for attachment in mail.attachments]
     return _read(mail, boxes, header("Message-ID"), header, names, content)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from eventsourcing.persistence import StoredEvent
@@ -153,9 +154,8 @@ def test_refusals_leave_the_job_untouched(clock: FakeClock) -> None:
     with pytest.raises(TransitionError, match="1 copies found, none expected"):
         job.record_history(query=QUERY, copies=["a"], decision=HistoryMiss(POLICY), at=clock.now)
     with pytest.raises(TransitionError, match="does not decide this"):
-        job.record_history(
-            query=QUERY, copies=[], decision=SearchAgainAt(POLICY, clock.now), at=clock.now
-        )
+        not_a_history_decision: Any = SearchAgainAt(POLICY, clock.now)  # wrong on purpose
+        job.record_history(query=QUERY, copies=[], decision=not_a_history_decision, at=clock.now)
     earlier = clock.now - timedelta(seconds=1)
     with pytest.raises(TransitionError, match="nothing can be due before"):
         job.record_history(

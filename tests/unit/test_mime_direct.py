@@ -86,7 +86,7 @@ simple_mailbox = st.one_of(
 simple_text = st.lists(
     st.text("abcXYZ019!#:;<>/", min_size=1, max_size=10), min_size=1, max_size=5
 ).map(" ".join)
-any_text = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=100)
+any_text = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=100)
 simple = {
     "from_addr": simple_mailbox,
     "to": st.lists(simple_mailbox, min_size=1, max_size=2),

@@ -294,8 +294,6 @@ def test_unreadable_file_is_a_problem_and_others_still_checked(
     other = write(tmp_path, "other.toml", GOOD + "confirm_misses = 0\n")
     import os
 
-    from policies import files
-
     real_open = os.open
 
     def open_(path: Any, flags: int, *args: Any) -> int:
@@ -304,7 +302,7 @@ def test_unreadable_file_is_a_problem_and_others_still_checked(
         return real_open(path, flags, *args)
 
     # Tests run as root, where chmod 000 locks nothing.
-    monkeypatch.setattr(files.os, "open", open_)
+    monkeypatch.setattr("policies.files.os.open", open_)
     problems = problems_of(tmp_path)
     assert {(p.file, p.field) for p in problems} == {(locked, "-"), (other, "confirm_misses")}
     assert f"{locked}:-: cannot read: Permission denied" in [str(p) for p in problems]

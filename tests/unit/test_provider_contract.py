@@ -8,6 +8,8 @@ test_smtp_imap_provider.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from tests.provider_contract import (
     THROTTLED,
@@ -28,7 +30,7 @@ from daemon.doubles.fake_time import FakeClock
 from daemon.providers.base import Provider, SendKind
 
 #: The relay's modes as the fake scripts them.
-FATES = {
+FATES: dict[str, Callable[[], Scripted]] = {
     "pass": Scripted.confirmed,
     "fail-before-forward": Scripted.lost_request,
     "drop-response": Scripted.dropped_response,
@@ -92,9 +94,10 @@ class FakeContract(SendContract, ReadBackContract, SearchFaultContract):
     SEARCH_FAULTS = {"503": (True, None), "500-after-forward": (False, 1.0)}
     QUERY = "rfc822msgid:{bare}"
     PROVIDER: type[FakeProvider]
+    subject: FakeSubject
 
-    @pytest.fixture
-    def subject(self, clock: FakeClock) -> FakeSubject:
+    @pytest.fixture(name="subject")
+    def fake_subject(self, clock: FakeClock) -> FakeSubject:
         return FakeSubject(self.PROVIDER(clock=clock))
 
 
@@ -104,7 +107,9 @@ class TestFakeProvider(FakeContract):
 
 class TestFakeDraftsProvider(FakeContract, DraftsContract, LeavesDraftsContract):
     PROVIDER = FakeDraftsProvider
+    subject: FakeSubject
 
 
 class TestFakeGraphProvider(FakeContract, LeavesDraftsContract):
     PROVIDER = FakeGraphProvider
+    subject: FakeSubject

@@ -457,7 +457,7 @@ class PeopleRace(RaceMachine):
     """Only people and the daemon: two doors deciding on one job, the daemon between."""
 
     @initialize(kind=st.sampled_from(sorted(KINDS)), seed=st.integers(0, 3))
-    def start(self, kind: str, seed: int) -> None:  # type: ignore[override]
+    def start(self, kind: str, seed: int) -> None:
         super().start(kind, "people", 0.0, seed)
 
 
@@ -466,7 +466,7 @@ class CallsRace(RaceMachine):
     checks and cancels while calls and draft steps run."""
 
     @initialize(kind=st.sampled_from(sorted(KINDS)), seed=st.integers(0, 3))
-    def start(self, kind: str, seed: int) -> None:  # type: ignore[override]
+    def start(self, kind: str, seed: int) -> None:
         super().start(kind, "calls", 0.0, seed)
 
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.config.settings import ConfigError, settings_from_dict
+from daemon.config.settings import ConfigError, GmailProviderSettings, settings_from_dict
 from daemon.doubles.fake_provider import FakeProvider
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine.circuit import Admit, Circuits, CircuitSettings
@@ -50,8 +50,8 @@ def rig_with() -> Iterator[RigFactory]:
         rig.provider.replaces_message_id = replaces
         if first is not None:
             # The Gmail provider takes both from its settings.
-            rig.provider.readback_first = first  # type: ignore[attr-defined]
-            rig.provider.readback_rate = rate  # type: ignore[attr-defined]
+            rig.provider.readback_first = first
+            rig.provider.readback_rate = rate
         return rig
 
     yield make
@@ -139,6 +139,7 @@ def provider_config(**fields: object) -> dict[str, object]:
 def test_settings_default_to_the_shared_defaults() -> None:
     loaded = settings_from_dict(provider_config(), config_path=Path("/etc/sendledger.toml"))
     gmail = loaded.providers["gmail"]
+    assert isinstance(gmail, GmailProviderSettings)
     assert gmail.readback_first == DEFAULT_READBACK_FIRST
     assert gmail.readback_rate == DEFAULT_READBACK_RATE
 
@@ -146,8 +147,10 @@ def test_settings_default_to_the_shared_defaults() -> None:
 @given(st.integers(min_value=1, max_value=1_000_000), st.floats(min_value=0, max_value=1))
 def test_settings_accept_every_valid_value(first: int, rate: float) -> None:
     loaded = settings_from_dict(provider_config(readback_first=first, readback_rate=rate))
-    assert loaded.providers["gmail"].readback_first == first
-    assert loaded.providers["gmail"].readback_rate == rate
+    gmail = loaded.providers["gmail"]
+    assert isinstance(gmail, GmailProviderSettings)
+    assert gmail.readback_first == first
+    assert gmail.readback_rate == rate
 
 
 @given(

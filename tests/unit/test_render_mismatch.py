@@ -22,6 +22,7 @@ from tests.unit.test_services import job, services
 import ledger.message as message
 import ledger.wire_check as wire_check
 from daemon.engine.readback import ProviderHealth
+from daemon.providers.base import SendOutcome
 from daemon.service_layer.intake import IntakeError, check_messages
 from ledger.content import JobContent
 from ledger.message import render
@@ -105,8 +106,9 @@ def counted_proofs(monkeypatch: pytest.MonkeyPatch) -> list[bytes | None]:
 
     def counting(fields: MessageFields) -> bytes:
         proved.append(None)
-        proved[-1] = wire_check.checked_message(fields)
-        return proved[-1]
+        checked = wire_check.checked_message(fields)
+        proved[-1] = checked
+        return checked
 
     monkeypatch.setattr(message, "checked_message", counting)
     return proved
@@ -116,7 +118,12 @@ def sent_bytes(rig: EngineRig, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The bytes handed to the provider, in order."""
     sent: list[bytes] = []
     send = rig.provider.send_raw
-    monkeypatch.setattr(rig.provider, "send_raw", lambda raw: sent.append(raw) or send(raw))
+
+    def sending(raw: bytes) -> SendOutcome:
+        sent.append(raw)
+        return send(raw)
+
+    monkeypatch.setattr(rig.provider, "send_raw", sending)
     return sent
 
 

@@ -44,7 +44,7 @@ def rig() -> Iterator[EngineRig]:
 def _page(client: TestClient, path: str) -> str:
     answer = client.get(path, headers=AUTH)
     assert answer.status_code == 200, answer.text
-    return answer.text
+    return str(answer.text)
 
 
 def _text(html: str, element_id: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -77,7 +78,7 @@ def test_many_workers_load_several_keys_per_query() -> None:
         sizes: list[int] = []
         get_jobs = rig.ledger.get_jobs
 
-        def counted(keys: list[str]) -> Any:
+        def counted(keys: Sequence[str]) -> Any:
             sizes.append(len(keys))
             return get_jobs(keys)
 
@@ -102,8 +103,8 @@ def test_workers_read_the_next_due_jobs_when_the_offer_was_cut_short() -> None:
         reads: list[int] = []
         due = rig.ledger.due
 
-        def counted(state: JobState, *args: Any) -> Any:
-            rows = due(state, *args)
+        def counted(state: JobState | str, *args: Any, **kwargs: Any) -> Any:
+            rows = due(state, *args, **kwargs)
             if state is JobState.REQUESTED:
                 reads.append(len(rows))
             return rows

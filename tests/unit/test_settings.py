@@ -64,6 +64,7 @@ def test_values_durations_and_paths_relative_to_the_config(tmp_path: Path) -> No
     settings = load_settings(write(tmp_path))
     assert settings.daemon.tick == 0.25
     assert settings.providers["support"].timeout == 5.0
+    assert isinstance(settings.providers["support"], GmailProviderSettings)
     assert settings.providers["support"].quota_units_per_second == 250.0
     assert settings.policies_dir == tmp_path / "pol"
     assert settings.credentials_file("support") == tmp_path / "sa.json"
@@ -77,6 +78,7 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     settings = load_settings(write(tmp_path))
     assert settings.daemon.tick == 2.0
     assert settings.store.url == "postgresql://u@h/db"
+    assert isinstance(settings.providers["support"], GmailProviderSettings)
     assert settings.providers["support"].user == "other@example.com"
     assert settings.providers["support"].timeout == 5.0  # the rest of the section stays
 
@@ -138,9 +140,11 @@ def test_a_required_key_missing_from_a_section_the_environment_defines_names_its
 
 
 def test_send_via_defaults_to_messages_and_takes_drafts(tmp_path: Path) -> None:
-    assert load_settings(write(tmp_path)).providers["support"].send_via == "messages"
+    support = load_settings(write(tmp_path)).providers["support"]
+    assert isinstance(support, GmailProviderSettings) and support.send_via == "messages"
     drafts = CONFIG.replace('timeout = "5s"', 'timeout = "5s"\nsend_via = "drafts"')
-    assert load_settings(write(tmp_path, drafts)).providers["support"].send_via == "drafts"
+    support = load_settings(write(tmp_path, drafts)).providers["support"]
+    assert isinstance(support, GmailProviderSettings) and support.send_via == "drafts"
     bad = CONFIG.replace('timeout = "5s"', 'timeout = "5s"\nsend_via = "draft"')
     with pytest.raises(ConfigError, match=re.escape("providers.support.send_via")):
         load_settings(write(tmp_path, bad))
@@ -296,6 +300,7 @@ def test_a_token_file_others_can_read_is_warned_about(tmp_path: Path) -> None:
     tokens.chmod(0o600)
     assert warn_exposed_secrets(config) == []
     for door in (runtime, api_server):
+        assert door.__file__ is not None
         assert "warn_exposed_secrets(" in Path(door.__file__).read_text(encoding="utf-8")
 
 

@@ -96,7 +96,7 @@ SMTP = {
 def test_smtp_settings_defaults_and_refusals() -> None:
     config = settings_from_dict({"providers": {"mail": SMTP}}).providers["mail"]
     assert config.kind == "smtp-imap"
-    cases = [
+    cases: list[tuple[dict[str, object], str]] = [
         ({"smtp_security": "none"}, "providers.mail.smtp_security: "),
         ({"imap_port": 0}, "providers.mail.imap_port: "),
         ({"sent_copy": "both"}, "providers.mail.sent_copy: "),

@@ -57,7 +57,7 @@ def test_configured_values_reach_the_postgres_environment() -> None:
 def test_connect_timeout_reaches_the_pool_and_libpq() -> None:
     # The pool's wait for a connection (eventsourcing) and libpq's for the connections
     # opened outside the pool (the name's lock, schema checks, VACUUM).
-    store = {"url": PG, "connect_timeout": "3s"}
+    store: dict[str, object] = {"url": PG, "connect_timeout": "3s"}
     assert _env(store)["POSTGRES_CONNECT_TIMEOUT"] == "3"
     assert _connect_args(_spec(store))["connect_timeout"] == 3
 

@@ -627,7 +627,7 @@ def test_a_long_value_is_quoted_in_the_reason_up_to_80_characters() -> None:
 @given(st.text(alphabet=' a,"\\()[]:;<>@=?é', max_size=30))
 def test_an_address_list_splits_as_the_walk_splits_it(value: str) -> None:
     # The split at commas taken without the walk gives what the walk gives (or refuses).
-    results = []
+    results: list[object] = []
     for split in (_split_top_level, _walk_top_level):
         try:
             results.append(split("to", value))

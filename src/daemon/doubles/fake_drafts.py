@@ -65,7 +65,7 @@ class FakeDraftsProvider(FakeProvider):
         self._unavailable_checks = 0
         #: Called at the start of every drafts.create (a test's hook: time passing during
         #: the draft step, a person acting on the job while it runs).
-        self.during_create: Callable[[], None] | None = None
+        self.during_create: Callable[[], object] | None = None
         # Every draft ever made -> its Message-ID (kept after the draft is consumed), so
         # every drafts.send call counts against its job, a 404 included (invariant 1).
         self._made: dict[str, str] = {}

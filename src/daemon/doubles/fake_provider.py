@@ -199,7 +199,7 @@ class FakeProvider(ProviderBase):
         self.during_search: Callable[[], None] | None = None
         #: Called in the middle of every send, after the copy was stored and before the
         #: outcome reaches the caller (a call that takes time on an injected clock).
-        self.during_send: Callable[[], None] | None = None
+        self.during_send: Callable[[], object] | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
