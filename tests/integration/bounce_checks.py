@@ -39,7 +39,7 @@ class Mailboxes:
     mailbox: str  # the address of the "mail" channel's mailbox
     gone: str  # an address the server bounces
     ok: str  # an address the server delivers to (the other jobs' recipient)
-    deliver: Callable[[bytes], None]  # put a message into the mailbox's INBOX
+    deliver: Callable[[bytes], object]  # put a message into the mailbox's INBOX
     bounce_arrived: Callable[[], bool]  # the server's own report is in INBOX
 
 

@@ -49,7 +49,7 @@ from testkit.tls import make_loopback_tls
 
 TOKEN = "alice-token-0123456789abcdef"
 READER = "reader-token-0123456789abcdef"
-NO_WAIT: dict[str, float] = {"backoff": 0.0, "max_backoff": 0.0}
+NO_WAIT: dict[str, Any] = {"backoff": 0.0, "max_backoff": 0.0}
 
 
 @pytest.fixture

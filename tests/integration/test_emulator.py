@@ -68,7 +68,8 @@ def sa_file(tmp_path: Path, emulator: GmailEmulator) -> Path:
 
 
 def sa_credentials(path: Path, scopes: list[str] | None = None, subject: str | None = USER) -> Any:
-    return service_account.Credentials.from_service_account_file(
+    # google-auth's credentials are unannotated (no-untyped-call, here and below).
+    return service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
         str(path), scopes=scopes or [SEND, READ], subject=subject
     )
 
@@ -147,14 +148,14 @@ def test_authorized_user_refresh_grant(emulator: GmailEmulator, tmp_path: Path) 
     path = write_authorized_user(tmp_path / "user.json", token_uri=emulator.token_uri)
     info = json.loads(path.read_text())
     # Built by hand: google-auth's from_authorized_user_info ignores the file's token_uri.
-    creds = user_credentials.Credentials(
+    creds = user_credentials.Credentials(  # type: ignore[no-untyped-call]
         token=None,
         refresh_token=info["refresh_token"],
         client_id=info["client_id"],
         client_secret=info["client_secret"],
         token_uri=info["token_uri"],
     )
-    creds.refresh(google.auth.transport.requests.Request())
+    creds.refresh(google.auth.transport.requests.Request())  # type: ignore[no-untyped-call]
 
     assert creds.token
     [record] = emulator.token_requests

@@ -60,8 +60,10 @@ def drafts_provider(gmail_provider: GmailProviderFactory) -> GmailProviderFactor
 
 
 class TestGmailDraftsContract(DraftsContract, LeavesDraftsContract, ReadBackContract):
-    @pytest.fixture
-    def subject(self, gmail_subject: Callable[..., GmailSubject]) -> GmailSubject:
+    subject: GmailSubject
+
+    @pytest.fixture(name="subject")
+    def drafts_subject(self, gmail_subject: Callable[..., GmailSubject]) -> GmailSubject:
         return gmail_subject(send_via="drafts")
 
 

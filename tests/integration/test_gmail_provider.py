@@ -79,9 +79,10 @@ class TestGmailContract(SendContract, ReadBackContract, SearchFaultContract):
         "403-rate-limit": (True, 1.0),
     }
     QUERY = "rfc822msgid:{bare}"
+    subject: GmailSubject
 
-    @pytest.fixture
-    def subject(self, gmail_subject: Callable[..., GmailSubject]) -> GmailSubject:
+    @pytest.fixture(name="subject")
+    def gmail_contract_subject(self, gmail_subject: Callable[..., GmailSubject]) -> GmailSubject:
         return gmail_subject()
 
 

@@ -234,9 +234,10 @@ class TestGraphContract(SendContract, ReadBackContract, SearchFaultContract, Lea
         "drop-response": (False, None),
     }
     QUERY = "internetMessageId eq '{id}'"
+    subject: GraphSubject
 
-    @pytest.fixture
-    def subject(
+    @pytest.fixture(name="subject")
+    def graph_subject(
         self,
         provider: ProviderFactory,
         relay: FaultRelay,

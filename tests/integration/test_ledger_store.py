@@ -36,6 +36,7 @@ from ledger.job import JobState, SendJob, TransitionError
 from ledger.message_id import message_id_for
 from ledger.stores.index import IndexRow, index_row
 from ledger.stores.memory import discard_memory_store
+from ledger.stores.postgres import PostgresJobIndexRecorder
 from ledger.stores.url import MemoryStore, PostgresStore, SqliteStore
 from ledger.vocabulary import EscalationReason, PolicyRef, Resolution
 
@@ -98,9 +99,9 @@ def raw_query(app: Ledger, sql_sqlite: str, sql_pg: str) -> list[tuple[Any, ...]
         port=spec.port,
         user=spec.user,
         password=spec.password,
-    ) as conn:
+    ) as pg:
         schema = spec.schema.replace('"', '""')
-        return [tuple(r) for r in conn.execute(sql_pg.replace("{schema}", f'"{schema}"'))]
+        return [tuple(r) for r in pg.execute(sql_pg.replace("{schema}", f'"{schema}"'))]
 
 
 def stored_topics(app: Ledger) -> list[str]:
@@ -424,7 +425,7 @@ def test_the_index_keeps_when_a_job_went_to_review_through_later_writes(
         review = Review(POLICY, EscalationReason.UNKNOWN_OUTCOME)
         app.update(key, lambda j: j.record_unknown(reason="5xx", decision=review, at=clock()))
         clock.advance(3 * 86400)
-        check = {"by": "ops", "purpose": "check", "query": "q", "copies": []}
+        check: dict[str, Any] = {"by": "ops", "purpose": "check", "query": "q", "copies": []}
         app.update(key, lambda j: j.record_check(**check, at=clock()))
         row = assert_index_in_step(app, key)
         assert row.updated_at == clock().timestamp()
@@ -441,9 +442,9 @@ def test_the_index_keeps_when_a_job_went_to_review_through_later_writes(
         drop_review_since(app)
     with Ledger(store_url, clock=clock) as app:
         # Opening added the column back, empty: the row's last change stands in for it.
-        row = app.row(key)
-        assert row is not None and row.review_since is None
-        assert row.in_review_since == row.updated_at
+        reopened = app.row(key)
+        assert reopened is not None and reopened.review_since is None
+        assert reopened.in_review_since == reopened.updated_at
         assert app.rebuild_index() == 1
         row = assert_index_in_step(app, key)
         assert row.review_since == went.timestamp()
@@ -737,6 +738,7 @@ def test_a_long_rebuild_does_not_hold_back_live_writers(pg_url: str, clock: Fake
     with Ledger(pg_url, clock=clock) as rebuilder, Ledger(pg_url, clock=clock) as daemon:
         rebuilder.submit(content("old-1"), SENDER)
         rows = _RowsHeldBack([r for r in rebuilder.jobs()])
+        assert isinstance(rebuilder.recorder, PostgresJobIndexRecorder)
         rebuilding = threading.Thread(target=rebuilder.recorder.rebuild, args=(rows,))
         rebuilding.start()
         try:
@@ -765,6 +767,7 @@ def test_a_rebuild_holds_back_no_write_of_a_job_whose_row_was_right(
         for i in range(501):
             rebuilder.submit(content(f"job-{i:03d}"), SENDER)
         rows = _RowsHeldBack(sorted(rebuilder.jobs(), key=lambda r: r.key), at=500)
+        assert isinstance(rebuilder.recorder, PostgresJobIndexRecorder)
         rebuilding = threading.Thread(target=rebuilder.recorder.rebuild, args=(rows,))
         rebuilding.start()
         try:

@@ -144,7 +144,7 @@ def _escalated(app: Ledger, row: dict[str, Any]) -> float | None:
     if row["state"] != "review":
         return None
     times = [e.timestamp for e in app.history(row["key"]) if type(e).__name__ == "Escalated"]
-    return times[-1].timestamp()
+    return float(times[-1].timestamp())
 
 
 def test_the_review_queue_of_an_old_store_lists_and_keeps_its_age(old_store: Ledger) -> None:
@@ -161,7 +161,7 @@ def test_the_review_queue_of_an_old_store_lists_and_keeps_its_age(old_store: Led
     went = _escalated(old_store, stored["review-unknown"])
     assert went is not None
     later = datetime(2026, 11, 4, 9, 0, tzinfo=UTC)
-    check = {"by": "ops", "purpose": "check", "query": "q", "copies": []}
+    check: dict[str, Any] = {"by": "ops", "purpose": "check", "query": "q", "copies": []}
     old_store.update("review-unknown", lambda j: j.record_check(**check, at=later))
     row = old_store.row("review-unknown")
     assert row is not None and row.updated_at == later.timestamp()

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from eventsourcing.sqlite import SQLiteApplicationRecorder
 from tests.integration.test_ledger_store import SENDER, attempt_args, content
 from tests.integration.test_retention_stores import settle
 
@@ -100,6 +101,7 @@ def test_a_sqlite_connection_prepares_each_statement_once(tmp_path: Path, clock:
             prepared.append(action)
             return sqlite3.SQLITE_OK
 
+        assert isinstance(ledger.recorder, SQLiteApplicationRecorder)
         with ledger.recorder.datastore.get_connection(commit=True) as connection:
             connection._sqlite_conn.set_authorizer(count)  # the one connection a thread uses
         for key in ("s-1", "s-2"):

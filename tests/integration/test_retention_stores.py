@@ -23,6 +23,7 @@ from ledger.content import JobContent, parse_job
 from ledger.decision_types import Confirm, Review
 from ledger.job import TransitionError
 from ledger.stores.cipher import new_key
+from ledger.stores.url import PostgresStore
 from ledger.vocabulary import EscalationReason, JobState, Resolution
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "store-v1"
@@ -79,14 +80,15 @@ def raw_store(ledger: Ledger, tmp_path: Path) -> bytes:
     schema = getattr(spec, "schema", None)
     if schema is None:
         return b"".join(p.read_bytes() for p in tmp_path.rglob("ledger.sqlite*") if p.is_file())
+    assert isinstance(spec, PostgresStore)
     import psycopg
 
     with psycopg.connect(
-        dbname=spec.dbname,  # type: ignore[attr-defined]
-        host=spec.host,  # type: ignore[attr-defined]
-        port=spec.port,  # type: ignore[attr-defined]
-        user=spec.user,  # type: ignore[attr-defined]
-        password=spec.password or None,  # type: ignore[attr-defined]
+        dbname=spec.dbname,
+        host=spec.host,
+        port=spec.port,
+        user=spec.user,
+        password=spec.password or None,
     ) as conn:
         chunks = []
         for (table,) in conn.execute(

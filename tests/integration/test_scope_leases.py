@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from eventsourcing.postgres import PostgresApplicationRecorder
+from eventsourcing.sqlite import SQLiteApplicationRecorder
 
 from daemon.doubles.fake_time import FakeClock
 from ledger.application import Ledger
@@ -170,6 +172,7 @@ def test_open_jobs_of_an_earlier_release_get_their_mailbox(ledger: Ledger) -> No
             blank = {"mailbox": None, "attempt_provider": None}
             rows[key] = rows[key].__class__(**{**rows[key].as_dict(), **blank})
     else:
+        assert isinstance(recorder, SQLiteApplicationRecorder | PostgresApplicationRecorder)
         table = INDEX_TABLE
         if hasattr(recorder.datastore, "schema"):
             table = f'"{recorder.datastore.schema}".{INDEX_TABLE}'

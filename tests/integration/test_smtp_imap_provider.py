@@ -133,9 +133,12 @@ class SmtpImapSubject(Subject):
 
 class TestSmtpImapContract(SendContract):
     QUERY = 'UID SEARCH HEADER Message-ID "{id}"'
+    subject: SmtpImapSubject
 
-    @pytest.fixture
-    def subject(self, servers: MailServers, relay: SmtpFaultRelay) -> Iterator[SmtpImapSubject]:
+    @pytest.fixture(name="subject")
+    def smtp_subject(
+        self, servers: MailServers, relay: SmtpFaultRelay
+    ) -> Iterator[SmtpImapSubject]:
         subject = SmtpImapSubject(servers, relay)
         yield subject
         for provider in subject.made:
@@ -335,7 +338,7 @@ def test_a_message_to_its_own_sender_whose_received_copy_was_deleted_is_one_copy
     delivers a copy to the sender's INBOX beside the sent copy, and the person deletes
     the received one. In the trash beside a sent copy, it is no second send: counted, it
     made a false duplicate for review."""
-    from imapclient import IMAPClient  # type: ignore[import-untyped]
+    from imapclient import IMAPClient
 
     mid = "<to-self@sendledger.test>"
     provider = provider_for(servers, servers.smtp_port, timeout=5.0)

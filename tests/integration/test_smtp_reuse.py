@@ -111,7 +111,8 @@ def test_a_fault_after_the_final_dot_on_the_nth_message_is_unknown_and_never_res
     """RFC 1047's case on a kept connection: Unknown whatever the connection's age, the
     connection is not reused, and the next send goes on a fresh one."""
     provider = kept_provider(servers, relay)
-    relay.set_modes(["pass"] * (nth - 1) + [mode])
+    before_the_fault: list[SmtpMode] = ["pass"] * (nth - 1)
+    relay.set_modes([*before_the_fault, mode])
     before = confirmed(provider, nth - 1)
     mid, outcome = send(provider)
     assert outcome.kind is SendKind.UNKNOWN, outcome

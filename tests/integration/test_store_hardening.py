@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from ledger import application
 from ledger.application import ConcurrentUpdate, IdentityTaken, Ledger
 from ledger.content import JobContent, parse_job
 from ledger.decision_types import RetryAt, Review
-from ledger.job import job_id_for
+from ledger.job import SendJob, job_id_for
 from ledger.stores.cipher import EventKeyMissing, new_key
 from ledger.stores.index import IndexRow, index_row
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
@@ -132,7 +133,7 @@ def test_a_failed_rebuild_leaves_the_index_as_it_was(
     with Ledger(url, clock=clock) as ledger:
         make_mixed_jobs(ledger, clock, count=12)
         before = list(ledger.jobs())
-        real = application.index_row
+        real = index_row
 
         def broken(job: Any) -> IndexRow:
             row = real(job)
@@ -468,15 +469,14 @@ def test_a_restarted_daemon_recovers_its_own_claims_at_once_and_not_others() -> 
                 }
             )
             rig.ledger.submit(job, rig.policies.get("receipts").sender)  # type: ignore[union-attr]
-            rig.ledger.update(
-                key,
-                lambda j, n=name: j.claim(
-                    provider="fake",
-                    deadline=rig.clock() + timedelta(hours=1),
-                    at=rig.clock(),
-                    daemon=n,
-                ),
+            claim = partial(
+                SendJob.claim,
+                provider="fake",
+                deadline=rig.clock() + timedelta(hours=1),
+                at=rig.clock(),
+                daemon=name,
             )
+            rig.ledger.update(key, claim)
         engine = rig.new_engine()
         engine.daemon_name = "host-a"  # as bootstrap sets it from daemon.name
         try:

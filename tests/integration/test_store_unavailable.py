@@ -44,7 +44,7 @@ def job(key: str, body: str = "Thanks") -> JobContent:
     )
 
 
-def pg_spec(pg_url: str, lock_timeout: float) -> PostgresStore:
+def pg_spec(pg_url: str, lock_timeout: int) -> PostgresStore:
     """The test's PostgreSQL store with its lock waits bounded by `lock_timeout`."""
     spec = parse_store_url(pg_url)
     assert isinstance(spec, PostgresStore)

@@ -116,7 +116,12 @@ def test_a_redirect_is_a_failure_and_is_not_followed(serve: Callable[[Handler], 
 
 
 def test_a_receiver_that_never_answers_times_out(serve: Callable[[Handler], str]) -> None:
-    url = serve(lambda conn: (_read_request(conn), time.sleep(5)))
+
+    def never_answers(conn: socket.socket) -> None:
+        _read_request(conn)
+        time.sleep(5)
+
+    url = serve(never_answers)
     started = time.monotonic()
     outcome = post(url, b"{}", HEADERS, 0.5)
     assert not outcome.ok and outcome.error == "no answer within 0.5s"
