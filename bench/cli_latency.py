@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 GOAL = 0.25  # seconds, `status KEY` median wall
@@ -112,7 +112,7 @@ def main() -> int:
             path.write_text(json.dumps(job(f"new-{round_:05d}")), encoding="utf-8")
             return [*cli, "submit", str(path)]
 
-        kinds = {
+        kinds: dict[str, Callable[[int], list[str]]] = {
             "pass": lambda _: [sys.executable, "-c", "pass"],
             "status": lambda r: [*cli, "status", keys[r % len(keys)]],
             f"status-{args.keys}": lambda _: [*cli, "status", *keys],

@@ -356,9 +356,9 @@ def quota_run(
         twice = [m for m, n in copies.items() if n > 1]
         if twice:
             problems.append(f"{len(twice)} Message-IDs accepted more than once")
-        for row in ledger.jobs():
-            if row.state != "confirmed" or copies.get(row.message_id, 0) != 1:
-                problems.append(f"{row.key}: {row.state} with {copies.get(row.message_id, 0)}")
+        for job in ledger.jobs():
+            if job.state != "confirmed" or copies.get(job.message_id, 0) != 1:
+                problems.append(f"{job.key}: {job.state} with {copies.get(job.message_id, 0)}")
         times = sorted(_epoch(entry["at"]) for entry in accepted)
         rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
         usage = emulator.usage()

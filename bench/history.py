@@ -43,11 +43,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -230,7 +231,9 @@ def reset_due(store: Store) -> None:
     with Ledger(store.url) as ledger:
         recorder: Any = ledger.recorder
         # eventsourcing keeps SQLite's originator ids as hex, PostgreSQL's as uuid.
-        param = (lambda u: u.hex) if store.backend == "sqlite" else (lambda u: u)
+        param: Callable[[UUID], object] = (
+            (lambda u: u.hex) if store.backend == "sqlite" else (lambda u: u)
+        )
         jobs = [request(due_key(i), now - timedelta(minutes=1)) for i in range(DUE)]
         with recorder._transaction(commit=True) as cursor:
             for job in jobs:

@@ -367,7 +367,7 @@ def sqlite_without_fsync() -> Callable[[], None]:
     connect = sqlite3.connect
 
     def unsynced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        conn = connect(*args, **kwargs)
+        conn: sqlite3.Connection = connect(*args, **kwargs)
         conn.execute("PRAGMA synchronous = OFF")
         return conn
 
@@ -417,7 +417,7 @@ def daemon_run(
     ledger = Ledger(store_url)
     prefix = f"job{time.monotonic_ns()}"
     message_ids = []
-    door = Services(ledger, lambda: ChannelPolicies({"receipts": POLICY}, {}))
+    door = Services(ledger, lambda: ChannelPolicies(PolicySet({"receipts": POLICY}), {}))
     for i in range(n):
         if variant.through_intake:
             result = door.submit(job_document(i, prefix), by="bench").results[0]

@@ -189,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         commits: Any = engine.commits
         commits.save = breakdown.wrap("a claim's save, waited for (commits.save)", commits.save)
         steps.flush = breakdown.wrap("a worker's flush before it sleeps", steps.flush)
-        dispatch.render_checked = breakdown.wrap(
-            "render + prove MIME (dispatch.render_checked)", dispatch.render_checked
+        dispatching: Any = dispatch
+        dispatching.render_checked = breakdown.wrap(
+            "render + prove MIME (dispatch.render_checked)", dispatching.render_checked
         )
 
     def instrument(engine: Engine) -> None:

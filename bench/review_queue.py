@@ -93,7 +93,7 @@ def main() -> None:
         fill(ledger, args.jobs)
         services = Services(ledger, lambda: ChannelPolicies(PolicySet()))
         assert len(services.review_list()) == args.jobs
-        runs = {
+        runs: dict[str, Callable[[], Any]] = {
             "queue page": lambda: services.review_queue(page=1),
             "review list": services.review_list,
             "one by one": lambda: [

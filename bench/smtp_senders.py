@@ -323,7 +323,7 @@ def run_sendledger(
     ledger = Ledger(store_url)
     # Through the intake, as `sendledger submit` and the API take jobs (it proves each
     # message once: docs/architecture.md "The message"); not part of the measured time.
-    door = Services(ledger, lambda: ChannelPolicies({"receipts": policy}, {}))
+    door = Services(ledger, lambda: ChannelPolicies(PolicySet({"receipts": policy}), {}))
     started = time.process_time()
     if through_intake:
         ids = [door.submit(doc, by="bench").results[0].message_id for doc in docs]

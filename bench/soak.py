@@ -647,7 +647,7 @@ class Operator:
             ] += 1
 
     def _run(self) -> None:
-        pending: set[Future[None]] = set()
+        pending: set[Future[Any]] = set()
         with ThreadPoolExecutor(self.in_flight, thread_name_prefix="operator") as pool:
             while not self.stopping.wait(self.rng.uniform(0.5, 1.5) * self.every):
                 pending = {f for f in pending if not f.done()}
