@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from urllib.parse import unquote
 
 import httpx
@@ -265,7 +265,7 @@ class Rig:
 
     # -- lifecycle --------------------------------------------------------------------
 
-    def __enter__(self) -> Rig:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

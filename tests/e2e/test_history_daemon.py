@@ -11,6 +11,7 @@ counted in the emulator's acceptance log; the ledger is only read."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ SLOW_SEARCH: dict[str, Any] = {**RETRY_POLICY, "search_after": "1m", "search_int
 QUICK_SEARCH: dict[str, Any] = {**RETRY_POLICY, "search_after": "1s", "search_interval": "500ms"}
 
 
-def _at(record: dict[str, Any]) -> datetime:
+def _at(record: Mapping[str, Any]) -> datetime:
     return datetime.fromisoformat(str(record["at"]).replace("Z", "+00:00"))
 
 

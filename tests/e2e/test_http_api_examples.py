@@ -24,7 +24,7 @@ PAGE = docs_page.DOCS / "http-api.md"
 
 
 def example() -> list[str]:
-    block = docs_page.section(PAGE, "### With curl").split("```sh\n", 1)[1].split("```", 1)[0]
+    block = docs_page.section(str(PAGE), "### With curl").split("```sh\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line and not line.startswith("#")]
 
 

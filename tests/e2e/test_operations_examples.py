@@ -30,7 +30,7 @@ SECTION = "### The emulator and the fault relay"
 
 def with_ports(argv: list[str], ports: dict[str, str]) -> list[str]:
     """`argv` with every port of the page (`--port N`, `127.0.0.1:N`) mapped to a free one."""
-    out = []
+    out: list[str] = []
     for word in argv:
         for old, new in ports.items():
             word = word.replace(f"127.0.0.1:{old}", f"127.0.0.1:{new}")

@@ -166,10 +166,11 @@ def why_refused(text: str) -> str:
 
 def calls_made(history: list[dict[str, Any]]) -> int:
     """The job's claims that were followed by a provider call."""
-    return sum(e["type"] == "Attempted" for e in history) - sum(
+    calls: int = sum(e["type"] == "Attempted" for e in history) - sum(
         e["type"] == "Rejected" and e.get("reason") in (NOT_OURS, WITHHELD, STOPPED)
         for e in history
     )
+    return calls
 
 
 def test_two_doors_resending_at_once_one_wins_the_other_is_refused(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import pytest
 from tests.e2e.daemon_kit import Rig
 from tests.integration.api_kit import TOKEN, free_port
 
-from testkit.relay import FaultPlan
+from testkit.relay import FaultPlan, Mode
 
 #: A channel whose unknown outcomes go straight to a human (an irreversible one).
 LEGAL: dict[str, Any] = {
@@ -68,7 +68,9 @@ def wait_api(rig: Rig, url: str) -> None:
 @pytest.fixture
 def outage(tmp_path: Path) -> Iterator[tuple[Rig, str]]:
     # 12 sends arrive but their answers are lost; 8 never reach the provider.
-    modes = ["drop-response", "fail-before-forward"] * 8 + ["drop-response"] * 4
+    lost: list[Mode] = ["drop-response", "fail-before-forward"]
+    dropped: list[Mode] = ["drop-response"]
+    modes = lost * 8 + dropped * 4
     # No index lag: a copy is searchable once stored (the lag's rules are the engine's).
     rig = Rig(tmp_path, lag=0.0, plan=FaultPlan(send=modes), policies={"legal": LEGAL})
     url = with_api(rig)

@@ -101,7 +101,8 @@ def axe_violations(page: Any) -> list[str]:
     script; the page itself runs none): `id (impact): nodes` each. The script (570 KB) is
     put in the page once per load: a second run on the same page (another width) reuses it,
     which costs as much as the run itself."""
-    from axe_playwright_python.sync_playwright import DEFAULT_OPTIONS, Axe
+    # axe-playwright-python ships no type hints.
+    from axe_playwright_python.sync_playwright import DEFAULT_OPTIONS, Axe  # type: ignore[import-untyped]
 
     if page.evaluate("typeof window.axe === 'undefined'"):
         page.evaluate(Axe().axe_script)
@@ -129,7 +130,12 @@ def test_sign_in_check_resolve_triage_and_cancel(
     auth = {"Authorization": f"Bearer {TOKEN}"}
     key, other, later, dup = "order-4711", "order-4712", "later-1", "order-4713"
     message_ids = {}
-    jobs = ((key, {}), (other, {}), (later, {"send_at": "2099-01-01T09:00:00Z"}), (dup, {}))
+    jobs: tuple[tuple[str, dict[str, str]], ...] = (
+        (key, {}),
+        (other, {}),
+        (later, {"send_at": "2099-01-01T09:00:00Z"}),
+        (dup, {}),
+    )
     for name, extra in jobs:
         submitted = httpx.post(url + "/v1/jobs", json=job(name, **extra), headers=auth)
         assert submitted.status_code == 201
@@ -228,7 +234,9 @@ def test_sign_in_check_resolve_triage_and_cancel(
             # width it is shown, its labels at their size (measured with a script in a
             # second page; the pages themselves need none).
             narrow = browser.new_page(viewport={"width": 390, "height": 844})
-            narrow.context.add_cookies(page.context.cookies())
+            # playwright types what cookies() gives and what add_cookies() takes as two
+            # TypedDicts that do not match (str against str | None), though one is the other.
+            narrow.context.add_cookies(page.context.cookies())  # type: ignore[arg-type]
             for path in (
                 "/ui/",
                 f"/ui/jobs/{key}",

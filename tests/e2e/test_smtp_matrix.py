@@ -172,7 +172,7 @@ def test_matrix_one_copy_each_in_the_real_mailbox(tmp_path: Path) -> None:
 KEPT: dict[str, Channel] = {
     "drop1st": Channel(["drop-response"], jobs=5),
     "drop2nd": Channel(["pass", "drop-response"], jobs=5),
-    "drop5th": Channel(["pass"] * 4 + ["drop-response"], jobs=5),
+    "drop5th": Channel(["pass", "pass", "pass", "pass", "drop-response"], jobs=5),
     "fbf2nd": Channel(["pass", "fail-before-forward"], jobs=5),
     "hang2nd": Channel(["pass", "hang"], jobs=5),
     # A kept connection's MAIL answered 421: sent at once on a fresh one.
