@@ -1447,8 +1447,11 @@ def test_every_daemons_round_counts_the_scope_of_a_moved_channels_attempts() -> 
         assert sorted(due) == [("c0", mailbox, ""), ("c0", mailbox, "p0")]
         store = MemoryScopeLeases(SimpleNamespace())
         holder = PolicyHolder(lambda: policies[0])
-        timing = {"lease": LEASE, "grace": GRACE, "horizon": LEASE + TIMEOUT, "clock": clock}
-        owners = [ScopeOwners(store, holder, providers, daemon=n, **timing) for n in "ab"]
+        owners = [
+            ScopeOwners(store, holder, providers, daemon=n, lease=LEASE, grace=GRACE,
+                        horizon=LEASE + TIMEOUT, clock=clock)
+            for n in "ab"
+        ]  # fmt: skip
         for joining in owners:
             joining.renew_due(clock())  # both heartbeats in: a share each
         filters = [o.balance(due, clock()) for o in owners]
