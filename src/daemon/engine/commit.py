@@ -37,12 +37,18 @@ first, nothing of it was written and every job still holds its pending events
 (`Ledger.save_jobs`), so each is saved again alone: the conflicting one fails as it would
 have alone (its worker makes no call), the others are saved.
 
-A stopping daemon (`stopping` set) tries a save whose lock wait ended in vain again only
-within `stop_wait` (one `[store] lock_timeout`) of its start: a job's row held by another
-session (a long transaction, an open psql) would hold the save for the store's minute,
-past `daemon.stop_timeout`, and the stop would then end at once with every other worker's
-outcome unsaved. An outcome not saved by then is as after a crash: the claim's deadline
-stands and recovery takes it (docs/architecture.md "Leases").
+A stopping daemon (`stopping` set) gives each save one window, `stop_wait` (one `[store]
+lock_timeout`), from when it was asked or from the stop if it was asked before: a try of
+it begins only within that window. A job's row held by another session (a long
+transaction, an open psql) would otherwise hold the save for the store's minute, past
+`daemon.stop_timeout`, and the stop would then end at once with every other worker's
+outcome unsaved. The window is shared: a batch whose commit failed is saved job by job
+only within its jobs' windows, not one lock wait each (n held rows cost one window, not
+n), and a save that waited behind another commit until its window passed is not tried
+(`LeftToRecovery`). So the saves of a stop end within two lock waits of the last one
+asked, whatever their number: the window, and the lock wait of a try begun at its end
+(docs/operations.md "Stopping"). An outcome not saved by then is as after a crash: the
+claim's deadline stands and recovery takes it (docs/architecture.md "Leases").
 """
 
 from __future__ import annotations
@@ -80,12 +86,18 @@ LOAD_FOR = 1.0
 Then = Callable[[BaseException | None], None]
 
 
+class LeftToRecovery(Exception):
+    """A save of a stopping daemon not tried: its window passed (the module's last
+    paragraph). Its job is as after a crash: recovered at its claim's deadline."""
+
+
 @dataclass(eq=False)
 class _Save:
     job: SendJob | None  # None: a flush, nothing of its own to write
     done: bool = False
     error: BaseException | None = None
     then: Then | None = None  # set for a save nobody waits for (`save_soon`)
+    asked: float = -math.inf  # the clock when it was asked (`GroupCommit._clock`)
 
 
 class GroupCommit:
@@ -103,12 +115,16 @@ class GroupCommit:
     ) -> None:
         """`savers`: how many threads may wait for a save at once (the send workers).
         `window`: the longest a commit gathers (0: never). `clock`: real seconds, for the
-        gathering only. `busy`: whether the machine is busier than its cores (default:
-        `machine_busy`, read at most once a `LOAD_FOR`). `stopping`: set once the daemon
-        stops; a save then tries again only within `stop_wait` seconds of its start."""
+        gathering and the stop's windows. `busy`: whether the machine is busier than its
+        cores (default: `machine_busy`, read at most once a `LOAD_FOR`). `stopping`: set
+        once the daemon stops; a save is then tried only within `stop_wait` seconds of
+        when it was asked, or of the stop (the module's last paragraph)."""
         self._ledger = ledger
         self._stopping = stopping
         self.stop_wait = stop_wait
+        #: When this commit first saw `stopping` set (`_clock`): the window of a save asked
+        #: before the stop starts then. Under `_lock`.
+        self._stopped_at: float | None = None
         # One lock: the savers wait on `_cond` for their commit, a gathering commit on
         # `_arrivals` for the claims on their way (an arrival wakes only it).
         self._lock = threading.Lock()
@@ -154,7 +170,8 @@ class GroupCommit:
     def save(self, job: SendJob) -> None:
         """Append the job's pending events, with whatever else is waiting to be saved.
         Raises what `Ledger.save_job` would have (ConcurrentUpdate: another writer won)."""
-        mine = _Save(job)
+        with self._lock:
+            mine = _Save(job, asked=self._asked())
         self._join(mine)
         if mine.error is not None:
             raise mine.error
@@ -171,7 +188,7 @@ class GroupCommit:
                 _tell(then, None)
             return
         with self._lock:
-            self._waiting.append(_Save(job, then=then))
+            self._waiting.append(_Save(job, then=then, asked=self._asked()))
 
     def flush(self) -> None:
         """Return once every save asked for before the call is durable or failed. A worker
@@ -263,37 +280,69 @@ class GroupCommit:
         return self._coming <= 0
 
     def _commit(self, batch: list[_Save]) -> None:
-        saves = [save for save in batch if save.job is not None]
-        keep_trying = self._keep_trying()
+        saves = [save for save in batch if save.job is not None and self._may_begin(save)]
+        tried = bool(saves)
         try:
             if len(saves) == 1:
-                self._ledger.save_job(_job(saves[0]), keep_trying=keep_trying)
+                self._ledger.save_job(_job(saves[0]), keep_trying=self._keep_trying(saves))
             elif saves:
-                self._ledger.save_jobs([_job(save) for save in saves], keep_trying=keep_trying)
+                jobs = [_job(save) for save in saves]
+                self._ledger.save_jobs(jobs, keep_trying=self._keep_trying(saves))
         except BaseException as exc:
             if len(saves) == 1:
                 saves[0].error = exc
             else:
-                # Nothing was written: each alone, so one job's conflict fails only it.
+                # Nothing was written: each alone, so one job's conflict fails only it;
+                # at a stop, within the window the batch's try already used.
                 for save in saves:
+                    if not self._may_begin(save):
+                        continue
                     try:
-                        self._ledger.save_job(_job(save), keep_trying=self._keep_trying())
+                        self._ledger.save_job(_job(save), keep_trying=self._keep_trying([save]))
                     except BaseException as alone:
                         save.error = alone
         finally:
-            if saves:
+            if tried:
                 self.commits += 1
             for save in batch:
                 save.done = True
 
-    def _keep_trying(self) -> Callable[[], bool] | None:
-        """Whether a save begun now tries again after a lock wait in vain: while the
-        daemon runs, as long as the store waits; once it stops, within `stop_wait`."""
+    def _may_begin(self, save: _Save) -> bool:
+        """Whether a try of `save` may begin now: always while the daemon runs; once it
+        stops, within the save's window. A save left out is failed here (`LeftToRecovery`)."""
+        if self._within_window(save):
+            return True
+        if save.error is None:
+            save.error = LeftToRecovery(
+                f"not saved: the daemon is stopping and its {self.stop_wait:g}s for the "
+                "store passed; recovered at its claim's deadline"
+            )
+        return False
+
+    def _within_window(self, save: _Save) -> bool:
         stopping = self._stopping
-        if stopping is None:
+        if stopping is None or not stopping.is_set():
+            return True
+        with self._lock:
+            now = self._asked()
+            assert self._stopped_at is not None, "noted by _asked"
+            opened = max(save.asked, self._stopped_at)
+        return now - opened < self.stop_wait
+
+    def _asked(self) -> float:
+        """The clock now (lock held), the stop's time noted if it is the first seen."""
+        now = self._clock()
+        if self._stopped_at is None and self._stopping is not None and self._stopping.is_set():
+            self._stopped_at = now
+        return now
+
+    def _keep_trying(self, saves: list[_Save]) -> Callable[[], bool] | None:
+        """Whether a save of `saves` tries again after a lock wait in vain: while the
+        daemon runs, as long as the store waits; once it stops, while the window of one
+        of them is open."""
+        if self._stopping is None:
             return None
-        started = time.monotonic()
-        return lambda: not stopping.is_set() or time.monotonic() - started < self.stop_wait
+        return lambda: any(self._within_window(save) for save in saves)
 
 
 def _job(save: _Save) -> SendJob:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from daemon.engine.commit import GroupCommit, Then
+from daemon.engine.commit import GroupCommit, LeftToRecovery, Then
 from daemon.engine.observer import EngineObserver, NullObserver, notify
 from daemon.engine.report import Count, Counter
 from daemon.providers.base import Provider
@@ -154,9 +154,10 @@ def count_failure(key: str, exc: BaseException, counter: Counter, where: str) ->
     if isinstance(exc, ConcurrentUpdate | TransitionError | UnknownJob):
         log.debug("job %s skipped: %s", key, exc)
         counter.bump("skipped")
-    elif isinstance(exc, StoreUnavailable):
+    elif isinstance(exc, StoreUnavailable | LeftToRecovery):
         # A full disk or a read-only store fails every due job at every tick: its one
-        # line names the store and why; a traceback each time would bury it.
+        # line names the store and why; a traceback each time would bury it. So does a
+        # save a stopping daemon left to recovery (`commit.py`).
         log.error("job %s: %s failed: %s", key, where, exc)
         counter.bump("errors")
     else:
