@@ -44,6 +44,7 @@ from ledger.stores.causes import StoreUnavailable, access_denied, read_only, sto
 from ledger.stores.cipher import cipher_env
 from ledger.stores.index import (
     INDEX_CLOCK_KWARG,
+    INDEX_CONNECT_KWARG,
     INDEX_GUARD_KWARG,
     INDEX_ROWS_KWARG,
     DueScope,
@@ -390,6 +391,7 @@ class Ledger(Application[UUID]):
         *,
         guard: Callable[[], bool] | None = None,
         keep_trying: Callable[[], bool] | None = None,
+        connect_while: Callable[[], bool] | None = None,
     ) -> None:
         """Append the job's pending events and its index row in one transaction.
 
@@ -398,9 +400,11 @@ class Ledger(Application[UUID]):
         `guard()`: asked in the transaction once the job's row is held, right before the
         commit; False rolls it back and raises `Withdrawn` (nothing stored, the events
         stay pending). `keep_trying()`: asked before a try after a failed one (a lock
-        waited for in vain); False ends the save with that failure, the events pending."""
+        waited for in vain); False ends the save with that failure, the events pending.
+        `connect_while()`: asked while the save waits for a pooled connection
+        (PostgreSQL); False gives the wait up with `Withdrawn`, nothing begun."""
         try:
-            self._save_retrying([job], guard, keep_trying)
+            self._save_retrying([job], guard, keep_trying, connect_while)
         except IntegrityError as exc:
             raise ConcurrentUpdate(f"job {job.key!r} was changed by another writer") from exc
 
@@ -421,6 +425,7 @@ class Ledger(Application[UUID]):
         jobs: Sequence[SendJob],
         guard: Callable[[], bool] | None = None,
         keep_trying: Callable[[], bool] | None = None,
+        connect_while: Callable[[], bool] | None = None,
     ) -> None:
         # The events are collected once and only their recording is tried again: a save
         # tried again whole would find them already collected and write nothing (and the
@@ -437,6 +442,7 @@ class Ledger(Application[UUID]):
                 INDEX_ROWS_KWARG: [self.index_row(j) for j in jobs],
                 INDEX_CLOCK_KWARG: self.clock,
                 INDEX_GUARD_KWARG: guard,
+                INDEX_CONNECT_KWARG: connect_while,
             },
         )
         self._record_processing(processing, keep_trying)

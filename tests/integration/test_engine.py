@@ -1191,6 +1191,63 @@ def test_a_renewal_withdrawn_by_a_stopping_daemon_is_rolled_back_once_its_row_is
         assert ledger.get_job("k1").due_at == deadline
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("by", ["close", "call-ended"])
+def test_a_renewal_waiting_for_a_pooled_connection_gives_up_at_once_at_a_stop(
+    pg_url: str, by: str
+) -> None:
+    """A slow call's lease renewal falls due while every pooled connection is held by
+    other store work (2 of 2, no overflow). It waits for a connection, not a row, so no
+    guard is asked: before, `Leases.close` (the stop) and the worker whose call ended
+    (`stop_renewing`) waited for it up to `[store] connect_timeout` and more. Now the
+    wait gives up at once, nothing begun and nothing written (docs/architecture.md
+    "Leases", docs/operations.md "Stopping")."""
+    import dataclasses
+    import time
+    from datetime import UTC, datetime
+
+    from ledger.stores.url import PostgresStore, parse_store_url
+
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, pool_size=2, max_overflow=0, connect_timeout=10)
+    clock = FakeClock(datetime.now(UTC))
+    with Ledger(spec, clock=clock) as ledger:
+        leases = Leases(ledger, clock, "d1")
+        claimed_and_held(ledger, leases, clock, "k1")
+        deadline = ledger.get_job("k1").due_at
+        pool = ledger.recorder.datastore.pool  # type: ignore[attr-defined]
+        taken = [pool.getconn(), pool.getconn()]  # the pool is exhausted
+        try:
+            clock.advance(11)
+            assert leases.renew_due() == 0
+            for _ in range(100):
+                if pool.get_stats().get("requests_waiting", 0) >= 1:
+                    break
+                time.sleep(0.02)
+            assert pool.get_stats().get("requests_waiting", 0) >= 1, pool.get_stats()
+            lease = leases.lease("k1")
+            assert lease is not None and lease.in_flight
+            stop = leases.close if by == "close" else lambda: leases.stop_renewing(lease)
+            stopper = threading.Thread(target=stop, daemon=True)
+            started = time.monotonic()
+            stopper.start()
+            stopper.join(timeout=30)
+            took = time.monotonic() - started
+            assert not stopper.is_alive() and took < 2.0, f"took {took:.1f}s"
+            for _ in range(100):
+                if not lease.in_flight:
+                    break
+                time.sleep(0.02)
+            assert not lease.in_flight and not lease.renewing
+        finally:
+            for conn in taken:
+                pool.putconn(conn)
+        leases.close()
+        assert "LeaseRenewed" not in [type(e).__name__ for e in ledger.history("k1")]
+        assert ledger.get_job("k1").due_at == deadline
+
+
 def _blocked_by(look: Any, holder: Any) -> int:
     """Sessions waiting for a lock `holder`'s session holds (only its own: another test
     beside this one, pytest -n 2, may have lock waits of its own in the database)."""

@@ -33,7 +33,11 @@ save asks, once it holds its row and right before its commit, whether it may lan
 (`Ledger.save_job`'s guard), and after `close` none may. One that landed later would push
 out a claim's deadline after the daemon said it stopped: another daemon would then wait a
 lease longer to recover a call nobody runs, or, the daemon's scopes released meanwhile,
-hold a claim against the scope's new owner.
+hold a claim against the scope's new owner. A renewal still waiting for a pooled
+connection (the pool taken by other store work) has begun nothing: it gives up at once
+when `close` begins, or when its call ends (`Ledger.save_job`'s `connect_while`), instead
+of holding the stop or its worker for `[store] connect_timeout` or longer; a queued one is
+not begun.
 """
 
 from __future__ import annotations
@@ -106,6 +110,7 @@ class Leases:
         #: The leases whose renewal may commit now (their guard said yes), under `_lock`.
         self._landing: set[Lease] = set()
         self._closed = False  # no renewal lands any more (`close`)
+        self._closing = False  # `close` began: no renewal waits for a connection any more
         self.close_wait = CLOSE_WAIT
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -201,8 +206,9 @@ class Leases:
         counted in its look's `done` (while it waits) and in `renewed` when written."""
         while True:
             with self._lock:
-                if not self._queue:
+                if not self._queue or self._closing:  # `close` drops what is queued
                     self._running -= 1
+                    self._renewal_ended.notify_all()
                     return
                 lease, now, done = self._queue.popleft()
             renewed = False
@@ -234,6 +240,7 @@ class Leases:
                     job,
                     guard=lambda: self._may_land(lease),
                     keep_trying=lambda: self._may_try(lease),
+                    connect_while=lambda: self._may_connect(lease),
                 )
             except Withdrawn:
                 # The daemon stopped, or the call ended, while it waited: not written.
@@ -277,6 +284,12 @@ class Leases:
         with self._lock:
             return not (self._closed or lease.withdrawn)
 
+    def _may_connect(self, lease: Lease) -> bool:
+        """Whether a renewal's save still waits for a pooled connection: not once `close`
+        began or the worker withdrew it (it has begun nothing yet)."""
+        with self._lock:
+            return not (self._closing or lease.withdrawn)
+
     def _why_withdrawn(self, lease: Lease) -> str:
         with self._lock:
             return "its call ended" if lease.withdrawn else "the daemon stopped"
@@ -303,7 +316,10 @@ class Leases:
     def close(self) -> None:
         """No more renewals: the renewer stops, the ones being written are waited for
         `close_wait` seconds, and the ones still waiting then are withdrawn (see the
-        module). Returns once none can land any more."""
+        module); those waiting for a connection give up at once. Returns once none can
+        land any more."""
+        with self._lock:
+            self._closing = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

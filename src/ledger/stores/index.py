@@ -44,6 +44,9 @@ INDEX_CLOCK_KWARG = "sendledger_index_clock"
 #: before the commit; False rolls the write back (`Withdrawn`). A write that waited long
 #: for a row (a renewal of a stopping daemon) is so withdrawn by its writer meanwhile.
 INDEX_GUARD_KWARG = "sendledger_index_guard"
+#: ... and an optional `connect_while()`: asked while the write waits for a pooled
+#: connection (PostgreSQL); False gives the wait up (`Withdrawn`), nothing begun.
+INDEX_CONNECT_KWARG = "sendledger_index_connect_while"
 #: How far a transaction's stamp is put past the last one stored when the clock says no
 #: later (a batch saved in the same instant, a clock stepped back): a microsecond, which
 #: a float of epoch seconds still tells apart (its step is a quarter of one).
@@ -309,8 +312,8 @@ def rows_from(kwargs: Mapping[str, Any]) -> list[IndexRow]:
 
 
 class Withdrawn(SendledgerError):
-    """The writer withdrew the write while it waited (`INDEX_GUARD_KWARG`): nothing of it
-    was stored."""
+    """The writer withdrew the write while it waited (`INDEX_GUARD_KWARG`, or
+    `INDEX_CONNECT_KWARG` before it had a connection): nothing of it was stored."""
 
 
 def check_guard(kwargs: Mapping[str, Any]) -> None:
@@ -881,6 +884,7 @@ __all__ = [
     "COLUMNS",
     "CREATE_STATEMENTS",
     "INDEX_CLOCK_KWARG",
+    "INDEX_CONNECT_KWARG",
     "INDEX_GUARD_KWARG",
     "INDEX_ROWS_KWARG",
     "INDEX_TABLE",

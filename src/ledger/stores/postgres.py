@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +35,10 @@ from ledger.stores.index import (
     ADDED_INDEXES,
     ATTEMPT_PROVIDER_BACKFILL,
     CREATE_STATEMENTS,
+    INDEX_CONNECT_KWARG,
     INDEX_TABLE,
     SqlJobIndex,
+    Withdrawn,
 )
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.private_api import InsertHook, insert_by_function
@@ -87,6 +91,7 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
         self._set_lock_timeout = SQL(
             "SET LOCAL lock_timeout = '{0}s'; SELECT txid_current() AS xid"
         ).format(datastore.lock_timeout)
+        PoolWait.install(datastore.pool)
 
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -95,13 +100,14 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
         # race (a lock_timeout, a deadlock, a serialization failure) is tried again by the
         # ledger within its `store_wait`: tried here too, ten lock waits a try of the
         # ledger's 20 held a write 17 minutes at the default 5 s.
-        for attempt in range(10):
-            try:
-                return self._insert_events_once(stored_events, **kwargs)
-            except (InterfaceError, OperationalError) as exc:
-                if attempt == 9 or _sqlstates(exc) & _TRANSIENT:
-                    raise
-                time.sleep(0.2)
+        with PoolWait.asking(kwargs.get(INDEX_CONNECT_KWARG)):
+            for attempt in range(10):
+                try:
+                    return self._insert_events_once(stored_events, **kwargs)
+                except (InterfaceError, OperationalError) as exc:
+                    if attempt == 9 or _sqlstates(exc) & _TRANSIENT:
+                        raise
+                    time.sleep(0.2)
         raise AssertionError("unreachable")
 
     def _insert_events_once(
@@ -229,6 +235,57 @@ def _sqlstates(exc: BaseException) -> set[str]:
         for error in exception_chain(exc)
         if isinstance(error, psycopg.Error) and error.sqlstate
     }
+
+
+class PoolWait(threading.local):
+    """A write's wait for a pooled connection that its writer may give up
+    (`INDEX_CONNECT_KWARG`: a lease renewal of a stopping daemon, `Leases.close`).
+    psycopg's pool takes no such question: while a write asks one, its thread waits in
+    slices of `SLICE` and asks between them (losing its place in the pool's queue each
+    time: a renewal, not a claim or an outcome, waits so), and raises `Withdrawn` once
+    told no. Other writes and threads wait as the pool does."""
+
+    SLICE = 0.05
+    connect_while: Callable[[], bool] | None = None
+    _installed: weakref.WeakSet[psycopg_pool.ConnectionPool[Any]] = weakref.WeakSet()
+
+    @classmethod
+    def install(cls, pool: psycopg_pool.ConnectionPool[Any]) -> None:
+        """The pool's `getconn` (which `connection()`, and so eventsourcing, calls) asks
+        the calling thread's question, if any."""
+        if pool in cls._installed:
+            return
+        cls._installed.add(pool)
+        plain = pool.getconn
+
+        def getconn(timeout: float | None = None) -> Any:
+            ask = _WAIT.connect_while
+            if ask is None:
+                return plain(timeout)
+            give_up = time.monotonic() + (pool.timeout if timeout is None else timeout)
+            while True:
+                try:
+                    return plain(max(min(cls.SLICE, give_up - time.monotonic()), 0.001))
+                except psycopg_pool.PoolTimeout:
+                    if time.monotonic() >= give_up:
+                        raise
+                    if not ask():
+                        raise Withdrawn("the writer gave up its wait for a connection") from None
+
+        pool.getconn = getconn  # type: ignore[method-assign]
+
+    @staticmethod
+    @contextlib.contextmanager
+    def asking(connect_while: Callable[[], bool] | None) -> Iterator[None]:
+        """Within the block, this thread's waits for a connection ask `connect_while`."""
+        before, _WAIT.connect_while = _WAIT.connect_while, connect_while
+        try:
+            yield
+        finally:
+            _WAIT.connect_while = before
+
+
+_WAIT = PoolWait()
 
 
 def connection_lost(exc: BaseException) -> bool:
@@ -563,6 +620,7 @@ class PostgresBackend:
 
 __all__ = [
     "AdvisoryIdentityLock",
+    "PoolWait",
     "PostgresBackend",
     "PostgresJobIndexRecorder",
     "connection_lost",
