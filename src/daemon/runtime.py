@@ -28,12 +28,13 @@ from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecution
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from daemon.config.secret_files import warn_exposed_secrets
-from daemon.config.settings import ConfigError
+from daemon.config.settings import DEFAULT_STOP_TIMEOUT, ConfigError
+from daemon.config.stop_bound import warn_unit_stop
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
 from daemon.service_layer.loaded import PolicyAnnouncer, announce_policies
 from daemon.service_layer.retention import RetentionJob
-from daemon.systemd import Notifier, watchdog_interval
+from daemon.systemd import Notifier, timeout_stop_sec, watchdog_interval
 from daemon.wakeup import DONE, REQUESTED, WakeUp
 from daemon.webhooks.delivery_threads import (
     WebhookThreads,
@@ -464,12 +465,14 @@ def check_provider_access(providers: Mapping[str, Provider]) -> None:
 
 
 def start_up(service: Service) -> IdentityLock | None:
-    """Before the first tick: say which secret files others can read, hold this daemon's
+    """Before the first tick: say which secret files others can read and whether the
+    shipped unit's TimeoutStopSec is too short for `daemon.stop_timeout`, hold this daemon's
     name in the store (IdentityTaken when a live daemon holds it), recover this name's
     earlier claims at once (``daemon/engine/recover.py``) and fill in the mailbox of the
     open jobs an earlier release indexed without one. The lock is held until released,
     or until the process dies."""
     warn_exposed_secrets(service.settings)
+    warn_unit_stop(service.settings.daemon.stop_timeout, timeout_stop_sec(DEFAULT_STOP_TIMEOUT))
     check_provider_access(service.providers)
     name = service.engine.daemon_name
     if not name:

@@ -25,7 +25,7 @@ from daemon.api import overview, signin_limit
 from daemon.api.auth import SESSION_SECONDS, Role
 from daemon.api.roles import PAGE_ROLE, ROUTE_ROLES
 from daemon.cli.init_command import config_text
-from daemon.config import environment
+from daemon.config import environment, stop_bound
 from daemon.config.settings import _PROVIDER_TAGS
 from daemon.providers import base, gmail, quota, smtp_submit, transport
 from daemon.service_layer import guidance, listing, problems, read_models
@@ -74,6 +74,8 @@ probe.register(SUB)
 PROBE = {o: a.default for a in SUB.choices["probe"]._actions for o in a.option_strings}
 QUOTA = GMAIL["quota_units_per_second"].default
 GRACE = SECTIONS["daemon"].model_fields["deadline_grace"].default
+STOP_WAITS = stop_bound.STOP_LOCK_WAITS
+STOP_DEFAULTS = (STOP_WAITS, STORE.lock_timeout, SECTIONS["daemon"]().stop_timeout)
 WAITS = (GRACE, GRAPH["timeout"].default, GRAPH["confirm_wait"].default)
 HEADERS = (content.MAX_EXTRA_HEADERS, content.MAX_HEADER_VALUE, extra_headers.MAX_HEADER_NAME)
 SIGN_IN = (signin_limit.FAILURES, signin_limit.WINDOW / 60)
@@ -157,6 +159,8 @@ providers.md | `--interval`, default `(\w+)` | PROBE['--interval']
 providers.md | goes in groups of (\d+)\s+commands | smtp_submit.PIPELINE_GROUP
 operations.md | runs the same (\w+) jobs on the Microsoft | {12: 'twelve'}[len(demo.JOBS)]
 operations.md | and so does a (\w+) request in flight | FIFTH
+operations.md | held by another session (\w+) times in a row | {6: 'six'}[STOP_WAITS]
+operations.md | the defaults, (\d+) \u00d7 (\d+) s, fit (\d+) s | STOP_DEFAULTS
 performance.md | `store.pool_size` \(default (\d+)\) | STORE.pool_size
 performance.md | `store.max_overflow` \((\d+)\) | STORE.max_overflow
 performance.md | Idle connections \(over (\d+) s\) | transport.DEFAULT_MAX_IDLE

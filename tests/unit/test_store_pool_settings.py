@@ -49,9 +49,9 @@ def test_defaults_reach_the_postgres_environment() -> None:
 
 
 def test_configured_values_reach_the_postgres_environment() -> None:
-    env = _env({"url": PG, "pool_size": 9, "max_overflow": 0, "lock_timeout": "2m"})
+    env = _env({"url": PG, "pool_size": 9, "max_overflow": 0, "lock_timeout": "2s"})
     assert (env["POSTGRES_POOL_SIZE"], env["POSTGRES_MAX_OVERFLOW"]) == ("9", "0")
-    assert env["POSTGRES_LOCK_TIMEOUT"] == "120"
+    assert env["POSTGRES_LOCK_TIMEOUT"] == "2"
 
 
 def test_connect_timeout_reaches_the_pool_and_libpq() -> None:
@@ -108,21 +108,31 @@ def test_bad_values_are_one_line_naming_the_field(key: str, value: object) -> No
     assert "\n" not in message
 
 
-@given(st.integers(min_value=1, max_value=3600))
+#: The longest stop_timeout, which holds the stop's lock waits of a lock_timeout up to
+#: a sixth of it (daemon/config/stop_bound.py).
+LONGEST_STOP = {"stop_timeout": "1h"}
+
+
+@given(st.integers(min_value=1, max_value=600))
 def test_every_whole_second_duration_is_accepted(seconds: int) -> None:
     for text in (f"{seconds}s", str(seconds)):
-        store = settings_from_dict({"store": {"url": PG, "lock_timeout": text}}).store
+        data = {"store": {"url": PG, "lock_timeout": text}, "daemon": LONGEST_STOP}
+        store = settings_from_dict(data).store
         assert store.lock_timeout == seconds
 
 
 @given(st.text(max_size=12))
 def test_any_lock_timeout_text_is_a_value_or_a_config_error(text: str) -> None:
     try:
-        store = settings_from_dict({"store": {"url": PG, "lock_timeout": text}}).store
+        data = {"store": {"url": PG, "lock_timeout": text}, "daemon": LONGEST_STOP}
+        store = settings_from_dict(data).store
     except ConfigError as exc:
-        assert str(exc).startswith("config: store.lock_timeout: ")
+        said = str(exc)
+        assert said.startswith("config: store.lock_timeout: ") or (
+            said.startswith("config: daemon.stop_timeout: ") and "store.lock_timeout" in said
+        ), said
     else:
-        assert isinstance(store.lock_timeout, int) and 1 <= store.lock_timeout <= 3600
+        assert isinstance(store.lock_timeout, int) and 1 <= store.lock_timeout <= 600
 
 
 def test_db_functions_are_on_unless_the_environment_says_n(
@@ -147,3 +157,49 @@ def test_a_connect_timeout_below_libpqs_least_is_one_line_and_exit_2(
     assert out == ""
     assert err.count("\n") == 1 and "store.connect_timeout" in err, err
     assert "whole seconds from 2s to 1h expected" in err, err
+
+
+def test_a_stop_timeout_shorter_than_the_stops_lock_waits_is_refused_naming_both() -> None:
+    # docs/operations.md "Stopping": six lock waits in a row once the calls have ended.
+    data = {"store": {"url": PG, "lock_timeout": "10s"}}
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict(data, config_path=Path("/c/x.toml"))
+    assert str(caught.value) == (
+        "/c/x.toml: daemon.stop_timeout: 35s is shorter than a stop's 6 lock waits of "
+        "store.lock_timeout (10s each: 60s); raise daemon.stop_timeout to 60s or lower "
+        "store.lock_timeout to 5s"
+    )
+    fitted = settings_from_dict({**data, "daemon": {"stop_timeout": "60s"}})
+    assert fitted.store.lock_timeout == 10 and fitted.daemon.stop_timeout == 60
+
+
+@pytest.mark.parametrize(
+    ("store", "stop", "refused"),
+    [
+        ({"url": PG}, "35s", False),  # the defaults: 6 x 5 s fit 35 s
+        ({"url": PG}, "29s", True),
+        ({"url": PG, "lock_timeout": "6s"}, "35s", True),
+        ({"url": PG, "lock_timeout": "1s"}, "6s", False),
+        ({"url": PG, "lock_timeout": "1s"}, "5s", True),
+        ({"url": "sqlite:///x.sqlite"}, "1s", False),  # no session holds a row for long
+    ],
+)
+def test_the_stop_fits_its_lock_waits(store: dict[str, object], stop: str, refused: bool) -> None:
+    data = {"store": store, "daemon": {"stop_timeout": stop}}
+    if refused:
+        with pytest.raises(
+            ConfigError, match=r"^config: daemon\.stop_timeout: .*store\.lock_timeout"
+        ):
+            settings_from_dict(data)
+    else:
+        settings_from_dict(data)
+
+
+def test_an_environment_stop_timeout_is_named_by_its_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SENDLEDGER_DAEMON__STOP_TIMEOUT", "10s")
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict({"store": {"url": PG}}, config_path=Path("/c/x.toml"))
+    assert str(caught.value).startswith("SENDLEDGER_DAEMON__STOP_TIMEOUT: daemon.stop_timeout: 10s")
+    assert "raise daemon.stop_timeout to 30s or lower store.lock_timeout to 1s" in str(caught.value)

@@ -36,6 +36,7 @@ from daemon.config.config_file import ConfigError as ConfigError
 from daemon.config.config_file import config_path_from as config_path_from
 from daemon.config.config_file import read_config_file
 from daemon.config.sizes import parse_size
+from daemon.config.stop_bound import check_stop_fits
 from daemon.config.store_section import DEFAULT_STORE_URL, sets_a_setting
 from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE
 from daemon.webhooks.events import WEBHOOK_TYPES, WebhookType
@@ -713,10 +714,15 @@ def settings_from_dict(data: dict[str, Any], *, config_path: Path | None = None)
 
     try:
         if sets_a_setting(os.environ):
-            return _with_environment(data, config_path, label)
-        loaded = Settings.model_validate({**data, "config_path": config_path})
+            loaded = _with_environment(data, config_path, label)
+        else:
+            loaded = Settings.model_validate({**data, "config_path": config_path})
     except ValidationError as exc:
         raise _config_error(exc, label) from None
+    # Across two sections: the stop's lock waits must fit its timeout.
+    source = environment.variable_for(("daemon", "stop_timeout"), os.environ) or label
+    store = loaded.store
+    check_stop_fits(store.url, store.lock_timeout, loaded.daemon.stop_timeout, source)
     return loaded
 
 

@@ -79,6 +79,15 @@ class MemoryStore:
 StoreSpec = SqliteStore | PostgresStore | MemoryStore
 
 
+#: The schemes of a PostgreSQL store URL.
+POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg")
+
+
+def is_postgres_url(url: str) -> bool:
+    """Whether `url` names a PostgreSQL store (its scheme; the rest is `parse_store_url`'s)."""
+    return url.strip().partition("://")[0].lower() in POSTGRES_SCHEMES
+
+
 def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
     """Parse a store URL; relative SQLite paths are relative to `base_dir`
     (the config file's folder), else the working directory."""
@@ -103,7 +112,7 @@ def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
         if not path.is_absolute():
             path = (base_dir or Path.cwd()) / path
         return SqliteStore(path=path)
-    if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+    if scheme in POSTGRES_SCHEMES:
         try:
             parts = urlsplit("postgresql://" + rest)
             query = parse_qs(parts.query)
@@ -187,11 +196,13 @@ __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
     "DEFAULT_MAX_OVERFLOW",
     "DEFAULT_POOL_SIZE",
+    "POSTGRES_SCHEMES",
     "MemoryStore",
     "PostgresStore",
     "SqliteStore",
     "StoreRefused",
     "StoreSpec",
     "StoreUrlError",
+    "is_postgres_url",
     "parse_store_url",
 ]

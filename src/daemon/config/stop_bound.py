@@ -1,0 +1,86 @@
+"""How long a stop may wait for the store, and the checks of it against the stop timeouts
+(docs/operations.md "Stopping").
+
+Once a stopping daemon's provider calls have ended, the waits for rows another session
+holds (a long transaction, an open psql) that may follow one another are, from the code:
+
+1. the withdrawal of a lease renewal waiting for its job's row: it ends at its lock
+   wait's end (`Leases.stop_renewing`, daemon/engine/leases.py);
+2. and 3. the outcome's save: tried only within one lock wait of when it was asked, the
+   last try waiting a lock wait of its own (daemon/engine/commit.py);
+4. a renewal of a call that raised, not withdrawn by its worker, waited for by
+   `Leases.close` until its lock wait ends (at most `close_wait`, 5 s);
+5. and 6. the release of the scope leases and of the daemon's heartbeat, one statement
+   each (`ScopeOwners.close`, daemon/engine/owners.py).
+
+A lock wait is PostgreSQL's `[store] lock_timeout`. On SQLite the wait is the busy
+handler's, for a write of another process, never a session left open: not checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from daemon.config.config_file import ConfigError
+from daemon.systemd import timeout_stop_sec
+from ledger.stores.url import is_postgres_url
+
+log = logging.getLogger("sendledger.daemon")
+
+#: The lock waits in a row a stop may spend once its calls have ended (the module's list).
+STOP_LOCK_WAITS = 6
+
+
+def stop_store_wait(url: str, lock_timeout: int) -> float | None:
+    """The longest a stop may wait for rows another session holds, in seconds, once its
+    calls have ended, on the store at `url`; None where no lock wait is configured (not
+    PostgreSQL)."""
+    if not is_postgres_url(url):
+        return None
+    return float(STOP_LOCK_WAITS * lock_timeout)
+
+
+def check_stop_fits(url: str, lock: int, stop: float, source: str) -> None:
+    """Refuse (ConfigError, exit 2) a `daemon.stop_timeout` (`stop`) shorter than the
+    stop's lock waits of `store.lock_timeout` (`lock`): the daemon would give up its own
+    stop, leaving outcomes to recovery, whenever rows stay held. `source`: where the
+    settings came from, for the one line."""
+    waits = stop_store_wait(url, lock)
+    if waits is None or waits <= stop:
+        return
+    remedy = f"raise daemon.stop_timeout to {waits:g}s"
+    if stop >= STOP_LOCK_WAITS:
+        remedy += f" or lower store.lock_timeout to {int(stop // STOP_LOCK_WAITS)}s"
+    raise ConfigError(
+        f"{source}: daemon.stop_timeout: {stop:g}s is shorter than a stop's "
+        f"{STOP_LOCK_WAITS} lock waits of store.lock_timeout ({lock}s each: {waits:g}s); "
+        f"{remedy}"
+    )
+
+
+def warn_unit_stop(stop: float, unit_stop: int) -> str | None:
+    """Under systemd, the line logged at start when `daemon.stop_timeout` (`stop`) needs a longer
+    `TimeoutStopSec` than `unit_stop`, what the shipped unit and the one `sendledger init`
+    writes give: systemd's SIGKILL would cut the stop short. None when it fits or the
+    daemon runs outside systemd (no NOTIFY_SOCKET)."""
+    if not os.environ.get("NOTIFY_SOCKET"):
+        return None
+    needed = timeout_stop_sec(stop)
+    if needed <= unit_stop:
+        return None
+    line = (
+        f"daemon.stop_timeout is {stop:g}s: the unit's TimeoutStopSec must be at least "
+        f"{needed}s (the shipped unit and `sendledger init` give {unit_stop}s), or systemd "
+        "kills a stop still waiting (systemctl edit sendledger)"
+    )
+    log.warning("%s", line)
+    return line
+
+
+__all__ = [
+    "STOP_LOCK_WAITS",
+    "check_stop_fits",
+    "stop_store_wait",
+    "warn_unit_stop",
+]
