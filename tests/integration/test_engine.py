@@ -1248,6 +1248,48 @@ def test_a_renewal_waiting_for_a_pooled_connection_gives_up_at_once_at_a_stop(
         assert ledger.get_job("k1").due_at == deadline
 
 
+def _exhausted_pool_ledger(pg_url: str, clock: FakeClock) -> tuple[Ledger, Any]:
+    """A ledger on a pool of 2 connections, no overflow, a 2 s wait for one, and the pool."""
+    import dataclasses
+
+    from ledger.stores.url import PostgresStore, parse_store_url
+
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, pool_size=2, max_overflow=0, connect_timeout=2, lock_timeout=1)
+    ledger = Ledger(spec, clock=clock)
+    return ledger, ledger.recorder.datastore.pool  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres
+def test_a_save_waits_for_a_pooled_connection_once_not_ten_times(pg_url: str) -> None:
+    """Every pooled connection is taken: a save waits `store.connect_timeout` for one and
+    fails. The recorder's ten tries, for a connection lost under a statement, took the
+    pool's timeout for one: ten waits (20 s here, 100 s by default)."""
+    import time
+    from datetime import UTC, datetime
+
+    from eventsourcing.persistence import OperationalError
+
+    clock = FakeClock(datetime.now(UTC))
+    ledger, pool = _exhausted_pool_ledger(pg_url, clock)
+    with ledger:
+        claimed_and_held(ledger, None, clock, "k1")
+        job = ledger.get_job("k1")
+        job.renew_lease(deadline=clock() + timedelta(seconds=60), at=clock(), daemon="d1")
+        taken = [pool.getconn(), pool.getconn()]
+        try:
+            started = time.monotonic()
+            with pytest.raises(OperationalError, match="couldn't get a connection"):
+                ledger.save_job(job)
+            took = time.monotonic() - started
+        finally:
+            for conn in taken:
+                pool.putconn(conn)
+        assert 1.5 < took < 5.0, f"took {took:.1f}s"
+        ledger.save_job(job)  # a connection free again: saved
+
+
 def _blocked_by(look: Any, holder: Any) -> int:
     """Sessions waiting for a lock `holder`'s session holds (only its own: another test
     beside this one, pytest -n 2, may have lock waits of its own in the database)."""

@@ -99,13 +99,15 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
         # The library's ten tries 0.2 s apart, for a lost connection only. A lost lock
         # race (a lock_timeout, a deadlock, a serialization failure) is tried again by the
         # ledger within its `store_wait`: tried here too, ten lock waits a try of the
-        # ledger's 20 held a write 17 minutes at the default 5 s.
+        # ledger's 20 held a write 17 minutes at the default 5 s. Nor a pool's error: no
+        # connection came within `connect_timeout`, which was the wait (ten of them held
+        # a write 100 s, and a stop as long).
         with PoolWait.asking(kwargs.get(INDEX_CONNECT_KWARG)):
             for attempt in range(10):
                 try:
                     return self._insert_events_once(stored_events, **kwargs)
                 except (InterfaceError, OperationalError) as exc:
-                    if attempt == 9 or _sqlstates(exc) & _TRANSIENT:
+                    if attempt == 9 or _sqlstates(exc) & _TRANSIENT or _from_pool(exc):
                         raise
                     time.sleep(0.2)
         raise AssertionError("unreachable")
@@ -286,6 +288,10 @@ class PoolWait(threading.local):
 
 
 _WAIT = PoolWait()
+
+
+def _from_pool(exc: BaseException) -> bool:
+    return any(isinstance(error, _POOL_ERRORS) for error in exception_chain(exc))
 
 
 def connection_lost(exc: BaseException) -> bool:
