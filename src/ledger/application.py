@@ -409,14 +409,19 @@ class Ledger(Application[UUID]):
             raise ConcurrentUpdate(f"job {job.key!r} was changed by another writer") from exc
 
     def save_jobs(
-        self, jobs: Sequence[SendJob], *, keep_trying: Callable[[], bool] | None = None
+        self,
+        jobs: Sequence[SendJob],
+        *,
+        keep_trying: Callable[[], bool] | None = None,
+        connect_while: Callable[[], bool] | None = None,
     ) -> None:
         """`save_job` for several jobs in one transaction: all their events and index
         rows, or nothing. ConcurrentUpdate when another writer appended to any of them
         first; then none is saved and every job keeps its pending events, so each can be
-        saved again alone (`daemon/engine/commit.py`). `keep_trying` as `save_job`'s."""
+        saved again alone (`daemon/engine/commit.py`). `keep_trying` and `connect_while`
+        as `save_job`'s."""
         try:
-            self._save_retrying(jobs, keep_trying=keep_trying)
+            self._save_retrying(jobs, keep_trying=keep_trying, connect_while=connect_while)
         except IntegrityError as exc:
             raise ConcurrentUpdate("one of the jobs was changed by another writer") from exc
 

@@ -17,6 +17,7 @@ tests/unit/test_engine_history.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
@@ -34,7 +35,7 @@ from daemon.engine.leases import Leases
 from daemon.providers.gmail import GmailProvider
 from ledger.application import Ledger, Sender
 from ledger.content import parse_job
-from ledger.job import JobState, TransitionError
+from ledger.job import JobState, SendJob, TransitionError
 from ledger.message import render
 from ledger.vocabulary import PolicyRef, Resolution
 from policies.loader import PolicySet, load_policy_dir
@@ -1248,17 +1249,36 @@ def test_a_renewal_waiting_for_a_pooled_connection_gives_up_at_once_at_a_stop(
         assert ledger.get_job("k1").due_at == deadline
 
 
-def _exhausted_pool_ledger(pg_url: str, clock: FakeClock) -> tuple[Ledger, Any]:
-    """A ledger on a pool of 2 connections, no overflow, a 2 s wait for one, and the pool."""
+@contextlib.contextmanager
+def _renewal_and_pool(pg_url: str) -> Iterator[tuple[Ledger, SendJob, Any]]:
+    """A ledger on a pool of 2 connections (no overflow, a 2 s wait for one, 1 s lock
+    waits), job k1 claimed with a renewal pending, and a context in which the test holds
+    both connections (the pool exhausted by other work)."""
     import dataclasses
+    from datetime import UTC, datetime
 
     from ledger.stores.url import PostgresStore, parse_store_url
 
     spec = parse_store_url(pg_url)
     assert isinstance(spec, PostgresStore)
     spec = dataclasses.replace(spec, pool_size=2, max_overflow=0, connect_timeout=2, lock_timeout=1)
-    ledger = Ledger(spec, clock=clock)
-    return ledger, ledger.recorder.datastore.pool  # type: ignore[attr-defined]
+    clock = FakeClock(datetime.now(UTC))
+    with Ledger(spec, clock=clock) as ledger:
+        pool = ledger.recorder.datastore.pool  # type: ignore[attr-defined]
+        claimed_and_held(ledger, None, clock, "k1")
+        job = ledger.get_job("k1")
+        job.renew_lease(deadline=clock() + timedelta(seconds=60), at=clock(), daemon="d1")
+
+        @contextlib.contextmanager
+        def exhausted() -> Iterator[None]:
+            taken = [pool.getconn(), pool.getconn()]
+            try:
+                yield
+            finally:
+                for conn in taken:
+                    pool.putconn(conn)
+
+        yield ledger, job, exhausted
 
 
 @pytest.mark.postgres
@@ -1267,27 +1287,45 @@ def test_a_save_waits_for_a_pooled_connection_once_not_ten_times(pg_url: str) ->
     fails. The recorder's ten tries, for a connection lost under a statement, took the
     pool's timeout for one: ten waits (20 s here, 100 s by default)."""
     import time
-    from datetime import UTC, datetime
 
     from eventsourcing.persistence import OperationalError
 
-    clock = FakeClock(datetime.now(UTC))
-    ledger, pool = _exhausted_pool_ledger(pg_url, clock)
-    with ledger:
-        claimed_and_held(ledger, None, clock, "k1")
-        job = ledger.get_job("k1")
-        job.renew_lease(deadline=clock() + timedelta(seconds=60), at=clock(), daemon="d1")
-        taken = [pool.getconn(), pool.getconn()]
-        try:
+    with _renewal_and_pool(pg_url) as (ledger, job, exhausted):
+        with exhausted():
             started = time.monotonic()
             with pytest.raises(OperationalError, match="couldn't get a connection"):
                 ledger.save_job(job)
             took = time.monotonic() - started
-        finally:
-            for conn in taken:
-                pool.putconn(conn)
         assert 1.5 < took < 5.0, f"took {took:.1f}s"
         ledger.save_job(job)  # a connection free again: saved
+
+
+@pytest.mark.postgres
+def test_a_stopping_daemons_outcome_waits_for_a_pooled_connection_only_within_its_window(
+    pg_url: str,
+) -> None:
+    """Once the daemon stops, an outcome is tried only within one `[store] lock_timeout`
+    (1 s here) of when it was asked (daemon/engine/commit.py): waiting for a pooled
+    connection too, not `store.connect_timeout` (2 s here, 10 s by default), nor ten of
+    them. Left unsaved, it is recovered at its claim's deadline."""
+    import time
+
+    from daemon.engine.commit import GroupCommit
+    from ledger.stores.index import Withdrawn
+
+    with _renewal_and_pool(pg_url) as (ledger, job, exhausted):
+        stopping = threading.Event()
+        stopping.set()
+        commits = GroupCommit(ledger, window=0, stopping=stopping, stop_wait=1.0)
+        told: list[BaseException | None] = []
+        with exhausted():
+            started = time.monotonic()
+            commits.save_soon(job, told.append)
+            commits.flush()
+            took = time.monotonic() - started
+        assert took < 1.8, f"took {took:.1f}s"
+        assert len(told) == 1 and isinstance(told[0], Withdrawn), told
+        assert "LeaseRenewed" not in [type(e).__name__ for e in ledger.history("k1")]
 
 
 def _blocked_by(look: Any, holder: Any) -> int:

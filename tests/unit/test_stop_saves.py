@@ -21,6 +21,8 @@ from ledger.application import ConcurrentUpdate, Ledger
 from ledger.job import SendJob
 
 LOCK_WAIT = 5.0
+#: What the commit passes for its waits (`Ledger.save_job`'s keep_trying, connect_while).
+Wait = Callable[[], bool] | None
 
 
 class LockWaitedInVain(Exception):
@@ -48,11 +50,13 @@ class HeldRows:
     def clock(self) -> float:
         return self.now
 
-    def save_job(self, job: SendJob, *, keep_trying: Callable[[], bool] | None = None) -> None:
+    def save_job(
+        self, job: SendJob, *, keep_trying: Wait = None, connect_while: Wait = None
+    ) -> None:
         self._save([job], keep_trying)
 
     def save_jobs(
-        self, jobs: Sequence[SendJob], *, keep_trying: Callable[[], bool] | None = None
+        self, jobs: Sequence[SendJob], *, keep_trying: Wait = None, connect_while: Wait = None
     ) -> None:
         self._save(list(jobs), keep_trying)
 

@@ -47,8 +47,9 @@ only within its jobs' windows, not one lock wait each (n held rows cost one wind
 n), and a save that waited behind another commit until its window passed is not tried
 (`LeftToRecovery`). So the saves of a stop end within two lock waits of the last one
 asked, whatever their number: the window, and the lock wait of a try begun at its end
-(docs/operations.md "Stopping"). An outcome not saved by then is as after a crash: the
-claim's deadline stands and recovery takes it (docs/architecture.md "Leases").
+(docs/operations.md "Stopping"). A wait for a pooled connection begun once the daemon
+stops ends with the window too (`Withdrawn`). An outcome not saved by then is as after a
+crash: the claim's deadline stands and recovery takes it (docs/architecture.md "Leases").
 """
 
 from __future__ import annotations
@@ -284,10 +285,9 @@ class GroupCommit:
         tried = bool(saves)
         try:
             if len(saves) == 1:
-                self._ledger.save_job(_job(saves[0]), keep_trying=self._keep_trying(saves))
+                self._ledger.save_job(_job(saves[0]), **self._waits(saves))
             elif saves:
-                jobs = [_job(save) for save in saves]
-                self._ledger.save_jobs(jobs, keep_trying=self._keep_trying(saves))
+                self._ledger.save_jobs([_job(save) for save in saves], **self._waits(saves))
         except BaseException as exc:
             if len(saves) == 1:
                 saves[0].error = exc
@@ -298,7 +298,7 @@ class GroupCommit:
                     if not self._may_begin(save):
                         continue
                     try:
-                        self._ledger.save_job(_job(save), keep_trying=self._keep_trying([save]))
+                        self._ledger.save_job(_job(save), **self._waits([save]))
                     except BaseException as alone:
                         save.error = alone
         finally:
@@ -336,13 +336,21 @@ class GroupCommit:
             self._stopped_at = now
         return now
 
-    def _keep_trying(self, saves: list[_Save]) -> Callable[[], bool] | None:
-        """Whether a save of `saves` tries again after a lock wait in vain: while the
-        daemon runs, as long as the store waits; once it stops, while the window of one
-        of them is open."""
-        if self._stopping is None:
-            return None
-        return lambda: any(self._within_window(save) for save in saves)
+    def _waits(self, saves: list[_Save]) -> dict[str, Callable[[], bool] | None]:
+        """How long a save of `saves` waits, as `Ledger.save_job`'s arguments: whether it
+        tries again after a lock wait in vain (`keep_trying`: while the daemon runs, as
+        long as the store waits; once it stops, while the window of one of them is open)
+        and, once the daemon stops, whether it still waits for a pooled connection
+        (`connect_while`: within the same windows; while it runs, as long as the pool
+        waits, in its place in the pool's queue)."""
+        stopping = self._stopping
+        if stopping is None:
+            return {"keep_trying": None, "connect_while": None}
+
+        def within() -> bool:
+            return any(self._within_window(save) for save in saves)
+
+        return {"keep_trying": within, "connect_while": within if stopping.is_set() else None}
 
 
 def _job(save: _Save) -> SendJob:

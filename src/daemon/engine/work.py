@@ -23,6 +23,7 @@ from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
 from ledger.decision_types import Review
 from ledger.job import SendJob, TransitionError
 from ledger.stores.causes import StoreUnavailable
+from ledger.stores.index import Withdrawn
 from ledger.vocabulary import JobState
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -154,10 +155,10 @@ def count_failure(key: str, exc: BaseException, counter: Counter, where: str) ->
     if isinstance(exc, ConcurrentUpdate | TransitionError | UnknownJob):
         log.debug("job %s skipped: %s", key, exc)
         counter.bump("skipped")
-    elif isinstance(exc, StoreUnavailable | LeftToRecovery):
+    elif isinstance(exc, StoreUnavailable | LeftToRecovery | Withdrawn):
         # A full disk or a read-only store fails every due job at every tick: its one
         # line names the store and why; a traceback each time would bury it. So does a
-        # save a stopping daemon left to recovery (`commit.py`).
+        # save a stopping daemon left to recovery or whose wait it gave up (`commit.py`).
         log.error("job %s: %s failed: %s", key, where, exc)
         counter.bump("errors")
     else:
