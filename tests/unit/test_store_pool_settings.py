@@ -195,6 +195,20 @@ def test_the_stop_fits_its_lock_waits(store: dict[str, object], stop: str, refus
         settings_from_dict(data)
 
 
+def test_run_refuses_such_a_configuration_on_one_line_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from daemon.cli import main
+
+    config = tmp_path / "sendledger.toml"
+    config.write_text(f'[store]\nurl = "{PG}"\nlock_timeout = "10s"\n', encoding="utf-8")
+    # Refused at load, before a policy is read or a connection tried.
+    assert main(["--config", str(config), "run"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert "daemon.stop_timeout: 35s is shorter than" in err and "store.lock_timeout" in err
+
+
 def test_an_environment_stop_timeout_is_named_by_its_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
