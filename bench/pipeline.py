@@ -72,7 +72,12 @@ from ledger.content import parse_job
 from ledger.job import SendJob
 from ledger.message_id import message_id_for
 from ledger.mime import build_message
-from ledger.stores.index import INDEX_CLOCK_KWARG, INDEX_GUARD_KWARG, INDEX_ROWS_KWARG
+from ledger.stores.index import (
+    INDEX_CLOCK_KWARG,
+    INDEX_CONNECT_KWARG,
+    INDEX_GUARD_KWARG,
+    INDEX_ROWS_KWARG,
+)
 from policies import model as policy_model
 from policies.loader import PolicySet
 from policies.model import ChannelPolicy
@@ -333,6 +338,7 @@ def library_protocol_checks() -> Callable[[], None]:
         jobs: Sequence[SendJob],
         guard: Callable[[], bool] | None = None,
         keep_trying: Callable[[], bool] | None = None,
+        connect_while: Callable[[], bool] | None = None,
     ) -> None:
         # Ledger._save_retrying with the library's collect_events in place of ours: the
         # same rows, guard and retries, so that only the collection differs.
@@ -343,6 +349,7 @@ def library_protocol_checks() -> Callable[[], None]:
                 INDEX_ROWS_KWARG: [self.index_row(j) for j in jobs],
                 INDEX_CLOCK_KWARG: self.clock,
                 INDEX_GUARD_KWARG: guard,
+                INDEX_CONNECT_KWARG: connect_while,
             },
         )
         self._record_processing(processing, keep_trying)

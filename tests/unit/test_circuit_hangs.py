@@ -234,11 +234,12 @@ def test_a_send_taken_before_a_hang_was_known_is_not_made_once_it_is() -> None:
         jobs: Sequence[SendJob],
         guard: Callable[[], bool] | None = None,
         keep_trying: Callable[[], bool] | None = None,
+        connect_while: Callable[[], bool] | None = None,
     ) -> None:
         if any(j.key == "late" and j.state is JobState.ATTEMPTED for j in jobs):
             saving.set()
             assert saved.wait(10)
-        save(jobs, guard, keep_trying)
+        save(jobs, guard, keep_trying, connect_while)
 
     rig.ledger._save_retrying = slow_claim  # type: ignore[method-assign]
     try:

@@ -26,7 +26,7 @@ from daemon.api.auth import SESSION_SECONDS, Role
 from daemon.api.roles import PAGE_ROLE, ROUTE_ROLES
 from daemon.cli.init_command import config_text
 from daemon.config import environment, stop_bound
-from daemon.config.settings import _PROVIDER_TAGS
+from daemon.config.settings import _PROVIDER_TAGS, DEFAULT_STOP_TIMEOUT
 from daemon.providers import base, gmail, quota, smtp_submit, transport
 from daemon.service_layer import guidance, listing, problems, read_models
 from daemon.service_layer.services import SORTS, TRIAGE_NOTE, Services
@@ -35,6 +35,7 @@ from daemon.webhooks import events, signing, status, worker
 from ledger import addresses, attachments, content, extra_headers, keys
 from ledger.job import SendJob
 from ledger.stores import positions
+from ledger.stores.url import DEFAULT_LOCK_TIMEOUT
 from ledger.vocabulary import FINAL_STATES, OPEN_STATES, EscalationReason, JobState
 from policies import loader, model
 from sendledger.client import Client
@@ -75,7 +76,7 @@ PROBE = {o: a.default for a in SUB.choices["probe"]._actions for o in a.option_s
 QUOTA = GMAIL["quota_units_per_second"].default
 GRACE = SECTIONS["daemon"].model_fields["deadline_grace"].default
 STOP_WAITS = stop_bound.STOP_LOCK_WAITS
-STOP_DEFAULTS = (STOP_WAITS, STORE.lock_timeout, SECTIONS["daemon"]().stop_timeout)
+STOP_DEFAULTS = (STOP_WAITS, DEFAULT_LOCK_TIMEOUT, DEFAULT_STOP_TIMEOUT)
 WAITS = (GRACE, GRAPH["timeout"].default, GRAPH["confirm_wait"].default)
 HEADERS = (content.MAX_EXTRA_HEADERS, content.MAX_HEADER_VALUE, extra_headers.MAX_HEADER_NAME)
 SIGN_IN = (signin_limit.FAILURES, signin_limit.WINDOW / 60)

@@ -9,6 +9,7 @@ it counts the waits, so nothing here sleeps.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import cast
@@ -99,7 +100,7 @@ def stopped_commits(store: HeldRows) -> GroupCommit:
 def outcomes_of(commits: GroupCommit, jobs: list[SendJob]) -> dict[str, BaseException | None]:
     told: dict[str, BaseException | None] = {}
     for job in jobs:
-        commits.save_soon(job, lambda error, key=job.key: told.__setitem__(key, error))
+        commits.save_soon(job, functools.partial(told.__setitem__, job.key))
     commits.flush()
     return told
 
