@@ -468,9 +468,9 @@ def start_up(service: Service) -> IdentityLock | None:
     """Before the first tick: say which secret files others can read and whether the
     shipped unit's TimeoutStopSec is too short for `daemon.stop_timeout`, hold this daemon's
     name in the store (IdentityTaken when a live daemon holds it), recover this name's
-    earlier claims at once (``daemon/engine/recover.py``) and fill in the mailbox of the
-    open jobs an earlier release indexed without one. The lock is held until released,
-    or until the process dies."""
+    earlier claims at once (``daemon/engine/recover.py``) and fill in what an earlier
+    release left out of the index: the mailbox of the open jobs, what else is due of the
+    watched ones. The lock is held until released, or until the process dies."""
     warn_exposed_secrets(service.settings)
     warn_unit_stop(service.settings.daemon.stop_timeout, timeout_stop_sec(DEFAULT_STOP_TIMEOUT))
     check_provider_access(service.providers)
@@ -485,6 +485,9 @@ def start_up(service: Service) -> IdentityLock | None:
         # it a channel moved since counts only its provider's scope): docs/performance.md
         # "Several daemons".
         filled = service.ledger.fill_mailboxes()
+        # ... nor when anything but a watch's end is due: each waiting watch would be
+        # loaded once to learn it (docs/architecture.md "Bounces on the job").
+        dues = service.ledger.fill_other_dues()
     except BaseException:
         identity.release()
         raise
@@ -494,6 +497,8 @@ def start_up(service: Service) -> IdentityLock | None:
         log.info(
             "job index: the mailbox and the attempt's provider of %d open jobs filled in", filled
         )
+    if dues:
+        log.info("job index: what is due besides the watch of %d watched jobs filled in", dues)
     return identity
 
 

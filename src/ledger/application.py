@@ -55,6 +55,7 @@ from ledger.stores.index import (
     WatchedMailbox,
     attempt_provider_of,
     index_row,
+    other_due,
 )
 from ledger.stores.keycheck import KeyChecks, digest_check, digest_secret, judge_store_key
 from ledger.stores.library_env import refuse_library_variables
@@ -821,6 +822,26 @@ class Ledger(Application[UUID]):
             ]
             self._retry_locked(lambda f=fills: self._index.set_mailboxes(f))  # type: ignore[misc]
             filled += len(fills)
+
+    def fill_other_dues(self, batch: int = 500) -> int:
+        """Give every watched job whose index row does not say when anything else of it
+        is due (written by an earlier release) that time (`index.other_due`), read from its
+        events a page at a time; how many. The daemon does it at start-up, so a restart
+        loads no waiting watch to learn it (docs/architecture.md "Bounces on the job");
+        `admin rebuild-index` fills every row."""
+        filled, after = 0, ""
+        while True:
+            keys = self._retry_locked(
+                lambda a=after: self._index.without_other_due(a, batch)  # type: ignore[misc]
+            )
+            if not keys:
+                return filled
+            jobs = self.get_jobs(keys)
+            # A row whose job another writer moved meanwhile is left as that write left it.
+            dues = [(key, job.version, other_due(job)) for key, job in jobs.items()]
+            self._retry_locked(lambda d=dues: self._index.set_other_dues(d))  # type: ignore[misc]
+            filled += len(dues)
+            after = keys[-1]
 
     def next_due(self, states: Iterable[JobState | str]) -> datetime | None:
         """The soonest due time of the jobs in `states`, or None."""

@@ -1386,6 +1386,12 @@ class SendJob(Aggregate):
     def settled(self) -> bool:
         return self.state in SETTLED_STATES
 
+    @property
+    def due_besides_watch(self) -> datetime | None:
+        """When anything of a settled job other than its bounce watch's end is due: its
+        verification or the tidy of its drafts, the earlier (None: neither)."""
+        return _earliest(self.verify_at if self.verifying else None, self.tidy_at)
+
 
 def _earliest(*moments: datetime | None) -> datetime | None:
     """The soonest of the moments given, None when none is."""

@@ -9,13 +9,14 @@ the same contract as the SQL ones.
 from __future__ import annotations
 
 import contextlib
+import math
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -390,12 +391,12 @@ def test_a_jobs_life_keeps_the_index_row_in_step(ledger: Ledger, clock: FakeCloc
     assert ledger.counts() == {"confirmed": 1}
 
 
-def drop_review_since(app: Ledger) -> None:
-    """Make the store's index as an earlier release left it: no `review_since` column."""
+def drop_column(app: Ledger, column: str) -> None:
+    """Make the store's index as an earlier release left it: without `column`."""
     spec = app.store
     if isinstance(spec, SqliteStore):
         with contextlib.closing(sqlite3.connect(spec.path)) as conn:
-            conn.execute("ALTER TABLE sendledger_jobs DROP COLUMN review_since")
+            conn.execute(f"ALTER TABLE sendledger_jobs DROP COLUMN {column}")
             conn.commit()
         return
     assert isinstance(spec, PostgresStore)
@@ -406,7 +407,7 @@ def drop_review_since(app: Ledger) -> None:
         password=spec.password, autocommit=True,
     ) as conn:  # fmt: skip
         schema = spec.schema.replace('"', '""')
-        conn.execute(f'ALTER TABLE "{schema}".sendledger_jobs DROP COLUMN review_since')
+        conn.execute(f'ALTER TABLE "{schema}".sendledger_jobs DROP COLUMN {column}')
 
 
 def test_the_index_keeps_when_a_job_went_to_review_through_later_writes(
@@ -439,7 +440,7 @@ def test_the_index_keeps_when_a_job_went_to_review_through_later_writes(
             assert stored == [(went.timestamp(),)]  # in the table, not computed on read
         if isinstance(app.store, MemoryStore):
             return  # no table to take a column from
-        drop_review_since(app)
+        drop_column(app, "review_since")
     with Ledger(store_url, clock=clock) as app:
         # Opening added the column back, empty: the row's last change stands in for it.
         reopened = app.row(key)
@@ -451,6 +452,50 @@ def test_the_index_keeps_when_a_job_went_to_review_through_later_writes(
         app.update(key, lambda j: j.resolve(Resolution.ABANDON, note="n", by="ops", at=clock()))
         row = assert_index_in_step(app, key)
         assert row.review_since is None and app.get_job(key).escalated_at == went
+
+
+def test_a_watched_row_says_what_else_is_due_and_an_earlier_release_s_is_filled_in(
+    store_url: str, clock: FakeClock
+) -> None:
+    """A watched job's row says when anything else of it is due (`other_due_at`: its
+    verification; infinity when nothing), which its `due_at` hides once the watch's end
+    has passed. A store of an earlier release gains the column when opened, empty, and
+    `fill_other_dues` (the daemon's start-up) fills it from the events, a page at a time,
+    once."""
+    verify_at = {"plain": None, "resent": clock() + timedelta(minutes=10)}
+    with Ledger(store_url, clock=clock) as app:
+        for key, verify in verify_at.items():
+            app.submit(content(key), SENDER)
+            app.update(key, lambda j: j.claim(**attempt_args(clock)))
+            watch = Confirm(POLICY, verify_at=verify, watch_until=clock() + timedelta(hours=1))
+            app.update(
+                key,
+                lambda j, k=key, d=watch: j.record_response(  # type: ignore[misc]
+                    provider_message_id=f"id-{k}", decision=d, at=clock()
+                ),
+            )
+            assert_index_in_step(app, key)
+        want = {
+            "plain": math.inf,
+            "resent": verify_at["resent"].timestamp(),  # type: ignore[union-attr]
+        }
+        assert {key: row.other_due_at for key, row in rows_of(app, want).items()} == want
+        if isinstance(app.store, MemoryStore):
+            return  # no table to take a column from
+        drop_column(app, "other_due_at")
+    with Ledger(store_url, clock=clock) as app:
+        # Opening added the column back, empty.
+        assert {row.other_due_at for row in rows_of(app, want).values()} == {None}
+        assert app.fill_other_dues(batch=1) == 2
+        assert {key: row.other_due_at for key, row in rows_of(app, want).items()} == want
+        assert app.fill_other_dues() == 0
+        for key in want:
+            assert_index_in_step(app, key)
+
+
+def rows_of(app: Ledger, keys: Iterable[str]) -> dict[str, IndexRow]:
+    rows = {key: app.row(key) for key in keys}
+    return {key: row for key, row in rows.items() if row is not None}
 
 
 def test_refused_command_stores_nothing(ledger: Ledger, clock: FakeClock) -> None:

@@ -103,6 +103,7 @@ def test_index_rows_survive_a_rebuild(old_store: Ledger) -> None:
         "watch_mailbox": None,
         "mailbox": None,
         "review_since": None,
+        "other_due_at": None,
     }
     # ... but `written_at`, which the listing pages by: each row's last change; and the
     # attempt's provider of a requested job: none (its next call is its channel's).

@@ -530,18 +530,19 @@ def test_a_watch_whose_channel_no_longer_watches_ends_at_its_time() -> None:
     assert rig.events("r-1")[-1] == "BounceWatchEnded"
 
 
+@pytest.mark.parametrize("restarted", [False, True], ids=["running", "restarted"])
 def test_watches_waiting_for_a_read_are_not_loaded_and_hold_no_one_behind_them(
-    rig: EngineRig,
+    rig: EngineRig, restarted: bool
 ) -> None:
     """Watches past their end whose mailbox is not read (queued sends hold its reads) stay
-    due at the head of the index: the tick reads past them, loading each once (its row
-    cannot say whether its verification or its tidy is due later), then never again."""
+    due at the head of the index: the tick passes over them without loading their jobs,
+    their rows saying when anything else of each is due (`other_due_at`), and so does a
+    daemon started again, which holds nothing of them in memory (each was loaded once)."""
     n_jobs = rig.engine.batch_size + 5
     for n in range(n_jobs):
         rig.submit("receipts", f"r-{n:03d}")
     rig.tick()
-    engine = rig.engine
-    engine.bounces._sends_waiting = lambda scope: 1
+    rig.engine.bounces._sends_waiting = lambda scope: 1
     loads: list[str] = []
     get_job = rig.ledger.get_job
 
@@ -551,17 +552,18 @@ def test_watches_waiting_for_a_read_are_not_loaded_and_hold_no_one_behind_them(
 
     rig.ledger.get_job = counted  # type: ignore[method-assign]
     rig.advance_and_tick(HOUR + INTERVAL)
-    for _ in range(n_jobs):  # a few loads per tick, as for any due row
-        if len(loads) >= n_jobs:
-            break
+    if restarted:
+        rig.restart()
+        rig.engine.bounces._sends_waiting = lambda scope: 1
+    for _ in range(n_jobs):  # as many ticks as loading each once took
         rig.advance_and_tick(1)
-    assert sorted(loads) == [f"r-{n:03d}" for n in range(n_jobs)]  # each once
-    loads.clear()
     for _ in range(3):
         rig.advance_and_tick(INTERVAL)
-    assert loads == []
+    # One job of the mailbox names its From, once per process (`BounceWatch._address`).
+    assert len(loads) <= (2 if restarted else 1), len(loads)
     row = rig.ledger.row("r-000")
     assert row is not None and row.watch_until is not None
+    assert rig.events("r-204")[-1] == "WatchingBounces"
 
 
 def test_a_report_whose_save_kept_conflicting_holds_the_watch_s_end(rig: EngineRig) -> None:

@@ -188,7 +188,7 @@ def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
     words = "key|job_id key|channel|state|message_id Message-ID|version|attempts attempt count|"
     words += "reason|watch_mailbox digest|mailbox From mailbox as a digest|due_at times|created_at "
     words += "times|updated_at times|purged_at times|watch_until times|review_since times|"
-    words += "written_at times|attempt_provider attempt's provider"
+    words += "other_due_at times|written_at times|attempt_provider attempt's provider"
     said = dict((pair.split(" ", 1) * 2)[:2] for pair in words.split("|"))  # field [its word]
     assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
     assert [w for w in said.values() if w not in kept] == []

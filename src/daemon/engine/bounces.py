@@ -459,9 +459,10 @@ class BounceWatch:
 
     def waits_for_read(self, row: IndexRow) -> bool:
         """Whether a due row is a watch's end still waiting for a read of its mailbox,
-        with nothing else of the job due now: not worth loading. The row alone cannot say
-        the latter (its `due_at` is the earliest of the end, the verification and the
-        tidy), so a row is loaded once, and `read_through` notes what else is due when."""
+        with nothing else of the job due now: not worth loading. Its `due_at` is the
+        earliest of the end, the verification and the tidy; its `other_due_at` says when
+        the other two are. A row of an earlier release without it is loaded once, and
+        `read_through` notes what else is due when."""
         if row.watch_until is None or row.watch_mailbox is None or row.due_at is None:
             return False
         if row.due_at < row.watch_until:
@@ -476,6 +477,8 @@ class BounceWatch:
                 return False  # it ends unread (`unread_bound`): load it
             if self._read_past(known[0], until):
                 return False
+            if row.other_due_at is not None:
+                return row.other_due_at > now.timestamp()
             mailbox = self._mailboxes.get(known[0])
             held = None if mailbox is None else mailbox.held.get(row.key)
             if held is None or held.version != row.version:
@@ -512,7 +515,7 @@ class BounceWatch:
             mailbox = self._mailboxes.get(scope)
             if mailbox is not None:
                 # Held: the tick leaves its row unloaded until something else is due.
-                other = _earliest(job.verify_at if job.verifying else None, job.tidy_at)
+                other = job.due_besides_watch
                 mailbox.held[job.key] = _Held(job.version, job.watch_until, other)
             return False
 
@@ -637,10 +640,6 @@ class BounceWatch:
 
 def _due(moment: datetime | None, now: datetime) -> bool:
     return moment is None or moment <= now
-
-
-def _earliest(*moments: datetime | None) -> datetime | None:
-    return min((m for m in moments if m is not None), default=None)
 
 
 class EndWatch:

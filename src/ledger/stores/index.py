@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -69,6 +70,7 @@ COLUMNS = (
     "mailbox",
     "review_since",
     "attempt_provider",
+    "other_due_at",
     "written_at",
 )
 #: Columns added after the first release: (name, SQL type template). Opening a store
@@ -83,6 +85,9 @@ COLUMNS = (
 #: attempted on before: `ATTEMPT_PROVIDER_BACKFILL`); the other rows, whose attempt's
 #: provider only their events say, have none (NULL) until the daemon fills those with
 #: something due (`Ledger.fill_mailboxes`) or a rebuild does.
+#: A watched row written before `other_due_at` existed has none until the daemon fills it
+#: at start-up (`Ledger.fill_other_dues`) or a rebuild does; until then its job is loaded
+#: once to learn it (`BounceWatch.read_through`).
 ADDED_COLUMNS = (
     ("purged_at", "{real}"),
     ("watch_until", "{real}"),
@@ -91,12 +96,15 @@ ADDED_COLUMNS = (
     ("review_since", "{real}"),
     ("written_at", "{real}"),
     ("attempt_provider", "TEXT"),
+    ("other_due_at", "{real}"),
 )
 #: The upgrade's fill of `attempt_provider` (templates as in CREATE_STATEMENTS): what the
 #: index alone can say.
 ATTEMPT_PROVIDER_BACKFILL = (
     "UPDATE {t} SET attempt_provider = '' WHERE attempt_provider IS NULL AND state = 'requested'"
 )
+#: A watched job's `other_due_at` when nothing but the end of its watch is due.
+NOTHING_ELSE = math.inf
 
 
 #: A row's values in COLUMNS order (one C call: each save writes a row per job).
@@ -138,6 +146,13 @@ class IndexRow:
     # yet, or requested again); None: a row of an earlier release, not filled yet
     # (`Ledger.fill_mailboxes`).
     attempt_provider: str | None = None
+    # A watched confirmed job: when anything of it other than its watch's end is due (its
+    # verification, its tidy; `NOTHING_ELSE`: nothing), which `due_at`, the earliest of
+    # the three, hides once the watch's end has passed: what lets a tick pass over a watch
+    # that waits for a read of its mailbox without loading its job (docs/architecture.md
+    # "Bounces on the job"). None otherwise, and on a row of an earlier release not yet
+    # filled in (`Ledger.fill_other_dues`).
+    other_due_at: float | None = None
     # When the row was stored, in the store's order of writes: stamped inside the
     # writing transaction, after the writers before it committed, never earlier than one
     # of them (`SqlJobIndex._stamp`). What `GET /v1/jobs` pages by: a job's own times are
@@ -278,6 +293,7 @@ def index_row(job: SendJob, mailbox: str | None = None) -> IndexRow:
             else None
         ),
         attempt_provider=attempt_provider_of(job),
+        other_due_at=other_due(job) if watching else None,
     )
 
 
@@ -287,6 +303,13 @@ def attempt_provider_of(job: SendJob) -> str:
     if job.state is JobState.REQUESTED or job.last_provider is None:
         return ""
     return job.last_provider
+
+
+def other_due(job: SendJob) -> float:
+    """A watched job's `other_due_at`: when its verification or its tidy is due, the
+    earlier; `NOTHING_ELSE` when neither is."""
+    other = job.due_besides_watch
+    return NOTHING_ELSE if other is None else other.timestamp()
 
 
 def mailbox_digest(from_addr: str, provider: str | None = None) -> str:
@@ -374,6 +397,16 @@ class JobIndex(Protocol):
     def set_mailboxes(self, mailboxes: Sequence[tuple[str, str, str]]) -> None:
         """Fill the mailbox and the attempt provider of each (key, mailbox, provider)
         where its row has none."""
+        ...
+
+    def without_other_due(self, after_key: str, limit: int) -> list[str]:
+        """Keys, in order after `after_key`, of watched rows without `other_due_at`
+        (written by an earlier release), at most `limit`."""
+        ...
+
+    def set_other_dues(self, dues: Sequence[tuple[str, int, float]]) -> None:
+        """Fill the `other_due_at` of each (key, version, value) whose row has none and
+        is still of that version."""
         ...
 
     def find(
@@ -473,6 +506,7 @@ CREATE_STATEMENTS = [
     "created_at {real} NOT NULL, updated_at {real} NOT NULL, version INTEGER NOT NULL, "
     "attempts INTEGER NOT NULL, reason TEXT, purged_at {real}, watch_until {real}, "
     "watch_mailbox TEXT, mailbox TEXT, review_since {real}, attempt_provider TEXT, "
+    "other_due_at {real}, "
     "written_at {real}){options}",
     "CREATE INDEX IF NOT EXISTS {n}_state_due ON {t} (state, due_at)",
     "CREATE INDEX IF NOT EXISTS {n}_message_id ON {t} (message_id)",
@@ -665,6 +699,27 @@ class SqlJobIndex:
                     "WHERE key = {p} AND (mailbox IS NULL OR attempt_provider IS NULL)"
                 ),
                 [(mailbox, provider, key) for key, mailbox, provider in mailboxes],
+            )
+
+    def without_other_due(self, after_key: str, limit: int) -> list[str]:
+        # A range of the partial index on watch_until: what is watched, not the history.
+        rows = self._fetch(
+            self._sql(
+                "SELECT key FROM {t} WHERE watch_until >= {p} AND other_due_at IS NULL "
+                "AND key > {p} ORDER BY key LIMIT {p}"
+            ),
+            [0.0, after_key, limit],
+        )
+        return [str(key) for (key,) in rows]
+
+    def set_other_dues(self, dues: Sequence[tuple[str, int, float]]) -> None:
+        if dues:
+            self._execute(
+                self._sql(
+                    "UPDATE {t} SET other_due_at = {p} "
+                    "WHERE key = {p} AND version = {p} AND other_due_at IS NULL"
+                ),
+                [(value, key, version) for key, version, value in dues],
             )
 
     def find(
@@ -888,6 +943,7 @@ __all__ = [
     "INDEX_GUARD_KWARG",
     "INDEX_ROWS_KWARG",
     "INDEX_TABLE",
+    "NOTHING_ELSE",
     "PURGEABLE_STATES",
     "REBUILD_UPSERT",
     "UPSERT",
@@ -906,6 +962,7 @@ __all__ = [
     "mailbox_digest",
     "missing_indexes",
     "next_stamp",
+    "other_due",
     "rows_from",
     "stamped",
 ]

@@ -157,6 +157,22 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
                         ),
                     )
 
+    def without_other_due(self, after_key: str, limit: int) -> list[str]:
+        with self.database_lock:
+            keys = [
+                r.key
+                for r in self._rows.values()
+                if r.watch_until is not None and r.other_due_at is None and r.key > after_key
+            ]
+        return sorted(keys)[: max(limit, 0)]
+
+    def set_other_dues(self, dues: Sequence[tuple[str, int, float]]) -> None:
+        with self.database_lock:
+            for key, version, value in dues:
+                row = self._rows.get(key)
+                if row is not None and row.version == version and row.other_due_at is None:
+                    self._rows[key] = replace(row, other_due_at=value)
+
     def find(
         self, where: JobFilter = ALL_JOBS, *, after_key: str | None = None, limit: int = 1000
     ) -> list[IndexRow]:
