@@ -28,6 +28,7 @@ costs. A run that passes `--max-ticks` says so. PostgreSQL runs when reachable (
 private cluster when its binaries are installed), else it is skipped with the reason.
 
     .venv/bin/python bench/bounce_restart.py [--jobs 1000 10000] [--no-postgres]
+        [--ways known unknown] [--max-ticks 4000]
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ POLICY = ChannelPolicy.model_validate(
 WORKERS = 4
 BATCH = 200
 VERIFY_KEY = "verify-me"
+WAYS = ("known", "unknown")
 #: Jobs written per transaction while building.
 WRITE_BATCH = 2_000
 
@@ -246,11 +248,15 @@ def show(store: str, n: int, way: str, run: Run, max_ticks: int) -> None:
 
 
 def measure(
-    store: str, scratch: Callable[[], AbstractContextManager[str]], n: int, max_ticks: int
+    store: str,
+    scratch: Callable[[], AbstractContextManager[str]],
+    n: int,
+    max_ticks: int,
+    ways: list[str],
 ) -> None:
     """Each way on a store of its own, built alike."""
     start = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
-    for way in ("known", "unknown"):
+    for way in ways:
         with scratch() as url:
             with Ledger(url) as ledger:
                 keys = build(ledger, n, start)
@@ -284,10 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, nargs="+", default=[1_000, 10_000])
     parser.add_argument("--max-ticks", type=int, default=4_000)
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
     args = parser.parse_args(argv)
     for name, scratch in stores(args.no_postgres):
         for n in args.jobs:
-            measure(name, scratch, n, args.max_ticks)
+            measure(name, scratch, n, args.max_ticks, args.ways)
     return 0
 
 

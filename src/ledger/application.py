@@ -53,6 +53,7 @@ from ledger.stores.index import (
     JobIndex,
     ScopeFilter,
     WatchedMailbox,
+    WatchHold,
     attempt_provider_of,
     index_row,
     other_due,
@@ -782,13 +783,14 @@ class Ledger(Application[UUID]):
         now: datetime | float,
         limit: int,
         scopes: ScopeFilter | None = None,
+        held: Sequence[WatchHold] = (),
     ) -> list[IndexRow]:
         """Up to `limit` jobs in `state` whose due time is at or before `now` (an aware
         datetime or epoch seconds), soonest first: what a tick works on. With `scopes`,
         only those of the quota scopes a daemon owns (docs/performance.md "Several
-        daemons")."""
+        daemons"); none of the bounce watches `held` says wait for a read."""
         at = _epoch(now)
-        return self._retry_locked(lambda: self._index.jobs_due(str(state), at, limit, scopes))
+        return self._retry_locked(lambda: self._index.jobs_due(str(state), at, limit, scopes, held))
 
     def scopes_due(self, before: datetime | float) -> list[DueScope]:
         """The distinct (channel, From mailbox, attempt provider) of the jobs with

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import require_postgres
 
 from ledger.application import Ledger
-from ledger.stores.index import INDEX_TABLE, ScopeFilter, ScopeGroup
+from ledger.stores.index import INDEX_TABLE, ScopeFilter, ScopeGroup, WatchHold
 from ledger.vocabulary import OPEN_STATES, JobState
 
 NOW = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
@@ -36,6 +36,10 @@ READS: dict[str, Callable[[Ledger], Any]] = {
             ("other", "receipts"),
         ),
     ),
+    "due with waiting watches held (a tick's confirmed jobs)": lambda ledger: ledger.due(
+        JobState.CONFIRMED, NOW, 200, held=[WatchHold("receipts", ("m1", "m2"), after=1.0)]
+    ),
+    "watched rows without other_due_at (start-up)": lambda ledger: ledger.fill_other_dues(),
     "scopes_due (the scope owners' round)": lambda ledger: ledger.scopes_due(NOW),
     "next_due": lambda ledger: ledger.next_due([JobState.REQUESTED, JobState.UNKNOWN]),
     "open_counts (status line)": lambda ledger: ledger.open_counts(),

@@ -35,7 +35,7 @@ from ledger.content import JobContent
 from ledger.decision_types import Confirm, ResendAt, RetryAt, Review, SearchAgainAt, SearchAt
 from ledger.job import JobState, SendJob, TransitionError
 from ledger.message_id import message_id_for
-from ledger.stores.index import IndexRow, index_row
+from ledger.stores.index import IndexRow, WatchHold, index_row
 from ledger.stores.memory import discard_memory_store
 from ledger.stores.postgres import PostgresJobIndexRecorder
 from ledger.stores.url import MemoryStore, PostgresStore, SqliteStore
@@ -547,6 +547,48 @@ def test_jobs_due_returns_only_due_jobs_in_the_state_ordered(
     assert ledger.next_due([JobState.ATTEMPTED, "review"]) == t0 + timedelta(seconds=141)
     assert ledger.next_due(["review"]) is None
     assert ledger.next_due([]) is None
+
+
+def test_due_leaves_out_the_watches_a_hold_says_wait_for_a_read(ledger: Ledger) -> None:
+    """`WatchHold`: a watch of its channel and mailboxes, past its end (its due time),
+    ending after the hold's cut, with nothing else due by now (`other_due_at`, infinity
+    when nothing) is left out of the due rows, on every backend alike; a row that cannot
+    say (no `other_due_at`: an earlier release's) never is."""
+
+    def row(key: str, due: float, **fields: Any) -> IndexRow:
+        base: dict[str, Any] = {"channel": "c", "watch_mailbox": "m", "watch_until": due}
+        base.update(fields)
+        return IndexRow(
+            key=key, job_id=uuid.uuid5(uuid.NAMESPACE_URL, key).hex, state="confirmed",
+            message_id=f"<{key}@x>", due_at=due, created_at=0.0, updated_at=0.0, version=2,
+            attempts=1, reason=None, **base,
+        )  # fmt: skip
+
+    ledger._index.replace_all(
+        [
+            row("waits", 100.0, other_due_at=math.inf),
+            row("verify-due", 90.0, other_due_at=150.0),
+            row("verify-later", 100.0, other_due_at=250.0),
+            row("ended-earlier", 50.0, other_due_at=math.inf),
+            row("earlier-release", 100.0),
+            row("other-mailbox", 100.0, watch_mailbox="n", other_due_at=math.inf),
+            row("other-channel", 100.0, channel="d", other_due_at=math.inf),
+            row("verify-first", 110.0, watch_until=300.0, other_due_at=110.0),
+            row("not-watched", 120.0, watch_mailbox=None, watch_until=None),
+        ]
+    )
+    everything = {r.key for r in ledger.due("confirmed", 200.0, 100)}
+    assert len(everything) == 9
+    for hold, left_out in (
+        (WatchHold("c", ("m",)), {"waits", "verify-later", "ended-earlier"}),
+        (WatchHold("c", ("m", "n"), after=75.0), {"waits", "verify-later", "other-mailbox"}),
+    ):
+        due = ledger.due("confirmed", 200.0, 100, held=[hold])
+        assert {r.key for r in due} == everything - left_out, hold
+        assert [r.due_at for r in due] == sorted(r.due_at or 0.0 for r in due)
+    # The page's limit counts only what is left in: the held rows before it take none.
+    first = ledger.due("confirmed", 200.0, 1, held=[WatchHold("c", ("m",))])
+    assert [r.key for r in first] == ["verify-due"]
 
 
 def test_due_refuses_a_naive_datetime(ledger: Ledger) -> None:

@@ -47,6 +47,19 @@ def bounced(rig: EngineRig, key: str) -> list[SendJob.Bounced]:
     return [e for e in rig.ledger.history(key) if isinstance(e, SendJob.Bounced)]
 
 
+def engine_of(rig: EngineRig, name: str, **options: Any) -> Engine:
+    """Another engine on the rig's store, provider and clock, built with `options`."""
+    return Engine(
+        rig.ledger,
+        rig.holder,
+        {"fake": rig.provider},
+        provider_timeouts={"fake": 10.0},
+        clock=rig.clock,
+        daemon_name=name,
+        **options,
+    )
+
+
 @pytest.fixture
 def rig() -> EngineRig:
     return EngineRig(
@@ -299,15 +312,7 @@ def test_the_job_page_says_what_the_report_says_and_metrics_count_it(rig: Engine
     from daemon.api.metrics import Metrics, Sources
 
     metrics = Metrics(Sources(rig.ledger, {}))
-    engine = Engine(
-        rig.ledger,
-        rig.holder,
-        {"fake": rig.provider},
-        provider_timeouts={"fake": 10.0},
-        clock=rig.clock,
-        observer=metrics,
-        daemon_name="metrics",
-    )
+    engine = engine_of(rig, "metrics", observer=metrics)
     mid = rig.submit("receipts", "r-1")
     engine.tick()
     rig.provider.deliver(bounce_of(mid))
@@ -665,15 +670,7 @@ def test_metrics_count_the_watches_ended_unread(rig: EngineRig) -> None:
     from daemon.api.metrics import Metrics, Sources
 
     metrics = Metrics(Sources(rig.ledger, {}))
-    engine = Engine(
-        rig.ledger,
-        rig.holder,
-        {"fake": rig.provider},
-        provider_timeouts={"fake": 10.0},
-        clock=rig.clock,
-        observer=metrics,
-        daemon_name="metrics",
-    )
+    engine = engine_of(rig, "metrics", observer=metrics)
     rig.submit("receipts", "r-1")
     engine.tick()
     rig.provider.fail_reads(10**6)
@@ -715,6 +712,36 @@ def test_a_verification_due_after_the_watch_s_end_runs_at_its_time() -> None:
     rig.advance_and_tick(INTERVAL)
     [ended] = [e for e in rig.ledger.history("r-1") if isinstance(e, SendJob.BounceWatchEnded)]
     assert ended.reason == ""
+
+
+def test_a_verification_behind_more_waiting_watches_than_a_tick_reads_past_runs_at_its_time() -> (
+    None
+):
+    """More watches wait for a read of their mailbox than a tick reads past (ten pages):
+    their rows tell the index they wait (`WatchHold`), so the page leaves them out and a
+    verification due behind them runs at its time, not once they end."""
+    rig = EngineRig(policy("receipts", watch_bounces="5m", on_unknown="retry"))
+    engine = engine_of(rig, "small", batch_size=2)  # reads past 20 rows at most
+    waits = [f"w-{n:02d}" for n in range(25)]
+    for key in waits:
+        rig.submit("receipts", key)
+    engine.tick()
+    engine.bounces._sends_waiting = lambda scope: 1  # its mailbox is not read
+    rig.submit("receipts", "r-1")
+    rig.provider.script(Scripted.lost_request())
+    engine.tick()
+    for seconds in (60, 30, 0):  # two misses: believed lost, resent, confirmed
+        rig.clock.advance(seconds)
+        engine.tick()
+    job = rig.job("r-1")
+    assert job.verify_at is not None and job.watch_until is not None
+    assert all(rig.job(key).watch_until < job.watch_until for key in waits)  # type: ignore[operator]
+    while rig.clock() <= job.verify_at + timedelta(seconds=INTERVAL):
+        rig.clock.advance(INTERVAL)
+        engine.tick()
+    engine.close()
+    assert "Verified" in rig.events("r-1")
+    assert {rig.events(key)[-1] for key in waits} == {"WatchingBounces"}
 
 
 def read_through_with_its_report(rig: EngineRig, key: str, reads: int) -> None:

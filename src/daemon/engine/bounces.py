@@ -49,7 +49,7 @@ from ledger.delivery_reports import (
     read_report,
 )
 from ledger.job import BounceRefused, SendJob, bounce_recipients
-from ledger.stores.index import IndexRow
+from ledger.stores.index import IndexRow, WatchHold
 from ledger.vocabulary import JobState
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -456,6 +456,37 @@ class BounceWatch:
                 and not self._read_past(r.scope, r.first_until)
             }
             return sum(n for scope, n in self._read_in.values() if scope in late)
+
+    def holds(self, now: datetime) -> list[WatchHold]:
+        """The watches past their end that wait for a read of their mailbox, as the
+        index can tell them from their rows (`WatchHold`; `waits_for_read` says the same
+        of one row): per watched channel and scope, those ending after the scope's cut."""
+        self._current(now)  # what is watched, read again after a reload
+        groups: dict[tuple[str, str], list[str]] = {}
+        with self._lock:
+            for (channel, digest), (scope, _jobs) in sorted(self._read_in.items()):
+                groups.setdefault((channel, scope), []).append(digest)
+            return [
+                WatchHold(channel, tuple(digests), self._cut(scope, now))
+                for (channel, scope), digests in groups.items()
+            ]
+
+    def _cut(self, scope: str, now: datetime) -> float | None:
+        """(Under the lock.) The latest end, epoch seconds, of the scope's watches that
+        may end now (`_read_past` or `_unread_past` holds for every end at or before it);
+        None: none may."""
+        mailbox = self._mailboxes.get(scope)
+        if mailbox is None:
+            return None
+        cuts: list[datetime] = []
+        if mailbox.read_from is not None:
+            cuts.append(mailbox.read_from - timedelta(seconds=self._skew))
+        since = mailbox.wanted_since
+        if since is not None and not self._unwatched(mailbox, now):
+            bound = timedelta(seconds=self.unread_bound)
+            if now >= max(since, mailbox.progressed or since) + bound:
+                cuts.append(now - bound)
+        return max(cuts).timestamp() if cuts else None
 
     def waits_for_read(self, row: IndexRow) -> bool:
         """Whether a due row is a watch's end still waiting for a read of its mailbox,

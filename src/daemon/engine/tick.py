@@ -412,19 +412,22 @@ class Engine:
             self._checks.submit(step, [row.key for row in rows])
             return
         now = self.clock()
-        rows = self.ledger.due(step.state, now, limit, self.scopes.filter)
+        ends = isinstance(step, FirstDue) and any(isinstance(s, EndWatch) for s in step.steps)
+        # Watches past their end that wait for a read of their mailbox, as their rows
+        # tell them: left out of the page, however many (`bounces.py`).
+        held = self.bounces.holds(now) if ends else []
+        rows = self.ledger.due(step.state, now, limit, self.scopes.filter, held)
         if not rows:
             return  # nothing due: no held search or ended watch to read past
         # Searches held by a backoff or an open circuit stay due in the index: read past
         # them (a bounded number) so another scope's due searches are not starved.
         waiting = self._backoff.waiting(now)
-        ends = isinstance(step, FirstDue) and any(isinstance(s, EndWatch) for s in step.steps)
         if ends:
-            # Watches past their end wait for a read of their mailbox (`bounces.py`).
+            # ... and watches whose rows cannot tell (an earlier release's), loaded once.
             waiting += self.bounces.ends_waiting(now)
         extra = min(waiting, self.batch_size * 10)
         if extra and len(rows) >= limit:  # a page that is not full holds every due row
-            rows = self.ledger.due(step.state, now, limit + extra, self.scopes.filter)
+            rows = self.ledger.due(step.state, now, limit + extra, self.scopes.filter, held)
         keys = [
             row.key
             for row in rows

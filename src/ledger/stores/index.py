@@ -265,6 +265,35 @@ class ScopeFilter:
         return row.channel not in self.known or any(g.matches(row) for g in self.groups)
 
 
+@dataclass(frozen=True)
+class WatchHold:
+    """The watches of `channel` in `mailboxes` (digests) that wait for a read through
+    their mailbox (docs/architecture.md "Bounces on the job"): past their end, ending
+    after `after` (epoch seconds; None: any), nothing else of their job due by `now`.
+    A tick's due rows leave them out (`jobs_due`), so however many wait, the rows behind
+    them are found; a row without `other_due_at` is not held here."""
+
+    channel: str
+    mailboxes: tuple[str, ...]
+    after: float | None = None
+
+    def holds(self, row: IndexRow, now: float) -> bool:
+        return (
+            row.channel == self.channel
+            and row.watch_mailbox in self.mailboxes
+            and row.watch_until is not None
+            and row.due_at is not None
+            and row.due_at >= row.watch_until
+            and (self.after is None or row.watch_until > self.after)
+            and row.other_due_at is not None
+            and row.other_due_at > now
+        )
+
+
+#: The watches a tick's due rows leave out (`jobs_due`).
+Held = Sequence[WatchHold]
+
+
 def index_row(job: SendJob, mailbox: str | None = None) -> IndexRow:
     """The job's row; `mailbox` is the From's mailbox column, as the store writes it
     (`Ledger.mailbox_of`, a digest when the store is encrypted), `mailbox_key` of the
@@ -377,10 +406,10 @@ class JobIndex(Protocol):
     def job_by_message_id(self, message_id: str) -> IndexRow | None: ...
 
     def jobs_due(
-        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None
+        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None, held: Held = ()
     ) -> list[IndexRow]:
         """Rows in `state` with due_at <= now, soonest first, at most `limit`; with
-        `scopes`, only the rows it matches."""
+        `scopes`, only the rows it matches; none that one of `held` holds."""
         ...
 
     def scopes_due(self, states: Sequence[str], before: float) -> list[DueScope]:
@@ -621,19 +650,43 @@ class SqlJobIndex:
         return _row(rows[0]) if rows else None
 
     def jobs_due(
-        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None
+        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None, held: Held = ()
     ) -> list[IndexRow]:
         owned, params = ("", []) if scopes is None else self._scope_sql(scopes)
+        waiting, waiting_params = self._held_sql(held, now)
         rows = self._fetch(
             self._sql(
                 _SELECT
                 + "WHERE state = {p} AND due_at IS NOT NULL AND due_at <= {p} "
                 + owned
+                + waiting
                 + "ORDER BY due_at LIMIT {p}"
             ),
-            [state, now, *params, limit],
+            [state, now, *params, *waiting_params, limit],
         )
         return [_row(r) for r in rows]
+
+    def _held_sql(self, held: Sequence[WatchHold], now: float) -> tuple[str, list[Any]]:
+        """`AND NOT (...)`, the rows one of `held` holds (`WatchHold.holds`), and its
+        parameters. The database still passes over them in the (state, due_at) range,
+        but a tick reads none: a NULL (a row no hold can speak for) holds nothing."""
+        if not held:
+            return "", []
+        clauses: list[str] = []
+        params: list[Any] = []
+        for hold in held:
+            clause = "channel = {p} AND " + self._member("watch_mailbox")
+            params += [hold.channel, self._members(hold.mailboxes)]
+            if hold.after is not None:
+                clause += " AND watch_until > {p}"
+                params.append(hold.after)
+            clauses.append(f"({clause})")
+        return (
+            "AND NOT COALESCE(due_at >= watch_until AND other_due_at > {p} AND ("
+            + " OR ".join(clauses)
+            + "), FALSE) ",
+            [now, *params],
+        )
 
     def _member(self, column: str) -> str:
         """`column` is one of a list given as one parameter (`_members`): SQLite reads a
@@ -948,11 +1001,13 @@ __all__ = [
     "REBUILD_UPSERT",
     "UPSERT",
     "DueScope",
+    "Held",
     "IndexRow",
     "JobIndex",
     "ScopeFilter",
     "ScopeGroup",
     "SqlJobIndex",
+    "WatchHold",
     "WatchedMailbox",
     "Withdrawn",
     "attempt_provider_of",

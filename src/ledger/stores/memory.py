@@ -29,6 +29,7 @@ from ledger.stores.index import (
     ALL_JOBS,
     PURGEABLE_STATES,
     DueScope,
+    Held,
     IndexRow,
     JobFilter,
     ScopeFilter,
@@ -108,7 +109,7 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
             return next((r for r in self._rows.values() if r.message_id == message_id), None)
 
     def jobs_due(
-        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None
+        self, state: str, now: float, limit: int, scopes: ScopeFilter | None = None, held: Held = ()
     ) -> list[IndexRow]:
         with self.database_lock:
             due = [
@@ -118,6 +119,7 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
                 and r.due_at is not None
                 and r.due_at <= now
                 and (scopes is None or scopes.matches(r))
+                and not any(hold.holds(r, now) for hold in held)
             ]
         due.sort(key=lambda r: (r.due_at, r.key))
         return due[: max(limit, 0)]
