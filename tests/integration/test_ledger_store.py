@@ -35,7 +35,7 @@ from ledger.content import JobContent
 from ledger.decision_types import Confirm, ResendAt, RetryAt, Review, SearchAgainAt, SearchAt
 from ledger.job import JobState, SendJob, TransitionError
 from ledger.message_id import message_id_for
-from ledger.stores.index import IndexRow, WatchHold, index_row
+from ledger.stores.index import IndexRow, WatchedMailbox, WatchHold, index_row
 from ledger.stores.memory import discard_memory_store
 from ledger.stores.postgres import PostgresJobIndexRecorder
 from ledger.stores.url import MemoryStore, PostgresStore, SqliteStore
@@ -549,20 +549,44 @@ def test_jobs_due_returns_only_due_jobs_in_the_state_ordered(
     assert ledger.next_due([]) is None
 
 
+def row(key: str, due: float, **fields: Any) -> IndexRow:
+    """A confirmed job's row, due at `due`: by default the end of its watch in mailbox m
+    of channel c."""
+    base: dict[str, Any] = {"channel": "c", "watch_mailbox": "m", "watch_until": due}
+    base.update(fields)
+    return IndexRow(
+        key=key, job_id=uuid.uuid5(uuid.NAMESPACE_URL, key).hex, state="confirmed",
+        message_id=f"<{key}@x>", due_at=due, created_at=0.0, updated_at=0.0, version=2,
+        attempts=1, reason=None, **base,
+    )  # fmt: skip
+
+
+def test_watched_names_each_watched_mailbox_with_its_count_a_job_and_its_soonest_end(
+    ledger: Ledger,
+) -> None:
+    """What the bounce watch reads (`Ledger.watched`), on every backend alike: on
+    PostgreSQL its rows come as dicts by column name, so two unnamed MIN()s were one."""
+    ledger._index.replace_all(
+        [
+            row("b", 100.0),
+            row("a", 50.0),
+            row("c", 100.0, watch_mailbox="n"),
+            row("d", 70.0, channel="d"),
+            row("e", 120.0, watch_mailbox=None, watch_until=None),
+        ]
+    )
+    assert ledger.watched() == [
+        WatchedMailbox("c", "m", 2, "a", 50.0),
+        WatchedMailbox("c", "n", 1, "c", 100.0),
+        WatchedMailbox("d", "m", 1, "d", 70.0),
+    ]
+
+
 def test_due_leaves_out_the_watches_a_hold_says_wait_for_a_read(ledger: Ledger) -> None:
     """`WatchHold`: a watch of its channel and mailboxes, past its end (its due time),
     ending after the hold's cut, with nothing else due by now (`other_due_at`, infinity
     when nothing) is left out of the due rows, on every backend alike; a row that cannot
     say (no `other_due_at`: an earlier release's) never is."""
-
-    def row(key: str, due: float, **fields: Any) -> IndexRow:
-        base: dict[str, Any] = {"channel": "c", "watch_mailbox": "m", "watch_until": due}
-        base.update(fields)
-        return IndexRow(
-            key=key, job_id=uuid.uuid5(uuid.NAMESPACE_URL, key).hex, state="confirmed",
-            message_id=f"<{key}@x>", due_at=due, created_at=0.0, updated_at=0.0, version=2,
-            attempts=1, reason=None, **base,
-        )  # fmt: skip
 
     ledger._index.replace_all(
         [

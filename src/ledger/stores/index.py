@@ -839,8 +839,10 @@ class SqlJobIndex:
         rows = self._fetch(
             self._sql(
                 # A range of the partial index (a comparison implies NOT NULL): what is
-                # watched, never the other rows.
-                "SELECT channel, watch_mailbox, COUNT(*), MIN(key), MIN(watch_until) FROM {t} "
+                # watched, never the other rows. Each column named: PostgreSQL's rows come
+                # by name, and two unnamed MIN()s would be one.
+                "SELECT channel, watch_mailbox, COUNT(*) AS jobs, MIN(key) AS example_key, "
+                "MIN(watch_until) AS first_until FROM {t} "
                 "WHERE watch_until >= {p} "
                 "GROUP BY channel, watch_mailbox ORDER BY channel, watch_mailbox"
             ),
