@@ -177,6 +177,8 @@ performance.md | about (\d+) s of jobs, SQLite | bench('mailboxes.py', '--second
 performance.md | median of (\d+) processes each | bench('cli_latency.py', '--rounds')
 performance.md | status` of (\d+) keys in one | bench('cli_latency.py', '--keys')
 performance.md | ~/.cache/sendledger-bench/history-v(\d+)/ | bench('history.py', 'SCHEMA')
+performance.md | restarts over ([\d,]+) and ([\d,]+) waiting | bench('bounce_restart.py', 'JOBS')
+performance.md | start behind them, (\d+) check workers | bench('bounce_restart.py', 'WORKERS')
 performance.md | \| >= ([\d.]+)x the bare loop | bench('pipeline.py', 'CPU_GOAL')
 performance.md | \| >= ([\d.]+) of ideal \| 74 | bench('pipeline.py', 'LATENCY_GOAL')
 performance.md | The goal, `status KEY` <= ([\d.]+) s | bench('cli_latency.py', 'GOAL')
