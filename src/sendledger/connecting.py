@@ -93,11 +93,14 @@ def race(
     *,
     tls: ssl.SSLContext | None = None,
     server_hostname: str | None = None,
+    source_address: tuple[str, int] | None = None,
 ) -> socket.socket:
     """A socket connected to the first of `found` to answer, blocking, its timeout the
     time left before `deadline`. Each address starts `delay` after the one before (less
     when the time left, shared among the addresses, is shorter), or at once when every
-    one started has failed; the others are closed. TimeoutError at `deadline`.
+    one started has failed; the others are closed. TimeoutError at `deadline`. With
+    `source_address`, each attempt is bound to it first (one that cannot be, another
+    family's address, is that address failing).
 
     With `tls`, an address has answered once its TLS handshake (for `server_hostname`)
     is done: one that connects and then fails its handshake (hung up, reset, no TLS
@@ -112,41 +115,24 @@ def race(
         raise OSError("no address to connect to")
     step = max(MIN_ATTEMPT_DELAY, min(delay, left(deadline) / (len(order) + 1)))
     pending: list[socket.socket] = []
+    connecting: set[socket.socket] = set()  # of `pending`, those whose connect is under way
     errors: list[tuple[int, OSError]] = []  # (how far the address got, its error)
     at = 0
     next_start = time.monotonic()
     with selectors.DefaultSelector() as selector:
 
-        def answered(sock: socket.socket) -> socket.socket | None:
-            """`sock` connected: itself, TLS-wrapped and handshaken when asked, or
-            None while its handshake has yet to end, or when it failed (kept)."""
+        def opened(sock: socket.socket) -> socket.socket | None:
+            """`sock` connected: itself, handshaken when asked, or None while its
+            handshake has yet to end, or when it failed."""
             if tls is None:
                 pending.remove(sock)
                 return _connected(sock, deadline)
-            if not isinstance(sock, ssl.SSLSocket):
-                try:
-                    # Hung up already (reset before the hello): `wrap_socket` would
-                    # find out by a read and leave its own socket to the collector.
-                    sock.getpeername()
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    wrapped = tls.wrap_socket(
-                        sock, server_hostname=server_hostname, do_handshake_on_connect=False
-                    )
-                except OSError as exc:
-                    code = (
-                        sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                        if sock.fileno() >= 0
-                        else 0
-                    )
-                    # A fresh error, not `exc`: its traceback (and its context's) holds
-                    # the frames that hold the socket `wrap_socket` opened.
-                    reason = OSError(code, os.strerror(code)) if code else type(exc)(*exc.args)
-                    failed(sock, 1, reason)
-                    return None
-                pending.remove(sock)
-                pending.append(wrapped)  # it holds the descriptor now
-                sock = wrapped
-                next_after(step)  # the handshake has its turn, as the connect had
+            next_after(step)  # the handshake has its turn, as the connect had
+            return shaken(sock)
+
+        def shaken(sock: socket.socket) -> socket.socket | None:
+            """`sock` (TLS) once its handshake is done; None until then, or failed."""
+            assert isinstance(sock, ssl.SSLSocket)
             try:
                 sock.do_handshake()
             except ssl.SSLWantReadError:
@@ -164,6 +150,7 @@ def race(
         def failed(sock: socket.socket, rank: int, error: OSError) -> None:
             """`sock`'s address failed, having got as far as `rank`: its turn is free."""
             pending.remove(sock)
+            connecting.discard(sock)
             sock.close()
             errors.append((rank, error))
             next_after(0.0)
@@ -180,21 +167,27 @@ def race(
                     family, kind, proto, _name, address = order[at][:5]
                     at += 1
                     try:
-                        sock = socket.socket(family, kind, proto)
+                        sock = _unconnected(
+                            family, kind, proto, source_address, tls, server_hostname
+                        )
                     except OSError as exc:
                         errors.append((0, exc))
                         continue
                     pending.append(sock)
-                    sock.setblocking(False)
-                    code = sock.connect_ex(address)
+                    try:
+                        code = sock.connect_ex(address)
+                    except OSError as exc:
+                        failed(sock, 0, exc)
+                        continue
                     next_start = now + step
                     if code == 0:
-                        if (won := answered(sock)) is not None:
+                        if (won := opened(sock)) is not None:
                             return won
                         continue
                     if code not in _IN_PROGRESS:
                         failed(sock, 0, OSError(code, os.strerror(code)))
                         continue
+                    connecting.add(sock)
                     selector.register(sock, selectors.EVENT_WRITE)
                     continue
                 if not pending:
@@ -203,16 +196,46 @@ def race(
                 for key, _events in selector.select(max(0.0, until - now)):
                     sock = key.fileobj  # type: ignore[assignment]
                     selector.unregister(sock)
-                    if not isinstance(sock, ssl.SSLSocket):
+                    if sock not in connecting:
+                        won = shaken(sock)
+                    else:
+                        connecting.remove(sock)
                         code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                         if code != 0:
                             failed(sock, 0, OSError(code, os.strerror(code)))
                             continue
-                    if (won := answered(sock)) is not None:
+                        won = opened(sock)
+                    if won is not None:
                         return won
         finally:
             for sock in pending:
                 sock.close()
+
+
+def _unconnected(
+    family: int,
+    kind: int,
+    proto: int,
+    source_address: tuple[str, int] | None,
+    tls: ssl.SSLContext | None,
+    server_hostname: str | None,
+) -> socket.socket:
+    """A non-blocking socket for one attempt, bound to `source_address` if given, and
+    with `tls` wrapped before it connects: the standard library's `wrap_socket` of a
+    connected socket whose peer has just reset it raises with the socket it made still
+    open (left to the collector), where an unconnected one has no peer to lose."""
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if source_address is not None:
+            sock.bind(source_address)
+        if tls is None:
+            return sock
+        return tls.wrap_socket(sock, server_hostname=server_hostname, do_handshake_on_connect=False)
+    except BaseException:
+        sock.close()
+        raise
 
 
 def _furthest(errors: Sequence[tuple[int, OSError]]) -> OSError:

@@ -11,6 +11,7 @@ import ssl
 import struct
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -694,3 +695,56 @@ def test_two_hundred_raced_tls_connects_leave_no_socket_open(
             assert sock.getpeername()[1] == ports[1]
             assert _connected_to(ports) == 1  # the winner only
     assert _connected_to(ports) == 0
+
+
+class _SlowToWrap(ssl.SSLContext):
+    """A client context whose `wrap_socket` of a connected socket first lets the peer
+    reset it (a loaded machine, a middlebox on that address): `peer_reset` is set, and
+    `reset` awaited, before the standard library wraps it."""
+
+    peer_reset: threading.Event
+    reset: threading.Event
+
+    def wrap_socket(self, sock: socket.socket, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        with contextlib.suppress(OSError):
+            sock.getpeername()  # connected: the reset lands between its checks and the wrap
+            self.peer_reset.set()
+            self.reset.wait(2)
+        return super().wrap_socket(sock, *args, **kwargs)
+
+
+def test_an_address_reset_while_its_tls_is_set_up_leaves_no_socket_to_the_collector(
+    trusted: TlsFiles,
+) -> None:
+    """The only address takes the connection and resets it just as TLS is set up on it
+    (after the connect was seen, before the wrap): the race fails with that address's
+    error and closes every socket it made. The standard library's `wrap_socket` of a
+    connected socket whose peer reset it raised with the socket it had made still open,
+    left to the collector (an unclosed `SSLSocket` ResourceWarning, its descriptor open
+    until then); the sockets are wrapped before they connect now."""
+    from sendledger.connecting import race
+
+    context = _SlowToWrap(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cafile=str(trusted.ca_file))
+    context.peer_reset, context.reset = threading.Event(), threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def loop() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            context.peer_reset.wait(0.5)  # set only by a wrap of a connected socket
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+            context.reset.set()
+
+    threading.Thread(target=loop, daemon=True).start()
+    found = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", listener.getsockname())]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            with pytest.raises(OSError):
+                race(found, time.monotonic() + 5.0, tls=context, server_hostname="localhost")
+
+    finally:
+        listener.close()
+    assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
