@@ -58,7 +58,7 @@ from email.message import Message
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from sendledger.connecting import create_connection
+from sendledger.connecting import create_connection, tunnel_connection
 
 __all__ = [
     "ApiError",
@@ -556,19 +556,31 @@ class _HTTPSConnection(http.client.HTTPSConnection):
         # The TCP connection and the TLS handshake together (`sendledger.connecting`):
         # an address that connects and then fails the handshake (a middlebox that hangs
         # up) gives way to the server's other addresses, and the handshake ends within
-        # `timeout` too (connected, it was given the whole of it again). The request is
-        # written only after. Through a proxy, the standard library's way.
-        self._create_connection = create_connection
+        # `timeout` too (connected, it was given the whole of it again). Through a proxy
+        # (`https_proxy`) the proxy's addresses, its CONNECT and the handshake share the
+        # one timeout likewise (the standard library's way gave the CONNECT and then the
+        # handshake each the whole timeout again). The request is written only after.
         try:
-            # Both set by http.client's own __init__ and set_tunnel (not in its stubs).
-            if self._tunnel_host:  # type: ignore[attr-defined]
-                super().connect()
-                return
             sys.audit("http.client.connect", self, self.host, self.port)
+            # Both set by http.client's own __init__ and set_tunnel (not in its stubs).
+            context: ssl.SSLContext = self._context  # type: ignore[attr-defined]
+            source: tuple[str, int] | None = self.source_address  # type: ignore[attr-defined]
+            if self._tunnel_host:  # type: ignore[attr-defined]
+                self.sock = tunnel_connection(
+                    (self.host, self.port),
+                    (self._tunnel_host, self._tunnel_port),  # type: ignore[attr-defined]
+                    self._tunnel_headers,  # type: ignore[attr-defined]
+                    self.timeout,
+                    source,
+                    tls=context,
+                    server_hostname=self._tunnel_host,  # type: ignore[attr-defined]
+                )
+                return
             self.sock = create_connection(
                 (self.host, self.port),
                 self.timeout,
-                tls=self._context,  # type: ignore[attr-defined]
+                source,
+                tls=context,
                 server_hostname=self.host,
             )
         except OSError as exc:

@@ -12,6 +12,10 @@ the connection and then fails the handshake (a middlebox that hangs up or resets
 certificate that does not verify) is that address failing, and the others are still
 tried within the deadline; a deadline reached mid-handshake is a TimeoutError.
 
+Through an HTTP proxy (`tunnel_connection`, the Python client's `https_proxy`) the one
+deadline covers the proxy's addresses, raced as above, its CONNECT exchange and the TLS
+handshake with the server behind it.
+
 The standard library only: the Python client (`sendledger.client`) and the daemon's
 webhook delivery (`daemon/webhooks/delivery.py`) share it.
 """
@@ -25,8 +29,8 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 #: How long an address is given alone before the next one starts (RFC 8305's
 #: "Connection Attempt Delay", 250 ms recommended).
@@ -36,6 +40,8 @@ MIN_ATTEMPT_DELAY = 0.01
 
 #: One answer of `socket.getaddrinfo`: family, type, protocol, canonical name, address.
 AddressInfo = tuple[Any, ...]
+
+_Socket = TypeVar("_Socket", bound=socket.socket)
 
 _IN_PROGRESS = frozenset({errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN})
 
@@ -245,7 +251,7 @@ def _furthest(errors: Sequence[tuple[int, OSError]]) -> OSError:
     return next(error for rank, error in errors if rank == best)
 
 
-def _connected(sock: socket.socket, deadline: float) -> socket.socket:
+def _connected(sock: _Socket, deadline: float) -> _Socket:
     try:
         sock.setblocking(True)
         sock.settimeout(left(deadline))
@@ -268,17 +274,114 @@ def create_connection(
     together, raced (`race`), rather than each address given the whole of it (a silent
     first address then used it all). Without a timeout, the addresses are still raced.
     With `tls`, the TLS handshake for `server_hostname` is in the race and the timeout
-    too (`race`)."""
-    if source_address is not None:
-        # No caller of ours binds; the standard library's own path does it right.
-        sock = socket.create_connection(address, timeout, source_address)
-        return sock if tls is None else tls.wrap_socket(sock, server_hostname=server_hostname)
-    seconds = timeout if isinstance(timeout, int | float) else socket.getdefaulttimeout()
-    deadline = time.monotonic() + (seconds if seconds is not None else 365 * 86400.0)
+    too (`race`). With `source_address`, each attempt is bound to it (`race`): the
+    standard library's signature, which `http.client` calls with it."""
+    seconds, deadline = _deadline(timeout)
     host, port = address
-    sock = race(resolve(host, port, deadline), deadline, tls=tls, server_hostname=server_hostname)
+    sock = race(
+        resolve(host, port, deadline),
+        deadline,
+        tls=tls,
+        server_hostname=server_hostname,
+        source_address=source_address,
+    )
     sock.settimeout(seconds)
     return sock
+
+
+def tunnel_connection(
+    proxy: tuple[str, int],
+    target: tuple[str, int],
+    headers: Mapping[str, str],
+    timeout: float | None = None,
+    source_address: tuple[str, int] | None = None,
+    *,
+    tls: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
+) -> socket.socket:
+    """A connection to `target` through the HTTP proxy at `proxy` (its `CONNECT`, with
+    `headers`: a `Proxy-Authorization`), TLS-wrapped for `server_hostname` with `tls`,
+    every step within the one `timeout`: the proxy's lookup and its addresses raced
+    (`race`), the CONNECT exchange, then the handshake with the target through it.
+    OSError("Tunnel connection failed: ...") when the proxy refuses, as `http.client`
+    says it."""
+    seconds, deadline = _deadline(timeout)
+    sock = race(resolve(*proxy, deadline), deadline, source_address=source_address)
+    try:
+        _open_tunnel(sock, target, headers, deadline)
+        if tls is not None:
+            sock = _handshake(sock, tls, server_hostname, deadline)
+    except BaseException:
+        sock.close()  # the raw socket; `_handshake` closes the one it wrapped
+        raise
+    sock.settimeout(seconds)
+    return sock
+
+
+#: The most bytes of a proxy's answer to CONNECT read before it is refused as too long.
+MAX_TUNNEL_HEAD = 65536
+
+
+def _open_tunnel(
+    sock: socket.socket, target: tuple[str, int], headers: Mapping[str, str], deadline: float
+) -> None:
+    """The CONNECT exchange on `sock`, each read given only the time left, so a proxy
+    that drips its answer still ends at `deadline`. Nothing past the answer's head is
+    read: what follows is the target's."""
+    host, port = target
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    request = [f"CONNECT {authority} HTTP/1.0\r\n".encode("ascii")]
+    request += [f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items()]
+    sock.settimeout(left(deadline))
+    sock.sendall(b"".join(request) + b"\r\n")
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        sock.settimeout(left(deadline))
+        seen = sock.recv(MAX_TUNNEL_HEAD, socket.MSG_PEEK)
+        if not seen:
+            raise OSError("Tunnel connection failed: the proxy closed the connection")
+        end = (head + seen).find(b"\r\n\r\n")
+        head += sock.recv(len(seen) if end < 0 else end + 4 - len(head))
+        if len(head) > MAX_TUNNEL_HEAD:
+            raise OSError("Tunnel connection failed: the proxy's answer is too long")
+    status = head.split(b"\r\n", 1)[0].decode("latin-1").strip()
+    version, _, rest = status.partition(" ")
+    if not version.startswith("HTTP/") or rest.split(" ", 1)[0] != "200":
+        raise OSError(f"Tunnel connection failed: {rest or status}")
+
+
+def _handshake(
+    sock: socket.socket, tls: ssl.SSLContext, server_hostname: str | None, deadline: float
+) -> ssl.SSLSocket:
+    """`sock` (connected) TLS-wrapped, its handshake done by `deadline`, however slowly
+    the other end answers (a blocking handshake gives each read the whole timeout)."""
+    sock.setblocking(False)
+    wrapped = tls.wrap_socket(sock, server_hostname=server_hostname, do_handshake_on_connect=False)
+    try:
+        with selectors.DefaultSelector() as selector:
+            while True:
+                try:
+                    wrapped.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    selector.register(wrapped, selectors.EVENT_READ)
+                except ssl.SSLWantWriteError:
+                    selector.register(wrapped, selectors.EVENT_WRITE)
+                ready = selector.select(left(deadline))
+                selector.unregister(wrapped)
+                if not ready:
+                    raise TimeoutError("timed out")
+    except BaseException:
+        wrapped.close()
+        raise
+    return _connected(wrapped, deadline)
+
+
+def _deadline(timeout: float | None) -> tuple[float | None, float]:
+    """The socket timeout `timeout` stands for (`http.client` passes a sentinel object
+    for the default), and the deadline it sets from now (a year when there is none)."""
+    seconds = timeout if isinstance(timeout, int | float) else socket.getdefaulttimeout()
+    return seconds, time.monotonic() + (seconds if seconds is not None else 365 * 86400.0)
 
 
 __all__ = [
@@ -289,4 +392,5 @@ __all__ = [
     "left",
     "race",
     "resolve",
+    "tunnel_connection",
 ]

@@ -570,3 +570,90 @@ def _localhost_at(monkeypatch: pytest.MonkeyPatch, *ports: int) -> None:
         return info if host == "localhost" else real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def _connect_proxy(delay: float = 0.0) -> tuple[int, list[bytes]]:
+    """A loopback HTTP proxy that takes CONNECT only (`_raw_server`: one tunnel at a
+    time): it answers 200 `delay` seconds after the request (a proxy far away, or busy),
+    then pipes both ways; its port, and each request it read."""
+
+    def pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def tunnel(conn: socket.socket) -> None:
+        host, _, port = seen[-1].split()[1].decode().rpartition(":")
+        time.sleep(delay)
+        with socket.create_connection((host, int(port)), timeout=5) as upstream:
+            conn.sendall(b"HTTP/1.0 200 Connection established\r\n\r\n")
+            back = threading.Thread(target=pipe, args=(upstream, conn), daemon=True)
+            back.start()
+            pipe(conn, upstream)
+            back.join(5)
+
+    address, seen = _raw_server(tunnel)
+    return int(address.rsplit(":", 1)[1]), seen
+
+
+def _through_proxy(monkeypatch: pytest.MonkeyPatch, proxy: str) -> None:
+    """`https_proxy` as a user sets it, read by the client's urllib when it is made."""
+    for name in ("no_proxy", "NO_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("https_proxy", proxy)
+
+
+def test_through_a_proxy_the_tunnel_and_the_tls_handshake_share_the_one_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through an https proxy that answers the CONNECT after most of the timeout, to a
+    server that never answers the TLS hello: the connect ends at the one timeout, as a
+    timeout, nothing sent. The handshake was given the whole timeout again once the
+    tunnel was up (the standard library's way), so it took one and three quarters."""
+    address, got = _raw_server(lambda conn: time.sleep(5))
+    port = int(address.rsplit(":", 1)[1])
+    context = ssl.create_default_context(cafile=str(make_loopback_tls(tmp_path).ca_file))
+    proxy_port, seen = _connect_proxy(delay=1.5)
+    _through_proxy(monkeypatch, f"http://127.0.0.1:{proxy_port}")
+    client = Client(f"https://localhost:{port}", TOKEN, timeout=2, retries=0,
+                    ssl_context=context)  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(ConnectionLost) as lost:
+        client.check("x")
+    took = time.monotonic() - started
+    assert seen and seen[0].startswith(f"CONNECT localhost:{port} HTTP/".encode())
+    assert lost.value.sent is False and "timed out" in str(lost.value)
+    assert took < 3.0, took
+    assert all(b"/v1/review" not in data for data in got)  # a hello at most
+
+
+def test_a_proxy_whose_first_address_is_silent_is_reached_on_the_next(
+    api: Api, tmp_path: Path, full_backlog_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy's name has a silent first address (a dead IPv6 route) and the proxy
+    second: its addresses are raced as the server's are, and the call goes through the
+    tunnel to the API over TLS within its timeout."""
+    tls = make_loopback_tls(tmp_path)
+    proxy_port, seen = _connect_proxy()
+    with FaultRelay(api.url, tls=tls) as relay:
+        real = socket.getaddrinfo
+        proxy_at = [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", full_backlog_port)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", proxy_port)),
+        ]
+
+        def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+            return proxy_at if host == "proxy.invalid" else real(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+        _through_proxy(monkeypatch, f"http://proxy.invalid:{proxy_port}")
+        port = int(relay.url.rsplit(":", 1)[1])
+        context = ssl.create_default_context(cafile=str(tls.ca_file))
+        client = Client(f"https://localhost:{port}", TOKEN, timeout=3, retries=0,
+                        ssl_context=context)  # fmt: skip
+        started = time.monotonic()
+        assert client.submit(job("proxied-1"))["created"] is True
+        assert time.monotonic() - started < 2.5
+        assert relay.forwarded() == 1 and len(seen) == 1

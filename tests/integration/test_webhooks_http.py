@@ -748,3 +748,26 @@ def test_an_address_reset_while_its_tls_is_set_up_leaves_no_socket_to_the_collec
     finally:
         listener.close()
     assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
+
+
+def test_a_bound_source_address_is_raced_too(
+    monkeypatch: pytest.MonkeyPatch, full_backlog_port: int
+) -> None:
+    """`create_connection` with a `source_address` (what `http.client` passes when one
+    is set): each attempt is bound to it and the addresses are raced, so a silent first
+    address gives way to the next after a delay. It went to the standard library's
+    `socket.create_connection`, which gave the silent first address the whole timeout."""
+    from sendledger.connecting import create_connection
+
+    with socket.create_server(("127.0.0.1", 0)) as live:
+        infos = [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", full_backlog_port)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", live.getsockname()),
+        ]
+        _resolving(monkeypatch, "dual.invalid", lambda: infos)
+        started = time.monotonic()
+        with create_connection(("dual.invalid", 80), 3.0, ("127.0.0.2", 0)) as sock:
+            took = time.monotonic() - started
+            assert sock.getpeername() == live.getsockname()
+            assert sock.getsockname()[0] == "127.0.0.2" and sock.gettimeout() == 3.0
+    assert took < 2.0, took
