@@ -216,6 +216,10 @@ def race(
         finally:
             for sock in pending:
                 sock.close()
+            # Each error's traceback holds this frame, which holds `errors`: a cycle
+            # that kept the winner (and its caller's response) for the collector,
+            # which then closed the winner's socket as unclosed.
+            errors.clear()
 
 
 def _unconnected(

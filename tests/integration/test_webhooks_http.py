@@ -5,6 +5,7 @@ receiver never answers or drips its answer a byte at a time."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import socket
 import ssl
@@ -771,3 +772,27 @@ def test_a_bound_source_address_is_raced_too(
             assert sock.getpeername() == live.getsockname()
             assert sock.getsockname()[0] == "127.0.0.2" and sock.gettimeout() == 3.0
     assert took < 2.0, took
+
+
+def test_a_delivery_past_a_failed_address_closes_its_socket_when_it_returns(
+    monkeypatch: pytest.MonkeyPatch, serve: Callable[[Handler], str], trusted: TlsFiles
+) -> None:
+    """The first address hangs up in the TLS handshake, the second takes the event:
+    once `post` returns, no socket of ours to either is open, without waiting for the
+    garbage collector. The race kept each failed address's error, whose traceback held
+    the race's frame (and through it the winner and the delivery's response): a cycle
+    only the collector broke, which then closed the winner's socket unclosed (a
+    ResourceWarning under -W error::ResourceWarning), its descriptor open until then."""
+    urls = [serve(_hangs_up("closes")), serve(_tls(trusted, answer("204 No Content")))]
+    ports = [int(url.rsplit(":", 1)[1].split("/")[0]) for url in urls]
+    url = _localhost_at(monkeypatch, *urls)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        outcome = post(url, b"{}", HEADERS, 5.0)
+        assert outcome.ok, outcome
+        assert _connected_to(ports) == 0
+    finally:
+        gc.collect()
+        if enabled:
+            gc.enable()
