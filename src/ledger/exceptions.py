@@ -57,7 +57,8 @@ so a user's program runs it without the daemon's packages.
                    and _Refused, delivery_reports._Refused, gmail_reports._QuotaKept,
                    testkit_doubles._BadOption, ScopeLost (providers/base.py: a scope
                    moved between two calls), Withdrawn (ledger/stores/index.py: a write
-                   its writer withdrew)
+                   its writer withdrew), LeftToRecovery (daemon/engine/commit.py: a
+                   stopping daemon's save whose window passed)
 
 A class keeps the standard base it had (`ValueError`, `OSError`, httplib2's
 `HttpLib2Error`) beside this one, so every `except ValueError` still catches what it did.

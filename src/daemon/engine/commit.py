@@ -64,6 +64,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ledger.exceptions import SendledgerError
+
 if TYPE_CHECKING:
     from ledger.application import Ledger
     from ledger.job import SendJob
@@ -87,7 +89,7 @@ LOAD_FOR = 1.0
 Then = Callable[[BaseException | None], None]
 
 
-class LeftToRecovery(Exception):
+class LeftToRecovery(SendledgerError):
     """A save of a stopping daemon not tried: its window passed (the module's last
     paragraph). Its job is as after a crash: recovered at its claim's deadline."""
 
