@@ -334,6 +334,11 @@ def _open_tunnel(
     read: what follows is the target's."""
     host, port = target
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    # Checked as the proxy reads them: a line break or a control character in the
+    # target or a header would end the line there and start another request line.
+    for text in (authority, *headers, *headers.values()):
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+            raise ValueError(f"a control character in the proxy request: {text!r}")
     request = [f"CONNECT {authority} HTTP/1.0\r\n".encode("ascii")]
     request += [f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items()]
     sock.settimeout(left(deadline))
