@@ -26,7 +26,11 @@ def test_ctrl_c_during_the_draft_step_of_a_one_shot_run_starts_no_send() -> None
     def interrupt() -> None:  # on the send worker, inside drafts.create
         provider.during_create = None
         signal.raise_signal(signal.SIGINT)  # Ctrl-C: KeyboardInterrupt in the main thread
-        stopping.wait(3)  # the main thread reads it while this call is still running
+        # The main thread reads it while this call is still running. The signal lands on
+        # this thread, and the main thread runs its handler at its next poll (50 ms): on a
+        # loaded machine that took over 3 s once. The wait ends when the stop is seen, so a
+        # long bound costs a passing run nothing.
+        assert stopping.wait(60), "the main thread never saw the Ctrl-C"
 
     try:
         rig.submit("receipts", "k1")
