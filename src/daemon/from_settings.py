@@ -87,15 +87,28 @@ def draft_providers(settings: Settings) -> frozenset[str]:
     )
 
 
-def open_ledger(settings: StoreSource, *, create: bool = True) -> Ledger:
+#: Seconds a service (`run`, `api`) waits at its start for a PostgreSQL server that does
+#: not answer yet, is starting up or recovering (57P03), or has no free connection slot
+#: (53300), or `store.connect_timeout` when longer (docs/operations.md "Opening the
+#: store"). A unit ordered After=postgresql.service starts as soon as the server's
+#: process does, before it accepts connections; within systemd's default start timeout
+#: (90 s), and a start that fails after it is restarted (Restart=on-failure).
+SERVICE_START_WAIT = 60
+
+
+def open_ledger(settings: StoreSource, *, create: bool = True, service: bool = False) -> Ledger:
     """The configured store's ledger, to be used as `with open_ledger(settings) as ledger:`.
 
     Read-only commands pass ``create=False``: a SQLite store that is not there is then
     bad input (exit 2, "no store at PATH"), never a new empty file; a misspelled path
-    would otherwise look like a store without jobs."""
+    would otherwise look like a store without jobs. A service's start (``service=True``)
+    waits for its server up to `SERVICE_START_WAIT`, where a command fails within
+    `store.connect_timeout`."""
     keys = encryption_keys(settings)  # a bad key file is bad input (ConfigError)
     try:
         spec = store_spec(settings)
+        if service and isinstance(spec, PostgresStore):
+            spec = dataclasses.replace(spec, start_wait=SERVICE_START_WAIT)
         if not create and not isinstance(spec, MemoryStore) and not store_exists(spec):
             raise bad_input(
                 f"no store at {spec.describe()} (store.url of {settings.config_path}); "

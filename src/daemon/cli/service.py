@@ -123,7 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings_for(args.config)
     setup_logging(settings.daemon.log_level)
     policies = load_policies(settings)  # refuse to start on a broken policy folder (exit 2)
-    with open_ledger(settings) as ledger:
+    with open_ledger(settings, service=True) as ledger:
         try:
             service = bootstrap(
                 settings,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -65,6 +66,8 @@ _SETUP_RACE = _TRANSIENT | {
     "XX000",  # "tuple concurrently updated": CREATE OR REPLACE FUNCTION raced
 }
 
+
+log = logging.getLogger("sendledger.store")
 
 #: eventsourcing's PostgreSQL factory names the events table after the application
 #: (`Ledger.name`).
@@ -309,6 +312,16 @@ def connection_lost(exc: BaseException) -> bool:
 
 #: Seconds between two tries of a connection at open (`connect_at_open`).
 OPEN_RETRY_PAUSE = 0.5
+#: How a server with no free connection slot (SQLSTATE 53300: every slot taken, the rest
+#: reserved, a role's or a database's CONNECTION LIMIT reached) words its refusal. libpq
+#: keeps the code to itself while a connection starts (`_refused_by_server`): the words are
+#: all there is, and a server whose `lc_messages` is not English is not recognized by
+#: them (its refusal then fails a service's start at once, as a command's).
+_NO_FREE_SLOT = (
+    "too many clients already",
+    "remaining connection slots are reserved",
+    "too many connections for ",
+)
 
 
 def connect_at_open(store: PostgresStore) -> psycopg.Connection[Any]:
@@ -318,22 +331,49 @@ def connect_at_open(store: PostgresStore) -> psycopg.Connection[Any]:
     "couldn't get a connection after 10 s":
 
     - at once when the server answered and refused this connection (`_refused_by_server`:
-      a password, a role, a database, pg_hba.conf), which no wait changes;
+      a password, a role, a database, pg_hba.conf, no free slot), which no wait changes;
     - else after trying again for `store.connect_timeout`: a server starting up or
-      failing over answers meanwhile, as the pool would wait for it."""
-    give_up = time.monotonic() + store.connect_timeout
+      failing over answers meanwhile, as the pool would wait for it.
+
+    A service's start (`store.start_wait`, longer) tries for that long instead, and a
+    server with no free slot is tried again too (one is usually freed within seconds); it
+    logs one line when its wait begins and one when it connects, where a command's one
+    line is its error."""
+    bound = max(store.connect_timeout, store.start_wait)
+    started = time.monotonic()
+    give_up = started + bound
+    waiting = False
     while True:
         try:
-            return psycopg.connect(**_connect_args(store))
+            conn = psycopg.connect(**_connect_args(store))
+            break
         except psycopg.OperationalError as exc:
-            if _refused_by_server(store, exc):
-                return _connect_once_more(store)
+            if not _worth_a_wait(store, exc):
+                conn = _connect_once_more(store)
+                break
             left = give_up - time.monotonic()
             if left <= 0:
                 # The driver's words are one line here; its hint lines ("Is the server
                 # running...?") are cut by StoreUnavailable.
                 raise StoreUnavailable(store.describe(), "cannot connect", exc) from exc
+            if store.start_wait and not waiting:
+                waiting = True
+                said = StoreUnavailable(store.describe(), "cannot connect yet", exc)
+                log.warning("%s; waiting up to %d s for it", said, bound)
             time.sleep(min(OPEN_RETRY_PAUSE, left))
+    if waiting:
+        took = time.monotonic() - started
+        log.info("store %s: connected after %.1f s", store.describe(), took)
+    return conn
+
+
+def _worth_a_wait(store: PostgresStore, exc: psycopg.OperationalError) -> bool:
+    """Whether the same connection may succeed later: nothing answered, or the server is
+    starting up, shutting down or in recovery (57P03, told apart by libpq's ping from a
+    refusal that stands); at a service's start, a server with no free slot too."""
+    if store.start_wait and any(words in str(exc) for words in _NO_FREE_SLOT):
+        return True
+    return not _refused_by_server(store, exc)
 
 
 def _refused_by_server(store: PostgresStore, exc: psycopg.OperationalError) -> bool:

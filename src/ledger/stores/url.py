@@ -57,6 +57,9 @@ class PostgresStore:
     max_overflow: int = DEFAULT_MAX_OVERFLOW
     lock_timeout: int = DEFAULT_LOCK_TIMEOUT
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+    # Seconds a service's start (`run`, `api`) may wait for its first connection, when
+    # longer than `connect_timeout`; 0 for a command (`postgres.connect_at_open`).
+    start_wait: int = 0
 
     def describe(self) -> str:
         # Never print the password.

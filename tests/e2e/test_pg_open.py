@@ -1,0 +1,220 @@
+"""PostgreSQL when a process opens its store: a server still starting up or in recovery
+(SQLSTATE 57P03), a server with no free connection slot (53300), a refusal that stands
+(docs/operations.md "Opening the store").
+
+A systemd unit ordered After=postgresql.service starts as soon as the server's process
+does, before it accepts connections. A private cluster (tests/pg_cluster.py) started as a
+standby with `hot_standby = off` and nothing to replay from answers every connection with
+57P03 ("the database system is not accepting connections") for as long as it is not
+promoted: the state, held as long as a test needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import psycopg
+import pytest
+from tests.e2e.daemon_kit import DaemonProcess, job
+from tests.e2e.test_pg_restart import CONNECT_TIMEOUT, PostgresRig
+from tests.pg_cluster import BIN, PrivateCluster, require_private_cluster
+
+from daemon.from_settings import SERVICE_START_WAIT
+
+#: What PostgreSQL 15 says to a connection while it is in recovery with hot_standby off.
+IN_RECOVERY = "the database system is not accepting connections"
+#: What it says to a connection when every slot is taken.
+FULL = "sorry, too many clients already"
+#: The daemon's one line when its wait begins, and when it ends.
+WAIT_BEGINS = "cannot connect yet"
+WAIT_ENDS = "connected after"
+#: The daemon's line once it runs (daemon/runtime.py).
+RUNNING = "sendledger running"
+
+
+class RecoveringCluster(PrivateCluster):
+    """Starts as a standby that never reaches a consistent state for readers (57P03 to
+    every connection) until `promote`."""
+
+    def start(self) -> None:
+        (self.data / "standby.signal").write_text("", encoding="utf-8")
+        with (self.data / "postgresql.conf").open("a", encoding="utf-8") as conf:
+            conf.write("hot_standby = off\n")
+        super().start()
+
+    def promote(self) -> None:
+        self._run(BIN / "pg_ctl", "-D", self.data, "-w", "promote")
+
+
+class SmallCluster(PrivateCluster):
+    """`SLOTS` connections in all, none reserved: the test fills them."""
+
+    SLOTS = 20
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off "
+            f"-c max_connections={self.SLOTS} -c superuser_reserved_connections=0"
+        )
+        self._run(BIN / "pg_ctl", "-D", self.data, "-l", self.log, "-o", options, "-w", "start")
+
+    @contextlib.contextmanager
+    def filled(self) -> Iterator[list[psycopg.Connection[tuple[object, ...]]]]:
+        """Every slot taken while the block runs (the list: close them to free some)."""
+        held: list[psycopg.Connection[tuple[object, ...]]] = []
+        try:
+            while True:
+                try:
+                    held.append(psycopg.connect(self.url, connect_timeout=5))
+                except psycopg.OperationalError as exc:
+                    assert FULL in str(exc), exc
+                    break
+            assert len(held) == self.SLOTS, len(held)
+            yield held
+        finally:
+            for conn in held:
+                conn.close()
+
+
+Cluster = TypeVar("Cluster", bound=PrivateCluster)
+
+
+def started(cluster: Cluster) -> Iterator[Cluster]:
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def recovering() -> Iterator[RecoveringCluster]:
+    require_private_cluster()
+    yield from started(RecoveringCluster(prefix="sendledger-pg-recovering-"))
+
+
+@pytest.fixture
+def small() -> Iterator[SmallCluster]:
+    require_private_cluster()
+    yield from started(SmallCluster(prefix="sendledger-pg-small-"))
+
+
+def with_connect_timeout(rig: PostgresRig, seconds: int) -> None:
+    text = rig.config.read_text(encoding="utf-8")
+    old = f'connect_timeout = "{CONNECT_TIMEOUT}s"'
+    assert old in text
+    rig.config.write_text(text.replace(old, f'connect_timeout = "{seconds}s"'), encoding="utf-8")
+
+
+#: A `store.connect_timeout` that a refusal at once answers well within.
+LONG_CONNECT_TIMEOUT = 20
+
+
+def lines_with(daemon: DaemonProcess, words: str) -> list[str]:
+    return [line for line in daemon.stderr_text().splitlines() if words in line]
+
+
+def alive_past_connect_timeout(daemon: DaemonProcess) -> None:
+    """Alive well past `store.connect_timeout`, the wait of a command: a daemon that gave
+    up at it has exited meanwhile."""
+    until = time.monotonic() + CONNECT_TIMEOUT + 2.0
+    while time.monotonic() < until and daemon.alive():
+        time.sleep(0.2)
+    assert daemon.alive(), daemon.tail()
+
+
+def test_run_waits_for_a_server_in_recovery_and_starts_once_it_accepts(
+    tmp_path: Path, recovering: RecoveringCluster
+) -> None:
+    """It exited 1 after `store.connect_timeout` (2 s here), without a word meanwhile."""
+    with PostgresRig(tmp_path, recovering.url) as rig:
+        daemon = rig.start_daemon()
+        alive_past_connect_timeout(daemon)
+        recovering.promote()
+        rig.wait_for(lambda: bool(lines_with(daemon, RUNNING)), "the daemon to run")
+        waits = lines_with(daemon, WAIT_BEGINS)
+        assert len(waits) == 1, daemon.tail()  # one line for the wait, none per try
+        assert IN_RECOVERY in waits[0], waits
+        assert f"waiting up to {SERVICE_START_WAIT} s for it" in waits[0], waits
+        assert f"store postgresql://sendledger@127.0.0.1:{recovering.port}/postgres" in waits[0]
+        assert len(lines_with(daemon, WAIT_ENDS)) == 1, daemon.tail()
+        assert daemon.terminate() == 0, daemon.tail()
+
+
+def test_run_stopped_while_it_waits_for_the_server_exits_at_once(
+    tmp_path: Path, recovering: RecoveringCluster
+) -> None:
+    """`systemctl stop` during the start's wait: nothing in flight, exit 0 at once."""
+    with PostgresRig(tmp_path, recovering.url) as rig:
+        daemon = rig.start_daemon()
+        rig.wait_for(lambda: bool(lines_with(daemon, WAIT_BEGINS)), "the wait to begin")
+        stopped = time.monotonic()
+        assert daemon.terminate(timeout=10) == 0, daemon.tail()
+        assert time.monotonic() - stopped < 3.0
+
+
+def test_a_command_tries_a_server_in_recovery_for_connect_timeout_then_says_one_line(
+    tmp_path: Path, recovering: RecoveringCluster
+) -> None:
+    """57P03 is no refusal that stands (libpq's ping tells it from a wrong password or a
+    missing database, which fail at once): a command tries for `store.connect_timeout`,
+    and no longer, then exits 1 with one line naming the store. Both doors: `status`
+    asks whether the store exists, `submit` opens it."""
+    with PostgresRig(tmp_path, recovering.url) as rig:
+        store = f"store postgresql://sendledger@127.0.0.1:{recovering.port}/postgres"
+        for argv, stdin in ((["status", "k-1"], None), (["submit", "-"], json.dumps(job("k-1")))):
+            started = time.monotonic()
+            said = rig.cli(*argv, stdin=stdin, check=False)
+            took = time.monotonic() - started
+            assert said.returncode == 1, said.stderr
+            assert said.stderr.startswith(f"sendledger: {store}: cannot connect ("), said.stderr
+            assert IN_RECOVERY in said.stderr and said.stderr.count("\n") == 1, said.stderr
+            assert CONNECT_TIMEOUT <= took < CONNECT_TIMEOUT + 4.0, (argv, took)
+
+
+def test_run_waits_for_a_free_connection_slot(tmp_path: Path, small: SmallCluster) -> None:
+    """A full server frees a slot within seconds as a rule; the daemon exited 1 at once
+    (then systemd started it again 5 s later, RestartSec)."""
+    with PostgresRig(tmp_path, small.url) as rig, small.filled() as held:
+        daemon = rig.start_daemon()
+        alive_past_connect_timeout(daemon)
+        for conn in held:
+            conn.close()
+        rig.wait_for(lambda: bool(lines_with(daemon, RUNNING)), "the daemon to run")
+        waits = lines_with(daemon, WAIT_BEGINS)
+        assert len(waits) == 1 and FULL in waits[0], daemon.tail()
+        assert daemon.terminate() == 0, daemon.tail()
+
+
+def test_a_command_on_a_full_server_fails_at_once(tmp_path: Path, small: SmallCluster) -> None:
+    """A command does not wait for a slot (docs/operations.md "Opening the store"): its
+    one line at once, well within a long `store.connect_timeout`."""
+    with PostgresRig(tmp_path, small.url) as rig, small.filled():
+        with_connect_timeout(rig, LONG_CONNECT_TIMEOUT)
+        started = time.monotonic()
+        said = rig.cli("status", "k-1", check=False)
+        assert time.monotonic() - started < LONG_CONNECT_TIMEOUT / 2
+        assert said.returncode == 1, said.stderr
+        assert FULL in said.stderr and said.stderr.count("\n") == 1, said.stderr
+
+
+def test_run_on_a_missing_database_fails_at_once_without_waiting(
+    tmp_path: Path, small: SmallCluster
+) -> None:
+    """The start's wait is for a server that may accept later, never for a refusal that
+    stands: a missing database (as a wrong password, a missing role) ends `run` at once,
+    exit 1, with the one line and no line of a wait."""
+    missing = small.url.rsplit("/", 1)[0] + "/sendledger_no_such_db"
+    with PostgresRig(tmp_path, missing) as rig:
+        with_connect_timeout(rig, LONG_CONNECT_TIMEOUT)
+        started = time.monotonic()
+        daemon = rig.start_daemon()
+        assert daemon.wait(30) == 1, daemon.tail()
+        assert time.monotonic() - started < LONG_CONNECT_TIMEOUT / 2
+        assert lines_with(daemon, 'database "sendledger_no_such_db" does not exist'), daemon.tail()
+        assert not lines_with(daemon, WAIT_BEGINS), daemon.tail()
