@@ -335,7 +335,7 @@ def connect_at_open(store: PostgresStore) -> psycopg.Connection[Any]:
     - else after trying again for `store.connect_timeout`: a server starting up or
       failing over answers meanwhile, as the pool would wait for it.
 
-    A service's start (`store.start_wait`, longer) tries for that long instead, and a
+    A service's start (`PostgresStore.start_wait`, longer) tries for that long instead, and a
     server with no free slot is tried again too (one is usually freed within seconds); it
     logs one line when its wait begins and one when it connects, where a command's one
     line is its error."""
