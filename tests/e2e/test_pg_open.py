@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +22,10 @@ from typing import TypeVar
 
 import psycopg
 import pytest
-from tests.e2e.daemon_kit import DaemonProcess, job
+from tests.e2e.daemon_kit import DaemonProcess, job, shared_fork_server
 from tests.e2e.test_pg_restart import CONNECT_TIMEOUT, PostgresRig
-from tests.pg_cluster import BIN, PrivateCluster, require_private_cluster
+from tests.integration.api_kit import free_port
+from tests.pg_cluster import BIN, USER, PrivateCluster, require_private_cluster
 
 from daemon.from_settings import SERVICE_START_WAIT
 
@@ -37,9 +40,18 @@ WAIT_ENDS = "connected after"
 RUNNING = "sendledger running"
 
 
+#: In the store URL of the recovering cluster, which trusts every loopback connection and
+#: never asks for it: no line of a command or the daemon may show it.
+PASSWORD = "s3cret-pw"
+
+
 class RecoveringCluster(PrivateCluster):
     """Starts as a standby that never reaches a consistent state for readers (57P03 to
-    every connection) until `promote`."""
+    every connection) until `promote`. `store`: its URL with a password."""
+
+    @property
+    def store(self) -> str:
+        return self.url.replace(f"{USER}@", f"{USER}:{PASSWORD}@", 1)
 
     def start(self) -> None:
         (self.data / "standby.signal").write_text("", encoding="utf-8")
@@ -132,7 +144,7 @@ def test_run_waits_for_a_server_in_recovery_and_starts_once_it_accepts(
     tmp_path: Path, recovering: RecoveringCluster
 ) -> None:
     """It exited 1 after `store.connect_timeout` (2 s here), without a word meanwhile."""
-    with PostgresRig(tmp_path, recovering.url) as rig:
+    with PostgresRig(tmp_path, recovering.store) as rig:
         daemon = rig.start_daemon()
         alive_past_connect_timeout(daemon)
         recovering.promote()
@@ -143,6 +155,7 @@ def test_run_waits_for_a_server_in_recovery_and_starts_once_it_accepts(
         assert f"waiting up to {SERVICE_START_WAIT} s for it" in waits[0], waits
         assert f"store postgresql://sendledger@127.0.0.1:{recovering.port}/postgres" in waits[0]
         assert len(lines_with(daemon, WAIT_ENDS)) == 1, daemon.tail()
+        assert PASSWORD not in daemon.stderr_text()
         assert daemon.terminate() == 0, daemon.tail()
 
 
@@ -150,7 +163,7 @@ def test_run_stopped_while_it_waits_for_the_server_exits_at_once(
     tmp_path: Path, recovering: RecoveringCluster
 ) -> None:
     """`systemctl stop` during the start's wait: nothing in flight, exit 0 at once."""
-    with PostgresRig(tmp_path, recovering.url) as rig:
+    with PostgresRig(tmp_path, recovering.store) as rig:
         daemon = rig.start_daemon()
         rig.wait_for(lambda: bool(lines_with(daemon, WAIT_BEGINS)), "the wait to begin")
         stopped = time.monotonic()
@@ -165,7 +178,7 @@ def test_a_command_tries_a_server_in_recovery_for_connect_timeout_then_says_one_
     missing database, which fail at once): a command tries for `store.connect_timeout`,
     and no longer, then exits 1 with one line naming the store. Both doors: `status`
     asks whether the store exists, `submit` opens it."""
-    with PostgresRig(tmp_path, recovering.url) as rig:
+    with PostgresRig(tmp_path, recovering.store) as rig:
         store = f"store postgresql://sendledger@127.0.0.1:{recovering.port}/postgres"
         for argv, stdin in ((["status", "k-1"], None), (["submit", "-"], json.dumps(job("k-1")))):
             started = time.monotonic()
@@ -174,7 +187,30 @@ def test_a_command_tries_a_server_in_recovery_for_connect_timeout_then_says_one_
             assert said.returncode == 1, said.stderr
             assert said.stderr.startswith(f"sendledger: {store}: cannot connect ("), said.stderr
             assert IN_RECOVERY in said.stderr and said.stderr.count("\n") == 1, said.stderr
+            assert PASSWORD not in said.stderr
             assert CONNECT_TIMEOUT <= took < CONNECT_TIMEOUT + 4.0, (argv, took)
+
+
+def test_the_api_waits_for_a_server_in_recovery_as_run_does(
+    tmp_path: Path, recovering: RecoveringCluster
+) -> None:
+    """`sendledger api` is a service too: the same wait at its start, then it serves."""
+    with PostgresRig(tmp_path, recovering.store, api_port=free_port()) as rig:
+        log = tmp_path / "api.log"
+        server = shared_fork_server()
+        pid = server.start(["--config", str(rig.config), "api"], rig.dir, log, env=rig.child_env())
+
+        def said(words: str) -> int:
+            return log.read_text(encoding="utf-8", errors="replace").count(words)
+
+        try:
+            rig.wait_for(lambda: said(WAIT_BEGINS) > 0, "the wait to begin")
+            recovering.promote()
+            rig.wait_for(lambda: said("sendledger api on http://") > 0, "the API to serve")
+            assert said(WAIT_BEGINS) == 1 and said(WAIT_ENDS) == 1 and said(PASSWORD) == 0
+        finally:
+            os.kill(pid, signal.SIGTERM)
+            server.exited(pid, timeout=15)
 
 
 def test_run_waits_for_a_free_connection_slot(tmp_path: Path, small: SmallCluster) -> None:
