@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,8 @@ from tests.integration.api_kit import free_port
 from tests.pg_cluster import BIN, USER, PrivateCluster, require_private_cluster
 
 from daemon.from_settings import SERVICE_START_WAIT
+from ledger.application import Ledger
+from ledger.stores.url import PostgresStore
 
 #: What PostgreSQL 15 says to a connection while it is in recovery with hot_standby off.
 IN_RECOVERY = "the database system is not accepting connections"
@@ -64,29 +68,30 @@ class RecoveringCluster(PrivateCluster):
 
 
 class SmallCluster(PrivateCluster):
-    """`SLOTS` connections in all, none reserved: the test fills them."""
+    """`SLOTS` connections in all, the last `RESERVED` for superusers (as PostgreSQL's
+    default `superuser_reserved_connections`); the test's role is a superuser."""
 
     SLOTS = 20
+    RESERVED = 3
 
     def start(self) -> None:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off "
-            f"-c max_connections={self.SLOTS} -c superuser_reserved_connections=0"
+            f"-c max_connections={self.SLOTS} -c superuser_reserved_connections={self.RESERVED}"
         )
         self._run(BIN / "pg_ctl", "-D", self.data, "-l", self.log, "-o", options, "-w", "start")
 
     @contextlib.contextmanager
-    def filled(self) -> Iterator[list[psycopg.Connection[tuple[object, ...]]]]:
-        """Every slot taken while the block runs (the list: close them to free some)."""
+    def filled(self, count: int = SLOTS) -> Iterator[list[psycopg.Connection[tuple[object, ...]]]]:
+        """`count` slots taken while the block runs, every one by default (the list:
+        close them to free some)."""
         held: list[psycopg.Connection[tuple[object, ...]]] = []
         try:
-            while True:
-                try:
-                    held.append(psycopg.connect(self.url, connect_timeout=5))
-                except psycopg.OperationalError as exc:
-                    assert FULL in str(exc), exc
-                    break
-            assert len(held) == self.SLOTS, len(held)
+            for _ in range(count):
+                held.append(psycopg.connect(self.url, connect_timeout=5))
+            if count == self.SLOTS:
+                with pytest.raises(psycopg.OperationalError, match=FULL):
+                    psycopg.connect(self.url, connect_timeout=5).close()
             yield held
         finally:
             for conn in held:
@@ -254,3 +259,41 @@ def test_run_on_a_missing_database_fails_at_once_without_waiting(
         assert time.monotonic() - started < LONG_CONNECT_TIMEOUT / 2
         assert lines_with(daemon, 'database "sendledger_no_such_db" does not exist'), daemon.tail()
         assert not lines_with(daemon, WAIT_BEGINS), daemon.tail()
+
+
+def test_a_role_that_is_no_superuser_waits_for_a_slot_not_kept_for_superusers(
+    small: SmallCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a daemon's role (no superuser) meets on a full server: the last slots are
+    kept for superusers, "remaining connection slots are reserved for ..." (53300 too).
+    The store's open at a service's start (`PostgresStore.start_wait`) waits for a slot,
+    saying so once."""
+    with psycopg.connect(small.url, autocommit=True) as admin:
+        admin.execute("CREATE ROLE app LOGIN")
+        admin.execute("GRANT CREATE ON SCHEMA public TO app")
+    spec = PostgresStore(
+        dbname="postgres",
+        host="127.0.0.1",
+        port=small.port,
+        user="app",
+        password="",
+        connect_timeout=CONNECT_TIMEOUT,
+        start_wait=30,
+    )
+    opened: list[Ledger] = []
+    caplog.set_level(logging.INFO, logger="sendledger.store")
+    with small.filled(small.SLOTS - small.RESERVED) as held:
+        opener = threading.Thread(target=lambda: opened.append(Ledger(spec)), daemon=True)
+        opener.start()
+        opener.join(CONNECT_TIMEOUT + 2.0)
+        assert opener.is_alive() and not opened  # a command's open had failed at once
+        for conn in held[:8]:  # the store's pool and its own connections
+            conn.close()
+        opener.join(30)
+    assert opened, "the open gave up"
+    opened[0].close()
+    said = [r.getMessage() for r in caplog.records if r.name == "sendledger.store"]
+    waits = [line for line in said if WAIT_BEGINS in line]
+    assert len(waits) == 1, said
+    assert "remaining connection slots are reserved" in waits[0], waits
+    assert sum(WAIT_ENDS in line for line in said) == 1, said
