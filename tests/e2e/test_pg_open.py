@@ -12,6 +12,7 @@ promoted: the state, held as long as a test needs it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from tests.pg_cluster import BIN, USER, PrivateCluster, require_private_cluster
 
 from daemon.from_settings import SERVICE_START_WAIT
 from ledger.application import Ledger
-from ledger.stores.url import PostgresStore
+from ledger.stores.url import PostgresStore, parse_store_url
 
 #: What PostgreSQL 15 says to a connection while it is in recovery with hot_standby off.
 IN_RECOVERY = "the database system is not accepting connections"
@@ -206,7 +207,10 @@ def test_the_api_waits_for_a_server_in_recovery_as_run_does(
         pid = server.start(["--config", str(rig.config), "api"], rig.dir, log, env=rig.child_env())
 
         def said(words: str) -> int:
-            return log.read_text(encoding="utf-8", errors="replace").count(words)
+            try:
+                return log.read_text(encoding="utf-8", errors="replace").count(words)
+            except FileNotFoundError:  # the forked process has not opened it yet
+                return 0
 
         try:
             rig.wait_for(lambda: said(WAIT_BEGINS) > 0, "the wait to begin")
@@ -271,15 +275,9 @@ def test_a_role_that_is_no_superuser_waits_for_a_slot_not_kept_for_superusers(
     with psycopg.connect(small.url, autocommit=True) as admin:
         admin.execute("CREATE ROLE app LOGIN")
         admin.execute("GRANT CREATE ON SCHEMA public TO app")
-    spec = PostgresStore(
-        dbname="postgres",
-        host="127.0.0.1",
-        port=small.port,
-        user="app",
-        password="",
-        connect_timeout=CONNECT_TIMEOUT,
-        start_wait=30,
-    )
+    spec = parse_store_url(small.url.replace(f"{USER}@", "app@", 1))
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, connect_timeout=CONNECT_TIMEOUT, start_wait=30)
     opened: list[Ledger] = []
     caplog.set_level(logging.INFO, logger="sendledger.store")
     with small.filled(small.SLOTS - small.RESERVED) as held:
