@@ -331,7 +331,8 @@ def connect_at_open(store: PostgresStore) -> psycopg.Connection[Any]:
     "couldn't get a connection after 10 s":
 
     - at once when the server answered and refused this connection (`_refused_by_server`:
-      a password, a role, a database, pg_hba.conf, no free slot), which no wait changes;
+      a password, a role, a database, pg_hba.conf, which no wait changes; a command, no
+      free slot too: its caller may try again);
     - else after trying again for `store.connect_timeout`: a server starting up or
       failing over answers meanwhile, as the pool would wait for it.
 
