@@ -365,7 +365,13 @@ def _handshake(
     """`sock` (connected) TLS-wrapped, its handshake done by `deadline`, however slowly
     the other end answers (a blocking handshake gives each read the whole timeout)."""
     sock.setblocking(False)
-    wrapped = tls.wrap_socket(sock, server_hostname=server_hostname, do_handshake_on_connect=False)
+    try:
+        wrapped = tls.wrap_socket(
+            sock, server_hostname=server_hostname, do_handshake_on_connect=False
+        )
+    except BaseException as exc:
+        _close_the_unreturned(exc)
+        raise
     try:
         with selectors.DefaultSelector() as selector:
             while True:
@@ -384,6 +390,20 @@ def _handshake(
         wrapped.close()
         raise
     return _connected(wrapped, deadline)
+
+
+def _close_the_unreturned(exc: BaseException) -> None:
+    """Close the SSLSocket that a failed `wrap_socket` made and did not return. It takes
+    the connected socket's descriptor first; a peer that reset the connection just before
+    (a proxy hanging up after its CONNECT answer) then fails it with the new socket open,
+    left to the collector (CPython gh-113280, fixed in 2024: there this finds it closed).
+    The traceback is the only way to it."""
+    tb = exc.__traceback__
+    while tb is not None:
+        made = tb.tb_frame.f_locals.get("self")
+        if isinstance(made, ssl.SSLSocket):
+            made.close()
+        tb = tb.tb_next
 
 
 def _deadline(timeout: float | None) -> tuple[float | None, float]:
