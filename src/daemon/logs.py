@@ -5,6 +5,11 @@ key, a subject, a provider's answer), and each control or bidi character in them
 written as an escape (`ledger.display.printable`), so a log line cannot move the cursor
 of the terminal showing it, forge a second line, or read backwards. A traceback keeps its
 own lines, each made printable.
+
+And every record is bounded, whatever it quotes: its message at most `MAX_MESSAGE`
+characters and its traceback (or stack) `MAX_TRACEBACK`, escapes included, each cut
+marked. A line that quotes another's text cuts it shorter first (`ledger.display.quoted`);
+this is what holds for the lines that do not (an exception's words in a traceback).
 """
 
 from __future__ import annotations
@@ -28,29 +33,98 @@ _SD_PREFIX = {
 }
 
 
+#: The most characters of a record's message, escapes included.
+MAX_MESSAGE = 4_000
+#: The most characters of a record's traceback or stack, escapes included: its start and
+#: its end (where the error is) are kept.
+MAX_TRACEBACK = 8_000
+#: Of `MAX_TRACEBACK`, what its start keeps.
+_TRACEBACK_HEAD = 2_000
+
+
 class PrintableFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        # `logging.Formatter.format` keeps a traceback's text on the record (exc_text)
+        # and writes a kept one as it is: one another handler's formatter made would
+        # reach this log unescaped and whole. Each formatting here makes its own, and
+        # leaves the record as it found it.
+        kept = record.exc_text
+        if record.exc_info:
+            record.exc_text = None
+        elif kept:
+            record.exc_text = _bounded_lines(kept)  # a record from another process
+        try:
+            return super().format(record)
+        finally:
+            record.exc_text = kept
+
     def formatMessage(self, record: logging.LogRecord) -> str:
         # `format` sets record.message afresh for every handler, so escaping it here
         # leaves nothing behind for another handler.
-        record.message = printable(record.message)
+        record.message = _bounded(record.message, MAX_MESSAGE)
         return super().formatMessage(record)
 
     def formatException(self, ei: _ExcInfo) -> str:
-        return _printable_lines(super().formatException(ei))
+        return _bounded_lines(super().formatException(ei))
 
     def formatStack(self, stack_info: str) -> str:
-        return _printable_lines(super().formatStack(stack_info))
+        return _bounded_lines(super().formatStack(stack_info))
 
 
-def _printable_lines(text: str) -> str:
-    return "\n".join(printable(line) for line in text.split("\n"))
+#: Room for a cut's mark (`... [N more characters]`, `... [N lines cut]`).
+_MARK = 40
+#: A line break of a traceback as the journal writes it, and as its length is counted.
+_BREAK = " | "
+
+
+def _bounded(text: str, limit: int) -> str:
+    """`printable(text)` in at most `limit` characters, cut between two escapes, the cut
+    marked. Only what can be shown is escaped: a 10 MB text costs no more than a short one."""
+    shown = printable(text[:limit])
+    if len(text) <= limit and len(shown) <= limit:
+        return shown
+    room = max(0, limit - _MARK)
+    pieces: list[str] = []
+    used = 0
+    for char in text[:room]:
+        piece = printable(char)
+        if used + len(piece) > room:
+            break
+        pieces.append(piece)
+        used += len(piece)
+    return "".join(pieces) + f"... [{len(text) - len(pieces)} more characters]"
+
+
+def _bounded_lines(text: str) -> str:
+    """The lines of a traceback, each printable, in at most `MAX_TRACEBACK` characters:
+    when longer, its first lines and its last (the error), the lines between counted."""
+    lines = text.split("\n")
+    if len(text) <= MAX_TRACEBACK:
+        shown = [printable(line) for line in lines]
+        if sum(len(line) + len(_BREAK) for line in shown) <= MAX_TRACEBACK + len(_BREAK):
+            return "\n".join(shown)
+    head = _lines_within(lines, _TRACEBACK_HEAD)
+    rest = lines[len(head) :]
+    tail = _lines_within(rest[::-1], MAX_TRACEBACK - _TRACEBACK_HEAD - _MARK)[::-1]
+    return "\n".join([*head, f"... [{len(rest) - len(tail)} lines cut]", *tail])
+
+
+def _lines_within(lines: list[str], budget: int) -> list[str]:
+    """The first of `lines`, printable, the last one cut to what is left of `budget`."""
+    shown: list[str] = []
+    for line in lines:
+        if budget < 2 * _MARK:
+            break
+        shown.append(_bounded(line, budget - len(_BREAK)))
+        budget -= len(shown[-1]) + len(_BREAK)
+    return shown
 
 
 class JournalFormatter(PrintableFormatter):
     def format(self, record: logging.LogRecord) -> str:
         # journald stamps each line itself; the prefix carries the priority.
         prefix = _SD_PREFIX.get(record.levelno, "<6>")
-        message = super().format(record).replace("\n", " | ")
+        message = super().format(record).replace("\n", _BREAK)
         return f"{prefix}{message}"
 
 

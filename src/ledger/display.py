@@ -44,6 +44,23 @@ def printable(text: str) -> str:
     return "".join(out)
 
 
+#: The most characters of another's text (a provider's or a server's answer, a webhook
+#: receiver's, an error about them) that a log line quotes (docs/operations.md "Logs and
+#: retention"): the length the providers' own summaries are cut to.
+MAX_QUOTED = 300
+
+
+def quoted(text: object) -> str:
+    """`text` (or an error's words) as a log line quotes it: its first `MAX_QUOTED`
+    characters, the rest counted (`... [N more characters]`). A provider's 10 MB error
+    body, logged at every retry, would otherwise fill the journal. Not escaped: the log's
+    formatter escapes the whole line (`daemon/logs.py`)."""
+    words = str(text)
+    if len(words) <= MAX_QUOTED:
+        return words
+    return f"{words[:MAX_QUOTED]}... [{len(words) - MAX_QUOTED} more characters]"
+
+
 def command_line(*argv: str) -> str:
     """A command for a human to paste: every argument shell-quoted, then made printable
     (a key written before keys refused control characters still shows as an escape,
