@@ -8,8 +8,14 @@ import logging
 import sys
 import time
 import unicodedata
+from collections.abc import Iterator
 
+import pytest
+from tests.unit.engine_rig import EngineRig, policy
+
+from daemon.doubles.fake_provider import Scripted
 from daemon.logs import MAX_MESSAGE, MAX_TRACEBACK, JournalFormatter, PrintableFormatter
+from daemon.providers.outcomes import SendKind, SendOutcome
 from ledger.display import MAX_QUOTED, quoted
 
 #: A provider's answer as a hostile (or broken) server may write it: 10 MB, every line
@@ -20,6 +26,29 @@ PREFIX = 120
 
 TERMINAL = PrintableFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 JOURNAL = JournalFormatter("%(levelname)s %(name)s: %(message)s")
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def kept() -> Iterator[_Kept]:
+    handler = _Kept()
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
 
 
 def _unescaped(text: str) -> list[str]:
@@ -35,6 +64,35 @@ def _assert_bounded_and_printable(record: logging.LogRecord) -> None:
     assert len(lines[0]) <= PREFIX + MAX_MESSAGE
     assert sum(len(line) for line in lines) <= PREFIX + MAX_MESSAGE + MAX_TRACEBACK
     assert not [line for line in lines if _unescaped(line)]
+
+
+@pytest.mark.parametrize(
+    "fate",
+    [
+        Scripted.rejected(transient=False, reason=HOSTILE),
+        Scripted(SendOutcome(SendKind.UNKNOWN, HOSTILE), stored=False),
+    ],
+    ids=["rejected", "unknown"],
+)
+def test_a_hostile_provider_answer_makes_short_printable_log_lines(
+    fate: Scripted, kept: _Kept
+) -> None:
+    """The send's line (`job K rejected (REASON)`, `job K outcome unknown (REASON)`)
+    quotes the first MAX_QUOTED characters of the answer; it quoted all 10 MB, at every
+    retry."""
+    rig = EngineRig(policy("receipts"))
+    try:
+        rig.submit("receipts", "k1")
+        rig.provider.script(fate)
+        rig.tick()
+    finally:
+        rig.close()
+    quoting = [r for r in kept.records if "forged" in r.getMessage()]
+    assert quoting, [r.getMessage()[:80] for r in kept.records]
+    for record in quoting:
+        length = len(record.getMessage())
+        assert length <= PREFIX + len(quoted(HOSTILE)), (record.msg, length)
+        _assert_bounded_and_printable(record)
 
 
 def _failed_record(words: str) -> logging.LogRecord:

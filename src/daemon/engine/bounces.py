@@ -48,6 +48,7 @@ from ledger.delivery_reports import (
     ReportRefused,
     read_report,
 )
+from ledger.display import quoted
 from ledger.job import BounceRefused, SendJob, bounce_recipients
 from ledger.stores.index import IndexRow, WatchHold
 from ledger.vocabulary import JobState
@@ -401,7 +402,7 @@ class BounceWatch:
                     # What it listed or read is kept for the next read: it got on now, not
                     # at the next read that answers (`_unread_past`).
                     mailbox.progressed = self._clock()
-            log.warning("%s: reading delivery reports failed (%s)", read.scope, exc.reason)
+            log.warning("%s: reading delivery reports failed (%s)", read.scope, quoted(exc.reason))
             counter.bump("errors")
             return
         except BaseException:
@@ -665,7 +666,9 @@ class BounceWatch:
     def _refused(self, provider_id: str, refusal: ReportRefusal, detail: str) -> str:
         notify(self._observer.bounce_report, refusal.value)
         if refusal is not ReportRefusal.RECORDED_ALREADY:
-            log.info("delivery report %s not recorded: %s (%s)", provider_id, refusal, detail)
+            log.info(
+                "delivery report %s not recorded: %s (%s)", provider_id, refusal, quoted(detail)
+            )
         return refusal.value
 
 

@@ -43,6 +43,7 @@ from daemon.providers.base import (
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
 from ledger.application import ConcurrentUpdate
 from ledger.decision_types import AfterRejection, Review
+from ledger.display import quoted
 from ledger.job import DRAFTS_CLAIM_LOST, SendJob, TransitionError
 from ledger.message import render_checked
 from ledger.vocabulary import EscalationReason, JobState
@@ -200,7 +201,7 @@ class Dispatch:
             if not drafts.delete_draft(draft.draft_id):
                 return
         except ProviderError as exc:
-            log.info("job %s: draft %s not deleted (%s)", key, draft.draft_id, exc.reason)
+            log.info("job %s: draft %s not deleted (%s)", key, draft.draft_id, quoted(exc.reason))
             return
         log.info("job %s: draft %s deleted: its claim lost to another writer", key, draft.draft_id)
         # Refused while another daemon's claim is in flight: its history is its own.
@@ -490,10 +491,10 @@ class Dispatch:
             work.count("rejected")
             if outcome.unavailable:
                 work.count("unavailable")
-            log.info("job %s rejected (%s)", job.key, outcome.reason)
+            log.info("job %s rejected (%s)", job.key, quoted(outcome.reason))
         elif outcome.kind is not SendKind.CONFIRMED:
             work.count("unknown")
-            log.info("job %s outcome unknown (%s)", job.key, _unknown_reason(outcome))
+            log.info("job %s outcome unknown (%s)", job.key, quoted(_unknown_reason(outcome)))
 
     def give_up(self, work: Work) -> None:
         """A job held by its provider's open circuit for longer than its channel's

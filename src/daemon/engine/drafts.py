@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from daemon.engine.circuit import Circuits
 from daemon.providers.base import ProviderError
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
+from ledger.display import quoted
 from ledger.exceptions import SendledgerError
 from ledger.job import SendJob
 from policies import decisions
@@ -160,7 +161,7 @@ def no_draft(work: Work, exc: ProviderError, circuits: Circuits, now: datetime) 
     quotas")."""
     scope = work.provider.scope() if work.provider is not None else ""
     circuits.called(scope, now, unavailable=exc.unavailable, retry_after=exc.retry_after)
-    log.warning("job %s: no draft (%s)", work.job.key, exc.reason)
+    log.warning("job %s: no draft (%s)", work.job.key, quoted(exc.reason))
     work.count("unavailable" if exc.unavailable else "errors")
 
 
@@ -198,7 +199,7 @@ def ask_draft(job: SendJob, drafts: DraftsProvider) -> DraftCheck | None:
     try:
         return drafts.check_draft(draft)
     except ProviderError as exc:
-        log.warning("job %s: draft check failed (%s)", job.key, exc.reason)
+        log.warning("job %s: draft check failed (%s)", job.key, quoted(exc.reason))
         return None
 
 

@@ -26,6 +26,7 @@ from daemon.engine.circuit import CHECK, Circuits
 from daemon.engine.clock import Clock
 from daemon.providers.base import Provider, ProviderError
 from ledger.application import Ledger
+from ledger.display import quoted
 from ledger.job import SendJob
 from ledger.message_id import same_message_id
 from ledger.wire_check import carries_message_id
@@ -103,7 +104,7 @@ class ProviderHealth:
         try:
             stored = provider.read_message_id(provider_message_id)
         except ProviderError as exc:
-            log.warning("job %s: Message-ID read-back failed: %s", job.key, exc.reason)
+            log.warning("job %s: Message-ID read-back failed: %s", job.key, quoted(exc.reason))
             if self._circuits is not None:
                 self._circuits.called(
                     provider.scope(),

@@ -22,6 +22,7 @@ from daemon.engine.leases import Leases
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.unknown import save_unknown_outcome
 from daemon.engine.work import Work, due
+from ledger.display import quoted
 from ledger.job import SendJob
 from ledger.vocabulary import JobState
 from policies import decisions
@@ -54,7 +55,7 @@ class Recover:
         else:
             save_unknown_outcome(work, work.policy, self._health, self.reason)
         work.count("recovered")
-        log.warning("job %s: attempt %d: %s", job.key, job.attempts, self.reason)
+        log.warning("job %s: attempt %d: %s", job.key, job.attempts, quoted(self.reason))
 
 
 class RecoverOwnClaims(Recover):

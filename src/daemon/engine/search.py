@@ -52,6 +52,7 @@ from daemon.providers.base import (
 from daemon.providers.draft_handle import DraftCheck, DraftsProvider, DraftStatus
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
 from ledger.decision_types import StopVerifying
+from ledger.display import quoted
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob
 from ledger.vocabulary import JobState, PolicyRef
 from policies import decisions
@@ -201,7 +202,9 @@ class SearchBackoff:
             wait = max(exc.retry_after or 0.0, 1.0)
             with self._lock:
                 self._not_before[key] = now + timedelta(seconds=wait)
-            log.warning("job %s: %s failed (%s), again in %.1fs", key, what, exc.reason, wait)
+            log.warning(
+                "job %s: %s failed (%s), again in %.1fs", key, what, quoted(exc.reason), wait
+            )
             work.count("errors")
             return None
         except BaseException:
@@ -313,7 +316,7 @@ class Sweep:
         if isinstance(answer, HistoryTooOld):
             job.record_history_unusable(reason=answer.reason, at=work.now)
             work.save()
-            log.info("job %s: %s: the search decides", job.key, answer.reason)
+            log.info("job %s: %s: the search decides", job.key, quoted(answer.reason))
             return
         decision = decisions.after_history(
             policy,

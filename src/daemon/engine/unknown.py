@@ -8,6 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import daemon.engine.drafts as drafts_flow
+from ledger.display import quoted
 from policies import decisions
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def save_unknown_outcome(
     """An attempt whose outcome cannot be known, saved: search later, or review."""
     unknown_to_events(work, policy, health, reason)
     work.save()
-    log.info("job %s outcome unknown (%s)", work.job.key, reason)
+    log.info("job %s outcome unknown (%s)", work.job.key, quoted(reason))
 
 
 def unknown_to_events(

@@ -21,6 +21,7 @@ from daemon.engine.report import Count, Counter
 from daemon.providers.base import Provider
 from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
 from ledger.decision_types import Review
+from ledger.display import quoted
 from ledger.job import SendJob, TransitionError
 from ledger.stores.causes import StoreUnavailable
 from ledger.stores.index import Withdrawn
@@ -96,7 +97,7 @@ class Work:
         notify(self.observer.saved, self.job, events)
         if self.job.state is JobState.REVIEW and before is not JobState.REVIEW:
             self.count("escalated")
-            log.warning("job %s to review: %s", self.job.key, self.job.reason)
+            log.warning("job %s to review: %s", self.job.key, quoted(self.job.reason))
         elif self.job.state is JobState.CONFIRMED and before is not JobState.CONFIRMED:
             self.count("confirmed")
             log.info(
@@ -159,7 +160,7 @@ def count_failure(key: str, exc: BaseException, counter: Counter, where: str) ->
         # A full disk or a read-only store fails every due job at every tick: its one
         # line names the store and why; a traceback each time would bury it. So does a
         # save a stopping daemon left to recovery or whose wait it gave up (`commit.py`).
-        log.error("job %s: %s failed: %s", key, where, exc)
+        log.error("job %s: %s failed: %s", key, where, quoted(exc))
         counter.bump("errors")
     else:
         log.error("job %s: unexpected failure in %s", key, where, exc_info=exc)
