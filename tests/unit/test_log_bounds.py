@@ -9,13 +9,20 @@ import sys
 import time
 import unicodedata
 from collections.abc import Iterator
+from contextlib import nullcontext
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
 from daemon.logs import MAX_MESSAGE, MAX_TRACEBACK, JournalFormatter, PrintableFormatter
-from daemon.providers.outcomes import SendKind, SendOutcome
+from daemon.providers.outcomes import SearchResult, SendKind, SendOutcome
+from daemon.service_layer.services import ChannelPolicies, ServiceError, Services
+from daemon.webhooks.delivery_threads import WebhookThreads
+from daemon.webhooks.worker import Deliverer
+from ledger.application import Ledger
 from ledger.display import MAX_QUOTED, quoted
 
 #: A provider's answer as a hostile (or broken) server may write it: 10 MB, every line
@@ -88,11 +95,7 @@ def test_a_hostile_provider_answer_makes_short_printable_log_lines(
     finally:
         rig.close()
     quoting = [r for r in kept.records if "forged" in r.getMessage()]
-    assert quoting, [r.getMessage()[:80] for r in kept.records]
-    for record in quoting:
-        length = len(record.getMessage())
-        assert length <= PREFIX + len(quoted(HOSTILE)), (record.msg, length)
-        _assert_bounded_and_printable(record)
+    _assert_quoted_briefly(quoting, len(quoting) or 1)
 
 
 def _failed_record(words: str) -> logging.LogRecord:
@@ -140,3 +143,55 @@ def test_a_10_mb_message_is_formatted_in_milliseconds() -> None:
     line = JOURNAL.format(record)
     assert time.perf_counter() - started < 0.5
     assert line.endswith(" more characters]") and len(line) <= PREFIX + MAX_MESSAGE
+
+
+def test_a_search_failing_with_a_hostile_answer_logs_a_short_line(kept: _Kept) -> None:
+    """A review check whose provider fails in a way of its own (not a ProviderError):
+    `search for ID failed: ...` quoted its words whole."""
+    rig = EngineRig(policy("receipts"))
+    try:
+        rig.submit("receipts", "k1")
+        rig.provider.script(Scripted.dropped_response())
+        rig.tick()
+
+        def fails(message_id: str) -> SearchResult:
+            raise RuntimeError(HOSTILE)
+
+        rig.provider.search = fails  # type: ignore[method-assign]
+        services = Services(
+            rig.ledger,
+            lambda: ChannelPolicies(rig.policies, {}),
+            providers=lambda name: nullcontext(rig.provider),
+        )
+        with pytest.raises(ServiceError):
+            services.check("k1", by="bob")
+    finally:
+        rig.close()
+    _assert_quoted_briefly([r for r in kept.records if r.msg.startswith("search for")])
+
+
+def test_a_webhook_thread_failing_with_a_hostile_error_logs_a_short_line(kept: _Kept) -> None:
+    """A webhook's pass failing (its store unreachable, say) with an error that quotes
+    another's text at length: `webhook NAME: ERROR` quoted it whole."""
+    threads = WebhookThreads(cast(Ledger, None), [], owner="a", poll=0.01)
+
+    class _Failing:
+        hook = SimpleNamespace(name="crm")
+
+        def pass_once(self) -> bool:
+            threads._stop.set()
+            raise RuntimeError(HOSTILE)
+
+        def release(self) -> None:
+            raise RuntimeError(HOSTILE)
+
+    threads._run(cast(Deliverer, _Failing()))
+    _assert_quoted_briefly([r for r in kept.records if r.msg.startswith("webhook %s")], 2)
+
+
+def _assert_quoted_briefly(records: list[logging.LogRecord], count: int = 1) -> None:
+    assert len(records) == count, [r.msg for r in records]
+    for record in records:
+        length = len(record.getMessage())
+        assert length <= PREFIX + len(quoted(HOSTILE)), (record.msg, length)
+        _assert_bounded_and_printable(record)

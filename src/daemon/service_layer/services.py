@@ -56,7 +56,7 @@ from ledger.application import (
     project_events,
 )
 from ledger.content import JobContent, JobInputError
-from ledger.display import command_line, iso
+from ledger.display import command_line, iso, quoted
 from ledger.exceptions import Refusal
 from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name, copies_found
 from ledger.keys import note_problem
@@ -585,7 +585,9 @@ class Services:
         except Exception as exc:
             # Whatever else a provider raises (a credential refused, a socket error) is
             # still "no answer", never a decision and never a crash of the door.
-            log.info("search for %s failed: %s: %s", job.message_id, type(exc).__name__, exc)
+            log.info(
+                "search for %s failed: %s: %s", job.message_id, type(exc).__name__, quoted(exc)
+            )
             raise ServiceError(
                 Refusal.UNAVAILABLE, f"provider {name!r} cannot be used: {exc}"
             ) from None

@@ -19,6 +19,7 @@ from daemon.config.settings import ConfigError, Settings
 from daemon.webhooks.signing import parse_secret
 from daemon.webhooks.worker import Deliverer, DeliveryObserver, Hook
 from ledger.application import Ledger
+from ledger.display import quoted
 
 log = logging.getLogger("sendledger.webhooks")
 
@@ -88,7 +89,7 @@ class WebhookThreads:
             except Exception as exc:
                 # The store is unreachable (a database restart): wait and try again,
                 # saying so once a minute rather than every poll.
-                error = f"{type(exc).__name__}: {exc}"
+                error = f"{type(exc).__name__}: {quoted(exc)}"
                 if error != last_error or time.monotonic() - logged_at > 60:
                     log.error("webhook %s: %s", deliverer.hook.name, error)
                     last_error, logged_at = error, time.monotonic()
@@ -98,7 +99,7 @@ class WebhookThreads:
         try:
             deliverer.release()
         except Exception as exc:
-            log.warning("webhook %s: lease not released: %s", deliverer.hook.name, exc)
+            log.warning("webhook %s: lease not released: %s", deliverer.hook.name, quoted(exc))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every thread, waiting at most `timeout` in all: an attempt still in
@@ -115,7 +116,9 @@ class WebhookThreads:
                     # Not held up for long by a write of the thread's that hangs.
                     deliverer.release(wait=1.0)
                 except Exception as exc:
-                    log.warning("webhook %s: lease not released: %s", deliverer.hook.name, exc)
+                    log.warning(
+                        "webhook %s: lease not released: %s", deliverer.hook.name, quoted(exc)
+                    )
 
 
 def deliver_once(
