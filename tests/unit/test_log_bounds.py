@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import cast
@@ -20,8 +20,9 @@ from daemon.doubles.fake_provider import Scripted
 from daemon.logs import MAX_MESSAGE, MAX_TRACEBACK, JournalFormatter, PrintableFormatter
 from daemon.providers.outcomes import SearchResult, SendKind, SendOutcome
 from daemon.service_layer.services import ChannelPolicies, ServiceError, Services
+from daemon.webhooks.delivery import Outcome
 from daemon.webhooks.delivery_threads import WebhookThreads
-from daemon.webhooks.worker import Deliverer
+from daemon.webhooks.worker import Deliverer, Hook
 from ledger.application import Ledger
 from ledger.display import MAX_QUOTED, quoted
 
@@ -187,6 +188,27 @@ def test_a_webhook_thread_failing_with_a_hostile_error_logs_a_short_line(kept: _
 
     threads._run(cast(Deliverer, _Failing()))
     _assert_quoted_briefly([r for r in kept.records if r.msg.startswith("webhook %s")], 2)
+
+
+def test_a_receivers_hostile_refusal_logs_a_short_line(kept: _Kept) -> None:
+    """A receiver refusing a delivery with a long answer: `webhook NAME: event N not
+    delivered (attempt N): ERROR` quoted all the poster handed back."""
+    rig = EngineRig(policy("receipts"))
+    try:
+        rig.submit("receipts", "k1")
+        rig.provider.script(Scripted.rejected(transient=False, reason="550 no such user"))
+        rig.tick()
+
+        def refuses(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
+            return Outcome(False, 400, HOSTILE)
+
+        hook = Hook(
+            "crm", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"})
+        )
+        Deliverer(rig.ledger, hook, owner="a", poster=refuses, clock=time.time).pass_once()
+    finally:
+        rig.close()
+    _assert_quoted_briefly([r for r in kept.records if "not delivered" in r.msg])
 
 
 def _assert_quoted_briefly(records: list[logging.LogRecord], count: int = 1) -> None:

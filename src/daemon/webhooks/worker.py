@@ -33,7 +33,7 @@ from daemon.webhooks.delivery import Outcome, Poster, post
 from daemon.webhooks.events import event_id_for, payload, topics_for, type_of
 from daemon.webhooks.signing import signed_headers
 from ledger.application import Ledger
-from ledger.display import printable
+from ledger.display import printable, quoted
 
 log = logging.getLogger("sendledger.webhooks")
 
@@ -237,7 +237,7 @@ class Deliverer:
             self.hook.name,
             notification_id,
             failures,
-            outcome.error,
+            quoted(outcome.error),
             when,
         )
 
