@@ -370,7 +370,7 @@ def _handshake(
             sock, server_hostname=server_hostname, do_handshake_on_connect=False
         )
     except BaseException as exc:
-        _close_the_unreturned(exc)
+        close_unreturned(exc)
         raise
     try:
         with selectors.DefaultSelector() as selector:
@@ -392,12 +392,14 @@ def _handshake(
     return _connected(wrapped, deadline)
 
 
-def _close_the_unreturned(exc: BaseException) -> None:
-    """Close the SSLSocket that a failed `wrap_socket` made and did not return. It takes
-    the connected socket's descriptor first; a peer that reset the connection just before
-    (a proxy hanging up after its CONNECT answer) then fails it with the new socket open,
-    left to the collector (CPython gh-113280, fixed in 2024: there this finds it closed).
-    The traceback is the only way to it."""
+def close_unreturned(exc: BaseException) -> None:
+    """Close the SSLSocket that a failed `wrap_socket` made and did not return, `exc`
+    being its error. It takes the connected socket's descriptor first; a peer that reset
+    the connection just before (a proxy hanging up after its CONNECT answer, a mail
+    server after its STARTTLS answer or its accept) then fails it with the new socket
+    open, left to the collector (CPython gh-113280, fixed in 2024: there this finds it
+    closed). The traceback is the only way to it; a caller of a library that wraps
+    (smtplib, IMAPClient) passes the error it caught."""
     tb = exc.__traceback__
     while tb is not None:
         made = tb.tb_frame.f_locals.get("self")
@@ -416,6 +418,7 @@ def _deadline(timeout: float | None) -> tuple[float | None, float]:
 __all__ = [
     "ATTEMPT_DELAY",
     "AddressInfo",
+    "close_unreturned",
     "create_connection",
     "interleaved",
     "left",

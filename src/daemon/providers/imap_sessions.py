@@ -21,6 +21,7 @@ from imapclient import IMAPClient  # type: ignore[import-untyped]
 from daemon.providers.base import ProviderError
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
 from daemon.providers.timeouts import timed_out
+from sendledger.connecting import close_unreturned
 
 R = TypeVar("R")
 
@@ -105,6 +106,7 @@ class ImapSessions:
             # No connection (refused, DNS, connect timeout, TLS handshake): the server did
             # not answer at all, which the scope's circuit counts (docs/operations.md
             # "Outages and quotas"), as the SMTP side's connect failures are.
+            close_unreturned(exc)  # a TLS wrap's socket the client never got (a reset)
             raise ProviderError(
                 f"IMAP connect {e.host}:{e.port}: {_describe(exc)}",
                 unavailable=True,
@@ -115,6 +117,7 @@ class ImapSessions:
                 client.starttls(e.ssl_context)
             client.login(e.username, e.password)
         except Exception as exc:
+            close_unreturned(exc)  # STARTTLS's wrap, reset under it
             _logout(client)
             raise ProviderError(
                 f"IMAP {e.host}:{e.port}: {_describe(exc)}", timed_out=timed_out(exc)

@@ -36,6 +36,7 @@ from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, clo
 from daemon.providers.smtp_classify import Stage, classify_smtp
 from daemon.providers.timeouts import timed_out
 from ledger.exceptions import SendledgerError
+from sendledger.connecting import close_unreturned
 
 __all__ = ["SmtpSubmitter", "SubmitEnvelope"]
 
@@ -208,6 +209,7 @@ class SmtpSubmitter:
             if code == 250:
                 code, text = smtp.noop()
         except (OSError, smtplib.SMTPException) as exc:
+            close_unreturned(exc)
             raise _ping_failed(exc) from exc
         finally:
             if smtp is not None:
@@ -267,6 +269,7 @@ class SmtpSubmitter:
                 stage, exc.smtp_code, _text(exc.smtp_error), message_id=envelope.message_id
             )
         except (OSError, smtplib.SMTPException, ValueError) as exc:
+            close_unreturned(exc)  # a TLS wrap's socket smtplib never got (a reset under it)
             if smtp is not None:
                 _close(smtp)
             return classify_smtp(
