@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from types import TracebackType
 from typing import TextIO
 
@@ -146,8 +147,23 @@ def setup_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    if threading.excepthook is threading.__excepthook__:
+        # The standard library prints a thread's uncaught error straight to stderr, its
+        # words unescaped and whole; a hook someone else set (a test runner's) is kept.
+        threading.excepthook = _log_uncaught
     # APScheduler logs every run at INFO; keep its warnings and errors only.
     # A tick longer than the interval makes it warn about every skipped run; the daemon
     # reports stuck ticks itself (watchdog, STATUS=), so keep only its errors.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     logging.getLogger("googleapiclient.discovery_cache").setLevel(logging.ERROR)
+
+
+def _log_uncaught(args: threading.ExceptHookArgs) -> None:
+    """A thread's uncaught error as a log record: escaped and bounded like any other."""
+    if args.exc_type is SystemExit:
+        return  # as the standard library's hook: a thread's exit, no error
+    name = "?" if args.thread is None else args.thread.name
+    error = None if args.exc_value is None else (args.exc_type, args.exc_value, args.exc_traceback)
+    logging.getLogger("sendledger").error(
+        "thread %s failed: %s", name, args.exc_type.__name__, exc_info=error
+    )

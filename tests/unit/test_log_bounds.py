@@ -4,8 +4,10 @@ NUL) makes log lines of bounded length with nothing in them unescaped."""
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
+import threading
 import time
 import unicodedata
 from collections.abc import Iterator, Mapping
@@ -17,7 +19,13 @@ import pytest
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
-from daemon.logs import MAX_MESSAGE, MAX_TRACEBACK, JournalFormatter, PrintableFormatter
+from daemon.logs import (
+    MAX_MESSAGE,
+    MAX_TRACEBACK,
+    JournalFormatter,
+    PrintableFormatter,
+    setup_logging,
+)
 from daemon.providers.outcomes import SearchResult, SendKind, SendOutcome
 from daemon.service_layer.services import ChannelPolicies, ServiceError, Services
 from daemon.webhooks.delivery import Outcome
@@ -217,3 +225,26 @@ def _assert_quoted_briefly(records: list[logging.LogRecord], count: int = 1) -> 
         length = len(record.getMessage())
         assert length <= PREFIX + len(quoted(HOSTILE)), (record.msg, length)
         _assert_bounded_and_printable(record)
+
+
+def test_a_threads_uncaught_hostile_error_is_one_bounded_escaped_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread that dies of an error quoting another's text: the standard library
+    printed its traceback straight to stderr, past the formatter, whole and unescaped."""
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    written = io.StringIO()
+    setup_logging("info", journal=True, stream=written)
+
+    def dies() -> None:
+        raise RuntimeError(HOSTILE)
+
+    thread = threading.Thread(target=dies, name="webhook-crm")
+    thread.start()
+    thread.join()
+    [line] = written.getvalue().splitlines()
+    assert line.startswith("<3>ERROR sendledger: thread webhook-crm failed: RuntimeError | ")
+    assert len(line) <= PREFIX + MAX_MESSAGE + MAX_TRACEBACK and not _unescaped(line)
