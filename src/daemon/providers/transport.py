@@ -57,6 +57,7 @@ import httplib2
 
 from daemon.providers.kept import closed_by_peer
 from ledger.exceptions import SendledgerError
+from sendledger.connecting import close_unreturned
 
 #: Seconds a connection may sit idle and still be reused. Google's front ends keep idle
 #: connections for minutes and common servers for 5 s or more; staying under that makes a
@@ -196,6 +197,7 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
             try:
                 conn.connect()
             except Exception as exc:
+                close_unreturned(exc)  # a TLS wrap's socket httplib2 never got (a reset)
                 conn.close()
                 raise NotSentError(
                     f"no connection to {host}: {describe(exc)}", host=host, cause=exc

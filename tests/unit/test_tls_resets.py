@@ -1,8 +1,8 @@
-"""A mail server that resets the connection just before TLS is set up on it (after its
-STARTTLS answer, or as it accepts an implicit-TLS connection): the call fails and its
-socket is closed as it does, never left to the garbage collector. The standard library's
-wrap of a socket reset under it raised with the SSLSocket it had made still open
-(CPython gh-113280); `sendledger.connecting.close_unreturned` closes it."""
+"""A provider's server that resets the connection just before TLS is set up on it (a
+mail server after its STARTTLS answer, or any as it accepts a TLS connection): the call
+fails and its socket is closed as it does, never left to the garbage collector. The
+standard library's wrap of a socket reset under it raised with the SSLSocket it had made
+still open (CPython gh-113280); `sendledger.connecting.close_unreturned` closes it."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httplib2
 import pytest
 
 from daemon.providers.imap_sessions import ImapSessions
 from daemon.providers.kept import MailEndpoint, ReuseLimits
 from daemon.providers.outcomes import ProviderError, SendKind
 from daemon.providers.smtp_submit import SmtpSubmitter
+from daemon.providers.transport import NotSentError, SingleShotHttp
 
 
 class _WrapsAfterTheReset(ssl.SSLContext):
@@ -154,3 +156,14 @@ def test_an_imap_server_resetting_before_tls_leaves_no_socket(
         with pytest.raises(ProviderError, match="IMAP"):
             sessions.run(lambda client: None)
         sessions.close()
+
+
+def test_an_https_server_resetting_before_tls_leaves_no_socket() -> None:
+    """The Gmail and Graph providers' transport (httplib2): its connect phase."""
+    context = _context()
+    listener, port = _resetting_server([], context.reset)
+    with listener, _no_socket_left():
+        conn = httplib2.HTTPSConnectionWithTimeout("127.0.0.1", port, timeout=5)
+        conn._context = context
+        with pytest.raises(NotSentError):
+            SingleShotHttp(timeout=5)._conn_request(conn, "/", "GET", None, {})
