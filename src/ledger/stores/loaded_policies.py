@@ -123,6 +123,9 @@ class SqlLoadedPolicies:
     def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in cursor.fetchall()]
 
+    def _bound_waits(self, cursor: Any) -> None:
+        """Limit how long the statement may wait for a lock (SQLite: its busy handler)."""
+
     def _exists(self) -> bool:
         rows = self._run(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = {p}",
@@ -146,6 +149,7 @@ class SqlLoadedPolicies:
     ) -> list[tuple[Any, ...]]:
         """One statement in a transaction of its own; its rows when `fetch` (a SELECT)."""
         with self._transaction(commit=True) as cursor:
+            self._bound_waits(cursor)
             cursor.execute(self._sql(template), params)
             return self._rows(cursor) if fetch else []
 
@@ -213,6 +217,14 @@ class PostgresLoadedPolicies(SqlLoadedPolicies):
 
     def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r.values()) for r in cursor.fetchall()]
+
+    def _bound_waits(self, cursor: Any) -> None:
+        # The row held by another session (an open psql that touched it) was waited for
+        # without limit: a stopping daemon's removal of it hung its stop until
+        # `daemon.stop_timeout` gave up, the heartbeat never wrote again. One lock wait,
+        # as every other write of a stop (daemon/config/stop_bound.py).
+        timeout = int(self._recorder.datastore.lock_timeout)
+        cursor.execute(f"SET LOCAL lock_timeout = '{timeout}s'")
 
     def _exists(self) -> bool:
         rows = self._run("SELECT to_regclass({p}) IS NOT NULL", [self._table()])
