@@ -700,3 +700,28 @@ def test_the_failing_gauge_leaves_out_a_webhook_taken_out_of_the_config(rig: Rig
     text = metrics.render().decode()
     assert 'sendledger_webhook_consecutive_failures{webhook="ops"} 1.0' in text
     assert 'webhook="gone"' not in text
+
+
+def test_a_pass_starts_no_post_once_the_daemon_stops(rig: Rig) -> None:
+    """A stopping daemon waits for the attempt in flight and its write, not for the rest
+    of the page: the pass ends after the POST under way, its event recorded, and the
+    next event is left to the next pass (delivery_threads.py `WebhookThreads.stop`)."""
+    rig.confirmed("s-1", "s-2")
+    receiver = Receiver()
+    deliverer = rig.deliverer(receiver)
+
+    def stopped_during_the_first(
+        url: str, body: bytes, headers: Mapping[str, str], timeout: float
+    ) -> Outcome:
+        deliverer.stopping.set()  # the stop comes while this POST is out
+        return receiver(url, body, headers, timeout)
+
+    deliverer.poster = stopped_during_the_first
+    assert not deliverer.pass_once()
+    assert [got["key"] for got in receiver.got] == ["s-1"]
+    [row] = rig.ledger.positions().read_all()
+    deliverer.stopping.clear()
+    deliverer.poster = receiver
+    drain(deliverer)
+    assert [got["key"] for got in receiver.got] == ["s-1", "s-2"]
+    assert rig.ledger.positions().read_all()[0].position > row.position

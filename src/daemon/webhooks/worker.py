@@ -94,6 +94,7 @@ class Deliverer:
         rng: random.Random | None = None,
         observer: DeliveryObserver | None = None,
         page: int = PAGE,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.ledger = ledger
         self.hook = hook
@@ -104,6 +105,9 @@ class Deliverer:
         self.rng = rng or random.Random()
         self.observer = observer
         self.page = page
+        # Set when the daemon stops: a pass then starts no POST, so that what a stop waits
+        # for is the attempt in flight and its write, not the rest of a page.
+        self.stopping = stopping or threading.Event()
         # A stopping daemon releases the lease from its own thread while an attempt may
         # still be in flight here (`release`): the lock keeps the two from writing the
         # row at once, and a pass begun before a release writes nothing after it (a
@@ -125,6 +129,8 @@ class Deliverer:
         notes = self.ledger.log_after(row.position, horizon, self.page, hook.topics)
         current, failures = row.position, row.failures
         for note in notes:
+            if self.stopping.is_set():
+                return False  # the position stays before this event: sent by the next pass
             sent: Any = None  # the event as the POST carried it
             try:
                 event: Any = self.ledger.mapper.to_domain_event(note)
