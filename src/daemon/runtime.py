@@ -30,6 +30,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from daemon.config.secret_files import warn_exposed_secrets
 from daemon.config.settings import DEFAULT_STOP_TIMEOUT, ConfigError
 from daemon.config.stop_bound import warn_unit_stop
+from daemon.engine.leases import lock_wait
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
 from daemon.service_layer.loaded import PolicyAnnouncer, announce_policies
@@ -379,21 +380,32 @@ class Daemon:
         written when the engine closes (service.close below)."""
         self._stop.set()
         self.engine.stop()
+        # The webhooks' rows and the loaded policies' are not the engine's: their waits
+        # run beside the engine's close, not after it, so that the stop's lock waits in a
+        # row are the engine's (daemon/config/stop_bound.py).
+        beside = threading.Thread(target=self._stop_beside, name="stop-beside", daemon=True)
+        beside.start()
         self.scheduler.shutdown(wait=True)
-        if self._webhooks is not None:
-            self._webhooks.stop()
         if self._api is not None:
             self._api.stop()
         self.service.close()
-        if self._announcer is not None:
-            # Last: a store that hangs (a partition) delays only this. A stopped daemon
-            # has loaded nothing `submit` should judge by.
-            self._announcer.stop()
+        beside.join()
         if self._identity is not None:
             self._identity.release()
         if not self.abandoned:
             log.info("stopped; %s", _summary(self._totals()))
         return 0
+
+    def _stop_beside(self) -> None:
+        """The webhooks' stop, then the removal of the loaded policies' row (a stopped
+        daemon has loaded nothing `submit` should judge by), each within its lock waits."""
+        wait = lock_wait(self.service.ledger.store)
+        try:
+            if self._webhooks is not None:
+                self._webhooks.stop(wait)
+        finally:
+            if self._announcer is not None:
+                self._announcer.stop(wait)
 
     def _totals(self) -> TickReport:
         """Everything counted since start-up, the stop's own outcomes included."""

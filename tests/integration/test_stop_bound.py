@@ -5,16 +5,35 @@ against at load."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import dataclasses
+import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
+from tests.unit.engine_rig import policy, receipt
 
+from daemon.bootstrap import bootstrap
+from daemon.config.settings import settings_from_dict
+from daemon.config.stop_bound import stop_store_wait
+from daemon.doubles.fake_provider import FakeProvider, Scripted
+from daemon.doubles.fake_time import FakeClock
+from daemon.runtime import Daemon
 from ledger.application import Ledger
+from ledger.stores.index import INDEX_TABLE
 from ledger.stores.loaded_policies import DAEMON, LOADED_TABLE, LoadedPolicies
+from ledger.stores.positions import POSITIONS_TABLE
+from ledger.stores.scopes import DAEMONS_TABLE, SCOPES_TABLE
 from ledger.stores.url import PostgresStore, parse_store_url
+from policies.loader import PolicySet
 
 pytestmark = pytest.mark.postgres
 
@@ -23,6 +42,134 @@ LOCK = 1
 #: What the stop may take beyond its lock waits: the threads' joins and the statements
 #: that do not wait, on a machine shared with other tests.
 SLACK = 1.0
+
+
+class _Unanswered:
+    """A webhook receiver that reads a POST and never answers it: an attempt in flight
+    for the webhook's whole timeout (10 s)."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}/"
+        self.posted = threading.Event()
+        self._held: list[socket.socket] = []
+        threading.Thread(target=self._take, daemon=True).start()
+
+    def _take(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self._server.accept()
+                self._held.append(conn)
+                conn.recv(65536)
+                self.posted.set()
+
+    def close(self) -> None:
+        self._server.close()
+        for conn in self._held:
+            conn.close()
+
+
+def _waiting_on(look: Any, holder: Any) -> int:
+    """The sessions waiting for a lock that `holder`'s session holds."""
+    row = look.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+        [holder.info.backend_pid],
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _until(done: Any, seconds: float = 10.0) -> None:
+    give_up = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < give_up, "not in time"
+        time.sleep(0.02)
+
+
+@contextmanager
+def _holding(schema: str, key: str) -> Iterator[tuple[Any, Any]]:
+    """Another session holding every row a stop writes: the job's index row, the scope
+    leases, the heartbeat, the loaded policies and the webhook positions; and a session
+    to look at the waits with."""
+    import psycopg
+    from tests.conftest import PG_URL
+
+    with psycopg.connect(PG_URL) as holder, psycopg.connect(PG_URL, autocommit=True) as look:
+        holder.execute(f'SELECT 1 FROM "{schema}".{INDEX_TABLE} WHERE key = %s FOR UPDATE', [key])
+        for table in (SCOPES_TABLE, DAEMONS_TABLE, LOADED_TABLE, POSITIONS_TABLE):
+            held = holder.execute(f'SELECT 1 FROM "{schema}".{table} FOR UPDATE').fetchall()
+            assert held, f"{table}: no row to hold"
+        try:
+            yield holder, look
+        finally:
+            holder.rollback()
+
+
+def test_a_stop_with_every_row_it_writes_held_ends_within_its_bound(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A send in flight whose lease renewal waits for its job's row, a webhook POST in
+    flight (its receiver does not answer), the loaded policies' heartbeat and the scope
+    leases: another session holds all their rows when
+    the call answers and the daemon is asked to stop. Every write of the stop then waits
+    its whole lock wait and fails; the stop ends within `stop_store_wait` all the same,
+    not abandoned (`daemon.stop_timeout` is far longer)."""
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, lock_timeout=LOCK)
+    receiver = _Unanswered()
+    secret = tmp_path / "hook-secret"
+    secret.write_text("whsec_" + base64.b64encode(b"k" * 24).decode() + "\n")
+    secret.chmod(0o600)
+    settings = settings_from_dict(
+        {
+            "store": {"url": pg_url, "lock_timeout": f"{LOCK}s"},
+            "daemon": {"tick": "50ms", "name": "d1", "stop_timeout": "30s"},
+            "webhooks": {"w": {"url": receiver.url, "secret_file": str(secret)}},
+        }
+    )
+    # 10 s behind the store's clock, 11 s ahead once moved: within half the grace either
+    # way, so the daemon keeps its scopes (daemon/engine/owners.py "The clocks").
+    clock = FakeClock(datetime.now(UTC) - timedelta(seconds=10))
+    provider = FakeProvider("fake", clock=clock)
+    release = threading.Event()
+    provider.script(Scripted.slow(release))
+    policies = PolicySet({"receipts": policy("receipts")})
+    with Ledger(spec, clock=clock) as ledger:
+        ledger.submit(receipt("receipts", "k1"), policy("receipts").sender)
+        service = bootstrap(
+            settings,
+            ledger=ledger,
+            policy_loader=lambda: policies,
+            providers={"fake": provider},
+            clock=clock,
+        )
+        daemon = Daemon(service, settings.daemon.tick)
+        runner = threading.Thread(target=daemon.serve, daemon=True)
+        runner.start()
+        try:
+            _until(lambda: provider.hanging == 1)
+            # Sent at once: its Confirmed is the webhook's POST, never answered.
+            ledger.submit(receipt("receipts", "k0"), policy("receipts").sender)
+            _until(receiver.posted.is_set)
+            with _holding(spec.schema, "k1") as (holder, look):
+                clock.advance(21)  # past a third of the leases (60 s): their renewals are due
+                _until(lambda: _waiting_on(look, holder) >= 2)
+                release.set()  # the call answers: its outcome waits for the row too
+                time.sleep(0.2)
+                started = time.monotonic()
+                daemon.request_stop()
+                runner.join(timeout=60)
+                took = time.monotonic() - started
+        finally:
+            release.set()
+            daemon.request_stop()
+            runner.join(timeout=60)
+            receiver.close()
+    assert not runner.is_alive()
+    assert not daemon.abandoned
+    bound = stop_store_wait(pg_url, LOCK)
+    assert bound is not None
+    assert took <= bound + SLACK, f"the stop took {took:.1f}s, its bound is {bound:g}s"
 
 
 def _timed(write: Callable[[], None], limit: float) -> tuple[float, BaseException | None]:

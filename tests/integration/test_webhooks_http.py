@@ -482,11 +482,11 @@ def test_a_stop_gives_the_lease_up_while_an_attempt_is_in_flight(
         hook = Hook("ops", url, SECRET, frozenset(WEBHOOK_TYPES), timeout=10.0)
         threads = WebhookThreads(rig.ledger, [hook], owner="a", poll=0.05).start()
         assert got.wait(10), "the POST never came"
-        threads.stop(timeout=0.2)  # the attempt still in flight
+        threads.stop(lock_wait=0.2)  # the attempt still in flight
         [row] = rig.ledger.positions().read_all()
         assert row.lease_until == 0.0, "the lease was kept by the attempt in flight"
         answer_now.set()
-        threads.stop(timeout=10)  # the attempt ends: nothing more is written
+        threads.stop(lock_wait=10)  # the attempt ends: nothing more is written
         [after] = rig.ledger.positions().read_all()
         assert (after.lease_until, after.position) == (0.0, row.position)
     finally:

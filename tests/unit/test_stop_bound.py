@@ -58,5 +58,5 @@ def test_the_running_daemon_says_it_at_start(
 
 
 def test_only_a_postgresql_store_has_lock_waits_to_hold() -> None:
-    assert stop_store_wait("postgresql://u@db/mail", 5) == 30.0
+    assert stop_store_wait("postgresql://u@db/mail", 5) == 35.0
     assert stop_store_wait("sqlite:///x.sqlite", 5) is None

@@ -2,7 +2,8 @@
 (docs/operations.md "Stopping").
 
 Once a stopping daemon's provider calls have ended, the waits for rows another session
-holds (a long transaction, an open psql) that may follow one another are, from the code:
+holds (a long transaction, an open psql) that may follow one another are, from the code,
+the engine's (`Daemon.shutdown`, daemon/runtime.py):
 
 1. the withdrawal of a lease renewal waiting for its job's row: it ends at its lock
    wait's end (`Leases.stop_renewing`, daemon/engine/leases.py);
@@ -10,8 +11,20 @@ holds (a long transaction, an open psql) that may follow one another are, from t
    last try waiting a lock wait of its own (daemon/engine/commit.py);
 4. a renewal of a call that raised, not withdrawn by its worker, waited for by
    `Leases.close` until its lock wait ends (at most `close_wait`, 5 s);
-5. and 6. the release of the scope leases and of the daemon's heartbeat, one statement
-   each (`ScopeOwners.close`, daemon/engine/owners.py).
+5. a renewal of the scope leases and the heartbeat in flight, which `ScopeOwners.close`
+   waits for (daemon/engine/owners.py);
+6. and 7. the release of the scope leases and of the daemon's heartbeat, one statement
+   each (`ScopeOwners.close`).
+
+A tick's round in flight (its scope leases' writes) is waited for before the engine
+closes, beside 1 to 3: its first write that times out ends it. Beside the engine's
+close, on a thread of their own (`Daemon._stop_beside`), the rows that are not the
+engine's, `BESIDE_LOCK_WAITS` in a row: the webhooks' three (`WebhookThreads.stop`,
+daemon/webhooks/delivery_threads.py: a write in flight; a write begun before its thread
+saw the stop, then the release of its lease) and the loaded policies' two
+(`PolicyAnnouncer.stop`, daemon/service_layer/loaded.py: the heartbeat's write in flight,
+then the row's removal). tests/integration/test_stop_bound.py holds every one of these
+rows from another session and measures the stop against `stop_store_wait`.
 
 A lock wait is PostgreSQL's `[store] lock_timeout`. On SQLite the wait is the busy
 handler's, for a write of another process, never a session left open: not checked.
@@ -28,8 +41,12 @@ from ledger.stores.url import is_postgres_url
 
 log = logging.getLogger("sendledger.daemon")
 
-#: The lock waits in a row a stop may spend once its calls have ended (the module's list).
-STOP_LOCK_WAITS = 6
+#: The engine's lock waits in a row once the calls have ended (1 to 7 above).
+ENGINE_LOCK_WAITS = 7
+#: The webhooks' and the loaded policies' lock waits in a row, beside the engine's.
+BESIDE_LOCK_WAITS = 5
+#: The lock waits in a row a stop may spend once its calls have ended.
+STOP_LOCK_WAITS = max(ENGINE_LOCK_WAITS, BESIDE_LOCK_WAITS)
 
 
 def stop_store_wait(url: str, lock_timeout: int) -> float | None:
@@ -79,6 +96,8 @@ def warn_unit_stop(stop: float, unit_stop: int) -> str | None:
 
 
 __all__ = [
+    "BESIDE_LOCK_WAITS",
+    "ENGINE_LOCK_WAITS",
     "STOP_LOCK_WAITS",
     "check_stop_fits",
     "stop_store_wait",

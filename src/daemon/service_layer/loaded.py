@@ -121,12 +121,15 @@ class PolicyAnnouncer:
                 self._done = asked
                 self._written.notify_all()
 
-    def stop(self) -> None:
-        """Remove the row: a stopped server has loaded nothing."""
+    def stop(self, lock_wait: float = 5.0) -> None:
+        """Remove the row: a stopped server has loaded nothing. Within two lock waits
+        (`lock_wait`: `[store] lock_timeout`, daemon/config/stop_bound.py): a heartbeat's
+        write in flight, waited for so that it does not write the row again after its
+        removal, then the removal."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=lock_wait)
         try:
             self._rows.leave(self._name, self._kind, self._loaded_at)
         except Exception as exc:

@@ -63,7 +63,8 @@ class WebhookThreads:
         self._stop = threading.Event()
         self._poll = poll
         self._deliverers = [
-            Deliverer(ledger, hook, owner=owner, observer=observer) for hook in hooks
+            Deliverer(ledger, hook, owner=owner, observer=observer, stopping=self._stop)
+            for hook in hooks
         ]
         self._threads = [
             threading.Thread(
@@ -101,24 +102,43 @@ class WebhookThreads:
         except Exception as exc:
             log.warning("webhook %s: lease not released: %s", deliverer.hook.name, quoted(exc))
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop every thread, waiting at most `timeout` in all: an attempt still in
-        flight then is sent again by the next daemon (at least once). Its lease is given
-        up now: its thread releases it only once the attempt ends, which the daemon does
-        not wait for, and another daemon would wait for the lease to run out."""
+    def stop(self, lock_wait: float = 5.0) -> None:
+        """Stop every thread within three lock waits (`lock_wait`: `[store] lock_timeout`,
+        daemon/config/stop_bound.py), whatever the number of webhooks: one for the
+        threads to end (a write in flight ends within its lock wait, and no pass starts a
+        POST once stopped), two for the leases of the threads still in an attempt, each
+        given up on a thread of its own (a write of the attempt's thread begun meanwhile,
+        then the release). Given up now, not by the attempt's thread once it ends, which
+        the daemon does not wait for: another daemon would wait for the lease to run out.
+        An attempt still in flight is sent again by the next daemon (at least once)."""
         self._stop.set()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + lock_wait
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
-        for deliverer, thread in zip(self._deliverers, self._threads, strict=True):
-            if thread.is_alive():
-                try:
-                    # Not held up for long by a write of the thread's that hangs.
-                    deliverer.release(wait=1.0)
-                except Exception as exc:
-                    log.warning(
-                        "webhook %s: lease not released: %s", deliverer.hook.name, quoted(exc)
-                    )
+        late = [
+            threading.Thread(
+                target=_give_up,
+                args=(deliverer, lock_wait),
+                name=f"webhook-release-{deliverer.hook.name}",
+                daemon=True,
+            )
+            for deliverer, thread in zip(self._deliverers, self._threads, strict=True)
+            if thread.is_alive()
+        ]
+        for releaser in late:
+            releaser.start()
+        deadline = time.monotonic() + 2 * lock_wait
+        for releaser in late:
+            releaser.join(max(deadline - time.monotonic(), 0.0))
+
+
+def _give_up(deliverer: Deliverer, lock_wait: float) -> None:
+    """The lease of a webhook whose thread is still in an attempt, given up; said when
+    it cannot be (a write that did not end in time, the row held by another session)."""
+    try:
+        deliverer.release(wait=lock_wait)
+    except Exception as exc:
+        log.warning("webhook %s: lease not released: %s", deliverer.hook.name, quoted(exc))
 
 
 def deliver_once(
