@@ -28,8 +28,7 @@ from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecution
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from daemon.config.secret_files import warn_exposed_secrets
-from daemon.config.settings import DEFAULT_STOP_TIMEOUT, ConfigError
-from daemon.config.stop_bound import warn_unit_stop
+from daemon.config.settings import ConfigError
 from daemon.engine.leases import lock_wait
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
@@ -276,7 +275,12 @@ class Daemon:
             _seconds(limit),
             hint,
         )
-        self.notifier.stopping(f"stopping: waiting for {waiting}, at most {_seconds(limit)}")
+        # The unit's TimeoutStopSec may be shorter than this stop: systemd is told how long
+        # it takes, so that its SIGKILL never cuts the daemon's own bounded wait short.
+        self.notifier.stopping(
+            f"stopping: waiting for {waiting}, at most {_seconds(limit)}",
+            takes=timeout_stop_sec(limit),
+        )
         stopper = threading.Thread(target=self._shutdown_then_wake, name="stop", daemon=True)
         started = time.monotonic()
         stopper.start()
@@ -477,14 +481,12 @@ def check_provider_access(providers: Mapping[str, Provider]) -> None:
 
 
 def start_up(service: Service) -> IdentityLock | None:
-    """Before the first tick: say which secret files others can read and whether the
-    shipped unit's TimeoutStopSec is too short for `daemon.stop_timeout`, hold this daemon's
+    """Before the first tick: say which secret files others can read, hold this daemon's
     name in the store (IdentityTaken when a live daemon holds it), recover this name's
     earlier claims at once (``daemon/engine/recover.py``) and fill in what an earlier
     release left out of the index: the mailbox of the open jobs, what else is due of the
     watched ones. The lock is held until released, or until the process dies."""
     warn_exposed_secrets(service.settings)
-    warn_unit_stop(service.settings.daemon.stop_timeout, timeout_stop_sec(DEFAULT_STOP_TIMEOUT))
     check_provider_access(service.providers)
     name = service.engine.daemon_name
     if not name:

@@ -46,8 +46,14 @@ class Notifier:
     def watchdog(self) -> bool:
         return self.notify("WATCHDOG=1")
 
-    def stopping(self, status: str = "stopping") -> bool:
-        return self.notify("STOPPING=1", f"STATUS={status}")
+    def stopping(self, status: str = "stopping", *, takes: float | None = None) -> bool:
+        """STOPPING=1; with `takes` (seconds), EXTEND_TIMEOUT_USEC too: systemd (236 and
+        later) then waits that long for the process to end, even past the unit's
+        TimeoutStopSec, which lives outside sendledger and may be shorter."""
+        lines = ["STOPPING=1", f"STATUS={status}"]
+        if takes is not None:
+            lines.append(f"EXTEND_TIMEOUT_USEC={math.ceil(takes * 1_000_000)}")
+        return self.notify(*lines)
 
     def close(self) -> None:
         if self._socket is not None:

@@ -32,14 +32,8 @@ handler's, for a write of another process, never a session left open: not checke
 
 from __future__ import annotations
 
-import logging
-import os
-
 from daemon.config.config_file import ConfigError
-from daemon.systemd import timeout_stop_sec
 from ledger.stores.url import is_postgres_url
-
-log = logging.getLogger("sendledger.daemon")
 
 #: The engine's lock waits in a row once the calls have ended (1 to 7 above).
 ENGINE_LOCK_WAITS = 7
@@ -76,30 +70,10 @@ def check_stop_fits(url: str, lock: int, stop: float, source: str) -> None:
     )
 
 
-def warn_unit_stop(stop: float, unit_stop: int) -> str | None:
-    """Under systemd, the line logged at start when `daemon.stop_timeout` (`stop`) needs a longer
-    `TimeoutStopSec` than `unit_stop`, what the shipped unit and the one `sendledger init`
-    writes give: systemd's SIGKILL would cut the stop short. None when it fits or the
-    daemon runs outside systemd (no NOTIFY_SOCKET)."""
-    if not os.environ.get("NOTIFY_SOCKET"):
-        return None
-    needed = timeout_stop_sec(stop)
-    if needed <= unit_stop:
-        return None
-    line = (
-        f"daemon.stop_timeout is {stop:g}s: the unit's TimeoutStopSec must be at least "
-        f"{needed}s (the shipped unit and `sendledger init` give {unit_stop}s), or systemd "
-        "kills a stop still waiting (systemctl edit sendledger)"
-    )
-    log.warning("%s", line)
-    return line
-
-
 __all__ = [
     "BESIDE_LOCK_WAITS",
     "ENGINE_LOCK_WAITS",
     "STOP_LOCK_WAITS",
     "check_stop_fits",
     "stop_store_wait",
-    "warn_unit_stop",
 ]
