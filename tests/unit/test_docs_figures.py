@@ -164,7 +164,7 @@ operations.md | waiting up to (\d+) s for it | from_settings.SERVICE_START_WAIT
 configuration.md | a service's start \(`run`, `api`\) for (\d+) s | from_settings.SERVICE_START_WAIT
 performance.md | `run` or `api`: (\d+) s | from_settings.SERVICE_START_WAIT
 operations.md | and so does a (\w+) request in flight | FIFTH
-operations.md | held by another session (\w+) times in a row | {7: 'seven'}[STOP_WAITS]
+operations.md | held by another session (\w+) times in a row | {6: 'six'}[STOP_WAITS]
 operations.md | the defaults, (\d+) \u00d7 (\d+) s, fit (\d+) s | STOP_DEFAULTS
 performance.md | `store.pool_size` \(default (\d+)\) | STORE.pool_size
 performance.md | `store.max_overflow` \((\d+)\) | STORE.max_overflow

@@ -48,5 +48,5 @@ def test_the_stop_asks_systemd_for_its_own_time_and_the_start_warns_of_nothing(
 
 
 def test_only_a_postgresql_store_has_lock_waits_to_hold() -> None:
-    assert stop_store_wait("postgresql://u@db/mail", 5) == 35.0
+    assert stop_store_wait("postgresql://u@db/mail", 5) == 30.0
     assert stop_store_wait("sqlite:///x.sqlite", 5) is None

@@ -1,9 +1,11 @@
 """How long a stop may wait for the store, and the checks of it against the stop timeouts
 (docs/operations.md "Stopping").
 
-Once a stopping daemon's provider calls have ended, the waits for rows another session
-holds (a long transaction, an open psql) that may follow one another are, from the code,
-the engine's (`Daemon.shutdown`, daemon/runtime.py):
+Once a stopping daemon's provider calls have ended, it may wait for rows another session
+holds (a long transaction, an open psql). Such a session holds its rows for the whole
+stop: every statement that meets one waits its whole lock wait and fails, and what would
+follow it in the same step is not run. The waits that may then follow one another are,
+from the code, the engine's (`Daemon.shutdown`, daemon/runtime.py):
 
 1. the withdrawal of a lease renewal waiting for its job's row: it ends at its lock
    wait's end (`Leases.stop_renewing`, daemon/engine/leases.py);
@@ -12,14 +14,15 @@ the engine's (`Daemon.shutdown`, daemon/runtime.py):
 4. a renewal of a call that raised, not withdrawn by its worker, waited for by
    `Leases.close` until its lock wait ends (at most `close_wait`, 5 s);
 5. a renewal of the scope leases and the heartbeat in flight, which `ScopeOwners.close`
-   waits for (daemon/engine/owners.py);
-6. and 7. the release of the scope leases and of the daemon's heartbeat, one statement
-   each (`ScopeOwners.close`).
+   waits for (daemon/engine/owners.py): its first held row fails it;
+6. the release of the scope leases, then the removal of the heartbeat
+   (`ScopeOwners.close`): one of the two at most, since a release that fails skips the
+   removal and one that succeeds met no held row.
 
 A tick's round in flight (its scope leases' writes) is waited for before the engine
-closes, beside 1 to 3: its first write that times out ends it. Beside the engine's
-close, on a thread of their own (`Daemon._stop_beside`), the rows that are not the
-engine's, `BESIDE_LOCK_WAITS` in a row: the webhooks' three (`WebhookThreads.stop`,
+closes, beside 1 to 3: its first held row ends it. Beside the engine's close, on a
+thread of their own (`Daemon._stop_beside`), the rows that are not the engine's,
+`BESIDE_LOCK_WAITS` in a row: the webhooks' three (`WebhookThreads.stop`,
 daemon/webhooks/delivery_threads.py: a write in flight; a write begun before its thread
 saw the stop, then the release of its lease) and the loaded policies' two
 (`PolicyAnnouncer.stop`, daemon/service_layer/loaded.py: the heartbeat's write in flight,
@@ -35,8 +38,8 @@ from __future__ import annotations
 from daemon.config.config_file import ConfigError
 from ledger.stores.url import is_postgres_url
 
-#: The engine's lock waits in a row once the calls have ended (1 to 7 above).
-ENGINE_LOCK_WAITS = 7
+#: The engine's lock waits in a row once the calls have ended (1 to 6 above).
+ENGINE_LOCK_WAITS = 6
 #: The webhooks' and the loaded policies' lock waits in a row, beside the engine's.
 BESIDE_LOCK_WAITS = 5
 #: The lock waits in a row a stop may spend once its calls have ended.
