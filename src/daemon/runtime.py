@@ -389,9 +389,12 @@ class Daemon:
         # row are the engine's (daemon/config/stop_bound.py).
         beside = threading.Thread(target=self._stop_beside, name="stop-beside", daemon=True)
         beside.start()
+        # The API's requests in flight get one lock wait, while a tick in flight ends:
+        # both before the providers close, which a request may be calling (a check).
+        api = threading.Thread(target=self._stop_api, name="stop-api", daemon=True)
+        api.start()
         self.scheduler.shutdown(wait=True)
-        if self._api is not None:
-            self._api.stop()
+        api.join()
         self.service.close()
         beside.join()
         if self._identity is not None:
@@ -399,6 +402,10 @@ class Daemon:
         if not self.abandoned:
             log.info("stopped; %s", _summary(self._totals()))
         return 0
+
+    def _stop_api(self) -> None:
+        if self._api is not None:
+            self._api.stop(lock_wait(self.service.ledger.store))
 
     def _stop_beside(self) -> None:
         """The webhooks' stop, then the removal of the loaded policies' row (a stopped

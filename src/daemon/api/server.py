@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import signal
 import socket
 import threading
@@ -22,6 +23,9 @@ from daemon.wakeup import WakeUp
 from ledger.exceptions import SendledgerError
 
 log = logging.getLogger("sendledger.api")
+
+#: Seconds a stopping server waits for its requests in flight, at most.
+GRACEFUL_SHUTDOWN = 5
 
 _WHY = {
     errno.EADDRINUSE: "is in use by another process",
@@ -64,7 +68,7 @@ class ApiServer:
             log_config=None,  # the daemon's logging, not uvicorn's own
             access_log=False,
             lifespan="off",
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
         )
         self.server = uvicorn.Server(config)
         # uvicorn installs signal handlers only on the main thread: in the daemon's
@@ -92,7 +96,14 @@ class ApiServer:
             time.sleep(0.01)
         log.info("API listening on http://%s:%d", self.host, self.port)
 
-    def stop(self) -> None:
+    def stop(self, wait: float | None = None) -> None:
+        """Stop serving; requests in flight are waited for at most `wait` seconds (the
+        daemon's stop: one `[store] lock_timeout`, daemon/config/stop_bound.py), else
+        the configured 5 s. A request cut short gets no answer: its caller retries (a
+        submit by its key is idempotent)."""
+        if wait is not None:
+            # Read by uvicorn when it shuts down, not when it starts.
+            self.server.config.timeout_graceful_shutdown = min(math.ceil(wait), GRACEFUL_SHUTDOWN)
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)

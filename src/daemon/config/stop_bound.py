@@ -20,7 +20,8 @@ from the code, the engine's (`Daemon.shutdown`, daemon/runtime.py):
    removal and one that succeeds met no held row.
 
 A tick's round in flight (its scope leases' writes) is waited for before the engine
-closes, beside 1 to 3: its first held row ends it. Beside the engine's close, on a
+closes, beside 1 to 3: its first held row ends it; so are the API's requests in flight,
+at most one lock wait (`ApiServer.stop`, daemon/api/server.py). Beside the engine's close, on a
 thread of their own (`Daemon._stop_beside`), the rows that are not the engine's,
 `BESIDE_LOCK_WAITS` in a row: the webhooks' three (`WebhookThreads.stop`,
 daemon/webhooks/delivery_threads.py: a write in flight; a write begun before its thread
