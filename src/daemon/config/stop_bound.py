@@ -27,7 +27,7 @@ thread of their own (`Daemon._stop_beside`), the rows that are not the engine's,
 daemon/webhooks/delivery_threads.py: a write in flight; a write begun before its thread
 saw the stop, then the release of its lease) and the loaded policies' two
 (`PolicyAnnouncer.stop`, daemon/service_layer/loaded.py: the heartbeat's write in flight,
-then the row's removal). tests/integration/test_stop_bound.py holds every one of these
+then the row's removal). tests/integration/test_stop_lock_waits.py holds every one of these
 rows from another session and measures the stop against `stop_store_wait`.
 
 A lock wait is PostgreSQL's `[store] lock_timeout`. On SQLite the wait is the busy
