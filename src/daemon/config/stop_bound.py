@@ -21,14 +21,14 @@ from the code, the engine's (`Daemon.shutdown`, daemon/runtime.py):
 
 A tick's round in flight (its scope leases' writes) is waited for before the engine
 closes, beside 1 to 3: its first held row ends it; so are the API's requests in flight,
-at most one lock wait (`ApiServer.stop`, daemon/api/server.py). Beside the engine's close, on a
-thread of their own (`Daemon._stop_beside`), the rows that are not the engine's,
-`BESIDE_LOCK_WAITS` in a row: the webhooks' three (`WebhookThreads.stop`,
+at most one lock wait (`ApiServer.stop`, daemon/api/server.py). Beside the engine's
+close, on a thread of their own (`Daemon._stop_beside`), the rows that are not the
+engine's, `BESIDE_LOCK_WAITS` in a row: the webhooks' three (`WebhookThreads.stop`,
 daemon/webhooks/delivery_threads.py: a write in flight; a write begun before its thread
 saw the stop, then the release of its lease) and the loaded policies' two
 (`PolicyAnnouncer.stop`, daemon/service_layer/loaded.py: the heartbeat's write in flight,
-then the row's removal). tests/integration/test_stop_lock_waits.py holds every one of these
-rows from another session and measures the stop against `stop_store_wait`.
+then the row's removal). tests/integration/test_stop_lock_waits.py holds every one of
+these rows from another session and measures the stop against `stop_store_wait`.
 
 A lock wait is PostgreSQL's `[store] lock_timeout`. On SQLite the wait is the busy
 handler's, for a write of another process, never a session left open: not checked.
