@@ -485,7 +485,8 @@ ExecStart={exec_start}
 ExecReload=/bin/kill -HUP $MAINPID
 # SIGTERM lets in-flight provider calls finish and record their outcome; the daemon
 # waits for them at most daemon.stop_timeout ({_STOP} by default), then ends itself.
-# TimeoutStopSec stays above that wait: raise both together (docs/operations.md "Stopping").
+# The stop tells systemd how long it takes (EXTEND_TIMEOUT_USEC); an older systemd
+# (before 236) goes by TimeoutStopSec: raise both together (docs/operations.md "Stopping").
 KillSignal=SIGTERM
 TimeoutStopSec={timeout_stop_sec(DEFAULT_STOP_TIMEOUT)}
 WatchdogSec=60
