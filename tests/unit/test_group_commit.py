@@ -524,6 +524,46 @@ def test_on_a_busy_machine_a_commit_gathers_every_workers_claim(rig: EngineRig) 
     assert all(rig.job(job.key).state is JobState.ATTEMPTED for job in jobs)
 
 
+class CountedWaits(threading.Condition):
+    """The gathering commit's condition, counting its waits: each wait after the first
+    is a wake-up that found its commit could not start yet."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        super().__init__(lock)
+        self.waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        return super().wait(timeout)
+
+
+def test_a_gathering_commit_is_woken_once_every_claim_is_in(rig: EngineRig) -> None:
+    """On a busy machine the first of four savers gathers the other three's claims: it is
+    woken once, when the last is in, not at every arrival (each wake-up a thread switch
+    that finds nothing to do)."""
+    for n in range(5):
+        rig.submit("receipts", f"k{n}")
+    jobs = [claimed_by(rig.ledger, f"k{n}", "me") for n in range(5)]
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    commits = GroupCommit(rig.ledger, savers=4, window=5.0, busy=lambda: True)
+    counted = commits._arrivals = CountedWaits(commits._lock)
+    commits.save(jobs[0])  # the first save knows no gap yet: committed at once
+    threads = []
+    for job in jobs[1:]:
+        threads.append(save_in_thread(commits, job))
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # this one's save waits with the others'
+            with commits._lock:
+                if len(commits._waiting) == len(threads):
+                    break
+            time.sleep(0.001)
+        time.sleep(0.02)  # a gatherer woken by this arrival would wait again meanwhile
+    for thread in threads:
+        thread.join(5)
+    assert hook.calls == [1, 4] and commits.gathered == 1
+    assert counted.waits == 1
+
+
 def test_on_a_busy_machine_no_commit_gathers_when_saves_come_far_apart(
     rig: EngineRig,
 ) -> None:

@@ -54,6 +54,7 @@ crash: the claim's deadline stands and recovery takes it (docs/architecture.md "
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
@@ -92,6 +93,13 @@ Then = Callable[[BaseException | None], None]
 class LeftToRecovery(SendledgerError):
     """A save of a stopping daemon not tried: its window passed (the module's last
     paragraph). Its job is as after a crash: recovered at its claim's deadline."""
+
+
+class _Awaits(enum.Enum):
+    """What a gathering commit waits for (`GroupCommit._gather`)."""
+
+    EVERY = "every saver's claim"
+    COMING = "the claims on their way"
 
 
 @dataclass(eq=False)
@@ -145,7 +153,9 @@ class GroupCommit:
         #: Whether CPU is scarce: a commit then gathers every saver's claim, not only those
         #: on their way (bench/pipeline.py --variant gather-all, gather-on-the-way).
         self.busy = busy if busy is not None else _LoadWatch(clock)
-        self._gathering = False
+        #: What a gathering commit waits on `_arrivals` for (under `_lock`): every saver's
+        #: claim, the claims on their way, or nothing (no commit gathering).
+        self._gathering: _Awaits | None = None
         self._last_save: float | None = None  # when the last waited-for save arrived
         self._gap = math.inf  # the moving average of the gaps between them
         self._coming = 0  # claims on their way (`coming`), not yet saved
@@ -237,7 +247,7 @@ class GroupCommit:
     def _arrived(self) -> None:
         """A waited-for save arrived (lock held): the gaps' average; if it is its thread's
         claim on its way, that claim is no longer awaited; a commit gathering every
-        saver's claim told."""
+        saver's claim told once it has them all."""
         now = self._clock()
         if self._last_save is not None:
             gap = now - self._last_save
@@ -246,13 +256,15 @@ class GroupCommit:
         if getattr(self._local, "coming", False):
             self._local.coming = False
             self._gone()
-        if self._gathering:
+        # Woken only when it may commit: each wake-up is a thread switch (and a hand-off
+        # of the interpreter lock) that finds nothing to do otherwise.
+        if self._gathering is _Awaits.EVERY and self._gathered(_Awaits.EVERY):
             self._arrivals.notify()
 
     def _gone(self) -> None:
         """A claim is no longer on its way (lock held): saved, or none made."""
         self._coming -= 1
-        if self._coming == 0:
+        if self._coming == 0 and self._gathering is _Awaits.COMING:
             self._arrivals.notify()
 
     def _gather(self) -> None:
@@ -264,20 +276,21 @@ class GroupCommit:
         every = self.savers > 1 and self._gap < GAP_LIMIT * self.window and self.busy()
         if not every and self._coming <= 0:
             return
+        awaits = _Awaits.EVERY if every else _Awaits.COMING
         end = self._clock() + self.window
-        self._gathering = every
+        self._gathering = awaits
         try:
-            while not self._gathered(every):
+            while not self._gathered(awaits):
                 left = end - self._clock()
                 if left <= 0:
                     break
                 self._arrivals.wait(left)
         finally:
-            self._gathering = False
+            self._gathering = None
         self.gathered += 1
 
-    def _gathered(self, every: bool) -> bool:
-        if every:
+    def _gathered(self, awaits: _Awaits) -> bool:
+        if awaits is _Awaits.EVERY:
             claims = sum(1 for s in self._waiting if s.job is not None and s.then is None)
             return claims >= self.savers
         return self._coming <= 0
