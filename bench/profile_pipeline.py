@@ -7,8 +7,14 @@ merged. Prints the top functions by own time and by cumulative time.
 
     .venv/bin/python bench/profile_pipeline.py [--n 1000] [--store sqlite|postgresql]
         [--variant NAME (bench/pipeline.py: VARIANTS)] [--concurrency 4] [--top 30]
-        [--callers RE] [--breakdown [--latency 0.2]]
+        [--callers RE] [--breakdown [--latency 0.2]] [--switches]
     .venv/bin/python bench/profile_pipeline.py --send-path [--n 1000]
+
+`--switches` profiles nothing: per job, the waits on a threading.Condition (a worker's
+for its commit, a gathering commit's for the claims, an idle worker's) and the process's
+voluntary and involuntary context switches, from the first tick to the run's end: each is a
+thread switch and a hand-off of the interpreter lock (`--variant gather-all` or
+`gather-on-the-way` fixes the group commit's rule, which otherwise follows the load).
 
 `--send-path` measures the Gmail send path alone, in one thread: the bare loop's call
 (google-api-python-client on stock httplib2) and `GmailProvider.send_raw` (the same client
@@ -24,6 +30,7 @@ import cProfile
 import io
 import os
 import pstats
+import resource
 import sys
 import tempfile
 import threading
@@ -76,6 +83,39 @@ class Breakdown:
                     self.calls[name] = self.calls.get(name, 0) + 1
 
         return timed
+
+
+class Switches:
+    """Condition waits and context switches of the process, counted from `start`."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+        self._counting = False
+        self._started: resource.struct_rusage | None = None
+        self.voluntary = self.involuntary = 0
+        self._wait: Any = None
+
+    def start(self, engine: Engine) -> None:
+        wait = threading.Condition.wait
+
+        def counted(condition: threading.Condition, timeout: float | None = None) -> bool:
+            if self._counting:
+                self.waits += 1  # from several threads: may rarely lose one (a measurement)
+            return wait(condition, timeout)
+
+        self._wait = wait
+        threading.Condition.wait = counted  # type: ignore[method-assign,assignment]
+        self._counting = True
+        self._started = resource.getrusage(resource.RUSAGE_SELF)
+
+    def stop(self) -> None:
+        self._counting = False
+        if self._wait is not None:
+            threading.Condition.wait = self._wait  # type: ignore[method-assign]
+        now, started = resource.getrusage(resource.RUSAGE_SELF), self._started
+        assert started is not None, "started by the run's hook"
+        self.voluntary = now.ru_nvcsw - started.ru_nvcsw
+        self.involuntary = now.ru_nivcsw - started.ru_nivcsw
 
 
 class ThreadProfiles:
@@ -157,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         help="no cProfile: CPU ms per job in loading, rendering, saving and the provider call",
     )
     parser.add_argument(
+        "--switches",
+        action="store_true",
+        help="no cProfile: Condition waits and context switches per job",
+    )
+    parser.add_argument(
         "--send-path",
         action="store_true",
         help="only the Gmail send path, one thread: the bare client call against send_raw",
@@ -169,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     profiles = ThreadProfiles()
 
     breakdown = Breakdown()
+    switches = Switches()
 
     def split(engine: Engine) -> None:
         ledger: Any = engine.ledger
@@ -219,12 +265,22 @@ def main(argv: list[str] | None = None) -> int:
                 concurrency=args.concurrency,
                 batch_size=batch_for(args.concurrency),
                 variant=variant,
-                hook=split if args.breakdown else instrument,
+                hook=switches.start if args.switches else split if args.breakdown else instrument,
             )
+            if args.switches:
+                switches.stop()
     print(
         f"{args.store} {variant.name}: {run.rate:.0f} jobs/s, {run.cpu_ms:.2f} cpu-ms/job, "
         f"ok={run.copies_ok}"
     )
+    if args.switches:
+        print(
+            f"  per job: {switches.waits / args.n:.2f} Condition waits, "
+            f"{switches.voluntary / args.n:.1f} voluntary and "
+            f"{switches.involuntary / args.n:.1f} involuntary context switches, "
+            f"{run.extra['commits'] / args.n:.2f} commits"
+        )
+        return 0
     if args.breakdown:
         for name, spent in sorted(breakdown.cpu.items(), key=lambda item: -item[1]):
             calls = breakdown.calls[name]
