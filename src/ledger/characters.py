@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from json.encoder import encode_basestring_ascii
 
-__all__ = ["BIDI_CONTROLS", "invisible", "storable", "unsafe_character"]
+__all__ = [
+    "BIDI_CONTROLS",
+    "MAX_RECORDED",
+    "invisible",
+    "recorded",
+    "storable",
+    "unsafe_character",
+]
 
 #: Explicit direction overrides, embeddings and isolates: they reorder what a reader sees
 #: ("Trojan Source"), so a display name or subject could show one thing and say another.
@@ -59,6 +67,68 @@ def storable(text: str) -> str:
     U+FFFD: for the words of others that the ledger records as they came (a provider's
     error, a copy's subject as a mailbox decoded it)."""
     return _UNSTORABLE.sub("\ufffd", text)
+
+
+#: The longest another's text (a provider's error body, an SMTP reply, a Graph error, a
+#: search's failure) may be where it is recorded and served (an event's `reason` or
+#: `detail`, a service's refusal), counted as its JSON string writes it with every
+#: character outside printable ASCII escaped (`\uXXXX`, a character beyond U+FFFF as two):
+#: the longest form any reader gets, so the store's UTF-8, the API's and a webhook's
+#: JSON, and the command line's escaped lines, are never longer (docs/how-it-works.md
+#: "Another's words").
+MAX_RECORDED = 2000
+
+#: Characters that belong to the one before them: cut before one, the character it
+#: modifies would be kept without it (an accent, a variation selector, a skin tone).
+_EMOJI_MODIFIERS = range(0x1F3FB, 0x1F400)
+_ZWJ = "\u200d"
+
+
+def _joins_previous(text: str, at: int) -> bool:
+    char = text[at]
+    return (
+        unicodedata.category(char).startswith("M")
+        or char == _ZWJ
+        or text[at - 1] == _ZWJ
+        or ord(char) in _EMOJI_MODIFIERS
+    )
+
+
+def _json_length(char: str) -> int:
+    return len(encode_basestring_ascii(char)) - 2  # without its quotes
+
+
+def recorded(text: str, limit: int = MAX_RECORDED) -> str:
+    """`text` as the ledger records another's words: `storable`, and at most `limit`
+    (:data:`MAX_RECORDED`) long as ASCII JSON writes it. Longer, its start is kept, then
+    `... [N more characters]` (N of the whole text's characters, as a log line's
+    `ledger.display.quoted` writes it), the mark counted in the limit; the start ends
+    before a combining sequence (a letter and its accents, an emoji and its modifiers),
+    never inside one, unless that one sequence is longer than the room. A 10 MB error
+    body, recorded at every retry, would otherwise fill the store and every answer that
+    serves it. Costs what the start costs, whatever the length of `text`."""
+    if len(text) * 12 <= limit:  # 12: the longest one character can be written
+        return storable(text)
+    head = storable(text[:limit])  # every character is written at least 1 long
+    if len(text) <= limit and len(encode_basestring_ascii(head)) - 2 <= limit:
+        return head
+    room = limit - len(_cut_mark(len(text)))  # the most the mark can take
+    kept, used = 0, 0
+    for char in head:
+        used += _json_length(char)
+        if used > room:
+            break
+        kept += 1
+    start = kept
+    while kept > 0 and _joins_previous(head, kept):
+        kept -= 1
+    if kept == 0:  # one sequence longer than the room: cut it, rather than keep nothing
+        kept = start
+    return head[:kept] + _cut_mark(len(text) - kept)
+
+
+def _cut_mark(cut: int) -> str:
+    return f"... [{cut} more characters]"
 
 
 def invisible(char: str) -> bool:

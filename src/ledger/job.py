@@ -13,6 +13,12 @@ job is never saved half-way through a transition. Every rule about what may happ
 checked here, once: a daemon bug cannot record an impossible history (a second Attempted
 before the first has an outcome, a search before the index lag has passed, a resend after a
 duplicate). The numbered invariants are in ``docs/architecture.md``.
+
+Another's words (a provider's error body, an SMTP reply, a failure's text) reach the events
+only through the commands that record a reason or a detail (`record_unknown`,
+`record_rejection`, `record_history_unusable`, every escalation), and each records them
+through ``ledger.characters.recorded``: bounded here, the one place the words of every
+provider, step and recovery pass through (docs/how-it-works.md "Another's words").
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 from eventsourcing.domain import Aggregate
 
 from ledger import decision_types as decide
+from ledger.characters import recorded
 from ledger.content import LATER_FIELDS, JobContent, JobInputError
 from ledger.delivery_reports import BouncedRecipient, DeliveryReport, ReportRefusal
 from ledger.exceptions import Refusal, SendledgerError
@@ -876,7 +883,7 @@ class SendJob(Aggregate):
             self.Unknown,
             timestamp=at,
             attempt=self.attempts,
-            reason=reason,
+            reason=recorded(reason),
             search_due_at=search_at,
             **decision.policy.event_fields(),
             history_due_at=history_at,
@@ -911,7 +918,7 @@ class SendJob(Aggregate):
             timestamp=at,
             attempt=self.attempts,
             transient=transient,
-            reason=reason,
+            reason=recorded(reason),
             status=status,
             retry_at=retry_at,
             **decision.policy.event_fields(),
@@ -1016,7 +1023,10 @@ class SendJob(Aggregate):
         if self.history_id is None:
             raise self._refuse("HistoryUnusable", "no historyId is recorded")
         self.trigger_event(
-            self.HistoryUnusable, timestamp=at, history_id=self.history_id, reason=reason
+            self.HistoryUnusable,
+            timestamp=at,
+            history_id=self.history_id,
+            reason=recorded(reason),
         )
 
     def stop_verifying(self, decision: decide.StopVerifying, *, at: datetime) -> None:
@@ -1334,7 +1344,7 @@ class SendJob(Aggregate):
             self.Escalated,
             timestamp=at,
             reason=EscalationReason(decision.reason),
-            detail=detail,
+            detail=recorded(detail),
             **decision.policy.event_fields(),
         )
 
