@@ -1,6 +1,6 @@
 """Another's words are bounded where they are recorded and served (docs/how-it-works.md
 "Another's words"): a provider answering with a 10 MB error body leaves events, a
-history and a webhook payload of bounded length, measured as each
+history, a webhook payload and an API error body of bounded length, measured as each
 reader gets them (JSON's escapes can make a character 12 long)."""
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from tests.unit.test_api_routes import AUTH, api_context, job
 
 from daemon.api.app import create_app
 from daemon.doubles.fake_provider import Scripted
-from daemon.providers.outcomes import SendKind, SendOutcome
+from daemon.providers.outcomes import SearchResult, SendKind, SendOutcome
+from daemon.service_layer.problems import ServiceError
 from daemon.webhooks.delivery import Outcome
 from daemon.webhooks.worker import Deliverer, Hook
 from ledger.characters import MAX_RECORDED, recorded, storable
+from ledger.exceptions import Refusal
 from ledger.job import job_id_for
 
 #: A provider's answer of 10 million characters, each as long as JSON can write one: a
@@ -159,3 +161,28 @@ def test_a_webhooks_detail_carries_the_bounded_answer(rig: EngineRig) -> None:
     [body] = bodies
     assert len(body) <= MAX_RECORDED + FIELDS, len(body)
     _cut_properly(HOSTILE, json.loads(body)["detail"], MAX_RECORDED)
+
+
+def test_a_search_failing_with_a_10_mb_error_answers_a_bounded_refusal(rig: EngineRig) -> None:
+    """`provider NAME cannot be used: ERROR` quoted the provider's whole error: the API's
+    503 body (and the command line's, the review page's) was 10 MB."""
+
+    def fails(message_id: str) -> SearchResult:
+        raise RuntimeError(HOSTILE)
+
+    with TestClient(create_app(api_context(rig))) as client:
+        assert client.post("/v1/jobs", json=job("k1", "receipts"), headers=AUTH).status_code == 201
+        rig.provider.script(Scripted.lost_request())
+        rig.tick()
+        rig.provider.search = fails  # type: ignore[method-assign]
+        answer = client.post("/v1/review/k1/check", headers=AUTH)
+    assert answer.status_code == 503
+    assert len(answer.content) <= MAX_RECORDED + len('{"error":""}'), len(answer.content)
+    error = answer.json()["error"]
+    assert error.startswith("provider 'fake' cannot be used: 550 n")
+    assert _json_length(error) <= MAX_RECORDED and error.endswith(" more characters]")
+
+
+def test_a_service_error_is_bounded_wherever_it_is_raised() -> None:
+    error = ServiceError(Refusal.UNAVAILABLE, "x" * 10_000_000)
+    assert str(error) == error.message and _json_length(error.message) <= MAX_RECORDED

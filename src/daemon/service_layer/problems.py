@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ledger.characters import recorded
 from ledger.exceptions import Refusal, SendledgerError
 
 __all__ = ["MAX_BATCH", "MAX_LISTED", "FieldProblem", "ServiceError", "batch_too_long"]
@@ -56,6 +57,10 @@ class ServiceError(SendledgerError):
         problems: Sequence[FieldProblem] = (),
         total: int | None = None,
     ) -> None:
+        # A refusal may quote another's text whole (a provider's 10 MB error body, in
+        # "provider NAME cannot be used: ..."): bounded here, once, for every door that
+        # answers with it (an HTTP body, the review page, the command line).
+        message = recorded(message)
         super().__init__(message)
         self.kind = kind
         self.message = message
