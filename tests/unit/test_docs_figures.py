@@ -32,7 +32,7 @@ from daemon.service_layer import guidance, listing, problems, read_models
 from daemon.service_layer.services import SORTS, TRIAGE_NOTE, Services
 from daemon.tools import demo, probe
 from daemon.webhooks import events, signing, status, worker
-from ledger import addresses, attachments, content, extra_headers, keys
+from ledger import addresses, attachments, characters, content, display, extra_headers, keys
 from ledger.job import SendJob
 from ledger.stores import positions
 from ledger.stores.url import DEFAULT_LOCK_TIMEOUT
@@ -159,6 +159,13 @@ providers.md | `--max-wait` \(default `(\w+)` | PROBE['--max-wait']
 providers.md | `--interval`, default `(\w+)` | PROBE['--interval']
 providers.md | goes in groups of (\d+)\s+commands | smtp_submit.PIPELINE_GROUP
 operations.md | runs the same (\w+) jobs on the Microsoft | {12: 'twelve'}[len(demo.JOBS)]
+how-it-works.md | Each is recorded at most ([\d,]+) long as JSON | characters.MAX_RECORDED
+how-it-works.md | the mark within\s+the ([\d,]+); | characters.MAX_RECORDED
+http-api.md | quotes the provider's failure, at most ([\d,]+) long | characters.MAX_RECORDED
+http-api.md | null for every other type; at most ([\d,]+) long | characters.MAX_RECORDED
+changes.md | Each is now at most ([\d,]+) long as ASCII JSON | characters.MAX_RECORDED
+how-it-works.md | A log line quotes less: (\d+) characters | display.MAX_QUOTED
+how-it-works.md | characters of plain text, up to (\d+) emoji | characters.MAX_RECORDED // 12
 operations.md | waits longer: up to (\d+) s | from_settings.SERVICE_START_WAIT
 operations.md | waiting up to (\d+) s for it | from_settings.SERVICE_START_WAIT
 configuration.md | a service's start \(`run`, `api`\) for (\d+) s | from_settings.SERVICE_START_WAIT
