@@ -130,7 +130,7 @@ def test_a_10_mb_provider_answer_is_stored_and_served_bounded(
     rig: EngineRig, fate: Scripted
 ) -> None:
     """Rejected (or Unknown) and Escalated stored the whole answer each, served whole by
-    the history (`history --json`, `GET /v1/jobs/{key}/events`)."""
+    the history (`history --json`, `GET /v1/jobs/{key}/events`) and the review page."""
     with TestClient(create_app(api_context(rig))) as client:
         assert client.post("/v1/jobs", json=job("k1", "receipts"), headers=AUTH).status_code == 201
         rig.provider.script(fate)
@@ -147,6 +147,11 @@ def test_a_10_mb_provider_answer_is_stored_and_served_bounded(
         assert len(served) == 2
         for words in served:
             _cut_properly(fate.outcome.reason, words, MAX_RECORDED)
+        # The review page writes both: 8.7 KB with a short answer, and an escape of HTML's
+        # is at most 5 times JSON's (`&amp;` for `&`).
+        page = client.get("/ui/jobs/k1", headers=AUTH)
+        assert page.status_code == 200 and "more characters]" in page.text
+        assert len(page.content) < 8_700 + 2 * 5 * MAX_RECORDED, len(page.content)
 
 
 def test_a_webhooks_detail_carries_the_bounded_answer(rig: EngineRig) -> None:
