@@ -98,16 +98,23 @@ def _wait_greeting(port: int, log: Path, timeout: float = 15.0) -> None:
         time.sleep(0.05)
 
 
-def _wait_listening(port: int, what: str, log: Path, timeout: float = 10.0) -> None:
+def _wait_listening(
+    port: int, what: str, log: Path, server: subprocess.Popen[bytes], timeout: float = 10.0
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
         except OSError:
+            # A server that could not bind a port (taken since `free_port` found it free)
+            # exits: no use waiting out the timeout for it (10 s a retried start).
+            if server.poll() is not None:
+                break
             time.sleep(0.02)
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
-    raise RuntimeError(f"{what} did not listen on {port} within {timeout}s:\n{tail}")
+    ended = f", exit status {server.returncode}" if server.returncode is not None else ""
+    raise RuntimeError(f"{what} did not listen on {port} within {timeout}s{ended}:\n{tail}")
 
 
 @dataclass
@@ -404,9 +411,9 @@ def _start(
                 env={**os.environ, "MAIL_CONFIG": str(etc)},
             )
         try:
-            _wait_listening(servers.imap_port, "dovecot imap", root / "dovecot.log")
-            _wait_listening(servers.lmtp_port, "dovecot lmtp", root / "dovecot.log")
-            _wait_listening(servers.smtp_port, "postfix smtpd", root / "postfix.out")
+            _wait_listening(servers.imap_port, "dovecot imap", root / "dovecot.log", dovecot)
+            _wait_listening(servers.lmtp_port, "dovecot lmtp", root / "dovecot.log", dovecot)
+            _wait_listening(servers.smtp_port, "postfix smtpd", root / "postfix.out", postfix)
             _wait_greeting(servers.smtp_port, root / "postfix.log")
         except BaseException:
             _stop(postfix, None)

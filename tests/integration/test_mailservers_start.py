@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import smtplib
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from tests.integration.mailservers import mail_servers, require_mailservers
@@ -32,3 +35,17 @@ def test_a_port_taken_before_the_servers_bind_it_is_replaced(
             assert taken not in (servers.smtp_port, servers.imap_port, servers.lmtp_port)
             with smtplib.SMTP("127.0.0.1", servers.smtp_port, timeout=5) as smtp:
                 assert smtp.ehlo()[0] == 250
+
+
+def test_a_server_that_exited_is_not_waited_for(tmp_path: Path) -> None:
+    """A server that could not bind its port exits: the start gives up on it at once,
+    naming its exit status, instead of waiting out the listen timeout (10 s) before it
+    tries new ports. No real server needed: a process that has already exited."""
+    ended = subprocess.Popen(["true"])
+    ended.wait(timeout=30)
+    log = tmp_path / "server.log"
+    log.write_text("bind(127.0.0.1): Address already in use\n", encoding="utf-8")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"did not listen on \d+ within 10.0s, exit status 0"):
+        kit._wait_listening(kit.free_port(), "a server", log, ended, timeout=10.0)
+    assert time.monotonic() - started < 5.0
