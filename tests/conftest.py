@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, settings
 
 from daemon.doubles.fake_time import FakeClock
 from tests.pg_cluster import SessionCluster, unavailable
+from tests.xdist_groups import pytest_collection_modifyitems  # noqa: F401  (a hook)
 
 PG_URL = os.environ.get(
     "SENDLEDGER_TEST_PG_URL", "postgresql://sendledger:sendledger@127.0.0.1:5432/sendledger_test"
