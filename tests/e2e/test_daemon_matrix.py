@@ -34,6 +34,9 @@ MATRIX: list[tuple[str, Mode]] = [
     ("m-400", "pass"),  # the emulator refuses its recipient with 400
 ]
 REFUSED = "refused@bounce.example"
+# One worker runs the module: under `--dist loadgroup` its tests were spread over both, and
+# each worker ran the module's matrix (a daemon over six jobs, 2.85 s) for its share.
+pytestmark = pytest.mark.xdist_group("daemon_matrix")
 
 
 @pytest.fixture(scope="module")
