@@ -4,14 +4,19 @@ Hypothesis profile, and the session's PostgreSQL.
 PostgreSQL: the tests use the server at SENDLEDGER_TEST_PG_URL (every test makes its own
 schema). When none answers there, the session starts a private PostgreSQL 15 cluster in a
 temporary folder (tests/pg_cluster.py), points SENDLEDGER_TEST_PG_URL at it and stops it at
-the end. It is started in `pytest_configure` of the controlling process, before pytest-xdist
-starts its workers, which inherit the variable: one cluster per session however many workers.
+the end. `pytest_configure` of the controlling process picks its port and URL, before
+pytest-xdist starts its workers, which inherit the variable: one cluster per session however
+many workers. Its initdb and start run in a thread meanwhile, beside the workers' start and
+collection (they took 2.4 s at load 4, every run, before the first worker started); a
+process waits for them at its first `require_postgres`, which reads how they ended.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,9 +69,44 @@ def _pg_unavailable_reason(url: str | None = None) -> str | None:
 
 
 _SESSION_CLUSTER = pytest.StashKey[SessionCluster]()
+_STARTING = pytest.StashKey[threading.Thread]()
 # Why neither SENDLEDGER_TEST_PG_URL nor a private cluster can serve, as the controller found
 # it; passed to xdist workers in the environment.
 _FAILURE_VARIABLE = "PYTEST_SENDLEDGER_PG_FAILURE"
+# The file in which the session cluster's start says how it ended ("ready", or why not),
+# once it has: written whole (renamed into place), read by `require_postgres`.
+_STATUS_VARIABLE = "PYTEST_SENDLEDGER_PG_STATUS"
+READY = "ready"
+# How long a process waits for the session cluster's initdb and start (seconds).
+START_WAIT = 120.0
+
+
+def _start_session_cluster(cluster: SessionCluster, status: Path, unreachable: str) -> None:
+    try:
+        cluster.initdb()
+        cluster.start()
+        said = READY
+    except Exception as exc:  # reported by require_postgres, test by test
+        said = f"{unreachable}; a private cluster did not start: {exc}".splitlines()[0]
+    written = status.with_name(status.name + ".part")
+    written.write_text(said, encoding="utf-8")
+    written.replace(status)
+
+
+def _session_cluster_failure() -> str | None:
+    """Why the session's private cluster cannot serve (None: it can, or there is none),
+    once its start has ended."""
+    status = os.environ.get(_STATUS_VARIABLE)
+    if not status:
+        return None
+    path = Path(status)
+    deadline = time.monotonic() + START_WAIT
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return f"the session's private cluster did not start within {START_WAIT:.0f} s"
+        time.sleep(0.05)
+    said = path.read_text(encoding="utf-8")
+    return None if said == READY else said
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -76,29 +116,38 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput") or config.option.help or config.option.collectonly:
         return
     os.environ.pop(_FAILURE_VARIABLE, None)
+    os.environ.pop(_STATUS_VARIABLE, None)
     reason = _pg_unavailable_reason()
     if reason is None:
         return
     why_not = unavailable()
     if why_not is None:
         try:
-            cluster = SessionCluster()
-            try:
-                cluster.start()
-            except BaseException:
-                cluster.close()
-                raise
+            cluster = SessionCluster(initdb=False)  # its folder, port and URL
         except Exception as exc:  # reported by require_postgres, test by test
             why_not = f"a private cluster did not start: {exc}".splitlines()[0]
         else:
+            status = cluster.root / "session-status"
+            starting = threading.Thread(
+                target=_start_session_cluster,
+                args=(cluster, status, reason),
+                name="session-cluster",
+                daemon=True,
+            )
+            starting.start()
             config.stash[_SESSION_CLUSTER] = cluster
+            config.stash[_STARTING] = starting
             PG_URL = cluster.url
             os.environ["SENDLEDGER_TEST_PG_URL"] = cluster.url
+            os.environ[_STATUS_VARIABLE] = str(status)
             return
     os.environ[_FAILURE_VARIABLE] = f"{reason}; {why_not}"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    starting = config.stash.get(_STARTING, None)
+    if starting is not None:
+        starting.join(timeout=START_WAIT)
     cluster = config.stash.get(_SESSION_CLUSTER, None)
     if cluster is not None:
         cluster.close()
@@ -117,7 +166,11 @@ _PG_REASON: list[str | None] = []
 def require_postgres() -> None:
     """Skip without PostgreSQL, with the reason; under CI a skip is a failure."""
     if not _PG_REASON:
-        _PG_REASON.append(os.environ.get(_FAILURE_VARIABLE) or _pg_unavailable_reason())
+        _PG_REASON.append(
+            os.environ.get(_FAILURE_VARIABLE)
+            or _session_cluster_failure()
+            or _pg_unavailable_reason()
+        )
     reason = _PG_REASON[0]
     if reason is None:
         return

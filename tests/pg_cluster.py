@@ -66,7 +66,8 @@ def _free_port() -> int:
 class PrivateCluster:
     """`with PrivateCluster() as pg:` initdb + start; `pg.url`; `pg.stop()`, `pg.start()`."""
 
-    def __init__(self, prefix: str = "sendledger-pg-") -> None:
+    def __init__(self, prefix: str = "sendledger-pg-", *, initdb: bool = True) -> None:
+        """`initdb=False`: the folder, port and URL only; `initdb()` before `start()`."""
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
@@ -75,6 +76,10 @@ class PrivateCluster:
         if os.geteuid() == 0:
             entry = pwd.getpwnam("postgres")
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
+        if initdb:
+            self.initdb()
+
+    def initdb(self) -> None:
         self._run(
             BIN / "initdb",
             "-D",
@@ -158,8 +163,8 @@ class SessionCluster(PrivateCluster):
 
     DATABASE = "sendledger_test"
 
-    def __init__(self) -> None:
-        super().__init__(prefix="sendledger-pg-session-")
+    def __init__(self, *, initdb: bool = True) -> None:
+        super().__init__(prefix="sendledger-pg-session-", initdb=initdb)
         self.url = f"postgresql://{USER}@127.0.0.1:{self.port}/{self.DATABASE}"
 
     def start(self) -> None:
