@@ -8,6 +8,7 @@ What every provider must do is the provider contract (tests/provider_contract.py
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from email.message import EmailMessage
@@ -191,11 +192,25 @@ def test_no_listener_on_the_relay_upstream_closes_the_client(servers: MailServer
 
 
 def test_a_wrong_password_is_not_sent(servers: MailServers) -> None:
-    # Last in the module: after a failed AUTH, Dovecot's auth answers Postfix late for a
-    # few seconds (measured: 4-5 s), whatever auth_failure_delay says.
     wrong = provider_for(servers, servers.smtp_port, password="wrong", timeout=10.0)
     outcome = wrong.send_raw(message("<auth-1@sendledger.test>"))
     assert outcome.kind is SendKind.REJECTED and not outcome.transient and outcome.status == 535
+
+
+def test_a_refused_login_leaves_no_penalty_to_slow_the_next(servers: MailServers) -> None:
+    """The private Dovecot keeps no authentication penalty (anvil's, per IP): with one,
+    each refused login from 127.0.0.1 made the next ones wait 2 s, then 4 s (the
+    wrong-password test took 5 s and had to come last in its module)."""
+    wrong = provider_for(servers, servers.smtp_port, password="wrong", timeout=10.0)
+    assert wrong.send_raw(message("<auth-2@sendledger.test>")).status == 535
+    listed = subprocess.run(
+        ["doveadm", "-c", str(servers.root / "dovecot.conf"), "penalty"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert listed.stdout.splitlines()[1:] == [], listed.stdout  # the header line only
 
 
 # -- bounces (docs/providers.md "Bounces") ------------------------------------------------
