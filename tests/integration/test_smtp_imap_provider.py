@@ -48,9 +48,18 @@ def servers() -> Iterator[MailServers]:
         yield running
 
 
+# The provider's timeout: what a hang costs each test that meets one, and what every
+# healthy call must fit in. 0.7 s was outlived by a connect through the relay to Postfix
+# on a machine at load 6 (test_smtp_reuse failed on a send with no fault in it).
+TIMEOUT = 2.0
+# The relay's hold of a hung reply: far past the timeout, so only the client's timeout
+# ends a hang (the relay's close ends the hold at teardown).
+HANG_SECONDS = 30.0
+
+
 @pytest.fixture
 def relay(servers: MailServers) -> Iterator[SmtpFaultRelay]:
-    with SmtpFaultRelay("127.0.0.1", servers.smtp_port, hang_seconds=1.5) as running:
+    with SmtpFaultRelay("127.0.0.1", servers.smtp_port, hang_seconds=HANG_SECONDS) as running:
         yield running
 
 
@@ -64,7 +73,7 @@ def provider_for(servers: MailServers, smtp_port: int, **overrides: object) -> S
         "imap_security": "none",
         "username": SENDER,
         "password": PASSWORD,
-        "timeout": 0.7,
+        "timeout": TIMEOUT,
     }
     kwargs.update(overrides)
     name = str(kwargs.pop("name", "mail"))
@@ -89,7 +98,7 @@ class SmtpImapSubject(Subject):
 
     sender = SENDER
     recipient = RECIPIENT
-    hang_seconds = 1.5  # the relay's hold; the provider's timeout is 0.7 s
+    hang_seconds = HANG_SECONDS
     missing_id = "1:999999"
 
     def __init__(self, servers: MailServers, relay: SmtpFaultRelay) -> None:
@@ -303,7 +312,7 @@ def test_an_unreadable_reply_after_the_final_dot_is_unknown(
     never a refusal."""
     mid = "<garbled-after-dot@sendledger.test>"
     relay.replace_reply(b"250 " + b"x" * 9000 + b"\r\n")
-    # Not the module's 0.7 s (made for the hangs): under a loaded CI run AUTH took longer,
+    # Not the module's TIMEOUT (made for the hangs): under a loaded CI run AUTH took longer,
     # the session ended before its end of data, and the test tested nothing.
     provider = provider_for(servers, relay.port, timeout=5.0)
     try:
@@ -324,7 +333,7 @@ def test_a_sent_copy_moved_to_the_trash_is_still_a_copy(servers: MailServers) ->
     from imapclient import IMAPClient  # type: ignore[import-untyped]
 
     mid = "<trashed-copy@sendledger.test>"
-    provider = provider_for(servers, servers.smtp_port, timeout=5.0)  # not the hangs' 0.7 s
+    provider = provider_for(servers, servers.smtp_port, timeout=5.0)  # not the hangs' TIMEOUT
     try:
         assert provider.send_raw(message(mid)).kind is SendKind.CONFIRMED
         servers.wait_copies(mid, 1)
