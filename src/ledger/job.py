@@ -1371,14 +1371,21 @@ class SendJob(Aggregate):
 
     def _require_decision(self, action: str, decision: object, *allowed: type) -> None:
         """Refused before anything is recorded: a decision of another kind
-        (TransitionError), or a review for a reason that does not exist (ValueError)."""
+        (TransitionError), a review for a reason that does not exist (ValueError), or a
+        review for a bounce from anything but a delivery report (TransitionError)."""
         if not isinstance(decision, allowed):
             raise self._refuse(action, f"{type(decision).__name__} does not decide this")
         if isinstance(decision, decide.Review):
             try:
-                EscalationReason(decision.reason)
+                reason = EscalationReason(decision.reason)
             except ValueError:
                 raise ValueError(f"unknown escalation reason: {decision.reason!r}") from None
+            # A job in review as bounced was confirmed and then bounced: a resend is refused
+            # (`resolve`), triage leaves it, the review page counts its one copy. Recorded
+            # by any other command, it would hold a job never sent that no one could resend.
+            if reason is EscalationReason.BOUNCED and action != "Bounced":
+                why = "only a delivery report sends a job to review as bounced"
+                raise self._refuse(action, why)
 
     def _require_copies(self, action: str, decision: object, copies: int) -> None:
         if isinstance(decision, decide.Confirm):

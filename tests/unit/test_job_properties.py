@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -748,6 +749,51 @@ def decisions_carry_the_policy(events: list[Any]) -> None:
         assert ref is not None and ref.name, f"{name(event)} without a policy"
         # An empty fingerprint only where no policy was loaded (the channel stands in).
         assert ref.fingerprint or ref == PolicyRef.missing(CHANNEL)
+
+
+# -- a review for a bounce needs the bounce ----------------------------------------------
+
+BOUNCED = Review(POLICY, EscalationReason.BOUNCED)
+
+
+def job_in(state: JobState, clock: FakeClock) -> SendJob:
+    """A job in `state` (requested, attempted or unknown), reached as the daemon would."""
+    job = requested_job(clock)
+    if state is not JobState.REQUESTED:
+        claim_step(clock.now, 30).run(job)
+    if state is JobState.UNKNOWN:
+        unknown_step(clock.now, SearchAt(POLICY, clock.now)).run(job)
+    assert job.state is state
+    return job
+
+
+@pytest.mark.parametrize(
+    ("state", "step"),
+    [
+        (JobState.REQUESTED, lambda at: escalate_step(at, BOUNCED)),
+        (JobState.ATTEMPTED, lambda at: unknown_step(at, BOUNCED)),
+        (JobState.ATTEMPTED, lambda at: rejection_step(at, True, BOUNCED)),
+        (JobState.ATTEMPTED, lambda at: rejection_step(at, False, BOUNCED)),
+        (JobState.UNKNOWN, lambda at: search_step(at, (), BOUNCED)),
+        (JobState.UNKNOWN, lambda at: escalate_step(at, BOUNCED)),
+    ],
+    ids=["escalate-requested", "unknown", "transient", "permanent", "search", "escalate-unknown"],
+)
+def test_only_a_delivery_report_sends_a_job_to_review_as_bounced(
+    state: JobState, step: Callable[[datetime], Step]
+) -> None:
+    """A job in review as bounced was sent and a report says it bounced: it may not be
+    resent (`SendJob.resolve`), triage leaves it, the review page counts its confirmed
+    copy. The machine found a requested job escalated with a Review for a bounce (a
+    random step), whose resend a human could then never choose: the review is refused
+    from every command but a delivery report's, before anything is recorded."""
+    clock = FakeClock()
+    job = job_in(state, clock)
+    before, start = fields_of(job), len(job.pending_events)
+    with pytest.raises(TransitionError, match="delivery report"):
+        step(clock.now).run(job)
+    assert unchanged(job, before)
+    assert len(job.pending_events) == start
 
 
 SendJobMachine.TestCase.settings = settings(
