@@ -20,13 +20,15 @@ never a job left half-way through a transition, settled jobs stay settled.
 from __future__ import annotations
 
 import functools
+import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from tests.unit.jobs import (
@@ -794,6 +796,52 @@ def test_only_a_delivery_report_sends_a_job_to_review_as_bounced(
         step(clock.now).run(job)
     assert unchanged(job, before)
     assert len(job.pending_events) == start
+
+
+# -- a timeout inside a property test ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimeoutSettings:
+    """What pytest-timeout hands its set_timer hook (its Settings), for a short timeout."""
+
+    timeout: float = 0.3
+    method: str = "signal"
+    func_only: bool = False
+    disable_debugger_detection: bool = True
+
+
+def test_a_timeout_inside_a_property_test_is_reported_as_the_timeout(
+    request: pytest.FixtureRequest,
+) -> None:
+    """pytest-timeout (300 s, pyproject.toml) raised pytest's Failed from SIGALRM in
+    whatever ran. Inside a Hypothesis test that is a failure of the example it landed in:
+    shrunk, replayed (it passes) and reported as a FlakyFailure listed before the failure
+    whose shrinking ran that long (TestSendJobMachine in CI: "2 distinct failures", the
+    real one cut from the log). The timeout must end the test as itself, at once."""
+
+    @given(st.integers())
+    @settings(max_examples=10**6, database=None, derandomize=True)
+    def slow(n: int) -> None:
+        time.sleep(0.002)
+
+    # One ITIMER_REAL per process: this test's own limit is put back afterwards.
+    outer_handler = signal.getsignal(signal.SIGALRM)
+    outer_left, _ = signal.getitimer(signal.ITIMER_REAL)
+    item = request.node
+    started = time.monotonic()
+    try:
+        request.config.hook.pytest_timeout_set_timer(item=item, settings=TimeoutSettings())
+        with pytest.raises(BaseException) as raised:
+            slow()
+    finally:
+        request.config.hook.pytest_timeout_cancel_timer(item=item)
+        signal.signal(signal.SIGALRM, outer_handler)
+        if outer_left:
+            signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - started), 1))
+    assert "Timeout (>0.3s)" in str(raised.value), repr(raised.value)
+    assert type(raised.value).__name__ == "TimedOut", repr(raised.value)
+    assert time.monotonic() - started < 5, "shrunk or replayed after the timeout"
 
 
 SendJobMachine.TestCase.settings = settings(
