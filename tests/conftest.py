@@ -78,7 +78,8 @@ def _in_a_finalizer(frame: FrameType | None) -> bool:
     return False
 
 
-@pytest.hookimpl(tryfirst=True)
+# optionalhook: `make test-py313` runs these tests where pytest-timeout is not installed.
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     """pytest-timeout's signal method, raising TimedOut; its other cases are its own."""
     in_main = threading.current_thread() is threading.main_thread()
