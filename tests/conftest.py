@@ -41,8 +41,9 @@ IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 # One Hypothesis profile for every property test, loaded before any test module is imported
 # (so every `@given` and every `@settings` inherits it): no per-example deadline, since two
 # cores shared by many runs make any wall-clock limit a coin toss, and the too_slow health
-# check off for the same reason; derandomized, so a failure in one run is the same failure in
-# the next, on any machine, and printed with its reproduction blob. A `@settings` may change
+# check off for the same reason; derandomized, and each failure printed with its reproduction
+# blob. Derandomized examples still depend on the modules loaded before (Hypothesis draws some
+# integers from their constants): docs/development.md "Property tests". A `@settings` may change
 # the example count, never bring a deadline back. HYPOTHESIS_PROFILE=explore draws fresh
 # random examples (still no deadline) for a local bug hunt.
 settings.register_profile(
