@@ -1371,8 +1371,9 @@ class SendJob(Aggregate):
 
     def _require_decision(self, action: str, decision: object, *allowed: type) -> None:
         """Refused before anything is recorded: a decision of another kind
-        (TransitionError), a review for a reason that does not exist (ValueError), or a
-        review for a bounce from anything but a delivery report (TransitionError)."""
+        (TransitionError), a review for a reason that does not exist (ValueError), a
+        review for a bounce from anything but a delivery report, or one for a duplicate
+        (recorded only with the copies a search found: `_record_duplicate`) (TransitionError)."""
         if not isinstance(decision, allowed):
             raise self._refuse(action, f"{type(decision).__name__} does not decide this")
         if isinstance(decision, decide.Review):
@@ -1385,6 +1386,11 @@ class SendJob(Aggregate):
             # by any other command, it would hold a job never sent that no one could resend.
             if reason is EscalationReason.BOUNCED and action != "Bounced":
                 why = "only a delivery report sends a job to review as bounced"
+                raise self._refuse(action, why)
+            # As a duplicate, the review page and guidance count the copies a search found
+            # (`_record_duplicate` records them first); without them it would hold nothing.
+            if reason is EscalationReason.DUPLICATE:
+                why = "only a search finding two or more copies makes a job a duplicate"
                 raise self._refuse(action, why)
 
     def _require_copies(self, action: str, decision: object, copies: int) -> None:

@@ -304,7 +304,7 @@ def test_an_encrypted_store_keeps_no_address_a_provider_quoted_in_its_index(
         # A reason of ours is kept as the review queue is filtered by it, even when the
         # subject is that very word.
         word = JobContent(
-            channel="receipts", key="enc-d", to=("a@b.example",), subject="duplicate", body="x"
+            channel="receipts", key="enc-d", to=("a@b.example",), subject="rejected", body="x"
         )
         ledger.submit(word, SENDER)
         ledger.update("enc-d", lambda j: j.claim(**attempt_args(clock)))
@@ -314,12 +314,12 @@ def test_an_encrypted_store_keeps_no_address_a_provider_quoted_in_its_index(
                 transient=False,
                 reason="refused",
                 status=550,
-                decision=Review(SENDER.policy, EscalationReason.DUPLICATE),
+                decision=Review(SENDER.policy, EscalationReason.REJECTED),
                 at=clock(),
             ),
         )
         row = ledger.row("enc-d")
-        assert row is not None and row.reason == "duplicate"
+        assert row is not None and row.reason == "rejected"
     raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
     assert _plain_secrets_in(raw) == []
 

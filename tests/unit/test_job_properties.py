@@ -753,9 +753,7 @@ def decisions_carry_the_policy(events: list[Any]) -> None:
         assert ref.fingerprint or ref == PolicyRef.missing(CHANNEL)
 
 
-# -- a review for a bounce needs the bounce ----------------------------------------------
-
-BOUNCED = Review(POLICY, EscalationReason.BOUNCED)
+# -- a review for a bounce needs the bounce, one for a duplicate the copies -------------
 
 
 def job_in(state: JobState, clock: FakeClock) -> SendJob:
@@ -770,30 +768,39 @@ def job_in(state: JobState, clock: FakeClock) -> SendJob:
 
 
 @pytest.mark.parametrize(
+    ("reason", "refusal"),
+    [(EscalationReason.BOUNCED, "delivery report"), (EscalationReason.DUPLICATE, "two or more")],
+)
+@pytest.mark.parametrize(
     ("state", "step"),
     [
-        (JobState.REQUESTED, lambda at: escalate_step(at, BOUNCED)),
-        (JobState.ATTEMPTED, lambda at: unknown_step(at, BOUNCED)),
-        (JobState.ATTEMPTED, lambda at: rejection_step(at, True, BOUNCED)),
-        (JobState.ATTEMPTED, lambda at: rejection_step(at, False, BOUNCED)),
-        (JobState.UNKNOWN, lambda at: search_step(at, (), BOUNCED)),
-        (JobState.UNKNOWN, lambda at: escalate_step(at, BOUNCED)),
+        (JobState.REQUESTED, lambda at, review: escalate_step(at, review)),
+        (JobState.ATTEMPTED, lambda at, review: unknown_step(at, review)),
+        (JobState.ATTEMPTED, lambda at, review: rejection_step(at, True, review)),
+        (JobState.ATTEMPTED, lambda at, review: rejection_step(at, False, review)),
+        (JobState.UNKNOWN, lambda at, review: search_step(at, (), review)),
+        (JobState.UNKNOWN, lambda at, review: escalate_step(at, review)),
     ],
     ids=["escalate-requested", "unknown", "transient", "permanent", "search", "escalate-unknown"],
 )
-def test_only_a_delivery_report_sends_a_job_to_review_as_bounced(
-    state: JobState, step: Callable[[datetime], Step]
+def test_only_its_own_event_sends_a_job_to_review_as_bounced_or_duplicate(
+    state: JobState,
+    step: Callable[[datetime, Review], Step],
+    reason: EscalationReason,
+    refusal: str,
 ) -> None:
     """A job in review as bounced was sent and a report says it bounced: it may not be
     resent (`SendJob.resolve`), triage leaves it, the review page counts its confirmed
-    copy. The machine found a requested job escalated with a Review for a bounce (a
-    random step), whose resend a human could then never choose: the review is refused
-    from every command but a delivery report's, before anything is recorded."""
+    copy. One in review as a duplicate holds the copies a search found, which the review
+    page and guidance count. The machine found a requested job escalated with a Review
+    for a bounce (a random step), whose resend a human could then never choose: either
+    review is refused from every command but its own event's (a delivery report, a search
+    finding two copies), before anything is recorded."""
     clock = FakeClock()
     job = job_in(state, clock)
     before, start = fields_of(job), len(job.pending_events)
-    with pytest.raises(TransitionError, match="delivery report"):
-        step(clock.now).run(job)
+    with pytest.raises(TransitionError, match=refusal):
+        step(clock.now, Review(POLICY, reason)).run(job)
     assert unchanged(job, before)
     assert len(job.pending_events) == start
 
