@@ -46,6 +46,7 @@ from daemon.service_layer.read_models import (
     review_rows,
     with_content,
 )
+from ledger import characters
 from ledger.application import (
     ConcurrentUpdate,
     KeyConflict,
@@ -1075,11 +1076,18 @@ def _require_review(job: SendJob, what: str) -> None:
 def _answer(
     job: SendJob, found: SearchResult, recorded: bool, overtaken: bool = False
 ) -> CheckAnswer:
-    copies = [Copy(h.provider_message_id, h.date, h.to, h.subject) for h in found.hits]
+    # A copy's headers are the mailbox's words, not ours: whoever puts a message with the
+    # job's Message-ID there (or sends a megabyte of Subject) writes them, and every door
+    # serves this answer (docs/how-it-works.md "Another's words").
+    words = characters.recorded
+    copies = [
+        Copy(h.provider_message_id, words(h.date), words(h.to), words(h.subject))
+        for h in found.hits
+    ]
     hits = [
         {
             "provider_message_id": h.provider_message_id,
-            "message_id": h.message_id_header,
+            "message_id": words(h.message_id_header),  # ours, but spaces may pad it
             "labels": list(h.labels),
         }
         for h in found.hits

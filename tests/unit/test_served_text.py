@@ -1,0 +1,137 @@
+"""Another's words are bounded where they are served, not only where they are recorded
+(docs/review.md "Check", docs/http-api.md, docs/how-it-works.md "Another's words"): a
+copy's Date, To and Subject as the mailbox holds them are written by whoever put a
+message with the job's Message-ID there (or sent one with a huge Subject), and a check
+served them whole to the API, the review page and the command line. Each is measured
+as its reader gets it: the API's JSON, the page's HTML (an escape of HTML's is at most 5
+times JSON's: `&amp;` for `&`), the command line's escaped line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from datetime import timedelta
+from json.encoder import encode_basestring_ascii
+from typing import TypeVar
+
+import pytest
+from fastapi.testclient import TestClient
+from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.test_api_routes import AUTH, api_context, job
+
+from daemon.api.app import create_app
+from daemon.cli import service as cli_service
+from daemon.doubles.fake_provider import Copy, Scripted
+from daemon.service_layer.services import ChannelPolicies, Services
+from ledger.characters import MAX_RECORDED
+
+T = TypeVar("T")
+
+#: A megabyte of a header's words from a hostile mailbox message: control characters
+#: (a terminal's escape, a forged line), a forged HTML tag and `&` (5 long in HTML).
+HOSTILE = "Re: invoice \x1b[2J\r\nX-Forged: 1 <img src=x onerror=alert(1)> & \x00 " * 20_000
+#: The most a served answer holds besides the copies' words (key, query, advice, ...).
+FIELDS = 2_000
+#: The review page of a job with one copy checked, besides the copy's words.
+PAGE = 9_000
+
+
+def _json_length(text: str) -> int:
+    return len(encode_basestring_ascii(text)) - 2
+
+
+def _bounded(words: str) -> None:
+    assert _json_length(words) <= MAX_RECORDED, _json_length(words)
+    assert words.startswith("Re: invoice ") and words.endswith(" more characters]")
+
+
+@pytest.fixture
+def rig() -> Iterator[EngineRig]:
+    rig = EngineRig(policy("receipts", on_unknown="review"))
+    yield rig
+    rig.close()
+
+
+@pytest.fixture
+def client(rig: EngineRig) -> Iterator[TestClient]:
+    with TestClient(create_app(api_context(rig))) as client:
+        yield client
+
+
+def _hostile_copy_of(rig: EngineRig, client: TestClient, key: str) -> None:
+    """Job `key` in review, no copy of its own sent; then a message with its Message-ID
+    and hostile headers lands in the mailbox."""
+    assert client.post("/v1/jobs", json=job(key, "receipts"), headers=AUTH).status_code == 201
+    rig.provider.script(Scripted.lost_request())
+    rig.tick()
+    assert rig.job(key).state.value == "review"
+    at = rig.clock() - timedelta(hours=1)  # long visible to a search
+    hostile = Copy("fake-hostile", rig.job(key).message_id, at, to=HOSTILE, subject=HOSTILE)
+    rig.provider.copies.append(hostile)
+
+
+def test_the_api_serves_a_hostile_copys_headers_bounded(rig: EngineRig, client: TestClient) -> None:
+    _hostile_copy_of(rig, client, "k1")
+    answer = client.post("/v1/review/k1/check", headers=AUTH)
+    assert answer.status_code == 200
+    # Before: 2,880,499 bytes (the To and the Subject whole, each 1.26 million long).
+    assert len(answer.content) <= FIELDS + 2 * MAX_RECORDED, len(answer.content)
+    [copy] = answer.json()["copies"]
+    _bounded(copy["subject"])
+    _bounded(copy["to"])
+
+
+def test_the_review_page_serves_a_hostile_copys_headers_bounded_and_escaped(
+    rig: EngineRig, client: TestClient
+) -> None:
+    _hostile_copy_of(rig, client, "k1")
+    page = client.post("/ui/jobs/k1/check", headers=AUTH)
+    assert page.status_code == 200 and "1 copy found" in page.text
+    # Before: 3,369,334 bytes.
+    assert len(page.content) < PAGE + 2 * 5 * MAX_RECORDED, len(page.content)
+    assert "more characters]" in page.text
+    assert "<img" not in page.text and "&lt;img src=x" in page.text
+    assert "\x1b" not in page.text and "\x00" not in page.text
+
+
+def _served_by(rig: EngineRig) -> Callable[[argparse.Namespace, Callable[[Services], T]], T]:
+    """The command's `served`, on the rig's store and provider instead of a config's."""
+    services = Services(
+        rig.ledger,
+        lambda: ChannelPolicies(rig.policies, {}),
+        providers=lambda name: nullcontext(rig.provider),
+    )
+
+    def served(args: argparse.Namespace, call: Callable[[Services], T]) -> T:
+        return call(services)
+
+    return served
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_the_command_line_prints_a_hostile_copys_headers_bounded(
+    rig: EngineRig,
+    client: TestClient,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    as_json: bool,
+) -> None:
+    _hostile_copy_of(rig, client, "k1")
+    monkeypatch.setattr(cli_service, "served", _served_by(rig))
+    args = argparse.Namespace(config=None, key="k1", by="op", json=as_json)
+    assert cli_service.cmd_review_check(args) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out
+    if as_json:
+        [copy] = json.loads(out)["copies"]
+        _bounded(copy["subject"])
+        _bounded(copy["to"])
+    else:
+        # The copy's line: its id, date, To and Subject, each at most MAX_RECORDED
+        # (before: 2,880,045 characters).
+        [line] = [line for line in out.splitlines() if "fake-hostile" in line]
+        assert len(line) <= 100 + 2 * MAX_RECORDED, len(line)
+        assert line.count(" more characters]") == 2
+    assert len(out) <= FIELDS + 2 * MAX_RECORDED, len(out)
