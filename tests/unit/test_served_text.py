@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from datetime import timedelta
 from json.encoder import encode_basestring_ascii
@@ -25,6 +26,8 @@ from daemon.api.app import create_app
 from daemon.cli import service as cli_service
 from daemon.doubles.fake_provider import Copy, Scripted
 from daemon.service_layer.services import ChannelPolicies, Services
+from daemon.webhooks.delivery import Outcome
+from daemon.webhooks.worker import Deliverer, Hook
 from ledger.characters import MAX_RECORDED
 
 T = TypeVar("T")
@@ -135,3 +138,21 @@ def test_the_command_line_prints_a_hostile_copys_headers_bounded(
         assert len(line) <= 100 + 2 * MAX_RECORDED, len(line)
         assert line.count(" more characters]") == 2
     assert len(out) <= FIELDS + 2 * MAX_RECORDED, len(out)
+
+
+def test_a_webhooks_error_is_stored_bounded_whatever_the_poster(rig: EngineRig) -> None:
+    """Only tests hand a Deliverer another poster than `delivery.post` (which keeps 200
+    bytes of an answer): its error was stored whole in the position's `last_error`."""
+    rig.submit("receipts", "k1")
+    rig.provider.script(Scripted.rejected(transient=False, reason="550 no such user"))
+    rig.tick()
+
+    def refuses(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
+        return Outcome(False, 500, "HTTP 500: " + HOSTILE)
+
+    hook = Hook("crm", "https://hooks.example.com/x", "whsec_" + "A" * 32, frozenset({"rejected"}))
+    Deliverer(rig.ledger, hook, owner="a", poster=refuses, clock=time.time).pass_once()
+    [row] = [row for row in rig.ledger.positions().read_all() if row.name == "crm"]
+    assert row.failures == 1 and row.last_error is not None
+    assert _json_length(row.last_error) <= MAX_RECORDED, len(row.last_error)
+    assert row.last_error.startswith("HTTP 500: Re: invoice ")

@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -33,6 +33,7 @@ from daemon.webhooks.delivery import Outcome, Poster, post
 from daemon.webhooks.events import event_id_for, payload, topics_for, type_of
 from daemon.webhooks.signing import signed_headers
 from ledger.application import Ledger
+from ledger.characters import recorded
 from ledger.display import printable, quoted
 
 log = logging.getLogger("sendledger.webhooks")
@@ -232,7 +233,9 @@ class Deliverer:
         at = datetime.fromtimestamp(self.clock(), UTC)
         headers = signed_headers(self.hook.secret, event_id, at, body)
         outcome = self.poster(self.hook.url, body.encode("utf-8"), headers, self.hook.timeout)
-        return outcome, event
+        # Stored as the position's `last_error`, served by `webhooks status` and the API:
+        # `post` keeps 200 bytes of an answer, another poster (a test's) might keep it all.
+        return replace(outcome, error=recorded(outcome.error)), event
 
     def _failed(self, outcome: Outcome, notification_id: int, failures: int, at: float) -> None:
         if self.observer is not None:
