@@ -165,6 +165,10 @@ http-api.md | quotes the provider's failure, at most ([\d,]+) long | characters.
 http-api.md | null for every other type; at most ([\d,]+) long | characters.MAX_RECORDED
 changes.md | Each is now at most ([\d,]+) long as ASCII JSON | characters.MAX_RECORDED
 how-it-works.md | A log line quotes less: (\d+) characters | display.MAX_QUOTED
+review.md | So each is served at most ([\d,]+) long as JSON | characters.MAX_RECORDED
+http-api.md | the mailbox's words: at most ([\d,]+) long as JSON | characters.MAX_RECORDED
+http-api.md | the error at most ([\d,]+) long as JSON | characters.MAX_RECORDED
+changes.md | Each is now at\s+most ([\d,]+) long as JSON writes it | characters.MAX_RECORDED
 how-it-works.md | characters of plain text, up to (\d+) emoji | characters.MAX_RECORDED // 12
 operations.md | waits longer: up to (\d+) s | from_settings.SERVICE_START_WAIT
 operations.md | waiting up to (\d+) s for it | from_settings.SERVICE_START_WAIT

@@ -1077,8 +1077,8 @@ def _answer(
     job: SendJob, found: SearchResult, recorded: bool, overtaken: bool = False
 ) -> CheckAnswer:
     # A copy's headers are the mailbox's words, not ours: whoever puts a message with the
-    # job's Message-ID there (or sends a megabyte of Subject) writes them, and every door
-    # serves this answer (docs/how-it-works.md "Another's words").
+    # job's Message-ID there writes them, and every door serves this answer
+    # (docs/how-it-works.md "Another's words").
     words = characters.recorded
     copies = [
         Copy(h.provider_message_id, words(h.date), words(h.to), words(h.subject))
