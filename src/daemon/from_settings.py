@@ -21,6 +21,7 @@ from ledger.stores.causes import StoreUnavailable
 from ledger.stores.url import (
     MemoryStore,
     PostgresStore,
+    StartWatch,
     StoreRefused,
     StoreSpec,
     StoreUrlError,
@@ -96,6 +97,15 @@ def draft_providers(settings: Settings) -> frozenset[str]:
 SERVICE_START_WAIT = 60
 
 
+def start_notices() -> StartWatch | None:
+    """What tells systemd of a service's wait for its store, under a unit that listens
+    ($NOTIFY_SOCKET); its socket lives as long as the process."""
+    from daemon.systemd import Notifier, StartNotices
+
+    notifier = Notifier()
+    return StartNotices(notifier) if notifier.enabled else None
+
+
 def open_ledger(settings: StoreSource, *, create: bool = True, service: bool = False) -> Ledger:
     """The configured store's ledger, to be used as `with open_ledger(settings) as ledger:`.
 
@@ -108,7 +118,9 @@ def open_ledger(settings: StoreSource, *, create: bool = True, service: bool = F
     try:
         spec = store_spec(settings)
         if service and isinstance(spec, PostgresStore):
-            spec = dataclasses.replace(spec, start_wait=SERVICE_START_WAIT)
+            spec = dataclasses.replace(
+                spec, start_wait=SERVICE_START_WAIT, start_watch=start_notices()
+            )
         if not create and not isinstance(spec, MemoryStore) and not store_exists(spec):
             raise bad_input(
                 f"no store at {spec.describe()} (store.url of {settings.config_path}); "

@@ -61,6 +61,37 @@ class Notifier:
             self._socket = None
 
 
+#: Seconds a start waiting for its store asks systemd for above the longest until its
+#: next word (`StartNotices`): a loaded machine's late wake-up, the datagram's way.
+START_MARGIN = 5
+
+
+class StartNotices:
+    """What systemd is told while a service's start waits for its PostgreSQL server
+    (`ledger.stores.url.StartWatch`). Nothing else tells it: past TimeoutStartSec (90 s
+    by default), a start still waiting, with a `store.connect_timeout` above about 75 s,
+    was killed. Each try again extends the start's timeout (EXTEND_TIMEOUT_USEC, systemd
+    236 and later) past the next word, and STATUS= says what it waits for (the store
+    without its password) until connected, when it is cleared."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        self._notifier = notifier
+
+    def waiting(self, store: str, cause: str, within: float) -> None:
+        self._notifier.notify(
+            f"STATUS=waiting for PostgreSQL at {store} ({cause})", _extend(within)
+        )
+
+    def connected(self, store: str, within: float) -> None:
+        # The rest of the start may already be past TimeoutStartSec: it gets as long
+        # again before READY=1 or its next wait's word.
+        self._notifier.notify("STATUS=", _extend(within))
+
+
+def _extend(within: float) -> str:
+    return f"EXTEND_TIMEOUT_USEC={math.ceil((within + START_MARGIN) * 1_000_000)}"
+
+
 #: What a unit's TimeoutStopSec leaves above `daemon.stop_timeout`: the store's close and
 #: the process's exit after the wait (docs/operations.md "Stopping").
 STOP_MARGIN = 15

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.daemon_kit import ForkServer, shared_fork_server
+from tests.e2e.daemon_kit import ForkServer, NotifyListener, shared_fork_server
 
 POLICY = """\
 provider = "support"
@@ -142,3 +144,16 @@ def cli(tmp_path: Path, cli_server: ForkServer) -> CliEnv:
     cli_env = CliEnv(root=root, env=env, server=cli_server)
     cli_env.write_config()
     return cli_env
+
+
+@pytest.fixture
+def notify_socket() -> Iterator[NotifyListener]:
+    """A stand-in for systemd's $NOTIFY_SOCKET (test_daemon_signals.py, test_pg_open.py)."""
+    # AF_UNIX paths are limited to ~107 bytes: pytest's tmp_path can be longer.
+    folder = Path(tempfile.mkdtemp(prefix="sl-notify-"))
+    listener = NotifyListener(folder / "notify.sock")
+    try:
+        yield listener
+    finally:
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from tests.e2e.daemon_kit import RETRY_POLICY, NotifyListener, Rig, events_of, job
 
 from testkit.relay import FaultPlan
@@ -149,18 +145,6 @@ def test_a_sighup_during_start_up_reloads_once_the_daemon_runs(tmp_path: Path) -
         rig.wait_state("late-alert", "confirmed")
         assert daemon.terminate() == 0, daemon.tail()
         assert rig.copies("late-alert") == 1
-
-
-@pytest.fixture
-def notify_socket() -> Iterator[NotifyListener]:
-    # AF_UNIX paths are limited to ~107 bytes: pytest's tmp_path can be longer.
-    folder = Path(tempfile.mkdtemp(prefix="sl-notify-"))
-    listener = NotifyListener(folder / "notify.sock")
-    try:
-        yield listener
-    finally:
-        listener.close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_systemd_notify_ready_status_watchdog_stopping(

@@ -25,13 +25,16 @@ from typing import TypeVar
 
 import psycopg
 import pytest
-from tests.e2e.daemon_kit import DaemonProcess, job, shared_fork_server
+from tests.e2e.daemon_kit import DaemonProcess, NotifyListener, job, shared_fork_server
 from tests.e2e.test_pg_restart import CONNECT_TIMEOUT, PostgresRig
 from tests.integration.api_kit import free_port
 from tests.pg_cluster import BIN, USER, PrivateCluster, require_private_cluster
 
 from daemon.from_settings import SERVICE_START_WAIT
+from daemon.systemd import START_MARGIN
 from ledger.application import Ledger
+from ledger.stores import postgres
+from ledger.stores.postgres import OPEN_RETRY_PAUSE
 from ledger.stores.url import PostgresStore, parse_store_url
 
 #: What PostgreSQL 15 says to a connection while it is in recovery with hot_standby off.
@@ -295,3 +298,110 @@ def test_a_role_that_is_no_superuser_waits_for_a_slot_not_kept_for_superusers(
     assert len(waits) == 1, said
     assert "remaining connection slots are reserved" in waits[0], waits
     assert sum(WAIT_ENDS in line for line in said) == 1, said
+
+
+def test_systemd_is_told_of_the_wait_for_a_server_in_recovery(
+    tmp_path: Path, recovering: RecoveringCluster, notify_socket: NotifyListener
+) -> None:
+    """Under a unit (NOTIFY_SOCKET) each try again extends the start's timeout past the
+    next word (EXTEND_TIMEOUT_USEC) with a STATUS= naming the store without its
+    password; once connected STATUS= is cleared, then READY=1. Without it a
+    `store.connect_timeout` above about 75 s outlasted TimeoutStartSec (90 s): systemd
+    killed a start that would have connected."""
+    with PostgresRig(tmp_path, recovering.store) as rig:
+        daemon = rig.start_daemon({"NOTIFY_SOCKET": str(notify_socket.path)})
+        rig.wait_for(lambda: notify_socket.count("EXTEND_TIMEOUT_USEC=") >= 3, "three tries")
+        recovering.promote()
+        rig.wait_for(lambda: notify_socket.count("READY=1") == 1, "READY=1")
+        store = f"postgresql://sendledger@127.0.0.1:{recovering.port}/postgres"
+        waiting = f"STATUS=waiting for PostgreSQL at {store} (starting up)"
+        messages = notify_socket.messages
+        ready = next(n for n, m in enumerate(messages) if "READY=1" in m)
+        waits = [n for n, m in enumerate(messages) if waiting in m]
+        cleared = [n for n, m in enumerate(messages) if "STATUS=" in m]
+        assert len(waits) >= 3 and waits == list(range(len(waits))), messages
+        assert cleared[:1] == [len(waits)] and len(waits) < ready, messages  # cleared, then ready
+        # The next word comes within a pause and a try with its ping, each bounded by
+        # connect_timeout: each extension outlasts that.
+        least = (OPEN_RETRY_PAUSE + 2 * CONNECT_TIMEOUT + START_MARGIN) * 1_000_000
+        for message in messages[: len(waits) + 1]:
+            extend = [line for line in message if line.startswith("EXTEND_TIMEOUT_USEC=")]
+            assert len(extend) == 1 and int(extend[0].split("=")[1]) >= least, message
+        assert not any(PASSWORD in line for line in notify_socket.lines())
+        assert daemon.terminate() == 0, daemon.tail()
+
+
+def fill_the_rest(cluster: SmallCluster) -> list[psycopg.Connection[tuple[object, ...]]]:
+    """Every slot the store's connections left free, taken."""
+    held: list[psycopg.Connection[tuple[object, ...]]] = []
+    while True:
+        try:
+            held.append(psycopg.connect(cluster.url, connect_timeout=5))
+        except psycopg.OperationalError as exc:
+            assert FULL in str(exc)
+            return held
+
+
+#: The moments of a start at which the server fills up again, after its first connection.
+MOMENTS = ("the pool's first connection", "the schema upgrade", "the identity lock")
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_every_connection_of_a_start_waits_for_a_free_slot(
+    small: SmallCluster,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    moment: str,
+) -> None:
+    """A server that fills up again after the start's first connection: the pool's first
+    connection (the store's key check), the schema upgrade's and the identity lock's wait
+    for a slot as the first did, saying so once. They failed the start: the pool after
+    `connect_timeout` (its own tries), the other two at once (their connect was direct).
+    The moment is a hook, not a timer: the slots are taken just before that connection
+    and freed once its wait has begun."""
+    spec = parse_store_url(small.url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, connect_timeout=CONNECT_TIMEOUT, start_wait=30)
+    Ledger(spec).close()  # the store exists: its next open upgrades it
+    held: list[psycopg.Connection[tuple[object, ...]]] = []
+    caplog.set_level(logging.INFO, logger="sendledger.store")
+
+    def waits() -> list[str]:
+        said = [r.getMessage() for r in caplog.records if r.name == "sendledger.store"]
+        return [line for line in said if WAIT_BEGINS in line]
+
+    def free_once_waiting() -> None:
+        until = time.monotonic() + 30
+        while not waits() and time.monotonic() < until:
+            time.sleep(0.05)
+        for conn in held:
+            conn.close()
+
+    prepare, upgrade = postgres.prepare_schema, postgres.upgrade_schema
+
+    def prepare_then_fill(store: PostgresStore) -> bool:
+        exists = prepare(store)
+        held.extend(fill_the_rest(small))
+        return exists
+
+    def fill_then_upgrade(store: PostgresStore) -> None:
+        held.extend(fill_the_rest(small))
+        upgrade(store)
+
+    if moment == MOMENTS[0]:
+        monkeypatch.setattr(postgres, "prepare_schema", prepare_then_fill)
+    elif moment == MOMENTS[1]:
+        monkeypatch.setattr(postgres, "upgrade_schema", fill_then_upgrade)
+    freer = threading.Thread(target=free_once_waiting, daemon=True)
+    freer.start()
+    try:
+        with Ledger(spec) as ledger:
+            if moment == MOMENTS[2]:
+                held.extend(fill_the_rest(small))
+            ledger.hold_identity("startwait").release()
+    finally:
+        freer.join(35)
+        for conn in held:
+            conn.close()
+    assert held, "the server was never full"
+    assert len(waits()) == 1 and FULL in waits()[0], waits()

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -80,6 +80,10 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
     _real = "DOUBLE PRECISION"
 
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"):
+        # Before the library's own init, whose type adapters take the pool's first
+        # connection.
+        start, _OPENING.start = _OPENING.start, None
+        PoolWait.install(datastore.pool, start=start)
         super().__init__(datastore, events_table_name=events_table_name)
         schema = datastore.schema.replace('"', '""')
         self._table = f'"{schema}".{INDEX_TABLE}'
@@ -94,7 +98,6 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
         self._set_lock_timeout = SQL(
             "SET LOCAL lock_timeout = '{0}s'; SELECT txid_current() AS xid"
         ).format(datastore.lock_timeout)
-        PoolWait.install(datastore.pool)
 
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -255,15 +258,22 @@ class PoolWait(threading.local):
     _installed: weakref.WeakSet[psycopg_pool.ConnectionPool[Any]] = weakref.WeakSet()
 
     @classmethod
-    def install(cls, pool: psycopg_pool.ConnectionPool[Any]) -> None:
+    def install(
+        cls, pool: psycopg_pool.ConnectionPool[Any], *, start: PostgresStore | None = None
+    ) -> None:
         """The pool's `getconn` (which `connection()`, and so eventsourcing, calls) asks
-        the calling thread's question, if any."""
+        the calling thread's question, if any. At a service's start (`start`, the store
+        with its `start_wait`) the pool's first connection waits for the server as the
+        store's first did (`FirstConnection`), and so do the calls waiting for it."""
         if pool in cls._installed:
             return
         cls._installed.add(pool)
         plain = pool.getconn
+        first = None if start is None else FirstConnection.install(pool, start)
 
         def getconn(timeout: float | None = None) -> Any:
+            if first is not None:
+                first.wait()
             ask = _WAIT.connect_while
             if ask is None:
                 return plain(timeout)
@@ -293,6 +303,62 @@ class PoolWait(threading.local):
 _WAIT = PoolWait()
 
 
+class FirstConnection:
+    """A pool's first connection at a service's start, made through the start's wait
+    (`waited_connect`) by the pool's worker: between the store's first connection and
+    the pool's, a server may fill up again (53300), and the pool's own tries (1, 2, 4,
+    8... s apart) outlasted by `store.connect_timeout` failed the start. Once that
+    connection is made, or its wait given up, the pool connects as it always does."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self._settled = threading.Event()
+        self._one_at_a_time = threading.Lock()
+        self._failure: Exception | None = None
+
+    @classmethod
+    def install(
+        cls, pool: psycopg_pool.ConnectionPool[Any], store: PostgresStore
+    ) -> FirstConnection:
+        """psycopg's pool makes each connection by `connection_class.connect`."""
+        first = cls(store)
+        plain = pool.connection_class
+
+        class Connect:
+            @staticmethod
+            def connect(conninfo: str = "", **kwargs: Any) -> Any:
+                return first.connect(lambda: plain.connect(conninfo, **kwargs))
+
+        pool.connection_class = Connect
+        return first
+
+    def connect(self, connect: Callable[[], Connected]) -> Connected:
+        if not self._settled.is_set():
+            # One worker waits; the others, for the same server, wait for it.
+            with self._one_at_a_time:
+                if not self._settled.is_set():
+                    try:
+                        return waited_connect(self._store, connect)
+                    except Exception as exc:
+                        self._failure = exc
+                        raise
+                    finally:
+                        self._settled.set()
+        return connect()
+
+    def wait(self) -> None:
+        """A call asking the pool for a connection waits for the first one (the pool's
+        own wait is `connect_timeout`); one that waited for its failure gets it: the
+        start's one line."""
+        if self._settled.is_set():
+            return
+        store = self._store
+        # The first connection's wait and its last try, with its ping.
+        self._settled.wait(max(store.start_wait, store.connect_timeout) + 3 * store.connect_timeout)
+        if self._failure is not None:
+            raise self._failure
+
+
 def _from_pool(exc: BaseException) -> bool:
     return any(isinstance(error, _POOL_ERRORS) for error in exception_chain(exc))
 
@@ -314,7 +380,7 @@ def connection_lost(exc: BaseException) -> bool:
 OPEN_RETRY_PAUSE = 0.5
 #: How a server with no free connection slot (SQLSTATE 53300: every slot taken, the rest
 #: reserved, a role's or a database's CONNECTION LIMIT reached) words its refusal. libpq
-#: keeps the code to itself while a connection starts (`_refused_by_server`): the words are
+#: keeps the code to itself while a connection starts (`_ping_after`): the words are
 #: all there is, and a server whose `lc_messages` is not English is not recognized by
 #: them (its refusal then fails a service's start at once, as a command's).
 _NO_FREE_SLOT = (
@@ -324,13 +390,13 @@ _NO_FREE_SLOT = (
 )
 
 
-def connect_at_open(store: PostgresStore) -> psycopg.Connection[Any]:
-    """The first connection of a process to its store, made directly before the pool is
-    started. StoreUnavailable naming the store, its host:port, and what the driver said
-    (refused, no route, authentication failed, no such database), not the pool's
-    "couldn't get a connection after 10 s":
+def connect_at_open(store: PostgresStore, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A connection of a process's open to its store, made directly (the first one
+    before the pool is started). StoreUnavailable naming the store, its host:port, and
+    what the driver said (refused, no route, authentication failed, no such database),
+    not the pool's "couldn't get a connection after 10 s":
 
-    - at once when the server answered and refused this connection (`_refused_by_server`:
+    - at once when the server answered and refused this connection (`_ping_after`:
       a password, a role, a database, pg_hba.conf, which no wait changes; a command, no
       free slot too: its caller may try again);
     - else after trying again for `store.connect_timeout`: a server starting up or
@@ -339,18 +405,35 @@ def connect_at_open(store: PostgresStore) -> psycopg.Connection[Any]:
     A service's start (`PostgresStore.start_wait`, longer) tries for that long instead, and a
     server with no free slot is tried again too (one is usually freed within seconds); it
     logs one line when its wait begins and one when it connects, where a command's one
-    line is its error."""
+    line is its error. Every connection of that start waits so (`upgrade_schema`, the
+    identity lock's first, the pool's first: `PoolWait.install`), not only the first: a
+    server that fills up again between two of them failed the start."""
+    return waited_connect(store, lambda: psycopg.connect(**_connect_args(store), **kwargs))
+
+
+Connected = TypeVar("Connected")
+
+
+def waited_connect(store: PostgresStore, connect: Callable[[], Connected]) -> Connected:
+    """`connect()` tried as `connect_at_open` says; the pool's first connection at a
+    service's start comes through here too. `PostgresStore.start_watch` is told before
+    each try again and once connected."""
     bound = max(store.connect_timeout, store.start_wait)
     started = time.monotonic()
     give_up = started + bound
     waiting = False
+    # What a watch may see pass before the next word: the pause, then a try and the
+    # ping judging it, each bounded by libpq's connect_timeout.
+    within = OPEN_RETRY_PAUSE + 2 * store.connect_timeout
+    watch = store.start_watch if store.start_wait else None
     while True:
         try:
-            conn = psycopg.connect(**_connect_args(store))
+            conn = connect()
             break
         except psycopg.OperationalError as exc:
-            if not _worth_a_wait(store, exc):
-                conn = _connect_once_more(store)
+            cause = _wait_cause(store, exc)
+            if cause is None:
+                conn = _connect_once_more(store, connect)
                 break
             left = give_up - time.monotonic()
             if left <= 0:
@@ -361,24 +444,39 @@ def connect_at_open(store: PostgresStore) -> psycopg.Connection[Any]:
                 waiting = True
                 said = StoreUnavailable(store.describe(), "cannot connect yet", exc)
                 log.warning("%s; waiting up to %d s for it", said, bound)
+            if watch is not None:
+                watch.waiting(store.describe(), cause, within)
             time.sleep(min(OPEN_RETRY_PAUSE, left))
     if waiting:
         took = time.monotonic() - started
         log.info("store %s: connected after %.1f s", store.describe(), took)
+        if watch is not None:
+            watch.connected(store.describe(), within)
     return conn
 
 
-def _worth_a_wait(store: PostgresStore, exc: psycopg.OperationalError) -> bool:
-    """Whether the same connection may succeed later: nothing answered, or the server is
-    starting up, shutting down or in recovery (57P03, told apart by libpq's ping from a
-    refusal that stands); at a service's start, a server with no free slot too."""
+#: Why a service's start waits, as its watch is told (`StartWatch.waiting`).
+STARTING_UP = "starting up"
+NO_FREE_SLOT = "no free connection slot"
+NO_ANSWER = "no answer"
+
+
+def _wait_cause(store: PostgresStore, exc: psycopg.OperationalError) -> str | None:
+    """Why the same connection may succeed later, or None when no wait changes the
+    failure: nothing answered, or the server is starting up, shutting down or in
+    recovery (57P03, told apart by libpq's ping from a refusal that stands); at a
+    service's start, a server with no free slot too."""
     if store.start_wait and any(words in str(exc) for words in _NO_FREE_SLOT):
-        return True
-    return not _refused_by_server(store, exc)
+        return NO_FREE_SLOT
+    ping = _ping_after(store, exc)
+    if ping == pq.Ping.OK:
+        return None
+    return STARTING_UP if ping == pq.Ping.REJECT else NO_ANSWER
 
 
-def _refused_by_server(store: PostgresStore, exc: psycopg.OperationalError) -> bool:
-    """Whether the server was up and refused the connection that failed with `exc`.
+def _ping_after(store: PostgresStore, exc: psycopg.OperationalError) -> pq.Ping:
+    """What libpq's ping says of the server whose connection failed with `exc`: OK when
+    it was up and refused that connection.
 
     libpq keeps the SQLSTATE a server sends while a connection starts to itself: the
     error has none, nor any diagnostic field, only the server's words in its translated
@@ -390,16 +488,16 @@ def _refused_by_server(store: PostgresStore, exc: psycopg.OperationalError) -> b
     without reading that message: it is a refusal too. A connect that timed out had no
     answer: not asked (the ask would wait as long again)."""
     if isinstance(exc, psycopg.errors.ConnectionTimeout):
-        return False
+        return pq.Ping.NO_RESPONSE
     conninfo = make_conninfo("", **_connect_args(store))
-    return bool(pq.PGconn.ping(conninfo.encode()) == pq.Ping.OK)
+    return pq.Ping(pq.PGconn.ping(conninfo.encode()))
 
 
-def _connect_once_more(store: PostgresStore) -> psycopg.Connection[Any]:
+def _connect_once_more(store: PostgresStore, connect: Callable[[], Connected]) -> Connected:
     """After a refusal by a server that is up: one more try, in case it only came up
     between the failed connect and the ping; its refusal is the line, at once."""
     try:
-        return psycopg.connect(**_connect_args(store))
+        return connect()
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(store.describe(), "cannot connect", exc) from exc
 
@@ -437,8 +535,9 @@ def prepare_schema(store: PostgresStore) -> bool:
 
 def upgrade_schema(store: PostgresStore) -> None:
     """What a store from an earlier release lacks in its job index, added on one
-    connection: DDL only when something is missing."""
-    with psycopg.connect(**_connect_args(store)) as conn:
+    connection: DDL only when something is missing. At a service's start that connection
+    waits for the server as the first one did (`connect_at_open`)."""
+    with connect_at_open(store) as conn:
         # An ALTER TABLE waits for every transaction on the table (a pg_dump, an open psql
         # session) and every reader and writer queues behind it: with no limit the
         # daemons stalled as long as that transaction. `[store] lock_timeout` bounds it;
@@ -544,6 +643,17 @@ def vacuum(store: PostgresStore) -> bool:
         return False
 
 
+#: The identity lock's session: a daemon's host that vanishes (no FIN) must not hold its
+#: name for hours.
+_IDENTITY_SESSION: dict[str, Any] = {
+    "autocommit": True,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+
 class AdvisoryIdentityLock:
     """`ledger.stores.identity`: a session advisory lock on a connection of its own.
 
@@ -557,18 +667,16 @@ class AdvisoryIdentityLock:
         self._store = store
         self._name = name
         self._conn: psycopg.Connection[Any] | None = None
-        self._take()
+        # Taken at a service's start: its connection waits for the server as the
+        # store's first did. Taken again by `check`, between ticks: a tick must not wait
+        # that long, the next one tries again.
+        self._take(wait=True)
 
-    def _take(self) -> None:
-        self._conn = psycopg.connect(
-            **_connect_args(self._store),
-            autocommit=True,
-            # A daemon's host that vanishes (no FIN) must not hold its name for hours.
-            keepalives=1,
-            keepalives_idle=10,
-            keepalives_interval=5,
-            keepalives_count=3,
-        )
+    def _take(self, *, wait: bool = False) -> None:
+        if wait:
+            self._conn = connect_at_open(self._store, **_IDENTITY_SESSION)
+        else:
+            self._conn = psycopg.connect(**_connect_args(self._store), **_IDENTITY_SESSION)
         row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
         if row is None or not row[0]:
             self.release()
@@ -606,6 +714,15 @@ def _connect_args(store: PostgresStore) -> dict[str, Any]:
     }
 
 
+class _Opening(threading.local):
+    """Handed from `PostgresBackend.prepare` to the recorder the same thread builds next."""
+
+    start: PostgresStore | None = None
+
+
+_OPENING = _Opening()
+
+
 @dataclass(frozen=True)
 class PostgresBackend:
     spec: PostgresStore
@@ -635,6 +752,9 @@ class PostgresBackend:
         }
 
     def prepare(self) -> bool:
+        # The recorder, built next by eventsourcing from its environment (strings only),
+        # learns here that its pool opens at a service's start (`FirstConnection`).
+        _OPENING.start = self.spec if self.spec.start_wait else None
         # Opening an existing store must not run DDL: concurrent CREATE OR REPLACE
         # FUNCTION fails with "tuple concurrently updated".
         return prepare_schema(self.spec)

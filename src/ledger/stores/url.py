@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ledger.exceptions import Refusal, SendledgerError
@@ -22,6 +23,23 @@ class StoreRefused(SendledgerError, ValueError):
 
 class StoreUrlError(StoreRefused):
     pass
+
+
+class StartWatch(Protocol):
+    """Told of a service's start while it waits for its PostgreSQL server
+    (`postgres.connect_at_open`): the daemon tells systemd, whose start timeout knows
+    nothing of the wait otherwise."""
+
+    def waiting(self, store: str, cause: str, within: float) -> None:
+        """Before each try again: `store` (`PostgresStore.describe`, no password) is not
+        accepting connections for `cause` ("starting up", "no free connection slot", "no
+        answer"); the next word comes within `within` seconds."""
+        ...
+
+    def connected(self, store: str, within: float) -> None:
+        """The wait is over; the start goes on (its next wait, if any, is said within
+        `within` seconds)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -60,6 +78,8 @@ class PostgresStore:
     # Seconds a service's start (`run`, `api`) may wait for its first connection, when
     # longer than `connect_timeout`; 0 for a command (`postgres.connect_at_open`).
     start_wait: int = 0
+    # Told of that wait (a service under systemd); not part of what the store is.
+    start_watch: StartWatch | None = field(default=None, repr=False, compare=False)
 
     def describe(self) -> str:
         # Never print the password.
