@@ -20,7 +20,7 @@ from tests.unit.test_docs_domain import EVENTS
 from tests.unit.test_docs_settings import KINDS, SECTIONS
 from tests.unit.test_services import LEGAL, OTHER, in_review, services
 
-from daemon import exit_codes, from_settings
+from daemon import exit_codes, from_settings, systemd
 from daemon.api import overview, signin_limit
 from daemon.api.auth import SESSION_SECONDS, Role
 from daemon.api.roles import PAGE_ROLE, ROUTE_ROLES
@@ -174,6 +174,7 @@ operations.md | waits longer: up to (\d+) s | from_settings.SERVICE_START_WAIT
 operations.md | waiting up to (\d+) s for it | from_settings.SERVICE_START_WAIT
 configuration.md | a service's start \(`run`, `api`\) for (\d+) s | from_settings.SERVICE_START_WAIT
 performance.md | `run` or `api`: (\d+) s | from_settings.SERVICE_START_WAIT
+operations.md | each within `store.connect_timeout`, plus (\d+) | systemd.START_MARGIN
 operations.md | and so does a (\w+) request in flight | FIFTH
 operations.md | held by another session (\w+) times in a row | {6: 'six'}[STOP_WAITS]
 operations.md | the defaults, (\d+) \u00d7 (\d+) s, fit (\d+) s | STOP_DEFAULTS
