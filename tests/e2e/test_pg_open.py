@@ -34,6 +34,7 @@ from daemon.from_settings import SERVICE_START_WAIT
 from daemon.systemd import START_MARGIN
 from ledger.application import Ledger
 from ledger.stores import postgres
+from ledger.stores.causes import StoreUnavailable
 from ledger.stores.postgres import OPEN_RETRY_PAUSE
 from ledger.stores.url import PostgresStore, parse_store_url
 
@@ -405,3 +406,33 @@ def test_every_connection_of_a_start_waits_for_a_free_slot(
             conn.close()
     assert held, "the server was never full"
     assert len(waits()) == 1 and FULL in waits()[0], waits()
+
+
+def test_a_start_whose_pool_finds_no_slot_past_its_wait_says_the_one_line(
+    small: SmallCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the wait the pool's first connection fails the start as the first connection
+    would: the store's one line with the server's words, not the pool's "couldn't get a
+    connection after N sec"."""
+    spec = parse_store_url(small.url)
+    assert isinstance(spec, PostgresStore)
+    spec = dataclasses.replace(spec, connect_timeout=CONNECT_TIMEOUT, start_wait=3)
+    held: list[psycopg.Connection[tuple[object, ...]]] = []
+    prepare = postgres.prepare_schema
+
+    def prepare_then_fill(store: PostgresStore) -> bool:
+        exists = prepare(store)
+        held.extend(fill_the_rest(small))
+        return exists
+
+    monkeypatch.setattr(postgres, "prepare_schema", prepare_then_fill)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreUnavailable) as refused:
+            Ledger(spec)
+    finally:
+        for conn in held:
+            conn.close()
+    assert 3 <= time.monotonic() - started < 3 + 3 * CONNECT_TIMEOUT
+    said = str(refused.value)
+    assert said.startswith(f"store {spec.describe()}: cannot connect (") and FULL in said, said
