@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import re
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -40,23 +39,20 @@ def anchors(path: Path) -> set[str]:
 
 
 def links(path: Path) -> list[str]:
-    lines = prose_lines(read(path))
-    return [t for line in lines for t in LINK.findall(re.sub(r"`+[^`]*`+", "", line))]
+    """The targets of a page's links but for other sites' (https:, mailto:: not ours)."""
+    found = [LINK.findall(re.sub(r"`+[^`]*`+", "", line)) for line in prose_lines(read(path))]
+    return [t for ts in found for t in ts if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
 
 
 def test_every_link_reaches_a_file_and_a_heading_and_the_pages_link_to_each_other() -> None:
     broken = []
-    for path in PAGES:
-        for target in links(path):
-            file_part, _, fragment = target.partition("#")
-            goal = (path.parent / file_part).resolve() if file_part else path
-            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:: not ours to check
-                continue
-            if not goal.exists() or (fragment and fragment not in anchors(goal)):
-                broken.append(f"{path.name}: {target}")
+    for path, target in [(p, t) for p in PAGES for t in links(p)]:
+        file_part, _, fragment = target.partition("#")
+        goal = (path.parent / file_part).resolve() if file_part else path
+        if not goal.exists() or (fragment and fragment not in anchors(goal)):
+            broken.append(f"{path.name}: {target}")
     assert broken == []
-    readme, docs = PAGES[0], PAGES[1:]
-    linked = {(REPO / t.partition("#")[0]).resolve() for t in links(readme)}
+    docs, linked = PAGES[1:], {(REPO / t.partition("#")[0]).resolve() for t in links(PAGES[0])}
     assert [p.name for p in docs if p.resolve() not in linked] == []
     back = [p.name for p in docs if p.name != "architecture.md" and "../README.md" not in links(p)]
     assert back == []
@@ -70,10 +66,10 @@ def problem_with(item: str) -> str | None:
     """What is wrong with an item of "What checks this page": a path, `make T`, `sendledger C`."""
     if re.match(r"(tests|bench)/\S+\.py", item):
         return "; ".join(missing_paths(item)) or None
-    known = {"make": MAKE_TARGETS, "sendledger": COMMANDS}.get(item.split()[0])
-    if known is None:
-        return "not a test path, bench script, `make TARGET` or `sendledger COMMAND`"
-    return None if item.split()[1:2] and item.split()[1] in known else "no such target or command"
+    command = item.split()[:2]
+    known = {"make": MAKE_TARGETS, "sendledger": COMMANDS}.get(command[0], ())
+    ok = command[1:] and command[1] in known
+    return None if ok else "not a test or bench path, a `make TARGET` or a `sendledger COMMAND`"
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
@@ -89,24 +85,19 @@ def test_every_section_names_what_checks_it(path: Path) -> None:
             prose.append(line)
     rows = [row for line in found.pop("What checks this page", []) if (row := ROW.match(line))]
     named = {row["section"].replace("\\|", "|"): CODE.findall(row["items"]) for row in rows}
-    out = [f"{path.name}: a row for no section '{s}'" for s in set(named) - set(found)]
+    out = [f"a row for no section '{s}'" for s in set(named) - set(found)]
     for title, lines in found.items():
         if any(line.startswith("Checked by:") for line in lines):
-            out.append(f"{path.name} '{title}': a `Checked by:` line in the prose")
+            out.append(f"'{title}': a `Checked by:` line in the prose")
         if lines and not named.get(title):
-            out.append(f"{path.name} '{title}': no row in 'What checks this page', or empty")
-        out += [
-            f"{path.name} '{title}': {i}: {p}"
-            for i in named.get(title, [])
-            if (p := problem_with(i))
-        ]
+            out.append(f"'{title}': no row in 'What checks this page', or empty")
+        out += [f"'{title}': {i}: {p}" for i in named.get(title, []) if (p := problem_with(i))]
     assert out == []
 
 
 def test_every_path_a_page_docstring_or_comment_names_exists() -> None:
-    assert (
-        sorted({f"{p.relative_to(REPO)}: {g}" for p in TEXTS for g in missing_paths(read(p))}) == []
-    )
+    gone = {f"{p.relative_to(REPO)}: {g}" for p in TEXTS for g in missing_paths(read(p))}
+    assert sorted(gone) == []
 
 
 def test_every_citation_names_a_section_of_its_page() -> None:
@@ -122,29 +113,21 @@ def test_every_citation_names_a_section_of_its_page() -> None:
     assert stale == []
 
 
-@cache
-def modules() -> dict[str, Path]:
-    """Dotted module name -> file, for every module under src/."""
-    found = {}
-    for path in SRC.rglob("*.py"):
-        parts = list(path.relative_to(SRC).with_suffix("").parts)
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return found
+#: Dotted module name -> file and its syntax tree, for every module under src/.
+MODULES = {
+    ".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__"): p
+    for p in SRC.rglob("*.py")
+}
+TREES = {m: ast.parse(path.read_text(encoding="utf-8")) for m, path in MODULES.items()}
+CLASSES = [n for tree in TREES.values() for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
 
 
-@cache
-def tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"))
-
-
-@cache
-def members(path: Path, dotted: str = "", *, attributes: bool = False) -> frozenset[str]:
-    """The names a module (or its class `dotted`) defines; `attributes`: `self.x = ...` too."""
-    body = tree(path).body
+def members(body: list[ast.stmt], dotted: str = "", *, attributes: bool = False) -> set[str]:
+    """The names a module's body (or its class `dotted`) defines; `attributes`: `self.x` too."""
     for part in filter(None, dotted.split(".")):
         body = next((n.body for n in body if isinstance(n, ast.ClassDef) and n.name == part), [])
     names: set[str] = set()
-    for node in ast.walk(ast.Module(body=body, type_ignores=[])) if dotted and attributes else ():
+    for node in ast.walk(ast.Module(body=body, type_ignores=[])) if attributes else ():
         if isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "self":
             names.add(node.attr)
     for node in body:
@@ -155,21 +138,7 @@ def members(path: Path, dotted: str = "", *, attributes: bool = False) -> frozen
             names.update(t.id for t in targets if isinstance(t, ast.Name))
         elif isinstance(node, ast.Import | ast.ImportFrom):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
-    return frozenset(names)
-
-
-@cache
-def classes() -> dict[str, list[tuple[Path, str]]]:
-    """Every class of src/ by name (nested ones too) -> (file, dotted path in it)."""
-    found: dict[str, list[tuple[Path, str]]] = {}
-    for path in modules().values():
-        todo: list[tuple[list[ast.stmt], str]] = [(tree(path).body, "")]
-        while todo:
-            body, prefix = todo.pop()
-            for node in (n for n in body if isinstance(n, ast.ClassDef)):
-                found.setdefault(node.name, []).append((path, prefix + node.name))
-                todo.append((node.body, f"{prefix}{node.name}."))
-    return found
+    return names
 
 
 #: Dotted names like ours that are not: Gmail calls and scopes, Graph permissions, IMAP; files.
@@ -186,14 +155,14 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
         return None
 
     def by_path(path: str) -> list[str]:
-        return [m for m, p in modules().items() if p.as_posix().endswith("/" + path)]
+        return [m for m, p in MODULES.items() if p.as_posix().endswith("/" + path)]
 
     if located := re.fullmatch(r"([\w/]+\.py): ?([\w.]+)", span):
         found = by_path(located.group(1))
         if len(found) != 1:
             return f"{located.group(1)} names {len(found)} modules"
         owner, _, name = located.group(2).rpartition(".")
-        return None if name in members(modules()[found[0]], owner) else f"not in {found[0]}"
+        return None if name in members(TREES[found[0]].body, owner) else f"not in {found[0]}"
     if re.fullmatch(r"[\w/]+\.py", span):
         if re.match(r"(tests|bench|scripts)/", span):
             return None if (REPO / span).is_file() else "no such file"
@@ -203,9 +172,10 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
         return None if any(named[2] in m.model_fields for m in models) else f"no setting {span}"
     if member := re.fullmatch(r"([A-Z]\w*)\.(\w+)", span):
         cls, name = member.groups()
-        if cls == "Resolution" or cls not in classes():  # Resolution.SENT: an enum's member
+        bodies = [c.body for c in CLASSES if c.name == cls]
+        if cls == "Resolution" or not bodies:  # Resolution.SENT: an enum's member
             return None if ours_only or cls == "Resolution" else f"no class {cls} in src"
-        ok = any(name in members(p, d, attributes=True) for p, d in classes()[cls])
+        ok = any(name in members(body, attributes=True) for body in bodies)
         return None if ok else f"{cls} has no {name}"
     if dotted := re.fullmatch(r"([a-z_]+(?:\.[a-z_]+)*)\.(\w+)", span):
         head, name = dotted.groups()
@@ -214,8 +184,8 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
         if (section := Settings.model_fields.get(head)) and head != "policies":
             fields = getattr(section.annotation, "model_fields", {})
             return None if name in fields else f"no setting {span}"
-        candidates = [m for m in modules() if m == head or m.endswith("." + head)]
-        ok = any(name in members(modules()[m]) or f"{m}.{name}" in modules() for m in candidates)
+        candidates = [m for m in MODULES if m == head or m.endswith("." + head)]
+        ok = any(name in members(TREES[m].body) or f"{m}.{name}" in MODULES for m in candidates)
         return None if ok or not candidates else f"nothing named {name} in {candidates}"
     return None
 
@@ -228,21 +198,20 @@ def test_every_module_and_name_a_page_shows_in_code_is_where_it_says() -> None:
 def test_every_name_a_docstring_shows_in_code_is_where_it_says() -> None:
     """A package's docstring names only its own: a bare name (``health``) is one of its modules,
     or a name they or their classes define."""
-    wrong, tops = [], {m.split(".")[0] for m in modules()}
-    for package, path in modules().items():
-        for node in ast.walk(tree(path)):
+    wrong, tops = [], {m.split(".")[0] for m in MODULES}
+    for package, path in MODULES.items():
+        for node in ast.walk(TREES[package]):
             if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 for span in re.findall(r"`{1,2}([^`\n]+)`{1,2}", ast.get_docstring(node) or ""):
                     if why := problem(span, ours_only=True):
                         wrong.append(f"{path.relative_to(REPO)}: `{span}`: {why}")
-        if path.name != "__init__.py" or not (doc := ast.get_docstring(tree(path))):
+        if path.name != "__init__.py" or not (doc := ast.get_docstring(TREES[package])):
             continue
-        inside = [m for m in modules() if m.startswith(package + ".")]
-        known = {m.rpartition(".")[2] for m in inside} | members(path)
-        for sub in map(modules().__getitem__, inside):
-            known |= members(sub) | {
-                n for c in members(sub) if c[0].isupper() for n in members(sub, c)
-            }
+        inside = [m for m in MODULES if m.startswith(package + ".")]
+        known = {m.rpartition(".")[2] for m in inside} | members(TREES[package].body)
+        for body in (TREES[m].body for m in inside):
+            classes = [c.body for c in body if isinstance(c, ast.ClassDef)]
+            known |= members(body).union(*map(members, classes))
         for name in re.findall(r"`{1,2}([a-z_]\w*[a-z0-9])`{1,2}", doc):  # `whsec_`: a prefix
             if name not in known and name.split(".")[0] not in tops:
                 wrong.append(f"{path.relative_to(REPO)}: {name}")
