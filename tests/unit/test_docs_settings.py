@@ -41,13 +41,9 @@ STUBS: dict[type[BaseModel], dict[str, Any]] = {
     | {"from": "Support <support@example.com>", "message_id_domain": "mail.example.com"},
 }
 #: Defaults the pages say in words, and the values each may stand for.
-WORDS: dict[str, tuple[object, ...]] = {
-    "unset": (None, ""),
-    "unset (off)": (None, ""),
-    "the host name": (socket.gethostname(),),
-    "all seven": (list(WEBHOOK_TYPES),),
-    "twice `deadline_grace`, at least `1s`": (None,),  # tests/unit/test_settings.py
-}
+WORDS: dict[str, tuple[object, ...]] = dict.fromkeys(("unset", "unset (off)"), (None, ""))
+WORDS |= {"the host name": (socket.gethostname(),), "all seven": (list(WEBHOOK_TYPES),)}
+WORDS["twice `deadline_grace`, at least `1s`"] = (None,)  # tests/unit/test_settings.py
 WORDS |= dict.fromkeys(("off", "none", "Google's", "the file's", "the `\\Sent` folder"), ("",))
 WORDS |= dict.fromkeys(("", "required with `listen`"), (None,))
 RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at most) ([^\s,]+)")
@@ -142,9 +138,7 @@ def field_of(key: str, kind: str) -> tuple[type[BaseModel], str] | None:
 
 
 def test_every_setting_has_one_row_its_default_choices_and_range() -> None:
-    """configuration.md's key tables (a row of several keys, `a` / `b`, is a row per key) and
-    its range table."""
-    rows = []
+    rows = []  # configuration.md's key tables: a row of several keys, `a` / `b`, a row per key
     for first, kind in (("key", "gmail"), ("smtp-imap key", "smtp-imap"), ("graph key", "graph")):
         for row in table(page("configuration.md"), f"{first} | default"):
             keys = CODE.findall(row[0])
@@ -173,12 +167,9 @@ def test_every_setting_has_one_row_its_default_choices_and_range() -> None:
             for model, field in fields:
                 check_range(model, field, row[1], "configuration.md, range table")
                 ranged.append((model, field))
-    numeric = {
-        (model, field)
-        for model in [*SECTIONS.values(), *KINDS.values()]
-        for field, info in model.model_fields.items()
-        if number_types(info.annotation) <= {int, float}
-    }
+    models = [*SECTIONS.values(), *KINDS.values()]
+    every_field = [(m, f, i) for m in models for f, i in m.model_fields.items()]
+    numeric = {(m, f) for m, f, i in every_field if number_types(i.annotation) <= {int, float}}
     assert sorted(map(str, numeric ^ set(ranged))) == [] and len(ranged) == len(set(ranged))
 
 
