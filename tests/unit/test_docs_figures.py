@@ -16,26 +16,21 @@ from contextlib import closing
 import pytest
 from tests.unit.docs_page import CODE, REPO, flat, keyed, page, section
 from tests.unit.engine_rig import EngineRig
-from tests.unit.test_docs_domain import EVENTS
+from tests.unit.test_docs_domain import FIELDS
 from tests.unit.test_docs_settings import KINDS, SECTIONS
 from tests.unit.test_services import LEGAL, OTHER, in_review, services
 
 from daemon import exit_codes, from_settings, systemd
-from daemon.api import overview, signin_limit
-from daemon.api.auth import SESSION_SECONDS, Role
-from daemon.api.roles import PAGE_ROLE, ROUTE_ROLES
+from daemon.api import auth, overview, roles, signin_limit
 from daemon.cli.init_command import config_text
-from daemon.config import environment, stop_bound
-from daemon.config.settings import _PROVIDER_TAGS, DEFAULT_STOP_TIMEOUT
+from daemon.config import environment, settings, stop_bound
 from daemon.providers import base, gmail, quota, smtp_submit, transport
 from daemon.service_layer import guidance, listing, problems, read_models
 from daemon.service_layer.services import SORTS, TRIAGE_NOTE, Services
 from daemon.tools import demo, probe
 from daemon.webhooks import events, signing, status, worker
-from ledger import addresses, attachments, characters, content, display, extra_headers, keys
-from ledger.job import SendJob
-from ledger.stores import positions
-from ledger.stores.url import DEFAULT_LOCK_TIMEOUT
+from ledger import addresses, attachments, characters, content, display, extra_headers, job, keys
+from ledger.stores import positions, url
 from ledger.vocabulary import FINAL_STATES, OPEN_STATES, EscalationReason, JobState
 from policies import loader, model
 from sendledger.client import Client
@@ -75,8 +70,7 @@ probe.register(SUB)
 PROBE = {o: a.default for a in SUB.choices["probe"]._actions for o in a.option_strings}
 QUOTA = GMAIL["quota_units_per_second"].default
 GRACE = SECTIONS["daemon"].model_fields["deadline_grace"].default
-STOP_WAITS = stop_bound.STOP_LOCK_WAITS
-STOP_DEFAULTS = (STOP_WAITS, DEFAULT_LOCK_TIMEOUT, DEFAULT_STOP_TIMEOUT)
+STOP = (stop_bound.STOP_LOCK_WAITS, url.DEFAULT_LOCK_TIMEOUT, settings.DEFAULT_STOP_TIMEOUT)
 WAITS = (GRACE, GRAPH["timeout"].default, GRAPH["confirm_wait"].default)
 HEADERS = (content.MAX_EXTRA_HEADERS, content.MAX_HEADER_VALUE, extra_headers.MAX_HEADER_NAME)
 SIGN_IN = (signin_limit.FAILURES, signin_limit.WINDOW / 60)
@@ -96,21 +90,15 @@ DEMO = ast.walk(ast.parse(page("src/daemon/tools/demo.py")))
 DEMO_STRINGS = {n.value for n in DEMO if isinstance(n, ast.Constant)}
 GRAPH_CONFIG = config_text("graph", addresses.parse_mailbox("you@example.com"))
 PERMISSIONS = re.findall(r"permissions (Mail\.\w+) and (Mail\.\w+) for `user`", GRAPH_CONFIG)[0]
-CHECKED = [f.name for f in dataclasses.fields(SendJob.Checked) if f.name != "timestamp"]
+CHECKED = [f.name for f in dataclasses.fields(job.SendJob.Checked) if f.name != "timestamp"]
 SORTED_BY = {{"since": "age"}.get(s, s) for s in (s.lstrip("-") for s in SORTS)}
 EXIT_CODES = {v for k, v in vars(exit_codes).items() if k.startswith("EXIT_")} | {130}
-ROUTES = {f"{m} {p}": r.value for (m, p), r in ROUTE_ROLES.items()} | {"/ui/": PAGE_ROLE.value}
+ROUTES = {f"{m} {p}": r.value for (m, p), r in roles.ROUTE_ROLES.items()}
+ROUTES["/ui/"] = roles.PAGE_ROLE.value
 REASONS = {r.value: [guidance.MEANING[r], guidance.NEXT[r]] for r in EscalationReason}
 OWNED = {*extra_headers.OWNED_HEADERS, "content-*"} - {"message-id"}
-CRASH = ast.parse(page("tests/e2e/test_crash_matrix.py"))
-CRASH_MODES = next(
-    ast.literal_eval(n.value)
-    for n in CRASH.body
-    if isinstance(n, ast.AnnAssign) and n.value and "MODES" in ast.unparse(n)[:9]
-)
-FIELDS = {
-    k: {f for b in c.__mro__ for f in getattr(b, "__annotations__", {})} for k, c in EVENTS.items()
-}
+CRASH = page("tests/e2e/test_crash_matrix.py")
+CRASH_MODES = ast.literal_eval(re.findall(r"^MODES: .+? = (\(.*?\n\))", CRASH, re.M | re.S)[0])
 POLICY_EVENTS = {k for k, fields in FIELDS.items() if {"policy", "fingerprint"} <= fields}
 #: page | words with the figures as their groups | what they are (a Python expression; a
 #: tuple for several groups).
@@ -147,11 +135,11 @@ http-api.md | longer than ([\d,]+) digits | sys.get_int_max_str_digits()
 review.md | ; (\d+) a page\. | Services.review_queue.__kwdefaults__['per_page']
 review.md | among the (\d+) most recently | Services.find_jobs.__kwdefaults__['scan']
 review.md | content \(To, Subject\) of (\d+) jobs a query | read_models.CONTENT_PAGE
-review.md | session cookie for (\d+) hours | SESSION_SECONDS // 3600
+review.md | session cookie for (\d+) hours | auth.SESSION_SECONDS // 3600
 review.md | after (\d+) failed attempts within (\d+) minutes | SIGN_IN
 review.md | until the oldest failure is (\d+) minutes old | signin_limit.WINDOW / 60
 review.md | with the note "([^"]+)" | TRIAGE_NOTE
-review.md | every page of `/ui/` needs `(\w+)` | PAGE_ROLE.value
+review.md | every page of `/ui/` needs `(\w+)` | roles.PAGE_ROLE.value
 providers.md | fixed \(the first (\d+), then | base.DEFAULT_READBACK_FIRST
 providers.md | fixed \(the first \d+, then ([\d.]+); | base.DEFAULT_READBACK_RATE
 providers.md | the defaults do: (\d+)s, 2 x (\d+)s \+ (\d+)s | WAITS
@@ -176,8 +164,8 @@ configuration.md | a service's start \(`run`, `api`\) for (\d+) s | from_setting
 performance.md | `run` or `api`: (\d+) s | from_settings.SERVICE_START_WAIT
 operations.md | each within `store.connect_timeout`, plus (\d+) | systemd.START_MARGIN
 operations.md | and so does a (\w+) request in flight | FIFTH
-operations.md | held by another session (\w+) times in a row | {6: 'six'}[STOP_WAITS]
-operations.md | the defaults, (\d+) \u00d7 (\d+) s, fit (\d+) s | STOP_DEFAULTS
+operations.md | held by another session (\w+) times in a row | {6: 'six'}[STOP[0]]
+operations.md | the defaults, (\d+) \u00d7 (\d+) s, fit (\d+) s | STOP
 performance.md | `store.pool_size` \(default (\d+)\) | STORE.pool_size
 performance.md | `store.max_overflow` \((\d+)\) | STORE.max_overflow
 performance.md | Idle connections \(over (\d+) s\) | transport.DEFAULT_MAX_IDLE
@@ -220,7 +208,7 @@ configuration.md | \| `webhooks.NAME.events` \| all \w+ \| (.*?) \| | set(events
 configuration.md | \*\*Files\.\*\* Every secret file \(([^)]+)\) | SECRETS
 configuration.md | (`SENDLEDGER_[A-Z_]+`) | >= set(environment.OTHER_VARIABLES)
 providers.md | \*Application\* permissions (`Mail\.\w+`) \(.*?\) and (`Mail\.\w+`) | PERMISSIONS
-providers.md | chosen by `kind` in `\[providers\.NAME\]`: (.*?); a table | list(_PROVIDER_TAGS)
+providers.md | by `kind` in `\[providers\.NAME\]`: (.*?); a table | list(settings._PROVIDER_TAGS)
 providers.md | (`https://[^`]+` and `https://[^`]+`) | gmail.SCOPES
 providers.md | drafts need (`https://[^`]+`) besides the two | gmail.DRAFT_SCOPES[2:]
 operations.md | OUTCOME column says (.*?); | <= DEMO_STRINGS
@@ -244,7 +232,7 @@ cli.md | display name with any of (.+?) must be in double | set(addresses._SPECI
 #: order or a set), or every row as {first cell: the next cell, or [all the other cells]}.
 TABLES = r"""
 cli.md | ### Exit codes | Code | {str(c) for c in EXIT_CODES}
-http-api.md | ### Roles | role | [role.value for role in Role]
+http-api.md | ### Roles | role | [role.value for role in auth.Role]
 http-api.md | ### Roles | route | ROUTES
 http-api.md | ## Webhooks | type | [entry.type for entry in events.WEBHOOK_EVENTS]
 http-api.md | ## Webhooks | `rejected` reason | list(events.REJECTED_CODES)
@@ -263,7 +251,8 @@ def number(text: object) -> object:
 
 
 FIGURE_ROWS, LIST_ROWS, TABLE_ROWS = (
-    [r.split(" | ") for r in t.strip().splitlines()] for t in (FIGURES, LISTS, TABLES)
+    [pytest.param(*row.split(" | "), id=row[:60]) for row in t.strip().splitlines()]
+    for t in (FIGURES, LISTS, TABLES)
 )
 
 
@@ -273,9 +262,7 @@ def found(name: str, words: str) -> list[str | tuple[str, ...]]:
     return hits
 
 
-@pytest.mark.parametrize(
-    ("name", "words", "value"), FIGURE_ROWS, ids=[r[1][:40] for r in FIGURE_ROWS]
-)
+@pytest.mark.parametrize(("name", "words", "value"), FIGURE_ROWS)
 def test_each_figure_a_page_quotes_is_the_code_s(name: str, words: str, value: str) -> None:
     written, code = {number(f) for f in found(name, words)}, number(eval(value))
     assert written == {code}, f"{name}: {words!r} says {written}, the code {value} is {code}"
@@ -296,9 +283,8 @@ def differs(where: str, written: list[str] | dict[str, list[str]], value: str) -
         assert isinstance(written, dict), written
         whole = isinstance(next(iter(code.values())), list)
         rows = {k: cells if whole else cells[0] for k, cells in dict(written).items()}
-        wrong = {
-            k: (rows.get(k), code.get(k)) for k in {*rows, *code} if rows.get(k) != code.get(k)
-        }
+        both = {k: (rows.get(k), code.get(k)) for k in {*rows, *code}}
+        wrong = {k: pair for k, pair in both.items() if pair[0] != pair[1]}
         return f"{where}: (page, code) differ at {wrong}" if wrong else None
     ordered = not op and not isinstance(code, set | frozenset)
     case = str.lower if op == "~=" else str
@@ -309,18 +295,13 @@ def differs(where: str, written: list[str] | dict[str, list[str]], value: str) -
     return None if ok else f"{where} {written}: {more} more, {fewer} fewer than {op} {expression}"
 
 
-@pytest.mark.parametrize(("name", "words", "value"), LIST_ROWS, ids=[r[1][:40] for r in LIST_ROWS])
+@pytest.mark.parametrize(("name", "words", "value"), LIST_ROWS)
 def test_the_lists_a_page_writes_in_prose_are_the_code_s(name: str, words: str, value: str) -> None:
     written = [i for hit in found(name, words) for i in items(hit)]
     assert not (wrong := differs(f"{name}: {words!r} lists", written, value)), wrong
 
 
-@pytest.mark.parametrize(("name", "heading", "first", "value"), TABLE_ROWS, ids=lambda v: v[:20])
+@pytest.mark.parametrize(("name", "heading", "first", "value"), TABLE_ROWS)
 def test_each_table_s_rows_are_the_code_s(name: str, heading: str, first: str, value: str) -> None:
     where = f"{name} {heading!r}, table {first!r}"
     assert not (wrong := differs(where, keyed(section(name, heading), first), value)), wrong
-
-
-def test_the_defaults_the_pages_add_up_hold() -> None:
-    # providers.md: "keep daemon.deadline_grace at least 2 x timeout + confirm_wait".
-    assert 2 * WAITS[1] + WAITS[2] <= GRACE
