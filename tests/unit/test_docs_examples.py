@@ -34,8 +34,7 @@ from daemon.cli.init_command import FIRST_KEY, config_text, installation, planne
 from daemon.config.settings import ConfigError, WebhookSettings, settings_from_dict
 from daemon.engine.circuit import OpenCircuit
 from daemon.from_settings import open_ledger, settings_for
-from daemon.webhooks.events import REJECTED_CODES, event_id_for, payload
-from daemon.webhooks.signing import new_secret, signed_headers
+from daemon.webhooks import events, signing
 from ledger.addresses import parse_mailbox
 from ledger.application import Ledger
 from ledger.message_id import message_id_for
@@ -92,11 +91,8 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
     parts = re.split(header, page("config.example.toml"), flags=re.M)[1:]
     sections = {name or kind: text for name, kind, text in zip(*[iter(parts)] * 3, strict=True)}
     sections["http-api"] = block(section("http-api.md", "## Webhooks"), "toml")  # a hook's
-    models: list[tuple[str, type[BaseModel]]] = [
-        *SECTIONS.items(),
-        *KINDS.items(),
-        ("http-api", WebhookSettings),
-    ]
+    models: list[tuple[str, type[BaseModel]]] = [*SECTIONS.items(), *KINDS.items()]
+    models.append(("http-api", WebhookSettings))
     for prefix, model in models:
         # Every key; a value shown (set or commented out) where the model has one of its own
         # is that default, but for the few a deployment sets to its own on purpose.
@@ -130,9 +126,8 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
     line = next(x for x in page("configuration.md").splitlines() if x.startswith("Durations are "))
     durations = [parse_duration(f) for f in re.findall(r'`"([^"]+)"`', line)]
     assert durations == [0.25, 30, 300, 3600, 86400], line
-    said = re.search(
-        r"Key `([^`]+)` on `([^`]+)` is always `([^`]+)`", flat(page("how-it-works.md"))
-    )
+    text = flat(page("how-it-works.md"))
+    said = re.search(r"Key `([^`]+)` on `([^`]+)` is always `([^`]+)`", text)
     assert said and message_id_for(said[1], said[2]) == said[3]
 
 
@@ -150,9 +145,8 @@ def test_a_fifo_as_a_secret_is_refused_in_the_page_s_words(tmp_path: Path) -> No
 
 @pytest.fixture(scope="module")
 def rig() -> Iterator[EngineRig]:
-    with contextlib.closing(
-        EngineRig(policy("legal"), policy("receipts", on_unknown="review"))
-    ) as rig:
+    rig = EngineRig(policy("legal"), policy("receipts", on_unknown="review"))
+    with contextlib.closing(rig):
         yield rig
 
 
@@ -164,12 +158,12 @@ def test_the_webhook_examples_are_what_a_receiver_gets_and_the_snippet_takes_it_
     rig.submit("legal", "order-1042")
     job = rig.ledger.get_job("order-1042")
     [requested] = rig.ledger.history("order-1042")
-    sent = payload("confirmed", job, requested, event_id_for(job.id, job.version))
+    sent = events.payload("confirmed", job, requested, events.event_id_for(job.id, job.version))
     assert all(list(example) == list(sent) for example in examples)
     [rejected] = [e for e in examples if e["type"] == "rejected"]
-    assert rejected["reason"] in REJECTED_CODES and rejected["detail"]
+    assert rejected["reason"] in events.REJECTED_CODES and rejected["detail"]
     [snippet] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "hook.verify(" in b]
-    secret = new_secret()
+    secret = signing.new_secret()
     (tmp_path / "webhook-secret").write_text(secret + "\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     handled: list[dict[str, Any]] = []
@@ -177,7 +171,7 @@ def test_the_webhook_examples_are_what_a_receiver_gets_and_the_snippet_takes_it_
     scope: dict[str, Any] = {**seen, "handle": handled.append}
     exec(snippet, scope)
     body = json.dumps({"type": "confirmed", "key": "order-1042", "event_id": "evt_1_4"})
-    headers = signed_headers(secret, "evt_1_4", datetime.now(UTC), body)
+    headers = signing.signed_headers(secret, "evt_1_4", datetime.now(UTC), body)
     assert [scope["receive"](body.encode(), headers) for _ in "12"] == [204, 204]
     assert [e["key"] for e in handled] == ["order-1042"]
     assert scope["receive"](body.replace("1042", "1043").encode(), headers) == 401
@@ -226,12 +220,8 @@ def test_the_quick_start_and_the_systemd_steps_are_what_init_writes(tmp_path: Pa
 def said(*argv: str, cwd: Path, stdin: str = "") -> tuple[int, str]:
     """Exit code and stderr of `sendledger ARGV` run in this process, in `cwd`."""
     err = io.StringIO()
-    with (
-        contextlib.chdir(cwd),
-        contextlib.redirect_stderr(err),
-        contextlib.redirect_stdout(io.StringIO()),
-        mock.patch.object(sys, "stdin", io.StringIO(stdin)),
-    ):
+    streams = mock.patch.multiple(sys, stdin=io.StringIO(stdin), stdout=io.StringIO(), stderr=err)
+    with contextlib.chdir(cwd), streams:
         return main(list(argv)), err.getvalue().strip()
 
 
