@@ -133,10 +133,8 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
 
 def test_a_fifo_as_a_secret_is_refused_in_the_page_s_words(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "sa.json")
-    settings = settings_from_dict(
-        {"providers": {"support": {"credentials_file": "sa.json"}}},
-        config_path=tmp_path / "sendledger.toml",
-    )
+    config = {"providers": {"support": {"credentials_file": "sa.json"}}}
+    settings = settings_from_dict(config, config_path=tmp_path / "sendledger.toml")
     with pytest.raises(ConfigError) as refused:
         build_provider(settings, "support")
     printed = str(refused.value).replace(str(tmp_path), "/etc/sendledger")
@@ -251,9 +249,7 @@ def test_the_ten_errors_are_the_lines_the_page_quotes(
     code, text = submit(subject="Another")
     made["The same key with other content"] = (code, re.sub(r"sha256:\w+", "sha256:...", text))
     write_service_account(site / "gmail-service-account.json", token_uri="http://127.0.0.1:1/t")
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         config.write_text(config.read_text().replace("127.0.0.1:8025", f"127.0.0.1:{port}"))
         code, text = said("run", cwd=site)
