@@ -201,7 +201,7 @@ def test_the_client_s_calls_and_errors_are_the_client_s_and_the_example_binds() 
     assert len(bound) == 1 + len(re.findall(r"client\.(\w+)\(", block(text, "python")))
     also = CODE.findall(text.split("Also ", 1)[1].split(". Every", 1)[0])
     called = set(re.findall(r"client\.(\w+)\(", text)) | {c for c in also if c.isidentifier()}
-    members = inspect.getmembers(client_module.Client, inspect.isfunction)
+    members = inspect.getmembers(client, inspect.isfunction)
     assert called == {name for name, _ in members if name[0] != "_"}
     found = inspect.getmembers(client_module, inspect.isclass)
     classes = {n for n, c in found if issubclass(c, client_module.ClientError) and n[0] != "_"}
@@ -230,9 +230,8 @@ def registry(metrics: Metrics) -> dict[str, tuple[str | None, tuple[str, ...]]]:
 
 def test_the_metric_table_is_the_registry_and_the_alerts_use_it(rig: EngineRig) -> None:
     opened = OpenCircuit("fake", datetime(2026, 1, 1, tzinfo=UTC), 3, datetime.now(UTC), False)
-    daemon = Metrics(
-        Sources(rig.ledger, {"fake": rig.provider}, lambda: [], lambda: 1.0, lambda: [opened])
-    )
+    sources = Sources(rig.ledger, {"fake": rig.provider}, lambda: [], lambda: 1.0, lambda: [opened])
+    daemon = Metrics(sources)
     rows = keyed(section("http-api.md", "## Metrics"), "metric")
     written = {n: (kind, tuple(CODE.findall(x.split("(")[0]))) for n, (kind, x) in rows.items()}
     assert written == registry(daemon)
