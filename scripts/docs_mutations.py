@@ -582,22 +582,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "checked-docs-row-removed",
         "docs/development.md",
-        "| [Property tests](#property-tests) | `tests/unit/test_hypothesis_profile.py` |\n",
+        "| [Property tests](#property-tests) | `tests/unit/test_hypothesis_profile.py`, "
+        "`tests/unit/test_job_properties.py::"
+        "test_a_timeout_inside_a_property_test_is_reported_as_the_timeout` |\n",
         "",
         "a section with prose and no row naming what checks it",
     ),
     M(
         "checked-docs-checked-by-line",
         "docs/development.md",
-        "draws fresh examples for a local bug hunt.\n",
-        "draws fresh examples for a local bug hunt.\n"
+        "the test after the files its worker ran first.\n",
+        "the test after the files its worker ran first.\n"
         "Checked by: `tests/unit/test_hypothesis_profile.py`\n",
         "a `Checked by:` line in the prose instead of a row",
     ),
     M(
         "checked-docs-row-names-nothing",
         "docs/development.md",
-        "| [Property tests](#property-tests) | `tests/unit/test_hypothesis_profile.py` |",
+        "| [Property tests](#property-tests) | `tests/unit/test_hypothesis_profile.py`, "
+        "`tests/unit/test_job_properties.py::"
+        "test_a_timeout_inside_a_property_test_is_reported_as_the_timeout` |",
         "| [Property tests](#property-tests) | the profile's own test |",
         "a row that names no test, bench script or command",
     ),
