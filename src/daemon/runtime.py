@@ -179,11 +179,24 @@ class Daemon:
         return line
 
     def serve(self) -> int:
-        hooks = hooks_from(self.service.settings)  # a bad secret file: exit 2 before anything
-        # The API's port is taken first: one in use is exit 2 naming api.listen, before
-        # the name is held or a claim recovered.
-        api = self._bind_api()
-        self._identity = start_up(self.service)
+        try:
+            hooks = hooks_from(self.service.settings)  # a bad secret file: exit 2 first
+            # The API's port is taken first: one in use is exit 2 naming api.listen, before
+            # the name is held or a claim recovered.
+            api = self._bind_api()
+            try:
+                self._identity = start_up(self.service)
+            except BaseException:
+                if api is not None:
+                    api.stop()  # its port, bound and not served
+                raise
+        except BaseException:
+            # Refused at start-up: only the engine's workers run (bootstrap started them),
+            # stopped as a stop would, so that a caller in this process (`try`, tests) is
+            # not left their threads.
+            self.engine.stop()
+            self.service.close()
+            raise
         self._announcer = announce_policies(
             self.service.ledger, self.engine.daemon_name, self.engine.policies, DAEMON
         )

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from daemon.bootstrap import bootstrap
 from daemon.config.settings import settings_from_dict
 from daemon.doubles.fake_provider import FakeProvider
@@ -90,3 +92,23 @@ def test_a_check_that_cannot_be_made_skips_the_tick() -> None:
             daemon.request_stop()
             runner.join(timeout=20)
         assert not runner.is_alive()
+
+
+def test_a_name_taken_at_start_up_leaves_no_worker_running() -> None:
+    """Refused at start-up (exit 3), the daemon stops the engine's workers that its
+    bootstrap started, as its stop would: a caller in the same process (`try`, a test)
+    is left no thread waiting for work."""
+
+    def taken(name: str) -> FlakyName:
+        raise IdentityTaken(name, "db")
+
+    with Ledger("memory://") as ledger:
+        daemon = _daemon(ledger, FlakyName(OSError(), failures=0))
+        ledger.hold_identity = taken  # type: ignore[method-assign]
+        workers = [t for t in threading.enumerate() if t.name.endswith("@n1")]
+        assert workers  # the send workers, started by bootstrap
+        with pytest.raises(IdentityTaken):
+            daemon.serve()
+        for worker in workers:
+            worker.join(timeout=5)
+        assert [t.name for t in workers if t.is_alive()] == []
