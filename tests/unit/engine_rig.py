@@ -110,6 +110,8 @@ class EngineRig:
         self._read: dict[str, tuple[SendJob, list[Any]]] = {}
         self._ids: dict[str, UUID] = {}
         self.others: dict[str, FakeProvider] = {}  # providers beside "fake" (`add_provider`)
+        # Every engine built on the rig, each closed by `close` (its workers stopped).
+        self._engines: list[Engine] = []
         self.service = self.new_service()
         self.engine = self.service.engine
 
@@ -122,7 +124,7 @@ class EngineRig:
         if name != DAEMON:
             daemon = settings.daemon.model_copy(update={"name": name})
             settings = settings.model_copy(update={"daemon": daemon})
-        return bootstrap(
+        service = bootstrap(
             settings,
             ledger=self.ledger,
             policy_loader=lambda: self.policies,
@@ -134,6 +136,13 @@ class EngineRig:
             # between daemons has tests of its own (tests/unit/test_scope_owners.py).
             share_scopes=False,
         )
+        self.own(service.engine)
+        return service
+
+    def own(self, engine: Engine) -> Engine:
+        """`engine` (built on the rig's store by a test) is closed with the rig."""
+        self._engines.append(engine)
+        return engine
 
     def new_engine(self, name: str = DAEMON) -> Engine:
         """Another daemon's engine on the same store and provider (named `name`)."""
@@ -153,8 +162,17 @@ class EngineRig:
         self.engine = self.service.engine
 
     def close(self) -> None:
-        self.engine.close()
+        """Every engine built on the rig closed, then the store. Closing an engine twice
+        (a test's own `close`, then this) is harmless."""
+        for engine in self._engines:
+            engine.close()
         self.ledger.close()
+
+    def __enter__(self) -> EngineRig:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def submit(self, channel: str, key: str) -> str:
         found = self.policies.get(channel)

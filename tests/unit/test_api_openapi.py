@@ -31,6 +31,9 @@ from daemon.api.app import OPENAPI_URL, create_app
 from daemon.service_layer.listing import LIMIT_MAX, STATES
 
 RIG = EngineRig(policy("legal", on_unknown="review"))
+# The API serves the store alone: no send workers left waiting for the rest of the session
+# in every process that imports this module (each xdist worker does, to collect it).
+RIG.engine.close()
 APP = create_app(api_context(RIG))
 SCHEMA = schemathesis.openapi.from_asgi(OPENAPI_URL, APP)
 
@@ -135,8 +138,10 @@ def test_dry_run_takes_a_json_boolean_only(client: TestClient, value: object) ->
 
 
 def test_a_dry_run_of_no_is_refused_not_run_live() -> None:
-    rig = EngineRig(policy("legal", on_unknown="review"))
-    with TestClient(create_app(api_context(rig))) as client:
+    with (
+        EngineRig(policy("legal", on_unknown="review")) as rig,
+        TestClient(create_app(api_context(rig))) as client,
+    ):
         in_review(rig, client, "k1", copy=True)
         assert (
             client.post("/v1/review/triage", json={"dry_run": "no"}, headers=AUTH).status_code
@@ -146,7 +151,6 @@ def test_a_dry_run_of_no_is_refused_not_run_live() -> None:
         for value in (True, False):
             answer = client.post("/v1/review/triage", json={"dry_run": value}, headers=AUTH)
             assert answer.status_code == 200
-    rig.close()
 
 
 def test_every_v1_route_documents_401_and_403_and_others_need_no_token() -> None:

@@ -6,6 +6,8 @@ The engine on the memory store and the fake provider's inbox, time injected."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
@@ -48,8 +50,9 @@ def bounced(rig: EngineRig, key: str) -> list[SendJob.Bounced]:
 
 
 def engine_of(rig: EngineRig, name: str, **options: Any) -> Engine:
-    """Another engine on the rig's store, provider and clock, built with `options`."""
-    return Engine(
+    """Another engine on the rig's store, provider and clock, built with `options`; closed
+    with the rig."""
+    engine = Engine(
         rig.ledger,
         rig.holder,
         {"fake": rig.provider},
@@ -58,15 +61,27 @@ def engine_of(rig: EngineRig, name: str, **options: Any) -> Engine:
         daemon_name=name,
         **options,
     )
+    return rig.own(engine)
 
 
 @pytest.fixture
-def rig() -> EngineRig:
-    return EngineRig(
+def rig() -> Iterator[EngineRig]:
+    with EngineRig(
         policy("receipts", watch_bounces="1h"),
         policy("legal", watch_bounces="1h", on_bounce="review"),
         policy("plain"),
-    )
+    ) as rig:
+        yield rig
+
+
+MakeRig = Callable[..., EngineRig]
+
+
+@pytest.fixture
+def make_rig() -> Iterator[MakeRig]:
+    """Rigs a test builds on its own policies, each closed after the test."""
+    with contextlib.ExitStack() as rigs:
+        yield lambda *policies: rigs.enter_context(EngineRig(*policies))
 
 
 def test_a_report_is_recorded_once_read_after_read_and_after_a_restart(rig: EngineRig) -> None:
@@ -133,10 +148,10 @@ def test_the_watch_ends_and_the_job_is_purgeable_then(rig: EngineRig) -> None:
     assert rig.provider.report_reads == 0 or rig.ledger.watched() == []
 
 
-def test_a_report_before_the_confirmation_waits_for_it() -> None:
+def test_a_report_before_the_confirmation_waits_for_it(make_rig: MakeRig) -> None:
     """The bounce arrived while the send's outcome was still unknown: it is recorded once
     the search confirms the job."""
-    rig = EngineRig(policy("receipts", watch_bounces="1h", search_after="5m"))
+    rig = make_rig(policy("receipts", watch_bounces="1h", search_after="5m"))
     rig.provider.script(Scripted.dropped_response())
     mid = rig.submit("receipts", "r-1")
     rig.tick()  # r-1 alone: with two workers, r-2 could take the scripted fate
@@ -169,10 +184,10 @@ def test_forgeries_put_nothing_on_any_job(rig: EngineRig) -> None:
     assert bounced(rig, "r-1") == [] and bounced(rig, "p-1") == []
 
 
-def test_a_report_in_another_mailbox_is_not_its_jobs() -> None:
+def test_a_report_in_another_mailbox_is_not_its_jobs(make_rig: MakeRig) -> None:
     """Two providers, two mailboxes: a report in the second naming a job of the first is
     refused, however well formed."""
-    rig = EngineRig(policy("receipts", watch_bounces="1h"))
+    rig = make_rig(policy("receipts", watch_bounces="1h"))
     second = FakeProvider("second", clock=rig.clock)
     policies = PolicySet(
         {
@@ -180,13 +195,15 @@ def test_a_report_in_another_mailbox_is_not_its_jobs() -> None:
             "other": policy("other", provider="second", watch_bounces="1h"),
         }
     )
-    engine = Engine(
-        rig.ledger,
-        PolicyHolder(lambda: policies, policies),
-        {"fake": rig.provider, "second": second},
-        provider_timeouts={"fake": 10.0, "second": 10.0},
-        clock=rig.clock,
-        daemon_name="two",
+    engine = rig.own(
+        Engine(
+            rig.ledger,
+            PolicyHolder(lambda: policies, policies),
+            {"fake": rig.provider, "second": second},
+            provider_timeouts={"fake": 10.0, "second": 10.0},
+            clock=rig.clock,
+            daemon_name="two",
+        )
     )
     mid = rig.submit("receipts", "r-1")
     rig.ledger.submit(receipt("other", "o-1"), policies["other"].sender)
@@ -525,8 +542,8 @@ def test_a_watch_outlasts_its_end_while_sends_keep_its_mailbox_from_being_read(
     assert rig.events("r-1")[-1] == "BounceWatchEnded"
 
 
-def test_a_watch_whose_channel_no_longer_watches_ends_at_its_time() -> None:
-    rig = EngineRig(policy("receipts", watch_bounces="1h"))
+def test_a_watch_whose_channel_no_longer_watches_ends_at_its_time(make_rig: MakeRig) -> None:
+    rig = make_rig(policy("receipts", watch_bounces="1h"))
     rig.submit("receipts", "r-1")
     rig.tick()
     rig.policies = PolicySet({"receipts": policy("receipts")})
@@ -651,10 +668,10 @@ def test_a_daemon_down_past_the_bound_reads_the_mailbox_before_its_watches_end(
     assert ended.reason == ""
 
 
-def test_a_watch_ended_with_its_mailbox_no_longer_read_says_so() -> None:
+def test_a_watch_ended_with_its_mailbox_no_longer_read_says_so(make_rig: MakeRig) -> None:
     """A watch whose channel stopped watching ends at its time, unread: its event says so
     (`reason`), rather than what a read through the mailbox would have said."""
-    rig = EngineRig(policy("receipts", watch_bounces="1h"))
+    rig = make_rig(policy("receipts", watch_bounces="1h"))
     rig.submit("receipts", "r-1")
     rig.tick()
     rig.policies = PolicySet({"receipts": policy("receipts")})
@@ -683,13 +700,13 @@ def test_metrics_count_the_watches_ended_unread(rig: EngineRig) -> None:
     assert 'sendledger_bounce_watches_ended_total{reason="unread"} 1.0' in text
 
 
-def test_a_verification_due_after_the_watch_s_end_runs_at_its_time() -> None:
+def test_a_verification_due_after_the_watch_s_end_runs_at_its_time(make_rig: MakeRig) -> None:
     """A resent job is verified `verify_after` (10 min) after its confirmation; its watch
     (5 min) ended before that, and waits for a read of its mailbox (queued sends hold the
     reads). The verification runs at its time, not once the watch ends (up to
     `unread_bound` later); the watch goes on waiting, and the report its mailbox received
     before the end is still recorded by the read that comes."""
-    rig = EngineRig(policy("receipts", watch_bounces="5m", on_unknown="retry"))
+    rig = make_rig(policy("receipts", watch_bounces="5m", on_unknown="retry"))
     mid = rig.submit("receipts", "r-1")
     rig.provider.script(Scripted.lost_request())
     rig.tick()
@@ -714,13 +731,13 @@ def test_a_verification_due_after_the_watch_s_end_runs_at_its_time() -> None:
     assert ended.reason == ""
 
 
-def test_a_verification_behind_more_waiting_watches_than_a_tick_reads_past_runs_at_its_time() -> (
-    None
-):
+def test_a_verification_behind_more_waiting_watches_than_a_tick_reads_past_runs_at_its_time(
+    make_rig: MakeRig,
+) -> None:
     """More watches wait for a read of their mailbox than a tick reads past (ten pages):
     their rows tell the index they wait (`WatchHold`), so the page leaves them out and a
     verification due behind them runs at its time, not once they end."""
-    rig = EngineRig(policy("receipts", watch_bounces="5m", on_unknown="retry"))
+    rig = make_rig(policy("receipts", watch_bounces="5m", on_unknown="retry"))
     engine = engine_of(rig, "small", batch_size=2)  # reads past 20 rows at most
     waits = [f"w-{n:02d}" for n in range(25)]
     for key in waits:
@@ -828,14 +845,16 @@ def test_reads_refused_after_getting_on_keep_their_watches(
     read_through_with_its_report(rig, "r-1", int(rig.engine.bounces.unread_bound // INTERVAL))
 
 
-def test_a_mailbox_no_longer_read_after_a_reload_is_forgotten_and_read_afresh_later() -> None:
+def test_a_mailbox_no_longer_read_after_a_reload_is_forgotten_and_read_afresh_later(
+    make_rig: MakeRig,
+) -> None:
     """A reload drops the channel that watched a mailbox: what was kept of its reads
     (the provider's stopped listing, what this process had read there, its From) is
     dropped at once, not kept for ever. Watched again by a later reload, the mailbox is
     read afresh from its window's start: the report recorded before is read again and
     refused by its job, never recorded twice."""
     watching = PolicySet({"receipts": policy("receipts", watch_bounces="1h")})
-    rig = EngineRig(*watching.values())
+    rig = make_rig(*watching.values())
     mid = rig.submit("receipts", "r-1")
     rig.tick()
     rig.provider.deliver(bounce_of(mid))

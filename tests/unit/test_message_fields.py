@@ -303,28 +303,28 @@ def test_any_text_as_send_at_is_a_time_or_refused(value: str) -> None:
 
 
 def test_a_job_is_not_dispatched_before_its_send_at() -> None:
-    rig = EngineRig(policy("receipts"))
-    start = rig.clock()
-    content = parse_job(
-        job(to="customer@example.net", send_at=(start + timedelta(hours=1)).isoformat())
-    )
-    rig.ledger.submit(content, rig.policies["receipts"].sender)
-    assert rig.job("order-42").due_at == start + timedelta(hours=1)
-    rig.tick()
-    rig.advance_and_tick(3599)
-    assert rig.copies("order-42") == 0
-    assert rig.events("order-42") == ["Requested"]
-    rig.advance_and_tick(1)
-    assert rig.copies("order-42") == 1
+    with EngineRig(policy("receipts")) as rig:
+        start = rig.clock()
+        content = parse_job(
+            job(to="customer@example.net", send_at=(start + timedelta(hours=1)).isoformat())
+        )
+        rig.ledger.submit(content, rig.policies["receipts"].sender)
+        assert rig.job("order-42").due_at == start + timedelta(hours=1)
+        rig.tick()
+        rig.advance_and_tick(3599)
+        assert rig.copies("order-42") == 0
+        assert rig.events("order-42") == ["Requested"]
+        rig.advance_and_tick(1)
+        assert rig.copies("order-42") == 1
 
 
 def test_a_send_at_in_the_past_is_due_at_once() -> None:
-    rig = EngineRig(policy("receipts"))
-    content = parse_job(job(send_at="2020-01-01T00:00:00Z"))
-    rig.ledger.submit(content, rig.policies["receipts"].sender)
-    assert rig.job("order-42").due_at == rig.clock()
-    rig.tick()
-    assert rig.copies("order-42") == 1
+    with EngineRig(policy("receipts")) as rig:
+        content = parse_job(job(send_at="2020-01-01T00:00:00Z"))
+        rig.ledger.submit(content, rig.policies["receipts"].sender)
+        assert rig.job("order-42").due_at == rig.clock()
+        rig.tick()
+        assert rig.copies("order-42") == 1
 
 
 # -- attachments ---------------------------------------------------------------------------
