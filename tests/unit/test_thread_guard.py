@@ -1,0 +1,115 @@
+"""The thread guard (tests/thread_guard.py): a thread a test leaves running fails the test,
+named with the function it runs; one that ends within the wait does not; one a module's
+fixture keeps is checked once that fixture is torn down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from tests.thread_guard import Guard
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def waiting_for(event: threading.Event, name: str) -> threading.Thread:
+    thread = threading.Thread(target=event.wait, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_thread_left_running_is_named_with_what_it_runs() -> None:
+    guard = Guard("fail")
+    guard.wait = 0.05
+    stop = threading.Event()
+    before = guard.begin()
+    waiting_for(stop, "left-behind")
+    try:
+        said = guard.end(before, "t::left")
+    finally:
+        stop.set()
+    assert said is not None
+    assert "'left-behind' running threading.Event.wait" in said
+    assert "1 thread(s) still running" in said
+
+
+def test_a_thread_that_ends_within_the_wait_is_not_a_leak() -> None:
+    guard = Guard("fail")
+    stop = threading.Event()
+    before = guard.begin()
+    waiting_for(stop, "ending")
+    threading.Timer(0.05, stop.set).start()  # the timer's thread ends within the wait too
+    assert guard.end(before, "t::ends") is None
+
+
+def test_a_thread_kept_by_a_wider_fixture_is_checked_once_it_is_torn_down() -> None:
+    guard = Guard("fail")
+    guard.wait = 0.05
+    stop = threading.Event()
+    module_rig = object()
+    guard.wider.add(module_rig)
+    before = guard.begin()
+    waiting_for(stop, "module-worker")
+    try:
+        assert guard.end(before, "t::first") is None  # its fixture still serves the next
+        assert guard.end(guard.begin(), "t::second") is None
+        guard.wider.discard(module_rig)  # torn down, its thread still running
+        said = guard.end(guard.begin(), "t::second")
+    finally:
+        stop.set()
+    assert said is not None and "'module-worker'" in said and "(started by t::first)" in said
+
+
+LEAKING = """
+import threading
+
+import pytest
+
+STOP = threading.Event()
+
+
+def test_leaks() -> None:
+    threading.Thread(target=STOP.wait, name="leaked-worker", daemon=True).start()
+
+
+@pytest.mark.leaves_threads("not ours")
+def test_excused() -> None:
+    threading.Thread(target=STOP.wait, name="excused-worker", daemon=True).start()
+"""
+
+
+# Failing (whatever the outer run says), each test's threads given 0.2 s.
+GUARD = {"PYTEST_SENDLEDGER_THREAD_GUARD": "fail", "PYTEST_SENDLEDGER_THREAD_WAIT": "0.2"}
+# No cache, no xdist: one process, one run, nothing written beside the test file.
+PLAIN = ["-p", "no:cacheprovider", "-p", "no:xdist"]
+
+
+def test_a_leaking_test_errors_at_its_teardown_and_an_excused_one_warns(tmp_path: Path) -> None:
+    (tmp_path / "test_leaking.py").write_text(LEAKING, encoding="utf-8")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.thread_guard",
+            *PLAIN,
+            "test_leaking.py",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **GUARD},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = run.stdout
+    assert run.returncode == 1, out
+    assert "ERROR at teardown of test_leaks" in out
+    assert "still running 0.2 s after the teardown" in out
+    assert "'leaked-worker' running threading.Event.wait" in out
+    assert "ThreadLeak" in out and "leaves_threads: not ours" in out
+    assert "2 passed, 1 warning, 1 error" in out
