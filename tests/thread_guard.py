@@ -34,8 +34,10 @@ from collections.abc import Generator, Iterable
 
 import pytest
 
-#: How long a test's threads have to end after its teardown (seconds).
-WAIT = float(os.environ.get("PYTEST_SENDLEDGER_THREAD_WAIT", "2"))
+#: How long a test's threads have to end after its teardown (seconds). A thread that ends
+#: is not waited for, so a long bound costs a passing run nothing; at load 10 on 2 cores a
+#: closed engine's last worker can take seconds to be scheduled and leave.
+WAIT = float(os.environ.get("PYTEST_SENDLEDGER_THREAD_WAIT", "10"))
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _BEFORE = pytest.StashKey[frozenset[threading.Thread]]()
 
