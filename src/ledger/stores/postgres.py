@@ -83,6 +83,7 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
         # Before the library's own init, whose type adapters take the pool's first
         # connection.
         start, _OPENING.start = _OPENING.start, None
+        bound_pool_connects(datastore.pool)
         PoolWait.install(datastore.pool, start=start)
         super().__init__(datastore, events_table_name=events_table_name)
         schema = datastore.schema.replace('"', '""')
@@ -643,15 +644,34 @@ def vacuum(store: PostgresStore) -> bool:
         return False
 
 
-#: The identity lock's session: a daemon's host that vanishes (no FIN) must not hold its
-#: name for hours.
-_IDENTITY_SESSION: dict[str, Any] = {
-    "autocommit": True,
+#: TCP keepalives of the store's sessions: a peer that vanishes (no FIN) is found out
+#: within 25 s, not after the kernel's two hours.
+_KEEPALIVES: dict[str, Any] = {
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
 }
+
+#: The identity lock's session: a daemon's host that vanishes (no FIN) must not hold its
+#: name for hours.
+_IDENTITY_SESSION: dict[str, Any] = {"autocommit": True, **_KEEPALIVES}
+
+
+def bound_pool_connects(pool: psycopg_pool.ConnectionPool[Any]) -> None:
+    """Each connection the pool makes gives up after `[store] connect_timeout` and keeps
+    TCP keepalives, as the store's own connections do (`_connect_args`). eventsourcing
+    gives the pool neither: its `timeout` bounds only a caller's wait in `getconn`, so
+    against a host that accepts and never answers (a blackholed network, a hung server,
+    a half-open proxy) each of the pool's few workers waited for good, and once they all
+    did the pool never connected again, the host back or not. Called before the pool
+    opens: it hands `kwargs` to every connection it makes."""
+    kwargs = pool.kwargs
+    if not isinstance(kwargs, dict):  # the library built its pool otherwise: say so
+        raise TypeError(f"eventsourcing's pool takes its kwargs as {type(kwargs).__name__}")
+    # libpq counts whole seconds, at least 2; the pool's timeout is `connect_timeout`
+    # (`PostgresBackend.env`).
+    pool.kwargs = {**kwargs, **_KEEPALIVES, "connect_timeout": max(2, round(pool.timeout))}
 
 
 class AdvisoryIdentityLock:
