@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import TextIO
 
 from daemon.systemd import under_systemd
+from ledger.characters import cut_mark
 from ledger.display import printable
 
 _ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
@@ -93,7 +94,7 @@ def _bounded(text: str, limit: int) -> str:
             break
         pieces.append(piece)
         used += len(piece)
-    return "".join(pieces) + f"... [{len(text) - len(pieces)} more characters]"
+    return "".join(pieces) + cut_mark(len(text) - len(pieces))
 
 
 def _bounded_lines(text: str) -> str:

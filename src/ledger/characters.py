@@ -13,6 +13,7 @@ from json.encoder import encode_basestring_ascii
 __all__ = [
     "BIDI_CONTROLS",
     "MAX_RECORDED",
+    "cut_mark",
     "invisible",
     "recorded",
     "storable",
@@ -112,7 +113,7 @@ def recorded(text: str, limit: int = MAX_RECORDED) -> str:
     head = storable(text[:limit])  # every character is written at least 1 long
     if len(text) <= limit and len(encode_basestring_ascii(head)) - 2 <= limit:
         return head
-    room = limit - len(_cut_mark(len(text)))  # the most the mark can take
+    room = limit - len(cut_mark(len(text)))  # the most the mark can take
     kept, used = 0, 0
     for char in head:
         used += _json_length(char)
@@ -124,10 +125,12 @@ def recorded(text: str, limit: int = MAX_RECORDED) -> str:
         kept -= 1
     if kept == 0:  # one sequence longer than the room: cut it, rather than keep nothing
         kept = start
-    return head[:kept] + _cut_mark(len(text) - kept)
+    return head[:kept] + cut_mark(len(text) - kept)
 
 
-def _cut_mark(cut: int) -> str:
+def cut_mark(cut: int) -> str:
+    """What ends a text cut short, `cut` of its characters left out: the one mark of a
+    recorded reason, a quoted log line and a bounded log record."""
     return f"... [{cut} more characters]"
 
 

@@ -15,7 +15,7 @@ import shlex
 import unicodedata
 from datetime import UTC, datetime
 
-from ledger.characters import BIDI_CONTROLS
+from ledger.characters import BIDI_CONTROLS, cut_mark
 
 
 def _escaped(char: str) -> str:
@@ -58,7 +58,7 @@ def quoted(text: object) -> str:
     words = str(text)
     if len(words) <= MAX_QUOTED:
         return words
-    return f"{words[:MAX_QUOTED]}... [{len(words) - MAX_QUOTED} more characters]"
+    return words[:MAX_QUOTED] + cut_mark(len(words) - MAX_QUOTED)
 
 
 def command_line(*argv: str) -> str:
