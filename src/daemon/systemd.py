@@ -52,7 +52,7 @@ class Notifier:
         TimeoutStopSec, which lives outside sendledger and may be shorter."""
         lines = ["STOPPING=1", f"STATUS={status}"]
         if takes is not None:
-            lines.append(f"EXTEND_TIMEOUT_USEC={math.ceil(takes * 1_000_000)}")
+            lines.append(extend_timeout(takes))
         return self.notify(*lines)
 
     def close(self) -> None:
@@ -79,17 +79,20 @@ class StartNotices:
 
     def waiting(self, store: str, cause: str, within: float) -> None:
         self._notifier.notify(
-            f"STATUS=waiting for PostgreSQL at {store} ({cause})", _extend(within)
+            f"STATUS=waiting for PostgreSQL at {store} ({cause})",
+            extend_timeout(within + START_MARGIN),
         )
 
     def connected(self, store: str, within: float) -> None:
         # The rest of the start may already be past TimeoutStartSec: it gets as long
         # again before READY=1 or its next wait's word.
-        self._notifier.notify("STATUS=", _extend(within))
+        self._notifier.notify("STATUS=", extend_timeout(within + START_MARGIN))
 
 
-def _extend(within: float) -> str:
-    return f"EXTEND_TIMEOUT_USEC={math.ceil((within + START_MARGIN) * 1_000_000)}"
+def extend_timeout(seconds: float) -> str:
+    """The notice that gives the unit's current start or stop `seconds` more (systemd 236
+    and later), whatever its TimeoutStartSec or TimeoutStopSec."""
+    return f"EXTEND_TIMEOUT_USEC={math.ceil(seconds * 1_000_000)}"
 
 
 #: What a unit's TimeoutStopSec leaves above `daemon.stop_timeout`: the store's close and
