@@ -366,6 +366,97 @@ def test_a_daemon_whose_clock_leaves_the_store_s_stands_aside_until_it_is_back(
     assert sorted(len(d.owners.owned()) for d in (a, b)) == [2, 2]
 
 
+class RenewerLooksDuringTheRound:
+    """The shared rows; while the round reads the heartbeats (after it asked whether its
+    daemon stands aside, before it takes), `look` runs: the lease renewer's thread
+    looking at the clock, as it may at any moment in a running daemon."""
+
+    def __init__(self, inner: Any, look: Callable[[], None]) -> None:
+        self.inner = inner
+        self.look: Callable[[], None] | None = look
+
+    def members(self, now: float) -> list[str]:
+        members: list[str] = self.inner.members(now)
+        look, self.look = self.look, None
+        if look is not None:
+            look()
+        return members
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_round_during_which_the_renewer_stands_aside_takes_no_scope() -> None:
+    """`a`'s clock is set back (an NTP step) while its round reads the store; its lease
+    renewer's thread sees it first and stands aside, dropping every scope. The round then
+    took the free scopes all the same and held them: `a` acted on them for as long as
+    its clock was back (three leases), and `b`, whose round found them taken, took them
+    when their leases ended by the store: two daemons calling for one mailbox at once.
+    Standing aside, a daemon takes nothing: `b` takes them at its first round."""
+    world = World()
+    store_clock = world.clocks["store"] = FakeClock(START)
+    a = world.start("a")
+
+    def renewer_looks() -> None:
+        a.clock.advance(-3 * LEASE)
+        renewer = threading.Thread(target=a.owners.renew_due, name="scope-renewer")
+        renewer.start()
+        renewer.join(timeout=10)
+        assert not renewer.is_alive()
+
+    a.owners._store = RenewerLooksDuringTheRound(
+        TimedStore(world.store, store_clock), renewer_looks
+    )
+    a.round(4)
+    assert a.owners.aside == pytest.approx(-3 * LEASE)
+    assert a.owners.owned() == [] and not any(a.may_call(n) for n in range(4))
+    assert [row.scope for row in world.store.leases() if row.owner == "a"] == []
+    b = world.start("b")
+    b.owners._store = TimedStore(world.store, store_clock)
+    for _ in range(int(4 * LEASE / 0.25)):
+        world.rounds(4, step=0.25)
+        assert all(len(world.owners_of(n)) <= 1 for n in range(4))
+    assert all(world.owners_of(n) == ["b"] for n in range(4))
+
+
+def test_a_round_during_which_the_renewer_stands_aside_extends_no_lease() -> None:
+    """`a` holds 4 scopes and `b` joins: `a` gives up two. While its round orders them,
+    its clock jumps ahead three leases and the renewer's thread stands aside. The release
+    was still written, by the clock found off: those leases ran three leases past their
+    end and nobody took the two mailboxes meanwhile. Standing aside writes nothing: every
+    lease ends as last written, and `b` takes them all when they end."""
+    world = World()
+    store_clock = world.clocks["store"] = FakeClock(START)
+    a = world.start("a")
+    a.owners._store = TimedStore(world.store, store_clock)
+    a.round(4)
+    b = world.start("b")
+    b.owners._store = TimedStore(world.store, store_clock)
+    b.round(4)  # nothing free: it only beats
+    last_written = max(row.lease_until for row in world.store.leases())
+    order = a.owners._preference
+
+    def renewer_looks(scope: str) -> bytes:
+        if a.owners.aside is None:
+            a.clock.advance(3 * LEASE)
+            renewer = threading.Thread(target=a.owners.renew_due, name="scope-renewer")
+            renewer.start()
+            renewer.join(timeout=10)
+            assert not renewer.is_alive()
+        return order(scope)
+
+    a.owners._preference = renewer_looks  # type: ignore[method-assign]
+    a.round(4)
+    assert a.owners.aside == pytest.approx(3 * LEASE) and a.owners.owned() == []
+    assert max(row.lease_until for row in world.store.leases()) == last_written
+    del world.daemons["a"]  # its rounds, aside, do nothing more
+    waited = 0.0
+    while not all(world.owners_of(n) == ["b"] for n in range(4)):
+        world.rounds(4, step=0.5)
+        waited += 0.5
+        assert waited <= LEASE + 1.0, "one lease and two rounds at most"
+
+
 def test_a_clock_within_half_the_grace_of_the_store_s_is_not_off() -> None:
     world = World()
     store_clock = world.clocks["store"] = FakeClock(START)

@@ -189,9 +189,16 @@ class ScopeOwners:
             mine -= set(extra)
         wanted_now = sorted(free, key=self._preference)[: max(share - len(mine), 0)]
         if wanted_now:
-            taken = self._store.take(self._daemon, wanted_now, at, at + self._lease)
-            with self._lock:
-                self._held.update((row.scope, row.lease_until) for row in taken)
+            # Under the lock a stand-aside (and `disown`) clears the scopes with, and asked
+            # again there: the renewer's thread may have found the clock off since the
+            # look above, and a scope taken after that would be held and acted on by the
+            # clock it found off (`_stand_aside`).
+            with self._renewing:
+                if self.aside is not None or self.disowned:
+                    return self._filter(_Work({}, {}))
+                taken = self._store.take(self._daemon, wanted_now, at, at + self._lease)
+                with self._lock:
+                    self._held.update((row.scope, row.lease_until) for row in taken)
             self.taken += len(taken)
             if taken:
                 log.info(
@@ -419,13 +426,17 @@ class ScopeOwners:
         """Stop acting on `scopes` now and let another daemon take them once the grace
         has passed (what a call made just before may still need); this daemon may take
         them back before. Not while a renewal runs: it would extend them again."""
-        if not scopes:
-            return
         with self._renewing:
             with self._lock:
+                # Only those still held: a stand-aside (or `disown`) since they were
+                # chosen dropped the others, whose leases end as last written; released,
+                # by the clock it found off, they could run far past that end.
+                scopes = [scope for scope in scopes if scope in self._held]
                 for scope in scopes:
                     self._held.pop(scope, None)
                     self._idle_since.pop(scope, None)
+            if not scopes:
+                return
             # The grace counts from now, when `may_call` stopped saying yes, not from the
             # round's start: the round's store reads may have taken a while, and a call
             # that asked just before needs the whole grace.
