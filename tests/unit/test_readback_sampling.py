@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.meanwhile import Meanwhile
 
 from daemon.config.settings import ConfigError, GmailProviderSettings, settings_from_dict
 from daemon.doubles.fake_provider import FakeProvider
@@ -27,6 +30,7 @@ from daemon.engine.readback import ProviderHealth, _Sampler
 from daemon.providers.base import DEFAULT_READBACK_FIRST, DEFAULT_READBACK_RATE, ProviderError
 from daemon.runtime import Daemon
 from ledger.application import Ledger
+from ledger.message import render
 
 
 def run_jobs(rig: EngineRig, count: int, start: int = 0) -> None:
@@ -212,3 +216,82 @@ def test_a_read_back_that_timed_out_counts_as_a_hang() -> None:
 class TimingOut(FakeProvider):
     def read_message_id(self, provider_message_id: str) -> str | None:
         raise ProviderError("get: timed out", timed_out=True)
+
+
+class MarkedWhileRead:
+    """The ledger, whose read of a handle (the tick's `ProviderHealth.refresh`) lets
+    `meanwhile` run once the store has answered, before the answer is kept: a send worker
+    of the same daemon at work at that moment."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.meanwhile = Meanwhile()
+
+    def handle_reliable(self, provider: str) -> bool:
+        answer = self.ledger.handle_reliable(provider)
+        self.meanwhile()
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ledger, name)
+
+
+#: When the read-back's mark comes, against the tick's read of the handles: marked and
+#: written while the tick read; marked then, written once the tick kept its answer; marked
+#: before the tick began, written once it kept its answer.
+TIMINGS = ["within-the-read", "written-after", "marked-before"]
+
+
+@pytest.mark.parametrize("timing", TIMINGS)
+def test_a_handle_marked_while_the_tick_reads_the_handles_stays_unreliable(
+    rig_with: RigFactory, timing: str
+) -> None:
+    """A send worker's read-back finds the provider replacing our Message-ID while the
+    tick reads the handles from the store: the tick kept what it read, from before the
+    mark was written, over the mark. Until the next tick the daemon took the handle for
+    reliable: its due searches of Unknown jobs went on, each miss a step towards a
+    resend that duplicates, and `/metrics` said reliable."""
+    rig = rig_with(1, 0.0, replaces=True)
+    rig.submit("receipts", "k1")
+    job = rig.job("k1")
+    raw = render(job)
+    sent = rig.provider.send_raw(raw)
+    assert sent.provider_message_id is not None
+    store = MarkedWhileRead(rig.ledger)
+    health = ProviderHealth(store, rig.clock)  # type: ignore[arg-type]
+    health.refresh(["fake"])
+    assert health.reliable("fake")
+    writing, kept = threading.Event(), threading.Event()
+    mark_handle = rig.ledger.mark_handle
+
+    def paused_write(*args: Any, **kwargs: Any) -> Any:
+        writing.set()
+        if timing != "within-the-read":
+            assert kept.wait(timeout=10)
+        return mark_handle(*args, **kwargs)
+
+    store.mark_handle = paused_write  # type: ignore[attr-defined]
+    worker = threading.Thread(
+        target=health.read_back,
+        args=(job, "fake", rig.provider, sent.provider_message_id),
+        kwargs={"raw": raw},
+        name="send-worker",
+    )
+
+    def the_worker_marks() -> None:
+        worker.start()
+        assert writing.wait(timeout=10)
+        if timing == "within-the-read":
+            worker.join(timeout=10)
+
+    if timing == "marked-before":
+        the_worker_marks()
+    else:
+        store.meanwhile.hook = the_worker_marks
+    health.refresh(["fake"])
+    kept.set()
+    worker.join(timeout=10)
+    assert not worker.is_alive() and not rig.ledger.handle_reliable("fake")
+    assert not health.reliable("fake") and health.unreliable() == ["fake"]
+    health.refresh(["fake"])  # the store says so from now on
+    assert not health.reliable("fake")

@@ -27,6 +27,7 @@ from hypothesis.stateful import (
     rule,
 )
 from tests.unit.engine_rig import BASE_POLICY, receipt
+from tests.unit.meanwhile import Meanwhile
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider, FakeGraphProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
@@ -373,13 +374,11 @@ class RenewerLooksDuringTheRound:
 
     def __init__(self, inner: Any, look: Callable[[], None]) -> None:
         self.inner = inner
-        self.look: Callable[[], None] | None = look
+        self.look = Meanwhile(look)
 
     def members(self, now: float) -> list[str]:
         members: list[str] = self.inner.members(now)
-        look, self.look = self.look, None
-        if look is not None:
-            look()
+        self.look()
         return members
 
     def __getattr__(self, name: str) -> Any:

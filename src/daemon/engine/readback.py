@@ -66,12 +66,23 @@ class ProviderHealth:
         self._circuits = circuits  # a read-back's call counts toward its scope's circuit
         self._lock = threading.Lock()
         self._reliable: dict[str, bool] = {}
+        #: Handles this process marked unreliable, and when: the count of `_marks` at the
+        #: mark's last step (`read_back`), so a `refresh` tells a mark made while it read.
+        self._marks = 0
+        self._marked: dict[str, int] = {}
         self._samplers: dict[str, _Sampler] = {}
         self.readbacks = 0
 
     def refresh(self, providers: Iterable[str]) -> None:
+        with self._lock:
+            read_from = self._marks
         fresh = {name: self._ledger.handle_reliable(name) for name in providers}
         with self._lock:
+            # A read-back's mark made while the store was read: the answer may be from
+            # before it was written, and the mark stands (the next refresh reads it).
+            for name, marked in self._marked.items():
+                if marked > read_from:
+                    fresh[name] = False
             self._reliable = fresh
 
     def reliable(self, provider: str) -> bool:
@@ -136,8 +147,7 @@ class ProviderHealth:
             job.message_id,
             stored,
         )
-        with self._lock:
-            self._reliable[name] = False
+        self._mark_unreliable(name)
         self._ledger.mark_handle(
             name,
             lambda handle: handle.mark_unreliable(
@@ -148,3 +158,12 @@ class ProviderHealth:
                 at=self._clock(),
             ),
         )
+        # Again once written: a refresh that read the store before the write and kept
+        # its answer after the first mark has set it back.
+        self._mark_unreliable(name)
+
+    def _mark_unreliable(self, name: str) -> None:
+        with self._lock:
+            self._reliable[name] = False
+            self._marks += 1
+            self._marked[name] = self._marks
