@@ -810,17 +810,26 @@ class Ledger(Application[UUID]):
         many. The daemon does it at start-up; `admin rebuild-index` fills every row."""
         states = [state.value for state in JobState]
         filled = 0
+        before: list[tuple[str, int]] = []
         while True:
-            keys = self._retry_locked(lambda: self._index.without_mailbox(states, batch))
-            if not keys:
+            listed = self._retry_locked(lambda: self._index.without_mailbox(states, batch))
+            if not listed or listed == before:
+                # None left, or only rows no write has moved since the last pass left them
+                # (an index behind its events: `admin rebuild-index` fills those).
                 return filled
-            jobs = self.get_jobs(keys)
-            # A row without events (cannot happen, but must not loop forever) gets "".
+            before = listed
+            jobs = self.get_jobs([key for key, _ in listed])
+            # Each row filled from the version it is at, and only while it still is: a
+            # daemon of an earlier release (a rolling upgrade) may write the job meanwhile,
+            # and its row's attempt provider is not the one of the version read. A row
+            # whose job was written since it was listed is listed again. A row without
+            # events (cannot happen, but must not loop forever) gets "".
             fills = [
-                (key, self.mailbox_of(jobs[key].from_addr), attempt_provider_of(jobs[key]))
-                if key in jobs
-                else (key, "", "")
-                for key in keys
+                (key, version, self.mailbox_of(job.from_addr), attempt_provider_of(job))
+                if (job := jobs.get(key)) is not None
+                else (key, version, "", "")
+                for key, version in listed
+                if key not in jobs or jobs[key].version == version
             ]
             self._retry_locked(lambda f=fills: self._index.set_mailboxes(f))  # type: ignore[misc]
             filled += len(fills)

@@ -17,6 +17,7 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder
 from daemon.doubles.fake_time import FakeClock
 from ledger.application import Ledger
 from ledger.content import parse_job
+from ledger.job import SendJob
 from ledger.stores.cipher import new_key
 from ledger.stores.index import INDEX_TABLE, ScopeFilter, ScopeGroup
 from ledger.stores.scopes import ScopeLeaseStore
@@ -162,22 +163,35 @@ def test_the_due_reads_split_the_jobs_by_scope(ledger: Ledger) -> None:
     assert len(ledger.due(JobState.REQUESTED, now, 100)) == 5
 
 
-def test_open_jobs_of_an_earlier_release_get_their_mailbox(ledger: Ledger) -> None:
-    submit(ledger, "k1", "Ann <ann@shop.example>")
-    submit(ledger, "k2", "bob@shop.example")
+def as_an_earlier_release_left_them(ledger: Ledger, version_off: int = 0) -> None:
+    """Every index row without its mailbox and attempt provider, as a daemon of an earlier
+    release writes them; `version_off`: and its version that far from its job's."""
     recorder = ledger.recorder
-    if hasattr(recorder, "_rows"):  # memory: the row as an earlier release left it
+    if hasattr(recorder, "_rows"):  # memory
         rows = recorder._rows
-        for key in ("k1", "k2"):
-            blank = {"mailbox": None, "attempt_provider": None}
-            rows[key] = rows[key].__class__(**{**rows[key].as_dict(), **blank})
+        for key, row in rows.items():
+            blank = {
+                "mailbox": None,
+                "attempt_provider": None,
+                "version": row.version + version_off,
+            }
+            rows[key] = row.__class__(**{**row.as_dict(), **blank})
     else:
         assert isinstance(recorder, SQLiteApplicationRecorder | PostgresApplicationRecorder)
         table = INDEX_TABLE
         if hasattr(recorder.datastore, "schema"):
             table = f'"{recorder.datastore.schema}".{INDEX_TABLE}'
         with recorder.datastore.transaction(commit=True) as cursor:
-            cursor.execute(f"UPDATE {table} SET mailbox = NULL, attempt_provider = NULL")
+            cursor.execute(
+                f"UPDATE {table} SET mailbox = NULL, attempt_provider = NULL, "
+                f"version = version + {int(version_off)}"
+            )
+
+
+def test_open_jobs_of_an_earlier_release_get_their_mailbox(ledger: Ledger) -> None:
+    submit(ledger, "k1", "Ann <ann@shop.example>")
+    submit(ledger, "k2", "bob@shop.example")
+    as_an_earlier_release_left_them(ledger)
     now = ledger.clock() + timedelta(seconds=1)
     assert ledger.scopes_due(now) == [("receipts", None, None)]
     assert ledger.fill_mailboxes(batch=1) == 2
@@ -186,6 +200,52 @@ def test_open_jobs_of_an_earlier_release_get_their_mailbox(ledger: Ledger) -> No
         ("receipts", "bob@shop.example", ""),
     ]
     assert ledger.fill_mailboxes() == 0
+
+
+def test_a_row_filled_from_an_older_version_is_filled_again_from_the_newer(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon's start-up fills the rows an earlier release wrote (`fill_mailboxes`)
+    while a daemon of that release, still running in a rolling upgrade, writes the job
+    again: it claims it on provider `p0` and writes the row without the columns. The fill,
+    from the job as it read it (not attempted: its next call is its channel's, ""), wrote
+    that over the newer row: an attempted job whose calls are made on `p0` said they are
+    made on its channel's provider, whichever that is since a reload, and the scope that
+    owns its search never counted it. A fill holds only for the version it read."""
+    submit(ledger, "k1", "ann@shop.example")
+    as_an_earlier_release_left_them(ledger)
+    read = ledger.get_jobs
+    writes = [True]
+
+    def read_then_the_earlier_release_writes(keys: list[str]) -> dict[str, SendJob]:
+        jobs = read(keys)
+        if writes.pop() if writes else False:
+            job = ledger.get_job("k1")
+            now = ledger.clock()
+            job.claim(provider="p0", deadline=now + timedelta(seconds=60), at=now, daemon="d0")
+            ledger.save_job(job)
+            as_an_earlier_release_left_them(ledger)
+        return jobs
+
+    monkeypatch.setattr(ledger, "get_jobs", read_then_the_earlier_release_writes)
+    ledger.fill_mailboxes()
+    row = ledger.row("k1")
+    assert row is not None and row.version == 2 and row.state == "attempted"
+    assert (row.mailbox, row.attempt_provider) == ("ann@shop.example", "p0")
+    assert ledger.fill_mailboxes() == 0
+
+
+def test_a_row_behind_its_events_ends_the_fill_unfilled(ledger: Ledger) -> None:
+    """A row whose version is not its job's (an index damaged by hand) is never filled from
+    the job, and the fill ends all the same; `admin rebuild-index` rewrites it."""
+    submit(ledger, "k1", "ann@shop.example")
+    as_an_earlier_release_left_them(ledger, version_off=-1)
+    ledger.fill_mailboxes()
+    row = ledger.row("k1")
+    assert row is not None and (row.mailbox, row.attempt_provider) == (None, None)
+    ledger.rebuild_index()
+    row = ledger.row("k1")
+    assert row is not None and (row.mailbox, row.attempt_provider) == ("ann@shop.example", "")
 
 
 def test_an_encrypted_store_keeps_a_keyed_digest_of_the_mailbox_the_same_across_a_rotation(

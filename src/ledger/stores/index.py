@@ -418,14 +418,14 @@ class JobIndex(Protocol):
         daemons")."""
         ...
 
-    def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
-        """Keys of rows in `states` with something due and no mailbox or no attempt
-        provider (written by an earlier release), at most `limit`."""
+    def without_mailbox(self, states: Sequence[str], limit: int) -> list[tuple[str, int]]:
+        """(key, version) of rows in `states` with something due and no mailbox or no
+        attempt provider (written by an earlier release), at most `limit`."""
         ...
 
-    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str, str]]) -> None:
-        """Fill the mailbox and the attempt provider of each (key, mailbox, provider)
-        where its row has none."""
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, int, str, str]]) -> None:
+        """Fill the mailbox and the attempt provider of each (key, version, mailbox,
+        provider) where its row has none and is still of that version."""
         ...
 
     def without_other_due(self, after_key: str, limit: int) -> list[str]:
@@ -730,28 +730,33 @@ class SqlJobIndex:
             for c, m, p in rows
         ]
 
-    def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
+    def without_mailbox(self, states: Sequence[str], limit: int) -> list[tuple[str, int]]:
         if not states:
             return []
         placeholders = ", ".join(["{p}"] * len(states))
         rows = self._fetch(
             self._sql(
-                f"SELECT key FROM {{t}} WHERE state IN ({placeholders}) AND due_at IS NOT NULL "
-                "AND (mailbox IS NULL OR attempt_provider IS NULL) LIMIT {p}"
+                f"SELECT key, version FROM {{t}} WHERE state IN ({placeholders}) "
+                "AND due_at IS NOT NULL AND (mailbox IS NULL OR attempt_provider IS NULL) "
+                "LIMIT {p}"
             ),
             [*states, limit],
         )
-        return [str(key) for (key,) in rows]
+        return [(str(key), int(version)) for key, version in rows]
 
-    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str, str]]) -> None:
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, int, str, str]]) -> None:
         if mailboxes:
             self._execute(
                 self._sql(
                     "UPDATE {t} SET mailbox = COALESCE(mailbox, {p}), "
                     "attempt_provider = COALESCE(attempt_provider, {p}) "
-                    "WHERE key = {p} AND (mailbox IS NULL OR attempt_provider IS NULL)"
+                    "WHERE key = {p} AND version = {p} "
+                    "AND (mailbox IS NULL OR attempt_provider IS NULL)"
                 ),
-                [(mailbox, provider, key) for key, mailbox, provider in mailboxes],
+                [
+                    (mailbox, provider, key, version)
+                    for key, version, mailbox, provider in mailboxes
+                ],
             )
 
     def without_other_due(self, after_key: str, limit: int) -> list[str]:

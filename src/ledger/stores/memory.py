@@ -134,11 +134,11 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
             }
         return sorted(found, key=lambda due: (due[0], due[1] or "", due[2] or ""))
 
-    def without_mailbox(self, states: Sequence[str], limit: int) -> list[str]:
+    def without_mailbox(self, states: Sequence[str], limit: int) -> list[tuple[str, int]]:
         wanted = set(states)
         with self.database_lock:
             keys = [
-                r.key
+                (r.key, r.version)
                 for r in self._rows.values()
                 if r.state in wanted
                 and r.due_at is not None
@@ -146,11 +146,11 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
             ]
         return sorted(keys)[: max(limit, 0)]
 
-    def set_mailboxes(self, mailboxes: Sequence[tuple[str, str, str]]) -> None:
+    def set_mailboxes(self, mailboxes: Sequence[tuple[str, int, str, str]]) -> None:
         with self.database_lock:
-            for key, mailbox, provider in mailboxes:
+            for key, version, mailbox, provider in mailboxes:
                 row = self._rows.get(key)
-                if row is not None:
+                if row is not None and row.version == version:
                     self._rows[key] = replace(
                         row,
                         mailbox=row.mailbox if row.mailbox is not None else mailbox,
