@@ -28,6 +28,7 @@ from daemon.doubles.fake_provider import Copy, Scripted
 from daemon.service_layer.services import ChannelPolicies, Services
 from daemon.webhooks.delivery import Outcome
 from daemon.webhooks.worker import Deliverer, Hook
+from ledger.application import WriteFailure
 from ledger.characters import MAX_RECORDED
 
 T = TypeVar("T")
@@ -156,3 +157,39 @@ def test_a_webhooks_error_is_stored_bounded_whatever_the_poster(rig: EngineRig) 
     assert row.failures == 1 and row.last_error is not None
     assert _json_length(row.last_error) <= MAX_RECORDED, len(row.last_error)
     assert row.last_error.startswith("HTTP 500: Re: invoice ")
+
+
+def test_healthz_serves_the_stores_the_writes_and_the_reloads_errors_bounded(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`/healthz` serves the store's driver's words and the operator's policy files'
+    errors: each came whole into every probe's answer (a megabyte each, before)."""
+    words = HOSTILE.replace("\r\n", " ")  # a driver's one line: the store's error's first
+    failed_at = rig.clock()
+    rig.ledger.write_failure = WriteFailure(at=failed_at, error=words)
+    ctx = api_context(rig, policy_error=words)
+    ctx.health.scope_failure = lambda: words
+    ctx.health.clock_failure = lambda: (3.5, words)
+    with TestClient(create_app(ctx)) as client:
+        answer = client.get("/healthz", headers=AUTH)
+        assert answer.status_code == 503
+        store = answer.json()["checks"]["store"]
+        for served in (store["write_error"], store["scope_leases_error"], store["clock_error"]):
+            _bounded(served)
+        _bounded(answer.json()["checks"]["policies"]["last_reload_error"])
+        assert len(answer.json()["reasons"]) == 4
+        for reason in answer.json()["reasons"]:
+            assert _json_length(reason) <= MAX_RECORDED, _json_length(reason)
+        # Before: 11,520,439 bytes (four texts, each in its check and in the reasons); 15,716 now.
+        assert len(answer.content) <= FIELDS + 8 * MAX_RECORDED, len(answer.content)
+
+        def unreachable(states: object) -> object:
+            raise OSError(words)
+
+        monkeypatch.setattr(rig.ledger, "counts", unreachable)
+        down = client.get("/healthz", headers=AUTH)
+        assert down.status_code == 503
+        error = down.json()["checks"]["store"]["error"]
+        assert error.startswith("store unreachable: OSError: Re: invoice ")
+        assert _json_length(error) <= MAX_RECORDED, _json_length(error)
+        assert len(down.content) <= FIELDS + 4 * MAX_RECORDED, len(down.content)

@@ -5,6 +5,10 @@ daemon sharing scopes whether its leases are renewed and its clock is the store'
 scheduler (age of the last completed tick, in the daemon only), the channel policies
 (loaded, and whether the last reload failed) and each provider handle's reliability. Any
 failing check makes the answer 503 with its reason.
+
+Every error text it serves comes from elsewhere (the store's driver, the operator's policy
+files, a lease's or a clock's refusal) and is served bounded as a recorded reason is
+(`ledger.characters.recorded`): a 10 MB error would otherwise be every probe's answer.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from daemon.engine.circuit import OpenCircuit
 from ledger.application import Ledger
+from ledger.characters import recorded
 from ledger.vocabulary import JobState
 from policies.loader import PolicySet
 
@@ -49,23 +54,25 @@ def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any
         failure = sources.ledger.write_failure
         if failure is not None:
             checks["store"].update(
-                ok=False, write_error=failure.error, write_failed_at=failure.at.isoformat()
+                ok=False,
+                write_error=recorded(failure.error),
+                write_failed_at=failure.at.isoformat(),
             )
-            reasons.append(f"store cannot be written: {failure.error}")
+            reasons.append(recorded(f"store cannot be written: {failure.error}"))
         # The scope leases are written apart from the events: a daemon that cannot renew
         # them stops its calls by itself and writes no event that could fail.
         leases = sources.scope_failure() if sources.scope_failure else None
         if leases is not None:
-            checks["store"].update(ok=False, scope_leases_error=leases)
-            reasons.append(f"store: {leases}")
+            checks["store"].update(ok=False, scope_leases_error=recorded(leases))
+            reasons.append(recorded(f"store: {leases}"))
         # Standing aside it writes nothing, so nothing above fails while it sends nothing.
         aside = sources.clock_failure() if sources.clock_failure else None
         if aside is not None:
             off, why = aside
-            checks["store"].update(ok=False, clock_off=round(off, 3), clock_error=why)
-            reasons.append(f"store: {why}")
+            checks["store"].update(ok=False, clock_off=round(off, 3), clock_error=recorded(why))
+            reasons.append(recorded(f"store: {why}"))
     except Exception as exc:
-        reason = f"store unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
+        reason = recorded(f"store unreachable: {type(exc).__name__}: {exc}".splitlines()[0])
         checks["store"] = {"ok": False, "error": reason}
         reasons.append(reason)
     if sources.tick_age is None:
@@ -77,10 +84,11 @@ def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any
         if not ticking:
             reasons.append(f"scheduler: no tick for {age:.0f}s (limit {sources.tick_limit:.0f}s)")
     error = sources.policy_error()
+    error = None if error is None else recorded(error)
     channels = sorted(sources.policies())
     checks["policies"] = {"ok": error is None, "channels": channels, "last_reload_error": error}
     if error is not None:
-        reasons.append(f"policies: the last reload failed: {error}")
+        reasons.append(recorded(f"policies: the last reload failed: {error}"))
     unreliable = set(sources.unreliable() if sources.unreliable else [])
     checks["providers"] = {
         name: {"ok": name not in unreliable, "handle_reliable": name not in unreliable}
