@@ -19,6 +19,10 @@ only through the commands that record a reason or a detail (`record_unknown`,
 `record_rejection`, `record_history_unusable`, every escalation), and each records them
 through ``ledger.characters.recorded``: bounded here, the one place the words of every
 provider, step and recovery pass through (docs/how-it-works.md "Another's words").
+
+A search's copies reach the events with their count: at most ``COPIES_KEPT`` provider ids
+(the search result cut them: ``daemon.providers.outcomes.SearchResult``), and the count of
+all of them, which the decision checks (docs/how-it-works.md "Counting copies").
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +39,7 @@ from eventsourcing.domain import Aggregate
 from ledger import decision_types as decide
 from ledger.characters import recorded
 from ledger.content import LATER_FIELDS, JobContent, JobInputError
+from ledger.copies import COPIES_KEPT, copies_found
 from ledger.delivery_reports import BouncedRecipient, DeliveryReport, ReportRefusal
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.keys import MAX_NAME_LENGTH, identifier_problem, note_problem
@@ -91,11 +97,6 @@ class TransitionError(SendledgerError):
         self.action = action
 
 
-def copies_found(count: int) -> str:
-    """ "1 copy found", "3 copies found": how every door says what a search found."""
-    return f"{count} {'copy' if count == 1 else 'copies'} found"
-
-
 class SendJob(Aggregate):
     TOPIC = "sendledger:SendJob"
 
@@ -141,6 +142,11 @@ class SendJob(Aggregate):
     # finds the same on a settled job adds nothing to its history.
     checked_version: int
     checked_copies: tuple[str, ...]
+    checked_count: int  # all it found: `checked_copies` are the first COPIES_KEPT
+    # A duplicate's copies found in all (its `provider_message_ids` are the first
+    # COPIES_KEPT), and False when the search stopped reading before it had them all.
+    duplicate_count: int
+    duplicate_complete: bool
     # The mailbox's historyId recorded with the latest claim (None: none known then, or
     # its history can no longer answer): the history since it holds that attempt's copy.
     history_id: str | None
@@ -261,6 +267,9 @@ class SendJob(Aggregate):
             job.tidy_at = None
             job.checked_version = 0
             job.checked_copies = ()
+            job.checked_count = 0
+            job.duplicate_count = 0
+            job.duplicate_complete = True
             job.history_id = None
             job.history_due_at = None
             job.search_due_at = None
@@ -523,14 +532,21 @@ class SendJob(Aggregate):
             job.due_at = _settled_due(job)
 
     class Duplicate(Event):
+        """A search found two or more copies: `hits` of them in all, the first
+        COPIES_KEPT by id; `complete` False when the search stopped reading with more
+        left (`hits` is then at least that many)."""
+
         TOPIC = "sendledger:SendJob.Duplicate"
         hits: int
         provider_message_ids: list[str]
         policy: str
         fingerprint: str
+        complete: bool = True  # recorded before the copies were bounded: every one read
 
         def apply(self, job: Any) -> None:
             job.duplicate = True
+            job.duplicate_count = self.hits
+            job.duplicate_complete = self.complete
             job.provider_message_ids = list(self.provider_message_ids)
             job.due_at = None
             job.verify_at = None
@@ -586,11 +602,16 @@ class SendJob(Aggregate):
         by: str
         purpose: str  # "check", "resend" (the search before one), "triage"
         query: str
-        provider_message_ids: list[str]
+        provider_message_ids: list[str]  # the first COPIES_KEPT found
+        # All it found, and whether the search read them all; None: recorded before the
+        # copies were bounded, when `provider_message_ids` held every one.
+        count: int | None = None
+        complete: bool = True
 
         def apply(self, job: Any) -> None:
             job.checked_version = self.originator_version
             job.checked_copies = tuple(self.provider_message_ids)
+            job.checked_count = len(self.provider_message_ids) if self.count is None else self.count
 
     class DraftsDeleted(Event):
         """Unsent drafts of the job deleted at the provider, so nobody can send them
@@ -935,8 +956,12 @@ class SendJob(Aggregate):
         decision: decide.AfterSearch | decide.AfterVerification,
         at: datetime,
         tidy_at: datetime | None = None,
+        count: int | None = None,
+        complete: bool = True,
     ) -> None:
-        """What one search of the sender's mailbox found, by provider message id.
+        """What one search of the sender's mailbox found, by provider message id: at
+        most COPIES_KEPT `copies`, and `count` in all (None: `len(copies)`), `complete`
+        False when the search stopped reading with more left (`_found`).
 
         This is the one place where a search result becomes events: while the outcome is
         unknown (SearchedMiss, Confirmed, Duplicate, Requeued, Escalated), or when a resent
@@ -944,20 +969,21 @@ class SendJob(Aggregate):
         """
         action = type(decision).__name__
         self._require_decision(action, decision, *_SEARCH_DECISIONS)
+        found = _found(copies, count, complete)
         if self.state is JobState.CONFIRMED and self.verifying:
             self._require_verification_due(at, action, "search not due")
-            self._record_count(list(copies), decision, at)
+            self._record_count(found, decision, at)
             return
         self._require(action, JobState.UNKNOWN)
         # A search before its due time would read a lagging index and could be mistaken
         # for proof that nothing was sent (not `due_at`: a history read may be due sooner).
         if self.search_due_at is not None and at < self.search_due_at:
             raise self._refuse(action, f"search not due before {self.search_due_at.isoformat()}")
-        self._require_copies(action, decision, len(copies))
+        self._require_copies(action, decision, found.count)
         if isinstance(decision, decide.Confirm):
             self._confirm(ConfirmedVia.SEARCH, list(copies), decision, at, tidy_at)
         elif isinstance(decision, decide.Duplicate):
-            self._record_duplicate(list(copies), decision, "", at)
+            self._record_duplicate(found, decision, "", at)
         elif isinstance(decision, decide.SearchAgainAt):
             self._record_miss(query, decision.at, decision.policy, at)
         elif isinstance(decision, decide.ResendAt):
@@ -976,12 +1002,15 @@ class SendJob(Aggregate):
         decision: decide.AfterHistory,
         at: datetime,
         tidy_at: datetime | None = None,
+        count: int | None = None,
+        complete: bool = True,
     ) -> None:
         """What a read of the mailbox's history since the claim found, by provider message
         id: the SENT copies of ours added since the claim's historyId. One confirms
         (Confirmed via history), two or more are a duplicate; none is HistoryMissed, which
         decides nothing about a resend (the search does, or a believed miss makes it due).
-        Refused before the read is due or without a recorded historyId."""
+        Refused before the read is due or without a recorded historyId. `count` and
+        `complete` as `record_search` has them."""
         action = type(decision).__name__
         self._require_decision(action, decision, *_HISTORY_DECISIONS)
         self._require(action, JobState.UNKNOWN)
@@ -991,11 +1020,12 @@ class SendJob(Aggregate):
             raise self._refuse(
                 action, f"history read not due before {self.history_due_at.isoformat()}"
             )
-        self._require_copies(action, decision, len(copies))
+        found = _found(copies, count, complete)
+        self._require_copies(action, decision, found.count)
         if isinstance(decision, decide.Confirm):
             self._confirm(ConfirmedVia.HISTORY, list(copies), decision, at, tidy_at)
         elif isinstance(decision, decide.Duplicate):
-            self._record_duplicate(list(copies), decision, " in the history", at)
+            self._record_duplicate(found, decision, " in the history", at)
         else:
             assert isinstance(decision, decide.HistoryMiss)
             for moment in (decision.next_at, decision.search_at):
@@ -1168,9 +1198,18 @@ class SendJob(Aggregate):
         )
 
     def record_check(
-        self, *, by: str, purpose: str, query: str, copies: Sequence[str], at: datetime
+        self,
+        *,
+        by: str,
+        purpose: str,
+        query: str,
+        copies: Sequence[str],
+        at: datetime,
+        count: int | None = None,
+        complete: bool = True,
     ) -> None:
-        """What a search a human asked for found. Refused while a provider call is in
+        """What a search a human asked for found (`count` and `complete` as
+        `record_search` has them). Refused while a provider call is in
         flight (attempted): the daemon's outcome is about to be written and must not meet
         another writer; refused on a purged job. A `by` that `ledger.keys` refuses is
         JobInputError."""
@@ -1181,13 +1220,16 @@ class SendJob(Aggregate):
             raise self._refuse("Checked", f"its content was purged {self.purged_at:%Y-%m-%d}")
         if self.state is JobState.ATTEMPTED:
             raise self._refuse("Checked", "a send is in flight")
+        found = _found(copies, count, complete)
         self.trigger_event(
             self.Checked,
             timestamp=at,
             by=by,
             purpose=purpose,
             query=query,
-            provider_message_ids=list(copies),
+            provider_message_ids=list(found.ids),
+            count=found.count,
+            complete=found.complete,
         )
 
     def cancel(self, *, by: str, note: str, at: datetime, tidy_at: datetime | None = None) -> None:
@@ -1294,15 +1336,15 @@ class SendJob(Aggregate):
 
     def _record_count(
         self,
-        copies: list[str],
+        found: _Found,
         decision: decide.AfterSearch | decide.AfterVerification,
         at: datetime,
     ) -> None:
         """A resent job's copies counted again after its confirmation."""
         action = type(decision).__name__
-        self._require_copies(action, decision, len(copies))
+        self._require_copies(action, decision, found.count)
         if isinstance(decision, decide.Duplicate):
-            self._record_duplicate(copies, decision, " after a resend", at)
+            self._record_duplicate(found, decision, " after a resend", at)
         elif isinstance(decision, decide.Confirm):
             self._verified(1, None, decision.policy, at)
         elif isinstance(decision, decide.SearchAgainAt):
@@ -1327,16 +1369,20 @@ class SendJob(Aggregate):
         )
 
     def _record_duplicate(
-        self, copies: list[str], decision: decide.Duplicate, when: str, at: datetime
+        self, found: _Found, decision: decide.Duplicate, when: str, at: datetime
     ) -> None:
         self.trigger_event(
             self.Duplicate,
             timestamp=at,
-            hits=len(copies),
-            provider_message_ids=copies,
+            hits=found.count,
+            provider_message_ids=list(found.ids),
+            complete=found.complete,
             **decision.policy.event_fields(),
         )
-        detail = f"{len(copies)} copies{when}: {', '.join(copies)}"
+        counted = copies_found(found.count, found.complete).removesuffix(" found")
+        rest = found.count - len(found.ids)
+        listed = ", ".join(found.ids) + (f" and {rest} more" if rest else "")
+        detail = f"{counted}{when}: {listed}"
         self._escalate(decide.Review(decision.policy, EscalationReason.DUPLICATE), detail, at)
 
     def _escalate(self, decision: decide.Review, detail: str, at: datetime) -> None:
@@ -1416,6 +1462,28 @@ class SendJob(Aggregate):
         return _earliest(self.verify_at if self.verifying else None, self.tidy_at)
 
 
+@dataclass(frozen=True)
+class _Found:
+    """A search's copies as the events keep them: the first COPIES_KEPT ids, the count of
+    all, and whether the search read them all."""
+
+    ids: tuple[str, ...]
+    count: int
+    complete: bool
+
+
+def _found(copies: Sequence[str], count: int | None, complete: bool) -> _Found:
+    """Refused (ValueError) before anything is recorded: more than COPIES_KEPT ids (the
+    search result cuts them: an event would hold every copy a mailbox lists), or a count
+    below the ids given."""
+    if len(copies) > COPIES_KEPT:
+        raise ValueError(f"{len(copies)} copies given, at most {COPIES_KEPT} are kept")
+    total = len(copies) if count is None else count
+    if total < len(copies):
+        raise ValueError(f"a count of {total} for {len(copies)} copies")
+    return _Found(tuple(copies), total, complete)
+
+
 def _earliest(*moments: datetime | None) -> datetime | None:
     """The soonest of the moments given, None when none is."""
     return min((m for m in moments if m is not None), default=None)
@@ -1456,7 +1524,6 @@ __all__ = [
     "SendJob",
     "TransitionError",
     "bounce_recipients",
-    "copies_found",
     "created_at",
     "job_id_for",
 ]

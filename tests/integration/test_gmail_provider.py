@@ -33,6 +33,8 @@ from tests.provider_contract import (
 
 from daemon.providers.base import ProviderError, SendKind
 from daemon.providers.gmail import SCOPES, GmailProvider
+from daemon.providers.outcomes import SEARCH_STOPS_AT
+from ledger.copies import COPIES_KEPT
 from testkit.credentials import write_service_account
 from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
@@ -342,6 +344,27 @@ def test_search_reads_every_page(
     assert len(lists) == 3  # 3 + 3 + 1
     assert queries_at_relay(relay) == [result.query] * 3  # the same query on every page
     assert result.query == QUERY
+
+
+def test_a_search_of_a_mailbox_holding_many_copies_stops_reading_once_it_has_decided(
+    gmail_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+) -> None:
+    """60 SENT messages with the Message-ID (a provider may list 100,000): the search
+    reads SEARCH_STOPS_AT of them, lists only the pages those are on, and answers a
+    duplicate of at least that many, keeping COPIES_KEPT (before: 6 lists, 60 gets and
+    60 copies kept; a search of 100,000 read every one, at 5 quota units a read)."""
+    for _ in range(60):
+        emulator.inject(make_raw(MID), user=MAILBOX)
+    result = gmail_provider(page_size=10).search(MID)
+    assert result.count == SEARCH_STOPS_AT and not result.complete
+    assert len(result.copies) == COPIES_KEPT
+    paths = [urlsplit(e["path"]).path for e in relay.log if e["kind"] == "search"]
+    lists = [p for p in paths if p.endswith("/messages")]
+    assert len(lists) == 3  # 10 + 10 + 1 of the third page
+    assert len(paths) - len(lists) == SEARCH_STOPS_AT  # one metadata get per copy read
 
 
 def test_search_keeps_sent_copies_only_spam_and_trash_included(

@@ -57,6 +57,8 @@ from daemon.providers.base import (
 )
 from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
 from daemon.providers.graph_credentials import read_certificate
+from daemon.providers.outcomes import SEARCH_STOPS_AT
+from ledger.copies import COPIES_KEPT
 from policies.model import ChannelPolicy
 from testkit.dsn import rfc3464_report
 from testkit.graph_emulator import (
@@ -321,6 +323,25 @@ def test_search_follows_pages(
     assert len(provider().search(MID).hits) == 3
     pages = [e for e in relay.log if "sentitems" in e["path"] and e["method"] == "GET"]
     assert len(pages) == 2
+
+
+def test_a_search_of_more_copies_than_its_pages_hold_stops_reading_once_it_has_decided(
+    provider: ProviderFactory, relay: FaultRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More copies than MAX_PAGES pages hold (5,000 at Graph's defaults): the search read
+    every page up to that bound, then failed ("more than 50 pages"), every time: such a
+    job never had an answer. It now stops once it has SEARCH_STOPS_AT copies: a duplicate
+    of at least that many, COPIES_KEPT kept."""
+    graph_provider = provider()
+    for _ in range(30):
+        graph_provider.send_raw(raw_message())
+    monkeypatch.setattr(graph_module, "PAGE_SIZE", 5)
+    monkeypatch.setattr(graph_module, "MAX_PAGES", 5)  # 25 listed at most: 30 copies
+    result = provider().search(MID)
+    assert result.count == SEARCH_STOPS_AT and not result.complete
+    assert len(result.copies) == COPIES_KEPT
+    pages = [e for e in relay.log if "sentitems" in e["path"] and e["method"] == "GET"]
+    assert len(pages) == 5  # the 21st copy is on the fifth page; no sixth is asked for
 
 
 def test_a_sent_copy_its_sender_deleted_is_still_a_copy(

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.integration.bounce_checks import (
@@ -35,7 +36,9 @@ from tests.integration.mailservers import (
 from tests.provider_contract import SendContract, Subject
 
 from daemon.providers.base import Provider, ProviderError, SendKind
+from daemon.providers.outcomes import SEARCH_STOPS_AT
 from daemon.providers.smtp_imap import SmtpImapProvider
+from ledger.copies import COPIES_KEPT
 from policies.model import ChannelPolicy
 from testkit.smtp_relay import SmtpFaultRelay
 
@@ -351,6 +354,33 @@ def test_a_sent_copy_moved_to_the_trash_is_still_a_copy(servers: MailServers) ->
         assert found.hits[0].labels == ("Trash",)
         with pytest.raises(ProviderError, match="trash"):
             provider.read_message_id(found.hits[0].provider_message_id)
+    finally:
+        provider.close()
+
+
+def test_a_search_of_a_sent_folder_holding_many_copies_stops_reading_once_it_has_decided(
+    servers: MailServers,
+) -> None:
+    """60 messages with the Message-ID in the sent folder, and one whose Message-ID only
+    contains it (Dovecot matches substrings): the search fetches headers
+    SEARCH_STOPS_AT at a time and stops once it has that many copies (before: every
+    match's headers fetched, 60 copies kept)."""
+    mid = "<many@sendledger.test>"
+    provider = provider_for(servers, servers.smtp_port, timeout=5.0)
+    try:
+        sent = provider.imap.run(provider._sent_folder)
+        near = message(f"<x{mid}>")  # a substring's match first: read, no copy
+        provider.imap.run(lambda client: client.append(sent, near), repeatable=False)
+        raw = message(mid)
+
+        def append_copies(client: Any) -> None:
+            for _ in range(60):
+                client.append(sent, raw)
+
+        provider.imap.run(append_copies, repeatable=False)
+        found = provider.search(mid)
+        assert found.count == SEARCH_STOPS_AT and not found.complete
+        assert len(found.copies) == COPIES_KEPT
     finally:
         provider.close()
 

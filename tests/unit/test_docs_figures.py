@@ -24,12 +24,22 @@ from daemon import exit_codes, from_settings, systemd
 from daemon.api import auth, overview, roles, signin_limit
 from daemon.cli.init_command import config_text
 from daemon.config import environment, settings, stop_bound
-from daemon.providers import base, gmail, quota, smtp_submit, transport
+from daemon.providers import base, gmail, outcomes, quota, smtp_submit, transport
 from daemon.service_layer import guidance, listing, problems, read_models
 from daemon.service_layer.services import SORTS, TRIAGE_NOTE, Services
 from daemon.tools import demo, probe
 from daemon.webhooks import events, signing, status, worker
-from ledger import addresses, attachments, characters, content, display, extra_headers, job, keys
+from ledger import (
+    addresses,
+    attachments,
+    characters,
+    content,
+    copies,
+    display,
+    extra_headers,
+    job,
+    keys,
+)
 from ledger.stores import positions, url
 from ledger.vocabulary import FINAL_STATES, OPEN_STATES, EscalationReason, JobState
 from policies import loader, model
@@ -153,6 +163,17 @@ http-api.md | quotes the provider's failure, at most ([\d,]+) long | characters.
 http-api.md | null for every other type; at most ([\d,]+) long | characters.MAX_RECORDED
 changes.md | Each is now at most ([\d,]+) long as ASCII JSON | characters.MAX_RECORDED
 how-it-works.md | A log line quotes less: (\d+) characters | display.MAX_QUOTED
+how-it-works.md | kept only up to the first (\d+) found | copies.COPIES_KEPT
+how-it-works.md | stops\s+reading once it has found (\d+) copies | outcomes.SEARCH_STOPS_AT
+how-it-works.md | A search that reads (\d+) messages that are not copies | outcomes.SEARCH_READS_MAX
+review.md | a check lists the first (\d+) found | copies.COPIES_KEPT
+architecture.md | page by page until it has found (\d+) copies | outcomes.SEARCH_STOPS_AT
+review.md | the search stopped reading at (\d+) \(then | outcomes.SEARCH_STOPS_AT
+http-api.md | `copies` the first (\d+), `complete` false | copies.COPIES_KEPT
+http-api.md | `complete` false when the search stopped reading at (\d+): | outcomes.SEARCH_STOPS_AT
+changes.md | the first (\d+) kept, all counted | copies.COPIES_KEPT
+changes.md | stops reading once it has (\d+) copies | outcomes.SEARCH_STOPS_AT
+changes.md | A\s+search that reads (\d+) messages that are no copies | outcomes.SEARCH_READS_MAX
 review.md | So each is served at most ([\d,]+) long as JSON | characters.MAX_RECORDED
 http-api.md | the mailbox's words: at most ([\d,]+) long as JSON | characters.MAX_RECORDED
 http-api.md | the error at most ([\d,]+) long as JSON | characters.MAX_RECORDED

@@ -114,6 +114,20 @@ def _served_by(rig: EngineRig) -> Callable[[argparse.Namespace, Callable[[Servic
     return served
 
 
+def cli_check(
+    rig: EngineRig,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    key: str,
+    as_json: bool,
+) -> str:
+    """What `review check KEY [--json]` prints, on the rig's store and provider."""
+    monkeypatch.setattr(cli_service, "served", _served_by(rig))
+    args = argparse.Namespace(config=None, key=key, by="op", json=as_json)
+    assert cli_service.cmd_review_check(args) == 0
+    return capsys.readouterr().out
+
+
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 def test_the_command_line_prints_a_hostile_copys_headers_bounded(
     rig: EngineRig,
@@ -123,10 +137,7 @@ def test_the_command_line_prints_a_hostile_copys_headers_bounded(
     as_json: bool,
 ) -> None:
     _hostile_copy_of(rig, client, "k1")
-    monkeypatch.setattr(cli_service, "served", _served_by(rig))
-    args = argparse.Namespace(config=None, key="k1", by="op", json=as_json)
-    assert cli_service.cmd_review_check(args) == 0
-    out = capsys.readouterr().out
+    out = cli_check(rig, monkeypatch, capsys, "k1", as_json)
     assert "\x1b" not in out and "\r" not in out
     if as_json:
         [copy] = json.loads(out)["copies"]

@@ -280,7 +280,12 @@ class CheckOut(BaseModel):
     key: str
     state: str
     message_id: str
-    count: int
+    count: int = Field(description="copies found: all of them, `copies` lists the first 20")
+    complete: bool = Field(
+        default=True,
+        description="false when the search stopped reading with more copies left: "
+        "`count` is then at least that many",
+    )
     query: str
     copies: list[CopyOut]
     recorded: bool

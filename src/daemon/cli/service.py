@@ -21,8 +21,8 @@ from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.service_layer.read_models import job_status
 from daemon.service_layer.services import check_advice, resolve_as_a_person
+from ledger.copies import copies_found
 from ledger.display import command_line, printable
-from ledger.job import copies_found
 from ledger.vocabulary import EscalationReason, Resolution
 
 log = logging.getLogger("sendledger")
@@ -229,12 +229,14 @@ def cmd_review_check(args: argparse.Namespace) -> int:
         print(output.dumps(answer.as_dict()))
         return EXIT_OK
     print(f"{printable(answer.key)}  {answer.state}  {answer.message_id}")
-    print(f"{copies_found(answer.count)} (query {printable(answer.query)})")
+    print(f"{copies_found(answer.count, answer.complete)} (query {printable(answer.query)})")
     for copy in answer.copies:
         print(printable(f"  {copy.provider_id}  {copy.date}  {copy.to}  {copy.subject}"))
+    if answer.count > len(answer.copies):
+        print(f"  ... and {answer.count - len(answer.copies)} more, not listed")
     if not answer.recorded:
         print(f"(not recorded in the job's history: {answer.why_unrecorded})")
-    print(check_advice(answer.key, answer.state, answer.count))
+    print(check_advice(answer.key, answer.state, answer.count, answer.complete))
     return EXIT_OK
 
 

@@ -51,7 +51,8 @@ from daemon.providers.base import (
 )
 from daemon.providers.draft_handle import DraftCheck, DraftsProvider, DraftStatus
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
-from ledger.decision_types import StopVerifying
+from ledger.copies import copies_found
+from ledger.decision_types import AfterHistory, AfterSearch, AfterVerification, StopVerifying
 from ledger.display import quoted
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob
 from ledger.vocabulary import JobState, PolicyRef
@@ -282,19 +283,16 @@ class Sweep:
             return
         job, work.now = work.job, self._clock()
         decision = decisions.after_search(
-            policy, hits=len(result.hits), misses_before=job.misses, resent=job.resent, now=work.now
+            policy, hits=result.count, misses_before=job.misses, resent=job.resent, now=work.now
         )
         tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now)
-        job.record_search(
-            query=result.query,
-            copies=result.copies,
-            decision=decision,
-            at=work.now,
-            tidy_at=tidy_at,
-        )
+        _record(job.record_search, result, decision, work.now, tidy_at)
         work.save()
         log.info(
-            "job %s: search found %d copies: %s", job.key, len(result.hits), type(decision).__name__
+            "job %s: search: %s: %s",
+            job.key,
+            copies_found(result.count, result.complete),
+            type(decision).__name__,
         )
 
     def _read_history(self, work: Work, provider: Provider, policy: ChannelPolicy) -> None:
@@ -320,23 +318,18 @@ class Sweep:
             return
         decision = decisions.after_history(
             policy,
-            hits=len(answer.hits),
+            hits=answer.count,
             unknown_at=job.unknown_at or work.now,
             resent=job.resent,
             now=work.now,
         )
-        job.record_history(
-            query=answer.query,
-            copies=answer.copies,
-            decision=decision,
-            at=work.now,
-            tidy_at=decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now),
-        )
+        tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now)
+        _record(job.record_history, answer, decision, work.now, tidy_at)
         work.save()
         log.info(
-            "job %s: history found %d copies: %s",
+            "job %s: history: %s: %s",
             job.key,
-            len(answer.hits),
+            copies_found(answer.count, answer.complete),
             type(decision).__name__,
         )
 
@@ -380,6 +373,26 @@ class Sweep:
         log.info("job %s: its draft is %s", job.key, check.status.value)
 
 
+def _record(
+    command: Callable[..., None],
+    result: SearchResult,
+    decision: AfterSearch | AfterVerification | AfterHistory,
+    at: datetime,
+    tidy_at: datetime | None = None,
+) -> None:
+    """A search's or a history read's answer as the job's events (`command`: the job's
+    `record_search` or `record_history`): its kept copies and the count of all."""
+    command(
+        query=result.query,
+        copies=result.copies,
+        count=result.count,
+        complete=result.complete,
+        decision=decision,
+        at=at,
+        tidy_at=tidy_at,
+    )
+
+
 def _history_due(job: SendJob, now: datetime) -> bool:
     """Whether the job's history read is due now: not while its search is due as well
     (the search decides once its time has come, whatever the history does)."""
@@ -416,13 +429,13 @@ class Verify:
         work.now = self._clock()
         decision = decisions.after_verification(
             work.policy,
-            hits=len(result.hits),
+            hits=result.count,
             verifications_before=job.verifications,
             now=work.now,
         )
-        job.record_search(query=result.query, copies=result.copies, decision=decision, at=work.now)
+        _record(job.record_search, result, decision, work.now)
         work.save()
-        log.info("job %s: verification found %d copies", job.key, len(result.hits))
+        log.info("job %s: verification: %s", job.key, copies_found(result.count, result.complete))
 
 
 class FirstDue:

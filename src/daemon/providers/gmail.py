@@ -72,6 +72,7 @@ from daemon.providers.gmail_mailbox import (
 from daemon.providers.gmail_reports import GmailReports
 from daemon.providers.history_handle import HistoryProvider
 from daemon.providers.mailboxes import Mailboxes
+from daemon.providers.outcomes import first_copies
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.quota import (
     GMAIL_GET_UNITS,
@@ -663,14 +664,15 @@ class GmailProvider(ProviderBase):
         self.report_calls.forget(self._unscoped())
 
     def search_in(self, mailbox: Mailbox, message_id: str) -> SearchResult:
-        """Every SENT copy (spam and trash included) whose Message-ID header is ours.
+        """Every SENT copy (spam and trash included) whose Message-ID header is ours, up
+        to `SEARCH_STOPS_AT` of them (`first_copies`).
 
-        Lists through every page, then reads each hit's header, because Gmail's
-        `rfc822msgid:` match is looser than the exact comparison the ledger needs.
+        Lists page by page and reads each listed message's header as it comes, because
+        Gmail's `rfc822msgid:` match is looser than the exact comparison the ledger
+        needs; once enough copies are found no further page is listed nor message read
+        (a mailbox holding 10,000 copies costs 21 reads, not 10,000).
         """
         query = f"rfc822msgid:{search_term(message_id)}"
-        ids: list[str] = []  # in the order Gmail listed them, each once
-        listed: set[str] = set()
         params: dict[str, Any] = {
             "userId": mailbox.user,
             "q": query,
@@ -678,25 +680,27 @@ class GmailProvider(ProviderBase):
             "includeSpamTrash": True,
             "maxResults": self.page_size,
         }
-        for page in self.pages(f"search {query}", self._messages.list, params, mailbox):
-            for item in page.get("messages") or []:
-                if isinstance(item, dict) and isinstance(item.get("id"), str):
-                    if item["id"] not in listed:
-                        listed.add(item["id"])
-                        ids.append(item["id"])
-                else:
-                    raise ProviderError(f"search {query}: malformed list entry {item!r}")
-        hits: list[SearchHit] = []
-        for provider_id in ids:
-            data = self._get_metadata(mailbox, provider_id)
-            header = message_id_header(data)
-            labels = tuple(str(x) for x in data.get("labelIds") or ())
-            if "labelIds" in data and SENT_LABEL not in labels:
-                # The list asked for SENT; a copy relabelled in between is no longer one.
-                continue
-            if header is not None and same_message_id(header, message_id):
-                hits.append(
-                    SearchHit(
+
+        def listed() -> Iterator[str]:
+            seen: set[str] = set()  # each once, in the order Gmail listed them
+            for page in self.pages(f"search {query}", self._messages.list, params, mailbox):
+                for item in page.get("messages") or []:
+                    if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+                        raise ProviderError(f"search {query}: malformed list entry {item!r}")
+                    if item["id"] not in seen:
+                        seen.add(item["id"])
+                        yield item["id"]
+
+        def read() -> Iterator[SearchHit | None]:
+            for provider_id in listed():
+                data = self._get_metadata(mailbox, provider_id)
+                header = message_id_header(data)
+                labels = tuple(str(x) for x in data.get("labelIds") or ())
+                if "labelIds" in data and SENT_LABEL not in labels:
+                    # The list asked for SENT; a copy relabelled in between is no longer one.
+                    yield None
+                elif header is not None and same_message_id(header, message_id):
+                    yield SearchHit(
                         provider_id,
                         header,
                         labels,
@@ -704,8 +708,11 @@ class GmailProvider(ProviderBase):
                         to=metadata_header(data, "to") or "",
                         subject=metadata_header(data, "subject") or "",
                     )
-                )
-        return SearchResult(query=query, hits=tuple(hits))
+                else:
+                    yield None
+
+        hits, complete = first_copies(read(), f"search {query}")
+        return SearchResult(query=query, hits=tuple(hits), complete=complete)
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.read_message_id_in(self._unscoped(), provider_message_id)

@@ -59,6 +59,7 @@ from daemon.providers.graph_classify import (
 )
 from daemon.providers.graph_reports import KeptListings, read_reports_in
 from daemon.providers.mailboxes import IDLE_AFTER, Mailboxes
+from daemon.providers.outcomes import first_copies
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import (
@@ -691,25 +692,28 @@ class GraphProvider(ProviderBase):
             next_call(f"search {literal}")
             found = self._message(mailbox, draft_id)
             if found is not None and found.get("isDraft") is False:
-                self._add_hit(hits, found, message_id)
+                hit = self._hit(found, message_id)
+                if hit is not None:
+                    hits.setdefault(hit.provider_message_id, hit)
         # Deleted Items too, when nothing else was found: a sent copy its sender deleted
         # was sent (Gmail's search counts trashed copies). Not beside a sent copy: a
         # message addressed to its own mailbox has its received copy there once deleted,
         # which would make a false duplicate. Immutable ids name an item wherever it
         # moves, so a copy moved meanwhile is counted once; a deleted draft is no copy.
         searched = []
+        complete = True
         for folder in (SENT_ITEMS, DELETED_ITEMS):
             if folder == DELETED_ITEMS and hits:
                 break
             searched.append(folder)
-            for found in self._filtered(mailbox, folder, literal):
-                if found.get("isDraft") is not True:
-                    self._add_hit(hits, found, message_id)
+            listed = self._filtered(mailbox, folder, literal)
+            more, complete = first_copies(self._new_hits(hits, listed, message_id), folder)
+            hits.update((hit.provider_message_id, hit) for hit in more)
         query = " and ".join(
             f"mailFolders/{folder}/messages?$filter=internetMessageId eq {literal}"
             for folder in searched
         )
-        return SearchResult(query=query, hits=tuple(hits.values()))
+        return SearchResult(query=query, hits=tuple(hits.values()), complete=complete)
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return self.delete_drafts_in(self._unscoped(), message_id)
@@ -766,43 +770,56 @@ class GraphProvider(ProviderBase):
         )
 
     @staticmethod
-    def _add_hit(hits: dict[str, SearchHit], found: dict[str, Any], message_id: str) -> None:
+    def _hit(found: dict[str, Any], message_id: str) -> SearchHit | None:
+        """The message as a copy; None when its Message-ID is not exactly ours."""
         provider_id, header = found.get("id"), found.get("internetMessageId")
         if not isinstance(provider_id, str) or not isinstance(header, str):
             raise ProviderError(f"search: malformed message entry {found!r}")
-        if same_message_id(header, message_id):
-            folder = found.get("parentFolderId")
-            hits.setdefault(
-                provider_id,
-                SearchHit(
-                    provider_id,
-                    header,
-                    (str(folder),) if folder else (),
-                    date=_text(found.get("sentDateTime")),
-                    to=_recipients(found.get("toRecipients")),
-                    subject=_text(found.get("subject")),
-                ),
-            )
+        if not same_message_id(header, message_id):
+            return None
+        folder = found.get("parentFolderId")
+        return SearchHit(
+            provider_id,
+            header,
+            (str(folder),) if folder else (),
+            date=_text(found.get("sentDateTime")),
+            to=_recipients(found.get("toRecipients")),
+            subject=_text(found.get("subject")),
+        )
 
-    def _filtered(self, mailbox: _Mailbox, folder: str, literal: str) -> list[dict[str, Any]]:
+    def _new_hits(
+        self, hits: dict[str, SearchHit], listed: Iterator[dict[str, Any]], message_id: str
+    ) -> Iterator[SearchHit | None]:
+        """Each listed message as a copy not in `hits` yet, or None (a draft, a copy
+        counted already, another Message-ID): what `first_copies` reads."""
+        for found in listed:
+            hit = None if found.get("isDraft") is True else self._hit(found, message_id)
+            yield None if hit is None or hit.provider_message_id in hits else hit
+
+    def _filtered(self, mailbox: _Mailbox, folder: str, literal: str) -> Iterator[dict[str, Any]]:
+        """The folder's messages with the Message-ID, page by page as they are pulled (a
+        search that stops early, `first_copies`, asks for no further page)."""
         what = f"search {folder} for {literal}"
         path = (
             f"/mailFolders/{folder}/messages?$filter="
             + quote(f"internetMessageId eq {literal}", safe="")
             + f"&$select={_SELECT}&$top={PAGE_SIZE}"
         )
-        return self.items(what, mailbox, path)
+        return self.each_item(what, mailbox, path)
 
     def items(self, what: str, mailbox: _Mailbox, path: str) -> list[dict[str, Any]]:
         """Every item of a listing, every page (next links on our own endpoint only)."""
-        found: list[dict[str, Any]] = []
+        return list(self.each_item(what, mailbox, path))
+
+    def each_item(self, what: str, mailbox: _Mailbox, path: str) -> Iterator[dict[str, Any]]:
+        """The items of a listing, each page asked for when the one before is used up."""
         url: str | None = None
         for _ in range(MAX_PAGES):
             next_call(what)
             items, url = self.page(what, mailbox, path, url=url)
-            found.extend(items)
+            yield from items
             if url is None:
-                return found
+                return
         raise ProviderError(f"{what}: more than {MAX_PAGES} pages")
 
     def page(

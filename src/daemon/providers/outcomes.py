@@ -6,11 +6,13 @@ share them, and none of them imports another for them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
 from ledger.characters import storable
+from ledger.copies import COPIES_KEPT
 from ledger.exceptions import SendledgerError
 
 
@@ -77,15 +79,79 @@ class SearchHit:
 @dataclass(frozen=True)
 class SearchResult:
     """The copies a search found, and the query exactly as the provider was sent it
-    (that is what the ledger records for an audit)."""
+    (that is what the ledger records for an audit).
+
+    The one place a search's copies are bounded: `hits` keeps the first `COPIES_KEPT`
+    (in the order found) and `more` counts the rest, so the answer, the recorded event,
+    the page, the command line and the log never hold more, however many a mailbox
+    lists (docs/how-it-works.md "Counting copies"). `count`, all of them, decides.
+    `complete` is False when the provider stopped reading with more messages left
+    (`first_copies`): `count` is then at least that many, and two or more, so the
+    decision (a duplicate) is the one a whole read makes."""
 
     query: str
     hits: tuple[SearchHit, ...] = ()
+    more: int = 0  # copies found beyond `hits`: counted, not kept
+    complete: bool = True
+
+    def __post_init__(self) -> None:
+        if self.more < 0:
+            raise ValueError("a negative count of copies")
+        if not self.complete and len(self.hits) + self.more < 2:
+            # A search that stopped reading before it could tell 0, 1 and 2+ apart has
+            # not answered: the provider raises ProviderError instead (`first_copies`).
+            raise ValueError("a search stops reading only once it has found two copies")
+        if len(self.hits) > COPIES_KEPT:
+            object.__setattr__(self, "more", self.more + len(self.hits) - COPIES_KEPT)
+            object.__setattr__(self, "hits", self.hits[:COPIES_KEPT])
+
+    @property
+    def count(self) -> int:
+        """How many copies the search found: exact when `complete`, else at least."""
+        return len(self.hits) + self.more
 
     @property
     def copies(self) -> list[str]:
-        """The provider's ids of the copies, in the order found."""
+        """The provider's ids of the kept copies, in the order found."""
         return [hit.provider_message_id for hit in self.hits]
+
+
+#: A provider's search stops reading messages once it has found this many copies: one
+#: more than it keeps (`COPIES_KEPT`), so it knows there were more, and far more than the
+#: two that decide a duplicate. A mailbox holding 100,000 copies costs a search this many
+#: reads (Gmail's metadata gets, IMAP's header fetches, Graph's pages), not 100,000.
+SEARCH_STOPS_AT = COPIES_KEPT + 1
+#: The most messages a search reads that are not copies (a provider's looser match than
+#: the exact Message-ID: Gmail's `rfc822msgid:`, IMAP's substring `HEADER` search) before
+#: it gives up: a search that cannot tell 0, 1 and 2+ apart within it fails
+#: (ProviderError: no information, never a miss), rather than read without end.
+SEARCH_READS_MAX = 500
+
+
+def first_copies(read: Iterable[SearchHit | None], what: str) -> tuple[list[SearchHit], bool]:
+    """The copies among the messages a search reads, in order (`read` yields each one
+    read: its hit, or None for a message that is no copy), and whether every one was
+    read. Stops pulling once it has `SEARCH_STOPS_AT` copies (so the provider reads no
+    further page or message), or after `SEARCH_READS_MAX` messages that are no copies:
+    with two copies or more the search has answered (a duplicate, at least that many);
+    with fewer it cannot tell, and raises ProviderError (no information, never a miss)."""
+    hits: list[SearchHit] = []
+    others = 0
+    for hit in read:
+        if hit is not None:
+            hits.append(hit)
+            if len(hits) >= SEARCH_STOPS_AT:
+                return hits, False
+            continue
+        others += 1
+        if others >= SEARCH_READS_MAX:
+            if len(hits) >= 2:
+                return hits, False
+            raise ProviderError(
+                f"{what}: {others} messages read that are not copies, {len(hits)} that"
+                " are: too many to read before one, none or two copies can be told apart"
+            )
+    return hits, True
 
 
 @dataclass(frozen=True)
@@ -147,6 +213,8 @@ class ProviderError(SendledgerError):
 
 
 __all__ = [
+    "SEARCH_READS_MAX",
+    "SEARCH_STOPS_AT",
     "FoundReport",
     "ProviderError",
     "ReportRead",
@@ -154,4 +222,5 @@ __all__ = [
     "SearchResult",
     "SendKind",
     "SendOutcome",
+    "first_copies",
 ]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import UTC, datetime
 from email.message import Message
 from email.parser import BytesHeaderParser
@@ -52,6 +52,7 @@ from daemon.providers.base import (
 )
 from daemon.providers.imap_sessions import ImapSessions
 from daemon.providers.kept import MailEndpoint, ReuseLimits
+from daemon.providers.outcomes import SEARCH_STOPS_AT, first_copies
 from daemon.providers.smtp_submit import SmtpSubmitter
 from ledger.message import Envelope
 from ledger.message_id import same_message_id
@@ -207,38 +208,49 @@ class SmtpImapProvider(ProviderBase):
         if not message_id or any(c in message_id for c in '"\\\r\n'):
             raise ProviderError(f"cannot search for Message-ID {message_id!r}")
 
-        def call(client: Any) -> list[tuple[str, int, dict[int, Message]]]:
-            found = []
+        def read(client: Any, folder: str, trashed: bool) -> Iterator[SearchHit | None]:
+            """The folder's messages the server matched, each as a copy or None: their
+            headers fetched `SEARCH_STOPS_AT` at a time, so a search that stops early
+            (`first_copies`) fetches no more."""
+            selected = client.select_folder(folder, readonly=True)
+            validity = int(selected[b"UIDVALIDITY"])
+            uids = sorted(int(uid) for uid in client.search(["HEADER", "Message-ID", message_id]))
+            for start in range(0, len(uids), SEARCH_STOPS_AT):
+                batch = uids[start : start + SEARCH_STOPS_AT]
+                headers = _headers(client, batch, _SHOWN_FIELDS)
+                exact = _exactly(headers, message_id)
+                for uid in batch:
+                    fields = exact.get(uid)
+                    if fields is None:  # gone meanwhile, or a substring's match
+                        yield None
+                        continue
+                    yield SearchHit(
+                        f"{_TRASHED}{validity}:{uid}" if trashed else f"{validity}:{uid}",
+                        str(fields["Message-ID"]).strip(),
+                        date=str(fields.get("Date", "")),
+                        to=str(fields.get("To", "")),
+                        subject=str(fields.get("Subject", "")),
+                        labels=(folder,) if trashed else (),
+                    )
+
+        def call(client: Any) -> tuple[list[str], list[SearchHit], bool]:
+            searched: list[str] = []
             sent = self._sent_folder(client)
             trash = self._trash_folder(client)
             for folder in (sent, trash) if trash and trash != sent else (sent,):
-                selected = client.select_folder(folder, readonly=True)
-                validity = int(selected[b"UIDVALIDITY"])
-                criteria = ["HEADER", "Message-ID", message_id]
-                uids = sorted(int(uid) for uid in client.search(criteria))
-                headers = _headers(client, uids, _SHOWN_FIELDS) if uids else {}
-                found.append((folder, validity, _exactly(headers, message_id)))
-                if found[0][2]:
-                    break  # a sent copy: the trash is not read (the module docstring)
-            return found
+                searched.append(folder)
+                what = f"search {folder} for {message_id}"
+                hits, complete = first_copies(read(client, folder, folder != sent), what)
+                if hits:
+                    # A sent copy: the trash is not read (the module docstring).
+                    return searched, hits, complete
+            return searched, [], True
 
-        folders = self._imap_call(call)
+        folders, hits, complete = self._imap_call(call)
         query = " and ".join(
-            f'{folder}: UID SEARCH HEADER Message-ID "{message_id}"' for folder, _, _ in folders
+            f'{folder}: UID SEARCH HEADER Message-ID "{message_id}"' for folder in folders
         )
-        hits = tuple(
-            SearchHit(
-                f"{validity}:{uid}" if n == 0 else f"{_TRASHED}{validity}:{uid}",
-                str(fields["Message-ID"]).strip(),
-                date=str(fields.get("Date", "")),
-                to=str(fields.get("To", "")),
-                subject=str(fields.get("Subject", "")),
-                labels=() if n == 0 else (folder,),
-            )
-            for n, (folder, validity, headers) in enumerate(folders)
-            for uid, fields in sorted(headers.items())
-        )
-        return SearchResult(query=query, hits=hits)
+        return SearchResult(query=query, hits=tuple(hits), complete=complete)
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         """The Message-ID header of the sent-folder copy `UIDVALIDITY:UID` (a search hit).

@@ -125,6 +125,8 @@ class Guidance:
     next_action: str
     copies: int | None  # what the customer has, when a search said so
     choices: list[Choice]
+    #: False when that search stopped reading with more copies left: at least `copies`.
+    copies_complete: bool = True
 
     @property
     def sent_needs_note(self) -> bool:
@@ -136,6 +138,7 @@ class Guidance:
             "meaning": self.meaning,
             "next": self.next_action,
             "copies": self.copies,
+            "copies_complete": self.copies_complete,
             "choices": [
                 {
                     "as": c.decision.value,
@@ -159,10 +162,20 @@ def copies_known(job: SendJob, last_check: dict[str, Any] | None) -> int | None:
     """The copies the last search showed: the latest check's, else a duplicate's, else
     a bounced job's confirmed one."""
     if last_check is not None:
-        return len(last_check.get("provider_message_ids") or [])
-    if job.duplicate or job.reason == EscalationReason.BOUNCED:
+        count = last_check.get("count")  # None: recorded before copies were bounded
+        return len(last_check.get("provider_message_ids") or []) if count is None else int(count)
+    if job.duplicate:
+        return job.duplicate_count or len(job.provider_message_ids)
+    if job.reason == EscalationReason.BOUNCED:
         return len(job.provider_message_ids)
     return None
+
+
+def copies_complete(job: SendJob, last_check: dict[str, Any] | None) -> bool:
+    """Whether the search `copies_known` counts read every copy (else: at least)."""
+    if last_check is not None:
+        return last_check.get("complete") is not False
+    return job.duplicate_complete if job.duplicate else True
 
 
 def guidance_for(
@@ -173,14 +186,16 @@ def guidance_for(
         return None
     reason = EscalationReason(job.reason) if job.reason in _REASONS else None
     copies = copies_known(job, last_check)
+    complete = copies_complete(job, last_check)
+    least = "" if complete else "at least "
     meaning = MEANING[reason] if reason else f"In review: {job.reason}."
     if reason is EscalationReason.DUPLICATE and copies:
         meaning = (
-            f"Searches found {copies} copies of this message in the sender's mailbox: the "
-            f"customer received it {copies} times."
+            f"Searches found {least}{copies} copies of this message in the sender's mailbox: "
+            f"the customer received it {least}{copies} times."
         )
     elif reason is EscalationReason.UNKNOWN_OUTCOME and copies is not None:
-        seen = "no copy" if copies == 0 else "one copy" if copies == 1 else f"{copies} copies"
+        seen = {0: "no copy", 1: "one copy"}.get(copies, f"{least}{copies} copies")
         meaning = (
             "The provider's answer to this send was lost or ambiguous, so the daemon could "
             f"not tell whether it went out; the last check of the mailbox found {seen}."
@@ -190,13 +205,13 @@ def guidance_for(
     choices = [
         Choice(
             decision,
-            _effect(decision, copies),
+            _effect(decision, copies, least),
             needs_note=decision is Resolution.SENT and not found,
             recommended=decision is _recommended(reason, copies),
         )
         for decision in decisions
     ]
-    return Guidance(job.reason or "", meaning, next_action, copies, choices)
+    return Guidance(job.reason or "", meaning, next_action, copies, choices, complete)
 
 
 _REASONS = {reason.value for reason in EscalationReason}
@@ -227,10 +242,12 @@ def _recommended(reason: EscalationReason | None, copies: int | None) -> Resolut
     return None  # check the mailbox first
 
 
-def _effect(decision: Resolution, copies: int | None) -> str:
+def _effect(decision: Resolution, copies: int | None, least: str = "") -> str:
     if decision is Resolution.SENT:
         if copies and copies > 1:
-            return f"records that the customer has it ({copies} copies); nothing more is sent"
+            return (
+                f"records that the customer has it ({least}{copies} copies); nothing more is sent"
+            )
         if copies:
             return "records that the customer has it (the copy found); nothing more is sent"
         return "records that the customer has it, on your word (the note says how you know)"
@@ -242,7 +259,7 @@ def _effect(decision: Resolution, copies: int | None) -> str:
     if copies:
         return (
             f"records that nothing more will be done; the customer keeps the "
-            f"{'copy' if copies == 1 else f'{copies} copies'} it has"
+            f"{'copy' if copies == 1 else f'{least}{copies} copies'} it has"
         )
     return "records that the message will not be sent; nothing more is sent"
 
@@ -253,6 +270,7 @@ __all__ = [
     "SENT_NEEDS_NOTE",
     "Choice",
     "Guidance",
+    "copies_complete",
     "copies_known",
     "guidance_for",
 ]

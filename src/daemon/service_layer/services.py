@@ -57,9 +57,10 @@ from ledger.application import (
     project_events,
 )
 from ledger.content import JobContent, JobInputError
+from ledger.copies import copies_found
 from ledger.display import command_line, iso, quoted
 from ledger.exceptions import Refusal
-from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name, copies_found
+from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name
 from ledger.keys import note_problem
 from ledger.vocabulary import FINAL_STATES, EscalationReason, JobState, Resolution, Sender
 
@@ -117,10 +118,14 @@ class CheckAnswer:
     purged: bool = False  # the job's content was purged: its history ends with Purged
     # Not recorded because an attempt was made while the search was out (`check`).
     overtaken: bool = False
+    # All the copies found (`copies` are the first COPIES_KEPT; None: as many as those),
+    # and False when the search stopped reading with more left (then at least `found`).
+    found: int | None = None
+    complete: bool = True
 
     @property
     def count(self) -> int:
-        return len(self.copies)
+        return len(self.copies) if self.found is None else self.found
 
     @property
     def why_unrecorded(self) -> str:
@@ -139,10 +144,11 @@ class CheckAnswer:
             "state": self.state,
             "message_id": self.message_id,
             "count": self.count,
+            "complete": self.complete,
             "query": self.query,
             "copies": [c.as_dict() for c in self.copies],
             "recorded": self.recorded,
-            "advice": check_advice(self.key, self.state, self.count),
+            "advice": check_advice(self.key, self.state, self.count, self.complete),
             "hits": self.hits,
         }
 
@@ -229,9 +235,9 @@ class JobPage:
 SORTS = ("since", "-since", "channel", "reason", "key")
 
 
-def check_advice(key: str, state: str, copies: int) -> str:
+def check_advice(key: str, state: str, copies: int, complete: bool = True) -> str:
     """What to do next after a check; a resolve command only for a job in review, with
-    its arguments quoted (docs/review.md "Review")."""
+    its arguments quoted (docs/review.md "Review"). `complete` False: at least `copies`."""
     if state != JobState.REVIEW:
         return f"the job is {state}, not in review: there is nothing to resolve"
     sent = _resolve_command(key, "sent")
@@ -240,7 +246,8 @@ def check_advice(key: str, state: str, copies: int) -> str:
         return f"none found: if the search index has caught up, `{resend}` is safe"
     if copies == 1:
         return f"one copy: `{sent}`"
-    return f"{copies} copies (a duplicate): `{sent}` (or abandon); never resend"
+    least = "" if complete else "at least "
+    return f"{least}{copies} copies (a duplicate): `{sent}` (or abandon); never resend"
 
 
 @dataclass(frozen=True)
@@ -538,7 +545,7 @@ class Services:
         found = provider.search(job.message_id)
         if self.on_search is not None:
             try:
-                self.on_search(len(found.hits))
+                self.on_search(found.count)
             except Exception:  # counting never changes what the door answers
                 log.exception("search observer failed")
         return found
@@ -640,7 +647,7 @@ class Services:
                 return False
             job.record_check(
                 by=by, purpose=purpose, query=found.query, copies=found.copies,
-                at=self.ledger.clock(),
+                count=found.count, complete=found.complete, at=self.ledger.clock(),
             )  # fmt: skip
             return True
 
@@ -744,14 +751,15 @@ class Services:
                 self._record_check(key, found, by=by, purpose="resend", searched=job)
                 raise ServiceError(
                     Refusal.CONFLICT,
-                    f"job {key!r} was not resent: {copies_found(len(found.hits))}: "
+                    f"job {key!r} was not resent: {copies_found(found.count, found.complete)}: "
                     f"resolve as sent ({_resolve_command(key, 'sent')})",
                 )
         at = self.ledger.clock()
         with _domain_input():
             if found is not None:
                 job.record_check(by=by, purpose="resend", query=found.query,
-                                 copies=found.copies, at=at)  # fmt: skip
+                                 copies=found.copies, count=found.count,
+                                 complete=found.complete, at=at)  # fmt: skip
             job.resolve(decision, note=note, by=by, at=at,
                         found=None if found is None else found.copies,
                         tidy_at=self._tidy_at(job, at))  # fmt: skip
@@ -892,13 +900,14 @@ class Services:
                 yield TriageItem(row.key, row.channel, row.reason, None, [], "search-failed",
                                  exc.message)  # fmt: skip
                 continue
-            count, copies = len(found.hits), found.copies
+            count, copies = found.count, found.copies
             if count == 1 and dry_run:
                 action, detail = "would-resolve-sent", "one copy found: would resolve as sent"
             elif count == 1:
                 action, detail = self._triage_sent(job, found, by)
             else:
-                what = "none found" if count == 0 else f"{count} copies found (a duplicate)"
+                what = "none found" if count == 0 else copies_found(count, found.complete)
+                what += " (a duplicate)" if count else ""
                 action, detail = "left", f"{what}: left in review"
                 if not dry_run:
                     self._record_check(row.key, found, by=by, purpose="triage", searched=job)
@@ -909,7 +918,8 @@ class Services:
         seen = job.version
         at = self.ledger.clock()
         try:
-            job.record_check(by=by, purpose="triage", query=found.query, copies=found.copies, at=at)
+            job.record_check(by=by, purpose="triage", query=found.query, copies=found.copies,
+                             count=found.count, complete=found.complete, at=at)  # fmt: skip
             job.resolve(Resolution.SENT, note=TRIAGE_NOTE, by=by, at=at, found=found.copies,
                         tidy_at=self._tidy_at(job, at))  # fmt: skip
             self._save_seen(job, seen, "resolved")
@@ -1046,6 +1056,7 @@ def _repeats_last_check(job: SendJob, found: SearchResult) -> bool:
         job.state in FINAL_STATES
         and job.checked_version == job.version
         and job.checked_copies == tuple(found.copies)
+        and job.checked_count == found.count
     )
 
 
@@ -1102,6 +1113,8 @@ def _answer(
         hits,
         purged=job.purged,
         overtaken=overtaken,
+        found=found.count,
+        complete=found.complete,
     )
 
 

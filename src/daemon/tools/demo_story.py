@@ -83,7 +83,8 @@ def _step(record: Record, previous: Record | None, provider: str) -> list[str]:
         when = _between(previous, record)
         return [f"copies counted again{f' {when} later' if when else ''}", copies]
     if kind == "Checked":
-        found = len(record.get("provider_message_ids") or [])
+        counted = record.get("count")  # None: recorded before the copies were bounded
+        found = len(record.get("provider_message_ids") or []) if counted is None else counted
         copies = "1 copy" if found == 1 else f"{found} copies"
         if record.get("purpose") == "resend":
             return ["searched once more before the resend", copies]

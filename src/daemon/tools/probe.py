@@ -201,7 +201,7 @@ def search_until(
                 result["last_error"] = exc.reason
         elapsed = clock() - started
         if last is not None and last.hits:
-            result.update(found=True, copies=len(last.hits), index_lag_seconds=round(elapsed, 3))
+            result.update(found=True, copies=last.count, index_lag_seconds=round(elapsed, 3))
         if read is not None:
             result["history"] = read.result
         if (result["found"] and (read is None or read.done)) or elapsed >= max_wait:
@@ -239,7 +239,7 @@ class _HistoryRead:
         self.result["reads"] += 1
         self.result["query"] = answer.query
         if answer.hits:
-            self.result.update(found=True, copies=len(answer.hits), lag_seconds=round(elapsed, 3))
+            self.result.update(found=True, copies=answer.count, lag_seconds=round(elapsed, 3))
             self.done = True
 
 
