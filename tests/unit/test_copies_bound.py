@@ -227,7 +227,7 @@ def test_a_duplicate_from_a_search_that_stopped_reading_says_at_least(rig: Engin
     guidance = guidance_for(job, None, [Resolution.SENT, Resolution.ABANDON])
     assert guidance is not None and guidance.copies == SEARCH_STOPS_AT
     assert f"at least {SEARCH_STOPS_AT} copies" in guidance.meaning
-    assert not guidance.copies_complete
+    assert not guidance.copies_complete and guidance.as_dict()["copies_complete"] is False
     escalated = job.pending_events[-1]
     assert isinstance(escalated, SendJob.Escalated)
     detail = escalated.detail
