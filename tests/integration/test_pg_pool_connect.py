@@ -10,15 +10,13 @@ and stays silent.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from eventsourcing.persistence import OperationalError
+from tests.integration.silent_host import SilentRelay
 
 from ledger.application import Ledger, Sender
 from ledger.content import JobContent
@@ -30,73 +28,6 @@ pytestmark = pytest.mark.postgres
 
 SENDER = Sender("Support <support@example.com>", "mail.example.com", PolicyRef("c", "0" * 16))
 CONNECT_TIMEOUT = 2
-
-
-class SilentRelay:
-    """Forwards TCP connections to `target`; while `silent`, accepts them and never
-    answers, keeping them open (what a hung host does; the socket stays open after the
-    host recovers, as a half-open proxy's does)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self._target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self.silent = threading.Event()
-        self.held = 0
-        self._forwarded: list[socket.socket] = []
-        self._silent: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        for client in _accepted(self._listener):
-            with self._lock:
-                if self.silent.is_set():
-                    self._silent.append(client)
-                    self.held += 1
-                    continue
-                server = socket.create_connection(self._target)
-                self._forwarded += [client, server]
-            threading.Thread(target=_pump, args=(server, client), daemon=True).start()
-            threading.Thread(target=_pump, args=(client, server), daemon=True).start()
-
-    def go_silent(self) -> None:
-        """From now on silent; the connections it forwarded are cut (the pool's
-        connections die and it must make new ones)."""
-        with self._lock:
-            self.silent.set()
-            ends, self._forwarded = self._forwarded, []
-        for end in ends:
-            _cut(end)
-
-    def answer_again(self) -> None:
-        self.silent.clear()
-
-    def close(self) -> None:
-        self._listener.close()
-        with self._lock:
-            ends = self._forwarded + self._silent
-        for end in ends:
-            _cut(end)
-
-
-def _accepted(listener: socket.socket) -> Iterator[socket.socket]:
-    """The listener's connections, until it is closed."""
-    with contextlib.suppress(OSError):
-        while True:
-            yield listener.accept()[0]
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while data := source.recv(65536):
-            sink.sendall(data)
-
-
-def _cut(end: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        end.shutdown(socket.SHUT_RDWR)
-    end.close()
 
 
 @pytest.fixture

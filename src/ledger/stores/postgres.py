@@ -644,8 +644,9 @@ def vacuum(store: PostgresStore) -> bool:
         return False
 
 
-#: TCP keepalives of the store's sessions: a peer that vanishes (no FIN) is found out
-#: within 25 s, not after the kernel's two hours.
+#: TCP keepalives of the store's sessions: a peer that vanishes (no FIN) while a session
+#: is idle, or waits for a statement's answer, is found out within 25 s, not after the
+#: kernel's two hours.
 _KEEPALIVES: dict[str, Any] = {
     "keepalives": 1,
     "keepalives_idle": 10,
@@ -653,14 +654,34 @@ _KEEPALIVES: dict[str, Any] = {
     "keepalives_count": 3,
 }
 
+#: Seconds a session's sent bytes may go unacknowledged before the kernel drops the
+#: connection (libpq's `tcp_user_timeout`). Keepalives stop while bytes are in flight:
+#: a statement sent to a host gone silent (packets dropped, no RST) waited for the
+#: kernel's retransmissions, about 15 minutes (tcp_retries2 = 15). Only the peer's TCP
+#: acknowledgement counts, which a live host's kernel sends at once however long the
+#: statement runs: no slow statement trips it. A fixed bound, the keepalives' own
+#: (10 + 3 x 5 s), so that a silent host is noticed within the same 25 s whether the
+#: session was idle or had just sent; not `connect_timeout`, which bounds a server's
+#: answer to a new connection, and at its floor of 2 s would take a few lost packets on
+#: a lossy link for a dead host.
+SILENT_HOST_SECONDS = 25
+
+
+def _session_bounds() -> dict[str, Any]:
+    """What every connection of the store carries, pooled or not: how long a silent
+    peer may keep it (read when connecting: tests shorten `SILENT_HOST_SECONDS`)."""
+    return {**_KEEPALIVES, "tcp_user_timeout": SILENT_HOST_SECONDS * 1000}
+
+
 #: The identity lock's session: a daemon's host that vanishes (no FIN) must not hold its
-#: name for hours.
-_IDENTITY_SESSION: dict[str, Any] = {"autocommit": True, **_KEEPALIVES}
+#: name for hours (the keepalives are in every connection's arguments: `_connect_args`).
+_IDENTITY_SESSION: dict[str, Any] = {"autocommit": True}
 
 
 def bound_pool_connects(pool: psycopg_pool.ConnectionPool[Any]) -> None:
-    """Each connection the pool makes gives up after `[store] connect_timeout` and keeps
-    TCP keepalives, as the store's own connections do (`_connect_args`). eventsourcing
+    """Each connection the pool makes gives up after `[store] connect_timeout` and is
+    dropped by a silent peer (`_session_bounds`), as the store's own connections are
+    (`_connect_args`). eventsourcing
     gives the pool neither: its `timeout` bounds only a caller's wait in `getconn`, so
     against a host that accepts and never answers (a blackholed network, a hung server,
     a half-open proxy) each of the pool's few workers waited for good, and once they all
@@ -671,7 +692,7 @@ def bound_pool_connects(pool: psycopg_pool.ConnectionPool[Any]) -> None:
         raise TypeError(f"eventsourcing's pool takes its kwargs as {type(kwargs).__name__}")
     # libpq counts whole seconds, at least 2; the pool's timeout is `connect_timeout`
     # (`PostgresBackend.env`).
-    pool.kwargs = {**kwargs, **_KEEPALIVES, "connect_timeout": max(2, round(pool.timeout))}
+    pool.kwargs = {**kwargs, **_session_bounds(), "connect_timeout": max(2, round(pool.timeout))}
 
 
 class AdvisoryIdentityLock:
@@ -731,6 +752,7 @@ def _connect_args(store: PostgresStore) -> dict[str, Any]:
         "user": store.user,
         "password": store.password or None,
         "connect_timeout": store.connect_timeout,
+        **_session_bounds(),
     }
 
 
