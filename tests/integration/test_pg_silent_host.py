@@ -10,6 +10,7 @@ reached, and the store serves again once the host answers.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
+from tests.conftest import PG_URL
 from tests.integration.silent_host import SilentLink, SilentRelay
 from tests.integration.test_engine import claimed_and_held
 
@@ -25,6 +27,7 @@ from daemon.engine.leases import Leases
 from ledger.application import Ledger, Sender
 from ledger.content import JobContent
 from ledger.stores import postgres
+from ledger.stores.identity import IdentityTaken
 from ledger.stores.url import PostgresStore, parse_store_url
 from ledger.vocabulary import PolicyRef
 
@@ -160,12 +163,16 @@ def test_a_lease_renewal_sent_to_a_silent_host_is_tried_again_once_it_answers(
         leases.close()
 
 
-def test_the_name_s_session_on_a_silent_host_fails_its_check_within_the_bound(
-    linked: tuple[PostgresStore, SilentLink],
+def test_the_name_s_session_on_a_silent_host_fails_its_check_then_is_held_again(
+    linked: tuple[PostgresStore, SilentLink], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The daemon checks its name's session before every tick (`SELECT 1` on it): on a
     silent host that check, and the tick behind it, waited the 15 minutes. It fails
-    instead: no claims until a later check passes."""
+    instead (no claims until a later check passes). Once the host answers the name is
+    taken again: the server still keeps the earlier session, holding it (here the relay
+    keeps its side open; a real server, until its keepalives notice), and the daemon was
+    refused as a second one with its name (IdentityTaken: it stopped). That session is
+    its own: ended, and the name held again, by one session."""
     spec, link = linked
     with Ledger(spec) as ledger:
         lock = ledger.hold_identity("silent")
@@ -173,8 +180,37 @@ def test_the_name_s_session_on_a_silent_host_fails_its_check_within_the_bound(
             link.go_silent()
             raised = _ended_within(FAILS_WITHIN, lock.check)
             assert isinstance(raised, psycopg.OperationalError)
+            link.answer_again()
+
+            def checked() -> bool:
+                try:
+                    lock.check()
+                except psycopg.OperationalError:
+                    return False
+                return True
+
+            _until(SERVES_AGAIN_WITHIN, checked)
+            assert "ended this daemon's earlier session" in caplog.text
+            assert _name_holders(spec, "silent") == 1
+            with pytest.raises(IdentityTaken):  # a second daemon is still refused
+                ledger.hold_identity("silent")
+            lock.check()
         finally:
             lock.release()
+
+
+def _name_holders(spec: PostgresStore, name: str) -> int:
+    """Sessions holding the advisory lock of `name` on the store (its key as
+    `AdvisoryIdentityLock` makes it; PostgreSQL shows a bigint key's halves)."""
+    digest = hashlib.sha256(f"sendledger:{spec.schema}:{name}".encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        ).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def test_every_connection_of_the_store_carries_the_bound(
@@ -193,3 +229,27 @@ def test_every_connection_of_the_store_carries_the_bound(
     for given in (pooled, own):
         assert given["tcp_user_timeout"] == str(SILENT_HOST * 1000)
         assert (given["keepalives"], given["keepalives_idle"]) == ("1", "10")
+
+
+def test_the_server_drops_the_name_s_session_as_soon(
+    linked: tuple[PostgresStore, SilentLink],
+) -> None:
+    """The server's side of the name's session is bounded as the daemon's side: a
+    daemon's host that vanished does not keep its name for the server's two hours."""
+    spec, _link = linked
+    lock = postgres.AdvisoryIdentityLock(spec, "bounded")
+    try:
+        session = lock._conn  # the session whose server side holds the name
+        assert session is not None
+        shown = [
+            session.execute(f"SHOW {name}").fetchone()
+            for name in (
+                "tcp_keepalives_idle",
+                "tcp_keepalives_interval",
+                "tcp_keepalives_count",
+                "tcp_user_timeout",
+            )
+        ]
+    finally:
+        lock.release()
+    assert shown == [("10",), ("5",), ("3",), (str(SILENT_HOST * 1000),)]

@@ -9,8 +9,10 @@ server drops when the holder dies, so a kill -9 never leaves a name locked:
   the file (a symlink, a hard link) meets it, and `flock`s on files beside it (released
   with the process's open files): `FileIdentityLock`;
 - PostgreSQL: a session advisory lock on a connection of its own (released when the
-  server sees the connection close; TCP keepalives notice a vanished host). A database
-  restart drops it under a live daemon: `check`, before every tick, takes it again;
+  server sees the connection close; TCP keepalives on both sides notice a vanished
+  host). A database restart drops it under a live daemon: `check`, before every tick,
+  takes it again, and ends the daemon's own earlier session if the server still keeps
+  it (a silent network);
 - memory: a set of names in the process.
 """
 

@@ -27,7 +27,7 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastor
 from eventsourcing.utils import get_topic, retry
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
-from psycopg.sql import SQL
+from psycopg.sql import SQL, Composed
 
 from ledger.stores.causes import StoreUnavailable, exception_chain
 from ledger.stores.identity import IdentityTaken
@@ -673,9 +673,26 @@ def _session_bounds() -> dict[str, Any]:
     return {**_KEEPALIVES, "tcp_user_timeout": SILENT_HOST_SECONDS * 1000}
 
 
-#: The identity lock's session: a daemon's host that vanishes (no FIN) must not hold its
-#: name for hours (the keepalives are in every connection's arguments: `_connect_args`).
+#: The identity lock's session (the keepalives are in every connection's arguments:
+#: `_connect_args`).
 _IDENTITY_SESSION: dict[str, Any] = {"autocommit": True}
+
+
+def _server_notices() -> Composed:
+    """The same bounds on the server's side of the identity lock's session, which holds
+    the daemon's name: a daemon's host that vanishes (no FIN), or a network gone silent,
+    must not keep the name for the server's default of over two hours (its kernel's
+    keepalives), refusing the daemon that takes over, or this one once the network is
+    back. Settings any role may set for its own session; ignored over a Unix socket."""
+    return SQL(
+        "SET tcp_keepalives_idle = {0}; SET tcp_keepalives_interval = {1}; "
+        "SET tcp_keepalives_count = {2}; SET tcp_user_timeout = {3}"
+    ).format(
+        _KEEPALIVES["keepalives_idle"],
+        _KEEPALIVES["keepalives_interval"],
+        _KEEPALIVES["keepalives_count"],
+        SILENT_HOST_SECONDS * 1000,
+    )
 
 
 def bound_pool_connects(pool: psycopg_pool.ConnectionPool[Any]) -> None:
@@ -700,7 +717,13 @@ class AdvisoryIdentityLock:
 
     A database restart ends the session and the lock with it. `check` (before every
     tick) notices and takes the name again; when another process took it meanwhile it
-    raises IdentityTaken and the daemon stops (docs/performance.md "Performance and scaling")."""
+    raises IdentityTaken and the daemon stops (docs/performance.md "Performance and scaling").
+
+    A network that went silent ends the session on this side only (`_session_bounds`):
+    the server keeps it, and the name, until it notices. It is told to notice as soon
+    (`_server_notices`), and when this process takes its name again before it did, the
+    session found holding it is this process's own earlier one (`_orphan`): ended, and
+    the name taken, not refused as another daemon's."""
 
     def __init__(self, store: PostgresStore, name: str) -> None:
         digest = hashlib.sha256(f"sendledger:{store.schema}:{name}".encode()).digest()
@@ -708,6 +731,9 @@ class AdvisoryIdentityLock:
         self._store = store
         self._name = name
         self._conn: psycopg.Connection[Any] | None = None
+        # The server's pid and start time of the session that last held the name: no
+        # other session, now or later, has both.
+        self._orphan: tuple[int, Any] | None = None
         # Taken at a service's start: its connection waits for the server as the
         # store's first did. Taken again by `check`, between ticks: a tick must not wait
         # that long, the next one tries again.
@@ -718,11 +744,50 @@ class AdvisoryIdentityLock:
             self._conn = connect_at_open(self._store, **_IDENTITY_SESSION)
         else:
             self._conn = psycopg.connect(**_connect_args(self._store), **_IDENTITY_SESSION)
-        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
-        if row is None or not row[0]:
+        self._conn.execute(_server_notices())
+        if not (self._try_lock() or self._end_orphan()):
             self.release()
             store = self._store
             raise IdentityTaken(self._name, f"{store.host}:{store.port}/{store.dbname}")
+        row = self._conn.execute(
+            "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ).fetchone()
+        self._orphan = None if row is None else (int(row[0]), row[1])
+
+    def _try_lock(self) -> bool:
+        assert self._conn is not None
+        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
+        return row is not None and bool(row[0])
+
+    def _end_orphan(self) -> bool:
+        """The name held by this process's earlier session, which the server still
+        keeps: ended, and the name taken. False when another session holds it."""
+        if self._orphan is None or self._conn is None:
+            return False
+        pid, started = self._orphan
+        try:
+            row = self._conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE pid = %s AND backend_start = %s",
+                (pid, started),
+            ).fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            return False
+        if row is None or not row[0]:
+            return False  # gone meanwhile: its lock with it, or another's now
+        log.warning(
+            "daemon.name %r: ended this daemon's earlier session on the store (pid %d), "
+            "cut off by the network and still holding the name",
+            self._name,
+            pid,
+        )
+        # The session ends, and its lock is dropped, a moment after it is told to.
+        give_up = time.monotonic() + self._store.connect_timeout
+        while not self._try_lock():
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.05)
+        return True
 
     def check(self) -> None:
         """Still held, or held again. psycopg.Error while the database is unreachable:
@@ -733,7 +798,7 @@ class AdvisoryIdentityLock:
                 conn.execute("SELECT 1")
                 return  # the session lives: a session lock is only dropped with it
             except psycopg.Error:
-                pass  # the session ended (server restart, network): the lock is gone
+                pass  # the session ended here (a server restart, the network)
         self.release()
         self._take()
 
