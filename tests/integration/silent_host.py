@@ -43,6 +43,7 @@ class SilentRelay:
         self._listener = listener or socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self.silent = threading.Event()
+        self.refusing = threading.Event()  # new connections closed at once (`go_away`)
         self.held = 0
         self._forwarded: list[socket.socket] = []
         self._silent: list[socket.socket] = []
@@ -52,6 +53,9 @@ class SilentRelay:
     def _accept(self) -> None:
         for client in _accepted(self._listener):
             with self._lock:
+                if self.refusing.is_set():
+                    _cut(client)
+                    continue
                 if self.silent.is_set():
                     self._silent.append(client)
                     self.held += 1
@@ -64,14 +68,23 @@ class SilentRelay:
     def go_silent(self) -> None:
         """From now on silent; the connections it forwarded are cut (the pool's
         connections die and it must make new ones)."""
+        self._stop_forwarding(self.silent)
+
+    def go_away(self) -> None:
+        """As `go_silent`, but each new connection is closed at once (a host that is
+        down: each attempt fails in no time)."""
+        self._stop_forwarding(self.refusing)
+
+    def _stop_forwarding(self, mode: threading.Event) -> None:
         with self._lock:
-            self.silent.set()
+            mode.set()
             ends, self._forwarded = self._forwarded, []
         for end in ends:
             _cut(end)
 
     def answer_again(self) -> None:
         self.silent.clear()
+        self.refusing.clear()
 
     def close(self) -> None:
         self._listener.close()

@@ -11,9 +11,14 @@ and stays silent.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import psycopg
+import psycopg_pool
 import pytest
 from eventsourcing.persistence import OperationalError
 from tests.integration.silent_host import SilentRelay
@@ -96,3 +101,82 @@ def test_the_pool_s_connections_are_bounded_as_the_store_s_own(pg_url: str) -> N
             given = conn.info.get_parameters()
     assert given["connect_timeout"] == "3"
     assert (given["keepalives"], given["keepalives_idle"]) == ("1", "10")
+
+
+def _pool(ledger: Ledger) -> psycopg_pool.ConnectionPool[Any]:
+    recorder = ledger.recorder
+    assert isinstance(recorder, PostgresJobIndexRecorder)
+    return recorder.datastore.pool
+
+
+def _reads_at_once(ledger: Ledger, count: int) -> bool:
+    """`count` reads at once, each on a connection of its own (none waits for another's:
+    each holds its connection until all have one)."""
+    all_in = threading.Barrier(count, timeout=3 * CONNECT_TIMEOUT)
+
+    def read() -> bool:
+        with _pool(ledger).connection() as conn:
+            all_in.wait()
+            return conn.execute("SELECT 1").fetchone() is not None
+
+    with ThreadPoolExecutor(count) as threads:
+        results = [threads.submit(read) for _ in range(count)]
+    try:
+        return all(result.result() for result in results)
+    except (threading.BrokenBarrierError, psycopg_pool.PoolTimeout, psycopg.Error):
+        return False
+
+
+def test_the_pool_grows_back_to_its_size_after_giving_its_connections_up(
+    relayed: tuple[PostgresStore, SilentRelay],
+) -> None:
+    """psycopg's pool gives a lost connection's slot up after `reconnect_timeout` of
+    failed attempts (two `connect_timeout`s: 4 s here): a host away longer leaves the
+    pool with fewer connections than its size. Once the host answers, the pool grows
+    back to its size as store calls ask for connections."""
+    spec, relay = relayed
+    with Ledger(spec) as ledger:
+        ledger.submit(_content("k1"), SENDER)
+        pool = _pool(ledger)
+        assert pool.reconnect_timeout == 2 * CONNECT_TIMEOUT
+        assert _reads_at_once(ledger, 2)
+        relay.go_silent()  # both connections cut; new ones get no answer
+        assert not _works(ledger)  # each lost connection is replaced, in vain
+        started = time.monotonic()
+        while pool.get_stats()["pool_size"] > 0:
+            assert time.monotonic() - started < 30, pool.get_stats()
+            time.sleep(0.2)
+        relay.answer_again()
+        started = time.monotonic()
+        while not _reads_at_once(ledger, 2):
+            assert time.monotonic() - started < 30, pool.get_stats()
+        assert pool.get_stats()["pool_size"] == 2
+
+
+#: How long the host is away in the test below, after the first read's wait: the pool's
+#: tries of a lost connection, 1, 2, 4, 8, 16 s apart (10% jitter), are at about 15 and
+#: 31 s; the host answers at 18 s (2 s of that read, then `AWAY`), between the two.
+AWAY = 16
+
+
+def test_the_store_serves_within_about_connect_timeout_after_a_long_absence(
+    relayed: tuple[PostgresStore, SilentRelay],
+) -> None:
+    """The pool tries again to replace each lost connection, its pauses doubling, for
+    `reconnect_timeout`: with psycopg's 5 minutes a host back after a minute's absence
+    waited up to 32 s for the next try, after four minutes up to 128 s, and every store
+    call meanwhile failed after `connect_timeout` (here: back at 18 s, served at about
+    31 s). The pool now gives a slot up after two `connect_timeout`s of tries, and grows
+    back as calls ask (`test_the_pool_grows_back_to_its_size_...`)."""
+    spec, relay = relayed
+    with Ledger(spec) as ledger:
+        ledger.submit(_content("k1"), SENDER)
+        relay.go_away()
+        assert not _works(ledger)
+        time.sleep(AWAY)
+        relay.answer_again()
+        started = time.monotonic()
+        while not _works(ledger):
+            assert time.monotonic() - started < 60
+        waited = time.monotonic() - started
+        assert waited < CONNECT_TIMEOUT + 1.5, waited

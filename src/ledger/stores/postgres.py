@@ -695,6 +695,12 @@ def _server_notices() -> Composed:
     )
 
 
+#: How many `connect_timeout`s the pool tries to replace a lost connection before it
+#: gives the slot up (`bound_pool_connects`): the longest pause between two tries is
+#: then about one `connect_timeout`.
+RECONNECT_TIMEOUTS = 2
+
+
 def bound_pool_connects(pool: psycopg_pool.ConnectionPool[Any]) -> None:
     """Each connection the pool makes gives up after `[store] connect_timeout` and is
     dropped by a silent peer (`_session_bounds`), as the store's own connections are
@@ -703,13 +709,21 @@ def bound_pool_connects(pool: psycopg_pool.ConnectionPool[Any]) -> None:
     against a host that accepts and never answers (a blackholed network, a hung server,
     a half-open proxy) each of the pool's few workers waited for good, and once they all
     did the pool never connected again, the host back or not. Called before the pool
-    opens: it hands `kwargs` to every connection it makes."""
+    opens: it hands `kwargs` to every connection it makes.
+
+    A lost connection's slot is tried again for `RECONNECT_TIMEOUTS` connect timeouts,
+    not psycopg's 5 minutes: the pauses between tries double from 1 s over that span,
+    and a host back after a few minutes away waited for the next try up to 128 s, each
+    store call meanwhile failing after `connect_timeout`. Past the span the slot is
+    given up, and the pool grows back to its size as calls ask for connections, each
+    growth trying at once (`tests/integration/test_pg_pool_connect.py`)."""
     kwargs = pool.kwargs
     if not isinstance(kwargs, dict):  # the library built its pool otherwise: say so
         raise TypeError(f"eventsourcing's pool takes its kwargs as {type(kwargs).__name__}")
     # libpq counts whole seconds, at least 2; the pool's timeout is `connect_timeout`
     # (`PostgresBackend.env`).
     pool.kwargs = {**kwargs, **_session_bounds(), "connect_timeout": max(2, round(pool.timeout))}
+    pool.reconnect_timeout = RECONNECT_TIMEOUTS * pool.timeout
 
 
 class AdvisoryIdentityLock:
