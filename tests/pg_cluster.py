@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import pytest
 
@@ -143,7 +144,7 @@ class PrivateCluster:
             self.stop("immediate")  # fails when it is not running
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> PrivateCluster:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

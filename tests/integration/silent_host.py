@@ -3,6 +3,8 @@
 `SilentRelay`: a TCP relay that forwards, or accepts new connections and never answers
 (a hung server, a half-open proxy).
 
+`ClusterBeyond`: a PostgreSQL server at the far end of a `SilentLink`.
+
 `SilentLink`: a network link that can go silent under open TCP connections: packets dropped, no
 RST, no FIN, as when a host loses power or a firewall starts dropping. A relay on
 loopback cannot play that: its kernel acknowledges every byte whether the relay reads
@@ -28,6 +30,7 @@ from types import TracebackType
 
 import pytest
 from tests.conftest import IN_CI
+from tests.pg_cluster import BIN, USER, PrivateCluster, _as_server_user
 
 _CLONE_NEWNET = 0x40000000
 
@@ -119,17 +122,17 @@ class SilentLink:
 
     def __init__(self) -> None:
         pid = os.getpid()
-        self._ns = f"slpg{pid}"
+        self.namespace = f"slpg{pid}"
         self._near, self._far = f"slpg{pid}a", f"slpg{pid}b"
         # A /30 of 10.87.0.0/16 of this process's own: tests beside it (pytest -n 2)
         # make theirs.
         base = (pid % 16384) * 4
         prefix = f"10.87.{base >> 8}."
-        self._near_ip, self.far_ip = f"{prefix}{(base & 255) + 1}", f"{prefix}{(base & 255) + 2}"
+        self.near_ip, self.far_ip = f"{prefix}{(base & 255) + 1}", f"{prefix}{(base & 255) + 2}"
 
     def __enter__(self) -> SilentLink:
         try:
-            _ip("netns", "add", self._ns)
+            _ip("netns", "add", self.namespace)
         except (OSError, subprocess.CalledProcessError) as exc:
             reason = f"a network namespace could not be made (root and iproute2 needed): {exc}"
             if IN_CI:
@@ -137,11 +140,11 @@ class SilentLink:
             pytest.skip(reason)
         try:
             _ip("link", "add", self._near, "type", "veth", "peer", "name", self._far)
-            _ip("link", "set", self._far, "netns", self._ns)
-            _ip("addr", "add", f"{self._near_ip}/30", "dev", self._near)
+            _ip("link", "set", self._far, "netns", self.namespace)
+            _ip("addr", "add", f"{self.near_ip}/30", "dev", self._near)
             _ip("link", "set", self._near, "up")
-            _ip("-n", self._ns, "addr", "add", f"{self.far_ip}/30", "dev", self._far)
-            _ip("-n", self._ns, "link", "set", self._far, "up")
+            _ip("-n", self.namespace, "addr", "add", f"{self.far_ip}/30", "dev", self._far)
+            _ip("-n", self.namespace, "link", "set", self._far, "up")
         except BaseException:
             self.close()
             raise
@@ -162,7 +165,7 @@ class SilentLink:
 
         def make() -> None:
             try:
-                fd = os.open(f"/run/netns/{self._ns}", os.O_RDONLY)
+                fd = os.open(f"/run/netns/{self.namespace}", os.O_RDONLY)
                 try:
                     if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
                         raise OSError(ctypes.get_errno(), "setns")
@@ -181,18 +184,46 @@ class SilentLink:
         return made[0]
 
     def go_silent(self) -> None:
-        _ip("-n", self._ns, "link", "set", self._far, "down")
+        _ip("-n", self.namespace, "link", "set", self._far, "down")
 
     def answer_again(self) -> None:
-        _ip("-n", self._ns, "link", "set", self._far, "up")
+        _ip("-n", self.namespace, "link", "set", self._far, "up")
 
     def close(self) -> None:
         # The pair goes with the namespace.
         with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            _ip("netns", "del", self._ns)
+            _ip("netns", "del", self.namespace)
         with contextlib.suppress(OSError, subprocess.CalledProcessError):
             _ip("link", "del", self._near)
 
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+class ClusterBeyond(PrivateCluster):
+    """A private cluster whose server runs at the far end of `link`, reached through
+    it (`url`), and on its Unix socket in `root` whatever the link does (`local_url`):
+    the server's own side of a silent network."""
+
+    def __init__(self, link: SilentLink) -> None:
+        self._link = link
+        super().__init__(prefix="sendledger-pg-beyond-")
+        self.url = f"postgresql://{USER}@{link.far_ip}:{self.port}/postgres"
+        self.local_url = f"postgresql://{USER}@/postgres?host={self.root}&port={self.port}"
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all all {link.near_ip}/32 trust\n")
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -c listen_addresses={self._link.far_ip} -k {self.root} "
+            "-c fsync=off -c full_page_writes=off"
+        )
+        pg_ctl = [BIN / "pg_ctl", "-D", self.data, "-l", self.log, "-o", options, "-w", "start"]
+        subprocess.run(
+            ["ip", "netns", "exec", self._link.namespace, *_as_server_user(), *map(str, pg_ctl)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+            cwd=self.root,
+        )

@@ -19,8 +19,9 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 from tests.conftest import PG_URL
-from tests.integration.silent_host import SilentLink, SilentRelay
+from tests.integration.silent_host import ClusterBeyond, SilentLink, SilentRelay
 from tests.integration.test_engine import claimed_and_held
+from tests.pg_cluster import require_private_cluster
 
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine.leases import Leases
@@ -199,11 +200,16 @@ def test_the_name_s_session_on_a_silent_host_fails_its_check_then_is_held_again(
             lock.release()
 
 
-def _name_holders(spec: PostgresStore, name: str) -> int:
-    """Sessions holding the advisory lock of `name` on the store (its key as
-    `AdvisoryIdentityLock` makes it; PostgreSQL shows a bigint key's halves)."""
+def _name_key(spec: PostgresStore, name: str) -> int:
+    """The advisory lock key of `name` on the store, as `AdvisoryIdentityLock` makes it."""
     digest = hashlib.sha256(f"sendledger:{spec.schema}:{name}".encode()).digest()
-    key = int.from_bytes(digest[:8], "big", signed=True)
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _name_holders(spec: PostgresStore, name: str) -> int:
+    """Sessions holding the advisory lock of `name` on the store (PostgreSQL shows a
+    bigint key's halves)."""
+    key = _name_key(spec, name)
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
@@ -253,3 +259,37 @@ def test_the_server_drops_the_name_s_session_as_soon(
     finally:
         lock.release()
     assert shown == [("10",), ("5",), ("3",), (str(SILENT_HOST * 1000),)]
+
+
+#: The server's side of the name's session after its daemon's host went silent: ended
+#: after the bound (2 s here) when its last answer was not yet acknowledged (2.0 s
+#: measured: the link goes silent right after the lock is taken), else at its
+#: keepalives' second probe, 15 s; with room for a loaded machine. The server's own
+#: default: over two hours (checked: still held at 25 s).
+FREED_WITHIN = 25.0
+
+
+def test_a_vanished_daemon_s_name_is_freed_by_the_server_within_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The daemon's host vanishes (its link silent for good) while the daemon holds its
+    name: the server, whose side of the session carries the same bounds, ends it and
+    frees the name for the daemon taking over."""
+    monkeypatch.setattr(postgres, "SILENT_HOST_SECONDS", SILENT_HOST)
+    require_private_cluster()
+    with SilentLink() as link, ClusterBeyond(link) as cluster:
+        spec = parse_store_url(cluster.url)
+        assert isinstance(spec, PostgresStore)
+        spec = dataclasses.replace(spec, connect_timeout=CONNECT_TIMEOUT)
+        vanished = postgres.AdvisoryIdentityLock(spec, "vanished")
+        link.go_silent()
+        started = time.monotonic()
+        # The daemon taking over, on the server's own host (its Unix socket).
+        key = _name_key(spec, "vanished")
+        with psycopg.connect(cluster.local_url, autocommit=True) as taking_over:
+            while taking_over.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone() != (
+                True,
+            ):
+                assert time.monotonic() - started < FREED_WITHIN, "the name is still held"
+                time.sleep(0.5)
+        vanished.release()
