@@ -293,3 +293,21 @@ def test_a_vanished_daemon_s_name_is_freed_by_the_server_within_the_bound(
                 assert time.monotonic() - started < FREED_WITHIN, "the name is still held"
                 time.sleep(0.5)
         vanished.release()
+
+
+def test_a_server_without_the_settings_still_gives_the_name(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server before PostgreSQL 12 knows no tcp_user_timeout: the name is held all the
+    same (its server's own keepalives bound it), and a warning says so."""
+    from psycopg.sql import SQL
+
+    monkeypatch.setattr(postgres, "_server_notices", lambda: SQL("SET tcp_no_such_setting = 1"))
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    lock = postgres.AdvisoryIdentityLock(spec, "older")
+    try:
+        assert _name_holders(spec, "older") == 1
+        assert "the server keeps its own TCP bounds" in caplog.text
+    finally:
+        lock.release()

@@ -758,7 +758,12 @@ class AdvisoryIdentityLock:
             self._conn = connect_at_open(self._store, **_IDENTITY_SESSION)
         else:
             self._conn = psycopg.connect(**_connect_args(self._store), **_IDENTITY_SESSION)
-        self._conn.execute(_server_notices())
+        try:
+            self._conn.execute(_server_notices())
+        except psycopg.errors.UndefinedObject as exc:
+            # A server before PostgreSQL 12 has no tcp_user_timeout: the name is held all
+            # the same, as long as that server's own keepalives let it.
+            log.warning("daemon.name %r: the server keeps its own TCP bounds (%s)", self._name, exc)
         if not (self._try_lock() or self._end_orphan()):
             self.release()
             store = self._store
