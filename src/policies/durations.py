@@ -49,6 +49,24 @@ def parse_duration_within(value: object, low: float, high: float) -> float:
     return seconds
 
 
+def parse_duration_with_unit(value: object, low: float, high: float) -> float:
+    """:func:`parse_duration_within`, and a number must say its unit: for how long a purge
+    waits, a bare number (seconds) is read in the wrong unit at a cost that cannot be
+    undone (`admin purge --older-than 90`, meant as 90 days, purged every job settled more
+    than 90 seconds ago). Raises DurationError."""
+    bare = _PATTERN.match(value) if isinstance(value, str) else None
+    if bare is not None and bare.group(2) is None:
+        number = bare.group(1)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = f"{value:g}"
+    else:
+        return parse_duration_within(value, low, high)
+    raise DurationError(
+        f"{value!r} has no unit: write {number}d for {number} days "
+        f"(or {number}h, {number}m, {number}s)"
+    )
+
+
 def format_duration(seconds: float) -> str:
     if seconds < 1:
         return f"{round(seconds * 1000)}ms"

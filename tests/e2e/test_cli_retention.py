@@ -114,6 +114,8 @@ def test_admin_purge_dry_run_then_purge_then_history_and_status(cli: Any) -> Non
     ("args", "code", "names"),
     [
         (["--older-than", "soon"], 2, "--older-than"),
+        # A bare number was seconds: "90" (days in mind) purged every settled job.
+        (["--older-than", "90"], 2, "write 90d"),
         ([], 2, "--older-than"),
         (["--older-than", "1d", "--key", "r-0000"], 2, "--key"),
         (["--key", "nope"], 4, "nope"),

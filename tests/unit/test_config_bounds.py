@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +59,24 @@ def refused(data: dict[str, Any], where: str, *needles: str) -> str:
 
 # -- durations --------------------------------------------------------------------------
 
+
+def seconds_with_unit(value: object) -> object:
+    """`value` seconds written with their unit, as `retention.purge_after` needs them; a
+    string as it is. Every digit of a float (no exponent), so it loads as the same float."""
+    return value if isinstance(value, str) else f"{Decimal(value):f}s"  # type: ignore[arg-type]
+
+
 #: (where, the data that sets it, its bound)
 DURATIONS: list[tuple[str, Callable[[float], dict[str, Any]], float]] = [
     ("daemon.tick", lambda v: {"daemon": {"tick": v}}, HOUR),
     ("daemon.deadline_grace", lambda v: {"daemon": {"deadline_grace": v}}, DAY),
     ("providers.g.timeout", lambda v: gmail(timeout=v), HOUR),
     ("providers.m.timeout", lambda v: smtp(timeout=v), HOUR),
-    ("retention.purge_after", lambda v: {"retention": {"purge_after": v}}, CENTURY),
+    (
+        "retention.purge_after",
+        lambda v: {"retention": {"purge_after": seconds_with_unit(v)}},
+        CENTURY,
+    ),
     ("retention.every", lambda v: {"retention": {"every": v}}, 366 * DAY),
 ]
 
@@ -94,6 +106,17 @@ def test_the_example_values_of_the_issue_are_refused_naming_the_key() -> None:
     refused({"daemon": {"deadline_grace": 1e300}}, "daemon.deadline_grace", "to 1d")
     refused({"retention": {"purge_after": "99999999999999d"}}, "retention.purge_after", "36525d")
     refused({"daemon": {"tick": 0}}, "daemon.tick", "from 1ms")
+
+
+@pytest.mark.parametrize("value", [90, 90.0, "90", " 90 ", "7776000"])
+def test_a_purge_after_without_its_unit_is_refused_naming_the_unit_to_write(
+    value: object,
+) -> None:
+    # A bare number is seconds: "90" (days in mind) purged every job settled 90 s ago.
+    refused({"retention": {"purge_after": value}}, "retention.purge_after", "has no unit", "d for")
+    assert settings_from_dict({"retention": {"purge_after": "90d"}}).retention.purge_after == (
+        90 * DAY
+    )
 
 
 @settings(deadline=None, max_examples=200)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 from tests.unit.docs_page import CODE, flat, keyed, page, section, table
+from tests.unit.test_config_bounds import seconds_with_unit
 
 from daemon.config import environment
 from daemon.config import settings as cfg
@@ -50,6 +51,8 @@ RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at
 #: What a field's range needs of another field: its low (0) or high (1) end, or (2) 7d.
 OTHER = {"retry_backoff": ("retry_backoff_max", 1), "retry_backoff_max": ("retry_backoff", 0)}
 OTHER["history_after"] = ("search_after", 2)  # history_after is shorter than it
+#: Durations written with their unit or refused (a purge cannot be undone).
+WITH_UNIT = {"purge_after"}
 
 
 def validated(model: type[BaseModel], **values: Any) -> Any:
@@ -111,7 +114,10 @@ def check_range(model: type[BaseModel], field: str, text: str, where: str) -> No
 
     def refused(value: float) -> bool:
         try:
-            validated(model, **more, **{field: int(value) if whole else value})
+            given: object = int(value) if whole else value
+            validated(
+                model, **more, **{field: seconds_with_unit(given) if field in WITH_UNIT else given}
+            )
         except ValidationError as exc:
             return any(e["loc"][:1] == (field,) for e in exc.errors())
         return False

@@ -16,7 +16,7 @@ from ledger.application import ConcurrentUpdate, Ledger, PurgeResult
 from ledger.content import JobInputError
 from ledger.display import iso
 from ledger.job import TransitionError, check_name
-from policies.durations import DurationError, format_duration, parse_duration_within
+from policies.durations import DurationError, format_duration, parse_duration_with_unit
 
 
 def register(admin: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -53,7 +53,8 @@ def cmd_admin_purge(args: argparse.Namespace) -> int:
     if args.older_than is not None:
         try:
             # As retention.purge_after: at most 100 years, so the cut-off is a real date.
-            older_than = parse_duration_within(args.older_than, 0.0, 36525 * 86400.0)
+            # A unit is required: a purge cannot be undone, and "90" is days in mind.
+            older_than = parse_duration_with_unit(args.older_than, 0.0, 36525 * 86400.0)
         except DurationError as exc:
             raise bad_input(f"--older-than: {exc}") from None
     by = args.by or login_name()

@@ -46,7 +46,12 @@ from ledger.stores.url import (
     DEFAULT_MAX_OVERFLOW,
     DEFAULT_POOL_SIZE,
 )
-from policies.durations import DurationError, parse_duration, parse_duration_within
+from policies.durations import (
+    DurationError,
+    parse_duration,
+    parse_duration_with_unit,
+    parse_duration_within,
+)
 
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
 #: "100 years": a retention longer than this is a typo, and any shorter one keeps every
@@ -54,14 +59,15 @@ MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
 CENTURY = 36525 * DAY
 
 
-def _bounded(low: float, high: float) -> BeforeValidator:
+def _bounded(low: float, high: float, *, unit: bool = False) -> BeforeValidator:
     """A duration from `low` to `high` seconds (docs/configuration.md "Bounds, URLs, addresses and
     files"): a value past them is refused at load, never a later failure or a job that
-    waits forever."""
+    waits forever. `unit`: a bare number is refused (policies/durations.py)."""
+    parse = parse_duration_with_unit if unit else parse_duration_within
 
     def check(value: Any) -> float:
         try:
-            return parse_duration_within(value, low, high)
+            return parse(value, low, high)
         except DurationError as exc:
             raise PydanticCustomError("duration", "{reason}", {"reason": str(exc)}) from None
 
@@ -71,7 +77,7 @@ def _bounded(low: float, high: float) -> BeforeValidator:
 Tick = Annotated[float, _bounded(0.001, HOUR)]
 Timeout = Annotated[float, _bounded(0.001, HOUR)]
 Grace = Annotated[float, _bounded(0.0, DAY)]
-Retention = Annotated[float, _bounded(0.0, CENTURY)]
+Retention = Annotated[float, _bounded(0.0, CENTURY, unit=True)]
 Every = Annotated[float, _bounded(0.001, 366 * DAY)]
 
 
