@@ -10,6 +10,7 @@ EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_CONFLICT = 3
 EXIT_UNKNOWN_JOB = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a process SIGINT ended
 
 
 class CliError(SendledgerError):

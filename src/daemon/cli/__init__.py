@@ -19,6 +19,7 @@ from daemon.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_CONFLICT,
     EXIT_FAILURE,
+    EXIT_INTERRUPTED,
     EXIT_UNKNOWN_JOB,
     exit_code_for,
 )
@@ -165,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
     except Exception as exc:

@@ -12,18 +12,22 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from daemon.cli import output
 from daemon.cli.job_commands import served, served_from_store
 from daemon.cli.parsers import add_command, login_name
-from daemon.exit_codes import EXIT_OK, bad_input
+from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK, bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.service_layer.read_models import job_status
 from daemon.service_layer.services import check_advice, resolve_as_a_person
 from ledger.copies import copies_found
 from ledger.display import command_line, printable
 from ledger.vocabulary import EscalationReason, Resolution
+
+if TYPE_CHECKING:
+    from daemon.service_layer.services import TriageItem
 
 log = logging.getLogger("sendledger")
 
@@ -242,26 +246,54 @@ def cmd_review_check(args: argparse.Namespace) -> int:
 
 def cmd_review_triage(args: argparse.Namespace) -> int:
     by = args.by or login_name()
-    items = served(
+    return served(
         args,
-        lambda s: s.triage(by=by, channel=args.channel, reason=args.reason, dry_run=args.dry_run),
+        lambda s: _report_triage(
+            args,
+            *s.triage_each(by, args.channel, args.reason, args.dry_run),
+        ),
     )
+
+
+def _report_triage(args: argparse.Namespace, total: int, items: Iterator[TriageItem]) -> int:
+    """Each job's line as soon as it is decided: every search can take the provider's whole
+    timeout, and a triage that said nothing until its last job looked hung. A Ctrl-C ends
+    it with what was done (the list so far, with --json) and a line on what is left."""
+    done: list[TriageItem] = []
+    if total and not args.json:
+        print(f"searching the mailbox for {total} job{'s' if total > 1 else ''} in review",
+              file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        for item in items:
+            done.append(item)
+            if not args.json:
+                print(printable(f"{item.key}  {item.channel}  {item.action}  {item.detail}"),
+                      flush=True)  # fmt: skip
+    except KeyboardInterrupt:
+        if args.json:
+            print(output.dumps([item.as_dict() for item in done]))
+        sys.stdout.flush()
+        resolved = sum(1 for item in done if item.action == "resolved-sent")
+        what = "a dry run: nothing recorded" if args.dry_run else f"{resolved} resolved as sent"
+        output.error(
+            f"interrupted after {len(done)} of {total} jobs ({what}); the rest are left in "
+            "review as they were: run the same command again for them"
+        )
+        return EXIT_INTERRUPTED
     if args.json:
-        print(output.dumps([item.as_dict() for item in items]))
+        print(output.dumps([item.as_dict() for item in done]))
         return EXIT_OK
-    if not items:
+    if not done:
         print("no jobs in review match")
         return EXIT_OK
-    for item in items:
-        print(printable(f"{item.key}  {item.channel}  {item.action}  {item.detail}"))
-    done = sum(1 for item in items if item.action == "resolved-sent")
-    would = sum(1 for item in items if item.action == "would-resolve-sent")
-    left = len(items) - done - would
+    resolved = sum(1 for item in done if item.action == "resolved-sent")
+    would = sum(1 for item in done if item.action == "would-resolve-sent")
+    left = len(done) - resolved - would
     if args.dry_run:
         print(f"dry run: {would} would be resolved as sent, {left} left in review; "
               "nothing was recorded")  # fmt: skip
     else:
-        print(f"{done} resolved as sent, {left} left in review")
+        print(f"{resolved} resolved as sent, {left} left in review")
     return EXIT_OK
 
 

@@ -66,6 +66,7 @@ from ledger.vocabulary import FINAL_STATES, EscalationReason, JobState, Resoluti
 
 if TYPE_CHECKING:
     from ledger.mime import MessageLimits
+    from ledger.stores.index import IndexRow
     from policies.loader import PolicySet
 
 log = logging.getLogger("sendledger.services")
@@ -876,14 +877,21 @@ class Services:
         (note "triage: one copy found"); none, or two and more -> left in review with the
         search recorded. A dry run searches and records nothing. A `by` the name rule
         refuses is refused before any job is searched, so a batch is never half-decided."""
+        return list(self.triage_each(by, channel, reason, dry_run)[1])
+
+    def triage_each(
+        self, by: str, channel: str | None, reason: str | None, dry_run: bool
+    ) -> tuple[int, Iterator[TriageItem]]:
+        """`triage`, one job at a time: how many jobs are in review to search, and each
+        answer once its job is decided, for the CLI to show as it goes (a search can take
+        the provider's whole timeout) and to say what was done when it is interrupted."""
         _require_name(by)
         _require_reason(reason)
-        return list(self._triage(by, channel, reason, dry_run))
+        rows = list(review_index(self.ledger, channel=channel, reason=reason))
+        return len(rows), self._triage(rows, by, dry_run)
 
-    def _triage(
-        self, by: str, channel: str | None, reason: str | None, dry_run: bool
-    ) -> Iterator[TriageItem]:
-        for row in list(review_index(self.ledger, channel=channel, reason=reason)):
+    def _triage(self, rows: list[IndexRow], by: str, dry_run: bool) -> Iterator[TriageItem]:
+        for row in rows:
             job = self.ledger.find_job(row.key)
             if job is None or job.state is not JobState.REVIEW:
                 continue
