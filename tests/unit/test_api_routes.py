@@ -102,7 +102,7 @@ def test_check_resolve_triage_cancel_statuses(rig: EngineRig, client: TestClient
     cancelled = client.post("/v1/jobs/fresh/cancel", json={"note": "n"}, headers=AUTH)
     assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
     later = client.post("/v1/jobs/found/cancel", headers=AUTH)
-    assert later.status_code == 409 and "is review" in later.json()["error"]
+    assert later.status_code == 409 and "is in review" in later.json()["error"]
     assert client.post("/v1/review/nope/check", headers=AUTH).status_code == 404
 
 

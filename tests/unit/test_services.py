@@ -343,8 +343,10 @@ def test_cancel_after_an_attempt_names_the_state(rig: EngineRig) -> None:
     message = refused(lambda: services(rig).cancel("k1", note="", by="b"), Refusal.CONFLICT)
     assert message.startswith("job 'k1' is confirmed")
     in_review(rig, "k2", copies=0)
-    assert "is review" in refused(
-        lambda: services(rig).cancel("k2", note="", by="b"), Refusal.CONFLICT
+    # What to do instead: a job in review is stopped by abandoning it.
+    assert refused(lambda: services(rig).cancel("k2", note="", by="b"), Refusal.CONFLICT) == (
+        "job 'k2' is in review after 1 attempt: only a job not yet attempted can be cancelled; "
+        "to send nothing more, resolve it: sendledger review resolve k2 --as abandon"
     )
     refused(lambda: services(rig).cancel("nope", note="", by="b"), Refusal.NOT_FOUND)
 
@@ -355,7 +357,7 @@ def test_a_job_requeued_after_an_attempt_cannot_be_cancelled(rig: EngineRig) -> 
     rig.tick()
     assert rig.job("k1").state is JobState.REQUESTED
     message = refused(lambda: services(rig).cancel("k1", note="", by="b"), Refusal.CONFLICT)
-    assert "after 1 attempts" in message
+    assert "is requested after 1 attempt: only" in message
 
 
 # -- reading ------------------------------------------------------------------------

@@ -833,11 +833,19 @@ class Services:
         _require_note(note)
         job = self._job_at(key, expected_version, "cancelled")
         if job.state is not JobState.REQUESTED or job.attempts:
-            after = f" after {job.attempts} attempts" if job.attempts else ""
+            count = job.attempts
+            after = f" after {count} attempt{'s' if count > 1 else ''}" if count else ""
+            state = "in review" if job.state is JobState.REVIEW else job.state.value
+            # What a person who wanted it stopped can still do: only a job in review waits
+            # for a decision, and abandoning it sends nothing more.
+            abandon = command_line("sendledger", "review", "resolve", key, "--as", "abandon")
+            instead = (
+                f"; to send nothing more, resolve it: {abandon}" if state == "in review" else ""
+            )
             raise ServiceError(
                 Refusal.CONFLICT,
-                f"job {key!r} is {job.state.value}{after}: only a job not yet attempted "
-                "can be cancelled",
+                f"job {key!r} is {state}{after}: only a job not yet attempted can be "
+                f"cancelled{instead}",
             )
         seen = job.version
         at = self.ledger.clock()
