@@ -226,10 +226,19 @@ def _policy_files(directory: Path) -> list[Path]:
     )
 
 
+#: The problem of a policies folder that is not there.
+NO_FOLDER = (
+    "no such directory: create it with one CHANNEL.toml per channel (docs/policies.md), or set "
+    "daemon.policies_dir to the folder that holds them"
+)
+
+
 def _listed(directory: Path) -> list[Path]:
     """The folder's policy files; PolicyLoadError when the folder itself cannot be read."""
     if not directory.exists():
-        raise PolicyLoadError([PolicyProblem(directory, WHOLE_FILE, "no such directory")])
+        # Said with what to do: a first run's folder is often just not made yet, or the
+        # config names another (a relative path is the config file's folder's).
+        raise PolicyLoadError([PolicyProblem(directory, WHOLE_FILE, NO_FOLDER)])
     if not directory.is_dir():
         raise PolicyLoadError([PolicyProblem(directory, WHOLE_FILE, "not a directory")])
     try:

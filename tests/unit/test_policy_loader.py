@@ -278,7 +278,10 @@ def test_providers_not_checked_without_a_list(tmp_path: Path) -> None:
 def test_missing_directory(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     (problem,) = problems_of(missing)
-    assert str(problem) == f"{missing}:-: no such directory"
+    assert str(problem) == (
+        f"{missing}:-: no such directory: create it with one CHANNEL.toml per channel "
+        "(docs/policies.md), or set daemon.policies_dir to the folder that holds them"
+    )
 
 
 def test_directory_is_a_file(tmp_path: Path) -> None:
