@@ -139,14 +139,16 @@ def test_admin_purge_refusals_change_nothing(
         assert not any(ledger.get_job(f"r-{i:04d}").purged for i in range(5))
 
 
-def test_a_purge_killed_half_way_leaves_each_job_purged_or_intact(cli: Any) -> None:
+def purge_stopped_half_way(cli: Any, count: int, how: signal.Signals, **more: str) -> int:
+    """`admin purge --older-than 30d` of `count` settled jobs, sent `how` once 20 of them
+    are purged (unless it ended first): its exit code. `more`: the fork server's "stdout"
+    and "stderr" files."""
     store = cli.root / "ledger.sqlite"
-    count = 400
     settled_jobs(store, count, open_too=False)
-    # Forked from the worker's fork server: a process of its own, killed by its pid.
+    # Forked from the worker's fork server: a process of its own, signalled by its pid.
     assert cli.server is not None
     argv = ["--config", str(cli.config), "admin", "purge", "--older-than", "30d"]
-    pid = cli.server.start(argv, cli.root, cli.root.parent / "purge.log", env=cli.env)
+    pid = cli.server.start(argv, cli.root, cli.root.parent / "purge.log", env=cli.env, **more)
 
     def running() -> bool:
         try:
@@ -156,14 +158,20 @@ def test_a_purge_killed_half_way_leaves_each_job_purged_or_intact(cli: Any) -> N
         return False
 
     with Ledger(f"sqlite:///{store}") as ledger:
-        # Kill it once some jobs are purged and most are not.
         deadline = time.monotonic() + 60
         while _purged(ledger) < 20 and running() and time.monotonic() < deadline:
             time.sleep(0.02)
-        if running():  # else it ended by itself: the check below says so
+        if running():  # else it ended by itself: the caller's checks say so
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        cli.server.exited(pid, timeout=10)
+                os.kill(pid, how)
+        code: int = cli.server.exited(pid, timeout=30)[0]
+    return code
+
+
+def test_a_purge_killed_half_way_leaves_each_job_purged_or_intact(cli: Any) -> None:
+    store = cli.root / "ledger.sqlite"
+    count = 400
+    purge_stopped_half_way(cli, count, signal.SIGKILL)
     with Ledger(f"sqlite:///{store}") as ledger:
         purged = [key for key in _keys(count) if _check_whole_or_intact(ledger, key)]
         assert 20 <= len(purged) < count, len(purged)
@@ -174,6 +182,23 @@ def test_a_purge_killed_half_way_leaves_each_job_purged_or_intact(cli: Any) -> N
         assert all(_check_whole_or_intact(ledger, key) for key in _keys(count))
     raw = store.read_bytes() + _wal(store)
     assert [i for i in range(count) if customer(i).encode() in raw] == []
+
+
+def test_a_ctrl_c_ends_a_purge_after_a_job_and_says_how_many_it_purged(cli: Any) -> None:
+    store = cli.root / "ledger.sqlite"
+    count = 400
+    out, err = cli.root.parent / "purge.out", cli.root.parent / "purge.err"
+    code = purge_stopped_half_way(cli, count, signal.SIGINT, stdout=str(out), stderr=str(err))
+    with Ledger(f"sqlite:///{store}") as ledger:
+        purged = [key for key in _keys(count) if _check_whole_or_intact(ledger, key)]
+    assert code == 130 and 20 <= len(purged) < count, (code, len(purged))
+    assert out.read_text(encoding="utf-8").startswith(f"purged {len(purged)} jobs settled before")
+    assert err.read_text(encoding="utf-8").splitlines()[-1] == (
+        f"sendledger: interrupted: {len(purged)} jobs purged, each whole; the others are as "
+        "they were: run the same command again to purge them"
+    )
+    raw = store.read_bytes() + _wal(store)
+    assert [i for i in range(count) if customer(i).encode() in raw and f"r-{i:04d}" in purged] == []
 
 
 def test_the_daemon_purges_settled_jobs_by_its_retention_setting(tmp_path: Path) -> None:

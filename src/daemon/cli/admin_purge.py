@@ -5,12 +5,15 @@ periodic purge is `daemon/service_layer/retention.py`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from daemon.cli import output
 from daemon.cli.parsers import add_command, login_name
-from daemon.exit_codes import EXIT_CONFLICT, EXIT_OK, CliError, bad_input
+from daemon.exit_codes import EXIT_CONFLICT, EXIT_INTERRUPTED, EXIT_OK, CliError, bad_input
 from daemon.from_settings import open_ledger, settings_for
 from ledger.application import ConcurrentUpdate, Ledger, PurgeResult
 from ledger.content import JobInputError
@@ -77,9 +80,37 @@ def cmd_admin_purge(args: argparse.Namespace) -> int:
         def progress(count: int) -> None:
             print(f"... {count} jobs purged", file=sys.stderr, flush=True)
 
-        result = ledger.purge_settled(before, by=by, rule=rule, progress=progress)
+        with _ctrl_c_between_jobs() as asked:
+            result = ledger.purge_settled(
+                before, by=by, rule=rule, progress=progress, stop=lambda: bool(asked)
+            )
     _report(args, result, before)
+    if asked:
+        output.error(
+            f"interrupted: {result.purged} jobs purged, each whole; the others are as they "
+            "were: run the same command again to purge them"
+        )
+        return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _ctrl_c_between_jobs() -> Iterator[list[int]]:
+    """A Ctrl-C ends a purge by age after the job it is purging (each is one transaction),
+    so the command can say how many it purged: a KeyboardInterrupt raised inside the
+    purge said nothing. The list it yields holds the signal once asked; a second Ctrl-C
+    interrupts at once, as it always did."""
+    asked: list[int] = []
+
+    def ask(signum: int, _frame: object) -> None:
+        asked.append(signum)  # a list append takes no lock: safe in a handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = signal.signal(signal.SIGINT, ask)
+    try:
+        yield asked
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _purge_keys(ledger: Ledger, args: argparse.Namespace, by: str) -> int:
