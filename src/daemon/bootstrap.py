@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from daemon.config.secret_text import missing_secret_hint
 from daemon.config.settings import (
     ConfigError,
     GraphProviderSettings,
@@ -42,7 +43,8 @@ def build_provider(settings: Settings, name: str) -> Provider:
         try:
             password = read_password_file(path)
         except ValueError as exc:
-            raise ConfigError(f"providers.{name}.password_file: {exc}") from None
+            setting = f"providers.{name}.password_file"
+            raise ConfigError(f"{setting}: {exc}{missing_secret_hint(setting, path)}") from None
         return SmtpImapProvider(
             name,
             smtp_host=config.smtp_host,
@@ -82,14 +84,9 @@ def build_provider(settings: Settings, name: str) -> Provider:
     except DelegationRequired as exc:
         raise ConfigError(f"providers.{name}.user: {exc}") from None
     except CredentialsFileUnreadable as exc:
-        missing = not settings.credentials_file(name).exists()
-        hint = (
-            "; put the provider's JSON key there, chmod 600 (docs/providers.md \"Gmail "
-            'setup"), or write a config for the emulator with `sendledger init --emulator`'
-            if missing
-            else ""
-        )
-        raise ConfigError(f"providers.{name}.credentials_file: {exc}{hint}") from None
+        setting = f"providers.{name}.credentials_file"
+        hint = missing_secret_hint(setting, settings.credentials_file(name))
+        raise ConfigError(f"{setting}: {exc}{hint}") from None
 
 
 def _graph_provider(settings: Settings, name: str, config: GraphProviderSettings) -> Provider:
@@ -99,14 +96,15 @@ def _graph_provider(settings: Settings, name: str, config: GraphProviderSettings
     credential: str | dict[str, str]
     try:
         if config.client_secret_file is not None:
-            field = "client_secret_file"
-            credential = read_client_secret(settings.resolve(config.client_secret_file))
+            field, path = "client_secret_file", settings.resolve(config.client_secret_file)
+            credential = read_client_secret(path)
         else:
             assert config.certificate_file is not None  # the settings allow one of both
-            field = "certificate_file"
-            credential = read_certificate(settings.resolve(config.certificate_file))
+            field, path = "certificate_file", settings.resolve(config.certificate_file)
+            credential = read_certificate(path)
     except ValueError as exc:
-        raise ConfigError(f"providers.{name}.{field}: {exc}") from None
+        setting = f"providers.{name}.{field}"
+        raise ConfigError(f"{setting}: {exc}{missing_secret_hint(setting, path)}") from None
     tokens = GraphTokens(
         authority=config.authority,
         tenant_id=config.tenant_id,

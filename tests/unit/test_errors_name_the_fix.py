@@ -1,11 +1,12 @@
 """Errors that name the fix (docs/troubleshooting.md): an unknown channel lists the known
 ones; an unknown key beside a missing one suggests it; a conflicting resubmit names the
 first field that differs; a job with several problems has every one listed, by the CLI's
-intake and by a 422."""
+intake and by a 422; a secret file that is not there says what goes in it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +18,13 @@ from tests.unit.test_api_routes import AUTH, api_context, job
 from tests.unit.test_services import services
 
 from daemon.api.app import create_app
-from daemon.config.settings import ConfigError, settings_from_dict
+from daemon.api.build import load_tokens
+from daemon.bootstrap import build_provider
+from daemon.config.settings import ConfigError, Settings, settings_from_dict
 from daemon.service_layer.intake import IntakeError, parse_jobs, unknown_channel
 from daemon.service_layer.problems import MAX_LISTED
 from daemon.service_layer.services import ServiceError
+from daemon.webhooks.delivery_threads import hooks_from
 from ledger.application import KeyConflict, Ledger
 from ledger.content import parse_job
 from ledger.vocabulary import PolicyRef, Sender
@@ -166,3 +170,85 @@ def test_a_422_of_many_jobs_with_many_problems_stops_listing_at_the_cap(
     answer = client.post("/v1/jobs", json=body, headers=AUTH)
     assert answer.status_code == 422
     assert answer.json()["count"] == 160 and len(answer.json()["errors"]) == MAX_LISTED
+
+
+# -- secret files that are not there ---------------------------------------------------
+
+SMTP = {
+    "kind": "smtp-imap",
+    "smtp_host": "smtp.example.com",
+    "imap_host": "imap.example.com",
+    "username": "u@example.com",
+    "password_file": "mail-password",
+}
+GRAPH = {"kind": "graph", "tenant_id": "t-1", "client_id": "c-1", "user": "a@example.com"}
+
+#: (the setting, its file, the config that sets it, what reads it, words of the hint)
+CASES: list[tuple[str, str, dict[str, Any], Callable[[Settings], object], str]] = [
+    (
+        "providers.g.credentials_file",
+        "sa.json",
+        {"providers": {"g": {"credentials_file": "sa.json"}}},
+        lambda s: build_provider(s, "g"),
+        "put the provider's JSON key there, chmod 600",
+    ),
+    (
+        "providers.m.password_file",
+        "mail-password",
+        {"providers": {"m": SMTP}},
+        lambda s: build_provider(s, "m"),
+        "put the mailbox's password there, on its first line, chmod 600 (docs/providers.md \"SMTP",
+    ),
+    (
+        "providers.m365.client_secret_file",
+        "graph-secret",
+        {"providers": {"m365": {**GRAPH, "client_secret_file": "graph-secret"}}},
+        lambda s: build_provider(s, "m365"),
+        "put the app registration's client secret there",
+    ),
+    (
+        "providers.m365.certificate_file",
+        "graph.pem",
+        {"providers": {"m365": {**GRAPH, "certificate_file": "graph.pem"}}},
+        lambda s: build_provider(s, "m365"),
+        "certificate and its private key there (one PEM file)",
+    ),
+    (
+        "api.token_file",
+        "api-tokens",
+        {"api": {"listen": "127.0.0.1:8025", "token_file": "api-tokens"}},
+        load_tokens,
+        "write a name:token line there for each API user",
+    ),
+    (
+        "webhooks.ops.secret_file",
+        "hook-secret",
+        {"webhooks": {"ops": {"url": "https://hooks.example.com/x", "secret_file": "hook-secret"}}},
+        hooks_from,
+        "write the receiver's secret there (`sendledger webhooks new-secret`), chmod 600",
+    ),
+]
+
+
+@pytest.mark.parametrize(("setting", "file", "data", "read", "hint"), CASES, ids=lambda c: c)
+def test_a_missing_secret_file_says_what_goes_in_it(
+    tmp_path: Path,
+    setting: str,
+    file: str,
+    data: dict[str, Any],
+    read: Callable[[Settings], object],
+    hint: str,
+) -> None:
+    settings = settings_from_dict(data, config_path=tmp_path / "sendledger.toml")
+    with pytest.raises(ConfigError) as missing:
+        read(settings)
+    said = str(missing.value)
+    assert f"{setting}: cannot read {tmp_path / file}: No such file or directory; " in said
+    assert hint in said and "\n" not in said, said
+    # There but unusable (empty): refused as before (the Gmail key by the JSON reader, one
+    # level up), and nothing said of putting it there.
+    (tmp_path / file).write_text("", encoding="utf-8")
+    with pytest.raises((ConfigError, ValueError)) as empty:
+        read(settings)
+    unusable = str(empty.value)
+    assert (setting in unusable or file in unusable) and "there" not in unusable, unusable

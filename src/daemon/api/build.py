@@ -10,6 +10,7 @@ from daemon.api.context import ApiContext
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics, Sources
 from daemon.api.server import ApiServer, ListenRefused
+from daemon.config.secret_text import missing_secret_hint
 from daemon.config.settings import ConfigError, Settings
 from daemon.engine.circuit import OpenCircuit
 from daemon.engine.policy_holder import PolicyHolder
@@ -22,10 +23,12 @@ from ledger.application import Ledger
 def load_tokens(settings: Settings) -> TokenBook:
     if settings.api.token_file is None:
         raise ConfigError(f"{settings.config_path}: api.token_file: required with api.listen")
+    path = settings.resolve(settings.api.token_file)
     try:
-        return TokenBook.from_file(settings.resolve(settings.api.token_file))
+        return TokenBook.from_file(path)
     except TokenFileError as exc:
-        raise ConfigError(f"{settings.config_path}: {exc}") from None
+        hint = missing_secret_hint("api.token_file", path)
+        raise ConfigError(f"{settings.config_path}: {exc}{hint}") from None
 
 
 def tick_limit(tick_seconds: float) -> float:

@@ -3,7 +3,8 @@
 One place decides what "cannot be read" means for all of them, so every such setting
 reports a missing, unreadable or non-UTF-8 file the same way; and each must be a regular
 file of at most :data:`MAX_SECRET_BYTES` (a FIFO does not hang the command, a directory
-or a symbolic link to nothing is named as such: `policies.files`).
+or a symbolic link to nothing is named as such: `policies.files`). A file that is not
+there is also said with what goes in it (:func:`missing_secret_hint`).
 """
 
 from __future__ import annotations
@@ -38,3 +39,33 @@ def content_lines(text: str) -> Iterator[tuple[int, str]]:
         line = raw.strip()
         if line and not line.startswith("#"):
             yield number, line
+
+
+#: What goes in each secret file, by the setting's own name, and the page that says how
+#: to make it: a first run most often stops at a secret not put in place yet, and "No
+#: such file or directory" says where it goes, not what. The store key is not here: a
+#: fresh key for a store that has one would leave its events unreadable.
+_WHAT_GOES_THERE = {
+    "credentials_file": "put the provider's JSON key there, chmod 600 "
+    '(docs/providers.md "Gmail setup"), or write a config for the emulator with '
+    "`sendledger init --emulator`",
+    "password_file": "put the mailbox's password there, on its first line, chmod 600 "
+    '(docs/providers.md "SMTP + IMAP setup")',
+    "client_secret_file": "put the app registration's client secret there, on its first "
+    'line, chmod 600 (docs/providers.md "Microsoft Graph setup")',
+    "certificate_file": "put the app registration's certificate and its private key there "
+    '(one PEM file), chmod 600 (docs/providers.md "Microsoft Graph setup")',
+    "token_file": "write a name:token line there for each API user (16 or more printable "
+    'characters a token), chmod 600 (docs/http-api.md "HTTP API")',
+    "secret_file": "write the receiver's secret there (`sendledger webhooks new-secret`), "
+    'chmod 600 (docs/http-api.md "Webhooks")',
+}
+
+
+def missing_secret_hint(setting: str, path: Path) -> str:
+    """`"; what to do"` when the file `setting` names ("providers.mail.password_file")
+    is not there, to follow the error that says so; else ""."""
+    what = _WHAT_GOES_THERE.get(setting.rsplit(".", 1)[-1])
+    if what is None or path.exists() or path.is_symlink():
+        return ""
+    return f"; {what}"

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import cast
 
-from daemon.config.secret_text import read_secret_text
+from daemon.config.secret_text import missing_secret_hint, read_secret_text
 from daemon.config.settings import ConfigError, Settings
 from daemon.webhooks.signing import parse_secret
 from daemon.webhooks.worker import Deliverer, DeliveryObserver, Hook
@@ -32,7 +32,8 @@ def hooks_from(settings: Settings) -> list[Hook]:
         try:
             secret = parse_secret(read_secret_text(path))
         except ValueError as exc:
-            raise ConfigError(f"webhooks.{name}.secret_file: {exc}") from None
+            setting = f"webhooks.{name}.secret_file"
+            raise ConfigError(f"{setting}: {exc}{missing_secret_hint(setting, path)}") from None
         hooks.append(
             Hook(
                 name=name,
