@@ -6,6 +6,7 @@ is the same job; the same key with other content is a conflict, never an overwri
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -408,6 +409,13 @@ def _sender(value: object) -> str | None:
     return validate_address("from", value)
 
 
+def _did_you_mean(name: object) -> str:
+    """ "; did you mean FIELD?" for an unknown field close to a known one: `subjet` is a
+    typo of `subject`, and the operator is told which field to write, not only which not."""
+    close = difflib.get_close_matches(str(name), REQUIRED_FIELDS + OPTIONAL_FIELDS, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def parse_job(data: object) -> JobContent:
     """Validate a submitted job (already decoded from JSON). Every field is checked: a job
     with several problems raises `JobInputErrors` listing each (one per field, in the
@@ -415,7 +423,7 @@ def parse_job(data: object) -> JobContent:
     if not isinstance(data, Mapping):
         raise JobInputError("job", "must be a JSON object")
     problems = [
-        JobInputError(name, "unknown field")
+        JobInputError(name, f"unknown field{_did_you_mean(name)}")
         for name in sorted(set(data) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS))
     ]
     problems += [JobInputError(name, "is required") for name in REQUIRED_FIELDS if name not in data]

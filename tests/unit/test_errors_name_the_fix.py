@@ -141,7 +141,7 @@ def test_unknown_and_missing_fields_are_listed_with_the_rest() -> None:
     with pytest.raises(IntakeError) as refused:
         parse_jobs({"channel": "receipts", "key": "k", "to": "nope", "subjet": "S", "body": "B"})
     assert [str(p) for p in refused.value.problems] == [
-        "job.subjet: unknown field",
+        "job.subjet: unknown field; did you mean subject?",
         "job.subject: is required",
         "job.to: not a valid email address: 'nope'",
     ]
