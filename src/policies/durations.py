@@ -17,21 +17,24 @@ class DurationError(SendledgerError, ValueError):
     kind = Refusal.BAD_INPUT
 
 
+#: What every refusal of a value that is no duration at all ends with: what to write.
+_WRITE = "(use e.g. 250ms, 30s, 5m, 1h, 1d or seconds)"
+
+
 def parse_duration(value: object) -> float:
     """Seconds as a float. Raises DurationError with a message fit for one line of output."""
     if isinstance(value, bool):
-        raise DurationError(f"not a duration: {value!r}")
+        # As the TOML file spells it (`timeout = true`), not as Python does (True).
+        raise DurationError(f"not a duration: {str(value).lower()} {_WRITE}")
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         if match is None:
-            raise DurationError(
-                f"not a duration: {value!r} (use e.g. 250ms, 30s, 5m, 1h, 1d or seconds)"
-            )
+            raise DurationError(f"not a duration: {value!r} {_WRITE}")
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
     else:
-        raise DurationError(f"not a duration: {value!r}")
+        raise DurationError(f"not a duration: {value!r} {_WRITE}")
     if not math.isfinite(seconds) or seconds < 0:
         raise DurationError(f"duration must be a finite number >= 0: {value!r}")
     return seconds

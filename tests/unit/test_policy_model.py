@@ -149,9 +149,10 @@ def test_duration_forms(field: str, written: object, seconds: float) -> None:
         ("\u0663d", "not a duration"),  # ARABIC-INDIC DIGIT THREE: float() reads 3
         ("\uff13\uff10s", "not a duration"),  # fullwidth 30
         ("\u00a030s", "not a duration"),
-        (True, "not a duration"),
-        (False, "not a duration"),
-        ([5], "not a duration"),
+        # As TOML spells it, and what to write instead.
+        (True, "not a duration: true (use e.g. 250ms, 30s, 5m, 1h, 1d or seconds)"),
+        (False, "not a duration: false (use e.g. 250ms"),
+        ([5], "not a duration: [5] (use e.g. 250ms"),
         (float("inf"), ">= 0"),
         (float("nan"), ">= 0"),
         ("400d", "at most "),
