@@ -101,7 +101,10 @@ def test_smtp_settings_defaults_and_refusals() -> None:
         ({"imap_port": 0}, "providers.mail.imap_port: "),
         ({"sent_copy": "both"}, "providers.mail.sent_copy: "),
         ({"credentials_file": "x"}, "providers.mail.credentials_file: unknown key"),
-        ({"kind": "exchange"}, 'providers.mail: kind: expected "gmail", "smtp-imap" or "graph"'),
+        (
+            {"kind": "exchange"},
+            'providers.mail.kind: expected "gmail", "smtp-imap" or "graph", got \'exchange\'',
+        ),
     ]
     for change, message in cases:
         with pytest.raises(ConfigError, match=message.replace(".", r"\.")):

@@ -400,7 +400,7 @@ ProviderSettings = Annotated[
     Discriminator(
         _provider_kind,
         custom_error_type="provider_kind",
-        custom_error_message='kind: expected "gmail", "smtp-imap" or "graph"',
+        custom_error_message='expected "gmail", "smtp-imap" or "graph"',
     ),
 ]
 _PROVIDER_TAGS = ("gmail", "smtp-imap", "graph")
@@ -738,10 +738,15 @@ def _config_error(exc: ValidationError, label: str) -> ConfigError:
     errors = exc.errors()
     error = _first_to_say(errors)
     loc = _file_loc(error["loc"])
-    where = ".".join(str(part) for part in loc)
     message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
     if error["type"] == "extra_forbidden":
         message += _did_you_mean(loc, errors)
+    if error["type"] == "provider_kind":
+        # Said of the provider's table: named by its `kind`, with what was written there.
+        loc = (*loc, "kind")
+        written = error["input"].get("kind") if isinstance(error["input"], dict) else None
+        message += f", got {written!r}" if isinstance(written, str) else ""
+    where = ".".join(str(part) for part in loc)
     # A value from the environment is named by its variable, not by the file.
     source = environment.variable_for(loc, os.environ)
     if source is None and error["type"] == "missing":
