@@ -116,6 +116,22 @@ def _field_of(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(part) for part in loc)
 
 
+#: Refusals that are said with the value as written: pydantic's words name what was
+#: expected only ("Input should be 'retry', 'search-then-review' or 'review'").
+_SAYS_WHAT_WAS_WRITTEN = frozenset(
+    {
+        "int_type",
+        "string_type",
+        "bool_type",
+        "float_type",
+        "int_from_float",
+        "literal_error",
+        "greater_than_equal",
+        "less_than_equal",
+    }
+)
+
+
 def _reason_of(error: Mapping[str, Any]) -> str:
     kind = error.get("type")
     loc = error.get("loc", ())
@@ -129,7 +145,7 @@ def _reason_of(error: Mapping[str, Any]) -> str:
     message = str(error.get("msg", "invalid"))
     for prefix in ("Value error, ", "Assertion failed, "):
         message = message.removeprefix(prefix)
-    if kind in {"int_type", "string_type", "bool_type", "float_type", "int_from_float"}:
+    if kind in _SAYS_WHAT_WAS_WRITTEN:
         message = f"{message}, got {error.get('input')!r}"
     return _one_line(message)
 

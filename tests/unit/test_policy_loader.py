@@ -237,12 +237,34 @@ def test_problems_are_collected_across_all_files(tmp_path: Path) -> None:
     three = write(tmp_path, "three.toml", "provider = \n")
     problems = problems_of(tmp_path)
     rendered = [str(p) for p in problems]
-    assert f"{one}:max_attempts: Input should be greater than or equal to 1" in rendered
+    assert f"{one}:max_attempts: Input should be greater than or equal to 1, got 0" in rendered
     assert any(line.startswith(f"{two}:message_id_domain: ") for line in rendered)
     assert any(line.startswith(f"{three}:-: TOML syntax error") for line in rendered)
     assert "line 1" in next(p.reason for p in problems if p.file == three)
     assert len(problems) == 3
     assert str(PolicyLoadError(problems)).splitlines() == rendered
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (
+            'on_unknown = "retyr"',
+            "on_unknown: Input should be 'retry', 'search-then-review' or 'review', got 'retyr'",
+        ),
+        ('pending_draft = "sned"', "pending_draft: Input should be 'send' or 'review', got 'sned'"),
+        (
+            "confirm_misses = 1000",
+            "confirm_misses: Input should be less than or equal to 100, got 1000",
+        ),
+    ],
+)
+def test_a_value_out_of_its_choices_is_said_as_written(
+    tmp_path: Path, line: str, said: str
+) -> None:
+    # A typo is seen at once when the line shows it beside what was expected.
+    path = write(tmp_path, "receipts.toml", GOOD + line + "\n")
+    assert [str(p) for p in problems_of(tmp_path)] == [f"{path}:{said}"]
 
 
 def test_duplicate_channels(tmp_path: Path) -> None:
