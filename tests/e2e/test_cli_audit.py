@@ -111,3 +111,29 @@ def test_review_show(cli: Any) -> None:
     human = cli.run("review", "show", "audit-2").stdout
     assert "sendledger review check audit-2" in human
     assert cli.run("review", "show", "nope").code == 4
+
+
+def test_a_channel_no_job_has_is_said_beside_the_empty_answer(cli: Any) -> None:
+    # `reciepts` for `receipts`: an empty queue alone reads as "nothing to review".
+    submit_three(cli)
+    note = (
+        "sendledger: no job in the store has channel 'reciepts': check its spelling "
+        "(`sendledger policy check` lists the channels)\n"
+    )
+    for argv in (
+        ["review", "list", "--channel", "reciepts"],
+        ["review", "list", "--channel", "reciepts", "--json"],
+        ["review", "triage", "--channel", "reciepts", "--dry-run"],
+        ["audit", "--channel", "reciepts"],
+        ["audit", "--channel", "reciepts", "--format", "json"],
+    ):
+        result = cli.run(*argv)
+        assert (result.code, result.stderr) == (0, note), argv
+    assert cli.run("review", "list", "--channel", "reciepts", "--json").json() == []
+    # A channel with jobs, none of them matching: the empty answer alone, as before.
+    for argv in (
+        ["review", "list", "--channel", "receipts"],
+        ["audit", "--channel", "receipts", "--state", "cancelled"],
+    ):
+        result = cli.run(*argv)
+        assert (result.code, result.stderr) == (0, ""), argv

@@ -24,6 +24,7 @@ from daemon.cli import output
 from daemon.config.moments import parse_moment
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import open_ledger, store_settings_for
+from daemon.service_layer.read_models import channel_has_jobs
 from ledger.application import Ledger
 from ledger.display import iso, printable
 from ledger.job import JobState, SendJob
@@ -92,7 +93,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         else:
             columns = JOB_COLUMNS
             records = _jobs(ledger, args.state, args.channel, since, until)
-        _emit(records, columns, args.format)
+        shown = _emit(records, columns, args.format)
+        if not shown and args.channel and not channel_has_jobs(ledger, args.channel):
+            output.no_job_of_channel(args.channel)
     return EXIT_OK
 
 
@@ -158,17 +161,23 @@ def csv_cell(value: object) -> str:
     return ("'" if raw.startswith(FORMULA_STARTS) else "") + printable(raw)
 
 
-def _emit(records: Iterator[dict[str, Any]], columns: list[str], fmt: str) -> None:
+def _emit(records: Iterator[dict[str, Any]], columns: list[str], fmt: str) -> int:
+    """Writes the records in `fmt`; how many there were."""
     if fmt == "json":
         # JSON lines, one record each, written as they are read.
+        count = 0
         for record in records:
             sys.stdout.write(output.dumps(record) + "\n")
-        return
+            count += 1
+        return count
     if fmt == "csv":
         writer = csv.DictWriter(sys.stdout, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
+        count = 0
         for record in records:
             writer.writerow({name: csv_cell(value) for name, value in record.items()})
-        return
+            count += 1
+        return count
     rows = list(records)
     print(output.table(rows, columns) if rows else "no matching jobs")
+    return len(rows)

@@ -66,6 +66,15 @@ def error(message: str) -> None:
     print(f"sendledger: {printable(message)}", file=sys.stderr, flush=True)
 
 
+def no_job_of_channel(channel: str) -> None:
+    """Said on stderr beside an empty answer to `--channel C` when no job has channel C: a
+    typo (`reciepts`) would otherwise read as "nothing to review" (docs/cli.md)."""
+    error(
+        f"no job in the store has channel {channel!r}: check its spelling "
+        "(`sendledger policy check` lists the channels)"
+    )
+
+
 def _default(value: object) -> object:
     if isinstance(value, datetime):
         return iso(value)

@@ -20,14 +20,14 @@ from daemon.cli.job_commands import served, served_from_store
 from daemon.cli.parsers import add_command, login_name
 from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK, bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
-from daemon.service_layer.read_models import job_status
+from daemon.service_layer.read_models import channel_has_jobs, job_status
 from daemon.service_layer.services import check_advice, resolve_as_a_person
 from ledger.copies import copies_found
 from ledger.display import command_line, printable
 from ledger.vocabulary import EscalationReason, Resolution
 
 if TYPE_CHECKING:
-    from daemon.service_layer.services import TriageItem
+    from daemon.service_layer.services import Services, TriageItem
 
 log = logging.getLogger("sendledger")
 
@@ -159,9 +159,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_review_list(args: argparse.Namespace) -> int:
-    rows = served_from_store(
-        args, lambda s: s.review_list(channel=args.channel, reason=args.reason)
-    )
+    def listed(s: Services) -> tuple[list[dict[str, Any]], bool]:
+        rows = s.review_list(channel=args.channel, reason=args.reason)
+        return rows, bool(
+            args.channel and not rows and not channel_has_jobs(s.ledger, args.channel)
+        )
+
+    rows, unknown_channel = served_from_store(args, listed)
+    if unknown_channel:
+        output.no_job_of_channel(args.channel)
     if args.json:
         print(output.dumps(rows))
     elif rows:
@@ -246,13 +252,14 @@ def cmd_review_check(args: argparse.Namespace) -> int:
 
 def cmd_review_triage(args: argparse.Namespace) -> int:
     by = args.by or login_name()
-    return served(
-        args,
-        lambda s: _report_triage(
-            args,
-            *s.triage_each(by, args.channel, args.reason, args.dry_run),
-        ),
-    )
+
+    def triaged(s: Services) -> int:
+        total, items = s.triage_each(by, args.channel, args.reason, args.dry_run)
+        if args.channel and not total and not channel_has_jobs(s.ledger, args.channel):
+            output.no_job_of_channel(args.channel)
+        return _report_triage(args, total, items)
+
+    return served(args, triaged)
 
 
 def _report_triage(args: argparse.Namespace, total: int, items: Iterator[TriageItem]) -> int:

@@ -182,6 +182,12 @@ def review_rows(
     ]
 
 
+def channel_has_jobs(ledger: Ledger, channel: str) -> bool:
+    """Whether any job of the store, in any state, is of `channel`: a filter naming a
+    channel no job has is likely a typo, which an empty answer would hide."""
+    return next(ledger.jobs(channel=channel), None) is not None
+
+
 def review_index(
     ledger: Ledger, *, channel: str | None = None, reason: str | None = None
 ) -> Iterator[IndexRow]:
