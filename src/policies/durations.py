@@ -52,17 +52,24 @@ def parse_duration_within(value: object, low: float, high: float) -> float:
     return seconds
 
 
+def unitless_number(value: object) -> str | None:
+    """The number, as written, of a duration written without its unit ("90", 90), else
+    None: a bare number is seconds, which is not always what the person meant."""
+    if isinstance(value, str):
+        bare = _PATTERN.match(value)
+        return bare.group(1) if bare is not None and bare.group(2) is None else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:g}"
+    return None
+
+
 def parse_duration_with_unit(value: object, low: float, high: float) -> float:
     """:func:`parse_duration_within`, and a number must say its unit: for how long a purge
     waits, a bare number (seconds) is read in the wrong unit at a cost that cannot be
     undone (`admin purge --older-than 90`, meant as 90 days, purged every job settled more
     than 90 seconds ago). Raises DurationError."""
-    bare = _PATTERN.match(value) if isinstance(value, str) else None
-    if bare is not None and bare.group(2) is None:
-        number = bare.group(1)
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        number = f"{value:g}"
-    else:
+    number = unitless_number(value)
+    if number is None:
         return parse_duration_within(value, low, high)
     raise DurationError(
         f"{value!r} has no unit: write {number}d for {number} days "

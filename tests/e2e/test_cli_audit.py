@@ -64,6 +64,15 @@ def test_audit_refuses_bad_times_with_one_line(cli: Any) -> None:
     assert bad.code == 2 and len(bad.error_lines) == 1 and "--since" in bad.stderr
     backwards = cli.run("audit", "--since", "2026-02-01", "--until", "2026-01-01")
     assert backwards.code == 2 and "--since" in backwards.stderr
+    # A number without a unit: "24" (hours in mind) was 24 seconds ago, and a date in ISO
+    # 8601's basic form ("20991231") was read as that many seconds ago.
+    bare = cli.run("audit", "--since", "24")
+    assert (bare.code, bare.stdout) == (2, "") and bare.error_lines == [
+        "sendledger: --since: '24' has no unit: write 24h for 24 hours ago (or 24d, 24m, 24s), "
+        "or a date (2026-11-01)"
+    ]
+    assert cli.run("audit", "--since", "20991231").stdout == "no matching jobs\n"
+    assert cli.run("audit", "--until", "20991231").stdout.count("audit-") == 3
 
 
 def test_review_list_and_resolve(cli: Any) -> None:

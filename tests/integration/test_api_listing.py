@@ -96,6 +96,7 @@ def test_filters_state_channel_since(api: Api) -> None:
     assert keys(since="1h") == ["x1", "x2", "x3"]
     future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     assert keys(since=future) == []
+    assert keys(since="20991231") == []  # a date in ISO 8601's basic form, not seconds ago
 
 
 @pytest.mark.parametrize(
@@ -107,6 +108,7 @@ def test_filters_state_channel_since(api: Api) -> None:
         ({"limit": "ten"}, ["limit"]),
         ({"limit": "9" * 5000}, ["limit"]),
         ({"since": "yesterday"}, ["since"]),
+        ({"since": "3600"}, ["since"]),  # seconds, or hours? its unit is asked for
         ({"cursor": "not-a-cursor"}, ["cursor"]),
         ({"channel": " "}, ["channel"]),
         ({"state": "x", "limit": "-1", "cursor": "%%"}, ["state", "limit", "cursor"]),

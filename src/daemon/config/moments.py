@@ -6,13 +6,19 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from policies.durations import DurationError, parse_duration
+from policies.durations import DurationError, parse_duration, unitless_number
 
 
 def parse_moment(value: str, now: datetime) -> datetime:
-    """The moment `value` names. ValueError with a one-line reason otherwise."""
+    """The moment `value` names. ValueError with a one-line reason otherwise.
+
+    A number without a unit is no duration here: "20261101" is a date (ISO 8601's basic
+    form), which as seconds was 234 days ago; "24" is neither, and is refused naming
+    the unit to write."""
+    bare = unitless_number(value)
     try:
-        return now - timedelta(seconds=parse_duration(value))
+        if bare is None:
+            return now - timedelta(seconds=parse_duration(value))
     except DurationError:
         pass
     except OverflowError:
@@ -21,6 +27,11 @@ def parse_moment(value: str, now: datetime) -> datetime:
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
+        if bare is not None:
+            raise ValueError(
+                f"{value!r} has no unit: write {bare}h for {bare} hours ago (or {bare}d, "
+                f"{bare}m, {bare}s), or a date (2026-11-01)"
+            ) from None
         raise ValueError(
             f"not a time: {value!r} (e.g. 2026-11-01, 2026-11-01T12:00Z or 24h)"
         ) from None
