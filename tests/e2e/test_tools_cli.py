@@ -106,3 +106,34 @@ def test_a_dropped_response_through_the_cli_relay_is_one_copy_and_unknown(
 def test_demo_settles_every_job_with_at_most_one_copy(tmp_path: Path) -> None:
     summary, _ = run_demo("--lag", "1s", "--dir", str(tmp_path / "demo"), timeout=180)
     assert "emulator" in summary["against"]
+
+
+def test_a_ctrl_c_in_the_demo_names_the_folder_it_keeps(tmp_path: Path) -> None:
+    # The folder was named in the demo's first lines, long scrolled away by then.
+    folder = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [SENDLEDGER, "demo", "--keep", str(folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # a job has settled: the daemon is sending the others
+            if line.lstrip().startswith("t="):
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == (
+        f"sendledger: interrupted: the demo stopped; its work folder is kept: {folder} (the "
+        "store ledger.sqlite, the config sendledger.toml and daemon.log)"
+    )
+    assert (folder / "ledger.sqlite").is_file() and (folder / "daemon.log").is_file(), (
+        sorted(p.name for p in folder.iterdir()),
+        err,
+    )

@@ -36,7 +36,7 @@ from typing import Any, TextIO
 from daemon.bootstrap import bootstrap
 from daemon.cli import output
 from daemon.config.settings import load_settings
-from daemon.exit_codes import bad_input
+from daemon.exit_codes import EXIT_INTERRUPTED, bad_input
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon
 from daemon.service_layer.read_models import event_record
@@ -258,7 +258,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         lag = seconds_option("--lag", args.lag or "2s", 0.0, 600.0)
         run = lambda folder: _demo(folder, lag, limit, args.json)  # noqa: E731
-    return run(kept_folder(args.keep, option="--keep", prefix="sendledger-demo-", what="a demo"))
+    folder = kept_folder(args.keep, option="--keep", prefix="sendledger-demo-", what="a demo")
+    try:
+        return run(folder)
+    except KeyboardInterrupt:
+        # The emulator and the daemon stopped with the demo's own `finally`s; what the
+        # person still has is the folder, which the first lines named long ago.
+        output.error(
+            f"interrupted: the demo stopped; its work folder is kept: {folder} (the store "
+            "ledger.sqlite, the config sendledger.toml and daemon.log)"
+        )
+        return EXIT_INTERRUPTED
 
 
 def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
