@@ -125,7 +125,17 @@ def test_submit_refuses_bad_jobs(cli: Any, payload: dict[str, Any], needles: lis
 def test_submit_refuses_invalid_json(cli: Any) -> None:
     result = cli.run("submit", "--json", "-", stdin='{"channel": "receipts", "key": ')
     assert result.code == 2
-    one_error_line(result, "not valid JSON")
+    one_error_line(result, "not valid JSON", "at line 1, column 32")
+    # `submit` with no FILE and nothing piped in: said so, with what to give.
+    for argv, where in ((["submit"], "stdin"), (["submit", "-"], "stdin")):
+        empty = cli.run(*argv, stdin="  \n")
+        assert (empty.code, empty.stdout) == (2, "")
+        assert empty.error_lines == [
+            f"sendledger: job: {where} is empty: give a job JSON file, or pipe the JSON in"
+        ]
+    (cli.root / "blank.json").write_text("", encoding="utf-8")
+    blank = cli.run("submit", str(cli.root / "blank.json"))
+    one_error_line(blank, f"job: {cli.root / 'blank.json'} is empty")
 
 
 def test_a_bad_job_in_a_batch_writes_nothing(cli: Any) -> None:

@@ -71,10 +71,16 @@ def _read_jobs(source: str) -> object:
         raise bad_input(f"cannot read {source}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise bad_input(f"{'stdin' if source == '-' else source}: not UTF-8") from None
+    if not text.strip():
+        # Most often `submit` with no FILE and nothing piped in: JSON's own words
+        # ("Expecting value at line 1") would not say so.
+        where = "stdin" if source == "-" else source
+        raise bad_input(f"job: {where} is empty: give a job JSON file, or pipe the JSON in")
     try:
         return decode_jobs(text)
     except json.JSONDecodeError as exc:
-        raise bad_input(f"job: not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise bad_input(f"job: not valid JSON: {exc.msg} at {where}") from None
     except (ValueError, RecursionError) as exc:
         # An integer too long to convert, or nesting deeper than the parser goes.
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
