@@ -241,3 +241,18 @@ def test_a_config_that_is_not_a_regular_file_is_refused_without_hanging(
     assert result.code == 2, result.stderr
     one_error_line(result, str(cli.config), "cannot read")
     no_store(cli)
+
+
+def test_a_config_folder_named_for_its_file_says_which_file(cli: Any) -> None:
+    # `--config mail` for the folder `sendledger init mail` wrote.
+    result = cli.run("status", "k1", config=False, env={"SENDLEDGER_CONFIG": str(cli.root)})
+    assert (result.code, result.stdout) == (2, "")
+    assert result.error_lines == [
+        f"sendledger: {cli.root}: cannot read: a directory, not a regular file; give the "
+        f"config file in it: --config {cli.config}"
+    ]
+    # A folder with no config in it: said as before, nothing more.
+    bare = cli.run("status", "k1", config=False, env={"SENDLEDGER_CONFIG": str(cli.policies)})
+    assert bare.error_lines == [
+        f"sendledger: {cli.policies}: cannot read: a directory, not a regular file"
+    ]

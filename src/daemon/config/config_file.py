@@ -48,7 +48,10 @@ def read_config_file(explicit: str | Path | None = None) -> tuple[Path, dict[str
         # A regular file, read without blocking (a FIFO named as the config must not hang).
         data = tomllib.loads(read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8"))
     except FileProblem as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.reason}") from None
+        # The folder `sendledger init DIR` wrote, named instead of the file in it.
+        inside = path / DEFAULT_CONFIG
+        hint = f"; give the config file in it: --config {inside}" if inside.is_file() else ""
+        raise ConfigError(f"{path}: cannot read: {exc.reason}{hint}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     except RecursionError:
