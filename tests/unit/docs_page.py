@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src"
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
 CODE = re.compile(r"`([^`\n]+)`")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import http.client
 import json
@@ -12,11 +11,11 @@ import ssl
 from datetime import UTC, datetime
 from typing import Any
 
-from eventsourcing.domain import Aggregate
-from tests.unit.docs_page import CODE, REPO, block, flat, keyed, page, section, table
+from tests.unit.docs_code import EVENTS, FIELDS, MAKE_TARGETS, bench, parsers
+from tests.unit.docs_page import CODE, SRC, block, flat, keyed, page, section, table
 from tests.unit.engine_rig import EngineRig, policy
 
-from daemon.cli import COMMANDS, build_parser
+from daemon.cli import COMMANDS
 from daemon.cli.audit import EVENT_TYPES
 from daemon.engine import recover, search
 from daemon.providers import gmail, graph, smtp_imap
@@ -28,16 +27,7 @@ from ledger import decision_types
 from ledger.job import SendJob
 from ledger.vocabulary import FINAL_STATES, ConfirmedVia, EscalationReason, Resolution
 
-SRC = REPO / "src"
 DAEMON = {p.name for p in (SRC / "daemon").iterdir() if (p / "__init__.py").is_file()}
-#: The job's events by name (not the base class, nor eventsourcing's alias `Created`).
-EVENTS: dict[str, Any] = {n: c for n, c in vars(SendJob).items() if isinstance(c, type)}
-EVENTS = {n: c for n, c in EVENTS.items() if issubclass(c, Aggregate.Event) and n[0] != "_"}
-EVENTS = {n: c for n, c in EVENTS.items() if n not in ("Event", "Created")}
-#: Each event's fields, its bases' too.
-FIELDS = {
-    n: {f for k in c.__mro__ for f in getattr(k, "__annotations__", {})} for n, c in EVENTS.items()
-}
 
 
 def test_the_event_table_is_the_job_s_events_their_topics_fields_and_words() -> None:
@@ -144,9 +134,9 @@ def test_a_new_provider_s_capabilities_are_the_port_s_with_the_defaults_written(
     calls = {"send_raw", "search", "read_message_id", "close", "name"}
     assert set(written) | {"readback_first"} == members - calls  # `a` / `b` (...): one row
     base = type("Plain", (ProviderBase,), {"name": "plain"})()
-    meant: dict[str, object] = {"False": False, "None": None, "0.0": 0.0, "30 s": 30.0}
-    meant |= {"its name": "plain"}
-    meant |= {"itself": base, "none deleted": [], "0": 0, "`scope(": "plain", "nothing listed": ()}
+    meant: dict[str, object] = {"False": False, "None": None, "0.0": 0.0, "30 s": 30.0, "0": 0}
+    meant |= {"its name": "plain", "`scope(": "plain", "itself": base, "none deleted": []}
+    meant["nothing listed"] = ()
     args = {"for_job": ("a@b.c", None), "delete_drafts": ("<a@b>",), "scope_of": ("a@b.c",)}
     valued = {n: d for n, d in written.items() if d in meant}
     reports = base.read_reports(datetime.now(UTC), known=(), max_bytes=1, limit=1)
@@ -188,7 +178,7 @@ def test_the_make_targets_bench_scripts_and_layout_are_the_tree_s() -> None:
     makefile, text = page("Makefile"), page("development.md")
     deps = dict(re.findall(r"^([a-z$(][\w$()-]*):(.*)$", makefile, re.M))
     recipes = dict(re.findall(r"^([a-z$(][\w$()-]*):.*\n((?:\t.*\n?)*)", makefile, re.M))
-    assert made(text) == set(re.findall(r"^([a-z][a-z0-9_-]*):", makefile, re.M))
+    assert made(text) == MAKE_TARGETS
     listed = text.split("make bench", 1)[1].split("make test-py313")[0]
     bench = re.findall(r"bench/\w+\.py", recipes["bench"])
     assert re.findall(r"bench/\w+\.py", listed) == bench
@@ -215,32 +205,20 @@ def test_the_make_targets_bench_scripts_and_layout_are_the_tree_s() -> None:
     assert set(re.findall(r"`(\w+)/`", daemon)) == DAEMON
 
 
-def options(where: str) -> set[str]:
-    """The options of a bench script (`x.py`) or of a command (`sendledger review list`)."""
-    if where.endswith(".py"):
-        tree = ast.parse(page(f"bench/{where}"))
-        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-        added = [n for n in calls if getattr(n.func, "attr", "") == "add_argument"]
-        return {str(a.value) for n in added for a in n.args[:2] if isinstance(a, ast.Constant)}
-    parser = build_parser(where.split()[0])
-    for word in where.split():
-        sub = next(a.choices for a in parser._actions if isinstance(a.choices, dict))
-        parser = sub.get(word, parser)
-    return {o for a in parser._actions for o in a.option_strings}
-
-
 def test_every_bench_option_and_variant_the_performance_page_names_exists() -> None:
-    text, where, wrong = flat(page("performance.md")), "", []
-    for span in CODE.findall(text):
+    text, where, known, wrong = flat(page("performance.md")), "", set(), []  # a script's options
+    for span in CODE.findall(text):  # or a command's, up to the next span naming another
         first = span.removeprefix('HISTORY_ARGS="').split()[0]
-        if script := re.match(r"^(?:bench/)?(\w+\.py)\b", first):
-            where = script.group(1)
+        script = re.match(r"^(?:bench/)?(\w+\.py)\b", first)
+        if script or span.startswith('HISTORY_ARGS="'):
+            where = script.group(1) if script else "history.py"
+            known = set(bench(where))
         elif first in COMMANDS:
-            where = " ".join(w for w in span.split()[:2] if not w.startswith("-"))
-        elif span.startswith('HISTORY_ARGS="'):
-            where = "history.py"
+            path = tuple(span.split()[:2])  # a command, or a command of a group
+            where = " ".join(path if path in parsers() else path[:1])
+            known = {o for a in parsers()[tuple(where.split())]._actions for o in a.option_strings}
         for option in set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", span)) - {"--variant"}:
-            if option not in options(where) if where else True:
+            if option not in known:
                 wrong.append(f"`{span}`: {option} of {where or 'nothing'}")
     assert wrong == []
     variants = set(re.findall(r"`--variant ([\w-]+)`", text)) - {"email-package-mime"}  # gone

@@ -12,7 +12,6 @@ import signal
 import socket
 import sys
 import tomllib
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from itertools import groupby
 from pathlib import Path
@@ -22,10 +21,12 @@ from unittest import mock
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
+from tests.unit.docs_code import KINDS, SECTIONS
+from tests.unit.docs_code import rig as rig
 from tests.unit.docs_page import PAGES, REPO, block, flat, page, section
-from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.engine_rig import EngineRig
 from tests.unit.test_api_routes import AUTH, api_context
-from tests.unit.test_docs_settings import KINDS, SECTIONS, check_default
+from tests.unit.test_docs_settings import check_default
 
 from daemon.api.app import create_app
 from daemon.bootstrap import build_provider
@@ -139,13 +140,6 @@ def test_a_fifo_as_a_secret_is_refused_in_the_page_s_words(tmp_path: Path) -> No
         build_provider(settings, "support")
     printed = str(refused.value).replace(str(tmp_path), "/etc/sendledger")
     assert printed in flat(page("configuration.md"))
-
-
-@pytest.fixture(scope="module")
-def rig() -> Iterator[EngineRig]:
-    rig = EngineRig(policy("legal"), policy("receipts", on_unknown="review"))
-    with contextlib.closing(rig):
-        yield rig
 
 
 def test_the_webhook_examples_are_what_a_receiver_gets_and_the_snippet_takes_it_once(

@@ -4,7 +4,6 @@ the words that find them and the code they are (docs/development.md "Writing the
 # ruff: noqa: F401 - the names FIGURES' and LISTS' expressions use are imported for them
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import inspect
@@ -14,10 +13,9 @@ import tomllib
 from contextlib import closing
 
 import pytest
-from tests.unit.docs_page import CODE, REPO, flat, keyed, page, section
+from tests.unit.docs_code import FIELDS, KINDS, SECTIONS, bench, parsers
+from tests.unit.docs_page import CODE, PAGES, flat, keyed, page, section
 from tests.unit.engine_rig import EngineRig
-from tests.unit.test_docs_domain import FIELDS
-from tests.unit.test_docs_settings import KINDS, SECTIONS
 from tests.unit.test_services import LEGAL, OTHER, in_review, services
 
 from daemon import exit_codes, from_settings, systemd
@@ -27,7 +25,7 @@ from daemon.config import environment, settings, stop_bound
 from daemon.providers import base, gmail, outcomes, quota, smtp_submit, transport
 from daemon.service_layer import guidance, listing, problems, read_models
 from daemon.service_layer.services import SORTS, TRIAGE_NOTE, Services
-from daemon.tools import demo, probe
+from daemon.tools import demo
 from daemon.webhooks import events, signing, status, worker
 from ledger import (
     addresses,
@@ -47,20 +45,6 @@ from sendledger.client import Client
 from testkit import graph_emulator, relay, smtp_relay
 
 
-def bench(script: str, name: str) -> object:
-    """A bench script's default of an `--option`, or its module-level constant."""
-    tree = ast.parse(page(f"bench/{script}"))
-    for node in ast.walk(tree) if name.startswith("--") else tree.body:
-        call = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
-        if call and ast.literal_eval(node.args[0]) == name:  # type: ignore[attr-defined]
-            assert isinstance(node, ast.Call)
-            return next(ast.literal_eval(k.value) for k in node.keywords if k.arg == "default")
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        if any(getattr(t, "id", "") == name for t in targets):
-            return ast.literal_eval(node.value)  # type: ignore[attr-defined]
-    raise AssertionError(f"no {name} in bench/{script}")
-
-
 def triage_actions() -> set[str]:
     """The actions triage takes: one copy, none, a dry run and a failed search."""
     with closing(EngineRig(LEGAL, OTHER)) as rig:
@@ -74,10 +58,7 @@ def triage_actions() -> set[str]:
 
 GMAIL, GRAPH = KINDS["gmail"].model_fields, KINDS["graph"].model_fields
 CLIENT = {n: p.default for n, p in inspect.signature(Client).parameters.items()}
-STORE = SECTIONS["store"]()
-SUB = argparse.ArgumentParser().add_subparsers()
-probe.register(SUB)
-PROBE = {o: a.default for a in SUB.choices["probe"]._actions for o in a.option_strings}
+PROBE = {o: a.default for a in parsers()[("probe",)]._actions for o in a.option_strings}
 QUOTA = GMAIL["quota_units_per_second"].default
 GRACE = SECTIONS["daemon"].model_fields["deadline_grace"].default
 STOP = (stop_bound.STOP_LOCK_WAITS, url.DEFAULT_LOCK_TIMEOUT, settings.DEFAULT_STOP_TIMEOUT)
@@ -87,10 +68,9 @@ SIGN_IN = (signin_limit.FAILURES, signin_limit.WINDOW / 60)
 LEASE = worker.Hook("h", "https://a/", "whsec_a", frozenset(), timeout=1.0).lease
 EMULATOR = inspect.signature(graph_emulator.GraphEmulator).parameters
 FIFTH = {4: "fifth"}[EMULATOR["mailbox_concurrency"].default]
-LATENCY_CONCURRENCY = str(bench("pipeline.py", "--latency-concurrency")).split(",")[0]
-FAULTS: dict[str, int] = bench("soak.py", "FAULTS")  # type: ignore[assignment]
-SOAK_FAULTS = sum(FAULTS.values()) - FAULTS["pass"]
-DAEMONS = re.sub(r",(\d+)$", r" and \1", str(bench("daemons.py", "--daemons"))).replace(",", ", ")
+LATENCY_CONCURRENCY = str(bench("pipeline.py")["--latency-concurrency"]).split(",")[0]
+SOAK_FAULTS = sum(v for k, v in bench("soak.py")["FAULTS"].items() if k != "pass")
+DAEMONS = re.sub(r",(\d+)$", r" and \1", str(bench("daemons.py")["--daemons"])).replace(",", ", ")
 SOAK_CONCURRENCY = int(re.findall(r"concurrency = (\d+)", page("bench/soak.py"))[0])
 PROJECT = tomllib.loads(page("pyproject.toml"))["project"]
 EVENTSOURCING = re.findall(r"eventsourcing\[postgres\]>=([\d.]+),", str(PROJECT["dependencies"]))[0]
@@ -110,8 +90,8 @@ OWNED = {*extra_headers.OWNED_HEADERS, "content-*"} - {"message-id"}
 CRASH = page("tests/e2e/test_crash_matrix.py")
 CRASH_MODES = ast.literal_eval(re.findall(r"^MODES: .+? = (\(.*?\n\))", CRASH, re.M | re.S)[0])
 POLICY_EVENTS = {k for k, fields in FIELDS.items() if {"policy", "fingerprint"} <= fields}
-#: page | words with the figures as their groups | what they are (a Python expression; a
-#: tuple for several groups).
+#: page (`*`: every page) | words with the figures as their groups | what they are (a Python
+#: expression; a tuple for several groups).
 FIGURES = r"""
 cli.md | \(at most (\d+), each value at most ([\d,]+) \w+, names at most (\d+)\) | HEADERS
 cli.md | a list of at most (\d+) message ids | content.MAX_REFERENCES
@@ -157,11 +137,8 @@ providers.md | `--max-wait` \(default `(\w+)` | PROBE['--max-wait']
 providers.md | `--interval`, default `(\w+)` | PROBE['--interval']
 providers.md | goes in groups of (\d+)\s+commands | smtp_submit.PIPELINE_GROUP
 operations.md | runs the same (\w+) jobs on the Microsoft | {12: 'twelve'}[len(demo.JOBS)]
-how-it-works.md | Each is recorded at most ([\d,]+) long as JSON | characters.MAX_RECORDED
+* | at most ([\d,]+) long as (?:ASCII )?JSON | characters.MAX_RECORDED
 how-it-works.md | the mark within\s+the ([\d,]+); | characters.MAX_RECORDED
-http-api.md | quotes the provider's failure, at most ([\d,]+) long | characters.MAX_RECORDED
-http-api.md | null for every other type; at most ([\d,]+) long | characters.MAX_RECORDED
-changes.md | Each is now at most ([\d,]+) long as ASCII JSON | characters.MAX_RECORDED
 how-it-works.md | A log line quotes less: (\d+) characters | display.MAX_QUOTED
 how-it-works.md | kept only up to the first (\d+) found | copies.COPIES_KEPT
 how-it-works.md | stops\s+reading once it has found (\d+) copies | outcomes.SEARCH_STOPS_AT
@@ -187,31 +164,31 @@ operations.md | each within `store.connect_timeout`, plus (\d+) | systemd.START_
 operations.md | and so does a (\w+) request in flight | FIFTH
 operations.md | held by another session (\w+) times in a row | {6: 'six'}[STOP[0]]
 operations.md | the defaults, (\d+) \u00d7 (\d+) s, fit (\d+) s | STOP
-performance.md | `store.pool_size` \(default (\d+)\) | STORE.pool_size
-performance.md | `store.max_overflow` \((\d+)\) | STORE.max_overflow
+performance.md | `store.pool_size` \(default (\d+)\) | SECTIONS['store']().pool_size
+performance.md | `store.max_overflow` \((\d+)\) | SECTIONS['store']().max_overflow
 performance.md | Idle connections \(over (\d+) s\) | transport.DEFAULT_MAX_IDLE
 performance.md | (\d+) quota units/s is ([\d.]+) sends/s | (QUOTA, QUOTA / quota.GMAIL_SEND_UNITS)
 performance.md | a bucket of (\d+) units refilled | QUOTA - quota.GMAIL_SEND_UNITS
-performance.md | \*\*\(a\)\*\* ([\d,]+) jobs, zero latency | bench('pipeline.py', '--n')
-performance.md | (\d+) ms per Gmail API call | bench('pipeline.py', 'LATENCY') * 1000
+performance.md | \*\*\(a\)\*\* ([\d,]+) jobs, zero latency | bench('pipeline.py')['--n']
+performance.md | (\d+) ms per Gmail API call | bench('pipeline.py')['LATENCY'] * 1000
 performance.md | call, concurrency (\d+) and \d+ | LATENCY_CONCURRENCY
-performance.md | idle for 100 ms, (\d+) sends | bench('pipeline.py', '--idle-sends')
-performance.md | \): ([\d,]+) jobs with (\d+)% faults | (bench('daemons.py', '--jobs'), SOAK_FAULTS)
+performance.md | idle for 100 ms, (\d+) sends | bench('pipeline.py')['--idle-sends']
+performance.md | \): ([\d,]+) jobs with (\d+)% faults | (bench('daemons.py')['--jobs'], SOAK_FAULTS)
 performance.md | (\d, \d and \d) daemon processes \(concurrency (\d+) | (DAEMONS, SOAK_CONCURRENCY)
-performance.md | about (\d+) s of jobs, SQLite | bench('mailboxes.py', '--seconds')
-performance.md | median of (\d+) processes each | bench('cli_latency.py', '--rounds')
-performance.md | status` of (\d+) keys in one | bench('cli_latency.py', '--keys')
-performance.md | ~/.cache/sendledger-bench/history-v(\d+)/ | bench('history.py', 'SCHEMA')
-performance.md | restarts over ([\d,]+) and ([\d,]+) waiting | bench('bounce_restart.py', 'JOBS')
-performance.md | start behind them, (\d+) check workers | bench('bounce_restart.py', 'WORKERS')
-performance.md | \| >= ([\d.]+)x the bare loop | bench('pipeline.py', 'CPU_GOAL')
-performance.md | \| >= ([\d.]+) of ideal \| 74 | bench('pipeline.py', 'LATENCY_GOAL')
-performance.md | The goal, `status KEY` <= ([\d.]+) s | bench('cli_latency.py', 'GOAL')
-performance.md | in `make bench`\): (\d+) mailboxes | bench('mailboxes.py', '--mailboxes')
-performance.md | ceiling\); median of (\d+) rounds | bench('mailboxes.py', '--rounds')
-performance.md | alternating, median of (\d+) rounds | bench('daemons.py', '--rounds')
-performance.md | settled jobs against one of ([\d,]+) | bench('history.py', '--jobs')
-performance.md | process of its own, median of (\d+)\. | bench('history.py', '--rounds')
+performance.md | about (\d+) s of jobs, SQLite | bench('mailboxes.py')['--seconds']
+performance.md | median of (\d+) processes each | bench('cli_latency.py')['--rounds']
+performance.md | status` of (\d+) keys in one | bench('cli_latency.py')['--keys']
+performance.md | ~/.cache/sendledger-bench/history-v(\d+)/ | bench('history.py')['SCHEMA']
+performance.md | restarts over ([\d,]+) and ([\d,]+) waiting | bench('bounce_restart.py')['JOBS']
+performance.md | start behind them, (\d+) check workers | bench('bounce_restart.py')['WORKERS']
+performance.md | \| >= ([\d.]+)x the bare loop | bench('pipeline.py')['CPU_GOAL']
+performance.md | \| >= ([\d.]+) of ideal \| 74 | bench('pipeline.py')['LATENCY_GOAL']
+performance.md | The goal, `status KEY` <= ([\d.]+) s | bench('cli_latency.py')['GOAL']
+performance.md | in `make bench`\): (\d+) mailboxes | bench('mailboxes.py')['--mailboxes']
+performance.md | ceiling\); median of (\d+) rounds | bench('mailboxes.py')['--rounds']
+performance.md | alternating, median of (\d+) rounds | bench('daemons.py')['--rounds']
+performance.md | settled jobs against one of ([\d,]+) | bench('history.py')['--jobs']
+performance.md | process of its own, median of (\d+)\. | bench('history.py')['--rounds']
 policies.md | A policy file is at most (\d+) MiB | loader.MAX_POLICY_BYTES // 2 ** 20
 README.md | eventsourcing.readthedocs.io/\) ([\d.]+) | EVENTSOURCING
 development.md | Requirements: Python >= ([\d.]+) | PROJECT['requires-python'][2:]
@@ -278,7 +255,8 @@ FIGURE_ROWS, LIST_ROWS, TABLE_ROWS = (
 
 
 def found(name: str, words: str) -> list[str | tuple[str, ...]]:
-    hits = re.findall(words, flat(page(name)))
+    text = "\n".join(p.read_text(encoding="utf-8") for p in PAGES) if name == "*" else page(name)
+    hits = re.findall(words, flat(text))
     assert hits, f"{name}: no {words!r}: reworded? then change the table"
     return hits
 

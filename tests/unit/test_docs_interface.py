@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.metrics import MetricWrapperBase
+from tests.unit.docs_code import parsers
+from tests.unit.docs_code import rig as rig
 from tests.unit.docs_page import CODE, REPO, block, flat, keyed, page, section, table
 from tests.unit.engine_rig import EngineRig
 from tests.unit.test_api_routes import api_context
-from tests.unit.test_docs_examples import rig as rig
 
 import daemon.cli
 from daemon import exit_codes
@@ -46,16 +47,6 @@ def documented() -> dict[tuple[str, ...], list[str]]:
             current = entries.setdefault(tuple(words[1].split()), [])
         current.append(line)
     return entries
-
-
-def parsers(parser: Any = None, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    """The parser of every command path that runs something (() is the top level)."""
-    parser = parser or daemon.cli.build_parser()
-    found = {path: parser} if path == () or parser.get_default("func") is not None else {}
-    for action in parser._actions:
-        for name, child in getattr(action, "_name_parser_map", {}).items():
-            found |= parsers(child, (*path, name))
-    return found
 
 
 def test_every_command_option_argument_and_choice_is_listed_as_the_parser_has_it() -> None:
@@ -158,8 +149,9 @@ def names(text: str) -> list[str]:
 
 
 def test_the_route_table_is_the_openapi_document(document: dict[str, Any]) -> None:
-    table = keyed(section("http-api.md", "## HTTP API"), "route")
-    rows = {route: cells[0] for route, cells in table.items()}
+    rows = {
+        r: cells[0] for r, cells in keyed(section("http-api.md", "## HTTP API"), "route").items()
+    }
     served, fields = document["routes"], document["fields"]
     assert set(rows) == set(served) | {"GET /v1/openapi.json"}
     # Statuses stated for every route instead: 400 (trusted hosts), 401, 403, 413, 422.
@@ -179,8 +171,7 @@ def test_the_route_table_is_the_openapi_document(document: dict[str, Any]) -> No
     params = {p["name"] for p in document["paths"]["/v1/jobs"]["get"]["parameters"]}
     query = re.search(r"`GET /v1/jobs\?([^`]+)`", section("http-api.md", "### Listing jobs"))
     assert query and {part.rstrip("=") for part in query.group(1).split("&")} == params
-    # The error table: every status a route answers, Starlette's 405 (re-worded) and the
-    # sign-in limit's 429 besides.
+    # The error table: every status a route answers, Starlette's 405 and the sign-in limit's 429.
     errors = keyed(section("http-api.md", "### Errors and statuses"), "status")
     answered = {status for statuses in served.values() for status in statuses if status >= 400}
     assert {int(status) for status in errors} == answered | {405, 429}
@@ -201,8 +192,7 @@ def test_the_client_s_calls_and_errors_are_the_client_s_and_the_example_binds() 
     assert len(bound) == 1 + len(re.findall(r"client\.(\w+)\(", block(text, "python")))
     also = CODE.findall(text.split("Also ", 1)[1].split(". Every", 1)[0])
     called = set(re.findall(r"client\.(\w+)\(", text)) | {c for c in also if c.isidentifier()}
-    members = inspect.getmembers(client, inspect.isfunction)
-    assert called == {name for name, _ in members if name[0] != "_"}
+    assert called == {n for n, _ in inspect.getmembers(client, inspect.isfunction) if n[0] != "_"}
     found = inspect.getmembers(client_module, inspect.isclass)
     classes = {n for n, c in found if issubclass(c, client_module.ClientError) and n[0] != "_"}
     named = {n for n in re.findall(r"`([A-Z]\w+)`", text) if n not in ("FieldError", "Client")}
@@ -213,7 +203,6 @@ def test_the_client_s_calls_and_errors_are_the_client_s_and_the_example_binds() 
         for code in (int(c) for c in re.findall(r"\d{3}", statuses)):
             assert client_module._CLASSES.get(code, client_module.ServerError).__name__ == name
             assert applied.startswith("no") is (code in client_module._NOT_APPLIED), code
-    assert issubclass(client_module.Invalid, client_module.ApiError)
 
 
 def registry(metrics: Metrics) -> dict[str, tuple[str | None, tuple[str, ...]]]:

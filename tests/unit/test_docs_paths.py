@@ -8,13 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
-from tests.unit.docs_page import CODE, PAGES, REPO, missing_paths, page, prose_lines
-from tests.unit.test_docs_settings import KINDS, SECTIONS
+from tests.unit.docs_code import KINDS, MAKE_TARGETS, SECTIONS
+from tests.unit.docs_page import CODE, PAGES, REPO, SRC, missing_paths, prose_lines
 
 from daemon.cli import COMMANDS
 from daemon.config.settings import Settings
 
-SRC = REPO / "src"
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 TEXTS = [*PAGES, *(p for d in ("src", "tests", "bench") for p in sorted((REPO / d).rglob("*.py")))]
 CITATION = re.compile(r"docs/([a-z-]+)\.md`{0,2},? \(?\"([^\"]+)\"", re.M)
@@ -59,7 +58,6 @@ def test_every_link_reaches_a_file_and_a_heading_and_the_pages_link_to_each_othe
 
 
 ROW = re.compile(r"^\| \[(?P<section>.+?)\]\(#[^)]*\) \| (?P<items>.*) \|$")
-MAKE_TARGETS = set(re.findall(r"^([a-z][a-z0-9_-]*):", page("Makefile"), re.M))
 
 
 def problem_with(item: str) -> str | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
+from tests.unit.docs_code import KINDS, SECTIONS
 from tests.unit.docs_page import CODE, flat, keyed, page, section, table
 from tests.unit.test_config_bounds import seconds_with_unit
 
@@ -25,11 +26,6 @@ from ledger.stores.library_env import APPLICATION_PREFIX, LIBRARY_VARIABLES, REA
 from policies.durations import parse_duration
 from policies.model import ChannelPolicy
 
-SECTIONS: dict[str, type[BaseModel]] = {"store": cfg.StoreSettings, "daemon": cfg.DaemonSettings}
-SECTIONS |= {"api": cfg.ApiSettings, "retention": cfg.RetentionSettings}
-SECTIONS["webhooks.NAME"] = cfg.WebhookSettings
-KINDS: dict[str, type[BaseModel]] = {"gmail": cfg.GmailProviderSettings}
-KINDS |= {"smtp-imap": cfg.SmtpImapProviderSettings, "graph": cfg.GraphProviderSettings}
 #: What a model needs besides the field under test, so that one field is validated alone.
 STUBS: dict[type[BaseModel], dict[str, Any]] = {
     cfg.GmailProviderSettings: {"credentials_file": "sa.json"},
