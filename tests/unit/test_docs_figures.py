@@ -18,7 +18,7 @@ from tests.unit.docs_page import CODE, PAGES, flat, keyed, page, section
 from tests.unit.engine_rig import EngineRig
 from tests.unit.test_services import LEGAL, OTHER, in_review, services
 
-from daemon import exit_codes, from_settings, systemd
+from daemon import from_settings, systemd
 from daemon.api import auth, overview, roles, signin_limit
 from daemon.cli.init_command import config_text
 from daemon.config import environment, settings, stop_bound
@@ -82,7 +82,6 @@ GRAPH_CONFIG = config_text("graph", addresses.parse_mailbox("you@example.com"))
 PERMISSIONS = re.findall(r"permissions (Mail\.\w+) and (Mail\.\w+) for `user`", GRAPH_CONFIG)[0]
 CHECKED = [f.name for f in dataclasses.fields(job.SendJob.Checked) if f.name != "timestamp"]
 SORTED_BY = {{"since": "age"}.get(s, s) for s in (s.lstrip("-") for s in SORTS)}
-EXIT_CODES = {v for k, v in vars(exit_codes).items() if k.startswith("EXIT_")} | {130}
 ROUTES = {f"{m} {p}": r.value for (m, p), r in roles.ROUTE_ROLES.items()}
 ROUTES["/ui/"] = roles.PAGE_ROLE.value
 REASONS = {r.value: [guidance.MEANING[r], guidance.NEXT[r]] for r in EscalationReason}
@@ -229,7 +228,6 @@ cli.md | display name with any of (.+?) must be in double | set(addresses._SPECI
 #: page | section | the first cell of its table's header | its rows' first cells (a list in
 #: order or a set), or every row as {first cell: the next cell, or [all the other cells]}.
 TABLES = r"""
-cli.md | ### Exit codes | Code | {str(c) for c in EXIT_CODES}
 http-api.md | ### Roles | role | [role.value for role in auth.Role]
 http-api.md | ### Roles | route | ROUTES
 http-api.md | ## Webhooks | type | [entry.type for entry in events.WEBHOOK_EVENTS]
