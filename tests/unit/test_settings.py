@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.unit.test_docs_settings import KINDS, SECTIONS, STUBS
+from tests.unit.docs_code import KINDS, SECTIONS
+from tests.unit.test_docs_settings import STUBS
 
 from daemon import runtime
 from daemon.bootstrap import build_provider
