@@ -369,21 +369,27 @@ def library_protocol_checks() -> Callable[[], None]:
     return undo
 
 
-def sqlite_without_fsync() -> Callable[[], None]:
-    """Every SQLite connection opened from now on commits without fsync; returns the undo."""
+def sqlite_pragma(pragma: str) -> Callable[[], None]:
+    """Every SQLite connection opened from now on runs `PRAGMA <pragma>` first; returns
+    the undo."""
     connect = sqlite3.connect
 
-    def unsynced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+    def pragmatic(*args: Any, **kwargs: Any) -> sqlite3.Connection:
         conn: sqlite3.Connection = connect(*args, **kwargs)
-        conn.execute("PRAGMA synchronous = OFF")
+        conn.execute(f"PRAGMA {pragma}")
         return conn
 
-    sqlite3.connect = unsynced  # type: ignore[assignment]
+    sqlite3.connect = pragmatic  # type: ignore[assignment]
 
     def undo() -> None:
         sqlite3.connect = connect
 
     return undo
+
+
+def sqlite_without_fsync() -> Callable[[], None]:
+    """Every SQLite connection opened from now on commits without fsync; returns the undo."""
+    return sqlite_pragma("synchronous = OFF")
 
 
 def one_commit_per_save(engine: Engine) -> None:

@@ -7,7 +7,7 @@ merged. Prints the top functions by own time and by cumulative time.
 
     .venv/bin/python bench/profile_pipeline.py [--n 1000] [--store sqlite|postgresql]
         [--variant NAME (bench/pipeline.py: VARIANTS)] [--concurrency 4] [--top 30]
-        [--callers RE] [--breakdown [--latency 0.2]] [--switches]
+        [--callers RE] [--breakdown [--latency 0.2]] [--switches] [--pages]
     .venv/bin/python bench/profile_pipeline.py --send-path [--n 1000]
 
 `--switches` profiles nothing: per job, the waits on a threading.Condition (a worker's
@@ -15,6 +15,11 @@ for its commit, a gathering commit's for the claims, an idle worker's) and the p
 voluntary and involuntary context switches, from the first tick to the run's end: each is a
 thread switch and a hand-off of the interpreter lock (`--variant gather-all` or
 `gather-on-the-way` fixes the group commit's rule, which otherwise follows the load).
+
+`--pages` profiles nothing either: the pages the run's commits wrote to SQLite's WAL (its
+automatic checkpoint off for the run, the WAL emptied at its start), per job and by the
+b-tree that holds them (SQLite's `dbstat`: a table, or one of its indexes). Every page a
+transaction changes is written whole and synced (docs/performance.md "Commits per job").
 
 `--send-path` measures the Gmail send path alone, in one thread: the bare loop's call
 (google-api-python-client on stock httplib2) and `GmailProvider.send_raw` (the same client
@@ -31,6 +36,8 @@ import io
 import os
 import pstats
 import resource
+import sqlite3
+import struct
 import sys
 import tempfile
 import threading
@@ -53,6 +60,7 @@ from pipeline import (
     daemon_run,
     emulator_process,
     emulator_provider,
+    sqlite_pragma,
 )
 
 from daemon.engine import Engine, dispatch
@@ -147,6 +155,44 @@ class ThreadProfiles:
         return profiled
 
 
+class WalPages:
+    """The pages the commits of a run wrote to a SQLite store's WAL, named by b-tree.
+
+    From `start` (the engine's hook, before the first tick) the WAL is emptied and no
+    connection opened since `__init__` checkpoints by itself; `count` reads the frames
+    before the store's last connection closes (this one stays open meanwhile)."""
+
+    def __init__(self) -> None:
+        self._connect = sqlite3.connect
+        self._side: sqlite3.Connection | None = None
+        self._path = ""
+        self.pages: dict[str, int] = {}
+        self.commits = 0
+        self._undo = sqlite_pragma("wal_autocheckpoint = 0")
+
+    def watch(self, store_url: str) -> None:
+        self._path = store_url.removeprefix("sqlite:///")
+
+    def start(self, engine: Engine) -> None:
+        self._side = self._connect(self._path)
+        self._side.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def count(self) -> None:
+        self._undo()
+        side = self._side
+        assert side is not None, "started by the run's hook"
+        names = dict(side.execute("SELECT pageno, name FROM dbstat"))
+        size = int(side.execute("PRAGMA page_size").fetchone()[0])
+        with open(f"{self._path}-wal", "rb") as wal:
+            data = wal.read()
+        for at in range(32, len(data) - size - 23, 24 + size):
+            page, commit = struct.unpack(">II", data[at : at + 8])
+            name = str(names.get(page, "?"))
+            self.pages[name] = self.pages.get(name, 0) + 1
+            self.commits += commit != 0  # a commit's last frame holds the file's size
+        side.close()
+
+
 def send_path(n: int) -> None:
     """CPU ms per call of the bare client send and of `GmailProvider.send_raw`, in turn."""
     with tempfile.TemporaryDirectory(prefix="sendledger-profile-") as folder:
@@ -202,6 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         help="no cProfile: Condition waits and context switches per job",
     )
     parser.add_argument(
+        "--pages",
+        action="store_true",
+        help="no cProfile: WAL pages the commits wrote per job, by b-tree (SQLite)",
+    )
+    parser.add_argument(
         "--send-path",
         action="store_true",
         help="only the Gmail send path, one thread: the bare client call against send_raw",
@@ -215,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
 
     breakdown = Breakdown()
     switches = Switches()
+    if args.pages and args.store != "sqlite":
+        parser.error("--pages reads a SQLite store's WAL")
+    pages = WalPages() if args.pages else None
 
     def split(engine: Engine) -> None:
         ledger: Any = engine.ledger
@@ -257,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sendledger-profile-") as folder:
         creds = write_service_account(Path(folder) / "sa.json", token_uri="http://unused/token")
         with emulator_process(args.latency, https=args.https) as emulator, store() as url:
+            if pages is not None:
+                pages.watch(url)
             run = daemon_run(
                 emulator,
                 creds,
@@ -265,10 +321,20 @@ def main(argv: list[str] | None = None) -> int:
                 concurrency=args.concurrency,
                 batch_size=batch_for(args.concurrency),
                 variant=variant,
-                hook=switches.start if args.switches else split if args.breakdown else instrument,
+                hook=(
+                    switches.start
+                    if args.switches
+                    else pages.start
+                    if pages is not None
+                    else split
+                    if args.breakdown
+                    else instrument
+                ),
             )
             if args.switches:
                 switches.stop()
+            if pages is not None:
+                pages.count()
     print(
         f"{args.store} {variant.name}: {run.rate:.0f} jobs/s, {run.cpu_ms:.2f} cpu-ms/job, "
         f"ok={run.copies_ok}"
@@ -280,6 +346,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{switches.involuntary / args.n:.1f} involuntary context switches, "
             f"{run.extra['commits'] / args.n:.2f} commits"
         )
+        return 0
+    if pages is not None:
+        frames = sum(pages.pages.values())
+        print(
+            f"  {frames / args.n:.2f} WAL pages per job, {pages.commits / args.n:.2f} commits "
+            f"per job, {frames / max(pages.commits, 1):.1f} pages per commit; per job by b-tree:"
+        )
+        for name, count in sorted(pages.pages.items(), key=lambda item: -item[1]):
+            print(f"    {name:<40} {count / args.n:5.2f}")
         return 0
     if args.breakdown:
         for name, spent in sorted(breakdown.cpu.items(), key=lambda item: -item[1]):
