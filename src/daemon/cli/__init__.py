@@ -8,7 +8,9 @@ job's state refuses); 4 unknown job; 130 interrupted. Errors are one line on std
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -27,10 +29,41 @@ from daemon.exit_codes import (
 Handler = Callable[[argparse.Namespace], int]
 
 
+#: argparse's wording for a word that is none of a command's subcommands.
+_INVALID_CHOICE = re.compile(r"invalid choice: '?(?P<word>.*?)'? \(choose from")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # Usage errors are bad input: exit 2 with one line, like every other refusal.
-        self.exit(EXIT_BAD_INPUT, f"sendledger: error: {message}\n")
+        self.exit(EXIT_BAD_INPUT, f"sendledger: error: {self._about_commands(message)}\n")
+
+    def _about_commands(self, message: str) -> str:
+        """A mistyped or missing subcommand named as an operator can act on: the close match
+        (`stauts` -> status), or the list a bare `sendledger review` has to choose from,
+        rather than argparse's quoted list or "arguments are required: COMMAND"."""
+        action = self._commands()
+        if action is None:
+            return message
+        names = list(action.choices)
+        where = self.prog.removeprefix("sendledger").strip()
+        typed = _INVALID_CHOICE.search(message)
+        if typed:
+            word = typed.group("word")
+            close = difflib.get_close_matches(word, names, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"one of: {', '.join(names)}"
+            return f"{' '.join([*where.split(), word])}: no such command; {hint}"
+        if message.startswith(f"the following arguments are required: {action.metavar}"):
+            needs = f"{where} needs a command" if where else "a command is needed"
+            shown = f"sendledger help {where}".strip()
+            return f"{needs}: {', '.join(names)} (`{shown}` says what each does)"
+        return message
+
+    def _commands(self) -> argparse._SubParsersAction[argparse.ArgumentParser] | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action
+        return None
 
 
 #: Which module registers each command, so that a command imports only its own module: the
