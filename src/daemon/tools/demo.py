@@ -468,6 +468,12 @@ def _run_jobs(
             }
         )
         ledger.submit(content, policies[channel].sender)
+    # Said once it is true: a submit that fails leaves no claim of jobs that never were.
+    print(
+        f"\n{len(jobs)} jobs submitted. One line a job once it has settled: what was observed "
+        "-> what the daemon did:\n",
+        file=out,
+    )
     service = bootstrap(settings, ledger=ledger, policy_loader=lambda: policies, policies=policies)
     daemon = Daemon(service, settings.daemon.tick)
     runner = threading.Thread(target=daemon.serve, name="daemon", daemon=True)
@@ -614,11 +620,6 @@ def _intro(out: TextIO, folder: Path, emulator: str, relay: str, lag: float, wha
 def _intro_end(out: TextIO, folder: Path) -> None:
     print("  channels      receipts: on_unknown=retry   payouts: irreversible, review", file=out)
     print(f"  log           {folder / 'daemon.log'}  (the daemon's own lines)", file=out)
-    print(
-        f"\n{len(JOBS)} jobs submitted. One line a job once it has settled: what was observed "
-        "-> what the daemon did:\n",
-        file=out,
-    )
 
 
 def _intro_smtp(out: TextIO, folder: Path, servers: MailServers, relay_port: int) -> None:
