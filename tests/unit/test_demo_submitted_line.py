@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ def test_the_submitted_line_comes_after_the_submits(
         said_before.append(out.getvalue())
         raise _Refused
 
-    monkeypatch.setattr(demo.sys, "stdout", out)
+    monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(Ledger, "submit", refuse)
     with pytest.raises(_Refused):
         demo._demo(tmp_path, lag=0.5, limit=5.0, as_json=False)
