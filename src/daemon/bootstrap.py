@@ -65,7 +65,12 @@ def build_provider(settings: Settings, name: str) -> Provider:
             ),
             pipelining=config.pipelining,
         )
-    from daemon.providers.gmail import CredentialsFileUnreadable, DelegationRequired, GmailProvider
+    from daemon.providers.gmail import (
+        CredentialsFileInvalid,
+        CredentialsFileUnreadable,
+        DelegationRequired,
+        GmailProvider,
+    )
 
     try:
         return GmailProvider(
@@ -87,6 +92,8 @@ def build_provider(settings: Settings, name: str) -> Provider:
         setting = f"providers.{name}.credentials_file"
         hint = missing_secret_hint(setting, settings.credentials_file(name))
         raise ConfigError(f"{setting}: {exc}{hint}") from None
+    except CredentialsFileInvalid as exc:
+        raise ConfigError(f"providers.{name}.credentials_file: {exc}") from None
 
 
 def _graph_provider(settings: Settings, name: str, config: GraphProviderSettings) -> Provider:

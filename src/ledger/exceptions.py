@@ -28,8 +28,8 @@ so a user's program runs it without the daemon's packages.
           │    ├── ConfigError                           daemon/config/config_file.py
           │    ├── IntakeError                           daemon/service_layer/intake.py
           │    ├── TokenFileError                        daemon/api/auth.py
-          │    └── MissingScope, DelegationRequired, CredentialsFileUnreadable
-          │                                              daemon/providers/gmail.py
+          │    └── MissingScope, DelegationRequired, CredentialsFileUnreadable,
+          │        CredentialsFileInvalid                daemon/providers/gmail.py
           ├── conflict                   kind CONFLICT (exit 3, HTTP 409)
           │    └── KeyConflict, IdentityTaken            ledger/
           ├── not found                  kind NOT_FOUND (exit 4, HTTP 404)

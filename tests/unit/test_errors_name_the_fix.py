@@ -29,6 +29,7 @@ from ledger.application import KeyConflict, Ledger
 from ledger.content import parse_job
 from ledger.vocabulary import PolicyRef, Sender
 from policies.loader import PolicySet
+from testkit import write_service_account
 
 
 def _refusal(data: dict[str, Any]) -> str:
@@ -252,3 +253,28 @@ def test_a_missing_secret_file_says_what_goes_in_it(
         read(settings)
     unusable = str(empty.value)
     assert (setting in unusable or file in unusable) and "there" not in unusable, unusable
+
+
+# -- a Gmail key file that is there but unusable ---------------------------------------
+
+
+def test_a_gmail_key_file_that_is_no_key_names_credentials_file(tmp_path: Path) -> None:
+    (tmp_path / "sa.json").write_text("{not json", encoding="utf-8")
+    data = {"providers": {"g": {"credentials_file": "sa.json", "user": "a@example.com"}}}
+    settings = settings_from_dict(data, config_path=tmp_path / "sendledger.toml")
+    with pytest.raises(ConfigError) as bad:
+        build_provider(settings, "g")
+    said = str(bad.value)
+    assert said.startswith(f"providers.g.credentials_file: {tmp_path / 'sa.json'}: "), said
+    assert "not valid JSON" in said and "\n" not in said, said
+
+
+def test_a_service_account_without_a_mailbox_address_names_user(tmp_path: Path) -> None:
+    write_service_account(tmp_path / "sa.json", token_uri="http://127.0.0.1:9/token")
+    data = {"providers": {"g": {"credentials_file": "sa.json", "user": "me"}}}
+    settings = settings_from_dict(data, config_path=tmp_path / "sendledger.toml")
+    with pytest.raises(ConfigError) as bad:
+        build_provider(settings, "g")
+    said = str(bad.value)
+    assert said.startswith("providers.g.user: "), said
+    assert "user must be that mailbox's address, not 'me'" in said, said

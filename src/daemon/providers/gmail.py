@@ -113,7 +113,17 @@ class MissingScope(SendledgerError, ValueError):
 
 
 class DelegationRequired(SendledgerError, ValueError):
-    """`user = "{from}"` with credentials that cannot act as other mailboxes."""
+    """`user` does not fit the credentials' delegation: `user = "{from}"` with credentials
+    that cannot act as other mailboxes, or a service account with a `user` that is no
+    mailbox's address. The setting to fix is `user`."""
+
+    kind = Refusal.BAD_INPUT
+
+
+class CredentialsFileInvalid(SendledgerError, ValueError):
+    """The credentials file was read but holds no usable key: not JSON, not an object, a
+    type google-auth does not take, or fields it refuses. The setting to fix is
+    `credentials_file`."""
 
     kind = Refusal.BAD_INPUT
 
@@ -147,9 +157,9 @@ def load_credentials(
     try:
         info: Any = json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"{path}: credentials file is not valid JSON: {exc}") from exc
+        raise CredentialsFileInvalid(f"{path}: credentials file is not valid JSON: {exc}") from exc
     if not isinstance(info, dict):
-        raise ValueError(f"{path}: credentials file is not a JSON object")
+        raise CredentialsFileInvalid(f"{path}: credentials file is not a JSON object")
     if token_uri:
         info["token_uri"] = token_uri
     kind = info.get("type")
@@ -157,6 +167,13 @@ def load_credentials(
         raise DelegationRequired(
             f'"{FROM_PLACEHOLDER}" acts as each job\'s From mailbox through domain-wide'
             f" delegation: {path} must hold service_account credentials, not {kind!r}"
+        )
+    acts_for_one = user != FROM_PLACEHOLDER
+    if kind == "service_account" and acts_for_one and (not user or user == "me" or "@" not in user):
+        # Outside the file's catch below: the fix is `user`, not the key file.
+        raise DelegationRequired(
+            "a service account acts for a mailbox through domain-wide delegation:"
+            f" user must be that mailbox's address, not {user!r}"
         )
     try:
         if kind == "service_account" and user == FROM_PLACEHOLDER:
@@ -167,11 +184,6 @@ def load_credentials(
             )
             return delegating
         if kind == "service_account":
-            if not user or user == "me" or "@" not in user:
-                raise ValueError(
-                    "a service account acts for a mailbox through domain-wide delegation:"
-                    f" user must be that mailbox's address, not {user!r}"
-                )
             sa = service_account.Credentials
             creds: AuthCredentials = sa.from_service_account_info(  # type: ignore[no-untyped-call]
                 info, scopes=scopes, subject=user
@@ -188,8 +200,8 @@ def load_credentials(
                 user_creds = user_creds.with_token_uri(token_uri)
             return user_creds
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-    raise ValueError(
+        raise CredentialsFileInvalid(f"{path}: {exc}") from exc
+    raise CredentialsFileInvalid(
         f"{path}: unsupported credentials type {kind!r}"
         " (expected 'service_account' or 'authorized_user')"
     )
