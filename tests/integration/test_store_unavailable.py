@@ -396,6 +396,24 @@ def test_a_missing_database_at_open_is_named_at_once_with_the_driver_s_words(
     assert said in status.stderr and status.stderr.count("\n") == 1, status.stderr
 
 
+@pytest.mark.postgres
+def test_a_role_the_server_does_not_know_names_store_url() -> None:
+    """The driver's words name the role, not the setting that gave it: the line ends
+    with the setting to fix (a missing database does not: its words say which)."""
+    from tests.conftest import require_postgres
+
+    require_postgres()
+    spec = parse_store_url(PG_URL)
+    assert isinstance(spec, PostgresStore)
+    nobody = dataclasses.replace(
+        spec, user="sendledger_no_such_role", connect_timeout=LONG_CONNECT_TIMEOUT
+    )
+    _refused_at_open(
+        nobody,
+        'role "sendledger_no_such_role" does not exist); fix the user or password in store.url',
+    )
+
+
 def test_a_wrong_password_at_open_is_named_at_once_and_never_shown() -> None:
     """A private cluster that asks one role for its password (the session's trusts
     every loopback connection)."""
@@ -426,7 +444,11 @@ def test_a_wrong_password_at_open_is_named_at_once_and_never_shown() -> None:
                 break
             assert time.monotonic() < deadline, "pg_hba.conf not reloaded"
             time.sleep(0.1)
-        took = _refused_at_open(spec, 'password authentication failed for user "secretive"')
+        took = _refused_at_open(
+            spec,
+            'password authentication failed for user "secretive"); '
+            "fix the user or password in store.url",
+        )
         assert all(seconds < LONG_CONNECT_TIMEOUT / 2 for seconds in took), took
         right = dataclasses.replace(spec, password="right-one")
         Ledger(right).close()  # the right one opens it

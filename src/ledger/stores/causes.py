@@ -115,14 +115,15 @@ class StoreUnavailable(SendledgerError, PersistenceError):
 
     kind = Refusal.UNAVAILABLE
 
-    def __init__(self, where: str, problem: str, cause: BaseException) -> None:
+    def __init__(self, where: str, problem: str, cause: BaseException, fix: str = "") -> None:
         # The driver's own words (the error with a result code or SQLSTATE, not what was
         # being handled when it came), first line: PostgreSQL adds DETAIL lines.
         chain = exception_chain(cause)
         driver = next((e for e in chain if _coded(e)), chain[0])
         said = str(driver).strip().splitlines()
         detail = f" ({said[0]})" if said else ""
-        super().__init__(f"store {where}: {problem}{detail}")
+        then = f"; {fix}" if fix else ""
+        super().__init__(f"store {where}: {problem}{detail}{then}")
 
 
 __all__ = [

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 import weakref
@@ -414,6 +415,20 @@ def connect_at_open(store: PostgresStore, **kwargs: Any) -> psycopg.Connection[A
 
 Connected = TypeVar("Connected")
 
+#: How a server words a login it refuses for the user or password the URL gives (libpq
+#: keeps the SQLSTATE to itself while a connection starts, as for `_NO_FREE_SLOT`).
+_LOGIN_REFUSED = re.compile(
+    r'authentication failed for user|no password supplied|role ".*" does not exist'
+)
+#: The setting an operator fixes then, said with the refusal: the driver's words name
+#: the user but not where it came from.
+LOGIN_FIX = "fix the user or password in store.url"
+
+
+def _cannot_connect(store: PostgresStore, exc: psycopg.OperationalError) -> StoreUnavailable:
+    fix = LOGIN_FIX if _LOGIN_REFUSED.search(str(exc)) else ""
+    return StoreUnavailable(store.describe(), "cannot connect", exc, fix)
+
 
 def waited_connect(store: PostgresStore, connect: Callable[[], Connected]) -> Connected:
     """`connect()` tried as `connect_at_open` says; the pool's first connection at a
@@ -440,7 +455,7 @@ def waited_connect(store: PostgresStore, connect: Callable[[], Connected]) -> Co
             if left <= 0:
                 # The driver's words are one line here; its hint lines ("Is the server
                 # running...?") are cut by StoreUnavailable.
-                raise StoreUnavailable(store.describe(), "cannot connect", exc) from exc
+                raise _cannot_connect(store, exc) from exc
             if store.start_wait and not waiting:
                 waiting = True
                 said = StoreUnavailable(store.describe(), "cannot connect yet", exc)
@@ -500,7 +515,7 @@ def _connect_once_more(store: PostgresStore, connect: Callable[[], Connected]) -
     try:
         return connect()
     except psycopg.OperationalError as exc:
-        raise StoreUnavailable(store.describe(), "cannot connect", exc) from exc
+        raise _cannot_connect(store, exc) from exc
 
 
 def schema_exists(store: PostgresStore) -> bool:
