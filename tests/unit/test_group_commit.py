@@ -619,3 +619,48 @@ def test_the_load_is_read_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch)
     assert watch() and len(reads) == 1
     now[0] = commit_module.LOAD_FOR
     assert watch() and len(reads) == 2
+
+
+def test_an_outcome_whose_save_fails_after_the_call_is_recovered_never_resent(
+    rig: EngineRig,
+) -> None:
+    """The call succeeded, then the store failed on the commit holding its outcome: the
+    outcome is not kept in memory; the claim stays durable, its lease is released, and
+    recovery at the deadline searches and finds the one copy instead of sending again."""
+    rig.submit("receipts", "k0")
+
+    def fail(jobs: Sequence[SendJob]) -> None:
+        raise OSError("disk full")
+
+    SaveHook(rig.ledger, 2, fail)  # commit 1: the claim; 2: the outcome
+    report = rig.engine.tick()
+    assert rig.provider.sends == 1 and report.errors == 1
+    assert rig.job("k0").state is JobState.ATTEMPTED
+    for _ in range(6):
+        rig.advance_and_tick(600)
+    assert rig.provider.sends == 1 and rig.copies("k0") == 1
+    assert rig.job("k0").state is JobState.CONFIRMED
+
+
+def test_every_outcome_of_a_failed_group_is_told_once_with_its_own_answer(
+    rig: EngineRig,
+) -> None:
+    """A group's transaction fails (one job met another writer); each save is tried
+    alone: each `then` runs exactly once, with its own job's answer, and the caller who
+    waited is told only of its own."""
+    keys = [f"k{n}" for n in range(4)]
+    for key in keys:
+        rig.submit("receipts", key)
+    commits = GroupCommit(rig.ledger)
+    told: dict[str, list[BaseException | None]] = {key: [] for key in keys[:3]}
+    for key in keys[:3]:
+        commits.save_soon(claimed_by(rig.ledger, key, "me"), told[key].append)
+    other_daemon_claims(rig.ledger, "k1")
+    hook = SaveHook(rig.ledger, 0, lambda jobs: None)
+    commits.save(claimed_by(rig.ledger, "k3", "me"))  # does not raise: k3 is saved
+    commits.flush()
+    assert hook.calls == [4, 1, 1, 1, 1]  # the group, then each alone
+    assert told["k0"] == [None] and told["k2"] == [None]
+    assert len(told["k1"]) == 1 and isinstance(told["k1"][0], ConcurrentUpdate)
+    owners = [rig.job(key).claimed_by for key in keys]
+    assert owners == ["me", "other", "me", "me"]

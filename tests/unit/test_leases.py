@@ -115,6 +115,33 @@ def test_another_daemon_waits_while_the_lease_is_renewed_and_takes_it_once_lapse
         other.close()
 
 
+def test_a_lapsed_slow_call_on_a_retry_channel_is_found_by_the_search_not_resent(
+    rig: EngineRig,
+) -> None:
+    """The call outlives its lease (its daemon's renewals stopped: a store it lost) and
+    then succeeds. Another daemon recovers the claim (Unknown) and, on a channel that
+    retries, searches after `search_after` while the call still hangs: the copy the call
+    filed is found, the job confirmed by the search, nothing sent again; the first
+    daemon's late answer conflicts and writes nothing."""
+    release = slow_send(rig, "k1", channel="receipts")
+    other = rig.new_engine()
+    try:
+        rig.engine.leases.renew_due = lambda: 0  # type: ignore[method-assign]  # it hangs
+        rig.clock.advance(LEASE + 1)
+        assert other.tick().recovered == 1
+        assert rig.job("k1").state is JobState.UNKNOWN
+        for _ in range(3):
+            rig.clock.advance(61)  # past `search_after`, the call still out
+            other.tick()
+        assert rig.provider.hanging == 1
+        assert rig.job("k1").state is JobState.CONFIRMED
+        finish(rig, release)
+        assert rig.provider.sends == 1 and rig.copies("k1") == 1
+        assert rig.events("k1").count("Confirmed") == 1
+    finally:
+        other.close()
+
+
 def test_a_renewal_that_finds_the_claim_taken_stops_renewing(rig: EngineRig) -> None:
     release = slow_send(rig, "k1")
     other = rig.new_engine()
