@@ -5,6 +5,7 @@ decision, as a second door or the daemon would at that instant."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 
@@ -13,6 +14,7 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
+from daemon.providers.base import SendOutcome
 from daemon.service_layer.services import (
     ChannelPolicies,
     JobView,
@@ -367,3 +369,43 @@ def test_an_expected_version_the_job_never_had_is_bad_input_naming_it(
         assert [p.field for p in caught.value.problems] == ["expected_version"]
         assert f"at version {now[key]}" in caught.value.message
     assert {key: rig.job(key).version for key in ("k1", "k2")} == now
+
+
+def test_a_check_read_while_a_send_was_in_flight_is_not_the_evidence_for_its_outcome(
+    rig: EngineRig,
+) -> None:
+    """Bob resends a job in review; the daemon's claim is durable and its call is on its
+    way to the provider when Alice checks: her door reads the job (attempted, the attempt
+    already counted), her search reads the mailbox before the copy is filed, then the
+    call files it and its answer is lost (review again). Her answer must not be recorded
+    as the evidence of that new review: it says "no copy" of a job that has one."""
+    in_review(rig, "k1")
+    door(rig).resolve("k1", Resolution.RESEND, note="", by="bob")
+    calling, go = threading.Event(), threading.Event()
+    real_send = rig.provider.send_raw
+
+    def send_raw_once_let_through(raw: bytes) -> SendOutcome:
+        calling.set()
+        assert go.wait(10)
+        return real_send(raw)
+
+    rig.provider.send_raw = send_raw_once_let_through  # type: ignore[method-assign]
+    rig.provider.script(Scripted.dropped_response())
+    rig.engine.hand_out()
+    assert calling.wait(10)
+    assert rig.job("k1").state is JobState.ATTEMPTED  # the claim, durable before the call
+
+    def the_call_files_its_copy_and_its_answer_is_lost() -> None:
+        go.set()
+        assert rig.engine.settle(timeout=10)
+
+    meanwhile(rig.provider, the_call_files_its_copy_and_its_answer_is_lost)
+    answer = door(rig).check("k1", by="alice")
+    assert answer.count == 0  # what her search saw
+    assert rig.job("k1").state is JobState.REVIEW and rig.copies("k1") == 1
+    assert not answer.recorded and answer.state == "attempted"
+    assert "in flight" in answer.why_unrecorded
+    view = door(rig).job_view("k1")
+    assert view.guidance is not None
+    assert view.guidance.copies is None  # no search since it went back to review
+    assert not any(c.recommended for c in view.guidance.choices)

@@ -639,10 +639,12 @@ class Services:
         the job was read for the search (`searched`). That attempt's copy may have come
         after the mailbox was read: recorded after the attempt (after the job went back to
         review), the search would pass for the evidence of the new review ("no copy
-        found", a resend offered: `check_since_review`)."""
+        found", a resend offered: `check_since_review`). Likewise a job read with its
+        call in flight (attempted): the attempt is counted already, but its copy may be
+        filed after the mailbox was read, and the outcome recorded before this check."""
 
         def record(job: SendJob) -> bool:
-            if job.attempts != searched.attempts:
+            if job.attempts != searched.attempts or searched.state is JobState.ATTEMPTED:
                 return False
             if _repeats_last_check(job, found):
                 return False
