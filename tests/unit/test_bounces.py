@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy, receipt
+from tests.unit.meanwhile import Meanwhile
 
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.engine import Engine, PolicyHolder
@@ -873,4 +874,27 @@ def test_a_mailbox_no_longer_read_after_a_reload_is_forgotten_and_read_afresh_la
     assert rig.holder.reload()
     rig.advance_and_tick(1)
     assert rig.provider.reports_fetched == 2  # afresh: nothing remembered of the first
+    assert len(bounced(rig, "r-1")) == 1
+
+
+def test_a_report_two_daemons_record_at_once_is_recorded_once(rig: EngineRig) -> None:
+    """Two daemons on one store read the same report: the second daemon records it
+    between this one's read of the job and its save. This save conflicts, the job is
+    read again and refuses the report it holds already: one Bounced event, not two."""
+    mid = rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.provider.deliver(bounce_of(mid))
+    other = engine_of(rig, "other")
+    real_save = rig.ledger.save_job
+    by_other: list[int] = []
+    once = Meanwhile(lambda: by_other.append(other.tick().bounced))
+
+    def save_job(job: SendJob, **kwargs: Any) -> None:
+        if any(isinstance(e, SendJob.Bounced) for e in job.pending_events):
+            once()  # between this daemon's read of the job and its save
+        real_save(job, **kwargs)
+
+    rig.ledger.save_job = save_job  # type: ignore[method-assign]
+    report = rig.advance_and_tick(INTERVAL)
+    assert by_other == [1] and report.bounced == 0
     assert len(bounced(rig, "r-1")) == 1
