@@ -1,0 +1,207 @@
+"""The races tests/unit/test_group_commit.py and tests/unit/test_leases.py reason about
+with the memory store and the fake provider, shown on the real stack: SQLite and
+PostgreSQL stores, the real Google client, the Gmail emulator behind the fault relay.
+
+A human's decision comes through `Services` (the API's path) on a ledger of its own, as the
+API process would, and lands inside the daemon's group commit; a send hangs past its lease
+while a second engine on the same store recovers and searches. Sends are counted at the
+relay, copies at the emulator.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+from tests.integration.test_engine import (  # noqa: F401  (fixtures used by name)
+    DEADLINE,
+    Rig,
+    RigFactory,
+    emulator,
+    make_rig,
+)
+
+from daemon.doubles.fake_time import FakeClock
+from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
+from ledger.application import Ledger
+from ledger.job import JobState, SendJob
+from testkit.gmail_emulator import GmailEmulator
+from testkit.relay import FaultPlan, FaultRelay
+
+KEYS = [f"k{n}" for n in range(4)]
+HUMAN = "k1"  # the job the human acts on while the daemon commits it with the others
+
+
+class InsideTheGroup:
+    """Wraps the engine ledger's commits: the first commit holds until the other workers'
+    saves queue behind it, so the next commit is a group of several; just before the
+    group that holds `HUMAN` commits, `act` runs, as a human's request would then."""
+
+    def __init__(self, rig: Rig, act: Callable[[], object]) -> None:
+        self.sizes: list[int] = []
+        self.group: list[str] = []
+        self._rig = rig
+        self._act = act
+        self._save_jobs, self._save_job = rig.ledger.save_jobs, rig.ledger.save_job
+        rig.ledger.save_jobs = self  # type: ignore[method-assign]
+        rig.ledger.save_job = lambda job, **kwargs: self([job], **kwargs)  # type: ignore[method-assign]
+
+    def __call__(self, jobs: Sequence[SendJob], **kwargs: Any) -> None:
+        self.sizes.append(len(jobs))
+        if len(self.sizes) == 1:
+            waiting = self._rig.engine.commits._waiting
+            for _ in range(5000):  # at most 5 s: the three other claims queue up
+                if len(waiting) >= len(KEYS) - 1:
+                    break
+                threading.Event().wait(0.001)
+        keys = [job.key for job in jobs]
+        if len(jobs) > 1 and HUMAN in keys and not self.group:
+            self.group = keys
+            self._act()
+        if len(jobs) == 1:
+            self._save_job(jobs[0], **kwargs)
+        else:
+            self._save_jobs(jobs, **kwargs)
+
+
+@pytest.fixture
+def api(store_url: str, clock: FakeClock) -> Iterator[Callable[[Rig], Services]]:
+    """The API process's `Services` on a ledger of its own over the daemon's store."""
+    ledgers: list[Ledger] = []
+
+    def make(rig: Rig) -> Services:
+        ledger = Ledger(store_url, clock=clock)
+        ledgers.append(ledger)
+        return Services(
+            ledger,
+            lambda: ChannelPolicies(rig.holder.current),
+            providers=lambda name: nullcontext(rig.provider),
+        )
+
+    yield make
+    for ledger in ledgers:
+        ledger.close()
+
+
+def submitted(rig: Rig) -> dict[str, str]:
+    return {key: rig.submit("receipts", key) for key in KEYS}
+
+
+def test_a_cancel_inside_the_daemons_group_commit_wins_and_its_job_is_never_sent(
+    make_rig: RigFactory,  # noqa: F811
+    api: Callable[[Rig], Services],
+    emulator: GmailEmulator,  # noqa: F811
+) -> None:
+    """The human's cancel commits while the daemon's group of claims is on its way: the
+    group meets it, each claim is saved alone, the cancelled job's claim is refused and
+    never sent; the three others are sent once each."""
+    rig = make_rig({"receipts": {"on_unknown": "retry"}})
+    ids = submitted(rig)
+    services = api(rig)
+    cancelled: list[SendJob] = []
+    hook = InsideTheGroup(
+        rig, lambda: cancelled.append(services.cancel(HUMAN, note="not wanted", by="op"))
+    )
+    rig.engine.tick()
+    assert HUMAN in hook.group and len(hook.group) > 1, hook.sizes
+    assert hook.sizes[:5] == [1, 3, 1, 1, 1]  # the group met the cancel: each alone
+    assert [job.state for job in cancelled] == [JobState.CANCELLED]
+    assert rig.state(HUMAN) is JobState.CANCELLED and not rig.of(HUMAN, "Attempted")
+    assert rig.sends() == len(KEYS) - 1 and emulator.copies(ids[HUMAN]) == 0
+    for key in KEYS:
+        if key != HUMAN:
+            assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
+            assert len(rig.of(key, "Attempted")) == 1 and emulator.copies(ids[key]) == 1
+    rig.clock.advance(3600)
+    rig.tick()  # nothing left to send, nothing resent
+    assert rig.sends() == len(KEYS) - 1
+
+
+def test_a_cancel_decided_on_the_version_before_the_group_commit_is_refused_and_names_it(
+    make_rig: RigFactory,  # noqa: F811
+    api: Callable[[Rig], Services],
+    emulator: GmailEmulator,  # noqa: F811
+) -> None:
+    """The human looked at the job before the daemon's group of claims committed and
+    cancels on that version after it did: refused with a conflict that names the claim;
+    the job is sent once, its outcome recorded."""
+    rig = make_rig({"receipts": {"on_unknown": "retry"}})
+    ids = submitted(rig)
+    services = api(rig)
+    seen = services.status(HUMAN)["version"]
+    refused: list[ServiceError] = []
+
+    def cancel_after_the_group() -> None:
+        try:
+            services.cancel(HUMAN, note="not wanted", by="op", expected_version=seen)
+        except ServiceError as exc:
+            refused.append(exc)
+
+    hook = InsideTheGroup(rig, lambda: None)
+    saved_group = hook._save_jobs
+
+    def group_then_human(jobs: Sequence[SendJob], **kwargs: Any) -> None:
+        saved_group(jobs, **kwargs)
+        if HUMAN in [job.key for job in jobs] and not refused:  # after the claims' group
+            cancel_after_the_group()
+
+    hook._save_jobs = group_then_human
+    rig.engine.tick()
+    assert HUMAN in hook.group and len(hook.group) > 1, hook.sizes
+    [error] = refused
+    assert error.kind is Refusal.CONFLICT
+    assert f"changed after version {seen}" in error.message and "not cancelled" in error.message
+    assert rig.sends() == len(KEYS)
+    for key in KEYS:
+        assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
+        assert rig.of(key, "Cancelled") == [] and emulator.copies(ids[key]) == 1
+
+
+HANG = 4.0  # the relay holds the send this long (real time) after Gmail took it
+RETRY_1M = {"on_unknown": "retry", "search_after": "1m", "search_interval": "1m"}
+
+
+def test_a_send_hanging_past_its_lease_is_found_by_another_daemons_search_not_resent(
+    make_rig: RigFactory,  # noqa: F811
+    relay: FaultRelay,
+    emulator: GmailEmulator,  # noqa: F811
+) -> None:
+    """Gmail takes the message and the answer hangs; the first daemon's renewals stopped
+    (a store it lost), so its lease lapses on the injected clock. A second daemon on the
+    same store recovers the claim (Unknown) and, after `search_after`, searches while the
+    call still hangs: the one copy is found and confirmed, nothing is sent again, and the
+    first daemon's late answer writes nothing."""
+    relay.hang_seconds = HANG
+    relay.set_plan(FaultPlan(send=["hang"]))
+    first = make_rig({"receipts": RETRY_1M})
+    second = make_rig()  # another daemon: its own ledger and Google client, same store
+    message_id = first.submit("receipts", HUMAN)
+    first.engine.leases.renew_due = lambda: 0  # type: ignore[method-assign]
+    started = time.monotonic()
+    first.engine.hand_out()
+    assert first.engine.settle(busy=lambda: 1, timeout=10)
+    for _ in range(500):  # the relay forwards, then holds the answer
+        if emulator.copies(message_id) == 1:
+            break
+        time.sleep(0.01)
+    assert first.sends() == 1 and emulator.copies(message_id) == 1
+    first.clock.advance(DEADLINE + 1)
+    assert second.tick().recovered == 1
+    assert second.state(HUMAN) is JobState.UNKNOWN
+    for _ in range(3):
+        second.advance_and_tick(61)  # past `search_after`, the call still out
+    assert time.monotonic() - started < HANG, "the call ended before the search: raise HANG"
+    assert first.engine.leases.holds(HUMAN)  # the first daemon still waits for its answer
+    assert second.state(HUMAN) is JobState.CONFIRMED
+    settled = second.names(HUMAN)
+    assert first.engine.settle(timeout=10)  # the late answer: a dropped connection
+    assert not first.engine.leases.holds(HUMAN)
+    assert second.names(HUMAN) == settled and settled.count("Confirmed") == 1
+    for rig in (first, second):
+        rig.advance_and_tick(3600)
+    assert first.sends() == 1 and emulator.copies(message_id) == 1
+    assert second.names(HUMAN) == settled
