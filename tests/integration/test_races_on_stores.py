@@ -29,6 +29,7 @@ from daemon.doubles.fake_time import FakeClock
 from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
 from ledger.application import Ledger
 from ledger.job import JobState, SendJob
+from ledger.vocabulary import ConfirmedVia, Resolution
 from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
 
@@ -37,29 +38,36 @@ HUMAN = "k1"  # the job the human acts on while the daemon commits it with the o
 
 
 class InsideTheGroup:
-    """Wraps the engine ledger's commits: the first commit holds until the other workers'
-    saves queue behind it, so the next commit is a group of several; just before the
-    group that holds `HUMAN` commits, `act` runs, as a human's request would then."""
+    """Wraps the engine ledger's commits. The first commit of jobs in `state` (claims:
+    attempted; outcomes: confirmed) holds until the other workers' saves queue behind it,
+    so the next commit is a group of several; just before the group of them that holds
+    `HUMAN` commits, `act` runs, as a human's request would then."""
 
-    def __init__(self, rig: Rig, act: Callable[[], object]) -> None:
+    def __init__(
+        self, rig: Rig, act: Callable[[], object], state: JobState = JobState.ATTEMPTED
+    ) -> None:
         self.sizes: list[int] = []
         self.group: list[str] = []
         self._rig = rig
         self._act = act
+        self._state = state
+        self._gathered = False
         self._save_jobs, self._save_job = rig.ledger.save_jobs, rig.ledger.save_job
         rig.ledger.save_jobs = self  # type: ignore[method-assign]
         rig.ledger.save_job = lambda job, **kwargs: self([job], **kwargs)  # type: ignore[method-assign]
 
     def __call__(self, jobs: Sequence[SendJob], **kwargs: Any) -> None:
         self.sizes.append(len(jobs))
-        if len(self.sizes) == 1:
-            waiting = self._rig.engine.commits._waiting
-            for _ in range(5000):  # at most 5 s: the three other claims queue up
-                if len(waiting) >= len(KEYS) - 1:
+        ours = all(job.state is self._state for job in jobs)
+        if ours and not self._gathered:
+            self._gathered = True
+            commits = self._rig.engine.commits
+            for _ in range(5000):  # at most 5 s: the other saves queue up (not the flushes)
+                if sum(1 for s in commits._waiting if s.job is not None) >= len(KEYS) - len(jobs):
                     break
                 threading.Event().wait(0.001)
         keys = [job.key for job in jobs]
-        if len(jobs) > 1 and HUMAN in keys and not self.group:
+        if ours and len(jobs) > 1 and HUMAN in keys and not self.group:
             self.group = keys
             self._act()
         if len(jobs) == 1:
@@ -159,6 +167,51 @@ def test_a_cancel_decided_on_the_version_before_the_group_commit_is_refused_and_
     for key in KEYS:
         assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
         assert rig.of(key, "Cancelled") == [] and emulator.copies(ids[key]) == 1
+
+
+def test_a_resolve_inside_the_daemons_group_of_outcomes_stands_and_no_outcome_is_lost(
+    make_rig: RigFactory,  # noqa: F811
+    api: Callable[[Rig], Services],
+    emulator: GmailEmulator,  # noqa: F811
+) -> None:
+    """While the daemon's group of four outcomes is on its way, another daemon's recovery
+    puts one of its jobs in review and a human resolves it as sent: the group meets them,
+    each outcome is saved alone, the human's decision stands (its Confirmed is the only
+    one: the daemon's is refused), the three other outcomes are recorded, and nothing is
+    sent again."""
+    rig = make_rig({"receipts": {"on_unknown": "review"}})
+    ids = submitted(rig)
+    services = api(rig)
+    resolved: list[SendJob] = []
+
+    def recovered_and_resolved() -> None:
+        from policies import decisions
+
+        policy = rig.holder.current["receipts"]
+        review = decisions.after_unknown(policy, now=rig.clock(), handle_reliable=True)
+        services.ledger.update(
+            HUMAN,
+            lambda job: job.record_unknown(
+                reason="recovered by another daemon", decision=review, at=rig.clock()
+            ),
+        )
+        resolved.append(services.resolve(HUMAN, Resolution.SENT, note="I see it", by="op"))
+
+    hook = InsideTheGroup(rig, recovered_and_resolved, JobState.CONFIRMED)
+    rig.engine.tick()
+    assert HUMAN in hook.group and len(hook.group) > 1, hook.sizes
+    assert hook.sizes[-len(hook.group) - 1 :] == [len(hook.group)] + [1] * len(hook.group)
+    assert len(resolved) == 1 and rig.state(HUMAN) is resolved[0].state
+    after_claim = ["Unknown", "Escalated", "Resolved", "Confirmed"]  # the human's only
+    assert rig.names(HUMAN) == ["Requested", "Attempted", *after_claim]
+    assert rig.of(HUMAN, "Confirmed")[0].via == ConfirmedVia.OPERATOR
+    for key in KEYS:
+        if key != HUMAN:
+            assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
+        assert len(rig.of(key, "Attempted")) == 1 and emulator.copies(ids[key]) == 1
+    rig.clock.advance(3600)
+    rig.tick()
+    assert rig.sends() == len(KEYS) and rig.names(HUMAN)[2:] == after_claim
 
 
 HANG = 4.0  # the relay holds the send this long (real time) after Gmail took it
