@@ -34,20 +34,22 @@ from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
 
 KEYS = [f"k{n}" for n in range(4)]
-HUMAN = "k1"  # the job the human acts on while the daemon commits it with the others
 
 
 class InsideTheGroup:
     """Wraps the engine ledger's commits. The first commit of jobs in `state` (claims:
     attempted; outcomes: confirmed) holds until the other workers' saves queue behind it,
-    so the next commit is a group of several; just before the group of them that holds
-    `HUMAN` commits, `act` runs, as a human's request would then."""
+    so the next commit is a group of several; just before that group commits, `act` runs
+    on one of its jobs (`human`), as a human's request would then. Which worker's save
+    comes first is the scheduler's choice: the human's job is taken from the group."""
 
     def __init__(
-        self, rig: Rig, act: Callable[[], object], state: JobState = JobState.ATTEMPTED
+        self, rig: Rig, act: Callable[[str], object], state: JobState = JobState.ATTEMPTED
     ) -> None:
         self.sizes: list[int] = []
         self.group: list[str] = []
+        self.human = ""
+        self.at = -1  # the group's index in `sizes`
         self._rig = rig
         self._act = act
         self._state = state
@@ -67,9 +69,9 @@ class InsideTheGroup:
                     break
                 threading.Event().wait(0.001)
         keys = [job.key for job in jobs]
-        if ours and len(jobs) > 1 and HUMAN in keys and not self.group:
-            self.group = keys
-            self._act()
+        if ours and len(jobs) > 1 and not self.group:
+            self.group, self.human, self.at = keys, keys[-1], len(self.sizes) - 1
+            self._act(self.human)
         if len(jobs) == 1:
             self._save_job(jobs[0], **kwargs)
         else:
@@ -112,16 +114,17 @@ def test_a_cancel_inside_the_daemons_group_commit_wins_and_its_job_is_never_sent
     services = api(rig)
     cancelled: list[SendJob] = []
     hook = InsideTheGroup(
-        rig, lambda: cancelled.append(services.cancel(HUMAN, note="not wanted", by="op"))
+        rig, lambda key: cancelled.append(services.cancel(key, note="not wanted", by="op"))
     )
     rig.engine.tick()
-    assert HUMAN in hook.group and len(hook.group) > 1, hook.sizes
+    human = hook.human
+    assert human in hook.group and len(hook.group) > 1, hook.sizes
     assert hook.sizes[:5] == [1, 3, 1, 1, 1]  # the group met the cancel: each alone
     assert [job.state for job in cancelled] == [JobState.CANCELLED]
-    assert rig.state(HUMAN) is JobState.CANCELLED and not rig.of(HUMAN, "Attempted")
-    assert rig.sends() == len(KEYS) - 1 and emulator.copies(ids[HUMAN]) == 0
+    assert rig.state(human) is JobState.CANCELLED and not rig.of(human, "Attempted")
+    assert rig.sends() == len(KEYS) - 1 and emulator.copies(ids[human]) == 0
     for key in KEYS:
-        if key != HUMAN:
+        if key != human:
             assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
             assert len(rig.of(key, "Attempted")) == 1 and emulator.copies(ids[key]) == 1
     rig.clock.advance(3600)
@@ -140,29 +143,28 @@ def test_a_cancel_decided_on_the_version_before_the_group_commit_is_refused_and_
     rig = make_rig({"receipts": {"on_unknown": "retry"}})
     ids = submitted(rig)
     services = api(rig)
-    seen = services.status(HUMAN)["version"]
+    seen = {key: services.status(key)["version"] for key in KEYS}  # what the human saw
     refused: list[ServiceError] = []
-
-    def cancel_after_the_group() -> None:
-        try:
-            services.cancel(HUMAN, note="not wanted", by="op", expected_version=seen)
-        except ServiceError as exc:
-            refused.append(exc)
-
-    hook = InsideTheGroup(rig, lambda: None)
+    hook = InsideTheGroup(rig, lambda key: None)
     saved_group = hook._save_jobs
 
     def group_then_human(jobs: Sequence[SendJob], **kwargs: Any) -> None:
         saved_group(jobs, **kwargs)
-        if HUMAN in [job.key for job in jobs] and not refused:  # after the claims' group
-            cancel_after_the_group()
+        if [job.key for job in jobs] == hook.group and not refused:  # the claims' group
+            try:
+                services.cancel(
+                    hook.human, note="not wanted", by="op", expected_version=seen[hook.human]
+                )
+            except ServiceError as exc:
+                refused.append(exc)
 
     hook._save_jobs = group_then_human
     rig.engine.tick()
-    assert HUMAN in hook.group and len(hook.group) > 1, hook.sizes
+    assert hook.human in hook.group and len(hook.group) > 1, hook.sizes
     [error] = refused
     assert error.kind is Refusal.CONFLICT
-    assert f"changed after version {seen}" in error.message and "not cancelled" in error.message
+    assert f"changed after version {seen[hook.human]}" in error.message
+    assert "not cancelled" in error.message
     assert rig.sends() == len(KEYS)
     for key in KEYS:
         assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
@@ -184,36 +186,38 @@ def test_a_resolve_inside_the_daemons_group_of_outcomes_stands_and_no_outcome_is
     services = api(rig)
     resolved: list[SendJob] = []
 
-    def recovered_and_resolved() -> None:
+    def recovered_and_resolved(key: str) -> None:
         from policies import decisions
 
         policy = rig.holder.current["receipts"]
         review = decisions.after_unknown(policy, now=rig.clock(), handle_reliable=True)
         services.ledger.update(
-            HUMAN,
+            key,
             lambda job: job.record_unknown(
                 reason="recovered by another daemon", decision=review, at=rig.clock()
             ),
         )
-        resolved.append(services.resolve(HUMAN, Resolution.SENT, note="I see it", by="op"))
+        resolved.append(services.resolve(key, Resolution.SENT, note="I see it", by="op"))
 
     hook = InsideTheGroup(rig, recovered_and_resolved, JobState.CONFIRMED)
     rig.engine.tick()
-    assert HUMAN in hook.group and len(hook.group) > 1, hook.sizes
-    assert hook.sizes[-len(hook.group) - 1 :] == [len(hook.group)] + [1] * len(hook.group)
-    assert len(resolved) == 1 and rig.state(HUMAN) is resolved[0].state
+    human, size = hook.human, len(hook.group)
+    assert human in hook.group and size > 1, hook.sizes
+    assert hook.sizes[hook.at : hook.at + 1 + size] == [size] + [1] * size  # then each alone
+    assert len(resolved) == 1 and rig.state(human) is resolved[0].state
     after_claim = ["Unknown", "Escalated", "Resolved", "Confirmed"]  # the human's only
-    assert rig.names(HUMAN) == ["Requested", "Attempted", *after_claim]
-    assert rig.of(HUMAN, "Confirmed")[0].via == ConfirmedVia.OPERATOR
+    assert rig.names(human) == ["Requested", "Attempted", *after_claim]
+    assert rig.of(human, "Confirmed")[0].via == ConfirmedVia.OPERATOR
     for key in KEYS:
-        if key != HUMAN:
+        if key != human:
             assert rig.state(key) is JobState.CONFIRMED, rig.names(key)
         assert len(rig.of(key, "Attempted")) == 1 and emulator.copies(ids[key]) == 1
     rig.clock.advance(3600)
     rig.tick()
-    assert rig.sends() == len(KEYS) and rig.names(HUMAN)[2:] == after_claim
+    assert rig.sends() == len(KEYS) and rig.names(human)[2:] == after_claim
 
 
+SLOW = "slow-1"
 HANG = 4.0  # the relay holds the send this long (real time) after Gmail took it
 RETRY_1M = {"on_unknown": "retry", "search_after": "1m", "search_interval": "1m"}
 
@@ -232,7 +236,7 @@ def test_a_send_hanging_past_its_lease_is_found_by_another_daemons_search_not_re
     relay.set_plan(FaultPlan(send=["hang"]))
     first = make_rig({"receipts": RETRY_1M})
     second = make_rig()  # another daemon: its own ledger and Google client, same store
-    message_id = first.submit("receipts", HUMAN)
+    message_id = first.submit("receipts", SLOW)
     first.engine.leases.renew_due = lambda: 0  # type: ignore[method-assign]
     started = time.monotonic()
     first.engine.hand_out()
@@ -244,17 +248,17 @@ def test_a_send_hanging_past_its_lease_is_found_by_another_daemons_search_not_re
     assert first.sends() == 1 and emulator.copies(message_id) == 1
     first.clock.advance(DEADLINE + 1)
     assert second.tick().recovered == 1
-    assert second.state(HUMAN) is JobState.UNKNOWN
+    assert second.state(SLOW) is JobState.UNKNOWN
     for _ in range(3):
         second.advance_and_tick(61)  # past `search_after`, the call still out
     assert time.monotonic() - started < HANG, "the call ended before the search: raise HANG"
-    assert first.engine.leases.holds(HUMAN)  # the first daemon still waits for its answer
-    assert second.state(HUMAN) is JobState.CONFIRMED
-    settled = second.names(HUMAN)
+    assert first.engine.leases.holds(SLOW)  # the first daemon still waits for its answer
+    assert second.state(SLOW) is JobState.CONFIRMED
+    settled = second.names(SLOW)
     assert first.engine.settle(timeout=10)  # the late answer: a dropped connection
-    assert not first.engine.leases.holds(HUMAN)
-    assert second.names(HUMAN) == settled and settled.count("Confirmed") == 1
+    assert not first.engine.leases.holds(SLOW)
+    assert second.names(SLOW) == settled and settled.count("Confirmed") == 1
     for rig in (first, second):
         rig.advance_and_tick(3600)
     assert first.sends() == 1 and emulator.copies(message_id) == 1
-    assert second.names(HUMAN) == settled
+    assert second.names(SLOW) == settled
