@@ -15,7 +15,9 @@ up, the threads a test leaves are carried forward and checked once the last of t
 fixtures is torn down, still named with the test that started them.
 
 A session-scoped fixture is not waited for so (the check would wait for the session's end):
-a thread it keeps fails the first test that set it up.
+the threads started while one is set up (a server started once per session) are the
+session's, expected to live and never checked; those it starts later, once a test uses it
+(a connection's handler), are the test's.
 
 A test marked `leaves_threads(reason)` is warned about instead (a leak not of the project's
 making, its reason said); PYTEST_SENDLEDGER_THREAD_GUARD=warn does so for every test, =off
@@ -94,6 +96,7 @@ class Guard:
         self.wait = WAIT
         self.carried: dict[threading.Thread, str] = {}  # thread -> the test that started it
         self.wider: set[object] = set()  # project fixtures wider than a function, set up
+        self.session: set[threading.Thread] = set()  # started by session fixtures' setup
 
     def begin(self) -> frozenset[threading.Thread]:
         return frozenset(threading.enumerate())
@@ -101,7 +104,11 @@ class Guard:
     def end(self, before: frozenset[threading.Thread], nodeid: str) -> str | None:
         """What to say about the threads left (None: nothing left, or checked later)."""
         for thread in threading.enumerate():
-            if thread not in before and not isinstance(thread, threading._DummyThread):
+            if (
+                thread not in before
+                and thread not in self.session
+                and not isinstance(thread, threading._DummyThread)
+            ):
                 self.carried.setdefault(thread, nodeid)
         if self.wider or not self.carried:
             return None
@@ -112,6 +119,12 @@ class Guard:
 
 
 _GUARD = Guard(os.environ.get("PYTEST_SENDLEDGER_THREAD_GUARD", "fail"))
+
+
+def lives_for_the_session(thread: threading.Thread) -> None:
+    """`thread` serves the whole session (a helper started at first use, as a session
+    fixture's would be, and stopped at exit): never checked, as a session fixture's."""
+    _GUARD.session.add(thread)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -127,7 +140,13 @@ def pytest_fixture_setup(
     # Only the project's (a baseid): a plugin's (anyio_backend) start none.
     if fixturedef.scope in ("package", "module", "class") and fixturedef.baseid:
         _GUARD.wider.add(fixturedef)
-    return (yield)
+    if fixturedef.scope != "session" or not fixturedef.baseid:
+        return (yield)
+    before = _GUARD.begin()
+    try:
+        return (yield)
+    finally:
+        _GUARD.session.update(set(threading.enumerate()) - before)
 
 
 def pytest_fixture_post_finalizer(

@@ -63,6 +63,18 @@ def test_a_thread_kept_by_a_wider_fixture_is_checked_once_it_is_torn_down() -> N
     assert said is not None and "'module-worker'" in said and "(started by t::first)" in said
 
 
+def test_a_thread_said_to_live_for_the_session_is_never_checked() -> None:
+    guard = Guard("fail")
+    guard.wait = 0.05
+    stop = threading.Event()
+    before = guard.begin()
+    guard.session.add(waiting_for(stop, "shared-helper"))  # as `lives_for_the_session`
+    try:
+        assert guard.end(before, "t::first") is None
+    finally:
+        stop.set()
+
+
 LEAKING = """
 import threading
 
@@ -87,25 +99,21 @@ GUARD = {"PYTEST_SENDLEDGER_THREAD_GUARD": "fail", "PYTEST_SENDLEDGER_THREAD_WAI
 PLAIN = ["-p", "no:cacheprovider", "-p", "no:xdist"]
 
 
-def test_a_leaking_test_errors_at_its_teardown_and_an_excused_one_warns(tmp_path: Path) -> None:
-    (tmp_path / "test_leaking.py").write_text(LEAKING, encoding="utf-8")
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "tests.thread_guard",
-            *PLAIN,
-            "test_leaking.py",
-        ],
-        cwd=tmp_path,
+def guarded_run(folder: Path, name: str, source: str) -> subprocess.CompletedProcess[str]:
+    """pytest run on `source` (written as `name` in `folder`) with the guard's hooks."""
+    (folder / name).write_text(source, encoding="utf-8")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.thread_guard", *PLAIN, name],
+        cwd=folder,
         env={**os.environ, "PYTHONPATH": str(ROOT), **GUARD},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_a_leaking_test_errors_at_its_teardown_and_an_excused_one_warns(tmp_path: Path) -> None:
+    run = guarded_run(tmp_path, "test_leaking.py", LEAKING)
     out = run.stdout
     assert run.returncode == 1, out
     assert "ERROR at teardown of test_leaks" in out
@@ -113,3 +121,45 @@ def test_a_leaking_test_errors_at_its_teardown_and_an_excused_one_warns(tmp_path
     assert "'leaked-worker' running threading.Event.wait" in out
     assert "ThreadLeak" in out and "leaves_threads: not ours" in out
     assert "2 passed, 1 warning, 1 error" in out
+
+
+SESSION_SERVER = """
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+STOP = threading.Event()
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[threading.Event]:
+    threading.Thread(target=STOP.wait, name="session-server", daemon=True).start()
+    yield STOP
+    STOP.set()
+
+
+def test_first_use(server: threading.Event) -> None:
+    pass
+
+
+def test_a_use_that_leaves_a_handler(server: threading.Event) -> None:
+    threading.Thread(target=server.wait, name="handler-left", daemon=True).start()
+
+
+# Last: the session's teardown (in this test's) stops the handler the test above left.
+def test_second_use(server: threading.Event) -> None:
+    pass
+"""
+
+
+def test_a_session_fixture_s_threads_live_and_what_a_test_starts_on_it_does_not(
+    tmp_path: Path,
+) -> None:
+    run = guarded_run(tmp_path, "test_session_server.py", SESSION_SERVER)
+    out = run.stdout
+    assert run.returncode == 1, out
+    assert "'session-server'" not in out
+    assert "ERROR at teardown of test_a_use_that_leaves_a_handler" in out
+    assert "'handler-left' running threading.Event.wait" in out
+    assert "3 passed, 1 error" in out
