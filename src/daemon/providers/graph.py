@@ -177,6 +177,15 @@ class GraphTokens:
         if app is not None:
             app.remove_tokens_for_client()
 
+    def close(self) -> None:
+        """Close msal's HTTP session: its keep-alive connection to the token endpoint
+        stayed open after the provider closed (a reload's old provider kept it until the
+        process ended). A later `token()` makes a new application."""
+        with self._lock:
+            app, self._app = self._app, None
+        if app is not None:
+            app.http_client.close()
+
 
 class _Mailbox:
     """One mailbox the provider acts as: its request limit (Graph allows 4 concurrent
@@ -877,6 +886,7 @@ class GraphProvider(ProviderBase):
     def close(self) -> None:
         self._closed = True
         self._transports.close()
+        self._tokens.close()
 
     def __repr__(self) -> str:
         return f"GraphProvider({self.name!r}, user={self.user!r})"
