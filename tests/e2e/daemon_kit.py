@@ -34,6 +34,7 @@ from urllib.parse import unquote
 
 import httpx
 import pytest
+from tests.thread_guard import lives_for_the_session
 
 from daemon.service_layer.read_models import event_record
 from ledger.application import Ledger
@@ -577,6 +578,7 @@ def shared_fork_server() -> ForkServer:
         env["PYTHONUNBUFFERED"] = "1"  # the children's print() reaches their log at once
         _SHARED[:] = [ForkServer(env)]
         atexit.register(_SHARED[0].close)
+        lives_for_the_session(_SHARED[0].reader)
     return _SHARED[0]
 
 
@@ -597,8 +599,8 @@ class ForkServer:
         self._started: dict[int, Future[int]] = {}
         self._exited: dict[int, Future[tuple[int, float]]] = {}
         self._next = 0
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _exit_future(self, pid: int) -> Future[tuple[int, float]]:
         with self._lock:

@@ -18,6 +18,13 @@ from typing import Any
 
 import pytest
 from tests.provider_contract import DraftsSubject, HttpRelaySubject, RewritingSubject
+from tests.thread_guard import (  # noqa: F401  (hooks: no test leaves a thread running)
+    pytest_configure,
+    pytest_fixture_post_finalizer,
+    pytest_fixture_setup,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+)
 
 from daemon.providers.base import Provider
 from daemon.providers.gmail import GmailProvider

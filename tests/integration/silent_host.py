@@ -30,6 +30,7 @@ from types import TracebackType
 
 import pytest
 from tests.conftest import IN_CI
+from tests.integration.listeners import stop_listening
 from tests.pg_cluster import BIN, USER, PrivateCluster, _as_server_user
 
 _CLONE_NEWNET = 0x40000000
@@ -90,7 +91,7 @@ class SilentRelay:
         self.refusing.clear()
 
     def close(self) -> None:
-        self._listener.close()
+        stop_listening(self._listener)
         with self._lock:
             ends = self._forwarded + self._silent
         for end in ends:

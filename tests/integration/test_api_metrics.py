@@ -23,17 +23,20 @@ def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 
 def observed(rig: EngineRig) -> Metrics:
-    """The rig's engine replaced by one that reports to a new registry, returned."""
+    """The rig's engine replaced by one that reports to a new registry (closed with the
+    rig), returned."""
     metrics = Metrics(Sources(rig.ledger, {"fake": rig.provider}))
     rig.engine.close()
-    rig.engine = Engine(
-        rig.ledger,
-        rig.holder,
-        {"fake": rig.provider},
-        provider_timeouts={"fake": TIMEOUT},
-        clock=rig.clock,
-        deadline_grace=GRACE,
-        observer=metrics,
+    rig.engine = rig.own(
+        Engine(
+            rig.ledger,
+            rig.holder,
+            {"fake": rig.provider},
+            provider_timeouts={"fake": TIMEOUT},
+            clock=rig.clock,
+            deadline_grace=GRACE,
+            observer=metrics,
+        )
     )
     return metrics
 

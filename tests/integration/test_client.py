@@ -26,6 +26,7 @@ from tests.integration.api_kit import (
     running_api,
     write_config,
 )
+from tests.integration.listeners import hold, serving, stop_all
 from tests.integration.test_api import to_review
 
 import sendledger.client as client_module
@@ -376,9 +377,22 @@ def test_a_certificate_the_client_does_not_trust_sends_nothing(api: Api, tmp_pat
         assert "certificate" in str(untrusted.value) and relay.forwarded() == 0
 
 
+# The listeners `_raw_server` opened in the running test, stopped at its teardown.
+_LISTENERS: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _raw_servers_stop() -> Iterator[None]:
+    serving()
+    yield
+    stop_all(_LISTENERS)
+
+
 def _raw_server(handler: Callable[[socket.socket], None]) -> tuple[str, list[bytes]]:
-    """A loopback TCP server running `handler` on each connection; what each sent."""
+    """A loopback TCP server running `handler` on each connection; what each sent. It
+    stops listening at the test's teardown."""
     listener = socket.create_server(("127.0.0.1", 0))
+    _LISTENERS.append(listener)
     got: list[bytes] = []
 
     def loop() -> None:
@@ -462,7 +476,7 @@ def test_a_tls_handshake_that_fails_sends_nothing(server: str) -> None:
         if server == "speaks-plain-http":
             conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
         elif server == "never-answers":
-            time.sleep(1)
+            hold(1)
 
     address, got = _raw_server(handle)
     client = Client(f"https://{address}", TOKEN, timeout=0.4, retries=0)
@@ -539,7 +553,7 @@ def test_a_deadline_inside_the_tls_handshake_is_a_timeout(
     """The name's lookup takes half the timeout and the one address never answers the
     TLS hello: the connect ends at the timeout, as a timeout, nothing sent. The handshake
     was given the whole timeout again once connected, so the connect took one and a half."""
-    address, _got = _raw_server(lambda conn: time.sleep(3))
+    address, _got = _raw_server(lambda conn: hold(3))
     port = int(address.rsplit(":", 1)[1])
     info = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
 
@@ -612,7 +626,7 @@ def test_through_a_proxy_the_tunnel_and_the_tls_handshake_share_the_one_timeout(
     server that never answers the TLS hello: the connect ends at the one timeout, as a
     timeout, nothing sent. The handshake was given the whole timeout again once the
     tunnel was up (the standard library's way), so it took one and three quarters."""
-    address, got = _raw_server(lambda conn: time.sleep(5))
+    address, got = _raw_server(lambda conn: hold(5))
     port = int(address.rsplit(":", 1)[1])
     context = ssl.create_default_context(cafile=str(make_loopback_tls(tmp_path).ca_file))
     proxy_port, seen = _connect_proxy(delay=1.5)

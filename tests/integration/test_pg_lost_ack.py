@@ -20,6 +20,7 @@ from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from tests.integration.listeners import stop_listening
 
 from daemon.doubles.fake_time import FakeClock
 from ledger.application import ConcurrentUpdate, Ledger, Sender
@@ -81,8 +82,10 @@ class LostAckProxy:
                 server.sendall(data)
 
     def close(self) -> None:
-        self._listener.close()
-        for end in self._sockets:
+        stop_listening(self._listener)
+        for end in self._sockets:  # a shutdown wakes the pump waiting in its recv()
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 end.close()
 

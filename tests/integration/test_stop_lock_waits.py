@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration.listeners import stop_listening
 from tests.unit.engine_rig import policy, receipt
 
 from daemon.bootstrap import bootstrap
@@ -66,8 +67,10 @@ class _Unanswered:
                 self.posts += 1
 
     def close(self) -> None:
-        self._server.close()
+        stop_listening(self._server)
         for conn in self._held:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
             conn.close()
 
 

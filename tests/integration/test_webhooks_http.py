@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from standardwebhooks.webhooks import Webhook
+from tests.integration.listeners import hold, serving, stop_all, stop_listening
 from tests.unit.test_webhooks import SECRET, Rig, drain
 
 from daemon.doubles.fake_provider import Scripted
@@ -51,9 +52,9 @@ def serve() -> Iterator[Callable[[Handler], str]]:
         threading.Thread(target=loop, daemon=True).start()
         return f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
 
+    serving()
     yield start
-    for listener in listeners:
-        listener.close()
+    stop_all(listeners)
 
 
 def _read_request(conn: socket.socket) -> bytes:
@@ -121,7 +122,7 @@ def test_a_receiver_that_never_answers_times_out(serve: Callable[[Handler], str]
 
     def never_answers(conn: socket.socket) -> None:
         _read_request(conn)
-        time.sleep(5)
+        hold(5)
 
     url = serve(never_answers)
     started = time.monotonic()
@@ -217,13 +218,13 @@ def test_a_2xx_counts_even_if_its_body_never_ends(serve: Callable[[Handler], str
     length, then kept the connection open, has the event; calling that a failure would
     resend it on every retry and hold back every later event."""
 
-    def hold(conn: socket.socket) -> None:
+    def keeps_open(conn: socket.socket) -> None:
         _read_request(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nok")
-        time.sleep(2)
+        hold(2)
 
     started = time.monotonic()
-    outcome = post(serve(hold), b"{}", HEADERS, 0.5)
+    outcome = post(serve(keeps_open), b"{}", HEADERS, 0.5)
     assert outcome.ok and outcome.status == 200
     assert time.monotonic() - started < 1.5
 
@@ -282,7 +283,7 @@ def test_a_certificate_nobody_trusts_is_a_failure_that_says_so(tmp_path: Path) -
         port = listener.getsockname()[1]
         outcome = post(f"https://127.0.0.1:{port}/hook", b'{"a":1}', HEADERS, 2.0)
     finally:
-        listener.close()
+        stop_listening(listener)
     assert not outcome.ok and outcome.status is None
     assert outcome.error.startswith("SSLCertVerificationError: ")
     assert "certificate verify failed" in outcome.error and got == []
@@ -421,7 +422,7 @@ def test_localhost_is_reached_on_loopback_only(monkeypatch: pytest.MonkeyPatch) 
     try:
         outcome = post(f"http://localhost:{port}/hook", b"{}", HEADERS, 1.0)
     finally:
-        listener.close()
+        stop_listening(listener)
     assert not outcome.ok and outcome.status is None
     assert "loopback" in outcome.error and got == []
 
@@ -453,7 +454,7 @@ def test_localhost_races_its_loopback_addresses_only(
         outcome = post(f"http://localhost:{port}/hook", b"{}", HEADERS, 2.0)
         time.sleep(0.1)
     finally:
-        listener.close()
+        stop_listening(listener)
     assert outcome.ok and touched == []
 
 
@@ -620,7 +621,7 @@ def test_an_address_that_fails_the_tls_handshake_gives_way_to_the_next(
     handshake holding it a delay as a silent connect does. The first address had
     connected, so it won the race and its handshake failure ended the attempt
     (ConnectionResetError or SSLEOFError, every retry alike), or its silence the timeout."""
-    first = serve(lambda conn: time.sleep(3)) if how == "is silent" else serve(_hangs_up(how))
+    first = serve(lambda conn: hold(3)) if how == "is silent" else serve(_hangs_up(how))
     url = _localhost_at(monkeypatch, first, serve(_tls(trusted, answer("204 No Content"))))
     started = time.monotonic()
     outcome = post(url, b"{}", HEADERS, 2.5)
@@ -670,7 +671,7 @@ def test_a_deadline_inside_the_tls_handshake_is_a_timeout(
 ) -> None:
     """The only address connects and never answers the hello: the attempt ends at its
     timeout and says so, as any attempt out of time."""
-    url = _localhost_at(monkeypatch, serve(lambda conn: time.sleep(3)))
+    url = _localhost_at(monkeypatch, serve(lambda conn: hold(3)))
     started = time.monotonic()
     outcome = post(url, b"{}", HEADERS, 0.5)
     assert not outcome.ok and outcome.error == "no answer within 0.5s", outcome
@@ -747,7 +748,7 @@ def test_an_address_reset_while_its_tls_is_set_up_leaves_no_socket_to_the_collec
                 race(found, time.monotonic() + 5.0, tls=context, server_hostname="localhost")
 
     finally:
-        listener.close()
+        stop_listening(listener)
     assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
 
 
