@@ -24,7 +24,7 @@ from daemon.cli import output
 from daemon.config.moments import parse_moment
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.from_settings import open_ledger, store_settings_for
-from daemon.service_layer.read_models import channel_has_jobs
+from daemon.service_layer.read_models import channel_unknown
 from ledger.application import Ledger
 from ledger.display import iso, printable
 from ledger.job import JobState, SendJob
@@ -94,7 +94,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             columns = JOB_COLUMNS
             records = _jobs(ledger, args.state, args.channel, since, until)
         shown = _emit(records, columns, args.format)
-        if not shown and args.channel and not channel_has_jobs(ledger, args.channel):
+        if channel_unknown(ledger, args.channel, bool(shown)):
             output.no_job_of_channel(args.channel)
     return EXIT_OK
 

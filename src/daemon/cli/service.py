@@ -20,7 +20,7 @@ from daemon.cli.job_commands import served, served_from_store
 from daemon.cli.parsers import add_command, login_name
 from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK, bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
-from daemon.service_layer.read_models import channel_has_jobs, job_status
+from daemon.service_layer.read_models import channel_unknown, job_status
 from daemon.service_layer.services import check_advice, resolve_as_a_person
 from ledger.copies import copies_found
 from ledger.display import command_line, printable
@@ -161,9 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_review_list(args: argparse.Namespace) -> int:
     def listed(s: Services) -> tuple[list[dict[str, Any]], bool]:
         rows = s.review_list(channel=args.channel, reason=args.reason)
-        return rows, bool(
-            args.channel and not rows and not channel_has_jobs(s.ledger, args.channel)
-        )
+        return rows, channel_unknown(s.ledger, args.channel, bool(rows))
 
     rows, unknown_channel = served_from_store(args, listed)
     if unknown_channel:
@@ -255,7 +253,7 @@ def cmd_review_triage(args: argparse.Namespace) -> int:
 
     def triaged(s: Services) -> int:
         total, items = s.triage_each(by, args.channel, args.reason, args.dry_run)
-        if args.channel and not total and not channel_has_jobs(s.ledger, args.channel):
+        if channel_unknown(s.ledger, args.channel, bool(total)):
             output.no_job_of_channel(args.channel)
         return _report_triage(args, total, items)
 

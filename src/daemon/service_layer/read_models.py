@@ -182,10 +182,11 @@ def review_rows(
     ]
 
 
-def channel_has_jobs(ledger: Ledger, channel: str) -> bool:
-    """Whether any job of the store, in any state, is of `channel`: a filter naming a
-    channel no job has is likely a typo, which an empty answer would hide."""
-    return next(ledger.jobs(channel=channel), None) is not None
+def channel_unknown(ledger: Ledger, channel: str | None, answered: bool) -> bool:
+    """Whether an answer filtered by `channel` is empty (`answered` False) because no job
+    of the store, in any state, is of that channel: likely a typo, which the empty answer
+    would hide. One index read, made only when the answer is empty."""
+    return bool(channel) and not answered and next(ledger.jobs(channel=channel), None) is None
 
 
 def review_index(
