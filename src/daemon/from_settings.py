@@ -16,6 +16,7 @@ from daemon.config.config_file import read_config_file
 from daemon.config.store_section import StoreSource, encryption_keys, plain_store_config
 from daemon.exit_codes import CliError, bad_input
 from ledger.application import Ledger
+from ledger.event_format import OlderReleaseLive, check_event_format
 from ledger.stores import store_exists
 from ledger.stores.causes import StoreUnavailable
 from ledger.stores.url import (
@@ -106,14 +107,26 @@ def start_notices() -> StartWatch | None:
     return StartNotices(notifier) if notifier.enabled else None
 
 
-def open_ledger(settings: StoreSource, *, create: bool = True, service: bool = False) -> Ledger:
+def open_ledger(
+    settings: StoreSource,
+    *,
+    create: bool = True,
+    service: bool = False,
+    writes: bool = True,
+    server: tuple[str, str] | None = None,
+) -> Ledger:
     """The configured store's ledger, to be used as `with open_ledger(settings) as ledger:`.
 
     Read-only commands pass ``create=False``: a SQLite store that is not there is then
     bad input (exit 2, "no store at PATH"), never a new empty file; a misspelled path
     would otherwise look like a store without jobs. A service's start (``service=True``)
     waits for its server up to `SERVICE_START_WAIT`, where a command fails within
-    `store.connect_timeout`."""
+    `store.connect_timeout`.
+
+    The store's event format is judged before it is used (`ledger.event_format`): a
+    newer one than this release reads is exit 2; a command that may write (``writes``)
+    or a server (``server``: its kind and `daemon.name`) raises an older one, or is
+    exit 3 while a server of an older release is live on the store."""
     keys = encryption_keys(settings)  # a bad key file is bad input (ConfigError)
     try:
         spec = store_spec(settings)
@@ -132,12 +145,18 @@ def open_ledger(settings: StoreSource, *, create: bool = True, service: bool = F
                 f"store.url: {spec.describe()} keeps jobs only while one process runs "
                 "(sqlite or postgresql)"
             )
-        return Ledger(spec, encryption_keys=keys)
+        ledger = Ledger(spec, encryption_keys=keys)
+        try:
+            check_event_format(ledger, server=server, writing=writes or server is not None)
+        except BaseException:
+            ledger.close()
+            raise
+        return ledger
     except StoreUrlError as exc:
         raise bad_input(f"{settings.config_path}: {exc}") from None
     except StoreRefused as exc:  # a store key or environment that does not fit the store
         raise bad_input(str(exc)) from None
-    except (CliError, StoreUnavailable):  # already one line naming the store
+    except (CliError, StoreUnavailable, OlderReleaseLive):  # already one line
         raise
     except Exception as exc:
         raise CliError(f"cannot open store {settings.store.url.split('@')[-1]}: {exc}") from exc

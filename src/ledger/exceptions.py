@@ -23,7 +23,8 @@ so a user's program runs it without the daemon's packages.
           │    ├── TransitionError                       ledger/job.py: the state refuses
           │    │    └── BounceRefused                    a report not recorded, and why
           │    ├── StoreRefused                          ledger/stores/url.py
-          │    │    └── StoreUrlError, StoreKeyRefused, LibraryVariableSet
+          │    │    └── StoreUrlError, StoreKeyRefused, LibraryVariableSet,
+          │    │        StoreFormatNewer                  ledger/event_format.py
           │    ├── DurationError, FileProblem, SenderRefused, PolicyLoadError   policies/
           │    ├── ConfigError                           daemon/config/config_file.py
           │    ├── IntakeError                           daemon/service_layer/intake.py
@@ -31,7 +32,8 @@ so a user's program runs it without the daemon's packages.
           │    └── MissingScope, DelegationRequired, CredentialsFileUnreadable,
           │        CredentialsFileInvalid                daemon/providers/gmail.py
           ├── conflict                   kind CONFLICT (exit 3, HTTP 409)
-          │    └── KeyConflict, IdentityTaken            ledger/
+          │    ├── KeyConflict, IdentityTaken            ledger/
+          │    └── OlderReleaseLive                      ledger/event_format.py
           ├── not found                  kind NOT_FOUND (exit 4, HTTP 404)
           │    └── UnknownJob                            ledger/application.py
           ├── unavailable                kind UNAVAILABLE (exit 1, HTTP 503)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.host_config import write_host_config
 
 import daemon.cli.job_commands
 from daemon.cli import COMMANDS, build_parser, command_named, main
@@ -231,17 +232,7 @@ def test_a_login_name_the_system_cannot_give_still_submits_and_cancels(
 
     from ledger.application import Ledger
 
-    (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "receipts.toml").write_text(
-        'provider = "support"\nfrom = "Support <support@example.com>"\n'
-        'message_id_domain = "mail.example.com"\non_unknown = "review"\n'
-    )
-    (tmp_path / "sa.json").write_text("{}")
-    config = tmp_path / "sendledger.toml"
-    config.write_text(
-        '[store]\nurl = "sqlite:///ledger.sqlite"\n[daemon]\npolicies_dir = "policies"\n'
-        '[providers.support]\ncredentials_file = "sa.json"\n'
-    )
+    config = write_host_config(tmp_path, "sqlite:///ledger.sqlite")
     job = {"channel": "receipts", "key": "k1", "to": "a@example.com", "subject": "s", "body": "b"}
     (tmp_path / "job.json").write_text(json.dumps(job))
 

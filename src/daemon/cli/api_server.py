@@ -49,7 +49,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     from ledger.stores.loaded_policies import API
 
     load_tokens(settings)  # a bad token file is refused before the store is created
-    with open_ledger(settings, service=True) as ledger:
+    with open_ledger(settings, service=True, server=(API, settings.daemon.name)) as ledger:
         ctx = api_context(settings, ledger, policies, dict.fromkeys(settings.providers))
         server = bound_server(settings, ctx, option="--listen")
         log.info("sendledger api on http://%s (intake and review only)", settings.api.listen)

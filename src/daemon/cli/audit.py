@@ -86,7 +86,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     until = parse_when("--until", args.until, now)
     if since and until and since >= until:
         raise bad_input("--since: must be before --until")
-    with open_ledger(store_settings_for(args.config), create=False) as ledger:
+    with open_ledger(store_settings_for(args.config), create=False, writes=False) as ledger:
         if args.event:
             columns = EVENT_COLUMNS
             records = _events(ledger, args.event, args.state, args.channel, since, until)

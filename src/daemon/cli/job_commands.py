@@ -132,10 +132,12 @@ def _serve(
     call: Callable[[Services], T],
     *,
     create: bool = False,
+    writes: bool = True,
 ) -> T:
     """`call` on the services of `source`'s store (a refusal is mapped by `main`, as every
-    error of the tree). `create`: a missing SQLite store is created (submit)."""
-    with open_ledger(source, create=create) as ledger:
+    error of the tree). `create`: a missing SQLite store is created (submit); `writes`:
+    False for a command that only reads (it never raises the store's event format)."""
+    with open_ledger(source, create=create, writes=writes) as ledger:
         return call(services(ledger))
 
 
@@ -149,7 +151,7 @@ def served(args: argparse.Namespace, call: Callable[[Services], T]) -> T:
 def served_from_store(args: argparse.Namespace, call: Callable[[Services], T]) -> T:
     """`served` for a command that reads no policy and searches no mailbox: only the
     config's `[store]` is read (`daemon/from_settings.py: store_settings_for`)."""
-    return _serve(store_settings_for(args.config), store_services, call)
+    return _serve(store_settings_for(args.config), store_services, call, writes=False)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -127,7 +127,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings_for(args.config)
     setup_logging(settings.daemon.log_level)
     policies = load_policies(settings)  # refuse to start on a broken policy folder (exit 2)
-    with open_ledger(settings, service=True) as ledger:
+    from ledger.stores.loaded_policies import DAEMON
+
+    server = (DAEMON, settings.daemon.name)
+    with open_ledger(settings, service=True, server=server) as ledger:
         try:
             service = bootstrap(
                 settings,
