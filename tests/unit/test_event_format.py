@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -234,8 +235,6 @@ def test_a_newer_command_that_writes_waits_for_the_older_daemon_and_one_that_rea
     cfg = ["--config", str(config)]
     assert main([*cfg, "submit", str(tmp_path / "job.json")]) == 0, capsys.readouterr().err
     with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        import time
-
         live_row(ledger, "old", at=time.time())  # a daemon of this release, running
     monkeypatch.setattr(event_format, "EVENT_FORMAT", 2)  # the command is a newer release's
     capsys.readouterr()
