@@ -79,7 +79,8 @@ MAX_DURATION = max(MAX_DURATIONS.values())
 MAX_COUNT = 100
 MAX_ATTEMPTS = 1000
 
-_CHANNEL = re.compile(r"^[A-Za-z0-9._-]+$")
+# Matched whole (`fullmatch`): `$` after `.match` lets a final line feed through.
+_CHANNEL = re.compile(r"[A-Za-z0-9._-]+")
 _CHANNEL_MAX = 128
 
 
@@ -174,7 +175,7 @@ class ChannelPolicy(BaseModel):
             raise _error("must not be empty")
         if len(value) > _CHANNEL_MAX:
             raise _error(f"must be at most {_CHANNEL_MAX} characters")
-        if not _CHANNEL.match(value):
+        if not _CHANNEL.fullmatch(value):
             raise _error(f"may contain only letters, digits, '.', '_' and '-': {value!r}")
         return value
 

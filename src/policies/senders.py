@@ -19,7 +19,8 @@ from ledger.exceptions import Refusal, SendledgerError
 from ledger.vocabulary import Sender
 
 MAX_PATTERNS = 1000
-_PATTERN = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9.*?-]+$")
+# Matched whole (`fullmatch`): `$` after `.match` lets a final line feed through.
+_PATTERN = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9.*?-]+")
 
 
 class SenderRefused(SendledgerError, ValueError):
@@ -39,7 +40,7 @@ def pattern_problem(pattern: str) -> str | None:
         return "must not be empty"
     if "[" in pattern or "]" in pattern:
         return f"character classes are not supported (only * and ?): {pattern!r}"
-    if not _PATTERN.match(pattern):
+    if not _PATTERN.fullmatch(pattern):
         return f"not an address pattern like '*@example.com': {pattern!r}"
     return None
 

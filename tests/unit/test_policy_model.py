@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from policies.loader import PolicyLoadError, load_policy_dir
 from policies.model import ChannelPolicy, parse_from_address
+from policies.senders import pattern_problem
 
 BASE: dict[str, Any] = {
     "channel": "receipts",
@@ -252,6 +256,27 @@ def test_channel_names_accepted(name: str) -> None:
 )
 def test_channel_names_refused(name: str) -> None:
     refused("channel", channel=name)
+
+
+CHANNEL_TEXT = st.text(st.sampled_from("Rr9._-\n\r\t /:\u00fc"), max_size=8)
+
+
+@given(CHANNEL_TEXT)
+@example("receipts\n")
+def test_a_channel_is_accepted_only_when_every_character_is_one_the_message_names(
+    name: str,
+) -> None:
+    # `^...$` with `.match` let a final line feed through ("receipts\n"): a channel
+    # no job can name, and a label, log line and payload with a line break in it.
+    allowed = re.fullmatch(r"[A-Za-z0-9._-]{1,128}", name) is not None
+    assert is_refused("channel", name) is not allowed, repr(name)
+
+
+@given(st.text(st.sampled_from("ab*?@.-\n\r\t "), max_size=10))
+@example("*@example.com\n")
+def test_an_allowed_from_pattern_is_accepted_only_whole(pattern: str) -> None:
+    allowed = re.fullmatch(r"[A-Za-z0-9.*?-]+@[A-Za-z0-9.*?-]+", pattern) is not None
+    assert (pattern_problem(pattern) is None) is allowed, repr(pattern)
 
 
 @pytest.mark.parametrize("value", [1, None, ["receipts"]])
