@@ -29,6 +29,10 @@ on it:
   `late_send_before_purge` just before a DELETE of them in Deleted Items;
 - `rewrite_message_id` replaces the Message-ID of each message sent (both paths), to test
   a client's defence against a provider that does;
+- `filter_ignores_case` makes `internetMessageId eq '...'` compare without case, as
+  Exchange compares strings in a restriction (Graph does not document it for this
+  property): a filter's match is the server's, and a client acts only on the header it
+  then reads and compares itself;
 - `throttle(n)` answers the next n API requests 429 with Retry-After, doing nothing; so
   does a request over `mailbox_concurrency` (Graph's 4 in flight per app and mailbox),
   each taking `latency` seconds.
@@ -189,6 +193,8 @@ class GraphEmulator(LoopbackService):
         self._file_delay = float(file_delay)
         self._acceptance_log = acceptance_log
         self.rewrite_message_id = rewrite_message_id
+        # `internetMessageId eq` ignores case (the module docstring).
+        self.filter_ignores_case = False
         # Immutable ids of drafts a late send takes just before a DELETE of them arrives.
         self.late_send_on_delete: set[str] = set()
         # The same, for a DELETE of the draft in Deleted Items (the one that is for good).
@@ -429,6 +435,14 @@ class GraphEmulator(LoopbackService):
                 404, "ErrorItemNotFound", "The specified object was not found in the store."
             )
         return item
+
+    def _same_id(self, stored: str | None, wanted: str) -> bool:
+        """Whether `$filter=internetMessageId eq 'wanted'` matches an item's Message-ID."""
+        if stored is None:
+            return False
+        if self.filter_ignores_case:
+            return stored.lower() == wanted.lower()
+        return stored == wanted
 
     def _resource(self, item: _Item, *, immutable: bool, sizes: bool = False) -> dict[str, Any]:
         extra: dict[str, Any] = {}
@@ -804,7 +818,7 @@ class GraphEmulator(LoopbackService):
             and (
                 wanted is None
                 or (
-                    item.message_id == wanted
+                    self._same_id(item.message_id, wanted)
                     and item.searchable_at is not None
                     and item.searchable_at <= now
                 )

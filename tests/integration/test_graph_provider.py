@@ -1062,3 +1062,22 @@ def test_a_send_whose_scope_moved_during_its_tidy_creates_nothing(
     assert graph.folder(MAILBOX, "drafts") == []  # the tidy of the second try fenced it
     assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
     assert logged_copies(accept_log) == 1
+
+
+def test_the_fence_deletes_only_drafts_whose_message_id_is_exactly_ours(
+    provider: ProviderFactory, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """The `$filter`'s match is the server's, looser than ours where Exchange compares
+    strings without case: a person's draft whose Message-ID differs from the job's in its
+    local part's case is another message. The fence deletes the job's own draft and
+    leaves that one, as the search does not count its copy."""
+    graph.filter_ignores_case = True
+    other_id = MID.replace("aabbccddeeff", "AABBCCDDEEFF")
+    theirs = graph.inject_draft(raw_message(other_id), user=MAILBOX)
+    ours = graph.inject_draft(raw_message(), user=MAILBOX)
+    graph_provider = provider()
+    assert graph_provider.delete_drafts(MID) == [ours]
+    assert [m["id"] for m in graph.folder(MAILBOX, "drafts")] == [theirs]
+    assert graph.send_draft(MAILBOX, theirs) == 202
+    found = graph_provider.search(MID)
+    assert found.hits == () and found.complete, found

@@ -729,8 +729,8 @@ class GraphProvider(ProviderBase):
 
     def delete_drafts_in(self, mailbox: _Mailbox, message_id: str) -> list[str]:
         """Every draft of `message_id` that is still a draft, deleted, so it can never be
-        sent: this process's (read by immutable id) and any `$filter` finds in Drafts.
-        The ids deleted (one already gone is not counted)."""
+        sent: this process's (read by immutable id) and those `$filter` finds in Drafts
+        whose header is exactly ours. The ids deleted (one already gone is not counted)."""
         literal = filter_value(message_id)
         candidates: list[str] = []
         for draft_id in mailbox.drafts(message_id):
@@ -742,8 +742,16 @@ class GraphProvider(ProviderBase):
         # release's fence) can still be sent by its id.
         for folder in (DRAFTS, DELETED_ITEMS):
             for found in self._filtered(mailbox, folder, literal):
-                listed = found.get("id")
-                if found.get("isDraft") is True and isinstance(listed, str):
+                listed, header = found.get("id"), found.get("internetMessageId")
+                # The filter's match is Graph's (Exchange compares strings without
+                # case): a draft is deleted only when its header is exactly ours, as a
+                # search counts a copy (`_hit`).
+                if (
+                    found.get("isDraft") is True
+                    and isinstance(listed, str)
+                    and isinstance(header, str)
+                    and same_message_id(header, message_id)
+                ):
                     candidates.append(listed)
         deleted = []
         for draft_id in dict.fromkeys(candidates):
