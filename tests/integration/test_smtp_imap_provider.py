@@ -418,3 +418,48 @@ def test_a_message_to_its_own_sender_whose_received_copy_was_deleted_is_one_copy
         assert found.hits[0].labels == ()
     finally:
         provider.close()
+
+
+def test_real_dovecot_finds_exactly_a_jobs_copy_among_the_ids_its_search_also_matches(
+    servers: MailServers,
+) -> None:
+    """docs/providers.md "The Message-ID in each query", against the real receiver: for
+    any key, the Message-ID the recipe makes is sent as `UID SEARCH HEADER Message-ID`,
+    and Dovecot's answer, compared exactly, counts the job's one copy and none of its
+    neighbours in the sent folder: the same id in upper case (another local part), one
+    that contains it, one that extends its domain, and another key's. A neighbour
+    counted would be a false duplicate; the copy missed, a resend."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from ledger.message_id import message_id_for
+
+    provider = provider_for(servers, servers.smtp_port, timeout=5.0)
+    examples = iter(range(1_000_000))
+
+    @settings(max_examples=15)
+    @given(st.text(min_size=1, max_size=40))
+    def search_finds_one(key: str) -> None:
+        # A domain of each example's own: an example drawn twice starts afresh.
+        mid = message_id_for(key, f"n{next(examples)}.sendledger.test")
+        neighbours = [
+            mid.upper(),
+            f"<x{mid}>",
+            mid.replace(".test>", ".test.example>"),
+            message_id_for(key + "x", "n.sendledger.test"),
+        ]
+        sent = provider.imap.run(provider._sent_folder)
+
+        def append(client: Any) -> None:
+            for each in [*neighbours, mid]:
+                client.append(sent, message(each))
+
+        provider.imap.run(append, repeatable=False)
+        found = provider.search(mid)
+        assert found.count == 1 and found.complete, (mid, found)
+        assert found.hits[0].message_id_header == mid
+
+    try:
+        search_finds_one()
+    finally:
+        provider.close()
