@@ -199,17 +199,24 @@ def test_a_cancel_during_the_draft_step_deletes_the_draft_and_says_so() -> None:
         rig.close()
 
 
+def unknown_behind_a_lagging_index(key: str) -> EngineRig:
+    """A job sent once whose answer was lost (one copy at the provider), its outcome
+    unknown, its search due in 60 s; the mailbox's index shows a copy 30 s late."""
+    rig = EngineRig(policy("orders", search_after="60s"), index_lag=30.0)
+    rig.submit("orders", key)
+    rig.provider.script(Scripted.dropped_response())
+    rig.tick()
+    assert rig.job(key).state is JobState.UNKNOWN
+    return rig
+
+
 def test_a_check_the_engine_s_later_search_overtook_is_not_the_page_s_evidence() -> None:
     """A person checks a job whose outcome is unknown before the index shows its copy
     (none found); the daemon's own search then finds two: a duplicate, in review. The
     page must say what that search found, not the check it overtook: two copies, "sent"
     needing no note, and "abandon" not claiming that nothing was sent."""
-    rig = EngineRig(policy("orders", search_after="60s"), index_lag=30.0)
+    rig = unknown_behind_a_lagging_index("k1")
     try:
-        rig.submit("orders", "k1")
-        rig.provider.script(Scripted.dropped_response())
-        rig.tick()
-        assert rig.job("k1").state is JobState.UNKNOWN
         s = door(rig)
         assert s.check("k1", by="alice").count == 0  # the index lags: none yet
         rig.provider.store_copy(rig.job("k1").message_id)  # a second copy lands
@@ -331,8 +338,11 @@ def test_a_check_whose_search_an_attempt_overtook_is_not_the_evidence_for_it(
     meanwhile(rig.provider, bob_resends_and_the_answer_is_lost)
     answer = door(rig).check("k1", by="alice")
     assert answer.count == 0 and not answer.recorded
-    assert "an attempt was made while it searched" in answer.why_unrecorded
+    assert "changed while it searched" in answer.why_unrecorded
+    assert "attempt 2" in answer.why_unrecorded
     assert answer.state == "review" and "check again" in answer.why_unrecorded
+    # Nor does its advice recommend a resend of the new review on that old search's word.
+    assert "review resolve" not in answer.as_dict()["advice"]
     assert rig.job("k1").state is JobState.REVIEW and rig.copies("k1") == 1
     view = door(rig).job_view("k1")
     assert view.guidance is not None
@@ -409,3 +419,104 @@ def test_a_check_read_while_a_send_was_in_flight_is_not_the_evidence_for_its_out
     assert view.guidance is not None
     assert view.guidance.copies is None  # no search since it went back to review
     assert not any(c.recommended for c in view.guidance.choices)
+
+
+def checks_by(rig: EngineRig, key: str, by: str) -> list[SendJob.Checked]:
+    return [e for e in rig.ledger.history(key) if isinstance(e, SendJob.Checked) and e.by == by]
+
+
+@pytest.mark.parametrize("other", [Resolution.SENT, Resolution.ABANDON, Resolution.RESEND])
+def test_a_check_is_not_recorded_for_a_decision_made_while_it_searched(
+    rig: EngineRig, other: Resolution
+) -> None:
+    """Alice checks a job in review; while her search is out Bob resolves it. Her answer
+    was read on the job in review: recorded after his decision it would stand in the
+    trail as the evidence of a state she never saw (a confirmed job "checked: no copy",
+    a resend on its way "checked"), and her advice must not tell her to resolve a job
+    that is no longer in review."""
+    in_review(rig, "k1")
+    meanwhile(rig.provider, lambda: door(rig).resolve("k1", other, note="", by="bob"))
+    answer = door(rig).check("k1", by="alice")
+    assert answer.count == 0 and not answer.recorded and answer.overtaken
+    assert f"resolved as {other.value} by bob" in answer.why_unrecorded
+    assert "check again" in answer.why_unrecorded
+    assert answer.state == rig.job("k1").state.value != "review"
+    advice = answer.as_dict()["advice"]  # what `review check` and the API print
+    assert "review resolve" not in advice and "check again" in advice
+    assert checks_by(rig, "k1", "alice") == []
+
+
+def test_a_check_is_recorded_beside_another_person_s_check() -> None:
+    """A check made meanwhile changes no state: two people checking at once both leave
+    what they saw in the trail."""
+    rig = EngineRig(LEGAL)
+    try:
+        in_review(rig, "k1")
+        meanwhile(rig.provider, lambda: door(rig).check("k1", by="bob"))
+        answer = door(rig).check("k1", by="alice")
+        assert answer.recorded and not answer.overtaken
+        assert len(checks_by(rig, "k1", "bob")) == len(checks_by(rig, "k1", "alice")) == 1
+    finally:
+        rig.close()
+
+
+def test_a_check_the_daemon_s_search_overtook_is_not_the_evidence_of_its_review() -> None:
+    """Alice checks a job whose outcome is unknown; her search reads a lagging index (no
+    copy), and before her answer is written the daemon's own search finds two: a
+    duplicate, in review. Recorded after that escalation, her "no copy" would be the
+    page's evidence for the review ("the customer has 0 copies") over the daemon's two."""
+    rig = unknown_behind_a_lagging_index("k1")
+    try:
+
+        def a_second_copy_lands_and_the_daemon_searches() -> None:
+            rig.provider.store_copy(rig.job("k1").message_id)
+            rig.clock.advance(120)
+            rig.tick()
+
+        meanwhile(rig.provider, a_second_copy_lands_and_the_daemon_searches)
+        answer = door(rig).check("k1", by="alice")
+        assert answer.count == 0 and not answer.recorded and answer.overtaken
+        assert "Escalated" in answer.why_unrecorded
+        assert "review resolve" not in answer.as_dict()["advice"]
+        job = rig.job("k1")
+        assert job.state is JobState.REVIEW and job.duplicate
+        view = door(rig).job_view("k1")
+        assert view.guidance is not None and view.guidance.copies == 2
+    finally:
+        rig.close()
+
+
+def test_a_resend_s_search_that_a_decision_overtook_advises_nothing_on_it(
+    rig: EngineRig,
+) -> None:
+    """Alice's resend searches and finds the copy, while Bob abandons the job: she is
+    told what changed (a conflict), not to resolve as sent a job that is abandoned, and
+    her search is not recorded after his decision."""
+    rig.submit("legal", "k1")
+    rig.provider.script(Scripted.dropped_response())  # one copy, unknown: review
+    rig.tick()
+    rig.clock.advance(61)
+    meanwhile(
+        rig.provider,
+        lambda: door(rig).resolve("k1", Resolution.ABANDON, note="", by="bob"),
+    )
+    message = refused(lambda: door(rig).resolve("k1", Resolution.RESEND, note="", by="alice"))
+    assert "resolved as abandon by bob" in message and "it was not resent" in message
+    assert "--as sent" not in message
+    assert checks_by(rig, "k1", "alice") == []
+    assert rig.job("k1").state is JobState.ABANDONED
+
+
+def test_triage_says_a_job_it_leaves_moved_while_it_searched(rig: EngineRig) -> None:
+    """Triage searches a job in review (no copy), and Bob abandons it meanwhile: the
+    answer must not say "left in review" of an abandoned job, nor record its search."""
+    in_review(rig, "k1")
+    meanwhile(
+        rig.provider,
+        lambda: door(rig).resolve("k1", Resolution.ABANDON, note="", by="bob"),
+    )
+    [item] = door(rig).triage(by="triage")
+    assert (item.count, item.action) == (0, "left")
+    assert "left in review" not in item.detail
+    assert "resolved as abandon by bob" in item.detail
+    assert checks_by(rig, "k1", "triage") == []

@@ -21,7 +21,7 @@ from daemon.cli.parsers import add_command, login_name
 from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK, bad_input
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.service_layer.read_models import channel_unknown, job_status
-from daemon.service_layer.services import check_advice, resolve_as_a_person
+from daemon.service_layer.services import resolve_as_a_person
 from ledger.copies import copies_found
 from ledger.display import command_line, printable
 from ledger.vocabulary import EscalationReason, Resolution
@@ -247,7 +247,7 @@ def cmd_review_check(args: argparse.Namespace) -> int:
         print(f"  ... and {answer.count - len(answer.copies)} more, not listed")
     if not answer.recorded:
         print(f"(not recorded in the job's history: {answer.why_unrecorded})")
-    print(check_advice(answer.key, answer.state, answer.count, answer.complete))
+    print(answer.advice)
     return EXIT_OK
 
 

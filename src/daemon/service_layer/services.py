@@ -117,8 +117,9 @@ class CheckAnswer:
     # The search's hits in the shape `review check --json` had before `copies`.
     hits: list[dict[str, Any]] = field(default_factory=list)
     purged: bool = False  # the job's content was purged: its history ends with Purged
-    # Not recorded because an attempt was made while the search was out (`check`).
-    overtaken: bool = False
+    # Not recorded because the job moved on while the search was out (`check`): what
+    # changed, as a conflict names it ("resolved as abandon by bob"); "" it did not.
+    moved: str = ""
     # All the copies found (`copies` are the first COPIES_KEPT; None: as many as those),
     # and False when the search stopped reading with more left (then at least `found`).
     found: int | None = None
@@ -129,10 +130,19 @@ class CheckAnswer:
         return len(self.copies) if self.found is None else self.found
 
     @property
+    def overtaken(self) -> bool:
+        return bool(self.moved)
+
+    @property
     def why_unrecorded(self) -> str:
         """Why the check is not in the job's history (when `recorded` is False)."""
         if self.overtaken:
-            return "an attempt was made while it searched, whose copy it may not show: check again"
+            # An attempt among the changes may have filed its copy after the search read
+            # the mailbox; a decision or an escalation left the state it was made for.
+            return (
+                f"the job changed while it searched ({self.moved}): its answer is not the "
+                "evidence of what the job is now, check again"
+            )
         if self.state == JobState.ATTEMPTED.value:
             return "a send is in flight"
         if self.purged:
@@ -149,9 +159,28 @@ class CheckAnswer:
             "query": self.query,
             "copies": [c.as_dict() for c in self.copies],
             "recorded": self.recorded,
-            "advice": check_advice(self.key, self.state, self.count, self.complete),
+            "advice": self.advice,
             "hits": self.hits,
         }
+
+    @property
+    def advice(self) -> str:
+        """What to do next: never a decision on a state the search was not made for."""
+        if self.overtaken:
+            check = command_line("sendledger", "review", "check", self.key)
+            return f"the job changed while it searched: check again ({check})"
+        return check_advice(self.key, self.state, self.count, self.complete)
+
+
+@dataclass(frozen=True)
+class CheckWrite:
+    """What became of a search's record (`Services._record_check`): `recorded`, or
+    `moved` naming what changed since the job was read for it; `job` the job it was
+    recorded on, or seen moved on (None: neither)."""
+
+    recorded: bool
+    moved: str = ""
+    job: SendJob | None = None
 
 
 @dataclass(frozen=True)
@@ -625,28 +654,33 @@ class Services:
         polling): the answer says it was not recorded."""
         job = self.job(key)
         found = self.search(job)
-        recorded = self._record_check(key, found, by=by, purpose="check", searched=job)
-        now = self.job(key) if recorded or job.state is not JobState.ATTEMPTED else job
-        overtaken = not recorded and now.attempts != job.attempts
-        # Overtaken, the answer's state (and advice) is the job's now, not the one searched.
-        return _answer(now if recorded or overtaken else job, found, recorded, overtaken)
+        written = self._record_check(key, found, by=by, purpose="check", searched=job)
+        # Recorded, the answer is the job it was recorded on; overtaken, the job now (its
+        # advice then says to check again); else the job searched (a send in flight).
+        return _answer(written.job or job, found, written.recorded, written.moved)
 
     def _record_check(
         self, key: str, found: SearchResult, *, by: str, purpose: str, searched: SendJob
-    ) -> bool:
-        """Record what a search found, on whatever version the job is at now: a check
-        decides nothing, so it holds for any version, unless an attempt was made since
-        the job was read for the search (`searched`). That attempt's copy may have come
-        after the mailbox was read: recorded after the attempt (after the job went back to
-        review), the search would pass for the evidence of the new review ("no copy
-        found", a resend offered: `check_since_review`). Likewise a job read with its
-        call in flight (attempted): the attempt is counted already, but its copy may be
-        filed after the mailbox was read, and the outcome recorded before this check."""
+    ) -> CheckWrite:
+        """Record what a search found, as the evidence of the job it was made for (read
+        as `searched`): on a later version only when nothing but other facts (another
+        person's check, drafts deleted) was appended since, else not at all (`moved`
+        names what was). A check decides nothing, but it is read as evidence: recorded
+        after a decision, a confirmation or an escalation made while it searched, it would
+        pass for the evidence of a state it never saw (a duplicate's review "0 copies", a
+        review after another attempt "no copy found" and a resend offered:
+        `check_since_review`). Nor while the call of the job read was in flight
+        (attempted): the attempt is counted already, but its copy may be filed after the
+        mailbox was read, and the outcome recorded before this check."""
+        moved: list[str] = []
+        seen: list[SendJob] = []
 
         def record(job: SendJob) -> bool:
-            if job.attempts != searched.attempts or searched.state is JobState.ATTEMPTED:
+            seen[:] = [job]
+            if searched.state is JobState.ATTEMPTED:
                 return False
-            if _repeats_last_check(job, found):
+            moved[:] = self._moves(key, searched.version, job.version)
+            if moved or _repeats_last_check(job, found):
                 return False
             job.record_check(
                 by=by, purpose=purpose, query=found.query, copies=found.copies,
@@ -655,9 +689,21 @@ class Services:
             return True
 
         try:
-            return self._write(key, record)
+            recorded = self._write(key, record)
         except TransitionError:
-            return False  # a send in flight, or a purged job: shown, not recorded
+            recorded = False  # a send in flight, or a purged job: shown, not recorded
+        if recorded or moved:
+            return CheckWrite(recorded, _changes(moved), seen[0])
+        return CheckWrite(False)
+
+    def _moves(self, key: str, seen: int, now: int) -> list[str]:
+        """What was appended to the job after version `seen` up to `now` that changes
+        what a search of version `seen` is evidence of: everything but facts recorded
+        beside it (a check, drafts deleted). Each as a conflict names it."""
+        if now == seen:
+            return []
+        events = self.ledger.history(key)[seen:now]
+        return [_change(event) for event in events if not isinstance(event, _FACTS)]
 
     def _save_fence(self, job: SendJob, seen: int, deleted: list[str]) -> int:
         """The drafts a resend deleted first, saved on the version the person decided
@@ -751,7 +797,9 @@ class Services:
             if fenced:
                 seen = self._save_fence(job, seen, fenced)
             if found.hits:
-                self._record_check(key, found, by=by, purpose="resend", searched=job)
+                if self._record_check(key, found, by=by, purpose="resend", searched=job).moved:
+                    # Its copy is no advice for a job that left the state it was read in.
+                    raise self._moved_on(key, seen, "resent")
                 raise ServiceError(
                     Refusal.CONFLICT,
                     f"job {key!r} was not resent: {copies_found(found.count, found.complete)}: "
@@ -864,9 +912,7 @@ class Services:
             events = self.ledger.history(key)[seen:]
         except UnknownJob as exc:
             return ServiceError(Refusal.NOT_FOUND, str(exc))
-        changed = ", ".join(_change(event) for event in events[:_CHANGES_SHOWN])
-        if len(events) > _CHANGES_SHOWN:
-            changed += f" and {len(events) - _CHANGES_SHOWN} more"
+        changed = _changes([_change(event) for event in events])
         show = command_line("sendledger", "review", "show", key)
         return ServiceError(
             Refusal.CONFLICT,
@@ -928,7 +974,14 @@ class Services:
                 what += " (a duplicate)" if count else ""
                 action, detail = "left", f"{what}: left in review"
                 if not dry_run:
-                    self._record_check(row.key, found, by=by, purpose="triage", searched=job)
+                    written = self._record_check(
+                        row.key, found, by=by, purpose="triage", searched=job
+                    )
+                    if written.moved:
+                        detail = (
+                            f"{what}; the job changed while it was searched "
+                            f"({written.moved}): not recorded, look again"
+                        )
             yield TriageItem(row.key, row.channel, row.reason, count, copies, action, detail)
 
     def _triage_sent(self, job: SendJob, found: SearchResult, by: str) -> tuple[str, str]:
@@ -1081,6 +1134,17 @@ def _repeats_last_check(job: SendJob, found: SearchResult) -> bool:
 #: How many of the events a conflict names (the rest are counted).
 _CHANGES_SHOWN = 4
 
+#: Events recorded beside a job's state, changing nothing a search of it is evidence of.
+_FACTS = (SendJob.Checked, SendJob.DraftsDeleted)
+
+
+def _changes(changes: Sequence[str]) -> str:
+    """The changes another writer made, as a conflict names them: the first few."""
+    named = ", ".join(changes[:_CHANGES_SHOWN])
+    if len(changes) > _CHANGES_SHOWN:
+        named += f" and {len(changes) - _CHANGES_SHOWN} more"
+    return named
+
 
 def _change(event: Any) -> str:
     """One event another writer appended, as a conflict names it."""
@@ -1102,9 +1166,7 @@ def _require_review(job: SendJob, what: str) -> None:
         )
 
 
-def _answer(
-    job: SendJob, found: SearchResult, recorded: bool, overtaken: bool = False
-) -> CheckAnswer:
+def _answer(job: SendJob, found: SearchResult, recorded: bool, moved: str = "") -> CheckAnswer:
     # A copy's headers are the mailbox's words, not ours: whoever puts a message with the
     # job's Message-ID there writes them, and every door serves this answer
     # (docs/how-it-works.md "Another's words").
@@ -1130,7 +1192,7 @@ def _answer(
         recorded,
         hits,
         purged=job.purged,
-        overtaken=overtaken,
+        moved=moved,
         found=found.count,
         complete=found.complete,
     )
