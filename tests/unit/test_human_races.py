@@ -5,6 +5,7 @@ decision, as a second door or the daemon would at that instant."""
 
 from __future__ import annotations
 
+import shlex
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -12,6 +13,7 @@ from contextlib import nullcontext
 import pytest
 from tests.unit.engine_rig import EngineRig, policy
 
+from daemon.cli import build_parser
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.providers.base import SendOutcome
@@ -46,10 +48,11 @@ def door(rig: EngineRig, drafts: frozenset[str] = frozenset()) -> Services:
     )
 
 
-def in_review(rig: EngineRig, key: str) -> None:
-    """Sent once with no answer and no copy: in review, its index caught up."""
+def in_review(rig: EngineRig, key: str, copy: bool = False) -> None:
+    """Sent once with no answer: in review, its index caught up. No copy was stored (the
+    request was lost), or with `copy` one was (the response was)."""
     rig.submit("legal", key)
-    rig.provider.script(Scripted.lost_request())
+    rig.provider.script(Scripted.dropped_response() if copy else Scripted.lost_request())
     rig.tick()
     assert rig.job(key).state is JobState.REVIEW
     rig.clock.advance(61)
@@ -140,10 +143,7 @@ def test_a_cancel_on_a_stale_version_is_refused_after_the_claim(rig: EngineRig) 
 
 
 def test_triage_resolves_only_the_version_it_searched(rig: EngineRig) -> None:
-    rig.submit("legal", "k1")
-    rig.provider.script(Scripted.dropped_response())  # one copy, unknown: review
-    rig.tick()
-    rig.clock.advance(61)
+    in_review(rig, "k1", copy=True)
     other = door(rig)
     meanwhile(rig.provider, lambda: other.resolve("k1", Resolution.ABANDON, note="", by="bob"))
     [item] = door(rig).triage(by="triage")
@@ -279,10 +279,7 @@ def test_sent_without_a_note_holds_only_for_the_version_whose_check_found_the_co
     mailbox), the job is no longer the one judged: refused, nothing recorded."""
     rig = EngineRig(LEGAL)
     try:
-        rig.submit("legal", "k1")
-        rig.provider.script(Scripted.dropped_response())  # one copy, unknown: review
-        rig.tick()
-        rig.clock.advance(61)
+        in_review(rig, "k1", copy=True)
         assert door(rig).check("k1", by="alice").count == 1
 
         def bob_checks_after_the_copy_is_gone() -> None:
@@ -492,10 +489,7 @@ def test_a_resend_s_search_that_a_decision_overtook_advises_nothing_on_it(
     """Alice's resend searches and finds the copy, while Bob abandons the job: she is
     told what changed (a conflict), not to resolve as sent a job that is abandoned, and
     her search is not recorded after his decision."""
-    rig.submit("legal", "k1")
-    rig.provider.script(Scripted.dropped_response())  # one copy, unknown: review
-    rig.tick()
-    rig.clock.advance(61)
+    in_review(rig, "k1", copy=True)
     meanwhile(
         rig.provider,
         lambda: door(rig).resolve("k1", Resolution.ABANDON, note="", by="bob"),
@@ -520,3 +514,38 @@ def test_triage_says_a_job_it_leaves_moved_while_it_searched(rig: EngineRig) -> 
     assert "left in review" not in item.detail
     assert "resolved as abandon by bob" in item.detail
     assert checks_by(rig, "k1", "triage") == []
+
+
+def test_the_resolve_a_check_advises_holds_only_for_the_version_it_found_the_copy_on() -> None:
+    """`review check` finds one copy and advises `review resolve --as sent`; before Alice
+    runs it, a second copy lands and Bob's check finds both. The command she was shown
+    is a decision on what she was shown: it carries the version her check was recorded
+    at, so run as printed it is refused (look again) instead of deciding on a job she
+    never saw."""
+    rig = EngineRig(LEGAL)
+    try:
+        in_review(rig, "k1", copy=True)
+        answer = door(rig).check("k1", by="alice").as_dict()
+        checked = rig.job("k1").version
+        command = answer["advice"].split("`")[1]
+        rig.provider.store_copy(rig.job("k1").message_id)
+        assert door(rig).check("k1", by="bob").count == 2
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        message = refused(
+            lambda: resolve_as_a_person(
+                door(rig), args.key, Resolution(args.decision), note="", by="alice",
+                expected_version=args.expected_version,
+            )
+        )  # fmt: skip
+        assert "checked by bob" in message and resolutions(rig, "k1") == []
+        assert answer["recorded"] and answer["version"] == checked == args.expected_version
+    finally:
+        rig.close()
+
+
+def test_a_refused_resend_advises_sent_on_the_version_its_search_was_recorded_at(
+    rig: EngineRig,
+) -> None:
+    in_review(rig, "k1", copy=True)
+    message = refused(lambda: door(rig).resolve("k1", Resolution.RESEND, note="", by="alice"))
+    assert f"--as sent --expected-version {rig.job('k1').version})" in message

@@ -289,6 +289,11 @@ class CheckOut(BaseModel):
     query: str
     copies: list[CopyOut]
     recorded: bool
+    version: int | None = Field(
+        default=None,
+        description="the job's version the answer is about (the recorded check's own): "
+        "the `expected_version` of a resolve decided on it",
+    )
     advice: str
     hits: list[dict[str, Any]] = Field(
         default_factory=list,

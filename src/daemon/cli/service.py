@@ -208,6 +208,10 @@ def cmd_review_show(args: argparse.Namespace) -> int:
                 key,
                 "--as",
                 choice.decision.value,
+                # The decision holds for the version shown: run later, after anyone else
+                # wrote to the job, it is refused (docs/review.md "Two people, one job").
+                "--expected-version",
+                str(view.job.version),
                 "--note",
                 note,
             )

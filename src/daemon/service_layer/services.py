@@ -124,6 +124,9 @@ class CheckAnswer:
     # and False when the search stopped reading with more left (then at least `found`).
     found: int | None = None
     complete: bool = True
+    # The job's version the answer is about: the recorded check's own, else the version
+    # read (or, moved on, seen): a resolve it advises holds for that version only.
+    version: int | None = None
 
     @property
     def count(self) -> int:
@@ -159,6 +162,7 @@ class CheckAnswer:
             "query": self.query,
             "copies": [c.as_dict() for c in self.copies],
             "recorded": self.recorded,
+            "version": self.version,
             "advice": self.advice,
             "hits": self.hits,
         }
@@ -169,7 +173,7 @@ class CheckAnswer:
         if self.overtaken:
             check = command_line("sendledger", "review", "check", self.key)
             return f"the job changed while it searched: check again ({check})"
-        return check_advice(self.key, self.state, self.count, self.complete)
+        return check_advice(self.key, self.state, self.count, self.complete, self.version)
 
 
 @dataclass(frozen=True)
@@ -265,14 +269,18 @@ class JobPage:
 SORTS = ("since", "-since", "channel", "reason", "key")
 
 
-def check_advice(key: str, state: str, copies: int, complete: bool = True) -> str:
+def check_advice(
+    key: str, state: str, copies: int, complete: bool = True, version: int | None = None
+) -> str:
     """What to do next after a check; a resolve command only for a job in review, with
-    its arguments quoted (docs/review.md "Review"). `complete` False: at least `copies`."""
+    its arguments quoted (docs/review.md "Review"). `complete` False: at least `copies`.
+    `version`: the job's version the check found that on, which the command then holds
+    for (`--expected-version`): run after anyone else wrote to the job, it is refused."""
     if state != JobState.REVIEW:
         return f"the job is {state}, not in review: there is nothing to resolve"
-    sent = _resolve_command(key, "sent")
+    sent = _resolve_command(key, "sent", version)
     if copies == 0:
-        resend = _resolve_command(key, "resend")
+        resend = _resolve_command(key, "resend", version)
         return f"none found: if the search index has caught up, `{resend}` is safe"
     if copies == 1:
         return f"one copy: `{sent}`"
@@ -797,13 +805,16 @@ class Services:
             if fenced:
                 seen = self._save_fence(job, seen, fenced)
             if found.hits:
-                if self._record_check(key, found, by=by, purpose="resend", searched=job).moved:
+                written = self._record_check(key, found, by=by, purpose="resend", searched=job)
+                if written.moved:
                     # Its copy is no advice for a job that left the state it was read in.
                     raise self._moved_on(key, seen, "resent")
+                # "sent" on the version that holds this search (else the one decided on).
+                on = written.job.version if written.job is not None else seen
                 raise ServiceError(
                     Refusal.CONFLICT,
                     f"job {key!r} was not resent: {copies_found(found.count, found.complete)}: "
-                    f"resolve as sent ({_resolve_command(key, 'sent')})",
+                    f"resolve as sent ({_resolve_command(key, 'sent', on)})",
                 )
         at = self.ledger.clock()
         with _domain_input():
@@ -1089,8 +1100,9 @@ def resolve_as_a_person(
     return services.resolve(key, decision, note=note, by=by, expected_version=expected_version)
 
 
-def _resolve_command(key: str, decision: str) -> str:
-    return command_line("sendledger", "review", "resolve", key, "--as", decision)
+def _resolve_command(key: str, decision: str, version: int | None = None) -> str:
+    seen = () if version is None else ("--expected-version", str(version))
+    return command_line("sendledger", "review", "resolve", key, "--as", decision, *seen)
 
 
 def _require_name(by: str) -> None:
@@ -1195,6 +1207,7 @@ def _answer(job: SendJob, found: SearchResult, recorded: bool, moved: str = "") 
         moved=moved,
         found=found.count,
         complete=found.complete,
+        version=job.version,
     )
 
 
