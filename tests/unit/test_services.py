@@ -343,10 +343,13 @@ def test_cancel_after_an_attempt_names_the_state(rig: EngineRig) -> None:
     message = refused(lambda: services(rig).cancel("k1", note="", by="b"), Refusal.CONFLICT)
     assert message.startswith("job 'k1' is confirmed")
     in_review(rig, "k2", copies=0)
-    # What to do instead: a job in review is stopped by abandoning it.
+    seen = rig.job("k2").version
+    # What to do instead: a job in review is stopped by abandoning it, as it was read (a
+    # decision on what this refusal saw: refused once anyone else wrote to it).
     assert refused(lambda: services(rig).cancel("k2", note="", by="b"), Refusal.CONFLICT) == (
         "job 'k2' is in review after 1 attempt: only a job not yet attempted can be cancelled; "
-        "to send nothing more, resolve it: sendledger review resolve k2 --as abandon"
+        f"to send nothing more, resolve it: sendledger review resolve k2 --as abandon "
+        f"--expected-version {seen}"
     )
     refused(lambda: services(rig).cancel("nope", note="", by="b"), Refusal.NOT_FOUND)
 

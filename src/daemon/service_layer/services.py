@@ -898,8 +898,8 @@ class Services:
             after = f" after {count} attempt{'s' if count > 1 else ''}" if count else ""
             state = "in review" if job.state is JobState.REVIEW else job.state.value
             # What a person who wanted it stopped can still do: only a job in review waits
-            # for a decision, and abandoning it sends nothing more.
-            abandon = command_line("sendledger", "review", "resolve", key, "--as", "abandon")
+            # for a decision, and abandoning it sends nothing more; on the version read here.
+            abandon = _resolve_command(key, "abandon", job.version)
             instead = (
                 f"; to send nothing more, resolve it: {abandon}" if state == "in review" else ""
             )
