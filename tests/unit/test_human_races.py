@@ -5,14 +5,19 @@ decision, as a second door or the daemon would at that instant."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
+from html import unescape
 
 import pytest
+from fastapi.testclient import TestClient
 from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.test_api_routes import AUTH, api_context
 
+from daemon.api.app import create_app
 from daemon.cli import build_parser
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
@@ -549,3 +554,33 @@ def test_a_refused_resend_advises_sent_on_the_version_its_search_was_recorded_at
     in_review(rig, "k1", copy=True)
     message = refused(lambda: door(rig).resolve("k1", Resolution.RESEND, note="", by="alice"))
     assert f"--as sent --expected-version {rig.job('k1').version})" in message
+
+
+def test_a_resend_clicked_on_a_page_shown_before_another_resend_is_refused(
+    rig: EngineRig,
+) -> None:
+    """Alice opens the job page at 10:00 (resend offered); Bob resends it meanwhile, and
+    that attempt's request is lost too: in review again, no copy. At 10:05 Alice clicks
+    Resend on the page she was shown: the form carries the version it showed, so it is
+    refused (409, naming Bob's resend), not a third send decided on a page that no
+    longer describes the job."""
+    in_review(rig, "k1")
+    with TestClient(create_app(api_context(rig))) as client:
+        page = client.get("/ui/jobs/k1", headers=AUTH).text
+        form = re.search(r'<form[^>]*id="resolve".*?</form>', page, re.S)
+        assert form is not None
+        version = re.search(r'name="version" value="(\d+)"', form.group(0))
+        assert version is not None and int(version.group(1)) == rig.job("k1").version
+        door(rig).resolve("k1", Resolution.RESEND, note="", by="bob")
+        rig.provider.script(Scripted.lost_request())
+        rig.tick()
+        assert rig.job("k1").state is JobState.REVIEW
+        rig.clock.advance(61)
+        clicked = client.post(
+            "/ui/jobs/k1/resolve",
+            data={"as": "resend", "version": version.group(1)},
+            headers=AUTH,
+        )
+    assert clicked.status_code == 409
+    assert "resolved as resend by bob" in unescape(clicked.text)
+    assert rig.provider.sends == 2 and resolutions(rig, "k1") == ["resend"]
