@@ -58,7 +58,16 @@ from ledger.stores.index import (
     index_row,
     other_due,
 )
-from ledger.stores.keycheck import KeyChecks, digest_check, digest_secret, judge_store_key
+from ledger.stores.keycheck import (
+    SETTING,
+    KeyCheck,
+    KeyChecks,
+    StoreKeyRefused,
+    digest_check,
+    digest_secret,
+    judge_store_key,
+    refuse_unfinished_copy,
+)
 from ledger.stores.library_env import refuse_library_variables
 from ledger.stores.private_api import notify, pass_to_recorder, record
 from ledger.stores.purge import REWRITES_KWARG
@@ -207,9 +216,13 @@ class Ledger(Application[UUID]):
         clock: Clock = utcnow,
         encryption_keys: Sequence[str] = (),
         environ: Mapping[str, str] | None = None,
+        copying: bool = False,
     ) -> None:
         """`encryption_keys`: event state is compressed and encrypted with the first,
         read with any of them (`ledger.stores.cipher`); none: stored as plain JSON.
+        `copying`: the destination of `admin copy-store`, opened before its key checks
+        are there (they are the source's, copied first): nothing is judged or written at
+        open, `judge_copied_keys` judges them once copied, and an unfinished copy opens.
 
         LibraryVariableSet when `environ` (default: the process's) sets one of
         eventsourcing's own variables (`ledger.stores.library_env`)."""
@@ -239,7 +252,8 @@ class Ledger(Application[UUID]):
                     raise
                 time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
         try:
-            self._check_store_key()
+            if not copying:
+                self._check_store_key()
             if exists:
                 self._backend.upgrade()  # only a store whose key fits is changed
         except Exception as exc:
@@ -254,27 +268,39 @@ class Ledger(Application[UUID]):
 
     # -- the store's key (ledger.stores.keycheck) ---------------------------------------
 
-    def _check_store_key(self) -> None:
-        """StoreKeyRefused, before anything is written, when the configured keys do not
-        fit the store; else the store's key checks are completed (a new store's, an old
-        store's first, a new first key's)."""
-        checks = cast(KeyChecks, self.recorder)
-        cipher: KeyRingCipher | None = None
+    def _key_ring(self) -> KeyRingCipher | None:
+        """The configured key ring; None for a plain store."""
         if self.mapper.cipher is not None:  # a store with keys: the cipher is loaded
             from ledger.stores.key_ring import KeyRingCipher
 
             if isinstance(self.mapper.cipher, KeyRingCipher):
-                cipher = self.mapper.cipher
+                return self.mapper.cipher
+        return None
+
+    def judge_copied_keys(self) -> None:
+        """On a copy's destination (`copying=True`), once the source's key checks are
+        in: StoreKeyRefused when the configured keys do not fit them, else the index's
+        digests keyed as the source's are. Nothing is written: the rows are the source's."""
+        checks = cast(KeyChecks, self.recorder)
+        cipher = self._key_ring()
+        found = self._retry_locked(checks.key_checks)
+        if self._judge(found, cipher) is not None:  # the source's open wrote it: other keys
+            raise StoreKeyRefused(
+                f"{SETTING}: the keys in the file are not those {self.store.describe()} "
+                "was copied with"
+            )
+        self._digest = digest_secret(found, cipher)
+
+    def _check_store_key(self) -> None:
+        """StoreKeyRefused, before anything is written, when the configured keys do not
+        fit the store; else the store's key checks are completed (a new store's, an old
+        store's first, a new first key's). UnfinishedCopy for a copy never verified."""
+        checks = cast(KeyChecks, self.recorder)
+        cipher = self._key_ring()
         for _ in range(3):
             found = self._retry_locked(checks.key_checks)
-            add = judge_store_key(
-                found,
-                cipher,
-                where=self.store.describe(),
-                sample=self._sample_states,
-                readable=self._readable,
-                now=time.time(),
-            )
+            refuse_unfinished_copy(found, where=self.store.describe())
+            add = self._judge(found, cipher)
             if add is None:
                 secret = digest_secret(found, cipher)
                 keep = digest_check(found, cipher, secret, time.time())
@@ -303,6 +329,17 @@ class Ledger(Application[UUID]):
                 return
             # Judged again: another process may have written the store's check first.
         raise ConcurrentUpdate("the store's key checks kept changing while it was opened")
+
+    def _judge(self, found: list[KeyCheck], cipher: KeyRingCipher | None) -> KeyCheck | None:
+        """`judge_store_key` on this store's rows `found`."""
+        return judge_store_key(
+            found,
+            cipher,
+            where=self.store.describe(),
+            sample=self._sample_states,
+            readable=self._readable,
+            now=time.time(),
+        )
 
     def _sample_states(self) -> list[bytes]:
         """Stored states spread over the event log: the first, the last and seven between

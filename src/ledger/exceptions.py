@@ -24,7 +24,8 @@ so a user's program runs it without the daemon's packages.
           │    │    └── BounceRefused                    a report not recorded, and why
           │    ├── StoreRefused                          ledger/stores/url.py
           │    │    └── StoreUrlError, StoreKeyRefused, LibraryVariableSet,
-          │    │        StoreFormatNewer                  ledger/event_format.py
+          │    │        StoreFormatNewer (ledger/event_format.py),
+          │    │        UnfinishedCopy (ledger/stores/keycheck.py: a copy never verified)
           │    ├── DurationError, FileProblem, SenderRefused, PolicyLoadError   policies/
           │    ├── ConfigError                           daemon/config/config_file.py
           │    ├── IntakeError                           daemon/service_layer/intake.py
@@ -33,7 +34,8 @@ so a user's program runs it without the daemon's packages.
           │        CredentialsFileInvalid                daemon/providers/gmail.py
           ├── conflict                   kind CONFLICT (exit 3, HTTP 409)
           │    ├── KeyConflict, IdentityTaken            ledger/
-          │    └── OlderReleaseLive                      ledger/event_format.py
+          │    ├── OlderReleaseLive                      ledger/event_format.py
+          │    └── CopyRefused                           daemon/service_layer/copy_store.py
           ├── not found                  kind NOT_FOUND (exit 4, HTTP 404)
           │    └── UnknownJob                            ledger/application.py
           ├── unavailable                kind UNAVAILABLE (exit 1, HTTP 503)
@@ -45,6 +47,8 @@ so a user's program runs it without the daemon's packages.
           ├── ApiError                   its own status: daemon/api/errors.py
           └── failures                   kind None
                ├── ConcurrentUpdate                      ledger/application.py
+               ├── CopyMismatch                          daemon/service_layer/copy_store.py:
+               │                                         a copy's verification failed
                ├── RewriteFailed                         ledger/stores/purge.py
                ├── EventKeyMissing                       ledger/stores/cipher.py
                ├── ProviderError                         daemon/providers/outcomes.py

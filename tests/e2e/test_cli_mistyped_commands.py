@@ -20,7 +20,10 @@ def test_a_mistyped_command_is_answered_with_the_close_match(cli: Any) -> None:
 def test_a_word_close_to_no_command_lists_them_all(cli: Any) -> None:
     result = cli.run("admin", "xyzzy")
     assert result.code == 2, result.stderr
-    one_error_line(result, "admin xyzzy: no such command; one of: rebuild-index, new-key, purge")
+    one_error_line(
+        result,
+        "admin xyzzy: no such command; one of: rebuild-index, new-key, purge, copy-store",
+    )
 
 
 def test_a_command_group_alone_lists_its_commands(cli: Any) -> None:

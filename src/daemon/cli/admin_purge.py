@@ -80,7 +80,7 @@ def cmd_admin_purge(args: argparse.Namespace) -> int:
         def progress(count: int) -> None:
             print(f"... {count} jobs purged", file=sys.stderr, flush=True)
 
-        with _ctrl_c_between_jobs() as asked:
+        with ctrl_c_between_steps() as asked:
             result = ledger.purge_settled(
                 before, by=by, rule=rule, progress=progress, stop=lambda: bool(asked)
             )
@@ -95,7 +95,7 @@ def cmd_admin_purge(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _ctrl_c_between_jobs() -> Iterator[list[int]]:
+def ctrl_c_between_steps() -> Iterator[list[int]]:
     """A Ctrl-C ends a purge by age after the job it is purging (each is one transaction),
     so the command can say how many it purged: a KeyboardInterrupt raised inside the
     purge said nothing. The list it yields holds the signal once asked; a second Ctrl-C
@@ -181,4 +181,4 @@ def _report(args: argparse.Namespace, result: PurgeResult, before: datetime | No
     print(line)
 
 
-__all__ = ["cmd_admin_purge", "register"]
+__all__ = ["cmd_admin_purge", "ctrl_c_between_steps", "register"]

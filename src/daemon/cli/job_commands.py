@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from daemon.cli import admin_purge, output
+from daemon.cli import admin_copy, admin_purge, output
 from daemon.cli.parsers import add_command, login_name
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
@@ -58,6 +58,7 @@ def register(sub: Any) -> None:
     add_command(admin, "rebuild-index", cmd_rebuild_index, "recreate the job index from the events")
     add_command(admin, "new-key", _cmd_new_key, "print a fresh store encryption key")
     admin_purge.register(admin)
+    admin_copy.register(admin)
 
 
 # -- submit -------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import hashlib
 import os
 import struct
@@ -151,6 +152,40 @@ def _lock_inode(store_path: Path, name: str, where: str) -> int | None:
     return fd
 
 
+def names_held(store_path: Path) -> bool:
+    """Whether a live process holds a daemon name on the SQLite store at `store_path`,
+    whichever name: asked without taking one (`admin copy-store` refuses a store a
+    daemon writes to). The names' bytes of the store file are tested for a lock
+    (F_OFD_GETLK over all of them), then the `flock`s beside it, each tried shared and
+    let go at once. A file system without record locks answers by the flocks alone."""
+    if _OFD_LOCKS:
+        request = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, _NAME_BYTES, 1 << 48, 0)
+        request += bytes(32 - len(request))
+        fd = os.open(store_path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, request)
+        except OSError as exc:
+            if exc.errno not in _NO_RECORD_LOCKS:
+                raise
+        else:
+            if struct.unpack_from("@h", answer)[0] != fcntl.F_UNLCK:
+                return True
+        finally:
+            os.close(fd)
+    for path in store_path.parent.glob(f"{glob.escape(store_path.name)}.daemon-*.lock"):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # the shared lock, if taken, goes with it
+    return False
+
+
 _memory_names: set[tuple[str, str]] = set()
 _memory_lock = threading.Lock()
 
@@ -179,4 +214,5 @@ __all__ = [
     "IdentityTaken",
     "MemoryIdentityLock",
     "name_digest",
+    "names_held",
 ]

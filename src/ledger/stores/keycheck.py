@@ -19,6 +19,14 @@ spread between) and then writes the `store` row; a store with no events simply g
 Two processes creating a store at once insert the same `store` row id: one wins, and the
 other is judged against it. docs/configuration.md "Stored mail: file modes, encryption, daemon
 names".
+
+The same table holds the two rows of a copy (`sendledger admin copy-store`,
+`daemon/service_layer/copy_store.py`), kinds the judgement above never reads:
+`copy-started`, written before the copy's first event, and `copy-finished`, once it was
+verified. A store with the first and not the second is an unfinished copy: refused at
+every open (`refuse_unfinished_copy`), so no daemon runs on half a ledger. A row, not a
+table of its own: every release opens this table before anything else, and an earlier
+release ignores kinds it does not know.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ CHECK_TEXT = b"sendledger store key check v1"
 #: Keeps the digest secret apart from any other use of the key.
 DIGEST_CONTEXT = b"sendledger index digest v1\0"
 SETTING = "store.encryption_key_file"
+#: The rows of a copy (`admin copy-store`): its start, then its verified end.
+COPY_STARTED = "copy-started"
+COPY_FINISHED = "copy-finished"
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,30 @@ class KeyChecks(Protocol):
 
 class StoreKeyRefused(StoreRefused):
     """The key file does not fit the store: nothing was written."""
+
+
+class UnfinishedCopy(StoreRefused):
+    """The store is a copy that `admin copy-store` began and never verified: nothing may
+    use it (its events stop part-way through the source's)."""
+
+
+def unfinished_copy(checks: Sequence[KeyCheck]) -> KeyCheck | None:
+    """The `copy-started` row of a copy not yet finished, else None."""
+    kinds = {check.kind: check for check in checks}
+    if COPY_FINISHED in kinds:
+        return None
+    return kinds.get(COPY_STARTED)
+
+
+def refuse_unfinished_copy(checks: Sequence[KeyCheck], *, where: str) -> None:
+    """UnfinishedCopy when the store's rows say it is a copy left unfinished."""
+    started = unfinished_copy(checks)
+    if started is not None:
+        source = started.value.decode("utf-8", "replace")
+        raise UnfinishedCopy(
+            f"{where} is an unfinished copy of {source} (admin copy-store was stopped before "
+            "it verified it): nothing may use it; empty it and copy again"
+        )
 
 
 def judge_store_key(
@@ -237,6 +272,8 @@ class SqlKeyChecks:
 __all__ = [
     "AES_256_GCM",
     "CHECK_TEXT",
+    "COPY_FINISHED",
+    "COPY_STARTED",
     "DIGEST_SECRET",
     "KEY_TABLE",
     "PLAINTEXT",
@@ -245,7 +282,10 @@ __all__ = [
     "KeyChecks",
     "SqlKeyChecks",
     "StoreKeyRefused",
+    "UnfinishedCopy",
     "digest_check",
     "digest_secret",
     "judge_store_key",
+    "refuse_unfinished_copy",
+    "unfinished_copy",
 ]

@@ -1,0 +1,93 @@
+"""`sendledger admin copy-store` (docs/operations.md "Moving to PostgreSQL"): what a copy
+carries is `daemon/service_layer/copy_store.py`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from daemon.cli import output
+from daemon.cli.admin_purge import ctrl_c_between_steps
+from daemon.cli.parsers import add_command
+from daemon.config.store_section import encryption_keys
+from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK, bad_input
+from daemon.from_settings import open_ledger, store_settings_for
+from ledger.stores.url import MemoryStore, StoreUrlError, parse_store_url
+
+#: Seconds between two progress lines of a copy.
+PROGRESS_EVERY = 2.0
+
+
+def register(admin: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = add_command(
+        admin,
+        "copy-store",
+        cmd_copy_store,
+        "copy every event of the store into an empty one, rebuild its index, verify it "
+        "(docs/operations.md 'Moving to PostgreSQL')",
+    )
+    p.add_argument(
+        "--to",
+        required=True,
+        metavar="URL",
+        help="the empty destination store, e.g. postgresql://user:pw@host:5432/db",
+    )
+
+
+def cmd_copy_store(args: argparse.Namespace) -> int:
+    from daemon.service_layer.copy_store import copy_store
+
+    settings = store_settings_for(args.config)
+    try:
+        destination = parse_store_url(args.to, base_dir=settings.base_dir)
+    except StoreUrlError as exc:
+        raise bad_input(f"--to: {exc}") from None
+    if isinstance(destination, MemoryStore):
+        raise bad_input("--to: a memory:// store ends with this command: sqlite or postgresql")
+    keys = encryption_keys(settings)
+    shown = [0.0]
+
+    def progress(copied: int, total: int) -> None:
+        now = time.monotonic()
+        if now - shown[0] >= PROGRESS_EVERY:
+            shown[0] = now
+            print(f"... {copied} of {total} events copied", file=sys.stderr, flush=True)
+
+    with (
+        open_ledger(settings, create=False) as source,
+        ctrl_c_between_steps() as asked,
+    ):
+        result = copy_store(
+            source,
+            destination,
+            encryption_keys=keys,
+            progress=progress,
+            stop=lambda: bool(asked),
+        )
+    if not result.finished:
+        output.error(
+            f"interrupted: {result.events} of {result.total} events copied; "
+            f"{result.destination} is marked an unfinished copy, which nothing opens: empty "
+            "it (remove the SQLite file, or drop the PostgreSQL schema) and copy again"
+        )
+        return EXIT_INTERRUPTED
+    if args.json:
+        print(output.dumps(result.as_dict()))
+        return EXIT_OK
+    print(
+        f"copied {result.events} events from {result.source} to {result.destination} "
+        f"in {result.seconds:.1f}s"
+    )
+    print(
+        f"verified: each of the {result.aggregates} aggregates has the same event count and "
+        "last version on both sides, every event the same bytes in the same order"
+    )
+    print(
+        f"index rebuilt: {result.jobs} jobs; webhook positions copied: {result.webhooks}; "
+        f"point store.url at {result.destination} before a daemon starts"
+    )
+    return EXIT_OK
+
+
+__all__ = ["cmd_copy_store", "register"]

@@ -1,0 +1,304 @@
+"""`sendledger admin copy-store`: the configured store's whole ledger into an empty store
+(SQLite to PostgreSQL, say), as stored, then verified (docs/operations.md "Moving to
+PostgreSQL").
+
+What a daemon needs to carry on, table by table, and what the copy does with it:
+
+- the events (and the provider handles', which are events too): copied as stored, the
+  bytes of each (an encrypted store's stay encrypted under the same key), with their
+  originator ids, versions and topics, in notification order. The destination numbers
+  them itself: its ids follow the same order, from 1 on an empty store;
+- the key checks (`ledger/stores/keycheck.py`): copied before any event, so the
+  destination opens with the source's key file and digests the index's mailboxes alike;
+- the job index: rebuilt from the copied events on the destination (it is a pure function
+  of them), not copied;
+- the webhook positions: copied, each moved to the destination's id of the last event it
+  had handled (found by the verification's walk), so no event is skipped or delivered
+  twice; their counts of deliveries and their last error start afresh;
+- the loaded policies, the scope leases and the daemons sharing them: left behind. They are
+  rows of running servers, and none runs on the source (refused); the destination's
+  daemons write their own as they start;
+- daemon names: locks of live processes, never stored.
+
+A copy taken while a daemon writes would be a fork: the daemon's later sends would be
+known to one store only. So the source must have no live server (`running_on`), and the
+destination must be empty. The destination is marked `copy-started` before its first
+event and `copy-finished` once verified; until then no Ledger opens it, nor a second copy
+(`ledger/stores/keycheck.py: refuse_unfinished_copy`): an interrupted copy is emptied (the
+file removed, the schema dropped) and run again, never resumed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from itertools import zip_longest
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import StoredEvent
+
+from ledger.application import Ledger
+from ledger.display import iso
+from ledger.exceptions import Refusal, SendledgerError
+from ledger.stores.identity import names_held
+from ledger.stores.keycheck import (
+    COPY_FINISHED,
+    COPY_STARTED,
+    KeyCheck,
+    KeyChecks,
+    refuse_unfinished_copy,
+)
+from ledger.stores.url import PostgresStore, SqliteStore, StoreSpec, StoreUrlError
+
+#: Events read and written per transaction.
+PAGE = 500
+#: Past every notification id: the upper bound of a read to the end of the log.
+_END = 1 << 62
+_MARKERS = frozenset({COPY_STARTED, COPY_FINISHED})
+
+
+class CopyRefused(SendledgerError):
+    """The copy cannot be made between these stores now; nothing was written to the
+    destination."""
+
+    kind = Refusal.CONFLICT
+
+
+class CopyMismatch(SendledgerError):
+    """The verification found the destination's events other than the source's: it stays
+    an unfinished copy."""
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    source: str
+    destination: str
+    events: int  # copied
+    total: int  # the source's last notification id when the copy began
+    aggregates: int  # jobs and provider handles, each with the same count and last version
+    jobs: int  # index rows rebuilt
+    webhooks: int  # positions copied
+    seconds: float
+    finished: bool  # False: interrupted, the destination marked unfinished
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def where(spec: StoreSpec) -> str:
+    """The store as an operator names it, without its password, with its schema."""
+    if isinstance(spec, PostgresStore) and spec.schema != "public":
+        return f"{spec.describe()}?schema={spec.schema}"
+    return spec.describe()
+
+
+def same_store(a: StoreSpec, b: StoreSpec) -> bool:
+    if isinstance(a, SqliteStore) and isinstance(b, SqliteStore):
+        if a.path.exists() and b.path.exists():
+            return a.path.samefile(b.path)
+        return a.path.resolve() == b.path.resolve()
+    if isinstance(a, PostgresStore) and isinstance(b, PostgresStore):
+        return (a.host, a.port, a.dbname, a.schema) == (b.host, b.port, b.dbname, b.schema)
+    return a == b
+
+
+def running_on(ledger: Ledger, now: Callable[[], float] = time.time) -> list[str]:
+    """What runs on the store: each server whose loaded-policy heartbeat is live (a
+    daemon or `sendledger api`, `ledger/stores/loaded_policies.py`), and on SQLite any
+    daemon name held on the file (`ledger/stores/identity.py: names_held`)."""
+    rows = ledger.loaded_policies()
+    at = rows.now()
+    found = [
+        f"{row.kind} {row.name!r} (heartbeat until {iso(row.seen_until)})"
+        for row in rows.live(now() if at is None else at)
+    ]
+    if isinstance(ledger.store, SqliteStore) and names_held(ledger.store.path):
+        found.append("a daemon holding its daemon.name on the store file")
+    return found
+
+
+def copy_store(
+    source: Ledger,
+    destination: StoreSpec,
+    *,
+    encryption_keys: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+    stop: Callable[[], bool] = lambda: False,
+    page: int = PAGE,
+    clock: Callable[[], float] = time.time,
+) -> CopyResult:
+    """Copy `source` into the empty store `destination` (opened with the source's
+    `encryption_keys`), rebuild its index, verify it, copy the webhook positions, and
+    mark it finished. `progress(copied, total)` hears every page; `stop()` asked between
+    pages ends the copy early (`finished` False, the destination marked unfinished).
+
+    CopyRefused (nothing written) when something runs on either store, or the
+    destination holds events or another store's keys; UnfinishedCopy when it is an
+    unfinished copy, StoreUrlError when it is the source (bad input, nothing written);
+    CopyMismatch when the verification fails."""
+    started = time.monotonic()
+    if same_store(source.store, destination):
+        raise StoreUrlError(f"--to names the configured store itself ({where(destination)})")
+    busy = running_on(source, clock)
+    if busy:
+        raise CopyRefused(
+            f"{where(source.store)} is in use by {'; '.join(busy)}: stop it first (a copy "
+            "taken while a daemon writes would be a fork: its later sends known to one "
+            "store only)"
+        )
+    total = int(source.recorder.max_notification_id() or 0)
+    source_checks = _checks(source).key_checks()
+    target = Ledger(destination, encryption_keys=encryption_keys, copying=True)
+    try:
+        _refuse_unless_empty(target, source_checks, clock)
+        rows = _checks(target)
+        # First the mark, so that no Ledger opens what follows until it is verified.
+        mark = KeyCheck(COPY_STARTED, COPY_STARTED, where(source.store).encode(), clock())
+        rows.add_key_check(mark)
+        for check in source_checks:
+            if check.kind not in _MARKERS:
+                rows.add_key_check(check)
+        target.judge_copied_keys()  # before the events: keys that do not fit copy nothing
+        copied = 0
+        interrupted = CopyResult(
+            where(source.store), where(destination), 0, total, 0, 0, 0, 0.0, finished=False
+        )
+        for batch in _pages(source, page):
+            if stop():
+                return replace(interrupted, events=copied, seconds=time.monotonic() - started)
+            target.recorder.insert_events([_as_stored(n) for n in batch])
+            copied += len(batch)
+            if progress is not None:
+                progress(copied, total)
+        if stop():  # before the rebuild and the walk, which take as long again
+            return replace(interrupted, events=copied, seconds=time.monotonic() - started)
+        jobs = target.rebuild_index()
+        webhooks = source.positions().read_all()
+        aggregates, moved = _verify(source, target, page, [row.position for row in webhooks])
+        if webhooks:
+            positions = target.positions()
+            positions.ensure()
+            for row in webhooks:
+                positions.force(row.name, moved[row.position], clock(), expected=0)
+        rows.add_key_check(
+            KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
+        )
+    finally:
+        target.close()
+    return CopyResult(
+        where(source.store),
+        where(destination),
+        copied,
+        total,
+        aggregates,
+        jobs,
+        len(webhooks),
+        time.monotonic() - started,
+        finished=True,
+    )
+
+
+def _checks(ledger: Ledger) -> KeyChecks:
+    # Each backend's recorder keeps the key checks (`ledger/stores/keycheck.py`).
+    recorder: Any = ledger.recorder
+    return recorder  # type: ignore[no-any-return]
+
+
+def _refuse_unless_empty(target: Ledger, source_checks: list[KeyCheck], clock: Any) -> None:
+    name = where(target.store)
+    found = _checks(target).key_checks()
+    refuse_unfinished_copy(found, where=name)  # as every open does: bad input
+    events = int(target.recorder.max_notification_id() or 0)
+    if events:
+        raise CopyRefused(
+            f"{name} holds events (its last notification id is {events}): a copy goes into "
+            "an empty store only"
+        )
+    busy = running_on(target, clock)
+    if busy:
+        raise CopyRefused(f"{name} is in use by {'; '.join(busy)}: stop it first")
+    ours = {(c.check_id, c.kind, c.value) for c in source_checks}
+    foreign = [c.check_id for c in found if (c.check_id, c.kind, c.value) not in ours]
+    if foreign:
+        raise CopyRefused(
+            f"{name} has key checks of another store ({', '.join(sorted(foreign))}): a copy "
+            "goes into an empty store only"
+        )
+
+
+def _pages(ledger: Ledger, page: int) -> Iterator[list[Any]]:
+    """The whole event log, a page at a time, in notification order."""
+    position = 0
+    while True:
+        batch = ledger.log_after(position, _END, page, ())
+        if not batch:
+            return
+        yield batch
+        position = batch[-1].id
+
+
+def _events(ledger: Ledger, page: int) -> Iterator[Any]:
+    for batch in _pages(ledger, page):
+        yield from batch
+
+
+def _uuid(value: UUID | str) -> UUID:
+    return value if isinstance(value, UUID) else UUID(str(value))
+
+
+def _as_stored(notification: Any) -> StoredEvent:
+    return StoredEvent(
+        originator_id=_uuid(notification.originator_id),
+        originator_version=notification.originator_version,
+        topic=notification.topic,
+        state=bytes(notification.state),
+    )
+
+
+def _verify(
+    source: Ledger, target: Ledger, page: int, positions: Sequence[int]
+) -> tuple[int, dict[int, int]]:
+    """Walk both logs side by side: every event the same (originator, version, topic,
+    stored bytes) in the same order, and each aggregate's event count and last version
+    the same on both sides. The number of aggregates, and for each of the source's
+    webhook `positions` the destination's id of the last event at or before it (0: none)."""
+    tallies: tuple[dict[UUID, list[int]], dict[UUID, list[int]]] = ({}, {})
+    moved = dict.fromkeys(positions, 0)
+    for place, (ours, theirs) in enumerate(
+        zip_longest(_events(source, page), _events(target, page)), start=1
+    ):
+        if ours is None or theirs is None:
+            longer = "source" if theirs is None else "destination"
+            raise CopyMismatch(
+                f"the {longer} holds more events than the other from event {place} on: the "
+                "source changed while it was copied (nothing may write to it meanwhile)"
+            )
+        if _as_stored(ours) != _as_stored(theirs):
+            raise CopyMismatch(
+                f"event {place} differs: {ours.originator_id} v{ours.originator_version} in "
+                f"the source, {theirs.originator_id} v{theirs.originator_version} copied"
+            )
+        for side, event in zip(tallies, (ours, theirs), strict=True):
+            count = side.setdefault(_uuid(event.originator_id), [0, 0])
+            count[0] += 1
+            count[1] = max(count[1], event.originator_version)
+        for position in moved:  # a webhook or two: a loop, not a search
+            if ours.id <= position:
+                moved[position] = theirs.id
+    if tallies[0] != tallies[1]:  # cannot differ when every event is equal: said, not assumed
+        raise CopyMismatch("the aggregates' event counts or last versions differ")
+    return len(tallies[0]), moved
+
+
+__all__ = [
+    "PAGE",
+    "CopyMismatch",
+    "CopyRefused",
+    "CopyResult",
+    "copy_store",
+    "running_on",
+    "same_store",
+    "where",
+]

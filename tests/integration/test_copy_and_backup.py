@@ -1,0 +1,116 @@
+"""Moving a store, on real files and a real PostgreSQL (daemon/service_layer/copy_store.py;
+docs/operations.md "Moving to PostgreSQL"): an encrypted SQLite store copied into
+PostgreSQL reads there as it did; a PostgreSQL log with gaps keeps its webhooks in place;
+a daemon name held on the source refuses the copy."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.test_ledger_store import SENDER, content
+
+from daemon.service_layer.copy_store import CopyRefused, copy_store
+from ledger.application import KeyConflict, Ledger
+from ledger.decision_types import Confirm, Review
+from ledger.job import SendJob
+from ledger.stores.cipher import new_key
+from ledger.stores.identity import FileIdentityLock
+from ledger.stores.index import IndexRow
+from ledger.stores.url import parse_store_url
+from ledger.vocabulary import EscalationReason, JobState, PolicyRef
+
+AT = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+POLICY = PolicyRef("receipts", "sha256:00")
+
+
+def at() -> datetime:
+    return AT
+
+
+def fill(ledger: Ledger, count: int) -> None:
+    """`count` jobs: requested, attempted, confirmed and in review in turn; a handle."""
+    for i in range(count):
+        ledger.submit(content(f"job-{i}", body=f"Body {i}"), SENDER)
+        if i % 4 == 0:
+            continue
+
+        def step(job: SendJob, i: int = i) -> None:
+            if i % 4 == 3:
+                job.escalate(Review(POLICY, EscalationReason.UNKNOWN_OUTCOME), detail="t", at=AT)
+                return
+            job.claim(provider="gmail", deadline=AT + timedelta(minutes=1), at=AT, daemon="d1")
+            if i % 4 == 2:
+                job.record_response(provider_message_id=f"gm-{i}", decision=Confirm(POLICY), at=AT)
+
+        ledger.update(f"job-{i}", step)
+    ledger.mark_handle("gmail", lambda handle: None)
+
+
+def log(ledger: Ledger) -> list[tuple[Any, ...]]:
+    return [
+        (str(n.originator_id), n.originator_version, n.topic, bytes(n.state))
+        for n in ledger.log_after(0, 1 << 62, 1 << 20, ())
+    ]
+
+
+def index(ledger: Ledger) -> list[IndexRow]:
+    return [dataclasses.replace(row, written_at=0.0) for row in ledger.jobs()]
+
+
+@pytest.mark.postgres
+def test_an_encrypted_sqlite_store_reads_the_same_in_postgresql(
+    tmp_path: Path, pg_url: str
+) -> None:
+    key = new_key()
+    with Ledger(f"sqlite:///{tmp_path}/a.sqlite", clock=at, encryption_keys=[key]) as source:
+        fill(source, 40)
+        source.positions().force("crm", 30, time.time(), expected=0)
+        result = copy_store(source, parse_store_url(pg_url), encryption_keys=[key], page=7)
+        assert result.finished and result.events == len(log(source)) == result.total
+        with Ledger(pg_url, encryption_keys=[key]) as target:
+            assert log(target) == log(source)  # the same bytes: encrypted as they were
+            assert index(target) == index(source)
+            assert target.get_job("job-2").state is JobState.CONFIRMED
+            assert [(p.name, p.position) for p in target.positions().read_all()] == [("crm", 30)]
+        with pytest.raises(CopyRefused, match="holds events"):
+            copy_store(source, parse_store_url(pg_url), encryption_keys=[key])
+
+
+@pytest.mark.postgres
+def test_webhooks_keep_their_place_past_the_gaps_of_a_postgresql_log(
+    tmp_path: Path, pg_url: str
+) -> None:
+    with Ledger(pg_url, clock=at) as source:
+        fill(source, 3)
+        for _ in range(3):  # a refused insert takes an id from the sequence: a gap
+            with pytest.raises(KeyConflict):
+                source.submit(content("job-0", body="other"), SENDER)
+        source.submit(content("after-gap"), SENDER)
+        ids = [n.id for n in source.log_after(0, 1 << 62, 1000, ())]
+        assert ids[-1] > len(ids)  # the gaps are there
+        source.positions().force("crm", ids[-1] - 1, time.time(), expected=0)
+        target_url = f"sqlite:///{tmp_path}/b.sqlite"
+        copy_store(source, parse_store_url(target_url))
+        with Ledger(target_url) as target:
+            # Every event but the last handled, as in the source: numbered 1.. without gaps.
+            assert target.positions().read_all()[0].position == len(ids) - 1
+            assert log(target) == log(source)
+
+
+def test_a_daemon_name_held_on_the_source_refuses_the_copy(tmp_path: Path) -> None:
+    store = tmp_path / "a.sqlite"
+    with Ledger(f"sqlite:///{store}", clock=at) as source:
+        fill(source, 2)
+        lock = FileIdentityLock(store, "host-a")  # what a running daemon holds
+        try:
+            with pytest.raises(CopyRefused, match=r"holding its daemon.name .* fork"):
+                copy_store(source, parse_store_url(f"sqlite:///{tmp_path}/b.sqlite"))
+        finally:
+            lock.release()
+        assert not (tmp_path / "b.sqlite").exists()  # nothing written
+        copy_store(source, parse_store_url(f"sqlite:///{tmp_path}/b.sqlite"))

@@ -1,0 +1,249 @@
+"""`admin copy-store` on memory stores (daemon/service_layer/copy_store.py): every event as
+stored, the index rebuilt alike, the webhook positions carried; the refusals (a live server
+on the source, a destination that holds events, an unfinished copy) write nothing; an
+interrupted copy is refused by every open and by a second copy. SQLite to PostgreSQL is
+tests/integration/test_copy_and_backup.py, the command itself tests/e2e/test_cli_copy_store.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daemon.service_layer.copy_store import CopyRefused, copy_store, running_on
+from daemon.service_layer.loaded import LIVE_SECONDS
+from ledger.application import Ledger, Sender
+from ledger.content import parse_job
+from ledger.decision_types import Confirm, Review
+from ledger.job import SendJob
+from ledger.stores.index import IndexRow
+from ledger.stores.keycheck import COPY_FINISHED, COPY_STARTED, UnfinishedCopy
+from ledger.stores.loaded_policies import DAEMON, LoadedPolicies
+from ledger.stores.memory import discard_memory_store
+from ledger.stores.url import MemoryStore, StoreUrlError
+from ledger.vocabulary import EscalationReason, PolicyRef
+
+POLICY = PolicyRef("receipts", "sha256:00")
+SENDER = Sender("Support <support@example.com>", "mail.example.com", POLICY)
+AT = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+#: What each job of a history goes through after its request.
+STEPS = ("requested", "attempted", "confirmed", "review")
+
+
+def at() -> datetime:
+    """Every store's clock: the jobs' steps are taken at it."""
+    return AT
+
+
+@pytest.fixture
+def stores() -> Iterator[tuple[str, str]]:
+    names = (f"copy-a-{uuid.uuid4().hex[:8]}", f"copy-b-{uuid.uuid4().hex[:8]}")
+    yield names
+    for name in names:
+        discard_memory_store(name)
+
+
+def fill(ledger: Ledger, steps: list[str]) -> None:
+    """One job per step, each taken that far, and a provider handle."""
+    ledger.submit_many(
+        [
+            (
+                parse_job(
+                    {
+                        "channel": "receipts",
+                        "key": f"job-{i}",
+                        "to": f"customer{i}@example.net",
+                        "subject": f"Receipt {i}",
+                        "body": "Thanks",
+                    }
+                ),
+                SENDER,
+            )
+            for i in range(len(steps))
+        ]
+    )
+    for i, step in enumerate(steps):
+        if step != "requested":
+            ledger.update(f"job-{i}", lambda j, step=step: take(j, step))  # type: ignore[misc]
+    ledger.mark_handle("gmail", lambda handle: None)
+
+
+def take(job: SendJob, step: str) -> None:
+    if step == "review":
+        job.escalate(Review(POLICY, EscalationReason.UNKNOWN_OUTCOME), detail="t", at=AT)
+        return
+    job.claim(provider="gmail", deadline=AT + timedelta(minutes=1), at=AT, daemon="d1")
+    if step == "confirmed":
+        job.record_response(provider_message_id=f"gm-{job.key}", decision=Confirm(POLICY), at=AT)
+
+
+def log(ledger: Ledger) -> list[tuple[Any, ...]]:
+    """Every event as stored, in notification order, without the ids the store gave."""
+    return [
+        (str(n.originator_id), n.originator_version, n.topic, n.state)
+        for n in ledger.log_after(0, 1 << 62, 1 << 20, ())
+    ]
+
+
+def index(ledger: Ledger) -> list[IndexRow]:
+    # `written_at` is when the row was written: the rebuild's time on a copy.
+    return [dataclasses.replace(row, written_at=0.0) for row in ledger.jobs()]
+
+
+def test_every_event_is_copied_as_stored_and_the_index_rebuilt_alike(
+    stores: tuple[str, str],
+) -> None:
+    source_name, target_name = stores
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        fill(source, list(STEPS) * 3)
+        heard: list[tuple[int, int]] = []
+        result = copy_store(
+            source,
+            MemoryStore(target_name),
+            page=5,
+            progress=lambda copied, total: heard.append((copied, total)),
+        )
+        with Ledger(f"memory://{target_name}") as target:
+            assert log(target) == log(source)
+            assert index(target) == index(source)
+            assert target.handle("gmail") is not None
+            assert {c.kind for c in target.recorder.key_checks()} >= {  # type: ignore[attr-defined]
+                COPY_STARTED,
+                COPY_FINISHED,
+            }
+    assert result.finished and result.jobs == 12 and result.aggregates == 13
+    assert heard[-1] == (result.events, result.total) and heard[0][0] == 5
+
+
+def test_a_webhook_keeps_its_place_in_the_log(stores: tuple[str, str]) -> None:
+    source_name, target_name = stores
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        fill(source, ["requested", "confirmed"])
+        positions = source.positions()
+        positions.force("crm", 3, time.time(), expected=0)
+        positions.force("audit", 0, time.time(), expected=0)
+        result = copy_store(source, MemoryStore(target_name))
+        with Ledger(f"memory://{target_name}") as target:
+            moved = {row.name: row.position for row in target.positions().read_all()}
+    assert moved == {"crm": 3, "audit": 0} and result.webhooks == 2
+
+
+def test_a_source_a_server_runs_on_is_refused_and_nothing_is_written(
+    stores: tuple[str, str],
+) -> None:
+    source_name, target_name = stores
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        fill(source, ["requested"])
+        now = time.time()
+        source.loaded_policies().write(LoadedPolicies("host-a", DAEMON, now, now + LIVE_SECONDS))
+        assert running_on(source) == [
+            f"daemon 'host-a' (heartbeat until {_iso(now + LIVE_SECONDS)})"
+        ]
+        with pytest.raises(CopyRefused, match=r"in use by daemon 'host-a'.*fork"):
+            copy_store(source, MemoryStore(target_name))
+        # A row whose heartbeat ended (a daemon killed -9 a minute ago) runs nothing.
+        source.loaded_policies().write(LoadedPolicies("host-a", DAEMON, now, now - 1))
+        assert running_on(source) == []
+    with Ledger(f"memory://{target_name}", copying=True) as target:
+        assert target.recorder.max_notification_id() in (None, 0)
+        assert target.recorder.key_checks() == []  # type: ignore[attr-defined]
+
+
+def test_a_destination_that_holds_events_is_refused_and_left_as_it_was(
+    stores: tuple[str, str],
+) -> None:
+    source_name, target_name = stores
+    with (
+        Ledger(f"memory://{source_name}", clock=at) as source,
+        Ledger(f"memory://{target_name}", clock=at) as other,
+    ):
+        fill(source, ["requested"])
+        fill(other, ["confirmed"])
+        before = (log(other), other.recorder.key_checks())  # type: ignore[attr-defined]
+        with pytest.raises(CopyRefused, match=r"holds events .* an empty store only"):
+            copy_store(source, MemoryStore(target_name))
+        assert (log(other), other.recorder.key_checks()) == before  # type: ignore[attr-defined]
+        with pytest.raises(StoreUrlError, match="names the configured store itself"):
+            copy_store(source, MemoryStore(source_name))
+
+
+def test_an_interrupted_copy_is_opened_by_nothing_and_refused_by_a_second_copy(
+    stores: tuple[str, str],
+) -> None:
+    source_name, target_name = stores
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        fill(source, ["requested"] * 6)
+        pages: list[int] = []
+        result = copy_store(
+            source,
+            MemoryStore(target_name),
+            page=2,
+            progress=lambda copied, total: pages.append(copied),
+            stop=lambda: len(pages) >= 1,
+        )
+        assert not result.finished and result.events == 2
+        with pytest.raises(UnfinishedCopy, match=f"unfinished copy of memory://{source_name}"):
+            Ledger(f"memory://{target_name}")
+        with pytest.raises(UnfinishedCopy, match="nothing may use it; empty it and copy again"):
+            copy_store(source, MemoryStore(target_name))
+
+
+def test_a_copy_refuses_keys_that_are_not_the_source_s(stores: tuple[str, str]) -> None:
+    from ledger.stores.cipher import new_key
+    from ledger.stores.keycheck import StoreKeyRefused
+
+    source_name, target_name = stores
+    key = new_key()
+    with Ledger(f"memory://{source_name}", clock=at, encryption_keys=[key]) as source:
+        fill(source, ["requested", "review"])
+        with pytest.raises(StoreKeyRefused, match="no key in the file is a key of"):
+            copy_store(source, MemoryStore(target_name), encryption_keys=[new_key()])
+        with Ledger(f"memory://{target_name}", copying=True) as refused:
+            assert refused.recorder.max_notification_id() in (None, 0)
+        discard_memory_store(target_name)
+        copy_store(source, MemoryStore(target_name), encryption_keys=[key])
+        with Ledger(f"memory://{target_name}", encryption_keys=[key]) as target:
+            assert log(target) == log(source)
+            # The index digests each mailbox with the source's secret: the same rows.
+            assert index(target) == index(source)
+
+
+@settings(max_examples=25)
+@given(
+    steps=st.lists(st.sampled_from(STEPS), max_size=8),
+    page=st.integers(min_value=1, max_value=7),
+    position=st.integers(min_value=0, max_value=30),
+)
+def test_any_history_is_copied_event_for_event(steps: list[str], page: int, position: int) -> None:
+    source_name, target_name = (f"copy-h-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    try:
+        with Ledger(f"memory://{source_name}", clock=at) as source:
+            fill(source, steps)
+            last = source.recorder.max_notification_id() or 0
+            source.positions().force("hook", min(position, last), time.time(), expected=0)
+            result = copy_store(source, MemoryStore(target_name), page=page)
+            with Ledger(f"memory://{target_name}") as target:
+                assert log(target) == log(source)
+                assert index(target) == index(source)
+                moved = target.positions().read_all()[0].position
+        # A memory store numbers its events from 1 without gaps: the same ids.
+        assert moved == min(position, last)
+        assert result.events == last and result.jobs == len(steps)
+    finally:
+        discard_memory_store(source_name)
+        discard_memory_store(target_name)
+
+
+def _iso(seconds: float) -> str:
+    from ledger.display import iso
+
+    text = iso(seconds)
+    assert text is not None
+    return text
