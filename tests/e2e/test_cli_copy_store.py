@@ -1,7 +1,7 @@
-"""`sendledger admin copy-store` through the console script (docs/operations.md "Moving to
-PostgreSQL"; docs/cli.md): exit codes, a destination that holds events refused with
-nothing written, a running daemon refused, a Ctrl-C that leaves an unfinished copy no
-command opens."""
+"""`sendledger admin copy-store` and `admin backup` through the console script
+(docs/operations.md "Moving to PostgreSQL", "Backups"; docs/cli.md): exit codes, a
+destination that holds events refused with nothing written, a running daemon refused, a
+Ctrl-C that leaves an unfinished copy no command opens, and a backup's refusals."""
 
 from __future__ import annotations
 
@@ -114,6 +114,22 @@ def test_a_ctrl_c_leaves_an_unfinished_copy_that_nothing_opens(cli: Any, tmp_pat
     assert status.code == 2 and "is an unfinished copy of sqlite:" in status.stderr
     again = cli.run("admin", "copy-store", "--to", "sqlite:///copy.sqlite")
     assert again.code == 2 and again.error_lines == status.error_lines
+
+
+def test_a_backup_and_its_refusals(cli: Any) -> None:
+    stored_jobs(cli.root / "ledger.sqlite", 3)
+    made = cli.run("admin", "backup", "backup.sqlite", "--json")
+    assert made.code == 0, made.stderr
+    assert made.json()["bytes"] == (cli.root / "backup.sqlite").stat().st_size
+    with Ledger(f"sqlite:///{cli.root / 'backup.sqlite'}") as ledger:
+        assert ledger.counts() == {"requested": 3}
+    again = cli.run("admin", "backup", "backup.sqlite")
+    assert again.code == 2 and again.error_lines == [
+        "sendledger: backup.sqlite exists: a backup never overwrites a file"
+    ]
+    cli.write_config("postgresql://u:secret@127.0.0.1:1/db")
+    postgres = cli.run("admin", "backup", "b2.sqlite")
+    assert postgres.code == 2 and "pg_dump" in postgres.stderr and "secret" not in postgres.stderr
 
 
 def test_a_running_daemon_refuses_the_copy_until_it_stops(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ def test_a_word_close_to_no_command_lists_them_all(cli: Any) -> None:
     assert result.code == 2, result.stderr
     one_error_line(
         result,
-        "admin xyzzy: no such command; one of: rebuild-index, new-key, purge, copy-store",
+        "admin xyzzy: no such command; one of: rebuild-index, new-key, purge, copy-store, backup",
     )
 
 

@@ -1,11 +1,16 @@
-"""Moving a store, on real files and a real PostgreSQL (daemon/service_layer/copy_store.py;
-docs/operations.md "Moving to PostgreSQL"): an encrypted SQLite store copied into
-PostgreSQL reads there as it did; a PostgreSQL log with gaps keeps its webhooks in place;
-a daemon name held on the source refuses the copy."""
+"""Moving a store and backing one up, on real files and a real PostgreSQL
+(daemon/service_layer/copy_store.py, ledger/stores/sqlite_backup.py; docs/operations.md
+"Moving to PostgreSQL" and "Backups"): an encrypted SQLite store copied into PostgreSQL
+reads there as it did; a PostgreSQL log with gaps keeps its webhooks in place; a daemon
+name held on the source refuses the copy; a backup taken while a writer writes is one
+consistent store; and a store restored from a backup older than its last sends searches
+the jobs it holds in flight instead of sending them again."""
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,6 +18,7 @@ from typing import Any
 
 import pytest
 from tests.integration.test_ledger_store import SENDER, content
+from tests.unit.engine_rig import DAEMON, EngineRig, claimed_by, policy
 
 from daemon.service_layer.copy_store import CopyRefused, copy_store
 from ledger.application import KeyConflict, Ledger
@@ -21,7 +27,8 @@ from ledger.job import SendJob
 from ledger.stores.cipher import new_key
 from ledger.stores.identity import FileIdentityLock
 from ledger.stores.index import IndexRow
-from ledger.stores.url import parse_store_url
+from ledger.stores.sqlite_backup import backup
+from ledger.stores.url import StoreUrlError, parse_store_url
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
 
 AT = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
@@ -114,3 +121,76 @@ def test_a_daemon_name_held_on_the_source_refuses_the_copy(tmp_path: Path) -> No
             lock.release()
         assert not (tmp_path / "b.sqlite").exists()  # nothing written
         copy_store(source, parse_store_url(f"sqlite:///{tmp_path}/b.sqlite"))
+
+
+def test_a_backup_taken_while_a_writer_writes_is_one_consistent_store(tmp_path: Path) -> None:
+    store = tmp_path / "live.sqlite"
+    written = threading.Event()
+    stop = threading.Event()
+    with Ledger(f"sqlite:///{store}") as live:
+        live.submit(content("first"), SENDER)
+
+        def write() -> None:
+            i = 0
+            while not stop.is_set():
+                live.submit(content(f"w-{i}"), SENDER)
+                i += 1
+                written.set()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            written.wait(10)
+            result = backup(parse_store_url(f"sqlite:///{store}"), tmp_path / "copy.sqlite")  # type: ignore[arg-type]
+        finally:
+            stop.set()
+            writer.join()
+        with Ledger(f"sqlite:///{tmp_path}/copy.sqlite") as copy:
+            copied = log(copy)
+            # A prefix of the live log, each job whole, and an index that is its events'.
+            assert copied == log(live)[: len(copied)] and len(copied) > 1
+            assert index(copy) == [
+                dataclasses.replace(copy.index_row(copy.get_job(row.key)), written_at=0.0)
+                for row in copy.jobs()
+            ]
+    assert result.bytes == (tmp_path / "copy.sqlite").stat().st_size
+    assert (tmp_path / "copy.sqlite").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(StoreUrlError, match="never overwrites"):
+        backup(parse_store_url(f"sqlite:///{store}"), tmp_path / "copy.sqlite")  # type: ignore[arg-type]
+
+
+def test_a_restored_stores_jobs_in_flight_are_searched_not_sent_again(tmp_path: Path) -> None:
+    """The claim is in the backup, its outcome was written after it: restored, the job is
+    an Attempted without outcome, which the daemon takes as Unknown at its start (its own
+    claim) and searches; the provider's one copy confirms it. No second send."""
+    live = tmp_path / "ledger.sqlite"
+    with EngineRig(policy("receipts"), store=f"sqlite:///{live}") as rig:
+        rig.submit("receipts", "in-flight")
+        job = claimed_by(rig.ledger, "in-flight", DAEMON)
+        rig.ledger.save_job(job)
+        rig.provider.store_copy(job.message_id)  # the provider took it; no answer yet
+        backup(parse_store_url(f"sqlite:///{live}"), tmp_path / "backup.sqlite")  # type: ignore[arg-type]
+        confirm = Confirm(policy("receipts").ref)
+        rig.ledger.update(
+            "in-flight",
+            lambda j: j.record_response(
+                provider_message_id="gm-1", decision=confirm, at=rig.clock()
+            ),
+        )
+        # Restored as docs/operations.md "Backups" says: the daemon stopped, the file replaced.
+        rig.engine.close()
+        rig.ledger.close()
+        for leftover in (live, Path(f"{live}-wal"), Path(f"{live}-shm")):
+            leftover.unlink(missing_ok=True)
+        shutil.copyfile(tmp_path / "backup.sqlite", live)
+        rig.ledger = Ledger(f"sqlite:///{live}", clock=rig.clock)
+        rig.restart()
+        assert rig.job("in-flight").state is JobState.ATTEMPTED
+        assert rig.engine.recover_own_claims().recovered == 1  # the daemon's start-up
+        assert rig.job("in-flight").state is JobState.UNKNOWN
+        for _ in range(5):
+            rig.advance_and_tick(61)
+        assert rig.job("in-flight").state is JobState.CONFIRMED
+        assert rig.copies("in-flight") == 1
+        assert rig.events("in-flight") == ["Requested", "Attempted", "Unknown", "Confirmed"]
+        assert rig.ledger.history("in-flight")[-1].via == "search"

@@ -94,11 +94,13 @@ class EngineRig:
         seed: int = 0,
         concurrency: int = 2,
         provider: Callable[[FakeClock], FakeProvider] | None = None,
+        store: str = "memory://",
     ) -> None:
         """`provider`: makes the rig's provider on its clock (default: a FakeProvider with
-        `index_lag`), before the engine is built on it."""
+        `index_lag`), before the engine is built on it. `store`: the ledger's URL (a
+        test of files gives a SQLite one)."""
         self.clock = FakeClock(datetime(2026, 11, 1, 9, 0, tzinfo=UTC))
-        self.ledger = Ledger("memory://", clock=self.clock)
+        self.ledger = Ledger(store, clock=self.clock)
         if provider is None:
             self.provider = FakeProvider("fake", clock=self.clock, index_lag=index_lag)
         else:

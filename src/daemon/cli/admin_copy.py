@@ -1,19 +1,22 @@
-"""`sendledger admin copy-store` (docs/operations.md "Moving to PostgreSQL"): what a copy
-carries is `daemon/service_layer/copy_store.py`."""
+"""`sendledger admin copy-store` and `sendledger admin backup` (docs/operations.md "Moving
+to PostgreSQL", "Backups"): what a copy carries is `daemon/service_layer/copy_store.py`,
+how a backup is taken `ledger/stores/sqlite_backup.py`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from daemon.cli import output
 from daemon.cli.admin_purge import ctrl_c_between_steps
 from daemon.cli.parsers import add_command
 from daemon.config.store_section import encryption_keys
 from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK, bad_input
-from daemon.from_settings import open_ledger, store_settings_for
-from ledger.stores.url import MemoryStore, StoreUrlError, parse_store_url
+from daemon.from_settings import open_ledger, store_settings_for, store_spec
+from ledger.stores import store_exists
+from ledger.stores.url import MemoryStore, SqliteStore, StoreUrlError, parse_store_url
 
 #: Seconds between two progress lines of a copy.
 PROGRESS_EVERY = 2.0
@@ -33,6 +36,14 @@ def register(admin: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="URL",
         help="the empty destination store, e.g. postgresql://user:pw@host:5432/db",
     )
+    p = add_command(
+        admin,
+        "backup",
+        cmd_backup,
+        "a consistent copy of a SQLite store into FILE, while the daemon runs "
+        "(docs/operations.md 'Backups')",
+    )
+    p.add_argument("file", metavar="FILE", help="the new file (never overwritten)")
 
 
 def cmd_copy_store(args: argparse.Namespace) -> int:
@@ -90,4 +101,34 @@ def cmd_copy_store(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-__all__ = ["cmd_copy_store", "register"]
+def cmd_backup(args: argparse.Namespace) -> int:
+    from ledger.stores.sqlite_backup import backup
+
+    settings = store_settings_for(args.config)
+    try:
+        spec = store_spec(settings)
+    except StoreUrlError as exc:
+        raise bad_input(f"{settings.config_path}: {exc}") from None
+    if not isinstance(spec, SqliteStore):
+        raise bad_input(
+            f"admin backup copies a SQLite store; {spec.describe()} is backed up by its "
+            "server's own tools (pg_dump)"
+        )
+    if not store_exists(spec):
+        raise bad_input(f"no store at {spec.describe()} (store.url of {settings.config_path})")
+    target = Path(args.file)
+    try:
+        result = backup(spec, target)
+    except StoreUrlError as exc:
+        raise bad_input(str(exc)) from None
+    if args.json:
+        print(output.dumps(result.as_dict()))
+    else:
+        print(
+            f"backed up {result.store} to {result.file} ({result.bytes} bytes, "
+            f"{result.seconds:.1f}s)"
+        )
+    return EXIT_OK
+
+
+__all__ = ["cmd_backup", "cmd_copy_store", "register"]

@@ -1,0 +1,74 @@
+"""`sendledger admin backup FILE`: a consistent copy of a SQLite store taken while the
+daemon runs, by SQLite's online backup API (docs/operations.md "Backups").
+
+The copy is made in one step, inside one read transaction of the store: in WAL mode a
+reader never blocks the daemon's writes, and the file holds the store as it was at one
+commit, never half of a transaction (a `cp` of the file and its -wal while a daemon
+writes can be either). The file is created private (0600) and never over an existing one;
+a copy that fails or is interrupted is removed. It is the store's bytes: an encrypted
+store's backup is encrypted with the same key, and holds the same addresses and bodies.
+
+A PostgreSQL store has its server's own tools for this (`pg_dump`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ledger.stores.index import INDEX_TABLE
+from ledger.stores.sqlite import BUSY_TIMEOUT, create_private
+from ledger.stores.url import SqliteStore, StoreUrlError
+
+
+@dataclass(frozen=True)
+class BackupResult:
+    store: str
+    file: str
+    bytes: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def backup(store: SqliteStore, target: Path) -> BackupResult:
+    """Copy `store` into the new file `target`; StoreUrlError (bad input) when `target`
+    exists or is the store itself. The copy is checked (`PRAGMA quick_check`, the job
+    index's table present) before it is reported."""
+    started = time.monotonic()
+    if target.exists() or target.is_symlink():
+        raise StoreUrlError(f"{target} exists: a backup never overwrites a file")
+    create_private(target)
+    try:
+        with (
+            contextlib.closing(sqlite3.connect(store.path, timeout=BUSY_TIMEOUT)) as source,
+            contextlib.closing(sqlite3.connect(target)) as copy,
+        ):
+            # pages=-1: every page in one step, so one read transaction: a writer
+            # committing meanwhile is not in the copy, rather than starting it over.
+            source.backup(copy, pages=-1)
+            # One file on its own: no -wal beside it to carry along.
+            copy.execute("PRAGMA journal_mode = DELETE")
+        with contextlib.closing(sqlite3.connect(target)) as copy:
+            (verdict,) = copy.execute("PRAGMA quick_check").fetchone()
+            found = copy.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (INDEX_TABLE,)
+            ).fetchone()
+        if verdict != "ok" or found is None:
+            raise StoreUrlError(f"{store.describe()}: its copy is not a sound store ({verdict})")
+    except BaseException:
+        for leftover in (target, *(Path(f"{target}{end}") for end in ("-wal", "-shm"))):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+        raise
+    return BackupResult(
+        store.describe(), str(target), target.stat().st_size, time.monotonic() - started
+    )
+
+
+__all__ = ["BackupResult", "backup"]
