@@ -92,7 +92,7 @@ def test_a_destination_that_cannot_be_one_is_bad_input(cli: Any) -> None:
 
 
 def test_a_ctrl_c_leaves_an_unfinished_copy_that_nothing_opens(cli: Any, tmp_path: Path) -> None:
-    stored_jobs(cli.root / "ledger.sqlite", 20000)
+    stored_jobs(cli.root / "ledger.sqlite", 10000)
     assert cli.server is not None
     err = tmp_path / "copy.err"
     argv = ["--config", str(cli.config), "admin", "copy-store", "--to", "sqlite:///copy.sqlite"]
@@ -104,7 +104,7 @@ def test_a_ctrl_c_leaves_an_unfinished_copy_that_nothing_opens(cli: Any, tmp_pat
     code = cli.server.exited(pid, timeout=60)[0]
     last = _text(err).splitlines()[-1]
     assert code == 130, _text(err)
-    assert last.startswith("sendledger: interrupted: ") and "of 20000 events copied" in last
+    assert last.startswith("sendledger: interrupted: ") and "of 10000 events copied" in last
     assert "marked an unfinished copy" in last
     (cli.root / "copy.toml").write_text(
         cli.config.read_text(encoding="utf-8").replace("ledger.sqlite", "copy.sqlite"),
