@@ -1086,7 +1086,7 @@ class Ledger(Application[UUID]):
         if self._loaded_policies is None:
             from ledger.stores.loaded_policies import loaded_policies_for
 
-            self._loaded_policies = loaded_policies_for(self.recorder)
+            self._loaded_policies = loaded_policies_for(self.recorder, self._backend.names_held)
         return self._loaded_policies
 
     def log_after(self, position: int, stop: int, limit: int, topics: Sequence[str]) -> list[Any]:

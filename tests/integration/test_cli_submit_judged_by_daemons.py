@@ -3,11 +3,19 @@ loaded, on SQLite and PostgreSQL (daemon/service_layer/loaded.py): a policy file
 not reloaded is refused (exit 2, one line naming the channel, nothing written), one edited
 and not reloaded is accepted with a warning, and after the reload both are as the folder
 says. Before, `submit` read the folder alone: the added channel's job was accepted and the
-daemon put it in review at once ("no policy for the channel")."""
+daemon put it in review at once ("no policy for the channel").
+
+A daemon killed -9 has loaded nothing from the moment its name is free (the lock the
+operating system or the server drops with the process), not 60 s later when its heartbeat
+runs out."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,9 +41,8 @@ def submit(config: Path, tmp_path: Path, key: str, channel: str) -> int:
     return main(["--config", str(config), "submit", str(path)])
 
 
-def test_submit_judges_by_what_the_running_daemon_loaded(
-    tmp_path: Path, store_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def folder(tmp_path: Path, store_url: str) -> tuple[Path, Path]:
+    """The policy folder (`receipts` in it) and the config of a daemon on `store_url`."""
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "receipts.toml").write_text(POLICY.format(on_unknown="review"))
@@ -45,9 +52,17 @@ def test_submit_judges_by_what_the_running_daemon_loaded(
         f'[store]\nurl = "{store_url}"\n[daemon]\npolicies_dir = "policies"\n'
         '[providers.support]\ncredentials_file = "sa.json"\n'
     )
+    return policies, config
+
+
+def test_submit_judges_by_what_the_running_daemon_loaded(
+    tmp_path: Path, store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policies, config = folder(tmp_path, store_url)
     settings = settings_for(str(config))
     with Ledger(store_url) as ledger:
         holder = PolicyHolder(lambda: load_policies(settings))
+        name = ledger.hold_identity("d1")  # as a running daemon does, before its row
         announcer = announce_policies(ledger, "d1", holder, DAEMON)
         try:
             # Added to the folder, not reloaded: refused, naming the channel.
@@ -72,6 +87,7 @@ def test_submit_judges_by_what_the_running_daemon_loaded(
             assert capsys.readouterr().err == ""
         finally:
             announcer.stop()
+            name.release()
     # No daemon running: the folder is all there is, as before.
     (policies / "letters.toml").write_text(POLICY.format(on_unknown="review"))
     assert submit(config, tmp_path, "k5", "letters") == 0
@@ -81,3 +97,60 @@ def _live_channels(ledger: Ledger) -> set[str]:
     rows = ledger.loaded_policies()
     now = rows.now()
     return {c for row in rows.live(time.time() if now is None else now) for c in row.fingerprints}
+
+
+#: A daemon as far as the rows go: holds its name, writes its row, waits to be killed.
+_DAEMON = """
+import sys, time
+from daemon.engine.policy_holder import PolicyHolder
+from daemon.from_settings import load_policies, settings_for
+from daemon.service_layer.loaded import announce_policies
+from ledger.application import Ledger
+from ledger.stores.loaded_policies import DAEMON
+
+settings = settings_for(sys.argv[1])
+ledger = Ledger(sys.argv[2])
+name = ledger.hold_identity("d1")  # kept: a lock collected is released
+announce_policies(ledger, "d1", PolicyHolder(lambda: load_policies(settings)), DAEMON)
+print("running", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_daemon_killed_stops_counting_once_its_name_is_free(
+    tmp_path: Path, store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A daemon that loaded `receipts` is killed -9 with `invoices` added to the folder:
+    its row is left, heartbeat fresh, and `invoices` is taken at once, as with no daemon
+    running. Before, it was refused naming the dead daemon for up to 60 s."""
+    policies, config = folder(tmp_path, store_url)
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", _DAEMON, str(config), store_url],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert daemon.stdout is not None and daemon.stdout.readline() == "running\n"
+        (policies / "invoices.toml").write_text(POLICY.format(on_unknown="review"))
+        assert submit(config, tmp_path, "k1", "invoices") == 2  # it runs: refused
+        capsys.readouterr()
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait(10)
+        with Ledger(store_url) as ledger:
+            rows = ledger.loaded_policies()
+            now = rows.now()
+            at = time.time() if now is None else now
+            # Its row is still there, its heartbeat fresh: only its name is gone.
+            assert rows._run(  # type: ignore[attr-defined]
+                "SELECT count(*) FROM {t} WHERE seen_until > {p}", [at]
+            ) == [(1,)]
+            assert rows.live(at) == []
+        assert submit(config, tmp_path, "k2", "invoices") == 0
+        assert capsys.readouterr().err == ""
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(10)
+        if daemon.stdout is not None:
+            daemon.stdout.close()

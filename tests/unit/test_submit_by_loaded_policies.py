@@ -5,7 +5,8 @@ with injected time.
 A file added to the folder and not reloaded: the daemon would put the job in review at
 once ("no policy for the channel"), so intake refuses it naming the channel. A file edited
 and not reloaded: accepted, with a warning (the job is sent under the loaded policy). With
-no daemon running: as before."""
+no daemon running: as before. A daemon's row counts only while its name is held (here
+the memory store's `MemoryIdentityLock`): one killed -9 has loaded nothing."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.unit.engine_rig import EngineRig, policy
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.service_layer.loaded import LIVE_SECONDS, PolicyAnnouncer, announce_policies
 from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
+from ledger.stores.identity import IdentityLock
 from ledger.stores.loaded_policies import API, DAEMON, LoadedPolicies
 from policies.loader import PolicySet
 
@@ -27,11 +29,25 @@ LEGAL = policy("legal", on_unknown="review")
 OTHER = policy("other", on_unknown="review")
 
 
+#: The daemon names each rig's tests hold, as a running daemon holds its own.
+_names: dict[int, dict[str, IdentityLock]] = {}
+
+
 @pytest.fixture
 def rig() -> Iterator[EngineRig]:
     rig = EngineRig(LEGAL, OTHER)  # the folder: legal and other
     yield rig
+    for lock in _names.pop(id(rig), {}).values():
+        lock.release()
     rig.close()
+
+
+def hold(rig: EngineRig, name: str) -> IdentityLock:
+    """The daemon `name` runs: its name is held on the rig's store."""
+    held = _names.setdefault(id(rig), {})
+    if name not in held:
+        held[name] = rig.ledger.hold_identity(name)
+    return held[name]
 
 
 def services(rig: EngineRig) -> Services:
@@ -51,6 +67,8 @@ def job(key: str, channel: str = "legal") -> dict[str, Any]:
 def loaded(rig: EngineRig, fingerprints: dict[str, str], *, name: str = "d1",
            kind: str = DAEMON) -> None:  # fmt: skip
     """A running server's row, as its announcer writes it, on the rig's clock."""
+    if kind == DAEMON:
+        hold(rig, name)
     now = rig.clock().timestamp()
     rig.ledger.loaded_policies().write(
         LoadedPolicies(name, kind, now, now + LIVE_SECONDS, fingerprints)
@@ -92,6 +110,24 @@ def test_with_no_daemon_running_the_folder_is_all_there_is(rig: EngineRig) -> No
     assert s.submit(job("k2", "other"), by="a").created
 
 
+def test_a_daemon_killed_has_loaded_nothing_once_its_name_is_free(rig: EngineRig) -> None:
+    """Killed -9, a daemon leaves its row, heartbeat still fresh, and the operating system
+    (or the server) drops its name. Before, the row counted until its heartbeat ran out
+    (`LIVE_SECONDS`): a channel added since the dead daemon loaded was refused though no
+    daemon ran, and one a live daemon loaded was warned about in the dead one's name."""
+    loaded(rig, {"legal": LEGAL.fingerprint}, name="dead")
+    loaded(rig, {"legal": LEGAL.fingerprint, "other": OTHER.fingerprint}, name="live")
+    s = services(rig)
+    assert [w for w in s.submit(job("k1", "other"), by="a").warnings if "'dead'" in w]
+    _names[id(rig)].pop("dead").release()  # kill -9: the lock goes with the process
+    submitted = s.submit(job("k2", "other"), by="a")
+    assert submitted.created and submitted.warnings == []
+    _names[id(rig)].pop("live").release()
+    # No daemon left: the folder is all there is, at once, not after the heartbeat.
+    assert s.submit(job("k3", "other"), by="a").warnings == []
+    assert rig.ledger.loaded_policies().live(rig.clock().timestamp()) == []
+
+
 def test_one_daemon_that_loaded_the_channel_is_enough_and_the_api_does_not_count(
     rig: EngineRig,
 ) -> None:
@@ -113,6 +149,7 @@ def test_the_announcer_writes_at_start_at_each_reload_and_removes_its_row_at_sto
     folder = {"legal": LEGAL}
     holder = PolicyHolder(lambda: PolicySet(dict(folder)))
     rows = rig.ledger.loaded_policies()
+    hold(rig, "d1")
     announcer = announce_policies(rig.ledger, "d1", holder, DAEMON)
     try:
         (row,) = rows.live(time.time())
@@ -199,6 +236,7 @@ def test_a_server_that_stops_leaves_the_row_of_a_process_that_took_its_name(
     """A daemon that lost its name (another process took it after a PostgreSQL restart)
     and stops removes only the row it wrote: the newcomer's stays live."""
     rows = rig.ledger.loaded_policies()
+    hold(rig, "d1")  # the newcomer's
     old = PolicyAnnouncer(rows, "d1", DAEMON, lambda: rig.policies, clock=lambda: 10.0)
     old.write()
     new = PolicyAnnouncer(rows, "d1", DAEMON, lambda: rig.policies, clock=lambda: 20.0)

@@ -33,8 +33,10 @@ log = logging.getLogger("sendledger")
 
 #: A row counts as a running server's this long after its last write. Written every third
 #: of it from a thread of its own, never from a tick: a slow tick (a provider call at its
-#: timeout) must not make a running daemon look gone. A row left by a kill -9 counts this
-#: long at most; a stop removes it at once.
+#: timeout) must not make a running daemon look gone. A stop removes the row at once; one
+#: left by a kill -9 stops counting when the daemon's name is free (its lock goes with the
+#: process: `ledger.stores.loaded_policies`), and this long at most where that cannot be
+#: asked.
 LIVE_SECONDS = 60.0
 #: How long a reload waits for its row to be written before it goes on regardless.
 REWRITE_WAIT = 2.0

@@ -13,7 +13,7 @@ imported only for a PostgreSQL spec.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from ledger.stores.identity import IdentityLock, IdentityTaken
@@ -55,6 +55,13 @@ class StoreBackend(Protocol):
     def identity_lock(self, name: str) -> IdentityLock:
         """Hold `name` for this process as long as it lives (`ledger.stores.identity`);
         IdentityTaken when another live process holds it."""
+        ...
+
+    def names_held(self, names: Collection[str]) -> set[str] | None:
+        """Which of `names` a live process holds on this store now (`identity_lock`),
+        asked without taking any; None where this process cannot tell (a file system
+        without record locks). PostgreSQL answers None here: its loaded-policy rows ask
+        the server in the statement that reads them (`ledger.stores.loaded_policies`)."""
         ...
 
     def scrub(self) -> bool:

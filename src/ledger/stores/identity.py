@@ -14,6 +14,11 @@ server drops when the holder dies, so a kill -9 never leaves a name locked:
   takes it again, and ends the daemon's own earlier session if the server still keeps
   it (a silent network);
 - memory: a set of names in the process.
+
+Whether a name is held is asked without taking it (`file_names_held`,
+`memory_names_held`; PostgreSQL's `pg_locks`, `ledger.stores.loaded_policies`): a daemon's
+loaded-policy row counts only while its name is held, so one killed -9 stops counting as
+soon as its lock is gone, and the question never makes a daemon starting meanwhile exit 3.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import os
 import struct
 import sys
 import threading
+from collections.abc import Collection
 from pathlib import Path
 from typing import Protocol
 
@@ -130,14 +136,22 @@ def _lock_beside(store_path: Path, name: str, where: str) -> int:
 _NO_RECORD_LOCKS = frozenset({errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
+#: struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks).
+_FLOCK = "@hhqqi"
+
+
+def _name_byte(name: str) -> bytes:
+    """The `struct flock` of an exclusive lock on the store file's byte for `name`,
+    padded to the C struct's size."""
+    offset = _NAME_BYTES + int(name_digest(name)[:12], 16)
+    request = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    return request + bytes(32 - len(request))
+
+
 def _lock_inode(store_path: Path, name: str, where: str) -> int | None:
     """An exclusive OFD lock on the store file's byte for `name`; its descriptor, or
     None where the file system has no record locks."""
-    offset = _NAME_BYTES + int(name_digest(name)[:12], 16)
-    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padded
-    # to the C struct's size.
-    request = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
-    request += bytes(32 - len(request))
+    request = _name_byte(name)
     # Opened for writing, which an exclusive record lock needs; nothing is written.
     fd = os.open(store_path, os.O_RDWR | os.O_CLOEXEC)
     try:
@@ -186,6 +200,32 @@ def names_held(store_path: Path) -> bool:
     return False
 
 
+def file_names_held(store_path: Path, names: Collection[str]) -> set[str] | None:
+    """Which of `names` a live process holds on the SQLite store at `store_path`, asked
+    with F_OFD_GETLK, which takes no lock. None where it cannot be told: no OFD locks
+    here, a file system without record locks (the `flock`s beside the file cannot be
+    asked without being taken), a file this process cannot open."""
+    if not _OFD_LOCKS:
+        return None
+    try:
+        fd = os.open(store_path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    held: set[str] = set()
+    try:
+        for name in names:
+            answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _name_byte(name))
+            if struct.unpack_from(_FLOCK, answer)[0] != fcntl.F_UNLCK:
+                held.add(name)
+    except OSError as exc:
+        if exc.errno in _NO_RECORD_LOCKS:
+            return None
+        raise
+    finally:
+        os.close(fd)
+    return held
+
+
 _memory_names: set[tuple[str, str]] = set()
 _memory_lock = threading.Lock()
 
@@ -208,11 +248,30 @@ class MemoryIdentityLock:
                 self._held = None
 
 
+def memory_names_held(store: str, names: Collection[str]) -> set[str]:
+    """Which of `names` a `MemoryIdentityLock` holds on the memory store `store`."""
+    with _memory_lock:
+        return {name for name in names if (store, name) in _memory_names}
+
+
+def advisory_key(schema: str, name: str) -> int:
+    """The PostgreSQL advisory lock key of `name` in `schema` (`AdvisoryIdentityLock`;
+    `ledger.stores.loaded_policies` computes the same in SQL to find it in `pg_locks`)."""
+    digest = hashlib.sha256(f"{ADVISORY_PREFIX}{schema}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+ADVISORY_PREFIX = "sendledger:"
+
 __all__ = [
+    "ADVISORY_PREFIX",
     "FileIdentityLock",
     "IdentityLock",
     "IdentityTaken",
     "MemoryIdentityLock",
+    "advisory_key",
+    "file_names_held",
+    "memory_names_held",
     "name_digest",
     "names_held",
 ]

@@ -12,6 +12,12 @@ another. So each server writes, at start, at each reload and as a heartbeat, one
   counts only while it runs past the reader's clock) and `fingerprints` (JSON, channel to
   policy fingerprint).
 
+A daemon's row counts, besides, only while its name is held on the store
+(`ledger.stores.identity`): the lock the operating system or the server drops with the
+process, so that a daemon killed -9 stops counting at once (PostgreSQL: once the server
+has seen its session end), not when its heartbeat runs out. Where that cannot be asked (a
+SQLite file system without record locks) the heartbeat alone decides.
+
 A row, not an event: webhooks read the event log, and this is no job's history. The table
 is created by the first server that writes (`ensure`), so a store that never ran one has
 none and reads as "no daemon running" (today's behaviour).
@@ -21,11 +27,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ledger.stores.identity import ADVISORY_PREFIX
 from ledger.stores.recorder_kind import ByBackend
 
 LOADED_TABLE = "sendledger_loaded_policies"
@@ -36,6 +43,8 @@ CREATE = (
 )
 DAEMON = "daemon"
 API = "api"
+#: Which of these daemon names a live process holds on the store; None: cannot be told.
+NamesHeld = Callable[[Collection[str]], "set[str] | None"]
 
 
 @dataclass(frozen=True)
@@ -63,8 +72,18 @@ class LoadedPolicyStore(Protocol):
         ...
 
     def live(self, now: float) -> list[LoadedPolicies]:
-        """The rows whose heartbeat runs past `now`; none when the table is missing."""
+        """The rows whose heartbeat runs past `now`, a daemon's only while its name is
+        held; none when the table is missing."""
         ...
+
+
+def _named(rows: Sequence[LoadedPolicies], names_held: NamesHeld) -> list[LoadedPolicies]:
+    """`rows` but the daemons' whose name no live process holds (killed, not stopped)."""
+    daemons = {row.name for row in rows if row.kind == DAEMON}
+    held = names_held(daemons) if daemons else set()
+    if held is None:
+        return list(rows)
+    return [row for row in rows if row.kind != DAEMON or row.name in held]
 
 
 _memory_lock = threading.Lock()
@@ -73,7 +92,8 @@ _memory_lock = threading.Lock()
 class MemoryLoadedPolicies:
     """The memory store's rows, shared by every Ledger on the same recorder."""
 
-    def __init__(self, recorder: Any) -> None:
+    def __init__(self, recorder: Any, names_held: NamesHeld) -> None:
+        self._names_held = names_held
         with _memory_lock:
             rows: dict[tuple[str, str], LoadedPolicies] | None = getattr(
                 recorder, "_sendledger_loaded_policies", None
@@ -98,7 +118,8 @@ class MemoryLoadedPolicies:
 
     def live(self, now: float) -> list[LoadedPolicies]:
         with _memory_lock:
-            return [row for _, row in sorted(self._rows.items()) if row.seen_until > now]
+            rows = [row for _, row in sorted(self._rows.items()) if row.seen_until > now]
+        return _named(rows, self._names_held)
 
 
 _COLUMNS = "name, kind, loaded_at, seen_until, fingerprints"
@@ -113,8 +134,9 @@ class SqlLoadedPolicies:
     _p = "?"
     _real = "REAL"
 
-    def __init__(self, recorder: Any) -> None:
+    def __init__(self, recorder: Any, names_held: NamesHeld) -> None:
         self._recorder = recorder
+        self._names_held = names_held
         self._ensured = False
 
     def _table(self) -> str:
@@ -183,7 +205,7 @@ class SqlLoadedPolicies:
         rows = self._run(
             f"SELECT {_COLUMNS} FROM {{t}} WHERE seen_until > {{p}} ORDER BY name, kind", [now]
         )
-        return [_row(row) for row in rows]
+        return _named([_row(row) for row in rows], self._names_held)
 
 
 def _row(row: tuple[Any, ...]) -> LoadedPolicies:
@@ -230,6 +252,23 @@ class PostgresLoadedPolicies(SqlLoadedPolicies):
         rows = self._run("SELECT to_regclass({p}) IS NOT NULL", [self._table()])
         return bool(rows and rows[0][0])
 
+    def live(self, now: float) -> list[LoadedPolicies]:
+        # A daemon's name is a session advisory lock (`AdvisoryIdentityLock`): the server
+        # knows which are held, on any host, in `pg_locks`, whose (classid, objid) are the
+        # key's high and low 32 bits. The key is `advisory_key`, computed here in SQL.
+        if not self._exists():
+            return []
+        rows = self._run(
+            f"SELECT {_COLUMNS} FROM {{t}} WHERE seen_until > {{p}} AND (kind <> {{p}} OR "
+            "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+            "AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database "
+            "WHERE datname = current_database()) AND ((l.classid::int8 << 32) | "
+            "l.objid::int8) = ('x' || left(encode(sha256(convert_to({p} || name, 'UTF8')), "
+            "'hex'), 16))::bit(64)::int8)) ORDER BY name, kind",
+            [now, DAEMON, f"{ADVISORY_PREFIX}{self._recorder.datastore.schema}:"],
+        )
+        return [_row(row) for row in rows]
+
     def now(self) -> float | None:
         # Servers and `submit` may run on hosts whose clocks differ: the store's is shared.
         rows = self._run("SELECT extract(epoch FROM clock_timestamp())", [])
@@ -245,10 +284,13 @@ class PostgresLoadedPolicies(SqlLoadedPolicies):
             self._ensured = True
 
 
-def loaded_policies_for(recorder: Any) -> LoadedPolicyStore:
-    """The loaded-policy rows of the store `recorder` (a Ledger's) writes to."""
+def loaded_policies_for(recorder: Any, names_held: NamesHeld) -> LoadedPolicyStore:
+    """The loaded-policy rows of the store `recorder` (a Ledger's) writes to; a daemon's
+    counts while `names_held` (its backend's) says a live process holds its name."""
     return ByBackend[LoadedPolicyStore](
-        postgres=PostgresLoadedPolicies, sqlite=SqliteLoadedPolicies, memory=MemoryLoadedPolicies
+        postgres=lambda r: PostgresLoadedPolicies(r, names_held),
+        sqlite=lambda r: SqliteLoadedPolicies(r, names_held),
+        memory=lambda r: MemoryLoadedPolicies(r, names_held),
     )(recorder)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
@@ -24,7 +24,7 @@ from eventsourcing.persistence import ApplicationRecorder
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 from eventsourcing.utils import get_topic
 
-from ledger.stores.identity import MemoryIdentityLock
+from ledger.stores.identity import MemoryIdentityLock, memory_names_held
 from ledger.stores.index import (
     ALL_JOBS,
     PURGEABLE_STATES,
@@ -323,8 +323,14 @@ class MemoryBackend:
         """A memory store is always of this release: nothing to add."""
 
     def identity_lock(self, name: str) -> MemoryIdentityLock:
-        # An unnamed store is this backend's own: the lock is scoped to it.
-        return MemoryIdentityLock(self.spec.name or f"unnamed-{id(self)}", name)
+        return MemoryIdentityLock(self._names_scope(), name)
+
+    def names_held(self, names: Collection[str]) -> set[str]:
+        return memory_names_held(self._names_scope(), names)
+
+    def _names_scope(self) -> str:
+        # An unnamed store is this backend's own: the names are scoped to it.
+        return self.spec.name or f"unnamed-{id(self)}"
 
     def scrub(self) -> bool:
         return True  # a rewritten event replaced the old one in the list: nothing is left

@@ -8,14 +8,13 @@ loading psycopg (`ledger.stores.backend_for` imports it lazily).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -31,7 +30,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.sql import SQL, Composed
 
 from ledger.stores.causes import StoreUnavailable, exception_chain
-from ledger.stores.identity import IdentityTaken
+from ledger.stores.identity import IdentityTaken, advisory_key
 from ledger.stores.index import (
     ADDED_COLUMNS,
     ADDED_INDEXES,
@@ -593,9 +592,9 @@ def _add_missing_columns(conn: psycopg.Connection[Any], store: PostgresStore) ->
 
 def index_build_key(schema: str) -> int:
     """The session advisory lock an index build holds (`_add_missing_indexes`): one
-    process at a time builds the indexes of a schema."""
-    digest = hashlib.sha256(f"sendledger:{schema}:index-builds".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+    process at a time builds the indexes of a schema. Keyed as a daemon name is
+    (`advisory_key`)."""
+    return advisory_key(schema, "index-builds")
 
 
 def _index_validity(conn: psycopg.Connection[Any], store: PostgresStore) -> dict[str, bool]:
@@ -755,8 +754,7 @@ class AdvisoryIdentityLock:
     the name taken, not refused as another daemon's."""
 
     def __init__(self, store: PostgresStore, name: str) -> None:
-        digest = hashlib.sha256(f"sendledger:{store.schema}:{name}".encode()).digest()
-        self._key = int.from_bytes(digest[:8], "big", signed=True)
+        self._key = advisory_key(store.schema, name)
         self._store = store
         self._name = name
         self._conn: psycopg.Connection[Any] | None = None
@@ -905,6 +903,9 @@ class PostgresBackend:
 
     def identity_lock(self, name: str) -> AdvisoryIdentityLock:
         return AdvisoryIdentityLock(self.spec, name)
+
+    def names_held(self, names: Collection[str]) -> None:
+        return None  # asked in the statement that reads the rows (PostgresLoadedPolicies)
 
     def scrub(self) -> bool:
         return vacuum(self.spec)

@@ -8,7 +8,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,7 @@ from eventsourcing.utils import EnvType, get_topic
 
 from ledger.stores.causes import StoreUnavailable, access_denied, exception_chain
 from ledger.stores.file_access import access_problem, repair_wal_modes
-from ledger.stores.identity import FileIdentityLock
+from ledger.stores.identity import FileIdentityLock, file_names_held
 from ledger.stores.index import (
     ADDED_COLUMNS,
     ATTEMPT_PROVIDER_BACKFILL,
@@ -329,6 +329,9 @@ class SQLiteBackend:
 
     def identity_lock(self, name: str) -> FileIdentityLock:
         return FileIdentityLock(self.spec.path, name)
+
+    def names_held(self, names: Collection[str]) -> set[str] | None:
+        return file_names_held(self.spec.path, names)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return is_lock_error(exc)
