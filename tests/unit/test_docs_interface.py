@@ -26,6 +26,7 @@ from daemon import exit_codes
 from daemon.api.app import create_app
 from daemon.api.errors import STATUS
 from daemon.api.metrics import Metrics, Sources, _StoreGauges
+from daemon.api.recorded_metrics import RecordedByPeople
 from daemon.doubles.fake_provider import Scripted
 from daemon.engine.circuit import OpenCircuit
 from daemon.service_layer.read_models import event_record, job_status, review_rows
@@ -213,8 +214,10 @@ def registry(metrics: Metrics) -> dict[str, tuple[str | None, tuple[str, ...]]]:
         if isinstance(wrapper, MetricWrapperBase):
             name = wrapper._name + ("_total" if wrapper._type == "counter" else "")
             found[name] = (wrapper._type, tuple(wrapper._labelnames))
-    for family in _StoreGauges(metrics.sources).collect():
-        found[family.name] = (family.type, tuple(getattr(family, "_labelnames", ())))
+    read_at_scrape = (_StoreGauges(metrics.sources), RecordedByPeople(metrics.sources.ledger))
+    for family in (f for collector in read_at_scrape for f in collector.collect()):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        found[name] = (family.type, tuple(getattr(family, "_labelnames", ())))
     return found
 
 

@@ -2,7 +2,8 @@
 
 Counters move where the engine already counts (`EngineObserver.saved` after each save,
 `tick_done`, `provider_call`); the job and quota gauges are read from the store and the
-providers when Prometheus scrapes. Each app has its own registry, so several can live in
+providers when Prometheus scrapes, and so are the counts of what people recorded through
+any door (`daemon/api/recorded_metrics.py`). Each app has its own registry, so several can live in
 one process (tests).
 """
 
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from daemon.api.recorded_metrics import RecordedByPeople, copies_result
 from daemon.engine.circuit import OpenCircuit
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
@@ -114,6 +116,9 @@ class Metrics:
             registry=r,
         )
         r.register(_StoreGauges(sources))
+        # What people searched and decided through any door, the commands' included
+        # (`daemon/api/recorded_metrics.py`).
+        r.register(RecordedByPeople(sources.ledger))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -185,7 +190,7 @@ class Metrics:
         """A search a person or a script made (a check, a triage, a resend's), counted by
         what it found as the engine's are. It records a Checked event, or nothing, never
         one that `saved` counts, so it is counted here once."""
-        self.searches.labels("miss" if hits == 0 else "hit" if hits == 1 else "duplicate").inc()
+        self.searches.labels(copies_result(hits)).inc()
 
     # -- the webhook deliveries (`daemon.webhooks.worker.DeliveryObserver`) -------------
 
