@@ -229,3 +229,33 @@ def test_the_recorded_counts_read_the_log_of_sqlite_and_postgresql(
         s.labels["decision"]: s.value for s in families["sendledger_resolutions_recorded"].samples
     }
     assert decisions == {"abandon": len(keys), "resend": 0, "sent": 0}
+
+
+def test_a_store_unreachable_at_the_start_is_counted_from_the_first_scrape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server starts whatever the store says (/healthz reports it): the counts begin
+    at the first scrape that reads the log."""
+    rig = EngineRig(LEGAL, OTHER)
+    try:
+        in_review(rig, "a", copies=0)
+        recorder = rig.ledger.recorder
+
+        def down() -> int:
+            raise OSError("store down")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(recorder, "max_notification_id", down)
+            metrics = Metrics(Sources(rig.ledger, {"fake": rig.provider}))
+        assert samples(metrics)[("sendledger_checks_recorded_total", CHECK_MISS)] == 0
+        Services(
+            rig.ledger,
+            lambda: ChannelPolicies(rig.policies),
+            providers=lambda name: nullcontext(rig.provider),
+        ).check("a", by="ops")
+        assert samples(metrics)[("sendledger_checks_recorded_total", CHECK_MISS)] == 1
+    finally:
+        rig.close()
+
+
+CHECK_MISS = (("purpose", "check"), ("result", "miss"))

@@ -49,7 +49,7 @@ class RecordedByPeople(Collector):
         self._positions = ledger.positions()
         self._lock = threading.Lock()  # scrapes run in worker threads
         # Before it started: the process counts what it saw recorded, as a counter does.
-        self._position = int(ledger.recorder.max_notification_id() or 0)
+        self._position = self._log_end()
         self._checks: Tally[tuple[str, str]] = Tally()
         self._resolutions: Tally[str] = Tally()
 
@@ -75,7 +75,18 @@ class RecordedByPeople(Collector):
         yield checks
         yield resolutions
 
+    def _log_end(self) -> int | None:
+        try:
+            return int(self._ledger.recorder.max_notification_id() or 0)
+        except Exception:
+            # The store unreachable while the server starts: it must start all the same
+            # (/healthz says why); counted from the first scrape that reads the log.
+            return None
+
     def _read_on(self) -> None:
+        if self._position is None:
+            self._position = self._log_end()
+            return
         end = self._positions.horizon(self._position)
         while self._position < end:
             notes = self._ledger.log_after(self._position, end, PAGE, _TOPICS)
