@@ -68,3 +68,23 @@ def test_the_watch_sees_a_file_break_and_heal(tmp_path: Path) -> None:
     assert set(watch().broken) == {"alerts"}
     (directory / "alerts.toml").write_text(GOOD)
     assert watch().broken == {}
+
+
+def test_without_a_set_in_force_the_watch_is_the_folder_as_a_command_reads_it(
+    tmp_path: Path,
+) -> None:
+    """`sendledger api`'s view: a file added or edited is in force at once (as `submit`
+    reads it), nothing is "added since the last reload", and a folder that cannot be read
+    refuses the channels it last held, naming why."""
+    directory = folder(tmp_path, receipts=GOOD)
+    watch = PolicyWatch(settings(tmp_path), None)  # type: ignore[arg-type]
+    assert set(watch().policies) == {"receipts"}
+    (directory / "alerts.toml").write_text(GOOD)
+    view = watch()
+    assert set(view.policies) == {"receipts", "alerts"} and view.unloaded == frozenset()
+    edited = GOOD.replace("m.example.com", "n.example.com")
+    (directory / "alerts.toml").write_text(edited)
+    assert watch().policies["alerts"].message_id_domain == "n.example.com"
+    directory.rename(tmp_path / "moved")  # the folder gone: it cannot be read
+    broken = watch().broken
+    assert set(broken) == {"receipts", "alerts"} and "no such directory" in broken["alerts"]

@@ -48,9 +48,12 @@ def api_context(
     circuits: Callable[[], list[OpenCircuit]] | None = None,
     scope_failure: Callable[[], str | None] | None = None,
     clock_failure: Callable[[], tuple[float, str] | None] | None = None,
+    by_folder: bool = False,
 ) -> ApiContext:
     """The API's view of this process. Without `unreliable` (no engine here) the handles'
-    reliability is read from the store."""
+    reliability is read from the store. `by_folder` (`sendledger api`, which sends
+    nothing): intake and checks read the policy folder as the commands do, not the
+    process's loaded set (`PolicyWatch`)."""
     tokens = load_tokens(settings)
     if unreliable is None:
         names = sorted(providers)
@@ -86,7 +89,7 @@ def api_context(
         limits=message_limits(settings),
         thread_providers=thread_providers(settings),
         draft_providers=draft_providers(settings),
-        intake_policies=PolicyWatch(settings, lambda: policies.current),
+        intake_policies=PolicyWatch(settings, None if by_folder else lambda: policies.current),
         providers=lent_providers(providers, built_providers(settings)),
         trusted_hosts=settings.api.trusted_hosts,
         public_url=settings.api.public_url,

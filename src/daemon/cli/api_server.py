@@ -50,7 +50,11 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     load_tokens(settings)  # a bad token file is refused before the store is created
     with open_ledger(settings, service=True, server=(API, settings.daemon.name)) as ledger:
-        ctx = api_context(settings, ledger, policies, dict.fromkeys(settings.providers))
+        # Intake judged as `submit` judges: by the folder and the daemons' rows, not by a
+        # set of this process's own that only its SIGHUP changes.
+        ctx = api_context(
+            settings, ledger, policies, dict.fromkeys(settings.providers), by_folder=True
+        )
         server = bound_server(settings, ctx, option="--listen")
         log.info("sendledger api on http://%s (intake and review only)", settings.api.listen)
         # Its loaded set in the store, beside the daemons' (an operator's view; intake

@@ -57,37 +57,47 @@ def command_policies(settings: Settings) -> ChannelPolicies:
 
 class PolicyWatch:
     """A server's view: the policies in force (`current`, what the engine sends with)
-    and the channels broken in the folder now, read again only when a file changed."""
+    and the channels broken in the folder now, read again only when a file changed.
 
-    def __init__(self, settings: Settings, current: Callable[[], PolicySet]) -> None:
+    Without `current` (`sendledger api`, which sends nothing) the view is the folder's
+    sound policies, as a command reads them (`command_policies`): its intake judges as
+    `submit` does, by the folder and by what the running daemons loaded. With a set of its
+    own, changed only by its SIGHUP, it refused a channel the daemons had loaded since
+    ("reload them") and judged an edited file by its old version."""
+
+    def __init__(self, settings: Settings, current: Callable[[], PolicySet] | None) -> None:
         self._settings = settings
         self._current = current
         self._lock = threading.Lock()
         self._seen: tuple[object, ...] | None = None
         self._broken: dict[str, str] = {}
         self._sound: frozenset[str] = frozenset()
+        # The folder's last sound policies (kept while it cannot be read: its channels
+        # are then refused naming why, not as unknown).
+        self._folder: PolicySet | None = None
         self._unreadable: str | None = None
 
     def __call__(self) -> ChannelPolicies:
-        from policies.loader import PolicyLoadError
+        from policies.loader import PolicyLoadError, PolicySet
 
-        current = self._current()
+        current = None if self._current is None else self._current()
         signature = _signature(self._settings.policies_dir)
         with self._lock:
             if signature != self._seen:
                 try:
-                    sound, self._broken = scan_policies(self._settings)
-                    self._sound, self._unreadable = frozenset(sound), None
+                    self._folder, self._broken = scan_policies(self._settings)
+                    self._sound, self._unreadable = frozenset(self._folder), None
                 except PolicyLoadError as exc:
                     self._broken, self._unreadable = {}, str(exc.problems[0])
                     self._sound = frozenset()
                 self._seen = signature
+            in_force = current if current is not None else self._folder or PolicySet()
             broken = dict(self._broken)
             if self._unreadable is not None:
-                broken.update(dict.fromkeys(current, self._unreadable))
+                broken.update(dict.fromkeys(in_force, self._unreadable))
             # In the folder, sound, not in force: added since the last reload.
-            unloaded = self._sound - set(current)
-        return ChannelPolicies(current, broken, unloaded)
+            unloaded = frozenset() if current is None else self._sound - set(current)
+        return ChannelPolicies(in_force, broken, unloaded)
 
 
 def _signature(directory: Path) -> tuple[object, ...]:
