@@ -232,6 +232,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a metric renamed in the registry, the metric table left",
     ),
     M(
+        "interface-code-recorded-metric-label",
+        "src/daemon/api/recorded_metrics.py",
+        'labels=["purpose", "result"],',
+        'labels=["purpose", "copies"],',
+        "a label of a counter read at scrape time renamed, the metric table left",
+    ),
+    M(
         "interface-code-unknown-job-exit",
         "src/daemon/exit_codes.py",
         "EXIT_UNKNOWN_JOB = 4",
