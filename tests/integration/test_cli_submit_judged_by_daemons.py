@@ -11,6 +11,7 @@ runs out."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from daemon.engine.policy_holder import PolicyHolder
 from daemon.from_settings import load_policies, settings_for
 from daemon.service_layer.loaded import announce_policies
 from ledger.application import Ledger
+from ledger.stores.identity import file_names_held
 from ledger.stores.loaded_policies import DAEMON
 
 POLICY = (
@@ -154,3 +156,36 @@ def test_a_daemon_killed_stops_counting_once_its_name_is_free(
             daemon.wait(10)
         if daemon.stdout is not None:
             daemon.stdout.close()
+
+
+_ASK_LOCK = """
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+request = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 1000, 1, 0) + bytes(8)
+answer = fcntl.fcntl(fd, fcntl.F_GETLK, request)
+print("held" if struct.unpack_from("@hhqqi", answer)[0] != fcntl.F_UNLCK else "free")
+"""
+
+
+def test_asking_for_the_names_keeps_this_process_s_sqlite_locks(tmp_path: Path) -> None:
+    """SQLite keeps POSIX record locks on the store file, and closing any descriptor of
+    the file drops them all. The question is asked through a descriptor kept open: before,
+    it closed its own after each question, and the daemon's connections lost their shared
+    lock at each `POST /v1/jobs` (another process's checkpoint then cut the WAL from under
+    them: "disk I/O error", tests/e2e/test_daemon_stalls.py)."""
+    store = tmp_path / "ledger.sqlite"
+    store.write_bytes(b"\0" * 2048)
+    mine = os.open(store, os.O_RDWR)
+    try:
+        fcntl.lockf(mine, fcntl.LOCK_SH, 1, 1000)  # as SQLite locks its bytes
+
+        def seen_from_another_process() -> str:
+            ask = [sys.executable, "-c", _ASK_LOCK, str(store)]
+            return subprocess.run(ask, capture_output=True, text=True, check=True).stdout
+
+        assert seen_from_another_process() == "held\n"
+        for _ in range(2):
+            assert file_names_held(store, ["d1"]) == set()
+        assert seen_from_another_process() == "held\n"
+    finally:
+        os.close(mine)

@@ -207,9 +207,8 @@ def file_names_held(store_path: Path, names: Collection[str]) -> set[str] | None
     asked without being taken), a file this process cannot open."""
     if not _OFD_LOCKS:
         return None
-    try:
-        fd = os.open(store_path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    fd = _asking_descriptor(store_path)
+    if fd is None:
         return None
     held: set[str] = set()
     try:
@@ -221,9 +220,33 @@ def file_names_held(store_path: Path, names: Collection[str]) -> set[str] | None
         if exc.errno in _NO_RECORD_LOCKS:
             return None
         raise
-    finally:
-        os.close(fd)
     return held
+
+
+#: A descriptor of each store file asked about, by (device, inode), open until the
+#: process ends: closing any descriptor of a file drops every POSIX record lock the
+#: process holds on it, SQLite's included. Closed after each question, it dropped the
+#: shared lock of the daemon's connections (asked at each `POST /v1/jobs`), and another
+#: process's checkpoint then cut the WAL from under them: "disk I/O error".
+_asking: dict[tuple[int, int], int] = {}
+_asking_lock = threading.Lock()
+
+
+def _asking_descriptor(store_path: Path) -> int | None:
+    try:
+        stat = os.stat(store_path)
+    except OSError:
+        return None
+    key = (stat.st_dev, stat.st_ino)
+    with _asking_lock:
+        fd = _asking.get(key)
+        if fd is None:
+            try:
+                fd = os.open(store_path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            _asking[key] = fd
+        return fd
 
 
 _memory_names: set[tuple[str, str]] = set()
