@@ -171,11 +171,13 @@ def names_held(store_path: Path) -> bool:
     whichever name: asked without taking one (`admin copy-store` refuses a store a
     daemon writes to). The names' bytes of the store file are tested for a lock
     (F_OFD_GETLK over all of them), then the `flock`s beside it, each tried shared and
-    let go at once. A file system without record locks answers by the flocks alone."""
-    if _OFD_LOCKS:
+    let go at once. A file system without record locks answers by the flocks alone. The
+    store file is asked through the descriptor kept for asking (`_asking`), never one
+    opened and closed here: that would drop this process's own SQLite locks on it."""
+    fd = _asking_descriptor(store_path) if _OFD_LOCKS else None
+    if fd is not None:
         request = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, _NAME_BYTES, 1 << 48, 0)
         request += bytes(32 - len(request))
-        fd = os.open(store_path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, request)
         except OSError as exc:
@@ -184,8 +186,6 @@ def names_held(store_path: Path) -> bool:
         else:
             if struct.unpack_from("@h", answer)[0] != fcntl.F_UNLCK:
                 return True
-        finally:
-            os.close(fd)
     for path in store_path.parent.glob(f"{glob.escape(store_path.name)}.daemon-*.lock"):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
