@@ -29,6 +29,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from daemon.config.secret_files import warn_exposed_secrets
 from daemon.config.settings import ConfigError
+from daemon.config.tick_bound import tick_limit
 from daemon.engine.leases import lock_wait
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
@@ -74,6 +75,9 @@ class Daemon:
         self.tick_seconds = tick
         self.notifier = notifier or Notifier()
         self.health = _Health()
+        #: A tick older than this means the scheduler or the store is stuck: the watchdog
+        #: is no longer fed, and `/healthz` fails (daemon/config/tick_bound.py).
+        self.tick_limit = tick_limit(tick, service.settings.store)
         # Set by the main thread once it stops (never in a signal handler); a purge run
         # reads it between jobs.
         self._stop = threading.Event()
@@ -359,10 +363,9 @@ class Daemon:
         )
 
     def _healthy(self) -> bool:
-        # A tick that has not completed for many intervals means the scheduler or the
+        # A tick that has not completed within its limit means the scheduler or the
         # store is stuck: stop feeding the watchdog and let systemd restart us.
-        allowed = max(self.tick_seconds * 10, 60.0)
-        return time.monotonic() - self.health.last_tick_end < allowed
+        return self.tick_age() < self.tick_limit
 
     def tick_age(self) -> float:
         """Seconds since the last tick completed (since start-up before the first)."""

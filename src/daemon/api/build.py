@@ -12,6 +12,7 @@ from daemon.api.metrics import Metrics, Sources
 from daemon.api.server import ApiServer, ListenRefused
 from daemon.config.secret_text import missing_secret_hint
 from daemon.config.settings import ConfigError, Settings
+from daemon.config.tick_bound import tick_limit
 from daemon.engine.circuit import OpenCircuit
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.from_settings import draft_providers, message_limits, thread_providers
@@ -29,11 +30,6 @@ def load_tokens(settings: Settings) -> TokenBook:
     except TokenFileError as exc:
         hint = missing_secret_hint("api.token_file", path)
         raise ConfigError(f"{settings.config_path}: {exc}{hint}") from None
-
-
-def tick_limit(tick_seconds: float) -> float:
-    """A tick older than this means the scheduler or the store is stuck (as the watchdog)."""
-    return max(tick_seconds * 10, 60.0)
 
 
 def api_context(
@@ -74,7 +70,8 @@ def api_context(
         providers=sorted(providers),
         unreliable=unreliable,
         tick_age=tick_age,
-        tick_limit=tick_limit(settings.daemon.tick),
+        # The watchdog's limit: a tick still waiting for a slow store is not stuck.
+        tick_limit=tick_limit(settings.daemon.tick, settings.store),
         circuits=circuits,
         scope_failure=scope_failure,
         clock_failure=clock_failure,
@@ -126,5 +123,4 @@ __all__ = [
     "bound_server",
     "load_tokens",
     "server_for",
-    "tick_limit",
 ]
