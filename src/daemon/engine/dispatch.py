@@ -376,8 +376,9 @@ class Dispatch:
             ):
                 # Asked at once, in this worker: no index lies between a draft and its answer;
                 # unless the scope went to another daemon during the send (a call of its
-                # own): then the sweep of the scope's owner asks.
-                if self._may_call_now(claimed):
+                # own): then the sweep of the scope's owner asks; or the daemon is
+                # stopping: then the next run's sweep does (`_after_send_call`).
+                if self._after_send_call(claimed):
                     claimed.check = drafts_flow.ask_draft(work.job, drafts)
                     crash_point("after-search")
                 work.now = self._clock()
@@ -420,6 +421,14 @@ class Dispatch:
             claimed.policy, claimed.work.job.from_addr, self._clock()
         )
 
+    def _after_send_call(self, claimed: Claimed) -> bool:
+        """Whether a call of this worker's own after the send (the draft's check, the
+        read-back) may start: not once the daemon is stopping. The outcome is recorded
+        after it, and it may take the provider's whole timeout: begun behind a send that
+        took most of `daemon.stop_timeout`, it outlasted the stop, which then ended
+        without the outcome (docs/operations.md "Stopping")."""
+        return not self._stopping.is_set() and self._may_call_now(claimed)
+
     def _read_back_sample(self, claimed: Claimed) -> None:
         outcome, policy = claimed.outcome, claimed.policy
         if outcome is None or outcome.kind is not SendKind.CONFIRMED:
@@ -429,7 +438,7 @@ class Dispatch:
             # A call of its own after the send, which may have taken the provider's whole
             # timeout: not made once the scope went to another daemon (over its quota),
             # nor counted as a sample made.
-            and self._may_call_now(claimed)
+            and self._after_send_call(claimed)
             and self._health.should_read_back(policy.provider, claimed.provider)
         ):
             self._health.read_back(
