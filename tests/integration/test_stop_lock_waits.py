@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 from tests.integration.listeners import stop_listening
+from tests.integration.receipts_daemon import receipts_service
 from tests.unit.engine_rig import policy, receipt
 
-from daemon.bootstrap import bootstrap
 from daemon.config.settings import settings_from_dict
 from daemon.config.stop_bound import stop_store_wait
 from daemon.doubles.fake_provider import FakeProvider, Scripted
@@ -34,7 +34,6 @@ from ledger.stores.loaded_policies import DAEMON, LOADED_TABLE, LoadedPolicies
 from ledger.stores.positions import POSITIONS_TABLE
 from ledger.stores.scopes import DAEMONS_TABLE, SCOPES_TABLE
 from ledger.stores.url import PostgresStore, parse_store_url
-from policies.loader import PolicySet
 
 pytestmark = pytest.mark.postgres
 
@@ -138,16 +137,7 @@ def test_a_stop_with_every_row_it_writes_held_ends_within_its_bound(
     provider = FakeProvider("fake", clock=clock)
     release = threading.Event()
     provider.script(Scripted.slow(release))
-    policies = PolicySet({"receipts": policy("receipts")})
-    with Ledger(spec, clock=clock) as ledger:
-        ledger.submit(receipt("receipts", "k1"), policy("receipts").sender)
-        service = bootstrap(
-            settings,
-            ledger=ledger,
-            policy_loader=lambda: policies,
-            providers={"fake": provider},
-            clock=clock,
-        )
+    with receipts_service(settings, spec, clock, provider) as (ledger, service):
         daemon = Daemon(service, settings.daemon.tick)
         runner = threading.Thread(target=daemon.serve, daemon=True)
         runner.start()
