@@ -26,17 +26,14 @@ fresh one.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import smtplib
 import socket
-import sys
-import termios
-import time
 from collections.abc import Callable
 from typing import Protocol
 
 from daemon.providers.base import ProviderError, SendOutcome
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
+from daemon.providers.slow_links import pieces, wait_sent_out
 from daemon.providers.smtp_classify import Stage, classify_smtp
 from daemon.providers.timeouts import timed_out
 from ledger.exceptions import SendledgerError
@@ -156,52 +153,13 @@ def _ping_failed(exc: BaseException) -> ProviderError:
     return ProviderError(f"ping: {_describe(exc)}", unavailable=True, timed_out=timed_out(exc))
 
 
-#: The message's content is written this much at a time. The timeout bounds each write:
-#: one `sendall` of the whole message is bounded by it as a whole (Python 3.5 and later),
-#: so a big message over a slow link timed out while its bytes kept flowing, at the same
-#: point on every retry. A piece must go out within the timeout: 64 KiB in 30 s is a
-#: link of 2 KiB/s.
-CONTENT_PIECE = 64 * 1024
-
-
-#: How often the bytes still queued are looked at while they drain (`_sent_out`).
-DRAIN_LOOK = 0.02
-
-
 def _send_content(smtp: smtplib.SMTP, data: bytes, timeout: float) -> None:
-    """The message's bytes, in order, a `CONTENT_PIECE` per write, then out of this host:
-    a connection that stops taking them times out, one that keeps taking them does not,
-    however long it takes."""
-    view = memoryview(data)
-    for start in range(0, len(view), CONTENT_PIECE):
-        smtp.send(view[start : start + CONTENT_PIECE])
-    _sent_out(smtp.sock, timeout)
-
-
-def _sent_out(sock: socket.socket | None, timeout: float) -> None:
-    """Wait while the bytes written are still queued in this host's socket and the queue
-    keeps shrinking; back once it is empty, or once it has not moved for `timeout`. The
-    last write returns once its bytes are queued, and the queue can hold megabytes: over
-    a slow link the wait for the end of data's reply, bounded by the timeout, began long
-    before the server had the message, and a healthy send ended Unknown. Linux only
-    (TIOCOUTQ); elsewhere the reply's wait begins at once, as before."""
-    request = getattr(termios, "TIOCOUTQ", None)
-    if sock is None or request is None:
-        return
-    moved_at, least = time.monotonic(), None
-    while True:
-        try:
-            queued = int.from_bytes(fcntl.ioctl(sock.fileno(), request, bytes(4)), sys.byteorder)
-        except OSError:
-            return  # closed, or not a socket that says: the reply's wait says the rest
-        if queued == 0:
-            return
-        now = time.monotonic()
-        if least is None or queued < least:
-            moved_at, least = now, queued
-        elif now - moved_at >= timeout:
-            return  # stalled: the reply's wait times out in its turn
-        time.sleep(DRAIN_LOOK)
+    """The message's bytes, in order, a piece per write, then out of this host: a
+    connection that stops taking them times out, one that keeps taking them does not,
+    however long it takes (`slow_links.py`)."""
+    for piece in pieces(data):
+        smtp.send(piece)
+    wait_sent_out(smtp.sock, timeout)
 
 
 class SmtpSubmitter:

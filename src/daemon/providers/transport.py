@@ -56,6 +56,7 @@ from typing import Any
 import httplib2
 
 from daemon.providers.kept import closed_by_peer
+from daemon.providers.slow_links import PIECE, pieces, wait_sent_out
 from ledger.exceptions import SendledgerError
 from sendledger.connecting import close_unreturned
 
@@ -205,7 +206,8 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         self.stats.bump("reused" if reused else "fresh")
         # Phase 2: from here on the server may have the request, reused connection or not.
         try:
-            conn.request(method, request_uri, body, headers)
+            conn.request(method, request_uri, _in_pieces(body, headers), headers)
+            wait_sent_out(conn.sock, self.timeout)  # the answer's wait from there on
             raw = conn.getresponse()
             content: bytes = b"" if method == "HEAD" else raw.read()
             response = httplib2.Response(raw)
@@ -227,3 +229,21 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         else:
             conn.close()
         return response, content
+
+
+def _in_pieces(body: Any, headers: dict[str, str]) -> Any:
+    """A body of more than a piece as its bytes in pieces, each write bounded by the
+    timeout alone (`slow_links.py`: a big message over a slow link is not cut while its
+    bytes keep flowing); the same bytes as http.client writes (a text body in ISO-8859-1).
+    Only with a Content-Length (the Google client sets one): without it, http.client
+    would send pieces chunked, another request on the wire."""
+    if not any(name.lower() == "content-length" for name in headers):
+        return body
+    if isinstance(body, str):
+        try:
+            body = body.encode("iso-8859-1")
+        except UnicodeEncodeError:
+            return body  # http.client refuses it with its own words
+    if not isinstance(body, bytes) or len(body) <= PIECE:
+        return body
+    return pieces(body)
