@@ -11,7 +11,7 @@ of ours: the ledger's events and the daemon's search results both read it.
 
 from __future__ import annotations
 
-__all__ = ["COPIES_KEPT", "copies_found"]
+__all__ = ["COPIES_KEPT", "copies_found", "found_only_in_trash"]
 
 #: The most copies a search keeps, in the order the provider listed them; the rest are
 #: counted. Two decide a duplicate; a human deciding on one opens a few to see what the
@@ -30,3 +30,15 @@ def copies_found(count: int, complete: bool = True) -> str:
     search found."""
     least = "" if complete else "at least "
     return f"{least}{count} {'copy' if count == 1 else 'copies'} found"
+
+
+def found_only_in_trash(count: int, complete: bool = True) -> str:
+    """ "a copy only in the trash: sent and deleted by its sender, or received and
+    deleted", "2 copies ...": how every door says a search found copies in the sender's
+    trash and none in its sent folder, which settles nothing (docs/review.md "Review")."""
+    one = count == 1 and complete
+    counted = "a copy" if one else copies_found(count, complete).removesuffix(" found")
+    whose = "its" if one else "their"
+    return (
+        f"{counted} only in the trash: sent and deleted by {whose} sender, or received and deleted"
+    )

@@ -39,7 +39,7 @@ from eventsourcing.domain import Aggregate
 from ledger import decision_types as decide
 from ledger.characters import recorded
 from ledger.content import LATER_FIELDS, JobContent, JobInputError
-from ledger.copies import COPIES_KEPT, copies_found
+from ledger.copies import COPIES_KEPT, copies_found, found_only_in_trash
 from ledger.delivery_reports import BouncedRecipient, DeliveryReport, ReportRefusal
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.keys import MAX_NAME_LENGTH, identifier_problem, note_problem
@@ -988,6 +988,9 @@ class SendJob(Aggregate):
             self._record_miss(query, decision.at, decision.policy, at)
         elif isinstance(decision, decide.ResendAt):
             self._resend(query, decision, at)
+        elif isinstance(decision, decide.Review) and _only_in_trash(decision):
+            # Neither a miss (it would count toward a resend) nor a confirmation.
+            self._escalate(decision, _only_in_trash_detail(found), at)
         elif isinstance(decision, decide.Review):
             self._record_miss(query, None, decision.policy, at)
             self._escalate(decision, f"no copy found in {self.misses} searches", at)
@@ -1380,9 +1383,7 @@ class SendJob(Aggregate):
             **decision.policy.event_fields(),
         )
         counted = copies_found(found.count, found.complete).removesuffix(" found")
-        rest = found.count - len(found.ids)
-        listed = ", ".join(found.ids) + (f" and {rest} more" if rest else "")
-        detail = f"{counted}{when}: {listed}"
+        detail = f"{counted}{when}: {_listed(found)}"
         self._escalate(decide.Review(decision.policy, EscalationReason.DUPLICATE), detail, at)
 
     def _escalate(self, decision: decide.Review, detail: str, at: datetime) -> None:
@@ -1444,6 +1445,8 @@ class SendJob(Aggregate):
             fits, expected = copies == 1, "exactly one"
         elif isinstance(decision, decide.Duplicate):
             fits, expected = copies >= 2, "two or more"
+        elif isinstance(decision, decide.Review) and _only_in_trash(decision):
+            fits, expected = copies >= 1, "one or more, in the trash"
         else:
             fits, expected = copies == 0, "none"
         if not fits:
@@ -1460,6 +1463,21 @@ class SendJob(Aggregate):
         """When anything of a settled job other than its bounce watch's end is due: its
         verification or the tidy of its drafts, the earlier (None: neither)."""
         return _earliest(self.verify_at if self.verifying else None, self.tidy_at)
+
+
+def _only_in_trash(decision: decide.Review) -> bool:
+    return decision.reason == EscalationReason.ONLY_IN_TRASH
+
+
+def _only_in_trash_detail(found: _Found) -> str:
+    """The review's detail of copies found only in the trash, with their ids."""
+    return f"{found_only_in_trash(found.count, found.complete)}: {_listed(found)}"
+
+
+def _listed(found: _Found) -> str:
+    """The kept copies' ids, and how many more were counted."""
+    rest = found.count - len(found.ids)
+    return ", ".join(found.ids) + (f" and {rest} more" if rest else "")
 
 
 @dataclass(frozen=True)

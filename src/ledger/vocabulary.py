@@ -56,6 +56,10 @@ class EscalationReason(StrEnum):
     #: A draft made earlier for the job (`send_via = "drafts"`) was edited in the mailbox:
     #: it no longer says what the job says, and is not sent.
     DRAFT_CHANGED = "draft-changed"
+    #: The only copies a search found are in the sender's trash: a message sent and
+    #: deleted by its sender, or one received with the job's Message-ID and deleted
+    #: (anyone who knows a job key can compute it). Neither a confirmation nor a miss.
+    ONLY_IN_TRASH = "only-in-trash"
 
 
 class Resolution(StrEnum):

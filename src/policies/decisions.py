@@ -226,10 +226,22 @@ def _count_copies(
 
 
 def after_search(
-    policy: ChannelPolicy, *, hits: int, misses_before: int, resent: bool, now: datetime
+    policy: ChannelPolicy,
+    *,
+    hits: int,
+    misses_before: int,
+    resent: bool,
+    now: datetime,
+    only_in_trash: bool = False,
 ) -> AfterSearch:
     """After a search of the sender's mailbox for the job's Message-ID.
 
+    * copies only in the trash (``only_in_trash``: none in the sent folder): review
+      (``only-in-trash``), on every channel and whatever their count. A copy sent and
+      then deleted by its sender is there, and so is a message received with the job's
+      Message-ID and deleted, which anyone who knows the job's key can send: taken for a
+      confirmation it would settle a job never sent, taken for a miss it could send one
+      twice.
     * one hit: the mail was sent once: confirm (and, for a job sent again without proof
       that the earlier attempt failed, count its copies once more ``verify_after`` later).
     * two or more: it was sent more than once: a duplicate; a human looks at it and
@@ -243,6 +255,11 @@ def after_search(
     """
     _non_negative("misses_before", misses_before)
     now = _utc(now)
+    if only_in_trash:
+        _non_negative("hits", hits)
+        if hits == 0:
+            raise ValueError("copies only in the trash, and none found")
+        return Review(policy.ref, EscalationReason.ONLY_IN_TRASH)
     counted = _count_copies(policy, hits=hits, searches_before=misses_before, now=now)
     if isinstance(counted, Confirm):
         return after_response(policy, resent=resent, now=now)

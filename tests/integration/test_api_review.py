@@ -74,7 +74,7 @@ def test_check_answers_the_copies_and_records_who_asked(rig: Rig) -> None:
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["count"] == 1 and body["query"].startswith("rfc822msgid:")
-    assert set(body["copies"][0]) == {"provider_id", "date", "to", "subject"}
+    assert set(body["copies"][0]) == {"provider_id", "date", "to", "subject", "in_trash"}
     checked = [e for e in rig.events("k1") if e["type"] == "Checked"]
     assert checked and checked[-1]["by"] == "alice"
     assert rig.post("/v1/review/nope/check").status_code == 404

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from email.message import EmailMessage
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import pytest
@@ -52,6 +52,7 @@ from daemon.providers.base import (
     ProviderError,
     ScopeLost,
     SendKind,
+    SendOutcome,
     calls_while,
     for_job,
 )
@@ -144,6 +145,7 @@ def provider(relay: FaultRelay) -> Iterator[ProviderFactory]:
         secret: str | dict[str, str] = DEFAULT_CLIENT_SECRET,
         authority: str | None = None,
         api: str | None = None,
+        kind: type[GraphProvider] = GraphProvider,
         **overrides: Any,
     ) -> GraphProvider:
         tokens = GraphTokens(
@@ -155,7 +157,7 @@ def provider(relay: FaultRelay) -> Iterator[ProviderFactory]:
         )
         options: dict[str, Any] = {"timeout": TIMEOUT, "confirm_wait": 1.0, **overrides}
         made.append(
-            GraphProvider(
+            kind(
                 "graph",
                 tokens=tokens,
                 user=user,
@@ -372,6 +374,62 @@ def test_a_message_to_its_own_mailbox_whose_received_copy_was_deleted_is_one_cop
     assert len(graph.folder(MAILBOX, "deleteditems")) == 1
     found = graph_provider.search(MID)
     assert len(found.hits) == 1 and "deleteditems" not in found.query, found
+
+
+class _LostRequests(GraphProvider):
+    """Searches the emulator; every send is a request that never reached Graph (a timeout
+    before the connection was made), Unknown to the daemon and sent to nobody."""
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        return SendOutcome(SendKind.UNKNOWN, "timed out before Graph answered")
+
+
+def test_a_received_message_moved_to_deleted_items_sends_an_unknown_job_to_review(
+    provider: ProviderFactory, graph: GraphEmulator
+) -> None:
+    """The job's send never reached Graph (Unknown); a message from someone else with
+    its Message-ID (computable from the job's key) was received and deleted. Before, the
+    search counted it in Deleted Items as the job's copy and the job was Confirmed, never
+    sent. Now a copy only in Deleted Items sends the job to review (`only-in-trash`)."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.vocabulary import EscalationReason, JobState
+
+    searched = provider(kind=_LostRequests)
+    # The rig takes a FakeProvider's maker; this test uses only the port's calls.
+    with EngineRig(
+        policy("receipts", on_unknown="retry"), provider=lambda clock: cast(FakeProvider, searched)
+    ) as rig:
+        message_id = rig.submit("receipts", "k1")
+        assert rig.tick().unknown == 1
+        forged = raw_message(message_id, sender="mallory@evil.example")
+        received = graph.inject(forged, user=MAILBOX)
+        graph.move(MAILBOX, received, "deleteditems")
+        found = searched.search(message_id)
+        assert found.only_in_trash and "deleteditems" in found.query
+        report = rig.advance_and_tick(60)  # search_after
+        job = rig.job("k1")
+        assert (report.searched, report.confirmed) == (1, 0)
+        assert (job.state, job.reason) == (JobState.REVIEW, EscalationReason.ONLY_IN_TRASH)
+        assert rig.events("k1")[-1] == "Escalated"
+    assert graph.folder(MAILBOX, "sentitems") == []
+
+
+def test_a_sent_copy_is_not_marked_in_the_trash_and_one_in_deleted_items_is(
+    provider: ProviderFactory, graph: GraphEmulator
+) -> None:
+    graph_provider = provider()
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    found = graph_provider.search(MID)
+    assert [hit.in_trash for hit in found.hits] == [False] and not found.only_in_trash
+    (sent,) = graph.folder(MAILBOX, "sentitems")
+    graph.move(MAILBOX, sent["id"], "deleteditems")
+    # Moved by its sender, the copy this process sent is still found by its draft's id
+    # (ours, wherever it is); another process finds it only in Deleted Items.
+    other = provider()
+    found = other.search(MID)
+    assert [hit.in_trash for hit in found.hits] == [True] and found.only_in_trash
 
 
 # -- ids, Message-IDs, mailboxes --------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from email.message import EmailMessage
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from tests.integration.bounce_checks import (
@@ -35,7 +35,7 @@ from tests.integration.mailservers import (
 )
 from tests.provider_contract import SendContract, Subject
 
-from daemon.providers.base import Provider, ProviderError, SendKind
+from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.outcomes import SEARCH_STOPS_AT
 from daemon.providers.smtp_imap import SmtpImapProvider
 from ledger.copies import COPIES_KEPT
@@ -66,7 +66,12 @@ def relay(servers: MailServers) -> Iterator[SmtpFaultRelay]:
         yield running
 
 
-def provider_for(servers: MailServers, smtp_port: int, **overrides: object) -> SmtpImapProvider:
+def provider_for(
+    servers: MailServers,
+    smtp_port: int,
+    kind: type[SmtpImapProvider] = SmtpImapProvider,
+    **overrides: object,
+) -> SmtpImapProvider:
     kwargs: dict[str, object] = {
         "smtp_host": "127.0.0.1",
         "smtp_port": smtp_port,
@@ -80,7 +85,7 @@ def provider_for(servers: MailServers, smtp_port: int, **overrides: object) -> S
     }
     kwargs.update(overrides)
     name = str(kwargs.pop("name", "mail"))
-    return SmtpImapProvider(name, **kwargs)  # type: ignore[arg-type]
+    return kind(name, **kwargs)  # type: ignore[arg-type]
 
 
 def message(message_id: str, to: str = RECIPIENT, **headers: str) -> bytes:
@@ -332,26 +337,18 @@ def test_a_sent_copy_moved_to_the_trash_is_still_a_copy(servers: MailServers) ->
     """The sender moves the sent copy to the folder flagged \\Trash before the search (an
     IMAP client's delete). The message was sent: a miss would have the job resent (or a
     human's resend allowed) and the customer mailed twice. Gmail's search counts trashed
-    copies too. A copy in the trash has no read-back id."""
-    from imapclient import IMAPClient  # type: ignore[import-untyped]
-
+    copies too. A copy in the trash has no read-back id, and is marked as found there
+    (alone, it sends an unknown outcome to review: it may have been received)."""
     mid = "<trashed-copy@sendledger.test>"
     provider = provider_for(servers, servers.smtp_port, timeout=5.0)  # not the hangs' TIMEOUT
     try:
         assert provider.send_raw(message(mid)).kind is SendKind.CONFIRMED
         servers.wait_copies(mid, 1)
-        with IMAPClient("127.0.0.1", port=servers.imap_port, ssl=False) as client:
-            client.login(SENDER, PASSWORD)
-            client.select_folder("Sent")
-            uids = client.search(["HEADER", "Message-ID", mid])
-            assert len(uids) == 1
-            client.copy(uids, "Trash")
-            client.delete_messages(uids)
-            client.expunge()
+        _to_the_trash(servers, "Sent", mid)
         assert servers.copies(mid, folder="Trash") == 1
         found = provider.search(mid)
         assert len(found.copies) == 1 and "Trash" in found.query
-        assert found.hits[0].labels == ("Trash",)
+        assert found.hits[0].labels == ("Trash",) and found.only_in_trash
         with pytest.raises(ProviderError, match="trash"):
             provider.read_message_id(found.hits[0].provider_message_id)
     finally:
@@ -392,7 +389,7 @@ def test_a_message_to_its_own_sender_whose_received_copy_was_deleted_is_one_copy
     delivers a copy to the sender's INBOX beside the sent copy, and the person deletes
     the received one. In the trash beside a sent copy, it is no second send: counted, it
     made a false duplicate for review."""
-    from imapclient import IMAPClient
+    from imapclient import IMAPClient  # type: ignore[import-untyped]
 
     mid = "<to-self@sendledger.test>"
     provider = provider_for(servers, servers.smtp_port, timeout=5.0)
@@ -461,5 +458,92 @@ def test_real_dovecot_finds_exactly_a_jobs_copy_among_the_ids_its_search_also_ma
 
     try:
         search_finds_one()
+
+
+class _LostRequests(SmtpImapProvider):
+    """Searches the real Dovecot; every send is a request that never reached Postfix (a
+    timeout before the connection was made), Unknown to the daemon and sent to nobody."""
+
+    def send_raw(self, raw: bytes) -> SendOutcome:
+        return SendOutcome(SendKind.UNKNOWN, "timed out before the server answered")
+
+
+def _to_the_trash(
+    servers: MailServers, folder: str, message_id: str, *, arriving: bytes | None = None
+) -> None:
+    """The one message of the sender's `folder` with `message_id` (`arriving` put there
+    first) deleted by an IMAP client: moved to the folder flagged \\Trash."""
+    from imapclient import IMAPClient
+
+    with IMAPClient("127.0.0.1", port=servers.imap_port, ssl=False) as client:
+        client.login(SENDER, PASSWORD)
+        if arriving is not None:
+            client.append(folder, arriving)
+        client.select_folder(folder)
+        uids = client.search(["HEADER", "Message-ID", message_id])
+        assert len(uids) == 1
+        client.copy(uids, "Trash")
+        client.delete_messages(uids)
+        client.expunge()
+
+
+def _received_and_deleted(servers: MailServers, message_id: str) -> None:
+    """A message from someone else carrying `message_id` (anyone who knows a job's key
+    can compute its Message-ID) lands in the sender's INBOX, and its user deletes it: it
+    moves to the folder flagged \\Trash."""
+    forged = message(message_id, to=SENDER)
+    forged = forged.replace(f"From: {SENDER}".encode(), b"From: mallory@evil.example", 1)
+    _to_the_trash(servers, "INBOX", message_id, arriving=forged)
+    assert servers.copies(message_id, folder="Trash") == 1
+    assert servers.copies(message_id) == 0  # never sent
+
+
+def test_a_received_message_deleted_to_the_trash_sends_an_unknown_job_to_review(
+    servers: MailServers,
+) -> None:
+    """The job's send never reached the server (Unknown); a message received with its
+    Message-ID was deleted to the trash. Before, the search counted it as the job's copy
+    and the job was Confirmed, never sent. Now the copy only in the trash goes to review
+    (`only-in-trash`), neither Confirmed nor a miss, and nothing is sent."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.vocabulary import EscalationReason, JobState
+
+    # Its SMTP port has no listener: nothing can be sent, whatever the test does.
+    searched = provider_for(servers, free_port(), _LostRequests, name="fake", timeout=5.0)
+    # The rig takes a FakeProvider's maker; this test uses only the port's calls.
+    with EngineRig(
+        policy("receipts", on_unknown="retry"),
+        provider=lambda clock: cast(FakeProvider, searched),
+    ) as rig:
+        try:
+            message_id = rig.submit("receipts", "k1")
+            assert rig.tick().unknown == 1
+            _received_and_deleted(servers, message_id)
+            report = rig.advance_and_tick(60)  # search_after
+            job = rig.job("k1")
+            assert (report.searched, report.confirmed) == (1, 0)
+            assert (job.state, job.reason) == (JobState.REVIEW, EscalationReason.ONLY_IN_TRASH)
+            assert rig.events("k1")[-2:] == ["Unknown", "Escalated"]
+            assert "only in the trash" in rig.ledger.history("k1")[-1].detail
+        finally:
+            searched.close()
+    assert servers.copies(message_id) == 0
+
+
+def test_copies_in_the_trash_are_marked_and_a_sent_copy_is_not(servers: MailServers) -> None:
+    """The search marks each copy with where it was found: the sent folder's not in the
+    trash, the trash's (searched only when the sent folder has none) in it."""
+    mid = "<marked@sendledger.test>"
+    provider = provider_for(servers, servers.smtp_port, timeout=5.0)
+    try:
+        _received_and_deleted(servers, mid)
+        found = provider.search(mid)
+        assert found.only_in_trash and [hit.in_trash for hit in found.hits] == [True]
+        assert provider.send_raw(message(mid)).kind is SendKind.CONFIRMED
+        servers.wait_copies(mid, 1)
+        found = provider.search(mid)
+        assert not found.only_in_trash and [hit.in_trash for hit in found.hits] == [False]
     finally:
         provider.close()

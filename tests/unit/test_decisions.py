@@ -373,6 +373,31 @@ def test_after_search_refuses_nonsense(hits: int, misses_before: int) -> None:
         after_search(policy(), hits=hits, misses_before=misses_before, resent=False, now=NOW)
 
 
+@pytest.mark.parametrize("on_unknown", ["retry", "search-then-review", "review"])
+@pytest.mark.parametrize("hits", [1, 2, 25])
+def test_copies_only_in_the_trash_go_to_review_on_every_channel(on_unknown: str, hits: int) -> None:
+    # A received message deleted lies in the trash as a sent copy deleted does: neither
+    # a confirmation, a duplicate, nor a miss (docs/how-it-works.md "Counting copies").
+    p = policy(on_unknown=on_unknown)
+    for misses_before in (0, 1, 5):
+        for resent in (False, True):
+            d = after_search(
+                p, hits=hits, misses_before=misses_before, resent=resent, now=NOW,
+                only_in_trash=True,
+            )  # fmt: skip
+            assert d == Review(p.ref, EscalationReason.ONLY_IN_TRASH)
+    counted = after_search(p, hits=hits, misses_before=0, resent=False, now=NOW)
+    assert isinstance(counted, Confirm if hits == 1 else Duplicate)
+
+
+@pytest.mark.parametrize(("hits", "match"), [(0, "and none found"), (-1, "must be an int")])
+def test_copies_only_in_the_trash_need_one_copy_found(hits: int, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        after_search(
+            policy(), hits=hits, misses_before=0, resent=False, now=NOW, only_in_trash=True
+        )
+
+
 # -- after_response and verification ---------------------------------------------------------
 
 

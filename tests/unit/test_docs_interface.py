@@ -127,8 +127,9 @@ def test_each_command_prints_the_fields_the_list_shows(rig: EngineRig) -> None:
     assert list(row) == [f for f in shown(("review", "list")) if f != "send_at"]
     answer = CheckAnswer("k", "review", "<m@x>", "q", [Copy("p", "d", "t", "s")], True).as_dict()
     check = shown(("review", "check"))
-    assert [f for f in check if f not in ("provider_id", "date", "to", "subject")] == list(answer)
-    assert check[check.index("copies") + 1 :][:4] == list(answer["copies"][0])
+    copy = list(answer["copies"][0])
+    assert [f for f in check if f not in copy] == list(answer)
+    assert check[check.index("copies") + 1 :][: len(copy)] == copy
     item = TriageItem("k", "c", None, 0, [], "left", "none found: left in review")
     assert shown(("review", "triage"), after="--json:") == list(item.as_dict())
 

@@ -139,7 +139,8 @@ def test_check_records_who_asked_and_what_was_found(rig: EngineRig) -> None:
     body = answer.as_dict()
     assert set(body) >= {"count", "query", "copies"}
     copy = body["copies"][0]
-    assert set(copy) == {"provider_id", "date", "to", "subject"}
+    assert set(copy) == {"provider_id", "date", "to", "subject", "in_trash"}
+    assert copy["in_trash"] is False and body["only_in_trash"] is False
     assert copy["to"] == "customer@example.net" and copy["subject"] == "Receipt k1"
     checked = [e for e in services(rig).history("k1") if e["type"] == "Checked"]
     assert checked[-1]["by"] == "bob" and checked[-1]["purpose"] == "check"

@@ -272,6 +272,9 @@ class CopyOut(BaseModel):
     date: str
     to: str
     subject: str
+    in_trash: bool = Field(
+        default=False, description="found in the sender's trash, not in its sent folder"
+    )
 
 
 class CheckOut(BaseModel):
@@ -288,6 +291,11 @@ class CheckOut(BaseModel):
     )
     query: str
     copies: list[CopyOut]
+    only_in_trash: bool = Field(
+        default=False,
+        description="every copy found is in the sender's trash: sent and deleted by its "
+        "sender, or received and deleted, which no search takes for proof",
+    )
     recorded: bool
     version: int | None = Field(
         default=None,
@@ -298,7 +306,7 @@ class CheckOut(BaseModel):
     hits: list[dict[str, Any]] = Field(
         default_factory=list,
         description="the same copies as the first releases showed them: "
-        "{provider_message_id, message_id, labels}",
+        "{provider_message_id, message_id, labels, in_trash}",
     )
 
 

@@ -246,7 +246,8 @@ def cmd_review_check(args: argparse.Namespace) -> int:
     print(f"{printable(answer.key)}  {answer.state}  {answer.message_id}")
     print(f"{copies_found(answer.count, answer.complete)} (query {printable(answer.query)})")
     for copy in answer.copies:
-        print(printable(f"  {copy.provider_id}  {copy.date}  {copy.to}  {copy.subject}"))
+        where = "  (in the trash)" if copy.in_trash else ""
+        print(printable(f"  {copy.provider_id}  {copy.date}  {copy.to}  {copy.subject}{where}"))
     if answer.count > len(answer.copies):
         print(f"  ... and {answer.count - len(answer.copies)} more, not listed")
     if not answer.recorded:

@@ -113,8 +113,10 @@ class FakeHistoryProvider(FakeProvider):
 
     # -- inside ---------------------------------------------------------------------------
 
-    def _store(self, message_id: str, to: str = "", subject: str = "") -> str:
-        provider_id = super()._store(message_id, to, subject)
+    def _store(
+        self, message_id: str, to: str = "", subject: str = "", *, in_trash: bool = False
+    ) -> str:
+        provider_id = super()._store(message_id, to, subject, in_trash=in_trash)
         self._current = next(self._history_ids)
         self._history_of[provider_id] = self._current
         return provider_id

@@ -137,6 +137,7 @@ class Copy:
     stored_at: datetime
     to: str = ""
     subject: str = ""
+    in_trash: bool = False  # a message received with the Message-ID and deleted, ...
 
 
 @dataclass(frozen=True)
@@ -236,18 +237,23 @@ class FakeProvider(ProviderBase):
 
     def copies_of(self, message_id: str) -> int:
         """Copies sent for `message_id`, counted by the Message-ID we gave (a replaced one
-        too), as the e2e tests count by the job's subject."""
+        too), as the e2e tests count by the job's subject; a message in the trash
+        (`store_copy(..., in_trash=True)`) is not one."""
         with self._lock:
             return sum(
                 1
                 for copy in self.copies
-                if self._originals.get(copy.provider_message_id, copy.message_id) == message_id
+                if not copy.in_trash
+                and self._originals.get(copy.provider_message_id, copy.message_id) == message_id
             )
 
-    def store_copy(self, message_id: str) -> str:
-        """A copy the provider holds without a send through us (a second sender)."""
+    def store_copy(self, message_id: str, *, in_trash: bool = False) -> str:
+        """A copy the provider holds without a send through us (a second sender);
+        `in_trash`: in the mailbox's trash (a message received with the Message-ID and
+        deleted), which a search lists only when no other copy is there, as the SMTP +
+        IMAP and Graph providers search."""
         with self._lock:
-            return self._store(message_id)
+            return self._store(message_id, in_trash=in_trash)
 
     # -- the provider port ----------------------------------------------------------------
 
@@ -311,16 +317,19 @@ class FakeProvider(ProviderBase):
                 raise ProviderError("search failed (scripted)", retry_after=1.0)
             self.answered_searches[message_id] += 1
             visible_before = self.clock() - timedelta(seconds=self.index_lag)
+            visible = list(self._visible(message_id, visible_before))
+            sent = [copy for copy in visible if not copy.in_trash]
             hits = tuple(
                 SearchHit(
                     copy.provider_message_id,
                     copy.message_id,
-                    ("SENT",),
+                    ("TRASH",) if copy.in_trash else ("SENT",),
                     date=copy.stored_at.isoformat(),
                     to=copy.to,
                     subject=copy.subject,
+                    in_trash=copy.in_trash,
                 )
-                for copy in self._visible(message_id, visible_before)
+                for copy in sent or visible
             )
         hook = self.during_search
         if hook is not None:
@@ -376,10 +385,12 @@ class FakeProvider(ProviderBase):
 
     # -- inside ---------------------------------------------------------------------------
 
-    def _store(self, message_id: str, to: str = "", subject: str = "") -> str:
+    def _store(
+        self, message_id: str, to: str = "", subject: str = "", *, in_trash: bool = False
+    ) -> str:
         provider_id = f"fake-{next(self._ids):06d}"
         stored = f"<replaced-{provider_id}@fake>" if self.replaces_message_id else message_id
-        self.copies.append(Copy(provider_id, stored, self.clock(), to, subject))
+        self.copies.append(Copy(provider_id, stored, self.clock(), to, subject, in_trash))
         self._originals[provider_id] = message_id
         return provider_id
 

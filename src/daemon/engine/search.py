@@ -283,7 +283,12 @@ class Sweep:
             return
         job, work.now = work.job, self._clock()
         decision = decisions.after_search(
-            policy, hits=result.count, misses_before=job.misses, resent=job.resent, now=work.now
+            policy,
+            hits=result.count,
+            misses_before=job.misses,
+            resent=job.resent,
+            now=work.now,
+            only_in_trash=result.only_in_trash,
         )
         tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now)
         _record(job.record_search, result, decision, work.now, tidy_at)

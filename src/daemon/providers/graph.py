@@ -686,7 +686,8 @@ class GraphProvider(ProviderBase):
 
     def search_in(self, mailbox: _Mailbox, message_id: str) -> SearchResult:
         """Every sent copy whose Message-ID header is `message_id`: Sent Items and Deleted
-        Items searched by `$filter=internetMessageId eq '...'` through every page, joined
+        Items (its hits `in_trash`, searched only when no other copy was found) searched
+        by `$filter=internetMessageId eq '...'` through every page, joined
         with this
         process's drafts of it that are no drafts any more (read by immutable id: a copy
         the filter may not show yet). Reads only: a human's check may run while the
@@ -705,10 +706,13 @@ class GraphProvider(ProviderBase):
                 if hit is not None:
                     hits.setdefault(hit.provider_message_id, hit)
         # Deleted Items too, when nothing else was found: a sent copy its sender deleted
-        # was sent (Gmail's search counts trashed copies). Not beside a sent copy: a
-        # message addressed to its own mailbox has its received copy there once deleted,
-        # which would make a false duplicate. Immutable ids name an item wherever it
-        # moves, so a copy moved meanwhile is counted once; a deleted draft is no copy.
+        # was sent (Gmail's search counts trashed copies), but a message received with
+        # our Message-ID and deleted lies there as well, so its hits are marked
+        # `in_trash` and settle nothing alone (`decisions.after_search`: review). Not
+        # beside a sent copy: a message addressed to its own mailbox has its received
+        # copy there once deleted, which would make a false duplicate. Immutable ids name
+        # an item wherever it moves, so a copy moved meanwhile is counted once; a deleted
+        # draft is no copy.
         searched = []
         complete = True
         for folder in (SENT_ITEMS, DELETED_ITEMS):
@@ -716,7 +720,8 @@ class GraphProvider(ProviderBase):
                 break
             searched.append(folder)
             listed = self._filtered(mailbox, folder, literal)
-            more, complete = first_copies(self._new_hits(hits, listed, message_id), folder)
+            read = self._new_hits(hits, listed, message_id, in_trash=folder == DELETED_ITEMS)
+            more, complete = first_copies(read, folder)
             hits.update((hit.provider_message_id, hit) for hit in more)
         query = " and ".join(
             f"mailFolders/{folder}/messages?$filter=internetMessageId eq {literal}"
@@ -787,8 +792,9 @@ class GraphProvider(ProviderBase):
         )
 
     @staticmethod
-    def _hit(found: dict[str, Any], message_id: str) -> SearchHit | None:
-        """The message as a copy; None when its Message-ID is not exactly ours."""
+    def _hit(found: dict[str, Any], message_id: str, in_trash: bool = False) -> SearchHit | None:
+        """The message as a copy (`in_trash`: listed in Deleted Items); None when its
+        Message-ID is not exactly ours."""
         provider_id, header = found.get("id"), found.get("internetMessageId")
         if not isinstance(provider_id, str) or not isinstance(header, str):
             raise ProviderError(f"search: malformed message entry {found!r}")
@@ -802,15 +808,22 @@ class GraphProvider(ProviderBase):
             date=_text(found.get("sentDateTime")),
             to=_recipients(found.get("toRecipients")),
             subject=_text(found.get("subject")),
+            in_trash=in_trash,
         )
 
     def _new_hits(
-        self, hits: dict[str, SearchHit], listed: Iterator[dict[str, Any]], message_id: str
+        self,
+        hits: dict[str, SearchHit],
+        listed: Iterator[dict[str, Any]],
+        message_id: str,
+        *,
+        in_trash: bool,
     ) -> Iterator[SearchHit | None]:
         """Each listed message as a copy not in `hits` yet, or None (a draft, a copy
         counted already, another Message-ID): what `first_copies` reads."""
         for found in listed:
-            hit = None if found.get("isDraft") is True else self._hit(found, message_id)
+            draft = found.get("isDraft") is True
+            hit = None if draft else self._hit(found, message_id, in_trash)
             yield None if hit is None or hit.provider_message_id in hits else hit
 
     def _filtered(self, mailbox: _Mailbox, folder: str, literal: str) -> Iterator[dict[str, Any]]:

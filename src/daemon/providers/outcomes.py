@@ -68,6 +68,12 @@ class SearchHit:
     date: str = ""
     to: str = ""
     subject: str = ""
+    #: Found in the mailbox's trash (IMAP's folder flagged `\\Trash`, Graph's Deleted
+    #: Items), searched only when the sent folder holds no copy. Weaker evidence than a
+    #: sent copy: a message *received* with the job's Message-ID and deleted is there too
+    #: (anyone who knows a job key can compute it), so alone it settles nothing
+    #: (`SearchResult.only_in_trash`, docs/how-it-works.md "Counting copies").
+    in_trash: bool = False
 
     def __post_init__(self) -> None:
         # As a mailbox decoded them (undecodable bytes as lone surrogates): recorded with a
@@ -109,6 +115,14 @@ class SearchResult:
     def count(self) -> int:
         """How many copies the search found: exact when `complete`, else at least."""
         return len(self.hits) + self.more
+
+    @property
+    def only_in_trash(self) -> bool:
+        """Whether every copy found is in the trash (none in the sent folder): a copy sent
+        and deleted by its sender, or one received and deleted; a human tells them apart
+        (`decisions.after_search`). A provider reads the trash only when the sent folder
+        held none, so the copies counted beyond `hits` are in the trash too."""
+        return bool(self.hits) and all(hit.in_trash for hit in self.hits)
 
     @property
     def copies(self) -> list[str]:

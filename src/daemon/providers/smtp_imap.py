@@ -16,9 +16,12 @@ sent folder (docs/providers.md "Providers"; "Adding a provider" in docs/architec
 Hit ids are `UIDVALIDITY:UID` of the sent folder, which `read_message_id` reads back. When
 the sent folder holds none, the search counts the copies in the folder flagged `\\Trash`
 (a sent copy deleted by its sender was sent); their ids are `trash:UIDVALIDITY:UID`, with
-no read-back. Not beside a sent copy: a message addressed to its own sender has its
-received copy in the trash once read and deleted, and a copy moved there between the two
-folders' searches would be counted twice; either would be a false duplicate.
+no read-back, and they are marked `in_trash`: a message received with the job's
+Message-ID and deleted lies there too, so such copies alone settle nothing (the job goes
+to review, `decisions.after_search`). Not beside a sent copy: a message addressed to its
+own sender has its received copy in the trash once read and deleted, and a copy moved
+there between the two folders' searches would be counted twice; either would be a false
+duplicate.
 
 Delivery reports (docs/providers.md "Bounces") arrive in INBOX, where the submission
 server's own bounces are filed: one read is `UID SEARCH SINCE <day> HEADER Content-Type
@@ -204,7 +207,7 @@ class SmtpImapProvider(ProviderBase):
         flagged `\\Trash`) was still sent, and missing it would have the job sent again
         (Gmail's search counts trashed copies too); beside a sent copy, one in the trash
         is no second send (the module docstring). A copy in the trash has no read-back
-        id."""
+        id, and is marked `in_trash` (weaker evidence: it may have been received)."""
         if not message_id or any(c in message_id for c in '"\\\r\n'):
             raise ProviderError(f"cannot search for Message-ID {message_id!r}")
 
@@ -231,6 +234,7 @@ class SmtpImapProvider(ProviderBase):
                         to=str(fields.get("To", "")),
                         subject=str(fields.get("Subject", "")),
                         labels=(folder,) if trashed else (),
+                        in_trash=trashed,
                     )
 
         def call(client: Any) -> tuple[list[str], list[SearchHit], bool]:

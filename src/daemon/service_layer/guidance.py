@@ -60,6 +60,12 @@ MEANING: dict[EscalationReason, str] = {
         "sender's mailbox says a recipient's server refused it for good: that recipient "
         "does not have it."
     ),
+    EscalationReason.ONLY_IN_TRASH: (
+        "The only copies a search found are in the sender's trash, none in its sent "
+        "folder: a copy sent and deleted by its sender, or a message received with this "
+        "Message-ID (anyone who knows the job's key can send one) and deleted, so the "
+        "customer may or may not have it."
+    ),
 }
 
 #: The next step for each reason when nothing more is known (no check yet).
@@ -104,6 +110,12 @@ NEXT: dict[EscalationReason, str] = {
         "Read the report in the timeline (the recipient and the server's words), settle the "
         "address with the customer (a new job under a new key), then resolve as sent: the "
         "message went out, and a resend would reach the other recipients twice."
+    ),
+    EscalationReason.ONLY_IN_TRASH: (
+        "Open the copy in the sender's trash (the check lists where each copy was found): "
+        "if this mailbox sent it (it is in the sent mail's thread, its From, To and Date "
+        "are the job's), resolve as sent saying so in the note; if it was received, delete "
+        "it for good, then resend (a resend is refused while a copy is found)."
     ),
 }
 
@@ -218,7 +230,8 @@ _REASONS = {reason.value for reason in EscalationReason}
 
 
 def _next(reason: EscalationReason | None, copies: int | None) -> str:
-    if reason is EscalationReason.BOUNCED:
+    if reason in (EscalationReason.BOUNCED, EscalationReason.ONLY_IN_TRASH):
+        # In the trash, a copy found is no proof the customer has it: the step is the same.
         return NEXT[reason]
     if copies == 1:
         return "The last check found one copy: the customer has it. Resolve as sent."
@@ -233,6 +246,8 @@ def _next(reason: EscalationReason | None, copies: int | None) -> str:
 
 
 def _recommended(reason: EscalationReason | None, copies: int | None) -> Resolution | None:
+    if reason is EscalationReason.ONLY_IN_TRASH:
+        return None  # a person tells a sent copy from a received one first
     if copies:
         return Resolution.SENT
     if reason is EscalationReason.RENDER_MISMATCH:

@@ -57,7 +57,7 @@ from ledger.application import (
     project_events,
 )
 from ledger.content import JobContent, JobInputError
-from ledger.copies import copies_found
+from ledger.copies import copies_found, found_only_in_trash
 from ledger.display import command_line, iso, quoted
 from ledger.exceptions import Refusal
 from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name
@@ -98,10 +98,11 @@ class Copy:
     date: str
     to: str
     subject: str
+    in_trash: bool = False  # found in the sender's trash, not its sent folder
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, Any]:
         return {"provider_id": self.provider_id, "date": self.date, "to": self.to,
-                "subject": self.subject}  # fmt: skip
+                "subject": self.subject, "in_trash": self.in_trash}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,11 @@ class CheckAnswer:
         return bool(self.moved)
 
     @property
+    def only_in_trash(self) -> bool:
+        """Every copy found is in the sender's trash (`SearchResult.only_in_trash`)."""
+        return bool(self.copies) and all(copy.in_trash for copy in self.copies)
+
+    @property
     def why_unrecorded(self) -> str:
         """Why the check is not in the job's history (when `recorded` is False)."""
         if self.overtaken:
@@ -161,6 +167,7 @@ class CheckAnswer:
             "complete": self.complete,
             "query": self.query,
             "copies": [c.as_dict() for c in self.copies],
+            "only_in_trash": self.only_in_trash,
             "recorded": self.recorded,
             "version": self.version,
             "advice": self.advice,
@@ -173,7 +180,14 @@ class CheckAnswer:
         if self.overtaken:
             check = command_line("sendledger", "review", "check", self.key)
             return f"the job changed while it searched: check again ({check})"
-        return check_advice(self.key, self.state, self.count, self.complete, self.version)
+        return check_advice(
+            self.key,
+            self.state,
+            self.count,
+            self.complete,
+            self.version,
+            only_in_trash=self.only_in_trash,
+        )
 
 
 @dataclass(frozen=True)
@@ -270,15 +284,28 @@ SORTS = ("since", "-since", "channel", "reason", "key")
 
 
 def check_advice(
-    key: str, state: str, copies: int, complete: bool = True, version: int | None = None
+    key: str,
+    state: str,
+    copies: int,
+    complete: bool = True,
+    version: int | None = None,
+    *,
+    only_in_trash: bool = False,
 ) -> str:
     """What to do next after a check; a resolve command only for a job in review, with
     its arguments quoted (docs/review.md "Review"). `complete` False: at least `copies`.
     `version`: the job's version the check found that on, which the command then holds
-    for (`--expected-version`): run after anyone else wrote to the job, it is refused."""
+    for (`--expected-version`): run after anyone else wrote to the job, it is refused.
+    `only_in_trash`: every copy found is in the sender's trash, which no search takes
+    for proof (`decisions.after_search`)."""
     if state != JobState.REVIEW:
         return f"the job is {state}, not in review: there is nothing to resolve"
     sent = _resolve_command(key, "sent", version)
+    if only_in_trash:
+        return (
+            f"{found_only_in_trash(copies, complete)}: open it; sent from this mailbox,"
+            f" `{sent}` with a note saying so; received, delete it for good, then check again"
+        )
     if copies == 0:
         resend = _resolve_command(key, "resend", version)
         return f"none found: if the search index has caught up, `{resend}` is safe"
@@ -976,7 +1003,11 @@ class Services:
                                  exc.message)  # fmt: skip
                 continue
             count, copies = found.count, found.copies
-            if count == 1 and dry_run:
+            trashed = found.only_in_trash  # sent and deleted, or received: a person tells
+            if trashed:
+                said = found_only_in_trash(count, found.complete)
+                action, detail = "left", f"{said}: left in review"
+            elif count == 1 and dry_run:
                 action, detail = "would-resolve-sent", "one copy found: would resolve as sent"
             elif count == 1:
                 action, detail = self._triage_sent(job, found, by)
@@ -984,15 +1015,13 @@ class Services:
                 what = "none found" if count == 0 else copies_found(count, found.complete)
                 what += " (a duplicate)" if count else ""
                 action, detail = "left", f"{what}: left in review"
-                if not dry_run:
-                    written = self._record_check(
-                        row.key, found, by=by, purpose="triage", searched=job
+            if (trashed or count != 1) and not dry_run:
+                written = self._record_check(row.key, found, by=by, purpose="triage", searched=job)
+                if written.moved:
+                    detail = (
+                        f"{detail.removesuffix(': left in review')}; the job changed while"
+                        f" it was searched ({written.moved}): not recorded, look again"
                     )
-                    if written.moved:
-                        detail = (
-                            f"{what}; the job changed while it was searched "
-                            f"({written.moved}): not recorded, look again"
-                        )
             yield TriageItem(row.key, row.channel, row.reason, count, copies, action, detail)
 
     def _triage_sent(self, job: SendJob, found: SearchResult, by: str) -> tuple[str, str]:
@@ -1184,7 +1213,7 @@ def _answer(job: SendJob, found: SearchResult, recorded: bool, moved: str = "") 
     # (docs/how-it-works.md "Another's words").
     words = characters.recorded
     copies = [
-        Copy(h.provider_message_id, words(h.date), words(h.to), words(h.subject))
+        Copy(h.provider_message_id, words(h.date), words(h.to), words(h.subject), h.in_trash)
         for h in found.hits
     ]
     hits = [
@@ -1192,6 +1221,7 @@ def _answer(job: SendJob, found: SearchResult, recorded: bool, moved: str = "") 
             "provider_message_id": h.provider_message_id,
             "message_id": words(h.message_id_header),  # ours, but spaces may pad it
             "labels": list(h.labels),
+            "in_trash": h.in_trash,
         }
         for h in found.hits
     ]
