@@ -19,6 +19,7 @@ from tests.unit.test_services import services
 from daemon.api.app import create_app
 from daemon.doubles.fake_provider import Scripted
 from daemon.providers.outcomes import SearchHit, SearchResult
+from daemon.service_layer.services import ServiceError
 from ledger.decision_types import Review
 from ledger.job import SendJob, TransitionError
 from ledger.vocabulary import EscalationReason, JobState, Resolution
@@ -41,6 +42,13 @@ def _lost_then_received_in_trash(rig: EngineRig, key: str) -> str:
     rig.provider.script(Scripted.lost_request())
     assert rig.tick().unknown == 1
     return rig.provider.store_copy(message_id, in_trash=True)
+
+
+def _in_review(rig: EngineRig, key: str) -> str:
+    """The job sent to review by its search (`_lost_then_received_in_trash`)."""
+    trashed = _lost_then_received_in_trash(rig, key)
+    rig.advance_and_tick(60)  # search_after
+    return trashed
 
 
 def test_a_received_message_in_the_trash_sends_an_unknown_job_to_review_not_confirmed(
@@ -115,8 +123,7 @@ def test_a_search_result_is_only_in_the_trash_when_every_copy_is() -> None:
 def test_a_check_says_the_copy_is_only_in_the_trash_and_triage_leaves_the_job(
     rig: EngineRig,
 ) -> None:
-    trashed = _lost_then_received_in_trash(rig, "k1")
-    rig.advance_and_tick(60)
+    trashed = _in_review(rig, "k1")
     s = services(rig)
     answer = s.check("k1", by="ann")
     assert answer.only_in_trash and [c.in_trash for c in answer.copies] == [True]
@@ -138,8 +145,7 @@ def test_a_check_says_the_copy_is_only_in_the_trash_and_triage_leaves_the_job(
 
 
 def test_the_job_page_shows_where_the_copy_was_found(rig: EngineRig) -> None:
-    _lost_then_received_in_trash(rig, "k1")
-    rig.advance_and_tick(60)
+    _in_review(rig, "k1")
     with TestClient(create_app(api_context(rig))) as client:
         page = client.get("/ui/jobs/k1", headers=AUTH).text
         assert "the customer may or may not have it" in unescape(page)
@@ -148,3 +154,19 @@ def test_the_job_page_shows_where_the_copy_was_found(rig: EngineRig) -> None:
         assert 'data-label="Found in">trash<' in checked
         answer = client.post("/v1/review/k1/check", headers=AUTH).json()
         assert answer["only_in_trash"] is True and answer["copies"][0]["in_trash"] is True
+
+
+def test_a_resend_is_refused_while_the_copy_is_in_the_trash_and_goes_once_it_is_deleted(
+    rig: EngineRig,
+) -> None:
+    trashed = _in_review(rig, "k1")
+    s = services(rig)
+    with pytest.raises(ServiceError) as refused:
+        s.resolve("k1", Resolution.RESEND, note="", by="ann")
+    assert refused.value.message.startswith(f"job 'k1' was not resent: {TRASH_SAYS}: open it")
+    assert rig.provider.sends == 1 and rig.job("k1").state is JobState.REVIEW
+    # The person opened it: received from elsewhere, deleted for good; the resend goes.
+    rig.provider.copies[:] = [c for c in rig.provider.copies if c.provider_message_id != trashed]
+    assert s.resolve("k1", Resolution.RESEND, note="", by="ann").state is JobState.REQUESTED
+    rig.tick()
+    assert rig.provider.sends == 2 and rig.job("k1").state is JobState.CONFIRMED

@@ -838,11 +838,13 @@ class Services:
                     raise self._moved_on(key, seen, "resent")
                 # "sent" on the version that holds this search (else the one decided on).
                 on = written.job.version if written.job is not None else seen
-                raise ServiceError(
-                    Refusal.CONFLICT,
-                    f"job {key!r} was not resent: {copies_found(found.count, found.complete)}: "
-                    f"resolve as sent ({_resolve_command(key, 'sent', on)})",
-                )
+                sent = f"resolve as sent ({_resolve_command(key, 'sent', on)})"
+                why = f"{copies_found(found.count, found.complete)}: {sent}"
+                if found.only_in_trash:  # perhaps received: "resolve as sent" is no advice
+                    why = check_advice(
+                        key, JobState.REVIEW, found.count, found.complete, on, only_in_trash=True
+                    )
+                raise ServiceError(Refusal.CONFLICT, f"job {key!r} was not resent: {why}")
         at = self.ledger.clock()
         with _domain_input():
             if found is not None:
