@@ -458,6 +458,8 @@ def test_real_dovecot_finds_exactly_a_jobs_copy_among_the_ids_its_search_also_ma
 
     try:
         search_finds_one()
+    finally:
+        provider.close()
 
 
 class _LostRequests(SmtpImapProvider):
