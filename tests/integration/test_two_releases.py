@@ -50,6 +50,7 @@ def test_a_rolling_upgrade_on_postgresql(
         check_event_format(ledger, release=Release(1, 1), server=(DAEMON, "a"))
         now = ledger.loaded_policies().now()
         assert now is not None
+        name_a = ledger.hold_identity("a")  # held while its daemon runs
         ledger.loaded_policies().write(LoadedPolicies("a", DAEMON, now, now + 60, {}))
 
         # Host b is upgraded to a release of format 2: its daemon does not start (exit 3,
@@ -69,6 +70,7 @@ def test_a_rolling_upgrade_on_postgresql(
         # Host a stops (its row leaves) and a minute passes (its declaration is no
         # longer a start under way): b's next start raises the store to format 2.
         ledger.loaded_policies().leave("a", DAEMON, now)
+        name_a.release()
         later = now + event_format.STARTING_SECONDS + 1
         assert check_event_format(ledger, server=(DAEMON, "b"), clock=lambda: later) == 2
 

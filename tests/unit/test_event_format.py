@@ -38,6 +38,7 @@ from ledger.event_format import (
     shapes_digest,
 )
 from ledger.job import SendJob
+from ledger.stores import IdentityLock
 from ledger.stores.format_rows import STORE_HOLDER, FormatRow, format_rows_for
 from ledger.stores.loaded_policies import API, DAEMON, LoadedPolicies
 from ledger.vocabulary import JobState
@@ -55,11 +56,23 @@ def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
         else f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     )
     with Ledger(url) as opened:
-        yield opened
+        try:
+            yield opened
+        finally:
+            for held in _names.pop(id(opened), []):
+                held.release()
+
+
+#: The daemon names each test's running daemons hold (a daemon's row counts only while
+#: its name is held on the store: docs/cli.md "Submit and the running daemons' policies").
+_names: dict[int, list[IdentityLock]] = {}
 
 
 def live_row(ledger: Ledger, name: str, *, kind: str = DAEMON, at: float = T0) -> None:
-    """A running server's loaded-policies row, as its announcer writes it."""
+    """A running server's loaded-policies row, as its announcer writes it, and for a
+    daemon its name held, as the running daemon holds it."""
+    if kind == DAEMON:
+        _names.setdefault(id(ledger), []).append(ledger.hold_identity(name))
     ledger.loaded_policies().write(LoadedPolicies(name, kind, at, at + LIVE_SECONDS, {}))
 
 
