@@ -142,14 +142,19 @@ def test_a_source_a_server_runs_on_is_refused_and_nothing_is_written(
     with Ledger(f"memory://{source_name}", clock=at) as source:
         fill(source, ["requested"])
         now = time.time()
+        name = source.hold_identity("host-a")  # as the running daemon holds its own
         source.loaded_policies().write(LoadedPolicies("host-a", DAEMON, now, now + LIVE_SECONDS))
         assert running_on(source) == [
             f"daemon 'host-a' (heartbeat until {_iso(now + LIVE_SECONDS)})"
         ]
         with pytest.raises(CopyRefused, match=r"in use by daemon 'host-a'.*fork"):
             copy_store(source, MemoryStore(target_name))
-        # A row whose heartbeat ended (a daemon killed -9 a minute ago) runs nothing.
+        # A row whose heartbeat ended runs nothing; nor one whose name is free (a daemon
+        # killed -9 a moment ago, its heartbeat still ahead).
         source.loaded_policies().write(LoadedPolicies("host-a", DAEMON, now, now - 1))
+        assert running_on(source) == []
+        source.loaded_policies().write(LoadedPolicies("host-a", DAEMON, now, now + LIVE_SECONDS))
+        name.release()
         assert running_on(source) == []
     with Ledger(f"memory://{target_name}", copying=True) as target:
         assert target.recorder.max_notification_id() in (None, 0)
