@@ -22,7 +22,9 @@ are printed per run. `--variant` repeats (a) with parts of the pipeline switched
 their old behaviour, to show what each change did (`--variant gather-all` / `gather-on-the-way`: a
 commit gathers every send worker's claim / only the claims on their way, whatever the
 load average, which decides between the two otherwise; `--variant no-commit-window`: it
-never gathers). It is a measurement: exit code 0
+never gathers). Each daemon run also prints its
+file reads per job (read system calls, SQLite's page reads among them). It is a
+measurement: exit code 0
 unless a job did not end with exactly one copy.
 
     .venv/bin/python bench/pipeline.py [--n 2000] [--no-postgres] [--only cpu,latency,https,idle]
@@ -398,6 +400,20 @@ def one_commit_per_save(engine: Engine) -> None:
     runner._commits = None  # Work.save then calls Ledger.save_job itself
 
 
+def file_reads() -> int:
+    """The process's read system calls so far (`syscr` of /proc/self/io: read and pread,
+    a SQLite page read back among them; a socket's recv is not counted), 0 where the
+    kernel does not say."""
+    try:
+        with open("/proc/self/io") as io:
+            for line in io:
+                if line.startswith("syscr:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def daemon_run(
     emulator: Emulator,
     creds: Path,
@@ -474,7 +490,7 @@ def daemon_run(
     undo_checks = library_protocol_checks() if variant.protocol_checks else None
     load_min, engine_sends.LOAD_MIN = engine_sends.LOAD_MIN, variant.load_min
     try:
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, reads = time.perf_counter(), time.process_time(), file_reads()
         progress = time.monotonic()
         # Until all are confirmed, or nothing moved for 30 s (a job left unknown, or lost).
         while confirmed < n and time.monotonic() - progress < 30:
@@ -486,6 +502,7 @@ def daemon_run(
             else:
                 time.sleep(0.01)  # waiting for a search to fall due
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        reads = file_reads() - reads
     finally:
         policy_model._fingerprint = cached
         addresses._parse_text = parse_text
@@ -502,7 +519,13 @@ def daemon_run(
     # What went wrong when not ok: {copies: jobs} and how many were confirmed.
     outcome = {"copies": dict(Counter(counts.values())), "confirmed": confirmed}
     # Transactions the group commit made (0 with --variant no-group-commit: one per save).
-    extra = {"ticks": ticks, "outcome": outcome, "commits": commits.commits, **stats}
+    extra = {
+        "ticks": ticks,
+        "outcome": outcome,
+        "commits": commits.commits,
+        "reads": reads,
+        **stats,
+    }
     return Run(n, wall, cpu, ok, extra)
 
 
@@ -515,8 +538,10 @@ def connection_line(run: Run) -> str:
     died = e["reused_lost"]
     share = f"{died / e['reused']:.2%}" if e["reused"] else "n/a"
     per_job = f"{e['commits'] / run.jobs:.2f}" if e.get("commits") else "n/a"
+    reads = f"{e['reads'] / run.jobs:.1f}" if "reads" in e else "n/a"
     return (
-        f"{per_job} commits/job; {requests} requests: {e['fresh']} fresh connections, "
+        f"{per_job} commits/job, {reads} file reads/job; "
+        f"{requests} requests: {e['fresh']} fresh connections, "
         f"{e['reused']} reused "
         f"({died} reused died unanswered: {share}); {e['retired']} retired idle/closed"
     )

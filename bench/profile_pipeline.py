@@ -13,7 +13,9 @@ merged. Prints the top functions by own time and by cumulative time.
 `--switches` profiles nothing: per job, the waits on a threading.Condition (a worker's
 for its commit, a gathering commit's for the claims, an idle worker's) and the process's
 voluntary and involuntary context switches, from the first tick to the run's end: each is a
-thread switch and a hand-off of the interpreter lock (`--variant gather-all` or
+thread switch and a hand-off of the interpreter lock; then the same by thread (its CPU
+too, /proc/self/task: which threads wake per job); and the file reads (read system
+calls: SQLite's pages read back) (`--variant gather-all` or
 `gather-on-the-way` fixes the group commit's rule, which otherwise follows the load).
 
 `--pages` profiles nothing either: the pages the run's commits wrote to SQLite's WAL (its
@@ -60,6 +62,7 @@ from pipeline import (
     daemon_run,
     emulator_process,
     emulator_provider,
+    file_reads,
     sqlite_pragma,
 )
 
@@ -101,6 +104,7 @@ class Switches:
         self._counting = False
         self._started: resource.struct_rusage | None = None
         self.voluntary = self.involuntary = 0
+        self.reads = 0
         self._wait: Any = None
 
     def start(self, engine: Engine) -> None:
@@ -115,15 +119,88 @@ class Switches:
         threading.Condition.wait = counted  # type: ignore[method-assign,assignment]
         self._counting = True
         self._started = resource.getrusage(resource.RUSAGE_SELF)
+        self.reads = -file_reads()
 
     def stop(self) -> None:
         self._counting = False
         if self._wait is not None:
             threading.Condition.wait = self._wait  # type: ignore[method-assign]
+        self.reads += file_reads()
         now, started = resource.getrusage(resource.RUSAGE_SELF), self._started
         assert started is not None, "started by the run's hook"
         self.voluntary = now.ru_nvcsw - started.ru_nvcsw
         self.involuntary = now.ru_nivcsw - started.ru_nivcsw
+
+
+#: A thread's (user + system CPU in clock ticks, voluntary, involuntary context switches).
+TaskCounts = tuple[int, int, int]
+
+
+def task_counts(tid: int) -> TaskCounts | None:
+    """One thread's counters from /proc (None once it has ended, or off Linux)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        switches = {}
+        with open(f"/proc/self/task/{tid}/status") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                if name.endswith("ctxt_switches"):
+                    switches[name] = int(value)
+    except (OSError, IndexError, ValueError):
+        return None
+    return (
+        int(fields[11]) + int(fields[12]),  # utime + stime
+        switches.get("voluntary_ctxt_switches", 0),
+        switches.get("nonvoluntary_ctxt_switches", 0),
+    )
+
+
+class PerThread:
+    """CPU and context switches of each thread of the process from `start`, by name (the
+    send workers, the tick's thread, the lease renewer...): which threads wake per job.
+    Sampled every `every` seconds until `stop`, since the engine's threads end with it;
+    the sampler's own share is printed beside them."""
+
+    def __init__(self, every: float = 0.1) -> None:
+        self._every = every
+        self._first: dict[int, TaskCounts] = {}
+        self._last: dict[int, tuple[str, TaskCounts]] = {}
+        self._done = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+    def start(self, engine: Engine) -> None:
+        self._sample()
+        self._sampler = threading.Thread(target=self._run, name="sampler", daemon=True)
+        self._sampler.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(self._every):
+            self._sample()
+
+    def _sample(self) -> None:
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        for entry in os.listdir("/proc/self/task"):
+            tid = int(entry)
+            counts = task_counts(tid)
+            if counts is None:
+                continue
+            self._first.setdefault(tid, counts)
+            self._last[tid] = (names.get(tid, self._last.get(tid, ("?",))[0]), counts)
+
+    def stop(self) -> list[tuple[str, float, float, float]]:
+        """(thread, CPU ms, voluntary, involuntary switches) per thread that did any."""
+        self._done.set()
+        if self._sampler is not None:
+            self._sampler.join()
+        tick = os.sysconf("SC_CLK_TCK")
+        rows = []
+        for tid, (name, last) in self._last.items():
+            first = self._first[tid]
+            cpu, voluntary, involuntary = (b - a for a, b in zip(first, last, strict=True))
+            if cpu or voluntary or involuntary:
+                rows.append((name, cpu * 1000 / tick, float(voluntary), float(involuntary)))
+        return sorted(rows, key=lambda row: -row[1])
 
 
 class ThreadProfiles:
@@ -266,6 +343,12 @@ def main(argv: list[str] | None = None) -> int:
 
     breakdown = Breakdown()
     switches = Switches()
+    threads = PerThread()
+
+    def count_switches(engine: Engine) -> None:
+        switches.start(engine)
+        threads.start(engine)
+
     if args.pages and args.store != "sqlite":
         parser.error("--pages reads a SQLite store's WAL")
     pages = WalPages() if args.pages else None
@@ -322,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                 batch_size=batch_for(args.concurrency),
                 variant=variant,
                 hook=(
-                    switches.start
+                    count_switches
                     if args.switches
                     else pages.start
                     if pages is not None
@@ -333,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.switches:
                 switches.stop()
+                by_thread = threads.stop()
             if pages is not None:
                 pages.count()
     print(
@@ -344,8 +428,14 @@ def main(argv: list[str] | None = None) -> int:
             f"  per job: {switches.waits / args.n:.2f} Condition waits, "
             f"{switches.voluntary / args.n:.1f} voluntary and "
             f"{switches.involuntary / args.n:.1f} involuntary context switches, "
+            f"{switches.reads / args.n:.1f} file reads, "
             f"{run.extra['commits'] / args.n:.2f} commits"
         )
+        for name, cpu_ms, voluntary, involuntary in by_thread:
+            print(
+                f"    {name:<24} {cpu_ms / args.n:6.3f} cpu-ms, {voluntary / args.n:5.2f} "
+                f"voluntary and {involuntary / args.n:5.2f} involuntary switches per job"
+            )
         return 0
     if pages is not None:
         frames = sum(pages.pages.values())
