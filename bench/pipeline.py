@@ -22,7 +22,8 @@ are printed per run. `--variant` repeats (a) with parts of the pipeline switched
 their old behaviour, to show what each change did (`--variant gather-all` / `gather-on-the-way`: a
 commit gathers every send worker's claim / only the claims on their way, whatever the
 load average, which decides between the two otherwise; `--variant no-commit-window`: it
-never gathers). Each daemon run also prints its
+never gathers; `--variant pool-in-turn`: the SQLite pool hands out its connections in
+turn, as the library's does, not the one returned last). Each daemon run also prints its
 file reads per job (read system calls, SQLite's page reads among them). It is a
 measurement: exit code 0
 unless a job did not end with exactly one copy.
@@ -42,7 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -328,6 +329,9 @@ class Variant:
     # worker's claim) or as on one with cores to spare (the claims on their way), whatever
     # the load average; None: by the load average (daemon/engine/commit.py).
     busy: bool | None = None
+    # False: the SQLite pool hands out its connections in turn, as the library's does,
+    # instead of the one returned last (ledger/stores/private_api.py `LastReturnedFirst`).
+    pool_last_first: bool = True
 
 
 def library_protocol_checks() -> Callable[[], None]:
@@ -444,6 +448,9 @@ def daemon_run(
     policies = PolicySet({"receipts": POLICY})
     undo_fsync = None if variant.fsync else sqlite_without_fsync()
     ledger = Ledger(store_url)
+    if not variant.pool_last_first and store_url.startswith("sqlite"):
+        datastore: Any = getattr(ledger.recorder, "datastore", None)
+        datastore.pool._pool = deque(datastore.pool._pool)
     prefix = f"job{time.monotonic_ns()}"
     message_ids = []
     door = Services(ledger, lambda: ChannelPolicies(PolicySet({"receipts": POLICY}), {}))
@@ -715,6 +722,7 @@ VARIANTS = {
     "no-commit-window": Variant("commits not gathered", commit_window=False),
     "gather-all": Variant("gathered for all workers", busy=True),
     "gather-on-the-way": Variant("gathered on their way", busy=False),
+    "pool-in-turn": Variant("pool's connections in turn", pool_last_first=False),
 }
 
 

@@ -15,7 +15,8 @@ for its commit, a gathering commit's for the claims, an idle worker's) and the p
 voluntary and involuntary context switches, from the first tick to the run's end: each is a
 thread switch and a hand-off of the interpreter lock; then the same by thread (its CPU
 too, /proc/self/task: which threads wake per job); and the file reads (read system
-calls: SQLite's pages read back) (`--variant gather-all` or
+calls: SQLite's pages read back; `--variant pool-in-turn` hands the store's connections
+out in turn, as the library's pool does) (`--variant gather-all` or
 `gather-on-the-way` fixes the group commit's rule, which otherwise follows the load).
 
 `--pages` profiles nothing either: the pages the run's commits wrote to SQLite's WAL (its

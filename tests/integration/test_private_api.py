@@ -112,3 +112,24 @@ def test_a_sqlite_connection_prepares_each_statement_once(tmp_path: Path, clock:
             if key == "s-1":
                 assert prepared, "the ledger did not use the connection the test watches"
         assert set(prepared) == {sqlite3.SQLITE_TRANSACTION}
+
+
+def test_a_sqlite_store_writes_on_the_connection_it_wrote_on_last(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # CachingConnectionPool: a connection drops its page cache when another one has
+    # committed since its last transaction, and reads each page it needs back. Handed
+    # out in turn, the pool's connections did that at nearly every save of a daemon with
+    # several threads; the one returned last first, the saves stay on a warm connection.
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", clock=clock) as ledger:
+        assert isinstance(ledger.recorder, SQLiteApplicationRecorder)
+        pool = ledger.recorder.datastore.pool
+        held = [pool.get_connection() for _ in range(3)]  # as three threads at once
+        for connection in held:
+            pool.put_connection(connection)
+        statements: list[str] = []
+        held[-1]._sqlite_conn.set_trace_callback(statements.append)
+        for key in ("w-1", "w-2", "w-3"):
+            statements.clear()
+            ledger.submit(content(key), SENDER)
+            assert any(s.startswith("INSERT") for s in statements), key
