@@ -30,6 +30,9 @@ SECTIONS |= {"api": cfg.ApiSettings, "retention": cfg.RetentionSettings}
 SECTIONS["webhooks.NAME"] = cfg.WebhookSettings
 KINDS: dict[str, type[BaseModel]] = {"gmail": cfg.GmailProviderSettings}
 KINDS |= {"smtp-imap": cfg.SmtpImapProviderSettings, "graph": cfg.GraphProviderSettings}
+#: Every setting by (its provider kind, or "" outside `providers`; its key): model and field.
+KEYS = {("", f"{p}.{f}"): (m, f) for p, m in SECTIONS.items() for f in m.model_fields}
+KEYS |= {(k, f"providers.NAME.{f}"): (m, f) for k, m in KINDS.items() for f in m.model_fields}
 #: The job's events by name (not the base class, nor eventsourcing's alias `Created`).
 EVENTS: dict[str, Any] = {n: c for n, c in vars(SendJob).items() if isinstance(c, type)}
 EVENTS = {n: c for n, c in EVENTS.items() if issubclass(c, Aggregate.Event) and n[0] != "_"}

@@ -30,7 +30,7 @@ from ledger.vocabulary import FINAL_STATES, ConfirmedVia, EscalationReason, Reso
 DAEMON = {p.name for p in (SRC / "daemon").iterdir() if (p / "__init__.py").is_file()}
 
 
-def test_the_event_table_is_the_job_s_events_their_topics_fields_and_words() -> None:
+def test_the_event_table_and_versions_are_the_job_s_events_topics_fields_and_words() -> None:
     rows = {n: c[0] for n, c in keyed(section("how-it-works.md", "The job's events")).items()}
     assert set(rows) == set(EVENTS) == set(EVENT_TYPES)
     assert all(f"sendledger:SendJob.{name}" == cls.TOPIC for name, cls in EVENTS.items())
@@ -40,6 +40,12 @@ def test_the_event_table_is_the_job_s_events_their_topics_fields_and_words() -> 
     words = {"Escalated": EscalationReason, "Resolved": Resolution, "Confirmed": ConfirmedVia}
     for name, kind in words.items():
         assert set(CODE.findall(rows[name])) - {"verify_at"} == {k.value for k in kind}, name
+    text = flat(section("architecture.md", "Stored events keep loading"))
+    written = {name: int(n) for name, n in re.findall(r"`(\w+)` (?:is )?at version (\d+)", text)}
+    versions = {name: getattr(event, "class_version", 1) for name, event in EVENTS.items()}
+    assert written == {name: v for name, v in versions.items() if v > 1}
+    steps = [(n, f"upcast_v{s}_v{s + 1}") for n, v in versions.items() for s in range(1, v)]
+    assert [step for step in steps if not hasattr(EVENTS[step[0]], step[1])] == []
 
 
 def test_the_tick_s_steps_are_the_engine_s_in_order() -> None:
@@ -115,15 +121,6 @@ def test_the_typed_decisions_table_is_the_job_s_commands_and_the_decision_types(
     reasons = {r.strip() for r in "/".join(given).split("/")}
     reasons |= {r for row in rows for r in re.findall(r"Escalated\(([\w-]+)\)", row[2])}
     assert reasons == {reason.value for reason in EscalationReason}
-
-
-def test_the_event_versions_are_the_classes() -> None:
-    text = flat(section("architecture.md", "Stored events keep loading"))
-    written = {name: int(n) for name, n in re.findall(r"`(\w+)` (?:is )?at version (\d+)", text)}
-    versions = {name: getattr(event, "class_version", 1) for name, event in EVENTS.items()}
-    assert written == {name: v for name, v in versions.items() if v > 1}
-    steps = [(n, f"upcast_v{s}_v{s + 1}") for n, v in versions.items() for s in range(1, v)]
-    assert [step for step in steps if not hasattr(EVENTS[step[0]], step[1])] == []
 
 
 def test_a_new_provider_s_capabilities_are_the_port_s_with_the_defaults_written() -> None:

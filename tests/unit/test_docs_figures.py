@@ -13,7 +13,7 @@ import tomllib
 from contextlib import closing
 
 import pytest
-from tests.unit.docs_code import FIELDS, KINDS, SECTIONS, bench, parsers
+from tests.unit.docs_code import EVENTS, FIELDS, KEYS, KINDS, SECTIONS, bench, parsers
 from tests.unit.docs_page import CODE, PAGES, flat, keyed, page, section
 from tests.unit.engine_rig import EngineRig
 from tests.unit.test_services import LEGAL, OTHER, in_review, services
@@ -27,17 +27,7 @@ from daemon.service_layer import guidance, listing, problems, read_models
 from daemon.service_layer.services import SORTS, TRIAGE_NOTE, Services
 from daemon.tools import demo
 from daemon.webhooks import events, signing, status, worker
-from ledger import (
-    addresses,
-    attachments,
-    characters,
-    content,
-    copies,
-    display,
-    extra_headers,
-    job,
-    keys,
-)
+from ledger import addresses, attachments, characters, content, copies, display, extra_headers, keys
 from ledger.stores import positions, url
 from ledger.vocabulary import FINAL_STATES, OPEN_STATES, EscalationReason, JobState
 from policies import loader, model
@@ -74,13 +64,12 @@ DAEMONS = re.sub(r",(\d+)$", r" and \1", str(bench("daemons.py")["--daemons"])).
 SOAK_CONCURRENCY = int(re.findall(r"concurrency = (\d+)", page("bench/soak.py"))[0])
 PROJECT = tomllib.loads(page("pyproject.toml"))["project"]
 EVENTSOURCING = re.findall(r"eventsourcing\[postgres\]>=([\d.]+),", str(PROJECT["dependencies"]))[0]
-MODELS = [*SECTIONS.items(), *(("providers.NAME", m) for m in KINDS.values())]
-SECRETS = {f"{p}.{f}" for p, m in MODELS for f in m.model_fields if f.endswith("_file")}
+SECRETS = {key for _, key in KEYS if key.endswith("_file")}
 DEMO = ast.walk(ast.parse(page("src/daemon/tools/demo.py")))
 DEMO_STRINGS = {n.value for n in DEMO if isinstance(n, ast.Constant)}
 GRAPH_CONFIG = config_text("graph", addresses.parse_mailbox("you@example.com"))
 PERMISSIONS = re.findall(r"permissions (Mail\.\w+) and (Mail\.\w+) for `user`", GRAPH_CONFIG)[0]
-CHECKED = [f.name for f in dataclasses.fields(job.SendJob.Checked) if f.name != "timestamp"]
+CHECKED = [f.name for f in dataclasses.fields(EVENTS["Checked"]) if f.name != "timestamp"]
 SORTED_BY = {{"since": "age"}.get(s, s) for s in (s.lstrip("-") for s in SORTS)}
 ROUTES = {f"{m} {p}": r.value for (m, p), r in roles.ROUTE_ROLES.items()}
 ROUTES["/ui/"] = roles.PAGE_ROLE.value

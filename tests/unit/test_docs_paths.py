@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from tests.unit.docs_code import KINDS, MAKE_TARGETS, SECTIONS
+from tests.unit.docs_code import KEYS, MAKE_TARGETS
 from tests.unit.docs_page import CODE, PAGES, REPO, SRC, missing_paths, prose_lines
 
 from daemon.cli import COMMANDS
@@ -160,9 +160,8 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
         if re.match(r"(tests|bench|scripts)/", span):
             return None if (REPO / span).is_file() else "no such file"
         return None if len(by_path(span)) == 1 else "names no one module"
-    if named := re.fullmatch(r"(providers|webhooks)\.NAME\.(\w+)", span):
-        models = KINDS.values() if named[1] == "providers" else [SECTIONS["webhooks.NAME"]]
-        return None if any(named[2] in m.model_fields for m in models) else f"no setting {span}"
+    if re.fullmatch(r"(providers|webhooks)\.NAME\.\w+", span):
+        return None if span in {key for _, key in KEYS} else f"no setting {span}"
     if member := re.fullmatch(r"([A-Z]\w*)\.(\w+)", span):
         cls, name = member.groups()
         bodies = [c.body for c in CLASSES if c.name == cls]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
-from tests.unit.docs_code import KINDS, SECTIONS
+from tests.unit.docs_code import KEYS, KINDS
 from tests.unit.docs_page import CODE, flat, keyed, page, section, table
 from tests.unit.test_config_bounds import seconds_with_unit
 
@@ -132,13 +132,6 @@ def check_choices(model: type[BaseModel], field: str, cell: str, where: str) -> 
         assert not missing, f"{where}: {field} does not name the model's choices {missing}"
 
 
-def field_of(key: str, kind: str) -> tuple[type[BaseModel], str] | None:
-    """The model and field a page key (`daemon.tick`, `providers.NAME.timeout`) names."""
-    prefix, _, field = key.rpartition(".")
-    model = KINDS[kind] if prefix == "providers.NAME" else SECTIONS.get(prefix)
-    return (model, field) if model is not None and field in model.model_fields else None
-
-
 def test_every_setting_has_one_row_its_default_choices_and_range() -> None:
     rows = []  # configuration.md's key tables: a row of several keys, `a` / `b`, a row per key
     for first, kind in (("key", "gmail"), ("smtp-imap key", "smtp-imap"), ("graph key", "graph")):
@@ -148,30 +141,25 @@ def test_every_setting_has_one_row_its_default_choices_and_range() -> None:
             for key, default in zip(keys, defaults, strict=True):
                 full = key if "." in key else f"{keys[0].rpartition('.')[0]}.{key}"
                 rows.append((kind if full.startswith("providers.") else "", full, default, row[2]))
-    every = {("", f"{p}.{f}") for p, model in SECTIONS.items() for f in model.model_fields}
-    every |= {(k, f"providers.NAME.{f}") for k, model in KINDS.items() for f in model.model_fields}
-    every -= {("smtp-imap", "providers.NAME.kind"), ("graph", "providers.NAME.kind")}
     listed = [(kind, key) for kind, key, _, _ in rows]
+    every = set(KEYS) - {("smtp-imap", "providers.NAME.kind"), ("graph", "providers.NAME.kind")}
     assert sorted(set(listed) ^ every) == [] and len(listed) == len(set(listed))
     for kind, key, default, meaning in rows:
-        found = field_of(key, kind or "gmail")  # a field: every key is one (above)
-        assert found, key
-        check_default(*found, default, f"configuration.md, row {key}")
-        check_choices(*found, meaning, f"configuration.md, row {key}")
+        check_default(*KEYS[kind, key], default, f"configuration.md, row {key}")
+        check_choices(*KEYS[kind, key], meaning, f"configuration.md, row {key}")
         if key == "providers.NAME.kind":
             assert set(CODE.findall(meaning)) >= set(KINDS)
     ranged = []
     for row in table(page("configuration.md"), "key | range"):
         kinds = [k for k in KINDS if re.search(rf"\({k}\b|, {k}\b", row[0])] or list(KINDS)
         for key in CODE.findall(row[0]):
-            fields = {f for kind in kinds if (f := field_of(key, kind))}
+            fields = {KEYS[k, key] for k in ("", *kinds) if (k, key) in KEYS}
             assert fields, key
             for model, field in fields:
                 check_range(model, field, row[1], "configuration.md, range table")
                 ranged.append((model, field))
-    models = [*SECTIONS.values(), *KINDS.values()]
-    every_field = [(m, f, i) for m in models for f, i in m.model_fields.items()]
-    numeric = {(m, f) for m, f, i in every_field if number_types(i.annotation) <= {int, float}}
+    held = {(m, f): number_types(m.model_fields[f].annotation) for m, f in KEYS.values()}
+    numeric = {field for field, kinds in held.items() if kinds <= {int, float}}
     assert sorted(map(str, numeric ^ set(ranged))) == [] and len(ranged) == len(set(ranged))
 
 
