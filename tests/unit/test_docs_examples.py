@@ -21,12 +21,11 @@ from unittest import mock
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
-from tests.unit.docs_code import KINDS, SECTIONS
+from tests.unit.docs_code import KINDS, SECTIONS, check_default
 from tests.unit.docs_code import rig as rig
 from tests.unit.docs_page import PAGES, REPO, block, flat, page, section
 from tests.unit.engine_rig import EngineRig
 from tests.unit.test_api_routes import AUTH, api_context
-from tests.unit.test_docs_settings import check_default
 
 from daemon.api.app import create_app
 from daemon.bootstrap import build_provider

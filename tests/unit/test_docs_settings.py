@@ -5,77 +5,30 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import socket
-import tomllib
 import types
 import typing
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
-from tests.unit.docs_code import KEYS, KINDS
+from tests.unit.docs_code import KEYS, KINDS, check_default, validated
 from tests.unit.docs_page import CODE, flat, keyed, page, section, table
 from tests.unit.test_config_bounds import seconds_with_unit
 
 from daemon.config import environment
 from daemon.config import settings as cfg
 from daemon.config.sizes import parse_size
-from daemon.webhooks.events import WEBHOOK_TYPES
 from ledger.stores.index import IndexRow
 from ledger.stores.library_env import APPLICATION_PREFIX, LIBRARY_VARIABLES, READ_BY_SENDLEDGER
 from policies.durations import parse_duration
 from policies.model import ChannelPolicy
 
-#: What a model needs besides the field under test, so that one field is validated alone.
-STUBS: dict[type[BaseModel], dict[str, Any]] = {
-    cfg.GmailProviderSettings: {"credentials_file": "sa.json"},
-    cfg.SmtpImapProviderSettings: {"kind": "smtp-imap", "smtp_host": "smtp.example.com"}
-    | {"imap_host": "imap.example.com", "username": "u", "password_file": "pw"},
-    cfg.GraphProviderSettings: {"kind": "graph", "tenant_id": "t", "client_id": "c"}
-    | {"user": "u@example.com", "client_secret_file": "secret"},
-    cfg.WebhookSettings: {"url": "https://hooks.example.com/x", "secret_file": "whsec"},
-    ChannelPolicy: {"channel": "receipts", "provider": "support"}
-    | {"from": "Support <support@example.com>", "message_id_domain": "mail.example.com"},
-}
-#: Defaults the pages say in words, and the values each may stand for.
-WORDS: dict[str, tuple[object, ...]] = dict.fromkeys(("unset", "unset (off)"), (None, ""))
-WORDS |= {"the host name": (socket.gethostname(),), "all seven": (list(WEBHOOK_TYPES),)}
-WORDS["twice `deadline_grace`, at least `1s`"] = (None,)  # tests/unit/test_settings.py
-WORDS |= dict.fromkeys(("off", "none", "Google's", "the file's", "the `\\Sent` folder"), ("",))
-WORDS |= dict.fromkeys(("", "required with `listen`"), (None,))
 RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at most) ([^\s,]+)")
 #: What a field's range needs of another field: its low (0) or high (1) end, or (2) 7d.
 OTHER = {"retry_backoff": ("retry_backoff_max", 1), "retry_backoff_max": ("retry_backoff", 0)}
 OTHER["history_after"] = ("search_after", 2)  # history_after is shorter than it
 #: Durations written with their unit or refused (a purge cannot be undone).
 WITH_UNIT = {"purge_after"}
-
-
-def validated(model: type[BaseModel], **values: Any) -> Any:
-    return model.model_validate({**STUBS.get(model, {}), **values})
-
-
-def check_default(model: type[BaseModel], field: str, cell: str, where: str) -> None:
-    """The default written: `required`, words of WORDS, another field's name, or one `value`."""
-    info = model.model_fields[field]
-    default = "required" if info.is_required() else info.get_default(call_default_factory=True)
-    said = f"{where}: {field} written {cell!r}, the model's default is {default!r}"
-    value = re.fullmatch(r"`([^`]+)`(?: \([^)]*\))?", cell)
-    if "required" in (cell, default):
-        assert cell == default, said
-    elif cell in WORDS:
-        assert default in WORDS[cell], said
-    elif value and value[1] in model.model_fields:  # unset: the other's value, now or later
-        given = validated(model)
-        assert default is None and getattr(given, field) in (None, getattr(given, value[1])), said
-    else:
-        assert value, f"{where}: {field}: write {cell!r} as one `value`, or add it to WORDS"
-        try:
-            written = tomllib.loads(f"v = {value[1]}")["v"]
-        except tomllib.TOMLDecodeError:
-            written = value[1]
-        expected = None if default is None else getattr(validated(model, **{field: default}), field)
-        assert getattr(validated(model, **{field: written}), field) == expected, said
 
 
 def amount(text: str) -> float:
