@@ -92,12 +92,12 @@ cli.md | Gmail's defaults \d+ MB and (\d+) | GMAIL['max_recipients'].default
 cli.md | emoji without joiners are fine; at most (\d+) characters | content.MAX_KEY_LENGTH
 cli.md | a token's name in `api.token_file`; at most (\d+) characters | keys.MAX_NAME_LENGTH
 cli.md | lone surrogates and more than (\d+) characters | keys.MAX_NOTE_LENGTH
-cli.md | reading the store a page of (\d+) jobs a query | read_models.CONTENT_PAGE
+* | (?:the store a page|\(To, Subject\)) of (\d+) jobs a query | read_models.CONTENT_PAGE
 configuration.md | `whsec_<base64>` \((\d+)-(\d+) bytes | signing.SECRET_BYTES
 configuration.md | \(send (\d+), list/get (\d+)\) | (quota.GMAIL_SEND_UNITS, quota.GMAIL_LIST_UNITS)
 configuration.md | list/get (\d+)\) | quota.GMAIL_GET_UNITS
 configuration.md | `webhooks.NAME.events` \| all (\w+) \| | {7: 'seven'}[len(events.WEBHOOK_TYPES)]
-http-api.md | after (\d+) failed attempts from one address within (\d+) minutes | SIGN_IN
+* | after (\d+) failed attempts (?:from one address )?within (\d+) minutes | SIGN_IN
 http-api.md | at most (\d+) errors | problems.MAX_LISTED
 http-api.md | `limit` 1 to (\d+) \(default (\d+)\) | (listing.LIMIT_MAX, listing.LIMIT_DEFAULT)
 http-api.md | `retries` more times \(default (\d+)\) | CLIENT['retries']
@@ -112,9 +112,7 @@ http-api.md | \(about ([\d,]+) levels\) | sys.getrecursionlimit()
 http-api.md | longer than ([\d,]+) digits | sys.get_int_max_str_digits()
 review.md | ; (\d+) a page\. | Services.review_queue.__kwdefaults__['per_page']
 review.md | among the (\d+) most recently | Services.find_jobs.__kwdefaults__['scan']
-review.md | content \(To, Subject\) of (\d+) jobs a query | read_models.CONTENT_PAGE
 review.md | session cookie for (\d+) hours | auth.SESSION_SECONDS // 3600
-review.md | after (\d+) failed attempts within (\d+) minutes | SIGN_IN
 review.md | until the oldest failure is (\d+) minutes old | signin_limit.WINDOW / 60
 review.md | with the note "([^"]+)" | TRIAGE_NOTE
 review.md | every page of `/ui/` needs `(\w+)` | roles.PAGE_ROLE.value
@@ -128,24 +126,11 @@ operations.md | runs the same (\w+) jobs on the Microsoft | {12: 'twelve'}[len(d
 * | at most ([\d,]+) long as (?:ASCII )?JSON | characters.MAX_RECORDED
 how-it-works.md | the mark within\s+the ([\d,]+); | characters.MAX_RECORDED
 how-it-works.md | A log line quotes less: (\d+) characters | display.MAX_QUOTED
-how-it-works.md | kept only up to the first (\d+) found | copies.COPIES_KEPT
-how-it-works.md | stops\s+reading once it has found (\d+) copies | outcomes.SEARCH_STOPS_AT
-how-it-works.md | A search that reads (\d+) messages that are not copies | outcomes.SEARCH_READS_MAX
-review.md | a check lists the first (\d+) found | copies.COPIES_KEPT
-architecture.md | page by page until it has found (\d+) copies | outcomes.SEARCH_STOPS_AT
-review.md | the search stopped reading at (\d+) \(then | outcomes.SEARCH_STOPS_AT
-http-api.md | `copies` the first (\d+), `complete` false | copies.COPIES_KEPT
-http-api.md | `complete` false when the search stopped reading at (\d+): | outcomes.SEARCH_STOPS_AT
-changes.md | the first (\d+) kept, all counted | copies.COPIES_KEPT
-changes.md | stops reading once it has (\d+) copies | outcomes.SEARCH_STOPS_AT
-changes.md | A\s+search that reads (\d+) messages that are no copies | outcomes.SEARCH_READS_MAX
-review.md | So each is served at most ([\d,]+) long as JSON | characters.MAX_RECORDED
-http-api.md | the mailbox's words: at most ([\d,]+) long as JSON | characters.MAX_RECORDED
-http-api.md | the error at most ([\d,]+) long as JSON | characters.MAX_RECORDED
-changes.md | Each is now at\s+most ([\d,]+) long as JSON writes it | characters.MAX_RECORDED
+* | the first (\d+)(?= found| kept, all counted|, `complete` false) | copies.COPIES_KEPT
+* | (?:(?:once|until) it has(?: found)?|stopped reading at) (\d+) | outcomes.SEARCH_STOPS_AT
+* | A search that reads (\d+) messages that are not? copies | outcomes.SEARCH_READS_MAX
 how-it-works.md | characters of plain text, up to (\d+) emoji | characters.MAX_RECORDED // 12
-operations.md | waits longer: up to (\d+) s | from_settings.SERVICE_START_WAIT
-operations.md | waiting up to (\d+) s for it | from_settings.SERVICE_START_WAIT
+operations.md | wait(?:s longer:|ing) up to (\d+) s | from_settings.SERVICE_START_WAIT
 configuration.md | a service's start \(`run`, `api`\) for (\d+) s | from_settings.SERVICE_START_WAIT
 performance.md | `run` or `api`: (\d+) s | from_settings.SERVICE_START_WAIT
 operations.md | each within `store.connect_timeout`, plus (\d+) | systemd.START_MARGIN

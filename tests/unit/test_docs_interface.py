@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
+import json
 import re
 from argparse import SUPPRESS
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from tests.unit.docs_code import parsers
 from tests.unit.docs_code import rig as rig
 from tests.unit.docs_page import CODE, REPO, block, flat, keyed, page, section, table
 from tests.unit.engine_rig import EngineRig
-from tests.unit.test_api_routes import api_context
+from tests.unit.test_api_routes import AUTH, api_context
 
 import daemon.cli
 from daemon import exit_codes
@@ -154,10 +155,11 @@ def names(text: str) -> list[str]:
     return re.findall(r'"(\w+)"', text)
 
 
-def test_the_route_table_is_the_openapi_document(document: dict[str, Any]) -> None:
-    rows = {
-        r: cells[0] for r, cells in keyed(section("http-api.md", "## HTTP API"), "route").items()
-    }
+OPENED = OpenCircuit("fake", datetime(2026, 1, 1, tzinfo=UTC), 3, datetime.now(UTC), False)
+
+
+def test_the_route_table_is_the_openapi_document(rig: EngineRig, document: dict[str, Any]) -> None:
+    rows = {r: c[0] for r, c in keyed(section("http-api.md", "## HTTP API"), "route").items()}
     served, fields = document["routes"], document["fields"]
     assert set(rows) == set(served) | {"GET /v1/openapi.json"}
     # Statuses stated for every route instead: 400 (trusted hosts), 401, 403, 413, 422.
@@ -174,6 +176,15 @@ def test_the_route_table_is_the_openapi_document(document: dict[str, Any]) -> No
     resolve = names(rows["POST /v1/review/{key}/resolve"].split("`", 2)[1])
     assert [n for n in resolve if n not in ("sent", "resend", "abandon")] == fields["ResolveIn"]
     assert names(rows["POST /v1/jobs/{key}/cancel"]) == fields["CancelIn"]
+    [brief] = re.findall(r"Without a token only `(.+?)`;", rows["GET /healthz"])
+    for circuits in ([], [OPENED]):  # /healthz answers the brief shown, a circuit open or not
+        ctx = api_context(rig)
+        ctx.health.tick_age, ctx.health.circuits = lambda: 0.5, circuits.copy
+        with TestClient(create_app(ctx)) as client:
+            anonymous, detailed = client.get("/healthz"), client.get("/healthz", headers=AUTH)
+        assert anonymous.status_code == detailed.status_code == 200
+        assert anonymous.json() == json.loads(brief.replace('{"ok", ', '{"ok": true, '))
+        assert len(detailed.json()["checks"]["circuits"]) == len(circuits)
     params = {p["name"] for p in document["paths"]["/v1/jobs"]["get"]["parameters"]}
     query = re.search(r"`GET /v1/jobs\?([^`]+)`", section("http-api.md", "### Listing jobs"))
     assert query and {part.rstrip("=") for part in query.group(1).split("&")} == params
@@ -226,8 +237,7 @@ def registry(metrics: Metrics) -> dict[str, tuple[str | None, tuple[str, ...]]]:
 
 
 def test_the_metric_table_is_the_registry_and_the_alerts_use_it(rig: EngineRig) -> None:
-    opened = OpenCircuit("fake", datetime(2026, 1, 1, tzinfo=UTC), 3, datetime.now(UTC), False)
-    sources = Sources(rig.ledger, {"fake": rig.provider}, lambda: [], lambda: 1.0, lambda: [opened])
+    sources = Sources(rig.ledger, {"fake": rig.provider}, lambda: [], lambda: 1.0, lambda: [OPENED])
     daemon = Metrics(sources)
     rows = keyed(section("http-api.md", "## Metrics"), "metric")
     written = {n: (kind, tuple(CODE.findall(x.split("(")[0]))) for n, (kind, x) in rows.items()}
