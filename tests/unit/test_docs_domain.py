@@ -79,7 +79,7 @@ ROW_INPUTS: dict[str, list[Any]] = {
 }
 
 
-def test_the_gmail_outcome_table_is_the_classification() -> None:
+def test_the_outcome_tables_are_the_classification_and_the_providers() -> None:
     table = keyed(section("how-it-works.md", "Outcome classification of a Gmail send"))
     rows = {re.split(r" \(|[;,]", what)[0]: (what, cells[0]) for what, cells in table.items()}
     assert set(rows) == set(ROW_INPUTS)
@@ -94,6 +94,15 @@ def test_the_gmail_outcome_table_is_the_classification() -> None:
             error = isinstance(given, BaseException)
             outcome = classify_send_exception(given) if error else classify_send_response(*given)
             assert {name: getattr(outcome, name) for name in said} == said, (what, given)
+    # providers.md's outcomes are the classifiers' (test_smtp_classify.py): its stages, read-back
+    kinds = keyed(section("providers.md", "What each kind does"))
+    readable: list[type[Provider]]
+    readable = [gmail.GmailProvider, smtp_imap.SmtpImapProvider, graph.GraphProvider]
+    read_back = [not cell.startswith("none:") for cell in kinds["read-back of the Message-ID"]]
+    assert read_back == [p.response_ids_readable for p in readable]
+    stages = re.search(r"to ((?:[A-Z]+, )*[A-Z]+ or [A-Z]+);", kinds["not sent"][1])
+    named = re.split(r", | or ", stages.group(1)) if stages else []
+    assert named and all({"EHLO": "HELLO"}.get(n, n) in Stage.__members__ for n in named)
 
 
 def test_the_layer_list_is_the_daemon_s_packages_and_modules() -> None:
@@ -143,25 +152,6 @@ def test_a_new_provider_s_capabilities_are_the_port_s_with_the_defaults_written(
         shown[name] = value(*args.get(name, ())) if callable(value) else value
     assert shown == {n: meant[d] for n, d in valued.items()}
     assert set(written) - set(valued) == {"readback_rate", "ping"}  # said in words
-
-
-def test_every_invariant_names_a_test() -> None:
-    text = section("architecture.md", "Invariants")
-    invariants = re.findall(r"^(\d+)\. \*\*(.*?)(?=^\d+\. |\Z)", text, re.M | re.S)
-    assert [n for n, _ in invariants] == [str(n) for n in range(1, len(invariants) + 1)]
-    assert all(re.search(r"`tests/[\w/]*", body) for _, body in invariants)
-
-
-def test_the_kinds_and_what_each_does_are_the_providers() -> None:
-    # The outcomes are the classifiers' (test_smtp_classify.py): here stages and read-back.
-    rows = keyed(section("providers.md", "What each kind does"))
-    readable: list[type[Provider]]
-    readable = [gmail.GmailProvider, smtp_imap.SmtpImapProvider, graph.GraphProvider]
-    said = [not cell.startswith("none:") for cell in rows["read-back of the Message-ID"]]
-    assert said == [p.response_ids_readable for p in readable]
-    stages = re.search(r"to ((?:[A-Z]+, )*[A-Z]+ or [A-Z]+);", rows["not sent"][1])
-    named = re.split(r", | or ", stages.group(1)) if stages else []
-    assert named and all({"EHLO": "HELLO"}.get(n, n) in Stage.__members__ for n in named)
 
 
 def made(text: str) -> set[str]:

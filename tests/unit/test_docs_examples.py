@@ -63,20 +63,6 @@ def commands(text: str) -> list[list[str]]:
     return found
 
 
-def test_every_command_a_page_shows_parses_and_names_real_fault_modes() -> None:
-    shown = [argv for path in PAGES for argv in commands(path.read_text(encoding="utf-8"))]
-    assert len(shown) > 40
-    names = {"NAME": "ops", "HOST:PORT": "127.0.0.1:8025", "KEY": "k", "DIR": "d"}
-    for argv in shown:  # a|b|c: one of them; a bare command's name: a mention of it
-        argv = [names.get(word, word).split("|")[0] for word in argv]
-        command = next((w for w in argv if not w.startswith("-") and not w.endswith(".toml")), "")
-        if command == "COMMAND" or (argv == [command] and command in COMMANDS):
-            continue
-        args = build_parser(command).parse_args(argv)
-        for kind in ("send", "search", "token", "history", "other"):
-            assert set(filter(None, (getattr(args, kind, None) or "").split(","))) <= set(MODES)
-
-
 #: The example's values that are a deployment's own, not the defaults: its store file, its
 #: daemon's name (the host name by default), the Gmail user it sends as (default "me").
 DEPLOYMENTS_OWN = {("store", "url"), ("daemon", "name"), ("gmail", "user")}
@@ -163,7 +149,7 @@ def test_the_webhook_examples_are_what_a_receiver_gets_and_the_snippet_takes_it_
     assert scope["receive"](body.replace("1042", "1043").encode(), headers) == 401
 
 
-def test_the_quick_start_and_the_systemd_steps_are_what_init_writes(tmp_path: Path) -> None:
+def test_every_command_shown_parses_and_init_writes_what_the_pages_say(tmp_path: Path) -> None:
     quick = block(section("README.md", "## Quick start"), "sh")
     config = config_text("gmail", parse_mailbox("you@example.com"))
     marked = re.findall(r"^# EDIT.*\n(?:#.*\n)*([a-z_]+) =", config, re.M)
@@ -188,6 +174,17 @@ def test_the_quick_start_and_the_systemd_steps_are_what_init_writes(tmp_path: Pa
     emulator = set(re.findall(r"sendledger emulator \w+ --port (\d+)", text))
     relay = set(re.findall(r"sendledger relay [^\n]*?--port (\d+)", text))
     assert api and emulator and relay and not (api & emulator or api & relay or emulator & relay)
+    shown = [argv for path in PAGES for argv in commands(path.read_text(encoding="utf-8"))]
+    assert len(shown) > 40
+    names = {"NAME": "ops", "HOST:PORT": "127.0.0.1:8025", "KEY": "k", "DIR": "d"}
+    for argv in shown:  # a|b|c: one of them; a bare command's name: a mention of it
+        argv = [names.get(word, word).split("|")[0] for word in argv]
+        command = next((w for w in argv if not w.startswith("-") and not w.endswith(".toml")), "")
+        if command == "COMMAND" or (argv == [command] and command in COMMANDS):
+            continue
+        args = build_parser(command).parse_args(argv)
+        for kind in ("send", "search", "token", "history", "other"):
+            assert set(filter(None, (getattr(args, kind, None) or "").split(","))) <= set(MODES)
 
 
 def said(*argv: str, cwd: Path, stdin: str = "") -> tuple[int, str]:

@@ -73,7 +73,7 @@ def problem_with(item: str) -> str | None:
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
 def test_every_section_names_what_checks_it(path: Path) -> None:
     """Each `##`-`####` section with prose has a row in "What checks this page" naming only
-    things that exist (and no `Checked by:` line)."""
+    things that exist (and no `Checked by:` line); each invariant, numbered in order, its tests."""
     found: dict[str, list[str]] = {}
     prose: list[str] = []
     for line in prose_lines(read(path)):
@@ -90,20 +90,12 @@ def test_every_section_names_what_checks_it(path: Path) -> None:
         if lines and not named.get(title):
             out.append(f"'{title}': no row in 'What checks this page', or empty")
         out += [f"'{title}': {i}: {p}" for i in named.get(title, []) if (p := problem_with(i))]
+    invariants = "\n".join(found.get("Invariants", []))  # architecture.md's: each names its tests
+    listed = re.findall(r"^(\d+)\. \*\*(.*?)(?=^\d+\. |\Z)", invariants, re.M | re.S)
+    for i, (n, body) in enumerate(listed, 1):
+        if n != str(i) or not re.search(r"`tests/[\w/]*", body):
+            out.append(f"invariant {n}: not number {i}, or it names no test")
     assert out == []
-
-
-def test_every_path_and_section_a_page_docstring_or_comment_names_exists() -> None:
-    """A citation names a heading's first words and may wrap onto a comment's next line."""
-    stale = [f"{p.relative_to(REPO)}: {gone}" for p in TEXTS for gone in missing_paths(read(p))]
-    for path in TEXTS:
-        for name, cited in CITATION.findall(read(path)):
-            cited = re.sub(r"\s*\n\s*(#:?)?\s*|\s+", " ", cited)
-            page = REPO / "docs" / f"{name}.md"
-            known = headings(page) if page.exists() else []
-            if not any(re.match(rf"{re.escape(cited)}\b", h) for h in known):
-                stale.append(f'{path.relative_to(REPO)}: {name}.md "{cited}"')
-    assert stale == []
 
 
 #: Dotted module name -> file and its syntax tree, for every module under src/.
@@ -182,11 +174,20 @@ def problem(span: str, *, ours_only: bool = False) -> str | None:
     return None
 
 
-def test_every_module_and_name_a_page_or_docstring_shows_in_code_is_where_it_says() -> None:
-    """A package's docstring names only its own: a bare name (``health``) is one of its modules,
-    or a name they or their classes define."""
+def test_every_path_section_module_and_name_a_page_docstring_or_comment_names_exists() -> None:
+    """A citation names a heading's first words and may wrap onto a comment's next line; a
+    package's docstring names only its own: a bare name (``health``) is one of its modules, or
+    a name they or their classes define."""
+    wrong = [f"{p.relative_to(REPO)}: {gone}" for p in TEXTS for gone in missing_paths(read(p))]
+    for path in TEXTS:
+        for name, cited in CITATION.findall(read(path)):
+            cited = re.sub(r"\s*\n\s*(#:?)?\s*|\s+", " ", cited)
+            page = REPO / "docs" / f"{name}.md"
+            titles = headings(page) if page.exists() else []
+            if not any(re.match(rf"{re.escape(cited)}\b", h) for h in titles):
+                wrong.append(f'{path.relative_to(REPO)}: {name}.md "{cited}"')
     spans = [(p.name, span) for p in PAGES for span in CODE.findall(read(p))]
-    wrong = sorted({f"{name}: `{s}`: {why}" for name, s in spans if (why := problem(s))})
+    wrong += sorted({f"{name}: `{s}`: {why}" for name, s in spans if (why := problem(s))})
     tops = {m.split(".")[0] for m in MODULES}
     for package, path in MODULES.items():
         for node in ast.walk(TREES[package]):

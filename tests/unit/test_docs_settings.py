@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 from tests.unit.docs_code import KEYS, KINDS, check_default, validated
+from tests.unit.docs_code import STUBS as STUBS  # tests/unit/test_settings.py imports it here
 from tests.unit.docs_page import CODE, flat, keyed, page, section, table
 from tests.unit.test_config_bounds import seconds_with_unit
 
@@ -83,7 +84,9 @@ def check_choices(model: type[BaseModel], field: str, cell: str, where: str) -> 
         assert not missing, f"{where}: {field} does not name the model's choices {missing}"
 
 
-def test_every_setting_has_one_row_its_default_choices_and_range() -> None:
+def test_the_configuration_page_s_settings_index_and_variables_are_the_code_s() -> None:
+    """Every setting has one row, its default, choices and range; the index's columns, each
+    by the word the page gives it; the library's variables named, the ones read said."""
     rows = []  # configuration.md's key tables: a row of several keys, `a` / `b`, a row per key
     for first, kind in (("key", "gmail"), ("smtp-imap key", "smtp-imap"), ("graph key", "graph")):
         for row in table(page("configuration.md"), f"{first} | default"):
@@ -112,17 +115,12 @@ def test_every_setting_has_one_row_its_default_choices_and_range() -> None:
     held = {(m, f): number_types(m.model_fields[f].annotation) for m, f in KEYS.values()}
     numeric = {field for field, kinds in held.items() if kinds <= {int, float}}
     assert sorted(map(str, numeric ^ set(ranged))) == [] and len(ranged) == len(set(ranged))
-
-
-def test_the_prose_lists_of_the_configuration_page_are_the_codes() -> None:
-    """The index's columns, each by the word the page gives it; the variables read, refused."""
     kept = flat(page("configuration.md")).split("the job index keeps", 1)[1].split(")", 1)[0]
-    words = "key|job_id key|channel|state|message_id Message-ID|version|attempts attempt count|"
-    words += "reason|watch_mailbox digest|mailbox From mailbox as a digest|due_at times|created_at "
-    words += "times|updated_at times|purged_at times|watch_until times|review_since times|"
-    words += "other_due_at times|written_at times|attempt_provider attempt's provider"
-    said = dict((pair.split(" ", 1) * 2)[:2] for pair in words.split("|"))  # field [its word]
-    assert {f.name for f in dataclasses.fields(IndexRow)} == set(said)
+    words = {"job_id": "key", "message_id": "Message-ID", "attempts": "attempt count"}
+    words |= {"watch_mailbox": "digest", "mailbox": "From mailbox as a digest"}
+    words["attempt_provider"] = "attempt's provider"
+    columns = [f.name for f in dataclasses.fields(IndexRow)]  # a time by the word "times"
+    said = {c: "times" if re.search(r"_(at|until|since)$", c) else words.get(c, c) for c in columns}
     assert [w for w in said.values() if w not in kept] == []
     library = section("configuration.md", "### Only sendledger's settings configure the store")
     named = set(re.findall(r"`([A-Z][A-Z_]+\*?)`", library)) - {APPLICATION_PREFIX}
