@@ -157,18 +157,17 @@ def test_a_new_provider_s_capabilities_are_the_port_s_with_the_defaults_written(
 def made(text: str) -> set[str]:
     """The make targets a text runs: `make a b  # ...` lines and `make a` spans."""
     lines = re.findall(r"^make ([a-z0-9 _-]+?)\s*(?:#|$)", text, re.M)
-    spans = re.findall(r"`make ([a-z0-9_-]+)`", text)
-    return {w for line in lines for w in line.split()} | set(spans)
+    return {w for x in lines for w in x.split()} | set(re.findall(r"`make ([a-z0-9_-]+)`", text))
 
 
-def test_the_make_targets_bench_scripts_and_layout_are_the_tree_s() -> None:
+def test_the_make_targets_bench_scripts_their_options_and_layout_are_the_tree_s() -> None:
     makefile, text = page("Makefile"), page("development.md")
     deps = dict(re.findall(r"^([a-z$(][\w$()-]*):(.*)$", makefile, re.M))
     recipes = dict(re.findall(r"^([a-z$(][\w$()-]*):.*\n((?:\t.*\n?)*)", makefile, re.M))
     assert made(text) == MAKE_TARGETS
     listed = text.split("make bench", 1)[1].split("make test-py313")[0]
-    bench = re.findall(r"bench/\w+\.py", recipes["bench"])
-    assert re.findall(r"bench/\w+\.py", listed) == bench
+    scripts = re.findall(r"bench/\w+\.py", recipes["bench"])
+    assert re.findall(r"bench/\w+\.py", listed) == scripts
     installing = {t for t, d in deps.items() if {"$(STAMP)", "$(RUN_STAMP)"} & set(d.split())}
     assert installing - {"$(STAMP)"} == made(block(text, "sh")) - {"clean", "test-py313"}
     assert deps["demo"].split() == deps["try"].split() == ["$(RUN_STAMP)"]  # only what runs
@@ -184,15 +183,12 @@ def test_the_make_targets_bench_scripts_and_layout_are_the_tree_s() -> None:
     assert url and url.group(1) in page("tests/conftest.py")
     part = r"`(bench/\w+\.py)`\)?[ ,]*\(?(?:part of|in) `make bench`"
     parts = re.findall(part, page("performance.md"))
-    assert parts and set(parts) <= set(bench)
+    assert parts and set(parts) <= set(scripts)
     layout = section("development.md", "Layout")
     packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
     assert set(re.findall(r"^- `src/([\w/]+)/`", layout, re.M)) == packages | {"ledger/stores"}
     daemon = layout.split("- `src/daemon/`", 1)[1].split("\n- ")[0]
     assert set(re.findall(r"`(\w+)/`", daemon)) == DAEMON
-
-
-def test_every_bench_option_and_variant_the_performance_page_names_exists() -> None:
     text, where, known, wrong = flat(page("performance.md")), "", set(), []  # a script's options
     for span in CODE.findall(text):  # or a command's, up to the next span naming another
         first = span.removeprefix('HISTORY_ARGS="').split()[0]

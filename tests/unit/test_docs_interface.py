@@ -254,10 +254,9 @@ def test_the_metric_table_is_the_registry_and_the_alerts_use_it(rig: EngineRig) 
 
 
 def test_the_review_reasons_and_actions_are_the_code_s(document: dict[str, Any]) -> None:
-    text = section("review.md", "## Review: check, resend, triage, cancel", until=2)
+    actions = table(section("review.md", "## Review: check, resend, triage, cancel"), "Action")
     folder = REPO / "src" / "daemon" / "api" / "templates"
     templates = "".join(p.read_text(encoding="utf-8") for p in folder.glob("*.html"))
-    actions = table(text, "Action")
     assert [row[0] for row in actions] == ["check", "resolve", "triage", "cancel"]
     for _action, _cli, http, buttons in actions:  # _cli: parsed by test_docs_examples.py
         assert http.strip("`") in document["routes"], http

@@ -27,8 +27,6 @@ RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at
 #: What a field's range needs of another field: its low (0) or high (1) end, or (2) 7d.
 OTHER = {"retry_backoff": ("retry_backoff_max", 1), "retry_backoff_max": ("retry_backoff", 0)}
 OTHER["history_after"] = ("search_after", 2)  # history_after is shorter than it
-#: Durations written with their unit or refused (a purge cannot be undone).
-WITH_UNIT = {"purge_after"}
 
 
 def amount(text: str) -> float:
@@ -64,7 +62,8 @@ def check_range(model: type[BaseModel], field: str, text: str, where: str) -> No
     def refused(value: float) -> bool:
         try:
             given: object = int(value) if whole else value
-            given = seconds_with_unit(given) if field in WITH_UNIT else given
+            if field == "purge_after":  # written with its unit, or refused: a purge is final
+                given = seconds_with_unit(given)
             validated(model, **more, **{field: given})
         except ValidationError as exc:
             return any(e["loc"][:1] == (field,) for e in exc.errors())
