@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ledger.stores.recorder_kind import ByBackend
+from ledger.stores.recorder_kind import ByBackend, postgres_table
 
 FORMAT_TABLE = "sendledger_event_format"
 STORE_HOLDER = "store"
@@ -146,8 +146,7 @@ class PostgresFormatRows(SqliteFormatRows):
     _real = "DOUBLE PRECISION"
 
     def _table(self) -> str:
-        schema = str(self._recorder.datastore.schema).replace('"', '""')
-        return f'"{schema}".{FORMAT_TABLE}'
+        return postgres_table(self._recorder, FORMAT_TABLE)
 
     def _exists(self, cursor: Any) -> bool:
         cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS found", [self._table()])

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ledger.stores.identity import ADVISORY_PREFIX
-from ledger.stores.recorder_kind import ByBackend
+from ledger.stores.recorder_kind import ByBackend, postgres_table
 
 LOADED_TABLE = "sendledger_loaded_policies"
 CREATE = (
@@ -234,8 +234,7 @@ class PostgresLoadedPolicies(SqlLoadedPolicies):
     _real = "DOUBLE PRECISION"
 
     def _table(self) -> str:
-        schema = str(self._recorder.datastore.schema).replace('"', '""')
-        return f'"{schema}".{LOADED_TABLE}'
+        return postgres_table(self._recorder, LOADED_TABLE)
 
     def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r.values()) for r in cursor.fetchall()]

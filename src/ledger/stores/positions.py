@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ledger.stores.causes import exception_chain
-from ledger.stores.recorder_kind import ByBackend
+from ledger.stores.recorder_kind import ByBackend, postgres_table
 
 POSITIONS_TABLE = "sendledger_webhook_positions"
 COLUMNS = (
@@ -466,7 +466,7 @@ class PostgresPositions(SqlPositions):
         return str(self._recorder.datastore.schema).replace('"', '""')
 
     def _table(self) -> str:
-        return f'"{self._schema()}".{POSITIONS_TABLE}'
+        return postgres_table(self._recorder, POSITIONS_TABLE)
 
     def _events(self) -> str:
         table = str(self._recorder.events_table_name).replace('"', '""')

@@ -22,6 +22,13 @@ def recorder_backend(recorder: object) -> str:
     return "memory"
 
 
+def postgres_table(recorder: Any, table: str) -> str:
+    """`table` in the schema of the PostgreSQL store `recorder` writes to, the schema
+    quoted as SQL names it (a configured schema may hold any character)."""
+    schema = str(recorder.datastore.schema).replace('"', '""')
+    return f'"{schema}".{table}'
+
+
 @dataclass(frozen=True)
 class ByBackend(Generic[T]):
     """A store kept beside the events with a class per backend: `ByBackend[Protocol](...)
@@ -36,4 +43,4 @@ class ByBackend(Generic[T]):
         return kind[recorder_backend(recorder)](recorder)
 
 
-__all__ = ["ByBackend", "recorder_backend"]
+__all__ = ["ByBackend", "postgres_table", "recorder_backend"]

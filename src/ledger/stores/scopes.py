@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ledger.stores.recorder_kind import ByBackend
+from ledger.stores.recorder_kind import ByBackend, postgres_table
 
 SCOPES_TABLE = "sendledger_scopes"
 DAEMONS_TABLE = "sendledger_daemons"
@@ -331,8 +331,10 @@ class PostgresScopeLeases(SqlScopeLeases):
     _real = "DOUBLE PRECISION"
 
     def _tables(self) -> tuple[str, str]:
-        schema = str(self._recorder.datastore.schema).replace('"', '""')
-        return f'"{schema}".{SCOPES_TABLE}', f'"{schema}".{DAEMONS_TABLE}'
+        return (
+            postgres_table(self._recorder, SCOPES_TABLE),
+            postgres_table(self._recorder, DAEMONS_TABLE),
+        )
 
     def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r.values()) for r in cursor.fetchall()]
