@@ -6,6 +6,7 @@ tests/unit/test_event_format.py for what an older release then does)."""
 
 from __future__ import annotations
 
+import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,11 +30,17 @@ def host_config(tmp_path: Path, url: str, name: str) -> list[str]:
 
 
 def run_once(config: list[str]) -> int:
+    """`run --once` in this process, which then gets back its SIGHUP handler and its
+    root logger: `run` logs to the stderr of its time (this test's captured one, closed
+    once the test ends), and a later test's logging wrote to it ("Logging error")."""
     kept = signal.getsignal(signal.SIGHUP)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     try:
         return main([*config, "run", "--once"])
     finally:
         signal.signal(signal.SIGHUP, kept)
+        root.handlers[:], root.level = handlers, level
 
 
 def test_a_rolling_upgrade_on_postgresql(
