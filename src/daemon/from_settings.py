@@ -148,6 +148,13 @@ def open_ledger(
         ledger = Ledger(spec, encryption_keys=keys)
         try:
             check_event_format(ledger, server=server, writing=writes or server is not None)
+        except Exception as exc:
+            ledger.close()
+            # A read-only store file, a full disk: the one line of every store refusal.
+            said = ledger.unavailable(exc)
+            if said is not None:
+                raise said from exc
+            raise
         except BaseException:
             ledger.close()
             raise

@@ -1160,6 +1160,13 @@ class Ledger(Application[UUID]):
                 time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
         raise AssertionError("unreachable")
 
+    def unavailable(self, exc: BaseException) -> StoreUnavailable | None:
+        """`exc`, raised by this store's driver outside the ledger's own calls (the
+        format rows' `open_ledger` writes), as the one line every other refusal of the
+        store is (`StoreUnavailable`), or None when it is none of those."""
+        problem = self._problem(exc)
+        return None if problem is None else StoreUnavailable(self.store.describe(), problem, exc)
+
     def _problem(self, exc: BaseException) -> str | None:
         """What keeps the store from answering, as an operator would say it
         (`store_problem`), and when a file's or folder's mode is the cause, which one
