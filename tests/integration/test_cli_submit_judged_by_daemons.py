@@ -193,3 +193,39 @@ def test_asking_for_the_names_keeps_this_process_s_sqlite_locks(tmp_path: Path, 
         assert seen_from_another_process() == "held\n"
     finally:
         os.close(mine)
+
+
+@pytest.mark.parametrize(
+    "schema", ["public_like", "schéma_ü東"], ids=["ascii-schema", "non-ascii-schema"]
+)
+def test_the_held_name_is_found_whatever_its_letters(pg_url: str, schema: str) -> None:
+    """On PostgreSQL the rows' names are looked up in pg_locks by the advisory key computed
+    in SQL: it must be the key `AdvisoryIdentityLock` takes (in Python), for names and
+    schemas beyond ASCII too, and whichever half of the key's bits is negative."""
+    import psycopg
+
+    from ledger.stores.loaded_policies import LoadedPolicies
+
+    base = pg_url.split("?")[0]
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    url = f"{base}?schema={schema}"
+    names = ["d1", "dæmon-ü", "東京-1", "a'b\"c\\", "naïve 😀"]
+    try:
+        with Ledger(url) as ledger:
+            rows = ledger.loaded_policies()
+            at = rows.now()
+            assert at is not None
+            for name in names:
+                rows.write(LoadedPolicies(name, DAEMON, at, at + 60, {}))
+            assert rows.live(at) == []  # no name held: no daemon counts
+            locks = [ledger.hold_identity(name) for name in names]
+            try:
+                assert sorted(row.name for row in rows.live(at)) == sorted(names)
+            finally:
+                for lock in locks:
+                    lock.release()
+            assert rows.live(at) == []
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
