@@ -48,7 +48,8 @@ so a user's program runs it without the daemon's packages.
           └── failures                   kind None
                ├── ConcurrentUpdate                      ledger/application.py
                ├── CopyMismatch                          daemon/service_layer/copy_store.py:
-               │                                         a copy's verification failed
+               │                                         a copy's verification failed,
+               │                                         or a server started on its source
                ├── RewriteFailed                         ledger/stores/purge.py
                ├── EventKeyMissing                       ledger/stores/cipher.py
                ├── ProviderError                         daemon/providers/outcomes.py

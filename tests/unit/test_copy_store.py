@@ -17,11 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.service_layer.copy_store import CopyRefused, copy_store, running_on
+from daemon.service_layer.copy_store import CopyMismatch, CopyRefused, copy_store, running_on
 from daemon.service_layer.loaded import LIVE_SECONDS
 from ledger.application import Ledger, Sender
 from ledger.content import parse_job
 from ledger.decision_types import Confirm, Review
+from ledger.event_format import check_event_format
 from ledger.job import SendJob
 from ledger.stores.index import IndexRow
 from ledger.stores.keycheck import COPY_FINISHED, COPY_STARTED, UnfinishedCopy
@@ -159,6 +160,39 @@ def test_a_source_a_server_runs_on_is_refused_and_nothing_is_written(
     with Ledger(f"memory://{target_name}", copying=True) as target:
         assert target.recorder.max_notification_id() in (None, 0)
         assert target.recorder.key_checks() == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("how", ["name-and-row", "format-declaration"])
+def test_a_server_starting_on_the_source_during_the_copy_leaves_it_unfinished(
+    stores: tuple[str, str], how: str
+) -> None:
+    """The source is checked before the copy; a daemon may start between that check and
+    the copy's end without writing an event before the verification's walk (its first
+    send comes later): it would write to the source after the copy was marked finished,
+    a fork. Asked again before the mark: the destination stays an unfinished copy.
+    Before, the copy finished."""
+    source_name, target_name = stores
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        fill(source, ["requested"] * 4)
+        held: list[Any] = []
+
+        def a_daemon_starts(copied: int, total: int) -> None:
+            if held:
+                return
+            if how == "name-and-row":
+                held.append(source.hold_identity("host-b"))
+                now = time.time()
+                source.loaded_policies().write(
+                    LoadedPolicies("host-b", DAEMON, now, now + LIVE_SECONDS)
+                )
+            else:  # checked the store's format, not yet announced its policies
+                check_event_format(source, server=(DAEMON, "host-b"))
+                held.append(None)
+
+        with pytest.raises(CopyMismatch, match=r"started on .* while it was copied.*host-b"):
+            copy_store(source, MemoryStore(target_name), page=2, progress=a_daemon_starts)
+        with pytest.raises(UnfinishedCopy):
+            Ledger(f"memory://{target_name}")
 
 
 def test_a_destination_that_holds_events_is_refused_and_left_as_it_was(

@@ -21,9 +21,11 @@ What a daemon needs to carry on, table by table, and what the copy does with it:
 - daemon names: locks of live processes, never stored.
 
 A copy taken while a daemon writes would be a fork: the daemon's later sends would be
-known to one store only. So the source must have no live server (`running_on`), and the
-destination must be empty. The destination is marked `copy-started` before its first
-event and `copy-finished` once verified; until then no Ledger opens it, nor a second copy
+known to one store only. So the source must have no live server (`running_on`), asked
+before the copy and again before it is marked finished (with the servers that declared
+their event format since it began: one starting), and the destination must be empty.
+The destination is marked `copy-started` before its first event and `copy-finished` once
+verified; until then no Ledger opens it, nor a second copy
 (`ledger/stores/keycheck.py: refuse_unfinished_copy`): an interrupted copy is emptied (the
 file removed, the schema dropped) and run again, never resumed.
 """
@@ -42,6 +44,7 @@ from eventsourcing.persistence import StoredEvent
 from ledger.application import Ledger
 from ledger.display import iso
 from ledger.exceptions import Refusal, SendledgerError
+from ledger.stores.format_rows import STORE_HOLDER, format_rows_for
 from ledger.stores.identity import names_held
 from ledger.stores.keycheck import (
     COPY_FINISHED,
@@ -67,8 +70,8 @@ class CopyRefused(SendledgerError):
 
 
 class CopyMismatch(SendledgerError):
-    """The verification found the destination's events other than the source's: it stays
-    an unfinished copy."""
+    """The verification found the destination's events other than the source's, or a
+    server started on the source while it was copied: it stays an unfinished copy."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ def copy_store(
     started = time.monotonic()
     if same_store(source.store, destination):
         raise StoreUrlError(f"--to names the configured store itself ({where(destination)})")
+    since = _store_now(source, clock)
     busy = running_on(source, clock)
     if busy:
         raise CopyRefused(
@@ -182,6 +186,16 @@ def copy_store(
             positions.ensure()
             for row in webhooks:
                 positions.force(row.name, moved[row.position], clock(), expected=0)
+        # A server that started after the check above and has written no event yet
+        # passed the verification; it would write to the source alone from now on.
+        late = running_on(source, clock) + _started_since(source, since)
+        if late:
+            raise CopyMismatch(
+                f"a server started on {where(source.store)} while it was copied "
+                f"({'; '.join(late)}): its writes would be known to the source only (a "
+                f"fork); {where(destination)} stays an unfinished copy: stop the server, "
+                "empty the destination and copy again"
+            )
         rows.add_key_check(
             KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
         )
@@ -198,6 +212,23 @@ def copy_store(
         time.monotonic() - started,
         finished=True,
     )
+
+
+def _store_now(ledger: Ledger, clock: Callable[[], float]) -> float:
+    """The clock the servers' format declarations are written by (`check_event_format`)."""
+    at = ledger.loaded_policies().now()
+    return clock() if at is None else at
+
+
+def _started_since(ledger: Ledger, since: float) -> list[str]:
+    """Each server that declared its event format at `since` or later: one starting on
+    the store, which may not have announced its policies yet (`running_on` misses it)."""
+    found = format_rows_for(ledger.recorder).rows()
+    return [
+        f"{holder} (started at {iso(row.at)})"
+        for holder, row in sorted(found.items())
+        if holder != STORE_HOLDER and row.at >= since
+    ]
 
 
 def _checks(ledger: Ledger) -> KeyChecks:
