@@ -159,6 +159,28 @@ def test_a_backup_taken_while_a_writer_writes_is_one_consistent_store(tmp_path: 
         backup(parse_store_url(f"sqlite:///{store}"), tmp_path / "copy.sqlite")  # type: ignore[arg-type]
 
 
+def test_a_backup_never_writes_into_a_file_made_after_its_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process creates FILE between the backup's look for it and its creation (as
+    if `exists` had just answered no): the backup is refused and that file left whole.
+    Before, the creation passed over the file silently, the backup overwrote it, and a
+    failure would have removed it."""
+    store = tmp_path / "live.sqlite"
+    with Ledger(f"sqlite:///{store}") as live:
+        live.submit(content("first"), SENDER)
+    theirs = tmp_path / "theirs.sqlite"
+    theirs.write_bytes(b"another process's file")
+    theirs.chmod(0o644)
+    monkeypatch.setattr(Path, "exists", lambda self, **kw: False)
+    monkeypatch.setattr(Path, "is_symlink", lambda self: False)
+    with pytest.raises(StoreUrlError, match="never overwrites"):
+        backup(parse_store_url(f"sqlite:///{store}"), theirs)  # type: ignore[arg-type]
+    monkeypatch.undo()
+    assert theirs.read_bytes() == b"another process's file"
+    assert theirs.stat().st_mode & 0o777 == 0o644
+
+
 def test_a_restored_stores_jobs_in_flight_are_searched_not_sent_again(tmp_path: Path) -> None:
     """The claim is in the backup, its outcome was written after it: restored, the job is
     an Attempted without outcome, which the daemon takes as Unknown at its start (its own

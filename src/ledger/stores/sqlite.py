@@ -149,10 +149,11 @@ def refuse_what_is_no_store(path: Path) -> None:
         raise StoreUrlError(f"{where} is not a SQLite database (not SQLite's first bytes)")
 
 
-def create_private(path: Path) -> None:
+def create_private(path: Path, *, new: bool = False) -> None:
     """Create the store's missing folders 0700 and the file 0600, whatever the umask:
     the file holds bodies and addresses. SQLite gives its -wal and -shm files the main
-    file's mode. What exists already is left as it is."""
+    file's mode. What exists already is left as it is; with `new`, a file already there
+    (or a symlink, dangling too) is FileExistsError, asked in the one call that creates."""
     missing = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
     for folder in reversed(missing):
         with contextlib.suppress(FileExistsError):  # another process made it meanwhile
@@ -161,6 +162,8 @@ def create_private(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
+        if new:
+            raise
         return
     try:
         os.fchmod(fd, 0o600)

@@ -41,9 +41,12 @@ def backup(store: SqliteStore, target: Path) -> BackupResult:
     exists or is the store itself. The copy is checked (`PRAGMA quick_check`, the job
     index's table present) before it is reported."""
     started = time.monotonic()
-    if target.exists() or target.is_symlink():
-        raise StoreUrlError(f"{target} exists: a backup never overwrites a file")
-    create_private(target)
+    # Created with O_EXCL, not looked for first: a file another process makes between a
+    # look and the creation would be written over, and removed if the copy then failed.
+    try:
+        create_private(target, new=True)
+    except FileExistsError:
+        raise StoreUrlError(f"{target} exists: a backup never overwrites a file") from None
     try:
         with (
             contextlib.closing(sqlite3.connect(store.path, timeout=BUSY_TIMEOUT)) as source,
