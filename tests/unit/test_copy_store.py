@@ -22,8 +22,9 @@ from daemon.service_layer.loaded import LIVE_SECONDS
 from ledger.application import Ledger, Sender
 from ledger.content import parse_job
 from ledger.decision_types import Confirm, Review
-from ledger.event_format import check_event_format
+from ledger.event_format import EVENT_FORMAT, Release, StoreFormatNewer, check_event_format
 from ledger.job import SendJob
+from ledger.stores.format_rows import format_rows_for
 from ledger.stores.index import IndexRow
 from ledger.stores.keycheck import COPY_FINISHED, COPY_STARTED, UnfinishedCopy
 from ledger.stores.loaded_policies import DAEMON, LoadedPolicies
@@ -193,6 +194,24 @@ def test_a_server_starting_on_the_source_during_the_copy_leaves_it_unfinished(
             copy_store(source, MemoryStore(target_name), page=2, progress=a_daemon_starts)
         with pytest.raises(UnfinishedCopy):
             Ledger(f"memory://{target_name}")
+
+
+def test_the_copy_holds_the_event_format_of_its_source(stores: tuple[str, str]) -> None:
+    """A store records the highest event format written to it, and a release that reads
+    only older formats refuses it (ledger/event_format.py). Its copy holds the same
+    format: before, it had no record and read as FIRST_FORMAT, so an older release would
+    have opened it and misread the newer events."""
+    source_name, target_name = stores
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        fill(source, ["requested"])
+        format_rows_for(source.recorder).raise_to(EVENT_FORMAT + 1, time.time())
+        copy_store(source, MemoryStore(target_name))
+    with Ledger(f"memory://{target_name}") as target:
+        older = Release(EVENT_FORMAT, EVENT_FORMAT)
+        with pytest.raises(StoreFormatNewer, match=f"format {EVENT_FORMAT + 1}"):
+            check_event_format(target, release=older, writing=False)
+        newer = Release(EVENT_FORMAT + 1, EVENT_FORMAT + 1)
+        assert check_event_format(target, release=newer, writing=False) == EVENT_FORMAT + 1
 
 
 def test_a_destination_that_holds_events_is_refused_and_left_as_it_was(

@@ -10,6 +10,9 @@ What a daemon needs to carry on, table by table, and what the copy does with it:
   them itself: its ids follow the same order, from 1 on an empty store;
 - the key checks (`ledger/stores/keycheck.py`): copied before any event, so the
   destination opens with the source's key file and digests the index's mailboxes alike;
+- the event format the store records (`ledger/stores/format_rows.py`): copied with the
+  key checks, so a release too old for the events refuses the copy as it does the source;
+  the servers' declarations are left behind with their other rows;
 - the job index: rebuilt from the copied events on the destination (it is a pure function
   of them), not copied;
 - the webhook positions: copied, each moved to the destination's id of the last event it
@@ -165,6 +168,11 @@ def copy_store(
             if check.kind not in _MARKERS:
                 rows.add_key_check(check)
         target.judge_copied_keys()  # before the events: keys that do not fit copy nothing
+        # The events' format goes with them: without it the copy reads as FIRST_FORMAT, and
+        # a release that reads only older formats would open it (ledger/event_format.py).
+        held = format_rows_for(source.recorder).rows().get(STORE_HOLDER)
+        if held is not None:
+            format_rows_for(target.recorder).raise_to(held.format, held.at)
         copied = 0
         interrupted = CopyResult(
             where(source.store), where(destination), 0, total, 0, 0, 0, 0.0, finished=False
