@@ -26,7 +26,9 @@ are). So the shapes of the events and of the job index are numbered:
 - a release that writes a newer format than the store holds raises the store's format
   first, and refuses to (``OlderReleaseLive``, exit 3) while a server of a release that
   reads only an older format is live on the store; a command that only reads goes on
-  without raising it.
+  without raising it. Each server declares before it reads, and a raise is followed by a
+  second read of the declarations: of an older server and a newer one starting at once,
+  one is refused (the older one sees the raised format, or the newer one its declaration).
 
 A store without a record (written by releases before the record) holds ``FIRST_FORMAT``;
 so does a live server that declared none (those releases do not check the store
@@ -162,6 +164,10 @@ def check_event_format(
         return stored
     if judge_format(stored, release, _live_readers(ledger, found, now, own), writing=True):
         _tried_twice(lambda: rows.raise_to(release.writes, now))
+        # An older server reads only the store's format: one that declared after the read
+        # above may have read before the raise and gone on. Its declaration is in by then:
+        # read again, this one refuses (the older one is refused at its next start).
+        judge_format(stored, release, _live_readers(ledger, rows.rows(), now, own), writing=True)
         return max(stored, release.writes)
     return stored
 

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import eventsourcing.utils
 import pytest
@@ -180,6 +181,31 @@ def test_a_server_starting_is_live_before_its_first_heartbeat(ledger: Ledger) ->
         check_event_format(ledger, release=NEW, server=(DAEMON, "b"), clock=lambda: T0 + 5)
     later = T0 + STARTING_SECONDS + 1
     assert check_event_format(ledger, release=NEW, server=(DAEMON, "b"), clock=lambda: later) == 2
+
+
+def test_an_older_server_starting_while_a_newer_one_raises_the_format_stops_one_of_them(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both declare before they read, but the older one reads only the store's format: it
+    may declare after the newer one read the declarations and read before the newer one
+    raised the format, and then both went on, the older reading a store the newer writes
+    format 2 to. The newer one reads the declarations again once it raised the format,
+    and refuses to start on seeing one (the older one, refused at its next start)."""
+    real = ledger.loaded_policies
+    started: list[int] = []
+
+    def the_older_starts_meanwhile() -> Any:
+        # Asked by the newer one between its read of the declarations and its raise.
+        if not started:
+            started.append(
+                check_event_format(ledger, release=OLD, server=(DAEMON, "a"), clock=lambda: T0)
+            )
+        return real()
+
+    monkeypatch.setattr(ledger, "loaded_policies", the_older_starts_meanwhile)
+    with pytest.raises(OlderReleaseLive, match=r"live on it: daemon a \(reads up to format 1\)"):
+        check_event_format(ledger, release=NEW, server=(DAEMON, "b"), clock=lambda: T0 + 1)
+    assert started == [1]  # the older one passed its check: the newer one must not start
 
 
 def test_the_store_s_format_only_rises(ledger: Ledger) -> None:
