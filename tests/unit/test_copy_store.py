@@ -196,6 +196,49 @@ def test_a_server_starting_on_the_source_during_the_copy_leaves_it_unfinished(
             Ledger(f"memory://{target_name}")
 
 
+def test_a_command_writing_to_the_source_after_the_walk_leaves_the_copy_unfinished(
+    stores: tuple[str, str],
+) -> None:
+    """A command (`submit` from an application's cron, say) is no server: no heartbeat,
+    no name, no declaration. One writing after the verification's walk and before the
+    copy is marked finished put a job in the source alone. The source's last event is
+    read again before the mark. Before, the copy finished without that job."""
+    source_name, target_name = stores
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        fill(source, ["requested"] * 3)
+        copied_all: list[bool] = []
+        written: list[bool] = []
+
+        def clock() -> float:
+            # The first look at the clock once every page is copied and walked: the
+            # question asked before the mark.
+            if copied_all and not written:
+                written.append(True)
+                source.submit(
+                    parse_job(
+                        {
+                            "channel": "receipts",
+                            "key": "late",
+                            "to": "late@example.net",
+                            "subject": "s",
+                            "body": "b",
+                        }
+                    ),
+                    SENDER,
+                )
+            return time.time()
+
+        def progress(copied: int, total: int) -> None:
+            if copied == total:
+                copied_all.append(True)
+
+        with pytest.raises(CopyMismatch, match="the source changed while it was copied"):
+            copy_store(source, MemoryStore(target_name), progress=progress, clock=clock)
+        assert written
+        with pytest.raises(UnfinishedCopy):
+            Ledger(f"memory://{target_name}")
+
+
 def test_the_copy_holds_the_event_format_of_its_source(stores: tuple[str, str]) -> None:
     """A store records the highest event format written to it, and a release that reads
     only older formats refuses it (ledger/event_format.py). Its copy holds the same

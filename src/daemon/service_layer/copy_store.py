@@ -173,7 +173,7 @@ def copy_store(
         held = format_rows_for(source.recorder).rows().get(STORE_HOLDER)
         if held is not None:
             format_rows_for(target.recorder).raise_to(held.format, held.at)
-        copied = 0
+        copied = last = 0
         interrupted = CopyResult(
             where(source.store), where(destination), 0, total, 0, 0, 0, 0.0, finished=False
         )
@@ -182,6 +182,7 @@ def copy_store(
                 return replace(interrupted, events=copied, seconds=time.monotonic() - started)
             target.recorder.insert_events([_as_stored(n) for n in batch])
             copied += len(batch)
+            last = int(batch[-1].id)
             if progress is not None:
                 progress(copied, total)
         if stop():  # before the rebuild and the walk, which take as long again
@@ -203,6 +204,15 @@ def copy_store(
                 f"({'; '.join(late)}): its writes would be known to the source only (a "
                 f"fork); {where(destination)} stays an unfinished copy: stop the server, "
                 "empty the destination and copy again"
+            )
+        # A command is no server (no heartbeat, name or declaration): its write after the
+        # walk is seen only as the source's log going on past what was copied.
+        end = int(source.recorder.max_notification_id() or 0)
+        if end != last:
+            raise CopyMismatch(
+                f"the source changed while it was copied (its last event is {end}, the "
+                f"last copied {last}: nothing may write to it meanwhile); "
+                f"{where(destination)} stays an unfinished copy: empty it and copy again"
             )
         rows.add_key_check(
             KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
