@@ -123,6 +123,20 @@ def test_a_daemon_name_held_on_the_source_refuses_the_copy(tmp_path: Path) -> No
         copy_store(source, parse_store_url(f"sqlite:///{tmp_path}/b.sqlite"))
 
 
+@pytest.mark.postgres
+def test_the_source_under_another_host_name_is_refused(pg_url: str) -> None:
+    """`localhost` for the configured `127.0.0.1`: the same PostgreSQL schema under a URL
+    that `same_store` cannot tell. Refused as the store itself, nothing written (before,
+    an empty store was copied into itself and marked `copy-started`)."""
+    assert "@127.0.0.1:" in pg_url
+    with Ledger(pg_url) as source:
+        before = source.recorder.key_checks()  # type: ignore[attr-defined]
+        alias = parse_store_url(pg_url.replace("@127.0.0.1:", "@localhost:"))
+        with pytest.raises(StoreUrlError, match="names the configured store itself"):
+            copy_store(source, alias)
+        assert source.recorder.key_checks() == before  # type: ignore[attr-defined]
+
+
 def test_a_backup_taken_while_a_writer_writes_is_one_consistent_store(tmp_path: Path) -> None:
     store = tmp_path / "live.sqlite"
     written = threading.Event()

@@ -275,6 +275,25 @@ def test_a_destination_that_holds_events_is_refused_and_left_as_it_was(
             copy_store(source, MemoryStore(source_name))
 
 
+def test_the_source_named_otherwise_is_refused_before_anything_is_written(
+    stores: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL can name the source in a way `same_store` does not see (PostgreSQL's
+    `localhost` and `127.0.0.1`, a host's two names): the destination then holds the
+    source's own key checks. An empty source was copied into itself, marked
+    `copy-started` (and a Ctrl-C left the configured store an unfinished copy, refused by
+    the daemon); now it is bad input, nothing written."""
+    import daemon.service_layer.copy_store as copying
+
+    source_name, _ = stores
+    monkeypatch.setattr(copying, "same_store", lambda a, b: False)  # the alias unseen
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        before = source.recorder.key_checks()  # type: ignore[attr-defined]
+        with pytest.raises(StoreUrlError, match=r"--to names the configured store itself"):
+            copy_store(source, MemoryStore(source_name))
+        assert source.recorder.key_checks() == before  # type: ignore[attr-defined]
+
+
 def test_an_interrupted_copy_is_opened_by_nothing_and_refused_by_a_second_copy(
     stores: tuple[str, str],
 ) -> None:

@@ -52,6 +52,7 @@ from ledger.stores.identity import names_held
 from ledger.stores.keycheck import (
     COPY_FINISHED,
     COPY_STARTED,
+    STORE_CHECK,
     KeyCheck,
     KeyChecks,
     refuse_unfinished_copy,
@@ -259,6 +260,15 @@ def _refuse_unless_empty(target: Ledger, source_checks: list[KeyCheck], clock: A
     name = where(target.store)
     found = _checks(target).key_checks()
     refuse_unfinished_copy(found, where=name)  # as every open does: bad input
+    # A URL can name the source otherwise than `same_store` sees (a host's two names):
+    # its rows are the source's, to their creation times. A copy made by this command
+    # is not: it holds its own copy-started and copy-finished rows besides.
+    own = next((c for c in source_checks if c.check_id == STORE_CHECK), None)
+    if own is not None and set(found) == set(source_checks):
+        raise StoreUrlError(
+            f"--to names the configured store itself, or a copy of its bytes ({name} holds "
+            f"its key checks, created {iso(own.created_at)})"
+        )
     events = int(target.recorder.max_notification_id() or 0)
     if events:
         raise CopyRefused(
