@@ -39,17 +39,17 @@ so a user's program runs it without the daemon's packages.
           ├── not found                  kind NOT_FOUND (exit 4, HTTP 404)
           │    └── UnknownJob                            ledger/application.py
           ├── unavailable                kind UNAVAILABLE (exit 1, HTTP 503)
-          │    └── StoreUnavailable                      ledger/stores/causes.py: read-only,
-          │                                              disk full, locked (PersistenceError too)
+          │    ├── StoreUnavailable                      ledger/stores/causes.py: read-only,
+          │    │                                         disk full, locked (PersistenceError too)
+          │    └── CopyMismatch                          daemon/service_layer/copy_store.py:
+          │                                              a copy's verification failed, or a
+          │                                              server started on its source
           ├── ServiceError               the kind given where it is raised (UNAVAILABLE:
           │                              exit 1, HTTP 503): daemon/service_layer/problems.py
           ├── CliError                   its own exit code: daemon/exit_codes.py
           ├── ApiError                   its own status: daemon/api/errors.py
           └── failures                   kind None
                ├── ConcurrentUpdate                      ledger/application.py
-               ├── CopyMismatch                          daemon/service_layer/copy_store.py:
-               │                                         a copy's verification failed,
-               │                                         or a server started on its source
                ├── RewriteFailed                         ledger/stores/purge.py
                ├── EventKeyMissing                       ledger/stores/cipher.py
                ├── ProviderError                         daemon/providers/outcomes.py

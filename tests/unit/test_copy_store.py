@@ -367,3 +367,11 @@ def _iso(seconds: float) -> str:
     text = iso(seconds)
     assert text is not None
     return text
+
+
+def test_a_copy_that_failed_its_check_is_one_line_and_exit_1() -> None:
+    """A verification that differs, or a server started on the source meanwhile, is an
+    operator's situation, said in one line (exit 1), not an "unexpected failure"."""
+    from daemon.exit_codes import exit_code_for
+
+    assert exit_code_for(CopyMismatch("the source changed while it was copied")) == 1

@@ -75,7 +75,10 @@ class CopyRefused(SendledgerError):
 
 class CopyMismatch(SendledgerError):
     """The verification found the destination's events other than the source's, or a
-    server started on the source while it was copied: it stays an unfinished copy."""
+    server started on the source while it was copied: it stays an unfinished copy. One
+    line, exit 1, as a store that cannot be written (not an "unexpected failure")."""
+
+    kind = Refusal.UNAVAILABLE
 
 
 @dataclass(frozen=True)
