@@ -54,3 +54,34 @@ def test_an_upload_queued_beyond_a_piece_is_waited_for_while_it_drains(
     monkeypatch.setattr(slow_links, "queued_bytes", draining)
     wait_sent_out(sock, timeout=1.0)
     assert seen == [4 * PIECE, 3 * PIECE, 2 * PIECE, PIECE]
+
+
+class _Clock:
+    """Time that passes only when the wait sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_queue_that_trickles_is_not_waited_for_beyond_the_timeout_a_piece(
+    sock: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link taking a byte per almost-`timeout` moves, but a write of a piece on it would
+    time out: the wait is bounded as the writes are, a piece out per `timeout`, not held
+    for days by a queue of megabytes shrinking a byte at a time."""
+    timeout, clock = 1.0, _Clock()
+
+    def trickling(_sock: socket.socket) -> int:
+        assert clock.now < 20 * timeout, "still waiting on a link that takes a byte a second"
+        return 4 * PIECE - int(clock.now / (timeout - 0.05))
+
+    monkeypatch.setattr(slow_links, "time", clock)
+    monkeypatch.setattr(slow_links, "queued_bytes", trickling)
+    wait_sent_out(sock, timeout=timeout)
+    assert clock.now <= timeout + slow_links.DRAIN_LOOK * 2

@@ -46,13 +46,13 @@ def queued_bytes(sock: socket.socket) -> int | None:
 
 
 def wait_sent_out(sock: socket.socket | None, timeout: float) -> None:
-    """Wait while more than a piece written on `sock` is still queued in this host and the
-    queue keeps shrinking; back once at most a piece is, or once it has not moved for
-    `timeout` (the answer's own wait then says the rest). Linux only (TIOCOUTQ); elsewhere
-    back at once."""
+    """Wait while more than a piece written on `sock` is still queued in this host and a
+    piece leaves it within each `timeout`; back once at most a piece is queued, or once a
+    piece has not gone out in `timeout` (the answer's own wait then says the rest). Linux
+    only (TIOCOUTQ); elsewhere back at once."""
     if sock is None or _OUTQ is None:
         return
-    moved_at, least = time.monotonic(), None
+    moved_at, mark = time.monotonic(), None
     while True:
         queued = queued_bytes(sock)
         if queued is None:
@@ -63,8 +63,10 @@ def wait_sent_out(sock: socket.socket | None, timeout: float) -> None:
             # every request, which a wait here would add to every send.
             return
         now = time.monotonic()
-        if least is None or queued < least:
-            moved_at, least = now, queued
+        # A piece per timeout, the rate a write is held to: any shrinking at all would let
+        # a link taking a byte per almost-timeout hold the send for days.
+        if mark is None or queued <= mark - PIECE:
+            moved_at, mark = now, queued
         elif now - moved_at >= timeout:
             return
         time.sleep(DRAIN_LOOK)
