@@ -206,7 +206,7 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         self.stats.bump("reused" if reused else "fresh")
         # Phase 2: from here on the server may have the request, reused connection or not.
         try:
-            conn.request(method, request_uri, _in_pieces(body, headers), headers)
+            conn.request(method, request_uri, *_in_pieces(body, headers))
             wait_sent_out(conn.sock, self.timeout)  # the answer's wait from there on
             raw = conn.getresponse()
             content: bytes = b"" if method == "HEAD" else raw.read()
@@ -231,19 +231,24 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         return response, content
 
 
-def _in_pieces(body: Any, headers: dict[str, str]) -> Any:
+def _in_pieces(body: Any, headers: dict[str, str]) -> tuple[Any, dict[str, str]]:
     """A body of more than a piece as its bytes in pieces, each write bounded by the
     timeout alone (`slow_links.py`: a big message over a slow link is not cut while its
-    bytes keep flowing); the same bytes as http.client writes (a text body in ISO-8859-1).
-    Only with a Content-Length (the Google client sets one): without it, http.client
-    would send pieces chunked, another request on the wire."""
-    if not any(name.lower() == "content-length" for name in headers):
-        return body
+    bytes keep flowing), with the headers to send it with; the same bytes as http.client
+    writes (a text body in ISO-8859-1). A generator would be sent chunked without a
+    Content-Length, another request on the wire, so one is given where http.client would
+    have put its own (Graph's bodies come without one; the Google client sets it)."""
+    names = {name.lower() for name in headers}
     if isinstance(body, str):
         try:
             body = body.encode("iso-8859-1")
         except UnicodeEncodeError:
-            return body  # http.client refuses it with its own words
+            return body, headers  # http.client refuses it with its own words
     if not isinstance(body, bytes) or len(body) <= PIECE:
-        return body
-    return pieces(body)
+        return body, headers
+    if "content-length" not in names:
+        if "transfer-encoding" in names:
+            return body, headers  # the caller frames the body itself
+        # http.client writes its Content-Length before the caller's headers.
+        headers = {"Content-Length": str(len(body)), **headers}
+    return pieces(body), headers
