@@ -62,8 +62,19 @@ def test_a_tick_waiting_out_its_store_s_lock_waits_still_feeds_the_watchdog() ->
         assert waits == 5 * 20 + 2 * 10 + 5
         daemon.health.last_tick_end = time.monotonic() - (waits - 1)
         assert daemon._healthy(), "a tick still within its store's waits is taken for a hang"
-        daemon.health.last_tick_end = time.monotonic() - (waits + 1)
+        daemon.health.last_tick_end = time.monotonic() - (1 + waits + 1)
         assert not daemon._healthy(), "a tick past every wait it may meet is stuck"
+
+
+def test_the_limit_counts_the_interval_before_the_slow_tick_began() -> None:
+    """The age is measured from the last tick's end, and the next tick begins up to one
+    `daemon.tick` later (the scheduler's interval): a tick that waits out all its store's
+    waits ends `tick` + those waits after the last one ended, and is not stuck then."""
+    settings = _settings(SLOW_STORE)
+    tick = 5.0  # below the waits' tenth, so the waits are the limit
+    waits = tick_store_wait(settings.store)
+    assert waits == 125
+    assert tick_limit(tick, settings.store) > tick + waits - 0.5
 
 
 def test_healthz_gives_a_slow_store_s_tick_the_same_limit(tmp_path: Path) -> None:

@@ -55,8 +55,11 @@ def tick_store_wait(store: StoreSettings) -> float | None:
 def tick_limit(tick: float, store: StoreSettings) -> float:
     """Seconds since the last tick ended past which the scheduler is stuck: ten ticks
     (`daemon.tick`: `tick`), a minute, or the waits of one tick for `store`
-    (`tick_store_wait`), whichever is longest."""
-    return max(tick * TICKS, MINIMUM, tick_store_wait(store) or 0.0)
+    (`tick_store_wait`) after the interval before that tick began, whichever is longest.
+    The age is counted from the last tick's end, and the scheduler starts the next one up
+    to `tick` later: the waits alone took a tick that met them all for a hang."""
+    waits = tick_store_wait(store)
+    return max(tick * TICKS, MINIMUM, 0.0 if waits is None else tick + waits)
 
 
 __all__ = [
