@@ -367,3 +367,24 @@ def test_the_observed_provider_forwards_every_capability_of_the_port() -> None:
         assert ObservedProvider(rig.provider, NullObserver()).history() is rig.provider
     finally:
         rig.close()
+
+
+def test_a_received_message_deleted_to_the_trash_is_not_in_the_sent_history() -> None:
+    """Gmail's history lists the messages added with the SENT label: a message received
+    with the job's Message-ID and deleted is not one (docs/how-it-works.md "Counting
+    copies"), so the history does not confirm the job on it; the search then finds it
+    only in the trash and sends the job to review."""
+    rig = history_rig({"on_unknown": "retry", "history_after": "30s"})
+    try:
+        message_id = rig.submit("c0", "r-1")
+        rig.provider.script(Scripted.lost_request())
+        rig.tick()
+        assert rig.events("r-1")[-2:] == ["Unknown", "HistoryMissed"]
+        rig.provider.store_copy(message_id, in_trash=True)
+        rig.advance_and_tick(30)  # history_after: read again, a miss believed
+        rig.tick()
+        job = rig.job("r-1")
+        assert vias(rig, "r-1") == []
+        assert (job.state, job.reason) == (JobState.REVIEW, EscalationReason.ONLY_IN_TRASH)
+    finally:
+        rig.close()

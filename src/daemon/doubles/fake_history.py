@@ -100,11 +100,14 @@ class FakeHistoryProvider(FakeProvider):
                 raise HistoryTooOld(history_id, f"historyId {start} expired (scripted)")
             self.answered_history[message_id] += 1
             horizon = self._horizon()
+            # Gmail lists the messages added with the SENT label: not a message received
+            # with the Message-ID and deleted (`store_copy(..., in_trash=True)`).
             hits = tuple(
                 SearchHit(copy.provider_message_id, copy.message_id, ("SENT",))
                 for copy in self.copies
                 if start < self._history_of[copy.provider_message_id] <= horizon
                 and copy.message_id == message_id
+                and not copy.in_trash
             )
         hook = self.during_history
         if hook is not None:
