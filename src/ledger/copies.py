@@ -11,7 +11,9 @@ of ours: the ledger's events and the daemon's search results both read it.
 
 from __future__ import annotations
 
-__all__ = ["COPIES_KEPT", "copies_found", "found_only_in_trash"]
+from collections.abc import Sequence
+
+__all__ = ["COPIES_KEPT", "TRASHED_ID", "copies_found", "found_only_in_trash", "only_in_trash"]
 
 #: The most copies a search keeps, in the order the provider listed them; the rest are
 #: counted. Two decide a duplicate; a human deciding on one opens a few to see what the
@@ -42,3 +44,13 @@ def found_only_in_trash(count: int, complete: bool = True) -> str:
     return (
         f"{counted} only in the trash: sent and deleted by {whose} sender, or received and deleted"
     )
+
+
+#: The mark of a copy found in the trash, at the head of its id where a check records it
+#: (`SearchResult.recorded_copies`), and of IMAP's trash ids themselves.
+TRASHED_ID = "trash:"
+
+
+def only_in_trash(recorded: Sequence[str]) -> bool:
+    """Whether a check recorded copies, every one found in the trash (`TRASHED_ID`)."""
+    return bool(recorded) and all(copy.startswith(TRASHED_ID) for copy in recorded)

@@ -170,3 +170,41 @@ def test_a_resend_is_refused_while_the_copy_is_in_the_trash_and_goes_once_it_is_
     assert s.resolve("k1", Resolution.RESEND, note="", by="ann").state is JobState.REQUESTED
     rig.tick()
     assert rig.provider.sends == 2 and rig.job("k1").state is JobState.CONFIRMED
+
+
+def test_the_page_recommends_nothing_on_a_check_that_found_a_copy_only_in_the_trash() -> None:
+    """A job in review for another reason (its searches missed: unknown-outcome), then a
+    person's check finds one copy, only in the trash. The check's own advice says to open
+    it; the job's page and `review show`, which read the recorded check, said "the
+    customer has it. Resolve as sent" with Sent recommended, and a person following
+    them lost a notification never sent. The check records such a copy marked
+    (`SearchResult.recorded_copies`), and the guidance reads the mark."""
+    with EngineRig(policy("alerts")) as rig:
+        message_id = rig.submit("alerts", "k1")
+        rig.provider.script(Scripted.lost_request())
+        assert rig.tick().unknown == 1
+        for _ in range(10):
+            rig.advance_and_tick(3600)
+        assert (rig.job("k1").state, rig.job("k1").reason) == (
+            JobState.REVIEW,
+            EscalationReason.UNKNOWN_OUTCOME,
+        )
+        trashed = rig.provider.store_copy(message_id, in_trash=True)
+        s = services(rig)
+        assert s.check("k1", by="ann").only_in_trash
+        checked = rig.ledger.history("k1")[-1]
+        assert isinstance(checked, SendJob.Checked)
+        assert checked.provider_message_ids == [f"trash:{trashed}"]
+        view = s.job_view("k1")
+        assert view.guidance is not None
+        assert view.guidance.next_action.startswith("Open the copy")
+        assert not any(choice.recommended for choice in view.guidance.choices)
+        # The same copy checked again repeats nothing new; moved to the sent folder, it is
+        # new evidence, and then the customer has it.
+        kept = [c for c in rig.provider.copies if c.provider_message_id != trashed]
+        rig.provider.copies[:] = kept
+        rig.provider.store_copy(message_id)
+        assert not s.check("k1", by="ann").only_in_trash
+        view = s.job_view("k1")
+        assert view.guidance is not None and view.guidance.next_action.startswith("The last check")
+        assert [c.decision for c in view.guidance.choices if c.recommended] == [Resolution.SENT]

@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from ledger.characters import storable
-from ledger.copies import COPIES_KEPT
+from ledger.copies import COPIES_KEPT, TRASHED_ID
 from ledger.exceptions import SendledgerError
 
 
@@ -128,6 +128,20 @@ class SearchResult:
     def copies(self) -> list[str]:
         """The provider's ids of the kept copies, in the order found."""
         return [hit.provider_message_id for hit in self.hits]
+
+    @property
+    def recorded_copies(self) -> list[str]:
+        """`copies` as a check records them (`Checked.provider_message_ids`): a copy in
+        the trash marked `TRASHED_ID` (IMAP's ids carry it already), so that what the
+        job's page later says of the last check ("the customer has it") is not said of
+        a copy that may have been received (`guidance.py`), and a copy moved between
+        the trash and the sent folder is new evidence."""
+        return [
+            TRASHED_ID + hit.provider_message_id
+            if hit.in_trash and not hit.provider_message_id.startswith(TRASHED_ID)
+            else hit.provider_message_id
+            for hit in self.hits
+        ]
 
 
 #: A provider's search stops reading messages once it has found this many copies: one

@@ -57,6 +57,7 @@ from daemon.providers.imap_sessions import ImapSessions
 from daemon.providers.kept import MailEndpoint, ReuseLimits
 from daemon.providers.outcomes import SEARCH_STOPS_AT, first_copies
 from daemon.providers.smtp_submit import SmtpSubmitter
+from ledger.copies import TRASHED_ID
 from ledger.message import Envelope
 from ledger.message_id import same_message_id
 
@@ -375,7 +376,7 @@ def _message_ids(client: Any, uids: list[int]) -> dict[int, str | None]:
 #: What a human checking a copy sees of it (docs/review.md "Review"), with the Message-ID.
 _SHOWN_FIELDS = ("MESSAGE-ID", "DATE", "TO", "SUBJECT")
 #: The prefix of a search hit found in the trash (`search`).
-_TRASHED = "trash:"
+_TRASHED = TRASHED_ID
 
 
 def _headers(client: Any, uids: list[int], names: Sequence[str]) -> dict[int, Message]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.copies import only_in_trash
 from ledger.job import SendJob
 from ledger.vocabulary import EscalationReason, Resolution
 
@@ -197,6 +198,11 @@ def guidance_for(
     if not decisions:
         return None
     reason = EscalationReason(job.reason) if job.reason in _REASONS else None
+    if last_check is not None and only_in_trash(last_check.get("provider_message_ids") or []):
+        # The last check's copies were all in the trash: perhaps received, no proof the
+        # customer has it, whatever the job went to review for (its trash-only reason's
+        # meaning, step and no recommendation).
+        reason = EscalationReason.ONLY_IN_TRASH
     copies = copies_known(job, last_check)
     complete = copies_complete(job, last_check)
     least = "" if complete else "at least "

@@ -718,7 +718,7 @@ class Services:
             if moved or _repeats_last_check(job, found):
                 return False
             job.record_check(
-                by=by, purpose=purpose, query=found.query, copies=found.copies,
+                by=by, purpose=purpose, query=found.query, copies=found.recorded_copies,
                 count=found.count, complete=found.complete, at=self.ledger.clock(),
             )  # fmt: skip
             return True
@@ -849,7 +849,7 @@ class Services:
         with _domain_input():
             if found is not None:
                 job.record_check(by=by, purpose="resend", query=found.query,
-                                 copies=found.copies, count=found.count,
+                                 copies=found.recorded_copies, count=found.count,
                                  complete=found.complete, at=at)  # fmt: skip
             job.resolve(decision, note=note, by=by, at=at,
                         found=None if found is None else found.copies,
@@ -1169,7 +1169,7 @@ def _repeats_last_check(job: SendJob, found: SearchResult) -> bool:
     return (
         job.state in FINAL_STATES
         and job.checked_version == job.version
-        and job.checked_copies == tuple(found.copies)
+        and job.checked_copies == tuple(found.recorded_copies)
         and job.checked_count == found.count
     )
 
