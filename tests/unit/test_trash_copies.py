@@ -19,7 +19,7 @@ from tests.unit.test_services import services
 from daemon.api.app import create_app
 from daemon.doubles.fake_provider import Scripted
 from daemon.providers.outcomes import SearchHit, SearchResult
-from daemon.service_layer.services import ServiceError
+from daemon.service_layer.services import ServiceError, resolve_as_a_person
 from ledger.decision_types import Review
 from ledger.job import SendJob, TransitionError
 from ledger.vocabulary import EscalationReason, JobState, Resolution
@@ -196,9 +196,15 @@ def test_the_page_recommends_nothing_on_a_check_that_found_a_copy_only_in_the_tr
         assert isinstance(checked, SendJob.Checked)
         assert checked.provider_message_ids == [f"trash:{trashed}"]
         view = s.job_view("k1")
-        assert view.guidance is not None
+        assert view.guidance is not None and view.guidance.in_trash
         assert view.guidance.next_action.startswith("Open the copy")
         assert not any(choice.recommended for choice in view.guidance.choices)
+        # "sent" needs the person's word that this mailbox sent it.
+        with pytest.raises(ServiceError, match=r"only in the sender's trash.*say in the note"):
+            resolve_as_a_person(s, "k1", Resolution.SENT, note="", by="ann")
+        with TestClient(create_app(api_context(rig))) as client:
+            page = unescape(client.get("/ui/jobs/k1", headers=AUTH).text)
+        assert "1 copy only in the sender's trash" in page and "The customer has" not in page
         # The same copy checked again repeats nothing new; moved to the sent folder, it is
         # new evidence, and then the customer has it.
         kept = [c for c in rig.provider.copies if c.provider_message_id != trashed]

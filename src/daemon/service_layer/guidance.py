@@ -140,6 +140,9 @@ class Guidance:
     choices: list[Choice]
     #: False when that search stopped reading with more copies left: at least `copies`.
     copies_complete: bool = True
+    #: Every copy that search found was in the sender's trash: perhaps received, no proof
+    #: the customer has one (docs/review.md "Check").
+    in_trash: bool = False
 
     @property
     def sent_needs_note(self) -> bool:
@@ -152,6 +155,7 @@ class Guidance:
             "next": self.next_action,
             "copies": self.copies,
             "copies_complete": self.copies_complete,
+            "in_trash": self.in_trash,
             "choices": [
                 {
                     "as": c.decision.value,
@@ -168,6 +172,13 @@ class Guidance:
 SENT_NEEDS_NOTE = (
     "no check has found a copy of this message: to resolve it as sent, say in the note how "
     "you know the customer has it (or check the mailbox first)"
+)
+
+
+#: The same when the copies the last check found were only in the sender's trash.
+SENT_NEEDS_NOTE_IN_TRASH = (
+    "the copies found are only in the sender's trash, and may have been received: to "
+    "resolve it as sent, say in the note how you know this mailbox sent it"
 )
 
 
@@ -198,10 +209,15 @@ def guidance_for(
     if not decisions:
         return None
     reason = EscalationReason(job.reason) if job.reason in _REASONS else None
-    if last_check is not None and only_in_trash(last_check.get("provider_message_ids") or []):
-        # The last check's copies were all in the trash: perhaps received, no proof the
-        # customer has it, whatever the job went to review for (its trash-only reason's
-        # meaning, step and no recommendation).
+    # The copies the last search found were all in the trash: perhaps received, no proof
+    # the customer has one, whatever the job went to review for (the trash-only reason's
+    # meaning and step, no recommendation, and "sent" on a note). A later check that found
+    # a copy in the sent folder is advised on as any copy found.
+    if last_check is not None:
+        trashed = only_in_trash(last_check.get("provider_message_ids") or [])
+    else:
+        trashed = reason is EscalationReason.ONLY_IN_TRASH
+    if trashed:
         reason = EscalationReason.ONLY_IN_TRASH
     copies = copies_known(job, last_check)
     complete = copies_complete(job, last_check)
@@ -218,18 +234,19 @@ def guidance_for(
             "The provider's answer to this send was lost or ambiguous, so the daemon could "
             f"not tell whether it went out; the last check of the mailbox found {seen}."
         )
-    next_action = _next(reason, copies)
-    found = bool(copies)
+    advised = reason if trashed or reason is not EscalationReason.ONLY_IN_TRASH else None
+    next_action = _next(advised, copies)
+    found = bool(copies) and not trashed
     choices = [
         Choice(
             decision,
-            _effect(decision, copies, least),
+            _effect(decision, copies, least, trashed),
             needs_note=decision is Resolution.SENT and not found,
-            recommended=decision is _recommended(reason, copies),
+            recommended=decision is _recommended(advised, copies),
         )
         for decision in decisions
     ]
-    return Guidance(job.reason or "", meaning, next_action, copies, choices, complete)
+    return Guidance(job.reason or "", meaning, next_action, copies, choices, complete, trashed)
 
 
 _REASONS = {reason.value for reason in EscalationReason}
@@ -263,7 +280,11 @@ def _recommended(reason: EscalationReason | None, copies: int | None) -> Resolut
     return None  # check the mailbox first
 
 
-def _effect(decision: Resolution, copies: int | None, least: str = "") -> str:
+def _effect(
+    decision: Resolution, copies: int | None, least: str = "", trashed: bool = False
+) -> str:
+    if trashed:
+        return _TRASHED_EFFECT[decision]
     if decision is Resolution.SENT:
         if copies and copies > 1:
             return (
@@ -285,10 +306,28 @@ def _effect(decision: Resolution, copies: int | None, least: str = "") -> str:
     return "records that the message will not be sent; nothing more is sent"
 
 
+#: What each decision does when the copies found were only in the trash.
+_TRASHED_EFFECT = {
+    Resolution.SENT: (
+        "records that the customer has it, on your word that this mailbox sent the copy in "
+        "the trash (the note says how you know)"
+    ),
+    Resolution.RESEND: (
+        "searches the mailbox once more, then sends the same message again (same "
+        "Message-ID); refused while a copy is found, in the trash too: delete a received "
+        "one for good first"
+    ),
+    Resolution.ABANDON: (
+        "records that the message will not be sent; the customer may or may not have a copy"
+    ),
+}
+
+
 __all__ = [
     "MEANING",
     "NEXT",
     "SENT_NEEDS_NOTE",
+    "SENT_NEEDS_NOTE_IN_TRASH",
     "Choice",
     "Guidance",
     "copies_complete",

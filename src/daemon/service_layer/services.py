@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from daemon.providers.base import Provider, ProviderError, SearchHit, SearchResult, for_job
 from daemon.providers.draft_handle import Draft, DraftStatus
-from daemon.service_layer.guidance import SENT_NEEDS_NOTE, Guidance, copies_known, guidance_for
+from daemon.service_layer.guidance import (
+    SENT_NEEDS_NOTE,
+    SENT_NEEDS_NOTE_IN_TRASH,
+    Guidance,
+    copies_known,
+    guidance_for,
+)
 from daemon.service_layer.intake import (
     IntakeError,
     check_messages,
@@ -1104,7 +1110,9 @@ def sent_without_evidence(view: JobView, decision: Resolution, note: str) -> str
     """The refusal a door says for "sent" that no check backs and no note explains."""
     if decision is not Resolution.SENT or view.guidance is None or note.strip():
         return None
-    return SENT_NEEDS_NOTE if view.guidance.sent_needs_note else None
+    if not view.guidance.sent_needs_note:
+        return None
+    return SENT_NEEDS_NOTE_IN_TRASH if view.guidance.in_trash else SENT_NEEDS_NOTE
 
 
 def resolve_as_a_person(
