@@ -837,6 +837,11 @@ class AdvisoryIdentityLock:
     def release(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error):
+                # Let go before the session ends: a closed connection's backend drops its
+                # locks when it exits, a moment later, and until then the name still
+                # reads as held (`pg_locks`: a stopped daemon's row counted as live).
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
+            with contextlib.suppress(psycopg.Error):
                 self._conn.close()  # the session ends: its advisory locks with it
             self._conn = None
 
