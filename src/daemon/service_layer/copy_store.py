@@ -165,18 +165,7 @@ def copy_store(
     try:
         _refuse_unless_empty(target, source_checks, clock)
         rows = _checks(target)
-        # First the mark, so that no Ledger opens what follows until it is verified.
-        mark = KeyCheck(COPY_STARTED, COPY_STARTED, where(source.store).encode(), clock())
-        rows.add_key_check(mark)
-        for check in source_checks:
-            if check.kind not in _MARKERS:
-                rows.add_key_check(check)
-        target.judge_copied_keys()  # before the events: keys that do not fit copy nothing
-        # The events' format goes with them: without it the copy reads as FIRST_FORMAT, and
-        # a release that reads only older formats would open it (ledger/event_format.py).
-        held = format_rows_for(source.recorder).rows().get(STORE_HOLDER)
-        if held is not None:
-            format_rows_for(target.recorder).raise_to(held.format, held.at)
+        _begin(source, target, source_checks, clock)
         copied = last = 0
         interrupted = CopyResult(
             where(source.store), where(destination), 0, total, 0, 0, 0, 0.0, finished=False
@@ -199,25 +188,7 @@ def copy_store(
             positions.ensure()
             for row in webhooks:
                 positions.force(row.name, moved[row.position], clock(), expected=0)
-        # A server that started after the check above and has written no event yet
-        # passed the verification; it would write to the source alone from now on.
-        late = running_on(source, clock) + _started_since(source, since)
-        if late:
-            raise CopyMismatch(
-                f"a server started on {where(source.store)} while it was copied "
-                f"({'; '.join(late)}): its writes would be known to the source only (a "
-                f"fork); {where(destination)} stays an unfinished copy: stop the server, "
-                "empty the destination and copy again"
-            )
-        # A command is no server (no heartbeat, name or declaration): its write after the
-        # walk is seen only as the source's log going on past what was copied.
-        end = int(source.recorder.max_notification_id() or 0)
-        if end != last:
-            raise CopyMismatch(
-                f"the source changed while it was copied (its last event is {end}, the "
-                f"last copied {last}: nothing may write to it meanwhile); "
-                f"{where(destination)} stays an unfinished copy: empty it and copy again"
-            )
+        _refuse_writers_since(source, destination, since, last, clock)
         rows.add_key_check(
             KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
         )
@@ -234,6 +205,51 @@ def copy_store(
         time.monotonic() - started,
         finished=True,
     )
+
+
+def _begin(
+    source: Ledger, target: Ledger, source_checks: Sequence[KeyCheck], clock: Callable[[], float]
+) -> None:
+    """What the copy writes before the events: the unfinished mark, the source's key
+    checks, and the format its events are in."""
+    rows = _checks(target)
+    # First the mark, so that no Ledger opens what follows until it is verified.
+    rows.add_key_check(KeyCheck(COPY_STARTED, COPY_STARTED, where(source.store).encode(), clock()))
+    for check in source_checks:
+        if check.kind not in _MARKERS:
+            rows.add_key_check(check)
+    target.judge_copied_keys()  # before the events: keys that do not fit copy nothing
+    # The events' format goes with them: without it the copy reads as FIRST_FORMAT, and
+    # a release that reads only older formats would open it (ledger/event_format.py).
+    held = format_rows_for(source.recorder).rows().get(STORE_HOLDER)
+    if held is not None:
+        format_rows_for(target.recorder).raise_to(held.format, held.at)
+
+
+def _refuse_writers_since(
+    source: Ledger, destination: StoreSpec, since: float, last: int, clock: Callable[[], float]
+) -> None:
+    """CopyMismatch when anything wrote to the source, or a server started on it, since
+    the copy began (`since`, by the store's clock; `last`: the last event copied)."""
+    # A server that started after the first check and has written no event yet passed
+    # the verification; it would write to the source alone from now on.
+    late = running_on(source, clock) + _started_since(source, since)
+    if late:
+        raise CopyMismatch(
+            f"a server started on {where(source.store)} while it was copied "
+            f"({'; '.join(late)}): its writes would be known to the source only (a "
+            f"fork); {where(destination)} stays an unfinished copy: stop the server, "
+            "empty the destination and copy again"
+        )
+    # A command is no server (no heartbeat, name or declaration): its write after the
+    # walk is seen only as the source's log going on past what was copied.
+    end = int(source.recorder.max_notification_id() or 0)
+    if end != last:
+        raise CopyMismatch(
+            f"the source changed while it was copied (its last event is {end}, the "
+            f"last copied {last}: nothing may write to it meanwhile); "
+            f"{where(destination)} stays an unfinished copy: empty it and copy again"
+        )
 
 
 def _store_now(ledger: Ledger, clock: Callable[[], float]) -> float:
