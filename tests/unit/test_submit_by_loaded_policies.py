@@ -245,3 +245,25 @@ def test_a_server_that_stops_leaves_the_row_of_a_process_that_took_its_name(
     assert [(r.name, r.loaded_at) for r in rows.live(0)] == [("d1", 20.0)]  # the newcomer's
     new.stop()
     assert rows.live(0) == []
+
+
+def test_a_stop_right_after_a_reload_whose_row_was_not_written_removes_the_row(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGHUP then SIGTERM while the store holds the beat's write up (its heartbeat in
+    flight carries the old load's time): the reload goes on without its row, and the stop
+    must remove the row that is there, not look for the reload's. Left, it counted as a
+    running server for `LIVE_SECONDS` (`admin copy-store` refused; an API's row is never
+    judged by its name). No beat thread here: it is the one the stop overtook."""
+    import daemon.service_layer.loaded as loaded_module
+
+    monkeypatch.setattr(loaded_module, "REWRITE_WAIT", 0.01)
+    rows = rig.ledger.loaded_policies()
+    now = [10.0]
+    announcer = PolicyAnnouncer(rows, "api-1", API, lambda: rig.policies, clock=lambda: now[0])
+    announcer.write()  # the start's row, loaded at 10
+    now[0] = 20.0
+    announcer.reloaded()  # loaded at 20: its row not written before the stop
+    assert [r.loaded_at for r in rows.live(0)] == [10.0]
+    announcer.stop()
+    assert rows.live(0) == []

@@ -63,6 +63,10 @@ class PolicyAnnouncer:
         self._clock = clock
         self._live = live_seconds
         self._loaded_at = clock()
+        #: The `loaded_at` of the row this server last wrote: a reload changes
+        #: `_loaded_at` before its row is written (by the beat's thread, which a stop or a
+        #: store that hangs may overtake), and the stop must remove the row that is there.
+        self._row_loaded_at: float | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -74,6 +78,7 @@ class PolicyAnnouncer:
     def write(self) -> None:
         """The row as of now (the store's clock where it has one). A store that cannot be
         written is said once and tried again at the next beat: the daemon keeps sending."""
+        loaded_at = self._loaded_at
         try:
             now = self._rows.now()
             now = self._clock() if now is None else now
@@ -81,7 +86,7 @@ class PolicyAnnouncer:
                 LoadedPolicies(
                     self._name,
                     self._kind,
-                    self._loaded_at,
+                    loaded_at,
                     now + self._live,
                     self._current().fingerprints(),
                 )
@@ -91,6 +96,7 @@ class PolicyAnnouncer:
                 log.warning("cannot record the loaded policies in the store: %s", exc)
             self._failing = True
             return
+        self._row_loaded_at = loaded_at
         self._failing = False
 
     def reloaded(self, _policies: PolicySet | None = None) -> None:
@@ -127,15 +133,19 @@ class PolicyAnnouncer:
         """Remove the row: a stopped server has loaded nothing. Within two lock waits
         (`lock_wait`: `[store] lock_timeout`, daemon/config/stop_bound.py): a heartbeat's
         write in flight, waited for so that it does not write the row again after its
-        removal, then the removal."""
+        removal, then the removal: of the row last written, and of the one a reload was
+        to write (its write may have failed after it committed)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=lock_wait)
-        try:
-            self._rows.leave(self._name, self._kind, self._loaded_at)
-        except Exception as exc:
-            log.warning("cannot remove the loaded policies from the store: %s", exc)
+        written = [] if self._row_loaded_at is None else [self._row_loaded_at]
+        for loaded_at in dict.fromkeys([*written, self._loaded_at]):
+            try:
+                self._rows.leave(self._name, self._kind, loaded_at)
+            except Exception as exc:
+                log.warning("cannot remove the loaded policies from the store: %s", exc)
+                return
 
 
 def live_daemons(rows: LoadedPolicyStore, now: datetime) -> list[LoadedPolicies]:
