@@ -134,6 +134,8 @@ class Daemon:
             self._name_lost = exc
             log.error("stopping: %s", exc)
             self.engine.name_lost()
+            if self._webhooks is not None:
+                self._webhooks.disown()
             self.request_stop()
             raise
 

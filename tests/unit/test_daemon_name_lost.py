@@ -5,6 +5,9 @@ start-up does (IdentityTaken, exit 3); while the check cannot be made, no tick r
 from __future__ import annotations
 
 import threading
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +15,7 @@ from daemon.bootstrap import bootstrap
 from daemon.config.settings import settings_from_dict
 from daemon.doubles.fake_provider import FakeProvider
 from daemon.runtime import Daemon
+from daemon.webhooks.signing import new_secret
 from ledger.application import Ledger
 from ledger.stores.identity import IdentityTaken
 from policies.loader import PolicySet
@@ -35,9 +39,13 @@ class FlakyName:
         self.released = True
 
 
-def _daemon(ledger: Ledger, lock: FlakyName) -> Daemon:
+def _daemon(ledger: Ledger, lock: FlakyName, webhooks: dict[str, Any] | None = None) -> Daemon:
     settings = settings_from_dict(
-        {"store": {"url": "memory://"}, "daemon": {"tick": "20ms", "name": "n1"}}
+        {
+            "store": {"url": "memory://"},
+            "daemon": {"tick": "20ms", "name": "n1"},
+            "webhooks": webhooks or {},
+        }
     )
     ledger.hold_identity = lambda name: lock  # type: ignore[method-assign]
     service = bootstrap(
@@ -112,3 +120,24 @@ def test_a_name_taken_at_start_up_leaves_no_worker_running() -> None:
         for worker in workers:
             worker.join(timeout=5)
         assert [t.name for t in workers if t.is_alive()] == []
+
+
+def test_a_lost_name_leaves_the_webhook_lease_to_the_process_that_took_it(
+    tmp_path: Path,
+) -> None:
+    """The other process holds the webhook's lease under the same name: the daemon that
+    lost the name stops without giving it up. Given up (its lease ended at once), a third
+    daemon would take the webhook and send beside that process's pass in flight."""
+    secret = tmp_path / "hook-secret"
+    secret.write_text(new_secret() + "\n")
+    webhook = {"url": "http://127.0.0.1:9/hook", "secret_file": str(secret)}
+    lock = FlakyName(IdentityTaken("n1", "db"), failures=1_000)
+    with Ledger("memory://") as ledger:
+        positions = ledger.positions()
+        taken = positions.claim("ops", "n1", time.time(), 60.0)  # the other process's
+        assert taken is not None
+        daemon = _daemon(ledger, lock, webhooks={"ops": webhook})
+        with pytest.raises(IdentityTaken):
+            daemon.serve()
+        (row,) = positions.read_all()
+        assert (row.owner, row.lease_until) == ("n1", taken.lease_until)

@@ -103,6 +103,13 @@ class WebhookThreads:
         except Exception as exc:
             log.warning("webhook %s: lease not released: %s", deliverer.hook.name, quoted(exc))
 
+    def disown(self) -> None:
+        """The daemon's name went to another process: the threads end after the attempt
+        in flight, writing and giving up nothing (`Deliverer.disown`)."""
+        for deliverer in self._deliverers:
+            deliverer.disown()
+        self._stop.set()
+
     def stop(self, lock_wait: float = 5.0) -> None:
         """Stop every thread within three lock waits (`lock_wait`: `[store] lock_timeout`,
         daemon/config/stop_bound.py), whatever the number of webhooks: one for the

@@ -115,6 +115,9 @@ class Deliverer:
         # write after the POST would renew the lease given up). A later pass claims anew.
         self._writing = threading.Lock()
         self._releases = 0
+        # This daemon's name went to another process (`disown`): the row's lease under
+        # the name is that process's, neither written nor given up from here any more.
+        self._disowned = False
         self.positions.ensure()
 
     def pass_once(self) -> bool:
@@ -194,15 +197,24 @@ class Deliverer:
             raise TimeoutError("a write of its position did not end in time")
         try:
             self._releases += 1
-            self.positions.release(self.hook.name, self.owner)
+            if not self._disowned:
+                self.positions.release(self.hook.name, self.owner)
         finally:
             self._writing.release()
+
+    def disown(self) -> None:
+        """This daemon's name was taken by another process (`Ledger.hold_identity`): the
+        lease under the name is that process's now. From now on no write of the row, nor
+        a release when this daemon stops, which would end that process's lease while its
+        pass runs (another daemon would take the webhook and send beside it). Not
+        waiting for a write in flight: the tick that found the name lost calls this."""
+        self._disowned = True
 
     def _write(self, released: int, action: Callable[..., T], *args: Any) -> T | None:
         """`action(*args)` (a write of the row), unless the lease was released since the
         pass began (`released`: the count then): None then."""
         with self._writing:
-            if self._releases != released:
+            if self._releases != released or self._disowned:
                 return None
             return action(*args)
 
