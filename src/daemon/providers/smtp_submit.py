@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from daemon.providers.base import ProviderError, SendOutcome
+from daemon.providers.early_answers import EarlyAnswer
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
 from daemon.providers.slow_links import pieces, wait_sent_out
 from daemon.providers.smtp_classify import Stage, classify_smtp
@@ -153,13 +154,31 @@ def _ping_failed(exc: BaseException) -> ProviderError:
     return ProviderError(f"ping: {_describe(exc)}", unavailable=True, timed_out=timed_out(exc))
 
 
-def _send_content(smtp: smtplib.SMTP, data: bytes, timeout: float) -> None:
+def _send_content(smtp: smtplib.SMTP, data: bytes, timeout: float) -> bool:
     """The message's bytes, in order, a piece per write, then out of this host: a
     connection that stops taking them times out, one that keeps taking them does not,
-    however long it takes (`slow_links.py`)."""
-    for piece in pieces(data):
-        smtp.send(piece)
+    however long it takes (`slow_links.py`). False when the server replied before the
+    end (a 552 for a message too large, then often a close): nothing more is written,
+    and its reply is the next `getreply()`'s (`early_answers.py`)."""
+    if smtp.sock is None:
+        raise smtplib.SMTPServerDisconnected("please run connect() first")
+    watch = EarlyAnswer(smtp.sock)
+    try:
+        for piece in pieces(data):
+            watch.sendall(piece)
+            if watch.cut:
+                break
+    except OSError as exc:
+        if not watch.left():
+            smtp.close()  # as smtplib's own send() does on a failed write
+            raise smtplib.SMTPServerDisconnected("Server not connected") from exc
+    if watch.read:
+        # Every reply before DATA's 354 was read whole, so nothing is ahead of these.
+        smtp.file = watch.reader()
+    if watch.cut:
+        return False
     wait_sent_out(smtp.sock, timeout)
+    return True
 
 
 class SmtpSubmitter:
@@ -346,7 +365,12 @@ class SmtpSubmitter:
                         )
             stage = Stage.CONTENT
             # Raises before the "." is written; back once the server has it, or it stalled.
-            _send_content(smtp, envelope.wire_data(), self.endpoint.timeout)
+            if not _send_content(smtp, envelope.wire_data(), self.endpoint.timeout):
+                # Replied before the final ".": the server has no whole message, and its
+                # reply says why (a refusal; a close is a not-sent as any close here).
+                code, text = smtp.getreply()
+                kept.dirty = True
+                return classify_smtp(stage, code, _text(text), message_id=envelope.message_id)
             stage = Stage.END_OF_DATA
             code, text = smtp.getreply()
             # A 250 ends the transaction. After a refusal RFC 5321 says it is over too,

@@ -45,7 +45,9 @@ httplib2's own errors; the original stays reachable through `__cause__`/`args`.
 from __future__ import annotations
 
 import http.client
+import re
 import socket
+import ssl
 import threading
 import time
 import weakref
@@ -55,6 +57,7 @@ from typing import Any
 
 import httplib2
 
+from daemon.providers.early_answers import EarlyAnswer, WatchedSocket
 from daemon.providers.kept import closed_by_peer
 from daemon.providers.slow_links import PIECE, pieces, wait_sent_out
 from ledger.exceptions import SendledgerError
@@ -64,6 +67,10 @@ from sendledger.connecting import close_unreturned
 #: connections for minutes and common servers for 5 s or more; staying under that makes a
 #: server-side close during our write (an avoidable Unknown) rare.
 DEFAULT_MAX_IDLE = 4.0
+
+#: An interim answer (100 Continue, 103 Early Hints), whole: status line, headers, blank.
+_INTERIM = re.compile(rb"HTTP/1\.[01] 1\d\d[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n")
+_INTERIM_START = re.compile(rb"HTTP/1\.[01] 1")
 
 
 @dataclass
@@ -205,9 +212,18 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
                 ) from exc
         self.stats.bump("reused" if reused else "fresh")
         # Phase 2: from here on the server may have the request, reused connection or not.
+        # Each write watches for an answer the server gives before it has read the body
+        # (a 413, a 401): then the rest is not written, and that answer is read at once.
+        watch = EarlyAnswer(conn.sock, _final_status_begun)
+        conn.sock = WatchedSocket(watch)
         try:
-            conn.request(method, request_uri, *_in_pieces(body, headers))
-            wait_sent_out(conn.sock, self.timeout)  # the answer's wait from there on
+            try:
+                conn.request(method, request_uri, *_in_pieces(body, headers))
+            except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+                if not watch.left():
+                    raise
+            if not watch.cut:
+                wait_sent_out(watch.sock, self.timeout)  # the answer's wait from there on
             raw = conn.getresponse()
             content: bytes = b"" if method == "HEAD" else raw.read()
             response = httplib2.Response(raw)
@@ -224,11 +240,37 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
                 cause=exc,
                 reused=reused,
             ) from exc
-        if self.reuse and not raw.will_close and method != "HEAD" and conn.sock is not None:
+        if watch.read:
+            # The server spoke before the body's end (or an interim 1xx was replayed): the
+            # connection is in no state to be reused.
+            conn.close()
+        elif self.reuse and not raw.will_close and method != "HEAD" and conn.sock is not None:
+            conn.sock = watch.sock
             self._idle_since[conn] = self._clock()
         else:
             conn.close()
+        if watch.cut and response.status < 400:
+            # A success for a body the server never had whole proves nothing: Unknown.
+            self.stats.bump("reused_lost" if reused else "fresh_lost")
+            raise ResponseLostError(
+                f"{method} sent to {host}, then answered {response.status} before its body"
+                " was written",
+                host=host,
+                cause=http.client.BadStatusLine(str(response.status)),
+                reused=reused,
+            )
         return response, content
+
+
+def _final_status_begun(read: bytes) -> bool:
+    """Whether the bytes a server wrote during the body start its final answer, past any
+    interim 1xx (which a client must accept unasked, RFC 9110 15.2): the body is then
+    not written on."""
+    at = 0
+    while interim := _INTERIM.match(read, at):
+        at = interim.end()
+    rest = read[at:]
+    return len(rest) >= len(b"HTTP/1.1 100") and not _INTERIM_START.match(rest)
 
 
 def _in_pieces(body: Any, headers: dict[str, str]) -> tuple[Any, dict[str, str]]:

@@ -1,0 +1,179 @@
+"""A server's answer given before it has read a request's whole body: a 413 for a message
+too large or a 401 for an expired token read in HTTP headers, an SMTP refusal during DATA
+(docs/providers.md "A server that answers before the body is read").
+
+A body goes out a piece at a time (`slow_links.py`), and a server that answered and
+stopped reading stalled the next write: the send waited a whole `timeout` and ended with
+no answer (Unknown), or with a reset that lost the answer the server had left. So
+`EarlyAnswer` writes without blocking and looks, before each write and while it waits to
+write, whether the server has written anything; then the writing stops, nothing more is
+written, and what was read is handed to the reply's reader (`reader`). A write that
+fails because the server closed is followed by one look for the answer it left (Linux
+keeps what arrived before the reset readable).
+
+Readable is not enough under TLS 1.3: servers send session tickets right after the
+handshake, which make the socket readable with no application data. A non-blocking read
+through the TLS layer takes them in and raises SSLWantReadError: nothing was said.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import select
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from daemon.providers.slow_links import PIECE
+
+_IN, _OUT = select.POLLIN, select.POLLOUT
+#: What says a read or write would not block: an error or a hang-up is for them to raise.
+_ENDED = select.POLLERR | select.POLLHUP
+
+
+def ready(sock: socket.socket, *, write: bool, timeout: float | None) -> tuple[bool, bool]:
+    """Whether `sock` can be read, and (`write`) written, without blocking, waiting at most
+    `timeout` seconds for either (None: for ever). poll, not select: a daemon holding more
+    than 1,024 descriptors gets sockets select cannot watch."""
+    poller = select.poll()
+    poller.register(sock, _IN | (_OUT if write else 0))
+    events = poller.poll(None if timeout is None else timeout * 1000)
+    mask = events[0][1] if events else 0
+    return bool(mask & (_IN | _ENDED)), write and bool(mask & (_OUT | _ENDED))
+
+
+def read_now(sock: socket.socket) -> bytes | None:
+    """What the server has written on `sock` and not yet been read, without waiting: its
+    bytes, b"" when it has closed, None when nothing (or only TLS post-handshake
+    messages, or a reset: the write that follows says it)."""
+    pending = sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
+    try:
+        if not pending and not ready(sock, write=False, timeout=0)[0]:
+            return None
+    except (OSError, ValueError):
+        return None  # closed here: the write that follows says it
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        return sock.recv(PIECE)
+    except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+        return None
+    except OSError:
+        return None
+    finally:
+        sock.settimeout(timeout)
+
+
+def any_bytes(_read: bytes) -> bool:
+    return True
+
+
+class EarlyAnswer:
+    """Writes to a socket while watching for the server's answer. `final(bytes read)`:
+    whether they are the start of the answer that ends the request (HTTP: not an
+    interim 1xx); SMTP has none, any reply ends it."""
+
+    def __init__(self, sock: socket.socket, final: Callable[[bytes], bool] = any_bytes) -> None:
+        self.sock = sock
+        self.final = final
+        #: The bytes the server wrote while the body was being written, to be replayed.
+        self.read = b""
+        #: The writing stopped before the end: the server cannot have the body whole.
+        self.cut = False
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        """`data` written as `socket.sendall` writes it, bounded by the socket's timeout as
+        a whole, but ended without an error, and nothing written from then on, once the
+        server has answered or closed: a blocked write is not waited out while the
+        answer sits unread."""
+        if self.cut:
+            return
+        view = memoryview(data).cast("B")
+        timeout = self.sock.gettimeout()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.sock.setblocking(False)
+        try:
+            while view:
+                # Looked at before each write: a write that fails on the server's close
+                # leaves a TLS connection unable to read the answer that came first.
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                readable, writable = ready(self.sock, write=True, timeout=left)
+                if readable and self.answered():
+                    return
+                if not (readable or writable):
+                    raise TimeoutError("timed out")
+                if writable:
+                    # Under TLS a write that could not finish is repeated with the same
+                    # bytes (OpenSSL's rule): `view` moves on only by what was taken.
+                    with contextlib.suppress(
+                        BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError
+                    ):
+                        view = view[self.sock.send(view) :]
+        finally:
+            self.sock.settimeout(timeout)
+
+    def answered(self) -> bool:
+        """Whether the server has answered or closed, so that the rest is not written."""
+        got = read_now(self.sock)
+        if got is None:
+            return False
+        self.read += got
+        self.cut = not got or self.final(self.read)
+        return self.cut
+
+    def left(self) -> bool:
+        """After a write failed (the server closed, EPIPE or ECONNRESET): whether it left
+        an answer in this host's receive buffer."""
+        got = read_now(self.sock)
+        if got:
+            self.read += got
+        self.cut = bool(self.read)
+        return self.cut
+
+    def reader(self) -> io.BufferedReader:
+        """The server's bytes from the first: those read while writing, then the socket's."""
+        return io.BufferedReader(_Replay(self.read, self.sock))
+
+
+class _Replay(io.RawIOBase):
+    def __init__(self, first: bytes, sock: socket.socket) -> None:
+        super().__init__()
+        self._first = memoryview(first)
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._first:
+            size = min(len(buffer), len(self._first))
+            buffer[:size] = self._first[:size]
+            self._first = self._first[size:]
+            return size
+        return self._sock.recv_into(buffer)
+
+
+class WatchedSocket:
+    """A connection's socket for one HTTP exchange: its writes are `watch`'s, and the
+    answer's reader (http.client's `sock.makefile("rb")`) starts with the bytes read
+    while writing."""
+
+    def __init__(self, watch: EarlyAnswer) -> None:
+        self.watch = watch
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        self.watch.sendall(data)
+
+    def makefile(self, mode: Literal["rb"]) -> io.BufferedReader:
+        if self.watch.read:
+            return self.watch.reader()
+        return self.watch.sock.makefile(mode)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.watch.sock, name)
+
+
+__all__ = ["EarlyAnswer", "WatchedSocket", "any_bytes", "read_now", "ready"]
