@@ -173,7 +173,11 @@ def _send_content(smtp: smtplib.SMTP, data: bytes, timeout: float) -> bool:
             smtp.close()  # as smtplib's own send() does on a failed write
             raise smtplib.SMTPServerDisconnected("Server not connected") from exc
     if watch.read:
-        # Every reply before DATA's 354 was read whole, so nothing is ahead of these.
+        # Every reply before DATA's 354 was read whole, so nothing is ahead of these. The
+        # old reader counts as a user of the socket until it is closed, here, not by
+        # the collector.
+        if smtp.file is not None:
+            smtp.file.close()
         smtp.file = watch.reader()
     if watch.cut:
         return False
