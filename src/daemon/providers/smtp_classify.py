@@ -79,6 +79,7 @@ def classify_smtp(
     | before the final `.` | 4xx | Rejected, transient |
     | before the final `.` | 5xx | Rejected, permanent |
     | before the final `.` | not SMTP (smtplib: -1) | Rejected, transient; unavailable at hello |
+    | writing the content | 2xx, 3xx (an early reply) | Unknown |
     | after the final `.` | none (lost, closed, timeout) | Unknown |
     | after the final `.` | 2xx | Confirmed via response |
     | after the final `.` | 4xx | Rejected, transient |
@@ -95,6 +96,15 @@ def classify_smtp(
                 # No session was ever established: the server is down or unreachable.
                 unavailable=stage in (Stage.CONNECT, Stage.HELLO),
                 timed_out=timed_out,
+            )
+        if stage is Stage.CONTENT and 200 <= code < 400:
+            # A success for content the server never had whole: no conforming server
+            # says it, and a broken one may have queued what it read. The search decides,
+            # not a resend (as HTTP's success before the body's end, transport.py).
+            return SendOutcome(
+                SendKind.UNKNOWN,
+                f"answered before the final '.': {_reply(code, text)}",
+                status=code,
             )
         where = f"refused at {stage}: {_reply(code, text)}"
         if code == 421:
