@@ -8,6 +8,10 @@ only the store sees every door once: each process serving `/metrics` reads the e
 recorded since it started, as far as the log is final (`PositionStore.horizon`, the
 webhooks' bound: on PostgreSQL an id still being written is not read past), and counts
 them. Every process counts every event: across processes, `max`, not `sum`.
+
+"Since it started" is since it committed: a save in flight at the start, whose id is
+below the newest visible one on PostgreSQL, is counted once it commits, and the events
+committed before the start are not (`PositionStore.reader_start`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from ledger.job import SendJob
+from ledger.stores.positions import LogStart
 from ledger.vocabulary import Resolution
 
 if TYPE_CHECKING:
@@ -49,7 +54,9 @@ class RecordedByPeople(Collector):
         self._positions = ledger.positions()
         self._lock = threading.Lock()  # scrapes run in worker threads
         # Before it started: the process counts what it saw recorded, as a counter does.
-        self._position = self._log_end()
+        self._position: int | None = None
+        self._counted_before: frozenset[int] = frozenset()  # ids after it, not counted
+        self._start()
         self._checks: Tally[tuple[str, str]] = Tally()
         self._resolutions: Tally[str] = Tally()
 
@@ -75,27 +82,31 @@ class RecordedByPeople(Collector):
         yield checks
         yield resolutions
 
-    def _log_end(self) -> int | None:
+    def _start(self) -> None:
         try:
-            return int(self._ledger.recorder.max_notification_id() or 0)
+            start: LogStart = self._positions.reader_start()
         except Exception:
             # The store unreachable while the server starts: it must start all the same
             # (/healthz says why); counted from the first scrape that reads the log.
-            return None
+            return
+        self._position, self._counted_before = start.position, start.committed
 
     def _read_on(self) -> None:
         if self._position is None:
-            self._position = self._log_end()
+            self._start()
             return
         end = self._positions.horizon(self._position)
         while self._position < end:
             notes = self._ledger.log_after(self._position, end, PAGE, _TOPICS)
             if not notes:
                 self._position = end
-                return
+                break
             for note in notes:
-                self._count(note)
+                if int(note.id) not in self._counted_before:
+                    self._count(note)
             self._position = int(notes[-1].id)
+        if self._counted_before and self._position >= max(self._counted_before):
+            self._counted_before = frozenset()  # all read
 
     def _count(self, note: Any) -> None:
         try:

@@ -16,6 +16,12 @@ lock), so id 11 can be visible while 10 is still being written: a gap below the 
 id is waited out with a SHARE lock on the events table, which is granted once every
 transaction that was inserting has ended (docs/http-api.md "Webhooks" says what that costs).
 
+`reader_start` is where a reader of what is recorded from now on starts (the recorded
+metrics, `daemon/api/recorded_metrics.py`). The highest visible id is not it on
+PostgreSQL: a save in flight may hold a lower id and commit later, and a reader from there
+never reads it. It starts below the first gap of the newest ids instead, and passes over
+the ids after it that were committed already.
+
 Creating the table is left to the first daemon that has a webhook (`ensure`), so stores
 without webhooks never carry it and opening a store runs no new DDL.
 """
@@ -51,7 +57,8 @@ CREATE = (
     "delivered BIGINT NOT NULL, failed BIGINT NOT NULL, owner TEXT NOT NULL, "
     "lease_until {real} NOT NULL, updated_at {real} NOT NULL)"
 )
-#: Ids scanned at once when PostgreSQL looks for a gap (`PostgresPositions.horizon`).
+#: Ids scanned at once when PostgreSQL looks for a gap (`PostgresPositions.horizon`,
+#: `PostgresPositions.reader_start`).
 GAP_SCAN = 1000
 #: How long PostgreSQL's gap check waits for inserts in flight (milliseconds).
 LOCK_WAIT_MS = 250
@@ -73,6 +80,17 @@ class Position:
 
     def as_dict(self) -> dict[str, Any]:
         return {c: getattr(self, c) for c in COLUMNS}
+
+
+@dataclass(frozen=True)
+class LogStart:
+    """Where a reader of the events recorded from now on starts: every id up to
+    `position` was committed before now or never will be; of the ids after it, those in
+    `committed` were committed before now (passed over as they are read), any other is
+    committed after now, if ever."""
+
+    position: int
+    committed: frozenset[int] = frozenset()
 
 
 def _fresh(name: str, now: float) -> Position:
@@ -147,6 +165,10 @@ class PositionStore(Protocol):
     def horizon(self, after: int) -> int:
         """An id up to which the log is final: every id <= it is committed or never will
         be. At least `after` (the caller's position)."""
+        ...
+
+    def reader_start(self) -> LogStart:
+        """Where a reader of the events recorded from now on starts (see the module)."""
         ...
 
 
@@ -278,7 +300,10 @@ class MemoryPositions:
 
     def horizon(self, after: int) -> int:
         # One lock around every insert: what is visible is final.
-        return max(after, int(self._recorder.max_notification_id() or 0))
+        return max(after, _log_end(self._recorder))
+
+    def reader_start(self) -> LogStart:
+        return LogStart(_log_end(self._recorder))
 
 
 _CLAIM_INSERT = (
@@ -434,7 +459,10 @@ class SqlPositions:
 
     def horizon(self, after: int) -> int:
         # SQLite: one writer at a time, so what is visible is final.
-        return max(after, int(self._recorder.max_notification_id() or 0))
+        return max(after, _log_end(self._recorder))
+
+    def reader_start(self) -> LogStart:
+        return LogStart(_log_end(self._recorder))
 
 
 class SqlitePositions(SqlPositions):
@@ -521,6 +549,26 @@ class PostgresPositions(SqlPositions):
         self._final = contiguous
         return contiguous
 
+    def reader_start(self) -> LogStart:
+        # The newest GAP_SCAN ids, read at once: a missing one is a save still in flight
+        # or one rolled back, which no read tells apart without waiting (`_settled_max`).
+        # So the start is below the first missing one, and the ids above it are passed
+        # over as read. A save in flight below the newest GAP_SCAN ids is taken for one
+        # rolled back: it would have waited while a thousand later ones committed.
+        with self._transaction(commit=False) as cursor:
+            cursor.execute(
+                f"SELECT notification_id FROM {self._events()} "
+                "ORDER BY notification_id DESC LIMIT %s",
+                [GAP_SCAN],
+            )
+            ids = sorted(int(row[0]) for row in self._rows(cursor))
+        position = ids[0] - 1 if len(ids) == GAP_SCAN else 0
+        for notification_id in ids:
+            if notification_id != position + 1:
+                break
+            position = notification_id
+        return LogStart(position, frozenset(i for i in ids if i > position))
+
     def _settled_max(self) -> int:
         """The highest id once every inserting transaction has ended: the SHARE lock
         waits for them (they hold ROW EXCLUSIVE until they commit or roll back) and
@@ -539,6 +587,10 @@ class PostgresPositions(SqlPositions):
             raise
 
 
+def _log_end(recorder: Any) -> int:
+    return int(recorder.max_notification_id() or 0)
+
+
 def _lock_not_available(exc: BaseException) -> bool:
     return any(getattr(error, "sqlstate", None) == "55P03" for error in exception_chain(exc))
 
@@ -552,6 +604,7 @@ def positions_for(recorder: Any) -> PositionStore:
 
 __all__ = [
     "POSITIONS_TABLE",
+    "LogStart",
     "MemoryPositions",
     "Position",
     "PositionStore",

@@ -1,0 +1,128 @@
+"""Readers of the event log by position on PostgreSQL, where the store's own saves leave
+gaps: a save takes its notification id, then waits (for a job's index row another
+session holds), while a later save commits a higher id (docs/architecture.md
+"Webhooks", docs/http-api.md "Metrics"). The store's insert takes no table lock, as
+eventsourcing's own insert does, so the gap is real; the webhooks and the recorded
+metrics must neither pass it nor count an event twice."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from tests.integration.test_webhooks_stores import HOOK, Receiver
+from tests.unit.engine_rig import policy, receipt
+
+from daemon.api.recorded_metrics import RecordedByPeople
+from daemon.webhooks.worker import Deliverer
+from ledger.application import Ledger
+from ledger.decision_types import Review
+from ledger.stores.index import INDEX_TABLE
+from ledger.vocabulary import EscalationReason, PolicyRef, Resolution
+
+pytestmark = pytest.mark.postgres
+
+REVIEW = Review(PolicyRef("receipts", "f"), EscalationReason.UNKNOWN_OUTCOME)
+
+
+def in_review(ledger: Ledger, *keys: str) -> None:
+    for key in keys:
+        ledger.submit(receipt("receipts", key), policy("receipts").sender)
+        ledger.update(key, lambda j: j.escalate(REVIEW, detail="t", at=ledger.clock()))
+
+
+def abandon(ledger: Ledger, key: str) -> None:
+    ledger.update(
+        key, lambda j: j.resolve(Resolution.ABANDON, note="n", by="ops", at=ledger.clock())
+    )
+
+
+@contextmanager
+def save_held(ledger: Ledger, pg_url: str, key: str) -> Iterator[Future[None]]:
+    """`key` abandoned in a thread whose save has taken its notification id and waits
+    for the job's index row, which an open session (an operator's psql) holds; the
+    session ends when the block does, and the save then commits."""
+    recorder: Any = ledger.recorder
+    rows = f'"{recorder.datastore.schema}".{INDEX_TABLE}'
+    with (
+        psycopg.connect(pg_url.split("?")[0]) as holder,
+        ThreadPoolExecutor(1) as saver,
+    ):
+        holder.execute(f"SELECT key FROM {rows} WHERE key = %s FOR UPDATE", [key])
+        before = int(recorder.max_notification_id() or 0)
+        saved = saver.submit(abandon, ledger, key)
+        deadline = time.monotonic() + 10
+        while not _waiting_for_a_row(holder):
+            assert time.monotonic() < deadline, "the save never reached the held row"
+            assert not saved.done(), saved.exception()
+            time.sleep(0.02)
+        assert int(recorder.max_notification_id() or 0) == before  # not committed
+        try:
+            yield saved
+        finally:
+            holder.rollback()
+        saved.result(timeout=30)
+
+
+def _waiting_for_a_row(holder: psycopg.Connection[Any]) -> bool:
+    with psycopg.connect(str(holder.info.dsn), autocommit=True) as look:
+        found = look.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND %s = ANY(pg_blocking_pids(pid))",
+            [holder.info.backend_pid],
+        ).fetchone()
+    return bool(found and found[0])
+
+
+def abandoned(collector: RecordedByPeople) -> float:
+    families = {f.name: f for f in collector.collect()}
+    samples = families["sendledger_resolutions_recorded"].samples
+    return next(s.value for s in samples if s.labels["decision"] == "abandon")
+
+
+def test_a_save_waiting_with_its_id_is_neither_passed_nor_counted_twice(pg_url: str) -> None:
+    """The later save commits while the earlier one holds a lower id (with a table lock
+    on insert, as eventsourcing's own, it would wait for it: no gap). The webhook
+    delivers neither until the earlier commits, then both, in log order; the metrics of
+    a process that started before both count both, once each."""
+    with Ledger(pg_url) as ledger:
+        in_review(ledger, "held", "later")
+        collector = RecordedByPeople(ledger)
+        receiver = Receiver()
+        deliverer = Deliverer(ledger, HOOK, owner="a", poster=receiver)
+        deliverer.pass_once()
+        delivered = len(receiver.got)
+        with save_held(ledger, pg_url, "held"):
+            abandon(ledger, "later")  # commits past the held id
+            deliverer.pass_once()
+            assert len(receiver.got) == delivered  # the gap is not passed
+            assert abandoned(collector) == 0
+        deliverer.pass_once()
+        assert abandoned(collector) == 2
+        assert abandoned(collector) == 2  # a later scrape adds nothing
+    got = [(p["type"], p["key"]) for p in receiver.got[delivered:]]
+    assert got == [("abandoned", "held"), ("abandoned", "later")]
+
+
+def test_a_save_in_flight_when_the_metrics_start_is_counted_once_it_commits(
+    pg_url: str,
+) -> None:
+    """The process's counts are of the events recorded (committed) after it started:
+    the save that held a lower id then and commits later is one of them, the one that
+    committed before the start is not. Before, the start was the highest id visible,
+    and the held one, below it, was never read."""
+    with Ledger(pg_url) as ledger:
+        in_review(ledger, "held", "before")
+        with save_held(ledger, pg_url, "held"):
+            abandon(ledger, "before")  # committed before the start
+            collector = RecordedByPeople(ledger)
+            assert abandoned(collector) == 0
+        assert abandoned(collector) == 1
+        in_review(ledger, "after")
+        abandon(ledger, "after")
+        assert abandoned(collector) == 2
