@@ -418,7 +418,7 @@ def test_a_wrong_password_at_open_is_named_at_once_and_never_shown() -> None:
     """A private cluster that asks one role for its password (the session's trusts
     every loopback connection)."""
     import psycopg
-    from tests.pg_cluster import BIN, PrivateCluster, require_private_cluster
+    from tests.pg_cluster import PrivateCluster, require_private_cluster
 
     require_private_cluster()
     with PrivateCluster() as pg:
@@ -426,24 +426,11 @@ def test_a_wrong_password_at_open_is_named_at_once_and_never_shown() -> None:
             conn.execute("CREATE ROLE secretive LOGIN PASSWORD 'right-one'")
             conn.execute("GRANT CREATE ON SCHEMA public TO secretive")
         hba = pg.data / "pg_hba.conf"
-        hba.write_text("host all secretive 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
-        pg._run(BIN / "pg_ctl", "-D", pg.data, "reload")
-        spec = PostgresStore(
-            dbname="postgres",
-            host="127.0.0.1",
-            port=pg.port,
-            user="secretive",
-            password="wrong-one",
-            connect_timeout=LONG_CONNECT_TIMEOUT,
+        spec = _private_store(pg, "secretive", "wrong-one")
+        # Refused once the server asks for the password.
+        _hba_reloaded(
+            pg, "host all secretive 127.0.0.1/32 scram-sha-256\n" + hba.read_text(), spec, None
         )
-        deadline = time.monotonic() + 10
-        while True:  # the reload is asynchronous: until the server asks for it
-            try:
-                psycopg.connect(**{**_args(spec), "password": None}).close()
-            except psycopg.OperationalError:
-                break
-            assert time.monotonic() < deadline, "pg_hba.conf not reloaded"
-            time.sleep(0.1)
         took = _refused_at_open(
             spec,
             'password authentication failed for user "secretive"); '
@@ -452,6 +439,68 @@ def test_a_wrong_password_at_open_is_named_at_once_and_never_shown() -> None:
         assert all(seconds < LONG_CONNECT_TIMEOUT / 2 for seconds in took), took
         right = dataclasses.replace(spec, password="right-one")
         Ledger(right).close()  # the right one opens it
+
+
+def test_a_refusal_by_pg_hba_names_the_line_the_server_needs() -> None:
+    """A private cluster whose pg_hba.conf has no line for one role and rejects another:
+    each refusal ends with the line to add for the URL's database and user from the
+    address the server saw, at once, and never the password. Before, the driver's words
+    alone, naming no setting and no line."""
+    import psycopg
+    from tests.pg_cluster import USER, PrivateCluster, require_private_cluster
+
+    require_private_cluster()
+    with PrivateCluster() as pg:
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("CREATE ROLE outsider LOGIN PASSWORD 'hba-secret'")
+            conn.execute("CREATE ROLE \"all\" LOGIN PASSWORD 'hba-secret'")
+        outsider = _private_store(pg, "outsider", "hba-secret")
+        hba = f"local all all trust\nhost all {USER} 127.0.0.1/32 trust\n"
+        _hba_reloaded(pg, hba + 'host all "all" 127.0.0.1/32 reject\n', outsider, "hba-secret")
+        took = _refused_at_open(
+            outsider,
+            'no pg_hba.conf entry for host "127.0.0.1", user "outsider", database '
+            "\"postgres\", no encryption); the server's pg_hba.conf needs the line 'host "
+            "postgres outsider 127.0.0.1/32 scram-sha-256' (above any line that rejects it), "
+            "then SELECT pg_reload_conf() as a superuser",
+        )
+        assert all(seconds < LONG_CONNECT_TIMEOUT / 2 for seconds in took), took
+        keyword = dataclasses.replace(outsider, user="all")
+        _refused_at_open(
+            keyword,
+            'pg_hba.conf rejects connection for host "127.0.0.1", user "all", database '
+            "\"postgres\", no encryption); the server's pg_hba.conf needs the line 'host "
+            'postgres "all" 127.0.0.1/32 scram-sha-256\' (above any line that rejects it)',
+        )
+
+
+def _private_store(pg: Any, user: str, password: str) -> PostgresStore:
+    return PostgresStore(
+        dbname="postgres",
+        host="127.0.0.1",
+        port=pg.port,
+        user=user,
+        password=password,
+        connect_timeout=LONG_CONNECT_TIMEOUT,
+    )
+
+
+def _hba_reloaded(pg: Any, hba: str, spec: PostgresStore, password: str | None) -> None:
+    """`hba` as the private cluster's pg_hba.conf, once the server refuses `spec` with
+    `password` (the reload is asynchronous)."""
+    import psycopg
+    from tests.pg_cluster import BIN
+
+    (pg.data / "pg_hba.conf").write_text(hba)
+    pg._run(BIN / "pg_ctl", "-D", pg.data, "reload")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            psycopg.connect(**{**_args(spec), "password": password}).close()
+        except psycopg.OperationalError:
+            return
+        assert time.monotonic() < deadline, "pg_hba.conf not reloaded"
+        time.sleep(0.1)
 
 
 def _args(spec: PostgresStore) -> dict[str, Any]:

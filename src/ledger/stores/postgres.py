@@ -424,8 +424,42 @@ _LOGIN_REFUSED = re.compile(
 LOGIN_FIX = "fix the user or password in store.url"
 
 
+#: How a server words a connection its pg_hba.conf has no line for, or one whose line
+#: rejects it (SQLSTATE 28000, kept by libpq as for `_LOGIN_REFUSED`). The host it names
+#: is the client's address as the server saw it, the one a pg_hba.conf line must match:
+#: not the URL's host, which is the server's.
+_HBA_REFUSED = re.compile(
+    r'(?:no pg_hba\.conf entry|pg_hba\.conf rejects connection) for host "([^"]+)"'
+)
+#: Words a pg_hba.conf field reads as a keyword, not as a name, unless quoted.
+_HBA_KEYWORDS = frozenset({"all", "sameuser", "samerole", "samegroup", "replication"})
+
+
+def hba_fix(store: PostgresStore, said: str) -> str:
+    """The pg_hba.conf line the server needs for the store's database and user from the
+    client's address `said` names (no password: the line asks for one), or "" when `said`
+    is no pg_hba.conf refusal. A refusal no wait changes, whose fix is on the server, not
+    in store.url: the driver's words name the address but not the line to write."""
+    found = _HBA_REFUSED.search(said)
+    if found is None:
+        return ""
+    address = found.group(1)
+    mask = "128" if ":" in address else "32"
+    line = f"host {_hba_word(store.dbname)} {_hba_word(store.user)} {address}/{mask} scram-sha-256"
+    return (
+        f"the server's pg_hba.conf needs the line '{line}' (above any line that rejects "
+        "it), then SELECT pg_reload_conf() as a superuser"
+    )
+
+
+def _hba_word(name: str) -> str:
+    if re.fullmatch(r"[A-Za-z0-9_$.-]+", name) and name not in _HBA_KEYWORDS:
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _cannot_connect(store: PostgresStore, exc: psycopg.OperationalError) -> StoreUnavailable:
-    fix = LOGIN_FIX if _LOGIN_REFUSED.search(str(exc)) else ""
+    fix = LOGIN_FIX if _LOGIN_REFUSED.search(str(exc)) else hba_fix(store, str(exc))
     return StoreUnavailable(store.describe(), "cannot connect", exc, fix)
 
 
