@@ -3,13 +3,14 @@ gaps: a save takes its notification id, then waits (for a job's index row anothe
 session holds), while a later save commits a higher id (docs/architecture.md
 "Webhooks", docs/http-api.md "Metrics"). The store's insert takes no table lock, as
 eventsourcing's own insert does, so the gap is real; the webhooks and the recorded
-metrics must neither pass it nor count an event twice."""
+metrics must neither pass it nor count an event twice, and `admin copy-store` must not
+finish without the event that fills it."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,10 +20,13 @@ from tests.integration.test_webhooks_stores import HOOK, Receiver
 from tests.unit.engine_rig import policy, receipt
 
 from daemon.api.recorded_metrics import RecordedByPeople
+from daemon.service_layer.copy_store import CopyMismatch, copy_store
 from daemon.webhooks.worker import Deliverer
 from ledger.application import Ledger
 from ledger.decision_types import Review
 from ledger.stores.index import INDEX_TABLE
+from ledger.stores.memory import discard_memory_store
+from ledger.stores.url import MemoryStore
 from ledger.vocabulary import EscalationReason, PolicyRef, Resolution
 
 pytestmark = pytest.mark.postgres
@@ -43,10 +47,11 @@ def abandon(ledger: Ledger, key: str) -> None:
 
 
 @contextmanager
-def save_held(ledger: Ledger, pg_url: str, key: str) -> Iterator[Future[None]]:
+def save_held(ledger: Ledger, pg_url: str, key: str) -> Iterator[Callable[[], None]]:
     """`key` abandoned in a thread whose save has taken its notification id and waits
     for the job's index row, which an open session (an operator's psql) holds; the
-    session ends when the block does, and the save then commits."""
+    session ends when the block does, or when the callable given is called, and the
+    save then commits (the call returns once it has)."""
     recorder: Any = ledger.recorder
     rows = f'"{recorder.datastore.schema}".{INDEX_TABLE}'
     with (
@@ -62,11 +67,15 @@ def save_held(ledger: Ledger, pg_url: str, key: str) -> Iterator[Future[None]]:
             assert not saved.done(), saved.exception()
             time.sleep(0.02)
         assert int(recorder.max_notification_id() or 0) == before  # not committed
-        try:
-            yield saved
-        finally:
+
+        def release() -> None:
             holder.rollback()
-        saved.result(timeout=30)
+            saved.result(timeout=30)
+
+        try:
+            yield release
+        finally:
+            release()
 
 
 def _waiting_for_a_row(holder: psycopg.Connection[Any]) -> bool:
@@ -126,3 +135,39 @@ def test_a_save_in_flight_when_the_metrics_start_is_counted_once_it_commits(
         in_review(ledger, "after")
         abandon(ledger, "after")
         assert abandoned(collector) == 2
+
+
+def test_a_save_committed_below_the_copied_events_leaves_the_copy_unfinished(
+    pg_url: str,
+) -> None:
+    """`admin copy-store` walks the log past a save in flight (its id below later
+    events), and the save commits after the walk and before the copy is marked
+    finished. The source's last event is the last one copied all the same: before, the
+    copy was marked finished without the event (the source's alone, a fork)."""
+    with Ledger(pg_url) as source:
+        in_review(source, "held", "later")
+        walked: list[bool] = []
+
+        def progress(copied: int, total: int) -> None:
+            walked.append(True)
+
+        with save_held(source, pg_url, "held") as release:
+            abandon(source, "later")
+
+            # A webhook's row: its move on the destination is the first look at the
+            # clock after the walk, before the checks that precede the mark.
+            source.positions().ensure()
+            source.positions().force("ops", 0, time.time(), expected=0)
+
+            def clock() -> float:
+                if walked and not committed:
+                    committed.append(True)
+                    release()
+                return time.time()
+
+            committed: list[bool] = []
+            name = f"gap-copy-{time.monotonic_ns()}"
+            with pytest.raises(CopyMismatch, match="a save committed after the walk passed it"):
+                copy_store(source, MemoryStore(name), progress=progress, clock=clock)
+            assert committed
+            discard_memory_store(name)

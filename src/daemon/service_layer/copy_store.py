@@ -188,7 +188,7 @@ def copy_store(
             positions.ensure()
             for row in webhooks:
                 positions.force(row.name, moved[row.position], clock(), expected=0)
-        _refuse_writers_since(source, destination, since, last, clock)
+        _refuse_writers_since(source, destination, since, (copied, last), clock)
         rows.add_key_check(
             KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
         )
@@ -227,10 +227,16 @@ def _begin(
 
 
 def _refuse_writers_since(
-    source: Ledger, destination: StoreSpec, since: float, last: int, clock: Callable[[], float]
+    source: Ledger,
+    destination: StoreSpec,
+    since: float,
+    walked: tuple[int, int],
+    clock: Callable[[], float],
 ) -> None:
     """CopyMismatch when anything wrote to the source, or a server started on it, since
-    the copy began (`since`, by the store's clock; `last`: the last event copied)."""
+    the copy began (`since`, by the store's clock; `walked`: the events copied, and the
+    id of the last)."""
+    copied, last = walked
     # A server that started after the first check and has written no event yet passed
     # the verification; it would write to the source alone from now on.
     late = running_on(source, clock) + _started_since(source, since)
@@ -248,6 +254,16 @@ def _refuse_writers_since(
         raise CopyMismatch(
             f"the source changed while it was copied (its last event is {end}, the "
             f"last copied {last}: nothing may write to it meanwhile); "
+            f"{where(destination)} stays an unfinished copy: empty it and copy again"
+        )
+    # On PostgreSQL a save takes its id, then commits: one in flight while the walk
+    # passed its id commits below the last event copied.
+    held = source.positions().events_up_to(last)
+    if held != copied:
+        raise CopyMismatch(
+            f"the source changed while it was copied (events up to the last copied, "
+            f"{last}: {held} in the source, {copied} copied; a save committed after the "
+            "walk passed it: nothing may write to it meanwhile); "
             f"{where(destination)} stays an unfinished copy: empty it and copy again"
         )
 

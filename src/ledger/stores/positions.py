@@ -171,6 +171,11 @@ class PositionStore(Protocol):
         """Where a reader of the events recorded from now on starts (see the module)."""
         ...
 
+    def events_up_to(self, last: int) -> int:
+        """How many events the log holds with ids <= `last`, as committed now: a walk
+        up to `last` that read fewer passed a save then in flight (PostgreSQL)."""
+        ...
+
 
 # One lock for the rows of every memory store: their writes are dictionary updates.
 _memory_lock = threading.Lock()
@@ -305,6 +310,10 @@ class MemoryPositions:
     def reader_start(self) -> LogStart:
         return LogStart(_log_end(self._recorder))
 
+    def events_up_to(self, last: int) -> int:
+        # A test store's: every event in memory.
+        return len(self._recorder.select_notifications(start=1, limit=last, stop=last))
+
 
 _CLAIM_INSERT = (
     "INSERT INTO {t} ("
@@ -346,6 +355,7 @@ class SqlPositions:
 
     _p = "?"
     _real = "REAL"
+    _id = "rowid"  # the notification id: eventsourcing's SQLite events table has no column
 
     def __init__(self, recorder: Any) -> None:
         self._recorder = recorder
@@ -464,6 +474,17 @@ class SqlPositions:
     def reader_start(self) -> LogStart:
         return LogStart(_log_end(self._recorder))
 
+    def events_up_to(self, last: int) -> int:
+        with self._transaction(commit=False) as cursor:
+            cursor.execute(
+                f"SELECT COUNT(*) FROM {self._events()} WHERE {self._id} <= {self._p}",
+                [last],
+            )
+            return int(self._rows(cursor)[0][0])
+
+    def _events(self) -> str:
+        return str(self._recorder.events_table_name)
+
 
 class SqlitePositions(SqlPositions):
     def _erasing(self, cursor: Any) -> None:
@@ -485,6 +506,7 @@ class SqlitePositions(SqlPositions):
 class PostgresPositions(SqlPositions):
     _p = "%s"
     _real = "DOUBLE PRECISION"
+    _id = "notification_id"
 
     def __init__(self, recorder: Any) -> None:
         super().__init__(recorder)
