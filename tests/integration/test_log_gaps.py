@@ -24,6 +24,7 @@ from daemon.service_layer.copy_store import CopyMismatch, copy_store
 from daemon.webhooks.worker import Deliverer
 from ledger.application import Ledger
 from ledger.decision_types import Review
+from ledger.stores import positions
 from ledger.stores.index import INDEX_TABLE
 from ledger.stores.memory import discard_memory_store
 from ledger.stores.url import MemoryStore
@@ -171,3 +172,19 @@ def test_a_save_committed_below_the_copied_events_leaves_the_copy_unfinished(
                 copy_store(source, MemoryStore(name), progress=progress, clock=clock)
             assert committed
             discard_memory_store(name)
+
+
+def test_a_scrape_reads_past_more_ids_than_one_gap_scan(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL the horizon looks GAP_SCAN ids ahead at a time; a scrape asks it
+    again until the log ends. Before, a scrape read GAP_SCAN ids at most, so a store
+    writing more than that between two scrapes left the counts further behind at each."""
+    monkeypatch.setattr(positions, "GAP_SCAN", 3)
+    keys = [f"k{i}" for i in range(5)]
+    with Ledger(pg_url) as ledger:
+        in_review(ledger, *keys)
+        collector = RecordedByPeople(ledger)
+        for key in keys:
+            abandon(ledger, key)
+        assert abandoned(collector) == len(keys)

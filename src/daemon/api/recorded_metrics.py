@@ -95,18 +95,25 @@ class RecordedByPeople(Collector):
         if self._position is None:
             self._start()
             return
-        end = self._positions.horizon(self._position)
-        while self._position < end:
-            notes = self._ledger.log_after(self._position, end, PAGE, _TOPICS)
-            if not notes:
-                self._position = end
-                break
+        # The horizon looks a bounded number of ids ahead (PostgreSQL: GAP_SCAN): asked
+        # again until it stops moving, so a scrape reads to the final end of the log.
+        position = self._position
+        while (end := self._positions.horizon(position)) > position:
+            position = self._read_to(position, end)
+        if self._counted_before and position >= max(self._counted_before):
+            self._counted_before = frozenset()  # all read
+
+    def _read_to(self, position: int, end: int) -> int:
+        """Count the events in (position, end]; `end`. The position is kept page by
+        page: a read that fails half-way counts none of them again."""
+        while position < end:
+            notes = self._ledger.log_after(position, end, PAGE, _TOPICS)
             for note in notes:
                 if int(note.id) not in self._counted_before:
                     self._count(note)
-            self._position = int(notes[-1].id)
-        if self._counted_before and self._position >= max(self._counted_before):
-            self._counted_before = frozenset()  # all read
+            position = int(notes[-1].id) if notes else end
+            self._position = position
+        return position
 
     def _count(self, note: Any) -> None:
         try:
