@@ -8,10 +8,12 @@ finish without the event that fills it."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,7 +22,9 @@ from tests.integration.test_webhooks_stores import HOOK, Receiver
 from tests.unit.engine_rig import policy, receipt
 
 from daemon.api.recorded_metrics import RecordedByPeople
+from daemon.cli import main
 from daemon.service_layer.copy_store import CopyMismatch, copy_store
+from daemon.webhooks.signing import new_secret
 from daemon.webhooks.worker import Deliverer
 from ledger.application import Ledger
 from ledger.decision_types import Review
@@ -188,3 +192,33 @@ def test_a_scrape_reads_past_more_ids_than_one_gap_scan(
         for key in keys:
             abandon(ledger, key)
         assert abandoned(collector) == len(keys)
+
+
+def test_skip_to_the_end_goes_past_more_ids_than_one_gap_scan(
+    pg_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`webhooks skip NAME --to end` (a new webhook that is not to be sent the history)
+    moves to the final end of the log. Before, to the end of one look ahead: GAP_SCAN
+    ids, 1,000 on a store with no gap among them (one `admin copy-store` numbered), and
+    the webhook was then sent the rest of the history."""
+    monkeypatch.setattr(positions, "GAP_SCAN", 3)
+    (tmp_path / "secret").write_text(new_secret() + "\n")
+    (tmp_path / "secret").chmod(0o600)
+    config = tmp_path / "sendledger.toml"
+    config.write_text(
+        f'[store]\nurl = "{pg_url}"\n\n'
+        '[webhooks.ops]\nurl = "https://hooks.example.com/x"\nsecret_file = "secret"\n'
+    )
+    keys = [f"k{i}" for i in range(4)]
+    with Ledger(pg_url) as ledger:
+        in_review(ledger, *keys)
+        for key in keys:
+            abandon(ledger, key)
+        end = int(ledger.recorder.max_notification_id() or 0)
+    assert main(["--config", str(config), "webhooks", "skip", "ops", "--to", "end", "--json"]) == 0
+    skipped = json.loads(capsys.readouterr().out)
+    assert skipped["position"] == end
+    assert skipped["skipped"] == 2 * len(keys)  # each job's review and abandon

@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from ledger.job import SendJob
-from ledger.stores.positions import LogStart
+from ledger.stores.positions import LogStart, final_end
 from ledger.vocabulary import Resolution
 
 if TYPE_CHECKING:
@@ -95,11 +95,7 @@ class RecordedByPeople(Collector):
         if self._position is None:
             self._start()
             return
-        # The horizon looks a bounded number of ids ahead (PostgreSQL: GAP_SCAN): asked
-        # again until it stops moving, so a scrape reads to the final end of the log.
-        position = self._position
-        while (end := self._positions.horizon(position)) > position:
-            position = self._read_to(position, end)
+        position = self._read_to(self._position, final_end(self._positions, self._position))
         if self._counted_before and position >= max(self._counted_before):
             self._counted_before = frozenset()  # all read
 

@@ -13,6 +13,7 @@ from daemon.from_settings import open_ledger, settings_for
 from daemon.webhooks.events import event_id_for
 from daemon.webhooks.signing import new_secret
 from daemon.webhooks.status import COUNT_LIMIT, undelivered, webhook_status
+from ledger.stores.positions import final_end
 
 
 def register(sub: Any) -> None:
@@ -74,7 +75,7 @@ def cmd_skip(args: argparse.Namespace) -> int:
         positions = ledger.positions()
         rows = {row.name: row for row in positions.read_all()}
         position = rows[args.name].position if args.name in rows else 0
-        end = positions.horizon(position)
+        end = final_end(positions, position)
         pending = undelivered(ledger, position, end, list(config.events))
         skipped: list[str] = []  # their ids, the first COUNT_LIMIT of them
         target = position

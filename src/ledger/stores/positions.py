@@ -609,6 +609,16 @@ class PostgresPositions(SqlPositions):
             raise
 
 
+def final_end(positions: PositionStore, after: int) -> int:
+    """The end of the log as far as it is final, from `after`: `horizon` looks a bounded
+    number of ids ahead (PostgreSQL: GAP_SCAN), so it is asked again until it stops
+    moving (at a gap still in flight, or at the end)."""
+    end = after
+    while (further := positions.horizon(end)) > end:
+        end = further
+    return end
+
+
 def _log_end(recorder: Any) -> int:
     return int(recorder.max_notification_id() or 0)
 
@@ -633,5 +643,6 @@ __all__ = [
     "PostgresPositions",
     "SqlPositions",
     "SqlitePositions",
+    "final_end",
     "positions_for",
 ]
