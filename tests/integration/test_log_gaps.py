@@ -222,3 +222,25 @@ def test_skip_to_the_end_goes_past_more_ids_than_one_gap_scan(
     skipped = json.loads(capsys.readouterr().out)
     assert skipped["position"] == end
     assert skipped["skipped"] == 2 * len(keys)  # each job's review and abandon
+
+
+def test_events_past_a_rolled_back_id_at_the_start_are_not_counted(pg_url: str) -> None:
+    """An id taken and rolled back (a save that lost a race) is a gap for good: the start
+    is below it, so the events after it, committed before the start, are passed over as
+    read, not counted, and the next one is."""
+    with Ledger(pg_url) as ledger:
+        in_review(ledger, "one", "two", "three")
+        recorder: Any = ledger.recorder
+        table = f'"{recorder.datastore.schema}"."{recorder.events_table_name}"'
+        with psycopg.connect(pg_url.split("?")[0]) as lost:
+            lost.execute(
+                f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+                "VALUES (gen_random_uuid(), 1, 'test:Other', '\\x7b7d')"
+            )
+            lost.rollback()
+        abandon(ledger, "one")
+        abandon(ledger, "two")
+        collector = RecordedByPeople(ledger)
+        assert abandoned(collector) == 0
+        abandon(ledger, "three")
+        assert abandoned(collector) == 1
