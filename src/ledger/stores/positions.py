@@ -15,6 +15,9 @@ from a sequence to concurrent transactions (sendledger's insert function takes n
 lock), so id 11 can be visible while 10 is still being written: a gap below the highest
 id is waited out with a SHARE lock on the events table, which is granted once every
 transaction that was inserting has ended (docs/http-api.md "Webhooks" says what that costs).
+It looks a bounded number of ids ahead; `final_end` asks it until it stops moving.
+`events_up_to` counts what a walk to an id should have read: a save in flight while the
+walk passed its id commits below it (`admin copy-store` asks before its mark).
 
 `reader_start` is where a reader of what is recorded from now on starts (the recorded
 metrics, `daemon/api/recorded_metrics.py`). The highest visible id is not it on
