@@ -41,9 +41,11 @@ so a user's program runs it without the daemon's packages.
           ├── unavailable                kind UNAVAILABLE (exit 1, HTTP 503)
           │    ├── StoreUnavailable                      ledger/stores/causes.py: read-only,
           │    │                                         disk full, locked (PersistenceError too)
-          │    └── CopyMismatch                          daemon/service_layer/copy_store.py:
-          │                                              a copy's verification failed, or a
-          │                                              server started on its source
+          │    ├── CopyMismatch                          daemon/service_layer/copy_store.py:
+          │    │                                         a copy's verification failed, or a
+          │    │                                         server started on its source
+          │    └── BackupFailed                          ledger/stores/sqlite_backup.py: the
+          │                                              copy could not be written to its end
           ├── ServiceError               the kind given where it is raised (UNAVAILABLE:
           │                              exit 1, HTTP 503): daemon/service_layer/problems.py
           ├── CliError                   its own exit code: daemon/exit_codes.py

@@ -15,6 +15,7 @@ from daemon.cli.parsers import add_command
 from daemon.config.store_section import encryption_keys
 from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK, bad_input
 from daemon.from_settings import open_ledger, store_settings_for, store_spec
+from ledger.display import printable
 from ledger.stores import store_exists
 from ledger.stores.url import MemoryStore, SqliteStore, StoreUrlError, parse_store_url
 
@@ -124,9 +125,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.json:
         print(output.dumps(result.as_dict()))
     else:
+        # printable: a file name may hold a line break, and this is one line
         print(
-            f"backed up {result.store} to {result.file} ({result.bytes} bytes, "
-            f"{result.seconds:.1f}s)"
+            f"backed up {printable(result.store)} to {printable(result.file)} "
+            f"({result.bytes} bytes, {result.seconds:.1f}s)"
         )
     return EXIT_OK
 

@@ -57,6 +57,7 @@ from ledger.stores.keycheck import (
     KeyChecks,
     refuse_unfinished_copy,
 )
+from ledger.stores.sqlite_companions import companion_of
 from ledger.stores.url import PostgresStore, SqliteStore, StoreSpec, StoreUrlError
 
 #: Events read and written per transaction.
@@ -114,6 +115,26 @@ def same_store(a: StoreSpec, b: StoreSpec) -> bool:
     return a == b
 
 
+def _refuse_companion(source: StoreSpec, destination: StoreSpec) -> None:
+    """StoreUrlError when either SQLite store is the other's -wal, -shm or -journal: the
+    source's last connection would delete the copy as its own file, or SQLite would take
+    the source for the copy's (`ledger/stores/sqlite_companions.py`)."""
+    if not (isinstance(source, SqliteStore) and isinstance(destination, SqliteStore)):
+        return
+    suffix = companion_of(source.path, destination.path)
+    if suffix is not None:
+        raise StoreUrlError(
+            f"--to names the configured store's own {suffix} file ({where(destination)}), "
+            "which SQLite writes and removes: a copy goes elsewhere"
+        )
+    suffix = companion_of(destination.path, source.path)
+    if suffix is not None:
+        raise StoreUrlError(
+            f"--to names a store whose {suffix} file is the configured store "
+            f"({where(destination)}): a copy goes elsewhere"
+        )
+
+
 def running_on(ledger: Ledger, now: Callable[[], float] = time.time) -> list[str]:
     """What runs on the store: each server whose loaded-policy heartbeat is live (a
     daemon or `sendledger api`, `ledger/stores/loaded_policies.py`), and on SQLite any
@@ -151,6 +172,7 @@ def copy_store(
     started = time.monotonic()
     if same_store(source.store, destination):
         raise StoreUrlError(f"--to names the configured store itself ({where(destination)})")
+    _refuse_companion(source.store, destination)
     since = _store_now(source, clock)
     busy = running_on(source, clock)
     if busy:

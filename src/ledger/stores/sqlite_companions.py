@@ -1,0 +1,37 @@
+"""The files SQLite keeps beside a store file, and whether a path an operator typed names
+one of them: never a place for a copy or a backup of the store.
+
+SQLite writes the store's -wal and its -shm (WAL mode) or a -journal (rollback mode) next
+to the store's real path. A copy written there is the store's own file to SQLite: the
+store's last connection deletes its -wal on close (the copy reported made, then gone), a
+daemon starting meanwhile would write its commits into the copy's pages, and a -journal
+that is not a journal is replayed or removed by the next open. docs/operations.md
+"Backups", "Moving to PostgreSQL".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: SQLite's files beside a store: WAL mode's log and shared memory, rollback mode's journal.
+COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
+
+
+def companion_of(store: Path, path: Path) -> str | None:
+    """The suffix of `store`'s companion file that `path` names, whatever its spelling
+    (relative, `..`, a symlinked folder, the store reached through a symlink), or None.
+
+    Compared by real paths, as SQLite names the companions after the store's real path;
+    the path need not exist (a backup's file is new)."""
+    real_store = os.path.realpath(store)
+    # The folder resolved with the name kept, and the whole path resolved: a symlink to a
+    # companion, dangling too, is one (SQLite would create its target).
+    named = {os.path.join(os.path.realpath(path.parent), path.name), os.path.realpath(path)}
+    for suffix in COMPANION_SUFFIXES:
+        if f"{real_store}{suffix}" in named:
+            return suffix
+    return None
+
+
+__all__ = ["COMPANION_SUFFIXES", "companion_of"]

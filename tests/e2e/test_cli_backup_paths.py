@@ -1,0 +1,89 @@
+"""`sendledger admin backup FILE` and `admin copy-store --to URL` given paths an operator
+can mistype (docs/operations.md "Backups", "Moving to PostgreSQL"): the store's own -wal,
+-shm or -journal, a missing folder, a name too long, a file that cannot be written to its
+end, a name with a line break. Each refusal is one line naming the path, nothing left."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.conftest import sendledger_command
+from tests.e2e.test_cli_copy_store import stored_jobs
+
+
+def _files(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+def test_neither_goes_into_the_stores_own_files(cli: Any) -> None:
+    stored_jobs(cli.root / "ledger.sqlite", 3)
+    (cli.root / "here").symlink_to(".")
+    before = _files(cli.root)
+    for name in ("ledger.sqlite-wal", "ledger.sqlite-shm", "here/ledger.sqlite-journal"):
+        suffix = name.rsplit(".sqlite", 1)[1]
+        backup = cli.run("admin", "backup", name)
+        assert backup.code == 2 and backup.error_lines == [
+            f"sendledger: {name} is the store's own {suffix} file, which SQLite writes and "
+            "removes: a backup goes elsewhere"
+        ], backup.stderr
+        # Before: exit 0, "copied 3 events", and the copy deleted as the store's -wal
+        # when the source closed.
+        copy = cli.run("admin", "copy-store", "--to", f"sqlite:///{name}")
+        assert copy.code == 2 and copy.error_lines == [
+            f"sendledger: --to names the configured store's own {suffix} file "
+            f"(sqlite:{cli.root / name}), which SQLite writes and removes: a copy goes "
+            "elsewhere"
+        ], copy.stderr
+        assert copy.stdout == backup.stdout == ""
+    assert _files(cli.root) == before
+
+
+def test_a_backup_where_no_file_can_be_made_is_one_line_and_makes_nothing(cli: Any) -> None:
+    stored_jobs(cli.root / "ledger.sqlite", 3)
+    before = _files(cli.root)
+    long_name = "b" * 300 + ".sqlite"
+    for file, said in (
+        ("no/such/folder/b.sqlite", "no/such/folder/b.sqlite: no/such/folder does not exist"),
+        ("sendledger.toml/b.sqlite", "sendledger.toml/b.sqlite: sendledger.toml is not a folder"),
+        (long_name, f"{long_name}: cannot be created (File name too long)"),
+    ):
+        refused = cli.run("admin", "backup", file)
+        assert refused.code == 2 and refused.error_lines == [f"sendledger: {said}"], refused.stderr
+    assert _files(cli.root) == before  # no folder made
+
+
+def test_a_backup_that_cannot_be_written_to_its_end_is_removed(cli: Any) -> None:
+    stored_jobs(cli.root / "ledger.sqlite", 300)
+    assert (cli.root / "ledger.sqlite").stat().st_size > 200_000
+    before = _files(cli.root)
+
+    def small_files() -> None:  # a full disk, for this process alone
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    ran = subprocess.run(
+        [*sendledger_command(), "--config", str(cli.config), "admin", "backup", "b.sqlite"],
+        capture_output=True,
+        text=True,
+        cwd=cli.root,
+        env=cli.env,
+        timeout=60,
+        preexec_fn=small_files,
+    )
+    assert ran.returncode == 1 and ran.stderr.splitlines() == [
+        f"sendledger: backup of sqlite:{cli.root / 'ledger.sqlite'} into b.sqlite failed "
+        "(disk I/O error); b.sqlite was removed"
+    ], ran.stderr
+    assert _files(cli.root) == before
+
+
+def test_a_file_name_with_a_line_break_is_reported_on_one_line(cli: Any) -> None:
+    stored_jobs(cli.root / "ledger.sqlite", 1)
+    made = cli.run("admin", "backup", "two\nlines.sqlite")
+    assert made.code == 0 and (cli.root / "two\nlines.sqlite").is_file()
+    (line,) = made.stdout.splitlines()
+    assert line.startswith(
+        f"backed up sqlite:{cli.root / 'ledger.sqlite'} to two\\x0alines.sqlite ("
+    )
