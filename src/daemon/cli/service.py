@@ -90,9 +90,30 @@ def register(sub: Any) -> None:
     add_expected_version(p, "cancelled")
 
 
+class _GivenOnce(argparse.Action):
+    """The option's value, refused when given a second time: argparse keeps the last, and
+    of two versions typed either could be the one looked at (a JSON name given twice is
+    refused alike, docs/cli.md "Keys")."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        before = getattr(namespace, self.dest, None)
+        if before is not None:
+            raise argparse.ArgumentError(
+                self, f"given twice ({before}, then {values}): give the one version you looked at"
+            )
+        setattr(namespace, self.dest, values)
+
+
 def add_expected_version(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--expected-version",
+        action=_GivenOnce,
         type=positive_int,
         metavar="N",
         help=f"the job's version you looked at (`status --json`): it is {what} only if "
