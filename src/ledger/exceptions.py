@@ -44,6 +44,8 @@ so a user's program runs it without the daemon's packages.
           │    ├── CopyMismatch                          daemon/service_layer/copy_store.py:
           │    │                                         a copy's verification failed, or a
           │    │                                         server started on its source
+          │    ├── CopyFailed                            daemon/service_layer/copy_store.py:
+          │    │                                         a store refused the copy (I/O error)
           │    └── BackupFailed                          ledger/stores/sqlite_backup.py: the
           │                                              copy could not be written to its end
           ├── ServiceError               the kind given where it is raised (UNAVAILABLE:

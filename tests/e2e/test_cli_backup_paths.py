@@ -1,7 +1,8 @@
 """`sendledger admin backup FILE` and `admin copy-store --to URL` given paths an operator
-can mistype (docs/operations.md "Backups", "Moving to PostgreSQL"): the store's own -wal,
--shm or -journal, a missing folder, a name too long, a file that cannot be written to its
-end, a name with a line break. Each refusal is one line naming the path, nothing left."""
+can mistype, or a disk that fills (docs/operations.md "Backups", "Moving to PostgreSQL"):
+the store's own -wal, -shm or -journal, a missing folder, a name too long, a file that
+cannot be written to its end, a name with a line break. Each refusal is one line naming
+the path; a backup leaves nothing, a copy an unfinished copy that nothing opens."""
 
 from __future__ import annotations
 
@@ -55,16 +56,15 @@ def test_a_backup_where_no_file_can_be_made_is_one_line_and_makes_nothing(cli: A
     assert _files(cli.root) == before  # no folder made
 
 
-def test_a_backup_that_cannot_be_written_to_its_end_is_removed(cli: Any) -> None:
-    stored_jobs(cli.root / "ledger.sqlite", 300)
-    assert (cli.root / "ledger.sqlite").stat().st_size > 200_000
-    before = _files(cli.root)
+def _with_small_files(cli: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """`sendledger ARGS` whose files cannot grow past 100,000 bytes: a full disk for this
+    process alone (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a write fails with EFBIG)."""
 
-    def small_files() -> None:  # a full disk, for this process alone
+    def small_files() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 
-    ran = subprocess.run(
-        [*sendledger_command(), "--config", str(cli.config), "admin", "backup", "b.sqlite"],
+    return subprocess.run(
+        [*sendledger_command(), "--config", str(cli.config), *args],
         capture_output=True,
         text=True,
         cwd=cli.root,
@@ -72,11 +72,30 @@ def test_a_backup_that_cannot_be_written_to_its_end_is_removed(cli: Any) -> None
         timeout=60,
         preexec_fn=small_files,
     )
+
+
+def test_a_backup_that_cannot_be_written_to_its_end_is_removed(cli: Any) -> None:
+    stored_jobs(cli.root / "ledger.sqlite", 300)
+    assert (cli.root / "ledger.sqlite").stat().st_size > 200_000
+    before = _files(cli.root)
+    ran = _with_small_files(cli, "admin", "backup", "b.sqlite")
     assert ran.returncode == 1 and ran.stderr.splitlines() == [
         f"sendledger: backup of sqlite:{cli.root / 'ledger.sqlite'} into b.sqlite failed "
         "(disk I/O error); b.sqlite was removed"
     ], ran.stderr
     assert _files(cli.root) == before
+
+
+def test_a_copy_into_a_full_disk_is_one_line_naming_it_and_left_unfinished(cli: Any) -> None:
+    stored_jobs(cli.root / "ledger.sqlite", 300)
+    ran = _with_small_files(cli, "admin", "copy-store", "--to", "sqlite:///copy.sqlite")
+    copy = cli.root / "copy.sqlite"
+    # Before: "unexpected failure: OperationalError: disk I/O error", naming no store.
+    assert ran.returncode == 1 and ran.stderr.splitlines()[-1] == (
+        f"sendledger: the copy into sqlite:{copy} stopped (disk I/O error): empty it and copy again"
+    ), ran.stderr
+    again = cli.run("admin", "copy-store", "--to", "sqlite:///copy.sqlite")
+    assert again.code == 2 and "is an unfinished copy of" in again.stderr
 
 
 def test_a_file_name_with_a_line_break_is_reported_on_one_line(cli: Any) -> None:

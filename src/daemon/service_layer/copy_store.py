@@ -35,6 +35,7 @@ file removed, the schema dropped) and run again, never resumed.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -42,7 +43,7 @@ from itertools import zip_longest
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import StoredEvent
+from eventsourcing.persistence import PersistenceError, StoredEvent
 
 from ledger.application import Ledger
 from ledger.display import iso
@@ -78,6 +79,14 @@ class CopyMismatch(SendledgerError):
     """The verification found the destination's events other than the source's, or a
     server started on the source while it was copied: it stays an unfinished copy. One
     line, exit 1, as a store that cannot be written (not an "unexpected failure")."""
+
+    kind = Refusal.UNAVAILABLE
+
+
+class CopyFailed(SendledgerError):
+    """A store refused the copy's reads or writes for a reason `Ledger.unavailable` has no
+    words for (an I/O error, a file size limit): one line naming the destination, exit 1;
+    it stays an unfinished copy."""
 
     kind = Refusal.UNAVAILABLE
 
@@ -168,7 +177,8 @@ def copy_store(
     CopyRefused (nothing written) when something runs on either store, or the
     destination holds events or another store's keys; UnfinishedCopy when it is an
     unfinished copy, StoreUrlError when it is the source (bad input, nothing written);
-    CopyMismatch when the verification fails."""
+    CopyMismatch when the verification fails; StoreUnavailable or CopyFailed when a store
+    refuses a write or a read on the way."""
     started = time.monotonic()
     if same_store(source.store, destination):
         raise StoreUrlError(f"--to names the configured store itself ({where(destination)})")
@@ -214,6 +224,19 @@ def copy_store(
         rows.add_key_check(
             KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
         )
+    except SendledgerError:
+        raise
+    except (PersistenceError, sqlite3.Error, OSError) as exc:
+        # A write the destination refused (its disk full, read-only, a file size limit's
+        # I/O error): one line naming it, not the driver's bare error as an "unexpected
+        # failure". The unfinished mark stays: the next copy or open says to empty it.
+        said = target.unavailable(exc)
+        if said is not None:
+            raise said from exc
+        words = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise CopyFailed(
+            f"the copy into {where(destination)} stopped ({words[0]}): empty it and copy again"
+        ) from exc
     finally:
         target.close()
     return CopyResult(
@@ -410,6 +433,7 @@ def _verify(
 
 __all__ = [
     "PAGE",
+    "CopyFailed",
     "CopyMismatch",
     "CopyRefused",
     "CopyResult",
