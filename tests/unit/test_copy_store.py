@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +30,7 @@ from ledger.stores.index import IndexRow
 from ledger.stores.keycheck import COPY_FINISHED, COPY_STARTED, UnfinishedCopy
 from ledger.stores.loaded_policies import DAEMON, LoadedPolicies
 from ledger.stores.memory import discard_memory_store
-from ledger.stores.url import MemoryStore, StoreUrlError
+from ledger.stores.url import MemoryStore, SqliteStore, StoreUrlError
 from ledger.vocabulary import EscalationReason, PolicyRef
 
 POLICY = PolicyRef("receipts", "sha256:00")
@@ -311,7 +312,9 @@ def test_an_interrupted_copy_is_opened_by_nothing_and_refused_by_a_second_copy(
         assert not result.finished and result.events == 2
         with pytest.raises(UnfinishedCopy, match=f"unfinished copy of memory://{source_name}"):
             Ledger(f"memory://{target_name}")
-        with pytest.raises(UnfinishedCopy, match="nothing may use it; empty it and copy again"):
+        with pytest.raises(
+            UnfinishedCopy, match="nothing may use it; once no copy runs, empty it and copy again"
+        ):
             copy_store(source, MemoryStore(target_name))
 
 
@@ -375,3 +378,29 @@ def test_a_copy_that_failed_its_check_is_one_line_and_exit_1() -> None:
     from daemon.exit_codes import exit_code_for
 
     assert exit_code_for(CopyMismatch("the source changed while it was copied")) == 1
+
+
+def test_a_copy_whose_file_is_emptied_while_it_runs_is_not_reported_made(tmp_path: Path) -> None:
+    """A second copy into the file meets the unfinished mark and says the first may still be
+    copying; an operator who empties the file anyway gets no "copied" from the first (before:
+    finished, the file gone)."""
+    copy = tmp_path / "copy.sqlite"
+    refusals: list[str] = []
+
+    def second_copy_then_empty(copied: int, total: int) -> None:
+        if copied != 2:
+            return
+        with pytest.raises(UnfinishedCopy) as refused:
+            copy_store(source, SqliteStore(copy))
+        refusals.append(str(refused.value))
+        for end in ("", "-wal", "-shm"):
+            Path(f"{copy}{end}").unlink(missing_ok=True)
+
+    with Ledger(f"sqlite:///{tmp_path / 'source.sqlite'}", clock=at) as source:
+        fill(source, ["requested"] * 6)
+        with pytest.raises(CopyMismatch, match="was removed or replaced while it was copied"):
+            copy_store(source, SqliteStore(copy), page=2, progress=second_copy_then_empty)
+    (said,) = refusals
+    assert "admin copy-store is still copying it, or was stopped before it verified it" in said
+    assert said.endswith("nothing may use it; once no copy runs, empty it and copy again")
+    assert not copy.exists()

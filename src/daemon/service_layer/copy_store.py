@@ -198,6 +198,7 @@ def copy_store(
         _refuse_unless_empty(target, source_checks, clock)
         rows = _checks(target)
         _begin(source, target, source_checks, clock)
+        written = _file_of(destination)
         copied = last = 0
         interrupted = CopyResult(
             where(source.store), where(destination), 0, total, 0, 0, 0, 0.0, finished=False
@@ -221,6 +222,11 @@ def copy_store(
             for row in webhooks:
                 positions.force(row.name, moved[row.position], clock(), expected=0)
         _refuse_writers_since(source, destination, since, (copied, last), clock)
+        if _file_of(destination) != written:
+            raise CopyMismatch(
+                f"{where(destination)} was removed or replaced while it was copied: the "
+                "copy went into a file no longer there; copy again"
+            )
         rows.add_key_check(
             KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
         )
@@ -269,6 +275,19 @@ def _begin(
     held = format_rows_for(source.recorder).rows().get(STORE_HOLDER)
     if held is not None:
         format_rows_for(target.recorder).raise_to(held.format, held.at)
+
+
+def _file_of(spec: StoreSpec) -> tuple[int, int] | None:
+    """The SQLite file at the store's path (device, inode); None when there is none, or
+    for a server's store. An open connection writes on into a file removed meanwhile
+    (an operator emptying what a second copy's refusal called unfinished)."""
+    if not isinstance(spec, SqliteStore):
+        return None
+    try:
+        found = spec.path.stat()
+    except FileNotFoundError:
+        return None
+    return (found.st_dev, found.st_ino)
 
 
 def _refuse_writers_since(

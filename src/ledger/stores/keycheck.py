@@ -35,8 +35,10 @@ import hashlib
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ledger.display import iso
 from ledger.stores.url import StoreRefused
 
 if TYPE_CHECKING:
@@ -106,9 +108,13 @@ def refuse_unfinished_copy(checks: Sequence[KeyCheck], *, where: str) -> None:
     started = unfinished_copy(checks)
     if started is not None:
         source = started.value.decode("utf-8", "replace")
+        # A copy under way holds the same rows as one stopped: said both ways, and when it
+        # began, or a second copy's refusal would advise emptying the one still running.
+        begun = datetime.fromtimestamp(started.created_at, UTC)
         raise UnfinishedCopy(
-            f"{where} is an unfinished copy of {source} (admin copy-store was stopped before "
-            "it verified it): nothing may use it; empty it and copy again"
+            f"{where} is an unfinished copy of {source}, begun {iso(begun)} (admin "
+            "copy-store is still copying it, or was stopped before it verified it): nothing "
+            "may use it; once no copy runs, empty it and copy again"
         )
 
 
