@@ -69,7 +69,8 @@ so a user's program runs it without the daemon's packages.
                    testkit_doubles._BadOption, ScopeLost (providers/base.py: a scope
                    moved between two calls), Withdrawn (ledger/stores/index.py: a write
                    its writer withdrew), LeftToRecovery (daemon/engine/commit.py: a
-                   stopping daemon's save whose window passed)
+                   stopping daemon's save whose window passed), copy_store._Stopped (a
+                   Ctrl-C during a copy's rebuild or walk)
 
 A class keeps the standard base it had (`ValueError`, `OSError`, httplib2's
 `HttpLib2Error`) beside this one, so every `except ValueError` still catches what it did.

@@ -404,3 +404,24 @@ def test_a_copy_whose_file_is_emptied_while_it_runs_is_not_reported_made(tmp_pat
     assert "admin copy-store is still copying it, or was stopped before it verified it" in said
     assert said.endswith("nothing may use it; once no copy runs, empty it and copy again")
     assert not copy.exists()
+
+
+@pytest.mark.parametrize("asked_at", [6, 8, 9])
+def test_a_stop_asked_after_the_pages_still_leaves_the_copy_unfinished(
+    stores: tuple[str, str], asked_at: int
+) -> None:
+    """A Ctrl-C during the rebuild or the walk, which take as long again as the pages, ends
+    the copy unmarked (before: asked only between pages, it finished with exit 0)."""
+    source_name, target_name = stores
+    asked = [0]
+
+    def stop() -> bool:  # 4 pages (7 events), before the rebuild, 3 of the walk, the end
+        asked[0] += 1
+        return asked[0] >= asked_at
+
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        fill(source, ["requested"] * 6)
+        result = copy_store(source, MemoryStore(target_name), page=2, stop=stop)
+    assert not result.finished and result.events == 7
+    with pytest.raises(UnfinishedCopy):
+        Ledger(f"memory://{target_name}")

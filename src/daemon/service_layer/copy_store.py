@@ -211,11 +211,18 @@ def copy_store(
             last = int(batch[-1].id)
             if progress is not None:
                 progress(copied, total)
-        if stop():  # before the rebuild and the walk, which take as long again
-            return replace(interrupted, events=copied, seconds=time.monotonic() - started)
-        jobs = target.rebuild_index()
+        # The rebuild and the walk take as long again as the pages: a Ctrl-C during them
+        # ends the copy too (asked every 1000 jobs and every page), before it is marked.
         webhooks = source.positions().read_all()
-        aggregates, moved = _verify(source, target, page, [row.position for row in webhooks])
+        try:
+            _stop_if(stop)
+            jobs = target.rebuild_index(progress=lambda _jobs: _stop_if(stop))
+            aggregates, moved = _verify(
+                source, target, page, [row.position for row in webhooks], stop
+            )
+            _stop_if(stop)
+        except _Stopped:
+            return replace(interrupted, events=copied, seconds=time.monotonic() - started)
         if webhooks:
             positions = target.positions()
             positions.ensure()
@@ -415,8 +422,21 @@ def _as_stored(notification: Any) -> StoredEvent:
     )
 
 
+class _Stopped(SendledgerError):
+    """`stop()` asked during the index's rebuild or the walk: the copy ends unfinished."""
+
+
+def _stop_if(stop: Callable[[], bool]) -> None:
+    if stop():
+        raise _Stopped
+
+
 def _verify(
-    source: Ledger, target: Ledger, page: int, positions: Sequence[int]
+    source: Ledger,
+    target: Ledger,
+    page: int,
+    positions: Sequence[int],
+    stop: Callable[[], bool] = lambda: False,
 ) -> tuple[int, dict[int, int]]:
     """Walk both logs side by side: every event the same (originator, version, topic,
     stored bytes) in the same order, and each aggregate's event count and last version
@@ -427,6 +447,8 @@ def _verify(
     for place, (ours, theirs) in enumerate(
         zip_longest(_events(source, page), _events(target, page)), start=1
     ):
+        if place % page == 0:
+            _stop_if(stop)
         if ours is None or theirs is None:
             longer = "source" if theirs is None else "destination"
             raise CopyMismatch(
