@@ -106,3 +106,20 @@ def test_a_file_name_with_a_line_break_is_reported_on_one_line(cli: Any) -> None
     assert line.startswith(
         f"backed up sqlite:{cli.root / 'ledger.sqlite'} to two\\x0alines.sqlite ("
     )
+
+
+def test_a_tilde_in_a_store_url_is_refused_not_made_a_folder(cli: Any) -> None:
+    stored_jobs(cli.root / "ledger.sqlite", 1)
+    before = _files(cli.root)
+    # Before: exit 0, the copy in a folder named "~" beside the config.
+    for url in ("sqlite:///~/copy.sqlite", "sqlite:///~ops/copy.sqlite"):
+        refused = cli.run("admin", "copy-store", "--to", url)
+        assert refused.code == 2 and refused.error_lines == [
+            f"sendledger: --to: store.url: {url!r}: a '~' is not expanded in a URL: write the "
+            "folder out (sqlite:////home/NAME/...)"
+        ], refused.stderr
+    cli.write_config("sqlite:///~/ledger.sqlite")
+    status = cli.run("status", "r-00000")
+    assert status.code == 2 and len(status.error_lines) == 1
+    assert "a '~' is not expanded in a URL" in status.stderr
+    assert _files(cli.root) == before
