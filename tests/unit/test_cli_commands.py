@@ -73,6 +73,19 @@ def test_an_interrupted_command_exits_130(monkeypatch: pytest.MonkeyPatch) -> No
     assert main(["status", "any-key"]) == 130
 
 
+def test_a_ctrl_c_while_the_commands_modules_load_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import daemon.cli.admin_copy
+
+    def loading(admin: object) -> None:
+        raise KeyboardInterrupt  # as a SIGINT 0.1-0.3 s after the start arrives
+
+    monkeypatch.setattr(daemon.cli.admin_copy, "register", loading)
+    assert main(["admin", "backup", "b.sqlite"]) == 130  # before: the traceback, killed by SIGINT
+    assert capsys.readouterr().err == ""
+
+
 def test_the_net_under_every_line_escapes_all_but_line_breaks_and_tabs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -185,8 +185,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command in SERVICES:
         HANGUPS.clear()
         keep_hangups()
-    parser = build_parser(command)
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser(command)
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        # A Ctrl-C while the command's modules load (a few tenths of a second): exit 130
+        # as later, not Python's traceback of the import it stopped.
+        return EXIT_INTERRUPTED
     problem = _not_text(args)
     if problem:
         output.error(problem)
