@@ -42,8 +42,9 @@ so a user's program runs it without the daemon's packages.
           │    ├── StoreUnavailable                      ledger/stores/causes.py: read-only,
           │    │                                         disk full, locked (PersistenceError too)
           │    ├── CopyMismatch                          daemon/service_layer/copy_store.py:
-          │    │                                         a copy's verification failed, or a
-          │    │                                         server started on its source
+          │    │                                         a copy's verification failed, a
+          │    │                                         server started on its source, or
+          │    │                                         its SQLite file was removed
           │    ├── CopyFailed                            daemon/service_layer/copy_store.py:
           │    │                                         a store refused the copy (I/O error)
           │    └── BackupFailed                          ledger/stores/sqlite_backup.py: the

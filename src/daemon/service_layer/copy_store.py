@@ -76,9 +76,10 @@ class CopyRefused(SendledgerError):
 
 
 class CopyMismatch(SendledgerError):
-    """The verification found the destination's events other than the source's, or a
-    server started on the source while it was copied: it stays an unfinished copy. One
-    line, exit 1, as a store that cannot be written (not an "unexpected failure")."""
+    """The verification found the destination's events other than the source's, a
+    server started on the source while it was copied, or the destination's SQLite file
+    was removed or replaced meanwhile: it stays an unfinished copy. One line, exit 1, as
+    a store that cannot be written (not an "unexpected failure")."""
 
     kind = Refusal.UNAVAILABLE
 
