@@ -43,6 +43,7 @@ from daemon.webhooks.delivery_threads import (
     hooks_from,
     start_webhooks,
 )
+from ledger.event_format import StoreFormatNewer, check_event_format
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.loaded_policies import DAEMON
 
@@ -89,6 +90,7 @@ class Daemon:
         self._tick_lock = threading.Lock()
         self._identity: IdentityLock | None = None
         self._name_lost: IdentityTaken | None = None
+        self._format_newer: StoreFormatNewer | None = None
         self._api: ApiServer | None = None
         self._webhooks: WebhookThreads | None = None
         self._announcer: PolicyAnnouncer | None = None
@@ -110,6 +112,8 @@ class Daemon:
         try:
             with self._tick_lock:
                 self._check_identity()
+                if self._format_newer is not None:
+                    return TickReport()  # stopping: no new work in a format it misreads
                 report = self.engine.hand_out()
         finally:
             # A tick that failed still ended: while the store is down (a restart, a
@@ -138,6 +142,24 @@ class Daemon:
                 self._webhooks.disown()
             self.request_stop()
             raise
+
+    def _check_event_format(self) -> None:
+        """At each heartbeat (the loaded-policies row's thread, every 20 s): the store's
+        event format read again, one row. A newer release raises it once no older server
+        is live, and an older daemon whose heartbeat lapsed (a long pause, a stopped VM)
+        counted as gone: finding a format newer than it reads, it takes no new work and
+        stops as its start would have refused (StoreFormatNewer, exit 2), its calls in
+        flight finished and recorded (docs/operations.md "Upgrading")."""
+        try:
+            check_event_format(self.service.ledger, writing=False)
+        except StoreFormatNewer as exc:
+            if self._format_newer is None:
+                self._format_newer = exc
+                log.error("stopping: %s", exc)
+                self.request_stop()
+        except Exception as exc:
+            # A store that cannot be read now: the heartbeat's write says so; next beat.
+            log.debug("event format not read at the heartbeat: %s", exc)
 
     def _on_job_event(self, event: JobExecutionEvent) -> None:
         if event.exception is None:
@@ -204,7 +226,11 @@ class Daemon:
             self.service.close()
             raise
         self._announcer = announce_policies(
-            self.service.ledger, self.engine.daemon_name, self.engine.policies, DAEMON
+            self.service.ledger,
+            self.engine.daemon_name,
+            self.engine.policies,
+            DAEMON,
+            on_beat=self._check_event_format,
         )
         self.engine.start_lease_renewer()
         self._webhooks = start_webhooks(
@@ -229,6 +255,8 @@ class Daemon:
         code = self._stop_within_bound(*asked)
         if self._name_lost is not None:
             raise self._name_lost  # exit 3, as when the name is taken at start-up
+        if self._format_newer is not None:
+            raise self._format_newer  # exit 2 and the start's line
         return code
 
     def _wait_for_stop(self) -> list[int]:

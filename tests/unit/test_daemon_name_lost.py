@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.daemon_thread import serve_on_a_thread
 
 from daemon.bootstrap import bootstrap
 from daemon.config.settings import settings_from_dict
@@ -61,16 +62,7 @@ def test_a_lost_name_stops_the_daemon_with_identity_taken() -> None:
     lock = FlakyName(IdentityTaken("n1", "db"), failures=1_000)
     with Ledger("memory://") as ledger:
         daemon = _daemon(ledger, lock)
-        outcome: list[BaseException] = []
-
-        def serve() -> None:
-            try:
-                daemon.serve()
-            except BaseException as exc:
-                outcome.append(exc)
-
-        runner = threading.Thread(target=serve)
-        runner.start()
+        runner, outcome = serve_on_a_thread(daemon)
         runner.join(timeout=20)
         assert not runner.is_alive()
         assert len(outcome) == 1 and isinstance(outcome[0], IdentityTaken)

@@ -55,8 +55,10 @@ class PolicyAnnouncer:
         *,
         clock: Callable[[], float] = time.time,
         live_seconds: float = LIVE_SECONDS,
+        on_beat: Callable[[], None] = lambda: None,
     ) -> None:
         self._rows = rows
+        self._on_beat = on_beat
         self._name = name
         self._kind = kind
         self._current = current
@@ -128,6 +130,7 @@ class PolicyAnnouncer:
             with self._written:
                 self._done = asked
                 self._written.notify_all()
+            self._on_beat()
 
     def stop(self, lock_wait: float = 5.0) -> None:
         """Remove the row: a stopped server has loaded nothing. Within two lock waits
@@ -198,12 +201,21 @@ def judge_by_loaded(
 
 
 def announce_policies(
-    ledger: Ledger, name: str, holder: PolicyHolder, kind: str
+    ledger: Ledger,
+    name: str,
+    holder: PolicyHolder,
+    kind: str,
+    on_beat: Callable[[], None] = lambda: None,
 ) -> PolicyAnnouncer:
     """This server's loaded-policy row, written now, at each reload and as a heartbeat,
-    for `submit` to judge by (`daemon/service_layer/loaded.py`)."""
+    for `submit` to judge by (`daemon/service_layer/loaded.py`); `on_beat` is called on
+    the heartbeat's thread after each write but the first."""
     announcer = PolicyAnnouncer(
-        ledger.loaded_policies(), name or socket.gethostname(), kind, lambda: holder.current
+        ledger.loaded_policies(),
+        name or socket.gethostname(),
+        kind,
+        lambda: holder.current,
+        on_beat=on_beat,
     )
     holder.listeners.append(announcer.reloaded)
     announcer.start()
