@@ -106,3 +106,8 @@ def test_servers_starting_at_once_on_a_fresh_store_all_declare(pg_url: str) -> N
             ):
                 assert name == 1  # each start's store format; none failed
         assert sorted(format_rows_for(ledger.recorder).rows()) == [f"daemon d{i}" for i in range(4)]
+        # A stop removes its server's declaration, and no other row.
+        format_rows_for(ledger.recorder).withdraw("daemon d0")
+        assert sorted(format_rows_for(ledger.recorder).rows()) == [
+            f"daemon d{i}" for i in (1, 2, 3)
+        ]

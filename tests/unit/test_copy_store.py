@@ -18,8 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from daemon.engine.policy_holder import PolicyHolder
 from daemon.service_layer.copy_store import CopyMismatch, CopyRefused, copy_store, running_on
-from daemon.service_layer.loaded import LIVE_SECONDS
+from daemon.service_layer.loaded import LIVE_SECONDS, announce_policies
 from ledger.application import Ledger, Sender
 from ledger.content import parse_job
 from ledger.decision_types import Confirm, Review
@@ -32,6 +33,7 @@ from ledger.stores.loaded_policies import DAEMON, LoadedPolicies
 from ledger.stores.memory import discard_memory_store
 from ledger.stores.url import MemoryStore, SqliteStore, StoreUrlError
 from ledger.vocabulary import EscalationReason, PolicyRef
+from policies.loader import PolicySet
 
 POLICY = PolicyRef("receipts", "sha256:00")
 SENDER = Sender("Support <support@example.com>", "mail.example.com", POLICY)
@@ -195,6 +197,52 @@ def test_a_server_starting_on_the_source_during_the_copy_leaves_it_unfinished(
             copy_store(source, MemoryStore(target_name), page=2, progress=a_daemon_starts)
         with pytest.raises(UnfinishedCopy):
             Ledger(f"memory://{target_name}")
+
+
+def test_a_server_that_declared_just_before_the_copy_began_refuses_it(
+    stores: tuple[str, str],
+) -> None:
+    """A server declares its event format as it opens the store and writes its heartbeat
+    only once it has started (its name held, its claims recovered). One that declared a
+    moment before the copy began (its first look at the clock) and writes its heartbeat
+    after the copy's last check was seen by neither check: not live at the first, started
+    before `since` at the last; the copy finished, a fork. A fresh declaration is a server
+    starting: the copy is refused before it writes anything. Before, the copy finished."""
+    source_name, target_name = stores
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        fill(source, ["requested"] * 2)
+        declared: list[float] = []
+
+        def clock() -> float:
+            now = time.time()
+            if not declared:  # meanwhile: a daemon checks the store's format, a moment ago
+                declared.append(now - 0.001)
+                check_event_format(source, server=(DAEMON, "host-b"), clock=lambda: declared[0])
+            return now
+
+        with pytest.raises(CopyRefused, match=r"in use by daemon host-b \(started at .*fork"):
+            copy_store(source, MemoryStore(target_name), clock=clock)
+        assert declared
+    with Ledger(f"memory://{target_name}", copying=True) as target:
+        assert target.recorder.max_notification_id() in (None, 0)
+        assert target.recorder.key_checks() == []  # type: ignore[attr-defined]
+
+
+def test_a_server_s_stop_removes_its_declaration_and_the_copy_runs_at_once(
+    stores: tuple[str, str],
+) -> None:
+    """A fresh declaration is a server starting; a stopped server's would hold every copy
+    for a minute after its start. Its stop removes it with its heartbeat."""
+    source_name, target_name = stores
+    with Ledger(f"memory://{source_name}", clock=at) as source:
+        fill(source, ["requested"])
+        check_event_format(source, server=(DAEMON, "host-b"))
+        announcer = announce_policies(source, "host-b", PolicyHolder(PolicySet), DAEMON)
+        with pytest.raises(CopyRefused, match=r"in use by daemon host-b \(started at "):
+            copy_store(source, MemoryStore(target_name))
+        announcer.stop()
+        assert "daemon host-b" not in format_rows_for(source.recorder).rows()
+        assert copy_store(source, MemoryStore(target_name)).finished
 
 
 def test_a_command_writing_to_the_source_after_the_walk_leaves_the_copy_unfinished(

@@ -208,6 +208,16 @@ def test_an_older_server_starting_while_a_newer_one_raises_the_format_stops_one_
     assert started == [1]  # the older one passed its check: the newer one must not start
 
 
+def test_a_stop_withdraws_its_server_s_declaration_and_nothing_else(ledger: Ledger) -> None:
+    rows = format_rows_for(ledger.recorder)
+    rows.withdraw("daemon a")  # a store of an earlier release: nothing created
+    assert rows.rows() == {}
+    check_event_format(ledger, release=NEW, server=(DAEMON, "a"), clock=lambda: T0)
+    check_event_format(ledger, release=NEW, server=(API, "a"), clock=lambda: T0)
+    rows.withdraw("daemon a")
+    assert sorted(rows.rows()) == ["api a", STORE_HOLDER]
+
+
 def test_the_store_s_format_only_rises(ledger: Ledger) -> None:
     rows = format_rows_for(ledger.recorder)
     rows.raise_to(3, T0)

@@ -24,9 +24,11 @@ What a daemon needs to carry on, table by table, and what the copy does with it:
 - daemon names: locks of live processes, never stored.
 
 A copy taken while a daemon writes would be a fork: the daemon's later sends would be
-known to one store only. So the source must have no live server (`running_on`), asked
+known to one store only. So the source must have no live server (`running_on`, and the
+servers that declared their event format within `STARTING_SECONDS`: starting), asked
 before the copy and again before it is marked finished (with the servers that declared
-their event format since it began: one starting), and the destination must be empty.
+their event format since it began), and the destination must be empty. A server's stop
+removes its declaration.
 The destination is marked `copy-started` before its first event and `copy-finished` once
 verified; until then no Ledger opens it, nor a second copy
 (`ledger/stores/keycheck.py: refuse_unfinished_copy`): an interrupted copy is emptied (the
@@ -47,6 +49,7 @@ from eventsourcing.persistence import PersistenceError, StoredEvent
 
 from ledger.application import Ledger
 from ledger.display import iso
+from ledger.event_format import STARTING_SECONDS
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.stores.format_rows import STORE_HOLDER, format_rows_for
 from ledger.stores.identity import names_held
@@ -185,7 +188,10 @@ def copy_store(
         raise StoreUrlError(f"--to names the configured store itself ({where(destination)})")
     _refuse_companion(source.store, destination)
     since = _store_now(source, clock)
-    busy = running_on(source, clock)
+    # A server declares its format at its open and writes its heartbeat once started:
+    # one that declared a moment ago is starting (its heartbeat may come after the last
+    # check below, which counts only declarations since the copy began).
+    busy = running_on(source, clock) + _started_since(source, since - STARTING_SECONDS)
     if busy:
         raise CopyRefused(
             f"{where(source.store)} is in use by {'; '.join(busy)}: stop it first (a copy "

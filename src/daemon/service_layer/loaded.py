@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from daemon.service_layer.problems import FieldProblem
 from ledger.display import iso
+from ledger.stores.format_rows import format_rows_for, server_holder
 from ledger.stores.loaded_policies import DAEMON, LoadedPolicies, LoadedPolicyStore
 
 if TYPE_CHECKING:
@@ -56,9 +57,11 @@ class PolicyAnnouncer:
         clock: Callable[[], float] = time.time,
         live_seconds: float = LIVE_SECONDS,
         on_beat: Callable[[], None] = lambda: None,
+        on_stop: Callable[[], None] = lambda: None,
     ) -> None:
         self._rows = rows
         self._on_beat = on_beat
+        self._on_stop = on_stop
         self._name = name
         self._kind = kind
         self._current = current
@@ -148,7 +151,11 @@ class PolicyAnnouncer:
                 self._rows.leave(self._name, self._kind, loaded_at)
             except Exception as exc:
                 log.warning("cannot remove the loaded policies from the store: %s", exc)
-                return
+                break
+        try:
+            self._on_stop()
+        except Exception as exc:
+            log.warning("cannot remove this server's event format from the store: %s", exc)
 
 
 def live_daemons(rows: LoadedPolicyStore, now: datetime) -> list[LoadedPolicies]:
@@ -209,13 +216,18 @@ def announce_policies(
 ) -> PolicyAnnouncer:
     """This server's loaded-policy row, written now, at each reload and as a heartbeat,
     for `submit` to judge by (`daemon/service_layer/loaded.py`); `on_beat` is called on
-    the heartbeat's thread after each write but the first."""
+    the heartbeat's thread after each write but the first. Its stop removes the row and
+    the event format this server declared at its start (`ledger.event_format`): a fresh
+    declaration counts as a server starting (`admin copy-store` is refused beside one),
+    and a stopped one starts nothing."""
+    declared = server_holder(kind, name)
     announcer = PolicyAnnouncer(
         ledger.loaded_policies(),
         name or socket.gethostname(),
         kind,
         lambda: holder.current,
         on_beat=on_beat,
+        on_stop=lambda: format_rows_for(ledger.recorder).withdraw(declared),
     )
     holder.listeners.append(announcer.reloaded)
     announcer.start()

@@ -4,7 +4,8 @@ small table beside the events (docs/operations.md "Upgrading").
 - `sendledger_event_format`: `holder` (`store`: the highest format any release wrote to
   it; `daemon NAME` or `api NAME`: the newest format the release of that server reads,
   written at its start), `format` (an integer, `ledger.event_format.EVENT_FORMAT`) and
-  `at` (epoch seconds of the write, by the store's clock where it has one).
+  `at` (epoch seconds of the write, by the store's clock where it has one). A server's
+  row is removed when it stops (`withdraw`): a fresh one is a server starting or running.
 
 The `store` row only ever rises (`raise_to`): two releases raising at once leave the
 higher. The table is created by the first write, so a store that no release of the
@@ -61,6 +62,10 @@ class FormatRows(Protocol):
         """The store's row set to `format` unless it holds a higher one already."""
         ...
 
+    def withdraw(self, holder: str) -> None:
+        """Remove the row of `holder` (a server that stops), if there is one."""
+        ...
+
 
 _memory_lock = threading.Lock()
 
@@ -89,6 +94,10 @@ class MemoryFormatRows:
             kept = self._rows.get(STORE_HOLDER)
             if kept is None or kept.format < format:
                 self._rows[STORE_HOLDER] = FormatRow(STORE_HOLDER, format, at)
+
+    def withdraw(self, holder: str) -> None:
+        with _memory_lock:
+            self._rows.pop(holder, None)
 
 
 class SqliteFormatRows:
@@ -139,6 +148,11 @@ class SqliteFormatRows:
 
     def raise_to(self, format: int, at: float) -> None:
         self._write(_RAISE, [STORE_HOLDER, format, at])
+
+    def withdraw(self, holder: str) -> None:
+        with self._transaction(commit=True) as cursor:
+            if self._exists(cursor):  # a store of an earlier release: nothing to remove
+                cursor.execute(self._sql("DELETE FROM {t} WHERE holder = {p}"), [holder])
 
 
 class PostgresFormatRows(SqliteFormatRows):
