@@ -29,6 +29,8 @@ from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
 from daemon.runtime import Daemon
 from ledger.application import Ledger
+from ledger.event_format import check_event_format
+from ledger.stores.format_rows import FORMAT_TABLE
 from ledger.stores.index import INDEX_TABLE
 from ledger.stores.loaded_policies import DAEMON, LOADED_TABLE, LoadedPolicies
 from ledger.stores.positions import POSITIONS_TABLE
@@ -92,14 +94,14 @@ def _until(done: Any, seconds: float = 10.0) -> None:
 @contextmanager
 def _holding(schema: str, key: str) -> Iterator[tuple[Any, Any]]:
     """Another session holding every row a stop writes: the job's index row, the scope
-    leases, the heartbeat, the loaded policies and the webhook positions; and a session
-    to look at the waits with."""
+    leases, the heartbeat, the loaded policies, the event format declarations and the
+    webhook positions; and a session to look at the waits with."""
     import psycopg
     from tests.conftest import PG_URL
 
     with psycopg.connect(PG_URL) as holder, psycopg.connect(PG_URL, autocommit=True) as look:
         holder.execute(f'SELECT 1 FROM "{schema}".{INDEX_TABLE} WHERE key = %s FOR UPDATE', [key])
-        for table in (SCOPES_TABLE, DAEMONS_TABLE, LOADED_TABLE, POSITIONS_TABLE):
+        for table in (SCOPES_TABLE, DAEMONS_TABLE, LOADED_TABLE, FORMAT_TABLE, POSITIONS_TABLE):
             held = holder.execute(f'SELECT 1 FROM "{schema}".{table} FOR UPDATE').fetchall()
             assert held, f"{table}: no row to hold"
         try:
@@ -138,6 +140,7 @@ def test_a_stop_with_every_row_it_writes_held_ends_within_its_bound(
     release = threading.Event()
     provider.script(Scripted.slow(release))
     with receipts_service(settings, spec, clock, provider) as (ledger, service):
+        check_event_format(ledger, server=(DAEMON, "d1"))  # its start's declaration
         daemon = Daemon(service, settings.daemon.tick)
         runner = threading.Thread(target=daemon.serve, daemon=True)
         runner.start()

@@ -25,10 +25,11 @@ at most one lock wait (`ApiServer.stop`, daemon/api/server.py). Beside the engin
 close, on a thread of their own (`Daemon._stop_beside`), the rows that are not the
 engine's, `BESIDE_LOCK_WAITS` in a row: the webhooks' three (`WebhookThreads.stop`,
 daemon/webhooks/delivery_threads.py: a write in flight; a write begun before its thread
-saw the stop, then the release of its lease) and the loaded policies' two
+saw the stop, then the release of its lease) and the loaded policies' three
 (`PolicyAnnouncer.stop`, daemon/service_layer/loaded.py: the heartbeat's write in flight,
-then the row's removal). tests/integration/test_stop_lock_waits.py holds every one of
-these rows from another session and measures the stop against `stop_store_wait`.
+then the row's removal, then the removal of the server's event format declaration).
+tests/integration/test_stop_lock_waits.py holds every one of these rows from another
+session and measures the stop against `stop_store_wait`.
 
 A lock wait is PostgreSQL's `[store] lock_timeout`. On SQLite the wait is the busy
 handler's, for a write of another process, never a session left open: not checked.
@@ -42,7 +43,7 @@ from ledger.stores.url import is_postgres_url
 #: The engine's lock waits in a row once the calls have ended (1 to 6 above).
 ENGINE_LOCK_WAITS = 6
 #: The webhooks' and the loaded policies' lock waits in a row, beside the engine's.
-BESIDE_LOCK_WAITS = 5
+BESIDE_LOCK_WAITS = 6
 #: The lock waits in a row a stop may spend once its calls have ended.
 STOP_LOCK_WAITS = max(ENGINE_LOCK_WAITS, BESIDE_LOCK_WAITS)
 

@@ -149,9 +149,13 @@ class SqliteFormatRows:
     def raise_to(self, format: int, at: float) -> None:
         self._write(_RAISE, [STORE_HOLDER, format, at])
 
+    def _bound_waits(self, cursor: Any) -> None:
+        pass  # SQLite's wait is the busy handler's, for another process's write
+
     def withdraw(self, holder: str) -> None:
         with self._transaction(commit=True) as cursor:
             if self._exists(cursor):  # a store of an earlier release: nothing to remove
+                self._bound_waits(cursor)
                 cursor.execute(self._sql("DELETE FROM {t} WHERE holder = {p}"), [holder])
 
 
@@ -168,6 +172,12 @@ class PostgresFormatRows(SqliteFormatRows):
 
     def _tuples(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r.values()) for r in cursor.fetchall()]
+
+    def _bound_waits(self, cursor: Any) -> None:
+        # A stop's write: one lock wait, not until the session holding the row (an open
+        # psql) ends (daemon/config/stop_bound.py).
+        timeout = int(self._recorder.datastore.lock_timeout)
+        cursor.execute(f"SET LOCAL lock_timeout = '{timeout}s'")
 
 
 def format_rows_for(recorder: Any) -> FormatRows:
