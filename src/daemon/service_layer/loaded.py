@@ -136,11 +136,12 @@ class PolicyAnnouncer:
             self._on_beat()
 
     def stop(self, lock_wait: float = 5.0) -> None:
-        """Remove the row: a stopped server has loaded nothing. Within two lock waits
+        """Remove the row: a stopped server has loaded nothing. Within three lock waits
         (`lock_wait`: `[store] lock_timeout`, daemon/config/stop_bound.py): a heartbeat's
         write in flight, waited for so that it does not write the row again after its
         removal, then the removal: of the row last written, and of the one a reload was
-        to write (its write may have failed after it committed)."""
+        to write (its write may have failed after it committed; a row not there is no
+        wait), then `on_stop` (its event format declaration's)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
