@@ -536,7 +536,8 @@ def check_provider_access(providers: Mapping[str, Provider]) -> None:
 def start_up(service: Service) -> IdentityLock | None:
     """Before the first tick: say which secret files others can read, hold this daemon's
     name in the store (IdentityTaken when a live daemon holds it), recover this name's
-    earlier claims at once (``daemon/engine/recover.py``) and fill in what an earlier
+    earlier claims (``daemon/engine/recover.py``: at once, or once past their deadline
+    where the name's lock can end under a live holder) and fill in what an earlier
     release left out of the index: the mailbox of the open jobs, what else is due of the
     watched ones. The lock is held until released, or until the process dies."""
     warn_exposed_secrets(service.settings)
@@ -546,7 +547,9 @@ def start_up(service: Service) -> IdentityLock | None:
         return None
     identity = service.ledger.hold_identity(name)
     try:
-        report = service.engine.recover_own_claims()
+        report = service.engine.recover_own_claims(
+            wait_for_deadlines=not identity.ends_only_with_holder
+        )
         # Rows of an earlier release name no mailbox (without it their scope is unknown
         # and no daemon would take their jobs) nor the provider of their attempt (without
         # it a channel moved since counts only its provider's scope): docs/performance.md

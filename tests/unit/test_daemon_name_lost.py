@@ -25,6 +25,8 @@ from policies.loader import PolicySet
 class FlakyName:
     """Held at start-up; then `failures` checks fail with `error`."""
 
+    ends_only_with_holder = False  # a PostgreSQL session: it can end under the daemon
+
     def __init__(self, error: Exception, failures: int) -> None:
         self.error = error
         self.failures = failures

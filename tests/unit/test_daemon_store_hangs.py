@@ -51,6 +51,8 @@ class _StoreDown:
     """The daemon's name in a store that is down (a PostgreSQL restart, a failover): held
     at start-up, then every check fails as a connection that is refused does."""
 
+    ends_only_with_holder = False
+
     def check(self) -> None:
         raise OSError("connection refused")
 

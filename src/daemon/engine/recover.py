@@ -8,9 +8,15 @@ sent to review, by the channel's policy.
 Another daemon's claim may still be in flight, so it waits for its deadline (`Recover`),
 which that daemon renews while the call runs (`leases.py`): only a lease that lapsed is
 taken. A claim that one of this daemon's own workers holds is never taken, whatever its
-deadline says. A daemon's own claims found at its start-up have no call in flight: the
-store's identity lock lets one live daemon hold a name (`Ledger.hold_identity`), so
-whoever claimed them is dead, and `RecoverOwnClaims` treats them as Unknown at once.
+deadline says. A daemon's own claims found at its start-up have no call in flight when
+the store's identity lock ends only with its holder (SQLite, memory: one live daemon per
+name, `Ledger.hold_identity`): whoever claimed them is dead, and `RecoverOwnClaims` treats
+them as Unknown at once. A PostgreSQL lock can end under a live daemon (a database
+restart), and the process that takes the name meanwhile may find that daemon still
+finishing a call: there it takes at once only the claims whose deadline passed, and
+leaves the others to `Recover` at their deadline. Taken at once, the Unknown's search
+(`search_after`) could end before that call filed its copy, and a channel that resends
+would send the job twice.
 """
 
 from __future__ import annotations
@@ -59,17 +65,23 @@ class Recover:
 
 
 class RecoverOwnClaims(Recover):
-    """At start-up: this daemon's own claims, whatever their deadline."""
+    """At start-up: this daemon's own claims, whatever their deadline; with
+    `wait_for_deadlines` (a name lock that can end under a live holder), only those whose
+    deadline passed."""
 
     reason = OWN_REASON
 
-    def __init__(self, health: ProviderHealth, leases: Leases, daemon: str) -> None:
+    def __init__(
+        self, health: ProviderHealth, leases: Leases, daemon: str, *, wait_for_deadlines: bool
+    ) -> None:
         super().__init__(health, leases)
         self._daemon = daemon
+        self._wait = wait_for_deadlines
 
     def is_due(self, job: SendJob, now: datetime) -> bool:
         return (
             bool(self._daemon)
             and job.claimed_by == self._daemon
             and not self._leases.holds(job.key)
+            and (not self._wait or due(job, now))
         )

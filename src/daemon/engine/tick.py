@@ -307,12 +307,17 @@ class Engine:
         while it stands aside for it (`ScopeOwners.clock_failure`); else None."""
         return None if self.owners is None else self.owners.clock_failure()
 
-    def recover_own_claims(self) -> TickReport:
+    def recover_own_claims(self, *, wait_for_deadlines: bool = False) -> TickReport:
         """At start-up, with this daemon's name held (`Ledger.hold_identity`): its own
-        claims left by an earlier process have no call in flight; Unknown now."""
+        claims left by an earlier process, Unknown now. `wait_for_deadlines`: the name's
+        lock can end under a live holder (`IdentityLock.ends_only_with_holder` false), so
+        that process may still be finishing a call: only claims past their deadline are
+        taken now, the others by `Recover` at their deadline (recover.py)."""
         counter = Counter()
         self.health.refresh(self.providers)
-        step = RecoverOwnClaims(self.health, self.leases, self.daemon_name)
+        step = RecoverOwnClaims(
+            self.health, self.leases, self.daemon_name, wait_for_deadlines=wait_for_deadlines
+        )
         for row in self.ledger.jobs(state=step.state):
             self._runner.run(step, row.key, counter)
         return counter.report

@@ -2,8 +2,10 @@
 
 A daemon recovers its own earlier claims at start-up without waiting for their deadline
 (docs/architecture.md, invariant 6), which is only safe when no other live process
-claims under the same name. Each backend holds a lock that the operating system or the
-server drops when the holder dies, so a kill -9 never leaves a name locked:
+claims under the same name: where the lock can end under a live holder
+(`ends_only_with_holder` false: PostgreSQL), only those past their deadline. Each backend
+holds a lock that the operating system or the server drops when the holder dies, so a
+kill -9 never leaves a name locked:
 
 - SQLite: an exclusive lock on a byte of the store file itself, so that every path to
   the file (a symlink, a hard link) meets it, and `flock`s on files beside it (released
@@ -53,6 +55,12 @@ class IdentityTaken(SendledgerError):
 
 
 class IdentityLock(Protocol):
+    #: True: the lock ends only with its holder (released, or its process gone), so a
+    #: claim under the name found by the next holder has no call in flight. False: it can
+    #: end under a live holder (a PostgreSQL session a database restart ended), which may
+    #: still be finishing a call when another process takes the name.
+    ends_only_with_holder: bool
+
     def check(self) -> None:
         """Raise IdentityTaken when the name is no longer this process's. A lock that
         can be dropped under a live process (a PostgreSQL session that a database restart
@@ -80,6 +88,8 @@ class FileIdentityLock:
     `STORE.daemon-<hash>.lock` next to the configured and the real path: what earlier
     releases lock (a daemon of one meets this one's lock), the holder's pid for an
     operator, and the only lock where OFD locks do not exist."""
+
+    ends_only_with_holder = True
 
     def __init__(self, store_path: Path, name: str) -> None:
         where = str(store_path)
@@ -254,6 +264,8 @@ _memory_lock = threading.Lock()
 
 
 class MemoryIdentityLock:
+    ends_only_with_holder = True
+
     def __init__(self, store: str, name: str) -> None:
         with _memory_lock:
             if (store, name) in _memory_names:

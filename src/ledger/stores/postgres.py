@@ -787,6 +787,10 @@ class AdvisoryIdentityLock:
     session found holding it is this process's own earlier one (`_orphan`): ended, and
     the name taken, not refused as another daemon's."""
 
+    # Ended under a live daemon by a database restart: the process that takes the name
+    # then may find that daemon's call still in flight (`recover_own_claims`).
+    ends_only_with_holder = False
+
     def __init__(self, store: PostgresStore, name: str) -> None:
         self._key = advisory_key(store.schema, name)
         self._store = store
