@@ -27,12 +27,14 @@ from tests.integration.test_ledger_store import (
     content,
     make_mixed_jobs,
 )
-from tests.unit.engine_rig import EngineRig, policy
+from tests.unit.engine_rig import DAEMON, EngineRig, policy
 
 from daemon import cli
 from daemon.config.secret_files import encryption_keys, warn_exposed_secrets
 from daemon.config.settings import ConfigError, settings_from_dict
 from daemon.doubles.fake_time import FakeClock
+from daemon.engine.recover import OWN_REASON
+from daemon.runtime import start_up
 from ledger import application
 from ledger.application import ConcurrentUpdate, IdentityTaken, Ledger
 from ledger.content import JobContent, parse_job
@@ -493,3 +495,31 @@ def test_a_restarted_daemon_recovers_its_own_claims_at_once_and_not_others() -> 
         assert rig.ledger.get_job("theirs").claimed_by == "host-b"
     finally:
         rig.close()
+
+
+def test_on_postgresql_a_restarted_daemon_takes_at_once_only_its_claims_past_their_deadline(
+    pg_url: str,
+) -> None:
+    """The name's lock there can end under a live daemon still finishing a call: a claim
+    whose deadline is ahead waits for it (tests/unit/test_recover_own_claims.py)."""
+    with EngineRig(policy("receipts"), store=pg_url) as rig:
+        for key, lease in (("lapsed", 10), ("ahead", 100)):
+            rig.submit("receipts", key)
+            claim = partial(
+                SendJob.claim,
+                provider="fake",
+                deadline=rig.clock() + timedelta(seconds=lease),
+                at=rig.clock(),
+                daemon=DAEMON,
+            )
+            rig.ledger.update(key, claim)
+        rig.clock.advance(50)
+        identity = start_up(rig.service)
+        assert identity is not None
+        try:
+            assert not identity.ends_only_with_holder
+            assert rig.job("lapsed").state is JobState.UNKNOWN
+            assert rig.job("lapsed").reason == OWN_REASON
+            assert rig.job("ahead").state is JobState.ATTEMPTED
+        finally:
+            identity.release()
