@@ -43,6 +43,7 @@ from daemon.webhooks.delivery_threads import (
     hooks_from,
     start_webhooks,
 )
+from daemon.webhooks.worker import Hook
 from ledger.event_format import StoreFormatNewer, check_event_format
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.loaded_policies import DAEMON
@@ -207,24 +208,7 @@ class Daemon:
         return line
 
     def serve(self) -> int:
-        try:
-            hooks = hooks_from(self.service.settings)  # a bad secret file: exit 2 first
-            # The API's port is taken first: one in use is exit 2 naming api.listen, before
-            # the name is held or a claim recovered.
-            api = self._bind_api()
-            try:
-                self._identity = start_up(self.service)
-            except BaseException:
-                if api is not None:
-                    api.stop()  # its port, bound and not served
-                raise
-        except BaseException:
-            # Refused at start-up: only the engine's workers run (bootstrap started them),
-            # stopped as a stop would, so that a caller in this process (`try`, tests) is
-            # not left their threads.
-            self.engine.stop()
-            self.service.close()
-            raise
+        hooks, api = self._start()
         self._announcer = announce_policies(
             self.service.ledger,
             self.engine.daemon_name,
@@ -258,6 +242,29 @@ class Daemon:
         if self._format_newer is not None:
             raise self._format_newer  # exit 2 and the start's line
         return code
+
+    def _start(self) -> tuple[list[Hook], ApiServer | None]:
+        """The webhooks' settings and the API's port bound, this daemon's name held and its
+        earlier claims recovered (`start_up`); refused, nothing left running."""
+        try:
+            hooks = hooks_from(self.service.settings)  # a bad secret file: exit 2 first
+            # The API's port is taken first: one in use is exit 2 naming api.listen, before
+            # the name is held or a claim recovered.
+            api = self._bind_api()
+            try:
+                self._identity = start_up(self.service)
+            except BaseException:
+                if api is not None:
+                    api.stop()  # its port, bound and not served
+                raise
+        except BaseException:
+            # Refused at start-up: only the engine's workers run (bootstrap started them),
+            # stopped as a stop would, so that a caller in this process (`try`, tests) is
+            # not left their threads.
+            self.engine.stop()
+            self.service.close()
+            raise
+        return hooks, api
 
     def _wait_for_stop(self) -> list[int]:
         """The main thread's loop until a stop signal or request: what asked for it (two
