@@ -27,7 +27,27 @@ from ledger import decision_types
 from ledger.job import SendJob
 from ledger.vocabulary import FINAL_STATES, ConfirmedVia, EscalationReason, Resolution
 
+
+def gerr(status: int, reason: str) -> tuple[int, dict[str, str], bytes]:
+    return status, {}, json.dumps({"error": {"errors": [{"reason": reason}]}}).encode()
+
+
 DAEMON = {p.name for p in (SRC / "daemon").iterdir() if (p / "__init__.py").is_file()}
+DROPS = [TimeoutError(), ConnectionResetError(), http.client.RemoteDisconnected("")]
+#: What each row of the Gmail outcome table names (by its first words), as the classifier is
+#: handed it; the 403 reasons a row names are added from the row.
+ROW_INPUTS: dict[str, list[Any]] = {
+    "no connection made": [
+        *(NotSentError("n", host="h", cause=c) for c in (TimeoutError(), ssl.SSLError())),
+        *(ConnectionRefusedError(), socket.gaierror(-2, "x"), ssl.SSLCertVerificationError()),
+    ],
+    "request sent": [*(ResponseLostError("l", host="h", cause=c) for c in DROPS), *DROPS],
+    "2xx with a message id": [(200, {}, b'{"id": "18c0ffee"}'), (202, {}, b'{"id": "x1"}')],
+    "2xx without a readable id": [(200, {}, b"{}"), (200, {}, b"not json")],
+    "5xx": [(500, {}, b""), (502, {}, b""), (503, {}, b"")],
+    "429": [(429, {"Retry-After": "7"}, b"")],
+    "400 and other 4xx": [gerr(400, "invalidArgument"), gerr(403, "forbidden"), (404, {}, b"")],
+}
 
 
 def test_the_event_table_and_versions_are_the_job_s_events_topics_fields_and_words() -> None:
@@ -58,27 +78,6 @@ def test_the_tick_s_steps_are_the_engine_s_in_order() -> None:
     assert set(states[3:]) == FINAL_STATES
 
 
-def gerr(status: int, reason: str) -> tuple[int, dict[str, str], bytes]:
-    return status, {}, json.dumps({"error": {"errors": [{"reason": reason}]}}).encode()
-
-
-DROPS = [TimeoutError(), ConnectionResetError(), http.client.RemoteDisconnected("")]
-#: What each row of the Gmail outcome table names (by its first words), as the classifier is
-#: handed it; the 403 reasons a row names are added from the row.
-ROW_INPUTS: dict[str, list[Any]] = {
-    "no connection made": [
-        *(NotSentError("n", host="h", cause=c) for c in (TimeoutError(), ssl.SSLError())),
-        *(ConnectionRefusedError(), socket.gaierror(-2, "x"), ssl.SSLCertVerificationError()),
-    ],
-    "request sent": [*(ResponseLostError("l", host="h", cause=c) for c in DROPS), *DROPS],
-    "2xx with a message id": [(200, {}, b'{"id": "18c0ffee"}'), (202, {}, b'{"id": "x1"}')],
-    "2xx without a readable id": [(200, {}, b"{}"), (200, {}, b"not json")],
-    "5xx": [(500, {}, b""), (502, {}, b""), (503, {}, b"")],
-    "429": [(429, {"Retry-After": "7"}, b"")],
-    "400 and other 4xx": [gerr(400, "invalidArgument"), gerr(403, "forbidden"), (404, {}, b"")],
-}
-
-
 def test_the_outcome_tables_are_the_classification_and_the_providers() -> None:
     table = keyed(section("how-it-works.md", "Outcome classification of a Gmail send"))
     rows = {re.split(r" \(|[;,]", what)[0]: (what, cells[0]) for what, cells in table.items()}
@@ -96,8 +95,7 @@ def test_the_outcome_tables_are_the_classification_and_the_providers() -> None:
             assert {name: getattr(outcome, name) for name in said} == said, (what, given)
     # providers.md's outcomes are the classifiers' (test_smtp_classify.py): its stages, read-back
     kinds = keyed(section("providers.md", "What each kind does"))
-    readable: list[type[Provider]]
-    readable = [gmail.GmailProvider, smtp_imap.SmtpImapProvider, graph.GraphProvider]
+    readable = (gmail.GmailProvider, smtp_imap.SmtpImapProvider, graph.GraphProvider)
     read_back = [not cell.startswith("none:") for cell in kinds["read-back of the Message-ID"]]
     assert read_back == [p.response_ids_readable for p in readable]
     stages = re.search(r"to ((?:[A-Z]+, )*[A-Z]+ or [A-Z]+);", kinds["not sent"][1])

@@ -20,7 +20,6 @@ from unittest import mock
 
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import BaseModel
 from tests.unit.docs_code import KINDS, SECTIONS, check_default
 from tests.unit.docs_code import rig as rig
 from tests.unit.docs_page import PAGES, REPO, block, flat, page, section
@@ -44,6 +43,10 @@ from policies.model import ChannelPolicy
 from testkit.credentials import write_service_account
 from testkit.relay import MODES
 
+#: The example's values that are a deployment's own, not the defaults: its store file, its
+#: daemon's name (the host name by default), the Gmail user it sends as (default "me").
+DEPLOYMENTS_OWN = {("store", "url"), ("daemon", "name"), ("gmail", "user")}
+
 
 def commands(text: str) -> list[list[str]]:
     """The argv of each `sendledger ...` of a text's shell blocks and code spans (after `sudo`
@@ -63,11 +66,6 @@ def commands(text: str) -> list[list[str]]:
     return found
 
 
-#: The example's values that are a deployment's own, not the defaults: its store file, its
-#: daemon's name (the host name by default), the Gmail user it sends as (default "me").
-DEPLOYMENTS_OWN = {("store", "url"), ("daemon", "name"), ("gmail", "user")}
-
-
 def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_code_s(
     tmp_path: Path,
 ) -> None:
@@ -76,9 +74,7 @@ def test_the_example_config_policy_store_urls_durations_and_message_id_are_the_c
     parts = re.split(header, page("config.example.toml"), flags=re.M)[1:]
     sections = {name or kind: text for name, kind, text in zip(*[iter(parts)] * 3, strict=True)}
     sections["http-api"] = block(section("http-api.md", "## Webhooks"), "toml")  # a hook's
-    models: list[tuple[str, type[BaseModel]]] = [*SECTIONS.items(), *KINDS.items()]
-    models.append(("http-api", WebhookSettings))
-    for prefix, model in models:
+    for prefix, model in (SECTIONS | KINDS | {"http-api": WebhookSettings}).items():
         # Every key; a value shown (set or commented out) where the model has one of its own
         # is that default, but for the few a deployment sets to its own on purpose.
         text = sections[prefix.split(".")[0]]
@@ -151,14 +147,13 @@ def test_the_webhook_examples_are_what_a_receiver_gets_and_the_snippet_takes_it_
 
 def test_every_command_shown_parses_and_init_writes_what_the_pages_say(tmp_path: Path) -> None:
     quick = block(section("README.md", "## Quick start"), "sh")
-    config = config_text("gmail", parse_mailbox("you@example.com"))
+    config = config_text("gmail", you := parse_mailbox("you@example.com"))
     marked = re.findall(r"^# EDIT.*\n(?:#.*\n)*([a-z_]+) =", config, re.M)
     assert marked and f"marked EDIT: {' and '.join(marked)}" in quick
     [credentials] = re.findall(r'credentials_file = "([^"]+)"', config)
     assert f"chmod 600 mail/{credentials}" in quick and f"status {FIRST_KEY} " in quick
     steps = section("operations.md", "## Running under systemd")
-    plan = planned_files("gmail", parse_mailbox("you@example.com"), installation(tmp_path))
-    written = {p.path for p in plan}
+    written = {p.path for p in planned_files("gmail", you, installation(tmp_path))}
     assert {"sendledger.toml", "api-tokens", "sendledger.service"} <= written
     assert credentials not in written
     assert f"install -m 600 {credentials} /var/lib/sendledger/" in steps

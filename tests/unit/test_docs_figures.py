@@ -208,22 +208,19 @@ http-api.md | ## Webhooks | type | [entry.type for entry in events.WEBHOOK_EVENT
 http-api.md | ## Webhooks | `rejected` reason | list(events.REJECTED_CODES)
 review.md | ## Review: check, resend, triage, cancel | Reason | REASONS
 """
+FIGURE_ROWS, LIST_ROWS, TABLE_ROWS = (
+    [pytest.param(*row.split(" | "), id=row[:60]) for row in t.strip().splitlines()]
+    for t in (FIGURES, LISTS, TABLES)
+)
 
 
 def number(text: object) -> object:
     """A figure as written or held, comparable (2,000 and 2000.0 are 2000); several: a tuple."""
     if isinstance(text, tuple):
         return tuple(map(number, text))
-    plain = str(text).replace(",", "")
-    if not re.fullmatch(r"\d+(\.\d+)?", plain):
+    if not re.fullmatch(r"\d+(\.\d+)?", plain := str(text).replace(",", "")):
         return plain
     return int(float(plain)) if float(plain).is_integer() else float(plain)
-
-
-FIGURE_ROWS, LIST_ROWS, TABLE_ROWS = (
-    [pytest.param(*row.split(" | "), id=row[:60]) for row in t.strip().splitlines()]
-    for t in (FIGURES, LISTS, TABLES)
-)
 
 
 def found(name: str, words: str) -> list[str | tuple[str, ...]]:

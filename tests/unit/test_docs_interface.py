@@ -39,6 +39,8 @@ from ledger.application import SubmitResult
 from ledger.exceptions import Refusal
 from sendledger import client as client_module
 
+OPENED = OpenCircuit("fake", datetime(2026, 1, 1, tzinfo=UTC), 3, datetime.now(UTC), False)
+
 
 def documented() -> dict[tuple[str, ...], list[str]]:
     """Each command path of the list with its entry's lines (a command listed in two forms
@@ -152,9 +154,6 @@ def names(text: str) -> list[str]:
     return re.findall(r'"(\w+)"', text)
 
 
-OPENED = OpenCircuit("fake", datetime(2026, 1, 1, tzinfo=UTC), 3, datetime.now(UTC), False)
-
-
 def test_the_route_table_is_the_openapi_document(rig: EngineRig, document: dict[str, Any]) -> None:
     rows = {r: c[0] for r, c in keyed(section("http-api.md", "## HTTP API"), "route").items()}
     served, fields = document["routes"], document["fields"]
@@ -221,16 +220,12 @@ def test_the_client_s_calls_and_errors_are_the_client_s_and_the_example_binds() 
 
 def registry(metrics: Metrics) -> dict[str, tuple[str | None, tuple[str, ...]]]:
     """name as exposed (counters with `_total`) -> (kind, label names)."""
-    found: dict[str, tuple[str | None, tuple[str, ...]]] = {}
-    for wrapper in vars(metrics).values():
-        if isinstance(wrapper, MetricWrapperBase):
-            name = wrapper._name + ("_total" if wrapper._type == "counter" else "")
-            found[name] = (wrapper._type, tuple(wrapper._labelnames))
+    wrappers = [w for w in vars(metrics).values() if isinstance(w, MetricWrapperBase)]
     read_at_scrape = (_StoreGauges(metrics.sources), RecordedByPeople(metrics.sources.ledger))
-    for family in (f for collector in read_at_scrape for f in collector.collect()):
-        name = family.name + ("_total" if family.type == "counter" else "")
-        found[name] = (family.type, tuple(getattr(family, "_labelnames", ())))
-    return found
+    families = [family for collector in read_at_scrape for family in collector.collect()]
+    made = [(w._name, w._type, w._labelnames) for w in wrappers]
+    made += [(f.name, f.type, getattr(f, "_labelnames", ())) for f in families]
+    return {n + ("_total" if t == "counter" else ""): (t, tuple(ls)) for n, t, ls in made}
 
 
 def test_the_metric_table_is_the_registry_and_the_alerts_use_it(rig: EngineRig) -> None:

@@ -17,6 +17,19 @@ from daemon.config.settings import Settings
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 TEXTS = [*PAGES, *(p for d in ("src", "tests", "bench") for p in sorted((REPO / d).rglob("*.py")))]
 CITATION = re.compile(r"docs/([a-z-]+)\.md`{0,2},? \(?\"([^\"]+)\"", re.M)
+ROW = re.compile(r"^\| \[(?P<section>.+?)\]\(#[^)]*\) \| (?P<items>.*) \|$")
+#: Dotted module name -> file and its syntax tree, for every module under src/.
+MODULES = {
+    ".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__"): p
+    for p in SRC.rglob("*.py")
+}
+TREES = {m: ast.parse(path.read_text(encoding="utf-8")) for m, path in MODULES.items()}
+CLASSES = [n for tree in TREES.values() for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+#: Dotted names like ours that are not: Gmail calls and scopes, Graph permissions, IMAP; files.
+NOT_CODE = {f"drafts.{c}" for c in ("create", "get", "list", "send", "delete", "error")}
+NOT_CODE |= {"messages.get", "messages.send", "gmail.compose", "gmail.metadata", "Mail.Send"}
+NOT_CODE |= {"Mail.ReadWrite", "gmail.readonly", "gmail.modify", "RFC822.SIZE", "job.bounced"}
+FILE_SUFFIX = re.compile(r"\.(toml|service|sqlite|log|json|md|yml)$")
 
 
 def read(path: Path) -> str:
@@ -57,9 +70,6 @@ def test_every_link_reaches_a_file_and_a_heading_and_the_pages_link_to_each_othe
     assert back == []
 
 
-ROW = re.compile(r"^\| \[(?P<section>.+?)\]\(#[^)]*\) \| (?P<items>.*) \|$")
-
-
 def problem_with(item: str) -> str | None:
     """What is wrong with an item of "What checks this page": a path, `make T`, `sendledger C`."""
     if re.match(r"(tests|bench)/\S+\.py", item):
@@ -98,15 +108,6 @@ def test_every_section_names_what_checks_it(path: Path) -> None:
     assert out == []
 
 
-#: Dotted module name -> file and its syntax tree, for every module under src/.
-MODULES = {
-    ".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__"): p
-    for p in SRC.rglob("*.py")
-}
-TREES = {m: ast.parse(path.read_text(encoding="utf-8")) for m, path in MODULES.items()}
-CLASSES = [n for tree in TREES.values() for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
-
-
 def members(body: list[ast.stmt], dotted: str = "", *, attributes: bool = False) -> set[str]:
     """The names a module's body (or its class `dotted`) defines; `attributes`: `self.x` too."""
     for part in filter(None, dotted.split(".")):
@@ -124,13 +125,6 @@ def members(body: list[ast.stmt], dotted: str = "", *, attributes: bool = False)
         elif isinstance(node, ast.Import | ast.ImportFrom):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     return names
-
-
-#: Dotted names like ours that are not: Gmail calls and scopes, Graph permissions, IMAP; files.
-NOT_CODE = {f"drafts.{c}" for c in ("create", "get", "list", "send", "delete", "error")}
-NOT_CODE |= {"messages.get", "messages.send", "gmail.compose", "gmail.metadata", "Mail.Send"}
-NOT_CODE |= {"Mail.ReadWrite", "gmail.readonly", "gmail.modify", "RFC822.SIZE", "job.bounced"}
-FILE_SUFFIX = re.compile(r"\.(toml|service|sqlite|log|json|md|yml)$")
 
 
 def problem(span: str, *, ours_only: bool = False) -> str | None:

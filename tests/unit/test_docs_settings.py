@@ -27,15 +27,18 @@ RANGE = re.compile(r"(?:whole seconds, )?(above )?([^\s,]+(?: byte)?),? (?:to|at
 #: What a field's range needs of another field: its low (0) or high (1) end, or (2) 7d.
 OTHER = {"retry_backoff": ("retry_backoff_max", 1), "retry_backoff_max": ("retry_backoff", 0)}
 OTHER["history_after"] = ("search_after", 2)  # history_after is shorter than it
+#: The other pages' key tables: page, title, header's first cell ("": the first), model, prefix.
+PROVIDERS = zip(("Gmail keys", "SMTP + IMAP setup", "Graph keys"), KINDS.values(), strict=True)
+KEY_TABLES = [("providers.md", title, "", model, "") for title, model in PROVIDERS]
+KEY_TABLES += [("http-api.md", "## HTTP API", "key", cfg.ApiSettings, "api.")]
+KEY_TABLES += [("policies.md", "Fields, defaults and bounds", "field", ChannelPolicy, "")]
 
 
 def amount(text: str) -> float:
     """A bound as a page writes it: a count, a size or a duration."""
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
     if text == "1 byte" or re.fullmatch(r"\d+[KMG]i?B", text):
         return parse_size(text.replace(" byte", ""))
-    return parse_duration(text)
+    return float(text) if re.fullmatch(r"\d+(\.\d+)?", text) else parse_duration(text)
 
 
 def number_types(annotation: Any) -> set[Any]:
@@ -128,18 +131,9 @@ def test_the_configuration_page_s_settings_index_and_variables_are_the_code_s() 
         assert any(v.startswith(name.rstrip("*")) for v in LIBRARY_VARIABLES), name
 
 
-@pytest.mark.parametrize(
-    ("name", "title", "first", "model", "prefix"),
-    [
-        ("providers.md", "Gmail keys", None, KINDS["gmail"], ""),
-        ("providers.md", "SMTP + IMAP setup", None, KINDS["smtp-imap"], ""),
-        ("providers.md", "Graph keys", None, KINDS["graph"], ""),
-        ("http-api.md", "## HTTP API", "key", cfg.ApiSettings, "api."),
-        ("policies.md", "Fields, defaults and bounds", "field", ChannelPolicy, ""),
-    ],
-)
+@pytest.mark.parametrize(("name", "title", "first", "model", "prefix"), KEY_TABLES)
 def test_each_key_table_is_its_model_s(
-    name: str, title: str, first: str | None, model: type[BaseModel], prefix: str
+    name: str, title: str, first: str, model: type[BaseModel], prefix: str
 ) -> None:
     """Every field a row (the policy's in order, by alias), its default and range; choices."""
     where, policy = f"{name} {title!r}", model is ChannelPolicy
