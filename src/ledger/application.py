@@ -42,6 +42,7 @@ from ledger.redaction import ENCRYPTED, quoted_texts, redact_events, scrub_text,
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.causes import StoreUnavailable, access_denied, read_only, store_problem
 from ledger.stores.cipher import cipher_env
+from ledger.stores.format_rows import FormatRow
 from ledger.stores.index import (
     INDEX_CLOCK_KWARG,
     INDEX_CONNECT_KWARG,
@@ -230,6 +231,10 @@ class Ledger(Application[UUID]):
         spec = parse_store_url(store, base_dir=base_dir) if isinstance(store, str) else store
         self.store = spec
         self.clock = clock
+        #: The event format row this process declared as a server at its open
+        #: (`ledger.event_format.check_event_format`): its stop removes that row, and not
+        #: one another server wrote later under the same name.
+        self.format_declaration: FormatRow | None = None
         self._backend: StoreBackend = backend_for(spec)
         env = dict(self._backend.env)
         env.update(cipher_env(encryption_keys))

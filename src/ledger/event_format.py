@@ -157,6 +157,7 @@ def check_event_format(
         # Before reading the others: a server that starts beside this one sees it.
         declared = FormatRow(own, release.reads, now)
         _tried_twice(lambda: rows.declare(declared))
+        ledger.format_declaration = declared
         found = rows.rows()
     stored = _stored(found)
     if stored >= release.writes:

@@ -29,7 +29,7 @@ from ledger.job import SendJob
 from ledger.stores.format_rows import format_rows_for
 from ledger.stores.index import IndexRow
 from ledger.stores.keycheck import COPY_FINISHED, COPY_STARTED, UnfinishedCopy
-from ledger.stores.loaded_policies import DAEMON, LoadedPolicies
+from ledger.stores.loaded_policies import API, DAEMON, LoadedPolicies
 from ledger.stores.memory import discard_memory_store
 from ledger.stores.url import MemoryStore, SqliteStore, StoreUrlError
 from ledger.vocabulary import EscalationReason, PolicyRef
@@ -243,6 +243,29 @@ def test_a_server_s_stop_removes_its_declaration_and_the_copy_runs_at_once(
         announcer.stop()
         assert "daemon host-b" not in format_rows_for(source.recorder).rows()
         assert copy_store(source, MemoryStore(target_name)).finished
+
+
+def test_a_server_s_stop_leaves_the_declaration_another_server_made_under_its_name(
+    stores: tuple[str, str],
+) -> None:
+    """Two servers under one name: `sendledger api` on two hosts (it holds no name's
+    lock), or a daemon whose name another process took. The later start's declaration
+    replaces the first's row; the first server's stop removed the row by its holder, the
+    other's, and a copy begun then saw no server starting beside it (a fork). A stop
+    removes only the declaration its own start made."""
+    source_name, target_name = stores
+    with (
+        Ledger(f"memory://{source_name}", clock=at) as first,
+        Ledger(f"memory://{source_name}", clock=at) as second,
+    ):
+        fill(first, ["requested"])
+        check_event_format(first, server=(API, "host-b"))
+        announcer = announce_policies(first, "host-b", PolicyHolder(PolicySet), API)
+        check_event_format(second, server=(API, "host-b"), clock=lambda: time.time() + 1)
+        announcer.stop()
+        assert "api host-b" in format_rows_for(first.recorder).rows()
+        with pytest.raises(CopyRefused, match=r"in use by api host-b \(started at "):
+            copy_store(first, MemoryStore(target_name))
 
 
 def test_a_command_writing_to_the_source_after_the_walk_leaves_the_copy_unfinished(

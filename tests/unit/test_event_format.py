@@ -210,12 +210,18 @@ def test_an_older_server_starting_while_a_newer_one_raises_the_format_stops_one_
 
 def test_a_stop_withdraws_its_server_s_declaration_and_nothing_else(ledger: Ledger) -> None:
     rows = format_rows_for(ledger.recorder)
-    rows.withdraw("daemon a")  # a store of an earlier release: nothing created
+    declared = FormatRow("daemon a", NEW.reads, T0)
+    rows.withdraw(declared)  # a store of an earlier release: nothing created
     assert rows.rows() == {}
     check_event_format(ledger, release=NEW, server=(DAEMON, "a"), clock=lambda: T0)
+    assert ledger.format_declaration == declared
     check_event_format(ledger, release=NEW, server=(API, "a"), clock=lambda: T0)
-    rows.withdraw("daemon a")
+    rows.withdraw(declared)
     assert sorted(rows.rows()) == ["api a", STORE_HOLDER]
+    # A declaration written since under the holder is another server's: it stays.
+    check_event_format(ledger, release=NEW, server=(DAEMON, "a"), clock=lambda: T0 + 0.1)
+    rows.withdraw(declared)
+    assert rows.rows()["daemon a"].at == T0 + 0.1
 
 
 def test_the_store_s_format_only_rises(ledger: Ledger) -> None:

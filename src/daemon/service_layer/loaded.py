@@ -218,17 +218,25 @@ def announce_policies(
     """This server's loaded-policy row, written now, at each reload and as a heartbeat,
     for `submit` to judge by (`daemon/service_layer/loaded.py`); `on_beat` is called on
     the heartbeat's thread after each write but the first. Its stop removes the row and
-    the event format this server declared at its start (`ledger.event_format`): a fresh
-    declaration counts as a server starting (`admin copy-store` is refused beside one),
-    and a stopped one starts nothing."""
-    declared = server_holder(kind, name)
+    the event format this server declared at its start (`ledger.event_format`), unless
+    another server of its name declared since: a fresh declaration counts as a server
+    starting (`admin copy-store` is refused beside one), and a stopped one starts
+    nothing."""
+    declared = ledger.format_declaration
+
+    def withdraw() -> None:
+        # Only the row this server's open wrote: one of its name written since is another
+        # server's (a second host's `sendledger api`, the process that took its name).
+        if declared is not None and declared.holder == server_holder(kind, name):
+            format_rows_for(ledger.recorder).withdraw(declared)
+
     announcer = PolicyAnnouncer(
         ledger.loaded_policies(),
         name or socket.gethostname(),
         kind,
         lambda: holder.current,
         on_beat=on_beat,
-        on_stop=lambda: format_rows_for(ledger.recorder).withdraw(declared),
+        on_stop=withdraw,
     )
     holder.listeners.append(announcer.reloaded)
     announcer.start()

@@ -5,7 +5,8 @@ small table beside the events (docs/operations.md "Upgrading").
   it; `daemon NAME` or `api NAME`: the newest format the release of that server reads,
   written at its start), `format` (an integer, `ledger.event_format.EVENT_FORMAT`) and
   `at` (epoch seconds of the write, by the store's clock where it has one). A server's
-  row is removed when it stops (`withdraw`): a fresh one is a server starting or running.
+  row is removed when it stops (`withdraw`), unless another server of its name has written
+  its own since: a fresh one is a server starting or running.
 
 The `store` row only ever rises (`raise_to`): two releases raising at once leave the
 higher. The table is created by the first write, so a store that no release of the
@@ -62,8 +63,9 @@ class FormatRows(Protocol):
         """The store's row set to `format` unless it holds a higher one already."""
         ...
 
-    def withdraw(self, holder: str) -> None:
-        """Remove the row of `holder` (a server that stops), if there is one."""
+    def withdraw(self, row: FormatRow) -> None:
+        """Remove the declaration `row` (a server that stops) if it is still there: not
+        one written since under the same holder (another server of that name)."""
         ...
 
 
@@ -95,9 +97,10 @@ class MemoryFormatRows:
             if kept is None or kept.format < format:
                 self._rows[STORE_HOLDER] = FormatRow(STORE_HOLDER, format, at)
 
-    def withdraw(self, holder: str) -> None:
+    def withdraw(self, row: FormatRow) -> None:
         with _memory_lock:
-            self._rows.pop(holder, None)
+            if self._rows.get(row.holder) == row:
+                del self._rows[row.holder]
 
 
 class SqliteFormatRows:
@@ -152,11 +155,14 @@ class SqliteFormatRows:
     def _bound_waits(self, cursor: Any) -> None:
         pass  # SQLite's wait is the busy handler's, for another process's write
 
-    def withdraw(self, holder: str) -> None:
+    def withdraw(self, row: FormatRow) -> None:
         with self._transaction(commit=True) as cursor:
             if self._exists(cursor):  # a store of an earlier release: nothing to remove
                 self._bound_waits(cursor)
-                cursor.execute(self._sql("DELETE FROM {t} WHERE holder = {p}"), [holder])
+                cursor.execute(
+                    self._sql("DELETE FROM {t} WHERE holder = {p} AND format = {p} AND at = {p}"),
+                    [row.holder, row.format, row.at],
+                )
 
 
 class PostgresFormatRows(SqliteFormatRows):
