@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +34,8 @@ from tests.e2e.daemon_kit import (
 from daemon.config.settings import load_settings
 from ledger.application import Ledger
 from ledger.content import parse_job
+from ledger.event_format import EVENT_FORMAT
+from ledger.stores.format_rows import format_rows_for
 from ledger.vocabulary import Sender
 from policies.loader import load_policy_dir
 from testkit.credentials import write_service_account
@@ -243,3 +247,63 @@ def _explain(kind: str, wrong: list[Trial], report: dict[str, Any]) -> str:
         f"{len(wrong)} {kind} trials wrong ({report}): first exit {first.code} after "
         f"{first.took:.2f}s, state {first.state}\n{first.log[-3000:]}"
     )
+
+
+def test_a_daemon_stopping_on_a_newer_event_format_does_not_wait_past_its_stop_timeout(
+    tmp_path: Path,
+) -> None:
+    """A daemon that finds the store's format raised under it stops by itself, exit 2 and
+    the start's line. With a search longer than `daemon.stop_timeout` in flight its stop
+    is abandoned as a signal's is, and ends at once: before, the process ended only when
+    the search did (the provider's 20 s timeout: the interpreter's exit waits for the
+    check workers), where a signal's stop ended at once."""
+    emulator = GmailEmulator(lag=0.1).start()
+    folder, sender = _template(tmp_path / "template", emulator)
+    key = _submit(folder, sender)
+    # The send's answer lost (Unknown), then its search hangs past the stop's wait.
+    plan = FaultPlan(send="drop-response", search="hang", history="hang")
+    relay = FaultRelay(emulator.url, plan=plan, hang_seconds=21).start()
+    try:
+        _config(folder, relay.url, emulator.token_uri, timeout=20, stop=1)
+        log = folder / "daemon.log"
+        argv = ["--config", str(folder / "sendledger.toml"), "run"]
+        # The command as systemd runs it, not from the fork server (whose child ends with
+        # os._exit): the interpreter's own exit is what waited.
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "daemon", *argv], cwd=folder, env=_env(),
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        pid = process.pid
+        deadline = time.monotonic() + 30
+        while not relay.forwarded("search") + relay.forwarded("history"):
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.01)
+        with Ledger(f"sqlite:///{folder / 'ledger.sqlite'}") as ledger:
+            # A newer release's raise, as under a daemon whose heartbeat lapsed.
+            format_rows_for(ledger.recorder).raise_to(EVENT_FORMAT + 1, time.time())
+        os.kill(pid, signal.SIGHUP)  # the reload wakes the heartbeat, which reads the format
+        while "stopping: this store holds" not in log.read_text(encoding="utf-8"):
+            assert time.monotonic() < deadline, log.read_text(encoding="utf-8")
+            time.sleep(0.01)
+        stopping = time.monotonic()
+        try:
+            code = process.wait(timeout=40)
+        finally:
+            process.kill()
+            process.wait()
+        at = time.monotonic()
+    finally:
+        relay.stop()
+        emulator.stop()
+    text = log.read_text(encoding="utf-8")
+    assert code == 2, text
+    assert at - stopping <= 1.0 + MARGIN, (at - stopping, text)
+    assert "stopped at once (still waiting after 1s)" in text
+    assert text.rstrip().endswith(
+        f"this store holds events of format {EVENT_FORMAT + 1}, this release reads up to "
+        f"{EVENT_FORMAT}: upgrade sendledger on this host"
+    ), text
+    with Ledger(f"sqlite:///{folder / 'ledger.sqlite'}") as ledger:
+        row = ledger.row(key)
+    assert row is not None and row.state == "unknown"  # searched again at the next start

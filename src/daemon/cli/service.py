@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 from daemon.cli import output
 from daemon.cli.job_commands import served, served_from_store
 from daemon.cli.parsers import add_command, login_name
-from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK, bad_input
+from daemon.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, bad_input, exit_code_for
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.service_layer.read_models import channel_unknown, job_status
 from daemon.service_layer.services import resolve_as_a_person
 from ledger.copies import copies_found
 from ledger.display import command_line, printable
+from ledger.exceptions import SendledgerError
 from ledger.vocabulary import EscalationReason, Resolution
 
 if TYPE_CHECKING:
@@ -172,7 +173,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         daemon.install_signal_handlers()
         if HANGUPS:  # read after its own handlers are in: none falls between
             daemon.request_reload()
-        code = daemon.serve()
+        try:
+            code = daemon.serve()
+        except SendledgerError as exc:
+            # The daemon stopped by itself (its name taken, a newer event format): after
+            # a stop that did not wait, its line and exit code, then out at once as below.
+            if not daemon.abandoned:
+                raise
+            output.error(str(exc))
+            code = exit_code_for(exc) or EXIT_FAILURE
         if daemon.abandoned:
             # Calls still in flight hold worker threads that would keep the interpreter
             # from exiting: their claims are durable, so end here, as a crash would.
