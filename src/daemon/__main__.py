@@ -1,5 +1,5 @@
 """`python -m daemon`: the sendledger command line."""
 
-from daemon.cli import main
+from daemon.console import main
 
 raise SystemExit(main())

@@ -86,6 +86,33 @@ def test_a_ctrl_c_while_the_commands_modules_load_exits_130(
     assert capsys.readouterr().err == ""
 
 
+def test_a_ctrl_c_while_the_command_line_itself_loads_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console script imported `daemon.cli` (some 40 ms) before `main` could catch
+    anything: a SIGINT then printed the import's traceback and ended the process by it."""
+    import importlib.abc
+    import sys
+    import tomllib
+
+    from daemon import console
+    from daemon.exit_codes import EXIT_INTERRUPTED
+
+    class Interrupted(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, *_: object) -> None:
+            if name == "daemon.cli":
+                raise KeyboardInterrupt  # as a SIGINT in the first tens of milliseconds
+            return None
+
+    monkeypatch.delitem(sys.modules, "daemon.cli")
+    monkeypatch.setattr(sys, "meta_path", [Interrupted(), *sys.meta_path])
+    assert console.main() == console.INTERRUPTED == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == ""
+    root = Path(__file__).resolve().parents[2]
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["project"]["scripts"] == {"sendledger": "daemon.console:main"}
+
+
 def test_the_net_under_every_line_escapes_all_but_line_breaks_and_tabs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
