@@ -153,6 +153,10 @@ def check_event_format(
     now = clock() if clock is not None else ledger.loaded_policies().now()
     now = time.time() if now is None else now
     own = server_holder(*server) if server is not None else None
+    # The row of this server's name before its own declaration replaces it: a live server
+    # of that name is another process (the name's lock refuses this one only after the
+    # open), and reads what it declared.
+    replaced = found.get(own or "")
     if own is not None:
         # Before reading the others: a server that starts beside this one sees it.
         declared = FormatRow(own, release.reads, now)
@@ -163,13 +167,24 @@ def check_event_format(
     if stored >= release.writes:
         judge_format(stored, release, {}, writing=True)  # a newer one written meanwhile
         return stored
-    if judge_format(stored, release, _live_readers(ledger, found, now, own), writing=True):
-        _tried_twice(lambda: rows.raise_to(release.writes, now))
-        # An older server reads only the store's format: one that declared after the read
-        # above may have read before the raise and gone on. Its declaration is in by then:
-        # read again, this one refuses (the older one is refused at its next start).
-        judge_format(stored, release, _live_readers(ledger, rows.rows(), now, own), writing=True)
-        return max(stored, release.writes)
+    try:
+        if judge_format(
+            stored, release, _live_readers(ledger, found, now, own, replaced), writing=True
+        ):
+            _tried_twice(lambda: rows.raise_to(release.writes, now))
+            # An older server reads only the store's format: one that declared after the
+            # read above may have read before the raise and gone on. Its declaration is in
+            # by then: read again, this one refuses (the older one is refused at its next
+            # start).
+            again = _live_readers(ledger, rows.rows(), now, own, replaced)
+            judge_format(stored, release, again, writing=True)
+            return max(stored, release.writes)
+    except OlderReleaseLive:
+        if replaced is not None:
+            # Refused: the live server of this name keeps the declaration it made.
+            _tried_twice(lambda: rows.declare(replaced))
+            ledger.format_declaration = None
+        raise
     return stored
 
 
@@ -178,20 +193,25 @@ def _stored(found: Mapping[str, FormatRow]) -> int:
 
 
 def _live_readers(
-    ledger: Ledger, found: Mapping[str, FormatRow], now: float, own: str | None
+    ledger: Ledger,
+    found: Mapping[str, FormatRow],
+    now: float,
+    own: str | None,
+    replaced: FormatRow | None,
 ) -> dict[str, int]:
-    """The format each live server other than `own` reads: those with a live
+    """The format each live server other than this one (`own`) reads: those with a live
     loaded-policies row (FIRST_FORMAT when it declared none), and those that declared
-    within STARTING_SECONDS."""
+    within STARTING_SECONDS. A live row of `own`'s name is another process's (a daemon's
+    is live only while a process holds its name; this one holds it after its open): it
+    reads what it declared before this one's declaration replaced it (`replaced`)."""
     live: dict[str, int] = {}
     for server in ledger.loaded_policies().live(now):
         holder = server_holder(server.kind, server.name)
-        declared = found.get(holder)
+        declared = replaced if holder == own else found.get(holder)
         live[holder] = declared.format if declared is not None else FIRST_FORMAT
     for holder, row in found.items():
-        if holder != STORE_HOLDER and row.at > now - STARTING_SECONDS:
+        if holder not in (STORE_HOLDER, own) and row.at > now - STARTING_SECONDS:
             live[holder] = row.format
-    live.pop(own or "", None)
     return live
 
 

@@ -168,7 +168,9 @@ def test_servers_of_the_newer_release_and_the_opener_s_own_rows_do_not_hold_it_b
     ledger: Ledger,
 ) -> None:
     clock = lambda: T0  # noqa: E731
-    live_row(ledger, "c")  # this daemon's own row, left by a kill -9 a moment ago
+    # This daemon's own row, left by a kill -9 a moment ago: its name went with the process
+    # (a row whose name a process holds is that process's: another server of this name).
+    ledger.loaded_policies().write(LoadedPolicies("c", DAEMON, T0, T0 + LIVE_SECONDS, {}))
     live_row(ledger, "d")  # upgraded already: declared format 2 at its start
     format_rows_for(ledger.recorder).declare(FormatRow("daemon d", 2, T0))
     assert check_event_format(ledger, release=NEW, server=(DAEMON, "c"), clock=clock) == 2
@@ -222,6 +224,27 @@ def test_a_stop_withdraws_its_server_s_declaration_and_nothing_else(ledger: Ledg
     check_event_format(ledger, release=NEW, server=(DAEMON, "a"), clock=lambda: T0 + 0.1)
     rows.withdraw(declared)
     assert rows.rows()["daemon a"].at == T0 + 0.1
+
+
+def test_a_newer_release_started_under_a_live_older_server_s_name_raises_nothing(
+    ledger: Ledger,
+) -> None:
+    """An upgraded host started while the old daemon of its name still runs (the name's
+    lock refuses it, but only after the open). Its open took the live server of its name
+    for its own earlier rows, and raised the format before the refusal: the running
+    daemon stopped at its next heartbeat and its restarts were refused, neither sending.
+    And the refused start's declaration replaced the live one's, so a third server counted
+    the old daemon as reading the newer format. Now: refused, nothing raised, the live
+    server's declaration put back."""
+    check_event_format(ledger, release=OLD, server=(DAEMON, "a"), clock=lambda: T0)
+    kept = format_rows_for(ledger.recorder).rows()["daemon a"]
+    live_row(ledger, "a")
+    with pytest.raises(OlderReleaseLive, match=r"live on it: daemon a \(reads up to format 1\)"):
+        check_event_format(ledger, release=NEW, server=(DAEMON, "a"), clock=lambda: T0 + 1)
+    assert stored(ledger) is None  # never raised (a store without the record: format 1)
+    assert format_rows_for(ledger.recorder).rows()["daemon a"] == kept
+    with pytest.raises(OlderReleaseLive, match=r"live on it: daemon a \(reads up to format 1\)"):
+        check_event_format(ledger, release=NEW, server=(DAEMON, "b"), clock=lambda: T0 + 2)
 
 
 def test_the_store_s_format_only_rises(ledger: Ledger) -> None:
