@@ -33,7 +33,7 @@ from daemon.config.tick_bound import tick_limit
 from daemon.engine.leases import lock_wait
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
-from daemon.service_layer.loaded import PolicyAnnouncer, announce_policies
+from daemon.service_layer.loaded import PolicyAnnouncer, announce_policies, format_watch
 from daemon.service_layer.retention import RetentionJob
 from daemon.systemd import Notifier, timeout_stop_sec, watchdog_interval
 from daemon.wakeup import DONE, REQUESTED, WakeUp
@@ -44,7 +44,7 @@ from daemon.webhooks.delivery_threads import (
     start_webhooks,
 )
 from daemon.webhooks.worker import Hook
-from ledger.event_format import StoreFormatNewer, check_event_format
+from ledger.event_format import StoreFormatNewer
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.loaded_policies import DAEMON
 
@@ -144,23 +144,14 @@ class Daemon:
             self.request_stop()
             raise
 
-    def _check_event_format(self) -> None:
-        """At each heartbeat (the loaded-policies row's thread, every 20 s): the store's
-        event format read again, one row. A newer release raises it once no older server
-        is live, and an older daemon whose heartbeat lapsed (a long pause, a stopped VM)
-        counted as gone: finding a format newer than it reads, it takes no new work and
-        stops as its start would have refused (StoreFormatNewer, exit 2), its calls in
-        flight finished and recorded (docs/operations.md "Upgrading")."""
-        try:
-            check_event_format(self.service.ledger, writing=False)
-        except StoreFormatNewer as exc:
-            if self._format_newer is None:
-                self._format_newer = exc
-                log.error("stopping: %s", exc)
-                self.request_stop()
-        except Exception as exc:
-            # A store that cannot be read now: the heartbeat's write says so; next beat.
-            log.debug("event format not read at the heartbeat: %s", exc)
+    def _format_raised(self, exc: StoreFormatNewer) -> None:
+        """The heartbeat found the store's event format newer than this release reads
+        (`format_watch`, every 20 s): no new work, and a stop as its start would have
+        refused (exit 2), its calls in flight finished and recorded (docs/operations.md
+        "Upgrading")."""
+        self._format_newer = exc
+        log.error("stopping: %s", exc)
+        self.request_stop()
 
     def _on_job_event(self, event: JobExecutionEvent) -> None:
         if event.exception is None:
@@ -214,7 +205,7 @@ class Daemon:
             self.engine.daemon_name,
             self.engine.policies,
             DAEMON,
-            on_beat=self._check_event_format,
+            on_beat=format_watch(self.service.ledger, self._format_raised),
         )
         self.engine.start_lease_renewer()
         self._webhooks = start_webhooks(

@@ -111,14 +111,18 @@ class ApiServer:
             self._socket.close()
 
     def run(
-        self, on_hangup: Callable[[], object] | None = None, hangups: Sequence[int] = ()
+        self,
+        on_hangup: Callable[[], object] | None = None,
+        hangups: Sequence[int] = (),
+        stop_when: Callable[[], bool] = lambda: False,
     ) -> int:
         """In the foreground until SIGTERM or SIGINT; then finish, as `run` does: the exit
         code 130 after SIGINT, 0 after SIGTERM (uvicorn's own handlers would re-raise the
         signal after shutting down). SIGHUP calls `on_hangup` (`sendledger api` reloads
         its policies, as the daemon does), from this thread; so does one of `hangups`
         (those of the start-up), read once these handlers are in. The handlers only write
-        to a pipe (`daemon/wakeup.py`)."""
+        to a pipe (`daemon/wakeup.py`). `stop_when`, asked every half second: a stop the
+        caller asks for (`sendledger api` on a newer event format), as SIGTERM's."""
         wake = WakeUp()
         signals = [signal.SIGTERM, signal.SIGINT]
         if on_hangup is not None:
@@ -130,7 +134,7 @@ class ApiServer:
         self.start()
         while True:
             posted = wake.wait(0.5)
-            if signal.SIGTERM in posted or signal.SIGINT in posted:
+            if signal.SIGTERM in posted or signal.SIGINT in posted or stop_when():
                 break
             if on_hangup is not None and signal.SIGHUP in posted:
                 on_hangup()

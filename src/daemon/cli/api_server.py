@@ -45,7 +45,8 @@ def cmd_api(args: argparse.Namespace) -> int:
     warn_exposed_secrets(settings)
     policies = PolicyHolder(lambda: load_policies(settings))  # exit 2 on a broken folder
     from daemon.api.build import api_context, bound_server, load_tokens
-    from daemon.service_layer.loaded import announce_policies
+    from daemon.service_layer.loaded import announce_policies, format_watch
+    from ledger.event_format import StoreFormatNewer
     from ledger.stores.loaded_policies import API
 
     load_tokens(settings)  # a bad token file is refused before the store is created
@@ -59,11 +60,26 @@ def cmd_api(args: argparse.Namespace) -> int:
         log.info("sendledger api on http://%s (intake and review only)", settings.api.listen)
         # Its loaded set in the store, beside the daemons' (an operator's view; intake
         # judges by the daemons' rows, since they are what sends).
-        announcer = announce_policies(ledger, settings.daemon.name, policies, API)
+        # Its heartbeat reads the store's event format again, as the daemon's does: on a
+        # newer one it stops, exit 2 and the start's line (docs/operations.md "Upgrading").
+        newer: list[StoreFormatNewer] = []
+
+        def raised(exc: StoreFormatNewer) -> None:
+            log.error("stopping: %s", exc)
+            newer.append(exc)
+
+        announcer = announce_policies(
+            ledger, settings.daemon.name, policies, API, on_beat=format_watch(ledger, raised)
+        )
         try:
             # SIGHUP reloads the policies intake judges by, as in the daemon: without it
             # the signal's default action ended the process, and a changed folder was
             # never read.
-            return server.run(on_hangup=policies.reload, hangups=HANGUPS)
+            code = server.run(
+                on_hangup=policies.reload, hangups=HANGUPS, stop_when=lambda: bool(newer)
+            )
         finally:
             announcer.stop()
+        if newer:
+            raise newer[0]
+        return code

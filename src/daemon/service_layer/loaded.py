@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from daemon.service_layer.problems import FieldProblem
 from ledger.display import iso
+from ledger.event_format import StoreFormatNewer, check_event_format
 from ledger.stores.format_rows import format_rows_for, server_holder
 from ledger.stores.loaded_policies import DAEMON, LoadedPolicies, LoadedPolicyStore
 
@@ -208,6 +209,28 @@ def judge_by_loaded(
     return problems, list(warnings.values())
 
 
+def format_watch(ledger: Ledger, newer: Callable[[StoreFormatNewer], None]) -> Callable[[], None]:
+    """A server's heartbeat's read of the store's event format (`on_beat`), one row. A newer
+    release raises it once no older server is live, and an older server whose heartbeat
+    lapsed (a long pause, a stopped VM) counted as gone: `newer` is called, once, on the
+    first format newer than this release reads, for the server to stop as its start would
+    have refused (StoreFormatNewer, exit 2; docs/operations.md "Upgrading")."""
+    found: list[StoreFormatNewer] = []
+
+    def beat() -> None:
+        try:
+            check_event_format(ledger, writing=False)
+        except StoreFormatNewer as exc:
+            if not found:
+                found.append(exc)
+                newer(exc)
+        except Exception as exc:
+            # A store that cannot be read now: the heartbeat's write says so; next beat.
+            log.debug("event format not read at the heartbeat: %s", exc)
+
+    return beat
+
+
 def announce_policies(
     ledger: Ledger,
     name: str,
@@ -247,6 +270,7 @@ __all__ = [
     "LIVE_SECONDS",
     "PolicyAnnouncer",
     "announce_policies",
+    "format_watch",
     "judge_by_loaded",
     "live_daemons",
 ]
