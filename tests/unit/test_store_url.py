@@ -234,3 +234,14 @@ def test_a_host_given_twice_is_refused() -> None:
     with pytest.raises(StoreUrlError, match="the host is given twice") as info:
         parse_store_url("postgresql://u:s3cret@db.internal/db?host=/run/postgresql")
     assert str(info.value).startswith("store.url: ") and "s3cret" not in str(info.value)
+
+
+def test_a_home_folder_s_tilde_is_refused_and_a_file_named_with_one_is_not(
+    tmp_path: Path,
+) -> None:
+    """`~/x`, `~ops/x` are a home folder no URL expands; `~old.sqlite` is a file."""
+    for url in ("sqlite:///~", "sqlite:///~/a.sqlite", "sqlite:///~ops/a.sqlite"):
+        with pytest.raises(StoreUrlError, match="a '~' is not expanded in a URL"):
+            parse_store_url(url, base_dir=tmp_path)
+    store = parse_store_url("sqlite:///~old.sqlite", base_dir=tmp_path)
+    assert isinstance(store, SqliteStore) and store.path == tmp_path / "~old.sqlite"

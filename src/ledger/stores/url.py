@@ -131,9 +131,10 @@ def parse_store_url(url: str, *, base_dir: Path | None = None) -> StoreSpec:
             raise StoreUrlError(f"store.url: {url!r}: the path holds a NUL character (%00)")
         if raw == ":memory:":
             raise StoreUrlError("store.url: an in-memory SQLite store would lose every job")
-        if raw.split("/", 1)[0].startswith("~"):
-            # No shell expands a `~` inside a URL: it was a folder named "~" in the config's
-            # folder, which a later `rm -rf ~` to tidy it up would take for the home folder.
+        if raw.startswith("~") and (raw == "~" or "/" in raw):
+            # No shell expands a `~` or `~user` inside a URL: it was a folder named so in
+            # the config's folder, which a later `rm -rf ~` to tidy it up would take for the
+            # home folder. A file named `~old.sqlite` there is only a file.
             raise StoreUrlError(
                 f"store.url: {url!r}: a '~' is not expanded in a URL: write the folder out "
                 "(sqlite:////home/NAME/...)"
