@@ -474,6 +474,31 @@ def test_a_refusal_by_pg_hba_names_the_line_the_server_needs() -> None:
         )
 
 
+def test_a_refusal_by_pg_hba_over_a_unix_socket_names_a_local_line() -> None:
+    """Over a Unix socket the server names the host "[local]", which only a `local` line
+    matches. Before, the line named was 'host postgres outsider [local]/32 ...', which
+    pg_hba.conf cannot read (an address) and which would not match if it could."""
+    import psycopg
+    from tests.pg_cluster import USER, PrivateCluster, require_private_cluster
+
+    require_private_cluster()
+    with PrivateCluster() as pg:
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("CREATE ROLE outsider LOGIN PASSWORD 'hba-secret'")
+        outsider = dataclasses.replace(
+            _private_store(pg, "outsider", "hba-secret"), host=str(pg.root)
+        )
+        hba = f"local all {USER} trust\nhost all {USER} 127.0.0.1/32 trust\n"
+        _hba_reloaded(pg, hba, outsider, "hba-secret")
+        _refused_at_open(
+            outsider,
+            'no pg_hba.conf entry for host "[local]", user "outsider", database '
+            "\"postgres\", no encryption); the server's pg_hba.conf needs the line 'local "
+            "postgres outsider scram-sha-256' (above any line that rejects it), "
+            "then SELECT pg_reload_conf() as a superuser",
+        )
+
+
 def _private_store(pg: Any, user: str, password: str) -> PostgresStore:
     return PostgresStore(
         dbname="postgres",

@@ -444,8 +444,14 @@ def hba_fix(store: PostgresStore, said: str) -> str:
     if found is None:
         return ""
     address = found.group(1)
-    mask = "128" if ":" in address else "32"
-    line = f"host {_hba_word(store.dbname)} {_hba_word(store.user)} {address}/{mask} scram-sha-256"
+    names = f"{_hba_word(store.dbname)} {_hba_word(store.user)}"
+    if address == "[local]":
+        # A Unix socket's connection: the server names no address, and only a `local`
+        # line (which has none) matches it; a `host` line never does.
+        line = f"local {names} scram-sha-256"
+    else:
+        mask = "128" if ":" in address else "32"
+        line = f"host {names} {address}/{mask} scram-sha-256"
     return (
         f"the server's pg_hba.conf needs the line '{line}' (above any line that rejects "
         "it), then SELECT pg_reload_conf() as a superuser"
