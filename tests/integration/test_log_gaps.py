@@ -244,3 +244,30 @@ def test_events_past_a_rolled_back_id_at_the_start_are_not_counted(pg_url: str) 
         assert abandoned(collector) == 0
         abandon(ledger, "three")
         assert abandoned(collector) == 1
+
+
+def test_the_final_end_is_not_chased_while_saves_keep_arriving(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that saves more than one look ahead (GAP_SCAN ids) between two asks of
+    the horizon: `final_end` (a scrape, `webhooks skip --to end`) stops at the end that
+    was visible when it began. Before, it asked again as long as the saves went on (each
+    ask on a gap a SHARE lock that holds the saves up): here 55 asks for 6 events,
+    ended only because the test's saves stop after 40."""
+    monkeypatch.setattr(positions, "GAP_SCAN", 3)
+    with Ledger(pg_url) as ledger:
+        in_review(ledger, "a", "b", "c")
+        store = ledger.positions()
+        visible = int(ledger.recorder.max_notification_id() or 0)  # 6
+        asks: list[int] = []
+        horizon = store.horizon
+
+        def busy_horizon(after: int) -> int:
+            asks.append(after)
+            if len(asks) < 40:
+                in_review(ledger, f"more{len(asks)}", f"more{len(asks)}b")  # 4 ids
+            return horizon(after)
+
+        monkeypatch.setattr(store, "horizon", busy_horizon)
+        end = positions.final_end(store, 0)
+        assert visible <= end and len(asks) <= 3, (end, asks)

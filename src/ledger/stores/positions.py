@@ -15,7 +15,8 @@ from a sequence to concurrent transactions (sendledger's insert function takes n
 lock), so id 11 can be visible while 10 is still being written: a gap below the highest
 id is waited out with a SHARE lock on the events table, which is granted once every
 transaction that was inserting has ended (docs/http-api.md "Webhooks" says what that costs).
-It looks a bounded number of ids ahead; `final_end` asks it until it stops moving.
+It looks a bounded number of ids ahead; `final_end` asks it until it stops moving or
+reaches the end visible when it began (a busy store is read up to where it was, not chased).
 `events_up_to` counts what a walk to an id should have read: a save in flight while the
 walk passed its id commits below it (`admin copy-store` asks before its mark).
 
@@ -174,6 +175,10 @@ class PositionStore(Protocol):
         """Where a reader of the events recorded from now on starts (see the module)."""
         ...
 
+    def visible_end(self) -> int:
+        """The highest id visible now (PostgreSQL: committed, with gaps maybe below)."""
+        ...
+
     def events_up_to(self, last: int) -> int:
         """How many events the log holds with ids <= `last`, as committed now: a walk
         up to `last` that read fewer passed a save then in flight (PostgreSQL)."""
@@ -312,6 +317,9 @@ class MemoryPositions:
 
     def reader_start(self) -> LogStart:
         return LogStart(_log_end(self._recorder))
+
+    def visible_end(self) -> int:
+        return _log_end(self._recorder)
 
     def events_up_to(self, last: int) -> int:
         # A test store's: every event in memory.
@@ -477,6 +485,9 @@ class SqlPositions:
     def reader_start(self) -> LogStart:
         return LogStart(_log_end(self._recorder))
 
+    def visible_end(self) -> int:
+        return _log_end(self._recorder)
+
     def events_up_to(self, last: int) -> int:
         with self._transaction(commit=False) as cursor:
             cursor.execute(
@@ -615,9 +626,13 @@ class PostgresPositions(SqlPositions):
 def final_end(positions: PositionStore, after: int) -> int:
     """The end of the log as far as it is final, from `after`: `horizon` looks a bounded
     number of ids ahead (PostgreSQL: GAP_SCAN), so it is asked again until it stops
-    moving (at a gap still in flight, or at the end)."""
-    end = after
-    while (further := positions.horizon(end)) > end:
+    moving (at a gap still in flight) or has reached the end visible when this began.
+    Not beyond: on a store that keeps saving, a newer save in flight leaves a gap at
+    each ask, and each gap costs a SHARE lock that holds every save up for as long as it
+    waits; chasing them, a scrape or a skip went on as long as the saves did."""
+    visible = positions.visible_end()
+    end = positions.horizon(after)
+    while end < visible and (further := positions.horizon(end)) > end:
         end = further
     return end
 
