@@ -178,3 +178,26 @@ def test_a_401_before_the_body_takes_the_token_path_at_once() -> None:
     assert (response.status, content) == (200, b'{"error": "no"}')
     assert sends == [("old", 0), ("new", BIG)]
     assert took < TIMEOUT
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls1.3"])
+def test_an_answer_while_a_body_that_fit_drains_is_read_at_once(
+    tls: bool, tls_files: TlsFiles
+) -> None:
+    """A body this host's buffers take whole (256 KiB): every write is done before the
+    server answers, and the 413 comes while the bytes wait to leave. Before, that wait
+    ran its whole timeout (2 s) before the 413 was read."""
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        _request(reader)
+        time.sleep(TIMEOUT / 8)  # the writes are done by then
+        conn.sendall(_answer(413))
+        server.hold()
+
+    server = AnsweringServer(session, tls_files if tls else None)
+    try:
+        result, took = _post(server, b"x" * (256 * 1024))
+    finally:
+        server.close()
+    assert result == 413
+    assert took < TIMEOUT / 2, f"{took:.2f}s: the answer waited for the drain's timeout"

@@ -64,3 +64,34 @@ def test_a_refusal_during_data_is_read_at_once(tls: bool, then: str, tls_files: 
     assert (outcome.status, outcome.transient, outcome.timed_out) == (552, False, False)
     assert "refused at content: 552 5.3.4 Message size exceeds fixed limit" in outcome.reason
     assert took < TIMEOUT / 4, f"{took:.2f}s: the refusal waited for the timeout"
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls1.3"])
+def test_a_refusal_while_a_message_that_fit_drains_is_read_at_once(
+    tls: bool, tls_files: TlsFiles
+) -> None:
+    """A message this host's buffers take whole (200 kB): every write is done before the
+    server refuses (a moment after its 354), and the refusal comes while the bytes wait
+    to leave. Before, that wait ran its whole timeout (4.0 s here, not 0.3)."""
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        def data() -> bool:
+            conn.sendall(b"354 go on\r\n")
+            time.sleep(TIMEOUT / 8)  # the writes are done by then
+            conn.sendall(b"552 5.3.4 Message size exceeds fixed limit\r\n")
+            server.hold()
+            return False
+
+        converse(conn, reader, data)
+
+    server = AnsweringServer(session, tls_files if tls else None)
+    context = ssl.create_default_context(cafile=tls_files.ca_file if tls else None)
+    endpoint = MailEndpoint(
+        "127.0.0.1", server.port, "tls" if tls else "none", "u", "p", TIMEOUT, context
+    )
+    try:
+        outcome, took = submit_timed(endpoint, message_of_lines(200, "<fit@mail.example.com>"))
+    finally:
+        server.close()
+    assert (outcome.kind, outcome.status) == (SendKind.REJECTED, 552), outcome
+    assert took < TIMEOUT / 2, f"{took:.2f}s: the refusal waited for the drain's timeout"

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from daemon.providers.slow_links import PIECE
+from daemon.providers.slow_links import PIECE, queued_bytes
 
 _IN, _OUT = select.POLLIN, select.POLLOUT
 #: What says a read or write would not block: an error or a hang-up is for them to raise.
@@ -123,6 +123,25 @@ class EarlyAnswer:
         self.read += got
         self.cut = not got or self.final(self.read)
         return self.cut
+
+    def answered_within(self, seconds: float) -> bool:
+        """Whether the server answers (or closes) within `seconds`: the wait while the
+        body drains from this host (`slow_links.wait_sent_out`), which a body that fit in
+        its buffers spends after the last write, ends at once on an answer."""
+        try:
+            readable = ready(self.sock, write=False, timeout=seconds)[0]
+        except (OSError, ValueError):
+            return False
+        # Looked at once readable: the segment that brings an answer acknowledges what
+        # the server had, so more than a piece still unacknowledged then was never read,
+        # and the answer is early. At most a piece: the drain's next look ends it, and
+        # the answer is the reply's as any (a server that read it all and said 200).
+        if not readable or (queued_bytes(self.sock) or 0) <= PIECE:
+            return False
+        if self.answered():
+            return True
+        time.sleep(seconds)  # TLS tickets, or an error the drain's next look says
+        return False
 
     def left(self) -> bool:
         """After a write failed (the server closed, EPIPE or ECONNRESET): whether it left

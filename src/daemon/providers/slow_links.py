@@ -16,7 +16,7 @@ import socket
 import sys
 import termios
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 #: Bytes per write: one must go out within the timeout (64 KiB in 30 s: 2 KiB/s).
 PIECE = 64 * 1024
@@ -45,11 +45,17 @@ def queued_bytes(sock: socket.socket) -> int | None:
         return None
 
 
-def wait_sent_out(sock: socket.socket | None, timeout: float) -> None:
+def wait_sent_out(
+    sock: socket.socket | None,
+    timeout: float,
+    answered: Callable[[float], bool] | None = None,
+) -> None:
     """Wait while more than a piece written on `sock` is still queued in this host and a
     piece leaves it within each `timeout`; back once at most a piece is queued, or once a
-    piece has not gone out in `timeout` (the answer's own wait then says the rest). Linux
-    only (TIOCOUTQ); elsewhere back at once."""
+    piece has not gone out in `timeout` (the answer's own wait then says the rest), or
+    once `answered(seconds)` (a wait of at most that long for the server's answer) says
+    the server has answered: one that answered and stopped reading never drains a
+    body that fit in this host's buffers. Linux only (TIOCOUTQ); elsewhere back at once."""
     if sock is None or _OUTQ is None:
         return
     moved_at, mark = time.monotonic(), None
@@ -69,7 +75,10 @@ def wait_sent_out(sock: socket.socket | None, timeout: float) -> None:
             moved_at, mark = now, queued
         elif now - moved_at >= timeout:
             return
-        time.sleep(DRAIN_LOOK)
+        if answered is None:
+            time.sleep(DRAIN_LOOK)
+        elif answered(DRAIN_LOOK):
+            return
 
 
 __all__ = ["DRAIN_LOOK", "PIECE", "pieces", "queued_bytes", "wait_sent_out"]

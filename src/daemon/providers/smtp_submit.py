@@ -172,6 +172,10 @@ def _send_content(smtp: smtplib.SMTP, data: bytes, timeout: float) -> bool:
         if not watch.left():
             smtp.close()  # as smtplib's own send() does on a failed write
             raise smtplib.SMTPServerDisconnected("Server not connected") from exc
+    if not watch.cut:
+        # Written, not yet out of this host: a server that answers meanwhile (and may
+        # read no more) is not waited out.
+        wait_sent_out(smtp.sock, timeout, watch.answered_within)
     if watch.read:
         # Every reply before DATA's 354 was read whole, so nothing is ahead of these. The
         # old reader counts as a user of the socket until it is closed, here, not by
@@ -179,10 +183,7 @@ def _send_content(smtp: smtplib.SMTP, data: bytes, timeout: float) -> bool:
         if smtp.file is not None:
             smtp.file.close()
         smtp.file = watch.reader()
-    if watch.cut:
-        return False
-    wait_sent_out(smtp.sock, timeout)
-    return True
+    return not watch.cut
 
 
 class SmtpSubmitter:

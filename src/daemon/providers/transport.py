@@ -229,7 +229,9 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
                 if not (watched and watch.left()):
                     raise
             if not watch.cut:
-                wait_sent_out(watch.sock, self.timeout)  # the answer's wait from there on
+                # The answer's wait from there on; an answer while the body drains from
+                # this host (one that fit in its buffers) ends it.
+                wait_sent_out(watch.sock, self.timeout, watch.answered_within if watched else None)
             raw = conn.getresponse()
             content: bytes = b"" if method == "HEAD" else raw.read()
             response = httplib2.Response(raw)
