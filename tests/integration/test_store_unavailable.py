@@ -499,6 +499,24 @@ def test_a_refusal_by_pg_hba_over_a_unix_socket_names_a_local_line() -> None:
         )
 
 
+def test_a_pg_hba_hint_for_a_name_with_a_line_break_stays_one_line() -> None:
+    """A role named with a line break (`store.url`'s user `a%0Ab`) is one no pg_hba.conf
+    line can name: the hint says so, in the error's one line. Before, it quoted the name,
+    line break and all: a line pg_hba.conf cannot read, and an error of two lines."""
+    from ledger.stores.postgres import hba_fix
+
+    store = PostgresStore(
+        dbname="postgres", host="127.0.0.1", port=5432, user="a\nb", password="s3cret"
+    )
+    said = (
+        'connection failed: FATAL:  no pg_hba.conf entry for host "10.0.0.9", user "a\nb", '
+        'database "postgres", no encryption'
+    )
+    hint = hba_fix(store, said)
+    assert "\n" not in hint and "no pg_hba.conf line can name this user" in hint, hint
+    assert "s3cret" not in hint and hba_fix(store, "password authentication failed") == ""
+
+
 def _private_store(pg: Any, user: str, password: str) -> PostgresStore:
     return PostgresStore(
         dbname="postgres",

@@ -433,6 +433,8 @@ _HBA_REFUSED = re.compile(
 )
 #: Words a pg_hba.conf field reads as a keyword, not as a name, unless quoted.
 _HBA_KEYWORDS = frozenset({"all", "sameuser", "samerole", "samegroup", "replication"})
+#: What no pg_hba.conf field holds, quoted or not: the file is read a line at a time.
+_HBA_UNWRITABLE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def hba_fix(store: PostgresStore, said: str) -> str:
@@ -444,6 +446,17 @@ def hba_fix(store: PostgresStore, said: str) -> str:
     if found is None:
         return ""
     address = found.group(1)
+    unwritable = [
+        what
+        for what, name in (("database", store.dbname), ("user", store.user))
+        if _HBA_UNWRITABLE.search(name)
+    ]
+    if unwritable:
+        # Quoted, the line would still break in two (and so would this one-line error).
+        return (
+            f"no pg_hba.conf line can name this {' or '.join(unwritable)} (a line break or "
+            "another control character in the name): use one whose name has none"
+        )
     names = f"{_hba_word(store.dbname)} {_hba_word(store.user)}"
     if address == "[local]":
         # A Unix socket's connection: the server names no address, and only a `local`
