@@ -8,6 +8,7 @@ finish without the event that fills it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ from ledger.decision_types import Review
 from ledger.stores import positions
 from ledger.stores.index import INDEX_TABLE
 from ledger.stores.memory import discard_memory_store
-from ledger.stores.url import MemoryStore
+from ledger.stores.url import MemoryStore, PostgresStore, parse_store_url
 from ledger.vocabulary import EscalationReason, PolicyRef, Resolution
 
 pytestmark = pytest.mark.postgres
@@ -175,6 +176,28 @@ def test_a_save_committed_below_the_copied_events_leaves_the_copy_unfinished(
             with pytest.raises(CopyMismatch, match="a save committed after the walk passed it"):
                 copy_store(source, MemoryStore(name), progress=progress, clock=clock)
             assert committed
+            discard_memory_store(name)
+
+
+def test_a_save_still_in_flight_at_the_end_of_the_copy_leaves_it_unfinished(
+    pg_url: str,
+) -> None:
+    """A save holds an id below the last event copied through the whole copy (an
+    operator's psql holds the job's row) and commits only after it. The count before the
+    mark waits for the saves in flight ([store] lock_timeout, 1 s here), and this one
+    outlasts it: the copy stays unfinished. Before, the count did not wait: it matched
+    the copied events, the copy was marked finished, and the save then committed to the
+    source alone (a fork)."""
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    source_spec = dataclasses.replace(spec, lock_timeout=1)
+    with Ledger(pg_url) as saver, Ledger(source_spec) as source:
+        in_review(saver, "held", "later")
+        with save_held(saver, pg_url, "held"):
+            abandon(saver, "later")
+            name = f"gap-copy-{time.monotonic_ns()}"
+            with pytest.raises(CopyMismatch, match="still in flight after"):
+                copy_store(source, MemoryStore(name))
             discard_memory_store(name)
 
 

@@ -335,8 +335,16 @@ def _refuse_writers_since(
             f"{where(destination)} stays an unfinished copy: empty it and copy again"
         )
     # On PostgreSQL a save takes its id, then commits: one in flight while the walk
-    # passed its id commits below the last event copied.
+    # passed its id commits below the last event copied, or may still (the count waits
+    # for the saves in flight).
     held = source.positions().events_up_to(last)
+    if held is None:
+        raise CopyMismatch(
+            f"a save on {where(source.store)} was still in flight after [store] "
+            f"lock_timeout, and may commit below the last event copied ({last}): nothing "
+            f"may write to it meanwhile; {where(destination)} stays an unfinished copy: "
+            "empty it and copy again"
+        )
     if held != copied:
         raise CopyMismatch(
             f"the source changed while it was copied (events up to the last copied, "

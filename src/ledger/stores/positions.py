@@ -179,9 +179,11 @@ class PositionStore(Protocol):
         """The highest id visible now (PostgreSQL: committed, with gaps maybe below)."""
         ...
 
-    def events_up_to(self, last: int) -> int:
-        """How many events the log holds with ids <= `last`, as committed now: a walk
-        up to `last` that read fewer passed a save then in flight (PostgreSQL)."""
+    def events_up_to(self, last: int) -> int | None:
+        """How many events the log holds with ids <= `last`, once no save is in flight:
+        a walk up to `last` that read fewer passed a save then in flight (PostgreSQL).
+        None when a save still in flight outlasted `[store] lock_timeout`: it may yet
+        commit below `last`."""
         ...
 
 
@@ -321,7 +323,7 @@ class MemoryPositions:
     def visible_end(self) -> int:
         return _log_end(self._recorder)
 
-    def events_up_to(self, last: int) -> int:
+    def events_up_to(self, last: int) -> int | None:
         # A test store's: every event in memory.
         return len(self._recorder.select_notifications(start=1, limit=last, stop=last))
 
@@ -488,7 +490,7 @@ class SqlPositions:
     def visible_end(self) -> int:
         return _log_end(self._recorder)
 
-    def events_up_to(self, last: int) -> int:
+    def events_up_to(self, last: int) -> int | None:
         with self._transaction(commit=False) as cursor:
             cursor.execute(
                 f"SELECT COUNT(*) FROM {self._events()} WHERE {self._id} <= {self._p}",
@@ -605,21 +607,41 @@ class PostgresPositions(SqlPositions):
             position = notification_id
         return LogStart(position, frozenset(i for i in ids if i > position))
 
+    def events_up_to(self, last: int) -> int | None:
+        # Counted once no save is in flight: one that took its id and has not committed
+        # may commit below `last` after a count that did not wait for it (a fork, for
+        # `admin copy-store`). Waited `[store] lock_timeout`, as any of its locks.
+        return self._settled(
+            f"SELECT COUNT(*) FROM {self._events()} WHERE notification_id <= %s", [last]
+        )
+
     def _settled_max(self) -> int:
-        """The highest id once every inserting transaction has ended: the SHARE lock
-        waits for them (they hold ROW EXCLUSIVE until they commit or roll back) and
-        lets none start until it is released, a moment later. Writers queue behind the
-        request while it waits, so it waits briefly (LOCK_WAIT); 0 when that was not
-        enough (a long transaction): the caller delivers up to the gap and asks again."""
+        """The highest id once every inserting transaction has ended. Writers queue
+        behind the request while it waits, so it waits briefly (LOCK_WAIT); 0 when that
+        was not enough (a long transaction): the caller delivers up to the gap and asks
+        again."""
+        found = self._settled(
+            f"SELECT COALESCE(MAX(notification_id), 0) FROM {self._events()}",
+            [],
+            wait=f"{LOCK_WAIT_MS}ms",
+        )
+        return found or 0
+
+    def _settled(self, query: str, args: list[Any], wait: str | None = None) -> int | None:
+        """`query`'s number once every inserting transaction has ended: the SHARE lock
+        waits for them (they hold ROW EXCLUSIVE until they commit or roll back) and lets
+        none start until it is released, a moment later. None when one outlasted the
+        wait (`wait`: a lock_timeout; None: the store's)."""
         try:
             with self._transaction(commit=False) as cursor:
-                cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'")
+                if wait is not None:
+                    cursor.execute(f"SET LOCAL lock_timeout = '{wait}'")
                 cursor.execute(f"LOCK TABLE {self._events()} IN SHARE MODE")
-                cursor.execute(f"SELECT COALESCE(MAX(notification_id), 0) FROM {self._events()}")
+                cursor.execute(query, args)
                 return int(self._rows(cursor)[0][0])
         except Exception as exc:
             if _lock_not_available(exc):
-                return 0
+                return None
             raise
 
 
