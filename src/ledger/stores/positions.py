@@ -191,7 +191,23 @@ class PositionStore(Protocol):
 _memory_lock = threading.Lock()
 
 
-class MemoryPositions:
+class _FinalAsVisible:
+    """A log written one insert at a time (memory: one lock around them; SQLite: one
+    writer): what is visible is final, with no gap to wait out. PostgreSQL's overrides."""
+
+    _recorder: Any
+
+    def horizon(self, after: int) -> int:
+        return max(after, _log_end(self._recorder))
+
+    def reader_start(self) -> LogStart:
+        return LogStart(_log_end(self._recorder))
+
+    def visible_end(self) -> int:
+        return _log_end(self._recorder)
+
+
+class MemoryPositions(_FinalAsVisible):
     """The memory store's rows, shared by every Ledger on the same recorder."""
 
     def __init__(self, recorder: Any) -> None:
@@ -313,16 +329,6 @@ class MemoryPositions:
             if row is not None and row.owner == owner:
                 self._rows[name] = replace(row, lease_until=0.0)
 
-    def horizon(self, after: int) -> int:
-        # One lock around every insert: what is visible is final.
-        return max(after, _log_end(self._recorder))
-
-    def reader_start(self) -> LogStart:
-        return LogStart(_log_end(self._recorder))
-
-    def visible_end(self) -> int:
-        return _log_end(self._recorder)
-
     def events_up_to(self, last: int) -> int | None:
         # A test store's: every event in memory.
         return len(self._recorder.select_notifications(start=1, limit=last, stop=last))
@@ -361,7 +367,7 @@ _FORCE = (
 )
 
 
-class SqlPositions:
+class SqlPositions(_FinalAsVisible):
     """The rows in SQL, on the recorder's own datastore (its pool, its transactions).
     Subclasses give the placeholder, the qualified table name, the REAL type and how a
     cursor's rows read."""
@@ -479,16 +485,6 @@ class SqlPositions:
     def release(self, name: str, owner: str) -> None:
         with self._transaction(commit=True) as cursor:
             cursor.execute(self._sql(_RELEASE), [name, owner])
-
-    def horizon(self, after: int) -> int:
-        # SQLite: one writer at a time, so what is visible is final.
-        return max(after, _log_end(self._recorder))
-
-    def reader_start(self) -> LogStart:
-        return LogStart(_log_end(self._recorder))
-
-    def visible_end(self) -> int:
-        return _log_end(self._recorder)
 
     def events_up_to(self, last: int) -> int | None:
         with self._transaction(commit=False) as cursor:
