@@ -212,26 +212,8 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
                 ) from exc
         self.stats.bump("reused" if reused else "fresh")
         # Phase 2: from here on the server may have the request, reused connection or not.
-        # A body in pieces: each write watches for an answer the server gives before it
-        # has read the body (a 413, a 401); then the rest is not written, and that answer
-        # is read at once. A body of one piece leaves in writes this host takes at once,
-        # whoever reads them, and its answer is read as any: unwatched, as the watch's
-        # polls would cost every send (about a tenth of the call, measured).
-        sent, sent_headers = _in_pieces(body, headers)
-        watch = EarlyAnswer(conn.sock, _final_status_begun)
-        watched = isinstance(sent, Iterator)
-        if watched:
-            conn.sock = WatchedSocket(watch)
         try:
-            try:
-                conn.request(method, request_uri, sent, sent_headers)
-            except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
-                if not (watched and watch.left()):
-                    raise
-            if not watch.cut:
-                # The answer's wait from there on; an answer while the body drains from
-                # this host (one that fit in its buffers) ends it.
-                wait_sent_out(watch.sock, self.timeout, watch.answered_within if watched else None)
+            watch = self._write(conn, method, request_uri, body, headers)
             raw = conn.getresponse()
             content: bytes = b"" if method == "HEAD" else raw.read()
             response = httplib2.Response(raw)
@@ -268,6 +250,35 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
                 reused=reused,
             )
         return response, content
+
+    def _write(
+        self,
+        conn: http.client.HTTPConnection,
+        method: str,
+        request_uri: str,
+        body: Any,
+        headers: dict[str, str],
+    ) -> EarlyAnswer:
+        """The request written, and the wait while it leaves this host: the answer's wait
+        starts from there. A body in pieces: each write watches for an answer the server
+        gives before it has read the body (a 413, a 401); then the rest is not written, and
+        that answer is read at once, as is one while the body drains from this host (a body
+        that fit in its buffers). A body of one piece leaves in writes this host takes at
+        once, whoever reads them, and its answer is read as any: unwatched, as the watch's
+        polls would cost every send (about a tenth of the call, measured)."""
+        sent, sent_headers = _in_pieces(body, headers)
+        watch = EarlyAnswer(conn.sock, _final_status_begun)
+        watched = isinstance(sent, Iterator)
+        if watched:
+            conn.sock = WatchedSocket(watch)
+        try:
+            conn.request(method, request_uri, sent, sent_headers)
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+            if not (watched and watch.left()):
+                raise
+        if not watch.cut:
+            wait_sent_out(watch.sock, self.timeout, watch.answered_within if watched else None)
+        return watch
 
 
 def _final_status_begun(read: bytes) -> bool:
