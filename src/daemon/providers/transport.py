@@ -195,22 +195,7 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         headers: dict[str, str],
     ) -> tuple[httplib2.Response, bytes]:
         host = f"{conn.host}:{conn.port}"
-        reused = self._reusable(conn)
-        self._idle_since.pop(conn, None)
-        if not reused:
-            # Phase 1 on a fresh connection (see the module docstring).
-            if conn.sock is not None:
-                self.stats.bump("retired")
-                conn.close()
-            try:
-                conn.connect()
-            except Exception as exc:
-                close_unreturned(exc)  # a TLS wrap's socket httplib2 never got (a reset)
-                conn.close()
-                raise NotSentError(
-                    f"no connection to {host}: {describe(exc)}", host=host, cause=exc
-                ) from exc
-        self.stats.bump("reused" if reused else "fresh")
+        reused = self._connect(conn, host)
         # Phase 2: from here on the server may have the request, reused connection or not.
         try:
             watch = self._write(conn, method, request_uri, body, headers)
@@ -230,15 +215,7 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
                 cause=exc,
                 reused=reused,
             ) from exc
-        if watch.read:
-            # The server spoke before the body's end (or an interim 1xx was replayed): the
-            # connection is in no state to be reused.
-            conn.close()
-        elif self.reuse and not raw.will_close and method != "HEAD" and conn.sock is not None:
-            conn.sock = watch.sock
-            self._idle_since[conn] = self._clock()
-        else:
-            conn.close()
+        self._keep_or_close(conn, watch, keep=not raw.will_close and method != "HEAD")
         if watch.cut and response.status < 400:
             # A success for a body the server never had whole proves nothing: Unknown.
             self.stats.bump("reused_lost" if reused else "fresh_lost")
@@ -250,6 +227,38 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
                 reused=reused,
             )
         return response, content
+
+    def _connect(self, conn: http.client.HTTPConnection, host: str) -> bool:
+        """Phase 1 (see the module docstring): the connection kept from the last request
+        where it may be reused (True), else a fresh one; NotSentError when none opens."""
+        reused = self._reusable(conn)
+        self._idle_since.pop(conn, None)
+        if not reused:
+            if conn.sock is not None:
+                self.stats.bump("retired")
+                conn.close()
+            try:
+                conn.connect()
+            except Exception as exc:
+                close_unreturned(exc)  # a TLS wrap's socket httplib2 never got (a reset)
+                conn.close()
+                raise NotSentError(
+                    f"no connection to {host}: {describe(exc)}", host=host, cause=exc
+                ) from exc
+        self.stats.bump("reused" if reused else "fresh")
+        return reused
+
+    def _keep_or_close(
+        self, conn: http.client.HTTPConnection, watch: EarlyAnswer, *, keep: bool
+    ) -> None:
+        """After the answer: the connection kept for the next request (`keep`: the answer
+        allows it), or closed; always closed once the server spoke before the body's end
+        (or an interim 1xx was replayed), when it is in no state to be reused."""
+        if not watch.read and self.reuse and keep and conn.sock is not None:
+            conn.sock = watch.sock
+            self._idle_since[conn] = self._clock()
+        else:
+            conn.close()
 
     def _write(
         self,
