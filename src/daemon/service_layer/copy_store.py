@@ -184,20 +184,7 @@ def copy_store(
     CopyMismatch when the verification fails; StoreUnavailable or CopyFailed when a store
     refuses a write or a read on the way."""
     started = time.monotonic()
-    if same_store(source.store, destination):
-        raise StoreUrlError(f"--to names the configured store itself ({where(destination)})")
-    _refuse_companion(source.store, destination)
-    since = _store_now(source, clock)
-    # A server declares its format at its open and writes its heartbeat once started:
-    # one that declared a moment ago is starting (its heartbeat may come after the last
-    # check below, which counts only declarations since the copy began).
-    busy = running_on(source, clock) + _started_since(source, since - STARTING_SECONDS)
-    if busy:
-        raise CopyRefused(
-            f"{where(source.store)} is in use by {'; '.join(busy)}: stop it first (a copy "
-            "taken while a daemon writes would be a fork: its later sends known to one "
-            "store only)"
-        )
+    since = _refuse_source(source, destination, clock)
     total = int(source.recorder.max_notification_id() or 0)
     source_checks = _checks(source).key_checks()
     target = Ledger(destination, encryption_keys=encryption_keys, copying=True)
@@ -236,27 +223,14 @@ def copy_store(
             for row in webhooks:
                 positions.force(row.name, moved[row.position], clock(), expected=0)
         _refuse_writers_since(source, destination, since, (copied, last), clock)
-        if _file_of(destination) != written:
-            raise CopyMismatch(
-                f"{where(destination)} was removed or replaced while it was copied: the "
-                "copy went into a file no longer there; copy again"
-            )
+        _refuse_replaced(destination, written)
         rows.add_key_check(
             KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
         )
     except SendledgerError:
         raise
     except (PersistenceError, sqlite3.Error, OSError) as exc:
-        # A write the destination refused (its disk full, read-only, a file size limit's
-        # I/O error): one line naming it, not the driver's bare error as an "unexpected
-        # failure". The unfinished mark stays: the next copy or open says to empty it.
-        said = target.unavailable(exc)
-        if said is not None:
-            raise said from exc
-        words = str(exc).strip().splitlines() or [type(exc).__name__]
-        raise CopyFailed(
-            f"the copy into {where(destination)} stopped ({words[0]}): empty it and copy again"
-        ) from exc
+        raise _refused_write(target, destination, exc) from exc
     finally:
         target.close()
     return CopyResult(
@@ -269,6 +243,40 @@ def copy_store(
         len(webhooks),
         time.monotonic() - started,
         finished=True,
+    )
+
+
+def _refuse_source(source: Ledger, destination: StoreSpec, clock: Callable[[], float]) -> float:
+    """Before anything is written: StoreUrlError when `destination` is the source or one
+    of its own files, CopyRefused when a server runs or starts on the source. When the
+    copy begins, by the store's clock."""
+    if same_store(source.store, destination):
+        raise StoreUrlError(f"--to names the configured store itself ({where(destination)})")
+    _refuse_companion(source.store, destination)
+    since = _store_now(source, clock)
+    # A server declares its format at its open and writes its heartbeat once started:
+    # one that declared a moment ago is starting (its heartbeat may come after the last
+    # check, which counts only declarations since the copy began).
+    busy = running_on(source, clock) + _started_since(source, since - STARTING_SECONDS)
+    if busy:
+        raise CopyRefused(
+            f"{where(source.store)} is in use by {'; '.join(busy)}: stop it first (a copy "
+            "taken while a daemon writes would be a fork: its later sends known to one "
+            "store only)"
+        )
+    return since
+
+
+def _refused_write(target: Ledger, destination: StoreSpec, exc: Exception) -> SendledgerError:
+    """A write the destination refused (its disk full, read-only, a file size limit's
+    I/O error): one line naming it, not the driver's bare error as an "unexpected
+    failure". The unfinished mark stays: the next copy or open says to empty it."""
+    said = target.unavailable(exc)
+    if said is not None:
+        return said
+    words = str(exc).strip().splitlines() or [type(exc).__name__]
+    return CopyFailed(
+        f"the copy into {where(destination)} stopped ({words[0]}): empty it and copy again"
     )
 
 
@@ -289,6 +297,16 @@ def _begin(
     held = format_rows_for(source.recorder).rows().get(STORE_HOLDER)
     if held is not None:
         format_rows_for(target.recorder).raise_to(held.format, held.at)
+
+
+def _refuse_replaced(destination: StoreSpec, written: tuple[int, int] | None) -> None:
+    """CopyMismatch when the destination's SQLite file is no longer the one the copy
+    wrote (`written`, `_file_of` at its start): removed or replaced meanwhile."""
+    if _file_of(destination) != written:
+        raise CopyMismatch(
+            f"{where(destination)} was removed or replaced while it was copied: the "
+            "copy went into a file no longer there; copy again"
+        )
 
 
 def _file_of(spec: StoreSpec) -> tuple[int, int] | None:
