@@ -16,6 +16,7 @@ from tests.unit.host_config import write_host_config
 import daemon.cli.job_commands
 from daemon.cli import COMMANDS, build_parser, command_named, main
 from daemon.cli.init_command import Installation, planned_files, summary, write_all
+from daemon.cli.service import positive_int
 from daemon.config.settings import SmtpImapProviderSettings, load_settings
 from daemon.exit_codes import EXIT_BAD_INPUT, CliError
 from daemon.tools import probe, probe_drafts
@@ -318,3 +319,11 @@ def test_a_sighup_while_a_service_imports_its_modules_is_kept(
     finally:
         signal.signal(signal.SIGHUP, previous)
     assert seen and seen[0] not in (signal.SIG_DFL, signal.SIG_IGN, None), seen
+
+
+@pytest.mark.parametrize("text", ["+3", "1_000", " 7", "7 ", "\uff13", "\u0663", "0x1", "-1", ""])
+def test_a_version_is_taken_in_ascii_digits_only(text: str) -> None:
+    """As the API and the review page read it: `int` alone took "+3", "1_000", "\\uff13"."""
+    with pytest.raises(argparse.ArgumentTypeError):
+        positive_int(text)
+    assert positive_int("12") == 12

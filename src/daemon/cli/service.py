@@ -123,10 +123,11 @@ def add_expected_version(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    """ASCII digits only, as the API and the review page take a version: Python's `int`
+    also reads "+3", "1_000", " 7" and other scripts' digits ("\\uff13")."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    value = int(text, 10)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
     return value
