@@ -95,3 +95,28 @@ def test_a_refusal_while_a_message_that_fit_drains_is_read_at_once(
         server.close()
     assert (outcome.kind, outcome.status) == (SendKind.REJECTED, 552), outcome
     assert took < TIMEOUT / 2, f"{took:.2f}s: the refusal waited for the drain's timeout"
+
+
+def test_a_garbled_line_during_data_is_unknown_not_sent_again() -> None:
+    """A line that is no SMTP reply while the content is written (a broken server) says
+    nothing of what the server queued. Read after the final '.' before the early reading
+    (Unknown); read early it was "not sent", transient, and the job sent again."""
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        def data() -> bool:
+            conn.sendall(b"354 go on\r\n")
+            reader.read(64 * 1024)
+            conn.sendall(b"queued, thanks\r\n")
+            server.hold()
+            return False
+
+        converse(conn, reader, data)
+
+    server = AnsweringServer(session)
+    try:
+        outcome, took = _submit(server)
+    finally:
+        server.close()
+    assert outcome.kind is SendKind.UNKNOWN, outcome
+    assert "answered before the final '.'" in outcome.reason
+    assert took < TIMEOUT / 4, f"{took:.2f}s: the answer waited for the timeout"

@@ -79,7 +79,7 @@ def classify_smtp(
     | before the final `.` | 4xx | Rejected, transient |
     | before the final `.` | 5xx | Rejected, permanent |
     | before the final `.` | not SMTP (smtplib: -1) | Rejected, transient; unavailable at hello |
-    | writing the content | 2xx, 3xx (an early reply) | Unknown |
+    | writing the content | anything but 4xx, 5xx (an early 2xx or 3xx; not SMTP) | Unknown |
     | after the final `.` | none (lost, closed, timeout) | Unknown |
     | after the final `.` | 2xx | Confirmed via response |
     | after the final `.` | 4xx | Rejected, transient |
@@ -97,10 +97,12 @@ def classify_smtp(
                 unavailable=stage in (Stage.CONNECT, Stage.HELLO),
                 timed_out=timed_out,
             )
-        if stage is Stage.CONTENT and 200 <= code < 400:
-            # A success for content the server never had whole: no conforming server
-            # says it, and a broken one may have queued what it read. The search decides,
-            # not a resend (as HTTP's success before the body's end, transport.py).
+        if stage is Stage.CONTENT and not 400 <= code < 600:
+            # Anything but a refusal for content the server never had whole (a success,
+            # a garbled line): no conforming server says it, and a broken one may have
+            # queued what it read. Read after the final '.' before the early reading, it
+            # was Confirmed or Unknown. The search decides, not a resend (as HTTP's
+            # success or garbled status before the body's end, transport.py).
             return SendOutcome(
                 SendKind.UNKNOWN,
                 f"answered before the final '.': {_reply(code, text)}",
