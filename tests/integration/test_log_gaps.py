@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from tests.integration.test_webhooks_stores import HOOK, Receiver
 from tests.unit.engine_rig import policy, receipt
+from tests.unit.test_copy_store import a_save_just_before_the_mark
 
 from daemon.api.recorded_metrics import RecordedByPeople
 from daemon.cli import main
@@ -31,8 +32,9 @@ from ledger.application import Ledger
 from ledger.decision_types import Review
 from ledger.stores import positions
 from ledger.stores.index import INDEX_TABLE
+from ledger.stores.keycheck import SqlKeyChecks, UnfinishedCopy
 from ledger.stores.memory import discard_memory_store
-from ledger.stores.url import MemoryStore, PostgresStore, parse_store_url
+from ledger.stores.url import MemoryStore, PostgresStore, SqliteStore, parse_store_url
 from ledger.vocabulary import EscalationReason, PolicyRef, Resolution
 
 pytestmark = pytest.mark.postgres
@@ -199,6 +201,25 @@ def test_a_save_still_in_flight_at_the_end_of_the_copy_leaves_it_unfinished(
             with pytest.raises(CopyMismatch, match="still in flight after"):
                 copy_store(source, MemoryStore(name))
             discard_memory_store(name)
+
+
+def test_a_save_committed_just_before_the_mark_leaves_the_copy_unfinished(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command's save commits after every check, as the finished mark is written (into
+    a SQLite destination): the last event read again after the mark has moved past the
+    last copied, and the mark is taken back. Before, the copy stayed marked finished
+    without the save (the source's alone, a fork)."""
+    destination = SqliteStore(tmp_path / "copy.sqlite")
+    with Ledger(pg_url) as source:
+        in_review(source, "before")
+        saved = a_save_just_before_the_mark(monkeypatch, source, SqlKeyChecks)
+        with pytest.raises(CopyMismatch, match="the source changed while it was copied"):
+            copy_store(source, destination)
+        assert saved
+    monkeypatch.undo()
+    with pytest.raises(UnfinishedCopy):
+        Ledger(destination)
 
 
 def test_a_scrape_reads_past_more_ids_than_one_gap_scan(

@@ -28,9 +28,9 @@ from ledger.event_format import EVENT_FORMAT, Release, StoreFormatNewer, check_e
 from ledger.job import SendJob
 from ledger.stores.format_rows import format_rows_for
 from ledger.stores.index import IndexRow
-from ledger.stores.keycheck import COPY_FINISHED, COPY_STARTED, UnfinishedCopy
+from ledger.stores.keycheck import COPY_FINISHED, COPY_STARTED, KeyCheck, UnfinishedCopy
 from ledger.stores.loaded_policies import API, DAEMON, LoadedPolicies
-from ledger.stores.memory import discard_memory_store
+from ledger.stores.memory import MemoryJobIndexRecorder, discard_memory_store
 from ledger.stores.url import MemoryStore, SqliteStore, StoreUrlError
 from ledger.vocabulary import EscalationReason, PolicyRef
 from policies.loader import PolicySet
@@ -309,6 +309,42 @@ def test_a_command_writing_to_the_source_after_the_walk_leaves_the_copy_unfinish
         assert written
         with pytest.raises(UnfinishedCopy):
             Ledger(f"memory://{target_name}")
+
+
+def a_save_just_before_the_mark(
+    monkeypatch: pytest.MonkeyPatch, source: Ledger, destination: type[Any]
+) -> list[bool]:
+    """A command's save on `source` committed as the copy writes its finished mark into a
+    store of the `destination` recorder class: after every check the mark follows. The
+    list says it was made."""
+    saved: list[bool] = []
+    add = destination.add_key_check
+
+    def add_after_a_save(recorder: Any, check: KeyCheck) -> None:
+        if check.kind == COPY_FINISHED and not saved:
+            saved.append(True)
+            job = {"channel": "receipts", "key": "late", "to": "l@example.net", "body": "b"}
+            source.submit(parse_job({**job, "subject": "s"}), SENDER)
+        add(recorder, check)
+
+    monkeypatch.setattr(destination, "add_key_check", add_after_a_save)
+    return saved
+
+
+def test_a_save_committed_between_the_last_check_and_the_mark_leaves_the_copy_unfinished(
+    stores: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last event is read again after the finished mark, which is taken back when
+    it moved. Before, a save that committed after the check before the mark (an id past
+    the last copied) left the copy marked finished without it (a fork)."""
+    with Ledger(SqliteStore(tmp_path / "source.sqlite"), clock=at) as source:
+        fill(source, ["requested"] * 3)
+        saved = a_save_just_before_the_mark(monkeypatch, source, MemoryJobIndexRecorder)
+        with pytest.raises(CopyMismatch, match="its last event is 5, the last copied 4"):
+            copy_store(source, MemoryStore(stores[1]))
+        assert saved
+    with pytest.raises(UnfinishedCopy):
+        Ledger(f"memory://{stores[1]}")
 
 
 def test_the_copy_holds_the_event_format_of_its_source(stores: tuple[str, str]) -> None:

@@ -227,6 +227,7 @@ def copy_store(
         rows.add_key_check(
             KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
         )
+        _unmark_unless_still(source, rows, destination, last)
     except SendledgerError:
         raise
     except (PersistenceError, sqlite3.Error, OSError) as exc:
@@ -345,13 +346,7 @@ def _refuse_writers_since(
         )
     # A command is no server (no heartbeat, name or declaration): its write after the
     # walk is seen only as the source's log going on past what was copied.
-    end = int(source.recorder.max_notification_id() or 0)
-    if end != last:
-        raise CopyMismatch(
-            f"the source changed while it was copied (its last event is {end}, the "
-            f"last copied {last}: nothing may write to it meanwhile); "
-            f"{where(destination)} stays an unfinished copy: empty it and copy again"
-        )
+    _refuse_moved_end(source, destination, last)
     # On PostgreSQL a save takes its id, then commits: one in flight while the walk
     # passed its id commits below the last event copied, or may still (the count waits
     # for the saves in flight).
@@ -370,6 +365,31 @@ def _refuse_writers_since(
             "walk passed it: nothing may write to it meanwhile); "
             f"{where(destination)} stays an unfinished copy: empty it and copy again"
         )
+
+
+def _refuse_moved_end(source: Ledger, destination: StoreSpec, last: int) -> None:
+    """CopyMismatch when the source's last event is no longer `last`, the last copied."""
+    end = int(source.recorder.max_notification_id() or 0)
+    if end != last:
+        raise CopyMismatch(
+            f"the source changed while it was copied (its last event is {end}, the "
+            f"last copied {last}: nothing may write to it meanwhile); "
+            f"{where(destination)} stays an unfinished copy: empty it and copy again"
+        )
+
+
+def _unmark_unless_still(
+    source: Ledger, rows: KeyChecks, destination: StoreSpec, last: int
+) -> None:
+    """The last-event check once more, after the finished mark: a command's save that
+    committed between the check before it and the mark (an id past `last`) is the
+    source's alone. Then the mark is taken back, and the copy stays unfinished; a save
+    that commits after this check is a write after the copy, as after any backup."""
+    try:
+        _refuse_moved_end(source, destination, last)
+    except CopyMismatch:
+        rows.remove_key_check(COPY_FINISHED)
+        raise
 
 
 def _store_now(ledger: Ledger, clock: Callable[[], float]) -> float:

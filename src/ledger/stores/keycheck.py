@@ -85,6 +85,10 @@ class KeyChecks(Protocol):
         already there is kept as it is."""
         ...
 
+    def remove_key_check(self, check_id: str) -> None:
+        """Delete the row, if there is one (a copy's finished mark taken back)."""
+        ...
+
 
 class StoreKeyRefused(StoreRefused):
     """The key file does not fit the store: nothing was written."""
@@ -273,6 +277,12 @@ class SqlKeyChecks:
             if not self._key_table_exists(cursor):
                 cursor.execute(create)
             cursor.execute(insert, check.as_tuple())
+
+    def remove_key_check(self, check_id: str) -> None:
+        with self._transaction(commit=True) as cursor:
+            if self._key_table_exists(cursor):
+                delete = f"DELETE FROM {self._key_table} WHERE check_id = {self._p}"
+                cursor.execute(delete, (check_id,))
 
 
 __all__ = [

@@ -65,6 +65,10 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
         with self.database_lock:
             self._key_checks.setdefault(check.check_id, check)
 
+    def remove_key_check(self, check_id: str) -> None:
+        with self.database_lock:
+            self._key_checks.pop(check_id, None)
+
     # The insert's hooks (ledger/stores/private_api.py: MemoryHook), under the lock.
 
     def check_beside(self, kwargs: Mapping[str, Any]) -> None:
