@@ -44,7 +44,7 @@ from daemon.webhooks.delivery_threads import (
     start_webhooks,
 )
 from daemon.webhooks.worker import Hook
-from ledger.event_format import StoreFormatNewer
+from ledger.event_format import StoreFormatNewer, give_back_declaration
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.loaded_policies import DAEMON
 
@@ -543,7 +543,13 @@ def start_up(service: Service) -> IdentityLock | None:
     name = service.engine.daemon_name
     if not name:
         return None
-    identity = service.ledger.hold_identity(name)
+    try:
+        identity = service.ledger.hold_identity(name)
+    except IdentityTaken:
+        # Refused after the open, whose event format declaration replaced the live
+        # daemon's of this name: that one is put back.
+        give_back_declaration(service.ledger)
+        raise
     try:
         report = service.engine.recover_own_claims(
             wait_for_deadlines=not identity.ends_only_with_holder

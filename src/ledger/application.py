@@ -235,6 +235,9 @@ class Ledger(Application[UUID]):
         #: (`ledger.event_format.check_event_format`): its stop removes that row, and not
         #: one another server wrote later under the same name.
         self.format_declaration: FormatRow | None = None
+        #: The row of the same holder that declaration replaced (a live server of its
+        #: name), put back when the start is refused (`give_back_declaration`).
+        self.format_replaced: FormatRow | None = None
         self._backend: StoreBackend = backend_for(spec)
         env = dict(self._backend.env)
         env.update(cipher_env(encryption_keys))

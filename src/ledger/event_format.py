@@ -161,7 +161,7 @@ def check_event_format(
         # Before reading the others: a server that starts beside this one sees it.
         declared = FormatRow(own, release.reads, now)
         _tried_twice(lambda: rows.declare(declared))
-        ledger.format_declaration = declared
+        ledger.format_declaration, ledger.format_replaced = declared, replaced
         found = rows.rows()
     stored = _stored(found)
     if stored >= release.writes:
@@ -182,10 +182,25 @@ def check_event_format(
     except OlderReleaseLive:
         if replaced is not None:
             # Refused: the live server of this name keeps the declaration it made.
-            _tried_twice(lambda: rows.declare(replaced))
-            ledger.format_declaration = None
+            give_back_declaration(ledger)
         raise
     return stored
+
+
+def give_back_declaration(ledger: Ledger) -> None:
+    """A server's start refused after its open (an older release live, or its
+    daemon.name held by a live daemon: IdentityTaken): the declaration the open wrote is
+    taken back, the row of its name it replaced put back (the live server's, whose own
+    stop removes only that one), so the store is as the start found it."""
+    declared, replaced = ledger.format_declaration, ledger.format_replaced
+    ledger.format_declaration = ledger.format_replaced = None
+    if declared is None:
+        return
+    rows = format_rows_for(ledger.recorder)
+    if replaced is not None:
+        _tried_twice(lambda: rows.declare(replaced))
+    else:
+        rows.withdraw(declared)
 
 
 def _stored(found: Mapping[str, FormatRow]) -> int:
@@ -254,6 +269,7 @@ __all__ = [
     "Release",
     "StoreFormatNewer",
     "check_event_format",
+    "give_back_declaration",
     "judge_format",
     "shapes_digest",
 ]

@@ -20,10 +20,12 @@ from typing import Any
 
 import eventsourcing.utils
 import pytest
+from tests.unit.daemon_thread import daemon_on
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.host_config import write_host_config
 
 from daemon.cli import main
+from daemon.runtime import start_up
 from daemon.service_layer.loaded import LIVE_SECONDS
 from ledger import event_format
 from ledger.application import Ledger
@@ -39,7 +41,7 @@ from ledger.event_format import (
     shapes_digest,
 )
 from ledger.job import SendJob
-from ledger.stores import IdentityLock
+from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.format_rows import STORE_HOLDER, FormatRow, format_rows_for
 from ledger.stores.loaded_policies import API, DAEMON, LoadedPolicies
 from ledger.vocabulary import JobState
@@ -245,6 +247,31 @@ def test_a_newer_release_started_under_a_live_older_server_s_name_raises_nothing
     assert format_rows_for(ledger.recorder).rows()["daemon a"] == kept
     with pytest.raises(OlderReleaseLive, match=r"live on it: daemon a \(reads up to format 1\)"):
         check_event_format(ledger, release=NEW, server=(DAEMON, "b"), clock=lambda: T0 + 2)
+
+
+def test_a_start_refused_by_the_name_lock_leaves_the_declarations_as_it_found_them(
+    ledger: Ledger,
+) -> None:
+    """A second daemon of the same release and name (`IdentityTaken`, exit 3) is refused
+    after its open, which declared its format in place of the live daemon's. Before, the
+    row stayed the refused start's: a fresh declaration, so `admin copy-store` took the
+    store for one a server was starting on, and the live daemon's stop, which removes
+    only its own, left it there. Now the live one's is put back; beside a live daemon
+    that declared none (an earlier release) the refused start's is removed."""
+    check_event_format(ledger, server=(DAEMON, "a"), clock=lambda: T0)
+    kept = format_rows_for(ledger.recorder).rows()["daemon a"]
+    live_row(ledger, "a")
+    live_row(ledger, "b")  # a daemon of a release that declares nothing
+    for name in ("a", "b"):
+        with Ledger(ledger.store) as second:
+            check_event_format(second, server=(DAEMON, name), clock=lambda: T0 + 1)
+            service = daemon_on(second, name=name).service
+            with pytest.raises(IdentityTaken):
+                start_up(service)
+            service.close()
+    rows = format_rows_for(ledger.recorder).rows()
+    assert rows["daemon a"] == kept
+    assert "daemon b" not in rows
 
 
 def test_the_store_s_format_only_rises(ledger: Ledger) -> None:
