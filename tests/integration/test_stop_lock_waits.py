@@ -22,6 +22,7 @@ import pytest
 from tests.integration.listeners import stop_listening
 from tests.integration.receipts_daemon import receipts_service
 from tests.unit.engine_rig import policy, receipt
+from tests.unit.test_submit_by_loaded_policies import a_beat_held_past_the_stop
 
 from daemon.config.settings import settings_from_dict
 from daemon.config.stop_bound import stop_store_wait
@@ -207,3 +208,10 @@ def test_the_loaded_policies_row_held_by_another_session_is_waited_for_one_lock_
                 assert failed is not None and "lock timeout" in str(failed), failed
                 assert took < LOCK + 1.0, f"{took:.1f}s"
             holder.rollback()
+
+
+def test_a_heartbeat_held_up_past_the_stop_does_not_write_the_row_again(pg_url: str) -> None:
+    """The unit test's case on PostgreSQL (tests/unit/test_submit_by_loaded_policies.py):
+    the beat's write, let go after the stop removed the row, rolls back."""
+    with Ledger(pg_url) as ledger:
+        a_beat_held_past_the_stop(ledger)

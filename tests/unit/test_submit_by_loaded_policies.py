@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from tests.unit.engine_rig import EngineRig, policy
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.service_layer.loaded import LIVE_SECONDS, PolicyAnnouncer, announce_policies
 from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
+from ledger.application import Ledger
 from ledger.stores.identity import IdentityLock
 from ledger.stores.loaded_policies import API, DAEMON, LoadedPolicies
 from policies.loader import PolicySet
@@ -175,7 +177,7 @@ def test_a_store_that_cannot_be_written_does_not_stop_the_server(
         def now(self) -> float | None:
             return None
 
-        def write(self, row: LoadedPolicies) -> None:
+        def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = bool) -> None:
             raise OSError("store down")
 
         def leave(self, name: str, kind: str, loaded_at: float) -> None:
@@ -205,7 +207,7 @@ def test_a_reload_waits_for_a_hanging_store_a_bounded_time(
         def now(self) -> float | None:
             return None
 
-        def write(self, row: LoadedPolicies) -> None:
+        def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = bool) -> None:
             writes.append(row)
             if len(writes) > 1:
                 release.wait(10)  # a partition: the write does not return
@@ -245,6 +247,45 @@ def test_a_server_that_stops_leaves_the_row_of_a_process_that_took_its_name(
     assert [(r.name, r.loaded_at) for r in rows.live(0)] == [("d1", 20.0)]  # the newcomer's
     new.stop()
     assert rows.live(0) == []
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_heartbeat_held_up_past_the_stop_does_not_write_the_row_again(
+    backend: str, tmp_path: Path
+) -> None:
+    """A heartbeat's write held up (a store that hangs) past the stop's wait for it,
+    then let go after the stop removed the row. Before, it wrote the row again, and the
+    stopped server counted as running for `LIVE_SECONDS` (`admin copy-store` refused the
+    store; `submit` judged by a stopped daemon's policies where names cannot be asked).
+    Now the write asks in its transaction whether the server stopped, and rolls back."""
+    sqlite = f"sqlite:///{tmp_path / 's.sqlite'}"
+    with Ledger(f"memory://{tmp_path.name}" if backend == "memory" else sqlite) as ledger:
+        a_beat_held_past_the_stop(ledger)
+
+
+def a_beat_held_past_the_stop(ledger: Ledger) -> None:
+    """An API server's announcer on `ledger` whose heartbeat is held before its write
+    until the stop has given up waiting for it and removed the row; no row after."""
+    rows = ledger.loaded_policies()
+    held, release = threading.Event(), threading.Event()
+    beats: list[threading.Thread] = []
+
+    def current() -> PolicySet:
+        if rows.live(time.time()):  # a heartbeat's, not the start's
+            beats.append(threading.current_thread())
+            held.set()
+            release.wait(10)
+        return PolicySet({})
+
+    announcer = PolicyAnnouncer(rows, "host-a", API, current, live_seconds=0.3)
+    announcer.start()
+    assert held.wait(5)
+    announcer.stop(lock_wait=0.05)  # gives up waiting for the held beat
+    assert rows.live(time.time()) == []
+    release.set()
+    beats[0].join(5)
+    assert not beats[0].is_alive()
+    assert rows.live(time.time()) == []
 
 
 def test_a_stop_right_after_a_reload_whose_row_was_not_written_removes_the_row(

@@ -95,7 +95,8 @@ class PolicyAnnouncer:
                     loaded_at,
                     now + self._live,
                     self._current().fingerprints(),
-                )
+                ),
+                unless=self._stop.is_set,
             )
         except Exception as exc:
             if not self._failing:
@@ -139,10 +140,12 @@ class PolicyAnnouncer:
     def stop(self, lock_wait: float = 5.0) -> None:
         """Remove the row: a stopped server has loaded nothing. Within three lock waits
         (`lock_wait`: `[store] lock_timeout`, daemon/config/stop_bound.py): a heartbeat's
-        write in flight, waited for so that it does not write the row again after its
-        removal, then the removal: of the row last written, and of the one a reload was
-        to write (its write may have failed after it committed; a row not there is no
-        wait), then `on_stop` (its event format declaration's)."""
+        write in flight, waited for, then the removal: of the row last written, and of
+        the one a reload was to write (its write may have failed after it committed; a
+        row not there is no wait), then `on_stop` (its event format declaration's). A
+        write held up past the wait (a store that hangs) asks in its transaction whether
+        the server stopped, and rolls back: it does not write the row again after the
+        removal (one past that question holds the row, and the removal waits for it)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:

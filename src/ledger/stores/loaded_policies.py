@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ledger.stores.identity import ADVISORY_PREFIX
+from ledger.stores.index import Withdrawn
 from ledger.stores.recorder_kind import ByBackend, postgres_table
 
 LOADED_TABLE = "sendledger_loaded_policies"
@@ -62,8 +63,11 @@ class LoadedPolicyStore(Protocol):
         writer and reader agree on "live"; None: the caller's clock (memory, SQLite)."""
         ...
 
-    def write(self, row: LoadedPolicies) -> None:
-        """Replace the row of `row.name` and `row.kind`, creating the table if needed."""
+    def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = lambda: False) -> None:
+        """Replace the row of `row.name` and `row.kind`, creating the table if needed;
+        nothing when `unless()`, asked in the write's transaction before its commit (a
+        server's stop: its heartbeat's write held up past the stop's removal must not
+        put the row back)."""
         ...
 
     def leave(self, name: str, kind: str, loaded_at: float) -> None:
@@ -106,9 +110,10 @@ class MemoryLoadedPolicies:
     def now(self) -> float | None:
         return None
 
-    def write(self, row: LoadedPolicies) -> None:
+    def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = lambda: False) -> None:
         with _memory_lock:
-            self._rows[(row.name, row.kind)] = row
+            if not unless():
+                self._rows[(row.name, row.kind)] = row
 
     def leave(self, name: str, kind: str, loaded_at: float) -> None:
         with _memory_lock:
@@ -183,11 +188,20 @@ class SqlLoadedPolicies:
     def now(self) -> float | None:
         return None
 
-    def write(self, row: LoadedPolicies) -> None:
+    def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = lambda: False) -> None:
         self.ensure()
         fingerprints = json.dumps(dict(row.fingerprints), sort_keys=True)
         params = [row.name, row.kind, row.loaded_at, row.seen_until, fingerprints]
-        self._run(_WRITE, params, fetch=False)
+        try:
+            with self._transaction(commit=True) as cursor:
+                self._bound_waits(cursor)
+                cursor.execute(self._sql(_WRITE), params)
+                # Asked once the row is held: a stop's removal after this answer waits
+                # for this commit (the row's lock, SQLite's write lock) and removes it.
+                if unless():
+                    raise Withdrawn("the server stopped")
+        except Withdrawn:
+            pass  # rolled back
 
     def leave(self, name: str, kind: str, loaded_at: float) -> None:
         if self._exists():
