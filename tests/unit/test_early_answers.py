@@ -8,11 +8,14 @@ import select
 import socket
 import ssl
 import threading
+from io import BufferedReader
 from pathlib import Path
 
 import pytest
+from tests.unit.early_server import BIG, TIMEOUT, AnsweringServer
 
-from daemon.providers.early_answers import EarlyAnswer, read_now
+from daemon.providers.early_answers import READ_BOUND, EarlyAnswer, read_now
+from daemon.providers.slow_links import PIECE
 from testkit.tls import make_loopback_tls
 
 
@@ -70,3 +73,28 @@ def test_an_answer_left_before_a_reset_is_read_after_the_failed_write() -> None:
     finally:
         client.close()
         listener.close()
+
+
+def test_interim_answers_that_keep_coming_during_an_upload_end_it_bounded() -> None:
+    """A server that keeps sending interim answers (103 Early Hints) while the body
+    goes out, never its final one, and does not read the body. Before, each look
+    appended what it read: 2 MB kept here (without bound on a server that goes on), and
+    the write then waited its timeout. Now more than `READ_BOUND` read ends the writing
+    (cut), the bytes kept for the answer's reader."""
+    interim = b"HTTP/1.1 103 Early Hints\r\n\r\n"
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        for _ in range(64):
+            conn.sendall(interim * 1024)  # 29 kB
+        server.hold()
+
+    server = AnsweringServer(session)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT) as sock:
+            watch = EarlyAnswer(sock, lambda read: False)  # every answer an interim one
+            watch.sendall(b"x" * BIG)
+            assert watch.cut
+            assert READ_BOUND < len(watch.read) <= READ_BOUND + PIECE
+            assert watch.reader().read(len(interim)) == interim
+    finally:
+        server.close()

@@ -32,6 +32,11 @@ from daemon.providers.slow_links import PIECE, queued_bytes
 _IN, _OUT = select.POLLIN, select.POLLOUT
 #: What says a read or write would not block: an error or a hang-up is for them to raise.
 _ENDED = select.POLLERR | select.POLLHUP
+#: Bytes read while writing past which the writing ends (`EarlyAnswer.read` is kept for
+#: the answer's reader): a server that keeps sending interim 1xx answers during an
+#: upload would otherwise grow it without bound. Interim answers are a few dozen bytes;
+#: no server that means to read the body sends this many of them first.
+READ_BOUND = 64 * 1024
 
 
 def ready(sock: socket.socket, *, write: bool, timeout: float | None) -> tuple[bool, bool]:
@@ -121,13 +126,17 @@ class EarlyAnswer:
         if got is None:
             return False
         self.read += got
-        self.cut = not got or self.final(self.read)
+        self.cut = not got or self.final(self.read) or len(self.read) > READ_BOUND
         return self.cut
 
     def answered_within(self, seconds: float) -> bool:
         """Whether the server answers (or closes) within `seconds`: the wait while the
         body drains from this host (`slow_links.wait_sent_out`), which a body that fit in
         its buffers spends after the last write, ends at once on an answer."""
+        # Readable by the socket alone: no answer sits decrypted in the TLS layer unseen,
+        # as a read (`read_now`, PIECE bytes) takes a whole TLS record (16 KiB at most)
+        # and OpenSSL reads no further record ahead; bytes of the next one are still the
+        # socket's.
         try:
             readable = ready(self.sock, write=False, timeout=seconds)[0]
         except (OSError, ValueError):
@@ -195,4 +204,4 @@ class WatchedSocket:
         return getattr(self.watch.sock, name)
 
 
-__all__ = ["EarlyAnswer", "WatchedSocket", "any_bytes", "read_now", "ready"]
+__all__ = ["READ_BOUND", "EarlyAnswer", "WatchedSocket", "any_bytes", "read_now", "ready"]
