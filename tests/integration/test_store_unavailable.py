@@ -499,6 +499,60 @@ def test_a_refusal_by_pg_hba_over_a_unix_socket_names_a_local_line() -> None:
         )
 
 
+def test_a_role_whose_password_is_stored_as_md5_is_told_its_line_asks_md5() -> None:
+    """The hint's line asks scram-sha-256, which a role whose password was stored as an
+    md5 hash fails once the line is in ("password authentication failed": the password
+    in store.url is right, the method is not). The hint says md5 goes there for such a
+    role, and an md5 line opens it. Before, the hint did not say so."""
+    import psycopg
+    from tests.pg_cluster import BIN, USER, PrivateCluster, require_private_cluster
+
+    require_private_cluster()
+    with PrivateCluster() as pg:
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("SET password_encryption = 'md5'")
+            conn.execute("CREATE ROLE hashed LOGIN PASSWORD 'md5-secret'")
+            conn.execute("GRANT CREATE ON SCHEMA public TO hashed")
+        hashed = _private_store(pg, "hashed", "md5-secret")
+        trusted = f"local all all trust\nhost all {USER} 127.0.0.1/32 trust\n"
+        _hba_reloaded(pg, trusted, hashed, "md5-secret")
+        _refused_at_open(
+            hashed,
+            "'host postgres hashed 127.0.0.1/32 scram-sha-256' (above any line that rejects "
+            "it), then SELECT pg_reload_conf() as a superuser (md5 in place of "
+            "scram-sha-256 for a role whose password is stored as md5)",
+        )
+        # Each line in turn, until the server says what it says with it (a reload is
+        # asynchronous): the hinted one refuses the password, md5 lets it in.
+        for method, said in (("scram-sha-256", "password authentication failed"), ("md5", None)):
+            (pg.data / "pg_hba.conf").write_text(
+                f"{trusted}host postgres hashed 127.0.0.1/32 {method}\n"
+            )
+            pg._run(BIN / "pg_ctl", "-D", pg.data, "reload")
+            deadline = time.monotonic() + 10
+            while not _says(_refusal(hashed), said):
+                assert time.monotonic() < deadline, (method, _refusal(hashed))
+                time.sleep(0.1)
+            if said is not None:
+                _refused_at_open(hashed, f'{said} for user "hashed"); fix the user or')
+        Ledger(hashed).close()
+
+
+def _says(got: str | None, said: str | None) -> bool:
+    return got is None if said is None else got is not None and said in got
+
+
+def _refusal(spec: PostgresStore) -> str | None:
+    """What the server says to `spec` with its password, None when it lets it in."""
+    import psycopg
+
+    try:
+        psycopg.connect(**{**_args(spec), "password": spec.password}).close()
+    except psycopg.OperationalError as exc:
+        return str(exc)
+    return None
+
+
 def test_a_pg_hba_hint_for_a_name_with_a_line_break_stays_one_line() -> None:
     """A role named with a line break (`store.url`'s user `a%0Ab`) is one no pg_hba.conf
     line can name: the hint says so, in the error's one line. Before, it quoted the name,

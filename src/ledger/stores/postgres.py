@@ -465,9 +465,12 @@ def hba_fix(store: PostgresStore, said: str) -> str:
     else:
         mask = "128" if ":" in address else "32"
         line = f"host {names} {address}/{mask} scram-sha-256"
+    # scram-sha-256 refuses a role whose password was stored as an md5 hash (set under
+    # password_encryption md5): "password authentication failed" once the line is in.
     return (
         f"the server's pg_hba.conf needs the line '{line}' (above any line that rejects "
-        "it), then SELECT pg_reload_conf() as a superuser"
+        "it), then SELECT pg_reload_conf() as a superuser (md5 in place of scram-sha-256 "
+        "for a role whose password is stored as md5)"
     )
 
 
