@@ -44,6 +44,7 @@ from daemon.webhooks.delivery_threads import (
     start_webhooks,
 )
 from daemon.webhooks.worker import Hook
+from ledger.display import quoted
 from ledger.event_format import StoreFormatNewer, give_back_declaration
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.loaded_policies import DAEMON
@@ -547,8 +548,12 @@ def start_up(service: Service) -> IdentityLock | None:
         identity = service.ledger.hold_identity(name)
     except IdentityTaken:
         # Refused after the open, whose event format declaration replaced the live
-        # daemon's of this name: that one is put back.
-        give_back_declaration(service.ledger)
+        # daemon's of this name: that one is put back. A store that fails that write
+        # leaves the refusal the line: the row only holds a copy back for a minute.
+        try:
+            give_back_declaration(service.ledger)
+        except Exception as exc:
+            log.warning("cannot put the event format declaration back: %s", quoted(exc))
         raise
     try:
         report = service.engine.recover_own_claims(

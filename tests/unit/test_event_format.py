@@ -24,6 +24,7 @@ from tests.unit.daemon_thread import daemon_on
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.host_config import write_host_config
 
+from daemon import runtime
 from daemon.cli import main
 from daemon.runtime import start_up
 from daemon.service_layer.loaded import LIVE_SECONDS
@@ -272,6 +273,26 @@ def test_a_start_refused_by_the_name_lock_leaves_the_declarations_as_it_found_th
     rows = format_rows_for(ledger.recorder).rows()
     assert rows["daemon a"] == kept
     assert "daemon b" not in rows
+
+
+def test_a_refused_start_whose_declaration_cannot_be_put_back_is_still_the_name_s_refusal(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store failing the give-back's write leaves IdentityTaken (exit 3, its line),
+    not the store's error as the start's."""
+    check_event_format(ledger, server=(DAEMON, "a"), clock=lambda: T0)
+    live_row(ledger, "a")
+
+    def failing(_ledger: Ledger) -> None:
+        raise OSError("disk I/O error")
+
+    monkeypatch.setattr(runtime, "give_back_declaration", failing)
+    with Ledger(ledger.store) as second:
+        check_event_format(second, server=(DAEMON, "a"), clock=lambda: T0 + 1)
+        service = daemon_on(second, name="a").service
+        with pytest.raises(IdentityTaken):
+            start_up(service)
+        service.close()
 
 
 def test_the_store_s_format_only_rises(ledger: Ledger) -> None:
