@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ledger.stores.file_access import WAL_FILES
+
 #: SQLite's files beside a store: WAL mode's log and shared memory, rollback mode's journal.
-COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
+COMPANION_SUFFIXES = (*WAL_FILES, "-journal")
 
 
 def companion_of(store: Path, path: Path) -> str | None:
