@@ -35,6 +35,16 @@ mailbox is sent at the rate of one quota bucket: its owner's.
   does not say (one a daemon of an earlier release wrote during a rolling upgrade, until
   a start fills it) is still told by a worker's ask (`want`): for a horizon from then
   the scope counts as work in this daemon's round.
+- **A name another process held** (`wait_for_predecessor`, on a store whose name lock
+  can end under a live holder: PostgreSQL). A database restart ends the lock while its
+  daemon lives, and a new process may take the name before the old one's next tick finds
+  it lost; the name's leases are the new process's to take at once, but the old one may
+  still be finishing calls there. A scope found under the name with a live lease, while
+  the name's heartbeat was live at this process's join (the old one did not stop: a stop
+  removes it), is held but not called for until the old holder's calls there are past
+  their deadline: the longest provider timeout plus the grace from the take, as a claim's
+  lease. A stopped predecessor, SQLite and memory (a lock that ends only with its
+  holder) take the name's scopes back at once.
 - **The clocks** (`clock_off`, as often as the renewer looks, and after any jump): that
   rule needs the daemons' clocks within the grace of each other, so each holds its own to
   the store's (PostgreSQL's, read between two looks at its own): more than half the grace
@@ -118,6 +128,17 @@ class ScopeOwners:
         self._ensured = False
         #: This daemon's name was taken by another process (`disown`).
         self.disowned = False
+        #: Seconds an earlier holder of the name may still call after a scope is taken
+        #: from under it (`wait_for_predecessor`); None: the name's lock ends only with
+        #: its holder, whose calls ended with it.
+        self._predecessor_calls: float | None = None
+        #: Whether the name's heartbeat was live when this process first joined: the
+        #: earlier holder did not stop (None: not joined yet, or not asked).
+        self._predecessor_live: bool | None = None
+        #: scope -> when the earlier holder's calls there are past their deadline (our
+        #: clock): held, not called for before then.
+        self._calls_from: dict[str, float] = {}
+        self._ever_held: set[str] = set()
         #: Seconds this daemon's clock was off the store's, beyond half the grace, at the
         #: last look; None while within it (`clock_off`).
         self.aside: float | None = None
@@ -139,11 +160,20 @@ class ScopeOwners:
         """Whether a call for `scope` may start now: it is ours, and its lease ends more
         than the grace from now."""
         until = self._held.get(scope)
-        return until is not None and now.timestamp() < until - self._grace
+        if until is None or now.timestamp() >= until - self._grace:
+            return False
+        after = self._calls_from.get(scope)
+        return after is None or now.timestamp() >= after
 
     def owned(self) -> list[str]:
         with self._lock:
             return sorted(self._held)
+
+    def wait_for_predecessor(self, calls: float) -> None:
+        """The name's lock can end under a live holder (PostgreSQL): a scope taken while
+        an earlier process of the name held it is called for only `calls` seconds after
+        the take (the longest provider timeout plus the grace: its calls' deadline)."""
+        self._predecessor_calls = calls
 
     def want(self, scope: str, provider: str, mailbox: str, channel: str, now: datetime) -> None:
         """A job of `channel` from `mailbox` needs `scope` (of `provider`, where its attempt
@@ -171,6 +201,10 @@ class ScopeOwners:
         if self.aside is not None:
             return self._filter(_Work({}, {}))
         work = self._work(due, at)
+        with self._lock:
+            for scope, after in list(self._calls_from.items()):
+                if at >= after:
+                    del self._calls_from[scope]
         wanted = set(work.providers)
         rows = {row.scope: row for row in self._store.leases()}
         members = set(self._store.members(at)) | {self._daemon}
@@ -197,6 +231,7 @@ class ScopeOwners:
                 if self.aside is not None or self.disowned:
                     return self._filter(_Work({}, {}))
                 taken = self._store.take(self._daemon, wanted_now, at, at + self._lease)
+                self._inherit([row.scope for row in taken], rows, at)
                 with self._lock:
                     self._held.update((row.scope, row.lease_until) for row in taken)
             self.taken += len(taken)
@@ -208,6 +243,24 @@ class ScopeOwners:
                     self._lease,
                 )
         return self._filter(work)
+
+    def _inherit(self, taken: list[str], rows: Mapping[str, ScopeLease], at: float) -> None:
+        """Of `taken`, those an earlier live process of the name held (`rows` as read
+        before the take): not called for until its calls there are past their deadline,
+        which counts from now, after the take, when its lease stopped being its own."""
+        wait = self._predecessor_calls
+        if wait is not None and self._predecessor_live:
+            after = self._clock().timestamp() + wait
+            for scope in taken:
+                row = rows.get(scope)
+                inherited = row is not None and row.owner == self._daemon and row.lease_until > at
+                if inherited and scope not in self._ever_held:
+                    self._calls_from.setdefault(scope, after)
+                    log.warning(
+                        "scope %s: held by an earlier process of this name, which may still "
+                        "be calling: no call for %gs", scope, wait,
+                    )  # fmt: skip
+        self._ever_held.update(taken)
 
     def _work(self, due: Iterable[DueScope], at: float) -> _Work:
         policies = self._policies.current
@@ -246,7 +299,9 @@ class ScopeOwners:
         mailboxes of the scopes it holds."""
         policies = self._policies.current
         with self._lock:
-            held = set(self._held)
+            # A scope an earlier process of the name may still call for is read once its
+            # calls are past their deadline (`_inherit`), not offered to workers before.
+            held = set(self._held) - set(self._calls_from)
         groups = []
         for name in sorted({policy.provider for policy in policies.values()}):
             if name not in self._providers:
@@ -321,6 +376,9 @@ class ScopeOwners:
                 scopes = sorted(self._held)
             try:
                 self._ensure()
+                if self._predecessor_live is None and self._predecessor_calls is not None:
+                    # Before this process's first beat writes over the name's row.
+                    self._predecessor_live = self._daemon in self._store.members(at)
                 self._store.beat(self._daemon, until)
                 renewed = self._store.renew(self._daemon, scopes, until)
             except Exception as exc:

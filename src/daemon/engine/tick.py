@@ -150,6 +150,9 @@ class Engine:
         )
         self.leases = Leases(ledger, self.clock, daemon_name)
         self._lease_seconds = min(provider_timeouts.values(), default=30.0) + deadline_grace
+        #: The deadline of the longest call: what an earlier process of the name may still
+        #: need in a scope this one takes from under it (`ScopeOwners.wait_for_predecessor`).
+        self._longest_call = max(provider_timeouts.values(), default=30.0) + deadline_grace
         self.owners = (
             None
             if scope_lease is None
@@ -306,6 +309,13 @@ class Engine:
         """How far off the store's this daemon's clock is, and why it acts on nothing,
         while it stands aside for it (`ScopeOwners.clock_failure`); else None."""
         return None if self.owners is None else self.owners.clock_failure()
+
+    def wait_for_predecessor(self) -> None:
+        """The name's lock can end under a live holder (`IdentityLock.ends_only_with_holder`
+        false): the scopes an earlier process of the name held are called for only once
+        its calls there are past their deadline (`ScopeOwners.wait_for_predecessor`)."""
+        if self.owners is not None:
+            self.owners.wait_for_predecessor(self._longest_call)
 
     def recover_own_claims(self, *, wait_for_deadlines: bool = False) -> TickReport:
         """At start-up, with this daemon's name held (`Ledger.hold_identity`): its own

@@ -1,0 +1,74 @@
+"""Two processes under one daemon name on real PostgreSQL (tests/unit/test_same_name_scopes.py
+on the memory store): the name's lock there can end under a live daemon, so a new process
+of the name calls for the scopes the name held only once the old one's calls there are past
+their deadline; after a stop, at once. Real time, short durations: the scope leases hold
+each daemon's clock to the server's."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from tests.unit.test_scope_owners import POLICIES, Mailboxes, submit
+
+from daemon.doubles.fake_provider import FakeProvider
+from daemon.engine import Engine, PolicyHolder
+from ledger.application import Ledger
+
+pytestmark = pytest.mark.postgres
+
+TIMEOUT = 0.5
+GRACE = 1.0
+LEASE = 2.0
+CALLS = TIMEOUT + GRACE
+
+
+def _engine(ledger: Ledger, provider: Mailboxes) -> Engine:
+    return Engine(ledger, PolicyHolder(lambda: POLICIES), {"fake": provider},
+                  provider_timeouts={"fake": TIMEOUT}, deadline_grace=GRACE,
+                  rng=random.Random(1), daemon_name="a", scope_lease=LEASE)  # fmt: skip
+
+
+def _first_call_after_restart(pg_url: str, *, stopped: bool, run: str = "") -> float:
+    """Seconds from the new process's start to its first call for the mailbox the old
+    process of its name was sending."""
+    with Ledger(pg_url) as ledger:
+        inner = FakeProvider("fake", clock=ledger.clock)
+        old_calls, new_calls = Mailboxes(inner), Mailboxes(inner)
+        old = _engine(ledger, old_calls)
+        try:
+            submit(ledger, f"k0{run}", 0)
+            old.tick()
+            assert len(old_calls.calls) == 1
+            if stopped:
+                old.close()  # SIGTERM: its calls ended, its scopes released
+            # A database restart ended the old one's session: the name is free.
+            identity = ledger.hold_identity("a")
+            try:
+                assert not identity.ends_only_with_holder
+                new = _engine(ledger, new_calls)
+                try:
+                    new.wait_for_predecessor()  # as start_up does here
+                    started = time.monotonic()
+                    submit(ledger, f"k1{run}", 0)
+                    while not new_calls.calls:
+                        new.tick()
+                        assert time.monotonic() - started < CALLS + 5.0
+                        time.sleep(0.05)
+                    return time.monotonic() - started
+                finally:
+                    new.close()
+            finally:
+                identity.release()
+        finally:
+            old.name_lost()
+            old.close()
+
+
+def test_on_postgresql_a_new_process_of_a_live_name_waits_for_its_calls(pg_url: str) -> None:
+    assert _first_call_after_restart(pg_url, stopped=False) >= CALLS
+
+
+def test_on_postgresql_a_restart_after_a_stop_sends_at_once(pg_url: str) -> None:
+    assert _first_call_after_restart(pg_url, stopped=True) < CALLS

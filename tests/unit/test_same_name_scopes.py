@@ -1,0 +1,198 @@
+"""Two processes under one daemon name (docs/performance.md "Several daemons"): a
+PostgreSQL restart ends the name's lock while its daemon lives, and a new process takes
+the name, and with it the name's quota scopes. The old one may still be finishing calls
+there until its next tick finds the name lost; the new one calls for those scopes only once
+those calls are past their deadline (the longest provider timeout plus the grace), so one
+mailbox is never called by both. A lock that ends only with its holder (SQLite, memory),
+and a predecessor that stopped, leave nothing in flight: the scopes are taken back at once."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from tests.unit.test_scope_owners import (
+    GRACE,
+    LEASE,
+    POLICIES,
+    START,
+    TIMEOUT,
+    Daemon,
+    Mailboxes,
+    World,
+    scope,
+    submit,
+)
+
+from daemon.bootstrap import bootstrap
+from daemon.config.settings import settings_from_dict
+from daemon.doubles.fake_provider import FakeProvider
+from daemon.doubles.fake_time import FakeClock
+from daemon.engine import Engine, PolicyHolder
+from daemon.runtime import start_up
+from ledger.application import Ledger
+from ledger.vocabulary import JobState
+
+#: An earlier process's calls are past their deadline this long after the take.
+CALLS = TIMEOUT + GRACE
+
+
+def _successor(world: World, name: str) -> Daemon:
+    """A second process of `name` on the store, sharing the first one's clock, on a store
+    whose name lock can end under a live holder."""
+    second = Daemon(world.store, name, world.clocks[name])
+    second.owners.wait_for_predecessor(CALLS)
+    return second
+
+
+def test_a_new_process_of_a_name_calls_only_once_the_old_one_s_calls_are_past_deadline() -> None:
+    world = World()
+    old = world.start("a")
+    old.round(1)
+    assert old.may_call(0)
+    new = _successor(world, "a")
+    new.round(1)  # the name's lease: its own, taken at once ...
+    assert new.owners.owned() == [scope(0)]
+    assert not new.may_call(0)  # ... but the old one may still be calling
+    taken_at = world.clocks["a"]().timestamp()
+    old.owners.disown()  # its next tick finds the name taken: it starts no call
+    while not new.may_call(0):
+        world.advance(0.25)
+        new.round(1)
+        assert world.clocks["a"]().timestamp() - taken_at <= CALLS + 0.5
+    # A call the old one began at the take ends within its timeout: none overlaps.
+    assert world.clocks["a"]().timestamp() - taken_at >= CALLS
+    assert new.owners.owned() == [scope(0)]
+
+
+def test_the_scope_is_not_read_for_work_before_the_old_process_s_calls_end() -> None:
+    """The due reads leave the scope out meanwhile: its jobs are not offered to workers
+    that would refuse them each tick."""
+    world = World()
+    world.start("a").round(2)
+    new = _successor(world, "a")
+    waiting = new.owners.balance([("receipts", "m0@shop.example", "")], world.clocks["a"]())
+    assert waiting.groups == ()
+    world.advance(CALLS)
+    ready = new.owners.balance([("receipts", "m0@shop.example", "")], world.clocks["a"]())
+    assert ready.groups != ()
+
+
+def test_a_predecessor_that_stopped_leaves_its_scopes_at_once() -> None:
+    """A stop ends its calls, releases the scopes and removes the name's heartbeat: a
+    genuine restart pays nothing."""
+    world = World()
+    old = world.start("a")
+    old.round(2)
+    old.owners.close()
+    new = _successor(world, "a")
+    new.round(2)
+    assert new.owners.owned() == [scope(0), scope(1)]
+    assert new.may_call(0) and new.may_call(1)
+
+
+def test_scopes_this_process_held_itself_are_taken_back_at_once() -> None:
+    world = World()
+    world.start("a").round(1)
+    new = _successor(world, "a")
+    new.round(1)
+    world.advance(CALLS)
+    new.round(1)
+    assert new.may_call(0)
+    new.owners._release([scope(0)], world.clocks["a"]().timestamp())  # idle, say
+    new.round(1)
+    assert new.may_call(0)
+
+
+# -- the engine: the old process sends, the new one takes the name -------------------
+
+
+@pytest.fixture
+def ledger() -> Iterator[Ledger]:
+    with Ledger("memory://", clock=FakeClock(START)) as opened:
+        yield opened
+
+
+def _engine(ledger: Ledger, provider: Mailboxes) -> Engine:
+    return Engine(ledger, PolicyHolder(lambda: POLICIES), {"fake": provider},
+                  provider_timeouts={"fake": TIMEOUT}, clock=ledger.clock,
+                  deadline_grace=GRACE, rng=random.Random(1), daemon_name="a",
+                  scope_lease=LEASE)  # fmt: skip
+
+
+def test_the_new_process_sends_a_mailbox_the_old_one_was_sending_only_after_its_calls(
+    ledger: Ledger,
+) -> None:
+    clock = ledger.clock
+    assert isinstance(clock, FakeClock)
+    inner = FakeProvider("fake", clock=clock)
+    old_calls, new_calls = Mailboxes(inner), Mailboxes(inner)
+    old = _engine(ledger, old_calls)
+    new = _engine(ledger, new_calls)
+    try:
+        submit(ledger, "k0", 0)
+        old.tick()
+        assert len(old_calls.calls) == 1  # the old process is sending mailbox 0
+        sent_at = old_calls.calls[0][2]
+        submit(ledger, "k1", 0)
+        new.wait_for_predecessor()  # start_up on PostgreSQL
+        new.tick()
+        old.name_lost()  # its next tick
+        while not new_calls.calls:
+            clock.advance(0.5)
+            new.tick()
+            assert clock.now - sent_at <= timedelta(seconds=CALLS + LEASE)
+        assert new_calls.calls[0][2] - sent_at >= timedelta(seconds=CALLS)
+        assert all(row.state == JobState.CONFIRMED for row in ledger.jobs())
+    finally:
+        old.close()
+        new.close()
+
+
+class EndsUnderHolder:
+    """A name lock as PostgreSQL's: it can end under a live holder."""
+
+    ends_only_with_holder = False
+
+    def check(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+class EndsWithHolder(EndsUnderHolder):
+    ends_only_with_holder = True  # SQLite's, memory's
+
+
+@pytest.mark.parametrize("lock", [EndsUnderHolder, EndsWithHolder])
+def test_start_up_waits_for_the_predecessor_only_where_the_lock_can_end_under_it(
+    ledger: Ledger, lock: type[EndsUnderHolder]
+) -> None:
+    settings = settings_from_dict(
+        {"store": {"url": "memory://"}, "daemon": {"name": "n1", "scope_lease": f"{LEASE}s",
+                                                   "deadline_grace": f"{GRACE}s"}}
+    )  # fmt: skip
+    rows = ledger.scope_leases()
+    now = ledger.clock().timestamp()
+    rows.beat("n1", now + LEASE)  # the earlier process of the name, alive
+    rows.take("n1", ["fake"], now, now + LEASE)
+    ledger.hold_identity = lambda name: lock()  # type: ignore[method-assign]
+    service = bootstrap(
+        settings,
+        ledger=ledger,
+        policy_loader=lambda: POLICIES,
+        providers={"fake": FakeProvider("fake", clock=ledger.clock)},
+    )
+    try:
+        start_up(service)
+        submit(ledger, "k0", 0)
+        service.engine.tick()
+        owners = service.engine.owners
+        assert owners is not None and owners.owned() == ["fake"]
+        waits = lock is EndsUnderHolder
+        assert owners.may_call("fake", ledger.clock()) is not waits
+    finally:
+        service.close()
