@@ -22,6 +22,7 @@ import pytest
 from tests.integration.listeners import stop_listening
 from tests.integration.receipts_daemon import receipts_service
 from tests.unit.engine_rig import policy, receipt
+from tests.unit.test_heartbeat_commit_held import a_commit_held_past_the_stop
 from tests.unit.test_submit_by_loaded_policies import a_beat_held_past_the_stop
 
 from daemon.config.settings import settings_from_dict
@@ -215,3 +216,12 @@ def test_a_heartbeat_held_up_past_the_stop_does_not_write_the_row_again(pg_url: 
     the beat's write, let go after the stop removed the row, rolls back."""
     with Ledger(pg_url) as ledger:
         a_beat_held_past_the_stop(ledger)
+
+
+def test_a_heartbeat_whose_commit_is_held_past_the_stop_leaves_no_row(pg_url: str) -> None:
+    """The unit test's case on PostgreSQL (tests/unit/test_heartbeat_commit_held.py): the
+    removal meets the held row's lock and gives up; the commit, once let go, is taken back."""
+    spec = parse_store_url(pg_url)
+    assert isinstance(spec, PostgresStore)
+    with Ledger(dataclasses.replace(spec, lock_timeout=LOCK)) as ledger:
+        assert a_commit_held_past_the_stop(ledger) == []

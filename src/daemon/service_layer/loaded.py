@@ -145,7 +145,9 @@ class PolicyAnnouncer:
         row not there is no wait), then `on_stop` (its event format declaration's). A
         write held up past the wait (a store that hangs) asks in its transaction whether
         the server stopped, and rolls back: it does not write the row again after the
-        removal (one past that question holds the row, and the removal waits for it)."""
+        removal. One past that question holds the row, and the removal waits for it one
+        lock wait; a commit held up longer asks again once it lands, and takes back the
+        row it wrote (`LoadedPolicyStore.write`)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:

@@ -67,7 +67,9 @@ class LoadedPolicyStore(Protocol):
         """Replace the row of `row.name` and `row.kind`, creating the table if needed;
         nothing when `unless()`, asked in the write's transaction before its commit (a
         server's stop: its heartbeat's write held up past the stop's removal must not
-        put the row back)."""
+        put the row back), and asked again after it: true then, the commit came after
+        the stop began, whose removal may have met this write's row and given up (or
+        not seen its insert), and the row is removed again if it is still `row`."""
         ...
 
     def leave(self, name: str, kind: str, loaded_at: float) -> None:
@@ -111,6 +113,7 @@ class MemoryLoadedPolicies:
         return None
 
     def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = lambda: False) -> None:
+        # The question and the write are one step under the lock: no commit to hold up.
         with _memory_lock:
             if not unless():
                 self._rows[(row.name, row.kind)] = row
@@ -201,15 +204,27 @@ class SqlLoadedPolicies:
                 if unless():
                     raise Withdrawn("the server stopped")
         except Withdrawn:
-            pass  # rolled back
+            return  # rolled back
+        if unless():
+            # A commit the store held up past the stop's wait for it and its removal's
+            # lock wait: what this write put there is taken back, and only that (a
+            # process that took the name since wrote another `seen_until`).
+            self._remove(row.name, row.kind, row.loaded_at, row.seen_until)
 
     def leave(self, name: str, kind: str, loaded_at: float) -> None:
         if self._exists():
-            self._run(
-                "DELETE FROM {t} WHERE name = {p} AND kind = {p} AND loaded_at = {p}",
-                [name, kind, loaded_at],
-                fetch=False,
-            )
+            self._remove(name, kind, loaded_at)
+
+    def _remove(
+        self, name: str, kind: str, loaded_at: float, seen_until: float | None = None
+    ) -> None:
+        """The row of `name` and `kind` if it is still at `loaded_at` (and `seen_until`)."""
+        written = "" if seen_until is None else " AND seen_until = {p}"
+        self._run(
+            "DELETE FROM {t} WHERE name = {p} AND kind = {p} AND loaded_at = {p}" + written,
+            [name, kind, loaded_at] + ([] if seen_until is None else [seen_until]),
+            fetch=False,
+        )
 
     def live(self, now: float) -> list[LoadedPolicies]:
         # Checked first, not caught: a failed statement would abort a PostgreSQL
