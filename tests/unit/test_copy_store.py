@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -311,24 +311,35 @@ def test_a_command_writing_to_the_source_after_the_walk_leaves_the_copy_unfinish
             Ledger(f"memory://{target_name}")
 
 
+def at_the_mark(
+    monkeypatch: pytest.MonkeyPatch, destination: type[Any], then: Callable[[], object]
+) -> list[bool]:
+    """`then()` called once as the copy writes its finished mark into a store of the
+    `destination` recorder class: after every check, just after the mark is written (the
+    list says it was called)."""
+    called: list[bool] = []
+    add = destination.add_key_check
+
+    def add_then(recorder: Any, check: KeyCheck) -> None:
+        add(recorder, check)
+        if check.kind == COPY_FINISHED and not called:
+            called.append(True)
+            then()
+
+    monkeypatch.setattr(destination, "add_key_check", add_then)
+    return called
+
+
 def a_save_just_before_the_mark(
     monkeypatch: pytest.MonkeyPatch, source: Ledger, destination: type[Any]
 ) -> list[bool]:
     """A command's save on `source` committed as the copy writes its finished mark into a
     store of the `destination` recorder class: after every check the mark follows. The
     list says it was made."""
-    saved: list[bool] = []
-    add = destination.add_key_check
-
-    def add_after_a_save(recorder: Any, check: KeyCheck) -> None:
-        if check.kind == COPY_FINISHED and not saved:
-            saved.append(True)
-            job = {"channel": "receipts", "key": "late", "to": "l@example.net", "body": "b"}
-            source.submit(parse_job({**job, "subject": "s"}), SENDER)
-        add(recorder, check)
-
-    monkeypatch.setattr(destination, "add_key_check", add_after_a_save)
-    return saved
+    job = {"channel": "receipts", "key": "late", "to": "l@example.net", "body": "b"}
+    return at_the_mark(
+        monkeypatch, destination, lambda: source.submit(parse_job({**job, "subject": "s"}), SENDER)
+    )
 
 
 def test_a_save_committed_between_the_last_check_and_the_mark_leaves_the_copy_unfinished(

@@ -77,6 +77,13 @@ def cmd_copy_store(args: argparse.Namespace) -> int:
             progress=progress,
             stop=lambda: bool(asked),
         )
+    if result.finished and asked:
+        # Asked once the last check had passed: the copy was marked finished and the
+        # source's end read once more. Stopping it then would throw a sound copy away.
+        output.error(
+            f"Ctrl-C came after the copy's last check: not stopped, {result.destination} "
+            "is a finished copy, verified"
+        )
     if not result.finished:
         output.error(
             f"interrupted: {result.events} of {result.total} events copied; "

@@ -30,7 +30,8 @@ before the copy and again before it is marked finished (with the servers that de
 their event format since it began), and the destination must be empty. A server's stop
 removes its declaration.
 The destination is marked `copy-started` before its first event and `copy-finished` once
-verified; until then no Ledger opens it, nor a second copy
+verified, a mark that stands only once the source's end, read again after it with no save
+in flight, is still the last event copied; until then no Ledger opens it, nor a second copy
 (`ledger/stores/keycheck.py: refuse_unfinished_copy`): an interrupted copy is emptied (the
 file removed, the schema dropped) and run again, never resumed.
 """
@@ -176,7 +177,9 @@ def copy_store(
     """Copy `source` into the empty store `destination` (opened with the source's
     `encryption_keys`), rebuild its index, verify it, copy the webhook positions, and
     mark it finished. `progress(copied, total)` hears every page; `stop()` asked between
-    pages ends the copy early (`finished` False, the destination marked unfinished).
+    pages, during the rebuild and the walk, and once more after the last check ends the
+    copy early (`finished` False, the destination marked unfinished); from the mark on
+    it is not asked (the copy is whole and verified).
 
     CopyRefused (nothing written) when something runs on either store, or the
     destination holds events or another store's keys; UnfinishedCopy when it is an
@@ -205,8 +208,10 @@ def copy_store(
             last = int(batch[-1].id)
             if progress is not None:
                 progress(copied, total)
-        # The rebuild and the walk take as long again as the pages: a Ctrl-C during them
-        # ends the copy too (asked every 1000 jobs and every page), before it is marked.
+        # The rebuild and the walk take as long again as the pages, and the checks after
+        # them may wait `[store] lock_timeout` for a save in flight: a Ctrl-C during them
+        # ends the copy too (asked every 1000 jobs, every page, and once all is checked),
+        # unmarked. From the mark on it is not asked: the copy is whole and verified.
         webhooks = source.positions().read_all()
         try:
             _stop_if(stop)
@@ -214,20 +219,17 @@ def copy_store(
             aggregates, moved = _verify(
                 source, target, page, [row.position for row in webhooks], stop
             )
+            if webhooks:
+                positions = target.positions()
+                positions.ensure()
+                for row in webhooks:
+                    positions.force(row.name, moved[row.position], clock(), expected=0)
+            _refuse_writers_since(source, destination, since, (copied, last), clock)
+            _refuse_replaced(destination, written)
             _stop_if(stop)
         except _Stopped:
             return replace(interrupted, events=copied, seconds=time.monotonic() - started)
-        if webhooks:
-            positions = target.positions()
-            positions.ensure()
-            for row in webhooks:
-                positions.force(row.name, moved[row.position], clock(), expected=0)
-        _refuse_writers_since(source, destination, since, (copied, last), clock)
-        _refuse_replaced(destination, written)
-        rows.add_key_check(
-            KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
-        )
-        _unmark_unless_still(source, rows, destination, last)
+        _mark_finished(source, rows, destination, (copied, last), clock)
     except SendledgerError:
         raise
     except (PersistenceError, sqlite3.Error, OSError) as exc:
@@ -346,7 +348,7 @@ def _refuse_writers_since(
         )
     # A command is no server (no heartbeat, name or declaration): its write after the
     # walk is seen only as the source's log going on past what was copied.
-    _refuse_moved_end(source, destination, last)
+    _refuse_moved_end(source, destination, last, int(source.recorder.max_notification_id() or 0))
     # On PostgreSQL a save takes its id, then commits: one in flight while the walk
     # passed its id commits below the last event copied, or may still (the count waits
     # for the saves in flight).
@@ -367,9 +369,9 @@ def _refuse_writers_since(
         )
 
 
-def _refuse_moved_end(source: Ledger, destination: StoreSpec, last: int) -> None:
-    """CopyMismatch when the source's last event is no longer `last`, the last copied."""
-    end = int(source.recorder.max_notification_id() or 0)
+def _refuse_moved_end(source: Ledger, destination: StoreSpec, last: int, end: int) -> None:
+    """CopyMismatch when the source's last event, `end`, is no longer `last`, the last
+    copied."""
     if end != last:
         raise CopyMismatch(
             f"the source changed while it was copied (its last event is {end}, the "
@@ -378,16 +380,37 @@ def _refuse_moved_end(source: Ledger, destination: StoreSpec, last: int) -> None
         )
 
 
-def _unmark_unless_still(
-    source: Ledger, rows: KeyChecks, destination: StoreSpec, last: int
+def _mark_finished(
+    source: Ledger,
+    rows: KeyChecks,
+    destination: StoreSpec,
+    walked: tuple[int, int],
+    clock: Callable[[], float],
 ) -> None:
-    """The last-event check once more, after the finished mark: a command's save that
-    committed between the check before it and the mark (an id past `last`) is the
-    source's alone. Then the mark is taken back, and the copy stays unfinished; a save
-    that commits after this check is a write after the copy, as after any backup."""
+    """The finished mark, then the source's last event read once more, once no save is
+    in flight (`settled_end`): a save that began before this read, and committed after
+    the checks before the mark or commits later (a command's; on PostgreSQL its id is
+    taken before its commit, on SQLite it holds the write lock), has an id past `last`,
+    the source's alone. The mark is then taken back and the copy stays unfinished, as it
+    is when this read fails or is interrupted (a second Ctrl-C): the mark stands only
+    with the read passed. A save that begins after it is a write after the copy, as
+    after any backup."""
+    copied, last = walked
     try:
-        _refuse_moved_end(source, destination, last)
-    except CopyMismatch:
+        rows.add_key_check(
+            KeyCheck(COPY_FINISHED, COPY_FINISHED, f"{copied} events".encode(), clock())
+        )
+        end = source.positions().settled_end()
+        if end is None:
+            raise CopyMismatch(
+                f"a save on {where(source.store)} was still in flight as the copy was "
+                "marked finished, past the store's wait for a writer, and would commit "
+                f"after the last event copied ({last}) to the source alone: nothing may "
+                f"write to it meanwhile; {where(destination)} stays an unfinished copy: "
+                "empty it and copy again"
+            )
+        _refuse_moved_end(source, destination, last, end)
+    except BaseException:
         rows.remove_key_check(COPY_FINISHED)
         raise
 

@@ -63,7 +63,9 @@ def _full(exc: BaseException) -> bool:
     return False
 
 
-def _locked(exc: BaseException) -> bool:
+def locked(exc: BaseException) -> bool:
+    """True when `exc` (or what it wraps) is a wait for a lock that ran out: SQLite's
+    busy or locked, PostgreSQL's lock_timeout."""
     for error in exception_chain(exc):
         code = getattr(error, "sqlite_errorcode", None)
         if isinstance(code, int) and code & 0xFF in _SQLITE_LOCKS:
@@ -103,7 +105,7 @@ def store_problem(exc: BaseException) -> str | None:
         return "read-only: it can be read but not written here"
     if _full(exc):
         return "disk full: nothing more can be written"
-    if _locked(exc):
+    if locked(exc):
         return "locked: another process held it for as long as a store call waits"
     return None
 
@@ -130,6 +132,7 @@ __all__ = [
     "StoreUnavailable",
     "access_denied",
     "exception_chain",
+    "locked",
     "read_only",
     "store_problem",
 ]

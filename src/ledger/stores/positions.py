@@ -19,6 +19,9 @@ It looks a bounded number of ids ahead; `final_end` asks it until it stops movin
 reaches the end visible when it began (a busy store is read up to where it was, not chased).
 `events_up_to` counts what a walk to an id should have read: a save in flight while the
 walk passed its id commits below it (`admin copy-store` asks before its mark).
+`settled_end` is the log's end once no save is in flight, on SQLite too: a save holds its
+id (PostgreSQL) or the write lock (SQLite) before it commits, and commits past the end a
+plain read sees (`admin copy-store` asks after its mark).
 
 `reader_start` is where a reader of what is recorded from now on starts (the recorded
 metrics, `daemon/api/recorded_metrics.py`). The highest visible id is not it on
@@ -32,13 +35,14 @@ without webhooks never carry it and opening a store runs no new DDL.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ledger.stores.causes import exception_chain
+from ledger.stores.causes import locked
 from ledger.stores.recorder_kind import ByBackend, postgres_table
 
 POSITIONS_TABLE = "sendledger_webhook_positions"
@@ -66,6 +70,7 @@ CREATE = (
 GAP_SCAN = 1000
 #: How long PostgreSQL's gap check waits for inserts in flight (milliseconds).
 LOCK_WAIT_MS = 250
+_MAX_ID = "SELECT COALESCE(MAX({id}), 0) FROM {events}"
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,13 @@ class PositionStore(Protocol):
         commit below `last`."""
         ...
 
+    def settled_end(self) -> int | None:
+        """The highest id once no save is in flight: every save that began before the
+        ask is in it, or gone for good. None when one still in flight outlasted the
+        store's wait for a writer (PostgreSQL: `[store] lock_timeout`; SQLite: its busy
+        timeout): it may yet commit past the end read."""
+        ...
+
 
 # One lock for the rows of every memory store: their writes are dictionary updates.
 _memory_lock = threading.Lock()
@@ -204,6 +216,10 @@ class _FinalAsVisible:
         return LogStart(_log_end(self._recorder))
 
     def visible_end(self) -> int:
+        return _log_end(self._recorder)
+
+    def settled_end(self) -> int | None:
+        # Memory: each insert is whole under one lock, nothing in flight to wait for.
         return _log_end(self._recorder)
 
 
@@ -514,6 +530,24 @@ class SqlitePositions(SqlPositions):
     def _rows(self, cursor: Any) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in cursor.fetchall()]
 
+    def settled_end(self) -> int | None:
+        # A save holds the write lock from its insert to its commit, and its id is past
+        # the end a read sees meanwhile: the end is read under the write lock, granted
+        # once the save has ended (waited the store's busy timeout, as any write waits).
+        try:
+            with self._recorder.datastore.get_connection(commit=True) as connection:
+                cursor = connection.cursor().sqlite_cursor
+                cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    cursor.execute(_MAX_ID.format(id=self._id, events=self._events()))
+                    return int(cursor.fetchone()[0])
+                finally:
+                    connection.rollback()
+        except sqlite3.OperationalError as exc:
+            if locked(exc):
+                return None
+            raise
+
 
 class PostgresPositions(SqlPositions):
     _p = "%s"
@@ -611,15 +645,16 @@ class PostgresPositions(SqlPositions):
             f"SELECT COUNT(*) FROM {self._events()} WHERE notification_id <= %s", [last]
         )
 
+    def settled_end(self) -> int | None:
+        return self._settled(_MAX_ID.format(id=self._id, events=self._events()), [])
+
     def _settled_max(self) -> int:
         """The highest id once every inserting transaction has ended. Writers queue
         behind the request while it waits, so it waits briefly (LOCK_WAIT); 0 when that
         was not enough (a long transaction): the caller delivers up to the gap and asks
         again."""
         found = self._settled(
-            f"SELECT COALESCE(MAX(notification_id), 0) FROM {self._events()}",
-            [],
-            wait=f"{LOCK_WAIT_MS}ms",
+            _MAX_ID.format(id=self._id, events=self._events()), [], wait=f"{LOCK_WAIT_MS}ms"
         )
         return found or 0
 
@@ -636,7 +671,7 @@ class PostgresPositions(SqlPositions):
                 cursor.execute(query, args)
                 return int(self._rows(cursor)[0][0])
         except Exception as exc:
-            if _lock_not_available(exc):
+            if locked(exc):
                 return None
             raise
 
@@ -657,10 +692,6 @@ def final_end(positions: PositionStore, after: int) -> int:
 
 def _log_end(recorder: Any) -> int:
     return int(recorder.max_notification_id() or 0)
-
-
-def _lock_not_available(exc: BaseException) -> bool:
-    return any(getattr(error, "sqlstate", None) == "55P03" for error in exception_chain(exc))
 
 
 def positions_for(recorder: Any) -> PositionStore:

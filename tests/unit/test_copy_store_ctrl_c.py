@@ -1,0 +1,100 @@
+"""A Ctrl-C during `sendledger admin copy-store`'s last steps (docs/operations.md "Moving
+to PostgreSQL"): before the finished mark it stops the copy, exit 130, unfinished; from
+the mark on the copy is whole and verified, so it is finished, exit 0, and the command
+says on stderr that the Ctrl-C came too late to stop it; a second Ctrl-C after the mark,
+before the source's end is read once more, takes the mark back. The signal is raised in
+the process by a hook at each point (`signal.raise_signal` runs its handler at once), on
+SQLite files."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tests.unit.test_copy_store import at, at_the_mark, fill
+
+import daemon.service_layer.copy_store as copying
+from daemon.cli import main
+from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+from ledger.application import Ledger
+from ledger.stores.keycheck import SqlKeyChecks, UnfinishedCopy
+
+
+def a_store_and_its_config(tmp_path: Path) -> Path:
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", clock=at) as source:
+        fill(source, ["requested"] * 3)
+    config = tmp_path / "sendledger.toml"
+    config.write_text('[store]\nurl = "sqlite:///ledger.sqlite"\n')
+    return config
+
+
+def copy(config: Path) -> int:
+    return main(["--config", str(config), "admin", "copy-store", "--to", "sqlite:///copy.sqlite"])
+
+
+def ctrl_c(times: int = 1) -> Callable[[], None]:
+    def press() -> None:
+        for _ in range(times):
+            signal.raise_signal(signal.SIGINT)
+
+    return press
+
+
+def test_a_ctrl_c_after_the_last_check_leaves_the_copy_finished_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pressed as the finished mark is written: the copy is verified, and stopping it
+    would throw a sound copy away. It finishes (exit 0, its lines), and stderr says the
+    Ctrl-C did not stop it. Before, the Ctrl-C was passed over without a word."""
+    config = a_store_and_its_config(tmp_path)
+    pressed = at_the_mark(monkeypatch, SqlKeyChecks, ctrl_c())
+    assert copy(config) == EXIT_OK
+    assert pressed
+    said = capsys.readouterr()
+    assert said.out.startswith("copied 4 events from ")
+    assert "Ctrl-C came after the copy's last check: not stopped, " in said.err
+    assert said.err.rstrip().endswith("copy.sqlite is a finished copy, verified")
+    monkeypatch.undo()
+    with Ledger(f"sqlite:///{tmp_path / 'copy.sqlite'}") as made:
+        assert made.recorder.max_notification_id() == 4
+
+
+def test_a_ctrl_c_during_the_checks_before_the_mark_stops_the_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pressed while the copy asks whether anything wrote to the source since it began
+    (which may wait `[store] lock_timeout` for a save in flight): the copy is not yet
+    checked, and it stops unmarked, exit 130. Before, it was ignored: exit 0, "copied"."""
+    config = a_store_and_its_config(tmp_path)
+    check = copying._refuse_writers_since
+
+    def pressed_during(*args: object) -> None:
+        ctrl_c()()
+        check(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(copying, "_refuse_writers_since", pressed_during)
+    assert copy(config) == EXIT_INTERRUPTED
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert "interrupted: 4 of 4 events copied; " in said.err
+    with pytest.raises(UnfinishedCopy):
+        Ledger(f"sqlite:///{tmp_path / 'copy.sqlite'}")
+
+
+def test_a_second_ctrl_c_after_the_mark_takes_it_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two presses as the mark is written: the second interrupts at once (exit 130),
+    before the source's end is read once more, and the mark is taken back: nothing opens
+    the copy. Before, the mark stayed, and a copy the command called interrupted, its
+    last check never made, opened as finished."""
+    config = a_store_and_its_config(tmp_path)
+    pressed = at_the_mark(monkeypatch, SqlKeyChecks, ctrl_c(times=2))
+    assert copy(config) == EXIT_INTERRUPTED
+    assert pressed
+    assert "copied" not in capsys.readouterr().out
+    monkeypatch.undo()
+    with pytest.raises(UnfinishedCopy):
+        Ledger(f"sqlite:///{tmp_path / 'copy.sqlite'}")
