@@ -42,6 +42,7 @@ from ledger.decision_types import RetryAt, Review
 from ledger.job import SendJob, job_id_for
 from ledger.stores.cipher import EventKeyMissing, new_key
 from ledger.stores.index import IndexRow, index_row
+from ledger.stores.url import SqliteStore
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -211,6 +212,28 @@ def test_store_file_wal_shm_and_folders_are_private_whatever_the_umask(
         finally:
             lock.release()
     assert _mode(existing) == 0o755  # a folder that existed is left as it was
+
+
+def test_a_store_reached_by_a_symlink_to_a_file_not_there_yet_is_created_private(
+    tmp_path: Path, clock: FakeClock, open_umask: None
+) -> None:
+    """A store path that is a symlink to a file not made yet (an `admin copy-store --to`
+    link to a disk with room, another file system): the file is made at the link's
+    target, 0600, its missing folders 0700. Before, the creation saw the link as a file
+    there and left it to SQLite, which made the target with the umask's mode (0666 here,
+    0644 under the usual umask): bodies and addresses readable by every user."""
+    from daemon.service_layer.copy_store import copy_store
+
+    elsewhere = tmp_path / "elsewhere"
+    (tmp_path / "copy.sqlite").symlink_to(elsewhere / "new" / "copy.sqlite")
+    (tmp_path / "ledger.sqlite").symlink_to(elsewhere / "ledger.sqlite")
+    elsewhere.mkdir(mode=0o755)
+    with Ledger(SqliteStore(tmp_path / "ledger.sqlite"), clock=clock) as ledger:
+        ledger.submit(content("p-1"), SENDER)
+        assert copy_store(ledger, SqliteStore(tmp_path / "copy.sqlite")).finished
+    made = [elsewhere / "ledger.sqlite", elsewhere / "new" / "copy.sqlite"]
+    assert {f.name: _mode(f) for f in made} == {f.name: 0o600 for f in made}
+    assert _mode(elsewhere / "new") == 0o700 and _mode(elsewhere) == 0o755
 
 
 def test_a_secret_file_others_can_read_gets_a_warning_naming_it(

@@ -152,8 +152,9 @@ def refuse_what_is_no_store(path: Path) -> None:
 def create_private(path: Path, *, new: bool = False) -> None:
     """Create the store's missing folders 0700 and the file 0600, whatever the umask:
     the file holds bodies and addresses. SQLite gives its -wal and -shm files the main
-    file's mode. What exists already is left as it is; with `new`, a file already there
-    (or a symlink, dangling too) is FileExistsError, asked in the one call that creates."""
+    file's mode. What exists already is left as it is; a symlink to a file not there yet
+    has it made at its target so; with `new`, a file already there (or a symlink,
+    dangling too) is FileExistsError, asked in the one call that creates."""
     missing = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
     for folder in reversed(missing):
         with contextlib.suppress(FileExistsError):  # another process made it meanwhile
@@ -164,6 +165,11 @@ def create_private(path: Path, *, new: bool = False) -> None:
     except FileExistsError:
         if new:
             raise
+        target = Path(os.path.realpath(path))
+        if not os.path.lexists(target):
+            # A symlink to a file not made yet (a store put on another disk): SQLite
+            # would make it with the umask's mode, readable by all; made here, private.
+            create_private(target)
         return
     try:
         os.fchmod(fd, 0o600)
