@@ -2,7 +2,8 @@
 to PostgreSQL"): before the finished mark it stops the copy, exit 130, unfinished; from
 the mark on the copy is whole and verified, so it is finished, exit 0, and the command
 says on stderr that the Ctrl-C came too late to stop it; a second Ctrl-C after the mark,
-before the source's end is read once more, takes the mark back. The signal is raised in
+before the source's end is read once more, takes the mark back, and the command reads
+what a second Ctrl-C left to say it. The signal is raised in
 the process by a hook at each point (`signal.raise_signal` runs its handler at once), on
 SQLite files."""
 
@@ -94,7 +95,51 @@ def test_a_second_ctrl_c_after_the_mark_takes_it_back(
     pressed = at_the_mark(monkeypatch, SqlKeyChecks, ctrl_c(times=2))
     assert copy(config) == EXIT_INTERRUPTED
     assert pressed
-    assert "copied" not in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "copied" not in said.out
+    assert said.err.endswith(
+        "copy.sqlite is marked an unfinished copy, which nothing opens: empty it (remove the "
+        "SQLite file, or drop the PostgreSQL schema) and copy again\n"
+    )
     monkeypatch.undo()
     with pytest.raises(UnfinishedCopy):
         Ledger(f"sqlite:///{tmp_path / 'copy.sqlite'}")
+
+
+def test_a_second_ctrl_c_once_the_copy_is_finished_says_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two presses once the last read has passed, before the command prints: exit 130,
+    and the line says the copy is finished and verified (read from the copy). Before, exit
+    130 without a word, and an operator took a sound copy for an unfinished one."""
+    config = a_store_and_its_config(tmp_path)
+    mark = copying._mark_finished
+
+    def pressed_after(*args: object) -> None:
+        mark(*args)  # type: ignore[arg-type]
+        ctrl_c(times=2)()
+
+    monkeypatch.setattr(copying, "_mark_finished", pressed_after)
+    assert copy(config) == EXIT_INTERRUPTED
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert "sendledger: interrupted after the copy was finished: " in said.err
+    assert said.err.rstrip().endswith("copy.sqlite before a daemon starts")
+    with Ledger(f"sqlite:///{tmp_path / 'copy.sqlite'}") as made:
+        assert made.recorder.max_notification_id() == 4
+
+
+def test_a_second_ctrl_c_before_the_copy_wrote_says_there_is_nothing_to_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = a_store_and_its_config(tmp_path)
+    check = copying._refuse_source
+
+    def pressed_during(*args: object) -> float:
+        ctrl_c(times=2)()
+        return check(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(copying, "_refuse_source", pressed_during)
+    assert copy(config) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err.endswith("copy.sqlite: nothing to empty\n")
+    assert not (tmp_path / "copy.sqlite").exists()

@@ -17,7 +17,14 @@ from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK, bad_input
 from daemon.from_settings import open_ledger, store_settings_for, store_spec
 from ledger.display import printable
 from ledger.stores import store_exists
-from ledger.stores.url import MemoryStore, SqliteStore, StoreUrlError, parse_store_url
+from ledger.stores.keycheck import COPY_FINISHED, COPY_STARTED
+from ledger.stores.url import (
+    MemoryStore,
+    SqliteStore,
+    StoreSpec,
+    StoreUrlError,
+    parse_store_url,
+)
 
 #: Seconds between two progress lines of a copy.
 PROGRESS_EVERY = 2.0
@@ -48,7 +55,7 @@ def register(admin: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_copy_store(args: argparse.Namespace) -> int:
-    from daemon.service_layer.copy_store import copy_store
+    from daemon.service_layer.copy_store import copy_store, left_at
 
     settings = store_settings_for(args.config)
     try:
@@ -66,17 +73,23 @@ def cmd_copy_store(args: argparse.Namespace) -> int:
             shown[0] = now
             print(f"... {copied} of {total} events copied", file=sys.stderr, flush=True)
 
-    with (
-        open_ledger(settings, create=False) as source,
-        ctrl_c_between_steps() as asked,
-    ):
-        result = copy_store(
-            source,
-            destination,
-            encryption_keys=keys,
-            progress=progress,
-            stop=lambda: bool(asked),
-        )
+    try:
+        with (
+            open_ledger(settings, create=False) as source,
+            ctrl_c_between_steps() as asked,
+        ):
+            result = copy_store(
+                source,
+                destination,
+                encryption_keys=keys,
+                progress=progress,
+                stop=lambda: bool(asked),
+            )
+    except KeyboardInterrupt:
+        # A second Ctrl-C interrupts wherever the copy was: what it left is read, so
+        # that a finished copy is not emptied on a guess, nor an unfinished one used.
+        _say_interrupted(destination, left_at(destination, keys))
+        return EXIT_INTERRUPTED
     if result.finished and asked:
         # Asked once the last check had passed: the copy was marked finished and the
         # source's end read once more. Stopping it then would throw a sound copy away.
@@ -87,8 +100,7 @@ def cmd_copy_store(args: argparse.Namespace) -> int:
     if not result.finished:
         output.error(
             f"interrupted: {result.events} of {result.total} events copied; "
-            f"{result.destination} is marked an unfinished copy, which nothing opens: empty "
-            "it (remove the SQLite file, or drop the PostgreSQL schema) and copy again"
+            f"{_unfinished(result.destination)}"
         )
         return EXIT_INTERRUPTED
     if args.json:
@@ -107,6 +119,28 @@ def cmd_copy_store(args: argparse.Namespace) -> int:
         f"point store.url at {result.destination} before a daemon starts"
     )
     return EXIT_OK
+
+
+def _unfinished(destination: str) -> str:
+    return (
+        f"{destination} is marked an unfinished copy, which nothing opens: empty it "
+        "(remove the SQLite file, or drop the PostgreSQL schema) and copy again"
+    )
+
+
+def _say_interrupted(destination: StoreSpec, mark: str | None) -> None:
+    from daemon.service_layer.copy_store import where
+
+    name = where(destination)
+    if mark == COPY_FINISHED:
+        output.error(
+            f"interrupted after the copy was finished: {name} is a finished copy, "
+            f"verified; point store.url at {name} before a daemon starts"
+        )
+    elif mark == COPY_STARTED:
+        output.error(f"interrupted: {_unfinished(name)}")
+    else:
+        output.error(f"interrupted before the copy wrote to {name}: nothing to empty")
 
 
 def cmd_backup(args: argparse.Namespace) -> int:

@@ -52,6 +52,7 @@ from ledger.application import Ledger
 from ledger.display import iso
 from ledger.event_format import STARTING_SECONDS
 from ledger.exceptions import Refusal, SendledgerError
+from ledger.stores import store_exists
 from ledger.stores.format_rows import STORE_HOLDER, format_rows_for
 from ledger.stores.identity import names_held
 from ledger.stores.keycheck import (
@@ -415,6 +416,18 @@ def _mark_finished(
         raise
 
 
+def left_at(destination: StoreSpec, encryption_keys: Sequence[str] = ()) -> str | None:
+    """The mark a copy interrupted at once (a second Ctrl-C) left at `destination`:
+    COPY_FINISHED (it was finished and verified before the interruption), COPY_STARTED
+    (an unfinished copy), or None when no copy wrote to it. Read without creating a
+    store that is not there."""
+    if not store_exists(destination):
+        return None
+    with Ledger(destination, encryption_keys=encryption_keys, copying=True) as target:
+        kinds = {check.kind for check in _checks(target).key_checks()}
+    return next((mark for mark in (COPY_FINISHED, COPY_STARTED) if mark in kinds), None)
+
+
 def _store_now(ledger: Ledger, clock: Callable[[], float]) -> float:
     """The clock the servers' format declarations are written by (`check_event_format`)."""
     at = ledger.loaded_policies().now()
@@ -555,6 +568,7 @@ __all__ = [
     "CopyRefused",
     "CopyResult",
     "copy_store",
+    "left_at",
     "running_on",
     "same_store",
     "where",
