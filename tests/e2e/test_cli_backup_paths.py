@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.e2e.conftest import sendledger_command
 from tests.e2e.test_cli_copy_store import stored_jobs
 
@@ -123,3 +124,52 @@ def test_a_tilde_in_a_store_url_is_refused_not_made_a_folder(cli: Any) -> None:
     assert status.code == 2 and len(status.error_lines) == 1
     assert "a '~' is not expanded in a URL" in status.stderr
     assert _files(cli.root) == before
+
+
+def _in_a_mount_namespace(cli: Any, bind: tuple[Path, Path], *args: str) -> Any:
+    """`sendledger ARGS` in a mount namespace of its own in which `bind[1]` is the folder
+    `bind[0]` mounted again (as root; the mount ends with the process)."""
+    script = 'mount --bind "$0" "$1" && shift && exec "$@"'
+    unshare = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    command = [*sendledger_command(), "--config", str(cli.config), *args]
+    return subprocess.run(
+        [*unshare, *map(str, bind), *command],
+        capture_output=True,
+        text=True,
+        cwd=cli.root,
+        env=cli.env,
+        timeout=60,
+    )
+
+
+def test_neither_goes_into_the_stores_own_files_through_a_second_mount(cli: Any) -> None:
+    """The store's folder mounted a second time (a bind mount, an export mounted twice):
+    no link to resolve, so the -wal named through it was another path. Before, `copy-store
+    --to` it said "copied" and the copy went with the -wal at the store's close (exit 0,
+    nothing there), and a backup became the -wal of the store's next open."""
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace here (root and unshare(1) needed): {probe.stderr!r}")
+    store = cli.root / "store"
+    again = cli.root / "again"
+    store.mkdir()
+    again.mkdir()
+    stored_jobs(store / "ledger.sqlite", 3)
+    cli.write_config("sqlite:///store/ledger.sqlite")
+    # The -wal alone: the folder's identity is what is new, the same for every suffix.
+    name = f"{again}/ledger.sqlite-wal"
+    backup = _in_a_mount_namespace(cli, (store, again), "admin", "backup", name)
+    assert backup.returncode == 2 and backup.stderr.splitlines() == [
+        f"sendledger: {name} is the store's own -wal file, which SQLite writes and removes: "
+        "a backup goes elsewhere"
+    ], backup.stderr
+    copy = _in_a_mount_namespace(
+        cli, (store, again), "admin", "copy-store", "--to", f"sqlite:///{name}"
+    )
+    assert copy.returncode == 2 and copy.stderr.splitlines() == [
+        f"sendledger: --to names the configured store's own -wal file (sqlite:{name}), which "
+        "SQLite writes and removes: a copy goes elsewhere"
+    ], copy.stderr
+    assert _files(store) == {"ledger.sqlite"}

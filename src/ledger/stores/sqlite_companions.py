@@ -22,18 +22,32 @@ COMPANION_SUFFIXES = (*WAL_FILES, "-journal")
 
 def companion_of(store: Path, path: Path) -> str | None:
     """The suffix of `store`'s companion file that `path` names, whatever its spelling
-    (relative, `..`, a symlinked folder, the store reached through a symlink), or None.
+    (relative, `..`, a symlinked folder, the store reached through a symlink, its folder
+    mounted a second time), or None.
 
-    Compared by real paths, as SQLite names the companions after the store's real path;
-    the path need not exist (a backup's file is new)."""
+    SQLite names the companions after the store's real path: `path` names one when its
+    folder is the store's real folder (the same folder on disk, not only the same path:
+    a bind mount has no link to resolve) and its name the store's with the suffix. The
+    path need not exist (a backup's file is new)."""
     real_store = os.path.realpath(store)
+    folder, name = os.path.split(real_store)
     # The folder resolved with the name kept, and the whole path resolved: a symlink to a
     # companion, dangling too, is one (SQLite would create its target).
     named = {os.path.join(os.path.realpath(path.parent), path.name), os.path.realpath(path)}
-    for suffix in COMPANION_SUFFIXES:
-        if f"{real_store}{suffix}" in named:
-            return suffix
+    for there, called in (os.path.split(candidate) for candidate in named):
+        if not _same_folder(there, folder):
+            continue
+        for suffix in COMPANION_SUFFIXES:
+            if called == f"{name}{suffix}":
+                return suffix
     return None
+
+
+def _same_folder(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is not there: then only its path can be the other's
+        return a == b
 
 
 __all__ = ["COMPANION_SUFFIXES", "companion_of"]
