@@ -1465,6 +1465,13 @@ class SendJob(Aggregate):
         return _earliest(self.verify_at if self.verifying else None, self.tidy_at)
 
 
+#: Events recorded beside a job's state, changing nothing a search or a draft check of
+#: it is evidence of: a person's check, drafts deleted. An answer another writer overtook
+#: with these alone still holds on the version they left (`Services._moves`,
+#: `daemon/engine/work.py: Work.beside_facts`).
+FACTS = (SendJob.Checked, SendJob.DraftsDeleted)
+
+
 def _only_in_trash(decision: decide.Review) -> bool:
     return decision.reason == EscalationReason.ONLY_IN_TRASH
 
@@ -1537,6 +1544,7 @@ def check_name(by: str) -> None:
 
 
 __all__ = [
+    "FACTS",
     "BounceRefused",
     "JobState",
     "SendJob",

@@ -211,6 +211,40 @@ def test_graph_a_lapsed_claims_draft_is_fenced_before_the_count(graph: EngineRig
     assert fake(graph).unsent_drafts(job.message_id) == 0
 
 
+def test_graph_a_persons_check_while_the_sweep_fences_leaves_the_fence_in_the_trail(
+    graph: EngineRig,
+) -> None:
+    """A person's `review check` recorded between the sweep's fence and its search: the
+    sweep's save conflicted, and the deletion (it happened) and the search's answer were
+    both dropped; the next sweep found nothing to delete, so the trail never said the
+    lapsed claim's draft was deleted. Both are now recorded on the version the check left."""
+    graph.submit("receipts", "k1")
+    fake(graph).crash_on_create()  # the draft exists, the daemon died before its send
+    graph.tick(errors=1)
+    graph.clock.advance(TIMEOUT + GRACE + 1)
+    assert graph.tick().recovered == 1
+    door = Services(
+        graph.ledger,
+        lambda: ChannelPolicies(graph.policies),
+        providers=lambda _: nullcontext(graph.provider),
+    )
+    provider = fake(graph)
+    delete_drafts = provider.delete_drafts
+
+    def fenced_then_checked(message_id: str) -> list[str]:
+        deleted = delete_drafts(message_id)
+        assert door.check("k1", by="alice").recorded
+        return deleted
+
+    provider.delete_drafts = fenced_then_checked  # type: ignore[method-assign]
+    graph.clock.advance(61)
+    assert graph.tick().searched == 1
+    types = [type(e).__name__ for e in graph.ledger.history("k1")]
+    assert types[-3:] == ["Checked", "DraftsDeleted", "SearchedMiss"], types
+    [fence] = [d for d in deletions(graph, "k1") if d.why == DRAFTS_FENCE]
+    assert len(fence.draft_ids) == 1
+
+
 def test_graph_a_persons_check_during_a_send_deletes_nothing(graph: EngineRig) -> None:
     import threading
 

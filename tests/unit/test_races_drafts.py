@@ -1,11 +1,12 @@
 """Gmail drafts mode (`send_via = "drafts"`) met by the other actor at one exact point
 (tests/unit/meanwhile.py; docs/architecture.md "The life of one job on a drafts
 provider"): a claim whose call outlived its lease lands while another daemon's recovery
-looks at its draft."""
+looks at its draft; a person's check lands while the recovery fences it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -16,16 +17,20 @@ from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import Scripted
 from daemon.providers.base import SendOutcome
 from daemon.providers.draft_handle import Draft
+from daemon.service_layer.services import ChannelPolicies, Services
+from ledger.decision_types import Review
 from ledger.job import SendJob
-from ledger.vocabulary import ConfirmedVia, JobState
+from ledger.vocabulary import ConfirmedVia, EscalationReason, JobState
 
 #: A channel where "not sent" would go to a person: a wrong one is a spurious review.
 LEGAL = policy("legal", on_unknown="review", pending_draft="review", search_after="60s")
+#: A channel that sends a draft known unsent again, and reviews an outcome it cannot know.
+NOTICES = policy("notices", on_unknown="review", pending_draft="send", search_after="60s")
 
 
 @pytest.fixture
 def rig() -> Iterator[EngineRig]:
-    rig = EngineRig(LEGAL)
+    rig = EngineRig(LEGAL, NOTICES)
     rig.engine.close()
     rig.provider = FakeDraftsProvider("fake", clock=rig.clock)
     rig.engine = rig.new_engine()
@@ -38,11 +43,11 @@ def fake(rig: EngineRig) -> FakeDraftsProvider:
     return rig.provider
 
 
-def lapsed_claim_with_its_draft(rig: EngineRig, key: str) -> Draft:
+def lapsed_claim_with_its_draft(rig: EngineRig, key: str, channel: str = "legal") -> Draft:
     """`key` claimed with its draft recorded, its call gone quiet (the worker died in
     it, nothing stored yet), and its lease run out: the next tick recovers it as unknown
     and, a draft being recorded, asks the draft at once. The recorded draft."""
-    rig.submit("legal", key)
+    rig.submit(channel, key)
     fake(rig).script(Scripted.crash_during_call(stored=False))
     rig.tick(errors=1)
     job = rig.job(key)
@@ -52,21 +57,26 @@ def lapsed_claim_with_its_draft(rig: EngineRig, key: str) -> Draft:
     return Draft(job.draft_id, job.draft_message_id)
 
 
+def after(rig: EngineRig, call: str, hook: Callable[[], None]) -> None:
+    """`hook` runs once the provider's `call` has answered, the first time only."""
+    provider = fake(rig)
+    answered = getattr(provider, call)
+    once = Meanwhile(hook)
+
+    def then_the_hook(*args: Any) -> Any:
+        answer = answered(*args)
+        once()
+        return answer
+
+    setattr(provider, call, then_the_hook)
+
+
 def the_call_lands_after(rig: EngineRig, call: str, draft: Draft) -> list[SendOutcome]:
     """The lapsed claim's drafts.send of `draft` lands once the provider's `call` (the
     recovery's check, or its fence) has answered, the first time only; what it answered
     is appended to the list returned."""
-    provider = fake(rig)
-    answered = getattr(provider, call)
     landed: list[SendOutcome] = []
-    lands = Meanwhile(lambda: landed.append(provider.send_draft(draft)))
-
-    def then_the_call_lands(*args: Any) -> Any:
-        answer = answered(*args)
-        lands()
-        return answer
-
-    setattr(provider, call, then_the_call_lands)
+    after(rig, call, lambda: landed.append(fake(rig).send_draft(draft)))
     return landed
 
 
@@ -102,3 +112,53 @@ def test_a_lapsed_claims_send_landing_after_the_fence_finds_no_draft_to_send(
     history = rig.ledger.history("k2")
     assert [e for e in history if isinstance(e, SendJob.DraftPending)]
     assert rig.job("k2").state is JobState.REVIEW  # pending_draft = "review": truly unsent
+
+
+def test_a_persons_check_while_the_recovery_fences_the_draft_keeps_its_answer(
+    rig: EngineRig,
+) -> None:
+    """The recovery's drafts.get says the lapsed claim's draft is unsent and its fence
+    deletes it; a person's `review check` is recorded right then, so the recovery's save
+    conflicts. Its answer was dropped with the conflict, and the next sweep found the
+    draft gone, as if sent or deleted by someone: DraftGone, and on this channel a review
+    of a job the daemon knew unsent (it deleted the draft itself). The answer is recorded
+    on the version the check left, and the draft sent again: one copy, no review."""
+    draft = lapsed_claim_with_its_draft(rig, "k3", "notices")
+    door = Services(
+        rig.ledger,
+        lambda: ChannelPolicies(rig.policies),
+        providers=lambda _: nullcontext(rig.provider),
+    )
+    checked: list[bool] = []
+    after(rig, "delete_draft", lambda: checked.append(door.check("k3", by="alice").recorded))
+    assert rig.tick().recovered == 1
+    assert checked == [True]
+    history = rig.ledger.history("k3")
+    assert [type(e).__name__ for e in history][-3:] == ["Checked", "DraftPending", "DraftsDeleted"]
+    [fence] = [e for e in history if isinstance(e, SendJob.DraftsDeleted)]
+    assert fence.draft_ids == [draft.draft_id]
+    rig.tick()  # the draft known unsent: a new one, sent
+    assert rig.job("k3").state is JobState.CONFIRMED, rig.events("k3")
+    assert rig.copies("k3") == 1
+    assert not [
+        e for e in rig.ledger.history("k3") if isinstance(e, SendJob.DraftGone | SendJob.Escalated)
+    ]
+
+
+def test_a_decision_while_the_recovery_fences_the_draft_is_not_written_over(
+    rig: EngineRig,
+) -> None:
+    """Only facts beside the state (a check, drafts deleted) let the recovery's answer
+    onto a later version: a decision made meanwhile (here another daemon's escalation)
+    stands, and the recovery's save is skipped as any conflicting step's is."""
+    lapsed_claim_with_its_draft(rig, "k4", "notices")
+    review = Review(NOTICES.ref, EscalationReason.HANDLE_UNRELIABLE)
+
+    def escalated() -> None:
+        rig.ledger.update("k4", lambda job: job.escalate(review, detail="", at=rig.clock()))
+
+    after(rig, "delete_draft", escalated)
+    report = rig.tick()
+    assert report.recovered == 1 and report.skipped == 1
+    assert rig.events("k4")[-1] == "Escalated"
+    assert rig.job("k4").state is JobState.REVIEW

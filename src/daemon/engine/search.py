@@ -51,16 +51,19 @@ from daemon.providers.base import (
 )
 from daemon.providers.draft_handle import DraftCheck, DraftsProvider, DraftStatus
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
+from ledger.application import ConcurrentUpdate
 from ledger.copies import copies_found
 from ledger.decision_types import AfterHistory, AfterSearch, AfterVerification, StopVerifying
 from ledger.display import quoted
-from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob
+from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob, TransitionError
 from ledger.vocabulary import JobState, PolicyRef
 from policies import decisions
 from policies.model import ChannelPolicy
 
 log = logging.getLogger("sendledger.engine")
 T = TypeVar("T")
+#: Saves of a sweep's answer tried while other writers keep appending facts beside it.
+FACT_TRIES = 3
 
 
 class SearchBackoff:
@@ -266,39 +269,49 @@ class Sweep:
         if _history_due(work.job, work.now):
             self._read_history(work, provider, policy)
             return
+        deleted: list[str] = []
         if provider.leaves_drafts:
             # The fence: no claim of this job is live (its outcome is Unknown), so any
             # draft of it still unsent is deleted before the copies are counted.
-            deleted = self._backoff.delete_drafts(work, provider, "fence")
-            if deleted is None:
+            fenced = self._backoff.delete_drafts(work, provider, "fence")
+            if fenced is None:
                 return
-            if deleted:
-                work.job.record_drafts_deleted(
-                    draft_ids=deleted, why=DRAFTS_FENCE, at=self._clock()
-                )
+            deleted = fenced
+        fenced_at = self._clock()
         result = self._backoff.search(work, provider)
-        if result is None:
-            if work.job.pending_events:
-                work.save()  # the fence's deletions, recorded even when the search failed
+        if result is None and not deleted:
             return
-        job, work.now = work.job, self._clock()
-        decision = decisions.after_search(
-            policy,
-            hits=result.count,
-            misses_before=job.misses,
-            resent=job.resent,
-            now=work.now,
-            only_in_trash=result.only_in_trash,
-        )
-        tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now)
-        _record(job.record_search, result, decision, work.now, tidy_at)
-        work.save()
-        log.info(
-            "job %s: search: %s: %s",
-            job.key,
-            copies_found(result.count, result.complete),
-            type(decision).__name__,
-        )
+        work.now = self._clock()
+        decided: list[AfterSearch] = []
+
+        def record(on: SendJob) -> None:
+            # The fence's deletions are recorded as they happened, also when the search
+            # failed; with the search's answer, on the version a person's check left.
+            if deleted:
+                on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=fenced_at)
+            if result is None:
+                return
+            decided[:] = [
+                decisions.after_search(
+                    policy,
+                    hits=result.count,
+                    misses_before=on.misses,
+                    resent=on.resent,
+                    now=work.now,
+                    only_in_trash=result.only_in_trash,
+                )
+            ]
+            tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now)
+            _record(on.record_search, result, decided[0], work.now, tidy_at)
+
+        _save_beside_facts(work, record)
+        if result is not None:
+            log.info(
+                "job %s: search: %s: %s",
+                work.job.key,
+                copies_found(result.count, result.complete),
+                type(decided[0]).__name__,
+            )
 
     def _read_history(self, work: Work, provider: Provider, policy: ChannelPolicy) -> None:
         """The mailbox's history since the claim, as events: Confirmed via history (one
@@ -363,18 +376,31 @@ class Sweep:
                 if check is None:
                     return
         work.now = self._clock()
-        record_draft_check(
-            job,
-            check,
-            policy,
-            now=work.now,
-            unknown_at=work.now,
-            handle_reliable=self._health.reliable(work.provider_name),
-            tidy_at=decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now),
-        )
-        if fenced is not None:
-            job.record_drafts_deleted(draft_ids=[fenced], why=DRAFTS_FENCE, at=work.now)
-        work.save()
+        asked = recorded_draft(job)
+        answer = check
+
+        def record(on: SendJob) -> None:
+            if recorded_draft(on) != asked:
+                why = "another draft is recorded since it was asked"
+                raise TransitionError(on.key, on.state.value, "record its draft's answer", why)
+            record_draft_check(
+                on,
+                answer,
+                policy,
+                now=work.now,
+                unknown_at=work.now,
+                handle_reliable=self._health.reliable(work.provider_name),
+                tidy_at=decisions.tidy_at(
+                    policy, leaves_drafts=provider.leaves_drafts, now=work.now
+                ),
+            )
+            if fenced is not None:
+                on.record_drafts_deleted(draft_ids=[fenced], why=DRAFTS_FENCE, at=work.now)
+
+        # A person's check while the draft was asked and fenced must not lose the answer:
+        # the draft it deleted would be read next time as gone, "sent or deleted by
+        # someone", and the job searched or sent to review though it is known unsent.
+        _save_beside_facts(work, record)
         log.info("job %s: its draft is %s", job.key, check.status.value)
 
 
@@ -396,6 +422,23 @@ def _record(
         at=at,
         tidy_at=tidy_at,
     )
+
+
+def _save_beside_facts(work: Work, record: Callable[[SendJob], None]) -> None:
+    """`record(job)` the sweep's answer and save it; when only facts were appended
+    meanwhile (a person's check: `Work.beside_facts`), again on the job they left. A
+    fence's deletion is the sweep's own doing: dropped, the next sweep would read the
+    draft it deleted as gone, sent or deleted by someone."""
+    record(work.job)
+    for attempt in range(FACT_TRIES):
+        seen = work.job.version - len(work.job.pending_events)
+        try:
+            work.save()
+            return
+        except ConcurrentUpdate:
+            if attempt == FACT_TRIES - 1 or not work.beside_facts(seen):
+                raise
+        record(work.job)
 
 
 def _history_due(job: SendJob, now: datetime) -> bool:

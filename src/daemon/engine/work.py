@@ -22,7 +22,7 @@ from daemon.providers.base import Provider
 from ledger.application import ConcurrentUpdate, Ledger, UnknownJob
 from ledger.decision_types import Review
 from ledger.display import quoted
-from ledger.job import SendJob, TransitionError
+from ledger.job import FACTS, SendJob, TransitionError
 from ledger.stores.causes import StoreUnavailable
 from ledger.stores.index import Withdrawn
 from ledger.vocabulary import JobState
@@ -70,6 +70,18 @@ class Work:
         else:
             self.commits.save(self.job)
         self.report_saved(events)
+
+    def beside_facts(self, seen: int) -> bool:
+        """After the step's save conflicted: whether the other writers appended only
+        facts beside the job's state since version `seen` (`FACTS`: a person's check,
+        drafts deleted). The job as they left it is then this Work's, for the step to
+        record its answer again on it: what it learnt and did at the provider still
+        holds. False after anything else (a decision, an attempt): the job untouched."""
+        now = self.ledger.get_job(self.job.key)
+        if any(not isinstance(e, FACTS) for e in self.ledger.history(now.key)[seen : now.version]):
+            return False
+        self.job = now
+        return True
 
     def save_soon(self, then: Then) -> None:
         """Save the step's events with the next commit, without waiting (`commit.py`:

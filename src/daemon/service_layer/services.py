@@ -66,7 +66,7 @@ from ledger.content import JobContent, JobInputError
 from ledger.copies import copies_found, found_only_in_trash
 from ledger.display import command_line, iso, quoted
 from ledger.exceptions import Refusal
-from ledger.job import DRAFTS_FENCE, SendJob, TransitionError, check_name
+from ledger.job import DRAFTS_FENCE, FACTS, SendJob, TransitionError, check_name
 from ledger.keys import note_problem
 from ledger.vocabulary import FINAL_STATES, EscalationReason, JobState, Resolution, Sender
 
@@ -744,7 +744,7 @@ class Services:
         if now == seen:
             return []
         events = self.ledger.history(key)[seen:now]
-        return [_change(event) for event in events if not isinstance(event, _FACTS)]
+        return [_change(event) for event in events if not isinstance(event, FACTS)]
 
     def _save_fence(self, job: SendJob, seen: int, deleted: list[str]) -> int:
         """The drafts a resend deleted first, saved on the version the person decided
@@ -1184,9 +1184,6 @@ def _repeats_last_check(job: SendJob, found: SearchResult) -> bool:
 
 #: How many of the events a conflict names (the rest are counted).
 _CHANGES_SHOWN = 4
-
-#: Events recorded beside a job's state, changing nothing a search of it is evidence of.
-_FACTS = (SendJob.Checked, SendJob.DraftsDeleted)
 
 
 def _changes(changes: Sequence[str]) -> str:
