@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from tests.unit.engine_rig import DAEMON, GRACE, TIMEOUT, EngineRig, policy, receipt
+from tests.unit.meanwhile import Meanwhile
+from tests.unit.test_circuit_hangs import wait_until
 
 from daemon.bootstrap import bootstrap
 from daemon.doubles.fake_drafts import FakeDraftsProvider
@@ -21,8 +23,9 @@ from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
 from daemon.engine.circuit import CircuitSettings
+from daemon.engine.dispatch import Dispatch
 from daemon.engine.leases import RENEW_SHARE, renew_interval
-from daemon.providers.base import Provider
+from daemon.providers.base import Provider, SendKind, SendOutcome
 from ledger.application import Ledger
 from ledger.job import SendJob
 from ledger.vocabulary import JobState
@@ -211,6 +214,52 @@ def test_a_slow_draft_send_is_never_recorded_unsent() -> None:
         assert "DraftPending" not in events and "Unknown" not in events, events
         assert rig.job("k1").state is JobState.CONFIRMED and rig.copies("k1") == 1
     finally:
+        rig.close()
+
+
+def test_an_outcome_told_after_the_next_claim_of_its_job_leaves_that_claim_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A draft send answered 500 and its draft found unsent: DraftPending, due at once. Its
+    outcome is told to its worker after the commit that saved it, and meanwhile another
+    worker claimed the job again and is in a slow call. That telling released the job's
+    lease by its key, the new claim's: not renewed, and recovered as Unknown by this very
+    daemon while its call ran, its draft fenced under it. It releases only its own now."""
+    rig = drafts_rig()
+    provider = rig.provider
+    assert isinstance(provider, FakeDraftsProvider)
+    release = threading.Event()
+    answered_500 = Scripted(SendOutcome(SendKind.UNKNOWN, "HTTP 500", status=500), stored=False)
+    provider.script(answered_500, Scripted.slow(release))
+    told = Dispatch.outcome_saved
+
+    def claimed_again() -> None:  # on the committing thread, between the commit and `then`
+        rig.engine.hand_out()
+        wait_until(lambda: provider.hanging == 1)
+
+    meanwhile = Meanwhile(claimed_again)
+
+    def told_after_a_new_claim(self: Dispatch, *args: Any) -> None:
+        meanwhile()
+        told(self, *args)
+
+    monkeypatch.setattr(Dispatch, "outcome_saved", told_after_a_new_claim)
+    try:
+        rig.submit("receipts", "k1")
+        rig.engine.hand_out()
+        assert rig.engine.settle(busy=lambda: provider.hanging, timeout=10)
+        assert meanwhile.hook is None and provider.hanging == 1
+        assert rig.events("k1")[-2:] == ["DraftPending", "Attempted"]
+        assert rig.engine.leases.holds("k1")
+        rig.clock.advance(LEASE + 1)  # past the stored deadline: renewed, not recovered
+        assert rig.engine.hand_out().recovered == 0
+        assert rig.engine.settle(busy=lambda: provider.hanging, timeout=10)
+        finish(rig, release)
+        events = rig.events("k1")
+        assert events.count("Unknown") == 1 and "DraftsDeleted" not in events, events
+        assert rig.job("k1").state is JobState.CONFIRMED and rig.copies("k1") == 1
+    finally:
+        release.set()
         rig.close()
 
 

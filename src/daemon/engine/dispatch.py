@@ -28,7 +28,7 @@ import daemon.engine.drafts as drafts_flow
 from daemon.crashpoints import crash_point
 from daemon.engine.circuit import Circuits, send_unavailable
 from daemon.engine.clock import Clock
-from daemon.engine.leases import Leases
+from daemon.engine.leases import Lease, Leases
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.unknown import unknown_to_events
@@ -70,6 +70,7 @@ class Claimed:
     created: bool = False  # `draft` was created by this claim's draft step (not reused)
     check: DraftCheck | None = None  # the draft's answer right after an unknown outcome
     probe: bool = False  # the one job its scope's open circuit let through
+    held: Lease | None = None  # the claim's lease while its worker holds it (`leases.py`)
 
 
 def _moved_since_loaded(work: Work) -> bool:
@@ -150,6 +151,7 @@ class Dispatch:
             claimed.probe = probe
             self.save_claim(claimed)  # durable; a conflict here means no call is made
             with self._leases.holding(work.job, claimed.lease, work.now) as lease:
+                claimed.held = lease
                 self.send(claimed)
             called = True
         finally:
@@ -178,7 +180,8 @@ class Dispatch:
                 work.report_saved(events)
                 self.count_outcome(claimed)
         finally:
-            self._leases.release(work.job.key)
+            if claimed.held is not None:
+                self._leases.release(claimed.held)
 
     def save_claim(self, claimed: Claimed) -> None:
         """The claim, durable. When another writer got there first (a person cancelled

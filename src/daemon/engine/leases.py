@@ -133,7 +133,7 @@ class Leases:
         try:
             yield lease
         except BaseException:
-            self.release(job.key)
+            self.release(lease)
             raise
 
     def holds(self, key: str) -> bool:
@@ -157,11 +157,15 @@ class Leases:
         with lease.lock:
             lease.renewing = False
 
-    def release(self, key: str) -> None:
+    def release(self, lease: Lease) -> None:
         """The outcome is durable, or failed to be (then the claim's deadline stands and
-        recovery takes it): the worker no longer holds the claim."""
+        recovery takes it): the worker no longer holds the claim. Only that claim: its
+        outcome is told after its commit, and by then the job may be due again (a draft
+        found unsent: at once) and claimed by another worker, whose call is in flight,
+        its lease held under the same key."""
         with self._lock:
-            self._held.pop(key, None)
+            if self._held.get(lease.job.key) is lease:
+                del self._held[lease.job.key]
 
     def renew_due(self) -> int:
         """Renew every held lease whose renewal is due; how many were renewed."""
