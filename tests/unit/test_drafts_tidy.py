@@ -11,6 +11,7 @@ from contextlib import contextmanager, nullcontext
 
 import pytest
 from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
+from tests.unit.test_races_drafts import a_check_after
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider, FakeGraphProvider
 from daemon.doubles.fake_provider import Scripted
@@ -75,6 +76,29 @@ def test_a_draft_a_lost_create_answer_left_is_deleted_once_the_job_is_confirmed(
     job = drafts.job("k1")
     assert fake(drafts).unsent_drafts(job.message_id) == 0
     assert job.tidy_at is None and job.purgeable and drafts.copies("k1") == 1
+
+
+def test_a_persons_check_during_the_tidy_leaves_its_deletion_in_the_trail(
+    drafts: EngineRig,
+) -> None:
+    """A person's `review check` of the confirmed job recorded while its tidy deleted
+    the draft a lost create answer left: the tidy's save conflicted and its record was
+    dropped, and the next tidy, finding nothing left, recorded that none was deleted.
+    The deletion is recorded after the check, on the version it left."""
+    drafts.submit("receipts", "k1")
+    fake(drafts).lose_create_answers(1)
+    drafts.tick(errors=1)
+    drafts.tick()  # a second draft, sent: the first one is left
+    message_id = drafts.job("k1").message_id
+    assert fake(drafts).unsent_drafts(message_id) == 1
+    checked = a_check_after(drafts, "delete_drafts", "k1")
+    drafts.clock.advance(60)
+    assert drafts.tick().tidied == 1 and checked == [True]
+    types = [type(e).__name__ for e in drafts.ledger.history("k1")]
+    assert types[-2:] == ["Checked", "DraftsDeleted"], types
+    [deleted] = deletions(drafts, "k1")
+    assert deleted.why == DRAFTS_TIDY and len(deleted.draft_ids) == 1
+    assert drafts.job("k1").purgeable and fake(drafts).unsent_drafts(message_id) == 0
 
 
 def test_a_tidy_that_finds_nothing_says_so_once(drafts: EngineRig) -> None:
@@ -223,22 +247,9 @@ def test_graph_a_persons_check_while_the_sweep_fences_leaves_the_fence_in_the_tr
     graph.tick(errors=1)
     graph.clock.advance(TIMEOUT + GRACE + 1)
     assert graph.tick().recovered == 1
-    door = Services(
-        graph.ledger,
-        lambda: ChannelPolicies(graph.policies),
-        providers=lambda _: nullcontext(graph.provider),
-    )
-    provider = fake(graph)
-    delete_drafts = provider.delete_drafts
-
-    def fenced_then_checked(message_id: str) -> list[str]:
-        deleted = delete_drafts(message_id)
-        assert door.check("k1", by="alice").recorded
-        return deleted
-
-    provider.delete_drafts = fenced_then_checked  # type: ignore[method-assign]
+    checked = a_check_after(graph, "delete_drafts", "k1")
     graph.clock.advance(61)
-    assert graph.tick().searched == 1
+    assert graph.tick().searched == 1 and checked == [True]
     types = [type(e).__name__ for e in graph.ledger.history("k1")]
     assert types[-3:] == ["Checked", "DraftsDeleted", "SearchedMiss"], types
     [fence] = [d for d in deletions(graph, "k1") if d.why == DRAFTS_FENCE]

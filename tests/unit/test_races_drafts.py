@@ -71,6 +71,24 @@ def after(rig: EngineRig, call: str, hook: Callable[[], None]) -> None:
     setattr(provider, call, then_the_hook)
 
 
+def door_of(rig: EngineRig) -> Services:
+    """The service layer a person's command or page acts through, on the rig's store."""
+    return Services(
+        rig.ledger,
+        lambda: ChannelPolicies(rig.policies),
+        providers=lambda _: nullcontext(rig.provider),
+    )
+
+
+def a_check_after(rig: EngineRig, call: str, key: str) -> list[bool]:
+    """A person's `review check` of `key` made once the provider's `call` has answered,
+    the first time only; whether it was recorded is appended to the list returned."""
+    door = door_of(rig)
+    checked: list[bool] = []
+    after(rig, call, lambda: checked.append(door.check(key, by="alice").recorded))
+    return checked
+
+
 def the_call_lands_after(rig: EngineRig, call: str, draft: Draft) -> list[SendOutcome]:
     """The lapsed claim's drafts.send of `draft` lands once the provider's `call` (the
     recovery's check, or its fence) has answered, the first time only; what it answered
@@ -124,13 +142,7 @@ def test_a_persons_check_while_the_recovery_fences_the_draft_keeps_its_answer(
     of a job the daemon knew unsent (it deleted the draft itself). The answer is recorded
     on the version the check left, and the draft sent again: one copy, no review."""
     draft = lapsed_claim_with_its_draft(rig, "k3", "notices")
-    door = Services(
-        rig.ledger,
-        lambda: ChannelPolicies(rig.policies),
-        providers=lambda _: nullcontext(rig.provider),
-    )
-    checked: list[bool] = []
-    after(rig, "delete_draft", lambda: checked.append(door.check("k3", by="alice").recorded))
+    checked = a_check_after(rig, "delete_draft", "k3")
     assert rig.tick().recovered == 1
     assert checked == [True]
     history = rig.ledger.history("k3")

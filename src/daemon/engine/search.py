@@ -539,8 +539,12 @@ class Tidy:
         deleted = self._backoff.delete_drafts(work, provider, "drafts tidy")
         if deleted is None:
             return
-        job.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_TIDY, at=self._clock())
-        work.save()
+        at = self._clock()
+        # Beside a person's check of the settled job: the next tidy would find nothing to
+        # delete, and the trail would say no draft of it was ever left.
+        _save_beside_facts(
+            work, lambda on: on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_TIDY, at=at)
+        )
         work.count("tidied")
         if deleted:
             log.info("job %s: %d unsent drafts deleted: %s", job.key, len(deleted), deleted)
