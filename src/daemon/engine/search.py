@@ -269,10 +269,15 @@ class Sweep:
         if _history_due(work.job, work.now):
             self._read_history(work, provider, policy)
             return
+        self._fence_and_search(work, provider, policy)
+
+    def _fence_and_search(self, work: Work, provider: Provider, policy: ChannelPolicy) -> None:
+        """The search of an Unknown job, its unsent drafts deleted first where the
+        provider may leave some (the fence: no claim of it is live, so a lapsed claim's
+        draft can never be sent after the count); both recorded on the version loaded,
+        or beside a person's check made meanwhile (`_save_beside_facts`)."""
         deleted: list[str] = []
         if provider.leaves_drafts:
-            # The fence: no claim of this job is live (its outcome is Unknown), so any
-            # draft of it still unsent is deleted before the copies are counted.
             fenced = self._backoff.delete_drafts(work, provider, "fence")
             if fenced is None:
                 return
@@ -285,8 +290,7 @@ class Sweep:
         decided: list[AfterSearch] = []
 
         def record(on: SendJob) -> None:
-            # The fence's deletions are recorded as they happened, also when the search
-            # failed; with the search's answer, on the version a person's check left.
+            # The deletions are recorded as they happened, also when the search failed.
             if deleted:
                 on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=fenced_at)
             if result is None:
@@ -376,8 +380,27 @@ class Sweep:
                 if check is None:
                     return
         work.now = self._clock()
-        asked = recorded_draft(job)
-        answer = check
+        # A person's check while the draft was asked and fenced must not lose the answer:
+        # the draft it deleted would be read next time as gone, "sent or deleted by
+        # someone", and the job searched or sent to review though it is known unsent.
+        _save_beside_facts(work, self._draft_answer(work, check, policy, provider, fenced))
+        log.info("job %s: its draft is %s", job.key, check.status.value)
+
+    def _draft_answer(
+        self,
+        work: Work,
+        check: DraftCheck,
+        policy: ChannelPolicy,
+        provider: Provider,
+        fenced: str | None,
+    ) -> Callable[[SendJob], None]:
+        """What the draft answered (and `fenced`: the draft the sweep deleted), as the
+        events a job records; refused on a job whose recorded draft is no longer the
+        one asked."""
+        asked = recorded_draft(work.job)
+        now = work.now
+        reliable = self._health.reliable(work.provider_name)
+        tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=now)
 
         def record(on: SendJob) -> None:
             if recorded_draft(on) != asked:
@@ -385,23 +408,17 @@ class Sweep:
                 raise TransitionError(on.key, on.state.value, "record its draft's answer", why)
             record_draft_check(
                 on,
-                answer,
+                check,
                 policy,
-                now=work.now,
-                unknown_at=work.now,
-                handle_reliable=self._health.reliable(work.provider_name),
-                tidy_at=decisions.tidy_at(
-                    policy, leaves_drafts=provider.leaves_drafts, now=work.now
-                ),
+                now=now,
+                unknown_at=now,
+                handle_reliable=reliable,
+                tidy_at=tidy_at,
             )
             if fenced is not None:
-                on.record_drafts_deleted(draft_ids=[fenced], why=DRAFTS_FENCE, at=work.now)
+                on.record_drafts_deleted(draft_ids=[fenced], why=DRAFTS_FENCE, at=now)
 
-        # A person's check while the draft was asked and fenced must not lose the answer:
-        # the draft it deleted would be read next time as gone, "sent or deleted by
-        # someone", and the job searched or sent to review though it is known unsent.
-        _save_beside_facts(work, record)
-        log.info("job %s: its draft is %s", job.key, check.status.value)
+        return record
 
 
 def _record(
