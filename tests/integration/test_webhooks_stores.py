@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -212,9 +213,25 @@ def store_is_postgres(ledger: Ledger) -> bool:
 # -- PostgreSQL: gaps and two workers ------------------------------------------------------
 
 
+@contextmanager
+def insert_in_flight(ledger: Ledger, pg_url: str) -> Iterator[Any]:
+    """A session that inserted an event, which took its notification id, and has not
+    committed: a gap below every id taken after it, until its rollback or commit."""
+    import psycopg
+
+    recorder: Any = ledger.recorder
+    table = f'"{recorder.datastore.schema}"."{recorder.events_table_name}"'
+    with psycopg.connect(pg_url.split("?")[0]) as slow:
+        slow.execute(
+            f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+            "VALUES (%s, 1, 'test:Other', '\\x7b7d')",
+            [job_id_for("gap-holder")],
+        )
+        yield slow
+
+
 @pytest.mark.postgres
 def test_horizon_waits_for_an_insert_that_has_not_committed(pg_url: str) -> None:
-    import psycopg
 
     with Ledger(pg_url) as ledger:
         engine = engine_on(ledger)
@@ -222,14 +239,8 @@ def test_horizon_waits_for_an_insert_that_has_not_committed(pg_url: str) -> None
         positions = ledger.positions()
         before = positions.horizon(0)
         recorder: Any = ledger.recorder
-        table = f'"{recorder.datastore.schema}"."{recorder.events_table_name}"'
         # An insert that took its notification id and has not committed ...
-        with psycopg.connect(pg_url.split("?")[0]) as slow:
-            slow.execute(
-                f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
-                "VALUES (%s, 1, 'test:Other', '\\x7b7d')",
-                [job_id_for("gap-holder")],
-            )
+        with insert_in_flight(ledger, pg_url) as slow:
             # ... while a later one commits.
             confirm(ledger, engine, ["g-2"])
             assert recorder.max_notification_id() > before + 1
@@ -243,6 +254,34 @@ def test_horizon_waits_for_an_insert_that_has_not_committed(pg_url: str) -> None
         assert positions.horizon(before) == recorder.max_notification_id()
         Deliverer(ledger, HOOK, owner="a", poster=receiver).pass_once()
         assert [p["key"] for p in receiver.got] == ["g-1", "g-2"]
+        engine.close()
+
+
+@pytest.mark.postgres
+def test_status_counts_behind_only_what_delivery_reads_before_a_gap_in_flight(
+    pg_url: str,
+) -> None:
+    """An insert holds a notification id and has not committed while a later event
+    commits: delivery stops below the gap, and `behind` counts what it will send next,
+    not the event past the gap (it counted up to the newest visible id: 2 here, with
+    the webhook caught up to the gap)."""
+    with Ledger(pg_url) as ledger:
+        engine = engine_on(ledger)
+        confirm(ledger, engine, ["s-1"])
+        recorder: Any = ledger.recorder
+        with insert_in_flight(ledger, pg_url) as slow:
+            confirm(ledger, engine, ["s-2"])
+            [before] = webhook_status(ledger, {"ops": ["confirmed"]}, time.time())
+            receiver = Receiver()
+            Deliverer(ledger, HOOK, owner="a", poster=receiver).pass_once()
+            [after] = webhook_status(ledger, {"ops": ["confirmed"]}, time.time())
+            slow.rollback()
+        assert [p["key"] for p in receiver.got] == ["s-1"]
+        assert (before["behind"], before["next_event_id"]) == (1, confirmed_ids(ledger)[0])
+        assert after["behind"] == 0 and after["next_event_id"] is None
+        assert after["log_end"] == recorder.max_notification_id()
+        [settled] = webhook_status(ledger, {"ops": ["confirmed"]}, time.time())
+        assert (settled["behind"], settled["next_event_id"]) == (1, confirmed_ids(ledger)[1])
         engine.close()
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from daemon.webhooks.events import WEBHOOK_TYPES, event_id_for, topics_for, type_of
 from ledger.application import Ledger
 from ledger.display import iso
+from ledger.stores.positions import final_end
 
 PAGE = 500
 #: Undelivered events counted at most (a larger backlog shows as this, with "+").
@@ -20,14 +21,19 @@ def webhook_status(
     ledger: Ledger, configured: Mapping[str, Sequence[str]], now: float
 ) -> list[dict[str, Any]]:
     """One record per webhook configured (`name -> event types`) or known to the store."""
-    rows = {row.name: row for row in ledger.positions().read_all()}
+    positions = ledger.positions()
+    rows = {row.name: row for row in positions.read_all()}
     end = int(ledger.recorder.max_notification_id() or 0)
     records = []
     for name in sorted(set(configured) | set(rows)):
         row = rows.get(name)
         position = row.position if row is not None else 0
         types = configured.get(name, WEBHOOK_TYPES)
-        behind, oldest, head = _backlog(ledger, position, end, types)
+        # Counted as far as the log is final, where delivery reads to (`horizon`): on
+        # PostgreSQL a save still in flight below newer ids holds the webhook there, and
+        # the events past it are not what it sends next (nor skipped by `webhooks skip`).
+        final = final_end(positions, position)
+        behind, oldest, head = _backlog(ledger, position, final, types)
         records.append(
             {
                 "name": name,
