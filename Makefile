@@ -17,8 +17,10 @@ STAMP     := $(VENV)/.installed-stamp
 # (tests/conftest.py); its own service is kept from starting. systemd: `systemd-analyze
 # verify` on the shipped unit and on the one `sendledger init` writes. curl: the line
 # `sendledger try` prints is run as printed (tests/e2e/test_try.py).
+# locales: the de_DE.UTF-8 locale the script makes, for a private server speaking German
+# (tests/integration/test_pg_refusals.py).
 TEST_PACKAGES := chromium fonts-liberation postfix dovecot-imapd dovecot-lmtpd postgresql-15 \
-	systemd curl
+	systemd curl locales
 
 # Bytecode caches are written, as an installed package has them: where the environment
 # turns them off (PYTHONDONTWRITEBYTECODE, as this project's CI machines do), every process a

@@ -410,7 +410,8 @@ def test_a_role_the_server_does_not_know_names_store_url() -> None:
     )
     _refused_at_open(
         nobody,
-        'role "sendledger_no_such_role" does not exist); fix the user or password in store.url',
+        'role "sendledger_no_such_role" does not exist); fix the user in store.url, or let '
+        "that role log in on the server (CREATE ROLE ... LOGIN, or ALTER ROLE ... LOGIN)",
     )
 
 
@@ -433,8 +434,8 @@ def test_a_wrong_password_at_open_is_named_at_once_and_never_shown() -> None:
         )
         took = _refused_at_open(
             spec,
-            'password authentication failed for user "secretive"); '
-            "fix the user or password in store.url",
+            'password authentication failed for user "secretive"); fix the password in '
+            "store.url; a right one is refused too when",
         )
         assert all(seconds < LONG_CONNECT_TIMEOUT / 2 for seconds in took), took
         right = dataclasses.replace(spec, password="right-one")
@@ -534,7 +535,7 @@ def test_a_role_whose_password_is_stored_as_md5_is_told_its_line_asks_md5() -> N
                 assert time.monotonic() < deadline, (method, _refusal(hashed))
                 time.sleep(0.1)
             if said is not None:
-                _refused_at_open(hashed, f'{said} for user "hashed"); fix the user or')
+                _refused_at_open(hashed, f'{said} for user "hashed"); fix the password in')
         Ledger(hashed).close()
 
 
@@ -557,7 +558,7 @@ def test_a_pg_hba_hint_for_a_name_with_a_line_break_stays_one_line() -> None:
     """A role named with a line break (`store.url`'s user `a%0Ab`) is one no pg_hba.conf
     line can name: the hint says so, in the error's one line. Before, it quoted the name,
     line break and all: a line pg_hba.conf cannot read, and an error of two lines."""
-    from ledger.stores.postgres import hba_fix
+    from ledger.stores.pg_refusals import hba_fix
 
     store = PostgresStore(
         dbname="postgres", host="127.0.0.1", port=5432, user="a\nb", password="s3cret"

@@ -262,7 +262,7 @@ def test_psycopg_is_imported_only_for_a_postgresql_store(tmp_path: Path) -> None
         for p in sorted((SRC).rglob("*.py"))
         if re.search(r"^\s*(import|from) psycopg", p.read_text(encoding="utf-8"), re.M)
     ]
-    assert importers == ["ledger/stores/postgres.py"]
+    assert importers == ["ledger/stores/pg_refusals.py", "ledger/stores/postgres.py"]
 
 
 def _house_metrics() -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
 import weakref
@@ -42,6 +41,12 @@ from ledger.stores.index import (
     Withdrawn,
 )
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
+from ledger.stores.pg_refusals import (
+    TOO_MANY_CONNECTIONS,
+    ServerRefusal,
+    refusal_fix,
+    server_refusal,
+)
 from ledger.stores.private_api import InsertHook, insert_by_function
 from ledger.stores.url import PostgresStore
 
@@ -379,11 +384,12 @@ def connection_lost(exc: BaseException) -> bool:
 
 #: Seconds between two tries of a connection at open (`connect_at_open`).
 OPEN_RETRY_PAUSE = 0.5
-#: How a server with no free connection slot (SQLSTATE 53300: every slot taken, the rest
-#: reserved, a role's or a database's CONNECTION LIMIT reached) words its refusal. libpq
-#: keeps the code to itself while a connection starts (`_ping_after`): the words are
-#: all there is, and a server whose `lc_messages` is not English is not recognized by
-#: them (its refusal then fails a service's start at once, as a command's).
+#: How an English server with no free connection slot (SQLSTATE 53300: every slot taken,
+#: the rest reserved, a role's or a database's CONNECTION LIMIT reached) words its
+#: refusal: recognized by them only where no trace shows its code
+#: (`ledger.stores.pg_refusals`), and so a server whose `lc_messages` is another
+#: language's only there (its refusal then fails a service's start at once, as a
+#: command's).
 _NO_FREE_SLOT = (
     "too many clients already",
     "remaining connection slots are reserved",
@@ -414,75 +420,23 @@ def connect_at_open(store: PostgresStore, **kwargs: Any) -> psycopg.Connection[A
 
 Connected = TypeVar("Connected")
 
-#: How a server words a login it refuses for the user or password the URL gives (libpq
-#: keeps the SQLSTATE to itself while a connection starts, as for `_NO_FREE_SLOT`).
-_LOGIN_REFUSED = re.compile(
-    r'authentication failed for user|no password supplied|role ".*" does not exist'
-)
-#: The setting an operator fixes then, said with the refusal: the driver's words name
-#: the user but not where it came from.
-LOGIN_FIX = "fix the user or password in store.url"
 
-
-#: How a server words a connection its pg_hba.conf has no line for, or one whose line
-#: rejects it (SQLSTATE 28000, kept by libpq as for `_LOGIN_REFUSED`). The host it names
-#: is the client's address as the server saw it, the one a pg_hba.conf line must match:
-#: not the URL's host, which is the server's.
-_HBA_REFUSED = re.compile(
-    r'(?:no pg_hba\.conf entry|pg_hba\.conf rejects connection) for host "([^"]+)"'
-)
-#: Words a pg_hba.conf field reads as a keyword, not as a name, unless quoted.
-_HBA_KEYWORDS = frozenset({"all", "sameuser", "samerole", "samegroup", "replication"})
-#: What no pg_hba.conf field holds, quoted or not: the file is read a line at a time.
-_HBA_UNWRITABLE = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def hba_fix(store: PostgresStore, said: str) -> str:
-    """The pg_hba.conf line the server needs for the store's database and user from the
-    client's address `said` names (no password: the line asks for one), or "" when `said`
-    is no pg_hba.conf refusal. A refusal no wait changes, whose fix is on the server, not
-    in store.url: the driver's words name the address but not the line to write."""
-    found = _HBA_REFUSED.search(said)
-    if found is None:
-        return ""
-    address = found.group(1)
-    unwritable = [
-        what
-        for what, name in (("database", store.dbname), ("user", store.user))
-        if _HBA_UNWRITABLE.search(name)
-    ]
-    if unwritable:
-        # Quoted, the line would still break in two (and so would this one-line error).
-        return (
-            f"no pg_hba.conf line can name this {' or '.join(unwritable)} (a line break or "
-            "another control character in the name): use one whose name has none"
-        )
-    names = f"{_hba_word(store.dbname)} {_hba_word(store.user)}"
-    if address == "[local]":
-        # A Unix socket's connection: the server names no address, and only a `local`
-        # line (which has none) matches it; a `host` line never does.
-        line = f"local {names} scram-sha-256"
-    else:
-        mask = "128" if ":" in address else "32"
-        line = f"host {names} {address}/{mask} scram-sha-256"
-    # scram-sha-256 refuses a role whose password was stored as an md5 hash (set under
-    # password_encryption md5): "password authentication failed" once the line is in.
-    return (
-        f"the server's pg_hba.conf needs the line '{line}' (above any line that rejects "
-        "it), then SELECT pg_reload_conf() as a superuser (md5 in place of scram-sha-256 "
-        "for a role whose password is stored as md5)"
-    )
-
-
-def _hba_word(name: str) -> str:
-    if re.fullmatch(r"[A-Za-z0-9_$.-]+", name) and name not in _HBA_KEYWORDS:
-        return name
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _cannot_connect(store: PostgresStore, exc: psycopg.OperationalError) -> StoreUnavailable:
-    fix = LOGIN_FIX if _LOGIN_REFUSED.search(str(exc)) else hba_fix(store, str(exc))
+def _cannot_connect(
+    store: PostgresStore, exc: psycopg.OperationalError, *, answered: bool
+) -> StoreUnavailable:
+    """The store's one line for a connection that failed with `exc`, with the fix of a
+    refusal when the server `answered` (libpq's ping said so)."""
+    needs_password = bool(getattr(getattr(exc, "pgconn", None), "needs_password", False))
+    refusal = _refusal(store, exc) if answered else None
+    fix = refusal_fix(store, str(exc), refusal, needs_password)
     return StoreUnavailable(store.describe(), "cannot connect", exc, fix)
+
+
+def _refusal(store: PostgresStore, exc: psycopg.OperationalError) -> ServerRefusal | None:
+    """The code and words of the refusal `exc` reports, where a trace shows them
+    (`server_refusal`)."""
+    conninfo = make_conninfo("", **_connect_args(store))
+    return server_refusal(conninfo, store.connect_timeout, str(exc))
 
 
 def waited_connect(store: PostgresStore, connect: Callable[[], Connected]) -> Connected:
@@ -510,7 +464,7 @@ def waited_connect(store: PostgresStore, connect: Callable[[], Connected]) -> Co
             if left <= 0:
                 # The driver's words are one line here; its hint lines ("Is the server
                 # running...?") are cut by StoreUnavailable.
-                raise _cannot_connect(store, exc) from exc
+                raise _cannot_connect(store, exc, answered=cause == NO_FREE_SLOT) from exc
             if store.start_wait and not waiting:
                 waiting = True
                 said = StoreUnavailable(store.describe(), "cannot connect yet", exc)
@@ -537,12 +491,21 @@ def _wait_cause(store: PostgresStore, exc: psycopg.OperationalError) -> str | No
     failure: nothing answered, or the server is starting up, shutting down or in
     recovery (57P03, told apart by libpq's ping from a refusal that stands); at a
     service's start, a server with no free slot too."""
-    if store.start_wait and any(words in str(exc) for words in _NO_FREE_SLOT):
-        return NO_FREE_SLOT
     ping = _ping_after(store, exc)
     if ping == pq.Ping.OK:
+        if store.start_wait and _no_free_slot(store, exc):
+            return NO_FREE_SLOT
         return None
     return STARTING_UP if ping == pq.Ping.REJECT else NO_ANSWER
+
+
+def _no_free_slot(store: PostgresStore, exc: psycopg.OperationalError) -> bool:
+    """A refusal for want of a free connection slot: by its code when a trace shows it,
+    else by an English server's words."""
+    refusal = _refusal(store, exc)
+    if refusal is not None:
+        return refusal.code == TOO_MANY_CONNECTIONS
+    return any(words in str(exc) for words in _NO_FREE_SLOT)
 
 
 def _ping_after(store: PostgresStore, exc: psycopg.OperationalError) -> pq.Ping:
@@ -555,9 +518,9 @@ def _ping_after(store: PostgresStore, exc: psycopg.OperationalError) -> pq.Ping:
     when the server answered with any refusal but "cannot connect now" (57P03: starting
     up, shutting down, in recovery), which it calls REJECT; NO_RESPONSE when nothing
     answered. Asked again with the same parameters, it says which failure this was.
-    Nothing tells a full server (53300, "too many clients") from a wrong password
-    without reading that message: it is a refusal too. A connect that timed out had no
-    answer: not asked (the ask would wait as long again)."""
+    Which refusal it was (a full server, 53300, or a wrong password) is its code, where a
+    traced try shows it (`ledger.stores.pg_refusals`), else its words. A connect that
+    timed out had no answer: not asked (the ask would wait as long again)."""
     if isinstance(exc, psycopg.errors.ConnectionTimeout):
         return pq.Ping.NO_RESPONSE
     conninfo = make_conninfo("", **_connect_args(store))
@@ -570,7 +533,7 @@ def _connect_once_more(store: PostgresStore, connect: Callable[[], Connected]) -
     try:
         return connect()
     except psycopg.OperationalError as exc:
-        raise _cannot_connect(store, exc) from exc
+        raise _cannot_connect(store, exc, answered=True) from exc
 
 
 def schema_exists(store: PostgresStore) -> bool:
