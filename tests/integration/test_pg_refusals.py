@@ -174,3 +174,51 @@ def _connected(spec: PostgresStore) -> psycopg.Connection[tuple[object, ...]]:
         except psycopg.OperationalError:
             assert time.monotonic() < deadline, "pg_hba.conf not reloaded"
             time.sleep(0.1)
+
+
+def test_a_running_pool_refused_after_a_pg_hba_reload_says_the_open_s_line() -> None:
+    """The operator edits pg_hba.conf and reloads while the daemon runs: its pool's new
+    connections are refused. A store call then fails with the line an open gives, the
+    pg_hba.conf line to add included, and /healthz says it; before, the pool's "couldn't
+    get a connection after 2.00 sec", and the line only at the next start."""
+    from daemon.api.health import HealthSources, check_health
+    from ledger.application import Ledger
+    from ledger.stores.causes import StoreUnavailable
+    from ledger.vocabulary import JobState
+    from policies.loader import PolicySet
+
+    require_private_cluster()
+    with PrivateCluster() as pg:
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("CREATE ROLE outsider LOGIN PASSWORD 'hba-secret'")
+            conn.execute("GRANT CREATE ON SCHEMA public TO outsider")
+        spec = dataclasses.replace(_private_store(pg, "outsider", "hba-secret"), connect_timeout=2)
+        (pg.data / "pg_hba.conf").write_text(SCRAM_HBA)
+        pg._run(BIN / "pg_ctl", "-D", pg.data, "reload")
+        _connected(spec).close()
+        with Ledger(spec) as ledger:
+            sources = HealthSources(ledger, lambda: PolicySet({}), lambda: None, [])
+            assert check_health(sources)[0]
+            trusted_only = f"local all all trust\nhost all {USER} 127.0.0.1/32 trust\n"
+            _hba_reloaded(pg, trusted_only, spec, "hba-secret")
+            with psycopg.connect(pg.url, autocommit=True) as conn:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE usename = 'outsider'"
+                )
+            said: list[str] = []
+            for _ in range(3):  # a pooled connection found dead first, maybe
+                try:
+                    ledger.counts([JobState.REVIEW])
+                except StoreUnavailable as exc:
+                    said.append(str(exc))
+                    break
+                except Exception as exc:  # the session the server ended
+                    said.append(f"{type(exc).__name__}: {exc}")
+            healthy, reasons, _checks = check_health(sources)
+        with pytest.raises(StoreUnavailable) as at_open:
+            Ledger(spec)
+    line = str(at_open.value)
+    assert "needs the line 'host postgres outsider 127.0.0.1/32 scram-sha-256'" in line, line
+    assert said[-1] == line, said
+    assert not healthy and reasons == [f"store unreachable: StoreUnavailable: {line}"], reasons

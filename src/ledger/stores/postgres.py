@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -88,8 +88,9 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
         # Before the library's own init, whose type adapters take the pool's first
         # connection.
         start, _OPENING.start = _OPENING.start, None
+        store, _OPENING.store = _OPENING.store, None
         bound_pool_connects(datastore.pool)
-        PoolWait.install(datastore.pool, start=start)
+        PoolWait.install(datastore.pool, start=start, store=store)
         super().__init__(datastore, events_table_name=events_table_name)
         schema = datastore.schema.replace('"', '""')
         self._table = f'"{schema}".{INDEX_TABLE}'
@@ -265,19 +266,35 @@ class PoolWait(threading.local):
 
     @classmethod
     def install(
-        cls, pool: psycopg_pool.ConnectionPool[Any], *, start: PostgresStore | None = None
+        cls,
+        pool: psycopg_pool.ConnectionPool[Any],
+        *,
+        start: PostgresStore | None = None,
+        store: PostgresStore | None = None,
     ) -> None:
         """The pool's `getconn` (which `connection()`, and so eventsourcing, calls) asks
         the calling thread's question, if any. At a service's start (`start`, the store
         with its `start_wait`) the pool's first connection waits for the server as the
-        store's first did (`FirstConnection`), and so do the calls waiting for it."""
+        store's first did (`FirstConnection`), and so do the calls waiting for it. A
+        wait that runs out while the server refuses the pool's connections raises the
+        line an open would (`RefusedConnects`, for `store`)."""
         if pool in cls._installed:
             return
         cls._installed.add(pool)
         plain = pool.getconn
         first = None if start is None else FirstConnection.install(pool, start)
+        refused = None if store is None else RefusedConnects.install(pool, store)
 
         def getconn(timeout: float | None = None) -> Any:
+            try:
+                return asked(timeout)
+            except psycopg_pool.PoolTimeout as exc:
+                line = None if refused is None else refused.line()
+                if line is None:
+                    raise
+                raise line from exc
+
+        def asked(timeout: float | None) -> Any:
             if first is not None:
                 first.wait()
             ask = _WAIT.connect_while
@@ -309,7 +326,63 @@ class PoolWait(threading.local):
 _WAIT = PoolWait()
 
 
-class FirstConnection:
+class _PoolConnects:
+    """What each connection a pool makes from now on is made through (`connect`, given
+    the pool's own way to make it)."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    @classmethod
+    def install(cls, pool: psycopg_pool.ConnectionPool[Any], store: PostgresStore) -> Self:
+        """psycopg's pool makes each connection by `connection_class.connect`."""
+        through = cls(store)
+        plain = pool.connection_class
+
+        class Connect:
+            @staticmethod
+            def connect(conninfo: str = "", **kwargs: Any) -> Any:
+                return through.connect(lambda: plain.connect(conninfo, **kwargs))
+
+        pool.connection_class = Connect
+        return through
+
+    def connect(self, connect: Callable[[], Connected]) -> Connected:
+        raise NotImplementedError
+
+
+class RefusedConnects(_PoolConnects):
+    """A running pool's connections refused by the server (pg_hba.conf edited and
+    reloaded, a password or a role changed, the server full): a call whose wait for a
+    connection then runs out raises the store's one line as an open says it, the fix
+    included (`_cannot_connect`), not the pool's "couldn't get a connection after N
+    sec" (the pool's worker logs only the driver's words). The pool's last try is kept
+    while it failed; a connection made forgets it."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        super().__init__(store)
+        self._failed: psycopg.OperationalError | None = None
+
+    def connect(self, connect: Callable[[], Connected]) -> Connected:
+        try:
+            conn = connect()
+        except psycopg.OperationalError as exc:
+            self._failed = exc
+            raise
+        self._failed = None
+        return conn
+
+    def line(self) -> StoreUnavailable | None:
+        """The refusal of the pool's last try, when it failed and the server answered
+        it (libpq's ping); None otherwise (every connection busy, or no answer: the
+        pool's own error stands, and a lost server is tried again by the callers)."""
+        failed = self._failed
+        if failed is None or _ping_after(self._store, failed) != pq.Ping.OK:
+            return None
+        return _cannot_connect(self._store, failed, answered=True)
+
+
+class FirstConnection(_PoolConnects):
     """A pool's first connection at a service's start, made through the start's wait
     (`waited_connect`) by the pool's worker: between the store's first connection and
     the pool's, a server may fill up again (53300), and the pool's own tries (1, 2, 4,
@@ -317,26 +390,10 @@ class FirstConnection:
     connection is made, or its wait given up, the pool connects as it always does."""
 
     def __init__(self, store: PostgresStore) -> None:
-        self._store = store
+        super().__init__(store)
         self._settled = threading.Event()
         self._one_at_a_time = threading.Lock()
         self._failure: Exception | None = None
-
-    @classmethod
-    def install(
-        cls, pool: psycopg_pool.ConnectionPool[Any], store: PostgresStore
-    ) -> FirstConnection:
-        """psycopg's pool makes each connection by `connection_class.connect`."""
-        first = cls(store)
-        plain = pool.connection_class
-
-        class Connect:
-            @staticmethod
-            def connect(conninfo: str = "", **kwargs: Any) -> Any:
-                return first.connect(lambda: plain.connect(conninfo, **kwargs))
-
-        pool.connection_class = Connect
-        return first
 
     def connect(self, connect: Callable[[], Connected]) -> Connected:
         if not self._settled.is_set():
@@ -882,9 +939,11 @@ def _connect_args(store: PostgresStore) -> dict[str, Any]:
 
 
 class _Opening(threading.local):
-    """Handed from `PostgresBackend.prepare` to the recorder the same thread builds next."""
+    """Handed from `PostgresBackend.prepare` to the recorder the same thread builds next:
+    the store, and the same at a service's start."""
 
     start: PostgresStore | None = None
+    store: PostgresStore | None = None
 
 
 _OPENING = _Opening()
@@ -922,6 +981,7 @@ class PostgresBackend:
         # The recorder, built next by eventsourcing from its environment (strings only),
         # learns here that its pool opens at a service's start (`FirstConnection`).
         _OPENING.start = self.spec if self.spec.start_wait else None
+        _OPENING.store = self.spec
         # Opening an existing store must not run DDL: concurrent CREATE OR REPLACE
         # FUNCTION fails with "tuple concurrently updated".
         return prepare_schema(self.spec)
