@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import pq
 from tests.integration.test_store_unavailable import (
     _args,
     _hba_reloaded,
@@ -112,6 +113,8 @@ def test_a_server_speaking_german_is_told_by_its_codes() -> None:
     server's »...« quotes). Before, they were recognized by English words only: no fix."""
     require_private_cluster()
     _require_locale(GERMAN)
+    if pq.version() < 180000:  # docs/operations.md "Opening the store"
+        pytest.skip(f"libpq {pq.version()} traces no answer before the password is taken")
     with _german_cluster() as pg:
         wrong = _private_store(pg, "scrammy", "wrong-one")
         _hba_reloaded(pg, SCRAM_HBA, wrong, "wrong-one")

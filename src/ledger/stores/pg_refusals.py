@@ -4,11 +4,14 @@ operator reads with it (`ledger.stores.postgres` says it in the store's one line
 psycopg's error for a refused connection carries no SQLSTATE: `e.sqlstate` and `e.diag`
 are empty, and `e.pgconn.error_message` holds only the server's words, in the language of
 its `lc_messages`. libpq read the code from the server's ErrorResponse and keeps it to
-itself. Its protocol trace (`PGconn.trace`, Linux only) shows that ErrorResponse whole,
-start-up included from libpq 18 (the one psycopg-binary 3.3 bundles): a second try of the
-same connection, traced, gives the code (`server_refusal`). Where no trace shows it (an
-older libpq, another system), the words are all there is, and only a server speaking
-English is recognized by them (the callers' fallbacks: `hba_fix`, `LOGIN_REFUSED_WORDS`).
+itself. Its protocol trace (`PGconn.trace`, Linux only) shows that ErrorResponse whole:
+a second try of the same connection, traced, gives the code (`server_refusal`). libpq 18
+(the one psycopg-binary 3.3 bundles) traces every start-up answer; libpq 15 (Debian 12's)
+only those after the password was taken (a role's or a database's connection limit), not
+a refused password or pg_hba.conf line (both checked). Where no trace shows it (such a
+libpq, another system), the words are all there is, and only a server speaking English is
+recognized by them (the fallbacks: `hba_fix`, `LOGIN_REFUSED_WORDS`, `ROLE_REFUSED_WORDS`,
+`postgres._NO_FREE_SLOT`).
 
 A refused password reads the same to the client whatever its cause (28P01, "password
 authentication failed for user"): a wrong password, a role without one, no role of that
@@ -53,7 +56,7 @@ ROLE_FIX = (
 
 #: A server's English words for a refused password and a role it does not know, where
 #: no code is known (see the module).
-LOGIN_REFUSED_WORDS = re.compile(r"authentication failed for user|no password supplied")
+LOGIN_REFUSED_WORDS = re.compile(r"authentication failed for user")
 ROLE_REFUSED_WORDS = re.compile(r'role ".*" (?:does not exist|is not permitted to log in)')
 
 #: How an English server words a connection its pg_hba.conf has no line for, or one whose
@@ -87,7 +90,7 @@ def refusal_fix(
     (`refusal`), else by its English words (`said`, the driver's message); "" when the
     refusal has none (a missing database: its words say which). `needs_password`: libpq
     found that the server asked a password and none was given."""
-    if needs_password:
+    if needs_password or "no password supplied" in said:  # libpq's words, its own
         return NO_PASSWORD_FIX
     if refusal is None:
         if LOGIN_REFUSED_WORDS.search(said):
@@ -228,10 +231,15 @@ _ENDED = (pq.PollingStatus.OK, pq.PollingStatus.FAILED)
 
 __all__ = [
     "CANNOT_CONNECT_NOW",
+    "INVALID_AUTHORIZATION",
+    "INVALID_PASSWORD",
+    "NO_PASSWORD_FIX",
     "PASSWORD_FIX",
+    "ROLE_FIX",
     "TOO_MANY_CONNECTIONS",
     "ServerRefusal",
     "hba_fix",
+    "hba_line",
     "refusal_fix",
     "server_refusal",
 ]
