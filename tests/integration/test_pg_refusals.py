@@ -182,8 +182,10 @@ def _connected(spec: PostgresStore) -> psycopg.Connection[tuple[object, ...]]:
 def test_a_running_pool_refused_after_a_pg_hba_reload_says_the_open_s_line() -> None:
     """The operator edits pg_hba.conf and reloads while the daemon runs: its pool's new
     connections are refused. A store call then fails with the line an open gives, the
-    pg_hba.conf line to add included, and /healthz says it; before, the pool's "couldn't
-    get a connection after 2.00 sec", and the line only at the next start."""
+    pg_hba.conf line to add included, and /healthz says it, and so does the check of the
+    daemon's name, whose session was ended too; before, the pool's "couldn't get a
+    connection after 2.00 sec" and the driver's bare words, the line only at the next
+    start."""
     from daemon.api.health import HealthSources, check_health
     from ledger.application import Ledger
     from ledger.stores.causes import StoreUnavailable
@@ -202,6 +204,7 @@ def test_a_running_pool_refused_after_a_pg_hba_reload_says_the_open_s_line() -> 
         with Ledger(spec) as ledger:
             sources = HealthSources(ledger, lambda: PolicySet({}), lambda: None, [])
             assert check_health(sources)[0]
+            name = ledger.hold_identity("refused")  # a session of its own, between ticks
             trusted_only = f"local all all trust\nhost all {USER} 127.0.0.1/32 trust\n"
             _hba_reloaded(pg, trusted_only, spec, "hba-secret")
             with psycopg.connect(pg.url, autocommit=True) as conn:
@@ -219,9 +222,12 @@ def test_a_running_pool_refused_after_a_pg_hba_reload_says_the_open_s_line() -> 
                 except Exception as exc:  # the session the server ended
                     said.append(f"{type(exc).__name__}: {exc}")
             healthy, reasons, _checks = check_health(sources)
+            with pytest.raises(StoreUnavailable) as name_check:
+                name.check()
+            name.release()
         with pytest.raises(StoreUnavailable) as at_open:
             Ledger(spec)
     line = str(at_open.value)
     assert "needs the line 'host postgres outsider 127.0.0.1/32 scram-sha-256'" in line, line
-    assert said[-1] == line, said
+    assert said[-1] == line == str(name_check.value), said
     assert not healthy and reasons == [f"store unreachable: StoreUnavailable: {line}"], reasons

@@ -850,7 +850,7 @@ class AdvisoryIdentityLock:
         if wait:
             self._conn = connect_at_open(self._store, **_IDENTITY_SESSION)
         else:
-            self._conn = psycopg.connect(**_connect_args(self._store), **_IDENTITY_SESSION)
+            self._conn = _connect_between_ticks(self._store, **_IDENTITY_SESSION)
         try:
             self._conn.execute(_server_notices())
         except psycopg.errors.UndefinedObject as exc:
@@ -902,8 +902,9 @@ class AdvisoryIdentityLock:
         return True
 
     def check(self) -> None:
-        """Still held, or held again. psycopg.Error while the database is unreachable:
-        the caller must not claim work until a later check passes."""
+        """Still held, or held again. psycopg.Error while the database is unreachable,
+        StoreUnavailable when it refuses the session (`_connect_between_ticks`): the
+        caller must not claim work until a later check passes."""
         conn = self._conn
         if conn is not None and not conn.closed:
             try:
@@ -924,6 +925,19 @@ class AdvisoryIdentityLock:
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()  # the session ends: its advisory locks with it
             self._conn = None
+
+
+def _connect_between_ticks(store: PostgresStore, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A running daemon's connection made outside the pool, tried once: refused by a
+    server that answered (pg_hba.conf edited and reloaded meanwhile, say), the store's
+    line as an open says it, fix included (`_cannot_connect`); the driver's error when
+    nothing answered, for the next tick to try again."""
+    try:
+        return psycopg.connect(**_connect_args(store), **kwargs)
+    except psycopg.OperationalError as exc:
+        if _ping_after(store, exc) != pq.Ping.OK:
+            raise
+        raise _cannot_connect(store, exc, answered=True) from exc
 
 
 def _connect_args(store: PostgresStore) -> dict[str, Any]:
