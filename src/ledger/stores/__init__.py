@@ -6,8 +6,10 @@ eventsourcing.popo).
 - `index`: the job index row and the queries every backend answers;
 - `sqlite`, `postgres`, `memory`: each a recorder that writes the index in the same
   transaction (or under the same lock) as the events, and a `StoreBackend`.
+- `pg_refusals`: a PostgreSQL server's refusal of a connection told by its SQLSTATE,
+  and the fix said with it (imported by `postgres` only).
 
-`backend_for` picks the backend of a spec. The PostgreSQL module (and so psycopg) is
+`backend_for` picks the backend of a spec. The PostgreSQL modules (and so psycopg) are
 imported only for a PostgreSQL spec.
 """
 
