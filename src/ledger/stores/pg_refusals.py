@@ -208,7 +208,12 @@ def _traced_try(conninfo: str, timeout: float) -> ServerRefusal | None:
     finally:
         conn.finish()
         os.close(trace)
-    found = _TRACED.search(text)
+    return refusal_in(text)
+
+
+def refusal_in(trace: str) -> ServerRefusal | None:
+    """The first ErrorResponse of a libpq protocol trace, if any."""
+    found = _TRACED.search(trace)
     return None if found is None else ServerRefusal(found.group(1), found.group(2))
 
 
@@ -241,5 +246,6 @@ __all__ = [
     "hba_fix",
     "hba_line",
     "refusal_fix",
+    "refusal_in",
     "server_refusal",
 ]
