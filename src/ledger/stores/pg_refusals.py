@@ -33,11 +33,11 @@ from psycopg import pq
 
 from ledger.stores.url import PostgresStore
 
-#: SQLSTATEs a server refuses a new connection with, recognized by their code.
+#: SQLSTATEs a server refuses a new connection with, recognized by their code (57P03,
+#: starting up or shutting down, is libpq's ping's to tell: `postgres._ping_after`).
 INVALID_PASSWORD = "28P01"
 INVALID_AUTHORIZATION = "28000"  # no or a rejecting pg_hba.conf line; no such role
 TOO_MANY_CONNECTIONS = "53300"  # every slot taken, the rest reserved, a CONNECTION LIMIT
-CANNOT_CONNECT_NOW = "57P03"  # starting up, shutting down, in recovery
 
 #: The fixes said with each refusal: the driver's words name the user, not the setting
 #: that gave it, nor what on the server to change.
@@ -235,7 +235,6 @@ _ENDED = (pq.PollingStatus.OK, pq.PollingStatus.FAILED)
 
 
 __all__ = [
-    "CANNOT_CONNECT_NOW",
     "INVALID_AUTHORIZATION",
     "INVALID_PASSWORD",
     "NO_PASSWORD_FIX",
