@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 
 from ledger.exceptions import Refusal, SendledgerError
 
@@ -27,7 +28,8 @@ def parse_duration(value: object) -> float:
         # As the TOML file spells it (`timeout = true`), not as Python does (True).
         raise DurationError(f"not a duration: {str(value).lower()} {_WRITE}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        # An integer past a float's range is no finite number either (not OverflowError).
+        seconds = float(value) if abs(value) <= sys.float_info.max else math.inf
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         if match is None:
@@ -59,7 +61,7 @@ def unitless_number(value: object) -> str | None:
         bare = _PATTERN.match(value)
         return bare.group(1) if bare is not None and bare.group(2) is None else None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return f"{value:g}"
+        return f"{value:g}" if abs(value) <= sys.float_info.max else None
     return None
 
 

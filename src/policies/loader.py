@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from ledger.exceptions import Refusal, SendledgerError
 from policies.files import FileProblem, read_regular_file
 from policies.model import ChannelPolicy
+from policies.toml_text import parse_toml
 
 __all__ = [
     "PartialPolicies",
@@ -195,7 +196,7 @@ def _parse(path: Path) -> tuple[dict[str, Any] | None, list[PolicyProblem]]:
     except UnicodeDecodeError as exc:
         return None, [PolicyProblem(path, WHOLE_FILE, f"not UTF-8 text (byte {exc.start})")]
     try:
-        return tomllib.loads(text), []
+        return parse_toml(text), []
     except tomllib.TOMLDecodeError as exc:
         return None, [PolicyProblem(path, WHOLE_FILE, _one_line(f"TOML syntax error: {exc}"))]
     except RecursionError:

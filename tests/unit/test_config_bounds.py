@@ -17,10 +17,19 @@ from hypothesis import strategies as st
 from tests.unit.test_policy_loader import GOOD
 
 from daemon.config.secret_text import MAX_SECRET_BYTES, read_secret_text
-from daemon.config.settings import CENTURY, DAY, HOUR, ConfigError, parse_listen, settings_from_dict
+from daemon.config.settings import (
+    CENTURY,
+    DAY,
+    HOUR,
+    ConfigError,
+    load_settings,
+    parse_listen,
+    settings_from_dict,
+)
 from daemon.config.sizes import MAX_SIZE, parse_size
+from policies.durations import DurationError, parse_duration, parse_duration_with_unit
 from policies.files import FileProblem, read_regular_file
-from policies.loader import PolicyLoadError, load_policy_dir
+from policies.loader import PolicyLoadError, load_policy_dir, load_policy_dir_partial
 from policies.model import MAX_DURATIONS, ChannelPolicy
 
 
@@ -173,6 +182,53 @@ def test_policy_counts_and_durations_have_maxima(field: str, value: object) -> N
             {"channel": "c", "provider": "p", "from": "a@example.com",
              "message_id_domain": "mail.example.com", field: value}
         )  # fmt: skip
+
+
+# -- integers TOML does not have --------------------------------------------------------
+
+#: TOML's integers are 64-bit; tomllib reads any number of digits: one past the range, one
+#: past a float's (float() raised OverflowError), one past the digits int() reads from text
+#: (tomllib raised a ValueError that is no TOMLDecodeError).
+HUGE = ["9223372036854775808", "-9223372036854775809", "1" + "0" * 400, "1" + "0" * 5000]
+
+
+@pytest.mark.parametrize("number", HUGE)
+@pytest.mark.parametrize("where", ["[daemon]\ntick", "[api]\nmax_body"])
+def test_an_integer_past_64_bits_in_the_config_is_refused_naming_the_file(
+    tmp_path: Path, number: str, where: str
+) -> None:
+    path = tmp_path / "sendledger.toml"
+    path.write_text(f"{where} = {number}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: not valid TOML: "), message
+    assert "64-bit" in message, message
+    assert "\n" not in message and len(message) < 300 + len(str(path))
+
+
+@pytest.mark.parametrize("number", HUGE)
+def test_an_integer_past_64_bits_in_a_policy_refuses_its_channel_only(
+    tmp_path: Path, number: str
+) -> None:
+    (tmp_path / "good.toml").write_text(GOOD, encoding="utf-8")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GOOD + f"search_after = {number}\n", encoding="utf-8")
+    with pytest.raises(PolicyLoadError) as info:
+        load_policy_dir(tmp_path)
+    [problem] = info.value.problems
+    assert problem.file == bad and "64-bit" in problem.reason, problem
+    partial = load_policy_dir_partial(tmp_path)
+    assert list(partial.policies) == ["good"] and list(partial.broken) == ["bad"]
+
+
+def test_an_integer_past_a_float_s_range_is_no_duration() -> None:
+    # Not only from TOML: any caller's integer.
+    for value in (10**400, -(10**400)):
+        with pytest.raises(DurationError, match="finite"):
+            parse_duration(value)
+        with pytest.raises(DurationError):
+            parse_duration_with_unit(value, 0.0, CENTURY)
 
 
 # -- sizes and counts -------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 from ledger.exceptions import Refusal, SendledgerError
 from policies.files import FileProblem, read_regular_file
+from policies.toml_text import parse_toml
 
 CONFIG_ENV = "SENDLEDGER_CONFIG"
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -46,7 +47,7 @@ def read_config_file(explicit: str | Path | None = None) -> tuple[Path, dict[str
         )
     try:
         # A regular file, read without blocking (a FIFO named as the config must not hang).
-        data = tomllib.loads(read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8"))
+        data = parse_toml(read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8"))
     except FileProblem as exc:
         # The folder `sendledger init DIR` wrote, named instead of the file in it.
         inside = path / DEFAULT_CONFIG
