@@ -17,12 +17,14 @@ deadline covers the proxy's addresses, raced as above, its CONNECT exchange and 
 handshake with the server behind it.
 
 The standard library only: the Python client (`sendledger.client`) and the daemon's
-webhook delivery (`daemon/webhooks/delivery.py`) share it.
+webhook delivery (`daemon/webhooks/delivery.py`) share it, and the daemon's SMTP and IMAP
+connections take a loopback name's addresses from it (`daemon/providers/kept.py`).
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import selectors
 import socket
@@ -78,6 +80,32 @@ def resolve(host: str, port: int, deadline: float) -> list[AddressInfo]:
     if not found:
         raise OSError(f"no address for {host!r}")
     return found
+
+
+#: The names a setting takes for loopback as written (`http://localhost` without
+#: `allow_http`, an SMTP or IMAP server with `security = "none"`): connected to on a
+#: loopback address only.
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain")
+
+
+def loopback_only(host: str, found: Sequence[AddressInfo]) -> list[AddressInfo]:
+    """`found` (the addresses of `host`), only its loopback ones when `host` is one of
+    :data:`LOOPBACK_NAMES`: a resolver may answer another address for such a name (no
+    `localhost` line in /etc/hosts, a search domain that has one), which would then get
+    in clear text what was allowed only on loopback. OSError when none is left."""
+    if host.lower() not in LOOPBACK_NAMES:
+        return list(found)
+    kept = [info for info in found if _is_loopback(info[4][0])]
+    if not kept:
+        raise OSError(f"{host!r} resolved to no loopback address")
+    return kept
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def interleaved(found: Sequence[AddressInfo]) -> list[AddressInfo]:
@@ -417,11 +445,13 @@ def _deadline(timeout: float | None) -> tuple[float | None, float]:
 
 __all__ = [
     "ATTEMPT_DELAY",
+    "LOOPBACK_NAMES",
     "AddressInfo",
     "close_unreturned",
     "create_connection",
     "interleaved",
     "left",
+    "loopback_only",
     "race",
     "resolve",
     "tunnel_connection",

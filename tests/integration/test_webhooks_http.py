@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from standardwebhooks.webhooks import Webhook
 from tests.integration.listeners import hold, serving, stop_all, stop_listening
+from tests.integration.resolving import outside_address, resolving
 from tests.unit.test_webhooks import SECRET, Rig, drain
 
 from daemon.doubles.fake_provider import Scripted
@@ -320,15 +321,6 @@ def black_holes(hosts: list[str]) -> Iterator[list[tuple[str, int]]]:
             sock.close()
 
 
-def _resolving(monkeypatch: pytest.MonkeyPatch, name: str, answer: Callable[[], Any]) -> None:
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
-        return answer() if host == name else real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-
-
 def test_an_attempt_over_several_silent_addresses_ends_at_its_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -342,7 +334,7 @@ def test_an_attempt_over_several_silent_addresses_ends_at_its_timeout(
              (host, port) if ":" not in host else (host, port, 0, 0))
             for host, port in addresses
         ]  # fmt: skip
-        _resolving(monkeypatch, "many.invalid", lambda: infos)
+        resolving(monkeypatch, "many.invalid", lambda: infos)
         started = time.monotonic()
         outcome = post("http://many.invalid:8080/hook", b"{}", HEADERS, 0.6)
         took = time.monotonic() - started
@@ -361,7 +353,7 @@ def test_a_resolver_that_never_answers_ends_at_the_timeout(
         release.wait(10)
         raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
 
-    _resolving(monkeypatch, "slow.invalid", hang)
+    resolving(monkeypatch, "slow.invalid", hang)
     started = time.monotonic()
     try:
         outcome = post("http://slow.invalid:8080/hook", b"{}", HEADERS, 0.5)
@@ -379,24 +371,10 @@ def test_a_name_that_does_not_resolve_is_a_failure_naming_the_error(
     def fail() -> Any:
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
-    _resolving(monkeypatch, "nowhere.invalid", fail)
+    resolving(monkeypatch, "nowhere.invalid", fail)
     outcome = post("http://nowhere.invalid:8080/hook", b"{}", HEADERS, 2.0)
     assert not outcome.ok and outcome.status is None
     assert outcome.error.startswith("gaierror: ") and "not known" in outcome.error
-
-
-def _outside_address() -> str:
-    """An address of this host that is not loopback (the route's source toward a
-    documentation network: nothing is sent); skips where there is none."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("192.0.2.200", 9))
-        except OSError:
-            pytest.skip("no route off loopback")
-        address: str = probe.getsockname()[0]
-    if address.startswith("127."):
-        pytest.skip("no address off loopback")
-    return address
 
 
 def test_localhost_is_reached_on_loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -404,7 +382,7 @@ def test_localhost_is_reached_on_loopback_only(monkeypatch: pytest.MonkeyPatch) 
     name as written; the name is then resolved, and a resolver that answers another
     address (no `localhost` line in /etc/hosts, a DNS search domain that has one) would
     get the payload in clear text. Only a loopback address of it is connected to."""
-    outside = _outside_address()
+    outside = outside_address()
     listener = socket.create_server((outside, 0))
     got: list[bytes] = []
 
@@ -418,7 +396,7 @@ def test_localhost_is_reached_on_loopback_only(monkeypatch: pytest.MonkeyPatch) 
     threading.Thread(target=loop, daemon=True).start()
     port = listener.getsockname()[1]
     info = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (outside, port))]
-    _resolving(monkeypatch, "localhost", lambda: info)
+    resolving(monkeypatch, "localhost", lambda: info)
     try:
         outcome = post(f"http://localhost:{port}/hook", b"{}", HEADERS, 1.0)
     finally:
@@ -434,7 +412,7 @@ def test_localhost_races_its_loopback_addresses_only(
     first by the resolver is never connected to, the loopback one is delivered to."""
     url = serve(answer("204 No Content"))
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    outside = _outside_address()
+    outside = outside_address()
     listener = socket.create_server((outside, port))
     touched: list[bool] = []
 
@@ -449,7 +427,7 @@ def test_localhost_races_its_loopback_addresses_only(
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", (outside, port)),
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
     ]
-    _resolving(monkeypatch, "localhost", lambda: info)
+    resolving(monkeypatch, "localhost", lambda: info)
     try:
         outcome = post(f"http://localhost:{port}/hook", b"{}", HEADERS, 2.0)
         time.sleep(0.1)
@@ -604,7 +582,7 @@ def _localhost_at(monkeypatch: pytest.MonkeyPatch, *urls: str) -> str:
     order; the https URL of the first's path on it."""
     ports = [int(url.rsplit(":", 1)[1].split("/")[0]) for url in urls]
     info = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", p)) for p in ports]
-    _resolving(monkeypatch, "localhost", lambda: info)
+    resolving(monkeypatch, "localhost", lambda: info)
     return f"https://localhost:{ports[0]}/hook"
 
 
@@ -766,7 +744,7 @@ def test_a_bound_source_address_is_raced_too(
             (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", full_backlog_port)),
             (socket.AF_INET, socket.SOCK_STREAM, 6, "", live.getsockname()),
         ]
-        _resolving(monkeypatch, "dual.invalid", lambda: infos)
+        resolving(monkeypatch, "dual.invalid", lambda: infos)
         started = time.monotonic()
         with create_connection(("dual.invalid", 80), 3.0, ("127.0.0.2", 0)) as sock:
             took = time.monotonic() - started

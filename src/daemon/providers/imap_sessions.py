@@ -95,12 +95,14 @@ class ImapSessions:
     def _open(self) -> Kept[Any]:
         e = self.endpoint
         try:
-            client = IMAPClient(
-                e.host,
-                port=e.port,
-                ssl=e.security == "tls",
-                ssl_context=e.ssl_context,
-                timeout=e.timeout,
+            client = e.opened(
+                lambda host: IMAPClient(
+                    host,
+                    port=e.port,
+                    ssl=e.security == "tls",
+                    ssl_context=e.ssl_context,
+                    timeout=e.timeout,
+                )
             )
         except Exception as exc:
             # No connection (refused, DNS, connect timeout, TLS handshake): the server did

@@ -12,6 +12,7 @@ an IMAP NOOP): this module only knows ages, counts and idle times.
 
 from __future__ import annotations
 
+import errno
 import select
 import ssl
 import threading
@@ -20,6 +21,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+
+from sendledger.connecting import LOOPBACK_NAMES, loopback_only, resolve
 
 T = TypeVar("T")
 
@@ -37,6 +40,32 @@ class MailEndpoint:
     password: str
     timeout: float
     ssl_context: ssl.SSLContext
+
+    def opened(self, open_at: Callable[[str], T]) -> T:
+        """`open_at(host)`, the client connected to the server: at its name as written,
+        but with `security = "none"` to a loopback name (`localhost`, allowed by its name
+        as loopback; the password goes in clear text) at each of the name's loopback
+        addresses in the resolver's order, the next one when an address refuses the
+        connection, as the system's connect goes on to the next address (a server on
+        127.0.0.1 alone, `localhost` resolving to ::1 first). Never at an address
+        outside: OSError naming the name when it has no loopback one."""
+        if self.security != "none" or self.host.lower() not in LOOPBACK_NAMES:
+            return open_at(self.host)
+        found = resolve(self.host, self.port, time.monotonic() + self.timeout)
+        addresses = list(dict.fromkeys(info[4][0] for info in loopback_only(self.host, found)))
+        for address in addresses[:-1]:
+            try:
+                return open_at(address)
+            except OSError as exc:
+                # Only a connection never made goes on: what a server said (an SMTP
+                # greeting's refusal, a reset after it) is that server's answer.
+                if not isinstance(exc, ConnectionRefusedError) and exc.errno not in _NO_ROUTE:
+                    raise
+        return open_at(addresses[-1])
+
+
+#: A loopback address the host cannot connect from or to (IPv6 switched off).
+_NO_ROUTE = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.ENETUNREACH})
 
 
 def closed_by_peer(sock: Any) -> bool:

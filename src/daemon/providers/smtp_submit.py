@@ -269,7 +269,11 @@ class SmtpSubmitter:
                 timeout=e.timeout,
                 context=e.ssl_context,
             )
-        return smtplib.SMTP(e.host, e.port, local_hostname=self._hostname(), timeout=e.timeout)
+        return e.opened(
+            lambda host: smtplib.SMTP(
+                host, e.port, local_hostname=self._hostname(), timeout=e.timeout
+            )
+        )
 
     def _on_fresh(self, envelope: SubmitEnvelope) -> SendOutcome:
         stage = Stage.CONNECT

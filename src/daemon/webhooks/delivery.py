@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import ipaddress
 import socket
 import ssl
 import threading
@@ -24,13 +23,10 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from ledger.display import printable
-from sendledger.connecting import race, resolve
+from sendledger.connecting import loopback_only, race, resolve
 
 #: Bytes of a refusal's body kept for `webhooks status`.
 ERROR_BODY = 200
-#: The names the settings take for loopback as written (`daemon/config/settings.py:
-#: _is_loopback`, `http://` without `allow_http`): reached on a loopback address only.
-LOOPBACK_NAMES = ("localhost", "localhost.localdomain")
 
 
 @dataclass(frozen=True)
@@ -113,27 +109,14 @@ def post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> O
     return Outcome(False, status, f"HTTP {status}" + (f": {text}" if text else ""))
 
 
-def _loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
 def _connect(
     host: str, port: int, deadline: float, context: ssl.SSLContext | None
 ) -> socket.socket:
     """A socket connected to `host` (TLS-wrapped with `context`), every step (the lookup,
     the addresses raced as happy eyeballs do, `sendledger.connecting.race`, the
     handshake) within the time left before `deadline`."""
-    found = resolve(host, port, deadline)
-    if host.lower() in LOOPBACK_NAMES:
-        # Allowed plain http as loopback by its name; a resolver may answer another
-        # address for it (no `localhost` line in /etc/hosts, a search domain that has
-        # one), which would get the payload in clear text.
-        found = [info for info in found if _loopback(info[4][0])]
-        if not found:
-            raise OSError(f"{host!r} resolved to no loopback address")
+    # Allowed plain http as loopback by its name: on its loopback addresses only.
+    found = loopback_only(host, resolve(host, port, deadline))
     # With TLS the handshake is part of the race: an address that connects and then
     # fails it (a middlebox that hangs up, a certificate that does not verify) is that
     # address failing, and the next one is tried within the deadline.

@@ -1,0 +1,136 @@
+"""`security = "none"` to `localhost` (docs/configuration.md "Keys of smtp-imap and graph
+providers"): the setting is taken for a loopback host by its name, and the password then
+goes in clear text, so the name is connected to on its loopback addresses only, whatever a
+resolver answers for it (no `localhost` line in /etc/hosts, a search domain that has one),
+as a webhook's `http://localhost` is (tests/integration/test_webhooks_http.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from io import BufferedReader
+
+import pytest
+from tests.integration.listeners import stop_listening
+from tests.integration.resolving import outside_address, resolving
+from tests.unit.smtp_loopback import converse, message_of_lines, submit_timed
+
+from daemon.providers.base import ProviderError
+from daemon.providers.imap_sessions import ImapSessions
+from daemon.providers.kept import MailEndpoint, ReuseLimits
+from daemon.providers.outcomes import SendKind
+
+
+def _take_data(conn: socket.socket, reader: BufferedReader) -> bool:
+    conn.sendall(b"354 go on\r\n")
+    while reader.readline() not in (b".\r\n", b""):
+        pass
+    conn.sendall(b"250 2.0.0 queued\r\n")
+    return True
+
+
+def _serve(conn: socket.socket, greeting: bytes, heard: list[bytes]) -> None:
+    with conn:
+        heard.append(b"connected")
+        conn.settimeout(2)
+        reader = conn.makefile("rb")
+        if greeting.startswith(b"220"):
+            converse(conn, reader, functools.partial(_take_data, conn, reader))
+        else:
+            conn.sendall(greeting)
+            heard.append(reader.readline())
+
+
+@contextlib.contextmanager
+def listening(host: str, port: int, greeting: bytes) -> Iterator[tuple[int, list[bytes]]]:
+    """A server on `host` that greets and takes a message (SMTP) or one line (IMAP); its
+    port and what it heard."""
+    listener = socket.create_server((host, port))
+    heard: list[bytes] = []
+
+    def loop() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                _serve(listener.accept()[0], greeting, heard)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], heard
+    finally:
+        stop_listening(listener)
+        thread.join(5)
+
+
+@contextlib.contextmanager
+def localhost_outside(
+    monkeypatch: pytest.MonkeyPatch, greeting: bytes
+) -> Iterator[tuple[int, list[bytes]]]:
+    """A server on an outside address of this host, which `localhost` resolves to."""
+    outside = outside_address()
+    with listening(outside, 0, greeting) as (port, heard):
+        info = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (outside, port))]
+        resolving(monkeypatch, "localhost", lambda: info)
+        yield port, heard
+
+
+def endpoint(port: int, host: str = "localhost") -> MailEndpoint:
+    return MailEndpoint(
+        host, port, "none", "user@example.com", "secret", 1.0, ssl.create_default_context()
+    )
+
+
+def test_smtp_to_localhost_never_connects_to_an_outside_address_it_resolves_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with localhost_outside(monkeypatch, b"220 outside\r\n") as (port, heard):
+        outcome, _ = submit_timed(endpoint(port), message_of_lines(1))
+    assert heard == []
+    assert outcome.kind is SendKind.REJECTED and outcome.transient, outcome
+    assert "resolved to no loopback address" in outcome.reason, outcome
+
+
+def test_imap_to_localhost_never_connects_to_an_outside_address_it_resolves_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with localhost_outside(monkeypatch, b"* OK outside IMAP\r\n") as (port, heard):
+        sessions = ImapSessions(endpoint(port), ReuseLimits(max_uses=1))
+        try:
+            with pytest.raises(ProviderError, match="resolved to no loopback address"):
+                sessions.run(lambda client: client.noop())
+        finally:
+            sessions.close()
+    assert heard == []
+
+
+def test_smtp_to_localhost_takes_its_loopback_addresses_only_in_their_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An outside address the resolver gives first is passed over; a loopback address
+    that refuses (a server on one family only: ::1 first, the server on 127.0.0.1) gives
+    way to the next, as the system's own connect did."""
+    outside = outside_address()
+    with (
+        listening("127.0.0.1", 0, b"220 loopback\r\n") as (port, inside),
+        listening(outside, port, b"220 outside\r\n") as (_, heard),
+    ):
+        info = [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", (outside, port)),
+            # The server listens on 127.0.0.1 alone: 127.0.0.2 refuses at once.
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.2", port)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+        ]
+        resolving(monkeypatch, "localhost", lambda: info)
+        outcome, _ = submit_timed(endpoint(port), message_of_lines(1))
+    assert heard == [] and inside == [b"connected"], (heard, inside)
+    assert outcome.kind is SendKind.CONFIRMED, outcome
+
+
+def test_a_loopback_address_written_as_the_host_is_connected_to_as_it_is() -> None:
+    with listening("127.0.0.1", 0, b"220 loopback\r\n") as (port, inside):
+        outcome, _ = submit_timed(endpoint(port, host="127.0.0.1"), message_of_lines(1))
+    assert inside == [b"connected"] and outcome.kind is SendKind.CONFIRMED, outcome
