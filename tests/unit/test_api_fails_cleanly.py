@@ -206,6 +206,51 @@ def test_a_key_ending_in_events_is_its_own_job(client: TestClient) -> None:
     assert page.status_code == 200 and "solo/events" in page.text
 
 
+#: Bytes that are not UTF-8 text: a Latin-1 `é`, a lone continuation byte, a lead byte
+#: cut short, an overlong `/`, a surrogate's encoding.
+not_utf8 = st.tuples(
+    st.text("ab", max_size=3),
+    st.sampled_from([b"\xe9", b"\xff", b"\x80", b"\xc3", b"\xc0\xaf", b"\xed\xa0\x80"]),
+    st.text("ab", max_size=3),
+).map(lambda parts: parts[0].encode() + parts[1] + parts[2].encode())
+
+
+#: The keyed routes, each with a key in its path (`{k}`).
+KEYED_ROUTES = [
+    ("GET", "/v1/jobs/{k}"),
+    ("GET", "/v1/jobs/{k}/events"),
+    ("POST", "/v1/jobs/{k}/cancel"),
+    ("POST", "/v1/review/{k}/check"),
+    ("POST", "/v1/review/{k}/resolve"),
+    ("GET", "/ui/jobs/{k}"),
+    ("POST", "/ui/jobs/{k}/cancel"),
+]
+
+
+@given(raw=not_utf8, route=st.sampled_from(KEYED_ROUTES))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_a_key_in_a_path_that_is_not_utf8_names_no_job(
+    client: TestClient, raw: bytes, route: tuple[str, str]
+) -> None:
+    """A key's bytes in a path were decoded with U+FFFD for what is not UTF-8: `caf%E9` (a
+    Latin-1 client's `café`), `caf%FF` and `caf%C3` all named job `caf\ufffd`, and a
+    cancel or a resolution acted on that job. Refused, 422 naming `key`, nothing done."""
+    replaced = raw.decode("utf-8", "replace")
+    client.post("/v1/jobs", json=job(replaced), headers=AUTH)
+    method, path = route
+    url = path.replace("{k}", quote(raw, safe=""))
+    body = {"as": "sent", "expected_version": 1} if url.endswith("/resolve") else {}
+    answer = client.request(method, url, headers=AUTH, json=body)
+    assert answer.status_code == 422, (url, answer.text)
+    assert answer.json()["errors"][0]["field"] == "key", answer.text
+    assert "not UTF-8" in answer.json()["error"]
+    assert client.get(f"/v1/jobs/{key_segment(replaced)}", headers=AUTH).json()["state"] != (
+        "cancelled"
+    )
+
+
 def test_canonical_paths() -> None:
     assert canonical_path(b"/v1/jobs/a%2Fb/events", "GET") == "/v1/jobs/a%2Fb/events"
     assert canonical_path(b"/v1/jobs/a/b", "GET") == "/v1/jobs/a%2Fb"

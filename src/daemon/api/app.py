@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from daemon.api import errors, favicon, jobs, review, ui
 from daemon.api.auth import bearer
 from daemon.api.context import ApiContext
-from daemon.api.guards import HeadAsGet, MethodsAllowed, NoNulInQuery, TrustedHosts
+from daemon.api.guards import HeadAsGet, KeysInUtf8, MethodsAllowed, NoNulInQuery, TrustedHosts
 from daemon.api.health import check_health
 from daemon.api.limits import BodyLimit
 from daemon.api.metrics import CONTENT_TYPE
@@ -60,12 +60,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(review.router)
     app.include_router(ui.router)
-    # Outermost last: the Host check, HEAD as GET, the methods a path is served for, keyed
-    # paths, then the body limit.
+    # Outermost last: the Host check, HEAD as GET, a keyed path's key in UTF-8, the methods
+    # a path is served for, keyed paths, then the body limit.
     app.add_middleware(BodyLimit, max_body=ctx.max_body)
     app.add_middleware(KeyPaths)
     app.add_middleware(NoNulInQuery)
     app.add_middleware(MethodsAllowed, routes=app.router.routes)
+    app.add_middleware(KeysInUtf8)
     app.add_middleware(HeadAsGet)
     app.add_middleware(TrustedHosts, trusted=ctx.trusted_hosts)
 

@@ -16,7 +16,7 @@ from typing import Any
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from daemon.api.paths import canonical_path
+from daemon.api.paths import canonical_path, request_path
 
 
 def host_name(header: str) -> str:
@@ -48,6 +48,12 @@ async def answer_json(
     await send({"type": "http.response.body", "body": payload})
 
 
+async def answer_invalid(send: Send, field: str, reason: str) -> None:
+    """The 422 of one refused `field` (docs/http-api.md "Errors and statuses")."""
+    error = {"index": None, "field": field, "reason": reason}
+    await answer_json(send, 422, {"error": f"{field}: {reason}", "errors": [error], "count": 1})
+
+
 class TrustedHosts:
     """Pure ASGI middleware: 400 `{"error"}` for a Host not in `trusted` (empty: any)."""
 
@@ -74,11 +80,29 @@ class NoNulInQuery:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and b"%00" in scope.get("query_string", b"").lower():
-            reason = "a NUL character (%00) is not allowed"
-            error = {"index": None, "field": "query", "reason": reason}
-            body = {"error": f"query: {reason}", "errors": [error], "count": 1}
-            await answer_json(send, 422, body)
+            await answer_invalid(send, "query", "a NUL character (%00) is not allowed")
             return
+        await self.app(scope, receive, send)
+
+
+class KeysInUtf8:
+    """Pure ASGI middleware: a keyed path (`daemon/api/paths.py`) whose key's bytes are not
+    UTF-8 text is 422 naming `key` before any route, on the pages too. Decoded with
+    U+FFFD in their place, `caf%E9` (a Latin-1 client's `café`), `caf%FF` and `caf%C3`
+    each named job `caf\ufffd`, and a cancel or a resolution acted on it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                canonical_path(request_path(scope), scope["method"])
+            except UnicodeDecodeError as exc:
+                byte = exc.object[exc.start]
+                reason = f"not UTF-8 text (byte 0x{byte:02x}): a key in a path is its UTF-8 bytes"
+                await answer_invalid(send, "key", reason + ", percent-encoded")
+                return
         await self.app(scope, receive, send)
 
 
@@ -108,7 +132,7 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 def served(routes: Sequence[BaseRoute], scope: Scope, method: str) -> bool:
     """Whether some route serves `method` for this request's path, as that method routes
     it (a keyed path depends on the method, `daemon/api/paths.py`)."""
-    raw = (scope.get("raw_path") or scope["path"].encode()).partition(b"?")[0]
+    raw = request_path(scope)
     asked = {**scope, "method": method, "path": canonical_path(raw, method) or scope["path"]}
     for route in routes:
         match, _ = route.matches(asked)

@@ -34,8 +34,15 @@ def key_segment(key: str) -> str:
     return segment.replace(".", "%2E") if segment in (".", "..") else segment
 
 
+def request_path(scope: Scope) -> bytes:
+    """The request's path as it came, percent escapes and all, without its query."""
+    raw: bytes = scope.get("raw_path") or quote(scope["path"], safe="/").encode()
+    return raw.partition(b"?")[0]
+
+
 def canonical_path(raw: bytes, method: str) -> str | None:
-    """The path to route for a raw request path under a keyed prefix, else None."""
+    """The path to route for a raw request path under a keyed prefix, else None.
+    UnicodeDecodeError when the key's bytes are not UTF-8 text."""
     for prefix, by_method in FAMILIES.items():
         if not raw.startswith(prefix):
             continue
@@ -47,7 +54,9 @@ def canonical_path(raw: bytes, method: str) -> str | None:
                 break
         if not rest:
             return None
-        key = unquote_to_bytes(rest).decode("utf-8", "replace")
+        # Strict: with "replace", `caf%E9`, `caf%FF` and `caf%C3` all named job `caf\ufffd`
+        # and a cancel acted on it. daemon/api/guards.py: KeysInUtf8 answers the error.
+        key = unquote_to_bytes(rest).decode("utf-8")
         return prefix.decode() + key_segment(key) + suffix.decode()
     return None
 
@@ -60,8 +69,7 @@ class KeyPaths:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            raw = scope.get("raw_path") or quote(scope["path"], safe="/").encode()
-            path = canonical_path(raw.partition(b"?")[0], scope["method"])
+            path = canonical_path(request_path(scope), scope["method"])
             if path is not None:
                 scope = {**scope, "path": path}
         await self.app(scope, receive, send)
@@ -81,4 +89,4 @@ class KeyConvertor(Convertor[str]):
 
 register_url_convertor("key", KeyConvertor())
 
-__all__ = ["FAMILIES", "KeyPaths", "canonical_path", "key_segment"]
+__all__ = ["FAMILIES", "KeyPaths", "canonical_path", "key_segment", "request_path"]
