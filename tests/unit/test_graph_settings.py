@@ -63,6 +63,47 @@ def test_bad_settings_name_the_key(tmp_path: Path, changes: dict[str, Any], wher
     assert where in message and "\n" not in message
 
 
+@pytest.mark.parametrize("field", ["api_endpoint", "authority"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        # The host a reader sees is not the one connected to: the token went elsewhere.
+        "https://graph.microsoft.com@evil.example/v1.0",
+        "https://graph.microsoft.com:x@evil.example",
+        "https://graph.microsoft.com\t.evil.example/v1.0",
+        "https://graph.microsoft.com\n",
+        "https://gr aph.microsoft.com",
+        "https://graph.microsoft.com/v1.0?tenant=x",
+        "https://graph.microsoft.com/v1.0#x",
+        "https://graph.microsoft.com:99999/v1.0",
+        "https:///v1.0",
+        "https://gräph.example/v1.0",
+    ],
+)
+def test_graph_urls_are_refused_as_the_gmail_ones_are(tmp_path: Path, field: str, url: str) -> None:
+    """Only their scheme was checked: `https://graph.microsoft.com@evil.example/v1.0`
+    passed, and the bearer token (for `authority`, the client secret or the signed
+    assertion) went to evil.example, the part a URL parser reads as the host."""
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, **{field: url})
+    message = str(caught.value)
+    assert f"providers.m365.{field}" in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("field", "url"),
+    [
+        ("api_endpoint", "https://graph.microsoft.us/v1.0/"),
+        ("api_endpoint", "http://127.0.0.1:8030/v1.0"),
+        ("api_endpoint", "https://[::1]:8030/v1.0"),
+        ("authority", "https://login.microsoftonline.us/"),
+        ("authority", "https://127.0.0.1:8030"),
+    ],
+)
+def test_graph_urls_of_clouds_and_emulators_load(tmp_path: Path, field: str, url: str) -> None:
+    assert getattr(load(tmp_path, **{field: url}).providers["m365"], field) == url.rstrip("/")
+
+
 def test_secret_files_are_checked_for_permissions(tmp_path: Path) -> None:
     names = [name for name, _ in secret_files(load(tmp_path))]
     assert "providers.m365.client_secret_file" in names

@@ -366,16 +366,18 @@ class GraphProviderSettings(_Section):
                 "an https:// URL expected (msal takes no other), got {value}",
                 {"value": repr(value)},
             )
-        return value.rstrip("/")
+        return str(_http_url(value)).rstrip("/")
 
     @field_validator("api_endpoint")
     @classmethod
     def _http_endpoint(cls, value: str) -> str:
-        if not value.startswith(("https://", "http://")):
+        # The whole URL as the Gmail ones are, not its scheme alone: with only that,
+        # `https://graph.microsoft.com@evil.example` sent the token to evil.example.
+        if not value:
             raise PydanticCustomError(
                 "http_url", "an http(s):// URL expected, got {value}", {"value": repr(value)}
             )
-        return value.rstrip("/")
+        return str(_http_url(value)).rstrip("/")
 
     @model_validator(mode="after")
     def _one_credential(self) -> GraphProviderSettings:
