@@ -297,6 +297,33 @@ def test_good_provider_urls_load(url: str) -> None:
     assert loaded.providers["g"].api_endpoint == url  # type: ignore[union-attr]
 
 
+GRAPH = {"kind": "graph", "tenant_id": "t", "client_id": "c", "client_secret_file": "s",
+         "user": "u@example.com"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        (gmail(api_endpoint="http://gmail.googleapis.com/"), "providers.g.api_endpoint"),
+        (gmail(token_uri="http://oauth2.googleapis.com/token"), "providers.g.token_uri"),
+        (gmail(api_endpoint="http://10.0.0.5:8080/"), "providers.g.api_endpoint"),
+        (gmail(api_endpoint="http://localhost.example.com/"), "providers.g.api_endpoint"),
+        ({"providers": {"m": {**GRAPH, "api_endpoint": "http://graph.microsoft.com/v1.0"}}},
+         "providers.m.api_endpoint"),
+    ],
+)  # fmt: skip
+def test_a_provider_url_in_clear_text_to_another_host_needs_allow_http(
+    data: dict[str, Any], where: str
+) -> None:
+    """The access token (Gmail's token_uri: the signed assertion, and the token in the
+    answer) went in clear text to any host an http:// URL named; a webhook's payload
+    needed `allow_http = true` for that, an SMTP password a loopback host."""
+    refused(data, where, "clear text", "allow_http = true")
+    name, table = next(iter(data["providers"].items()))
+    allowed = settings_from_dict({"providers": {name: {**table, "allow_http": True}}})
+    assert allowed.providers[name].allow_http  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     ("listen", "parsed"),
     [

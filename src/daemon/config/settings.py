@@ -243,6 +243,8 @@ class GmailProviderSettings(_Section):
     kind: Literal["gmail"] = "gmail"
     credentials_file: Path
     user: str = "me"
+    # Before the URLs, which their check reads it for (fields validate in this order).
+    allow_http: bool = False
     api_endpoint: HttpUrl = ""
     token_uri: HttpUrl = ""
     timeout: Timeout = 30.0
@@ -263,6 +265,11 @@ class GmailProviderSettings(_Section):
     max_message_bytes: Annotated[int, BeforeValidator(parse_size)] = 25_000_000
     max_recipients: int = Field(default=500, ge=1, le=MAX_RECIPIENTS)
 
+    @field_validator("api_endpoint", "token_uri")
+    @classmethod
+    def _clear_text(cls, value: str, info: ValidationInfo) -> str:
+        return _clear_text_checked(value, info)
+
 
 MailSecurity = Literal["tls", "starttls", "none"]
 
@@ -274,6 +281,21 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _clear_text_checked(value: str, info: ValidationInfo) -> str:
+    """A provider's URL (`api_endpoint`, `token_uri`): `http://` carries the access token
+    (or what gets one) in clear text, so only to a loopback host, as an SMTP password, or
+    with the section's `allow_http = true`, as a webhook's payload."""
+    host = urlsplit(value).hostname or ""
+    if value.startswith("http://") and not info.data.get("allow_http") and not _is_loopback(host):
+        raise PydanticCustomError(
+            "plaintext",
+            "http:// to {host} sends the access token in clear text: use https://, "
+            "or set allow_http = true",
+            {"host": host},
+        )
+    return value
 
 
 class SmtpImapProviderSettings(_Section):
@@ -341,6 +363,8 @@ class GraphProviderSettings(_Section):
     certificate_file: Path | None = None
     # A mailbox address, or "{from}": each job's From mailbox.
     user: str = Field(min_length=1)
+    # Before api_endpoint, which its check reads it for (fields validate in this order).
+    allow_http: bool = False
     api_endpoint: str = "https://graph.microsoft.com/v1.0"
     # The token endpoint is {authority}/{tenant_id}/oauth2/v2.0/token; msal takes https only.
     authority: str = "https://login.microsoftonline.com"
@@ -370,14 +394,14 @@ class GraphProviderSettings(_Section):
 
     @field_validator("api_endpoint")
     @classmethod
-    def _http_endpoint(cls, value: str) -> str:
+    def _http_endpoint(cls, value: str, info: ValidationInfo) -> str:
         # The whole URL as the Gmail ones are, not its scheme alone: with only that,
         # `https://graph.microsoft.com@evil.example` sent the token to evil.example.
         if not value:
             raise PydanticCustomError(
                 "http_url", "an http(s):// URL expected, got {value}", {"value": repr(value)}
             )
-        return str(_http_url(value)).rstrip("/")
+        return _clear_text_checked(str(_http_url(value)), info).rstrip("/")
 
     @model_validator(mode="after")
     def _one_credential(self) -> GraphProviderSettings:
