@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import tomllib
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.test_policy_loader import GOOD
 
+from daemon.cli.init_command import Emulated, config_text
 from daemon.config.secret_text import MAX_SECRET_BYTES, read_secret_text
 from daemon.config.settings import (
     CENTURY,
@@ -27,6 +29,7 @@ from daemon.config.settings import (
     settings_from_dict,
 )
 from daemon.config.sizes import MAX_SIZE, parse_size
+from ledger.addresses import parse_mailbox
 from policies.durations import DurationError, parse_duration, parse_duration_with_unit
 from policies.files import FileProblem, read_regular_file
 from policies.loader import PolicyLoadError, load_policy_dir, load_policy_dir_partial
@@ -308,6 +311,8 @@ GRAPH = {"kind": "graph", "tenant_id": "t", "client_id": "c", "client_secret_fil
         (gmail(token_uri="http://oauth2.googleapis.com/token"), "providers.g.token_uri"),
         (gmail(api_endpoint="http://10.0.0.5:8080/"), "providers.g.api_endpoint"),
         (gmail(api_endpoint="http://localhost.example.com/"), "providers.g.api_endpoint"),
+        # A name, which the Google client connects wherever a resolver says.
+        (gmail(token_uri="http://localhost:8026/token"), "providers.g.token_uri"),
         ({"providers": {"m": {**GRAPH, "api_endpoint": "http://graph.microsoft.com/v1.0"}}},
          "providers.m.api_endpoint"),
     ],
@@ -322,6 +327,25 @@ def test_a_provider_url_in_clear_text_to_another_host_needs_allow_http(
     name, table = next(iter(data["providers"].items()))
     allowed = settings_from_dict({"providers": {name: {**table, "allow_http": True}}})
     assert allowed.providers[name].allow_http  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("emulator", "allowed"),
+    [("http://127.0.0.1:8026", False), ("http://localhost:8026", True),
+     ("http://build-box.example:8026", True), ("https://build-box.example:8026", False)],
+)  # fmt: skip
+def test_init_s_emulator_config_loads_wherever_the_emulator_is(
+    emulator: str, allowed: bool
+) -> None:
+    """`init --emulator URL` writes a config that runs as written: `allow_http = true` where
+    its URL needs it (the emulator's tokens are its own), not elsewhere."""
+    written = config_text(
+        "gmail",
+        parse_mailbox("you@example.com"),
+        Emulated(api_endpoint=emulator, token_uri=emulator + "/token"),
+    )
+    loaded = settings_from_dict(tomllib.loads(written)).providers["gmail"]
+    assert loaded.allow_http is allowed  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

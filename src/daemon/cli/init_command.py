@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon.config.settings import DEFAULT_STOP_TIMEOUT
+from daemon.config.settings import DEFAULT_STOP_TIMEOUT, clear_text_elsewhere
 from daemon.exit_codes import EXIT_OK, bad_input
 from daemon.systemd import timeout_stop_sec
 from ledger.addresses import AddressError, Mailbox, parse_mailbox
@@ -318,6 +318,14 @@ _SECRETS = {
 }
 
 
+def _emulator_clear_text(emulated: Emulated) -> str:
+    # The emulator's tokens are its own (no Google secret travels): plain http to it on
+    # another host is allowed where the config is written, not refused at its load.
+    if clear_text_elsewhere(emulated.api_endpoint):
+        return "\n# The emulator's own tokens in clear text: no Google secret.\nallow_http = true"
+    return ""
+
+
 def _emulated_gmail(mailbox: Mailbox, emulated: Emulated) -> str:
     return f"""\
 [providers.gmail]
@@ -327,7 +335,7 @@ kind = "gmail"
 # without --emulator writes this section with the two values to edit (docs/providers.md
 # "Gmail setup").
 api_endpoint = "{emulated.api_endpoint}"
-token_uri = "{emulated.token_uri}"
+token_uri = "{emulated.token_uri}"{_emulator_clear_text(emulated)}
 # Written by `sendledger emulator gmail --write-service-account` (a throw-away key the
 # emulator accepts).
 credentials_file = "gmail-service-account.json"

@@ -52,6 +52,7 @@ from policies.durations import (
     parse_duration_with_unit,
     parse_duration_within,
 )
+from sendledger.connecting import LOOPBACK_NAMES
 
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
 #: "100 years": a retention longer than this is a typo, and any shorter one keeps every
@@ -274,8 +275,11 @@ class GmailProviderSettings(_Section):
 MailSecurity = Literal["tls", "starttls", "none"]
 
 
-def _is_loopback(host: str) -> bool:
-    if host.lower() in ("localhost", "localhost.localdomain"):
+def _is_loopback(host: str, *, names: bool = True) -> bool:
+    """Whether `host` is loopback as written: a loopback address, or (with `names`) a
+    loopback name, which is then connected to on its loopback addresses only
+    (`sendledger.connecting.loopback_only`)."""
+    if names and host.lower() in LOOPBACK_NAMES:
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
@@ -285,17 +289,25 @@ def _is_loopback(host: str) -> bool:
 
 def _clear_text_checked(value: str, info: ValidationInfo) -> str:
     """A provider's URL (`api_endpoint`, `token_uri`): `http://` carries the access token
-    (or what gets one) in clear text, so only to a loopback host, as an SMTP password, or
-    with the section's `allow_http = true`, as a webhook's payload."""
-    host = urlsplit(value).hostname or ""
-    if value.startswith("http://") and not info.data.get("allow_http") and not _is_loopback(host):
+    (or what gets one) in clear text, so only to a loopback address, as an SMTP password,
+    or with the section's `allow_http = true`, as a webhook's payload."""
+    if clear_text_elsewhere(value) and not info.data.get("allow_http"):
         raise PydanticCustomError(
             "plaintext",
             "http:// to {host} sends the access token in clear text: use https://, "
-            "or set allow_http = true",
-            {"host": host},
+            "or set allow_http = true (loopback: write 127.0.0.1 or [::1])",
+            {"host": urlsplit(value).hostname or ""},
         )
     return value
+
+
+def clear_text_elsewhere(url: str) -> bool:
+    """Whether a provider's `url` is `http://` to a host that is not a loopback address:
+    what needs the provider's `allow_http = true`. An address only: the Google and Graph
+    clients connect a name (`localhost`) wherever a resolver says, with no loopback-only
+    filter as the webhooks and SMTP/IMAP have."""
+    host = urlsplit(url).hostname or ""
+    return url.startswith("http://") and not _is_loopback(host, names=False)
 
 
 class SmtpImapProviderSettings(_Section):
