@@ -63,6 +63,7 @@ from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, Draft
 from daemon.providers.gmail_drafts import COMPOSE_SCOPE, DRAFT_STEP_UNITS, GmailDrafts
 from daemon.providers.gmail_history import GmailHistory
 from daemon.providers.gmail_mailbox import (
+    MAX_PAGES,
     Mailbox,
     Response,
     message_id_header,
@@ -479,11 +480,12 @@ class GmailProvider(ProviderBase):
         *,
         draft: bool = False,
     ) -> Iterator[dict[str, Any]]:
-        """Every page of a list call, following nextPageToken. A token that repeats would
-        loop forever: an answer we cannot finish is no answer (ProviderError)."""
+        """Every page of a list call, following nextPageToken, at most `MAX_PAGES`. A
+        token that repeats would loop forever, and so would new ones without end: an
+        answer we cannot finish is no answer (ProviderError)."""
         page_token: str | None = None
         seen_tokens: set[str] = set()
-        while True:
+        for _ in range(MAX_PAGES):
             request = method(**params, **({"pageToken": page_token} if page_token else {}))
             page = self.read_json(what, request, GMAIL_LIST_UNITS, mailbox, draft=draft)
             yield page
@@ -494,6 +496,7 @@ class GmailProvider(ProviderBase):
                 raise ProviderError(f"{what}: paging did not advance")
             seen_tokens.add(next_token)
             page_token = next_token
+        raise ProviderError(f"{what}: more than {MAX_PAGES} pages")
 
     def _unscoped(self) -> Mailbox:
         if self._default is None:

@@ -113,6 +113,13 @@ class Mailbox:
             self.bucket.acquire(units - taken)
 
 
+#: Pages one listing follows at most (a search, a draft lookup; a report read goes on at
+#: its next read), as Graph's (`graph.MAX_PAGES`): each new next-page token passes the
+#: repeat check, so an answer naming page after page with nothing on them was listed for
+#: as long as they came, each page paid from the mailbox's quota.
+MAX_PAGES = 50
+
+
 def search_term(message_id: str) -> str:
     """The Message-ID as Gmail documents the operator: `rfc822msgid:local@domain`, without
     angle brackets. Refuses values that would change the meaning of the query."""

@@ -15,11 +15,12 @@ goes on at the next one, so it never takes the quota of a due send. A bucket of 
 (`user = "{from}"`) keeps none back: the engine reads such a mailbox only while none of
 its sends waits (docs/providers.md "Bounces").
 
-A read stopped that way, or by Gmail refusing a call as unavailable (429, 503: the read
-fails), is kept per mailbox (`_Progress`): the next read goes on with the same query from
-the page where the listing stopped, and hands out the reports already downloaded, instead
-of listing from page 1 again, which a mailbox with more pages than its quota lets through
-in a row would never get past.
+A read stopped that way, after `MAX_PAGES` pages of the listing (as Graph's), or by Gmail
+refusing a call as unavailable (429, 503: the read fails), is kept per mailbox
+(`_Progress`): the next read goes on with the same query from the page where the listing
+stopped, and hands out the reports already downloaded, instead of listing from page 1
+again, which a mailbox with more pages than its quota lets through in a row would never
+get past.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from daemon.providers.gmail_mailbox import GmailCalls, Mailbox
+from daemon.providers.gmail_mailbox import MAX_PAGES, GmailCalls, Mailbox
 from daemon.providers.outcomes import FoundReport, ProviderError, ReportRead
 from daemon.providers.quota import GMAIL_GET_UNITS, GMAIL_LIST_UNITS, GMAIL_SEND_UNITS
 from ledger.exceptions import SendledgerError
@@ -42,8 +43,9 @@ REPORT_SENDERS = ("mailer-daemon", "postmaster")
 
 
 class _QuotaKept(SendledgerError):
-    """The mailbox's bucket holds no more than a send's worth, or the caller may not go on
-    (its quota scope went to another daemon): the read stops here."""
+    """The mailbox's bucket holds no more than a send's worth, the caller may not go on
+    (its quota scope went to another daemon), or the read listed `MAX_PAGES` pages: the
+    read stops here, and the next goes on from where it stopped."""
 
 
 def report_query(since: datetime) -> str:
@@ -164,7 +166,7 @@ class GmailReports:
         (a page at a time: a call refused leaves it where it stopped)."""
         query, page_token = progress.query, progress.page_token
         seen_tokens: set[str] = set()
-        while True:
+        for _ in range(MAX_PAGES):
             params: dict[str, Any] = {
                 "userId": mailbox.user,
                 "q": query,
@@ -191,6 +193,8 @@ class GmailReports:
                 raise ProviderError(f"reports {query}: paging did not advance")
             seen_tokens.add(next_token)
             page_token = progress.page_token = next_token
+        # New tokens without end passed the repeat check: the next read goes on.
+        raise _QuotaKept(f"reports {query}: {MAX_PAGES} pages listed")
 
     def _fetch(
         self,
