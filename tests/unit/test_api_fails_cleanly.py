@@ -104,6 +104,25 @@ def test_a_submit_that_is_not_json_is_422(client: TestClient, body: bytes) -> No
     assert answer.json()["error"].startswith("job: not valid JSON")
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"])
+def test_a_body_in_another_encoding_than_utf8_is_refused(client: TestClient, encoding: str) -> None:
+    """`json.loads` guesses UTF-16 and UTF-32 from bytes, and passes over a UTF-8 byte
+    order mark: such a body was taken (201), while a proxy or a policy check in front, which
+    reads JSON as UTF-8 (RFC 8259), saw no job in it, or another. Refused as not UTF-8, on
+    every route that takes a body, as `submit` refuses it from a file."""
+    headers = {**AUTH, "content-type": "application/json"}
+    body = json.dumps(job("k-" + encoding)).encode(encoding)
+    answer = client.post("/v1/jobs", content=body, headers=headers)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"].startswith("job: not valid JSON"), answer.text
+    assert client.get(f"/v1/jobs/k-{encoding}", headers=AUTH).status_code == 404
+    client.post("/v1/jobs", json=job("k1"), headers=AUTH)
+    cancel = json.dumps({"note": "n"}).encode(encoding)
+    answer = client.post("/v1/jobs/k1/cancel", content=cancel, headers=headers)
+    assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == "body"
+    assert client.get("/v1/jobs/k1", headers=AUTH).json()["state"] != "cancelled"
+
+
 def test_a_422_lists_at_most_100_errors_each_naming_its_job(client: TestClient) -> None:
     answer = client.post("/v1/jobs", json=[{}] * 2500, headers=AUTH)
     assert answer.status_code == 422

@@ -43,6 +43,11 @@ def loads(text: str | bytes) -> Any:
     document it can decode (nesting deeper than the parser goes and integers longer than
     Python converts included, so a caller handles one exception), UnicodeDecodeError for
     bytes that are not UTF-8."""
+    if isinstance(text, bytes):
+        # UTF-8 only (RFC 8259), as a proxy or a check in front reads it: from bytes,
+        # json.loads guesses UTF-16 and UTF-32 and passes over a byte order mark, so such
+        # a body was taken where a reader of UTF-8 saw no job in it, or another.
+        text = text.decode("utf-8")
     try:
         return json.loads(text, object_pairs_hook=_pairs)
     except (json.JSONDecodeError, UnicodeDecodeError):
