@@ -329,6 +329,18 @@ def test_a_provider_url_in_clear_text_to_another_host_needs_allow_http(
     assert allowed.providers[name].allow_http  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("name", ["g/alice@example.com", "", "a b", "a\nb", "gm\u0430il", "x" * 65])
+def test_a_provider_name_is_one_a_scope_can_hold(name: str) -> None:
+    """`g/alice@example.com` was accepted, and was the quota scope of provider `g`'s mailbox
+    alice@example.com (`user = "{from}"`): one circuit, queue and lease for the two."""
+    refused({"providers": {name: {"credentials_file": "sa.json"}}}, "providers", "got")
+    for good in ("g", "support", "m365.work_1-x"):
+        assert (
+            good
+            in settings_from_dict({"providers": {good: {"credentials_file": "sa.json"}}}).providers
+        )
+
+
 @pytest.mark.parametrize(
     ("emulator", "allowed"),
     [("http://127.0.0.1:8026", False), ("http://localhost:8026", True),

@@ -538,6 +538,8 @@ class WebhookSettings(_Section):
 
 
 WebhookName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+#: A provider's name, as a webhook's.
+PROVIDER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class RetentionSettings(_Section):
@@ -651,6 +653,22 @@ class Settings(BaseModel):
 
     # Where the config came from; relative paths in it are relative to its folder.
     config_path: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _provider_names(cls, value: Any) -> Any:
+        # `/` joins a provider's name and a mailbox in its quota scopes ("g/a@example.com"
+        # for `user = "{from}"`): a provider of that name shared the scope, its circuit,
+        # queue and lease, with another's mailbox. And a name is read in logs and commands.
+        for name in value if isinstance(value, dict) else ():
+            if not isinstance(name, str) or not PROVIDER_NAME.fullmatch(name):
+                raise PydanticCustomError(
+                    "provider_name",
+                    "a provider's name is 1 to 64 letters, digits, '.', '_' and '-' (the name "
+                    "and a mailbox make its quota scopes, joined by '/'), got {name}",
+                    {"name": repr(name)},
+                )
+        return value
 
     @property
     def base_dir(self) -> Path:
