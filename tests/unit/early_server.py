@@ -2,7 +2,9 @@
 has read a request's body and then stops reading: it keeps the connection open until the
 test ends (`hold`) or closes it (`close`) (tests/unit/test_http_early_answer.py,
 tests/unit/test_smtp_early_answer.py). Its receive buffer is small, so a body of
-megabytes does not fit in the buffers between the two ends: the client's writes stall."""
+megabytes does not fit in the buffers between the two ends: the client's writes stall.
+A hostile one never ends its answer (`trickle`: a byte at a time, each well within the
+client's socket timeout; tests/unit/test_endless_answers.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import contextlib
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from io import BufferedReader
 
@@ -22,6 +25,10 @@ from testkit.tls import TlsFiles
 TIMEOUT = 2.0
 #: A body that cannot fit in the buffers of a stalled loopback connection.
 BIG = 16 * 1024 * 1024
+
+#: How long a hostile server trickles at most: past it, a client still reading had no
+#: bound of its own.
+TRICKLE_FOR = 4.0
 
 Session = Callable[[socket.socket, BufferedReader], None]
 
@@ -64,6 +71,16 @@ class AnsweringServer:
     def hold(self) -> None:
         """Keep the connection, not reading from it, until the test ends."""
         self._done.wait(30)
+
+    def trickle(self, conn: socket.socket, data: bytes, *, every: float = 0.1) -> None:
+        """`data` written a byte each `every` seconds, until it ends, the test ends, or
+        `TRICKLE_FOR` has passed (a client that never stops reading fails its test then,
+        rather than hanging it)."""
+        ends = time.monotonic() + TRICKLE_FOR
+        for at in range(len(data)):
+            if self._done.wait(every) or time.monotonic() > ends:
+                return
+            conn.sendall(data[at : at + 1])
 
     def close(self) -> None:
         self._done.set()

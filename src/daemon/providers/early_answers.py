@@ -14,6 +14,13 @@ keeps what arrived before the reset readable).
 Readable is not enough under TLS 1.3: servers send session tickets right after the
 handshake, which make the socket readable with no application data. A non-blocking read
 through the TLS layer takes them in and raises SSLWantReadError: nothing was said.
+
+The answer's reader (`AnswerReader`) also ends the wait for it: a socket's timeout bounds
+each read alone, so a server trickling a byte per almost-timeout (a header, interim
+`100 Continue`s, an endless chunked body, an SMTP reply's lines) kept the reader reading
+for as long as it went on. Each read waits only for what is left of one `timeout` from
+when the answer was awaited (`AnswerReader.answer_within`; docs/providers.md "A server
+that never ends its answer").
 """
 
 from __future__ import annotations
@@ -161,47 +168,87 @@ class EarlyAnswer:
         self.cut = bool(self.read)
         return self.cut
 
-    def reader(self) -> io.BufferedReader:
-        """The server's bytes from the first: those read while writing, then the socket's."""
-        return io.BufferedReader(_Replay(self.read, self.sock))
+    def reader(self, within: float | None = None) -> io.BufferedReader:
+        """The server's bytes from the first: those read while writing, then the socket's;
+        all of them within `within` seconds from now (None: each read the socket's
+        timeout, until `AnswerReader.answer_within`)."""
+        raw = AnswerReader(self.sock, self.read)
+        if within is not None:
+            raw.answer_within(within)
+        return io.BufferedReader(raw)
 
 
-class _Replay(io.RawIOBase):
-    def __init__(self, first: bytes, sock: socket.socket) -> None:
+class AnswerReader(io.RawIOBase):
+    """A server's answer on `sock` (after `first`, bytes read while writing), its reads
+    bounded together from `answer_within` on (see the module docstring). Read through the
+    socket's own raw reader (`makefile`), so that a connection closed while its last
+    answer is read (http.client's `Connection: close`) stays open until the reader is."""
+
+    def __init__(self, sock: socket.socket, first: bytes = b"") -> None:
         super().__init__()
         self._first = memoryview(first)
         self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)
+        self._deadline: float | None = None
+
+    def answer_within(self, seconds: float) -> None:
+        """The answer's wait begins: every read from now on ends within `seconds`."""
+        self._deadline = time.monotonic() + seconds
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: Any) -> int:
+    def readinto(self, buffer: Any) -> int | None:
         if self._first:
             size = min(len(buffer), len(self._first))
             buffer[:size] = self._first[:size]
             self._first = self._first[size:]
             return size
-        return self._sock.recv_into(buffer)
+        if self._deadline is None:
+            return self._raw.readinto(buffer)
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        timeout = self._sock.gettimeout()
+        if timeout is not None and timeout <= left:
+            return self._raw.readinto(buffer)
+        self._sock.settimeout(left)
+        try:
+            return self._raw.readinto(buffer)
+        finally:
+            self._sock.settimeout(timeout)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class WatchedSocket:
     """A connection's socket for one HTTP exchange: its writes are `watch`'s, and the
     answer's reader (http.client's `sock.makefile("rb")`) starts with the bytes read
-    while writing."""
+    while writing and ends within `within` seconds of being made (None: each read the
+    socket's timeout)."""
 
-    def __init__(self, watch: EarlyAnswer) -> None:
+    def __init__(self, watch: EarlyAnswer, within: float | None = None) -> None:
         self.watch = watch
+        self.within = within
 
     def sendall(self, data: bytes | memoryview) -> None:
         self.watch.sendall(data)
 
     def makefile(self, mode: Literal["rb"]) -> io.BufferedReader:
-        if self.watch.read:
-            return self.watch.reader()
-        return self.watch.sock.makefile(mode)
+        return self.watch.reader(self.within)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.watch.sock, name)
 
 
-__all__ = ["READ_BOUND", "EarlyAnswer", "WatchedSocket", "any_bytes", "read_now", "ready"]
+__all__ = [
+    "READ_BOUND",
+    "AnswerReader",
+    "EarlyAnswer",
+    "WatchedSocket",
+    "any_bytes",
+    "read_now",
+    "ready",
+]

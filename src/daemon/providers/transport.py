@@ -16,7 +16,9 @@ For `users.messages.send` either repeat is a second email. So `SingleShotHttp` r
    nothing was sent: `NotSentError`.
 2. write the request and read the whole response. From the first byte written on, a
    failure (timeout, reset, closed without a response, unreadable body) leaves the
-   outcome unknown: `ResponseLostError`.
+   outcome unknown: `ResponseLostError`. The response, from when the request has left
+   this host, is read within one `timeout` as a whole: a server that trickles it (interim
+   `100 Continue`s, a header a byte at a time, an endless chunked body) is timed out.
 
 Keep-alive connections are reused (a fresh TCP + TLS handshake per call was the largest
 cost of a send over HTTPS; see docs/performance.md "Performance and scaling"), and reuse changes no
@@ -287,6 +289,10 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
                 raise
         if not watch.cut:
             wait_sent_out(watch.sock, self.timeout, watch.answered_within if watched else None)
+        # The answer's wait, from here, ends within one timeout as a whole, however its
+        # bytes trickle (early_answers.AnswerReader): else a byte per almost-timeout held
+        # the call for as long as the server went on.
+        conn.sock = WatchedSocket(watch, self.timeout)
         return watch
 
 
