@@ -201,3 +201,29 @@ def test_an_answer_while_a_body_that_fit_drains_is_read_at_once(
         server.close()
     assert result == 413
     assert took < TIMEOUT / 2, f"{took:.2f}s: the answer waited for the drain's timeout"
+
+
+def test_an_early_answer_that_closes_the_connection_is_read_whole() -> None:
+    """A 413 with `Connection: close` whose body comes in two writes: http.client closes
+    the connection once it has the headers and reads the rest after. The replay of the
+    early answer read the socket itself, closed by then: "Bad file descriptor", Unknown."""
+    body = b"e" * 100_000
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        _request(reader)
+        head = b"HTTP/1.1 413 Too large\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+        conn.sendall(head % len(body) + body[:10])
+        time.sleep(TIMEOUT / 8)  # the client has the headers, and has closed
+        conn.sendall(body[10:])
+        server.hold()
+
+    server = AnsweringServer(session)
+    http = SingleShotHttp(timeout=TIMEOUT, reuse=False)
+    try:
+        response, content = http.request(
+            f"http://127.0.0.1:{server.port}/send", "POST", body=b"x" * BIG
+        )
+    finally:
+        http.close()
+        server.close()
+    assert (response.status, content) == (413, body)
