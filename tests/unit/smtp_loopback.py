@@ -32,10 +32,18 @@ class Message:
         return self.data
 
 
-def converse(conn: socket.socket, reader: BufferedReader, on_data: Callable[[], bool]) -> None:
-    """Greets and says yes to everything up to DATA; at DATA `on_data()` answers, reads
-    the content and replies to it, and says whether the dialogue goes on. Ends at QUIT."""
-    conn.sendall(b"220 loopback ESMTP\r\n")
+def converse(
+    conn: socket.socket,
+    reader: BufferedReader,
+    on_data: Callable[[], bool],
+    *,
+    greet: bool = True,
+) -> None:
+    """Greets (`greet`: not after STARTTLS) and says yes to everything up to DATA; at DATA
+    `on_data()` answers, reads the content and replies to it, and says whether the
+    dialogue goes on. Ends at QUIT."""
+    if greet:
+        conn.sendall(b"220 loopback ESMTP\r\n")
     while line := reader.readline():
         verb = line[:4].upper()
         if verb == b"EHLO":

@@ -36,6 +36,7 @@ from daemon.providers.early_answers import EarlyAnswer
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
 from daemon.providers.slow_links import pieces, wait_sent_out
 from daemon.providers.smtp_classify import Stage, classify_smtp
+from daemon.providers.smtp_replies import BoundedSMTP, BoundedSMTP_SSL
 from daemon.providers.timeouts import timed_out
 from ledger.exceptions import SendledgerError
 from sendledger.connecting import close_unreturned
@@ -262,7 +263,7 @@ class SmtpSubmitter:
     def _connect(self) -> smtplib.SMTP:
         e = self.endpoint
         if e.security == "tls":
-            return smtplib.SMTP_SSL(
+            return BoundedSMTP_SSL(
                 e.host,
                 e.port,
                 local_hostname=self._hostname(),
@@ -270,7 +271,7 @@ class SmtpSubmitter:
                 context=e.ssl_context,
             )
         return e.opened(
-            lambda host: smtplib.SMTP(
+            lambda host: BoundedSMTP(
                 host, e.port, local_hostname=self._hostname(), timeout=e.timeout
             )
         )
