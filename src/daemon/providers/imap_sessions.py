@@ -16,9 +16,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from imapclient import IMAPClient  # type: ignore[import-untyped]
-
 from daemon.providers.base import ProviderError
+from daemon.providers.imap_replies import BoundedIMAPClient
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
 from daemon.providers.timeouts import timed_out
 from sendledger.connecting import close_unreturned
@@ -96,7 +95,7 @@ class ImapSessions:
         e = self.endpoint
         try:
             client = e.opened(
-                lambda host: IMAPClient(
+                lambda host: BoundedIMAPClient(
                     host,
                     port=e.port,
                     ssl=e.security == "tls",
