@@ -3,11 +3,13 @@
 (docs/providers.md "A server that never ends its answer"). The HTTP transport Gmail and
 Graph use: interim 1xx lines, a status line or a header a byte at a time, an endless
 chunked body, a TLS handshake that never ends; through a Gmail provider, its token fetch,
-send and search. Plain and TLS 1.3; each server trickles for `TRICKLE_FOR` (4 s) at most,
-which a client without a bound of its own waited out."""
+send and search; Graph's token fetch (msal's tenant discovery and token request). Plain
+and TLS 1.3; each server trickles for `TRICKLE_FOR` (4 s) at most, which a client without
+a bound of its own waited out."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from io import BufferedReader
@@ -21,6 +23,8 @@ from tests.unit.early_server import AnsweringServer
 
 from daemon.providers.base import ProviderError
 from daemon.providers.gmail import GmailProvider
+from daemon.providers.graph import GraphTokens, trusted_ca_bundle
+from daemon.providers.graph_classify import TokenError
 from daemon.providers.outcomes import SendKind, SendOutcome
 from daemon.providers.transport import NotSentError, ResponseLostError, SingleShotHttp
 from testkit.credentials import write_service_account
@@ -206,3 +210,57 @@ def test_a_gmail_search_whose_answer_never_ends_ends_by_the_timeout(tmp_path: Pa
         provider.close()
         server.close()
     assert took < TIMEOUT + MARGIN, f"{took:.2f}s"
+
+
+def _discovery(port: int) -> bytes:
+    root = f"https://127.0.0.1:{port}/tenant"
+    body = json.dumps(
+        {
+            "issuer": f"{root}/v2.0",
+            "authorization_endpoint": f"{root}/oauth2/v2.0/authorize",
+            "token_endpoint": f"{root}/oauth2/v2.0/token",
+        }
+    ).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+
+@pytest.mark.parametrize("endless", ["discovery", "token"])
+def test_a_graph_token_fetch_that_never_ends_ends_by_the_timeout(
+    endless: str, tls_files: TlsFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """msal's tenant discovery or token request (msal's own requests session read on while
+    each byte came within its timeout): a transient TokenError, the send tried later. The
+    CA trusted as the daemon trusts one (requests let the variable win over its argument)."""
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls_files.ca_file))
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        path = _request(reader)
+        if endless == "token" and path.endswith("openid-configuration"):
+            conn.sendall(_discovery(server.port))
+            return
+        conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        server.trickle(conn, b"x" * 60_000, every=0.05)
+
+    server = AnsweringServer(session, tls_files)
+    tokens = GraphTokens(
+        authority=f"https://127.0.0.1:{server.port}",
+        tenant_id="tenant",
+        client_id="client",
+        credential="secret",
+        timeout=TIMEOUT,
+        ca_bundle=trusted_ca_bundle(),
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(TokenError) as error:
+            tokens.token()
+        took = time.monotonic() - started
+    finally:
+        tokens.close()
+        server.close()
+    assert error.value.transient, error.value
+    assert "timed out" in error.value.reason, error.value.reason
+    assert took < TIMEOUT + MARGIN, f"{endless}: {took:.2f}s"

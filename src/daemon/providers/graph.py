@@ -11,8 +11,9 @@ copy in Sent Items, so the copy can be read back by id, with no search index in 
 Nothing below `send_raw` sends a request twice ("No silent re-send" in
 docs/architecture.md): every Graph call goes through `SingleShotHttp`
 (`daemon/providers/transport.py`: one attempt, redirects off, "not sent" only from a failed
-connect). Tokens come from msal (client credentials); msal may repeat a *token* request,
-which cannot send mail.
+connect). Tokens come from msal (client credentials), whose requests go through a
+`SingleShotHttp` each too (`graph_token_http.py`): none is repeated, and each ends within
+`timeout` (a token request could not send mail anyway).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from daemon.providers.graph_classify import (
     token_error,
 )
 from daemon.providers.graph_reports import KeptListings, read_reports_in
+from daemon.providers.graph_token_http import TokenHttp
 from daemon.providers.mailboxes import IDLE_AFTER, Mailboxes
 from daemon.providers.outcomes import first_copies
 from daemon.providers.per_thread import PerThreadHttp
@@ -99,8 +101,8 @@ Response = tuple[int, dict[str, str], bytes]
 
 def trusted_ca_bundle(environ: Mapping[str, str] = os.environ) -> str | None:
     """The CA bundle the process is told to trust: REQUESTS_CA_BUNDLE, else SSL_CERT_FILE;
-    None: the default bundle. Both the Graph calls and msal are given it (requests itself
-    would still prefer REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE when one is set)."""
+    None: the default bundle. Both the Graph calls and msal's requests (through the same
+    transport, `graph_token_http.py`) are given it."""
     return environ.get("REQUESTS_CA_BUNDLE") or environ.get("SSL_CERT_FILE") or None
 
 
@@ -125,8 +127,9 @@ class GraphTokens:
         self.client_id = client_id
         self._credential = credential
         self._timeout = timeout
-        # None: requests' own trust (certifi, or REQUESTS_CA_BUNDLE when set).
-        self._verify: str | bool = ca_bundle or True
+        # None: the bundle the process is told to trust when msal is made, else httplib2's
+        # (requests, msal's own client, read the same variables).
+        self._ca_bundle = ca_bundle
         self._lock = threading.Lock()
         self._app: Any = None
 
@@ -143,8 +146,10 @@ class GraphTokens:
                         # Graph's own authority is known to msal; any other host (a
                         # national cloud's, the emulator's) would be refused without this.
                         instance_discovery=False,
-                        timeout=self._timeout,
-                        verify=self._verify,
+                        http_client=TokenHttp(
+                            timeout=self._timeout,
+                            ca_certs=self._ca_bundle or trusted_ca_bundle(),
+                        ),
                     )
                 except ValueError as exc:
                     # msal's tenant discovery got a 4xx (unknown tenant) or a bad key.
