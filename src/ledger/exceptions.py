@@ -65,6 +65,7 @@ so a user's program runs it without the daemon's packages.
                │    └── NotSentError, ResponseLostError
                ├── TokenError, DraftAlreadySent, DraftChanged, NotOurs, ListenRefused (an
                │   OSError too), SimulatedCrash (daemon/doubles/)
+               ├── AnswerTooLong (an OSError too)          daemon/providers/early_answers.py
                └── internal signals, never shown: wire_check._Bad, smtp_submit._Retry
                    and _Refused, delivery_reports._Refused, gmail_reports._QuotaKept,
                    testkit_doubles._BadOption, ScopeLost (providers/base.py: a scope

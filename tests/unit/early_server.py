@@ -4,7 +4,7 @@ test ends (`hold`) or closes it (`close`) (tests/unit/test_http_early_answer.py,
 tests/unit/test_smtp_early_answer.py). Its receive buffer is small, so a body of
 megabytes does not fit in the buffers between the two ends: the client's writes stall.
 A hostile one never ends its answer (`trickle`: a byte at a time, each well within the
-client's socket timeout; tests/unit/test_endless_answers.py)."""
+client's socket timeout; `flood`: as fast as the link goes; tests/unit/test_endless_answers.py)."""
 
 from __future__ import annotations
 
@@ -87,3 +87,11 @@ class AnsweringServer:
         stop_listening(self.server)
         for thread in self._threads:
             thread.join(timeout=10)
+
+
+def flood(server: AnsweringServer, conn: socket.socket, block: bytes) -> None:
+    """`block` written again and again as fast as the client takes it, until the test ends
+    or `TRICKLE_FOR` has passed: an answer without end at the link's speed."""
+    ends = time.monotonic() + TRICKLE_FOR
+    while not server._done.is_set() and time.monotonic() < ends:
+        conn.sendall(block)

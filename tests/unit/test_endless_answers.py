@@ -19,9 +19,10 @@ import google.auth.exceptions
 import google_auth_httplib2
 import pytest
 from google.oauth2.credentials import Credentials
-from tests.unit.early_server import AnsweringServer
+from tests.unit.early_server import AnsweringServer, flood
 
 from daemon.providers.base import ProviderError
+from daemon.providers.early_answers import AnswerTooLong
 from daemon.providers.gmail import GmailProvider
 from daemon.providers.graph import GraphTokens, trusted_ca_bundle
 from daemon.providers.graph_classify import TokenError
@@ -89,16 +90,14 @@ def _endless(kind: str, tls_files: TlsFiles | None, *, token: bool = True) -> An
     return server
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls1.3"])
-@pytest.mark.parametrize("kind", list(ENDLESS))
-def test_an_answer_that_never_ends_ends_by_the_timeout(
-    kind: str, tls: bool, tls_files: TlsFiles
-) -> None:
-    """Before: http.client read on while each byte came within the socket's timeout, for as
-    long as the server went on (4 s here, for ever from a hostile one)."""
-    server = _endless(kind, tls_files if tls else None)
-    scheme = "https" if tls else "http"
-    http = SingleShotHttp(timeout=TIMEOUT, reuse=False, ca_certs=str(tls_files.ca_file))
+def _post_lost(
+    server: AnsweringServer, timeout: float, tls_files: TlsFiles | None
+) -> tuple[ResponseLostError, float]:
+    """A POST to `server` (https when it speaks TLS, trusting `tls_files`' CA), which must
+    end with its answer lost: the error and how long it took. The server is closed."""
+    scheme = "https" if server.tls_files else "http"
+    ca = str(tls_files.ca_file) if tls_files else None
+    http = SingleShotHttp(timeout=timeout, reuse=False, ca_certs=ca)
     started = time.monotonic()
     try:
         with pytest.raises(ResponseLostError) as lost:
@@ -107,8 +106,19 @@ def test_an_answer_that_never_ends_ends_by_the_timeout(
     finally:
         http.close()
         server.close()
+    return lost.value, took
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls1.3"])
+@pytest.mark.parametrize("kind", list(ENDLESS))
+def test_an_answer_that_never_ends_ends_by_the_timeout(
+    kind: str, tls: bool, tls_files: TlsFiles
+) -> None:
+    """Before: http.client read on while each byte came within the socket's timeout, for as
+    long as the server went on (4 s here, for ever from a hostile one)."""
+    lost, took = _post_lost(_endless(kind, tls_files if tls else None), TIMEOUT, tls_files)
     assert took < TIMEOUT + MARGIN, f"{kind}: {took:.2f}s"
-    assert lost.value.message.endswith("then timed out"), lost.value.message
+    assert lost.message.endswith("then timed out"), lost.message
 
 
 def test_a_tls_handshake_that_never_ends_is_not_sent_by_the_timeout(tls_files: TlsFiles) -> None:
@@ -264,3 +274,18 @@ def test_a_graph_token_fetch_that_never_ends_ends_by_the_timeout(
     assert error.value.transient, error.value
     assert "timed out" in error.value.reason, error.value.reason
     assert took < TIMEOUT + MARGIN, f"{endless}: {took:.2f}s"
+
+
+def test_an_answer_without_end_at_the_link_s_speed_ends_at_its_bound() -> None:
+    """Before: read for the whole timeout (2 s here), all of it kept (1.3 GB measured);
+    now cut past `ANSWER_BOUND` bytes in a fraction of it: Unknown, as any lost answer."""
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        _request(reader)
+        conn.sendall(_CHUNKED)
+        flood(server, conn, b"%x\r\n%s\r\n" % (1 << 20, b"x" * (1 << 20)))
+
+    server = AnsweringServer(session)
+    lost, took = _post_lost(server, 2.0, None)
+    assert isinstance(lost.cause, AnswerTooLong), lost.message
+    assert took < 1.0, f"{took:.2f}s"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.unit.early_server import AnsweringServer
+from tests.unit.early_server import AnsweringServer, flood
 
 from daemon.providers.base import ProviderError
 from daemon.providers.imap_sessions import ImapSessions
@@ -41,10 +41,12 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
     return make_loopback_tls(Path(tmp_path_factory.mktemp("ca")))
 
 
-def _search(server: AnsweringServer, security: str, ca: Path) -> tuple[BaseException | None, float]:
+def _search(
+    server: AnsweringServer, security: str, ca: Path, timeout: float = TIMEOUT
+) -> tuple[BaseException | None, float]:
     """A SEARCH of INBOX on a fresh session: the error it ended with, and how long it took."""
     context = ssl.create_default_context(cafile=ca)
-    endpoint = MailEndpoint("127.0.0.1", server.port, security, "u", "p", TIMEOUT, context)
+    endpoint = MailEndpoint("127.0.0.1", server.port, security, "u", "p", timeout, context)
     sessions = ImapSessions(endpoint, ReuseLimits(max_uses=1))
 
     def call(client: Any) -> object:
@@ -100,3 +102,23 @@ def test_an_answer_that_never_ends_ends_the_search_by_the_timeout(
         server.close()
     assert isinstance(error, ProviderError) and error.timed_out, error
     assert took < TIMEOUT + MARGIN, f"{kind}: {took:.2f}s"
+
+
+def test_untagged_lines_at_the_link_s_speed_end_the_search_at_their_bound(
+    tls_files: TlsFiles,
+) -> None:
+    """Before, read (and kept) for the whole timeout (2 s here); now cut past
+    `ANSWER_BOUND` bytes in a fraction of it: no information."""
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        conn.sendall(b"* OK ready\r\n")
+        flood(server, conn, (b"* OK " + b"x" * 1000 + b"\r\n") * 1000)
+
+    server = AnsweringServer(session)
+    try:
+        error, took = _search(server, "none", tls_files.ca_file, timeout=2.0)
+    finally:
+        server.close()
+    assert isinstance(error, ProviderError) and not error.timed_out, error
+    assert "an answer longer than" in str(error), error
+    assert took < 1.0, f"{took:.2f}s"

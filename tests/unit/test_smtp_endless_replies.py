@@ -14,7 +14,7 @@ from io import BufferedReader
 from pathlib import Path
 
 import pytest
-from tests.unit.early_server import AnsweringServer
+from tests.unit.early_server import AnsweringServer, flood
 from tests.unit.smtp_loopback import converse, message_of_lines, submit_timed
 
 from daemon.providers.kept import MailEndpoint
@@ -31,9 +31,11 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
     return make_loopback_tls(Path(tmp_path_factory.mktemp("ca")))
 
 
-def _submit(server: AnsweringServer, security: str, ca: Path | None) -> tuple[SendOutcome, float]:
+def _submit(
+    server: AnsweringServer, security: str, ca: Path | None, timeout: float = TIMEOUT
+) -> tuple[SendOutcome, float]:
     context = ssl.create_default_context(cafile=ca)
-    endpoint = MailEndpoint("127.0.0.1", server.port, security, "u", "p", TIMEOUT, context)
+    endpoint = MailEndpoint("127.0.0.1", server.port, security, "u", "p", timeout, context)
     return submit_timed(endpoint, message_of_lines(10, "<endless-1@mail.example.com>"))
 
 
@@ -115,3 +117,22 @@ def test_an_end_of_data_reply_that_never_ends_is_unknown_by_the_timeout(
         server.close()
     assert outcome.kind is SendKind.UNKNOWN, outcome
     assert took < TIMEOUT + MARGIN, f"{took:.2f}s"
+
+
+def test_a_reply_without_end_at_the_link_s_speed_is_not_sent_at_its_bound() -> None:
+    """EHLO's lines as fast as the link goes: before, read (and kept) for the whole timeout
+    (2 s here); now cut past `ANSWER_BOUND` bytes in a fraction of it: not sent."""
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        conn.sendall(b"220 loopback ESMTP\r\n")
+        reader.readline()
+        flood(server, conn, (b"250-" + b"x" * 1000 + b"\r\n") * 1000)
+
+    server = AnsweringServer(session)
+    try:
+        outcome, took = _submit(server, "none", None, timeout=2.0)
+    finally:
+        server.close()
+    assert outcome.kind is SendKind.REJECTED and outcome.transient, outcome
+    assert "an answer longer than" in outcome.reason, outcome.reason
+    assert took < 1.0, f"{took:.2f}s"
