@@ -46,6 +46,9 @@ _ENDED = select.POLLERR | select.POLLHUP
 #: what a server writing an answer without end as fast as it can makes this process keep
 #: until the answer's timeout (measured: 476 MB in 0.5 s on loopback).
 ANSWER_BOUND = 16 * 1024 * 1024
+#: Seconds an answer's reads may end past its deadline: a read begun within this of the
+#: answer's start waits the socket's own timeout (`AnswerReader.readinto`).
+ANSWER_SLACK = 0.05
 #: Bytes read while writing past which the writing ends (`EarlyAnswer.read` is kept for
 #: the answer's reader): a server that keeps sending interim 1xx answers during an
 #: upload would otherwise grow it without bound. Interim answers are a few dozen bytes;
@@ -227,7 +230,10 @@ class AnswerReader(io.RawIOBase):
         if self._taken > ANSWER_BOUND:
             raise AnswerTooLong(f"an answer longer than {ANSWER_BOUND} bytes")
         timeout = self._sock.gettimeout()
-        if timeout is not None and timeout <= left:
+        if timeout is not None and timeout <= left + ANSWER_SLACK:
+            # Begun this early, a read the socket's timeout ends is over by the deadline
+            # plus the slack at most: the timeout is not changed (two system calls a read,
+            # on every call's first).
             got = self._raw.readinto(buffer)
         else:
             self._sock.settimeout(left)
@@ -265,6 +271,7 @@ class WatchedSocket:
 
 __all__ = [
     "ANSWER_BOUND",
+    "ANSWER_SLACK",
     "READ_BOUND",
     "AnswerReader",
     "AnswerTooLong",
