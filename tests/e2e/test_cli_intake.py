@@ -188,6 +188,19 @@ def test_status_and_history(cli: Any) -> None:
     assert "requested" in plain.stdout
 
 
+def test_history_shows_the_names_in_a_list_as_typed(cli: Any) -> None:
+    # A list (to, cc) was written as ASCII-only JSON, then made printable: 李雷 was shown
+    # as \\u674e\\u96f7 on the terminal and the review page, where the subject beside it
+    # read as typed.
+    to = ["李雷 <lilei@example.com>", "Zoë <zoe@example.com>"]
+    assert cli.submit(job(to=to, cc=["Ærø <aero@example.com>"])).code == 0
+    result = cli.run("history", "order-1001")
+    assert result.code == 0, result.stderr
+    assert 'to=["李雷 <lilei@example.com>", "Zoë <zoe@example.com>"]' in result.stdout
+    assert 'cc=["Ærø <aero@example.com>"]' in result.stdout
+    assert "\\u" not in result.stdout
+
+
 def test_unknown_job_is_exit_4(cli: Any) -> None:
     assert cli.submit(job()).code == 0
     for command in ("status", "history"):

@@ -100,6 +100,18 @@ def test_the_review_page_serves_a_hostile_copys_headers_bounded_and_escaped(
     assert "\x1b" not in page.text and "\x00" not in page.text
 
 
+def test_the_review_page_shows_the_names_in_a_list_as_typed(
+    rig: EngineRig, client: TestClient
+) -> None:
+    # The timeline's lists were ASCII-only JSON made printable: \\u674e\\u96f7 for 李雷.
+    sent = job("k1", "receipts", to=["李雷 <lilei@example.com>"])
+    assert client.post("/v1/jobs", json=sent, headers=AUTH).status_code == 201
+    page = client.get("/ui/jobs/k1", headers=AUTH)
+    assert page.status_code == 200
+    assert "[&#34;李雷 &lt;lilei@example.com&gt;&#34;]" in page.text
+    assert "\\u674e" not in page.text
+
+
 def _served_by(rig: EngineRig) -> Callable[[argparse.Namespace, Callable[[Services], T]], T]:
     """The command's `served`, on the rig's store and provider instead of a config's."""
     services = Services(

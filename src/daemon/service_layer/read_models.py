@@ -106,7 +106,10 @@ def timeline_details(record: dict[str, Any]) -> list[tuple[str, str]]:
             value = [attachment_summary(item) for item in value if isinstance(item, dict)]
         if record["type"] == "Bounced" and name == "recipients" and isinstance(value, list):
             value = said([item for item in value if isinstance(item, dict)])  # one line
-        details.append((name, value if isinstance(value, str) else json.dumps(value)))
+        # Non-ASCII as typed, as a string field is: each door makes the line printable
+        # (ASCII-only JSON came out as \\u674e there, its backslash doubled).
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        details.append((name, shown))
     return details
 
 
