@@ -33,7 +33,12 @@ from daemon.config.tick_bound import tick_limit
 from daemon.engine.leases import lock_wait
 from daemon.engine.report import TickReport
 from daemon.providers.base import Provider
-from daemon.service_layer.loaded import PolicyAnnouncer, announce_policies, format_watch
+from daemon.service_layer.loaded import (
+    PolicyAnnouncer,
+    announce_policies,
+    format_watch,
+    give_back_refused_start,
+)
 from daemon.service_layer.retention import RetentionJob
 from daemon.systemd import Notifier, timeout_stop_sec, watchdog_interval
 from daemon.wakeup import DONE, REQUESTED, WakeUp
@@ -44,8 +49,7 @@ from daemon.webhooks.delivery_threads import (
     start_webhooks,
 )
 from daemon.webhooks.worker import Hook
-from ledger.display import quoted
-from ledger.event_format import StoreFormatNewer, give_back_declaration
+from ledger.event_format import StoreFormatNewer
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.loaded_policies import DAEMON
 
@@ -242,7 +246,11 @@ class Daemon:
             hooks = hooks_from(self.service.settings)  # a bad secret file: exit 2 first
             # The API's port is taken first: one in use is exit 2 naming api.listen, before
             # the name is held or a claim recovered.
-            api = self._bind_api()
+            try:
+                api = self._bind_api()
+            except ConfigError:
+                self._refuse_if_running_already()
+                raise
             try:
                 self._identity = start_up(self.service)
             except BaseException:
@@ -250,13 +258,32 @@ class Daemon:
                     api.stop()  # its port, bound and not served
                 raise
         except BaseException:
-            # Refused at start-up: only the engine's workers run (bootstrap started them),
-            # stopped as a stop would, so that a caller in this process (`try`, tests) is
-            # not left their threads.
+            # Refused at start-up: the store as the start found it, and only the engine's
+            # workers run (bootstrap started them), stopped as a stop would, so that a
+            # caller in this process (`try`, tests) is not left their threads.
+            give_back_refused_start(self.service.ledger)
             self.engine.stop()
             self.service.close()
             raise
         return hooks, api
+
+    def _refuse_if_running_already(self) -> None:
+        """The API's port cannot be had: when this daemon's name is held on the store,
+        this is the daemon started a second time by mistake, its port the running one's.
+        The name's refusal says so (IdentityTaken, exit 3); the port's sent the operator
+        to choose another address, to be refused for the name next. A name that is free
+        is given back at once, and a store that cannot say leaves the port's line."""
+        name = self.engine.daemon_name
+        if not name:
+            return
+        try:
+            identity = self.service.ledger.hold_identity(name)
+        except IdentityTaken:
+            raise
+        except Exception as exc:
+            log.debug("daemon.name %r not asked after the port's refusal: %s", name, exc)
+            return
+        identity.release()
 
     def _wait_for_stop(self) -> list[int]:
         """The main thread's loop until a stop signal or request: what asked for it (two
@@ -548,12 +575,8 @@ def start_up(service: Service) -> IdentityLock | None:
         identity = service.ledger.hold_identity(name)
     except IdentityTaken:
         # Refused after the open, whose event format declaration replaced the live
-        # daemon's of this name: that one is put back. A store that fails that write
-        # leaves the refusal the line: the row only holds a copy back for a minute.
-        try:
-            give_back_declaration(service.ledger)
-        except Exception as exc:
-            log.warning("cannot put the event format declaration back: %s", quoted(exc))
+        # daemon's of this name: that one is put back.
+        give_back_refused_start(service.ledger)
         raise
     if not identity.ends_only_with_holder:
         # The process that held the name may still be calling: its claims wait for their

@@ -1,16 +1,25 @@
 """A port in use names the setting that chooses it and its variable, exit 2, for `run`
 and for `api` (docs/troubleshooting.md); `run` says it before it holds its name or
-recovers a claim."""
+recovers a claim, and leaves the store as it found it. A port in use by a running daemon
+of the same name is that daemon running: its name's line, exit 3."""
 
 from __future__ import annotations
 
 import socket
+import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
 
 import pytest
 from tests.e2e.conftest import CliEnv
+from tests.e2e.daemon_kit import Rig
 
+from ledger.stores.format_rows import FORMAT_TABLE
 from testkit.credentials import write_service_account
+from testkit.mailservers import free_port
+
+JOB = {"channel": "receipts", "key": "k-1", "to": "a@example.com", "subject": "s", "body": "b"}
 
 
 @pytest.fixture
@@ -36,3 +45,46 @@ def test_a_port_in_use_is_exit_2_naming_api_listen(
     line = result.error_lines[-1]
     assert f"api.listen: 127.0.0.1:{taken} is in use by another process" in line, line
     assert "SENDLEDGER_API__LISTEN=127.0.0.1:PORT" in line, line
+
+
+def _declared(store: Path) -> dict[str, tuple[int, float]]:
+    """The event format rows of a SQLite store, by holder (none before the first server's
+    open made the table)."""
+    with closing(sqlite3.connect(store)) as db:
+        made = db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", [FORMAT_TABLE])
+        if made.fetchone() is None:
+            return {}
+        rows = db.execute(f"SELECT holder, format, at FROM {FORMAT_TABLE}").fetchall()
+    return {str(holder): (int(format), float(at)) for holder, format, at in rows}
+
+
+@pytest.mark.parametrize("command", [["run"], ["api"]])
+def test_a_start_refused_at_its_port_leaves_the_declarations_as_it_found_them(
+    cli: CliEnv, taken: int, command: list[str]
+) -> None:
+    """The open declared this server's event format; a refusal at the port (exit 2) left
+    the declaration, a fresh one: for a minute `admin copy-store` took the store for one
+    a server was starting on."""
+    assert cli.submit(JOB).code == 0
+    before = _declared(cli.root / "ledger.sqlite")
+    test_a_port_in_use_is_exit_2_naming_api_listen(cli, taken, command)
+    assert _declared(cli.root / "ledger.sqlite") == before
+
+
+def test_a_second_start_of_a_running_daemon_says_it_runs_not_that_the_port_is_taken(
+    tmp_path: Path,
+) -> None:
+    """A daemon started again by mistake (the same config, its port taken by the first)
+    was told to choose another api.listen; given one, it was then refused for its name.
+    Now the name's line first, exit 3, and the running daemon's declaration is kept."""
+    with Rig(tmp_path / "rig", api_port=free_port()) as rig:
+        first = rig.start_daemon()
+        rig.wait_api()
+        before = _declared(rig.dir / "ledger.sqlite")
+        second = rig.cli("run", check=False)
+        assert second.returncode == 3, second.stderr
+        [line] = second.stderr.splitlines()
+        assert "is held by another running daemon on" in line, line
+        assert _declared(rig.dir / "ledger.sqlite") == before
+        assert first.alive()
+        assert first.terminate() == 0

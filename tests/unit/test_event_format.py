@@ -24,9 +24,9 @@ from tests.unit.daemon_thread import daemon_on
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.host_config import write_host_config
 
-from daemon import runtime
 from daemon.cli import main
 from daemon.runtime import start_up
+from daemon.service_layer import loaded
 from daemon.service_layer.loaded import LIVE_SECONDS
 from ledger import event_format
 from ledger.application import Ledger
@@ -286,7 +286,7 @@ def test_a_refused_start_whose_declaration_cannot_be_put_back_is_still_the_name_
     def failing(_ledger: Ledger) -> None:
         raise OSError("disk I/O error")
 
-    monkeypatch.setattr(runtime, "give_back_declaration", failing)
+    monkeypatch.setattr(loaded, "give_back_declaration", failing)
     with Ledger(ledger.store) as second:
         check_event_format(second, server=(DAEMON, "a"), clock=lambda: T0 + 1)
         service = daemon_on(second, name="a").service

@@ -45,7 +45,11 @@ def cmd_api(args: argparse.Namespace) -> int:
     warn_exposed_secrets(settings)
     policies = PolicyHolder(lambda: load_policies(settings))  # exit 2 on a broken folder
     from daemon.api.build import api_context, bound_server, load_tokens
-    from daemon.service_layer.loaded import announce_policies, format_watch
+    from daemon.service_layer.loaded import (
+        announce_policies,
+        format_watch,
+        give_back_refused_start,
+    )
     from ledger.event_format import StoreFormatNewer
     from ledger.stores.loaded_policies import API
 
@@ -56,7 +60,11 @@ def cmd_api(args: argparse.Namespace) -> int:
         ctx = api_context(
             settings, ledger, policies, dict.fromkeys(settings.providers), by_folder=True
         )
-        server = bound_server(settings, ctx, option="--listen")
+        try:
+            server = bound_server(settings, ctx, option="--listen")
+        except BaseException:
+            give_back_refused_start(ledger)  # the store as this refused start found it
+            raise
         log.info("sendledger api on http://%s (intake and review only)", settings.api.listen)
         # Its loaded set in the store, beside the daemons' (an operator's view; intake
         # judges by the daemons' rows, since they are what sends).

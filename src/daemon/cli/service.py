@@ -138,6 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from daemon.cli import HANGUPS, keep_hangups
     from daemon.logs import setup_logging
     from daemon.runtime import Daemon, run_once
+    from daemon.service_layer.loaded import give_back_refused_start
 
     if args.once:
         signal.signal(signal.SIGHUP, signal.SIG_DFL)  # one pass: no reload to keep
@@ -161,8 +162,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 policy_loader=lambda: load_policies(settings),
                 policies=policies,
             )
-        except (ValueError, OSError) as exc:
-            raise bad_input(f"providers: {exc}") from None
+        except BaseException as exc:
+            give_back_refused_start(ledger)
+            if isinstance(exc, ValueError | OSError):
+                raise bad_input(f"providers: {exc}") from None
+            raise
         if args.once:
             report = run_once(service)
             log.info(

@@ -21,8 +21,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from daemon.service_layer.problems import FieldProblem
-from ledger.display import iso
-from ledger.event_format import StoreFormatNewer, check_event_format
+from ledger.display import iso, quoted
+from ledger.event_format import StoreFormatNewer, check_event_format, give_back_declaration
 from ledger.stores.format_rows import format_rows_for, server_holder
 from ledger.stores.loaded_policies import DAEMON, LoadedPolicies, LoadedPolicyStore
 
@@ -271,11 +271,26 @@ def announce_policies(
     return announcer
 
 
+def give_back_refused_start(ledger: Ledger) -> None:
+    """A server's start refused after its open (its name taken, its port, a provider or
+    a webhook it cannot build): the event format declaration the open wrote is taken
+    back (`ledger.event_format.give_back_declaration`), so that the store is as the start
+    found it. Left, it was a fresh declaration: `admin copy-store` took the store for one
+    a server was starting on, for a minute, and a live server of the name, whose row it
+    replaced, did not remove it at its stop. A store that fails that write leaves the
+    refusal the line: the row only holds a copy back for that minute."""
+    try:
+        give_back_declaration(ledger)
+    except Exception as exc:
+        log.warning("cannot put the event format declaration back: %s", quoted(exc))
+
+
 __all__ = [
     "LIVE_SECONDS",
     "PolicyAnnouncer",
     "announce_policies",
     "format_watch",
+    "give_back_refused_start",
     "judge_by_loaded",
     "live_daemons",
 ]
