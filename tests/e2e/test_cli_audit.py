@@ -58,6 +58,19 @@ def test_audit_filters_and_formats(cli: Any) -> None:
     assert [json.loads(e)["key"] for e in requested.stdout.splitlines()] == ["audit-1"]
 
 
+def test_csv_lines_end_as_csv_lines_do(cli: Any) -> None:
+    # The writer's CR LF met the guard under stdout, which escapes a CR: every line ended
+    # with the four characters `\x0d`, and a spreadsheet's last column was `updated\x0d`.
+    submit_three(cli)
+    result = cli.run("audit", "--format", "csv")
+    assert result.code == 0, result.stderr
+    assert "\\x0d" not in result.stdout
+    header, *lines = result.stdout.splitlines()
+    assert header == "key,channel,state,attempts,reason,message_id,created,updated"
+    assert [line.split(",")[0] for line in lines] == ["audit-0", "audit-1", "audit-2"]
+    assert all(line.endswith("Z") for line in lines)
+
+
 def test_audit_refuses_bad_times_with_one_line(cli: Any) -> None:
     submit_three(cli)
     bad = cli.run("audit", "--since", "yesterday")

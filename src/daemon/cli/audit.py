@@ -171,7 +171,12 @@ def _emit(records: Iterator[dict[str, Any]], columns: list[str], fmt: str) -> in
             count += 1
         return count
     if fmt == "csv":
-        writer = csv.DictWriter(sys.stdout, fieldnames=columns, extrasaction="ignore")
+        # Lines end in LF, as every spreadsheet reads them: the writer's own CR LF met the
+        # net under stdout (`output.guard_streams`), which shows a CR as `\x0d`. A cell
+        # holds none (it is printable), so LF is never inside one.
+        writer = csv.DictWriter(
+            sys.stdout, fieldnames=columns, extrasaction="ignore", lineterminator="\n"
+        )
         writer.writeheader()
         count = 0
         for record in records:
