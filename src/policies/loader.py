@@ -250,6 +250,32 @@ NO_FOLDER = (
 )
 
 
+#: The problem of a policies folder that holds no policy file.
+NO_POLICY = (
+    "no policy file (CHANNEL.toml) in this folder: a daemon without one sends every job to "
+    "review (no-policy); write one per channel (docs/policies.md), or set "
+    "daemon.policies_dir to the folder that holds them"
+)
+#: The other entries a folder without a policy file names, at most.
+NAMED_ENTRIES = 5
+
+
+def _no_policy(directory: Path) -> PolicyProblem:
+    """The folder holds no policy file: said with what it holds instead (`receipts.tml`,
+    `Receipts.TOML`), which is what a tired hand typed."""
+    try:
+        held = sorted(e.name for e in directory.iterdir() if not e.name.startswith("."))
+    except OSError:
+        held = []
+    if not held:
+        return PolicyProblem(directory, WHOLE_FILE, NO_POLICY)
+    named = ", ".join(repr(name)[1:-1] for name in held[:NAMED_ENTRIES])
+    if len(held) > NAMED_ENTRIES:
+        named += f" and {len(held) - NAMED_ENTRIES} more"
+    reason = f"{NO_POLICY}; it holds {named}: only *.toml files are read"
+    return PolicyProblem(directory, WHOLE_FILE, reason)
+
+
 def _listed(directory: Path) -> list[Path]:
     """The folder's policy files; PolicyLoadError when the folder itself cannot be read."""
     if not directory.exists():
@@ -354,7 +380,8 @@ def load_policy_dir(
     known_providers: Collection[str] | None = None,
     client_copy_providers: Collection[str] = (),
 ) -> PolicySet:
-    """Load every ``*.toml`` file of ``directory`` (other files are ignored).
+    """Load every ``*.toml`` file of ``directory`` (other files are ignored); a folder
+    with none is refused, not an empty set.
 
     All-or-nothing: any problem in any file raises PolicyLoadError with all problems of all
     files, including channels declared by two files and, when ``known_providers`` is given,
@@ -363,6 +390,8 @@ def load_policy_dir(
     crash in between leaves none, and a search miss proves nothing: docs/providers.md "Providers").
     """
     files = _listed(Path(directory))
+    if not files:
+        raise PolicyLoadError([_no_policy(Path(directory))])
     partial = _scan(files, known_providers, client_copy_providers)
     if partial.problems:
         raise PolicyLoadError(partial.problems)

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from tests.e2e.test_cli_intake import job, one_error_line
 
+from testkit.credentials import write_service_account
+
 
 def test_a_batch_with_a_conflict_part_way_writes_nothing(cli: Any) -> None:
     assert cli.submit(job("stored")).code == 0
@@ -90,6 +92,22 @@ def test_config_and_environment_errors_are_exit_2_naming_the_source(cli: Any) ->
         assert result.code == 2, (name, result.stderr)
         line = one_error_line(result, needle)
         assert str(cli.config) not in line
+
+
+def test_a_policies_folder_without_a_policy_file_is_refused_before_a_job_is_touched(
+    cli: Any,
+) -> None:
+    # A folder with no *.toml was an empty set: `policy check` said "no policies in DIR",
+    # exit 0, and the daemon started and sent every job to review (no-policy).
+    assert cli.submit(job("waiting")).code == 0
+    (cli.policies / "receipts.toml").rename(cli.policies / "receipts.tml")
+    write_service_account(cli.root / "x.json", token_uri="http://127.0.0.1:1/token")
+    for command in (["policy", "check"], ["run", "--once"], ["run"]):
+        result = cli.run(*command)
+        assert result.code == 2, (command, result.stderr)
+        one_error_line(result, f"{cli.policies}:-: no policy file (CHANNEL.toml)", "receipts.tml")
+    status = cli.run("status", "--json", "waiting")
+    assert status.json()["state"] == "requested", status.stdout
 
 
 def test_config_is_accepted_after_the_command(cli: Any) -> None:

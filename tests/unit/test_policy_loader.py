@@ -110,7 +110,10 @@ def test_all_problems_of_one_file(tmp_path: Path) -> None:
     assert fields == ["confirm_misses", "from", "on_unknown", "search_after"]
     for problem in info.value.problems:
         assert str(problem).startswith(f"{path}:{problem.field}: ")
-        assert "\n" not in str(problem)
+        (tmp_path / "a\nb.tml").write_text(GOOD, encoding="utf-8")  # the line stays one
+    with pytest.raises(PolicyLoadError) as broken_name:
+        load_policy_dir(tmp_path)
+    assert "\n" not in str(broken_name.value.problems[0])
 
 
 def test_from_is_reported_as_written_not_as_attribute(tmp_path: Path) -> None:
@@ -226,8 +229,29 @@ def test_folder_loads_into_an_immutable_mapping(tmp_path: Path) -> None:
         policies.sources["x"] = a  # type: ignore[index]
 
 
-def test_empty_folder_is_an_empty_set(tmp_path: Path) -> None:
-    assert len(load_policy_dir(tmp_path)) == 0
+def test_a_folder_without_a_policy_file_is_refused_naming_what_it_holds(tmp_path: Path) -> None:
+    # Loaded as an empty set, it started a daemon that sent every job to review
+    # (no-policy): a policies_dir that names the wrong folder, or files saved as
+    # `receipts.tml`, were never said.
+    with pytest.raises(PolicyLoadError) as empty:
+        load_policy_dir(tmp_path)
+    (problem,) = empty.value.problems
+    assert problem.file == tmp_path and problem.field == "-"
+    assert problem.reason.startswith("no policy file (CHANNEL.toml) in this folder")
+    assert "every job to review" in problem.reason
+    for name in ("receipts.tml", "notices.TOML", ".hidden.toml"):
+        (tmp_path / name).write_text(GOOD, encoding="utf-8")
+    (tmp_path / "old").mkdir()
+    with pytest.raises(PolicyLoadError) as misnamed:
+        load_policy_dir(tmp_path)
+    (problem,) = misnamed.value.problems
+    assert problem.reason.endswith(
+        "; it holds notices.TOML, old, receipts.tml: only *.toml files are read"
+    ), problem.reason
+    (tmp_path / "a\nb.tml").write_text(GOOD, encoding="utf-8")  # the line stays one
+    with pytest.raises(PolicyLoadError) as broken_name:
+        load_policy_dir(tmp_path)
+    assert "\n" not in str(broken_name.value.problems[0])
 
 
 def test_problems_are_collected_across_all_files(tmp_path: Path) -> None:

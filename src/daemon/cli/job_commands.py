@@ -222,7 +222,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     if args.json:
         print(output.dumps(rows))
     else:
-        print(render_table(rows) if rows else f"no policies in {directory}")
+        print(render_table(rows))  # never empty: a folder without a policy is refused
     return EXIT_OK
 
 
