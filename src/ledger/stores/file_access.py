@@ -73,10 +73,31 @@ def repair_wal_modes(path: Path) -> list[tuple[Path, int, int]]:
     return changed
 
 
+def _mounted_read_only(path: Path) -> bool:
+    """True when `path` (not made yet: the nearest folder above it) is on a file system
+    mounted read-only, where `os.access` refuses writing whatever the modes say."""
+    for candidate in (path, *path.parents):
+        try:
+            return bool(os.statvfs(candidate).f_flag & os.ST_RDONLY)
+        except OSError:
+            continue
+    return False
+
+
+def _read_only_mount(folder: Path) -> str:
+    return (
+        f"read-only file system: {folder} is on a file system mounted read-only (a "
+        "snapshot, a read-only mount, or a systemd unit's ProtectSystem= without the folder "
+        "in ReadWritePaths=): no mode change helps"
+    )
+
+
 def access_problem(path: Path) -> str | None:
     """`permission denied: USER may not ...` naming the first file or folder whose mode
-    keeps this process from reading and writing the store at `path`; None when none
-    does (the refusal had another cause: a file SQLite itself treats as read-only)."""
+    keeps this process from reading and writing the store at `path`, or `read-only file
+    system: ...` where a read-only mount keeps it from writing (its modes are right);
+    None when none does (the refusal had another cause: a file SQLite itself treats as
+    read-only)."""
     denied = f"permission denied: {_user()} may"
     for folder in reversed(path.parents):  # from the root down to the store's folder
         if not os.path.isdir(folder):  # to be made: its parent must take it
@@ -87,11 +108,15 @@ def access_problem(path: Path) -> str | None:
             return f"{denied} not enter {folder}"
     folder = path.parent
     if not os.path.exists(path):
+        if _mounted_read_only(folder):
+            return _read_only_mount(folder)
         if not _may(folder, os.W_OK | os.X_OK):
             return f"{denied} not create files in {folder}"
         return None
     if not _may(path, os.R_OK):
         return f"{denied} not read {path}"
+    if _mounted_read_only(path):
+        return _read_only_mount(folder)
     if not _may(path, os.W_OK):
         return f"{denied} read but not write {path}"
     for suffix, beside in wal_files(path):

@@ -4,6 +4,7 @@ same transaction as the events, and SQLite's own notion of a transient lock erro
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import sqlite3
@@ -242,10 +243,13 @@ def checkpoint(store: SqliteStore) -> bool:
 @contextlib.contextmanager
 def _permission_named(store: SqliteStore) -> Iterator[None]:
     """A PermissionError as StoreUnavailable naming the file or folder whose mode caused
-    it (`file_access.access_problem`), in the one line of every store refusal."""
+    it (`file_access.access_problem`), in the one line of every store refusal; so is the
+    error of a file made on a read-only mount (EROFS), which names the mount."""
     try:
         yield
-    except PermissionError as exc:
+    except OSError as exc:
+        if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+            raise
         problem = access_problem(store.path) or "permission denied"
         raise StoreUnavailable(store.describe(), problem, exc) from exc
 
