@@ -54,6 +54,9 @@ def test_an_unknown_key_beside_a_missing_one_is_named_with_the_missing_one() -> 
         ({"store": {"ulr": "sqlite:///x"}}, "url"),
         ({"providers": {"g": {"credentials_file": "x", "timout": "1s"}}}, "timeout"),
         ({"api": {"listne": "127.0.0.1:1"}}, "listen"),
+        # Keys differing only in case: `[API]` or `URL` matched nothing as typed.
+        ({"API": {"listen": "127.0.0.1:1"}}, "api"),
+        ({"store": {"URL": "sqlite:///x"}}, "url"),
     ],
 )
 def test_an_unknown_key_close_to_a_known_one_suggests_it(

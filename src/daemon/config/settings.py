@@ -723,7 +723,10 @@ def _did_you_mean(loc: tuple[int | str, ...], errors: list[Any]) -> str:
         for e in errors
         if e["type"] == "missing" and _file_loc(e["loc"])[:-1] == section
     ]
-    close = difflib.get_close_matches(typed, missing or _keys_of(section), n=1, cutoff=0.6)
+    known = missing or _keys_of(section)
+    # Keys are lower case: `[API]` or `URL` is as far from its key as difflib can measure.
+    close = [key for key in known if key.lower() == typed.lower()]
+    close = close or difflib.get_close_matches(typed, known, n=1, cutoff=0.6)
     if not close:
         return ""
     required = " (required, and missing)" if close[0] in missing else ""
