@@ -11,6 +11,7 @@ to the owner's bits of its own files, as any user is to theirs."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from tests.e2e.conftest import Result, sendledger_command
 from tests.file_modes import held_to_file_modes
 
+from ledger.application import Ledger
 from testkit.credentials import write_service_account
 
 JOB = {"channel": "receipts", "key": "k-1", "to": "a@example.com", "subject": "s", "body": "b"}
@@ -114,6 +116,20 @@ def test_a_daemon_whose_store_file_it_may_not_write_stops_with_one_line(
     write_service_account(cli.root / "x.json", token_uri="http://127.0.0.1:9/token")
     store.chmod(0o400)
     _denied(_run(cli, "run"), store, f"may read but not write {store}")
+
+
+def test_a_daemon_name_lock_another_user_left_is_named_in_one_line(cli: Any, store: Path) -> None:
+    """A daemon run once as root leaves its name's lock file beside the store, root's and
+    0600: the service user's daemon then stopped with "unexpected failure:
+    PermissionError: [Errno 13] Permission denied: '...daemon-....lock'". Held to file
+    modes, a lock file without write permission is another user's as far as this one
+    goes."""
+    write_service_account(cli.root / "x.json", token_uri="http://127.0.0.1:9/token")
+    with Ledger(f"sqlite:///{store}") as ledger:
+        ledger.hold_identity(socket.gethostname()).release()
+    [lock] = store.parent.glob(f"{store.name}.daemon-*.lock")
+    lock.chmod(0o400)
+    _denied(_run(cli, "run"), store, f"may not write {lock}, the lock of a daemon.name")
 
 
 def test_a_store_folder_this_user_may_not_enter(cli: Any) -> None:

@@ -1,6 +1,7 @@
 """Why this process may not use a SQLite store's files, in an operator's words: a folder
 on the way it may not enter, the file it may not read or write, SQLite's -wal and -shm
-files beside it, or the folder they are made in (docs/cli.md "Exit codes"); and the one
+files beside it, a daemon name's lock file, or the folder they are made in (docs/cli.md
+"Exit codes"); and the one
 such cause an open repairs itself, a -wal or -shm of this user's that a read-only open
 left without write permission (`repair_wal_modes`, docs/operations.md "Opening the store").
 
@@ -15,6 +16,8 @@ import os
 import pwd
 import stat
 from pathlib import Path
+
+from ledger.stores.identity import lock_files
 
 #: SQLite's files beside a store in WAL mode, made by the first process that opens it.
 WAL_FILES = ("-wal", "-shm")
@@ -122,6 +125,14 @@ def access_problem(path: Path) -> str | None:
     for suffix, beside in wal_files(path):
         if os.path.exists(beside) and not _may(beside, os.R_OK | os.W_OK):
             return f"{denied} not write {beside}, SQLite's {suffix[1:]} file beside the store"
+    real = Path(os.path.realpath(path))
+    for lock in dict.fromkeys([*lock_files(path), *lock_files(real)]):
+        if not _may(lock, os.R_OK | os.W_OK):
+            # Left by a daemon of that name run as another user (root, once, by hand).
+            return (
+                f"{denied} not write {lock}, the lock of a daemon.name beside the store "
+                "(made by another user: chown it to this one)"
+            )
     if not _may(folder, os.W_OK | os.X_OK):
         return f"{denied} not create files in {folder}, where SQLite makes the -wal and -shm"
     return None

@@ -126,6 +126,12 @@ def _lock_file(store_path: Path, name: str) -> Path:
     return store_path.with_name(f"{store_path.name}.daemon-{name_digest(name)}.lock")
 
 
+def lock_files(store_path: Path) -> list[Path]:
+    """The daemon names' lock files beside the SQLite store at `store_path`, whoever made
+    them (a daemon run once as another user leaves its own)."""
+    return sorted(store_path.parent.glob(f"{glob.escape(store_path.name)}.daemon-*.lock"))
+
+
 def _lock_beside(store_path: Path, name: str, where: str) -> int:
     fd = os.open(_lock_file(store_path, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -196,7 +202,7 @@ def names_held(store_path: Path) -> bool:
         else:
             if struct.unpack_from("@h", answer)[0] != fcntl.F_UNLCK:
                 return True
-    for path in store_path.parent.glob(f"{glob.escape(store_path.name)}.daemon-*.lock"):
+    for path in lock_files(store_path):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
