@@ -104,6 +104,11 @@ def test_probe_text_report_names_every_finding(tmp_path: Path) -> None:
     ):
         assert line in text, text
     print(text)  # the report quotes it (pytest -s)
+    # While it searches, it says so on stderr (the drafts path searches only for a kept
+    # Message-ID, which this mailbox replaces).
+    [searching] = [line for line in done.stderr.splitlines() if "searching" in line]
+    assert searching.startswith("probe: searching the sent mail for <sendledger-probe-")
+    assert searching.endswith("> every 100ms, for at most 3s: not found yet"), searching
 
 
 def test_probe_without_the_compose_scope_says_so_and_keeps_messages(tmp_path: Path) -> None:

@@ -164,6 +164,10 @@ def probe_message(sender: str, to: str, *, path: str = "") -> tuple[str, bytes]:
     return message_id, raw
 
 
+#: Seconds between two "still not found" lines of a probe's search.
+PROGRESS_EVERY = 30.0
+
+
 def search_until(
     provider: Provider,
     message_id: str,
@@ -174,10 +178,13 @@ def search_until(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     history: tuple[HistoryProvider, str] | None = None,
+    progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
     """Search until the copy shows up or `max_wait` after `started` has passed; with
     `history` (the handle and the historyId taken before the send), read the history since
-    it beside the searches, until it lists the copy too (its result under "history")."""
+    it beside the searches, until it lists the copy too (its result under "history").
+    `progress` is told at the first miss, then every `PROGRESS_EVERY` seconds: the wait
+    is minutes long where the copy never shows (a replaced Message-ID)."""
     result: dict[str, Any] = {
         "searches": 0,
         "search_errors": 0,
@@ -206,7 +213,28 @@ def search_until(
             result["history"] = read.result
         if (result["found"] and (read is None or read.done)) or elapsed >= max_wait:
             return result
+        if not result["found"]:
+            said = _said_while_searching(message_id, result, elapsed, interval, max_wait)
+            if said:
+                progress(said)
         sleep(min(interval, max(0.0, max_wait - elapsed)))
+
+
+def _said_while_searching(
+    message_id: str, result: dict[str, Any], elapsed: float, interval: float, max_wait: float
+) -> str:
+    """The line for `search_until`'s `progress` after a miss, or "" between two."""
+    searches = result["searches"] + result["search_errors"]
+    if searches == 1:
+        return (
+            f"searching the sent mail for {message_id} every {format_duration(interval)}, "
+            f"for at most {format_duration(max_wait)}: not found yet"
+        )
+    before = elapsed - interval  # the miss before this one
+    if elapsed // PROGRESS_EVERY > max(before, 0.0) // PROGRESS_EVERY:
+        step = elapsed // PROGRESS_EVERY * PROGRESS_EVERY
+        return f"still not found after {format_duration(step)} ({searches} searches)"
+    return ""
 
 
 class _HistoryRead:
@@ -252,6 +280,7 @@ def run_probe(
     interval: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
     """Send the probe with its reply dropped, then search until the copy shows up."""
     message_id, raw = probe_message(sender, to)
@@ -278,6 +307,7 @@ def run_probe(
         clock=clock,
         sleep=sleep,
         history=None if handle is None or mark is None else (handle, mark),
+        progress=progress,
     )
     result.update(searched)
     if searched["found"]:
@@ -336,6 +366,7 @@ def run_gmail_drafts_probe(
     interval: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
     """The drafts path (daemon/tools/probe_drafts.py) on a provider built with send_via =
     "drafts", as the sender's mailbox."""
@@ -347,7 +378,14 @@ def run_gmail_drafts_probe(
 
     def searched(mid: str, started: float) -> dict[str, Any]:
         return search_until(
-            scoped, mid, started, max_wait=max_wait, interval=interval, clock=clock, sleep=sleep
+            scoped,
+            mid,
+            started,
+            max_wait=max_wait,
+            interval=interval,
+            clock=clock,
+            sleep=sleep,
+            progress=progress,
         )
 
     return run_drafts_probe(drafts, raw, message_id, search_until=searched, clock=clock)
@@ -373,6 +411,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         "to": to,
         "max_wait": max_wait,
         "interval": interval,
+        # On stderr, --json too: stdout holds the report alone.
+        "progress": lambda line: print(f"probe: {line}", file=sys.stderr, flush=True),
     }
     # On Gmail the first message goes by messages.send whatever send_via says.
     with _through_relay(settings, name, send_via="messages") as provider:
