@@ -3,12 +3,14 @@ naming what to fix, with the documented exit code, and nothing half-written."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from typing import Any
 
 import pytest
 from tests.e2e.test_cli_intake import job, one_error_line
 
+from ledger.event_format import EVENT_FORMAT
 from testkit.credentials import write_service_account
 
 
@@ -108,6 +110,18 @@ def test_a_policies_folder_without_a_policy_file_is_refused_before_a_job_is_touc
         one_error_line(result, f"{cli.policies}:-: no policy file (CHANNEL.toml)", "receipts.tml")
     status = cli.run("status", "--json", "waiting")
     assert status.json()["state"] == "requested", status.stdout
+
+
+def test_version_says_the_release_and_the_event_format_it_reads(cli: Any) -> None:
+    # `--version` was "unrecognized arguments", while a store refused for its format says
+    # "upgrade sendledger on this host": which release is here was pip's to say.
+    result = cli.run("--version", config=False)
+    assert result.code == 0, result.stderr
+    release = importlib.metadata.version("sendledger")
+    assert result.stdout == (
+        f"sendledger {release} (reads and writes event format {EVENT_FORMAT})\n"
+    )
+    assert result.stderr == ""
 
 
 def test_config_is_accepted_after_the_command(cli: Any) -> None:

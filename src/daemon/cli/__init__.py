@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from daemon.cli import output
 from daemon.exit_codes import (
@@ -121,12 +121,42 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "130 interrupted.",
     )
     parser.add_argument("--config", help="config file (else $SENDLEDGER_CONFIG, ./sendledger.toml)")
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        help="the release and the event format it reads and writes, then exit",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     wanted = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
     for name in wanted:
         importlib.import_module(name).register(sub)
     _config_anywhere(parser)
     return parser
+
+
+class _Version(argparse.Action):
+    """`--version`: the release and its event format (docs/operations.md "Upgrading": a
+    store refused for its format says to upgrade the release on this host). Read when
+    asked, so that no other command pays for importlib.metadata."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        from importlib.metadata import version
+
+        from ledger.event_format import EVENT_FORMAT
+
+        release = version("sendledger")
+        print(f"sendledger {release} (reads and writes event format {EVENT_FORMAT})")
+        parser.exit()
 
 
 def _config_anywhere(parser: argparse.ArgumentParser) -> None:
