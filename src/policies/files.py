@@ -18,7 +18,17 @@ from pathlib import Path
 
 from ledger.exceptions import Refusal, SendledgerError
 
-__all__ = ["FileProblem", "read_regular_file"]
+__all__ = ["BYTE_ORDER_MARK", "FileProblem", "read_regular_file", "starts_with_a_mark"]
+
+#: What a file that starts with U+FEFF (a Windows editor's byte order mark) is told: the
+#: mark is invisible, and the parser's own words point at line 1, column 1, which looks
+#: right.
+BYTE_ORDER_MARK = "starts with a byte order mark: save it as UTF-8 without one"
+
+
+def starts_with_a_mark(text: str) -> bool:
+    return text.startswith("\ufeff")
+
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ledger.exceptions import Refusal, SendledgerError
-from policies.files import FileProblem, read_regular_file
+from policies.files import BYTE_ORDER_MARK, FileProblem, read_regular_file, starts_with_a_mark
 from policies.model import ChannelPolicy
 from policies.toml_text import parse_toml
 
@@ -195,6 +195,8 @@ def _parse(path: Path) -> tuple[dict[str, Any] | None, list[PolicyProblem]]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         return None, [PolicyProblem(path, WHOLE_FILE, f"not UTF-8 text (byte {exc.start})")]
+    if starts_with_a_mark(text):
+        return None, [PolicyProblem(path, WHOLE_FILE, BYTE_ORDER_MARK)]
     try:
         return parse_toml(text), []
     except tomllib.TOMLDecodeError as exc:

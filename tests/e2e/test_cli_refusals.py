@@ -124,6 +124,32 @@ def test_version_says_the_release_and_the_event_format_it_reads(cli: Any) -> Non
     assert result.stderr == ""
 
 
+BOM = "\ufeff"
+
+
+def test_a_file_saved_with_a_byte_order_mark_is_told_so(cli: Any) -> None:
+    # A Windows editor's mark before the first line: the config was "not valid TOML:
+    # Invalid statement (at line 1, column 1)", a line that looks right; a policy the same
+    # as a TOML syntax error; a job Python's "Unexpected UTF-8 BOM (decode using
+    # utf-8-sig)". Secret files already said it in these words.
+    said = "starts with a byte order mark: save it as UTF-8 without one"
+    job_file = cli.root / "job.json"
+    job_file.write_text(BOM + json.dumps(job("bom")), encoding="utf-8")
+    submitted = cli.run("submit", str(job_file))
+    assert submitted.code == 2
+    one_error_line(submitted, f"job: {job_file}: {said}")
+    policy = cli.policies / "receipts.toml"
+    policy.write_text(BOM + policy.read_text(encoding="utf-8"), encoding="utf-8")
+    checked = cli.run("policy", "check")
+    assert checked.code == 2
+    one_error_line(checked, f"{policy}:-: {said}")
+    cli.config.write_text(BOM + cli.config.read_text(encoding="utf-8"), encoding="utf-8")
+    for command in (["status", "bom"], ["policy", "check"]):
+        result = cli.run(*command)
+        assert result.code == 2, result.stderr
+        one_error_line(result, f"{cli.config}: {said}")
+
+
 def test_config_is_accepted_after_the_command(cli: Any) -> None:
     assert cli.submit(job("after")).code == 0
     result = cli.run("status", "--json", "after", "--config", str(cli.config), config=False)

@@ -28,6 +28,7 @@ from daemon.service_layer.intake import decode_jobs
 from daemon.service_layer.read_models import timeline_details
 from daemon.service_layer.services import Services
 from ledger.display import printable
+from policies.files import BYTE_ORDER_MARK, starts_with_a_mark
 
 if TYPE_CHECKING:
     from daemon.config.store_section import StoreSource
@@ -77,6 +78,8 @@ def _read_jobs(source: str) -> object:
         # ("Expecting value at line 1") would not say so.
         where = "stdin" if source == "-" else source
         raise bad_input(f"job: {where} is empty: give a job JSON file, or pipe the JSON in")
+    if starts_with_a_mark(text):
+        raise bad_input(f"job: {'stdin' if source == '-' else source}: {BYTE_ORDER_MARK}")
     try:
         return decode_jobs(text)
     except json.JSONDecodeError as exc:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.exceptions import Refusal, SendledgerError
-from policies.files import FileProblem, read_regular_file
+from policies.files import BYTE_ORDER_MARK, FileProblem, read_regular_file, starts_with_a_mark
 from policies.toml_text import parse_toml
 
 CONFIG_ENV = "SENDLEDGER_CONFIG"
@@ -47,7 +47,10 @@ def read_config_file(explicit: str | Path | None = None) -> tuple[Path, dict[str
         )
     try:
         # A regular file, read without blocking (a FIFO named as the config must not hang).
-        data = parse_toml(read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8"))
+        text = read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8")
+        if starts_with_a_mark(text):
+            raise ConfigError(f"{path}: {BYTE_ORDER_MARK}")
+        data = parse_toml(text)
     except FileProblem as exc:
         # The folder `sendledger init DIR` wrote, named instead of the file in it.
         inside = path / DEFAULT_CONFIG

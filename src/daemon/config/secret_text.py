@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from policies.files import read_regular_file
+from policies.files import BYTE_ORDER_MARK, read_regular_file, starts_with_a_mark
 
 #: Secret files are small (a key, a password, a service-account JSON, a token list).
 MAX_SECRET_BYTES = 1024 * 1024
@@ -25,11 +25,11 @@ def read_secret_text(path: Path) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not UTF-8 text") from None
-    if text.startswith("\ufeff"):
+    if starts_with_a_mark(text):
         # A Windows editor's mark, read as the first character of the password, token or
         # key: each would then fail where it is used (Azure, the server, a receiver
         # checking a signature) naming no file.
-        raise ValueError(f"{path}: starts with a byte order mark: save it as UTF-8 without one")
+        raise ValueError(f"{path}: {BYTE_ORDER_MARK}")
     return text
 
 
