@@ -42,10 +42,11 @@ _IN, _OUT = select.POLLIN, select.POLLOUT
 #: What says a read or write would not block: an error or a hang-up is for them to raise.
 _ENDED = select.POLLERR | select.POLLHUP
 #: Bytes of one answer past which it is not read on (`AnswerReader`): far above any answer
-#: the providers give (a delivery report read whole is at most 2 MiB, base64 in JSON), and
-#: what a server writing an answer without end as fast as it can makes this process keep
-#: until the answer's timeout (measured: 476 MB in 0.5 s on loopback).
-ANSWER_BOUND = 16 * 1024 * 1024
+#: the providers give, the largest a Gmail draft read `format=raw` (a 25 MB message,
+#: Gmail's own limit 35 MB: 47 MB as base64 in JSON; a delivery report read whole is at
+#: most 2 MiB), and what a server writing an answer without end as fast as it can makes
+#: this process keep until the answer's timeout (measured: 476 MB in 0.5 s on loopback).
+ANSWER_BOUND = 64 * 1024 * 1024
 #: Seconds an answer's reads may end past its deadline: a read begun within this of the
 #: answer's start waits the socket's own timeout (`AnswerReader.readinto`).
 ANSWER_SLACK = 0.05
