@@ -315,6 +315,12 @@ GRAPH = {"kind": "graph", "tenant_id": "t", "client_id": "c", "client_secret_fil
         (gmail(token_uri="http://localhost:8026/token"), "providers.g.token_uri"),
         ({"providers": {"m": {**GRAPH, "api_endpoint": "http://graph.microsoft.com/v1.0"}}},
          "providers.m.api_endpoint"),
+        # The scheme's case is no part of it (RFC 3986; httplib2 and urlsplit lower it):
+        # checked as written, `HTTP://` loaded and the token went in clear text.
+        (gmail(api_endpoint="HTTP://gmail.googleapis.com/"), "providers.g.api_endpoint"),
+        (gmail(token_uri="Http://oauth2.googleapis.com/token"), "providers.g.token_uri"),
+        ({"providers": {"m": {**GRAPH, "api_endpoint": "HTTP://graph.microsoft.com/v1.0"}}},
+         "providers.m.api_endpoint"),
     ],
 )  # fmt: skip
 def test_a_provider_url_in_clear_text_to_another_host_needs_allow_http(

@@ -306,8 +306,10 @@ def clear_text_elsewhere(url: str) -> bool:
     what needs the provider's `allow_http = true`. An address only: the Google and Graph
     clients connect a name (`localhost`) wherever a resolver says, with no loopback-only
     filter as the webhooks and SMTP/IMAP have."""
-    host = urlsplit(url).hostname or ""
-    return url.startswith("http://") and not _is_loopback(host, names=False)
+    parts = urlsplit(url)
+    # The scheme as the clients read it: urlsplit lowers it, as httplib2 does (`HTTP://`
+    # is clear text too).
+    return parts.scheme == "http" and not _is_loopback(parts.hostname or "", names=False)
 
 
 class SmtpImapProviderSettings(_Section):
