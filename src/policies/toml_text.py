@@ -44,12 +44,12 @@ def parse_toml(text: str) -> dict[str, Any]:
         path, digits = huge
         # A key is any text (quoted keys): shown escaped and cut, the refusal one line.
         raise tomllib.TOMLDecodeError(
-            f"{printable(path)[:200]}: an integer of {digits} digits (TOML integers are 64-bit)"
+            f"{printable(path)[:200]}: an integer of {digits} (TOML integers are 64-bit)"
         )
     return document
 
 
-def _huge_integer(document: dict[str, Any]) -> tuple[str, int] | None:
+def _huge_integer(document: dict[str, Any]) -> tuple[str, str] | None:
     # Walked with a stack, not recursively: tomllib took the nesting, this must too.
     stack: list[tuple[str, object]] = [("", document)]
     while stack:
@@ -59,5 +59,14 @@ def _huge_integer(document: dict[str, Any]) -> tuple[str, int] | None:
         elif isinstance(value, list):
             stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
         elif isinstance(value, int) and not isinstance(value, bool) and value not in INT64:
-            return path, len(str(abs(value)))
+            return path, _digits(value)
     return None
+
+
+def _digits(value: int) -> str:
+    try:
+        return f"{len(str(abs(value)))} digits"
+    except ValueError:
+        # Written in hex, octal or binary, int() read it whatever its length, but str()
+        # writes no more decimal digits than int() reads (a ValueError past the parser).
+        return f"more than {sys.get_int_max_str_digits()} digits"

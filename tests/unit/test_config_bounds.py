@@ -191,8 +191,10 @@ def test_policy_counts_and_durations_have_maxima(field: str, value: object) -> N
 
 #: TOML's integers are 64-bit; tomllib reads any number of digits: one past the range, one
 #: past a float's (float() raised OverflowError), one past the digits int() reads from text
-#: (tomllib raised a ValueError that is no TOMLDecodeError).
-HUGE = ["9223372036854775808", "-9223372036854775809", "1" + "0" * 400, "1" + "0" * 5000]
+#: (tomllib raised a ValueError that is no TOMLDecodeError), and one in hex that int()
+#: reads whatever its length but that has more decimal digits than str() writes.
+HUGE = ["9223372036854775808", "-9223372036854775809", "1" + "0" * 400, "1" + "0" * 5000,
+        "0x" + "f" * 4000]  # fmt: skip
 
 
 @pytest.mark.parametrize("number", HUGE)
