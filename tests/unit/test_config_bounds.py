@@ -337,16 +337,34 @@ def test_a_provider_url_in_clear_text_to_another_host_needs_allow_http(
     assert allowed.providers[name].allow_http  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("name", ["g/alice@example.com", "", "a b", "a\nb", "gm\u0430il", "x" * 65])
+@pytest.mark.parametrize("name", ["g/alice@example.com", "", "a\nb", " g", "g\t"])
 def test_a_provider_name_is_one_a_scope_can_hold(name: str) -> None:
     """`g/alice@example.com` was accepted, and was the quota scope of provider `g`'s mailbox
     alice@example.com (`user = "{from}"`): one circuit, queue and lease for the two."""
     refused({"providers": {name: {"credentials_file": "sa.json"}}}, "providers", "got")
-    for good in ("g", "support", "m365.work_1-x"):
+    for good in ("g", "support", "m365.work_1-x", "gmail prod", "gm\u0430il", "x" * 65):
         assert (
             good
             in settings_from_dict({"providers": {good: {"credentials_file": "sa.json"}}}).providers
         )
+
+
+@given(st.text(max_size=70))
+@settings(max_examples=300)
+def test_a_name_a_policy_could_name_still_loads_unless_it_holds_a_slash(name: str) -> None:
+    """A job keeps the name of the provider its attempt was made on (`Attempted.provider`,
+    a draft's handle): its search, history read, tidy and a person's check go there. A
+    name a policy could name before, refused now, would leave an upgrade one fix only,
+    renaming, which strands every such job (no daemon has the provider it goes on with)."""
+    try:
+        ChannelPolicy._check_provider(name)
+    except ValueError:
+        return  # no policy could name it: no job was ever attempted there
+    data = {"providers": {name: {"credentials_file": "sa.json"}}}
+    if "/" in name:
+        refused(data, "providers", "'/'")
+    else:
+        assert name in settings_from_dict(data).providers
 
 
 @pytest.mark.parametrize(

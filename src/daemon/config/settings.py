@@ -540,8 +540,20 @@ class WebhookSettings(_Section):
 
 
 WebhookName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-#: A provider's name, as a webhook's.
-PROVIDER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def provider_name_allowed(name: object) -> bool:
+    """A provider's name: any a policy's `provider` takes (printable, no spaces around
+    it), but no `/`, which joins the name and a mailbox in its quota scopes. Not the
+    webhooks' narrower rule: a job keeps the name its attempt was made on, so a name
+    refused after an upgrade could only be renamed, stranding such jobs."""
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and name == name.strip()
+        and name.isprintable()
+        and "/" not in name
+    )
 
 
 class RetentionSettings(_Section):
@@ -663,11 +675,12 @@ class Settings(BaseModel):
         # for `user = "{from}"`): a provider of that name shared the scope, its circuit,
         # queue and lease, with another's mailbox. And a name is read in logs and commands.
         for name in value if isinstance(value, dict) else ():
-            if not isinstance(name, str) or not PROVIDER_NAME.fullmatch(name):
+            if not provider_name_allowed(name):
                 raise PydanticCustomError(
                     "provider_name",
-                    "a provider's name is 1 to 64 letters, digits, '.', '_' and '-' (the name "
-                    "and a mailbox make its quota scopes, joined by '/'), got {name}",
+                    "a provider's name is printable text without '/' and without spaces "
+                    "around it (the name and a mailbox make its quota scopes, joined by "
+                    "'/'), got {name}: rename it, and its policies' provider",
                     {"name": repr(name)},
                 )
         return value
