@@ -17,6 +17,7 @@ import pytest
 from daemon.providers.base import ProviderError
 from daemon.providers.gmail import GmailProvider
 from daemon.providers.gmail_mailbox import MAX_PAGES
+from daemon.providers.history_handle import HistoryTooOld
 from testkit.credentials import write_service_account
 from testkit.gmail_emulator import GmailEmulator, _json_response
 
@@ -44,6 +45,9 @@ class EndlessPages(GmailEmulator):
         return self._endless()
 
     def _draft_list(self, user: str, params: dict[str, list[str]]) -> Any:
+        return self._endless()
+
+    def _history_list(self, user: str, token: Any, params: dict[str, list[str]]) -> Any:
         return self._endless()
 
 
@@ -99,3 +103,18 @@ def test_a_report_read_lists_at_most_max_pages_and_the_next_goes_on(
     finally:
         gmail.close()
     assert endless.pages_served == 2 * MAX_PAGES
+
+
+def test_a_history_read_lists_at_most_max_pages_and_the_search_decides(
+    endless: EndlessPages, tmp_path: Path
+) -> None:
+    """history.list too: its pages followed new tokens without end, a worker held and 2
+    quota units a page. Past `MAX_PAGES` it is a read too long to make (HistoryTooOld),
+    as more than `MAX_MESSAGES` added is: the search decides, never a miss."""
+    gmail = provider(endless, tmp_path)
+    try:
+        with pytest.raises(HistoryTooOld, match=f"more than {MAX_PAGES} pages"):
+            gmail.sent_since("1000", MESSAGE_ID)
+    finally:
+        gmail.close()
+    assert endless.pages_served == MAX_PAGES

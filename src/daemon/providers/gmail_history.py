@@ -15,12 +15,13 @@ if the send made one, with no search index in between.
   its unknown outcome) and is not tried again for `FETCH_BACKOFF`: a send never waits for
   a mark twice in an outage.
 * **The read** (`sent_since`): `history.list` from the claim's mark (`labelId = SENT`,
-  `historyTypes = messageAdded`, 500 records a page, every page), then the Message-ID
+  `historyTypes = messageAdded`, 500 records a page, up to `MAX_PAGES`), then the Message-ID
   header of each message added (`messages.get`, `format = metadata`; a header once read is
   kept, so the unknown outcomes of one mailbox read each message once), counting those
   exactly ours. A 404 is a start older than Gmail keeps (about a week), and more than
-  `MAX_MESSAGES` added since is more than one read may spend: both `HistoryTooOld`, and the
-  search decides. A message deleted since its addition (404 on the get) is not counted.
+  `MAX_MESSAGES` added since, or a listing past `MAX_PAGES` pages (as a search's), is more
+  than one read may spend: each `HistoryTooOld`, and the search decides. A message
+  deleted since its addition (404 on the get) is not counted.
 * **Quota**: the reads are paid from the mailbox's quota like searches, but only while a
   send's worth stays in the bucket (`pay_behind_sends`), so they never take what a due
   send is about to reserve.
@@ -39,7 +40,7 @@ from typing import Any
 
 from daemon.providers.answers import json_object
 from daemon.providers.classify import provider_error_for_response
-from daemon.providers.gmail_mailbox import GmailCalls, Mailbox, metadata_header
+from daemon.providers.gmail_mailbox import MAX_PAGES, GmailCalls, Mailbox, metadata_header
 from daemon.providers.history_handle import HistoryTooOld
 from daemon.providers.outcomes import ProviderError, SearchHit, SearchResult
 from daemon.providers.quota import (
@@ -253,7 +254,7 @@ class GmailHistory:
         page_token: str | None = None
         tokens: set[str] = set()
         latest: object = None
-        while True:
+        for _ in range(MAX_PAGES):
             request = self._history.list(
                 userId=mailbox.user,
                 startHistoryId=str(start),
@@ -295,6 +296,9 @@ class GmailHistory:
                 raise ProviderError(f"{query}: paging did not advance")
             tokens.add(next_token)
             page_token = next_token
+        # New tokens without end passed the repeat check (pages with nothing on them): a
+        # read too long to make, as too many messages is, and the search decides.
+        raise HistoryTooOld(str(start), f"more than {MAX_PAGES} pages of history since {start}")
 
     def _read(self, mailbox: Mailbox, log: _Log, provider_id: str) -> _Read | None:
         """What one added message says of itself, read once per process; None when it was

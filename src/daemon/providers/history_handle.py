@@ -24,9 +24,9 @@ from ledger.exceptions import SendledgerError
 
 class HistoryTooOld(SendledgerError):
     """The history since the start cannot be read: older than what the mailbox's history
-    keeps (Gmail: 404, about a week), or more messages added since than one read takes. The
-    history cannot answer for this attempt, only the search can. Not a ProviderError:
-    asking again will not help."""
+    keeps (Gmail: 404, about a week), or more messages added since (or pages listed) than
+    one read takes. The history cannot answer for this attempt, only the search can. Not a
+    ProviderError: asking again will not help."""
 
     def __init__(self, history_id: str, reason: str) -> None:
         super().__init__(reason)
