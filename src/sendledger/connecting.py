@@ -97,7 +97,12 @@ def loopback_only(host: str, found: Sequence[AddressInfo]) -> list[AddressInfo]:
         return list(found)
     kept = [info for info in found if _is_loopback(info[4][0])]
     if not kept:
-        raise OSError(f"{host!r} resolved to no loopback address")
+        # What it resolved to, and the fix: the reader sees a name that "is" loopback.
+        answered = ", ".join(dict.fromkeys(str(info[4][0]) for info in found))
+        raise OSError(
+            f"{host!r} resolved to no loopback address ({answered}): "
+            "write 127.0.0.1 or ::1 in its place ([::1] in a URL)"
+        )
     return kept
 
 

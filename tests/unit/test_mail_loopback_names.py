@@ -107,6 +107,23 @@ def test_imap_to_localhost_never_connects_to_an_outside_address_it_resolves_to(
     assert heard == []
 
 
+def test_localhost_resolved_off_loopback_is_refused_naming_what_it_resolved_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without an outside address of this host too (the tests above skip there): the
+    resolver answers documentation addresses nothing listens on. The refusal says what the
+    name resolved to and what to write instead, not only that it is refused."""
+    info = [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.1", 2525)),
+        (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("2001:db8::1", 2525, 0, 0)),
+    ]
+    resolving(monkeypatch, "localhost", lambda: info)
+    outcome, _ = submit_timed(endpoint(2525), message_of_lines(1))
+    assert outcome.kind is SendKind.REJECTED and outcome.transient, outcome
+    assert "resolved to no loopback address (192.0.2.1, 2001:db8::1)" in outcome.reason, outcome
+    assert "write 127.0.0.1 or ::1" in outcome.reason, outcome
+
+
 def test_smtp_to_localhost_takes_its_loopback_addresses_only_in_their_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
