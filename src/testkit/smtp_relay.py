@@ -39,7 +39,7 @@ import socket
 import ssl
 import threading
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal, get_args
 
 SmtpMode = Literal["pass", "drop-response", "fail-before-forward", "hang"]
@@ -124,8 +124,12 @@ class SmtpFaultRelay:
         host: str = "127.0.0.1",
         port: int = 0,
         offer_pipelining: bool = True,
+        connect: Callable[[tuple[str, int], float], socket.socket] = socket.create_connection,
     ) -> None:
         self.upstream = (upstream_host, upstream_port)
+        # How the upstream is reached (`sendledger probe`: a loopback name on its loopback
+        # addresses only, as the daemon's own SMTP client).
+        self._connect = connect
         self.offer_pipelining = offer_pipelining
         self.upstream_security = upstream_security
         self.hang_seconds = hang_seconds
@@ -238,7 +242,7 @@ class SmtpFaultRelay:
             thread.start()
 
     def _open_upstream(self) -> _Stream:
-        sock: socket.socket = socket.create_connection(self.upstream, timeout=self.timeout)
+        sock: socket.socket = self._connect(self.upstream, self.timeout)
         host = self.upstream[0]
         if self.upstream_security == "tls":
             sock = self._ssl.wrap_socket(sock, server_hostname=host)

@@ -13,16 +13,20 @@ import ssl
 import threading
 from collections.abc import Iterator
 from io import BufferedReader
+from pathlib import Path
 
 import pytest
 from tests.integration.listeners import stop_listening
 from tests.integration.resolving import outside_address, resolving
 from tests.unit.smtp_loopback import converse, message_of_lines, submit_timed
 
+from daemon.config.settings import settings_from_dict
 from daemon.providers.base import ProviderError
 from daemon.providers.imap_sessions import ImapSessions
 from daemon.providers.kept import MailEndpoint, ReuseLimits
 from daemon.providers.outcomes import SendKind
+from daemon.providers.smtp_imap import SmtpImapProvider
+from daemon.tools.probe import _through_relay
 
 
 def _take_data(conn: socket.socket, reader: BufferedReader) -> bool:
@@ -151,3 +155,33 @@ def test_a_loopback_address_written_as_the_host_is_connected_to_as_it_is() -> No
     with listening("127.0.0.1", 0, b"220 loopback\r\n") as (port, inside):
         outcome, _ = submit_timed(endpoint(port, host="127.0.0.1"), message_of_lines(1))
     assert inside == [b"connected"] and outcome.kind is SendKind.CONFIRMED, outcome
+
+
+def test_the_probe_s_relay_to_localhost_never_connects_to_an_outside_address(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`sendledger probe` sends through a relay of its own that connects to the configured
+    server: with `security = "none"` to `localhost` it took whatever the resolver said,
+    and the login went there in clear text through it."""
+    (tmp_path / "pw").write_text("secret\n", encoding="utf-8")
+    with localhost_outside(monkeypatch, b"220 outside\r\n") as (port, heard):
+        table = {
+            "kind": "smtp-imap",
+            "smtp_host": "localhost",
+            "smtp_port": port,
+            "smtp_security": "none",
+            "imap_host": "127.0.0.1",
+            "imap_security": "none",
+            "username": "user@example.com",
+            "password_file": str(tmp_path / "pw"),
+            "timeout": "1s",
+        }
+        settings = settings_from_dict({"providers": {"m": table}})
+        with _through_relay(settings, "m") as provider:
+            assert isinstance(provider, SmtpImapProvider)
+            try:
+                outcome, _ = submit_timed(provider.smtp.endpoint, message_of_lines(1))
+            finally:
+                provider.close()
+    assert heard == [], heard
+    assert outcome.kind is not SendKind.CONFIRMED, outcome

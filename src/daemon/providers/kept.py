@@ -26,7 +26,15 @@ from sendledger.connecting import LOOPBACK_NAMES, loopback_only, resolve
 
 T = TypeVar("T")
 
-__all__ = ["Kept", "KeptPool", "MailEndpoint", "ReuseLimits", "ReuseStats", "closed_by_peer"]
+__all__ = [
+    "Kept",
+    "KeptPool",
+    "MailEndpoint",
+    "ReuseLimits",
+    "ReuseStats",
+    "closed_by_peer",
+    "opened_at",
+]
 
 
 @dataclass(frozen=True)
@@ -42,26 +50,33 @@ class MailEndpoint:
     ssl_context: ssl.SSLContext
 
     def opened(self, open_at: Callable[[str], T]) -> T:
-        """`open_at(host)`, the client connected to the server: at its name as written,
-        but with `security = "none"` to a loopback name (`localhost`, allowed by its name
-        as loopback; the password goes in clear text) at each of the name's loopback
-        addresses in the resolver's order, the next one when an address refuses the
-        connection, as the system's connect goes on to the next address (a server on
-        127.0.0.1 alone, `localhost` resolving to ::1 first). Never at an address
-        outside: OSError naming the name when it has no loopback one."""
-        if self.security != "none" or self.host.lower() not in LOOPBACK_NAMES:
-            return open_at(self.host)
-        found = resolve(self.host, self.port, time.monotonic() + self.timeout)
-        addresses = list(dict.fromkeys(info[4][0] for info in loopback_only(self.host, found)))
-        for address in addresses[:-1]:
-            try:
-                return open_at(address)
-            except OSError as exc:
-                # Only a connection never made goes on: what a server said (an SMTP
-                # greeting's refusal, a reset after it) is that server's answer.
-                if not isinstance(exc, ConnectionRefusedError) and exc.errno not in _NO_ROUTE:
-                    raise
-        return open_at(addresses[-1])
+        """`open_at(host)`, the client connected to the server (`opened_at`)."""
+        return opened_at(self.host, self.port, self.security, self.timeout, open_at)
+
+
+def opened_at(
+    host: str, port: int, security: str, timeout: float, open_at: Callable[[str], T]
+) -> T:
+    """`open_at(host)`, a connection to a mail server: at its name as written, but with
+    `security = "none"` to a loopback name (`localhost`, allowed by its name as loopback;
+    the password goes in clear text) at each of the name's loopback addresses in the
+    resolver's order, the next one when an address refuses the connection, as the
+    system's connect goes on to the next address (a server on 127.0.0.1 alone, `localhost`
+    resolving to ::1 first). Never at an address outside: OSError naming the name when it
+    has no loopback one. The daemon's SMTP and IMAP clients and the probe's relay."""
+    if security != "none" or host.lower() not in LOOPBACK_NAMES:
+        return open_at(host)
+    found = resolve(host, port, time.monotonic() + timeout)
+    addresses = list(dict.fromkeys(info[4][0] for info in loopback_only(host, found)))
+    for address in addresses[:-1]:
+        try:
+            return open_at(address)
+        except OSError as exc:
+            # Only a connection never made goes on: what a server said (an SMTP
+            # greeting's refusal, a reset after it) is that server's answer.
+            if not isinstance(exc, ConnectionRefusedError) and exc.errno not in _NO_ROUTE:
+                raise
+    return open_at(addresses[-1])
 
 
 #: A loopback address the host cannot connect from or to (IPv6 switched off).

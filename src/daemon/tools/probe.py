@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import socket
 import sys
 import time
 import uuid
@@ -38,6 +39,7 @@ from daemon.from_settings import settings_for
 from daemon.providers.base import Provider, ProviderError, SearchResult, for_job
 from daemon.providers.draft_handle import drafts_of
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
+from daemon.providers.kept import opened_at
 from daemon.runtime import check_provider_access
 from daemon.tools.probe_drafts import (
     LAG_FACTOR,
@@ -106,6 +108,20 @@ def _through_relay(settings: Settings, name: str, *, send_via: str = "") -> Iter
     if send_via and isinstance(config, GmailProviderSettings):
         config = config.model_copy(update={"send_via": send_via})
     if isinstance(config, SmtpImapProviderSettings):
+        security = config.smtp_security
+
+        def connect(address: tuple[str, int], timeout: float) -> socket.socket:
+            # The login passes through the relay: to `localhost` with "none", on its
+            # loopback addresses only, as the daemon's own SMTP client connects.
+            host, port = address
+            return opened_at(
+                host,
+                port,
+                security,
+                timeout,
+                lambda at: socket.create_connection((at, port), timeout),
+            )
+
         with SmtpFaultRelay(
             config.smtp_host,
             config.smtp_port,
@@ -113,6 +129,7 @@ def _through_relay(settings: Settings, name: str, *, send_via: str = "") -> Iter
             upstream_security=config.smtp_security,
             timeout=config.timeout,
             hang_seconds=0.0,
+            connect=connect,
         ) as smtp_relay:
             local = config.model_copy(
                 update={
