@@ -20,7 +20,7 @@ from tests.integration.listeners import stop_listening
 from tests.integration.resolving import outside_address, resolving
 from tests.unit.smtp_loopback import converse, message_of_lines, submit_timed
 
-from daemon.config.settings import settings_from_dict
+from daemon.config.settings import SmtpImapProviderSettings, settings_from_dict
 from daemon.providers.base import ProviderError
 from daemon.providers.imap_sessions import ImapSessions
 from daemon.providers.kept import MailEndpoint, ReuseLimits
@@ -185,3 +185,26 @@ def test_the_probe_s_relay_to_localhost_never_connects_to_an_outside_address(
                 provider.close()
     assert heard == [], heard
     assert outcome.kind is not SendKind.CONFIRMED, outcome
+
+
+def test_an_ipv6_host_in_brackets_is_taken_as_its_address() -> None:
+    """`smtp_host = "[::1]"` (as a URL writes it) passed the loopback check, which strips
+    the brackets, and was then connected to as written: a name no resolver knows, every
+    send not sent (connect), every search unavailable. It is the address now."""
+    table = {
+        "kind": "smtp-imap",
+        "smtp_host": "[::1]",
+        "smtp_security": "none",
+        "imap_host": "[2001:db8::25]",
+        "username": "user@example.com",
+        "password_file": "pw",
+    }
+    config = settings_from_dict({"providers": {"m": table}}).providers["m"]
+    assert isinstance(config, SmtpImapProviderSettings)
+    assert (config.smtp_host, config.imap_host) == ("::1", "2001:db8::25")
+    for host in (config.smtp_host, config.imap_host):
+        # As smtplib and imaplib look it up: an address, no resolver asked.
+        socket.getaddrinfo(host, 25, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    # A name in brackets is no address: left as written (refused where it is looked up).
+    named = settings_from_dict({"providers": {"m": {**table, "imap_host": "[mail.example]"}}})
+    assert named.providers["m"].imap_host == "[mail.example]"  # type: ignore[union-attr]

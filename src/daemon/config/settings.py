@@ -346,6 +346,17 @@ class SmtpImapProviderSettings(_Section):
     max_message_bytes: Annotated[int, BeforeValidator(parse_size)] = 25_000_000
     max_recipients: int = Field(default=100, ge=1, le=MAX_RECIPIENTS)
 
+    @field_validator("smtp_host", "imap_host")
+    @classmethod
+    def _address_unbracketed(cls, value: str) -> str:
+        # `[::1]` is how a URL writes an IPv6 address; smtplib and imaplib look the host
+        # up as written, and no resolver knows `[::1]`: taken as the address it holds.
+        inner = value[1:-1] if value.startswith("[") and value.endswith("]") else ""
+        try:
+            return str(ipaddress.IPv6Address(inner))
+        except ValueError:
+            return value
+
     @field_validator("smtp_security", "imap_security")
     @classmethod
     def _plaintext_on_loopback_only(cls, value: str, info: ValidationInfo) -> str:
