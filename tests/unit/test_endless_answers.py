@@ -165,7 +165,7 @@ def test_a_token_fetch_that_never_ends_ends_by_the_timeout() -> None:
     assert took < TIMEOUT + MARGIN, f"{took:.2f}s"
 
 
-def _gmail(server: AnsweringServer, tmp_path: Path) -> GmailProvider:
+def _gmail(server: AnsweringServer, tmp_path: Path, timeout: float = TIMEOUT) -> GmailProvider:
     base = f"http://127.0.0.1:{server.port}"
     key = write_service_account(tmp_path / "sa.json", token_uri=f"{base}/token")
     return GmailProvider(
@@ -174,7 +174,7 @@ def _gmail(server: AnsweringServer, tmp_path: Path) -> GmailProvider:
         user="me@example.com",
         api_endpoint=base,
         token_uri=f"{base}/token",
-        timeout=TIMEOUT,
+        timeout=timeout,
         reuse_connections=False,
     )
 

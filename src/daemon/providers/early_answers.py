@@ -41,12 +41,16 @@ from ledger.exceptions import SendledgerError
 _IN, _OUT = select.POLLIN, select.POLLOUT
 #: What says a read or write would not block: an error or a hang-up is for them to raise.
 _ENDED = select.POLLERR | select.POLLHUP
-#: Bytes of one answer past which it is not read on (`AnswerReader`): far above any answer
-#: the providers give, the largest a Gmail draft read `format=raw` (a 25 MB message,
-#: Gmail's own limit 35 MB: 47 MB as base64 in JSON; a delivery report read whole is at
-#: most 2 MiB), and what a server writing an answer without end as fast as it can makes
-#: this process keep until the answer's timeout (measured: 476 MB in 0.5 s on loopback).
-ANSWER_BOUND = 64 * 1024 * 1024
+#: Bytes of one answer past which it is not read on (`AnswerReader`): far above any SMTP
+#: reply or IMAP answer the providers get, and what a server writing an answer without end
+#: as fast as it can makes this process keep until the answer's timeout (measured: 476 MB
+#: in 0.5 s on loopback). Not higher: imaplib parses an answer's lines slowly enough that
+#: a flood did not reach 64 MiB within a 2 s timeout (loopback, load 6).
+ANSWER_BOUND = 16 * 1024 * 1024
+#: `ANSWER_BOUND` for an HTTP answer (`transport.py`): the largest is a Gmail draft read
+#: back whole (`drafts.get format=raw`), a message of up to `max_message_bytes` (25 MB)
+#: base64url-encoded in JSON, 33.4 MB (Gmail's own limit, 35 MB: 47 MB).
+HTTP_ANSWER_BOUND = 64 * 1024 * 1024
 #: Seconds an answer's reads may end past its deadline: a read begun within this of the
 #: answer's start waits the socket's own timeout (`AnswerReader.readinto`).
 ANSWER_SLACK = 0.05
@@ -179,19 +183,20 @@ class EarlyAnswer:
         self.cut = bool(self.read)
         return self.cut
 
-    def reader(self, within: float | None = None) -> io.BufferedReader:
+    def reader(self, within: float | None = None, bound: int = ANSWER_BOUND) -> io.BufferedReader:
         """The server's bytes from the first: those read while writing, then the socket's;
         all of them within `within` seconds from now (None: each read the socket's
-        timeout, until `AnswerReader.answer_within`)."""
-        raw = AnswerReader(self.sock, self.read)
+        timeout, until `AnswerReader.answer_within`), `bound` bytes at most."""
+        raw = AnswerReader(self.sock, self.read, bound)
         if within is not None:
             raw.answer_within(within)
         return io.BufferedReader(raw)
 
 
 class AnswerTooLong(SendledgerError, OSError):
-    """An answer went on past `ANSWER_BOUND` bytes: not read on (an OSError, as a connection
-    that failed while it was read: the caller's handling of one is right for it)."""
+    """An answer went on past its reader's bound (`ANSWER_BOUND`): not read on (an OSError,
+    as a connection that failed while it was read: the caller's handling of one is right
+    for it)."""
 
 
 class AnswerReader(io.RawIOBase):
@@ -200,8 +205,9 @@ class AnswerReader(io.RawIOBase):
     socket's own raw reader (`makefile`), so that a connection closed while its last
     answer is read (http.client's `Connection: close`) stays open until the reader is."""
 
-    def __init__(self, sock: socket.socket, first: bytes = b"") -> None:
+    def __init__(self, sock: socket.socket, first: bytes = b"", bound: int = ANSWER_BOUND) -> None:
         super().__init__()
+        self._bound = bound
         self._first = memoryview(first)
         self._sock = sock
         self._raw = sock.makefile("rb", buffering=0)
@@ -210,7 +216,7 @@ class AnswerReader(io.RawIOBase):
 
     def answer_within(self, seconds: float) -> None:
         """The answer's wait begins: every read from now on ends within `seconds`, and
-        they take `ANSWER_BOUND` bytes at most."""
+        they take the reader's bound (`ANSWER_BOUND`) bytes at most."""
         self._deadline = time.monotonic() + seconds
         self._taken = 0
 
@@ -228,8 +234,8 @@ class AnswerReader(io.RawIOBase):
         left = self._deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("timed out")
-        if self._taken > ANSWER_BOUND:
-            raise AnswerTooLong(f"an answer longer than {ANSWER_BOUND} bytes")
+        if self._taken > self._bound:
+            raise AnswerTooLong(f"an answer longer than {self._bound} bytes")
         timeout = self._sock.gettimeout()
         if timeout is not None and timeout <= left + ANSWER_SLACK:
             # Begun this early, a read the socket's timeout ends is over by the deadline
@@ -254,17 +260,20 @@ class WatchedSocket:
     """A connection's socket for one HTTP exchange: its writes are `watch`'s, and the
     answer's reader (http.client's `sock.makefile("rb")`) starts with the bytes read
     while writing and ends within `within` seconds of being made (None: each read the
-    socket's timeout)."""
+    socket's timeout), `bound` bytes at most."""
 
-    def __init__(self, watch: EarlyAnswer, within: float | None = None) -> None:
+    def __init__(
+        self, watch: EarlyAnswer, within: float | None = None, bound: int = ANSWER_BOUND
+    ) -> None:
         self.watch = watch
         self.within = within
+        self.bound = bound
 
     def sendall(self, data: bytes | memoryview) -> None:
         self.watch.sendall(data)
 
     def makefile(self, mode: Literal["rb"]) -> io.BufferedReader:
-        return self.watch.reader(self.within)
+        return self.watch.reader(self.within, self.bound)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.watch.sock, name)
@@ -273,6 +282,7 @@ class WatchedSocket:
 __all__ = [
     "ANSWER_BOUND",
     "ANSWER_SLACK",
+    "HTTP_ANSWER_BOUND",
     "READ_BOUND",
     "AnswerReader",
     "AnswerTooLong",

@@ -59,7 +59,7 @@ from typing import Any
 
 import httplib2
 
-from daemon.providers.early_answers import EarlyAnswer, WatchedSocket
+from daemon.providers.early_answers import HTTP_ANSWER_BOUND, EarlyAnswer, WatchedSocket
 from daemon.providers.kept import closed_by_peer
 from daemon.providers.slow_links import PIECE, pieces, wait_sent_out
 from ledger.exceptions import SendledgerError
@@ -292,7 +292,7 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         # The answer's wait, from here, ends within one timeout as a whole, however its
         # bytes trickle (early_answers.AnswerReader): else a byte per almost-timeout held
         # the call for as long as the server went on.
-        conn.sock = WatchedSocket(watch, self.timeout)
+        conn.sock = WatchedSocket(watch, self.timeout, HTTP_ANSWER_BOUND)
         return watch
 
 
