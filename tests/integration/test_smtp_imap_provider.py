@@ -310,6 +310,53 @@ def test_a_report_received_before_the_jobs_first_attempt_is_refused(
         mail.close()
 
 
+def test_reports_whose_sizes_add_up_past_an_answer_s_bound_are_all_read(
+    servers: MailServers,
+) -> None:
+    """Each within a report read's bound (`MAX_REPORT_BYTES`), together past the bound of
+    one IMAP answer (`early_answers.ANSWER_BOUND`). Before: one FETCH of all their bodies,
+    cut at that bound, and the read failed (no information) every time until they aged
+    out of the look-back: no report of the mailbox was recorded meanwhile."""
+    from datetime import UTC, datetime, timedelta
+
+    from daemon.providers.early_answers import ANSWER_BOUND
+    from ledger.delivery_reports import MAX_REPORT_BYTES
+
+    mail = provider_for(servers, servers.smtp_port, timeout=10.0, username=RECIPIENT)
+    filler = (b"x" * 76 + b"\r\n") * ((MAX_REPORT_BYTES - 4096) // 78)
+    raws = [
+        b"From: MAILER-DAEMON@example.test\r\nMessage-ID: <big-report-%d@example.test>\r\n"
+        b'Content-Type: multipart/report; report-type=delivery-status; boundary="b"\r\n'
+        b"\r\n--b\r\nContent-Type: text/plain\r\n\r\n%s\r\n--b--\r\n" % (n, filler)
+        for n in range(ANSWER_BOUND // len(filler) + 1)
+    ]
+    assert all(len(raw) <= MAX_REPORT_BYTES for raw in raws)
+
+    def append(client: Any) -> None:
+        for raw in raws:
+            client.append("INBOX", raw)
+
+    def remove(client: Any) -> None:
+        client.select_folder("INBOX")
+        uids = client.search(["HEADER", "Message-ID", "big-report-"])
+        client.delete_messages(uids)
+        client.expunge()
+
+    mail.imap.run(append, repeatable=False)
+    try:
+        read = mail.read_reports(
+            datetime.now(UTC) - timedelta(days=1),
+            known=(),
+            max_bytes=MAX_REPORT_BYTES,
+            limit=len(raws) + 10,
+        )
+        got = sorted(r.raw for r in read.found if r.raw and b"<big-report-" in r.raw)
+        assert got == sorted(raws)
+    finally:
+        mail.imap.run(remove, repeatable=False)
+        mail.close()
+
+
 def test_an_unreadable_reply_after_the_final_dot_is_unknown(
     servers: MailServers, relay: SmtpFaultRelay
 ) -> None:

@@ -42,7 +42,8 @@ _IN, _OUT = select.POLLIN, select.POLLOUT
 #: What says a read or write would not block: an error or a hang-up is for them to raise.
 _ENDED = select.POLLERR | select.POLLHUP
 #: Bytes of one answer past which it is not read on (`AnswerReader`): far above any SMTP
-#: reply or IMAP answer the providers get, and what a server writing an answer without end
+#: reply or IMAP answer the providers get (a FETCH of reports asks for 2 MiB of them at a
+#: time, `smtp_imap.py`), and what a server writing an answer without end
 #: as fast as it can makes this process keep until the answer's timeout (measured: 476 MB
 #: in 0.5 s on loopback). Not higher: imaplib parses an answer's lines slowly enough that
 #: a flood did not reach 64 MiB within a 2 s timeout (loopback, load 6).

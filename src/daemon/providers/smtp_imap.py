@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from email.message import Message
 from email.parser import BytesHeaderParser
@@ -318,7 +318,8 @@ class SmtpImapProvider(ProviderBase):
             small = [uid for uid, size in sizes.items() if size <= max_bytes]
             bodies = {
                 int(uid): bytes(data[b"BODY[]"])
-                for uid, data in (client.fetch(small, ["BODY.PEEK[]"]) if small else {}).items()
+                for group in _by_size(small, sizes, max_bytes)
+                for uid, data in client.fetch(group, ["BODY.PEEK[]"]).items()
             }
             found = [
                 FoundReport(ids[uid], bodies.get(uid), size, REPORT_TYPE, received[uid])
@@ -390,6 +391,23 @@ def _headers(client: Any, uids: list[int], names: Sequence[str]) -> dict[int, Me
         raw = next((v for k, v in data.items() if k.upper().startswith(b"BODY[HEADER")), b"")
         result[int(uid)] = parser.parsebytes(bytes(raw))
     return result
+
+
+def _by_size(uids: Sequence[int], sizes: Mapping[int, int], most: int) -> Iterator[list[int]]:
+    """`uids` in order, in groups whose `sizes` add up to `most` at most (one larger
+    alone): a FETCH of the bodies of many reports, each within a report read's bound, is
+    one IMAP answer, which past `early_answers.ANSWER_BOUND` is cut, the read failing
+    every time while those reports were unread."""
+    group: list[int] = []
+    total = 0
+    for uid in uids:
+        if group and total + sizes[uid] > most:
+            yield group
+            group, total = [], 0
+        group.append(uid)
+        total += sizes[uid]
+    if group:
+        yield group
 
 
 def _received(value: object) -> datetime | None:
