@@ -237,6 +237,19 @@ def _discovery(port: int) -> bytes:
     )
 
 
+def _graph_tokens(server: AnsweringServer, timeout: float) -> GraphTokens:
+    """Graph's tokens from `server` as the daemon asks for them, trusting the CA the
+    environment names."""
+    return GraphTokens(
+        authority=f"https://127.0.0.1:{server.port}",
+        tenant_id="tenant",
+        client_id="client",
+        credential="secret",
+        timeout=timeout,
+        ca_bundle=trusted_ca_bundle(),
+    )
+
+
 @pytest.mark.parametrize("endless", ["discovery", "token"])
 def test_a_graph_token_fetch_that_never_ends_ends_by_the_timeout(
     endless: str, tls_files: TlsFiles, monkeypatch: pytest.MonkeyPatch
@@ -255,14 +268,7 @@ def test_a_graph_token_fetch_that_never_ends_ends_by_the_timeout(
         server.trickle(conn, b"x" * 60_000, every=0.05)
 
     server = AnsweringServer(session, tls_files)
-    tokens = GraphTokens(
-        authority=f"https://127.0.0.1:{server.port}",
-        tenant_id="tenant",
-        client_id="client",
-        credential="secret",
-        timeout=TIMEOUT,
-        ca_bundle=trusted_ca_bundle(),
-    )
+    tokens = _graph_tokens(server, TIMEOUT)
     started = time.monotonic()
     try:
         with pytest.raises(TokenError) as error:
