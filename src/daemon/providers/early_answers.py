@@ -20,8 +20,9 @@ each read alone, so a server trickling a byte per almost-timeout (a header, inte
 `100 Continue`s, an endless chunked body, an SMTP reply's lines) kept the reader reading
 for as long as it went on. Each read waits only for what is left of one `timeout` from
 when the answer was awaited (`AnswerReader.answer_within`; docs/providers.md "A server
-that never ends its answer"), and no more than `ANSWER_BOUND` bytes of it are read: one
-written without end as fast as the link goes would otherwise be kept until then.
+that never ends its answer"), and a second more for each `ANSWER_FLOOR` bytes it brought,
+and no more than `ANSWER_BOUND` bytes of it are read: one written without end as fast as
+the link goes would otherwise be kept until then.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ ANSWER_BOUND = 16 * 1024 * 1024
 #: back whole (`drafts.get format=raw`), a message of up to `max_message_bytes` (25 MB)
 #: base64url-encoded in JSON, 33.4 MB (Gmail's own limit, 35 MB: 47 MB).
 HTTP_ANSWER_BOUND = 64 * 1024 * 1024
+#: Bytes a second an answer is read at, at least, however long it goes on: each byte read
+#: moves its deadline by 1 / ANSWER_FLOOR s (`AnswerReader`). A large answer over a slow
+#: link (a Gmail draft of 25 MB read back whole, 33.4 MB, over less than 9 Mbit/s) is read
+#: whole, as an upload goes on while its bytes flow (`slow_links.py`); one at this rate
+#: without end ends at its bound: within the timeout and 64 s (SMTP, IMAP) or 256 s (HTTP).
+ANSWER_FLOOR = 256 * 1024
 #: Seconds an answer's reads may end past its deadline: a read begun within this of the
 #: answer's start waits the socket's own timeout (`AnswerReader.readinto`).
 ANSWER_SLACK = 0.05
@@ -216,8 +223,9 @@ class AnswerReader(io.RawIOBase):
         self._taken = 0
 
     def answer_within(self, seconds: float) -> None:
-        """The answer's wait begins: every read from now on ends within `seconds`, and
-        they take the reader's bound (`ANSWER_BOUND`) bytes at most."""
+        """The answer's wait begins: every read from now on ends within `seconds` (and a
+        second more for each `ANSWER_FLOOR` bytes read), and they take the reader's bound
+        (`ANSWER_BOUND`) bytes at most."""
         self._deadline = time.monotonic() + seconds
         self._taken = 0
 
@@ -249,7 +257,9 @@ class AnswerReader(io.RawIOBase):
                 got = self._raw.readinto(buffer)
             finally:
                 self._sock.settimeout(timeout)
-        self._taken += got or 0
+        if got:
+            self._taken += got
+            self._deadline += got / ANSWER_FLOOR
         return got
 
     def close(self) -> None:
@@ -282,6 +292,7 @@ class WatchedSocket:
 
 __all__ = [
     "ANSWER_BOUND",
+    "ANSWER_FLOOR",
     "ANSWER_SLACK",
     "HTTP_ANSWER_BOUND",
     "READ_BOUND",
