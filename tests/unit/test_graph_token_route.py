@@ -1,8 +1,8 @@
 """The route of Graph's token requests (docs/providers.md "Token endpoint, national clouds,
 private CAs"): msal's requests go through the Graph calls' transport, which takes no proxy
-from the environment (httplib2 without PySocks ignores `HTTPS_PROXY`), so they go straight
-to `authority` as the Graph calls go to `api_endpoint`; through requests they went to the
-proxy."""
+from the environment (httplib2 without PySocks, which sendledger does not install, ignores
+`HTTPS_PROXY`), so they go straight to `authority` as the Graph calls go to
+`api_endpoint`; through requests they went to the proxy."""
 
 from __future__ import annotations
 
