@@ -13,10 +13,10 @@ type is checked again on what was opened, so a swap in between blocks nothing ei
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from ledger.exceptions import Refusal, SendledgerError
+from ledger.file_kinds import file_kind
 
 __all__ = ["BYTE_ORDER_MARK", "FileProblem", "read_regular_file", "starts_with_a_mark"]
 
@@ -30,14 +30,6 @@ def starts_with_a_mark(text: str) -> bool:
     return text.startswith("\ufeff")
 
 
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
 
 class FileProblem(SendledgerError, ValueError):
     """Why a file cannot be read as a regular file: one line that names it (`reason`
@@ -50,18 +42,11 @@ class FileProblem(SendledgerError, ValueError):
         self.reason = reason
 
 
-def _kind(mode: int) -> str | None:
-    """What a non-regular file is, or None for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
-
-
 def read_regular_file(path: Path, *, limit: int) -> bytes:
     """The bytes of the regular file at `path` (at most `limit` of them). FileProblem
     for anything else: missing, a dangling symbolic link, a FIFO, a directory, ..."""
     try:
-        kind = _kind(os.stat(path).st_mode)
+        kind = file_kind(os.stat(path).st_mode)
     except FileNotFoundError:
         if os.path.islink(path):
             raise FileProblem(path, f"a symbolic link to nothing ({os.readlink(path)})") from None
@@ -76,7 +61,7 @@ def read_regular_file(path: Path, *, limit: int) -> bytes:
         raise FileProblem(path, f"{exc.strerror or exc}") from None
     try:
         info = os.fstat(fd)
-        kind = _kind(info.st_mode)
+        kind = file_kind(info.st_mode)
         if kind is not None:
             raise FileProblem(path, f"{kind}, not a regular file")
         if info.st_size > limit:

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -234,6 +235,43 @@ def test_a_store_reached_by_a_symlink_to_a_file_not_there_yet_is_created_private
     made = [elsewhere / "ledger.sqlite", elsewhere / "new" / "copy.sqlite"]
     assert {f.name: _mode(f) for f in made} == {f.name: 0o600 for f in made}
     assert _mode(elsewhere / "new") == 0o700 and _mode(elsewhere) == 0o755
+
+
+def test_a_store_path_that_is_a_fifo_or_a_link_to_one_is_refused_without_blocking(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A named pipe where the store should be, or a symlink to one (a link put where a
+    store on another disk was meant to go): refused naming store.url, at once. Before, the
+    open waited in `open()` for a writer that never comes: a daemon's start, a `submit`
+    and an `admin copy-store --to` hung for good."""
+    pipe = tmp_path / "pipe.sqlite"
+    os.mkfifo(pipe)
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(pipe)
+
+    def open_store(path: Path, said: list[BaseException]) -> None:
+        try:
+            with Ledger(SqliteStore(path), clock=clock):
+                pass
+        except BaseException as exc:
+            said.append(exc)
+
+    for path in (pipe, link):
+        said: list[BaseException] = []
+        opening = threading.Thread(target=open_store, args=(path, said))
+        opening.start()
+        opening.join(5)
+        blocked = opening.is_alive()
+        if blocked:  # the writer it waits for, with bytes no store begins with, ends it
+            writer = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(writer, b"no SQLite header here")
+            os.close(writer)
+            opening.join(10)
+        assert not blocked, path
+        assert [str(exc) for exc in said] == [
+            f"store.url: sqlite:{path} is a named pipe (FIFO), not a SQLite file"
+        ]
+        assert stat.S_ISFIFO(os.stat(pipe).st_mode)  # left as it was
 
 
 def test_a_secret_file_others_can_read_gets_a_warning_naming_it(

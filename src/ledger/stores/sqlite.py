@@ -19,6 +19,7 @@ from uuid import UUID
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteFactory
 from eventsourcing.utils import EnvType, get_topic
 
+from ledger.file_kinds import file_kind
 from ledger.stores.causes import StoreUnavailable, access_denied, exception_chain
 from ledger.stores.file_access import access_problem, repair_wal_modes
 from ledger.stores.identity import FileIdentityLock, file_names_held
@@ -127,10 +128,11 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 
 def refuse_what_is_no_store(path: Path) -> None:
     """StoreUrlError (bad input naming store.url) when `path` cannot be a store: a
-    folder, a path under a file, a file that is not SQLite's (the config itself, a note).
-    Left to SQLite, each was "unable to open database file", "Not a directory" or "file
-    is not a database", exit 1, as if the store had failed rather than the setting. An
-    empty file is a new store, as SQLite takes it."""
+    folder, a path under a file, a file that is not SQLite's (the config itself, a note),
+    a named pipe or a device (or a symlink to one). Left to SQLite, each was
+    "unable to open database file", "Not a directory" or "file is not a database", exit
+    1, as if the store had failed rather than the setting; a named pipe waited in
+    `open()` for a writer, for good. An empty file is a new store, as SQLite takes it."""
     where = f"store.url: sqlite:{path}"
     if path.is_dir():
         raise StoreUrlError(f"{where} is a directory, not a SQLite file")
@@ -140,12 +142,17 @@ def refuse_what_is_no_store(path: Path) -> None:
                 raise StoreUrlError(f"{where}: {parent} is not a directory")
             break
     try:
-        with open(path, "rb") as file:
-            head = file.read(len(_SQLITE_HEADER))
+        # Not blocking: a named pipe opened so is told by its type, not waited on.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except (FileNotFoundError, NotADirectoryError):
         return  # created next
     except OSError:
         return  # SQLite says what it is (a file that cannot be read)
+    with open(fd, "rb") as file:
+        kind = file_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise StoreUrlError(f"{where} is {kind}, not a SQLite file")
+        head = file.read(len(_SQLITE_HEADER))
     if head and head != _SQLITE_HEADER:
         raise StoreUrlError(f"{where} is not a SQLite database (not SQLite's first bytes)")
 
