@@ -43,7 +43,7 @@ from ledger.decision_types import RetryAt, Review
 from ledger.job import SendJob, job_id_for
 from ledger.stores.cipher import EventKeyMissing, new_key
 from ledger.stores.index import IndexRow, index_row
-from ledger.stores.url import SqliteStore
+from ledger.stores.url import SqliteStore, StoreUrlError
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -272,6 +272,29 @@ def test_a_store_path_that_is_a_fifo_or_a_link_to_one_is_refused_without_blockin
             f"store.url: sqlite:{path} is a named pipe (FIFO), not a SQLite file"
         ]
         assert stat.S_ISFIFO(os.stat(pipe).st_mode)  # left as it was
+
+
+def test_a_store_path_whose_file_cannot_be_made_there_is_refused_naming_store_url(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A store path (or the target of its symlink) where no file can be made: in /proc,
+    or under a folder there. One line naming store.url and what could not be made, exit
+    2. Before, the creation's FileNotFoundError (the symlink's, since it is made at its
+    target) reached the command as "unexpected failure", exit 1."""
+    cases = {
+        tmp_path / "in-proc.sqlite": Path("/proc/sendledger-test.sqlite"),
+        tmp_path / "under-proc.sqlite": Path("/proc/sendledger-test/ledger.sqlite"),
+    }
+    for link, target in cases.items():
+        link.symlink_to(target)
+    direct = Path("/proc/sendledger-test.sqlite")
+    for path, made in [*cases.items(), (direct, direct)]:
+        first = made if made.parent.exists() else made.parent
+        with pytest.raises(StoreUrlError) as refused:
+            Ledger(SqliteStore(path), clock=clock)
+        assert str(refused.value) == (
+            f"store.url: sqlite:{path}: cannot make {first}: No such file or directory"
+        )
 
 
 def test_a_secret_file_others_can_read_gets_a_warning_naming_it(

@@ -335,7 +335,17 @@ class SQLiteBackend:
     def prepare(self) -> bool:
         with _permission_named(self.spec):  # a folder this user may not enter or write
             refuse_what_is_no_store(self.spec.path)
-            create_private(self.spec.path)
+            try:
+                create_private(self.spec.path)
+            except OSError as exc:
+                if isinstance(exc, PermissionError):
+                    raise
+                # A file system where no file can be made (/proc), at the path or at
+                # its symlink's target: the setting's fault, said as such.
+                raise StoreUrlError(
+                    f"store.url: sqlite:{self.spec.path}: cannot make {exc.filename}: "
+                    f"{exc.strerror or exc}"
+                ) from exc
         return schema_exists(self.spec)
 
     def access_problem(self) -> str | None:
