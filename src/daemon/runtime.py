@@ -581,7 +581,7 @@ def start_up(service: Service) -> IdentityLock | None:
     if not identity.ends_only_with_holder:
         # The process that held the name may still be calling: its claims wait for their
         # deadline, and so do the scopes it held (docs/performance.md "Several daemons").
-        service.engine.wait_for_predecessor()
+        service.engine.wait_for_predecessor(service.settings.daemon.tick)
     try:
         report = service.engine.recover_own_claims(
             wait_for_deadlines=not identity.ends_only_with_holder

@@ -49,7 +49,7 @@ def _first_call_after_restart(pg_url: str, *, stopped: bool, run: str = "") -> f
                 assert not identity.ends_only_with_holder
                 new = _engine(ledger, new_calls)
                 try:
-                    new.wait_for_predecessor()  # as start_up does here
+                    new.wait_for_predecessor(0.0)  # as start_up does here (ticks called by hand)
                     started = time.monotonic()
                     submit(ledger, f"k1{run}", 0)
                     while not new_calls.calls:

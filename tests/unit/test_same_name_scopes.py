@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -26,11 +27,12 @@ from tests.unit.test_scope_owners import (
     submit,
 )
 
-from daemon.bootstrap import bootstrap
+from daemon.bootstrap import Service, bootstrap
 from daemon.config.settings import settings_from_dict
 from daemon.doubles.fake_provider import FakeProvider
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
+from daemon.engine.owners import ScopeOwners
 from daemon.runtime import start_up
 from ledger.application import Ledger
 from ledger.vocabulary import JobState
@@ -137,7 +139,7 @@ def test_the_new_process_sends_a_mailbox_the_old_one_was_sending_only_after_its_
         assert len(old_calls.calls) == 1  # the old process is sending mailbox 0
         sent_at = old_calls.calls[0][2]
         submit(ledger, "k1", 0)
-        new.wait_for_predecessor()  # start_up on PostgreSQL
+        new.wait_for_predecessor(0.0)  # start_up on PostgreSQL (ticks called by hand)
         new.tick()
         old.name_lost()  # its next tick
         while not new_calls.calls:
@@ -167,13 +169,16 @@ class EndsWithHolder(EndsUnderHolder):
     ends_only_with_holder = True  # SQLite's, memory's
 
 
-@pytest.mark.parametrize("lock", [EndsUnderHolder, EndsWithHolder])
-def test_start_up_waits_for_the_predecessor_only_where_the_lock_can_end_under_it(
-    ledger: Ledger, lock: type[EndsUnderHolder]
-) -> None:
+@contextmanager
+def _started_beside_a_live_name(
+    ledger: Ledger, lock: type[EndsUnderHolder], tick: float = 1.0
+) -> Iterator[tuple[Service, ScopeOwners]]:
+    """A service of name n1 started (`start_up`) while the name's earlier process is
+    alive, holding the scope "fake", on a name lock like `lock`; its first tick made."""
     settings = settings_from_dict(
         {"store": {"url": "memory://"}, "daemon": {"name": "n1", "scope_lease": f"{LEASE}s",
-                                                   "deadline_grace": f"{GRACE}s"}}
+                                                   "deadline_grace": f"{GRACE}s",
+                                                   "tick": f"{tick}s"}}
     )  # fmt: skip
     rows = ledger.scope_leases()
     now = ledger.clock().timestamp()
@@ -192,7 +197,34 @@ def test_start_up_waits_for_the_predecessor_only_where_the_lock_can_end_under_it
         service.engine.tick()
         owners = service.engine.owners
         assert owners is not None and owners.owned() == ["fake"]
-        waits = lock is EndsUnderHolder
-        assert owners.may_call("fake", ledger.clock()) is not waits
+        yield service, owners
     finally:
         service.close()
+
+
+@pytest.mark.parametrize("lock", [EndsUnderHolder, EndsWithHolder])
+def test_start_up_waits_for_the_predecessor_only_where_the_lock_can_end_under_it(
+    ledger: Ledger, lock: type[EndsUnderHolder]
+) -> None:
+    with _started_beside_a_live_name(ledger, lock) as (_service, owners):
+        waits = lock is EndsUnderHolder
+        assert owners.may_call("fake", ledger.clock()) is not waits
+
+
+def test_the_wait_covers_a_tick_longer_than_the_grace(ledger: Ledger) -> None:
+    """The old process starts calls until its next tick's name check, up to one
+    `daemon.tick` after the take: with a tick longer than the grace, a call it began just
+    before that check still runs a timeout past the grace. The wait counts the tick too.
+    Before, it was the longest timeout plus the grace whatever the tick: with `tick =
+    "60s"` and the default grace the two processes called one mailbox for up to 30 s."""
+    tick = 4 * GRACE
+    clock = ledger.clock
+    assert isinstance(clock, FakeClock)
+    with _started_beside_a_live_name(ledger, EndsUnderHolder, tick) as (service, owners):
+        taken = clock()
+        # No provider in the settings: the default timeout, 30 s.
+        wait = timedelta(seconds=30.0 + GRACE + tick)
+        while clock() - taken < wait + timedelta(seconds=2):
+            clock.advance(0.5)
+            service.engine.tick()  # renews the lease
+            assert owners.may_call("fake", clock()) is (clock() - taken >= wait), clock() - taken

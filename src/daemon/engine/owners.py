@@ -43,8 +43,9 @@ mailbox is sent at the rate of one quota bucket: its owner's.
   the name's heartbeat was live at this process's join (the old one did not stop: a stop
   removes it), is held but not called for until the old holder's calls there are past
   their deadline: the longest provider timeout plus the grace from the take, as a claim's
-  lease. A stopped predecessor, SQLite and memory (a lock that ends only with its
-  holder) take the name's scopes back at once.
+  lease, plus one tick (it starts calls until its next tick's name check). A stopped
+  predecessor, SQLite and memory (a lock that ends only with its holder) take the name's
+  scopes back at once.
 - **The clocks** (`clock_off`, as often as the renewer looks, and after any jump): that
   rule needs the daemons' clocks within the grace of each other, so each holds its own to
   the store's (PostgreSQL's, read between two looks at its own): more than half the grace
@@ -172,7 +173,8 @@ class ScopeOwners:
     def wait_for_predecessor(self, calls: float) -> None:
         """The name's lock can end under a live holder (PostgreSQL): a scope taken while
         an earlier process of the name held it is called for only `calls` seconds after
-        the take (the longest provider timeout plus the grace: its calls' deadline)."""
+        the take (the longest provider timeout plus the grace, its calls' deadline, plus
+        the tick in which it may still start one)."""
         self._predecessor_calls = calls
 
     def want(self, scope: str, provider: str, mailbox: str, channel: str, now: datetime) -> None:

@@ -310,12 +310,15 @@ class Engine:
         while it stands aside for it (`ScopeOwners.clock_failure`); else None."""
         return None if self.owners is None else self.owners.clock_failure()
 
-    def wait_for_predecessor(self) -> None:
+    def wait_for_predecessor(self, tick: float) -> None:
         """The name's lock can end under a live holder (`IdentityLock.ends_only_with_holder`
         false): the scopes an earlier process of the name held are called for only once
-        its calls there are past their deadline (`ScopeOwners.wait_for_predecessor`)."""
+        its calls there are past their deadline (`ScopeOwners.wait_for_predecessor`).
+        `tick`: `daemon.tick`; that process starts calls until its next tick's name
+        check, up to a tick after the take, which the grace alone covers only while the
+        tick is shorter."""
         if self.owners is not None:
-            self.owners.wait_for_predecessor(self._longest_call)
+            self.owners.wait_for_predecessor(self._longest_call + tick)
 
     def recover_own_claims(self, *, wait_for_deadlines: bool = False) -> TickReport:
         """At start-up, with this daemon's name held (`Ledger.hold_identity`): its own
