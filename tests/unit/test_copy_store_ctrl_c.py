@@ -20,6 +20,7 @@ import daemon.service_layer.copy_store as copying
 from daemon.cli import main
 from daemon.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from ledger.application import Ledger
+from ledger.stores.causes import StoreUnavailable
 from ledger.stores.keycheck import SqlKeyChecks, UnfinishedCopy
 
 
@@ -143,3 +144,41 @@ def test_a_second_ctrl_c_before_the_copy_wrote_says_there_is_nothing_to_empty(
     assert copy(config) == EXIT_INTERRUPTED
     assert capsys.readouterr().err.endswith("copy.sqlite: nothing to empty\n")
     assert not (tmp_path / "copy.sqlite").exists()
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        StoreUnavailable("postgresql://copy@db:5432/ledger", "cannot connect", OSError("no route")),
+        KeyboardInterrupt(),  # a third press while it is read
+    ],
+    ids=["store-away", "third-ctrl-c"],
+)
+def test_a_second_ctrl_c_whose_destination_cannot_be_read_still_says_interrupted(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    why: BaseException,
+) -> None:
+    """The destination may be why the copy was interrupted (a server that stopped
+    answering mid-copy): reading what the copy left there fails too, or is interrupted
+    once more. Exit 130 still, one line saying what is known: nothing opens an unfinished
+    copy, and the command run again says what to empty. Before, the read's error was the
+    line (`store ...: cannot connect`, exit 1, no word of the interruption), or a third
+    press ended the command with no line at all."""
+    config = a_store_and_its_config(tmp_path)
+    at_the_mark(monkeypatch, SqlKeyChecks, ctrl_c(times=2))
+
+    def unreadable(*args: object) -> str | None:
+        raise why
+
+    monkeypatch.setattr(copying, "left_at", unreadable)
+    assert copy(config) == EXIT_INTERRUPTED
+    said = capsys.readouterr()
+    assert said.out == ""
+    reason = str(why) or "Ctrl-C again"
+    assert said.err.endswith(
+        f"\nsendledger: interrupted; what the copy left at sqlite:{tmp_path / 'copy.sqlite'} "
+        f"could not be read ({reason}): nothing opens it while it is an unfinished copy, "
+        "and the command run again says what to empty\n"
+    )

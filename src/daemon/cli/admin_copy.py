@@ -88,7 +88,14 @@ def cmd_copy_store(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         # A second Ctrl-C interrupts wherever the copy was: what it left is read, so
         # that a finished copy is not emptied on a guess, nor an unfinished one used.
-        _say_interrupted(destination, left_at(destination, keys))
+        try:
+            mark = left_at(destination, keys)
+        except (Exception, KeyboardInterrupt) as exc:
+            # The destination may be what the copy was stuck on (a server gone silent),
+            # and a third Ctrl-C may end this read too: the interruption is still said.
+            _say_unread(destination, str(exc) or "Ctrl-C again")
+            return EXIT_INTERRUPTED
+        _say_interrupted(destination, mark)
         return EXIT_INTERRUPTED
     if result.finished and asked:
         # Asked once the last check had passed: the copy was marked finished and the
@@ -141,6 +148,17 @@ def _say_interrupted(destination: StoreSpec, mark: str | None) -> None:
         output.error(f"interrupted: {_unfinished(name)}")
     else:
         output.error(f"interrupted before the copy wrote to {name}: nothing to empty")
+
+
+def _say_unread(destination: StoreSpec, why: str) -> None:
+    from daemon.service_layer.copy_store import where
+
+    reason = why.strip().splitlines()[0]
+    output.error(
+        f"interrupted; what the copy left at {where(destination)} could not be read "
+        f"({reason}): nothing opens it while it is an unfinished copy, and the command "
+        "run again says what to empty"
+    )
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
