@@ -219,15 +219,17 @@ def refusal_in(trace: str) -> ServerRefusal | None:
 
 def _poll(conn: pq.abc.PGconn, deadline: float) -> None:
     """libpq's non-blocking connect, to its end or the deadline (libpq bounds only its
-    blocking connect by `connect_timeout`)."""
+    blocking connect by `connect_timeout`). Waited with poll(), not select(): a daemon
+    holding many connections numbers this one past select()'s 1,023."""
     status = pq.PollingStatus.WRITING
     while conn.status != pq.ConnStatus.BAD and status not in _ENDED:
         left = deadline - time.monotonic()
         if left <= 0:
             return
-        sock = conn.socket
+        waiting = select.poll()  # anew each time: libpq may open another socket
         reading = status == pq.PollingStatus.READING
-        select.select([sock] if reading else [], [] if reading else [sock], [], left)
+        waiting.register(conn.socket, select.POLLIN if reading else select.POLLOUT)
+        waiting.poll(left * 1000)
         status = pq.PollingStatus(conn.connect_poll())
 
 
