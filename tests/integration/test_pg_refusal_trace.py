@@ -32,10 +32,12 @@ def _error_response(refusal: ServerRefusal) -> bytes:
 
 
 @contextmanager
-def _refusing_server() -> Iterator[int]:
-    """A loopback port whose every connection is refused as `REFUSAL` once its start-up
-    packet has come."""
+def _refusing_server(answer: bytes = _error_response(REFUSAL)) -> Iterator[list[int]]:
+    """A loopback port whose every connection gets `answer` once its start-up packet has
+    come (a refusal as `REFUSAL`; b"": closed without a word). The list holds the port,
+    then one more item for each connection made."""
     listener = socket.create_server(("127.0.0.1", 0))
+    made: list[int] = [listener.getsockname()[1]]
 
     def serve() -> None:
         while True:
@@ -43,17 +45,18 @@ def _refusing_server() -> Iterator[int]:
                 conn, _ = listener.accept()
             except OSError:
                 return  # stopped
+            made.append(1)
             with conn:
                 conn.settimeout(5)
                 head = conn.recv(4)
                 if len(head) == 4:
                     conn.recv(struct.unpack("!I", head)[0] - 4)
-                    conn.sendall(_error_response(REFUSAL))
+                    conn.sendall(answer)
 
     thread = threading.Thread(target=serve, name="refusing-server")
     thread.start()
     try:
-        yield listener.getsockname()[1]
+        yield made
     finally:
         stop_listening(listener)
         thread.join()
@@ -83,8 +86,8 @@ def test_a_refusal_is_told_in_a_process_holding_more_than_1024_files() -> None:
     """The traced try's socket is then numbered past 1,023, which `select()` refuses:
     the try raised ValueError ("filedescriptor out of range in select()") from the open's
     or the pool's refusal, in place of the store's line. It waits with poll() now."""
-    with _refusing_server() as port:
-        conninfo = f"host=127.0.0.1 port={port} user=mail dbname=mail sslmode=disable"
+    with _refusing_server() as made:
+        conninfo = f"host=127.0.0.1 port={made[0]} user=mail dbname=mail sslmode=disable"
         if pq.version() >= 180000:  # traced where libpq shows a start-up's answer
             said = f"connection failed: FATAL:  {REFUSAL.message}"
             with _files_open(MANY):
@@ -92,3 +95,18 @@ def test_a_refusal_is_told_in_a_process_holding_more_than_1024_files() -> None:
         else:  # libpq 15 traces no answer before the password: none found, none raised
             with _files_open(MANY):
                 assert server_refusal(conninfo, 5.0, REFUSAL.message) is None
+
+
+def test_a_refusal_no_trace_shows_is_tried_once_a_minute_not_at_each_ask() -> None:
+    """A refusal whose answer the trace does not show (libpq 15's, before the password;
+    here a server that closes the start-up without a word) was tried again, traced, at
+    each ask: a running daemon's pool refused by the server asks at each store call that
+    waits out its connection, so each made one more connection to the server (one more
+    refused login in its log) and left libpq a stream of a few KB never freed. It is
+    asked once per message a minute now, as one shown is once per message."""
+    said = "connection failed: server closed the connection unexpectedly (no trace)"
+    with _refusing_server(answer=b"") as made:
+        conninfo = f"host=127.0.0.1 port={made[0]} user=mail dbname=mail sslmode=disable"
+        for _ in range(3):
+            assert server_refusal(conninfo, 5.0, said) is None
+        assert len(made) - 1 == 1

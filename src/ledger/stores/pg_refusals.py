@@ -22,6 +22,7 @@ each (`PASSWORD_FIX`).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import select
@@ -154,13 +155,18 @@ def _hba_word(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-#: The refusal each message was found to carry (`server_refusal`), by the message: a
-#: server words one refusal the same way each time, so it is traced once. Bounded: each
-#: trace leaves libpq's stream behind (psycopg opens a FILE on the descriptor and never
-#: closes it, a few KB), and a store's refusals are few messages.
-_FOUND: dict[str, ServerRefusal | None] = {}
+#: The refusal each message was found to carry (`server_refusal`), by the message, with
+#: until when (monotonic) it stands: a server words one refusal the same way each time,
+#: so it is traced once. Bounded: each trace leaves libpq's stream behind (psycopg opens
+#: a FILE on the descriptor and never closes it, a few KB), and a store's refusals are
+#: few messages.
+_FOUND: dict[str, tuple[ServerRefusal | None, float]] = {}
 _FOUND_LOCK = threading.Lock()
 _FOUND_MAX = 64
+#: Seconds a refusal no trace shows (libpq 15 before the password) is not traced again:
+#: a running daemon's pool asks at each store call that waits out its connection, and
+#: each try is one more refused login in the server's log, and one more stream left.
+UNTRACED_FOR = 60.0
 
 #: The ErrorResponse as libpq 18's trace prints it: severity twice (localized, then not),
 #: the code, then the words, raw, up to the next field.
@@ -175,40 +181,48 @@ def server_refusal(conninfo: str, timeout: float, said: str) -> ServerRefusal | 
     second try of the connection (`conninfo`), traced (see the module). None when that
     try met no ErrorResponse (no trace shows it, or the server let it in) or another
     one than `said` carries. Asked only of a server that answered (libpq's ping)."""
+    now = time.monotonic()
     with _FOUND_LOCK:
-        if said in _FOUND:
-            return _FOUND[said]
-    refusal = _traced_try(conninfo, timeout)
-    if refusal is None or refusal.message not in said:
-        return None
+        found = _FOUND.get(said)
+        if found is not None and now < found[1]:
+            return found[0]
+    refusal, refused = _traced_try(conninfo, timeout)
+    if refusal is not None and refusal.message in said:
+        until = math.inf
+    elif refusal is None and refused:
+        until = now + UNTRACED_FOR  # no trace shows it; asked again after a while
+    else:
+        return None  # another refusal than said, or let in, or no end in time: ask again
     with _FOUND_LOCK:
         if len(_FOUND) >= _FOUND_MAX:
             _FOUND.clear()
-        _FOUND[said] = refusal
+        _FOUND[said] = (refusal, until)
     return refusal
 
 
-def _traced_try(conninfo: str, timeout: float) -> ServerRefusal | None:
-    """The ErrorResponse a traced try of `conninfo` met within `timeout`, if any. The
-    trace stays in memory: it holds what was sent, under a `password` line of
-    pg_hba.conf the password itself."""
+def _traced_try(conninfo: str, timeout: float) -> tuple[ServerRefusal | None, bool]:
+    """The ErrorResponse a traced try of `conninfo` met within `timeout`, if any, and
+    whether the try was refused (rather than let in, or not ended in time). The trace
+    stays in memory: it holds what was sent, under a `password` line of pg_hba.conf the
+    password itself."""
     if not hasattr(os, "memfd_create"):
-        return None
+        return None, False
     conn = pq.PGconn.connect_start(conninfo.encode())
     trace = os.memfd_create("sendledger-pg-refusal")
     try:
         try:
             conn.trace(trace)
         except Exception:  # not Linux (psycopg's NotSupportedError)
-            return None
+            return None, False
         _poll(conn, time.monotonic() + timeout)
+        refused = conn.status == pq.ConnStatus.BAD
         conn.untrace()  # flushed: the stream is never written again
         os.lseek(trace, 0, os.SEEK_SET)
         text = b"".join(iter(lambda: os.read(trace, 65536), b"")).decode("utf-8", "replace")
     finally:
         conn.finish()
         os.close(trace)
-    return refusal_in(text)
+    return refusal_in(text), refused
 
 
 def refusal_in(trace: str) -> ServerRefusal | None:
