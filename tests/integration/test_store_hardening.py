@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -272,6 +273,20 @@ def test_a_store_path_that_is_a_fifo_or_a_link_to_one_is_refused_without_blockin
             f"store.url: sqlite:{path} is a named pipe (FIFO), not a SQLite file"
         ]
         assert stat.S_ISFIFO(os.stat(pipe).st_mode)  # left as it was
+
+
+def test_a_store_path_that_is_a_socket_is_refused_naming_store_url(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A socket cannot be opened at all (ENXIO): the refusal then said nothing, and
+    SQLite's "unable to open database file" reached the command as "unexpected failure",
+    exit 1. It is told by its type, as a named pipe is."""
+    path = tmp_path / "ledger.sqlite"
+    with socket.socket(socket.AF_UNIX) as bound:
+        bound.bind(str(path))
+        with pytest.raises(StoreUrlError) as refused:
+            Ledger(SqliteStore(path), clock=clock)
+    assert str(refused.value) == f"store.url: sqlite:{path} is a socket, not a SQLite file"
 
 
 def test_a_store_path_whose_file_cannot_be_made_there_is_refused_naming_store_url(

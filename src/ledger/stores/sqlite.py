@@ -146,15 +146,21 @@ def refuse_what_is_no_store(path: Path) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except (FileNotFoundError, NotADirectoryError):
         return  # created next
-    except OSError:
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket opens not at all: told by its type too
+            _refuse_kind(where, os.stat(path).st_mode)
         return  # SQLite says what it is (a file that cannot be read)
     with open(fd, "rb") as file:
-        kind = file_kind(os.fstat(fd).st_mode)
-        if kind is not None:
-            raise StoreUrlError(f"{where} is {kind}, not a SQLite file")
+        _refuse_kind(where, os.fstat(fd).st_mode)
         head = file.read(len(_SQLITE_HEADER))
     if head and head != _SQLITE_HEADER:
         raise StoreUrlError(f"{where} is not a SQLite database (not SQLite's first bytes)")
+
+
+def _refuse_kind(where: str, mode: int) -> None:
+    kind = file_kind(mode)
+    if kind is not None:
+        raise StoreUrlError(f"{where} is {kind}, not a SQLite file")
 
 
 def create_private(path: Path, *, new: bool = False) -> None:
