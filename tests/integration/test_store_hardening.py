@@ -275,6 +275,30 @@ def test_a_store_path_that_is_a_fifo_or_a_link_to_one_is_refused_without_blockin
         assert stat.S_ISFIFO(os.stat(pipe).st_mode)  # left as it was
 
 
+def test_a_copy_destination_that_cannot_be_a_store_is_refused_naming_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`admin copy-store --to` a named pipe, a folder or a path in /proc: the refusal
+    begins with `--to`, as one of its URL does. Before, `store.url: sqlite:DEST is ...`,
+    the config's setting, which names the source."""
+    with Ledger(SqliteStore(tmp_path / "ledger.sqlite")):
+        pass
+    config = tmp_path / "sendledger.toml"
+    config.write_text('[store]\nurl = "sqlite:///ledger.sqlite"\n')
+    os.mkfifo(tmp_path / "pipe.sqlite")
+    (tmp_path / "a-folder").mkdir()
+    for to, why in (
+        (tmp_path / "pipe.sqlite", "is a named pipe (FIFO), not a SQLite file"),
+        (tmp_path / "a-folder", "is a directory, not a SQLite file"),
+        (Path("/proc/sendledger-test.sqlite"), ": cannot make /proc/sendledger-test.sqlite: "),
+    ):
+        argv = ["--config", str(config), "admin", "copy-store", "--to", f"sqlite:///{to}"]
+        assert cli.main(argv) == 2
+        said = capsys.readouterr().err
+        assert said.startswith(f"sendledger: --to: store.url: sqlite:{to}"), said
+        assert why in said, said
+
+
 def test_a_store_path_that_is_a_socket_is_refused_naming_store_url(
     tmp_path: Path, clock: FakeClock
 ) -> None:

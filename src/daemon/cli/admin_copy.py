@@ -26,6 +26,8 @@ from ledger.stores.url import (
     parse_store_url,
 )
 
+#: How a store's open and its URL's parse begin a refusal (`ledger.stores`).
+STORE_URL = "store.url: "
 #: Seconds between two progress lines of a copy.
 PROGRESS_EVERY = 2.0
 
@@ -78,13 +80,20 @@ def cmd_copy_store(args: argparse.Namespace) -> int:
             open_ledger(settings, create=False) as source,
             ctrl_c_between_steps() as asked,
         ):
-            result = copy_store(
-                source,
-                destination,
-                encryption_keys=keys,
-                progress=progress,
-                stop=lambda: bool(asked),
-            )
+            try:
+                result = copy_store(
+                    source,
+                    destination,
+                    encryption_keys=keys,
+                    progress=progress,
+                    stop=lambda: bool(asked),
+                )
+            except StoreUrlError as exc:
+                # The destination's open words it as a store's (`store.url: ...`, as its
+                # URL's parse does above), and the source is open already: said of --to.
+                if not str(exc).startswith(STORE_URL):
+                    raise
+                raise bad_input(f"--to: {exc}") from None
     except KeyboardInterrupt:
         # A second Ctrl-C interrupts wherever the copy was: what it left is read, so
         # that a finished copy is not emptied on a guess, nor an unfinished one used.
