@@ -30,7 +30,6 @@ def starts_with_a_mark(text: str) -> bool:
     return text.startswith("\ufeff")
 
 
-
 class FileProblem(SendledgerError, ValueError):
     """Why a file cannot be read as a regular file: one line that names it (`reason`
     says why, without the path)."""
