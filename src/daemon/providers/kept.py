@@ -86,14 +86,17 @@ _NO_ROUTE = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.ENETUNREAC
 def closed_by_peer(sock: Any) -> bool:
     """True when an idle connection's socket has something to read: the server's FIN, a
     reset, or bytes nobody asked for (an SMTP 421 notice before it closes). Either way it
-    must not carry a request. No round trip: one `select` with a zero timeout."""
+    must not carry a request. No round trip: one `poll` with a zero timeout (`select`
+    refuses a descriptor above 1023, which a daemon holding many connections reaches: every
+    kept connection would have read as closed, none reused)."""
     if isinstance(sock, ssl.SSLSocket) and sock.pending():
         return True
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        watch = select.poll()
+        watch.register(sock, select.POLLIN)
+        return bool(watch.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)
 
 
 @dataclass(frozen=True)
