@@ -38,6 +38,7 @@ from daemon.service_layer.loaded import (
     announce_policies,
     format_watch,
     give_back_refused_start,
+    live_daemons,
 )
 from daemon.service_layer.retention import RetentionJob
 from daemon.systemd import Notifier, timeout_stop_sec, watchdog_interval
@@ -52,6 +53,7 @@ from daemon.webhooks.worker import Hook
 from ledger.event_format import StoreFormatNewer
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.loaded_policies import DAEMON
+from ledger.stores.url import PostgresStore, SqliteStore, StoreSpec
 
 if TYPE_CHECKING:
     from daemon.bootstrap import Service
@@ -271,19 +273,22 @@ class Daemon:
         """The API's port cannot be had: when this daemon's name is held on the store,
         this is the daemon started a second time by mistake, its port the running one's.
         The name's refusal says so (IdentityTaken, exit 3); the port's sent the operator
-        to choose another address, to be refused for the name next. A name that is free
-        is given back at once, and a store that cannot say leaves the port's line."""
+        to choose another address, to be refused for the name next. Asked by the running
+        daemons' rows (a daemon's counts only while its name is held), never by taking the
+        name: held even for an instant, it refused a daemon of the name starting then
+        (its port bound, its name not yet held), exit 3. A store that cannot say, or a
+        daemon of the name not yet announced, leaves the port's line."""
         name = self.engine.daemon_name
         if not name:
             return
+        ledger = self.service.ledger
         try:
-            identity = self.service.ledger.hold_identity(name)
-        except IdentityTaken:
-            raise
+            running = live_daemons(ledger.loaded_policies(), ledger.clock())
         except Exception as exc:
             log.debug("daemon.name %r not asked after the port's refusal: %s", name, exc)
             return
-        identity.release()
+        if any(row.name == name for row in running):
+            raise IdentityTaken(name, _held_on(ledger.store))
 
     def _wait_for_stop(self) -> list[int]:
         """The main thread's loop until a stop signal or request: what asked for it (two
@@ -557,6 +562,15 @@ def check_provider_access(providers: Mapping[str, Provider]) -> None:
                 provider.check_access()
             except MissingScope as exc:
                 raise ConfigError(f"providers.{name}.credentials_file: {exc}") from None
+
+
+def _held_on(store: StoreSpec) -> str:
+    """Where a daemon name is held, in the words its lock's refusal uses."""
+    if isinstance(store, SqliteStore):
+        return str(store.path)
+    if isinstance(store, PostgresStore):
+        return f"{store.host}:{store.port}/{store.dbname}"
+    return store.name or store.describe()
 
 
 def start_up(service: Service) -> IdentityLock | None:

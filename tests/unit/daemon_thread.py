@@ -24,15 +24,17 @@ def daemon_on(
     notifier: Notifier | None = None,
     provider: FakeProvider | None = None,
     policies: PolicySet | None = None,
+    api: dict[str, Any] | None = None,
     **daemon: Any,
 ) -> Daemon:
     """The daemon on `ledger`, not yet serving: `provider` (default a FakeProvider) as
-    provider "fake", `policies` (default none); `daemon`: settings of its `[daemon]`
-    section beside the 50 ms tick and the name n1."""
+    provider "fake", `policies` (default none), `api` its `[api]` section (default none);
+    `daemon`: settings of its `[daemon]` section beside the 50 ms tick and the name n1."""
     settings = settings_from_dict(
         {
             "store": {"url": "memory://"},
             "daemon": {"tick": "50ms", "name": "n1", **daemon},
+            "api": api or {},
             "providers": {"fake": {"credentials_file": "x.json", "user": "s@example.com"}},
         }
     )
