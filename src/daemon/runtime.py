@@ -625,7 +625,11 @@ def start_up(service: Service) -> IdentityLock | None:
 def run_once(service: Service) -> TickReport:
     identity = None
     try:
-        hooks = hooks_from(service.settings)
+        try:
+            hooks = hooks_from(service.settings)  # a bad secret file: exit 2 first
+        except BaseException:
+            give_back_refused_start(service.ledger)  # the store as this refusal found it
+            raise
         identity = start_up(service)
         service.engine.start_lease_renewer()
         report = service.engine.tick()

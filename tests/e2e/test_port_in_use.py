@@ -88,3 +88,21 @@ def test_a_second_start_of_a_running_daemon_says_it_runs_not_that_the_port_is_ta
         assert _declared(rig.dir / "ledger.sqlite") == before
         assert first.alive()
         assert first.terminate() == 0
+
+
+@pytest.mark.parametrize("command", [["run"], ["run", "--once"]])
+def test_a_start_refused_for_its_webhook_leaves_the_declarations_as_it_found_them(
+    cli: CliEnv, command: list[str]
+) -> None:
+    """A webhook whose secret file is not there (exit 2, naming it): `run --once` left
+    the declaration its open wrote, a fresh one in place of a live daemon's of its name,
+    as `run` did before the give-back."""
+    assert cli.submit(JOB).code == 0
+    write_service_account(cli.root / "x.json", token_uri="http://127.0.0.1:1/token")
+    with cli.config.open("a", encoding="utf-8") as config:
+        config.write('\n[webhooks.ops]\nurl = "http://127.0.0.1:9/hook"\nsecret_file = "nope"\n')
+    before = _declared(cli.root / "ledger.sqlite")
+    result = cli.run(*command)
+    assert result.code == 2, result.stderr
+    assert "webhooks.ops.secret_file" in result.error_lines[-1], result.stderr
+    assert _declared(cli.root / "ledger.sqlite") == before
