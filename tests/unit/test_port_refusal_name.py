@@ -37,6 +37,37 @@ def _daemon_at(opened: Ledger, port: int, folder: Path) -> Daemon:
     return daemon_on(opened, api={"listen": f"127.0.0.1:{port}", "token_file": str(tokens)})
 
 
+def refused_without_taking_the_name(opened: Ledger, port: int, folder: Path) -> None:
+    """A start of daemon n1 at a taken `port`: the port's line, the name never taken."""
+    held: list[str] = []
+    hold = opened.hold_identity
+
+    def counted(name: str) -> IdentityLock:
+        held.append(name)
+        return hold(name)
+
+    opened.hold_identity = counted  # type: ignore[method-assign]
+    with pytest.raises(ConfigError, match="is in use by another process"):
+        _daemon_at(opened, port, folder).serve()
+    assert held == []
+
+
+def refused_as_running(opened: Ledger, port: int, folder: Path) -> None:
+    """A start of daemon n1 at a taken `port` while n1 runs: the name's line, in the
+    words of the name's own lock (the store's path, not `sqlite:PATH`)."""
+    with Ledger(opened.store) as running:
+        name = running.hold_identity("n1")  # as the running daemon holds it, and its row
+        now = time.time()
+        running.loaded_policies().write(LoadedPolicies("n1", DAEMON, now, now + 60, {}))
+        with pytest.raises(IdentityTaken) as said:
+            _daemon_at(opened, port, folder).serve()
+        with pytest.raises(IdentityTaken) as by_the_lock:
+            opened.hold_identity("n1")
+        name.release()
+    assert "'n1' is held by another running daemon" in str(said.value)
+    assert str(said.value) == str(by_the_lock.value)
+
+
 def test_a_start_refused_at_its_port_never_takes_its_name(
     ledger: Ledger,  # noqa: F811
     taken: int,
@@ -45,17 +76,7 @@ def test_a_start_refused_at_its_port_never_takes_its_name(
     """The question took the name and let it go: for that instant a daemon of the name
     starting (between its bind and its hold) was refused as a second one, exit 3, and on
     SQLite the lock's descriptor, closed, dropped this process's own locks on the file."""
-    held: list[str] = []
-    hold = ledger.hold_identity
-
-    def counted(name: str) -> IdentityLock:
-        held.append(name)
-        return hold(name)
-
-    ledger.hold_identity = counted  # type: ignore[method-assign]
-    with pytest.raises(ConfigError, match="is in use by another process"):
-        _daemon_at(ledger, taken, tmp_path).serve()
-    assert held == []
+    refused_without_taking_the_name(ledger, taken, tmp_path)
 
 
 def test_a_start_refused_at_a_running_daemon_s_port_says_it_runs(
@@ -63,15 +84,4 @@ def test_a_start_refused_at_a_running_daemon_s_port_says_it_runs(
     taken: int,
     tmp_path: Path,
 ) -> None:
-    """In the words of the name's own lock (its store's path, not `sqlite:PATH`)."""
-    with Ledger(ledger.store) as running:
-        name = running.hold_identity("n1")  # as the running daemon holds it, and its row
-        now = time.time()
-        running.loaded_policies().write(LoadedPolicies("n1", DAEMON, now, now + 60, {}))
-        with pytest.raises(IdentityTaken) as said:
-            _daemon_at(ledger, taken, tmp_path).serve()
-        with pytest.raises(IdentityTaken) as by_the_lock:
-            ledger.hold_identity("n1")
-        name.release()
-    assert "'n1' is held by another running daemon" in str(said.value)
-    assert str(said.value) == str(by_the_lock.value)
+    refused_as_running(ledger, taken, tmp_path)
