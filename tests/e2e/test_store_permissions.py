@@ -132,6 +132,23 @@ def test_a_daemon_name_lock_another_user_left_is_named_in_one_line(cli: Any, sto
     _denied(_run(cli, "run"), store, f"may not write {lock}, the lock of a daemon.name")
 
 
+def test_a_store_folder_this_user_may_not_write_is_named_beside_a_daemon_s_lock(
+    cli: Any, store: Path
+) -> None:
+    """Every store a daemon ran on keeps its name's lock file beside it, the daemon
+    user's and 0600: a command of another user refused for the folder (no -wal to be
+    made) was told to chown the daemon's lock to itself, which would keep the daemon out.
+    The folder is named, as without the lock."""
+    with Ledger(f"sqlite:///{store}") as ledger:
+        ledger.hold_identity(socket.gethostname()).release()
+    [lock] = store.parent.glob(f"{store.name}.daemon-*.lock")
+    lock.chmod(0o400)
+    for extra in cli.root.glob("ledger.sqlite-*"):
+        extra.unlink()  # as after the last process closed the store
+    cli.root.chmod(0o555)
+    _denied(_submit(cli, "k-2"), store, f"may not create files in {cli.root}")
+
+
 def test_a_store_folder_this_user_may_not_enter(cli: Any) -> None:
     inner = cli.root / "inner"
     inner.mkdir(mode=0o700)

@@ -125,6 +125,10 @@ def access_problem(path: Path) -> str | None:
     for suffix, beside in wal_files(path):
         if os.path.exists(beside) and not _may(beside, os.R_OK | os.W_OK):
             return f"{denied} not write {beside}, SQLite's {suffix[1:]} file beside the store"
+    if not _may(folder, os.W_OK | os.X_OK):
+        return f"{denied} not create files in {folder}, where SQLite makes the -wal and -shm"
+    # After the folder: every store a daemon ran on keeps the daemon user's lock beside
+    # it, which another user's command refused for the folder must not be told to chown.
     real = Path(os.path.realpath(path))
     for lock in dict.fromkeys([*lock_files(path), *lock_files(real)]):
         if not _may(lock, os.R_OK | os.W_OK):
@@ -133,8 +137,6 @@ def access_problem(path: Path) -> str | None:
                 f"{denied} not write {lock}, the lock of a daemon.name beside the store "
                 "(made by another user: chown it to this one)"
             )
-    if not _may(folder, os.W_OK | os.X_OK):
-        return f"{denied} not create files in {folder}, where SQLite makes the -wal and -shm"
     return None
 
 
