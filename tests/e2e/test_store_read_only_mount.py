@@ -70,3 +70,25 @@ def test_a_store_on_a_read_only_mount_is_not_said_to_be_its_mode(cli: CliEnv) ->
         _said_read_only(line, store)
         assert store.stat().st_mode == mode
     assert cli.run("status", "k-2").code == 4
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["a store", "a new store"])
+def test_a_store_linked_onto_a_read_only_mount_names_the_mount_s_folder(
+    cli: CliEnv, existing: bool
+) -> None:
+    """The store path a symlink to another disk (a supported layout): the mount was
+    looked for, and named, at the link's folder, which is writable. An existing store
+    was said to be in the link's folder on a read-only mount (where a look finds none),
+    a new one's refusal was no read-only line at all."""
+    disk = cli.root / "disk"
+    disk.mkdir()
+    if existing:
+        assert cli.submit(JOB).code == 0
+        (cli.root / "ledger.sqlite").rename(disk / "ledger.sqlite")
+    (cli.root / "ledger.sqlite").symlink_to(disk / "ledger.sqlite")
+    with mounted_read_only(disk):
+        result = cli.run("submit", "--json", "-", stdin=json.dumps({**JOB, "key": "k-2"}))
+    assert result.code == 1, result.stderr
+    [line] = result.error_lines
+    assert line.startswith(f"sendledger: store sqlite:{cli.root / 'ledger.sqlite'}: "), line
+    assert f"read-only file system: {disk} is on a file system mounted read-only" in line, line

@@ -110,16 +110,18 @@ def access_problem(path: Path) -> str | None:
         if not _may(folder, os.X_OK):
             return f"{denied} not enter {folder}"
     folder = path.parent
+    # A store path may be a symlink to another disk: the mount is the target's.
+    real = Path(os.path.realpath(path))
     if not os.path.exists(path):
-        if _mounted_read_only(folder):
-            return _read_only_mount(folder)
+        if _mounted_read_only(real.parent):
+            return _read_only_mount(real.parent)
         if not _may(folder, os.W_OK | os.X_OK):
             return f"{denied} not create files in {folder}"
         return None
     if not _may(path, os.R_OK):
         return f"{denied} not read {path}"
-    if _mounted_read_only(path):
-        return _read_only_mount(folder)
+    if _mounted_read_only(real):
+        return _read_only_mount(real.parent)
     if not _may(path, os.W_OK):
         return f"{denied} read but not write {path}"
     for suffix, beside in wal_files(path):
@@ -129,7 +131,6 @@ def access_problem(path: Path) -> str | None:
         return f"{denied} not create files in {folder}, where SQLite makes the -wal and -shm"
     # After the folder: every store a daemon ran on keeps the daemon user's lock beside
     # it, which another user's command refused for the folder must not be told to chown.
-    real = Path(os.path.realpath(path))
     for lock in dict.fromkeys([*lock_files(path), *lock_files(real)]):
         if not _may(lock, os.R_OK | os.W_OK):
             # Left by a daemon of that name run as another user (root, once, by hand).
