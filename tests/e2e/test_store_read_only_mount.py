@@ -15,19 +15,12 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
-from tests.conftest import IN_CI
+from tests.conftest import skip_unless_ci
 from tests.e2e.conftest import CliEnv
 
 JOB = {"channel": "receipts", "key": "k-1", "to": "a@example.com", "subject": "s", "body": "b"}
-
-
-def _cannot_mount(reason: str) -> NoReturn:
-    if IN_CI:
-        pytest.fail(f"CI is set, nothing may skip: {reason}")
-    pytest.skip(reason)
 
 
 @contextmanager
@@ -35,11 +28,11 @@ def mounted_read_only(folder: Path) -> Iterator[None]:
     """`folder` bind-mounted read-only over itself, unmounted afterwards."""
     root = str(folder)
     if subprocess.run(["mount", "--bind", root, root], capture_output=True).returncode:
-        _cannot_mount("a bind mount needs root (CAP_SYS_ADMIN)")
+        skip_unless_ci("a bind mount needs root (CAP_SYS_ADMIN)")
     try:
         remount = ["mount", "-o", "remount,bind,ro", root]
         if subprocess.run(remount, capture_output=True).returncode:
-            _cannot_mount("a read-only remount is not allowed here")
+            skip_unless_ci("a read-only remount is not allowed here")
         yield
     finally:
         subprocess.run(["umount", root], check=True)
