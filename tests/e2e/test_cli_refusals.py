@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -122,6 +123,10 @@ def test_version_says_the_release_and_the_event_format_it_reads(cli: Any) -> Non
         f"sendledger {release} (reads and writes event format {EVENT_FORMAT})\n"
     )
     assert result.stderr == ""
+    # The Upgrading page quotes the format: it follows a raised EVENT_FORMAT, not a "1"
+    # typed once.
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text("utf-8")
+    assert f"`(reads and writes event format {EVENT_FORMAT})` for this one" in page
 
 
 BOM = "\ufeff"
