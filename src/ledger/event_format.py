@@ -191,14 +191,17 @@ def give_back_declaration(ledger: Ledger) -> None:
     """A server's start refused after its open (an older release live, or its
     daemon.name held by a live daemon: IdentityTaken): the declaration the open wrote is
     taken back, the row of its name it replaced put back (the live server's, whose own
-    stop removes only that one), so the store is as the start found it."""
+    stop removes only that one), so the store is as the start found it. Both only while
+    the row is still the one this start wrote: one of the name declared since is kept."""
     declared, replaced = ledger.format_declaration, ledger.format_replaced
     ledger.format_declaration = ledger.format_replaced = None
     if declared is None:
         return
     rows = format_rows_for(ledger.recorder)
     if replaced is not None:
-        _tried_twice(lambda: rows.declare(replaced))
+        # Only over this start's own row: a declaration written since (a new process of
+        # the name, another refused start) is newer than the one put back, and stays.
+        rows.put_back(declared, replaced)
     else:
         rows.withdraw(declared)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from tests.unit.host_config import write_host_config
+from tests.unit.test_event_format import a_refused_start_puts_back_only_its_own_row
 
 from daemon.cli import main
 from ledger import event_format
@@ -115,3 +116,10 @@ def test_servers_starting_at_once_on_a_fresh_store_all_declare(pg_url: str) -> N
         check_event_format(ledger, release=Release(1, 1), server=(DAEMON, "d1"))
         rows.withdraw(declared)
         assert "daemon d1" in rows.rows()
+
+
+def test_a_refused_start_puts_back_only_its_own_row_on_postgresql(pg_url: str) -> None:
+    with Ledger(pg_url) as ledger:
+        now = ledger.loaded_policies().now()
+        assert now is not None
+        a_refused_start_puts_back_only_its_own_row(ledger, now)

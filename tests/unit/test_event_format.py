@@ -38,6 +38,7 @@ from ledger.event_format import (
     Release,
     StoreFormatNewer,
     check_event_format,
+    give_back_declaration,
     judge_format,
     shapes_digest,
 )
@@ -273,6 +274,30 @@ def test_a_start_refused_by_the_name_lock_leaves_the_declarations_as_it_found_th
     rows = format_rows_for(ledger.recorder).rows()
     assert rows["daemon a"] == kept
     assert "daemon b" not in rows
+
+
+def a_refused_start_puts_back_only_its_own_row(ledger: Ledger, now: float) -> None:
+    """A start refused after its open puts back the row of its name it replaced (a live
+    server's): only while its own is still there. Before, the put-back overwrote whatever
+    was there: a process of the name that declared in between (the live one stopped, a
+    new one starting) lost its fresh declaration to the old one's, and `admin copy-store`
+    no longer saw it starting (it counts declarations of the last minute) and copied
+    beside it; its own stop then found nothing of its to remove. Also on PostgreSQL:
+    tests/integration/test_two_releases.py."""
+    check_event_format(ledger, server=(DAEMON, "a"), clock=lambda: now)  # the live one
+    with Ledger(ledger.store) as refused, Ledger(ledger.store) as newer:
+        check_event_format(refused, server=(DAEMON, "a"), clock=lambda: now + 1)
+        check_event_format(newer, server=(DAEMON, "a"), clock=lambda: now + 2)
+        give_back_declaration(refused)
+        assert format_rows_for(ledger.recorder).rows()["daemon a"] == newer.format_declaration
+        # Its own row still there: the one it replaced (the newer process's) comes back.
+        check_event_format(refused, server=(DAEMON, "a"), clock=lambda: now + 3)
+        give_back_declaration(refused)
+        assert format_rows_for(ledger.recorder).rows()["daemon a"] == newer.format_declaration
+
+
+def test_a_refused_start_puts_back_only_its_own_row(ledger: Ledger) -> None:
+    a_refused_start_puts_back_only_its_own_row(ledger, T0)
 
 
 def test_a_refused_start_whose_declaration_cannot_be_put_back_is_still_the_name_s_refusal(

@@ -68,6 +68,12 @@ class FormatRows(Protocol):
         one written since under the same holder (another server of that name)."""
         ...
 
+    def put_back(self, declared: FormatRow, replaced: FormatRow) -> None:
+        """Write `replaced` again in place of `declared` (a refused start's) if `declared`
+        is still there: one written since under the holder (a new process of the name,
+        another refused start) is newer than `replaced`, and kept."""
+        ...
+
 
 _memory_lock = threading.Lock()
 
@@ -101,6 +107,11 @@ class MemoryFormatRows:
         with _memory_lock:
             if self._rows.get(row.holder) == row:
                 del self._rows[row.holder]
+
+    def put_back(self, declared: FormatRow, replaced: FormatRow) -> None:
+        with _memory_lock:
+            if self._rows.get(declared.holder) == declared:
+                self._rows[declared.holder] = replaced
 
 
 class SqliteFormatRows:
@@ -156,12 +167,22 @@ class SqliteFormatRows:
         pass  # SQLite's wait is the busy handler's, for another process's write
 
     def withdraw(self, row: FormatRow) -> None:
+        self._if_still(row, "DELETE FROM {t}", [])
+
+    def put_back(self, declared: FormatRow, replaced: FormatRow) -> None:
+        self._if_still(
+            declared, "UPDATE {t} SET format = {p}, at = {p}", [replaced.format, replaced.at]
+        )
+
+    def _if_still(self, row: FormatRow, change: str, params: list[Any]) -> None:
+        # One statement, compared and changed under the row's lock: a row of the holder
+        # written in between (by a process that declared meanwhile) is not touched.
         with self._transaction(commit=True) as cursor:
-            if self._exists(cursor):  # a store of an earlier release: nothing to remove
+            if self._exists(cursor):  # a store of an earlier release: nothing to change
                 self._bound_waits(cursor)
                 cursor.execute(
-                    self._sql("DELETE FROM {t} WHERE holder = {p} AND format = {p} AND at = {p}"),
-                    [row.holder, row.format, row.at],
+                    self._sql(change + " WHERE holder = {p} AND format = {p} AND at = {p}"),
+                    [*params, row.holder, row.format, row.at],
                 )
 
 
