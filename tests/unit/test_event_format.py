@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -393,3 +395,38 @@ def test_a_newer_command_that_writes_waits_for_the_older_daemon_and_one_that_rea
     assert main([*cfg, "cancel", "k1"]) == 3
     err = capsys.readouterr().err
     assert "daemon old (reads up to format 1): upgrade or stop those first" in err
+
+
+def test_an_api_refused_after_its_port_is_bound_leaves_the_store_as_it_found_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sendledger api` whose heartbeat cannot start (`announce_policies` fails: no
+    thread to be had, the store gone) after its port is bound. Before, its declaration
+    stayed: a fresh row counted as a server starting, `admin copy-store` refused the
+    store for a minute, and over a live `api` of its name, that one's stop left it."""
+    config = write_host_config(tmp_path, "sqlite:///ledger.sqlite", name="a")
+    (tmp_path / "api-tokens").write_text("alice:" + "t" * 32 + "\n", encoding="utf-8")
+    (tmp_path / "api-tokens").chmod(0o600)
+    with config.open("a") as appended:
+        appended.write('[api]\ntoken_file = "api-tokens"\n')
+
+    def no_thread(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(loaded, "announce_policies", no_thread)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # `api` sets its SIGHUP handler and the root logger's: this process gets its own back.
+    kept, root = signal.getsignal(signal.SIGHUP), logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        code = main(["--config", str(config), "api", "--listen", f"127.0.0.1:{port}"])
+    finally:
+        signal.signal(signal.SIGHUP, kept)
+        root.handlers[:], root.level = handlers, level
+    assert code == 1  # the failure's own line, as before
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
+        assert "api a" not in format_rows_for(ledger.recorder).rows()
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))  # let go

@@ -76,9 +76,17 @@ def cmd_api(args: argparse.Namespace) -> int:
             log.error("stopping: %s", exc)
             newer.append(exc)
 
-        announcer = announce_policies(
-            ledger, settings.daemon.name, policies, API, on_beat=format_watch(ledger, raised)
-        )
+        try:
+            announcer = announce_policies(
+                ledger, settings.daemon.name, policies, API, on_beat=format_watch(ledger, raised)
+            )
+        except BaseException:
+            # Refused as at the bind (its heartbeat's thread not started, the store gone):
+            # its port let go, and its declaration taken back as `run` does; left, it
+            # counted as a server starting on the store (`admin copy-store` refused it).
+            server.stop()
+            give_back_refused_start(ledger)
+            raise
         try:
             # SIGHUP reloads the policies intake judges by, as in the daemon: without it
             # the signal's default action ended the process, and a changed folder was
