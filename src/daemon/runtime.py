@@ -97,6 +97,9 @@ class Daemon:
         self.abandoned = False
         self._tick_lock = threading.Lock()
         self._identity: IdentityLock | None = None
+        #: The tick and the scope renewer both ask the name's lock (`_check_identity`):
+        #: one at a time, as its session is taken again on one connection.
+        self._identity_checks = threading.Lock()
         self._name_lost: IdentityTaken | None = None
         self._format_newer: StoreFormatNewer | None = None
         self._api: ApiServer | None = None
@@ -140,8 +143,11 @@ class Daemon:
         between: stop, as a second daemon with this name would have been refused."""
         if self._identity is None:
             return
+        if self._name_lost is not None:
+            raise self._name_lost  # found by the other of the tick and the renewer
         try:
-            self._identity.check()
+            with self._identity_checks:
+                self._identity.check()
         except IdentityTaken as exc:
             self._name_lost = exc
             log.error("stopping: %s", exc)
@@ -255,6 +261,10 @@ class Daemon:
                 raise
             try:
                 self._identity = start_up(self.service)
+                # Asked before each renewal of the name's scope leases too: a tick held
+                # up must not keep them, and their calls, after another process took
+                # the name (docs/performance.md "Several daemons").
+                self.engine.check_name_by(self._check_identity)
             except BaseException:
                 if api is not None:
                     api.stop()  # its port, bound and not served

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import random
 import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from tests.unit.test_scope_owners import POLICIES, Mailboxes, submit
+from tests.unit.test_scope_owners import POLICIES, Mailboxes, scope, submit
 
 from daemon.doubles.fake_provider import FakeProvider
 from daemon.engine import Engine, PolicyHolder
 from ledger.application import Ledger
+from ledger.stores import IdentityLock, IdentityTaken
+from ledger.stores.postgres import AdvisoryIdentityLock
 
 pytestmark = pytest.mark.postgres
 
@@ -72,3 +76,51 @@ def test_on_postgresql_a_new_process_of_a_live_name_waits_for_its_calls(pg_url: 
 
 def test_on_postgresql_a_restart_after_a_stop_sends_at_once(pg_url: str) -> None:
     assert _first_call_after_restart(pg_url, stopped=True) < CALLS
+
+
+def _taken_after_a_restart(ledger: Ledger, name: IdentityLock) -> IdentityLock:
+    """The session holding `name` ended by the server, as a database restart ends it (the
+    process holding it none the wiser), and the name taken by a new process."""
+    assert isinstance(name, AdvisoryIdentityLock) and name._conn is not None
+    pid = name._conn.info.backend_pid
+    recorder: Any = ledger.recorder  # PostgreSQL's: a pool of its own
+    with recorder.datastore.transaction(commit=True) as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            return ledger.hold_identity("a")
+        except IdentityTaken:  # its lock goes a moment after
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def test_on_postgresql_the_old_process_renews_the_name_s_scopes_no_more_once_it_is_taken(
+    pg_url: str,
+) -> None:
+    """A restart ended the old process's lock and a new one took the name, while the old
+    one's tick was held up: its renewer kept renewing the name's scope leases (the same
+    owner name) and its workers kept calling, past the new process's wait for its calls.
+    Now each renewal asks the name's lock first: taken, it renews nothing and calls for no
+    scope (the tick, when it comes, stops the daemon as before)."""
+    with Ledger(pg_url) as ledger:
+        old_name = ledger.hold_identity("a")
+        old = _engine(ledger, Mailboxes(FakeProvider("fake", clock=ledger.clock)))
+        old.check_name_by(old_name.check)
+        try:
+            submit(ledger, "k0", 0)
+            old.tick()
+            assert old.owners is not None and old.owners.owned() == [scope(0)]
+            new_name = _taken_after_a_restart(ledger, old_name)
+            try:
+                due = datetime.now(UTC) + timedelta(seconds=LEASE / 2)  # a renewal due
+                old.owners.renew_due(due)
+                assert old.owners.owned() == []
+                assert not old.owners.may_call(scope(0), due)
+            finally:
+                new_name.release()
+        finally:
+            old.name_lost()
+            old.close()
+            old_name.release()

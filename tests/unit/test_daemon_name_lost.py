@@ -42,11 +42,16 @@ class FlakyName:
         self.released = True
 
 
-def _daemon(ledger: Ledger, lock: FlakyName, webhooks: dict[str, Any] | None = None) -> Daemon:
+def _daemon(
+    ledger: Ledger,
+    lock: FlakyName,
+    webhooks: dict[str, Any] | None = None,
+    **daemon: str,
+) -> Daemon:
     settings = settings_from_dict(
         {
             "store": {"url": "memory://"},
-            "daemon": {"tick": "20ms", "name": "n1"},
+            "daemon": {"tick": "20ms", "name": "n1", **daemon},
             "webhooks": webhooks or {},
         }
     )
@@ -135,3 +140,37 @@ def test_a_lost_name_leaves_the_webhook_lease_to_the_process_that_took_it(
             daemon.serve()
         (row,) = positions.read_all()
         assert (row.owner, row.lease_until) == ("n1", taken.lease_until)
+
+
+def test_a_lost_name_found_by_the_scope_renewal_stops_a_daemon_whose_tick_is_held_up() -> None:
+    """The name's scope leases are under the name, not the process: while its tick was
+    held up (a slow store read, a stuck round), a daemon whose name another process took
+    kept renewing them, and its workers calling for those scopes, past the new process's
+    wait for its calls, until that tick's own name check. The renewal asks the name
+    first: lost, it renews nothing, the scopes are dropped and the daemon stops."""
+    lock = FlakyName(IdentityTaken("n1", "db"), failures=0)
+    held_up, go_on = threading.Event(), threading.Event()
+    with Ledger("memory://") as ledger:
+        daemon = _daemon(ledger, lock, scope_lease="0.3s", deadline_grace="0.1s")
+        hand_out = daemon.engine.hand_out
+
+        def slow_round() -> Any:
+            held_up.set()
+            go_on.wait(timeout=20)
+            return hand_out()
+
+        daemon.engine.hand_out = slow_round  # type: ignore[method-assign]
+        runner, outcome = serve_on_a_thread(daemon)
+        try:
+            assert held_up.wait(timeout=20)
+            lock.failures, lock.checks = 1_000, 0  # another process took the name
+            owners = daemon.engine.owners
+            assert owners is not None
+            deadline = time.monotonic() + 10
+            while not owners.disowned and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert owners.disowned and owners.owned() == []
+        finally:
+            go_on.set()
+        runner.join(timeout=20)
+        assert len(outcome) == 1 and isinstance(outcome[0], IdentityTaken)

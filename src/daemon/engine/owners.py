@@ -68,6 +68,7 @@ from datetime import datetime
 from daemon.engine.clock import Clock
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.providers.base import Provider
+from ledger.stores.identity import IdentityTaken
 from ledger.stores.index import DueScope, ScopeFilter, ScopeGroup
 from ledger.stores.scopes import ScopeLease, ScopeLeaseStore
 from policies.model import ChannelPolicy
@@ -136,6 +137,8 @@ class ScopeOwners:
         #: Whether the name's heartbeat was live when this process first joined: the
         #: earlier holder did not stop (None: not joined yet, or not asked).
         self._predecessor_live: bool | None = None
+        #: Raises IdentityTaken once the name is another process's (`check_name_by`).
+        self._name_check: Callable[[], None] | None = None
         #: scope -> when the earlier holder's calls there are past their deadline (our
         #: clock): held, not called for before then.
         self._calls_from: dict[str, float] = {}
@@ -176,6 +179,14 @@ class ScopeOwners:
         the take (the longest provider timeout plus the grace, its calls' deadline, plus
         the tick in which it may still start one)."""
         self._predecessor_calls = calls
+
+    def check_name_by(self, check: Callable[[], None]) -> None:
+        """The name's lock can end under a live holder (PostgreSQL): `check` (the lock's,
+        raising IdentityTaken once another process took the name) is asked before each
+        renewal. The leases are under the name, not the process: without it a process
+        whose tick is held up kept renewing them, and calling, past the new holder's
+        `wait_for_predecessor`, until that tick's own name check."""
+        self._name_check = check
 
     def want(self, scope: str, provider: str, mailbox: str, channel: str, now: datetime) -> None:
         """A job of `channel` from `mailbox` needs `scope` (of `provider`, where its attempt
@@ -368,6 +379,16 @@ class ScopeOwners:
             return
         if self._renewed_at is not None and at < self._renewed_at + self._lease * RENEW_SHARE:
             return
+        if self._name_check is not None and not self.disowned:
+            # Outside `_renewing`: the check's own handling of a lost name disowns too.
+            try:
+                self._name_check()
+            except IdentityTaken:
+                self.disown()
+                return
+            except Exception as exc:
+                self._failed(at, exc)
+                raise
         with self._renewing:
             if self.disowned or self.aside is not None:
                 return

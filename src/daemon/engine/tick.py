@@ -320,6 +320,12 @@ class Engine:
         if self.owners is not None:
             self.owners.wait_for_predecessor(self._longest_call + tick)
 
+    def check_name_by(self, check: Callable[[], None]) -> None:
+        """`check` (raising IdentityTaken once the name is another process's) is asked
+        before each renewal of the scope leases (`ScopeOwners.check_name_by`)."""
+        if self.owners is not None:
+            self.owners.check_name_by(check)
+
     def recover_own_claims(self, *, wait_for_deadlines: bool = False) -> TickReport:
         """At start-up, with this daemon's name held (`Ledger.hold_identity`): its own
         claims left by an earlier process, Unknown now. `wait_for_deadlines`: the name's
