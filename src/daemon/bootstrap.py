@@ -79,6 +79,7 @@ def build_provider(settings: Settings, name: str) -> Provider:
             user=config.user,
             api_endpoint=config.api_endpoint,
             token_uri=config.token_uri,
+            allow_http=config.allow_http,
             timeout=config.timeout,
             quota_units_per_second=config.quota_units_per_second,
             readback_first=config.readback_first,

@@ -281,3 +281,35 @@ def test_a_service_account_without_a_mailbox_address_names_user(tmp_path: Path) 
     said = str(bad.value)
     assert said.startswith("providers.g.user: "), said
     assert "user must be that mailbox's address, not 'me'" in said, said
+
+
+@pytest.mark.parametrize(
+    "file_uri", ["http://oauth2.example.com/token", "HTTP://10.0.0.5/t", "http://localhost:1/t"]
+)
+def test_a_key_file_s_own_clear_text_token_uri_needs_allow_http(
+    tmp_path: Path, file_uri: str
+) -> None:
+    """With `token_uri` empty the signed assertion goes to the key file's own token_uri,
+    which the settings never saw: an http:// one to another host loaded, and the
+    assertion went in clear text. The same rule as the setting's, naming the file's field."""
+    write_service_account(tmp_path / "sa.json", token_uri=file_uri)
+    table = {"credentials_file": "sa.json", "user": "a@example.com"}
+    config = tmp_path / "sendledger.toml"
+    settings = settings_from_dict({"providers": {"g": table}}, config_path=config)
+    with pytest.raises(ConfigError) as bad:
+        build_provider(settings, "g")
+    said = str(bad.value)
+    assert said.startswith(f"providers.g.credentials_file: {tmp_path / 'sa.json'}: "), said
+    assert "its token_uri is http://" in said and "allow_http = true" in said, said
+    for loads in ({"allow_http": True}, {"token_uri": "http://127.0.0.1:9/token"}):
+        fine = settings_from_dict({"providers": {"g": {**table, **loads}}}, config_path=config)
+        build_provider(fine, "g").close()
+
+
+@pytest.mark.parametrize("file_uri", ["http://127.0.0.1:9/token", "http://[::1]:9/t"])
+def test_a_key_file_s_token_uri_to_loopback_loads(tmp_path: Path, file_uri: str) -> None:
+    write_service_account(tmp_path / "sa.json", token_uri=file_uri)
+    table = {"credentials_file": "sa.json", "user": "a@example.com"}
+    data = {"providers": {"g": table}}
+    settings = settings_from_dict(data, config_path=tmp_path / "sendledger.toml")
+    build_provider(settings, "g").close()

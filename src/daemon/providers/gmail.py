@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import google_auth_httplib2
 from google.auth import exceptions as auth_exceptions
@@ -40,6 +41,7 @@ from googleapiclient.discovery import build
 from googleapiclient.errors import HttpError
 
 from daemon.config.secret_text import read_secret_text
+from daemon.config.settings import clear_text_elsewhere
 from daemon.providers.answers import json_object
 from daemon.providers.base import (
     DEFAULT_READBACK_FIRST,
@@ -142,10 +144,13 @@ def load_credentials(
     user: str,
     token_uri: str = "",
     scopes: list[str] | None = None,
+    allow_http: bool = False,
 ) -> AuthCredentials:
     """google-auth credentials from a service-account (domain-wide delegation, acting as
     `user`) or authorized-user JSON file. `token_uri`, when set, replaces the file's; an
     authorized-user file's own token_uri is ignored by google-auth (always Google's).
+    A service-account file's own `http://` token_uri to a host that is not a loopback
+    address is refused unless `allow_http`, as the `token_uri` setting is.
 
     Raises ValueError naming the file when it cannot be read or is of an unknown type.
     """
@@ -164,6 +169,8 @@ def load_credentials(
     if token_uri:
         info["token_uri"] = token_uri
     kind = info.get("type")
+    if kind == "service_account" and not token_uri and not allow_http:
+        _refuse_clear_text_token_uri(path, info.get("token_uri"))
     if user == FROM_PLACEHOLDER and kind != "service_account":
         raise DelegationRequired(
             f'"{FROM_PLACEHOLDER}" acts as each job\'s From mailbox through domain-wide'
@@ -206,6 +213,18 @@ def load_credentials(
         f"{path}: unsupported credentials type {kind!r}"
         " (expected 'service_account' or 'authorized_user')"
     )
+
+
+def _refuse_clear_text_token_uri(path: Path, file_token_uri: object) -> None:
+    # The signed assertion goes to the file's token_uri when the setting is empty: the
+    # settings' check never saw that URL, so it is made here, by the same rule.
+    if isinstance(file_token_uri, str) and clear_text_elsewhere(file_token_uri):
+        host = urlsplit(file_token_uri).hostname or ""
+        raise CredentialsFileInvalid(
+            f"{path}: its token_uri is http:// to {host}, which sends the signed assertion"
+            " in clear text: use https://, set the provider's token_uri, or set"
+            " allow_http = true (loopback: write 127.0.0.1 or [::1])"
+        )
 
 
 def build_gmail_service(http: Any, *, api_endpoint: str = "") -> Any:
@@ -255,6 +274,7 @@ class GmailProvider(ProviderBase):
         user: str,
         api_endpoint: str = "",
         token_uri: str = "",
+        allow_http: bool = False,
         timeout: float = 30.0,
         quota_units_per_second: float = 250.0,
         page_size: int = 100,
@@ -304,9 +324,14 @@ class GmailProvider(ProviderBase):
         self._sleep = sleep
         self._credentials_file = Path(credentials_file)
         self._token_uri = token_uri
+        self._allow_http = allow_http
         self.scopes = DRAFT_SCOPES if send_via == "drafts" else SCOPES
         self._credentials = load_credentials(
-            self._credentials_file, user=self.user, token_uri=token_uri, scopes=self.scopes
+            self._credentials_file,
+            user=self.user,
+            token_uri=token_uri,
+            scopes=self.scopes,
+            allow_http=allow_http,
         )
         # "{from}": one mailbox per From address, made on first use, dropped once idle.
         self.mailboxes: Mailboxes[Mailbox] = Mailboxes(
@@ -629,7 +654,11 @@ class GmailProvider(ProviderBase):
         if granted == "refused":
             # Refused with compose: is compose the one? Ask again without it.
             plain = load_credentials(
-                self._credentials_file, user=self.user, token_uri=self._token_uri, scopes=SCOPES
+                self._credentials_file,
+                user=self.user,
+                token_uri=self._token_uri,
+                scopes=SCOPES,
+                allow_http=self._allow_http,
             )
             if not isinstance(self._refresh_scopes(plain), frozenset):
                 return  # not about compose (or no answer): the first call will say
