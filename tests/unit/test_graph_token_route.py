@@ -15,6 +15,7 @@ import pytest
 from tests.unit.early_server import AnsweringServer
 from tests.unit.test_endless_answers import _discovery, _graph_tokens, _request, _token
 
+from daemon.providers.graph_classify import TokenError
 from testkit.tls import TlsFiles, make_loopback_tls
 
 
@@ -55,3 +56,44 @@ def test_graph_token_requests_take_no_proxy_from_the_environment(
         tokens.close()
         server.close()
     assert not _came(proxy)
+
+
+def _moved(status: int, location: str) -> bytes:
+    return f"HTTP/1.1 {status} Moved\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n".encode()
+
+
+@pytest.mark.parametrize(("redirected", "status"), [("configuration", 301), ("/token", 308)])
+def test_a_redirect_from_the_identity_platform_is_refused_naming_authority(
+    redirected: str, status: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tenant discovery (and the token request) moved from msal's requests session, which
+    followed redirects, to TokenHttp, which does not: a 3xx gave "authority ...
+    unreachable: Unable to complete OIDC Discovery: 301", again at every send. A redirect
+    would take the credential to a host the settings never named, so it is not followed:
+    one line names `authority`, the status and where it pointed."""
+    tls: TlsFiles = make_loopback_tls(tmp_path)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca_file))
+    paths: list[str] = []
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        path = _request(reader)
+        paths.append(path)
+        if path.endswith(redirected):
+            conn.sendall(_moved(status, f"https://127.0.0.1:{server.port}/moved{path}"))
+        else:
+            conn.sendall(_discovery(server.port) if path.endswith("configuration") else _token())
+
+    server = AnsweringServer(session, tls)
+    tokens = _graph_tokens(server, 1.0)
+    try:
+        with pytest.raises(TokenError) as refused:
+            tokens.token()
+    finally:
+        tokens.close()
+        server.close()
+    said = refused.value.reason
+    assert said.startswith("authority: https://127.0.0.1:"), said
+    assert f"HTTP {status} to https://127.0.0.1:{server.port}/moved/" in said, said
+    assert "redirects are not followed; set authority" in said and "\n" not in said, said
+    assert refused.value.transient
+    assert not any(path.startswith("/moved") for path in paths), paths

@@ -151,6 +151,8 @@ class GraphTokens:
                             ca_certs=self._ca_bundle or trusted_ca_bundle(),
                         ),
                     )
+                except TokenError:
+                    raise  # TokenHttp's own: a redirect, named as it is
                 except ValueError as exc:
                     # msal's tenant discovery got a 4xx (unknown tenant) or a bad key.
                     raise TokenError(
@@ -167,6 +169,8 @@ class GraphTokens:
         app = self._application()
         try:
             answer = app.acquire_token_for_client(scopes=[GRAPH_SCOPE])
+        except TokenError:
+            raise
         except Exception as exc:
             raise TokenError(f"token endpoint: {describe(exc)}", transient=True) from exc
         if not isinstance(answer, dict):

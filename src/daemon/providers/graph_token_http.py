@@ -9,6 +9,12 @@ would have repeated (one retry on a failed connection) is a transient TokenError
 the send is tried again later. A connection per request: tokens are asked for about once
 an hour, and one transport shared by every worker's thread would need a lock that queues
 them a `timeout` each.
+
+A redirect is not followed (requests followed it): the discovery document names where
+the client's secret or signed assertion is posted, and a token request re-posted it, so
+following one would let whoever answers at `authority` send the credential to another
+host the settings never named. A 3xx is a transient TokenError naming `authority` and
+where it pointed, in one line, for the operator to set `authority` there.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from urllib.parse import urlencode
 
 from daemon.providers.graph_classify import TokenError
 from daemon.providers.transport import SingleShotHttp
+from ledger.display import printable
 
 _FORM = "application/x-www-form-urlencoded"
 
@@ -87,11 +94,25 @@ class TokenHttp:
             response, content = http.request(url, method, body=body, headers=sent)
         finally:
             http.close()
+        status = int(response.status)
+        if 300 <= status < 400:
+            raise _redirect_refused(url, status, response.get("location", ""))
         return TokenAnswer(
-            int(response.status),
+            status,
             content.decode("utf-8", "replace"),
             {str(name).lower(): str(value) for name, value in response.items()},
         )
+
+
+def _redirect_refused(url: str, status: int, location: str) -> TokenError:
+    # The URL without its query (the token request's has none; discovery's none secret).
+    asked = url.partition("?")[0]
+    to = printable(location)[:200] if location else "nowhere named"
+    return TokenError(
+        f"authority: {asked} answered HTTP {status} to {to}: redirects are not followed;"
+        " set authority to where it points",
+        transient=True,
+    )
 
 
 __all__ = ["TokenAnswer", "TokenHttp"]
