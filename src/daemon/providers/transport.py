@@ -11,9 +11,10 @@ For `users.messages.send` either repeat is a second email. So `SingleShotHttp` r
 `_conn_request` with one attempt, and splits it into two phases so the caller can tell
 "not sent" from "maybe sent":
 
-1. connect (DNS, TCP, TLS handshake; through a proxy: the tunnel) when there is no open
-   connection to reuse. No byte of the request has left yet, so a failure here proves
-   nothing was sent: `NotSentError`.
+1. connect (DNS, TCP, TLS handshake) when there is no open connection to reuse, straight
+   to the URL's host: httplib2 goes through a proxy (`HTTPS_PROXY`) only with PySocks,
+   which sendledger does not install (tests/unit/test_graph_token_route.py). No byte of
+   the request has left yet, so a failure here proves nothing was sent: `NotSentError`.
 2. write the request and read the whole response. From the first byte written on, a
    failure (timeout, reset, closed without a response, unreadable body) leaves the
    outcome unknown: `ResponseLostError`. The response, from when the request has left
