@@ -65,6 +65,22 @@ def test_an_unknown_key_close_to_a_known_one_suggests_it(
     assert _refusal(data).endswith(f"unknown key; did you mean {suggested}?")
 
 
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        # Beside a missing `credentials_file`, only it was a candidate: none was said.
+        ({"USER": "a@example.com"}, "providers.g.USER: unknown key; did you mean user?"),
+        ({"timout": "1s"}, "providers.g.timout: unknown key; did you mean timeout?"),
+        ({"credential_file": "sa.json"}, "providers.g.credential_file: unknown key; did you"
+         " mean credentials_file (required, and missing)?"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_beside_a_missing_one_may_be_any_key_of_the_section(
+    table: dict[str, Any], said: str
+) -> None:
+    assert _refusal({"providers": {"g": {"kind": "gmail", **table}}}) == f"config: {said}"
+
+
 def test_an_unknown_key_like_no_other_is_only_unknown() -> None:
     assert _refusal({"daemon": {"zzzz": 1}}) == "config: daemon.zzzz: unknown key"
 

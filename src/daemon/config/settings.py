@@ -749,9 +749,12 @@ def _did_you_mean(loc: tuple[int | str, ...], errors: list[Any]) -> str:
         for e in errors
         if e["type"] == "missing" and _file_loc(e["loc"])[:-1] == section
     ]
-    known = missing or _keys_of(section)
+    # Every key of the section is a candidate, a missing one first: `USER` beside a
+    # missing `credentials_file` is the key `user`, not a typo of the missing one.
+    known = missing + [key for key in _keys_of(section) if key not in missing]
     # Keys are lower case: `[API]` or `URL` is as far from its key as difflib can measure.
     close = [key for key in known if key.lower() == typed.lower()]
+    close = close or difflib.get_close_matches(typed, missing, n=1, cutoff=0.6)
     close = close or difflib.get_close_matches(typed, known, n=1, cutoff=0.6)
     if not close:
         return ""
