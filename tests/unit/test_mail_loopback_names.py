@@ -208,3 +208,21 @@ def test_an_ipv6_host_in_brackets_is_taken_as_its_address() -> None:
     # A name in brackets is no address: left as written (refused where it is looked up).
     named = settings_from_dict({"providers": {"m": {**table, "imap_host": "[mail.example]"}}})
     assert named.providers["m"].imap_host == "[mail.example]"  # type: ignore[union-attr]
+
+
+def test_without_a_route_off_loopback_the_outside_tests_fail_under_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CI machine has an address off loopback (this one, as root: eth0's); one without
+    must not pass these tests by skipping them."""
+
+    def unreachable(self: socket.socket, address: object) -> None:
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(socket.socket, "connect", unreachable)
+    monkeypatch.setattr("tests.conftest.IN_CI", True)
+    with pytest.raises(pytest.fail.Exception, match="no route off loopback"):
+        outside_address()
+    monkeypatch.setattr("tests.conftest.IN_CI", False)
+    with pytest.raises(pytest.skip.Exception, match="no route off loopback"):
+        outside_address()
