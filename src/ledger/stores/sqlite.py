@@ -344,8 +344,8 @@ class SQLiteBackend:
             try:
                 create_private(self.spec.path)
             except OSError as exc:
-                if isinstance(exc, PermissionError):
-                    raise
+                if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
+                    raise  # said with the folder, or the mount, to change
                 # A file system where no file can be made (/proc), at the path or at
                 # its symlink's target: the setting's fault, said as such.
                 raise StoreUrlError(
