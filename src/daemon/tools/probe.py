@@ -336,10 +336,15 @@ def run_probe(
     # Never found: the Message-ID was replaced, or the index lags beyond max_wait (or the
     # send was really lost). Either way no search_after can be trusted.
     if handle is not None:
-        if mark is None:
-            result["history"] = {"found": False, "error": "no historyId could be had"}
-        result.update(rely_on(result))
+        _history_verdict(result, has_mark=mark is not None)
     return result
+
+
+def _history_verdict(result: dict[str, Any], *, has_mark: bool) -> None:
+    """The history handle's part of the report: which handle answers sooner."""
+    if not has_mark:
+        result["history"] = {"found": False, "error": "no historyId could be had"}
+    result.update(rely_on(result))
 
 
 def rely_on(result: dict[str, Any]) -> dict[str, Any]:
@@ -408,9 +413,9 @@ def run_gmail_drafts_probe(
     return run_drafts_probe(drafts, raw, message_id, search_until=searched, clock=clock)
 
 
-def cmd_probe(args: argparse.Namespace) -> int:
-    settings = settings_for(args.config)
-    name = args.provider
+def _probe_args(args: argparse.Namespace, settings: Settings, name: str) -> dict[str, Any]:
+    """The probe's arguments, each checked (exit 2 naming its option), and the operator's
+    confirmation that a real message goes out."""
     if name not in settings.providers:
         known = ", ".join(sorted(settings.providers)) or "none configured"
         raise bad_input(f"--provider: unknown provider {name!r} (known: {known})")
@@ -431,12 +436,20 @@ def cmd_probe(args: argparse.Namespace) -> int:
         # On stderr, --json too: stdout holds the report alone.
         "progress": lambda line: print(f"probe: {line}", file=sys.stderr, flush=True),
     }
+    return probe_args
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    settings = settings_for(args.config)
+    name = args.provider
+    probe_args = _probe_args(args, settings, name)
     # On Gmail the first message goes by messages.send whatever send_via says.
     with _through_relay(settings, name, send_via="messages") as provider:
         try:
             result = run_probe(provider, **probe_args)
         finally:
             provider.close()
+    to = probe_args["to"]
     result = {"provider": name, "kind": settings.providers[name].kind, "to": to, **result}
     config = settings.providers[name]
     ok = bool(result["found"])
@@ -457,7 +470,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if args.json:
         print(output.dumps(result))
     else:
-        print(_report(result, max_wait))
+        print(_report(result, probe_args["max_wait"]))
     return EXIT_OK if ok else EXIT_FAILURE
 
 
