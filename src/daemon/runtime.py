@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import FrameType
@@ -641,6 +641,10 @@ def run_once(service: Service) -> TickReport:
             give_back_refused_start(service.ledger)  # the store as this refusal found it
             raise
         identity = start_up(service)
+        if identity is not None:
+            # Its one tick asks the name nowhere, and may be held up by slow calls: the
+            # renewal asks it, as the daemon's does (`Daemon._check_identity`).
+            service.engine.check_name_by(_stops_once_taken(service, identity))
         service.engine.start_lease_renewer()
         report = service.engine.tick()
         deliver_once(
@@ -660,6 +664,22 @@ def run_once(service: Service) -> TickReport:
         service.close()
         if identity is not None:
             identity.release()
+
+
+def _stops_once_taken(service: Service, identity: IdentityLock) -> Callable[[], None]:
+    """The name lock's check, and on IdentityTaken the engine stopped and its scopes left to
+    the process that took the name. Asked by the renewer's thread alone: the lock's
+    session is not shared."""
+
+    def check() -> None:
+        try:
+            identity.check()
+        except IdentityTaken as exc:
+            log.error("stopping: %s", exc)
+            service.engine.name_lost()
+            raise
+
+    return check
 
 
 __all__ = ["Daemon", "run_once", "start_up"]

@@ -15,7 +15,7 @@ from tests.unit.daemon_thread import serve_on_a_thread
 from daemon.bootstrap import bootstrap
 from daemon.config.settings import settings_from_dict
 from daemon.doubles.fake_provider import FakeProvider
-from daemon.runtime import Daemon
+from daemon.runtime import Daemon, run_once
 from daemon.webhooks.signing import new_secret
 from ledger.application import Ledger
 from ledger.stores.identity import IdentityTaken
@@ -174,3 +174,38 @@ def test_a_lost_name_found_by_the_scope_renewal_stops_a_daemon_whose_tick_is_hel
             go_on.set()
         runner.join(timeout=20)
         assert len(outcome) == 1 and isinstance(outcome[0], IdentityTaken)
+
+
+def test_a_lost_name_found_by_the_scope_renewal_stops_a_one_shot_run_held_up() -> None:
+    """`run --once` holds the name and renews its scope leases on a thread as the daemon
+    does, but its one tick never asks the name: a run held up in it (slow calls) kept
+    renewing them after another process took the name. Its renewal asks the name too."""
+    lock = FlakyName(IdentityTaken("n1", "db"), failures=0)
+    held_up, go_on = threading.Event(), threading.Event()
+    with Ledger("memory://") as ledger:
+        daemon = _daemon(ledger, lock, scope_lease="0.3s", deadline_grace="0.1s")
+        engine = daemon.engine
+        tick = engine.tick
+
+        def slow_tick() -> Any:
+            held_up.set()
+            go_on.wait(timeout=20)
+            return tick()
+
+        engine.tick = slow_tick  # type: ignore[method-assign]
+        runner = threading.Thread(target=run_once, args=(daemon.service,), daemon=True)
+        runner.start()
+        try:
+            assert held_up.wait(timeout=20)
+            assert engine.owners is not None
+            engine.owners.renew_due()  # joined, as the tick's round would have
+            lock.failures, lock.checks = 1_000, 0  # another process took the name
+            deadline = time.monotonic() + 10
+            while not engine.owners.disowned and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert engine.owners.disowned and engine.owners.owned() == []
+            assert engine._stopping.is_set()  # no new call either
+        finally:
+            go_on.set()
+        runner.join(timeout=20)
+        assert not runner.is_alive()
