@@ -641,12 +641,17 @@ def run_once(service: Service) -> TickReport:
             give_back_refused_start(service.ledger)  # the store as this refusal found it
             raise
         identity = start_up(service)
+        lost: list[IdentityTaken] = []
         if identity is not None:
             # Its one tick asks the name nowhere, and may be held up by slow calls: the
             # renewal asks it, as the daemon's does (`Daemon._check_identity`).
-            service.engine.check_name_by(_stops_once_taken(service, identity))
+            service.engine.check_name_by(_stops_once_taken(service, identity, lost))
         service.engine.start_lease_renewer()
         report = service.engine.tick()
+        if lost:
+            # Exit 3, as the daemon's; the webhooks' rows under the name are the other
+            # process's now: no delivery writes them.
+            raise lost[0]
         deliver_once(
             hooks,
             service.ledger,
@@ -666,15 +671,18 @@ def run_once(service: Service) -> TickReport:
             identity.release()
 
 
-def _stops_once_taken(service: Service, identity: IdentityLock) -> Callable[[], None]:
-    """The name lock's check, and on IdentityTaken the engine stopped and its scopes left to
-    the process that took the name. Asked by the renewer's thread alone: the lock's
-    session is not shared."""
+def _stops_once_taken(
+    service: Service, identity: IdentityLock, lost: list[IdentityTaken]
+) -> Callable[[], None]:
+    """The name lock's check, and on IdentityTaken (kept in `lost`) the engine stopped and
+    its scopes left to the process that took the name. Asked by the renewer's thread
+    alone: the lock's session is not shared."""
 
     def check() -> None:
         try:
             identity.check()
         except IdentityTaken as exc:
+            lost.append(exc)
             log.error("stopping: %s", exc)
             service.engine.name_lost()
             raise

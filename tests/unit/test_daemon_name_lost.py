@@ -179,7 +179,8 @@ def test_a_lost_name_found_by_the_scope_renewal_stops_a_daemon_whose_tick_is_hel
 def test_a_lost_name_found_by_the_scope_renewal_stops_a_one_shot_run_held_up() -> None:
     """`run --once` holds the name and renews its scope leases on a thread as the daemon
     does, but its one tick never asks the name: a run held up in it (slow calls) kept
-    renewing them after another process took the name. Its renewal asks the name too."""
+    renewing them after another process took the name, then delivered its webhooks under
+    it. Its renewal asks the name too, and the run ends as the daemon's does (exit 3)."""
     lock = FlakyName(IdentityTaken("n1", "db"), failures=0)
     held_up, go_on = threading.Event(), threading.Event()
     with Ledger("memory://") as ledger:
@@ -193,7 +194,15 @@ def test_a_lost_name_found_by_the_scope_renewal_stops_a_one_shot_run_held_up() -
             return tick()
 
         engine.tick = slow_tick  # type: ignore[method-assign]
-        runner = threading.Thread(target=run_once, args=(daemon.service,), daemon=True)
+        outcome: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                run_once(daemon.service)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        runner = threading.Thread(target=run, daemon=True)
         runner.start()
         try:
             assert held_up.wait(timeout=20)
@@ -209,3 +218,5 @@ def test_a_lost_name_found_by_the_scope_renewal_stops_a_one_shot_run_held_up() -
             go_on.set()
         runner.join(timeout=20)
         assert not runner.is_alive()
+        # Exit 3 as the daemon's, before its webhooks' delivery writes under the name.
+        assert len(outcome) == 1 and isinstance(outcome[0], IdentityTaken)
