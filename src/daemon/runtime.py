@@ -228,6 +228,10 @@ class Daemon:
             poll=min(max(self.tick_seconds, 0.05), 1.0),
             observer=self.service.observer,
         )
+        if self._name_lost is not None and self._webhooks is not None:
+            # Found by the scope renewer, started first, before these threads were there
+            # to be told (`_check_identity`): their leases under the name are not ours.
+            self._webhooks.disown()
         if api is not None:
             api.start()
             self._api = api

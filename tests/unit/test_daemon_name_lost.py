@@ -16,6 +16,7 @@ from daemon.bootstrap import bootstrap
 from daemon.config.settings import settings_from_dict
 from daemon.doubles.fake_provider import FakeProvider
 from daemon.runtime import Daemon, run_once
+from daemon.webhooks.delivery_threads import start_webhooks
 from daemon.webhooks.signing import new_secret
 from ledger.application import Ledger
 from ledger.stores.identity import IdentityTaken
@@ -63,6 +64,13 @@ def _daemon(
         providers={"fake": FakeProvider("fake", clock=ledger.clock)},
     )
     return Daemon(service, settings.daemon.tick)
+
+
+def _webhook(tmp_path: Path) -> dict[str, str]:
+    """A webhook whose endpoint nothing answers: its lease row is what the tests read."""
+    secret = tmp_path / "hook-secret"
+    secret.write_text(new_secret() + "\n")
+    return {"url": "http://127.0.0.1:9/hook", "secret_file": str(secret)}
 
 
 def test_a_lost_name_stops_the_daemon_with_identity_taken() -> None:
@@ -127,9 +135,7 @@ def test_a_lost_name_leaves_the_webhook_lease_to_the_process_that_took_it(
     """The other process holds the webhook's lease under the same name: the daemon that
     lost the name stops without giving it up. Given up (its lease ended at once), a third
     daemon would take the webhook and send beside that process's pass in flight."""
-    secret = tmp_path / "hook-secret"
-    secret.write_text(new_secret() + "\n")
-    webhook = {"url": "http://127.0.0.1:9/hook", "secret_file": str(secret)}
+    webhook = _webhook(tmp_path)
     lock = FlakyName(IdentityTaken("n1", "db"), failures=1_000)
     with Ledger("memory://") as ledger:
         positions = ledger.positions()
@@ -220,3 +226,38 @@ def test_a_lost_name_found_by_the_scope_renewal_stops_a_one_shot_run_held_up() -
         assert not runner.is_alive()
         # Exit 3 as the daemon's, before its webhooks' delivery writes under the name.
         assert len(outcome) == 1 and isinstance(outcome[0], IdentityTaken)
+
+
+def test_a_name_the_renewer_finds_lost_before_the_webhooks_start_leaves_their_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scope renewer starts before the webhooks' threads: a name it finds taken in
+    between was never told to them, and the daemon's stop gave up the webhook's lease
+    the other process holds under the same name."""
+    webhook = _webhook(tmp_path)
+    lock = FlakyName(IdentityTaken("n1", "db"), failures=0)
+    with Ledger("memory://") as ledger:
+        positions = ledger.positions()
+        daemon = _daemon(
+            ledger, lock, webhooks={"ops": webhook}, scope_lease="0.3s", deadline_grace="0.1s"
+        )
+        held: list[Any] = []
+
+        def late_start(*args: Any, **kwargs: Any) -> Any:
+            lock.failures, lock.checks = 1_000, 0  # another process took the name
+            taken = positions.claim("ops", "n1", time.time(), 60.0)  # and the webhook
+            assert taken is not None
+            held.append(taken)
+            owners = daemon.engine.owners
+            assert owners is not None
+            deadline = time.monotonic() + 10
+            while not owners.disowned and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert owners.disowned
+            return start_webhooks(*args, **kwargs)
+
+        monkeypatch.setattr("daemon.runtime.start_webhooks", late_start)
+        with pytest.raises(IdentityTaken):
+            daemon.serve()
+        (row,) = positions.read_all()
+        assert (row.owner, row.lease_until) == ("n1", held[0].lease_until)
