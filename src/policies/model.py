@@ -44,6 +44,7 @@ __all__ = [
     "ChannelPolicy",
     "OnBounce",
     "OnUnknown",
+    "is_provider_name",
     "parse_from_address",
 ]
 
@@ -82,6 +83,13 @@ MAX_ATTEMPTS = 1000
 # Matched whole (`fullmatch`): `$` after `.match` lets a final line feed through.
 _CHANNEL = re.compile(r"[A-Za-z0-9._-]+")
 _CHANNEL_MAX = 128
+
+
+def is_provider_name(value: str) -> bool:
+    """A provider's name as a policy's `provider` names it, and as the config's
+    `[providers.NAME]` must be (which also refuses a `/`): not empty, printable, no spaces
+    around it."""
+    return bool(value.strip()) and value == value.strip() and value.isprintable()
 
 
 def _error(reason: str) -> PydanticCustomError:
@@ -184,7 +192,7 @@ class ChannelPolicy(BaseModel):
     def _check_provider(cls, value: str) -> str:
         if not value.strip():
             raise _error("must not be empty")
-        if value != value.strip() or any(not ch.isprintable() for ch in value):
+        if not is_provider_name(value):
             raise _error(f"must be a provider name without spaces around it: {value!r}")
         return value
 

@@ -52,6 +52,7 @@ from policies.durations import (
     parse_duration_with_unit,
     parse_duration_within,
 )
+from policies.model import is_provider_name
 from sendledger.connecting import LOOPBACK_NAMES
 
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
@@ -558,13 +559,7 @@ def provider_name_allowed(name: object) -> bool:
     it), but no `/`, which joins the name and a mailbox in its quota scopes. Not the
     webhooks' narrower rule: a job keeps the name its attempt was made on, so a name
     refused after an upgrade could only be renamed, stranding such jobs."""
-    return (
-        isinstance(name, str)
-        and bool(name)
-        and name == name.strip()
-        and name.isprintable()
-        and "/" not in name
-    )
+    return isinstance(name, str) and is_provider_name(name) and "/" not in name
 
 
 class RetentionSettings(_Section):
