@@ -53,7 +53,13 @@ from daemon.providers.draft_handle import DraftCheck, DraftsProvider, DraftStatu
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
 from ledger.application import ConcurrentUpdate
 from ledger.copies import copies_found
-from ledger.decision_types import AfterHistory, AfterSearch, AfterVerification, StopVerifying
+from ledger.decision_types import (
+    AfterHistory,
+    AfterSearch,
+    AfterVerification,
+    Review,
+    StopVerifying,
+)
 from ledger.display import quoted
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob, TransitionError
 from ledger.vocabulary import JobState, PolicyRef
@@ -64,6 +70,11 @@ log = logging.getLogger("sendledger.engine")
 T = TypeVar("T")
 #: Saves of a sweep's answer tried while other writers keep appending facts beside it.
 FACT_TRIES = 3
+#: Why a sweep's answer is not taken (`Sweep._handle_refused`), its provider's name.
+_MARKED_WHILE_OUT = (
+    "provider {} replaces Message-IDs (found by a read-back while this job's search was"
+    " out): its answer is no evidence"
+)
 
 
 class SearchBackoff:
@@ -260,9 +271,7 @@ class Sweep:
                 return
             self._ask_draft(work, drafts, provider, policy)
             return
-        refused = decisions.before_search(
-            policy, handle_reliable=self._health.reliable(work.provider_name)
-        )
+        refused = self._handle_refused(work, policy)
         if refused is not None:
             work.to_review(refused, f"provider {work.provider_name} replaces Message-IDs")
             return
@@ -270,6 +279,17 @@ class Sweep:
             self._read_history(work, provider, policy)
             return
         self._fence_and_search(work, provider, policy)
+
+    def _handle_refused(self, work: Work, policy: ChannelPolicy) -> Review | None:
+        """`decisions.before_search` for the provider the job's attempt was made on, as
+        this daemon knows its handle now. Asked before a search or a history read, and
+        again once its answer is in: another worker's read-back may have found the
+        provider replacing Message-IDs while the search was out (`readback.py` marks it
+        at once), and a miss read then is no evidence that nothing was sent; believed, a
+        `retry` channel would send the job a second time. (A history read's miss decides
+        no resend: the search it makes due asks first.)"""
+        reliable = self._health.reliable(work.provider_name)
+        return decisions.before_search(policy, handle_reliable=reliable)
 
     def _fence_and_search(self, work: Work, provider: Provider, policy: ChannelPolicy) -> None:
         """The search of an Unknown job, its unsent drafts deleted first where the
@@ -288,12 +308,17 @@ class Sweep:
             return
         work.now = self._clock()
         decided: list[AfterSearch] = []
+        refused = None if result is None else self._handle_refused(work, policy)
 
         def record(on: SendJob) -> None:
             # The deletions are recorded as they happened, also when the search failed.
             if deleted:
                 on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=fenced_at)
             if result is None:
+                return
+            if refused is not None:
+                on.escalate(refused, detail=_MARKED_WHILE_OUT.format(work.provider_name),
+                            at=work.now)  # fmt: skip
                 return
             decided[:] = [
                 decisions.after_search(
@@ -309,7 +334,8 @@ class Sweep:
             _record(on.record_search, result, decided[0], work.now, tidy_at)
 
         _save_beside_facts(work, record)
-        if result is not None:
+        if decided:
+            assert result is not None
             log.info(
                 "job %s: search: %s: %s",
                 work.job.key,

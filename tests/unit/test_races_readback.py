@@ -1,0 +1,74 @@
+"""A read-back's mark racing a search in the same daemon (docs/architecture.md "The
+message", docs/how-it-works.md "The read-back of the Message-ID"): a provider found
+replacing our Message-ID makes every search miss, so a miss read while another worker's
+read-back marked the handle is no evidence that nothing was sent. Each race is driven
+deterministically: the provider's answer runs the other worker's send and read-back
+before it reaches the sweep."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from tests.unit.engine_rig import EngineRig, policy
+
+from daemon.doubles.fake_provider import Scripted
+from ledger.message import render
+from ledger.vocabulary import EscalationReason, JobState
+
+RETRY = policy("receipts", on_unknown="retry")
+
+
+@pytest.fixture
+def rig() -> Iterator[EngineRig]:
+    rig = EngineRig(RETRY)
+    # The provider replaces every Message-ID it stores: no search can find a copy.
+    rig.provider.replaces_message_id = True
+    yield rig
+    rig.close()
+
+
+def another_worker_marks(rig: EngineRig) -> None:
+    """What a send worker does meanwhile: job `k2` sent and confirmed, its stored copy's
+    Message-ID read back and found replaced (the handle marked unreliable)."""
+    rig.submit("receipts", "k2")
+    job = rig.job("k2")
+    raw = render(job)
+    sent = rig.provider.send_raw(raw)
+    assert sent.provider_message_id is not None
+    rig.engine.health.read_back(job, "fake", rig.provider, sent.provider_message_id, raw=raw)
+    assert not rig.engine.health.reliable("fake")
+
+
+def unknown_with_its_copy(rig: EngineRig) -> None:
+    """`k1` sent, its answer lost (a copy stored, under a replaced Message-ID): Unknown;
+    its first search misses, the second is due."""
+    rig.submit("receipts", "k1")
+    rig.provider.script(Scripted.dropped_response())
+    rig.tick()
+    assert rig.job("k1").state is JobState.UNKNOWN
+    rig.advance_and_tick(61)  # the first search: a miss, searched again
+    assert rig.job("k1").misses == 1
+    rig.clock.advance(31)
+
+
+def test_a_miss_read_while_the_handle_was_marked_sends_the_job_to_review_not_again(
+    rig: EngineRig,
+) -> None:
+    """The search that would believe the misses is out when another worker's read-back
+    finds the provider replacing Message-IDs. Its miss was recorded as evidence, the job
+    resent on a `retry` channel: a second copy, though the daemon knew before it recorded
+    the miss that its searches cannot find one."""
+    unknown_with_its_copy(rig)
+
+    def hook() -> None:
+        rig.provider.during_search = None
+        another_worker_marks(rig)
+
+    rig.provider.during_search = hook
+    rig.tick()
+    job = rig.job("k1")
+    assert job.state is JobState.REVIEW
+    assert job.reason == EscalationReason.HANDLE_UNRELIABLE
+    rig.advance_and_tick(60)
+    assert rig.copies("k1") == 1
