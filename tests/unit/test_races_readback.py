@@ -72,3 +72,28 @@ def test_a_miss_read_while_the_handle_was_marked_sends_the_job_to_review_not_aga
     assert job.reason == EscalationReason.HANDLE_UNRELIABLE
     rig.advance_and_tick(60)
     assert rig.copies("k1") == 1
+
+
+def test_a_miss_read_while_another_daemon_marked_the_handle_sends_the_job_to_review(
+    rig: EngineRig,
+) -> None:
+    """The same race across two daemons sharing the store: the mark is written by the
+    other daemon's read-back, and this one reads the handles from the store once a tick.
+    Its miss, read after the mark was written and before its next tick, was believed."""
+    unknown_with_its_copy(rig)
+    other = rig.new_engine("other")
+
+    def hook() -> None:
+        rig.provider.during_search = None
+        another_worker_marks(rig)  # this rig's first daemon, not `other`
+        assert other.health.reliable("fake")
+
+    rig.provider.during_search = hook
+    other.tick()
+    job = rig.job("k1")
+    assert job.state is JobState.REVIEW
+    assert job.reason == EscalationReason.HANDLE_UNRELIABLE
+    rig.clock.advance(60)
+    other.tick()
+    rig.tick()
+    assert rig.copies("k1") == 1

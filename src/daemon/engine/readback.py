@@ -89,6 +89,17 @@ class ProviderHealth:
         with self._lock:
             return self._reliable.get(provider, True)
 
+    def still_reliable(self, provider: str) -> bool:
+        """`reliable`, and the store read again now rather than at the last tick: another
+        daemon's read-back may have marked the handle since (docs/architecture.md "The
+        message"). Found marked, this daemon takes it for unreliable from now on."""
+        if not self.reliable(provider):
+            return False
+        if self._ledger.handle_reliable(provider):
+            return True
+        self._mark_unreliable(provider)
+        return False
+
     def unreliable(self) -> list[str]:
         with self._lock:
             return sorted(name for name, ok in self._reliable.items() if not ok)

@@ -280,15 +280,22 @@ class Sweep:
             return
         self._fence_and_search(work, provider, policy)
 
-    def _handle_refused(self, work: Work, policy: ChannelPolicy) -> Review | None:
+    def _handle_refused(
+        self, work: Work, policy: ChannelPolicy, *, answer: SearchResult | None = None
+    ) -> Review | None:
         """`decisions.before_search` for the provider the job's attempt was made on, as
         this daemon knows its handle now. Asked before a search or a history read, and
-        again once its answer is in: another worker's read-back may have found the
-        provider replacing Message-IDs while the search was out (`readback.py` marks it
-        at once), and a miss read then is no evidence that nothing was sent; believed, a
-        `retry` channel would send the job a second time. (A history read's miss decides
-        no resend: the search it makes due asks first.)"""
-        reliable = self._health.reliable(work.provider_name)
+        again once a search's `answer` is in: a read-back may have found the provider
+        replacing Message-IDs while the search was out, and a miss read then is no
+        evidence that nothing was sent; believed, a `retry` channel would send the job a
+        second time. This daemon's own read-back marks the handle in memory at once
+        (`readback.py`); another daemon's is read from the store once a tick, so after a
+        miss the store is read again now. (A history read's miss decides no resend: the
+        search it makes due asks first.)"""
+        if answer is not None and answer.count == 0:
+            reliable = self._health.still_reliable(work.provider_name)
+        else:
+            reliable = self._health.reliable(work.provider_name)
         return decisions.before_search(policy, handle_reliable=reliable)
 
     def _fence_and_search(self, work: Work, provider: Provider, policy: ChannelPolicy) -> None:
@@ -308,7 +315,7 @@ class Sweep:
             return
         work.now = self._clock()
         decided: list[AfterSearch] = []
-        refused = None if result is None else self._handle_refused(work, policy)
+        refused = None if result is None else self._handle_refused(work, policy, answer=result)
 
         def record(on: SendJob) -> None:
             # The deletions are recorded as they happened, also when the search failed.
