@@ -121,6 +121,9 @@ class SendJob(Aggregate):
     last_provider: str | None
     claimed_by: str  # the daemon of the latest Attempted ("" before v2 or none)
     resent: bool  # sent again without proof the earlier attempt failed
+    # Due again because the daemon believed its searches' misses (Requeued), not by a
+    # person's resend: that decision holds only while the provider keeps our Message-ID.
+    requeued: bool
     verifying: bool  # confirmed, and its copies are to be counted once more
     verifications: int
     purged_at: datetime | None  # its content was purged then (ledger/redaction.py)
@@ -254,6 +257,7 @@ class SendJob(Aggregate):
             job.last_provider = None
             job.claimed_by = ""
             job.resent = False
+            job.requeued = False
             job.verifying = False
             job.verifications = 0
             job.purged_at = None
@@ -353,6 +357,7 @@ class SendJob(Aggregate):
             if self.retry_at is not None:
                 job.state = JobState.REQUESTED
                 job.due_at = self.retry_at
+                job.requeued = False  # the draft proved it unsent, not a search
             else:
                 job.due_at = None
             job.searches = 0
@@ -466,6 +471,7 @@ class SendJob(Aggregate):
             job.searches = 0
             job.misses = 0
             job.resent = True
+            job.requeued = True
 
     class Rejected(Event):
         TOPIC = "sendledger:SendJob.Rejected"
@@ -583,6 +589,7 @@ class SendJob(Aggregate):
             if self.decision == Resolution.RESEND:
                 job.state = JobState.REQUESTED
                 job.resent = True
+                job.requeued = False
                 job.due_at = self.timestamp
                 job.round_attempts = 0
                 job.searches = 0

@@ -8,11 +8,13 @@ before it reaches the sweep."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
+from ledger.job import SendJob
 from ledger.message import render
 from ledger.vocabulary import EscalationReason, JobState
 
@@ -96,4 +98,32 @@ def test_a_miss_read_while_another_daemon_marked_the_handle_sends_the_job_to_rev
     rig.clock.advance(60)
     other.tick()
     rig.tick()
+    assert rig.copies("k1") == 1
+
+
+def test_a_resend_the_misses_decided_before_the_handle_was_marked_is_not_sent(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The misses were believed on a handle taken for reliable, and the job requeued
+    (due at once); a read-back then found the provider replacing Message-IDs before the
+    send worker claimed the job. The resend rested on searches that could never have
+    found its copy, and went out all the same: a second copy."""
+    unknown_with_its_copy(rig)
+    save_job = rig.ledger.save_job
+    marked: list[bool] = []
+
+    def then_another_worker_marks(job: SendJob, **kwargs: Any) -> None:
+        save_job(job, **kwargs)
+        if not marked and job.state is JobState.REQUESTED:
+            marked.append(True)  # the requeue is durable: the read-back lands now
+            another_worker_marks(rig)
+
+    monkeypatch.setattr(rig.ledger, "save_job", then_another_worker_marks)
+    rig.tick()
+    assert marked and rig.job("k1").state is JobState.REQUESTED  # requeued, then marked
+    rig.tick()  # the send worker takes it
+    job = rig.job("k1")
+    assert job.state is JobState.REVIEW
+    assert job.reason == EscalationReason.HANDLE_UNRELIABLE
+    rig.advance_and_tick(60)
     assert rig.copies("k1") == 1

@@ -246,6 +246,14 @@ class Dispatch:
         if isinstance(decision, Review):
             work.to_review(decision, _why_not_sent(decision, job))
             return None
+        if job.requeued and not self._health.still_reliable(job.last_provider or policy.provider):
+            # Sent again because its searches found no copy, on a handle marked since
+            # (a read-back, this daemon's or another's): searches of a provider that
+            # replaces Message-IDs never find one, so the misses are no evidence.
+            refused = decisions.before_search(policy, handle_reliable=False)
+            assert refused is not None
+            work.to_review(refused, _MARKED_SINCE_REQUEUED)
+            return None
         if self._stopping.is_set():
             return None
         draft, created = None, False
@@ -562,6 +570,13 @@ class Dispatch:
             retry_after=outcome.retry_after,
             rng=self._rng,
         )
+
+
+#: Why a job its searches requeued is not sent (`Dispatch.claim`).
+_MARKED_SINCE_REQUEUED = (
+    "not sent again: its provider was found replacing Message-IDs after its searches'"
+    " misses were believed, so they are no evidence that nothing was sent"
+)
 
 
 #: Why a claimed send was not made (`Circuits.sending`): the claim is the job's last
