@@ -1,9 +1,10 @@
-"""A read-back's mark racing a search in the same daemon (docs/architecture.md "The
-message", docs/how-it-works.md "The read-back of the Message-ID"): a provider found
-replacing our Message-ID makes every search miss, so a miss read while another worker's
-read-back marked the handle is no evidence that nothing was sent. Each race is driven
-deterministically: the provider's answer runs the other worker's send and read-back
-before it reaches the sweep."""
+"""A read-back's mark racing a search or a resend (docs/architecture.md "The message",
+docs/how-it-works.md "The read-back of the Message-ID"): a provider found replacing our
+Message-ID makes every search miss, so a miss read while a read-back (of this daemon or
+another) marked the handle is no evidence that nothing was sent, nor is a resend those
+misses decided before the mark. Each race is driven deterministically: the provider's
+search answer, or the save of the requeue, runs the other worker's send and read-back
+before the daemon goes on."""
 
 from __future__ import annotations
 

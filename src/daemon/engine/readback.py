@@ -58,7 +58,9 @@ def _sampler_for(provider: Provider) -> _Sampler:
 
 
 class ProviderHealth:
-    """The handles' reliability, read from the store once per tick (not once per job)."""
+    """The handles' reliability, read from the store once per tick (not once per job),
+    and again only where a decision rests on it: after a search's miss, before a resend
+    those misses decided (`still_reliable`)."""
 
     def __init__(self, ledger: Ledger, clock: Clock, circuits: Circuits | None = None) -> None:
         self._ledger = ledger
