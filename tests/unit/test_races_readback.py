@@ -9,12 +9,14 @@ before the daemon goes on."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
+from daemon.service_layer.services import ChannelPolicies, Services
 from ledger.job import SendJob
 from ledger.message import render
 from ledger.vocabulary import EscalationReason, JobState
@@ -128,3 +130,27 @@ def test_a_resend_the_misses_decided_before_the_handle_was_marked_is_not_sent(
     assert job.reason == EscalationReason.HANDLE_UNRELIABLE
     rig.advance_and_tick(60)
     assert rig.copies("k1") == 1
+
+
+def test_a_check_after_the_handle_was_marked_advises_no_resend_on_its_miss() -> None:
+    """A job in review (an unknown outcome, its searches made on trust); a read-back then
+    found the provider replacing Message-IDs. A person's check finds no copy, as every
+    search of that provider would, and its advice said a resend was safe."""
+    with EngineRig(policy("receipts", on_unknown="review")) as rig:
+        rig.provider.replaces_message_id = True
+        rig.submit("receipts", "k1")
+        rig.provider.script(Scripted.dropped_response())
+        rig.tick()
+        assert rig.job("k1").state is JobState.REVIEW
+        another_worker_marks(rig)
+        rig.clock.advance(61)
+        door = Services(
+            rig.ledger,
+            lambda: ChannelPolicies(rig.policies),
+            providers=lambda name: nullcontext(rig.provider),
+        )
+        answer = door.check("k1", by="alice")
+        assert answer.count == 0 and answer.recorded
+        assert "is safe" not in answer.advice
+        assert "replaces Message-IDs" in answer.advice and "by hand" in answer.advice
+        assert answer.as_dict()["advice"] == answer.advice

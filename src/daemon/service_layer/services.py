@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -134,6 +134,9 @@ class CheckAnswer:
     # The job's version the answer is about: the recorded check's own, else the version
     # read (or, moved on, seen): a resolve it advises holds for that version only.
     version: int | None = None
+    # The provider searched was found replacing Message-IDs (its handle is marked, read
+    # from the store when the search came back empty): no copy found proves nothing.
+    replaced_ids: bool = False
 
     @property
     def count(self) -> int:
@@ -193,6 +196,7 @@ class CheckAnswer:
             self.complete,
             self.version,
             only_in_trash=self.only_in_trash,
+            replaced_ids=self.replaced_ids,
         )
 
 
@@ -297,13 +301,15 @@ def check_advice(
     version: int | None = None,
     *,
     only_in_trash: bool = False,
+    replaced_ids: bool = False,
 ) -> str:
     """What to do next after a check; a resolve command only for a job in review, with
     its arguments quoted (docs/review.md "Review"). `complete` False: at least `copies`.
     `version`: the job's version the check found that on, which the command then holds
     for (`--expected-version`): run after anyone else wrote to the job, it is refused.
     `only_in_trash`: every copy found is in the sender's trash, which no search takes
-    for proof (`decisions.after_search`)."""
+    for proof (`decisions.after_search`). `replaced_ids`: the provider searched replaces
+    Message-IDs (its handle is marked unreliable), so finding none proves nothing."""
     if state != JobState.REVIEW:
         return f"the job is {state}, not in review: there is nothing to resolve"
     sent = _resolve_command(key, "sent", version)
@@ -311,6 +317,14 @@ def check_advice(
         return (
             f"{found_only_in_trash(copies, complete)}: open it; sent from this mailbox,"
             f" `{sent}` with a note saying so; received, delete it for good, then check again"
+        )
+    if copies == 0 and replaced_ids:
+        resend = _resolve_command(key, "resend", version)
+        return (
+            "none found, which proves nothing: the provider replaces Message-IDs, so no"
+            " search finds this job's copies; look for it in the sender's Sent folder by"
+            f" hand (To, Subject, time): found, `{sent}` with a note saying where; not"
+            f" found, `{resend}` or abandon"
         )
     if copies == 0:
         resend = _resolve_command(key, "resend", version)
@@ -698,7 +712,11 @@ class Services:
         written = self._record_check(key, found, by=by, purpose="check", searched=job)
         # Recorded, the answer is the job it was recorded on; overtaken, the job now (its
         # advice then says to check again); else the job searched (a send in flight).
-        return _answer(written.job or job, found, written.recorded, written.moved)
+        answer = _answer(written.job or job, found, written.recorded, written.moved)
+        if found.count == 0 and not self.ledger.handle_reliable(self._provider_name(job)):
+            # Read once the search came back: a read-back may have marked it meanwhile.
+            answer = replace(answer, replaced_ids=True)
+        return answer
 
     def _record_check(
         self, key: str, found: SearchResult, *, by: str, purpose: str, searched: SendJob
