@@ -131,6 +131,11 @@ class SendJob(Aggregate):
     # send_via = "drafts": the provider's draft made for this job (None: none recorded).
     draft_id: str | None
     draft_message_id: str | None
+    # The draft (id, message id) a sweep's fence recorded as deleted, written before the
+    # deletion (docs/architecture.md "The life of one job on a drafts provider"): asked
+    # in place of a recorded one until the answer, so a draft found gone under it is
+    # read as the fence's doing, by whichever daemon asks.
+    fenced_draft: tuple[str, str] | None
     # Since when its provider has been unavailable to it (the first of the unavailable
     # rejections in a row), for the channel's `give_up_after`; None otherwise.
     unavailable_since: datetime | None
@@ -264,6 +269,7 @@ class SendJob(Aggregate):
             job.purged_by = ""
             job.draft_id = None
             job.draft_message_id = None
+            job.fenced_draft = None
             job.unavailable_since = None
             job.last_attempt_at = None
             job.first_attempt_at = None
@@ -315,6 +321,7 @@ class SendJob(Aggregate):
                 job.first_attempt_at = self.timestamp
             job.reason = None
             job.history_id = self.history_id
+            job.fenced_draft = None
 
     class LeaseRenewed(Event):
         """The claim's call is still in flight in the daemon that made it, which pushes
@@ -340,6 +347,7 @@ class SendJob(Aggregate):
         def apply(self, job: Any) -> None:
             job.draft_id = self.draft_id
             job.draft_message_id = self.provider_message_id
+            job.fenced_draft = None
 
     class DraftPending(Event):
         """The job's draft still exists after an attempt whose outcome was unknown: the
@@ -354,6 +362,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.reason = f"draft {self.draft_id} still unsent: not sent"
+            job.fenced_draft = None
             if self.retry_at is not None:
                 job.state = JobState.REQUESTED
                 job.due_at = self.retry_at
@@ -377,6 +386,7 @@ class SendJob(Aggregate):
         def apply(self, job: Any) -> None:
             job.draft_id = None
             job.draft_message_id = None
+            job.fenced_draft = None
             job.search_due_at = self.search_due_at
             job.due_at = self.search_due_at
 
@@ -520,6 +530,7 @@ class SendJob(Aggregate):
             job.tidy_at = self.tidy_at
             job.watch_until = None  # a WatchingBounces recorded with it sets it
             job.due_at = _settled_due(job)
+            job.fenced_draft = None
 
     class Verified(Event):
         """A confirmed job's copies counted once more: one (done), or none yet."""
@@ -636,6 +647,10 @@ class SendJob(Aggregate):
                 job.tidy_at = None
                 job.due_at = _settled_due(job)
             if job.draft_id in self.draft_ids:
+                if self.why == DRAFTS_FENCE:
+                    # A sweep's fence is written before its deletion: the draft is
+                    # asked once more, and gone, read as the fence's doing.
+                    job.fenced_draft = (job.draft_id, job.draft_message_id)
                 # Deleted: a later attempt makes a new one (prepare_draft).
                 job.draft_id = None
                 job.draft_message_id = None
@@ -831,9 +846,10 @@ class SendJob(Aggregate):
         the attempt's answer and whether the provider kept our Message-ID."""
         self._require("Confirmed", JobState.REQUESTED, JobState.ATTEMPTED, JobState.UNKNOWN)
         self._require_decision("Confirmed", decision, decide.Confirm)
-        if self.draft_id is None:
+        asked = self.asked_draft
+        if asked is None:
             raise self._refuse("Confirmed", "no draft is recorded")
-        if provider_message_id != self.draft_message_id:
+        if provider_message_id != asked[1]:
             raise self._refuse("Confirmed", "the sent copy is not the draft's message")
         self._confirm(ConfirmedVia.DRAFT, [provider_message_id], decision, at, tidy_at)
 
@@ -843,7 +859,8 @@ class SendJob(Aggregate):
         (the provider makes at most one message of a draft)."""
         self._require("DraftPending", JobState.ATTEMPTED, JobState.UNKNOWN)
         self._require_decision("DraftPending", decision, decide.RetryAt, decide.Review)
-        if self.draft_id is None:
+        asked = self.asked_draft
+        if asked is None:
             raise self._refuse("DraftPending", "no draft is recorded")
         retry_at = decision.at if isinstance(decision, decide.RetryAt) else None
         if retry_at is not None and retry_at < at:
@@ -851,21 +868,22 @@ class SendJob(Aggregate):
         self.trigger_event(
             self.DraftPending,
             timestamp=at,
-            draft_id=self.draft_id,
+            draft_id=asked[0],
             retry_at=retry_at,
             **decision.policy.event_fields(),
         )
         if isinstance(decision, decide.Review):
-            self._escalate(decision, f"draft {self.draft_id} still unsent", at)
+            self._escalate(decision, f"draft {asked[0]} still unsent", at)
 
     def record_draft_gone(self, *, decision: decide.AfterUnknown, at: datetime) -> None:
         """The job's draft is gone and its message is not SENT: the Message-ID search at
         the decision's time, or review."""
         self._require("DraftGone", JobState.UNKNOWN)
         self._require_decision("DraftGone", decision, decide.SearchAt, decide.Review)
-        if self.draft_id is None:
+        asked = self.asked_draft
+        if asked is None:
             raise self._refuse("DraftGone", "no draft is recorded")
-        draft_id = self.draft_id
+        draft_id = asked[0]
         search_at = decision.at if isinstance(decision, decide.SearchAt) else None
         self.trigger_event(
             self.DraftGone,
@@ -1460,6 +1478,14 @@ class SendJob(Aggregate):
             raise self._refuse(action, f"{copies} copies found, {expected} expected")
 
     # -- derived --------------------------------------------------------------------
+
+    @property
+    def asked_draft(self) -> tuple[str, str] | None:
+        """The draft (id, message id) whose answer settles an attempt: the recorded one,
+        else the one a sweep's fence recorded as deleted, not yet answered."""
+        if self.draft_id is not None and self.draft_message_id is not None:
+            return (self.draft_id, self.draft_message_id)
+        return self.fenced_draft
 
     @property
     def settled(self) -> bool:

@@ -5,6 +5,7 @@ looks at its draft; a person's check lands while the recovery fences it."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
@@ -14,7 +15,9 @@ from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
 from tests.unit.meanwhile import Meanwhile
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
-from daemon.doubles.fake_provider import Scripted
+from daemon.doubles.fake_provider import Scripted, SimulatedCrash
+from daemon.engine import Engine, PolicyHolder
+from daemon.engine.drafts import recorded_draft
 from daemon.providers.base import SendOutcome
 from daemon.providers.draft_handle import Draft
 from daemon.service_layer.services import ChannelPolicies, Services
@@ -115,7 +118,8 @@ def test_a_lapsed_claims_send_landing_between_the_check_and_the_fence_confirms(
     assert not [e for e in history if isinstance(e, SendJob.DraftPending | SendJob.Escalated)]
     confirmed = [e for e in history if isinstance(e, SendJob.Confirmed)]
     assert [c.via for c in confirmed] == [ConfirmedVia.DRAFT]
-    assert not [e for e in history if isinstance(e, SendJob.DraftsDeleted)]  # nothing fenced
+    # The fence is recorded before its deletion, which found the draft sent: confirmed by it.
+    assert [type(e).__name__ for e in history][-2:] == ["DraftsDeleted", "Confirmed"]
 
 
 def test_a_lapsed_claims_send_landing_after_the_fence_finds_no_draft_to_send(
@@ -146,7 +150,7 @@ def test_a_persons_check_while_the_recovery_fences_the_draft_keeps_its_answer(
     assert rig.tick().recovered == 1
     assert checked == [True]
     history = rig.ledger.history("k3")
-    assert [type(e).__name__ for e in history][-3:] == ["Checked", "DraftPending", "DraftsDeleted"]
+    assert [type(e).__name__ for e in history][-3:] == ["DraftsDeleted", "Checked", "DraftPending"]
     [fence] = [e for e in history if isinstance(e, SendJob.DraftsDeleted)]
     assert fence.draft_ids == [draft.draft_id]
     rig.tick()  # the draft known unsent: a new one, sent
@@ -174,3 +178,98 @@ def test_a_decision_while_the_recovery_fences_the_draft_is_not_written_over(
     assert report.recovered == 1 and report.skipped == 1
     assert rig.events("k4")[-1] == "Escalated"
     assert rig.job("k4").state is JobState.REVIEW
+
+
+def test_a_daemon_killed_after_its_fence_deleted_the_draft_leaves_the_job_known_unsent(
+    rig: EngineRig,
+) -> None:
+    """The recovery's fence deletes the lapsed claim's unsent draft, and the daemon dies
+    before it saves what it learnt. The next daemon found the draft gone, "sent or
+    deleted by someone" (`DraftGone`): on this channel a review of a job known unsent.
+    The fence is recorded before its deletion, so the next daemon reads the draft gone
+    as that fence's doing: not sent, and sent again once, no review."""
+    draft = lapsed_claim_with_its_draft(rig, "k5", "notices")
+
+    def killed() -> None:
+        raise SimulatedCrash("killed after the fence's deletion")
+
+    after(rig, "delete_draft", killed)
+    rig.tick(errors=1)
+    assert draft.draft_id not in fake(rig).held_drafts  # deleted, its answer not saved
+    rig.restart()
+    rig.tick()
+    history = rig.ledger.history("k5")
+    assert not [e for e in history if isinstance(e, SendJob.DraftGone | SendJob.Escalated)]
+    assert [type(e).__name__ for e in history][-2:] == ["DraftsDeleted", "DraftPending"]
+    assert rig.job("k5").draft_id is None
+    rig.tick()  # the draft known unsent: a new one, sent
+    assert rig.job("k5").state is JobState.CONFIRMED, rig.events("k5")
+    assert rig.copies("k5") == 1
+
+
+# -- a quota scope handed over while the old owner fences a draft ---------------------
+
+LEASE = 9.0
+
+
+def two_daemons(rig: EngineRig) -> tuple[Engine, Engine]:
+    """Daemons `a` and `b` sharing the rig's store and provider, its one quota scope
+    owned through a lease (docs/architecture.md "Scope leases")."""
+    rig.engine.close()
+    engines = []
+    for name in ("a", "b"):
+        engine = Engine(rig.ledger, PolicyHolder(lambda: rig.policies), {"fake": rig.provider},
+                        provider_timeouts={"fake": TIMEOUT}, clock=rig.clock,
+                        deadline_grace=GRACE, rng=random.Random(1), daemon_name=name,
+                        scope_lease=LEASE)  # fmt: skip
+        engines.append(rig.own(engine))
+    return engines[0], engines[1]
+
+
+@pytest.mark.parametrize("channel", ["notices", "legal"])
+def test_a_scope_handed_over_while_its_old_owner_fences_a_draft_leaves_the_job_exact(
+    rig: EngineRig, channel: str
+) -> None:
+    """`a` owns the mailbox's scope; its sweep of a lapsed claim finds the draft unsent
+    and deletes it (the fence). Before its answer is saved, `a` stalls past its scope's
+    lease (a pause; its deletion's answer slow), `b` takes the scope and sweeps the job:
+    it found the draft gone, deleted by `a` but not said so, and recorded `DraftGone`,
+    a review on these channels (`on_unknown = "review"`), and `a`'s answer then
+    conflicted with it and was dropped. Now `b` reads the draft gone as the fence's
+    doing: not sent. `notices` sends a new draft, once; `legal` reviews a draft known
+    unsent (`pending_draft = "review"`), never an unknown outcome."""
+    rig.submit(channel, "k6")
+    fake(rig).script(Scripted.crash_during_call(stored=False))
+    a, b = two_daemons(rig)
+    assert a.tick().errors == 1  # `a` alone: it takes the scope; its call dies
+    draft = recorded_draft(rig.job("k6"))
+    assert draft is not None
+    for _ in range(int(TIMEOUT + GRACE) + 1):  # the claim's lease lapses; `a` keeps its scope
+        rig.clock.advance(1)
+        a._balance_scopes()
+    b_swept: list[int] = []
+
+    def a_stalls_and_b_sweeps() -> None:  # on `a`'s check worker, the draft deleted
+        rig.clock.advance(LEASE + GRACE)  # `a` renews nothing meanwhile
+        b_swept.append(b.tick().recovered + 1)
+        assert b.owners is not None and b.owners.owned() == ["fake"]
+
+    after(rig, "delete_draft", a_stalls_and_b_sweeps)
+    a.tick()
+    assert b_swept and draft.draft_id not in fake(rig).held_drafts
+    history = rig.ledger.history("k6")
+    assert not [e for e in history if isinstance(e, SendJob.DraftGone)], rig.events("k6")
+    [pending] = [e for e in history if isinstance(e, SendJob.DraftPending)]
+    assert pending.draft_id == draft.draft_id
+    for _ in range(3):
+        rig.clock.advance(1)
+        b.tick()
+    job = rig.job("k6")
+    if channel == "notices":
+        assert job.state is JobState.CONFIRMED, rig.events("k6")
+        assert rig.copies("k6") == 1
+        assert not [e for e in rig.ledger.history("k6") if isinstance(e, SendJob.Escalated)]
+    else:
+        assert job.state is JobState.REVIEW and rig.copies("k6") == 0
+        assert job.reason == EscalationReason.UNKNOWN_OUTCOME
+        assert rig.events("k6")[-2:] == ["DraftPending", "Escalated"]

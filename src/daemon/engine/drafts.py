@@ -52,6 +52,13 @@ def recorded_draft(job: SendJob) -> Draft | None:
     return Draft(job.draft_id, job.draft_message_id)
 
 
+def asked_draft(job: SendJob) -> Draft | None:
+    """The draft whose answer settles the job's attempt: the recorded one, or the one a
+    sweep's fence recorded as deleted before deleting it (`SendJob.fenced_draft`)."""
+    asked = job.asked_draft
+    return None if asked is None else Draft(*asked)
+
+
 def prepare_draft(
     job: SendJob,
     drafts: DraftsProvider,
@@ -212,14 +219,17 @@ def record_draft_check(
     unknown_at: datetime,
     handle_reliable: bool,
     tidy_at: datetime | None,
+    fenced: bool = False,
 ) -> None:
     """What the draft answered, as events on the job in memory (the caller saves);
-    `tidy_at`: when the job's unsent drafts are deleted, should this settle it."""
-    draft = recorded_draft(job)
+    `tidy_at`: when the job's unsent drafts are deleted, should this settle it.
+    `fenced`: a draft gone is the fence's doing (its deletion recorded before it was
+    made, and not found to have missed): not sent, as a draft still there is."""
+    draft = asked_draft(job)
     assert draft is not None, "record_draft_check needs a recorded draft"
     if check.status is DraftStatus.SENT:
         confirm_recorded(job, policy, draft, now, tidy_at)
-    elif check.status is DraftStatus.PENDING:
+    elif check.status is DraftStatus.PENDING or fenced:
         job.record_draft_pending(
             decision=decisions.after_draft_pending(
                 policy, attempts_made=job.round_attempts, now=now

@@ -38,7 +38,7 @@ from typing import TypeVar
 from daemon.crashpoints import crash_point
 from daemon.engine.circuit import CHECK, Admit, Circuits
 from daemon.engine.clock import Clock
-from daemon.engine.drafts import record_draft_check, recorded_draft
+from daemon.engine.drafts import asked_draft, record_draft_check, recorded_draft
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.report import Count
 from daemon.engine.work import Step, Work, due
@@ -49,7 +49,7 @@ from daemon.providers.base import (
     SearchResult,
     calls_while,
 )
-from daemon.providers.draft_handle import DraftCheck, DraftsProvider, DraftStatus
+from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
 from ledger.application import ConcurrentUpdate
 from ledger.copies import copies_found
@@ -123,7 +123,7 @@ class SearchBackoff:
 
     def ask(self, work: Work, drafts: DraftsProvider, provider: Provider) -> DraftCheck | None:
         """The job's draft's answer, under the same circuit and backoff as a search."""
-        draft = recorded_draft(work.job)
+        draft = asked_draft(work.job)
         assert draft is not None, "ask needs a recorded draft"
         return self._call(
             work, provider, "draft check", lambda: drafts.check_draft(draft), "searched"
@@ -256,8 +256,9 @@ class Sweep:
         policy, provider = found
         drafts = provider.drafts()
         # An attempt made without a draft (a provider not in drafts mode) has nothing
-        # for the drafts flow (`drafts.py`) to answer.
-        draft = None if work.job.draft_id is None else recorded_draft(work.job)
+        # for the drafts flow (`drafts.py`) to answer; one whose draft a fence recorded
+        # as deleted is answered by that draft.
+        draft = asked_draft(work.job)
         if draft is not None:
             # The attempt sent its draft: its answer settles the job, asked where the
             # attempt was made. A provider that left drafts mode since (a restart with
@@ -394,21 +395,33 @@ class Sweep:
         """A job whose draft is recorded is settled by the draft, not by a search. A draft
         still unsent is deleted before the job is recorded as not sent by it (the fence):
         the sweep runs for a claim whose lease lapsed or whose call timed out, and that
-        call may still land; once deleted, nothing can send it."""
+        call may still land; once deleted, nothing can send it.
+
+        The fence is recorded (`DraftsDeleted`, why `fence`) before its deletion, on the
+        version the check answered for, as a claim is before its call: a daemon that
+        deleted the draft and then neither saved its answer (killed, or paused while its
+        scope went to another daemon) nor lost the race to save it, leaves the fence in
+        the job, and whoever asks the draft next reads it gone as the fence's doing (not
+        sent), where it would read "gone, sent or deleted by someone" (`DraftGone`)."""
         job = work.job
+        draft = asked_draft(job)
+        assert draft is not None
         check = self._backoff.ask(work, drafts, provider)
         if check is None:
             return
-        fenced = None
+        missed = False  # the fence this sweep recorded found the draft gone: not its doing
         if check.status is DraftStatus.PENDING:
-            draft = recorded_draft(job)
-            assert draft is not None
+            # One fencer per fence: a second sweep's record of it conflicts and is
+            # refused; a sweep that finds it recorded (a daemon killed, or still at it)
+            # deletes the draft again, and reads it gone as that fence's doing.
+            ours = recorded_draft(work.job) == draft
+            if ours:
+                _save_beside_facts(work, _fence(draft, self._clock()))
             deleted = self._backoff.delete_draft(work, drafts, provider, draft.draft_id)
             if deleted is None:
-                return  # no answer: asked again later
-            if deleted:
-                fenced = draft.draft_id
-            else:  # gone since the check: sent by that call, or deleted by a person
+                return  # no answer: asked again later, the fence recorded
+            if not deleted:  # gone since the check: sent by that call, or deleted by a person
+                missed = ours
                 check = self._backoff.ask(work, drafts, provider)
                 if check is None:
                     return
@@ -416,27 +429,28 @@ class Sweep:
         # A person's check while the draft was asked and fenced must not lose the answer:
         # the draft it deleted would be read next time as gone, "sent or deleted by
         # someone", and the job searched or sent to review though it is known unsent.
-        _save_beside_facts(work, self._draft_answer(work, check, policy, provider, fenced))
+        _save_beside_facts(work, self._draft_answer(work, draft, check, policy, provider, missed))
         log.info("job %s: its draft is %s", job.key, check.status.value)
 
     def _draft_answer(
         self,
         work: Work,
+        draft: Draft,
         check: DraftCheck,
         policy: ChannelPolicy,
         provider: Provider,
-        fenced: str | None,
+        missed: bool,
     ) -> Callable[[SendJob], None]:
-        """What the draft answered (and `fenced`: the draft the sweep deleted), as the
-        events a job records; refused on a job whose recorded draft is no longer the
-        one asked."""
-        asked = recorded_draft(work.job)
+        """What `draft` answered, as the events a job records; refused on a job whose
+        draft to ask is no longer the one asked. Gone under a fence recorded on the job
+        (by this sweep or another daemon's) is not sent, unless this sweep's own
+        deletion `missed` it."""
         now = work.now
         reliable = self._health.reliable(work.provider_name)
         tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=now)
 
         def record(on: SendJob) -> None:
-            if recorded_draft(on) != asked:
+            if asked_draft(on) != draft:
                 why = "another draft is recorded since it was asked"
                 raise TransitionError(on.key, on.state.value, "record its draft's answer", why)
             record_draft_check(
@@ -447,11 +461,23 @@ class Sweep:
                 unknown_at=now,
                 handle_reliable=reliable,
                 tidy_at=tidy_at,
+                fenced=recorded_draft(on) is None and not missed,
             )
-            if fenced is not None:
-                on.record_drafts_deleted(draft_ids=[fenced], why=DRAFTS_FENCE, at=now)
 
         return record
+
+
+def _fence(draft: Draft, at: datetime) -> Callable[[SendJob], None]:
+    """The fence of `draft` as the job records it, before the deletion; refused on a job
+    whose recorded draft is no longer `draft`."""
+
+    def record(on: SendJob) -> None:
+        if recorded_draft(on) != draft:
+            why = "another draft is recorded since it was asked"
+            raise TransitionError(on.key, on.state.value, "fence its draft", why)
+        on.record_drafts_deleted(draft_ids=[draft.draft_id], why=DRAFTS_FENCE, at=at)
+
+    return record
 
 
 def _record(
