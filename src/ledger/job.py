@@ -136,6 +136,10 @@ class SendJob(Aggregate):
     # in place of a recorded one until the answer, so a draft found gone under it is
     # read as the fence's doing, by whichever daemon asks.
     fenced_draft: tuple[str, str] | None
+    # Every draft id recorded as deleted (`DraftsDeleted`): never reused by a later
+    # attempt, whose listing by Message-ID may still show one whose deletion was
+    # recorded before it was made (a fence, a claim that lost its race).
+    deleted_drafts: frozenset[str]
     # Since when its provider has been unavailable to it (the first of the unavailable
     # rejections in a row), for the channel's `give_up_after`; None otherwise.
     unavailable_since: datetime | None
@@ -270,6 +274,7 @@ class SendJob(Aggregate):
             job.draft_id = None
             job.draft_message_id = None
             job.fenced_draft = None
+            job.deleted_drafts = frozenset()
             job.unavailable_since = None
             job.last_attempt_at = None
             job.first_attempt_at = None
@@ -643,6 +648,7 @@ class SendJob(Aggregate):
         why: str
 
         def apply(self, job: Any) -> None:
+            job.deleted_drafts = job.deleted_drafts | set(self.draft_ids)
             if self.why == DRAFTS_TIDY:
                 job.tidy_at = None
                 job.due_at = _settled_due(job)

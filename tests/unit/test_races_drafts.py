@@ -273,3 +273,47 @@ def test_a_scope_handed_over_while_its_old_owner_fences_a_draft_leaves_the_job_e
         assert job.state is JobState.REVIEW and rig.copies("k6") == 0
         assert job.reason == EscalationReason.UNKNOWN_OUTCOME
         assert rig.events("k6")[-2:] == ["DraftPending", "Escalated"]
+
+
+# -- a claim that lost its race deletes its draft while another daemon reuses it ------
+
+
+def test_a_lost_claims_draft_reused_by_the_next_claim_is_never_deleted_under_it(
+    rig: EngineRig,
+) -> None:
+    """`a`'s draft step creates the job's draft; a person's check lands meanwhile, so
+    `a`'s claim loses and `a` deletes the draft it made, the job's record having no
+    draft. Between that read and the deletion, `b` (the mailbox's new owner) loads the
+    job, finds `a`'s draft by its Message-ID, reuses it and claims; `a`'s deletion lands
+    before `b`'s drafts.send: a 404, and the draft gone with no SENT copy (`DraftGone`),
+    on this channel a review of a job the daemons knew unsent (`a` deleted it). The
+    deletion is now recorded on the version `a` read before it is made, and a draft
+    recorded deleted is never reused: `b` makes its own, one copy, no review."""
+    rig.submit("notices", "k7")
+    door = door_of(rig)
+    b = rig.new_engine("b")
+    provider = fake(rig)
+    provider.during_create = Meanwhile(lambda: door.check("k7", by="alice"))
+    deleting, sending = provider.delete_draft, provider.send_draft
+    lands_first: list[str] = []
+
+    def a_deletes(draft_id: str) -> bool:  # `a`'s claim lost: its draft deleted
+        lands_first.append(draft_id)
+        b.tick()  # `b` takes the job meanwhile
+        return deleting(draft_id)
+
+    def b_sends(draft: Draft) -> SendOutcome:  # `a`'s deletion reaches Gmail first
+        for draft_id in lands_first:
+            deleting(draft_id)
+        return sending(draft)
+
+    provider.delete_draft = a_deletes
+    provider.send_draft = b_sends
+    report = rig.tick()
+    assert report.skipped == 1 and lands_first, report  # `a`'s claim lost
+    history = rig.ledger.history("k7")
+    assert not [e for e in history if isinstance(e, SendJob.DraftGone | SendJob.Escalated)], (
+        rig.events("k7")
+    )
+    assert rig.job("k7").state is JobState.CONFIRMED, rig.events("k7")
+    assert rig.copies("k7") == 1

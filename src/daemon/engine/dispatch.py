@@ -14,7 +14,6 @@ takes a claim whose call is alive in this daemon.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import random
@@ -52,6 +51,10 @@ from policies import decisions
 from policies.model import ChannelPolicy
 
 log = logging.getLogger("sendledger.engine")
+
+
+#: Reads of the winner a claim that lost its race makes, to record its draft's deletion.
+LOST_DRAFT_TRIES = 3
 
 
 @dataclass(eq=False)  # compared by identity
@@ -196,25 +199,45 @@ class Dispatch:
             raise
 
     def _delete_lost_draft(self, work: Work, drafts: DraftsProvider, draft: Draft) -> None:
+        """The draft of a claim that lost its race, deleted, its deletion recorded first
+        on the version read, where the winner's draft was found not to be it: another
+        daemon's draft step may find it by its Message-ID and reuse it, and a deletion
+        decided on an older version would land under that claim's send (a 404, the draft
+        gone: `DraftGone`). A job recorded deleted is never reused (`prepare_draft`).
+        While another claim is in flight its history is its own: the draft is left, for
+        a later attempt to reuse or the job's tidy to delete."""
         key = work.job.key
-        try:
-            winner = work.ledger.get_job(key)
+
+        def record(winner: SendJob) -> bool:
             if winner.draft_id == draft.draft_id:
-                return  # the winner's claim found our draft and sends it
+                return False  # the winner's claim found our draft and sends it
+            winner.record_drafts_deleted(
+                draft_ids=[draft.draft_id], why=DRAFTS_CLAIM_LOST, at=self._clock()
+            )
+            return True
+
+        for _ in range(LOST_DRAFT_TRIES):
+            try:
+                _job, recorded = work.ledger.update(key, record)
+            except ConcurrentUpdate:
+                continue  # another writer again: read the winner once more
+            except TransitionError:
+                log.info("job %s: draft %s left: another claim is in flight", key, draft.draft_id)
+                return
+            if not recorded:
+                return
+            break
+        else:
+            log.info("job %s: draft %s left: the job kept changing", key, draft.draft_id)
+            return
+        try:
             if not drafts.delete_draft(draft.draft_id):
                 return
         except ProviderError as exc:
+            # Recorded deleted, so never reused; the job's tidy deletes it once settled.
             log.info("job %s: draft %s not deleted (%s)", key, draft.draft_id, quoted(exc.reason))
             return
         log.info("job %s: draft %s deleted: its claim lost to another writer", key, draft.draft_id)
-        # Refused while another daemon's claim is in flight: its history is its own.
-        with contextlib.suppress(ConcurrentUpdate, TransitionError):
-            work.ledger.update(
-                key,
-                lambda job: job.record_drafts_deleted(
-                    draft_ids=[draft.draft_id], why=DRAFTS_CLAIM_LOST, at=self._clock()
-                ),
-            )
 
     def claim(self, work: Work) -> Claimed | None:
         """Decide and render, then record the claim on the job in memory (not saved);

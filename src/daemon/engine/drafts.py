@@ -96,6 +96,10 @@ def prepare_draft(
     # later by someone else, once its content is found to be the job's.
     reused = None
     for draft in sorted(drafts.find_drafts(job.message_id), key=lambda d: d.draft_id):
+        if draft.draft_id in job.deleted_drafts:
+            # Recorded deleted, perhaps before its deletion was made (a fence, a claim
+            # that lost its race): reused, it could be deleted under this claim's send.
+            continue
         current = drafts.draft_raw(draft)
         if current is not None:  # else sent or deleted since it was listed
             _held_to(draft, current, raw)
