@@ -317,3 +317,22 @@ def test_a_lost_claims_draft_reused_by_the_next_claim_is_never_deleted_under_it(
     )
     assert rig.job("k7").state is JobState.CONFIRMED, rig.events("k7")
     assert rig.copies("k7") == 1
+
+
+def test_a_lost_claims_draft_is_deleted_at_once_beside_another_claim_in_flight(
+    rig: EngineRig,
+) -> None:
+    """`b` claims the job with a draft of its own while `a`'s draft step runs, and its
+    call is still out when `a`'s claim loses: nothing can be recorded on a job whose
+    call is in flight, and `a`'s draft is deleted at once all the same (left, it would
+    be one click from a second copy); `b`'s draft is the one left."""
+    rig.submit("notices", "k8")
+    b = rig.new_engine("b")
+    provider = fake(rig)
+    provider.script(Scripted.crash_during_call(stored=False))  # `b`'s call: never answered
+    provider.during_create = Meanwhile(lambda: b.tick())
+    assert rig.tick().skipped == 1  # `a`'s claim lost
+    job = rig.job("k8")
+    assert job.state is JobState.ATTEMPTED and job.draft_id is not None
+    assert list(provider.held_drafts) == [job.draft_id]
+    assert provider.drafts_created == 2

@@ -203,9 +203,10 @@ class Dispatch:
         on the version read, where the winner's draft was found not to be it: another
         daemon's draft step may find it by its Message-ID and reuse it, and a deletion
         decided on an older version would land under that claim's send (a 404, the draft
-        gone: `DraftGone`). A job recorded deleted is never reused (`prepare_draft`).
-        While another claim is in flight its history is its own: the draft is left, for
-        a later attempt to reuse or the job's tidy to delete."""
+        gone: `DraftGone`). A draft recorded deleted is never reused (`prepare_draft`).
+        While another claim of the job is in flight its history is its own (nothing is
+        recorded): the draft is deleted at once, as a later attempt could reuse it only
+        once that claim's own draft is gone, after its outcome."""
         key = work.job.key
 
         def record(winner: SendJob) -> bool:
@@ -222,8 +223,7 @@ class Dispatch:
             except ConcurrentUpdate:
                 continue  # another writer again: read the winner once more
             except TransitionError:
-                log.info("job %s: draft %s left: another claim is in flight", key, draft.draft_id)
-                return
+                break  # another claim in flight: deleted, not recorded
             if not recorded:
                 return
             break
@@ -234,7 +234,7 @@ class Dispatch:
             if not drafts.delete_draft(draft.draft_id):
                 return
         except ProviderError as exc:
-            # Recorded deleted, so never reused; the job's tidy deletes it once settled.
+            # Recorded deleted (so never reused) or not, the job's tidy deletes it.
             log.info("job %s: draft %s not deleted (%s)", key, draft.draft_id, quoted(exc.reason))
             return
         log.info("job %s: draft %s deleted: its claim lost to another writer", key, draft.draft_id)
