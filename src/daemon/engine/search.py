@@ -258,7 +258,7 @@ class Sweep:
         # An attempt made without a draft (a provider not in drafts mode) has nothing
         # for the drafts flow (`drafts.py`) to answer; one whose draft a fence recorded
         # as deleted is answered by that draft.
-        draft = asked_draft(work.job)
+        draft = None if work.job.asked_draft is None else asked_draft(work.job)
         if draft is not None:
             # The attempt sent its draft: its answer settles the job, asked where the
             # attempt was made. A provider that left drafts mode since (a restart with
