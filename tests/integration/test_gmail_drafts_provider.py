@@ -22,7 +22,7 @@ from tests.unit.jobs import CHANNEL, KEY, MESSAGE_ID, requested_job
 
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine.drafts import DraftChanged, prepare_draft
-from daemon.providers.base import SendKind
+from daemon.providers.base import ScopeLost, SendKind, calls_while
 from daemon.providers.draft_handle import Draft, DraftRefused, DraftStatus
 from daemon.providers.gmail import DRAFT_SCOPES, SCOPES, GmailProvider, MissingScope
 from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
@@ -314,3 +314,34 @@ def test_a_resend_after_a_person_sent_the_edited_draft_is_refused_and_sends_noth
         door.resolve(KEY, Resolution.RESEND, note="", by="alice")
     assert refused.value.kind is Refusal.CONFLICT
     assert door.job(KEY).state is JobState.REVIEW and sent_lines(acceptance_log) == 1
+
+
+def test_a_drafts_deletion_whose_scope_moved_makes_no_further_call(
+    drafts_provider: GmailProviderFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    make_raw: RawFactory,
+) -> None:
+    """Deleting a message's drafts (a tidy, a sweep's fence of a job without a recorded
+    draft) is several calls: drafts.list, a drafts.get of each listed draft's header,
+    a drafts.delete of each. Like Graph's, it asks before each further call whether the
+    mailbox's quota scope is still the daemon's (`calls_while`, set by the engine), and
+    once it is not it stops there (ScopeLost): its calls went on beside the new owner's,
+    over the mailbox's quota. The drafts not deleted are left to the new owner."""
+    provider = drafts_provider()
+    made = {provider.create_draft(make_raw(MID)).draft_id for _ in range(2)}
+    asked = 0
+
+    def ours() -> bool:  # the first further call is still the daemon's, not the next
+        nonlocal asked
+        asked += 1
+        return asked <= 1
+
+    before = len(relay.log)
+    with calls_while(ours), pytest.raises(ScopeLost):
+        provider.delete_drafts(MID)
+    calls = [(e["method"], e["path"]) for e in relay.log[before:] if "/drafts" in e["path"]]
+    assert len(calls) == 2 and not [c for c in calls if c[0] == "DELETE"], calls
+    assert set(emulator.drafts(MAILBOX)) == made
+    assert sorted(provider.delete_drafts(MID)) == sorted(made)  # the new owner's
+    assert emulator.drafts(MAILBOX) == {}

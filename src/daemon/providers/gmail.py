@@ -54,6 +54,7 @@ from daemon.providers.base import (
     SearchResult,
     SendKind,
     SendOutcome,
+    next_call,
 )
 from daemon.providers.classify import (
     classify_send_exception,
@@ -632,7 +633,14 @@ class GmailProvider(ProviderBase):
         if self.send_via != "drafts":
             return []
         found = self.draft_calls.find(mailbox, message_id)
-        return [d.draft_id for d in found if self.draft_calls.delete(mailbox, d.draft_id)]
+        deleted = []
+        for draft in found:
+            # Asked before each call (`next_call`), as the listing did: once the scope
+            # moved, the drafts left are its new owner's to delete.
+            next_call(f"drafts.delete {draft.draft_id}")
+            if self.draft_calls.delete(mailbox, draft.draft_id):
+                deleted.append(draft.draft_id)
+        return deleted
 
     def ping(self) -> None:
         self.ping_as(self._unscoped())

@@ -27,7 +27,7 @@ import base64
 import json
 from typing import Any
 
-from daemon.providers.base import ProviderError, SendKind, SendOutcome
+from daemon.providers.base import ProviderError, SendKind, SendOutcome, next_call
 from daemon.providers.classify import (
     classify_send_exception,
     classify_send_response,
@@ -178,10 +178,16 @@ class GmailDrafts:
                 draft = _draft_of(item) if isinstance(item, dict) else None
                 if draft is None:
                     raise ProviderError(f"{what}: malformed entry {item!r}")
+                # Each further call asks whether the mailbox's quota scope is still the
+                # daemon's (`next_call`: a tidy's or a fence's, as Graph's deletion does;
+                # docs/architecture.md "Scope leases").
+                next_call(f"drafts.get {draft.draft_id}")
                 header = self._draft_message_id(mailbox, draft)
                 # rfc822msgid: matches loosely: the header must be exactly ours.
                 if header is not None and same_message_id(header, message_id):
                     found.append(draft)
+            if page.get("nextPageToken"):
+                next_call(what)  # before the next page's call
         return found
 
     def _draft_message_id(self, mailbox: Mailbox, draft: Draft) -> str | None:
