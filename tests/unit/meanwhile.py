@@ -10,7 +10,7 @@ from collections.abc import Callable
 class Meanwhile:
     """The hook to run at the point, the first time it is reached only."""
 
-    def __init__(self, hook: Callable[[], None] | None = None) -> None:
+    def __init__(self, hook: Callable[[], object] | None = None) -> None:
         self.hook = hook
 
     def __call__(self) -> None:

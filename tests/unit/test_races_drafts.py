@@ -307,8 +307,8 @@ def test_a_lost_claims_draft_reused_by_the_next_claim_is_never_deleted_under_it(
             deleting(draft_id)
         return sending(draft)
 
-    provider.delete_draft = a_deletes
-    provider.send_draft = b_sends
+    provider.delete_draft = a_deletes  # type: ignore[method-assign]
+    provider.send_draft = b_sends  # type: ignore[method-assign]
     report = rig.tick()
     assert report.skipped == 1 and lands_first, report  # `a`'s claim lost
     history = rig.ledger.history("k7")
