@@ -31,3 +31,33 @@ def test_a_command_group_alone_lists_its_commands(cli: Any) -> None:
     assert result.code == 2, result.stderr
     line = one_error_line(result, "review needs a command: list, show, resolve")
     assert "`sendledger help review`" in line
+
+
+def _refused(cli: Any, *args: str, config: bool = True) -> str:
+    result = cli.run(*args, config=config)
+    assert result.code == 2, result.stderr
+    return one_error_line(result)
+
+
+def test_a_mistyped_option_is_answered_with_the_close_match_of_its_command(cli: Any) -> None:
+    typed = {
+        ("status", "--jsn", "k1"): "--jsn: no such option of status; did you mean --json?",
+        ("review", "list", "--chanel", "payouts"): (
+            "--chanel: no such option of review list; did you mean --channel?"
+        ),
+        ("audit", "--sinse=24h"): "--sinse: no such option of audit; did you mean --since?",
+    }
+    for args, said in typed.items():
+        assert _refused(cli, *args).endswith(said)
+
+
+def test_a_mistyped_config_option_is_named_not_the_path_after_it(cli: Any) -> None:
+    # `--confg FILE status`: the path was taken for the command (`FILE: no such command`).
+    line = _refused(cli, "--confg", "mail/sendledger.toml", "status", "k1", config=False)
+    assert line.endswith("--confg: no such option; did you mean --config?")
+
+
+def test_an_option_close_to_none_lists_the_command_s_options(cli: Any) -> None:
+    line = _refused(cli, "history", "--xyzzy", "k1")
+    assert "--xyzzy: no such option of history; its options: " in line
+    assert "--json" in line and "--config" not in line

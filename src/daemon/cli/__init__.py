@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from daemon.cli import output
+from daemon.cli import mistyped_options, output
 from daemon.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_CONFLICT,
@@ -208,6 +208,19 @@ def keep_hangups() -> None:
     signal.signal(signal.SIGHUP, lambda signum, _frame: HANGUPS.append(signum))
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, a mistyped option named with its close match
+    (daemon/cli/mistyped_options.py)."""
+    problem = mistyped_options.before_command(parser, argv)
+    if problem is not None:
+        parser.error(problem)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        problem = mistyped_options.after_command(parser, args, extras)
+        parser.error(problem or f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     output.guard_streams()  # nothing a caller typed acts on the terminal (docs/cli.md "Keys")
     argv = sys.argv[1:] if argv is None else argv
@@ -217,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep_hangups()
     try:
         parser = build_parser(command)
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
     except KeyboardInterrupt:
         # A Ctrl-C while the command's modules load (a few tenths of a second): exit 130
         # as later, not Python's traceback of the import it stopped.
