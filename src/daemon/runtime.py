@@ -28,6 +28,7 @@ from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecution
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from daemon.config.secret_files import warn_exposed_secrets
+from daemon.config.sender_mailboxes import other_senders
 from daemon.config.settings import ConfigError
 from daemon.config.tick_bound import tick_limit
 from daemon.engine.leases import lock_wait
@@ -588,13 +589,16 @@ def _held_on(store: StoreSpec) -> str:
 
 
 def start_up(service: Service) -> IdentityLock | None:
-    """Before the first tick: say which secret files others can read, hold this daemon's
+    """Before the first tick: say which secret files others can read and which channels
+    send as another address than their provider's mailbox, hold this daemon's
     name in the store (IdentityTaken when a live daemon holds it), recover this name's
     earlier claims (``daemon/engine/recover.py``: at once, or once past their deadline
     where the name's lock can end under a live holder) and fill in what an earlier
     release left out of the index: the mailbox of the open jobs, what else is due of the
     watched ones. The lock is held until released, or until the process dies."""
     warn_exposed_secrets(service.settings)
+    for line in other_senders(service.settings, service.policies.current):
+        log.warning("%s", line)
     check_provider_access(service.providers)
     name = service.engine.daemon_name
     if not name:

@@ -235,3 +235,48 @@ def test_init_emulator_writes_a_config_that_runs_against_the_emulator_unchanged(
         log.close()
     accepted = (site / "accepted.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(accepted) == 1  # one copy, counted where it happened
+
+
+def test_a_user_corrected_alone_is_said_by_policy_check_and_the_daemon_s_start(
+    tmp_path: Path,
+) -> None:
+    # README's quick start: edit the two EDIT lines of the config. A `user` corrected there
+    # alone left both policies sending as the address init was given, and nothing said so.
+    with Rig(tmp_path / "emulator") as rig:
+        site = tmp_path / "site"
+        assert init(str(site), "--mailbox", "shop@shop.example", cwd=tmp_path).returncode == 0
+        write_service_account(site / "gmail-service-account.json", token_uri=rig.emulator.token_uri)
+        config = site / "sendledger.toml"
+        text = config.read_text(encoding="utf-8").replace(
+            'user = "shop@shop.example"',
+            f'user = "ops@shop.example"\napi_endpoint = "{rig.emulator.url}"\n'
+            f'token_uri = "{rig.emulator.token_uri}"',
+        )
+        config.write_text(text, encoding="utf-8")
+        said = [
+            f"warning: channel '{channel}': from shop@shop.example is not providers.gmail.user "
+            "(ops@shop.example), the mailbox it sends from: Gmail sends as that mailbox "
+            "unless shop@shop.example is one of its send-as addresses"
+            for channel in ("notices", "receipts")
+        ]
+        command = [SENDLEDGER, "--config", str(config)]
+        checked = subprocess.run(
+            [*command, "policy", "check"], capture_output=True, text=True, timeout=60
+        )
+        assert checked.returncode == 0, checked.stderr
+        lines = checked.stderr.splitlines()
+        assert len(lines) == 2, lines
+        assert all(s in line for s, line in zip(said, lines, strict=True)), lines
+        once = subprocess.run(
+            [*command, "run", "--once"], capture_output=True, text=True, timeout=60
+        )
+        assert once.returncode == 0, once.stderr
+        for line in said:
+            assert line.removeprefix("warning: ") in once.stderr, once.stderr
+
+        # The same address in both: nothing said.
+        config.write_text(text.replace("ops@shop.example", "shop@shop.example"), encoding="utf-8")
+        checked = subprocess.run(
+            [*command, "policy", "check"], capture_output=True, text=True, timeout=60
+        )
+        assert checked.returncode == 0 and checked.stderr == "", checked.stderr

@@ -31,6 +31,7 @@ from ledger.display import printable
 from policies.files import BYTE_ORDER_MARK, starts_with_a_mark
 
 if TYPE_CHECKING:
+    from daemon.config.settings import Settings
     from daemon.config.store_section import StoreSource
     from ledger.application import Ledger
 
@@ -198,16 +199,18 @@ def _short(text: str) -> str:
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
+    from daemon.config.sender_mailboxes import other_senders
     from policies.check import check_policies, render_table, summary_rows
 
     known: set[str] | None = None
     client_copy: set[str] = set()
     directory: Path
+    settings: Settings | None = None
     if args.dir:
         directory = Path(args.dir)
         try:
-            loaded = settings_for(args.config)
-            known, client_copy = set(loaded.providers), loaded.client_copy_providers()
+            settings = settings_for(args.config)
+            known, client_copy = set(settings.providers), settings.client_copy_providers()
         except Exception:
             # Checking a folder must work without a config; provider names then go unchecked.
             known = None
@@ -226,6 +229,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         print(output.dumps(rows))
     else:
         print(render_table(rows))  # never empty: a folder without a policy is refused
+    for line in other_senders(settings, policies) if settings is not None else []:
+        output.error(f"warning: {line}")
     return EXIT_OK
 
 
