@@ -169,6 +169,17 @@ def open_ledger(
         raise CliError(f"cannot open store {settings.store.url.split('@')[-1]}: {exc}") from exc
 
 
+def judge_store_url(settings: StoreSource) -> None:
+    """`store.url` and the `[store]` keys judged as the commands that open the store judge
+    them, without opening it: for `policy check`, which judges the whole file
+    (docs/configuration.md "Configuration"). Bad input naming the config."""
+    encryption_keys(settings)  # a bad key file is bad input (ConfigError)
+    try:
+        store_spec(settings)
+    except StoreUrlError as exc:
+        raise bad_input(f"{settings.config_path}: {exc}") from None
+
+
 def store_spec(settings: StoreSource) -> StoreSpec:
     """`store.url` with the `[store]` connection settings applied. The PostgreSQL-only
     keys set for another store are refused (docs/performance.md "Performance and scaling")."""

@@ -394,3 +394,13 @@ def test_a_job_on_stdin_that_is_not_utf8_is_exit_2_naming_stdin(cli: Any) -> Non
     result = cli.run("submit", "-", stdin='{"key": "caf\udce9"}')  # the byte 0xe9 alone
     assert result.code == 2
     one_error_line(result, "stdin: not UTF-8")
+
+
+def test_policy_check_judges_the_store_url_as_the_store_s_commands_do(cli: Any) -> None:
+    # `policy check` judges the whole file (docs/configuration.md): a store.url every command
+    # refuses passed it, and the daemon it was run before then failed at its start.
+    cli.write_config("sqlite://ledger.sqlite")
+    checked = cli.run("policy", "check")
+    assert checked.code == 2, checked.stderr
+    one_error_line(checked, "store.url: 'sqlite://ledger.sqlite': use sqlite:///relative/path")
+    assert checked.stdout == ""

@@ -22,7 +22,7 @@ from daemon.exit_codes import (
     EXIT_UNKNOWN_JOB,
     bad_input,
 )
-from daemon.from_settings import open_ledger, settings_for, store_settings_for
+from daemon.from_settings import judge_store_url, open_ledger, settings_for, store_settings_for
 from daemon.service_layer.doors import command_services, store_services
 from daemon.service_layer.intake import decode_jobs
 from daemon.service_layer.read_models import timeline_details
@@ -218,6 +218,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         settings = settings_for(args.config)
         directory, known = settings.policies_dir, set(settings.providers)
         client_copy = settings.client_copy_providers()
+        judge_store_url(settings)  # the whole file is judged, as `run` judges it
     policies, problems = check_policies(directory, known, client_copy)
     if problems:
         for problem in problems:
