@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -404,3 +405,16 @@ def test_policy_check_judges_the_store_url_as_the_store_s_commands_do(cli: Any) 
     assert checked.code == 2, checked.stderr
     one_error_line(checked, "store.url: 'sqlite://ledger.sqlite': use sqlite:///relative/path")
     assert checked.stdout == ""
+
+
+def test_the_shipped_example_config_and_policies_check_without_a_word(
+    cli: Any, tmp_path: Path
+) -> None:
+    # examples/policies/payouts.toml sent as payouts@ through a provider acting as support@:
+    # the mismatch policy check now warns of (docs/policies.md).
+    repo = Path(__file__).resolve().parents[2]
+    site = tmp_path / "example"
+    shutil.copytree(repo / "examples" / "policies", site / "policies")
+    shutil.copy(repo / "config.example.toml", site / "sendledger.toml")
+    checked = cli.run("--config", str(site / "sendledger.toml"), "policy", "check", config=False)
+    assert checked.code == 0 and checked.stderr == "", checked.stderr
