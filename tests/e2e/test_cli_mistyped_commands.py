@@ -46,6 +46,8 @@ def test_a_mistyped_option_is_answered_with_the_close_match_of_its_command(cli: 
             "--chanel: no such option of review list; did you mean --channel?"
         ),
         ("audit", "--sinse=24h"): "--sinse: no such option of audit; did you mean --since?",
+        # `help`'s own COMMAND argument is not the command the option was typed for.
+        ("help", "status", "--jsn"): "--jsn: no such option of help; it has none but --help",
     }
     for args, said in typed.items():
         assert _refused(cli, *args).endswith(said)
@@ -61,3 +63,11 @@ def test_an_option_close_to_none_lists_the_command_s_options(cli: Any) -> None:
     line = _refused(cli, "history", "--xyzzy", "k1")
     assert "--xyzzy: no such option of history; its options: " in line
     assert "--json" in line and "--config" not in line
+
+
+def test_help_of_a_mistyped_command_is_answered_with_the_close_match(cli: Any) -> None:
+    assert _refused(cli, "help", "stauts").endswith(
+        "help: no command 'stauts'; did you mean status?"
+    )
+    line = _refused(cli, "help", "review", "lst")
+    assert line.endswith("help: review has no command 'lst'; did you mean list?")

@@ -71,11 +71,12 @@ def test_help_prints_what_help_options_print(path: tuple[str, ...]) -> None:
 
 
 def test_help_of_an_unknown_command_lists_the_known_ones() -> None:
-    code, out, err = _run("help", "sumbit")
+    # A word close to one is answered with it (tests/e2e/test_cli_mistyped_commands.py).
+    code, out, err = _run("help", "xyzzy")
     assert code == 2 and out == ""
-    assert "no command 'sumbit'; the commands: submit, status" in err
-    code, _out, err = _run("help", "review", "reslove")
-    assert code == 2 and "review has no command 'reslove'; its commands: list, show" in err
+    assert "no command 'xyzzy'; the commands: submit, status" in err
+    code, _out, err = _run("help", "review", "xyzzy")
+    assert code == 2 and "review has no command 'xyzzy'; its commands: list, show" in err
 
 
 def test_the_top_level_help_says_how_to_get_a_commands_help() -> None:

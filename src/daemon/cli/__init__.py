@@ -216,7 +216,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Nam
         parser.error(problem)
     args, extras = parser.parse_known_args(argv)
     if extras:
-        problem = mistyped_options.after_command(parser, args, extras)
+        problem = mistyped_options.after_command(parser, argv, extras)
         parser.error(problem or f"unrecognized arguments: {' '.join(extras)}")
     return args
 

@@ -4,6 +4,7 @@ command, on stdout, exit 0 (docs/cli.md "Command line"); the same text as `--hel
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from typing import Any
 
@@ -29,17 +30,25 @@ def cmd_help(args: argparse.Namespace) -> int:
 
     words = [word for word in (args.command, args.subcommand) if word]
     if words and words[0] not in COMMANDS:
-        raise bad_input(f"help: no command {words[0]!r}; the commands: {', '.join(COMMANDS)}")
+        close = _close(words[0], list(COMMANDS)) or f"the commands: {', '.join(COMMANDS)}"
+        raise bad_input(f"help: no command {words[0]!r}; {close}")
     parser = build_parser(words[0] if words else None)
     for depth, word in enumerate(words):
         children = _children(parser)
         if word not in children:
             known = ", ".join(children) or "none"
             where = " ".join(words[:depth]) or "sendledger"
-            raise bad_input(f"help: {where} has no command {word!r}; its commands: {known}")
+            close = _close(word, list(children)) or f"its commands: {known}"
+            raise bad_input(f"help: {where} has no command {word!r}; {close}")
         parser = children[word]
     parser.print_help(sys.stdout)
     return EXIT_OK
+
+
+def _close(word: str, names: list[str]) -> str | None:
+    """`did you mean NAME?` for a mistyped command, as `sendledger stauts` is answered."""
+    close = difflib.get_close_matches(word, names, n=1)
+    return f"did you mean {close[0]}?" if close else None
 
 
 def _children(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -27,11 +27,11 @@ def before_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
 
 
 def after_command(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, extras: Sequence[str]
+    parser: argparse.ArgumentParser, argv: Sequence[str], extras: Sequence[str]
 ) -> str | None:
     """The refusal of the first of `extras` (what the command's parser left) that is an
     option the command does not have; None when they are all other words."""
-    command = _command_parser(parser, args)
+    command = _command_parser(parser, argv)
     for word in extras:
         if word.startswith("-") and word != "-":
             return _refusal(command, word.partition("=")[0])
@@ -39,18 +39,28 @@ def after_command(
 
 
 def _command_parser(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
+    parser: argparse.ArgumentParser, argv: Sequence[str]
 ) -> argparse.ArgumentParser:
-    """The parser of the command `args` ran: each group's subparsers record the word chosen
-    under their `dest`."""
-    while True:
+    """The parser of the command `argv` runs, read as argparse reads it: past each group's
+    options (and their values) to the word naming one of its commands. Not from the parsed
+    names: a command's own argument may have its group's dest (`help COMMAND`)."""
+    words = iter(argv)
+    for word in words:
         group = next(
             (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None
         )
-        chosen = getattr(args, group.dest, None) if group is not None else None
-        if group is None or not isinstance(chosen, str) or chosen not in group.choices:
-            return parser
-        parser = group.choices[chosen]
+        if group is None or word == "--":
+            break
+        if word.startswith("-") and word != "-":
+            name, has_value, _ = word.partition("=")
+            action = _action(parser, name)
+            if action is not None and not has_value and action.nargs != 0:
+                next(words, None)  # the option's value, which may look like anything
+            continue
+        if word not in group.choices:
+            break
+        parser = group.choices[word]
+    return parser
 
 
 def _action(parser: argparse.ArgumentParser, name: str) -> argparse.Action | None:
