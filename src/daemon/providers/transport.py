@@ -65,6 +65,7 @@ from daemon.providers.kept import closed_by_peer
 from daemon.providers.slow_links import PIECE, pieces, wait_sent_out
 from ledger.exceptions import SendledgerError
 from sendledger.connecting import close_unreturned
+from sendledger.final_answers import FinalAnswer
 
 #: Seconds a connection may sit idle and still be reused. Google's front ends keep idle
 #: connections for minutes and common servers for 5 s or more; staying under that makes a
@@ -279,6 +280,9 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         once, whoever reads them, and its answer is read as any: unwatched, as the watch's
         polls would cost every send (about a tenth of the call, measured)."""
         sent, sent_headers = _in_pieces(body, headers)
+        # Every interim 1xx read past, not only a 100 (sendledger/final_answers.py): a 103
+        # taken for the answer left the real one for the next request on the connection.
+        conn.response_class = FinalAnswer
         watch = EarlyAnswer(conn.sock, _final_status_begun)
         watched = isinstance(sent, Iterator)
         if watched:

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from ledger.display import printable
 from sendledger.connecting import loopback_only, race, resolve
+from sendledger.final_answers import FinalAnswer
 
 #: Bytes of a refusal's body kept for `webhooks status`.
 ERROR_BODY = 200
@@ -56,6 +57,8 @@ def post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> O
         connection = http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=context)
     else:
         connection = http.client.HTTPConnection(host, parts.port, timeout=timeout)
+    # A 103 before the receiver's 200 is not its answer (sendledger/final_answers.py).
+    connection.response_class = FinalAnswer
     sent = {
         "Content-Type": "application/json",
         "User-Agent": "sendledger-webhooks",
