@@ -7,12 +7,19 @@ almost-timeout, or untagged responses without end, kept a greeting, a SEARCH or 
 waiting for as long as it went on. Here the responses are read through an
 `early_answers.AnswerReader` whose wait starts again each time something is written (a
 command, a literal): what follows is the answer to it.
+
+That reader is the session's own (`_BoundedAnswers._answers`), read by its own `read` and
+`readline`, not imaplib's `file`: Python 3.14's imaplib made `file` a property that
+cannot be set and reads the socket itself, in its own buffer, so a reader put in `file`
+was refused there (every session failed to open) and would not have been read. imaplib
+reads an answer only through `read` and `readline`, on every version.
 """
 
 from __future__ import annotations
 
 import imaplib
 import io
+import socket
 import ssl
 from typing import TYPE_CHECKING
 
@@ -25,14 +32,18 @@ from daemon.providers.early_answers import AnswerReader
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-#: imaplib's default port (typeshed leaves its constant out).
+#: imaplib's default port and its longest line (typeshed leaves their constants out).
 _IMAP_PORT = 143
+_MAXLINE: int = imaplib._MAXLINE  # type: ignore[attr-defined]
 
 
 class _BoundedAnswers(imaplib.IMAP4):
     """The reading side of the sessions below; `_within`: the seconds an answer may take."""
 
     _within: float | None = None
+    #: The answers' reader, and the socket it reads (STARTTLS replaces the socket).
+    _answers: io.BufferedReader | None = None
+    _answers_on: socket.socket | None = None
 
     def open(self, host: str = "", port: int = _IMAP_PORT, timeout: float | None = None) -> None:
         super().open(host, port, timeout)
@@ -42,14 +53,35 @@ class _BoundedAnswers(imaplib.IMAP4):
         super().send(data)
         self._answer_begins()
 
+    def read(self, size: int) -> bytes:
+        return self._reader().read(size)
+
+    def readline(self) -> bytes:
+        # imaplib's own bound on a line (3.11 to 3.14 alike).
+        line = self._reader().readline(_MAXLINE + 1)
+        if len(line) > _MAXLINE:
+            raise self.error(f"got more than {_MAXLINE} bytes")
+        return line
+
+    def shutdown(self) -> None:
+        if self._answers is not None:
+            # Its hold on the socket would keep it open past imaplib's close.
+            self._answers.close()
+        super().shutdown()
+
+    def _reader(self) -> io.BufferedReader:
+        if self._answers is None or self._answers_on is not self.sock:
+            # The first, or the socket STARTTLS made: nothing is read from the old one
+            # after the STARTTLS answer (the server waits for the handshake).
+            if self._answers is not None:
+                self._answers.close()
+            self._answers = io.BufferedReader(AnswerReader(self.sock))
+            self._answers_on = self.sock
+        return self._answers
+
     def _answer_begins(self) -> None:
-        raw = getattr(self.file, "raw", None)
-        if not isinstance(raw, AnswerReader):
-            # imaplib's own reader, made by `open` or STARTTLS, nothing read from it yet.
-            self.file.close()
-            raw = AnswerReader(self.sock)
-            self.file = io.BufferedReader(raw)
-        if self._within is not None:
+        raw = self._reader().raw
+        if isinstance(raw, AnswerReader) and self._within is not None:
             raw.answer_within(self._within)
 
 
