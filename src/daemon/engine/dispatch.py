@@ -37,6 +37,7 @@ from daemon.providers.base import (
     ProviderError,
     SendKind,
     SendOutcome,
+    calls_end_in,
     calls_while,
 )
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
@@ -155,6 +156,7 @@ class Dispatch:
             self.save_claim(claimed)  # durable; a conflict here means no call is made
             with self._leases.holding(work.job, claimed.lease, work.now) as lease:
                 claimed.held = lease
+                lease.written = claimed.deadline
                 self.send(claimed)
             called = True
         finally:
@@ -393,7 +395,13 @@ class Dispatch:
             # A send of several calls (Graph's tidy, create, send, copy read-back) asks
             # between them whether the scope is still ours, where stopping is safe.
             may_go_on = None if self._may_call is None else lambda: self._may_call_now(claimed)
-            with calls_while(may_go_on):
+            # Each wait for an answer within `timeout`, and the call as a whole within
+            # the claim's lease as last written (docs/architecture.md "Leases").
+            held = claimed.held
+            ends_in = None
+            if held is not None:
+                ends_in = lambda: held.seconds_left(self._clock(), self._grace)  # noqa: E731
+            with calls_while(may_go_on), calls_end_in(ends_in):
                 if claimed.draft is not None and drafts is not None:
                     outcome = claimed.outcome = drafts.send_draft(claimed.draft)
                 else:

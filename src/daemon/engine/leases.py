@@ -89,6 +89,17 @@ class Lease:
     #: The worker recorded the call's outcome (`stop_renewing`): a renewal still waiting
     #: for its job's row may not land, nor try again; changed under `Leases._lock`.
     withdrawn: bool = False
+    #: The deadline last written to the store (the claim's, then each renewal's once
+    #: committed), on the clock as it was before any step back: the one another daemon
+    #: recovers the claim by (`seconds_left`).
+    written: datetime | None = None
+
+    def seconds_left(self, now: datetime, grace: float) -> float:
+        """What is left of the lease as last written, less `grace` (the clocks' skew
+        another daemon's recovery allows for): past it that recovery may take the claim."""
+        if self.written is None:
+            return self.seconds - grace
+        return (self.written - now).total_seconds() - self.behind - grace
 
 
 class Leases:
@@ -119,6 +130,7 @@ class Leases:
     def hold(self, job: SendJob, seconds: float, now: datetime) -> Lease:
         """The claim just saved on `job` (its lease `seconds` long) is held by a worker."""
         lease = Lease(job, seconds, now + timedelta(seconds=seconds * RENEW_SHARE), now)
+        lease.written = now + timedelta(seconds=seconds)
         with self._lock:
             self._held[job.key] = lease
         return lease
@@ -270,6 +282,7 @@ class Leases:
                 lease.renew_at = now + timedelta(seconds=min(1.0, lease.seconds * RENEW_SHARE))
                 return False
             lease.renew_at = now + timedelta(seconds=lease.seconds * RENEW_SHARE)
+            lease.written = deadline
             return True
 
     def _may_land(self, lease: Lease) -> bool:

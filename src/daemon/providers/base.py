@@ -291,6 +291,35 @@ def calls_while(may_go_on: Callable[[], bool] | None) -> Iterator[None]:
         _MAY_GO_ON.reset(token)
 
 
+# -- a send's time, bounded by its claim's lease --------------------------------------
+
+#: What is left, in seconds, of the claim's lease under the send being made in this
+#: thread, less the grace: set by the engine around the call (`calls_end_in`), asked by
+#: the wire at each wait for an answer (`early_answers.AnswerReader`). A send of many
+#: answers (SMTP's MAIL, RCPT each, DATA, the final '.') awaits each within `timeout`,
+#: so a slow server holds it many `timeout`s: while the lease's renewals land it goes on,
+#: and once they stop landing (the store lost) it ends before another daemon's recovery
+#: can take the claim (docs/architecture.md "Leases").
+_ENDS_IN: ContextVar[Callable[[], float] | None] = ContextVar("ends_in", default=None)
+
+
+@contextmanager
+def calls_end_in(seconds_left: Callable[[], float] | None) -> Iterator[None]:
+    """The provider calls made inside, in this thread, end once `seconds_left()` is not
+    above 0 (None: no bound but each wait's `timeout`)."""
+    token = _ENDS_IN.set(seconds_left)
+    try:
+        yield
+    finally:
+        _ENDS_IN.reset(token)
+
+
+def call_time_left() -> float | None:
+    """The seconds the call being made in this thread has left (`calls_end_in`), or None."""
+    seconds_left = _ENDS_IN.get()
+    return None if seconds_left is None else seconds_left()
+
+
 def stopped_before_send(lost: ScopeLost) -> SendOutcome:
     """The outcome of a send stopped (`lost`) before any call that could send its message:
     nothing made or sent, due again for the scope's owner; no attempt, and no failure of

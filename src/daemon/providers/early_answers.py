@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
+from daemon.providers.base import call_time_left
 from daemon.providers.slow_links import PIECE, queued_bytes
 from ledger.exceptions import SendledgerError
 
@@ -245,6 +246,9 @@ class AnswerReader(io.RawIOBase):
             raise TimeoutError("timed out")
         if self._taken > self._bound:
             raise AnswerTooLong(f"an answer longer than {self._bound} bytes")
+        lease = call_time_left()
+        if lease is not None and lease < left:
+            left = self._within_lease(self._deadline, lease)
         timeout = self._sock.gettimeout()
         if timeout is not None and timeout <= left + ANSWER_SLACK:
             # Begun this early, a read the socket's timeout ends is over by the deadline
@@ -261,6 +265,26 @@ class AnswerReader(io.RawIOBase):
             self._taken += got
             self._deadline += got / ANSWER_FLOOR
         return got
+
+    def _within_lease(self, deadline: float, lease: float) -> float:
+        """Waits, while the claim's lease under this call (`base.call_time_left`) ends
+        before the answer's own deadline, until the answer is readable: what is left of
+        the answer's wait then. Its end is asked again whenever the wait reaches it, as a
+        renewal moves it on; once it has passed, the call ends "timed out". Polled, not
+        read with a timeout: a read that timed out leaves the socket's reader unusable."""
+        readable = False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            if readable or lease >= left:
+                return left
+            if lease <= 0:
+                raise TimeoutError("timed out: its claim's lease ends")
+            readable = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
+            readable = readable or ready(self._sock, write=False, timeout=lease)[0]
+            asked = call_time_left()
+            lease = left if asked is None else asked
 
     def close(self) -> None:
         self._raw.close()

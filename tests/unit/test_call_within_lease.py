@@ -1,0 +1,114 @@
+"""A send made of many answers, each awaited within `timeout`, ends within its claim's
+lease as last written (docs/architecture.md "Leases"): a server answering each SMTP
+command just under `timeout` held a send (greeting, EHLO, AUTH, MAIL, a RCPT per
+recipient, DATA, the final '.') many `timeout`s, measured 7.3 of them for one recipient
+and 15.4 for ten, while its lease is `timeout` + `deadline_grace`: once the renewals stop
+landing (the store lost), another daemon recovered the claim as Unknown and searched it
+while the call went on. The lease's end as last written is what the wire bounds each wait
+by (`providers.base.call_time_left`); renewals that land move it on."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from io import BufferedReader
+
+import pytest
+from tests.unit.early_server import AnsweringServer
+from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
+from tests.unit.smtp_loopback import Message, message_of_lines, submit_timed
+from tests.unit.test_leases import finish, slow_send
+
+from daemon.providers.base import call_time_left, calls_end_in
+from daemon.providers.kept import MailEndpoint
+from daemon.providers.outcomes import SendKind
+
+LEASE = TIMEOUT + GRACE
+#: The SMTP client's timeout here, and how long the server takes over each reply.
+WAIT = 0.3
+LAG = WAIT * 0.9
+
+
+class _ToMany(Message):
+    """A message to ten recipients: a RCPT each."""
+
+    @property
+    def recipients(self) -> list[str]:
+        return [f"to{n}@example.net" for n in range(10)]
+
+
+def _slow_each(conn: socket.socket, reader: BufferedReader) -> None:
+    """An SMTP server that answers every command, and the greeting, `LAG` after it."""
+    time.sleep(LAG)
+    conn.sendall(b"220 slow ESMTP\r\n")
+    while line := reader.readline():
+        verb = line[:4].upper()
+        time.sleep(LAG)
+        if verb == b"EHLO":
+            conn.sendall(b"250-slow\r\n250-AUTH PLAIN\r\n250 8BITMIME\r\n")
+        elif verb == b"AUTH":
+            conn.sendall(b"235 2.7.0 ok\r\n")
+        elif verb == b"DATA":
+            conn.sendall(b"354 go on\r\n")
+            while reader.readline() not in (b".\r\n", b""):
+                pass
+            time.sleep(LAG)
+            conn.sendall(b"250 queued\r\n")
+        elif verb == b"QUIT":
+            conn.sendall(b"221 bye\r\n")
+            return
+        else:
+            conn.sendall(b"250 ok\r\n")
+
+
+@pytest.fixture
+def endpoint() -> Iterator[MailEndpoint]:
+    server = AnsweringServer(_slow_each)
+    context = ssl.create_default_context()
+    yield MailEndpoint("127.0.0.1", server.port, "none", "u", "p", WAIT, context)
+    server.close()
+
+
+def _message() -> _ToMany:
+    lines = message_of_lines(2, "<lease-1@mail.example.com>")
+    return _ToMany(lines.data, lines.message_id)
+
+
+def test_a_send_whose_lease_stops_moving_ends_by_it(endpoint: MailEndpoint) -> None:
+    """Before: 15 waits of almost `timeout` each, 4 s here, the lease long gone."""
+    ends = time.monotonic() + 3 * WAIT
+    with calls_end_in(lambda: ends - time.monotonic()):
+        outcome, took = submit_timed(endpoint, _message())
+    assert took < 3 * WAIT + 0.5, f"{took:.2f}s"
+    # Cut among the RCPTs, before any content: not sent, a hang for the circuit.
+    assert outcome.kind is SendKind.REJECTED and outcome.transient, outcome
+    assert outcome.timed_out, outcome
+
+
+def test_a_send_whose_lease_keeps_moving_goes_on_however_slow(endpoint: MailEndpoint) -> None:
+    """Renewals that land keep less than one wait's `timeout` ahead of the call at all
+    times: each wait outlives the lease as it was when the wait began, and none is cut."""
+    with calls_end_in(lambda: 0.5 * WAIT):
+        outcome, took = submit_timed(endpoint, _message())
+    assert outcome.kind is SendKind.CONFIRMED, outcome
+    assert took > 10 * LAG  # it was slow: no wait was cut short
+
+
+def test_the_engine_bounds_a_send_by_its_lease_as_last_written() -> None:
+    """What the call is told it has left: the deadline of the renewal that landed, not
+    of one that could not, less the grace the recovering daemon's clock may be off by."""
+    rig = EngineRig(policy("legal", on_unknown="review"))
+    try:
+        seen: list[float | None] = []
+        rig.provider.during_send = lambda: seen.append(call_time_left())
+        release = slow_send(rig, "k1")
+        rig.clock.advance(LEASE / 2)
+        rig.engine.renew_leases()  # lands: the deadline is now LEASE from here
+        rig.engine.leases.renew_due = lambda: 0  # type: ignore[method-assign]  # store lost
+        rig.clock.advance(LEASE / 2)
+        finish(rig, release)
+    finally:
+        rig.close()
+    assert seen == [pytest.approx(LEASE / 2 - GRACE)]
