@@ -59,6 +59,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from sendledger.connecting import create_connection, tunnel_connection
+from sendledger.final_answers import FinalAnswer
 
 __all__ = [
     "ApiError",
@@ -539,6 +540,9 @@ class _ConnectFailed(ClientError, OSError):
 
 
 class _HTTPConnection(http.client.HTTPConnection):
+    # An interim 1xx (a proxy's 103) is not the API's answer (`final_answers.py`).
+    response_class = FinalAnswer
+
     def connect(self) -> None:
         # `timeout` bounds the name's lookup and the server's addresses together, raced
         # as happy eyeballs do (`sendledger.connecting`): `socket.create_connection` gave
@@ -552,6 +556,8 @@ class _HTTPConnection(http.client.HTTPConnection):
 
 
 class _HTTPSConnection(http.client.HTTPSConnection):
+    response_class = FinalAnswer
+
     def connect(self) -> None:
         # The TCP connection and the TLS handshake together (`sendledger.connecting`):
         # an address that connects and then fails the handshake (a middlebox that hangs

@@ -13,8 +13,9 @@ webhook's timer, `daemon/webhooks/delivery.py`), and `INTERIM_BOUND` of them at 
 
 A `101 Switching Protocols` is no interim answer: what follows it is another protocol,
 and none of these requests asks for one. It ends the exchange as an answer that cannot be
-read does (`UnaskedSwitch`). The standard library only: the daemon's HTTP transport and
-its webhooks share it, as they share `connecting.py`.
+read does: an `http.client.HTTPException`, as past the bound (this package's own errors
+are the client's, `client.ClientError`). The standard library only: the daemon's HTTP
+transport, its webhooks and the Python client share it, as they share `connecting.py`.
 """
 
 from __future__ import annotations
@@ -25,14 +26,6 @@ from typing import Any
 #: Interim answers read before the final one, at most: a server sends one `100 Continue`
 #: and perhaps a `103` or two; one sending more is not answering.
 INTERIM_BOUND = 32
-
-
-class UnaskedSwitch(http.client.HTTPException):
-    """A `101 Switching Protocols` that no request asked for."""
-
-
-class TooManyInterimAnswers(http.client.HTTPException):
-    """More than `INTERIM_BOUND` interim answers before the final one."""
 
 
 class FinalAnswer(http.client.HTTPResponse):
@@ -46,11 +39,13 @@ class FinalAnswer(http.client.HTTPResponse):
     def _read_status(self) -> tuple[str, int, str]:
         version, status, reason = super()._read_status()  # type: ignore[misc]
         if status == http.client.SWITCHING_PROTOCOLS:
-            raise UnaskedSwitch(f"{status} {reason.strip()}, which no request asked for")
+            raise http.client.HTTPException(
+                f"{status} {reason.strip()}, a switch of protocols no request asked for"
+            )
         if 100 <= status < 200:
             self._interim += 1
             if self._interim > INTERIM_BOUND:
-                raise TooManyInterimAnswers(
+                raise http.client.HTTPException(
                     f"more than {INTERIM_BOUND} interim answers before the final one"
                 )
             # Read on as after a 100: http.client's own loop skips the headers, with its
@@ -59,4 +54,4 @@ class FinalAnswer(http.client.HTTPResponse):
         return version, status, reason
 
 
-__all__ = ["INTERIM_BOUND", "FinalAnswer", "TooManyInterimAnswers", "UnaskedSwitch"]
+__all__ = ["INTERIM_BOUND", "FinalAnswer"]
