@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from io import BufferedReader
+from typing import cast
 
 import pytest
 from tests.unit.early_server import AnsweringServer
 from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
-from tests.unit.smtp_loopback import Message, message_of_lines, submit_timed
+from tests.unit.smtp_loopback import Message, converse, message_of_lines, submit_timed
+from tests.unit.test_imap_append_hang import _smtp
 from tests.unit.test_leases import finish, slow_send
 
 from daemon.providers.base import call_time_left, calls_end_in
+from daemon.providers.early_answers import EarlyAnswer
 from daemon.providers.kept import MailEndpoint
 from daemon.providers.outcomes import SendKind
+from daemon.providers.slow_links import PIECE
 
 LEASE = TIMEOUT + GRACE
 #: The SMTP client's timeout here, and how long the server takes over each reply.
@@ -39,28 +44,20 @@ class _ToMany(Message):
         return [f"to{n}@example.net" for n in range(10)]
 
 
+class _Lagging:
+    """A server's socket whose every reply is written `LAG` after it is ready."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+
+    def sendall(self, data: bytes) -> None:
+        time.sleep(LAG)
+        self.conn.sendall(data)
+
+
 def _slow_each(conn: socket.socket, reader: BufferedReader) -> None:
     """An SMTP server that answers every command, and the greeting, `LAG` after it."""
-    time.sleep(LAG)
-    conn.sendall(b"220 slow ESMTP\r\n")
-    while line := reader.readline():
-        verb = line[:4].upper()
-        time.sleep(LAG)
-        if verb == b"EHLO":
-            conn.sendall(b"250-slow\r\n250-AUTH PLAIN\r\n250 8BITMIME\r\n")
-        elif verb == b"AUTH":
-            conn.sendall(b"235 2.7.0 ok\r\n")
-        elif verb == b"DATA":
-            conn.sendall(b"354 go on\r\n")
-            while reader.readline() not in (b".\r\n", b""):
-                pass
-            time.sleep(LAG)
-            conn.sendall(b"250 queued\r\n")
-        elif verb == b"QUIT":
-            conn.sendall(b"221 bye\r\n")
-            return
-        else:
-            conn.sendall(b"250 ok\r\n")
+    _smtp(cast(socket.socket, _Lagging(conn)), reader)
 
 
 @pytest.fixture
@@ -85,6 +82,80 @@ def test_a_send_whose_lease_stops_moving_ends_by_it(endpoint: MailEndpoint) -> N
     # Cut among the RCPTs, before any content: not sent, a hang for the circuit.
     assert outcome.kind is SendKind.REJECTED and outcome.transient, outcome
     assert outcome.timed_out, outcome
+
+
+def _slow_reader(server: AnsweringServer, conn: socket.socket, reader: BufferedReader) -> None:
+    """An SMTP server that takes the content a piece per 0.6 `timeout` (until the test
+    ends), and answers at once."""
+
+    def on_data() -> bool:
+        conn.sendall(b"354 go on\r\n")
+        taken = 0
+        while (piece := reader.read1(PIECE)) and not piece.endswith(b"\r\n.\r\n"):
+            taken += len(piece)
+            if taken >= PIECE:
+                taken = 0
+                if server._done.wait(WAIT * 0.6):
+                    return False
+        conn.sendall(b"250 queued\r\n")
+        return True
+
+    converse(conn, reader, on_data)
+
+
+def test_an_upload_whose_lease_stops_moving_ends_by_it() -> None:
+    """A message of 2 MB taken a piece per 0.6 `timeout`: before, its upload went on
+    while its bytes moved, 6 s here, the lease long gone."""
+    server = AnsweringServer(lambda conn, reader: _slow_reader(server, conn, reader))
+    context = ssl.create_default_context()
+    endpoint = MailEndpoint("127.0.0.1", server.port, "none", "u", "p", WAIT, context)
+    ends = time.monotonic() + 3 * WAIT
+    try:
+        with calls_end_in(lambda: ends - time.monotonic()):
+            outcome, took = submit_timed(endpoint, message_of_lines(2000))
+    finally:
+        server.close()
+    assert took < 3 * WAIT + 0.5, f"{took:.2f}s"
+    # Cut while the content waited to leave this host, its final '.' queued: Unknown.
+    assert outcome.kind is SendKind.UNKNOWN and outcome.timed_out, outcome
+
+
+@pytest.mark.parametrize("lease", ["ends", "keeps moving"])
+def test_a_write_the_server_does_not_take_ends_with_the_lease_not_with_its_timeout(
+    lease: str,
+) -> None:
+    """A write waits its socket's `timeout` (1 s here) for the server to take a byte:
+    before, a lease that had ended did not end it. One that keeps moving (renewals
+    landing) is waited on: the server takes the bytes after 0.4 s, and the write ends."""
+    ours, theirs = socket.socketpair()
+    ours.settimeout(1.0)
+    ends = time.monotonic() + 0.2
+    seconds_left = (lambda: ends - time.monotonic()) if lease == "ends" else (lambda: 0.1)
+    data = b"x" * (8 << 20)
+
+    def take() -> None:
+        time.sleep(0.4)
+        while theirs.recv(1 << 20):
+            pass
+
+    taker = threading.Thread(target=take, daemon=True)
+    if lease == "keeps moving":
+        taker.start()
+    started = time.monotonic()
+    try:
+        with calls_end_in(seconds_left):
+            if lease == "ends":
+                with pytest.raises(TimeoutError, match="lease"):
+                    EarlyAnswer(ours).sendall(data)
+            else:
+                EarlyAnswer(ours).sendall(data)
+        took = time.monotonic() - started
+    finally:
+        ours.close()
+        if taker.is_alive():
+            taker.join(5)
+        theirs.close()
+    assert took < 0.6 if lease == "ends" else took > 0.3, f"{took:.2f}s"
 
 
 def test_a_send_whose_lease_keeps_moving_goes_on_however_slow(endpoint: MailEndpoint) -> None:

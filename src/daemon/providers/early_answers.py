@@ -136,10 +136,17 @@ class EarlyAnswer:
                 # Looked at before each write: a write that fails on the server's close
                 # leaves a TLS connection unable to read the answer that came first.
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                readable, writable = ready(self.sock, write=True, timeout=left)
+                # The claim's lease under the call, when it ends first: asked again when
+                # the wait reaches it, as a renewal moves it on (`base.call_time_left`).
+                lease = call_time_left()
+                if lease is not None and lease <= 0:
+                    raise TimeoutError("timed out: its claim's lease ends")
+                bounded = lease is not None and (left is None or lease < left)
+                wait = lease if bounded else left
+                readable, writable = ready(self.sock, write=True, timeout=wait)
                 if readable and self.answered():
                     return
-                if not (readable or writable):
+                if not (readable or writable or bounded):
                     raise TimeoutError("timed out")
                 if writable:
                     # Under TLS a write that could not finish is repeated with the same

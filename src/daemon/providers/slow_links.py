@@ -18,6 +18,8 @@ import termios
 import time
 from collections.abc import Callable, Iterator
 
+from daemon.providers.base import call_time_left
+
 #: Bytes per write: one must go out within the timeout (64 KiB in 30 s: 2 KiB/s).
 PIECE = 64 * 1024
 #: How often the bytes still queued are looked at while they drain.
@@ -75,6 +77,9 @@ def wait_sent_out(
             moved_at, mark = now, queued
         elif now - moved_at >= timeout:
             return
+        lease = call_time_left()
+        if lease is not None and lease <= 0:
+            return  # the claim's lease under the call ended: the answer's wait says so
         if answered is None:
             time.sleep(DRAIN_LOOK)
         elif answered(DRAIN_LOOK):
