@@ -31,8 +31,8 @@ class _Imap314(imaplib.IMAP4):
         self._file = self.sock.makefile("rb")
         self._readbuf = b""
 
-    @property  # type: ignore[override]
-    def file(self) -> BufferedReader:
+    @property
+    def file(self) -> BufferedReader:  # type: ignore[override]
         return self._file
 
     def read(self, size: int) -> bytes:
