@@ -20,6 +20,8 @@ returns either a :class:`DeliveryReport` naming exactly one message of ours, or 
   with one of our ``message_id_domain`` values (or, exactly, the Message-ID of a job the
   caller knows: one sent before its channel's domain changed). Gmail's
   ``X-Original-Message-ID`` in the status part, when present, must name the same message.
+  The original's Date, when quoted once, is kept (`DeliveryReport.original_date`): the
+  job compares it with its own where its provider sends our Date unchanged.
 
 Anything else is refused with a :class:`ReportRefusal` (a metric label and a log line, never an
 event on a job). Which job the report belongs to, and whether that job's mailbox is the one
@@ -100,6 +102,10 @@ class ReportRefusal(StrEnum):
     # Received before the job's first attempt (less the clock margin): written before the
     # message existed, from a Message-ID guessed from the job's key.
     BEFORE_SEND = "before-send"
+    # Its original quotes no Date, or not the job's, on a provider that sends the job's
+    # Date unchanged (`Provider.keeps_date`): a message the key's Message-ID was put on
+    # by someone who guessed the key, not the job's.
+    OTHER_DATE = "other-date"
     RECORDED_ALREADY = "recorded-already"  # the same report, read again (not a refusal)
 
 
@@ -140,6 +146,11 @@ class DeliveryReport:
     original_message_id: str  # ours, as the job stores it
     reporter: str  # its Reporting-MTA, or ""
     recipients: tuple[BouncedRecipient, ...]
+    # The Date the original's headers quote, whitespace collapsed; "" when they quote
+    # none. Compared with the job's own where the provider sends our Date unchanged
+    # (`SendJob.record_bounce`): an outsider who guessed a key knows its Message-ID, not
+    # the second its job was created.
+    original_date: str = ""
 
     @property
     def permanent(self) -> bool:
@@ -193,7 +204,8 @@ def _read(
     if len(statuses) > 1 or len(originals) > 1:
         raise _Refused(ReportRefusal.AMBIGUOUS, "more than one status or original part")
     message_fields, recipients = _status_fields(statuses[0][1])
-    original = _original_message_id(originals[0][1], domains, known)
+    original_headers, _rest = _split_head(originals[0][1].lstrip("\n"))
+    original = _original_message_id(original_headers, domains, known)
     gmail_says = _one(message_fields, "x-original-message-id")
     if gmail_says is not None and gmail_says.strip() != original:
         raise _Refused(ReportRefusal.AMBIGUOUS, "X-Original-Message-ID names another message")
@@ -205,6 +217,7 @@ def _read(
         original_message_id=original,
         reporter=_printable(_one(message_fields, "reporting-mta") or ""),
         recipients=failed,
+        original_date=" ".join((_one(original_headers, "date") or "").split()),
     )
 
 
@@ -362,9 +375,8 @@ def _status_fields(body: str) -> tuple[Fields, list[Fields]]:
 
 
 def _original_message_id(
-    body: str, domains: dict[str, str], known: Callable[[str], bool] | None
+    headers: Fields, domains: dict[str, str], known: Callable[[str], bool] | None
 ) -> str:
-    headers, _rest = _split_head(body.lstrip("\n"))
     found = _all(headers, "message-id")
     if not found:
         raise _Refused(ReportRefusal.NO_ORIGINAL_HEADERS, "the original headers have no Message-ID")

@@ -16,7 +16,7 @@ import re
 import sys
 import threading
 from collections.abc import Sequence
-from datetime import UTC
+from datetime import UTC, datetime
 from email.parser import BytesHeaderParser
 from email.utils import getaddresses
 from functools import cached_property
@@ -192,6 +192,12 @@ def _writer() -> str:
 _WRITER = _writer()
 
 
+def message_date(job: SendJob) -> datetime:
+    """The Date the job's message carries: its creation, in UTC (`mime.date_value` writes
+    it), the same at every attempt."""
+    return job.created_on.astimezone(UTC)
+
+
 def render_checked(job: SendJob) -> bytes:
     """The one place a job becomes bytes, at intake and before the claim: rendered by
     `ledger/mime.py`, proved by `ledger/wire_check.py` to say exactly what the job says,
@@ -208,7 +214,7 @@ def render_checked(job: SendJob) -> bytes:
         job.content,
         from_addr=job.from_addr,
         message_id=job.message_id,
-        date=job.created_on.astimezone(UTC),
+        date=message_date(job),
     )
     fingerprint = writer_fingerprint()
     if fingerprint and job.proved_by == fingerprint:
@@ -226,4 +232,11 @@ def render_checked(job: SendJob) -> bytes:
     return raw
 
 
-__all__ = ["Envelope", "render", "render_checked", "sources_fingerprint", "writer_fingerprint"]
+__all__ = [
+    "Envelope",
+    "message_date",
+    "render",
+    "render_checked",
+    "sources_fingerprint",
+    "writer_fingerprint",
+]

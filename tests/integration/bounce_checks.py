@@ -21,6 +21,7 @@ from daemon.providers.base import Provider
 from ledger.application import Ledger
 from ledger.content import parse_job
 from ledger.delivery_reports import MAX_REPORT_BYTES
+from ledger.mime import date_value
 from policies.loader import PolicySet
 from policies.model import ChannelPolicy
 from testkit.dsn import report, rfc3464_report
@@ -72,10 +73,17 @@ def message_id(ledger: Ledger, key: str) -> str:
     return row.message_id
 
 
-def original(ledger: Ledger, key: str, to: str, named: str | None = None) -> bytes:
-    """The header block of the job's message (its Message-ID, or `named`)."""
+def original(
+    ledger: Ledger, key: str, to: str, named: str | None = None, late: float = 0.0
+) -> bytes:
+    """The header block of the job's message (its Message-ID, or `named`), with its Date
+    (the one an SMTP server keeps, `Provider.keeps_date`), or one `late` seconds after."""
     mid = named or message_id(ledger, key)
-    return f"From: {to}\r\nTo: {to}\r\nSubject: s\r\nMessage-ID: {mid}\r\n\r\nbody\r\n".encode()
+    created = ledger.get_job(key).created_on.astimezone(UTC)
+    date = date_value(created + timedelta(seconds=late))
+    return (
+        f"From: {to}\r\nTo: {to}\r\nSubject: s\r\nDate: {date}\r\nMessage-ID: {mid}\r\n\r\nbody\r\n"
+    ).encode()
 
 
 def forgeries(ledger: Ledger, mailbox: str, fine: str) -> list[bytes]:
@@ -129,6 +137,10 @@ def run_bounce_checks(folder: Path, setup: Mailboxes, *, timeout: float = 20.0) 
             first.tick()
         for forged in forgeries(ledger, setup.mailbox, setup.ok):
             setup.deliver(forged)
+        keeps_date = setup.providers[mail.provider].keeps_date
+        if keeps_date:  # the Message-ID guessed from the key, the creation second missed
+            guessed = original(ledger, "fine", setup.ok, late=1.0)
+            setup.deliver(rfc3464_report(guessed, mailbox=setup.mailbox, recipient=setup.ok))
         while not setup.bounce_arrived():
             assert time.monotonic() < deadline, "the server's bounce never arrived"
             time.sleep(0.05)
@@ -150,6 +162,7 @@ def run_bounce_checks(folder: Path, setup: Mailboxes, *, timeout: float = 20.0) 
         # Each forgery refused for what it is, each time it was read (twice: a restart).
         for refusal in ("not-ours", "other-mailbox", "no-original-headers", "too-large"):
             assert outcomes.seen.count(refusal) == 2, (refusal, outcomes.seen)
+        assert outcomes.seen.count("other-date") == (2 if keeps_date else 0), outcomes.seen
         assert outcomes.seen.count("recorded") == 1
         assert outcomes.seen.count("recorded-already") == 1
     finally:

@@ -898,3 +898,52 @@ def test_a_report_two_daemons_record_at_once_is_recorded_once(rig: EngineRig) ->
     report = rig.advance_and_tick(INTERVAL)
     assert by_other == [1] and report.bounced == 0
     assert len(bounced(rig, "r-1")) == 1
+
+
+def test_a_report_whose_original_is_not_dated_as_the_job_is_refused_where_the_date_is_kept(
+    rig: EngineRig,
+) -> None:
+    # The Message-ID derives from the key: an outsider who guesses an order number and
+    # knows its recipient can write a report of the job once it is sent, throughout its
+    # watch. On a provider that sends our Date unchanged (SMTP), a real report quotes the
+    # job's Date, the second the job was created, which the key does not give: a report
+    # quoting none, or another, is refused (`other-date`) and put on no job.
+    from datetime import UTC
+
+    from daemon.api.metrics import Metrics, Sources
+    from ledger.mime import date_value
+
+    def keeping(clock: Any) -> FakeProvider:
+        return FakeProvider("fake", clock=clock, keeps_date=True)
+
+    with EngineRig(policy("receipts", watch_bounces="1h"), provider=keeping) as kept:
+        metrics = Metrics(Sources(kept.ledger, {}))
+        engine = engine_of(kept, "metrics", observer=metrics)
+        mid = kept.submit("receipts", "r-1")
+        engine.tick()
+        created = kept.job("r-1").created_on.astimezone(UTC)
+
+        def dated(date: str | None) -> bytes:
+            header = "" if date is None else f"Date: {date}\r\n"
+            raw = f"From: {MAILBOX}\r\nTo: {TO}\r\n{header}Message-ID: {mid}\r\n\r\nhi\r\n"
+            return rfc3464_report(raw.encode(), mailbox=MAILBOX, recipient=TO)
+
+        kept.provider.deliver(dated(None))
+        kept.provider.deliver(dated(date_value(created + timedelta(seconds=1))))
+        kept.clock.advance(INTERVAL)
+        engine.tick()
+        assert bounced(kept, "r-1") == []
+        text = metrics.render().decode()
+        assert 'sendledger_bounce_reports_total{outcome="other-date"} 2.0' in text, text
+        kept.provider.deliver(dated(f"  {date_value(created)} "))  # spaces as MTAs quote it
+        kept.clock.advance(INTERVAL)
+        engine.tick()
+        [event] = bounced(kept, "r-1")
+        assert event.recipients[0]["address"] == TO
+        engine.close()
+    # A provider that writes a Date of its own (the default) is not asked for it.
+    other = rig.submit("receipts", "r-1")
+    rig.tick()
+    rig.provider.deliver(bounce_of(other))
+    rig.advance_and_tick(INTERVAL)
+    assert len(bounced(rig, "r-1")) == 1

@@ -6,6 +6,7 @@ report to a message the original headers do not name, or to one not of our domai
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from ledger.delivery_reports import (
     read_report,
 )
 from ledger.message_id import message_id_for
+from ledger.mime import date_value
 from testkit.dsn import exchange_report, gmail_report, original_headers, report, rfc3464_report
 
 DOMAIN = "mail.example.com"
@@ -288,3 +290,45 @@ def test_only_the_original_headers_attribute_a_report(
     found = read(raw)
     assert isinstance(found, DeliveryReport), found
     assert found.original_message_id == named
+
+
+@given(
+    moment=st.none() | st.datetimes(timezones=st.just(UTC)),
+    decoy=st.datetimes(timezones=st.just(UTC)),
+    shape=st.sampled_from(["rfc3464", "gmail", "exchange"]),
+    folded=st.booleans(),
+)
+def test_the_original_date_is_the_originals_alone(
+    moment: datetime | None, decoy: datetime, shape: str, folded: bool
+) -> None:
+    """The Date a job compares with its own (`original_date`) comes from the original's
+    headers only, whitespace collapsed: the report's own Date, its Arrival-Date and its
+    text never stand in for it, and a quoted original without one has none."""
+    date = "" if moment is None else date_value(moment)
+    head = message().replace(
+        b"\r\nMessage-ID", b"\r\nDate:\r\n " + date.encode() + b"\r\nMessage-ID"
+    )
+    original = head if folded else head.replace(b"Date:\r\n ", b"Date: ")
+    if moment is None:
+        original = message()
+    if shape == "rfc3464":
+        raw = rfc3464_report(original, mailbox=MAILBOX, recipient=TO)
+    elif shape == "gmail":
+        raw = gmail_report(original, mailbox=MAILBOX, recipient=TO, message_id=MID)
+    else:
+        raw = exchange_report(original, mailbox=MAILBOX, recipient=TO, subject="s")
+    raw = raw.replace(
+        b"This is a MIME-encapsulated message.", f"Date: {date_value(decoy)}".encode()
+    )
+    found = read(raw)
+    assert isinstance(found, DeliveryReport), found
+    assert found.original_date == date
+
+
+def test_an_original_quoting_two_dates_is_ambiguous() -> None:
+    original = message().replace(
+        b"\r\nMessage-ID", b"\r\nDate: Mon, 02 Nov 2026 09:00:00 +0000\r\nDate: x\r\nMessage-ID"
+    )
+    assert refusal(rfc3464_report(original, mailbox=MAILBOX, recipient=TO)) is (
+        ReportRefusal.AMBIGUOUS
+    )

@@ -160,8 +160,10 @@ class FakeProvider(ProviderBase):
         clock: Callable[[], datetime],
         index_lag: float = 0.0,
         replaces_message_id: bool = False,
+        keeps_date: bool = False,
     ) -> None:
         self.name = name
+        self.keeps_date = keeps_date
         self.clock = clock
         self.index_lag = index_lag
         self.replaces_message_id = replaces_message_id

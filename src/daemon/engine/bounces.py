@@ -50,6 +50,8 @@ from ledger.delivery_reports import (
 )
 from ledger.display import quoted
 from ledger.job import BounceRefused, SendJob, bounce_recipients
+from ledger.message import message_date
+from ledger.mime import date_value
 from ledger.stores.index import IndexRow, WatchHold
 from ledger.vocabulary import JobState
 from policies import decisions
@@ -622,7 +624,7 @@ class BounceWatch:
                 job = self._ledger.get_job(row.key)
                 if self._scope_of(job) != read.scope:
                     return self._refused(provider_id, ReportRefusal.OTHER_MAILBOX, row.key)
-                self._record(job, report, provider_id, seen.received_at)
+                self._record(job, report, provider_id, seen.received_at, read.provider)
             except BounceRefused as refused:
                 return self._refused(provider_id, refused.refusal, f"{row.key}: {refused}")
             except ConcurrentUpdate:
@@ -639,6 +641,7 @@ class BounceWatch:
         report: DeliveryReport,
         provider_id: str,
         received_at: datetime | None,
+        provider: Provider,
     ) -> None:
         policy = self._policies.current.get(job.channel)
         if policy is None:
@@ -651,6 +654,7 @@ class BounceWatch:
             at=self._clock(),
             received_at=received_at,
             skew=self._skew,
+            date=date_value(message_date(job)) if provider.keeps_date else None,
         )
         events = list(job.pending_events)
         self._commits.save(job)

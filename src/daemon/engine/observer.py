@@ -83,6 +83,7 @@ class ObservedProvider(ProviderBase):
         self.readback_rate = inner.readback_rate
         self.leaves_drafts = inner.leaves_drafts
         self.reads_reports = inner.reads_reports
+        self.keeps_date = inner.keeps_date
         self._observer = observer
 
     def _timed(self, operation: str, call: Callable[[], T]) -> T:

@@ -66,6 +66,10 @@ class Provider(Protocol):
     #: acts as: the engine watches a channel's confirmed jobs (`watch_bounces`) only on a
     #: provider that does (docs/how-it-works.md "Bounces").
     reads_reports: bool
+    #: Whether the message the provider sends carries the Date we wrote, unchanged (an
+    #: SMTP server keeps it): a delivery report of a job must then quote that Date in its
+    #: original's headers (docs/how-it-works.md "Bounces: what a report proves").
+    keeps_date: bool
 
     def send_raw(self, raw: bytes) -> SendOutcome:
         """Send one complete RFC 5322 message exactly once. Never raises for
@@ -191,6 +195,7 @@ class ProviderBase:
     readback_rate: float = DEFAULT_READBACK_RATE
     leaves_drafts: bool = False
     reads_reports: bool = False
+    keeps_date: bool = False
 
     def drafts(self) -> DraftsProvider | None:
         return None

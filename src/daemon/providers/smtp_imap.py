@@ -83,6 +83,8 @@ class SmtpImapProvider(ProviderBase):
     # and by the exact header comparison of every search instead.
     response_ids_readable = False
     reads_reports = True
+    # An MTA sends a message's own Date header as it is: a bounce quotes the job's.
+    keeps_date = True
 
     def __init__(
         self,
