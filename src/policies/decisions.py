@@ -72,6 +72,7 @@ __all__ = [
     "cannot_build",
     "give_up_time",
     "no_policy",
+    "retry_after_wait",
     "tidy_at",
     "waited_too_long",
 ]
@@ -79,6 +80,16 @@ __all__ = [
 #: A provider's Retry-After longer than this is capped: a week is long enough for any quota
 #: window, and a job does not disappear into a far future because of one odd header.
 MAX_RETRY_AFTER = 7 * 86400.0
+
+
+def retry_after_wait(retry_after: float | None) -> float:
+    """The provider's Retry-After as a wait in seconds: 0 when absent, negative or not a
+    number, at most `MAX_RETRY_AFTER`. Every wait taken from one goes through here (a
+    job's retry, the scope's circuit, a report read's next read): "1e12" said by a server
+    would otherwise be a moment past the calendar's end, or hold a mailbox for years."""
+    if retry_after is None or not math.isfinite(retry_after) or retry_after <= 0:
+        return 0.0
+    return min(float(retry_after), MAX_RETRY_AFTER)
 
 
 def _utc(now: datetime) -> datetime:
@@ -345,9 +356,7 @@ def after_transient_rejection(
         return Review(policy.ref, EscalationReason.MAX_ATTEMPTS)
     ceiling = backoff_ceiling(policy, attempts_made)
     delay = rng.uniform(ceiling / 2, ceiling)
-    floor = 0.0
-    if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
-        floor = min(float(retry_after), MAX_RETRY_AFTER)
+    floor = retry_after_wait(retry_after)
     return RetryAt(policy.ref, now + timedelta(seconds=max(floor, delay)))
 
 
@@ -388,9 +397,7 @@ def after_unavailable(
     late = waited_too_long(policy, waiting_since=waiting_since, now=now)
     if late is not None:
         return late
-    floor = 0.0
-    if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
-        floor = min(float(retry_after), MAX_RETRY_AFTER)
+    floor = retry_after_wait(retry_after)
     at = now + timedelta(seconds=max(floor, wait))  # floor >= 0: a negative wait is none
     if policy.give_up_after is not None:
         # Never due after its give-up time, so a long Retry-After cannot hide it past it.

@@ -192,6 +192,7 @@ class FakeProvider(ProviderBase):
         self.reports_fetched = 0
         self.report_reads_forgotten = 0  # `forget_report_reads` calls
         self._failing_reads = 0
+        self._failing_reads_wait: float | None = None
         self._script: deque[Scripted] = deque()
         self._failing_searches = 0
         self._searches_unavailable = False
@@ -232,10 +233,12 @@ class FakeProvider(ProviderBase):
             self.inbox.append(Arrived(provider_id, raw, self.clock()))
             return provider_id
 
-    def fail_reads(self, count: int) -> None:
-        """The next `count` reads for delivery reports fail (unavailable)."""
+    def fail_reads(self, count: int, *, retry_after: float | None = None) -> None:
+        """The next `count` reads for delivery reports fail (unavailable, with the
+        provider's `retry_after` when given)."""
         with self._lock:
             self._failing_reads = count
+            self._failing_reads_wait = retry_after
 
     def copies_of(self, message_id: str) -> int:
         """Copies sent for `message_id`, counted by the Message-ID we gave (a replaced one
@@ -351,7 +354,11 @@ class FakeProvider(ProviderBase):
             self.report_reads += 1
             if self._failing_reads:
                 self._failing_reads -= 1
-                raise ProviderError("read: connection refused (scripted)", unavailable=True)
+                raise ProviderError(
+                    "read: connection refused (scripted)",
+                    unavailable=True,
+                    retry_after=self._failing_reads_wait,
+                )
             listed = [m for m in self.inbox if m.arrived_at >= since]
             new = [m for m in listed if m.provider_message_id not in known]
             found = tuple(

@@ -55,6 +55,7 @@ from ledger.mime import date_value
 from ledger.stores.index import IndexRow, WatchHold
 from ledger.vocabulary import JobState
 from policies import decisions
+from policies.decisions import retry_after_wait
 from policies.model import ChannelPolicy
 
 log = logging.getLogger("sendledger.engine")
@@ -397,7 +398,7 @@ class BounceWatch:
                 timed_out=exc.timed_out,
                 kind=CHECK,
             )
-            wait = max(exc.retry_after or 0.0, self.interval)
+            wait = max(retry_after_wait(exc.retry_after), self.interval)
             with self._lock:
                 mailbox.next_read = self._clock() + timedelta(seconds=wait)
                 if exc.progressed:

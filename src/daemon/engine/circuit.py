@@ -43,6 +43,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 
 from daemon.providers.base import SendKind, SendOutcome
+from policies.decisions import retry_after_wait
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,7 @@ class Circuits:
         else:
             return
         state.probing = False
-        wait = max(state.backoff, retry_after or 0.0)
+        wait = max(state.backoff, retry_after_wait(retry_after))
         state.probe_at = now + timedelta(seconds=wait)
 
     def holds(self, scope: str, now: datetime, kind: str = CHECK) -> bool:

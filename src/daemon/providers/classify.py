@@ -42,6 +42,7 @@ from daemon.providers.transport import (
     TransportFailure,
     describe,
 )
+from policies.decisions import retry_after_wait
 
 # Gmail's 403 reasons that mean "slow down", not "forbidden". Compared after dropping
 # "_" and case, so the newer google.rpc.ErrorInfo spelling (RATE_LIMIT_EXCEEDED) counts too.
@@ -55,7 +56,9 @@ def _norm_reason(reason: str) -> str:
 def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
     """Seconds to wait from a Retry-After header: delta-seconds or an HTTP-date.
 
-    None when absent or unreadable; never negative.
+    None when absent or unreadable; never negative, never more than
+    `decisions.MAX_RETRY_AFTER` (a week: "1e12" or a date in the year 9999 is a server's
+    whim, not a wait).
     """
     if value is None:
         return None
@@ -70,14 +73,14 @@ def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time
         # float() accepts "nan"/"inf": those are not a wait.
         if seconds != seconds or seconds in (float("inf"), float("-inf")):
             return None
-        return max(0.0, seconds)
+        return retry_after_wait(seconds)
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:
         return None
-    return max(0.0, when.timestamp() - now())
+    return retry_after_wait(when.timestamp() - now())
 
 
 def error_reasons(body: bytes | str | None) -> tuple[str, ...]:
