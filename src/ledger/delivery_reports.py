@@ -37,6 +37,7 @@ import quopri
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from ledger.exceptions import SendledgerError
@@ -146,11 +147,13 @@ class DeliveryReport:
     original_message_id: str  # ours, as the job stores it
     reporter: str  # its Reporting-MTA, or ""
     recipients: tuple[BouncedRecipient, ...]
-    # The Date the original's headers quote, whitespace collapsed; "" when they quote
-    # none. Compared with the job's own where the provider sends our Date unchanged
+    # The Date the original's headers quote, whitespace collapsed ("" when they quote
+    # none), and the moment it names (None: none, or not an RFC 5322 date-time). Compared
+    # with the job's own where the provider sends our Date unchanged
     # (`SendJob.record_bounce`): an outsider who guessed a key knows its Message-ID, not
     # the second its job was created.
     original_date: str = ""
+    original_moment: datetime | None = None
 
     @property
     def permanent(self) -> bool:
@@ -209,6 +212,7 @@ def _read(
     gmail_says = _one(message_fields, "x-original-message-id")
     if gmail_says is not None and gmail_says.strip() != original:
         raise _Refused(ReportRefusal.AMBIGUOUS, "X-Original-Message-ID names another message")
+    date = " ".join((_one(original_headers, "date") or "").split())
     failed = tuple(r for r in (_recipient(block) for block in recipients) if r is not None)
     if not failed:
         raise _Refused(ReportRefusal.NO_FAILURE)
@@ -217,7 +221,8 @@ def _read(
         original_message_id=original,
         reporter=_printable(_one(message_fields, "reporting-mta") or ""),
         recipients=failed,
-        original_date=" ".join((_one(original_headers, "date") or "").split()),
+        original_date=date,
+        original_moment=_moment(date),
     )
 
 
@@ -444,6 +449,39 @@ def _utf8_address(address: str) -> str | None:
         return f"{local}@{idna.encode(domain, uts46=True).decode('ascii')}"
     except (idna.IDNAError, UnicodeError):
         return None
+
+
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+#: RFC 5322 date-time (section 3.3), whitespace already collapsed: an optional day name,
+#: day, month, year, hh:mm[:ss], a numeric zone or UT/GMT/Z, an optional comment. An MTA
+#: that quotes a header as it came keeps our form; one that writes it again may drop the
+#: day's zero or name the zone: the moment is what is compared.
+_DATE = re.compile(
+    r"(?:[A-Za-z]{3}, ?)?(\d{1,2}) ([A-Za-z]{3}) (\d{4}) (\d{2}):(\d{2})(?::(\d{2}))?"
+    r" ?([+-]\d{4}|UT|GMT|Z)(?: \([ -~]{0,40}\))?"
+)
+
+
+def _moment(value: str) -> datetime | None:
+    """The moment an RFC 5322 Date names, in UTC; None when it is none."""
+    match = _DATE.fullmatch(value)
+    if match is None or match.group(2).lower() not in _MONTHS:
+        return None
+    day, month, year, hour, minute, second, zone = match.groups()
+    offset = timedelta(0)
+    if zone[0] in "+-":
+        hours, minutes = int(zone[1:3]), int(zone[3:5])
+        if minutes > 59:
+            return None
+        offset = timedelta(hours=hours, minutes=minutes) * (1 if zone[0] == "+" else -1)
+    try:
+        local = datetime(
+            int(year), _MONTHS.index(month.lower()) + 1, int(day), int(hour), int(minute),
+            int(second or 0), tzinfo=UTC,
+        )  # fmt: skip
+        return local - offset
+    except (ValueError, OverflowError):
+        return None  # no such day or time, or past the calendar's ends
 
 
 def _report_id(headers: Fields) -> str:

@@ -1166,7 +1166,7 @@ class SendJob(Aggregate):
         at: datetime,
         received_at: datetime | None = None,
         skew: float = 0.0,
-        date: str | None = None,
+        date: datetime | None = None,
     ) -> None:
         """A delivery report about this job found in its mailbox (docs/how-it-works.md
         "Bounces"): Bounced, with the report's recipients that are the job's own, and
@@ -1175,19 +1175,20 @@ class SendJob(Aggregate):
         about none of its recipients or about another message, and one the mailbox
         received (`received_at`, the provider's clock; None: not known) more than `skew`
         seconds before the job's first attempt: no report of a message is older than it,
-        and its Message-ID, derived from the key, can be guessed. `date`: the Date header
-        its message was sent with, when the provider sends ours unchanged (None: not
-        known): a report whose original quotes no Date or another one is about a message
-        someone else put the guessed Message-ID on."""
+        and its Message-ID, derived from the key, can be guessed. `date`: the Date its
+        message was sent with (`message.message_date`), when the provider sends ours
+        unchanged (None: not known): a report whose original quotes no Date or another
+        moment is about a message someone else put the guessed Message-ID on."""
         self._require_decision("Bounced", decision, decide.RecordBounce, decide.Review)
         if self.purged or self.state is not JobState.CONFIRMED or self.watch_until is None:
             raise BounceRefused(self, ReportRefusal.NOT_WATCHED, "its bounces are not watched")
         if report.original_message_id != self.message_id:
             raise BounceRefused(self, ReportRefusal.UNKNOWN_JOB, "the report names another message")
-        if date is not None and report.original_date != date:
+        if date is not None and report.original_moment != date.replace(microsecond=0):
             quoted = printable(report.original_date[:80]) or "no Date"
+            ours = date.replace(microsecond=0).isoformat()
             raise BounceRefused(
-                self, ReportRefusal.OTHER_DATE, f"its original has {quoted}, the job's is {date}"
+                self, ReportRefusal.OTHER_DATE, f"its original has {quoted}, the job's is {ours}"
             )
         first_attempt = self.first_attempt_at
         if (

@@ -908,7 +908,7 @@ def test_a_report_whose_original_is_not_dated_as_the_job_is_refused_where_the_da
     # watch. On a provider that sends our Date unchanged (SMTP), a real report quotes the
     # job's Date, the second the job was created, which the key does not give: a report
     # quoting none, or another, is refused (`other-date`) and put on no job.
-    from datetime import UTC
+    from datetime import UTC, timezone
 
     from daemon.api.metrics import Metrics, Sources
     from ledger.mime import date_value
@@ -935,7 +935,9 @@ def test_a_report_whose_original_is_not_dated_as_the_job_is_refused_where_the_da
         assert bounced(kept, "r-1") == []
         text = metrics.render().decode()
         assert 'sendledger_bounce_reports_total{outcome="other-date"} 2.0' in text, text
-        kept.provider.deliver(dated(f"  {date_value(created)} "))  # spaces as MTAs quote it
+        # Written again by an MTA (another zone, the day unpadded, folded): the same moment.
+        again = created.astimezone(timezone(timedelta(hours=-5)))
+        kept.provider.deliver(dated(f"{again.day} {again:%b %Y %H:%M:%S} -0500\r\n (EST)"))
         kept.clock.advance(INTERVAL)
         engine.tick()
         [event] = bounced(kept, "r-1")

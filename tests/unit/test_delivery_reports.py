@@ -6,7 +6,7 @@ report to a message the original headers do not name, or to one not of our domai
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -323,6 +323,43 @@ def test_the_original_date_is_the_originals_alone(
     found = read(raw)
     assert isinstance(found, DeliveryReport), found
     assert found.original_date == date
+    assert found.original_moment == (None if moment is None else moment.replace(microsecond=0))
+
+
+@given(
+    moment=st.datetimes(
+        min_value=datetime(1900, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)
+    ),
+    minutes=st.integers(min_value=-(23 * 60 + 59), max_value=23 * 60 + 59),
+    padded=st.booleans(),
+    named=st.booleans(),
+)
+def test_a_date_written_again_in_another_zone_names_the_same_moment(
+    moment: datetime, minutes: int, padded: bool, named: bool
+) -> None:
+    """An MTA that writes the original's Date again (another zone, the day unpadded, no
+    day name, a comment) names the moment ours does; a day that does not exist, none."""
+    zone = timezone(timedelta(minutes=minutes))
+    local = moment.astimezone(zone)
+    sign = "+" if minutes >= 0 else "-"
+    offset = f"{sign}{abs(minutes) // 60:02d}{abs(minutes) % 60:02d}"
+    day = f"{local.day:02d}" if padded else str(local.day)
+    text = (
+        f"{local.strftime('%a') + ', ' if named else ''}{day} {local.strftime('%b')} "
+        f"{local.year:04d} {local:%H:%M:%S} {offset}{' (UTC)' if named else ''}"
+    )
+    original = message().replace(b"\r\nMessage-ID", f"\r\nDate: {text}\r\nMessage-ID".encode())
+    found = read(rfc3464_report(original, mailbox=MAILBOX, recipient=TO))
+    assert isinstance(found, DeliveryReport), found
+    assert found.original_moment == moment.replace(microsecond=0), text
+    for wrong in (
+        text.replace(f"{local.year:04d}", "2026 31 Feb"),
+        "yesterday",
+        "31 Feb 2026 00:00 +0000",
+    ):
+        original = message().replace(b"\r\nMessage-ID", f"\r\nDate: {wrong}\r\nMessage-ID".encode())
+        found = read(rfc3464_report(original, mailbox=MAILBOX, recipient=TO))
+        assert isinstance(found, DeliveryReport) and found.original_moment is None, wrong
 
 
 def test_an_original_quoting_two_dates_is_ambiguous() -> None:

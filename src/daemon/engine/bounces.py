@@ -51,7 +51,6 @@ from ledger.delivery_reports import (
 from ledger.display import quoted
 from ledger.job import BounceRefused, SendJob, bounce_recipients
 from ledger.message import message_date
-from ledger.mime import date_value
 from ledger.stores.index import IndexRow, WatchHold
 from ledger.vocabulary import JobState
 from policies import decisions
@@ -655,7 +654,7 @@ class BounceWatch:
             at=self._clock(),
             received_at=received_at,
             skew=self._skew,
-            date=date_value(message_date(job)) if provider.keeps_date else None,
+            date=message_date(job) if provider.keeps_date else None,
         )
         events = list(job.pending_events)
         self._commits.save(job)
