@@ -50,6 +50,19 @@ def bounced(rig: EngineRig, key: str) -> list[SendJob.Bounced]:
     return [e for e in rig.ledger.history(key) if isinstance(e, SendJob.Bounced)]
 
 
+def calls_of(rig: EngineRig, method: str) -> list[str]:
+    """The argument of each call of the rig's ledger's `method` from now on."""
+    calls: list[str] = []
+    original = getattr(rig.ledger, method)
+
+    def counted(argument: str) -> Any:
+        calls.append(argument)
+        return original(argument)
+
+    setattr(rig.ledger, method, counted)
+    return calls
+
+
 def engine_of(rig: EngineRig, name: str, **options: Any) -> Engine:
     """Another engine on the rig's store, provider and clock, built with `options`; closed
     with the rig."""
@@ -566,14 +579,7 @@ def test_watches_waiting_for_a_read_are_not_loaded_and_hold_no_one_behind_them(
         rig.submit("receipts", f"r-{n:03d}")
     rig.tick()
     rig.engine.bounces._sends_waiting = lambda scope: 1
-    loads: list[str] = []
-    get_job = rig.ledger.get_job
-
-    def counted(key: str) -> SendJob:
-        loads.append(key)
-        return get_job(key)
-
-    rig.ledger.get_job = counted  # type: ignore[method-assign]
+    loads = calls_of(rig, "get_job")
     rig.advance_and_tick(HOUR + INTERVAL)
     if restarted:
         rig.restart()
@@ -949,3 +955,30 @@ def test_a_report_whose_original_is_not_dated_as_the_job_is_refused_where_the_da
     rig.provider.deliver(bounce_of(other))
     rig.advance_and_tick(INTERVAL)
     assert len(bounced(rig, "r-1")) == 1
+
+
+def test_reports_waiting_for_their_job_cost_one_look_up_per_read_not_one_each(
+    rig: EngineRig,
+) -> None:
+    # Whoever guessed the key of a job not sent yet (its provider refusing for now) can
+    # mail the sender report after report of it: each waits for the job to be watched,
+    # for as long as the window lasts. Before, every waiting report was looked up in the
+    # store at every read (here 50, 100, 120, 120, ...: growing by a read's worth each
+    # interval); now one per job named, per read.
+    rig.submit("receipts", "r-0")
+    rig.tick()  # the mailbox is watched
+    rig.provider.script(*[Scripted.unavailable() for _ in range(50)])
+    pending = rig.submit("receipts", "pending")
+    rig.tick()
+    assert rig.job("pending").state is JobState.REQUESTED
+    for _ in range(120):
+        rig.provider.deliver(bounce_of(pending))
+    looked_up = calls_of(rig, "row_by_message_id")
+    reads = rig.provider.report_reads
+    for _ in range(5):
+        rig.clock.advance(INTERVAL)
+        rig.engine.tick()
+    assert rig.provider.report_reads == reads + 5
+    assert rig.provider.reports_fetched >= 120  # every one read, each waiting
+    assert len(looked_up) <= 5, len(looked_up)
+    assert bounced(rig, "pending") == []

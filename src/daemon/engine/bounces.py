@@ -431,9 +431,19 @@ class BounceWatch:
         with self._lock:
             waiting = [(k, v) for k, v in mailbox.seen.items() if v.report is not None]
         stalled = False
+        # Message-IDs whose job is not watched yet, as this read found: the other reports
+        # naming one wait without another look-up. Anyone who guessed the key of a job not
+        # sent yet can mail any number of reports of it, each read at its turn and waiting
+        # for as long as the window lasts; each looked up at every read cost the store
+        # one read per report per interval.
+        not_yet: set[str] = set()
         for provider_id, seen in waiting:
             assert seen.report is not None
+            if seen.report.original_message_id in not_yet:
+                continue
             outcome = self._attribute(read, provider_id, seen, counter)
+            if outcome is None:
+                not_yet.add(seen.report.original_message_id)
             if outcome is _MOVING:
                 stalled = True  # its job is watched: its watch waits for the next read
             elif outcome is not None:
