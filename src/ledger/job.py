@@ -146,6 +146,10 @@ class SendJob(Aggregate):
     unavailable_since: datetime | None
     last_attempt_at: datetime | None  # the latest claim's time (a resend's index rule)
     first_attempt_at: datetime | None  # the first claim's: no report of it is older
+    # The claims (attempt -> its time) no Rejected answered: the attempts that may have
+    # sent the message. No real report is older than the earliest of them; an attempt
+    # the provider refused (nothing sent) gives a forger's report no earlier start.
+    unrefused_claims: dict[int, datetime]
     # A confirmed job whose copies are to be counted again then (after a resend).
     verify_at: datetime | None
     # A settled job whose provider may have left unsent drafts of it: they are deleted
@@ -279,6 +283,7 @@ class SendJob(Aggregate):
             job.unavailable_since = None
             job.last_attempt_at = None
             job.first_attempt_at = None
+            job.unrefused_claims = {}
             job.verify_at = None
             job.tidy_at = None
             job.checked_version = 0
@@ -325,6 +330,7 @@ class SendJob(Aggregate):
             job.last_attempt_at = self.timestamp
             if job.first_attempt_at is None:
                 job.first_attempt_at = self.timestamp
+            job.unrefused_claims = {**job.unrefused_claims, self.attempt: self.timestamp}
             job.reason = None
             job.history_id = self.history_id
             job.fenced_draft = None
@@ -504,6 +510,9 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.reason = self.reason
+            job.unrefused_claims = {
+                n: at for n, at in job.unrefused_claims.items() if n != self.attempt
+            }
             if self.unavailable:
                 job.round_attempts -= 1
                 job.unavailable_since = job.unavailable_since or self.timestamp
@@ -1174,8 +1183,9 @@ class SendJob(Aggregate):
         (BounceRefused) for a job not watched now, a report recorded already, a report
         about none of its recipients or about another message, and one the mailbox
         received (`received_at`, the provider's clock; None: not known) more than `skew`
-        seconds before the job's first attempt: no report of a message is older than it,
-        and its Message-ID, derived from the key, can be guessed. `date`: the Date its
+        seconds before the earliest attempt that may have sent it (`unrefused_claims`):
+        no report of a message is older than it, and its Message-ID, derived from the
+        key, can be guessed. `date`: the Date its
         message was sent with (`message.message_date`), when the provider sends ours
         unchanged (None: not known): a report whose original quotes no Date or another
         moment is about a message someone else put the guessed Message-ID on."""
@@ -1190,7 +1200,9 @@ class SendJob(Aggregate):
             raise BounceRefused(
                 self, ReportRefusal.OTHER_DATE, f"its original has {quoted}, the job's is {ours}"
             )
-        first_attempt = self.first_attempt_at
+        # The earliest claim that may have sent it (a human who resolved a job sent whose
+        # every attempt was refused: the first claim).
+        first_attempt = min(self.unrefused_claims.values(), default=self.first_attempt_at)
         if (
             received_at is not None
             and first_attempt is not None

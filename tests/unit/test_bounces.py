@@ -982,3 +982,28 @@ def test_reports_waiting_for_their_job_cost_one_look_up_per_read_not_one_each(
     assert rig.provider.reports_fetched >= 120  # every one read, each waiting
     assert len(looked_up) <= 5, len(looked_up)
     assert bounced(rig, "pending") == []
+
+
+def test_a_report_received_while_every_attempt_so_far_was_refused_is_refused(
+    rig: EngineRig,
+) -> None:
+    # The before-send bound was the job's first claim, even when the provider refused
+    # that attempt (nothing sent): through an outage of hours, whoever guessed the key
+    # could mail reports of the job that were recorded once it was sent at last. The
+    # bound is now the earliest claim no Rejected answered.
+    rig.submit("receipts", "r-0")
+    rig.tick()  # the mailbox is watched
+    rig.provider.script(Scripted.unavailable())
+    mid = rig.submit("receipts", "late")
+    rig.tick()
+    assert rig.events("late")[-1] == "Rejected"
+    rig.clock.advance(HOUR / 2)
+    forged = rig.provider.deliver(bounce_of(mid))  # after the refused claim, before a send
+    for _ in range(4):
+        rig.advance_and_tick(HOUR / 4)
+    assert rig.job("late").state is JobState.CONFIRMED
+    real = rig.provider.deliver(bounce_of(mid))
+    rig.advance_and_tick(INTERVAL)
+    [event] = bounced(rig, "late")
+    assert event.provider_message_id == real != forged
+    assert rig.job("late").first_attempt_at is not None
