@@ -1,10 +1,10 @@
 """A provider's Retry-After is its answer, not ours to believe whole (docs/operations.md
 "Outages and quotas"): "1e12", or an HTTP-date in the year 9999, is a wait past the end of
 the calendar. The job's retry was bounded by `decisions.MAX_RETRY_AFTER` (a week), but the
-circuit's probe and a report read's next read took it as said: `now + timedelta(...)`
-overflowed in the worker, and a wait short of overflowing (ten years) held the scope's
-sends until a restart. The engine on the memory store and the fake provider, time
-injected; the header's parser on anything a server could write."""
+circuit's probe, a search's next try and a report read's next read took it as said:
+`now + timedelta(...)` overflowed in the worker, and a wait short of overflowing (ten
+years) held the scope's sends until a restart. The engine on the memory store and the fake
+provider, time injected; the header's parser on anything a server could write."""
 
 from __future__ import annotations
 
@@ -57,6 +57,28 @@ def test_a_report_read_refused_with_a_wait_past_the_calendar_waits_the_bound() -
         assert rig.provider.report_reads == reads + 1  # it waits
         rig.advance_and_tick(MAX_RETRY_AFTER)
         assert rig.provider.report_reads == reads + 2
+    finally:
+        rig.close()
+
+
+def test_a_search_refused_with_a_wait_past_the_calendar_is_asked_again_within_the_bound() -> None:
+    # Before: the search's own wait overflowed in the check worker: the job was asked
+    # again at the next tick, against the provider's word, each time an error.
+    rig = EngineRig(policy("receipts"))
+    try:
+        rig.submit("receipts", "u-1")
+        rig.provider.script(Scripted.dropped_response())
+        rig.tick()
+        assert rig.job("u-1").state is JobState.UNKNOWN
+        rig.provider.fail_searches(1, retry_after=1e12)
+        rig.clock.advance(60)
+        rig.tick(errors=1)
+        searches = rig.provider.searches
+        rig.advance_and_tick(60)
+        assert rig.provider.searches == searches  # it waits
+        rig.advance_and_tick(MAX_RETRY_AFTER)
+        assert rig.provider.searches == searches + 1
+        assert rig.job("u-1").state is JobState.CONFIRMED
     finally:
         rig.close()
 

@@ -196,6 +196,7 @@ class FakeProvider(ProviderBase):
         self._script: deque[Scripted] = deque()
         self._failing_searches = 0
         self._searches_unavailable = False
+        self._searches_wait = 1.0
         self._failing_pings = 0
         #: Called in the middle of every search, after it read the mailbox and before its
         #: answer reaches the caller (a hook for tests that let another actor move while a
@@ -214,12 +215,16 @@ class FakeProvider(ProviderBase):
         with self._lock:
             self._script.extend(fates)
 
-    def fail_searches(self, count: int, *, unavailable: bool = False) -> None:
+    def fail_searches(
+        self, count: int, *, unavailable: bool = False, retry_after: float = 1.0
+    ) -> None:
         """The next `count` searches fail; `unavailable`: as a refused connection does
-        (counted toward the circuit), else as a 500 does."""
+        (counted toward the circuit), else as a 500 does, with the provider's
+        `retry_after`."""
         with self._lock:
             self._failing_searches += count
             self._searches_unavailable = unavailable
+            self._searches_wait = retry_after
 
     def fail_pings(self, count: int) -> None:
         """The next `count` pings time out (the provider still hangs); 0: they answer."""
@@ -319,7 +324,7 @@ class FakeProvider(ProviderBase):
                 self._failing_searches -= 1
                 if self._searches_unavailable:
                     raise ProviderError("search: connection refused (scripted)", unavailable=True)
-                raise ProviderError("search failed (scripted)", retry_after=1.0)
+                raise ProviderError("search failed (scripted)", retry_after=self._searches_wait)
             self.answered_searches[message_id] += 1
             visible_before = self.clock() - timedelta(seconds=self.index_lag)
             visible = list(self._visible(message_id, visible_before))

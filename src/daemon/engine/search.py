@@ -214,7 +214,7 @@ class SearchBackoff:
                 timed_out=exc.timed_out,
                 kind=CHECK,
             )
-            wait = max(exc.retry_after or 0.0, 1.0)
+            wait = max(decisions.retry_after_wait(exc.retry_after), 1.0)
             with self._lock:
                 self._not_before[key] = now + timedelta(seconds=wait)
             log.warning(
