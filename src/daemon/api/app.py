@@ -17,7 +17,14 @@ from fastapi.staticfiles import StaticFiles
 from daemon.api import errors, favicon, jobs, review, ui
 from daemon.api.auth import bearer
 from daemon.api.context import ApiContext
-from daemon.api.guards import HeadAsGet, KeysInUtf8, MethodsAllowed, NoNulInQuery, TrustedHosts
+from daemon.api.guards import (
+    HeadAsGet,
+    KeysInUtf8,
+    MethodsAllowed,
+    NoNulInQuery,
+    QueryInUtf8,
+    TrustedHosts,
+)
 from daemon.api.health import check_health
 from daemon.api.limits import BodyLimit
 from daemon.api.metrics import CONTENT_TYPE
@@ -61,10 +68,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(review.router)
     app.include_router(ui.router)
     # Outermost last: the Host check, HEAD as GET, a keyed path's key in UTF-8, the methods
-    # a path is served for, keyed paths, then the body limit.
+    # a path is served for, the query's text (UTF-8, no NUL), keyed paths, then the body
+    # limit.
     app.add_middleware(BodyLimit, max_body=ctx.max_body)
     app.add_middleware(KeyPaths)
     app.add_middleware(NoNulInQuery)
+    app.add_middleware(QueryInUtf8)
     app.add_middleware(MethodsAllowed, routes=app.router.routes)
     app.add_middleware(KeysInUtf8)
     app.add_middleware(HeadAsGet)
@@ -103,7 +112,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return Response(text, media_type=CONTENT_TYPE)
 
     def openapi() -> dict[str, Any]:
-        # Every route may answer 400 (api.trusted_hosts) and 422 (a NUL in its query);
+        # Every route may answer 400 (api.trusted_hosts) and 422 (a NUL, or bytes that are
+        # not UTF-8, in its query);
         # every route with a body 413 (api.max_body).
         if app.openapi_schema is None:
             schema = FastAPI.openapi(app)

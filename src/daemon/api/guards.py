@@ -16,6 +16,7 @@ from typing import Any
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from daemon.api.form_text import in_pairs
 from daemon.api.paths import canonical_path, request_path
 
 
@@ -82,6 +83,24 @@ class NoNulInQuery:
         if scope["type"] == "http" and b"%00" in scope.get("query_string", b"").lower():
             await answer_invalid(send, "query", "a NUL character (%00) is not allowed")
             return
+        await self.app(scope, receive, send)
+
+
+class QueryInUtf8:
+    """Pure ASGI middleware: a query parameter whose bytes are not UTF-8 text is 422
+    naming it, before any route reads it, on the pages too (`daemon/api/form_text.py`).
+    Decoded with U+FFFD in their place, `GET /v1/jobs?channel=caf%E9` listed no job of
+    channel `café` and said nothing of why."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            found = in_pairs(scope.get("query_string", b""))
+            if found is not None:
+                await answer_invalid(send, found.field, found.reason)
+                return
         await self.app(scope, receive, send)
 
 
@@ -181,6 +200,7 @@ __all__ = [
     "HeadAsGet",
     "MethodsAllowed",
     "NoNulInQuery",
+    "QueryInUtf8",
     "TrustedHosts",
     "allowed_methods",
     "answer_json",

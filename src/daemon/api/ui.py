@@ -16,7 +16,7 @@ bidi characters shown as escapes), for every value a template prints.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from math import ceil
 from pathlib import Path
@@ -26,12 +26,15 @@ from urllib.parse import quote, urlencode, urlsplit
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
+from starlette.types import Message, Receive
 
 from daemon.api.auth import SESSION_COOKIE, SESSION_SECONDS, bearer
 from daemon.api.context import ApiContext, Ctx, context_of
 from daemon.api.errors import status_of
+from daemon.api.form_text import in_form, percent_escaped, urlencoded
 from daemon.api.overview import NARROW, hourly_chart
 from daemon.api.paths import key_segment
 from daemon.api.roles import PAGE_ROLE, forbidden
@@ -48,7 +51,48 @@ from daemon.service_layer.services import (
 from ledger.display import command_line, printable
 from ledger.vocabulary import OPEN_STATES, Resolution
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+
+class FormsInUtf8(APIRoute):
+    """A page's route whose form holds a field that is not UTF-8 text is answered 422,
+    the page's line naming the field, before the route runs: nothing is written. The form
+    parser read such bytes as U+FFFD (multipart: as Latin-1), and a note or a reason
+    nobody typed went into the trail (`daemon/api/form_text.py`). An urlencoded body's raw
+    UTF-8 bytes (`curl -d 'note=café'`) reach the route escaped, read as UTF-8."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            if request.method == "POST":
+                # The body is whole already (`daemon/api/limits.py`), and kept for the route.
+                body = await request.body()
+                kind = request.headers.get("content-type", "")
+                found = in_form(kind, body)
+                if found is not None:
+                    return _page("message.html", 422, title="Refused",
+                                 message=f"{found.field}: {found.reason}")  # fmt: skip
+                escaped = percent_escaped(body) if urlencoded(kind) else body
+                if escaped != body:
+                    request = Request(request.scope, _replay(escaped, request.receive))
+            return await handler(request)
+
+        return strict
+
+
+def _replay(body: bytes, then: Receive) -> Receive:
+    """The request's `receive`, its body replaced by `body` (then the request's own)."""
+    told: list[bool] = []
+
+    async def receive() -> Message:
+        if not told:
+            told.append(True)
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await then()
+
+    return receive
+
+
+router = APIRouter(prefix="/ui", include_in_schema=False, route_class=FormsInUtf8)
 
 
 def _finalize(value: Any) -> Any:
