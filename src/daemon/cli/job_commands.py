@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from daemon.cli import admin_copy, admin_purge, output
 from daemon.cli.parsers import add_command, login_name
@@ -66,39 +66,73 @@ def register(sub: Any) -> None:
 # -- submit -------------------------------------------------------------------------
 
 
-def _read_jobs(source: str) -> object:
-    """The decoded job JSON of a file or stdin."""
+def _read_jobs(source: str, limit: int) -> object:
+    """The decoded job JSON of a file or stdin, of at most `limit` bytes (`api.max_body`,
+    the bound of a request body: `submit /dev/zero` was read into memory until the
+    machine ran out of it)."""
+    where = "stdin" if source == "-" else source
     try:
-        text = _stdin_text() if source == "-" else Path(source).read_text(encoding="utf-8")
+        raw = _stdin_bytes(limit) if source == "-" else _file_bytes(source, limit)
     except OSError as exc:
         raise bad_input(f"cannot read {source}: {exc.strerror}") from None
+    if raw is None:
+        raise bad_input(f"job: {where}: larger than api.max_body ({limit} bytes)")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise bad_input(f"{'stdin' if source == '-' else source}: not UTF-8") from None
+        raise bad_input(f"{where}: not UTF-8") from None
     if not text.strip():
         # Most often `submit` with no FILE and nothing piped in: JSON's own words
         # ("Expecting value at line 1") would not say so.
-        where = "stdin" if source == "-" else source
         raise bad_input(f"job: {where} is empty: give a job JSON file, or pipe the JSON in")
     if starts_with_a_mark(text):
-        raise bad_input(f"job: {'stdin' if source == '-' else source}: {BYTE_ORDER_MARK}")
+        raise bad_input(f"job: {where}: {BYTE_ORDER_MARK}")
     try:
         return decode_jobs(text)
     except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno}, column {exc.colno}"
-        raise bad_input(f"job: not valid JSON: {exc.msg} at {where}") from None
+        at = f"line {exc.lineno}, column {exc.colno}"
+        raise bad_input(f"job: not valid JSON: {exc.msg} at {at}") from None
     except (ValueError, RecursionError) as exc:
         # An integer too long to convert, or nesting deeper than the parser goes.
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise bad_input(f"job: not valid JSON: {reason}") from None
 
 
-def _stdin_text() -> str:
-    """Standard input as UTF-8, as a file is read: the locale's encoding (Latin-1 under
-    `LANG=en_US.ISO-8859-1`) would turn the same bytes into other text, stored so or
+#: How much one read asks for: a bound of 40 MB is not one allocation of 40 MB per read.
+CHUNK = 1 << 20
+
+
+def _bounded(stream: BinaryIO, limit: int) -> bytes | None:
+    """Up to `limit` bytes of `stream`, read to its end; None once it holds more (one
+    byte past the bound is all that is read of it: a pipe or a device has no size)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = stream.read(min(CHUNK, limit + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+    return None
+
+
+def _file_bytes(source: str, limit: int) -> bytes | None:
+    # A pipe (`submit <(...)`, a FIFO) is read as a file is: it ends when its writer does.
+    with open(source, "rb") as stream:
+        return _bounded(stream, limit)
+
+
+def _stdin_bytes(limit: int) -> bytes | None:
+    """Standard input's bytes, read as UTF-8 as a file is: the locale's encoding (Latin-1
+    under `LANG=en_US.ISO-8859-1`) would turn the same bytes into other text, stored so or
     refused for a control character nobody typed, and a later `submit FILE` of the very
     job would conflict with it."""
     raw = getattr(sys.stdin, "buffer", None)
-    return sys.stdin.read() if raw is None else raw.read().decode("utf-8")
+    if raw is None:  # a text stream put in its place (an embedding program's)
+        text = sys.stdin.read(limit + 1)
+        data = text.encode("utf-8", "surrogateescape")
+        return data if len(data) <= limit else None
+    return _bounded(raw, limit)
 
 
 T = TypeVar("T")
@@ -107,8 +141,8 @@ T = TypeVar("T")
 def cmd_submit(args: argparse.Namespace) -> int:
     from daemon.service_layer.doors import command_intake
 
-    data = _read_jobs(args.file)
     settings = settings_for(args.config)
+    data = _read_jobs(args.file, settings.api.max_body)
     valid = command_intake(settings).validate(data)  # refused jobs never open the store
     submitted = _serve(
         settings,
