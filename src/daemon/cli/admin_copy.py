@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from daemon.cli import output
 from daemon.cli.admin_purge import ctrl_c_between_steps
@@ -30,6 +33,9 @@ from ledger.stores.url import (
 STORE_URL = "store.url: "
 #: Seconds between two progress lines of a copy.
 PROGRESS_EVERY = 2.0
+#: Seconds between two looks at a read of the destination after a Ctrl-C (`_read_aside`).
+WAIT_STEP = 0.1
+T = TypeVar("T")
 
 
 def register(admin: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -98,7 +104,7 @@ def cmd_copy_store(args: argparse.Namespace) -> int:
         # A second Ctrl-C interrupts wherever the copy was: what it left is read, so
         # that a finished copy is not emptied on a guess, nor an unfinished one used.
         try:
-            mark = left_at(destination, keys)
+            mark = _read_aside(lambda: left_at(destination, keys))
         except (Exception, KeyboardInterrupt) as exc:
             # The destination may be what the copy was stuck on (a server gone silent),
             # and a third Ctrl-C may end this read too: the interruption is still said.
@@ -135,6 +141,30 @@ def cmd_copy_store(args: argparse.Namespace) -> int:
         f"point store.url at {result.destination} before a daemon starts"
     )
     return EXIT_OK
+
+
+def _read_aside(read: Callable[[], T]) -> T:
+    """`read()` in a thread of its own, this one waiting for it a tenth of a second at a
+    time: a Ctrl-C's handler runs only in this thread, between two Python steps, and the
+    read may wait in C (SQLite's busy timeout, 30 s, on a destination another process
+    holds): a third Ctrl-C was answered only once it ended. Now it is at once (the
+    KeyboardInterrupt is raised here; the read is left to end with the process)."""
+    answer: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(read())
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            failure.append(exc)
+
+    reader = threading.Thread(target=run, name="copy-store-read-destination", daemon=True)
+    reader.start()
+    while reader.is_alive():
+        reader.join(WAIT_STEP)
+    if failure:
+        raise failure[0]
+    return answer[0]
 
 
 def _unfinished(destination: str) -> str:

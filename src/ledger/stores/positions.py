@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
@@ -71,6 +72,10 @@ GAP_SCAN = 1000
 #: How long PostgreSQL's gap check waits for inserts in flight (milliseconds).
 LOCK_WAIT_MS = 250
 _MAX_ID = "SELECT COALESCE(MAX({id}), 0) FROM {events}"
+
+#: Seconds one try for SQLite's write lock waits in C: the busy timeout is waited out in
+#: such tries, so a Ctrl-C's handler, which runs between two, is not held for all of it.
+LOCK_TRY = 0.1
 
 
 @dataclass(frozen=True)
@@ -537,7 +542,7 @@ class SqlitePositions(SqlPositions):
         try:
             with self._recorder.datastore.get_connection(commit=True) as connection:
                 cursor = connection.cursor().sqlite_cursor
-                cursor.execute("BEGIN IMMEDIATE")
+                _begin_immediate(cursor)
                 try:
                     cursor.execute(_MAX_ID.format(id=self._id, events=self._events()))
                     return int(cursor.fetchone()[0])
@@ -547,6 +552,27 @@ class SqlitePositions(SqlPositions):
             if locked(exc):
                 return None
             raise
+
+
+def _begin_immediate(cursor: Any) -> None:
+    """BEGIN IMMEDIATE, waiting for the write lock the connection's busy timeout in tries
+    of :data:`LOCK_TRY`. One C call waiting all of it (30 s) held `admin copy-store`'s
+    second Ctrl-C, which interrupts at once, until it ended (docs/operations.md "Moving
+    to PostgreSQL")."""
+    cursor.execute("PRAGMA busy_timeout")
+    wait_ms = int(cursor.fetchone()[0])
+    deadline = time.monotonic() + wait_ms / 1000
+    cursor.execute(f"PRAGMA busy_timeout = {min(wait_ms, int(LOCK_TRY * 1000))}")
+    try:
+        while True:
+            try:
+                cursor.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not locked(exc) or time.monotonic() >= deadline:
+                    raise
+    finally:
+        cursor.execute(f"PRAGMA busy_timeout = {wait_ms}")
 
 
 class PostgresPositions(SqlPositions):
