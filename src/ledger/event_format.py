@@ -194,7 +194,6 @@ def give_back_declaration(ledger: Ledger) -> None:
     stop removes only that one), so the store is as the start found it. Both only while
     the row is still the one this start wrote: one of the name declared since is kept."""
     declared, replaced = ledger.format_declaration, ledger.format_replaced
-    ledger.format_declaration = ledger.format_replaced = None
     if declared is None:
         return
     rows = format_rows_for(ledger.recorder)
@@ -204,6 +203,10 @@ def give_back_declaration(ledger: Ledger) -> None:
         rows.put_back(declared, replaced)
     else:
         rows.withdraw(declared)
+    # Forgotten once written: a write the store failed is tried again with them (the
+    # write changes only this start's own row, so a second one after a first that did
+    # commit changes nothing).
+    ledger.format_declaration = ledger.format_replaced = None
 
 
 def _stored(found: Mapping[str, FormatRow]) -> int:

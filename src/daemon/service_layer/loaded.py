@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sendledger")
 
+#: How long a refused start tries to put back the declaration it replaced, and the pause
+#: between two tries (`give_back_refused_start`).
+GIVE_BACK_SECONDS = 5.0
+GIVE_BACK_PAUSE = 0.5
+
 #: A row counts as a running server's this long after its last write. Written every third
 #: of it from a thread of its own, never from a tick: a slow tick (a provider call at its
 #: timeout) must not make a running daemon look gone. A stop removes the row at once; one
@@ -278,11 +283,26 @@ def give_back_refused_start(ledger: Ledger) -> None:
     found it. Left, it was a fresh declaration: `admin copy-store` took the store for one
     a server was starting on, for a minute, and a live server of the name, whose row it
     replaced, did not remove it at its stop. A store that fails that write leaves the
-    refusal the line: the row only holds a copy back for that minute."""
-    try:
-        give_back_declaration(ledger)
-    except Exception as exc:
-        log.warning("cannot put the event format declaration back: %s", quoted(exc))
+    refusal the line.
+
+    A store error is tried again, for :data:`GIVE_BACK_SECONDS` at most, a pause of
+    :data:`GIVE_BACK_PAUSE` between two: the row left is no longer only a minute's
+    false start. Put back, it is what the live server of the name reads; left, it is the
+    refused start's release, and a newer release judging whether to raise the store's
+    format took the live older server for one that reads it (the live one then stops
+    at its next beat, on a format it cannot read). One try waits the store's own bound
+    for a lock at most, within `daemon.stop_timeout` (docs/operations.md "Upgrading")."""
+    deadline = time.monotonic() + GIVE_BACK_SECONDS
+    while True:
+        try:
+            give_back_declaration(ledger)
+            return
+        except Exception as exc:
+            if time.monotonic() + GIVE_BACK_PAUSE >= deadline:
+                log.warning("cannot put the event format declaration back: %s", quoted(exc))
+                return
+            log.info("the event format declaration not put back, tried again: %s", quoted(exc))
+        time.sleep(GIVE_BACK_PAUSE)
 
 
 __all__ = [
