@@ -103,3 +103,27 @@ def test_a_query_parameter_that_is_not_utf8_is_refused_naming_it(
     assert answer.status_code == 422, answer.text
     assert answer.json()["errors"][0]["field"] == field
     assert "not UTF-8 text" in answer.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/ui/jobs/k1/resolve", b"as=maybe", "as"),
+        ("/ui/jobs/k1/resolve", b"as=abandon&version=x1", "version"),
+        ("/ui/jobs/k1/cancel", b"version=0", "version"),
+        ("/ui/triage", b"channel=a%00b&mode=resolve", "channel"),
+        ("/ui/triage", b"reason=maybe&mode=resolve", "reason"),
+    ],
+)
+def test_every_page_refusal_names_its_field(
+    rig: EngineRig, client: TestClient, path: str, body: bytes, field: str
+) -> None:
+    """The page said `Choose sent, resend or abandon.`, `The form is damaged.` and `No such
+    channel or reason.`, naming no field (the API names each). Now each line starts with
+    the field, and nothing is recorded."""
+    in_review(rig, client, "k1", copy=False)
+    before = _trail(client, "k1")
+    answer = client.post(path, content=body, headers={**AUTH, **FORM}, follow_redirects=False)
+    assert answer.status_code == 422, answer.text
+    assert f'<p class="box">{field}: ' in unescape(answer.text), answer.text
+    assert _trail(client, "k1") == before

@@ -69,8 +69,7 @@ class FormsInUtf8(APIRoute):
                 kind = request.headers.get("content-type", "")
                 found = in_form(kind, body)
                 if found is not None:
-                    return _page("message.html", 422, title="Refused",
-                                 message=f"{found.field}: {found.reason}")  # fmt: skip
+                    return _refused(found.field, found.reason)
                 escaped = percent_escaped(body) if urlencoded(kind) else body
                 if escaped != body:
                     request = Request(request.scope, _replay(escaped, request.receive))
@@ -174,6 +173,12 @@ def _page(template: str, code: int = 200, **values: Any) -> HTMLResponse:
         "Referrer-Policy": "no-referrer",
     }
     return HTMLResponse(html, status_code=code, headers=headers)
+
+
+def _refused(field: str, reason: str) -> HTMLResponse:
+    """A form refused, nothing done: 422 and one line naming the field, as the API's
+    `{"field", "reason"}` does (docs/http-api.md "Errors and statuses")."""
+    return _page("message.html", 422, title="Refused", message=f"{field}: {reason}")
 
 
 def _sign_in(ctx: ApiContext, seen: Visitor, message: str = "", code: int = 401) -> HTMLResponse:
@@ -440,9 +445,7 @@ async def resolve_form(
     version: Annotated[str, Form()] = "",
 ) -> Response:
     if decision not in {r.value for r in Resolution}:
-        return _page(
-            "message.html", 422, title="Refused", message="Choose sent, resend or abandon."
-        )
+        return _refused("as", "choose sent, resend or abandon")
     seen_version = _form_version(version)
     if isinstance(seen_version, Response):
         return seen_version
@@ -469,7 +472,7 @@ def _form_version(text: str) -> int | Response | None:
     if not text:
         return None
     if not text.isascii() or not text.isdigit() or len(text) > 18 or int(text) < 1:
-        return _page("message.html", 422, title="Refused", message="The form is damaged.")
+        return _refused("version", "the form is damaged: not a version the page gave")
     return int(text)
 
 
@@ -517,8 +520,10 @@ async def triage_form(
     if isinstance(by, Response):
         return by
     # No channel holds a NUL (PostgreSQL refuses it); a reason is one of a closed set.
-    if "\x00" in channel or (reason and reason not in REASONS):
-        return _page("message.html", 422, title="Refused", message="No such channel or reason.")
+    if "\x00" in channel:
+        return _refused("channel", "no channel holds a NUL character")
+    if reason and reason not in REASONS:
+        return _refused("reason", f"no such reason (one of {', '.join(REASONS)})")
     dry_run = mode != "resolve"
     items: list[TriageItem] = await run_in_threadpool(
         lambda: ctx.services.triage(
