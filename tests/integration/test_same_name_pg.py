@@ -6,7 +6,12 @@ each daemon's clock to the server's."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,6 +24,7 @@ from daemon.engine import Engine, PolicyHolder
 from ledger.application import Ledger
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.postgres import AdvisoryIdentityLock
+from ledger.stores.scopes import DAEMONS_TABLE, Heartbeat
 
 pytestmark = pytest.mark.postgres
 
@@ -124,3 +130,112 @@ def test_on_postgresql_the_old_process_renews_the_name_s_scopes_no_more_once_it_
             old.name_lost()
             old.close()
             old_name.release()
+
+
+#: The old process: a daemon of name "a" that sends for mailbox 0, then hangs in nothing
+#: until it is killed.
+_KILLED = textwrap.dedent(
+    """
+    import random, sys, time
+    from tests.unit.test_scope_owners import POLICIES, Mailboxes, submit
+    from daemon.doubles.fake_provider import FakeProvider
+    from daemon.engine import Engine, PolicyHolder
+    from ledger.application import Ledger
+
+    ledger = Ledger(sys.argv[1])
+    name = ledger.hold_identity("a")
+    calls = Mailboxes(FakeProvider("fake", clock=ledger.clock))
+    engine = Engine(ledger, PolicyHolder(lambda: POLICIES), {"fake": calls},
+                    provider_timeouts={"fake": float(sys.argv[2])},
+                    deadline_grace=float(sys.argv[3]), rng=random.Random(1),
+                    daemon_name="a", scope_lease=float(sys.argv[4]))
+    engine.wait_for_predecessor(0.0)
+    submit(ledger, "k0", 0)
+    engine.tick()
+    assert len(calls.calls) == 1
+    print("sending", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def first_call_after_kill_9(
+    pg_url: str, *, timeout: float, grace: float, lease: float, tick: float = 0.0
+) -> float:
+    """Seconds from a new process's start, once the old one was killed with kill -9, to its
+    first call for the mailbox the old one was sending (its name's lock ended with it).
+    `tick`: `daemon.tick`, which the wait counts (the ticks here are called by hand)."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    old = subprocess.Popen(
+        [sys.executable, "-c", _KILLED, pg_url, str(timeout), str(grace), str(lease)],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert old.stdout is not None and old.stdout.readline().strip() == "sending"
+    finally:
+        old.send_signal(signal.SIGKILL)
+        old.wait()  # reaped, as systemd reaps it
+    with Ledger(pg_url) as ledger:
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                identity = ledger.hold_identity("a")
+                break
+            except IdentityTaken:  # the server ends its session a moment after
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        calls = Mailboxes(FakeProvider("fake", clock=ledger.clock))
+        new = Engine(ledger, PolicyHolder(lambda: POLICIES), {"fake": calls},
+                     provider_timeouts={"fake": timeout}, deadline_grace=grace,
+                     rng=random.Random(1), daemon_name="a", scope_lease=lease)  # fmt: skip
+        try:
+            new.wait_for_predecessor(tick)  # start_up's
+            started = time.monotonic()
+            submit(ledger, "k1", 0)
+            while not calls.calls:
+                new.tick()
+                assert time.monotonic() - started < timeout + grace + tick + 5.0
+                time.sleep(0.05)
+            return time.monotonic() - started
+        finally:
+            new.close()
+            identity.release()
+
+
+def test_on_postgresql_a_restart_after_kill_9_on_this_host_sends_at_once(pg_url: str) -> None:
+    """systemd restarting a daemon killed with kill -9: the name's heartbeat is live (no
+    stop removed it), so the new process waited for the old one's calls, the longest
+    timeout plus the grace (61 s with the defaults, 1.5 s here), though the kernel says
+    the old process is gone. The heartbeat names its process now: the wait is skipped."""
+    took = first_call_after_kill_9(pg_url, timeout=TIMEOUT, grace=GRACE, lease=LEASE)
+    print(f"first call {took:.2f}s after the restart (the wait: {CALLS}s)")
+    assert took < CALLS
+
+
+def test_on_postgresql_a_heartbeat_an_earlier_release_wrote_over_names_no_process(
+    pg_url: str,
+) -> None:
+    """A daemon of an earlier release writes `seen_until` alone (its upsert, below) over
+    a row a killed process of this release wrote: that process is no longer the writer,
+    and the one that is may be alive. The row names no process, and the wait is kept; a
+    table the earlier release created gains the column at the first start."""
+    with Ledger(pg_url) as ledger:
+        recorder: Any = ledger.recorder
+        table = f'"{recorder.datastore.schema}".{DAEMONS_TABLE}'
+        with recorder.datastore.transaction(commit=True) as cursor:
+            # The earlier release's table, then this release's ensure.
+            cursor.execute(f"CREATE TABLE {table} (name TEXT PRIMARY KEY, "
+                           "seen_until DOUBLE PRECISION NOT NULL)")  # fmt: skip
+        rows = ledger.scope_leases()
+        rows.ensure()
+        now = time.time()
+        rows.beat("a", now + LEASE, '{"pid": 1}')
+        beat = rows.heartbeat("a")
+        assert beat is not None and beat.process == '{"pid": 1}'
+        with recorder.datastore.transaction(commit=True) as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (name, seen_until) VALUES (%s, %s) "
+                "ON CONFLICT (name) DO UPDATE SET seen_until = excluded.seen_until",
+                ["a", now + 2 * LEASE],
+            )
+        assert rows.heartbeat("a") == Heartbeat(now + 2 * LEASE, None)

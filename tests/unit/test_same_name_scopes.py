@@ -9,6 +9,8 @@ and a predecessor that stopped, leave nothing in flight: the scopes are taken ba
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -33,6 +35,7 @@ from daemon.doubles.fake_provider import FakeProvider
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
 from daemon.engine.owners import ScopeOwners
+from daemon.engine.process_mark import ProcessMark, read_mark, this_process
 from daemon.runtime import start_up
 from ledger.application import Ledger
 from ledger.vocabulary import JobState
@@ -41,12 +44,28 @@ from ledger.vocabulary import JobState
 CALLS = TIMEOUT + GRACE
 
 
-def _successor(world: World, name: str) -> Daemon:
+def _successor(world: World, name: str, process: ProcessMark | None = None) -> Daemon:
     """A second process of `name` on the store, sharing the first one's clock, on a store
     whose name lock can end under a live holder."""
-    second = Daemon(world.store, name, world.clocks[name])
+    second = Daemon(world.store, name, world.clocks[name], process)
     second.owners.wait_for_predecessor(CALLS)
     return second
+
+
+def exited_process() -> ProcessMark:
+    """The mark of a process of this host that ran and is gone (reaped): a daemon killed
+    by kill -9 and restarted by systemd leaves such a one in the name's heartbeat."""
+    code = "from daemon.engine.process_mark import this_process; print(this_process().text())"
+    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+    mark = read_mark(printed)
+    assert mark is not None
+    return mark
+
+
+def _beat_from(world: World, name: str, process: str | None) -> None:
+    """The name's heartbeat as `process` last wrote it, live for a lease."""
+    world.store.beat(name, world.clocks[name]().timestamp() + LEASE, process)
 
 
 def test_a_new_process_of_a_name_calls_only_once_the_old_one_s_calls_are_past_deadline() -> None:
@@ -93,6 +112,72 @@ def test_a_predecessor_that_stopped_leaves_its_scopes_at_once() -> None:
     new.round(2)
     assert new.owners.owned() == [scope(0), scope(1)]
     assert new.may_call(0) and new.may_call(1)
+
+
+def test_a_predecessor_killed_on_this_host_leaves_its_scopes_at_once() -> None:
+    """A kill -9 and a restart on the same host (systemd): the name's heartbeat is live
+    (no stop removed it) but names a process this host's kernel no longer has. Before,
+    the new process waited the longest timeout plus the grace plus a tick (61 s with the
+    defaults) all the same; the dead process calls nothing: it now calls at once."""
+    world = World()
+    world.start("a").round(2)
+    _beat_from(world, "a", exited_process().text())  # its last beat, then kill -9
+    new = _successor(world, "a")
+    new.round(2)
+    assert new.owners.owned() == [scope(0), scope(1)]
+    assert new.may_call(0) and new.may_call(1)
+
+
+def _live_elsewhere() -> ProcessMark:
+    me = this_process()
+    assert me is not None
+    return ProcessMark("other-host", "another-boot-id", me.pidns, me.pid + 1, 1)
+
+
+@pytest.mark.parametrize(
+    "writer",
+    ["this process, alive", "another host", "an earlier release", "not a mark"],
+)
+def test_a_predecessor_not_provably_gone_is_still_waited_for(writer: str) -> None:
+    """Only a process of this boot and pid namespace that the kernel no longer has is
+    proof: one alive, one on another host (its pid means nothing here), a row written
+    by an earlier release (no process; a stale one it did not write:
+    tests/integration/test_same_name_pg.py) or a value that is no mark leave the wait as
+    it was."""
+    world = World()
+    world.start("a").round(1)
+    me = this_process()
+    assert me is not None
+    process = {
+        "this process, alive": me.text(),
+        "another host": _live_elsewhere().text(),
+        "an earlier release": None,
+        "not a mark": '{"pid": 0, "start": 0}',
+    }[writer]
+    _beat_from(world, "a", process)
+    new = _successor(world, "a")
+    new.round(1)
+    assert new.owners.owned() == [scope(0)]
+    assert not new.may_call(0)
+
+
+def test_a_process_that_waits_for_its_predecessor_names_itself_only_after_the_wait() -> None:
+    """A process that took the name from a live one (a database restart) and was then
+    killed: its heartbeat must not vouch for the live one, still calling. It writes its
+    mark only once that one's calls are past: a third process waits meanwhile."""
+    world = World()
+    world.start("a").round(1)  # alive: this process
+    second = _successor(world, "a", exited_process())  # killed later
+    second.round(1)
+    row = world.store.heartbeat("a")
+    assert row is not None and row.process is None
+    third = _successor(world, "a")
+    third.round(1)
+    assert not third.may_call(0)  # the first may still be calling
+    world.advance(CALLS)
+    second.round(1)
+    row = world.store.heartbeat("a")
+    assert row is not None and row.process is not None
 
 
 def test_scopes_this_process_held_itself_are_taken_back_at_once() -> None:

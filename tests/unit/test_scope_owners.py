@@ -35,6 +35,7 @@ from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
 from daemon.engine.circuit import CircuitSettings
 from daemon.engine.owners import OurScopes, ScopeOwners
+from daemon.engine.process_mark import ProcessMark
 from daemon.providers.base import (
     Provider,
     ProviderBase,
@@ -165,7 +166,10 @@ def scope(n: int) -> str:
 class Daemon:
     """One daemon's scope owners on the shared store, on a clock of its own."""
 
-    def __init__(self, store: Any, name: str, clock: FakeClock) -> None:
+    def __init__(
+        self, store: Any, name: str, clock: FakeClock, process: ProcessMark | None = None
+    ) -> None:
+        """`process`: the process its heartbeat names (this one's by default)."""
         self.name = name
         self.clock = clock
         provider = Mailboxes(FakeProvider("fake", clock=clock))
@@ -178,6 +182,7 @@ class Daemon:
             grace=GRACE,
             horizon=LEASE + TIMEOUT,
             clock=clock,
+            process=process,
         )
 
     def round(self, scopes: int) -> None:
@@ -1310,10 +1315,10 @@ class RefusingLeases(MemoryScopeLeases):
 
     refuse = False
 
-    def beat(self, name: str, until: float) -> None:
+    def beat(self, name: str, until: float, process: str | None = None) -> None:
         if self.refuse:
             raise RuntimeError("store memory: read-only: it can be read but not written here")
-        super().beat(name, until)
+        super().beat(name, until, process)
 
 
 def health_of(ledger: Ledger, owners: ScopeOwners) -> Any:

@@ -45,7 +45,11 @@ mailbox is sent at the rate of one quota bucket: its owner's.
   their deadline: the longest provider timeout plus the grace from the take, as a claim's
   lease, plus one tick (it starts calls until its next tick's name check). A stopped
   predecessor, SQLite and memory (a lock that ends only with its holder) take the name's
-  scopes back at once.
+  scopes back at once, and so does a process whose predecessor is provably gone: the
+  heartbeat says which process wrote it (`process_mark.py`), and a kill -9 followed by a
+  restart on the same host leaves a mark of a process the kernel no longer has. A
+  process writes its mark only once no earlier process of the name may still be calling
+  (its own wait over): a mark read later vouches for every process before it.
 - **The clocks** (`clock_off`, as often as the renewer looks, and after any jump): that
   rule needs the daemons' clocks within the grace of each other, so each holds its own to
   the store's (PostgreSQL's, read between two looks at its own): more than half the grace
@@ -67,6 +71,7 @@ from datetime import datetime
 
 from daemon.engine.clock import Clock
 from daemon.engine.policy_holder import PolicyHolder
+from daemon.engine.process_mark import ProcessMark, gone, read_mark, this_process
 from daemon.providers.base import Provider
 from ledger.stores.identity import IdentityTaken
 from ledger.stores.index import DueScope, ScopeFilter, ScopeGroup
@@ -105,10 +110,12 @@ class ScopeOwners:
         grace: float,
         horizon: float,
         clock: Clock,
+        process: ProcessMark | None = None,
     ) -> None:
         """`lease`: seconds a lease runs from its last write (more than `grace`);
         `horizon`: seconds ahead a job's due time makes its scope wanted (a lease plus
-        the longest call, so that a scope with a call in flight is never idle)."""
+        the longest call, so that a scope with a call in flight is never idle);
+        `process`: the mark its heartbeat carries, this process's by default."""
         self._store = store
         self._policies = policies
         self._providers = providers
@@ -137,6 +144,10 @@ class ScopeOwners:
         #: Whether the name's heartbeat was live when this process first joined: the
         #: earlier holder did not stop (None: not joined yet, or not asked).
         self._predecessor_live: bool | None = None
+        self._process = process or this_process()
+        #: When this process first joined (our clock): its own heartbeat's mark is written
+        #: only once an earlier live process's calls are past (`_mark`).
+        self._joined_at: float | None = None
         #: Raises IdentityTaken once the name is another process's (`check_name_by`).
         self._name_check: Callable[[], None] | None = None
         #: scope -> when the earlier holder's calls there are past their deadline (our
@@ -401,8 +412,10 @@ class ScopeOwners:
                 self._ensure()
                 if self._predecessor_live is None and self._predecessor_calls is not None:
                     # Before this process's first beat writes over the name's row.
-                    self._predecessor_live = self._daemon in self._store.members(at)
-                self._store.beat(self._daemon, until)
+                    self._predecessor_live = self._predecessor_may_call(at)
+                if self._joined_at is None:
+                    self._joined_at = at
+                self._store.beat(self._daemon, until, self._mark(at))
                 renewed = self._store.renew(self._daemon, scopes, until)
             except Exception as exc:
                 self._failed(at, exc)
@@ -422,6 +435,35 @@ class ScopeOwners:
             self._renewed_at = at
             # Rows whose lease ended a lease ago are free whether or not they are there.
             self._store.forget(at - self._lease)
+
+    def _predecessor_may_call(self, at: float) -> bool:
+        """Whether the name's earlier process may still be calling: its heartbeat is live
+        (it did not stop) and does not name a process provably gone (`process_mark.py`):
+        one on another host, one alive, or a row that names none (an earlier release's,
+        or one whose own predecessor's calls may still run) may."""
+        beat = self._store.heartbeat(self._daemon)
+        if beat is None or beat.seen_until <= at:
+            return False
+        mark = None if beat.process is None else read_mark(beat.process)
+        if mark is None or not gone(mark):
+            return True
+        log.info(
+            "daemon.name %r: its earlier process (%s) is gone: the name's scopes are "
+            "called for at once", self._daemon, mark.describe(),
+        )  # fmt: skip
+        return False
+
+    def _mark(self, at: float) -> str | None:
+        """The mark this heartbeat carries: none while an earlier process of the name
+        may still be calling (`wait_for_predecessor`), so that a process which takes the
+        name after this one dies waits for that one's calls too."""
+        if self._process is None:
+            return None
+        if self._predecessor_live and self._predecessor_calls is not None:
+            joined = self._joined_at if self._joined_at is not None else at
+            if at < joined + self._predecessor_calls:
+                return None
+        return self._process.text()
 
     def _failed(self, at: float, exc: Exception) -> None:
         if self._failing_since is None:

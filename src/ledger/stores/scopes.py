@@ -9,7 +9,11 @@ and opening a store runs no new DDL:
 - `sendledger_scopes`: a row per scope: `owner` (a `daemon.name`), `lease_until` (epoch
   seconds by the owner's clock) and `version` (one more at every write);
 - `sendledger_daemons`: a row per daemon sharing them, `seen_until` (its heartbeat), so a
-  daemon that owns nothing yet still counts when the others work out their share.
+  daemon that owns nothing yet still counts when the others work out their share, and
+  `process` (added in the fifteenth wave, `ensure` adds it to an earlier table): which
+  process wrote the heartbeat (`Heartbeat.process`), as JSON beside the `seen_until` it
+  was written with. A daemon of an earlier release writes `seen_until` alone: the two then
+  differ, and the row says no process (a stale one must not be taken for the writer).
 
 Every write is conditional, as the webhooks' positions are: a take succeeds only on the
 version the taker read and only when, by the taker's clock, the lease has ended or is its
@@ -35,8 +39,11 @@ DAEMONS_TABLE = "sendledger_daemons"
 CREATE = (
     "CREATE TABLE IF NOT EXISTS {scopes} (scope TEXT PRIMARY KEY, owner TEXT NOT NULL, "
     "lease_until {real} NOT NULL, version BIGINT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS {daemons} (name TEXT PRIMARY KEY, seen_until {real} NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS {daemons} (name TEXT PRIMARY KEY, seen_until {real} NOT NULL, "
+    "process TEXT)",
 )
+#: The heartbeat's writer, added to a table an earlier release created (`ensure`).
+PROCESS_COLUMN = "process"
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,35 @@ class ScopeLease:
     owner: str  # the daemon that holds or last held it
     lease_until: float  # epoch seconds, by the owner's clock
     version: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    seen_until: float  # epoch seconds, by its daemon's clock
+    #: The process that wrote it, as it gave it to `beat`; None when the row does not say
+    #: (written without one, or by a daemon of an earlier release since).
+    process: str | None
+
+
+def process_text(until: float, process: str | None) -> str | None:
+    """The `process` column of a heartbeat written until `until`."""
+    return None if process is None else json.dumps({"until": until, "process": process})
+
+
+def heartbeat_of(seen_until: float, text: str | None) -> Heartbeat:
+    """A heartbeat row read: its process only while written with this `seen_until`."""
+    process = None
+    try:
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("process"), str):
+        until = data.get("until")
+        # Written by one statement with the same float: a renewal later differs by
+        # seconds, a third of a lease.
+        if isinstance(until, float | int) and abs(float(until) - seen_until) < 1e-3:
+            process = data["process"]
+    return Heartbeat(seen_until, process)
 
 
 class ScopeLeaseStore(Protocol):
@@ -62,8 +98,13 @@ class ScopeLeaseStore(Protocol):
         """The daemons whose heartbeat runs past `now`, by name."""
         ...
 
-    def beat(self, name: str, until: float) -> None:
-        """`name` shares the scopes until `until` (written again before then)."""
+    def beat(self, name: str, until: float, process: str | None = None) -> None:
+        """`name` shares the scopes until `until` (written again before then);
+        `process`: which process writes it (`Heartbeat.process`)."""
+        ...
+
+    def heartbeat(self, name: str) -> Heartbeat | None:
+        """`name`'s heartbeat row, live or not, None when there is none."""
         ...
 
     def leave(self, name: str) -> None:
@@ -113,13 +154,13 @@ class MemoryScopeLeases:
     def __init__(self, recorder: Any) -> None:
         self._lock = _memory_lock
         with _memory_lock:
-            tables: tuple[dict[str, ScopeLease], dict[str, float]] | None = getattr(
-                recorder, "_sendledger_scopes", None
+            tables: tuple[dict[str, ScopeLease], dict[str, float], dict[str, str | None]] | None = (
+                getattr(recorder, "_sendledger_scopes", None)
             )
             if tables is None:
-                tables = ({}, {})
+                tables = ({}, {}, {})
                 recorder._sendledger_scopes = tables
-        self._rows, self._daemons = tables
+        self._rows, self._daemons, self._processes = tables
 
     def ensure(self) -> None:
         pass
@@ -132,13 +173,20 @@ class MemoryScopeLeases:
         with self._lock:
             return sorted(name for name, until in self._daemons.items() if until > now)
 
-    def beat(self, name: str, until: float) -> None:
+    def beat(self, name: str, until: float, process: str | None = None) -> None:
         with self._lock:
             self._daemons[name] = until
+            self._processes[name] = process_text(until, process)
+
+    def heartbeat(self, name: str) -> Heartbeat | None:
+        with self._lock:
+            until = self._daemons.get(name)
+            return None if until is None else heartbeat_of(until, self._processes.get(name))
 
     def leave(self, name: str) -> None:
         with self._lock:
             self._daemons.pop(name, None)
+            self._processes.pop(name, None)
 
     def take(self, owner: str, scopes: list[str], now: float, until: float) -> list[ScopeLease]:
         taken = []
@@ -177,6 +225,7 @@ class MemoryScopeLeases:
                 del self._rows[scope]
             for name in [n for n, until in self._daemons.items() if until < before]:
                 del self._daemons[name]
+                self._processes.pop(name, None)
 
     def store_time(self) -> float | None:
         return None
@@ -195,8 +244,9 @@ _INSERT = (
     "WHERE true ON CONFLICT (scope) DO NOTHING RETURNING " + _COLUMNS
 )
 _BEAT = (
-    "INSERT INTO {daemons} (name, seen_until) VALUES ({p}, {p}) "
-    "ON CONFLICT (name) DO UPDATE SET seen_until = excluded.seen_until"
+    "INSERT INTO {daemons} (name, seen_until, process) VALUES ({p}, {p}, {p}) "
+    "ON CONFLICT (name) DO UPDATE SET seen_until = excluded.seen_until, "
+    "process = excluded.process"
 )
 
 
@@ -254,13 +304,33 @@ class SqlScopeLeases:
             cursor.execute(self._sql(template), params)
             return self._rows(cursor) if fetch else []
 
+    def _columns(self, cursor: Any, table: str) -> set[str]:
+        """The columns of `table` (SQLite's; PostgreSQL's below)."""
+        cursor.execute(f"PRAGMA table_info({table})")
+        return {str(row[1]) for row in cursor.fetchall()}
+
     def ensure(self) -> None:
         if self._ensured:
             return
         with self._transaction(commit=True) as cursor:
             for statement in CREATE:
                 cursor.execute(self._sql(statement))
+        self._add_process_column()
         self._ensured = True
+
+    def _add_process_column(self) -> None:
+        """A heartbeat table an earlier release created lacks `process`: added (DDL only
+        then; another daemon adding it meanwhile is no failure)."""
+        daemons = self._tables()[1]
+        with self._transaction(commit=True) as cursor:
+            if PROCESS_COLUMN in self._columns(cursor, daemons):
+                return
+        try:
+            self._run(f"ALTER TABLE {{daemons}} ADD COLUMN {PROCESS_COLUMN} TEXT", [], fetch=False)
+        except Exception:
+            with self._transaction(commit=True) as cursor:
+                if PROCESS_COLUMN not in self._columns(cursor, daemons):
+                    raise
 
     def leases(self) -> list[ScopeLease]:
         rows = self._run(f"SELECT {_COLUMNS} FROM {{scopes}} ORDER BY scope", [])
@@ -270,8 +340,17 @@ class SqlScopeLeases:
         rows = self._run("SELECT name FROM {daemons} WHERE seen_until > {p} ORDER BY name", [now])
         return [str(name) for (name,) in rows]
 
-    def beat(self, name: str, until: float) -> None:
-        self._run(_BEAT, [name, until], fetch=False)
+    def beat(self, name: str, until: float, process: str | None = None) -> None:
+        self._run(_BEAT, [name, until, process_text(until, process)], fetch=False)
+
+    def heartbeat(self, name: str) -> Heartbeat | None:
+        rows = self._run(
+            f"SELECT seen_until, {PROCESS_COLUMN} FROM {{daemons}} WHERE name = {{p}}", [name]
+        )
+        if not rows:
+            return None
+        until, text = rows[0]
+        return heartbeat_of(float(until), None if text is None else str(text))
 
     def leave(self, name: str) -> None:
         self._run("DELETE FROM {daemons} WHERE name = {p}", [name], fetch=False)
@@ -360,6 +439,14 @@ class PostgresScopeLeases(SqlScopeLeases):
     def _members(self, values: list[str]) -> Any:
         return list(values)
 
+    def _columns(self, cursor: Any, table: str) -> set[str]:
+        cursor.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+            "AND attnum > 0 AND NOT attisdropped",
+            [table],
+        )
+        return {str(row["attname"]) for row in cursor.fetchall()}
+
     def _list(self) -> str:
         return "unnest({p}::text[]) AS listed(value)"
 
@@ -372,6 +459,7 @@ class PostgresScopeLeases(SqlScopeLeases):
             rows = self._run("SELECT to_regclass({p}) IS NOT NULL", [self._tables()[1]])
             if not (rows and rows[0][0]):
                 raise
+            self._add_process_column()
             self._ensured = True
 
 
@@ -385,6 +473,7 @@ def scope_leases_for(recorder: Any) -> ScopeLeaseStore:
 __all__ = [
     "DAEMONS_TABLE",
     "SCOPES_TABLE",
+    "Heartbeat",
     "MemoryScopeLeases",
     "PostgresScopeLeases",
     "ScopeLease",
