@@ -13,6 +13,7 @@ left without its outcome is recovered at the next start, as after a crash.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -650,12 +651,19 @@ def run_once(service: Service) -> TickReport:
             raise
         identity = start_up(service)
         lost: list[IdentityTaken] = []
-        if identity is not None:
+        check = None if identity is None else _stops_once_taken(service, identity, lost)
+        if check is not None:
             # Its one tick asks the name nowhere, and may be held up by slow calls: the
             # renewal asks it, as the daemon's does (`Daemon._check_identity`).
-            service.engine.check_name_by(_stops_once_taken(service, identity, lost))
+            service.engine.check_name_by(check)
         service.engine.start_lease_renewer()
         report = service.engine.tick()
+        if check is not None and not lost:
+            # A renewal comes a third of `scope_lease` apart, and none without scopes
+            # shared: a tick shorter than that may never have asked the name since
+            # start-up. Asked once more before anything is written under it.
+            with contextlib.suppress(IdentityTaken):
+                check()
         if lost:
             # Exit 3, as the daemon's; the webhooks' rows under the name are the other
             # process's now: no delivery writes them.
@@ -683,17 +691,22 @@ def _stops_once_taken(
     service: Service, identity: IdentityLock, lost: list[IdentityTaken]
 ) -> Callable[[], None]:
     """The name lock's check, and on IdentityTaken (kept in `lost`) the engine stopped and
-    its scopes left to the process that took the name. Asked by the renewer's thread
-    alone: the lock's session is not shared."""
+    its scopes left to the process that took the name. Asked by the renewer's thread and
+    once by the run after its tick, one at a time: the lock's session is not shared (a
+    check may end it and take the name again)."""
+    one_at_a_time = threading.Lock()
 
     def check() -> None:
-        try:
-            identity.check()
-        except IdentityTaken as exc:
-            lost.append(exc)
-            log.error("stopping: %s", exc)
-            service.engine.name_lost()
-            raise
+        with one_at_a_time:
+            if lost:
+                raise lost[0]
+            try:
+                identity.check()
+            except IdentityTaken as exc:
+                lost.append(exc)
+                log.error("stopping: %s", exc)
+                service.engine.name_lost()
+                raise
 
     return check
 

@@ -47,6 +47,8 @@ def _daemon(
     ledger: Ledger,
     lock: FlakyName,
     webhooks: dict[str, Any] | None = None,
+    *,
+    share_scopes: bool = True,
     **daemon: str,
 ) -> Daemon:
     settings = settings_from_dict(
@@ -62,6 +64,7 @@ def _daemon(
         ledger=ledger,
         policy_loader=PolicySet,
         providers={"fake": FakeProvider("fake", clock=ledger.clock)},
+        share_scopes=share_scopes,
     )
     return Daemon(service, settings.daemon.tick)
 
@@ -261,3 +264,32 @@ def test_a_name_the_renewer_finds_lost_before_the_webhooks_start_leaves_their_le
             daemon.serve()
         (row,) = positions.read_all()
         assert (row.owner, row.lease_until) == ("n1", held[0].lease_until)
+
+
+@pytest.mark.parametrize("scopes", ["shared, none owned", "not shared"])
+def test_a_one_shot_run_whose_name_is_taken_during_its_tick_exits_3(
+    tmp_path: Path, scopes: str
+) -> None:
+    """`run --once` asked its name only at its scope renewals, every third of
+    `scope_lease`: a tick shorter than that (or an engine that shares no scopes) never
+    asked it after start-up, so a name taken during the tick went unnoticed, and the run
+    delivered its webhooks under it (the other process's lease rows) and exited 0. The
+    run asks the name once its tick has ended: taken, it delivers nothing, exit 3."""
+    lock = FlakyName(IdentityTaken("n1", "db"), failures=0)
+    with Ledger("memory://") as ledger:
+        service = _daemon(
+            ledger, lock, webhooks={"ops": _webhook(tmp_path)},
+            share_scopes=scopes != "not shared", scope_lease="600s", deadline_grace="1s",
+        ).service  # fmt: skip
+        tick = service.engine.tick
+
+        def taken_during_tick() -> Any:
+            report = tick()
+            lock.failures, lock.checks = 1_000, 0  # another process took the name
+            return report
+
+        service.engine.tick = taken_during_tick  # type: ignore[method-assign]
+        with pytest.raises(IdentityTaken):
+            run_once(service)
+        assert ledger.positions().read_all() == []  # no delivery claimed the webhook
+        assert lock.released
