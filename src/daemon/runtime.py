@@ -270,7 +270,8 @@ class Daemon:
                 # Asked before each renewal of the name's scope leases too: a tick held
                 # up must not keep them, and their calls, after another process took
                 # the name (docs/performance.md "Several daemons").
-                self.engine.check_name_by(self._check_identity)
+                if self._identity is not None:
+                    self.engine.check_name_by(self._check_identity, self._identity.session)
             except BaseException:
                 if api is not None:
                     api.stop()  # its port, bound and not served
@@ -651,11 +652,12 @@ def run_once(service: Service) -> TickReport:
             raise
         identity = start_up(service)
         lost: list[IdentityTaken] = []
-        check = None if identity is None else _stops_once_taken(service, identity, lost)
-        if check is not None:
+        check = None
+        if identity is not None:
             # Its one tick asks the name nowhere, and may be held up by slow calls: the
             # renewal asks it, as the daemon's does (`Daemon._check_identity`).
-            service.engine.check_name_by(check)
+            check = _stops_once_taken(service, identity, lost)
+            service.engine.check_name_by(check, identity.session)
         service.engine.start_lease_renewer()
         report = service.engine.tick()
         if check is not None and not lost:

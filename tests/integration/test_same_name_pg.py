@@ -239,3 +239,43 @@ def test_on_postgresql_a_heartbeat_an_earlier_release_wrote_over_names_no_proces
                 ["a", now + 2 * LEASE],
             )
         assert rows.heartbeat("a") == Heartbeat(now + 2 * LEASE, None)
+
+
+def test_on_postgresql_a_name_taken_between_the_check_and_the_renewal_renews_nothing(
+    pg_url: str,
+) -> None:
+    """The renewal asks the name, then writes: a restart that ended the old process's
+    session and a new process that took the name in between got the name's scope leases
+    renewed by the old one all the same, which kept calling for them until its next
+    check. The write now asks the server that the session that held the name at the
+    check still holds it (`pg_locks`, in the statement): it renews nothing."""
+    with Ledger(pg_url) as ledger:
+        old_name = ledger.hold_identity("a")
+        taken: list[IdentityLock] = []
+        armed = False
+
+        def check_then_taken() -> None:
+            old_name.check()  # held: the check passes
+            if armed and not taken:
+                taken.append(_taken_after_a_restart(ledger, old_name))  # and meanwhile
+
+        old = _engine(ledger, Mailboxes(FakeProvider("fake", clock=ledger.clock)))
+        old.check_name_by(check_then_taken, old_name.session)
+        try:
+            submit(ledger, "k0", 0)
+            old.tick()
+            assert old.owners is not None and old.owners.owned() == [scope(0)]
+            armed = True
+            due = datetime.now(UTC) + timedelta(seconds=LEASE / 2)  # a renewal due
+            old.owners.renew_due(due)
+            assert taken  # the name went to the new process between check and write
+            assert old.owners.owned() == []
+            assert not old.owners.may_call(scope(0), due)
+            (row,) = ledger.scope_leases().leases()
+            assert row.lease_until < due.timestamp() + LEASE / 2  # not renewed
+        finally:
+            for name in taken:
+                name.release()
+            old.name_lost()
+            old.close()
+            old_name.release()

@@ -39,6 +39,9 @@ class FlakyName:
         if self.checks <= self.failures:
             raise self.error
 
+    def session(self) -> None:
+        return None
+
     def release(self) -> None:
         self.released = True
 

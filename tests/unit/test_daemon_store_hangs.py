@@ -56,6 +56,9 @@ class _StoreDown:
     def check(self) -> None:
         raise OSError("connection refused")
 
+    def session(self) -> None:
+        return None
+
     def release(self) -> None:
         pass
 

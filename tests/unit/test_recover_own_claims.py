@@ -40,6 +40,9 @@ class SessionLock:
     def check(self) -> None:
         """Held."""
 
+    def session(self) -> None:
+        """No session to condition writes on."""
+
     def release(self) -> None:
         """Nothing to release."""
 

@@ -246,6 +246,9 @@ class EndsUnderHolder:
     def check(self) -> None:
         pass
 
+    def session(self) -> None:
+        return None
+
     def release(self) -> None:
         pass
 

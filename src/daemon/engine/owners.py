@@ -73,7 +73,7 @@ from daemon.engine.clock import Clock
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.process_mark import ProcessMark, gone, read_mark, this_process
 from daemon.providers.base import Provider
-from ledger.stores.identity import IdentityTaken
+from ledger.stores.identity import IdentityTaken, NameSession
 from ledger.stores.index import DueScope, ScopeFilter, ScopeGroup
 from ledger.stores.scopes import ScopeLease, ScopeLeaseStore
 from policies.model import ChannelPolicy
@@ -150,6 +150,8 @@ class ScopeOwners:
         self._joined_at: float | None = None
         #: Raises IdentityTaken once the name is another process's (`check_name_by`).
         self._name_check: Callable[[], None] | None = None
+        #: The session holding the name, which the renewal's write asks (`check_name_by`).
+        self._name_session: Callable[[], NameSession | None] | None = None
         #: scope -> when the earlier holder's calls there are past their deadline (our
         #: clock): held, not called for before then.
         self._calls_from: dict[str, float] = {}
@@ -191,13 +193,18 @@ class ScopeOwners:
         the tick in which it may still start one)."""
         self._predecessor_calls = calls
 
-    def check_name_by(self, check: Callable[[], None]) -> None:
+    def check_name_by(
+        self, check: Callable[[], None], session: Callable[[], NameSession | None] | None = None
+    ) -> None:
         """The name's lock can end under a live holder (PostgreSQL): `check` (the lock's,
         raising IdentityTaken once another process took the name) is asked before each
         renewal. The leases are under the name, not the process: without it a process
         whose tick is held up kept renewing them, and calling, past the new holder's
-        `wait_for_predecessor`, until that tick's own name check."""
+        `wait_for_predecessor`, until that tick's own name check. `session` (the lock's
+        `IdentityLock.session`): the renewal's write is made only while it holds the
+        name, so a name taken between the check and the write renews nothing."""
         self._name_check = check
+        self._name_session = session
 
     def want(self, scope: str, provider: str, mailbox: str, channel: str, now: datetime) -> None:
         """A job of `channel` from `mailbox` needs `scope` (of `provider`, where its attempt
@@ -416,7 +423,8 @@ class ScopeOwners:
                 if self._joined_at is None:
                     self._joined_at = at
                 self._store.beat(self._daemon, until, self._mark(at))
-                renewed = self._store.renew(self._daemon, scopes, until)
+                held_by = None if self._name_session is None else self._name_session()
+                renewed = self._store.renew(self._daemon, scopes, until, held_by)
             except Exception as exc:
                 self._failed(at, exc)
                 raise

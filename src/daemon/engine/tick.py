@@ -42,6 +42,7 @@ from daemon.engine.sends import SendSteps, SendWorkers
 from daemon.engine.work import Step, Work
 from daemon.providers.base import Provider
 from ledger.application import Ledger
+from ledger.stores.identity import NameSession
 from ledger.vocabulary import FINAL_STATES, JobState
 
 log = logging.getLogger("sendledger.engine")
@@ -320,11 +321,14 @@ class Engine:
         if self.owners is not None:
             self.owners.wait_for_predecessor(self._longest_call + tick)
 
-    def check_name_by(self, check: Callable[[], None]) -> None:
+    def check_name_by(
+        self, check: Callable[[], None], session: Callable[[], NameSession | None] | None = None
+    ) -> None:
         """`check` (raising IdentityTaken once the name is another process's) is asked
-        before each renewal of the scope leases (`ScopeOwners.check_name_by`)."""
+        before each renewal of the scope leases, whose write is made only while
+        `session` holds the name (`ScopeOwners.check_name_by`)."""
         if self.owners is not None:
-            self.owners.check_name_by(check)
+            self.owners.check_name_by(check, session)
 
     def recover_own_claims(self, *, wait_for_deadlines: bool = False) -> TickReport:
         """At start-up, with this daemon's name held (`Ledger.hold_identity`): its own

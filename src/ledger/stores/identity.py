@@ -35,6 +35,7 @@ import struct
 import sys
 import threading
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -54,6 +55,17 @@ class IdentityTaken(SendledgerError):
         self.name = name
 
 
+@dataclass(frozen=True)
+class NameSession:
+    """The database session that holds a name's lock (PostgreSQL): a write conditioned on
+    it (`ScopeLeaseStore.renew`'s `held_by`) is made only while that session still holds
+    the name, so that a name taken between a check and the write gets nothing written
+    under it by the process that lost it."""
+
+    key: int  # `advisory_key`
+    pid: int  # the server's process of the session; 0: none holds it for this process
+
+
 class IdentityLock(Protocol):
     #: True: the lock ends only with its holder (released, or its process gone), so a
     #: claim under the name found by the next holder has no call in flight. False: it can
@@ -65,6 +77,11 @@ class IdentityLock(Protocol):
         """Raise IdentityTaken when the name is no longer this process's. A lock that
         can be dropped under a live process (a PostgreSQL session that a database restart
         ended) is taken again here."""
+        ...
+
+    def session(self) -> NameSession | None:
+        """The session holding the name now, for writes that must be made only while it
+        does; None where the lock ends only with this process (nothing to condition)."""
         ...
 
     def release(self) -> None: ...
@@ -109,6 +126,9 @@ class FileIdentityLock:
 
     def check(self) -> None:
         """These locks live as long as their open files: nothing can drop them under us."""
+
+    def session(self) -> NameSession | None:
+        return None
 
     def release(self) -> None:
         while self._fds:
@@ -282,6 +302,9 @@ class MemoryIdentityLock:
     def check(self) -> None:
         """Held until released: nothing else removes a name from the set."""
 
+    def session(self) -> NameSession | None:
+        return None
+
     def release(self) -> None:
         with _memory_lock:
             if self._held is not None:
@@ -310,6 +333,7 @@ __all__ = [
     "IdentityLock",
     "IdentityTaken",
     "MemoryIdentityLock",
+    "NameSession",
     "advisory_key",
     "file_names_held",
     "memory_names_held",

@@ -29,7 +29,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.sql import SQL, Composed
 
 from ledger.stores.causes import StoreUnavailable, exception_chain
-from ledger.stores.identity import IdentityTaken, advisory_key
+from ledger.stores.identity import IdentityTaken, NameSession, advisory_key
 from ledger.stores.index import (
     ADDED_COLUMNS,
     ADDED_INDEXES,
@@ -900,6 +900,12 @@ class AdvisoryIdentityLock:
                 return False
             time.sleep(0.05)
         return True
+
+    def session(self) -> NameSession:
+        """The session holding the name (pid 0 when none does: a write conditioned on it
+        is then made nowhere)."""
+        held = self._orphan if self._conn is not None else None
+        return NameSession(self._key, 0 if held is None else held[0])
 
     def check(self) -> None:
         """Still held, or held again. psycopg.Error while the database is unreachable,

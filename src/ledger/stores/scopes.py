@@ -32,6 +32,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from ledger.stores.identity import NameSession
 from ledger.stores.recorder_kind import ByBackend, postgres_table
 
 SCOPES_TABLE = "sendledger_scopes"
@@ -118,9 +119,13 @@ class ScopeLeaseStore(Protocol):
         trip, however many scopes: a dead daemon's are taken at once."""
         ...
 
-    def renew(self, owner: str, scopes: list[str], until: float) -> list[ScopeLease]:
+    def renew(
+        self, owner: str, scopes: list[str], until: float, held_by: NameSession | None = None
+    ) -> list[ScopeLease]:
         """Extend `owner`'s leases on `scopes` to `until`: the rows that were still its
-        own (a scope missing from the answer was taken or forgotten meanwhile)."""
+        own (a scope missing from the answer was taken or forgotten meanwhile).
+        `held_by`: only while that session holds the name `owner` (PostgreSQL, where the
+        name's lock can end under a live process): none renewed once it does not."""
         ...
 
     def release(self, owner: str, scopes: list[str], until: float) -> None:
@@ -200,7 +205,9 @@ class MemoryScopeLeases:
                 self._rows[scope] = taken[-1]
         return taken
 
-    def renew(self, owner: str, scopes: list[str], until: float) -> list[ScopeLease]:
+    def renew(
+        self, owner: str, scopes: list[str], until: float, held_by: NameSession | None = None
+    ) -> list[ScopeLease]:
         renewed = []
         with self._lock:
             for scope in scopes:
@@ -368,15 +375,23 @@ class SqlScopeLeases:
             rows += self._rows(cursor)
         return [_lease(row) for row in rows]
 
-    def renew(self, owner: str, scopes: list[str], until: float) -> list[ScopeLease]:
+    def renew(
+        self, owner: str, scopes: list[str], until: float, held_by: NameSession | None = None
+    ) -> list[ScopeLease]:
         if not scopes:
             return []
+        held, params = self._held_by(held_by)
         rows = self._run(
             "UPDATE {scopes} SET lease_until = {p}, version = version + 1 "
-            f"WHERE owner = {{p}} AND {self._member('scope')} RETURNING {_COLUMNS}",
-            [until, owner, self._members(scopes)],
+            f"WHERE owner = {{p}} AND {self._member('scope')}{held} RETURNING {_COLUMNS}",
+            [until, owner, self._members(scopes), *params],
         )
         return [_lease(row) for row in rows]
+
+    def _held_by(self, session: NameSession | None) -> tuple[str, list[Any]]:
+        """The condition (and its parameters) that `session` holds the name: SQLite's
+        lock ends only with its process, nothing to add."""
+        return "", []
 
     def release(self, owner: str, scopes: list[str], until: float) -> None:
         if scopes:
@@ -438,6 +453,20 @@ class PostgresScopeLeases(SqlScopeLeases):
 
     def _members(self, values: list[str]) -> Any:
         return list(values)
+
+    def _held_by(self, session: NameSession | None) -> tuple[str, list[Any]]:
+        # The server's lock table, read by the write itself: the session still holds the
+        # name's advisory lock (classid, objid: the key's high and low 32 bits), so no
+        # other process has taken the name since the caller's check.
+        if session is None:
+            return "", []
+        return (
+            " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND "
+            "l.granted AND l.objsubid = 1 AND l.pid = %s AND l.database = (SELECT oid FROM "
+            "pg_database WHERE datname = current_database()) AND "
+            "((l.classid::int8 << 32) | l.objid::int8) = %s)",
+            [session.pid, session.key],
+        )
 
     def _columns(self, cursor: Any, table: str) -> set[str]:
         cursor.execute(
