@@ -612,14 +612,15 @@ def start_up(service: Service) -> IdentityLock | None:
         # daemon's of this name: that one is put back.
         give_back_refused_start(service.ledger)
         raise
-    if not identity.ends_only_with_holder:
-        # The process that held the name may still be calling: its claims wait for their
-        # deadline, and so do the scopes it held (docs/performance.md "Several daemons").
-        service.engine.wait_for_predecessor(service.settings.daemon.tick)
+    wait = not identity.ends_only_with_holder
     try:
-        report = service.engine.recover_own_claims(
-            wait_for_deadlines=not identity.ends_only_with_holder
-        )
+        if wait:
+            # The process that held the name may still be calling: its claims wait for
+            # their deadline, and so do the scopes it held (docs/performance.md "Several
+            # daemons"), unless its heartbeat names a process gone from this host.
+            service.engine.wait_for_predecessor(service.settings.daemon.tick)
+            wait = not service.engine.predecessor_gone()
+        report = service.engine.recover_own_claims(wait_for_deadlines=wait)
         # Rows of an earlier release name no mailbox (without it their scope is unknown
         # and no daemon would take their jobs) nor the provider of their attempt (without
         # it a channel moved since counts only its provider's scope): docs/performance.md

@@ -31,11 +31,12 @@ from tests.unit.test_scope_owners import (
 
 from daemon.bootstrap import Service, bootstrap
 from daemon.config.settings import settings_from_dict
-from daemon.doubles.fake_provider import FakeProvider
+from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.doubles.fake_time import FakeClock
 from daemon.engine import Engine, PolicyHolder
 from daemon.engine.owners import ScopeOwners
 from daemon.engine.process_mark import ProcessMark, read_mark, this_process
+from daemon.engine.recover import OWN_REASON
 from daemon.runtime import start_up
 from ledger.application import Ledger
 from ledger.vocabulary import JobState
@@ -316,3 +317,47 @@ def test_the_wait_covers_a_tick_longer_than_the_grace(ledger: Ledger) -> None:
             clock.advance(0.5)
             service.engine.tick()  # renews the lease
             assert owners.may_call("fake", clock()) is (clock() - taken >= wait), clock() - taken
+
+
+@pytest.mark.parametrize("killed", [True, False])
+def test_a_claim_of_a_predecessor_killed_on_this_host_is_recovered_at_once(
+    ledger: Ledger, killed: bool
+) -> None:
+    """The old process claimed k0 and died in its call (kill -9); systemd starts the
+    name again on this host. Where the name's lock can end under a live holder, its
+    claims waited for their deadline (timeout plus grace, 60 s by default) before being
+    taken as Unknown, like its scopes. The heartbeat names the dead process: they are
+    taken at once, as on SQLite. A live one's (here: this process) still wait."""
+    inner = FakeProvider("fake", clock=ledger.clock)
+    old = _engine(ledger, Mailboxes(inner))
+    try:
+        submit(ledger, "k0", 0)
+        inner.script(Scripted.crash_during_call(stored=True))
+        old.hand_out()
+        assert old.settle(busy=lambda: inner.hanging, timeout=10)
+        (row,) = ledger.jobs()
+        assert row.state == JobState.ATTEMPTED
+        me = this_process()
+        assert me is not None
+        process = exited_process() if killed else me
+        now = ledger.clock().timestamp()
+        ledger.scope_leases().beat("a", now + LEASE, process.text())  # its last beat
+        settings = settings_from_dict(
+            {"store": {"url": "memory://"},
+             "daemon": {"name": "a", "scope_lease": f"{LEASE}s", "deadline_grace": f"{GRACE}s"}}
+        )  # fmt: skip
+        ledger.hold_identity = lambda name: EndsUnderHolder()  # type: ignore[method-assign]
+        providers = {"fake": FakeProvider("fake", clock=ledger.clock)}
+        service = bootstrap(
+            settings, ledger=ledger, policy_loader=lambda: POLICIES, providers=providers
+        )
+        try:
+            start_up(service)
+            (row,) = ledger.jobs()
+            assert (row.state == JobState.UNKNOWN) is killed, row.state
+            assert row.reason == (OWN_REASON if killed else row.reason)
+        finally:
+            service.close()
+    finally:
+        old.name_lost()
+        old.close()

@@ -68,6 +68,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
 from daemon.engine.clock import Clock
 from daemon.engine.policy_holder import PolicyHolder
@@ -419,7 +420,7 @@ class ScopeOwners:
                 self._ensure()
                 if self._predecessor_live is None and self._predecessor_calls is not None:
                     # Before this process's first beat writes over the name's row.
-                    self._predecessor_live = self._predecessor_may_call(at)
+                    self._predecessor_live = self._predecessor(at) == "may call"
                 if self._joined_at is None:
                     self._joined_at = at
                 self._store.beat(self._daemon, until, self._mark(at))
@@ -444,22 +445,34 @@ class ScopeOwners:
             # Rows whose lease ended a lease ago are free whether or not they are there.
             self._store.forget(at - self._lease)
 
-    def _predecessor_may_call(self, at: float) -> bool:
+    def predecessor_gone(self) -> bool:
+        """At start-up, before this process's first beat writes over the name's row:
+        whether the heartbeat names a process provably gone (`process_mark.py`), so that
+        its claims are not waited for either (`Engine.predecessor_gone`). The join judges
+        the scopes by the same read."""
+        at = self._clock().timestamp()
+        self._ensure()
+        found = self._predecessor(at)
+        if self._predecessor_calls is not None:
+            self._predecessor_live = found == "may call"
+        return found == "gone"
+
+    def _predecessor(self, at: float) -> Literal["none", "gone", "may call"]:
         """Whether the name's earlier process may still be calling: its heartbeat is live
         (it did not stop) and does not name a process provably gone (`process_mark.py`):
         one on another host, one alive, or a row that names none (an earlier release's,
         or one whose own predecessor's calls may still run) may."""
         beat = self._store.heartbeat(self._daemon)
         if beat is None or beat.seen_until <= at:
-            return False
+            return "none"
         mark = None if beat.process is None else read_mark(beat.process)
         if mark is None or not gone(mark):
-            return True
+            return "may call"
         log.info(
-            "daemon.name %r: its earlier process (%s) is gone: the name's scopes are "
-            "called for at once", self._daemon, mark.describe(),
+            "daemon.name %r: its earlier process (%s) is gone: its claims and the name's "
+            "scopes are taken at once", self._daemon, mark.describe(),
         )  # fmt: skip
-        return False
+        return "gone"
 
     def _mark(self, at: float) -> str | None:
         """The mark this heartbeat carries: none while an earlier process of the name

@@ -321,6 +321,13 @@ class Engine:
         if self.owners is not None:
             self.owners.wait_for_predecessor(self._longest_call + tick)
 
+    def predecessor_gone(self) -> bool:
+        """At start-up, where the name's lock can end under a live holder: whether the
+        name's heartbeat names a process provably gone on this host
+        (`ScopeOwners.predecessor_gone`); False when this engine shares no scopes (no
+        heartbeat is read)."""
+        return self.owners is not None and self.owners.predecessor_gone()
+
     def check_name_by(
         self, check: Callable[[], None], session: Callable[[], NameSession | None] | None = None
     ) -> None:
