@@ -162,12 +162,19 @@ def test_a_predecessor_not_provably_gone_is_still_waited_for(writer: str) -> Non
     assert not new.may_call(0)
 
 
-def test_a_process_that_waits_for_its_predecessor_names_itself_only_after_the_wait() -> None:
+@pytest.mark.parametrize("first", ["live", "lapsed"])
+def test_a_process_that_waits_for_its_predecessor_names_itself_only_after_the_wait(
+    first: str,
+) -> None:
     """A process that took the name from a live one (a database restart) and was then
     killed: its heartbeat must not vouch for the live one, still calling. It writes its
-    mark only once that one's calls are past: a third process waits meanwhile."""
+    mark only once that one's calls are past: a third process waits meanwhile. So when
+    the first one's heartbeat had lapsed (paused past a lease: its scopes are taken at
+    once, as before, but it may resume in a call)."""
     world = World()
     world.start("a").round(1)  # alive: this process
+    if first == "lapsed":
+        world.advance(LEASE + 1)
     second = _successor(world, "a", exited_process())  # killed later
     second.round(1)
     row = world.store.heartbeat("a")

@@ -145,6 +145,9 @@ class ScopeOwners:
         #: Whether the name's heartbeat was live when this process first joined: the
         #: earlier holder did not stop (None: not joined yet, or not asked).
         self._predecessor_live: bool | None = None
+        #: Whether an earlier process of the name may be alive, its heartbeat live or
+        #: lapsed (a pause): this process's own mark waits for its calls (`_mark`).
+        self._predecessor_unproven = False
         self._process = process or this_process()
         #: When this process first joined (our clock): its own heartbeat's mark is written
         #: only once an earlier live process's calls are past (`_mark`).
@@ -420,7 +423,7 @@ class ScopeOwners:
                 self._ensure()
                 if self._predecessor_live is None and self._predecessor_calls is not None:
                     # Before this process's first beat writes over the name's row.
-                    self._predecessor_live = self._predecessor(at) == "may call"
+                    self._judge_predecessor(at)
                 if self._joined_at is None:
                     self._joined_at = at
                 self._store.beat(self._daemon, until, self._mark(at))
@@ -450,24 +453,29 @@ class ScopeOwners:
         whether the heartbeat names a process provably gone (`process_mark.py`), so that
         its claims are not waited for either (`Engine.predecessor_gone`). The join judges
         the scopes by the same read."""
-        at = self._clock().timestamp()
         self._ensure()
+        return self._judge_predecessor(self._clock().timestamp()) == "gone"
+
+    def _judge_predecessor(self, at: float) -> str:
         found = self._predecessor(at)
         if self._predecessor_calls is not None:
             self._predecessor_live = found == "may call"
-        return found == "gone"
+            self._predecessor_unproven = found in ("may call", "lapsed")
+        return found
 
-    def _predecessor(self, at: float) -> Literal["none", "gone", "may call"]:
+    def _predecessor(self, at: float) -> Literal["none", "gone", "lapsed", "may call"]:
         """Whether the name's earlier process may still be calling: its heartbeat is live
         (it did not stop) and does not name a process provably gone (`process_mark.py`):
         one on another host, one alive, or a row that names none (an earlier release's,
-        or one whose own predecessor's calls may still run) may."""
+        or one whose own predecessor's calls may still run) may. "lapsed": a heartbeat
+        not renewed for a lease, whose scopes are taken at once as before, though its
+        process may be alive (paused)."""
         beat = self._store.heartbeat(self._daemon)
-        if beat is None or beat.seen_until <= at:
+        if beat is None:
             return "none"
         mark = None if beat.process is None else read_mark(beat.process)
         if mark is None or not gone(mark):
-            return "may call"
+            return "lapsed" if beat.seen_until <= at else "may call"
         log.info(
             "daemon.name %r: its earlier process (%s) is gone: its claims and the name's "
             "scopes are taken at once", self._daemon, mark.describe(),
@@ -480,7 +488,7 @@ class ScopeOwners:
         name after this one dies waits for that one's calls too."""
         if self._process is None:
             return None
-        if self._predecessor_live and self._predecessor_calls is not None:
+        if self._predecessor_unproven and self._predecessor_calls is not None:
             joined = self._joined_at if self._joined_at is not None else at
             if at < joined + self._predecessor_calls:
                 return None
