@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from tests.unit.test_scope_owners import (
@@ -326,6 +327,18 @@ def test_the_wait_covers_a_tick_longer_than_the_grace(ledger: Ledger) -> None:
             assert owners.may_call("fake", clock()) is (clock() - taken >= wait), clock() - taken
 
 
+def _restarted_as_a(ledger: Ledger) -> Service:
+    """A service of name "a" on `ledger`, its name held as on PostgreSQL (a lock that can
+    end under a live holder), not yet started (`start_up`)."""
+    settings = settings_from_dict(
+        {"store": {"url": "memory://"},
+         "daemon": {"name": "a", "scope_lease": f"{LEASE}s", "deadline_grace": f"{GRACE}s"}}
+    )  # fmt: skip
+    ledger.hold_identity = lambda name: EndsUnderHolder()  # type: ignore[method-assign]
+    providers = {"fake": FakeProvider("fake", clock=ledger.clock)}
+    return bootstrap(settings, ledger=ledger, policy_loader=lambda: POLICIES, providers=providers)
+
+
 @pytest.mark.parametrize("killed", [True, False])
 def test_a_claim_of_a_predecessor_killed_on_this_host_is_recovered_at_once(
     ledger: Ledger, killed: bool
@@ -349,15 +362,7 @@ def test_a_claim_of_a_predecessor_killed_on_this_host_is_recovered_at_once(
         process = exited_process() if killed else me
         now = ledger.clock().timestamp()
         ledger.scope_leases().beat("a", now + LEASE, process.text())  # its last beat
-        settings = settings_from_dict(
-            {"store": {"url": "memory://"},
-             "daemon": {"name": "a", "scope_lease": f"{LEASE}s", "deadline_grace": f"{GRACE}s"}}
-        )  # fmt: skip
-        ledger.hold_identity = lambda name: EndsUnderHolder()  # type: ignore[method-assign]
-        providers = {"fake": FakeProvider("fake", clock=ledger.clock)}
-        service = bootstrap(
-            settings, ledger=ledger, policy_loader=lambda: POLICIES, providers=providers
-        )
+        service = _restarted_as_a(ledger)
         try:
             start_up(service)
             (row,) = ledger.jobs()
@@ -368,3 +373,31 @@ def test_a_claim_of_a_predecessor_killed_on_this_host_is_recovered_at_once(
     finally:
         old.name_lost()
         old.close()
+
+
+class UnreadableHeartbeat:
+    """The scope rows, whose heartbeat cannot be read (the new column's ALTER waiting past
+    `lock_timeout` behind a long transaction, the store away for a moment)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def heartbeat(self, name: str) -> None:
+        raise RuntimeError("canceling statement due to lock timeout")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_heartbeat_that_cannot_be_read_at_start_up_keeps_the_waits(ledger: Ledger) -> None:
+    """Reading whether the name's earlier process is gone is a help, not a condition of
+    the start: failing, the start goes on and waits for that process as before."""
+    service = _restarted_as_a(ledger)
+    try:
+        owners = service.engine.owners
+        assert owners is not None
+        owners._store = UnreadableHeartbeat(owners._store)
+        assert start_up(service) is not None
+        assert owners._predecessor_live is None  # judged again at the join
+    finally:
+        service.close()

@@ -325,8 +325,18 @@ class Engine:
         """At start-up, where the name's lock can end under a live holder: whether the
         name's heartbeat names a process provably gone on this host
         (`ScopeOwners.predecessor_gone`); False when this engine shares no scopes (no
-        heartbeat is read)."""
-        return self.owners is not None and self.owners.predecessor_gone()
+        heartbeat is read), or when the row cannot be read now (its table's new column
+        waiting for a lock, the store away): the waits are kept, the start goes on."""
+        if self.owners is None:
+            return False
+        try:
+            return self.owners.predecessor_gone()
+        except Exception as exc:
+            log.warning(
+                "daemon.name %r: the name's heartbeat not read (%s: %s): its earlier "
+                "process is waited for", self.daemon_name, type(exc).__name__, exc,
+            )  # fmt: skip
+            return False
 
     def check_name_by(
         self, check: Callable[[], None], session: Callable[[], NameSession | None] | None = None
