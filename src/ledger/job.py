@@ -124,6 +124,8 @@ class SendJob(Aggregate):
     resent: bool  # sent again without proof the earlier attempt failed
     # Due again because the daemon believed its searches' misses (Requeued), not by a
     # person's resend: that decision holds only while the provider keeps our Message-ID.
+    # A later attempt's answer (refused, its draft found unsent) says nothing of the
+    # attempt the misses judged: only a person's resend ends it.
     requeued: bool
     verifying: bool  # confirmed, and its copies are to be counted once more
     verifications: int
@@ -378,7 +380,8 @@ class SendJob(Aggregate):
             if self.retry_at is not None:
                 job.state = JobState.REQUESTED
                 job.due_at = self.retry_at
-                job.requeued = False  # the draft proved it unsent, not a search
+                # `requeued` stays: the draft proves this attempt unsent, not the one
+                # whose searches' misses requeued the job.
             else:
                 job.due_at = None
             job.searches = 0

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from tests.unit.engine_rig import EngineRig, policy
 
+from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import Scripted
 from daemon.service_layer.services import ChannelPolicies, Services
 from ledger.job import SendJob
@@ -154,3 +155,31 @@ def test_a_check_after_the_handle_was_marked_advises_no_resend_on_its_miss() -> 
         assert "is safe" not in answer.advice
         assert "replaces Message-IDs" in answer.advice and "by hand" in answer.advice
         assert answer.as_dict()["advice"] == answer.advice
+
+
+def test_a_resend_the_misses_decided_stays_theirs_after_a_later_draft_was_found_unsent() -> None:
+    """The misses were believed (the first attempt's copy under a replaced Message-ID)
+    and the job requeued; the resend, made through a draft, lost its answer and its
+    draft was found unsent, so it was due again; a read-back then found the provider
+    replacing Message-IDs. The draft proved the resend unsent, not the first attempt:
+    sending again still rested on misses that could never see its copy."""
+    with EngineRig(policy("receipts", on_unknown="retry", pending_draft="send")) as rig:
+        rig.engine.close()
+        rig.provider = FakeDraftsProvider("fake", clock=rig.clock, replaces_message_id=True)
+        rig.engine = rig.new_engine()
+        rig.provider.send_via = "messages"  # the first attempt made without a draft
+        unknown_with_its_copy(rig)
+        rig.tick()  # the misses believed: requeued
+        assert rig.job("k1").state is JobState.REQUESTED and rig.job("k1").requeued
+        rig.provider.send_via = "drafts"  # restarted in drafts mode
+        rig.provider.script(Scripted.lost_request())
+        rig.tick()  # the resend: its draft made, its answer lost, the draft still unsent
+        job = rig.job("k1")
+        assert job.state is JobState.REQUESTED, rig.events("k1")
+        assert [type(e) for e in rig.ledger.history("k1")].count(SendJob.DraftPending) == 1
+        another_worker_marks(rig)
+        rig.advance_and_tick(60)
+        job = rig.job("k1")
+        assert job.state is JobState.REVIEW, rig.events("k1")
+        assert job.reason == EscalationReason.HANDLE_UNRELIABLE
+        assert rig.copies("k1") == 1
