@@ -6,6 +6,8 @@ looks at its draft; a person's check lands while the recovery fences it."""
 from __future__ import annotations
 
 import random
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
@@ -336,3 +338,68 @@ def test_a_lost_claims_draft_is_deleted_at_once_beside_another_claim_in_flight(
     assert job.state is JobState.ATTEMPTED and job.draft_id is not None
     assert list(provider.held_drafts) == [job.draft_id]
     assert provider.drafts_created == 2
+
+
+def test_a_lost_claims_draft_beside_the_new_owners_claim_is_left_to_it(rig: EngineRig) -> None:
+    """`a`'s draft step runs while it stalls past its scope's lease; `b` takes the scope
+    and claims the job with a draft of its own, its call out. `a`'s claim loses; nothing
+    can be recorded beside `b`'s claim, and `a` deleted its draft at once, unrecorded,
+    however long after that read. Stalled once more before that deletion, `b`'s attempt
+    ended, its draft was found unsent and fenced, and its next claim found `a`'s draft
+    by its Message-ID and reused it: `a`'s late deletion landed under that send (a 404,
+    `DraftGone`, on this channel a review of a job known unsent). A scope no longer
+    `a`'s, the draft is left to its new owner, as the tidy's and the fence's are."""
+    rig.submit("notices", "k9")
+    a, b = two_daemons(rig)
+    provider = fake(rig)
+    release = threading.Event()
+    provider.script(Scripted.timed_out(release))  # `b`'s first call: out until released
+    b_claims = threading.Thread(target=b.tick)
+
+    def b_takes_the_scope_and_claims() -> None:  # at the start of `a`'s drafts.create
+        rig.clock.advance(LEASE + GRACE)  # `a` renews nothing meanwhile
+        b_claims.start()
+        for _ in range(500):
+            if rig.job("k9").state is JobState.ATTEMPTED:
+                return
+            time.sleep(0.01)
+        raise AssertionError("`b` did not claim")
+
+    went_on: list[bool] = []
+
+    def b_goes_on() -> None:  # `b`'s call times out; its draft fenced, the job sent again
+        went_on.append(True)
+        release.set()
+        b_claims.join(5)
+        for _ in range(4):
+            rig.clock.advance(1)
+            b.tick()
+
+    deleting, sending = provider.delete_draft, provider.send_draft
+    lands_first: list[str] = []
+
+    def a_deletes(draft_id: str) -> bool:  # `a`'s claim lost; `a` stalls once more
+        if went_on:
+            return deleting(draft_id)  # `b`'s own deletions
+        lands_first.append(draft_id)
+        b_goes_on()
+        return deleting(draft_id)
+
+    def b_sends(draft: Draft) -> SendOutcome:  # `a`'s deletion reaches Gmail first
+        for draft_id in lands_first:
+            deleting(draft_id)
+        return sending(draft)
+
+    provider.during_create = Meanwhile(b_takes_the_scope_and_claims)
+    provider.delete_draft = a_deletes  # type: ignore[method-assign]
+    provider.send_draft = b_sends  # type: ignore[method-assign]
+    assert a.tick().skipped == 1  # `a`'s claim lost
+    if not went_on:
+        b_goes_on()
+    history = rig.ledger.history("k9")
+    assert not [e for e in history if isinstance(e, SendJob.DraftGone | SendJob.Escalated)], (
+        rig.events("k9")
+    )
+    assert rig.job("k9").state is JobState.CONFIRMED, rig.events("k9")
+    assert rig.copies("k9") == 1 and provider.drafts_created == 2
+    assert not provider.held_drafts

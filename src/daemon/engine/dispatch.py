@@ -197,18 +197,22 @@ class Dispatch:
             claimed.work.save()
         except ConcurrentUpdate:
             if claimed.created and claimed.draft is not None and claimed.drafts is not None:
-                self._delete_lost_draft(claimed.work, claimed.drafts, claimed.draft)
+                self._delete_lost_draft(claimed, claimed.drafts, claimed.draft)
             raise
 
-    def _delete_lost_draft(self, work: Work, drafts: DraftsProvider, draft: Draft) -> None:
+    def _delete_lost_draft(self, claimed: Claimed, drafts: DraftsProvider, draft: Draft) -> None:
         """The draft of a claim that lost its race, deleted, its deletion recorded first
         on the version read, where the winner's draft was found not to be it: another
         daemon's draft step may find it by its Message-ID and reuse it, and a deletion
         decided on an older version would land under that claim's send (a 404, the draft
         gone: `DraftGone`). A draft recorded deleted is never reused (`prepare_draft`).
         While another claim of the job is in flight its history is its own (nothing is
-        recorded): the draft is deleted at once, as a later attempt could reuse it only
-        once that claim's own draft is gone, after its outcome."""
+        recorded): the draft is deleted at once while the job's quota scope is still
+        this daemon's, as a later attempt could reuse it only once that claim's own
+        draft is gone, after its outcome. A scope gone to another daemon (the one whose
+        claim won), the draft is left to it: this daemon, stalled, could delete it under
+        that daemon's next claim, which found it by its Message-ID and reused it."""
+        work = claimed.work
         key = work.job.key
 
         def record(winner: SendJob) -> bool:
@@ -225,7 +229,11 @@ class Dispatch:
             except ConcurrentUpdate:
                 continue  # another writer again: read the winner once more
             except TransitionError:
-                break  # another claim in flight: deleted, not recorded
+                # Another claim in flight: deleted, not recorded, while the scope is ours.
+                if self._may_call_now(claimed):
+                    break
+                log.info("job %s: draft %s left to its scope's new owner", key, draft.draft_id)
+                return
             if not recorded:
                 return
             break
