@@ -23,6 +23,19 @@ from python_multipart.multipart import parse_options_header
 #: What the refusal says after the byte: how the field's text must come.
 HOW = "a field's text is its UTF-8 bytes, percent-encoded"
 
+#: The fields (and, of a multipart form, the files) the form parser takes at most:
+#: Starlette's `request.form()` default, which FastAPI keeps. It refuses a form of more
+#: (400) once it reads one more, and so the check of a form's fields stops there too: it
+#: read all of a 40 MB body's fields, on the event loop and before the sign-in.
+MAX_FIELDS = 1000
+
+_PAIR = re.compile(rb"[^&]+")
+
+
+class _Enough(Exception):
+    """The multipart check has read what it needs: a field that is not text, or one
+    field or file past what the form parser takes."""
+
 
 @dataclass(frozen=True)
 class NotText:
@@ -58,13 +71,14 @@ def _checked(name: bytes, value: bytes) -> NotText | None:
     return None if byte is None else NotText(_name(name), byte)
 
 
-def in_pairs(encoded: bytes) -> NotText | None:
+def in_pairs(encoded: bytes, most: int | None = None) -> NotText | None:
     """The first `name=value` of a query string or urlencoded body (`+` a space, percent
-    escapes decoded) that is not UTF-8 text, else None."""
-    for pair in encoded.split(b"&"):
-        if not pair:
-            continue
-        name, _, value = pair.replace(b"+", b" ").partition(b"=")
+    escapes decoded) that is not UTF-8 text, else None; None too once past `most` pairs
+    (a form's: the form parser refuses the form then, and counts pairs as this does)."""
+    for count, pair in enumerate(_PAIR.finditer(encoded), start=1):
+        if most is not None and count > most:
+            return None
+        name, _, value = pair[0].replace(b"+", b" ").partition(b"=")
         found = _checked(unquote_to_bytes(name), unquote_to_bytes(value))
         if found is not None:
             return found
@@ -82,8 +96,10 @@ def percent_escaped(encoded: bytes) -> bytes:
 
 
 def in_multipart(boundary: bytes, body: bytes) -> NotText | None:
-    """The first field of a multipart body (a file's content aside) that is not UTF-8."""
+    """The first field of a multipart body (a file's content aside) that is not UTF-8;
+    None too once past :data:`MAX_FIELDS` fields or files, which the parser refuses."""
     found: list[NotText] = []
+    counts = {True: 0, False: 0}  # files, fields
     header: list[bytes] = [b"", b""]
     part: dict[str, bytes] = {}
     data = bytearray()
@@ -107,11 +123,16 @@ def in_multipart(boundary: bytes, body: bytes) -> NotText | None:
 
     def on_part_end() -> None:
         _, options = parse_options_header(part.get("content-disposition", b""))
-        if b"filename" in options or found:
+        a_file = b"filename" in options
+        counts[a_file] += 1
+        if counts[a_file] > MAX_FIELDS:
+            raise _Enough
+        if a_file:
             return
         result = _checked(options.get(b"name", b""), bytes(data))
         if result is not None:
             found.append(result)
+            raise _Enough
 
     parser = python_multipart.MultipartParser(
         boundary,
@@ -127,6 +148,8 @@ def in_multipart(boundary: bytes, body: bytes) -> NotText | None:
     try:
         parser.write(body)
         parser.finalize()
+    except _Enough:
+        pass
     except python_multipart.exceptions.FormParserError:
         pass  # a malformed body is the form parser's to refuse, after this
     return found[0] if found else None
@@ -140,10 +163,19 @@ def in_form(content_type: str, body: bytes) -> NotText | None:
     """The first field of a form body, by its `Content-Type`, that is not UTF-8 text."""
     kind, options = parse_options_header(content_type)
     if urlencoded(content_type):
-        return in_pairs(body)
+        return in_pairs(body, MAX_FIELDS)
     if kind == b"multipart/form-data" and options.get(b"boundary"):
         return in_multipart(options[b"boundary"], body)
     return None
 
 
-__all__ = ["HOW", "NotText", "in_form", "in_multipart", "in_pairs", "percent_escaped", "urlencoded"]
+__all__ = [
+    "HOW",
+    "MAX_FIELDS",
+    "NotText",
+    "in_form",
+    "in_multipart",
+    "in_pairs",
+    "percent_escaped",
+    "urlencoded",
+]
