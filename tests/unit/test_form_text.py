@@ -32,7 +32,7 @@ def _trail(client: TestClient, key: str) -> str:
         ("/ui/jobs/k1/resolve", b"as=abandon&note=caf%E9", "note", 0xE9),
         ("/ui/jobs/k1/resolve", b"as=abandon&note=caf%C3", "note", 0xC3),
         ("/ui/jobs/k1/cancel", b"note=%FF", "note", 0xFF),
-        ("/ui/jobs/k1/resolve", b"as=abandon&n%E9te=x", "n\\xe9te", 0xE9),
+        ("/ui/jobs/k1/resolve", b"as=abandon&n%E9te=x", "form", 0xE9),
         ("/ui/triage", b"channel=caf%E9&mode=resolve", "channel", 0xE9),
         ("/ui/sign-in", b"token=caf%E9", "token", 0xE9),
     ],
@@ -164,3 +164,22 @@ def test_a_form_of_more_fields_than_the_parser_takes_is_not_scanned_whole(
     assert len(seen) <= form_text.MAX_FIELDS + 1, len(seen)
     assert rig.job("k1").state is JobState.REVIEW
     assert _trail(client, "k1") == before
+
+
+def test_a_field_the_form_does_not_have_is_not_shown_back(
+    rig: EngineRig, client: TestClient
+) -> None:
+    """The refusal is answered before the sign-in and the CSRF check, to any browser: a
+    page of another site that posted a form (`accept-charset="ISO-8859-1"`) whose field
+    was named with a sentence of its own, its value `é`, had the review page show that
+    sentence as its refusal, on the daemon's own origin. The line names a field of the
+    form's own only; another is `form: ... (a field the form does not have)`."""
+    in_review(rig, client, "k1", copy=False)
+    said = "Your session ended: sign in again at https://attacker.example"
+    body = b"as=abandon&" + said.encode().replace(b" ", b"+") + b"=%E9"
+    answer = client.post("/ui/jobs/k1/resolve", content=body, headers=FORM)
+    assert answer.status_code == 422, answer.text
+    assert "attacker.example" not in answer.text
+    line = f"form: not UTF-8 text (byte 0xe9): {form_text.HOW} (a field the form does not have)"
+    assert line in unescape(answer.text)
+    assert rig.job("k1").state is JobState.REVIEW

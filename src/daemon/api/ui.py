@@ -61,6 +61,7 @@ class FormsInUtf8(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        fields = {field.alias for field in self.dependant.body_params}
 
         async def strict(request: Request) -> Response:
             if request.method == "POST":
@@ -69,7 +70,12 @@ class FormsInUtf8(APIRoute):
                 kind = request.headers.get("content-type", "")
                 found = in_form(kind, body)
                 if found is not None:
-                    return _refused(found.field, found.reason)
+                    # Answered before the sign-in and the CSRF check, to any browser: a
+                    # name of the form's own only, not a sentence another site's form
+                    # gave a field as its name.
+                    if found.field in fields:
+                        return _refused(found.field, found.reason)
+                    return _refused("form", f"{found.reason} (a field the form does not have)")
                 escaped = percent_escaped(body) if urlencoded(kind) else body
                 if escaped != body:
                     request = Request(request.scope, _replay(escaped, request.receive))
