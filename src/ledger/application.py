@@ -38,6 +38,7 @@ from ledger.content import JobContent
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.job import SendJob, TransitionError, created_at, job_id_for
 from ledger.message_id import message_id_for
+from ledger.own_writes import OwnWrites
 from ledger.redaction import ENCRYPTED, quoted_texts, redact_events, scrub_text, scrubber
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
 from ledger.stores.causes import StoreUnavailable, access_denied, read_only, store_problem
@@ -239,6 +240,8 @@ class Ledger(Application[UUID]):
         #: name), put back when the start is refused (`give_back_declaration`).
         self.format_replaced: FormatRow | None = None
         self._backend: StoreBackend = backend_for(spec)
+        #: This process's saves that failed unsure (`ledger.own_writes`).
+        self._own_writes = OwnWrites()
         env = dict(self._backend.env)
         env.update(cipher_env(encryption_keys))
         exists = self._backend.prepare()
@@ -443,17 +446,41 @@ class Ledger(Application[UUID]):
         """Append the job's pending events and its index row in one transaction.
 
         Raises ConcurrentUpdate when another writer got there first: the caller's
-        command did not happen and must not be acted on (e.g. no provider call).
+        command did not happen and must not be acted on (e.g. no provider call). Events
+        of this process's own that a save of the job which failed (a commit whose answer
+        was lost) stored after all are no other writer's: read back, they are adopted as
+        stored and the rest is written on them (docs/architecture.md "Ambiguous commits").
         `guard()`: asked in the transaction once the job's row is held, right before the
         commit; False rolls it back and raises `Withdrawn` (nothing stored, the events
         stay pending). `keep_trying()`: asked before a try after a failed one (a lock
         waited for in vain); False ends the save with that failure, the events pending.
         `connect_while()`: asked while the save waits for a pooled connection
         (PostgreSQL); False gives the wait up with `Withdrawn`, nothing begun."""
-        try:
-            self._save_retrying([job], guard, keep_trying, connect_while)
-        except IntegrityError as exc:
-            raise ConcurrentUpdate(f"job {job.key!r} was changed by another writer") from exc
+        while True:  # each adoption leaves fewer events pending
+            try:
+                self._save_retrying([job], guard, keep_trying, connect_while)
+                return
+            except IntegrityError as exc:
+                if not self._adopt_own_write(job):
+                    changed = f"job {job.key!r} was changed by another writer"
+                    raise ConcurrentUpdate(changed) from exc
+            if not job.pending_events:
+                self._own_writes.saved(job.key)
+                return
+
+    def _adopt_own_write(self, job: SendJob) -> bool:
+        """After a conflict: whether the events stored past the job's version are the
+        first of its pending ones, written by a save of this process that failed unsure
+        (`ledger.own_writes`); if so they are no longer pending (the job's version stays
+        where they took it) and True."""
+        pending = job.pending_events
+        if not pending:
+            return False
+        base = pending[0].originator_version - 1
+        stored = self._retry_locked(lambda: list(self.events.get(job.id, gt=base)))
+        adopted = self._own_writes.stored_of_ours(job.key, pending, stored)
+        del pending[:adopted]
+        return adopted > 0
 
     def save_jobs(
         self,
@@ -497,9 +524,15 @@ class Ledger(Application[UUID]):
                 INDEX_CONNECT_KWARG: connect_while,
             },
         )
-        self._record_processing(processing, keep_trying)
+
+        def unsure() -> None:
+            for job in jobs:
+                self._own_writes.failed(job.key, job.pending_events)
+
+        self._record_processing(processing, keep_trying, unsure)
         for job in jobs:
             job.collect_events()  # written: no longer pending
+            self._own_writes.saved(job.key)
 
     def _save_collected(self, *objs: Any, **kwargs: Any) -> None:
         processing: ProcessingEvent[UUID] = ProcessingEvent()
@@ -507,14 +540,26 @@ class Ledger(Application[UUID]):
         self._record_processing(processing)
 
     def _record_processing(
-        self, processing: ProcessingEvent[UUID], keep_trying: Callable[[], bool] | None = None
+        self,
+        processing: ProcessingEvent[UUID],
+        keep_trying: Callable[[], bool] | None = None,
+        unsure: Callable[[], None] | None = None,
     ) -> None:
         # Every write of events (a claim, an outcome, an intake) comes here: what the
         # store says of them is what health reports (a read may pass while writes fail).
+        def once() -> list[Any]:
+            try:
+                return record(self, processing)
+            except IntegrityError:
+                raise  # refused: nothing of it stored
+            except Exception:
+                # A try that failed otherwise may have committed (its answer lost).
+                if unsure is not None:
+                    unsure()
+                raise
+
         try:
-            recordings = self._retry_locked(
-                lambda: record(self, processing), keep_trying=keep_trying
-            )
+            recordings = self._retry_locked(once, keep_trying=keep_trying)
         except StoreUnavailable as exc:
             self.write_failure = WriteFailure(at=self.clock(), error=str(exc))
             raise

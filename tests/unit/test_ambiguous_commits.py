@@ -1,0 +1,124 @@
+"""A write whose commit is ambiguous (docs/architecture.md "Ambiguous commits"): the
+connection lost at COMMIT, the events stored all the same. The process's own events, met
+by its next write of the job, are adopted as stored, never taken for another writer's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from eventsourcing.persistence import OperationalError
+from tests.unit.engine_rig import DAEMON, GRACE, TIMEOUT, EngineRig, policy
+from tests.unit.test_leases import finish, slow_send
+
+from ledger.application import ConcurrentUpdate
+from ledger.job import SendJob
+from ledger.vocabulary import JobState
+
+REVIEW = policy("legal", on_unknown="review", pending_draft="review")
+LEASE = TIMEOUT + GRACE
+
+
+@pytest.fixture
+def rig() -> Iterator[EngineRig]:
+    rig = EngineRig(REVIEW, concurrency=2)
+    yield rig
+    rig.close()
+
+
+def lose_next_commit_answer(rig: EngineRig) -> list[int]:
+    """The store's next write is stored, then fails as a connection lost at COMMIT does
+    (the answer never came back). Returns the count of writes so failed."""
+    recorder: Any = rig.ledger.recorder
+    insert = recorder.insert_events
+    lost: list[int] = []
+
+    def stored_then_lost(*args: Any, **kwargs: Any) -> Any:
+        insert(*args, **kwargs)
+        recorder.insert_events = insert
+        lost.append(1)
+        raise OperationalError("server closed the connection unexpectedly")
+
+    recorder.insert_events = stored_then_lost
+    return lost
+
+
+def test_a_renewal_stored_though_its_commit_failed_is_adopted_not_taken_for_a_loss(
+    rig: EngineRig,
+) -> None:
+    release = slow_send(rig, "k1")
+    try:
+        rig.clock.advance(LEASE / 2)
+        lost = lose_next_commit_answer(rig)
+        assert rig.engine.renew_leases() == 0  # the daemon believes it failed
+        assert lost and rig.events("k1")[-1] == "LeaseRenewed"  # yet it is stored
+        rig.clock.advance(LEASE / 2)
+        assert rig.engine.renew_leases() == 1  # its own renewal adopted, the next written
+        lease = rig.engine.leases.lease("k1")
+        assert lease is not None and lease.renewing
+        deadline = rig.job("k1").due_at
+        # The lease goes on: its deadline is the new renewal's.
+        assert deadline is not None and deadline > rig.clock() + timedelta(seconds=GRACE)
+    finally:
+        finish(rig, release)
+    events = rig.events("k1")
+    assert events[-1] == "Confirmed" and events.count("LeaseRenewed") == 2, events
+    assert "Unknown" not in events and rig.copies("k1") == 1
+
+
+def test_an_outcome_after_a_renewal_stored_though_its_commit_failed_is_saved(
+    rig: EngineRig,
+) -> None:
+    release = slow_send(rig, "k1")
+    try:
+        rig.clock.advance(LEASE / 2)
+        lose_next_commit_answer(rig)
+        assert rig.engine.renew_leases() == 0
+    finally:
+        finish(rig, release)  # the outcome goes out with the renewal pending in memory
+    events = rig.events("k1")
+    assert rig.job("k1").state is JobState.CONFIRMED, events
+    assert events[1:] == ["Attempted", "LeaseRenewed", "Confirmed"], events
+
+
+def test_an_outcome_stored_though_its_commit_failed_is_adopted_by_its_next_save(
+    rig: EngineRig,
+) -> None:
+    rig.submit("legal", "k1")
+    job = rig.job("k1")
+    job.cancel(by="ops", note="not needed", at=rig.clock())
+    lose_next_commit_answer(rig)
+    with pytest.raises(OperationalError):
+        rig.ledger.save_job(job)
+    assert rig.events("k1")[-1] == "Cancelled"  # stored, the caller told it failed
+    rig.ledger.save_job(job)  # tried again: its own write, adopted
+    assert not job.pending_events and job.version == rig.job("k1").version
+
+
+def test_the_same_events_written_by_another_writer_still_conflict(rig: EngineRig) -> None:
+    # Equal events this process never tried to write (two engines of one name on one
+    # injected clock write exactly the same claim): a conflict, as before.
+    rig.submit("legal", "k1")
+    mine, theirs = rig.job("k1"), rig.job("k1")
+    for job in (mine, theirs):
+        job.cancel(by="ops", note="not needed", at=rig.clock())
+    rig.ledger.save_job(theirs)
+    with pytest.raises(ConcurrentUpdate):
+        rig.ledger.save_job(mine)
+
+
+def test_a_claim_whose_commit_failed_makes_no_call_and_is_recovered_as_unknown(
+    rig: EngineRig,
+) -> None:
+    rig.submit("legal", "k1")
+    lose_next_commit_answer(rig)
+    rig.tick(errors=1)
+    assert rig.provider.sends == 0  # invariant 1: not known to be durable, not called
+    assert rig.events("k1") == ["Requested", "Attempted"]
+    claim = rig.ledger.history("k1")[-1]
+    assert isinstance(claim, SendJob.Attempted) and claim.daemon == DAEMON
+    rig.clock.advance(LEASE + 1)
+    assert rig.tick().recovered == 1
+    assert rig.provider.sends == 0 and rig.job("k1").state is JobState.REVIEW
