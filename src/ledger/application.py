@@ -41,7 +41,13 @@ from ledger.message_id import message_id_for
 from ledger.own_writes import OwnWrites
 from ledger.redaction import ENCRYPTED, quoted_texts, redact_events, scrub_text, scrubber
 from ledger.stores import IdentityLock, IdentityTaken, StoreBackend, backend_for
-from ledger.stores.causes import StoreUnavailable, access_denied, read_only, store_problem
+from ledger.stores.causes import (
+    StoreUnavailable,
+    UnsureConflict,
+    access_denied,
+    read_only,
+    store_problem,
+)
 from ledger.stores.cipher import cipher_env
 from ledger.stores.format_rows import FormatRow
 from ledger.stores.index import (
@@ -550,6 +556,11 @@ class Ledger(Application[UUID]):
         def once() -> list[Any]:
             try:
                 return record(self, processing)
+            except UnsureConflict:
+                # Met after a try of the store's own whose commit is not known.
+                if unsure is not None:
+                    unsure()
+                raise
             except IntegrityError:
                 raise  # refused: nothing of it stored
             except Exception:

@@ -20,6 +20,7 @@ from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from eventsourcing.persistence import OperationalError
 from tests.integration.listeners import stop_listening
 
 from daemon.doubles.fake_time import FakeClock
@@ -138,3 +139,27 @@ def test_another_writers_event_at_the_same_version_is_still_a_conflict(
         with pytest.raises(ConcurrentUpdate):
             ledger.save_job(mine)
         assert mine.pending_events
+
+
+def test_a_claim_whose_commit_and_its_look_up_are_both_lost_is_adopted_as_saved(
+    proxied: tuple[str, LostAckProxy], clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server's answer on whether the transaction committed is lost too: the insert,
+    # tried again, meets its own rows. They are this process's own write, read back and
+    # adopted (docs/architecture.md "Ambiguous commits"), not another writer's conflict.
+    url, proxy = proxied
+    with Ledger(url, clock=clock) as ledger:
+        ledger.submit(_content("k3"), SENDER)
+        job = ledger.get_job("k3")
+        job.claim(provider="p", deadline=clock() + timedelta(seconds=30), at=clock())
+
+        def look_up_lost(xid: int) -> bool:
+            raise OperationalError("the look-up's connection was lost too")
+
+        monkeypatch.setattr(ledger.recorder, "_committed", look_up_lost)
+        proxy.armed.set()
+        ledger.save_job(job)  # no ConcurrentUpdate: the claim is ours, the call may go
+        assert proxy.dropped.is_set()
+        assert [type(e).__name__ for e in ledger.history("k3")] == ["Requested", "Attempted"]
+        assert not job.pending_events
+        assert job.version == ledger.get_job("k3").version

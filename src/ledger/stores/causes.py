@@ -5,7 +5,7 @@ words (`StoreUnavailable`)."""
 
 from __future__ import annotations
 
-from eventsourcing.persistence import PersistenceError
+from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from ledger.exceptions import Refusal, SendledgerError
 
@@ -110,6 +110,12 @@ def store_problem(exc: BaseException) -> str | None:
     return None
 
 
+class UnsureConflict(IntegrityError):
+    """The store's uniqueness refused a write tried again after a try whose commit is not
+    known (its connection lost at COMMIT): the rows it met may be that try's own
+    (docs/architecture.md "Ambiguous commits")."""
+
+
 class StoreUnavailable(SendledgerError, PersistenceError):
     """The store could not be written (or read) for a reason of its own: one line naming
     the store (never its password) and the reason (exit 1, HTTP 503). A PersistenceError
@@ -130,6 +136,7 @@ class StoreUnavailable(SendledgerError, PersistenceError):
 
 __all__ = [
     "StoreUnavailable",
+    "UnsureConflict",
     "access_denied",
     "exception_chain",
     "locked",

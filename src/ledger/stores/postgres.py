@@ -21,14 +21,14 @@ from uuid import UUID
 
 import psycopg
 import psycopg_pool
-from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
+from eventsourcing.persistence import IntegrityError, InterfaceError, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import get_topic, retry
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 from psycopg.sql import SQL, Composed
 
-from ledger.stores.causes import StoreUnavailable, exception_chain
+from ledger.stores.causes import StoreUnavailable, UnsureConflict, exception_chain
 from ledger.stores.identity import IdentityTaken, NameSession, advisory_key
 from ledger.stores.index import (
     ADDED_COLUMNS,
@@ -119,6 +119,11 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
             for attempt in range(10):
                 try:
                     return self._insert_events_once(stored_events, **kwargs)
+                except IntegrityError as exc:
+                    if attempt == 0:
+                        raise
+                    # Met after a try whose commit is not known: maybe that try's rows.
+                    raise UnsureConflict(str(exc)) from exc
                 except (InterfaceError, OperationalError) as exc:
                     if attempt == 9 or _sqlstates(exc) & _TRANSIENT or _from_pool(exc):
                         raise
