@@ -37,7 +37,8 @@ import quopri
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from enum import StrEnum
 
 from ledger.exceptions import SendledgerError
@@ -451,37 +452,22 @@ def _utf8_address(address: str) -> str | None:
         return None
 
 
-_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-#: RFC 5322 date-time (section 3.3), whitespace already collapsed: an optional day name,
-#: day, month, year, hh:mm[:ss], a numeric zone or UT/GMT/Z, an optional comment. An MTA
-#: that quotes a header as it came keeps our form; one that writes it again may drop the
-#: day's zero or name the zone: the moment is what is compared.
-_DATE = re.compile(
-    r"(?:[A-Za-z]{3}, ?)?(\d{1,2}) ([A-Za-z]{3}) (\d{4}) (\d{2}):(\d{2})(?::(\d{2}))?"
-    r" ?([+-]\d{4}|UT|GMT|Z)(?: \([ -~]{0,40}\))?"
-)
-
-
 def _moment(value: str) -> datetime | None:
-    """The moment an RFC 5322 Date names, in UTC; None when it is none."""
-    match = _DATE.fullmatch(value)
-    if match is None or match.group(2).lower() not in _MONTHS:
+    """The moment an RFC 5322 Date names, in UTC; None when it is none (no date, a day or
+    time that does not exist, past the calendar's ends). Read by the standard library's
+    RFC 5322 reader, the obsolete forms with the rest (section 4.3: a zone by its name, a
+    year of two digits, comments), as a receiver must read them: an MTA that writes the
+    original's Date again may write any of them, and its report is still the job's. A
+    zone it cannot name (or -0000) is UTC, as the RFC says."""
+    if not value:
         return None
-    day, month, year, hour, minute, second, zone = match.groups()
-    offset = timedelta(0)
-    if zone[0] in "+-":
-        hours, minutes = int(zone[1:3]), int(zone[3:5])
-        if minutes > 59:
-            return None
-        offset = timedelta(hours=hours, minutes=minutes) * (1 if zone[0] == "+" else -1)
     try:
-        local = datetime(
-            int(year), _MONTHS.index(month.lower()) + 1, int(day), int(hour), int(minute),
-            int(second or 0), tzinfo=UTC,
-        )  # fmt: skip
-        return local - offset
-    except (ValueError, OverflowError):
-        return None  # no such day or time, or past the calendar's ends
+        moment = parsedate_to_datetime(value)
+        if moment.tzinfo is None:
+            return moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
 
 
 def _report_id(headers: Fields) -> str:

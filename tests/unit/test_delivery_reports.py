@@ -293,7 +293,9 @@ def test_only_the_original_headers_attribute_a_report(
 
 
 @given(
-    moment=st.none() | st.datetimes(timezones=st.just(UTC)),
+    # From the year 100: a year written 0001 to 0099 is read as two digits are (no job
+    # is dated then).
+    moment=st.none() | st.datetimes(min_value=datetime(100, 1, 1), timezones=st.just(UTC)),
     decoy=st.datetimes(timezones=st.just(UTC)),
     shape=st.sampled_from(["rfc3464", "gmail", "exchange"]),
     folded=st.booleans(),
@@ -369,3 +371,32 @@ def test_an_original_quoting_two_dates_is_ambiguous() -> None:
     assert refusal(rfc3464_report(original, mailbox=MAILBOX, recipient=TO)) is (
         ReportRefusal.AMBIGUOUS
     )
+
+
+#: RFC 5322's obsolete zone names (section 4.3), which a receiver must still read.
+_NAMED_ZONES = {"UT": 0, "GMT": 0, "EST": -5, "EDT": -4, "CST": -6, "CDT": -5}
+_NAMED_ZONES |= {"MST": -7, "MDT": -6, "PST": -8, "PDT": -7}
+
+
+@given(
+    moment=st.datetimes(
+        min_value=datetime(2000, 1, 2), max_value=datetime(2049, 12, 30), timezones=st.just(UTC)
+    ),
+    zone=st.sampled_from(sorted(_NAMED_ZONES)),
+    two_digit_year=st.booleans(),
+    comment=st.sampled_from(["", " (Coordinated Universal Time, as this relay writes it)"]),
+)
+def test_a_date_written_again_in_the_obsolete_forms_names_the_same_moment(
+    moment: datetime, zone: str, two_digit_year: bool, comment: str
+) -> None:
+    """RFC 5322 section 4 has a receiver read the obsolete forms too: a zone by its name
+    (EST, PDT, UT), a year of two digits, a comment of any length. An MTA that writes the
+    original's Date again so quotes the moment ours names; it is the job's genuine report
+    and must not be refused `other-date` where the Date is compared."""
+    local = moment.astimezone(timezone(timedelta(hours=_NAMED_ZONES[zone])))
+    year = f"{local.year % 100:02d}" if two_digit_year else f"{local.year:04d}"
+    text = f"{local:%a}, {local.day} {local:%b} {year} {local:%H:%M:%S} {zone}{comment}"
+    original = message().replace(b"\r\nMessage-ID", f"\r\nDate: {text}\r\nMessage-ID".encode())
+    found = read(rfc3464_report(original, mailbox=MAILBOX, recipient=TO))
+    assert isinstance(found, DeliveryReport), found
+    assert found.original_moment == moment.replace(microsecond=0), text
