@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any, cast
@@ -18,6 +19,8 @@ from typing import Any, cast
 import pytest
 from tests.integration.bounce_checks import (
     Mailboxes,
+    Outcomes,
+    bounces,
     run_bounce_checks,
     run_report_before_send_check,
 )
@@ -35,10 +38,14 @@ from tests.integration.mailservers import (
 )
 from tests.provider_contract import SendContract, Subject
 
+from daemon.engine import Engine, PolicyHolder
 from daemon.providers.base import Provider, ProviderError, SendKind, SendOutcome
 from daemon.providers.outcomes import SEARCH_STOPS_AT
 from daemon.providers.smtp_imap import SmtpImapProvider
+from ledger.application import Ledger
+from ledger.content import parse_job
 from ledger.copies import COPIES_KEPT
+from policies.loader import PolicySet
 from policies.model import ChannelPolicy
 from testkit.smtp_relay import SmtpFaultRelay
 
@@ -596,3 +603,73 @@ def test_copies_in_the_trash_are_marked_and_a_sent_copy_is_not(servers: MailServ
         assert not found.only_in_trash and [hit.in_trash for hit in found.hits] == [False]
     finally:
         provider.close()
+
+
+def test_postfixs_genuine_reports_pass_the_date_check(
+    servers: MailServers, relay: SmtpFaultRelay, tmp_path: Path
+) -> None:
+    """The reports an outsider cannot write are still recorded where the original must
+    quote the job's Date (`Provider.keeps_date`): Postfix's own, of a job whose first send
+    ended Unknown (its reply after the final dot garbled; the search found the copy), and
+    of a job to two recipients whose 60 kB message Postfix quotes by its headers alone
+    (`text/rfc822-headers`, past its `bounce_size_limit`), the one gone recipient named."""
+    mail = provider_for(servers, relay.port, timeout=5.0)
+    policy = watching_policy("mail", SENDER)
+    policies = PolicySet({"mail": policy})
+    offset = timedelta(0)
+    outcomes = Outcomes()
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    engine = Engine(
+        ledger,
+        PolicyHolder(lambda: policies, policies),
+        {"mail": mail},
+        provider_timeouts={"mail": 5.0},
+        bounce_interval=0.05,
+        daemon_name="it",
+        observer=outcomes,
+        clock=lambda: datetime.now(UTC) + offset,
+    )
+    deadline = time.monotonic() + 30.0
+    try:
+        body = ("x" * 70 + "\n") * 900  # 63 kB: past Postfix's bounce_size_limit (50 kB)
+        fields = {"channel": "mail", "key": "several", "to": [RECIPIENT, GONE_RECIPIENT]}
+        ledger.submit(parse_job({**fields, "subject": "s", "body": body}), policy.sender)
+        while (row := ledger.row("several")).state != "confirmed":  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, row
+            engine.tick()
+        relay.replace_reply(b"250 " + b"x" * 9000 + b"\r\n")
+        fields = {"channel": "mail", "key": "unknown-first", "to": GONE_RECIPIENT}
+        ledger.submit(parse_job({**fields, "subject": "s", "body": "."}), policy.sender)
+        while (row := ledger.row("unknown-first")).state != "confirmed":  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, row
+            job = ledger.get_job("unknown-first")
+            if row.state == "unknown" and job.due_at is not None:  # type: ignore[union-attr]
+                # Its search is due when the index has caught up: the engine's clock
+                # moves there (after both claims: a report's INTERNALDATE is real time).
+                offset = max(offset, job.due_at - datetime.now(UTC) + timedelta(seconds=1))
+            engine.tick()
+        assert any(type(e).__name__ == "Unknown" for e in ledger.history("unknown-first"))
+
+        def report_of(key: str) -> bytes | None:
+            # Postfix's own, of this job (earlier tests left reports in the same INBOX).
+            named = ledger.get_job(key).message_id.encode()
+            found = [p.read_bytes() for p in servers.folder_files("sender", "INBOX")]
+            mine = [r for r in found if b"MAILER-DAEMON" in r and named in r]
+            return mine[0] if mine else None
+
+        while (several := report_of("several")) is None or report_of("unknown-first") is None:
+            assert time.monotonic() < deadline, "Postfix's reports never arrived"
+            time.sleep(0.05)
+        assert b"text/rfc822-headers" in several and b"x" * 70 not in several
+        while not (bounces(ledger, "unknown-first") and bounces(ledger, "several")):
+            assert time.monotonic() < deadline, outcomes.seen
+            time.sleep(0.05)
+            engine.tick()
+        for key in ("unknown-first", "several"):
+            [event] = bounces(ledger, key)
+            assert [r["address"] for r in event.recipients] == [GONE_RECIPIENT]  # type: ignore[attr-defined]
+        assert "other-date" not in outcomes.seen and "before-send" not in outcomes.seen
+    finally:
+        engine.close()
+        ledger.close()
+        mail.close()
