@@ -183,3 +183,31 @@ def test_the_engine_bounds_a_send_by_its_lease_as_last_written() -> None:
     finally:
         rig.close()
     assert seen == [pytest.approx(LEASE / 2 - GRACE)]
+
+
+def test_a_slow_call_whose_renewals_land_is_never_told_its_lease_ended() -> None:
+    """With a grace over twice the timeout (Graph's defaults: 10 s and 30 s, the grace
+    covering a send of several requests plus `confirm_wait`), the call's bound, the lease
+    less the grace, is one `timeout` from each renewal: renewed every third of the lease
+    (13.3 s there), it ran out before each renewal was due, a call answering well within
+    each wait's timeout cut at 10 s. The renewals come before it now."""
+    rig = EngineRig(policy("legal", on_unknown="review"))
+    timeout, grace = TIMEOUT, 3 * TIMEOUT
+    daemon = rig.settings.daemon.model_copy(update={"deadline_grace": grace})
+    rig.settings = rig.settings.model_copy(update={"daemon": daemon})
+    rig.service = rig.new_service()
+    rig.engine = rig.service.engine
+    release = slow_send(rig, "k1")
+    try:
+        lease = rig.engine.leases.lease("k1")
+        assert lease is not None
+        least = timeout
+        for _ in range(int(3 * (timeout + grace) / 0.5)):  # three leases, renewals landing
+            rig.clock.advance(0.5)
+            rig.engine.renew_leases()
+            # What the engine tells the call it has left (`Dispatch.send`'s bound).
+            least = min(least, lease.seconds_left(rig.clock(), grace))
+    finally:
+        finish(rig, release)
+        rig.close()
+    assert least > 0, f"told {least:.2f}s left while its renewals landed"

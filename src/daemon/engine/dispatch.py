@@ -154,7 +154,7 @@ class Dispatch:
                 return False
             claimed.probe = probe
             self.save_claim(claimed)  # durable; a conflict here means no call is made
-            with self._leases.holding(work.job, claimed.lease, work.now) as lease:
+            with self._leases.holding(work.job, claimed.lease, work.now, self._grace) as lease:
                 claimed.held = lease
                 lease.written = claimed.deadline
                 self.send(claimed)

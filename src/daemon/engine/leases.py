@@ -93,6 +93,18 @@ class Lease:
     #: committed), on the clock as it was before any step back: the one another daemon
     #: recovers the claim by (`seconds_left`).
     written: datetime | None = None
+    #: The grace the call's bound leaves off the lease (`seconds_left`): another
+    #: daemon's clock may be that far ahead.
+    grace: float = 0.0
+
+    @property
+    def renew_every(self) -> float:
+        """Seconds from one written deadline to the next renewal: a third of the lease, or
+        of twice what the call's bound has of it (the lease less the grace: one `timeout`)
+        when the grace is longer than that, so the bound never runs out before a renewal
+        that lands (with the grace at its Graph default, three times the timeout, a third
+        of the lease came after it)."""
+        return renew_every(self.seconds, self.grace)
 
     def seconds_left(self, now: datetime, grace: float) -> float:
         """What is left of the lease as last written, less `grace` (the clocks' skew
@@ -127,21 +139,25 @@ class Leases:
         self._thread: threading.Thread | None = None
         self.renewed = 0  # renewals written, for tests and /metrics
 
-    def hold(self, job: SendJob, seconds: float, now: datetime) -> Lease:
-        """The claim just saved on `job` (its lease `seconds` long) is held by a worker."""
-        lease = Lease(job, seconds, now + timedelta(seconds=seconds * RENEW_SHARE), now)
+    def hold(self, job: SendJob, seconds: float, now: datetime, grace: float = 0.0) -> Lease:
+        """The claim just saved on `job` (its lease `seconds` long, `grace` of it the
+        call's bound leaves off: `Lease.seconds_left`) is held by a worker."""
+        lease = Lease(job, seconds, now, now, grace=grace)
+        lease.renew_at = now + timedelta(seconds=lease.renew_every)
         lease.written = now + timedelta(seconds=seconds)
         with self._lock:
             self._held[job.key] = lease
         return lease
 
     @contextmanager
-    def holding(self, job: SendJob, seconds: float, now: datetime) -> Iterator[Lease]:
+    def holding(
+        self, job: SendJob, seconds: float, now: datetime, grace: float = 0.0
+    ) -> Iterator[Lease]:
         """`hold` the claim just saved on `job` for the call made inside; released here
         only when that call raised (no outcome will be recorded: the claim's stored
         deadline stands, and recovery takes it then, as after a crash). Otherwise the
         worker releases it once the outcome is durable (`release`)."""
-        lease = self.hold(job, seconds, now)
+        lease = self.hold(job, seconds, now, grace)
         try:
             yield lease
         except BaseException:
@@ -208,7 +224,9 @@ class Leases:
             # Waited for as long as the renewer's interval for the shortest lease held (one
             # not due yet may fall due meanwhile): a renewal stuck longer goes on alone, and
             # the next look comes on time.
-            until = time.monotonic() + renew_interval(min(lease.seconds for lease in held))
+            until = time.monotonic() + min(
+                renew_interval(lease.seconds, lease.grace) for lease in held
+            )
             with self._lock:
                 while any(lease.in_flight for lease in due):
                     left = until - time.monotonic()
@@ -279,9 +297,9 @@ class Leases:
                     log.info("job %s: lease renewal withdrawn: %s (%s)", job.key, why, exc)
                     return False
                 log.warning("job %s: lease not renewed (%s: %s)", job.key, type(exc).__name__, exc)
-                lease.renew_at = now + timedelta(seconds=min(1.0, lease.seconds * RENEW_SHARE))
+                lease.renew_at = now + timedelta(seconds=min(1.0, lease.renew_every))
                 return False
-            lease.renew_at = now + timedelta(seconds=lease.seconds * RENEW_SHARE)
+            lease.renew_at = now + timedelta(seconds=lease.renew_every)
             lease.written = deadline
             return True
 
@@ -373,9 +391,14 @@ def _follow_clock(lease: Lease, now: datetime) -> None:
         lease.seen = now
 
 
-def renew_interval(lease_seconds: float) -> float:
+def renew_every(lease_seconds: float, grace: float = 0.0) -> float:
+    """`Lease.renew_every` of a lease `lease_seconds` long, `grace` of it left off."""
+    return RENEW_SHARE * min(lease_seconds, 2 * (lease_seconds - grace))
+
+
+def renew_interval(lease_seconds: float, grace: float = 0.0) -> float:
     """How often the renewer thread looks: often enough for the shortest lease."""
-    return min(max(lease_seconds * RENEW_SHARE / 4, 0.02), 5.0)
+    return min(max(renew_every(lease_seconds, grace) / 4, 0.02), 5.0)
 
 
 def lock_wait(store: StoreSpec) -> float:

@@ -151,6 +151,7 @@ class Engine:
         )
         self.leases = Leases(ledger, self.clock, daemon_name)
         self._lease_seconds = min(provider_timeouts.values(), default=30.0) + deadline_grace
+        self._grace = deadline_grace
         #: The deadline of the longest call: what an earlier process of the name may still
         #: need in a scope this one takes from under it (`ScopeOwners.wait_for_predecessor`).
         self._longest_call = max(provider_timeouts.values(), default=30.0) + deadline_grace
@@ -280,7 +281,7 @@ class Engine:
         """A running daemon's leases are renewed on a thread of their own, so a tick
         held up by the store does not let a slow call's lease lapse (`leases.py`), and so
         are its scopes' (`owners.py`)."""
-        self.leases.start(renew_interval(self._lease_seconds))
+        self.leases.start(renew_interval(self._lease_seconds, self._grace))
         if self.owners is not None:
             self.owners.start()
 
