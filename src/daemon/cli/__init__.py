@@ -8,7 +8,6 @@ job's state refuses); 4 unknown job; 130 interrupted. Errors are one line on std
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import re
 import signal
@@ -50,8 +49,8 @@ class _Parser(argparse.ArgumentParser):
         typed = _INVALID_CHOICE.search(message)
         if typed:
             word = typed.group("word")
-            close = difflib.get_close_matches(word, names, n=1)
-            hint = f"did you mean {close[0]}?" if close else f"one of: {', '.join(names)}"
+            close = mistyped_options.close_match(word, names)
+            hint = f"did you mean {close}?" if close else f"one of: {', '.join(names)}"
             return f"{' '.join([*where.split(), word])}: no such command; {hint}"
         if message.startswith(f"the following arguments are required: {action.metavar}"):
             needs = f"{where} needs a command" if where else "a command is needed"

@@ -4,7 +4,6 @@ command, on stdout, exit 0 (docs/cli.md "Command line"); the same text as `--hel
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 from typing import Any
 
@@ -47,8 +46,10 @@ def cmd_help(args: argparse.Namespace) -> int:
 
 def _close(word: str, names: list[str]) -> str | None:
     """`did you mean NAME?` for a mistyped command, as `sendledger stauts` is answered."""
-    close = difflib.get_close_matches(word, names, n=1)
-    return f"did you mean {close[0]}?" if close else None
+    from daemon.cli.mistyped_options import close_match
+
+    close = close_match(word, names)
+    return f"did you mean {close}?" if close else None
 
 
 def _children(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

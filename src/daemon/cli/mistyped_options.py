@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def before_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
@@ -74,6 +74,13 @@ def _action(parser: argparse.ArgumentParser, name: str) -> argparse.Action | Non
     return None
 
 
+def close_match(word: str, names: Iterable[str]) -> str | None:
+    """The one of `names` a mistyped `word` is close to, or None: the `did you mean`
+    of a command (`sendledger stauts`, `sendledger help stauts`) and of an option."""
+    close = difflib.get_close_matches(word, list(names), n=1)
+    return close[0] if close else None
+
+
 def _refusal(parser: argparse.ArgumentParser, name: str) -> str:
     shown = [
         option
@@ -87,9 +94,9 @@ def _refusal(parser: argparse.ArgumentParser, name: str) -> str:
     # Compared without their dashes, which every option shares: `--xyz` is not close to
     # `--by`.
     bare = {option.lstrip("-"): option for option in shown}
-    close = difflib.get_close_matches(name.lstrip("-"), list(bare), n=1)
+    close = close_match(name.lstrip("-"), bare)
     if close:
-        return f"{about}; did you mean {bare[close[0]]}?"
+        return f"{about}; did you mean {bare[close]}?"
     if shown:
         return f"{about}; its options: {', '.join(shown)}"
     return f"{about}; it has none but --help"
