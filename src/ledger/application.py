@@ -480,8 +480,8 @@ class Ledger(Application[UUID]):
         (`ledger.own_writes`); if so they are no longer pending (the job's version stays
         where they took it) and True."""
         pending = job.pending_events
-        if not pending:
-            return False
+        if not pending or not self._own_writes.any_of(job.key):
+            return False  # nothing of ours unsure: another writer's, with no read
         base = pending[0].originator_version - 1
         stored = self._retry_locked(lambda: list(self.events.get(job.id, gt=base)))
         adopted = self._own_writes.stored_of_ours(job.key, pending, stored)

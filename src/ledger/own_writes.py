@@ -44,6 +44,11 @@ class OwnWrites:
         with self._lock:
             self._unsure.pop(key, None)
 
+    def any_of(self, key: str) -> bool:
+        """Whether a save of the job failed unsure since its last one that succeeded."""
+        with self._lock:
+            return key in self._unsure
+
     def stored_of_ours(self, key: str, pending: Sequence[Any], stored: Sequence[Any]) -> int:
         """How many of `pending` (a job's pending events, oldest first) are the events
         `stored` after the job's version: all of `stored`, when each equals the pending

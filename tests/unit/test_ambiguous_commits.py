@@ -122,3 +122,24 @@ def test_a_claim_whose_commit_failed_makes_no_call_and_is_recovered_as_unknown(
     rig.clock.advance(LEASE + 1)
     assert rig.tick().recovered == 1
     assert rig.provider.sends == 0 and rig.job("k1").state is JobState.REVIEW
+
+
+def test_another_writers_conflict_is_told_without_reading_the_store(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No save of this job failed unsure: the conflict is another writer's, said at once.
+    # A read back would cost every lost race one more query and, failing (a store's
+    # blip), would turn the conflict into a store error (a lost claim's draft then kept).
+    rig.submit("legal", "k1")
+    mine, theirs = rig.job("k1"), rig.job("k1")
+    theirs.cancel(by="ops", note="not needed", at=rig.clock())
+    rig.ledger.save_job(theirs)
+    mine.cancel(by="ops", note="mine", at=rig.clock())
+
+    def unreadable(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("the store's connection dropped")
+
+    monkeypatch.setattr(rig.ledger.events, "get", unreadable)
+    with pytest.raises(ConcurrentUpdate):
+        rig.ledger.save_job(mine)
+    assert mine.pending_events
