@@ -16,7 +16,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
+import tests.conftest as conftest
 from tests.unit.test_scope_owners import POLICIES, Mailboxes, scope, submit
 
 from daemon.doubles.fake_provider import FakeProvider
@@ -279,3 +281,34 @@ def test_on_postgresql_a_name_taken_between_the_check_and_the_renewal_renews_not
             old.name_lost()
             old.close()
             old_name.release()
+
+
+def test_on_postgresql_a_heartbeat_table_held_at_the_upgrade_costs_one_wait_not_the_join(
+    pg_url: str,
+) -> None:
+    """The first start of this release adds the heartbeat table's `process` column, an
+    ALTER TABLE that waits for every transaction on the table (a pg_dump's, an open psql)
+    and that every other daemon's beat queues behind. Refused after `[store] lock_timeout`,
+    it was tried again at each renewal, every few seconds: this daemon renewed nothing and
+    sent nothing while the transaction lasted, and the daemons of the earlier release
+    waited behind each try. It is now tried once: the heartbeat is then written without
+    the process (the waits kept, as an earlier release's row) until the next start."""
+    with Ledger(pg_url) as ledger:
+        recorder: Any = ledger.recorder
+        recorder.datastore.lock_timeout = 1
+        table = f'"{recorder.datastore.schema}".{DAEMONS_TABLE}'
+        with recorder.datastore.transaction(commit=True) as cursor:
+            cursor.execute(f"CREATE TABLE {table} (name TEXT PRIMARY KEY, "
+                           "seen_until DOUBLE PRECISION NOT NULL)")  # fmt: skip
+        with psycopg.connect(conftest.PG_URL) as dump:  # a transaction reading the table, held
+            dump.execute(f"SELECT count(*) FROM {table}").fetchone()
+            rows = ledger.scope_leases()
+            rows.ensure()  # one wait of lock_timeout, then on without the column
+            now = time.time()
+            for _ in range(3):  # the renewals that follow: no ALTER, no wait
+                started = time.monotonic()
+                rows.ensure()
+                rows.beat("a", now + LEASE, '{"pid": 1}')
+                assert rows.heartbeat("a") == Heartbeat(now + LEASE, None)
+                assert time.monotonic() - started < 0.5
+            dump.rollback()

@@ -26,6 +26,7 @@ lease ends, and another daemon takes the scope only after it has ended, by its o
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -34,6 +35,8 @@ from typing import Any, Protocol
 
 from ledger.stores.identity import NameSession
 from ledger.stores.recorder_kind import ByBackend, postgres_table
+
+log = logging.getLogger("sendledger.store")
 
 SCOPES_TABLE = "sendledger_scopes"
 DAEMONS_TABLE = "sendledger_daemons"
@@ -255,6 +258,11 @@ _BEAT = (
     "ON CONFLICT (name) DO UPDATE SET seen_until = excluded.seen_until, "
     "process = excluded.process"
 )
+#: An earlier release's beat, written while the table lacks `process`.
+_BEAT_WITHOUT_PROCESS = (
+    "INSERT INTO {daemons} (name, seen_until) VALUES ({p}, {p}) "
+    "ON CONFLICT (name) DO UPDATE SET seen_until = excluded.seen_until"
+)
 
 
 class SqlScopeLeases:
@@ -268,6 +276,9 @@ class SqlScopeLeases:
     def __init__(self, recorder: Any) -> None:
         self._recorder = recorder
         self._ensured = False
+        #: False once `process` could not be added (`_add_process_column`): the beats
+        #: are then an earlier release's, until the next start.
+        self._process_column = True
 
     # -- what a backend supplies ---------------------------------------------------
 
@@ -327,17 +338,27 @@ class SqlScopeLeases:
 
     def _add_process_column(self) -> None:
         """A heartbeat table an earlier release created lacks `process`: added (DDL only
-        then; another daemon adding it meanwhile is no failure)."""
+        then; another daemon adding it meanwhile is no failure). Tried once per process:
+        the ALTER TABLE waits for every transaction on the table (a pg_dump, an open
+        psql) up to `[store] lock_timeout`, and every other daemon's beat queues behind
+        it. Refused, the heartbeat goes on without the process (the waits kept, as after
+        an earlier release's beat) and the next start tries again."""
         daemons = self._tables()[1]
         with self._transaction(commit=True) as cursor:
             if PROCESS_COLUMN in self._columns(cursor, daemons):
                 return
         try:
             self._run(f"ALTER TABLE {{daemons}} ADD COLUMN {PROCESS_COLUMN} TEXT", [], fetch=False)
-        except Exception:
+        except Exception as exc:
             with self._transaction(commit=True) as cursor:
-                if PROCESS_COLUMN not in self._columns(cursor, daemons):
-                    raise
+                if PROCESS_COLUMN in self._columns(cursor, daemons):
+                    return
+            self._process_column = False
+            log.warning(
+                "%s: the heartbeat's process column not added (%s: %s): a restart of this "
+                "daemon's name waits for its calls as before; added at the next start",
+                daemons, type(exc).__name__, exc,
+            )  # fmt: skip
 
     def leases(self) -> list[ScopeLease]:
         rows = self._run(f"SELECT {_COLUMNS} FROM {{scopes}} ORDER BY scope", [])
@@ -348,11 +369,15 @@ class SqlScopeLeases:
         return [str(name) for (name,) in rows]
 
     def beat(self, name: str, until: float, process: str | None = None) -> None:
+        if not self._process_column:
+            self._run(_BEAT_WITHOUT_PROCESS, [name, until], fetch=False)
+            return
         self._run(_BEAT, [name, until, process_text(until, process)], fetch=False)
 
     def heartbeat(self, name: str) -> Heartbeat | None:
+        process = PROCESS_COLUMN if self._process_column else "NULL"
         rows = self._run(
-            f"SELECT seen_until, {PROCESS_COLUMN} FROM {{daemons}} WHERE name = {{p}}", [name]
+            f"SELECT seen_until, {process} FROM {{daemons}} WHERE name = {{p}}", [name]
         )
         if not rows:
             return None
