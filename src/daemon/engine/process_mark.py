@@ -18,7 +18,10 @@ carries a mark of the process that wrote it:
 has that pid and start time: a pid the kernel does not know (`kill(pid, 0)` answers
 ESRCH, whatever `/proc`'s `hidepid`), or one whose start time is another. Anything else
 (another host or container, a mark that cannot be read, a live process, a process whose
-`/proc` entry this one may not read) is not proof, and the wait is kept.
+`/proc` entry this one may not read) is not proof, and the wait is kept. A process whose
+`/proc` was mounted for another pid namespace than its own (`unshare --pid` without
+`--mount-proc`: `/proc/PID` is then another process than `kill(PID)`'s) has no mark: it
+writes none and judges none gone.
 """
 
 from __future__ import annotations
@@ -96,7 +99,13 @@ def this_process() -> ProcessMark | None:
         with open(BOOT_ID, encoding="ascii") as boot_file:
             boot = boot_file.read().strip()
         pidns = os.readlink("/proc/self/ns/pid")
+        # /proc names pids as the namespace it was mounted for sees them, kill() as this
+        # process's own does: a pid namespace without its own /proc (`unshare --pid`
+        # without `--mount-proc`) would read another process's start time for a pid.
+        seen_as = os.readlink("/proc/self")
     except OSError:
+        return None
+    if seen_as != str(os.getpid()):
         return None
     start = _start_time("self")
     if not boot or start is None:
