@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -243,6 +245,37 @@ def test_on_postgresql_a_heartbeat_an_earlier_release_wrote_over_names_no_proces
         assert rows.heartbeat("a") == Heartbeat(now + 2 * LEASE, None)
 
 
+@contextmanager
+def _taken_at_a_check(
+    ledger: Ledger, then: Callable[[], None] = lambda: None
+) -> Iterator[tuple[Engine, list[IdentityLock], list[bool]]]:
+    """An old process of name "a", sending for mailbox 0, whose name check passes and,
+    once `armed[0]` is set, loses the name to a new process right after (`then`: what the
+    new process does at once): a restart and a take between the check and the write."""
+    old_name = ledger.hold_identity("a")
+    taken: list[IdentityLock] = []
+    armed = [False]
+
+    def check_then_taken() -> None:
+        old_name.check()  # held: the check passes
+        if armed[0] and not taken:
+            taken.append(_taken_after_a_restart(ledger, old_name))  # and meanwhile
+            then()
+
+    old = _engine(ledger, Mailboxes(FakeProvider("fake", clock=ledger.clock)))
+    old.check_name_by(check_then_taken, old_name.session)
+    try:
+        submit(ledger, "k0", 0)
+        old.tick()
+        yield old, taken, armed
+    finally:
+        for name in taken:
+            name.release()
+        old.name_lost()
+        old.close()
+        old_name.release()
+
+
 def test_on_postgresql_a_name_taken_between_the_check_and_the_renewal_renews_nothing(
     pg_url: str,
 ) -> None:
@@ -251,36 +284,16 @@ def test_on_postgresql_a_name_taken_between_the_check_and_the_renewal_renews_not
     renewed by the old one all the same, which kept calling for them until its next
     check. The write now asks the server that the session that held the name at the
     check still holds it (`pg_locks`, in the statement): it renews nothing."""
-    with Ledger(pg_url) as ledger:
-        old_name = ledger.hold_identity("a")
-        taken: list[IdentityLock] = []
-        armed = False
-
-        def check_then_taken() -> None:
-            old_name.check()  # held: the check passes
-            if armed and not taken:
-                taken.append(_taken_after_a_restart(ledger, old_name))  # and meanwhile
-
-        old = _engine(ledger, Mailboxes(FakeProvider("fake", clock=ledger.clock)))
-        old.check_name_by(check_then_taken, old_name.session)
-        try:
-            submit(ledger, "k0", 0)
-            old.tick()
-            assert old.owners is not None and old.owners.owned() == [scope(0)]
-            armed = True
-            due = datetime.now(UTC) + timedelta(seconds=LEASE / 2)  # a renewal due
-            old.owners.renew_due(due)
-            assert taken  # the name went to the new process between check and write
-            assert old.owners.owned() == []
-            assert not old.owners.may_call(scope(0), due)
-            (row,) = ledger.scope_leases().leases()
-            assert row.lease_until < due.timestamp() + LEASE / 2  # not renewed
-        finally:
-            for name in taken:
-                name.release()
-            old.name_lost()
-            old.close()
-            old_name.release()
+    with Ledger(pg_url) as ledger, _taken_at_a_check(ledger) as (old, taken, armed):
+        assert old.owners is not None and old.owners.owned() == [scope(0)]
+        armed[0] = True
+        due = datetime.now(UTC) + timedelta(seconds=LEASE / 2)  # a renewal due
+        old.owners.renew_due(due)
+        assert taken  # the name went to the new process between check and write
+        assert old.owners.owned() == []
+        assert not old.owners.may_call(scope(0), due)
+        (row,) = ledger.scope_leases().leases()
+        assert row.lease_until < due.timestamp() + LEASE / 2  # not renewed
 
 
 def test_on_postgresql_a_heartbeat_table_held_at_the_upgrade_costs_one_wait_not_the_join(
@@ -312,3 +325,29 @@ def test_on_postgresql_a_heartbeat_table_held_at_the_upgrade_costs_one_wait_not_
                 assert rows.heartbeat("a") == Heartbeat(now + LEASE, None)
                 assert time.monotonic() - started < 0.5
             dump.rollback()
+
+
+def test_on_postgresql_a_name_taken_between_the_check_and_the_beat_keeps_the_new_row(
+    pg_url: str,
+) -> None:
+    """The renewal's heartbeat was written unconditioned: a process that lost the name
+    between its check and its write wrote its own mark over the row of the process that
+    took the name (which, waiting for it, names none). The row then vouched for the old
+    process alone: once that one stopped, the next start of the name took it for gone
+    and called at once beside the holder it had not waited for. The beat is now made
+    only while the session that held the name at the check still holds it."""
+    with Ledger(pg_url) as ledger:
+        rows = ledger.scope_leases()
+
+        def first_beat() -> None:  # the new process's, naming no process while it waits
+            rows.beat("a", time.time() + LEASE, None)
+
+        with _taken_at_a_check(ledger, first_beat) as (old, taken, armed):
+            assert old.owners is not None
+            before = rows.heartbeat("a")
+            assert before is not None and before.process is not None  # the old one's mark
+            armed[0] = True
+            old.owners.renew_due(datetime.now(UTC) + timedelta(seconds=LEASE / 2))
+            assert taken
+            after = rows.heartbeat("a")
+            assert after is not None and after.process is None  # the new process's row

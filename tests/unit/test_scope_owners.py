@@ -1315,10 +1315,10 @@ class RefusingLeases(MemoryScopeLeases):
 
     refuse = False
 
-    def beat(self, name: str, until: float, process: str | None = None) -> None:
+    def beat(self, name: str, until: float, *args: Any) -> None:
         if self.refuse:
             raise RuntimeError("store memory: read-only: it can be read but not written here")
-        super().beat(name, until, process)
+        super().beat(name, until, *args)
 
 
 def health_of(ledger: Ledger, owners: ScopeOwners) -> Any:

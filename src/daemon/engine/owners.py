@@ -426,8 +426,8 @@ class ScopeOwners:
                     self._judge_predecessor(at)
                 if self._joined_at is None:
                     self._joined_at = at
-                self._store.beat(self._daemon, until, self._mark(at))
                 held_by = None if self._name_session is None else self._name_session()
+                self._store.beat(self._daemon, until, self._mark(at), held_by)
                 renewed = self._store.renew(self._daemon, scopes, until, held_by)
             except Exception as exc:
                 self._failed(at, exc)

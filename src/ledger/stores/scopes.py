@@ -102,9 +102,17 @@ class ScopeLeaseStore(Protocol):
         """The daemons whose heartbeat runs past `now`, by name."""
         ...
 
-    def beat(self, name: str, until: float, process: str | None = None) -> None:
+    def beat(
+        self,
+        name: str,
+        until: float,
+        process: str | None = None,
+        held_by: NameSession | None = None,
+    ) -> None:
         """`name` shares the scopes until `until` (written again before then);
-        `process`: which process writes it (`Heartbeat.process`)."""
+        `process`: which process writes it (`Heartbeat.process`); `held_by`: only while
+        that session holds the name (as `renew`'s), so that a process which lost the name
+        does not write its mark over the new holder's row."""
         ...
 
     def heartbeat(self, name: str) -> Heartbeat | None:
@@ -181,7 +189,13 @@ class MemoryScopeLeases:
         with self._lock:
             return sorted(name for name, until in self._daemons.items() if until > now)
 
-    def beat(self, name: str, until: float, process: str | None = None) -> None:
+    def beat(
+        self,
+        name: str,
+        until: float,
+        process: str | None = None,
+        held_by: NameSession | None = None,
+    ) -> None:
         with self._lock:
             self._daemons[name] = until
             self._processes[name] = process_text(until, process)
@@ -253,14 +267,16 @@ _INSERT = (
     "INSERT INTO {scopes} (" + _COLUMNS + ") SELECT value, {p}, {p}, 1 FROM {list} "
     "WHERE true ON CONFLICT (scope) DO NOTHING RETURNING " + _COLUMNS
 )
+#: A heartbeat (`{held}`: `_held_by`'s condition, asked by the write itself); SQLite's
+#: upsert needs the WHERE after a SELECT.
 _BEAT = (
-    "INSERT INTO {daemons} (name, seen_until, process) VALUES ({p}, {p}, {p}) "
+    "INSERT INTO {daemons} (name, seen_until, process) SELECT {p}, {p}, {p} WHERE true{held} "
     "ON CONFLICT (name) DO UPDATE SET seen_until = excluded.seen_until, "
     "process = excluded.process"
 )
 #: An earlier release's beat, written while the table lacks `process`.
 _BEAT_WITHOUT_PROCESS = (
-    "INSERT INTO {daemons} (name, seen_until) VALUES ({p}, {p}) "
+    "INSERT INTO {daemons} (name, seen_until) SELECT {p}, {p} WHERE true{held} "
     "ON CONFLICT (name) DO UPDATE SET seen_until = excluded.seen_until"
 )
 
@@ -368,11 +384,19 @@ class SqlScopeLeases:
         rows = self._run("SELECT name FROM {daemons} WHERE seen_until > {p} ORDER BY name", [now])
         return [str(name) for (name,) in rows]
 
-    def beat(self, name: str, until: float, process: str | None = None) -> None:
+    def beat(
+        self,
+        name: str,
+        until: float,
+        process: str | None = None,
+        held_by: NameSession | None = None,
+    ) -> None:
+        held, params = self._held_by(held_by)
         if not self._process_column:
-            self._run(_BEAT_WITHOUT_PROCESS, [name, until], fetch=False)
-            return
-        self._run(_BEAT, [name, until, process_text(until, process)], fetch=False)
+            beat, values = _BEAT_WITHOUT_PROCESS, [name, until]
+        else:
+            beat, values = _BEAT, [name, until, process_text(until, process)]
+        self._run(beat.replace("{held}", held), [*values, *params], fetch=False)
 
     def heartbeat(self, name: str) -> Heartbeat | None:
         process = PROCESS_COLUMN if self._process_column else "NULL"
