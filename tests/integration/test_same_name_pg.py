@@ -15,6 +15,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -351,3 +352,25 @@ def test_on_postgresql_a_name_taken_between_the_check_and_the_beat_keeps_the_new
             assert taken
             after = rows.heartbeat("a")
             assert after is not None and after.process is None  # the new process's row
+
+
+def test_on_postgresql_the_renewal_s_condition_is_the_session_not_its_pid(pg_url: str) -> None:
+    """The renewal's condition named the name's session by its server pid alone: a server
+    restarted in a fresh container gives its pids out again in the same order, so the
+    session of the process that took the name could have the pid of the one the old
+    process held, and the old one's writes went on. The session's start is asked too: a
+    session of that pid begun at another time renews nothing."""
+    with Ledger(pg_url) as ledger:
+        name = ledger.hold_identity("a")
+        try:
+            rows = ledger.scope_leases()
+            rows.ensure()
+            now = time.time()
+            assert rows.take("a", [scope(0)], now, now + LEASE)
+            held = name.session()
+            assert held is not None and held.pid
+            later = replace(held, started=held.started + timedelta(seconds=1))
+            assert rows.renew("a", [scope(0)], now + 2 * LEASE, later) == []
+            assert len(rows.renew("a", [scope(0)], now + 2 * LEASE, held)) == 1
+        finally:
+            name.release()

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ledger.exceptions import Refusal, SendledgerError
 
@@ -64,6 +64,9 @@ class NameSession:
 
     key: int  # `advisory_key`
     pid: int  # the server's process of the session; 0: none holds it for this process
+    #: When that session began (`pg_stat_activity.backend_start`): a server restarted in
+    #: a fresh container gives its pids out again, in the same order; None: not known.
+    started: Any = None
 
 
 class IdentityLock(Protocol):

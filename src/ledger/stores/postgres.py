@@ -910,7 +910,9 @@ class AdvisoryIdentityLock:
         """The session holding the name (pid 0 when none does: a write conditioned on it
         is then made nowhere)."""
         held = self._orphan if self._conn is not None else None
-        return NameSession(self._key, 0 if held is None else held[0])
+        if held is None:
+            return NameSession(self._key, 0)
+        return NameSession(self._key, held[0], held[1])
 
     def check(self) -> None:
         """Still held, or held again. psycopg.Error while the database is unreachable,

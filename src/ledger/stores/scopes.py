@@ -506,15 +506,17 @@ class PostgresScopeLeases(SqlScopeLeases):
     def _held_by(self, session: NameSession | None) -> tuple[str, list[Any]]:
         # The server's lock table, read by the write itself: the session still holds the
         # name's advisory lock (classid, objid: the key's high and low 32 bits), so no
-        # other process has taken the name since the caller's check.
+        # other process has taken the name since the caller's check; and that session,
+        # not a later one given the same pid (a server restarted in a fresh container).
         if session is None:
             return "", []
         return (
             " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND "
             "l.granted AND l.objsubid = 1 AND l.pid = %s AND l.database = (SELECT oid FROM "
             "pg_database WHERE datname = current_database()) AND "
-            "((l.classid::int8 << 32) | l.objid::int8) = %s)",
-            [session.pid, session.key],
+            "((l.classid::int8 << 32) | l.objid::int8) = %s AND EXISTS (SELECT 1 FROM "
+            "pg_stat_activity a WHERE a.pid = l.pid AND a.backend_start = %s))",
+            [session.pid, session.key, session.started],
         )
 
     def _columns(self, cursor: Any, table: str) -> set[str]:
