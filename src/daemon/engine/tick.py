@@ -326,8 +326,10 @@ class Engine:
         """At start-up, where the name's lock can end under a live holder: whether the
         name's heartbeat names a process provably gone on this host
         (`ScopeOwners.predecessor_gone`); False when this engine shares no scopes (no
-        heartbeat is read), or when the row cannot be read now (its table's new column
-        waiting for a lock, the store away): the waits are kept, the start goes on."""
+        heartbeat is read), when the row cannot be read now (the store away, a row held
+        past `lock_timeout`) or names no process (its table's new column refused behind a
+        lock: `SqlScopeLeases._add_process_column`): the waits are kept, the start goes
+        on."""
         if self.owners is None:
             return False
         try:
