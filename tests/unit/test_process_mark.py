@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
+from tests.conftest import skip_unless_ci
 
 #: In a pid namespace of its own whose /proc is still its parent's (`unshare --pid
 #: --fork` without `--mount-proc`): a predecessor that lives (pid 2 there) and the new
@@ -38,10 +38,10 @@ def test_a_live_predecessor_in_a_namespace_whose_proc_is_another_s_is_not_gone()
     claims at once. Such a process now writes no mark, and judges none gone."""
     unshare = shutil.which("unshare")
     if unshare is None:
-        pytest.skip("no unshare")
+        skip_unless_ci("no unshare")
     probe = subprocess.run([unshare, "--pid", "--fork", "true"], capture_output=True)
     if probe.returncode != 0:
-        pytest.skip("no pid namespace here (unshare needs privileges)")
+        skip_unless_ci("no pid namespace here (unshare needs privileges)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run(
         [unshare, "--pid", "--fork", sys.executable, "-c", _IN_NAMESPACE],
