@@ -73,7 +73,10 @@ so a user's program runs it without the daemon's packages.
                    its writer withdrew; loaded_policies.py: a stopped server's beat),
                    LeftToRecovery (daemon/engine/commit.py: a
                    stopping daemon's save whose window passed), copy_store._Stopped (a
-                   Ctrl-C during a copy's rebuild or walk)
+                   Ctrl-C during a copy's rebuild or walk), UnsureConflict
+                   (ledger/stores/causes.py: a write tried again met rows its own
+                   failed try may have stored; an IntegrityError too), form_text._Enough
+                   (daemon/api/form_text.py: a form read as far as its check needs)
 
 A class keeps the standard base it had (`ValueError`, `OSError`, httplib2's
 `HttpLib2Error`) beside this one, so every `except ValueError` still catches what it did.

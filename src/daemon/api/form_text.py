@@ -20,6 +20,8 @@ from urllib.parse import unquote_to_bytes
 import python_multipart
 from python_multipart.multipart import parse_options_header
 
+from ledger.exceptions import SendledgerError
+
 #: What the refusal says after the byte: how the field's text must come.
 HOW = "a field's text is its UTF-8 bytes, percent-encoded"
 
@@ -32,7 +34,7 @@ MAX_FIELDS = 1000
 _PAIR = re.compile(rb"[^&]+")
 
 
-class _Enough(Exception):
+class _Enough(SendledgerError):
     """The multipart check has read what it needs: a field that is not text, or one
     field or file past what the form parser takes."""
 

@@ -110,7 +110,7 @@ def store_problem(exc: BaseException) -> str | None:
     return None
 
 
-class UnsureConflict(IntegrityError):
+class UnsureConflict(SendledgerError, IntegrityError):
     """The store's uniqueness refused a write tried again after a try whose commit is not
     known (its connection lost at COMMIT): the rows it met may be that try's own
     (docs/architecture.md "Ambiguous commits")."""
