@@ -38,7 +38,6 @@ import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from enum import StrEnum
 
 from ledger.exceptions import SendledgerError
@@ -461,6 +460,10 @@ def _moment(value: str) -> datetime | None:
     zone it cannot name (or -0000) is UTC, as the RFC says."""
     if not value:
         return None
+    # Imported here: `ledger.job` imports this module, and the command line's `status`
+    # and `submit` load no `email` package (tests/e2e/test_cli_lazy_imports.py).
+    from email.utils import parsedate_to_datetime
+
     try:
         moment = parsedate_to_datetime(value)
         if moment.tzinfo is None:
