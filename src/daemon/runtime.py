@@ -599,11 +599,10 @@ def start_up(service: Service) -> IdentityLock | None:
     release left out of the index: the mailbox of the open jobs, what else is due of the
     watched ones. The lock is held until released, or until the process dies."""
     warn_exposed_secrets(service.settings)
-    for line in other_senders(service.settings, service.policies.current):
-        log.warning("%s", line)
     check_provider_access(service.providers)
     name = service.engine.daemon_name
     if not name:
+        _warn_other_senders(service)
         return None
     try:
         identity = service.ledger.hold_identity(name)
@@ -612,6 +611,8 @@ def start_up(service: Service) -> IdentityLock | None:
         # daemon's of this name: that one is put back.
         give_back_refused_start(service.ledger)
         raise
+    # Once the name is this process's: a start refused says its refusal alone.
+    _warn_other_senders(service)
     wait = not identity.ends_only_with_holder
     try:
         if wait:
@@ -641,6 +642,11 @@ def start_up(service: Service) -> IdentityLock | None:
     if dues:
         log.info("job index: what is due besides the watch of %d watched jobs filled in", dues)
     return identity
+
+
+def _warn_other_senders(service: Service) -> None:
+    for line in other_senders(service.settings, service.policies.current):
+        log.warning("%s", line)
 
 
 def run_once(service: Service) -> TickReport:
