@@ -633,15 +633,19 @@ def start_up(service: Service) -> IdentityLock | None:
     except BaseException:
         identity.release()
         raise
-    if report.recovered:
-        log.warning("daemon %r: %d claims of an earlier run recovered", name, report.recovered)
+    _say_started(name, report.recovered, filled, dues)
+    return identity
+
+
+def _say_started(name: str, recovered: int, filled: int, dues: int) -> None:
+    if recovered:
+        log.warning("daemon %r: %d claims of an earlier run recovered", name, recovered)
     if filled:
         log.info(
             "job index: the mailbox and the attempt's provider of %d open jobs filled in", filled
         )
     if dues:
         log.info("job index: what is due besides the watch of %d watched jobs filled in", dues)
-    return identity
 
 
 def _warn_other_senders(service: Service) -> None:

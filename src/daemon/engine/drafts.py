@@ -59,6 +59,21 @@ def asked_draft(job: SendJob) -> Draft | None:
     return None if asked is None else Draft(*asked)
 
 
+def _unrecorded_draft(job: SendJob, drafts: DraftsProvider, raw: bytes) -> Draft | None:
+    """A draft an earlier run made but never recorded, unsent, its content found to be the
+    job's (`raw`): reused, never left to be sent later by someone else."""
+    for draft in sorted(drafts.find_drafts(job.message_id), key=lambda d: d.draft_id):
+        if draft.draft_id in job.deleted_drafts:
+            # Recorded deleted, perhaps before its deletion was made (a fence, a claim
+            # that lost its race): reused, it could be deleted under this claim's send.
+            continue
+        current = drafts.draft_raw(draft)
+        if current is not None:  # else sent or deleted since it was listed
+            _held_to(draft, current, raw)
+            return draft
+    return None
+
+
 def prepare_draft(
     job: SendJob,
     drafts: DraftsProvider,
@@ -92,19 +107,7 @@ def prepare_draft(
             raise DraftAlreadySent(recorded)
         if status is DraftStatus.PENDING:  # gone, then there again: no answer to act on
             raise ProviderError(f"draft {recorded.draft_id}: answered gone, then unsent")
-    # A draft an earlier run made but never recorded is reused, never left to be sent
-    # later by someone else, once its content is found to be the job's.
-    reused = None
-    for draft in sorted(drafts.find_drafts(job.message_id), key=lambda d: d.draft_id):
-        if draft.draft_id in job.deleted_drafts:
-            # Recorded deleted, perhaps before its deletion was made (a fence, a claim
-            # that lost its race): reused, it could be deleted under this claim's send.
-            continue
-        current = drafts.draft_raw(draft)
-        if current is not None:  # else sent or deleted since it was listed
-            _held_to(draft, current, raw)
-            reused = draft
-            break
+    reused = _unrecorded_draft(job, drafts, raw)
     if reused is None and may_create is not None and not may_create():
         raise NotOurs(job.key)
     draft = reused or drafts.create_draft(raw)
