@@ -215,3 +215,15 @@ def build_raw(
 def make_raw() -> RawFactory:
     """`make_raw(message_id, to=..., subject=..., body=...)` -> bytes."""
     return build_raw
+
+
+def asked_at_most(calls: int) -> Callable[[], bool]:
+    """A scope that is the daemon's for `calls` asks, then went to another daemon."""
+    asked = 0
+
+    def ours() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked <= calls
+
+    return ours

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from daemon.providers.base import ProviderError
+from daemon.providers.base import ProviderError, ScopeLost, calls_while
 from daemon.providers.gmail import GmailProvider
 from daemon.providers.gmail_mailbox import MAX_PAGES
 from daemon.providers.history_handle import HistoryTooOld
@@ -118,3 +118,25 @@ def test_a_history_read_lists_at_most_max_pages_and_the_search_decides(
     finally:
         gmail.close()
     assert endless.pages_served == MAX_PAGES
+
+
+@pytest.mark.parametrize(
+    ("send_via", "lists"),
+    [("messages", lambda gmail: gmail.search(MESSAGE_ID)),
+     ("drafts", lambda gmail: gmail.find_drafts(MESSAGE_ID)),
+     ("messages", lambda gmail: gmail.sent_since("1000", MESSAGE_ID))],
+    ids=["search", "draft-lookup", "history-read"],
+)  # fmt: skip
+def test_a_listing_whose_scope_moved_asks_for_no_further_page(
+    endless: EndlessPages, tmp_path: Path, send_via: str, lists: Callable[[GmailProvider], Any]
+) -> None:
+    """The scope went to another daemon after the first page (`calls_while`, set by the
+    engine): the listing stops there with no answer (ScopeLost), where it listed its
+    `MAX_PAGES` pages under the new owner's quota; the owner lists again."""
+    gmail = provider(endless, tmp_path, send_via=send_via)
+    try:
+        with calls_while(lambda: False), pytest.raises(ScopeLost):
+            lists(gmail)
+    finally:
+        gmail.close()
+    assert endless.pages_served == 1

@@ -34,6 +34,7 @@ from tests.integration.bounce_checks import (
     run_report_at_the_watch_s_end_check,
     run_report_before_send_check,
 )
+from tests.integration.conftest import asked_at_most
 from tests.provider_contract import (
     THROTTLED,
     DraftsSubject,
@@ -813,18 +814,6 @@ def test_a_stopped_report_read_forgotten_lists_afresh(
     assert again.complete and len(again.found) == 1
     lists = [e["path"] for e in relay.log[before:] if "/mailFolders/inbox/messages?" in e["path"]]
     assert len(lists) == 2, lists  # the first read's page 1, and again after the drop
-
-
-def asked_at_most(calls: int) -> Callable[[], bool]:
-    """A scope that is the daemon's for `calls` asks, then went to another daemon."""
-    asked = 0
-
-    def ours() -> bool:
-        nonlocal asked
-        asked += 1
-        return asked <= calls
-
-    return ours
 
 
 def test_a_search_whose_scope_moved_makes_no_further_call(

@@ -508,10 +508,17 @@ class GmailProvider(ProviderBase):
     ) -> Iterator[dict[str, Any]]:
         """Every page of a list call, following nextPageToken, at most `MAX_PAGES`. A
         token that repeats would loop forever, and so would new ones without end: an
-        answer we cannot finish is no answer (ProviderError)."""
+        answer we cannot finish is no answer (ProviderError). Each page after the first
+        asks `next_call` before it is asked for."""
         page_token: str | None = None
         seen_tokens: set[str] = set()
         for _ in range(MAX_PAGES):
+            if page_token:
+                # One listing is many calls: each further page asks whether the mailbox's
+                # quota scope is still the daemon's (`next_call`, as Graph's `each_item`;
+                # docs/architecture.md "Scope leases"): gone, it stops there (ScopeLost),
+                # no answer, and the scope's owner lists again.
+                next_call(what)
             request = method(**params, **({"pageToken": page_token} if page_token else {}))
             page = self.read_json(what, request, GMAIL_LIST_UNITS, mailbox, draft=draft)
             yield page
@@ -745,6 +752,8 @@ class GmailProvider(ProviderBase):
 
         def read() -> Iterator[SearchHit | None]:
             for provider_id in listed():
+                # Each read is a call after the listing's: asked as each page is.
+                next_call(f"search {query}")
                 data = self._get_metadata(mailbox, provider_id)
                 header = message_id_header(data)
                 labels = tuple(str(x) for x in data.get("labelIds") or ())

@@ -186,8 +186,6 @@ class GmailDrafts:
                 # rfc822msgid: matches loosely: the header must be exactly ours.
                 if header is not None and same_message_id(header, message_id):
                     found.append(draft)
-            if page.get("nextPageToken"):
-                next_call(what)  # before the next page's call
         return found
 
     def _draft_message_id(self, mailbox: Mailbox, draft: Draft) -> str | None:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.providers.answers import json_object
+from daemon.providers.base import next_call
 from daemon.providers.classify import provider_error_for_response
 from daemon.providers.gmail_mailbox import MAX_PAGES, GmailCalls, Mailbox, metadata_header
 from daemon.providers.history_handle import HistoryTooOld
@@ -255,6 +256,11 @@ class GmailHistory:
         tokens: set[str] = set()
         latest: object = None
         for _ in range(MAX_PAGES):
+            if page_token:
+                # A further call, asked as a search's pages are (`next_call`;
+                # docs/architecture.md "Scope leases"): gone, no answer (ScopeLost), never
+                # HistoryMissed, and the scope's owner reads it again.
+                next_call(query)
             request = self._history.list(
                 userId=mailbox.user,
                 startHistoryId=str(start),
@@ -307,6 +313,7 @@ class GmailHistory:
             kept = log.read.get(provider_id)
         if kept is not None:
             return kept
+        next_call(f"get {provider_id}")  # after the listing's: a further call
         request = self._messages.get(
             userId=mailbox.user,
             id=provider_id,
