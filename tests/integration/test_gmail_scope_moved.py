@@ -1,4 +1,4 @@
-"""A Gmail search or history read is several calls: a listing's pages, then a
+"""A Gmail search, history read or draft check is several calls: a listing's pages, then a
 `messages.get` of each message listed (docs/architecture.md "Scope leases"). Each further
 call asks whether the mailbox's quota scope is still the daemon's (`calls_while`, set by
 the engine; `next_call`), as Graph's search does; once it is not, the operation stops
@@ -14,6 +14,7 @@ import pytest
 from tests.integration.conftest import asked_at_most
 
 from daemon.providers.base import ScopeLost, SendKind, calls_while
+from daemon.providers.draft_handle import DraftStatus
 from daemon.providers.gmail import GmailProvider
 from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
@@ -73,3 +74,20 @@ def test_a_history_read_whose_scope_moved_reads_no_further_message(
     made = {name: count - before[name] for name, count in calls(emulator).items()}
     assert made == {"list": 0, "get": 1, "history": 1}, made
     assert len(history.sent_since(mark, MID).hits) == 1  # the owner's
+
+
+def test_a_draft_check_whose_scope_moved_reads_no_message(
+    gmail_provider: GmailProviderFactory, emulator: GmailEmulator, make_raw: RawFactory
+) -> None:
+    """A draft gone (drafts.get 404) is then read as a message (sent, or gone): a second
+    call, not made once the scope moved; the owner's check answers."""
+    provider = gmail_provider(send_via="drafts")
+    draft = provider.create_draft(make_raw(MID))
+    assert provider.send_draft(draft).kind is SendKind.CONFIRMED
+    before = calls(emulator)
+    with calls_while(asked_at_most(0)), pytest.raises(ScopeLost):
+        provider.check_draft(draft)
+    made = {name: count - before[name] for name, count in calls(emulator).items()}
+    assert made == {"list": 0, "get": 0, "history": 0}, made
+    assert emulator.route_counts["drafts.get"] == 1
+    assert provider.check_draft(draft).status is DraftStatus.SENT  # the owner's

@@ -125,6 +125,9 @@ class GmailDrafts:
             return DraftCheck(DraftStatus.PENDING)
         if status != 404:
             raise provider_error_for_response(what, status, headers, body)
+        # Gone as a draft: its message is read in a second call, asked as every further
+        # call of a check is (`next_call`): a sweep's check stopped there is no answer.
+        next_call(f"get {draft.provider_message_id}")
         request = self._messages.get(
             userId=mailbox.user,
             id=draft.provider_message_id,
