@@ -16,12 +16,12 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
-from tests.integration.conftest import GmailSubject
+from tests.integration.conftest import GmailSubject, asked_at_most
 from tests.provider_contract import DraftsContract, LeavesDraftsContract, ReadBackContract
 from tests.unit.jobs import CHANNEL, KEY, MESSAGE_ID, requested_job
 
 from daemon.doubles.fake_time import FakeClock
-from daemon.engine.drafts import DraftChanged, prepare_draft
+from daemon.engine.drafts import DraftChanged, NotOurs, prepare_draft
 from daemon.providers.base import ScopeLost, SendKind, calls_while
 from daemon.providers.draft_handle import Draft, DraftRefused, DraftStatus
 from daemon.providers.gmail import DRAFT_SCOPES, SCOPES, GmailProvider, MissingScope
@@ -345,3 +345,28 @@ def test_a_drafts_deletion_whose_scope_moved_makes_no_further_call(
     assert set(emulator.drafts(MAILBOX)) == made
     assert sorted(provider.delete_drafts(MID)) == sorted(made)  # the new owner's
     assert emulator.drafts(MAILBOX) == {}
+
+
+def test_a_draft_step_whose_scope_moved_looks_up_no_further_draft(
+    drafts_provider: GmailProviderFactory, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    """The draft step of a job with no recorded draft first looks for one an earlier run
+    made and never recorded (`drafts.list`, a `drafts.get` of each listed draft, then its
+    read-back): it asked whether the mailbox's quota scope was still the daemon's only
+    right before `drafts.create`, so its look-up went on under the new owner's quota and a
+    draft found was reused, the job claimed by a daemon no longer its scope's. Now each
+    further call asks: stopped, nothing is reused or made (NotOurs), the job stays due."""
+    provider = drafts_provider()
+    job = requested_job(clock)
+    raw = render_checked(job)
+    left = {provider.create_draft(raw).draft_id for _ in range(2)}  # runs that crashed
+    before = dict(emulator.route_counts)
+    with pytest.raises(NotOurs):
+        prepare_draft(job, provider, raw, clock.now, may_create=asked_at_most(0))
+    made = {
+        n: c - before.get(n, 0) for n, c in emulator.route_counts.items() if c != before.get(n, 0)
+    }
+    assert made == {"drafts.list": 1}, made
+    assert job.draft_id is None and set(emulator.drafts(MAILBOX)) == left
+    draft, created = prepare_draft(job, provider, raw, clock.now)  # the owner's
+    assert not created and draft.draft_id in left

@@ -32,7 +32,7 @@ from email.utils import getaddresses
 from typing import TYPE_CHECKING
 
 from daemon.engine.circuit import Circuits
-from daemon.providers.base import ProviderError
+from daemon.providers.base import ProviderError, ScopeLost, calls_while
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
 from ledger.display import quoted
 from ledger.exceptions import SendledgerError
@@ -94,7 +94,25 @@ def prepare_draft(
 
     A draft made earlier (recorded, or found) is read back first and held to `raw`, the
     proven render: one a person edited in the mailbox raises DraftChanged, and nothing
-    is sent (docs/providers.md "Gmail setup")."""
+    is sent (docs/providers.md "Gmail setup").
+
+    The look-up of a draft made earlier is many calls (`drafts.list` pages, a `drafts.get`
+    of each draft listed): each further one asks `may_create()` too (`calls_while`), and
+    stopped there (ScopeLost) it raises NotOurs, as before the create."""
+    try:
+        with calls_while(may_create):
+            return _prepared(job, drafts, raw, now, may_create)
+    except ScopeLost:
+        raise NotOurs(job.key) from None
+
+
+def _prepared(
+    job: SendJob,
+    drafts: DraftsProvider,
+    raw: bytes,
+    now: datetime,
+    may_create: Callable[[], bool] | None,
+) -> tuple[Draft, bool]:
     recorded = recorded_draft(job)
     if recorded is not None:
         # Its read-back answers what `check_draft` would when it is still unsent.
