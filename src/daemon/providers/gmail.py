@@ -740,18 +740,8 @@ class GmailProvider(ProviderBase):
             "maxResults": self.page_size,
         }
 
-        def listed() -> Iterator[str]:
-            seen: set[str] = set()  # each once, in the order Gmail listed them
-            for page in self.pages(f"search {query}", self._messages.list, params, mailbox):
-                for item in page.get("messages") or []:
-                    if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-                        raise ProviderError(f"search {query}: malformed list entry {item!r}")
-                    if item["id"] not in seen:
-                        seen.add(item["id"])
-                        yield item["id"]
-
         def read() -> Iterator[SearchHit | None]:
-            for provider_id in listed():
+            for provider_id in self._listed_ids(query, params, mailbox):
                 # Each read is a call after the listing's: asked as each page is.
                 next_call(f"search {query}")
                 data = self._get_metadata(mailbox, provider_id)
@@ -774,6 +764,17 @@ class GmailProvider(ProviderBase):
 
         hits, complete = first_copies(read(), f"search {query}")
         return SearchResult(query=query, hits=tuple(hits), complete=complete)
+
+    def _listed_ids(self, query: str, params: dict[str, Any], mailbox: Mailbox) -> Iterator[str]:
+        """The ids a search lists, page by page, each once, in the order Gmail lists them."""
+        seen: set[str] = set()
+        for page in self.pages(f"search {query}", self._messages.list, params, mailbox):
+            for item in page.get("messages") or []:
+                if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+                    raise ProviderError(f"search {query}: malformed list entry {item!r}")
+                if item["id"] not in seen:
+                    seen.add(item["id"])
+                    yield item["id"]
 
     def read_message_id(self, provider_message_id: str) -> str | None:
         return self.read_message_id_in(self._unscoped(), provider_message_id)
