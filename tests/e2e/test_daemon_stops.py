@@ -205,7 +205,12 @@ def test_sigint_sigterm_and_two_sigints_during_sends_stop_the_daemon_every_time(
         assert "1 outcome unknown" in trial.log, trial.log
     in_flight = 0
     for trial in by_kind["SIGINT twice"]:
-        assert "stopped at once (SIGINT again)" in trial.log, trial.log
+        if "stopped at once (SIGINT again)" not in trial.log:
+            # On a loaded machine the whole stop (the call's 1 s timeout, then its outcome
+            # saved) can end before the second Ctrl-C is sent: the first one's stop, whole.
+            assert "1 outcome unknown" in trial.log, trial.log
+            assert trial.state == "unknown", _explain(trial.kind, [trial], report)
+            continue
         if "not waiting for no provider call in flight" in trial.log:
             # On a loaded machine the second Ctrl-C can come after the call's own timeout
             # (1 s) ended it: its outcome is then recorded, or left to the next start.
