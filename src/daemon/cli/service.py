@@ -235,7 +235,10 @@ def cmd_review_show(args: argparse.Namespace) -> int:
         print(f"\nsearch the mailbox for {view.job.message_id}: {check}")
         print("then one of:")
         for choice in guidance.choices:
-            note = "how you know it was sent" if choice.needs_note else "..."
+            note = "..."
+            if choice.needs_note:
+                done = "not sent" if choice.decision is Resolution.RESEND else "sent"
+                note = f"how you know it was {done}"
             line = command_line(
                 "sendledger",
                 "review",

@@ -5,6 +5,8 @@ of the job (the last check's copies, a duplicate's count), and what each offered
 does. The job page and `review show` say the same, from here. "sent" needs evidence: a
 check (or the searches that made a duplicate) found a copy; without it the decision is
 still offered, but only with a note that says how the person knows (`sent_needs_note`).
+A resend of a job whose provider replaces Message-IDs needs a note as well: its search
+cannot find a copy, so only the person's word says none was sent (`resend_needs_note`).
 """
 
 from __future__ import annotations
@@ -175,6 +177,15 @@ SENT_NEEDS_NOTE = (
 )
 
 
+#: The sentence a door says for a resend of a job in review for `handle-unreliable`
+#: without a note (`resend_needs_note`).
+RESEND_NEEDS_NOTE = (
+    "the provider replaces Message-IDs, so the resend's search cannot find a copy already "
+    "sent: to resend it, say in the note how you know it was not sent (the sender's Sent "
+    "folder looked through by hand: To, Subject, time)"
+)
+
+
 #: The same when the copies the last check found were only in the sender's trash.
 SENT_NEEDS_NOTE_IN_TRASH = (
     "the copies found are only in the sender's trash, and may have been received: to "
@@ -241,15 +252,39 @@ def guidance_for(
         Choice(
             decision,
             _effect(decision, copies, least, trashed),
-            needs_note=decision is Resolution.SENT and not found,
+            needs_note=(decision is Resolution.SENT and not found)
+            or (decision is Resolution.RESEND and resend_needs_note(job.reason)),
             recommended=decision is _recommended(advised, copies),
         )
         for decision in decisions
     ]
+    if resend_needs_note(job.reason):
+        choices = [_resend_on_a_note(c) for c in choices]
     return Guidance(job.reason or "", meaning, next_action, copies, choices, complete, trashed)
 
 
 _REASONS = {reason.value for reason in EscalationReason}
+
+
+def resend_needs_note(reason: str | None) -> bool:
+    """Whether a person's resend of a job in review for `reason` must come with a note:
+    for `handle-unreliable` the resend's own search, which guards against a second copy,
+    cannot find one (docs/how-it-works.md "The read-back of the Message-ID")."""
+    return reason == EscalationReason.HANDLE_UNRELIABLE
+
+
+def _resend_on_a_note(choice: Choice) -> Choice:
+    """The resend of such a job as the person makes it: on their word, never recommended."""
+    if choice.decision is not Resolution.RESEND:
+        return choice
+    return Choice(choice.decision, _RESEND_ON_A_NOTE, needs_note=True)
+
+
+_RESEND_ON_A_NOTE = (
+    "sends the same message again, on your word that the first was not sent: the search "
+    "it makes first cannot find a copy on this provider (the note says how you know, e.g. "
+    "the Sent folder looked through by hand)"
+)
 
 
 def _next(reason: EscalationReason | None, copies: int | None) -> str:
@@ -326,6 +361,7 @@ _TRASHED_EFFECT = {
 __all__ = [
     "MEANING",
     "NEXT",
+    "RESEND_NEEDS_NOTE",
     "SENT_NEEDS_NOTE",
     "SENT_NEEDS_NOTE_IN_TRASH",
     "Choice",

@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from daemon.providers.base import Provider, ProviderError, SearchHit, SearchResult, for_job
 from daemon.providers.draft_handle import Draft, DraftStatus
 from daemon.service_layer.guidance import (
+    RESEND_NEEDS_NOTE,
     SENT_NEEDS_NOTE,
     SENT_NEEDS_NOTE_IN_TRASH,
     Guidance,
     copies_known,
     guidance_for,
+    resend_needs_note,
 )
 from daemon.service_layer.intake import (
     IntakeError,
@@ -834,6 +836,10 @@ class Services:
         _require_note(note)
         job = self._job_at(key, expected_version, "resolved")
         _require_review(job, "resolved")
+        if decision is Resolution.RESEND and resend_needs_note(job.reason) and not note.strip():
+            # Judged on this version, written only at it (`_save_seen`).
+            problem = FieldProblem(None, "note", RESEND_NEEDS_NOTE)
+            raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem])
         seen = job.version
         found: SearchResult | None = None
         fenced: list[str] = []
