@@ -55,6 +55,7 @@ from ledger.stores.index import (
     INDEX_CONNECT_KWARG,
     INDEX_GUARD_KWARG,
     INDEX_ROWS_KWARG,
+    INDEX_SERIALIZE_KWARG,
     DueScope,
     IndexRow,
     JobFilter,
@@ -859,7 +860,9 @@ class Ledger(Application[UUID]):
             handle = self.handle(provider) or ProviderHandle.register(provider, at=self.clock())
             change(handle)
             try:
-                self._save_collected(handle)
+                # In turn with the job writes: never between a guarded save's read of the
+                # handle and its commit (`INDEX_SERIALIZE_KWARG`).
+                self._save_collected(handle, **{INDEX_SERIALIZE_KWARG: True})
                 return handle
             except IntegrityError:
                 if attempt == attempts - 1:
