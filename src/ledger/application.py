@@ -55,7 +55,6 @@ from ledger.stores.index import (
     INDEX_CONNECT_KWARG,
     INDEX_GUARD_KWARG,
     INDEX_ROWS_KWARG,
-    INDEX_SERIALIZE_KWARG,
     DueScope,
     IndexRow,
     JobFilter,
@@ -860,9 +859,7 @@ class Ledger(Application[UUID]):
             handle = self.handle(provider) or ProviderHandle.register(provider, at=self.clock())
             change(handle)
             try:
-                # In turn with the job writes: never between a guarded save's read of the
-                # handle and its commit (`INDEX_SERIALIZE_KWARG`).
-                self._save_collected(handle, **{INDEX_SERIALIZE_KWARG: True})
+                self._save_collected(handle)
                 return handle
             except IntegrityError:
                 if attempt == attempts - 1:

@@ -6,8 +6,6 @@ tests/unit/test_races_readback.py drives the two engines)."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from tests.integration.test_ledger_store import POLICY, SENDER, content
 
@@ -47,40 +45,3 @@ def test_a_mark_written_after_the_decision_withdraws_its_save(
         job.escalate(Review(POLICY, EscalationReason.UNKNOWN_OUTCOME), detail="d", at=clock.now)
         daemon.save_job(job, guard=health.unmarked_at_commit("other"))
         assert daemon.get_job("k2").state is JobState.REVIEW
-
-
-def test_a_mark_cannot_commit_between_the_guards_read_and_the_save_s_commit(
-    store_url: str, clock: FakeClock
-) -> None:
-    """The other daemon's mark starts right after the guard read the handle unmarked:
-    it waits for the save's commit (one writer's turn at a time), so the save's decision
-    and "unmarked at the commit" stay one fact. On PostgreSQL the guard's read sees only
-    what was committed: the mark, a write of no job, committed beside it."""
-    with Ledger(store_url, clock=clock) as daemon, Ledger(store_url, clock=clock) as other:
-        daemon.submit(content("k1"), SENDER)
-        health = ProviderHealth(daemon, clock)
-        unmarked = health.unmarked_at_commit("fake")
-        marking = threading.Thread(
-            target=lambda: other.mark_handle(
-                "fake",
-                lambda handle: handle.mark_unreliable(
-                    expected="<a@x>", observed="<b@x>", provider_message_id="p1",
-                    job_key="k9", at=clock.now,
-                ),
-            )
-        )  # fmt: skip
-        held: list[bool] = []
-
-        def guard() -> bool:
-            answer = unmarked()
-            marking.start()
-            marking.join(0.3)
-            held.append(marking.is_alive())  # waiting for this save's commit
-            return answer
-
-        job = daemon.get_job("k1")
-        job.escalate(Review(POLICY, EscalationReason.UNKNOWN_OUTCOME), detail="d", at=clock.now)
-        daemon.save_job(job, guard=guard)
-        marking.join(10)
-        assert held == [True]
-        assert not daemon.handle_reliable("fake")  # the mark landed, after the save

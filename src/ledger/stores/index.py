@@ -45,12 +45,6 @@ INDEX_CLOCK_KWARG = "sendledger_index_clock"
 #: before the commit; False rolls the write back (`Withdrawn`). A write that waited long
 #: for a row (a renewal of a stopping daemon) is so withdrawn by its writer meanwhile.
 INDEX_GUARD_KWARG = "sendledger_index_guard"
-#: ... and, for a write of no index rows, whether it takes its turn among the writes
-#: that have some all the same (`_serialize_writes`): a provider handle's mark, so that
-#: it never commits between a guarded save's read of the handle and that save's commit
-#: (`ProviderHealth.unmarked_at_commit`, docs/how-it-works.md "The read-back of the
-#: Message-ID").
-INDEX_SERIALIZE_KWARG = "sendledger_index_serialize"
 #: ... and an optional `connect_while()`: asked while the write waits for a pooled
 #: connection (PostgreSQL); False gives the wait up (`Withdrawn`), nothing begun.
 INDEX_CONNECT_KWARG = "sendledger_index_connect_while"
@@ -636,8 +630,6 @@ class SqlJobIndex:
             self._lock_rows(cursor, sorted({row.key for row in rows}))
             stamp = self._stamp(cursor, clock_from(kwargs))
             cursor.executemany(self._sql(UPSERT), stamped(rows, stamp))
-        elif kwargs.get(INDEX_SERIALIZE_KWARG):
-            self._serialize_writes(cursor)
         check_guard(kwargs)
 
     def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -1010,7 +1002,6 @@ __all__ = [
     "INDEX_CONNECT_KWARG",
     "INDEX_GUARD_KWARG",
     "INDEX_ROWS_KWARG",
-    "INDEX_SERIALIZE_KWARG",
     "INDEX_TABLE",
     "NOTHING_ELSE",
     "PURGEABLE_STATES",
