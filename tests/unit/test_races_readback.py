@@ -17,8 +17,6 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import Scripted
-from daemon.engine import Engine
-from daemon.engine.readback import ProviderHealth
 from daemon.service_layer.services import ChannelPolicies, Services
 from ledger.job import SendJob
 from ledger.message import render
@@ -98,13 +96,8 @@ def test_a_miss_read_while_another_daemon_marked_the_handle_sends_the_job_to_rev
 
     rig.provider.during_search = hook
     other.tick()
-    stays_in_review_with_one_copy(rig, other)
-
-
-def stays_in_review_with_one_copy(rig: EngineRig, other: Engine) -> None:
-    """`k1` in review for the handle, and no daemon sends it again later."""
     job = rig.job("k1")
-    assert job.state is JobState.REVIEW, rig.events("k1")
+    assert job.state is JobState.REVIEW
     assert job.reason == EscalationReason.HANDLE_UNRELIABLE
     rig.clock.advance(60)
     other.tick()
@@ -190,61 +183,3 @@ def test_a_resend_the_misses_decided_stays_theirs_after_a_later_draft_was_found_
         assert job.state is JobState.REVIEW, rig.events("k1")
         assert job.reason == EscalationReason.HANDLE_UNRELIABLE
         assert rig.copies("k1") == 1
-
-
-def mark_after_the_read(rig: EngineRig, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """The store's handle read unmarked by a daemon's `still_reliable`, then marked by
-    the other daemon's read-back before the first one's save: the list says it landed."""
-    still_reliable = ProviderHealth.still_reliable
-    marked: list[bool] = []
-
-    def then_the_other_daemon_marks(health: ProviderHealth, provider: str) -> bool:
-        answer = still_reliable(health, provider)
-        if answer and not marked and health is not rig.engine.health:
-            marked.append(True)
-            another_worker_marks(rig)
-        return answer
-
-    monkeypatch.setattr(ProviderHealth, "still_reliable", then_the_other_daemon_marks)
-    return marked
-
-
-def test_a_miss_decided_before_another_daemon_s_mark_is_not_saved_after_it(
-    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The sweep's miss read the store's handle unmarked, and another daemon's read-back
-    marked it before the miss was saved: the last miss was believed and the job resent,
-    a second copy. The save is now withdrawn by the handle read in its transaction, and
-    the job goes to review."""
-    unknown_with_its_copy(rig)
-    other = rig.new_engine("other")
-    marked = mark_after_the_read(rig, monkeypatch)
-    other.tick()
-    assert marked
-    assert rig.job("k1").misses == 1  # the miss read after the mark is not recorded
-    stays_in_review_with_one_copy(rig, other)
-
-
-def test_a_resend_claimed_after_another_daemon_s_mark_is_not_sent(
-    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A requeued job's claim read the store's handle unmarked, and another daemon's
-    read-back marked it before the claim was saved: the resend went out on misses that
-    could never see the first copy. The claim's save is now withdrawn, nothing sent, and
-    the job goes to review at its next claim."""
-    unknown_with_its_copy(rig)
-    rig.tick()  # the misses believed: requeued
-    assert rig.job("k1").state is JobState.REQUESTED and rig.job("k1").requeued
-    other = rig.new_engine("other")
-    marked = mark_after_the_read(rig, monkeypatch)
-    other.tick()
-    assert marked
-    assert rig.copies("k1") == 1
-    rig.clock.advance(1)
-    other.tick()
-    job = rig.job("k1")
-    assert job.state is JobState.REVIEW, rig.events("k1")
-    assert job.reason == EscalationReason.HANDLE_UNRELIABLE
-    rig.advance_and_tick(60)
-    other.tick()
-    assert rig.copies("k1") == 1

@@ -287,10 +287,6 @@ class Dispatch:
             assert refused is not None
             work.to_review(refused, _MARKED_SINCE_REQUEUED)
             return None
-        if job.requeued:
-            # ... and still unmarked when the claim commits: another daemon's read-back
-            # may mark it between that read and the save (`ProviderHealth.unmarked_at_commit`).
-            work.guard = self._health.unmarked_at_commit(job.last_provider or policy.provider)
         if self._stopping.is_set():
             return None
         draft, created = None, False

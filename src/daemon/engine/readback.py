@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from daemon.engine.circuit import CHECK, Circuits
@@ -95,23 +95,12 @@ class ProviderHealth:
         """`reliable`, and the store read again now rather than at the last tick: another
         daemon's read-back may have marked the handle since (docs/architecture.md "The
         message"). Found marked, this daemon takes it for unreliable from now on."""
-        return self.reliable(provider) and self.unmarked_at_commit(provider)()
-
-    def unmarked_at_commit(self, provider: str) -> Callable[[], bool]:
-        """The store's handle read now, as the guard of the save of a decision made on it
-        unmarked (`Ledger.save_job`: asked in the transaction, right before the commit).
-        Read only before the save, another daemon's mark written in between was missed;
-        read in the transaction, "decided on an unmarked handle" and "unmarked at the
-        commit" are one fact (docs/architecture.md "The message"). Found marked, this
-        daemon takes it for unreliable from now on, and the save is withdrawn."""
-
-        def guard() -> bool:
-            if self._ledger.handle_reliable(provider):
-                return True
-            self._mark_unreliable(provider)
+        if not self.reliable(provider):
             return False
-
-        return guard
+        if self._ledger.handle_reliable(provider):
+            return True
+        self._mark_unreliable(provider)
+        return False
 
     def unreliable(self) -> list[str]:
         with self._lock:

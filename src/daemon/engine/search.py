@@ -62,7 +62,6 @@ from ledger.decision_types import (
 )
 from ledger.display import quoted
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob, TransitionError
-from ledger.stores.index import Withdrawn
 from ledger.vocabulary import JobState, PolicyRef
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -342,20 +341,7 @@ class Sweep:
             tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now)
             _record(on.record_search, result, decided[0], work.now, tidy_at)
 
-        if result is not None and result.count == 0 and refused is None:
-            # A miss decided on an unmarked handle is recorded only while it is still
-            # unmarked at the commit (another daemon's read-back may mark it meanwhile).
-            work.guard = self._health.unmarked_at_commit(work.provider_name)
-        try:
-            _save_beside_facts(work, record)
-        except Withdrawn:
-            if self._health.reliable(work.provider_name):
-                raise
-            # Marked between the read and the commit: to review, the fence kept.
-            refused = decisions.before_search(policy, handle_reliable=False)
-            decided.clear()
-            work.job = work.ledger.get_job(work.job.key)
-            _save_beside_facts(work, record)
+        _save_beside_facts(work, record)
         if decided:
             assert result is not None
             log.info(
@@ -520,10 +506,8 @@ def _save_beside_facts(work: Work, record: Callable[[SendJob], None]) -> None:
     fence's deletion is the sweep's own doing: dropped, the next sweep would read the
     draft it deleted as gone, sent or deleted by someone."""
     record(work.job)
-    guard = work.guard  # each try's save asks it (`Work.save` takes it for one)
     for attempt in range(FACT_TRIES):
         seen = work.job.version - len(work.job.pending_events)
-        work.guard = guard
         try:
             work.save()
             return

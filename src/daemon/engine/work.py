@@ -11,7 +11,6 @@ no group commit (unit tests, bench/pipeline.py: one_commit_per_save).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -49,9 +48,6 @@ class Work:
     observer: EngineObserver = field(default_factory=NullObserver)
     #: How a save is made: the engine's group commit (`commit.py`), or `Ledger.save_job`.
     commits: GroupCommit | None = None
-    #: The next save's guard (`Ledger.save_job`), for a decision that holds only while
-    #: what it was made on is still so at the commit (the provider's handle unmarked).
-    guard: Callable[[], bool] | None = None
     #: The name of `provider`: the policy's, or the one the job's last attempt was made
     #: on (`provider_for`); empty when there is no policy.
     provider_name: str = ""
@@ -67,14 +63,9 @@ class Work:
         self.counter.bump(name)
 
     def save(self) -> None:
-        """Append the events the step recorded (ConcurrentUpdate: another writer won;
-        `Withdrawn`: the `guard` said no, nothing stored)."""
+        """Append the events the step recorded (ConcurrentUpdate: another writer won)."""
         events = list(self.job.pending_events)
-        guard, self.guard = self.guard, None  # the next save's decision is another one
-        if guard is not None:
-            # Alone, not with the group commit: the guard is this decision's own.
-            self.ledger.save_job(self.job, guard=guard)
-        elif self.commits is None:
+        if self.commits is None:
             self.ledger.save_job(self.job)
         else:
             self.commits.save(self.job)
