@@ -81,6 +81,7 @@ from ledger.stores.index import (
     INDEX_GUARD_KWARG,
     INDEX_ROWS_KWARG,
 )
+from ledger.stores.unchanged import UNCHANGED_KWARG, Unchanged
 from policies import model as policy_model
 from policies.loader import PolicySet
 from policies.model import ChannelPolicy
@@ -345,6 +346,7 @@ def library_protocol_checks() -> Callable[[], None]:
         guard: Callable[[], bool] | None = None,
         keep_trying: Callable[[], bool] | None = None,
         connect_while: Callable[[], bool] | None = None,
+        unchanged: Unchanged | None = None,
     ) -> None:
         # Ledger._save_retrying with the library's collect_events in place of ours: the
         # same rows, guard and retries, so that only the collection differs.
@@ -356,6 +358,7 @@ def library_protocol_checks() -> Callable[[], None]:
                 INDEX_CLOCK_KWARG: self.clock,
                 INDEX_GUARD_KWARG: guard,
                 INDEX_CONNECT_KWARG: connect_while,
+                UNCHANGED_KWARG: unchanged,
             },
         )
         self._record_processing(processing, keep_trying)

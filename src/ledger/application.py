@@ -79,6 +79,7 @@ from ledger.stores.keycheck import (
 from ledger.stores.library_env import refuse_library_variables
 from ledger.stores.private_api import notify, pass_to_recorder, record
 from ledger.stores.purge import REWRITES_KWARG
+from ledger.stores.unchanged import TAKES_TURN_KWARG, UNCHANGED_KWARG, Unchanged
 from ledger.stores.url import StoreSpec, parse_store_url
 from ledger.vocabulary import OPEN_STATES, EscalationReason, JobState, Sender
 
@@ -448,6 +449,7 @@ class Ledger(Application[UUID]):
         guard: Callable[[], bool] | None = None,
         keep_trying: Callable[[], bool] | None = None,
         connect_while: Callable[[], bool] | None = None,
+        unchanged: Unchanged | None = None,
     ) -> None:
         """Append the job's pending events and its index row in one transaction.
 
@@ -461,10 +463,13 @@ class Ledger(Application[UUID]):
         stay pending). `keep_trying()`: asked before a try after a failed one (a lock
         waited for in vain); False ends the save with that failure, the events pending.
         `connect_while()`: asked while the save waits for a pooled connection
-        (PostgreSQL); False gives the wait up with `Withdrawn`, nothing begun."""
+        (PostgreSQL); False gives the wait up with `Withdrawn`, nothing begun.
+        `unchanged`: the record the decision was made on, as read (`handle_unmarked`);
+        read again in the transaction right before the commit, on its own connection,
+        and changed since, the save rolls back with `Changed` (ledger/stores/unchanged.py)."""
         while True:  # each adoption leaves fewer events pending
             try:
-                self._save_retrying([job], guard, keep_trying, connect_while)
+                self._save_retrying([job], guard, keep_trying, connect_while, unchanged)
                 return
             except IntegrityError as exc:
                 if not self._adopt_own_write(job):
@@ -511,6 +516,7 @@ class Ledger(Application[UUID]):
         guard: Callable[[], bool] | None = None,
         keep_trying: Callable[[], bool] | None = None,
         connect_while: Callable[[], bool] | None = None,
+        unchanged: Unchanged | None = None,
     ) -> None:
         # The events are collected once and only their recording is tried again: a save
         # tried again whole would find them already collected and write nothing (and the
@@ -528,6 +534,7 @@ class Ledger(Application[UUID]):
                 INDEX_CLOCK_KWARG: self.clock,
                 INDEX_GUARD_KWARG: guard,
                 INDEX_CONNECT_KWARG: connect_while,
+                UNCHANGED_KWARG: unchanged,
             },
         )
 
@@ -846,8 +853,18 @@ class Ledger(Application[UUID]):
         return handle
 
     def handle_reliable(self, provider: str) -> bool:
+        return self.handle_unmarked(provider) is not None
+
+    def handle_unmarked(self, provider: str) -> Unchanged | None:
+        """The provider's handle read now: None when marked unreliable, else the handle
+        as read, which the save of a decision made on it holds to (`save_job`'s
+        `unchanged`): a mark written after this read withdraws that save."""
+        from ledger.provider_handle import handle_id_for
+
         handle = self.handle(provider)
-        return handle is None or handle.reliable
+        if handle is not None and not handle.reliable:
+            return None
+        return Unchanged(handle_id_for(provider), 0 if handle is None else handle.version)
 
     def mark_handle(
         self, provider: str, change: Callable[[ProviderHandle], None], *, attempts: int = 5
@@ -859,7 +876,9 @@ class Ledger(Application[UUID]):
             handle = self.handle(provider) or ProviderHandle.register(provider, at=self.clock())
             change(handle)
             try:
-                self._save_collected(handle)
+                # In turn with the job writes: never between a save's read of the handle
+                # (`handle_unmarked`, `save_job`'s `unchanged`) and that save's commit.
+                self._save_collected(handle, **{TAKES_TURN_KWARG: True})
                 return handle
             except IntegrityError:
                 if attempt == attempts - 1:

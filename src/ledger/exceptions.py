@@ -70,7 +70,8 @@ so a user's program runs it without the daemon's packages.
                    and _Refused, delivery_reports._Refused, gmail_reports._QuotaKept,
                    testkit_doubles._BadOption, ScopeLost (providers/base.py: a scope
                    moved between two calls), Withdrawn (ledger/stores/index.py: a write
-                   its writer withdrew; loaded_policies.py: a stopped server's beat),
+                   its writer withdrew; loaded_policies.py: a stopped server's beat;
+                   its Changed, ledger/stores/unchanged.py: what it was decided on changed),
                    LeftToRecovery (daemon/engine/commit.py: a
                    stopping daemon's save whose window passed), copy_store._Stopped (a
                    Ctrl-C during a copy's rebuild or walk), UnsureConflict

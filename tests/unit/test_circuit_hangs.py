@@ -26,6 +26,7 @@ from daemon.engine.circuit import (
 from daemon.engine.dispatch import WITHHELD
 from daemon.providers.base import SendKind, SendOutcome
 from ledger.job import SendJob
+from ledger.stores.unchanged import Unchanged
 from ledger.vocabulary import JobState
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -235,11 +236,12 @@ def test_a_send_taken_before_a_hang_was_known_is_not_made_once_it_is() -> None:
         guard: Callable[[], bool] | None = None,
         keep_trying: Callable[[], bool] | None = None,
         connect_while: Callable[[], bool] | None = None,
+        unchanged: Unchanged | None = None,
     ) -> None:
         if any(j.key == "late" and j.state is JobState.ATTEMPTED for j in jobs):
             saving.set()
             assert saved.wait(10)
-        save(jobs, guard, keep_trying, connect_while)
+        save(jobs, guard, keep_trying, connect_while, unchanged)
 
     rig.ledger._save_retrying = slow_claim  # type: ignore[method-assign]
     try:

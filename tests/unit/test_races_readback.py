@@ -17,6 +17,7 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.doubles.fake_provider import Scripted
+from daemon.engine import Engine
 from daemon.service_layer.services import ChannelPolicies, Services
 from ledger.job import SendJob
 from ledger.message import render
@@ -96,8 +97,13 @@ def test_a_miss_read_while_another_daemon_marked_the_handle_sends_the_job_to_rev
 
     rig.provider.during_search = hook
     other.tick()
+    in_review_with_one_copy(rig, other)
+
+
+def in_review_with_one_copy(rig: EngineRig, other: Engine) -> None:
+    """`k1` in review for the handle, and neither daemon sends it again later."""
     job = rig.job("k1")
-    assert job.state is JobState.REVIEW
+    assert job.state is JobState.REVIEW, rig.events("k1")
     assert job.reason == EscalationReason.HANDLE_UNRELIABLE
     rig.clock.advance(60)
     other.tick()
@@ -164,14 +170,7 @@ def test_a_resend_the_misses_decided_stays_theirs_after_a_later_draft_was_found_
     replacing Message-IDs. The draft proved the resend unsent, not the first attempt:
     sending again still rested on misses that could never see its copy."""
     with EngineRig(policy("receipts", on_unknown="retry", pending_draft="send")) as rig:
-        rig.engine.close()
-        rig.provider = FakeDraftsProvider("fake", clock=rig.clock, replaces_message_id=True)
-        rig.engine = rig.new_engine()
-        rig.provider.send_via = "messages"  # the first attempt made without a draft
-        unknown_with_its_copy(rig)
-        rig.tick()  # the misses believed: requeued
-        assert rig.job("k1").state is JobState.REQUESTED and rig.job("k1").requeued
-        rig.provider.send_via = "drafts"  # restarted in drafts mode
+        requeued_on_a_drafts_provider(rig)
         rig.provider.script(Scripted.lost_request())
         rig.tick()  # the resend: its draft made, its answer lost, the draft still unsent
         job = rig.job("k1")
@@ -183,3 +182,16 @@ def test_a_resend_the_misses_decided_stays_theirs_after_a_later_draft_was_found_
         assert job.state is JobState.REVIEW, rig.events("k1")
         assert job.reason == EscalationReason.HANDLE_UNRELIABLE
         assert rig.copies("k1") == 1
+
+
+def requeued_on_a_drafts_provider(rig: EngineRig) -> None:
+    """`k1`'s first attempt made without a draft on a drafts provider that replaces
+    Message-IDs, its misses believed (requeued), then the daemon in drafts mode."""
+    rig.engine.close()
+    rig.provider = FakeDraftsProvider("fake", clock=rig.clock, replaces_message_id=True)
+    rig.engine = rig.new_engine()
+    rig.provider.send_via = "messages"  # the first attempt made without a draft
+    unknown_with_its_copy(rig)
+    rig.tick()  # the misses believed: requeued
+    assert rig.job("k1").state is JobState.REQUESTED and rig.job("k1").requeued
+    rig.provider.send_via = "drafts"  # restarted in drafts mode

@@ -63,7 +63,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from ledger.exceptions import SendledgerError
 
@@ -351,7 +351,7 @@ class GroupCommit:
             self._stopped_at = now
         return now
 
-    def _waits(self, saves: list[_Save]) -> dict[str, Callable[[], bool] | None]:
+    def _waits(self, saves: list[_Save]) -> _Waits:
         """How long a save of `saves` waits, as `Ledger.save_job`'s arguments: whether it
         tries again after a lock wait in vain (`keep_trying`: while the daemon runs, as
         long as the store waits; once it stops, while the window of one of them is open)
@@ -366,6 +366,13 @@ class GroupCommit:
             return any(self._within_window(save) for save in saves)
 
         return {"keep_trying": within, "connect_while": within if stopping.is_set() else None}
+
+
+class _Waits(TypedDict):
+    """`Ledger.save_job`'s and `save_jobs`' arguments of how long a save waits."""
+
+    keep_trying: Callable[[], bool] | None
+    connect_while: Callable[[], bool] | None
 
 
 def _job(save: _Save) -> SendJob:

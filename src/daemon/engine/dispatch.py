@@ -46,6 +46,7 @@ from ledger.decision_types import AfterRejection, Review
 from ledger.display import quoted
 from ledger.job import DRAFTS_CLAIM_LOST, SendJob, TransitionError
 from ledger.message import render_checked
+from ledger.stores.unchanged import Changed, Unchanged
 from ledger.vocabulary import EscalationReason, JobState
 from ledger.wire_check import RenderMismatch
 from policies import decisions
@@ -153,7 +154,11 @@ class Dispatch:
             if claimed is None:
                 return False
             claimed.probe = probe
-            self.save_claim(claimed)  # durable; a conflict here means no call is made
+            try:
+                self.save_claim(claimed)  # durable; a conflict here means no call is made
+            except Changed:
+                self._claim_withdrawn(claimed)
+                return False
             with self._leases.holding(work.job, claimed.lease, work.now, self._grace) as lease:
                 claimed.held = lease
                 lease.written = claimed.deadline
@@ -279,14 +284,11 @@ class Dispatch:
         if isinstance(decision, Review):
             work.to_review(decision, _why_not_sent(decision, job))
             return None
-        if job.requeued and not self._health.still_reliable(job.last_provider or policy.provider):
-            # Sent again because its searches found no copy, on a handle marked since
-            # (a read-back, this daemon's or another's): searches of a provider that
-            # replaces Message-IDs never find one, so the misses are no evidence.
-            refused = decisions.before_search(policy, handle_reliable=False)
-            assert refused is not None
-            work.to_review(refused, _MARKED_SINCE_REQUEUED)
-            return None
+        unchanged = None
+        if job.requeued:
+            unchanged = self._resend_unmarked(work, policy)
+            if unchanged is None:
+                return None
         if self._stopping.is_set():
             return None
         draft, created = None, False
@@ -365,6 +367,9 @@ class Dispatch:
             return None
         lease = self._timeouts.get(policy.provider, provider.timeout) + self._grace
         deadline = work.now + timedelta(seconds=lease)
+        # The claim's save holds to the handle as read above: a mark another daemon's
+        # read-back writes before its commit withdraws it (`Changed`), nothing sent.
+        work.unchanged = unchanged
         job.claim(
             provider=policy.provider,
             deadline=deadline,
@@ -374,6 +379,33 @@ class Dispatch:
         )
         return Claimed(work, policy, provider, raw, lease, deadline, draft=draft,
                        drafts=drafts, created=created)  # fmt: skip
+
+    def _resend_unmarked(self, work: Work, policy: ChannelPolicy) -> Unchanged | None:
+        """For a job its searches requeued: the handle of the provider they searched, read
+        from the store, as read (`ProviderHealth.unmarked_in_store`); marked, the job to
+        review and None. Sent again because its searches found no copy, on a handle
+        marked since (a read-back, this daemon's or another's): searches of a provider
+        that replaces Message-IDs never find one, so the misses are no evidence."""
+        unchanged = self._health.unmarked_in_store(work.job.last_provider or policy.provider)
+        if unchanged is None:
+            refused = decisions.before_search(policy, handle_reliable=False)
+            assert refused is not None
+            work.to_review(refused, _MARKED_SINCE_REQUEUED)
+        return unchanged
+
+    def _claim_withdrawn(self, claimed: Claimed) -> None:
+        """The claim of a requeued job withdrawn by its save (`Changed`: the handle it was
+        decided on changed before the commit): nothing stored, nothing sent. Its draft,
+        if the draft step made one, is deleted as a lost claim's; the job read again goes
+        to review at once if the handle is marked now, else stays due."""
+        work = claimed.work
+        if claimed.created and claimed.draft is not None and claimed.drafts is not None:
+            self._delete_lost_draft(claimed, claimed.drafts, claimed.draft)
+        work.job = work.ledger.get_job(work.job.key)
+        if work.job.state is JobState.REQUESTED and work.job.requeued:
+            self._resend_unmarked(work, claimed.policy)
+        log.info("job %s: not sent: its provider's handle changed while it was claimed",
+                 work.job.key)  # fmt: skip
 
     def send(self, claimed: Claimed) -> None:
         """The one provider call of a saved claim (invariant 1: only after the save), then

@@ -29,6 +29,7 @@ from ledger.application import Ledger
 from ledger.display import quoted
 from ledger.job import SendJob
 from ledger.message_id import same_message_id
+from ledger.stores.unchanged import Unchanged
 from ledger.wire_check import carries_message_id
 
 log = logging.getLogger("sendledger.engine")
@@ -95,12 +96,19 @@ class ProviderHealth:
         """`reliable`, and the store read again now rather than at the last tick: another
         daemon's read-back may have marked the handle since (docs/architecture.md "The
         message"). Found marked, this daemon takes it for unreliable from now on."""
+        return self.unmarked_in_store(provider) is not None
+
+    def unmarked_in_store(self, provider: str) -> Unchanged | None:
+        """`still_reliable`, its answer, when unmarked, the handle as read: the save of a
+        decision made on it holds to it (`Work.unchanged`), so that another daemon's
+        mark written after this read withdraws that save (`Changed`) instead of being
+        missed (docs/how-it-works.md "The read-back of the Message-ID")."""
         if not self.reliable(provider):
-            return False
-        if self._ledger.handle_reliable(provider):
-            return True
-        self._mark_unreliable(provider)
-        return False
+            return None
+        read = self._ledger.handle_unmarked(provider)
+        if read is None:
+            self._mark_unreliable(provider)
+        return read
 
     def unreliable(self) -> list[str]:
         with self._lock:

@@ -62,6 +62,7 @@ from ledger.decision_types import (
 )
 from ledger.display import quoted
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob, TransitionError
+from ledger.stores.unchanged import Changed
 from ledger.vocabulary import JobState, PolicyRef
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -291,10 +292,13 @@ class Sweep:
         evidence that nothing was sent; believed, a `retry` channel would send the job a
         second time. This daemon's own read-back marks the handle in memory at once
         (`readback.py`); another daemon's is read from the store once a tick, so after a
-        miss the store is read again now. (A history read's miss decides no resend: the
-        search it makes due asks first.)"""
+        miss the store is read again now, and the save of what the miss decides holds to
+        the handle as read (`Work.unchanged`): another daemon's mark written before that
+        save's commit withdraws it (`Changed`), and the sweep asks again. (A history
+        read's miss decides no resend: the search it makes due asks first.)"""
         if answer is not None and answer.count == 0:
-            reliable = self._health.still_reliable(work.provider_name)
+            work.unchanged = self._health.unmarked_in_store(work.provider_name)
+            reliable = work.unchanged is not None
         else:
             reliable = self._health.reliable(work.provider_name)
         return decisions.before_search(policy, handle_reliable=reliable)
@@ -341,7 +345,14 @@ class Sweep:
             tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=work.now)
             _record(on.record_search, result, decided[0], work.now, tidy_at)
 
-        _save_beside_facts(work, record)
+        def marked_meanwhile() -> None:
+            # The handle changed between the read and the commit (another daemon's
+            # read-back): nothing was stored; decided again on the handle read now.
+            nonlocal refused
+            refused = self._handle_refused(work, policy, answer=result)
+            decided.clear()
+
+        _save_beside_facts(work, record, changed=marked_meanwhile)
         if decided:
             assert result is not None
             log.info(
@@ -500,20 +511,31 @@ def _record(
     )
 
 
-def _save_beside_facts(work: Work, record: Callable[[SendJob], None]) -> None:
+def _save_beside_facts(
+    work: Work, record: Callable[[SendJob], None], *, changed: Callable[[], None] | None = None
+) -> None:
     """`record(job)` the sweep's answer and save it; when only facts were appended
     meanwhile (a person's check: `Work.beside_facts`), again on the job they left. A
     fence's deletion is the sweep's own doing: dropped, the next sweep would read the
-    draft it deleted as gone, sent or deleted by someone."""
+    draft it deleted as gone, sent or deleted by someone. A save withdrawn because what
+    it was decided on changed (`Work.unchanged`) is recorded again after `changed()`,
+    which decides again (and says what the next save holds to)."""
     record(work.job)
+    unchanged = work.unchanged  # each try's save holds to it (`Work.save` takes it)
     for attempt in range(FACT_TRIES):
         seen = work.job.version - len(work.job.pending_events)
+        work.unchanged = unchanged
         try:
             work.save()
             return
         except ConcurrentUpdate:
             if attempt == FACT_TRIES - 1 or not work.beside_facts(seen):
                 raise
+        except Changed:
+            if changed is None or attempt == FACT_TRIES - 1 or not work.beside_facts(seen):
+                raise
+            changed()
+            unchanged = work.unchanged
         record(work.job)
 
 

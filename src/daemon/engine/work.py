@@ -25,6 +25,7 @@ from ledger.display import quoted
 from ledger.job import FACTS, SendJob, TransitionError
 from ledger.stores.causes import StoreUnavailable
 from ledger.stores.index import Withdrawn
+from ledger.stores.unchanged import Unchanged
 from ledger.vocabulary import JobState
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -54,6 +55,9 @@ class Work:
     #: The set `policy` was read from (`PolicyHolder.current` then; None: not known): a
     #: step tells a reload since by it (`Dispatch._reloaded`).
     policies: PolicySet | None = None
+    #: What the next save's decision was made on, as read from the store (the provider's
+    #: handle unmarked): that save holds to it (`Ledger.save_job`), and it alone.
+    unchanged: Unchanged | None = None
     _saved_state: JobState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -63,9 +67,16 @@ class Work:
         self.counter.bump(name)
 
     def save(self) -> None:
-        """Append the events the step recorded (ConcurrentUpdate: another writer won)."""
+        """Append the events the step recorded (ConcurrentUpdate: another writer won;
+        `Changed`: what `unchanged` names changed since it was read, nothing stored)."""
         events = list(self.job.pending_events)
-        if self.commits is None:
+        unchanged, self.unchanged = self.unchanged, None  # the next save's is another's
+        if unchanged is not None:
+            # Alone, not in the group commit: another job's save never withdrawn with it;
+            # what waits for that commit is made durable first, as the commit would.
+            self.flush()
+            self.ledger.save_job(self.job, unchanged=unchanged)
+        elif self.commits is None:
             self.ledger.save_job(self.job)
         else:
             self.commits.save(self.job)

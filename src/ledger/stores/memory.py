@@ -42,6 +42,7 @@ from ledger.stores.index import (
 from ledger.stores.keycheck import KeyCheck
 from ledger.stores.private_api import MemoryHook
 from ledger.stores.purge import REWRITES_KWARG, RewriteFailed, rewrites_from
+from ledger.stores.unchanged import hold_unchanged
 from ledger.stores.url import MemoryStore
 
 #: The environment key naming the shared store ("" for a store of its own).
@@ -73,6 +74,8 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
 
     def check_beside(self, kwargs: Mapping[str, Any]) -> None:
         check_guard(kwargs)
+        # Under the lock every write holds: nothing changes until this one is stored.
+        hold_unchanged(kwargs, self.last_version)
         if REWRITES_KWARG not in kwargs:  # a save: only a purge rewrites events
             return
         for event in rewrites_from(kwargs):  # checked before anything changes: all or nothing

@@ -39,6 +39,7 @@ from ledger.stores.index import (
     INDEX_TABLE,
     SqlJobIndex,
     Withdrawn,
+    rows_from,
 )
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.pg_refusals import (
@@ -48,6 +49,7 @@ from ledger.stores.pg_refusals import (
     server_refusal,
 )
 from ledger.stores.private_api import InsertHook, insert_by_function
+from ledger.stores.unchanged import hold_unchanged, takes_turn, unchanged_from
 from ledger.stores.url import PostgresStore
 
 DB_FUNCTIONS = "POSTGRES_ENABLE_DB_FUNCTIONS"
@@ -183,6 +185,23 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
         # In the events' transaction (ledger/stores/private_api.py: InsertHook).
         self._rewrite_events(curs, kwargs)
         self._write_rows(curs, kwargs)
+        if takes_turn(kwargs) or (unchanged_from(kwargs) is not None and not rows_from(kwargs)):
+            # A write of no job row in turn all the same (a handle's mark): never between
+            # a guarded write's read below and its commit (ledger/stores/unchanged.py).
+            self._serialize_writes(curs)
+        # Read once this write holds the turn (`_stamp`), on its own connection: a write
+        # that changes the record takes the turn before its commit, so what is read here
+        # is what is there at this commit.
+        hold_unchanged(kwargs, lambda originator_id: self._last_version(curs, originator_id))
+
+    def _last_version(self, curs: Any, originator_id: UUID) -> int:
+        curs.execute(
+            f"SELECT MAX(originator_version) AS v FROM {self._events_table()} "
+            "WHERE originator_id = %s",
+            (originator_id,),
+        )
+        row = curs.fetchone()
+        return 0 if row is None or row["v"] is None else int(row["v"])
 
     def _lock_rows(self, cursor: Any, keys: Sequence[str]) -> None:
         # In key order, as every writer of the index takes them: no two wait on each other.

@@ -158,6 +158,11 @@ class MemoryHook:
         index: Mapping[str, Mapping[int, int]] = self._stored_events_index  # type: ignore[attr-defined]
         return index.get(str(originator_id), {}).get(version)
 
+    def last_version(self, originator_id: UUID) -> int:
+        """The version of the last event of `originator_id` stored (0: none)."""
+        index: Mapping[str, Mapping[int, int]] = self._stored_events_index  # type: ignore[attr-defined]
+        return max(index.get(str(originator_id), {}), default=0)
+
     def replace_stored(self, position: int, event: StoredEvent) -> None:
         """Put `event` in place of the stored event at `position`."""
         self._stored_events[position] = event  # type: ignore[attr-defined]

@@ -34,6 +34,7 @@ from ledger.stores.index import (
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.private_api import CachingConnectionPool, InsertHook
 from ledger.stores.purge import rewrites_from
+from ledger.stores.unchanged import hold_unchanged
 from ledger.stores.url import SqliteStore, StoreUrlError
 
 log = logging.getLogger("sendledger.store")
@@ -66,6 +67,18 @@ class SQLiteJobIndexRecorder(InsertHook, SQLiteApplicationRecorder, SqlJobIndex,
             c.execute("PRAGMA secure_delete = ON")
             self._rewrite_events(c, kwargs)
         self._write_rows(c, kwargs)
+        # On this transaction's connection, which holds the file's one write lock: no
+        # other writer commits before this one does (a second pooled connection, asked
+        # for here, would wait on the pool that this write holds a seat of).
+        hold_unchanged(kwargs, lambda originator_id: self._last_version(c, originator_id))
+
+    def _last_version(self, c: SQLiteCursor, originator_id: UUID) -> int:
+        c.execute(
+            f"SELECT MAX(originator_version) FROM {self.events_table_name} WHERE originator_id = ?",
+            [originator_id.hex],
+        )
+        row = c.fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
 
     def _rewrite_sql(self) -> tuple[str, Callable[[Any], Any]]:
         sql = (
