@@ -20,6 +20,7 @@ from tests.unit.test_races_readback import (
     unknown_with_its_copy,
 )
 
+from daemon.doubles.fake_drafts import FakeDraftsProvider
 from daemon.engine import Engine
 from daemon.engine.readback import ProviderHealth
 from ledger.application import Ledger
@@ -113,5 +114,6 @@ def test_a_withdrawn_claim_s_draft_is_deleted_and_recorded() -> None:
         job = rig.job("k1")
         assert job.state is JobState.REVIEW, rig.events("k1")
         assert rig.copies("k1") == 1
+        assert isinstance(rig.provider, FakeDraftsProvider)
         assert rig.provider.unsent_drafts(job.message_id) == 0, rig.events("k1")
         assert SendJob.DraftsDeleted in [type(e) for e in rig.ledger.history("k1")]
