@@ -17,7 +17,7 @@ from tests.unit.test_services import refused, services
 
 from daemon.api.app import create_app
 from daemon.service_layer.guidance import RESEND_NEEDS_NOTE
-from daemon.service_layer.services import Refusal, resolve_as_a_person
+from daemon.service_layer.services import Refusal, Services, resolve_as_a_person
 from ledger.vocabulary import EscalationReason, JobState, Resolution
 
 
@@ -45,6 +45,19 @@ def test_a_resend_without_a_note_is_refused_at_every_door_and_nothing_is_sent(
 ) -> None:
     in_review_for_the_handle(rig)
     s = services(rig)
+    refused_at_every_door(rig, s)
+    assert rig.job("k1").state is JobState.REVIEW
+    assert rig.copies("k1") == 1
+    # With the note, the person's word: resent.
+    note = "not in the Sent folder (To, Subject, 10:00-10:30)"
+    assert resolve_as_a_person(s, "k1", Resolution.RESEND, note=note, by="ann").state is not (
+        JobState.REVIEW
+    )
+
+
+def refused_at_every_door(rig: EngineRig, s: Services) -> None:
+    """`k1`'s resend without a note: marked as needing one and never recommended, and
+    refused as bad input naming `note` at the CLI's door, the API and the page."""
     view = s.job_view("k1")
     assert view.guidance is not None
     resend = next(c for c in view.guidance.choices if c.decision is Resolution.RESEND)
@@ -64,10 +77,3 @@ def test_a_resend_without_a_note_is_refused_at_every_door_and_nothing_is_sent(
         form = {"as": "resend", "note": ""}
         answer = client.post("/ui/jobs/k1/resolve", data=form, headers=AUTH)
         assert answer.status_code == 422, answer.text
-    assert rig.job("k1").state is JobState.REVIEW
-    assert rig.copies("k1") == 1
-    # With the note, the person's word: resent.
-    note = "not in the Sent folder (To, Subject, 10:00-10:30)"
-    assert resolve_as_a_person(s, "k1", Resolution.RESEND, note=note, by="ann").state is not (
-        JobState.REVIEW
-    )

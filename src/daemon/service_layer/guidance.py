@@ -214,9 +214,15 @@ def copies_complete(job: SendJob, last_check: dict[str, Any] | None) -> bool:
 
 
 def guidance_for(
-    job: SendJob, last_check: dict[str, Any] | None, decisions: list[Resolution]
+    job: SendJob,
+    last_check: dict[str, Any] | None,
+    decisions: list[Resolution],
+    *,
+    handle_marked: bool = False,
 ) -> Guidance | None:
-    """What the page and `review show` say of a job in review (None: not in review)."""
+    """What the page and `review show` say of a job in review (None: not in review).
+    `handle_marked`: the provider its copy would be on was found replacing Message-IDs
+    (whatever the job went to review for)."""
     if not decisions:
         return None
     reason = EscalationReason(job.reason) if job.reason in _REASONS else None
@@ -248,17 +254,18 @@ def guidance_for(
     advised = reason if trashed or reason is not EscalationReason.ONLY_IN_TRASH else None
     next_action = _next(advised, copies)
     found = bool(copies) and not trashed
+    on_a_note = resend_needs_note(job.reason, handle_marked=handle_marked)
     choices = [
         Choice(
             decision,
             _effect(decision, copies, least, trashed),
             needs_note=(decision is Resolution.SENT and not found)
-            or (decision is Resolution.RESEND and resend_needs_note(job.reason)),
+            or (decision is Resolution.RESEND and on_a_note),
             recommended=decision is _recommended(advised, copies),
         )
         for decision in decisions
     ]
-    if resend_needs_note(job.reason):
+    if on_a_note:
         choices = [_resend_on_a_note(c) for c in choices]
     return Guidance(job.reason or "", meaning, next_action, copies, choices, complete, trashed)
 
@@ -266,11 +273,12 @@ def guidance_for(
 _REASONS = {reason.value for reason in EscalationReason}
 
 
-def resend_needs_note(reason: str | None) -> bool:
+def resend_needs_note(reason: str | None, *, handle_marked: bool = False) -> bool:
     """Whether a person's resend of a job in review for `reason` must come with a note:
-    for `handle-unreliable` the resend's own search, which guards against a second copy,
+    for `handle-unreliable`, or any reason once the provider's handle is marked
+    (`handle_marked`), the resend's own search, which guards against a second copy,
     cannot find one (docs/how-it-works.md "The read-back of the Message-ID")."""
-    return reason == EscalationReason.HANDLE_UNRELIABLE
+    return handle_marked or reason == EscalationReason.HANDLE_UNRELIABLE
 
 
 def _resend_on_a_note(choice: Choice) -> Choice:

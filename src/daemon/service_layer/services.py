@@ -70,6 +70,7 @@ from ledger.display import command_line, iso, quoted
 from ledger.exceptions import Refusal
 from ledger.job import DRAFTS_FENCE, FACTS, SendJob, TransitionError, check_name
 from ledger.keys import note_problem
+from ledger.stores.unchanged import Changed, Unchanged
 from ledger.vocabulary import FINAL_STATES, EscalationReason, JobState, Resolution, Sender
 
 if TYPE_CHECKING:
@@ -551,8 +552,25 @@ class Services:
             decisions=decisions,
             cancellable=job.state is JobState.REQUESTED and job.attempts == 0,
             last_check=last_check,
-            guidance=guidance_for(job, evidence, decisions),
+            guidance=guidance_for(
+                job, evidence, decisions, handle_marked=self._resend_marked(job, decisions)
+            ),
         )
+
+    def _resend_marked(self, job: SendJob, decisions: list[Resolution]) -> bool:
+        """Whether a resend offered for `job` would go to a provider whose handle is
+        marked (read only then: the page and `review show` say it needs a note)."""
+        if Resolution.RESEND not in decisions:
+            return False
+        provider = self._copy_on(job)
+        return provider is not None and not self.ledger.handle_reliable(provider)
+
+    def _copy_on(self, job: SendJob) -> str | None:
+        """The provider an earlier attempt's copy would be on (None: never attempted, so
+        no copy a resend could duplicate)."""
+        if not job.attempts:
+            return None
+        return job.last_provider or self._attempted_on(job)
 
     def review_list(
         self, *, channel: str | None = None, reason: str | None = None
@@ -836,10 +854,13 @@ class Services:
         _require_note(note)
         job = self._job_at(key, expected_version, "resolved")
         _require_review(job, "resolved")
-        if decision is Resolution.RESEND and resend_needs_note(job.reason) and not note.strip():
-            # Judged on this version, written only at it (`_save_seen`).
-            problem = FieldProblem(None, "note", RESEND_NEEDS_NOTE)
-            raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem])
+        handle = None
+        if decision is Resolution.RESEND and not note.strip():
+            # Judged on this version and on the handle as read here, written only while
+            # both still are (`_save_seen`): a job that went to review for another
+            # reason before a read-back found its provider replacing Message-IDs is
+            # resent on the person's word too.
+            handle = self._handle_for_resend(job)
         seen = job.version
         found: SearchResult | None = None
         fenced: list[str] = []
@@ -884,8 +905,21 @@ class Services:
             job.resolve(decision, note=note, by=by, at=at,
                         found=None if found is None else found.copies,
                         tidy_at=self._tidy_at(job, at))  # fmt: skip
-        self._save_seen(job, seen, "resolved" if found is None else "resent")
+        self._save_seen(job, seen, "resolved" if found is None else "resent", unchanged=handle)
         return job
+
+    def _handle_for_resend(self, job: SendJob) -> Unchanged | None:
+        """For a resend without a note: the handle of the provider its copy would be on,
+        as read now (None: no provider to read); refused as bad input naming `note`
+        when the job went to review for it or it is marked now (docs/review.md
+        "Resolve")."""
+        provider = self._copy_on(job)
+        handle = None if provider is None else self.ledger.handle_unmarked(provider)
+        marked = provider is not None and handle is None
+        if resend_needs_note(job.reason, handle_marked=marked):
+            problem = FieldProblem(None, "note", RESEND_NEEDS_NOTE)
+            raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem])
+        return handle
 
     def _job_at(self, key: str, expected_version: int | None, what: str) -> SendJob:
         """The job as it is now, refused when it is no longer at the version the person
@@ -905,12 +939,23 @@ class Services:
             raise self._moved_on(key, expected_version, what)
         return job
 
-    def _save_seen(self, job: SendJob, seen: int, what: str) -> None:
-        """Append the decision recorded on `job`, expecting it still at version `seen`."""
+    def _save_seen(
+        self, job: SendJob, seen: int, what: str, *, unchanged: Unchanged | None = None
+    ) -> None:
+        """Append the decision recorded on `job`, expecting it still at version `seen`,
+        and the record `unchanged` names as read (the provider's handle)."""
         try:
-            self.ledger.save_job(job)
+            self.ledger.save_job(job, unchanged=unchanged)
         except ConcurrentUpdate:
             raise self._moved_on(job.key, seen, what) from None
+        except Changed:
+            # Marked by a read-back between the read and the commit: nothing written.
+            self._handle_for_resend(job)
+            raise ServiceError(
+                Refusal.CONFLICT,
+                f"job {job.key!r} was not {what}: its provider's handle changed while the "
+                "decision was written; nothing was sent, look again",
+            ) from None
 
     def _tidy_at(self, job: SendJob, at: datetime) -> datetime | None:
         policy = self.policies().policies.get(job.channel)
