@@ -31,7 +31,8 @@ nothing; drafts.send turns that same message id into SENT (searchable after the 
 the send), logs one acceptance and removes the draft, so a second drafts.send, drafts.get
 or drafts.delete of the id is 404; drafts.list takes the same `q` terms; a draft without
 recipients is refused at send and stays. `rewrite_message_id` replaces the Message-ID on
-both paths, at the send (a draft shows the client's until then).
+both paths, at the send (a draft shows the client's until then). A person's Send in the
+web client (`send_draft_by_hand`) sends the draft under a new message id.
 
 History (issue 29: Gmail's change log as a second handle, `testkit.history_log`):
 `users.history.list` answers each mailbox's records after `startHistoryId` (`messageAdded`
@@ -930,6 +931,26 @@ class GmailEmulator(LoopbackService):
             stored.raw = raw
             stored.parsed = mime.parse(raw)
             stored.message_id = mime.header(stored.parsed, "Message-ID")
+
+    def send_draft_by_hand(self, draft_id: str) -> str:
+        """A person presses Send on the unsent draft in Gmail's web client. The client
+        saves the draft as it is shown before it sends it, and a saved draft is a new
+        message (as a drafts.update makes one): the copy is SENT under a message id of
+        its own, with the draft's Message-ID, and the draft's old message id is no more
+        (messages.get: 404), as after a deletion. The copy's message id."""
+        with self._lock:
+            stored = self._drafts.pop(draft_id)
+            self._mailboxes[stored.user].remove(stored)
+            del self._by_id[stored.id]
+        sent = self._accept(
+            stored.user,
+            stored.raw,
+            ["SENT"],
+            stored.thread_id,
+            via="web client",
+            rewrite=self.rewrite_message_id,
+        )
+        return sent.id
 
     def drafts_of(self, message_id: str, user: str = DEFAULT_USER) -> int:
         """Unsent drafts in `user`'s mailbox whose Message-ID header is `message_id`."""

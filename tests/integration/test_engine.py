@@ -1021,6 +1021,52 @@ def test_refused_connections_at_the_draft_step_are_waited_out_behind_the_circuit
     assert rig.sends() == 3 and rig.engine.open_circuits() == []
 
 
+def test_a_fenced_draft_a_person_sent_by_hand_is_not_sent_again(
+    make_rig: RigFactory,
+    relay: FaultRelay,
+    emulator: GmailEmulator,
+    clock: FakeClock,
+    crash_at: Callable[[str | None], None],
+) -> None:
+    """send_via = "drafts": a daemon dies after its claim, before its drafts.send. The
+    next daemon's sweep finds the draft unsent and records its fence, and the fence's
+    drafts.delete never reaches Gmail (answered 503 by the relay). Before it is tried
+    again a person presses Send on that draft in Gmail's web client, which sends it
+    under a message id of its own. The next sweep found the draft gone and its message
+    gone, took that for the fence's doing ("not sent", `DraftPending`) and, with
+    `pending_draft = "send"`, sent the job again: two copies at the emulator. A draft
+    gone without this daemon's deletion confirming it proves nothing: `DraftGone`, the
+    search after `search_after` finds the person's copy, one copy."""
+    crashed = make_rig({"receipts": {**RETRY_5M, "pending_draft": "send"}}, send_via="drafts")
+    message_id = crashed.submit("receipts", "by-hand")
+    crash_at("after-claim")
+    with pytest.raises(Crash):
+        crashed.engine.tick()
+    crash_at(None)
+    [draft_id] = emulator.drafts(MAILBOX)
+    rig = make_rig(send_via="drafts")  # the restarted daemon
+    clock.advance(DEADLINE + 0.1)
+    relay.set_plan(FaultPlan(other=["pass", "503"]))  # the check's drafts.get; the delete's
+    for _ in range(3):
+        rig.engine.tick()
+        if rig.of("by-hand", "DraftsDeleted"):
+            break
+    assert rig.names("by-hand")[-2:] == ["Unknown", "DraftsDeleted"], rig.names("by-hand")
+    assert list(emulator.drafts(MAILBOX)) == [draft_id]  # the fence's deletion failed
+    relay.set_plan(FaultPlan())
+    emulator.send_draft_by_hand(draft_id)
+    assert emulator.copies(message_id) == 1
+    for _ in range(4):
+        rig.advance_and_tick(2)
+    rig.advance_and_tick(300)  # `search_after`
+    rig.tick()
+    assert emulator.copies(message_id) == 1, rig.names("by-hand")
+    assert rig.sends() == 0  # the daemons' drafts.send calls: none got through
+    assert "DraftPending" not in rig.names("by-hand")
+    assert rig.state("by-hand") is JobState.CONFIRMED, rig.names("by-hand")
+    assert rig.of("by-hand", "Confirmed")[0].via == "search"
+
+
 def claimed_and_held(
     ledger: Ledger, leases: Leases | None, clock: FakeClock, key: str, *, submit: bool = True
 ) -> None:

@@ -244,17 +244,18 @@ def record_draft_check(
     unknown_at: datetime,
     handle_reliable: bool,
     tidy_at: datetime | None,
-    fenced: bool = False,
 ) -> None:
     """What the draft answered, as events on the job in memory (the caller saves);
-    `tidy_at`: when the job's unsent drafts are deleted, should this settle it.
-    `fenced`: a draft gone is the fence's doing (its deletion recorded before it was
-    made, and not found to have missed): not sent, as a draft still there is."""
+    `tidy_at`: when the job's unsent drafts are deleted, should this settle it. A draft
+    gone whose message is not SENT is `DraftGone` also under a recorded fence: unless
+    the asker's own deletion succeeded (then it answered PENDING), a person may have
+    sent it from the mailbox under another message id (docs/architecture.md "The life
+    of one job on a drafts provider")."""
     draft = asked_draft(job)
     assert draft is not None, "record_draft_check needs a recorded draft"
     if check.status is DraftStatus.SENT:
         confirm_recorded(job, policy, draft, now, tidy_at)
-    elif check.status is DraftStatus.PENDING or fenced:
+    elif check.status is DraftStatus.PENDING:
         job.record_draft_pending(
             decision=decisions.after_draft_pending(
                 policy, attempts_made=job.round_attempts, now=now

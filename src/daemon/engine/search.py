@@ -409,30 +409,32 @@ class Sweep:
         call may still land; once deleted, nothing can send it.
 
         The fence is recorded (`DraftsDeleted`, why `fence`) before its deletion, on the
-        version the check answered for, as a claim is before its call: a daemon that
-        deleted the draft and then neither saved its answer (killed, or paused while its
-        scope went to another daemon) nor lost the race to save it, leaves the fence in
-        the job, and whoever asks the draft next reads it gone as the fence's doing (not
-        sent), where it would read "gone, sent or deleted by someone" (`DraftGone`)."""
+        version the check answered for, as a claim is before its call: the draft stays
+        the one asked (`SendJob.fenced_draft`), and its SENT message still confirms the
+        job. "Not sent" rests only on a deletion this sweep saw succeed: a draft found
+        gone under a fence recorded earlier (a daemon killed or paused around its
+        deletion, a deletion that failed) may as well have been sent by a person in the
+        mailbox, whose client sends a draft under a message id of its own, so it is
+        `DraftGone` and the search decides (docs/architecture.md "The life of one job on
+        a drafts provider")."""
         job = work.job
         draft = asked_draft(job)
         assert draft is not None
         check = self._backoff.ask(work, drafts, provider)
         if check is None:
             return
-        missed = False  # the fence this sweep recorded found the draft gone: not its doing
         if check.status is DraftStatus.PENDING:
             # One fencer per fence: a second sweep's record of it conflicts and is
             # refused; a sweep that finds it recorded (a daemon killed, or still at it)
-            # deletes the draft again, and reads it gone as that fence's doing.
-            ours = recorded_draft(work.job) == draft
-            if ours:
+            # deletes the draft again.
+            if recorded_draft(work.job) == draft:
                 _save_beside_facts(work, _fence(draft, self._clock()))
             deleted = self._backoff.delete_draft(work, drafts, provider, draft.draft_id)
             if deleted is None:
                 return  # no answer: asked again later, the fence recorded
-            if not deleted:  # gone since the check: sent by that call, or deleted by a person
-                missed = ours
+            if not deleted:
+                # Gone since the check: sent by that call or by a person, or deleted by
+                # a person or another fence. Only its message can say: SENT, or nothing.
                 check = self._backoff.ask(work, drafts, provider)
                 if check is None:
                     return
@@ -440,7 +442,7 @@ class Sweep:
         # A person's check while the draft was asked and fenced must not lose the answer:
         # the draft it deleted would be read next time as gone, "sent or deleted by
         # someone", and the job searched or sent to review though it is known unsent.
-        _save_beside_facts(work, self._draft_answer(work, draft, check, policy, provider, missed))
+        _save_beside_facts(work, self._draft_answer(work, draft, check, policy, provider))
         log.info("job %s: its draft is %s", job.key, check.status.value)
 
     def _draft_answer(
@@ -450,12 +452,9 @@ class Sweep:
         check: DraftCheck,
         policy: ChannelPolicy,
         provider: Provider,
-        missed: bool,
     ) -> Callable[[SendJob], None]:
         """What `draft` answered, as the events a job records; refused on a job whose
-        draft to ask is no longer the one asked. Gone under a fence recorded on the job
-        (by this sweep or another daemon's) is not sent, unless this sweep's own
-        deletion `missed` it."""
+        draft to ask is no longer the one asked."""
         now = work.now
         reliable = self._health.reliable(work.provider_name)
         tidy_at = decisions.tidy_at(policy, leaves_drafts=provider.leaves_drafts, now=now)
@@ -472,7 +471,6 @@ class Sweep:
                 unknown_at=now,
                 handle_reliable=reliable,
                 tidy_at=tidy_at,
-                fenced=recorded_draft(on) is None and not missed,
             )
 
         return record
