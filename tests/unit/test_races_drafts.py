@@ -401,3 +401,46 @@ def test_a_lost_claims_draft_beside_the_new_owners_claim_is_left_to_it(rig: Engi
     assert rig.job("k9").state is JobState.CONFIRMED, rig.events("k9")
     assert rig.copies("k9") == 1 and provider.drafts_created == 2
     assert not provider.held_drafts
+
+
+# -- the draft check right after an unknown send, its scope moving between its calls ----
+
+
+def test_a_draft_check_whose_scope_moved_after_its_first_call_reads_no_message(
+    rig: EngineRig,
+) -> None:
+    """`a` sends the job's draft and the answer is lost (Unknown; the draft consumed). Its
+    worker asks the draft at once: whether the scope is still `a`'s was asked before
+    that check only, and the check is two calls (`drafts.get`, then `messages.get` of a
+    draft found gone): `a` stalled past its scope's lease after the first made the second
+    all the same, over the new owner's quota. It now asks before each: the second is not
+    made, the outcome stays Unknown with the draft due to be asked, and `b`, the scope's
+    owner now, asks it and confirms the job by it: one copy."""
+    rig.submit("notices", "k10")
+    a, b = two_daemons(rig)
+    provider = fake(rig)
+    provider.script(Scripted.dropped_response())
+    checking = provider.check_draft
+    stalled: list[int] = []
+
+    def a_stalls_in_its_check(draft: Draft) -> Any:  # after `a`'s ask before the check
+        if not stalled:
+            stalled.append(provider.message_reads)
+            rig.clock.advance(LEASE + GRACE)  # `a` renews nothing meanwhile
+        return checking(draft)
+
+    provider.check_draft = a_stalls_in_its_check  # type: ignore[method-assign]
+    a.tick()
+    assert stalled == [0] and provider.message_reads == 0, rig.events("k10")
+    assert rig.job("k10").state is JobState.UNKNOWN
+    assert rig.events("k10")[-1] == "Unknown"
+    for _ in range(3):
+        rig.clock.advance(1)
+        b.tick()
+    assert b.owners is not None and b.owners.owned() == ["fake"]
+    assert provider.message_reads == 1  # `b`'s
+    assert rig.job("k10").state is JobState.CONFIRMED, rig.events("k10")
+    assert [c.via for c in rig.ledger.history("k10") if isinstance(c, SendJob.Confirmed)] == [
+        ConfirmedVia.DRAFT
+    ]
+    assert rig.copies("k10") == 1

@@ -74,6 +74,7 @@ class FakeDraftsProvider(FakeProvider):
         self._shown: dict[str, tuple[str, str]] = {}
         self._raws: dict[str, bytes] = {}  # draft id -> its message as it is now
         self.raw_reads = 0  # `draft_raw` calls
+        self.message_reads = 0  # a check's read of a gone draft's message (its second call)
 
     # -- scripting ----------------------------------------------------------------------
 
@@ -220,6 +221,11 @@ class FakeDraftsProvider(FakeProvider):
             self._scripted_get_failure()
             if draft.draft_id in self.held_drafts:
                 return DraftCheck(DraftStatus.PENDING)
+        # Gone as a draft: its message is read in a second call, asked first as Gmail's
+        # check asks (`next_call`), and counted.
+        next_call(f"get {draft.provider_message_id}")
+        with self._lock:
+            self.message_reads += 1
             for copy in self.copies:
                 if copy.provider_message_id == draft.provider_message_id:
                     return DraftCheck(DraftStatus.SENT, copy.provider_message_id, copy.message_id)

@@ -461,7 +461,10 @@ class Dispatch:
                 # own): then the sweep of the scope's owner asks; or the daemon is
                 # stopping: then the next run's sweep does (`_after_send_call`).
                 if self._after_send_call(claimed):
-                    claimed.check = drafts_flow.ask_draft(work.job, drafts)
+                    # A check of two calls (drafts.get, then messages.get of a draft
+                    # found gone) asks again before its second, as the send's calls did.
+                    with calls_while(may_go_on):
+                        claimed.check = drafts_flow.ask_draft(work.job, drafts)
                     crash_point("after-search")
                 work.now = self._clock()
             self._circuits.called(

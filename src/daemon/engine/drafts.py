@@ -225,11 +225,16 @@ class NotOurs(SendledgerError):
 
 
 def ask_draft(job: SendJob, drafts: DraftsProvider) -> DraftCheck | None:
-    """The job's recorded draft's answer; None when the provider could not say."""
+    """The job's recorded draft's answer; None when the provider could not say, or the
+    check stopped between its calls once the job's quota scope went to another daemon
+    (`calls_while`): that daemon's sweep asks the draft."""
     draft = recorded_draft(job)
     assert draft is not None, "ask_draft needs a recorded draft"
     try:
         return drafts.check_draft(draft)
+    except ScopeLost as lost:
+        log.info("job %s: draft check stopped (%s)", job.key, lost)
+        return None
     except ProviderError as exc:
         log.warning("job %s: draft check failed (%s)", job.key, quoted(exc.reason))
         return None
