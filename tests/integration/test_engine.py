@@ -1067,6 +1067,33 @@ def test_a_fenced_draft_a_person_sent_by_hand_is_not_sent_again(
     assert rig.of("by-hand", "Confirmed")[0].via == "search"
 
 
+def test_a_recorded_draft_a_person_sent_by_hand_before_its_claim_is_not_sent_again(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    """send_via = "drafts", `pending_draft = "send"`: a drafts.send answered 503 leaves
+    the draft unsent (`DraftPending`), due to be sent again. Before its next claim a
+    person presses Send on that draft in Gmail's web client, which sends it under a
+    message id of its own. The claim's draft step found the recorded draft gone and its
+    message gone, and made and sent a new draft: two copies at the emulator. A recorded
+    draft gone without a SENT message, with no person's resend since, is no proof that
+    nothing was sent: the job goes to review (`unknown-outcome`), one copy."""
+    rig = make_rig({"receipts": {**RETRY_5M, "pending_draft": "send"}}, send_via="drafts")
+    message_id = rig.submit("receipts", "by-hand-2")
+    relay.set_plan(FaultPlan(send=["503"]))
+    rig.tick()
+    assert rig.names("by-hand-2")[-2:] == ["Unknown", "DraftPending"], rig.names("by-hand-2")
+    [draft_id] = emulator.drafts(MAILBOX)
+    emulator.send_draft_by_hand(draft_id)
+    for _ in range(3):
+        rig.advance_and_tick(1)
+    assert emulator.copies(message_id) == 1, rig.names("by-hand-2")
+    assert rig.sends() == 1  # the 503 alone
+    assert rig.state("by-hand-2") is JobState.REVIEW, rig.names("by-hand-2")
+    job = rig.ledger.get_job("by-hand-2")
+    assert job.reason == "unknown-outcome"
+    assert emulator.drafts(MAILBOX) == {}
+
+
 def claimed_and_held(
     ledger: Ledger, leases: Leases | None, clock: FakeClock, key: str, *, submit: bool = True
 ) -> None:

@@ -25,7 +25,7 @@ from daemon.providers.draft_handle import Draft
 from daemon.service_layer.services import ChannelPolicies, Services
 from ledger.decision_types import Review
 from ledger.job import SendJob
-from ledger.vocabulary import ConfirmedVia, EscalationReason, JobState
+from ledger.vocabulary import ConfirmedVia, EscalationReason, JobState, Resolution
 
 #: A channel where "not sent" would go to a person: a wrong one is a spurious review.
 LEGAL = policy("legal", on_unknown="review", pending_draft="review", search_after="60s")
@@ -444,3 +444,33 @@ def test_a_draft_check_whose_scope_moved_after_its_first_call_reads_no_message(
         ConfirmedVia.DRAFT
     ]
     assert rig.copies("k10") == 1
+
+
+# -- a recorded draft gone from the mailbox before the claim that would send it ---------
+
+
+def test_a_recorded_draft_gone_before_its_claim_is_reviewed_and_a_persons_resend_sends_anew(
+    rig: EngineRig,
+) -> None:
+    """The job's draft was found unsent after its call (`DraftPending`, sent again next),
+    and is gone before that claim: deleted in the mailbox here, though a person's Send
+    there looks the same to the daemon (tests/integration/test_engine.py). A new draft
+    is not made and sent: the job goes to review. A person's resend, made on its own
+    search, is the decision the vanished draft lacked: a new draft is sent, one copy."""
+    rig.submit("notices", "k11")
+    provider = fake(rig)
+    provider.script(Scripted.lost_request())
+    rig.tick()
+    assert rig.events("k11")[-2:] == ["Unknown", "DraftPending"]
+    draft_id = rig.job("k11").draft_id
+    assert draft_id is not None
+    provider.delete_by_person(draft_id)
+    rig.tick()
+    job = rig.job("k11")
+    assert job.state is JobState.REVIEW and job.reason == EscalationReason.UNKNOWN_OUTCOME
+    assert provider.drafts_created == 1 and rig.copies("k11") == 0
+    rig.clock.advance(61)  # the resend's own rule: the index has caught up (search_after)
+    door_of(rig).resolve("k11", Resolution.RESEND, note="I deleted the draft", by="alice")
+    rig.tick()
+    assert rig.job("k11").state is JobState.CONFIRMED, rig.events("k11")
+    assert provider.drafts_created == 2 and rig.copies("k11") == 1

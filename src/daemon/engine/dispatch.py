@@ -326,6 +326,14 @@ class Dispatch:
                     f"{changed}; not sent",
                 )
                 return None
+            except drafts_flow.DraftVanished as vanished:
+                # Sent from the mailbox by a person, or deleted there: a new draft sent
+                # now would be a second copy in the first case.
+                work.to_review(
+                    Review(policy.ref, EscalationReason.UNKNOWN_OUTCOME),
+                    f"{vanished}; not sent: look for it in the Sent folder",
+                )
+                return None
             except drafts_flow.NotOurs:
                 log.info("job %s: no draft made: its quota scope went to another daemon", job.key)
                 work.count("skipped")

@@ -6,7 +6,9 @@ Before the claim: the job's recorded draft, when it is still unsent; else a draf
 run made and never recorded (a crash between create and save), found by its Message-ID and
 reused; else a new one. DraftCreated goes into the same save as the claim, so the claim's
 one call sends that draft. Only a recorded draft is ever sent, and a draft makes at most
-one message, so no draft is ever sent twice.
+one message, so no draft is ever sent twice. A recorded draft gone and not SENT is no
+proof of anything (a person may have sent it from the mailbox): review, not a new draft,
+unless a person resent the job since (DraftVanished).
 
 After an unknown outcome the draft is asked at once, in the worker, with no index wait:
 still there -> that attempt sent nothing (DraftPending: the policy's `pending_draft`
@@ -94,7 +96,8 @@ def prepare_draft(
 
     A draft made earlier (recorded, or found) is read back first and held to `raw`, the
     proven render: one a person edited in the mailbox raises DraftChanged, and nothing
-    is sent (docs/providers.md "Gmail setup").
+    is sent (docs/providers.md "Gmail setup"). A recorded draft found gone and not SENT
+    raises DraftVanished, unless a person resent the job since (`_resent_by_a_person`).
 
     The look-up of a draft made earlier is many calls (`drafts.list` pages, a `drafts.get`
     of each draft listed): each further one asks `may_create()` too (`calls_while`), and
@@ -125,12 +128,22 @@ def _prepared(
             raise DraftAlreadySent(recorded)
         if status is DraftStatus.PENDING:  # gone, then there again: no answer to act on
             raise ProviderError(f"draft {recorded.draft_id}: answered gone, then unsent")
+        if not _resent_by_a_person(job):
+            raise DraftVanished(recorded)
     reused = _unrecorded_draft(job, drafts, raw)
     if reused is None and may_create is not None and not may_create():
         raise NotOurs(job.key)
     draft = reused or drafts.create_draft(raw)
     job.record_draft(draft_id=draft.draft_id, provider_message_id=draft.provider_message_id, at=now)
     return draft, reused is None
+
+
+def _resent_by_a_person(job: SendJob) -> bool:
+    """Whether the job's latest state is a person's resend (`Resolved`, resend), with no
+    claim since: that person decided on their own search, made with the draft found gone
+    (`Services._fenced_search`), so a new draft is theirs to send. A resend its searches
+    decided (`Requeued`) forgot the draft already (`DraftGone`)."""
+    return job.resent and not job.requeued and job.round_attempts == 0
 
 
 def _held_to(draft: Draft, current: bytes, proven: bytes) -> None:
@@ -214,6 +227,22 @@ class DraftChanged(SendledgerError):
         super().__init__(f"draft {draft.draft_id} was changed in the mailbox: {difference}")
         self.draft = draft
         self.difference = difference
+
+
+class DraftVanished(SendledgerError):
+    """The job's recorded draft, never sent by a claim of this job's that answered, is
+    gone and no SENT message has its message id: deleted by a person, or sent by one
+    from the mailbox, whose client sends a draft under a message id of its own. Nothing
+    the daemon can read now tells which (the search's index lags), so nothing is sent:
+    the job goes to review (docs/architecture.md "The life of one job on a drafts
+    provider")."""
+
+    def __init__(self, draft: Draft) -> None:
+        super().__init__(
+            f"draft {draft.draft_id} is gone from the mailbox and no sent copy has its"
+            " message id: deleted there, or sent from there under another"
+        )
+        self.draft = draft
 
 
 class NotOurs(SendledgerError):
