@@ -136,8 +136,8 @@ class SendJob(Aggregate):
     draft_message_id: str | None
     # The draft (id, message id) a sweep's fence recorded as deleted, written before the
     # deletion (docs/architecture.md "The life of one job on a drafts provider"): asked
-    # in place of a recorded one until the answer, so a draft found gone under it is
-    # read as the fence's doing, by whichever daemon asks.
+    # in place of a recorded one until the answer, so its SENT message still confirms
+    # the job, whichever daemon asks (gone and not SENT, it proves nothing: DraftGone).
     fenced_draft: tuple[str, str] | None
     # Every draft id recorded as deleted (`DraftsDeleted`): never reused by a later
     # attempt, whose listing by Message-ID may still show one whose deletion was
@@ -668,7 +668,7 @@ class SendJob(Aggregate):
             if job.draft_id in self.draft_ids:
                 if self.why == DRAFTS_FENCE:
                     # A sweep's fence is written before its deletion: the draft is
-                    # asked once more, and gone, read as the fence's doing.
+                    # asked once more, for its SENT message.
                     job.fenced_draft = (job.draft_id, job.draft_message_id)
                 # Deleted: a later attempt makes a new one (prepare_draft).
                 job.draft_id = None

@@ -440,8 +440,8 @@ class Sweep:
                     return
         work.now = self._clock()
         # A person's check while the draft was asked and fenced must not lose the answer:
-        # the draft it deleted would be read next time as gone, "sent or deleted by
-        # someone", and the job searched or sent to review though it is known unsent.
+        # the draft this sweep deleted would be read next time as gone, which proves
+        # nothing, and the job searched or sent to review though it is known unsent.
         _save_beside_facts(work, self._draft_answer(work, draft, check, policy, provider))
         log.info("job %s: its draft is %s", job.key, check.status.value)
 
