@@ -108,6 +108,10 @@ class ReportRefusal(StrEnum):
     # by someone who guessed the key, not the job's.
     OTHER_DATE = "other-date"
     RECORDED_ALREADY = "recorded-already"  # the same report, read again (not a refusal)
+    # Another report about recipients whose bounce of that kind (delayed, failed) the job
+    # has recorded already: at most one Bounced per (recipient, permanence), so a flood of
+    # reports, each with its own id, does not grow the job's history.
+    REPEATED = "repeated"
 
 
 @dataclass(frozen=True)

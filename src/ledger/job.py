@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -179,6 +179,10 @@ class SendJob(Aggregate):
     # the reports recorded (their DSN ids), each once (docs/how-it-works.md "Bounces").
     watch_until: datetime | None
     bounce_ids: tuple[str, ...]
+    # (recipient, permanent) of every Bounced recorded (addresses lower-cased): a report
+    # that adds none is not recorded, so a flood of reports adds at most two events per
+    # recipient (docs/how-it-works.md "Bounces: what a report proves").
+    bounced_pairs: frozenset[tuple[str, bool]]
     # When it last went to review (its latest Escalated event; None: never): how long a
     # job in review has waited, which a check or a triage writing to it does not reset.
     # Set by the events alone, so a job stored by any release has it once replayed.
@@ -299,6 +303,7 @@ class SendJob(Aggregate):
             job.unknown_at = None
             job.watch_until = None
             job.bounce_ids = ()
+            job.bounced_pairs = frozenset()
             job.escalated_at = None
 
     class Attempted(Event):
@@ -733,6 +738,7 @@ class SendJob(Aggregate):
 
         def apply(self, job: Any) -> None:
             job.bounce_ids = (*job.bounce_ids, self.dsn_id)
+            job.bounced_pairs = job.bounced_pairs | bounced_pairs(self.recipients)
 
     class BounceWatchEnded(Event):
         """The job's bounce watch is over (`watch_bounces` after its confirmation): no
@@ -1222,10 +1228,16 @@ class SendJob(Aggregate):
             raise BounceRefused(
                 self, ReportRefusal.RECORDED_ALREADY, f"{dsn_id} is recorded already"
             )
+        if not _own_recipients(self, report):
+            raise BounceRefused(
+                self, ReportRefusal.NOT_A_RECIPIENT, "no recipient of the report is"
+            )
         recipients = bounce_recipients(self, report)
         if not recipients:
             raise BounceRefused(
-                self, ReportRefusal.NOT_A_RECIPIENT, "no recipient of the report is"
+                self,
+                ReportRefusal.REPEATED,
+                "each of its recipients has a bounce of that kind recorded already",
             )
         permanent = any(r.permanent for r in recipients)
         if isinstance(decision, decide.Review) and not permanent:
@@ -1586,10 +1598,34 @@ def _settled_due(job: Any) -> datetime | None:
     return _earliest(job.verify_at, job.tidy_at, watch)
 
 
-def bounce_recipients(job: SendJob, report: DeliveryReport) -> list[BouncedRecipient]:
+def _own_recipients(job: SendJob, report: DeliveryReport) -> list[BouncedRecipient]:
     """The recipients of a report that are the job's own (To, Cc, Bcc)."""
     ours = job.content.recipient_addresses()
     return [r for r in report.recipients if r.address.lower() in ours]
+
+
+def bounce_recipients(job: SendJob, report: DeliveryReport) -> list[BouncedRecipient]:
+    """What a report would record on the job: its recipients that are the job's own,
+    each (address, permanent) once and only if no Bounced recorded it before
+    (`bounced_pairs`). So a job holds at most two Bounced per recipient (delayed, failed)
+    however many reports name it: a forged report is mail anyone can send, and a flood
+    of them must not grow the job's history (docs/how-it-works.md "Bounces: what a
+    report proves")."""
+    kept: list[BouncedRecipient] = []
+    seen = set(job.bounced_pairs)
+    for recipient in _own_recipients(job, report):
+        pair = (recipient.address.lower(), recipient.permanent)
+        if pair not in seen:
+            seen.add(pair)
+            kept.append(recipient)
+    return kept
+
+
+def bounced_pairs(recipients: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, bool]]:
+    """(address lower-cased, permanent) of each recipient a Bounced event recorded."""
+    return frozenset(
+        (str(r.get("address", "")).lower(), r.get("action") == "failed") for r in recipients
+    )
 
 
 class BounceRefused(TransitionError):
@@ -1615,6 +1651,7 @@ __all__ = [
     "SendJob",
     "TransitionError",
     "bounce_recipients",
+    "bounced_pairs",
     "created_at",
     "job_id_for",
 ]

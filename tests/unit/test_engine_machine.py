@@ -33,7 +33,7 @@ from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
 from daemon.engine.dispatch import NOT_OURS, STOPPED, WITHHELD
-from ledger.job import SendJob, TransitionError
+from ledger.job import SendJob, TransitionError, bounced_pairs
 from ledger.stores.index import index_row
 from ledger.vocabulary import ConfirmedVia, JobState, Resolution
 from policies.model import ChannelPolicy
@@ -412,6 +412,7 @@ def check_bounces(job: SendJob, events: list[Any], *, genuine: set[str]) -> None
     the only state change is to review on a channel that asks for it."""
     policy = BY_CHANNEL.get(job.channel)
     recorded: set[str] = set()
+    pairs: set[tuple[str, bool]] = set()
     watching = False
     bounced = False
     for index, event in enumerate(events):
@@ -425,6 +426,9 @@ def check_bounces(job: SendJob, events: list[Any], *, genuine: set[str]) -> None
             assert event.dsn_id not in recorded, (job.key, "a report recorded twice")
             assert event.dsn_id in genuine, (job.key, "a forged report recorded")
             recorded.add(event.dsn_id)
+            for pair in bounced_pairs(event.recipients):
+                assert pair not in pairs, (job.key, "a recipient's bounce recorded twice")
+                pairs.add(pair)
             bounced = True
             follows = events[index + 1] if index + 1 < len(events) else None
             if isinstance(follows, SendJob.Escalated):
