@@ -44,6 +44,7 @@ from ledger.exceptions import SendledgerError
 
 __all__ = [
     "MAX_REPORT_BYTES",
+    "UNVERIFIED_SAID",
     "BouncedRecipient",
     "DeliveryReport",
     "ReportRefusal",
@@ -112,6 +113,19 @@ class ReportRefusal(StrEnum):
     # has recorded already: at most one Bounced per (recipient, permanence), so a flood of
     # reports, each with its own id, does not grow the job's history.
     REPEATED = "repeated"
+
+
+#: What every recorded report is, as each place that shows a Bounced says it (the job page,
+#: `history`, `history --json`, the `bounced` webhook, `sendledger_bounces_total`): no
+#: report is proved. Nothing here checks who sent one (its sender, its `Received` lines,
+#: its authentication results are what the sender wrote, or what the mailbox's server
+#: wrote, and nothing tells the two apart here), so a report is a claim of whoever could
+#: write it (docs/how-it-works.md "Bounces: what a report proves"). The event format
+#: holds no field for it: no release has proved one.
+UNVERIFIED_SAID = (
+    "unverified: a report is mail; whoever knows the job's Message-ID and a recipient"
+    " (on SMTP + IMAP its Date too) could have written it"
+)
 
 
 @dataclass(frozen=True)

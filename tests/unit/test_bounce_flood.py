@@ -19,6 +19,7 @@ from tests.unit.jobs import reload, replay
 from tests.unit.test_bounces import engine_of
 
 from daemon.api.metrics import Metrics, Sources
+from daemon.engine import Engine
 from ledger.content import parse_job
 from ledger.decision_types import RecordBounce
 from ledger.delivery_reports import BouncedRecipient, DeliveryReport, ReportRefusal
@@ -120,12 +121,19 @@ def test_a_job_records_each_recipient_s_bounce_of_each_kind_once_whatever_arrive
     assert reload([*history, *events]).bounced_pairs == frozenset(pairs)
 
 
+def metered(rig: EngineRig) -> tuple[Engine, Metrics, str]:
+    """An engine on the rig counting into metrics, and the Message-ID of the job r-1 it
+    sent and watches."""
+    metrics = Metrics(Sources(rig.ledger, {}))
+    engine = engine_of(rig, "metrics", observer=metrics)
+    mid = rig.submit("receipts", "r-1")
+    engine.tick()
+    return engine, metrics, mid
+
+
 def test_a_flood_of_reports_about_one_recipient_adds_two_events_and_counts_the_rest() -> None:
     with EngineRig(policy("receipts", watch_bounces="1h")) as rig:
-        metrics = Metrics(Sources(rig.ledger, {}))
-        engine = engine_of(rig, "metrics", observer=metrics)
-        mid = rig.submit("receipts", "r-1")
-        engine.tick()
+        engine, metrics, mid = metered(rig)
         original = f"From: {MAILBOX}\r\nTo: {TO}\r\nMessage-ID: {mid}\r\n\r\nhi\r\n".encode()
         for n in range(30):
             delayed = {"status": "4.4.7", "action": "delayed"} if n % 3 == 0 else {}

@@ -356,7 +356,7 @@ def test_the_job_page_says_what_the_report_says_and_metrics_count_it(rig: Engine
     assert details["recipients"] == f"5.1.1 {TO}: smtp; 550 5.1.1 user unknown"
     assert details["permanent"] == "true" and details["dsn_id"].startswith("<")
     text = metrics.render().decode()
-    assert 'sendledger_bounces_total{kind="permanent"} 1.0' in text
+    assert 'sendledger_bounces_total{kind="permanent",verified="false"} 1.0' in text
     assert 'sendledger_bounce_reports_total{outcome="recorded"} 1.0' in text
     assert 'sendledger_bounce_reports_total{outcome="not-ours"} 1.0' in text
 

@@ -297,6 +297,7 @@ def test_a_confirmed_job_is_delivered_once_with_its_fields(rig: Rig) -> None:
             "event_id": event_id_for(job.id, confirmed.originator_version),
             "reason": None,
             "detail": None,
+            "verified": None,
         }
     ]
 

@@ -71,7 +71,10 @@ class Metrics:
         # docs/how-it-works.md "Bounces": reports recorded on jobs, and every report read
         # by what became of it (recorded, or why not).
         self.bounces = Counter(
-            "sendledger_bounces", "Bounces recorded on jobs, by kind", ["kind"], registry=r
+            "sendledger_bounces",
+            "Bounces recorded on jobs, by kind; every one unverified",
+            ["kind", "verified"],
+            registry=r,
         )
         self.bounce_reports = Counter(
             "sendledger_bounce_reports",
@@ -162,7 +165,8 @@ class Metrics:
                 self.escalations.labels(getattr(event, "reason", "")).inc()
             elif kind == "Bounced":
                 permanent = getattr(event, "permanent", False)
-                self.bounces.labels("permanent" if permanent else "transient").inc()
+                # No report is proved (`UNVERIFIED_SAID`): the label says so on the series.
+                self.bounces.labels("permanent" if permanent else "transient", "false").inc()
             elif kind == "BounceWatchEnded":
                 self.watches_ended.labels(getattr(event, "reason", "") or "read").inc()
 

@@ -60,8 +60,9 @@ MEANING: dict[EscalationReason, str] = {
     ),
     EscalationReason.BOUNCED: (
         "The message was sent (the provider confirmed it), but a delivery report in the "
-        "sender's mailbox says a recipient's server refused it for good: that recipient "
-        "does not have it."
+        "sender's mailbox says a recipient's server refused it for good, unverified: a "
+        "report is mail, and whoever knows the job's Message-ID and that recipient could "
+        "have written it."
     ),
     EscalationReason.ONLY_IN_TRASH: (
         "The only copies a search found are in the sender's trash, none in its sent "
@@ -110,9 +111,10 @@ NEXT: dict[EscalationReason, str] = {
         "abandon (its drafts are deleted)."
     ),
     EscalationReason.BOUNCED: (
-        "Read the report in the timeline (the recipient and the server's words), settle the "
-        "address with the customer (a new job under a new key), then resolve as sent: the "
-        "message went out, and a resend would reach the other recipients twice."
+        "Read the report in the timeline (the recipient, the server's words, the reporter), "
+        "settle the address with the customer before suppressing it (a new job under a new "
+        "key), then resolve as sent: the message went out, and a resend would reach the "
+        "other recipients twice."
     ),
     EscalationReason.ONLY_IN_TRASH: (
         "Open the copy in the sender's trash (the check lists where each copy was found): "

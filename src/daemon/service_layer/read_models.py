@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from ledger.delivery_reports import said
+from ledger.delivery_reports import UNVERIFIED_SAID, said
 from ledger.display import iso
 from ledger.job import SendJob
 from ledger.stores.index import IndexRow
@@ -89,6 +89,10 @@ def event_record(event: Any) -> dict[str, Any]:
     for field in dataclasses.fields(event):
         if field.name not in _EVENT_BASE_FIELDS:
             record[field.name] = plain(getattr(event, field.name))
+    if record["type"] == "Bounced":
+        # Said on every report, an earlier release's too: none is proved
+        # (`UNVERIFIED_SAID`); the event keeps no field for it.
+        record["verified"] = False
     return record
 
 
@@ -99,6 +103,9 @@ def timeline_details(record: dict[str, Any]) -> list[tuple[str, str]]:
     details = []
     for name, value in record.items():
         if name in ("type", "version", "at") or name in BULKY_FIELDS:
+            continue
+        if record["type"] == "Bounced" and name == "verified":
+            details.append((name, f"{json.dumps(value)} ({UNVERIFIED_SAID})"))
             continue
         if value is None or value == "" or value == [] or value == {}:
             continue

@@ -101,10 +101,14 @@ def payload(kind: str, job: SendJob, event: Any, event_id: str) -> dict[str, Any
     """The JSON a delivery POSTs: the job as it was right after the event. `reason` is
     a code (the job's reason; for `rejected` one of `REJECTED_CODES`; for `bounced`
     `permanent` or `transient`); `detail` is the provider's text for `rejected`, the
-    report's recipients and statuses for `bounced`, else null."""
+    report's recipients and statuses for `bounced`, else null; `verified` is false for
+    `bounced`, as every report is (a claim, not a proof:
+    `ledger.delivery_reports.UNVERIFIED_SAID`), else null."""
+    verified: bool | None = None
     if kind == "bounced":
         reason: str | None = "permanent" if event.permanent else "transient"
         detail: str | None = said(event.recipients)
+        verified = False
     elif kind == "rejected":
         reason, detail = rejected_code(event), event.reason
     else:
@@ -119,6 +123,7 @@ def payload(kind: str, job: SendJob, event: Any, event_id: str) -> dict[str, Any
         "event_id": event_id,
         "reason": reason,
         "detail": detail,
+        "verified": verified,
     }
 
 
