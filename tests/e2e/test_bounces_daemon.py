@@ -140,6 +140,7 @@ def test_each_bounce_is_recorded_once_across_a_kill9_and_forgeries_on_none(
             [event] = bounced(rig, key)
             assert event["recipients"][0]["address"] == to  # type: ignore[index]
             assert event["permanent"] is True
+            assert event["verified"] is False  # history --json: a report is a claim
             assert rig.state(key) == "confirmed"  # a bounce changes nothing of the send
             assert rig.copies(key) == 1
         for key in [*fine, "other-1"]:
@@ -158,8 +159,8 @@ def test_each_bounce_is_recorded_once_across_a_kill9_and_forgeries_on_none(
     for key in bouncing:
         deliveries = [p for p in receiver.accepted if p["key"] == key]
         assert {p["event_id"] for p in deliveries} == {event_ids[key]}
-        assert {(p["type"], p["reason"], p["state"]) for p in deliveries} == {
-            ("bounced", "permanent", "confirmed")
+        assert {(p["type"], p["reason"], p["state"], p["verified"]) for p in deliveries} == {
+            ("bounced", "permanent", "confirmed", False)
         }
         assert bouncing[key] in deliveries[0]["detail"]
 
