@@ -52,7 +52,7 @@ from daemon.webhooks.delivery_threads import (
     start_webhooks,
 )
 from daemon.webhooks.worker import Hook
-from ledger.event_format import StoreFormatNewer
+from ledger.event_format import StoreFormatNewer, check_event_format
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.loaded_policies import DAEMON
 from ledger.stores.url import PostgresStore, SqliteStore, StoreSpec
@@ -277,10 +277,10 @@ class Daemon:
                     api.stop()  # its port, bound and not served
                 raise
         except BaseException:
-            # Refused at start-up: the store as the start found it, and only the engine's
-            # workers run (bootstrap started them), stopped as a stop would, so that a
-            # caller in this process (`try`, tests) is not left their threads.
-            give_back_refused_start(self.service.ledger)
+            # Refused at start-up: the store as the start found it (`start_up` declares
+            # and takes its declaration back), and only the engine's workers run
+            # (bootstrap started them), stopped as a stop would, so that a caller in this
+            # process (`try`, tests) is not left their threads.
             self.engine.stop()
             self.service.close()
             raise
@@ -602,19 +602,19 @@ def start_up(service: Service) -> IdentityLock | None:
     check_provider_access(service.providers)
     name = service.engine.daemon_name
     if not name:
+        _declare_format(service)
         _warn_other_senders(service)
         return None
-    try:
-        identity = service.ledger.hold_identity(name)
-    except IdentityTaken:
-        # Refused after the open, whose event format declaration replaced the live
-        # daemon's of this name: that one is put back.
-        give_back_refused_start(service.ledger)
-        raise
-    # Once the name is this process's: a start refused says its refusal alone.
-    _warn_other_senders(service)
+    # Refused here, nothing was written: the open declared nothing (`cmd_run`).
+    identity = service.ledger.hold_identity(name)
     wait = not identity.ends_only_with_holder
     try:
+        # Only the name's holder declares, so a start the name refuses never replaces the
+        # running daemon's declaration, nor has one to put back (docs/operations.md
+        # "Upgrading").
+        _declare_format(service)
+        # Once the name is this process's: a start refused says its refusal alone.
+        _warn_other_senders(service)
         if wait:
             # The process that held the name may still be calling: its claims wait for
             # their deadline, and so do the scopes it held (docs/performance.md "Several
@@ -631,10 +631,29 @@ def start_up(service: Service) -> IdentityLock | None:
         # loaded once to learn it (docs/architecture.md "Bounces on the job").
         dues = service.ledger.fill_other_dues()
     except BaseException:
+        # Put back while the name is held: no other process of it declares meanwhile.
+        give_back_refused_start(service.ledger)
         identity.release()
         raise
     _say_started(name, report.recovered, filled, dues)
     return identity
+
+
+def _declare_format(service: Service) -> None:
+    """This daemon's event format declared, and the store's raised if its release writes a
+    newer one (`ledger.event_format.check_event_format`): StoreFormatNewer, or
+    OlderReleaseLive while a server of an older release is live on the store."""
+    ledger = service.ledger
+    try:
+        check_event_format(ledger, server=(DAEMON, service.engine.daemon_name))
+    except BaseException as exc:
+        give_back_refused_start(ledger)  # refused: its own declaration withdrawn
+        # A read-only store file, a full disk: the one line of every store refusal, as
+        # the open says it (`daemon.from_settings.open_ledger`).
+        said = ledger.unavailable(exc) if isinstance(exc, Exception) else None
+        if said is not None:
+            raise said from exc
+        raise
 
 
 def _say_started(name: str, recovered: int, filled: int, dues: int) -> None:
@@ -656,11 +675,7 @@ def _warn_other_senders(service: Service) -> None:
 def run_once(service: Service) -> TickReport:
     identity = None
     try:
-        try:
-            hooks = hooks_from(service.settings)  # a bad secret file: exit 2 first
-        except BaseException:
-            give_back_refused_start(service.ledger)  # the store as this refusal found it
-            raise
+        hooks = hooks_from(service.settings)  # a bad secret file: exit 2, nothing written
         identity = start_up(service)
         lost: list[IdentityTaken] = []
         check = None

@@ -239,12 +239,13 @@ class Ledger(Application[UUID]):
         spec = parse_store_url(store, base_dir=base_dir) if isinstance(store, str) else store
         self.store = spec
         self.clock = clock
-        #: The event format row this process declared as a server at its open
-        #: (`ledger.event_format.check_event_format`): its stop removes that row, and not
-        #: one another server wrote later under the same name.
+        #: The event format row this process declared as a server (an API server at its
+        #: open, a daemon once it holds its name: `ledger.event_format.check_event_format`):
+        #: its stop removes that row, and not one another server wrote later under the
+        #: same name.
         self.format_declaration: FormatRow | None = None
-        #: The row of the same holder that declaration replaced (a live server of its
-        #: name), put back when the start is refused (`give_back_declaration`).
+        #: The row of the same holder that declaration replaced (the name's earlier
+        #: process's), put back when the start is refused (`give_back_declaration`).
         self.format_replaced: FormatRow | None = None
         self._backend: StoreBackend = backend_for(spec)
         #: This process's saves that failed unsure (`ledger.own_writes`).

@@ -18,7 +18,9 @@ are). So the shapes of the events and of the job index are numbered:
 - The store records the highest format written to it (``ledger.stores.format_rows``), and
   each server the format its release reads, at its start.
 
-``check_event_format`` is asked at every open (``daemon.from_settings.open_ledger``):
+``check_event_format`` is asked at every open (``daemon.from_settings.open_ledger``),
+and by a daemon once it holds its name (``daemon.runtime.start_up``: only the name's
+holder declares, so a start the name refuses writes nothing):
 
 - a store of a newer format than the release reads is refused (``StoreFormatNewer``,
   exit 2): "this store holds events of format N, this release reads up to M: upgrade
@@ -154,8 +156,10 @@ def check_event_format(
     now = time.time() if now is None else now
     own = server_holder(*server) if server is not None else None
     # The row of this server's name before its own declaration replaces it: a live server
-    # of that name is another process (the name's lock refuses this one only after the
-    # open), and reads what it declared.
+    # of that name is another process (an API server's name is held by no lock; a
+    # daemon declares once it holds its name, but on PostgreSQL the name's earlier
+    # process may still run after a database restart ended its lock), and reads what it
+    # declared.
     replaced = found.get(own or "")
     if own is not None:
         # Before reading the others: a server that starts beside this one sees it.
@@ -188,11 +192,13 @@ def check_event_format(
 
 
 def give_back_declaration(ledger: Ledger) -> None:
-    """A server's start refused after its open (an older release live, or its
-    daemon.name held by a live daemon: IdentityTaken): the declaration the open wrote is
-    taken back, the row of its name it replaced put back (the live server's, whose own
-    stop removes only that one), so the store is as the start found it. Both only while
-    the row is still the one this start wrote: one of the name declared since is kept."""
+    """A server's start refused after it declared (an older release live; a daemon's
+    recovery failing once it holds its name; an API server's port): the declaration is
+    taken back, the row of its name it replaced put back (the name's earlier process's,
+    whose own stop removes only that one), so the store is as the start found it. Both
+    only while the row is still the one this start wrote: one of the name declared since
+    is kept. A daemon declares only once it holds its name (`daemon.runtime.start_up`),
+    so a start its name refuses has nothing to give back."""
     declared, replaced = ledger.format_declaration, ledger.format_replaced
     if declared is None:
         return
@@ -222,9 +228,9 @@ def _live_readers(
 ) -> dict[str, int]:
     """The format each live server other than this one (`own`) reads: those with a live
     loaded-policies row (FIRST_FORMAT when it declared none), and those that declared
-    within STARTING_SECONDS. A live row of `own`'s name is another process's (a daemon's
-    is live only while a process holds its name; this one holds it after its open): it
-    reads what it declared before this one's declaration replaced it (`replaced`)."""
+    within STARTING_SECONDS. A live row of `own`'s name is another process's (an API
+    server's; a daemon's whose lock a PostgreSQL restart ended while it ran): it reads
+    what it declared before this one's declaration replaced it (`replaced`)."""
     live: dict[str, int] = {}
     for server in ledger.loaded_policies().live(now):
         holder = server_holder(server.kind, server.name)

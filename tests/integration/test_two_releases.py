@@ -21,6 +21,7 @@ from ledger.application import Ledger
 from ledger.event_format import Release, check_event_format
 from ledger.stores.format_rows import STORE_HOLDER, format_rows_for
 from ledger.stores.loaded_policies import DAEMON, LoadedPolicies
+from testkit.credentials import write_service_account
 
 pytestmark = pytest.mark.postgres
 
@@ -52,6 +53,12 @@ def test_a_rolling_upgrade_on_postgresql(
 ) -> None:
     old_host = host_config(tmp_path, pg_url, "a")
     new_host = host_config(tmp_path, pg_url, "b")
+    # b's daemon builds its provider before it holds its name and declares: credentials
+    # it can load (nothing is asked of the token endpoint at the start).
+    write_service_account(tmp_path / "b" / "sa.json", token_uri="http://127.0.0.1:1/token")
+    (tmp_path / "b" / "sa.json").chmod(0o600)
+    with (tmp_path / "b" / "sendledger.toml").open("a", encoding="utf-8") as config:
+        config.write('user = "support@example.com"\n')
     with Ledger(pg_url) as ledger:
         # Host a runs the older release (format 1): started, and announced, by the
         # store's clock.

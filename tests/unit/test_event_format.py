@@ -257,18 +257,18 @@ def test_a_start_refused_by_the_name_lock_leaves_the_declarations_as_it_found_th
     ledger: Ledger,
 ) -> None:
     """A second daemon of the same release and name (`IdentityTaken`, exit 3) is refused
-    after its open, which declared its format in place of the live daemon's. Before, the
-    row stayed the refused start's: a fresh declaration, so `admin copy-store` took the
-    store for one a server was starting on, and the live daemon's stop, which removes
-    only its own, left it there. Now the live one's is put back; beside a live daemon
-    that declared none (an earlier release) the refused start's is removed."""
+    by the name's lock. Its open declared its format in place of the live daemon's, and
+    the row stayed the refused start's: a fresh declaration, so `admin copy-store` took
+    the store for one a server was starting on, and the live daemon's stop, which
+    removes only its own, left it there. A daemon now declares only once it holds its
+    name (`start_up`): the refused start writes nothing, beside a live daemon that
+    declared none (an earlier release) too."""
     check_event_format(ledger, server=(DAEMON, "a"), clock=lambda: T0)
     kept = format_rows_for(ledger.recorder).rows()["daemon a"]
     live_row(ledger, "a")
     live_row(ledger, "b")  # a daemon of a release that declares nothing
     for name in ("a", "b"):
         with Ledger(ledger.store) as second:
-            check_event_format(second, server=(DAEMON, name), clock=lambda: T0 + 1)
             service = daemon_on(second, name=name).service
             with pytest.raises(IdentityTaken):
                 start_up(service)
@@ -306,7 +306,8 @@ def test_a_refused_start_whose_declaration_cannot_be_put_back_is_still_the_name_
     ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The store failing the give-back's write leaves IdentityTaken (exit 3, its line),
-    not the store's error as the start's."""
+    not the store's error as the start's (a start the name refuses has declared nothing
+    since the Sixteenth wave: nothing is given back)."""
     check_event_format(ledger, server=(DAEMON, "a"), clock=lambda: T0)
     live_row(ledger, "a")
 
@@ -315,7 +316,6 @@ def test_a_refused_start_whose_declaration_cannot_be_put_back_is_still_the_name_
 
     monkeypatch.setattr(loaded, "give_back_declaration", failing)
     with Ledger(ledger.store) as second:
-        check_event_format(second, server=(DAEMON, "a"), clock=lambda: T0 + 1)
         service = daemon_on(second, name="a").service
         with pytest.raises(IdentityTaken):
             start_up(service)

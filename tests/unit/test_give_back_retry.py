@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import pytest
 from tests.unit.daemon_thread import daemon_on
-from tests.unit.test_event_format import T0, ledger, live_row  # noqa: F401
+from tests.unit.test_event_format import T0, ledger  # noqa: F401
 
 from daemon.runtime import start_up
 from daemon.service_layer import loaded
 from ledger.application import Ledger
 from ledger.event_format import check_event_format
-from ledger.stores import IdentityTaken
 from ledger.stores.format_rows import FormatRow, format_rows_for
 
 
@@ -39,19 +38,24 @@ def failing_once(monkeypatch: pytest.MonkeyPatch, ledger: Ledger) -> list[str]:
 def test_a_put_back_the_store_fails_once_is_tried_again(
     ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A second daemon of the name, refused (`IdentityTaken`), whose put-back of the live
-    daemon's row meets a store error: tried once, the row stayed the refused start's.
-    Now tried again, and the live daemon's row is back."""
+    """A start that holds its name and declared, then is refused (here its recovery of
+    the name's claims fails), puts back the row its declaration replaced (the name's
+    earlier process's); a store error at that write: tried once, the row stayed the
+    refused start's. Now tried again, and the earlier row is back, put back before the
+    name is let go (no other process of the name declares meanwhile)."""
     monkeypatch.setattr(loaded, "GIVE_BACK_PAUSE", 0.01, raising=False)
     check_event_format(ledger, server=("daemon", "a"), clock=lambda: T0)
     kept = format_rows_for(ledger.recorder).rows()["daemon a"]
-    live_row(ledger, "a")
     tries = failing_once(monkeypatch, ledger)
     with Ledger(ledger.store) as second:
-        check_event_format(second, server=("daemon", "a"), clock=lambda: T0 + 1)
-        assert format_rows_for(ledger.recorder).rows()["daemon a"] != kept
         service = daemon_on(second, name="a").service
-        with pytest.raises(IdentityTaken):
+
+        def recovery_fails(**_: object) -> None:
+            assert format_rows_for(ledger.recorder).rows()["daemon a"] != kept
+            raise OSError("disk I/O error")
+
+        monkeypatch.setattr(service.engine, "recover_own_claims", recovery_fails)
+        with pytest.raises(OSError):
             start_up(service)
         service.close()
     assert tries == ["daemon a", "daemon a"]

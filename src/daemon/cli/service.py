@@ -138,7 +138,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from daemon.cli import HANGUPS, keep_hangups
     from daemon.logs import setup_logging
     from daemon.runtime import Daemon, run_once
-    from daemon.service_layer.loaded import give_back_refused_start
 
     if args.once:
         signal.signal(signal.SIGHUP, signal.SIG_DFL)  # one pass: no reload to keep
@@ -151,10 +150,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings_for(args.config)
     setup_logging(settings.daemon.log_level)
     policies = load_policies(settings)  # refuse to start on a broken policy folder (exit 2)
-    from ledger.stores.loaded_policies import DAEMON
 
-    server = (DAEMON, settings.daemon.name)
-    with open_ledger(settings, service=True, server=server) as ledger:
+    # A store too new is refused here, nothing written; the daemon declares its event
+    # format, and raises the store's, once it holds its name (`start_up`): a start its
+    # name refuses writes nothing (docs/operations.md "Upgrading").
+    with open_ledger(settings, service=True, writes=False) as ledger:
         try:
             service = bootstrap(
                 settings,
@@ -163,7 +163,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                 policies=policies,
             )
         except BaseException as exc:
-            give_back_refused_start(ledger)
             if isinstance(exc, ValueError | OSError):
                 raise bad_input(f"providers: {exc}") from None
             raise

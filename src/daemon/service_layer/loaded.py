@@ -277,11 +277,12 @@ def announce_policies(
 
 
 def give_back_refused_start(ledger: Ledger) -> None:
-    """A server's start refused after its open (its name taken, its port, a provider or
-    a webhook it cannot build): the event format declaration the open wrote is taken
-    back (`ledger.event_format.give_back_declaration`), so that the store is as the start
+    """A server's start refused after it declared its event format (an API server's
+    port or heartbeat; a daemon, which declares once it holds its name, an older release
+    live or its recovery failing): the declaration is taken back
+    (`ledger.event_format.give_back_declaration`), so that the store is as the start
     found it. Left, it was a fresh declaration: `admin copy-store` took the store for one
-    a server was starting on, for a minute, and a live server of the name, whose row it
+    a server was starting on, for a minute, and a server of the name, whose row it
     replaced, did not remove it at its stop. A store that fails that write leaves the
     refusal the line.
 
