@@ -35,7 +35,7 @@ from eventsourcing.utils import Environment, EnvType
 
 from ledger.addresses import mailbox_key
 from ledger.content import JobContent
-from ledger.exceptions import Refusal, SendledgerError
+from ledger.exceptions import Refusal, SendledgerError, of_type
 from ledger.job import SendJob, TransitionError, created_at, job_id_for
 from ledger.message_id import message_id_for
 from ledger.own_writes import OwnWrites
@@ -406,8 +406,7 @@ class Ledger(Application[UUID]):
             )
         except AggregateNotFoundError:
             raise UnknownJob(key) from None
-        assert isinstance(job, SendJob)
-        return job
+        return of_type(job, SendJob, f"the aggregate stored for job {key}")
 
     def get_jobs(self, keys: Sequence[str]) -> dict[str, SendJob]:
         """The jobs of `keys` that exist, by key: read in one query where the backend's
@@ -742,8 +741,7 @@ class Ledger(Application[UUID]):
         # Again after: a delivery that read the event before this commit may have written
         # the receiver's echo of it since (the webhook worker reads after it writes).
         self._scrub_webhook_errors(pattern, texts)
-        assert isinstance(job, SendJob)
-        return job
+        return of_type(job, SendJob, f"the aggregate stored for job {key}")
 
     def _scrub_webhook_errors(self, pattern: re.Pattern[str] | None, texts: list[str]) -> None:
         """A purge's scrub of the webhooks' last errors: a receiver's refusal, kept until
@@ -850,8 +848,7 @@ class Ledger(Application[UUID]):
         handle = self._retry_locked(read)
         if handle is None:
             return None
-        assert isinstance(handle, ProviderHandle)
-        return handle
+        return of_type(handle, ProviderHandle, f"the aggregate stored for handle {provider}")
 
     def handle_reliable(self, provider: str) -> bool:
         return self.handle_unmarked(provider) is not None
@@ -1193,8 +1190,7 @@ class Ledger(Application[UUID]):
         events = self._retry_locked(lambda: list(self.events.get(job_id, lte=version)))
         if not events or events[-1].originator_version != version:
             raise UnknownJob(str(job_id))
-        job: Any = project_aggregate(None, events)
-        assert isinstance(job, SendJob)
+        job = of_type(project_aggregate(None, events), SendJob, f"the events of job {job_id}")
         return job, events[-1]
 
     # -- helpers ----------------------------------------------------------------------

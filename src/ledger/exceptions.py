@@ -54,6 +54,8 @@ so a user's program runs it without the daemon's packages.
           ├── CliError                   its own exit code: daemon/exit_codes.py
           ├── ApiError                   its own status: daemon/api/errors.py
           └── failures                   kind None
+               ├── BrokenInvariant                       ledger/exceptions.py: a fact
+               │                                         the code rests on did not hold
                ├── ConcurrentUpdate                      ledger/application.py
                ├── RewriteFailed                         ledger/stores/purge.py
                ├── EventKeyMissing                       ledger/stores/cipher.py
@@ -88,6 +90,9 @@ to a kind changes.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 
 class Refusal(StrEnum):
@@ -106,4 +111,26 @@ class SendledgerError(Exception):
     kind: Refusal | None = None
 
 
-__all__ = ["Refusal", "SendledgerError"]
+class BrokenInvariant(SendledgerError):
+    """A fact the code rests on did not hold (a bug, or a store holding what no release
+    wrote): a failure, raised where an `assert` would vanish under `python -O` and let
+    the wrong value go on into a decision or an event."""
+
+
+def known(value: _T | None, fact: str) -> _T:
+    """`value`, which `fact` says is there; BrokenInvariant naming the fact when it is
+    not."""
+    if value is None:
+        raise BrokenInvariant(fact)
+    return value
+
+
+def of_type(value: object, kind: type[_T], fact: str) -> _T:
+    """`value`, which `fact` says is a `kind`; BrokenInvariant naming the fact and what
+    it is when it is not."""
+    if not isinstance(value, kind):
+        raise BrokenInvariant(f"{fact}: {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+__all__ = ["BrokenInvariant", "Refusal", "SendledgerError", "known", "of_type"]

@@ -49,6 +49,7 @@ from ledger.delivery_reports import (
     read_report,
 )
 from ledger.display import quoted
+from ledger.exceptions import known as known_value
 from ledger.job import BounceRefused, SendJob, bounce_recipients
 from ledger.message import message_date
 from ledger.stores.index import IndexRow, WatchHold
@@ -438,12 +439,12 @@ class BounceWatch:
         # one read per report per interval.
         not_yet: set[str] = set()
         for provider_id, seen in waiting:
-            assert seen.report is not None
-            if seen.report.original_message_id in not_yet:
+            waiting_report = known_value(seen.report, "a report waits for its job once read")
+            if waiting_report.original_message_id in not_yet:
                 continue
             outcome = self._attribute(read, provider_id, seen, counter)
             if outcome is None:
-                not_yet.add(seen.report.original_message_id)
+                not_yet.add(waiting_report.original_message_id)
             if outcome is _MOVING:
                 stalled = True  # its job is watched: its watch waits for the next read
             elif outcome is not None:
@@ -620,8 +621,7 @@ class BounceWatch:
         mailbox. The outcome, or None: the job is not watched yet (asked again later), or
         `_MOVING`: it is, but other writers kept moving it (tried again at the next read,
         which its watch's end waits for)."""
-        report = seen.report
-        assert report is not None
+        report = known_value(seen.report, "a report is recorded once read")
         row = self._ledger.row_by_message_id(report.original_message_id)
         if row is None:
             return self._refused(provider_id, ReportRefusal.UNKNOWN_JOB, report.original_message_id)

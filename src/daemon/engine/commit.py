@@ -65,7 +65,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
-from ledger.exceptions import SendledgerError
+from ledger.exceptions import SendledgerError, known
 
 if TYPE_CHECKING:
     from ledger.application import Ledger
@@ -376,8 +376,7 @@ class _Waits(TypedDict):
 
 
 def _job(save: _Save) -> SendJob:
-    assert save.job is not None, "flushes are filtered out before a commit"
-    return save.job
+    return known(save.job, "flushes are filtered out before a commit")
 
 
 def _tell(then: Then, error: BaseException | None) -> None:

@@ -44,6 +44,7 @@ from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, Draft
 from ledger.application import ConcurrentUpdate
 from ledger.decision_types import AfterRejection, Review
 from ledger.display import quoted
+from ledger.exceptions import known
 from ledger.job import DRAFTS_CLAIM_LOST, SendJob, TransitionError
 from ledger.message import render_checked
 from ledger.stores.unchanged import Changed, Unchanged
@@ -396,8 +397,10 @@ class Dispatch:
         that replaces Message-IDs never find one, so the misses are no evidence."""
         unchanged = self._health.unmarked_in_store(work.job.last_provider or policy.provider)
         if unchanged is None:
-            refused = decisions.before_search(policy, handle_reliable=False)
-            assert refused is not None
+            refused = known(
+                decisions.before_search(policy, handle_reliable=False),
+                "an unreliable handle sends a job to review before its search",
+            )
             work.to_review(refused, _MARKED_SINCE_REQUEUED)
         return unchanged
 
@@ -544,8 +547,8 @@ class Dispatch:
 
     def outcome_to_events(self, claimed: Claimed) -> None:
         """The call's outcome as events on the job in memory (saved by the caller)."""
-        work, policy, outcome = claimed.work, claimed.policy, claimed.outcome
-        assert outcome is not None, "outcome_to_events() follows send()"
+        work, policy = claimed.work, claimed.policy
+        outcome = known(claimed.outcome, "outcome_to_events() follows send()")
         job, now = work.job, work.now
         tidy_at = _tidy_at(policy, claimed.provider, now)
         if outcome.kind is SendKind.CONFIRMED and outcome.provider_message_id:
@@ -584,8 +587,8 @@ class Dispatch:
     def count_outcome(self, claimed: Claimed) -> None:
         """What follows a saved outcome: counts and logs (a confirmation is counted by
         the save that made it durable)."""
-        work, outcome = claimed.work, claimed.outcome
-        assert outcome is not None, "count_outcome() follows outcome_to_events()"
+        work = claimed.work
+        outcome = known(claimed.outcome, "count_outcome() follows outcome_to_events()")
         job = work.job
         if outcome.reason == STOPPED:
             log.info("job %s: %s", job.key, STOPPED)  # not a refusal by the provider
@@ -630,9 +633,9 @@ class Dispatch:
         return True
 
     def _after_rejection(self, claimed: Claimed, unavailable: bool) -> AfterRejection:
-        policy, job, outcome = claimed.policy, claimed.work.job, claimed.outcome
+        policy, job = claimed.policy, claimed.work.job
         now = claimed.work.now
-        assert outcome is not None
+        outcome = known(claimed.outcome, "a rejection follows the call's outcome")
         if not outcome.transient:
             return decisions.after_permanent_rejection(policy)
         if unavailable:

@@ -37,7 +37,7 @@ from daemon.engine.circuit import Circuits
 from daemon.providers.base import ProviderError, ScopeLost, calls_while
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
 from ledger.display import quoted
-from ledger.exceptions import SendledgerError
+from ledger.exceptions import SendledgerError, known
 from ledger.job import SendJob
 from policies import decisions
 from policies.model import ChannelPolicy
@@ -257,8 +257,7 @@ def ask_draft(job: SendJob, drafts: DraftsProvider) -> DraftCheck | None:
     """The job's recorded draft's answer; None when the provider could not say, or the
     check stopped between its calls once the job's quota scope went to another daemon
     (`calls_while`): that daemon's sweep asks the draft."""
-    draft = recorded_draft(job)
-    assert draft is not None, "ask_draft needs a recorded draft"
+    draft = known(recorded_draft(job), "ask_draft needs a recorded draft")
     try:
         return drafts.check_draft(draft)
     except ScopeLost as lost:
@@ -285,8 +284,7 @@ def record_draft_check(
     the asker's own deletion succeeded (then it answered PENDING), a person may have
     sent it from the mailbox under another message id (docs/architecture.md "The life
     of one job on a drafts provider")."""
-    draft = asked_draft(job)
-    assert draft is not None, "record_draft_check needs a recorded draft"
+    draft = known(asked_draft(job), "record_draft_check needs a recorded draft")
     if check.status is DraftStatus.SENT:
         confirm_recorded(job, policy, draft, now, tidy_at)
     elif check.status is DraftStatus.PENDING:

@@ -61,6 +61,7 @@ from ledger.decision_types import (
     StopVerifying,
 )
 from ledger.display import quoted
+from ledger.exceptions import known
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob, TransitionError
 from ledger.stores.unchanged import Changed
 from ledger.vocabulary import JobState, PolicyRef
@@ -124,8 +125,7 @@ class SearchBackoff:
 
     def ask(self, work: Work, drafts: DraftsProvider, provider: Provider) -> DraftCheck | None:
         """The job's draft's answer, under the same circuit and backoff as a search."""
-        draft = asked_draft(work.job)
-        assert draft is not None, "ask needs a recorded draft"
+        draft = known(asked_draft(work.job), "ask needs a recorded draft")
         return self._call(
             work, provider, "draft check", lambda: drafts.check_draft(draft), "searched"
         )
@@ -141,8 +141,7 @@ class SearchBackoff:
         """The copies of ours the mailbox's history lists since the job's claim, under the
         same circuit and backoff as a search (an expired start is an answer, not a failure)."""
         job = work.job
-        start = job.history_id
-        assert start is not None, "a history read needs the claim's historyId"
+        start = known(job.history_id, "a history read needs the claim's historyId")
 
         def read() -> SearchResult | HistoryTooOld:
             try:
@@ -418,8 +417,7 @@ class Sweep:
         `DraftGone` and the search decides (docs/architecture.md "The life of one job on
         a drafts provider")."""
         job = work.job
-        draft = asked_draft(job)
-        assert draft is not None
+        draft = known(asked_draft(job), "a fence needs a recorded draft")
         check = self._backoff.ask(work, drafts, provider)
         if check is None:
             return

@@ -67,7 +67,7 @@ from ledger.application import (
 from ledger.content import JobContent, JobInputError
 from ledger.copies import copies_found, found_only_in_trash
 from ledger.display import command_line, iso, quoted
-from ledger.exceptions import Refusal
+from ledger.exceptions import Refusal, of_type
 from ledger.job import DRAFTS_FENCE, FACTS, SendJob, TransitionError, check_name
 from ledger.keys import note_problem
 from ledger.stores.unchanged import Changed, Unchanged
@@ -537,8 +537,7 @@ class Services:
             events = self.ledger.history(key)
         except UnknownJob as exc:
             raise ServiceError(Refusal.NOT_FOUND, str(exc)) from None
-        job = project_events(None, events)
-        assert isinstance(job, SendJob)
+        job = of_type(project_events(None, events), SendJob, f"the events of job {key}")
         history = [event_record(e) for e in events]
         checks = [r for r in history if r["type"] == "Checked"]
         last_check = checks[-1] if checks else None

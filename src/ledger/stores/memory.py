@@ -24,6 +24,7 @@ from eventsourcing.persistence import ApplicationRecorder
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 from eventsourcing.utils import get_topic
 
+from ledger.exceptions import known
 from ledger.stores.identity import MemoryIdentityLock, memory_names_held
 from ledger.stores.index import (
     ALL_JOBS,
@@ -85,8 +86,10 @@ class MemoryJobIndexRecorder(MemoryHook, POPOApplicationRecorder):
     def write_beside(self, kwargs: Mapping[str, Any]) -> None:
         if REWRITES_KWARG in kwargs:
             for event in rewrites_from(kwargs):
-                position = self.stored_position(event.originator_id, event.originator_version)
-                assert position is not None  # check_beside saw it, under the same lock
+                position = known(
+                    self.stored_position(event.originator_id, event.originator_version),
+                    "a rewritten event is stored (check_beside saw it, under the same lock)",
+                )
                 self.replace_stored(position, event)
         rows = rows_from(kwargs)
         if rows:

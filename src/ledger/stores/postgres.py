@@ -28,6 +28,7 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 from psycopg.sql import SQL, Composed
 
+from ledger.exceptions import known
 from ledger.stores.causes import StoreUnavailable, UnsureConflict, exception_chain
 from ledger.stores.identity import IdentityTaken, NameSession, advisory_key
 from ledger.stores.index import (
@@ -891,8 +892,8 @@ class AdvisoryIdentityLock:
         self._orphan = None if row is None else (int(row[0]), row[1])
 
     def _try_lock(self) -> bool:
-        assert self._conn is not None
-        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
+        conn = known(self._conn, "the name's lock is tried on its open session")
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
         return row is not None and bool(row[0])
 
     def _end_orphan(self) -> bool:
