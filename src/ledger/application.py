@@ -479,6 +479,25 @@ class Ledger(Application[UUID]):
                 self._own_writes.saved(job.key)
                 return
 
+    def stored_after_unsure(self, job: SendJob) -> bool:
+        """After a save of `job` that raised with its commit not known (the COMMIT's
+        answer lost, the store's tries given up), whether its pending events are stored:
+        read back past the job's version, this process's own (`ledger.own_writes`) are
+        adopted as stored, no longer pending, and True. False when they are not all
+        there: nothing stored past the version (the save did not happen; its events stay
+        pending), or another writer's events. A read that fails raises."""
+        pending = job.pending_events
+        if not pending:
+            return True
+        base = pending[0].originator_version - 1
+        stored = self._retry_locked(lambda: list(self.events.get(job.id, gt=base)))
+        adopted = self._own_writes.stored_of_ours(job.key, pending, stored)
+        if adopted < len(pending):
+            return False  # a save stores all of its events or none: not this one's
+        del pending[:adopted]
+        self._own_writes.saved(job.key)
+        return True
+
     def _adopt_own_write(self, job: SendJob) -> bool:
         """After a conflict: whether the events stored past the job's version are the
         first of its pending ones, written by a save of this process that failed unsure

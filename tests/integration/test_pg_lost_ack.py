@@ -12,21 +12,27 @@ effects are counted in the store itself.
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from eventsourcing.persistence import OperationalError
+from psycopg_pool import PoolTimeout
 from tests.integration.listeners import stop_listening
+from tests.unit.test_scope_owners import POLICIES, Mailboxes, submit
 
+from daemon.doubles.fake_provider import FakeProvider
 from daemon.doubles.fake_time import FakeClock
+from daemon.engine import Engine, PolicyHolder
 from ledger.application import ConcurrentUpdate, Ledger, Sender
 from ledger.content import JobContent
-from ledger.job import JobState
+from ledger.job import JobState, SendJob
 from ledger.stores.cipher import new_key
 from ledger.vocabulary import PolicyRef
 
@@ -163,3 +169,53 @@ def test_a_claim_whose_commit_and_its_look_up_are_both_lost_is_adopted_as_saved(
         assert [type(e).__name__ for e in ledger.history("k3")] == ["Requested", "Attempted"]
         assert not job.pending_events
         assert job.version == ledger.get_job("k3").version
+
+
+def test_a_claim_whose_save_gave_up_at_a_lost_commit_is_read_back_and_released(
+    proxied: tuple[str, LostAckProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT of a claim's save reaches the server, its answer and the look-up of its
+    transaction are lost, and the store's tries give up (an outage as long as
+    `store_wait`): the save raises, the claim stored. Before, the job stayed claimed
+    until its deadline and was recovered as an unknown outcome: searched, or with
+    `on_unknown = "review"` a person's look, for a send never made. The store is now
+    read back at once: the claim is this process's own, released with no call made,
+    and the job is sent at the next tick, once."""
+    url, proxy = proxied
+    with Ledger(url) as ledger:
+        fake = FakeProvider("fake", clock=ledger.clock)
+        calls = Mailboxes(fake)
+        engine = Engine(ledger, PolicyHolder(lambda: POLICIES), {"fake": calls},
+                        provider_timeouts={"fake": 5.0}, deadline_grace=5.0,
+                        rng=random.Random(1), daemon_name="a")  # fmt: skip
+        try:
+            submit(ledger, "k4", 0)
+
+            def look_up_lost(xid: int) -> bool:
+                # The server unreachable meanwhile: no connection to ask it on, and the
+                # store's tries give up; it answers again by the read-back.
+                ledger.store_wait = Ledger.store_wait
+                raise PoolTimeout("couldn't get a connection after 0.01 sec")
+
+            monkeypatch.setattr(ledger.recorder, "_committed", look_up_lost)
+            save_job = ledger.save_job
+
+            def claim_cut_at_its_commit(job: SendJob, **kwargs: Any) -> None:
+                if job.state is JobState.ATTEMPTED and not proxy.dropped.is_set():
+                    ledger.store_wait = 0.0  # no try again: the save gives up at once
+                    proxy.armed.set()
+                save_job(job, **kwargs)
+
+            monkeypatch.setattr(ledger, "save_job", claim_cut_at_its_commit)
+            engine.tick()
+            assert proxy.dropped.is_set()
+            assert fake.sends == 0
+            job = ledger.get_job("k4")
+            assert job.state is JobState.REQUESTED, [type(e).__name__ for e in ledger.history("k4")]
+            engine.tick()
+            while ledger.get_job("k4").state is not JobState.CONFIRMED:
+                time.sleep(0.05)
+                engine.tick()
+            assert (fake.sends, fake.searches) == (1, 0)
+        finally:
+            engine.close()

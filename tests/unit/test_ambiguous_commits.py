@@ -109,16 +109,41 @@ def test_the_same_events_written_by_another_writer_still_conflict(rig: EngineRig
         rig.ledger.save_job(mine)
 
 
-def test_a_claim_whose_commit_failed_makes_no_call_and_is_recovered_as_unknown(
+def test_a_claim_whose_commit_failed_is_read_back_released_and_sent_once(
     rig: EngineRig,
+) -> None:
+    """Stored, and believed failed: before, no call and the claim left to its deadline,
+    recovered as an unknown outcome (here a review) for a send never made. The store is
+    read back: its own Attempted there, the claim is released unsent, due again."""
+    rig.submit("legal", "k1")
+    lose_next_commit_answer(rig)
+    rig.tick()
+    assert rig.provider.sends == 0  # invariant 1: not known to be durable, not called
+    assert rig.events("k1") == ["Requested", "Attempted", "Rejected"]
+    claim = rig.ledger.history("k1")[1]
+    assert isinstance(claim, SendJob.Attempted) and claim.daemon == DAEMON
+    assert rig.job("k1").state is JobState.REQUESTED
+    rig.advance_and_tick(LEASE + 1)
+    assert rig.provider.sends == 1 and rig.job("k1").state is JobState.CONFIRMED
+
+
+def test_a_claim_whose_commit_failed_and_cannot_be_read_back_is_recovered_as_unknown(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rig.submit("legal", "k1")
     lose_next_commit_answer(rig)
+    get = rig.ledger.events.get
+
+    def unreadable_past_a_version(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("gt") is not None:  # the read-back: the store down again
+            raise OperationalError("the store's connection dropped")
+        return get(*args, **kwargs)
+
+    monkeypatch.setattr(rig.ledger.events, "get", unreadable_past_a_version)
     rig.tick(errors=1)
-    assert rig.provider.sends == 0  # invariant 1: not known to be durable, not called
+    monkeypatch.undo()
+    assert rig.provider.sends == 0
     assert rig.events("k1") == ["Requested", "Attempted"]
-    claim = rig.ledger.history("k1")[-1]
-    assert isinstance(claim, SendJob.Attempted) and claim.daemon == DAEMON
     rig.clock.advance(LEASE + 1)
     assert rig.tick().recovered == 1
     assert rig.provider.sends == 0 and rig.job("k1").state is JobState.REVIEW

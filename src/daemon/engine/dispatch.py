@@ -156,19 +156,22 @@ class Dispatch:
                 return False
             claimed.probe = probe
             try:
-                self.save_claim(claimed)  # durable; a conflict here means no call is made
+                # Durable; a conflict here means no call is made.
+                saved = self.save_claim_or_read_back(claimed)
             except Changed:
                 self._claim_withdrawn(claimed)
                 return False
-            with self._leases.holding(work.job, claimed.lease, work.now, self._grace) as lease:
-                claimed.held = lease
-                lease.written = claimed.deadline
-                self.send(claimed)
-            called = True
+            if saved:
+                with self._leases.holding(work.job, claimed.lease, work.now, self._grace) as lease:
+                    claimed.held = lease
+                    lease.written = claimed.deadline
+                    self.send(claimed)
+                called = True
         finally:
             if probe and not called:
                 self._circuits.probe_returned(_scope(work))
-        self._leases.stop_renewing(lease)
+        if claimed.held is not None:
+            self._leases.stop_renewing(claimed.held)
         self.outcome_to_events(claimed)
         # The outcome, durable with the next commit (this worker's next claim, or its
         # flush before it sleeps: `commit.py`); if it fails, recovered at the deadline.
@@ -193,6 +196,32 @@ class Dispatch:
         finally:
             if claimed.held is not None:
                 self._leases.release(claimed.held)
+
+    def save_claim_or_read_back(self, claimed: Claimed) -> bool:
+        """`save_claim`; True: the claim is durable, the call may go. A save that raised
+        with its commit not known (the COMMIT's answer lost and the store's tries given
+        up) is settled by reading the store back, not left to the claim's deadline and a
+        search (or a person's look) for a send never made: this process's own Attempted
+        stored, the claim is released with nothing sent (False, the outcome set: due
+        again); not stored, or the read failing too, the save's failure as before."""
+        try:
+            self.save_claim(claimed)
+            return True
+        except (ConcurrentUpdate, Changed):
+            raise  # known not stored: nothing to read back
+        except Exception:
+            work = claimed.work
+            try:
+                stored = work.ledger.stored_after_unsure(work.job)
+            except Exception as exc:
+                log.info("job %s: the claim's save not read back: %s", work.job.key, exc)
+                stored = False
+            if not stored:
+                raise
+        log.warning("job %s: %s", work.job.key, CLAIM_READ_BACK)
+        claimed.outcome = claim_read_back()
+        work.now = self._clock()
+        return False
 
     def save_claim(self, claimed: Claimed) -> None:
         """The claim, durable. When another writer got there first (a person cancelled
@@ -688,6 +717,19 @@ NOT_OURS = (
 #: Why a claimed send was not made (`Dispatch.send`): the daemon was asked to stop while
 #: the claim was saved; the claim is the job's last Attempted, with no provider call behind it.
 STOPPED = "not sent: the daemon was stopping when its claim was saved"
+
+
+#: Why a claim was released unsent (`Dispatch.save_claim_or_read_back`): its save failed
+#: with the commit not known, and the store, read back, held it.
+CLAIM_READ_BACK = (
+    "not sent: its claim's commit was not known (the store's answer lost), read back "
+    "stored, and released with no call made"
+)
+
+
+def claim_read_back() -> SendOutcome:
+    """The outcome of a claim found stored after its save failed: nothing sent."""
+    return SendOutcome(SendKind.REJECTED, CLAIM_READ_BACK, transient=True, unavailable=True)
 
 
 def stopped() -> SendOutcome:
