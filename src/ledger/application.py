@@ -485,12 +485,15 @@ class Ledger(Application[UUID]):
         read back past the job's version, this process's own (`ledger.own_writes`) are
         adopted as stored, no longer pending, and True. False when they are not all
         there: nothing stored past the version (the save did not happen; its events stay
-        pending), or another writer's events. A read that fails raises."""
+        pending), or another writer's events. A read that fails twice raises."""
         pending = job.pending_events
         if not pending:
             return True
         base = pending[0].originator_version - 1
-        stored = self._retry_locked(lambda: list(self.events.get(job.id, gt=base)))
+        # Two tries, not `store_wait`'s: the save has waited that long already, and a
+        # store still down leaves the claim to its deadline's recovery, as before.
+        read = lambda: list(self.events.get(job.id, gt=base))  # noqa: E731
+        stored = self._retry_locked(read, attempts=2)
         adopted = self._own_writes.stored_of_ours(job.key, pending, stored)
         if adopted < len(pending):
             return False  # a save stores all of its events or none: not this one's
