@@ -115,26 +115,35 @@ def test_on_postgresql_the_old_process_renews_the_name_s_scopes_no_more_once_it_
     owner name) and its workers kept calling, past the new process's wait for its calls.
     Now each renewal asks the name's lock first: taken, it renews nothing and calls for no
     scope (the tick, when it comes, stops the daemon as before)."""
-    with Ledger(pg_url) as ledger:
-        old_name = ledger.hold_identity("a")
-        old = _engine(ledger, Mailboxes(FakeProvider("fake", clock=ledger.clock)))
-        old.check_name_by(old_name.check)
+    with Ledger(pg_url) as ledger, _sending_then_taken(ledger, sessions=False) as (old, _):
+        assert old.owners is not None
+        due = datetime.now(UTC) + timedelta(seconds=LEASE / 2)  # a renewal due
+        old.owners.renew_due(due)
+        assert old.owners.owned() == []
+        assert not old.owners.may_call(scope(0), due)
+
+
+@contextmanager
+def _sending_then_taken(ledger: Ledger, *, sessions: bool) -> Iterator[tuple[Engine, IdentityLock]]:
+    """An old process of name "a" sending for mailbox 0 (`sessions`: its writes under the
+    name asked of its session), then a restart ending its session and a new process
+    taking the name, no check of the old one's told: the old engine and the new name."""
+    old_name = ledger.hold_identity("a")
+    old = _engine(ledger, Mailboxes(FakeProvider("fake", clock=ledger.clock)))
+    old.check_name_by(old_name.check, old_name.session if sessions else None)
+    try:
+        submit(ledger, "k0", 0)
+        old.tick()
+        assert old.owners is not None and old.owners.owned() == [scope(0)]
+        new_name = _taken_after_a_restart(ledger, old_name)
         try:
-            submit(ledger, "k0", 0)
-            old.tick()
-            assert old.owners is not None and old.owners.owned() == [scope(0)]
-            new_name = _taken_after_a_restart(ledger, old_name)
-            try:
-                due = datetime.now(UTC) + timedelta(seconds=LEASE / 2)  # a renewal due
-                old.owners.renew_due(due)
-                assert old.owners.owned() == []
-                assert not old.owners.may_call(scope(0), due)
-            finally:
-                new_name.release()
+            yield old, new_name
         finally:
-            old.name_lost()
-            old.close()
-            old_name.release()
+            new_name.release()
+    finally:
+        old.name_lost()
+        old.close()
+        old_name.release()
 
 
 #: The old process: a daemon of name "a" that sends for mailbox 0, then hangs in nothing
@@ -374,3 +383,25 @@ def test_on_postgresql_the_renewal_s_condition_is_the_session_not_its_pid(pg_url
             assert len(rows.renew("a", [scope(0)], now + 2 * LEASE, held)) == 1
         finally:
             name.release()
+
+
+def test_on_postgresql_a_stop_after_the_name_was_taken_leaves_the_new_process_s_rows(
+    pg_url: str,
+) -> None:
+    """A daemon stopping while a restart ends its session and a new process takes the
+    name (and renews the name's scope leases and heartbeat as its own), before any check
+    of the stopping one told it: its stop released the name's leases (ending them a grace
+    later, while the new process calls for them by its own renewal: another daemon takes
+    the mailbox and both send from it) and removed the new process's heartbeat. The stop's
+    writes now ask the server, as the renewal's do, that its session still holds the
+    name: they write nothing."""
+    with Ledger(pg_url) as ledger, _sending_then_taken(ledger, sessions=True) as (old, new):
+        assert old.owners is not None
+        rows = ledger.scope_leases()
+        until = time.time() + LEASE  # the new process's renewal, by its session
+        rows.beat("a", until, '{"pid": 2}', new.session())
+        assert rows.renew("a", [scope(0)], until, new.session())
+        old.owners.close()  # the old one's stop, no check of its name since
+        (row,) = rows.leases()
+        assert row.lease_until == pytest.approx(until, abs=0.001)  # not released
+        assert rows.heartbeat("a") == Heartbeat(until, '{"pid": 2}')

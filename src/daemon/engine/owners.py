@@ -426,7 +426,7 @@ class ScopeOwners:
                     self._judge_predecessor(at)
                 if self._joined_at is None:
                     self._joined_at = at
-                held_by = None if self._name_session is None else self._name_session()
+                held_by = self._held_by()
                 self._store.beat(self._daemon, until, self._mark(at), held_by)
                 renewed = self._store.renew(self._daemon, scopes, until, held_by)
             except Exception as exc:
@@ -570,7 +570,7 @@ class ScopeOwners:
                     self._held.clear()
                     self._idle_since.clear()
                 if not self.disowned:
-                    self._store.leave(self._daemon)
+                    self._store.leave(self._daemon, self._held_by())
             self.aside = off
             return True
 
@@ -593,7 +593,7 @@ class ScopeOwners:
             # round's start: the round's store reads may have taken a while, and a call
             # that asked just before needs the whole grace.
             until = max(at, self._clock().timestamp()) + self._grace
-            self._store.release(self._daemon, scopes, until)
+            self._store.release(self._daemon, scopes, until, self._held_by())
         self.released += len(scopes)
         log.info("scope%s %s: released", "s" if len(scopes) > 1 else "", ", ".join(scopes))
 
@@ -614,6 +614,12 @@ class ScopeOwners:
                 self.renew_due()
             except Exception as exc:
                 log.warning("scope leases not renewed (%s: %s)", type(exc).__name__, exc)
+
+    def _held_by(self) -> NameSession | None:
+        """The session holding the name, that each write under it asks of the server (the
+        renewal's, the releases, the stop's leave): none where the lock ends only with
+        the process, or no name is held."""
+        return None if self._name_session is None else self._name_session()
 
     def disown(self) -> None:
         """This daemon's name was taken by another process (the store dropped the lock
@@ -640,7 +646,9 @@ class ScopeOwners:
             return  # never joined, or the name (and its rows) went to another process
         try:
             self._release(self.owned(), self._clock().timestamp())
-            self._store.leave(self._daemon)
+            # Only while this process holds the name, as the releases: one that took it
+            # meanwhile (a restart ended this one's session) keeps its heartbeat.
+            self._store.leave(self._daemon, self._held_by())
         except Exception as exc:
             log.warning("scope leases not released (%s: %s)", type(exc).__name__, exc)
 

@@ -119,8 +119,10 @@ class ScopeLeaseStore(Protocol):
         """`name`'s heartbeat row, live or not, None when there is none."""
         ...
 
-    def leave(self, name: str) -> None:
-        """`name` stops sharing (a daemon that stops)."""
+    def leave(self, name: str, held_by: NameSession | None = None) -> None:
+        """`name` stops sharing (a daemon that stops); `held_by`: only while that session
+        holds the name (as `renew`'s), so that a process which lost the name does not
+        remove the new holder's heartbeat."""
         ...
 
     def take(self, owner: str, scopes: list[str], now: float, until: float) -> list[ScopeLease]:
@@ -139,9 +141,13 @@ class ScopeLeaseStore(Protocol):
         name's lock can end under a live process): none renewed once it does not."""
         ...
 
-    def release(self, owner: str, scopes: list[str], until: float) -> None:
+    def release(
+        self, owner: str, scopes: list[str], until: float, held_by: NameSession | None = None
+    ) -> None:
         """End `owner`'s leases on `scopes` at `until` (its clock), when another daemon
-        may take them; `owner` may take them back before that."""
+        may take them; `owner` may take them back before that. `held_by`: only while that
+        session holds the name `owner` (as `renew`'s): a process which lost the name
+        would end the leases the new holder renewed as its own."""
         ...
 
     def forget(self, before: float) -> None:
@@ -205,7 +211,7 @@ class MemoryScopeLeases:
             until = self._daemons.get(name)
             return None if until is None else heartbeat_of(until, self._processes.get(name))
 
-    def leave(self, name: str) -> None:
+    def leave(self, name: str, held_by: NameSession | None = None) -> None:
         with self._lock:
             self._daemons.pop(name, None)
             self._processes.pop(name, None)
@@ -236,7 +242,9 @@ class MemoryScopeLeases:
                     renewed.append(row)
         return renewed
 
-    def release(self, owner: str, scopes: list[str], until: float) -> None:
+    def release(
+        self, owner: str, scopes: list[str], until: float, held_by: NameSession | None = None
+    ) -> None:
         with self._lock:
             for scope in scopes:
                 row = self._rows.get(scope)
@@ -408,8 +416,9 @@ class SqlScopeLeases:
         until, text = rows[0]
         return heartbeat_of(float(until), None if text is None else str(text))
 
-    def leave(self, name: str) -> None:
-        self._run("DELETE FROM {daemons} WHERE name = {p}", [name], fetch=False)
+    def leave(self, name: str, held_by: NameSession | None = None) -> None:
+        held, params = self._held_by(held_by)
+        self._run(f"DELETE FROM {{daemons}} WHERE name = {{p}}{held}", [name, *params], fetch=False)
 
     def take(self, owner: str, scopes: list[str], now: float, until: float) -> list[ScopeLease]:
         if not scopes:
@@ -442,12 +451,15 @@ class SqlScopeLeases:
         lock ends only with its process, nothing to add."""
         return "", []
 
-    def release(self, owner: str, scopes: list[str], until: float) -> None:
+    def release(
+        self, owner: str, scopes: list[str], until: float, held_by: NameSession | None = None
+    ) -> None:
         if scopes:
+            held, params = self._held_by(held_by)
             self._run(
                 "UPDATE {scopes} SET lease_until = {p}, version = version + 1 "
-                f"WHERE owner = {{p}} AND {self._member('scope')}",
-                [until, owner, self._members(scopes)],
+                f"WHERE owner = {{p}} AND {self._member('scope')}{held}",
+                [until, owner, self._members(scopes), *params],
                 fetch=False,
             )
 
