@@ -602,7 +602,11 @@ def start_up(service: Service) -> IdentityLock | None:
     check_provider_access(service.providers)
     name = service.engine.daemon_name
     if not name:
-        _declare_format(service)
+        try:
+            _declare_format(service)
+        except BaseException:
+            give_back_refused_start(service.ledger)  # refused: its own declaration withdrawn
+            raise
         _warn_other_senders(service)
         return None
     # Refused here, nothing was written: the open declared nothing (`cmd_run`).
@@ -646,11 +650,10 @@ def _declare_format(service: Service) -> None:
     ledger = service.ledger
     try:
         check_event_format(ledger, server=(DAEMON, service.engine.daemon_name))
-    except BaseException as exc:
-        give_back_refused_start(ledger)  # refused: its own declaration withdrawn
+    except Exception as exc:
         # A read-only store file, a full disk: the one line of every store refusal, as
         # the open says it (`daemon.from_settings.open_ledger`).
-        said = ledger.unavailable(exc) if isinstance(exc, Exception) else None
+        said = ledger.unavailable(exc)
         if said is not None:
             raise said from exc
         raise
