@@ -18,7 +18,13 @@ from pathlib import Path
 from ledger.exceptions import Refusal, SendledgerError
 from ledger.file_kinds import file_kind
 
-__all__ = ["BYTE_ORDER_MARK", "FileProblem", "read_regular_file", "starts_with_a_mark"]
+__all__ = [
+    "BYTE_ORDER_MARK",
+    "FileMissing",
+    "FileProblem",
+    "read_regular_file",
+    "starts_with_a_mark",
+]
 
 #: What a file that starts with U+FEFF (a Windows editor's byte order mark) is told: the
 #: mark is invisible, and the parser's own words point at line 1, column 1, which looks
@@ -41,6 +47,12 @@ class FileProblem(SendledgerError, ValueError):
         self.reason = reason
 
 
+class FileMissing(FileProblem):
+    """Nothing is at the path, or a symbolic link there leads to nothing: unlike a file
+    of the wrong kind, one that may be put there later (a secret mounted after the
+    daemon's start, docs/cli.md "Exit codes")."""
+
+
 def read_regular_file(path: Path, *, limit: int) -> bytes:
     """The bytes of the regular file at `path` (at most `limit` of them). FileProblem
     for anything else: missing, a dangling symbolic link, a FIFO, a directory, ..."""
@@ -48,8 +60,8 @@ def read_regular_file(path: Path, *, limit: int) -> bytes:
         kind = file_kind(os.stat(path).st_mode)
     except FileNotFoundError:
         if os.path.islink(path):
-            raise FileProblem(path, f"a symbolic link to nothing ({os.readlink(path)})") from None
-        raise FileProblem(path, "No such file or directory") from None
+            raise FileMissing(path, f"a symbolic link to nothing ({os.readlink(path)})") from None
+        raise FileMissing(path, "No such file or directory") from None
     except OSError as exc:
         raise FileProblem(path, f"{exc.strerror or exc}") from None
     if kind is not None:

@@ -233,7 +233,7 @@ def test_the_ten_errors_are_the_lines_the_page_quotes(
         answer = client.post("/v1/jobs", json={})
     made["No token on an HTTP request"] = (answer.status_code, json.dumps(answer.json()))
     codes = {"The same key with other content": 3, "A second daemon with the same name": 3}
-    codes["No token on an HTTP request"] = 401
+    codes |= {"No token on an HTTP request": 401, "No credentials file": 1}
     assert len(lines) == 10 and set(made) == set(dict(lines))
     for title, line in lines:
         printed = made[title][1].replace(str(mail), "/srv/mail").replace(str(site), "/srv/mail")

@@ -499,6 +499,10 @@ KillSignal=SIGTERM
 TimeoutStopSec={timeout_stop_sec(DEFAULT_STOP_TIMEOUT)}
 WatchdogSec=60
 Restart=on-failure
+# Exit 2 is a config it can never start with: not restarted, it would only be refused
+# again every 5 s. A secret file not there yet or a store out of reach is exit 1, and
+# restarted: a secret mounted late is read at the next start (docs/cli.md "Exit codes").
+RestartPreventExitStatus=2
 RestartSec=5
 User={here.user}
 Group={here.group}

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Any
 from daemon.cli import output
 from daemon.cli.job_commands import served, served_from_store
 from daemon.cli.parsers import add_command, login_name
-from daemon.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, bad_input, exit_code_for
+from daemon.exit_codes import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    CliError,
+    bad_input,
+    exit_code_for,
+)
 from daemon.from_settings import load_policies, open_ledger, settings_for
 from daemon.service_layer.read_models import channel_unknown, job_status
 from daemon.service_layer.services import resolve_as_a_person
@@ -134,6 +142,20 @@ def positive_int(text: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """The daemon; refused for a secret file that is not there, exit 1, not 2: a secret
+    mounted after the start may be there at the next, which the unit makes on exit 1
+    and never on exit 2, a config it can never start with (docs/cli.md "Exit codes")."""
+    from daemon.config.secret_text import secret_not_there
+
+    try:
+        return _run(args)
+    except SendledgerError as exc:
+        if exit_code_for(exc) == EXIT_BAD_INPUT and secret_not_there(exc):
+            raise CliError(str(exc), EXIT_FAILURE) from exc
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
     from daemon.bootstrap import bootstrap
     from daemon.cli import HANGUPS, keep_hangups
     from daemon.logs import setup_logging

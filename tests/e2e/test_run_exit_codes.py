@@ -1,0 +1,100 @@
+"""`sendledger run`'s exit code for each way its start is refused, as a process: a config
+it can never start with is exit 2, which the systemd units do not restart; a secret file
+that is not there (yet) is exit 1, which they restart, and the start after the file is put
+there runs (docs/cli.md "Exit codes"; the units' keys: tests/unit/test_unit_restarts.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tests.e2e.daemon_kit import SENDLEDGER
+
+from testkit.credentials import write_service_account
+from testkit.mailservers import free_port
+
+KEY = "gmail-service-account.json"
+
+
+def _site(tmp_path: Path) -> Path:
+    site = tmp_path / "site"
+    done = subprocess.run(
+        [SENDLEDGER, "init", str(site), "--emulator"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    config = site / "sendledger.toml"
+    text = config.read_text(encoding="utf-8").replace("127.0.0.1:8025", f"127.0.0.1:{free_port()}")
+    config.write_text(text, encoding="utf-8")
+    return site
+
+
+def _run(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
+    return subprocess.run(
+        [SENDLEDGER, "--config", str(site / "sendledger.toml"), "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def _one_line(done: subprocess.CompletedProcess[str], starts: str) -> None:
+    assert done.stderr.startswith(f"sendledger: {starts}"), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_secret_file_not_there_yet_is_exit_1_and_the_start_after_it_runs(
+    tmp_path: Path,
+) -> None:
+    site = _site(tmp_path)
+    missing = _run(site, "--once")
+    assert missing.returncode == 1, missing.stderr
+    _one_line(missing, "providers.gmail.credentials_file: cannot read ")
+    assert "No such file or directory" in missing.stderr
+    # A mount's link whose target is not there yet is the same case.
+    (site / KEY).symlink_to(site / "secrets" / KEY)
+    dangling = _run(site, "--once")
+    assert dangling.returncode == 1, dangling.stderr
+    _one_line(dangling, "providers.gmail.credentials_file: cannot read ")
+    (site / "secrets").mkdir()
+    write_service_account(site / "secrets" / KEY, token_uri="http://127.0.0.1:8026/token")
+    later = _run(site, "--once")
+    assert later.returncode == 0, later.stderr
+
+
+def test_a_store_key_or_an_api_token_file_not_there_is_exit_1(tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    write_service_account(site / KEY, token_uri="http://127.0.0.1:8026/token")
+    config = site / "sendledger.toml"
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text.replace('token_file = "api-tokens"', 'token_file = "late/api-tokens"'))
+    tokens = _run(site)  # the API is served by `run`, not by a one-shot run
+    assert tokens.returncode == 1, tokens.stderr
+    assert "api.token_file: cannot read " in tokens.stderr, tokens.stderr
+    assert tokens.stderr.count("\n") == 1, tokens.stderr
+    keyed = text.replace(
+        'url = "sqlite:///ledger.sqlite"',
+        'url = "sqlite:///other.sqlite"\nencryption_key_file = "late/store-key"',
+    )
+    config.write_text(keyed, encoding="utf-8")
+    key = _run(site, "--once")
+    assert key.returncode == 1, key.stderr
+    _one_line(key, "store.encryption_key_file: cannot read ")
+
+
+def test_a_config_it_can_never_start_with_is_exit_2(tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    (site / KEY).write_text("{}\n", encoding="utf-8")  # there, and no key
+    (site / KEY).chmod(0o600)
+    not_a_key = _run(site, "--once")
+    assert not_a_key.returncode == 2, not_a_key.stderr
+    _one_line(not_a_key, "providers.gmail.credentials_file: ")
+    write_service_account(site / KEY, token_uri="http://127.0.0.1:8026/token")
+    config = site / "sendledger.toml"
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text.replace("[daemon]\n", '[daemon]\ntick = "fast"\n'), encoding="utf-8")
+    bad = _run(site, "--once")
+    assert bad.returncode == 2, bad.stderr
+    assert "daemon.tick" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
