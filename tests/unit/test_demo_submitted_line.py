@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from daemon.tools import demo
+from daemon.tools.ctrl_c import CtrlC
 from ledger.application import Ledger
 
 
@@ -45,6 +46,6 @@ def test_the_submitted_line_comes_after_the_submits(
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(Ledger, "submit", refuse)
     with pytest.raises(_Refused):
-        demo._demo(tmp_path, lag=0.5, limit=5.0, as_json=False)
+        demo._demo(tmp_path, lag=0.5, limit=5.0, as_json=False, ctrl_c=CtrlC())
     assert said_before and "work folder" in said_before[0], out.getvalue()
     assert "jobs submitted" not in out.getvalue()

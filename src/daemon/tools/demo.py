@@ -40,6 +40,7 @@ from daemon.exit_codes import EXIT_INTERRUPTED, bad_input
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon
 from daemon.service_layer.read_models import event_record
+from daemon.tools.ctrl_c import CtrlC, StoppedAtOnce
 from daemon.tools.demo_story import line, steps
 from daemon.tools.work_folder import kept_folder, seconds_option
 from ledger.application import Ledger
@@ -242,7 +243,7 @@ def register(sub: Any) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     limit = seconds_option("--timeout", args.timeout, 1.0, 86400.0)
-    run: Callable[[Path], int]
+    run: Callable[[Path, CtrlC], int]
     if args.provider == "smtp-imap":
         if args.lag is not None:
             raise bad_input("--lag: only with --provider gmail (Dovecot's search has no lag)")
@@ -251,27 +252,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise bad_input(
                 f"--provider smtp-imap: local Postfix + Dovecot cannot run here: {missing}"
             )
-        run = lambda folder: _demo_smtp(folder, limit, args.json)  # noqa: E731
+        run = lambda folder, ctrl_c: _demo_smtp(folder, limit, args.json, ctrl_c)  # noqa: E731
     elif args.provider == "graph":
         lag = seconds_option("--lag", args.lag or "2s", 0.0, 600.0)
-        run = lambda folder: _demo_graph(folder, lag, limit, args.json)  # noqa: E731
+        run = lambda folder, ctrl_c: _demo_graph(folder, lag, limit, args.json, ctrl_c)  # noqa: E731
     else:
         lag = seconds_option("--lag", args.lag or "2s", 0.0, 600.0)
-        run = lambda folder: _demo(folder, lag, limit, args.json)  # noqa: E731
+        run = lambda folder, ctrl_c: _demo(folder, lag, limit, args.json, ctrl_c)  # noqa: E731
     folder = kept_folder(args.keep, option="--keep", prefix="sendledger-demo-", what="a demo")
     try:
-        return run(folder)
-    except KeyboardInterrupt:
-        # The emulator and the daemon stopped with the demo's own `finally`s; what the
-        # person still has is the folder, which the first lines named long ago.
+        with CtrlC() as ctrl_c:
+            return run(folder, ctrl_c)
+    except KeyboardInterrupt as exc:
+        # The daemon and then the emulator stopped with the demo's own `finally`s; what
+        # the person still has is the folder, which the first lines named long ago.
         output.error(
             f"interrupted: the demo stopped; its work folder is kept: {folder} (the store "
             "ledger.sqlite, the config sendledger.toml and daemon.log)"
         )
+        if isinstance(exc, StoppedAtOnce):
+            # Worker threads still in their calls would hold the interpreter's exit.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
 
 
-def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
+def _demo(folder: Path, lag: float, limit: float, as_json: bool, ctrl_c: CtrlC) -> int:
     # With --json, stdout carries the summary and nothing else; the running commentary
     # goes to stderr.
     out = sys.stderr if as_json else sys.stdout
@@ -290,7 +297,7 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
         )
         _intro(out, folder, emulator.url, relay.url, lag, "GMAIL EMULATOR, not Gmail")
         settled, ledger, operator, stories = _run_jobs(
-            out, folder, limit, JOBS, index_wait=lag + 1.0, provider="Gmail"
+            out, folder, limit, JOBS, index_wait=lag + 1.0, provider="Gmail", ctrl_c=ctrl_c
         )
         try:
             copies = Counter(entry.get("message_id") for entry in emulator.accepted())
@@ -304,7 +311,7 @@ def _demo(folder: Path, lag: float, limit: float, as_json: bool) -> int:
     return _finish(summary, settled, as_json, GMAIL_WORDING, folder, operator)
 
 
-def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
+def _demo_smtp(folder: Path, limit: float, as_json: bool, ctrl_c: CtrlC) -> int:
     out = sys.stderr if as_json else sys.stdout
     log_to_file(folder)
     with (
@@ -335,7 +342,7 @@ def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
         # The servers deliver only to their own domain: every job goes to its one mailbox.
         jobs = [(c, k, _to_local(to), subject) for c, k, to, subject in JOBS]
         settled, ledger, operator, stories = _run_jobs(
-            out, folder, limit, jobs, index_wait=1.0, provider="the SMTP server"
+            out, folder, limit, jobs, index_wait=1.0, provider="the SMTP server", ctrl_c=ctrl_c
         )
         try:
             servers.settle()  # a copy Postfix still has queued counts too
@@ -351,7 +358,7 @@ def _demo_smtp(folder: Path, limit: float, as_json: bool) -> int:
     return _finish(summary, settled, as_json, SMTP_WORDING, folder, operator)
 
 
-def _demo_graph(folder: Path, lag: float, limit: float, as_json: bool) -> int:
+def _demo_graph(folder: Path, lag: float, limit: float, as_json: bool, ctrl_c: CtrlC) -> int:
     out = sys.stderr if as_json else sys.stdout
     log_to_file(folder)
     secret = "demo-" + os.urandom(12).hex()
@@ -386,7 +393,7 @@ def _demo_graph(folder: Path, lag: float, limit: float, as_json: bool) -> int:
         )
         _intro(out, folder, emulator.url, relay.url, lag, "MICROSOFT GRAPH EMULATOR (TLS)")
         settled, ledger, operator, stories = _run_jobs(
-            out, folder, limit, JOBS, index_wait=lag + 1.0, provider="Graph"
+            out, folder, limit, JOBS, index_wait=lag + 1.0, provider="Graph", ctrl_c=ctrl_c
         )
         try:
             ids = [ledger.get_job(key).message_id for _c, key, _t, _s in JOBS]
@@ -448,6 +455,7 @@ def _run_jobs(
     *,
     index_wait: float,
     provider: str,
+    ctrl_c: CtrlC,
 ) -> tuple[bool, Ledger, dict[str, Any] | None, dict[str, list[str]]]:
     """Submit `jobs`, run the daemon until they settle (or `limit`), let the operator
     handle one job in review while the daemon still runs (searching no sooner than
@@ -474,22 +482,48 @@ def _run_jobs(
         "-> what the daemon did:\n",
         file=out,
     )
+    ctrl_c.pause(0)  # a Ctrl-C while the jobs were written: no daemon to start
     service = bootstrap(settings, ledger=ledger, policy_loader=lambda: policies, policies=policies)
     daemon = Daemon(service, settings.daemon.tick)
     runner = threading.Thread(target=daemon.serve, name="daemon", daemon=True)
     runner.start()
-    started = time.monotonic()
-    story = Story(out, ledger, provider, started)
-    settled = _watch(out, ledger, limit, story)
-    operator = _operator_step(out, folder, ledger, index_wait) if settled else None
-    if operator is not None:
-        # Resolved as sent, the job has settled already; resent, it settles again: either
-        # way its second line tells what the human did and what followed.
-        left = max(1.0, limit - (time.monotonic() - started))
-        settled = _watch(out, ledger, left, story)
+    try:
+        started = time.monotonic()
+        story = Story(out, ledger, provider, started)
+        settled = _watch(out, ledger, limit, story, ctrl_c)
+        operator = _operator_step(out, folder, ledger, index_wait, ctrl_c) if settled else None
+        if operator is not None:
+            # Resolved as sent, the job has settled already; resent, it settles again:
+            # either way its second line tells what the human did and what followed.
+            left = max(1.0, limit - (time.monotonic() - started))
+            settled = _watch(out, ledger, left, story, ctrl_c)
+    except BaseException:
+        # The daemon is stopped before the emulator it calls (the callers' `finally`s),
+        # whatever ended the demo: its calls in flight end and are recorded.
+        print("\nstopping the daemon: its calls in flight finish (Ctrl-C again: at once)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        _stop_daemon(daemon, runner, ctrl_c)
+        ledger.close()
+        raise
     daemon.request_stop()
     runner.join(timeout=30)
     return settled, ledger, operator, story.told
+
+
+def _stop_daemon(daemon: Daemon, runner: threading.Thread, ctrl_c: CtrlC) -> None:
+    """Stop the daemon as SIGTERM stops `run` (docs/operations.md "Stopping"): its calls in
+    flight finish and are recorded, at most `daemon.stop_timeout`, past which it stops
+    without them by itself; a second Ctrl-C meanwhile ends the demo at once. Either way
+    without them: StoppedAtOnce."""
+    daemon.request_stop()
+    while runner.is_alive():
+        runner.join(0.05)
+        try:
+            ctrl_c.pause(0)
+        except KeyboardInterrupt:
+            raise StoppedAtOnce from None
+    if daemon.abandoned:
+        raise StoppedAtOnce
 
 
 class Story:
@@ -544,7 +578,7 @@ def _cli(folder: Path, *args: str) -> tuple[int, str]:
 
 
 def _operator_step(
-    out: TextIO, folder: Path, ledger: Ledger, index_wait: float
+    out: TextIO, folder: Path, ledger: Ledger, index_wait: float, ctrl_c: CtrlC
 ) -> dict[str, Any] | None:
     """What a human does with the first job in review: `review check` (a search of the
     sender's mailbox now), then `review resolve` by what the search found: one copy is
@@ -557,7 +591,7 @@ def _operator_step(
     # An empty search before the index has caught up proves nothing: wait as long as the
     # daemon's own searches would.
     last_step = ledger.history(key)[-1].timestamp
-    time.sleep(max(0.0, index_wait - (ledger.clock() - last_step).total_seconds()))
+    ctrl_c.pause(max(0.0, index_wait - (ledger.clock() - last_step).total_seconds()))
     print(f"\nA human takes {key} out of review ({ledger.get_job(key).reason}):", file=out)
     print(f"  $ {command_line('sendledger', 'review', 'check', key, '--by', OPERATOR)}", file=out)
     code, text = _cli(folder, "review", "check", key, "--json", "--by", OPERATOR)
@@ -639,7 +673,7 @@ def _intro_smtp(out: TextIO, folder: Path, servers: MailServers, relay_port: int
     _intro_end(out, folder)
 
 
-def _watch(out: TextIO, ledger: Ledger, limit: float, story: Story) -> bool:
+def _watch(out: TextIO, ledger: Ledger, limit: float, story: Story, ctrl_c: CtrlC) -> bool:
     """Tell each job's story as it settles, until all have (True) or `limit` passes
     (False); a job told before is told again only when it has moved on."""
     started = time.monotonic()
@@ -657,7 +691,7 @@ def _watch(out: TextIO, ledger: Ledger, limit: float, story: Story) -> bool:
         if time.monotonic() - started > limit:
             print(f"\n  gave up after {limit:g}s with jobs still open", file=out)
             return False
-        time.sleep(0.25)
+        ctrl_c.pause(0.25)
 
 
 _SETTLED = {JobState.CONFIRMED, JobState.REVIEW, JobState.ABANDONED}
