@@ -32,10 +32,13 @@ class CtrlC:
 
     def __enter__(self) -> CtrlC:
         # A handler can only be set from the main thread; elsewhere (a test calling the
-        # demo from a thread) SIGINT never reaches this thread anyway.
+        # demo from a thread) SIGINT never reaches this thread anyway. A SIGINT ignored
+        # by whoever started the demo (a job started in the background) stays ignored.
         if threading.current_thread() is threading.main_thread():
-            self._before = signal.signal(signal.SIGINT, self._noted)
-            self._installed = True
+            before = signal.getsignal(signal.SIGINT)
+            if before is not signal.SIG_IGN and before is not None:
+                self._before = signal.signal(signal.SIGINT, self._noted)
+                self._installed = True
         return self
 
     def __exit__(self, *exc: object) -> None:
