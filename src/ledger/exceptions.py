@@ -27,6 +27,8 @@ so a user's program runs it without the daemon's packages.
           │    │        StoreFormatNewer (ledger/event_format.py),
           │    │        UnfinishedCopy (ledger/stores/keycheck.py: a copy never verified)
           │    ├── DurationError, FileProblem, SenderRefused, PolicyLoadError   policies/
+          │    │    └── FileMissing                      policies/files.py: nothing there
+          │    │         └── SecretFileMissing           daemon/config/secret_text.py
           │    ├── ConfigError                           daemon/config/config_file.py
           │    ├── IntakeError                           daemon/service_layer/intake.py
           │    ├── TokenFileError                        daemon/api/auth.py
@@ -65,8 +67,10 @@ so a user's program runs it without the daemon's packages.
                │                                         answer (the search decides), never shown
                ├── TransportFailure (httplib2's too)     daemon/providers/transport.py
                │    └── NotSentError, ResponseLostError
-               ├── TokenError, DraftAlreadySent, DraftChanged, NotOurs, ListenRefused (an
-               │   OSError too), SimulatedCrash (daemon/doubles/)
+               ├── TokenError, DraftAlreadySent, DraftChanged, DraftVanished, NotOurs,
+               │   SimulatedCrash (daemon/doubles/)
+               ├── ListenRefused (an OSError too)         daemon/api/server.py
+               │    └── ListenBusy                       an address in use or not up yet
                ├── AnswerTooLong (an OSError too)          daemon/providers/early_answers.py
                └── internal signals, never shown: wire_check._Bad, smtp_submit._Retry
                    and _Refused, delivery_reports._Refused, gmail_reports._QuotaKept,
@@ -80,6 +84,9 @@ so a user's program runs it without the daemon's packages.
                    (ledger/stores/causes.py: a write tried again met rows its own
                    failed try may have stored; an IntegrityError too), form_text._Enough
                    (daemon/api/form_text.py: a form read as far as its check needs)
+
+`MayClearLater`, mixed into `SecretFileMissing` (a `FileProblem`) and `ListenBusy`, marks a
+cause that may be gone at the next start: `run` exits 1 for it, not 2 (`on_chain`).
 
 A class keeps the standard base it had (`ValueError`, `OSError`, httplib2's
 `HttpLib2Error`) beside this one, so every `except ValueError` still catches what it did.
@@ -117,6 +124,28 @@ class BrokenInvariant(SendledgerError):
     the wrong value go on into a decision or an event."""
 
 
+class MayClearLater:
+    """Mixed into an error whose cause may be gone at the next start: a secret file
+    mounted after the daemon's, an address not up yet, a port its last holder is still
+    giving back. `run` refused for one exits 1, which the systemd unit restarts, not 2,
+    a config it can never start with, which it does not (docs/cli.md "Exit codes")."""
+
+
+def on_chain(exc: BaseException, kind: type[object]) -> bool:
+    """Whether `exc`, or an error it was raised from or while handling, is a `kind`. A
+    door that names the setting raises an error of its own while it handles the reader's:
+    that one stays on the chain as its context (`raise ... from None` hides it from a
+    traceback, it does not drop it)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, kind):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def known(value: _T | None, fact: str) -> _T:
     """`value`, which `fact` says is there; BrokenInvariant naming the fact when it is
     not."""
@@ -133,4 +162,12 @@ def of_type(value: object, kind: type[_T], fact: str) -> _T:
     return value
 
 
-__all__ = ["BrokenInvariant", "Refusal", "SendledgerError", "known", "of_type"]
+__all__ = [
+    "BrokenInvariant",
+    "MayClearLater",
+    "Refusal",
+    "SendledgerError",
+    "known",
+    "of_type",
+    "on_chain",
+]

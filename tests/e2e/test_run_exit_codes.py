@@ -6,6 +6,8 @@ there runs (docs/cli.md "Exit codes"; the units' keys: tests/unit/test_unit_rest
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -98,3 +100,28 @@ def test_a_config_it_can_never_start_with_is_exit_2(tmp_path: Path) -> None:
     bad = _run(site, "--once")
     assert bad.returncode == 2, bad.stderr
     assert "daemon.tick" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_an_api_address_in_use_or_not_up_yet_is_exit_1(tmp_path: Path) -> None:
+    """A port its last holder has not given back, an address whose interface is not up
+    yet at boot: both may be free at the next start, which the unit makes on exit 1."""
+    site = _site(tmp_path)
+    write_service_account(site / KEY, token_uri="http://127.0.0.1:8026/token")
+    config = site / "sendledger.toml"
+    text = config.read_text(encoding="utf-8")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        in_use = re.sub(r'listen = "[^"]*"', f'listen = "127.0.0.1:{port}"', text)
+        config.write_text(in_use, encoding="utf-8")
+        busy = _run(site)
+    assert busy.returncode == 1, busy.stderr
+    assert "api.listen: 127.0.0.1:" in busy.stderr and "is in use" in busy.stderr, busy.stderr
+    assert busy.stderr.count("\n") == 1, busy.stderr
+    # TEST-NET-1 (RFC 5737): never an address of this machine.
+    absent = re.sub(r'listen = "[^"]*"', f'listen = "192.0.2.1:{free_port()}"', text)
+    config.write_text(absent, encoding="utf-8")
+    not_up = _run(site)
+    assert not_up.returncode == 1, not_up.stderr
+    assert "is not an address of this machine" in not_up.stderr, not_up.stderr

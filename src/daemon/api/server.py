@@ -20,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from daemon.wakeup import WakeUp
-from ledger.exceptions import SendledgerError
+from ledger.exceptions import MayClearLater, SendledgerError
 
 log = logging.getLogger("sendledger.api")
 
@@ -36,6 +36,15 @@ _WHY = {
 
 class ListenRefused(SendledgerError, OSError):
     """The API's address cannot be listened on; the message says why, in words."""
+
+
+class ListenBusy(ListenRefused, MayClearLater):
+    """The address is in use, or not one of this machine's yet: both may change by the
+    next start (a process giving the port back, an interface coming up at boot)."""
+
+
+#: What a later start may find otherwise (`ListenBusy`).
+_FOR_NOW = (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -55,7 +64,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         why = _WHY.get(exc.errno or 0, exc.strerror or str(exc))
-        raise ListenRefused(f"{shown} {why}") from None
+        refused = ListenBusy if exc.errno in _FOR_NOW else ListenRefused
+        raise refused(f"{shown} {why}") from None
     return sock
 
 

@@ -142,15 +142,16 @@ def positive_int(text: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """The daemon; refused for a secret file that is not there, exit 1, not 2: a secret
-    mounted after the start may be there at the next, which the unit makes on exit 1
-    and never on exit 2, a config it can never start with (docs/cli.md "Exit codes")."""
-    from daemon.config.secret_text import secret_not_there
+    """The daemon; refused for a cause that may be gone at its next start (a secret file
+    not there yet, `api.listen`'s address in use or not up yet), exit 1, not 2: the unit
+    starts it again on exit 1 and never on exit 2, a config it can never start with
+    (docs/cli.md "Exit codes")."""
+    from ledger.exceptions import MayClearLater, on_chain
 
     try:
         return _run(args)
     except SendledgerError as exc:
-        if exit_code_for(exc) == EXIT_BAD_INPUT and secret_not_there(exc):
+        if exit_code_for(exc) == EXIT_BAD_INPUT and on_chain(exc, MayClearLater):
             raise CliError(str(exc), EXIT_FAILURE) from exc
         raise
 

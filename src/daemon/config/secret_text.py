@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from ledger.exceptions import MayClearLater
 from policies.files import BYTE_ORDER_MARK, FileMissing, read_regular_file, starts_with_a_mark
 
 #: Secret files are small (a key, a password, a service-account JSON, a token list).
 MAX_SECRET_BYTES = 1024 * 1024
 
 
-class SecretFileMissing(FileMissing):
+class SecretFileMissing(FileMissing, MayClearLater):
     """A secret file that is not there: a secret mounted after the daemon's start may be
     there at its next start, so `run` refused for it exits 1, which the systemd unit
     restarts, not 2, which it does not (docs/cli.md "Exit codes")."""
@@ -41,21 +42,6 @@ def read_secret_text(path: Path) -> str:
         # checking a signature) naming no file.
         raise ValueError(f"{path}: {BYTE_ORDER_MARK}")
     return text
-
-
-def secret_not_there(exc: BaseException) -> bool:
-    """Whether `exc` was raised for a secret file that is not there. Each reader names
-    its setting in an error of its own, raised while it handles the read's error: that
-    one stays on the chain as the new error's context (`raise ... from None` hides it
-    from a traceback, it does not drop it)."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, SecretFileMissing):
-            return True
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return False
 
 
 def content_lines(text: str) -> Iterator[tuple[int, str]]:
