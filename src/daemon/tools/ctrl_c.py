@@ -29,6 +29,11 @@ class CtrlC:
         self._wake = WakeUp()
         self._before: Any = None
         self._installed = False
+        #: The demo stopped without its calls in flight (a second Ctrl-C, or its daemon's
+        #: stop timeout passed): their worker threads would hold the interpreter's exit,
+        #: so it ends without them (their claims are durable and recovered at the next
+        #: start, as after a crash).
+        self.at_once = False
 
     def __enter__(self) -> CtrlC:
         # A handler can only be set from the main thread; elsewhere (a test calling the
@@ -56,10 +61,4 @@ class CtrlC:
             raise KeyboardInterrupt
 
 
-class StoppedAtOnce(KeyboardInterrupt):
-    """A second Ctrl-C while the demo stopped its daemon: its calls in flight still hold
-    worker threads that the interpreter's exit would wait for; the demo ends without
-    them (their claims are durable and recovered at the next start, as after a crash)."""
-
-
-__all__ = ["CtrlC", "StoppedAtOnce"]
+__all__ = ["CtrlC"]

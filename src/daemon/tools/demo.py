@@ -40,7 +40,7 @@ from daemon.exit_codes import EXIT_INTERRUPTED, bad_input
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon
 from daemon.service_layer.read_models import event_record
-from daemon.tools.ctrl_c import CtrlC, StoppedAtOnce
+from daemon.tools.ctrl_c import CtrlC
 from daemon.tools.demo_story import line, steps
 from daemon.tools.work_folder import kept_folder, seconds_option
 from ledger.application import Ledger
@@ -260,17 +260,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
         lag = seconds_option("--lag", args.lag or "2s", 0.0, 600.0)
         run = lambda folder, ctrl_c: _demo(folder, lag, limit, args.json, ctrl_c)  # noqa: E731
     folder = kept_folder(args.keep, option="--keep", prefix="sendledger-demo-", what="a demo")
+    ctrl_c = CtrlC()
     try:
-        with CtrlC() as ctrl_c:
+        with ctrl_c:
             return run(folder, ctrl_c)
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt:
         # The daemon and then the emulator stopped with the demo's own `finally`s; what
         # the person still has is the folder, which the first lines named long ago.
         output.error(
             f"interrupted: the demo stopped; its work folder is kept: {folder} (the store "
             "ledger.sqlite, the config sendledger.toml and daemon.log)"
         )
-        if isinstance(exc, StoppedAtOnce):
+        if ctrl_c.at_once:
             # Worker threads still in their calls would hold the interpreter's exit.
             sys.stdout.flush()
             sys.stderr.flush()
@@ -514,16 +515,18 @@ def _stop_daemon(daemon: Daemon, runner: threading.Thread, ctrl_c: CtrlC) -> Non
     """Stop the daemon as SIGTERM stops `run` (docs/operations.md "Stopping"): its calls in
     flight finish and are recorded, at most `daemon.stop_timeout`, past which it stops
     without them by itself; a second Ctrl-C meanwhile ends the demo at once. Either way
-    without them: StoppedAtOnce."""
+    without them: KeyboardInterrupt with `ctrl_c.at_once` set."""
     daemon.request_stop()
     while runner.is_alive():
         runner.join(0.05)
         try:
             ctrl_c.pause(0)
         except KeyboardInterrupt:
-            raise StoppedAtOnce from None
+            ctrl_c.at_once = True
+            raise
     if daemon.abandoned:
-        raise StoppedAtOnce
+        ctrl_c.at_once = True
+        raise KeyboardInterrupt
 
 
 class Story:
