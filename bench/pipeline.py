@@ -23,7 +23,9 @@ their old behaviour, to show what each change did (`--variant gather-all` / `gat
 commit gathers every send worker's claim / only the claims on their way, whatever the
 load average, which decides between the two otherwise; `--variant no-commit-window`: it
 never gathers; `--variant pool-in-turn`: the SQLite pool hands out its connections in
-turn, as the library's does, not the one returned last). Each daemon run also prints its
+turn, as the library's does, not the one returned last; `--variant index-rewrites`: each
+save assigns every column of the job's row again, its Message-ID's index rewritten). Each
+daemon run also prints its
 file reads per job (read system calls, SQLite's page reads among them). It is a
 measurement: exit code 0
 unless a job did not end with exactly one copy.
@@ -75,6 +77,7 @@ from ledger.content import parse_job
 from ledger.job import SendJob
 from ledger.message_id import message_id_for
 from ledger.mime import build_message
+from ledger.stores import index as job_index
 from ledger.stores.index import (
     INDEX_CLOCK_KWARG,
     INDEX_CONNECT_KWARG,
@@ -333,6 +336,9 @@ class Variant:
     # False: the SQLite pool hands out its connections in turn, as the library's does,
     # instead of the one returned last (ledger/stores/private_api.py `LastReturnedFirst`).
     pool_last_first: bool = True
+    # True: each save of a job's row assigns every column again, its Message-ID too, so
+    # that SQLite rewrites that index's entry (ledger/stores/index.py `FIXED_COLUMNS`).
+    index_rewrites: bool = False
 
 
 def library_protocol_checks() -> Callable[[], None]:
@@ -499,6 +505,10 @@ def daemon_run(
         addresses._parse_text = parse_text.__wrapped__  # type: ignore[assignment]
     undo_checks = library_protocol_checks() if variant.protocol_checks else None
     load_min, engine_sends.LOAD_MIN = engine_sends.LOAD_MIN, variant.load_min
+    upsert = job_index.UPSERT
+    if variant.index_rewrites:
+        every = (f"{c} = excluded.{c}" for c in job_index.COLUMNS if c != "key")
+        job_index.UPSERT = job_index._upsert(every, ">")
     try:
         wall, cpu, reads = time.perf_counter(), time.process_time(), file_reads()
         progress = time.monotonic()
@@ -517,6 +527,7 @@ def daemon_run(
         policy_model._fingerprint = cached
         addresses._parse_text = parse_text
         engine_sends.LOAD_MIN = load_min
+        job_index.UPSERT = upsert
         if undo_checks is not None:
             undo_checks()
         service.close()
@@ -726,6 +737,7 @@ VARIANTS = {
     "gather-all": Variant("gathered for all workers", busy=True),
     "gather-on-the-way": Variant("gathered on their way", busy=False),
     "pool-in-turn": Variant("pool's connections in turn", pool_last_first=False),
+    "index-rewrites": Variant("every row column assigned", index_rewrites=True),
 }
 
 

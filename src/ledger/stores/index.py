@@ -550,25 +550,46 @@ def missing_indexes(present: Iterable[str]) -> list[str]:
     return [statement for name, statement in ADDED_INDEXES if name not in have]
 
 
+#: The columns a job's first event fixes for good (its key, its id derived from the key,
+#: its channel, Message-ID and creation time: `SendJob.Requested`): a row's later writes
+#: leave them as they are. SQLite rewrites the entry of every index on a column an
+#: UPDATE assigns, equal value or not, so assigning `message_id` again at each save wrote
+#: a page of its index (a random one: the ids are digests) into every commit, about a
+#: fifth of the pages a job's saves wrote (docs/performance.md "Commits per job").
+FIXED_COLUMNS = ("key", "job_id", "channel", "message_id", "created_at")
+
+
+def _upsert(assigned: Iterable[str], newer: str) -> str:
+    return (
+        "INSERT INTO {t} ("
+        + ", ".join(COLUMNS)
+        + ") VALUES ("
+        + ", ".join(["{p}"] * len(COLUMNS))
+        + ") ON CONFLICT (key) DO UPDATE SET "
+        + ", ".join(assigned)
+        + " WHERE excluded.version "
+        + newer
+        + " {t}.version"
+    )
+
+
 # Only a newer version may overwrite a row: the event insert's optimistic concurrency
 # already refuses a stale writer, this keeps a rebuild from racing a live daemon.
-UPSERT = (
-    "INSERT INTO {t} ("
-    + ", ".join(COLUMNS)
-    + ") VALUES ("
-    + ", ".join(["{p}"] * len(COLUMNS))
-    + ") ON CONFLICT (key) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c != "key")
-    + " WHERE excluded.version > {t}.version"
-)
+UPSERT = _upsert((f"{c} = excluded.{c}" for c in COLUMNS if c not in FIXED_COLUMNS), ">")
 # A rebuild's row replaces one of the same version too (the events are the truth, the row
-# may be damaged) but never a newer one written by a live daemon meanwhile.
-# It keeps the row's `written_at` (when the job's last change was stored, which the
-# events do not say): a rebuild would otherwise move every job to the end of the listing.
-REBUILD_UPSERT = UPSERT.replace(
-    "excluded.version > {t}.version", "excluded.version >= {t}.version"
-).replace(
-    "written_at = excluded.written_at", "written_at = COALESCE({t}.written_at, excluded.written_at)"
+# may be damaged: every column is written again) but never a newer one written by a live
+# daemon meanwhile. It keeps the row's `written_at` (when the job's last change was
+# stored, which the events do not say): a rebuild would otherwise move every job to the
+# end of the listing.
+REBUILD_UPSERT = _upsert(
+    (
+        "written_at = COALESCE({t}.written_at, excluded.written_at)"
+        if c == "written_at"
+        else f"{c} = excluded.{c}"
+        for c in COLUMNS
+        if c != "key"
+    ),
+    ">=",
 )
 _SELECT = "SELECT " + ", ".join(COLUMNS) + " FROM {t} "
 
