@@ -515,7 +515,7 @@ def _stop_daemon(daemon: Daemon, runner: threading.Thread, ctrl_c: CtrlC) -> Non
     """Stop the daemon as SIGTERM stops `run` (docs/operations.md "Stopping"): its calls in
     flight finish and are recorded, at most `daemon.stop_timeout`, past which it stops
     without them by itself; a second Ctrl-C meanwhile ends the demo at once. Either way
-    without them: KeyboardInterrupt with `ctrl_c.at_once` set."""
+    without them: KeyboardInterrupt, with the at_once flag of `ctrl_c` set."""
     daemon.request_stop()
     while runner.is_alive():
         runner.join(0.05)
