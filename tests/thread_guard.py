@@ -20,8 +20,11 @@ session's, expected to live and never checked; those it starts later, once a tes
 (a connection's handler), are the test's.
 
 A test marked `leaves_threads(reason)` is warned about instead (a leak not of the project's
-making, its reason said); PYTEST_SENDLEDGER_THREAD_GUARD=warn does so for every test, =off
-turns the check off; PYTEST_SENDLEDGER_THREAD_WAIT sets `WAIT`.
+making, its reason said), at once: what it leaves is only warned about, so waiting for it
+changes nothing but the warning, and a thread that never ends (schemathesis keeps its event
+loop and idle anyio workers for the process) held each such test the whole `WAIT`.
+PYTEST_SENDLEDGER_THREAD_GUARD=warn warns for every test, =off turns the check off;
+PYTEST_SENDLEDGER_THREAD_WAIT sets `WAIT`.
 """
 
 from __future__ import annotations
@@ -101,8 +104,11 @@ class Guard:
     def begin(self) -> frozenset[threading.Thread]:
         return frozenset(threading.enumerate())
 
-    def end(self, before: frozenset[threading.Thread], nodeid: str) -> str | None:
-        """What to say about the threads left (None: nothing left, or checked later)."""
+    def end(
+        self, before: frozenset[threading.Thread], nodeid: str, excused: bool = False
+    ) -> str | None:
+        """What to say about the threads left (None: nothing left, or checked later);
+        `excused` (the test is marked `leaves_threads`): said without waiting."""
         for thread in threading.enumerate():
             if (
                 thread not in before
@@ -112,10 +118,11 @@ class Guard:
                 self.carried.setdefault(thread, nodeid)
         if self.wider or not self.carried:
             return None
-        alive = still_running(list(self.carried), self.wait)
+        wait = 0.0 if excused else self.wait
+        alive = still_running(list(self.carried), wait)
         left = {thread: self.carried[thread] for thread in alive}
         self.carried.clear()
-        return report(left, nodeid, self.wait) if left else None
+        return report(left, nodeid, wait) if left else None
 
 
 _GUARD = Guard(os.environ.get("PYTEST_SENDLEDGER_THREAD_GUARD", "fail"))
@@ -169,9 +176,9 @@ def pytest_runtest_teardown(
     before = item.stash.get(_BEFORE, None)
     if _GUARD.mode == "off" or before is None:
         return result
-    said = _GUARD.end(before, item.nodeid)
+    excused = item.get_closest_marker("leaves_threads")
+    said = _GUARD.end(before, item.nodeid, excused=excused is not None)
     if said is not None:
-        excused = item.get_closest_marker("leaves_threads")
         if excused is not None:
             warnings.warn(ThreadLeak(f"{said}\n(leaves_threads: {excused.args[0]})"), stacklevel=1)
         elif _GUARD.mode == "warn":

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from tests.thread_guard import Guard
@@ -34,6 +35,22 @@ def test_a_thread_left_running_is_named_with_what_it_runs() -> None:
     assert said is not None
     assert "'left-behind' running threading.Event.wait" in said
     assert "1 thread(s) still running" in said
+
+
+def test_an_excused_test_s_threads_are_not_waited_for() -> None:
+    # A warning whatever the wait: a thread that never ends held the test the whole bound.
+    guard = Guard("fail")
+    guard.wait = 60
+    stop = threading.Event()
+    before = guard.begin()
+    waiting_for(stop, "never-ending")
+    started = time.monotonic()
+    try:
+        said = guard.end(before, "t::excused", excused=True)
+    finally:
+        stop.set()
+    assert time.monotonic() - started < 30
+    assert said is not None and "'never-ending'" in said and "still running 0 s" in said
 
 
 def test_a_thread_that_ends_within_the_wait_is_not_a_leak() -> None:
@@ -120,6 +137,8 @@ def test_a_leaking_test_errors_at_its_teardown_and_an_excused_one_warns(tmp_path
     assert "still running 0.2 s after the teardown" in out
     assert "'leaked-worker' running threading.Event.wait" in out
     assert "ThreadLeak" in out and "leaves_threads: not ours" in out
+    # The excused test's thread is said at once, not after the bound (0.2 s here).
+    assert "still running 0 s after the teardown:\n    'excused-worker'" in out, out
     assert "2 passed, 1 warning, 1 error" in out
 
 
