@@ -22,16 +22,22 @@ def waiting_for(event: threading.Event, name: str) -> threading.Thread:
     return thread
 
 
-def test_a_thread_left_running_is_named_with_what_it_runs() -> None:
+def left_running(wait: float, name: str, excused: bool = False) -> str | None:
+    """What a guard giving threads `wait` seconds says of one named `name` that a test
+    left running (stopped once said)."""
     guard = Guard("fail")
-    guard.wait = 0.05
+    guard.wait = wait
     stop = threading.Event()
     before = guard.begin()
-    waiting_for(stop, "left-behind")
+    waiting_for(stop, name)
     try:
-        said = guard.end(before, "t::left")
+        return guard.end(before, f"t::{name}", excused=excused)
     finally:
         stop.set()
+
+
+def test_a_thread_left_running_is_named_with_what_it_runs() -> None:
+    said = left_running(0.05, "left-behind")
     assert said is not None
     assert "'left-behind' running threading.Event.wait" in said
     assert "1 thread(s) still running" in said
@@ -39,16 +45,8 @@ def test_a_thread_left_running_is_named_with_what_it_runs() -> None:
 
 def test_an_excused_test_s_threads_are_not_waited_for() -> None:
     # A warning whatever the wait: a thread that never ends held the test the whole bound.
-    guard = Guard("fail")
-    guard.wait = 60
-    stop = threading.Event()
-    before = guard.begin()
-    waiting_for(stop, "never-ending")
     started = time.monotonic()
-    try:
-        said = guard.end(before, "t::excused", excused=True)
-    finally:
-        stop.set()
+    said = left_running(60, "never-ending", excused=True)
     assert time.monotonic() - started < 30
     assert said is not None and "'never-ending'" in said and "still running 0 s" in said
 
