@@ -109,13 +109,20 @@ def _initdb(root: Path, data: Path) -> None:
     )
 
 
+def _remove_if_made_here(root: Path, maker: int) -> None:
+    # A child forked from this process (a fork server's command) that exits through
+    # sys.exit runs these handlers too: the template is still in use here.
+    if os.getpid() == maker:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _template() -> Path:
     """This process's initdb'd data folder, never started (made at the first call,
     removed at exit): what every cluster's data folder is copied from."""
     with _TEMPLATE_LOCK:
         if not _TEMPLATE:
             root = _server_owned_folder("sendledger-pg-template-")
-            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            atexit.register(_remove_if_made_here, root, os.getpid())
             _initdb(root, root / "data")
             _TEMPLATE.append(root / "data")
         return _TEMPLATE[0]
