@@ -24,10 +24,12 @@ imports nothing from the daemon, the ledger or the policies.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -380,17 +382,25 @@ postlog   unix-dgram n  -       n       -       1       postlogd
 
 
 def _stop(*procs: subprocess.Popen[bytes] | None) -> None:
-    """Each told to stop first, then each waited for: Postfix's master and Dovecot take
-    about a second each to end their children, so stopping one after the other took 2.3 s."""
+    """Each server's process group told to stop, then each master waited for. Each master
+    leads a group of its own (`_start`) and its children are told with it: told alone,
+    Postfix's master, whose own kill of its group fails in a group it does not lead, ended
+    through its fatal-error path with its 1 s pause, and Dovecot's waited about a second
+    for its children; 1.0 s a stop however told, 0.1 s so."""
     running = [p for p in procs if p is not None and p.poll() is None]
     for proc in running:
-        proc.terminate()
+        _signal_group(proc, signal.SIGTERM)
     for proc in running:
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _signal_group(proc, signal.SIGKILL)
             proc.wait(timeout=5)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group ended meanwhile
+        os.killpg(proc.pid, signum)
 
 
 #: Starts tried: a port found free can be taken before the servers bind it.
@@ -407,7 +417,10 @@ def _start(
     # Daemons inherit stdout/stderr: capturing them would hang; send them to files.
     with (root / "dovecot.out").open("wb") as out:
         dovecot = subprocess.Popen(
-            [str(DOVECOT), "-F", "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT
+            [str(DOVECOT), "-F", "-c", str(conf)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a group of its own, its children's: `_stop`
         )
     try:
         with (root / "postfix.out").open("wb") as out:
@@ -416,6 +429,7 @@ def _start(
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "MAIL_CONFIG": str(etc)},
+                start_new_session=True,
             )
         try:
             _wait_listening(servers.imap_port, "dovecot imap", root / "dovecot.log", dovecot)
