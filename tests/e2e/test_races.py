@@ -555,6 +555,25 @@ def hang_of(
     return per_hang
 
 
+def out_of_windows(
+    reasons: Sequence[tuple[str, float, str]],
+    windows: Sequence[tuple[float, float]],
+    timeout: float,
+) -> str:
+    """The Unknowns no hang explains (`hang_of`), each with its time and reason next to
+    the hangs' windows, so a red run says why a healthy send was taken for ambiguous;
+    "" when there are none."""
+    outside = [
+        f"{key} at {moment:.3f}: {reason}"
+        for key, moment, reason in sorted(reasons, key=lambda r: r[1])
+        if not any(hang_of([(key, moment)], windows, timeout))
+    ]
+    if not outside:
+        return ""
+    spans = ", ".join(f"{began:.3f}-{ended + timeout + 0.5:.3f}" for began, ended in windows)
+    return f"Unknown outside every hang (windows {spans}): " + "; ".join(outside)
+
+
 def sent_unprobed(
     log: Sequence[Mapping[str, Any]],
     began: float,
@@ -632,9 +651,12 @@ def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
             "every job confirmed after the hangs",
             timeout=60,
         )
-        unknown = [
-            (key, at(event)) for key in keys for event in events_of(rig.history(key), "Unknown")
+        reasons = [
+            (key, at(event), str(event.get("reason")))
+            for key in keys
+            for event in events_of(rig.history(key), "Unknown")
         ]
+        unknown = [(key, moment) for key, moment, _ in reasons]
         per_hang = hang_of(unknown, windows, timeout)
         log = list(rig.relay.log)
         held = [
@@ -667,7 +689,9 @@ def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
                 # fewer than four may be in flight when the hang begins (CI: [1] blind of 4).
                 continue
             assert blind == [], (what, blind, rig.diagnostics())
-        assert sum(len(k) for k in per_hang) == len(unknown), unknown  # none outside a hang
+        # None outside a hang: a healthy send taken for ambiguous is a false alarm.
+        outside = out_of_windows(reasons, windows, timeout)
+        assert not outside, outside
         assert copies == {1: HANG_JOBS}, copies
 
 

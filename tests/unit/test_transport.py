@@ -23,6 +23,7 @@ from daemon.providers.transport import (
     ResponseLostError,
     SingleShotHttp,
     TransportStats,
+    describe,
 )
 
 
@@ -354,3 +355,14 @@ def test_every_call_writes_at_most_once_and_reuse_is_reported(
         assert stats["fresh"] + stats["reused"] == conn.calls.count("request")
     finally:
         conn.close()
+
+
+def test_a_call_cut_by_its_claims_lease_says_so_in_its_reason() -> None:
+    """A Gmail or Graph send the wire ended at its claim's lease (early_answers.py) was
+    recorded "then timed out", as a silent server is: the reason of the CI's four healthy
+    sends taken for ambiguous could not tell a late renewal from a stalled machine."""
+    assert describe(TimeoutError("timed out: its claim's lease ends")) == (
+        "timed out: its claim's lease ends"
+    )
+    assert describe(TimeoutError("timed out")) == "timed out"
+    assert describe(TimeoutError()) == "timed out"

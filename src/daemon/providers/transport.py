@@ -134,7 +134,9 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, socket.gaierror):
         return f"DNS lookup failed ({exc})"
     if isinstance(exc, TimeoutError | socket.timeout):
-        return "timed out"
+        # The wire's own words when it says more: "timed out: its claim's lease ends"
+        # (`early_answers.py`) is a lease the renewals did not move on, not a silent server.
+        return str(exc) if str(exc).startswith("timed out: ") else "timed out"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, http.client.RemoteDisconnected):
