@@ -9,6 +9,7 @@ need only a provider (``review check``, ``probe``) take it from :func:`build_pro
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -160,6 +161,7 @@ def bootstrap(
     policies: PolicySet | None = None,
     providers: Mapping[str, Provider] | None = None,
     clock: Callable[[], datetime] | None = None,
+    elapsed: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
     observer: EngineObserver | None = None,
     share_scopes: bool = True,
@@ -182,6 +184,7 @@ def bootstrap(
         providers,
         provider_timeouts={name: p.timeout for name, p in settings.providers.items()},
         clock=clock,
+        elapsed=elapsed,
         concurrency=settings.daemon.concurrency,
         search_concurrency=settings.daemon.search_concurrency,
         batch_size=settings.daemon.batch_size,

@@ -133,6 +133,7 @@ class EngineRig:
             policies=self.policies,
             providers={"fake": self.provider, **self.others},
             clock=self.clock,
+            elapsed=self.clock.elapsed,
             rng=random.Random(self.seed),
             # Engine tests race engines for one job on purpose; sharing the scopes
             # between daemons has tests of its own (tests/unit/test_scope_owners.py).

@@ -206,8 +206,28 @@ def test_a_slow_call_whose_renewals_land_is_never_told_its_lease_ended() -> None
             rig.clock.advance(0.5)
             rig.engine.renew_leases()
             # What the engine tells the call it has left (`Dispatch.send`'s bound).
-            least = min(least, lease.seconds_left(rig.clock(), grace))
+            least = min(least, rig.engine.leases.time_left(lease))
     finally:
         finish(rig, release)
         rig.close()
     assert least > 0, f"told {least:.2f}s left while its renewals landed"
+
+
+def test_a_clock_stepped_forward_does_not_cut_a_call_no_time_reached() -> None:
+    """The wall clock set forward a whole lease (an NTP step) while a call runs: no time
+    passed, another daemon's clock did not move, and the claim's deadline as written is
+    as far off as it was. The call's bound is counted in monotonic seconds: it is not cut
+    before its next renewal could land."""
+    rig = EngineRig(policy("legal", on_unknown="review"))
+    release = slow_send(rig, "k1")
+    try:
+        lease = rig.engine.leases.lease("k1")
+        assert lease is not None
+        before = rig.engine.leases.time_left(lease)
+        rig.clock.jump(LEASE)
+        after = rig.engine.leases.time_left(lease)
+    finally:
+        finish(rig, release)
+        rig.close()
+    assert before == pytest.approx(TIMEOUT)
+    assert after == pytest.approx(before)

@@ -13,13 +13,26 @@ class FakeClock:
 
     def __init__(self, start: datetime | None = None) -> None:
         self.now = start or datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+        self._elapsed = 0.0
 
     def __call__(self) -> datetime:
         return self.now
 
     def advance(self, seconds: float) -> datetime:
+        """Time passes: the wall clock and `elapsed` move together."""
+        self.now += timedelta(seconds=seconds)
+        self._elapsed += seconds
+        return self.now
+
+    def jump(self, seconds: float) -> datetime:
+        """The wall clock is set (an NTP step, a VM restored): no time passed, so
+        `elapsed` stays where it was."""
         self.now += timedelta(seconds=seconds)
         return self.now
+
+    def elapsed(self) -> float:
+        """Monotonic seconds (the engine's `time.monotonic`): moved by `advance` only."""
+        return self._elapsed
 
 
 class FakeTime:

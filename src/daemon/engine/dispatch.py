@@ -164,7 +164,6 @@ class Dispatch:
             if saved:
                 with self._leases.holding(work.job, claimed.lease, work.now, self._grace) as lease:
                     claimed.held = lease
-                    lease.written = claimed.deadline
                     self.send(claimed)
                 called = True
         finally:
@@ -480,7 +479,7 @@ class Dispatch:
             held = claimed.held
             ends_in = None
             if held is not None:
-                ends_in = lambda: held.seconds_left(self._clock(), self._grace)  # noqa: E731
+                ends_in = lambda: self._leases.time_left(held)  # noqa: E731
             with calls_while(may_go_on), calls_end_in(ends_in):
                 if claimed.draft is not None and drafts is not None:
                     outcome = claimed.outcome = drafts.send_draft(claimed.draft)

@@ -46,7 +46,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -96,6 +96,10 @@ class Lease:
     #: The grace the call's bound leaves off the lease (`seconds_left`): another
     #: daemon's clock may be that far ahead.
     grace: float = 0.0
+    #: When the deadline last written falls, in this process's monotonic seconds
+    #: (`Leases.elapsed`): the call's bound counts time passed, not the wall clock, which
+    #: a step forward would move past a bound no time reached (`seconds_left`).
+    ends_at: float = 0.0
 
     @property
     def renew_every(self) -> float:
@@ -106,27 +110,35 @@ class Lease:
         of the lease came after it)."""
         return renew_every(self.seconds, self.grace)
 
-    def seconds_left(self, now: datetime, grace: float) -> float:
-        """What is left of the lease as last written, less `grace` (the clocks' skew
-        another daemon's recovery allows for): past it that recovery may take the claim."""
-        if self.written is None:
-            return self.seconds - grace
-        return (self.written - now).total_seconds() - self.behind - grace
+    def seconds_left(self, elapsed: float) -> float:
+        """What is left, at `elapsed` (monotonic seconds), of the lease as last written,
+        less the grace (the clocks' skew another daemon's recovery allows for): past it
+        that recovery may take the claim."""
+        return self.ends_at - elapsed - self.grace
 
 
 class Leases:
     """The claims this daemon's workers hold now, by job key. Thread-safe."""
 
-    def __init__(self, ledger: Ledger, clock: Clock, daemon: str) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        clock: Clock,
+        daemon: str,
+        elapsed: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ledger = ledger
         self._clock = clock
+        #: Monotonic seconds: what the calls' bounds are counted in (`Lease.ends_at`).
+        self._elapsed = elapsed
         self._daemon = daemon
         self._lock = threading.Lock()
         self._held: dict[str, Lease] = {}
         self._renewing = threading.Lock()  # one renewal pass at a time
-        #: The due leases waiting for a renewal thread, each with its look's time and
-        #: that look's count of renewals written; changed under `_lock`.
-        self._queue: deque[tuple[Lease, datetime, list[bool]]] = deque()
+        #: The due leases waiting for a renewal thread, each with its look's time (on
+        #: the clock, and in monotonic seconds) and that look's count of renewals
+        #: written; changed under `_lock`.
+        self._queue: deque[tuple[Lease, datetime, float, list[bool]]] = deque()
         self._threads = renewal_threads(ledger.store)
         self._running = 0  # renewal threads alive, under `_lock`
         self._renewal_ended = threading.Condition(self._lock)
@@ -145,6 +157,10 @@ class Leases:
         lease = Lease(job, seconds, now, now, grace=grace)
         lease.renew_at = now + timedelta(seconds=lease.renew_every)
         lease.written = now + timedelta(seconds=seconds)
+        # `now` was read before the claim's save: its deadline is placed in monotonic
+        # seconds by one look at both clocks, after it.
+        wall, elapsed = self._clock(), self._elapsed()
+        lease.ends_at = elapsed + (lease.written - wall).total_seconds()
         with self._lock:
             self._held[job.key] = lease
         return lease
@@ -163,6 +179,10 @@ class Leases:
         except BaseException:
             self.release(lease)
             raise
+
+    def time_left(self, lease: Lease) -> float:
+        """What the call under `lease` has left now (`Lease.seconds_left`)."""
+        return lease.seconds_left(self._elapsed())
 
     def holds(self, key: str) -> bool:
         with self._lock:
@@ -198,7 +218,7 @@ class Leases:
     def renew_due(self) -> int:
         """Renew every held lease whose renewal is due; how many were renewed."""
         with self._renewing:
-            now = self._clock()
+            now, elapsed = self._clock(), self._elapsed()
             with self._lock:
                 if self._closed:
                     return 0
@@ -214,7 +234,7 @@ class Leases:
             with self._lock:
                 for lease in due:
                     lease.in_flight = True
-                    self._queue.append((lease, now, done))
+                    self._queue.append((lease, now, elapsed, done))
                 more = min(self._threads - self._running, len(self._queue))
                 self._running += more
             for _ in range(more):
@@ -244,10 +264,10 @@ class Leases:
                     self._running -= 1
                     self._renewal_ended.notify_all()
                     return
-                lease, now, done = self._queue.popleft()
+                lease, now, elapsed, done = self._queue.popleft()
             renewed = False
             try:
-                renewed = self._renew(lease, now)
+                renewed = self._renew(lease, now, elapsed)
             except Exception:
                 log.exception("job %s: renewing its lease failed", lease.job.key)
             finally:
@@ -259,7 +279,7 @@ class Leases:
                         self.renewed += 1
                     self._renewal_ended.notify_all()
 
-    def _renew(self, lease: Lease, now: datetime) -> bool:
+    def _renew(self, lease: Lease, now: datetime, elapsed: float) -> bool:
         with lease.lock:
             if not lease.renewing:
                 return False
@@ -301,6 +321,9 @@ class Leases:
                 return False
             lease.renew_at = now + timedelta(seconds=lease.renew_every)
             lease.written = deadline
+            # `lease.seconds` from the look, as the deadline is: the clock's steps since
+            # (`behind`) moved no time.
+            lease.ends_at = elapsed + lease.seconds
             return True
 
     def _may_land(self, lease: Lease) -> bool:
@@ -364,7 +387,7 @@ class Leases:
             while self._running and (left := until - time.monotonic()) > 0:
                 self._renewal_ended.wait(left)
             self._closed = True
-            for lease, _now, _done in self._queue:
+            for lease, _now, _elapsed, _done in self._queue:
                 lease.in_flight = False
             self._queue.clear()
             # Past its guard, a save commits at once: waited for, not withdrawn.

@@ -123,6 +123,7 @@ class Engine:
         *,
         provider_timeouts: Mapping[str, float],
         clock: Clock | None = None,
+        elapsed: Callable[[], float] = time.monotonic,
         concurrency: int = 4,
         search_concurrency: int | None = None,
         batch_size: int = 200,
@@ -136,7 +137,8 @@ class Engine:
     ) -> None:
         """`scope_lease`: share the quota scopes with other daemons on the store, each
         owned by one daemon through a lease this long (`owners.py`); None: this engine
-        works for every scope (tests of one engine)."""
+        works for every scope (tests of one engine). `elapsed`: monotonic seconds, what
+        the calls' bounds count (`Lease.ends_at`)."""
         self.ledger = ledger
         self.daemon_name = daemon_name
         self.policies = policies
@@ -149,7 +151,7 @@ class Engine:
         self.commits = GroupCommit(
             ledger, savers=concurrency, stopping=self._stopping, stop_wait=lock_wait(ledger.store)
         )
-        self.leases = Leases(ledger, self.clock, daemon_name)
+        self.leases = Leases(ledger, self.clock, daemon_name, elapsed)
         self._lease_seconds = min(provider_timeouts.values(), default=30.0) + deadline_grace
         self._grace = deadline_grace
         #: The deadline of the longest call: what an earlier process of the name may still
