@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from io import BufferedReader
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from tests.unit.early_server import AnsweringServer
@@ -29,6 +29,7 @@ from daemon.providers.early_answers import EarlyAnswer
 from daemon.providers.kept import MailEndpoint
 from daemon.providers.outcomes import SendKind
 from daemon.providers.slow_links import PIECE
+from ledger.job import SendJob
 
 LEASE = TIMEOUT + GRACE
 #: The SMTP client's timeout here, and how long the server takes over each reply.
@@ -211,6 +212,64 @@ def test_a_slow_call_whose_renewals_land_is_never_told_its_lease_ended() -> None
         finish(rig, release)
         rig.close()
     assert least > 0, f"told {least:.2f}s left while its renewals landed"
+
+
+def _rig_with_grace(grace: float) -> EngineRig:
+    rig = EngineRig(policy("legal", on_unknown="review"))
+    daemon = rig.settings.daemon.model_copy(update={"deadline_grace": grace})
+    rig.settings = rig.settings.model_copy(update={"daemon": daemon})
+    rig.engine.close()
+    rig.service = rig.new_service()
+    rig.engine = rig.service.engine
+    return rig
+
+
+class _SlowSaves:
+    """The store on a stalled disk: each renewal's save takes `seconds` of the rig's time
+    before it commits; what the call is told it has left is noted right before each."""
+
+    def __init__(self, rig: EngineRig, key: str, seconds: float) -> None:
+        self._rig = rig
+        self._key = key
+        self._seconds = seconds
+        self.told: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rig.ledger, name)
+
+    def save_job(self, job: SendJob, **kwargs: Any) -> None:
+        self._rig.clock.advance(self._seconds)
+        lease = self._rig.engine.leases.lease(self._key)
+        assert lease is not None
+        self.told.append(self._rig.engine.leases.time_left(lease))
+        self._rig.ledger.save_job(job, **kwargs)
+
+
+def test_a_renewal_whose_save_takes_half_a_timeout_lands_before_the_call_is_cut() -> None:
+    """The CI's red run of tests/e2e/test_races.py: timeout 0.5 s, grace 0.5 s, renewals
+    every two thirds of a timeout, so one whose look and save took more than a third of
+    a timeout (~170 ms: a stalled fsync) came after the call's bound, and a healthy call
+    ended Unknown ("timed out: its claim's lease ends"). Renewed every third of a timeout,
+    a renewal has two thirds of it to land."""
+    timeout = TIMEOUT
+    rig = _rig_with_grace(timeout)  # the grace of the e2e test: one timeout
+    release = slow_send(rig, "k1")
+    slow = _SlowSaves(rig, "k1", 0.45 * timeout)
+    rig.engine.leases._ledger = slow  # type: ignore[assignment]
+    try:
+        for _ in range(int(4 * timeout / (0.05 * timeout))):  # the renewer's looks
+            rig.clock.advance(0.05 * timeout)
+            rig.engine.renew_leases()
+        lease = rig.engine.leases.lease("k1")
+        assert lease is not None
+        left = rig.engine.leases.time_left(lease)
+    finally:
+        finish(rig, release)
+        rig.close()
+    assert len(slow.told) >= 3, slow.told  # renewals landed all along the call
+    assert min(slow.told) > 0, f"told {min(slow.told):.2f}s left as a renewal landed"
+    assert left > 0
+    assert rig.events("k1")[-1] == "Confirmed"
 
 
 def test_a_clock_stepped_forward_does_not_cut_a_call_no_time_reached() -> None:

@@ -59,8 +59,9 @@ from ledger.stores.url import DEFAULT_LOCK_TIMEOUT, PostgresStore, StoreSpec
 
 log = logging.getLogger("sendledger.engine")
 
-#: A lease is renewed once this share of it has passed since the claim or the last renewal:
-#: two more chances before it lapses.
+#: A lease is renewed once this share of the call's bound (the lease less the grace: one
+#: `timeout`) has passed since the claim or the last renewal: two more chances before the
+#: call is cut (`Lease.renew_every`).
 RENEW_SHARE = 1 / 3
 #: Renewals written at once on a store with no pool to share (SQLite, memory).
 RENEWAL_THREADS = 4
@@ -103,11 +104,9 @@ class Lease:
 
     @property
     def renew_every(self) -> float:
-        """Seconds from one written deadline to the next renewal: a third of the lease, or
-        of twice what the call's bound has of it (the lease less the grace: one `timeout`)
-        when the grace is longer than that, so the bound never runs out before a renewal
-        that lands (with the grace at its Graph default, three times the timeout, a third
-        of the lease came after it)."""
+        """Seconds from one written deadline to the next renewal: a third of the call's
+        bound (the lease less the grace: one `timeout`), so a renewal has two thirds of a
+        `timeout` to land before the bound runs out (docs/architecture.md "Leases")."""
         return renew_every(self.seconds, self.grace)
 
     def seconds_left(self, elapsed: float) -> float:
@@ -416,7 +415,8 @@ def _follow_clock(lease: Lease, now: datetime) -> None:
 
 def renew_every(lease_seconds: float, grace: float = 0.0) -> float:
     """`Lease.renew_every` of a lease `lease_seconds` long, `grace` of it left off."""
-    return RENEW_SHARE * min(lease_seconds, 2 * (lease_seconds - grace))
+    bound = lease_seconds - grace if grace < lease_seconds else lease_seconds
+    return RENEW_SHARE * bound
 
 
 def renew_interval(lease_seconds: float, grace: float = 0.0) -> float:
