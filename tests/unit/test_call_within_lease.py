@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from io import BufferedReader
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -30,6 +31,7 @@ from daemon.providers.kept import MailEndpoint
 from daemon.providers.outcomes import SendKind
 from daemon.providers.slow_links import PIECE
 from ledger.job import SendJob
+from testkit.tls import TlsFiles, make_loopback_tls
 
 LEASE = TIMEOUT + GRACE
 #: The SMTP client's timeout here, and how long the server takes over each reply.
@@ -290,3 +292,72 @@ def test_a_clock_stepped_forward_does_not_cut_a_call_no_time_reached() -> None:
         rig.close()
     assert before == pytest.approx(TIMEOUT)
     assert after == pytest.approx(before)
+
+
+class _TlsServer:
+    """The server's end of a TLS connection on `conn`, its records' bytes written by the
+    test as it likes (a record trickled in pieces)."""
+
+    def __init__(self, conn: socket.socket, tls: TlsFiles) -> None:
+        context = tls.server_context()
+        context.maximum_version = ssl.TLSVersion.TLSv1_2  # no session tickets after it
+        self.conn = conn
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_side=True)
+
+    def handshake(self) -> None:
+        while True:
+            try:
+                self.tls.do_handshake()
+            except ssl.SSLWantReadError:
+                self.conn.sendall(self.outgoing.read())
+                self.incoming.write(self.conn.recv(1 << 16))
+                continue
+            self.conn.sendall(self.outgoing.read())
+            return
+
+    def record(self, data: bytes) -> bytes:
+        self.tls.write(data)
+        return self.outgoing.read()
+
+
+@pytest.mark.parametrize("lease", ["ends", "keeps moving"])
+def test_a_tls_record_trickled_in_pieces_is_waited_for_within_the_lease(
+    lease: str, tmp_path: Path
+) -> None:
+    """Half of the answer's TLS record arrives at once, the rest 0.8 s later: the socket
+    was readable, the lease's wait ended, and the read then waited for the record's rest
+    its own timeout (2 s), past the lease's end (0.2 s): a call the lease had cut went on.
+    The wait now goes on until a record is whole, within the lease; a lease that keeps
+    moving gets the answer."""
+    tls = make_loopback_tls(tmp_path)
+    ours, theirs = socket.socketpair()
+    server = _TlsServer(theirs, tls)
+    shaking = threading.Thread(target=server.handshake, daemon=True)
+    shaking.start()
+    client_context = ssl.create_default_context(cafile=str(tls.ca_file))
+    client_context.check_hostname = False
+    client = client_context.wrap_socket(ours)
+    shaking.join(5)
+    record = server.record(b"250 OK\r\n")
+    client.settimeout(2.0)
+    ends = time.monotonic() + 0.2
+    seconds_left = (lambda: ends - time.monotonic()) if lease == "ends" else (lambda: 0.1)
+    theirs.sendall(record[: len(record) // 2])
+    rest = threading.Timer(0.8, theirs.sendall, args=(record[len(record) // 2 :],))
+    rest.start()
+    reader = EarlyAnswer(client).reader(within=2.0)
+    started = time.monotonic()
+    try:
+        with calls_end_in(seconds_left):
+            if lease == "ends":
+                with pytest.raises(TimeoutError, match="lease"):
+                    reader.readline()
+            else:
+                assert reader.readline() == b"250 OK\r\n"
+        took = time.monotonic() - started
+    finally:
+        rest.join(5)
+        client.close()
+        theirs.close()
+    assert took < 0.5 if lease == "ends" else took > 0.7, f"{took:.2f}s"

@@ -242,10 +242,7 @@ class AnswerReader(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int | None:
         if self._first:
-            size = min(len(buffer), len(self._first))
-            buffer[:size] = self._first[:size]
-            self._first = self._first[size:]
-            return size
+            return self._from_first(buffer)
         if self._deadline is None:
             return self._raw.readinto(buffer)
         left = self._deadline - time.monotonic()
@@ -256,6 +253,11 @@ class AnswerReader(io.RawIOBase):
         lease = call_time_left()
         if lease is not None and lease < left:
             left = self._within_lease(self._deadline, lease)
+            if self._first:  # a TLS record the wait took whole
+                kept = self._from_first(buffer)
+                self._taken += kept
+                self._deadline += kept / ANSWER_FLOOR
+                return kept
         timeout = self._sock.gettimeout()
         if timeout is not None and timeout <= left + ANSWER_SLACK:
             # Begun this early, a read the socket's timeout ends is over by the deadline
@@ -278,7 +280,11 @@ class AnswerReader(io.RawIOBase):
         before the answer's own deadline, until the answer is readable: what is left of
         the answer's wait then. Its end is asked again whenever the wait reaches it, as a
         renewal moves it on; once it has passed, the call ends "timed out". Polled, not
-        read with a timeout: a read that timed out leaves the socket's reader unusable."""
+        read with a timeout: a read that timed out leaves the socket's reader unusable.
+        Under TLS a readable socket may hold part of a record only (a server trickling
+        it) or post-handshake messages: a read would then wait for the rest its whole
+        timeout, past the lease. So what is readable is read without waiting, here, and
+        kept (`_first`) once a record is whole; until then the wait goes on."""
         readable = False
         while True:
             left = deadline - time.monotonic()
@@ -289,9 +295,35 @@ class AnswerReader(io.RawIOBase):
             if lease <= 0:
                 raise TimeoutError("timed out: its claim's lease ends")
             readable = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
-            readable = readable or ready(self._sock, write=False, timeout=lease)[0]
+            if not readable and ready(self._sock, write=False, timeout=lease)[0]:
+                readable = self._took_a_record()
             asked = call_time_left()
             lease = left if asked is None else asked
+
+    def _took_a_record(self) -> bool:
+        """The socket is readable: whether a read would not wait now. Under TLS, what a
+        read without waiting takes (a record made whole) is kept in `_first`; no
+        record whole yet says no. A close or an error says yes: the read says it."""
+        if not isinstance(self._sock, ssl.SSLSocket):
+            return True
+        timeout = self._sock.gettimeout()
+        self._sock.setblocking(False)
+        try:
+            got = self._sock.recv(PIECE)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+            return False
+        except OSError:
+            return True
+        finally:
+            self._sock.settimeout(timeout)
+        self._first = memoryview(got)
+        return True
+
+    def _from_first(self, buffer: Any) -> int:
+        size = min(len(buffer), len(self._first))
+        buffer[:size] = self._first[:size]
+        self._first = self._first[size:]
+        return size
 
     def close(self) -> None:
         self._raw.close()
