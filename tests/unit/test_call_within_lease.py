@@ -361,3 +361,29 @@ def test_a_tls_record_trickled_in_pieces_is_waited_for_within_the_lease(
         client.close()
         theirs.close()
     assert took < 0.5 if lease == "ends" else took > 0.7, f"{took:.2f}s"
+
+
+@pytest.mark.parametrize("end", ["its timeout", "its lease"])
+def test_an_answer_that_came_in_time_is_read_after_a_pause_of_this_process(end: str) -> None:
+    """The server answers at once; this process is paused (a loaded machine, 2 shared
+    cores) past the answer's wait (0.2 s) or the claim's lease (0.1 s) before it reads.
+    The reader looked at the clock first and ended the call "timed out" with the answer
+    in its socket: a healthy send taken for ambiguous (the CI's four Unknowns within
+    63 ms). What arrived is taken without waiting; nothing more is waited for."""
+    ours, theirs = socket.socketpair()
+    ours.settimeout(2.0)
+    ends = time.monotonic() + 0.1
+    seconds_left = (lambda: ends - time.monotonic()) if end == "its lease" else None
+    try:
+        reader = EarlyAnswer(ours).reader(within=0.2 if end == "its timeout" else 2.0)
+        theirs.sendall(b"250 OK\r\n")
+        time.sleep(0.3)  # the pause
+        with calls_end_in(seconds_left):
+            assert reader.readline() == b"250 OK\r\n"
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):  # the next answer is not waited for
+                reader.readline()
+            assert time.monotonic() - started < 0.1
+    finally:
+        ours.close()
+        theirs.close()

@@ -245,19 +245,22 @@ class AnswerReader(io.RawIOBase):
             return self._from_first(buffer)
         if self._deadline is None:
             return self._raw.readinto(buffer)
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("timed out")
         if self._taken > self._bound:
             raise AnswerTooLong(f"an answer longer than {self._bound} bytes")
+        left = self._deadline - time.monotonic()
         lease = call_time_left()
         if lease is not None and lease < left:
             left = self._within_lease(self._deadline, lease)
-            if self._first:  # a TLS record the wait took whole
-                kept = self._from_first(buffer)
-                self._taken += kept
-                self._deadline += kept / ANSWER_FLOOR
-                return kept
+        elif left <= 0 and not self._readable_now():
+            raise TimeoutError("timed out")
+        if self._first:  # what the wait took without waiting: a TLS record made whole
+            kept = self._from_first(buffer)
+            self._taken += kept
+            self._deadline += kept / ANSWER_FLOOR
+            return kept
+        # Past the deadline only when readable now (closed, or an error to raise): the
+        # read returns at once.
+        left = max(left, ANSWER_SLACK)
         timeout = self._sock.gettimeout()
         if timeout is not None and timeout <= left + ANSWER_SLACK:
             # Begun this early, a read the socket's timeout ends is over by the deadline
@@ -288,24 +291,39 @@ class AnswerReader(io.RawIOBase):
         readable = False
         while True:
             left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("timed out")
-            if readable or lease >= left:
+            if readable or 0 < left <= lease:
                 return left
-            if lease <= 0:
-                raise TimeoutError("timed out: its claim's lease ends")
+            if left <= 0 or lease <= 0:
+                # Past an end, what arrived by then is still taken, without waiting: a
+                # pause of this process (a loaded machine), not the server's silence,
+                # let the wait pass it. Nothing more is waited for.
+                if self._readable_now():
+                    return left
+                raise TimeoutError(
+                    "timed out" if left <= 0 else "timed out: its claim's lease ends"
+                )
             readable = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
             if not readable and ready(self._sock, write=False, timeout=lease)[0]:
                 readable = self._took_a_record()
             asked = call_time_left()
             lease = left if asked is None else asked
 
+    def _readable_now(self) -> bool:
+        """Whether a read would not wait now (`_took_a_record`), looked at without
+        waiting."""
+        pending = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
+        try:
+            if not pending and not ready(self._sock, write=False, timeout=0)[0]:
+                return False
+        except (OSError, ValueError):
+            return True  # closed here: the read says it
+        return self._took_a_record()
+
     def _took_a_record(self) -> bool:
-        """The socket is readable: whether a read would not wait now. Under TLS, what a
-        read without waiting takes (a record made whole) is kept in `_first`; no
-        record whole yet says no. A close or an error says yes: the read says it."""
-        if not isinstance(self._sock, ssl.SSLSocket):
-            return True
+        """The socket is readable: whether a read would not wait now. What a read without
+        waiting takes (under TLS, a record made whole) is kept in `_first`; nothing
+        taken (part of a TLS record, a post-handshake message) says no. A close or an
+        error says yes: the read says it."""
         timeout = self._sock.gettimeout()
         self._sock.setblocking(False)
         try:
