@@ -9,6 +9,7 @@ by (`providers.base.call_time_left`); renewals that land move it on."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import threading
@@ -26,7 +27,7 @@ from tests.unit.test_imap_append_hang import _smtp
 from tests.unit.test_leases import finish, slow_send
 
 from daemon.providers.base import call_time_left, calls_end_in
-from daemon.providers.early_answers import EarlyAnswer
+from daemon.providers.early_answers import AnswerTooLong, EarlyAnswer
 from daemon.providers.kept import MailEndpoint
 from daemon.providers.outcomes import SendKind
 from daemon.providers.slow_links import PIECE
@@ -387,3 +388,35 @@ def test_an_answer_that_came_in_time_is_read_after_a_pause_of_this_process(end: 
     finally:
         ours.close()
         theirs.close()
+
+
+def test_an_answer_read_within_the_lease_is_held_to_its_bound() -> None:
+    """The lease's wait reads what is readable without waiting, a piece at a time, and
+    hands it to the reader a buffer at a time: each piece counts whole against the
+    answer's bound as it comes, so a server flooding an answer without end is cut at
+    the bound, not at several times it."""
+    ours, theirs = socket.socketpair()
+    ours.settimeout(2.0)
+    bound = 1 << 20
+    stop = threading.Event()
+
+    def flood() -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                theirs.sendall(b"x" * PIECE)
+
+    flooding = threading.Thread(target=flood, daemon=True)
+    flooding.start()
+    read = 0
+    reader = EarlyAnswer(ours).reader(within=10.0, bound=bound)
+    try:
+        with calls_end_in(lambda: 5.0), pytest.raises(AnswerTooLong):
+            while chunk := reader.read(8192):
+                read += len(chunk)
+    finally:
+        stop.set()
+        reader.close()  # the socket's reader holds it open
+        ours.close()
+        theirs.close()
+        flooding.join(5)
+    assert read <= bound + 2 * PIECE, read

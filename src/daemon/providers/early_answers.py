@@ -253,11 +253,10 @@ class AnswerReader(io.RawIOBase):
             left = self._within_lease(self._deadline, lease)
         elif left <= 0 and not self._readable_now():
             raise TimeoutError("timed out")
-        if self._first:  # what the wait took without waiting: a TLS record made whole
-            kept = self._from_first(buffer)
-            self._taken += kept
-            self._deadline += kept / ANSWER_FLOOR
-            return kept
+        if self._first:  # what the wait took without waiting, counted whole as it came
+            self._taken += len(self._first)
+            self._deadline += len(self._first) / ANSWER_FLOOR
+            return self._from_first(buffer)
         # Past the deadline only when readable now (closed, or an error to raise): the
         # read returns at once.
         left = max(left, ANSWER_SLACK)
