@@ -346,7 +346,7 @@ def test_a_slow_drafts_provider_records_nothing_unsent_that_was_sent(tmp_path: P
         assert unsent_but_sent == [], {k: rig.types(k) for k in unsent_but_sent}
         assert recovered(histories) == [], rig.diagnostics()
         assert max(copies.values()) == 1, copies
-        assert renewed(histories) > 0  # the calls did outlast a third of their lease
+        assert renewed(histories) > 0  # the calls did outlast a third of their timeout
         # Once confirmed, a job's drafts are deleted (`search_after` later): none is left.
         confirmed = [key for key in keys if rig.state(key) == "confirmed"]
         rig.wait_for(
@@ -392,7 +392,7 @@ def test_a_slow_send_and_read_back_past_the_lease_need_no_review(tmp_path: Path)
             [e["via"] for e in events_of(h, "Confirmed")] == ["response"]
             for h in histories.values()
         )
-        assert renewed(histories) == len(keys)  # every call outlived a third of its lease
+        assert renewed(histories) == len(keys)  # every call outlived a third of its timeout
 
 
 # -- 4. a Graph check during a send ---------------------------------------------------------

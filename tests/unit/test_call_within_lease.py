@@ -26,6 +26,7 @@ from tests.unit.smtp_loopback import Message, converse, message_of_lines, submit
 from tests.unit.test_imap_append_hang import _smtp
 from tests.unit.test_leases import finish, slow_send
 
+from daemon.engine.leases import Leases
 from daemon.providers.base import call_time_left, calls_end_in
 from daemon.providers.early_answers import AnswerTooLong, EarlyAnswer
 from daemon.providers.kept import MailEndpoint
@@ -420,3 +421,23 @@ def test_an_answer_read_within_the_lease_is_held_to_its_bound() -> None:
         theirs.close()
         flooding.join(5)
     assert read <= bound + 2 * PIECE, read
+
+
+def test_a_clock_set_back_during_the_claims_save_does_not_stretch_the_call() -> None:
+    """The claim's deadline is written by the clock before its save; the call's bound is
+    placed in monotonic seconds by a look at the clock after it. A clock set back 10 s
+    during the save put the bound those 10 s past the deadline as written (another
+    daemon, its clock right, recovers the claim then, the call still running). The bound
+    is never further than the lease from that look."""
+    rig = EngineRig(policy("legal", on_unknown="review"))
+    try:
+        rig.submit("legal", "k1")
+        leases = Leases(rig.ledger, rig.clock, "d", rig.clock.elapsed)
+        claimed_at = rig.clock()
+        rig.clock.advance(0.5)  # the claim's save
+        rig.clock.jump(-10.0)  # an NTP step back meanwhile
+        lease = leases.hold(rig.job("k1"), LEASE, claimed_at, GRACE)
+        left = leases.time_left(lease)
+    finally:
+        rig.close()
+    assert left <= LEASE - GRACE, left  # at most one timeout, not 10 s more

@@ -157,9 +157,10 @@ class Leases:
         lease.renew_at = now + timedelta(seconds=lease.renew_every)
         lease.written = now + timedelta(seconds=seconds)
         # `now` was read before the claim's save: its deadline is placed in monotonic
-        # seconds by one look at both clocks, after it.
+        # seconds by one look at both clocks, after it; never further than the lease from
+        # that look (a clock set back during the save would put it the step further).
         wall, elapsed = self._clock(), self._elapsed()
-        lease.ends_at = elapsed + (lease.written - wall).total_seconds()
+        lease.ends_at = elapsed + min((lease.written - wall).total_seconds(), seconds)
         with self._lock:
             self._held[job.key] = lease
         return lease
