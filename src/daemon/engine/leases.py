@@ -92,14 +92,15 @@ class Lease:
     withdrawn: bool = False
     #: The deadline last written to the store (the claim's, then each renewal's once
     #: committed), on the clock as it was before any step back: the one another daemon
-    #: recovers the claim by (`seconds_left`).
+    #: recovers the claim by (the call's bound counts it as `ends_at`).
     written: datetime | None = None
     #: The grace the call's bound leaves off the lease (`seconds_left`): another
     #: daemon's clock may be that far ahead.
     grace: float = 0.0
-    #: When the deadline last written falls, in this process's monotonic seconds
-    #: (`Leases.elapsed`): the call's bound counts time passed, not the wall clock, which
-    #: a step forward would move past a bound no time reached (`seconds_left`).
+    #: When the deadline last written falls, in this process's monotonic seconds (the
+    #: `elapsed` a `Leases` is made with): the call's bound counts time passed, not the
+    #: wall clock, which a step forward would move past a bound no time reached
+    #: (`seconds_left`).
     ends_at: float = 0.0
 
     @property
