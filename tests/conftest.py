@@ -86,6 +86,23 @@ def _in_a_finalizer(frame: FrameType | None) -> bool:
     return False
 
 
+_OURS = str(Path(__file__).resolve().parents[1])
+
+
+def _in_hypothesis(frame: FrameType | None) -> bool:
+    """Whether `frame` runs for Hypothesis's own code (drawing, recording, shrinking), not
+    a test's: the first frame out from it that is Hypothesis's or this repository's says
+    (the standard library's and other packages' are what either called)."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if f"{os.sep}hypothesis{os.sep}" in name:
+            return True
+        if name.startswith(_OURS) and f"{os.sep}site-packages{os.sep}" not in name:
+            return False
+        frame = frame.f_back
+    return False
+
+
 # optionalhook: `make test-py313` runs these tests where pytest-timeout is not installed.
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
@@ -94,10 +111,15 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     if settings.method != "signal" or not in_main:
         return None
 
+    put_off = [0]
+
     def on_alarm(signum: int, frame: FrameType | None) -> None:
-        if _in_a_finalizer(frame):
+        if _in_a_finalizer(frame) or (_in_hypothesis(frame) and put_off[0] < 40):
             # Raised there it is "ignored" (unraisable) and the test runs on untimed, as
-            # when the alarm lands in Hypothesis's gc callback: raised a moment later.
+            # when the alarm lands in Hypothesis's gc callback; raised in the middle of
+            # Hypothesis drawing an example, its replay draws otherwise and it reports a
+            # FlakyStrategyDefinition: raised a moment later (2 s at most in all).
+            put_off[0] += 1
             signal.setitimer(signal.ITIMER_REAL, 0.05)
             return
         # As pytest-timeout does: where every thread was, then the test ends.
