@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
@@ -18,8 +19,11 @@ import pytest
 from tests.unit.engine_rig import EngineRig, claimed_by, policy
 
 from daemon.engine.commit import GroupCommit, LeftToRecovery
+from daemon.engine.report import Counter
+from daemon.engine.work import Work
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.job import SendJob
+from ledger.stores.unchanged import Unchanged
 
 LOCK_WAIT = 5.0
 #: What the commit passes for its waits (`Ledger.save_job`'s keep_trying, connect_while).
@@ -153,3 +157,39 @@ def test_a_running_daemon_keeps_trying_as_long_as_the_store_waits(
     )
     assert outcomes_of(running, jobs[:2]) == {"k0": None, "k1": None}
     assert store.waits == 3 and sorted(store.saved) == ["k0", "k1"]
+
+
+class HeldGuardedRows(HeldRows):
+    """`HeldRows` for a save that holds to a record as read (`unchanged`), tried again
+    without `keep_trying` as the ledger does: as long as the store waits (`STORE_WAIT`)."""
+
+    STORE_WAIT = 12 * LOCK_WAIT
+
+    def __init__(self, held: set[str]) -> None:
+        super().__init__(held)
+        self.unchanged: list[Unchanged | None] = []
+
+    def save_job(
+        self,
+        job: SendJob,
+        *,
+        keep_trying: Wait = None,
+        connect_while: Wait = None,
+        unchanged: Unchanged | None = None,
+    ) -> None:
+        self.unchanged.append(unchanged)
+        self._save([job], keep_trying or (lambda: self.now < self.STORE_WAIT))
+
+
+def test_a_guarded_save_at_a_stop_keeps_the_stop_s_window(jobs: list[SendJob]) -> None:
+    # A requeued job's claim, or the sweep's decision after a miss, holds to the handle
+    # as read and is saved alone; at a stop it too waits one window, not the store's
+    # whole wait (before: 12 lock waits, 60 s of a 35 s stop_timeout).
+    store = HeldGuardedRows({"k0"})
+    handle = Unchanged(uuid.uuid4(), 2)
+    work = Work(jobs[0], None, None, jobs[0].modified_on, cast(Ledger, store), Counter(),
+                commits=stopped_commits(store), unchanged=handle)  # fmt: skip
+    with pytest.raises(LockWaitedInVain):
+        work.save()
+    assert store.waits == 1 and store.now == LOCK_WAIT
+    assert store.unchanged == [handle] and store.saved == []

@@ -70,6 +70,7 @@ from ledger.exceptions import SendledgerError, known
 if TYPE_CHECKING:
     from ledger.application import Ledger
     from ledger.job import SendJob
+    from ledger.stores.unchanged import Unchanged
 
 
 log = logging.getLogger("sendledger.engine")
@@ -188,6 +189,19 @@ class GroupCommit:
         self._join(mine)
         if mine.error is not None:
             raise mine.error
+
+    def save_alone(self, job: SendJob, unchanged: Unchanged) -> None:
+        """`save` for a save that holds to a record as read (`Ledger.save_job`'s
+        `unchanged`): in a transaction of its own, so that no other job's save is
+        withdrawn with it, once what waits for a commit is durable; within the limits a
+        commit's save keeps (`_may_begin`, `_waits`): once the daemon stops, begun and
+        tried again only within its window, as any other save."""
+        with self._lock:
+            mine = _Save(job, asked=self._asked())
+        self.flush()
+        if not self._may_begin(mine):
+            raise known(mine.error, "a save left out is failed by _may_begin")
+        self._ledger.save_job(job, unchanged=unchanged, **self._waits([mine]))
 
     def save_soon(self, job: SendJob, then: Then) -> None:
         """Append the job's pending events with the next commit, without waiting for it;

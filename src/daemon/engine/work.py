@@ -71,10 +71,11 @@ class Work:
         `Changed`: what `unchanged` names changed since it was read, nothing stored)."""
         events = list(self.job.pending_events)
         unchanged, self.unchanged = self.unchanged, None  # the next save's is another's
-        if unchanged is not None:
-            # Alone, not in the group commit: another job's save never withdrawn with it;
-            # what waits for that commit is made durable first, as the commit would.
-            self.flush()
+        if unchanged is not None and self.commits is not None:
+            # Alone, not in a batch: another job's save never withdrawn with it; what
+            # waits for a commit is made durable first, and a stop's window holds.
+            self.commits.save_alone(self.job, unchanged)
+        elif unchanged is not None:
             self.ledger.save_job(self.job, unchanged=unchanged)
         elif self.commits is None:
             self.ledger.save_job(self.job)
