@@ -127,6 +127,16 @@ def test_a_claim_whose_commit_failed_is_read_back_released_and_sent_once(
     assert rig.provider.sends == 1 and rig.job("k1").state is JobState.CONFIRMED
 
 
+def test_a_claim_read_back_and_released_is_no_refusal_by_the_provider(rig: EngineRig) -> None:
+    # No call was made: the tick's line ("N refused by the provider") and its counts do
+    # not take the store's lost answer for the provider's refusal, as for a stop's claim.
+    rig.submit("legal", "k1")
+    lose_next_commit_answer(rig)
+    report = rig.tick()
+    assert rig.events("k1") == ["Requested", "Attempted", "Rejected"]
+    assert (report.sent, report.rejected, report.unavailable) == (0, 0, 0), report
+
+
 def test_a_claim_whose_commit_failed_and_cannot_be_read_back_is_recovered_as_unknown(
     rig: EngineRig, monkeypatch: pytest.MonkeyPatch
 ) -> None:

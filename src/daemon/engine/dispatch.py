@@ -620,6 +620,8 @@ class Dispatch:
         job = work.job
         if outcome.reason == STOPPED:
             log.info("job %s: %s", job.key, STOPPED)  # not a refusal by the provider
+        elif outcome.reason == CLAIM_READ_BACK:
+            pass  # no call, no refusal: said when the claim was released
         elif outcome.kind is SendKind.REJECTED:
             work.count("rejected")
             if outcome.unavailable:
