@@ -15,6 +15,7 @@ from tests.unit.test_leases import finish, slow_send
 
 from ledger.application import ConcurrentUpdate
 from ledger.job import SendJob
+from ledger.stores.index import Withdrawn
 from ledger.vocabulary import JobState
 
 REVIEW = policy("legal", on_unknown="review", pending_draft="review")
@@ -135,6 +136,26 @@ def test_a_claim_read_back_and_released_is_no_refusal_by_the_provider(rig: Engin
     report = rig.tick()
     assert rig.events("k1") == ["Requested", "Attempted", "Rejected"]
     assert (report.sent, report.rejected, report.unavailable) == (0, 0, 0), report
+
+
+def test_a_claim_known_not_stored_is_not_read_back(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stopping daemon's claim whose wait for a pooled connection was given up
+    # (`Withdrawn`) began nothing: a read-back would ask the same pool again, twice, past
+    # the stop's window.
+    rig.submit("legal", "k1")
+    read_back: list[str] = []
+    monkeypatch.setattr(rig.ledger, "save_job", _withdrawn)
+    monkeypatch.setattr(rig.ledger, "stored_after_unsure", lambda job: read_back.append(job.key))
+    rig.tick(errors=1)
+    monkeypatch.undo()
+    assert read_back == [] and rig.provider.sends == 0
+    assert rig.events("k1") == ["Requested"]
+
+
+def _withdrawn(job: SendJob, **kwargs: Any) -> None:
+    raise Withdrawn("not saved: the daemon stopped while its save waited for a connection")
 
 
 def test_a_claim_whose_commit_failed_and_cannot_be_read_back_is_recovered_as_unknown(

@@ -27,6 +27,7 @@ import daemon.engine.drafts as drafts_flow
 from daemon.crashpoints import crash_point
 from daemon.engine.circuit import Circuits, send_unavailable
 from daemon.engine.clock import Clock
+from daemon.engine.commit import LeftToRecovery
 from daemon.engine.leases import Lease, Leases
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.readback import ProviderHealth
@@ -47,6 +48,7 @@ from ledger.display import quoted
 from ledger.exceptions import known
 from ledger.job import DRAFTS_CLAIM_LOST, SendJob, TransitionError
 from ledger.message import render_checked
+from ledger.stores.index import Withdrawn
 from ledger.stores.unchanged import Changed, Unchanged
 from ledger.vocabulary import EscalationReason, JobState
 from ledger.wire_check import RenderMismatch
@@ -206,8 +208,11 @@ class Dispatch:
         try:
             self.save_claim(claimed)
             return True
-        except (ConcurrentUpdate, Changed):
-            raise  # known not stored: nothing to read back
+        except (ConcurrentUpdate, Withdrawn, LeftToRecovery):
+            # Known not stored (another writer's, the handle changed, or a stopping
+            # daemon's save not begun): nothing to read back, and at a stop no read of
+            # the store past the window its save kept (`commit.py`).
+            raise
         except Exception:
             work = claimed.work
             try:
