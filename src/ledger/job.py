@@ -98,6 +98,12 @@ class TransitionError(SendledgerError):
         self.action = action
 
 
+def resolved_reason(decision: str) -> str:
+    """A job's `reason` once a person's decision (`Resolved`) is its latest: replaced by
+    the next outcome's, a claim's refusal included."""
+    return f"resolved: {decision}"
+
+
 class SendJob(Aggregate):
     TOPIC = "sendledger:SendJob"
 
@@ -618,7 +624,7 @@ class SendJob(Aggregate):
         tidy_at: datetime | None = None  # abandon: delete the job's unsent drafts then
 
         def apply(self, job: Any) -> None:
-            job.reason = f"resolved: {self.decision}"
+            job.reason = resolved_reason(self.decision)
             job.unavailable_since = None
             if self.decision == Resolution.RESEND:
                 job.state = JobState.REQUESTED

@@ -474,3 +474,34 @@ def test_a_recorded_draft_gone_before_its_claim_is_reviewed_and_a_persons_resend
     rig.tick()
     assert rig.job("k11").state is JobState.CONFIRMED, rig.events("k11")
     assert provider.drafts_created == 2 and rig.copies("k11") == 1
+
+
+def test_a_persons_resend_whose_claim_made_nothing_reviews_the_new_draft_gone(
+    rig: EngineRig,
+) -> None:
+    """After a person's resend a claim made a new draft and no call sent it (refused as
+    unavailable, as a stop's or a read-back's claim is: no attempt counted), so the draft
+    waits in the mailbox; gone before the next claim (a person's Send there looks the
+    same as this deletion), it is not the draft that person's search found gone: the job
+    goes to review, not a third draft."""
+    rig.submit("notices", "k12")
+    provider = fake(rig)
+    provider.script(Scripted.lost_request())
+    rig.tick()
+    first = rig.job("k12").draft_id
+    assert first is not None
+    provider.delete_by_person(first)
+    rig.tick()
+    assert rig.job("k12").state is JobState.REVIEW
+    rig.clock.advance(61)
+    door_of(rig).resolve("k12", Resolution.RESEND, note="I deleted the draft", by="alice")
+    provider.script(Scripted.unavailable())
+    rig.tick()
+    second = rig.job("k12").draft_id
+    assert rig.events("k12")[-2:] == ["Attempted", "Rejected"]
+    assert second not in (None, first) and rig.job("k12").round_attempts == 0
+    provider.delete_by_person(second)
+    rig.advance_and_tick(3600)
+    job = rig.job("k12")
+    assert job.state is JobState.REVIEW, rig.events("k12")
+    assert provider.drafts_created == 2 and rig.copies("k12") == 0

@@ -38,7 +38,8 @@ from daemon.providers.base import ProviderError, ScopeLost, calls_while
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
 from ledger.display import quoted
 from ledger.exceptions import SendledgerError, known
-from ledger.job import SendJob
+from ledger.job import SendJob, resolved_reason
+from ledger.vocabulary import Resolution
 from policies import decisions
 from policies.model import ChannelPolicy
 
@@ -142,8 +143,15 @@ def _resent_by_a_person(job: SendJob) -> bool:
     """Whether the job's latest state is a person's resend (`Resolved`, resend), with no
     claim since: that person decided on their own search, made with the draft found gone
     (`Services._fenced_search`), so a new draft is theirs to send. A resend its searches
-    decided (`Requeued`) forgot the draft already (`DraftGone`)."""
-    return job.resent and not job.requeued and job.round_attempts == 0
+    decided (`Requeued`) forgot the draft already (`DraftGone`). A claim since that sent
+    nothing (refused as unavailable, a stop's, a read-back's) counts no attempt but made
+    the draft recorded now, and its refusal replaced the resend's reason."""
+    return (
+        job.resent
+        and not job.requeued
+        and job.round_attempts == 0
+        and job.reason == resolved_reason(Resolution.RESEND)
+    )
 
 
 def _held_to(draft: Draft, current: bytes, proven: bytes) -> None:
