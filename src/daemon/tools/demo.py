@@ -263,7 +263,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ctrl_c = CtrlC()
     try:
         with ctrl_c:
-            return run(folder, ctrl_c)
+            code = run(folder, ctrl_c)
+            # A Ctrl-C noted after the demo's last wait (its daemon's stop at the end, the
+            # summary): acted on too, not dropped with the handler (exit 130, not 0).
+            ctrl_c.pause(0)
+            return code
     except KeyboardInterrupt:
         # The daemon and then the emulator stopped with the demo's own `finally`s; what
         # the person still has is the folder, which the first lines named long ago.
@@ -488,6 +492,7 @@ def _run_jobs(
     daemon = Daemon(service, settings.daemon.tick)
     runner = threading.Thread(target=daemon.serve, name="daemon", daemon=True)
     runner.start()
+    stopping = False
     try:
         started = time.monotonic()
         story = Story(out, ledger, provider, started)
@@ -498,25 +503,45 @@ def _run_jobs(
             # either way its second line tells what the human did and what followed.
             left = max(1.0, limit - (time.monotonic() - started))
             settled = _watch(out, ledger, left, story, ctrl_c)
+        stopping = True
+        daemon.request_stop()
+        _join_at_the_end(runner, ctrl_c)
     except BaseException:
         # The daemon is stopped before the emulator it calls (the callers' `finally`s),
         # whatever ended the demo: its calls in flight end and are recorded.
         print("\nstopping the daemon: its calls in flight finish (Ctrl-C again: at once)",
               file=sys.stderr, flush=True)  # fmt: skip
-        _stop_daemon(daemon, runner, ctrl_c)
+        _stop_daemon(daemon, runner, ctrl_c, requested=stopping)
         ledger.close()
         raise
-    daemon.request_stop()
-    runner.join(timeout=30)
     return settled, ledger, operator, story.told
 
 
-def _stop_daemon(daemon: Daemon, runner: threading.Thread, ctrl_c: CtrlC) -> None:
+#: How long the demo's end waits for its daemon's stop (its calls settled by then).
+END_JOIN_SECONDS = 30.0
+
+
+def _join_at_the_end(runner: threading.Thread, ctrl_c: CtrlC) -> None:
+    """Wait for the daemon's thread, asked to stop once every job settled, at most
+    `END_JOIN_SECONDS`; a Ctrl-C meanwhile raises KeyboardInterrupt (the stop already
+    asked: a second request would end it at once, without its calls in flight)."""
+    ends = time.monotonic() + END_JOIN_SECONDS
+    while runner.is_alive() and time.monotonic() < ends:
+        runner.join(0.05)
+        ctrl_c.pause(0)
+
+
+def _stop_daemon(
+    daemon: Daemon, runner: threading.Thread, ctrl_c: CtrlC, *, requested: bool = False
+) -> None:
     """Stop the daemon as SIGTERM stops `run` (docs/operations.md "Stopping"): its calls in
     flight finish and are recorded, at most `daemon.stop_timeout`, past which it stops
     without them by itself; a second Ctrl-C meanwhile ends the demo at once. Either way
-    without them: KeyboardInterrupt, with the at_once flag of `ctrl_c` set."""
-    daemon.request_stop()
+    without them: KeyboardInterrupt, with the at_once flag of `ctrl_c` set. `requested`:
+    the stop was asked already (the demo's end), and a second request is the daemon's
+    "at once"."""
+    if not requested:
+        daemon.request_stop()
     while runner.is_alive():
         runner.join(0.05)
         try:
