@@ -126,9 +126,11 @@ def _run(folder: Path, lag: float, port: int, out: TextIO) -> int:
             runner = threading.Thread(target=daemon.serve, name="daemon", daemon=True)
             runner.start()
             print(_intro(folder, emulator.url, lag), file=out, flush=True)
-            _jobs_for_the_page(ledger, policies, emulator, out)
-            print(_how_to_use(folder, port, token), file=out, flush=True)
-            asked = _until_stopped(wake, runner)
+            # A Ctrl-C (or SIGTERM) while the page's jobs settle stops it there.
+            stopped = _jobs_for_the_page(ledger, policies, emulator, out, wake)
+            if stopped is None:
+                print(_how_to_use(folder, port, token), file=out, flush=True)
+            asked = _until_stopped(wake, runner) if stopped is None else stopped
             print("\nstopping: the daemon finishes its calls in flight ...", file=out, flush=True)
             daemon.request_stop()
             while runner.is_alive():
@@ -178,9 +180,12 @@ def _intro(folder: Path, emulator: str, lag: float) -> str:
     )
 
 
-def _jobs_for_the_page(ledger: Ledger, policies: Any, emulator: GmailEmulator, out: TextIO) -> None:
+def _jobs_for_the_page(
+    ledger: Ledger, policies: Any, emulator: GmailEmulator, out: TextIO, wake: WakeUp
+) -> int | None:
     """Three jobs in review (their sends meet FIRST_SENDS), one of them with a second copy
-    in the mailbox, as if sent twice; then two that are simply confirmed."""
+    in the mailbox, as if sent twice; then two that are simply confirmed. The stop signal
+    that came while they settled (seconds: searched after `--lag` and 2 s), if one did."""
     for key in REVIEW_KEYS:
         _submit(
             ledger,
@@ -189,7 +194,9 @@ def _jobs_for_the_page(ledger: Ledger, policies: Any, emulator: GmailEmulator, o
             key,
             f"Payout {key[-1]} of €{40 * int(key[-1])}.00 sent",
         )
-    _wait(lambda: all(_state(ledger, k) is JobState.REVIEW for k in REVIEW_KEYS), 60.0)
+    stopped = _wait(lambda: all(_state(ledger, k) is JobState.REVIEW for k in REVIEW_KEYS), wake)
+    if stopped is not None:
+        return stopped
     copied = [k for k in REVIEW_KEYS if emulator.copies(ledger.get_job(k).message_id)]
     twice = copied[0] if copied else None
     if twice is not None:
@@ -201,9 +208,14 @@ def _jobs_for_the_page(ledger: Ledger, policies: Any, emulator: GmailEmulator, o
         print(f"  {key}  in review, outcome unknown to the daemon ({said})", file=out)
     for key in CONFIRMED_KEYS:
         _submit(ledger, policies, "receipts", key, f"Your receipt {key[-1]}")
-    _wait(lambda: all(_state(ledger, k) is JobState.CONFIRMED for k in CONFIRMED_KEYS), 60.0)
+    stopped = _wait(
+        lambda: all(_state(ledger, k) is JobState.CONFIRMED for k in CONFIRMED_KEYS), wake
+    )
+    if stopped is not None:
+        return stopped
     for key in CONFIRMED_KEYS:
         print(f"  {key} confirmed (one copy, sent once)", file=out)
+    return None
 
 
 def _submit(ledger: Ledger, policies: Any, channel: str, key: str, subject: str) -> None:
@@ -224,12 +236,16 @@ def _state(ledger: Ledger, key: str) -> JobState | None:
     return JobState(row.state) if row else None
 
 
-def _wait(done: Callable[[], bool], limit: float) -> None:
+def _wait(done: Callable[[], bool], wake: WakeUp, limit: float = 60.0) -> int | None:
+    """Until `done`: None; or the stop signal (SIGINT, SIGTERM) that came first."""
     deadline = time.monotonic() + limit
     while not done():
         if time.monotonic() > deadline:
             raise TimeoutError(f"the jobs did not settle within {limit:g}s (see daemon.log)")
-        time.sleep(0.1)
+        for code in wake.wait(0.1):
+            if code in (signal.SIGINT, signal.SIGTERM):
+                return code
+    return None
 
 
 def _how_to_use(folder: Path, port: int, token: str) -> str:
