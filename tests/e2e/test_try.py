@@ -32,6 +32,16 @@ def _printed(proc: subprocess.Popen[str], until: str, limit: float = 120.0) -> l
     raise AssertionError("try ended early:\n" + "\n".join(lines))
 
 
+def start_try(folder: Path, lag: str) -> subprocess.Popen[str]:
+    """`sendledger try` on `folder` and a free port, its output (stderr too) read as text."""
+    return subprocess.Popen(
+        [*sendledger_command(), "try", "--dir", str(folder), "--port", "0", "--lag", lag],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def _field(lines: list[str], name: str) -> str:
     found = next(line for line in lines if line.startswith(f"  {name} "))
     return found.split(None, len(name.split()))[-1]
@@ -43,12 +53,7 @@ def test_try_prints_lines_that_work_and_a_page_that_signs_in(tmp_path: Path) -> 
 
     folder = tmp_path / "try"
     started = time.monotonic()
-    proc = subprocess.Popen(
-        [*sendledger_command(), "try", "--dir", str(folder), "--port", "0", "--lag", "300ms"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_try(folder, "300ms")
     try:
         lines = _printed(proc, "Ctrl-C stops")
         url = _field(lines, "review page")

@@ -6,23 +6,16 @@ handler, waited for them all and for the page's whole how-to before the stop beg
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from pathlib import Path
 
-from tests.e2e.conftest import sendledger_command
-from tests.e2e.test_try import _printed
+from tests.e2e.test_try import _printed, start_try
 
 
 def test_a_ctrl_c_while_try_sets_up_stops_it_there(tmp_path: Path) -> None:
     folder = tmp_path / "try"
-    proc = subprocess.Popen(
-        # Searched 12 s after their sends: the jobs in review settle no sooner.
-        [*sendledger_command(), "try", "--dir", str(folder), "--port", "0", "--lag", "10s"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # Searched 12 s after their sends: the jobs in review settle no sooner.
+    proc = start_try(folder, "10s")
     try:
         lines = _printed(proc, "  log ")
         asked = time.monotonic()
