@@ -32,13 +32,17 @@ def _printed(proc: subprocess.Popen[str], until: str, limit: float = 120.0) -> l
     raise AssertionError("try ended early:\n" + "\n".join(lines))
 
 
-def start_try(folder: Path, lag: str) -> subprocess.Popen[str]:
-    """`sendledger try` on `folder` and a free port, its output (stderr too) read as text."""
+def start_try(folder: Path, lag: str, *, sigint_ignored: bool = False) -> subprocess.Popen[str]:
+    """`sendledger try` on `folder` and a free port, its output (stderr too) read as text;
+    `sigint_ignored`: started as a script starts a job in the background."""
     return subprocess.Popen(
         [*sendledger_command(), "try", "--dir", str(folder), "--port", "0", "--lag", lag],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if sigint_ignored
+        else None,
     )
 
 

@@ -31,3 +31,22 @@ def test_a_ctrl_c_while_try_sets_up_stops_it_there(tmp_path: Path) -> None:
     assert "The folder is kept" in rest, said
     assert "Submit a job over HTTP" not in rest, said
     assert took < 8, (took, said)
+
+
+def test_try_started_with_sigint_ignored_leaves_it_ignored(tmp_path: Path) -> None:
+    """A script's job in the background has SIGINT ignored: a SIGINT meant for the others
+    of its group does not stop `try` (as the demo, 5a881fd); SIGTERM does, exit 0."""
+    proc = start_try(tmp_path / "try", "300ms", sigint_ignored=True)
+    try:
+        _printed(proc, "Ctrl-C stops")
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.5)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, rest
+    assert "The folder is kept" in rest, rest

@@ -22,6 +22,14 @@ from typing import Any
 from daemon.wakeup import WakeUp
 
 
+def ours(signum: int) -> bool:
+    """Whether a handler of this process may take `signum` over: not when whoever started
+    it had it ignored (a job started in the background by a script: a SIGINT meant for
+    others), nor when it is handled outside Python (None: nothing to put back)."""
+    before = signal.getsignal(signum)
+    return before is not signal.SIG_IGN and before is not None
+
+
 class CtrlC:
     """While entered (from the main thread), SIGINT is noted, not raised."""
 
@@ -39,11 +47,9 @@ class CtrlC:
         # A handler can only be set from the main thread; elsewhere (a test calling the
         # demo from a thread) SIGINT never reaches this thread anyway. A SIGINT ignored
         # by whoever started the demo (a job started in the background) stays ignored.
-        if threading.current_thread() is threading.main_thread():
-            before = signal.getsignal(signal.SIGINT)
-            if before is not signal.SIG_IGN and before is not None:
-                self._before = signal.signal(signal.SIGINT, self._noted)
-                self._installed = True
+        if threading.current_thread() is threading.main_thread() and ours(signal.SIGINT):
+            self._before = signal.signal(signal.SIGINT, self._noted)
+            self._installed = True
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -61,4 +67,4 @@ class CtrlC:
             raise KeyboardInterrupt
 
 
-__all__ = ["CtrlC"]
+__all__ = ["CtrlC", "ours"]

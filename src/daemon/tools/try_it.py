@@ -38,6 +38,7 @@ from daemon.exit_codes import bad_input
 from daemon.from_settings import load_policies, open_ledger
 from daemon.logs import setup_logging
 from daemon.runtime import Daemon
+from daemon.tools.ctrl_c import ours
 from daemon.tools.work_folder import kept_folder, seconds_option
 from daemon.wakeup import WakeUp
 from ledger.addresses import parse_mailbox
@@ -110,7 +111,8 @@ def _run(folder: Path, lag: float, port: int, out: TextIO) -> int:
     setup_logging("info", journal=False, stream=log_file)
     wake = WakeUp()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda signum, _frame: wake.post(signum))
+        if ours(signum):  # one its starter ignores stays ignored, as in the demo
+            signal.signal(signum, lambda signum, _frame: wake.post(signum))
     emulator = GmailEmulator(lag=lag, acceptance_log=folder / "accepted.jsonl").start()
     relay = FaultRelay(emulator.url, plan=FaultPlan(send=list(FIRST_SENDS))).start()
     try:
