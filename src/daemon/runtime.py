@@ -619,28 +619,33 @@ def start_up(service: Service) -> IdentityLock | None:
         _declare_format(service)
         # Once the name is this process's: a start refused says its refusal alone.
         _warn_other_senders(service)
-        if wait:
-            # The process that held the name may still be calling: its claims wait for
-            # their deadline, and so do the scopes it held (docs/performance.md "Several
-            # daemons"), unless its heartbeat names a process gone from this host.
-            service.engine.wait_for_predecessor(service.settings.daemon.tick)
-            wait = not service.engine.predecessor_gone()
-        report = service.engine.recover_own_claims(wait_for_deadlines=wait)
-        # Rows of an earlier release name no mailbox (without it their scope is unknown
-        # and no daemon would take their jobs) nor the provider of their attempt (without
-        # it a channel moved since counts only its provider's scope): docs/performance.md
-        # "Several daemons".
-        filled = service.ledger.fill_mailboxes()
-        # ... nor when anything but a watch's end is due: each waiting watch would be
-        # loaded once to learn it (docs/architecture.md "Bounces on the job").
-        dues = service.ledger.fill_other_dues()
+        _recover_as(service, name, wait=wait)
     except BaseException:
         # Put back while the name is held: no other process of it declares meanwhile.
         give_back_refused_start(service.ledger)
         identity.release()
         raise
-    _say_started(name, report.recovered, filled, dues)
     return identity
+
+
+def _recover_as(service: Service, name: str, *, wait: bool) -> None:
+    """The name's earlier claims recovered and the index filled in (`start_up`)."""
+    if wait:
+        # The process that held the name may still be calling: its claims wait for
+        # their deadline, and so do the scopes it held (docs/performance.md "Several
+        # daemons"), unless its heartbeat names a process gone from this host.
+        service.engine.wait_for_predecessor(service.settings.daemon.tick)
+        wait = not service.engine.predecessor_gone()
+    report = service.engine.recover_own_claims(wait_for_deadlines=wait)
+    # Rows of an earlier release name no mailbox (without it their scope is unknown
+    # and no daemon would take their jobs) nor the provider of their attempt (without
+    # it a channel moved since counts only its provider's scope): docs/performance.md
+    # "Several daemons".
+    filled = service.ledger.fill_mailboxes()
+    # ... nor when anything but a watch's end is due: each waiting watch would be
+    # loaded once to learn it (docs/architecture.md "Bounces on the job").
+    dues = service.ledger.fill_other_dues()
+    _say_started(name, report.recovered, filled, dues)
 
 
 def _declare_format(service: Service) -> None:

@@ -104,6 +104,48 @@ def resolved_reason(decision: str) -> str:
     return f"resolved: {decision}"
 
 
+def _nothing_yet(job: Any) -> None:
+    """A requested job's history so far: no attempt, search, draft, bounce or review."""
+    job.attempts = 0
+    job.round_attempts = 0
+    job.searches = 0
+    job.misses = 0
+    job.reason = None
+    job.provider_message_ids = []
+    job.duplicate = False
+    job.last_provider = None
+    job.claimed_by = ""
+    job.resent = False
+    job.requeued = False
+    job.verifying = False
+    job.verifications = 0
+    job.purged_at = None
+    job.purged_by = ""
+    job.draft_id = None
+    job.draft_message_id = None
+    job.fenced_draft = None
+    job.deleted_drafts = frozenset()
+    job.unavailable_since = None
+    job.last_attempt_at = None
+    job.first_attempt_at = None
+    job.unrefused_claims = {}
+    job.verify_at = None
+    job.tidy_at = None
+    job.checked_version = 0
+    job.checked_copies = ()
+    job.checked_count = 0
+    job.duplicate_count = 0
+    job.duplicate_complete = True
+    job.history_id = None
+    job.history_due_at = None
+    job.search_due_at = None
+    job.unknown_at = None
+    job.watch_until = None
+    job.bounce_ids = ()
+    job.bounced_pairs = frozenset()
+    job.escalated_at = None
+
+
 class SendJob(Aggregate):
     TOPIC = "sendledger:SendJob"
 
@@ -273,44 +315,7 @@ class SendJob(Aggregate):
             # A job with a send_at is first due then (never before it was requested).
             send_at = job.content.send_at_time
             job.due_at = self.timestamp if send_at is None else max(self.timestamp, send_at)
-            job.attempts = 0
-            job.round_attempts = 0
-            job.searches = 0
-            job.misses = 0
-            job.reason = None
-            job.provider_message_ids = []
-            job.duplicate = False
-            job.last_provider = None
-            job.claimed_by = ""
-            job.resent = False
-            job.requeued = False
-            job.verifying = False
-            job.verifications = 0
-            job.purged_at = None
-            job.purged_by = ""
-            job.draft_id = None
-            job.draft_message_id = None
-            job.fenced_draft = None
-            job.deleted_drafts = frozenset()
-            job.unavailable_since = None
-            job.last_attempt_at = None
-            job.first_attempt_at = None
-            job.unrefused_claims = {}
-            job.verify_at = None
-            job.tidy_at = None
-            job.checked_version = 0
-            job.checked_copies = ()
-            job.checked_count = 0
-            job.duplicate_count = 0
-            job.duplicate_complete = True
-            job.history_id = None
-            job.history_due_at = None
-            job.search_due_at = None
-            job.unknown_at = None
-            job.watch_until = None
-            job.bounce_ids = ()
-            job.bounced_pairs = frozenset()
-            job.escalated_at = None
+            _nothing_yet(job)
 
     class Attempted(Event):
         TOPIC = "sendledger:SendJob.Attempted"

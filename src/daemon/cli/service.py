@@ -36,6 +36,7 @@ from ledger.exceptions import SendledgerError
 from ledger.vocabulary import EscalationReason, Resolution
 
 if TYPE_CHECKING:
+    from daemon.bootstrap import Service
     from daemon.service_layer.services import Services, TriageItem
 
 log = logging.getLogger("sendledger")
@@ -158,9 +159,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from daemon.bootstrap import bootstrap
-    from daemon.cli import HANGUPS, keep_hangups
+    from daemon.cli import keep_hangups
     from daemon.logs import setup_logging
-    from daemon.runtime import Daemon, run_once
+    from daemon.runtime import run_once
 
     if args.once:
         signal.signal(signal.SIGHUP, signal.SIG_DFL)  # one pass: no reload to keep
@@ -196,26 +197,34 @@ def _run(args: argparse.Namespace) -> int:
                 ", ".join(f"{k} {v}" for k, v in vars(report).items() if v) or "nothing due",
             )
             return EXIT_OK
-        daemon = Daemon(service, settings.daemon.tick)
-        daemon.install_signal_handlers()
-        if HANGUPS:  # read after its own handlers are in: none falls between
-            daemon.request_reload()
-        try:
-            code = daemon.serve()
-        except SendledgerError as exc:
-            # The daemon stopped by itself (its name taken, a newer event format): after
-            # a stop that did not wait, its line and exit code, then out at once as below.
-            if not daemon.abandoned:
-                raise
-            output.error(str(exc))
-            code = exit_code_for(exc) or EXIT_FAILURE
-        if daemon.abandoned:
-            # Calls still in flight hold worker threads that would keep the interpreter
-            # from exiting: their claims are durable, so end here, as a crash would.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        return code
+        return _serve(service, settings.daemon.tick)
+
+
+def _serve(service: Service, tick: float) -> int:
+    """The daemon's run until it stops; its exit code."""
+    from daemon.cli import HANGUPS
+    from daemon.runtime import Daemon
+
+    daemon = Daemon(service, tick)
+    daemon.install_signal_handlers()
+    if HANGUPS:  # read after its own handlers are in: none falls between
+        daemon.request_reload()
+    try:
+        code = daemon.serve()
+    except SendledgerError as exc:
+        # The daemon stopped by itself (its name taken, a newer event format): after
+        # a stop that did not wait, its line and exit code, then out at once as below.
+        if not daemon.abandoned:
+            raise
+        output.error(str(exc))
+        code = exit_code_for(exc) or EXIT_FAILURE
+    if daemon.abandoned:
+        # Calls still in flight hold worker threads that would keep the interpreter
+        # from exiting: their claims are durable, so end here, as a crash would.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def cmd_review_list(args: argparse.Namespace) -> int:

@@ -215,6 +215,22 @@ def copies_complete(job: SendJob, last_check: dict[str, Any] | None) -> bool:
     return job.duplicate_complete if job.duplicate else True
 
 
+def _meaning(job: SendJob, reason: EscalationReason | None, copies: int | None, least: str) -> str:
+    """What the page says the job's review means, with the copies known where they tell."""
+    if reason is EscalationReason.DUPLICATE and copies:
+        return (
+            f"Searches found {least}{copies} copies of this message in the sender's mailbox: "
+            f"the customer received it {least}{copies} times."
+        )
+    if reason is EscalationReason.UNKNOWN_OUTCOME and copies is not None:
+        seen = {0: "no copy", 1: "one copy"}.get(copies, f"{least}{copies} copies")
+        return (
+            "The provider's answer to this send was lost or ambiguous, so the daemon could "
+            f"not tell whether it went out; the last check of the mailbox found {seen}."
+        )
+    return MEANING[reason] if reason else f"In review: {job.reason}."
+
+
 def guidance_for(
     job: SendJob,
     last_check: dict[str, Any] | None,
@@ -241,18 +257,7 @@ def guidance_for(
     copies = copies_known(job, last_check)
     complete = copies_complete(job, last_check)
     least = "" if complete else "at least "
-    meaning = MEANING[reason] if reason else f"In review: {job.reason}."
-    if reason is EscalationReason.DUPLICATE and copies:
-        meaning = (
-            f"Searches found {least}{copies} copies of this message in the sender's mailbox: "
-            f"the customer received it {least}{copies} times."
-        )
-    elif reason is EscalationReason.UNKNOWN_OUTCOME and copies is not None:
-        seen = {0: "no copy", 1: "one copy"}.get(copies, f"{least}{copies} copies")
-        meaning = (
-            "The provider's answer to this send was lost or ambiguous, so the daemon could "
-            f"not tell whether it went out; the last check of the mailbox found {seen}."
-        )
+    meaning = _meaning(job, reason, copies, least)
     advised = reason if trashed or reason is not EscalationReason.ONLY_IN_TRASH else None
     next_action = _next(advised, copies)
     found = bool(copies) and not trashed

@@ -47,7 +47,7 @@ from ledger.application import Ledger
 from ledger.content import parse_job
 from ledger.display import command_line, printable
 from ledger.job import JobState
-from policies.loader import load_policy_dir
+from policies.loader import PolicySet, load_policy_dir
 from testkit import FaultPlan, FaultRelay, GmailEmulator, Mode, write_service_account
 from testkit.graph_emulator import DEFAULT_CLIENT_ID, DEFAULT_TENANT, GraphEmulator
 from testkit.mailservers import PASSWORD, RECIPIENT, SENDER, MailServers, mail_servers
@@ -452,6 +452,21 @@ def _write_policies(folder: Path, **fields: str) -> None:
         (folder / "policies" / f"{name}.toml").write_text(text.format(**fields), encoding="utf-8")
 
 
+def _submit(ledger: Ledger, policies: PolicySet, jobs: list[tuple[str, str, str, str]]) -> None:
+    """The demo's jobs, each (channel, key, to, subject), in the store."""
+    for channel, key, to, subject in jobs:
+        content = parse_job(
+            {
+                "channel": channel,
+                "key": key,
+                "to": to,
+                "subject": subject,
+                "body": f"Hello,\n\n{subject}.\n\n-- sent by the sendledger demo\n",
+            }
+        )
+        ledger.submit(content, policies[channel].sender)
+
+
 def _run_jobs(
     out: TextIO,
     folder: Path,
@@ -470,17 +485,7 @@ def _run_jobs(
     settings = load_settings(folder / "sendledger.toml")
     policies = load_policy_dir(settings.policies_dir, known_providers=settings.providers)
     ledger = Ledger(settings.store.url, base_dir=settings.base_dir)
-    for channel, key, to, subject in jobs:
-        content = parse_job(
-            {
-                "channel": channel,
-                "key": key,
-                "to": to,
-                "subject": subject,
-                "body": f"Hello,\n\n{subject}.\n\n-- sent by the sendledger demo\n",
-            }
-        )
-        ledger.submit(content, policies[channel].sender)
+    _submit(ledger, policies, jobs)
     # Said once it is true: a submit that fails leaves no claim of jobs that never were.
     print(
         f"\n{len(jobs)} jobs submitted. One line a job once it has settled: what was observed "
