@@ -127,6 +127,7 @@ def _nothing_yet(job: Any) -> None:
     job.deleted_drafts = frozenset()
     job.unavailable_since = None
     job.last_attempt_at = None
+    job.draft_gone_at = None
     job.first_attempt_at = None
     job.unrefused_claims = {}
     job.verify_at = None
@@ -195,6 +196,10 @@ class SendJob(Aggregate):
     # rejections in a row), for the channel's `give_up_after`; None otherwise.
     unavailable_since: datetime | None
     last_attempt_at: datetime | None  # the latest claim's time (a resend's index rule)
+    # When a recorded draft was last found gone with no SENT message of its own
+    # (`DraftGone`): a person may have sent it from the mailbox just before, under a
+    # message id of its own, so a resend's index rule counts from here too.
+    draft_gone_at: datetime | None
     first_attempt_at: datetime | None  # the first claim's: no report of it is older
     # The claims (attempt -> its time) no Rejected answered: the attempts that may have
     # sent the message. No real report is older than the earliest of them; an attempt
@@ -418,8 +423,10 @@ class SendJob(Aggregate):
             job.draft_id = None
             job.draft_message_id = None
             job.fenced_draft = None
-            job.search_due_at = self.search_due_at
-            job.due_at = self.search_due_at
+            job.draft_gone_at = self.timestamp
+            if job.state is JobState.UNKNOWN:  # else found outside a check: no search
+                job.search_due_at = self.search_due_at
+                job.due_at = self.search_due_at
 
     class Unknown(Event):
         TOPIC = "sendledger:SendJob.Unknown"
@@ -930,6 +937,24 @@ class SendJob(Aggregate):
         )
         if isinstance(decision, decide.Review):
             self._escalate(decision, f"draft {draft_id} gone and no sent copy has its id", at)
+
+    def record_draft_found_gone(self, *, policy: PolicyRef, at: datetime) -> None:
+        """The job's recorded draft found gone with its message not SENT outside an
+        attempt's check: before its claim (`DraftVanished`, then review) or by a person's
+        resend (its fence). Perhaps sent from the mailbox a moment ago, under a message
+        id of its own, its copy not yet in the search's index: the draft is forgotten and
+        the moment kept (`draft_gone_at`), and a resend waits `search_after` from it
+        (docs/architecture.md "The life of one job on a drafts provider")."""
+        self._require("DraftGone", JobState.REQUESTED, JobState.REVIEW)
+        if self.draft_id is None:
+            raise self._refuse("DraftGone", "no draft is recorded")
+        self.trigger_event(
+            self.DraftGone,
+            timestamp=at,
+            draft_id=self.draft_id,
+            search_due_at=None,
+            **policy.event_fields(),
+        )
 
     def record_response(
         self,

@@ -22,6 +22,7 @@ LIFECYCLE: tuple[Edge, ...] = (
     (_R, "Checked", _R),
     (_R, "Confirmed", _C),  # drafts: an earlier run's draft was sent
     (_R, "DraftCreated", _R),
+    (_R, "DraftGone", _R),  # drafts: the recorded draft vanished before its claim, then Escalated
     (_R, "Escalated", _V),
     (_A, "Confirmed", _C),
     (_A, "DraftPending", _R),
@@ -50,6 +51,7 @@ LIFECYCLE: tuple[Edge, ...] = (
     (_C, "Verified", _C),
     (_C, "WatchingBounces", _C),  # recorded with the Confirmed it follows
     (_V, "Checked", _V),
+    (_V, "DraftGone", _V),  # drafts: a person's resend found the recorded draft gone
     (_V, "Confirmed", _C),
     (_V, "Resolved", _R),  # resend
     (_V, "Resolved", _V),  # sent: then Confirmed

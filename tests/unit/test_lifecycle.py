@@ -136,6 +136,7 @@ MOVES: dict[str, Move] = {
     "draft gone, review": lambda j, at: j.record_draft_gone(
         decision=_review(EscalationReason.UNKNOWN_OUTCOME), at=at
     ),
+    "draft found gone": lambda j, at: j.record_draft_found_gone(policy=POLICY, at=at),
 }
 
 

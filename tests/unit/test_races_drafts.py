@@ -22,8 +22,10 @@ from daemon.engine import Engine, PolicyHolder
 from daemon.engine.drafts import recorded_draft
 from daemon.providers.base import SendOutcome
 from daemon.providers.draft_handle import Draft
+from daemon.service_layer.problems import ServiceError
 from daemon.service_layer.services import ChannelPolicies, Services
 from ledger.decision_types import Review
+from ledger.exceptions import Refusal
 from ledger.job import SendJob
 from ledger.vocabulary import ConfirmedVia, EscalationReason, JobState, Resolution
 
@@ -505,3 +507,43 @@ def test_a_persons_resend_whose_claim_made_nothing_reviews_the_new_draft_gone(
     job = rig.job("k12")
     assert job.state is JobState.REVIEW, rig.events("k12")
     assert provider.drafts_created == 2 and rig.copies("k12") == 0
+
+
+def test_a_persons_resend_seconds_after_a_hand_send_of_the_draft_waits_for_the_index(
+    rig: EngineRig,
+) -> None:
+    """The job is in review with its draft unsent (`pending_draft = "review"`), its last
+    attempt long past `search_after`. A person presses Send on the draft in the mailbox,
+    whose client sends it under a message id of its own, and an operator resends the job
+    seconds later: the resend's fence found the draft gone, its search missed the copy
+    the index did not show yet (30 s lag here), and the resend sent a second copy. The
+    draft found gone counts as a possible send: the resend is refused, "resend after"
+    `search_after` from then, and then the search finds the one copy."""
+    provider = fake(rig)
+    provider.index_lag = 30
+    rig.submit("legal", "k13")
+    provider.script(Scripted.lost_request())
+    rig.tick()
+    job = rig.job("k13")
+    assert job.state is JobState.REVIEW and job.draft_id is not None, rig.events("k13")
+    rig.clock.advance(300)  # the last attempt is long past `search_after`
+    provider.send_by_person(job.draft_id)
+    rig.clock.advance(2)
+    door = door_of(rig)
+    with pytest.raises(ServiceError) as refused:
+        door.resolve("k13", Resolution.RESEND, note="not in Sent", by="alice")
+    assert refused.value.kind is Refusal.CONFLICT
+    assert "its draft was found gone" in refused.value.message
+    assert "resend after" in refused.value.message
+    assert rig.job("k13").state is JobState.REVIEW and rig.job("k13").draft_id is None
+    rig.tick()
+    rig.clock.advance(30)  # not yet: still refused, nothing sent
+    with pytest.raises(ServiceError):
+        door.resolve("k13", Resolution.RESEND, note="not in Sent", by="alice")
+    rig.clock.advance(31)
+    with pytest.raises(ServiceError) as found:
+        door.resolve("k13", Resolution.RESEND, note="not in Sent", by="alice")
+    assert "resolve as sent" in found.value.message, found.value.message
+    rig.tick()
+    assert rig.copies("k13") == 1 and provider.drafts_created == 1
+    assert rig.job("k13").state is JobState.REVIEW

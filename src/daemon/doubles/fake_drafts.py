@@ -119,6 +119,18 @@ class FakeDraftsProvider(FakeProvider):
         with self._lock:
             self.held_drafts.pop(draft_id, None)
 
+    def send_by_person(self, draft_id: str) -> None:
+        """Someone presses Send on the unsent draft in the mailbox, whose client sends it
+        under a message id of its own (as the Gmail emulator's `send_draft_by_hand`): the
+        draft is gone, its own message id is never SENT, and the copy, with the draft's
+        Message-ID, shows in a search only `index_lag` later."""
+        with self._lock:
+            message_id, _ = self.held_drafts.pop(draft_id)
+            provider_id = f"fake-{next(self._ids):06d}"
+            shown = self._shown.get(draft_id, ("", ""))
+            self.copies.append(Copy(provider_id, message_id, self.clock(), *shown))
+            self._originals[provider_id] = message_id
+
     def edit_by_person(self, draft_id: str, raw: bytes) -> None:
         """Someone edits the unsent draft in the mailbox: what it would send is `raw`,
         its Message-ID included (the listing by Message-ID finds it by the new one, as

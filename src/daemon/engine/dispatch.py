@@ -362,7 +362,10 @@ class Dispatch:
                 return None
             except drafts_flow.DraftVanished as vanished:
                 # Sent from the mailbox by a person, or deleted there: a new draft sent
-                # now would be a second copy in the first case.
+                # now would be a second copy in the first case. Its moment is kept: a
+                # person's resend waits the index out from it (`draft_gone_at`).
+                work.now = self._clock()  # found gone by now: the latest it can have gone
+                job.record_draft_found_gone(policy=policy.ref, at=work.now)
                 work.to_review(
                     Review(policy.ref, EscalationReason.UNKNOWN_OUTCOME),
                     f"{vanished}; not sent: look for it in the Sent folder",

@@ -71,7 +71,14 @@ from ledger.exceptions import Refusal, of_type
 from ledger.job import DRAFTS_FENCE, FACTS, SendJob, TransitionError, check_name
 from ledger.keys import note_problem
 from ledger.stores.unchanged import Changed, Unchanged
-from ledger.vocabulary import FINAL_STATES, EscalationReason, JobState, Resolution, Sender
+from ledger.vocabulary import (
+    FINAL_STATES,
+    EscalationReason,
+    JobState,
+    PolicyRef,
+    Resolution,
+    Sender,
+)
 
 if TYPE_CHECKING:
     from ledger.mime import MessageLimits
@@ -654,7 +661,7 @@ class Services:
                 log.exception("search observer failed")
         return found
 
-    def _fenced_search(self, job: SendJob, deleted: list[str]) -> SearchResult:
+    def _fenced_search(self, job: SendJob, deleted: list[str]) -> SearchResult | None:
         """Before a resend: the job's unsent drafts deleted first where its provider may
         leave some (Graph), then the search. The job is in review, so no claim of it is
         live; a call of a claim that lapsed may still be on its way, and its draft, sent
@@ -668,13 +675,16 @@ class Services:
         so the next attempt would read it back, find it changed and send the job to
         review again. Found already gone, it is asked whether it was sent (a person
         pressed Send in the mailbox): then that copy is the answer, as a search's, and
-        the resend is refused (docs/review.md "Resolve")."""
+        the resend is refused (docs/review.md "Resolve"). Gone and not SENT, it may have
+        been sent a moment ago under a message id of the mailbox's own, a copy the index
+        does not show yet: None, nothing searched (the caller records the moment and
+        refuses the resend until `search_after` past it)."""
 
-        def fenced(provider: Provider) -> SearchResult:
+        def fenced(provider: Provider) -> SearchResult | None:
             if provider.leaves_drafts:
                 sent = _fence_recorded_draft(provider, job, deleted)
                 if sent is not None:
-                    return sent
+                    return None if sent is DRAFT_GONE else sent
                 for draft_id in provider.delete_drafts(job.message_id):
                     if draft_id not in deleted:
                         deleted.append(draft_id)
@@ -879,6 +889,8 @@ class Services:
                 raise ServiceError(
                     exc.kind, f"job {key!r} was not resent: {exc.message}; nothing was sent"
                 ) from None
+            if found is None:
+                raise self._draft_found_gone(job, fenced, by)
             if fenced:
                 seen = self._save_fence(job, seen, fenced)
             if found.hits:
@@ -970,23 +982,64 @@ class Services:
         attempt is the job's own, at the version the decision is made on, counted from
         when its outcome was known: a slow call's copy reaches the mailbox after its claim,
         as late as its outcome, and the index shows it `search_after` after that, as the
-        engine's own search counts from the Unknown."""
+        engine's own search counts from the Unknown. A recorded draft found gone with no
+        SENT message counts as an attempt then (`draft_gone_at`): a person may have sent
+        it from the mailbox just before (docs/architecture.md "The life of one job on a
+        drafts provider")."""
+        attempt = max((t for t in (job.last_attempt_at, job.unknown_at) if t), default=None)
+        gone = job.draft_gone_at
+        if gone is not None and (attempt is None or gone > attempt):
+            refusal = self._index_refusal(job, gone, DRAFT_FOUND_GONE)
+        elif attempt is not None:
+            refusal = self._index_refusal(job, attempt, "its last attempt ended")
+        else:
+            refusal = None
+        if refusal is not None:
+            raise refusal
+
+    def _index_refusal(self, job: SendJob, last: datetime, what: str) -> ServiceError | None:
+        """The resend's refusal while `last` (`what`: an attempt's end, a draft found
+        gone) is less than the channel's `search_after` ago, with the time to resend
+        after; None once the index has had that long."""
         policy = self.policies().policies.get(job.channel)
-        last = job.last_attempt_at
-        if policy is None or last is None:
-            return
-        if job.unknown_at is not None and job.unknown_at > last:
-            last = job.unknown_at
+        if policy is None:
+            return None
         ready = last + timedelta(seconds=policy.search_after)
         now = self.ledger.clock()
-        if now < ready:
-            raise ServiceError(
-                Refusal.CONFLICT,
-                f"job {job.key!r} was not resent: its last attempt ended "
-                f"{int((now - last).total_seconds())} s ago and the mailbox "
-                f"index may not show its copy yet (search_after of channel {job.channel!r}); "
-                f"check again and resend after {iso(ready)}",
-            )
+        if now >= ready:
+            return None
+        return ServiceError(
+            Refusal.CONFLICT,
+            f"job {job.key!r} was not resent: {what} "
+            f"{int((now - last).total_seconds())} s ago and the mailbox "
+            f"index may not show its copy yet (search_after of channel {job.channel!r}); "
+            f"check again and resend after {iso(ready)}",
+        )
+
+    def _draft_found_gone(self, job: SendJob, deleted: list[str], by: str) -> ServiceError:
+        """A resend whose fence found the job's recorded draft gone and not SENT: the
+        drafts it deleted and the moment recorded on the job as it is now (facts, not
+        the decision: `DraftGone`), and the refusal to say, resend `search_after` from
+        now. A copy sent from the mailbox a moment ago shows in the index by then."""
+        at = self.ledger.clock()
+        gone = job.draft_id
+
+        def record(on: SendJob) -> bool:
+            if deleted:
+                on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=at)
+            if on.state is JobState.REVIEW and on.draft_id == gone:
+                on.record_draft_found_gone(policy=PolicyRef.operator(by), at=at)
+            return True
+
+        try:
+            self._write(job.key, record)
+        except TransitionError as exc:
+            log.warning("job %s: draft %s found gone by a resend, not recorded: %s",
+                        job.key, gone, exc)  # fmt: skip
+        refusal = self._index_refusal(job, at, DRAFT_FOUND_GONE)
+        return refusal or ServiceError(
+            Refusal.CONFLICT, f"job {job.key!r} was not resent: {DRAFT_FOUND_GONE}; look again"
+        )
 
     def cancel(
         self, key: str, *, note: str, by: str, expected_version: int | None = None
@@ -1121,13 +1174,21 @@ class Services:
 REASONS = tuple(reason.value for reason in EscalationReason)
 
 
+#: What a resend's refusal says of a recorded draft found gone with no SENT message.
+DRAFT_FOUND_GONE = "its draft was found gone from the mailbox (perhaps sent from there)"
+
+#: `_fence_recorded_draft`'s answer for a recorded draft gone and not SENT.
+DRAFT_GONE = SearchResult("drafts.get: gone, not sent", ())
+
+
 def _fence_recorded_draft(
     provider: Provider, job: SendJob, deleted: list[str]
 ) -> SearchResult | None:
     """The job's recorded draft deleted (its id added to `deleted`); when it was gone
     already and its message is in the sent mail, that copy as a search's answer (the
-    query: the check's call). None otherwise. Deleted, it was unsent when the delete
-    answered and can never be sent: no check is needed then."""
+    query: the check's call); gone and not SENT, `DRAFT_GONE`. None otherwise. Deleted,
+    it was unsent when the delete answered and can never be sent: no check is needed
+    then."""
     drafts = provider.drafts()
     if drafts is None or job.draft_id is None or job.draft_message_id is None:
         return None
@@ -1137,7 +1198,8 @@ def _fence_recorded_draft(
         return None
     check = drafts.check_draft(draft)
     if check.status is not DraftStatus.SENT:
-        return None  # deleted by a person: the search answers for the job
+        # Deleted by a person, or sent by one a moment ago under another message id.
+        return DRAFT_GONE
     copy = SearchHit(check.provider_message_id or draft.provider_message_id,
                      check.message_id_header or "")  # fmt: skip
     return SearchResult(f"drafts.get {draft.draft_id}", (copy,))
