@@ -1094,6 +1094,47 @@ def test_a_recorded_draft_a_person_sent_by_hand_before_its_claim_is_not_sent_aga
     assert emulator.drafts(MAILBOX) == {}
 
 
+def test_a_persons_resend_seconds_after_a_hand_send_of_the_draft_sends_no_second_copy(
+    make_rig: RigFactory, relay: FaultRelay, emulator: GmailEmulator, clock: FakeClock
+) -> None:
+    """send_via = "drafts", `pending_draft = "review"`: a drafts.send answered 503 leaves
+    the draft unsent and the job in review with it recorded. Long after that attempt a
+    person presses Send on the draft in Gmail's web client (a message id of its own; the
+    search index shows the copy 30 s later) and an operator resends the job at once. The
+    resend's fence found the draft gone, its search missed the copy, and the next tick
+    sent a second: two copies at the emulator. The draft found gone counts as a possible
+    send: the resend is refused until `search_after` from then, one copy."""
+    from daemon.service_layer.problems import ServiceError
+    from daemon.service_layer.services import ChannelPolicies, Services
+    from ledger.exceptions import Refusal
+
+    rig = make_rig({"receipts": {**RETRY_5M, "pending_draft": "review"}}, send_via="drafts")
+    message_id = rig.submit("receipts", "by-hand-3")
+    relay.set_plan(FaultPlan(send=["503"]))
+    rig.tick()
+    assert rig.state("by-hand-3") is JobState.REVIEW, rig.names("by-hand-3")
+    [draft_id] = emulator.drafts(MAILBOX)
+    relay.set_plan(FaultPlan())
+    clock.advance(600)  # the last attempt is long past `search_after`
+    emulator.set_lag(30)
+    emulator.send_draft_by_hand(draft_id)
+    door = Services(
+        rig.ledger,
+        lambda: ChannelPolicies(rig.holder.current),
+        providers=lambda _: contextlib.nullcontext(rig.provider),
+    )
+    with pytest.raises(ServiceError) as refused:
+        door.resolve("by-hand-3", Resolution.RESEND, note="not in Sent", by="alice")
+    assert refused.value.kind is Refusal.CONFLICT, refused.value.message
+    assert "resend after" in refused.value.message
+    for _ in range(2):
+        rig.advance_and_tick(1)
+    assert emulator.copies(message_id) == 1, rig.names("by-hand-3")
+    assert rig.sends() == 1  # the 503 alone
+    assert rig.state("by-hand-3") is JobState.REVIEW
+    assert rig.names("by-hand-3")[-1] == "DraftGone"
+
+
 def claimed_and_held(
     ledger: Ledger, leases: Leases | None, clock: FakeClock, key: str, *, submit: bool = True
 ) -> None:
