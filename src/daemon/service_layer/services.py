@@ -1027,9 +1027,11 @@ class Services:
         def record(on: SendJob) -> bool:
             if deleted:
                 on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=at)
-            if on.state is JobState.REVIEW and on.draft_id == gone:
+            # Another resend may have recorded it, or resent the job, meanwhile.
+            still = on.state is JobState.REVIEW and on.draft_id == gone
+            if still:
                 on.record_draft_found_gone(policy=PolicyRef.operator(by), at=at)
-            return True
+            return bool(deleted) or still
 
         try:
             self._write(job.key, record)
