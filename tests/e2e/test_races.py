@@ -542,36 +542,53 @@ HANG_JOBS = 100
 
 
 def hang_of(
-    unknown: Sequence[tuple[str, float]], windows: Sequence[tuple[float, float]], timeout: float
+    unknown: Sequence[tuple[str, float, float]], windows: Sequence[tuple[float, float]]
 ) -> list[list[str]]:
-    """The jobs whose Unknown came of each hang: at or after its start, and at most a
-    timeout (and a little, for a loaded machine) after its end: a call that started
-    before the hang ended times out no later."""
+    """The jobs whose Unknown came of each hang: each (key, claimed, recorded) whose call,
+    from its claim to its Unknown, was in flight at some moment of the hang, so the relay
+    may have held it. On a loaded machine an Unknown is recorded late, well after a
+    timeout past the hang's end: its call's span still says which hang held it, where
+    the moment it was recorded does not. A call in flight through no hang that ended
+    Unknown is a false alarm."""
     per_hang: list[list[str]] = [[] for _ in windows]
-    for key, moment in unknown:
-        for n, (began, ended) in reversed(list(enumerate(windows))):
-            if began <= moment <= ended + timeout + 0.5:
+    for key, claimed, moment in unknown:
+        # The first such hang: its call reached the relay right after its claim.
+        for n, (began, ended) in enumerate(windows):
+            if claimed <= ended and moment >= began:
                 per_hang[n].append(key)
                 break
     return per_hang
 
 
+def calls_ended_unknown(history: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, str]]:
+    """Each Unknown of a job's history with the claim it ended: (claimed, recorded, reason)."""
+    found: list[tuple[float, float, str]] = []
+    claimed = None
+    for event in history:
+        if event["type"] == "Attempted":
+            claimed = at(event)
+        elif event["type"] == "Unknown":
+            found.append(
+                (at(event) if claimed is None else claimed, at(event), str(event.get("reason")))
+            )
+    return found
+
+
 def out_of_windows(
-    reasons: Sequence[tuple[str, float, str]],
+    reasons: Sequence[tuple[str, float, float, str]],
     windows: Sequence[tuple[float, float]],
-    timeout: float,
 ) -> str:
-    """The Unknowns no hang explains (`hang_of`), each with its time and reason next to
-    the hangs' windows, so a red run says why a healthy send was taken for ambiguous;
-    "" when there are none."""
+    """The Unknowns no hang explains (`hang_of`), each with its claim's and its own time
+    and its reason next to the hangs' windows, so a red run says why a healthy send was
+    taken for ambiguous; "" when there are none."""
     outside = [
-        f"{key} at {moment:.3f}: {reason}"
-        for key, moment, reason in sorted(reasons, key=lambda r: r[1])
-        if not any(hang_of([(key, moment)], windows, timeout))
+        f"{key} claimed {claimed:.3f}, Unknown at {moment:.3f}: {reason}"
+        for key, claimed, moment, reason in sorted(reasons, key=lambda r: r[2])
+        if not any(hang_of([(key, claimed, moment)], windows))
     ]
     if not outside:
         return ""
-    spans = ", ".join(f"{began:.3f}-{ended + timeout + 0.5:.3f}" for began, ended in windows)
+    spans = ", ".join(f"{began:.3f}-{ended:.3f}" for began, ended in windows)
     return f"Unknown outside every hang (windows {spans}): " + "; ".join(outside)
 
 
@@ -653,12 +670,12 @@ def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
             timeout=60,
         )
         reasons = [
-            (key, at(event), str(event.get("reason")))
+            (key, claimed, moment, reason)
             for key in keys
-            for event in events_of(rig.history(key), "Unknown")
+            for claimed, moment, reason in calls_ended_unknown(rig.history(key))
         ]
-        unknown = [(key, moment) for key, moment, _ in reasons]
-        per_hang = hang_of(unknown, windows, timeout)
+        unknown = [(key, claimed, moment) for key, claimed, moment, _ in reasons]
+        per_hang = hang_of(unknown, windows)
         log = list(rig.relay.log)
         held = [
             sum(
@@ -667,7 +684,7 @@ def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
             for began, ended in windows
         ]
         firsts = [
-            min((m for _, m in unknown if began <= m <= ended + timeout + 0.5), default=None)
+            min((m for _, _, m in unknown if began <= m <= ended + timeout + 0.5), default=None)
             for began, ended in windows
         ]
         unprobed = [
@@ -691,7 +708,7 @@ def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
                 continue
             assert blind == [], (what, blind, rig.diagnostics())
         # None outside a hang: a healthy send taken for ambiguous is a false alarm.
-        outside = out_of_windows(reasons, windows, timeout)
+        outside = out_of_windows(reasons, windows)
         assert not outside, outside
         assert copies == {1: HANG_JOBS}, copies
 
