@@ -381,7 +381,7 @@ class BounceWatch:
         # the scope's lease: each asks whether the scope is still ours.
         go_on = None if self._may_read is None else lambda: self._ours(read, self._clock())
         try:
-            with self._circuits.calling(read.scope):
+            with self._circuits.calling(read.scope) as ticket:
                 result = read.provider.read_reports(
                     since,
                     known=known,
@@ -397,6 +397,7 @@ class BounceWatch:
                 retry_after=exc.retry_after,
                 timed_out=exc.timed_out,
                 kind=CHECK,
+                ticket=ticket,
             )
             wait = max(retry_after_wait(exc.retry_after), self.interval)
             with self._lock:
@@ -412,7 +413,7 @@ class BounceWatch:
             if admit is Admit.PROBE:
                 self._circuits.probe_returned(read.scope)
             raise
-        self._circuits.answered(read.scope, self._clock(), CHECK)
+        self._circuits.answered(read.scope, self._clock(), CHECK, ticket=ticket)
         listed = set(result.listed)
         with self._lock:
             if result.complete:

@@ -25,7 +25,9 @@ calls of its scope that started before it are still in flight, the scope takes n
 (they are likely hung too, and each new send would be one more Unknown), and once the
 circuit is open its sends are probed by a `Provider.ping`, which sends nothing, before one
 send goes out again; a second of those calls timing out opens the circuit at once. So a
-hang costs at most the calls already in flight when it began.
+hang costs at most the calls already in flight when it began. An answer clears only the
+failures of calls that began before its own call (each call's ticket, `calling`): one read
+late, given before the hang (a paused daemon), closes nothing the hang opened.
 A send admitted before the hang was known but not yet called (its claim being saved) is
 not made once it is known (`sending`): its job is refused as unavailable, nothing sent.
 
@@ -111,6 +113,9 @@ class _State:
     # (a provider can answer its reads while it holds every send; tests/e2e/test_races.py
     # saw a second read's answer close the circuit and four sends go into the hang).
     sends_unproven: bool = False
+    # The ticket (`Circuits.calling`) of the latest-begun call among its failures: an
+    # answer to a call that began before it says nothing about that failure (`answered`).
+    failed_ticket: int = 0
 
     def yields(self, kind: str, now: datetime, window: float) -> bool:
         """Whether a probe due now is left to the other kind: this kind had the last one,
@@ -138,24 +143,33 @@ class Circuits:
         # Scopes where a call timed out while others were in flight: no new send until
         # those ended (`calling`) or a call answered.
         self._suspect: set[str] = set()
+        self._tickets = 0  # calls begun so far, of every scope: each call's ticket
 
     @contextmanager
-    def calling(self, scope: str) -> Iterator[None]:
-        """Around every provider call of `scope`: counts it as in flight."""
+    def calling(self, scope: str) -> Iterator[int]:
+        """Around every provider call of `scope`: counts it as in flight. Yields the
+        call's ticket, for `called` and `answered` to tell when it began."""
         with self._lock:
             self._in_flight[scope] = self._in_flight.get(scope, 0) + 1
+            ticket = self._ticket()
         try:
-            yield
+            yield ticket
         finally:
             self._ended(scope)
 
+    def _ticket(self) -> int:
+        # Caller holds the lock.
+        self._tickets += 1
+        return self._tickets
+
     @contextmanager
-    def sending(self, scope: str, now: datetime, *, probe: bool = False) -> Iterator[bool]:
-        """Around a send's call, in place of `calling`: yields whether the send may still
-        be made. A send was admitted before its claim was saved, and that save may take a
-        while: if meanwhile a call of its scope timed out with others in flight, or the
-        circuit opened, the scope is known to hang or fail and the send is not made
-        (False, not counted in flight), unless it is the circuit's probe still out. Checked
+    def sending(self, scope: str, now: datetime, *, probe: bool = False) -> Iterator[int | None]:
+        """Around a send's call, in place of `calling`: yields the call's ticket when the
+        send may still be made, else None. A send was admitted before its claim was saved,
+        and that save may take a while: if meanwhile a call of its scope timed out with
+        others in flight, or the circuit opened, the scope is known to hang or fail and the
+        send is not made (None, not counted in flight), unless it is the circuit's probe
+        still out. Checked
         and counted under one lock, so no timeout falls between the two. One stopped by a
         timeout counts as a hang of its own: it would have hung with the others, and when
         they end the circuit must have opened, or the next send would go into the hang."""
@@ -163,13 +177,16 @@ class Circuits:
             free = self._sendable(scope, probe)
             if free:
                 self._in_flight[scope] = self._in_flight.get(scope, 0) + 1
+                ticket = self._ticket()
             elif scope in self._suspect:
-                self._failed(scope, now, None, timed_out=True)
+                # Counted with the timeout that held it (ticket 0 leaves the state's):
+                # an answer of a call in flight beside that timeout still clears both.
+                self._failed(scope, now, None, timed_out=True, ticket=0)
         if not free:
-            yield False
+            yield None
             return
         try:
-            yield True
+            yield ticket
         finally:
             self._ended(scope)
 
@@ -240,10 +257,12 @@ class Circuits:
         *,
         timed_out: bool = False,
         kind: str = SEND,
+        ticket: int | None = None,
     ) -> None:
-        """A call of `scope` proved the provider unavailable (`timed_out`: it hung)."""
+        """A call of `scope` proved the provider unavailable (`timed_out`: it hung).
+        `ticket`: the call's (`calling`); None: taken as begun now."""
         with self._lock:
-            self._failed(scope, now, retry_after, timed_out, kind)
+            self._failed(scope, now, retry_after, timed_out, kind, ticket)
 
     def _failed(
         self,
@@ -252,11 +271,14 @@ class Circuits:
         retry_after: float | None,
         timed_out: bool,
         kind: str = SEND,
+        ticket: int | None = None,
     ) -> None:
         # Caller holds the lock.
         settings = self.settings
         state = self._states.setdefault(scope, _State())
         state.failures += 1
+        began = self._tickets + 1 if ticket is None else ticket
+        state.failed_ticket = max(state.failed_ticket, began)
         # A second timeout among calls that were in flight together: the scope hangs, and
         # the circuit opens now, not `failures` calls later (each one more job Unknown).
         confirmed = timed_out and scope in self._suspect
@@ -305,24 +327,45 @@ class Circuits:
         retry_after: float | None = None,
         timed_out: bool = False,
         kind: str = SEND,
+        ticket: int | None = None,
     ) -> None:
         """A call of `scope` ended: `unavailable` when it proved the provider unavailable
         (a failed search's or draft call's `ProviderError.unavailable`; `timed_out`: it
-        hung), else it answered."""
+        hung), else it answered. `ticket`: the call's (`calling`); None: taken as begun
+        now."""
         if unavailable or timed_out:
-            self.unavailable(scope, now, retry_after, timed_out=timed_out, kind=kind)
+            self.unavailable(scope, now, retry_after, timed_out=timed_out, kind=kind, ticket=ticket)
         else:
-            self.answered(scope, now, kind)
+            self.answered(scope, now, kind, ticket=ticket)
 
-    def answered(self, scope: str, now: datetime | None = None, kind: str = SEND) -> None:
+    def answered(
+        self,
+        scope: str,
+        now: datetime | None = None,
+        kind: str = SEND,
+        *,
+        ticket: int | None = None,
+    ) -> None:
         """A call of `scope` got an answer that is not "unavailable": closed. After a
         hang, an answer to a read or a ping only says reads work, however many of them
         answer: the circuit stays as it is until a send answers, its next send probe is
         the send itself, at its time (a provider whose reads answer may still hang its
         sends, and each send into a hang is one more Unknown); a ping that was the probe
-        hands the probe to that send at once."""
+        hands the probe to that send at once.
+
+        An answer to a call that began before the latest-begun of the failures (`ticket`
+        below the state's `failed_ticket`; None: taken as begun now) clears nothing: the
+        provider may have answered it before the hang began, the answer read late (a
+        paused daemon, a slow worker), and closing on it sent jobs into a known hang
+        unprobed (tests/e2e/test_races.py). An answer to a call begun after it, as any
+        probe is, clears as before; so does one in flight beside a timeout whose call
+        began before it. A healthy provider is never held by this: the next call begins
+        after every failure, and the hold of a timeout ends when its calls in flight do.
+        """
         with self._lock:
             state = self._states.get(scope)
+            if state is not None and ticket is not None and ticket < state.failed_ticket:
+                return
             if state is not None and state.sends_unproven and kind != SEND:
                 state.hung = False
                 if state.probing and state.probe_call == kind:

@@ -471,8 +471,8 @@ class Dispatch:
                 self._circuits.probe_returned(scope)
             work.now = self._clock()
             return
-        with self._circuits.sending(scope, self._clock(), probe=claimed.probe) as free:
-            if not free:
+        with self._circuits.sending(scope, self._clock(), probe=claimed.probe) as ticket:
+            if ticket is None:
                 # The scope hung or failed while the claim was saved: refused here, as the
                 # provider refuses when unavailable (nothing sent, due after the probe).
                 claimed.outcome = withheld()
@@ -520,6 +520,7 @@ class Dispatch:
                 unavailable=send_unavailable(outcome),
                 retry_after=outcome.retry_after,
                 timed_out=outcome.timed_out,
+                ticket=ticket,
             )
         self._read_back_sample(claimed)
 

@@ -508,7 +508,7 @@ class SendSteps:
     def ping(self, provider: Provider, scope: str) -> None:
         """The probe of a circuit a hang opened: a call that sends nothing."""
         try:
-            with self._circuits.calling(scope):
+            with self._circuits.calling(scope) as ticket:
                 provider.ping()
         except ProviderError as exc:
             self._circuits.called(
@@ -518,12 +518,13 @@ class SendSteps:
                 retry_after=exc.retry_after,
                 timed_out=exc.timed_out,
                 kind=PING,
+                ticket=ticket,
             )
         except BaseException:
             self._circuits.probe_returned(scope)
             raise
         else:
-            self._circuits.answered(scope, self._clock(), PING)
+            self._circuits.answered(scope, self._clock(), PING, ticket=ticket)
 
     def flush(self) -> None:
         """Return once the outcomes left to the next commit are durable (`commit.py`)."""
