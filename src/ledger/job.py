@@ -68,6 +68,15 @@ _SEARCH_DECISIONS = (
 DRAFTS_TIDY = "tidy"  # the job is settled: no draft of it may be sent any more
 DRAFTS_FENCE = "fence"  # before counting a lapsed claim's copies: its draft is never sent late
 DRAFTS_CLAIM_LOST = "claim lost"  # the draft step's draft, whose claim another writer beat
+
+#: The reason of a Rejected that released a claim unsent, with no provider call made: its
+#: save failed with the commit not known and the store, read back, held it
+#: (docs/architecture.md "Ambiguous commits"). The store's lost answer, not the provider's
+#: refusal: no attempt spent, yet no sign of an unavailable provider either.
+CLAIM_READ_BACK = (
+    "not sent: its claim's commit was not known (the store's answer lost), read back "
+    "stored, and released with no call made"
+)
 DRAFT_DELETIONS = (DRAFTS_TIDY, DRAFTS_FENCE, DRAFTS_CLAIM_LOST)
 
 JOB_NAMESPACE = uuid.UUID("6b0f6a52-3a8e-5d55-9b7e-5e4d1e0a7c11")
@@ -534,6 +543,12 @@ class SendJob(Aggregate):
         # `max_attempts` (absent from events stored before it existed).
         unavailable: bool = False
 
+        @property
+        def released(self) -> bool:
+            """A claim released unsent by this daemon (`CLAIM_READ_BACK`), no provider
+            call made: says nothing of the provider, so its wait is left as it was."""
+            return self.reason == CLAIM_READ_BACK
+
         def apply(self, job: Any) -> None:
             job.reason = self.reason
             job.unrefused_claims = {
@@ -541,7 +556,8 @@ class SendJob(Aggregate):
             }
             if self.unavailable:
                 job.round_attempts -= 1
-                job.unavailable_since = job.unavailable_since or self.timestamp
+                if not self.released:
+                    job.unavailable_since = job.unavailable_since or self.timestamp
             else:
                 job.unavailable_since = None
             if self.retry_at is not None:

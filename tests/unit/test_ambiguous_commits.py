@@ -13,6 +13,7 @@ from eventsourcing.persistence import OperationalError
 from tests.unit.engine_rig import DAEMON, GRACE, TIMEOUT, EngineRig, policy
 from tests.unit.test_leases import finish, slow_send
 
+from daemon.webhooks.events import WEBHOOK_TYPES, type_of
 from ledger.application import ConcurrentUpdate
 from ledger.job import SendJob
 from ledger.stores.index import Withdrawn
@@ -136,6 +137,19 @@ def test_a_claim_read_back_and_released_is_no_refusal_by_the_provider(rig: Engin
     report = rig.tick()
     assert rig.events("k1") == ["Requested", "Attempted", "Rejected"]
     assert (report.sent, report.rejected, report.unavailable) == (0, 0, 0), report
+
+
+def test_a_claim_read_back_and_released_says_nothing_of_the_provider(rig: EngineRig) -> None:
+    """The store's lost answer, not the provider's: before, the release set the job's
+    `unavailable_since` (its `give_up_after` counted from it) and a `rejected` webhook
+    said `unavailable`, telling receivers the provider was down."""
+    rig.submit("legal", "k1")
+    lose_next_commit_answer(rig)
+    rig.tick()
+    [released] = [e for e in rig.ledger.history("k1") if isinstance(e, SendJob.Rejected)]
+    assert rig.job("k1").unavailable_since is None
+    assert type_of(released, WEBHOOK_TYPES) is None
+    assert rig.job("k1").round_attempts == 0  # still no attempt spent
 
 
 def test_a_claim_known_not_stored_is_not_read_back(

@@ -46,7 +46,7 @@ from ledger.application import ConcurrentUpdate
 from ledger.decision_types import AfterRejection, Review
 from ledger.display import quoted
 from ledger.exceptions import known
-from ledger.job import DRAFTS_CLAIM_LOST, SendJob, TransitionError
+from ledger.job import CLAIM_READ_BACK, DRAFTS_CLAIM_LOST, SendJob, TransitionError
 from ledger.message import render_checked
 from ledger.stores.index import Withdrawn
 from ledger.stores.unchanged import Changed, Unchanged
@@ -678,9 +678,11 @@ class Dispatch:
         if not outcome.transient:
             return decisions.after_permanent_rejection(policy)
         if unavailable:
+            # A claim released unsent waited for no provider: no give-up is due on it.
+            released = outcome.reason == CLAIM_READ_BACK
             return decisions.after_unavailable(
                 policy,
-                waiting_since=job.unavailable_since or now,
+                waiting_since=now if released else job.unavailable_since or now,
                 now=now,
                 # Due again soon: while the circuit is open the job waits in memory,
                 # where `give_up_after` is checked, not in the store.
@@ -729,16 +731,11 @@ NOT_OURS = (
 STOPPED = "not sent: the daemon was stopping when its claim was saved"
 
 
-#: Why a claim was released unsent (`Dispatch.save_claim_or_read_back`): its save failed
-#: with the commit not known, and the store, read back, held it.
-CLAIM_READ_BACK = (
-    "not sent: its claim's commit was not known (the store's answer lost), read back "
-    "stored, and released with no call made"
-)
-
-
 def claim_read_back() -> SendOutcome:
-    """The outcome of a claim found stored after its save failed: nothing sent."""
+    """The outcome of a claim found stored after its save failed: nothing sent
+    (`Dispatch.save_claim_or_read_back`). Recorded as a Rejected that spends no attempt,
+    but no sign of the provider's (`SendJob.Rejected.released`): the job's wait for an
+    unavailable provider is left as it was, and no `rejected` webhook is sent."""
     return SendOutcome(SendKind.REJECTED, CLAIM_READ_BACK, transient=True, unavailable=True)
 
 
