@@ -169,10 +169,10 @@ class Circuits:
         and that save may take a while: if meanwhile a call of its scope timed out with
         others in flight, or the circuit opened, the scope is known to hang or fail and the
         send is not made (None, not counted in flight), unless it is the circuit's probe
-        still out. Checked
-        and counted under one lock, so no timeout falls between the two. One stopped by a
-        timeout counts as a hang of its own: it would have hung with the others, and when
-        they end the circuit must have opened, or the next send would go into the hang."""
+        still out. Checked and counted under one lock, so no timeout falls between the
+        two. One stopped by a timeout counts as a hang of its own: it would have hung with
+        the others, and when they end the circuit must have opened, or the next send would
+        go into the hang."""
         with self._lock:
             free = self._sendable(scope, probe)
             if free:
