@@ -196,6 +196,9 @@ class ReviewItem(BaseModel):
     reason: str | None
     since: str | None
     message_id: str
+    version: int = Field(
+        description="the job's version listed: a decision's `expected_version`, to hold for it"
+    )
     send_at: str | None = None
     to: list[str] | None = Field(default=None, description="absent once purged")
     subject: str | None = None

@@ -137,7 +137,9 @@ def attachments_of(job: SendJob) -> list[dict[str, Any]]:
 
 def review_row(row: IndexRow, job: SendJob | None) -> dict[str, Any]:
     """One job of the review queue: from its index row, with To, Subject and `send_at`
-    from its content when loaded (`review list --json`, `GET /v1/review`)."""
+    from its content when loaded (`review list --json`, `GET /v1/review`). `version` is
+    the row's: a decision taken from the list holds for what the list showed, and the
+    content, loaded after, never makes it later (docs/review.md "Two people, one job")."""
     item: dict[str, Any] = {
         "key": row.key,
         "channel": row.channel,
@@ -145,6 +147,7 @@ def review_row(row: IndexRow, job: SendJob | None) -> dict[str, Any]:
         "reason": row.reason,
         "since": iso(row.in_review_since),  # when it went to review (a check keeps it)
         "message_id": row.message_id,
+        "version": row.version,
     }
     if job is not None:
         if job.purged_at is None:
