@@ -6,7 +6,7 @@ import json
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
@@ -15,6 +15,7 @@ from daemon.api.bodies import decode_jobs_off_loop
 from daemon.api.context import Ctx
 from daemon.api.errors import documented, invalid
 from daemon.api.models import NO_NUL, CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus, exactly
+from daemon.api.preconditions import IfMatch, etag, expected_version
 from daemon.api.roles import Caller, V1Route
 from daemon.service_layer.listing import LIMIT_MAX, STATES
 from daemon.service_layer.problems import MAX_BATCH, FieldProblem, ServiceError, batch_too_long
@@ -152,12 +153,18 @@ def events(key: str, ctx: Ctx, who: Caller) -> list[dict[str, Any]]:
     summary="Cancel a job not yet attempted (409 naming its state otherwise)",
 )
 def cancel(
-    key: str, ctx: Ctx, who: Caller, body: Annotated[CancelIn | None, Body()] = None
+    key: str,
+    ctx: Ctx,
+    who: Caller,
+    response: Response,
+    body: Annotated[CancelIn | None, Body()] = None,
+    if_match: IfMatch = None,
 ) -> dict[str, Any]:
     note = body.note if body is not None else ""
-    expected = body.expected_version if body is not None else None
+    expected = expected_version(if_match, body.expected_version if body is not None else None)
     job = ctx.services.cancel(key, note=note, by=who, expected_version=expected)
     log.info("cancelled by %s: %s", printable(who), printable(key))
+    response.headers["ETag"] = etag(job.version)
     return job_status(job)
 
 
@@ -167,5 +174,8 @@ def cancel(
     responses=documented(401, 404),
     summary="A job's state (as `status --json`)",
 )
-def status(key: str, ctx: Ctx, who: Caller) -> dict[str, Any]:
-    return ctx.services.status(key)
+def status(key: str, ctx: Ctx, who: Caller, response: Response) -> dict[str, Any]:
+    found = ctx.services.status(key)
+    # The version as HTTP says it: a decision sent back with it in If-Match holds for it.
+    response.headers["ETag"] = etag(found["version"])
+    return found

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 import daemon.api.paths  # noqa: F401  (registers `{key:key}`: every key addressable)
@@ -23,6 +23,7 @@ from daemon.api.models import (
     TriageItemOut,
     exactly,
 )
+from daemon.api.preconditions import IfMatch, etag, expected_version
 from daemon.api.roles import Caller, V1Route
 from daemon.service_layer.read_models import job_status
 from ledger.display import printable
@@ -91,14 +92,23 @@ async def review_check(key: str, ctx: Ctx, who: Caller) -> dict[str, Any]:
     responses=documented(401, 404, 409, 413, 422, 503),
     summary="Record a human's decision on a job in review (a resend is searched first)",
 )
-async def review_resolve(key: str, decision: ResolveIn, ctx: Ctx, who: Caller) -> dict[str, Any]:
+async def review_resolve(
+    key: str,
+    decision: ResolveIn,
+    ctx: Ctx,
+    who: Caller,
+    response: Response,
+    if_match: IfMatch = None,
+) -> dict[str, Any]:
+    expected = expected_version(if_match, decision.expected_version)
     job = await run_in_threadpool(
         lambda: ctx.services.resolve(
             key,
             decision.decision,
             note=decision.note,
             by=who,
-            expected_version=decision.expected_version,
+            expected_version=expected,
         ),
     )
+    response.headers["ETag"] = etag(job.version)
     return job_status(job)
