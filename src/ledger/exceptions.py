@@ -52,7 +52,9 @@ so a user's program runs it without the daemon's packages.
           │    └── BackupFailed                          ledger/stores/sqlite_backup.py: the
           │                                              copy could not be written to its end
           ├── ServiceError               the kind given where it is raised (UNAVAILABLE:
-          │                              exit 1, HTTP 503): daemon/service_layer/problems.py
+          │    │                         exit 1, HTTP 503): daemon/service_layer/problems.py
+          │    └── NotAtVersion                          the same file: a decision's
+          │                                              version moved on (If-Match: 412)
           ├── CliError                   its own exit code: daemon/exit_codes.py
           ├── ApiError                   its own status: daemon/api/errors.py
           └── failures                   kind None

@@ -72,8 +72,13 @@ def test_a_decision_sent_back_with_the_status_s_etag_holds_for_that_version(
         assert rig.job("k1").state is JobState.REVIEW
         abandon = {"as": "abandon", "note": ""}
         stale = client.post("/v1/review/k1/resolve", json=abandon, headers=AUTH | {"If-Match": tag})
-        assert stale.status_code == 409, stale.text
+        # A condition that does not hold is HTTP's 412 (RFC 9110), with the service's words.
+        assert stale.status_code == 412, stale.text
         assert "resolved as resend by bob" in stale.json()["error"]
+        never = client.post(
+            "/v1/review/k1/resolve", json=abandon, headers=AUTH | {"If-Match": '"999"'}
+        )
+        assert never.status_code == 412 and "999" in never.json()["error"], never.text
         assert resolutions(rig, "k1") == ["resend"]
         # Two versions at once (either could be the one looked at), a weak tag (never
         # matched by If-Match), a list, two lines: 422 naming If-Match, nothing recorded.
@@ -108,6 +113,6 @@ def test_a_decision_sent_back_with_the_status_s_etag_holds_for_that_version(
         seen = client.get("/v1/jobs/later", headers=AUTH).headers["etag"]
         door(rig).check("later", by="bob")  # another person's look moves `later` on
         moved = client.post("/v1/jobs/later/cancel", json={}, headers=AUTH | {"If-Match": seen})
-        assert moved.status_code == 409 and "checked by bob" in moved.json()["error"]
+        assert moved.status_code == 412 and "checked by bob" in moved.json()["error"]
         star = client.post("/v1/jobs/later/cancel", json={}, headers=AUTH | {"If-Match": "*"})
         assert star.status_code == 200 and star.json()["state"] == "cancelled"

@@ -78,6 +78,8 @@ def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
         404: "no job with that key",
         409: "conflict: the key is known with other content, or the job's state does "
         "not allow it (the message says why)",
+        412: "If-Match names a version the job is no longer at (the message says what "
+        "changed): nothing was recorded",
         413: "the request body is larger than api.max_body",
         503: "the mailbox could not be searched now (nothing was decided)",
     }

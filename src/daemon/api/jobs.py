@@ -15,7 +15,7 @@ from daemon.api.bodies import decode_jobs_off_loop
 from daemon.api.context import Ctx
 from daemon.api.errors import documented, invalid
 from daemon.api.models import NO_NUL, CancelIn, EventOut, JobIn, JobList, JobOut, JobStatus, exactly
-from daemon.api.preconditions import IfMatch, etag, expected_version
+from daemon.api.preconditions import IfMatch, etag, expected_version, held_to
 from daemon.api.roles import Caller, V1Route
 from daemon.service_layer.listing import LIMIT_MAX, STATES
 from daemon.service_layer.problems import MAX_BATCH, FieldProblem, ServiceError, batch_too_long
@@ -149,7 +149,7 @@ def events(key: str, ctx: Ctx, who: Caller) -> list[dict[str, Any]]:
 @router.post(
     "/jobs/{key:key}/cancel",
     response_model=JobStatus,
-    responses=documented(401, 404, 409, 413, 422),
+    responses=documented(401, 404, 409, 412, 413, 422),
     summary="Cancel a job not yet attempted (409 naming its state otherwise)",
 )
 def cancel(
@@ -162,7 +162,8 @@ def cancel(
 ) -> dict[str, Any]:
     note = body.note if body is not None else ""
     expected = expected_version(if_match, body.expected_version if body is not None else None)
-    job = ctx.services.cancel(key, note=note, by=who, expected_version=expected)
+    with held_to(if_match):
+        job = ctx.services.cancel(key, note=note, by=who, expected_version=expected)
     log.info("cancelled by %s: %s", printable(who), printable(key))
     response.headers["ETag"] = etag(job.version)
     return job_status(job)

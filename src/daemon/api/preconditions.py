@@ -2,19 +2,23 @@
 version as an `ETag`, and a decision (`POST /v1/review/{key}/resolve`, `POST
 /v1/jobs/{key}/cancel`) sent back with it in `If-Match` holds for that version only, as
 with the body's `expected_version` (docs/http-api.md "Conditional requests",
-docs/review.md "Two people, one job"). Only the spelling is HTTP's: the decision, its
-refusals and their statuses are the service's."""
+docs/review.md "Two people, one job"). The decision and its refusals are the service's;
+HTTP's are the spelling and the one status RFC 9110 gives a condition that does not hold:
+412, where the body's `expected_version` is answered 409 (or 422 for a version the job
+never had)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Annotated
 
 from fastapi import Header
 
+from daemon.api.errors import ApiError
 from daemon.api.models import exactly
-from daemon.service_layer.problems import FieldProblem, ServiceError
+from daemon.service_layer.problems import FieldProblem, NotAtVersion, ServiceError
 from ledger.exceptions import Refusal
 
 IF_MATCH = "If-Match"
@@ -32,7 +36,7 @@ IfMatch = Annotated[
     list[str] | None,
     Header(
         alias=IF_MATCH,
-        description="the job's ETag the decision was made on: refused (409) if it changed since",
+        description="the job's ETag the decision was made on: refused (412) if it changed since",
         json_schema_extra=exactly(
             {"type": "string", "pattern": r'^(\*|"[1-9][0-9]{0,17}")$', "x-rules": _RULES}
         ),
@@ -71,9 +75,23 @@ def expected_version(if_match: Sequence[str] | None, body: int | None) -> int | 
     return version
 
 
+@contextmanager
+def held_to(if_match: Sequence[str] | None) -> Iterator[None]:
+    """A decision made under `If-Match`: refused because the job is not at the tag's
+    version (moved on since, or while it was decided; or a version it never had), it is
+    412 Precondition Failed with the service's words, as RFC 9110 requires of a condition
+    that does not hold, not the 409 or 422 of the body's `expected_version`."""
+    try:
+        yield
+    except NotAtVersion as exc:
+        if if_match and if_match[0].strip(" \t") != "*":
+            raise ApiError(412, exc.message) from None
+        raise
+
+
 def _refused(reason: str) -> ServiceError:
     problem = FieldProblem(None, IF_MATCH, reason)
     return ServiceError(Refusal.BAD_INPUT, f"{IF_MATCH}: {reason}", [problem])
 
 
-__all__ = ["IF_MATCH", "IfMatch", "etag", "expected_version"]
+__all__ = ["IF_MATCH", "IfMatch", "etag", "expected_version", "held_to"]

@@ -23,7 +23,7 @@ from daemon.api.models import (
     TriageItemOut,
     exactly,
 )
-from daemon.api.preconditions import IfMatch, etag, expected_version
+from daemon.api.preconditions import IfMatch, etag, expected_version, held_to
 from daemon.api.roles import Caller, V1Route
 from daemon.service_layer.read_models import job_status
 from ledger.display import printable
@@ -89,7 +89,7 @@ async def review_check(key: str, ctx: Ctx, who: Caller) -> dict[str, Any]:
 @router.post(
     "/review/{key:key}/resolve",
     response_model=JobStatus,
-    responses=documented(401, 404, 409, 413, 422, 503),
+    responses=documented(401, 404, 409, 412, 413, 422, 503),
     summary="Record a human's decision on a job in review (a resend is searched first)",
 )
 async def review_resolve(
@@ -101,14 +101,15 @@ async def review_resolve(
     if_match: IfMatch = None,
 ) -> dict[str, Any]:
     expected = expected_version(if_match, decision.expected_version)
-    job = await run_in_threadpool(
-        lambda: ctx.services.resolve(
-            key,
-            decision.decision,
-            note=decision.note,
-            by=who,
-            expected_version=expected,
-        ),
-    )
+    with held_to(if_match):
+        job = await run_in_threadpool(
+            lambda: ctx.services.resolve(
+                key,
+                decision.decision,
+                note=decision.note,
+                by=who,
+                expected_version=expected,
+            ),
+        )
     response.headers["ETag"] = etag(job.version)
     return job_status(job)

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from ledger.characters import recorded
 from ledger.exceptions import Refusal, SendledgerError
 
-__all__ = ["MAX_BATCH", "MAX_LISTED", "FieldProblem", "ServiceError", "batch_too_long"]
+__all__ = [
+    "MAX_BATCH",
+    "MAX_LISTED",
+    "FieldProblem",
+    "NotAtVersion",
+    "ServiceError",
+    "batch_too_long",
+]
 
 
 @dataclass(frozen=True)
@@ -67,3 +74,16 @@ class ServiceError(SendledgerError):
         self.problems = list(problems)
         # How many problems there were: `problems` lists at most MAX_LISTED.
         self.total = max(total or 0, len(self.problems))
+
+
+class NotAtVersion(ServiceError):
+    """A decision refused because the job is not at the version it was made on
+    (`expected_version`, `seen`): moved on since (a conflict) or never at it (bad input).
+    A door that took the version in its own words answers in them (HTTP's `If-Match`:
+    412, docs/http-api.md "Conditional requests")."""
+
+    def __init__(
+        self, kind: Refusal, message: str, seen: int, problems: Sequence[FieldProblem] = ()
+    ) -> None:
+        super().__init__(kind, message, problems)
+        self.seen = seen

@@ -43,7 +43,7 @@ from daemon.service_layer.intake import (
     submit_jobs,
 )
 from daemon.service_layer.listing import ParamProblem, encode_cursor, parse_query
-from daemon.service_layer.problems import FieldProblem, ServiceError
+from daemon.service_layer.problems import FieldProblem, NotAtVersion, ServiceError
 from daemon.service_layer.read_models import (
     CONTENT_PAGE,
     attachments_of,
@@ -945,7 +945,7 @@ class Services:
                 f"job {key!r} is at version {job.version}: {expected_version} is not a "
                 "version it has had (the `version` of its status)",
             )
-            raise ServiceError(Refusal.BAD_INPUT, str(problem), [problem])
+            raise NotAtVersion(Refusal.BAD_INPUT, str(problem), expected_version, [problem])
         if expected_version is not None and job.version != expected_version:
             raise self._moved_on(key, expected_version, what)
         return job
@@ -1083,11 +1083,12 @@ class Services:
             return ServiceError(Refusal.NOT_FOUND, str(exc))
         changed = _changes([_change(event) for event in events])
         show = command_line("sendledger", "review", "show", key)
-        return ServiceError(
+        return NotAtVersion(
             Refusal.CONFLICT,
             f"job {key!r} changed after version {seen} ({changed}) and is now "
             f"{job.state.value} at version {job.version}; it was not {what}: look again "
             f"({show})",
+            seen,
         )
 
     def triage(
