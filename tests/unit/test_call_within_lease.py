@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -389,6 +390,47 @@ def test_an_answer_that_came_in_time_is_read_after_a_pause_of_this_process(end: 
     finally:
         ours.close()
         theirs.close()
+
+
+@pytest.mark.parametrize("end", ["its timeout", "its lease"])
+@pytest.mark.parametrize("how", ["closed", "reset"])
+def test_a_hang_that_ends_during_a_pause_of_this_process_is_a_timeout(end: str, how: str) -> None:
+    """The server holds the request and gives up on it (a hang's far end, a relay that
+    closes what it held), while this process is paused past the answer's wait (0.2 s)
+    or the claim's lease (0.1 s). The read found the connection's end and the call ended
+    "connection closed without a response", an answer for the circuit: the four sends
+    of a hang so ended closed the circuit, and the next four went into the hang unprobed
+    (tests/e2e/test_races.py's hang, the daemon stopped 0.7 s every 1.3 s). No answer
+    came within the wait: it timed out."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        ours = socket.create_connection(listener.getsockname(), timeout=2.0)
+        theirs, _ = listener.accept()
+    ends = time.monotonic() + 0.1
+    seconds_left = (lambda: ends - time.monotonic()) if end == "its lease" else None
+    try:
+        reader = EarlyAnswer(ours).reader(within=0.2 if end == "its timeout" else 2.0)
+        if how == "reset":
+            theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        theirs.close()
+        time.sleep(0.3)  # the pause
+        with calls_end_in(seconds_left), pytest.raises(TimeoutError) as raised:
+            reader.readline()
+        assert ("lease" in str(raised.value)) is (end == "its lease")
+    finally:
+        ours.close()
+
+
+def test_a_connection_closed_within_the_wait_is_not_a_timeout() -> None:
+    """The other side of the above: a close read before the wait's end says what it
+    says (no answer, not a hang of the wait's length)."""
+    ours, theirs = socket.socketpair()
+    ours.settimeout(2.0)
+    try:
+        reader = EarlyAnswer(ours).reader(within=2.0)
+        theirs.close()
+        assert reader.readline() == b""
+    finally:
+        ours.close()
 
 
 def test_an_answer_read_within_the_lease_is_held_to_its_bound() -> None:

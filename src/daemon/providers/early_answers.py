@@ -257,25 +257,51 @@ class AnswerReader(io.RawIOBase):
             self._taken += len(self._first)
             self._deadline += len(self._first) / ANSWER_FLOOR
             return self._from_first(buffer)
-        # Past the deadline only when readable now (closed, or an error to raise): the
-        # read returns at once.
-        left = max(left, ANSWER_SLACK)
+        # Past an end only when readable now (closed, or an error to raise): the read
+        # returns at once.
+        past = self._past_an_end(left)
+        try:
+            got = self._read(buffer, max(left, ANSWER_SLACK))
+        except (ConnectionError, ssl.SSLEOFError) as exc:
+            if past is not None and not self._taken:
+                raise TimeoutError(past) from exc
+            raise
+        if not got and past is not None and not self._taken:
+            # The connection's end found past the wait's, nothing of the answer before
+            # it: no answer came within the wait (a pause of this process let the wait
+            # pass, and a hang's far end gave up on the held request meanwhile). The
+            # call timed out, whenever the end came: read as "closed without a response"
+            # it counted for the circuit as an answer, and the next sends went into the
+            # hang unprobed (docs/architecture.md "Outages: waited out, not escalated").
+            raise TimeoutError(past)
+        if got:
+            self._taken += got
+            self._deadline += got / ANSWER_FLOOR
+        return got
+
+    def _read(self, buffer: Any, left: float) -> int | None:
         timeout = self._sock.gettimeout()
         if timeout is not None and timeout <= left + ANSWER_SLACK:
             # Begun this early, a read the socket's timeout ends is over by the deadline
             # plus the slack at most: the timeout is not changed (two system calls a read,
             # on every call's first).
-            got = self._raw.readinto(buffer)
-        else:
-            self._sock.settimeout(left)
-            try:
-                got = self._raw.readinto(buffer)
-            finally:
-                self._sock.settimeout(timeout)
-        if got:
-            self._taken += got
-            self._deadline += got / ANSWER_FLOOR
-        return got
+            return self._raw.readinto(buffer)
+        self._sock.settimeout(left)
+        try:
+            return self._raw.readinto(buffer)
+        finally:
+            self._sock.settimeout(timeout)
+
+    @staticmethod
+    def _past_an_end(left: float) -> str | None:
+        """What a wait's end reads as ("timed out", or the lease's) when the read about
+        to be made is past it (`left`: of the answer's wait); None when it is not."""
+        if left <= 0:
+            return "timed out"
+        lease = call_time_left()
+        if lease is not None and lease <= 0:
+            return "timed out: its claim's lease ends"
+        return None
 
     def _within_lease(self, deadline: float, lease: float) -> float:
         """Waits, while the claim's lease under this call (`base.call_time_left`) ends
