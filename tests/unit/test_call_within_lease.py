@@ -420,6 +420,25 @@ def test_a_hang_that_ends_during_a_pause_of_this_process_is_a_timeout(end: str, 
         ours.close()
 
 
+def test_a_close_found_by_a_read_begun_in_time_but_ended_past_the_wait_is_a_timeout() -> None:
+    """The read began within the answer's wait, in the socket's own timeout (begun that
+    early, `AnswerReader` leaves it), and the process was paused across the wait's end
+    (the e2e harness's SIGSTOP): the read found the connection's end past it. Here the
+    end comes between the wait's end (0.2 s) and the socket's timeout (0.24 s)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        ours = socket.create_connection(listener.getsockname(), timeout=0.24)
+        theirs, _ = listener.accept()
+    closing = threading.Timer(0.22, theirs.close)
+    try:
+        reader = EarlyAnswer(ours).reader(within=0.2)
+        closing.start()
+        with pytest.raises(TimeoutError, match="timed out"):
+            reader.readline()
+    finally:
+        closing.join(5)
+        ours.close()
+
+
 def test_a_connection_closed_within_the_wait_is_not_a_timeout() -> None:
     """The other side of the above: a close read before the wait's end says what it
     says (no answer, not a hang of the wait's length)."""

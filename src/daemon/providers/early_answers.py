@@ -259,22 +259,14 @@ class AnswerReader(io.RawIOBase):
             return self._from_first(buffer)
         # Past an end only when readable now (closed, or an error to raise): the read
         # returns at once.
-        past = self._past_an_end(left)
         try:
             got = self._read(buffer, max(left, ANSWER_SLACK))
         except (ConnectionError, ssl.SSLEOFError) as exc:
-            if past is not None and not self._taken:
-                raise TimeoutError(past) from exc
+            self._no_answer_in_time(exc)
             raise
-        if not got and past is not None and not self._taken:
-            # The connection's end found past the wait's, nothing of the answer before
-            # it: no answer came within the wait (a pause of this process let the wait
-            # pass, and a hang's far end gave up on the held request meanwhile). The
-            # call timed out, whenever the end came: read as "closed without a response"
-            # it counted for the circuit as an answer, and the next sends went into the
-            # hang unprobed (docs/architecture.md "Outages: waited out, not escalated").
-            raise TimeoutError(past)
-        if got:
+        if not got:
+            self._no_answer_in_time(None)
+        else:
             self._taken += got
             self._deadline += got / ANSWER_FLOOR
         return got
@@ -292,16 +284,22 @@ class AnswerReader(io.RawIOBase):
         finally:
             self._sock.settimeout(timeout)
 
-    @staticmethod
-    def _past_an_end(left: float) -> str | None:
-        """What a wait's end reads as ("timed out", or the lease's) when the read about
-        to be made is past it (`left`: of the answer's wait); None when it is not."""
-        if left <= 0:
-            return "timed out"
+    def _no_answer_in_time(self, cause: BaseException | None) -> None:
+        """The connection's end (a close; `cause`: a reset) was read: TimeoutError when
+        it was read past the answer's wait or the claim's lease with nothing of the
+        answer before it. No answer came within the wait: a pause of this process (a
+        loaded machine, SIGSTOP) let the wait pass, and meanwhile a hang's far end gave
+        up on the held request. Read as "closed without a response", the call counted
+        for the circuit as an answer, and the next sends went into the hang unprobed
+        (docs/architecture.md "Outages: waited out, not escalated"). When the end came
+        is not known; either way the call timed out."""
+        if self._taken or self._deadline is None:
+            return
+        if time.monotonic() >= self._deadline:
+            raise TimeoutError("timed out") from cause
         lease = call_time_left()
         if lease is not None and lease <= 0:
-            return "timed out: its claim's lease ends"
-        return None
+            raise TimeoutError("timed out: its claim's lease ends") from cause
 
     def _within_lease(self, deadline: float, lease: float) -> float:
         """Waits, while the claim's lease under this call (`base.call_time_left`) ends
