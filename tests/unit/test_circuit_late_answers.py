@@ -7,13 +7,21 @@ it, and sent its next jobs into the known hang unprobed (tests/e2e/test_races.py
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 from tests.unit.engine_rig import EngineRig, policy
 from tests.unit.test_circuit_hangs import wait_until
 
-from daemon.doubles.fake_provider import Scripted
-from daemon.engine.circuit import SEND, Admit, Circuits, CircuitSettings
+from daemon.doubles.fake_drafts import FakeDraftsProvider
+from daemon.doubles.fake_provider import FakeProvider, Scripted
+from daemon.doubles.fake_time import FakeClock
+from daemon.engine.circuit import CHECK, SEND, Admit, Circuits, CircuitSettings
+from daemon.engine.readback import ProviderHealth
+from daemon.providers.base import ProviderError
+from daemon.providers.draft_handle import Draft
+from ledger.application import Ledger
 from ledger.vocabulary import JobState
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -85,4 +93,106 @@ def test_a_send_answered_late_after_the_hang_opened_the_circuit_sends_nothing_un
     finally:
         answer.set()
         hang.set()
+        rig.close()
+
+
+# -- every call takes its ticket: the read-back and the draft step too -----------------------
+
+
+class ReadBackAcrossAHang(FakeProvider):
+    """A read-back's call in flight while something else happens (`meanwhile`: another
+    call of the scope begins and ends), then answered or timed out (`fails`)."""
+
+    def __init__(self, meanwhile: Callable[[], None], *, fails: bool = False) -> None:
+        super().__init__("fake", clock=FakeClock(T0))
+        self.meanwhile = meanwhile
+        self.fails = fails
+
+    def read_message_id(self, provider_message_id: str) -> str | None:
+        self.meanwhile()
+        if self.fails:
+            raise ProviderError("get: timed out", timed_out=True)
+        return "<k@mail.example.com>"
+
+
+def read_back(circuits: Circuits, provider: FakeProvider) -> None:
+    ledger = Ledger("memory://", clock=FakeClock(T0))
+    try:
+        health = ProviderHealth(ledger, lambda: at(10), circuits)
+        job = SimpleNamespace(key="k", message_id="<k@mail.example.com>")
+        health.read_back(job, "fake", provider, "provider-id", raw=b"")  # type: ignore[arg-type]
+    finally:
+        ledger.close()
+
+
+def test_a_read_back_answered_before_a_hang_and_read_after_it_leaves_its_probe_a_ping() -> None:
+    """The read-back took no ticket: its answer, given before the sends began to hang and
+    read after they timed out, counted as a read begun after them and said reads work,
+    so the hang's next probe was a send into it (one more Unknown), not a ping."""
+    circuits = Circuits(CircuitSettings(failures=1, probe_after=1.0, probe_max=8.0))
+
+    def sends_hang() -> None:
+        with circuits.calling("fake") as hung:
+            circuits.called("fake", at(10), unavailable=True, timed_out=True, ticket=hung)
+
+    read_back(circuits, ReadBackAcrossAHang(sends_hang))
+    assert circuits.open() != []
+    assert circuits.admit("fake", at(11)) is Admit.PING
+
+
+def test_an_answer_begun_after_a_read_back_that_timed_out_clears_the_circuit() -> None:
+    """The rule kept for the read-back: a call begun after the failed one, in flight beside
+    it, answers: the provider answers. Its failure, with no ticket, counted as begun when
+    it ended, after that call, and the answer cleared nothing."""
+    circuits = Circuits(CircuitSettings(failures=1, probe_after=1.0, probe_max=8.0))
+    beside: list[int] = []
+
+    def a_search_begins() -> None:
+        search = circuits.calling("fake")
+        beside.append(search.__enter__())
+        search.__exit__(None, None, None)
+
+    read_back(circuits, ReadBackAcrossAHang(a_search_begins, fails=True))
+    assert circuits.open() != []
+    circuits.answered("fake", at(10.1), CHECK, ticket=beside[0])
+    assert circuits.open() == [] and circuits.admit("fake", at(10.1)) is Admit.GO
+
+
+class HangingCreates(FakeDraftsProvider):
+    """drafts.create times out `hangs` times, then answers."""
+
+    def __init__(self, clock: FakeClock, hangs: int) -> None:
+        super().__init__("fake", clock=clock)
+        self.hangs = hangs
+
+    def create_draft(self, raw: bytes) -> Draft:
+        if self.hangs:
+            self.hangs -= 1
+            raise ProviderError("drafts.create: timed out", timed_out=True)
+        return super().create_draft(raw)
+
+
+def test_a_draft_step_that_timed_out_is_a_hang_whose_probe_is_a_ping() -> None:
+    """The draft step's failure was fed to the circuit without its timeout (and with no
+    ticket): a hang at the draft step was probed by the next job's draft step, a call
+    into the hang, not by a ping."""
+    rig = EngineRig(policy("receipts"))
+    try:
+        rig.engine.close()
+        rig.provider = HangingCreates(rig.clock, hangs=3)
+        rig.engine = rig.new_engine()
+        for n in range(3):
+            rig.submit("receipts", f"d-{n}")
+        rig.tick()  # three draft steps time out: the circuit opens
+        assert rig.engine.open_circuits() != []
+        assert all(rig.job(f"d-{n}").state is JobState.REQUESTED for n in range(3))
+        rig.clock.advance(60)
+        rig.tick()  # the probe: a ping, then the jobs
+        assert rig.provider.pings == 1
+        for _ in range(3):
+            rig.clock.advance(60)
+            rig.tick()
+        assert all(rig.job(f"d-{n}").state is JobState.CONFIRMED for n in range(3))
+        assert rig.engine.open_circuits() == []
+    finally:
         rig.close()

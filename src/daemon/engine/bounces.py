@@ -381,7 +381,7 @@ class BounceWatch:
         # the scope's lease: each asks whether the scope is still ours.
         go_on = None if self._may_read is None else lambda: self._ours(read, self._clock())
         try:
-            with self._circuits.calling(read.scope) as ticket:
+            with self._circuits.call(read.scope, self._clock):
                 result = read.provider.read_reports(
                     since,
                     known=known,
@@ -390,15 +390,6 @@ class BounceWatch:
                     may_go_on=go_on,
                 )
         except ProviderError as exc:
-            self._circuits.called(
-                read.scope,
-                self._clock(),
-                unavailable=exc.unavailable,
-                retry_after=exc.retry_after,
-                timed_out=exc.timed_out,
-                kind=CHECK,
-                ticket=ticket,
-            )
             wait = max(retry_after_wait(exc.retry_after), self.interval)
             with self._lock:
                 mailbox.next_read = self._clock() + timedelta(seconds=wait)
@@ -413,7 +404,6 @@ class BounceWatch:
             if admit is Admit.PROBE:
                 self._circuits.probe_returned(read.scope)
             raise
-        self._circuits.answered(read.scope, self._clock(), CHECK, ticket=ticket)
         listed = set(result.listed)
         with self._lock:
             if result.complete:

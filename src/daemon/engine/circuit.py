@@ -38,13 +38,13 @@ and quotas".
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
 
-from daemon.providers.base import SendKind, SendOutcome
+from daemon.providers.base import ProviderError, SendKind, SendOutcome
 from policies.decisions import retry_after_wait
 
 
@@ -149,13 +149,59 @@ class Circuits:
     def calling(self, scope: str) -> Iterator[int]:
         """Around every provider call of `scope`: counts it as in flight. Yields the
         call's ticket, for `called` and `answered` to tell when it began."""
-        with self._lock:
-            self._in_flight[scope] = self._in_flight.get(scope, 0) + 1
-            ticket = self._ticket()
+        ticket = self._begun(scope)
         try:
             yield ticket
         finally:
             self._ended(scope)
+
+    @contextmanager
+    def call(
+        self,
+        scope: str,
+        clock: Callable[[], datetime],
+        kind: str = CHECK,
+        *,
+        answers: tuple[type[BaseException], ...] = (),
+    ) -> Iterator[int]:
+        """Around one provider call of `scope` other than a send's (`sending`): a search, a
+        draft's check, a report read, the Message-ID read-back, the draft step before a
+        claim, a ping. Counted in flight with its ticket (`calling`), and its end fed to
+        the circuit with that ticket before it stops counting, as a send's is: a
+        `ProviderError` as it says (`called`: unavailable, timed out, Retry-After), then
+        raised on; a return, or one of `answers` (what the provider said, raised as an
+        exception: a draft found changed), as an answer (`answered`). Anything else (a
+        `ScopeLost` between two calls, a stop) is neither. One piece of code for every
+        call, so a read-back's or a draft step's late answer clears only failures of calls
+        that began before it, as a search's does (docs/architecture.md "Outages: waited
+        out, not escalated")."""
+        ticket = self._begun(scope)
+        try:
+            yield ticket
+        except ProviderError as exc:
+            self.called(
+                scope,
+                clock(),
+                unavailable=exc.unavailable,
+                retry_after=exc.retry_after,
+                timed_out=exc.timed_out,
+                kind=kind,
+                ticket=ticket,
+            )
+            raise
+        except answers:
+            self.answered(scope, clock(), kind, ticket=ticket)
+            raise
+        else:
+            self.answered(scope, clock(), kind, ticket=ticket)
+        finally:
+            self._ended(scope)
+
+    def _begun(self, scope: str) -> int:
+        """A call of `scope` counted in flight: its ticket."""
+        with self._lock:
+            self._in_flight[scope] = self._in_flight.get(scope, 0) + 1
+            return self._ticket()
 
     def _ticket(self) -> int:
         # Caller holds the lock.

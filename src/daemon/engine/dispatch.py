@@ -343,7 +343,15 @@ class Dispatch:
                 )
 
             try:
-                with self._circuits.calling(provider.scope()):
+                # Its failures and answers feed the circuit as a read's (`Circuits.call`):
+                # a draft made or found proves nothing about sends. A draft found sent,
+                # changed or gone is an answer, raised.
+                answers = (
+                    drafts_flow.DraftAlreadySent,
+                    drafts_flow.DraftChanged,
+                    drafts_flow.DraftVanished,
+                )
+                with self._circuits.call(provider.scope(), self._clock, answers=answers):
                     draft, created = drafts_flow.prepare_draft(
                         job, drafts, raw, work.now, may_create=may_create
                     )
@@ -386,7 +394,7 @@ class Dispatch:
                 return None
             except ProviderError as exc:
                 # No draft, no claim: nothing can have been sent; the job stays due.
-                drafts_flow.no_draft(work, exc, self._circuits, self._clock())
+                drafts_flow.no_draft(work, exc)
                 return None
             # The lease is counted from the call, not from before the draft step.
             work.now = self._clock()

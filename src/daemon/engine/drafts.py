@@ -33,7 +33,6 @@ from email.parser import BytesParser
 from email.utils import getaddresses
 from typing import TYPE_CHECKING
 
-from daemon.engine.circuit import Circuits
 from daemon.providers.base import ProviderError, ScopeLost, calls_while
 from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
 from ledger.display import quoted
@@ -206,14 +205,12 @@ def _parts(message: EmailMessage) -> list[tuple[str, str]]:
     return parts
 
 
-def no_draft(work: Work, exc: ProviderError, circuits: Circuits, now: datetime) -> None:
+def no_draft(work: Work, exc: ProviderError) -> None:
     """The draft step before the claim failed (not a definite refusal): no draft, no
     claim, so nothing can have been sent, `max_attempts` is untouched and the job stays
-    due. The failure counts toward the scope's circuit as a send's would, so an outage
-    during the draft step is waited out behind it (docs/operations.md "Outages and
-    quotas")."""
-    scope = work.provider.scope() if work.provider is not None else ""
-    circuits.called(scope, now, unavailable=exc.unavailable, retry_after=exc.retry_after)
+    due. The failure has counted toward the scope's circuit (`Circuits.call`, around the
+    step), so an outage during the draft step is waited out behind it
+    (docs/operations.md "Outages and quotas")."""
     log.warning("job %s: no draft (%s)", work.job.key, quoted(exc.reason))
     work.count("unavailable" if exc.unavailable else "errors")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from daemon.engine.circuit import CHECK, Circuits
@@ -133,24 +134,20 @@ class ProviderHealth:
         lost it on the way out says nothing about the provider)."""
         with self._lock:
             self.readbacks += 1
+        # A read, not a send: its answer clears only failures of calls begun before it
+        # (a read-back answered before a hang and read after it closes nothing), and
+        # one that hung is a hang, as a search's (its probe a ping, not a send into it).
+        circuit = (
+            nullcontext()
+            if self._circuits is None
+            else self._circuits.call(provider.scope(), self._clock, CHECK)
+        )
         try:
-            stored = provider.read_message_id(provider_message_id)
+            with circuit:
+                stored = provider.read_message_id(provider_message_id)
         except ProviderError as exc:
             log.warning("job %s: Message-ID read-back failed: %s", job.key, quoted(exc.reason))
-            if self._circuits is not None:
-                self._circuits.called(
-                    provider.scope(),
-                    self._clock(),
-                    unavailable=exc.unavailable,
-                    retry_after=exc.retry_after,
-                    # A read that hung is a hang, as a search's (its probe a ping, not a
-                    # send into it).
-                    timed_out=exc.timed_out,
-                    kind=CHECK,
-                )
             return
-        if self._circuits is not None:
-            self._circuits.answered(provider.scope(), kind=CHECK)  # a read: not a send
         if stored is not None and same_message_id(stored, job.message_id):
             return
         if not carries_message_id(raw, job.message_id):

@@ -195,7 +195,7 @@ class SearchBackoff:
         check = self._may_call
         may_go_on = None if check is None else (lambda: check(work))
         try:
-            with self._circuits.calling(scope) as ticket, calls_while(may_go_on):
+            with self._circuits.call(scope, self._clock), calls_while(may_go_on):
                 result = call()
         except ScopeLost:
             # Stopped between two of its calls (Graph's search and draft deletion make
@@ -206,15 +206,6 @@ class SearchBackoff:
             return None
         except ProviderError as exc:
             now = self._clock()
-            self._circuits.called(
-                scope,
-                now,
-                unavailable=exc.unavailable,
-                retry_after=exc.retry_after,
-                timed_out=exc.timed_out,
-                kind=CHECK,
-                ticket=ticket,
-            )
             wait = max(decisions.retry_after_wait(exc.retry_after), 1.0)
             with self._lock:
                 self._not_before[key] = now + timedelta(seconds=wait)
@@ -227,7 +218,6 @@ class SearchBackoff:
             if admit is Admit.PROBE:
                 self._circuits.probe_returned(scope)  # no answer either way: not the probe
             raise
-        self._circuits.answered(scope, self._clock(), CHECK, ticket=ticket)
         if counted is not None:
             # A search's or a draft check's answer, not a deletion's: the crash matrix
             # means the point between an answer that decides and its record.

@@ -508,23 +508,13 @@ class SendSteps:
     def ping(self, provider: Provider, scope: str) -> None:
         """The probe of a circuit a hang opened: a call that sends nothing."""
         try:
-            with self._circuits.calling(scope) as ticket:
+            with self._circuits.call(scope, self._clock, PING):
                 provider.ping()
-        except ProviderError as exc:
-            self._circuits.called(
-                scope,
-                self._clock(),
-                unavailable=exc.unavailable,
-                retry_after=exc.retry_after,
-                timed_out=exc.timed_out,
-                kind=PING,
-                ticket=ticket,
-            )
+        except ProviderError:
+            pass  # fed to the circuit by `call`: the probe's backoff doubles
         except BaseException:
             self._circuits.probe_returned(scope)
             raise
-        else:
-            self._circuits.answered(scope, self._clock(), PING, ticket=ticket)
 
     def flush(self) -> None:
         """Return once the outcomes left to the next commit are durable (`commit.py`)."""
