@@ -628,18 +628,17 @@ def forwarded_at_least(rig: Rig, count: int) -> bool:
     return len(rig.sends(forwarded=True)) >= count
 
 
-def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
-    """Three hangs, each 4 provider timeouts long (the issue's 15 s at a 4 s timeout),
-    at random moments into a flow of 100 jobs sent four at a time: a hang of the whole
-    provider costs at most the four sends in flight when it began, one of its sends only
-    one more job for each read that answered; every other job is sent once after."""
-    rng = rng_for("hang")
-    keys = [f"hang-{n:03d}" for n in range(HANG_JOBS)]
-    timeout = 0.5
-    flowing = FaultPlan(send="slow")  # 0.02-0.12 s a send: four are nearly always in flight
-    rig = Rig(
+HANG_CALL_TIMEOUT = 0.5
+FLOWING = FaultPlan(send="slow")  # 0.02-0.12 s a send: four are nearly always in flight
+
+
+def hang_rig(tmp_path: Path, rng: random.Random) -> Rig:
+    """Four workers sending a flow of jobs through the relay, its hangs held past the
+    client's timeout (two of them), then closed."""
+    timeout = HANG_CALL_TIMEOUT
+    return Rig(
         tmp_path,
-        plan=flowing,
+        plan=FLOWING,
         relay_options={"slow_seconds": 0.02, "slow_jitter": 0.1, "seed": rng.randrange(1 << 30)},
         hang_seconds=2 * timeout,  # held past the client's timeout, then closed
         timeout=f"{timeout * 1000:.0f}ms",
@@ -649,6 +648,17 @@ def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
         policies={"receipts": POLICY},  # the crash matrix's: searched 500 ms after
         api_port=free_port(),
     )
+
+
+def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
+    """Three hangs, each 4 provider timeouts long (the issue's 15 s at a 4 s timeout),
+    at random moments into a flow of 100 jobs sent four at a time: a hang of the whole
+    provider costs at most the four sends in flight when it began, one of its sends only
+    one more job for each read that answered; every other job is sent once after."""
+    rng = rng_for("hang")
+    keys = [f"hang-{n:03d}" for n in range(HANG_JOBS)]
+    timeout = HANG_CALL_TIMEOUT
+    rig = hang_rig(tmp_path, rng)
     windows: list[tuple[float, float]] = []
     with rig:
         rig.start_daemon()
@@ -662,7 +672,7 @@ def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
             began = time.time()
             rig.relay.set_plan(plan)
             time.sleep(HANG_TIMEOUTS * timeout)
-            rig.relay.set_plan(flowing)
+            rig.relay.set_plan(FLOWING)
             windows.append((began, time.time()))
         rig.wait_for(
             partial(all_in, rig, keys, "confirmed"),
@@ -711,6 +721,57 @@ def test_a_hang_costs_at_most_the_four_calls_in_flight(tmp_path: Path) -> None:
         outside = out_of_windows(reasons, windows)
         assert not outside, outside
         assert copies == {1: HANG_JOBS}, copies
+
+
+def test_a_pause_of_the_daemon_during_a_hang_of_its_sends_sends_nothing_into_it_unprobed(
+    tmp_path: Path,
+) -> None:
+    """The sends-only hang above with the daemon stopped (SIGSTOP) 0.7 s every 1.3 s:
+    the held sends' waits passed their timeout during a stop, the relay closed what it
+    held meanwhile, and on resuming the calls ended "connection closed without a
+    response", an answer for the circuit: it never opened, and the next four jobs went
+    into the hang unprobed (1 run of 10 before; daemon/providers/early_answers.py
+    `AnswerReader._no_answer_in_time`)."""
+    rng = rng_for("pause-hang")
+    keys = [f"paused-hang-{n:02d}" for n in range(40)]
+    timeout = HANG_CALL_TIMEOUT
+    with hang_rig(tmp_path, rng) as rig:
+        daemon = rig.start_daemon()
+        rig.submit_api([job(key) for key in keys])
+        rig.wait_for(partial(forwarded_at_least, rig, 4), "sends flowing")
+        time.sleep(rng.uniform(0.0, 0.3))
+        stopped = threading.Event()
+
+        def pause_now_and_then() -> None:
+            while not stopped.is_set():
+                os.kill(daemon.pid, signal.SIGSTOP)
+                time.sleep(0.7)
+                os.kill(daemon.pid, signal.SIGCONT)
+                stopped.wait(0.6)
+
+        began = time.time()
+        rig.relay.set_plan(SENDS_HANG)
+        pauser = threading.Thread(target=pause_now_and_then, daemon=True)
+        pauser.start()
+        try:
+            time.sleep(HANG_TIMEOUTS * timeout + 1.0)
+            rig.relay.set_plan(FLOWING)
+        finally:
+            stopped.set()
+            pauser.join(5)
+            os.kill(daemon.pid, signal.SIGCONT)
+        ended = time.time()
+        rig.wait_for(partial(all_in, rig, keys, "confirmed"), "every job confirmed", timeout=60)
+        unknown = [
+            moment
+            for key in keys
+            for _claimed, moment, _reason in calls_ended_unknown(rig.history(key))
+        ]
+        first = min((m for m in unknown if began <= m <= ended + timeout + 0.5), default=None)
+        blind = sent_unprobed(list(rig.relay.log), began, ended, timeout, first)
+        print(f"\npaused in a sends-only hang: {len(unknown)} Unknown, unprobed {blind}")
+        assert blind == [], (blind, rig.diagnostics())
+        assert Counter(rig.copies(key) for key in keys) == {1: len(keys)}
 
 
 PAUSES = 3  # stops of the daemon's process during a healthy flow
