@@ -26,7 +26,7 @@ calls of its scope that started before it are still in flight, the scope takes n
 circuit is open its sends are probed by a `Provider.ping`, which sends nothing, before one
 send goes out again; a second of those calls timing out opens the circuit at once. So a
 hang costs at most the calls already in flight when it began. An answer clears only the
-failures of calls that began before its own call (each call's ticket, `calling`): one read
+failures of calls that began before its own call (each call's ticket, `call`): one read
 late, given before the hang (a paused daemon), closes nothing the hang opened.
 A send admitted before the hang was known but not yet called (its claim being saved) is
 not made once it is known (`sending`): its job is refused as unavailable, nothing sent.
