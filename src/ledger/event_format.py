@@ -62,10 +62,12 @@ if TYPE_CHECKING:
 #: Eleventh wave), and of their servers, which declare none.
 FIRST_FORMAT = 1
 #: The newest format this release writes and reads.
-EVENT_FORMAT = 1
+EVENT_FORMAT = 2
 #: Each format's shapes (`shapes_digest`): a changed shape needs a new format.
 FORMAT_DIGESTS = {
     1: "6973a14e1bb3",
+    # Attempted v4: `made_draft`, the draft a claim's call sends, made before the claim.
+    2: "7cddbb54ccf6",
 }
 #: A server's declaration counts it as live this long after it was written even before
 #: its loaded-policies row is (`daemon.service_layer.loaded.LIVE_SECONDS`): a server that

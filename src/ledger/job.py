@@ -134,6 +134,7 @@ def _nothing_yet(job: Any) -> None:
     job.draft_message_id = None
     job.fenced_draft = None
     job.deleted_drafts = frozenset()
+    job.made_drafts = ()
     job.unavailable_since = None
     job.last_attempt_at = None
     job.draft_gone_at = None
@@ -201,6 +202,11 @@ class SendJob(Aggregate):
     # attempt, whose listing by Message-ID may still show one whose deletion was
     # recorded before it was made (a fence, a claim that lost its race).
     deleted_drafts: frozenset[str]
+    # The draft each claim's call was to send, made before the claim by a provider whose
+    # every send is a draft first (Graph: `Attempted.made_draft`), oldest first: a fence
+    # or a tidy deletes those still unsent by id, whoever made them, where the provider's
+    # search by Message-ID may not list them yet.
+    made_drafts: tuple[str, ...]
     # Since when its provider has been unavailable to it (the first of the unavailable
     # rejections in a row), for the channel's `give_up_after`; None otherwise.
     unavailable_since: datetime | None
@@ -336,13 +342,17 @@ class SendJob(Aggregate):
         # v2 names the daemon that claimed (`daemon.name`): at start-up a daemon recovers
         # its own claims at once, others' at their deadline. v3 records the mailbox's
         # historyId known at the claim (None: none), the start of the history read after an
-        # unknown outcome (docs/architecture.md "The history handle").
-        class_version = 3
+        # unknown outcome (docs/architecture.md "The history handle"). v4 records the
+        # draft the claim's call sends when the provider made it before the claim (Graph;
+        # None: none), so any daemon can fence it by id (docs/architecture.md "Microsoft
+        # Graph").
+        class_version = 4
         attempt: int
         provider: str
         deadline: datetime
         daemon: str
         history_id: str | None
+        made_draft: str | None
 
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
@@ -351,6 +361,10 @@ class SendJob(Aggregate):
         @staticmethod
         def upcast_v2_v3(state: dict[str, Any]) -> None:
             state["history_id"] = None  # claims before the history handle recorded none
+
+        @staticmethod
+        def upcast_v3_v4(state: dict[str, Any]) -> None:
+            state["made_draft"] = None  # claims before it recorded no draft made for them
 
         def apply(self, job: Any) -> None:
             job.state = JobState.ATTEMPTED
@@ -366,6 +380,8 @@ class SendJob(Aggregate):
             job.reason = None
             job.history_id = self.history_id
             job.fenced_draft = None
+            if self.made_draft is not None:
+                job.made_drafts = (*job.made_drafts, self.made_draft)
 
     class LeaseRenewed(Event):
         """The claim's call is still in flight in the daemon that made it, which pushes
@@ -827,10 +843,13 @@ class SendJob(Aggregate):
         at: datetime,
         daemon: str = "",
         history_id: str | None = None,
+        made_draft: str | None = None,
     ) -> int:
         """The write-ahead claim (Attempted) by the daemon named `daemon`: durable before
         the provider is called. `history_id`: the mailbox's historyId known now, whose
-        history holds this attempt's copy if it is sent (None: none known)."""
+        history holds this attempt's copy if it is sent (None: none known). `made_draft`:
+        the draft the call sends, made before the claim (Graph), kept for any daemon's
+        fence."""
         self._require("Attempted", JobState.REQUESTED)
         self._require_due(at, "Attempted", "not due")
         if deadline <= at:
@@ -844,6 +863,7 @@ class SendJob(Aggregate):
             deadline=deadline,
             daemon=daemon,
             history_id=history_id,
+            made_draft=made_draft,
         )
         return number
 
@@ -1582,6 +1602,12 @@ class SendJob(Aggregate):
         if self.draft_id is not None and self.draft_message_id is not None:
             return (self.draft_id, self.draft_message_id)
         return self.fenced_draft
+
+    @property
+    def made_drafts_left(self) -> tuple[str, ...]:
+        """The drafts its claims made (`made_drafts`) that no event says were deleted:
+        those a fence or a tidy reads by id."""
+        return tuple(d for d in self.made_drafts if d not in self.deleted_drafts)
 
     @property
     def settled(self) -> bool:

@@ -384,6 +384,9 @@ class _LostRequests(GraphProvider):
     def send_raw(self, raw: bytes) -> SendOutcome:
         return SendOutcome(SendKind.UNKNOWN, "timed out before Graph answered")
 
+    def send_made_in(self, *args: Any) -> SendOutcome:  # the engine's send of its draft
+        return self.send_raw(b"")
+
 
 def test_a_received_message_moved_to_deleted_items_sends_an_unknown_job_to_review(
     provider: ProviderFactory, graph: GraphEmulator
@@ -1128,3 +1131,40 @@ def test_the_fence_deletes_only_drafts_whose_message_id_is_exactly_ours(
     assert graph.send_draft(MAILBOX, theirs) == 202
     found = graph_provider.search(MID)
     assert found.hits == () and found.complete, found
+
+
+def test_a_new_owner_fences_the_draft_a_replaced_daemon_made_by_its_recorded_id(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """Daemon `a` claims the job and its Graph send creates the draft; the send request
+    never reaches Graph (Unknown) and `a` is replaced by `b`, which takes the mailbox.
+    `b`'s provider never made that draft, and `$filter` does not show it yet (its index
+    lags): before, `b`'s fence deleted nothing and left the draft in Drafts, one click from
+    a copy the search had already counted as missing. The draft's immutable id is
+    recorded with the claim, so `b` fences it by that id whatever the index shows."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.job import DRAFTS_FENCE, SendJob
+
+    graph.set_lag(3600)  # `$filter` shows neither the draft nor any copy
+    a, b = provider(), provider()
+    with EngineRig(
+        policy("receipts", on_unknown="retry"), provider=lambda clock: cast(FakeProvider, a)
+    ) as rig:
+        rig.submit("receipts", "k1")
+        relay.set_plan(FaultPlan(send=["fail-before-forward"]))
+        assert rig.tick().unknown == 1
+        [left] = [m["id"] for m in graph.folder(MAILBOX, "drafts")]
+        rig.engine.close()  # `a` is gone; `b` starts with nothing remembered
+        rig.provider = cast(FakeProvider, b)
+        rig.engine = rig.new_engine("b")
+        rig.advance_and_tick(60)  # search_after: `b`'s sweep fences, then searches
+        fences = [
+            e for e in rig.ledger.history("k1")
+            if isinstance(e, SendJob.DraftsDeleted) and e.why == DRAFTS_FENCE
+        ]  # fmt: skip
+        assert [list(e.draft_ids) for e in fences] == [[left]], rig.events("k1")
+    assert graph.folder(MAILBOX, "drafts") == [] and graph.folder(MAILBOX, "deleteditems") == []
+    assert graph.send_draft(MAILBOX, left) == 404  # a person's click sends nothing
+    assert logged_copies(accept_log) == 0

@@ -246,13 +246,14 @@ def test_v1_claims_name_no_daemon_and_wait_for_their_deadline(old_store: Ledger)
     """Attempted v1 (before daemon.name) upcasts to daemon="": no restarted daemon takes
     such a claim for its own; the deadline recovers it as before. And on to v3 with no
     historyId (before the history handle), as the first release's Unknowns load with no
-    history read due: the search alone answers them."""
+    history read due: the search alone answers them. And on to v4 with no draft made
+    before the claim: a fence finds the job's drafts by its Message-ID, as before."""
     job = old_store.get_job("crashed")
     assert job.state is JobState.ATTEMPTED and job.claimed_by == ""
-    assert job.history_id is None
+    assert job.history_id is None and job.made_drafts == ()
     attempted = [e for e in old_store.history("crashed") if type(e).__name__ == "Attempted"]
-    assert [(e.daemon, e.history_id) for e in attempted] == [("", None)]
-    assert type(attempted[0]).class_version == 3
+    assert [(e.daemon, e.history_id, e.made_draft) for e in attempted] == [("", None, None)]
+    assert type(attempted[0]).class_version == 4
     unknowns = [
         event
         for key in ("confirmed-search", "one-miss", "unknown-searching", "duplicate")

@@ -361,11 +361,12 @@ def test_every_command_of_an_older_release_gives_the_one_line_refusal(
     cfg = ["--config", str(config)]
     assert main([*cfg, "submit", str(tmp_path / "job.json")]) == 0, capsys.readouterr().err
     with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        check_event_format(ledger, release=NEW)  # a newer release wrote to it since
+        newer = Release(EVENT_FORMAT + 1, EVENT_FORMAT + 1)
+        check_event_format(ledger, release=newer)  # a newer release wrote to it since
     capsys.readouterr()
     line = (
-        f"this store holds events of format 2, this release reads up to {EVENT_FORMAT}: "
-        "upgrade sendledger on this host"
+        f"this store holds events of format {EVENT_FORMAT + 1}, this release reads up to "
+        f"{EVENT_FORMAT}: upgrade sendledger on this host"
     )
     commands = [
         ["submit", str(tmp_path / "job.json")],
@@ -389,7 +390,8 @@ def test_a_newer_command_that_writes_waits_for_the_older_daemon_and_one_that_rea
     assert main([*cfg, "submit", str(tmp_path / "job.json")]) == 0, capsys.readouterr().err
     with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
         live_row(ledger, "old", at=time.time())  # a daemon of this release, running
-    monkeypatch.setattr(event_format, "EVENT_FORMAT", 2)  # the command is a newer release's
+    # The command is a newer release's (the daemon declared none: it reads format 1).
+    monkeypatch.setattr(event_format, "EVENT_FORMAT", EVENT_FORMAT + 1)
     capsys.readouterr()
     assert main([*cfg, "status", "k1"]) == 0
     assert main([*cfg, "cancel", "k1"]) == 3

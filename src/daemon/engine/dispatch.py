@@ -41,7 +41,13 @@ from daemon.providers.base import (
     calls_end_in,
     calls_while,
 )
-from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
+from daemon.providers.draft_handle import (
+    Draft,
+    DraftCheck,
+    DraftFirst,
+    DraftRefused,
+    DraftsProvider,
+)
 from ledger.application import ConcurrentUpdate
 from ledger.decision_types import AfterRejection, Review
 from ledger.display import quoted
@@ -77,6 +83,10 @@ class Claimed:
     drafts: DraftsProvider | None = None  # the provider's drafts calls, with `draft`
     created: bool = False  # `draft` was created by this claim's draft step (not reused)
     check: DraftCheck | None = None  # the draft's answer right after an unknown outcome
+    # Graph (`Provider.draft_first`): the draft made before the claim, its id recorded
+    # with it, or the create's refusal, the call's outcome with no send made.
+    made: str | SendOutcome | None = None
+    first: DraftFirst | None = None  # the provider's two steps, with `made`
     probe: bool = False  # the one job its scope's open circuit let through
     held: Lease | None = None  # the claim's lease while its worker holds it (`leases.py`)
 
@@ -237,7 +247,13 @@ class Dispatch:
         except ConcurrentUpdate:
             if claimed.created and claimed.draft is not None and claimed.drafts is not None:
                 self._delete_lost_draft(claimed, claimed.drafts, claimed.draft)
+            self._unsaved_made_draft(claimed)
             raise
+
+    def _unsaved_made_draft(self, claimed: Claimed) -> None:
+        """A claim not saved: the draft made for it, if any, deleted."""
+        if isinstance(claimed.made, str) and claimed.first is not None:
+            self._delete_made_draft(claimed.work, claimed.policy, claimed.first, claimed.made)
 
     def _delete_lost_draft(self, claimed: Claimed, drafts: DraftsProvider, draft: Draft) -> None:
         """The draft of a claim that lost its race, deleted, its deletion recorded first
@@ -334,14 +350,6 @@ class Dispatch:
             # The draft step is a provider call that may take its whole timeout: an
             # outcome left for the next commit (`commit.py`) must not wait behind it.
             work.flush()
-
-            def may_create() -> bool:
-                # The draft step's earlier calls may each take the provider's timeout:
-                # a draft is made only for a scope this daemon may still call for.
-                return self._may_call is None or self._may_call(
-                    policy, job.from_addr, self._clock()
-                )
-
             try:
                 # Its failures and answers feed the circuit as a read's (`Circuits.call`):
                 # a draft made or found proves nothing about sends. A draft found sent,
@@ -353,7 +361,7 @@ class Dispatch:
                 )
                 with self._circuits.call(provider.scope(), self._clock, answers=answers):
                     draft, created = drafts_flow.prepare_draft(
-                        job, drafts, raw, work.now, may_create=may_create
+                        job, drafts, raw, work.now, may_create=self._may_create(work, policy)
                     )
             except drafts_flow.DraftAlreadySent as sent:
                 tidy_at = _tidy_at(policy, provider, work.now)
@@ -398,6 +406,14 @@ class Dispatch:
                 return None
             # The lease is counted from the call, not from before the draft step.
             work.now = self._clock()
+        first = provider.draft_first() if drafts is None else None
+        made: str | SendOutcome | None = None
+        if first is not None:
+            made = self._make_draft(work, policy, provider, first, raw)
+            if made is None:
+                return None
+            work.now = self._clock()
+        made_draft = made if isinstance(made, str) else None
         history = provider.history()
         mark = None
         if history is not None:
@@ -409,6 +425,10 @@ class Dispatch:
             # step: their claims are no longer renewed and would lapse meanwhile.
             mark = history.history_mark(before_call=work.flush)
             work.now = self._clock()
+        if made_draft is not None and self._stopping.is_set():
+            # Made, never recorded: deleted, as a lost claim's (`_delete_made_draft`).
+            self._delete_made_draft(work, policy, known(first, "made by its provider"), made_draft)
+            return None
         if self._stopping.is_set() and (drafts is not None or history is not None):
             # The draft step and the history mark are calls that may each take the
             # provider's whole timeout: a stop asked meanwhile starts no send either
@@ -429,9 +449,63 @@ class Dispatch:
             at=work.now,
             daemon=self._daemon,
             history_id=mark,
+            made_draft=made_draft,
         )
         return Claimed(work, policy, provider, raw, lease, deadline, draft=draft,
-                       drafts=drafts, created=created)  # fmt: skip
+                       drafts=drafts, created=created, made=made, first=first)  # fmt: skip
+
+    def _may_create(self, work: Work, policy: ChannelPolicy) -> Callable[[], bool]:
+        """Asked right before a draft is made: whether this daemon may still call for the
+        job's quota scope (a draft step's earlier calls, or the wait for its worker, may
+        each take the provider's timeout)."""
+
+        def may_create() -> bool:
+            return self._may_call is None or self._may_call(
+                policy, work.job.from_addr, self._clock()
+            )
+
+        return may_create
+
+    def _make_draft(
+        self,
+        work: Work,
+        policy: ChannelPolicy,
+        provider: Provider,
+        first: DraftFirst,
+        raw: bytes,
+    ) -> str | SendOutcome | None:
+        """The draft of a provider whose sends make one first (Graph), made before the
+        claim so its id is recorded with it: whichever daemon fences or tidies the job
+        later deletes it by that id, where a listing by Message-ID may not show it yet
+        (docs/architecture.md "Microsoft Graph"). The create's refusal is the claim's
+        outcome, as when it was the call's first step. None: no draft made, no claim (the
+        job changed since it was loaded, or its scope went to another daemon)."""
+        if _moved_since_loaded(work):
+            work.count("skipped")
+            return None
+        work.flush()  # as before a drafts-mode draft step: a call of its timeout
+        if not self._may_create(work, policy)():
+            log.info("job %s: no draft made: its quota scope went to another daemon", work.job.key)
+            work.count("skipped")
+            return None
+        with self._circuits.calling(provider.scope()):
+            return first.make_draft(raw)
+
+    def _delete_made_draft(
+        self, work: Work, policy: ChannelPolicy, first: DraftFirst, draft_id: str
+    ) -> None:
+        """The draft `_make_draft` made for a claim that was not saved (lost its race,
+        withdrawn, or a stop came first): nobody else knows its id, so it is deleted at
+        once while the job's quota scope is still this daemon's; else, or when the
+        deletion fails, the job's tidy finds it by its Message-ID once settled."""
+        key = work.job.key
+        if not self._may_create(work, policy)():
+            log.info("job %s: draft %s left to its scope's new owner", key, draft_id)
+            return
+        try:
+            first.delete_made(work.job.message_id, [draft_id], filtered=False)
+        except ProviderError as exc:
+            log.info("job %s: draft %s not deleted (%s)", key, draft_id, quoted(exc.reason))
 
     def _resend_unmarked(self, work: Work, policy: ChannelPolicy) -> Unchanged | None:
         """For a job its searches requeued: the handle of the provider they searched, read
@@ -456,6 +530,7 @@ class Dispatch:
         work = claimed.work
         if claimed.created and claimed.draft is not None and claimed.drafts is not None:
             self._delete_lost_draft(claimed, claimed.drafts, claimed.draft)
+        self._unsaved_made_draft(claimed)
         work.job = work.ledger.get_job(work.job.key)
         if work.job.state is JobState.REQUESTED and work.job.requeued:
             self._resend_unmarked(work, claimed.policy)
@@ -497,10 +572,7 @@ class Dispatch:
             if held is not None:
                 ends_in = lambda: self._leases.time_left(held)  # noqa: E731
             with calls_while(may_go_on), calls_end_in(ends_in):
-                if claimed.draft is not None and drafts is not None:
-                    outcome = claimed.outcome = drafts.send_draft(claimed.draft)
-                else:
-                    outcome = claimed.outcome = claimed.provider.send_raw(claimed.raw)
+                outcome = claimed.outcome = self._call(claimed)
             crash_point("after-send")
             work.now = self._clock()
             if (
@@ -531,6 +603,20 @@ class Dispatch:
                 ticket=ticket,
             )
         self._read_back_sample(claimed)
+
+    def _call(self, claimed: Claimed) -> SendOutcome:
+        """The claim's one call: its recorded draft sent (drafts mode), the draft made
+        before it sent (Graph; its create's refusal is the outcome, no send made), or the
+        message."""
+        made, first = claimed.made, claimed.first
+        if claimed.draft is not None and claimed.drafts is not None:
+            return claimed.drafts.send_draft(claimed.draft)
+        if isinstance(made, SendOutcome):
+            return made
+        if made is not None and first is not None:
+            earlier = [d for d in claimed.work.job.made_drafts_left if d != made]
+            return first.send_made(claimed.raw, made, earlier)
+        return claimed.provider.send_raw(claimed.raw)
 
     def _still_ours(self, claimed: Claimed) -> bool:
         """Whether the call of a saved claim may still start, asked right before it: what

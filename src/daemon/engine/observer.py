@@ -22,7 +22,7 @@ from daemon.providers.base import (
     SearchResult,
     SendOutcome,
 )
-from daemon.providers.draft_handle import DraftsProvider
+from daemon.providers.draft_handle import DraftFirst, DraftsProvider
 from daemon.providers.history_handle import HistoryProvider
 from ledger.job import SendJob
 
@@ -108,6 +108,10 @@ class ObservedProvider(ProviderBase):
     def drafts(self) -> DraftsProvider | None:
         # Not timed: the draft calls are the inner provider's own.
         return self.inner.drafts()
+
+    def draft_first(self) -> DraftFirst | None:
+        # Not timed either: the draft's calls are the inner provider's own.
+        return self.inner.draft_first()
 
     def history(self) -> HistoryProvider | None:
         # Not timed either: the history calls are the inner provider's own.

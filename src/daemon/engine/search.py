@@ -49,7 +49,13 @@ from daemon.providers.base import (
     SearchResult,
     calls_while,
 )
-from daemon.providers.draft_handle import Draft, DraftCheck, DraftsProvider, DraftStatus
+from daemon.providers.draft_handle import (
+    Draft,
+    DraftCheck,
+    DraftsProvider,
+    DraftStatus,
+    delete_job_drafts,
+)
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
 from ledger.application import ConcurrentUpdate
 from ledger.copies import copies_found
@@ -158,8 +164,15 @@ class SearchBackoff:
         return self._call(work, provider, "draft fence", lambda: drafts.delete_draft(draft_id))
 
     def delete_drafts(self, work: Work, provider: Provider, what: str) -> list[str] | None:
-        """The job's unsent drafts deleted, under the same circuit and backoff."""
-        return self._call(work, provider, what, lambda: provider.delete_drafts(work.job.message_id))
+        """The job's unsent drafts deleted, under the same circuit and backoff: those its
+        claims recorded by id too (Graph: another daemon's, the index may not list them)."""
+        job = work.job
+        return self._call(
+            work,
+            provider,
+            what,
+            lambda: delete_job_drafts(provider, job.message_id, job.made_drafts_left),
+        )
 
     def wait(self, key: str, seconds: float) -> None:
         """The job's checks wait `seconds` (nothing can be done for it now)."""

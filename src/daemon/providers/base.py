@@ -25,7 +25,7 @@ from daemon.providers.outcomes import (
 from ledger.exceptions import SendledgerError
 
 if TYPE_CHECKING:
-    from daemon.providers.draft_handle import DraftsProvider
+    from daemon.providers.draft_handle import DraftFirst, DraftsProvider
     from daemon.providers.history_handle import HistoryProvider
 
 # The defaults of the Message-ID read-back (daemon/engine/readback.py): the port declares them
@@ -97,6 +97,13 @@ class Provider(Protocol):
         `send_via = "drafts"`): the engine then records the draft before the claim and
         sends that draft (docs/architecture.md "The life of one job on a drafts
         provider"). None for every other provider."""
+        ...
+
+    def draft_first(self) -> DraftFirst | None:
+        """The provider's two steps when each of its sends makes a draft and sends it
+        (Graph): the engine makes the draft before the claim, records its id with the
+        claim and sends it (docs/architecture.md "Microsoft Graph"). None for every
+        other provider."""
         ...
 
     def history(self) -> HistoryProvider | None:
@@ -198,6 +205,9 @@ class ProviderBase:
     keeps_date: bool = False
 
     def drafts(self) -> DraftsProvider | None:
+        return None
+
+    def draft_first(self) -> DraftFirst | None:
         return None
 
     def history(self) -> HistoryProvider | None:

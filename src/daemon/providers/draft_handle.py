@@ -9,11 +9,15 @@ A provider never touches the store: these are values the engine turns into event
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from daemon.providers.outcomes import ProviderError, SendOutcome
+
+if TYPE_CHECKING:
+    from daemon.providers.base import Provider
 
 
 @dataclass(frozen=True)
@@ -84,3 +88,40 @@ class DraftsProvider(Protocol):
 def drafts_of(provider: object) -> DraftsProvider | None:
     """The provider's drafts calls when it has them (Gmail), else None."""
     return provider if isinstance(provider, DraftsProvider) else None
+
+
+class DraftFirst(Protocol):
+    """A provider whose every send makes a draft and then sends it (Graph), in two steps
+    the engine takes apart: the draft is made before the claim and its id recorded with
+    it (`Attempted.made_draft`), so whichever daemon later fences or tidies the job
+    deletes it by that id; a listing by Message-ID may not show a draft for a while
+    (docs/architecture.md "Microsoft Graph")."""
+
+    def make_draft(self, raw: bytes) -> str | SendOutcome:
+        """Store the complete message as a draft; sends nothing. The draft's id, or the
+        create's refusal as the send's outcome (Rejected: nothing was made that could be
+        sent), which the claim records as its call's. Never raises for the outcome."""
+        ...
+
+    def send_made(self, raw: bytes, draft_id: str, earlier: Collection[str]) -> SendOutcome:
+        """Send the draft `make_draft` made of `raw`, once, after deleting the unsent
+        drafts of earlier attempts (`earlier`: those the job recorded; and those this
+        process made). Never raises for the call's outcome."""
+        ...
+
+    def delete_made(
+        self, message_id: str, draft_ids: Collection[str], *, filtered: bool = True
+    ) -> list[str]:
+        """`Provider.delete_drafts`, the drafts `draft_ids` (read by id) included; not
+        `filtered`: those alone. The ids deleted. Raises ProviderError when the answer is
+        not known."""
+        ...
+
+
+def delete_job_drafts(provider: Provider, message_id: str, made: Collection[str] = ()) -> list[str]:
+    """The job's unsent drafts deleted: on a provider that makes its drafts before the
+    claim, the ones its claims recorded (`made`) by id too."""
+    first = provider.draft_first()
+    if first is not None and made:
+        return first.delete_made(message_id, made)
+    return provider.delete_drafts(message_id)

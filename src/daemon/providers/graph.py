@@ -46,6 +46,7 @@ from daemon.providers.base import (
     next_call,
     stopped_before_send,
 )
+from daemon.providers.draft_handle import DraftFirst
 from daemon.providers.graph_classify import (
     TokenError,
     after_draft_delete,
@@ -259,6 +260,16 @@ class _Mailbox:
 
 def _key(message_id: str) -> str:
     return message_id.strip().strip("<>").lower()
+
+
+def _message_id(raw: bytes) -> str | None:
+    found = BytesHeaderParser().parsebytes(raw).get("Message-ID")
+    return None if found is None else str(found)
+
+
+def _made_drafts(mailbox: _Mailbox, message_id: str, recorded: Collection[str]) -> list[str]:
+    """The drafts made for `message_id`: this process's, then those recorded."""
+    return list(dict.fromkeys([*mailbox.drafts(message_id), *recorded]))
 
 
 def filter_value(message_id: str) -> str:
@@ -515,12 +526,44 @@ class GraphProvider(ProviderBase):
 
     def send_as(self, mailbox: _Mailbox, raw: bytes) -> SendOutcome:
         """Create the draft, send it, and read its copy back (see the module docstring and
-        `graph_classify.py` for what each answer means). Never raises for the outcome."""
-        message_id = BytesHeaderParser().parsebytes(raw).get("Message-ID")
+        `graph_classify.py` for what each answer means). Never raises for the outcome.
+        The engine takes the two steps apart (`make_draft_in`, `send_made_in`), so the
+        draft's id is recorded with the claim before it is sent."""
+        message_id = _message_id(raw)
         if message_id is not None:
-            earlier = self._tidy(mailbox, str(message_id))
+            earlier = self._tidy(mailbox, message_id)
             if earlier is not None:
                 return earlier
+        created = self._create(mailbox, raw, message_id)
+        if isinstance(created, SendOutcome):
+            return created
+        # No `next_call` between the create and its send: stopped there, the draft just
+        # made would stay sendable in Drafts, and deleting it is a fence of several
+        # calls, more calls than the one send that makes the attempt whole.
+        return self._send_draft(mailbox, message_id, created)
+
+    def make_draft_in(self, mailbox: _Mailbox, raw: bytes) -> str | SendOutcome:
+        """The create step alone, before the claim (`DraftFirst.make_draft`)."""
+        return self._create(mailbox, raw, _message_id(raw))
+
+    def send_made_in(
+        self, mailbox: _Mailbox, raw: bytes, draft_id: str, earlier: Collection[str]
+    ) -> SendOutcome:
+        """The send step of a draft `make_draft_in` made (`DraftFirst.send_made`), after
+        the tidy of the drafts of earlier attempts, this process's and those the job
+        recorded (`earlier`), the draft itself left out. Stopped or answered by that
+        tidy, the draft is not sent: it is recorded, so the job's next attempt tidies it,
+        or, after an Unknown, the sweep's fence deletes it by its id."""
+        message_id = _message_id(raw)
+        if message_id is not None:
+            tidied = self._tidy(mailbox, message_id, earlier, leave=draft_id)
+            if tidied is not None:
+                return tidied
+        return self._send_draft(mailbox, message_id, draft_id)
+
+    def _create(self, mailbox: _Mailbox, raw: bytes, message_id: str | None) -> str | SendOutcome:
+        """The create step: the new draft's immutable id (remembered by this process),
+        or the create's outcome (a refusal: nothing made that could be sent)."""
         try:
             status, headers, body = self._request(
                 mailbox,
@@ -536,11 +579,11 @@ class GraphProvider(ProviderBase):
         created = classify_create_response(status, headers, body)
         if isinstance(created, SendOutcome):
             return created
-        draft_id = created
-        mailbox.remember(message_id, draft_id)
-        # No `next_call` between the create and its send: stopped there, the draft just
-        # made would stay sendable in Drafts, and deleting it is a fence of several
-        # calls, more calls than the one send that makes the attempt whole.
+        mailbox.remember(message_id, created)
+        return created
+
+    def _send_draft(self, mailbox: _Mailbox, message_id: str | None, draft_id: str) -> SendOutcome:
+        """The send step of the draft `draft_id`, its copy read back, a refusal proven."""
         try:
             status, headers, body = self._request(
                 mailbox, "POST", f"/messages/{quote(draft_id, safe='')}/send"
@@ -598,7 +641,14 @@ class GraphProvider(ProviderBase):
         # Gone (it may be a copy in transit) stays remembered: a search reads it by id.
         return after_draft_delete(refused, 404 if deleted == GONE else None)
 
-    def _tidy(self, mailbox: _Mailbox, message_id: str) -> SendOutcome | None:
+    def _tidy(
+        self,
+        mailbox: _Mailbox,
+        message_id: str,
+        recorded: Collection[str] = (),
+        *,
+        leave: str | None = None,
+    ) -> SendOutcome | None:
         """Before another attempt of the same message: delete the drafts of earlier ones
         that are still drafts (a rejected send whose draft could not be deleted then, nor
         read to prove the refusal), so none can be sent besides the new one. None: the
@@ -614,9 +664,12 @@ class GraphProvider(ProviderBase):
         not unavailable, so no failure for the circuit, and not an attempt, so not counted
         against `max_attempts`), the drafts left are the next attempt's to tidy or the
         sweep's to fence. Not between a draft's read and its fence, nor inside the fence
-        (`delete_drafts_in`)."""
+        (`delete_drafts_in`). `recorded`: the drafts of the job's earlier attempts its
+        claims recorded (another daemon's too); `leave`: the draft about to be sent."""
         tidied = False
-        for draft_id in mailbox.drafts(message_id):
+        for draft_id in _made_drafts(mailbox, message_id, recorded):
+            if draft_id == leave:
+                continue
             try:
                 next_call(f"tidy the drafts of {message_id}")
                 tidied = True
@@ -741,20 +794,46 @@ class GraphProvider(ProviderBase):
     def delete_drafts(self, message_id: str) -> list[str]:
         return self.delete_drafts_in(self._unscoped(), message_id)
 
-    def delete_drafts_in(self, mailbox: _Mailbox, message_id: str) -> list[str]:
+    def draft_first(self) -> DraftFirst:
+        return self
+
+    def make_draft(self, raw: bytes) -> str | SendOutcome:
+        return self.make_draft_in(self._unscoped(), raw)
+
+    def send_made(self, raw: bytes, draft_id: str, earlier: Collection[str]) -> SendOutcome:
+        return self.send_made_in(self._unscoped(), raw, draft_id, earlier)
+
+    def delete_made(
+        self, message_id: str, draft_ids: Collection[str], *, filtered: bool = True
+    ) -> list[str]:
+        return self.delete_drafts_in(self._unscoped(), message_id, draft_ids, filtered=filtered)
+
+    def delete_drafts_in(
+        self,
+        mailbox: _Mailbox,
+        message_id: str,
+        recorded: Collection[str] = (),
+        *,
+        filtered: bool = True,
+    ) -> list[str]:
         """Every draft of `message_id` that is still a draft, deleted, so it can never be
-        sent: this process's (read by immutable id) and those `$filter` finds in Drafts
-        whose header is exactly ours. The ids deleted (one already gone is not counted)."""
+        sent: this process's and those the job's claims recorded (`recorded`, another
+        daemon's too), read by immutable id, and (`filtered`) those `$filter` finds in
+        Drafts whose header is exactly ours (a lagging index may not list one yet). The
+        ids deleted (one already gone is not counted). Not `filtered`, only `recorded`:
+        a claim not saved deletes its own draft, not the one of the claim that won,
+        whose send may be under way."""
         literal = filter_value(message_id)
         candidates: list[str] = []
-        for draft_id in mailbox.drafts(message_id):
+        ids = _made_drafts(mailbox, message_id, recorded) if filtered else list(recorded)
+        for draft_id in ids:
             next_call(f"delete drafts {literal}")  # as in `search_in`
             found = self._message(mailbox, draft_id)
             if found is not None and found.get("isDraft") is True:
                 candidates.append(draft_id)
         # Deleted Items too: a draft deleted there (by a person, or by an earlier
         # release's fence) can still be sent by its id.
-        for folder in (DRAFTS, DELETED_ITEMS):
+        for folder in (DRAFTS, DELETED_ITEMS) if filtered else ():
             for found in self._filtered(mailbox, folder, literal):
                 listed, header = found.get("id"), found.get("internetMessageId")
                 # The filter's match is Graph's (Exchange compares strings without
@@ -968,6 +1047,22 @@ class GraphMailboxView(ProviderBase):
 
     def delete_drafts(self, message_id: str) -> list[str]:
         return self.provider.delete_drafts_in(self.mailbox, message_id)
+
+    def draft_first(self) -> DraftFirst:
+        return self
+
+    def make_draft(self, raw: bytes) -> str | SendOutcome:
+        return self.provider.make_draft_in(self.mailbox, raw)
+
+    def send_made(self, raw: bytes, draft_id: str, earlier: Collection[str]) -> SendOutcome:
+        return self.provider.send_made_in(self.mailbox, raw, draft_id, earlier)
+
+    def delete_made(
+        self, message_id: str, draft_ids: Collection[str], *, filtered: bool = True
+    ) -> list[str]:
+        return self.provider.delete_drafts_in(
+            self.mailbox, message_id, draft_ids, filtered=filtered
+        )
 
     def ping(self) -> None:
         self.provider.ping_as(self.mailbox)

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from daemon.providers.base import Provider, ProviderError, SearchHit, SearchResult, for_job
-from daemon.providers.draft_handle import Draft, DraftStatus
+from daemon.providers.draft_handle import Draft, DraftStatus, delete_job_drafts
 from daemon.service_layer.guidance import (
     RESEND_NEEDS_NOTE,
     SENT_NEEDS_NOTE,
@@ -685,7 +685,7 @@ class Services:
                 sent = _fence_recorded_draft(provider, job, deleted)
                 if sent is not None:
                     return None if sent is DRAFT_GONE else sent
-                for draft_id in provider.delete_drafts(job.message_id):
+                for draft_id in delete_job_drafts(provider, job.message_id, job.made_drafts_left):
                     if draft_id not in deleted:
                         deleted.append(draft_id)
             return self._searched(provider, job)
