@@ -1168,3 +1168,44 @@ def test_a_new_owner_fences_the_draft_a_replaced_daemon_made_by_its_recorded_id(
     assert graph.folder(MAILBOX, "drafts") == [] and graph.folder(MAILBOX, "deleteditems") == []
     assert graph.send_draft(MAILBOX, left) == 404  # a person's click sends nothing
     assert logged_copies(accept_log) == 0
+
+
+class _ClaimedMeanwhile(GraphProvider):
+    """Runs `meanwhile` once, before its first draft's create answers (another daemon's
+    claim of the job, at that moment)."""
+
+    meanwhile: Callable[[], object] | None = None
+
+    def make_draft_in(self, *args: Any) -> str | SendOutcome:
+        made = super().make_draft_in(*args)
+        hook, self.meanwhile = self.meanwhile, None
+        if hook is not None:
+            hook()
+        return made
+
+
+def test_a_claim_that_lost_its_race_deletes_the_draft_made_for_it(
+    provider: ProviderFactory, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """The draft is made before the claim: daemon `a` made its draft, and `b` claimed and
+    sent the job meanwhile. `a`'s claim conflicts and is not saved, so its draft is
+    recorded nowhere: `a` deletes it at once, by its id, and only that one (`b`'s sent
+    copy stays). Left, it would wait in Drafts, one click from a second copy."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.vocabulary import JobState
+
+    a = cast(_ClaimedMeanwhile, provider(kind=_ClaimedMeanwhile))
+    with EngineRig(
+        policy("receipts", on_unknown="retry"), provider=lambda clock: cast(FakeProvider, a)
+    ) as rig:
+        message_id = rig.submit("receipts", "k1")
+        rig.provider = cast(FakeProvider, provider())
+        b = rig.new_engine("b")
+        a.meanwhile = lambda: b.tick()
+        rig.tick()
+        assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
+        assert rig.events("k1").count("Attempted") == 1
+    assert graph.folder(MAILBOX, "drafts") == [] and graph.folder(MAILBOX, "deleteditems") == []
+    assert logged_copies(accept_log, message_id) == 1

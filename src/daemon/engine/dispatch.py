@@ -173,6 +173,9 @@ class Dispatch:
             except Changed:
                 self._claim_withdrawn(claimed)
                 return False
+            except Exception:
+                self._unsaved_made_draft(claimed)
+                raise
             if saved:
                 with self._leases.holding(work.job, claimed.lease, work.now, self._grace) as lease:
                     claimed.held = lease
@@ -247,11 +250,13 @@ class Dispatch:
         except ConcurrentUpdate:
             if claimed.created and claimed.draft is not None and claimed.drafts is not None:
                 self._delete_lost_draft(claimed, claimed.drafts, claimed.draft)
-            self._unsaved_made_draft(claimed)
             raise
 
     def _unsaved_made_draft(self, claimed: Claimed) -> None:
-        """A claim not saved: the draft made for it, if any, deleted."""
+        """A claim whose save failed (lost to another writer, withdrawn, its commit not
+        known): the draft made for it, if any, deleted. This claim makes no call, so
+        nobody sends that draft; stored after all, its recovery fences nothing and the
+        search decides."""
         if isinstance(claimed.made, str) and claimed.first is not None:
             self._delete_made_draft(claimed.work, claimed.policy, claimed.first, claimed.made)
 
@@ -425,10 +430,6 @@ class Dispatch:
             # step: their claims are no longer renewed and would lapse meanwhile.
             mark = history.history_mark(before_call=work.flush)
             work.now = self._clock()
-        if made_draft is not None and self._stopping.is_set():
-            # Made, never recorded: deleted, as a lost claim's (`_delete_made_draft`).
-            self._delete_made_draft(work, policy, known(first, "made by its provider"), made_draft)
-            return None
         if self._stopping.is_set() and (drafts is not None or history is not None):
             # The draft step and the history mark are calls that may each take the
             # provider's whole timeout: a stop asked meanwhile starts no send either
@@ -494,12 +495,15 @@ class Dispatch:
     def _delete_made_draft(
         self, work: Work, policy: ChannelPolicy, first: DraftFirst, draft_id: str
     ) -> None:
-        """The draft `_make_draft` made for a claim that was not saved (lost its race,
-        withdrawn, or a stop came first): nobody else knows its id, so it is deleted at
-        once while the job's quota scope is still this daemon's; else, or when the
-        deletion fails, the job's tidy finds it by its Message-ID once settled."""
+        """The draft `_make_draft` made for a claim that was not saved: nobody else knows
+        its id, so it is deleted at once while the job's quota scope is still this
+        daemon's and no stop was asked (no call starts after it: docs/operations.md
+        "Stopping"); else, or when the deletion fails, the job's tidy finds it by its
+        Message-ID once settled. A stop asked during the create itself saves the claim
+        with its draft recorded, and the call is not made (`stopped`): the next run's
+        attempt tidies the draft by its id."""
         key = work.job.key
-        if not self._may_create(work, policy)():
+        if self._stopping.is_set() or not self._may_create(work, policy)():
             log.info("job %s: draft %s left to its scope's new owner", key, draft_id)
             return
         try:
