@@ -120,9 +120,7 @@ def test_an_unknown_send_whose_draft_is_sent_confirms_at_once(
     chosen = policy(on_unknown=on_unknown)
     job = sent_once_unknown(clock, provider, chosen, Scripted.dropped_response())
     assert job.due_at == clock.now  # no search_after to wait
-    assert settle_by_draft(
-        job, provider, chosen, now=clock.now, unknown_at=clock.now, handle_reliable=True
-    )
+    assert settle_by_draft(job, provider, chosen, now=clock.now, handle_reliable=True)
     assert job.state is JobState.CONFIRMED
     confirmed = job.pending_events[-1]
     assert isinstance(confirmed, SendJob.Confirmed) and confirmed.via == ConfirmedVia.DRAFT
@@ -136,9 +134,7 @@ def test_an_unknown_send_whose_draft_is_pending_is_sent_again(
     provider = FakeDraftsProvider(clock=clock)
     chosen = policy(on_unknown=on_unknown, irreversible=True)
     job = sent_once_unknown(clock, provider, chosen, Scripted.lost_request())
-    settle_by_draft(
-        job, provider, chosen, now=clock.now, unknown_at=clock.now, handle_reliable=True
-    )
+    settle_by_draft(job, provider, chosen, now=clock.now, handle_reliable=True)
     assert (job.state, job.due_at) == (JobState.REQUESTED, clock.now)
     assert prepare_draft(job, provider, RAW, clock.now)[0].draft_id == job.draft_id
     assert provider.copies_of(MESSAGE_ID) == 0
@@ -148,9 +144,7 @@ def test_pending_draft_review_sends_it_to_a_human(clock: FakeClock) -> None:
     provider = FakeDraftsProvider(clock=clock)
     chosen = policy(pending_draft="review")
     job = sent_once_unknown(clock, provider, chosen, Scripted.lost_request())
-    settle_by_draft(
-        job, provider, chosen, now=clock.now, unknown_at=clock.now, handle_reliable=True
-    )
+    settle_by_draft(job, provider, chosen, now=clock.now, handle_reliable=True)
     assert job.state is JobState.REVIEW
 
 
@@ -168,15 +162,53 @@ def test_a_gone_draft_hands_over_to_the_search_or_review(
     provider.delete_by_person(job.draft_id)
     unknown_at = clock.now
     clock.advance(2)
-    settle_by_draft(
-        job, provider, chosen, now=clock.now, unknown_at=unknown_at, handle_reliable=reliable
-    )
+    settle_by_draft(job, provider, chosen, now=clock.now, handle_reliable=reliable)
     assert job.draft_id is None
     if searched:
-        assert job.state is JobState.UNKNOWN
-        assert job.due_at == unknown_at + timedelta(minutes=5)
+        # From the moment it was found gone, not from the Unknown: a person's Send a
+        # moment before shows in the index `search_after` after it.
+        assert job.state is JobState.UNKNOWN and job.draft_gone_at == clock.now
+        assert job.due_at == clock.now + timedelta(minutes=5) > unknown_at + timedelta(minutes=5)
     else:
         assert job.state is JobState.REVIEW
+
+
+def test_the_sweep_s_search_after_a_draft_found_gone_waits_from_that_moment() -> None:
+    """A claim lapsed (its daemon died in the call), recovered Unknown; the sweep's draft
+    checks fail for a while, and a person presses Send on the draft in the mailbox in
+    between (a copy the index shows only `search_after` later). The draft found gone,
+    the engine's search is due `search_after` after that moment, not after the Unknown's:
+    the index may show nothing sooner, and a miss would resend the job."""
+    from tests.unit.engine_rig import GRACE, TIMEOUT
+
+    chosen = rig_policy("receipts", on_unknown="search-then-review", search_after="60s")
+    with EngineRig(chosen) as rig:
+        rig.engine.close()
+        drafts = FakeDraftsProvider("fake", clock=rig.clock)
+        rig.provider = drafts
+        rig.engine = rig.new_engine()
+        rig.submit("receipts", "k1")
+        drafts.script(Scripted.crash_during_call(stored=False))
+        rig.tick(errors=1)
+        rig.clock.advance(TIMEOUT + GRACE + 1)
+        drafts.fail_checks(3)
+        for _ in range(3):
+            rig.clock.advance(2)
+            rig.engine.tick()
+        unknown_at = rig.job("k1").unknown_at
+        assert unknown_at is not None and rig.job("k1").draft_id is not None
+        drafts.send_by_person(known_draft(rig.job("k1")))
+        rig.clock.advance(30)
+        rig.tick()
+        job = rig.job("k1")
+        assert job.state is JobState.UNKNOWN and job.draft_gone_at == rig.clock.now
+        assert job.search_due_at == rig.clock.now + timedelta(seconds=60)
+        assert job.search_due_at > unknown_at + timedelta(seconds=60)
+
+
+def known_draft(job: SendJob) -> str:
+    assert job.draft_id is not None
+    return job.draft_id
 
 
 def test_a_failed_check_records_nothing(clock: FakeClock) -> None:
@@ -185,9 +217,7 @@ def test_a_failed_check_records_nothing(clock: FakeClock) -> None:
     job = sent_once_unknown(clock, provider, chosen, Scripted.dropped_response())
     provider.fail_checks(1)
     before = len(job.pending_events)
-    assert not settle_by_draft(
-        job, provider, chosen, now=clock.now, unknown_at=clock.now, handle_reliable=True
-    )
+    assert not settle_by_draft(job, provider, chosen, now=clock.now, handle_reliable=True)
     assert len(job.pending_events) == before and job.state is JobState.UNKNOWN
 
 

@@ -714,7 +714,6 @@ class Dispatch:
                     claimed.check,
                     policy,
                     now=now,
-                    unknown_at=now,
                     handle_reliable=self._health.reliable(policy.provider),
                     tidy_at=tidy_at,
                 )

@@ -279,16 +279,15 @@ def record_draft_check(
     policy: ChannelPolicy,
     *,
     now: datetime,
-    unknown_at: datetime,
     handle_reliable: bool,
     tidy_at: datetime | None,
 ) -> None:
-    """What the draft answered, as events on the job in memory (the caller saves);
-    `tidy_at`: when the job's unsent drafts are deleted, should this settle it. A draft
-    gone whose message is not SENT is `DraftGone` also under a recorded fence: unless
-    the asker's own deletion succeeded (then it answered PENDING), a person may have
-    sent it from the mailbox under another message id (docs/architecture.md "The life
-    of one job on a drafts provider")."""
+    """What the draft answered at `now`, as events on the job in memory (the caller
+    saves); `tidy_at`: when the job's unsent drafts are deleted, should this settle it. A
+    draft gone whose message is not SENT is `DraftGone` also under a recorded fence:
+    unless the asker's own deletion succeeded (then it answered PENDING), a person may
+    have sent it from the mailbox under another message id (docs/architecture.md "The
+    life of one job on a drafts provider")."""
     draft = known(asked_draft(job), "record_draft_check needs a recorded draft")
     if check.status is DraftStatus.SENT:
         confirm_recorded(job, policy, draft, now, tidy_at)
@@ -300,11 +299,11 @@ def record_draft_check(
             at=now,
         )
     else:
-        # The search waits out the index lag counted from the unknown outcome.
+        # The search waits out the index lag counted from the moment the draft was found
+        # gone (`draft_gone_at`), as a person's resend does: a person may have pressed
+        # Send on it a moment before, and the index shows that copy `search_after` later.
         job.record_draft_gone(
-            decision=decisions.after_unknown(
-                policy, now=unknown_at, handle_reliable=handle_reliable
-            ),
+            decision=decisions.after_unknown(policy, now=now, handle_reliable=handle_reliable),
             at=now,
         )
 
@@ -315,7 +314,6 @@ def settle_by_draft(
     policy: ChannelPolicy,
     *,
     now: datetime,
-    unknown_at: datetime,
     handle_reliable: bool,
     tidy_at: datetime | None = None,
 ) -> bool:
@@ -329,7 +327,6 @@ def settle_by_draft(
         check,
         policy,
         now=now,
-        unknown_at=unknown_at,
         handle_reliable=handle_reliable,
         tidy_at=tidy_at,
     )

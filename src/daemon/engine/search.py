@@ -470,7 +470,6 @@ class Sweep:
                 check,
                 policy,
                 now=now,
-                unknown_at=now,
                 handle_reliable=reliable,
                 tidy_at=tidy_at,
             )
