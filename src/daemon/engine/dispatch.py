@@ -566,7 +566,7 @@ class Dispatch:
                 work.now = self._clock()
                 return
             work.count("sent")
-            # A send of several calls (Graph's tidy, create, send, copy read-back) asks
+            # A send of several calls (Graph's tidy, send, copy read-back) asks
             # between them whether the scope is still ours, where stopping is safe.
             may_go_on = None if self._may_call is None else lambda: self._may_call_now(claimed)
             # Each wait for an answer within `timeout`, and the call as a whole within

@@ -613,9 +613,9 @@ class GraphProvider(ProviderBase):
         Asked before its read whether the send's quota scope is still this daemon's
         (`next_call`; the send's calls may each have taken the timeout): gone, the proof
         is not made and the outcome is Unknown, not the refusal. The job's next attempt
-        is then the scope owner's, who does not remember this draft (`mailbox.remember`
-        is this process's) and would not tidy it: Unknown hands the job to that owner's
-        sweep, which fences the message's drafts and then searches. Once read, the
+        is then the scope owner's: Unknown hands the job to that owner's sweep, which
+        fences the message's drafts (this one by the id its claim recorded: the owner's
+        process does not remember it) and then searches. Once read, the
         draft's fence is not interrupted (stopped between its calls, a draft would be
         left in Deleted Items, still sendable)."""
         try:
