@@ -16,6 +16,12 @@ Through an HTTP proxy (`tunnel_connection`, the Python client's `https_proxy`) t
 deadline covers the proxy's addresses, raced as above, its CONNECT exchange and the TLS
 handshake with the server behind it.
 
+A daemon's provider call made under a claim passes the claim's lease too (`lease`: the
+seconds left of it, asked again whenever a wait reaches its end, as a renewal may have
+moved it on; docs/architecture.md "Leases"): every wait ends at the earlier of the two,
+and the connection fails "timed out: its claim's lease ends" only once the lease as asked
+then has passed.
+
 The standard library only: the Python client (`sendledger.client`) and the daemon's
 webhook delivery (`daemon/webhooks/delivery.py`) share it, and the daemon's SMTP and IMAP
 connections take a loopback name's addresses from it (`daemon/providers/kept.py`).
@@ -31,7 +37,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 #: How long an address is given alone before the next one starts (RFC 8305's
@@ -47,6 +53,14 @@ _Socket = TypeVar("_Socket", bound=socket.socket)
 
 _IN_PROGRESS = frozenset({errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN})
 
+#: What a wait that reached the end of its call's claim's lease raises (`within`), the
+#: words an Unknown's or a refusal's reason keeps on every provider.
+LEASE_ENDS = "timed out: its claim's lease ends"
+
+#: The seconds left of a claim's lease under a call, asked again at each wait; None when
+#: the call has none (`lease`, above; the daemon's `providers.base.call_time_left`).
+LeaseLeft = Callable[[], float | None]
+
 
 def left(deadline: float) -> float:
     """Seconds until `deadline` (`time.monotonic`); TimeoutError once it has passed."""
@@ -56,10 +70,26 @@ def left(deadline: float) -> float:
     return remaining
 
 
-def resolve(host: str, port: int, deadline: float) -> list[AddressInfo]:
-    """`socket.getaddrinfo` for a stream, given up at `deadline`: the lookup cannot be
-    interrupted, so it runs in a thread of its own, left to end by itself (the system
-    resolver's own timeouts end it) when the caller has stopped waiting."""
+def within(deadline: float, lease: LeaseLeft | None = None) -> float:
+    """Seconds a wait may take now: until `deadline` (`left`), or the end of the `lease`
+    when it comes first; TimeoutError once either has passed (`LEASE_ENDS` for the
+    lease). Asked again when the wait ends: a lease renewed meanwhile goes on."""
+    wait = left(deadline)
+    more = None if lease is None else lease()
+    if more is None:
+        return wait
+    if more <= 0:
+        raise TimeoutError(LEASE_ENDS)
+    return min(wait, more)
+
+
+def resolve(
+    host: str, port: int, deadline: float, *, lease: LeaseLeft | None = None
+) -> list[AddressInfo]:
+    """`socket.getaddrinfo` for a stream, given up at `deadline` (or the `lease`'s end:
+    `within`): the lookup cannot be interrupted, so it runs in a thread of its own, left
+    to end by itself (the system resolver's own timeouts end it) when the caller has
+    stopped waiting."""
     found: list[AddressInfo] = []
     failed: list[Exception] = []
     done = threading.Event()
@@ -73,8 +103,8 @@ def resolve(host: str, port: int, deadline: float) -> list[AddressInfo]:
             done.set()
 
     threading.Thread(target=lookup, name="resolve", daemon=True).start()
-    if not done.wait(left(deadline)):
-        raise TimeoutError("timed out")
+    while not done.wait(within(deadline, lease)):
+        pass  # `within` raises once an end has passed
     if failed:
         raise failed[0]
     if not found:
@@ -133,11 +163,13 @@ def race(
     tls: ssl.SSLContext | None = None,
     server_hostname: str | None = None,
     source_address: tuple[str, int] | None = None,
+    lease: LeaseLeft | None = None,
 ) -> socket.socket:
     """A socket connected to the first of `found` to answer, blocking, its timeout the
     time left before `deadline`. Each address starts `delay` after the one before (less
     when the time left, shared among the addresses, is shorter), or at once when every
-    one started has failed; the others are closed. TimeoutError at `deadline`. With
+    one started has failed; the others are closed. TimeoutError at `deadline`, and with
+    `lease` at its end too, asked again when reached (`within`). With
     `source_address`, each attempt is bound to it first (one that cannot be, another
     family's address, is that address failing).
 
@@ -201,7 +233,7 @@ def race(
         try:
             while True:
                 now = time.monotonic()
-                left(deadline)
+                wait = within(deadline, lease)
                 if at < len(order) and (now >= next_start or not pending):
                     family, kind, proto, _name, address = order[at][:5]
                     at += 1
@@ -232,7 +264,7 @@ def race(
                 if not pending:
                     raise _furthest(errors)
                 until = min(next_start, deadline) if at < len(order) else deadline
-                for key, _events in selector.select(max(0.0, until - now)):
+                for key, _events in selector.select(max(0.0, min(until - now, wait))):
                     sock = key.fileobj  # type: ignore[assignment]
                     selector.unregister(sock)
                     if sock not in connecting:
@@ -347,9 +379,9 @@ def tunnel_connection(
     try:
         _open_tunnel(sock, target, headers, deadline)
         if tls is not None:
-            sock = _handshake(sock, tls, server_hostname, deadline)
+            sock = handshake(sock, tls, server_hostname, deadline)
     except BaseException:
-        sock.close()  # the raw socket; `_handshake` closes the one it wrapped
+        sock.close()  # the raw socket; `handshake` closes the one it wrapped
         raise
     sock.settimeout(seconds)
     return sock
@@ -392,11 +424,18 @@ def _open_tunnel(
         raise OSError(f"Tunnel connection failed: {rest or status}")
 
 
-def _handshake(
-    sock: socket.socket, tls: ssl.SSLContext, server_hostname: str | None, deadline: float
+def handshake(
+    sock: socket.socket,
+    tls: ssl.SSLContext,
+    server_hostname: str | None,
+    deadline: float,
+    *,
+    lease: LeaseLeft | None = None,
 ) -> ssl.SSLSocket:
-    """`sock` (connected) TLS-wrapped, its handshake done by `deadline`, however slowly
-    the other end answers (a blocking handshake gives each read the whole timeout)."""
+    """`sock` (connected) TLS-wrapped, its handshake done by `deadline` (and within the
+    `lease`: `within`), however slowly the other end answers (a blocking handshake gives
+    each read the whole timeout). The socket returned is blocking, its timeout the time
+    left."""
     sock.setblocking(False)
     try:
         wrapped = tls.wrap_socket(
@@ -415,10 +454,9 @@ def _handshake(
                     selector.register(wrapped, selectors.EVENT_READ)
                 except ssl.SSLWantWriteError:
                     selector.register(wrapped, selectors.EVENT_WRITE)
-                ready = selector.select(left(deadline))
+                while not selector.select(within(deadline, lease)):
+                    pass  # `within` raises once an end has passed
                 selector.unregister(wrapped)
-                if not ready:
-                    raise TimeoutError("timed out")
     except BaseException:
         wrapped.close()
         raise
@@ -450,14 +488,18 @@ def _deadline(timeout: float | None) -> tuple[float | None, float]:
 
 __all__ = [
     "ATTEMPT_DELAY",
+    "LEASE_ENDS",
     "LOOPBACK_NAMES",
     "AddressInfo",
+    "LeaseLeft",
     "close_unreturned",
     "create_connection",
+    "handshake",
     "interleaved",
     "left",
     "loopback_only",
     "race",
     "resolve",
     "tunnel_connection",
+    "within",
 ]

@@ -12,7 +12,9 @@ That reader is the session's own (`_BoundedAnswers._answers`), read by its own `
 `readline`, not imaplib's `file`: Python 3.14's imaplib made `file` a property that
 cannot be set and reads the socket itself, in its own buffer, so a reader put in `file`
 was refused there (every session failed to open) and would not have been read. imaplib
-reads an answer only through `read` and `readline`, on every version.
+reads an answer only through `read` and `readline`, on every version. The session's
+connection opens through `connects.connect` (within its connect timeout and the claim's
+lease).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import TYPE_CHECKING
 
 from imapclient import IMAPClient  # type: ignore[import-untyped]
 from imapclient.imap4 import IMAP4WithTimeout  # type: ignore[import-untyped]
-from imapclient.tls import IMAP4_TLS  # type: ignore[import-untyped]
+from imapclient.tls import IMAP4_TLS, create_default_context  # type: ignore[import-untyped]
 
+from daemon.providers.connects import connect
 from daemon.providers.early_answers import AnswerReader
 
 if TYPE_CHECKING:
@@ -90,6 +93,9 @@ class _PlainSession(_BoundedAnswers, IMAP4WithTimeout):  # type: ignore[misc]
         self._within = within
         super().__init__(host, port, timeout)
 
+    def _create_socket(self, timeout: float | None = None) -> socket.socket:
+        return connect(self.host, self.port, _seconds(timeout, self._timeout))
+
 
 class _TlsSession(_BoundedAnswers, IMAP4_TLS):  # type: ignore[misc]
     def __init__(
@@ -102,6 +108,21 @@ class _TlsSession(_BoundedAnswers, IMAP4_TLS):  # type: ignore[misc]
     ) -> None:
         self._within = within
         IMAP4_TLS.__init__(self, host, port, context, timeout)
+
+    def _create_socket(self, timeout: float | None = None) -> socket.socket:
+        # IMAPClient's verifying default when no context is given (`imapclient.tls`).
+        context = self.ssl_context or create_default_context()
+        seconds = _seconds(timeout, self._timeout)
+        return connect(self.host, self.port, seconds, tls=context, server_hostname=self.host)
+
+
+def _seconds(timeout: float | None, session: float | None) -> float:
+    """The connect's timeout: the one asked for, else the session's (IMAPClient always
+    gives one: `BoundedIMAPClient`)."""
+    seconds = timeout if timeout is not None else session
+    if seconds is None:
+        raise ValueError("an IMAP session needs a timeout")
+    return seconds
 
 
 class BoundedIMAPClient(IMAPClient):  # type: ignore[misc]

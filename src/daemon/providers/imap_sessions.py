@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from daemon.providers.base import ProviderError
+from daemon.providers.connects import start_tls
 from daemon.providers.imap_replies import BoundedIMAPClient
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
 from daemon.providers.timeouts import timed_out
@@ -115,7 +116,7 @@ class ImapSessions:
             ) from exc
         try:
             if e.security == "starttls":
-                client.starttls(e.ssl_context)
+                client.starttls(start_tls(e.ssl_context, e.timeout))
             client.login(e.username, e.password)
         except Exception as exc:
             close_unreturned(exc)  # STARTTLS's wrap, reset under it

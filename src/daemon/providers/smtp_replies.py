@@ -5,14 +5,17 @@ smtplib reads a reply a line at a time through the socket, each read bounded by 
 socket's timeout alone: a server writing a byte per almost-timeout, or the lines of a
 multi-line reply without end, kept a greeting, an EHLO or the reply to the final "."
 waiting for as long as it went on. Here each `getreply` reads through an
-`early_answers.AnswerReader` whose wait starts when the reply is asked for.
+`early_answers.AnswerReader` whose wait starts when the reply is asked for. The
+connection opens through `connects.connect` (within `timeout` and the claim's lease).
 """
 
 from __future__ import annotations
 
 import io
 import smtplib
+import socket
 
+from daemon.providers.connects import connect
 from daemon.providers.early_answers import AnswerReader
 
 
@@ -28,9 +31,15 @@ class BoundedSMTP(smtplib.SMTP):
             raw.answer_within(float(self.timeout))
         return super().getreply()
 
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        return connect(host, port, timeout)
+
 
 class BoundedSMTP_SSL(BoundedSMTP, smtplib.SMTP_SSL):
     """`smtplib.SMTP_SSL` (implicit TLS) whose replies are each read within its `timeout`."""
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        return connect(host, port, timeout, tls=self.context, server_hostname=host)
 
 
 __all__ = ["BoundedSMTP", "BoundedSMTP_SSL"]

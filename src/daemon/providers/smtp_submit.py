@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from daemon.providers.base import ProviderError, SendOutcome
+from daemon.providers.connects import start_tls
 from daemon.providers.early_answers import EarlyAnswer
 from daemon.providers.kept import Kept, KeptPool, MailEndpoint, ReuseLimits, closed_by_peer
 from daemon.providers.slow_links import pieces, wait_sent_out
@@ -278,6 +279,7 @@ class SmtpSubmitter:
 
     def _on_fresh(self, envelope: SubmitEnvelope) -> SendOutcome:
         stage = Stage.CONNECT
+        e = self.endpoint
         smtp: smtplib.SMTP | None = None
         try:
             smtp = self._connect()
@@ -287,9 +289,9 @@ class SmtpSubmitter:
                 code, text = smtp.helo()
                 if code != 250:
                     raise _Refused(code, text)
-            if self.endpoint.security == "starttls":
+            if e.security == "starttls":
                 # starttls() raises unless the server says 220, and re-runs no command.
-                smtp.starttls(context=self.endpoint.ssl_context)
+                smtp.starttls(context=start_tls(e.ssl_context, e.timeout))
                 code, text = smtp.ehlo()
                 if code != 250:
                     raise _Refused(code, text)

@@ -11,8 +11,9 @@ For `users.messages.send` either repeat is a second email. So `SingleShotHttp` r
 `_conn_request` with one attempt, and splits it into two phases so the caller can tell
 "not sent" from "maybe sent":
 
-1. connect (DNS, TCP, TLS handshake) when there is no open connection to reuse, straight
-   to the URL's host: httplib2 goes through a proxy (`HTTPS_PROXY`) only with PySocks,
+1. connect (DNS, TCP, TLS handshake) when there is no open connection to reuse, within
+   the timeout and the claim's lease under the call (`connects.py`), straight to the
+   URL's host: httplib2 goes through a proxy (`HTTPS_PROXY`) only with PySocks,
    which sendledger does not install (tests/unit/test_graph_token_route.py). No byte of
    the request has left yet, so a failure here proves nothing was sent: `NotSentError`.
 2. write the request and read the whole response. From the first byte written on, a
@@ -60,6 +61,7 @@ from typing import Any
 
 import httplib2
 
+from daemon.providers.connects import connect
 from daemon.providers.early_answers import HTTP_ANSWER_BOUND, EarlyAnswer, WatchedSocket
 from daemon.providers.kept import closed_by_peer
 from daemon.providers.slow_links import PIECE, pieces, wait_sent_out
@@ -184,6 +186,24 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
             weakref.WeakKeyDictionary()
         )
 
+    def request(
+        self,
+        uri: str,
+        method: str = "GET",
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        redirections: int = httplib2.DEFAULT_MAX_REDIRECTS,
+        connection_type: type[http.client.HTTPConnection] | None = None,
+    ) -> tuple[httplib2.Response, bytes]:
+        """`httplib2.Http.request`, its connections opened as every provider's is
+        (`connects.connect`: within the timeout and the claim's lease) unless the caller
+        names a connection class of its own."""
+        if connection_type is None:
+            connection_type = _OPENED_HERE.get(uri.partition(":")[0].lower())
+        return super().request(  # type: ignore[no-any-return]
+            uri, method, body, headers, redirections, connection_type
+        )
+
     def _reusable(self, conn: http.client.HTTPConnection) -> bool:
         if not self.reuse or conn.sock is None:
             return False
@@ -301,6 +321,29 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         # the call for as long as the server went on.
         conn.sock = WatchedSocket(watch, self.timeout, HTTP_ANSWER_BOUND)
         return watch
+
+
+class _Https(httplib2.HTTPSConnectionWithTimeout):  # type: ignore[misc]
+    """httplib2's HTTPS connection, opened by `connects.connect` (the lookup, the
+    addresses, the handshake within the timeout and the claim's lease) rather than by
+    httplib2's own connect, which gave each address and the handshake the whole timeout
+    and knew no lease. Straight to the URL's host, as httplib2 goes without PySocks."""
+
+    def connect(self) -> None:
+        self.sock = connect(
+            self.host, self.port, self.timeout, tls=self._context, server_hostname=self.host
+        )
+
+
+class _Http(httplib2.HTTPConnectionWithTimeout):  # type: ignore[misc]
+    """httplib2's plain HTTP connection (an emulator on loopback), opened as `_Https`."""
+
+    def connect(self) -> None:
+        self.sock = connect(self.host, self.port, self.timeout)
+
+
+#: The connection class of each scheme a `SingleShotHttp` opens itself.
+_OPENED_HERE: dict[str, type[http.client.HTTPConnection]] = {"https": _Https, "http": _Http}
 
 
 def _final_status_begun(read: bytes) -> bool:
