@@ -19,6 +19,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -569,13 +570,7 @@ class Dispatch:
             # A send of several calls (Graph's tidy, send, copy read-back) asks
             # between them whether the scope is still ours, where stopping is safe.
             may_go_on = None if self._may_call is None else lambda: self._may_call_now(claimed)
-            # Each wait for an answer within `timeout`, and the call as a whole within
-            # the claim's lease as last written (docs/architecture.md "Leases").
-            held = claimed.held
-            ends_in = None
-            if held is not None:
-                ends_in = lambda: self._leases.time_left(held)  # noqa: E731
-            with calls_while(may_go_on), calls_end_in(ends_in):
+            with calls_while(may_go_on), self._within_lease(claimed):
                 outcome = claimed.outcome = self._call(claimed)
             crash_point("after-send")
             work.now = self._clock()
@@ -594,7 +589,7 @@ class Dispatch:
                 if self._after_send_call(claimed):
                     # A check of two calls (drafts.get, then messages.get of a draft
                     # found gone) asks again before its second, as the send's calls did.
-                    with calls_while(may_go_on):
+                    with calls_while(may_go_on), self._within_lease(claimed):
                         claimed.check = drafts_flow.ask_draft(work.job, drafts)
                     crash_point("after-search")
                 work.now = self._clock()
@@ -606,7 +601,19 @@ class Dispatch:
                 timed_out=outcome.timed_out,
                 ticket=ticket,
             )
-        self._read_back_sample(claimed)
+        with self._within_lease(claimed):
+            self._read_back_sample(claimed)
+
+    def _within_lease(self, claimed: Claimed) -> AbstractContextManager[None]:
+        """The calls made inside, in this thread, end within the claim's lease as last
+        written (`Leases.time_left`), each wait for an answer within `timeout` too: every
+        call made under the claim, the send, the draft's check after an unknown send and
+        the read-back after a confirmed one, their connections' opening included
+        (docs/architecture.md "Leases"). The worker holds the lease through them all, so
+        renewals that land move the bound on; once they stop landing (the store lost),
+        the call ends before another daemon's recovery may take the claim."""
+        held = claimed.held
+        return calls_end_in(None if held is None else lambda: self._leases.time_left(held))
 
     def _call(self, claimed: Claimed) -> SendOutcome:
         """The claim's one call: its recorded draft sent (drafts mode), the draft made

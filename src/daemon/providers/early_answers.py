@@ -39,6 +39,7 @@ from typing import Any, Literal
 from daemon.providers.base import call_time_left
 from daemon.providers.slow_links import PIECE, queued_bytes
 from ledger.exceptions import SendledgerError
+from sendledger.connecting import LEASE_ENDS
 
 _IN, _OUT = select.POLLIN, select.POLLOUT
 #: What says a read or write would not block: an error or a hang-up is for them to raise.
@@ -140,7 +141,7 @@ class EarlyAnswer:
                 # the wait reaches it, as a renewal moves it on (`base.call_time_left`).
                 lease = call_time_left()
                 if lease is not None and lease <= 0:
-                    raise TimeoutError("timed out: its claim's lease ends")
+                    raise TimeoutError(LEASE_ENDS)
                 bounded = lease is not None and (left is None or lease < left)
                 wait = lease if bounded else left
                 readable, writable = ready(self.sock, write=True, timeout=wait)
@@ -322,9 +323,7 @@ class AnswerReader(io.RawIOBase):
                 # let the wait pass it. Nothing more is waited for.
                 if self._readable_now():
                     return left
-                raise TimeoutError(
-                    "timed out" if left <= 0 else "timed out: its claim's lease ends"
-                )
+                raise TimeoutError("timed out" if left <= 0 else LEASE_ENDS)
             readable = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
             if not readable and ready(self._sock, write=False, timeout=lease)[0]:
                 readable = self._took_a_record()
