@@ -306,15 +306,17 @@ def calls_while(may_go_on: Callable[[], bool] | None) -> Iterator[None]:
         _MAY_GO_ON.reset(token)
 
 
-# -- a send's time, bounded by its claim's lease --------------------------------------
+# -- a call's time, bounded by its claim's lease --------------------------------------
 
-#: What is left, in seconds, of the claim's lease under the send being made in this
-#: thread, less the grace: set by the engine around the call (`calls_end_in`), asked by
-#: the wire at each wait for an answer (`early_answers.AnswerReader`). A send of many
-#: answers (SMTP's MAIL, RCPT each, DATA, the final '.') awaits each within `timeout`,
-#: so a slow server holds it many `timeout`s: while the lease's renewals land it goes on,
-#: and once they stop landing (the store lost) it ends before another daemon's recovery
-#: can take the claim (docs/architecture.md "Leases").
+#: What is left, in seconds, of the claim's lease under the call being made in this
+#: thread, less the grace: set by the engine around every call made under the claim
+#: (`calls_end_in`: the send, the draft's check, the read-back), asked by the wire at each
+#: wait for an answer (`early_answers.AnswerReader`) and at each wait of a connection's
+#: opening (`connects.py`). A send of many answers (SMTP's MAIL, RCPT each, DATA, the
+#: final '.') awaits each within `timeout`, so a slow server holds it many `timeout`s:
+#: while the lease's renewals land it goes on, and once they stop landing (the store
+#: lost) it ends before another daemon's recovery can take the claim
+#: (docs/architecture.md "Leases").
 _ENDS_IN: ContextVar[Callable[[], float] | None] = ContextVar("ends_in", default=None)
 
 
