@@ -89,7 +89,11 @@ def resolve(
     """`socket.getaddrinfo` for a stream, given up at `deadline` (or the `lease`'s end:
     `within`): the lookup cannot be interrupted, so it runs in a thread of its own, left
     to end by itself (the system resolver's own timeouts end it) when the caller has
-    stopped waiting."""
+    stopped waiting. A literal address is not looked up: no thread to wait on (about 80 us
+    of every connection a provider opens to one)."""
+    within(deadline, lease)
+    if _address(host) is not None:
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
     found: list[AddressInfo] = []
     failed: list[Exception] = []
     done = threading.Event()
@@ -136,11 +140,17 @@ def loopback_only(host: str, found: Sequence[AddressInfo]) -> list[AddressInfo]:
     return kept
 
 
-def _is_loopback(address: str) -> bool:
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`host` as an address when it is one written out, else None (a name)."""
     try:
-        return ipaddress.ip_address(address).is_loopback
+        return ipaddress.ip_address(host)
     except ValueError:
-        return False
+        return None
+
+
+def _is_loopback(address: str) -> bool:
+    found = _address(address)
+    return found is not None and found.is_loopback
 
 
 def interleaved(found: Sequence[AddressInfo]) -> list[AddressInfo]:
