@@ -110,6 +110,19 @@ def _check_told(rig: EngineRig, during: Callable[[], None] | None = None) -> lis
     return told
 
 
+def _draft_sends_take(rig: EngineRig, seconds: float) -> None:
+    """Each draft's send takes `seconds` of the rig's time."""
+    provider = rig.provider
+    assert isinstance(provider, FakeDraftsProvider)
+    send = provider.send_draft
+
+    def slow(draft: Draft) -> SendOutcome:
+        rig.clock.advance(seconds)
+        return send(draft)
+
+    provider.send_draft = slow  # type: ignore[method-assign]
+
+
 def test_the_draft_check_after_an_unknown_send_ends_with_the_claims_lease(
     drafts_rig: EngineRig,
 ) -> None:
@@ -120,15 +133,7 @@ def test_the_draft_check_after_an_unknown_send_ends_with_the_claims_lease(
         _no_renewal_lands(rig)
         told = _check_told(rig)
         rig.provider.script(Scripted.dropped_response())
-        provider = rig.provider
-        assert isinstance(provider, FakeDraftsProvider)
-        send = provider.send_draft
-
-        def half_a_timeout(draft: Draft) -> SendOutcome:
-            rig.clock.advance(TIMEOUT / 2)
-            return send(draft)
-
-        provider.send_draft = half_a_timeout  # type: ignore[method-assign]
+        _draft_sends_take(rig, TIMEOUT / 2)
         rig.submit("legal", "k1")
         rig.tick()
     finally:
@@ -151,3 +156,39 @@ def test_a_slow_draft_check_whose_renewals_land_is_never_told_its_lease_ended(
         rig.close()
     assert len(told) == 6 and all(left is not None and left > 0 for left in told), told
     assert rig.events("k1").count("LeaseRenewed") >= 5
+
+
+def test_no_read_back_starts_once_the_claims_lease_has_ended() -> None:
+    """A send answered as its lease ended, no renewal landing: the send is confirmed (an
+    answer that came is read), but a read-back begun then would be cut at once, a hang
+    for the circuit the provider never showed, made while another daemon may recover the
+    claim. It is not made (before: made, told 0 s left)."""
+    rig = EngineRig(LEGAL)
+    try:
+        _no_renewal_lands(rig)
+        told = _read_back_told(rig)
+        rig.provider.during_send = lambda: rig.clock.advance(TIMEOUT)
+        rig.submit("legal", "k1")
+        rig.tick()
+    finally:
+        rig.close()
+    assert told == []
+    assert rig.events("k1")[-1] == "Confirmed"
+
+
+def test_no_draft_check_starts_once_the_claims_lease_has_ended(drafts_rig: EngineRig) -> None:
+    """As the read-back: the unknown send's draft is asked once the Unknown is recorded,
+    by the work on unknown outcomes (no claim, no lease: told None), not under the ended
+    lease (before: checked there first, told 0 s left)."""
+    rig = drafts_rig
+    try:
+        _no_renewal_lands(rig)
+        told = _check_told(rig)
+        rig.provider.script(Scripted.dropped_response())
+        _draft_sends_take(rig, TIMEOUT)
+        rig.submit("legal", "k1")
+        rig.tick()
+    finally:
+        rig.close()
+    assert told and all(left is None for left in told), told
+    assert "Unknown" in rig.events("k1")

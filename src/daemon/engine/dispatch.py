@@ -585,7 +585,8 @@ class Dispatch:
                 # Asked at once, in this worker: no index lies between a draft and its answer;
                 # unless the scope went to another daemon during the send (a call of its
                 # own): then the sweep of the scope's owner asks; or the daemon is
-                # stopping: then the next run's sweep does (`_after_send_call`).
+                # stopping: then the next run's sweep does; or the claim's lease ended:
+                # then the work on the recorded Unknown does (`_after_send_call`).
                 if self._after_send_call(claimed):
                     # A check of two calls (drafts.get, then messages.get of a draft
                     # found gone) asks again before its second, as the send's calls did.
@@ -664,7 +665,15 @@ class Dispatch:
         read-back) may start: not once the daemon is stopping. The outcome is recorded
         after it, and it may take the provider's whole timeout: begun behind a send that
         took most of `daemon.stop_timeout`, it outlasted the stop, which then ended
-        without the outcome (docs/operations.md "Stopping")."""
+        without the outcome (docs/operations.md "Stopping"). Nor once the claim's lease
+        has ended (`_within_lease`): another daemon may be recovering the claim, and the
+        call, cut at once, would count a hang for the circuit the provider never showed."""
+        held = claimed.held
+        if held is not None and self._leases.time_left(held) <= 0:
+            log.info(
+                "job %s: no call after the send: its claim's lease ended", claimed.work.job.key
+            )
+            return False
         return not self._stopping.is_set() and self._may_call_now(claimed)
 
     def _read_back_sample(self, claimed: Claimed) -> None:
