@@ -22,6 +22,7 @@ from typing import Any
 import httplib2
 import pytest
 
+from daemon.providers import transport
 from daemon.providers.imap_sessions import ImapSessions
 from daemon.providers.kept import MailEndpoint, ReuseLimits
 from daemon.providers.outcomes import ProviderError, SendKind
@@ -179,12 +180,18 @@ def test_an_imap_server_resetting_before_tls_leaves_no_socket(
         sessions.close()
 
 
-def test_an_https_server_resetting_before_tls_leaves_no_socket() -> None:
-    """The Gmail and Graph providers' transport (httplib2): its connect phase."""
+@pytest.mark.parametrize(
+    "kind",
+    [httplib2.HTTPSConnectionWithTimeout, transport._Https],
+    ids=["httplib2", "connects"],
+)
+def test_an_https_server_resetting_before_tls_leaves_no_socket(kind: type[Any]) -> None:
+    """The Gmail and Graph providers' transport (httplib2): its connect phase, httplib2's
+    own and the one the transport opens its connections with (`connects.connect`)."""
     context = _context()
     listener, port = _resetting_server([], context.reset)
     with listener, _no_socket_left():
-        conn = httplib2.HTTPSConnectionWithTimeout("127.0.0.1", port, timeout=5)
+        conn = kind("127.0.0.1", port, timeout=5)
         conn._context = context
         with pytest.raises(NotSentError):
             SingleShotHttp(timeout=5)._conn_request(conn, "/", "GET", None, {})
