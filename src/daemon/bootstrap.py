@@ -14,13 +14,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from daemon.config.secret_text import missing_secret_hint
 from daemon.config.settings import (
-    ConfigError,
     GraphProviderSettings,
     Settings,
     SmtpImapProviderSettings,
 )
+from daemon.credentials import gmail_refusals, graph_credential, smtp_password
 from daemon.engine.circuit import CircuitSettings
 from daemon.engine.observer import EngineObserver
 from daemon.engine.policy_holder import PolicyHolder
@@ -38,14 +37,9 @@ def build_provider(settings: Settings, name: str) -> Provider:
         return _graph_provider(settings, name, config)
     if isinstance(config, SmtpImapProviderSettings):
         from daemon.providers.kept import ReuseLimits
-        from daemon.providers.smtp_imap import SmtpImapProvider, read_password_file
+        from daemon.providers.smtp_imap import SmtpImapProvider
 
-        path = settings.resolve(config.password_file)
-        try:
-            password = read_password_file(path)
-        except ValueError as exc:
-            setting = f"providers.{name}.password_file"
-            raise ConfigError(f"{setting}: {exc}{missing_secret_hint(setting, path)}") from None
+        password = smtp_password(settings, name, config)
         return SmtpImapProvider(
             name,
             smtp_host=config.smtp_host,
@@ -66,14 +60,9 @@ def build_provider(settings: Settings, name: str) -> Provider:
             ),
             pipelining=config.pipelining,
         )
-    from daemon.providers.gmail import (
-        CredentialsFileInvalid,
-        CredentialsFileUnreadable,
-        DelegationRequired,
-        GmailProvider,
-    )
+    from daemon.providers.gmail import GmailProvider
 
-    try:
+    with gmail_refusals(settings, name):
         return GmailProvider(
             name,
             credentials_file=settings.credentials_file(name),
@@ -88,32 +77,12 @@ def build_provider(settings: Settings, name: str) -> Provider:
             send_via=config.send_via,
             read_history=config.read_history,
         )
-    except DelegationRequired as exc:
-        raise ConfigError(f"providers.{name}.user: {exc}") from None
-    except CredentialsFileUnreadable as exc:
-        setting = f"providers.{name}.credentials_file"
-        hint = missing_secret_hint(setting, settings.credentials_file(name))
-        raise ConfigError(f"{setting}: {exc}{hint}") from None
-    except CredentialsFileInvalid as exc:
-        raise ConfigError(f"providers.{name}.credentials_file: {exc}") from None
 
 
 def _graph_provider(settings: Settings, name: str, config: GraphProviderSettings) -> Provider:
     from daemon.providers.graph import GraphProvider, GraphTokens, trusted_ca_bundle
-    from daemon.providers.graph_credentials import read_certificate, read_client_secret
 
-    credential: str | dict[str, str]
-    try:
-        if config.client_secret_file is not None:
-            field, path = "client_secret_file", settings.resolve(config.client_secret_file)
-            credential = read_client_secret(path)
-        else:
-            assert config.certificate_file is not None  # the settings allow one of both
-            field, path = "certificate_file", settings.resolve(config.certificate_file)
-            credential = read_certificate(path)
-    except ValueError as exc:
-        setting = f"providers.{name}.{field}"
-        raise ConfigError(f"{setting}: {exc}{missing_secret_hint(setting, path)}") from None
+    credential = graph_credential(settings, name, config)
     tokens = GraphTokens(
         authority=config.authority,
         tenant_id=config.tenant_id,

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ledger.message_id import message_id_for
+from testkit.credentials import write_service_account
 
 MESSAGE_ID = message_id_for("order-1001", "mail.example.com")
 
@@ -310,6 +311,8 @@ def test_a_store_that_ends_with_the_process_is_refused(cli: Any, url: str) -> No
 
 
 def test_policy_check(cli: Any) -> None:
+    # The config's secret files are judged too (tests/e2e/test_policy_check_secrets.py).
+    write_service_account(cli.root / "x.json", token_uri="http://127.0.0.1:1/token")
     good = cli.run("policy", "check")
     assert good.code == 0, good.stderr
     assert "receipts" in good.stdout
@@ -416,5 +419,10 @@ def test_the_shipped_example_config_and_policies_check_without_a_word(
     site = tmp_path / "example"
     shutil.copytree(repo / "examples" / "policies", site / "policies")
     shutil.copy(repo / "config.example.toml", site / "sendledger.toml")
+    # Its secret files put in place, as the check judges them as `run` does.
+    write_service_account(site / "gmail-service-account.json", token_uri="http://127.0.0.1:1/t")
+    for secret in ("mail-password", "graph-client-secret"):
+        (site / secret).write_text("secret\n", encoding="utf-8")
+        (site / secret).chmod(0o600)
     checked = cli.run("--config", str(site / "sendledger.toml"), "policy", "check", config=False)
     assert checked.code == 0 and checked.stderr == "", checked.stderr

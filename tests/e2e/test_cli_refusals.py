@@ -73,6 +73,7 @@ def test_what_cannot_be_built_is_refused_at_policy_check_and_intake(cli: Any) ->
         'message_id_domain = "mail.example.com"\n',
         encoding="utf-8",
     )
+    write_service_account(cli.root / "x.json", token_uri="http://127.0.0.1:1/token")
     check = cli.run("policy", "check")
     assert check.code == 2
     one_error_line(check, "receipts.toml:from:", "control character")
@@ -145,6 +146,7 @@ def test_a_file_saved_with_a_byte_order_mark_is_told_so(cli: Any) -> None:
     one_error_line(submitted, f"job: {job_file}: {said}")
     policy = cli.policies / "receipts.toml"
     policy.write_text(BOM + policy.read_text(encoding="utf-8"), encoding="utf-8")
+    write_service_account(cli.root / "x.json", token_uri="http://127.0.0.1:1/token")
     checked = cli.run("policy", "check")
     assert checked.code == 2
     one_error_line(checked, f"{policy}:-: {said}")

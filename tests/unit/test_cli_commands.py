@@ -222,6 +222,7 @@ def test_policy_check_refuses_retry_on_a_client_copy_provider(
         encoding="utf-8",
     )
     config = tmp_path / "sendledger.toml"
+    (tmp_path / "pw").write_text("secret\n", encoding="utf-8")  # judged as `run` reads it
     settings = (
         '[daemon]\npolicies_dir = "policies"\n[providers.mail]\nkind = "smtp-imap"\n'
         'smtp_host = "smtp.example.com"\nimap_host = "imap.example.com"\n'

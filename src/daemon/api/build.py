@@ -5,31 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from daemon.api.app import create_app
-from daemon.api.auth import TokenBook, TokenFileError
 from daemon.api.context import ApiContext
 from daemon.api.health import HealthSources
 from daemon.api.metrics import Metrics, Sources
 from daemon.api.server import ApiServer, ListenRefused
-from daemon.config.secret_text import missing_secret_hint
 from daemon.config.settings import ConfigError, Settings
 from daemon.config.tick_bound import tick_limit
+from daemon.credentials import load_tokens
 from daemon.engine.circuit import OpenCircuit
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.from_settings import draft_providers, message_limits, thread_providers
 from daemon.providers.base import Provider
 from daemon.service_layer.doors import PolicyWatch, built_providers, lent_providers
 from ledger.application import Ledger
-
-
-def load_tokens(settings: Settings) -> TokenBook:
-    if settings.api.token_file is None:
-        raise ConfigError(f"{settings.config_path}: api.token_file: required with api.listen")
-    path = settings.resolve(settings.api.token_file)
-    try:
-        return TokenBook.from_file(path)
-    except TokenFileError as exc:
-        hint = missing_secret_hint("api.token_file", path)
-        raise ConfigError(f"{settings.config_path}: {exc}{hint}") from None
 
 
 def api_context(

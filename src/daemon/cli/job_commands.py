@@ -240,6 +240,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     client_copy: set[str] = set()
     directory: Path
     settings: Settings | None = None
+    secrets: list[str] = []
     if args.dir:
         directory = Path(args.dir)
         try:
@@ -249,14 +250,19 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
             # Checking a folder must work without a config; provider names then go unchecked.
             known = None
     else:
+        from daemon.credentials import secret_problems
+
         settings = settings_for(args.config)
         directory, known = settings.policies_dir, set(settings.providers)
         client_copy = settings.client_copy_providers()
         judge_store_url(settings)  # the whole file is judged, as `run` judges it
+        # ... and the secret files run reads at its start, as it reads them: a key file
+        # not put in place yet was said first by the daemon's start.
+        secrets = secret_problems(settings)
     policies, problems = check_policies(directory, known, client_copy)
-    if problems:
-        for problem in problems:
-            print(str(problem), file=sys.stderr)
+    if problems or secrets:
+        for problem in [*map(str, problems), *secrets]:
+            print(problem, file=sys.stderr)
         return EXIT_BAD_INPUT
     assert policies is not None
     rows = summary_rows(policies)

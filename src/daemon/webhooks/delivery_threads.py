@@ -14,9 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import cast
 
-from daemon.config.secret_text import missing_secret_hint, read_secret_text
-from daemon.config.settings import ConfigError, Settings
-from daemon.webhooks.signing import parse_secret
+from daemon.config.settings import Settings
+from daemon.credentials import webhook_secret
 from daemon.webhooks.worker import Deliverer, DeliveryObserver, Hook
 from ledger.application import Ledger
 from ledger.display import quoted
@@ -28,12 +27,7 @@ def hooks_from(settings: Settings) -> list[Hook]:
     """Every `[webhooks.NAME]`, its secret read; ConfigError names the setting."""
     hooks = []
     for name, config in sorted(settings.webhooks.items()):
-        path = settings.resolve(config.secret_file)
-        try:
-            secret = parse_secret(read_secret_text(path))
-        except ValueError as exc:
-            setting = f"webhooks.{name}.secret_file"
-            raise ConfigError(f"{setting}: {exc}{missing_secret_hint(setting, path)}") from None
+        secret = webhook_secret(settings, name, config)
         hooks.append(
             Hook(
                 name=name,
