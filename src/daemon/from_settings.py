@@ -169,6 +169,21 @@ def open_ledger(
         raise CliError(f"cannot open store {settings.store.url.split('@')[-1]}: {exc}") from exc
 
 
+def declare_server(ledger: Ledger, server: tuple[str, str]) -> None:
+    """A server's event format declared once it may (a daemon once it holds its name, an
+    API server its own), the store's raised if its release writes a newer one
+    (`ledger.event_format.check_event_format`): StoreFormatNewer, or OlderReleaseLive
+    while a server of an older release is live on the store. A read-only store file, a
+    full disk: the one line of every store refusal, as the open says it."""
+    try:
+        check_event_format(ledger, server=server)
+    except Exception as exc:
+        said = ledger.unavailable(exc)
+        if said is not None:
+            raise said from exc
+        raise
+
+
 def judge_store_url(settings: StoreSource) -> None:
     """`store.url` and the `[store]` keys judged as the commands that open the store judge
     them, without opening it: for `policy check`, which judges the whole file

@@ -34,6 +34,7 @@ from daemon.config.settings import ConfigError
 from daemon.config.tick_bound import tick_limit
 from daemon.engine.leases import lock_wait
 from daemon.engine.report import TickReport
+from daemon.from_settings import declare_server
 from daemon.providers.base import Provider
 from daemon.service_layer.loaded import (
     PolicyAnnouncer,
@@ -52,7 +53,7 @@ from daemon.webhooks.delivery_threads import (
     start_webhooks,
 )
 from daemon.webhooks.worker import Hook
-from ledger.event_format import StoreFormatNewer, check_event_format
+from ledger.event_format import StoreFormatNewer
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.loaded_policies import DAEMON
 from ledger.stores.url import PostgresStore, SqliteStore, StoreSpec
@@ -652,16 +653,7 @@ def _declare_format(service: Service) -> None:
     """This daemon's event format declared, and the store's raised if its release writes a
     newer one (`ledger.event_format.check_event_format`): StoreFormatNewer, or
     OlderReleaseLive while a server of an older release is live on the store."""
-    ledger = service.ledger
-    try:
-        check_event_format(ledger, server=(DAEMON, service.engine.daemon_name))
-    except Exception as exc:
-        # A read-only store file, a full disk: the one line of every store refusal, as
-        # the open says it (`daemon.from_settings.open_ledger`).
-        said = ledger.unavailable(exc)
-        if said is not None:
-            raise said from exc
-        raise
+    declare_server(service.ledger, (DAEMON, service.engine.daemon_name))
 
 
 def _say_started(name: str, recovered: int, filled: int, dues: int) -> None:

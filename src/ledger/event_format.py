@@ -158,8 +158,8 @@ def check_event_format(
     now = time.time() if now is None else now
     own = server_holder(*server) if server is not None else None
     # The row of this server's name before its own declaration replaces it: a live server
-    # of that name is another process (an API server's name is held by no lock; a
-    # daemon declares once it holds its name, but on PostgreSQL the name's earlier
+    # of that name is another process (a server declares once it holds its name, a
+    # daemon its own and an API server its own, but on PostgreSQL the name's earlier
     # process may still run after a database restart ended its lock), and reads what it
     # declared.
     replaced = found.get(own or "")

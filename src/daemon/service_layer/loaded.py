@@ -259,7 +259,8 @@ def announce_policies(
 
     def withdraw() -> None:
         # Only the row this server's open wrote: one of its name written since is another
-        # server's (a second host's `sendledger api`, the process that took its name).
+        # server's (the process that took its name after a database restart ended
+        # this one's lock).
         if declared is not None and declared.holder == server_holder(kind, name):
             format_rows_for(ledger.recorder).withdraw(declared)
 

@@ -43,16 +43,29 @@ from ledger.exceptions import Refusal, SendledgerError
 
 
 class IdentityTaken(SendledgerError):
-    """Another live daemon holds this name on this store."""
+    """Another live daemon (`by`: or another `sendledger api`) holds this name on this
+    store."""
 
     kind = Refusal.CONFLICT
 
-    def __init__(self, name: str, where: str) -> None:
+    def __init__(self, name: str, where: str, *, by: str = "daemon") -> None:
         super().__init__(
-            f"daemon.name {name!r} is held by another running daemon on {where}: "
-            "stop it, or give this daemon another name"
+            f"daemon.name {name!r} is held by another running {by} on {where}: "
+            f"stop it, or give this {by} another name"
         )
         self.name = name
+        self.where = where
+
+
+#: What `sendledger api` holds in place of its `daemon.name`: the name behind a tab, which
+#: no daemon name holds (it is printable), so that a daemon and an API server of one config
+#: run side by side while a second API server of the name is refused (docs/configuration.md
+#: "Daemon names").
+API_LOCK_PREFIX = "api\t"
+
+
+def api_lock_name(name: str) -> str:
+    return API_LOCK_PREFIX + name
 
 
 @dataclass(frozen=True)
@@ -332,12 +345,14 @@ ADVISORY_PREFIX = "sendledger:"
 
 __all__ = [
     "ADVISORY_PREFIX",
+    "API_LOCK_PREFIX",
     "FileIdentityLock",
     "IdentityLock",
     "IdentityTaken",
     "MemoryIdentityLock",
     "NameSession",
     "advisory_key",
+    "api_lock_name",
     "file_names_held",
     "memory_names_held",
     "name_digest",
