@@ -23,9 +23,10 @@ so a user's program runs it without the daemon's packages.
           │    ├── TransitionError                       ledger/job.py: the state refuses
           │    │    └── BounceRefused                    a report not recorded, and why
           │    ├── StoreRefused                          ledger/stores/url.py
-          │    │    └── StoreUrlError, StoreKeyRefused, LibraryVariableSet,
-          │    │        StoreFormatNewer (ledger/event_format.py),
-          │    │        UnfinishedCopy (ledger/stores/keycheck.py: a copy never verified)
+          │    │    ├── StoreUrlError, StoreKeyRefused, LibraryVariableSet,
+          │    │    │   StoreFormatNewer (ledger/event_format.py),
+          │    │    │   UnfinishedCopy (ledger/stores/keycheck.py: a copy never verified)
+          │    │    └── StoreFolderNotThere (a StoreUrlError): a folder linked to nothing
           │    ├── DurationError, FileProblem, SenderRefused, PolicyLoadError   policies/
           │    │    └── FileMissing                      policies/files.py: nothing there
           │    │         └── SecretFileMissing           daemon/config/secret_text.py
@@ -87,8 +88,9 @@ so a user's program runs it without the daemon's packages.
                    failed try may have stored; an IntegrityError too), form_text._Enough
                    (daemon/api/form_text.py: a form read as far as its check needs)
 
-`MayClearLater`, mixed into `SecretFileMissing` (a `FileProblem`) and `ListenBusy`, marks a
-cause that may be gone at the next start: `run` exits 1 for it, not 2 (`on_chain`).
+`MayClearLater`, mixed into `SecretFileMissing` (a `FileProblem`), `StoreFolderNotThere`
+and `ListenBusy`, marks a cause that may be gone at the next start: `run` exits 1 for it,
+not 2 (`on_chain`).
 
 A class keeps the standard base it had (`ValueError`, `OSError`, httplib2's
 `HttpLib2Error`) beside this one, so every `except ValueError` still catches what it did.

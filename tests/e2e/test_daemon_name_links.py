@@ -24,7 +24,9 @@ def test_a_second_daemon_through_a_symlink_or_a_hard_link_is_refused(tmp_path: P
         symlink.symlink_to(store)
         hardlink = tmp_path / "elsewhere" / "via-hardlink.sqlite"
         os.link(store, hardlink)
-        for path in (symlink, hardlink):
+        # The folder a link (its lock file one by both paths: taken once, still refused).
+        (tmp_path / "linked").symlink_to(tmp_path)
+        for path in (symlink, hardlink, tmp_path / "linked" / "ledger.sqlite"):
             env = {**name, "SENDLEDGER_STORE__URL": f"sqlite:///{path}"}
             refused = rig.cli("run", env=env, check=False, timeout=30)
             assert refused.returncode == 3, refused.stderr

@@ -125,3 +125,27 @@ def test_an_api_address_in_use_or_not_up_yet_is_exit_1(tmp_path: Path) -> None:
     not_up = _run(site)
     assert not_up.returncode == 1, not_up.stderr
     assert "is not an address of this machine" in not_up.stderr, not_up.stderr
+
+
+def test_a_store_folder_linked_to_a_mount_not_up_yet_is_exit_1_and_the_start_after_runs(
+    tmp_path: Path,
+) -> None:
+    """The store's folder a link to a disk not mounted yet: exit 2 ("cannot make ...: No
+    such file or directory") was never started again, and once the disk was there the
+    daemon refused itself, exit 3: both paths reach one lock file, locked twice."""
+    site = _site(tmp_path)
+    write_service_account(site / KEY, token_uri="http://127.0.0.1:8026/token")
+    mount = tmp_path / "mnt" / "data"
+    (site / "data").symlink_to(mount)
+    config = site / "sendledger.toml"
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text.replace("sqlite:///ledger.sqlite", "sqlite:///data/ledger.sqlite"))
+    not_up = _run(site, "--once")
+    assert not_up.returncode == 1, not_up.stderr
+    _one_line(not_up, f"{config}: store.url: sqlite:{site / 'data' / 'ledger.sqlite'}: ")
+    assert f"{site / 'data'} is a symbolic link to {mount}, which is not there" in not_up.stderr
+    assert not mount.exists()  # nothing made under the mount point
+    mount.mkdir(parents=True)
+    up = _run(site, "--once")
+    assert up.returncode == 0, up.stderr
+    assert (mount / "ledger.sqlite").exists()

@@ -500,8 +500,9 @@ TimeoutStopSec={timeout_stop_sec(DEFAULT_STOP_TIMEOUT)}
 WatchdogSec=60
 Restart=on-failure
 # Exit 2 is a config it can never start with: not restarted, it would only be refused
-# again every 5 s. A secret file not there yet or a store out of reach is exit 1, and
-# restarted: a secret mounted late is read at the next start (docs/cli.md "Exit codes").
+# again every 5 s. A secret file not there yet, a store out of reach or its folder's
+# disk not mounted yet is exit 1, and restarted: a secret or a disk mounted late is read
+# at the next start (docs/cli.md "Exit codes").
 RestartPreventExitStatus=2
 RestartSec=5
 User={here.user}

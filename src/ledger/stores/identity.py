@@ -133,8 +133,11 @@ class FileIdentityLock:
                 if inode_fd is not None:
                     self._fds.append(inode_fd)
             real = Path(os.path.realpath(store_path))
+            locked: set[tuple[int, int]] = set()
             for path in dict.fromkeys([store_path, real]):
-                self._fds.append(_lock_beside(path, name, where))
+                fd = _lock_beside(path, name, where, locked)
+                if fd is not None:
+                    self._fds.append(fd)
         except BaseException:
             self.release()
             raise
@@ -168,8 +171,19 @@ def lock_files(store_path: Path) -> list[Path]:
     return sorted(store_path.parent.glob(f"{glob.escape(store_path.name)}.daemon-*.lock"))
 
 
-def _lock_beside(store_path: Path, name: str, where: str) -> int:
+def _lock_beside(
+    store_path: Path, name: str, where: str, locked: set[tuple[int, int]]
+) -> int | None:
+    """The lock file beside `store_path` locked, its descriptor; None when it is one of
+    `locked` (its device and inode) already: a store whose folder is reached by a
+    symbolic link has one lock file by both paths, and a second `flock` of it from this
+    process conflicted with the first, so the name was refused to its only daemon."""
     fd = os.open(_lock_file(store_path, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    stat = os.fstat(fd)
+    if (stat.st_dev, stat.st_ino) in locked:
+        os.close(fd)  # the lock taken by the other path stays: a flock is not a POSIX lock
+        return None
+    locked.add((stat.st_dev, stat.st_ino))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         # For an operator who wonders who holds it.

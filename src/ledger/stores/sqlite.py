@@ -35,7 +35,7 @@ from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
 from ledger.stores.private_api import CachingConnectionPool, InsertHook
 from ledger.stores.purge import rewrites_from
 from ledger.stores.unchanged import hold_unchanged
-from ledger.stores.url import SqliteStore, StoreUrlError
+from ledger.stores.url import SqliteStore, StoreFolderNotThere, StoreUrlError
 
 log = logging.getLogger("sendledger.store")
 
@@ -174,6 +174,15 @@ def _refuse_kind(where: str, mode: int) -> None:
     kind = file_kind(mode)
     if kind is not None:
         raise StoreUrlError(f"{where} is {kind}, not a SQLite file")
+
+
+def _link_to_nothing(path: Path) -> Path | None:
+    """The first folder on `path` that is a symbolic link to nothing, or None. (A link
+    of the file itself has its target made, folders and all: `create_private`.)"""
+    for part in reversed(path.parents):
+        if part.is_symlink() and not part.exists():
+            return part
+    return None
 
 
 def create_private(path: Path, *, new: bool = False) -> None:
@@ -359,6 +368,15 @@ class SQLiteBackend:
             except OSError as exc:
                 if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
                     raise  # said with the folder, or the mount, to change
+                link = _link_to_nothing(self.spec.path)
+                if exc.errno == errno.ENOENT and link is not None:
+                    # The folders made, the file still has no folder: a link on the way
+                    # points at nothing, a disk not mounted yet (`StoreFolderNotThere`).
+                    raise StoreFolderNotThere(
+                        f"store.url: sqlite:{self.spec.path}: cannot make {exc.filename}: "
+                        f"{link} is a symbolic link to {os.readlink(link)}, which is not "
+                        "there (a file system not mounted yet?)"
+                    ) from exc
                 # A file system where no file can be made (/proc), at the path or at
                 # its symlink's target: the setting's fault, said as such.
                 raise StoreUrlError(

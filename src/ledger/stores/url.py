@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ledger.exceptions import Refusal, SendledgerError
+from ledger.exceptions import MayClearLater, Refusal, SendledgerError
 
 
 class StoreRefused(SendledgerError, ValueError):
@@ -23,6 +23,12 @@ class StoreRefused(SendledgerError, ValueError):
 
 class StoreUrlError(StoreRefused):
     pass
+
+
+class StoreFolderNotThere(StoreUrlError, MayClearLater):
+    """The store cannot be made because a symbolic link on its path points at nothing: a
+    mount not up yet as often as a typo, so `run` says it with exit 1, which the systemd
+    unit starts again, not 2 (docs/cli.md "Exit codes")."""
 
 
 class StartWatch(Protocol):
@@ -231,6 +237,7 @@ __all__ = [
     "MemoryStore",
     "PostgresStore",
     "SqliteStore",
+    "StoreFolderNotThere",
     "StoreRefused",
     "StoreSpec",
     "StoreUrlError",
