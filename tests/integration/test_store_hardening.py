@@ -43,6 +43,7 @@ from ledger.content import JobContent, parse_job
 from ledger.decision_types import RetryAt, Review
 from ledger.job import SendJob, job_id_for
 from ledger.stores.cipher import EventKeyMissing, new_key
+from ledger.stores.identity import api_lock_name
 from ledger.stores.index import IndexRow, index_row
 from ledger.stores.url import SqliteStore, StoreUrlError
 from ledger.vocabulary import EscalationReason, JobState, PolicyRef
@@ -517,6 +518,18 @@ def test_one_live_holder_per_name(store_url: str) -> None:
         again = second.hold_identity("host-a")
         again.release()
         other.release()
+
+
+def test_an_api_server_s_name_is_one_per_store_apart_from_the_daemon_s(store_url: str) -> None:
+    # `sendledger api` holds its daemon.name under `api_lock_name` (docs/configuration.md
+    # "Daemon names"): beside the daemon of its config, and alone among API servers.
+    with Ledger(store_url) as first, Ledger(store_url) as second:
+        daemon = first.hold_identity("host-a")
+        api = second.hold_identity(api_lock_name("host-a"))
+        with pytest.raises(IdentityTaken):
+            first.hold_identity(api_lock_name("host-a"))
+        api.release()
+        daemon.release()
 
 
 HOLDER = textwrap.dedent(
