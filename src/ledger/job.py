@@ -77,6 +77,23 @@ CLAIM_READ_BACK = (
     "not sent: its claim's commit was not known (the store's answer lost), read back "
     "stored, and released with no call made"
 )
+#: The reasons of the other claims released with no provider call made, by the daemon's
+#: own doing (`daemon.engine.dispatch`): its circuit held the send (a call of its scope
+#: hung or failed while the claim was saved: the circuit counts it, the job only waits
+#: behind it), its claim's lease ran short or its quota scope went to another daemon, or
+#: it was stopping.
+WITHHELD = (
+    "not sent: a call of its scope timed out, or its circuit opened, while the claim was saved"
+)
+NOT_OURS = (
+    "not sent: its claim's lease ran short, or its quota scope went to another daemon, "
+    "before the call"
+)
+STOPPED = "not sent: the daemon was stopping when its claim was saved"
+#: Every reason of a claim released unsent (`SendJob.Rejected.released`). Stored in
+#: events and read by every later release: a reworded reason keeps its old wording here
+#: too, or the old events would read as the provider's refusal again.
+RELEASED_UNSENT = frozenset((CLAIM_READ_BACK, WITHHELD, NOT_OURS, STOPPED))
 DRAFT_DELETIONS = (DRAFTS_TIDY, DRAFTS_FENCE, DRAFTS_CLAIM_LOST)
 
 JOB_NAMESPACE = uuid.UUID("6b0f6a52-3a8e-5d55-9b7e-5e4d1e0a7c11")
@@ -561,9 +578,10 @@ class SendJob(Aggregate):
 
         @property
         def released(self) -> bool:
-            """A claim released unsent by this daemon (`CLAIM_READ_BACK`), no provider
-            call made: says nothing of the provider, so its wait is left as it was."""
-            return self.reason == CLAIM_READ_BACK
+            """A claim released unsent by its daemon (`RELEASED_UNSENT`), no provider
+            call made: says nothing of the provider, so its wait is left as it was. Read
+            from the reason, so events stored before this property read the same way."""
+            return self.unavailable and self.reason in RELEASED_UNSENT
 
         def apply(self, job: Any) -> None:
             job.reason = self.reason

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from tests.e2e.daemon_kit import RETRY_POLICY, Rig, events_of, job
 
-from daemon.engine.dispatch import WITHHELD
+from ledger.job import WITHHELD
 from testkit.mailservers import free_port
 from testkit.relay import FaultPlan, FaultRelay
 

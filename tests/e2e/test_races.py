@@ -55,8 +55,8 @@ from tests.e2e.test_graph_daemon import GRAPH_POLICY, GraphRig
 from tests.e2e.test_review_outage import LEGAL
 from tests.e2e.test_review_outage import job as legal_job
 
-from daemon.engine.dispatch import NOT_OURS, STOPPED, WITHHELD
 from daemon.engine.recover import REASON as RECOVERED
+from ledger.job import NOT_OURS, STOPPED, WITHHELD
 from testkit.mailservers import free_port
 from testkit.relay import FaultPlan, Mode
 

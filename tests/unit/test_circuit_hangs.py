@@ -23,9 +23,8 @@ from daemon.engine.circuit import (
     CircuitSettings,
     send_unavailable,
 )
-from daemon.engine.dispatch import WITHHELD
 from daemon.providers.base import SendKind, SendOutcome
-from ledger.job import SendJob
+from ledger.job import WITHHELD, SendJob
 from ledger.stores.unchanged import Unchanged
 from ledger.vocabulary import JobState
 

@@ -32,8 +32,7 @@ from hypothesis.stateful import (
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import Scripted
-from daemon.engine.dispatch import NOT_OURS, STOPPED, WITHHELD
-from ledger.job import SendJob, TransitionError, bounced_pairs
+from ledger.job import NOT_OURS, STOPPED, WITHHELD, SendJob, TransitionError, bounced_pairs
 from ledger.stores.index import index_row
 from ledger.vocabulary import ConfirmedVia, JobState, Resolution
 from policies.model import ChannelPolicy

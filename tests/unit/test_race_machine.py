@@ -41,9 +41,8 @@ from tests.unit.test_engine_machine import check_history
 from daemon.doubles.fake_drafts import FakeDraftsProvider, FakeGraphProvider
 from daemon.doubles.fake_provider import FakeProvider, Scripted
 from daemon.engine import Engine
-from daemon.engine.dispatch import NOT_OURS, STOPPED, WITHHELD
 from daemon.service_layer.services import ChannelPolicies, ServiceError, Services
-from ledger.job import SendJob
+from ledger.job import NOT_OURS, STOPPED, WITHHELD, SendJob
 from ledger.vocabulary import FINAL_STATES, JobState, Resolution
 
 POLICIES = (

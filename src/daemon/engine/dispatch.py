@@ -53,7 +53,16 @@ from ledger.application import ConcurrentUpdate
 from ledger.decision_types import AfterRejection, Review
 from ledger.display import quoted
 from ledger.exceptions import known
-from ledger.job import CLAIM_READ_BACK, DRAFTS_CLAIM_LOST, SendJob, TransitionError
+from ledger.job import (
+    CLAIM_READ_BACK,
+    DRAFTS_CLAIM_LOST,
+    NOT_OURS,
+    RELEASED_UNSENT,
+    STOPPED,
+    WITHHELD,
+    SendJob,
+    TransitionError,
+)
 from ledger.message import render_checked
 from ledger.stores.index import Withdrawn
 from ledger.stores.unchanged import Changed, Unchanged
@@ -712,11 +721,12 @@ class Dispatch:
         elif outcome.kind is SendKind.REJECTED:
             # A send stopped before any call that could send it (its scope moved during
             # Graph's tidy) is no attempt, as `not_ours` is none: not counted against
-            # `max_attempts`, due again for the scope's owner.
+            # `max_attempts`, due again for the scope's owner; recorded as `not_ours`, a
+            # release (`SendJob.Rejected.released`), not the provider's refusal.
             unavailable = outcome.transient and (outcome.unavailable or outcome.not_attempted)
             job.record_rejection(
                 transient=outcome.transient,
-                reason=outcome.reason,
+                reason=NOT_OURS if outcome.not_attempted else outcome.reason,
                 status=outcome.status,
                 decision=self._after_rejection(claimed, unavailable),
                 at=now,
@@ -740,10 +750,12 @@ class Dispatch:
         work = claimed.work
         outcome = known(claimed.outcome, "count_outcome() follows outcome_to_events()")
         job = work.job
-        if outcome.reason == STOPPED:
-            log.info("job %s: %s", job.key, STOPPED)  # not a refusal by the provider
-        elif outcome.reason == CLAIM_READ_BACK:
+        if outcome.reason == CLAIM_READ_BACK:
             pass  # no call, no refusal: said when the claim was released
+        elif _released(outcome):
+            # No refusal by the provider: not counted as one (the circuit counts a
+            # withheld send itself, `Circuits.sending`).
+            log.info("job %s: %s", job.key, quoted(outcome.reason))
         elif outcome.kind is SendKind.REJECTED:
             work.count("rejected")
             if outcome.unavailable:
@@ -792,10 +804,9 @@ class Dispatch:
             return decisions.after_permanent_rejection(policy)
         if unavailable:
             # A claim released unsent waited for no provider: no give-up is due on it.
-            released = outcome.reason == CLAIM_READ_BACK
             return decisions.after_unavailable(
                 policy,
-                waiting_since=now if released else job.unavailable_since or now,
+                waiting_since=now if _released(outcome) else job.unavailable_since or now,
                 now=now,
                 # Due again soon: while the circuit is open the job waits in memory,
                 # where `give_up_after` is checked, not in the store.
@@ -818,37 +829,27 @@ _MARKED_SINCE_REQUEUED = (
 )
 
 
-#: Why a claimed send was not made (`Circuits.sending`): the claim is the job's last
-#: Attempted, with no provider call behind it.
-WITHHELD = (
-    "not sent: a call of its scope timed out, or its circuit opened, while the claim was saved"
-)
-
-
 def withheld() -> SendOutcome:
-    """The outcome of a send its circuit stopped after its claim was saved."""
+    """The outcome of a send its circuit stopped after its claim was saved (`WITHHELD`):
+    the scope's failure, counted by its circuit; for the job a release, not the
+    provider's refusal of its send (`SendJob.Rejected.released`)."""
     return SendOutcome(SendKind.REJECTED, WITHHELD, transient=True, unavailable=True)
 
 
-#: Why a claimed send was not made (`Dispatch._still_ours`): its claim was saved too late
-#: (its lease nearly over, or its quota scope gone to another daemon meanwhile); the claim
-#: is the job's last Attempted, with no provider call behind it.
-NOT_OURS = (
-    "not sent: its claim's lease ran short, or its quota scope went to another daemon, "
-    "before the call"
-)
-
-
-#: Why a claimed send was not made (`Dispatch.send`): the daemon was asked to stop while
-#: the claim was saved; the claim is the job's last Attempted, with no provider call behind it.
-STOPPED = "not sent: the daemon was stopping when its claim was saved"
+def _released(outcome: SendOutcome) -> bool:
+    """Whether an outcome releases its claim with no call that could send it, by this
+    daemon's doing (recorded as `SendJob.Rejected.released`): nothing of the provider's."""
+    return outcome.kind is SendKind.REJECTED and (
+        outcome.reason in RELEASED_UNSENT or outcome.not_attempted
+    )
 
 
 def claim_read_back() -> SendOutcome:
     """The outcome of a claim found stored after its save failed: nothing sent
     (`Dispatch.save_claim_or_read_back`). Recorded as a Rejected that spends no attempt,
-    but no sign of the provider's (`SendJob.Rejected.released`): the job's wait for an
-    unavailable provider is left as it was, and no `rejected` webhook is sent."""
+    but no sign of the provider's (`SendJob.Rejected.released`, as every release with no
+    call made): the job's wait for an unavailable provider is left as it was, and no
+    `rejected` webhook is sent."""
     return SendOutcome(SendKind.REJECTED, CLAIM_READ_BACK, transient=True, unavailable=True)
 
 

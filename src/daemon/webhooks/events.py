@@ -57,8 +57,9 @@ WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = (
         "abandoned", "Resolved", lambda e: getattr(e, "decision", None) == Resolution.ABANDON
     ),
     WebhookEvent("cancelled", "Cancelled"),
-    # Not a claim this daemon released unsent (its store's answer lost): the provider
-    # refused nothing, and the job's send, due again, is heard when it is made.
+    # Not a claim its daemon released unsent, no call made (its store's answer lost, a
+    # stop, its scope gone to another daemon, its circuit's hold): the provider refused
+    # nothing, and the job's send, due again, is heard when it is made.
     WebhookEvent("rejected", "Rejected", lambda e: not e.released),
     WebhookEvent("bounced", "Bounced"),
 )

@@ -1,0 +1,110 @@
+"""Claims released with no provider call made, by the daemon's own doing (a stop, its
+scope gone to another daemon, its circuit's hold, its store's lost answer): each is a
+Rejected that spends no attempt and says nothing of the provider (`SendJob.Rejected.released`,
+docs/architecture.md "Ambiguous commits"). Before, all but the last set the job's
+`unavailable_since` (a later outage's `give_up_after` counted from it) and a `rejected`
+webhook said `unavailable`: the provider was down, when it was the daemon."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
+
+from daemon.doubles.fake_provider import Scripted
+from daemon.webhooks.events import WEBHOOK_TYPES, type_of
+from ledger.application import Ledger
+from ledger.job import NOT_OURS, STOPPED, WITHHELD, SendJob
+from ledger.vocabulary import JobState
+
+GIVE_UP = 600.0
+LEGAL = policy("legal", give_up_after=GIVE_UP)
+LEASE = TIMEOUT + GRACE
+
+
+@pytest.fixture
+def rig() -> Iterator[EngineRig]:
+    with EngineRig(LEGAL, concurrency=1) as engines:
+        yield engines
+
+
+def after_the_claim_is_saved(rig: EngineRig, key: str, then: Callable[[], None]) -> None:
+    """`then` runs once, right after the claim of `key` is stored, before its call."""
+    ledger: Ledger = rig.ledger
+    save = ledger._save_retrying
+    done: list[bool] = []
+
+    def save_then(jobs: Sequence[SendJob], *args: Any, **kwargs: Any) -> None:
+        claims = any(j.key == key and j.state is JobState.ATTEMPTED for j in jobs)
+        save(jobs, *args, **kwargs)
+        if claims and not done:
+            done.append(True)
+            then()
+
+    ledger._save_retrying = save_then  # type: ignore[method-assign]
+
+
+def stopping(rig: EngineRig) -> None:
+    rig.engine.stop()
+
+
+def lease_run_short(rig: EngineRig) -> None:
+    rig.clock.advance(LEASE)  # a slow commit: too little of the claim's lease is left
+
+
+def circuit_opened(rig: EngineRig) -> None:
+    for _ in range(rig.settings.daemon.circuit_failures):
+        rig.engine.circuits.unavailable("fake", rig.clock())
+
+
+RELEASES = {STOPPED: stopping, NOT_OURS: lease_run_short, WITHHELD: circuit_opened}
+
+
+def the_release(rig: EngineRig, key: str) -> SendJob.Rejected:
+    """The job's last Rejected."""
+    return [e for e in rig.ledger.history(key) if isinstance(e, SendJob.Rejected)][-1]
+
+
+@pytest.mark.parametrize("reason", list(RELEASES), ids=["stopped", "not-ours", "withheld"])
+def test_a_claim_released_unsent_says_nothing_of_the_provider(rig: EngineRig, reason: str) -> None:
+    rig.submit("legal", "k1")
+    after_the_claim_is_saved(rig, "k1", lambda: RELEASES[reason](rig))
+    report = rig.tick()
+    assert rig.provider.sends == 0
+    released = the_release(rig, "k1")
+    assert released.reason == reason and released.released
+    job = rig.job("k1")
+    assert job.unavailable_since is None  # before: set, the give-up counted from here
+    assert type_of(released, WEBHOOK_TYPES) is None  # before: `rejected`, `unavailable`
+    assert (job.state, job.round_attempts) == (JobState.REQUESTED, 0)  # no attempt spent
+    assert (report.rejected, report.unavailable) == (0, 0), report  # no provider refusal
+
+
+def test_a_send_stopped_before_its_call_is_recorded_as_not_ours(rig: EngineRig) -> None:
+    # A send of several calls stopped before any that could send it (Graph's tidy, its
+    # scope gone to another daemon): the same release, in words the store reads so.
+    rig.submit("legal", "k1")
+    rig.provider.script(Scripted.stopped_before_send())
+    report = rig.tick()
+    released = the_release(rig, "k1")
+    assert released.reason == NOT_OURS and released.released
+    assert rig.job("k1").unavailable_since is None
+    assert type_of(released, WEBHOOK_TYPES) is None
+    assert (report.rejected, report.unavailable) == (0, 0), report
+
+
+def test_a_release_leaves_an_outage_s_wait_as_it_was(rig: EngineRig) -> None:
+    # Neither set nor cleared: a job the provider refused as unavailable still counts
+    # its `give_up_after` from that refusal after a release in between.
+    rig.submit("legal", "k1")
+    rig.provider.script(Scripted.unavailable())
+    rig.tick()
+    since = rig.job("k1").unavailable_since
+    assert since is not None
+    rig.clock.advance(5)
+    after_the_claim_is_saved(rig, "k1", lambda: stopping(rig))
+    rig.tick()
+    assert the_release(rig, "k1").reason == STOPPED
+    assert rig.job("k1").unavailable_since == since
