@@ -12,6 +12,7 @@ effects are counted in the store itself.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import socket
 import threading
@@ -34,6 +35,7 @@ from ledger.application import ConcurrentUpdate, Ledger, Sender
 from ledger.content import JobContent
 from ledger.job import JobState, SendJob
 from ledger.stores.cipher import new_key
+from ledger.stores.url import PostgresStore, parse_store_url
 from ledger.vocabulary import PolicyRef
 
 pytestmark = pytest.mark.postgres
@@ -51,6 +53,9 @@ class LostAckProxy:
         self.port = self._listener.getsockname()[1]
         self.armed = threading.Event()
         self.dropped = threading.Event()
+        #: Set: the server unreachable (every connection cut, new ones closed at once).
+        self.down = threading.Event()
+        self.down_at_drop = False  # the server unreachable from the dropped COMMIT on
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -60,6 +65,9 @@ class LostAckProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.down.is_set():
+                client.close()
+                continue
             server = socket.create_connection(self._target)
             self._sockets += [client, server]
             mute = threading.Event()
@@ -75,11 +83,15 @@ class LostAckProxy:
     def _up(self, client: socket.socket, server: socket.socket, mute: threading.Event) -> None:
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
+                if self.down.is_set():
+                    break
                 if self.armed.is_set() and b"COMMIT" in data:
                     self.armed.clear()
                     mute.set()  # the server's answer to the COMMIT never arrives
                     server.sendall(data)
                     time.sleep(0.5)  # the server applies it
+                    if self.down_at_drop:
+                        self.down.set()
                     self.dropped.set()
                     for end in (client, server):
                         with contextlib.suppress(OSError):
@@ -87,6 +99,10 @@ class LostAckProxy:
                         end.close()
                     return
                 server.sendall(data)
+        for end in (client, server):  # the server unreachable: the connection cut
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
 
     def close(self) -> None:
         stop_listening(self._listener)
@@ -108,6 +124,47 @@ def proxied(pg_url: str) -> Iterator[tuple[str, LostAckProxy]]:
         yield urlunsplit(parts._replace(netloc=through)), proxy
     finally:
         proxy.close()
+
+
+def _engine(ledger: Ledger, *, lease: float) -> tuple[FakeProvider, Engine]:
+    """Daemon "a" on `ledger`, its provider's timeout and grace `lease` each."""
+    fake = FakeProvider("fake", clock=ledger.clock)
+    engine = Engine(ledger, PolicyHolder(lambda: POLICIES), {"fake": Mailboxes(fake)},
+                    provider_timeouts={"fake": lease}, deadline_grace=lease,
+                    rng=random.Random(1), daemon_name="a")  # fmt: skip
+    return fake, engine
+
+
+def _cut_the_claim_at_its_commit(
+    ledger: Ledger,
+    proxy: LostAckProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    back_by_the_read_back: bool,
+) -> None:
+    """The next claim's COMMIT reaches the server, its answer and the look-up of its
+    transaction are lost, and the store's tries give up (an outage as long as
+    `store_wait`): the save raises, the claim stored. `back_by_the_read_back`: the
+    server answers the read-back that follows; else it stays unreachable through it
+    (`LostAckProxy.down`)."""
+
+    def look_up_lost(xid: int) -> bool:
+        # The server unreachable meanwhile: no connection to ask it on.
+        if back_by_the_read_back:
+            ledger.store_wait = Ledger.store_wait
+        raise PoolTimeout("couldn't get a connection after 0.01 sec")
+
+    monkeypatch.setattr(ledger.recorder, "_committed", look_up_lost)
+    save_job = ledger.save_job
+
+    def claim_cut_at_its_commit(job: SendJob, **kwargs: Any) -> None:
+        if job.state is JobState.ATTEMPTED and not proxy.dropped.is_set():
+            ledger.store_wait = 0.0  # no try again: the save gives up at once
+            proxy.down_at_drop = not back_by_the_read_back
+            proxy.armed.set()
+        save_job(job, **kwargs)
+
+    monkeypatch.setattr(ledger, "save_job", claim_cut_at_its_commit)
 
 
 def _content(key: str) -> JobContent:
@@ -183,30 +240,10 @@ def test_a_claim_whose_save_gave_up_at_a_lost_commit_is_read_back_and_released(
     and the job is sent at the next tick, once."""
     url, proxy = proxied
     with Ledger(url) as ledger:
-        fake = FakeProvider("fake", clock=ledger.clock)
-        calls = Mailboxes(fake)
-        engine = Engine(ledger, PolicyHolder(lambda: POLICIES), {"fake": calls},
-                        provider_timeouts={"fake": 5.0}, deadline_grace=5.0,
-                        rng=random.Random(1), daemon_name="a")  # fmt: skip
+        fake, engine = _engine(ledger, lease=5.0)
         try:
             submit(ledger, "k4", 0)
-
-            def look_up_lost(xid: int) -> bool:
-                # The server unreachable meanwhile: no connection to ask it on, and the
-                # store's tries give up; it answers again by the read-back.
-                ledger.store_wait = Ledger.store_wait
-                raise PoolTimeout("couldn't get a connection after 0.01 sec")
-
-            monkeypatch.setattr(ledger.recorder, "_committed", look_up_lost)
-            save_job = ledger.save_job
-
-            def claim_cut_at_its_commit(job: SendJob, **kwargs: Any) -> None:
-                if job.state is JobState.ATTEMPTED and not proxy.dropped.is_set():
-                    ledger.store_wait = 0.0  # no try again: the save gives up at once
-                    proxy.armed.set()
-                save_job(job, **kwargs)
-
-            monkeypatch.setattr(ledger, "save_job", claim_cut_at_its_commit)
+            _cut_the_claim_at_its_commit(ledger, proxy, monkeypatch, back_by_the_read_back=True)
             engine.tick()
             assert proxy.dropped.is_set()
             assert fake.sends == 0
@@ -217,5 +254,56 @@ def test_a_claim_whose_save_gave_up_at_a_lost_commit_is_read_back_and_released(
                 time.sleep(0.05)
                 engine.tick()
             assert (fake.sends, fake.searches) == (1, 0)
+        finally:
+            engine.close()
+
+
+def test_a_claim_whose_commit_and_read_back_are_lost_is_read_back_once_the_store_answers(
+    proxied: tuple[str, LostAckProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT of a claim's save reaches the server and its answer is lost, and the
+    server stays unreachable through the read-back: before, the claim waited for its
+    deadline and was recovered as an unknown outcome, searched for a send never made.
+    It is read back again at the next tick the store answers, before its deadline, and
+    released on the version read: the job is sent once, with no search."""
+    url, proxy = proxied
+    spec = parse_store_url(url)
+    assert isinstance(spec, PostgresStore)
+    # The pool's wait for a connection to the unreachable server: libpq's least.
+    with Ledger(dataclasses.replace(spec, connect_timeout=2)) as ledger:
+        fake, engine = _engine(ledger, lease=60.0)
+        try:
+            submit(ledger, "k5", 0)
+            _cut_the_claim_at_its_commit(ledger, proxy, monkeypatch, back_by_the_read_back=False)
+            read_back = ledger.stored_after_unsure
+            failed: list[BaseException] = []
+
+            def server_back_after_the_read_back(job: SendJob) -> bool:
+                try:
+                    return read_back(job)
+                except Exception as exc:
+                    failed.append(exc)  # the claim unsure still: kept to read again
+                    proxy.down.clear()  # and the server reachable again right after
+                    ledger.store_wait = Ledger.store_wait
+                    raise
+
+            monkeypatch.setattr(ledger, "stored_after_unsure", server_back_after_the_read_back)
+            give_up = time.monotonic() + 30
+            while time.monotonic() < give_up:
+                # The pool's connections come back at its own pace: its reads fail until.
+                with contextlib.suppress(OperationalError):
+                    engine.tick()
+                    if len(ledger.history("k5")) > 2:
+                        break
+            assert proxy.dropped.is_set() and failed  # the read-back at once failed
+            _requested, claim, release = ledger.history("k5")
+            assert isinstance(claim, SendJob.Attempted) and claim.daemon == "a"
+            assert isinstance(release, SendJob.Rejected) and release.released
+            assert release.timestamp < claim.deadline  # no recovery was due yet
+            while ledger.get_job("k5").state is not JobState.CONFIRMED:
+                time.sleep(0.05)
+                engine.tick()
+            assert (fake.sends, fake.searches) == (1, 0)
+            assert "Unknown" not in [type(e).__name__ for e in ledger.history("k5")]
         finally:
             engine.close()

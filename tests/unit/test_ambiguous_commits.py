@@ -15,7 +15,7 @@ from tests.unit.test_leases import finish, slow_send
 
 from daemon.webhooks.events import WEBHOOK_TYPES, type_of
 from ledger.application import ConcurrentUpdate
-from ledger.job import SendJob
+from ledger.job import CLAIM_READ_BACK, SendJob
 from ledger.stores.index import Withdrawn
 from ledger.vocabulary import JobState
 
@@ -28,6 +28,11 @@ def rig() -> Iterator[EngineRig]:
     rig = EngineRig(REVIEW, concurrency=2)
     yield rig
     rig.close()
+
+
+def the_release(rig: EngineRig, key: str) -> SendJob.Rejected:
+    [released] = [e for e in rig.ledger.history(key) if isinstance(e, SendJob.Rejected)]
+    return released
 
 
 def lose_next_commit_answer(rig: EngineRig) -> list[int]:
@@ -172,26 +177,57 @@ def _withdrawn(job: SendJob, **kwargs: Any) -> None:
     raise Withdrawn("not saved: the daemon stopped while its save waited for a connection")
 
 
-def test_a_claim_whose_commit_failed_and_cannot_be_read_back_is_recovered_as_unknown(
-    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    rig.submit("legal", "k1")
-    lose_next_commit_answer(rig)
+def unreadable_past_a_version(rig: EngineRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's reads past a job's version fail (the read-back: the store down)."""
     get = rig.ledger.events.get
 
-    def unreadable_past_a_version(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("gt") is not None:  # the read-back: the store down again
+    def unreadable(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("gt") is not None:
             raise OperationalError("the store's connection dropped")
         return get(*args, **kwargs)
 
-    monkeypatch.setattr(rig.ledger.events, "get", unreadable_past_a_version)
+    monkeypatch.setattr(rig.ledger.events, "get", unreadable)
+
+
+def test_a_claim_whose_commit_failed_and_cannot_be_read_back_is_read_back_once_it_answers(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its read-back failing too, the claim was left to its deadline: recovered as an
+    unknown outcome (here a person's look) for a send never made. It is read back at
+    each tick until the store answers, and released then, before the deadline."""
+    rig.submit("legal", "k1")
+    lose_next_commit_answer(rig)
+    unreadable_past_a_version(rig, monkeypatch)
+    rig.tick(errors=1)
+    assert rig.events("k1") == ["Requested", "Attempted"]
+    rig.tick()  # the store still down: kept, no release, no recovery
+    assert rig.events("k1") == ["Requested", "Attempted"]
+    monkeypatch.undo()
+    rig.tick()
+    assert rig.events("k1") == ["Requested", "Attempted", "Rejected"]
+    assert the_release(rig, "k1").reason == CLAIM_READ_BACK
+    assert rig.job("k1").unavailable_since is None and rig.job("k1").round_attempts == 0
+    rig.advance_and_tick(LEASE + 1)
+    assert (rig.provider.sends, rig.provider.searches) == (1, 0)
+    assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
+
+
+def test_an_unsent_claim_another_daemon_recovered_meanwhile_is_left_to_it(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Written on the version read: the other daemon's Unknown stands, nothing is
+    # released on top of it, and its search settles the job.
+    rig.submit("legal", "k1")
+    lose_next_commit_answer(rig)
+    unreadable_past_a_version(rig, monkeypatch)
     rig.tick(errors=1)
     monkeypatch.undo()
-    assert rig.provider.sends == 0
-    assert rig.events("k1") == ["Requested", "Attempted"]
     rig.clock.advance(LEASE + 1)
-    assert rig.tick().recovered == 1
-    assert rig.provider.sends == 0 and rig.job("k1").state is JobState.REVIEW
+    other = rig.new_engine("other")
+    assert other.tick().recovered == 1
+    rig.tick()
+    assert rig.events("k1") == ["Requested", "Attempted", "Unknown", "Escalated"]
+    assert rig.engine.unsent.kept() == [] and rig.provider.sends == 0
 
 
 def test_another_writers_conflict_is_told_without_reading_the_store(

@@ -33,6 +33,7 @@ from daemon.engine.leases import Lease, Leases
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.readback import ProviderHealth
 from daemon.engine.unknown import unknown_to_events
+from daemon.engine.unsent import UnsentClaims, release_decision
 from daemon.engine.work import Work, count_failure
 from daemon.providers.base import (
     Provider,
@@ -141,10 +142,13 @@ class Dispatch:
         daemon: str = "",
         may_call: Callable[[ChannelPolicy | None, str, datetime], bool] | None = None,
         policies: PolicyHolder | None = None,
+        unsent: UnsentClaims | None = None,
     ) -> None:
         """`may_call(policy, from_addr, now)`: whether this daemon may call for that
         From's quota scope now (`OurScopes.may_call`); None: it works for every scope.
-        `policies`: the policies in force now."""
+        `policies`: the policies in force now. `unsent`: where a claim whose save and
+        read-back both failed is kept, to be read back again (`unsent.py`)."""
+        self._unsent = unsent
         self._may_call = may_call
         self._policies = policies
         self._daemon = daemon  # recorded on each claim (recover.py: RecoverOwnClaims)
@@ -227,7 +231,8 @@ class Dispatch:
         up) is settled by reading the store back, not left to the claim's deadline and a
         search (or a person's look) for a send never made: this process's own Attempted
         stored, the claim is released with nothing sent (False, the outcome set: due
-        again); not stored, or the read failing too, the save's failure as before."""
+        again); not stored, the save's failure as before; the read failing too, the
+        save's failure, the claim kept to be read back again (`unsent.py`)."""
         try:
             self.save_claim(claimed)
             return True
@@ -241,7 +246,10 @@ class Dispatch:
             try:
                 stored = work.ledger.stored_after_unsure(work.job)
             except Exception as exc:
+                # Still unsure: read back again once the store answers (`unsent.py`).
                 log.info("job %s: the claim's save not read back: %s", work.job.key, exc)
+                if self._unsent is not None:
+                    self._unsent.remember(work.job, claimed.policy)
                 stored = False
             if not stored:
                 raise
@@ -802,15 +810,18 @@ class Dispatch:
         outcome = known(claimed.outcome, "a rejection follows the call's outcome")
         if not outcome.transient:
             return decisions.after_permanent_rejection(policy)
-        if unavailable:
+        wait = self._circuits.settings.probe_after
+        if unavailable and _released(outcome):
             # A claim released unsent waited for no provider: no give-up is due on it.
+            return release_decision(policy, now, wait)
+        if unavailable:
             return decisions.after_unavailable(
                 policy,
-                waiting_since=now if _released(outcome) else job.unavailable_since or now,
+                waiting_since=job.unavailable_since or now,
                 now=now,
                 # Due again soon: while the circuit is open the job waits in memory,
                 # where `give_up_after` is checked, not in the store.
-                wait=self._circuits.settings.probe_after,
+                wait=wait,
                 retry_after=outcome.retry_after,
             )
         return decisions.after_transient_rejection(

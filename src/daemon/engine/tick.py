@@ -39,6 +39,7 @@ from daemon.engine.report import Counter, TickReport
 from daemon.engine.runner import StepRunner
 from daemon.engine.search import FirstDue, SearchBackoff, Sweep, Tidy, Verify
 from daemon.engine.sends import SendSteps, SendWorkers
+from daemon.engine.unsent import UnsentClaims
 from daemon.engine.work import Step, Work
 from daemon.providers.base import Provider
 from ledger.application import Ledger
@@ -193,6 +194,10 @@ class Engine:
         backoff = self._backoff = SearchBackoff(
             self.circuits, self.clock, may_call=None if self.owners is None else self._may_call
         )
+        # Claims whose save and read-back both failed, read back again (`unsent.py`).
+        self.unsent = UnsentClaims(
+            ledger, self.clock, self.circuits.settings.probe_after, self.commits.save
+        )
         self._dispatch = Dispatch(
             self.health,
             self.clock,
@@ -205,6 +210,7 @@ class Engine:
             daemon=daemon_name,
             may_call=None if self.owners is None else self.scopes.may_call,
             policies=policies,
+            unsent=self.unsent,
         )
         self._checks_steps: tuple[Step, ...] = (
             Recover(self.health, self.leases),
@@ -376,6 +382,7 @@ class Engine:
         self.health.refresh(self.providers)
         self._forget_idle()
         self._sends.refill()
+        self._offer_unsent()
         for step in self._checks_steps:
             self._offer_checks(step)
         self._offer_bounce_reads()
@@ -391,6 +398,8 @@ class Engine:
         self._forget_idle()
         self._sends.refill()
         self._sends.drain()
+        self._offer_unsent()
+        self._checks.drain()
         for step in self._checks_steps:
             self._offer_checks(step)
             self._checks.drain()
@@ -451,6 +460,22 @@ class Engine:
         return self.scopes.may_call(
             work.policy, work.job.from_addr, self.clock(), work.provider_name or None
         )
+
+    def _offer_unsent(self) -> None:
+        """Each claim whose save and read-back failed, read back again on a check worker
+        under its job's key (so never beside the job's recovery), before its deadline's
+        recovery would search for a send never made (`unsent.py`)."""
+        if self._stopping.is_set():
+            return
+        for key in self.unsent.kept():
+            self._checks.submit_task(key, partial(self._settle_unsent, key))
+
+    def _settle_unsent(self, key: str) -> None:
+        try:
+            self.unsent.settle(key)
+        except Exception as exc:
+            # The store still down: tried again at the next tick.
+            log.info("job %s: its unsent claim not read back yet (%s)", key, exc)
 
     def _offer_checks(self, step: Step) -> None:
         free = self._checks.free()

@@ -1,0 +1,117 @@
+"""Claims this process saved without knowing whether the save landed, and never called.
+
+A claim's save that raised with its commit not known is read back at once
+(`Dispatch.save_claim_or_read_back`). When that read fails too (the store still down),
+the claim may be stored with no call behind it, and only this process knows there is
+none. Left alone it waits for its deadline and is recovered as an unknown outcome:
+searched, or with `on_unknown = "review"` a person's look, for a send never made
+(docs/architecture.md "Ambiguous commits"). `UnsentClaims` keeps such a claim's job (its
+claim still pending on it) and reads the store back again at each tick until it answers,
+before the deadline's recovery: the claim stored, this process's own and the job's last
+event, it is released on the version read, as the read-back at once would have done;
+anything else (not stored, another writer's event after it, a conflict at the release:
+another daemon recovered it meanwhile) is left to the store's own course.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from daemon.engine.clock import Clock
+from ledger.application import ConcurrentUpdate, Ledger
+from ledger.decision_types import AfterRejection
+from ledger.job import CLAIM_READ_BACK, SendJob
+from ledger.vocabulary import JobState
+from policies import decisions
+from policies.model import ChannelPolicy
+
+log = logging.getLogger("sendledger.engine")
+
+#: Claims remembered at most; past that the oldest is left to its deadline's recovery.
+REMEMBERED = 1_000
+
+
+def release_decision(policy: ChannelPolicy, now: datetime, wait: float) -> AfterRejection:
+    """When a claim released with no call made is due again: after `wait` (the circuit's
+    probe time), with no give-up wait counted from it (it waited for no provider)."""
+    return decisions.after_unavailable(
+        policy, waiting_since=now, now=now, wait=wait, retry_after=None
+    )
+
+
+@dataclass
+class _Unsent:
+    job: SendJob  # its claim pending on it: saved unsure, its read-back failed, not called
+    policy: ChannelPolicy
+
+
+class UnsentClaims:
+    """Per job key, a claim of this process whose save and read-back both failed."""
+
+    def __init__(
+        self, ledger: Ledger, clock: Clock, wait: float, save: Callable[[SendJob], None]
+    ) -> None:
+        """`wait`: a release's wait before the job is due again (the circuit's probe
+        time, as `Dispatch`'s); `save`: the engine's group commit (`commit.py`), whose
+        saves keep a stop's window."""
+        self._save = save
+        self._ledger = ledger
+        self._clock = clock
+        self._wait = wait
+        self._lock = threading.Lock()
+        self._claims: dict[str, _Unsent] = {}
+
+    def remember(self, job: SendJob, policy: ChannelPolicy) -> None:
+        with self._lock:
+            self._claims.pop(job.key, None)
+            self._claims[job.key] = _Unsent(job, policy)
+            while len(self._claims) > REMEMBERED:
+                del self._claims[next(iter(self._claims))]
+
+    def kept(self) -> list[str]:
+        """The keys of the claims kept, oldest first."""
+        with self._lock:
+            return list(self._claims)
+
+    def settle(self, key: str) -> None:
+        """Read the claim of `key` back; stored and the job's last event, released with
+        no call made (a `Rejected`, `CLAIM_READ_BACK`). Raises, and keeps the claim for
+        the next tick, while the store does not answer."""
+        with self._lock:
+            unsent = self._claims.get(key)
+        if unsent is None:
+            return
+        job = unsent.job
+        if job.state is JobState.ATTEMPTED:  # not released yet (else its save failed)
+            # Exactly this process's own claim stored past the version it was made on,
+            # nothing after it: adopted, the job at the claim's version.
+            if job.pending_events and not self._ledger.stored_after_unsure(job):
+                self._forget(key, unsent)  # not stored, or moved on by another writer
+                return
+            now = self._clock()
+            job.record_rejection(
+                transient=True,
+                reason=CLAIM_READ_BACK,
+                status=None,
+                decision=release_decision(unsent.policy, now, self._wait),
+                at=now,
+                unavailable=True,
+            )
+        try:
+            # On the version read: another daemon's recovery written since conflicts. A
+            # release whose own save failed unsure is met as this process's own write.
+            self._save(job)
+        except ConcurrentUpdate:
+            log.info("job %s: its unsent claim was taken by another writer", key)
+        else:
+            log.warning("job %s: %s (read back late)", key, CLAIM_READ_BACK)
+        self._forget(key, unsent)
+
+    def _forget(self, key: str, unsent: _Unsent) -> None:
+        with self._lock:
+            if self._claims.get(key) is unsent:
+                del self._claims[key]
