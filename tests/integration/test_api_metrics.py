@@ -79,6 +79,22 @@ def test_the_observer_counts_sends_searches_escalations_and_the_lag() -> None:
     assert found[("sendledger_jobs", (("state", "confirmed"),))] == 2
 
 
+def test_a_claim_released_with_no_call_made_is_counted_as_no_send() -> None:
+    # Before, its Rejected counted as a send refused (`rejected-transient`).
+    rig = EngineRig(policy("receipts"))
+    metrics = observed(rig)
+    try:
+        rig.provider.script(Scripted.stopped_before_send(), Scripted.unavailable())
+        rig.submit("receipts", "a")
+        rig.tick()
+        rig.advance_and_tick(60)  # due again: the provider refuses it, unavailable
+        found = samples(metrics)
+    finally:
+        rig.close()
+    refused = ("sendledger_sends_total", (("outcome", "rejected-transient"), ("provider", "fake")))
+    assert found[refused] == 1, rig.events("a")
+
+
 def test_history_reads_are_counted_by_what_they_settled() -> None:
     """docs/http-api.md "Metrics": a lost reply confirmed through the mailbox's history is
     a `hit` (no search counted), a lost request a `miss`, an expired start `unusable`."""

@@ -143,7 +143,8 @@ class Metrics:
                     self.history_reads.labels("hit").inc()
             elif kind == "Unknown":
                 self.sends.labels(provider, "unknown").inc()
-            elif kind == "Rejected":
+            elif kind == "Rejected" and not getattr(event, "released", False):
+                # A claim its daemon released with no call made is no send (`released`).
                 transient = getattr(event, "transient", False)
                 outcome = "rejected-transient" if transient else "rejected-permanent"
                 self.sends.labels(provider, outcome).inc()
