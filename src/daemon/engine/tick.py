@@ -474,8 +474,10 @@ class Engine:
         try:
             self.unsent.settle(key)
         except Exception as exc:
-            # The store still down: tried again at the next tick.
-            log.info("job %s: its unsent claim not read back yet (%s)", key, exc)
+            # The store still down: tried again at the next tick. Not said at each tick
+            # of an outage for every claim kept (up to `unsent.REMEMBERED` lines a tick):
+            # the claim's first failed read-back was (`Dispatch.save_claim_or_read_back`).
+            log.debug("job %s: its unsent claim not read back yet (%s)", key, exc)
 
     def _offer_checks(self, step: Step) -> None:
         free = self._checks.free()
