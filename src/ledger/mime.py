@@ -16,6 +16,7 @@ with the same Message-ID. `ledger/wire_check.py` proves the bytes say what the j
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -141,13 +142,13 @@ def message_id(field: str, value: str) -> str:
 
 def _header_lines(fields: MessageFields) -> list[str]:
     lines = [
-        _address_line("From", [mailbox_of("from", fields.from_addr)]),
+        _sender_line("From", "from", fields.from_addr),
         _address_line("To", mailboxes("to", fields.to)),
     ]
     if fields.cc:
         lines.append(_address_line("Cc", mailboxes("cc", fields.cc)))
     if fields.reply_to is not None:
-        lines.append(_address_line("Reply-To", [mailbox_of("reply_to", fields.reply_to)]))
+        lines.append(_sender_line("Reply-To", "reply_to", fields.reply_to))
     reject_unsafe_header_text("subject", fields.subject)
     lines.append(unstructured("Subject", fields.subject))
     lines.append(f"Date: {date_value(fields.date)}")
@@ -162,6 +163,18 @@ def _header_lines(fields: MessageFields) -> list[str]:
     for name, value in fields.headers:
         lines.append(_extra_header(name, value))
     return lines
+
+
+# A sender's From (and Reply-To) is the same text on every job of its channel, and its
+# line a pure function of that text (the header's name and the job field a refusal names
+# are part of the key): written once per text and shared, as `addresses._parse_text`
+# shares the parse. A refusal is not cached (lru_cache keeps no exceptions). The
+# recipients' lines, different on almost every job, are written each time.
+@functools.lru_cache(maxsize=4096)
+def _sender_line(name: str, field: str, address: str) -> str:
+    """The `name` header line of the one mailbox `address` (`field` naming it when it is
+    none), folded as every address line is."""
+    return _address_line(name, [mailbox_of(field, address)])
 
 
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
