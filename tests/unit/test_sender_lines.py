@@ -1,6 +1,6 @@
 """A sender's From is written and proved once for every message that sends as it, and the
 proof still reads each message's own bytes: a From header that differs by a character is
-checked afresh (docs/architecture.md "The message"; docs/performance.md "Issue 30").
+checked afresh (docs/architecture.md "The message"; docs/performance.md "Commits per job").
 """
 
 from __future__ import annotations
