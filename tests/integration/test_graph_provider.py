@@ -1209,3 +1209,42 @@ def test_a_claim_that_lost_its_race_deletes_the_draft_made_for_it(
         assert rig.events("k1").count("Attempted") == 1
     assert graph.folder(MAILBOX, "drafts") == [] and graph.folder(MAILBOX, "deleteditems") == []
     assert logged_copies(accept_log, message_id) == 1
+
+
+def test_a_stop_asked_while_the_worker_flushes_before_the_create_makes_no_draft(
+    provider: ProviderFactory,
+    graph: GraphEmulator,
+    accept_log: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Graph create is made before the claim, after the worker reads the job's row and
+    commits the outcomes left for the next commit (a flush that may wait behind a held
+    row): a stop asked meanwhile starts no call (docs/operations.md "Stopping"). Before,
+    the create went out after the signal, a call of the provider's whole timeout that a
+    shorter `daemon.stop_timeout` ends the process under, leaving a draft no claim
+    records. Now no draft and no claim: the next run sends the job, once."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from daemon.engine import dispatch
+    from ledger.vocabulary import JobState
+
+    a = provider()
+    with EngineRig(policy("receipts"), provider=lambda clock: cast(FakeProvider, a)) as rig:
+        message_id = rig.submit("receipts", "k1")
+        moved = dispatch._moved_since_loaded
+
+        def stopped_meanwhile(work: Any) -> bool:
+            rig.engine.stop()  # SIGTERM while the worker reads the row and flushes
+            return moved(work)
+
+        monkeypatch.setattr(dispatch, "_moved_since_loaded", stopped_meanwhile)
+        rig.tick()
+        assert graph.folder(MAILBOX, "drafts") == [], rig.events("k1")
+        assert rig.events("k1") == ["Requested"]
+        monkeypatch.setattr(dispatch, "_moved_since_loaded", moved)
+        rig.restart()
+        rig.tick()
+        assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
+    assert graph.folder(MAILBOX, "drafts") == []
+    assert logged_copies(accept_log, message_id) == 1

@@ -411,8 +411,7 @@ class Dispatch:
                 )
                 return None
             except drafts_flow.NotOurs:
-                log.info("job %s: no draft made: its quota scope went to another daemon", job.key)
-                work.count("skipped")
+                self._no_draft(work)
                 return None
             except DraftRefused as exc:
                 # Refused for good (the port's contract): nothing exists, and asking again
@@ -476,14 +475,25 @@ class Dispatch:
     def _may_create(self, work: Work, policy: ChannelPolicy) -> Callable[[], bool]:
         """Asked right before a draft is made: whether this daemon may still call for the
         job's quota scope (a draft step's earlier calls, or the wait for its worker, may
-        each take the provider's timeout)."""
+        each take the provider's timeout), and is not stopping: the flush before the
+        draft step may wait behind a held row, and no call starts after the stop signal
+        (docs/operations.md "Stopping")."""
 
         def may_create() -> bool:
+            if self._stopping.is_set():
+                return False
             return self._may_call is None or self._may_call(
                 policy, work.job.from_addr, self._clock()
             )
 
         return may_create
+
+    def _no_draft(self, work: Work) -> None:
+        """No draft made and no claim, `_may_create` having said no: the job stays due."""
+        stopping = self._stopping.is_set()
+        why = "the daemon is stopping" if stopping else "its quota scope went to another daemon"
+        log.info("job %s: no draft made: %s", work.job.key, why)
+        work.count("skipped")
 
     def _make_draft(
         self,
@@ -504,8 +514,7 @@ class Dispatch:
             return None
         work.flush()  # as before a drafts-mode draft step: a call of its timeout
         if not self._may_create(work, policy)():
-            log.info("job %s: no draft made: its quota scope went to another daemon", work.job.key)
-            work.count("skipped")
+            self._no_draft(work)
             return None
         with self._circuits.calling(provider.scope()):
             return first.make_draft(raw)
@@ -521,7 +530,7 @@ class Dispatch:
         with its draft recorded, and the call is not made (`stopped`): the next run's
         attempt tidies the draft by its id."""
         key = work.job.key
-        if self._stopping.is_set() or not self._may_create(work, policy)():
+        if not self._may_create(work, policy)():
             log.info("job %s: draft %s left to its scope's new owner", key, draft_id)
             return
         try:
