@@ -1248,3 +1248,35 @@ def test_a_stop_asked_while_the_worker_flushes_before_the_create_makes_no_draft(
         assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
     assert graph.folder(MAILBOX, "drafts") == []
     assert logged_copies(accept_log, message_id) == 1
+
+
+def test_a_new_owner_counts_the_copy_a_replaced_daemon_s_recorded_draft_became(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """Daemon `a`'s send of its recorded draft is made and its answer lost (Unknown), and
+    `a` is replaced by `b`, which takes the mailbox; the index lags, so `$filter` shows
+    no copy. `b`'s fence reads that draft by the id its claim recorded and finds it no
+    draft: a copy. Before, `b`'s search read by id only the drafts its own process made,
+    missed, and a resend followed, stopped only by the next attempt's tidy (Unknown again,
+    an attempt spent each round, a copy found in the end by review). Now the search reads
+    the recorded draft by id too: confirmed at once, one copy."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.vocabulary import JobState
+
+    graph.set_lag(3600)  # `$filter` shows neither the draft nor the copy
+    a, b = provider(), provider()
+    with EngineRig(
+        policy("receipts", on_unknown="retry"), provider=lambda clock: cast(FakeProvider, a)
+    ) as rig:
+        message_id = rig.submit("receipts", "k1")
+        relay.set_plan(FaultPlan(send=["drop-response"]))
+        assert rig.tick().unknown == 1
+        rig.engine.close()  # `a` is gone; `b` starts with nothing remembered
+        rig.provider = cast(FakeProvider, b)
+        rig.engine = rig.new_engine("b")
+        rig.advance_and_tick(60)  # search_after: `b`'s sweep fences, then searches
+        assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
+        assert rig.events("k1").count("Attempted") == 1
+    assert logged_copies(accept_log, message_id) == 1

@@ -752,9 +752,11 @@ class GraphProvider(ProviderBase):
         by `$filter=internetMessageId eq '...'` through every page, joined
         with this
         process's drafts of it that are no drafts any more (read by immutable id: a copy
-        the filter may not show yet). Reads only: a human's check may run while the
-        job's send is in flight, and deleting its draft then would make that send fail
-        (the engine fences with `delete_drafts` before it counts a lapsed claim's copies).
+        the filter may not show yet), those another process made included once a fence
+        here read them by the id their claims recorded (`delete_drafts_in`). Reads only: a
+        human's check may run while the job's send is in flight, and deleting its draft
+        then would make that send fail (the engine fences with `delete_drafts` before it
+        counts a lapsed claim's copies).
         """
         literal = filter_value(message_id)
         hits: dict[str, SearchHit] = {}
@@ -825,10 +827,17 @@ class GraphProvider(ProviderBase):
         whose send may be under way."""
         literal = filter_value(message_id)
         candidates: list[str] = []
+        mine = mailbox.drafts(message_id)
         ids = _made_drafts(mailbox, message_id, recorded) if filtered else list(recorded)
         for draft_id in ids:
             next_call(f"delete drafts {literal}")  # as in `search_in`
             found = self._message(mailbox, draft_id)
+            if found is not None and draft_id not in mine:
+                # Another process's (its claim recorded it): remembered as this process's
+                # own are, so the search after the fence reads by id the copy a send of
+                # it made, which `$filter` may not show for minutes, and `_fence` keeps
+                # a late send's copy counted.
+                mailbox.remember(message_id, draft_id)
             if found is not None and found.get("isDraft") is True:
                 candidates.append(draft_id)
         # Deleted Items too: a draft deleted there (by a person, or by an earlier
