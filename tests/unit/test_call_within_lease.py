@@ -458,7 +458,7 @@ def test_an_answer_read_within_the_lease_is_held_to_its_bound() -> None:
     answer's bound as it comes, so a server flooding an answer without end is cut at
     the bound, not at several times it."""
     ours, theirs = socket.socketpair()
-    ours.settimeout(2.0)
+    ours.settimeout(10.0)  # longer than the lease: its wait reads
     bound = 1 << 20
     stop = threading.Event()
 
@@ -502,3 +502,43 @@ def test_a_clock_set_back_during_the_claims_save_does_not_stretch_the_call() -> 
     finally:
         rig.close()
     assert left <= LEASE - GRACE, left  # at most one timeout, not 10 s more
+
+
+class _Counting(socket.socket):
+    """A socket that counts the changes of its blocking mode and timeout (each a system
+    call that lets go of the interpreter lock)."""
+
+    changes = 0
+
+    def settimeout(self, value: float | None) -> None:
+        self.changes += 1
+        super().settimeout(value)
+
+    def setblocking(self, flag: bool) -> None:
+        self.changes += 1
+        super().setblocking(flag)
+
+
+@pytest.mark.parametrize(("ends_before", "waited"), [(0.003, False), (0.5, True)])
+def test_an_ordinary_answer_within_its_lease_is_read_as_any(
+    ends_before: float, waited: bool
+) -> None:
+    """A send's lease is counted from before its claim's save, so its bound ends a few
+    milliseconds before its answer's `timeout`: every answer of every healthy send went
+    through the lease's wait (a poll, and the socket's timeout changed and put back: four
+    system calls where a read makes two). A read the socket's timeout ends by the lease's
+    end plus `ANSWER_SLACK` is made as any read; a lease shorter still is waited for."""
+    mine, theirs = socket.socketpair()
+    ours = _Counting(mine.family, mine.type, mine.proto, fileno=mine.detach())
+    ours.settimeout(2.0)
+    ours.changes = 0
+    ends = time.monotonic() + 2.0 - ends_before
+    try:
+        reader = EarlyAnswer(ours).reader(within=2.0)
+        theirs.sendall(b"250 OK\r\n")
+        with calls_end_in(lambda: ends - time.monotonic()):
+            assert reader.readline() == b"250 OK\r\n"
+    finally:
+        ours.close()
+        theirs.close()
+    assert (ours.changes > 0) is waited, ours.changes

@@ -62,7 +62,8 @@ HTTP_ANSWER_BOUND = 64 * 1024 * 1024
 #: without end ends at its bound: within the timeout and 64 s (SMTP, IMAP) or 256 s (HTTP).
 ANSWER_FLOOR = 256 * 1024
 #: Seconds an answer's reads may end past its deadline: a read begun within this of the
-#: answer's start waits the socket's own timeout (`AnswerReader.readinto`).
+#: answer's start waits the socket's own timeout (`AnswerReader.readinto`), and so does
+#: one whose timeout ends within this of the claim's lease under the call (`_ends_by`).
 ANSWER_SLACK = 0.05
 #: Bytes read while writing past which the writing ends (`EarlyAnswer.read` is kept for
 #: the answer's reader): a server that keeps sending interim 1xx answers during an
@@ -250,7 +251,7 @@ class AnswerReader(io.RawIOBase):
             raise AnswerTooLong(f"an answer longer than {self._bound} bytes")
         left = self._deadline - time.monotonic()
         lease = call_time_left()
-        if lease is not None and lease < left:
+        if lease is not None and lease < left and not _ends_by(self._sock.gettimeout(), lease):
             left = self._within_lease(self._deadline, lease)
         elif left <= 0 and not self._readable_now():
             raise TimeoutError("timed out")
@@ -368,6 +369,16 @@ class AnswerReader(io.RawIOBase):
     def close(self) -> None:
         self._raw.close()
         super().close()
+
+
+def _ends_by(timeout: float | None, lease: float) -> bool:
+    """Whether a read the socket's `timeout` ends is over by the end of the claim's
+    `lease` (seconds left) plus `ANSWER_SLACK`: then it needs no wait of its own for the
+    lease (`AnswerReader._within_lease`: a poll and a change of the socket's timeout
+    each way, four system calls where a read makes two). An ordinary send's first read
+    is one: its lease was counted from before its claim's save, a few milliseconds
+    before its answer's wait began, so it ends that much before the answer's timeout."""
+    return timeout is not None and lease > 0 and timeout <= lease + ANSWER_SLACK
 
 
 class WatchedSocket:
