@@ -19,12 +19,12 @@ from daemon.config.settings import (
     Settings,
     SmtpImapProviderSettings,
 )
-from daemon.credentials import gmail_refusals, graph_credential, smtp_password
 from daemon.engine.circuit import CircuitSettings
 from daemon.engine.observer import EngineObserver
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.engine.tick import Engine
 from daemon.providers.base import Provider
+from daemon.secret_reads import gmail_refusals, graph_credential, smtp_password
 from ledger.application import Ledger
 from policies.loader import PolicySet
 

@@ -129,6 +129,7 @@ def test_the_daemon_package_keeps_only_its_wiring_at_the_top() -> None:
         "from_settings.py",
         "logs.py",
         "runtime.py",
+        "secret_reads.py",
         "systemd.py",
         "wakeup.py",
     }, top

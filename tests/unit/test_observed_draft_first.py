@@ -9,8 +9,14 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from daemon.engine.observer import NullObserver, ObservedProvider
-from daemon.providers.base import ProviderBase, SearchResult, SendKind, SendOutcome
-from daemon.providers.draft_handle import DraftFirst, delete_job_drafts
+from daemon.providers.base import (
+    ProviderBase,
+    SearchResult,
+    SendKind,
+    SendOutcome,
+    delete_job_drafts,
+)
+from daemon.providers.draft_handle import DraftFirst
 from ledger.job import SendJob
 
 

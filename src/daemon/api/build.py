@@ -11,11 +11,11 @@ from daemon.api.metrics import Metrics, Sources
 from daemon.api.server import ApiServer, ListenRefused
 from daemon.config.settings import ConfigError, Settings
 from daemon.config.tick_bound import tick_limit
-from daemon.credentials import load_tokens
 from daemon.engine.circuit import OpenCircuit
 from daemon.engine.policy_holder import PolicyHolder
 from daemon.from_settings import draft_providers, message_limits, thread_providers
 from daemon.providers.base import Provider
+from daemon.secret_reads import load_tokens
 from daemon.service_layer.doors import PolicyWatch, built_providers, lent_providers
 from ledger.application import Ledger
 

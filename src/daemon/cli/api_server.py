@@ -50,7 +50,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     # As `run` does: a token file (or any secret) others can read is said at start-up.
     warn_exposed_secrets(settings)
     policies = PolicyHolder(lambda: load_policies(settings))  # exit 2 on a broken folder
-    from daemon.credentials import load_tokens
+    from daemon.secret_reads import load_tokens
 
     load_tokens(settings)  # a bad token file is refused before the store is created
     name = settings.daemon.name

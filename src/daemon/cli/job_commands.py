@@ -250,7 +250,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
             # Checking a folder must work without a config; provider names then go unchecked.
             known = None
     else:
-        from daemon.credentials import secret_problems
+        from daemon.secret_reads import secret_problems
 
         settings = settings_for(args.config)
         directory, known = settings.policies_dir, set(settings.providers)

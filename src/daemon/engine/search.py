@@ -48,13 +48,13 @@ from daemon.providers.base import (
     ScopeLost,
     SearchResult,
     calls_while,
+    delete_job_drafts,
 )
 from daemon.providers.draft_handle import (
     Draft,
     DraftCheck,
     DraftsProvider,
     DraftStatus,
-    delete_job_drafts,
 )
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
 from ledger.application import ConcurrentUpdate

@@ -261,6 +261,15 @@ def for_job(provider: Provider, from_addr: str, thread_id: str | None) -> Provid
     return provider.for_job(from_addr, thread_id)
 
 
+def delete_job_drafts(provider: Provider, message_id: str, made: Collection[str] = ()) -> list[str]:
+    """The job's unsent drafts deleted: on a provider that makes its drafts before the
+    claim, the ones its claims recorded (`made`) by id too."""
+    first = provider.draft_first()
+    if first is not None and made:
+        return first.delete_made(message_id, made)
+    return provider.delete_drafts(message_id)
+
+
 __all__ = [
     "DEFAULT_READBACK_FIRST",
     "DEFAULT_READBACK_RATE",
@@ -274,6 +283,7 @@ __all__ = [
     "SearchResult",
     "SendKind",
     "SendOutcome",
+    "delete_job_drafts",
     "for_job",
     "stopped_before_send",
 ]

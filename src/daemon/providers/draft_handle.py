@@ -12,12 +12,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from daemon.providers.outcomes import ProviderError, SendOutcome
-
-if TYPE_CHECKING:
-    from daemon.providers.base import Provider
 
 
 @dataclass(frozen=True)
@@ -116,12 +113,3 @@ class DraftFirst(Protocol):
         `filtered`: those alone. The ids deleted. Raises ProviderError when the answer is
         not known."""
         ...
-
-
-def delete_job_drafts(provider: Provider, message_id: str, made: Collection[str] = ()) -> list[str]:
-    """The job's unsent drafts deleted: on a provider that makes its drafts before the
-    claim, the ones its claims recorded (`made`) by id too."""
-    first = provider.draft_first()
-    if first is not None and made:
-        return first.delete_made(message_id, made)
-    return provider.delete_drafts(message_id)

@@ -24,8 +24,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from daemon.providers.base import Provider, ProviderError, SearchHit, SearchResult, for_job
-from daemon.providers.draft_handle import Draft, DraftStatus, delete_job_drafts
+from daemon.providers.base import (
+    Provider,
+    ProviderError,
+    SearchHit,
+    SearchResult,
+    delete_job_drafts,
+    for_job,
+)
+from daemon.providers.draft_handle import Draft, DraftStatus
 from daemon.service_layer.guidance import (
     RESEND_NEEDS_NOTE,
     SENT_NEEDS_NOTE,

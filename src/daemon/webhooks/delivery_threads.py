@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from daemon.config.settings import Settings
-from daemon.credentials import webhook_secret
+from daemon.secret_reads import webhook_secret
 from daemon.webhooks.worker import Deliverer, DeliveryObserver, Hook
 from ledger.application import Ledger
 from ledger.display import quoted
