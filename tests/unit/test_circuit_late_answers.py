@@ -196,3 +196,29 @@ def test_a_draft_step_that_timed_out_is_a_hang_whose_probe_is_a_ping() -> None:
         assert rig.engine.open_circuits() == []
     finally:
         rig.close()
+
+
+def test_a_draft_step_that_answers_neither_closes_nor_resets_a_circuit_its_sends_opened() -> None:
+    """The draft step's answer was fed as a read's, and a read's answer closes a circuit
+    that no hang opened: a provider whose drafts answer while its sends are refused as
+    unavailable (a sending limit) had every send's failure count cleared by the next
+    job's draft step, so the circuit never opened and every due job's send was refused;
+    an open one was closed by its probe's draft step, letting every held job go."""
+    rig = EngineRig(policy("receipts", max_attempts=99))
+    try:
+        rig.engine.close()
+        rig.provider = FakeDraftsProvider("fake", clock=rig.clock)
+        rig.engine = rig.new_engine()
+        rig.provider.script(*[Scripted.unavailable() for _ in range(8)])
+        for n in range(8):
+            rig.submit("receipts", f"s-{n}")
+        rig.tick()
+        assert rig.engine.open_circuits() != []
+        assert rig.provider.draft_sends <= 4  # the failures that open it, and the calls beside
+        sent = rig.provider.draft_sends
+        rig.clock.advance(1)
+        rig.tick()  # the probe: its draft step answers, its send is refused
+        assert rig.provider.draft_sends == sent + 1
+        assert rig.engine.open_circuits() != []
+    finally:
+        rig.close()

@@ -93,6 +93,9 @@ class OpenCircuit:
 SEND = "send"
 CHECK = "check"  # a search, a verification, a draft's check
 PING = "ping"  # the probe of a circuit a hang opened (`Provider.ping`)
+#: The draft step before a send's claim: never admitted on its own (its job was, as a
+#: send). Its failures count as a read's; its answers change nothing (`answered`).
+DRAFT = "draft"
 
 
 @dataclass
@@ -161,17 +164,14 @@ class Circuits:
         scope: str,
         clock: Callable[[], datetime],
         kind: str = CHECK,
-        *,
-        answers: tuple[type[BaseException], ...] = (),
     ) -> Iterator[int]:
         """Around one provider call of `scope` other than a send's (`sending`): a search, a
         draft's check, a report read, the Message-ID read-back, the draft step before a
         claim, a ping. Counted in flight with its ticket (`calling`), and its end fed to
         the circuit with that ticket before it stops counting, as a send's is: a
         `ProviderError` as it says (`called`: unavailable, timed out, Retry-After), then
-        raised on; a return, or one of `answers` (what the provider said, raised as an
-        exception: a draft found changed), as an answer (`answered`). Anything else (a
-        `ScopeLost` between two calls, a stop) is neither. One piece of code for every
+        raised on; a return as an answer (`answered`). Anything else (a `ScopeLost`
+        between two calls, a stop, a draft found changed) is neither. One piece of code for every
         call, so a read-back's or a draft step's late answer clears only failures of calls
         that began before it, as a search's does (docs/architecture.md "Outages: waited
         out, not escalated")."""
@@ -188,9 +188,6 @@ class Circuits:
                 kind=kind,
                 ticket=ticket,
             )
-            raise
-        except answers:
-            self.answered(scope, clock(), kind, ticket=ticket)
             raise
         else:
             self.answered(scope, clock(), kind, ticket=ticket)
@@ -408,6 +405,13 @@ class Circuits:
         began before it. A healthy provider is never held by this: the next call begins
         after every failure, and the hold of a timeout ends when its calls in flight do.
         """
+        if kind == DRAFT:
+            # A draft made or found proves nothing about sends, and it comes before every
+            # send of a drafts provider: fed as a read's answer it closed a circuit its
+            # sends' refusals opened (its probe's draft step) and cleared their count
+            # before it reached `failures` (the next job's), so a provider refusing sends
+            # as unavailable while its drafts answered was never waited out.
+            return
         with self._lock:
             state = self._states.get(scope)
             if state is not None and ticket is not None and ticket < state.failed_ticket:

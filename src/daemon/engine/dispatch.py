@@ -26,7 +26,7 @@ from typing import Any
 
 import daemon.engine.drafts as drafts_flow
 from daemon.crashpoints import crash_point
-from daemon.engine.circuit import Circuits, send_unavailable
+from daemon.engine.circuit import DRAFT, Circuits, send_unavailable
 from daemon.engine.clock import Clock
 from daemon.engine.commit import LeftToRecovery
 from daemon.engine.leases import Lease, Leases
@@ -374,15 +374,9 @@ class Dispatch:
             # outcome left for the next commit (`commit.py`) must not wait behind it.
             work.flush()
             try:
-                # Its failures and answers feed the circuit as a read's (`Circuits.call`):
-                # a draft made or found proves nothing about sends. A draft found sent,
-                # changed or gone is an answer, raised.
-                answers = (
-                    drafts_flow.DraftAlreadySent,
-                    drafts_flow.DraftChanged,
-                    drafts_flow.DraftVanished,
-                )
-                with self._circuits.call(provider.scope(), self._clock, answers=answers):
+                # Its failures feed the circuit as a read's (`Circuits.call`), its answers
+                # nothing: a draft made or found proves nothing about sends (DRAFT).
+                with self._circuits.call(provider.scope(), self._clock, DRAFT):
                     draft, created = drafts_flow.prepare_draft(
                         job, drafts, raw, work.now, may_create=self._may_create(work, policy)
                     )
