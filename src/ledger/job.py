@@ -1000,12 +1000,14 @@ class SendJob(Aggregate):
         the moment kept (`draft_gone_at`), and a resend waits `search_after` from it
         (docs/architecture.md "The life of one job on a drafts provider")."""
         self._require("DraftGone", JobState.REQUESTED, JobState.REVIEW)
-        if self.draft_id is None:
+        # The recorded draft, or one a resend's fence recorded before deleting it.
+        asked = self.asked_draft
+        if asked is None:
             raise self._refuse("DraftGone", "no draft is recorded")
         self.trigger_event(
             self.DraftGone,
             timestamp=at,
-            draft_id=self.draft_id,
+            draft_id=asked[0],
             search_due_at=None,
             **policy.event_fields(),
         )

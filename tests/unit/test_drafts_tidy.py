@@ -16,6 +16,7 @@ from tests.unit.test_races_drafts import a_check_after
 from daemon.doubles.fake_drafts import FakeDraftsProvider, FakeGraphProvider
 from daemon.doubles.fake_provider import Scripted
 from daemon.engine.tick import Engine
+from daemon.providers.base import BeforeDeleting
 from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob
 from ledger.vocabulary import JobState, Resolution
@@ -192,12 +193,12 @@ def test_a_failed_tidy_records_nothing_and_is_tried_again(drafts: EngineRig) -> 
     original = fake(drafts).delete_drafts
     failures = iter([True])
 
-    def flaky(message_id: str) -> list[str]:
+    def flaky(message_id: str, before_deleting: BeforeDeleting | None = None) -> list[str]:
         if next(failures, False):
             from daemon.providers.base import ProviderError
 
             raise ProviderError("drafts.list: timed out", timed_out=True)
-        return original(message_id)
+        return original(message_id, before_deleting)
 
     fake(drafts).delete_drafts = flaky  # type: ignore[method-assign]
     assert drafts.tick(errors=1).tidied == 0 and deletions(drafts, "k1") == []

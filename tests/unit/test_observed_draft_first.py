@@ -10,6 +10,7 @@ from collections.abc import Collection, Sequence
 
 from daemon.engine.observer import NullObserver, ObservedProvider
 from daemon.providers.base import (
+    BeforeDeleting,
     ProviderBase,
     SearchResult,
     SendKind,
@@ -48,7 +49,12 @@ class _TwoSteps(ProviderBase):
         return SendOutcome(SendKind.CONFIRMED, "202", provider_message_id=draft_id)
 
     def delete_made(
-        self, message_id: str, draft_ids: Collection[str], *, filtered: bool = True
+        self,
+        message_id: str,
+        draft_ids: Collection[str],
+        *,
+        filtered: bool = True,
+        before_deleting: BeforeDeleting | None = None,
     ) -> list[str]:
         return list(draft_ids)
 

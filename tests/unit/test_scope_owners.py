@@ -37,6 +37,7 @@ from daemon.engine.circuit import CircuitSettings
 from daemon.engine.owners import OurScopes, ScopeOwners
 from daemon.engine.process_mark import ProcessMark
 from daemon.providers.base import (
+    BeforeDeleting,
     Provider,
     ProviderBase,
     ReportRead,
@@ -1044,11 +1045,13 @@ class SlowFence(FakeGraphProvider):
         self.who_may_call: Callable[[], list[str]] = list
         self.searches_by: list[tuple[str, list[str]]] = []
 
-    def delete_drafts(self, message_id: str) -> list[str]:
+    def delete_drafts(
+        self, message_id: str, before_deleting: BeforeDeleting | None = None
+    ) -> list[str]:
         hook, self.slow_fence = self.slow_fence, None
         if hook is not None:
             hook()
-        return super().delete_drafts(message_id)
+        return super().delete_drafts(message_id, before_deleting)
 
     def search(self, message_id: str) -> SearchResult:
         searcher = threading.current_thread().name.rpartition("@")[2].partition("_")[0]

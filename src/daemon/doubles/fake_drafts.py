@@ -19,6 +19,7 @@ from email.parser import BytesHeaderParser
 
 from daemon.doubles.fake_provider import Copy, FakeProvider, Scripted, SimulatedCrash
 from daemon.providers.base import (
+    BeforeDeleting,
     ProviderError,
     ScopeLost,
     SendKind,
@@ -269,8 +270,13 @@ class FakeDraftsProvider(FakeProvider):
         # restart with the setting changed would).
         return self if self.send_via == "drafts" else None
 
-    def delete_drafts(self, message_id: str) -> list[str]:
-        return [d.draft_id for d in self.find_drafts(message_id) if self.delete_draft(d.draft_id)]
+    def delete_drafts(
+        self, message_id: str, before_deleting: BeforeDeleting | None = None
+    ) -> list[str]:
+        listed = [d.draft_id for d in self.find_drafts(message_id)]
+        if before_deleting is not None:
+            before_deleting(listed)
+        return [draft_id for draft_id in listed if self.delete_draft(draft_id)]
 
     def unsent_drafts(self, message_id: str) -> int:
         """Drafts of `message_id` that are still unsent (a test's count, by the

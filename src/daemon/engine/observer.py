@@ -16,6 +16,7 @@ from typing import ParamSpec, Protocol, TypeVar
 
 from daemon.engine.report import TickReport
 from daemon.providers.base import (
+    BeforeDeleting,
     Provider,
     ProviderBase,
     ReportRead,
@@ -119,8 +120,12 @@ class ObservedProvider(ProviderBase):
         # Not timed either: the history calls are the inner provider's own.
         return self.inner.history()
 
-    def delete_drafts(self, message_id: str) -> list[str]:
-        return self.timed("delete_drafts", lambda: self.inner.delete_drafts(message_id))
+    def delete_drafts(
+        self, message_id: str, before_deleting: BeforeDeleting | None = None
+    ) -> list[str]:
+        return self.timed(
+            "delete_drafts", lambda: self.inner.delete_drafts(message_id, before_deleting)
+        )
 
     def ping(self) -> None:
         self.timed("ping", self.inner.ping)
@@ -187,9 +192,16 @@ class _ObservedDraftFirst:
         return self.observed.timed("send", lambda: self.inner.send_made(raw, draft_id, earlier))
 
     def delete_made(
-        self, message_id: str, draft_ids: Collection[str], *, filtered: bool = True
+        self,
+        message_id: str,
+        draft_ids: Collection[str],
+        *,
+        filtered: bool = True,
+        before_deleting: BeforeDeleting | None = None,
     ) -> list[str]:
         return self.observed.timed(
             "delete_drafts",
-            lambda: self.inner.delete_made(message_id, draft_ids, filtered=filtered),
+            lambda: self.inner.delete_made(
+                message_id, draft_ids, filtered=filtered, before_deleting=before_deleting
+            ),
         )

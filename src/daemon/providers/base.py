@@ -22,6 +22,7 @@ from daemon.providers.outcomes import (
     SendKind,
     SendOutcome,
 )
+from daemon.providers.draft_handle import BeforeDeleting
 from ledger.exceptions import SendledgerError
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ DEFAULT_READBACK_RATE = 0.01
 #: What `ProviderBase.ping` searches for: `.invalid` is reserved (RFC 2606), so no message
 #: anyone sent has it.
 PING_MESSAGE_ID = "<ping@sendledger.invalid>"
-
 
 class Provider(Protocol):
     """What the engine asks of a mail provider: four calls, and the capabilities below
@@ -113,10 +113,16 @@ class Provider(Protocol):
         history handle"). None for every other provider."""
         ...
 
-    def delete_drafts(self, message_id: str) -> list[str]:
+    def delete_drafts(
+        self, message_id: str, before_deleting: BeforeDeleting | None = None
+    ) -> list[str]:
         """Delete every unsent draft whose Message-ID header is exactly `message_id`, and
         say which were deleted (none for a provider that leaves no drafts). Raises
-        ProviderError when the answer is not known."""
+        ProviderError when the answer is not known. `before_deleting`, when given, is
+        called once with the ids listed for deletion (perhaps none), after the listing
+        and before the first deletion: whatever it raises stops the call there, nothing
+        deleted (a person's resend records its fence so, on the version it decided on:
+        docs/architecture.md "Drafts never outlive their job")."""
         ...
 
     def ping(self) -> None:
@@ -228,7 +234,11 @@ class ProviderBase:
     def forget_report_reads(self) -> None:
         pass  # it keeps nothing between reads
 
-    def delete_drafts(self, message_id: str) -> list[str]:
+    def delete_drafts(
+        self, message_id: str, before_deleting: BeforeDeleting | None = None
+    ) -> list[str]:
+        if before_deleting is not None:
+            before_deleting([])  # nothing listed: a provider that leaves no drafts
         return []
 
     def ping(self) -> None:
@@ -261,19 +271,26 @@ def for_job(provider: Provider, from_addr: str, thread_id: str | None) -> Provid
     return provider.for_job(from_addr, thread_id)
 
 
-def delete_job_drafts(provider: Provider, message_id: str, made: Collection[str] = ()) -> list[str]:
+def delete_job_drafts(
+    provider: Provider,
+    message_id: str,
+    made: Collection[str] = (),
+    before_deleting: BeforeDeleting | None = None,
+) -> list[str]:
     """The job's unsent drafts deleted: on a provider that makes its drafts before the
-    claim, the ones its claims recorded (`made`) by id too."""
+    claim, the ones its claims recorded (`made`) by id too. `before_deleting`: as
+    `Provider.delete_drafts` takes it."""
     first = provider.draft_first()
     if first is not None and made:
-        return first.delete_made(message_id, made)
-    return provider.delete_drafts(message_id)
+        return first.delete_made(message_id, made, before_deleting=before_deleting)
+    return provider.delete_drafts(message_id, before_deleting)
 
 
 __all__ = [
     "DEFAULT_READBACK_FIRST",
     "DEFAULT_READBACK_RATE",
     "PING_MESSAGE_ID",
+    "BeforeDeleting",
     "FoundReport",
     "Provider",
     "ProviderBase",

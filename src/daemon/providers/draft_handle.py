@@ -9,12 +9,16 @@ A provider never touches the store: these are values the engine turns into event
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from daemon.providers.outcomes import ProviderError, SendOutcome
+
+#: `Provider.delete_drafts`'s step between its listing and its first deletion: given the
+#: ids listed, it may stop the deletion by raising.
+BeforeDeleting = Callable[[list[str]], None]
 
 
 @dataclass(frozen=True)
@@ -107,9 +111,14 @@ class DraftFirst(Protocol):
         ...
 
     def delete_made(
-        self, message_id: str, draft_ids: Collection[str], *, filtered: bool = True
+        self,
+        message_id: str,
+        draft_ids: Collection[str],
+        *,
+        filtered: bool = True,
+        before_deleting: BeforeDeleting | None = None,
     ) -> list[str]:
         """`Provider.delete_drafts`, the drafts `draft_ids` (read by id) included; not
         `filtered`: those alone. The ids deleted. Raises ProviderError when the answer is
-        not known."""
+        not known. `before_deleting` as `Provider.delete_drafts` takes it."""
         ...

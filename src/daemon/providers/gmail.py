@@ -46,6 +46,7 @@ from daemon.providers.answers import json_object
 from daemon.providers.base import (
     DEFAULT_READBACK_FIRST,
     DEFAULT_READBACK_RATE,
+    BeforeDeleting,
     Provider,
     ProviderBase,
     ProviderError,
@@ -631,15 +632,20 @@ class GmailProvider(ProviderBase):
             self.history_calls.mark_paid(mailbox)
         return wait
 
-    def delete_drafts(self, message_id: str) -> list[str]:
-        return self.delete_drafts_in(self._unscoped(), message_id)
+    def delete_drafts(
+        self, message_id: str, before_deleting: BeforeDeleting | None = None
+    ) -> list[str]:
+        return self.delete_drafts_in(self._unscoped(), message_id, before_deleting)
 
-    def delete_drafts_in(self, mailbox: Mailbox, message_id: str) -> list[str]:
+    def delete_drafts_in(
+        self, mailbox: Mailbox, message_id: str, before_deleting: BeforeDeleting | None = None
+    ) -> list[str]:
         """Every unsent draft with the Message-ID, deleted (drafts.list, then drafts.delete
-        of each; only in drafts mode, the only one that makes drafts)."""
-        if self.send_via != "drafts":
-            return []
-        found = self.draft_calls.find(mailbox, message_id)
+        of each, once `before_deleting` has taken the list; only in drafts mode, the only
+        one that makes drafts)."""
+        found = self.draft_calls.find(mailbox, message_id) if self.send_via == "drafts" else []
+        if before_deleting is not None:
+            before_deleting([draft.draft_id for draft in found])
         deleted = []
         for draft in found:
             # Asked before each call (`next_call`), as the listing did: once the scope
@@ -907,8 +913,10 @@ class GmailMailboxView(ProviderBase):
     def sent_since(self, history_id: str, message_id: str) -> SearchResult:
         return self.provider.history_calls.sent_since(self.mailbox, history_id, message_id)
 
-    def delete_drafts(self, message_id: str) -> list[str]:
-        return self.provider.delete_drafts_in(self.mailbox, message_id)
+    def delete_drafts(
+        self, message_id: str, before_deleting: BeforeDeleting | None = None
+    ) -> list[str]:
+        return self.provider.delete_drafts_in(self.mailbox, message_id, before_deleting)
 
     def ping(self) -> None:
         self.provider.ping_as(self.mailbox)

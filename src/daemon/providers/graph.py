@@ -34,6 +34,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from daemon.providers.answers import json_object
 from daemon.providers.base import (
+    BeforeDeleting,
     Provider,
     ProviderBase,
     ProviderError,
@@ -793,8 +794,10 @@ class GraphProvider(ProviderBase):
         )
         return SearchResult(query=query, hits=tuple(hits.values()), complete=complete)
 
-    def delete_drafts(self, message_id: str) -> list[str]:
-        return self.delete_drafts_in(self._unscoped(), message_id)
+    def delete_drafts(
+        self, message_id: str, before_deleting: BeforeDeleting | None = None
+    ) -> list[str]:
+        return self.delete_drafts_in(self._unscoped(), message_id, before_deleting=before_deleting)
 
     def draft_first(self) -> DraftFirst:
         return self
@@ -806,9 +809,20 @@ class GraphProvider(ProviderBase):
         return self.send_made_in(self._unscoped(), raw, draft_id, earlier)
 
     def delete_made(
-        self, message_id: str, draft_ids: Collection[str], *, filtered: bool = True
+        self,
+        message_id: str,
+        draft_ids: Collection[str],
+        *,
+        filtered: bool = True,
+        before_deleting: BeforeDeleting | None = None,
     ) -> list[str]:
-        return self.delete_drafts_in(self._unscoped(), message_id, draft_ids, filtered=filtered)
+        return self.delete_drafts_in(
+            self._unscoped(),
+            message_id,
+            draft_ids,
+            filtered=filtered,
+            before_deleting=before_deleting,
+        )
 
     def delete_drafts_in(
         self,
@@ -817,11 +831,13 @@ class GraphProvider(ProviderBase):
         recorded: Collection[str] = (),
         *,
         filtered: bool = True,
+        before_deleting: BeforeDeleting | None = None,
     ) -> list[str]:
         """Every draft of `message_id` that is still a draft, deleted, so it can never be
         sent: this process's and those the job's claims recorded (`recorded`, another
         daemon's too), read by immutable id, and (`filtered`) those `$filter` finds in
-        Drafts whose header is exactly ours (a lagging index may not list one yet). The
+        Drafts whose header is exactly ours (a lagging index may not list one yet), each
+        one deleted only once `before_deleting` has taken the list. The
         ids deleted (one already gone is not counted). Not `filtered`, only `recorded`:
         a claim not saved deletes its own draft, not the one of the claim that won,
         whose send may be under way."""
@@ -855,8 +871,11 @@ class GraphProvider(ProviderBase):
                     and same_message_id(header, message_id)
                 ):
                     candidates.append(listed)
+        to_delete = list(dict.fromkeys(candidates))
+        if before_deleting is not None:
+            before_deleting(to_delete)
         deleted = []
-        for draft_id in dict.fromkeys(candidates):
+        for draft_id in to_delete:
             # Not inside one fence (a DELETE, a read, maybe a second DELETE): stopped
             # there, the draft would be left in Deleted Items, still sendable.
             next_call(f"delete drafts {literal}")
@@ -1054,8 +1073,12 @@ class GraphMailboxView(ProviderBase):
     def search(self, message_id: str) -> SearchResult:
         return self.provider.search_in(self.mailbox, message_id)
 
-    def delete_drafts(self, message_id: str) -> list[str]:
-        return self.provider.delete_drafts_in(self.mailbox, message_id)
+    def delete_drafts(
+        self, message_id: str, before_deleting: BeforeDeleting | None = None
+    ) -> list[str]:
+        return self.provider.delete_drafts_in(
+            self.mailbox, message_id, before_deleting=before_deleting
+        )
 
     def draft_first(self) -> DraftFirst:
         return self
@@ -1067,10 +1090,15 @@ class GraphMailboxView(ProviderBase):
         return self.provider.send_made_in(self.mailbox, raw, draft_id, earlier)
 
     def delete_made(
-        self, message_id: str, draft_ids: Collection[str], *, filtered: bool = True
+        self,
+        message_id: str,
+        draft_ids: Collection[str],
+        *,
+        filtered: bool = True,
+        before_deleting: BeforeDeleting | None = None,
     ) -> list[str]:
         return self.provider.delete_drafts_in(
-            self.mailbox, message_id, draft_ids, filtered=filtered
+            self.mailbox, message_id, draft_ids, filtered=filtered, before_deleting=before_deleting
         )
 
     def ping(self) -> None:

@@ -74,7 +74,7 @@ from ledger.application import (
 from ledger.content import JobContent, JobInputError
 from ledger.copies import copies_found, found_only_in_trash
 from ledger.display import command_line, iso, quoted
-from ledger.exceptions import Refusal, of_type
+from ledger.exceptions import Refusal, known, of_type
 from ledger.job import DRAFTS_FENCE, FACTS, SendJob, TransitionError, check_name
 from ledger.keys import note_problem
 from ledger.stores.unchanged import Changed, Unchanged
@@ -668,16 +668,23 @@ class Services:
                 log.exception("search observer failed")
         return found
 
-    def _fenced_search(self, job: SendJob, deleted: list[str]) -> SearchResult | None:
+    def _fenced_search(self, job: SendJob) -> SearchResult | None:
         """Before a resend: the job's unsent drafts deleted first where its provider may
-        leave some (Graph), then the search. The job is in review, so no claim of it is
-        live; a call of a claim that lapsed may still be on its way, and its draft, sent
-        after this search missed, would be a second copy. Deleted first, it can never be
-        sent (the sweep's fence, docs/architecture.md "Drafts never outlive their job").
-        The deleted drafts' ids are added to `deleted` as soon as they are gone, so a
-        search that then fails still leaves the caller what to record.
+        leave some (Graph; Gmail's drafts), then the search. The job is in review, so no
+        claim of it is live; a call of a claim that lapsed may still be on its way, and
+        its draft, sent after this search missed, would be a second copy. Deleted first,
+        it can never be sent (the sweep's fence, docs/architecture.md "Drafts never
+        outlive their job").
 
-        The job's recorded draft is deleted first, by its id: a person may have edited it
+        The fence acts only for the version the decision read: what it is about to
+        delete, listed, is recorded on `job` before the first deletion (`_begin_fence`),
+        so a record refused because the job moved deletes nothing. Another person's
+        resend saved since may have made the daemon draft its next attempt, with the
+        same Message-ID: deleted, that send would find its draft gone, an Unknown and a
+        search or a review for a job nobody sent twice. A draft made after the listing
+        is never deleted: it needs a resend saved after the record.
+
+        The job's recorded draft is fenced too, by its id: a person may have edited it
         (`draft-changed`), its Message-ID too, and the listing by Message-ID would miss it,
         so the next attempt would read it back, find it changed and send the job to
         review again. Found already gone, it is asked whether it was sent (a person
@@ -689,15 +696,37 @@ class Services:
 
         def fenced(provider: Provider) -> SearchResult | None:
             if provider.leaves_drafts:
-                sent = _fence_recorded_draft(provider, job, deleted)
-                if sent is not None:
-                    return None if sent is DRAFT_GONE else sent
-                for draft_id in delete_job_drafts(provider, job.message_id, job.made_drafts_left):
-                    if draft_id not in deleted:
-                        deleted.append(draft_id)
+                recorded = _recorded_draft(provider, job)
+                deleted = delete_job_drafts(
+                    provider,
+                    job.message_id,
+                    job.made_drafts_left,
+                    lambda listed: self._begin_fence(job, recorded, listed),
+                )
+                if recorded is not None and recorded.draft_id not in deleted:
+                    sent = _fence_recorded_draft(provider, recorded)
+                    if sent is not None:
+                        return None if sent is DRAFT_GONE else sent
             return self._searched(provider, job)
 
         return self._with_provider(job, fenced)
+
+    def _begin_fence(self, job: SendJob, recorded: Draft | None, listed: list[str]) -> None:
+        """The drafts a resend's fence is about to delete (its recorded one and those
+        `listed`) recorded on `job` at the version the decision read, before any is
+        deleted; refused (the job moved: a conflict naming what changed) it stops the
+        fence there. Recorded first, as the sweep's fence and a claim are: a deletion
+        that then fails or lands late is in the trail, and its drafts are never reused
+        (`SendJob.deleted_drafts`)."""
+        ids = list(dict.fromkeys(([recorded.draft_id] if recorded is not None else []) + listed))
+        if not ids:
+            return  # nothing to delete: the decision's own save checks its version
+        seen = job.version
+        job.record_drafts_deleted(draft_ids=ids, why=DRAFTS_FENCE, at=self.ledger.clock())
+        try:
+            self.ledger.save_job(job)
+        except ConcurrentUpdate:
+            raise self._moved_on(job.key, seen, "resent") from None
 
     def _with_provider(self, job: SendJob, call: Callable[[Provider], T]) -> T:
         """`call` on the provider of the job's sender, its failures "no answer"."""
@@ -707,6 +736,8 @@ class Services:
         try:
             with self.providers(name) as provider:
                 return call(for_job(provider, job.from_addr, None))
+        except ServiceError:
+            raise  # the caller's own refusal, made during the call (a fence's record)
         except ProviderError as exc:
             raise ServiceError(
                 Refusal.UNAVAILABLE, f"the mailbox could not be searched: {exc.reason}"
@@ -800,33 +831,6 @@ class Services:
         events = self.ledger.history(key)[seen:now]
         return [_change(event) for event in events if not isinstance(event, FACTS)]
 
-    def _save_fence(self, job: SendJob, seen: int, deleted: list[str]) -> int:
-        """The drafts a resend deleted first, saved on the version the person decided
-        on: the version the decision then holds for. Had the job moved meanwhile, the
-        deletions are still recorded (they happened) and the resend is refused."""
-        job.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=self.ledger.clock())
-        try:
-            self.ledger.save_job(job)
-        except ConcurrentUpdate:
-            self._record_fence(job.key, deleted)
-            raise self._moved_on(job.key, seen, "resent") from None
-        return job.version
-
-    def _record_fence(self, key: str, deleted: list[str]) -> None:
-        """The drafts a resend's fence deleted, recorded on whatever version the job is
-        at now (a fact, not a decision). Refused only while another claim's call is in
-        flight (the job moved on to a new attempt): then said in the log instead."""
-
-        def fence(on: SendJob) -> bool:
-            on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=self.ledger.clock())
-            return True
-
-        try:
-            self._write(key, fence)
-        except TransitionError as exc:
-            log.warning("job %s: drafts %s deleted by a resend's fence, not recorded: %s",
-                        key, ", ".join(deleted), exc)  # fmt: skip
-
     def _write(self, key: str, command: Callable[[SendJob], bool]) -> bool:
         """One command that records a fact, not a decision, tried again when another
         writer got there first (the command then sees the job as that writer left it);
@@ -879,7 +883,6 @@ class Services:
             handle = self._handle_for_resend(job)
         seen = job.version
         found: SearchResult | None = None
-        fenced: list[str] = []
         if decision is Resolution.RESEND:
             if job.duplicate:
                 raise ServiceError(
@@ -888,18 +891,18 @@ class Services:
                     "abandon it, never resend",
                 )
             self._require_index_caught_up(job)
+            gone = job.draft_id
             try:
-                found = self._fenced_search(job, fenced)
+                found = self._fenced_search(job)
             except ServiceError as exc:
-                if fenced:  # they are gone whatever the search said: the trail says so
-                    self._record_fence(key, fenced)
+                if exc.kind is Refusal.CONFLICT:
+                    raise  # the fence's record refused: the job moved, nothing deleted
                 raise ServiceError(
                     exc.kind, f"job {key!r} was not resent: {exc.message}; nothing was sent"
                 ) from None
+            seen = job.version  # past the fence's record, when it made one
             if found is None:
-                raise self._draft_found_gone(job, fenced, by)
-            if fenced:
-                seen = self._save_fence(job, seen, fenced)
+                raise self._draft_found_gone(job, gone, by)
             if found.hits:
                 written = self._record_check(key, found, by=by, purpose="resend", searched=job)
                 if written.moved:
@@ -1023,22 +1026,21 @@ class Services:
             f"check again and resend after {iso(ready)}",
         )
 
-    def _draft_found_gone(self, job: SendJob, deleted: list[str], by: str) -> ServiceError:
-        """A resend whose fence found the job's recorded draft gone and not SENT: the
-        drafts it deleted and the moment recorded on the job as it is now (facts, not
-        the decision: `DraftGone`), and the refusal to say, resend `search_after` from
-        now. A copy sent from the mailbox a moment ago shows in the index by then."""
+    def _draft_found_gone(self, job: SendJob, gone: str | None, by: str) -> ServiceError:
+        """A resend whose fence found the job's recorded draft `gone` and not SENT: the
+        moment recorded on the job as it is now (a fact, not the decision: `DraftGone`;
+        the fence recorded its drafts before deleting them), and the refusal to say,
+        resend `search_after` from now. A copy sent from the mailbox a moment ago shows
+        in the index by then."""
         at = self.ledger.clock()
-        gone = job.draft_id
 
         def record(on: SendJob) -> bool:
-            if deleted:
-                on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=at)
             # Another resend may have recorded it, or resent the job, meanwhile.
-            still = on.state is JobState.REVIEW and on.draft_id == gone
-            if still:
-                on.record_draft_found_gone(policy=PolicyRef.operator(by), at=at)
-            return bool(deleted) or still
+            asked = on.asked_draft
+            if on.state is not JobState.REVIEW or asked is None or asked[0] != gone:
+                return False
+            on.record_draft_found_gone(policy=PolicyRef.operator(by), at=at)
+            return True
 
         try:
             self._write(job.key, record)
@@ -1191,20 +1193,21 @@ DRAFT_FOUND_GONE = "its draft was found gone from the mailbox (perhaps sent from
 DRAFT_GONE = SearchResult("drafts.get: gone, not sent", ())
 
 
-def _fence_recorded_draft(
-    provider: Provider, job: SendJob, deleted: list[str]
-) -> SearchResult | None:
-    """The job's recorded draft deleted (its id added to `deleted`); when it was gone
-    already and its message is in the sent mail, that copy as a search's answer (the
+def _recorded_draft(provider: Provider, job: SendJob) -> Draft | None:
+    """The job's recorded draft, where its provider sends through drafts."""
+    if provider.drafts() is None or job.draft_id is None or job.draft_message_id is None:
+        return None
+    return Draft(job.draft_id, job.draft_message_id)
+
+
+def _fence_recorded_draft(provider: Provider, draft: Draft) -> SearchResult | None:
+    """The job's recorded draft deleted, its fence recorded (`_begin_fence`); when it was
+    gone already and its message is in the sent mail, that copy as a search's answer (the
     query: the check's call); gone and not SENT, `DRAFT_GONE`. None otherwise. Deleted,
     it was unsent when the delete answered and can never be sent: no check is needed
     then."""
-    drafts = provider.drafts()
-    if drafts is None or job.draft_id is None or job.draft_message_id is None:
-        return None
-    draft = Draft(job.draft_id, job.draft_message_id)
+    drafts = known(provider.drafts(), "a recorded draft needs the drafts calls")
     if drafts.delete_draft(draft.draft_id):
-        deleted.append(draft.draft_id)
         return None
     check = drafts.check_draft(draft)
     if check.status is not DraftStatus.SENT:
