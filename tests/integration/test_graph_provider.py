@@ -16,8 +16,10 @@ import concurrent.futures
 import datetime as dt
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any, cast
@@ -1279,4 +1281,68 @@ def test_a_new_owner_counts_the_copy_a_replaced_daemon_s_recorded_draft_became(
         rig.advance_and_tick(60)  # search_after: `b`'s sweep fences, then searches
         assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
         assert rig.events("k1").count("Attempted") == 1
+
+
+class _HeldSend(GraphProvider):
+    """Holds its next draft's send, the draft made and the claim saved, until `release`
+    (`held` is set once it waits)."""
+
+    held: threading.Event | None = None
+    release = threading.Event()
+
+    def send_made_in(self, *args: Any) -> SendOutcome:
+        held, self.held = self.held, None
+        if held is not None:
+            held.set()
+            assert self.release.wait(10)
+        return super().send_made_in(*args)
+
+
+def test_a_stale_resend_s_fence_deletes_no_draft_of_the_resend_saved_first(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """Bob's resend read the job in review; before its fence, Alice's resend was saved and
+    the daemon made the next attempt's draft, its send about to go. Bob's fence, from a
+    door with a provider of its own, listed that draft by `$filter` and deleted it before
+    his save was refused: the send found its draft gone (Unknown) for a job nobody sent
+    twice. Recorded on the version Bob read before any deletion, the fence is refused
+    there and deletes nothing: the send goes out, one copy."""
+    from tests.unit.engine_rig import EngineRig, policy
+    from tests.unit.test_resend_fence import stale_resend_refused
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from daemon.service_layer.services import ChannelPolicies, Services
+    from ledger.vocabulary import JobState, Resolution
+
+    a = cast(_HeldSend, provider(kind=_HeldSend))
+    a.release = threading.Event()
+    door_provider = provider()
+    legal = policy("legal", on_unknown="review", search_after="60s")
+    with EngineRig(legal, provider=lambda clock: cast(FakeProvider, a)) as rig:
+        message_id = rig.submit("legal", "k1")
+        relay.set_plan(FaultPlan(send=["fail-before-forward"]))
+        rig.tick()
+        assert rig.job("k1").state is JobState.REVIEW, rig.events("k1")
+        relay.set_plan(FaultPlan())
+        rig.clock.advance(61)
+
+        def door(providers: Callable[[str], Any]) -> Services:
+            return Services(rig.ledger, lambda: ChannelPolicies(rig.policies), providers=providers)
+
+        held = threading.Event()
+
+        @contextmanager
+        def alice_first(_: str) -> Iterator[GraphProvider]:
+            alice = door(lambda _: nullcontext(door_provider))
+            alice.resolve("k1", Resolution.RESEND, note="not in Sent", by="alice")
+            a.held = held
+            rig.engine.hand_out()  # the next attempt: its draft made, its send held
+            assert held.wait(10)
+            assert len(graph.folder(MAILBOX, "drafts")) == 1
+            yield door_provider
+
+        def drafts() -> int:
+            return len(graph.folder(MAILBOX, "drafts"))
+
+        stale_resend_refused(rig, door(alice_first), a.release, drafts)
     assert logged_copies(accept_log, message_id) == 1

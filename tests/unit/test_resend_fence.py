@@ -7,7 +7,7 @@ made the daemon send."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -115,16 +115,25 @@ def test_a_resend_decided_on_a_stale_read_deletes_no_draft_of_the_resend_saved_f
         yield provider
 
     bob = Services(rig.ledger, lambda: ChannelPolicies(rig.policies), providers=alice_first)
+    stale_resend_refused(rig, bob, gate.release, lambda: provider.unsent_drafts(message_id))
+    assert rig.copies("k1") == 1
+
+
+def stale_resend_refused(
+    rig: EngineRig, bob: Services, release: threading.Event, drafts: Callable[[], int]
+) -> None:
+    """Bob's resend of k1, made while Alice's attempt is held with its draft made (`drafts`
+    counts the job's unsent ones): refused as moved, that draft left; the attempt, then
+    released, is confirmed with no Unknown after Alice's resend."""
     try:
         with pytest.raises(ServiceError) as refused:
             bob.resolve("k1", Resolution.RESEND, note="not in Sent", by="bob")
         assert refused.value.kind is Refusal.CONFLICT
         assert "resolved as resend by alice" in refused.value.message, refused.value.message
-        assert provider.unsent_drafts(message_id) == 1  # the attempt's draft is there
+        assert drafts() == 1  # the attempt's draft is there
     finally:
-        gate.release.set()
+        release.set()
         assert rig.engine.settle(timeout=10)
     events = rig.events("k1")
     assert rig.job("k1").state is JobState.CONFIRMED, events
     assert "Unknown" not in events[events.index("Resolved") :], events
-    assert rig.copies("k1") == 1
