@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy
@@ -137,3 +138,30 @@ def stale_resend_refused(
     events = rig.events("k1")
     assert rig.job("k1").state is JobState.CONFIRMED, events
     assert "Unknown" not in events[events.index("Resolved") :], events
+
+
+def test_a_fence_the_store_could_not_record_deletes_nothing_and_says_so() -> None:
+    """The fence's record is the first write of a resend and is made inside the provider
+    call: a store that fails it then is said as the store's failure, not the mailbox's,
+    and no draft is deleted (the lapsed call's draft, left here, stays for the next
+    resend's fence)."""
+    with EngineRig(RECEIPTS, LEGAL) as rig:
+        in_review(rig, "graph")
+        provider = gated(rig)
+        message_id = rig.job("k1").message_id
+        assert provider.unsent_drafts(message_id) == 1  # the unanswered call's draft
+        ledger = rig.ledger
+        saves = ledger.save_job
+
+        def refused_once(*args: Any, **kwargs: Any) -> Any:
+            ledger.save_job = saves  # type: ignore[method-assign]
+            raise OSError("disk I/O error")
+
+        ledger.save_job = refused_once  # type: ignore[method-assign]
+        with pytest.raises(ServiceError) as refused:
+            door_of(rig).resolve("k1", Resolution.RESEND, note="not in Sent", by="bob")
+        assert refused.value.kind is Refusal.UNAVAILABLE
+        assert "could not be recorded in the store" in refused.value.message
+        assert "disk I/O error" in refused.value.message
+        assert provider.unsent_drafts(message_id) == 1
+        assert rig.job("k1").state is JobState.REVIEW

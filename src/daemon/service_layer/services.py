@@ -727,6 +727,13 @@ class Services:
             self.ledger.save_job(job)
         except ConcurrentUpdate:
             raise self._moved_on(job.key, seen, "resent") from None
+        except Exception as exc:
+            # Said as the store's, not taken for the provider's by `_with_provider`.
+            raise ServiceError(
+                Refusal.UNAVAILABLE,
+                f"its fence could not be recorded in the store ({type(exc).__name__}: "
+                f"{quoted(exc)}); no draft was deleted",
+            ) from None
 
     def _with_provider(self, job: SendJob, call: Callable[[Provider], T]) -> T:
         """`call` on the provider of the job's sender, its failures "no answer"."""
