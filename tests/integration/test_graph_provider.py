@@ -1281,6 +1281,7 @@ def test_a_new_owner_counts_the_copy_a_replaced_daemon_s_recorded_draft_became(
         rig.advance_and_tick(60)  # search_after: `b`'s sweep fences, then searches
         assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
         assert rig.events("k1").count("Attempted") == 1
+    assert logged_copies(accept_log, message_id) == 1
 
 
 class _HeldSend(GraphProvider):

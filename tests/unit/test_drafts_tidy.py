@@ -16,7 +16,7 @@ from tests.unit.test_races_drafts import a_check_after
 from daemon.doubles.fake_drafts import FakeDraftsProvider, FakeGraphProvider
 from daemon.doubles.fake_provider import Scripted
 from daemon.engine.tick import Engine
-from daemon.providers.base import BeforeDeleting
+from daemon.providers.draft_handle import BeforeDeleting
 from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
 from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob
 from ledger.vocabulary import JobState, Resolution

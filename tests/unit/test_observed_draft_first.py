@@ -10,14 +10,13 @@ from collections.abc import Collection, Sequence
 
 from daemon.engine.observer import NullObserver, ObservedProvider
 from daemon.providers.base import (
-    BeforeDeleting,
     ProviderBase,
     SearchResult,
     SendKind,
     SendOutcome,
     delete_job_drafts,
 )
-from daemon.providers.draft_handle import DraftFirst
+from daemon.providers.draft_handle import BeforeDeleting, DraftFirst
 from ledger.job import SendJob
 
 

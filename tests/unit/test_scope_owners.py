@@ -37,7 +37,6 @@ from daemon.engine.circuit import CircuitSettings
 from daemon.engine.owners import OurScopes, ScopeOwners
 from daemon.engine.process_mark import ProcessMark
 from daemon.providers.base import (
-    BeforeDeleting,
     Provider,
     ProviderBase,
     ReportRead,
@@ -47,7 +46,7 @@ from daemon.providers.base import (
     SendOutcome,
     next_call,
 )
-from daemon.providers.draft_handle import Draft
+from daemon.providers.draft_handle import BeforeDeleting, Draft
 from ledger.addresses import mailbox_key
 from ledger.application import Ledger
 from ledger.content import parse_job

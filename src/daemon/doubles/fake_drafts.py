@@ -19,7 +19,6 @@ from email.parser import BytesHeaderParser
 
 from daemon.doubles.fake_provider import Copy, FakeProvider, Scripted, SimulatedCrash
 from daemon.providers.base import (
-    BeforeDeleting,
     ProviderError,
     ScopeLost,
     SendKind,
@@ -28,6 +27,7 @@ from daemon.providers.base import (
     stopped_before_send,
 )
 from daemon.providers.draft_handle import (
+    BeforeDeleting,
     Draft,
     DraftCheck,
     DraftRefused,

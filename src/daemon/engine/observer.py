@@ -16,14 +16,13 @@ from typing import ParamSpec, Protocol, TypeVar
 
 from daemon.engine.report import TickReport
 from daemon.providers.base import (
-    BeforeDeleting,
     Provider,
     ProviderBase,
     ReportRead,
     SearchResult,
     SendOutcome,
 )
-from daemon.providers.draft_handle import DraftFirst, DraftsProvider
+from daemon.providers.draft_handle import BeforeDeleting, DraftFirst, DraftsProvider
 from daemon.providers.history_handle import HistoryProvider
 from ledger.job import SendJob
 

@@ -22,11 +22,10 @@ from daemon.providers.outcomes import (
     SendKind,
     SendOutcome,
 )
-from daemon.providers.draft_handle import BeforeDeleting
 from ledger.exceptions import SendledgerError
 
 if TYPE_CHECKING:
-    from daemon.providers.draft_handle import DraftFirst, DraftsProvider
+    from daemon.providers.draft_handle import BeforeDeleting, DraftFirst, DraftsProvider
     from daemon.providers.history_handle import HistoryProvider
 
 # The defaults of the Message-ID read-back (daemon/engine/readback.py): the port declares them
@@ -39,6 +38,7 @@ DEFAULT_READBACK_RATE = 0.01
 #: What `ProviderBase.ping` searches for: `.invalid` is reserved (RFC 2606), so no message
 #: anyone sent has it.
 PING_MESSAGE_ID = "<ping@sendledger.invalid>"
+
 
 class Provider(Protocol):
     """What the engine asks of a mail provider: four calls, and the capabilities below
@@ -290,7 +290,6 @@ __all__ = [
     "DEFAULT_READBACK_FIRST",
     "DEFAULT_READBACK_RATE",
     "PING_MESSAGE_ID",
-    "BeforeDeleting",
     "FoundReport",
     "Provider",
     "ProviderBase",

@@ -46,7 +46,6 @@ from daemon.providers.answers import json_object
 from daemon.providers.base import (
     DEFAULT_READBACK_FIRST,
     DEFAULT_READBACK_RATE,
-    BeforeDeleting,
     Provider,
     ProviderBase,
     ProviderError,
@@ -63,7 +62,13 @@ from daemon.providers.classify import (
     provider_error_for_exception,
     provider_error_for_response,
 )
-from daemon.providers.draft_handle import Draft, DraftCheck, DraftRefused, DraftsProvider
+from daemon.providers.draft_handle import (
+    BeforeDeleting,
+    Draft,
+    DraftCheck,
+    DraftRefused,
+    DraftsProvider,
+)
 from daemon.providers.gmail_drafts import COMPOSE_SCOPE, DRAFT_STEP_UNITS, GmailDrafts
 from daemon.providers.gmail_history import GmailHistory
 from daemon.providers.gmail_mailbox import (

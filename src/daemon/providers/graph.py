@@ -34,7 +34,6 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from daemon.providers.answers import json_object
 from daemon.providers.base import (
-    BeforeDeleting,
     Provider,
     ProviderBase,
     ProviderError,
@@ -47,7 +46,7 @@ from daemon.providers.base import (
     next_call,
     stopped_before_send,
 )
-from daemon.providers.draft_handle import DraftFirst
+from daemon.providers.draft_handle import BeforeDeleting, DraftFirst
 from daemon.providers.graph_classify import (
     TokenError,
     after_draft_delete,
