@@ -12,7 +12,6 @@ import httplib2
 import pytest
 from google.auth import exceptions as auth_exceptions
 
-from daemon.engine.circuit import send_unavailable
 from daemon.providers.base import ProviderError, SendKind
 from daemon.providers.classify import (
     classify_send_exception,
@@ -412,31 +411,3 @@ def test_a_read_whose_answer_was_lost_is_not_unavailable() -> None:
     refresh = auth_exceptions.RefreshError("invalid_grant")  # type: ignore[no-untyped-call]
     assert not provider_error_for_exception("search", lost).unavailable
     assert not provider_error_for_exception("search", refresh).unavailable
-
-
-def _lost_after(cause: Exception) -> ResponseLostError:
-    """The transport's error for `cause` read after the request was written (`from`)."""
-    try:
-        raise ResponseLostError("POST sent to h:1, then x", host="h:1", cause=cause) from cause
-    except ResponseLostError as exc:
-        return exc
-
-
-@pytest.mark.parametrize(
-    ("cause", "unanswered"),
-    [
-        (http.client.RemoteDisconnected("Remote end closed connection without response"), True),
-        (http.client.IncompleteRead(b"{", 10), False),  # answered, cut off
-        (http.client.BadStatusLine("garbage"), False),
-        (TimeoutError("timed out"), False),  # a hang: counted as one
-    ],
-)
-def test_a_send_closed_with_no_response_is_no_answer_for_the_circuit(
-    cause: Exception, unanswered: bool
-) -> None:
-    """Before: Unknown and, for the circuit, an answer (it cleared it): a provider closing
-    every send unanswered was never waited out. The job's outcome is Unknown either way."""
-    out = classify_send_exception(_lost_after(cause))
-    assert out.kind is SendKind.UNKNOWN
-    assert out.unanswered is unanswered
-    assert send_unavailable(out) is (unanswered or out.timed_out)

@@ -15,7 +15,6 @@ import pytest
 from tests.unit.early_server import BIG, TIMEOUT, AnsweringServer
 from tests.unit.smtp_loopback import converse, message_of_lines, submit_timed
 
-from daemon.engine.circuit import send_unavailable
 from daemon.providers.kept import MailEndpoint
 from daemon.providers.outcomes import SendKind, SendOutcome
 from testkit.tls import TlsFiles, make_loopback_tls
@@ -121,32 +120,3 @@ def test_a_garbled_line_during_data_is_unknown_not_sent_again() -> None:
     assert outcome.kind is SendKind.UNKNOWN, outcome
     assert "answered before the final '.'" in outcome.reason
     assert took < TIMEOUT / 4, f"{took:.2f}s: the answer waited for the timeout"
-
-
-def test_a_close_after_the_final_dot_with_no_reply_is_no_answer_for_the_circuit() -> None:
-    """A server that reads the whole message and closes without a reply: Unknown (it may
-    have queued the message), and for the circuit no answer (`SendOutcome.unanswered`).
-    Before: counted as an answer, so a server closing every send unanswered cleared its
-    circuit at each, and every due job went into it."""
-
-    def session(conn: socket.socket, reader: BufferedReader) -> None:
-        def data() -> bool:
-            conn.sendall(b"354 go on\r\n")
-            while reader.readline() not in (b".\r\n", b""):
-                pass
-            conn.close()
-            return False
-
-        converse(conn, reader, data)
-
-    server = AnsweringServer(session)
-    endpoint = MailEndpoint(
-        "127.0.0.1", server.port, "none", "u", "p", TIMEOUT, ssl.create_default_context()
-    )
-    try:
-        outcome, took = submit_timed(endpoint, message_of_lines(2, "<closed@mail.example.com>"))
-    finally:
-        server.close()
-    assert outcome.kind is SendKind.UNKNOWN and not outcome.timed_out, outcome
-    assert outcome.unanswered and send_unavailable(outcome)
-    assert took < TIMEOUT / 2

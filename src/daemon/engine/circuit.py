@@ -68,7 +68,6 @@ def send_unavailable(outcome: SendOutcome) -> bool:
         (outcome.kind is SendKind.REJECTED and outcome.unavailable)
         or outcome.status == 503
         or outcome.timed_out
-        or outcome.unanswered
     )
 
 

@@ -41,13 +41,6 @@ class SendOutcome:
     #: sign of a hang, counted as "unavailable" is (docs/operations.md, "Outages and
     #: quotas").
     timed_out: bool = False
-    #: The provider never answered at all: the connection ended (closed, or for SMTP
-    #: reset) after the request was written with nothing of an answer, before its
-    #: timeout. For the job the outcome is what `kind` says (UNKNOWN after SMTP's final
-    #: `.` or an HTTP send); for the scope's circuit no answer, counted as "unavailable"
-    #: is, as a 503 is (docs/operations.md, "Outages and quotas"): read as an answer, a
-    #: provider closing every send unanswered cleared its circuit at each.
-    unanswered: bool = False
     #: Only for REJECTED and transient: the send stopped before any call that could send
     #: this message, because its quota scope went to another daemon during a step before
     #: that call (Graph's tidy of an earlier attempt's drafts: `ScopeLost`). No attempt:
