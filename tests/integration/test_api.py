@@ -221,6 +221,7 @@ def test_openapi_documents_every_route_and_status(api: Api) -> None:
         "403",
         "404",
         "409",
+        "412",
         "413",
         "422",
         "503",

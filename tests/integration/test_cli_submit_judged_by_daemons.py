@@ -24,7 +24,7 @@ import pytest
 
 from daemon.cli import main
 from daemon.engine.policy_holder import PolicyHolder
-from daemon.from_settings import load_policies, settings_for
+from daemon.from_settings import declare_server, load_policies, settings_for
 from daemon.service_layer.loaded import announce_policies
 from ledger.application import Ledger
 from ledger.stores.identity import file_names_held, names_held
@@ -65,6 +65,7 @@ def test_submit_judges_by_what_the_running_daemon_loaded(
     with Ledger(store_url) as ledger:
         holder = PolicyHolder(lambda: load_policies(settings))
         name = ledger.hold_identity("d1")  # as a running daemon does, before its row
+        declare_server(ledger, (DAEMON, "d1"))  # this release's format, as its start does
         announcer = announce_policies(ledger, "d1", holder, DAEMON)
         try:
             # Added to the folder, not reloaded: refused, naming the channel.
@@ -105,7 +106,7 @@ def _live_channels(ledger: Ledger) -> set[str]:
 _DAEMON = """
 import sys, time
 from daemon.engine.policy_holder import PolicyHolder
-from daemon.from_settings import load_policies, settings_for
+from daemon.from_settings import declare_server, load_policies, settings_for
 from daemon.service_layer.loaded import announce_policies
 from ledger.application import Ledger
 from ledger.stores.loaded_policies import DAEMON
@@ -113,6 +114,7 @@ from ledger.stores.loaded_policies import DAEMON
 settings = settings_for(sys.argv[1])
 ledger = Ledger(sys.argv[2])
 name = ledger.hold_identity("d1")  # kept: a lock collected is released
+declare_server(ledger, (DAEMON, "d1"))  # this release's format, as its start declares it
 announce_policies(ledger, "d1", PolicyHolder(lambda: load_policies(settings)), DAEMON)
 print("running", flush=True)
 time.sleep(120)
