@@ -119,6 +119,10 @@ class Rig:
             {"gmail": provider},
             provider_timeouts={"gmail": TIMEOUT},
             clock=clock,
+            # The calls' bounds count the injected clock's time, as its renewals do: a
+            # claim's lease ends only when a test moves the clock past it, never while a
+            # loaded machine is slow to make a healthy call (docs/architecture.md "Leases").
+            elapsed=clock.elapsed,
             concurrency=4,
             deadline_grace=GRACE,
             rng=rng,

@@ -247,8 +247,25 @@ def test_a_send_hanging_past_its_lease_is_found_by_another_daemons_search_not_re
             break
         time.sleep(0.01)
     assert first.sends() == 1 and emulator.copies(message_id) == 1
+    # The first daemon lost its store: its outcome, once its call ends with its lease (the
+    # clock moved past it below, shared with the second daemon), lands only after the
+    # second daemon's recovery, however the threads are scheduled.
+    recovered = threading.Event()
+    save_jobs, save_job = first.ledger.save_jobs, first.ledger.save_job
+
+    def lost_store_jobs(jobs: Sequence[SendJob], **kwargs: Any) -> None:
+        recovered.wait(10)
+        save_jobs(jobs, **kwargs)
+
+    def lost_store_job(job: SendJob, **kwargs: Any) -> None:
+        recovered.wait(10)
+        save_job(job, **kwargs)
+
+    first.ledger.save_jobs = lost_store_jobs  # type: ignore[method-assign]
+    first.ledger.save_job = lost_store_job  # type: ignore[method-assign]
     first.clock.advance(DEADLINE + 1)
     assert second.tick().recovered == 1
+    recovered.set()
     assert second.state(SLOW) is JobState.UNKNOWN
     for _ in range(3):
         second.advance_and_tick(61)  # past `search_after`, the call still out
