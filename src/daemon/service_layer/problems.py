@@ -78,12 +78,6 @@ class ServiceError(SendledgerError):
 
 class NotAtVersion(ServiceError):
     """A decision refused because the job is not at the version it was made on
-    (`expected_version`, `seen`): moved on since (a conflict) or never at it (bad input).
-    A door that took the version in its own words answers in them (HTTP's `If-Match`:
-    412, docs/http-api.md "Conditional requests")."""
-
-    def __init__(
-        self, kind: Refusal, message: str, seen: int, problems: Sequence[FieldProblem] = ()
-    ) -> None:
-        super().__init__(kind, message, problems)
-        self.seen = seen
+    (`expected_version`): moved on since (a conflict) or never at it (bad input). A door
+    that took the version in its own words answers in them (HTTP's `If-Match`: 412,
+    docs/http-api.md "Conditional requests")."""

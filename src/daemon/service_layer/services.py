@@ -962,7 +962,7 @@ class Services:
                 f"job {key!r} is at version {job.version}: {expected_version} is not a "
                 "version it has had (the `version` of its status)",
             )
-            raise NotAtVersion(Refusal.BAD_INPUT, str(problem), expected_version, [problem])
+            raise NotAtVersion(Refusal.BAD_INPUT, str(problem), [problem])
         if expected_version is not None and job.version != expected_version:
             raise self._moved_on(key, expected_version, what)
         return job
@@ -1104,7 +1104,6 @@ class Services:
             f"job {key!r} changed after version {seen} ({changed}) and is now "
             f"{job.state.value} at version {job.version}; it was not {what}: look again "
             f"({show})",
-            seen,
         )
 
     def triage(
