@@ -239,16 +239,17 @@ def test_graph_a_lapsed_claims_draft_is_fenced_before_the_count(graph: EngineRig
 def test_graph_a_persons_check_while_the_sweep_fences_leaves_the_fence_in_the_trail(
     graph: EngineRig,
 ) -> None:
-    """A person's `review check` recorded between the sweep's fence and its search: the
+    """A person's `review check` recorded between the fence's listing and its record: the
     sweep's save conflicted, and the deletion (it happened) and the search's answer were
     both dropped; the next sweep found nothing to delete, so the trail never said the
-    lapsed claim's draft was deleted. Both are now recorded on the version the check left."""
+    lapsed claim's draft was deleted. The fence (recorded before its deletion) and the
+    answer are now recorded on the version the check left."""
     graph.submit("receipts", "k1")
     fake(graph).crash_on_create()  # the draft exists, the daemon died before its send
     graph.tick(errors=1)
     graph.clock.advance(TIMEOUT + GRACE + 1)
     assert graph.tick().recovered == 1
-    checked = a_check_after(graph, "delete_drafts", "k1")
+    checked = a_check_after(graph, "find_drafts", "k1")
     graph.clock.advance(61)
     assert graph.tick().searched == 1 and checked == [True]
     types = [type(e).__name__ for e in graph.ledger.history("k1")]

@@ -646,6 +646,10 @@ class Dispatch:
         if isinstance(made, SendOutcome):
             return made
         if made is not None and first is not None:
+            # Deleted before this send without a record of their own: the claim, saved on
+            # the version read, is it; while it is live no other attempt of the job is,
+            # and these are the drafts of attempts before it (docs/architecture.md
+            # "Microsoft Graph").
             earlier = [d for d in claimed.work.job.made_drafts_left if d != made]
             return first.send_made(claimed.raw, made, earlier)
         return claimed.provider.send_raw(claimed.raw)

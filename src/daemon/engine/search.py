@@ -51,6 +51,7 @@ from daemon.providers.base import (
     delete_job_drafts,
 )
 from daemon.providers.draft_handle import (
+    BeforeDeleting,
     Draft,
     DraftCheck,
     DraftsProvider,
@@ -163,15 +164,25 @@ class SearchBackoff:
         """One draft deleted (False: it was gone already), under the circuit and backoff."""
         return self._call(work, provider, "draft fence", lambda: drafts.delete_draft(draft_id))
 
-    def delete_drafts(self, work: Work, provider: Provider, what: str) -> list[str] | None:
+    def delete_drafts(
+        self,
+        work: Work,
+        provider: Provider,
+        what: str,
+        before_deleting: BeforeDeleting | None = None,
+    ) -> list[str] | None:
         """The job's unsent drafts deleted, under the same circuit and backoff: those its
-        claims recorded by id too (Graph: another daemon's, the index may not list them)."""
+        claims recorded by id too (Graph: another daemon's, the index may not list them).
+        `before_deleting`: as `Provider.delete_drafts` takes it (what it raises, a save
+        refused, is raised on: no answer of the provider's, nothing deleted)."""
         job = work.job
         return self._call(
             work,
             provider,
             what,
-            lambda: delete_job_drafts(provider, job.message_id, job.made_drafts_left),
+            lambda: delete_job_drafts(
+                provider, job.message_id, job.made_drafts_left, before_deleting
+            ),
         )
 
     def wait(self, key: str, seconds: float) -> None:
@@ -309,28 +320,23 @@ class Sweep:
     def _fence_and_search(self, work: Work, provider: Provider, policy: ChannelPolicy) -> None:
         """The search of an Unknown job, its unsent drafts deleted first where the
         provider may leave some (the fence: no claim of it is live, so a lapsed claim's
-        draft can never be sent after the count); both recorded on the version loaded,
-        or beside a person's check made meanwhile (`_save_beside_facts`)."""
-        deleted: list[str] = []
+        draft can never be sent after the count). The fence is recorded before its first
+        deletion (`_fence_first`), the search's answer after it; each on the version
+        loaded, or beside a person's check made meanwhile (`_save_beside_facts`)."""
         if provider.leaves_drafts:
-            fenced = self._backoff.delete_drafts(work, provider, "fence")
+            fenced = self._backoff.delete_drafts(
+                work, provider, "fence", _fence_first(work, self._clock)
+            )
             if fenced is None:
-                return
-            deleted = fenced
-        fenced_at = self._clock()
+                return  # no answer (the fence, if recorded, stays: its drafts were listed)
         result = self._backoff.search(work, provider)
-        if result is None and not deleted:
+        if result is None:
             return
         work.now = self._clock()
         decided: list[AfterSearch] = []
-        refused = None if result is None else self._handle_refused(work, policy, answer=result)
+        refused = self._handle_refused(work, policy, answer=result)
 
         def record(on: SendJob) -> None:
-            # The deletions are recorded as they happened, also when the search failed.
-            if deleted:
-                on.record_drafts_deleted(draft_ids=deleted, why=DRAFTS_FENCE, at=fenced_at)
-            if result is None:
-                return
             if refused is not None:
                 on.escalate(refused, detail=_MARKED_WHILE_OUT.format(work.provider_name),
                             at=work.now)  # fmt: skip
@@ -357,7 +363,6 @@ class Sweep:
 
         _save_beside_facts(work, record, changed=marked_meanwhile)
         if decided:
-            assert result is not None
             log.info(
                 "job %s: search: %s: %s",
                 work.job.key,
@@ -475,6 +480,31 @@ class Sweep:
             )
 
         return record
+
+
+def _fence_first(work: Work, clock: Clock) -> BeforeDeleting:
+    """A sweep's fence of the drafts listed, recorded on the version the sweep loaded (or
+    beside the facts written since: `_save_beside_facts`) between the provider's listing
+    and its first deletion, as a person's resend records its fence
+    (`Services._begin_fence`) and a claim is recorded before its call. Anything else
+    written meanwhile (another daemon's sweep and its next attempt, after the mailbox's
+    scope moved to it) refuses the record (`ConcurrentUpdate`) and nothing is deleted:
+    the job is left to whoever moved it. Deleted first and recorded after, a stalled
+    sweep's listing could show that next attempt's draft, about to be sent, and its
+    deletion would make that send find it gone (Unknown, for a job nobody sent twice).
+    A draft made after the listing needs a write after the record, so a fence whose
+    record was saved deletes only drafts of attempts before it, however late its
+    deletions land (docs/architecture.md "Drafts never outlive their job")."""
+
+    def record(listed: list[str]) -> None:
+        if not listed:
+            return  # nothing to delete: the search's answer is saved on the version read
+        at = clock()
+        _save_beside_facts(
+            work, lambda on: on.record_drafts_deleted(draft_ids=listed, why=DRAFTS_FENCE, at=at)
+        )
+
+    return record
 
 
 def _fence(draft: Draft, at: datetime) -> Callable[[SendJob], None]:
@@ -612,7 +642,19 @@ class FirstDue:
 class Tidy:
     """A settled job's unsent drafts deleted at the provider, once `tidy_at` has come
     (the settling command set it: `decisions.tidy_at`). One per final state, since the
-    index is read per state."""
+    index is read per state.
+
+    Deleted first and recorded after, unlike a fence (`_fence_first`), and still decided
+    on what it read: a final job makes no attempt of its own, and the one way back to a
+    send (confirmed, then a bounce or a recount to review, then a person's resend) passes
+    the resend's fence (`Services._fenced_search`), which records every draft of the job
+    it lists as deleted (never reused: `prepare_draft`) and deletes it before the resend
+    is saved, or refuses the resend. A draft this tidy listed was listed then too (made
+    before this listing, the index shows it by then; a recorded one is read by its id),
+    and a next attempt's draft is made after that resend, after this listing. So a
+    stalled tidy deletes only drafts no attempt will send. Recorded first, its record
+    (which ends the job's tidy) would leave the drafts of a deletion that then failed in
+    the mailbox for good."""
 
     def __init__(self, state: JobState, backoff: SearchBackoff, clock: Clock) -> None:
         self.state = state
