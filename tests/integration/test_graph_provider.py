@@ -1347,3 +1347,38 @@ def test_a_stale_resend_s_fence_deletes_no_draft_of_the_resend_saved_first(
 
         stale_resend_refused(rig, door(alice_first), a.release, drafts)
     assert logged_copies(accept_log, message_id) == 1
+
+
+def test_a_persons_check_from_a_fresh_process_counts_the_copy_a_recorded_draft_became(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """The daemon's send of its recorded draft is made and its answer lost (Unknown, to
+    review); the index lags, so `$filter` shows no copy. A person's `review check` from a
+    command (a process of its own, which made no draft) searched by `$filter` alone and
+    answered "no copy found", advising a resend, where the daemon's own search, reading
+    that draft by the id its claim recorded, counted the copy. The check now searches as
+    the daemon does (`search_job`): one copy, recorded."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from daemon.service_layer.services import ChannelPolicies, Services
+    from ledger.vocabulary import JobState
+
+    graph.set_lag(3600)  # `$filter` shows no copy
+    a, door_provider = provider(), provider()
+    legal = policy("legal", on_unknown="review", search_after="60s")
+    with EngineRig(legal, provider=lambda clock: cast(FakeProvider, a)) as rig:
+        message_id = rig.submit("legal", "k1")
+        relay.set_plan(FaultPlan(send=["drop-response"]))
+        assert rig.tick().unknown == 1
+        assert rig.job("k1").state is JobState.REVIEW, rig.events("k1")
+        relay.set_plan(FaultPlan())
+        door = Services(
+            rig.ledger,
+            lambda: ChannelPolicies(rig.policies),
+            providers=lambda _: nullcontext(door_provider),
+        )
+        answer = door.check("k1", by="alice")
+        assert answer.count == 1 and answer.recorded, answer
+        assert rig.events("k1")[-1] == "Checked"
+    assert logged_copies(accept_log, message_id) == 1

@@ -57,6 +57,9 @@ class _TwoSteps(ProviderBase):
     ) -> list[str]:
         return list(draft_ids)
 
+    def search_made(self, message_id: str, draft_ids: Collection[str]) -> SearchResult:
+        return self.search(message_id)
+
 
 class _Calls(NullObserver):
     def __init__(self) -> None:

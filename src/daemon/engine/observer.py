@@ -204,3 +204,6 @@ class _ObservedDraftFirst:
                 message_id, draft_ids, filtered=filtered, before_deleting=before_deleting
             ),
         )
+
+    def search_made(self, message_id: str, draft_ids: Collection[str]) -> SearchResult:
+        return self.observed.timed("search", lambda: self.inner.search_made(message_id, draft_ids))

@@ -49,6 +49,7 @@ from daemon.providers.base import (
     SearchResult,
     calls_while,
     delete_job_drafts,
+    search_job,
 )
 from daemon.providers.draft_handle import (
     BeforeDeleting,
@@ -138,8 +139,16 @@ class SearchBackoff:
         )
 
     def search(self, work: Work, provider: Provider) -> SearchResult | None:
+        """The job's copies, those its claims' recorded drafts became included, every one
+        (a fence records what it is about to delete, so one recorded deleted may be the
+        copy a late send made of it): `search_job`, as a person's check searches."""
+        job = work.job
         return self._call(
-            work, provider, "search", lambda: provider.search(work.job.message_id), "searched"
+            work,
+            provider,
+            "search",
+            lambda: search_job(provider, job.message_id, job.made_drafts),
+            "searched",
         )
 
     def history(

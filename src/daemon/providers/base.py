@@ -286,6 +286,18 @@ def delete_job_drafts(
     return provider.delete_drafts(message_id, before_deleting)
 
 
+def search_job(provider: Provider, message_id: str, made: Collection[str] = ()) -> SearchResult:
+    """The job's copies searched (reading only): on a provider that makes its drafts before
+    the claim, the copies the drafts its claims recorded (`made`) became, read by id too,
+    whichever process made them; a listing by Message-ID may not show them for minutes.
+    One piece of code for the daemon's searches and a person's (docs/architecture.md
+    "Microsoft Graph")."""
+    first = provider.draft_first()
+    if first is not None and made:
+        return first.search_made(message_id, made)
+    return provider.search(message_id)
+
+
 __all__ = [
     "DEFAULT_READBACK_FIRST",
     "DEFAULT_READBACK_RATE",
@@ -301,6 +313,7 @@ __all__ = [
     "SendOutcome",
     "delete_job_drafts",
     "for_job",
+    "search_job",
     "stopped_before_send",
 ]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from daemon.providers.outcomes import ProviderError, SendOutcome
+from daemon.providers.outcomes import ProviderError, SearchResult, SendOutcome
 
 #: `Provider.delete_drafts`'s step between its listing and its first deletion: given the
 #: ids listed, it may stop the deletion by raising.
@@ -121,4 +121,10 @@ class DraftFirst(Protocol):
         """`Provider.delete_drafts`, the drafts `draft_ids` (read by id) included; not
         `filtered`: those alone. The ids deleted. Raises ProviderError when the answer is
         not known. `before_deleting` as `Provider.delete_drafts` takes it."""
+        ...
+
+    def search_made(self, message_id: str, draft_ids: Collection[str]) -> SearchResult:
+        """`Provider.search`, the drafts `draft_ids` (those the job's claims made, read
+        by id) counted as copies once they are no drafts any more: a listing by
+        Message-ID may not show such a copy for a while. Reads only."""
         ...

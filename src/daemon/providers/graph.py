@@ -746,21 +746,28 @@ class GraphProvider(ProviderBase):
     def search(self, message_id: str) -> SearchResult:
         return self.search_in(self._unscoped(), message_id)
 
-    def search_in(self, mailbox: _Mailbox, message_id: str) -> SearchResult:
+    def search_made(self, message_id: str, draft_ids: Collection[str]) -> SearchResult:
+        return self.search_in(self._unscoped(), message_id, draft_ids)
+
+    def search_in(
+        self, mailbox: _Mailbox, message_id: str, recorded: Collection[str] = ()
+    ) -> SearchResult:
         """Every sent copy whose Message-ID header is `message_id`: Sent Items and Deleted
         Items (its hits `in_trash`, searched only when no other copy was found) searched
         by `$filter=internetMessageId eq '...'` through every page, joined
         with this
         process's drafts of it that are no drafts any more (read by immutable id: a copy
-        the filter may not show yet), those another process made included once a fence
-        here read them by the id their claims recorded (`delete_drafts_in`). Reads only: a
+        the filter may not show yet), and with those the job's claims recorded
+        (`recorded`, another process's too), read the same way: a person's check in a
+        fresh process counts the copy a recorded draft became, as the daemon's sweep
+        does, while the index lags. Reads only: a
         human's check may run while the job's send is in flight, and deleting its draft
         then would make that send fail (the engine fences with `delete_drafts` before it
         counts a lapsed claim's copies).
         """
         literal = filter_value(message_id)
         hits: dict[str, SearchHit] = {}
-        for draft_id in mailbox.drafts(message_id):
+        for draft_id in _made_drafts(mailbox, message_id, recorded):
             # Before each call, as before each page (`items`): one search is several
             # calls, and the scope may go to another daemon between two (`next_call`).
             next_call(f"search {literal}")
@@ -1071,6 +1078,9 @@ class GraphMailboxView(ProviderBase):
 
     def search(self, message_id: str) -> SearchResult:
         return self.provider.search_in(self.mailbox, message_id)
+
+    def search_made(self, message_id: str, draft_ids: Collection[str]) -> SearchResult:
+        return self.provider.search_in(self.mailbox, message_id, draft_ids)
 
     def delete_drafts(
         self, message_id: str, before_deleting: BeforeDeleting | None = None

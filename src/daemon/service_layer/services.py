@@ -31,6 +31,7 @@ from daemon.providers.base import (
     SearchResult,
     delete_job_drafts,
     for_job,
+    search_job,
 )
 from daemon.providers.draft_handle import Draft, DraftStatus
 from daemon.service_layer.guidance import (
@@ -660,7 +661,9 @@ class Services:
         return self._with_provider(job, lambda provider: self._searched(provider, job))
 
     def _searched(self, provider: Provider, job: SendJob) -> SearchResult:
-        found = provider.search(job.message_id)
+        # The copies the job's recorded drafts became counted as the daemon counts them
+        # (`search_job`): a fresh process remembers no draft, and the index may lag.
+        found = search_job(provider, job.message_id, job.made_drafts)
         if self.on_search is not None:
             try:
                 self.on_search(found.count)
