@@ -1624,12 +1624,6 @@ class SendJob(Aggregate):
         return self.fenced_draft
 
     @property
-    def made_drafts_left(self) -> tuple[str, ...]:
-        """The drafts its claims made (`made_drafts`) that no event says were deleted:
-        those a fence or a tidy reads by id."""
-        return tuple(d for d in self.made_drafts if d not in self.deleted_drafts)
-
-    @property
     def settled(self) -> bool:
         return self.state in SETTLED_STATES
 

@@ -1135,6 +1135,17 @@ def test_the_fence_deletes_only_drafts_whose_message_id_is_exactly_ours(
     assert found.hits == () and found.complete, found
 
 
+def _draft_of_a_send_never_made(rig: Any, relay: FaultRelay, graph: GraphEmulator) -> str:
+    """Job k1 submitted on the rig (an `EngineRig`) and its send's request lost before it
+    reached Graph (Unknown): the id of the draft its send made and left in Drafts."""
+    rig.submit("receipts", "k1")
+    relay.set_plan(FaultPlan(send=["fail-before-forward"]))
+    assert rig.tick().unknown == 1
+    relay.set_plan(FaultPlan())
+    [left] = [m["id"] for m in graph.folder(MAILBOX, "drafts")]
+    return str(left)
+
+
 def test_a_new_owner_fences_the_draft_a_replaced_daemon_made_by_its_recorded_id(
     provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
 ) -> None:
@@ -1154,10 +1165,7 @@ def test_a_new_owner_fences_the_draft_a_replaced_daemon_made_by_its_recorded_id(
     with EngineRig(
         policy("receipts", on_unknown="retry"), provider=lambda clock: cast(FakeProvider, a)
     ) as rig:
-        rig.submit("receipts", "k1")
-        relay.set_plan(FaultPlan(send=["fail-before-forward"]))
-        assert rig.tick().unknown == 1
-        [left] = [m["id"] for m in graph.folder(MAILBOX, "drafts")]
+        left = _draft_of_a_send_never_made(rig, relay, graph)
         rig.engine.close()  # `a` is gone; `b` starts with nothing remembered
         rig.provider = cast(FakeProvider, b)
         rig.engine = rig.new_engine("b")
@@ -1382,3 +1390,52 @@ def test_a_persons_check_from_a_fresh_process_counts_the_copy_a_recorded_draft_b
         assert answer.count == 1 and answer.recorded, answer
         assert rig.events("k1")[-1] == "Checked"
     assert logged_copies(accept_log, message_id) == 1
+
+
+class _FenceFailsOnce(GraphProvider):
+    """Its first draft deletion fails (a DELETE answered 503), after the fence was listed
+    and recorded."""
+
+    failed = False
+
+    def _fence(self, mailbox: Any, message_id: str, draft_id: str) -> bool:
+        if not self.failed:
+            self.failed = True
+            raise ProviderError("DELETE: HTTP 503 (scripted)", unavailable=True)
+        return super()._fence(mailbox, message_id, draft_id)
+
+
+def test_a_draft_whose_recorded_fence_failed_is_fenced_by_its_id_after_a_restart(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """Daemon `b`'s fence recorded the draft `a`'s lapsed claim made (recorded before its
+    deletion), then its DELETE failed; `b` was replaced by `c`. The fence and the tidy read
+    by id only the recorded drafts no event said were deleted, so `c`, which never made
+    nor read that draft and whose `$filter` does not show it yet, fenced nothing: the draft
+    stayed in Drafts, sendable, while the search counted no copy. Every draft the job's
+    claims recorded is now read by its id: `c`'s fence deletes it."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.job import DRAFTS_FENCE, SendJob
+
+    graph.set_lag(3600)  # `$filter` shows neither the draft nor any copy
+    a, b, c = provider(), provider(kind=_FenceFailsOnce), provider()
+    with EngineRig(
+        policy("receipts", on_unknown="retry"), provider=lambda clock: cast(FakeProvider, a)
+    ) as rig:
+        left = _draft_of_a_send_never_made(rig, relay, graph)
+        for name, replacement in (("b", b), ("c", c)):
+            rig.engine.close()  # the daemon before is gone; this one remembers nothing
+            rig.provider = cast(FakeProvider, replacement)
+            rig.engine = rig.new_engine(name)
+            rig.clock.advance(60)
+            rig.tick(errors=1 if name == "b" else 0)  # `b`: its DELETE fails
+        fences = [
+            list(e.draft_ids) for e in rig.ledger.history("k1")
+            if isinstance(e, SendJob.DraftsDeleted) and e.why == DRAFTS_FENCE
+        ]  # fmt: skip
+        assert fences[0] == [left], rig.events("k1")
+    assert graph.folder(MAILBOX, "drafts") == [] and graph.folder(MAILBOX, "deleteditems") == []
+    assert graph.send_draft(MAILBOX, left) == 404  # a late call sends nothing
+    assert logged_copies(accept_log) == 0

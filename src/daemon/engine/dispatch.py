@@ -649,8 +649,10 @@ class Dispatch:
             # Deleted before this send without a record of their own: the claim, saved on
             # the version read, is it; while it is live no other attempt of the job is,
             # and these are the drafts of attempts before it (docs/architecture.md
-            # "Microsoft Graph").
-            earlier = [d for d in claimed.work.job.made_drafts_left if d != made]
+            # "Microsoft Graph"). Every one: a fence records its drafts before deleting
+            # them, and one whose deletion failed, or that a late send took, is still a
+            # draft, or a copy this attempt must not be sent beside.
+            earlier = [d for d in claimed.work.job.made_drafts if d != made]
             return first.send_made(claimed.raw, made, earlier)
         return claimed.provider.send_raw(claimed.raw)
 

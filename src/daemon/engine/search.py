@@ -181,7 +181,9 @@ class SearchBackoff:
         before_deleting: BeforeDeleting | None = None,
     ) -> list[str] | None:
         """The job's unsent drafts deleted, under the same circuit and backoff: those its
-        claims recorded by id too (Graph: another daemon's, the index may not list them).
+        claims recorded by id too (Graph: another daemon's, the index may not list them),
+        every one, those a fence recorded deleted included: recorded before its deletion,
+        a fence whose deletion then failed left its drafts in the mailbox.
         `before_deleting`: as `Provider.delete_drafts` takes it (what it raises, a save
         refused, is raised on: no answer of the provider's, nothing deleted)."""
         job = work.job
@@ -189,9 +191,7 @@ class SearchBackoff:
             work,
             provider,
             what,
-            lambda: delete_job_drafts(
-                provider, job.message_id, job.made_drafts_left, before_deleting
-            ),
+            lambda: delete_job_drafts(provider, job.message_id, job.made_drafts, before_deleting),
         )
 
     def wait(self, key: str, seconds: float) -> None:

@@ -703,7 +703,7 @@ class Services:
                 deleted = delete_job_drafts(
                     provider,
                     job.message_id,
-                    job.made_drafts_left,
+                    job.made_drafts,  # all: one recorded deleted may not be (a fence's)
                     lambda listed: self._begin_fence(job, recorded, listed),
                 )
                 if recorded is not None and recorded.draft_id not in deleted:
