@@ -388,9 +388,8 @@ def test_a_check_stopped_between_its_calls_is_no_answer_and_no_failure() -> None
     backoff = SearchBackoff(Circuits(), clock, may_call=lambda work: ours[0])
     provider = TwoCalls(lambda: ours.__setitem__(0, False))
     counted: list[str] = []
-    work = SimpleNamespace(
-        job=SimpleNamespace(key="k1", message_id="<m@x>"), now=clock(), count=counted.append
-    )
+    job = SimpleNamespace(key="k1", message_id="<m@x>", made_drafts=())
+    work = SimpleNamespace(job=job, now=clock(), count=counted.append)
     assert backoff.search(cast(Work, work), provider) is None
     assert provider.calls == 1
     assert counted == [] and not backoff.held("k1", clock())
