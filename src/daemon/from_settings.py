@@ -22,6 +22,7 @@ from ledger.stores.causes import StoreUnavailable
 from ledger.stores.url import (
     MemoryStore,
     PostgresStore,
+    SqliteStore,
     StartWatch,
     StoreRefused,
     StoreSpec,
@@ -200,6 +201,11 @@ def store_spec(settings: StoreSource) -> StoreSpec:
     keys set for another store are refused (docs/performance.md "Performance and scaling")."""
     store = settings.store
     spec = parse_store_url(store.url, base_dir=settings.base_dir)
+    if not store.check_mounts and not isinstance(spec, SqliteStore):
+        raise StoreUrlError(
+            f"store.check_mounts: only a sqlite:// store is a file in a folder that may "
+            f"be a mount point, not {spec.describe()}"
+        )
     if isinstance(spec, PostgresStore):
         return dataclasses.replace(
             spec,
@@ -213,6 +219,8 @@ def store_spec(settings: StoreSource) -> StoreSpec:
             f"store.{store.postgres_only[0]}: only a postgresql:// store has a connection "
             f"pool and lock waits, not {spec.describe()}"
         )
+    if isinstance(spec, SqliteStore):
+        return dataclasses.replace(spec, check_mounts=store.check_mounts)
     return spec
 
 

@@ -43,7 +43,9 @@ so a user's program runs it without the daemon's packages.
           │    └── UnknownJob                            ledger/application.py
           ├── unavailable                kind UNAVAILABLE (exit 1, HTTP 503)
           │    ├── StoreUnavailable                      ledger/stores/causes.py: read-only,
-          │    │                                         disk full, locked (PersistenceError too)
+          │    │    │                                    disk full, locked (PersistenceError too)
+          │    │    └── StoreNotMounted                  ledger/stores/mount_points.py: its
+          │    │                                         folder's disk not mounted
           │    ├── CopyMismatch                          daemon/service_layer/copy_store.py:
           │    │                                         a copy's verification failed, a
           │    │                                         server started on its source, or

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 from pathlib import Path
 
+import pytest
 from tests.e2e.daemon_kit import SENDLEDGER
 
 from testkit.credentials import write_service_account
@@ -149,3 +151,64 @@ def test_a_store_folder_linked_to_a_mount_not_up_yet_is_exit_1_and_the_start_aft
     up = _run(site, "--once")
     assert up.returncode == 0, up.stderr
     assert (mount / "ledger.sqlite").exists()
+
+
+def _private_mounts() -> bool:
+    """Whether this user may make a mount namespace of its own (`unshare`), where a
+    bind mount over /etc/fstab and a tmpfs on a temp folder touch nothing outside."""
+    if shutil.which("unshare") is None:
+        return False
+    tried = subprocess.run(
+        ["unshare", "--mount", "--map-root-user", "true"], capture_output=True, timeout=30
+    )
+    return tried.returncode == 0
+
+
+def test_a_store_folder_whose_disk_is_not_mounted_is_exit_1_and_nothing_is_made_there(
+    tmp_path: Path,
+) -> None:
+    """In a mount namespace of the test's own, /etc/fstab names a temp folder as the
+    store's disk: `run` and `submit` before the mount are exit 1, one line, and make
+    nothing in the folder beneath; once a file system is mounted there `run` makes the
+    store on it (docs/operations.md "A store on a disk of its own")."""
+    if not _private_mounts():
+        pytest.skip("no mount namespace for this user (unshare --mount --map-root-user)")
+    site = _site(tmp_path)
+    write_service_account(site / KEY, token_uri="http://127.0.0.1:8026/token")
+    point = tmp_path / "mnt" / "data"
+    point.mkdir(parents=True)
+    store = point / "sendledger" / "ledger.sqlite"
+    config = site / "sendledger.toml"
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text.replace("sqlite:///ledger.sqlite", f"sqlite:///{store}"))
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"LABEL=data {point} ext4 defaults,nofail 0 2\n", encoding="utf-8")
+    said = tmp_path / "said"
+    said.mkdir()
+    cli = f"{SENDLEDGER} --config {config}"
+    script = f"""
+mount --bind {fstab} /etc/fstab
+{cli} run --once 2>{said}/run; echo $? >{said}/run.code
+{cli} submit {site / "first-job.json"} 2>{said}/submit; echo $? >{said}/submit.code
+mount -t tmpfs data {point}
+{cli} run --once 2>{said}/mounted; echo $? >{said}/mounted.code
+ls {store.parent} >{said}/on-the-disk
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
+    done = subprocess.run(
+        ["unshare", "--mount", "--map-root-user", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    for command in ("run", "submit"):
+        line = (said / command).read_text(encoding="utf-8")
+        assert (said / f"{command}.code").read_text() == "1\n", line
+        assert line.startswith(f"sendledger: store sqlite:{store}: not mounted: {point} is a ")
+        assert "(/etc/fstab)" in line and line.count("\n") == 1, line
+    mounted = (said / "mounted").read_text(encoding="utf-8")
+    assert (said / "mounted.code").read_text() == "0\n", mounted
+    assert "ledger.sqlite" in (said / "on-the-disk").read_text().split()
+    assert list(point.iterdir()) == []  # the folder beneath the mount: nothing made

@@ -485,6 +485,10 @@ Description=sendledger email send ledger and reconciler
 Documentation={_specifiers_escaped((here.folder / "sendledger.toml").as_uri())}
 After=network-online.target
 Wants=network-online.target
+# Started once the file systems of DIR (config, policies, store) are mounted, never on
+# the empty folder beneath a disk not mounted yet; a store.url elsewhere adds its folder
+# (docs/operations.md "A store on a disk of its own").
+RequiresMountsFor={_unit_word(folder)}
 
 [Service]
 Type=notify

@@ -127,6 +127,9 @@ class StoreSettings(_Section):
     # A new connection's wait, and a thread's wait for one from the pool, before the store
     # call fails and is tried again (the database is down: a restart, a failover).
     connect_timeout: Annotated[int, _whole_seconds(2)] = DEFAULT_CONNECT_TIMEOUT
+    # SQLite only: a store folder on a mount point of /etc/fstab (or a mount unit) with
+    # nothing mounted on it is refused (docs/operations.md "A store on a disk of its own").
+    check_mounts: bool = True
 
     @property
     def postgres_only(self) -> list[str]:

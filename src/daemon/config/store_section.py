@@ -57,6 +57,8 @@ class StoreValues(Protocol):
     @property
     def connect_timeout(self) -> int: ...
     @property
+    def check_mounts(self) -> bool: ...
+    @property
     def postgres_only(self) -> list[str]: ...
 
 
@@ -80,6 +82,7 @@ class StoreSection:
     max_overflow: int = DEFAULT_MAX_OVERFLOW
     lock_timeout: int = DEFAULT_LOCK_TIMEOUT
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+    check_mounts: bool = True
 
     @property
     def postgres_only(self) -> list[str]:

@@ -109,6 +109,7 @@ def store_exists(spec: StoreSpec) -> bool:
     if isinstance(spec, SqliteStore):
         from ledger.stores.sqlite import schema_exists
 
+        spec.refuse_unmounted()  # "no store at PATH" would send the reader to `submit`
         return schema_exists(spec)
     if isinstance(spec, PostgresStore):
         from ledger.stores.postgres import schema_exists as postgres_schema_exists

@@ -361,6 +361,9 @@ class SQLiteBackend:
         }
 
     def prepare(self) -> bool:
+        # Before anything is made: a folder made, or a store opened, on the folder beneath
+        # a disk not mounted would be a new store that knows no job.
+        self.spec.refuse_unmounted()
         with _permission_named(self.spec):  # a folder this user may not enter or write
             refuse_what_is_no_store(self.spec.path)
             try:

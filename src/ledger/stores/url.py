@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ledger.exceptions import MayClearLater, Refusal, SendledgerError
+
+if TYPE_CHECKING:
+    from ledger.stores.mount_points import MountTable
 
 
 class StoreRefused(SendledgerError, ValueError):
@@ -51,9 +54,20 @@ class StartWatch(Protocol):
 @dataclass(frozen=True)
 class SqliteStore:
     path: Path
+    # `store.check_mounts`: a folder on a mount point with nothing mounted on it is
+    # refused (`mount_points.refuse_unmounted`), told by `mounts` or, None, by this host.
+    check_mounts: bool = field(default=True, compare=False)
+    mounts: MountTable | None = field(default=None, repr=False, compare=False)
 
     def describe(self) -> str:
         return f"sqlite:{self.path}"
+
+    def refuse_unmounted(self) -> None:
+        """StoreNotMounted when its folder's disk is not mounted (`check_mounts`)."""
+        if self.check_mounts:
+            from ledger.stores.mount_points import refuse_unmounted
+
+            refuse_unmounted(self.describe(), self.path, self.mounts)
 
 
 #: A daemon's threads hold a connection only while they read or write the store, never
