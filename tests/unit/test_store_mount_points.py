@@ -133,6 +133,21 @@ def test_a_store_folder_linked_into_the_mount_point_is_the_mount_point_s(tmp_pat
     assert _everything_under(point) == [point / "sendledger"]
 
 
+def test_a_store_file_linked_to_a_file_on_the_mount_point_is_the_mount_point_s(
+    tmp_path: Path,
+) -> None:
+    """A store path that is a link to a file not there yet has the file made at the
+    link's target: here, on the folder beneath the disk."""
+    point = tmp_path / "mnt" / "data"
+    point.mkdir(parents=True)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "ledger.sqlite").symlink_to(point / "ledger.sqlite")
+    table = _table(tmp_path, f"LABEL=data {point} ext4\n")
+    with pytest.raises(StoreNotMounted):
+        _open(SqliteStore(tmp_path / "site" / "ledger.sqlite", mounts=table))
+    assert _everything_under(point) == []
+
+
 def test_check_mounts_false_opens_the_folder_beneath_and_is_refused_for_postgresql(
     tmp_path: Path,
 ) -> None:

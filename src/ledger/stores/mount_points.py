@@ -163,7 +163,7 @@ class StoreNotMounted(StoreUnavailable):
             self,
             f"store {where}: not mounted: {point.path} is a mount point ({point.named_in}) "
             "with no file system mounted on it, and a store there would not be the "
-            "disk's: mount it, then start again (or set store.check_mounts = false)",
+            "disk's: mount it, then start again",
         )
         self.point = point
 
@@ -171,8 +171,10 @@ class StoreNotMounted(StoreUnavailable):
 def refuse_unmounted(where: str, path: Path, table: MountTable | None) -> None:
     """StoreNotMounted, naming the store `where`, when the store file `path`'s folder is
     on a mount point with nothing mounted on it (`unmounted_point`), as `table` tells it
-    or, None, this host."""
-    point = unmounted_point(path.parent, table or SystemMounts())
+    or, None, this host. The file's own link is followed too: a store path linked to a
+    file on the disk has that file made at the link's target (`sqlite.create_private`)."""
+    real = Path(os.path.realpath(path))
+    point = unmounted_point(real.parent, table or SystemMounts())
     if point is not None:
         raise StoreNotMounted(where, point)
 

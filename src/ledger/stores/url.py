@@ -1,7 +1,9 @@
 """Store URLs: sqlite:///relative.sqlite, sqlite:////absolute.sqlite, postgresql://...,
 memory:// and memory://name.
 
-Parsing only: which backend serves a spec is `ledger.stores.backend_for`.
+Parsing, and the one look a SQLite spec takes at the host before it is opened
+(`SqliteStore.refuse_unmounted`): which backend serves a spec is
+`ledger.stores.backend_for`.
 """
 
 from __future__ import annotations
