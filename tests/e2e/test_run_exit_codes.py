@@ -168,9 +168,9 @@ def test_a_store_folder_whose_disk_is_not_mounted_is_exit_1_and_nothing_is_made_
     tmp_path: Path,
 ) -> None:
     """In a mount namespace of the test's own, /etc/fstab names a temp folder as the
-    store's disk: `run` and `submit` before the mount are exit 1, one line, and make
-    nothing in the folder beneath; once a file system is mounted there `run` makes the
-    store on it (docs/operations.md "A store on a disk of its own")."""
+    store's disk: `run`, `submit` and `init` into it before the mount are exit 1, one
+    line, and make nothing in the folder beneath; once a file system is mounted there
+    `run` makes the store on it (docs/operations.md "A store on a disk of its own")."""
     if not _private_mounts():
         pytest.skip("no mount namespace for this user (unshare --mount --map-root-user)")
     site = _site(tmp_path)
@@ -190,6 +190,7 @@ def test_a_store_folder_whose_disk_is_not_mounted_is_exit_1_and_nothing_is_made_
 mount --bind {fstab} /etc/fstab
 {cli} run --once 2>{said}/run; echo $? >{said}/run.code
 {cli} submit {site / "first-job.json"} 2>{said}/submit; echo $? >{said}/submit.code
+{SENDLEDGER} init {point / "site"} --emulator 2>{said}/init; echo $? >{said}/init.code
 mount -t tmpfs data {point}
 {cli} run --once 2>{said}/mounted; echo $? >{said}/mounted.code
 ls {store.parent} >{said}/on-the-disk
@@ -208,6 +209,12 @@ ls {store.parent} >{said}/on-the-disk
         assert (said / f"{command}.code").read_text() == "1\n", line
         assert line.startswith(f"sendledger: store sqlite:{store}: not mounted: {point} is a ")
         assert "(/etc/fstab)" in line and line.count("\n") == 1, line
+    init = (said / "init").read_text(encoding="utf-8")
+    assert (said / "init.code").read_text() == "1\n", init
+    assert init == (
+        f"sendledger: DIR: {point / 'site'} is on {point}, a mount point (/etc/fstab) with no "
+        "file system mounted on it: mount it first; nothing was written\n"
+    )
     mounted = (said / "mounted").read_text(encoding="utf-8")
     assert (said / "mounted.code").read_text() == "0\n", mounted
     assert "ledger.sqlite" in (said / "on-the-disk").read_text().split()

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from daemon.config.settings import DEFAULT_STOP_TIMEOUT, clear_text_elsewhere
-from daemon.exit_codes import EXIT_OK, bad_input
+from daemon.exit_codes import EXIT_FAILURE, EXIT_OK, CliError, bad_input
 from daemon.systemd import timeout_stop_sec
 from ledger.addresses import AddressError, Mailbox, parse_mailbox
+from ledger.stores.mount_points import SystemMounts, unmounted_point
 
 PROVIDERS = ("gmail", "smtp-imap", "graph")
 # The [providers.NAME] each kind gets; the policies name it.
@@ -118,6 +119,16 @@ def cmd_init(args: argparse.Namespace) -> int:
     unsafe = _unit_unsafe(str(folder))
     if unsafe:
         raise bad_input(f"DIR: {folder}: {unsafe}, which a systemd unit cannot name")
+    point = unmounted_point(folder, SystemMounts())
+    if point is not None:
+        # Written to the folder beneath, the config and the store's place would vanish
+        # once the disk is mounted over them (docs/operations.md "A store on a disk of its
+        # own"): exit 1, as the store's own refusal, since the mount may come.
+        raise CliError(
+            f"DIR: {folder} is on {point.path}, a mount point ({point.named_in}) with no "
+            "file system mounted on it: mount it first; nothing was written",
+            EXIT_FAILURE,
+        )
     emulated = None
     if args.emulator is not None:
         if args.provider != "gmail":
