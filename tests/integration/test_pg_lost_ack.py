@@ -135,6 +135,14 @@ def _engine(ledger: Ledger, *, lease: float) -> tuple[FakeProvider, Engine]:
     return fake, engine
 
 
+def _quick_to_give_up(url: str) -> Ledger:
+    """A Ledger on `url` whose wait for a connection to an unreachable server is libpq's
+    least (`connect_timeout = 2`)."""
+    spec = parse_store_url(url)
+    assert isinstance(spec, PostgresStore)
+    return Ledger(dataclasses.replace(spec, connect_timeout=2))
+
+
 def _cut_the_claim_at_its_commit(
     ledger: Ledger,
     proxy: LostAckProxy,
@@ -267,10 +275,7 @@ def test_a_claim_whose_commit_and_read_back_are_lost_is_read_back_once_the_store
     It is read back again at the next tick the store answers, before its deadline, and
     released on the version read: the job is sent once, with no search."""
     url, proxy = proxied
-    spec = parse_store_url(url)
-    assert isinstance(spec, PostgresStore)
-    # The pool's wait for a connection to the unreachable server: libpq's least.
-    with Ledger(dataclasses.replace(spec, connect_timeout=2)) as ledger:
+    with _quick_to_give_up(url) as ledger:
         fake, engine = _engine(ledger, lease=60.0)
         try:
             submit(ledger, "k5", 0)
@@ -306,4 +311,52 @@ def test_a_claim_whose_commit_and_read_back_are_lost_is_read_back_once_the_store
             assert (fake.sends, fake.searches) == (1, 0)
             assert "Unknown" not in [type(e).__name__ for e in ledger.history("k5")]
         finally:
+            engine.close()
+
+
+def test_a_claim_cut_at_its_commit_by_an_outage_holds_its_worker_one_wait_a_read(
+    proxied: tuple[str, LostAckProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim's COMMIT reaches the server, its answer is lost and the server stays
+    unreachable: the look-up of its transaction and the read-back both fail. Each such
+    read waited for a pooled connection, and pinged the server, once for each of the
+    library's ten tries: with `connect_timeout = 2`, 22 s for the look-up and 42 s for
+    the read-back, the send worker held 64 s for one claim (a stop as long, past
+    `daemon.stop_timeout`'s 35 s at the default 10 s). Each read now waits once (about
+    6 s here: the wait, the ping, the library's quick tries again)."""
+    url, proxy = proxied
+    with _quick_to_give_up(url) as ledger:
+        fake, engine = _engine(ledger, lease=60.0)
+        try:
+            submit(ledger, "k6", 0)
+            took: dict[str, float] = {}
+            save_job, read_back = ledger.save_job, ledger.stored_after_unsure
+
+            def claim_cut_for_good(job: SendJob, **kwargs: Any) -> None:
+                if job.state is not JobState.ATTEMPTED or proxy.dropped.is_set():
+                    return save_job(job, **kwargs)
+                proxy.down_at_drop = True  # down from its COMMIT on
+                proxy.armed.set()
+                began = time.monotonic()
+                try:
+                    save_job(job, **kwargs)
+                finally:
+                    took["save"] = time.monotonic() - began
+
+            def timed_read_back(job: SendJob) -> bool:
+                began = time.monotonic()
+                try:
+                    return read_back(job)
+                finally:
+                    took.setdefault("read-back", time.monotonic() - began)
+
+            monkeypatch.setattr(ledger, "save_job", claim_cut_for_good)
+            monkeypatch.setattr(ledger, "stored_after_unsure", timed_read_back)
+            with contextlib.suppress(OperationalError):
+                engine.tick()  # its due read after the sends fails: the store is down
+            assert proxy.dropped.is_set() and fake.sends == 0
+            assert engine.unsent.kept() == ["k6"], took
+            assert took["save"] < 12 and took["read-back"] < 12, took  # were 22 s and 42 s
+        finally:
+            proxy.down.clear()
             engine.close()

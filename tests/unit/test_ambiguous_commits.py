@@ -212,6 +212,40 @@ def test_a_claim_whose_commit_failed_and_cannot_be_read_back_is_read_back_once_i
     assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
 
 
+def test_a_store_down_costs_one_read_back_a_tick_not_one_per_claim_kept(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each read-back while the store is down waits for it (`[store] connect_timeout`):
+    before, a tick read back every claim kept, each holding a check worker for that
+    wait, for the same answer. Now only the oldest while the store does not answer,
+    the rest once it does."""
+    reads: list[int] = []
+    get = rig.ledger.events.get
+
+    def unreadable(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("gt") is not None:
+            reads.append(1)
+            raise OperationalError("the store's connection dropped")
+        return get(*args, **kwargs)
+
+    monkeypatch.setattr(rig.ledger.events, "get", unreadable)
+    for key in ("k1", "k2", "k3"):
+        rig.submit("legal", key)
+        lose_next_commit_answer(rig)
+        rig.tick(errors=1)
+    assert rig.engine.unsent.kept() == ["k1", "k2", "k3"]
+    reads.clear()
+    rig.tick()
+    rig.tick()
+    assert len(reads) == 2  # one a tick: the oldest's
+    monkeypatch.undo()
+    rig.tick()  # the oldest's answer: the store is back
+    rig.tick()
+    assert rig.engine.unsent.kept() == []
+    for key in ("k1", "k2", "k3"):
+        assert the_release(rig, key).reason == CLAIM_READ_BACK
+
+
 def test_an_unsent_claim_another_daemon_recovered_meanwhile_is_left_to_it(
     rig: EngineRig, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -467,7 +467,7 @@ class Engine:
         recovery would search for a send never made (`unsent.py`)."""
         if self._stopping.is_set():
             return
-        for key in self.unsent.kept():
+        for key in self.unsent.due():
             self._checks.submit_task(key, partial(self._settle_unsent, key))
 
     def _settle_unsent(self, key: str) -> None:

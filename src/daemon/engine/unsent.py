@@ -11,6 +11,11 @@ before the deadline's recovery: the claim stored, this process's own and the job
 event, it is released on the version read, as the read-back at once would have done;
 anything else (not stored, another writer's event after it, a conflict at the release:
 another daemon recovered it meanwhile) is left to the store's own course.
+
+While the store does not answer, a tick reads back only the oldest claim kept: each
+read waits for the store (`[store] connect_timeout`), and one per kept claim held
+every check worker for that wait, tick after tick, for the same answer (docs/operations.md
+"What a store outage costs"). Once it answers, the next tick reads back the rest.
 """
 
 from __future__ import annotations
@@ -64,27 +69,50 @@ class UnsentClaims:
         self._wait = wait
         self._lock = threading.Lock()
         self._claims: dict[str, _Unsent] = {}
+        #: The store's last read-back failed (a claim remembered, or its settle): only
+        #: the oldest claim is read back until one succeeds.
+        self._down = False
 
     def remember(self, job: SendJob, policy: ChannelPolicy) -> None:
+        """Keep `job`'s claim, whose read-back has just failed (the store down)."""
         with self._lock:
             self._claims.pop(job.key, None)
             self._claims[job.key] = _Unsent(job, policy)
             while len(self._claims) > REMEMBERED:
                 del self._claims[next(iter(self._claims))]
+            self._down = True
 
     def kept(self) -> list[str]:
         """The keys of the claims kept, oldest first."""
         with self._lock:
             return list(self._claims)
 
+    def due(self) -> list[str]:
+        """The keys to read back now: every claim kept, or while the store's last
+        read-back failed, only the oldest (its answer is every claim's)."""
+        with self._lock:
+            keys = list(self._claims)
+            return keys[:1] if self._down else keys
+
     def settle(self, key: str) -> None:
         """Read the claim of `key` back; stored and the job's last event, released with
         no call made (a `Rejected`, `CLAIM_READ_BACK`). Raises, and keeps the claim for
-        the next tick, while the store does not answer."""
+        the next tick, while the store does not answer; a claim but the oldest is not
+        read back once another's read-back found the store down."""
         with self._lock:
             unsent = self._claims.get(key)
-        if unsent is None:
-            return
+            if unsent is None or (self._down and key != next(iter(self._claims))):
+                return
+        try:
+            self._settle(key, unsent)
+        except Exception:
+            with self._lock:
+                self._down = True
+            raise
+        with self._lock:
+            self._down = False
+
+    def _settle(self, key: str, unsent: _Unsent) -> None:
         job = unsent.job
         if job.state is JobState.ATTEMPTED:  # not released yet (else its save failed)
             # Exactly this process's own claim stored past the version it was made on,

@@ -21,7 +21,13 @@ from uuid import UUID
 
 import psycopg
 import psycopg_pool
-from eventsourcing.persistence import IntegrityError, InterfaceError, OperationalError, StoredEvent
+from eventsourcing.persistence import (
+    IntegrityError,
+    InterfaceError,
+    Notification,
+    OperationalError,
+    StoredEvent,
+)
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import get_topic, retry
 from psycopg import pq
@@ -168,8 +174,28 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
             raise
         return ids
 
-    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_events(self, *args: Any, **kwargs: Any) -> Sequence[StoredEvent]:
+        with PoolWait.one_wait():  # a lost connection tried again, not the pool's wait
+            events: Sequence[StoredEvent] = super().select_events(*args, **kwargs)
+            return events
+
+    def select_notifications(self, *args: Any, **kwargs: Any) -> Sequence[Notification]:
+        with PoolWait.one_wait():
+            found: Sequence[Notification] = super().select_notifications(*args, **kwargs)
+            return found
+
+    def max_notification_id(self) -> int | None:
+        with PoolWait.one_wait():
+            last: int | None = super().max_notification_id()
+            return last
+
     def _committed(self, xid: int) -> bool:
+        with PoolWait.one_wait():
+            committed: bool = self._committed_tries(xid)
+            return committed
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def _committed_tries(self, xid: int) -> bool:
         """Whether the transaction `xid` committed; while the server still finishes it
         (the connection only just dropped), asked again."""
         for _ in range(50):
@@ -287,6 +313,9 @@ class PoolWait(threading.local):
 
     SLICE = 0.05
     connect_while: Callable[[], bool] | None = None
+    #: Within `one_wait`: None until a wait ran out, then True (the next asks only
+    #: take a connection that is there); outside it, None always.
+    waited: bool | None = None
     _installed: weakref.WeakSet[psycopg_pool.ConnectionPool[Any]] = weakref.WeakSet()
 
     @classmethod
@@ -311,10 +340,13 @@ class PoolWait(threading.local):
         refused = None if store is None else RefusedConnects.install(pool, store)
 
         def getconn(timeout: float | None = None) -> Any:
+            # Within `one_wait`, past its wait: nor is the server pinged again (a ping
+            # of a server gone waits libpq's connect_timeout too), its line said once.
+            again = bool(_WAIT.waited)
             try:
                 return asked(timeout)
             except psycopg_pool.PoolTimeout as exc:
-                line = None if refused is None else refused.line()
+                line = None if refused is None or again else refused.line()
                 if line is None:
                     raise
                 raise line from exc
@@ -322,9 +354,11 @@ class PoolWait(threading.local):
         def asked(timeout: float | None) -> Any:
             if first is not None:
                 first.wait()
+            if _WAIT.waited:
+                timeout = cls.SLICE  # this call waited for the pool once: no more
             ask = _WAIT.connect_while
             if ask is None:
-                return plain(timeout)
+                return counted(timeout)
             give_up = time.monotonic() + (pool.timeout if timeout is None else timeout)
             while True:
                 try:
@@ -334,6 +368,14 @@ class PoolWait(threading.local):
                         raise
                     if not ask():
                         raise Withdrawn("the writer gave up its wait for a connection") from None
+
+        def counted(timeout: float | None) -> Any:
+            try:
+                return plain(timeout)
+            except psycopg_pool.PoolTimeout:
+                if _WAIT.waited is not None:
+                    _WAIT.waited = True
+                raise
 
         pool.getconn = getconn  # type: ignore[method-assign]
 
@@ -346,6 +388,22 @@ class PoolWait(threading.local):
             yield
         finally:
             _WAIT.connect_while = before
+
+    @staticmethod
+    @contextlib.contextmanager
+    def one_wait() -> Iterator[None]:
+        """Within the block, this thread waits for a pooled connection once: the waits
+        after one that ran out (the library's tries again of a read, ten 0.2 s apart)
+        take only a connection that is there. Each of those ten waited the pool's
+        `connect_timeout` (and a pooled connection the outage cut costs one more try),
+        so a read while the server was down held its caller about 40 s: a send worker
+        through the read-back of a claim whose commit was not known, twice for the claim
+        (docs/operations.md "What a store outage costs")."""
+        before, _WAIT.waited = _WAIT.waited, False
+        try:
+            yield
+        finally:
+            _WAIT.waited = before
 
 
 _WAIT = PoolWait()
