@@ -55,6 +55,7 @@ from daemon.webhooks.delivery_threads import (
 from daemon.webhooks.worker import Hook
 from ledger.event_format import StoreFormatNewer
 from ledger.stores import IdentityLock, IdentityTaken
+from ledger.stores.identity import NameSession
 from ledger.stores.loaded_policies import DAEMON
 from ledger.stores.url import PostgresStore, SqliteStore, StoreSpec
 
@@ -160,6 +161,12 @@ class Daemon:
             self.request_stop()
             raise
 
+    def _name_session(self) -> NameSession | None:
+        """The session holding this daemon's name, which its heartbeat's row is written
+        under (`announce_policies`): the name another process took after a database
+        restart gets no row of this one's written over its own."""
+        return None if self._identity is None else self._identity.session()
+
     def _format_raised(self, exc: StoreFormatNewer) -> None:
         """The heartbeat found the store's event format newer than this release reads
         (`format_watch`, every 20 s): no new work, and a stop as its start would have
@@ -222,6 +229,7 @@ class Daemon:
             self.engine.policies,
             DAEMON,
             on_beat=format_watch(self.service.ledger, self._format_raised),
+            held_by=self._name_session,
         )
         self.engine.start_lease_renewer()
         self._webhooks = start_webhooks(

@@ -177,7 +177,9 @@ def test_a_store_that_cannot_be_written_does_not_stop_the_server(
         def now(self) -> float | None:
             return None
 
-        def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = bool) -> None:
+        def write(
+            self, row: LoadedPolicies, *, unless: Callable[[], bool] = bool, held_by: Any = None
+        ) -> None:
             raise OSError("store down")
 
         def leave(self, name: str, kind: str, loaded_at: float) -> None:
@@ -207,7 +209,9 @@ def test_a_reload_waits_for_a_hanging_store_a_bounded_time(
         def now(self) -> float | None:
             return None
 
-        def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = bool) -> None:
+        def write(
+            self, row: LoadedPolicies, *, unless: Callable[[], bool] = bool, held_by: Any = None
+        ) -> None:
             writes.append(row)
             if len(writes) > 1:
                 release.wait(10)  # a partition: the write does not return

@@ -19,6 +19,7 @@ from ledger.stores.identity import IdentityLock, IdentityTaken, api_lock_name
 if TYPE_CHECKING:
     from daemon.config.settings import Settings
     from ledger.application import Ledger
+    from ledger.stores.identity import NameSession
 
 log = logging.getLogger("sendledger")
 
@@ -118,15 +119,20 @@ def _serve(
         log.error("stopping: %s", exc)
         stops.append(exc)
 
-    watch_format = format_watch(ledger, stop_for)
-
-    def beat() -> None:
+    def held_by() -> NameSession | None:
+        # Before each write of its row, not after: a lock the restart ended is taken
+        # again first, and a name another `sendledger api` took meanwhile stops this one
+        # with its row left to that one (written only while this session holds the
+        # name); before, it wrote over the new server's row once more, up to a beat
+        # (20 s) after, and its stop then removed it.
         if not stops:
             _check_name(identity, name, stop_for)
-        watch_format()
+        return identity.session()
 
     try:
-        announcer = announce_policies(ledger, name, policies, API, on_beat=beat)
+        announcer = announce_policies(
+            ledger, name, policies, API, on_beat=format_watch(ledger, stop_for), held_by=held_by
+        )
     except BaseException:
         # Refused as at the bind (its heartbeat's thread not started, the store gone):
         # its port let go, and its declaration taken back as `run` does; left, it

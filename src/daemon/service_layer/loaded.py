@@ -29,6 +29,7 @@ from ledger.stores.loaded_policies import DAEMON, LoadedPolicies, LoadedPolicySt
 if TYPE_CHECKING:
     from daemon.engine.policy_holder import PolicyHolder
     from ledger.application import Ledger
+    from ledger.stores.identity import NameSession
     from policies.loader import PolicySet
 
 log = logging.getLogger("sendledger")
@@ -64,8 +65,13 @@ class PolicyAnnouncer:
         live_seconds: float = LIVE_SECONDS,
         on_beat: Callable[[], None] = lambda: None,
         on_stop: Callable[[], None] = lambda: None,
+        held_by: Callable[[], NameSession | None] = lambda: None,
     ) -> None:
+        """`held_by`: asked right before each write of the row, the session holding the
+        server's name (`IdentityLock.session`): the row is written only while it still
+        does, asked by the write itself (`LoadedPolicyStore.write`)."""
         self._rows = rows
+        self._held_by = held_by
         self._on_beat = on_beat
         self._on_stop = on_stop
         self._name = name
@@ -91,6 +97,7 @@ class PolicyAnnouncer:
         written is said once and tried again at the next beat: the daemon keeps sending."""
         loaded_at = self._loaded_at
         try:
+            session = self._held_by()
             now = self._rows.now()
             now = self._clock() if now is None else now
             self._rows.write(
@@ -102,6 +109,7 @@ class PolicyAnnouncer:
                     self._current().fingerprints(),
                 ),
                 unless=self._stop.is_set,
+                held_by=session,
             )
         except Exception as exc:
             if not self._failing:
@@ -247,10 +255,14 @@ def announce_policies(
     holder: PolicyHolder,
     kind: str,
     on_beat: Callable[[], None] = lambda: None,
+    held_by: Callable[[], NameSession | None] = lambda: None,
 ) -> PolicyAnnouncer:
     """This server's loaded-policy row, written now, at each reload and as a heartbeat,
     for `submit` to judge by (`daemon/service_layer/loaded.py`); `on_beat` is called on
-    the heartbeat's thread after each write but the first. Its stop removes the row and
+    the heartbeat's thread after each write but the first; each write is made only
+    while `held_by()`, asked right before it, holds the server's name (PostgreSQL: two
+    processes of one name after a database restart never both write its row; None:
+    unconditioned). Its stop removes the row and
     the event format this server declared at its start (`ledger.event_format`), unless
     another server of its name declared since: a fresh declaration counts as a server
     starting (`admin copy-store` is refused beside one), and a stopped one starts
@@ -271,6 +283,7 @@ def announce_policies(
         lambda: holder.current,
         on_beat=on_beat,
         on_stop=withdraw,
+        held_by=held_by,
     )
     holder.listeners.append(announcer.reloaded)
     announcer.start()

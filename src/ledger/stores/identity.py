@@ -357,6 +357,25 @@ def advisory_key(schema: str, name: str) -> int:
 
 ADVISORY_PREFIX = "sendledger:"
 
+
+def pg_session_holds(session: NameSession | None) -> tuple[str, list[Any]]:
+    """PostgreSQL: the condition (and its parameters) a write asks itself in the server's
+    lock table: `session` still holds the name's advisory lock (classid, objid: the key's
+    high and low 32 bits), so no other process has taken the name since the caller's
+    check; and that session, not a later one given the same pid (a server restarted in a
+    fresh container). Nothing when `session` is None."""
+    if session is None:
+        return "", []
+    return (
+        " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND "
+        "l.granted AND l.objsubid = 1 AND l.pid = %s AND l.database = (SELECT oid FROM "
+        "pg_database WHERE datname = current_database()) AND "
+        "((l.classid::int8 << 32) | l.objid::int8) = %s AND EXISTS (SELECT 1 FROM "
+        "pg_stat_activity a WHERE a.pid = l.pid AND a.backend_start = %s))",
+        [session.pid, session.key, session.started],
+    )
+
+
 __all__ = [
     "ADVISORY_PREFIX",
     "API_LOCK_PREFIX",
@@ -371,4 +390,5 @@ __all__ = [
     "memory_names_held",
     "name_digest",
     "names_held",
+    "pg_session_holds",
 ]

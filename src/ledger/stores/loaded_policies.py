@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ledger.stores.identity import ADVISORY_PREFIX
+from ledger.stores.identity import ADVISORY_PREFIX, NameSession, pg_session_holds
 from ledger.stores.index import Withdrawn
 from ledger.stores.recorder_kind import ByBackend, postgres_table
 
@@ -44,6 +44,16 @@ CREATE = (
 )
 DAEMON = "daemon"
 API = "api"
+#: A write's question asked in its transaction (`LoadedPolicyStore.write`'s `unless`).
+Asked = Callable[[], bool]
+#: The session a write is made under, only while it holds the writer's name (None: any).
+Held = NameSession | None
+
+
+def never() -> bool:
+    return False
+
+
 #: Which of these daemon names a live process holds on the store; None: cannot be told.
 NamesHeld = Callable[[Collection[str]], "set[str] | None"]
 
@@ -63,13 +73,16 @@ class LoadedPolicyStore(Protocol):
         writer and reader agree on "live"; None: the caller's clock (memory, SQLite)."""
         ...
 
-    def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = lambda: False) -> None:
+    def write(self, row: LoadedPolicies, *, unless: Asked = never, held_by: Held = None) -> None:
         """Replace the row of `row.name` and `row.kind`, creating the table if needed;
         nothing when `unless()`, asked in the write's transaction before its commit (a
         server's stop: its heartbeat's write held up past the stop's removal must not
         put the row back), and asked again after it: true then, the commit came after
         the stop began, whose removal may have met this write's row and given up (or
-        not seen its insert), and the row is removed again if it is still `row`."""
+        not seen its insert), and the row is removed again if it is still `row`.
+        `held_by`: nothing either unless that session holds the server's name, asked by
+        the write itself (PostgreSQL, where a database restart ends the name's lock under
+        a live server and another process of the name may take it)."""
         ...
 
     def leave(self, name: str, kind: str, loaded_at: float) -> None:
@@ -112,8 +125,9 @@ class MemoryLoadedPolicies:
     def now(self) -> float | None:
         return None
 
-    def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = lambda: False) -> None:
+    def write(self, row: LoadedPolicies, *, unless: Asked = never, held_by: Held = None) -> None:
         # The question and the write are one step under the lock: no commit to hold up.
+        # A memory name ends only with its process: `held_by` has nothing to add.
         with _memory_lock:
             if not unless():
                 self._rows[(row.name, row.kind)] = row
@@ -131,8 +145,10 @@ class MemoryLoadedPolicies:
 
 
 _COLUMNS = "name, kind, loaded_at, seen_until, fingerprints"
+#: `{held}`: `_held_by`'s condition, asked by the write itself; SQLite's upsert needs the
+#: WHERE after a SELECT.
 _WRITE = (
-    "INSERT INTO {t} (" + _COLUMNS + ") VALUES ({p}, {p}, {p}, {p}, {p}) "
+    "INSERT INTO {t} (" + _COLUMNS + ") SELECT {p}, {p}, {p}, {p}, {p} WHERE true{held} "
     "ON CONFLICT (name, kind) DO UPDATE SET loaded_at = excluded.loaded_at, "
     "seen_until = excluded.seen_until, fingerprints = excluded.fingerprints"
 )
@@ -191,14 +207,15 @@ class SqlLoadedPolicies:
     def now(self) -> float | None:
         return None
 
-    def write(self, row: LoadedPolicies, *, unless: Callable[[], bool] = lambda: False) -> None:
+    def write(self, row: LoadedPolicies, *, unless: Asked = never, held_by: Held = None) -> None:
         self.ensure()
         fingerprints = json.dumps(dict(row.fingerprints), sort_keys=True)
-        params = [row.name, row.kind, row.loaded_at, row.seen_until, fingerprints]
+        held, condition = self._held_by(held_by)
+        params = [row.name, row.kind, row.loaded_at, row.seen_until, fingerprints, *condition]
         try:
             with self._transaction(commit=True) as cursor:
                 self._bound_waits(cursor)
-                cursor.execute(self._sql(_WRITE), params)
+                cursor.execute(self._sql(_WRITE.replace("{held}", held)), params)
                 # Asked once the row is held: a stop's removal after this answer waits
                 # for this commit (the row's lock, SQLite's write lock) and removes it.
                 if unless():
@@ -210,6 +227,11 @@ class SqlLoadedPolicies:
             # lock wait: what this write put there is taken back, and only that (a
             # process that took the name since wrote another `seen_until`).
             self._remove(row.name, row.kind, row.loaded_at, row.seen_until)
+
+    def _held_by(self, session: NameSession | None) -> tuple[str, list[Any]]:
+        """The condition (and its parameters) that `session` holds the name: SQLite's
+        lock ends only with its process, nothing to add."""
+        return "", []
 
     def leave(self, name: str, kind: str, loaded_at: float) -> None:
         if self._exists():
@@ -275,6 +297,9 @@ class PostgresLoadedPolicies(SqlLoadedPolicies):
         # as every other write of a stop (daemon/config/stop_bound.py).
         timeout = int(self._recorder.datastore.lock_timeout)
         cursor.execute(f"SET LOCAL lock_timeout = '{timeout}s'")
+
+    def _held_by(self, session: NameSession | None) -> tuple[str, list[Any]]:
+        return pg_session_holds(session)
 
     def _exists(self) -> bool:
         rows = self._run("SELECT to_regclass({p}) IS NOT NULL", [self._table()])

@@ -33,7 +33,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ledger.stores.identity import NameSession
+from ledger.stores.identity import NameSession, pg_session_holds
 from ledger.stores.recorder_kind import ByBackend, postgres_table
 
 log = logging.getLogger("sendledger.store")
@@ -516,20 +516,7 @@ class PostgresScopeLeases(SqlScopeLeases):
         return list(values)
 
     def _held_by(self, session: NameSession | None) -> tuple[str, list[Any]]:
-        # The server's lock table, read by the write itself: the session still holds the
-        # name's advisory lock (classid, objid: the key's high and low 32 bits), so no
-        # other process has taken the name since the caller's check; and that session,
-        # not a later one given the same pid (a server restarted in a fresh container).
-        if session is None:
-            return "", []
-        return (
-            " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND "
-            "l.granted AND l.objsubid = 1 AND l.pid = %s AND l.database = (SELECT oid FROM "
-            "pg_database WHERE datname = current_database()) AND "
-            "((l.classid::int8 << 32) | l.objid::int8) = %s AND EXISTS (SELECT 1 FROM "
-            "pg_stat_activity a WHERE a.pid = l.pid AND a.backend_start = %s))",
-            [session.pid, session.key, session.started],
-        )
+        return pg_session_holds(session)
 
     def _columns(self, cursor: Any, table: str) -> set[str]:
         cursor.execute(
