@@ -340,9 +340,7 @@ class PoolWait(threading.local):
         refused = None if store is None else RefusedConnects.install(pool, store)
 
         def getconn(timeout: float | None = None) -> Any:
-            # Within `one_wait`, past its wait: nor is the server pinged again (a ping
-            # of a server gone waits libpq's connect_timeout too), its line said once.
-            again = bool(_WAIT.waited)
+            again = bool(_WAIT.waited)  # past `one_wait`'s wait: no ping again either
             try:
                 return asked(timeout)
             except psycopg_pool.PoolTimeout as exc:
@@ -358,7 +356,7 @@ class PoolWait(threading.local):
                 timeout = cls.SLICE  # this call waited for the pool once: no more
             ask = _WAIT.connect_while
             if ask is None:
-                return counted(timeout)
+                return cls._counted(plain, timeout)
             give_up = time.monotonic() + (pool.timeout if timeout is None else timeout)
             while True:
                 try:
@@ -369,15 +367,17 @@ class PoolWait(threading.local):
                     if not ask():
                         raise Withdrawn("the writer gave up its wait for a connection") from None
 
-        def counted(timeout: float | None) -> Any:
-            try:
-                return plain(timeout)
-            except psycopg_pool.PoolTimeout:
-                if _WAIT.waited is not None:
-                    _WAIT.waited = True
-                raise
-
         pool.getconn = getconn  # type: ignore[method-assign]
+
+    @staticmethod
+    def _counted(plain: Callable[[float | None], Any], timeout: float | None) -> Any:
+        """The pool's own wait; within `one_wait`, one that runs out is remembered."""
+        try:
+            return plain(timeout)
+        except psycopg_pool.PoolTimeout:
+            if _WAIT.waited is not None:
+                _WAIT.waited = True
+            raise
 
     @staticmethod
     @contextlib.contextmanager
@@ -398,7 +398,9 @@ class PoolWait(threading.local):
         `connect_timeout` (and a pooled connection the outage cut costs one more try),
         so a read while the server was down held its caller about 40 s: a send worker
         through the read-back of a claim whose commit was not known, twice for the claim
-        (docs/operations.md "What a store outage costs")."""
+        (docs/operations.md "What a store outage costs"). Nor is the server pinged
+        again past that wait (a ping of a server gone waits its connect_timeout too):
+        the refusal's line is said once (`RefusedConnects`)."""
         before, _WAIT.waited = _WAIT.waited, False
         try:
             yield
