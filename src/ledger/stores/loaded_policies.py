@@ -15,7 +15,8 @@ another. So each server writes, at start, at each reload and as a heartbeat, one
 A daemon's row counts, besides, only while its name is held on the store
 (`ledger.stores.identity`): the lock the operating system or the server drops with the
 process, so that a daemon killed -9 stops counting at once (PostgreSQL: once the server
-has seen its session end), not when its heartbeat runs out. Where that cannot be asked (a
+has seen its session end), not when its heartbeat runs out; and so does an API server's
+that holds a name (`NAMED_API_FORMAT`). Where that cannot be asked (a
 SQLite file system without record locks) the heartbeat alone decides.
 
 A row, not an event: webhooks read the event log, and this is no job's history. The table
@@ -32,7 +33,14 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ledger.stores.identity import ADVISORY_PREFIX, NameSession, pg_session_holds
+from ledger.stores.format_rows import FORMAT_TABLE, FormatRow, format_rows_for, server_holder
+from ledger.stores.identity import (
+    ADVISORY_PREFIX,
+    API_LOCK_PREFIX,
+    NameSession,
+    api_lock_name,
+    pg_session_holds,
+)
 from ledger.stores.index import Withdrawn
 from ledger.stores.recorder_kind import ByBackend, postgres_table
 
@@ -96,13 +104,37 @@ class LoadedPolicyStore(Protocol):
         ...
 
 
-def _named(rows: Sequence[LoadedPolicies], names_held: NamesHeld) -> list[LoadedPolicies]:
-    """`rows` but the daemons' whose name no live process holds (killed, not stopped)."""
-    daemons = {row.name for row in rows if row.kind == DAEMON}
-    held = names_held(daemons) if daemons else set()
+#: From this event format on, a `sendledger api` holds its name on the store
+#: (`api_lock_name`), and its row counts only while it does, as a daemon's: one killed -9
+#: stops counting once its lock is gone, not 60 s later. An API server whose declaration
+#: reads less (an earlier release's, or none) holds no name: its heartbeat alone decides.
+NAMED_API_FORMAT = 2
+
+
+def _lock_name(row: LoadedPolicies) -> str:
+    return api_lock_name(row.name) if row.kind == API else row.name
+
+
+def _holds_a_name(row: LoadedPolicies, declared: Mapping[str, FormatRow]) -> bool:
+    """Whether `row`'s server holds a name its row counts by: a daemon always, an API
+    server of a release that holds one (its declaration, `NAMED_API_FORMAT`)."""
+    if row.kind == DAEMON:
+        return True
+    found = declared.get(server_holder(row.kind, row.name))
+    return row.kind == API and found is not None and found.format >= NAMED_API_FORMAT
+
+
+def _named(
+    rows: Sequence[LoadedPolicies], names_held: NamesHeld, recorder: Any
+) -> list[LoadedPolicies]:
+    """`rows` but those of servers whose name no live process holds (killed, not
+    stopped): the daemons', and the API servers' that hold one (`_holds_a_name`)."""
+    declared = format_rows_for(recorder).rows() if any(r.kind == API for r in rows) else {}
+    asked = {id(row): _lock_name(row) for row in rows if _holds_a_name(row, declared)}
+    held = names_held(set(asked.values())) if asked else set()
     if held is None:
         return list(rows)
-    return [row for row in rows if row.kind != DAEMON or row.name in held]
+    return [row for row in rows if id(row) not in asked or asked[id(row)] in held]
 
 
 _memory_lock = threading.Lock()
@@ -113,6 +145,7 @@ class MemoryLoadedPolicies:
 
     def __init__(self, recorder: Any, names_held: NamesHeld) -> None:
         self._names_held = names_held
+        self._recorder = recorder
         with _memory_lock:
             rows: dict[tuple[str, str], LoadedPolicies] | None = getattr(
                 recorder, "_sendledger_loaded_policies", None
@@ -141,7 +174,7 @@ class MemoryLoadedPolicies:
     def live(self, now: float) -> list[LoadedPolicies]:
         with _memory_lock:
             rows = [row for _, row in sorted(self._rows.items()) if row.seen_until > now]
-        return _named(rows, self._names_held)
+        return _named(rows, self._names_held, self._recorder)
 
 
 _COLUMNS = "name, kind, loaded_at, seen_until, fingerprints"
@@ -256,7 +289,7 @@ class SqlLoadedPolicies:
         rows = self._run(
             f"SELECT {_COLUMNS} FROM {{t}} WHERE seen_until > {{p}} ORDER BY name, kind", [now]
         )
-        return _named([_row(row) for row in rows], self._names_held)
+        return _named([_row(row) for row in rows], self._names_held, self._recorder)
 
 
 def _row(row: tuple[Any, ...]) -> LoadedPolicies:
@@ -283,6 +316,7 @@ class SqliteLoadedPolicies(SqlLoadedPolicies):
 class PostgresLoadedPolicies(SqlLoadedPolicies):
     _p = "%s"
     _real = "DOUBLE PRECISION"
+    _formats = False  # the event format table exists (`_api_named`)
 
     def _table(self) -> str:
         return postgres_table(self._recorder, LOADED_TABLE)
@@ -306,21 +340,41 @@ class PostgresLoadedPolicies(SqlLoadedPolicies):
         return bool(rows and rows[0][0])
 
     def live(self, now: float) -> list[LoadedPolicies]:
-        # A daemon's name is a session advisory lock (`AdvisoryIdentityLock`): the server
+        # A server's name is a session advisory lock (`AdvisoryIdentityLock`): the server
         # knows which are held, on any host, in `pg_locks`, whose (classid, objid) are the
-        # key's high and low 32 bits. The key is `advisory_key`, computed here in SQL.
+        # key's high and low 32 bits. The key is `advisory_key`, computed here in SQL, of
+        # the daemon's name or the API server's (`api_lock_name`); an API server's row is
+        # asked only when its declaration says it holds one (`_holds_a_name`).
         if not self._exists():
             return []
+        named, params = self._api_named()
+        prefix = f"{ADVISORY_PREFIX}{self._recorder.datastore.schema}:"
         rows = self._run(
-            f"SELECT {_COLUMNS} FROM {{t}} WHERE seen_until > {{p}} AND (kind <> {{p}} OR "
-            "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
-            "AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database "
-            "WHERE datname = current_database()) AND ((l.classid::int8 << 32) | "
-            "l.objid::int8) = ('x' || left(encode(sha256(convert_to({p} || name, 'UTF8')), "
-            "'hex'), 16))::bit(64)::int8)) ORDER BY name, kind",
-            [now, DAEMON, f"{ADVISORY_PREFIX}{self._recorder.datastore.schema}:"],
+            f"SELECT {_COLUMNS} FROM {{t}} WHERE seen_until > {{p}} AND (kind NOT IN ({{p}}, "
+            f"{{p}}) OR (kind = {{p}} AND NOT {named}) OR EXISTS (SELECT 1 FROM pg_locks l "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database()) AND "
+            "((l.classid::int8 << 32) | l.objid::int8) = ('x' || left(encode(sha256(convert_to("
+            "{p} || CASE WHEN kind = {p} THEN {p} ELSE '' END || name, 'UTF8')), 'hex'), "
+            "16))::bit(64)::int8)) ORDER BY name, kind",
+            [now, DAEMON, API, API, *params, prefix, API, API_LOCK_PREFIX],
         )
         return [_row(row) for row in rows]
+
+    def _api_named(self) -> tuple[str, list[Any]]:
+        """The condition that an API server's row counts by its name's lock: its
+        declaration reads `NAMED_API_FORMAT` or more (none without the format table)."""
+        formats = postgres_table(self._recorder, FORMAT_TABLE)
+        if not self._formats:
+            rows = self._run("SELECT to_regclass({p}) IS NOT NULL", [formats])
+            self._formats = bool(rows and rows[0][0])  # never dropped once made
+        if not self._formats:
+            return "false", []
+        return (
+            f"EXISTS (SELECT 1 FROM {formats} d WHERE d.holder = {{p}} || ' ' || name "
+            "AND d.format >= {p})",
+            [API, NAMED_API_FORMAT],
+        )
 
     def now(self) -> float | None:
         # Servers and `submit` may run on hosts whose clocks differ: the store's is shared.
