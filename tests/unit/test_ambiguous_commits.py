@@ -173,6 +173,32 @@ def test_a_claim_known_not_stored_is_not_read_back(
     assert rig.events("k1") == ["Requested"]
 
 
+def test_a_stopping_daemon_s_claim_whose_commit_failed_is_not_read_back(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop asked while a claim's save failed unsure: the read-back at once waited for
+    the store again (a store down: its connect_timeout and a ping once more), the stop
+    held past its window. The claim is left to the next start, as a kept one is."""
+    rig.submit("legal", "k1")
+    read_back: list[str] = []
+    lost = lose_next_commit_answer(rig)
+    save_job = rig.ledger.save_job
+
+    def stop_asked_meanwhile(job: SendJob, **kwargs: Any) -> None:
+        try:
+            save_job(job, **kwargs)
+        finally:
+            if lost:
+                rig.engine.stop()
+
+    monkeypatch.setattr(rig.ledger, "save_job", stop_asked_meanwhile)
+    monkeypatch.setattr(rig.ledger, "stored_after_unsure", lambda job: read_back.append(job.key))
+    rig.tick(errors=1)
+    monkeypatch.undo()
+    assert lost and read_back == [] and rig.provider.sends == 0
+    assert rig.events("k1") == ["Requested", "Attempted"]
+
+
 def _withdrawn(job: SendJob, **kwargs: Any) -> None:
     raise Withdrawn("not saved: the daemon stopped while its save waited for a connection")
 

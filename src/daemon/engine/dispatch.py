@@ -242,6 +242,11 @@ class Dispatch:
             # the store past the window its save kept (`commit.py`).
             raise
         except Exception:
+            if self._stopping.is_set():
+                # A stop: no read past the window the save kept, which a store down would
+                # wait out again (docs/operations.md "What a store outage costs"); the
+                # claim is left to the next start, as a kept one is.
+                raise
             work = claimed.work
             try:
                 stored = work.ledger.stored_after_unsure(work.job)
