@@ -77,7 +77,7 @@ from ledger.stores.keycheck import (
     refuse_unfinished_copy,
 )
 from ledger.stores.library_env import refuse_library_variables
-from ledger.stores.private_api import notify, pass_to_recorder, record
+from ledger.stores.private_api import UNNUMBERED_KWARG, notify, pass_to_recorder, record
 from ledger.stores.purge import REWRITES_KWARG
 from ledger.stores.unchanged import TAKES_TURN_KWARG, UNCHANGED_KWARG, Unchanged
 from ledger.stores.url import StoreSpec, parse_store_url
@@ -557,6 +557,8 @@ class Ledger(Application[UUID]):
                 INDEX_GUARD_KWARG: guard,
                 INDEX_CONNECT_KWARG: connect_while,
                 UNCHANGED_KWARG: unchanged,
+                # No follower to notify: no notification ids read (private_api.py).
+                UNNUMBERED_KWARG: True,
             },
         )
 

@@ -32,7 +32,7 @@ from ledger.stores.index import (
     missing_indexes,
 )
 from ledger.stores.keycheck import KEY_TABLE, SqlKeyChecks
-from ledger.stores.private_api import CachingConnectionPool, InsertHook
+from ledger.stores.private_api import CachingConnectionPool, SQLiteInsertHook
 from ledger.stores.purge import rewrites_from
 from ledger.stores.unchanged import hold_unchanged
 from ledger.stores.url import SqliteStore, StoreFolderNotThere, StoreUrlError
@@ -48,7 +48,9 @@ BUSY_TIMEOUT = 30
 _LOCK_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 
-class SQLiteJobIndexRecorder(InsertHook, SQLiteApplicationRecorder, SqlJobIndex, SqlKeyChecks):
+class SQLiteJobIndexRecorder(
+    SQLiteInsertHook, SQLiteApplicationRecorder, SqlJobIndex, SqlKeyChecks
+):
     _p = "?"
 
     def construct_create_table_statements(self) -> list[str]:
@@ -61,7 +63,7 @@ class SQLiteJobIndexRecorder(InsertHook, SQLiteApplicationRecorder, SqlJobIndex,
         return statements
 
     def beside_events(self, c: SQLiteCursor, kwargs: Mapping[str, Any]) -> None:
-        # In the events' transaction (ledger/stores/private_api.py: InsertHook).
+        # In the events' transaction (ledger/stores/private_api.py: SQLiteInsertHook).
         if rewrites_from(kwargs):
             # What the rewrite frees is overwritten with zeros, not left in free space.
             c.execute("PRAGMA secure_delete = ON")
