@@ -407,3 +407,51 @@ def test_a_job_an_earlier_releases_daemon_stored_meanwhile_is_listed(
         assert sorted(since) == ["new-2", "old-1"]
         walked = [r.key for r in ledger.changed_jobs()]
         assert sorted(walked) == ["new-1", "new-2", "old-1"]
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_write_where_every_row_has_its_stamp_updates_no_unstamped_row(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A transaction's stamp read the last stamp, then ran an UPDATE of the rows with none
+    (an earlier release's, above) at every write, which found none at almost every one: a
+    statement, on PostgreSQL a round trip, in every commit. The read now says whether one
+    is there, each half a search of the (written_at, key) index, and the UPDATE runs only
+    then (the test above: such a row is still stamped by the next write)."""
+    from tests.unit.engine_rig import receipt
+
+    from daemon.doubles.fake_time import FakeClock
+    from ledger.vocabulary import PolicyRef, Sender
+
+    path = tmp_path / "l.sqlite"
+    url = f"sqlite:///{path}" if backend == "sqlite" else str(request.getfixturevalue("pg_url"))
+    sender = Sender("s@example.com", "mail.example.com", PolicyRef("receipts", "f" * 16))
+    with Ledger(url, clock=FakeClock(NOW)) as ledger:
+        ledger.submit(receipt("receipts", "s-1"), sender)
+        recorder: Any = ledger.recorder
+        to_sql = recorder._sql
+        made: list[str] = []
+
+        def spy(template: str) -> str:
+            made.append(to_sql(template))
+            return made[-1]
+
+        recorder._sql = spy
+        try:
+            ledger.submit(receipt("receipts", "s-2"), sender)
+        finally:
+            del recorder._sql
+        stamps = [sql for sql in made if "MAX(written_at)" in sql]
+        assert len(stamps) == 1, made  # the spy saw the write's stamp
+        assert not [sql for sql in made if sql.startswith("UPDATE")], made
+        if backend == "sqlite":
+            with sqlite3.connect(path) as conn:
+                plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + stamps[0])]
+            assert [step for step in plan if step.startswith("SEARCH")] == [
+                f"SEARCH {INDEX_TABLE} USING COVERING INDEX {INDEX_TABLE}_written_key",
+                f"SEARCH {INDEX_TABLE} USING COVERING INDEX {INDEX_TABLE}_written_key "
+                "(written_at=?)",
+            ], plan
+            assert not [step for step in plan if step.startswith(f"SCAN {INDEX_TABLE}")], plan
