@@ -14,10 +14,13 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
+import httplib2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from daemon.providers import slow_links
+from daemon.providers.slow_links import PIECE
 from daemon.providers.transport import (
     NotSentError,
     ResponseLostError,
@@ -366,3 +369,100 @@ def test_a_call_cut_by_its_claims_lease_says_so_in_its_reason() -> None:
     )
     assert describe(TimeoutError("timed out")) == "timed out"
     assert describe(TimeoutError()) == "timed out"
+
+
+# -- a request of one piece leaves in one write (docs/performance.md, issue 30 (a)) ------
+
+
+class _Echo(BaseHTTPRequestHandler):
+    """Answers each request with the length of the body it read."""
+
+    protocol_version = "HTTP/1.1"
+    timeout = 5  # a kept connection left open by a failed test ends the server's wait
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        self._answer(str(len(body)).encode())
+
+    def do_GET(self) -> None:
+        self._answer(b"0")
+
+    def _answer(self, content: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(content)))
+        self.end_headers()
+        self.wfile.write(content)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Writes:
+    """A connected socket whose writes are counted (their sizes, in order)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sizes: list[int] = []
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        self.sizes.append(len(data))
+        self.sock.sendall(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+class _Counted(httplib2.HTTPConnectionWithTimeout):  # type: ignore[misc]
+    opened: list[_Writes] = []
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock = _Writes(self.sock)
+        _Counted.opened.append(self.sock)
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "writes", "looks"),
+    [
+        ("POST", b'{"raw": "..."}', 1, 0),  # a send: header block and body in one write
+        ("GET", None, 1, 0),
+        # Together more than a piece: each in its own write, and the queue looked at
+        # before the answer's wait begins, as before.
+        ("POST", b"x" * PIECE, 2, 1),
+    ],
+)
+def test_a_request_of_one_piece_leaves_in_one_write_and_is_not_waited_out(
+    monkeypatch: pytest.MonkeyPatch, method: str, body: bytes | None, writes: int, looks: int
+) -> None:
+    """http.client writes the header block, then the body: two system calls a send, each
+    letting the interpreter lock go to another worker, and a look at this host's queue
+    (`slow_links.wait_sent_out`) that can find no more than a piece there."""
+    looked: list[int | None] = []
+
+    def queued(sock: socket.socket) -> int | None:
+        looked.append(slow_links_queued(sock))
+        return looked[-1]
+
+    slow_links_queued = slow_links.queued_bytes
+    monkeypatch.setattr(slow_links, "queued_bytes", queued)
+    _Counted.opened = []
+    server = HTTPServer(("127.0.0.1", 0), _Echo)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    http = SingleShotHttp(timeout=2.0)
+    try:
+        response, content = http.request(
+            f"http://127.0.0.1:{server.server_address[1]}/send",
+            method,
+            body=body,
+            connection_type=_Counted,
+        )
+        assert (response.status, content) == (200, str(len(body or b"")).encode())
+        (sock,) = _Counted.opened
+        assert len(sock.sizes) == writes
+        assert len(looked) == looks
+    finally:
+        http.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -300,27 +300,71 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         that answer is read at once, as is one while the body drains from this host (a body
         that fit in its buffers). A body of one piece leaves in writes this host takes at
         once, whoever reads them, and its answer is read as any: unwatched, as the watch's
-        polls would cost every send (about a tenth of the call, measured)."""
+        polls would cost every send (about a tenth of the call, measured); written with
+        its header block in one write (`_OneWrite`) when together they are one piece."""
         sent, sent_headers = _in_pieces(body, headers)
         # Every interim 1xx read past, not only a 100 (sendledger/final_answers.py): a 103
         # taken for the answer left the real one for the next request on the connection.
         conn.response_class = FinalAnswer
         watch = EarlyAnswer(conn.sock, _final_status_begun)
         watched = isinstance(sent, Iterator)
-        if watched:
-            conn.sock = WatchedSocket(watch)
+        joined = None if watched else _OneWrite(watch.sock)
+        conn.sock = WatchedSocket(watch) if joined is None else joined
         try:
             conn.request(method, request_uri, sent, sent_headers)
+            if joined is not None:
+                joined.flush()
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
             if not (watched and watch.left()):
                 raise
-        if not watch.cut:
+        # A request written in one write of at most a piece needs no look at this host's
+        # queue: `wait_sent_out` would find at most a piece there and return.
+        if not watch.cut and (joined is None or joined.written > PIECE):
             wait_sent_out(watch.sock, self.timeout, watch.answered_within if watched else None)
         # The answer's wait, from here, ends within one timeout as a whole, however its
         # bytes trickle (early_answers.AnswerReader): else a byte per almost-timeout held
         # the call for as long as the server went on.
         conn.sock = WatchedSocket(watch, self.timeout, HTTP_ANSWER_BOUND)
         return watch
+
+
+class _OneWrite:
+    """A connection's socket while a request of one piece is written: http.client writes
+    its header block and then its body, two system calls and two TCP segments, each one
+    letting the interpreter lock go (a hand-off to another send worker, and a wait to
+    take it back: docs/performance.md "Issue 30 (a), measured again"). The header block
+    is held and written with the body, the same bytes in the same order, in one write
+    when together they are at most a piece (`slow_links.PIECE`: a write goes out within
+    the timeout), else each in its own as before. `flush` writes what is still held (a
+    request without a body). `written`: the bytes written."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.written = 0
+        self._held: bytes | None = None
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        held, self._held = self._held, None
+        if held is None and not self.written:
+            self._held = bytes(data)
+            return
+        if held is not None and len(held) + len(data) <= PIECE:
+            data = held + bytes(data)
+        elif held is not None:
+            self._write(held)
+        self._write(data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._write(held)
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self.sock.sendall(data)
+        self.written += len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
 
 
 class _Https(httplib2.HTTPSConnectionWithTimeout):  # type: ignore[misc]
