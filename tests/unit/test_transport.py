@@ -12,7 +12,7 @@ import http.client
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
+from typing import Any, cast
 
 import httplib2
 import pytest
@@ -417,8 +417,9 @@ class _Counted(httplib2.HTTPConnectionWithTimeout):  # type: ignore[misc]
 
     def connect(self) -> None:
         super().connect()
-        self.sock = _Writes(self.sock)
-        _Counted.opened.append(self.sock)
+        counted = _Writes(cast(socket.socket, self.__dict__["sock"]))
+        self.sock = counted
+        _Counted.opened.append(counted)
 
 
 @pytest.mark.parametrize(
