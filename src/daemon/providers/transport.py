@@ -332,7 +332,7 @@ class _OneWrite:
     """A connection's socket while a request of one piece is written: http.client writes
     its header block and then its body, two system calls and two TCP segments, each one
     letting the interpreter lock go (a hand-off to another send worker, and a wait to
-    take it back: docs/performance.md "Issue 30 (a), measured again"). The header block
+    take it back: docs/performance.md "Performance and scaling"). The header block
     is held and written with the body, the same bytes in the same order, in one write
     when together they are at most a piece (`slow_links.PIECE`: a write goes out within
     the timeout), else each in its own as before. `flush` writes what is still held (a
