@@ -317,8 +317,8 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
             if not (watched and watch.left()):
                 raise
-        # A request written in one write of at most a piece needs no look at this host's
-        # queue: `wait_sent_out` would find at most a piece there and return.
+        # A request of at most a piece in all (one write, `_OneWrite`) needs no look at
+        # this host's queue: `wait_sent_out` would find at most a piece there and return.
         if not watch.cut and (joined is None or joined.written > PIECE):
             wait_sent_out(watch.sock, self.timeout, watch.answered_within if watched else None)
         # The answer's wait, from here, ends within one timeout as a whole, however its
