@@ -1439,3 +1439,56 @@ def test_a_draft_whose_recorded_fence_failed_is_fenced_by_its_id_after_a_restart
     assert graph.folder(MAILBOX, "drafts") == [] and graph.folder(MAILBOX, "deleteditems") == []
     assert graph.send_draft(MAILBOX, left) == 404  # a late call sends nothing
     assert logged_copies(accept_log) == 0
+
+
+def test_a_draft_a_late_send_took_during_a_recorded_fence_keeps_the_next_attempt_unsent(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """Daemon `b`'s fence recorded the draft `a`'s lapsed claim made (read by its id, still
+    a draft); a late send of it landed before the DELETE, so the DELETE found it gone (in
+    transit), and the search right after found no copy yet: the job was requeued, and `b`
+    was replaced by `c`. Reading by id only the recorded drafts no event said were
+    deleted, `c`'s next attempt skipped that draft, now a copy in Sent Items, and sent a
+    second one. It reads every recorded draft by its id: the copy is seen, nothing is sent
+    beside it, and the search counts it (one copy, confirmed)."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.job import DRAFTS_FENCE, SendJob
+    from ledger.vocabulary import JobState
+
+    graph.set_lag(3600)  # `$filter` shows neither the draft nor any copy
+    a, b, c = provider(), provider(), provider()
+    receipts = policy("receipts", on_unknown="retry", confirm_misses=1)
+    with EngineRig(receipts, provider=lambda clock: cast(FakeProvider, a)) as rig:
+
+        def replaced_by(name: str, replacement: GraphProvider) -> None:
+            rig.engine.close()  # the daemon before is gone; this one remembers nothing
+            rig.provider = cast(FakeProvider, replacement)
+            rig.engine = rig.new_engine(name)
+            rig.clock.advance(60)
+
+        left = _draft_of_a_send_never_made(rig, relay, graph)
+        message_id = rig.job("k1").message_id
+        graph.set_file_delay(2.0)  # the late send's copy is in transit through `b`'s sweep
+        graph.late_send_on_delete.add(left)
+        replaced_by("b", b)
+        rig.tick()  # the fence (the draft gone under it), a miss: requeued
+        assert rig.job("k1").state is JobState.REQUESTED, rig.events("k1")
+        filed = time.monotonic() + 10
+        while not graph.folder(MAILBOX, "sentitems"):  # the late send's copy filed
+            assert time.monotonic() < filed
+            time.sleep(0.05)
+        replaced_by("c", c)
+        rig.tick()  # `c`'s attempt: it reads the recorded draft first
+        assert logged_copies(accept_log, message_id) == 1, "sent beside the late copy"
+        rig.clock.advance(60)
+        rig.tick()  # its sweep: the attempt's own draft fenced, the late copy counted
+        fences = [
+            list(e.draft_ids) for e in rig.ledger.history("k1")
+            if isinstance(e, SendJob.DraftsDeleted) and e.why == DRAFTS_FENCE
+        ]  # fmt: skip
+        assert fences[0] == [left], rig.events("k1")
+        assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
+    assert logged_copies(accept_log, message_id) == 1
+    assert graph.folder(MAILBOX, "drafts") == []
