@@ -6,20 +6,26 @@ person's check deletes nothing."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from datetime import timedelta
 
 import pytest
 from tests.unit.engine_rig import GRACE, TIMEOUT, EngineRig, policy
+from tests.unit.jobs import MESSAGE_ID, POLICY, QUERY, requested_job
 from tests.unit.test_races_drafts import a_check_after
 
 from daemon.doubles.fake_drafts import FakeDraftsProvider, FakeGraphProvider
 from daemon.doubles.fake_provider import Scripted
+from daemon.doubles.fake_time import FakeClock
 from daemon.engine.tick import Engine
 from daemon.providers.draft_handle import BeforeDeleting
 from daemon.service_layer.services import ChannelPolicies, Refusal, ServiceError, Services
-from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob
-from ledger.vocabulary import JobState, Resolution
+from ledger import decision_types as decide
+from ledger.delivery_reports import BouncedRecipient, DeliveryReport
+from ledger.job import DRAFTS_FENCE, DRAFTS_TIDY, SendJob, TransitionError
+from ledger.lifecycle import LIFECYCLE
+from ledger.vocabulary import FINAL_STATES, EscalationReason, JobState, Resolution
 
 LAG = 30.0
 RECEIPTS = policy("receipts", on_unknown="retry", search_after="60s")
@@ -345,3 +351,51 @@ def test_graph_a_resend_whose_search_fails_after_the_fence_records_the_deletion(
         release.set()
         assert graph.engine.settle(timeout=10)
         assert graph.copies("k1") == 0
+
+
+def test_no_job_a_tidy_runs_on_is_ever_sent_again() -> None:
+    """The tidy deletes first and records after (`search.py: Tidy`), which is safe only
+    because no final job is ever sent again: the only way out of a final state is a
+    confirmed job's escalation, for a permanent bounce or for a recount that found two
+    copies, and a resend of either is refused. Were one resent, a tidy stalled between
+    its load and its listing could list the next attempt's draft and delete it under its
+    send."""
+    leaving = {
+        (event, after)
+        for before, event, after in LIFECYCLE
+        if before in FINAL_STATES and after not in FINAL_STATES
+    }
+    assert leaving == {("Escalated", JobState.REVIEW)}
+    clock = FakeClock()
+    at = clock.now
+    bounce = DeliveryReport(
+        report_id="<report-1@mx.example.net>",
+        original_message_id=MESSAGE_ID,
+        reporter="dns; mx.example.net",
+        recipients=(BouncedRecipient("bob@example.com", "5.1.1", "failed", "550 unknown"),),
+    )
+    to_review: list[Callable[[SendJob], None]] = [
+        lambda job: job.record_bounce(
+            bounce,
+            provider_message_id="r1",
+            decision=decide.Review(POLICY, EscalationReason.BOUNCED),
+            at=at,
+        ),
+        lambda job: job.record_search(
+            query=QUERY,
+            copies=["m1", "m2"],
+            count=2,
+            complete=True,
+            decision=decide.Duplicate(POLICY),
+            at=at,
+        ),
+    ]
+    for escalate in to_review:
+        job = requested_job(clock)
+        job.claim(provider="support", deadline=at + timedelta(seconds=30), at=at)
+        confirm = decide.Confirm(POLICY, verify_at=at, watch_until=at + timedelta(days=1))
+        job.record_response(provider_message_id="m1", decision=confirm, at=at)
+        escalate(job)
+        assert job.state is JobState.REVIEW
+        with pytest.raises(TransitionError):
+            job.resolve(Resolution.RESEND, note="try again", by="alice", at=at)

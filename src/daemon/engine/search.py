@@ -654,16 +654,15 @@ class Tidy:
     index is read per state.
 
     Deleted first and recorded after, unlike a fence (`_fence_first`), and still decided
-    on what it read: a final job makes no attempt of its own, and the one way back to a
-    send (confirmed, then a bounce or a recount to review, then a person's resend) passes
-    the resend's fence (`Services._fenced_search`), which records every draft of the job
-    it lists as deleted (never reused: `prepare_draft`) and deletes it before the resend
-    is saved, or refuses the resend. A draft this tidy listed was listed then too (made
-    before this listing, the index shows it by then; a recorded one is read by its id),
-    and a next attempt's draft is made after that resend, after this listing. So a
-    stalled tidy deletes only drafts no attempt will send. Recorded first, its record
-    (which ends the job's tidy) would leave the drafts of a deletion that then failed in
-    the mailbox for good."""
+    on what it read: its job is final, and no final job is ever sent again. Abandoned and
+    cancelled have no way out; a confirmed job reaches review only for a bounce or for a
+    recount that found two copies, and `SendJob.resolve` refuses a resend of either. So
+    no attempt of the job follows this listing, and a stalled tidy deletes only drafts
+    no attempt will send. Recorded first, its record (which ends the job's tidy) would
+    leave the drafts of a deletion that then failed in the mailbox for good. A resend's
+    fence would not make this order safe for a final job that could be resent: a tidy
+    stalled between its load and its listing could list the draft of the attempt made
+    after that resend and delete it under its send."""
 
     def __init__(self, state: JobState, backoff: SearchBackoff, clock: Clock) -> None:
         self.state = state
