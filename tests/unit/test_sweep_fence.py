@@ -13,6 +13,7 @@ from tests.unit.meanwhile import Meanwhile
 from tests.unit.test_resend_fence import GatedGraph, _Gate
 
 from daemon.engine import Engine
+from daemon.providers.base import ProviderError
 from daemon.providers.draft_handle import Draft
 from ledger.job import DRAFTS_FENCE, SendJob
 from ledger.vocabulary import JobState
@@ -103,3 +104,33 @@ def test_a_stalled_sweep_s_fence_deletes_no_draft_of_the_attempt_made_since(
     ]
     assert len(fences) == 1, events  # the other daemon's, of the first attempt's draft
     assert rig.copies("k1") == 1 and graph(rig).unsent_drafts(message_id) == 0
+
+
+def test_a_fence_whose_deletion_keeps_failing_records_its_drafts_once(rig: EngineRig) -> None:
+    """The sweep's fence records the drafts it listed before it deletes them. When the
+    deletion keeps failing (a DELETE refused each time), the sweep comes back after its
+    one-second backoff, lists the same draft, and recorded it again each time: one
+    DraftsDeleted more per try, without end. A draft every id of which the job records as
+    deleted already is fenced without a new record: no later attempt's draft has such an
+    id, so the record on the version loaded has nothing to hold back."""
+    message_id = unknown_with_its_draft_left(rig)
+    provider = graph(rig)
+    deleted = provider.delete_draft
+
+    def refused(draft_id: str) -> bool:
+        raise ProviderError(f"delete {draft_id}: HTTP 403 (scripted)")
+
+    provider.delete_draft = refused  # type: ignore[method-assign]
+    for _ in range(3):
+        rig.tick(errors=1)  # listed, (recorded,) the DELETE refused
+        rig.clock.advance(2)  # past the failed fence's backoff
+    provider.delete_draft = deleted  # type: ignore[method-assign]
+    report = rig.tick()  # the fence deletes it now; the search misses
+    assert report.searched == 1, report
+    fences = [
+        list(e.draft_ids)
+        for e in rig.ledger.history("k1")
+        if isinstance(e, SendJob.DraftsDeleted) and e.why == DRAFTS_FENCE
+    ]
+    assert len(fences) == 1, rig.events("k1")
+    assert provider.unsent_drafts(message_id) == 0

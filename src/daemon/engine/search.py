@@ -506,8 +506,13 @@ def _fence_first(work: Work, clock: Clock) -> BeforeDeleting:
     deletions land (docs/architecture.md "Drafts never outlive their job")."""
 
     def record(listed: list[str]) -> None:
-        if not listed:
-            return  # nothing to delete: the search's answer is saved on the version read
+        if not set(listed) - work.job.deleted_drafts:
+            # Nothing to delete (the search's answer is saved on the version read), or
+            # only drafts a fence recorded already, a deletion that failed tried again:
+            # no later attempt's draft has such an id (each is new, and one recorded
+            # deleted is never reused), so a record would hold nothing back, and one per
+            # try of a deletion that keeps failing would grow the trail without end.
+            return
         at = clock()
         _save_beside_facts(
             work, lambda on: on.record_drafts_deleted(draft_ids=listed, why=DRAFTS_FENCE, at=at)
