@@ -33,5 +33,6 @@ def receipts_service(
                 policy_loader=lambda: policies,
                 providers={"fake": provider},
                 clock=clock,
+                elapsed=clock.elapsed,
             ),
         )

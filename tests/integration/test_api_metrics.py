@@ -45,6 +45,7 @@ def observed(rig: EngineRig) -> Metrics:
             {"fake": rig.provider},
             provider_timeouts={"fake": TIMEOUT},
             clock=rig.clock,
+            elapsed=rig.clock.elapsed,
             deadline_grace=GRACE,
             observer=metrics,
         )

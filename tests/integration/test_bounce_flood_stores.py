@@ -41,6 +41,7 @@ def test_a_flood_read_by_two_daemons_leaves_one_bounced_per_recipient_and_kind(
                 {"fake": rig.provider},
                 provider_timeouts={"fake": 10.0},
                 clock=rig.clock,
+                elapsed=rig.clock.elapsed,
                 daemon_name="other",
             )
         )

@@ -1175,7 +1175,7 @@ def test_a_claim_renewal_stuck_behind_a_row_lock_holds_up_no_other_lease(pg_url:
     clock = FakeClock(datetime.now(UTC))
     with Ledger(spec, clock=clock) as ledger:
         ledger.store_wait = 8.0  # the stuck save gives up after this (the default: 60 s)
-        leases = Leases(ledger, clock, "d1")
+        leases = Leases(ledger, clock, "d1", clock.elapsed)
         for key in ("k1", "k2"):
             claimed_and_held(ledger, leases, clock, key)
         clock.advance(11)  # both renewals due
@@ -1227,7 +1227,7 @@ def test_renewals_stuck_behind_row_locks_leave_the_pool_to_the_other_store_work(
     keys = ["k1", "k2", "k3", "k4"]
     with Ledger(spec, clock=clock) as ledger:
         ledger.store_wait = 30.0
-        leases = Leases(ledger, clock, "d1")
+        leases = Leases(ledger, clock, "d1", clock.elapsed)
         for key in keys:
             claimed_and_held(ledger, leases, clock, key)
         ledger.submit(receipt("receipts", "other"), SHOP)
@@ -1286,7 +1286,7 @@ def test_a_renewal_withdrawn_by_a_stopping_daemon_is_rolled_back_once_its_row_is
     spec = dataclasses.replace(spec, lock_timeout=30)
     clock = FakeClock(datetime.now(UTC))
     with Ledger(spec, clock=clock) as ledger:
-        leases = Leases(ledger, clock, "d1")
+        leases = Leases(ledger, clock, "d1", clock.elapsed)
         claimed_and_held(ledger, leases, clock, "k1")
         deadline = ledger.get_job("k1").due_at
         clock.advance(11)
@@ -1332,7 +1332,7 @@ def test_a_renewal_waiting_for_a_pooled_connection_gives_up_at_once_at_a_stop(
     spec = dataclasses.replace(spec, pool_size=2, max_overflow=0, connect_timeout=10)
     clock = FakeClock(datetime.now(UTC))
     with Ledger(spec, clock=clock) as ledger:
-        leases = Leases(ledger, clock, "d1")
+        leases = Leases(ledger, clock, "d1", clock.elapsed)
         claimed_and_held(ledger, leases, clock, "k1")
         deadline = ledger.get_job("k1").due_at
         pool = ledger.recorder.datastore.pool  # type: ignore[attr-defined]
@@ -1496,6 +1496,7 @@ def test_a_stop_while_a_renewal_waits_for_its_row_ends_in_time_and_sends_once(
             {"fake": provider},
             provider_timeouts={"fake": 30.0},
             clock=clock,
+            elapsed=clock.elapsed,  # as the Rig's: a lease ends when the test moves the clock
             concurrency=1,
             deadline_grace=5.0,
             daemon_name=name,

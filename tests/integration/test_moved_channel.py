@@ -79,6 +79,7 @@ def test_a_moved_channels_job_is_searched_on_its_old_provider_by_that_scopes_own
             dict(providers),
             provider_timeouts={"p0": TIMEOUT, "p1": TIMEOUT},
             clock=clock,
+            elapsed=clock.elapsed,  # the calls' bounds on the test's clock, as its renewals
             deadline_grace=GRACE,
             rng=random.Random(1),
             daemon_name=name,

@@ -199,6 +199,7 @@ def test_open_jobs_continue_to_the_end_with_todays_engine(old_store: Ledger) -> 
         {"gmail": provider},
         provider_timeouts={"gmail": 30.0},
         clock=clock,
+        elapsed=clock.elapsed,
         rng=random.Random(1),
     )
     try:

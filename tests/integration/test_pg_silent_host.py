@@ -138,7 +138,7 @@ def test_a_lease_renewal_sent_to_a_silent_host_is_tried_again_once_it_answers(
     clock = FakeClock(datetime.now(UTC))
     with Ledger(spec, clock=clock) as ledger:
         ledger.store_wait = 1.0  # a save tried again for a second (60 s by default)
-        leases = Leases(ledger, clock, "d1")
+        leases = Leases(ledger, clock, "d1", clock.elapsed)
         claimed_and_held(ledger, leases, clock, "k1")
         lease = leases.lease("k1")
         assert lease is not None

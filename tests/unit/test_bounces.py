@@ -72,6 +72,7 @@ def engine_of(rig: EngineRig, name: str, **options: Any) -> Engine:
         {"fake": rig.provider},
         provider_timeouts={"fake": 10.0},
         clock=rig.clock,
+        elapsed=rig.clock.elapsed,
         daemon_name=name,
         **options,
     )
@@ -216,6 +217,7 @@ def test_a_report_in_another_mailbox_is_not_its_jobs(make_rig: MakeRig) -> None:
             {"fake": rig.provider, "second": second},
             provider_timeouts={"fake": 10.0, "second": 10.0},
             clock=rig.clock,
+            elapsed=rig.clock.elapsed,
             daemon_name="two",
         )
     )

@@ -272,6 +272,7 @@ def idle_costs(mailboxes: int) -> tuple[int, int, int]:
         {"fake": boxed},
         provider_timeouts={"fake": 10.0},
         clock=rig.clock,
+        elapsed=rig.clock.elapsed,
         concurrency=2,
         observer=metrics,
     )

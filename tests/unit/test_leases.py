@@ -356,7 +356,8 @@ def test_an_outcome_left_to_the_next_commit_is_saved_before_a_slow_ping() -> Non
 
     def engine(name: str) -> Engine:
         return Engine(ledger, PolicyHolder(lambda: policies), providers,
-                      provider_timeouts=timeouts, clock=clock, deadline_grace=GRACE,
+                      provider_timeouts=timeouts, clock=clock, elapsed=clock.elapsed,
+                      deadline_grace=GRACE,
                       concurrency=1, rng=random.Random(1), daemon_name=name)  # fmt: skip
 
     a, b = engine("a"), engine("b")
@@ -423,7 +424,8 @@ def test_an_outcome_left_to_the_next_commit_is_saved_before_a_slow_history_mark(
 
     def engine(name: str) -> Engine:
         return Engine(ledger, PolicyHolder(lambda: policies), {"gmail": gmail},
-                      provider_timeouts={"gmail": timeout}, clock=clock, deadline_grace=grace,
+                      provider_timeouts={"gmail": timeout}, clock=clock, elapsed=clock.elapsed,
+                      deadline_grace=grace,
                       concurrency=1, rng=random.Random(1), daemon_name=name)  # fmt: skip
 
     a, b = engine("a"), engine("b")
@@ -470,6 +472,7 @@ def test_a_clock_set_back_during_a_slow_call_neither_puts_off_nor_loses_its_rene
         policies=rig.policies,
         providers={"fake": rig.provider},
         clock=right,
+        elapsed=right.elapsed,
         rng=random.Random(0),
         share_scopes=False,
     ).engine

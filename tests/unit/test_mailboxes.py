@@ -229,6 +229,7 @@ def per_mailbox_engine(
         {"fake": routed},
         provider_timeouts={"fake": 10.0},
         clock=rig.clock,
+        elapsed=rig.clock.elapsed,
         concurrency=concurrency,
     )
     return rig, routed, engine

@@ -226,6 +226,7 @@ def two_daemons(rig: EngineRig) -> tuple[Engine, Engine]:
     for name in ("a", "b"):
         engine = Engine(rig.ledger, PolicyHolder(lambda: rig.policies), {"fake": rig.provider},
                         provider_timeouts={"fake": TIMEOUT}, clock=rig.clock,
+                        elapsed=rig.clock.elapsed,
                         deadline_grace=GRACE, rng=random.Random(1), daemon_name=name,
                         scope_lease=LEASE)  # fmt: skip
         engines.append(rig.own(engine))

@@ -212,8 +212,10 @@ def ledger() -> Iterator[Ledger]:
 
 
 def _engine(ledger: Ledger, provider: Mailboxes) -> Engine:
+    clock = ledger.clock
+    assert isinstance(clock, FakeClock)
     return Engine(ledger, PolicyHolder(lambda: POLICIES), {"fake": provider},
-                  provider_timeouts={"fake": TIMEOUT}, clock=ledger.clock,
+                  provider_timeouts={"fake": TIMEOUT}, clock=clock, elapsed=clock.elapsed,
                   deadline_grace=GRACE, rng=random.Random(1), daemon_name="a",
                   scope_lease=LEASE)  # fmt: skip
 

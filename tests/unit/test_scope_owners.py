@@ -725,6 +725,7 @@ def daemons(
     for name in ("a", "b"):
         engines.append(Engine(ledger, PolicyHolder(lambda: policies), providers,
                               provider_timeouts=timeouts, clock=clock, deadline_grace=GRACE,
+                              elapsed=clock.elapsed,
                               rng=random.Random(1), daemon_name=name, scope_lease=LEASE,
                               **options))  # fmt: skip
     return engines
@@ -1452,6 +1453,7 @@ def test_a_job_of_a_channel_moved_to_another_provider_is_searched_by_its_attempt
     policies = [c0_on("p0")]
     a = Engine(ledger, PolicyHolder(lambda: policies[0]), dict(providers),
                provider_timeouts={"p0": TIMEOUT, "p1": TIMEOUT}, clock=clock,
+               elapsed=clock.elapsed,
                deadline_grace=GRACE, rng=random.Random(1), daemon_name="a",
                scope_lease=LEASE)  # fmt: skip
     try:
@@ -1526,6 +1528,7 @@ def test_every_daemons_round_counts_the_scope_of_a_moved_channels_attempts() -> 
     with Ledger("memory://", clock=clock) as ledger:
         a = Engine(ledger, PolicyHolder(lambda: policies[0]), dict(providers),
                    provider_timeouts={"p0": TIMEOUT, "p1": TIMEOUT}, clock=clock,
+                   elapsed=clock.elapsed,
                    rng=random.Random(1))  # fmt: skip
         try:
             providers["p0"].script(Scripted.dropped_response())  # type: ignore[attr-defined]
