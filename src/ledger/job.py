@@ -583,6 +583,15 @@ class SendJob(Aggregate):
             from the reason, so events stored before this property read the same way."""
             return self.unavailable and self.reason in RELEASED_UNSENT
 
+        @property
+        def waits_for_provider(self) -> bool:
+            """Nothing sent because the provider is unavailable: its refusal, or its
+            circuit's hold of the claim (`WITHHELD`). The job's `give_up_after` counts from
+            the first of them no answer to its send has followed: a circuit that opens at
+            each of its claims (opened, probed, opened again) must not restart the wait at
+            each (docs/architecture.md "Outages: waited out, not escalated")."""
+            return self.unavailable and (self.reason == WITHHELD or not self.released)
+
         def apply(self, job: Any) -> None:
             job.reason = self.reason
             job.unrefused_claims = {
@@ -590,7 +599,7 @@ class SendJob(Aggregate):
             }
             if self.unavailable:
                 job.round_attempts -= 1
-                if not self.released:
+                if self.waits_for_provider:
                     job.unavailable_since = job.unavailable_since or self.timestamp
             else:
                 job.unavailable_since = None

@@ -1,13 +1,17 @@
 """Claims released with no provider call made, by the daemon's own doing (a stop, its
 scope gone to another daemon, its circuit's hold, its store's lost answer): each is a
-Rejected that spends no attempt and says nothing of the provider (`SendJob.Rejected.released`,
-docs/architecture.md "Ambiguous commits"). Before, all but the last set the job's
-`unavailable_since` (a later outage's `give_up_after` counted from it) and a `rejected`
-webhook said `unavailable`: the provider was down, when it was the daemon."""
+Rejected that spends no attempt, sends no `rejected` webhook and counts no refusal
+(`SendJob.Rejected.released`, docs/architecture.md "Ambiguous commits"). Before, all but the
+last set the job's `unavailable_since` (a later outage's `give_up_after` counted from it)
+and a `rejected` webhook said `unavailable`: the provider was down, when it was the daemon.
+The circuit's hold alone is a wait for the provider (`SendJob.Rejected.waits_for_provider`):
+its job's `give_up_after` counts from the first, or a circuit opening at each of its claims
+put the review off for ever."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -22,6 +26,8 @@ from ledger.vocabulary import JobState
 GIVE_UP = 600.0
 LEGAL = policy("legal", give_up_after=GIVE_UP)
 LEASE = TIMEOUT + GRACE
+#: The flapping circuit's tests' step: past a probe time, never past the longest.
+STEP = 30.0
 
 
 @pytest.fixture
@@ -30,8 +36,11 @@ def rig() -> Iterator[EngineRig]:
         yield engines
 
 
-def after_the_claim_is_saved(rig: EngineRig, key: str, then: Callable[[], None]) -> None:
-    """`then` runs once, right after the claim of `key` is stored, before its call."""
+def after_the_claim_is_saved(
+    rig: EngineRig, key: str, then: Callable[[], None], *, every: bool = False
+) -> None:
+    """`then` runs once (`every`: after each claim), right after the claim of `key` is
+    stored, before its call."""
     ledger: Ledger = rig.ledger
     save = ledger._save_retrying
     done: list[bool] = []
@@ -39,7 +48,7 @@ def after_the_claim_is_saved(rig: EngineRig, key: str, then: Callable[[], None])
     def save_then(jobs: Sequence[SendJob], *args: Any, **kwargs: Any) -> None:
         claims = any(j.key == key and j.state is JobState.ATTEMPTED for j in jobs)
         save(jobs, *args, **kwargs)
-        if claims and not done:
+        if claims and (every or not done):
             done.append(True)
             then()
 
@@ -76,7 +85,9 @@ def test_a_claim_released_unsent_says_nothing_of_the_provider(rig: EngineRig, re
     released = the_release(rig, "k1")
     assert released.reason == reason and released.released
     job = rig.job("k1")
-    assert job.unavailable_since is None  # before: set, the give-up counted from here
+    # Its circuit's hold is a wait for the provider: the give-up counts from here (the
+    # flapping test below); the others waited for none (before: set, counted from here).
+    assert job.unavailable_since == (released.timestamp if reason == WITHHELD else None)
     assert type_of(released, WEBHOOK_TYPES) is None  # before: `rejected`, `unavailable`
     assert (job.state, job.round_attempts) == (JobState.REQUESTED, 0)  # no attempt spent
     assert (report.rejected, report.unavailable) == (0, 0), report  # no provider refusal
@@ -108,3 +119,30 @@ def test_a_release_leaves_an_outage_s_wait_as_it_was(rig: EngineRig) -> None:
     rig.tick()
     assert the_release(rig, "k1").reason == STOPPED
     assert rig.job("k1").unavailable_since == since
+
+
+@pytest.mark.parametrize("probe_answers", [True, False], ids=["flapping", "open"])
+def test_a_job_its_circuit_keeps_withholding_goes_to_review_on_time(
+    rig: EngineRig, probe_answers: bool
+) -> None:
+    # Each claim of k1 is met by its scope's circuit opening while it is saved (another
+    # call of the scope failing then): withheld, due again after the probe time. Flapping,
+    # a probe (another call) answers in between and k1 is taken at once; open, k1 is each
+    # probe. Its wait for the provider counts from the first withhold, as a refused job's
+    # from its first refusal: `give_up_after` later it is in review, never sent. Before,
+    # each release moved the wait's start to its next due time: k1 waited for ever.
+    rig.submit("legal", "k1")
+    after_the_claim_is_saved(rig, "k1", lambda: circuit_opened(rig), every=True)
+    rig.tick()
+    first = the_release(rig, "k1").timestamp  # its first claim withheld
+    late = timedelta(seconds=GIVE_UP + STEP)  # by the first tick after its give-up
+    while rig.job("k1").state is JobState.REQUESTED and rig.clock() - first < 2 * late:
+        if probe_answers:
+            rig.engine.circuits.answered("fake", rig.clock())
+        rig.advance_and_tick(STEP)
+    job = rig.job("k1")
+    assert (job.state, job.reason) == (JobState.REVIEW, "provider-unavailable"), job.reason
+    assert job.escalated_at is not None and job.escalated_at - first <= late
+    assert rig.provider.sends == 0
+    withheld = [e for e in rig.ledger.history("k1") if isinstance(e, SendJob.Rejected)]
+    assert len(withheld) > 3 and all(e.reason == WITHHELD for e in withheld)

@@ -825,8 +825,10 @@ class Dispatch:
         if not outcome.transient:
             return decisions.after_permanent_rejection(policy)
         wait = self._circuits.settings.probe_after
-        if unavailable and _released(outcome):
+        if unavailable and _released(outcome) and outcome.reason != WITHHELD:
             # A claim released unsent waited for no provider: no give-up is due on it.
+            # One its circuit withheld did (`SendJob.Rejected.waits_for_provider`): its
+            # give-up counts as a refusal's, or a flapping circuit would put it off for ever.
             return release_decision(policy, now, wait)
         if unavailable:
             return decisions.after_unavailable(
