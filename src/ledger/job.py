@@ -579,7 +579,8 @@ class SendJob(Aggregate):
         @property
         def released(self) -> bool:
             """A claim released unsent by its daemon (`RELEASED_UNSENT`), no provider
-            call made: says nothing of the provider, so its wait is left as it was. Read
+            call made: no refusal of the provider's (no `rejected` webhook), and but for
+            its circuit's hold (`waits_for_provider`) its wait is left as it was. Read
             from the reason, so events stored before this property read the same way."""
             return self.unavailable and self.reason in RELEASED_UNSENT
 
