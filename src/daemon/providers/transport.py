@@ -318,7 +318,9 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
             if not (watched and watch.left()):
                 raise
         # A request of at most a piece in all (one write, `_OneWrite`) needs no look at
-        # this host's queue: `wait_sent_out` would find at most a piece there and return.
+        # this host's queue: `wait_sent_out` would find at most a piece there and return,
+        # over TLS a piece and its records' framing (22-29 bytes per record of 16 KiB),
+        # which a wait for the piece's last 100 bytes or so would not make safer.
         if not watch.cut and (joined is None or joined.written > PIECE):
             wait_sent_out(watch.sock, self.timeout, watch.answered_within if watched else None)
         # The answer's wait, from here, ends within one timeout as a whole, however its
