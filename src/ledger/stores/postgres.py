@@ -356,7 +356,7 @@ class PoolWait(threading.local):
                 timeout = cls.SLICE  # this call waited for the pool once: no more
             ask = _WAIT.connect_while
             if ask is None:
-                return cls._counted(plain, timeout)
+                return cls._counted(plain, timeout, refused)
             give_up = time.monotonic() + (pool.timeout if timeout is None else timeout)
             while True:
                 try:
@@ -370,12 +370,20 @@ class PoolWait(threading.local):
         pool.getconn = getconn  # type: ignore[method-assign]
 
     @staticmethod
-    def _counted(plain: Callable[[float | None], Any], timeout: float | None) -> Any:
-        """The pool's own wait; within `one_wait`, one that runs out is remembered."""
+    def _counted(
+        plain: Callable[[float | None], Any],
+        timeout: float | None,
+        refused: RefusedConnects | None,
+    ) -> Any:
+        """The pool's own wait; within `one_wait`, one that runs out while the pool's
+        last connection attempt failed (the store does not answer) is remembered. One
+        that runs out behind busy connections of a store that answers is not: a pool
+        smaller than the threads that read, whose queue outlasts `connect_timeout`, is
+        waited for again, as before `one_wait`."""
         try:
             return plain(timeout)
         except psycopg_pool.PoolTimeout:
-            if _WAIT.waited is not None:
+            if _WAIT.waited is not None and (refused is None or refused.failing()):
                 _WAIT.waited = True
             raise
 
@@ -392,9 +400,11 @@ class PoolWait(threading.local):
     @staticmethod
     @contextlib.contextmanager
     def one_wait() -> Iterator[None]:
-        """Within the block, this thread waits for a pooled connection once: the waits
-        after one that ran out (the library's tries again of a read, ten 0.2 s apart)
-        take only a connection that is there. Each of those ten waited the pool's
+        """Within the block, this thread waits for a pooled connection once while the
+        store does not answer: the waits after one that ran out with the pool's last
+        connection attempt failed (the library's tries again of a read, ten 0.2 s apart)
+        take only a connection that is there; one that ran out behind busy connections
+        is no outage and is waited again (`_counted`). Each of those ten waited the pool's
         `connect_timeout` (and a pooled connection the outage cut costs one more try),
         so a read while the server was down held its caller about 40 s: a send worker
         through the read-back of a claim whose commit was not known, twice for the claim
@@ -456,6 +466,10 @@ class RefusedConnects(_PoolConnects):
             raise
         self._failed = None
         return conn
+
+    def failing(self) -> bool:
+        """The pool's last connection attempt failed (none made since)."""
+        return self._failed is not None
 
     def line(self) -> StoreUnavailable | None:
         """The refusal of the pool's last try, when it failed and the server answered
