@@ -4,6 +4,7 @@ by its next write of the job, are adopted as stored, never taken for another wri
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -309,3 +310,36 @@ def test_another_writers_conflict_is_told_without_reading_the_store(
     with pytest.raises(ConcurrentUpdate):
         rig.ledger.save_job(mine)
     assert mine.pending_events
+
+
+def test_a_claim_whose_read_back_fails_for_itself_holds_back_no_other(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the oldest claim is read back while the store does not answer; an error of
+    that claim's own (not the store's: here a RuntimeError) says nothing of the store.
+    Before, it kept the store counted down, and the claims kept after it were never read
+    back while it failed: each left to its deadline's recovery, a search for a send never
+    made."""
+    unreadable_past_a_version(rig, monkeypatch)
+    for key in ("k1", "k2", "k3"):
+        rig.submit("legal", key)
+        lose_next_commit_answer(rig)
+        rig.tick(errors=1)
+    monkeypatch.undo()
+    assert rig.engine.unsent.kept() == ["k1", "k2", "k3"]
+    read_back = rig.ledger.stored_after_unsure
+
+    def not_for_k1(job: SendJob) -> bool:
+        if job.key == "k1":
+            raise RuntimeError("k1's own")
+        return read_back(job)
+
+    monkeypatch.setattr(rig.ledger, "stored_after_unsure", not_for_k1)
+    for _ in range(10):  # the check workers' read-backs may end after their tick
+        rig.tick()
+        if rig.engine.unsent.kept() == ["k1"]:
+            break
+        time.sleep(0.05)
+    assert rig.engine.unsent.kept() == ["k1"]
+    for key in ("k2", "k3"):
+        assert the_release(rig, key).reason == CLAIM_READ_BACK

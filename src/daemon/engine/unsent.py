@@ -15,7 +15,9 @@ another daemon recovered it meanwhile) is left to the store's own course.
 While the store does not answer, a tick reads back only the oldest claim kept: each
 read waits for the store (`[store] connect_timeout`), and one per kept claim held
 every check worker for that wait, tick after tick, for the same answer (docs/operations.md
-"What a store outage costs"). Once it answers, the next tick reads back the rest.
+"What a store outage costs"). Once it answers, the next tick reads back the rest; a
+read-back that fails for a reason of its claim's own says nothing of the store and holds
+back no other.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+
+from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from daemon.engine.clock import Clock
 from ledger.application import ConcurrentUpdate, Ledger
@@ -52,6 +56,12 @@ def release_decision(policy: ChannelPolicy, now: datetime, wait: float) -> After
 class _Unsent:
     job: SendJob  # its claim pending on it: saved unsure, its read-back failed, not called
     policy: ChannelPolicy
+
+
+def _store_down(exc: BaseException) -> bool:
+    """Whether `exc` is the store's not answering (a lost or refused connection, a pool
+    wait run out, `StoreUnavailable`), not a conflict or an error of the claim's own."""
+    return isinstance(exc, PersistenceError) and not isinstance(exc, IntegrityError)
 
 
 class UnsentClaims:
@@ -105,9 +115,11 @@ class UnsentClaims:
                 return
         try:
             self._settle(key, unsent)
-        except Exception:
+        except Exception as exc:
             with self._lock:
-                self._down = True
+                # Only the store's not answering is every claim's answer: an error of
+                # this claim's own holds back no other (the next tick reads back all).
+                self._down = _store_down(exc)
             raise
         with self._lock:
             self._down = False
