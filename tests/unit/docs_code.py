@@ -105,6 +105,7 @@ def parsers() -> dict[tuple[str, ...], argparse.ArgumentParser]:
     return found
 
 
+@functools.cache  # read by many tests, each span of a page: parsed once
 def bench(script: str) -> dict[str, Any]:
     """A bench script's options (`-n`, `--n`) with their defaults and its module-level
     constants, each as a literal (None when it is not one)."""
