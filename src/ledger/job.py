@@ -99,6 +99,16 @@ DRAFT_DELETIONS = (DRAFTS_TIDY, DRAFTS_FENCE, DRAFTS_CLAIM_LOST)
 JOB_NAMESPACE = uuid.UUID("6b0f6a52-3a8e-5d55-9b7e-5e4d1e0a7c11")
 
 
+def waits_for_provider(reason: str) -> bool:
+    """Whether a send rejected as unavailable, for `reason` as recorded, waits for the
+    provider: its refusal, or its circuit's hold of the claim (`WITHHELD`), but no other
+    release with no call made (`RELEASED_UNSENT`). The one rule the job's replay
+    (`SendJob.Rejected.waits_for_provider`: where its `give_up_after` counts from) and the
+    daemon's decision on the release (`Dispatch._after_rejection`: whether a give-up is
+    due) both read, so the two cannot disagree."""
+    return reason == WITHHELD or reason not in RELEASED_UNSENT
+
+
 def created_at(at: datetime, index: int, count: int) -> datetime:
     """When the `index`-th of `count` jobs submitted at `at` is created: a microsecond
     apart, the last at `at`, so the jobs of a batch fall due in the batch's order (a job
@@ -591,7 +601,7 @@ class SendJob(Aggregate):
             the first of them no answer to its send has followed: a circuit that opens at
             each of its claims (opened, probed, opened again) must not restart the wait at
             each (docs/architecture.md "Outages: waited out, not escalated")."""
-            return self.unavailable and (self.reason == WITHHELD or not self.released)
+            return self.unavailable and waits_for_provider(self.reason)
 
         def apply(self, job: Any) -> None:
             job.reason = self.reason
@@ -1756,4 +1766,5 @@ __all__ = [
     "bounced_pairs",
     "created_at",
     "job_id_for",
+    "waits_for_provider",
 ]

@@ -63,6 +63,7 @@ from ledger.job import (
     WITHHELD,
     SendJob,
     TransitionError,
+    waits_for_provider,
 )
 from ledger.message import render_checked
 from ledger.stores.index import Withdrawn
@@ -746,11 +747,12 @@ class Dispatch:
             # `max_attempts`, due again for the scope's owner; recorded as `not_ours`, a
             # release (`SendJob.Rejected.released`), not the provider's refusal.
             unavailable = outcome.transient and (outcome.unavailable or outcome.not_attempted)
+            reason = NOT_OURS if outcome.not_attempted else outcome.reason
             job.record_rejection(
                 transient=outcome.transient,
-                reason=NOT_OURS if outcome.not_attempted else outcome.reason,
+                reason=reason,
                 status=outcome.status,
-                decision=self._after_rejection(claimed, unavailable),
+                decision=self._after_rejection(claimed, unavailable, reason),
                 at=now,
                 unavailable=unavailable,
             )
@@ -818,14 +820,16 @@ class Dispatch:
         work.count("skipped")
         return True
 
-    def _after_rejection(self, claimed: Claimed, unavailable: bool) -> AfterRejection:
+    def _after_rejection(self, claimed: Claimed, unavailable: bool, reason: str) -> AfterRejection:
+        """`reason` as recorded: the rule of which releases wait for the provider is the
+        job's (`waits_for_provider`), read by its replay too."""
         policy, job = claimed.policy, claimed.work.job
         now = claimed.work.now
         outcome = known(claimed.outcome, "a rejection follows the call's outcome")
         if not outcome.transient:
             return decisions.after_permanent_rejection(policy)
         wait = self._circuits.settings.probe_after
-        if unavailable and _released(outcome) and outcome.reason != WITHHELD:
+        if unavailable and not waits_for_provider(reason):
             # A claim released unsent waited for no provider: no give-up is due on it.
             # One its circuit withheld did (`SendJob.Rejected.waits_for_provider`): its
             # give-up counts as a refusal's, or a flapping circuit would put it off for ever.
