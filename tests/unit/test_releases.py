@@ -146,3 +146,30 @@ def test_a_job_its_circuit_keeps_withholding_goes_to_review_on_time(
     assert rig.provider.sends == 0
     withheld = [e for e in rig.ledger.history("k1") if isinstance(e, SendJob.Rejected)]
     assert len(withheld) > 3 and all(e.reason == WITHHELD for e in withheld)
+
+
+@pytest.mark.parametrize("answers", [True, False], ids=["answered", "refused"])
+def test_a_job_withheld_before_a_long_stop_waits_from_then_and_decides_at_its_next_call(
+    rig: EngineRig, answers: bool
+) -> None:
+    # One withheld claim, then nothing for longer than its `give_up_after` (the daemon
+    # stopped, or upgraded: events stored before read the same way, docs/changes.md).
+    # Its wait counts from that withhold, and is decided at its next wait for the
+    # provider, not at the start: answered, it is sent as before; refused as unavailable,
+    # to review then, once (before, the refusal started its wait: due again, no review).
+    rig.submit("legal", "k1")
+    after_the_claim_is_saved(rig, "k1", lambda: circuit_opened(rig))
+    rig.tick()
+    assert the_release(rig, "k1").reason == WITHHELD
+    rig.clock.advance(GIVE_UP + STEP)
+    if not answers:
+        rig.provider.script(Scripted.unavailable())
+    rig.tick()
+    job = rig.job("k1")
+    if answers:
+        assert (job.state, job.unavailable_since) == (JobState.CONFIRMED, None)
+        assert rig.provider.sends == 1
+        return
+    assert (job.state, job.reason) == (JobState.REVIEW, "provider-unavailable"), job.reason
+    escalated = [e for e in rig.ledger.history("k1") if isinstance(e, SendJob.Escalated)]
+    assert len(escalated) == 1
