@@ -105,19 +105,13 @@ def test_a_tunnel_reset_before_the_tls_wrap_closes_its_socket() -> None:
     context = _WrapsAfterTheReset(ssl.PROTOCOL_TLS_CLIENT)
     context.reset = threading.Event()
     listener, port = _resetting_proxy(context.reset)
-    # What was made before is frozen: the collection below walks only what the call made,
-    # where its socket is, not the whole heap of a worker that ran thousands of tests.
-    gc.freeze()
-    try:
-        with listener, warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ResourceWarning)
-            before = _open_fds()
-            with pytest.raises(OSError) as failed:
-                tunnel_connection(("127.0.0.1", port), ("localhost", 443), {}, 5, tls=context,
-                                  server_hostname="localhost")  # fmt: skip
-            assert _open_fds() == before, failed.value
-            del failed
-            gc.collect()
-    finally:
-        gc.unfreeze()
+    with listener, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        before = _open_fds()
+        with pytest.raises(OSError) as failed:
+            tunnel_connection(("127.0.0.1", port), ("localhost", 443), {}, 5, tls=context,
+                              server_hostname="localhost")  # fmt: skip
+        assert _open_fds() == before, failed.value
+        del failed
+        gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]

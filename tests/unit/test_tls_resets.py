@@ -99,18 +99,12 @@ def _no_socket_left() -> Iterator[None]:
     collector runs only at the end, so that no socket is collected (and warned about)
     outside the window, in another test's. The session's PostgreSQL, started in the
     background when the tests run in one process (tests/conftest.py), is waited for first:
-    its thread's sockets to the starting server would be counted.
-
-    Every object made before the window is frozen (gc.freeze) rather than collected
-    first: the collection at the end then walks only what the window made, where a
-    socket left to the collector is, instead of the whole heap of a worker that ran
-    thousands of tests (two full collections took seconds a test there). Earlier garbage
-    is frozen with the rest, so none of it is collected, or warned about, in the window."""
+    its thread's sockets to the starting server would be counted."""
     for thread in threading.enumerate():
         if thread.name == "session-cluster":
             thread.join(120)
+    gc.collect()
     gc.disable()
-    gc.freeze()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ResourceWarning)
@@ -119,7 +113,6 @@ def _no_socket_left() -> Iterator[None]:
             after = _open_fds()
             gc.collect()
     finally:
-        gc.unfreeze()
         gc.enable()
     unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert (after, unclosed) == (before, [])
