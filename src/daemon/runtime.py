@@ -337,14 +337,15 @@ class Daemon:
                 self.notifier.watchdog()
 
     def _report_status(self) -> None:
-        """systemd's STATUS= line at once and every 5 s, until the daemon stops (then
-        the stop's own line is the last)."""
+        """systemd's STATUS= line at once and every `daemon.status_interval`, until the
+        daemon stops (then the stop's own line is the last)."""
+        every = self.service.settings.daemon.status_interval
         while True:
             line = self.status_line()
             if self._stop.is_set():
                 return
             self.notifier.status(line)
-            if self._stop.wait(5):
+            if self._stop.wait(every):
                 return
 
     def _keep_ticking(self) -> None:

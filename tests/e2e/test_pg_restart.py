@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.e2e.daemon_kit import Rig, job
+from tests.e2e.daemon_kit import NotifyListener, Rig, job
 from tests.pg_cluster import PrivateCluster, require_private_cluster
 
 from ledger.application import Ledger
@@ -24,8 +24,10 @@ JOBS = 60
 QUOTA = 600
 # `[store] connect_timeout`, libpq's least: a connection's wait while the database is down.
 CONNECT_TIMEOUT = 2
-# The daemon's status line comes every 5 s (daemon/runtime.py).
-STATUS_PERIOD = 5
+# `[daemon] status_interval`: systemd's STATUS= line, a store read of its own, comes this
+# often (5 s by default), so that several of them fall in the outage.
+STATUS_INTERVAL = 0.2
+STATUS_UNREACHABLE = "STATUS=jobs: unknown, store unreachable"
 
 
 class PostgresRig(Rig):
@@ -60,6 +62,10 @@ class PostgresRig(Rig):
         super().close()
 
 
+def _last_status(notify_socket: NotifyListener) -> str:
+    return [line for line in notify_socket.lines() if line.startswith("STATUS=")][-1]
+
+
 @pytest.fixture
 def cluster() -> Iterator[PrivateCluster]:
     require_private_cluster()
@@ -68,24 +74,33 @@ def cluster() -> Iterator[PrivateCluster]:
 
 
 @pytest.mark.parametrize(
-    ("mode", "down"), [("fast", 3.0), ("immediate", STATUS_PERIOD + CONNECT_TIMEOUT + 2.0)]
+    ("mode", "down"), [("fast", 3.0), ("immediate", STATUS_INTERVAL + CONNECT_TIMEOUT + 2.0)]
 )
 def test_database_restart_mid_run(
-    tmp_path: Path, cluster: PrivateCluster, mode: str, down: float
+    tmp_path: Path, cluster: PrivateCluster, notify_socket: NotifyListener, mode: str, down: float
 ) -> None:
     """`fast`: the server ends every session and shuts down cleanly; `immediate`: as a
-    crash, and down for longer than the status line's period (5 s) plus a connection's
-    wait (`connect_timeout`, 2 s), so that store calls, the status line's among them, fail
-    for a while.
+    crash, and down for longer than the status line's period (`status_interval`) plus a
+    connection's wait (`connect_timeout`, 2 s), so that store calls, the status line's
+    among them, fail for a while: systemd is told the store is unreachable, and told the
+    counts again once it answers (the status thread outlived the failures).
     Then up: every job confirmed with one copy, one provider call per Attempted event (or
     a Rejected "not sent" when the call could not connect), the daemon alive throughout
     and holding its name again."""
     with PostgresRig(
-        tmp_path, cluster.url, concurrency=4, quota=QUOTA, tick="100ms", timeout="2s"
+        tmp_path,
+        cluster.url,
+        concurrency=4,
+        quota=QUOTA,
+        tick="100ms",
+        timeout="2s",
+        daemon_extra=f'status_interval = "{STATUS_INTERVAL}s"',
     ) as rig:
         keys = [f"pg-restart-{i:03d}" for i in range(JOBS)]
         rig.submit([job(key) for key in keys])
-        daemon = rig.start_daemon({"SENDLEDGER_DAEMON__NAME": "restart-a"})
+        daemon = rig.start_daemon(
+            {"SENDLEDGER_DAEMON__NAME": "restart-a", "NOTIFY_SOCKET": str(notify_socket.path)}
+        )
         rig.wait_for(
             lambda: rig.ledger.counts(("confirmed",)).get("confirmed", 0) >= 5,
             "the first confirmations",
@@ -97,12 +112,17 @@ def test_database_restart_mid_run(
         assert confirmed_before < JOBS - 10, "the restart must fall mid-run"
         time.sleep(down)
         assert daemon.alive(), daemon.tail()
+        assert notify_socket.count(STATUS_UNREACHABLE) >= 1, notify_socket.lines()
         cluster.start()
 
         rig.wait_settled(keys, timeout=90)
         assert daemon.alive(), daemon.tail()
         # The identity lock went with the old session; the daemon holds its name again.
         rig.wait_for(lambda: cluster.advisory_locks() == 1, "the name to be held again")
+        rig.wait_for(
+            lambda: _last_status(notify_socket).startswith("STATUS=jobs: requested 0,"),
+            "the counts in STATUS= again",
+        )
 
         states = collections.Counter(rig.state(key) for key in keys)
         assert states == {"confirmed": JOBS}, (states, daemon.tail())

@@ -82,6 +82,7 @@ def seconds_with_unit(value: object) -> object:
 DURATIONS: list[tuple[str, Callable[[float], dict[str, Any]], float]] = [
     ("daemon.tick", lambda v: {"daemon": {"tick": v}}, HOUR),
     ("daemon.deadline_grace", lambda v: {"daemon": {"deadline_grace": v}}, DAY),
+    ("daemon.status_interval", lambda v: {"daemon": {"status_interval": v}}, HOUR),
     ("providers.g.timeout", lambda v: gmail(timeout=v), HOUR),
     ("providers.m.timeout", lambda v: smtp(timeout=v), HOUR),
     (

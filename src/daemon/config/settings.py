@@ -170,6 +170,9 @@ class DaemonSettings(_Section):
     # delivery reports: one read per mailbox, whatever the number of jobs it serves
     # (docs/how-it-works.md "Bounces").
     bounce_interval: Timeout = 60.0
+    # How often systemd's STATUS= line (the open jobs per state) is read and sent
+    # (docs/operations.md "Running under systemd"): each line is a count query on the store.
+    status_interval: Timeout = 5.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # The longest a stopping daemon (SIGTERM, Ctrl-C) waits for its provider calls in
     # flight; then it exits anyway and their claims are recovered at the next start. A
