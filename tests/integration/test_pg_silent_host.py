@@ -3,7 +3,7 @@ dropped, no RST (`SilentLink`). A statement sent then waits for an acknowledgeme
 that never comes; TCP keepalives stop while bytes are in flight, and the kernel gave
 up after its retransmissions, about 15 minutes, holding the read, the lease renewal or
 the tick that sent it. libpq's `tcp_user_timeout` (`postgres.SILENT_HOST_SECONDS`, 25 s,
-2 s here) drops the connection instead: the store call fails as a store that cannot be
+1 s here) drops the connection instead: the store call fails as a store that cannot be
 reached, and the store serves again once the host answers.
 """
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.postgres
 
 SENDER = Sender("Support <support@example.com>", "mail.example.com", PolicyRef("c", "0" * 16))
 CONNECT_TIMEOUT = 2
-SILENT_HOST = 2  # `postgres.SILENT_HOST_SECONDS` in these tests
+SILENT_HOST = 1  # `postgres.SILENT_HOST_SECONDS` in these tests
 #: What a call into the silence may take: a try on each of the pool's two connections,
 #: each dropped after SILENT_HOST, then the wait for a new one, with room for a loaded
 #: machine. Without the bound the first try alone waited about 15 minutes.
@@ -262,7 +262,7 @@ def test_the_server_drops_the_name_s_session_as_soon(
 
 
 #: The server's side of the name's session after its daemon's host went silent: ended
-#: after the bound (2 s here) when its last answer was not yet acknowledged (2.0 s
+#: after the bound (1 s here) when its last answer was not yet acknowledged (1.0 s
 #: measured: the link goes silent right after the lock is taken), else at its
 #: keepalives' second probe, 15 s; with room for a loaded machine. The server's own
 #: default: over two hours (checked: still held at 25 s).
