@@ -112,7 +112,9 @@ def test_database_restart_mid_run(
         assert confirmed_before < JOBS - 10, "the restart must fall mid-run"
         time.sleep(down)
         assert daemon.alive(), daemon.tail()
-        assert notify_socket.count(STATUS_UNREACHABLE) >= 1, notify_socket.lines()
+        # Its read fails after about a connection's wait: a loaded machine's later one
+        # lengthens the outage rather than failing the test.
+        rig.wait_for(lambda: notify_socket.count(STATUS_UNREACHABLE) >= 1, "STATUS= to say so")
         cluster.start()
 
         rig.wait_settled(keys, timeout=90)
