@@ -411,3 +411,32 @@ def test_a_read_whose_answer_was_lost_is_not_unavailable() -> None:
     refresh = auth_exceptions.RefreshError("invalid_grant")  # type: ignore[no-untyped-call]
     assert not provider_error_for_exception("search", lost).unavailable
     assert not provider_error_for_exception("search", refresh).unavailable
+
+
+def _lost_after(cause: Exception) -> ResponseLostError:
+    """The transport's error for `cause` read after the request was written (`from`)."""
+    try:
+        raise ResponseLostError("POST sent to h:1, then x", host="h:1", cause=cause) from cause
+    except ResponseLostError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("cause", "unanswered"),
+    [
+        (http.client.RemoteDisconnected("Remote end closed connection without response"), True),
+        (http.client.IncompleteRead(b"{", 10), False),  # answered, cut off
+        (http.client.BadStatusLine("garbage"), False),
+        (TimeoutError("timed out"), False),  # a hang: counted as one
+    ],
+)
+def test_a_send_closed_with_no_response_is_marked_unanswered(
+    cause: Exception, unanswered: bool
+) -> None:
+    """Unknown either way, as before; a close with nothing of a response is marked
+    `unanswered`, one more of a run that pauses the scope's sends (`Circuits.sent`):
+    before, nothing told it from an answer cut off, so a front end closing every send
+    had every due job sent into it."""
+    out = classify_send_exception(_lost_after(cause))
+    assert out.kind is SendKind.UNKNOWN
+    assert out.unanswered is unanswered

@@ -226,3 +226,13 @@ def test_graph_error_text() -> None:
 def test_a_read_throttled_or_503_counts_toward_the_circuit(status: int, unavailable: bool) -> None:
     error = read_error("search", status, {"Retry-After": "3"}, _body("x"))
     assert error.unavailable is unavailable and error.retry_after == 3.0
+
+
+def test_a_send_closed_with_no_response_is_marked_unanswered() -> None:
+    """Unknown and marked `unanswered` (as Gmail's: tests/unit/test_classify.py)."""
+    cause = http.client.RemoteDisconnected("Remote end closed connection without response")
+    try:
+        raise ResponseLostError("POST sent to h:1, then x", host="h:1", cause=cause) from cause
+    except ResponseLostError as exc:
+        out = classify_send_exception(exc)
+    assert out.kind is SendKind.UNKNOWN and out.unanswered

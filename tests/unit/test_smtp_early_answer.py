@@ -120,3 +120,31 @@ def test_a_garbled_line_during_data_is_unknown_not_sent_again() -> None:
     assert outcome.kind is SendKind.UNKNOWN, outcome
     assert "answered before the final '.'" in outcome.reason
     assert took < TIMEOUT / 4, f"{took:.2f}s: the answer waited for the timeout"
+
+
+def test_a_close_after_the_final_dot_with_no_reply_is_marked_unanswered() -> None:
+    """A server that reads the whole message and closes without a reply: Unknown (it may
+    have queued the message), marked `unanswered`, one more of a run that pauses the
+    scope's sends (`Circuits.sent`). Before: nothing told it from an answer."""
+
+    def session(conn: socket.socket, reader: BufferedReader) -> None:
+        def data() -> bool:
+            conn.sendall(b"354 go on\r\n")
+            while reader.readline() not in (b".\r\n", b""):
+                pass
+            conn.close()
+            return False
+
+        converse(conn, reader, data)
+
+    server = AnsweringServer(session)
+    endpoint = MailEndpoint(
+        "127.0.0.1", server.port, "none", "u", "p", TIMEOUT, ssl.create_default_context()
+    )
+    try:
+        outcome, took = submit_timed(endpoint, message_of_lines(2, "<closed@mail.example.com>"))
+    finally:
+        server.close()
+    assert outcome.kind is SendKind.UNKNOWN and not outcome.timed_out, outcome
+    assert outcome.unanswered
+    assert took < TIMEOUT / 2

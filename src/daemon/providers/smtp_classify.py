@@ -64,12 +64,15 @@ def classify_smtp(
     *,
     message_id: str,
     timed_out: bool = False,
+    closed: bool = False,
 ) -> SendOutcome:
     """What the end of one submission proves.
 
     `code` is None when no reply ended the stage (refused, reset, closed, timed out);
     `text` is then the error; `timed_out`, when that was the socket's timeout (for the
-    circuit, a hang). `message_id` is ours: the provider id of a 250 that names no queue id.
+    circuit, a hang); `closed`, when the server closed or reset the connection instead
+    of a reply (for the circuit, no answer: `SendOutcome.unanswered`). `message_id` is
+    ours: the provider id of a 250 that names no queue id.
 
     | stage | reply | outcome |
     |---|---|---|
@@ -96,6 +99,7 @@ def classify_smtp(
                 # No session was ever established: the server is down or unreachable.
                 unavailable=stage in (Stage.CONNECT, Stage.HELLO),
                 timed_out=timed_out,
+                unanswered=closed and not timed_out,
             )
         if stage is Stage.CONTENT and not 400 <= code < 600:
             # Anything but a refusal for content the server never had whole (a success,
@@ -133,6 +137,7 @@ def classify_smtp(
             SendKind.UNKNOWN,
             f"no reply after the end of data: {text or 'connection closed'}",
             timed_out=timed_out,
+            unanswered=closed and not timed_out,
         )
     if 200 <= code < 300:
         return SendOutcome(

@@ -407,6 +407,8 @@ class SmtpSubmitter:
                 _describe(exc),
                 message_id=envelope.message_id,
                 timed_out=timed_out(exc),  # after DATA: a hang, for the circuit
+                # Closed or reset instead of a reply (smtplib's words for both): no answer.
+                closed=isinstance(exc, smtplib.SMTPServerDisconnected),
             )
         finally:
             if usable:

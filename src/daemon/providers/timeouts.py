@@ -4,12 +4,28 @@ Apart from the HTTP transport so the SMTP and IMAP paths need no httplib2."""
 
 from __future__ import annotations
 
+import http.client
 import socket
+from collections.abc import Iterator
 
 
 def timed_out(exc: BaseException) -> bool:
     """Whether a call ended because it outlived its timeout (the socket's, anywhere in the
     exception's causes): for the circuit, a hang (docs/operations.md "Outages and quotas")."""
+    return any(isinstance(e, TimeoutError | socket.timeout) for e in _causes(exc))
+
+
+def closed_unanswered(exc: BaseException) -> bool:
+    """Whether an HTTP request's connection ended with nothing of a response (the status
+    line read as the connection's end: `http.client.RemoteDisconnected`), not timed out:
+    the provider never answered (`SendOutcome.unanswered`)."""
+    return not timed_out(exc) and any(
+        isinstance(e, http.client.RemoteDisconnected) for e in _causes(exc)
+    )
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then its causes and contexts, each once."""
     seen: list[BaseException] = []
     todo: list[BaseException] = [exc]
     while todo:
@@ -17,9 +33,7 @@ def timed_out(exc: BaseException) -> bool:
         if any(current is s for s in seen):
             continue
         seen.append(current)
-        if isinstance(current, TimeoutError | socket.timeout):
-            return True
+        yield current
         todo.extend(
             e for e in (current.__cause__, current.__context__) if isinstance(e, BaseException)
         )
-    return False
