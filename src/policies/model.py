@@ -41,6 +41,7 @@ __all__ = [
     "MAX_DURATION",
     "MAX_DURATIONS",
     "MIN_DURATION",
+    "PAUSE_AFTER_UNANSWERED",
     "ChannelPolicy",
     "OnBounce",
     "OnUnknown",
@@ -79,6 +80,10 @@ MAX_DURATION = max(MAX_DURATIONS.values())
 #: (max_attempts) for longer than any window: years, unseen.
 MAX_COUNT = 100
 MAX_ATTEMPTS = 1000
+#: The default `pause_after_unanswered`: a provider that took the message and lost its
+#: answer is this product's ordinary ambiguous outcome, but ten in a row with no answer
+#: in between is a front end answering nothing.
+PAUSE_AFTER_UNANSWERED = 10
 
 # Matched whole (`fullmatch`): `$` after `.match` lets a final line feed through.
 _CHANNEL = re.compile(r"[A-Za-z0-9._-]+")
@@ -175,6 +180,14 @@ class ChannelPolicy(BaseModel):
     # mailbox for this long; None: never (docs/how-it-works.md "Bounces").
     watch_bounces: Duration | None = None
     on_bounce: OnBounce = "record"
+    # Sends in a row its provider (or a proxy before it) closed with no response, no send
+    # answered in between, that pause the scope's sends as an open circuit does: a front
+    # end dropping every send made each due job one more Unknown, search and review
+    # (docs/operations.md "Outages and quotas"). Large enough that the ordinary dropped
+    # answer, now and then among answered sends, never pauses anything.
+    pause_after_unanswered: Annotated[int, Field(strict=True, ge=1, le=MAX_ATTEMPTS)] = (
+        PAUSE_AFTER_UNANSWERED
+    )
 
     @field_validator("channel")
     @classmethod
@@ -332,6 +345,8 @@ class ChannelPolicy(BaseModel):
             del values["watch_bounces"]  # as give_up_after
         if self.on_bounce == "record":
             del values["on_bounce"]
+        if self.pause_after_unanswered == PAUSE_AFTER_UNANSWERED:
+            del values["pause_after_unanswered"]  # as on_bounce
         return values
 
     @property

@@ -39,5 +39,5 @@ def test_a_circuit_scope_is_read_back_as_exactly_its_label(scope: str) -> None:
         if family.name.startswith("sendledger_circuit")
         for sample in family.samples
     ]
-    assert [sample.labels for sample in read] == [{"scope": scope}] * 3
-    assert [sample.value for sample in read] == [1, MOMENT.timestamp(), 3]
+    assert [sample.labels for sample in read] == [{"scope": scope}] * 4
+    assert [sample.value for sample in read] == [1, MOMENT.timestamp(), 3, 0]

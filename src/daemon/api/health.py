@@ -106,6 +106,8 @@ def check_health(sources: HealthSources) -> tuple[bool, list[str], dict[str, Any
                 "failures": c.failures,
                 "next_probe": c.next_probe.isoformat(),
                 "probing": c.probing,
+                "unanswered": c.unanswered,
+                "sends_only": c.sends_only,
             }
             for c in sources.circuits()
         }

@@ -277,7 +277,8 @@ def _circuit_gauges(circuits: list[OpenCircuit]) -> Iterator[GaugeMetricFamily]:
     """One series per open circuit (none while every provider answers)."""
     opened = GaugeMetricFamily(
         "sendledger_circuit_open",
-        "1 while a provider scope's dispatch is paused: it proved unavailable",
+        "1 while a provider scope's dispatch is paused: it proved unavailable, or closed"
+        " sends in a row with no response",
         labels=["scope"],
     )
     since = GaugeMetricFamily(
@@ -290,10 +291,17 @@ def _circuit_gauges(circuits: list[OpenCircuit]) -> Iterator[GaugeMetricFamily]:
         "Unavailable outcomes in a row of an open circuit",
         labels=["scope"],
     )
+    unanswered = GaugeMetricFamily(
+        "sendledger_circuit_unanswered",
+        "Sends in a row closed with no response, of an open circuit",
+        labels=["scope"],
+    )
     for circuit in circuits:
         opened.add_metric([circuit.scope], 1)
         since.add_metric([circuit.scope], circuit.since.timestamp())
         failures.add_metric([circuit.scope], circuit.failures)
+        unanswered.add_metric([circuit.scope], circuit.unanswered)
     yield opened
     yield since
     yield failures
+    yield unanswered

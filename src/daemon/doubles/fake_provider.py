@@ -56,6 +56,17 @@ class Scripted:
         return cls(SendOutcome(SendKind.UNKNOWN, "response lost"), stored=True)
 
     @classmethod
+    def unanswered(cls, *, stored: bool = True) -> Scripted:
+        """The provider (or a proxy before it) closed the connection after the request
+        with nothing of a response: Unknown, as a dropped response is, and one more of a
+        run that pauses the scope's sends (`Circuits.sent`). `stored`: whether it took the
+        message before it closed."""
+        outcome = SendOutcome(
+            SendKind.UNKNOWN, "connection closed without a response", unanswered=True
+        )
+        return cls(outcome, stored=stored)
+
+    @classmethod
     def lost_request(cls) -> Scripted:
         """Unknown to the caller, but nothing reached the provider."""
         return cls(SendOutcome(SendKind.UNKNOWN, "timeout"), stored=False)

@@ -31,12 +31,22 @@ late, given before the hang (a paused daemon), closes nothing the hang opened.
 A send admitted before the hang was known but not yet called (its claim being saved) is
 not made once it is known (`sending`): its job is refused as unavailable, nothing sent.
 
+A send the provider closed with no response at all (`SendOutcome.unanswered`) is the
+ordinary ambiguous outcome (a provider that took the message and lost its answer), an
+answer here like any Unknown. Only a run of them in a scope, no send answered in between
+(its sends' channels' `pause_after_unanswered`), pauses the scope's sends (`sent`, `_Pause`):
+a proxy or a front end closing every send, where each send taken would be one more Unknown,
+one more search and one more review. A pause holds sends only: the scope's searches, how the
+daemon learns whether those sends went out, go on, and their answers neither end it nor are
+held behind it; it ends when a send answers, the probe at the circuit's backoff.
+
 In memory: a restarted daemon finds out again within `failures` calls. docs/operations.md, "Outages
 and quotas".
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,6 +56,8 @@ from enum import Enum
 
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
 from policies.decisions import retry_after_wait
+
+log = logging.getLogger("sendledger.engine")
 
 
 @dataclass(frozen=True)
@@ -80,13 +92,16 @@ class Admit(Enum):
 
 @dataclass(frozen=True)
 class OpenCircuit:
-    """What `/healthz` and `/metrics` show of an open circuit."""
+    """What `/healthz` and `/metrics` show of an open circuit, or of a scope whose sends
+    pause (`sends_only`: only unanswered sends opened it, its searches go on)."""
 
     scope: str
     since: datetime
     failures: int
     next_probe: datetime
     probing: bool
+    unanswered: int = 0  # sends in a row closed with no response, none answered between
+    sends_only: bool = False
 
 
 #: The kinds of call a circuit admits; its probes alternate between them (`admit`).
@@ -135,6 +150,29 @@ class _State:
         )
 
 
+@dataclass
+class _Pause:
+    """A scope's run of sends closed with no response (`Circuits.sent`), and the pause of
+    its sends once the run is long enough: probed by one send at a time, at the circuit's
+    backoff; never holding a search."""
+
+    count: int = 0  # unanswered sends in a row, no send answered in between
+    ticket: int = 0  # the latest-begun of them: an answer to a send begun before clears none
+    since: datetime | None = None  # paused since (None: counting, not paused)
+    probe_at: datetime | None = None
+    backoff: float = 0.0
+    probing: bool = False
+
+
+def answered_send(outcome: SendOutcome) -> bool:
+    """Whether the provider answered a send (its run of unanswered sends ends): anything
+    it said, a refusal, a 5xx or a 503 included; not a call closed unanswered, timed out,
+    refused before it left (`unavailable`) or never made (`not_attempted`)."""
+    return not (
+        outcome.unanswered or outcome.timed_out or outcome.unavailable or outcome.not_attempted
+    )
+
+
 class Circuits:
     """Thread-safe; time is given by the caller (the engine's injected clock)."""
 
@@ -147,6 +185,7 @@ class Circuits:
         # those ended (`calling`) or a call answered.
         self._suspect: set[str] = set()
         self._tickets = 0  # calls begun so far, of every scope: each call's ticket
+        self._pauses: dict[str, _Pause] = {}  # scopes with unanswered sends in a row
 
     @contextmanager
     def calling(self, scope: str) -> Iterator[int]:
@@ -210,7 +249,8 @@ class Circuits:
         """Around a send's call, in place of `calling`: yields the call's ticket when the
         send may still be made, else None. A send was admitted before its claim was saved,
         and that save may take a while: if meanwhile a call of its scope timed out with
-        others in flight, or the circuit opened, the scope is known to hang or fail and the
+        others in flight, or the circuit opened, or its sends paused (`sent`), the scope is
+        known to hang or fail and the
         send is not made (None, not counted in flight), unless it is the circuit's probe
         still out. Checked and counted under one lock, so no timeout falls between the
         two. One stopped by a timeout counts as a hang of its own: it would have hung with
@@ -221,10 +261,14 @@ class Circuits:
             if free:
                 self._in_flight[scope] = self._in_flight.get(scope, 0) + 1
                 ticket = self._ticket()
-            elif scope in self._suspect:
-                # Counted with the timeout that held it (ticket 0 leaves the state's):
-                # an answer of a call in flight beside that timeout still clears both.
-                self._failed(scope, now, None, timed_out=True, ticket=0)
+            else:
+                pause = self._pauses.get(scope)
+                if probe and pause is not None and pause.probing:
+                    pause.probing = False  # a pause's probe withheld: the next job probes
+                if scope in self._suspect:
+                    # Counted with the timeout that held it (ticket 0 leaves the state's):
+                    # an answer of a call in flight beside that timeout still clears both.
+                    self._failed(scope, now, None, timed_out=True, ticket=0)
         if not free:
             yield None
             return
@@ -238,6 +282,9 @@ class Circuits:
         state = self._states.get(scope)
         if state is not None and state.opened_at is not None:
             return probe and state.probing and state.probe_call == SEND
+        pause = self._pauses.get(scope)
+        if pause is not None and pause.since is not None:
+            return probe and pause.probing  # paused while the claim was saved: withheld
         return scope not in self._suspect
 
     def _ended(self, scope: str) -> None:
@@ -264,7 +311,7 @@ class Circuits:
                     state.waiting.add(kind)
                 return Admit.HOLD
             if state is None or state.opened_at is None:
-                return Admit.GO
+                return self._admit_paused(scope, now) if kind == SEND else Admit.GO
             if (
                 state.probing
                 or state.probe_at is None
@@ -280,12 +327,28 @@ class Circuits:
             state.probe_call = PING if ping else kind
             return Admit.PING if ping else Admit.PROBE
 
+    def _admit_paused(self, scope: str, now: datetime) -> Admit:
+        # Caller holds the lock; the circuit is closed. A send of a paused scope waits for
+        # the pause's probe, one at a time (no turns: its searches are never held).
+        pause = self._pauses.get(scope)
+        if pause is None or pause.since is None:
+            return Admit.GO
+        if pause.probing or pause.probe_at is None or now < pause.probe_at:
+            return Admit.HOLD
+        pause.probing = True
+        return Admit.PROBE
+
     def next_probe(self, scope: str, kind: str = SEND) -> datetime | None:
         """When an open circuit of `scope` admits the next probe of this kind (None:
         closed, or its probe is out); later than the probe's time while it is left to
         the other kind."""
         with self._lock:
             state = self._states.get(scope)
+            if (state is None or state.opened_at is None) and kind == SEND:
+                pause = self._pauses.get(scope)
+                if pause is None or pause.since is None or pause.probing:
+                    return None
+                return pause.probe_at
             if state is None or state.opened_at is None or state.probing:
                 return None
             if state.probe_at is not None and kind == state.last_probe and state.waiting - {kind}:
@@ -428,14 +491,86 @@ class Circuits:
         """The probe was handed out but no call was made (its claim failed, the daemon is
         stopping): the next job may probe."""
         with self._lock:
+            pause = self._pauses.get(scope)
+            if pause is not None and pause.probing:
+                pause.probing = False  # the pause's probe, a send
+                return
             state = self._states.get(scope)
             if state is not None:
                 state.probing = False
 
     def open(self) -> list[OpenCircuit]:
         with self._lock:
-            return [
-                OpenCircuit(scope, s.opened_at, s.failures, s.probe_at, s.probing)
-                for scope, s in sorted(self._states.items())
-                if s.opened_at is not None and s.probe_at is not None
-            ]
+            shown = {}
+            for scope, p in self._pauses.items():
+                if p.since is not None and p.probe_at is not None:
+                    shown[scope] = OpenCircuit(
+                        scope, p.since, 0, p.probe_at, p.probing, p.count, sends_only=True
+                    )
+            for scope, s in self._states.items():
+                if s.opened_at is not None and s.probe_at is not None:
+                    pause = self._pauses.get(scope)
+                    run = 0 if pause is None else pause.count
+                    shown[scope] = OpenCircuit(
+                        scope, s.opened_at, s.failures, s.probe_at, s.probing, run
+                    )
+            return [shown[scope] for scope in sorted(shown)]
+
+    def sent(
+        self, scope: str, now: datetime, outcome: SendOutcome, *, ticket: int, pause_after: int
+    ) -> None:
+        """A send's call of `scope` (its ticket, `sending`) ended with `outcome`: fed to
+        the circuit (`called`), and to the scope's run of unanswered sends. A send closed
+        with no response adds to the run, and the `pause_after`-th of a run (the sending
+        job's channel's `pause_after_unanswered`) pauses the scope's sends; a send the
+        provider answered ends the run and the pause, unless it began before the run's
+        latest (an answer read late says nothing of what came after it). Neither a hang
+        nor a refusal before the send left is an answer: the circuit waits those out."""
+        with self._lock:
+            pause = self._pauses.get(scope)
+            if outcome.unanswered:
+                self._unanswered(scope, now, ticket, pause_after)
+            elif answered_send(outcome):
+                if pause is not None and ticket >= pause.ticket:
+                    del self._pauses[scope]
+            elif pause is not None and pause.probing:
+                # The probe was refused, hung or never made (counted by the circuit, or
+                # no call): the pause stays, and its next probe comes, never none.
+                if outcome.not_attempted:
+                    pause.probing = False
+                else:
+                    self._probe_again(pause, now)
+        self.called(
+            scope,
+            now,
+            unavailable=send_unavailable(outcome),
+            retry_after=outcome.retry_after,
+            timed_out=outcome.timed_out,
+            ticket=ticket,
+        )
+
+    def _unanswered(self, scope: str, now: datetime, ticket: int, pause_after: int) -> None:
+        # Caller holds the lock.
+        settings = self.settings
+        pause = self._pauses.setdefault(scope, _Pause())
+        pause.count += 1
+        pause.ticket = max(pause.ticket, ticket)
+        if pause.since is not None:
+            if pause.probing:  # else a send begun before the pause: the probe decides
+                self._probe_again(pause, now)
+        elif pause.count >= pause_after:
+            pause.since = now
+            pause.backoff = settings.probe_after
+            pause.probe_at = now + timedelta(seconds=pause.backoff)
+            log.warning(
+                "scope %s: %d sends in a row closed with no response: its sends pause,"
+                ' one probe at a time (docs/operations.md "Outages and quotas")',
+                scope,
+                pause.count,
+            )
+
+    def _probe_again(self, pause: _Pause, now: datetime) -> None:
+        # Caller holds the lock. A probe that got no answer: the next after twice the wait.
+        pause.backoff = min(pause.backoff * 2, self.settings.probe_max)
+        pause.probing = False
+        pause.probe_at = now + timedelta(seconds=pause.backoff)

@@ -26,7 +26,7 @@ from typing import Any
 
 import daemon.engine.drafts as drafts_flow
 from daemon.crashpoints import crash_point
-from daemon.engine.circuit import DRAFT, Circuits, send_unavailable
+from daemon.engine.circuit import DRAFT, Circuits
 from daemon.engine.clock import Clock
 from daemon.engine.commit import LeftToRecovery
 from daemon.engine.leases import Lease, Leases
@@ -620,13 +620,12 @@ class Dispatch:
                         claimed.check = drafts_flow.ask_draft(work.job, drafts)
                     crash_point("after-search")
                 work.now = self._clock()
-            self._circuits.called(
+            self._circuits.sent(
                 scope,
                 work.now,
-                unavailable=send_unavailable(outcome),
-                retry_after=outcome.retry_after,
-                timed_out=outcome.timed_out,
+                outcome,
                 ticket=ticket,
+                pause_after=claimed.policy.pause_after_unanswered,
             )
         with self._within_lease(claimed):
             self._read_back_sample(claimed)
