@@ -1,25 +1,42 @@
 """A front end that takes every send and closes the connection with no response, on the
-real stack: the Google client, the Gmail emulator behind the fault relay's
-`drop-response`, SQLite and PostgreSQL stores. Sends are counted at the relay, copies at
-the emulator (docs/operations.md "Outages and quotas": sends closed unanswered in a
+real stacks: the Google client, the Gmail emulator behind the fault relay's
+`drop-response`, SQLite and PostgreSQL stores; and SMTP to Postfix through the SMTP fault
+relay, searched in Dovecot. Sends are counted at the relays, copies at the emulator and in
+the sender's Sent folder (docs/operations.md "Outages and quotas": sends closed unanswered in a
 row pause the scope's sends; its searches go on)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import cast
+
+import pytest
+from tests.integration.mailservers import SENDER, MailServers, mail_servers
 from tests.integration.test_engine import (  # noqa: F401  (fixtures used by name)
     Rig,
     RigFactory,
     emulator,
     make_rig,
 )
+from tests.integration.test_smtp_imap_provider import provider_for
+from tests.unit.engine_rig import EngineRig, policy
 
+from daemon.doubles.fake_provider import FakeProvider
 from ledger.job import JobState
 from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
+from testkit.smtp_relay import SmtpFaultRelay
 
 JOBS = 12
 PAUSE_AFTER = 3
 CONCURRENCY = 4  # the rig's (tests/integration/test_engine.py)
+SMTP_JOBS = 8
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[MailServers]:
+    with mail_servers() as running:
+        yield running
 
 
 def settled(rig: Rig, keys: list[str]) -> None:
@@ -72,3 +89,39 @@ def test_sends_closed_unanswered_pause_at_the_relay_and_searches_settle_them(
     settled(rig, keys)
     assert all(emulator.copies(message_ids[key]) == 1 for key in keys)
     assert rig.sends() == JOBS  # each job sent once, the unanswered probe's job too
+
+
+@pytest.mark.xdist_group("mailservers")
+def test_smtp_sends_closed_after_the_final_dot_pause_at_postfix(servers: MailServers) -> None:
+    """The same through SMTP: the relay forwards each message to Postfix and closes the
+    client's connection instead of the reply after the final dot (`drop-response`). Before,
+    all eight jobs reached Postfix into the close; now the third pauses the sends, a probe
+    answered ends the pause, and the searches (Dovecot) confirm the ones sent, one copy
+    each, counted in the sender's Sent folder."""
+    with SmtpFaultRelay("127.0.0.1", servers.smtp_port, hang_seconds=30.0) as relay:
+        relay.set_modes(["drop-response"] * SMTP_JOBS)
+        mail = provider_for(servers, relay.port, name="fake", timeout=5.0)
+        with EngineRig(
+            policy("receipts", **{"from": SENDER}, pause_after_unanswered=PAUSE_AFTER),
+            provider=lambda clock: cast(FakeProvider, mail),
+        ) as rig:
+            try:
+                ids = [rig.submit("receipts", f"smtp-{n}") for n in range(SMTP_JOBS)]
+                rig.tick()
+                first = len(relay.applied)
+                assert PAUSE_AFTER <= first <= PAUSE_AFTER + 1, first  # the rig's 2 workers
+                assert [c.sends_only for c in rig.engine.open_circuits()] == [True]
+                relay.set_modes([])  # Postfix's replies pass again
+                rig.advance_and_tick(1)  # the probe, answered: the rest go
+                assert rig.engine.open_circuits() == []
+                assert len(relay.applied) == SMTP_JOBS
+                for mid in ids:  # Postfix delivers to the Sent folder on its own time
+                    servers.wait_copies(mid, 1)
+                rig.clock.advance(60)  # search_after: the first ones are confirmed
+                for _ in range(10):
+                    rig.advance_and_tick(1)
+                for n in range(SMTP_JOBS):
+                    assert rig.job(f"smtp-{n}").state is JobState.CONFIRMED, rig.events(f"smtp-{n}")
+                assert all(servers.copies(mid) == 1 for mid in ids)
+            finally:
+                mail.close()
