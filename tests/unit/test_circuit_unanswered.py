@@ -219,3 +219,10 @@ def test_a_bad_pause_after_unanswered_is_one_line_naming_it(
     with pytest.raises(PolicyLoadError) as refused:
         load_policy_dir(tmp_path)
     assert [str(p) for p in refused.value.problems] == [f"{path}:{said}"]
+
+
+def test_the_default_keeps_every_existing_fingerprint() -> None:
+    default = policy("receipts")
+    assert "pause_after_unanswered" not in default.normalized()
+    assert policy("receipts", pause_after_unanswered=10).fingerprint == default.fingerprint
+    assert policy("receipts", pause_after_unanswered=3).fingerprint != default.fingerprint

@@ -533,6 +533,8 @@ class Circuits:
             elif answered_send(outcome):
                 if pause is not None and ticket >= pause.ticket:
                     del self._pauses[scope]
+                    if pause.since is not None:
+                        log.info("scope %s: a send answered: its sends resume", scope)
             elif pause is not None and pause.probing:
                 # The probe was refused, hung or never made (counted by the circuit, or
                 # no call): the pause stays, and its next probe comes, never none.
