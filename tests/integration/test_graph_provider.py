@@ -1492,3 +1492,52 @@ def test_a_draft_a_late_send_took_during_a_recorded_fence_keeps_the_next_attempt
         assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
     assert logged_copies(accept_log, message_id) == 1
     assert graph.folder(MAILBOX, "drafts") == []
+
+
+@pytest.mark.parametrize(
+    ("fault", "state", "reads"),
+    [
+        # The send's answer lost: its draft is the copy, read once by the fence.
+        ("drop-response", "confirmed", 1),
+        # The send never reached Graph: the fence reads the draft, then reads it back after
+        # each of its two DELETEs (deleted for good), and the search needs no read.
+        ("fail-before-forward", "requested", 3),
+    ],
+)
+def test_a_sweep_reads_each_recorded_draft_by_id_no_more_than_its_fence_does(
+    provider: ProviderFactory,
+    graph: GraphEmulator,
+    relay: FaultRelay,
+    accept_log: Path,
+    fault: Mode,
+    state: str,
+    reads: int,
+) -> None:
+    """The sweep of an Unknown Graph job fences the job's drafts, reading each its claims
+    recorded by id, then searches, reading each by id again: one GET per recorded draft
+    more per Unknown outcome, from the mailbox's throttling budget, for an answer that
+    could not have changed (a copy stays a copy; a draft deleted for good can no longer
+    be sent). The search now takes what the fence read of them; counted at the emulator."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.vocabulary import JobState
+
+    graph.set_lag(3600)  # `$filter` shows no copy: only the reads by id count it
+    a = provider()
+    receipts = policy("receipts", on_unknown="retry", confirm_misses=1)
+    with EngineRig(receipts, provider=lambda clock: cast(FakeProvider, a)) as rig:
+        message_id = rig.submit("receipts", "k1")
+        relay.set_plan(FaultPlan(send=[fault]))
+        assert rig.tick().unknown == 1
+        relay.set_plan(FaultPlan())
+        [draft] = rig.job("k1").made_drafts
+        before = len(graph.requests)
+        rig.advance_and_tick(60)  # search_after: the fence, then the search
+        assert rig.job("k1").state is JobState(state), rig.events("k1")
+        by_id = [
+            method for method, path in graph.requests[before:]
+            if path.endswith("/messages/" + quote(draft, safe=""))
+        ]  # fmt: skip
+        assert by_id.count("GET") == reads, graph.requests[before:]
+    assert logged_copies(accept_log, message_id) == (1 if state == "confirmed" else 0)

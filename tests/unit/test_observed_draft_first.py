@@ -14,9 +14,10 @@ from daemon.providers.base import (
     SearchResult,
     SendKind,
     SendOutcome,
-    delete_job_drafts,
+    fence_job,
 )
 from daemon.providers.draft_handle import BeforeDeleting, DraftFirst
+from daemon.providers.outcomes import Fenced
 from ledger.job import SendJob
 
 
@@ -54,10 +55,12 @@ class _TwoSteps(ProviderBase):
         *,
         filtered: bool = True,
         before_deleting: BeforeDeleting | None = None,
-    ) -> list[str]:
-        return list(draft_ids)
+    ) -> Fenced:
+        return Fenced(list(draft_ids))
 
-    def search_made(self, message_id: str, draft_ids: Collection[str]) -> SearchResult:
+    def search_made(
+        self, message_id: str, draft_ids: Collection[str], fenced: Fenced | None = None
+    ) -> SearchResult:
         return self.search(message_id)
 
 
@@ -79,5 +82,5 @@ def test_a_send_of_a_draft_made_before_its_claim_is_timed_as_a_send() -> None:
     assert first is not None
     assert first.make_draft(b"raw") == "d1"
     assert first.send_made(b"raw", "d1", []).kind is SendKind.CONFIRMED
-    assert delete_job_drafts(observed, "<m@x>", ["d1"]) == ["d1"]
+    assert fence_job(observed, "<m@x>", ["d1"]).deleted == ["d1"]
     assert watched.calls == ["send", "delete_drafts"]

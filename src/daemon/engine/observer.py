@@ -24,6 +24,7 @@ from daemon.providers.base import (
 )
 from daemon.providers.draft_handle import BeforeDeleting, DraftFirst, DraftsProvider
 from daemon.providers.history_handle import HistoryProvider
+from daemon.providers.outcomes import Fenced
 from ledger.job import SendJob
 
 log = logging.getLogger("sendledger.engine")
@@ -197,7 +198,7 @@ class _ObservedDraftFirst:
         *,
         filtered: bool = True,
         before_deleting: BeforeDeleting | None = None,
-    ) -> list[str]:
+    ) -> Fenced:
         return self.observed.timed(
             "delete_drafts",
             lambda: self.inner.delete_made(
@@ -205,5 +206,9 @@ class _ObservedDraftFirst:
             ),
         )
 
-    def search_made(self, message_id: str, draft_ids: Collection[str]) -> SearchResult:
-        return self.observed.timed("search", lambda: self.inner.search_made(message_id, draft_ids))
+    def search_made(
+        self, message_id: str, draft_ids: Collection[str], fenced: Fenced | None = None
+    ) -> SearchResult:
+        return self.observed.timed(
+            "search", lambda: self.inner.search_made(message_id, draft_ids, fenced)
+        )

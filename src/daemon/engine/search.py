@@ -48,7 +48,7 @@ from daemon.providers.base import (
     ScopeLost,
     SearchResult,
     calls_while,
-    delete_job_drafts,
+    fence_job,
     search_job,
 )
 from daemon.providers.draft_handle import (
@@ -59,6 +59,7 @@ from daemon.providers.draft_handle import (
     DraftStatus,
 )
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
+from daemon.providers.outcomes import Fenced
 from ledger.application import ConcurrentUpdate
 from ledger.copies import copies_found
 from ledger.decision_types import (
@@ -138,16 +139,19 @@ class SearchBackoff:
             work, provider, "draft check", lambda: drafts.check_draft(draft), "searched"
         )
 
-    def search(self, work: Work, provider: Provider) -> SearchResult | None:
+    def search(
+        self, work: Work, provider: Provider, fenced: Fenced | None = None
+    ) -> SearchResult | None:
         """The job's copies, those its claims' recorded drafts became included, every one
         (a fence records what it is about to delete, so one recorded deleted may be the
-        copy a late send made of it): `search_job`, as a person's check searches."""
+        copy a late send made of it): `search_job`, as a person's check searches. After
+        the sweep's fence (`fenced`), a draft it read by id is not read again."""
         job = work.job
         return self._call(
             work,
             provider,
             "search",
-            lambda: search_job(provider, job.message_id, job.made_drafts),
+            lambda: search_job(provider, job.message_id, job.made_drafts, fenced),
             "searched",
         )
 
@@ -179,7 +183,7 @@ class SearchBackoff:
         provider: Provider,
         what: str,
         before_deleting: BeforeDeleting | None = None,
-    ) -> list[str] | None:
+    ) -> Fenced | None:
         """The job's unsent drafts deleted, under the same circuit and backoff: those its
         claims recorded by id too (Graph: another daemon's, the index may not list them),
         every one, those a fence recorded deleted included: recorded before its deletion,
@@ -191,7 +195,7 @@ class SearchBackoff:
             work,
             provider,
             what,
-            lambda: delete_job_drafts(provider, job.message_id, job.made_drafts, before_deleting),
+            lambda: fence_job(provider, job.message_id, job.made_drafts, before_deleting),
         )
 
     def wait(self, key: str, seconds: float) -> None:
@@ -332,13 +336,13 @@ class Sweep:
         draft can never be sent after the count). The fence is recorded before its first
         deletion (`_fence_first`), the search's answer after it; each on the version
         loaded, or beside a person's check made meanwhile (`_save_beside_facts`)."""
+        fenced = None
         if provider.leaves_drafts:
-            fenced = self._backoff.delete_drafts(
-                work, provider, "fence", _fence_first(work, self._clock)
-            )
+            first = _fence_first(work, self._clock)
+            fenced = self._backoff.delete_drafts(work, provider, "fence", first)
             if fenced is None:
                 return  # no answer (the fence, if recorded, stays: its drafts were listed)
-        result = self._backoff.search(work, provider)
+        result = self._backoff.search(work, provider, fenced)
         if result is None:
             return
         work.now = self._clock()
@@ -688,9 +692,10 @@ class Tidy:
             log.error("job %s: its unsent drafts cannot be deleted: no provider", job.key)
             work.count("errors")
             return
-        deleted = self._backoff.delete_drafts(work, provider, "drafts tidy")
-        if deleted is None:
+        tidied = self._backoff.delete_drafts(work, provider, "drafts tidy")
+        if tidied is None:
             return
+        deleted = tidied.deleted
         at = self._clock()
         # Beside a person's check of the settled job: the next tidy would find nothing to
         # delete, and the trail would say no draft of it was ever left.

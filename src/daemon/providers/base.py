@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, cast
 
 from daemon.providers.outcomes import (
+    Fenced,
     FoundReport,
     ProviderError,
     ReportRead,
@@ -271,30 +272,37 @@ def for_job(provider: Provider, from_addr: str, thread_id: str | None) -> Provid
     return provider.for_job(from_addr, thread_id)
 
 
-def delete_job_drafts(
+def fence_job(
     provider: Provider,
     message_id: str,
     made: Collection[str] = (),
     before_deleting: BeforeDeleting | None = None,
-) -> list[str]:
+) -> Fenced:
     """The job's unsent drafts deleted: on a provider that makes its drafts before the
-    claim, the ones its claims recorded (`made`) by id too. `before_deleting`: as
+    claim, the ones its claims recorded (`made`) by id too, what was read of them kept
+    for the search that follows (`search_job`). `before_deleting`: as
     `Provider.delete_drafts` takes it."""
     first = provider.draft_first()
     if first is not None and made:
         return first.delete_made(message_id, made, before_deleting=before_deleting)
-    return provider.delete_drafts(message_id, before_deleting)
+    return Fenced(provider.delete_drafts(message_id, before_deleting))
 
 
-def search_job(provider: Provider, message_id: str, made: Collection[str] = ()) -> SearchResult:
+def search_job(
+    provider: Provider,
+    message_id: str,
+    made: Collection[str] = (),
+    fenced: Fenced | None = None,
+) -> SearchResult:
     """The job's copies searched (reading only): on a provider that makes its drafts before
     the claim, the copies the drafts its claims recorded (`made`) became, read by id too,
     whichever process made them; a listing by Message-ID may not show them for minutes.
     One piece of code for the daemon's searches and a person's (docs/architecture.md
-    "Microsoft Graph")."""
+    "Microsoft Graph"). `fenced`: the job's fence made just before by the same caller
+    (`fence_job`), whose reads by id are not made again."""
     first = provider.draft_first()
     if first is not None and made:
-        return first.search_made(message_id, made)
+        return first.search_made(message_id, made, fenced)
     return provider.search(message_id)
 
 
@@ -311,7 +319,7 @@ __all__ = [
     "SearchResult",
     "SendKind",
     "SendOutcome",
-    "delete_job_drafts",
+    "fence_job",
     "for_job",
     "search_job",
     "stopped_before_send",

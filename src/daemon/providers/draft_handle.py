@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from daemon.providers.outcomes import ProviderError, SearchResult, SendOutcome
+from daemon.providers.outcomes import Fenced, ProviderError, SearchResult, SendOutcome
 
 #: `Provider.delete_drafts`'s step between its listing and its first deletion: given the
 #: ids listed, it may stop the deletion by raising.
@@ -117,14 +117,18 @@ class DraftFirst(Protocol):
         *,
         filtered: bool = True,
         before_deleting: BeforeDeleting | None = None,
-    ) -> list[str]:
+    ) -> Fenced:
         """`Provider.delete_drafts`, the drafts `draft_ids` (read by id) included; not
-        `filtered`: those alone. The ids deleted. Raises ProviderError when the answer is
-        not known. `before_deleting` as `Provider.delete_drafts` takes it."""
+        `filtered`: those alone. The ids deleted, and what was read of them. Raises
+        ProviderError when the answer is not known. `before_deleting` as
+        `Provider.delete_drafts` takes it."""
         ...
 
-    def search_made(self, message_id: str, draft_ids: Collection[str]) -> SearchResult:
+    def search_made(
+        self, message_id: str, draft_ids: Collection[str], fenced: Fenced | None = None
+    ) -> SearchResult:
         """`Provider.search`, the drafts `draft_ids` (those the job's claims made, read
         by id) counted as copies once they are no drafts any more: a listing by
-        Message-ID may not show such a copy for a while. Reads only."""
+        Message-ID may not show such a copy for a while. Reads only; a draft `fenced`
+        (the fence made just before, in the same sweep) read already is not read again."""
         ...

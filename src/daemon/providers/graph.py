@@ -62,7 +62,7 @@ from daemon.providers.graph_classify import (
 from daemon.providers.graph_reports import KeptListings, read_reports_in
 from daemon.providers.graph_token_http import TokenHttp
 from daemon.providers.mailboxes import IDLE_AFTER, Mailboxes
-from daemon.providers.outcomes import first_copies
+from daemon.providers.outcomes import Fenced, first_copies
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import (
@@ -746,11 +746,17 @@ class GraphProvider(ProviderBase):
     def search(self, message_id: str) -> SearchResult:
         return self.search_in(self._unscoped(), message_id)
 
-    def search_made(self, message_id: str, draft_ids: Collection[str]) -> SearchResult:
-        return self.search_in(self._unscoped(), message_id, draft_ids)
+    def search_made(
+        self, message_id: str, draft_ids: Collection[str], fenced: Fenced | None = None
+    ) -> SearchResult:
+        return self.search_in(self._unscoped(), message_id, draft_ids, fenced)
 
     def search_in(
-        self, mailbox: _Mailbox, message_id: str, recorded: Collection[str] = ()
+        self,
+        mailbox: _Mailbox,
+        message_id: str,
+        recorded: Collection[str] = (),
+        fenced: Fenced | None = None,
     ) -> SearchResult:
         """Every sent copy whose Message-ID header is `message_id`: Sent Items and Deleted
         Items (its hits `in_trash`, searched only when no other copy was found) searched
@@ -763,19 +769,10 @@ class GraphProvider(ProviderBase):
         does, while the index lags. Reads only: a
         human's check may run while the job's send is in flight, and deleting its draft
         then would make that send fail (the engine fences with `delete_drafts` before it
-        counts a lapsed claim's copies).
+        counts a lapsed claim's copies). `fenced`: as `_drafts_sent`.
         """
         literal = filter_value(message_id)
-        hits: dict[str, SearchHit] = {}
-        for draft_id in _made_drafts(mailbox, message_id, recorded):
-            # Before each call, as before each page (`items`): one search is several
-            # calls, and the scope may go to another daemon between two (`next_call`).
-            next_call(f"search {literal}")
-            found = self._message(mailbox, draft_id)
-            if found is not None and found.get("isDraft") is False:
-                hit = self._hit(found, message_id)
-                if hit is not None:
-                    hits.setdefault(hit.provider_message_id, hit)
+        hits = self._drafts_sent(mailbox, message_id, recorded, fenced)
         # Deleted Items too, when nothing else was found: a sent copy its sender deleted
         # was sent (Gmail's search counts trashed copies), but a message received with
         # our Message-ID and deleted lies there as well, so its hits are marked
@@ -800,10 +797,39 @@ class GraphProvider(ProviderBase):
         )
         return SearchResult(query=query, hits=tuple(hits.values()), complete=complete)
 
+    def _drafts_sent(
+        self,
+        mailbox: _Mailbox,
+        message_id: str,
+        recorded: Collection[str],
+        fenced: Fenced | None,
+    ) -> dict[str, SearchHit]:
+        """The copies this process's drafts of `message_id` and those `recorded` became,
+        each read by immutable id, by the copy's id. A draft the fence just before
+        (`fenced`) read as no draft, or deleted for good, is taken as that fence read it:
+        neither can change since. One it found gone, before or under its deletion, is
+        read again: a late send's copy in transit then may be filed now."""
+        hits: dict[str, SearchHit] = {}
+        known = {} if fenced is None else fenced.read
+        for draft_id in _made_drafts(mailbox, message_id, recorded):
+            if draft_id in known:
+                found = known[draft_id]
+            else:
+                # Before each call, as before each page (`items`): one search is several
+                # calls, and the scope may go to another daemon between two (`next_call`).
+                next_call(f"search {filter_value(message_id)}")
+                found = self._message(mailbox, draft_id)
+            if found is not None and found.get("isDraft") is False:
+                hit = self._hit(found, message_id)
+                if hit is not None:
+                    hits.setdefault(hit.provider_message_id, hit)
+        return hits
+
     def delete_drafts(
         self, message_id: str, before_deleting: BeforeDeleting | None = None
     ) -> list[str]:
-        return self.delete_drafts_in(self._unscoped(), message_id, before_deleting=before_deleting)
+        mailbox = self._unscoped()
+        return self.delete_drafts_in(mailbox, message_id, before_deleting=before_deleting).deleted
 
     def draft_first(self) -> DraftFirst:
         return self
@@ -821,7 +847,7 @@ class GraphProvider(ProviderBase):
         *,
         filtered: bool = True,
         before_deleting: BeforeDeleting | None = None,
-    ) -> list[str]:
+    ) -> Fenced:
         return self.delete_drafts_in(
             self._unscoped(),
             message_id,
@@ -838,17 +864,19 @@ class GraphProvider(ProviderBase):
         *,
         filtered: bool = True,
         before_deleting: BeforeDeleting | None = None,
-    ) -> list[str]:
+    ) -> Fenced:
         """Every draft of `message_id` that is still a draft, deleted, so it can never be
         sent: this process's and those the job's claims recorded (`recorded`, another
         daemon's too), read by immutable id, and (`filtered`) those `$filter` finds in
         Drafts whose header is exactly ours (a lagging index may not list one yet), each
         one deleted only once `before_deleting` has taken the list. The
-        ids deleted (one already gone is not counted). Not `filtered`, only `recorded`:
-        a claim not saved deletes its own draft, not the one of the claim that won,
-        whose send may be under way."""
+        ids deleted (one already gone is not counted), and what was read by id that
+        the search after the fence need not read again (`Fenced.read`). Not
+        `filtered`, only `recorded`: a claim not saved deletes its own draft, not the
+        one of the claim that won, whose send may be under way."""
         literal = filter_value(message_id)
         candidates: list[str] = []
+        read: dict[str, dict[str, Any] | None] = {}
         mine = mailbox.drafts(message_id)
         ids = _made_drafts(mailbox, message_id, recorded) if filtered else list(recorded)
         for draft_id in ids:
@@ -862,6 +890,8 @@ class GraphProvider(ProviderBase):
                 mailbox.remember(message_id, draft_id)
             if found is not None and found.get("isDraft") is True:
                 candidates.append(draft_id)
+            elif found is not None:
+                read[draft_id] = found  # no draft: a copy stays one, whatever comes after
         # Deleted Items too: a draft deleted there (by a person, or by an earlier
         # release's fence) can still be sent by its id.
         for folder in (DRAFTS, DELETED_ITEMS) if filtered else ():
@@ -887,7 +917,8 @@ class GraphProvider(ProviderBase):
             next_call(f"delete drafts {literal}")
             if self._fence(mailbox, message_id, draft_id):
                 deleted.append(draft_id)
-        return deleted
+                read[draft_id] = None  # deleted for good: no late send can make it a copy
+        return Fenced(deleted, read)
 
     def ping(self) -> None:
         self.ping_as(self._unscoped())
@@ -914,7 +945,7 @@ class GraphProvider(ProviderBase):
         )
 
     @staticmethod
-    def _hit(found: dict[str, Any], message_id: str, in_trash: bool = False) -> SearchHit | None:
+    def _hit(found: Mapping[str, Any], message_id: str, in_trash: bool = False) -> SearchHit | None:
         """The message as a copy (`in_trash`: listed in Deleted Items); None when its
         Message-ID is not exactly ours."""
         provider_id, header = found.get("id"), found.get("internetMessageId")
@@ -1079,15 +1110,17 @@ class GraphMailboxView(ProviderBase):
     def search(self, message_id: str) -> SearchResult:
         return self.provider.search_in(self.mailbox, message_id)
 
-    def search_made(self, message_id: str, draft_ids: Collection[str]) -> SearchResult:
-        return self.provider.search_in(self.mailbox, message_id, draft_ids)
+    def search_made(
+        self, message_id: str, draft_ids: Collection[str], fenced: Fenced | None = None
+    ) -> SearchResult:
+        return self.provider.search_in(self.mailbox, message_id, draft_ids, fenced)
 
     def delete_drafts(
         self, message_id: str, before_deleting: BeforeDeleting | None = None
     ) -> list[str]:
         return self.provider.delete_drafts_in(
             self.mailbox, message_id, before_deleting=before_deleting
-        )
+        ).deleted
 
     def draft_first(self) -> DraftFirst:
         return self
@@ -1105,7 +1138,7 @@ class GraphMailboxView(ProviderBase):
         *,
         filtered: bool = True,
         before_deleting: BeforeDeleting | None = None,
-    ) -> list[str]:
+    ) -> Fenced:
         return self.provider.delete_drafts_in(
             self.mailbox, message_id, draft_ids, filtered=filtered, before_deleting=before_deleting
         )

@@ -6,10 +6,11 @@ share them, and none of them imports another for them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from ledger.characters import storable
 from ledger.copies import COPIES_KEPT, TRASHED_ID
@@ -191,6 +192,21 @@ def first_copies(read: Iterable[SearchHit | None], what: str) -> tuple[list[Sear
 
 
 @dataclass(frozen=True)
+class Fenced:
+    """What a fence of a job's drafts did (`DraftFirst.delete_made`): the ids deleted, and
+    what it read by id that the search right after it takes instead of reading again
+    (`DraftFirst.search_made`). Opaque to the engine, which hands it on as it came."""
+
+    deleted: list[str]
+    #: Per draft id, its last read: the message (no draft any more: a copy, or another
+    #: message's) or None (deleted for good by this fence: no copy can come of it). A draft
+    #: the fence found gone, or lost to a late send under its deletion, is not here: a copy
+    #: in transit may be filed by the time the search reads it (docs/architecture.md
+    #: "Microsoft Graph").
+    read: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class FoundReport:
     """A message of the mailbox that may be a delivery report, as the provider read it:
     its bytes, or None when it was not read: larger than the caller's limit, or of a
@@ -251,6 +267,7 @@ class ProviderError(SendledgerError):
 __all__ = [
     "SEARCH_READS_MAX",
     "SEARCH_STOPS_AT",
+    "Fenced",
     "FoundReport",
     "ProviderError",
     "ReportRead",

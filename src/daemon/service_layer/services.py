@@ -29,11 +29,12 @@ from daemon.providers.base import (
     ProviderError,
     SearchHit,
     SearchResult,
-    delete_job_drafts,
+    fence_job,
     for_job,
     search_job,
 )
 from daemon.providers.draft_handle import Draft, DraftStatus
+from daemon.providers.outcomes import Fenced
 from daemon.service_layer.guidance import (
     RESEND_NEEDS_NOTE,
     SENT_NEEDS_NOTE,
@@ -660,10 +661,13 @@ class Services:
         """The job's Message-ID searched in its sender's mailbox now (reading only)."""
         return self._with_provider(job, lambda provider: self._searched(provider, job))
 
-    def _searched(self, provider: Provider, job: SendJob) -> SearchResult:
+    def _searched(
+        self, provider: Provider, job: SendJob, fenced: Fenced | None = None
+    ) -> SearchResult:
         # The copies the job's recorded drafts became counted as the daemon counts them
-        # (`search_job`): a fresh process remembers no draft, and the index may lag.
-        found = search_job(provider, job.message_id, job.made_drafts)
+        # (`search_job`): a fresh process remembers no draft, and the index may lag. After
+        # a resend's fence (`fenced`), the drafts it read by id are not read again.
+        found = search_job(provider, job.message_id, job.made_drafts, fenced)
         if self.on_search is not None:
             try:
                 self.on_search(found.count)
@@ -698,19 +702,20 @@ class Services:
         refuses the resend until `search_after` past it)."""
 
         def fenced(provider: Provider) -> SearchResult | None:
+            fence = None
             if provider.leaves_drafts:
                 recorded = _recorded_draft(provider, job)
-                deleted = delete_job_drafts(
+                fence = fence_job(
                     provider,
                     job.message_id,
                     job.made_drafts,  # all: one recorded deleted may not be (a fence's)
                     lambda listed: self._begin_fence(job, recorded, listed),
                 )
-                if recorded is not None and recorded.draft_id not in deleted:
+                if recorded is not None and recorded.draft_id not in fence.deleted:
                     sent = _fence_recorded_draft(provider, recorded)
                     if sent is not None:
                         return None if sent is DRAFT_GONE else sent
-            return self._searched(provider, job)
+            return self._searched(provider, job, fence)
 
         return self._with_provider(job, fenced)
 
