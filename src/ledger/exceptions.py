@@ -67,7 +67,9 @@ so a user's program runs it without the daemon's packages.
                ├── RewriteFailed                         ledger/stores/purge.py
                ├── EventKeyMissing                       ledger/stores/cipher.py
                ├── ProviderError                         daemon/providers/outcomes.py
-               │    └── DraftRefused                     daemon/providers/draft_handle.py
+               │    ├── DraftRefused                     daemon/providers/draft_handle.py
+               │    └── DeleteRefused                    daemon/providers/outcomes.py: a
+               │                                         draft's deletion refused for good
                ├── HistoryTooOld                         daemon/providers/history_handle.py: an
                │                                         answer (the search decides), never shown
                ├── TransportFailure (httplib2's too)     daemon/providers/transport.py

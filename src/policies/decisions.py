@@ -311,7 +311,8 @@ def draft_out_of_reach(policy: ChannelPolicy) -> Review:
     provider no longer sends through drafts (`send_via` changed since): the draft can be
     neither asked nor deleted before the copies are counted, and a search made at once
     (the draft's rule) or missing a call still out would be believed, and the job sent
-    twice: a human decides, on every channel."""
+    twice: a human decides, on every channel. So too when the provider refuses for good
+    to delete a draft of the job's (Graph under a hold: `DeleteRefused`)."""
     return Review(policy.ref, EscalationReason.UNKNOWN_OUTCOME)
 
 

@@ -27,6 +27,15 @@ on it:
   moves an item (201); `late_send_on_delete` holds ids of drafts whose send, in flight
   from another client, lands just before a DELETE of them (the race a fence loses), and
   `late_send_before_purge` just before a DELETE of them in Deleted Items;
+- `recoverable_items`: a DELETE in Deleted Items moves the item to Recoverable Items
+  (`recoverableitemsdeletions`, where Exchange Online keeps it for its deleted item
+  retention, for good under a hold) instead of removing it: a GET by its immutable id
+  still answers it there, a send of it is 404, and a DELETE of it is refused, 403
+  `ErrorCannotDeleteObject` (Graph's "you may not be able to delete items in the
+  recoverable items deletions folder"); `refuse_delete` maps an immutable id to the
+  (status, code) every DELETE of it is answered with, the item left where it is (a hold
+  or a retention label on one draft); `GET mailFolders/{name}` answers a well-known
+  folder's id;
 - `rewrite_message_id` replaces the Message-ID of each message sent (both paths), to test
   a client's defence against a provider that does;
 - `filter_ignores_case` makes `internetMessageId eq '...'` compare without case, as
@@ -83,7 +92,8 @@ DEFAULT_CLIENT_SECRET = "emulator-secret"
 DRAFTS = "drafts"
 DELETED_ITEMS = "deleteditems"
 SENT_ITEMS = "sentitems"
-FOLDERS = frozenset({DRAFTS, SENT_ITEMS, "inbox", "deleteditems"})
+RECOVERABLE_ITEMS = "recoverableitemsdeletions"
+FOLDERS = frozenset({DRAFTS, SENT_ITEMS, "inbox", "deleteditems", RECOVERABLE_ITEMS})
 DEFAULT_TOP = 10
 MAX_TOP = 1000
 IMMUTABLE = re.compile(r'idtype\s*=\s*"?immutableid"?', re.IGNORECASE)
@@ -199,6 +209,10 @@ class GraphEmulator(LoopbackService):
         self.late_send_on_delete: set[str] = set()
         # The same, for a DELETE of the draft in Deleted Items (the one that is for good).
         self.late_send_before_purge: set[str] = set()
+        # A DELETE in Deleted Items moves the item to Recoverable Items (the module docstring).
+        self.recoverable_items = False
+        # Immutable id -> (status, code) of every DELETE of it: refused, nothing moved.
+        self.refuse_delete: dict[str, tuple[int, str]] = {}
         # An application access policy: None lets the app reach every mailbox.
         self.mailboxes = None if mailboxes is None else {m.lower() for m in mailboxes}
         # Graph allows 4 requests in flight per app and mailbox; more are answered 429.
@@ -695,6 +709,8 @@ class GraphEmulator(LoopbackService):
                 return self._move(user, rest[1], body, immutable)
             if rest == ["messages"] and method == "GET":
                 return self._list(user, None, params, immutable)
+            if len(rest) == 2 and rest[0] == "mailFolders" and method == "GET":
+                return self._folder(rest[1].lower())
             if len(rest) == 3 and rest[0] == "mailFolders" and rest[2] == "messages":
                 if method != "GET":
                     raise GraphError(405, "MethodNotAllowed", "GET expected")
@@ -719,9 +735,16 @@ class GraphEmulator(LoopbackService):
         item = self._store_draft(user, self._mime(headers, body))
         return _json(201, self._resource(item, immutable=immutable))
 
+    @staticmethod
+    def _folder(name: str) -> Response:
+        """A well-known folder: its id is its name here, as its items' `parentFolderId`."""
+        if name not in FOLDERS:
+            raise GraphError(404, "ErrorInvalidIdMalformed", f"unknown folder {name!r}")
+        return _json(200, {"id": name, "displayName": name})
+
     def _send(self, user: str, ident: str, immutable: bool) -> Response:
         item = self._find(user, ident, immutable)
-        if item is None or item.folder is None:
+        if item is None or item.folder in (None, RECOVERABLE_ITEMS):
             raise GraphError(
                 404, "ErrorItemNotFound", "The specified object was not found in the store."
             )
@@ -751,14 +774,22 @@ class GraphEmulator(LoopbackService):
         late = self.late_send_on_delete
         if item is not None and item.folder == DELETED_ITEMS:
             late = self.late_send_before_purge
-        if item is not None and item.immutable_id in late and item.is_draft:
+        if item is not None and item.immutable_id in late and item.folder != RECOVERABLE_ITEMS:
             late.discard(item.immutable_id)
             self._dispatch(item, "send", item.raw)  # another client's send lands first
         if item is None or item.folder is None:
             raise GraphError(
                 404, "ErrorItemNotFound", "The specified object was not found in the store."
             )
-        if item.folder == DELETED_ITEMS:
+        refused = self.refuse_delete.get(item.immutable_id)
+        if refused is not None:
+            raise GraphError(refused[0], refused[1], "Access is denied. Check credentials.")
+        if item.folder == RECOVERABLE_ITEMS:
+            raise GraphError(403, "ErrorCannotDeleteObject", "Object cannot be deleted.")
+        if item.folder == DELETED_ITEMS and self.recoverable_items:
+            item.folder = RECOVERABLE_ITEMS  # kept for the retention period, still read by id
+            item.rest_id = self._new_id()
+        elif item.folder == DELETED_ITEMS:
             self._items.remove(item)  # deleted from Deleted Items: for good
         else:
             item.folder = DELETED_ITEMS  # Graph's DELETE moves it there; a draft stays one

@@ -1541,3 +1541,127 @@ def test_a_sweep_reads_each_recorded_draft_by_id_no_more_than_its_fence_does(
         ]  # fmt: skip
         assert by_id.count("GET") == reads, graph.requests[before:]
     assert logged_copies(accept_log, message_id) == (1 if state == "confirmed" else 0)
+
+
+def test_a_draft_a_fence_left_in_recoverable_items_holds_back_no_later_attempt_or_sweep(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """A fence's DELETE from Deleted Items puts the draft in Recoverable Items, where
+    Exchange Online keeps it and a GET by its immutable id still answers it, a draft, and
+    where Graph refuses to delete it (403 ErrorCannotDeleteObject). Every later fence,
+    and the tidy before the next attempt's send, read each recorded draft by id: before,
+    they took that draft for one still to delete, its DELETE was refused, and the next
+    attempt was refused in turn (not sent, again at every try) and the sweep failed at
+    every return. A draft read in Recoverable Items is fenced already: the attempts after
+    it go ahead, the sweeps settle, one copy in the end."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.vocabulary import JobState
+
+    graph.recoverable_items = True
+    a = provider()
+    receipts = policy("receipts", on_unknown="retry", confirm_misses=1)
+    with EngineRig(receipts, provider=lambda clock: cast(FakeProvider, a)) as rig:
+        message_id = rig.submit("receipts", "k1")
+        for attempt in (1, 2):  # each send lost before it reached Graph: Unknown
+            relay.set_plan(FaultPlan(send=["fail-before-forward"]))
+            assert rig.advance_and_tick(60).unknown == 1, rig.events("k1")
+            relay.set_plan(FaultPlan())
+            rig.advance_and_tick(60)  # the sweep: its fence, a miss, requeued
+            assert rig.job("k1").state is JobState.REQUESTED, rig.events("k1")
+            assert len(graph.folder(MAILBOX, "recoverableitemsdeletions")) == attempt
+        rig.advance_and_tick(60)
+        assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
+    for left in graph.folder(MAILBOX, "recoverableitemsdeletions"):
+        assert graph.send_draft(MAILBOX, left["id"]) == 404  # a late call sends nothing
+    assert logged_copies(accept_log, message_id) == 1
+
+
+def test_a_draft_graph_refuses_to_delete_sends_the_job_to_review_saying_which(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """A hold or a retention label on the job's unsent draft in Drafts: Graph answers it by
+    id and refuses its DELETE (403), now and at every try. Before, the sweep's fence
+    failed at each return (an error, the job Unknown for ever, its draft still sendable
+    by a late call). The sweep now sends the job to review at once, naming the draft and
+    Graph's answer, with nothing sent."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.job import SendJob
+    from ledger.vocabulary import JobState
+
+    a = provider()
+    receipts = policy("receipts", on_unknown="retry", confirm_misses=1)
+    with EngineRig(receipts, provider=lambda clock: cast(FakeProvider, a)) as rig:
+        left = _draft_of_a_send_never_made(rig, relay, graph)
+        graph.refuse_delete[left] = (403, "ErrorAccessDenied")
+        rig.advance_and_tick(60)  # the sweep: its fence refused
+        assert rig.job("k1").state is JobState.REVIEW, rig.events("k1")
+        [escalated] = [e for e in rig.ledger.history("k1") if isinstance(e, SendJob.Escalated)]
+        assert left in escalated.detail and "HTTP 403: ErrorAccessDenied" in escalated.detail
+        assert "delete it in the mailbox" in escalated.detail, escalated.detail
+    assert [m["id"] for m in graph.folder(MAILBOX, "drafts")] == [left]
+    assert logged_copies(accept_log) == 0
+
+
+def test_the_tidy_of_a_final_job_whose_draft_graph_refuses_to_delete_ends(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """A person abandons the job whose draft Graph refuses to delete (a hold): its tidy,
+    due `search_after` later, met the refusal and failed at every return, an error each
+    time for ever. No attempt of a final job follows, so the tidy now ends at the first
+    refusal, the draft named in the daemon's log (one error), and is not tried again."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from daemon.service_layer.services import ChannelPolicies, Services
+    from ledger.vocabulary import JobState, Resolution
+
+    a = provider()
+    legal = policy("legal", on_unknown="review", search_after="60s")
+    with EngineRig(legal, provider=lambda clock: cast(FakeProvider, a)) as rig:
+        rig.submit("legal", "k1")
+        relay.set_plan(FaultPlan(send=["fail-before-forward"]))
+        rig.tick()
+        relay.set_plan(FaultPlan())
+        [left] = rig.job("k1").made_drafts
+        graph.refuse_delete[left] = (403, "ErrorCannotDeleteObject")
+        door = Services(
+            rig.ledger,
+            lambda: ChannelPolicies(rig.policies),
+            providers=lambda _: nullcontext(provider()),
+            draft_providers=frozenset({rig.job("k1").last_provider or ""}),
+        )
+        door.resolve("k1", Resolution.ABANDON, note="on hold", by="alice")
+        assert rig.job("k1").tidy_at is not None, rig.events("k1")
+        assert rig.job("k1").state is JobState.ABANDONED, rig.events("k1")
+        rig.clock.advance(61)
+        rig.tick(errors=1)  # the tidy: refused, named once
+        assert rig.job("k1").tidy_at is None, rig.events("k1")
+        assert rig.events("k1")[-1] == "DraftsDeleted"
+        rig.advance_and_tick(120)  # not tried again
+    assert [m["id"] for m in graph.folder(MAILBOX, "drafts")] == [left]
+    assert logged_copies(accept_log) == 0
+
+
+def test_an_earlier_draft_graph_refuses_to_delete_is_a_refusal_for_good_of_the_next_send(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """The next attempt deletes the drafts of earlier ones before its send. A draft Graph
+    refuses to delete (a hold) was taken for one that could not be checked now: Rejected,
+    transient, the same refusal at every try. Sent beside it, this attempt's copy could be
+    the second one, so nothing is sent and the refusal is for good (a person decides),
+    naming the draft."""
+    graph_provider = provider()
+    graph_provider.search("<warm-up@x>")  # discovery and token first: "other" is ours now
+    relay.set_plan(FaultPlan(send=["429"], other=["pass", "fail-before-forward"]))
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.REJECTED  # draft left
+    relay.set_plan(FaultPlan())
+    [left] = [m["id"] for m in graph.folder(MAILBOX, "drafts")]
+    graph.refuse_delete[left] = (403, "ErrorCannotDeleteObject")
+    outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is SendKind.REJECTED and not outcome.transient, outcome
+    assert left in outcome.reason and "cannot be deleted" in outcome.reason, outcome
+    assert logged_copies(accept_log) == 0

@@ -59,7 +59,7 @@ from daemon.providers.draft_handle import (
     DraftStatus,
 )
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
-from daemon.providers.outcomes import Fenced
+from daemon.providers.outcomes import DeleteRefused, Fenced
 from ledger.application import ConcurrentUpdate
 from ledger.copies import copies_found
 from ledger.decision_types import (
@@ -234,6 +234,8 @@ class SearchBackoff:
         try:
             with self._circuits.call(scope, self._clock), calls_while(may_go_on):
                 result = call()
+        except DeleteRefused:
+            raise  # an answer, and the same at every try: the caller decides on it
         except ScopeLost:
             # Stopped between two of its calls (Graph's search and draft deletion make
             # several): no answer, no failure of the provider's; its new owner does it.
@@ -338,8 +340,7 @@ class Sweep:
         loaded, or beside a person's check made meanwhile (`_save_beside_facts`)."""
         fenced = None
         if provider.leaves_drafts:
-            first = _fence_first(work, self._clock)
-            fenced = self._backoff.delete_drafts(work, provider, "fence", first)
+            fenced = self._fence_drafts(work, provider, policy)
             if fenced is None:
                 return  # no answer (the fence, if recorded, stays: its drafts were listed)
         result = self._backoff.search(work, provider, fenced)
@@ -382,6 +383,28 @@ class Sweep:
                 copies_found(result.count, result.complete),
                 type(decided[0]).__name__,
             )
+
+    def _fence_drafts(self, work: Work, provider: Provider, policy: ChannelPolicy) -> Fenced | None:
+        """The job's unsent drafts deleted before its copies are counted; None when there
+        is no answer, or when the provider refuses to delete one for good (a hold, a
+        retention label: `DeleteRefused`): that draft may still be sent by a late call,
+        which the search would miss, and every sweep would meet the same refusal, so the
+        job goes to review, saying which draft to delete (docs/architecture.md
+        "Microsoft Graph")."""
+        try:
+            return self._backoff.delete_drafts(
+                work, provider, "fence", _fence_first(work, self._clock)
+            )
+        except DeleteRefused as refused:
+            work.now = self._clock()
+            work.to_review(
+                decisions.draft_out_of_reach(policy),
+                f"{refused.reason}; a late call may still send it, and a search would miss"
+                " that copy: delete it in the mailbox (a hold or a retention label may keep"
+                " it), then resend the job, or abandon it",
+            )
+            log.warning("job %s: to review: %s", work.job.key, quoted(refused.reason))
+            return None
 
     def _read_history(self, work: Work, provider: Provider, policy: ChannelPolicy) -> None:
         """The mailbox's history since the claim, as events: Confirmed via history (one
@@ -692,7 +715,14 @@ class Tidy:
             log.error("job %s: its unsent drafts cannot be deleted: no provider", job.key)
             work.count("errors")
             return
-        tidied = self._backoff.delete_drafts(work, provider, "drafts tidy")
+        try:
+            tidied = self._backoff.delete_drafts(work, provider, "drafts tidy")
+        except DeleteRefused as refused:
+            # No attempt of a final job follows: the tidy ends, the drafts it could not
+            # delete named once, not tried at every return for ever.
+            log.error("job %s: unsent draft left in the mailbox: %s", job.key, refused.reason)
+            work.count("errors")
+            tidied = Fenced(refused.deleted)
         if tidied is None:
             return
         deleted = tidied.deleted

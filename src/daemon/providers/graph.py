@@ -62,7 +62,7 @@ from daemon.providers.graph_classify import (
 from daemon.providers.graph_reports import KeptListings, read_reports_in
 from daemon.providers.graph_token_http import TokenHttp
 from daemon.providers.mailboxes import IDLE_AFTER, Mailboxes
-from daemon.providers.outcomes import Fenced, first_copies
+from daemon.providers.outcomes import DeleteRefused, Fenced, first_copies
 from daemon.providers.per_thread import PerThreadHttp
 from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import (
@@ -84,6 +84,10 @@ SENT_ITEMS = "sentitems"
 #: Where a sent copy its sender deleted is: still a copy (`search_in`).
 DELETED_ITEMS = "deleteditems"
 DRAFTS = "drafts"
+#: Where a draft deleted from Deleted Items lies (its well-known name), still read by id.
+RECOVERABLE_ITEMS = "recoverableitemsdeletions"
+#: A DELETE's 4xx that may be answered otherwise later: the rest are refusals for good.
+_REFUSED_FOR_NOW = frozenset({401, 404, 408, 409, 412, 429})
 log = logging.getLogger("sendledger.providers.graph")
 
 #: What deleting a draft came to (`GraphProvider._delete`).
@@ -212,6 +216,8 @@ class _Mailbox:
         # Oldest first; bounded, because forgetting one only loses the fast path (the
         # $filter still finds the copy) while keeping all would grow without end.
         self._drafts: OrderedDict[str, list[str]] = OrderedDict()
+        #: The id of its Recoverable Items folder once asked ("": it has none).
+        self.recoverable: str | None = None
 
     def remember(self, message_id: str | None, draft_id: str) -> None:
         if message_id is not None:
@@ -451,30 +457,33 @@ class GraphProvider(ProviderBase):
         path = f"/messages/{quote(provider_id, safe='')}?$select={_SELECT}"
         return self._get_json(f"get {provider_id}", mailbox, path)
 
-    def _delete_once(self, mailbox: _Mailbox, draft_id: str) -> int | None:
-        """One DELETE by immutable id: its HTTP status, or None when no answer came."""
+    def _delete_once(self, mailbox: _Mailbox, draft_id: str) -> tuple[int, str] | None:
+        """One DELETE by immutable id: its HTTP status and, refused, what Graph said; None
+        when no answer came."""
         try:
-            status, _, _ = self._request(mailbox, "DELETE", f"/messages/{quote(draft_id, safe='')}")
+            status, headers, body = self._request(
+                mailbox, "DELETE", f"/messages/{quote(draft_id, safe='')}"
+            )
         except Exception:
             return None
-        return status
+        refused = not 200 <= status < 300 and status != 404
+        return status, read_error("DELETE", status, headers, body).reason if refused else ""
 
-    def _delete(self, mailbox: _Mailbox, draft_id: str) -> str | int | None:
+    def _delete(self, mailbox: _Mailbox, draft_id: str) -> str | tuple[int, str] | None:
         """Delete a draft read as one, for good: `DELETED`; `GONE` (404: gone already, or
         a late send took it and it is in transit); `SENT` (a late send took it before the
         DELETE: under its immutable id the item moved was the sent copy, now put back in
-        Sent Items); else the HTTP status that refused it, or None when no answer came.
+        Sent Items); else the HTTP status that refused it and what Graph said, or None
+        when no answer came.
 
         Graph's DELETE moves an item to Deleted Items, where a draft is still a draft that
         a send by its immutable id sends (a stalled attempt's call landing late): no fence.
         So what was moved is read back: a draft is deleted again, which from Deleted Items
         is for good (read back once more: a copy a late send filed meanwhile is what that
         DELETE moved); a sent copy goes back to Sent Items, where searches count it."""
-        status = self._delete_once(mailbox, draft_id)
-        if status == 404:
-            return GONE
-        if status is None or not 200 <= status < 300:
-            return status
+        answer = self._delete_once(mailbox, draft_id)
+        if answer is None or answer[0] == 404 or not 200 <= answer[0] < 300:
+            return GONE if answer is not None and answer[0] == 404 else answer
         try:
             found = self._message(mailbox, draft_id)
         except ProviderError:
@@ -484,11 +493,9 @@ class GraphProvider(ProviderBase):
         if found.get("isDraft") is not True:
             self._restore(mailbox, draft_id)
             return SENT
-        status = self._delete_once(mailbox, draft_id)
-        if status == 404:
-            return GONE
-        if status is None or not 200 <= status < 300:
-            return status
+        answer = self._delete_once(mailbox, draft_id)
+        if answer is None or answer[0] == 404 or not 200 <= answer[0] < 300:
+            return GONE if answer is not None and answer[0] == 404 else answer
         # From Deleted Items that DELETE is for good, unless a late send took the draft
         # since the read and Graph filed the copy: then it moved the copy there.
         try:
@@ -675,6 +682,8 @@ class GraphProvider(ProviderBase):
                 tidied = True
                 found = self._message(mailbox, draft_id)
                 if found is not None and found.get("isDraft") is True:
+                    if self._recoverable(mailbox, found):
+                        continue  # fenced before: as deleted as Graph makes it
                     if not self._fence(mailbox, message_id, draft_id):
                         # A late send took it between the read and the DELETE (its copy
                         # moved back to Sent Items, or in transit): another would be a
@@ -691,6 +700,10 @@ class GraphProvider(ProviderBase):
                     )
             except ScopeLost as lost:
                 return stopped_before_send(lost)
+            except DeleteRefused as exc:
+                # Refused for good: sent now, this attempt's copy might be the second one
+                # that draft makes; tried again, refused again. A person decides.
+                return SendOutcome(SendKind.REJECTED, f"not sent: {exc.reason}")
             except ProviderError as exc:
                 return SendOutcome(
                     SendKind.REJECTED,
@@ -889,7 +902,10 @@ class GraphProvider(ProviderBase):
                 # a late send's copy counted.
                 mailbox.remember(message_id, draft_id)
             if found is not None and found.get("isDraft") is True:
-                candidates.append(draft_id)
+                if self._recoverable(mailbox, found):
+                    read[draft_id] = None  # fenced before: as deleted as Graph makes it
+                else:
+                    candidates.append(draft_id)
             elif found is not None:
                 read[draft_id] = found  # no draft: a copy stays one, whatever comes after
         # Deleted Items too: a draft deleted there (by a person, or by an earlier
@@ -910,14 +926,20 @@ class GraphProvider(ProviderBase):
         to_delete = list(dict.fromkeys(candidates))
         if before_deleting is not None:
             before_deleting(to_delete)
-        deleted = []
+        deleted: list[str] = []
+        refused: list[str] = []
         for draft_id in to_delete:
             # Not inside one fence (a DELETE, a read, maybe a second DELETE): stopped
             # there, the draft would be left in Deleted Items, still sendable.
             next_call(f"delete drafts {literal}")
-            if self._fence(mailbox, message_id, draft_id):
-                deleted.append(draft_id)
-                read[draft_id] = None  # deleted for good: no late send can make it a copy
+            try:
+                if self._fence(mailbox, message_id, draft_id):
+                    deleted.append(draft_id)
+                    read[draft_id] = None  # deleted for good: no late send makes it a copy
+            except DeleteRefused as exc:
+                refused.append(exc.reason)  # the others deleted all the same
+        if refused:
+            raise DeleteRefused("; ".join(refused), deleted=deleted)
         return Fenced(deleted, read)
 
     def ping(self) -> None:
@@ -939,10 +961,31 @@ class GraphProvider(ProviderBase):
             return True
         if deleted in (GONE, SENT):
             return False
-        raise ProviderError(
-            f"delete unsent draft {draft_id}: "
-            + ("no answer" if deleted is None else f"HTTP {deleted}")
-        )
+        if deleted is None or isinstance(deleted, str):
+            raise ProviderError(f"delete unsent draft {draft_id}: no answer")
+        status, said = deleted
+        if 400 <= status < 500 and status not in _REFUSED_FOR_NOW:
+            # Asked again, Graph answers the same (a hold, a retention label, the app's
+            # access): left to be retried, the job's sweep would fail at every return.
+            raise DeleteRefused(f"the unsent draft {draft_id} cannot be deleted: {said}")
+        raise ProviderError(f"delete unsent draft {draft_id}: {said}")
+
+    def _recoverable(self, mailbox: _Mailbox, found: Mapping[str, Any]) -> bool:
+        """Whether a draft read by id lies in Recoverable Items, where a fence's DELETE
+        from Deleted Items put it (`_delete`: as deleted as Graph makes it): no send takes
+        it from there, and Graph refuses to delete it again (403, "you may not be able to
+        delete items in the recoverable items deletions folder"), so it is fenced. The
+        folder's id is asked once per mailbox (by its well-known name), as a part of the
+        draft's read: no `next_call` between the read and the fence it decides."""
+        folder = found.get("parentFolderId")
+        if not isinstance(folder, str) or not folder:
+            return False
+        if mailbox.recoverable is None:
+            what = f"get folder {RECOVERABLE_ITEMS}"
+            answer = self._get_json(what, mailbox, f"/mailFolders/{RECOVERABLE_ITEMS}?$select=id")
+            known = None if answer is None else answer.get("id")
+            mailbox.recoverable = known if isinstance(known, str) and known else ""
+        return folder == mailbox.recoverable
 
     @staticmethod
     def _hit(found: Mapping[str, Any], message_id: str, in_trash: bool = False) -> SearchHit | None:

@@ -264,9 +264,22 @@ class ProviderError(SendledgerError):
         self.progressed = False
 
 
+class DeleteRefused(ProviderError):
+    """Drafts the provider still holds, read by their ids, whose deletion it refused and
+    would refuse again (a 4xx such as 403: a hold or a retention label on them, the
+    application's access): a late call may still send them, and trying again does not
+    help, so a fence that meets one cannot be made (`Sweep` sends the job to review,
+    docs/architecture.md "Microsoft Graph"). `deleted`: the job's drafts it did delete."""
+
+    def __init__(self, reason: str, *, deleted: Iterable[str] = ()) -> None:
+        super().__init__(reason)
+        self.deleted = list(deleted)
+
+
 __all__ = [
     "SEARCH_READS_MAX",
     "SEARCH_STOPS_AT",
+    "DeleteRefused",
     "Fenced",
     "FoundReport",
     "ProviderError",
