@@ -389,8 +389,8 @@ class Sweep:
         is no answer, or when the provider refuses to delete one for good (a hold, a
         retention label: `DeleteRefused`): that draft may still be sent by a late call,
         which the search would miss, and every sweep would meet the same refusal, so the
-        job goes to review, saying which draft to delete (docs/architecture.md
-        "Microsoft Graph")."""
+        job goes to review, saying which draft to delete (docs/providers.md "Deleting a
+        draft: Deleted Items, and the late send")."""
         try:
             return self._backoff.delete_drafts(
                 work, provider, "fence", _fence_first(work, self._clock)

@@ -269,7 +269,8 @@ class DeleteRefused(ProviderError):
     would refuse again (a 4xx such as 403: a hold or a retention label on them, the
     application's access): a late call may still send them, and trying again does not
     help, so a fence that meets one cannot be made (`Sweep` sends the job to review,
-    docs/architecture.md "Microsoft Graph"). `deleted`: the job's drafts it did delete."""
+    docs/providers.md "Deleting a draft: Deleted Items, and the late send"). `deleted`:
+    the job's drafts it did delete."""
 
     def __init__(self, reason: str, *, deleted: Iterable[str] = ()) -> None:
         super().__init__(reason)
