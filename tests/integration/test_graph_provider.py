@@ -1665,3 +1665,45 @@ def test_an_earlier_draft_graph_refuses_to_delete_is_a_refusal_for_good_of_the_n
     assert outcome.kind is SendKind.REJECTED and not outcome.transient, outcome
     assert left in outcome.reason and "cannot be deleted" in outcome.reason, outcome
     assert logged_copies(accept_log) == 0
+
+
+def test_a_persons_resend_reads_each_recorded_draft_by_id_once(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """A person's resend fences the job's drafts and then searches, as the sweep does: the
+    fence read the recorded draft by id and the search read it again. The search takes
+    what the fence read: one GET of the draft's id, which finds it the copy a send whose
+    answer was lost made, and the resend is refused on that copy."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from daemon.service_layer.problems import ServiceError
+    from daemon.service_layer.services import ChannelPolicies, Services
+    from ledger.vocabulary import JobState, Resolution
+
+    graph.set_lag(3600)  # `$filter` shows no copy: only the read by id counts it
+    a, door_provider = provider(), provider()
+    legal = policy("legal", on_unknown="review", search_after="60s")
+    with EngineRig(legal, provider=lambda clock: cast(FakeProvider, a)) as rig:
+        message_id = rig.submit("legal", "k1")
+        relay.set_plan(FaultPlan(send=["drop-response"]))
+        rig.tick()
+        relay.set_plan(FaultPlan())
+        assert rig.job("k1").state is JobState.REVIEW, rig.events("k1")
+        [draft] = rig.job("k1").made_drafts
+        rig.clock.advance(61)
+        door = Services(
+            rig.ledger,
+            lambda: ChannelPolicies(rig.policies),
+            providers=lambda _: nullcontext(door_provider),
+        )
+        before = len(graph.requests)
+        with pytest.raises(ServiceError):
+            door.resolve("k1", Resolution.RESEND, note="not in Sent", by="alice")
+        by_id = [
+            method for method, path in graph.requests[before:]
+            if path.endswith("/messages/" + quote(draft, safe=""))
+        ]  # fmt: skip
+        assert by_id == ["GET"], graph.requests[before:]
+        assert rig.job("k1").state is JobState.REVIEW, rig.events("k1")
+    assert logged_copies(accept_log, message_id) == 1
