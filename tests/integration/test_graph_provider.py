@@ -1707,3 +1707,30 @@ def test_a_persons_resend_reads_each_recorded_draft_by_id_once(
         assert by_id == ["GET"], graph.requests[before:]
         assert rig.job("k1").state is JobState.REVIEW, rig.events("k1")
     assert logged_copies(accept_log, message_id) == 1
+
+
+def test_a_draft_a_person_deleted_is_fenced_by_one_delete_into_recoverable_items(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """The job's draft was in Deleted Items already (a person deleted it: still sendable by
+    its id), so the fence's first DELETE put it in Recoverable Items. Read back there, a
+    draft, it was deleted once more, refused (403), and the job went to review as if Graph
+    held the draft. It is fenced: the sweep's miss requeues the job, sent once."""
+    from tests.unit.engine_rig import EngineRig, policy
+
+    from daemon.doubles.fake_provider import FakeProvider
+    from ledger.vocabulary import JobState
+
+    graph.recoverable_items = True
+    a = provider()
+    receipts = policy("receipts", on_unknown="retry", confirm_misses=1)
+    with EngineRig(receipts, provider=lambda clock: cast(FakeProvider, a)) as rig:
+        left = _draft_of_a_send_never_made(rig, relay, graph)
+        message_id = rig.job("k1").message_id
+        graph.move(MAILBOX, left, "deleteditems")  # a person's delete
+        rig.advance_and_tick(60)  # the sweep: its fence, a miss, requeued
+        assert rig.job("k1").state is JobState.REQUESTED, rig.events("k1")
+        rig.advance_and_tick(60)
+        assert rig.job("k1").state is JobState.CONFIRMED, rig.events("k1")
+    assert [m["id"] for m in graph.folder(MAILBOX, "recoverableitemsdeletions")] == [left]
+    assert logged_copies(accept_log, message_id) == 1

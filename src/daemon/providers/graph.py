@@ -486,6 +486,12 @@ class GraphProvider(ProviderBase):
             return GONE if answer is not None and answer[0] == 404 else answer
         try:
             found = self._message(mailbox, draft_id)
+            # A draft that was in Deleted Items (a person's delete): that DELETE purged it.
+            purged = (
+                found is not None
+                and found.get("isDraft") is True
+                and self._recoverable(mailbox, found)
+            )
         except ProviderError:
             return None  # it may still be a draft in Deleted Items: not fenced yet
         if found is None:
@@ -493,6 +499,8 @@ class GraphProvider(ProviderBase):
         if found.get("isDraft") is not True:
             self._restore(mailbox, draft_id)
             return SENT
+        if purged:
+            return DELETED
         answer = self._delete_once(mailbox, draft_id)
         if answer is None or answer[0] == 404 or not 200 <= answer[0] < 300:
             return GONE if answer is not None and answer[0] == 404 else answer
