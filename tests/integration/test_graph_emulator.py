@@ -242,6 +242,37 @@ def test_a_deleted_draft_is_in_deleted_items_until_deleted_there(
     assert emulator.accepted() == []
 
 
+def test_with_recoverable_items_a_purged_draft_is_still_read_by_id_and_not_deleted_again(
+    client: Client, emulator: GraphEmulator
+) -> None:
+    """`recoverable_items`: deleted from Deleted Items, a draft lies in Recoverable Items,
+    where its id still answers it (a draft, its folder the id `GET
+    mailFolders/recoverableitemsdeletions` gives), a send is 404 and a DELETE is refused, 403
+    `ErrorCannotDeleteObject`; `refuse_delete` refuses every DELETE of one id, the item
+    left where it is."""
+    emulator.recoverable_items = True
+    draft = client.create(mime())
+    for _ in (1, 2):  # to Deleted Items, then to Recoverable Items
+        answer = client.call("DELETE", f"/messages/{draft['id']}", headers=IMMUTABLE)
+        assert answer.status_code == 204
+    folder = client.call("GET", "/mailFolders/recoverableitemsdeletions?$select=id").json()
+    read = client.call("GET", f"/messages/{draft['id']}", headers=IMMUTABLE).json()
+    assert (read["isDraft"], read["parentFolderId"]) == (True, folder["id"])
+    refused = client.call("DELETE", f"/messages/{draft['id']}", headers=IMMUTABLE)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (
+        403,
+        "ErrorCannotDeleteObject",
+    )
+    sent = client.call("POST", f"/messages/{draft['id']}/send", headers=IMMUTABLE)
+    assert sent.status_code == 404
+    held = client.create(mime("<m2@example.com>"))
+    emulator.refuse_delete[held["id"]] = (403, "ErrorAccessDenied")
+    refused = client.call("DELETE", f"/messages/{held['id']}", headers=IMMUTABLE)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "ErrorAccessDenied")
+    assert [m["id"] for m in emulator.folder(MAILBOX, "drafts")] == [held["id"]]
+    assert emulator.accepted() == []
+
+
 def test_a_draft_in_deleted_items_can_still_be_sent(
     client: Client, emulator: GraphEmulator
 ) -> None:
