@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from daemon.doubles.fake_time import FakeClock
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.job import SendJob
 from ledger.stores.memory import discard_memory_store
+from ledger.stores.private_api import WAL_CHECKPOINT_PAGES
 from ledger.vocabulary import JobState
 
 
@@ -163,6 +165,24 @@ def test_a_sqlite_commit_makes_as_many_statements_for_four_jobs_as_for_one(
             made.append(len(calls))
         assert made[0] == made[1], made
         assert all(row.state == JobState.ATTEMPTED.value for row in ledger.jobs())
+
+
+def test_a_sqlite_store_checkpoints_its_wal_past_its_own_length_not_sqlites(
+    tmp_path: Path,
+) -> None:
+    # CachingConnectionPool: SQLite's commit that took the WAL past 1,000 pages copied it
+    # into the file, so the WAL never held much more; past WAL_CHECKPOINT_PAGES now, which
+    # copies a page written by many commits once. About 2,000 pages of jobs are written
+    # here: the WAL holds them all.
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(f"sqlite:///{path}") as ledger:
+        for n in range(150):
+            ledger.submit(content(f"w-{n}", body=f"{n} " + "x" * 40_000), SENDER)
+        # Read while the store is open: the last connection's close empties the WAL.
+        with closing(sqlite3.connect(path)) as conn:
+            (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+        frames = (path.with_name(path.name + "-wal").stat().st_size - 32) // (page_size + 24)
+    assert 1_500 < frames < WAL_CHECKPOINT_PAGES, frames
 
 
 def test_a_group_commits_events_keep_their_rowids_and_order(

@@ -46,7 +46,8 @@ reaches into the library where nothing public does it:
   transaction prepared each of its statements again (BEGIN, the events' INSERT, the index
   row's UPSERT, COMMIT): about 50 us for the UPSERT alone, 0.09 CPU-ms a message in
   bench/smtp_senders.py (docs/performance.md "The SMTP path"). The override opens the
-  connection as the library does, with a cache of `STATEMENT_CACHE` statements.
+  connection as the library does, with a cache of `STATEMENT_CACHE` statements, and
+  checkpoints its WAL past `WAL_CHECKPOINT_PAGES` pages instead of SQLite's 1,000.
 - The same pool's `_pool`, the idle connections its `_get_connection` takes with
   `popleft()` and `put_connection` gives back with `append()`: `CachingConnectionPool`
   makes it `LastReturnedFirst`, whose `popleft()` takes the connection returned last.
@@ -202,6 +203,14 @@ class MemoryHook:
 #: Prepared statements each SQLite connection keeps (sqlite3's own default): the store's
 #: statements are a few dozen, `events_of` one per number of keys asked for.
 STATEMENT_CACHE = 128
+#: The WAL's length, in pages, past which a commit copies it into the database file
+#: (SQLite's `wal_autocheckpoint`, 1,000 by default). The commit that passes it pays the
+#: checkpoint: it reads each frame back and writes each page once, however often the WAL
+#: holds it, then syncs the file. A job's commits write the same few pages again and again
+#: (the events' last page, the stamps' index, the b-trees' inner pages), so a longer WAL
+#: copies fewer pages a commit: about a tenth of a claim's commit's CPU (docs/performance.md
+#: "Commits per job"), for a WAL file of up to 16 MB instead of 4 MB at rest.
+WAL_CHECKPOINT_PAGES = 4000
 
 
 class LastReturnedFirst(deque[SQLiteConnection]):
@@ -216,7 +225,8 @@ class LastReturnedFirst(deque[SQLiteConnection]):
 class CachingConnectionPool(SQLiteConnectionPool):
     """The library's SQLite pool, its connections keeping `STATEMENT_CACHE` prepared
     statements instead of one, and handed out the one returned last first
-    (`LastReturnedFirst`). `_create_connection` is the library's, but for the cache."""
+    (`LastReturnedFirst`). `_create_connection` is the library's, but for the cache and
+    the WAL's checkpoint (`WAL_CHECKPOINT_PAGES`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -240,6 +250,8 @@ class CachingConnectionPool(SQLiteConnectionPool):
                 c.execute("PRAGMA journal_mode=WAL;")
                 self.journal_mode_was_changed_to_wal = True
             self.is_journal_mode_wal = True
+        if not self.is_sqlite_memory_mode:
+            c.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
         c.row_factory = sqlite3.Row
         return SQLiteConnection(sqlite_conn=c, max_age=self.max_age)
 
@@ -247,6 +259,7 @@ class CachingConnectionPool(SQLiteConnectionPool):
 __all__ = [
     "STATEMENT_CACHE",
     "UNNUMBERED_KWARG",
+    "WAL_CHECKPOINT_PAGES",
     "CachingConnectionPool",
     "InsertHook",
     "LastReturnedFirst",
