@@ -24,7 +24,7 @@ from daemon.doubles.fake_time import FakeClock
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.job import SendJob
 from ledger.stores.memory import discard_memory_store
-from ledger.stores.private_api import WAL_CHECKPOINT_PAGES
+from ledger.stores.private_api import UNNUMBERED_KWARG, WAL_CHECKPOINT_PAGES
 from ledger.vocabulary import JobState
 
 
@@ -183,6 +183,31 @@ def test_a_sqlite_store_checkpoints_its_wal_past_its_own_length_not_sqlites(
             (page_size,) = conn.execute("PRAGMA page_size").fetchone()
         frames = (path.with_name(path.name + "-wal").stat().st_size - 32) // (page_size + 24)
     assert 1_500 < frames < WAL_CHECKPOINT_PAGES, frames
+
+
+@pytest.mark.postgres
+def test_a_postgresql_write_that_wants_no_ids_reads_none_back(
+    pg_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # insert_by_function: the library's insert function returns each event's notification
+    # id, which every save read into rows for recordings nobody is notified of. A write
+    # that says it wants none (UNNUMBERED_KWARG, as every save of the Ledger does) leaves
+    # them unread; the events are numbered in the table all the same, in order.
+    monkeypatch.setenv("POSTGRES_ENABLE_DB_FUNCTIONS", "y")
+    with Ledger(pg_url, clock=clock) as ledger:
+        jobs = _claimed(ledger, clock, ["u-0", "u-1"])
+        stored = {
+            key: [ledger.mapper.to_stored_event(e) for e in job.pending_events]
+            for key, job in jobs.items()
+        }
+        last = int(ledger.recorder.max_notification_id() or 0)
+        assert ledger.recorder.insert_events(stored["u-0"], **{UNNUMBERED_KWARG: True}) is None
+        assert ledger.recorder.insert_events(stored["u-1"]) == [last + 2]
+        after = ledger.recorder.select_notifications(start=last + 1, limit=10)
+        assert [(n.id, n.originator_id) for n in after] == [
+            (last + 1, jobs["u-0"].id),
+            (last + 2, jobs["u-1"].id),
+        ]
 
 
 def test_a_group_commits_events_keep_their_rowids_and_order(

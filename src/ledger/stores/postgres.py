@@ -156,7 +156,7 @@ class PostgresJobIndexRecorder(InsertHook, PostgresApplicationRecorder, SqlJobIn
                 conn.transaction(),
                 conn.cursor() as curs,
             ):
-                ids = insert_by_function(self, curs, stored_events)
+                ids = insert_by_function(self, curs, stored_events, kwargs)
                 # The function set the lock_timeout of whoever created the store; the rest
                 # of the transaction waits by this one's (`[store] lock_timeout`).
                 curs.execute(self._set_lock_timeout)

@@ -35,7 +35,9 @@ reaches into the library where nothing public does it:
   `sql_invoke_pg_function_insert_events`, `pg_function_name_insert_events`):
   `insert_by_function`. With `POSTGRES_ENABLE_DB_FUNCTIONS` the library's
   `insert_events` calls its function and skips `_insert_events`; the store calls the same
-  function in its own transaction, then writes the rows.
+  function in its own transaction, then writes the rows. A write that wants no ids
+  (`UNNUMBERED_KWARG`, as on SQLite) leaves the ids the function returns unread and
+  returns none: no rows made of them, no recordings built.
 - The POPO recorder's `_update_table(stored_events, **kwargs)`, `_database_lock`,
   `_stored_events_index` and `_stored_events`: `MemoryHook`. The memory store's insert,
   under the recorder's lock after its uniqueness check: the index and a purge's rewrites
@@ -142,15 +144,21 @@ class SQLiteInsertHook(InsertHook):
 
 
 def insert_by_function(
-    recorder: PostgresApplicationRecorder, cursor: Any, stored_events: Sequence[StoredEvent]
-) -> list[int]:
+    recorder: PostgresApplicationRecorder,
+    cursor: Any,
+    stored_events: Sequence[StoredEvent],
+    kwargs: Mapping[str, Any],
+) -> list[int] | None:
     """The events inserted by the library's PostgreSQL function, on `cursor` (in the
-    caller's transaction): their notification ids."""
+    caller's transaction): their notification ids, or None for a write that wants none
+    (`UNNUMBERED_KWARG` in `kwargs`), whose rows the function returns are left unread."""
     rows = [
         recorder.construct_pg_stored_event(e.originator_id, e.originator_version, e.topic, e.state)
         for e in stored_events
     ]
     cursor.execute(recorder.sql_invoke_pg_function_insert_events, (rows,), prepare=True)
+    if kwargs.get(UNNUMBERED_KWARG):
+        return None
     return [int(r[recorder.pg_function_name_insert_events]) for r in cursor.fetchall()]
 
 
