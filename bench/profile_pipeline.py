@@ -12,6 +12,7 @@ hunting CPU per job, with the calls per job beside it (counts do not depend on t
         [--variant NAME (bench/pipeline.py: VARIANTS)] [--concurrency 4] [--top 30] [--cpu-clock]
         [--callers RE] [--breakdown [--latency 0.2]] [--switches] [--pages]
     .venv/bin/python bench/profile_pipeline.py --send-path [--n 1000]
+        [--between nothing|pause|evict] [--pause-ms 8]
 
 `--switches` profiles nothing: per job, the waits on a threading.Condition (a worker's
 for its commit, a gathering commit's for the claims, an idle worker's) and the process's
@@ -30,7 +31,12 @@ transaction changes is written whole and synced (docs/performance.md "Commits pe
 `--send-path` measures the Gmail send path alone, in one thread: the bare loop's call
 (google-api-python-client on stock httplib2) and `GmailProvider.send_raw` (the same client
 through the single-shot transport, with the outcome classified), alternating, 3 rounds,
-CPU ms per call. What the provider adds to the client is the difference.
+CPU ms per call. What the provider adds to the client is the difference. `--between`
+says what the thread does between two sends, outside the clock: nothing (a loop's shape),
+`pause` (sleeps `--pause-ms`, as a send worker waits for its claim's commit and the other
+processes of the machine run meanwhile), or `evict` (writes over a buffer larger than the
+CPU's caches, as a process that ran meanwhile does): the same calls, run from caches
+the send's code and data have left (docs/performance.md "Performance and scaling").
 """
 
 from __future__ import annotations
@@ -277,8 +283,29 @@ class WalPages:
         side.close()
 
 
-def send_path(n: int) -> None:
-    """CPU ms per call of the bare client send and of `GmailProvider.send_raw`, in turn."""
+#: Bytes copied between two sends with `--between evict`: above the caches one core uses
+#: (its L2 and its share of a last-level cache that other processes fill too).
+EVICT_BYTES = 16 << 20
+
+
+def between_sends(kind: str, pause_ms: float) -> Any:
+    """What `--send-path` runs between two sends, outside the clock (see the docstring)."""
+    if kind == "pause":
+        return lambda: time.sleep(pause_ms / 1000)
+    if kind == "evict":
+        target, source = bytearray(EVICT_BYTES), b"\x5a" * EVICT_BYTES
+
+        def evict() -> None:
+            target[:] = source
+
+        return evict
+    return lambda: None
+
+
+def send_path(n: int, between: str = "nothing", pause_ms: float = 8.0) -> None:
+    """CPU ms per call of the bare client send and of `GmailProvider.send_raw`, in turn,
+    each call timed alone, with `between` run before each, outside the clock."""
+    before = between_sends(between, pause_ms)
     with tempfile.TemporaryDirectory(prefix="sendledger-profile-") as folder:
         creds = write_service_account(Path(folder) / "sa.json", token_uri="http://unused/token")
         with emulator_process(0.0) as emulator:
@@ -298,13 +325,15 @@ def send_path(n: int) -> None:
             provider.send_raw(messages[0])
             try:
                 for _ in range(3):
-                    spent = []
-                    for call in (bare, provider.send_raw):
-                        started = time.thread_time()
+                    spent = [0.0, 0.0]
+                    for at, call in enumerate((bare, provider.send_raw)):
                         for raw in messages:
+                            before()
+                            started = time.thread_time()
                             call(raw)
-                        spent.append((time.thread_time() - started) * 1000 / n)
-                    print(f"bare client {spent[0]:.3f} cpu-ms/call, provider {spent[1]:.3f}")
+                            spent[at] += time.thread_time() - started
+                    bare_ms, provider_ms = (each * 1000 / n for each in spent)
+                    print(f"bare client {bare_ms:.3f} cpu-ms/call, provider {provider_ms:.3f}")
             finally:
                 provider.close()
 
@@ -346,9 +375,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the Gmail send path, one thread: the bare client call against send_raw",
     )
+    parser.add_argument(
+        "--between",
+        choices=("nothing", "pause", "evict"),
+        default="nothing",
+        help="--send-path: what the thread does between two sends, outside the clock",
+    )
+    parser.add_argument("--pause-ms", type=float, default=8.0, help="--between pause: its ms")
     args = parser.parse_args(argv)
     if args.send_path:
-        send_path(args.n)
+        send_path(args.n, args.between, args.pause_ms)
         return 0
     variant = VARIANTS[args.variant] if args.variant else Variant()
     profiles = ThreadProfiles(cpu_clock=args.cpu_clock)
