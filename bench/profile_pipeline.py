@@ -34,9 +34,9 @@ through the single-shot transport, with the outcome classified), alternating, 3 
 CPU ms per call. What the provider adds to the client is the difference. `--between`
 says what the thread does between two sends, outside the clock: nothing (a loop's shape),
 `pause` (sleeps `--pause-ms`, as a send worker waits for its claim's commit and the other
-processes of the machine run meanwhile), or `evict` (writes over a buffer larger than the
-CPU's caches, as a process that ran meanwhile does): the same calls, run from caches
-the send's code and data have left (docs/performance.md "Performance and scaling").
+processes of the machine run meanwhile), or `evict` (copies `EVICT_BYTES` over a buffer,
+as a process that ran meanwhile fills the caches): the same calls, run from caches the
+send's code and data have left (docs/performance.md "Performance and scaling").
 """
 
 from __future__ import annotations
