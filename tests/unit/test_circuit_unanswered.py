@@ -226,3 +226,51 @@ def test_the_default_keeps_every_existing_fingerprint() -> None:
     assert "pause_after_unanswered" not in default.normalized()
     assert policy("receipts", pause_after_unanswered=10).fingerprint == default.fingerprint
     assert policy("receipts", pause_after_unanswered=3).fingerprint != default.fingerprint
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        UNANSWERED,
+        SendOutcome(SendKind.UNKNOWN, "timed out", timed_out=True),
+        SendOutcome(SendKind.REJECTED, "refused", transient=True, unavailable=True),
+    ],
+)
+def test_a_send_begun_before_the_pause_ending_while_the_probe_is_out_is_not_the_probe(
+    outcome: SendOutcome,
+) -> None:
+    """Four workers: a send begun before the pause ends (closed unanswered, hung or
+    refused) while the pause's probe is still out. Before, it was taken for the probe's
+    end: a second probe went out beside the first, into the same front end."""
+    circuits = Circuits(CircuitSettings(failures=100, probe_after=1.0, probe_max=8.0))
+    with circuits.sending("s", at(0)) as early:  # begun before the run
+        assert early is not None
+        unanswered_sends(circuits, 2, at(0), pause_after=2)
+        assert circuits.admit("s", at(1)) is Admit.PROBE
+        with circuits.sending("s", at(1), probe=True) as probe:
+            assert probe is not None
+            circuits.sent("s", at(1.5), outcome, ticket=early, pause_after=2)
+            for seconds in (1.5, 3.5, 9.5):
+                assert circuits.admit("s", at(seconds)) is Admit.HOLD  # the probe is out
+            circuits.sent("s", at(10), UNANSWERED, ticket=probe, pause_after=2)
+    assert circuits.next_probe("s") == at(12)  # the probe's own end: twice the wait
+    assert circuits.admit("s", at(12)) is Admit.PROBE
+
+
+def test_the_probe_answered_after_a_later_send_went_unanswered_leaves_a_next_probe() -> None:
+    """The pause's probe is out when searches refused open the circuit, whose probe, a
+    send begun after the pause's, is closed unanswered (an answer for the circuit, which
+    closes); then the pause's probe is answered. Its answer ends no run (a later send got
+    none), but the probe is over: the next send probes, never none."""
+    circuits = Circuits(CircuitSettings(failures=1, probe_after=1.0, probe_max=8.0))
+    unanswered_sends(circuits, 2, at(0), pause_after=2)
+    assert circuits.admit("s", at(1)) is Admit.PROBE
+    with circuits.sending("s", at(1), probe=True) as probe:
+        assert probe is not None
+        circuits.unavailable("s", at(1), kind=CHECK)  # a search refused: the circuit opens
+        assert circuits.admit("s", at(2)) is Admit.PROBE  # the circuit's probe, a send
+        with circuits.sending("s", at(2), probe=True) as later:
+            assert later is not None
+            circuits.sent("s", at(2), UNANSWERED, ticket=later, pause_after=2)
+        circuits.sent("s", at(3), ANSWERED, ticket=probe, pause_after=2)
+    assert circuits.admit("s", at(9)) is Admit.PROBE

@@ -162,6 +162,10 @@ class _Pause:
     probe_at: datetime | None = None
     backoff: float = 0.0
     probing: bool = False
+    # The probe's call (`sending`; 0: not begun): only its end is the probe's. A send
+    # begun before the pause may end while the probe is out, and taken for the probe it
+    # let a second probe out beside the first.
+    probe_ticket: int = 0
 
 
 def answered_send(outcome: SendOutcome) -> bool:
@@ -261,6 +265,9 @@ class Circuits:
             if free:
                 self._in_flight[scope] = self._in_flight.get(scope, 0) + 1
                 ticket = self._ticket()
+                pause = self._pauses.get(scope)
+                if probe and pause is not None and pause.probing and not pause.probe_ticket:
+                    pause.probe_ticket = ticket
             else:
                 pause = self._pauses.get(scope)
                 if probe and pause is not None and pause.probing:
@@ -336,6 +343,7 @@ class Circuits:
         if pause.probing or pause.probe_at is None or now < pause.probe_at:
             return Admit.HOLD
         pause.probing = True
+        pause.probe_ticket = 0
         return Admit.PROBE
 
     def next_probe(self, scope: str, kind: str = SEND) -> datetime | None:
@@ -528,14 +536,19 @@ class Circuits:
         nor a refusal before the send left is an answer: the circuit waits those out."""
         with self._lock:
             pause = self._pauses.get(scope)
+            probe = pause is not None and pause.probing and ticket == pause.probe_ticket
             if outcome.unanswered:
-                self._unanswered(scope, now, ticket, pause_after)
+                self._unanswered(scope, now, ticket, pause_after, probe=probe)
             elif answered_send(outcome):
                 if pause is not None and ticket >= pause.ticket:
                     del self._pauses[scope]
                     if pause.since is not None:
                         log.info("scope %s: a send answered: its sends resume", scope)
-            elif pause is not None and pause.probing:
+                elif pause is not None and probe:
+                    # Answered, but a send begun after it (an open circuit's probe) was
+                    # not: the pause stays, and the next send probes at once.
+                    pause.probing = False
+            elif pause is not None and probe:
                 # The probe was refused, hung or never made (counted by the circuit, or
                 # no call): the pause stays, and its next probe comes, never none.
                 if outcome.not_attempted:
@@ -551,14 +564,16 @@ class Circuits:
             ticket=ticket,
         )
 
-    def _unanswered(self, scope: str, now: datetime, ticket: int, pause_after: int) -> None:
-        # Caller holds the lock.
+    def _unanswered(
+        self, scope: str, now: datetime, ticket: int, pause_after: int, *, probe: bool
+    ) -> None:
+        # Caller holds the lock. `probe`: this send was the pause's probe.
         settings = self.settings
         pause = self._pauses.setdefault(scope, _Pause())
         pause.count += 1
         pause.ticket = max(pause.ticket, ticket)
         if pause.since is not None:
-            if pause.probing:  # else a send begun before the pause: the probe decides
+            if probe:  # else a send begun before the pause: the probe decides
                 self._probe_again(pause, now)
         elif pause.count >= pause_after:
             pause.since = now
