@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import cast
 
 import pytest
+from tests.integration.conftest import GmailProviderFactory, RawFactory
 from tests.integration.mailservers import SENDER, MailServers, mail_servers
 from tests.integration.test_engine import (  # noqa: F401  (fixtures used by name)
     Rig,
@@ -22,6 +23,7 @@ from tests.integration.test_smtp_imap_provider import provider_for
 from tests.unit.engine_rig import EngineRig, policy
 
 from daemon.doubles.fake_provider import FakeProvider
+from daemon.providers.base import SendKind
 from ledger.job import JobState
 from testkit.gmail_emulator import GmailEmulator
 from testkit.relay import FaultPlan, FaultRelay
@@ -125,3 +127,29 @@ def test_smtp_sends_closed_after_the_final_dot_pause_at_postfix(servers: MailSer
                 assert all(servers.copies(mid) == 1 for mid in ids)
             finally:
                 mail.close()
+
+
+@pytest.mark.parametrize(
+    ("plan", "unanswered"),
+    [
+        (FaultPlan(send="drop-response"), True),
+        (FaultPlan(send="fail-before-forward"), True),
+        (FaultPlan(send="500-after-forward"), False),  # an answer
+    ],
+)
+def test_a_front_end_resetting_each_send_is_unanswered_too(
+    gmail_provider: GmailProviderFactory,
+    emulator: GmailEmulator,  # noqa: F811
+    make_raw: RawFactory,
+    plan: FaultPlan,
+    unanswered: bool,
+) -> None:
+    """A front end that ends each send's connection with a reset (SO_LINGER 0, as many
+    proxies and load balancers do) rather than a close: before, only http.client's
+    `RemoteDisconnected` was marked, so every send went into the reset and nothing paused
+    (an SMTP reset already counted). Still Unknown for the job, one copy at most."""
+    with FaultRelay(emulator.url, plan=plan, hang_seconds=1.5, reset=True) as relay:
+        outcome = gmail_provider(relay.url).send_raw(make_raw("<reset-1@sendledger.test>"))
+        assert outcome.kind is SendKind.UNKNOWN, outcome
+        assert outcome.unanswered is unanswered, outcome
+        assert sum(1 for entry in relay.log if entry["kind"] == "send") == 1

@@ -23,6 +23,7 @@ from daemon.providers.classify import (
     provider_error_for_exception,
     provider_error_for_response,
 )
+from daemon.providers.timeouts import closed_unanswered
 from daemon.providers.transport import NotSentError, ResponseLostError
 
 
@@ -414,9 +415,15 @@ def test_a_read_whose_answer_was_lost_is_not_unavailable() -> None:
 
 
 def _lost_after(cause: Exception) -> ResponseLostError:
-    """The transport's error for `cause` read after the request was written (`from`)."""
+    """The transport's error for `cause` raised after the request was written and before
+    any of the response was read (`from`), marked as the transport marks it."""
     try:
-        raise ResponseLostError("POST sent to h:1, then x", host="h:1", cause=cause) from cause
+        raise ResponseLostError(
+            "POST sent to h:1, then x",
+            host="h:1",
+            cause=cause,
+            unanswered=closed_unanswered(cause),
+        ) from cause
     except ResponseLostError as exc:
         return exc
 
@@ -425,6 +432,7 @@ def _lost_after(cause: Exception) -> ResponseLostError:
     ("cause", "unanswered"),
     [
         (http.client.RemoteDisconnected("Remote end closed connection without response"), True),
+        (ConnectionResetError(104, "Connection reset by peer"), True),  # a proxy's reset
         (http.client.IncompleteRead(b"{", 10), False),  # answered, cut off
         (http.client.BadStatusLine("garbage"), False),
         (TimeoutError("timed out"), False),  # a hang: counted as one

@@ -232,7 +232,9 @@ def test_a_send_closed_with_no_response_is_marked_unanswered() -> None:
     """Unknown and marked `unanswered` (as Gmail's: tests/unit/test_classify.py)."""
     cause = http.client.RemoteDisconnected("Remote end closed connection without response")
     try:
-        raise ResponseLostError("POST sent to h:1, then x", host="h:1", cause=cause) from cause
+        raise ResponseLostError(
+            "POST sent to h:1, then x", host="h:1", cause=cause, unanswered=True
+        ) from cause
     except ResponseLostError as exc:
         out = classify_send_exception(exc)
     assert out.kind is SendKind.UNKNOWN and out.unanswered

@@ -35,7 +35,7 @@ from typing import Any
 from google.auth import exceptions as auth_exceptions
 
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
-from daemon.providers.timeouts import closed_unanswered, timed_out
+from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import (
     NotSentError,
     ResponseLostError,
@@ -257,7 +257,7 @@ def classify_send_exception(exc: BaseException) -> SendOutcome:
             SendKind.UNKNOWN,
             exc.message,
             timed_out=timed_out(exc),
-            unanswered=closed_unanswered(exc),
+            unanswered=exc.unanswered,
         )
     # Below: what a stack without SingleShotHttp would raise. Only errors that can happen
     # solely before a request is written count as "not sent".

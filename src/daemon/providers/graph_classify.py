@@ -40,7 +40,7 @@ from typing import Any
 
 from daemon.providers.base import ProviderError, SendKind, SendOutcome
 from daemon.providers.classify import message_id_from_body, parse_retry_after
-from daemon.providers.timeouts import closed_unanswered, timed_out
+from daemon.providers.timeouts import timed_out
 from daemon.providers.transport import NotSentError, ResponseLostError, describe
 from ledger.exceptions import SendledgerError
 
@@ -160,7 +160,7 @@ def classify_send_exception(exc: BaseException) -> SendOutcome:
             SendKind.UNKNOWN,
             f"send: {exc.message}",
             timed_out=timed_out(exc),
-            unanswered=closed_unanswered(exc),
+            unanswered=exc.unanswered,
         )
     return SendOutcome(
         SendKind.UNKNOWN, f"send: unexpected failure: {describe(exc)}", timed_out=timed_out(exc)

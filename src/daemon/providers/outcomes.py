@@ -42,10 +42,10 @@ class SendOutcome:
     #: sign of a hang, counted as "unavailable" is (docs/operations.md, "Outages and
     #: quotas").
     timed_out: bool = False
-    #: The provider never answered at all: the connection ended (closed, or for SMTP
-    #: reset) after the request was written with nothing of an answer, before its
-    #: timeout. For the job the outcome is what `kind` says (UNKNOWN after SMTP's final
-    #: `.` or an HTTP send): the ordinary ambiguous outcome, an answer for the circuit's
+    #: The provider never answered at all: the connection ended (closed or reset) after
+    #: the request was written with nothing of an answer, before its timeout. For the
+    #: job the outcome is what `kind` says (UNKNOWN after SMTP's final `.` or an HTTP
+    #: send): the ordinary ambiguous outcome, an answer for the circuit's
     #: count of unavailable calls. Only a run of them with no send answered in between
     #: pauses the scope's sends (the channel's `pause_after_unanswered`,
     #: docs/operations.md "Outages and quotas").

@@ -16,11 +16,14 @@ def timed_out(exc: BaseException) -> bool:
 
 
 def closed_unanswered(exc: BaseException) -> bool:
-    """Whether an HTTP request's connection ended with nothing of a response (the status
-    line read as the connection's end: `http.client.RemoteDisconnected`), not timed out:
-    the provider never answered (`SendOutcome.unanswered`)."""
+    """Whether an HTTP request's connection, raising `exc` before any of the response was
+    read (the caller's to know: `transport.py`), was ended by the other side, not timed
+    out: closed (the status line read as the connection's end,
+    `http.client.RemoteDisconnected`) or reset (a proxy's SO_LINGER 0, as SMTP's reset
+    counts): the provider never answered (`SendOutcome.unanswered`)."""
     return not timed_out(exc) and any(
-        isinstance(e, http.client.RemoteDisconnected) for e in _causes(exc)
+        isinstance(e, http.client.RemoteDisconnected | ConnectionResetError | BrokenPipeError)
+        for e in _causes(exc)
     )
 
 

@@ -65,6 +65,7 @@ from daemon.providers.connects import connect
 from daemon.providers.early_answers import HTTP_ANSWER_BOUND, EarlyAnswer, WatchedSocket
 from daemon.providers.kept import closed_by_peer
 from daemon.providers.slow_links import PIECE, pieces, wait_sent_out
+from daemon.providers.timeouts import closed_unanswered
 from ledger.exceptions import SendledgerError
 from sendledger.connecting import close_unreturned
 from sendledger.final_answers import FinalAnswer
@@ -122,13 +123,22 @@ class NotSentError(TransportFailure):
 
 class ResponseLostError(TransportFailure):
     """The request was (or may have been) written, and no complete response came back.
-    `reused`: it went out on a kept-alive connection rather than a fresh one."""
+    `reused`: it went out on a kept-alive connection rather than a fresh one.
+    `unanswered`: nothing of a response began, the connection closed or reset before its
+    timeout (`timeouts.closed_unanswered`; `SendOutcome.unanswered`)."""
 
     def __init__(
-        self, message: str, *, host: str, cause: BaseException, reused: bool = False
+        self,
+        message: str,
+        *,
+        host: str,
+        cause: BaseException,
+        reused: bool = False,
+        unanswered: bool = False,
     ) -> None:
         super().__init__(message, host=host, cause=cause)
         self.reused = reused
+        self.unanswered = unanswered
 
 
 def describe(exc: BaseException) -> str:
@@ -223,9 +233,11 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
         host = f"{conn.host}:{conn.port}"
         reused = self._connect(conn, host)
         # Phase 2: from here on the server may have the request, reused connection or not.
+        answer_read = False  # a reset after this is an answer cut off, not none
         try:
             watch = self._write(conn, method, request_uri, body, headers)
             raw = conn.getresponse()
+            answer_read = True
             content: bytes = b"" if method == "HEAD" else raw.read()
             response = httplib2.Response(raw)
             if method != "HEAD":
@@ -240,6 +252,7 @@ class SingleShotHttp(httplib2.Http):  # type: ignore[misc]
                 host=host,
                 cause=exc,
                 reused=reused,
+                unanswered=not answer_read and closed_unanswered(exc),
             ) from exc
         self._keep_or_close(conn, watch, keep=not raw.will_close and method != "HEAD")
         if watch.cut and response.status < 400:
