@@ -274,3 +274,21 @@ def test_the_probe_answered_after_a_later_send_went_unanswered_leaves_a_next_pro
             circuits.sent("s", at(2), UNANSWERED, ticket=later, pause_after=2)
         circuits.sent("s", at(3), ANSWERED, ticket=probe, pause_after=2)
     assert circuits.admit("s", at(9)) is Admit.PROBE
+
+
+def test_the_pauses_probe_is_not_sent_into_a_hang_found_while_its_claim_was_saved() -> None:
+    """The probe handed out, then, while its claim was saved, a call of the scope timed
+    out with another in flight (the scope may hang: no new send, `sending`). Before, the
+    pause's probe went out anyway, one more Unknown into the hang, where every other send
+    is withheld; now it is withheld too, and the next probe waits for the calls in flight."""
+    circuits = Circuits(CircuitSettings(failures=100, probe_after=1.0))
+    hung = SendOutcome(SendKind.UNKNOWN, "timed out", timed_out=True)
+    with circuits.sending("s", at(0)) as early, circuits.call("s", lambda: at(0)):
+        assert early is not None
+        unanswered_sends(circuits, 2, at(0), pause_after=2)
+        assert circuits.admit("s", at(1)) is Admit.PROBE
+        circuits.sent("s", at(1), hung, ticket=early, pause_after=2)  # a search in flight
+        with circuits.sending("s", at(1), probe=True) as probe:
+            assert probe is None
+        assert circuits.admit("s", at(2)) is Admit.HOLD  # the search is still in flight
+    assert circuits.admit("s", at(2)) is Admit.PROBE

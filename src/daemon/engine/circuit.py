@@ -291,7 +291,9 @@ class Circuits:
             return probe and state.probing and state.probe_call == SEND
         pause = self._pauses.get(scope)
         if pause is not None and pause.since is not None:
-            return probe and pause.probing  # paused while the claim was saved: withheld
+            # Paused while the claim was saved: withheld; the probe too once the scope
+            # may hang (a timeout among calls in flight), as every send is.
+            return probe and pause.probing and scope not in self._suspect
         return scope not in self._suspect
 
     def _ended(self, scope: str) -> None:
