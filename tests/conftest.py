@@ -29,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from daemon.doubles.fake_time import FakeClock
+from tests.frozen_collection import pytest_collection  # noqa: F401  (a hook)
 from tests.pg_cluster import SessionCluster, unavailable
 from tests.xdist_groups import pytest_collection_modifyitems  # noqa: F401  (a hook)
 
