@@ -1,7 +1,10 @@
 """`sendledger run`'s exit code for each way its start is refused, as a process: a config
 it can never start with is exit 2, which the systemd units do not restart; a secret file
 that is not there (yet) is exit 1, which they restart, and the start after the file is put
-there runs (docs/cli.md "Exit codes"; the units' keys: tests/unit/test_unit_restarts.py)."""
+there runs (docs/cli.md "Exit codes"; the units' keys: tests/unit/test_unit_restarts.py).
+Each command is forked from the worker's fork server (tests/e2e/fork_server.py): its own
+process, environment, stderr and exit code, as the console script's; the mount-namespace
+test runs the console script itself inside `unshare`."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from tests.e2e.conftest import forked_sendledger
 from tests.e2e.daemon_kit import SENDLEDGER
 
 from testkit.credentials import write_service_account
@@ -23,9 +27,7 @@ KEY = "gmail-service-account.json"
 
 def _site(tmp_path: Path) -> Path:
     site = tmp_path / "site"
-    done = subprocess.run(
-        [SENDLEDGER, "init", str(site), "--emulator"], capture_output=True, text=True, timeout=60
-    )
+    done = forked_sendledger("init", str(site), "--emulator")
     assert done.returncode == 0, done.stderr
     config = site / "sendledger.toml"
     text = config.read_text(encoding="utf-8").replace("127.0.0.1:8025", f"127.0.0.1:{free_port()}")
@@ -35,13 +37,7 @@ def _site(tmp_path: Path) -> Path:
 
 def _run(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLEDGER_")}
-    return subprocess.run(
-        [SENDLEDGER, "--config", str(site / "sendledger.toml"), "run", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    return forked_sendledger("--config", str(site / "sendledger.toml"), "run", *args, env=env)
 
 
 def _one_line(done: subprocess.CompletedProcess[str], starts: str) -> None:
