@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import IN_CI
-from tests.e2e.daemon_kit import SENDLEDGER, Rig
+from tests.e2e.daemon_kit import SENDLEDGER, Rig, shared_fork_server
 
 from daemon.config.settings import load_settings
 from ledger.application import Ledger
@@ -37,9 +37,12 @@ WRITTEN = (
 
 
 def init(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [SENDLEDGER, "init", *args], capture_output=True, text=True, cwd=cwd, timeout=60
-    )
+    """`sendledger init ARGS` in `cwd`, forked from the worker's fork server
+    (tests/e2e/fork_server.py): its own process, stdout, stderr and exit code, as the
+    console script's (what init prints names the console script either way: it is found
+    beside sys.executable). The lines it prints run as printed, in processes of their own."""
+    code, out, err = shared_fork_server().call(["init", *args], cwd, "", os.environ, timeout=60)
+    return subprocess.CompletedProcess([SENDLEDGER, "init", *args], code, out, err)
 
 
 def test_init_writes_a_site_the_daemon_runs_on_and_a_job_is_confirmed(tmp_path: Path) -> None:
