@@ -582,6 +582,37 @@ def shared_fork_server() -> ForkServer:
     return _SHARED[0]
 
 
+class ChildExits:
+    """The fork server's children's exits, by pid. Linux gives a pid out again once its
+    process is reaped (pid_max is 32,768 on the CI machine, and a machine running several
+    sessions goes round it within one): a child may get an earlier child's pid. Its start
+    puts a new entry in place, so a wait for it never takes the earlier child's exit for
+    its own (it answered at once, exit 0 and nothing printed, and the later child's exit
+    then met a settled entry, which raised in the reader and left every later command of
+    the worker waiting 90 s for its start)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_pid: dict[int, Future[tuple[int, float]]] = {}
+
+    def _entry(self, pid: int) -> Future[tuple[int, float]]:
+        with self._lock:
+            return self._by_pid.setdefault(pid, Future())
+
+    def started(self, pid: int) -> None:
+        """A child started as `pid`: whatever an earlier child of that pid left is not its."""
+        with self._lock:
+            self._by_pid[pid] = Future()
+
+    def ended(self, pid: int, code: int, at: float) -> None:
+        self._entry(pid).set_result((code, at))
+
+    def wait(self, pid: int, timeout: float) -> tuple[int, float]:
+        """(exit code, when) of the child that last started as `pid`; TimeoutError while
+        it still runs."""
+        return self._entry(pid).result(timeout=timeout)
+
+
 class ForkServer:
     """`fork_server.py` as a child process: starts `sendledger` commands (a daemon, a
     CLI command) as forked processes, each a second of imports cheaper than a console
@@ -597,24 +628,21 @@ class ForkServer:
         )
         self._lock = threading.Lock()
         self._started: dict[int, Future[int]] = {}
-        self._exited: dict[int, Future[tuple[int, float]]] = {}
+        self.exits = ChildExits()
         self._next = 0
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
-
-    def _exit_future(self, pid: int) -> Future[tuple[int, float]]:
-        with self._lock:
-            return self._exited.setdefault(pid, Future())
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             message = json.loads(line)
             if "id" in message:
+                self.exits.started(message["pid"])  # before start() returns the pid
                 with self._lock:
                     self._started[message["id"]].set_result(message["pid"])
             else:
-                self._exit_future(message["pid"]).set_result((message["code"], message["at"]))
+                self.exits.ended(message["pid"], message["code"], message["at"])
 
     def start(self, argv: list[str], cwd: Path, log: Path, **more: object) -> int:
         """`more`: the protocol's optional "stdout", "stderr", "stdin" and "env"."""
@@ -632,7 +660,7 @@ class ForkServer:
 
     def exited(self, pid: int, timeout: float) -> tuple[int, float]:
         """(exit code, when) of a child; TimeoutError while it still runs."""
-        return self._exit_future(pid).result(timeout=timeout)
+        return self.exits.wait(pid, timeout)
 
     def run(
         self,
