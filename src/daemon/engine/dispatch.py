@@ -627,8 +627,7 @@ class Dispatch:
                 ticket=ticket,
                 pause_after=claimed.policy.pause_after_unanswered,
             )
-        with self._within_lease(claimed):
-            self._read_back_sample(claimed)
+        self._read_back_sample(claimed)
 
     def _within_lease(self, claimed: Claimed) -> AbstractContextManager[None]:
         """The calls made inside, in this thread, end within the claim's lease as last
@@ -719,13 +718,16 @@ class Dispatch:
             and self._after_send_call(claimed)
             and self._health.should_read_back(policy.provider, claimed.provider)
         ):
-            self._health.read_back(
-                claimed.work.job,
-                policy.provider,
-                claimed.provider,
-                outcome.provider_message_id,
-                raw=claimed.raw,
-            )
+            # Bound only when made: a sample is a share of the sends, and the bound a
+            # context every confirmed send would enter for nothing (issue 30 (a)).
+            with self._within_lease(claimed):
+                self._health.read_back(
+                    claimed.work.job,
+                    policy.provider,
+                    claimed.provider,
+                    outcome.provider_message_id,
+                    raw=claimed.raw,
+                )
 
     def outcome_to_events(self, claimed: Claimed) -> None:
         """The call's outcome as events on the job in memory (saved by the caller)."""
