@@ -7,14 +7,18 @@ Engine runs use the fake provider on a memory store with injected time (engine_r
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from types import FrameType
 
 import pytest
 from tests.unit.engine_rig import EngineRig, policy
 
 import daemon.engine.dispatch as dispatching
 from daemon.providers.base import calls_end_in
+from ledger.content import JobContent, parse_job
 
 
 @pytest.fixture
@@ -53,3 +57,69 @@ def test_a_confirmed_send_not_read_back_bounds_its_one_call(
     _send(rig, 5)
     assert rig.engine.health.readbacks == 1
     assert len(entered) == 5
+
+
+def _inits_of(kind: type, action: Callable[[], object]) -> int:
+    """How many objects of `kind` `action` makes through their `__init__`, in this
+    thread (`sys.setprofile`)."""
+    inits = 0
+
+    def note(frame: FrameType, event: str, _arg: object) -> None:
+        nonlocal inits
+        if event == "call" and frame.f_code.co_name == "__init__":
+            inits += type(frame.f_locals.get("self")) is kind
+
+    sys.setprofile(note)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return inits
+
+
+FULL = parse_job(
+    {
+        "channel": "receipts",
+        "key": "full-1",
+        "to": ["a@example.net", "b@example.net"],
+        "cc": "c@example.net",
+        "bcc": "d@example.net",
+        "reply_to": "r@example.net",
+        "subject": "Receipt",
+        "body": "Thanks.\n",
+        "html": "<p>Thanks.</p>",
+        "headers": {"X-Campaign": "c1", "X-Batch": "b7"},
+        "in_reply_to": "<p@example.net>",
+        "references": ["<o@example.net>", "<p@example.net>"],
+        "send_at": "2026-12-06T08:00:00Z",
+        "attachments": [
+            {"filename": "a.txt", "content_type": "text/plain", "content_base64": "aGk="}
+        ],
+        "from": "Sales <sales@example.com>",
+        "thread_id": "t1",
+    }
+)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        FULL,
+        parse_job({"channel": "c", "key": "k", "to": "a@example.net", "subject": "s", "body": "b"}),
+    ],
+    ids=["every-field", "fewest"],
+)
+def test_a_loaded_jobs_content_is_the_stored_one_made_without_its_init(
+    content: JobContent,
+) -> None:
+    """Every load of a job rebuilds its content from the Requested event: set as the
+    mapper sets a stored event's, not by the frozen dataclass's `__init__`, whose
+    `object.__setattr__` per field was half the call's CPU. What it holds is what the
+    intake stored, every field (one added to `JobContent` must be to `from_canonical`)."""
+    stored = content.stored()
+    rebuilt = JobContent.from_canonical(stored)
+    assert rebuilt == content
+    assert rebuilt.stored() == stored
+    assert hash(rebuilt) == hash(content)
+    assert set(vars(rebuilt)) == {field.name for field in dataclasses.fields(JobContent)}
+    assert _inits_of(JobContent, lambda: JobContent.from_canonical(stored)) == 0
