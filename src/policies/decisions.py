@@ -72,6 +72,7 @@ __all__ = [
     "cannot_build",
     "give_up_time",
     "no_policy",
+    "refused_before_attempt",
     "retry_after_wait",
     "tidy_at",
     "waited_too_long",
@@ -130,12 +131,24 @@ def before_attempt(policy: ChannelPolicy, *, attempts_made: int, from_addr: str)
     call sends as it now. Every call counts, whatever its outcome, because any of them may
     have sent the mail.
     """
+    return refused_before_attempt(policy, attempts_made=attempts_made, from_addr=from_addr) or Send(
+        policy.ref
+    )
+
+
+def refused_before_attempt(
+    policy: ChannelPolicy, *, attempts_made: int, from_addr: str
+) -> Review | None:
+    """`before_attempt`'s Review, or None where it sends: what a claim asks, at every
+    claim, so it builds no Send it would drop (its policy's `ref`, the canonical JSON's
+    fingerprint looked up by the model's hash, is about 2 us: docs/performance.md
+    "Performance and scaling")."""
     _non_negative("attempts_made", attempts_made)
     if not policy.sends_as(from_addr):
         return Review(policy.ref, EscalationReason.SENDER_NOT_ALLOWED)
     if attempts_made >= policy.max_attempts:
         return Review(policy.ref, EscalationReason.MAX_ATTEMPTS)
-    return Send(policy.ref)
+    return None
 
 
 def after_response(policy: ChannelPolicy, *, resent: bool, now: datetime) -> Confirm:

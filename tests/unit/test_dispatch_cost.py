@@ -1,5 +1,5 @@
 """What one dispatch of a confirmed send does beside its call and its commits, counted
-(issue 30 (a), docs/performance.md "Where a job's CPU goes now"): each count is CPU on
+(issue 30 (a), docs/performance.md "Performance and scaling"): each count is CPU on
 every job, and a count does not depend on the machine's load as a timing does.
 
 Engine runs use the fake provider on a memory store with injected time (engine_rig.py).
@@ -19,6 +19,8 @@ from tests.unit.engine_rig import EngineRig, policy
 import daemon.engine.dispatch as dispatching
 from daemon.providers.base import calls_end_in
 from ledger.content import JobContent, parse_job
+from ledger.vocabulary import PolicyRef
+from policies.model import ChannelPolicy
 
 
 @pytest.fixture
@@ -33,10 +35,13 @@ def rig() -> Iterator[EngineRig]:
         yield made
 
 
-def _send(rig: EngineRig, count: int) -> None:
+def _send(rig: EngineRig, count: int, counting: Callable[[], None] = lambda: None) -> None:
+    """`count` jobs submitted, then `counting()` (what the test counts begins) and a tick
+    that sends them."""
     sent = rig.provider.sends
     for i in range(sent, sent + count):
         rig.submit("receipts", f"job-{i:03d}")
+    counting()
     rig.tick()
     assert rig.provider.sends == sent + count
 
@@ -57,6 +62,24 @@ def test_a_confirmed_send_not_read_back_bounds_its_one_call(
     _send(rig, 5)
     assert rig.engine.health.readbacks == 1
     assert len(entered) == 5
+
+
+def test_a_confirmed_send_makes_its_policys_ref_once_for_its_confirmation(
+    rig: EngineRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy's `ref` (its fingerprint looked up by the model's hash, then a
+    PolicyRef) is made for the decisions a job's events record: one, its Confirmed.
+    Before, the claim's question whether the policy still lets the job send built a
+    `Send` with its own `ref` too, dropped at once: two a job."""
+    made: list[PolicyRef] = []
+    ref = ChannelPolicy.ref
+
+    def counted(policy: ChannelPolicy) -> PolicyRef:
+        made.append(ref.__get__(policy))
+        return made[-1]
+
+    _send(rig, 5, lambda: monkeypatch.setattr(ChannelPolicy, "ref", property(counted)))
+    assert len(made) == 5
 
 
 def _inits_of(kind: type, action: Callable[[], object]) -> int:

@@ -357,11 +357,11 @@ class Dispatch:
             return None
         # After the render: a From that cannot be written is a message that cannot be
         # built, not a sender the policy withdrew.
-        decision = decisions.before_attempt(
+        refused = decisions.refused_before_attempt(
             policy, attempts_made=job.round_attempts, from_addr=job.from_addr
         )
-        if isinstance(decision, Review):
-            work.to_review(decision, _why_not_sent(decision, job))
+        if refused is not None:
+            work.to_review(refused, _why_not_sent(refused, job))
             return None
         unchanged = None
         if job.requeued:
