@@ -28,6 +28,7 @@ all of them, which the decision checks (docs/how-it-works.md "Counting copies").
 from __future__ import annotations
 
 import copy
+import hashlib
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -97,6 +98,7 @@ RELEASED_UNSENT = frozenset((CLAIM_READ_BACK, WITHHELD, NOT_OURS, STOPPED))
 DRAFT_DELETIONS = (DRAFTS_TIDY, DRAFTS_FENCE, DRAFTS_CLAIM_LOST)
 
 JOB_NAMESPACE = uuid.UUID("6b0f6a52-3a8e-5d55-9b7e-5e4d1e0a7c11")
+_NAMESPACE_BYTES = JOB_NAMESPACE.bytes
 
 
 def waits_for_provider(reason: str) -> bool:
@@ -118,7 +120,16 @@ def created_at(at: datetime, index: int, count: int) -> datetime:
 
 
 def job_id_for(key: str) -> uuid.UUID:
-    return uuid.uuid5(JOB_NAMESPACE, key)
+    """The job's aggregate id: ``uuid.uuid5(JOB_NAMESPACE, key)``, worked out as that does
+    it (RFC 4122: the SHA-1 of the namespace's bytes and the key's UTF-8, the variant and
+    version 5 set in its first 16 bytes), the UUID made once from its integer. Every load
+    and every new job asks it; `uuid5` imports `sha1` at each call and makes the UUID
+    from bytes and a version, a third more CPU (docs/performance.md "Performance and
+    scaling")."""
+    digest = hashlib.sha1(_NAMESPACE_BYTES + key.encode("utf-8")).digest()
+    number = int.from_bytes(digest[:16])
+    number = (number & ~(0xC000 << 48)) | (0x8000 << 48)  # the variant: RFC 4122
+    return uuid.UUID(int=(number & ~(0xF000 << 64)) | (5 << 76))  # version 5
 
 
 class TransitionError(SendledgerError):

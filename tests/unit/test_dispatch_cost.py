@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from types import FrameType
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tests.unit.engine_rig import EngineRig, policy
 
 import daemon.engine.dispatch as dispatching
 from daemon.providers.base import calls_end_in
 from ledger.content import JobContent, parse_job
+from ledger.job import JOB_NAMESPACE, job_id_for
 from ledger.vocabulary import PolicyRef
 from policies.model import ChannelPolicy
 
@@ -146,3 +150,27 @@ def test_a_loaded_jobs_content_is_the_stored_one_made_without_its_init(
     assert hash(rebuilt) == hash(content)
     assert set(vars(rebuilt)) == {field.name for field in dataclasses.fields(JobContent)}
     assert _inits_of(JobContent, lambda: JobContent.from_canonical(stored)) == 0
+
+
+@given(st.text(max_size=300))
+def test_a_jobs_id_is_its_keys_uuid5_as_every_release_stored_it(key: str) -> None:
+    """The id every release stored a job under: `uuid5(JOB_NAMESPACE, key)`, whatever the
+    key (a load or a new job that worked out another would miss the stored job)."""
+    assert job_id_for(key) == uuid.uuid5(JOB_NAMESPACE, key)
+    assert job_id_for(key).version == 5
+
+
+def test_a_jobs_id_is_worked_out_without_uuid5(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every load and every new job asks its id: `uuid5` imports `sha1` at each call and
+    makes its UUID from bytes and a version, a third more CPU than one made from its
+    integer (1 call a job before, none now)."""
+    expected = uuid.uuid5(JOB_NAMESPACE, "receipt-1")
+    calls: list[str] = []
+
+    def counted(namespace: uuid.UUID, name: str) -> uuid.UUID:
+        calls.append(name)
+        return expected
+
+    monkeypatch.setattr(uuid, "uuid5", counted)
+    assert job_id_for("receipt-1") == expected
+    assert calls == []
