@@ -189,7 +189,7 @@ class JobContent:
         as eventsourcing's mapper sets a stored event's (the object made, then its
         attributes filled in), not through the frozen dataclass's ``__init__``, which
         sets each of the 16 through ``object.__setattr__``: about half of this call's
-        CPU (docs/performance.md "Where a job's CPU goes now"). The values are the ones
+        CPU (docs/performance.md "Performance and scaling"). The values are the ones
         ``__init__`` would be given, every field, as the intake validated them."""
         later = {name: fields.get(name, empty) for name, empty in LATER_FIELDS.items()}
         content = object.__new__(cls)

@@ -124,7 +124,7 @@ def job_id_for(key: str) -> uuid.UUID:
     it (RFC 4122: the SHA-1 of the namespace's bytes and the key's UTF-8, the variant and
     version 5 set in its first 16 bytes), the UUID made once from its integer. Every load
     and every new job asks it; `uuid5` imports `sha1` at each call and makes the UUID
-    from bytes and a version, a third more CPU (docs/performance.md "Performance and
+    from bytes and a version, nearly twice the CPU (docs/performance.md "Performance and
     scaling")."""
     digest = hashlib.sha1(_NAMESPACE_BYTES + key.encode("utf-8")).digest()
     number = int.from_bytes(digest[:16])

@@ -131,9 +131,8 @@ def before_attempt(policy: ChannelPolicy, *, attempts_made: int, from_addr: str)
     call sends as it now. Every call counts, whatever its outcome, because any of them may
     have sent the mail.
     """
-    return refused_before_attempt(policy, attempts_made=attempts_made, from_addr=from_addr) or Send(
-        policy.ref
-    )
+    refused = refused_before_attempt(policy, attempts_made=attempts_made, from_addr=from_addr)
+    return Send(policy.ref) if refused is None else refused
 
 
 def refused_before_attempt(

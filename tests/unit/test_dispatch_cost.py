@@ -162,7 +162,7 @@ def test_a_jobs_id_is_its_keys_uuid5_as_every_release_stored_it(key: str) -> Non
 
 def test_a_jobs_id_is_worked_out_without_uuid5(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every load and every new job asks its id: `uuid5` imports `sha1` at each call and
-    makes its UUID from bytes and a version, a third more CPU than one made from its
+    makes its UUID from bytes and a version, nearly twice the CPU of one made from its
     integer (1 call a job before, none now)."""
     expected = uuid.uuid5(JOB_NAMESPACE, "receipt-1")
     calls: list[str] = []
