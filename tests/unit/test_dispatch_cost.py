@@ -1,6 +1,7 @@
-"""What one dispatch of a confirmed send does beside its call and its commits, counted
-(issue 30 (a), docs/performance.md "Performance and scaling"): each count is CPU on
-every job, and a count does not depend on the machine's load as a timing does.
+"""What a confirmed send does beside its call and its commits (its job's load, its claim,
+its outcome), counted (issue 30 (a), docs/performance.md "Performance and scaling"):
+each count is CPU on every job, and a count does not depend on the machine's load as a
+timing does.
 
 Engine runs use the fake provider on a memory store with injected time (engine_rig.py).
 """
