@@ -1646,6 +1646,19 @@ def test_the_tidy_of_a_final_job_whose_draft_graph_refuses_to_delete_ends(
     assert logged_copies(accept_log) == 0
 
 
+def _earlier_attempts_draft_left(
+    graph_provider: GraphProvider, relay: FaultRelay, graph: GraphEmulator
+) -> str:
+    """An attempt whose send Graph refused (429) and whose draft's proof got no answer:
+    Rejected, its draft left in Drafts for the next attempt to delete. That draft's id."""
+    graph_provider.search("<warm-up@x>")  # discovery and token first: "other" is ours now
+    relay.set_plan(FaultPlan(send=["429"], other=["pass", "fail-before-forward"]))
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.REJECTED  # draft left
+    relay.set_plan(FaultPlan())
+    [left] = [m["id"] for m in graph.folder(MAILBOX, "drafts")]
+    return str(left)
+
+
 def test_an_earlier_draft_graph_refuses_to_delete_is_a_refusal_for_good_of_the_next_send(
     provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
 ) -> None:
@@ -1655,16 +1668,32 @@ def test_an_earlier_draft_graph_refuses_to_delete_is_a_refusal_for_good_of_the_n
     the second one, so nothing is sent and the refusal is for good (a person decides),
     naming the draft."""
     graph_provider = provider()
-    graph_provider.search("<warm-up@x>")  # discovery and token first: "other" is ours now
-    relay.set_plan(FaultPlan(send=["429"], other=["pass", "fail-before-forward"]))
-    assert graph_provider.send_raw(raw_message()).kind is SendKind.REJECTED  # draft left
-    relay.set_plan(FaultPlan())
-    [left] = [m["id"] for m in graph.folder(MAILBOX, "drafts")]
+    left = _earlier_attempts_draft_left(graph_provider, relay, graph)
     graph.refuse_delete[left] = (403, "ErrorCannotDeleteObject")
     outcome = graph_provider.send_raw(raw_message())
     assert outcome.kind is SendKind.REJECTED and not outcome.transient, outcome
     assert left in outcome.reason and "cannot be deleted" in outcome.reason, outcome
     assert logged_copies(accept_log) == 0
+
+
+def test_an_earlier_draft_graph_answers_locked_holds_the_next_send_back_only_for_now(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """Graph answers the DELETE of an earlier attempt's draft 423 (Graph's error table: "the
+    resource that is being accessed is locked"): a lock ends, a hold does not. Taken for a
+    refusal for good, the next attempt was Rejected for good and the message never sent;
+    now it is Rejected for now, and once the lock is gone the attempt after it deletes the
+    draft and sends, one copy."""
+    graph_provider = provider()
+    left = _earlier_attempts_draft_left(graph_provider, relay, graph)
+    graph.refuse_delete[left] = (423, "ErrorItemLocked")
+    outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is SendKind.REJECTED and outcome.transient, outcome
+    assert logged_copies(accept_log) == 0
+    del graph.refuse_delete[left]
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    assert logged_copies(accept_log) == 1
+    assert left not in [m["id"] for m in graph.folder(MAILBOX, "drafts")]
 
 
 def test_a_persons_resend_reads_each_recorded_draft_by_id_once(

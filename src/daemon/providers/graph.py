@@ -87,7 +87,9 @@ DRAFTS = "drafts"
 #: Where a draft deleted from Deleted Items lies (its well-known name), still read by id.
 RECOVERABLE_ITEMS = "recoverableitemsdeletions"
 #: A DELETE's 4xx that may be answered otherwise later: the rest are refusals for good.
-_REFUSED_FOR_NOW = frozenset({401, 404, 408, 409, 412, 429})
+#: 423: "the resource that is being accessed is locked" (Graph's error table), a lock that
+#: ends, not a hold.
+_REFUSED_FOR_NOW = frozenset({401, 404, 408, 409, 412, 423, 429})
 log = logging.getLogger("sendledger.providers.graph")
 
 #: What deleting a draft came to (`GraphProvider._delete`).
