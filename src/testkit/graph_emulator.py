@@ -35,7 +35,7 @@ on it:
   recoverable items deletions folder"); `refuse_delete` maps an immutable id to the
   (status, code) every DELETE of it is answered with, the item left where it is (a hold
   or a retention label on one draft); `GET mailFolders/{name}` answers a well-known
-  folder's id;
+  folder's id (404 while its name is in `folders_unanswered`);
 - `rewrite_message_id` replaces the Message-ID of each message sent (both paths), to test
   a client's defence against a provider that does;
 - `filter_ignores_case` makes `internetMessageId eq '...'` compare without case, as
@@ -213,6 +213,8 @@ class GraphEmulator(LoopbackService):
         self.recoverable_items = False
         # Immutable id -> (status, code) of every DELETE of it: refused, nothing moved.
         self.refuse_delete: dict[str, tuple[int, str]] = {}
+        # Well-known folder names a GET mailFolders/{name} answers 404 for now.
+        self.folders_unanswered: set[str] = set()
         # An application access policy: None lets the app reach every mailbox.
         self.mailboxes = None if mailboxes is None else {m.lower() for m in mailboxes}
         # Graph allows 4 requests in flight per app and mailbox; more are answered 429.
@@ -735,10 +737,9 @@ class GraphEmulator(LoopbackService):
         item = self._store_draft(user, self._mime(headers, body))
         return _json(201, self._resource(item, immutable=immutable))
 
-    @staticmethod
-    def _folder(name: str) -> Response:
+    def _folder(self, name: str) -> Response:
         """A well-known folder: its id is its name here, as its items' `parentFolderId`."""
-        if name not in FOLDERS:
+        if name not in FOLDERS or name in self.folders_unanswered:
             raise GraphError(404, "ErrorInvalidIdMalformed", f"unknown folder {name!r}")
         return _json(200, {"id": name, "displayName": name})
 

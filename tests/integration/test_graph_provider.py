@@ -1696,6 +1696,31 @@ def test_an_earlier_draft_graph_answers_locked_holds_the_next_send_back_only_for
     assert left not in [m["id"] for m in graph.folder(MAILBOX, "drafts")]
 
 
+def test_a_recoverable_items_folder_answered_404_once_is_asked_again(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """The first draft a tidy reads asks for the Recoverable Items folder's id, and Graph
+    answers 404 at that moment. That answer was kept as "no such folder" for the process's
+    life: a later draft lying in Recoverable Items was then deleted again, refused (403)
+    and the next attempt of its message Rejected for good, never sent. The 404 is not kept:
+    asked again, the folder's id says that draft is fenced, and the message is sent once."""
+    graph.recoverable_items = True
+    graph_provider = provider()
+    _earlier_attempts_draft_left(graph_provider, relay, graph)
+    graph.folders_unanswered.add("recoverableitemsdeletions")
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED  # tidied
+    graph.folders_unanswered.clear()
+    other = "<second@example.com>"
+    relay.set_plan(FaultPlan(send=["429"], other=["pass", "fail-before-forward"]))
+    assert graph_provider.send_raw(raw_message(other)).kind is SendKind.REJECTED
+    relay.set_plan(FaultPlan())
+    [left] = [m["id"] for m in graph.folder(MAILBOX, "drafts")]
+    graph.move(MAILBOX, left, "recoverableitemsdeletions")  # a fence's, or a person's
+    outcome = graph_provider.send_raw(raw_message(other))
+    assert outcome.kind is SendKind.CONFIRMED, outcome
+    assert logged_copies(accept_log, other) == 1
+
+
 def test_a_persons_resend_reads_each_recorded_draft_by_id_once(
     provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
 ) -> None:

@@ -218,7 +218,7 @@ class _Mailbox:
         # Oldest first; bounded, because forgetting one only loses the fast path (the
         # $filter still finds the copy) while keeping all would grow without end.
         self._drafts: OrderedDict[str, list[str]] = OrderedDict()
-        #: The id of its Recoverable Items folder once asked ("": it has none).
+        #: The id of its Recoverable Items folder once Graph has answered it.
         self.recoverable: str | None = None
 
     def remember(self, message_id: str | None, draft_id: str) -> None:
@@ -994,7 +994,11 @@ class GraphProvider(ProviderBase):
             what = f"get folder {RECOVERABLE_ITEMS}"
             answer = self._get_json(what, mailbox, f"/mailFolders/{RECOVERABLE_ITEMS}?$select=id")
             known = None if answer is None else answer.get("id")
-            mailbox.recoverable = known if isinstance(known, str) and known else ""
+            if not isinstance(known, str) or not known:
+                # Not kept: one 404 kept for the process's life would send every draft
+                # fenced there to review, or its next attempt to a refusal for good.
+                return False
+            mailbox.recoverable = known
         return folder == mailbox.recoverable
 
     @staticmethod
