@@ -34,8 +34,9 @@ on it:
   `ErrorCannotDeleteObject` (Graph's "you may not be able to delete items in the
   recoverable items deletions folder"); `refuse_delete` maps an immutable id to the
   (status, code) every DELETE of it is answered with, the item left where it is (a hold
-  or a retention label on one draft); `GET mailFolders/{name}` answers a well-known
-  folder's id (404 while its name is in `folders_unanswered`);
+  or a retention label on one draft; with `refuse_delete_retry_after`, a Retry-After);
+  `GET mailFolders/{name}` answers a well-known folder's id (404 while its name is in
+  `folders_unanswered`);
 - `rewrite_message_id` replaces the Message-ID of each message sent (both paths), to test
   a client's defence against a provider that does;
 - `filter_ignores_case` makes `internetMessageId eq '...'` compare without case, as
@@ -213,6 +214,8 @@ class GraphEmulator(LoopbackService):
         self.recoverable_items = False
         # Immutable id -> (status, code) of every DELETE of it: refused, nothing moved.
         self.refuse_delete: dict[str, tuple[int, str]] = {}
+        # Seconds of the Retry-After a `refuse_delete` refusal carries (None: none).
+        self.refuse_delete_retry_after: float | None = None
         # Well-known folder names a GET mailFolders/{name} answers 404 for now.
         self.folders_unanswered: set[str] = set()
         # An application access policy: None lets the app reach every mailbox.
@@ -784,7 +787,13 @@ class GraphEmulator(LoopbackService):
             )
         refused = self.refuse_delete.get(item.immutable_id)
         if refused is not None:
-            raise GraphError(refused[0], refused[1], "Access is denied. Check credentials.")
+            wait = self.refuse_delete_retry_after
+            raise GraphError(
+                refused[0],
+                refused[1],
+                "Access is denied. Check credentials.",
+                [] if wait is None else [("Retry-After", str(int(wait)))],
+            )
         if item.folder == RECOVERABLE_ITEMS:
             raise GraphError(403, "ErrorCannotDeleteObject", "Object cannot be deleted.")
         if item.folder == DELETED_ITEMS and self.recoverable_items:

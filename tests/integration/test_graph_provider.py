@@ -1721,6 +1721,25 @@ def test_an_earlier_draft_graph_answers_locked_holds_the_next_send_back_only_for
     assert left not in [m["id"] for m in graph.folder(MAILBOX, "drafts")]
 
 
+def test_an_earlier_draft_whose_delete_says_when_to_ask_again_is_no_refusal_for_good(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
+) -> None:
+    """Graph refuses the DELETE of an earlier attempt's draft with a 4xx that says when to
+    ask again (Retry-After): an answer that will change, not a hold. Taken for a refusal
+    for good, the next attempt was Rejected for good and the message never sent; now it is
+    Rejected for now, waiting what Graph said, and the attempt after it sends, one copy."""
+    graph_provider = provider()
+    left = _earlier_attempts_draft_left(graph_provider, relay, graph)
+    graph.refuse_delete[left] = (403, "ErrorAccessDenied")
+    graph.refuse_delete_retry_after = 2
+    outcome = graph_provider.send_raw(raw_message())
+    assert outcome.kind is SendKind.REJECTED and outcome.transient, outcome
+    assert outcome.retry_after == 2, outcome
+    del graph.refuse_delete[left]
+    assert graph_provider.send_raw(raw_message()).kind is SendKind.CONFIRMED
+    assert logged_copies(accept_log) == 1
+
+
 def test_a_recoverable_items_folder_answered_404_once_is_asked_again(
     provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator, accept_log: Path
 ) -> None:

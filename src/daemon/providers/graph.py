@@ -90,6 +90,8 @@ RECOVERABLE_ITEMS = "recoverableitemsdeletions"
 #: 423: "the resource that is being accessed is locked" (Graph's error table), a lock that
 #: ends, not a hold.
 _REFUSED_FOR_NOW = frozenset({401, 404, 408, 409, 412, 423, 429})
+#: A DELETE's answer (`GraphProvider._delete_once`): status, what Graph said, Retry-After.
+_Refusal = tuple[int, str, float | None]
 log = logging.getLogger("sendledger.providers.graph")
 
 #: What deleting a draft came to (`GraphProvider._delete`).
@@ -459,24 +461,26 @@ class GraphProvider(ProviderBase):
         path = f"/messages/{quote(provider_id, safe='')}?$select={_SELECT}"
         return self._get_json(f"get {provider_id}", mailbox, path)
 
-    def _delete_once(self, mailbox: _Mailbox, draft_id: str) -> tuple[int, str] | None:
-        """One DELETE by immutable id: its HTTP status and, refused, what Graph said; None
-        when no answer came."""
+    def _delete_once(self, mailbox: _Mailbox, draft_id: str) -> _Refusal | None:
+        """One DELETE by immutable id: its HTTP status and, refused, what Graph said and its
+        Retry-After; None when no answer came."""
         try:
             status, headers, body = self._request(
                 mailbox, "DELETE", f"/messages/{quote(draft_id, safe='')}"
             )
         except Exception:
             return None
-        refused = not 200 <= status < 300 and status != 404
-        return status, read_error("DELETE", status, headers, body).reason if refused else ""
+        if 200 <= status < 300 or status == 404:
+            return status, "", None
+        error = read_error("DELETE", status, headers, body)
+        return status, error.reason, error.retry_after
 
-    def _delete(self, mailbox: _Mailbox, draft_id: str) -> str | tuple[int, str] | None:
+    def _delete(self, mailbox: _Mailbox, draft_id: str) -> str | _Refusal | None:
         """Delete a draft read as one, for good: `DELETED`; `GONE` (404: gone already, or
         a late send took it and it is in transit); `SENT` (a late send took it before the
         DELETE: under its immutable id the item moved was the sent copy, now put back in
-        Sent Items); else the HTTP status that refused it and what Graph said, or None
-        when no answer came.
+        Sent Items); else the HTTP status that refused it, what Graph said and its
+        Retry-After, or None when no answer came.
 
         Graph's DELETE moves an item to Deleted Items, where a draft is still a draft that
         a send by its immutable id sends (a stalled attempt's call landing late): no fence.
@@ -973,12 +977,13 @@ class GraphProvider(ProviderBase):
             return False
         if deleted is None or isinstance(deleted, str):
             raise ProviderError(f"delete unsent draft {draft_id}: no answer")
-        status, said = deleted
-        if 400 <= status < 500 and status not in _REFUSED_FOR_NOW:
+        status, said, retry_after = deleted
+        if 400 <= status < 500 and status not in _REFUSED_FOR_NOW and retry_after is None:
             # Asked again, Graph answers the same (a hold, a retention label, the app's
-            # access): left to be retried, the job's sweep would fail at every return.
+            # access): left to be retried, the job's sweep would fail at every return. A
+            # refusal that says when to ask again (Retry-After) is not one for good.
             raise DeleteRefused(f"the unsent draft {draft_id} cannot be deleted: {said}")
-        raise ProviderError(f"delete unsent draft {draft_id}: {said}")
+        raise ProviderError(f"delete unsent draft {draft_id}: {said}", retry_after=retry_after)
 
     def _recoverable(self, mailbox: _Mailbox, found: Mapping[str, Any]) -> bool:
         """Whether a draft read by id lies in Recoverable Items, where a fence's DELETE
