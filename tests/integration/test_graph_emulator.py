@@ -273,6 +273,24 @@ def test_with_recoverable_items_a_purged_draft_is_still_read_by_id_and_not_delet
     assert emulator.accepted() == []
 
 
+def test_a_refused_delete_may_say_when_to_ask_again_and_a_folder_may_answer_404(
+    client: Client, emulator: GraphEmulator
+) -> None:
+    """`refuse_delete_retry_after` adds a Retry-After to `refuse_delete`'s refusals, and a
+    well-known folder named in `folders_unanswered` is answered 404 until it is not: the
+    provider tests of a refusal for now and of a folder asked again rest on both."""
+    held = client.create(mime())
+    emulator.refuse_delete[held["id"]] = (403, "ErrorAccessDenied")
+    emulator.refuse_delete_retry_after = 2
+    refused = client.call("DELETE", f"/messages/{held['id']}", headers=IMMUTABLE)
+    assert (refused.status_code, refused.headers["Retry-After"]) == (403, "2")
+    path = "/mailFolders/recoverableitemsdeletions?$select=id"
+    emulator.folders_unanswered.add("recoverableitemsdeletions")
+    assert client.call("GET", path).status_code == 404
+    emulator.folders_unanswered.clear()
+    assert client.call("GET", path).json()["id"] == "recoverableitemsdeletions"
+
+
 def test_a_draft_in_deleted_items_can_still_be_sent(
     client: Client, emulator: GraphEmulator
 ) -> None:
