@@ -24,7 +24,7 @@ from daemon.doubles.fake_time import FakeClock
 from ledger.application import ConcurrentUpdate, Ledger
 from ledger.job import SendJob
 from ledger.stores.memory import discard_memory_store
-from ledger.stores.private_api import UNNUMBERED_KWARG, WAL_CHECKPOINT_PAGES
+from ledger.stores.private_api import UNNUMBERED_KWARG, WAL_CHECKPOINT_PAGES, WAL_SIZE_LIMIT
 from ledger.vocabulary import JobState
 
 
@@ -183,6 +183,31 @@ def test_a_sqlite_store_checkpoints_its_wal_past_its_own_length_not_sqlites(
             (page_size,) = conn.execute("PRAGMA page_size").fetchone()
         frames = (path.with_name(path.name + "-wal").stat().st_size - 32) // (page_size + 24)
     assert 1_500 < frames < WAL_CHECKPOINT_PAGES, frames
+
+
+def test_a_sqlite_stores_wal_grown_past_its_checkpoint_by_a_long_read_is_cut_back(
+    tmp_path: Path,
+) -> None:
+    # CachingConnectionPool: a reader holding one snapshot (a backup, a long copy-store)
+    # keeps the checkpoint from copying what is written meanwhile, so the WAL grows past
+    # WAL_CHECKPOINT_PAGES; SQLite then kept the -wal that size for as long as the store
+    # stayed open (a daemon's life). It is cut back to WAL_SIZE_LIMIT once the log starts
+    # over after the read.
+    path = tmp_path / "ledger.sqlite"
+    wal = path.with_name(path.name + "-wal")
+    with Ledger(f"sqlite:///{path}") as ledger:
+        with closing(sqlite3.connect(path, isolation_level=None)) as reader:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            for n in range(260):
+                ledger.submit(content(f"r-{n}", body=f"{n} " + "x" * 40_000), SENDER)
+            grown = wal.stat().st_size
+            reader.execute("COMMIT")
+        for n in range(5):
+            ledger.submit(content(f"a-{n}", body=f"{n} " + "x" * 40_000), SENDER)
+        after = wal.stat().st_size
+    assert grown > WAL_SIZE_LIMIT, grown
+    assert after <= WAL_SIZE_LIMIT, (grown, after)
 
 
 @pytest.mark.postgres

@@ -49,7 +49,8 @@ reaches into the library where nothing public does it:
   row's UPSERT, COMMIT): about 50 us for the UPSERT alone, 0.09 CPU-ms a message in
   bench/smtp_senders.py (docs/performance.md "The SMTP path"). The override opens the
   connection as the library does, with a cache of `STATEMENT_CACHE` statements, and
-  checkpoints its WAL past `WAL_CHECKPOINT_PAGES` pages instead of SQLite's 1,000.
+  checkpoints its WAL past `WAL_CHECKPOINT_PAGES` pages instead of SQLite's 1,000, its
+  `-wal` cut back to `WAL_SIZE_LIMIT` when SQLite starts it over.
 - The same pool's `_pool`, the idle connections its `_get_connection` takes with
   `popleft()` and `put_connection` gives back with `append()`: `CachingConnectionPool`
   makes it `LastReturnedFirst`, whose `popleft()` takes the connection returned last.
@@ -220,6 +221,15 @@ STATEMENT_CACHE = 128
 #: "Commits per job"), for a WAL file of up to 16 MB instead of 4 MB while the store is
 #: open, and a checkpoint four times as long in the commit that makes it.
 WAL_CHECKPOINT_PAGES = 4000
+#: The `-wal`'s size, in bytes, it is cut back to when SQLite starts it over after a
+#: checkpoint (`journal_size_limit`; SQLite's default keeps it at the largest it grew to,
+#: for as long as the store is open). A reader that holds one snapshot (a backup, a long
+#: `admin copy-store`) keeps a checkpoint from copying what was written since, so the log
+#: grows past `WAL_CHECKPOINT_PAGES` while it reads, as does a transaction larger than
+#: that; without a limit a daemon kept that size until its stop. 20 MiB is above what
+#: 4,000 pages of 4 KiB and the commit that passes them take, so an ordinary log is never
+#: cut.
+WAL_SIZE_LIMIT = 20 * 2**20
 
 
 class LastReturnedFirst(deque[SQLiteConnection]):
@@ -261,6 +271,7 @@ class CachingConnectionPool(SQLiteConnectionPool):
             self.is_journal_mode_wal = True
         if not self.is_sqlite_memory_mode:
             c.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
+            c.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
         c.row_factory = sqlite3.Row
         return SQLiteConnection(sqlite_conn=c, max_age=self.max_age)
 
@@ -269,6 +280,7 @@ __all__ = [
     "STATEMENT_CACHE",
     "UNNUMBERED_KWARG",
     "WAL_CHECKPOINT_PAGES",
+    "WAL_SIZE_LIMIT",
     "CachingConnectionPool",
     "InsertHook",
     "LastReturnedFirst",
