@@ -1631,18 +1631,18 @@ def test_a_draft_graph_refuses_to_delete_sends_the_job_to_review_saying_which(
     assert logged_copies(accept_log) == 0
 
 
-def test_the_tidy_of_a_final_job_whose_draft_graph_refuses_to_delete_ends(
-    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
-) -> None:
-    """A person abandons the job whose draft Graph refuses to delete (a hold): its tidy,
-    due `search_after` later, met the refusal and failed at every return, an error each
-    time for ever. No attempt of a final job follows, so the tidy now ends at the first
-    refusal, the draft named in the daemon's log (one error), and is not tried again."""
+@contextmanager
+def _in_review_with_a_held_draft(
+    provider: ProviderFactory, relay: FaultRelay, graph: GraphEmulator
+) -> Iterator[tuple[Any, str, Any]]:
+    """An `EngineRig` whose job k1 (channel legal: Unknown goes to review) is in review,
+    its send lost before it reached Graph, the draft it left one Graph refuses to delete
+    (403: a hold), and `search_after` past; with that draft's id and a person's door."""
     from tests.unit.engine_rig import EngineRig, policy
 
     from daemon.doubles.fake_provider import FakeProvider
     from daemon.service_layer.services import ChannelPolicies, Services
-    from ledger.vocabulary import JobState, Resolution
+    from ledger.vocabulary import JobState
 
     a = provider()
     legal = policy("legal", on_unknown="review", search_after="60s")
@@ -1651,6 +1651,7 @@ def test_the_tidy_of_a_final_job_whose_draft_graph_refuses_to_delete_ends(
         relay.set_plan(FaultPlan(send=["fail-before-forward"]))
         rig.tick()
         relay.set_plan(FaultPlan())
+        assert rig.job("k1").state is JobState.REVIEW, rig.events("k1")
         [left] = rig.job("k1").made_drafts
         graph.refuse_delete[left] = (403, "ErrorCannotDeleteObject")
         door = Services(
@@ -1659,6 +1660,19 @@ def test_the_tidy_of_a_final_job_whose_draft_graph_refuses_to_delete_ends(
             providers=lambda _: nullcontext(provider()),
             draft_providers=frozenset({rig.job("k1").last_provider or ""}),
         )
+        yield rig, left, door
+
+
+def test_the_tidy_of_a_final_job_whose_draft_graph_refuses_to_delete_ends(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """A person abandons the job whose draft Graph refuses to delete (a hold): its tidy,
+    due `search_after` later, met the refusal and failed at every return, an error each
+    time for ever. No attempt of a final job follows, so the tidy now ends at the first
+    refusal, the draft named in the daemon's log (one error), and is not tried again."""
+    from ledger.vocabulary import JobState, Resolution
+
+    with _in_review_with_a_held_draft(provider, relay, graph) as (rig, left, door):
         door.resolve("k1", Resolution.ABANDON, note="on hold", by="alice")
         assert rig.job("k1").tidy_at is not None, rig.events("k1")
         assert rig.job("k1").state is JobState.ABANDONED, rig.events("k1")
@@ -1763,6 +1777,42 @@ def test_a_recoverable_items_folder_answered_404_once_is_asked_again(
     outcome = graph_provider.send_raw(raw_message(other))
     assert outcome.kind is SendKind.CONFIRMED, outcome
     assert logged_copies(accept_log, other) == 1
+
+
+def test_a_resend_whose_draft_graph_refuses_to_delete_is_refused_for_good_naming_it(
+    provider: ProviderFactory, graph: GraphEmulator, relay: FaultRelay, accept_log: Path
+) -> None:
+    """A person resends a job in review whose draft Graph holds and will not delete (403:
+    a hold, a retention label). The resend's fence meets the refusal: before, it was
+    answered as a search that could not be made (503, exit 1, "try later"), and the
+    Python client retried it, each try one more fence. Trying later changes nothing, so
+    it is refused as a conflict (409, exit 3): the job left in review, the answer naming
+    the draft and what a person does, nothing sent."""
+    from fastapi.testclient import TestClient
+    from tests.unit.test_api_routes import AUTH, api_context
+
+    from daemon.api.app import create_app
+    from daemon.service_layer.problems import ServiceError
+    from ledger.exceptions import Refusal
+    from ledger.vocabulary import JobState, Resolution
+
+    with _in_review_with_a_held_draft(provider, relay, graph) as (rig, left, door):
+        rig.clock.advance(61)
+        with pytest.raises(ServiceError) as refused:
+            door.resolve("k1", Resolution.RESEND, note="not in Sent", by="alice")
+        said = refused.value.message
+        assert refused.value.kind is Refusal.CONFLICT, said
+        assert left in said and "HTTP 403: ErrorCannotDeleteObject" in said, said
+        assert "delete it in the mailbox" in said and "nothing was sent" in said, said
+        with TestClient(create_app(api_context(rig))) as client:
+            answer = client.post(
+                "/v1/review/k1/resolve", json={"as": "resend", "note": "not in Sent"}, headers=AUTH
+            )
+        assert answer.status_code == 409, answer.text
+        assert left in answer.text and "delete it in the mailbox" in answer.text, answer.text
+        assert rig.job("k1").state is JobState.REVIEW, rig.events("k1")
+    assert [m["id"] for m in graph.folder(MAILBOX, "drafts")] == [left]
+    assert logged_copies(accept_log) == 0
 
 
 def test_a_persons_resend_reads_each_recorded_draft_by_id_once(

@@ -59,7 +59,7 @@ from daemon.providers.draft_handle import (
     DraftStatus,
 )
 from daemon.providers.history_handle import HistoryProvider, HistoryTooOld
-from daemon.providers.outcomes import DeleteRefused, Fenced
+from daemon.providers.outcomes import DRAFT_OUT_OF_REACH, DeleteRefused, Fenced
 from ledger.application import ConcurrentUpdate
 from ledger.copies import copies_found
 from ledger.decision_types import (
@@ -399,9 +399,7 @@ class Sweep:
             work.now = self._clock()
             work.to_review(
                 decisions.draft_out_of_reach(policy),
-                f"{refused.reason}; a late call may still send it, and a search would miss"
-                " that copy: delete it in the mailbox (a hold or a retention label may keep"
-                " it), then resend the job, or abandon it",
+                f"{refused.reason}; {DRAFT_OUT_OF_REACH}",
             )
             log.warning("job %s: to review: %s", work.job.key, quoted(refused.reason))
             return None

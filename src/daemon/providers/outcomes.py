@@ -277,7 +277,16 @@ class DeleteRefused(ProviderError):
         self.deleted = list(deleted)
 
 
+#: What a person does about a draft the provider refuses to delete for good, said after
+#: the refusal wherever a job stops on one (the sweep's review, a person's resend).
+DRAFT_OUT_OF_REACH = (
+    "a late call may still send it, and a search would miss that copy: delete it in the"
+    " mailbox (a hold or a retention label may keep it), then resend the job, or abandon it"
+)
+
+
 __all__ = [
+    "DRAFT_OUT_OF_REACH",
     "SEARCH_READS_MAX",
     "SEARCH_STOPS_AT",
     "DeleteRefused",

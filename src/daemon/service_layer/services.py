@@ -34,7 +34,7 @@ from daemon.providers.base import (
     search_job,
 )
 from daemon.providers.draft_handle import Draft, DraftStatus
-from daemon.providers.outcomes import Fenced
+from daemon.providers.outcomes import DRAFT_OUT_OF_REACH, DeleteRefused, Fenced
 from daemon.service_layer.guidance import (
     RESEND_NEEDS_NOTE,
     SENT_NEEDS_NOTE,
@@ -753,6 +753,11 @@ class Services:
                 return call(for_job(provider, job.from_addr, None))
         except ServiceError:
             raise  # the caller's own refusal, made during the call (a fence's record)
+        except DeleteRefused as exc:
+            # A resend's fence met a draft the provider holds and will not delete (a hold,
+            # a retention label): asked again, refused again, so not "try later" but a
+            # person's act (docs/review.md "Resolve"), the job left in review.
+            raise ServiceError(Refusal.CONFLICT, _draft_out_of_reach(job.key, exc)) from None
         except ProviderError as exc:
             raise ServiceError(
                 Refusal.UNAVAILABLE, f"the mailbox could not be searched: {exc.reason}"
@@ -1230,6 +1235,13 @@ def _fence_recorded_draft(provider: Provider, draft: Draft) -> SearchResult | No
     copy = SearchHit(check.provider_message_id or draft.provider_message_id,
                      check.message_id_header or "")  # fmt: skip
     return SearchResult(f"drafts.get {draft.draft_id}", (copy,))
+
+
+def _draft_out_of_reach(key: str, refused: DeleteRefused) -> str:
+    """A resend refused for a draft of the job the provider will not delete: what it is
+    and what a person does (docs/providers.md "Deleting a draft: Deleted Items, and the
+    late send")."""
+    return f"job {key!r} was not resent: {refused.reason}; {DRAFT_OUT_OF_REACH}; nothing was sent"
 
 
 def _require_reason(reason: str | None) -> None:
