@@ -32,6 +32,7 @@ from daemon.config.secret_files import warn_exposed_secrets
 from daemon.config.sender_mailboxes import other_senders
 from daemon.config.settings import ConfigError
 from daemon.config.tick_bound import tick_limit
+from daemon.engine.held_sends import held_sends
 from daemon.engine.leases import lock_wait
 from daemon.engine.report import TickReport
 from daemon.from_settings import declare_server
@@ -53,6 +54,7 @@ from daemon.webhooks.delivery_threads import (
     start_webhooks,
 )
 from daemon.webhooks.worker import Hook
+from ledger.display import printable, quoted
 from ledger.event_format import StoreFormatNewer
 from ledger.stores import IdentityLock, IdentityTaken
 from ledger.stores.identity import NameSession
@@ -217,9 +219,15 @@ class Daemon:
         unreliable = self.engine.unreliable_providers()
         if unreliable:
             line += f"; HANDLE UNRELIABLE: {', '.join(unreliable)}"
+        held = held_sends(self.engine.open_circuits(), self.engine.clock())
+        if held:
+            line += f"; {held}"
         if self.engine.policies.last_error:
-            line += f"; policy reload failed: {self.engine.policies.last_error}"
-        return line
+            line += f"; policy reload failed: {quoted(self.engine.policies.last_error)}"
+        # Sent as one of sd_notify's newline-separated assignments: a line break in a
+        # scope's mailbox or a policy error's quoted value would be an assignment of its
+        # own (READY=1, MAINPID=...), and a lone surrogate would not encode at all.
+        return printable(line)
 
     def serve(self) -> int:
         hooks, api = self._start()

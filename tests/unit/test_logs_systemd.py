@@ -124,6 +124,8 @@ def test_the_status_line_counts_the_open_states_and_says_the_loud_warnings() -> 
             engine=SimpleNamespace(
                 ledger=rig.ledger,
                 unreliable_providers=lambda: ["gmail"],
+                open_circuits=list,
+                clock=rig.clock,
                 policies=SimpleNamespace(last_error="legal.toml: bad"),
             )
         )
