@@ -87,3 +87,29 @@ def test_hostile_scope_names_and_policy_errors_leave_as_one_bounded_printable_li
                 assert notifier.status(line)
             [assignment] = server.recv(65536).decode("utf-8").splitlines()
         assert assignment.startswith("STATUS=jobs: ")
+
+
+def test_the_overview_page_shows_the_held_scopes_escaped() -> None:
+    """The review page's overview, in the daemon, lists the scopes whose sends are held
+    in the status line's words (before: only `/healthz` and `/metrics` showed them); a
+    name's markup and controls are shown, never acted on; `sendledger api`, with no
+    engine, shows no such section."""
+    from fastapi.testclient import TestClient
+    from tests.unit.test_api_routes import AUTH, api_context
+
+    from daemon.api.app import create_app
+
+    with closing(EngineRig(policy("receipts"))) as rig:
+        scope = "graph/<b>x</b>\x1b@example.com"
+        for _ in range(3):
+            rig.engine.circuits.unavailable(scope, rig.clock())
+        ctx = api_context(rig)
+        with TestClient(create_app(ctx)) as client:
+            page = client.get("/ui/overview", headers=AUTH).text
+            assert "Sends held" not in page  # no engine here
+            ctx.health.circuits = list
+            assert "No scope's sends are held" in client.get("/ui/overview", headers=AUTH).text
+            ctx.health.circuits = rig.engine.open_circuits
+            page = client.get("/ui/overview", headers=AUTH).text
+        assert "graph/&lt;b&gt;x&lt;/b&gt;\\x1b@example.com</td>" in page, page
+        assert ">open (3 failures, next probe in 1s)</td>" in page, page

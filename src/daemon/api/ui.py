@@ -39,6 +39,7 @@ from daemon.api.overview import NARROW, hourly_chart
 from daemon.api.paths import key_segment
 from daemon.api.roles import PAGE_ROLE, forbidden
 from daemon.api.signin_limit import client_of
+from daemon.engine.held_sends import held_scope
 from daemon.service_layer.problems import ServiceError
 from daemon.service_layer.read_models import timeline_details
 from daemon.service_layer.services import (
@@ -549,6 +550,9 @@ def overview(ctx: Ctx, seen: Seen) -> Response:
     now = ctx.ledger.clock()
     counts = ctx.ledger.open_counts()
     chart = hourly_chart(ctx.ledger, until=now, hours=24)
+    # The daemon's own circuits; `sendledger api` has none to show (no engine there).
+    circuits = ctx.health.circuits
+    held = None if circuits is None else [(c.scope, held_scope(c, now)) for c in circuits()]
     return _page(
         "overview.html",
         **_common(ctx, seen),
@@ -556,6 +560,7 @@ def overview(ctx: Ctx, seen: Seen) -> Response:
         chart=chart,
         narrow=chart.resized(NARROW, 6),
         since=now - timedelta(hours=24),
+        held=held,
     )
 
 

@@ -1,6 +1,7 @@
 """The scopes whose sends are held, in words for systemd's `STATUS=` line: an operator
 without the HTTP API (the default) sees there what `/healthz` `checks.circuits` shows
-(docs/operations.md "Running under systemd", "Outages and quotas").
+(docs/operations.md "Running under systemd", "Outages and quotas"), and the review page's
+overview the same words (docs/review.md "Review page").
 
 One line, bounded: the first `NAMED` scopes (sorted, as `Circuits.open` gives them), then
 how many more. A scope's name carries a mailbox address (`Provider.scope`): the caller
@@ -25,20 +26,22 @@ def held_sends(circuits: list[OpenCircuit], now: datetime) -> str | None:
     None when no scope's sends are held."""
     if not circuits:
         return None
-    shown = [_held(circuit, now) for circuit in circuits[:NAMED]]
+    shown = [f"{_name(c.scope)} {held_scope(c, now)}" for c in circuits[:NAMED]]
     if len(circuits) > NAMED:
         shown.append(f"and {len(circuits) - NAMED} more")
     return "sends held: " + ", ".join(shown)
 
 
-def _held(circuit: OpenCircuit, now: datetime) -> str:
+def held_scope(circuit: OpenCircuit, now: datetime) -> str:
+    """How one scope's sends are held: `paused (10 unanswered, next probe in 40s)`, `open
+    (3 failures, probe out)` (the review page's overview shows it beside the name)."""
     if circuit.sends_only:
         why = f"paused ({circuit.unanswered} unanswered"
     else:
         why = f"open ({circuit.failures} failures"
         if circuit.unanswered:
             why += f", {circuit.unanswered} unanswered"
-    return f"{_name(circuit.scope)} {why}, {_probe(circuit, now)})"
+    return f"{why}, {_probe(circuit, now)})"
 
 
 def _probe(circuit: OpenCircuit, now: datetime) -> str:
@@ -52,4 +55,4 @@ def _name(scope: str) -> str:
     return scope if len(scope) <= NAME_MAX else scope[: NAME_MAX - 3] + "..."
 
 
-__all__ = ["NAMED", "held_sends"]
+__all__ = ["NAMED", "held_scope", "held_sends"]
