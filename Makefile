@@ -65,10 +65,15 @@ test-packages:
 # PostgreSQL tests must run: they use SENDLEDGER_TEST_PG_URL when a server answers there,
 # else one private cluster for the session.
 # pytest ends with its 25 slowest tests: where the next cut of the 10-minute budget lies.
+# Three workers on two cores: much of the suite waits (a server's timeout, a daemon's stop,
+# a PostgreSQL outage), and two workers left the cores idle meanwhile; each tier ran
+# 25-30% faster with three (docs/development.md "What `make test` costs").
+PYTEST_WORKERS ?= 3
 test: $(STAMP) test-packages
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-py313 lint typecheck
 	$(MAKE) --no-print-directory test-eventsourcing
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider --durations=25 tests
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q -p no:cacheprovider \
+		--durations=25 tests
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
